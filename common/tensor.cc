@@ -1,0 +1,103 @@
+#include "common/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr size_t kAlignment = 64;
+
+std::shared_ptr<float> AllocateZeroed(int64_t numel) {
+  size_t bytes = static_cast<size_t>(numel) * sizeof(float);
+  // aligned_alloc requires a size that is a multiple of the alignment.
+  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded == 0) rounded = kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded);
+  PT_CHECK(p != nullptr) << "out of memory allocating " << bytes << " bytes";
+  std::memset(p, 0, rounded);
+  return std::shared_ptr<float>(static_cast<float*>(p), [](float* q) { std::free(q); });
+}
+
+}  // namespace
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    PT_CHECK(d >= 0) << "negative dimension in " << ShapeToString(shape);
+    n *= d;
+  }
+  return n;
+}
+
+std::string ShapeToString(const Shape& shape) {
+  return "[" + absl::StrJoin(shape, ", ") + "]";
+}
+
+Tensor Tensor::Zeros(const Shape& shape) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = NumElements(shape);
+  t.storage_ = AllocateZeroed(t.numel_);
+  return t;
+}
+
+Tensor Tensor::FromVector(const Shape& shape, const std::vector<float>& values) {
+  Tensor t = Zeros(shape);
+  PT_CHECK(static_cast<int64_t>(values.size()) == t.numel_)
+      << values.size() << " values for shape " << ShapeToString(shape);
+  if (!values.empty()) std::memcpy(t.data(), values.data(), values.size() * sizeof(float));
+  return t;
+}
+
+int64_t Tensor::dim(int i) const {
+  if (i < 0) i += rank();
+  PT_CHECK(i >= 0 && i < rank()) << "dim " << i << " of " << ShapeToString(shape_);
+  return shape_[i];
+}
+
+Tensor Tensor::Reshape(const Shape& shape) const {
+  PT_CHECK(NumElements(shape) == numel_)
+      << "cannot reshape " << ShapeToString(shape_) << " to " << ShapeToString(shape);
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::Slice(int64_t begin, int64_t end) const {
+  PT_CHECK(rank() >= 1 && 0 <= begin && begin <= end && end <= shape_[0])
+      << "slice [" << begin << ", " << end << ") of " << ShapeToString(shape_);
+  int64_t row = shape_[0] == 0 ? 0 : numel_ / shape_[0];
+  Tensor t = *this;
+  t.shape_[0] = end - begin;
+  t.offset_ = offset_ + begin * row;
+  t.numel_ = (end - begin) * row;
+  return t;
+}
+
+Tensor Tensor::Clone() const {
+  if (is_null()) return Tensor();
+  Tensor t = Zeros(shape_);
+  t.CopyFrom(*this);
+  return t;
+}
+
+void Tensor::Fill(float value) {
+  float* p = data();
+  for (int64_t i = 0; i < numel_; ++i) p[i] = value;
+}
+
+void Tensor::CopyFrom(const Tensor& other) {
+  PT_CHECK(other.numel_ == numel_) << "copy " << ShapeToString(other.shape_)
+                                   << " into " << ShapeToString(shape_);
+  if (numel_ > 0) std::memmove(data(), other.data(), size_bytes());
+}
+
+std::vector<float> Tensor::ToVector() const {
+  return std::vector<float>(data(), data() + numel_);
+}
+
+}  // namespace pipetrain

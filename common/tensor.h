@@ -1,0 +1,74 @@
+// Tensor: a dense, row-major fp32 array on the host with a shape.
+//
+// Copies are shallow: copying a Tensor (or taking a View/Slice) shares the
+// underlying storage, like a reference-counted buffer. Use Clone() for a deep
+// copy. This is what lets a unit hand its output to the next unit without a
+// memcpy and lets tied parameters (the GPT-2 token embedding) be one buffer.
+// A const Tensor& promises only that this handle is not re-pointed; data
+// reached through another handle to the same storage may still change.
+//
+// Storage is 64-byte aligned (one AVX-512 vector / cache line).
+// Not thread-safe for concurrent writers; concurrent readers are fine.
+#ifndef PIPETRAIN_COMMON_TENSOR_H_
+#define PIPETRAIN_COMMON_TENSOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+using Shape = std::vector<int64_t>;
+
+// Number of elements of `shape` (1 for the empty shape, i.e. a scalar).
+int64_t NumElements(const Shape& shape);
+std::string ShapeToString(const Shape& shape);  // "[2, 3]"
+
+class Tensor {
+ public:
+  Tensor() = default;  // Null tensor: numel() == 0, is_null() == true.
+
+  // Zero-initialised tensor of `shape`. All dimensions must be >= 0.
+  static Tensor Zeros(const Shape& shape);
+  // Copies `values`; requires values.size() == NumElements(shape).
+  static Tensor FromVector(const Shape& shape, const std::vector<float>& values);
+
+  bool is_null() const { return storage_ == nullptr; }
+  const Shape& shape() const { return shape_; }
+  int rank() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int i) const;  // Negative i counts from the end.
+  int64_t numel() const { return numel_; }
+  int64_t size_bytes() const { return numel_ * static_cast<int64_t>(sizeof(float)); }
+
+  float* data() { return storage_.get() + offset_; }
+  const float* data() const { return storage_.get() + offset_; }
+  float& operator[](int64_t i) { return data()[i]; }
+  float operator[](int64_t i) const { return data()[i]; }
+
+  // View with a new shape of the same element count (shares storage).
+  Tensor Reshape(const Shape& shape) const;
+  // View of rows [begin, end) along dimension 0 (shares storage).
+  Tensor Slice(int64_t begin, int64_t end) const;
+  // Deep copy into fresh storage.
+  Tensor Clone() const;
+
+  void Fill(float value);
+  // Copies element values from `other`; requires equal numel.
+  void CopyFrom(const Tensor& other);
+  std::vector<float> ToVector() const;
+
+  bool SharesStorageWith(const Tensor& other) const {
+    return storage_ != nullptr && storage_ == other.storage_;
+  }
+
+ private:
+  std::shared_ptr<float> storage_;
+  int64_t offset_ = 0;
+  int64_t numel_ = 0;
+  Shape shape_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COMMON_TENSOR_H_

@@ -1,0 +1,488 @@
+#include "common/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+// The format is little-endian and tensor bytes are copied as they are.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "safetensors I/O assumes a little-endian host");
+
+namespace pipetrain {
+namespace {
+
+using nlohmann::json;
+
+constexpr char kMetadataKey[] = "__metadata__";
+// Real headers are a few hundred KiB at most; a larger length means the file
+// is corrupt or not safetensors, and must not drive a huge allocation.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+constexpr uint64_t kLengthBytes = 8;
+constexpr uint64_t kDataAlignment = 8;
+
+// ---------------------------------------------------------------------------
+// File I/O.
+
+absl::Status ErrnoError(int error_number, absl::string_view what, const std::string& path) {
+  return absl::ErrnoToStatus(error_number, absl::StrCat(what, " ", path));
+}
+
+absl::Status WriteAll(int fd, const void* data, size_t size, const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = write(fd, p, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError(errno, "cannot write", path);
+    p += n;
+    size -= static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+struct FileBytes {
+  std::unique_ptr<char[]> data;  // Not value-initialised: the read fills it.
+  uint64_t size = 0;
+};
+
+absl::Status ReadAll(int fd, FileBytes& bytes, const std::string& path) {
+  uint64_t done = 0;
+  while (done < bytes.size) {
+    ssize_t n = read(fd, bytes.data.get() + done, bytes.size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError(errno, "cannot read", path);
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("safetensors file ", path,
+                                              " shrank while being read (", done, " of ",
+                                              bytes.size, " bytes)"));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<FileBytes> ReadWholeFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "cannot open safetensors file", path);
+  struct stat st;
+  absl::Status status;
+  FileBytes bytes;
+  if (fstat(fd, &st) != 0) {
+    status = ErrnoError(errno, "cannot stat", path);
+  } else {
+    bytes.size = static_cast<uint64_t>(st.st_size);
+    bytes.data.reset(new char[std::max<uint64_t>(bytes.size, 1)]);
+    status = ReadAll(fd, bytes, path);
+  }
+  close(fd);
+  if (!status.ok()) return status;
+  return bytes;
+}
+
+// Makes the rename durable; best effort, since the data is already safe and a
+// failure here (e.g. a file system without directory fsync) is not an error.
+void SyncParentDirectory(const std::string& path) {
+  size_t slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return;
+  fsync(fd);
+  close(fd);
+}
+
+// ---------------------------------------------------------------------------
+// Writing.
+
+bool IsValidUtf8(const std::string& s) {
+  try {
+    json(s).dump();  // Throws type_error 316 on invalid UTF-8.
+    return true;
+  } catch (const json::exception&) {
+    return false;
+  }
+}
+
+absl::Status ValidateForWrite(const std::vector<NamedTensor>& tensors,
+                              const SafetensorsMetadata& metadata) {
+  std::set<std::string_view> seen;
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const NamedTensor& t = tensors[i];
+    std::string who = absl::StrCat("tensor #", i, " \"", absl::CHexEscape(t.name), "\"");
+    if (t.name.empty()) return absl::InvalidArgumentError(absl::StrCat(who, " has an empty name"));
+    if (t.name == kMetadataKey) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(who, ": the name ", kMetadataKey, " is reserved for metadata"));
+    }
+    if (!seen.insert(t.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": duplicate tensor name"));
+    }
+    if (!IsValidUtf8(t.name)) {
+      return absl::InvalidArgumentError(absl::StrCat(who, ": name is not valid UTF-8"));
+    }
+    if (t.tensor.is_null()) {
+      return absl::InvalidArgumentError(absl::StrCat(who, " is a null tensor"));
+    }
+  }
+  for (const auto& [key, value] : metadata) {
+    if (!IsValidUtf8(key) || !IsValidUtf8(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("metadata entry \"", absl::CHexEscape(key), "\" is not valid UTF-8"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The header JSON padded with spaces so that the data buffer, which follows
+// the 8-byte length and the header, starts at an 8-byte aligned offset.
+// Requires ValidateForWrite to have passed (so dump() cannot throw).
+std::string BuildHeader(const std::vector<NamedTensor>& tensors,
+                        const SafetensorsMetadata& metadata) {
+  // ordered_json keeps the tensors in file order, which makes files readable.
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header[kMetadataKey] = metadata;
+  uint64_t offset = 0;
+  for (const NamedTensor& t : tensors) {
+    uint64_t end = offset + static_cast<uint64_t>(t.tensor.size_bytes());
+    header[t.name] = {
+        {"dtype", "F32"}, {"shape", t.tensor.shape()}, {"data_offsets", {offset, end}}};
+    offset = end;
+  }
+  std::string text = header.dump();
+  text.append((kDataAlignment - text.size() % kDataAlignment) % kDataAlignment, ' ');
+  return text;
+}
+
+absl::Status WriteContents(int fd, const std::string& header,
+                           const std::vector<NamedTensor>& tensors, const std::string& path) {
+  uint64_t length = header.size();
+  RETURN_IF_ERROR(WriteAll(fd, &length, sizeof(length), path));
+  RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), path));
+  for (const NamedTensor& t : tensors) {
+    if (t.tensor.numel() == 0) continue;
+    RETURN_IF_ERROR(
+        WriteAll(fd, t.tensor.data(), static_cast<size_t>(t.tensor.size_bytes()), path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteTempFile(const std::string& tmp, const std::string& header,
+                           const std::vector<NamedTensor>& tensors) {
+  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return ErrnoError(errno, "cannot create temporary file", tmp);
+  absl::Status status = WriteContents(fd, header, tensors, tmp);
+  if (status.ok() && fsync(fd) != 0) status = ErrnoError(errno, "cannot fsync", tmp);
+  if (close(fd) != 0 && status.ok()) status = ErrnoError(errno, "cannot close", tmp);
+  return status;
+}
+
+// ---------------------------------------------------------------------------
+// Reading: header validation.
+
+enum class Dtype { kF32, kF16, kBF16, kF64 };
+
+struct Entry {
+  std::string name;
+  Dtype dtype;
+  uint64_t dtype_size;
+  Shape shape;
+  uint64_t begin;  // Relative to the data buffer.
+  uint64_t end;
+};
+
+absl::Status FileError(const std::string& path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("safetensors file ", path, ": ", what));
+}
+
+absl::Status TensorError(const std::string& path, const std::string& name, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("safetensors file ", path, ", tensor \"", absl::CHexEscape(name), "\": ", what));
+}
+
+absl::Status ParseDtype(const std::string& path, const json& value, Entry& entry) {
+  if (!value.is_string()) return TensorError(path, entry.name, "dtype must be a string");
+  const std::string& name = value.get_ref<const std::string&>();
+  if (name == "F32") {
+    entry.dtype = Dtype::kF32, entry.dtype_size = 4;
+  } else if (name == "F16") {
+    entry.dtype = Dtype::kF16, entry.dtype_size = 2;
+  } else if (name == "BF16") {
+    entry.dtype = Dtype::kBF16, entry.dtype_size = 2;
+  } else if (name == "F64") {
+    entry.dtype = Dtype::kF64, entry.dtype_size = 8;
+  } else {
+    return TensorError(path, entry.name,
+                       absl::StrCat("unsupported dtype \"", absl::CHexEscape(name),
+                                    "\" (supported: F32, F16, BF16, F64)"));
+  }
+  return absl::OkStatus();
+}
+
+// Also rejects shapes whose element count overflows int64 (left to right, as
+// NumElements multiplies), so a hostile header cannot trigger overflow later.
+absl::Status ParseShape(const std::string& path, const json& value, Entry& entry) {
+  if (!value.is_array()) return TensorError(path, entry.name, "shape must be an array of integers");
+  int64_t numel = 1;
+  for (const json& d : value) {
+    if (d.is_number_unsigned()) {
+      uint64_t dim = d.get<uint64_t>();
+      int64_t product = 0;
+      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+          __builtin_mul_overflow(numel, static_cast<int64_t>(dim), &product)) {
+        return TensorError(path, entry.name, "shape has more than 2^63 elements");
+      }
+      numel = product;
+      entry.shape.push_back(static_cast<int64_t>(dim));
+    } else if (d.is_number_integer()) {
+      return TensorError(path, entry.name,
+                         absl::StrCat("negative dimension ", d.get<int64_t>(), " in shape"));
+    } else {
+      return TensorError(path, entry.name, "shape must be an array of integers");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseOffsets(const std::string& path, const json& value, uint64_t data_size,
+                          Entry& entry) {
+  if (!value.is_array() || value.size() != 2 || !value[0].is_number_unsigned() ||
+      !value[1].is_number_unsigned()) {
+    return TensorError(path, entry.name,
+                       "data_offsets must be [begin, end] of non-negative integers");
+  }
+  entry.begin = value[0].get<uint64_t>();
+  entry.end = value[1].get<uint64_t>();
+  if (entry.begin > entry.end) {
+    return TensorError(
+        path, entry.name,
+        absl::StrCat("data_offsets [", entry.begin, ", ", entry.end, "] has begin > end"));
+  }
+  if (entry.end > data_size) {
+    return TensorError(
+        path, entry.name,
+        absl::StrCat("data_offsets end ", entry.end, " is beyond the data buffer of ", data_size,
+                     " bytes (truncated file?)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckByteCount(const std::string& path, const Entry& entry) {
+  uint64_t span = entry.end - entry.begin;
+  uint64_t numel = static_cast<uint64_t>(NumElements(entry.shape));
+  if (span % entry.dtype_size != 0 || span / entry.dtype_size != numel) {
+    return TensorError(
+        path, entry.name,
+        absl::StrCat("data_offsets span ", span, " bytes but shape ", ShapeToString(entry.shape),
+                     " needs ", numel, " elements of ", entry.dtype_size, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Entry> ParseEntry(const std::string& path, const std::string& name,
+                                 const json& value, uint64_t data_size) {
+  Entry entry;
+  entry.name = name;
+  if (!value.is_object()) {
+    return TensorError(path, name, "entry must be an object with dtype, shape and data_offsets");
+  }
+  for (const char* key : {"dtype", "shape", "data_offsets"}) {
+    if (!value.contains(key)) {
+      return TensorError(path, name, absl::StrCat("entry has no \"", key, "\""));
+    }
+  }
+  RETURN_IF_ERROR(ParseDtype(path, value["dtype"], entry));
+  RETURN_IF_ERROR(ParseShape(path, value["shape"], entry));
+  RETURN_IF_ERROR(ParseOffsets(path, value["data_offsets"], data_size, entry));
+  RETURN_IF_ERROR(CheckByteCount(path, entry));
+  return entry;
+}
+
+absl::StatusOr<SafetensorsMetadata> ParseMetadata(const std::string& path, const json& value) {
+  if (!value.is_object()) {
+    return FileError(path, "__metadata__ must be an object of string -> string");
+  }
+  SafetensorsMetadata metadata;
+  for (const auto& [key, v] : value.items()) {
+    if (!v.is_string()) {
+      return FileError(path, absl::StrCat("__metadata__ value for key \"", absl::CHexEscape(key),
+                                          "\" must be a string"));
+    }
+    metadata[key] = v.get<std::string>();
+  }
+  return metadata;
+}
+
+// Requires entries sorted by (begin, end). Empty ranges hold no bytes and so
+// overlap nothing.
+absl::Status CheckNoOverlap(const std::string& path, const std::vector<Entry>& entries) {
+  const Entry* previous = nullptr;
+  for (const Entry& e : entries) {
+    if (e.begin == e.end) continue;
+    if (previous != nullptr && e.begin < previous->end) {
+      return TensorError(path, e.name,
+                         absl::StrCat("bytes [", e.begin, ", ", e.end, ") overlap tensor \"",
+                                      absl::CHexEscape(previous->name), "\" at [", previous->begin,
+                                      ", ", previous->end, ")"));
+    }
+    previous = &e;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<json> ParseHeaderJson(const std::string& path, const char* begin, const char* end) {
+  json header;
+  try {
+    header = json::parse(begin, end);
+  } catch (const json::exception& e) {
+    return FileError(path, absl::StrCat("header is not valid JSON: ", e.what()));
+  }
+  if (!header.is_object()) return FileError(path, "header is not a JSON object");
+  return header;
+}
+
+// ---------------------------------------------------------------------------
+// Reading: conversion to fp32.
+
+float BitsToFloat(uint32_t bits) {
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+
+// IEEE binary16 -> binary32, exact (every half value is a float value).
+float HalfToFloat(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16;
+  uint32_t exponent = (h >> 10) & 0x1f;
+  uint32_t mantissa = h & 0x3ff;
+  if (exponent == 0x1f) return BitsToFloat(sign | 0x7f800000 | (mantissa << 13));  // Inf / NaN.
+  if (exponent != 0) return BitsToFloat(sign | ((exponent + 127 - 15) << 23) | (mantissa << 13));
+  if (mantissa == 0) return BitsToFloat(sign);  // +-0.
+  // Subnormal: mantissa * 2^-24. Shift the leading 1 up to the implicit bit.
+  int32_t e = 127 - 15 + 1;
+  while ((mantissa & 0x400) == 0) {
+    mantissa <<= 1;
+    --e;
+  }
+  return BitsToFloat(sign | (static_cast<uint32_t>(e) << 23) | ((mantissa & 0x3ff) << 13));
+}
+
+// bfloat16 is the top half of a binary32.
+float BFloat16ToFloat(uint16_t b) { return BitsToFloat(static_cast<uint32_t>(b) << 16); }
+
+Tensor Decode(const Entry& entry, const char* bytes) {
+  Tensor t = Tensor::Zeros(entry.shape);
+  float* out = t.data();
+  const int64_t n = t.numel();
+  // memcpy per element: offsets in a foreign file need not be aligned.
+  switch (entry.dtype) {
+    case Dtype::kF32:
+      if (n > 0) std::memcpy(out, bytes, static_cast<size_t>(n) * sizeof(float));
+      break;
+    case Dtype::kF16:
+    case Dtype::kBF16:
+      for (int64_t i = 0; i < n; ++i) {
+        uint16_t v;
+        std::memcpy(&v, bytes + 2 * i, sizeof(v));
+        out[i] = entry.dtype == Dtype::kF16 ? HalfToFloat(v) : BFloat16ToFloat(v);
+      }
+      break;
+    case Dtype::kF64:
+      for (int64_t i = 0; i < n; ++i) {
+        double v;
+        std::memcpy(&v, bytes + 8 * i, sizeof(v));
+        out[i] = static_cast<float>(v);
+      }
+      break;
+  }
+  return t;
+}
+
+// Validates every header entry and returns the tensors' entries sorted by
+// offset; fills `metadata` from "__metadata__".
+absl::StatusOr<std::vector<Entry>> ParseEntries(const std::string& path, const json& header,
+                                                uint64_t data_size, SafetensorsMetadata& metadata) {
+  std::vector<Entry> entries;
+  for (const auto& [name, value] : header.items()) {
+    if (name == kMetadataKey) {
+      ASSIGN_OR_RETURN(metadata, ParseMetadata(path, value));
+      continue;
+    }
+    ASSIGN_OR_RETURN(Entry entry, ParseEntry(path, name, value, data_size));
+    entries.push_back(std::move(entry));
+  }
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  RETURN_IF_ERROR(CheckNoOverlap(path, entries));
+  return entries;
+}
+
+}  // namespace
+
+absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                              const SafetensorsMetadata& metadata) {
+  absl::Status valid = ValidateForWrite(tensors, metadata);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write safetensors file ", path, ": ", valid.message()));
+  }
+  const std::string header = BuildHeader(tensors, metadata);
+  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
+  absl::Status status = WriteTempFile(tmp, header, tensors);
+  if (status.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
+    status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp, " to"), path);
+  }
+  if (!status.ok()) {
+    unlink(tmp.c_str());
+    return status;
+  }
+  SyncParentDirectory(path);
+  return absl::OkStatus();
+}
+
+const Tensor* SafetensorsContents::Find(std::string_view name) const {
+  for (const NamedTensor& t : tensors) {
+    if (t.name == name) return &t.tensor;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
+  ASSIGN_OR_RETURN(FileBytes file, ReadWholeFile(path));
+  if (file.size < kLengthBytes) {
+    return FileError(
+        path, absl::StrCat("file is ", file.size, " bytes, shorter than the 8-byte header length"));
+  }
+  uint64_t header_size;
+  std::memcpy(&header_size, file.data.get(), sizeof(header_size));
+  if (header_size > kMaxHeaderBytes || header_size > file.size - kLengthBytes) {
+    return FileError(
+        path, absl::StrCat("header length ", header_size, " exceeds the file size ", file.size,
+                           " or the 100 MiB limit; not a safetensors file or corrupt"));
+  }
+  const char* header_begin = file.data.get() + kLengthBytes;
+  const char* data = header_begin + header_size;
+  const uint64_t data_size = file.size - kLengthBytes - header_size;
+  ASSIGN_OR_RETURN(json header, ParseHeaderJson(path, header_begin, data));
+  SafetensorsContents contents;
+  ASSIGN_OR_RETURN(std::vector<Entry> entries,
+                   ParseEntries(path, header, data_size, contents.metadata));
+  contents.tensors.reserve(entries.size());
+  for (const Entry& e : entries) contents.tensors.push_back({e.name, Decode(e, data + e.begin)});
+  return contents;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,86 @@
+// Reading and writing the safetensors file format (Hugging Face).
+//
+// Layout: an 8-byte little-endian uint64 N, then N bytes of UTF-8 JSON (the
+// header), then the data buffer. The header maps each tensor name to
+//   {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}
+// with byte offsets relative to the start of the data buffer (end exclusive),
+// plus an optional "__metadata__" object of string -> string.
+//
+// Tensors here are fp32 (common/tensor.h). Writing always produces F32; reading
+// also accepts F16, BF16 and F64 and converts them to fp32, because published
+// checkpoints are often half precision. The host must be little-endian (the
+// format is), which the implementation checks at compile time.
+//
+// Thread-safety: the functions keep no state. Concurrent reads are fine;
+// concurrent writes to the same path from one process share a temporary file
+// name and must be serialised by the caller.
+#ifndef PIPETRAIN_COMMON_SAFETENSORS_H_
+#define PIPETRAIN_COMMON_SAFETENSORS_H_
+
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+
+namespace pipetrain {
+
+struct NamedTensor {
+  std::string name;
+  Tensor tensor;  // fp32.
+};
+
+using SafetensorsMetadata = std::map<std::string, std::string>;
+
+// Writes `tensors` to `path` in the given order, contiguous, dtype "F32", with
+// shapes from Tensor::shape() and `metadata` as "__metadata__" (omitted when
+// empty). The header is padded with spaces so the data buffer starts at an
+// 8-byte aligned file offset, as Hugging Face does.
+//
+// Atomic: writes "<path>.tmp.<pid>", fsyncs it and renames it over `path`, so
+// a crash never leaves a half-written file and an existing file is replaced
+// only by a complete one. On failure the temporary file is removed.
+//
+// Errors:
+//   INVALID_ARGUMENT: an empty, duplicate or "__metadata__" name, a null
+//     tensor, or a name/metadata string that is not valid UTF-8 (the message
+//     names the tensor).
+//   errno mapped by absl::ErrnoToStatus (NOT_FOUND for a missing directory,
+//     PERMISSION_DENIED, INTERNAL for an I/O error, ...): the file could not be
+//     written; the message names the path and carries strerror.
+absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                              const SafetensorsMetadata& metadata = {});
+
+struct SafetensorsContents {
+  std::vector<NamedTensor> tensors;  // Ascending data_offsets order.
+  SafetensorsMetadata metadata;
+
+  // The tensor called `name`, or nullptr if absent. Linear in tensors.size().
+  const Tensor* Find(std::string_view name) const;
+};
+
+// Reads and validates the file at `path`, converting every tensor to fp32.
+// The whole file is read into memory with one read, so peak memory is about
+// the file size plus the fp32 tensors.
+//
+// Errors:
+//   NOT_FOUND: `path` does not exist (the message names it).
+//   Other errno codes via absl::ErrnoToStatus: the file could not be read.
+//   INVALID_ARGUMENT, naming the file and, where there is one, the tensor:
+//     file shorter than 8 bytes; header length beyond the file or above
+//     100 MiB; header not valid JSON or not an object; an entry that is not an
+//     object, lacks dtype/shape/data_offsets or has wrong JSON types; a dtype
+//     other than F32, F16, BF16, F64 (named); a negative dimension;
+//     data_offsets not [begin, end] with begin <= end; end beyond the data
+//     buffer; end - begin != numel * dtype size; two tensors' byte ranges
+//     overlapping; "__metadata__" not an object of string -> string.
+// Gaps between tensors in the data buffer are tolerated (the Hugging Face
+// writer never produces them, but they do not make the data ambiguous).
+absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COMMON_SAFETENSORS_H_

@@ -1,0 +1,492 @@
+#include "common/safetensors.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using ::testing::HasSubstr;
+using ::testing::UnorderedElementsAre;
+
+// A fresh, empty directory per test so directory listings are exact.
+std::string TestDir() {
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  fs::path dir = fs::path(std::getenv("TEST_TMPDIR")) / absl::StrCat(info->name(), "_dir");
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void WriteBytes(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+std::string LittleEndian64(uint64_t v) {
+  std::string s;
+  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+  return s;
+}
+
+// A safetensors file: length prefix, `header` verbatim, then `data`.
+std::string RawFile(const std::string& header, const std::string& data) {
+  return LittleEndian64(header.size()) + header + data;
+}
+
+std::string U16Bytes(const std::vector<uint16_t>& values) {
+  std::string s;
+  for (uint16_t v : values) {
+    s.push_back(static_cast<char>(v & 0xff));
+    s.push_back(static_cast<char>(v >> 8));
+  }
+  return s;
+}
+
+uint32_t Bits(float f) {
+  uint32_t b;
+  std::memcpy(&b, &f, sizeof(b));
+  return b;
+}
+
+float FromBits(uint32_t b) {
+  float f;
+  std::memcpy(&f, &b, sizeof(f));
+  return f;
+}
+
+std::vector<uint32_t> BitsOf(const Tensor& t) {
+  std::vector<uint32_t> bits;
+  for (int64_t i = 0; i < t.numel(); ++i) bits.push_back(Bits(t[i]));
+  return bits;
+}
+
+// Tensors covering the awkward cases: odd sizes, a scalar, a zero-size tensor
+// between two others, and values whose bits must survive (NaN payload, -0,
+// a float subnormal).
+std::vector<NamedTensor> SampleTensors() {
+  std::vector<float> a_values;
+  for (int i = 0; i < 6; ++i) a_values.push_back(0.1f * static_cast<float>(i) - 0.25f);
+  return {
+      {"h.0.attn.c_attn.weight", Tensor::FromVector({2, 3}, a_values)},
+      {"scalar", Tensor::FromVector({}, {42.5f})},
+      {"empty", Tensor::Zeros({0, 4})},
+      {"odd", Tensor::FromVector({5}, {-0.0f, FromBits(0x7fc01234), FromBits(0x00000001),
+                                       std::numeric_limits<float>::infinity(), 3.0f})},
+  };
+}
+
+TEST(SafetensorsTest, WriteThenRead_RoundTrip_BitwiseIdentical) {
+  const std::string path = TestDir() + "/model.safetensors";
+  const std::vector<NamedTensor> tensors = SampleTensors();
+  const SafetensorsMetadata metadata = {{"format", "pt"}, {"step", "7"}};
+  ASSERT_TRUE(WriteSafetensors(path, tensors, metadata).ok());
+
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->metadata, metadata);
+  ASSERT_EQ(read->tensors.size(), tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    SCOPED_TRACE(tensors[i].name);
+    // Written contiguously in order, so ascending offsets is the write order
+    // (the zero-size tensor [28, 28) sorts before "odd" [28, 48)).
+    EXPECT_EQ(read->tensors[i].name, tensors[i].name);
+    const Tensor* found = read->Find(tensors[i].name);
+    ASSERT_NE(found, nullptr);
+    EXPECT_EQ(found->shape(), tensors[i].tensor.shape());
+    EXPECT_EQ(BitsOf(*found), BitsOf(tensors[i].tensor));
+  }
+  EXPECT_EQ(read->Find("missing"), nullptr);
+}
+
+TEST(SafetensorsTest, Read_TensorsComeInAscendingOffsetOrder) {
+  const std::string path = TestDir() + "/order.safetensors";
+  const std::string header = R"({"z":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},)"
+                             R"("a":{"dtype":"F32","shape":[1],"data_offsets":[8,12]},)"
+                             R"("m":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  WriteBytes(path, RawFile(header, std::string(12, '\0')));
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->tensors.size(), 3u);
+  EXPECT_EQ(read->tensors[0].name, "z");
+  EXPECT_EQ(read->tensors[1].name, "m");
+  EXPECT_EQ(read->tensors[2].name, "a");
+  EXPECT_TRUE(read->metadata.empty());
+}
+
+TEST(SafetensorsTest, Write_FileParsedIndependently_HeaderWellFormedAndDataTiled) {
+  const std::string path = TestDir() + "/model.safetensors";
+  const std::vector<NamedTensor> tensors = SampleTensors();
+  ASSERT_TRUE(WriteSafetensors(path, tensors, {{"k", "v"}}).ok());
+
+  const std::string bytes = ReadBytes(path);
+  ASSERT_GE(bytes.size(), 8u);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
+  ASSERT_LE(8 + n, bytes.size());
+  EXPECT_EQ((8 + n) % 8, 0u) << "data buffer must start 8-byte aligned";
+  const json header = json::parse(bytes.substr(8, n));
+  const std::string data = bytes.substr(8 + n);
+  EXPECT_EQ(header["__metadata__"], json({{"k", "v"}}));
+  ASSERT_EQ(header.size(), tensors.size() + 1);
+
+  uint64_t expected_begin = 0;  // Tiling: each tensor starts where the last ended.
+  for (const NamedTensor& t : tensors) {
+    SCOPED_TRACE(t.name);
+    const json& entry = header.at(t.name);
+    EXPECT_EQ(entry.at("dtype"), "F32");
+    EXPECT_EQ(entry.at("shape").get<std::vector<int64_t>>(), t.tensor.shape());
+    const uint64_t begin = entry.at("data_offsets")[0].get<uint64_t>();
+    const uint64_t end = entry.at("data_offsets")[1].get<uint64_t>();
+    EXPECT_EQ(begin, expected_begin);
+    EXPECT_EQ(end - begin, static_cast<uint64_t>(t.tensor.size_bytes()));
+    ASSERT_LE(end, data.size());
+    EXPECT_EQ(std::memcmp(data.data() + begin, t.tensor.data(), end - begin), 0);
+    expected_begin = end;
+  }
+  EXPECT_EQ(expected_begin, data.size()) << "offsets must cover the whole data buffer";
+}
+
+TEST(SafetensorsTest, Write_NoMetadata_OmitsMetadataKey) {
+  const std::string path = TestDir() + "/plain.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", Tensor::FromVector({1}, {1.0f})}}).ok());
+  const std::string bytes = ReadBytes(path);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<uint8_t>(bytes[i]);
+  EXPECT_FALSE(json::parse(bytes.substr(8, n)).contains("__metadata__"));
+}
+
+TEST(SafetensorsTest, Write_SliceView_WritesOnlyTheView) {
+  const std::string path = TestDir() + "/slice.safetensors";
+  Tensor full = Tensor::FromVector({3, 2}, {1, 2, 3, 4, 5, 6});
+  ASSERT_TRUE(WriteSafetensors(path, {{"rows", full.Slice(1, 3)}}).ok());
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->tensors[0].tensor.shape(), Shape({2, 2}));
+  EXPECT_EQ(read->tensors[0].tensor.ToVector(), std::vector<float>({3, 4, 5, 6}));
+}
+
+TEST(SafetensorsTest, Read_F16_ConvertsKnownBitPatterns) {
+  const std::string path = TestDir() + "/half.safetensors";
+  // 1.0, -2.0, 65504 (max), 2^-24 (min subnormal), 1023 * 2^-24 (max
+  // subnormal), +inf, -inf, -0.0, 2^-14 (min normal).
+  const std::vector<uint16_t> halves = {0x3c00, 0xc000, 0x7bff, 0x0001, 0x03ff,
+                                        0x7c00, 0xfc00, 0x8000, 0x0400};
+  const std::string header = R"({"h":{"dtype":"F16","shape":[3,3],"data_offsets":[0,18]}})";
+  WriteBytes(path, RawFile(header, U16Bytes(halves)));
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  const Tensor& t = read->tensors[0].tensor;
+  ASSERT_EQ(t.shape(), Shape({3, 3}));
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> expected = {
+      1.0f, -2.0f, 65504.0f, std::ldexp(1.0f, -24), 1023 * std::ldexp(1.0f, -24),
+      inf,  -inf,  -0.0f,    std::ldexp(1.0f, -14)};
+  std::vector<uint32_t> expected_bits;
+  for (float f : expected) expected_bits.push_back(Bits(f));
+  EXPECT_EQ(BitsOf(t), expected_bits);
+}
+
+TEST(SafetensorsTest, Read_F16NaN_StaysNaNWithSign) {
+  const std::string path = TestDir() + "/nan.safetensors";
+  const std::string header = R"({"n":{"dtype":"F16","shape":[2],"data_offsets":[0,4]}})";
+  WriteBytes(path, RawFile(header, U16Bytes({0x7e00, 0xfc01})));
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  const Tensor& t = read->tensors[0].tensor;
+  EXPECT_TRUE(std::isnan(t[0]));
+  EXPECT_FALSE(std::signbit(t[0]));
+  EXPECT_TRUE(std::isnan(t[1]));  // Signalling payload must not become inf.
+  EXPECT_TRUE(std::signbit(t[1]));
+}
+
+TEST(SafetensorsTest, Read_BF16_ConvertsKnownBitPatterns) {
+  const std::string path = TestDir() + "/bf16.safetensors";
+  // 1.0, -2.0, 65280 (bf16 nearest below 65504), max finite, float min
+  // subnormal 2^-133, +inf.
+  const std::vector<uint16_t> values = {0x3f80, 0xc000, 0x477f, 0x7f7f, 0x0001, 0x7f80};
+  const std::string header = R"({"b":{"dtype":"BF16","shape":[6],"data_offsets":[0,12]}})";
+  WriteBytes(path, RawFile(header, U16Bytes(values)));
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  const Tensor& t = read->tensors[0].tensor;
+  EXPECT_EQ(t[0], 1.0f);
+  EXPECT_EQ(t[1], -2.0f);
+  EXPECT_EQ(t[2], 65280.0f);
+  EXPECT_EQ(Bits(t[3]), 0x7f7f0000u);
+  EXPECT_EQ(t[4], std::ldexp(1.0f, -133));
+  EXPECT_EQ(t[5], std::numeric_limits<float>::infinity());
+}
+
+TEST(SafetensorsTest, Read_F64AndUnalignedOffsets_Converts) {
+  const std::string path = TestDir() + "/mixed.safetensors";
+  // A 2-byte F16 tensor first leaves the F64 and F32 tensors unaligned.
+  std::string data = U16Bytes({0x3c00});
+  const double d[2] = {0.5, -1e10};
+  data.append(reinterpret_cast<const char*>(d), sizeof(d));
+  const float f = 7.25f;
+  data.append(reinterpret_cast<const char*>(&f), sizeof(f));
+  const std::string header = R"({"h":{"dtype":"F16","shape":[],"data_offsets":[0,2]},)"
+                             R"("d":{"dtype":"F64","shape":[2],"data_offsets":[2,18]},)"
+                             R"("f":{"dtype":"F32","shape":[1,1],"data_offsets":[18,22]}})";
+  WriteBytes(path, RawFile(header, data));
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->Find("h")->ToVector(), std::vector<float>({1.0f}));
+  EXPECT_EQ(read->Find("d")->ToVector(), std::vector<float>({0.5f, -1e10f}));
+  EXPECT_EQ(read->Find("f")->ToVector(), std::vector<float>({7.25f}));
+}
+
+// ---------------------------------------------------------------------------
+// Validation errors.
+
+class SafetensorsValidationTest : public ::testing::Test {
+ protected:
+  void SetUp() override { path_ = TestDir() + "/bad.safetensors"; }
+
+  absl::Status ReadRaw(const std::string& bytes) {
+    WriteBytes(path_, bytes);
+    return ReadSafetensors(path_).status();
+  }
+  absl::Status ReadHeader(const std::string& header, size_t data_bytes = 8) {
+    return ReadRaw(RawFile(header, std::string(data_bytes, '\0')));
+  }
+  // An INVALID_ARGUMENT naming the file, the tensor (when given) and `what`.
+  void ExpectInvalid(const absl::Status& status, const std::string& tensor,
+                     const std::string& what) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(path_));
+    if (!tensor.empty()) {
+      EXPECT_THAT(std::string(status.message()), HasSubstr("tensor \"" + tensor + "\""));
+    }
+    EXPECT_THAT(std::string(status.message()), HasSubstr(what));
+  }
+
+  std::string path_;
+};
+
+TEST_F(SafetensorsValidationTest, Read_FileShorterThan8Bytes_InvalidArgument) {
+  ExpectInvalid(ReadRaw("abcde"), "", "shorter than the 8-byte header length");
+}
+
+TEST_F(SafetensorsValidationTest, Read_HeaderLengthBeyondFile_InvalidArgument) {
+  ExpectInvalid(ReadRaw(LittleEndian64(1000) + "{}"), "",
+                "header length 1000 exceeds the file size 10");
+}
+
+TEST_F(SafetensorsValidationTest, Read_HeaderLengthAbsurd_InvalidArgument) {
+  ExpectInvalid(ReadRaw(LittleEndian64(uint64_t{1} << 40) + "{}"), "", "100 MiB");
+  ExpectInvalid(ReadRaw(LittleEndian64(~uint64_t{0}) + "{}"), "", "100 MiB");
+}
+
+TEST_F(SafetensorsValidationTest, Read_HeaderNotJson_InvalidArgument) {
+  ExpectInvalid(ReadHeader("{not json"), "", "header is not valid JSON");
+  ExpectInvalid(ReadHeader(R"({"a":1} trailing)"), "", "header is not valid JSON");
+}
+
+TEST_F(SafetensorsValidationTest, Read_HeaderNotObject_InvalidArgument) {
+  ExpectInvalid(ReadHeader("[1, 2]"), "", "header is not a JSON object");
+}
+
+TEST_F(SafetensorsValidationTest, Read_EntryNotObject_InvalidArgument) {
+  ExpectInvalid(ReadHeader(R"({"w": 3})"), "w", "entry must be an object");
+}
+
+TEST_F(SafetensorsValidationTest, Read_EntryMissingField_InvalidArgumentNamingField) {
+  ExpectInvalid(ReadHeader(R"({"w":{"shape":[2],"data_offsets":[0,8]}})"), "w",
+                "entry has no \"dtype\"");
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","data_offsets":[0,8]}})"), "w",
+                "entry has no \"shape\"");
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[2]}})"), "w",
+                "entry has no \"data_offsets\"");
+}
+
+TEST_F(SafetensorsValidationTest, Read_WrongJsonTypes_InvalidArgument) {
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":4,"shape":[2],"data_offsets":[0,8]}})"), "w",
+                "dtype must be a string");
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":2,"data_offsets":[0,8]}})"), "w",
+                "shape must be an array of integers");
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":["2"],"data_offsets":[0,8]}})"), "w",
+                "shape must be an array of integers");
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})"), "w",
+                "shape must be an array of integers");
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":{"a":0}}})"), "w",
+                "data_offsets must be [begin, end]");
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,"8"]}})"), "w",
+                "data_offsets must be [begin, end]");
+}
+
+TEST_F(SafetensorsValidationTest, Read_UnsupportedDtype_InvalidArgumentNamingDtype) {
+  ExpectInvalid(ReadHeader(R"({"ids":{"dtype":"I32","shape":[2],"data_offsets":[0,8]}})"), "ids",
+                "unsupported dtype \"I32\"");
+}
+
+TEST_F(SafetensorsValidationTest, Read_NegativeDimension_InvalidArgument) {
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[-2,-1],"data_offsets":[0,8]}})"), "w",
+                "negative dimension -2");
+}
+
+TEST_F(SafetensorsValidationTest, Read_ShapeOverflowsInt64_InvalidArgument) {
+  ExpectInvalid(
+      ReadHeader(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})"),
+      "w", "more than 2^63 elements");
+  ExpectInvalid(
+      ReadHeader(R"({"w":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})"),
+      "w", "more than 2^63 elements");
+}
+
+TEST_F(SafetensorsValidationTest, Read_BadDataOffsets_InvalidArgument) {
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0]}})"), "w",
+                "data_offsets must be [begin, end]");
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,4,8]}})"), "w",
+                "data_offsets must be [begin, end]");
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[-4,4]}})"), "w",
+                "data_offsets must be [begin, end] of non-negative integers");
+}
+
+TEST_F(SafetensorsValidationTest, Read_BeginAfterEnd_InvalidArgument) {
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[8,4]}})"), "w",
+                "data_offsets [8, 4] has begin > end");
+}
+
+TEST_F(SafetensorsValidationTest, Read_EndBeyondDataBuffer_InvalidArgument) {
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8), "w",
+                "data_offsets end 16 is beyond the data buffer of 8 bytes");
+}
+
+TEST_F(SafetensorsValidationTest, Read_ByteCountMismatch_InvalidArgument) {
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})"), "w",
+                "data_offsets span 8 bytes but shape [3] needs 3 elements of 4 bytes");
+  ExpectInvalid(ReadHeader(R"({"w":{"dtype":"F16","shape":[],"data_offsets":[0,3]}})"), "w",
+                "data_offsets span 3 bytes");
+}
+
+TEST_F(SafetensorsValidationTest, Read_OverlappingRanges_InvalidArgumentNamingBoth) {
+  ExpectInvalid(ReadHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                           R"("b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+                           12),
+                "b", "overlap tensor \"a\"");
+  ExpectInvalid(ReadHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                           R"("b":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}})"),
+                "b", "overlap tensor \"a\"");
+}
+
+TEST_F(SafetensorsValidationTest, Read_ZeroSizeTensorsShareOffsets_Accepted) {
+  EXPECT_TRUE(ReadHeader(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},)"
+                         R"("e1":{"dtype":"F32","shape":[0],"data_offsets":[8,8]},)"
+                         R"("e2":{"dtype":"F32","shape":[3,0],"data_offsets":[8,8]}})")
+                  .ok());
+}
+
+TEST_F(SafetensorsValidationTest, Read_MetadataNotStringToString_InvalidArgument) {
+  ExpectInvalid(ReadHeader(R"({"__metadata__":["x"]})"), "", "__metadata__ must be an object");
+  ExpectInvalid(ReadHeader(R"({"__metadata__":{"step":7}})"), "",
+                "__metadata__ value for key \"step\" must be a string");
+}
+
+TEST(SafetensorsTest, Read_MissingFile_NotFoundNamingPath) {
+  const std::string path = TestDir() + "/absent.safetensors";
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(read.status().message()), HasSubstr(path));
+}
+
+// ---------------------------------------------------------------------------
+// Write errors and atomicity.
+
+TEST(SafetensorsTest, Write_BadNames_InvalidArgumentNamingTensor) {
+  const std::string path = TestDir() + "/names.safetensors";
+  const Tensor t = Tensor::FromVector({1}, {1.0f});
+  struct Case {
+    std::vector<NamedTensor> tensors;
+    std::string fragment;
+  };
+  const std::vector<Case> cases = {
+      {{{"w", t}, {"w", t}}, "tensor #1 \"w\": duplicate tensor name"},
+      {{{"w", t}, {"", t}}, "tensor #1 \"\" has an empty name"},
+      {{{"__metadata__", t}}, "tensor #0 \"__metadata__\": the name __metadata__ is reserved"},
+      {{{"null", Tensor()}}, "tensor #0 \"null\" is a null tensor"},
+      {{{"bad\xff", t}}, "name is not valid UTF-8"},
+  };
+  for (const Case& c : cases) {
+    absl::Status status = WriteSafetensors(path, c.tensors);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr(path));
+    EXPECT_THAT(std::string(status.message()), HasSubstr(c.fragment));
+  }
+  EXPECT_FALSE(fs::exists(path));
+}
+
+TEST(SafetensorsTest, Write_Success_LeavesNoTempFile) {
+  const std::string dir = TestDir();
+  ASSERT_TRUE(WriteSafetensors(dir + "/a.safetensors", SampleTensors()).ok());
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    names.push_back(e.path().filename());
+  EXPECT_THAT(names, UnorderedElementsAre("a.safetensors"));
+}
+
+TEST(SafetensorsTest, Write_ExistingFile_ReplacedByCompleteFile) {
+  const std::string dir = TestDir();
+  const std::string path = dir + "/a.safetensors";
+  WriteBytes(path, "old contents");
+  ASSERT_TRUE(WriteSafetensors(path, {{"w", Tensor::FromVector({2}, {1.0f, 2.0f})}}).ok());
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->Find("w")->ToVector(), std::vector<float>({1.0f, 2.0f}));
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    names.push_back(e.path().filename());
+  EXPECT_THAT(names, UnorderedElementsAre("a.safetensors"));
+}
+
+TEST(SafetensorsTest, Write_DirectoryMissing_NotFoundAndNoFile) {
+  const std::string dir = TestDir();
+  const std::string path = dir + "/no_such_dir/a.safetensors";
+  absl::Status status = WriteSafetensors(path, SampleTensors());
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(path));
+  EXPECT_THAT(std::string(status.message()), HasSubstr(std::strerror(ENOENT)));
+  EXPECT_FALSE(fs::exists(dir + "/no_such_dir"));
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
+TEST(SafetensorsTest, Write_RenameFails_ErrorAndTempFileRemoved) {
+  const std::string dir = TestDir();
+  const std::string path = dir + "/target";
+  fs::create_directories(path + "/occupied");  // rename(file, non-empty dir) fails.
+  absl::Status status = WriteSafetensors(path, SampleTensors());
+  EXPECT_FALSE(status.ok());
+  EXPECT_THAT(std::string(status.message()), HasSubstr(path));
+  EXPECT_THAT(std::string(status.message()), HasSubstr(std::strerror(EISDIR)));
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    names.push_back(e.path().filename());
+  EXPECT_THAT(names, UnorderedElementsAre("target"));
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,277 @@
+#include "worker/data/token_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr char kAcceptedFormats[] = "auto, text, uint16, uint16-header";
+
+// Closes a file descriptor on every return path.
+class FdCloser {
+ public:
+  explicit FdCloser(int fd) : fd_(fd) {}
+  ~FdCloser() {
+    if (fd_ >= 0) close(fd_);
+  }
+  FdCloser(const FdCloser&) = delete;
+  FdCloser& operator=(const FdCloser&) = delete;
+
+ private:
+  int fd_;
+};
+
+absl::Status Invalid(const std::string& path, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
+}
+
+// Reads the whole regular file at `path` with one fstat and a read loop (no
+// per-byte stream reads: a 100 MB corpus loads at memory speed).
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open token file (",
+                                            std::strerror(errno), "); check the path"));
+  }
+  FdCloser closer(fd);
+  struct stat info;
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
+    return absl::NotFoundError(absl::StrCat(path, ": not a regular file; check the path"));
+  }
+  std::string bytes(static_cast<size_t>(info.st_size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t got = read(fd, bytes.data() + done, bytes.size() - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      return absl::InternalError(
+          absl::StrCat(path, ": read failed after ", done, " bytes: ", std::strerror(errno)));
+    }
+    if (got == 0) break;  // The file shrank while we read it.
+    done += static_cast<size_t>(got);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
+int32_t ReadInt32Le(const char* p) {
+  const auto* u = reinterpret_cast<const unsigned char*>(p);
+  return static_cast<int32_t>(static_cast<uint32_t>(u[0]) | static_cast<uint32_t>(u[1]) << 8 |
+                              static_cast<uint32_t>(u[2]) << 16 |
+                              static_cast<uint32_t>(u[3]) << 24);
+}
+
+// Decodes `count` little-endian uint16 values starting at `p`.
+std::vector<uint16_t> DecodeUint16Le(const char* p, size_t count) {
+  std::vector<uint16_t> tokens(count);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+  if (count > 0) std::memcpy(tokens.data(), p, count * sizeof(uint16_t));
+#else
+  const auto* u = reinterpret_cast<const unsigned char*>(p);
+  for (size_t i = 0; i < count; ++i) {
+    tokens[i] = static_cast<uint16_t>(u[2 * i] | u[2 * i + 1] << 8);
+  }
+#endif
+  return tokens;
+}
+
+std::vector<uint16_t> ParseText(const std::string& bytes) {
+  std::vector<uint16_t> tokens(bytes.size());
+  for (size_t i = 0; i < bytes.size(); ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
+  return tokens;
+}
+
+absl::StatusOr<std::vector<uint16_t>> ParseRaw(const std::string& path, const std::string& bytes) {
+  if (bytes.size() % 2 != 0) {
+    return Invalid(path, absl::StrCat("truncated: raw uint16 token file has an odd size of ",
+                                      bytes.size(), " bytes; is it really a uint16 file?"));
+  }
+  return DecodeUint16Le(bytes.data(), bytes.size() / 2);
+}
+
+absl::StatusOr<std::vector<uint16_t>> ParseWithHeader(const std::string& path,
+                                                      const std::string& bytes) {
+  if (static_cast<int64_t>(bytes.size()) < kTokenFileHeaderBytes) {
+    return Invalid(path, absl::StrCat("file has ", bytes.size(), " bytes, shorter than the ",
+                                      kTokenFileHeaderBytes, "-byte uint16-header header"));
+  }
+  int32_t magic = ReadInt32Le(bytes.data());
+  if (magic != kTokenFileMagic) {
+    return Invalid(path, absl::StrCat("bad magic: found ", magic, ", expected ", kTokenFileMagic,
+                                      "; not a uint16-header token file"));
+  }
+  int32_t version = ReadInt32Le(bytes.data() + 4);
+  if (version != kTokenFileVersion) {
+    return Invalid(path, absl::StrCat("unsupported version ", version, "; only version ",
+                                      kTokenFileVersion, " is supported"));
+  }
+  int32_t count = ReadInt32Le(bytes.data() + 8);
+  if (count < 0) return Invalid(path, absl::StrCat("header says ", count, " tokens"));
+  int64_t payload = static_cast<int64_t>(bytes.size()) - kTokenFileHeaderBytes;
+  int64_t needed = static_cast<int64_t>(count) * 2;
+  if (payload < needed) {
+    return Invalid(
+        path, absl::StrCat("truncated: header says ", count, " tokens, file holds ", payload / 2));
+  }
+  if (payload > needed) {
+    return Invalid(path, absl::StrCat("trailing bytes: ", payload - needed, " byte(s) after the ",
+                                      count, " tokens the header announces"));
+  }
+  return DecodeUint16Le(bytes.data() + kTokenFileHeaderBytes, static_cast<size_t>(count));
+}
+
+DataFormat DetectFormat(const std::string& path, const std::string& bytes) {
+  if (static_cast<int64_t>(bytes.size()) >= kTokenFileHeaderBytes &&
+      ReadInt32Le(bytes.data()) == kTokenFileMagic) {
+    return DataFormat::kUint16Header;
+  }
+  if (absl::EndsWith(path, ".bin") || absl::EndsWith(path, ".u16")) return DataFormat::kUint16;
+  return DataFormat::kText;
+}
+
+absl::Status CheckVocab(const std::string& path, const std::vector<uint16_t>& tokens,
+                        int vocab_size) {
+  if (vocab_size > std::numeric_limits<uint16_t>::max()) return absl::OkStatus();
+  const uint16_t limit = static_cast<uint16_t>(vocab_size);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    if (tokens[i] >= limit) {
+      return Invalid(path, absl::StrCat("token at position ", i, " has id ", tokens[i],
+                                        ", not below the vocab size ", vocab_size,
+                                        "; check --vocab-size or the tokenizer"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// fwrite's buffer argument must not be null, even for zero bytes.
+bool WriteAll(std::string_view bytes, std::FILE* file) {
+  return bytes.empty() || std::fwrite(bytes.data(), 1, bytes.size(), file) == bytes.size();
+}
+
+absl::Status WriteFileAtomically(const std::string& path, std::string_view head,
+                                 std::string_view body) {
+  // pid + a process-wide counter keep concurrent writers (processes or
+  // threads) off each other's temporary file.
+  static std::atomic<uint64_t> next_temp_id{0};
+  const std::string temp = absl::StrCat(path, ".tmp.", getpid(), ".", next_temp_id++);
+  std::FILE* file = std::fopen(temp.c_str(), "wb");
+  if (file == nullptr) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": cannot create ", temp));
+  }
+  bool ok = WriteAll(head, file) && WriteAll(body, file);
+  int write_errno = errno;
+  if (std::fclose(file) != 0 && ok) {
+    ok = false;
+    write_errno = errno;
+  }
+  if (!ok) {
+    std::remove(temp.c_str());
+    return absl::ErrnoToStatus(write_errno, absl::StrCat(path, ": write to ", temp, " failed"));
+  }
+  if (std::rename(temp.c_str(), path.c_str()) != 0) {
+    int rename_errno = errno;
+    std::remove(temp.c_str());
+    return absl::ErrnoToStatus(rename_errno, absl::StrCat(path, ": rename from ", temp));
+  }
+  return absl::OkStatus();
+}
+
+void AppendInt32Le(int32_t value, std::string* out) {
+  uint32_t u = static_cast<uint32_t>(value);
+  for (int shift = 0; shift < 32; shift += 8) out->push_back(static_cast<char>(u >> shift));
+}
+
+}  // namespace
+
+absl::StatusOr<DataFormat> ParseDataFormat(std::string_view name) {
+  if (name == "auto") return DataFormat::kAuto;
+  if (name == "text") return DataFormat::kText;
+  if (name == "uint16") return DataFormat::kUint16;
+  if (name == "uint16-header") return DataFormat::kUint16Header;
+  return absl::InvalidArgumentError(absl::StrCat("unknown data format \"",
+                                                 absl::string_view(name.data(), name.size()),
+                                                 "\"; accepted: ", kAcceptedFormats));
+}
+
+std::string DataFormatName(DataFormat format) {
+  switch (format) {
+    case DataFormat::kAuto:
+      return "auto";
+    case DataFormat::kText:
+      return "text";
+    case DataFormat::kUint16:
+      return "uint16";
+    case DataFormat::kUint16Header:
+      return "uint16-header";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<std::vector<uint16_t>> LoadTokenFile(const std::string& path, DataFormat format,
+                                                    int vocab_size) {
+  if (vocab_size < 1) return Invalid(path, absl::StrCat("vocab size ", vocab_size, " < 1"));
+  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  if (bytes.empty()) return Invalid(path, "token file is empty");
+  if (format == DataFormat::kAuto) format = DetectFormat(path, bytes);
+  if (format == DataFormat::kText && vocab_size < 256) {
+    return Invalid(path, absl::StrCat("text format needs a byte vocabulary (vocab size >= 256)",
+                                      ", got vocab size ", vocab_size));
+  }
+  absl::StatusOr<std::vector<uint16_t>> tokens;
+  switch (format) {
+    case DataFormat::kText:
+      tokens = ParseText(bytes);
+      break;
+    case DataFormat::kUint16:
+      tokens = ParseRaw(path, bytes);
+      break;
+    default:
+      tokens = ParseWithHeader(path, bytes);
+      break;
+  }
+  if (!tokens.ok()) return tokens.status();
+  if (tokens->empty()) return Invalid(path, "token file is empty (zero tokens)");
+  // Text ids are bytes, already below the (>= 256) vocab size.
+  if (format != DataFormat::kText) RETURN_IF_ERROR(CheckVocab(path, *tokens, vocab_size));
+  return tokens;
+}
+
+absl::Status WriteUint16TokenFile(const std::string& path, const std::vector<uint16_t>& tokens,
+                                  bool with_header) {
+  std::string head;
+  if (with_header) {
+    if (tokens.size() > static_cast<size_t>(std::numeric_limits<int32_t>::max())) {
+      return Invalid(
+          path, absl::StrCat(tokens.size(), " tokens do not fit the int32 count of the header"));
+    }
+    head.reserve(kTokenFileHeaderBytes);
+    AppendInt32Le(kTokenFileMagic, &head);
+    AppendInt32Le(kTokenFileVersion, &head);
+    AppendInt32Le(static_cast<int32_t>(tokens.size()), &head);
+    head.resize(kTokenFileHeaderBytes, '\0');
+  }
+  std::string body(tokens.size() * 2, '\0');
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    body[2 * i] = static_cast<char>(tokens[i] & 0xff);
+    body[2 * i + 1] = static_cast<char>(tokens[i] >> 8);
+  }
+  return WriteFileAtomically(path, head, body);
+}
+
+absl::Status WriteBytesFile(const std::string& path, std::string_view bytes) {
+  return WriteFileAtomically(path, {}, bytes);
+}
+
+}  // namespace pipetrain

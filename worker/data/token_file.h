@@ -1,0 +1,77 @@
+// Token files: the corpus formats a training job can read.
+//
+// A corpus is loaded whole into memory as uint16 token ids. Three on-disk
+// forms are supported:
+//   text           every byte is one token (byte-level vocabulary of 256);
+//   uint16         raw little-endian uint16 tokens, no header;
+//   uint16-header  llm.c's form: 256 little-endian int32 header words
+//                  ([0] magic 20240520, [1] version 1, [2] token count, rest
+//                  unused), then `count` little-endian uint16 tokens.
+// All functions are thread-safe (they share no state).
+#ifndef PIPETRAIN_WORKER_DATA_TOKEN_FILE_H_
+#define PIPETRAIN_WORKER_DATA_TOKEN_FILE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pipetrain {
+
+enum class DataFormat { kAuto, kText, kUint16, kUint16Header };
+
+// Constants of the llm.c header form.
+inline constexpr int32_t kTokenFileMagic = 20240520;
+inline constexpr int32_t kTokenFileVersion = 1;
+inline constexpr int kTokenFileHeaderInts = 256;
+inline constexpr int64_t kTokenFileHeaderBytes = kTokenFileHeaderInts * 4;
+
+// "auto", "text", "uint16", "uint16-header" -> enum (exact, lower case).
+// Errors: INVALID_ARGUMENT naming `name` and listing the accepted names.
+absl::StatusOr<DataFormat> ParseDataFormat(std::string_view name);
+
+// The inverse of ParseDataFormat ("auto", "text", ...).
+std::string DataFormatName(DataFormat format);
+
+// Loads the whole corpus at `path` as token ids, reading the file in one go.
+//   kText:         each byte is a token 0..255; requires vocab_size >= 256.
+//   kUint16:       raw little-endian uint16 tokens; the byte count must be even.
+//   kUint16Header: header form described above; the payload must hold exactly
+//                  the number of tokens the header states.
+//   kAuto:         kUint16Header if the file is >= 1024 bytes and starts with
+//                  the magic; else kUint16 if the name ends in ".bin" or ".u16";
+//                  else kText.
+// Requires vocab_size >= 1 (else INVALID_ARGUMENT).
+// Errors (every message starts with `path`):
+//   NOT_FOUND         the file is missing, unreadable or not a regular file.
+//   INVALID_ARGUMENT  empty file or zero tokens ("empty"); kText with
+//                     vocab_size < 256; odd byte count for kUint16
+//                     ("truncated"); for kUint16Header: file shorter than the
+//                     header, bad magic (found vs expected), unsupported
+//                     version, fewer payload bytes than the count says
+//                     ("truncated: header says N tokens, file holds M"),
+//                     trailing bytes after the tokens; any token id >=
+//                     vocab_size (names the position, the id and vocab_size).
+//   INTERNAL          a read error after the file was opened.
+absl::StatusOr<std::vector<uint16_t>> LoadTokenFile(const std::string& path, DataFormat format,
+                                                    int vocab_size);
+
+// Writes `tokens` as little-endian uint16, preceded by the llm.c header when
+// `with_header`. Atomic: writes `path`.tmp.<pid>.<n> and renames it over `path`,
+// so readers never see a partial file.
+// Errors: INVALID_ARGUMENT when with_header and tokens.size() > INT32_MAX;
+// NOT_FOUND when the directory does not exist; another errno-derived code
+// (e.g. PERMISSION_DENIED) for other I/O failures. Messages start with `path`.
+absl::Status WriteUint16TokenFile(const std::string& path, const std::vector<uint16_t>& tokens,
+                                  bool with_header);
+
+// Writes `bytes` verbatim to `path`, atomically as above (text corpora, and
+// tests that need malformed files). Errors as WriteUint16TokenFile.
+absl::Status WriteBytesFile(const std::string& path, std::string_view bytes);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_DATA_TOKEN_FILE_H_

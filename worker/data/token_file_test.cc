@@ -1,0 +1,287 @@
+#include "worker/data/token_file.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+void AppendInt32(int32_t value, std::string* out) {
+  uint32_t u = static_cast<uint32_t>(value);
+  for (int shift = 0; shift < 32; shift += 8) out->push_back(static_cast<char>(u >> shift));
+}
+
+// The llm.c header with the given words, padded to 1024 bytes.
+std::string Header(int32_t magic, int32_t version, int32_t count) {
+  std::string header;
+  AppendInt32(magic, &header);
+  AppendInt32(version, &header);
+  AppendInt32(count, &header);
+  header.resize(kTokenFileHeaderBytes, '\0');
+  return header;
+}
+
+std::string Uint16Bytes(const std::vector<uint16_t>& tokens) {
+  std::string bytes;
+  for (uint16_t t : tokens) {
+    bytes.push_back(static_cast<char>(t & 0xff));
+    bytes.push_back(static_cast<char>(t >> 8));
+  }
+  return bytes;
+}
+
+// Writes `bytes` to a fresh temp file and loads it.
+absl::StatusOr<std::vector<uint16_t>> LoadBytes(const std::string& name, const std::string& bytes,
+                                                DataFormat format, int vocab_size) {
+  const std::string path = TempPath(name);
+  EXPECT_TRUE(WriteBytesFile(path, bytes).ok());
+  return LoadTokenFile(path, format, vocab_size);
+}
+
+// Asserts the status code, that the message starts with the path, and that it
+// contains `fragment`.
+void ExpectError(const absl::StatusOr<std::vector<uint16_t>>& result, const std::string& name,
+                 absl::StatusCode code, const std::string& fragment) {
+  ASSERT_FALSE(result.ok()) << name;
+  EXPECT_EQ(result.status().code(), code) << result.status();
+  EXPECT_TRUE(absl::StartsWith(result.status().message(), TempPath(name))) << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(), fragment))
+      << result.status() << " lacks \"" << fragment << "\"";
+}
+
+TEST(DataFormatTest, ParseDataFormat_KnownNames_RoundTrip) {
+  for (DataFormat f :
+       {DataFormat::kAuto, DataFormat::kText, DataFormat::kUint16, DataFormat::kUint16Header}) {
+    absl::StatusOr<DataFormat> parsed = ParseDataFormat(DataFormatName(f));
+    ASSERT_TRUE(parsed.ok()) << DataFormatName(f);
+    EXPECT_EQ(*parsed, f);
+  }
+  EXPECT_EQ(DataFormatName(DataFormat::kUint16Header), "uint16-header");
+}
+
+TEST(DataFormatTest, ParseDataFormat_Unknown_InvalidArgumentListsAccepted) {
+  absl::StatusOr<DataFormat> parsed = ParseDataFormat("utf8");
+  ASSERT_FALSE(parsed.ok());
+  EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(parsed.status().message(), "\"utf8\""));
+  EXPECT_TRUE(absl::StrContains(parsed.status().message(), "auto, text, uint16, uint16-header"));
+}
+
+TEST(TokenFileTest, LoadTokenFile_Text_EachByteIsAToken) {
+  const std::string bytes("Hi\n\0\xff", 5);
+  auto tokens = LoadBytes("text.txt", bytes, DataFormat::kText, 256);
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  EXPECT_EQ(*tokens, (std::vector<uint16_t>{'H', 'i', '\n', 0, 255}));
+}
+
+TEST(TokenFileTest, LoadTokenFile_Uint16Raw_RoundTrip) {
+  const std::vector<uint16_t> tokens = {0, 1, 255, 256, 50256, 65535};
+  const std::string path = TempPath("raw.tokens");
+  ASSERT_TRUE(WriteUint16TokenFile(path, tokens, /*with_header=*/false).ok());
+  auto loaded = LoadTokenFile(path, DataFormat::kUint16, 65536);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, tokens);
+}
+
+TEST(TokenFileTest, LoadTokenFile_Uint16Header_RoundTrip) {
+  const std::vector<uint16_t> tokens = {50256, 15496, 11, 995, 0, 7};
+  const std::string path = TempPath("header.tokens");
+  ASSERT_TRUE(WriteUint16TokenFile(path, tokens, /*with_header=*/true).ok());
+  auto loaded = LoadTokenFile(path, DataFormat::kUint16Header, 50257);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, tokens);
+}
+
+TEST(TokenFileTest, WriteUint16TokenFile_WithHeader_WritesLlmcLayout) {
+  const std::string path = TempPath("layout.bin");
+  ASSERT_TRUE(WriteUint16TokenFile(path, {0x1234, 0xabcd}, true).ok());
+  auto raw = LoadTokenFile(path, DataFormat::kUint16, 65536);  // header read as tokens
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_EQ(raw->size(), 512u + 2u);
+  EXPECT_EQ((*raw)[0] | (*raw)[1] << 16, kTokenFileMagic);
+  EXPECT_EQ((*raw)[2], 1);  // version
+  EXPECT_EQ((*raw)[4], 2);  // count
+  EXPECT_EQ((*raw)[512], 0x1234);
+  EXPECT_EQ((*raw)[513], 0xabcd);
+}
+
+TEST(TokenFileTest, LoadTokenFile_AutoWithMagic_ReadsHeaderWhateverTheName) {
+  const std::string path = TempPath("corpus.txt");
+  ASSERT_TRUE(WriteUint16TokenFile(path, {3, 1, 4}, true).ok());
+  auto loaded = LoadTokenFile(path, DataFormat::kAuto, 256);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, (std::vector<uint16_t>{3, 1, 4}));
+}
+
+TEST(TokenFileTest, LoadTokenFile_AutoBinOrU16WithoutMagic_ReadsRaw) {
+  for (const char* name : {"plain.bin", "plain.u16"}) {
+    auto loaded = LoadBytes(name, Uint16Bytes({300, 2, 1000}), DataFormat::kAuto, 1024);
+    ASSERT_TRUE(loaded.ok()) << name << ": " << loaded.status();
+    EXPECT_EQ(*loaded, (std::vector<uint16_t>{300, 2, 1000})) << name;
+  }
+}
+
+TEST(TokenFileTest, LoadTokenFile_AutoShortBinStartingWithMagic_ReadsRaw) {
+  // Below 1024 bytes the magic cannot be a header: the file is raw tokens.
+  std::string bytes;
+  AppendInt32(kTokenFileMagic, &bytes);
+  auto loaded = LoadBytes("short_magic.bin", bytes, DataFormat::kAuto, 65536);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, (std::vector<uint16_t>{kTokenFileMagic & 0xffff, kTokenFileMagic >> 16}));
+}
+
+TEST(TokenFileTest, LoadTokenFile_AutoOtherName_ReadsText) {
+  auto loaded = LoadBytes("story.md", "ab", DataFormat::kAuto, 256);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, (std::vector<uint16_t>{'a', 'b'}));
+}
+
+TEST(TokenFileTest, LoadTokenFile_LargeRawFile_LoadsEveryToken) {
+  std::vector<uint16_t> tokens(4 << 20);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i * 2654435761u);
+  const std::string path = TempPath("large.bin");
+  ASSERT_TRUE(WriteUint16TokenFile(path, tokens, true).ok());
+  auto loaded = LoadTokenFile(path, DataFormat::kAuto, 65536);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_TRUE(*loaded == tokens);
+}
+
+TEST(TokenFileTest, LoadTokenFile_Missing_NotFoundNamingPath) {
+  const std::string path = TempPath("does_not_exist.bin");
+  auto loaded = LoadTokenFile(path, DataFormat::kAuto, 256);
+  ExpectError(loaded, "does_not_exist.bin", absl::StatusCode::kNotFound, "cannot open");
+}
+
+TEST(TokenFileTest, LoadTokenFile_Directory_NotFound) {
+  const std::string path = TempPath("a_directory");
+  ASSERT_EQ(mkdir(path.c_str(), 0755), 0);
+  auto loaded = LoadTokenFile(path, DataFormat::kText, 256);
+  ExpectError(loaded, "a_directory", absl::StatusCode::kNotFound, "not a regular file");
+}
+
+TEST(TokenFileTest, LoadTokenFile_EmptyFile_InvalidArgumentEmptyInEveryFormat) {
+  for (DataFormat f :
+       {DataFormat::kAuto, DataFormat::kText, DataFormat::kUint16, DataFormat::kUint16Header}) {
+    auto loaded = LoadBytes("empty.bin", "", f, 256);
+    ExpectError(loaded, "empty.bin", absl::StatusCode::kInvalidArgument, "empty");
+  }
+}
+
+TEST(TokenFileTest, LoadTokenFile_HeaderWithZeroTokens_InvalidArgumentEmpty) {
+  auto loaded =
+      LoadBytes("zero.bin", Header(kTokenFileMagic, 1, 0), DataFormat::kUint16Header, 256);
+  ExpectError(loaded, "zero.bin", absl::StatusCode::kInvalidArgument, "empty");
+}
+
+TEST(TokenFileTest, LoadTokenFile_ShorterThanHeader_InvalidArgument) {
+  std::string bytes = Header(kTokenFileMagic, 1, 1).substr(0, 1000);
+  auto loaded = LoadBytes("short.bin", bytes, DataFormat::kUint16Header, 256);
+  ExpectError(loaded, "short.bin", absl::StatusCode::kInvalidArgument,
+              "1000 bytes, shorter than the 1024-byte");
+}
+
+TEST(TokenFileTest, LoadTokenFile_BadMagic_NamesFoundAndExpected) {
+  auto loaded = LoadBytes("magic.bin", Header(12345, 1, 1) + Uint16Bytes({1}),
+                          DataFormat::kUint16Header, 256);
+  ExpectError(loaded, "magic.bin", absl::StatusCode::kInvalidArgument,
+              "bad magic: found 12345, expected 20240520");
+}
+
+TEST(TokenFileTest, LoadTokenFile_BadVersion_InvalidArgument) {
+  auto loaded = LoadBytes("version.bin", Header(kTokenFileMagic, 2, 1) + Uint16Bytes({1}),
+                          DataFormat::kAuto, 256);
+  ExpectError(loaded, "version.bin", absl::StatusCode::kInvalidArgument, "unsupported version 2");
+}
+
+TEST(TokenFileTest, LoadTokenFile_TruncatedPayload_NamesBothCounts) {
+  auto loaded = LoadBytes("trunc.bin",
+                          Header(kTokenFileMagic, 1, 10) + Uint16Bytes({1, 2, 3, 4, 5, 6, 7, 8, 9}),
+                          DataFormat::kUint16Header, 256);
+  ExpectError(loaded, "trunc.bin", absl::StatusCode::kInvalidArgument,
+              "truncated: header says 10 tokens, file holds 9");
+}
+
+TEST(TokenFileTest, LoadTokenFile_NegativeCount_InvalidArgument) {
+  auto loaded = LoadBytes("negative.bin", Header(kTokenFileMagic, 1, -1) + Uint16Bytes({1}),
+                          DataFormat::kUint16Header, 256);
+  ExpectError(loaded, "negative.bin", absl::StatusCode::kInvalidArgument, "header says -1 tokens");
+}
+
+TEST(TokenFileTest, LoadTokenFile_TrailingBytes_InvalidArgument) {
+  auto loaded = LoadBytes("trailing.bin", Header(kTokenFileMagic, 1, 2) + Uint16Bytes({1, 2, 3}),
+                          DataFormat::kUint16Header, 256);
+  ExpectError(loaded, "trailing.bin", absl::StatusCode::kInvalidArgument,
+              "trailing bytes: 2 byte(s) after the 2 tokens");
+}
+
+TEST(TokenFileTest, LoadTokenFile_OddRawSize_InvalidArgumentTruncated) {
+  auto loaded = LoadBytes("odd.u16", "abc", DataFormat::kAuto, 65536);
+  ExpectError(loaded, "odd.u16", absl::StatusCode::kInvalidArgument,
+              "truncated: raw uint16 token file has an odd size of 3 bytes");
+}
+
+TEST(TokenFileTest, LoadTokenFile_TokenOutsideVocab_NamesPositionIdAndVocab) {
+  auto loaded = LoadBytes("vocab.bin", Uint16Bytes({1, 2, 300, 400}), DataFormat::kUint16, 256);
+  ExpectError(loaded, "vocab.bin", absl::StatusCode::kInvalidArgument,
+              "token at position 2 has id 300, not below the vocab size 256");
+}
+
+TEST(TokenFileTest, LoadTokenFile_HeaderTokenOutsideVocab_InvalidArgument) {
+  auto loaded =
+      LoadBytes("vocab_header.bin", Header(kTokenFileMagic, 1, 2) + Uint16Bytes({50256, 50257}),
+                DataFormat::kAuto, 50257);
+  ExpectError(loaded, "vocab_header.bin", absl::StatusCode::kInvalidArgument,
+              "position 1 has id 50257");
+}
+
+TEST(TokenFileTest, LoadTokenFile_TextWithSmallVocab_InvalidArgument) {
+  auto loaded = LoadBytes("small_vocab.txt", "hello", DataFormat::kText, 128);
+  ExpectError(loaded, "small_vocab.txt", absl::StatusCode::kInvalidArgument, "vocab size >= 256");
+}
+
+TEST(TokenFileTest, LoadTokenFile_NonPositiveVocab_InvalidArgument) {
+  auto loaded = LoadBytes("vocab0.bin", Uint16Bytes({0}), DataFormat::kUint16, 0);
+  ExpectError(loaded, "vocab0.bin", absl::StatusCode::kInvalidArgument, "vocab size 0 < 1");
+}
+
+TEST(TokenFileTest, WriteUint16TokenFile_Overwrite_ReplacesAndLeavesNoTempFile) {
+  const std::string dir = TempPath("atomic");
+  ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);
+  const std::string path = dir + "/tokens.bin";
+  ASSERT_TRUE(WriteUint16TokenFile(path, {1, 2, 3, 4}, false).ok());
+  ASSERT_TRUE(WriteUint16TokenFile(path, {9}, false).ok());
+  auto loaded = LoadTokenFile(path, DataFormat::kUint16, 256);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, (std::vector<uint16_t>{9}));
+  std::vector<std::string> names;
+  DIR* listing = opendir(dir.c_str());
+  ASSERT_NE(listing, nullptr);
+  while (dirent* entry = readdir(listing)) {
+    if (entry->d_name[0] != '.') names.push_back(entry->d_name);
+  }
+  closedir(listing);
+  EXPECT_EQ(names, (std::vector<std::string>{"tokens.bin"}));
+}
+
+TEST(TokenFileTest, WriteUint16TokenFile_MissingDirectory_NotFoundNamingPath) {
+  const std::string path = TempPath("no_such_dir/tokens.bin");
+  absl::Status status = WriteUint16TokenFile(path, {1}, true);
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_TRUE(absl::StartsWith(status.message(), path)) << status;
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,226 @@
+#include "cli/train_local_command.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cli/flag_set.h"
+#include "cli/progress.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/blas.h"
+#include "nlohmann/json.hpp"
+#include "worker/data/synthetic_text.h"
+#include "worker/data/token_file.h"
+#include "worker/model/weights_io.h"
+#include "worker/train/checkpoint.h"
+#include "worker/train/local_trainer.h"
+
+namespace pipetrain {
+namespace {
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void OnSigint(int) { g_interrupted.store(true); }
+
+struct Options {
+  TrainConfig train;
+  std::string data, format = "auto", decay = "matrices";
+  int64_t synthetic_bytes = 2'000'000;
+  double val_fraction = 0.1;
+  int block_size = 0;  // 0: same as seq_len
+  std::string init_from, resume, save, checkpoint, log;
+  int64_t checkpoint_interval = 0;
+};
+
+void BindFlags(FlagSet& f, Options& o) {
+  TrainConfig& t = o.train;
+  f.String("data", &o.data, "training corpus; empty = generated English text");
+  f.String("format", &o.format, "auto | text | uint16 | uint16-header");
+  f.Int64("synthetic-bytes", &o.synthetic_bytes, "size of the generated corpus");
+  f.Double("val-fraction", &o.val_fraction, "share of tokens held out for validation");
+  f.Int("vocab", &t.model.vocab_size, "vocabulary size (256 for bytes)");
+  f.Int("layers", &t.model.n_layer, "transformer blocks");
+  f.Int("heads", &t.model.n_head, "attention heads (must divide d-model)");
+  f.Int("d-model", &t.model.d_model, "embedding width");
+  f.Int("seq-len", &t.seq_len, "tokens per training sequence");
+  f.Int("block-size", &o.block_size, "position-embedding rows; 0 = seq-len");
+  f.Int("batch", &t.batch_size, "sequences per optimizer step");
+  f.Int("micro-batches", &t.micro_batches, "gradient-accumulation micro-batches per step");
+  f.Int64("steps", &t.steps, "train until this many optimizer steps are done");
+  f.Float("lr", &t.adam.lr, "AdamW learning rate");
+  f.Float("beta1", &t.adam.beta1, "AdamW beta1");
+  f.Float("beta2", &t.adam.beta2, "AdamW beta2");
+  f.Float("eps", &t.adam.eps, "AdamW epsilon");
+  f.Float("weight-decay", &t.adam.weight_decay, "AdamW decoupled weight decay");
+  f.String("decay", &o.decay, "weight decay applies to: matrices | all");
+  f.Uint64("seed", &t.seed, "seed for initialisation and data order");
+  f.Int("eval-interval", &t.eval_interval, "validate every N steps and at the end; 0 = never");
+  f.Int("eval-windows", &t.eval_windows, "validation windows per evaluation");
+  f.Int("threads", &t.threads, "OpenBLAS threads (fixed count = reproducible)");
+  f.String("init-from", &o.init_from, "start from these safetensors weights (HF GPT-2 names)");
+  f.String("resume", &o.resume, "continue from this training checkpoint");
+  f.String("save", &o.save, "write final weights here (safetensors)");
+  f.String("checkpoint", &o.checkpoint, "write a training checkpoint here at the end");
+  f.Int64("checkpoint-interval", &o.checkpoint_interval, "also checkpoint every N steps");
+  f.String("log", &o.log, "append one JSON line per step here");
+}
+
+// Flag combinations that a type check cannot catch.
+absl::Status Resolve(Options& o) {
+  o.train.model.max_seq_len = o.block_size > 0 ? o.block_size : o.train.seq_len;
+  if (o.block_size < 0) return absl::InvalidArgumentError("--block-size must be >= 0");
+  RETURN_IF_ERROR(ParseDecayPolicy(o.decay, &o.train.decay));
+  RETURN_IF_ERROR(ParseDataFormat(o.format).status());
+  if (!(o.val_fraction >= 0 && o.val_fraction < 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--val-fraction must be in [0, 1), got ", o.val_fraction));
+  }
+  if (o.train.eval_interval > 0 && o.val_fraction == 0) {
+    return absl::InvalidArgumentError("--eval-interval needs --val-fraction > 0");
+  }
+  if (o.data.empty() && o.synthetic_bytes < 1) {
+    return absl::InvalidArgumentError("--synthetic-bytes must be >= 1");
+  }
+  if (o.checkpoint_interval < 0 || (o.checkpoint_interval > 0 && o.checkpoint.empty())) {
+    return absl::InvalidArgumentError("--checkpoint-interval needs --checkpoint PATH and >= 0");
+  }
+  if (!o.init_from.empty() && !o.resume.empty()) {
+    return absl::InvalidArgumentError("use either --init-from or --resume, not both");
+  }
+  if (o.data.empty() && o.train.model.vocab_size < 256) {
+    return absl::InvalidArgumentError("generated text is byte-level: --vocab must be >= 256");
+  }
+  return ValidateTrainConfig(o.train);
+}
+
+absl::StatusOr<Dataset> LoadData(const Options& o) {
+  std::vector<uint16_t> tokens;
+  if (o.data.empty()) {
+    std::string text = GenerateEnglishText(o.train.seed, static_cast<size_t>(o.synthetic_bytes));
+    tokens.assign(text.begin(), text.end());
+    std::fprintf(stderr, "data: %zu bytes of generated English text (seed %llu)\n",
+                 text.size(), static_cast<unsigned long long>(o.train.seed));
+  } else {
+    ASSIGN_OR_RETURN(DataFormat format, ParseDataFormat(o.format));
+    ASSIGN_OR_RETURN(tokens, LoadTokenFile(o.data, format, o.train.model.vocab_size));
+    std::fprintf(stderr, "data: %s, %zu tokens\n", o.data.c_str(), tokens.size());
+  }
+  return Dataset::Create(std::move(tokens), o.train.seq_len, o.val_fraction);
+}
+
+absl::Status AppendLog(std::ofstream& log, const StepResult& r, std::optional<float> val,
+                       double tokens_per_second) {
+  nlohmann::json line = {{"step", r.step},
+                         {"loss", r.loss},
+                         {"val_loss", val.has_value() ? nlohmann::json(*val) : nullptr},
+                         {"tokens_per_second", tokens_per_second}};
+  log << line.dump() << "\n";
+  log.flush();
+  return log ? absl::OkStatus() : absl::InternalError("cannot write the --log file");
+}
+
+absl::Status Train(const Options& o, LocalTrainer& trainer) {
+  std::ofstream log;
+  if (!o.log.empty()) {
+    log.open(o.log, std::ios::app);
+    if (!log) return absl::NotFoundError(absl::StrCat("cannot open --log file ", o.log));
+  }
+  const TrainConfig& c = trainer.config();
+  const int64_t tokens_per_step = int64_t{c.batch_size} * c.seq_len;
+  const int64_t first_step = trainer.step();
+  ProgressReporter progress(stderr, isatty(STDERR_FILENO));
+  const auto start = std::chrono::steady_clock::now();
+  while (trainer.step() < c.steps && !g_interrupted.load()) {
+    const auto t0 = std::chrono::steady_clock::now();
+    StepResult r = trainer.Step();
+    const auto t1 = std::chrono::steady_clock::now();
+    const double step_seconds = std::chrono::duration<double>(t1 - t0).count();
+    std::optional<float> val;
+    if (c.eval_interval > 0 && (r.step % c.eval_interval == 0 || r.step == c.steps)) {
+      ASSIGN_OR_RETURN(val, trainer.Evaluate());
+    }
+    const double elapsed = std::chrono::duration<double>(t1 - start).count();
+    const double per_step = elapsed / (r.step - first_step);
+    const double tps = tokens_per_step / step_seconds;
+    progress.Update({r.step, c.steps, r.loss, val, tps, per_step * (c.steps - r.step)});
+    if (log.is_open()) RETURN_IF_ERROR(AppendLog(log, r, val, tps));
+    if (o.checkpoint_interval > 0 && r.step % o.checkpoint_interval == 0) {
+      RETURN_IF_ERROR(SaveCheckpoint(o.checkpoint, trainer));
+    }
+  }
+  progress.Finish();
+  return absl::OkStatus();
+}
+
+absl::Status Run(Options& o) {
+  SetBlasThreads(o.train.threads);
+  ASSIGN_OR_RETURN(Dataset dataset, LoadData(o));
+  ASSIGN_OR_RETURN(std::unique_ptr<LocalTrainer> trainer, LocalTrainer::Create(o.train, &dataset));
+  if (!o.init_from.empty()) RETURN_IF_ERROR(LoadWeights(o.init_from, trainer->model().parameters()));
+  if (!o.resume.empty()) {
+    RETURN_IF_ERROR(RestoreCheckpoint(o.resume, trainer.get()));
+    std::fprintf(stderr, "resumed from %s at step %lld\n", o.resume.c_str(),
+                 static_cast<long long>(trainer->step()));
+  }
+  std::fprintf(stderr,
+               "model: %d layers, %d heads, d_model %d, vocab %d, %lld parameters; "
+               "batch %d x %d tokens in %d micro-batches; BLAS %s x%d\n",
+               o.train.model.n_layer, o.train.model.n_head, o.train.model.d_model,
+               o.train.model.vocab_size, static_cast<long long>(trainer->model().num_parameters()),
+               o.train.batch_size, o.train.seq_len, o.train.micro_batches,
+               BlasCoreName().c_str(), BlasThreads());
+  absl::Status trained = Train(o, *trainer);
+  // Write what was asked for even after an interrupt: nothing is lost.
+  if (!o.checkpoint.empty()) RETURN_IF_ERROR(SaveCheckpoint(o.checkpoint, *trainer));
+  RETURN_IF_ERROR(trained);
+  if (!o.save.empty()) RETURN_IF_ERROR(SaveWeights(o.save, trainer->model().parameters()));
+  std::printf("final: step %lld", static_cast<long long>(trainer->step()));
+  if (dataset.num_val_windows() > 0) {
+    ASSIGN_OR_RETURN(float val, trainer->Evaluate());
+    std::printf(" val_loss %.4f", val);
+  }
+  std::printf("%s%s%s%s\n", o.save.empty() ? "" : " weights ", o.save.c_str(),
+              o.checkpoint.empty() ? "" : " checkpoint ", o.checkpoint.c_str());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int RunTrainLocal(const std::vector<std::string>& args) {
+  Options options;
+  FlagSet flags("usage: pipetrain train-local [flags]\n"
+                "Trains a GPT-2 model in this process (the reference for pipeline runs).");
+  BindFlags(flags, options);
+  absl::Status parsed = flags.Parse(args);
+  if (flags.help_requested()) {
+    std::printf("%s", flags.Usage().c_str());
+    return 0;
+  }
+  if (parsed.ok()) parsed = Resolve(options);
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "pipetrain train-local: %s\n", std::string(parsed.message()).c_str());
+    return 2;
+  }
+  std::signal(SIGINT, OnSigint);
+  absl::Status status = Run(options);
+  if (!status.ok()) {
+    std::fprintf(stderr, "pipetrain train-local: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  if (g_interrupted.load()) {
+    std::fprintf(stderr, "interrupted%s\n",
+                 options.checkpoint.empty() ? "" : "; checkpoint written");
+    return 130;
+  }
+  return 0;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,19 @@
+// `pipetrain train-local`: the single-process reference trainer from the
+// command line (flags, data loading, progress, JSONL log, checkpoints).
+#ifndef PIPETRAIN_CLI_TRAIN_LOCAL_COMMAND_H_
+#define PIPETRAIN_CLI_TRAIN_LOCAL_COMMAND_H_
+
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+// Runs the command with the words after "train-local". Returns the process
+// exit code: 0 success, 2 bad flags or flag combination, 1 any other error
+// (bad data file, unreadable checkpoint, ...), 130 interrupted by SIGINT
+// (after writing --checkpoint if one was requested).
+int RunTrainLocal(const std::vector<std::string>& args);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_CLI_TRAIN_LOCAL_COMMAND_H_

@@ -1,0 +1,59 @@
+#include "worker/model/gpt_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace pipetrain {
+
+absl::Status ValidateGptConfig(const GptConfig& c) {
+  const std::pair<const char*, int> sizes[] = {{"vocab_size", c.vocab_size},
+                                               {"max_seq_len", c.max_seq_len},
+                                               {"n_layer", c.n_layer},
+                                               {"n_head", c.n_head},
+                                               {"d_model", c.d_model}};
+  for (const auto& [field, value] : sizes) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " must be >= 1, got ", value));
+    }
+  }
+  if (c.d_model % c.n_head != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("n_head (", c.n_head,
+                                                   ") must divide d_model (", c.d_model, ")"));
+  }
+  return absl::OkStatus();
+}
+
+int NumUnits(const GptConfig& config) { return 2 * config.n_layer + 2; }
+
+UnitKind UnitKindAt(const GptConfig& config, int index) {
+  PT_CHECK(index >= 0 && index < NumUnits(config)) << "unit index " << index;
+  if (index == 0) return UnitKind::kEmbed;
+  if (index == NumUnits(config) - 1) return UnitKind::kHead;
+  return index % 2 == 1 ? UnitKind::kAttention : UnitKind::kMlp;
+}
+
+int UnitLayer(const GptConfig& config, int index) {
+  UnitKind kind = UnitKindAt(config, index);
+  if (kind == UnitKind::kEmbed || kind == UnitKind::kHead) return -1;
+  return (index - 1) / 2;
+}
+
+std::string UnitName(const GptConfig& config, int index) {
+  switch (UnitKindAt(config, index)) {
+    case UnitKind::kEmbed: return "embed";
+    case UnitKind::kHead: return "head";
+    case UnitKind::kAttention: return absl::StrCat("attn_", UnitLayer(config, index));
+    case UnitKind::kMlp: return absl::StrCat("mlp_", UnitLayer(config, index));
+  }
+  return "";
+}
+
+int64_t CountParameters(const GptConfig& c) {
+  const int64_t d = c.d_model;
+  const int64_t embed = int64_t{c.vocab_size} * d + int64_t{c.max_seq_len} * d;
+  const int64_t attn = 2 * d + d * 3 * d + 3 * d + d * d + d;
+  const int64_t mlp = 2 * d + d * 4 * d + 4 * d + 4 * d * d + d;
+  return embed + c.n_layer * (attn + mlp) + 2 * d;  // + ln_f
+}
+
+}  // namespace pipetrain

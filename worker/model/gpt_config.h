@@ -1,0 +1,45 @@
+// GPT-2 model shape and the unit list that partitions it (DESIGN.md §3).
+//
+// A model of n_layer blocks has 2 * n_layer + 2 units, in pipeline order:
+//   0: embed          token + position embedding
+//   1 + 2i: attn_i    LayerNorm -> causal self-attention -> residual
+//   2 + 2i: mlp_i     LayerNorm -> MLP (4x, GELU tanh) -> residual
+//   2L + 1: head      final LayerNorm -> LM head tied to wte -> mean cross-entropy
+// Units are the granularity at which planners cut the model.
+#ifndef PIPETRAIN_WORKER_MODEL_GPT_CONFIG_H_
+#define PIPETRAIN_WORKER_MODEL_GPT_CONFIG_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace pipetrain {
+
+struct GptConfig {
+  int vocab_size = 256;    // byte-level by default
+  int max_seq_len = 64;    // rows of the position embedding wpe
+  int n_layer = 2;
+  int n_head = 4;
+  int d_model = 128;
+};
+
+// INVALID_ARGUMENT naming the field when a size is < 1 or n_head does not
+// divide d_model.
+absl::Status ValidateGptConfig(const GptConfig& config);
+
+enum class UnitKind { kEmbed, kAttention, kMlp, kHead };
+
+int NumUnits(const GptConfig& config);
+// Requires 0 <= index < NumUnits(config).
+UnitKind UnitKindAt(const GptConfig& config, int index);
+// The block a unit belongs to (-1 for embed and head).
+int UnitLayer(const GptConfig& config, int index);
+// "embed", "attn_3", "mlp_3", "head".
+std::string UnitName(const GptConfig& config, int index);
+
+// Trainable parameters of the whole model (wte counted once).
+int64_t CountParameters(const GptConfig& config);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_GPT_CONFIG_H_

@@ -1,0 +1,72 @@
+#include "worker/model/gpt_model.h"
+
+#include <set>
+
+#include "common/status_macros.h"
+
+namespace pipetrain {
+
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
+                                                           uint64_t seed) {
+  RETURN_IF_ERROR(ValidateGptConfig(config));
+  std::unique_ptr<GptModel> model(new GptModel(config));
+  for (int i = 0; i < NumUnits(config); ++i) {
+    model->units_.push_back(MakeUnit(config, i));
+    InitializeParameters(model->units_.back().get(), seed);
+  }
+  // Tie the head's wte to embed's: both parameters view one value and one
+  // gradient buffer, so the head's and the embedding's gradients add up.
+  Parameter* embed_wte = model->units_.front()->parameters()[0];
+  for (Parameter* p : model->units_.back()->parameters()) {
+    if (p->name == embed_wte->name) {
+      p->value = embed_wte->value;
+      p->grad = embed_wte->grad;
+    }
+  }
+  std::set<std::string> seen;
+  for (auto& unit : model->units_) {
+    for (Parameter* p : unit->parameters()) {
+      if (seen.insert(p->name).second) model->parameters_.push_back(p);
+    }
+  }
+  return model;
+}
+
+Parameter* GptModel::FindParameter(const std::string& name) const {
+  for (Parameter* p : parameters_) {
+    if (p->name == name) return p;
+  }
+  return nullptr;
+}
+
+int64_t GptModel::num_parameters() const {
+  int64_t n = 0;
+  for (const Parameter* p : parameters_) n += p->value.numel();
+  return n;
+}
+
+void GptModel::ZeroGrads() {
+  for (Parameter* p : parameters_) p->grad.Fill(0.0f);
+}
+
+float GptModel::ForwardBackward(const TokenBatch& batch, float loss_scale) {
+  std::vector<UnitContext> contexts(units_.size());
+  Tensor x;
+  for (size_t i = 0; i < units_.size(); ++i) x = units_[i]->Forward(x, batch, &contexts[i]);
+  const float loss = x[0];
+  Tensor dy = Tensor::FromVector({1}, {loss_scale});
+  for (size_t i = units_.size(); i-- > 0;) {
+    dy = units_[i]->Backward(dy, batch, contexts[i]);
+    contexts[i].Clear();  // free activations as soon as they are used
+  }
+  return loss;
+}
+
+float GptModel::Loss(const TokenBatch& batch) {
+  UnitContext ctx;
+  Tensor x;
+  for (auto& unit : units_) x = unit->Forward(x, batch, &ctx);
+  return x[0];
+}
+
+}  // namespace pipetrain

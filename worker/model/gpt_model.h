@@ -1,0 +1,52 @@
+// The whole GPT-2 model in one process: all 2L+2 units, the tied token
+// embedding shared between embed and head, and a flat parameter list.
+// This is what `pipetrain train-local` trains and what every pipeline run is
+// checked against (DESIGN.md §4).
+//
+// Not thread-safe.
+#ifndef PIPETRAIN_WORKER_MODEL_GPT_MODEL_H_
+#define PIPETRAIN_WORKER_MODEL_GPT_MODEL_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/model/unit.h"
+
+namespace pipetrain {
+
+class GptModel {
+ public:
+  // INVALID_ARGUMENT when the config is invalid. Parameters are initialised
+  // from `seed` (see InitializeParameters).
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config,
+                                                          uint64_t seed);
+
+  const GptConfig& config() const { return config_; }
+  int num_units() const { return static_cast<int>(units_.size()); }
+  Unit& unit(int i) { return *units_[i]; }
+
+  // Every trainable tensor once, in unit order (the tied wte appears once, as
+  // embed's). Pointers stay valid for the model's life.
+  const std::vector<Parameter*>& parameters() const { return parameters_; }
+  Parameter* FindParameter(const std::string& name) const;  // nullptr if none
+  int64_t num_parameters() const;
+  void ZeroGrads();
+
+  // Forward + backward of one micro-batch through all units. Gradients are
+  // scaled by loss_scale (1/micro_batches for accumulation) and accumulate.
+  // Returns the micro-batch's mean loss.
+  float ForwardBackward(const TokenBatch& batch, float loss_scale);
+  // Forward only; returns the mean loss.
+  float Loss(const TokenBatch& batch);
+
+ private:
+  explicit GptModel(const GptConfig& config) : config_(config) {}
+  GptConfig config_;
+  std::vector<std::unique_ptr<Unit>> units_;
+  std::vector<Parameter*> parameters_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_GPT_MODEL_H_

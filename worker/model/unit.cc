@@ -1,0 +1,68 @@
+#include "worker/model/unit.h"
+
+#include "common/logging.h"
+#include "common/philox.h"
+#include "worker/model/attention_unit.h"
+#include "worker/model/embed_unit.h"
+#include "worker/model/head_unit.h"
+#include "worker/model/mlp_unit.h"
+
+namespace pipetrain {
+
+int64_t UnitContext::bytes() const {
+  int64_t total = 0;
+  for (const Tensor& t : saved) total += t.size_bytes();
+  return total;
+}
+
+std::vector<Parameter*> Unit::parameters() {
+  std::vector<Parameter*> out;
+  out.reserve(params_.size());
+  for (auto& p : params_) out.push_back(p.get());
+  return out;
+}
+
+void Unit::ZeroGrads() {
+  for (auto& p : params_) p->grad.Fill(0.0f);
+}
+
+Parameter* Unit::AddParameter(std::string name, const Shape& shape, ParamInit init,
+                              float init_std, bool is_matrix) {
+  auto p = std::make_unique<Parameter>();
+  p->name = std::move(name);
+  p->value = Tensor::Zeros(shape);
+  p->grad = Tensor::Zeros(shape);
+  p->init = init;
+  p->init_std = init_std;
+  p->is_matrix = is_matrix;
+  params_.push_back(std::move(p));
+  return params_.back().get();
+}
+
+std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index) {
+  PT_CHECK(ValidateGptConfig(config).ok()) << "invalid GptConfig";
+  const int layer = UnitLayer(config, index);
+  switch (UnitKindAt(config, index)) {
+    case UnitKind::kEmbed: return std::make_unique<EmbedUnit>(config);
+    case UnitKind::kAttention: return std::make_unique<AttentionUnit>(config, layer);
+    case UnitKind::kMlp: return std::make_unique<MlpUnit>(config, layer);
+    case UnitKind::kHead: return std::make_unique<HeadUnit>(config);
+  }
+  return nullptr;
+}
+
+void InitializeParameters(Unit* unit, uint64_t seed) {
+  for (Parameter* p : unit->parameters()) {
+    switch (p->init) {
+      case ParamInit::kZeros: p->value.Fill(0.0f); break;
+      case ParamInit::kOnes: p->value.Fill(1.0f); break;
+      case ParamInit::kNormal:
+        FillNormal(seed, HashName(p->name), 0.0f, p->init_std, p->value.data(),
+                   p->value.numel());
+        break;
+    }
+    p->grad.Fill(0.0f);
+  }
+}
+
+}  // namespace pipetrain

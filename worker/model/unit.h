@@ -1,0 +1,96 @@
+// A partitionable piece of the GPT-2 model (see gpt_config.h for the list).
+//
+// Units are pure compute over explicit state: parameters (value + gradient)
+// live in the unit; everything the backward pass needs from the forward pass
+// lives in a UnitContext owned by the caller. That split is what pipeline
+// execution needs: a stage keeps one context per micro-batch in flight (the
+// stash), or drops it and rebuilds it with Recompute on another worker.
+//
+// Not thread-safe: one thread drives a unit at a time.
+#ifndef PIPETRAIN_WORKER_MODEL_UNIT_H_
+#define PIPETRAIN_WORKER_MODEL_UNIT_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/tensor.h"
+#include "worker/data/dataset.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+
+enum class ParamInit { kZeros, kOnes, kNormal };
+
+struct Parameter {
+  std::string name;  // Hugging Face GPT-2 name, e.g. "h.0.attn.c_attn.weight"
+  Tensor value;
+  Tensor grad;       // same shape; backward passes ACCUMULATE into it
+  ParamInit init = ParamInit::kZeros;
+  float init_std = 0.0f;  // for kNormal
+  // 2-D weight matrices (and the embeddings); weight decay applies to these
+  // under the default "matrices only" policy.
+  bool is_matrix = false;
+};
+
+// Saved tensors of one forward pass, in a unit-specific slot order.
+struct UnitContext {
+  std::vector<Tensor> saved;
+  void Clear() { saved.clear(); }
+  int64_t bytes() const;
+};
+
+class Unit {
+ public:
+  virtual ~Unit() = default;
+
+  const std::string& name() const { return name_; }
+  UnitKind kind() const { return kind_; }
+  // Parameters in a fixed order; pointers stay valid for the unit's life.
+  std::vector<Parameter*> parameters();
+  void ZeroGrads();
+
+  // Forward pass on a micro-batch. x is [B, T, d_model] (embed ignores x and
+  // reads batch.inputs). Returns [B, T, d_model]; head returns the mean
+  // cross-entropy over the B*T positions as a [1] tensor, reading
+  // batch.targets. Overwrites *ctx with what Backward needs.
+  virtual Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) = 0;
+
+  // Backward pass given dy = dL/dy for Forward's output (for head: a [1]
+  // tensor holding dL/dloss, e.g. 1/micro_batches). Accumulates parameter
+  // gradients and returns dL/dx [B, T, d_model] (embed returns a null
+  // tensor). ctx must come from Forward or Recompute on the same x and batch.
+  virtual Tensor Backward(const Tensor& dy, const TokenBatch& batch,
+                          const UnitContext& ctx) = 0;
+
+  // Rebuilds ctx from x for a backward pass without a stash; bitwise the
+  // same context as Forward produced.
+  void Recompute(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
+    Forward(x, batch, ctx);
+  }
+
+ protected:
+  Unit(std::string name, UnitKind kind) : name_(std::move(name)), kind_(kind) {}
+  Parameter* AddParameter(std::string name, const Shape& shape, ParamInit init,
+                          float init_std, bool is_matrix);
+
+ private:
+  std::string name_;
+  UnitKind kind_;
+  std::vector<std::unique_ptr<Parameter>> params_;
+};
+
+// Builds unit `index` of `config` with zeroed parameters (config must be
+// valid). Call InitializeParameters to fill them.
+std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index);
+
+// Deterministic initialisation: each parameter's values are a pure function
+// of (seed, parameter name) via Philox, so any worker that builds a unit
+// gets identical weights. Normal weights use std 0.02; the two residual
+// projections of each block (attn.c_proj, mlp.c_proj) use 0.02/sqrt(2L) as
+// in GPT-2; LayerNorm gains are 1; biases 0. Gradients are zeroed.
+void InitializeParameters(Unit* unit, uint64_t seed);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_UNIT_H_

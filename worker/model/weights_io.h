@@ -1,0 +1,40 @@
+// GPT-2 weights as safetensors with Hugging Face tensor names and layouts
+// (Conv1D weights stored (in, out), the layout the units already use), so
+// files interchange with the `transformers` GPT2Model/GPT2LMHeadModel.
+//
+// Functions take a parameter list rather than a whole model so a pipeline
+// stage can load or save just the units it owns.
+#ifndef PIPETRAIN_WORKER_MODEL_WEIGHTS_IO_H_
+#define PIPETRAIN_WORKER_MODEL_WEIGHTS_IO_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/safetensors.h"
+#include "worker/model/unit.h"
+
+namespace pipetrain {
+
+// Parameter values (not gradients) under their names, sharing storage.
+std::vector<NamedTensor> ParameterValues(const std::vector<Parameter*>& params);
+
+// Writes the parameters' values to `path` (atomically; see WriteSafetensors).
+absl::Status SaveWeights(const std::string& path, const std::vector<Parameter*>& params,
+                         const SafetensorsMetadata& metadata = {});
+
+// Copies tensors from `contents` into `params`, all or nothing: every
+// parameter is checked before any is written. Names may carry Hugging Face's
+// "transformer." prefix. Extra tensors are ignored (HF files also hold the
+// causal-mask buffers h.N.attn.bias/masked_bias and the tied lm_head.weight).
+// Errors (INVALID_ARGUMENT, naming the tensor): a parameter missing from the
+// file; a shape different from the model's (both shapes in the message).
+absl::Status ImportWeights(const SafetensorsContents& contents,
+                           const std::vector<Parameter*>& params);
+
+// ReadSafetensors + ImportWeights; messages start with the path.
+absl::Status LoadWeights(const std::string& path, const std::vector<Parameter*>& params);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_WEIGHTS_IO_H_

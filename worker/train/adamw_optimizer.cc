@@ -1,0 +1,35 @@
+#include "worker/train/adamw_optimizer.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain {
+
+absl::Status ParseDecayPolicy(const std::string& text, DecayPolicy* out) {
+  if (text == "matrices") {
+    *out = DecayPolicy::kMatricesOnly;
+  } else if (text == "all") {
+    *out = DecayPolicy::kAll;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight decay policy must be 'matrices' or 'all', got '", text, "'"));
+  }
+  return absl::OkStatus();
+}
+
+void AdamWOptimizer::Step(const std::vector<Parameter*>& params) {
+  ++steps_taken_;
+  for (Parameter* p : params) {
+    auto it = moments_.find(p->name);
+    if (it == moments_.end()) {
+      it = moments_
+               .emplace(p->name, AdamWMoments{Tensor::Zeros(p->value.shape()),
+                                              Tensor::Zeros(p->value.shape())})
+               .first;
+    }
+    const bool decay = decay_ == DecayPolicy::kAll || p->is_matrix;
+    AdamWUpdate(p->value.data(), p->grad.data(), it->second.m.data(), it->second.v.data(),
+                p->value.numel(), steps_taken_, config_, decay);
+  }
+}
+
+}  // namespace pipetrain

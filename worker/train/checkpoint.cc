@@ -1,0 +1,109 @@
+#include "worker/train/checkpoint.h"
+
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/model/weights_io.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr char kFormat[] = "pipetrain-checkpoint";
+constexpr char kMomentM[] = "optimizer.m.";
+constexpr char kMomentV[] = "optimizer.v.";
+
+// Metadata fields that must match between the checkpoint and the trainer.
+std::vector<std::pair<std::string, std::string>> IdentityFields(const TrainConfig& c) {
+  return {{"vocab_size", absl::StrCat(c.model.vocab_size)},
+          {"max_seq_len", absl::StrCat(c.model.max_seq_len)},
+          {"n_layer", absl::StrCat(c.model.n_layer)},
+          {"n_head", absl::StrCat(c.model.n_head)},
+          {"d_model", absl::StrCat(c.model.d_model)},
+          {"seed", absl::StrCat(c.seed)}};
+}
+
+// Parameters plus one moment tensor per parameter, both named.
+std::vector<Parameter> MomentViews(LocalTrainer& trainer, const char* prefix, bool m) {
+  std::vector<Parameter> views;
+  for (const Parameter* p : trainer.model().parameters()) {
+    Parameter view;
+    view.name = prefix + p->name;
+    auto& moments = trainer.optimizer().moments();
+    auto it = moments.find(p->name);
+    if (it == moments.end()) {  // no step taken yet: zero moments
+      it = moments.emplace(p->name, AdamWMoments{Tensor::Zeros(p->value.shape()),
+                                                 Tensor::Zeros(p->value.shape())}).first;
+    }
+    view.value = m ? it->second.m : it->second.v;
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
+std::vector<Parameter*> Pointers(std::vector<Parameter>& views) {
+  std::vector<Parameter*> out;
+  for (Parameter& v : views) out.push_back(&v);
+  return out;
+}
+
+}  // namespace
+
+absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer) {
+  const TrainConfig& c = trainer.config();
+  std::vector<NamedTensor> tensors = ParameterValues(trainer.model().parameters());
+  std::vector<Parameter> m = MomentViews(trainer, kMomentM, true);
+  std::vector<Parameter> v = MomentViews(trainer, kMomentV, false);
+  for (const auto* views : {&m, &v}) {
+    for (const Parameter& p : *views) tensors.push_back({p.name, p.value});
+  }
+  SafetensorsMetadata meta = {{"format", kFormat},
+                              {"version", "1"},
+                              {"step", absl::StrCat(trainer.step())},
+                              {"data_cursor", absl::StrCat(trainer.step())},
+                              {"lr", absl::StrCat(c.adam.lr)},
+                              {"beta1", absl::StrCat(c.adam.beta1)},
+                              {"beta2", absl::StrCat(c.adam.beta2)},
+                              {"eps", absl::StrCat(c.adam.eps)},
+                              {"weight_decay", absl::StrCat(c.adam.weight_decay)}};
+  for (const auto& [key, value] : IdentityFields(c)) meta[key] = value;
+  return WriteSafetensors(path, tensors, meta);
+}
+
+absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer) {
+  ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(path));
+  auto meta = [&](const std::string& key) {
+    auto it = contents.metadata.find(key);
+    return it == contents.metadata.end() ? std::string() : it->second;
+  };
+  if (meta("format") != kFormat || meta("version") != "1") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": not a pipetrain checkpoint (format '", meta("format"), "', version '",
+        meta("version"), "'); to start from plain weights use --init-from"));
+  }
+  for (const auto& [key, mine] : IdentityFields(trainer->config())) {
+    if (meta(key) != mine) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          path, ": checkpoint has ", key, "=", meta(key), " but this run has ", key, "=", mine,
+          "; pass the checkpoint's value"));
+    }
+  }
+  int64_t step = 0;
+  if (!absl::SimpleAtoi(meta("step"), &step) || step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": bad step '", meta("step"), "'"));
+  }
+  // Check everything before writing anything, so a bad file changes nothing.
+  std::vector<Parameter> m = MomentViews(*trainer, kMomentM, true);
+  std::vector<Parameter> v = MomentViews(*trainer, kMomentV, false);
+  std::vector<Parameter*> all = trainer->model().parameters();
+  for (auto* views : {&m, &v}) {
+    for (Parameter* p : Pointers(*views)) all.push_back(p);
+  }
+  absl::Status status = ImportWeights(contents, all);
+  if (!status.ok()) return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  trainer->optimizer().set_steps_taken(step);
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain

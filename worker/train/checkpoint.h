@@ -1,0 +1,32 @@
+// Training checkpoints: everything needed to continue a run exactly.
+//
+// One safetensors file holds the model parameters under their Hugging Face
+// names (so the file also loads as plain GPT-2 weights), the AdamW moments
+// as "optimizer.m.<name>" / "optimizer.v.<name>", and in __metadata__:
+//   format=pipetrain-checkpoint, version=1, step (optimizer steps taken),
+//   data_cursor (next iteration of the data order), seed, the model shape
+//   (vocab_size, max_seq_len, n_layer, n_head, d_model) and the AdamW
+//   hyperparameters in force when it was written.
+// Writes are atomic (temp file + rename).
+#ifndef PIPETRAIN_WORKER_TRAIN_CHECKPOINT_H_
+#define PIPETRAIN_WORKER_TRAIN_CHECKPOINT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "worker/train/local_trainer.h"
+
+namespace pipetrain {
+
+absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer);
+
+// Restores parameters, moments and step into `trainer`, all or nothing.
+// Errors: NOT_FOUND (no file); INVALID_ARGUMENT when the file is not a
+// pipetrain checkpoint or a tensor is missing or mis-shaped (named);
+// FAILED_PRECONDITION when the checkpoint's model shape or seed differs
+// from the trainer's (both values named, so the user can fix the flags).
+absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_TRAIN_CHECKPOINT_H_

@@ -1,0 +1,38 @@
+// Hyperparameters of a training run, shared by train-local and (later) the
+// pipeline jobs, with one validation routine for both.
+#ifndef PIPETRAIN_WORKER_TRAIN_TRAIN_CONFIG_H_
+#define PIPETRAIN_WORKER_TRAIN_TRAIN_CONFIG_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/adamw.h"
+#include "worker/model/gpt_config.h"
+#include "worker/train/adamw_optimizer.h"
+
+namespace pipetrain {
+
+struct TrainConfig {
+  GptConfig model;
+  int seq_len = 64;        // tokens per sequence; <= model.max_seq_len
+  int batch_size = 8;      // sequences per optimizer step
+  int micro_batches = 1;   // gradient accumulation: batch_size / micro_batches each
+  int64_t steps = 100;
+  AdamWConfig adam;
+  DecayPolicy decay = DecayPolicy::kMatricesOnly;
+  uint64_t seed = 1;       // initialisation and data order
+  int eval_interval = 0;   // evaluate every N steps (and at the end); 0 = never
+  int eval_windows = 16;   // validation windows per evaluation
+  int threads = 1;         // OpenBLAS threads
+};
+
+// INVALID_ARGUMENT naming the offending field and value: model shape (see
+// ValidateGptConfig), seq_len < 1 or > max_seq_len, batch_size < 1,
+// micro_batches < 1 or not dividing batch_size, steps < 0, lr <= 0,
+// betas outside [0, 1), eps <= 0, weight_decay < 0, eval_interval < 0,
+// eval_windows < 1, threads < 1.
+absl::Status ValidateTrainConfig(const TrainConfig& config);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_TRAIN_TRAIN_CONFIG_H_

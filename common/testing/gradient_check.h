@@ -2,6 +2,7 @@
 //
 //   Tensor x = RandomTensor({4, 8}, /*seed=*/1);
 //   Tensor w = RandomTensor({4, 8}, /*seed=*/2);   // projection weights
+//   Tensor y = Tensor::Zeros({4, 8}), dx = Tensor::Zeros({4, 8});
 //   auto loss = [&] { GeluForward(x.data(), x.numel(), y.data()); return DotLoss(y, w); };
 //   GeluBackward(x.data(), w.data(), x.numel(), dx.data());   // dL/dy = w
 //   EXPECT_TRUE(CheckGradients(loss, {{"x", &x, dx}}).ok());

@@ -1,0 +1,223 @@
+// Finite-difference gradient checks of every unit kind, plus the unit
+// contracts the pipeline relies on (recompute, deterministic init, names).
+#include <memory>
+#include <set>
+
+#include "common/philox.h"
+#include "common/testing/gradient_check.h"
+#include "gtest/gtest.h"
+#include "worker/model/gpt_model.h"
+#include "worker/model/unit.h"
+
+namespace pipetrain {
+namespace {
+
+using ::pipetrain::testing::CheckGradients;
+using ::pipetrain::testing::DotLoss;
+using ::pipetrain::testing::GradInput;
+using ::pipetrain::testing::RandomTensor;
+
+GptConfig TinyConfig() {
+  GptConfig c;
+  c.vocab_size = 11;
+  c.max_seq_len = 6;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 8;
+  return c;
+}
+
+TokenBatch RandomBatch(const GptConfig& c, int batch, int seq_len, uint64_t seed) {
+  TokenBatch b{batch, seq_len, {}, {}};
+  for (int i = 0; i < batch * seq_len; ++i) {
+    b.inputs.push_back(static_cast<int32_t>(UniformIndex(seed, i, 0, 0, c.vocab_size)));
+    b.targets.push_back(static_cast<int32_t>(UniformIndex(seed, i, 1, 0, c.vocab_size)));
+  }
+  return b;
+}
+
+// Parameters at O(1) scale so every nonlinearity (softmax, GELU, LayerNorm)
+// is exercised away from its near-linear regime; the 0.02 init would hide
+// errors in terms that are multiplied by small weights.
+void RandomizeParameters(Unit* unit, uint64_t seed) {
+  for (Parameter* p : unit->parameters()) {
+    p->value.CopyFrom(RandomTensor(p->value.shape(), seed++, 0.5f));
+    if (p->init == ParamInit::kOnes) {
+      for (int64_t i = 0; i < p->value.numel(); ++i) p->value[i] += 1.0f;
+    }
+  }
+}
+
+// Tolerances for whole units. A unit chains several ops with O(1) random
+// weights, so the loss has more curvature than a single op and the fp32
+// central difference is noisier than the op-level default allows. Measured
+// on mlp_0's c_fc.weight[2, 7] (gradient -6.28e-3): h = 1e-2 gives -5.70e-3
+// (truncation error 5.8e-4), h = 2.5e-3 gives -6.54e-3 (rounding error
+// 2.5e-4), h = 5e-3 agrees within 2e-4. So h = 5e-3 and an absolute slack of
+// 5e-4, still far below the O(1e-2) error a wrong backward term produces on
+// typical gradient elements; rtol stays at 2e-2.
+::pipetrain::testing::GradCheckOptions UnitTolerance() {
+  ::pipetrain::testing::GradCheckOptions options;
+  options.step = 5e-3;
+  options.atol = 5e-4;
+  return options;
+}
+
+// Checks dL/dx and dL/dparams of `unit` for L = <Forward(x), w> (or the
+// loss itself for the head).
+void CheckUnitGradients(Unit* unit, bool takes_x, bool scalar_output) {
+  const GptConfig c = TinyConfig();
+  const int B = 2, T = 5;
+  const TokenBatch batch = RandomBatch(c, B, T, 17);
+  RandomizeParameters(unit, 100);
+  Tensor x = RandomTensor({B, T, c.d_model}, 3);
+  UnitContext ctx;
+  Tensor y = unit->Forward(x, batch, &ctx);
+  Tensor w = scalar_output ? Tensor::FromVector({1}, {1.0f}) : RandomTensor(y.shape(), 5);
+  unit->ZeroGrads();
+  Tensor dx = unit->Backward(w, batch, ctx);
+  std::vector<GradInput> inputs;
+  if (takes_x) inputs.push_back({"x", &x, dx});
+  for (Parameter* p : unit->parameters()) inputs.push_back({p->name, &p->value, p->grad});
+  auto loss = [&] {
+    UnitContext scratch;
+    return DotLoss(unit->Forward(x, batch, &scratch), w);
+  };
+  absl::Status status = CheckGradients(loss, inputs, UnitTolerance());
+  EXPECT_TRUE(status.ok()) << unit->name() << ": " << status;
+}
+
+TEST(UnitGradientTest, Embed_MatchesFiniteDifferences) {
+  auto unit = MakeUnit(TinyConfig(), 0);
+  CheckUnitGradients(unit.get(), /*takes_x=*/false, /*scalar_output=*/false);
+}
+
+TEST(UnitGradientTest, Attention_MatchesFiniteDifferences) {
+  auto unit = MakeUnit(TinyConfig(), 3);  // attn_1
+  ASSERT_EQ(unit->name(), "attn_1");
+  CheckUnitGradients(unit.get(), true, false);
+}
+
+TEST(UnitGradientTest, Mlp_MatchesFiniteDifferences) {
+  auto unit = MakeUnit(TinyConfig(), 2);  // mlp_0
+  ASSERT_EQ(unit->name(), "mlp_0");
+  CheckUnitGradients(unit.get(), true, false);
+}
+
+TEST(UnitGradientTest, Head_MatchesFiniteDifferences) {
+  auto unit = MakeUnit(TinyConfig(), NumUnits(TinyConfig()) - 1);
+  ASSERT_EQ(unit->name(), "head");
+  CheckUnitGradients(unit.get(), true, true);
+}
+
+TEST(UnitTest, Recompute_RebuildsTheSameContextBitwise) {
+  const GptConfig c = TinyConfig();
+  const TokenBatch batch = RandomBatch(c, 2, 5, 9);
+  for (int i = 0; i < NumUnits(c); ++i) {
+    auto unit = MakeUnit(c, i);
+    InitializeParameters(unit.get(), 4);
+    Tensor x = RandomTensor({2, 5, c.d_model}, 8);
+    UnitContext stash, rebuilt;
+    unit->Forward(x, batch, &stash);
+    unit->Recompute(x, batch, &rebuilt);
+    ASSERT_EQ(stash.saved.size(), rebuilt.saved.size()) << unit->name();
+    for (size_t s = 0; s < stash.saved.size(); ++s) {
+      EXPECT_EQ(stash.saved[s].ToVector(), rebuilt.saved[s].ToVector())
+          << unit->name() << " slot " << s;
+    }
+  }
+}
+
+TEST(UnitTest, InitializeParameters_IsAPureFunctionOfSeedAndName) {
+  const GptConfig c = TinyConfig();
+  auto a = MakeUnit(c, 1), b = MakeUnit(c, 1), other_seed = MakeUnit(c, 1);
+  InitializeParameters(a.get(), 5);
+  InitializeParameters(b.get(), 5);
+  InitializeParameters(other_seed.get(), 6);
+  auto pa = a->parameters(), pb = b->parameters(), po = other_seed->parameters();
+  for (size_t i = 0; i < pa.size(); ++i) {
+    EXPECT_EQ(pa[i]->value.ToVector(), pb[i]->value.ToVector()) << pa[i]->name;
+    if (pa[i]->init == ParamInit::kNormal) {
+      EXPECT_NE(pa[i]->value.ToVector(), po[i]->value.ToVector()) << pa[i]->name;
+    }
+  }
+  // The head's tied copy of wte initialises exactly like the embedding's, so
+  // separate workers holding the two units start in agreement.
+  auto embed = MakeUnit(c, 0), head = MakeUnit(c, NumUnits(c) - 1);
+  InitializeParameters(embed.get(), 5);
+  InitializeParameters(head.get(), 5);
+  EXPECT_EQ(embed->parameters()[0]->value.ToVector(), head->parameters()[2]->value.ToVector());
+}
+
+TEST(UnitTest, ResidualProjections_UseScaledInitStd) {
+  GptConfig c = TinyConfig();
+  c.d_model = 64;
+  c.n_head = 4;
+  auto attn = MakeUnit(c, 1);
+  for (Parameter* p : attn->parameters()) {
+    if (p->name == "h.0.attn.c_proj.weight") {
+      EXPECT_FLOAT_EQ(p->init_std, 0.02f / 2.0f);  // 0.02 / sqrt(2 * 2 layers)
+    }
+    if (p->name == "h.0.attn.c_attn.weight") {
+      EXPECT_FLOAT_EQ(p->init_std, 0.02f);
+    }
+  }
+}
+
+TEST(GptModelTest, Create_UsesHuggingFaceNamesAndShapes) {
+  GptConfig c = TinyConfig();
+  c.n_layer = 1;
+  auto model = GptModel::Create(c, 1).value();
+  std::vector<std::pair<std::string, Shape>> got;
+  for (Parameter* p : model->parameters()) got.push_back({p->name, p->value.shape()});
+  const std::vector<std::pair<std::string, Shape>> want = {
+      {"wte.weight", {11, 8}},           {"wpe.weight", {6, 8}},
+      {"h.0.ln_1.weight", {8}},          {"h.0.ln_1.bias", {8}},
+      {"h.0.attn.c_attn.weight", {8, 24}}, {"h.0.attn.c_attn.bias", {24}},
+      {"h.0.attn.c_proj.weight", {8, 8}},  {"h.0.attn.c_proj.bias", {8}},
+      {"h.0.ln_2.weight", {8}},          {"h.0.ln_2.bias", {8}},
+      {"h.0.mlp.c_fc.weight", {8, 32}},  {"h.0.mlp.c_fc.bias", {32}},
+      {"h.0.mlp.c_proj.weight", {32, 8}}, {"h.0.mlp.c_proj.bias", {8}},
+      {"ln_f.weight", {8}},              {"ln_f.bias", {8}}};
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(model->num_parameters(), CountParameters(c));
+}
+
+TEST(GptModelTest, Create_TiesHeadToEmbeddingStorage) {
+  auto model = GptModel::Create(TinyConfig(), 1).value();
+  Parameter* embed_wte = model->unit(0).parameters()[0];
+  Parameter* head_wte = model->unit(model->num_units() - 1).parameters()[2];
+  ASSERT_EQ(head_wte->name, "wte.weight");
+  EXPECT_TRUE(embed_wte->value.SharesStorageWith(head_wte->value));
+  EXPECT_TRUE(embed_wte->grad.SharesStorageWith(head_wte->grad));
+}
+
+TEST(GptModelTest, Create_InvalidConfig_NamesTheField) {
+  GptConfig c = TinyConfig();
+  c.n_head = 3;
+  auto model = GptModel::Create(c, 1);
+  EXPECT_EQ(model.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(model.status().message(), "n_head (3) must divide d_model (8)");
+  c = TinyConfig();
+  c.max_seq_len = 0;
+  EXPECT_EQ(GptModel::Create(c, 1).status().message(), "max_seq_len must be >= 1, got 0");
+}
+
+// The chain through all units, including the tied embedding whose gradient
+// sums contributions from embed and head.
+TEST(GptModelTest, ForwardBackward_MatchesFiniteDifferencesEndToEnd) {
+  auto model = GptModel::Create(TinyConfig(), 3).value();
+  for (int i = 0; i < model->num_units(); ++i) RandomizeParameters(&model->unit(i), 50 + 10 * i);
+  const TokenBatch batch = RandomBatch(model->config(), 2, 5, 21);
+  model->ZeroGrads();
+  const float scale = 0.5f;
+  model->ForwardBackward(batch, scale);
+  std::vector<GradInput> inputs;
+  for (Parameter* p : model->parameters()) inputs.push_back({p->name, &p->value, p->grad});
+  auto loss = [&] { return scale * static_cast<double>(model->Loss(batch)); };
+  absl::Status status = CheckGradients(loss, inputs, UnitTolerance());
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,100 @@
+#include "worker/model/weights_io.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "worker/model/gpt_model.h"
+
+namespace pipetrain {
+namespace {
+
+GptConfig SmallConfig() {
+  GptConfig c;
+  c.vocab_size = 13;
+  c.max_seq_len = 7;
+  c.n_layer = 2;
+  c.n_head = 2;
+  c.d_model = 8;
+  return c;
+}
+
+std::string TempPath(const std::string& name) {
+  return std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+}
+
+void ExpectSameValues(GptModel& a, GptModel& b) {
+  ASSERT_EQ(a.parameters().size(), b.parameters().size());
+  for (size_t i = 0; i < a.parameters().size(); ++i) {
+    EXPECT_EQ(a.parameters()[i]->value.ToVector(), b.parameters()[i]->value.ToVector())
+        << a.parameters()[i]->name;
+  }
+}
+
+TEST(WeightsIoTest, SaveThenLoad_GivesIdenticalTensors) {
+  auto source = GptModel::Create(SmallConfig(), 1).value();
+  auto target = GptModel::Create(SmallConfig(), 2).value();
+  const std::string path = TempPath("roundtrip.safetensors");
+  ASSERT_TRUE(SaveWeights(path, source->parameters()).ok());
+  ASSERT_TRUE(LoadWeights(path, target->parameters()).ok());
+  ExpectSameValues(*source, *target);
+  // The tied head copy follows, since it is the same buffer.
+  Parameter* head_wte = target->unit(target->num_units() - 1).parameters()[2];
+  EXPECT_EQ(head_wte->value.ToVector(), source->FindParameter("wte.weight")->value.ToVector());
+}
+
+TEST(WeightsIoTest, Load_HuggingFacePrefixAndExtraBuffers_Accepted) {
+  auto source = GptModel::Create(SmallConfig(), 1).value();
+  std::vector<NamedTensor> tensors;
+  for (const NamedTensor& t : ParameterValues(source->parameters())) {
+    tensors.push_back({"transformer." + t.name, t.tensor});
+  }
+  tensors.push_back({"h.0.attn.bias", Tensor::Zeros({1, 1, 7, 7})});  // HF causal mask
+  tensors.push_back({"lm_head.weight", source->FindParameter("wte.weight")->value});
+  const std::string path = TempPath("hf.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  auto target = GptModel::Create(SmallConfig(), 2).value();
+  ASSERT_TRUE(LoadWeights(path, target->parameters()).ok());
+  ExpectSameValues(*source, *target);
+}
+
+TEST(WeightsIoTest, Load_MissingTensor_NamesItAndChangesNothing) {
+  auto source = GptModel::Create(SmallConfig(), 1).value();
+  std::vector<NamedTensor> tensors;
+  for (const NamedTensor& t : ParameterValues(source->parameters())) {
+    if (t.name != "h.1.mlp.c_fc.bias") tensors.push_back(t);
+  }
+  const std::string path = TempPath("missing.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  auto target = GptModel::Create(SmallConfig(), 2).value();
+  auto before = GptModel::Create(SmallConfig(), 2).value();
+  absl::Status status = LoadWeights(path, target->parameters());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), path + ": missing tensor 'h.1.mlp.c_fc.bias' (shape [32])");
+  ExpectSameValues(*target, *before);  // all or nothing
+}
+
+TEST(WeightsIoTest, Load_WrongShape_NamesTensorAndBothShapes) {
+  GptConfig wider = SmallConfig();
+  wider.max_seq_len = 9;
+  auto source = GptModel::Create(wider, 1).value();
+  const std::string path = TempPath("shape.safetensors");
+  ASSERT_TRUE(SaveWeights(path, source->parameters()).ok());
+  auto target = GptModel::Create(SmallConfig(), 2).value();
+  absl::Status status = LoadWeights(path, target->parameters());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("tensor 'wpe.weight' has shape [9, 8] but the model "
+                                  "expects [7, 8]"),
+            std::string::npos)
+      << status;
+}
+
+TEST(WeightsIoTest, Load_MissingFile_IsNotFound) {
+  auto target = GptModel::Create(SmallConfig(), 2).value();
+  absl::Status status = LoadWeights(TempPath("nope.safetensors"), target->parameters());
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(status.message().find("nope.safetensors"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,207 @@
+// Acceptance tests of the reference trainer: gradient accumulation,
+// determinism, checkpoint resume, and that a small model actually learns.
+#include "worker/train/local_trainer.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "common/safetensors.h"
+#include "gtest/gtest.h"
+#include "worker/data/synthetic_text.h"
+#include "worker/data/token_file.h"
+#include "worker/train/checkpoint.h"
+
+namespace pipetrain {
+namespace {
+
+Dataset MakeDataset(int seq_len, size_t bytes = 200000) {
+  std::string text = GenerateEnglishText(7, bytes);
+  std::vector<uint16_t> tokens(text.begin(), text.end());
+  return Dataset::Create(std::move(tokens), seq_len, 0.1).value();
+}
+
+TrainConfig SmallConfig() {
+  TrainConfig c;
+  c.model.n_layer = 2;
+  c.model.n_head = 2;
+  c.model.d_model = 32;
+  c.model.max_seq_len = 16;
+  c.seq_len = 16;
+  c.batch_size = 8;
+  c.adam.lr = 1e-3f;
+  c.seed = 11;
+  return c;
+}
+
+std::vector<float> AllWeights(LocalTrainer& t) {
+  std::vector<float> out;
+  for (const Parameter* p : t.model().parameters()) {
+    auto v = p->value.ToVector();
+    out.insert(out.end(), v.begin(), v.end());
+  }
+  return out;
+}
+
+std::vector<float> RunSteps(LocalTrainer& t, int steps) {
+  std::vector<float> losses;
+  for (int i = 0; i < steps; ++i) losses.push_back(t.Step().loss);
+  return losses;
+}
+
+TEST(LocalTrainerTest, GradientAccumulation_OneByEightEqualsFourByTwo) {
+  Dataset data = MakeDataset(16);
+  TrainConfig whole = SmallConfig();
+  TrainConfig split = SmallConfig();
+  split.micro_batches = 4;
+  auto a = LocalTrainer::Create(whole, &data).value();
+  auto b = LocalTrainer::Create(split, &data).value();
+  std::vector<float> la = RunSteps(*a, 10), lb = RunSteps(*b, 10);
+  for (int i = 0; i < 10; ++i) {
+    EXPECT_NEAR(la[i], lb[i], 1e-6 * std::fabs(la[i])) << "step " << i + 1;
+  }
+}
+
+TEST(LocalTrainerTest, SameSeed_GivesBitwiseIdenticalLossesAndWeights) {
+  Dataset data = MakeDataset(16);
+  TrainConfig c = SmallConfig();
+  c.micro_batches = 2;
+  auto a = LocalTrainer::Create(c, &data).value();
+  auto b = LocalTrainer::Create(c, &data).value();
+  EXPECT_EQ(RunSteps(*a, 5), RunSteps(*b, 5));
+  EXPECT_EQ(AllWeights(*a), AllWeights(*b));
+}
+
+TEST(LocalTrainerTest, DifferentSeed_GivesDifferentLosses) {
+  Dataset data = MakeDataset(16);
+  TrainConfig c = SmallConfig();
+  auto a = LocalTrainer::Create(c, &data).value();
+  c.seed = 12;
+  auto b = LocalTrainer::Create(c, &data).value();
+  EXPECT_NE(RunSteps(*a, 3), RunSteps(*b, 3));
+}
+
+TEST(LocalTrainerTest, Resume_TenPlusTenEqualsTwenty) {
+  Dataset data = MakeDataset(16);
+  TrainConfig c = SmallConfig();
+  c.micro_batches = 2;
+  auto straight = LocalTrainer::Create(c, &data).value();
+  std::vector<float> all = RunSteps(*straight, 20);
+
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/resume.ckpt";
+  auto first = LocalTrainer::Create(c, &data).value();
+  RunSteps(*first, 10);
+  ASSERT_TRUE(SaveCheckpoint(path, *first).ok());
+  first.reset();
+
+  auto resumed = LocalTrainer::Create(c, &data).value();
+  ASSERT_TRUE(RestoreCheckpoint(path, resumed.get()).ok());
+  EXPECT_EQ(resumed->step(), 10);
+  std::vector<float> rest = RunSteps(*resumed, 10);
+  EXPECT_EQ(rest, std::vector<float>(all.begin() + 10, all.end()));
+  EXPECT_EQ(AllWeights(*resumed), AllWeights(*straight));
+}
+
+TEST(LocalTrainerTest, Restore_MismatchedModel_IsFailedPreconditionNamingTheField) {
+  Dataset data = MakeDataset(16);
+  TrainConfig c = SmallConfig();
+  auto trainer = LocalTrainer::Create(c, &data).value();
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/mismatch.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  c.model.n_layer = 3;
+  auto other = LocalTrainer::Create(c, &data).value();
+  absl::Status status = RestoreCheckpoint(path, other.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(), path + ": checkpoint has n_layer=2 but this run has n_layer=3; "
+                                     "pass the checkpoint's value");
+}
+
+TEST(LocalTrainerTest, Restore_PlainWeightsFile_IsRejectedWithAHint) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/plain.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, {{"x", Tensor::Zeros({1})}}).ok());
+  absl::Status status = RestoreCheckpoint(path, trainer.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("not a pipetrain checkpoint"), std::string::npos) << status;
+}
+
+TEST(LocalTrainerTest, Create_MicroBatchesNotDividingBatch_IsInvalidArgument) {
+  Dataset data = MakeDataset(16);
+  TrainConfig c = SmallConfig();
+  c.micro_batches = 3;
+  auto trainer = LocalTrainer::Create(c, &data);
+  EXPECT_EQ(trainer.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(trainer.status().message(), "micro_batches: 3 must be >= 1 and divide batch_size 8");
+}
+
+TrainConfig LearningConfig() {
+  TrainConfig c;
+  c.model.n_layer = 2;
+  c.model.n_head = 4;
+  c.model.d_model = 128;
+  c.model.max_seq_len = 64;
+  c.seq_len = 64;
+  c.batch_size = 16;
+  c.adam.lr = 1e-3f;
+  c.eval_windows = 64;
+  c.seed = 1;
+  return c;
+}
+
+// Trains until validation loss (checked every 50 steps) is below `bound` or
+// `max_steps` are done; returns {initial, final} validation loss.
+std::pair<float, float> TrainUntil(LocalTrainer& trainer, float bound, int64_t max_steps) {
+  const float initial = trainer.Evaluate().value();
+  float val = initial;
+  while (trainer.step() < max_steps && val >= bound) {
+    trainer.Step();
+    if (trainer.step() % 50 == 0) val = trainer.Evaluate().value();
+  }
+  std::printf("validation loss %.4f -> %.4f after %lld steps\n", initial, val,
+              static_cast<long long>(trainer.step()));
+  return {initial, val};
+}
+
+// Real English prose that every Debian machine has: the license texts of the
+// essential package base-files (~236 KB). Read through the text loader.
+Dataset LicenseTexts(int seq_len) {
+  const std::string dir = "/usr/share/common-licenses/";
+  const char* names[] = {"Apache-2.0", "Artistic", "BSD",     "CC0-1.0", "GFDL-1.2",
+                         "GFDL-1.3",   "GPL-1",    "GPL-2",   "GPL-3",   "LGPL-2",
+                         "LGPL-2.1",   "LGPL-3",   "MPL-1.1", "MPL-2.0"};
+  std::string corpus;
+  for (const char* name : names) {
+    auto tokens = LoadTokenFile(dir + name, DataFormat::kText, 256);
+    EXPECT_TRUE(tokens.ok()) << tokens.status();  // base-files is essential
+    if (tokens.ok()) corpus.append(tokens->begin(), tokens->end());
+  }
+  std::vector<uint16_t> tokens(corpus.begin(), corpus.end());
+  return Dataset::Create(std::move(tokens), seq_len, 0.1).value();
+}
+
+// The acceptance bound of the Foundation issue: a 2-layer, 4-head,
+// d_model 128, seq_len 64 byte-level model on English text goes from a
+// validation loss of about ln(256) = 5.55 to below 3.0 within 1000 steps.
+TEST(LocalTrainerLearningTest, RealEnglish_ValidationLossFallsBelowThreeWithin1000Steps) {
+  Dataset data = LicenseTexts(64);
+  auto trainer = LocalTrainer::Create(LearningConfig(), &data).value();
+  auto [initial, final_loss] = TrainUntil(*trainer, 3.0f, 1000);
+  EXPECT_NEAR(initial, std::log(256.0f), 0.25f);
+  EXPECT_LT(final_loss, 3.0f);
+  EXPECT_LE(trainer->step(), 1000);
+}
+
+// A stronger check on the generated corpus: its bigram conditional entropy
+// is 2.28 nats (measured over 3 MB by the generator's author), so a
+// validation loss below 2.2 means the model uses more than the previous
+// byte of context: attention works, not just the embeddings and head.
+TEST(LocalTrainerLearningTest, GeneratedEnglish_BeatsTheBigramEntropyWithin500Steps) {
+  Dataset data = MakeDataset(64, 2'000'000);
+  auto trainer = LocalTrainer::Create(LearningConfig(), &data).value();
+  auto [initial, final_loss] = TrainUntil(*trainer, 2.2f, 500);
+  EXPECT_LT(final_loss, 2.2f);
+}
+
+}  // namespace
+}  // namespace pipetrain

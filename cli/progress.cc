@@ -1,5 +1,6 @@
 #include "cli/progress.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_format.h"
@@ -7,7 +8,9 @@
 namespace pipetrain {
 
 std::string FormatDuration(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  // Beyond ~292 billion years llround has no int64 result; such an ETA is as
+  // unknown as an infinite one.
+  if (!std::isfinite(seconds) || seconds < 0 || seconds >= 9e18) return "?";
   const int64_t s = static_cast<int64_t>(std::llround(seconds));
   if (s < 60) return absl::StrFormat("%ds", s);
   if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
@@ -17,7 +20,9 @@ std::string FormatDuration(double seconds) {
 std::string RenderProgress(const ProgressSample& p, int bar_width) {
   std::string out;
   if (bar_width > 0) {
-    const double frac = p.total_steps > 0 ? double(p.step) / p.total_steps : 1.0;
+    // Clamped: a step outside [0, total] must not size the bar negatively.
+    const double frac =
+        p.total_steps > 0 ? std::clamp(double(p.step) / p.total_steps, 0.0, 1.0) : 1.0;
     const int filled = static_cast<int>(frac * bar_width);
     out = "[" + std::string(filled, '#') + std::string(bar_width - filled, '.') + "] ";
   }

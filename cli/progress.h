@@ -20,7 +20,7 @@ struct ProgressSample {
   double eta_seconds = 0.0;
 };
 
-// "45s", "3m05s", "2h07m".
+// "45s", "3m05s", "2h07m"; "?" when negative, not finite or beyond int64 seconds.
 std::string FormatDuration(double seconds);
 
 // The text of one progress line; with `bar_width` > 0 it starts with a bar

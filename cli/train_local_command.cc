@@ -75,6 +75,12 @@ void BindFlags(FlagSet& f, Options& o) {
 
 // Flag combinations that a type check cannot catch.
 absl::Status Resolve(Options& o) {
+  // Checked here because seq-len also sizes max_seq_len below, whose own
+  // message would name a field the user never set.
+  if (o.train.seq_len < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--seq-len must be >= 1, got ", o.train.seq_len));
+  }
   o.train.model.max_seq_len = o.block_size > 0 ? o.block_size : o.train.seq_len;
   if (o.block_size < 0) return absl::InvalidArgumentError("--block-size must be >= 0");
   RETURN_IF_ERROR(ParseDecayPolicy(o.decay, &o.train.decay));

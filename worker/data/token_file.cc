@@ -149,7 +149,7 @@ absl::Status CheckVocab(const std::string& path, const std::vector<uint16_t>& to
     if (tokens[i] >= limit) {
       return Invalid(path, absl::StrCat("token at position ", i, " has id ", tokens[i],
                                         ", not below the vocab size ", vocab_size,
-                                        "; check --vocab-size or the tokenizer"));
+                                        "; check --vocab or the tokenizer"));
     }
   }
   return absl::OkStatus();

@@ -1,0 +1,217 @@
+#!/bin/bash
+# End-to-end checks of `pipetrain train-local` through the real binary:
+# every bad flag or flag combination exits 2 and every bad input file exits 1,
+# each with a message on stderr that names the problem and without crashing;
+# a tiny run succeeds, writes its log and files, and resumes from its
+# checkpoint. Prints "N passed, M failed" and fails if any case failed.
+set -u
+
+BIN="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-pipetrain}/cli/pipetrain"
+if [[ ! -x "$BIN" ]]; then
+  BIN="${RUNFILES_DIR:-$0.runfiles}/pipetrain/cli/pipetrain"
+fi
+if [[ ! -x "$BIN" ]]; then
+  echo "cannot find the pipetrain binary in the runfiles" >&2
+  exit 1
+fi
+TMP="${TEST_TMPDIR:-$(mktemp -d)}"
+OUT="$TMP/stdout.txt"
+ERR="$TMP/stderr.txt"
+
+passed=0
+failed=0
+
+fail() {
+  echo "FAIL [$1]: $2" >&2
+  echo "  stderr was:" >&2
+  sed 's/^/    /' "$ERR" >&2
+  failed=$((failed + 1))
+}
+
+# True (0) when stderr shows a crash, a CHECK failure or a sanitizer report.
+crashed() {
+  grep -qE 'Check failed|Sanitizer|runtime error:|terminate called' "$ERR"
+}
+
+# expect_exit NAME CODE FRAGMENT... -- ARGS...
+# Runs `pipetrain ARGS` and expects exit status CODE, each FRAGMENT on stderr
+# (fixed strings), no signal and no crash text.
+expect_exit() {
+  local name="$1" code="$2"
+  shift 2
+  local fragments=()
+  while [[ $# -gt 0 && "$1" != "--" ]]; do
+    fragments+=("$1")
+    shift
+  done
+  shift  # the "--"
+  "$BIN" "$@" >"$OUT" 2>"$ERR" </dev/null
+  local rc=$?
+  if [[ $rc -ge 128 ]]; then
+    fail "$name" "killed by a signal (exit $rc)"
+    return
+  fi
+  if [[ $rc -ne $code ]]; then
+    fail "$name" "exit $rc, want $code"
+    return
+  fi
+  if crashed; then
+    fail "$name" "crash or sanitizer text on stderr"
+    return
+  fi
+  local fragment
+  for fragment in "${fragments[@]}"; do
+    if ! grep -qF -- "$fragment" "$ERR"; then
+      fail "$name" "stderr lacks '$fragment'"
+      return
+    fi
+  done
+  passed=$((passed + 1))
+}
+
+# A model small enough that any case which reaches training ends at once.
+TINY=(--steps 1 --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2
+      --synthetic-bytes 20000)
+
+# --- Flags and flag combinations: exit 2 --------------------------------------
+expect_exit heads_not_dividing 2 "n_head (3) must divide d_model (128)" -- \
+  train-local --heads 3 --d-model 128
+expect_exit micro_batches_not_dividing 2 "micro_batches: 3" "divide batch_size 8" -- \
+  train-local --batch 8 --micro-batches 3
+expect_exit seq_len_zero 2 "--seq-len must be >= 1, got 0" -- train-local --seq-len 0
+expect_exit format_bogus 2 'unknown data format "bogus"' -- train-local --format bogus
+expect_exit steps_negative 2 "steps: must be >= 0, got -1" -- train-local --steps -1
+expect_exit lr_zero 2 "lr: must be > 0, got 0" -- train-local --lr 0
+expect_exit lr_nan 2 "--lr: cannot parse 'nan'" -- train-local --lr nan
+expect_exit steps_fraction 2 "--steps: cannot parse '1.5'" -- train-local --steps 1.5
+expect_exit beta1_one 2 "beta1: must be in [0, 1), got 1" -- train-local --beta1 1
+expect_exit decay_bogus 2 "weight decay policy" "got 'bogus'" -- train-local --decay bogus
+expect_exit unknown_flag 2 "unknown flag --frobnicate" -- train-local --frobnicate 3
+expect_exit missing_value 2 "--steps needs a value" -- train-local --steps
+expect_exit positional 2 "unexpected argument 'extra'" -- train-local extra
+expect_exit init_from_and_resume 2 "use either --init-from or --resume, not both" -- \
+  train-local --init-from "$TMP/a.safetensors" --resume "$TMP/b.ckpt"
+expect_exit eval_without_val 2 "--eval-interval needs --val-fraction > 0" -- \
+  train-local --eval-interval 10 --val-fraction 0
+expect_exit small_vocab_without_data 2 "--vocab must be >= 256" -- train-local --vocab 100
+
+# --- Data files: exit 1 ---------------------------------------------------------
+# llm.c header words, little-endian: magic 20240520 = 0x0134D888, version 1.
+MAGIC='\210\330\064\001'
+V1='\001\000\000\000'
+# write_header FILE MAGIC VERSION COUNT TOKENS: 1024-byte header, then TOKENS
+# copies of the uint16 token 1.
+write_header() {
+  {
+    printf "$2$3$4"
+    head -c 1012 /dev/zero
+    local i
+    for ((i = 0; i < $5; i++)); do printf '\001\000'; done
+  } >"$1"
+}
+
+expect_exit missing_file 1 "$TMP/missing.txt" "cannot open token file" -- \
+  train-local "${TINY[@]}" --data "$TMP/missing.txt"
+
+: >"$TMP/empty.txt"
+expect_exit empty_file 1 "$TMP/empty.txt" "token file is empty" -- \
+  train-local "${TINY[@]}" --data "$TMP/empty.txt"
+
+write_header "$TMP/bad_magic.bin" '\071\060\000\000' "$V1" '\144\000\000\000' 100
+expect_exit bad_magic 1 "bad magic: found 12345, expected 20240520" -- \
+  train-local "${TINY[@]}" --data "$TMP/bad_magic.bin" --format uint16-header
+
+write_header "$TMP/version2.bin" "$MAGIC" '\002\000\000\000' '\144\000\000\000' 100
+expect_exit header_version_2 1 "$TMP/version2.bin" "unsupported version 2" -- \
+  train-local "${TINY[@]}" --data "$TMP/version2.bin"
+
+# The header announces 1000 tokens (0x03E8); 100 follow.
+write_header "$TMP/truncated.bin" "$MAGIC" "$V1" '\350\003\000\000' 100
+expect_exit header_truncated 1 "truncated: header says 1000 tokens, file holds 100" -- \
+  train-local "${TINY[@]}" --data "$TMP/truncated.bin" --format uint16-header
+
+{ for ((i = 0; i < 100; i++)); do printf '\001\000'; done; printf '\001'; } >"$TMP/odd.bin"
+expect_exit raw_odd_size 1 "odd size of 201 bytes" -- \
+  train-local "${TINY[@]}" --data "$TMP/odd.bin" --format uint16
+
+# 200 tokens of id 1 except id 300 (0x012C) at position 100.
+{
+  for ((i = 0; i < 200; i++)); do
+    if [[ $i -eq 100 ]]; then printf '\054\001'; else printf '\001\000'; fi
+  done
+} >"$TMP/big_id.bin"
+expect_exit token_beyond_vocab 1 "token at position 100 has id 300" "vocab size 256" -- \
+  train-local "${TINY[@]}" --data "$TMP/big_id.bin" --format uint16 --vocab 256
+
+printf '0123456789' >"$TMP/small.txt"
+expect_exit file_too_small 1 "need at least seq_len + 1 = 65" -- \
+  train-local "${TINY[@]}" --data "$TMP/small.txt" --seq-len 64
+
+printf 'these are not safetensors bytes at all, just some text\n' >"$TMP/not.safetensors"
+expect_exit init_from_not_safetensors 1 "$TMP/not.safetensors" "not a safetensors file" -- \
+  train-local "${TINY[@]}" --init-from "$TMP/not.safetensors"
+
+expect_exit resume_missing 1 "NOT_FOUND" "$TMP/missing.ckpt" -- \
+  train-local "${TINY[@]}" --resume "$TMP/missing.ckpt"
+
+# --- The command itself ---------------------------------------------------------
+expect_exit no_args 2 "usage: pipetrain" --
+expect_exit unknown_command 2 "unknown command 'frobnicate'" -- frobnicate
+
+expect_exit help 0 -- train-local --help
+if grep -qF -- "--micro-batches" "$OUT"; then
+  passed=$((passed + 1))
+else
+  fail help_lists_flags "--help output lacks --micro-batches"
+fi
+
+# --- A tiny run, then a resume --------------------------------------------------
+LOG="$TMP/log.jsonl"
+RUN=(train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2
+     --synthetic-bytes 20000 --log "$LOG" --checkpoint "$TMP/c.ckpt")
+rm -f "$LOG" "$TMP/w.safetensors" "$TMP/c.ckpt"
+
+expect_exit train_3_steps 0 -- "${RUN[@]}" --steps 3 --save "$TMP/w.safetensors"
+if grep -qF "final: step 3" "$OUT"; then
+  passed=$((passed + 1))
+else
+  fail train_final_line "stdout lacks 'final: step 3'"
+fi
+
+# check_log NAME LINES: the log has LINES lines, each a JSON object with every
+# field, and line k reports step k.
+check_log() {
+  local name="$1" want="$2" lines
+  lines=$(wc -l <"$LOG" 2>/dev/null || echo 0)
+  if [[ $lines -ne $want ]]; then
+    fail "$name" "log has $lines lines, want $want"
+    return
+  fi
+  local k line key
+  for ((k = 1; k <= want; k++)); do
+    line=$(sed -n "${k}p" "$LOG")
+    for key in "\"step\":$k," '"loss":' '"val_loss":' '"tokens_per_second":'; do
+      if [[ "$line" != "{"*"}" || "$line" != *"$key"* ]]; then
+        fail "$name" "log line $k lacks $key: $line"
+        return
+      fi
+    done
+  done
+  passed=$((passed + 1))
+}
+check_log train_log_3_lines 3
+
+for f in "$TMP/w.safetensors" "$TMP/c.ckpt"; do
+  if [[ -s "$f" ]]; then
+    passed=$((passed + 1))
+  else
+    fail train_outputs "$f is missing or empty"
+  fi
+done
+
+expect_exit resume_to_5 0 "resumed from $TMP/c.ckpt at step 3" -- \
+  "${RUN[@]}" --steps 5 --resume "$TMP/c.ckpt"
+check_log resume_log_5_lines 5
+
+echo "$passed passed, $failed failed"
+[[ $failed -eq 0 ]]

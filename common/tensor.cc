@@ -13,12 +13,12 @@ constexpr size_t kAlignment = 64;
 
 std::shared_ptr<float> AllocateZeroed(int64_t numel) {
   size_t bytes = static_cast<size_t>(numel) * sizeof(float);
-  // aligned_alloc requires a size that is a multiple of the alignment.
-  size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
-  if (rounded == 0) rounded = kAlignment;
-  void* p = std::aligned_alloc(kAlignment, rounded);
-  PT_CHECK(p != nullptr) << "out of memory allocating " << bytes << " bytes";
-  std::memset(p, 0, rounded);
+  // posix_memalign takes the exact size (aligned_alloc wants a multiple of
+  // the alignment), so AddressSanitizer sees an overrun by even one element.
+  void* p = nullptr;
+  int error = posix_memalign(&p, kAlignment, bytes == 0 ? 1 : bytes);
+  PT_CHECK(error == 0) << "out of memory allocating " << bytes << " bytes";
+  std::memset(p, 0, bytes);
   return std::shared_ptr<float>(static_cast<float*>(p), [](float* q) { std::free(q); });
 }
 

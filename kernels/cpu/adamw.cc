@@ -3,10 +3,11 @@
 #include <cmath>
 
 #include "common/logging.h"
+#include "kernels/cpu/target_clones.h"
 
 namespace pipetrain {
 
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+PT_TARGET_CLONES
 void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
                  const AdamWConfig& config, bool apply_decay) {
   PT_CHECK(step >= 1) << "AdamW step is 1-based, got " << step;

@@ -4,13 +4,14 @@
 
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/fast_math.h"
+#include "kernels/cpu/target_clones.h"
 
 namespace pipetrain {
 namespace {
 
 // Causal softmax of one T x T score block in place: row t keeps columns
 // 0..t and zeroes the rest, so the masked entries contribute exactly 0.
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+PT_TARGET_CLONES
 void CausalSoftmaxRows(float* s, int seq_len) {
   for (int t = 0; t < seq_len; ++t) {
     float* row = s + static_cast<int64_t>(t) * seq_len;
@@ -29,7 +30,7 @@ void CausalSoftmaxRows(float* s, int seq_len) {
 
 // Softmax backward on one block: dS = P * (dP - sum_j dP * P), scaled, in
 // place in dp. Entries above the diagonal have P = 0 and so get 0.
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+PT_TARGET_CLONES
 void SoftmaxBackwardRows(const float* p, float* dp, int seq_len, float scale) {
   for (int t = 0; t < seq_len; ++t) {
     const float* prow = p + static_cast<int64_t>(t) * seq_len;

@@ -3,12 +3,13 @@
 #include <cmath>
 
 #include "kernels/cpu/fast_math.h"
+#include "kernels/cpu/target_clones.h"
 
 namespace pipetrain {
 namespace {
 
 // Softmax of one row; returns log(sum exp(x - max)) + max = logsumexp(x).
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+PT_TARGET_CLONES
 float SoftmaxRow(const float* x, int vocab, float* p) {
   float max = x[0];
   for (int j = 1; j < vocab; ++j) max = x[j] > max ? x[j] : max;

@@ -14,14 +14,15 @@
 namespace pipetrain {
 
 // e^x. Inputs are clamped to [-87, 88] (e^-87 ~ 1.6e-38 is the smallest
-// normal-range result; e^88 ~ 1.7e38 the largest finite one).
+// normal-range result; e^88 ~ 1.7e38 the largest finite one); NaN gives NaN.
 inline float FastExp(float x) {
   x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
   // x = n ln2 + r with |r| <= ln2/2; round to nearest with the 1.5*2^23
   // trick (exact under the default rounding mode, and vectorisable).
   constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kRound = 12582912.0f;
-  float n = (x * kLog2e + kRound) - kRound;
+  constexpr float kRound = 12582912.0f;  // bit pattern 0x4B400000
+  const float shifted = x * kLog2e + kRound;
+  const float n = shifted - kRound;
   // ln2 split in a high part with few mantissa bits (Cody-Waite) so n*hi is exact.
   float r = x - n * 0.693359375f - n * -2.12194440e-4f;
   // Taylor polynomial of e^r to degree 7: truncation error < (ln2/2)^8/8! ~ 5e-9.
@@ -33,7 +34,12 @@ inline float FastExp(float x) {
   p = p * r + 0.5f;
   p = p * r + 1.0f;
   p = p * r + 1.0f;
-  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;  // 2^n
+  // 2^n from the integer n held in the low mantissa bits of `shifted`, in
+  // unsigned arithmetic: defined even for NaN input, which then propagates
+  // through p instead of hitting an undefined float-to-int conversion.
+  uint32_t shifted_bits;
+  std::memcpy(&shifted_bits, &shifted, sizeof(shifted_bits));
+  const uint32_t bits = (shifted_bits - 0x4B400000u + 127u) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
   return p * scale;

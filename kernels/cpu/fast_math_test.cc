@@ -123,6 +123,13 @@ TEST(FastExpTest, InfiniteInputs_ClampToFiniteNonNan) {
 
 TEST(FastExpTest, ExactPoints_ZeroGivesOne) { EXPECT_EQ(FastExp(0.0f), 1.0f); }
 
+// A diverging run must show NaN, not a tiny number: NaN has to propagate.
+TEST(FastExpTest, NanInput_GivesNan) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(std::isnan(FastExp(nan)));
+  EXPECT_TRUE(std::isnan(FastTanh(nan)));
+}
+
 TEST(FastTanhTest, DenseSweep_AbsoluteErrorBelow3e7) {
   const std::vector<float> x = Sweep(-20.0, 20.0, kSweepPoints);
   std::vector<float> y(x.size());

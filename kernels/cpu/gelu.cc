@@ -1,6 +1,7 @@
 #include "kernels/cpu/gelu.h"
 
 #include "kernels/cpu/fast_math.h"
+#include "kernels/cpu/target_clones.h"
 
 namespace pipetrain {
 namespace {
@@ -8,9 +9,7 @@ constexpr float kSqrt2OverPi = 0.7978845608028654f;
 constexpr float kCubic = 0.044715f;
 }  // namespace
 
-// target_clones compiles AVX-512, AVX2 and baseline versions and picks one
-// at load time: the loop vectorises on every CPU without -march flags.
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+PT_TARGET_CLONES
 void GeluForward(const float* x, int64_t n, float* y) {
   for (int64_t i = 0; i < n; ++i) {
     float v = x[i];
@@ -19,7 +18,7 @@ void GeluForward(const float* x, int64_t n, float* y) {
   }
 }
 
-__attribute__((target_clones("arch=skylake-avx512", "arch=haswell", "default")))
+PT_TARGET_CLONES
 void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) {
   for (int64_t i = 0; i < n; ++i) {
     float v = x[i];

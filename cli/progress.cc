@@ -34,7 +34,12 @@ std::string RenderProgress(const ProgressSample& p, int bar_width) {
 }
 
 void ProgressReporter::Update(const ProgressSample& sample) {
-  if (terminal_) {
+  if (terminal_ && sample.val_loss.has_value()) {
+    // An evaluation result stays on screen as a line of its own; the next
+    // update draws a fresh bar below it.
+    std::fprintf(out_, "\r%s\x1b[K\n", RenderProgress(sample, 0).c_str());
+    bar_drawn_ = false;
+  } else if (terminal_) {
     // \r returns to column 0; \x1b[K clears what a longer line left behind.
     std::fprintf(out_, "\r%s\x1b[K", RenderProgress(sample, 30).c_str());
     bar_drawn_ = true;

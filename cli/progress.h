@@ -1,6 +1,7 @@
 // Training progress for people: on a terminal a single line redrawn in
-// place (bar, step, loss, tokens/s, ETA); otherwise one plain line per step,
-// which is what logs and CI want. Not thread-safe.
+// place (bar, step, loss, tokens/s, ETA), with steps that carry a validation
+// loss left on screen as lines of their own; otherwise one plain line per
+// step, which is what logs and CI want. Not thread-safe.
 #ifndef PIPETRAIN_CLI_PROGRESS_H_
 #define PIPETRAIN_CLI_PROGRESS_H_
 

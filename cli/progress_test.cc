@@ -169,6 +169,17 @@ TEST(ProgressReporterTest, TerminalUpdate_RedrawsInPlaceWithBar) {
                             "step 10/10 | loss 0.5000 | 1234 tok/s | ETA 1m05s\x1b[K");
 }
 
+TEST(ProgressReporterTest, TerminalUpdateWithValLoss_LeavesAPersistentLine) {
+  CapturedStream out;
+  ProgressReporter reporter(out.file(), /*terminal=*/true);
+  ProgressSample eval = Sample(10, 20, 1.0f);
+  eval.val_loss = 0.75f;
+  reporter.Update(eval);
+  reporter.Finish();  // nothing left to end: the eval line ended itself
+  EXPECT_EQ(out.Text(),
+            "\rstep 10/20 | loss 1.0000 | val 0.7500 | 1234 tok/s | ETA 1m05s\x1b[K\n");
+}
+
 TEST(ProgressReporterTest, TerminalMessageAfterBar_ClearsLineFirst) {
   CapturedStream out;
   ProgressReporter reporter(out.file(), /*terminal=*/true);

@@ -133,7 +133,9 @@ absl::Status AppendLog(std::ofstream& log, const StepResult& r, std::optional<fl
   return log ? absl::OkStatus() : absl::InternalError("cannot write the --log file");
 }
 
-absl::Status Train(const Options& o, LocalTrainer& trainer) {
+// Trains to config.steps (or until SIGINT). Returns the validation loss of
+// the last step taken when that step evaluated, so it is not computed twice.
+absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& trainer) {
   std::ofstream log;
   if (!o.log.empty()) {
     log.open(o.log, std::ios::app);
@@ -144,6 +146,7 @@ absl::Status Train(const Options& o, LocalTrainer& trainer) {
   const int64_t first_step = trainer.step();
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   const auto start = std::chrono::steady_clock::now();
+  std::optional<float> last_val;
   while (trainer.step() < c.steps && !g_interrupted.load()) {
     const auto t0 = std::chrono::steady_clock::now();
     StepResult r = trainer.Step();
@@ -157,13 +160,14 @@ absl::Status Train(const Options& o, LocalTrainer& trainer) {
     const double per_step = elapsed / (r.step - first_step);
     const double tps = tokens_per_step / step_seconds;
     progress.Update({r.step, c.steps, r.loss, val, tps, per_step * (c.steps - r.step)});
+    last_val = val;
     if (log.is_open()) RETURN_IF_ERROR(AppendLog(log, r, val, tps));
     if (o.checkpoint_interval > 0 && r.step % o.checkpoint_interval == 0) {
       RETURN_IF_ERROR(SaveCheckpoint(o.checkpoint, trainer));
     }
   }
   progress.Finish();
-  return absl::OkStatus();
+  return last_val;
 }
 
 absl::Status Run(Options& o) {
@@ -183,16 +187,17 @@ absl::Status Run(Options& o) {
                o.train.model.vocab_size, static_cast<long long>(trainer->model().num_parameters()),
                o.train.batch_size, o.train.seq_len, o.train.micro_batches,
                BlasCoreName().c_str(), BlasThreads());
-  absl::Status trained = Train(o, *trainer);
+  absl::StatusOr<std::optional<float>> trained = Train(o, *trainer);
   // Write what was asked for even after an interrupt: nothing is lost.
   if (!o.checkpoint.empty()) RETURN_IF_ERROR(SaveCheckpoint(o.checkpoint, *trainer));
-  RETURN_IF_ERROR(trained);
+  RETURN_IF_ERROR(trained.status());
   if (!o.save.empty()) RETURN_IF_ERROR(SaveWeights(o.save, trainer->model().parameters()));
   std::printf("final: step %lld", static_cast<long long>(trainer->step()));
-  if (dataset.num_val_windows() > 0) {
-    ASSIGN_OR_RETURN(float val, trainer->Evaluate());
-    std::printf(" val_loss %.4f", val);
+  std::optional<float> val = *trained;
+  if (!val.has_value() && dataset.num_val_windows() > 0) {
+    ASSIGN_OR_RETURN(val, trainer->Evaluate());
   }
+  if (val.has_value()) std::printf(" val_loss %.4f", *val);
   std::printf("%s%s%s%s\n", o.save.empty() ? "" : " weights ", o.save.c_str(),
               o.checkpoint.empty() ? "" : " checkpoint ", o.checkpoint.c_str());
   return absl::OkStatus();

@@ -1,0 +1,54 @@
+#include "worker/transport/mailbox.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain {
+
+absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, Tensor tensor) {
+  absl::MutexLock lock(&mu_);
+  if (!tensors_.emplace(Key{source_stage, address}, std::move(tensor)).second) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "duplicate tensor from stage ", source_stage, ": ", address.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Mailbox::Take(int source_stage, const TensorAddress& address,
+                                     absl::Duration timeout) {
+  const Key key{source_stage, address};
+  absl::MutexLock lock(&mu_);
+  auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return shut_down_ || tensors_.count(key) > 0;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  if (shut_down_) return absl::AbortedError("transport shut down");
+  auto it = tensors_.find(key);
+  if (it == tensors_.end()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "waited ", absl::FormatDuration(timeout), " for ", address.DebugString(),
+        " from stage ", source_stage, "; that stage is slow, stalled or gone: check its "
+        "status and log"));
+  }
+  Tensor t = std::move(it->second);
+  tensors_.erase(it);
+  return t;
+}
+
+void Mailbox::Shutdown() {
+  absl::MutexLock lock(&mu_);
+  shut_down_ = true;
+}
+
+void Mailbox::DropJob(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = tensors_.begin(); it != tensors_.end();) {
+    it = it->first.second.job_id == job_id ? tensors_.erase(it) : std::next(it);
+  }
+}
+
+size_t Mailbox::size() const {
+  absl::MutexLock lock(&mu_);
+  return tensors_.size();
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,40 @@
+// Mailbox: where received tensors wait until the program asks for them.
+//
+// Keyed by (source stage, tensor address). Put never blocks; Take blocks
+// until the tensor is there, the timeout passes (DEADLINE_EXCEEDED naming
+// the source and tensor) or Shutdown is called (ABORTED). A second Put of
+// the same key before it is taken is FAILED_PRECONDITION (a duplicate frame
+// or a program bug). Thread-safe.
+#ifndef PIPETRAIN_WORKER_TRANSPORT_MAILBOX_H_
+#define PIPETRAIN_WORKER_TRANSPORT_MAILBOX_H_
+
+#include <map>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "worker/transport/transport.h"
+
+namespace pipetrain {
+
+class Mailbox {
+ public:
+  absl::Status Put(int source_stage, const TensorAddress& address, Tensor tensor);
+  absl::StatusOr<Tensor> Take(int source_stage, const TensorAddress& address,
+                              absl::Duration timeout);
+  // Wakes all waiters with ABORTED; later Takes fail at once.
+  void Shutdown();
+  // Drops every tensor of `job_id` (e.g. after a cancel).
+  void DropJob(const std::string& job_id);
+  size_t size() const;
+
+ private:
+  using Key = std::pair<int, TensorAddress>;
+  mutable absl::Mutex mu_;
+  std::map<Key, Tensor> tensors_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_TRANSPORT_MAILBOX_H_

@@ -14,13 +14,15 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
     model->units_.push_back(MakeUnit(config, i));
     InitializeParameters(model->units_.back().get(), seed);
   }
-  // Tie the head's wte to embed's: both parameters view one value and one
-  // gradient buffer, so the head's and the embedding's gradients add up.
-  Parameter* embed_wte = model->units_.front()->parameters()[0];
+  // Tie the head's wte to embed's: both parameters view one value buffer,
+  // but each keeps its own gradient until ReduceTiedGradients adds them. A
+  // pipeline holds the two copies on different workers and forms the same
+  // two-term sum, so it matches this model bitwise.
+  model->embed_wte_ = model->units_.front()->parameters()[0];
   for (Parameter* p : model->units_.back()->parameters()) {
-    if (p->name == embed_wte->name) {
-      p->value = embed_wte->value;
-      p->grad = embed_wte->grad;
+    if (p->name == model->embed_wte_->name) {
+      p->value = model->embed_wte_->value;
+      model->head_wte_ = p;
     }
   }
   std::set<std::string> seen;
@@ -46,7 +48,11 @@ int64_t GptModel::num_parameters() const {
 }
 
 void GptModel::ZeroGrads() {
-  for (Parameter* p : parameters_) p->grad.Fill(0.0f);
+  for (auto& unit : units_) unit->ZeroGrads();  // includes the head's wte part
+}
+
+void GptModel::ReduceTiedGradients() {
+  AddTiedGradient(embed_wte_, head_wte_->grad);
 }
 
 float GptModel::ForwardBackward(const TokenBatch& batch, float loss_scale) {

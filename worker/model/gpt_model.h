@@ -27,7 +27,8 @@ class GptModel {
   Unit& unit(int i) { return *units_[i]; }
 
   // Every trainable tensor once, in unit order (the tied wte appears once, as
-  // embed's). Pointers stay valid for the model's life.
+  // embed's, whose gradient is complete after ReduceTiedGradients). Pointers
+  // stay valid for the model's life.
   const std::vector<Parameter*>& parameters() const { return parameters_; }
   Parameter* FindParameter(const std::string& name) const;  // nullptr if none
   int64_t num_parameters() const;
@@ -35,8 +36,12 @@ class GptModel {
 
   // Forward + backward of one micro-batch through all units. Gradients are
   // scaled by loss_scale (1/micro_batches for accumulation) and accumulate.
-  // Returns the micro-batch's mean loss.
+  // The tied embedding's two gradient parts stay separate until
+  // ReduceTiedGradients. Returns the micro-batch's mean loss.
   float ForwardBackward(const TokenBatch& batch, float loss_scale);
+  // wte.grad = (embedding part) + (head part); call once after the last
+  // micro-batch, before the optimizer step.
+  void ReduceTiedGradients();
   // Forward only; returns the mean loss.
   float Loss(const TokenBatch& batch);
 
@@ -45,6 +50,8 @@ class GptModel {
   GptConfig config_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Parameter*> parameters_;
+  Parameter* embed_wte_ = nullptr;  // the optimizer's copy of wte
+  Parameter* head_wte_ = nullptr;   // shares the value; own gradient
 };
 
 }  // namespace pipetrain

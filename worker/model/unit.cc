@@ -2,6 +2,7 @@
 
 #include "common/logging.h"
 #include "common/philox.h"
+#include "kernels/cpu/elementwise.h"
 #include "worker/model/attention_unit.h"
 #include "worker/model/embed_unit.h"
 #include "worker/model/head_unit.h"
@@ -37,6 +38,13 @@ Parameter* Unit::AddParameter(std::string name, const Shape& shape, ParamInit in
   p->is_matrix = is_matrix;
   params_.push_back(std::move(p));
   return params_.back().get();
+}
+
+void AddTiedGradient(Parameter* holder, const Tensor& other_part) {
+  PT_CHECK(holder->grad.numel() == other_part.numel())
+      << "tied gradient of " << holder->name << ": " << holder->grad.numel() << " vs "
+      << other_part.numel() << " elements";
+  AddInPlace(holder->grad.data(), other_part.data(), other_part.numel());
 }
 
 std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index) {

@@ -80,6 +80,13 @@ class Unit {
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
+// The tied-embedding rule (DESIGN.md §3): wte's gradient is the sum of the
+// embedding's part and the head's part. `holder` is the wte Parameter whose
+// gradient holds this side's part; `other_part` the other side's. Both sides
+// of a pipeline call this with the roles swapped; IEEE addition of two terms
+// is commutative, so both copies get bitwise the same gradient.
+void AddTiedGradient(Parameter* holder, const Tensor& other_part);
+
 // Builds unit `index` of `config` with zeroed parameters (config must be
 // valid). Call InitializeParameters to fill them.
 std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index);

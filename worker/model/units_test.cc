@@ -183,13 +183,26 @@ TEST(GptModelTest, Create_UsesHuggingFaceNamesAndShapes) {
   EXPECT_EQ(model->num_parameters(), CountParameters(c));
 }
 
-TEST(GptModelTest, Create_TiesHeadToEmbeddingStorage) {
+TEST(GptModelTest, Create_TiesHeadValueToEmbeddingButKeepsGradientsApart) {
   auto model = GptModel::Create(TinyConfig(), 1).value();
   Parameter* embed_wte = model->unit(0).parameters()[0];
   Parameter* head_wte = model->unit(model->num_units() - 1).parameters()[2];
   ASSERT_EQ(head_wte->name, "wte.weight");
   EXPECT_TRUE(embed_wte->value.SharesStorageWith(head_wte->value));
-  EXPECT_TRUE(embed_wte->grad.SharesStorageWith(head_wte->grad));
+  EXPECT_FALSE(embed_wte->grad.SharesStorageWith(head_wte->grad));
+}
+
+TEST(GptModelTest, ReduceTiedGradients_SumsBothPartsAndZeroGradsClearsBoth) {
+  auto model = GptModel::Create(TinyConfig(), 1).value();
+  Parameter* embed_wte = model->unit(0).parameters()[0];
+  Parameter* head_wte = model->unit(model->num_units() - 1).parameters()[2];
+  embed_wte->grad.Fill(1.5f);
+  head_wte->grad.Fill(0.25f);
+  model->ReduceTiedGradients();
+  EXPECT_EQ(embed_wte->grad[0], 1.75f);
+  model->ZeroGrads();
+  EXPECT_EQ(embed_wte->grad[0], 0.0f);
+  EXPECT_EQ(head_wte->grad[0], 0.0f);
 }
 
 TEST(GptModelTest, Create_InvalidConfig_NamesTheField) {
@@ -212,6 +225,7 @@ TEST(GptModelTest, ForwardBackward_MatchesFiniteDifferencesEndToEnd) {
   model->ZeroGrads();
   const float scale = 0.5f;
   model->ForwardBackward(batch, scale);
+  model->ReduceTiedGradients();
   std::vector<GradInput> inputs;
   for (Parameter* p : model->parameters()) inputs.push_back({p->name, &p->value, p->grad});
   auto loss = [&] { return scale * static_cast<double>(model->Loss(batch)); };

@@ -36,6 +36,7 @@ StepResult LocalTrainer::Step() {
                                             per_micro);
     loss_sum += model_->ForwardBackward(batch, 1.0f / micro);
   }
+  model_->ReduceTiedGradients();
   optimizer_.Step(model_->parameters());
   return {step(), static_cast<float>(loss_sum / micro)};
 }

@@ -82,6 +82,7 @@ Row MeasureStep(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len, in
     auto t0 = Clock::now();
     model.ZeroGrads();
     row.loss = model.ForwardBackward(tokens, 1.0f);
+    model.ReduceTiedGradients();
     opt.Step(model.parameters());
     if (s > 0) times.push_back(Seconds(t0, Clock::now()));
   }

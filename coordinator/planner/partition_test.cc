@@ -1,0 +1,99 @@
+#include "coordinator/planner/partition.h"
+
+#include <functional>
+#include <limits>
+
+#include "common/philox.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+std::vector<UnitCost> RandomCosts(int n, uint64_t seed) {
+  std::vector<UnitCost> costs;
+  for (int i = 0; i < n; ++i) {
+    costs.push_back({"u", double(1 + UniformIndex(seed, i, 0, 0, 20)),
+                     double(1 + UniformIndex(seed, i, 1, 0, 40))});
+  }
+  return costs;
+}
+
+// Enumerates every placement of stages-1 cuts: the naive model the DP must match.
+double BruteForceBottleneck(const std::vector<UnitCost>& costs, int stages) {
+  const int n = static_cast<int>(costs.size());
+  double best = std::numeric_limits<double>::infinity();
+  std::vector<Range> ranges;
+  std::function<void(int, int)> place = [&](int begin, int left) {
+    if (left == 1) {
+      ranges.push_back({begin, n});
+      best = std::min(best, BottleneckCost(costs, ranges));
+      ranges.pop_back();
+      return;
+    }
+    for (int end = begin + 1; end <= n - (left - 1); ++end) {
+      ranges.push_back({begin, end});
+      place(end, left - 1);
+      ranges.pop_back();
+    }
+  };
+  place(0, stages);
+  return best;
+}
+
+TEST(PartitionTest, PipeDream_MatchesBruteForceOnRandomInstances) {
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    const int n = 1 + static_cast<int>(UniformIndex(seed, 0, 9, 0, 10));
+    const int stages = 1 + static_cast<int>(UniformIndex(seed, 1, 9, 0, n));
+    const auto costs = RandomCosts(n, seed);
+    auto ranges = PipeDreamPartition(costs, stages);
+    ASSERT_TRUE(ranges.ok()) << ranges.status();
+    ASSERT_EQ(ranges->size(), size_t(stages));
+    int next = 0;
+    for (const Range& r : *ranges) {  // contiguous, non-empty, covering
+      EXPECT_EQ(r.begin, next);
+      EXPECT_GT(r.end, r.begin);
+      next = r.end;
+    }
+    EXPECT_EQ(next, n);
+    EXPECT_EQ(BottleneckCost(costs, *ranges), BruteForceBottleneck(costs, stages))
+        << "seed " << seed << " n " << n << " stages " << stages;
+  }
+}
+
+TEST(PartitionTest, PipeDream_HeavyUnitGetsItsOwnStage) {
+  std::vector<UnitCost> costs = {{"a", 1, 1}, {"b", 1, 1}, {"c", 30, 30}, {"d", 1, 1}};
+  auto ranges = PipeDreamPartition(costs, 3).value();
+  EXPECT_EQ(ranges, (std::vector<Range>{{0, 2}, {2, 3}, {3, 4}}));
+}
+
+TEST(PartitionTest, Uniform_SpreadsTheRemainderOverTheFirstStages) {
+  EXPECT_EQ(UniformPartition(6, 4).value(),
+            (std::vector<Range>{{0, 2}, {2, 4}, {4, 5}, {5, 6}}));
+  EXPECT_EQ(UniformPartition(6, 1).value(), (std::vector<Range>{{0, 6}}));
+  EXPECT_EQ(UniformPartition(3, 3).value(), (std::vector<Range>{{0, 1}, {1, 2}, {2, 3}}));
+}
+
+TEST(PartitionTest, MoreStagesThanUnits_IsInvalidArgument) {
+  auto uniform = UniformPartition(6, 7);
+  EXPECT_EQ(uniform.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(uniform.status().message(), "7 stages for 6 units; need 1 <= stages <= units");
+  EXPECT_EQ(PipeDreamPartition(RandomCosts(3, 1), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(UnitCostsTest, AnalyticCosts_OrderUnitsAsExpected) {
+  GptConfig c;
+  c.n_layer = 2;
+  c.d_model = 128;
+  c.n_head = 4;
+  c.vocab_size = 256;
+  auto costs = AnalyticUnitCosts(c, 64, 4);
+  ASSERT_EQ(costs.size(), 6u);
+  EXPECT_EQ(costs[1].name, "attn_0");
+  EXPECT_GT(costs[2].total(), costs[1].total());  // MLP (16 d^2) > attention at T=64
+  EXPECT_LT(costs[0].total(), costs[5].total());  // lookup is cheap next to the LM head
+  EXPECT_EQ(costs[3].backward, 2 * costs[3].forward);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -4,7 +4,8 @@
 //   RETURN_IF_ERROR(WriteFile(path));
 //   ASSIGN_OR_RETURN(Tensor t, LoadTensor(path));
 //
-// Both evaluate their expression exactly once.
+// Both evaluate their expression exactly once. ASSIGN_OR_RETURN expands to
+// several statements: put it in braces under an `if` or a `case`.
 #ifndef PIPETRAIN_COMMON_STATUS_MACROS_H_
 #define PIPETRAIN_COMMON_STATUS_MACROS_H_
 

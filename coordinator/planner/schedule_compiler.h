@@ -42,9 +42,6 @@ absl::StatusOr<std::vector<v1::Program>> CompilePrograms(const std::vector<Range
                                                          int num_units, int micro_batches,
                                                          Schedule schedule);
 
-// "recv ACTIVATION unit 3 mb 1 from stage 0": for status pages and traces.
-std::string DescribeInstruction(const v1::Instruction& instruction);
-
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COORDINATOR_PLANNER_SCHEDULE_COMPILER_H_

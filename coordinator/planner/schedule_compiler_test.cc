@@ -1,10 +1,9 @@
 #include "coordinator/planner/schedule_compiler.h"
 
-#include <deque>
-#include <map>
 #include <set>
 #include <tuple>
 
+#include "common/program_text.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {

@@ -1,0 +1,34 @@
+#include "common/program_text.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain {
+
+std::string DescribeInstruction(const v1::Instruction& in) {
+  auto units = [](const v1::UnitRange& r) { return absl::StrCat("[", r.begin(), ", ", r.end(), ")"); };
+  auto key = [](const v1::TensorKey& k) {
+    return absl::StrCat(v1::TensorKind_Name(k.kind()), " unit ", k.unit(), " mb ",
+                        k.micro_batch());
+  };
+  switch (in.op_case()) {
+    case v1::Instruction::kForward:
+      return absl::StrCat("forward ", units(in.forward().units()), " mb ",
+                          in.forward().micro_batch());
+    case v1::Instruction::kBackward:
+      return absl::StrCat("backward ", units(in.backward().units()), " mb ",
+                          in.backward().micro_batch());
+    case v1::Instruction::kSend:
+      return absl::StrCat("send ", key(in.send().tensor()), " to stage ",
+                          in.send().peer_stage());
+    case v1::Instruction::kRecv:
+      return absl::StrCat("recv ", key(in.recv().tensor()), " from stage ",
+                          in.recv().peer_stage());
+    case v1::Instruction::kAddTiedGradient: return "add tied gradient";
+    case v1::Instruction::kOptimizerStep:
+      return absl::StrCat("optimizer step ", units(in.optimizer_step().units()));
+    case v1::Instruction::OP_NOT_SET: break;
+  }
+  return "empty instruction";
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,300 @@
+#include "coordinator/jobs/job_spec.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+#include "worker/train/adamw_optimizer.h"
+
+namespace pipetrain {
+namespace {
+
+// Defaults documented in job.proto.
+constexpr int kDefaultVocabSize = 256;
+constexpr char kDefaultFormat[] = "auto";
+constexpr double kDefaultValFraction = 0.1;
+constexpr int64_t kDefaultSyntheticBytes = 2000000;
+constexpr int kDefaultMicroBatches = 1;
+constexpr float kDefaultLr = 3e-4f;
+constexpr float kDefaultBeta1 = 0.9f;
+constexpr float kDefaultBeta2 = 0.95f;
+constexpr float kDefaultEps = 1e-8f;
+constexpr float kDefaultWeightDecay = 0.1f;
+constexpr char kDefaultDecay[] = "matrices";
+constexpr uint64_t kDefaultSeed = 1;
+
+// Token ids are stored as uint16 (worker/data/token_file.h).
+constexpr int kMaxVocabSize = 65536;
+// The generated corpus is byte-level text.
+constexpr int kByteVocabSize = 256;
+
+constexpr char kFilesystemNote[] =
+    " (checked on the coordinator's filesystem, which local workers share)";
+
+absl::Status Invalid(absl::string_view path, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
+}
+
+// Rejects sizes that are missing (proto3 zero) or negative.
+absl::Status RequirePositive(absl::string_view path, int64_t value) {
+  if (value >= 1) return absl::OkStatus();
+  return Invalid(path, absl::StrCat("required, must be >= 1, got ", value));
+}
+
+absl::Status RequireBeta(absl::string_view path, float value) {
+  if (value >= 0 && value < 1) return absl::OkStatus();  // false for NaN
+  return Invalid(path, absl::StrCat("must be in [0, 1), got ", value));
+}
+
+absl::Status ResolveModel(v1::ModelSpec* model) {
+  RETURN_IF_ERROR(RequirePositive("spec.model.n_layer", model->n_layer()));
+  RETURN_IF_ERROR(RequirePositive("spec.model.n_head", model->n_head()));
+  RETURN_IF_ERROR(RequirePositive("spec.model.d_model", model->d_model()));
+  if (model->d_model() % model->n_head() != 0) {
+    return Invalid(
+        "spec.model.n_head",
+        absl::StrCat(model->n_head(), " must divide spec.model.d_model ", model->d_model()));
+  }
+  if (!model->has_vocab_size()) model->set_vocab_size(kDefaultVocabSize);
+  if (model->vocab_size() < 1 || model->vocab_size() > kMaxVocabSize) {
+    return Invalid("spec.model.vocab_size",
+                   absl::StrCat("must be in [1, ", kMaxVocabSize, "] (token ids are uint16), got ",
+                                model->vocab_size()));
+  }
+  return absl::OkStatus();
+}
+
+// Shape and step counts; defaults of the optional sizes.
+absl::Status ResolveTrainingSizes(v1::TrainingSpec* training) {
+  RETURN_IF_ERROR(RequirePositive("spec.training.seq_len", training->seq_len()));
+  RETURN_IF_ERROR(RequirePositive("spec.training.batch_size", training->batch_size()));
+  if (!training->has_micro_batches()) training->set_micro_batches(kDefaultMicroBatches);
+  if (training->micro_batches() < 1) {
+    return Invalid("spec.training.micro_batches",
+                   absl::StrCat("must be >= 1, got ", training->micro_batches()));
+  }
+  if (training->batch_size() % training->micro_batches() != 0) {
+    return Invalid("spec.training.micro_batches",
+                   absl::StrCat(training->micro_batches(), " must divide spec.training.batch_size ",
+                                training->batch_size()));
+  }
+  RETURN_IF_ERROR(RequirePositive("spec.training.steps", training->steps()));
+  if (!training->has_seed()) training->set_seed(kDefaultSeed);
+  return absl::OkStatus();
+}
+
+// AdamW hyperparameters and the decay policy.
+absl::Status ResolveOptimizer(v1::TrainingSpec* training) {
+  if (!training->has_lr()) training->set_lr(kDefaultLr);
+  if (!training->has_beta1()) training->set_beta1(kDefaultBeta1);
+  if (!training->has_beta2()) training->set_beta2(kDefaultBeta2);
+  if (!training->has_eps()) training->set_eps(kDefaultEps);
+  if (!training->has_weight_decay()) training->set_weight_decay(kDefaultWeightDecay);
+  if (!training->has_decay()) training->set_decay(kDefaultDecay);
+  if (!(std::isfinite(training->lr()) && training->lr() > 0)) {
+    return Invalid("spec.training.lr",
+                   absl::StrCat("must be finite and > 0, got ", training->lr()));
+  }
+  RETURN_IF_ERROR(RequireBeta("spec.training.beta1", training->beta1()));
+  RETURN_IF_ERROR(RequireBeta("spec.training.beta2", training->beta2()));
+  if (!(std::isfinite(training->eps()) && training->eps() > 0)) {
+    return Invalid("spec.training.eps",
+                   absl::StrCat("must be finite and > 0, got ", training->eps()));
+  }
+  if (!(std::isfinite(training->weight_decay()) && training->weight_decay() >= 0)) {
+    return Invalid("spec.training.weight_decay",
+                   absl::StrCat("must be finite and >= 0, got ", training->weight_decay()));
+  }
+  DecayPolicy unused;
+  if (!ParseDecayPolicy(training->decay(), &unused).ok()) {
+    return Invalid("spec.training.decay", absl::StrCat("unknown policy \"", training->decay(),
+                                                       "\"; accepted: matrices, all"));
+  }
+  return absl::OkStatus();
+}
+
+// max_seq_len defaults to, and must cover, the training sequence length.
+absl::Status ResolveMaxSeqLen(v1::ModelSpec* model, int seq_len) {
+  if (!model->has_max_seq_len()) model->set_max_seq_len(seq_len);
+  if (model->max_seq_len() < seq_len) {
+    return Invalid(
+        "spec.model.max_seq_len",
+        absl::StrCat(model->max_seq_len(), " must be >= spec.training.seq_len ", seq_len));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDataPath(const std::string& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) != 0) {
+    return Invalid("spec.data.path", absl::StrCat("no such file: ", path, kFilesystemNote));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    return Invalid("spec.data.path", absl::StrCat("not a regular file: ", path, kFilesystemNote));
+  }
+  if (access(path.c_str(), R_OK) != 0) {
+    return Invalid("spec.data.path", absl::StrCat("not readable: ", path, kFilesystemNote));
+  }
+  return absl::OkStatus();
+}
+
+// Format, split and corpus source. A file is checked for existence; an
+// empty path means a generated byte-level corpus.
+absl::Status ResolveData(v1::DataSpec* data, int vocab_size, DataFormat* format) {
+  if (!data->has_format()) data->set_format(kDefaultFormat);
+  if (!data->has_val_fraction()) data->set_val_fraction(kDefaultValFraction);
+  if (!data->has_synthetic_bytes()) data->set_synthetic_bytes(kDefaultSyntheticBytes);
+  absl::StatusOr<DataFormat> parsed = ParseDataFormat(data->format());
+  if (!parsed.ok()) return Invalid("spec.data.format", parsed.status().message());
+  *format = *parsed;
+  if (!(data->val_fraction() >= 0 && data->val_fraction() < 1)) {
+    return Invalid("spec.data.val_fraction",
+                   absl::StrCat("must be in [0, 1), got ", data->val_fraction()));
+  }
+  if (!data->path().empty()) {
+    RETURN_IF_ERROR(CheckDataPath(data->path()));
+  } else {
+    RETURN_IF_ERROR(RequirePositive("spec.data.synthetic_bytes", data->synthetic_bytes()));
+    if (*format == DataFormat::kUint16 || *format == DataFormat::kUint16Header) {
+      return Invalid("spec.data.format", absl::StrCat(data->format(),
+                                                      " needs spec.data.path; the generated "
+                                                      "corpus is text (use auto or text)"));
+    }
+  }
+  const bool byte_level = data->path().empty() || *format == DataFormat::kText;
+  if (byte_level && vocab_size < kByteVocabSize) {
+    return Invalid("spec.model.vocab_size",
+                   absl::StrCat(vocab_size, " is too small for byte-level text (",
+                                data->path().empty() ? "generated corpus" : "format text",
+                                "); it must be >= ", kByteVocabSize));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
+  if (!parallelism->has_solver()) parallelism->set_solver(kSolverUniform);
+  if (!parallelism->has_schedule()) parallelism->set_schedule(kSchedule1F1B);
+  RETURN_IF_ERROR(RequirePositive("spec.parallelism.stages", parallelism->stages()));
+  const int64_t units = 2 * static_cast<int64_t>(n_layer) + 2;
+  if (parallelism->stages() > units) {
+    return Invalid("spec.parallelism.stages",
+                   absl::StrCat(parallelism->stages(), " stages but the model has only ", units,
+                                " units (2 * n_layer + 2)"));
+  }
+  const std::string& solver = parallelism->solver();
+  if (solver != kSolverUniform && solver != kSolverPipeDream) {
+    return Invalid(
+        "spec.parallelism.solver",
+        absl::StrCat("unknown solver \"", solver, "\"; accepted: ", kSolverUniform, ", ",
+                     kSolverPipeDream, " (bipartition and acctfm are not available yet)"));
+  }
+  const std::string& schedule = parallelism->schedule();
+  if (schedule != kSchedule1F1B && schedule != kScheduleGPipe) {
+    return Invalid("spec.parallelism.schedule",
+                   absl::StrCat("unknown schedule \"", schedule, "\"; accepted: ", kSchedule1F1B,
+                                ", ", kScheduleGPipe));
+  }
+  return absl::OkStatus();
+}
+
+// The coordinator writes the final weights itself, so only its own
+// filesystem matters: the file's directory must exist.
+absl::Status CheckOutput(const v1::OutputSpec& output) {
+  const std::string& path = output.weights_path();
+  if (path.empty()) return absl::OkStatus();
+  struct stat info;
+  if (path.back() == '/' || (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode))) {
+    return Invalid("spec.output.weights_path",
+                   absl::StrCat(path, " is a directory; name the weights file in it"));
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return Invalid("spec.output.weights_path",
+                   absl::StrCat("directory does not exist: ", dir, kFilesystemNote));
+  }
+  return absl::OkStatus();
+}
+
+TrainConfig DeriveTrainConfig(const v1::JobSpec& spec) {
+  TrainConfig config;
+  config.model.vocab_size = spec.model().vocab_size();
+  config.model.max_seq_len = spec.model().max_seq_len();
+  config.model.n_layer = spec.model().n_layer();
+  config.model.n_head = spec.model().n_head();
+  config.model.d_model = spec.model().d_model();
+  const v1::TrainingSpec& t = spec.training();
+  config.seq_len = t.seq_len();
+  config.batch_size = t.batch_size();
+  config.micro_batches = t.micro_batches();
+  config.steps = t.steps();
+  config.adam = AdamWConfig{t.lr(), t.beta1(), t.beta2(), t.eps(), t.weight_decay()};
+  // Checked by ResolveOptimizer.
+  ParseDecayPolicy(t.decay(), &config.decay).IgnoreError();
+  config.seed = t.seed();
+  return config;
+}
+
+}  // namespace
+
+absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
+  if (!spec.has_model()) return Invalid("spec.model", "required (n_layer, n_head, d_model)");
+  if (!spec.has_training()) {
+    return Invalid("spec.training", "required (seq_len, batch_size, steps)");
+  }
+  if (!spec.has_parallelism()) return Invalid("spec.parallelism", "required (stages)");
+  ResolvedJobSpec resolved;
+  resolved.spec = spec;
+  v1::JobSpec& out = resolved.spec;
+  RETURN_IF_ERROR(ResolveModel(out.mutable_model()));
+  RETURN_IF_ERROR(ResolveTrainingSizes(out.mutable_training()));
+  RETURN_IF_ERROR(ResolveOptimizer(out.mutable_training()));
+  RETURN_IF_ERROR(ResolveMaxSeqLen(out.mutable_model(), out.training().seq_len()));
+  RETURN_IF_ERROR(ResolveData(out.mutable_data(), out.model().vocab_size(), &resolved.data_format));
+  RETURN_IF_ERROR(ResolveParallelism(out.mutable_parallelism(), out.model().n_layer()));
+  RETURN_IF_ERROR(CheckOutput(out.output()));
+
+  resolved.train = DeriveTrainConfig(out);
+  absl::Status backstop = ValidateTrainConfig(resolved.train);
+  if (!backstop.ok()) return Invalid("spec.training", backstop.message());
+  resolved.val_fraction = out.data().val_fraction();
+  resolved.synthetic_bytes = out.data().synthetic_bytes();
+  resolved.stages = out.parallelism().stages();
+  resolved.solver = out.parallelism().solver();
+  resolved.schedule = out.parallelism().schedule();
+  return resolved;
+}
+
+absl::StatusOr<v1::JobSpec> JobSpecFromJson(std::string_view json) {
+  google::protobuf::util::JsonParseOptions options;
+  options.ignore_unknown_fields = false;  // a misspelt field must not be silently dropped
+  v1::JobSpec spec;
+  // protobuf 3.21 returns its own util::Status, not absl::Status: convert.
+  google::protobuf::util::Status status = google::protobuf::util::JsonStringToMessage(
+      google::protobuf::StringPiece(json.data(), json.size()), &spec, options);
+  if (!status.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", status.message().ToString()));
+  }
+  return spec;
+}
+
+std::string JobSpecToJson(const v1::JobSpec& spec) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  std::string json;
+  google::protobuf::util::Status status =
+      google::protobuf::util::MessageToJsonString(spec, &json, options);
+  // Printing a generated message without Any fields cannot fail; an empty
+  // result would be the only sign if it ever did.
+  if (!status.ok()) return std::string();
+  return json;
+}
+
+}  // namespace pipetrain

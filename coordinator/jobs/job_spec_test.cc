@@ -1,0 +1,397 @@
+#include "coordinator/jobs/job_spec.h"
+
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "gtest/gtest.h"
+#include "worker/data/token_file.h"
+
+namespace pipetrain {
+namespace {
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+// Only the required fields: 2 layers (6 units), 2 stages.
+v1::JobSpec MinimalSpec() {
+  v1::JobSpec spec;
+  spec.set_name("minimal");
+  spec.mutable_model()->set_n_layer(2);
+  spec.mutable_model()->set_n_head(2);
+  spec.mutable_model()->set_d_model(16);
+  spec.mutable_training()->set_seq_len(8);
+  spec.mutable_training()->set_batch_size(4);
+  spec.mutable_training()->set_steps(10);
+  spec.mutable_parallelism()->set_stages(2);
+  return spec;
+}
+
+// Asserts that `spec` is rejected with INVALID_ARGUMENT and a message that
+// starts with `prefix`.
+void ExpectRejected(const v1::JobSpec& spec, const std::string& prefix) {
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(spec);
+  ASSERT_FALSE(resolved.ok()) << "expected a rejection starting with " << prefix;
+  EXPECT_EQ(resolved.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(resolved.status().message(), prefix))
+      << "message: " << resolved.status().message() << "\nexpected prefix: " << prefix;
+}
+
+// Asserts that JobSpecFromJson rejects `json` with a message naming `field`.
+void ExpectJsonRejected(const std::string& json, const std::string& field) {
+  absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(json);
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(spec.status().message(), "spec: ")) << spec.status().message();
+  EXPECT_TRUE(absl::StrContains(spec.status().message(), field)) << spec.status().message();
+}
+
+TEST(ResolveJobSpec, MinimalSpec_FillsEveryDefault) {
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(MinimalSpec());
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  const v1::JobSpec& spec = resolved->spec;
+  ASSERT_TRUE(spec.model().has_vocab_size());
+  EXPECT_EQ(spec.model().vocab_size(), 256);
+  ASSERT_TRUE(spec.model().has_max_seq_len());
+  EXPECT_EQ(spec.model().max_seq_len(), 8);
+  ASSERT_TRUE(spec.has_data());
+  ASSERT_TRUE(spec.data().has_format());
+  EXPECT_EQ(spec.data().format(), "auto");
+  ASSERT_TRUE(spec.data().has_val_fraction());
+  EXPECT_EQ(spec.data().val_fraction(), 0.1);
+  ASSERT_TRUE(spec.data().has_synthetic_bytes());
+  EXPECT_EQ(spec.data().synthetic_bytes(), 2000000);
+  const v1::TrainingSpec& t = spec.training();
+  ASSERT_TRUE(t.has_micro_batches() && t.has_lr() && t.has_beta1() && t.has_beta2() &&
+              t.has_eps() && t.has_weight_decay() && t.has_decay() && t.has_seed());
+  EXPECT_EQ(t.micro_batches(), 1);
+  EXPECT_EQ(t.lr(), 3e-4f);
+  EXPECT_EQ(t.beta1(), 0.9f);
+  EXPECT_EQ(t.beta2(), 0.95f);
+  EXPECT_EQ(t.eps(), 1e-8f);
+  EXPECT_EQ(t.weight_decay(), 0.1f);
+  EXPECT_EQ(t.decay(), "matrices");
+  EXPECT_EQ(t.seed(), 1u);
+  ASSERT_TRUE(spec.parallelism().has_solver() && spec.parallelism().has_schedule());
+  EXPECT_EQ(spec.parallelism().solver(), "uniform");
+  EXPECT_EQ(spec.parallelism().schedule(), "1f1b");
+
+  EXPECT_EQ(resolved->data_format, DataFormat::kAuto);
+  EXPECT_EQ(resolved->val_fraction, 0.1);
+  EXPECT_EQ(resolved->synthetic_bytes, 2000000);
+  EXPECT_EQ(resolved->stages, 2);
+  EXPECT_EQ(resolved->solver, "uniform");
+  EXPECT_EQ(resolved->schedule, "1f1b");
+}
+
+TEST(ResolveJobSpec, MinimalSpec_DerivesTrainConfig) {
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(MinimalSpec());
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  const TrainConfig& c = resolved->train;
+  EXPECT_EQ(c.model.vocab_size, 256);
+  EXPECT_EQ(c.model.max_seq_len, 8);
+  EXPECT_EQ(c.model.n_layer, 2);
+  EXPECT_EQ(c.model.n_head, 2);
+  EXPECT_EQ(c.model.d_model, 16);
+  EXPECT_EQ(c.seq_len, 8);
+  EXPECT_EQ(c.batch_size, 4);
+  EXPECT_EQ(c.micro_batches, 1);
+  EXPECT_EQ(c.steps, 10);
+  EXPECT_EQ(c.adam.lr, 3e-4f);
+  EXPECT_EQ(c.adam.beta1, 0.9f);
+  EXPECT_EQ(c.adam.beta2, 0.95f);
+  EXPECT_EQ(c.adam.eps, 1e-8f);
+  EXPECT_EQ(c.adam.weight_decay, 0.1f);
+  EXPECT_EQ(c.decay, DecayPolicy::kMatricesOnly);
+  EXPECT_EQ(c.seed, 1u);
+}
+
+// Every optional field set to a non-default value, and an existing corpus.
+v1::JobSpec FullSpec(const std::string& data_path) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.set_name("full");
+  spec.mutable_model()->set_vocab_size(300);
+  spec.mutable_model()->set_max_seq_len(32);
+  v1::DataSpec* data = spec.mutable_data();
+  data->set_path(data_path);
+  data->set_format("text");
+  data->set_val_fraction(0.0);  // present but zero: must survive the round trip
+  data->set_synthetic_bytes(5000);
+  v1::TrainingSpec* t = spec.mutable_training();
+  t->set_micro_batches(2);
+  t->set_lr(1e-3f);
+  t->set_beta1(0.8f);
+  t->set_beta2(0.99f);
+  t->set_eps(1e-6f);
+  t->set_weight_decay(0.0f);
+  t->set_decay("all");
+  t->set_seed(12345678901234ull);
+  spec.mutable_parallelism()->set_solver("pipedream");
+  spec.mutable_parallelism()->set_schedule("gpipe");
+  spec.mutable_output()->set_weights_path(TempPath("weights.safetensors"));
+  return spec;
+}
+
+TEST(JobSpecJson, FullSpec_RoundTrips) {
+  const std::string corpus = TempPath("roundtrip.txt");
+  ASSERT_TRUE(WriteBytesFile(corpus, "hello world").ok());
+  const v1::JobSpec spec = FullSpec(corpus);
+  const std::string json = JobSpecToJson(spec);
+  EXPECT_TRUE(absl::StrContains(json, "\"nLayer\": 2")) << json;
+  EXPECT_TRUE(absl::StrContains(json, "\"valFraction\": 0")) << json;
+  absl::StatusOr<v1::JobSpec> parsed = JobSpecFromJson(json);
+  ASSERT_TRUE(parsed.ok()) << parsed.status() << "\n" << json;
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(spec, *parsed))
+      << parsed->DebugString();
+  EXPECT_TRUE(parsed->data().has_val_fraction());
+  EXPECT_TRUE(parsed->training().has_weight_decay());
+}
+
+TEST(ResolveJobSpec, FullSpec_KeepsEveryValue) {
+  const std::string corpus = TempPath("full.txt");
+  ASSERT_TRUE(WriteBytesFile(corpus, "hello world").ok());
+  const v1::JobSpec spec = FullSpec(corpus);
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(spec, resolved->spec));
+  EXPECT_EQ(resolved->data_format, DataFormat::kText);
+  EXPECT_EQ(resolved->val_fraction, 0.0);
+  EXPECT_EQ(resolved->synthetic_bytes, 5000);
+  EXPECT_EQ(resolved->solver, "pipedream");
+  EXPECT_EQ(resolved->schedule, "gpipe");
+  EXPECT_EQ(resolved->train.model.max_seq_len, 32);
+  EXPECT_EQ(resolved->train.micro_batches, 2);
+  EXPECT_EQ(resolved->train.adam.weight_decay, 0.0f);
+  EXPECT_EQ(resolved->train.decay, DecayPolicy::kAll);
+  EXPECT_EQ(resolved->train.seed, 12345678901234ull);
+}
+
+TEST(JobSpecFromJson, OriginalAndCamelNames_BothAccepted) {
+  absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(
+      R"({"model": {"n_layer": 3, "nHead": 4, "d_model": 32},
+          "training": {"seqLen": 16, "batch_size": 2, "steps": "7", "micro_batches": 2}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->model().n_layer(), 3);
+  EXPECT_EQ(spec->model().n_head(), 4);
+  EXPECT_EQ(spec->model().d_model(), 32);
+  EXPECT_EQ(spec->training().seq_len(), 16);
+  EXPECT_EQ(spec->training().batch_size(), 2);
+  EXPECT_EQ(spec->training().steps(), 7);
+  EXPECT_EQ(spec->training().micro_batches(), 2);
+}
+
+TEST(ResolveJobSpec, MissingModel_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.clear_model();
+  ExpectRejected(spec, "spec.model: required");
+}
+
+TEST(ResolveJobSpec, MissingTraining_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.clear_training();
+  ExpectRejected(spec, "spec.training: required");
+}
+
+TEST(ResolveJobSpec, ZeroLayers_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_model()->set_n_layer(0);
+  ExpectRejected(spec, "spec.model.n_layer: ");
+}
+
+TEST(ResolveJobSpec, HeadsNotDividingDModel_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_model()->set_n_head(3);
+  ExpectRejected(spec, "spec.model.n_head: 3 must divide spec.model.d_model 16");
+}
+
+TEST(ResolveJobSpec, VocabAboveUint16_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_model()->set_vocab_size(70000);
+  ExpectRejected(spec, "spec.model.vocab_size: ");
+}
+
+TEST(ResolveJobSpec, MicroBatchesNotDividingBatch_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_batch_size(8);
+  spec.mutable_training()->set_micro_batches(3);
+  ExpectRejected(spec, "spec.training.micro_batches: 3 must divide spec.training.batch_size 8");
+}
+
+TEST(ResolveJobSpec, ZeroSteps_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_steps(0);
+  ExpectRejected(spec, "spec.training.steps: ");
+}
+
+TEST(ResolveJobSpec, NegativeLr_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_lr(-0.1f);
+  ExpectRejected(spec, "spec.training.lr: must be finite and > 0");
+}
+
+TEST(ResolveJobSpec, NanLrFromJson_Rejected) {
+  // proto3 JSON accepts "NaN" for floats, so ResolveJobSpec has to reject it.
+  absl::StatusOr<v1::JobSpec> with_nan = JobSpecFromJson(
+      R"({"model": {"nLayer": 2, "nHead": 2, "dModel": 16},
+          "training": {"seqLen": 8, "batchSize": 4, "steps": 10, "lr": "NaN"},
+          "parallelism": {"stages": 2}})");
+  ASSERT_TRUE(with_nan.ok()) << with_nan.status();
+  ASSERT_TRUE(std::isnan(with_nan->training().lr()));
+  ExpectRejected(*with_nan, "spec.training.lr: ");
+}
+
+TEST(ResolveJobSpec, Beta2One_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_beta2(1.0f);
+  ExpectRejected(spec, "spec.training.beta2: must be in [0, 1)");
+}
+
+TEST(ResolveJobSpec, UnknownDecay_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_decay("none");
+  ExpectRejected(spec, "spec.training.decay: unknown policy \"none\"");
+}
+
+TEST(ResolveJobSpec, MaxSeqLenBelowSeqLen_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_model()->set_max_seq_len(4);
+  ExpectRejected(spec, "spec.model.max_seq_len: 4 must be >= spec.training.seq_len 8");
+}
+
+TEST(ResolveJobSpec, UnknownFormat_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_data()->set_format("parquet");
+  ExpectRejected(spec, "spec.data.format: ");
+}
+
+TEST(ResolveJobSpec, ValFractionOne_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_data()->set_val_fraction(1.0);
+  ExpectRejected(spec, "spec.data.val_fraction: must be in [0, 1), got 1");
+}
+
+TEST(ResolveJobSpec, MissingDataFile_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  const std::string path = TempPath("no_such_corpus.txt");
+  spec.mutable_data()->set_path(path);
+  ExpectRejected(spec, "spec.data.path: no such file: " + path);
+}
+
+TEST(ResolveJobSpec, DataPathIsDirectory_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  const std::string dir = TempPath("corpus_dir");
+  mkdir(dir.c_str(), 0755);
+  spec.mutable_data()->set_path(dir);
+  ExpectRejected(spec, "spec.data.path: not a regular file: " + dir);
+}
+
+TEST(ResolveJobSpec, GeneratedCorpusWithVocab100_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_model()->set_vocab_size(100);
+  ExpectRejected(spec, "spec.model.vocab_size: 100 is too small for byte-level text");
+}
+
+TEST(ResolveJobSpec, Uint16CorpusWithVocab100_Accepted) {
+  const std::string corpus = TempPath("tokens.bin");
+  ASSERT_TRUE(WriteUint16TokenFile(corpus, {1, 2, 3, 99}, /*with_header=*/false).ok());
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_model()->set_vocab_size(100);
+  spec.mutable_data()->set_path(corpus);
+  spec.mutable_data()->set_format("uint16");
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->data_format, DataFormat::kUint16);
+  EXPECT_EQ(resolved->train.model.vocab_size, 100);
+}
+
+TEST(ResolveJobSpec, GeneratedCorpusWithUint16Format_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_data()->set_format("uint16");
+  ExpectRejected(spec, "spec.data.format: uint16 needs spec.data.path");
+}
+
+TEST(ResolveJobSpec, ZeroSyntheticBytes_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_data()->set_synthetic_bytes(0);
+  ExpectRejected(spec, "spec.data.synthetic_bytes: ");
+}
+
+TEST(ResolveJobSpec, MissingParallelism_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.clear_parallelism();
+  ExpectRejected(spec, "spec.parallelism: required");
+}
+
+TEST(ResolveJobSpec, ZeroStages_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_parallelism()->set_stages(0);
+  ExpectRejected(spec, "spec.parallelism.stages: required, must be >= 1, got 0");
+}
+
+TEST(ResolveJobSpec, MoreStagesThanUnits_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_parallelism()->set_stages(9);
+  ExpectRejected(spec,
+                 "spec.parallelism.stages: 9 stages but the model has only 6 units "
+                 "(2 * n_layer + 2)");
+}
+
+TEST(ResolveJobSpec, StagesEqualToUnits_Accepted) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_parallelism()->set_stages(6);
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->stages, 6);
+}
+
+TEST(ResolveJobSpec, UnknownSolver_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_parallelism()->set_solver("bipartition");
+  ExpectRejected(spec,
+                 "spec.parallelism.solver: unknown solver \"bipartition\"; accepted: uniform, "
+                 "pipedream");
+}
+
+TEST(ResolveJobSpec, UnknownSchedule_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_parallelism()->set_schedule("interleaved");
+  ExpectRejected(spec, "spec.parallelism.schedule: unknown schedule \"interleaved\"");
+}
+
+TEST(ResolveJobSpec, MissingOutputDirectory_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_output()->set_weights_path(TempPath("no_such_dir/weights.safetensors"));
+  ExpectRejected(spec,
+                 "spec.output.weights_path: directory does not exist: " + TempPath("no_such_dir"));
+}
+
+TEST(ResolveJobSpec, OutputPathIsDirectory_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_output()->set_weights_path(TempPath(""));
+  ExpectRejected(spec, "spec.output.weights_path: ");
+}
+
+TEST(JobSpecFromJson, UnknownField_Rejected) {
+  ExpectJsonRejected(R"({"model": {"nLayers": 2}})", "(model) nLayers: Cannot find field");
+}
+
+TEST(JobSpecFromJson, WrongType_Rejected) {
+  // The parser names the field by its proto path: "(model.n_layer): invalid value".
+  ExpectJsonRejected(R"({"model": {"nLayer": "two"}})", "model.n_layer");
+}
+
+TEST(JobSpecFromJson, MalformedJson_Rejected) {
+  absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(R"({"model": )");
+  ASSERT_FALSE(spec.ok());
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(spec.status().message(), "spec: ")) << spec.status().message();
+}
+
+}  // namespace
+}  // namespace pipetrain

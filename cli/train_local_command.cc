@@ -18,8 +18,7 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/blas.h"
 #include "nlohmann/json.hpp"
-#include "worker/data/synthetic_text.h"
-#include "worker/data/token_file.h"
+#include "worker/data/corpus.h"
 #include "worker/model/weights_io.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/local_trainer.h"
@@ -108,17 +107,11 @@ absl::Status Resolve(Options& o) {
 }
 
 absl::StatusOr<Dataset> LoadData(const Options& o) {
-  std::vector<uint16_t> tokens;
-  if (o.data.empty()) {
-    std::string text = GenerateEnglishText(o.train.seed, static_cast<size_t>(o.synthetic_bytes));
-    tokens.assign(text.begin(), text.end());
-    std::fprintf(stderr, "data: %zu bytes of generated English text (seed %llu)\n",
-                 text.size(), static_cast<unsigned long long>(o.train.seed));
-  } else {
-    ASSIGN_OR_RETURN(DataFormat format, ParseDataFormat(o.format));
-    ASSIGN_OR_RETURN(tokens, LoadTokenFile(o.data, format, o.train.model.vocab_size));
-    std::fprintf(stderr, "data: %s, %zu tokens\n", o.data.c_str(), tokens.size());
-  }
+  ASSIGN_OR_RETURN(DataFormat format, ParseDataFormat(o.format));
+  const CorpusSpec corpus{o.data, format, o.train.model.vocab_size, o.synthetic_bytes,
+                          o.train.seed};
+  ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, LoadCorpus(corpus));
+  std::fprintf(stderr, "data: %s\n", DescribeCorpus(corpus, tokens.size()).c_str());
   return Dataset::Create(std::move(tokens), o.train.seq_len, o.val_fraction);
 }
 

@@ -1,0 +1,316 @@
+#include "coordinator/jobs/job_manager.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/planner/planner.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+namespace {
+
+void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
+  const int64_t nanos = absl::ToUnixNanos(t);
+  out->set_seconds(nanos / 1000000000);
+  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+}
+
+v1::Assignment StopAssignment(const std::string& job_id, int64_t version) {
+  v1::Assignment a;
+  a.set_action(v1::Assignment::STOP);
+  a.set_job_id(job_id);
+  a.set_plan_version(version);
+  return a;
+}
+
+}  // namespace
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+}
+
+JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock)
+    : registry_(registry), hub_(hub), clock_(clock) {}
+
+JobManager::~JobManager() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (loop_.joinable()) loop_.join();
+}
+
+void JobManager::StartSchedulingLoop(absl::Duration period) {
+  loop_ = std::thread([this, period] {
+    absl::MutexLock lock(&mu_);
+    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
+      mu_.Unlock();
+      ScheduleQueued();
+      mu_.Lock();
+    }
+  });
+}
+
+JobManager::JobRecord* JobManager::FindLocked(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+void JobManager::TouchLocked(JobRecord& record) {
+  SetTimestamp(clock_->Now(), record.job.mutable_update_time());
+}
+
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
+  ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
+  v1::Job job;
+  {
+    absl::MutexLock lock(&mu_);
+    auto record = std::make_unique<JobRecord>();
+    record->job.set_id(absl::StrCat("job-", next_id_++));
+    *record->job.mutable_spec() = resolved.spec;
+    record->job.set_state(v1::QUEUED);
+    record->job.set_reason(absl::StrCat("waiting for ", resolved.stages, " READY workers"));
+    SetTimestamp(clock_->Now(), record->job.mutable_create_time());
+    TouchLocked(*record);
+    record->resolved = std::move(resolved);
+    job = record->job;
+    order_.push_back(job.id());
+    jobs_[job.id()] = std::move(record);
+  }
+  ScheduleQueued();
+  return Get(job.id());
+}
+
+absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  return it->second->job;
+}
+
+std::vector<v1::Job> JobManager::List() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::Job> out;
+  for (const std::string& id : order_) out.push_back(jobs_.at(id)->job);
+  return out;
+}
+
+absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* record = FindLocked(job_id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  if (IsTerminal(record->job.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " already ended (", v1::JobState_Name(record->job.state()), ")"));
+  }
+  EndLocked(*record, v1::CANCELLED, "cancelled by the user");
+  return record->job;
+}
+
+absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  if (it->second->plan.version() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " has no plan yet (", v1::JobState_Name(it->second->job.state()), ")"));
+  }
+  return it->second->plan;
+}
+
+void JobManager::ScheduleQueued() {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : order_) {
+    JobRecord& record = *jobs_.at(id);
+    if (record.job.state() != v1::QUEUED) continue;
+    std::vector<std::string> ready = registry_->ReadyWorkers();
+    const int need = record.resolved.stages;
+    if (static_cast<int>(ready.size()) < need) {
+      record.job.set_reason(absl::StrCat("waiting for ", need, " READY workers (", ready.size(),
+                                         " ready)"));
+      return;  // strictly first-come, first-served: later jobs wait too
+    }
+    ready.resize(need);
+    absl::Status started = StartLocked(record, ready);
+    if (!started.ok()) EndLocked(record, v1::FAILED, std::string(started.message()));
+  }
+}
+
+absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::string>& workers) {
+  record.job.set_state(v1::PLANNING);
+  const std::string& id = record.job.id();
+  ASSIGN_OR_RETURN(CompiledPlan compiled, PlanJob(record.resolved, id, 1, workers));
+  std::vector<std::string> addresses;
+  for (const std::string& w : workers) {
+    ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(w));
+    addresses.push_back(worker.data_address());
+  }
+  RETURN_IF_ERROR(registry_->Assign(workers, id));
+  record.plan = compiled.plan;
+  record.stages.assign(workers.size(), StageProgress{});
+  for (size_t s = 0; s < workers.size(); ++s) {
+    v1::Assignment a;
+    a.set_action(v1::Assignment::RUN);
+    a.set_job_id(id);
+    a.set_plan_version(record.plan.version());
+    *a.mutable_spec() = record.resolved.spec;
+    a.set_stage(static_cast<int>(s));
+    a.set_num_stages(static_cast<int>(workers.size()));
+    *a.mutable_forward_units() = record.plan.stages(s).forward();
+    *a.mutable_backward_units() = record.plan.stages(s).backward();
+    for (const std::string& address : addresses) a.add_peer_addresses(address);
+    *a.mutable_program() = compiled.programs[s];
+    record.stage_of[workers[s]] = static_cast<int>(s);
+    record.job.add_worker_ids(workers[s]);
+    record.assignments.push_back(a);
+    hub_->Set(workers[s], std::move(a));
+  }
+  record.job.set_state(v1::RUNNING);
+  record.job.set_plan_version(record.plan.version());
+  record.job.set_reason("");
+  record.last_step_time = clock_->Now();
+  TouchLocked(record);
+  PT_LOG(INFO) << "job " << id << " running on " << absl::StrJoin(workers, ", ");
+  return absl::OkStatus();
+}
+
+void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::string& reason) {
+  record.job.set_state(state);
+  record.job.set_reason(reason);
+  TouchLocked(record);
+  for (const std::string& worker : record.job.worker_ids()) {
+    hub_->Set(worker, StopAssignment(record.job.id(), record.plan.version()));
+  }
+  registry_->Release(record.job.id());
+  record.weights.clear();
+  PT_LOG(INFO) << "job " << record.job.id() << " " << v1::JobState_Name(state)
+               << (reason.empty() ? "" : ": " + reason);
+}
+
+absl::StatusOr<JobManager::JobRecord*> JobManager::ForWorkerLocked(const std::string& worker_id,
+                                                                   const std::string& job_id) {
+  JobRecord* record = FindLocked(job_id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  if (IsTerminal(record->job.state())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job ", job_id, " already ended (", v1::JobState_Name(record->job.state()), ")"));
+  }
+  if (record->stage_of.count(worker_id) == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker_id, " is not part of job ", job_id));
+  }
+  return record;
+}
+
+absl::Status JobManager::ReportProgress(const v1::ReportProgressRequest& r) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(r.worker_id(), r.job_id()));
+  if (r.plan_version() != record->plan.version()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "plan version ", r.plan_version(), " is stale; current is ", record->plan.version()));
+  }
+  if (!r.error().empty()) {
+    EndLocked(*record, v1::FAILED, absl::StrCat("worker ", r.worker_id(), ": ", r.error()));
+    return absl::OkStatus();
+  }
+  StageProgress& stage = record->stages[record->stage_of.at(r.worker_id())];
+  stage.iterations_done = std::max(stage.iterations_done, r.iteration() + 1);
+  stage.busy_seconds += r.busy_seconds();
+  stage.idle_seconds += r.idle_seconds();
+  stage.finished = stage.finished || r.finished();
+  if (r.micro_batch_losses_size() > 0) {
+    double sum = 0.0;  // as LocalTrainer: double sum, divided, as float
+    for (float l : r.micro_batch_losses()) sum += l;
+    const float loss = static_cast<float>(sum / r.micro_batch_losses_size());
+    v1::JobProgress* p = record->job.mutable_progress();
+    p->set_step(r.iteration() + 1);
+    p->set_loss(loss);
+    p->add_loss_history(loss);
+    const absl::Time now = clock_->Now();
+    const double seconds = absl::ToDoubleSeconds(now - record->last_step_time);
+    const TrainConfig& t = record->resolved.train;
+    if (seconds > 0) p->set_tokens_per_second(double(t.batch_size) * t.seq_len / seconds);
+    record->last_step_time = now;
+  }
+  TouchLocked(*record);
+  MaybeCompleteLocked(*record);
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(c.worker_id(), c.job_id()));
+  auto it = std::find_if(record->weights.begin(), record->weights.end(),
+                         [&](const NamedTensor& t) { return t.name == c.tensor_name(); });
+  if (it == record->weights.end()) {
+    Shape shape(c.shape().begin(), c.shape().end());
+    for (int64_t d : shape) {
+      if (d < 0) return absl::InvalidArgumentError(absl::StrCat(c.tensor_name(), ": bad shape"));
+    }
+    record->weights.push_back({c.tensor_name(), Tensor::Zeros(shape)});
+    it = record->weights.end() - 1;
+  }
+  Tensor& t = it->tensor;
+  if (c.offset() < 0 || c.offset() + c.values_size() > t.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "chunk of ", c.tensor_name(), " at ", c.offset(), " + ", c.values_size(),
+        " exceeds its ", t.numel(), " elements"));
+  }
+  std::copy(c.values().begin(), c.values().end(), t.data() + c.offset());
+  record->weights_filled[c.tensor_name()] += c.values_size();
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::FinishWeights(const std::string& worker_id, const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(worker_id, job_id));
+  record->stages[record->stage_of.at(worker_id)].weights_done = true;
+  MaybeCompleteLocked(*record);
+  return absl::OkStatus();
+}
+
+void JobManager::MaybeCompleteLocked(JobRecord& record) {
+  const bool want_weights = !record.resolved.spec.output().weights_path().empty();
+  for (const StageProgress& s : record.stages) {
+    if (!s.finished || (want_weights && !s.weights_done)) return;
+  }
+  if (want_weights) {
+    int64_t total = 0;
+    for (const NamedTensor& t : record.weights) {
+      if (record.weights_filled[t.name] < t.tensor.numel()) {
+        return EndLocked(record, v1::FAILED, absl::StrCat("incomplete upload of ", t.name));
+      }
+      total += t.tensor.numel();
+    }
+    const int64_t expected = CountParameters(record.resolved.train.model);
+    if (total != expected) {
+      return EndLocked(record, v1::FAILED, absl::StrCat("uploaded weights hold ", total,
+                                                        " values; the model has ", expected));
+    }
+    const std::string& path = record.resolved.spec.output().weights_path();
+    absl::Status written = WriteSafetensors(path, record.weights);
+    if (!written.ok()) return EndLocked(record, v1::FAILED, std::string(written.message()));
+    record.job.set_weights_path(path);
+  }
+  EndLocked(record, v1::SUCCEEDED, "");
+}
+
+void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& job_id,
+                              const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  JobRecord* record = FindLocked(job_id);
+  if (record == nullptr || IsTerminal(record->job.state())) return;
+  EndLocked(*record, v1::FAILED, reason);
+}
+
+std::map<v1::JobState, int> JobManager::CountByState() const {
+  absl::MutexLock lock(&mu_);
+  std::map<v1::JobState, int> counts;
+  for (const auto& [id, record] : jobs_) counts[record->job.state()]++;
+  return counts;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,127 @@
+// JobManager: the life of a job, from submission to trained weights.
+//
+//   Submit ──> QUEUED ──(enough READY workers)──> PLANNING ──> RUNNING
+//                │                                              │
+//                └── Cancel ──> CANCELLED <── Cancel ───────────┤
+//                                          FAILED <── worker lost / error
+//                                       SUCCEEDED <── all stages finished
+//                                                     (and weights written)
+//
+// Planning takes the first `stages` READY workers (ascending id), splits the
+// model with the job's solver (uniform or pipedream on analytic costs),
+// compiles one program per stage and publishes an Assignment per worker to
+// the AssignmentHub. Progress comes from ReportProgress: the stage owning
+// the head reports micro-batch losses, whose mean (double sum / m, as
+// LocalTrainer computes it) is the step's loss. When every stage reports
+// finished, workers upload their weights; once all have, the coordinator
+// writes them as one safetensors file (HF GPT-2 names) and the job
+// SUCCEEDED. A lost worker fails its job with a reason naming it; the other
+// workers get a STOP assignment and return to READY.
+//
+// Thread-safe. Lock order: JobManager before WorkerRegistry before
+// AssignmentHub (the registry's loss listener is called outside its lock).
+#ifndef PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_H_
+#define PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/clock.h"
+#include "common/safetensors.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/job_spec.h"
+#include "coordinator/registry/worker_registry.h"
+#include "proto/pipetrain/v1/coordinator.pb.h"
+
+namespace pipetrain {
+
+class JobManager {
+ public:
+  JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock);
+  ~JobManager();  // stops the scheduling loop
+
+  // INVALID_ARGUMENT (from ResolveJobSpec) naming the field. The job is
+  // QUEUED and starts as soon as enough workers are READY.
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
+  // NOT_FOUND for an unknown id.
+  absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
+  std::vector<v1::Job> List() const;
+  // NOT_FOUND; FAILED_PRECONDITION when the job already ended.
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
+  // NOT_FOUND; FAILED_PRECONDITION while the job is not planned yet.
+  absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id) const;
+
+  // From workers. NOT_FOUND (unknown job); FAILED_PRECONDITION (the worker
+  // is not part of the job, its plan version is stale, or the job ended).
+  absl::Status ReportProgress(const v1::ReportProgressRequest& request);
+  // One chunk of a stage's final weights; INVALID_ARGUMENT for chunks that
+  // do not fit (offset/shape), the other codes as ReportProgress.
+  absl::Status AddWeightsChunk(const v1::WeightsChunk& chunk);
+  // The worker sent all its weights (end of its UploadWeights stream).
+  absl::Status FinishWeights(const std::string& worker_id, const std::string& job_id);
+
+  // Registry loss listener: fails `job_id` with `reason`.
+  void OnWorkerLost(const std::string& worker_id, const std::string& job_id,
+                    const std::string& reason);
+
+  // Starts queued jobs that have enough READY workers (oldest first).
+  void ScheduleQueued();
+  // A thread calling ScheduleQueued every `period` until the destructor.
+  void StartSchedulingLoop(absl::Duration period = absl::Milliseconds(100));
+
+  // Per-job counters for metrics: (state -> count).
+  std::map<v1::JobState, int> CountByState() const;
+
+ private:
+  struct StageProgress {
+    int64_t iterations_done = 0;
+    bool finished = false;
+    bool weights_done = false;
+    double busy_seconds = 0, idle_seconds = 0;
+  };
+  struct JobRecord {
+    v1::Job job;
+    ResolvedJobSpec resolved;
+    v1::Plan plan;
+    std::vector<v1::Assignment> assignments;  // per stage
+    std::map<std::string, int> stage_of;     // worker id -> stage
+    std::vector<StageProgress> stages;
+    absl::Time last_step_time;
+    std::vector<NamedTensor> weights;        // assembled uploads, stage order
+    std::map<std::string, int64_t> weights_filled;  // name -> elements received
+  };
+
+  JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status StartLocked(JobRecord& record, const std::vector<std::string>& workers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<JobRecord*> ForWorkerLocked(const std::string& worker_id,
+                                             const std::string& job_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job: sets state and reason, sends STOP to its workers, releases them.
+  void EndLocked(JobRecord& record, v1::JobState state, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MaybeCompleteLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  WorkerRegistry* registry_;
+  AssignmentHub* hub_;
+  Clock* clock_;
+  mutable absl::Mutex mu_;
+  int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // submission order
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread loop_;
+};
+
+bool IsTerminal(v1::JobState state);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_H_

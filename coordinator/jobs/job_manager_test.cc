@@ -1,0 +1,199 @@
+#include "coordinator/jobs/job_manager.h"
+
+#include <cstdlib>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+v1::JobSpec SmallSpec(int stages) {
+  v1::JobSpec spec;
+  spec.set_name("small");
+  spec.mutable_model()->set_n_layer(1);
+  spec.mutable_model()->set_n_head(2);
+  spec.mutable_model()->set_d_model(16);
+  spec.mutable_training()->set_seq_len(8);
+  spec.mutable_training()->set_batch_size(4);
+  spec.mutable_training()->set_micro_batches(2);
+  spec.mutable_training()->set_steps(3);
+  spec.mutable_data()->set_synthetic_bytes(5000);
+  spec.mutable_parallelism()->set_stages(stages);
+  return spec;
+}
+
+class JobManagerTest : public ::testing::Test {
+ protected:
+  JobManagerTest()
+      : registry_(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock_}),
+        jobs_(&registry_, &hub_, &clock_) {
+    registry_.SetLossListener([this](const std::string& w, const std::string& j,
+                                     const std::string& reason) {
+      jobs_.OnWorkerLost(w, j, reason);
+    });
+  }
+
+  std::string AddWorker(int port) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    return registry_.Register(request).value().worker_id();
+  }
+
+  v1::Assignment AssignmentOf(const std::string& worker) {
+    auto a = hub_.Newer(worker, 0);
+    EXPECT_TRUE(a.has_value()) << worker;
+    return a.has_value() ? a->assignment : v1::Assignment();
+  }
+
+  void Report(const std::string& worker, const std::string& job, int64_t iteration,
+              std::vector<float> losses, bool finished) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(job);
+    r.set_plan_version(1);
+    r.set_iteration(iteration);
+    for (float l : losses) r.add_micro_batch_losses(l);
+    r.set_finished(finished);
+    ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  }
+
+  FakeClock clock_;
+  WorkerRegistry registry_;
+  AssignmentHub hub_;
+  JobManager jobs_;
+};
+
+TEST_F(JobManagerTest, Submit_InvalidSpec_IsInvalidArgumentNamingTheField) {
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_model()->set_n_head(3);
+  auto job = jobs_.Submit(spec);
+  EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(job.status().message().substr(0, 16), "spec.model.n_hea");
+  EXPECT_TRUE(jobs_.List().empty());
+}
+
+TEST_F(JobManagerTest, Submit_WaitsForWorkersThenRunsWithCompiledPrograms) {
+  const std::string w1 = AddWorker(7001);
+  v1::Job job = jobs_.Submit(SmallSpec(2)).value();
+  EXPECT_EQ(job.state(), v1::QUEUED);
+  EXPECT_EQ(job.reason(), "waiting for 2 READY workers (1 ready)");
+  EXPECT_EQ(jobs_.GetPlan(job.id()).status().code(), absl::StatusCode::kFailedPrecondition);
+  const std::string w2 = AddWorker(7002);
+  jobs_.ScheduleQueued();
+  job = jobs_.Get(job.id()).value();
+  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w2}));
+  v1::Plan plan = jobs_.GetPlan(job.id()).value();
+  ASSERT_EQ(plan.stages_size(), 2);
+  EXPECT_EQ(plan.stages(0).forward().end(), plan.stages(1).forward().begin());
+  const v1::Assignment a2 = AssignmentOf(w2);
+  EXPECT_EQ(a2.action(), v1::Assignment::RUN);
+  EXPECT_EQ(a2.stage(), 1);
+  EXPECT_EQ(a2.peer_addresses(0), "127.0.0.1:7001");
+  EXPECT_GT(a2.program().instructions_size(), 0);
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::ASSIGNED);
+}
+
+TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  Report(w1, id, 0, {}, false);
+  Report(w2, id, 0, {2.0f, 3.0f}, false);
+  clock_.Advance(absl::Seconds(2));
+  Report(w2, id, 1, {1.0f, 2.0f}, false);
+  v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.progress().step(), 2);
+  EXPECT_EQ(job.progress().loss(), 1.5f);
+  EXPECT_EQ(job.progress().loss_history_size(), 2);
+  EXPECT_EQ(job.progress().tokens_per_second(), 4 * 8 / 2.0);
+  Report(w1, id, 2, {}, true);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);  // w2 not finished yet
+  Report(w2, id, 2, {1.0f, 1.0f}, true);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::SUCCEEDED);
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::READY);
+  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::STOP);
+}
+
+TEST_F(JobManagerTest, WorkerLost_FailsJobNamingTheWorkerAndFreesTheOthers) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(w1);
+  beat.set_incarnation(1);
+  clock_.Advance(absl::Seconds(4));
+  ASSERT_TRUE(registry_.Heartbeat(beat).ok());  // w1 stays alive, w2 goes silent
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_EQ(registry_.CheckLeases(), 1);
+  v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_NE(job.reason().find(w2), std::string::npos) << job.reason();
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::READY);
+  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::STOP);
+}
+
+TEST_F(JobManagerTest, Cancel_EndsOnceThenIsFailedPrecondition) {
+  AddWorker(7001);
+  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
+  EXPECT_EQ(jobs_.Cancel(id).value().state(), v1::CANCELLED);
+  EXPECT_EQ(jobs_.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(jobs_.Cancel("job-99").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, WorkerError_FailsTheJobWithItsMessage) {
+  const std::string w1 = AddWorker(7001);
+  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w1);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_error("recv timed out");
+  ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  EXPECT_EQ(jobs_.Get(id).value().reason(), "worker " + w1 + ": recv timed out");
+}
+
+TEST_F(JobManagerTest, ReportProgress_StaleOrForeign_IsRejected) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w1);
+  r.set_job_id(id);
+  r.set_plan_version(7);
+  EXPECT_EQ(jobs_.ReportProgress(r).code(), absl::StatusCode::kFailedPrecondition);
+  r.set_plan_version(1);
+  r.set_worker_id(w2);  // not part of the one-stage job
+  EXPECT_EQ(jobs_.ReportProgress(r).message(), "worker " + w2 + " is not part of job " + id);
+  r.set_job_id("job-42");
+  EXPECT_EQ(jobs_.ReportProgress(r).code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/final.safetensors";
+  spec.mutable_output()->set_weights_path(path);
+  const std::string id = jobs_.Submit(spec).value().id();
+  // A one-layer, d=16 model: upload one tensor holding every parameter value.
+  const int64_t n = CountParameters(ResolveJobSpec(spec).value().train.model);
+  v1::WeightsChunk chunk;
+  chunk.set_worker_id(w1);
+  chunk.set_job_id(id);
+  chunk.set_tensor_name("all");
+  chunk.add_shape(n);
+  for (int64_t i = 0; i < n; ++i) chunk.add_values(float(i));
+  ASSERT_TRUE(jobs_.AddWeightsChunk(chunk).ok());
+  chunk.set_offset(n - 1);  // past the end once more values are added
+  EXPECT_EQ(jobs_.AddWeightsChunk(chunk).code(), absl::StatusCode::kInvalidArgument);
+  Report(w1, id, 2, {1.0f, 1.0f}, true);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);  // weights still missing
+  ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
+  v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.weights_path(), path);
+  auto file = ReadSafetensors(path).value();
+  EXPECT_EQ(file.Find("all")->numel(), n);
+  EXPECT_EQ((*file.Find("all"))[n - 1], float(n - 1));
+}
+
+}  // namespace
+}  // namespace pipetrain

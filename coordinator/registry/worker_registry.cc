@@ -1,0 +1,421 @@
+#include "coordinator/registry/worker_registry.h"
+
+#include <set>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr absl::string_view kIdPrefix = "w-";
+
+// Compares every byte whatever the first mismatch, so response times do not
+// tell a guesser how many leading characters were right.
+bool TokensEqual(absl::string_view a, absl::string_view b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+bool IsLive(v1::WorkerState state) {
+  return state == v1::JOINING || state == v1::READY || state == v1::ASSIGNED;
+}
+
+// The diagram in worker_registry.h, as a predicate.
+bool IsLegalTransition(v1::WorkerState from, v1::WorkerState to) {
+  switch (to) {
+    case v1::JOINING:
+      return true;  // a new incarnation may start from any state
+    case v1::READY:
+      return from == v1::JOINING || from == v1::ASSIGNED;
+    case v1::ASSIGNED:
+      return from == v1::READY;
+    case v1::LOST:
+      return IsLive(from);
+    case v1::LEFT:
+      return from != v1::WORKER_STATE_UNSPECIFIED && from != v1::LEFT;
+    default:
+      return false;
+  }
+}
+
+// "worker w-3 (10.0.0.5:7001 on node-a)": the id plus where to look.
+std::string Describe(const v1::Worker& worker) {
+  std::string where = worker.data_address();
+  if (!worker.node_name().empty()) absl::StrAppend(&where, " on ", worker.node_name());
+  return absl::StrCat("worker ", worker.id(), " (", where, ")");
+}
+
+google::protobuf::Timestamp ToTimestamp(absl::Time time) {
+  const int64_t seconds = absl::ToUnixSeconds(time);  // rounds down
+  google::protobuf::Timestamp timestamp;
+  timestamp.set_seconds(seconds);
+  timestamp.set_nanos(
+      static_cast<int32_t>(absl::ToInt64Nanoseconds(time - absl::FromUnixSeconds(seconds))));
+  return timestamp;
+}
+
+}  // namespace
+
+absl::Status WorkerRegistry::ValidateOptions(const Options& options) {
+  const absl::Duration interval = options.heartbeat_interval;
+  if (interval <= absl::ZeroDuration() || interval == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "heartbeat_interval must be positive and finite, got ", absl::FormatDuration(interval)));
+  }
+  if (options.lease <= interval || options.lease == absl::InfiniteDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lease (", absl::FormatDuration(options.lease),
+        ") must be finite and longer than heartbeat_interval (", absl::FormatDuration(interval),
+        "); otherwise workers that heartbeat on time are declared lost"));
+  }
+  return absl::OkStatus();
+}
+
+WorkerRegistry::WorkerRegistry(Options options)
+    : options_(std::move(options)),
+      clock_(options_.clock != nullptr ? options_.clock : RealClock()) {
+  const absl::Status valid = ValidateOptions(options_);
+  PT_CHECK(valid.ok()) << valid;
+}
+
+WorkerRegistry::~WorkerRegistry() { Stop(); }
+
+// ---------------------------------------------------------------- Register
+
+absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& request) const {
+  if (!options_.join_token.empty() && !TokensEqual(request.join_token(), options_.join_token)) {
+    return absl::UnauthenticatedError(
+        "join token rejected; pass the coordinator's --join-token to the worker");
+  }
+  if (request.data_address().empty()) {
+    return absl::InvalidArgumentError(
+        "RegisterWorkerRequest.data_address is empty; the worker must report the host:port its "
+        "data plane listens on");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
+    const v1::RegisterWorkerRequest& request) {
+  RETURN_IF_ERROR(CheckRegistration(request));
+  std::vector<Loss> losses;
+  LossListener listener;
+  v1::RegisterWorkerResponse response;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    Entry& entry = EntryForAddressLocked(request.data_address());
+    const v1::Worker& old = entry.worker;
+    if (old.state() == v1::ASSIGNED) {
+      losses.push_back({old.id(), old.job_id(),
+                        absl::StrCat(Describe(old), " registered again, superseding incarnation ",
+                                     old.incarnation(), " that was running job ", old.job_id(),
+                                     "; the worker process restarted; check its log for why")});
+    }
+    StartIncarnationLocked(entry, request);
+    response.set_worker_id(entry.worker.id());
+    response.set_incarnation(entry.worker.incarnation());
+    listener = listener_;
+  }
+  response.set_heartbeat_interval_seconds(absl::ToDoubleSeconds(options_.heartbeat_interval));
+  response.set_lease_seconds(absl::ToDoubleSeconds(options_.lease));
+  Notify(listener, losses);
+  return response;
+}
+
+WorkerRegistry::Entry& WorkerRegistry::EntryForAddressLocked(const std::string& data_address) {
+  auto [it, inserted] = number_by_address_.try_emplace(data_address, last_number_ + 1);
+  if (!inserted) return workers_.at(it->second);
+  last_number_ = it->second;
+  Entry& entry = workers_[last_number_];
+  entry.worker.set_id(absl::StrCat(kIdPrefix, last_number_));
+  return entry;
+}
+
+void WorkerRegistry::StartIncarnationLocked(Entry& entry,
+                                            const v1::RegisterWorkerRequest& request) {
+  v1::Worker& worker = entry.worker;
+  worker.set_incarnation(worker.incarnation() + 1);
+  *worker.mutable_device() = request.device();
+  worker.set_data_address(request.data_address());
+  worker.set_metrics_address(request.metrics_address());
+  worker.set_node_name(request.node_name());
+  worker.clear_job_id();
+  worker.clear_current_instruction();
+  TouchLocked(entry, clock_->Now());
+  SetStateLocked(entry, v1::JOINING);
+  // Start-up profiling will happen in JOINING; until then, straight on.
+  SetStateLocked(entry, v1::READY);
+}
+
+// ------------------------------------------------------ Heartbeat, Deregister
+
+absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
+  if (request.worker_id().empty() || request.incarnation() <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HeartbeatRequest: worker_id '", request.worker_id(), "', incarnation ",
+                     request.incarnation(), "; send the id and incarnation Register returned"));
+  }
+  AnnotatedMutexLock lock(&mu_);
+  Entry* entry = FindLocked(request.worker_id());
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("worker ", request.worker_id(),
+                                            " is not registered (did the coordinator restart?); "
+                                            "re-register"));
+  }
+  RETURN_IF_ERROR(CheckIncarnationLocked(*entry, request.incarnation()));
+  const v1::WorkerState state = entry->worker.state();
+  if (!IsLive(state)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(Describe(entry->worker), " is ", v1::WorkerState_Name(state),
+                     state == v1::LOST ? " (its lease expired before this heartbeat arrived)" : "",
+                     "; re-register to start a new incarnation"));
+  }
+  TouchLocked(*entry, clock_->Now());
+  entry->worker.set_current_instruction(request.current_instruction());
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::Deregister(const std::string& worker_id, int64_t incarnation) {
+  std::vector<Loss> losses;
+  LossListener listener;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    Entry* entry = FindLocked(worker_id);
+    if (entry == nullptr) {
+      return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
+    }
+    RETURN_IF_ERROR(CheckIncarnationLocked(*entry, incarnation));
+    const v1::Worker& worker = entry->worker;
+    if (worker.state() == v1::LEFT) return absl::OkStatus();
+    if (worker.state() == v1::ASSIGNED) {
+      losses.push_back(
+          {worker.id(), worker.job_id(),
+           absl::StrCat(Describe(worker), " deregistered while running job ", worker.job_id(),
+                        "; it was shut down; check who stopped it and its log")});
+    }
+    SetStateLocked(*entry, v1::LEFT);
+    listener = listener_;
+  }
+  Notify(listener, losses);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::CheckIncarnationLocked(const Entry& entry, int64_t incarnation) const {
+  const int64_t current = entry.worker.incarnation();
+  if (incarnation < current) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", entry.worker.id(),
+                                                      ": incarnation ", incarnation,
+                                                      " superseded by ", current, "; re-register"));
+  }
+  if (incarnation > current) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", entry.worker.id(), ": incarnation ", incarnation,
+                     " was never issued (current is ", current, "); re-register"));
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------------ Queries
+
+WorkerRegistry::Entry* WorkerRegistry::FindLocked(const std::string& worker_id) {
+  absl::string_view digits = worker_id;
+  int64_t number = 0;
+  if (!absl::ConsumePrefix(&digits, kIdPrefix) || !absl::SimpleAtoi(digits, &number)) {
+    return nullptr;
+  }
+  auto it = workers_.find(number);
+  // The id check rejects spellings SimpleAtoi accepts, such as "w-01".
+  if (it == workers_.end() || it->second.worker.id() != worker_id) return nullptr;
+  return &it->second;
+}
+
+const WorkerRegistry::Entry* WorkerRegistry::FindLocked(const std::string& worker_id) const {
+  return const_cast<WorkerRegistry*>(this)->FindLocked(worker_id);
+}
+
+std::vector<v1::Worker> WorkerRegistry::List() const {
+  AnnotatedMutexLock lock(&mu_);
+  std::vector<v1::Worker> workers;
+  workers.reserve(workers_.size());
+  for (const auto& [number, entry] : workers_) workers.push_back(entry.worker);
+  return workers;
+}
+
+absl::StatusOr<v1::Worker> WorkerRegistry::Get(const std::string& worker_id) const {
+  AnnotatedMutexLock lock(&mu_);
+  const Entry* entry = FindLocked(worker_id);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
+  }
+  return entry->worker;
+}
+
+std::vector<std::string> WorkerRegistry::ReadyWorkers() const {
+  AnnotatedMutexLock lock(&mu_);
+  std::vector<std::string> ids;
+  for (const auto& [number, entry] : workers_) {
+    if (entry.worker.state() == v1::READY) ids.push_back(entry.worker.id());
+  }
+  return ids;
+}
+
+std::map<v1::WorkerState, int> WorkerRegistry::CountByState() const {
+  AnnotatedMutexLock lock(&mu_);
+  std::map<v1::WorkerState, int> counts;
+  for (int state = v1::JOINING; state <= v1::LEFT; ++state) {
+    counts[static_cast<v1::WorkerState>(state)] = counts_[state];
+  }
+  return counts;
+}
+
+bool WorkerRegistry::AwaitReadyCount(int n, absl::Duration timeout) const {
+  AnnotatedMutexLock lock(&mu_);
+  auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return counts_[v1::READY] >= n; };
+  return mu_.AwaitWithTimeout(enough, timeout);
+}
+
+// --------------------------------------------------------------- Assignment
+
+absl::Status WorkerRegistry::Assign(const std::vector<std::string>& worker_ids,
+                                    const std::string& job_id) {
+  if (job_id.empty()) return absl::InvalidArgumentError("Assign: job_id is empty");
+  AnnotatedMutexLock lock(&mu_);
+  RETURN_IF_ERROR(CheckAssignableLocked(worker_ids));
+  for (const std::string& id : worker_ids) {
+    Entry* entry = FindLocked(id);
+    SetStateLocked(*entry, v1::ASSIGNED);
+    entry->worker.set_job_id(job_id);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerRegistry::CheckAssignableLocked(
+    const std::vector<std::string>& worker_ids) const {
+  if (worker_ids.empty()) return absl::InvalidArgumentError("Assign: no worker ids given");
+  std::set<std::string> seen;
+  for (const std::string& id : worker_ids) {
+    if (!seen.insert(id).second) {
+      return absl::InvalidArgumentError(absl::StrCat("Assign: worker ", id, " is listed twice"));
+    }
+    const Entry* entry = FindLocked(id);
+    if (entry == nullptr) {
+      return absl::NotFoundError(absl::StrCat("Assign: worker ", id, " is not registered"));
+    }
+    const v1::Worker& worker = entry->worker;
+    if (worker.state() != v1::READY) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("Assign: ", Describe(worker), " is ", v1::WorkerState_Name(worker.state()),
+                       worker.job_id().empty() ? "" : absl::StrCat(" (job ", worker.job_id(), ")"),
+                       ", not READY; no worker was assigned"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void WorkerRegistry::Release(const std::string& job_id) {
+  AnnotatedMutexLock lock(&mu_);
+  for (auto& [number, entry] : workers_) {
+    if (entry.worker.state() != v1::ASSIGNED || entry.worker.job_id() != job_id) continue;
+    SetStateLocked(entry, v1::READY);
+    entry.worker.clear_job_id();
+  }
+}
+
+// ------------------------------------------------------------------- Leases
+
+int WorkerRegistry::CheckLeases() {
+  std::vector<Loss> losses;
+  LossListener listener;
+  int lost = 0;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    const absl::Time now = clock_->Now();
+    for (auto& [number, entry] : workers_) {
+      const v1::Worker& worker = entry.worker;
+      const absl::Duration silent = now - entry.last_seen;
+      if (!IsLive(worker.state()) || silent <= options_.lease) continue;
+      if (worker.state() == v1::ASSIGNED) {
+        losses.push_back(
+            {worker.id(), worker.job_id(),
+             absl::StrCat(Describe(worker), " missed heartbeats for ", absl::FormatDuration(silent),
+                          " (lease ", absl::FormatDuration(options_.lease),
+                          "); it crashed or was preempted; check its log")});
+      }
+      SetStateLocked(entry, v1::LOST);
+      ++lost;
+    }
+    listener = listener_;
+  }
+  Notify(listener, losses);
+  return lost;
+}
+
+void WorkerRegistry::SetLossListener(LossListener listener) {
+  AnnotatedMutexLock lock(&mu_);
+  listener_ = std::move(listener);
+}
+
+void WorkerRegistry::Notify(const LossListener& listener, const std::vector<Loss>& losses) {
+  if (!listener) return;
+  for (const Loss& loss : losses) listener(loss.worker_id, loss.job_id, loss.reason);
+}
+
+void WorkerRegistry::SetStateLocked(Entry& entry, v1::WorkerState to) {
+  const v1::WorkerState from = entry.worker.state();
+  PT_CHECK(IsLegalTransition(from, to))
+      << entry.worker.id() << ": illegal transition " << v1::WorkerState_Name(from) << " -> "
+      << v1::WorkerState_Name(to);
+  if (from != v1::WORKER_STATE_UNSPECIFIED) --counts_[from];
+  ++counts_[to];
+  entry.worker.set_state(to);
+}
+
+void WorkerRegistry::TouchLocked(Entry& entry, absl::Time now) {
+  entry.last_seen = now;
+  *entry.worker.mutable_last_heartbeat() = ToTimestamp(now);
+}
+
+// ---------------------------------------------------------- Staleness loop
+
+void WorkerRegistry::StartStalenessLoop() {
+  AnnotatedMutexLock lock(&loop_mu_);
+  if (loop_.joinable()) return;
+  {
+    AnnotatedMutexLock state_lock(&mu_);
+    stop_requested_ = false;
+  }
+  loop_ = std::thread([this] { RunStalenessLoop(); });
+}
+
+void WorkerRegistry::Stop() {
+  AnnotatedMutexLock lock(&loop_mu_);
+  if (!loop_.joinable()) return;
+  {
+    AnnotatedMutexLock state_lock(&mu_);
+    stop_requested_ = true;
+  }
+  loop_.join();
+}
+
+void WorkerRegistry::RunStalenessLoop() {
+  const absl::Duration period = options_.heartbeat_interval / 2;
+  auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_requested_; };
+  for (;;) {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      // Waits on real time: the injected clock only judges the leases.
+      if (mu_.AwaitWithTimeout(stopping, period)) return;
+    }
+    CheckLeases();
+  }
+}
+
+}  // namespace pipetrain

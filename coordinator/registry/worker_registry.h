@@ -1,0 +1,212 @@
+// Worker membership for the coordinator (DESIGN.md §7): who is registered,
+// under which incarnation, in which state, and whose lease has run out.
+// Transport-free: it speaks protos and absl::Status; the gRPC and REST
+// services only translate.
+//
+// Worker states (v1::WorkerState):
+//
+//    Register                   Assign
+//       |             +-------+ -------> +----------+
+//       v        +--->| READY |          | ASSIGNED |
+//   +---------+  |    +-------+ <------- +----------+
+//   | JOINING |--+        |      Release       |
+//   +---------+  end of   |                    |
+//       |       Register  |                    |
+//       +-----------------+--------------------+
+//       |                                      |
+//       | lease expired (CheckLeases)          | Deregister
+//       v                                      v
+//   +------+             Deregister        +------+
+//   | LOST | ----------------------------> | LEFT |
+//   +------+                               +------+
+//
+// - Register from any state (a worker with the same data_address that comes
+//   back after a restart, a loss or Deregister) keeps the worker's id, starts
+//   a new, larger incarnation and goes to JOINING again.
+// - JOINING is reserved for start-up profiling; today Register moves the
+//   worker on to READY before it returns, so nobody observes JOINING.
+// - A worker leaves a job (loss listener fires) when, while ASSIGNED, it is
+//   marked LOST, it deregisters, or a new incarnation supersedes it.
+//
+// Leases: a live worker (JOINING, READY, ASSIGNED) is LOST once strictly more
+// than `lease` has passed since its last heartbeat or registration. At exactly
+// `lease` it is still live, so a heartbeat that arrives on the deadline counts.
+//
+// Thread-safety: every method is thread-safe. The loss listener runs outside
+// the registry's lock and may call back into the registry.
+#ifndef PIPETRAIN_COORDINATOR_REGISTRY_WORKER_REGISTRY_H_
+#define PIPETRAIN_COORDINATOR_REGISTRY_WORKER_REGISTRY_H_
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "coordinator/registry/annotated_mutex.h"
+#include "proto/pipetrain/v1/coordinator.pb.h"
+
+namespace pipetrain {
+
+class WorkerRegistry {
+ public:
+  struct Options {
+    // Workers must present exactly this token to Register. Empty: registration
+    // is open to anyone who reaches the coordinator (local use only).
+    std::string join_token;
+    // How often workers heartbeat; Register tells them. The staleness loop
+    // checks leases every heartbeat_interval / 2 of real time.
+    absl::Duration heartbeat_interval = absl::Seconds(1);
+    // A live worker silent for longer than this is LOST.
+    absl::Duration lease = absl::Seconds(5);
+    // Time source for leases and timestamps; nullptr means RealClock().
+    // Not owned; must outlive the registry.
+    Clock* clock = nullptr;
+  };
+
+  // Called once per worker that drops out of a job: its id, the job and a
+  // reason naming the worker and what to check. Runs on the thread whose call
+  // caused the loss (CheckLeases / the staleness loop, Register, Deregister),
+  // outside the registry's lock; calls may be concurrent.
+  using LossListener = std::function<void(const std::string& worker_id, const std::string& job_id,
+                                          const std::string& reason)>;
+
+  // OK, or INVALID_ARGUMENT naming the option: heartbeat_interval must be
+  // positive and finite, lease must be finite and longer than
+  // heartbeat_interval (else on-time workers would be declared lost).
+  static absl::Status ValidateOptions(const Options& options);
+
+  // Requires ValidateOptions(options).ok() (checked: aborts otherwise; flag
+  // parsing should call ValidateOptions first to report a Status).
+  explicit WorkerRegistry(Options options);
+  // Stops the staleness loop if it runs.
+  ~WorkerRegistry();
+  WorkerRegistry(const WorkerRegistry&) = delete;
+  WorkerRegistry& operator=(const WorkerRegistry&) = delete;
+
+  // Admits a worker. The first registration of a data_address gets the next
+  // id ("w-1", "w-2", ...) and incarnation 1; a later one with the same
+  // data_address keeps the id, gets incarnation + 1 and replaces the device
+  // facts and addresses. The new incarnation is READY, with a fresh lease. If
+  // the superseded incarnation was ASSIGNED, the loss listener fires for its
+  // job before Register returns.
+  // Possible errors:
+  //   UNAUTHENTICATED: join token missing or wrong (checked first).
+  //   INVALID_ARGUMENT: data_address is empty.
+  absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
+
+  // Renews the lease of a live worker and stores its current_instruction.
+  // Possible errors:
+  //   INVALID_ARGUMENT: worker_id empty or incarnation not positive.
+  //   NOT_FOUND: no worker has this id (e.g. the coordinator restarted);
+  //     register again.
+  //   FAILED_PRECONDITION: the incarnation is not the current one
+  //     ("incarnation 2 superseded by 3; re-register"), or the worker is LOST
+  //     or LEFT; in every case the worker must register again.
+  absl::Status Heartbeat(const v1::HeartbeatRequest& request);
+
+  // Marks the worker LEFT (graceful shutdown). Idempotent: deregistering a
+  // LEFT worker again is OK. If it was ASSIGNED, the loss listener fires.
+  // Possible errors: NOT_FOUND (unknown id), FAILED_PRECONDITION (not the
+  // current incarnation).
+  absl::Status Deregister(const std::string& worker_id, int64_t incarnation);
+
+  // All workers ever registered, in every state, ordered by id number
+  // (w-2 before w-10).
+  std::vector<v1::Worker> List() const;
+  // NOT_FOUND for an unknown id.
+  absl::StatusOr<v1::Worker> Get(const std::string& worker_id) const;
+  // Ids of the READY workers, ordered by id number.
+  std::vector<std::string> ReadyWorkers() const;
+
+  // Assigns all of `worker_ids` to `job_id`, or none of them. They become
+  // ASSIGNED with job_id set.
+  // Possible errors:
+  //   INVALID_ARGUMENT: job_id empty, worker_ids empty, or an id listed twice.
+  //   NOT_FOUND: an id is unknown (the first such is named).
+  //   FAILED_PRECONDITION: a worker is not READY (the first such is named
+  //     with its state and job).
+  absl::Status Assign(const std::vector<std::string>& worker_ids, const std::string& job_id);
+  // Returns the job's ASSIGNED workers to READY and clears their job_id.
+  // LOST workers stay LOST and keep the job_id they were lost from.
+  void Release(const std::string& job_id);
+
+  // The staleness check: every live worker silent for longer than `lease`
+  // (by the injected clock) becomes LOST; returns how many. The loss
+  // listener fires for those that were ASSIGNED.
+  int CheckLeases();
+  // Replaces the loss listener (empty: none).
+  void SetLossListener(LossListener listener);
+
+  // Starts a thread that calls CheckLeases every heartbeat_interval / 2 of
+  // real time. No-op if it already runs. Restartable after Stop.
+  void StartStalenessLoop();
+  // Stops and joins the staleness loop; no-op if it does not run. Must not be
+  // called from the loss listener (the loop thread would join itself).
+  void Stop();
+
+  // Number of workers per state, for metrics: every state from JOINING to
+  // LEFT is present, with 0 where there are none.
+  std::map<v1::WorkerState, int> CountByState() const;
+
+  // Blocks until at least n workers are READY (true) or `timeout` of real
+  // time passes (false). n <= 0 returns true at once.
+  bool AwaitReadyCount(int n, absl::Duration timeout) const;
+
+ private:
+  struct Entry {
+    v1::Worker worker;
+    absl::Time last_seen;  // last heartbeat or registration
+  };
+  struct Loss {
+    std::string worker_id;
+    std::string job_id;
+    std::string reason;
+  };
+
+  absl::Status CheckRegistration(const v1::RegisterWorkerRequest& request) const;
+  Entry& EntryForAddressLocked(const std::string& data_address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartIncarnationLocked(Entry& entry, const v1::RegisterWorkerRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // nullptr when no worker has this id.
+  Entry* FindLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  const Entry* FindLocked(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckIncarnationLocked(const Entry& entry, int64_t incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckAssignableLocked(const std::vector<std::string>& worker_ids) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The only place states change: checks the transition against the diagram
+  // (a broken invariant aborts) and keeps counts_ in step.
+  void SetStateLocked(Entry& entry, v1::WorkerState to) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void TouchLocked(Entry& entry, absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void Notify(const LossListener& listener, const std::vector<Loss>& losses);
+  void RunStalenessLoop();
+
+  const Options options_;
+  Clock* const clock_;
+
+  mutable AnnotatedMutex mu_;
+  // Keyed by id number, so iteration is in id order.
+  std::map<int64_t, Entry> workers_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int64_t> number_by_address_ ABSL_GUARDED_BY(mu_);
+  int64_t last_number_ ABSL_GUARDED_BY(mu_) = 0;
+  // Indexed by v1::WorkerState.
+  std::array<int, v1::WorkerState_ARRAYSIZE> counts_ ABSL_GUARDED_BY(mu_) = {};
+  LossListener listener_ ABSL_GUARDED_BY(mu_);
+  bool stop_requested_ ABSL_GUARDED_BY(mu_) = false;
+
+  // Serialises StartStalenessLoop and Stop; never held by the loop thread.
+  AnnotatedMutex loop_mu_ ABSL_ACQUIRED_BEFORE(mu_);
+  std::thread loop_ ABSL_GUARDED_BY(loop_mu_);
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_REGISTRY_WORKER_REGISTRY_H_

@@ -1,0 +1,673 @@
+#include "coordinator/registry/worker_registry.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr char kToken[] = "s3cret";
+const absl::Time kStart = absl::FromUnixSeconds(1700000000);
+
+WorkerRegistry::Options MakeOptions(FakeClock* clock, std::string token = kToken) {
+  WorkerRegistry::Options options;
+  options.join_token = std::move(token);
+  options.clock = clock;
+  return options;  // heartbeat_interval 1 s, lease 5 s
+}
+
+// Worker n listens on 10.0.0.n:7001 on node-n.
+v1::RegisterWorkerRequest Request(int n, std::string token = kToken) {
+  v1::RegisterWorkerRequest request;
+  request.set_join_token(std::move(token));
+  request.set_data_address(absl::StrCat("10.0.0.", n, ":7001"));
+  request.set_metrics_address(absl::StrCat("10.0.0.", n, ":9100"));
+  request.set_node_name(absl::StrCat("node-", n));
+  request.mutable_device()->set_cpu_cores(8);
+  request.mutable_device()->set_gpu_model("H100");
+  return request;
+}
+
+v1::HeartbeatRequest Beat(const std::string& id, int64_t incarnation,
+                          const std::string& instruction = "") {
+  v1::HeartbeatRequest request;
+  request.set_worker_id(id);
+  request.set_incarnation(incarnation);
+  request.set_current_instruction(instruction);
+  return request;
+}
+
+v1::WorkerState StateOf(const WorkerRegistry& registry, const std::string& id) {
+  absl::StatusOr<v1::Worker> worker = registry.Get(id);
+  EXPECT_TRUE(worker.ok()) << worker.status();
+  return worker.ok() ? worker->state() : v1::WORKER_STATE_UNSPECIFIED;
+}
+
+// Records loss-listener calls. std::mutex and std::condition_variable rather
+// than absl::Notification: TSan sees pthread hand-offs but not Debian's
+// uninstrumented Abseil, and the test thread reads what the loop thread wrote.
+class LossRecorder {
+ public:
+  struct Loss {
+    std::string worker_id;
+    std::string job_id;
+    std::string reason;
+  };
+
+  WorkerRegistry::LossListener Listener() {
+    return
+        [this](const std::string& worker_id, const std::string& job_id, const std::string& reason) {
+          std::lock_guard<std::mutex> lock(mu_);
+          losses_.push_back({worker_id, job_id, reason});
+          changed_.notify_all();
+        };
+  }
+  std::vector<Loss> losses() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return losses_;
+  }
+  // Waits until at least n losses are recorded; false after `timeout`.
+  bool WaitFor(size_t n, absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                             [&] { return losses_.size() >= n; });
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::condition_variable changed_;
+  std::vector<Loss> losses_;
+};
+
+// ------------------------------------------------------------------ Options
+
+TEST(WorkerRegistryTest, ValidateOptions_Defaults_Ok) {
+  EXPECT_TRUE(WorkerRegistry::ValidateOptions(WorkerRegistry::Options()).ok());
+}
+
+TEST(WorkerRegistryTest, ValidateOptions_ZeroInterval_InvalidArgument) {
+  WorkerRegistry::Options options;
+  options.heartbeat_interval = absl::ZeroDuration();
+  const absl::Status status = WorkerRegistry::ValidateOptions(options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("heartbeat_interval must be positive"));
+}
+
+TEST(WorkerRegistryTest, ValidateOptions_LeaseNotLongerThanInterval_InvalidArgument) {
+  WorkerRegistry::Options options;
+  options.lease = options.heartbeat_interval;
+  const absl::Status status = WorkerRegistry::ValidateOptions(options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("lease (1s) must be finite and longer than "
+                                          "heartbeat_interval (1s)"));
+}
+
+// ----------------------------------------------------------------- Register
+
+TEST(WorkerRegistryTest, Register_WrongToken_Unauthenticated) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  const auto response = registry.Register(Request(1, "guess"));
+  EXPECT_EQ(response.status(),
+            absl::UnauthenticatedError(
+                "join token rejected; pass the coordinator's --join-token to the worker"));
+  EXPECT_THAT(registry.List(), IsEmpty());
+}
+
+TEST(WorkerRegistryTest, Register_MissingToken_Unauthenticated) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  const auto response = registry.Register(Request(1, ""));
+  EXPECT_EQ(response.status(),
+            absl::UnauthenticatedError(
+                "join token rejected; pass the coordinator's --join-token to the worker"));
+}
+
+TEST(WorkerRegistryTest, Register_TokenPrefix_Unauthenticated) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  EXPECT_EQ(registry.Register(Request(1, "s3c")).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(registry.Register(Request(1, "s3cret!")).status().code(),
+            absl::StatusCode::kUnauthenticated);
+}
+
+TEST(WorkerRegistryTest, Register_RightToken_ReturnsIdIncarnationAndTimings) {
+  FakeClock clock(kStart);
+  WorkerRegistry registry(MakeOptions(&clock));
+  const auto response = registry.Register(Request(1));
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->worker_id(), "w-1");
+  EXPECT_EQ(response->incarnation(), 1);
+  EXPECT_EQ(response->heartbeat_interval_seconds(), 1.0);
+  EXPECT_EQ(response->lease_seconds(), 5.0);
+
+  const auto worker = registry.Get("w-1");
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->state(), v1::READY);
+  EXPECT_EQ(worker->incarnation(), 1);
+  EXPECT_EQ(worker->data_address(), "10.0.0.1:7001");
+  EXPECT_EQ(worker->metrics_address(), "10.0.0.1:9100");
+  EXPECT_EQ(worker->node_name(), "node-1");
+  EXPECT_EQ(worker->device().gpu_model(), "H100");
+  EXPECT_EQ(worker->last_heartbeat().seconds(), 1700000000);
+  EXPECT_EQ(worker->last_heartbeat().nanos(), 0);
+}
+
+TEST(WorkerRegistryTest, Register_EmptyJoinToken_OpenToAnyToken) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock, /*token=*/""));
+  EXPECT_TRUE(registry.Register(Request(1, "")).ok());
+  EXPECT_TRUE(registry.Register(Request(2, "anything")).ok());
+  EXPECT_EQ(registry.List().size(), 2);
+}
+
+TEST(WorkerRegistryTest, Register_MissingDataAddress_InvalidArgumentNamingField) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  v1::RegisterWorkerRequest request = Request(1);
+  request.clear_data_address();
+  const auto response = registry.Register(request);
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(response.status().message(),
+              HasSubstr("RegisterWorkerRequest.data_address is empty"));
+}
+
+TEST(WorkerRegistryTest, Register_WrongTokenAndNoAddress_TokenCheckedFirst) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  v1::RegisterWorkerRequest request = Request(1, "guess");
+  request.clear_data_address();
+  EXPECT_EQ(registry.Register(request).status().code(), absl::StatusCode::kUnauthenticated);
+}
+
+TEST(WorkerRegistryTest, Register_DistinctAddresses_SequentialIdsFirstIncarnation) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (int n = 1; n <= 3; ++n) {
+    const auto response = registry.Register(Request(n));
+    ASSERT_TRUE(response.ok()) << response.status();
+    EXPECT_EQ(response->worker_id(), absl::StrCat("w-", n));
+    EXPECT_EQ(response->incarnation(), 1);
+  }
+}
+
+TEST(WorkerRegistryTest, Register_SameAddress_SameIdLargerIncarnation) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  v1::RegisterWorkerRequest again = Request(1);
+  again.mutable_device()->set_gpu_model("A100");
+  const auto response = registry.Register(again);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->worker_id(), "w-1");
+  EXPECT_EQ(response->incarnation(), 2);
+  ASSERT_EQ(registry.List().size(), 1);
+  EXPECT_EQ(registry.List()[0].device().gpu_model(), "A100");
+  EXPECT_EQ(registry.List()[0].state(), v1::READY);
+}
+
+// ---------------------------------------------------------------- Heartbeat
+
+TEST(WorkerRegistryTest, Heartbeat_SupersededIncarnation_FailedPrecondition) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  const absl::Status status = registry.Heartbeat(Beat("w-1", 1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("incarnation 1 superseded by 2; re-register"));
+  EXPECT_TRUE(registry.Heartbeat(Beat("w-1", 2)).ok());
+}
+
+TEST(WorkerRegistryTest, Heartbeat_NeverIssuedIncarnation_FailedPrecondition) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  const absl::Status status = registry.Heartbeat(Beat("w-1", 7));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("incarnation 7 was never issued (current is 1)"));
+}
+
+TEST(WorkerRegistryTest, Heartbeat_UnknownId_NotFound) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  for (const std::string id : {"w-9", "w-01", "1", "bogus"}) {
+    const absl::Status status = registry.Heartbeat(Beat(id, 1));
+    EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << id;
+    EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("worker ", id, " is not registered")));
+  }
+}
+
+TEST(WorkerRegistryTest, Heartbeat_NoIncarnation_InvalidArgument) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  EXPECT_EQ(registry.Heartbeat(Beat("w-1", 0)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Heartbeat(Beat("", 1)).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WorkerRegistryTest, Heartbeat_Live_RenewsLeaseAndStoresInstruction) {
+  FakeClock clock(kStart);
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  clock.Advance(absl::Milliseconds(4500));
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1, "recv ACTIVATION mb 3 from stage 1")).ok());
+  clock.Advance(absl::Seconds(4));  // 8.5 s after registering, 4 s after the heartbeat
+  EXPECT_EQ(registry.CheckLeases(), 0);
+  const auto worker = registry.Get("w-1");
+  ASSERT_TRUE(worker.ok());
+  EXPECT_EQ(worker->state(), v1::READY);
+  EXPECT_EQ(worker->current_instruction(), "recv ACTIVATION mb 3 from stage 1");
+  EXPECT_EQ(worker->last_heartbeat().seconds(), 1700000004);
+  EXPECT_EQ(worker->last_heartbeat().nanos(), 500000000);
+}
+
+// ------------------------------------------------------------------- Leases
+
+TEST(WorkerRegistryTest, CheckLeases_ExactlyAtLease_StillLive) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  clock.Advance(absl::Seconds(5));
+  EXPECT_EQ(registry.CheckLeases(), 0);
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::READY);
+}
+
+TEST(WorkerRegistryTest, CheckLeases_JustPastLease_LostOnce) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  clock.Advance(absl::Seconds(5) + absl::Nanoseconds(1));
+  EXPECT_EQ(registry.CheckLeases(), 1);
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::LOST);
+  EXPECT_EQ(registry.CheckLeases(), 0);
+}
+
+TEST(WorkerRegistryTest, Heartbeat_AfterLost_FailedPreconditionToReRegister) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  clock.Advance(absl::Seconds(6));
+  ASSERT_EQ(registry.CheckLeases(), 1);
+  const absl::Status status = registry.Heartbeat(Beat("w-1", 1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("worker w-1 (10.0.0.1:7001 on node-1) is LOST"));
+  EXPECT_THAT(status.message(), HasSubstr("re-register"));
+}
+
+TEST(WorkerRegistryTest, Register_AfterLost_SameIdReadyWithNewIncarnation) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  clock.Advance(absl::Seconds(6));
+  ASSERT_EQ(registry.CheckLeases(), 1);
+  const auto response = registry.Register(Request(1));
+  ASSERT_TRUE(response.ok());
+  EXPECT_EQ(response->worker_id(), "w-1");
+  EXPECT_EQ(response->incarnation(), 2);
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::READY);
+  EXPECT_TRUE(registry.Heartbeat(Beat("w-1", 2)).ok());
+}
+
+// ------------------------------------------------------------ Loss listener
+
+TEST(WorkerRegistryTest, CheckLeases_AssignedWorkerLost_ListenerOnceWithJobAndReason) {
+  FakeClock clock;
+  LossRecorder recorder;
+  WorkerRegistry registry(MakeOptions(&clock));
+  registry.SetLossListener(recorder.Listener());
+  for (int n = 1; n <= 3; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1", "w-2"}, "job-7").ok());
+  clock.Advance(absl::Seconds(6));
+
+  EXPECT_EQ(registry.CheckLeases(), 3);  // w-3 was READY: lost, but no job to tell
+  EXPECT_EQ(registry.CheckLeases(), 0);
+  const std::vector<LossRecorder::Loss> losses = recorder.losses();
+  ASSERT_EQ(losses.size(), 2);
+  EXPECT_EQ(losses[0].worker_id, "w-1");
+  EXPECT_EQ(losses[0].job_id, "job-7");
+  EXPECT_EQ(losses[0].reason,
+            "worker w-1 (10.0.0.1:7001 on node-1) missed heartbeats for 6s (lease 5s); it crashed "
+            "or was preempted; check its log");
+  EXPECT_EQ(losses[1].worker_id, "w-2");
+  EXPECT_EQ(losses[1].job_id, "job-7");
+}
+
+TEST(WorkerRegistryTest, Register_SupersedesAssigned_ListenerFiresForOldIncarnation) {
+  FakeClock clock;
+  LossRecorder recorder;
+  WorkerRegistry registry(MakeOptions(&clock));
+  registry.SetLossListener(recorder.Listener());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-7").ok());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+
+  const std::vector<LossRecorder::Loss> losses = recorder.losses();
+  ASSERT_EQ(losses.size(), 1);
+  EXPECT_EQ(losses[0].worker_id, "w-1");
+  EXPECT_EQ(losses[0].job_id, "job-7");
+  EXPECT_THAT(losses[0].reason, HasSubstr("worker w-1 (10.0.0.1:7001 on node-1) registered "
+                                          "again, superseding incarnation 1"));
+  const auto worker = registry.Get("w-1");
+  ASSERT_TRUE(worker.ok());
+  EXPECT_EQ(worker->state(), v1::READY);
+  EXPECT_EQ(worker->job_id(), "");
+}
+
+TEST(WorkerRegistryTest, Register_SupersedesReady_NoListener) {
+  FakeClock clock;
+  LossRecorder recorder;
+  WorkerRegistry registry(MakeOptions(&clock));
+  registry.SetLossListener(recorder.Listener());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  EXPECT_THAT(recorder.losses(), IsEmpty());
+}
+
+// --------------------------------------------------------------- Deregister
+
+TEST(WorkerRegistryTest, Deregister_Ready_LeftAndHeartbeatRejected) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Deregister("w-1", 1).ok());
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::LEFT);
+  EXPECT_TRUE(registry.Deregister("w-1", 1).ok());  // idempotent
+  const absl::Status status = registry.Heartbeat(Beat("w-1", 1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("is LEFT; re-register"));
+  clock.Advance(absl::Seconds(60));
+  EXPECT_EQ(registry.CheckLeases(), 0);  // LEFT is not live: never LOST
+}
+
+TEST(WorkerRegistryTest, Deregister_WrongWorkerOrIncarnation_Rejected) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  EXPECT_EQ(registry.Deregister("w-2", 1).code(), absl::StatusCode::kNotFound);
+  const absl::Status status = registry.Deregister("w-1", 1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("incarnation 1 superseded by 2"));
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::READY);
+}
+
+TEST(WorkerRegistryTest, Deregister_Assigned_ListenerFires) {
+  FakeClock clock;
+  LossRecorder recorder;
+  WorkerRegistry registry(MakeOptions(&clock));
+  registry.SetLossListener(recorder.Listener());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-7").ok());
+  ASSERT_TRUE(registry.Deregister("w-1", 1).ok());
+  const std::vector<LossRecorder::Loss> losses = recorder.losses();
+  ASSERT_EQ(losses.size(), 1);
+  EXPECT_EQ(losses[0].job_id, "job-7");
+  EXPECT_THAT(losses[0].reason, HasSubstr("worker w-1 (10.0.0.1:7001 on node-1) deregistered "
+                                          "while running job job-7"));
+}
+
+// --------------------------------------------------------------- Assignment
+
+TEST(WorkerRegistryTest, Assign_AllReady_AssignedWithJob) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (int n = 1; n <= 3; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
+  ASSERT_TRUE(registry.Assign({"w-3", "w-1"}, "job-a").ok());
+  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-2"));
+  const auto worker = registry.Get("w-3");
+  ASSERT_TRUE(worker.ok());
+  EXPECT_EQ(worker->state(), v1::ASSIGNED);
+  EXPECT_EQ(worker->job_id(), "job-a");
+}
+
+TEST(WorkerRegistryTest, Assign_OneNotReady_NothingAssigned) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (int n = 1; n <= 3; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
+  ASSERT_TRUE(registry.Assign({"w-2"}, "job-a").ok());
+  const absl::Status status = registry.Assign({"w-1", "w-2", "w-3"}, "job-b");
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(),
+              HasSubstr("worker w-2 (10.0.0.2:7001 on node-2) is ASSIGNED (job job-a), not READY"));
+  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1", "w-3"));
+}
+
+TEST(WorkerRegistryTest, Assign_BadArguments_Rejected) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  const absl::Status unknown = registry.Assign({"w-1", "w-5"}, "job-a");
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(unknown.message(), HasSubstr("worker w-5 is not registered"));
+  const absl::Status twice = registry.Assign({"w-1", "w-1"}, "job-a");
+  EXPECT_EQ(twice.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(twice.message(), HasSubstr("worker w-1 is listed twice"));
+  EXPECT_EQ(registry.Assign({}, "job-a").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry.Assign({"w-1"}, "").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1"));
+}
+
+TEST(WorkerRegistryTest, Release_Job_AssignedBackToReadyLostStayLost) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (int n = 1; n <= 3; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1", "w-2"}, "job-a").ok());
+  ASSERT_TRUE(registry.Assign({"w-3"}, "job-b").ok());
+  clock.Advance(absl::Seconds(3));
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1)).ok());
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-3", 1)).ok());
+  clock.Advance(absl::Seconds(3));
+  ASSERT_EQ(registry.CheckLeases(), 1);  // w-2
+
+  registry.Release("job-a");
+  const std::vector<v1::Worker> workers = registry.List();
+  ASSERT_EQ(workers.size(), 3);
+  EXPECT_EQ(workers[0].state(), v1::READY);
+  EXPECT_EQ(workers[0].job_id(), "");
+  EXPECT_EQ(workers[1].state(), v1::LOST);
+  EXPECT_EQ(workers[1].job_id(), "job-a");
+  EXPECT_EQ(workers[2].state(), v1::ASSIGNED);
+  EXPECT_EQ(workers[2].job_id(), "job-b");
+}
+
+// ------------------------------------------------------------------ Queries
+
+TEST(WorkerRegistryTest, CountByState_MixedStates_EveryStateCounted) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (int n = 1; n <= 4; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-a").ok());
+  ASSERT_TRUE(registry.Deregister("w-2", 1).ok());
+  clock.Advance(absl::Seconds(3));
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1)).ok());
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-4", 1)).ok());
+  clock.Advance(absl::Seconds(3));
+  ASSERT_EQ(registry.CheckLeases(), 1);  // w-3
+
+  const std::map<v1::WorkerState, int> expected = {
+      {v1::JOINING, 0}, {v1::READY, 1}, {v1::ASSIGNED, 1}, {v1::LOST, 1}, {v1::LEFT, 1}};
+  EXPECT_EQ(registry.CountByState(), expected);
+}
+
+TEST(WorkerRegistryTest, List_MoreThanNineWorkers_OrderedByIdNumber) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (int n = 1; n <= 11; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
+  std::vector<std::string> listed;
+  for (const v1::Worker& worker : registry.List()) listed.push_back(worker.id());
+  const std::vector<std::string> expected = {"w-1", "w-2", "w-3", "w-4",  "w-5", "w-6",
+                                             "w-7", "w-8", "w-9", "w-10", "w-11"};
+  EXPECT_EQ(listed, expected);
+  EXPECT_EQ(registry.ReadyWorkers(), expected);
+}
+
+TEST(WorkerRegistryTest, Get_UnknownId_NotFound) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  const auto worker = registry.Get("w-1");
+  EXPECT_EQ(worker.status(), absl::NotFoundError("worker w-1 is not registered"));
+}
+
+// ---------------------------------------------------------- AwaitReadyCount
+
+TEST(WorkerRegistryTest, AwaitReadyCount_EnoughReady_True) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (int n = 1; n <= 2; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
+  EXPECT_TRUE(registry.AwaitReadyCount(2, absl::ZeroDuration()));
+  EXPECT_TRUE(registry.AwaitReadyCount(0, absl::ZeroDuration()));
+}
+
+TEST(WorkerRegistryTest, AwaitReadyCount_TooFew_FalseAfterTimeout) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-a").ok());  // registered, but not READY
+  EXPECT_FALSE(registry.AwaitReadyCount(1, absl::Milliseconds(10)));
+}
+
+TEST(WorkerRegistryTest, AwaitReadyCount_OtherThreadRegisters_True) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  std::thread registrar([&registry] {
+    for (int n = 1; n <= 3; ++n) EXPECT_TRUE(registry.Register(Request(n)).ok());
+  });
+  // A generous bound on the wait, not a timing assertion.
+  EXPECT_TRUE(registry.AwaitReadyCount(3, absl::Seconds(10)));
+  registrar.join();
+}
+
+// ----------------------------------------------------------- Staleness loop
+
+TEST(WorkerRegistryTest, StalenessLoop_ClockAdvanced_MarksLostAndNotifies) {
+  FakeClock clock;
+  LossRecorder recorder;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.heartbeat_interval = absl::Milliseconds(10);  // loop wakes every 5 ms of real time
+  WorkerRegistry registry(options);
+  registry.SetLossListener(recorder.Listener());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-7").ok());
+  registry.StartStalenessLoop();
+  clock.Advance(absl::Seconds(6));
+
+  ASSERT_TRUE(recorder.WaitFor(1, absl::Seconds(10)));
+  registry.Stop();
+  const std::vector<LossRecorder::Loss> losses = recorder.losses();
+  ASSERT_EQ(losses.size(), 1);
+  EXPECT_EQ(losses[0].worker_id, "w-1");
+  EXPECT_EQ(losses[0].job_id, "job-7");
+  EXPECT_THAT(losses[0].reason,
+              HasSubstr("worker w-1 (10.0.0.1:7001 on node-1) missed heartbeats"));
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::LOST);
+}
+
+TEST(WorkerRegistryTest, StalenessLoop_StartStopRepeated_NoOpsAndRestarts) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  registry.Stop();  // not running: no-op
+  registry.StartStalenessLoop();
+  registry.StartStalenessLoop();  // running: no-op
+  registry.Stop();
+  registry.Stop();
+  registry.StartStalenessLoop();
+  // The destructor stops the restarted loop.
+}
+
+// -------------------------------------------------------------- Concurrency
+
+// Registrars, a lister, an assigner and a clock all work at once while the
+// staleness loop runs; run under --config=tsan to check the locking.
+TEST(WorkerRegistryTest, Concurrency_MixedCallsWhileLoopRuns_ConsistentEnd) {
+  FakeClock clock;
+  LossRecorder recorder;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.heartbeat_interval = absl::Milliseconds(2);
+  WorkerRegistry registry(options);
+  registry.SetLossListener(recorder.Listener());
+  registry.StartStalenessLoop();
+
+  constexpr int kRegistrars = 4;
+  constexpr int kWorkersEach = 10;
+  constexpr int kRounds = 20;
+  std::vector<std::thread> registrars;
+  for (int t = 0; t < kRegistrars; ++t) {
+    registrars.emplace_back([&registry, t] {
+      for (int round = 1; round <= kRounds; ++round) {
+        for (int w = 0; w < kWorkersEach; ++w) {
+          const auto response = registry.Register(Request(t * kWorkersEach + w + 1));
+          ASSERT_TRUE(response.ok()) << response.status();
+          EXPECT_EQ(response->incarnation(), round);
+          EXPECT_TRUE(
+              registry.Heartbeat(Beat(response->worker_id(), response->incarnation(), "step"))
+                  .ok());
+        }
+      }
+    });
+  }
+  std::atomic<bool> done{false};
+  std::thread lister([&registry, &done] {
+    while (!done.load()) {
+      int64_t previous = 0;
+      for (const v1::Worker& worker : registry.List()) {
+        const int64_t number = std::stoll(worker.id().substr(2));
+        EXPECT_GT(number, previous);
+        previous = number;
+      }
+      (void)registry.CountByState();
+      (void)registry.ReadyWorkers();
+    }
+  });
+  std::thread assigner([&registry, &done] {
+    for (int job = 0; !done.load(); ++job) {
+      std::vector<std::string> ready = registry.ReadyWorkers();
+      if (ready.size() < 2) continue;
+      ready.resize(2);
+      const std::string job_id = absl::StrCat("job-", job);
+      EXPECT_TRUE(registry.Assign(ready, job_id).ok());
+      registry.Release(job_id);
+    }
+  });
+  std::thread ticker([&clock] {
+    for (int i = 0; i < 1000; ++i) clock.Advance(absl::Milliseconds(1));  // 1 s < lease
+  });
+  for (std::thread& thread : registrars) thread.join();
+  ticker.join();
+  done.store(true);
+  lister.join();
+  assigner.join();
+  registry.Stop();
+
+  const std::vector<v1::Worker> workers = registry.List();
+  ASSERT_EQ(workers.size(), kRegistrars * kWorkersEach);
+  for (const v1::Worker& worker : workers) {
+    EXPECT_EQ(worker.incarnation(), kRounds) << worker.id();
+    EXPECT_EQ(worker.state(), v1::READY) << worker.id();
+  }
+  EXPECT_EQ(registry.CountByState()[v1::READY], kRegistrars * kWorkersEach);
+  // Only re-registrations of assigned workers can have told the listener.
+  for (const LossRecorder::Loss& loss : recorder.losses()) {
+    EXPECT_THAT(loss.reason, HasSubstr("registered again")) << loss.reason;
+  }
+  clock.Advance(absl::Seconds(6));
+  EXPECT_EQ(registry.CheckLeases(), kRegistrars * kWorkersEach);
+}
+
+}  // namespace
+}  // namespace pipetrain

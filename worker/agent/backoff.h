@@ -1,0 +1,39 @@
+// Exponential backoff with jitter for reconnects (STYLE.md item 8).
+// Delay n is min(max, initial * multiplier^n) scaled by a factor drawn
+// uniformly from [1 - jitter, 1]: "equal jitter" keeps a floor so retries
+// from many workers spread out without hammering the coordinator.
+// Deterministic for a seed (Philox), so tests can check exact delays.
+// Not thread-safe.
+#ifndef PIPETRAIN_WORKER_AGENT_BACKOFF_H_
+#define PIPETRAIN_WORKER_AGENT_BACKOFF_H_
+
+#include <cstdint>
+
+#include "absl/time/time.h"
+
+namespace pipetrain {
+
+struct BackoffOptions {
+  absl::Duration initial = absl::Milliseconds(100);
+  absl::Duration max = absl::Seconds(5);
+  double multiplier = 2.0;
+  double jitter = 0.5;  // in [0, 1]
+  uint64_t seed = 1;
+};
+
+class Backoff {
+ public:
+  explicit Backoff(const BackoffOptions& options) : options_(options) {}
+  absl::Duration Next();       // the delay before the next attempt
+  void Reset() { attempt_ = 0; }
+  int attempts() const { return attempt_; }
+
+ private:
+  BackoffOptions options_;
+  int attempt_ = 0;
+  uint32_t draws_ = 0;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_AGENT_BACKOFF_H_

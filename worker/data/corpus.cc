@@ -1,0 +1,29 @@
+#include "worker/data/corpus.h"
+
+#include "absl/strings/str_cat.h"
+#include "worker/data/synthetic_text.h"
+
+namespace pipetrain {
+
+absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec) {
+  if (!spec.path.empty()) return LoadTokenFile(spec.path, spec.format, spec.vocab_size);
+  if (spec.vocab_size < 256) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "generated text is byte-level and needs a vocabulary of at least 256, got ",
+        spec.vocab_size));
+  }
+  if (spec.synthetic_bytes < 1) {
+    return absl::InvalidArgumentError("generated corpus size must be >= 1 byte");
+  }
+  const std::string text = GenerateEnglishText(spec.seed, static_cast<size_t>(spec.synthetic_bytes));
+  return std::vector<uint16_t>(text.begin(), text.end());
+}
+
+std::string DescribeCorpus(const CorpusSpec& spec, size_t tokens) {
+  if (spec.path.empty()) {
+    return absl::StrCat("generated English text, ", tokens, " bytes (seed ", spec.seed, ")");
+  }
+  return absl::StrCat(spec.path, ", ", tokens, " tokens");
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,33 @@
+// The training corpus of a run: a token file, or generated English text
+// when no path is given. train-local and pipeline workers load it the same
+// way, so every worker of a job sees the same tokens.
+#ifndef PIPETRAIN_WORKER_DATA_CORPUS_H_
+#define PIPETRAIN_WORKER_DATA_CORPUS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/data/token_file.h"
+
+namespace pipetrain {
+
+struct CorpusSpec {
+  std::string path;                // empty: generated text
+  DataFormat format = DataFormat::kAuto;
+  int vocab_size = 256;
+  int64_t synthetic_bytes = 2'000'000;
+  uint64_t seed = 1;               // of the generated text
+};
+
+// LoadTokenFile's errors for files; INVALID_ARGUMENT when generated text is
+// asked for with vocab_size < 256 or synthetic_bytes < 1.
+absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec);
+
+// "generated English text, 2000000 bytes (seed 1)" or "book.txt, 1234 tokens".
+std::string DescribeCorpus(const CorpusSpec& spec, size_t tokens);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_DATA_CORPUS_H_

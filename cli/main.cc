@@ -1,11 +1,10 @@
-// The `pipetrain` command. Subcommands available in this build:
-//   train-local   single-process reference trainer
-// (The cluster commands - up, submit, jobs, plan, ... - arrive with the
-// coordinator; see README.md.)
+// The `pipetrain` command: the single-process trainer and the cluster
+// commands (see cluster_commands.h).
 #include <cstdio>
 #include <string>
 #include <vector>
 
+#include "cli/cluster_commands.h"
 #include "cli/train_local_command.h"
 #include "kernels/cpu/blas.h"
 
@@ -13,8 +12,14 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: pipetrain <command> [flags]\n\n"
-    "Commands:\n"
-    "  train-local   train a GPT-2 model in this process (--help for flags)\n";
+    "Commands (each has --help):\n"
+    "  up            start a coordinator and workers here and train a model\n"
+    "  submit FILE   submit a job spec (JSON or YAML) to a coordinator\n"
+    "  jobs          list jobs\n"
+    "  job ID        show one job (JSON)\n"
+    "  cancel ID     cancel a job\n"
+    "  workers       list workers\n"
+    "  train-local   train a GPT-2 model in this process (the reference)\n";
 
 }  // namespace
 
@@ -27,6 +32,12 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "train-local") return pipetrain::RunTrainLocal(args);
+  if (command == "up") return pipetrain::RunUp(args);
+  if (command == "submit") return pipetrain::RunSubmit(args);
+  if (command == "jobs") return pipetrain::RunJobs(args);
+  if (command == "job") return pipetrain::RunJob(args);
+  if (command == "cancel") return pipetrain::RunCancel(args);
+  if (command == "workers") return pipetrain::RunWorkers(args);
   if (command == "help" || command == "--help" || command == "-h") {
     std::printf("%s", kUsage);
     return 0;

@@ -1,17 +1,14 @@
 #!/usr/bin/env bash
-# The demo: installs what is missing, builds `pipetrain`, and trains a small
-# GPT-2 (2 layers, 4 heads, d_model 128) on generated English text with the
-# single-process reference trainer. Extra arguments go to train-local, e.g.
-#   bash scripts/demo.sh --steps 200 --data my.txt
+# The demo: installs what is missing, builds pipetrain, and runs
+# `pipetrain up`: a coordinator and 4 worker processes on this machine train
+# a small GPT-2 (2 layers, 4 heads, d_model 128) as a 4-stage 1F1B pipeline
+# on generated English text, with a progress bar, and print where the
+# weights, metrics and logs are. Extra arguments go to `pipetrain up`, e.g.
+#   bash scripts/demo.sh --workers 2 --solver pipedream --steps 300
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bazel build //cli:pipetrain
 bin="$(bazel info bazel-bin 2>/dev/null)/cli/pipetrain"
 out="${PIPETRAIN_DEMO_OUT:-/tmp/pipetrain-demo}"
-mkdir -p "$out"
-rm -f "$out/train.jsonl"
-"$bin" train-local --steps 600 --lr 1e-3 --batch 16 --eval-interval 100 \
-  --log "$out/train.jsonl" --save "$out/weights.safetensors" \
-  --checkpoint "$out/checkpoint.safetensors" "$@"
-echo "log: $out/train.jsonl  weights: $out/weights.safetensors  checkpoint: $out/checkpoint.safetensors"
+exec "$bin" up --out "$out" "$@"

@@ -14,9 +14,11 @@ PACKAGES=(
   libgtest-dev libgmock-dev
   libbenchmark-dev
   nlohmann-json3-dev       # JSON (safetensors headers, profiles, logs)
+  libyaml-cpp-dev          # YAML job specs (pipetrain submit)
   prometheus-cpp-dev       # /metrics (service issue)
   libcpp-httplib-dev       # REST (service issue)
   libsqlite3-dev           # coordinator store (service issue)
+  prometheus               # promtool, to lint /metrics in tests (also ships the server)
 )
 
 missing=()

@@ -7,7 +7,7 @@ namespace pipetrain {
 void AssignmentHub::Set(const std::string& worker_id, v1::Assignment assignment) {
   std::vector<std::function<void()>> to_call;
   {
-    absl::MutexLock lock(&mu_);
+    AnnotatedMutexLock lock(&mu_);
     current_[worker_id] = {++sequence_, std::move(assignment)};
     for (const auto& [handle, sub] : subscribers_) {
       if (sub.first == worker_id) to_call.push_back(sub.second);
@@ -18,7 +18,7 @@ void AssignmentHub::Set(const std::string& worker_id, v1::Assignment assignment)
 
 std::optional<SequencedAssignment> AssignmentHub::Newer(const std::string& worker_id,
                                                         int64_t after) const {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   auto it = current_.find(worker_id);
   if (it == current_.end() || it->second.sequence <= after) return std::nullopt;
   return it->second;
@@ -27,24 +27,24 @@ std::optional<SequencedAssignment> AssignmentHub::Newer(const std::string& worke
 std::optional<SequencedAssignment> AssignmentHub::AwaitNewer(const std::string& worker_id,
                                                              int64_t after,
                                                              absl::Duration timeout) const {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   auto newer = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     auto it = current_.find(worker_id);
     return it != current_.end() && it->second.sequence > after;
   };
-  if (!mu_.AwaitWithTimeout(absl::Condition(&newer), timeout)) return std::nullopt;
+  if (!mu_.AwaitWithTimeout(newer, timeout)) return std::nullopt;
   return current_.at(worker_id);
 }
 
 int AssignmentHub::Subscribe(const std::string& worker_id, std::function<void()> on_change) {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   const int handle = next_handle_++;
   subscribers_[handle] = {worker_id, std::move(on_change)};
   return handle;
 }
 
 void AssignmentHub::Unsubscribe(int handle) {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   subscribers_.erase(handle);
 }
 

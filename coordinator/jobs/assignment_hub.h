@@ -15,7 +15,7 @@
 #include <string>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/annotated_mutex.h"
 #include "absl/time/time.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 
@@ -39,7 +39,7 @@ class AssignmentHub {
   void Unsubscribe(int handle);
 
  private:
-  mutable absl::Mutex mu_;
+  mutable AnnotatedMutex mu_;
   int64_t sequence_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, SequencedAssignment> current_ ABSL_GUARDED_BY(mu_);
   int next_handle_ ABSL_GUARDED_BY(mu_) = 1;

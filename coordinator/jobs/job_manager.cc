@@ -37,7 +37,7 @@ JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* cloc
 
 JobManager::~JobManager() {
   {
-    absl::MutexLock lock(&mu_);
+    AnnotatedMutexLock lock(&mu_);
     stopping_ = true;
   }
   if (loop_.joinable()) loop_.join();
@@ -45,8 +45,8 @@ JobManager::~JobManager() {
 
 void JobManager::StartSchedulingLoop(absl::Duration period) {
   loop_ = std::thread([this, period] {
-    absl::MutexLock lock(&mu_);
-    while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
+    AnnotatedMutexLock lock(&mu_);
+    while (!mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; }, period)) {
       mu_.Unlock();
       ScheduleQueued();
       mu_.Lock();
@@ -67,7 +67,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   v1::Job job;
   {
-    absl::MutexLock lock(&mu_);
+    AnnotatedMutexLock lock(&mu_);
     auto record = std::make_unique<JobRecord>();
     record->job.set_id(absl::StrCat("job-", next_id_++));
     *record->job.mutable_spec() = resolved.spec;
@@ -85,21 +85,21 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
 }
 
 absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   return it->second->job;
 }
 
 std::vector<v1::Job> JobManager::List() const {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   std::vector<v1::Job> out;
   for (const std::string& id : order_) out.push_back(jobs_.at(id)->job);
   return out;
 }
 
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   if (IsTerminal(record->job.state())) {
@@ -111,7 +111,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
 }
 
 absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   if (it->second->plan.version() == 0) {
@@ -122,7 +122,7 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
 }
 
 void JobManager::ScheduleQueued() {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() != v1::QUEUED) continue;
@@ -206,14 +206,21 @@ absl::StatusOr<JobManager::JobRecord*> JobManager::ForWorkerLocked(const std::st
 }
 
 absl::Status JobManager::ReportProgress(const v1::ReportProgressRequest& r) {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(r.worker_id(), r.job_id()));
   if (r.plan_version() != record->plan.version()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "plan version ", r.plan_version(), " is stale; current is ", record->plan.version()));
   }
   if (!r.error().empty()) {
-    EndLocked(*record, v1::FAILED, absl::StrCat("worker ", r.worker_id(), ": ", r.error()));
+    // Errors name peers by stage; say which worker runs each stage.
+    std::vector<std::string> stages;
+    for (int s = 0; s < record->job.worker_ids_size(); ++s) {
+      stages.push_back(absl::StrCat(s, "=", record->job.worker_ids(s)));
+    }
+    EndLocked(*record, v1::FAILED,
+              absl::StrCat("worker ", r.worker_id(), ": ", r.error(), " [stages: ",
+                           absl::StrJoin(stages, ", "), "]"));
     return absl::OkStatus();
   }
   StageProgress& stage = record->stages[record->stage_of.at(r.worker_id())];
@@ -241,7 +248,7 @@ absl::Status JobManager::ReportProgress(const v1::ReportProgressRequest& r) {
 }
 
 absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(c.worker_id(), c.job_id()));
   auto it = std::find_if(record->weights.begin(), record->weights.end(),
                          [&](const NamedTensor& t) { return t.name == c.tensor_name(); });
@@ -265,7 +272,7 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
 }
 
 absl::Status JobManager::FinishWeights(const std::string& worker_id, const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(worker_id, job_id));
   record->stages[record->stage_of.at(worker_id)].weights_done = true;
   MaybeCompleteLocked(*record);
@@ -300,14 +307,14 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
 
 void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& job_id,
                               const std::string& reason) {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr || IsTerminal(record->job.state())) return;
   EndLocked(*record, v1::FAILED, reason);
 }
 
 std::map<v1::JobState, int> JobManager::CountByState() const {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   std::map<v1::JobState, int> counts;
   for (const auto& [id, record] : jobs_) counts[record->job.state()]++;
   return counts;

@@ -31,7 +31,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/annotated_mutex.h"
 #include "common/clock.h"
 #include "common/safetensors.h"
 #include "coordinator/jobs/assignment_hub.h"
@@ -112,7 +112,7 @@ class JobManager {
   WorkerRegistry* registry_;
   AssignmentHub* hub_;
   Clock* clock_;
-  mutable absl::Mutex mu_;
+  mutable AnnotatedMutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // submission order

@@ -149,7 +149,8 @@ TEST_F(JobManagerTest, WorkerError_FailsTheJobWithItsMessage) {
   r.set_plan_version(1);
   r.set_error("recv timed out");
   ASSERT_TRUE(jobs_.ReportProgress(r).ok());
-  EXPECT_EQ(jobs_.Get(id).value().reason(), "worker " + w1 + ": recv timed out");
+  EXPECT_EQ(jobs_.Get(id).value().reason(),
+            "worker " + w1 + ": recv timed out [stages: 0=" + w1 + "]");
 }
 
 TEST_F(JobManagerTest, ReportProgress_StaleOrForeign_IsRejected) {

@@ -50,7 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
-#include "coordinator/registry/annotated_mutex.h"
+#include "common/annotated_mutex.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain {

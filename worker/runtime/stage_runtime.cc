@@ -82,7 +82,7 @@ std::vector<Parameter*> StageRuntime::parameters() const {
 }
 
 std::string StageRuntime::current_instruction() const {
-  absl::MutexLock lock(&status_mu_);
+  AnnotatedMutexLock lock(&status_mu_);
   return current_;
 }
 
@@ -117,7 +117,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   const auto start = Clock::now();
   for (const v1::Instruction& in : setup_.program.instructions()) {
     {
-      absl::MutexLock lock(&status_mu_);
+      AnnotatedMutexLock lock(&status_mu_);
       current_ = DescribeInstruction(in);
     }
     absl::Status status = Execute(in, iteration, &result);
@@ -129,30 +129,45 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   }
   for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);
   result.busy_seconds = SecondsSince(start) - result.idle_seconds;
-  absl::MutexLock lock(&status_mu_);
+  AnnotatedMutexLock lock(&status_mu_);
   current_ = "idle";
   return result;
 }
 
 absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
                                    IterationResult* result) {
+  const auto start = Clock::now();
+  absl::Status status;
+  const char* phase = nullptr;
   switch (in.op_case()) {
-    case v1::Instruction::kForward: return Forward(in.forward());
-    case v1::Instruction::kBackward: return Backward(in.backward());
-    case v1::Instruction::kSend: return Send(in.send(), iteration);
-    case v1::Instruction::kRecv: {
-      const auto start = Clock::now();
-      absl::Status status = Recv(in.recv(), iteration);
+    case v1::Instruction::kForward:
+      phase = "forward";
+      status = Forward(in.forward());
+      break;
+    case v1::Instruction::kBackward:
+      phase = "backward";
+      status = Backward(in.backward());
+      break;
+    case v1::Instruction::kSend:
+      phase = "send";
+      status = Send(in.send(), iteration, result);
+      break;
+    case v1::Instruction::kRecv:
+      status = Recv(in.recv(), iteration);
       result->idle_seconds += SecondsSince(start);
       return status;
-    }
-    case v1::Instruction::kAddTiedGradient: return AddTied();
+    case v1::Instruction::kAddTiedGradient:
+      phase = "tied";
+      status = AddTied();
+      break;
     case v1::Instruction::kOptimizerStep:
       optimizer_.Step(parameters());
-      return absl::OkStatus();
-    case v1::Instruction::OP_NOT_SET: break;
+      phase = "optimizer";
+      break;
+    case v1::Instruction::OP_NOT_SET: return Internal("empty instruction");
   }
-  return Internal("empty instruction");
+  result->phase_seconds[phase] += SecondsSince(start);
+  return status;
 }
 
 absl::Status StageRuntime::Forward(const v1::Instruction::Forward& f) {
@@ -201,7 +216,8 @@ absl::Status StageRuntime::Backward(const v1::Instruction::Backward& b) {
   return absl::OkStatus();
 }
 
-absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteration) {
+absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteration,
+                                IterationResult* result) {
   const v1::TensorKey& key = s.tensor();
   Tensor tensor;
   switch (key.kind()) {
@@ -221,6 +237,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     }
     default: return Internal("send of an unknown tensor kind");
   }
+  result->sent_bytes[{s.peer_stage(), v1::TensorKind_Name(key.kind())}] += tensor.size_bytes();
   return transport_->Send(s.peer_stage(), MakeAddress(setup_.job_id, iteration, key), tensor);
 }
 

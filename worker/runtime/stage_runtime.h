@@ -18,7 +18,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/annotated_mutex.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/data/dataset.h"
 #include "worker/model/unit.h"
@@ -44,6 +44,10 @@ struct IterationResult {
   std::vector<float> micro_batch_losses;  // filled on the stage that owns head
   double busy_seconds = 0;   // everything but waiting in receives
   double idle_seconds = 0;   // waiting in receives (the pipeline bubble)
+  // Busy time by phase: "forward", "backward", "send", "optimizer", "tied".
+  std::map<std::string, double> phase_seconds;
+  // Bytes handed to the transport, by (peer stage, tensor kind name).
+  std::map<std::pair<int, std::string>, int64_t> sent_bytes;
 };
 
 class StageRuntime {
@@ -71,7 +75,7 @@ class StageRuntime {
   absl::Status Execute(const v1::Instruction& in, int64_t iteration, IterationResult* result);
   absl::Status Forward(const v1::Instruction::Forward& f);
   absl::Status Backward(const v1::Instruction::Backward& b);
-  absl::Status Send(const v1::Instruction::Send& s, int64_t iteration);
+  absl::Status Send(const v1::Instruction::Send& s, int64_t iteration, IterationResult* result);
   absl::Status Recv(const v1::Instruction::Recv& r, int64_t iteration);
   absl::Status AddTied();
   Unit* OwnedUnit(int index);
@@ -92,7 +96,7 @@ class StageRuntime {
   std::map<int, std::vector<UnitContext>> contexts_;
   std::map<int, float> losses_;
   Tensor tied_received_;
-  mutable absl::Mutex status_mu_;
+  mutable AnnotatedMutex status_mu_;
   std::string current_ ABSL_GUARDED_BY(status_mu_);
 };
 

@@ -5,7 +5,7 @@
 namespace pipetrain {
 
 absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, Tensor tensor) {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   if (!tensors_.emplace(Key{source_stage, address}, std::move(tensor)).second) {
     return absl::FailedPreconditionError(absl::StrCat(
         "duplicate tensor from stage ", source_stage, ": ", address.DebugString()));
@@ -16,12 +16,15 @@ absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, Tensor
 absl::StatusOr<Tensor> Mailbox::Take(int source_stage, const TensorAddress& address,
                                      absl::Duration timeout) {
   const Key key{source_stage, address};
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return shut_down_ || tensors_.count(key) > 0;
+    return shut_down_ || aborted_jobs_.count(address.job_id) > 0 || tensors_.count(key) > 0;
   };
-  mu_.AwaitWithTimeout(absl::Condition(&ready), timeout);
+  mu_.AwaitWithTimeout(ready, timeout);
   if (shut_down_) return absl::AbortedError("transport shut down");
+  if (aborted_jobs_.count(address.job_id) > 0) {
+    return absl::AbortedError(absl::StrCat("job ", address.job_id, " was stopped"));
+  }
   auto it = tensors_.find(key);
   if (it == tensors_.end()) {
     return absl::DeadlineExceededError(absl::StrCat(
@@ -35,19 +38,25 @@ absl::StatusOr<Tensor> Mailbox::Take(int source_stage, const TensorAddress& addr
 }
 
 void Mailbox::Shutdown() {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   shut_down_ = true;
 }
 
 void Mailbox::DropJob(const std::string& job_id) {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   for (auto it = tensors_.begin(); it != tensors_.end();) {
     it = it->first.second.job_id == job_id ? tensors_.erase(it) : std::next(it);
   }
 }
 
+void Mailbox::AbortJob(const std::string& job_id) {
+  DropJob(job_id);
+  AnnotatedMutexLock lock(&mu_);
+  aborted_jobs_.insert(job_id);
+}
+
 size_t Mailbox::size() const {
-  absl::MutexLock lock(&mu_);
+  AnnotatedMutexLock lock(&mu_);
   return tensors_.size();
 }
 

@@ -9,10 +9,12 @@
 #define PIPETRAIN_WORKER_TRANSPORT_MAILBOX_H_
 
 #include <map>
+#include <set>
+#include <string>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
+#include "common/annotated_mutex.h"
 #include "worker/transport/transport.h"
 
 namespace pipetrain {
@@ -26,13 +28,17 @@ class Mailbox {
   void Shutdown();
   // Drops every tensor of `job_id` (e.g. after a cancel).
   void DropJob(const std::string& job_id);
+  // DropJob, and every current or later Take for `job_id` fails with
+  // ABORTED: how a STOP interrupts a stage blocked in a receive.
+  void AbortJob(const std::string& job_id);
   size_t size() const;
 
  private:
   using Key = std::pair<int, TensorAddress>;
-  mutable absl::Mutex mu_;
+  mutable AnnotatedMutex mu_;
   std::map<Key, Tensor> tensors_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::set<std::string> aborted_jobs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pipetrain

@@ -1,4 +1,4 @@
-#include "coordinator/registry/annotated_mutex.h"
+#include "common/annotated_mutex.h"
 
 #include <thread>
 #include <vector>

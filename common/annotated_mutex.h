@@ -17,8 +17,8 @@
 //   bool met = mu_.AwaitWithTimeout(enough, absl::Seconds(1));
 //
 // Thread-safe, like absl::Mutex. Exclusive locking only.
-#ifndef PIPETRAIN_COORDINATOR_REGISTRY_ANNOTATED_MUTEX_H_
-#define PIPETRAIN_COORDINATOR_REGISTRY_ANNOTATED_MUTEX_H_
+#ifndef PIPETRAIN_COMMON_ANNOTATED_MUTEX_H_
+#define PIPETRAIN_COMMON_ANNOTATED_MUTEX_H_
 
 #include "absl/base/config.h"
 #include "absl/base/thread_annotations.h"
@@ -108,4 +108,4 @@ class ABSL_SCOPED_LOCKABLE AnnotatedMutexLock {
 
 }  // namespace pipetrain
 
-#endif  // PIPETRAIN_COORDINATOR_REGISTRY_ANNOTATED_MUTEX_H_
+#endif  // PIPETRAIN_COMMON_ANNOTATED_MUTEX_H_

@@ -1,0 +1,318 @@
+#include "cli/cluster_commands.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <cstdio>
+#include <sys/stat.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cli/coordinator_client.h"
+#include "cli/flag_set.h"
+#include "cli/job_spec_file.h"
+#include "cli/local_cluster.h"
+#include "cli/progress.h"
+#include "common/philox.h"
+#include "coordinator/jobs/job_spec.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
+
+std::atomic<bool> g_interrupted{false};
+extern "C" void OnInterrupt(int) { g_interrupted.store(true); }
+
+struct Connection {
+  std::string coordinator = "127.0.0.1:7070";
+  std::string tls_ca;
+  void Bind(FlagSet& flags) {
+    flags.String("coordinator", &coordinator, "coordinator gRPC address");
+    flags.String("tls-ca", &tls_ca, "PEM CA certificate for a TLS coordinator");
+  }
+};
+
+int Fail(const std::string& command, const absl::Status& status) {
+  std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(), status.ToString().c_str());
+  return 1;
+}
+
+// Parses flags plus `positional` required words (e.g. a job id). Returns -1
+// to continue, else the exit code.
+int ParseArgs(FlagSet& flags, std::vector<std::string> args, int positional,
+              std::vector<std::string>* words, const std::string& command) {
+  while (static_cast<int>(words->size()) < positional && !args.empty() &&
+         args.front().rfind("--", 0) != 0) {
+    words->push_back(args.front());
+    args.erase(args.begin());
+  }
+  absl::Status parsed = flags.Parse(args);
+  if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
+  if (parsed.ok() && static_cast<int>(words->size()) < positional) {
+    parsed = absl::InvalidArgumentError("missing argument (see --help)");
+  }
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(),
+                 std::string(parsed.message()).c_str());
+    return 2;
+  }
+  return -1;
+}
+
+std::string ToJson(const google::protobuf::Message& message) {
+  std::string out;
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &out, options);
+  return out;
+}
+
+// ---- up --------------------------------------------------------------------
+
+struct UpOptions {
+  int workers = 4;
+  std::string out = "/tmp/pipetrain-up";
+  bool keep_running = false;
+  v1::JobSpec spec;
+  int layers = 2, heads = 4, d_model = 128, seq_len = 64, batch = 16, micro = 4;
+  int64_t steps = 800, synthetic_bytes = 1'000'000;
+  float lr = 1e-3f;
+  uint64_t seed = 1;
+  std::string data, solver = "uniform", schedule = "1f1b";
+};
+
+void BindUp(FlagSet& f, UpOptions& o) {
+  f.Int("workers", &o.workers, "worker processes to start");
+  f.String("out", &o.out, "directory for logs, weights and ports files");
+  f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
+  f.Int("layers", &o.layers, "transformer blocks");
+  f.Int("heads", &o.heads, "attention heads");
+  f.Int("d-model", &o.d_model, "embedding width");
+  f.Int("seq-len", &o.seq_len, "tokens per sequence");
+  f.Int("batch", &o.batch, "sequences per step");
+  f.Int("micro-batches", &o.micro, "micro-batches per step");
+  f.Int64("steps", &o.steps, "optimizer steps");
+  f.Float("lr", &o.lr, "AdamW learning rate");
+  f.Uint64("seed", &o.seed, "seed for initialisation and data order");
+  f.String("data", &o.data, "training corpus; empty = generated English text");
+  f.Int64("synthetic-bytes", &o.synthetic_bytes, "size of the generated corpus");
+  f.String("solver", &o.solver, "uniform | pipedream");
+  f.String("schedule", &o.schedule, "1f1b | gpipe");
+}
+
+v1::JobSpec UpSpec(const UpOptions& o) {
+  v1::JobSpec spec;
+  spec.set_name("pipetrain-up");
+  spec.mutable_model()->set_n_layer(o.layers);
+  spec.mutable_model()->set_n_head(o.heads);
+  spec.mutable_model()->set_d_model(o.d_model);
+  auto* t = spec.mutable_training();
+  t->set_seq_len(o.seq_len);
+  t->set_batch_size(o.batch);
+  t->set_micro_batches(o.micro);
+  t->set_steps(o.steps);
+  t->set_lr(o.lr);
+  t->set_seed(o.seed);
+  spec.mutable_data()->set_path(o.data);
+  if (o.data.empty()) spec.mutable_data()->set_synthetic_bytes(o.synthetic_bytes);
+  spec.mutable_parallelism()->set_stages(o.workers);
+  spec.mutable_parallelism()->set_solver(o.solver);
+  spec.mutable_parallelism()->set_schedule(o.schedule);
+  spec.mutable_output()->set_weights_path(o.out + "/weights.safetensors");
+  return spec;
+}
+
+// Polls the job until it ends (or Ctrl-C), drawing progress. Returns the last Job.
+absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& id) {
+  ProgressReporter progress(stderr, isatty(STDERR_FILENO));
+  v1::Job job;
+  int64_t last_step = -1;
+  const absl::Time start = absl::Now();
+  while (!g_interrupted.load()) {
+    v1::GetJobRequest request;
+    request.set_id(id);
+    grpc::Status s = stub.GetJob(WithDeadline(kRpcTimeout).get(), request, &job);
+    if (!s.ok()) return ToAbsl(s);
+    const int64_t step = job.progress().step(), steps = job.spec().training().steps();
+    if (step != last_step && step > 0) {
+      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+      progress.Update({step, steps, job.progress().loss(), std::nullopt,
+                       job.progress().tokens_per_second(), elapsed / step * (steps - step)});
+      last_step = step;
+    }
+    if (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
+        job.state() == v1::CANCELLED) {
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(200));
+  }
+  progress.Finish();
+  return job;
+}
+
+}  // namespace
+
+int RunUp(const std::vector<std::string>& args) {
+  UpOptions o;
+  FlagSet flags("usage: pipetrain up [flags]\n"
+                "Starts a coordinator and workers on this machine and trains a GPT-2 model.");
+  BindUp(flags, o);
+  std::vector<std::string> words;
+  if (int code = ParseArgs(flags, args, 0, &words, "up"); code >= 0) return code;
+  if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) {
+    return Fail("up", absl::NotFoundError("cannot create --out directory " + o.out));
+  }
+  absl::Status valid = ResolveJobSpec(UpSpec(o)).status();
+  if (!valid.ok()) return std::fprintf(stderr, "pipetrain up: %s\n", valid.ToString().c_str()), 2;
+  auto coordinator = FindSiblingBinary("coordinator", "pipetrain-coordinator");
+  auto worker = FindSiblingBinary("worker", "pipetrain-worker");
+  if (!coordinator.ok()) return Fail("up", coordinator.status());
+  if (!worker.ok()) return Fail("up", worker.status());
+  std::signal(SIGINT, OnInterrupt);
+  std::signal(SIGTERM, OnInterrupt);
+  LocalClusterOptions cluster_options;
+  cluster_options.coordinator_binary = *coordinator;
+  cluster_options.worker_binary = *worker;
+  cluster_options.workers = o.workers;
+  cluster_options.dir = o.out;
+  cluster_options.join_token = absl::StrFormat("%016x", HashName(absl::StrCat(getpid(), absl::ToUnixNanos(absl::Now()))));
+  std::fprintf(stderr, "starting a coordinator and %d workers (logs in %s)\n", o.workers,
+               o.out.c_str());
+  auto cluster = LocalCluster::Start(cluster_options);
+  if (!cluster.ok()) return Fail("up", cluster.status());
+  auto stub = ConnectCoordinator((*cluster)->grpc_address(), "");
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = UpSpec(o);
+  v1::Job job;
+  grpc::Status submitted = stub->SubmitJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  if (!submitted.ok()) return Fail("up", ToAbsl(submitted));
+  std::fprintf(stderr, "job %s: %d stages (%s, %s), %lld steps; metrics at http://%s/metrics\n",
+               job.id().c_str(), o.workers, o.solver.c_str(), o.schedule.c_str(),
+               static_cast<long long>(o.steps), (*cluster)->http_address().c_str());
+  absl::StatusOr<v1::Job> done = Follow(*stub, job.id());
+  if (!done.ok()) return Fail("up", done.status());
+  if (g_interrupted.load()) {
+    v1::CancelJobRequest cancel;
+    cancel.set_id(job.id());
+    (void)stub->CancelJob(WithDeadline(kRpcTimeout).get(), cancel, &job);
+    std::fprintf(stderr, "interrupted; stopping the cluster\n");
+    return 130;
+  }
+  const v1::Job& end = *done;
+  std::printf("job %s %s after %lld steps, final loss %.4f\n", end.id().c_str(),
+              v1::JobState_Name(end.state()).c_str(),
+              static_cast<long long>(end.progress().step()), end.progress().loss());
+  if (!end.reason().empty()) std::printf("reason: %s\n", end.reason().c_str());
+  if (!end.weights_path().empty()) std::printf("weights: %s\n", end.weights_path().c_str());
+  std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),
+              o.out.c_str());
+  if (o.keep_running && !g_interrupted.load()) {
+    std::printf("cluster running: --coordinator %s (Ctrl-C to stop)\n",
+                (*cluster)->grpc_address().c_str());
+    while (!g_interrupted.load()) absl::SleepFor(absl::Milliseconds(200));
+  }
+  return end.state() == v1::SUCCEEDED ? 0 : 1;
+}
+
+int RunSubmit(const std::vector<std::string>& args) {
+  Connection c;
+  bool follow = false;
+  FlagSet flags("usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow]\n"
+                "Submits a job spec (JSON or YAML; fields as in proto/pipetrain/v1/job.proto).");
+  c.Bind(flags);
+  flags.Bool("follow", &follow, "show progress until the job ends");
+  std::vector<std::string> words;
+  if (int code = ParseArgs(flags, args, 1, &words, "submit"); code >= 0) return code;
+  auto spec = ReadJobSpecFile(words[0]);
+  if (!spec.ok()) return std::fprintf(stderr, "pipetrain submit: %s\n", spec.status().ToString().c_str()), 2;
+  auto stub = ConnectCoordinator(c.coordinator, c.tls_ca);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = *spec;
+  v1::Job job;
+  grpc::Status s = stub->SubmitJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  if (!s.ok()) return Fail("submit", ToAbsl(s));
+  std::printf("%s %s\n", job.id().c_str(), v1::JobState_Name(job.state()).c_str());
+  if (!follow) return 0;
+  std::signal(SIGINT, OnInterrupt);
+  auto done = Follow(*stub, job.id());
+  if (!done.ok()) return Fail("submit", done.status());
+  std::printf("%s %s %s\n", done->id().c_str(), v1::JobState_Name(done->state()).c_str(),
+              done->reason().c_str());
+  return done->state() == v1::SUCCEEDED ? 0 : 1;
+}
+
+int RunJobs(const std::vector<std::string>& args) {
+  Connection c;
+  FlagSet flags("usage: pipetrain jobs [--coordinator HOST:PORT]");
+  c.Bind(flags);
+  std::vector<std::string> words;
+  if (int code = ParseArgs(flags, args, 0, &words, "jobs"); code >= 0) return code;
+  v1::ListJobsResponse response;
+  grpc::Status s = ConnectCoordinator(c.coordinator, c.tls_ca)
+                       ->ListJobs(WithDeadline(kRpcTimeout).get(), {}, &response);
+  if (!s.ok()) return Fail("jobs", ToAbsl(s));
+  std::printf("%-8s %-10s %10s %10s  %s\n", "ID", "STATE", "STEP", "LOSS", "NAME");
+  for (const v1::Job& j : response.jobs()) {
+    std::printf("%-8s %-10s %10lld %10.4f  %s\n", j.id().c_str(),
+                v1::JobState_Name(j.state()).c_str(), static_cast<long long>(j.progress().step()),
+                j.progress().loss(), j.spec().name().c_str());
+  }
+  return 0;
+}
+
+int RunJob(const std::vector<std::string>& args) {
+  Connection c;
+  FlagSet flags("usage: pipetrain job ID [--coordinator HOST:PORT]   (prints the job as JSON)");
+  c.Bind(flags);
+  std::vector<std::string> words;
+  if (int code = ParseArgs(flags, args, 1, &words, "job"); code >= 0) return code;
+  v1::GetJobRequest request;
+  request.set_id(words[0]);
+  v1::Job job;
+  grpc::Status s = ConnectCoordinator(c.coordinator, c.tls_ca)
+                       ->GetJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  if (!s.ok()) return Fail("job", ToAbsl(s));
+  std::printf("%s", ToJson(job).c_str());
+  return 0;
+}
+
+int RunCancel(const std::vector<std::string>& args) {
+  Connection c;
+  FlagSet flags("usage: pipetrain cancel ID [--coordinator HOST:PORT]");
+  c.Bind(flags);
+  std::vector<std::string> words;
+  if (int code = ParseArgs(flags, args, 1, &words, "cancel"); code >= 0) return code;
+  v1::CancelJobRequest request;
+  request.set_id(words[0]);
+  v1::Job job;
+  grpc::Status s = ConnectCoordinator(c.coordinator, c.tls_ca)
+                       ->CancelJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  if (!s.ok()) return Fail("cancel", ToAbsl(s));
+  std::printf("%s %s\n", job.id().c_str(), v1::JobState_Name(job.state()).c_str());
+  return 0;
+}
+
+int RunWorkers(const std::vector<std::string>& args) {
+  Connection c;
+  FlagSet flags("usage: pipetrain workers [--coordinator HOST:PORT]");
+  c.Bind(flags);
+  std::vector<std::string> words;
+  if (int code = ParseArgs(flags, args, 0, &words, "workers"); code >= 0) return code;
+  v1::ListWorkersResponse response;
+  grpc::Status s = ConnectCoordinator(c.coordinator, c.tls_ca)
+                       ->ListWorkers(WithDeadline(kRpcTimeout).get(), {}, &response);
+  if (!s.ok()) return Fail("workers", ToAbsl(s));
+  std::printf("%-6s %-9s %-22s %-8s %s\n", "ID", "STATE", "DATA ADDRESS", "JOB", "DOING");
+  for (const v1::Worker& w : response.workers()) {
+    std::printf("%-6s %-9s %-22s %-8s %s\n", w.id().c_str(),
+                v1::WorkerState_Name(w.state()).c_str(), w.data_address().c_str(),
+                w.job_id().c_str(), w.current_instruction().c_str());
+  }
+  return 0;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,26 @@
+// Job spec files for `pipetrain submit`: JSON (proto3 canonical JSON of
+// pipetrain.v1.JobSpec) or YAML with the same structure and field names.
+#ifndef PIPETRAIN_CLI_JOB_SPEC_FILE_H_
+#define PIPETRAIN_CLI_JOB_SPEC_FILE_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "proto/pipetrain/v1/job.pb.h"
+
+namespace pipetrain {
+
+// YAML text -> the equivalent JSON text. Plain scalars that read as
+// integers, floats, true/false or null become those JSON types; quoted
+// scalars stay strings. INVALID_ARGUMENT with the parser's line and column.
+absl::StatusOr<std::string> YamlToJson(const std::string& yaml);
+
+// Reads `path` (".json" as JSON; ".yaml"/".yml" or anything else as YAML,
+// which is a superset of JSON) and parses it as a JobSpec. NOT_FOUND for a
+// missing file; INVALID_ARGUMENT naming the field for unknown fields and
+// wrong types. Defaults are not filled in here (the coordinator does it).
+absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_CLI_JOB_SPEC_FILE_H_

@@ -1,0 +1,107 @@
+#include "cli/local_cluster.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain {
+namespace {
+
+std::string SelfPath() {
+  char buffer[PATH_MAX] = {};
+  const ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
+  return n > 0 ? std::string(buffer, n) : std::string();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> FindSiblingBinary(const std::string& package, const std::string& name) {
+  const std::string self = SelfPath();
+  const std::string dir = self.substr(0, self.rfind('/'));
+  std::vector<std::string> candidates = {
+      absl::StrCat(self, ".runfiles/pipetrain/", package, "/", name),
+      absl::StrCat(dir, "/../", package, "/", name), absl::StrCat(dir, "/", name)};
+  if (const char* srcdir = std::getenv("TEST_SRCDIR")) {
+    candidates.insert(candidates.begin(), absl::StrCat(srcdir, "/pipetrain/", package, "/", name));
+  }
+  for (const std::string& c : candidates) {
+    if (access(c.c_str(), X_OK) == 0) return c;
+  }
+  return absl::NotFoundError(absl::StrCat("cannot find ", name, "; looked in ",
+                                          absl::StrJoin(candidates, ", "),
+                                          "; build it with bazel build //...",
+                                          " or pass its path"));
+}
+
+absl::StatusOr<int> ReadPort(const std::string& path, const std::string& field) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.contains(field) || !json[field].is_number_integer()) {
+    return absl::InternalError(absl::StrCat(path, ": no integer '", field, "'"));
+  }
+  return json[field].get<int>();
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const LocalClusterOptions& options) {
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster(options));
+  const std::string coordinator_ports = options.dir + "/coordinator.ports";
+  std::remove(coordinator_ports.c_str());
+  std::vector<std::string> argv = {options.coordinator_binary, "--grpc-address=127.0.0.1:0",
+                                   "--http-address=127.0.0.1:0",
+                                   "--ports-file=" + coordinator_ports,
+                                   "--join-token=" + options.join_token};
+  argv.insert(argv.end(), options.coordinator_args.begin(), options.coordinator_args.end());
+  ASSIGN_OR_RETURN(Subprocess coordinator, Subprocess::Spawn(argv, cluster->coordinator_log()));
+  cluster->coordinator_ = std::make_unique<Subprocess>(std::move(coordinator));
+  absl::Status ready = WaitForFile(coordinator_ports, options.start_timeout);
+  if (!ready.ok()) {
+    return absl::UnavailableError(absl::StrCat("the coordinator did not start: ", ready.message(),
+                                               "; see ", cluster->coordinator_log()));
+  }
+  ASSIGN_OR_RETURN(cluster->grpc_port_, ReadPort(coordinator_ports, "grpc_port"));
+  ASSIGN_OR_RETURN(cluster->http_port_, ReadPort(coordinator_ports, "http_port"));
+  for (int i = 0; i < options.workers; ++i) {
+    const std::string ports = absl::StrCat(options.dir, "/worker-", i, ".ports");
+    std::remove(ports.c_str());
+    std::vector<std::string> wargv = {options.worker_binary,
+                                      "--coordinator=" + cluster->grpc_address(),
+                                      "--listen=127.0.0.1:0", "--ports-file=" + ports,
+                                      "--join-token=" + options.join_token,
+                                      absl::StrCat("--node-name=local-", i)};
+    wargv.insert(wargv.end(), options.worker_args.begin(), options.worker_args.end());
+    ASSIGN_OR_RETURN(Subprocess worker, Subprocess::Spawn(wargv, cluster->worker_log(i)));
+    cluster->workers_.push_back(std::move(worker));
+  }
+  for (int i = 0; i < options.workers; ++i) {
+    const std::string ports = absl::StrCat(options.dir, "/worker-", i, ".ports");
+    absl::Status up = WaitForFile(ports, options.start_timeout);
+    if (!up.ok()) {
+      return absl::UnavailableError(absl::StrCat("worker ", i, " did not start: ", up.message(),
+                                                 "; see ", cluster->worker_log(i)));
+    }
+  }
+  return cluster;
+}
+
+LocalCluster::~LocalCluster() {
+  for (Subprocess& w : workers_) w.Terminate(absl::Seconds(5));
+  if (coordinator_) coordinator_->Terminate(absl::Seconds(5));
+}
+
+std::string LocalCluster::worker_log(int i) const {
+  return absl::StrCat(options_.dir, "/worker-", i, ".log");
+}
+
+std::string LocalCluster::coordinator_log() const { return options_.dir + "/coordinator.log"; }
+
+}  // namespace pipetrain

@@ -1,0 +1,65 @@
+// LocalCluster: a coordinator and N workers as child processes on loopback,
+// every port chosen by the kernel (port 0) and read back from ports files.
+// Used by `pipetrain up` and by the multi-process tests. The destructor
+// terminates every child (workers first), so nothing outlives the cluster.
+// Not thread-safe.
+#ifndef PIPETRAIN_CLI_LOCAL_CLUSTER_H_
+#define PIPETRAIN_CLI_LOCAL_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/subprocess.h"
+
+namespace pipetrain {
+
+struct LocalClusterOptions {
+  std::string coordinator_binary;
+  std::string worker_binary;
+  int workers = 4;
+  std::string dir;         // logs and ports files go here (must exist)
+  std::string join_token;  // passed to the coordinator and every worker
+  std::vector<std::string> coordinator_args;  // extra flags
+  std::vector<std::string> worker_args;       // extra flags for every worker
+  absl::Duration start_timeout = absl::Seconds(30);
+};
+
+class LocalCluster {
+ public:
+  // Starts the coordinator, waits for its ports, then starts the workers
+  // and waits until each has bound its data plane. Errors name the process
+  // and its log file.
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+  ~LocalCluster();
+
+  std::string grpc_address() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
+  std::string http_address() const { return "127.0.0.1:" + std::to_string(http_port_); }
+  Subprocess& coordinator() { return *coordinator_; }
+  Subprocess& worker(int i) { return workers_[i]; }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  std::string worker_log(int i) const;
+  std::string coordinator_log() const;
+
+ private:
+  explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+  LocalClusterOptions options_;
+  std::unique_ptr<Subprocess> coordinator_;
+  std::vector<Subprocess> workers_;
+  int grpc_port_ = 0, http_port_ = 0;
+};
+
+// Finds a sibling program of the running binary: first in its Bazel
+// runfiles (<self>.runfiles/pipetrain/<package>/<name>), then
+// <self dir>/../<package>/<name> (bazel-bin layout), then <self dir>/<name>
+// (an installed layout). NOT_FOUND listing the places it looked.
+absl::StatusOr<std::string> FindSiblingBinary(const std::string& package, const std::string& name);
+
+// Reads an integer field from a small JSON ports file.
+absl::StatusOr<int> ReadPort(const std::string& path, const std::string& field);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_CLI_LOCAL_CLUSTER_H_

@@ -1,0 +1,78 @@
+// The server side of WatchAssignments: one write stream per watching worker,
+// fed from the AssignmentHub.
+//
+// A stream first writes the worker's current assignment (if it has one), then
+// every newer one. Assignments are state, not events: when several change
+// while a write is in flight, only the latest is sent next. One write is
+// outstanding at a time; reactions never block (the hub's subscriber callback
+// and OnWriteDone only look up the hub and start a write).
+//
+// A stream ends with
+//   ABORTED      when a newer incarnation of its worker registers or opens a
+//                stream (the old incarnation is gone: the worker re-registers),
+//   UNAVAILABLE  after Shutdown (the coordinator is stopping; retry later),
+//   CANCELLED    when the client goes away.
+//
+// Thread-safe. Lock order: a stream's lock before the hub's; the set's lock
+// is never held while calling into a stream.
+#ifndef PIPETRAIN_COORDINATOR_API_ASSIGNMENT_STREAMS_H_
+#define PIPETRAIN_COORDINATOR_API_ASSIGNMENT_STREAMS_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "common/annotated_mutex.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "proto/pipetrain/v1/plan.pb.h"
+
+namespace pipetrain {
+
+class AssignmentStream;
+
+class AssignmentStreams {
+ public:
+  // `hub` is not owned and must outlive every stream (the grpc::Server's
+  // Shutdown waits for them).
+  explicit AssignmentStreams(AssignmentHub* hub);
+  AssignmentStreams(const AssignmentStreams&) = delete;
+  AssignmentStreams& operator=(const AssignmentStreams&) = delete;
+
+  // Opens a stream for `worker_id` at `incarnation`, which the caller has
+  // validated against the registry, and ends the worker's streams of older
+  // incarnations (ABORTED). After Shutdown the stream ends at once with
+  // UNAVAILABLE. Returns the reactor for the gRPC method to return.
+  grpc::ServerWriteReactor<v1::Assignment>* Open(const std::string& worker_id,
+                                                 int64_t incarnation);
+
+  // Ends the streams of `worker_id` whose incarnation is older than
+  // `incarnation` (ABORTED, naming both incarnations).
+  void Supersede(const std::string& worker_id, int64_t incarnation);
+
+  // Ends every stream with UNAVAILABLE and makes later Opens do the same.
+  // Call before grpc::Server::Shutdown, which otherwise waits forever for
+  // streams that never end. Idempotent.
+  void Shutdown();
+
+  // Streams not yet done (for tests and diagnostics).
+  int size() const;
+
+ private:
+  friend class AssignmentStream;
+  void Remove(const AssignmentStream* stream);
+
+  AssignmentHub* const hub_;
+  mutable AnnotatedMutex mu_;
+  // Live streams by address; weak so that a stream's lifetime stays its own.
+  std::map<const AssignmentStream*, std::weak_ptr<AssignmentStream>> streams_
+      ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_API_ASSIGNMENT_STREAMS_H_

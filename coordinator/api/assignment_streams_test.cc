@@ -1,0 +1,271 @@
+// Drives AssignmentStreams through a fake gRPC writer: no sockets and no gRPC
+// threads, so TSan checks the stream's own synchronisation (Debian's gRPC is
+// not TSan-instrumented; see tsan_options_testing.cc).
+#include "coordinator/api/assignment_streams.h"
+
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/time/time.h"
+#include "common/annotated_mutex.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(30);  // only a deadline: never waited out
+
+v1::Assignment RunAssignment(int64_t version) {
+  v1::Assignment assignment;
+  assignment.set_action(v1::Assignment::RUN);
+  assignment.set_job_id("job-1");
+  assignment.set_plan_version(version);
+  return assignment;
+}
+
+// Stands in for gRPC's side of a server-streaming call: records writes and
+// the final status; the test completes writes (OnWriteDone) when it chooses.
+class FakeWriter final : public grpc::ServerCallbackWriter<v1::Assignment> {
+ public:
+  void Bind(grpc::ServerWriteReactor<v1::Assignment>* reactor) {
+    reactor_ = reactor;
+    BindReactor(reactor);
+  }
+
+  void Finish(grpc::Status status) override {
+    AnnotatedMutexLock lock(&mu_);
+    EXPECT_FALSE(status_.has_value()) << "Finish called twice";
+    EXPECT_FALSE(pending_) << "Finish called with a write in flight";
+    status_ = std::move(status);
+  }
+  void SendInitialMetadata() override {}
+  void Write(const v1::Assignment* message, grpc::WriteOptions) override {
+    AnnotatedMutexLock lock(&mu_);
+    EXPECT_FALSE(pending_) << "two writes in flight";
+    EXPECT_FALSE(status_.has_value()) << "Write after Finish";
+    pending_ = true;
+    versions_.push_back(message->plan_version());
+    actions_.push_back(message->action());
+  }
+  void WriteAndFinish(const v1::Assignment*, grpc::WriteOptions, grpc::Status) override {
+    ADD_FAILURE() << "WriteAndFinish is not used";
+  }
+
+  // Completes the write in flight as gRPC would, outside the fake's lock.
+  void CompleteWrite(bool ok) {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      ASSERT_TRUE(pending_);
+      pending_ = false;
+    }
+    reactor_->OnWriteDone(ok);
+  }
+
+  // The version of the write in flight, once there is one (-1 on timeout).
+  int64_t AwaitPendingWrite() {
+    AnnotatedMutexLock lock(&mu_);
+    auto pending = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_; };
+    if (!mu_.AwaitWithTimeout(pending, kWait)) return -1;
+    return versions_.back();
+  }
+
+  std::vector<int64_t> versions() {
+    AnnotatedMutexLock lock(&mu_);
+    return versions_;
+  }
+  std::vector<int> actions() {
+    AnnotatedMutexLock lock(&mu_);
+    return actions_;
+  }
+  bool pending() {
+    AnnotatedMutexLock lock(&mu_);
+    return pending_;
+  }
+  std::optional<grpc::Status> status() {
+    AnnotatedMutexLock lock(&mu_);
+    return status_;
+  }
+
+ private:
+  grpc::internal::ServerReactor* reactor() override { return reactor_; }
+  void CallOnDone() override {}
+
+  grpc::ServerWriteReactor<v1::Assignment>* reactor_ = nullptr;
+  AnnotatedMutex mu_;
+  bool pending_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<int64_t> versions_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> actions_ ABSL_GUARDED_BY(mu_);
+  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
+};
+
+class AssignmentStreamsTest : public ::testing::Test {
+ protected:
+  // Opens a stream for w-1 and binds it to `writer`, as gRPC does after the
+  // method returns.
+  grpc::ServerWriteReactor<v1::Assignment>* Open(FakeWriter& writer, int64_t incarnation = 1) {
+    grpc::ServerWriteReactor<v1::Assignment>* reactor = streams_.Open("w-1", incarnation);
+    writer.Bind(reactor);
+    return reactor;
+  }
+
+  AssignmentHub hub_;
+  AssignmentStreams streams_{&hub_};
+};
+
+TEST_F(AssignmentStreamsTest, Open_WorkerHasAssignment_WritesItFirst) {
+  hub_.Set("w-1", RunAssignment(1));
+  FakeWriter writer;
+  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  EXPECT_EQ(writer.versions(), std::vector<int64_t>({1}));
+  writer.CompleteWrite(true);
+  EXPECT_FALSE(writer.pending());  // nothing newer
+  EXPECT_EQ(streams_.size(), 1);
+  streams_.Shutdown();
+  reactor->OnDone();
+  EXPECT_EQ(streams_.size(), 0);
+}
+
+TEST_F(AssignmentStreamsTest, Set_WhileWriteInFlight_SendsOnlyTheLatestAfterIt) {
+  FakeWriter writer;
+  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  EXPECT_TRUE(writer.versions().empty());
+  hub_.Set("w-1", RunAssignment(1));
+  hub_.Set("w-1", RunAssignment(2));
+  hub_.Set("w-1", RunAssignment(3));
+  hub_.Set("w-2", RunAssignment(9));  // another worker's: not ours
+  EXPECT_EQ(writer.versions(), std::vector<int64_t>({1}));
+  writer.CompleteWrite(true);
+  EXPECT_EQ(writer.versions(), std::vector<int64_t>({1, 3}));
+  writer.CompleteWrite(true);
+  streams_.Shutdown();
+  reactor->OnDone();
+}
+
+TEST_F(AssignmentStreamsTest, Supersede_OlderIncarnation_FinishesAborted) {
+  FakeWriter old_writer, new_writer;
+  grpc::ServerWriteReactor<v1::Assignment>* old_stream = Open(old_writer, 1);
+  grpc::ServerWriteReactor<v1::Assignment>* new_stream = Open(new_writer, 2);  // supersedes 1
+  ASSERT_TRUE(old_writer.status().has_value());
+  EXPECT_EQ(old_writer.status()->error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_TRUE(absl::StrContains(old_writer.status()->error_message(),
+                                "incarnation 1 was superseded by incarnation 2"))
+      << old_writer.status()->error_message();
+  old_stream->OnDone();
+  streams_.Supersede("w-1", 2);  // not older than itself
+  EXPECT_FALSE(new_writer.status().has_value());
+  streams_.Shutdown();
+  new_stream->OnDone();
+}
+
+TEST_F(AssignmentStreamsTest, Supersede_DuringWrite_FinishesAfterTheWrite) {
+  hub_.Set("w-1", RunAssignment(1));
+  FakeWriter writer;
+  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  streams_.Supersede("w-1", 2);
+  EXPECT_FALSE(writer.status().has_value());  // one operation at a time
+  hub_.Set("w-1", RunAssignment(2));                     // ending: not sent
+  writer.CompleteWrite(true);
+  ASSERT_TRUE(writer.status().has_value());
+  EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_EQ(writer.versions(), std::vector<int64_t>({1}));
+  reactor->OnDone();
+}
+
+TEST_F(AssignmentStreamsTest, Shutdown_EndsStreamsAndLaterOpensUnavailable) {
+  FakeWriter writer, late_writer;
+  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  streams_.Shutdown();
+  ASSERT_TRUE(writer.status().has_value());
+  EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::UNAVAILABLE);
+  reactor->OnDone();
+
+  hub_.Set("w-1", RunAssignment(1));
+  grpc::ServerWriteReactor<v1::Assignment>* late = Open(late_writer);
+  ASSERT_TRUE(late_writer.status().has_value());
+  EXPECT_EQ(late_writer.status()->error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(late_writer.versions().empty());
+  late->OnDone();
+  EXPECT_EQ(streams_.size(), 0);
+}
+
+TEST_F(AssignmentStreamsTest, OnCancel_FinishesCancelled) {
+  FakeWriter writer;
+  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  reactor->OnCancel();
+  ASSERT_TRUE(writer.status().has_value());
+  EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::CANCELLED);
+  reactor->OnDone();
+}
+
+TEST_F(AssignmentStreamsTest, WriteFails_FinishesCancelled) {
+  hub_.Set("w-1", RunAssignment(1));
+  FakeWriter writer;
+  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  writer.CompleteWrite(false);
+  ASSERT_TRUE(writer.status().has_value());
+  EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::CANCELLED);
+  reactor->OnDone();
+}
+
+TEST_F(AssignmentStreamsTest, OnDone_Unsubscribes) {
+  FakeWriter writer;
+  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  reactor->OnCancel();
+  reactor->OnDone();  // deletes the stream
+  EXPECT_EQ(streams_.size(), 0);
+  hub_.Set("w-1", RunAssignment(1));  // must not reach the deleted stream
+  EXPECT_TRUE(writer.versions().empty());
+}
+
+// Assignments set on one thread while another completes writes, as gRPC's
+// threads would: every write is newer than the one before and the last one
+// set is always delivered.
+TEST_F(AssignmentStreamsTest, ConcurrentSetsAndWriteCompletions_DeliverTheLatestInOrder) {
+  constexpr int kSets = 300;
+  FakeWriter writer;
+  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  std::thread setter([this] {
+    for (int v = 1; v <= kSets; ++v) hub_.Set("w-1", RunAssignment(v));
+  });
+  std::thread completer([&writer] {
+    for (int64_t version = 0; version != kSets;) {
+      version = writer.AwaitPendingWrite();
+      ASSERT_NE(version, -1) << "no write within the deadline";
+      writer.CompleteWrite(true);
+    }
+  });
+  setter.join();
+  completer.join();
+  const std::vector<int64_t> versions = writer.versions();
+  ASSERT_FALSE(versions.empty());
+  EXPECT_EQ(versions.back(), kSets);
+  for (size_t i = 1; i < versions.size(); ++i) EXPECT_LT(versions[i - 1], versions[i]);
+  streams_.Shutdown();
+  ASSERT_TRUE(writer.status().has_value());
+  reactor->OnDone();
+}
+
+// Shutdown racing with assignments being set and written.
+TEST_F(AssignmentStreamsTest, ShutdownDuringWrites_FinishesExactlyOnce) {
+  FakeWriter writer;
+  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer);
+  std::thread setter([this] {
+    for (int v = 1; v <= 100; ++v) hub_.Set("w-1", RunAssignment(v));
+  });
+  std::thread stopper([this] { streams_.Shutdown(); });
+  setter.join();
+  stopper.join();
+  if (writer.pending()) writer.CompleteWrite(true);  // the deferred Finish follows
+  ASSERT_TRUE(writer.status().has_value());  // FakeWriter checks "exactly once"
+  EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_FALSE(writer.pending());
+  reactor->OnDone();
+}
+
+}  // namespace
+}  // namespace pipetrain

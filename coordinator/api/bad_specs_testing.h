@@ -1,0 +1,28 @@
+// Malformed job specs shared by the REST and gRPC tests: each must be
+// rejected with INVALID_ARGUMENT and a message that names `field`.
+#ifndef PIPETRAIN_COORDINATOR_API_BAD_SPECS_TESTING_H_
+#define PIPETRAIN_COORDINATOR_API_BAD_SPECS_TESTING_H_
+
+#include <string>
+#include <vector>
+
+namespace pipetrain {
+
+struct BadSpec {
+  std::string name;   // what is wrong, for test output
+  std::string json;   // the JobSpec as JSON
+  std::string field;  // a substring the error message must contain
+  // Only expressible in JSON (unknown field, wrong type): a proto client
+  // cannot send it.
+  bool json_only = false;
+};
+
+// A valid one-stage spec (2 layers, d_model 16, 10 steps on generated text).
+std::string ValidSpecJson();
+
+// The malformed specs; `missing_file` must name a file that does not exist.
+std::vector<BadSpec> BadSpecs(const std::string& missing_file);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_API_BAD_SPECS_TESTING_H_

@@ -1,0 +1,171 @@
+#include "coordinator/api/grpc_service.h"
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/api/grpc_status.h"
+#include "coordinator/api/weights_upload.h"
+
+namespace pipetrain {
+
+CoordinatorGrpcService::CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs,
+                                               AssignmentHub* hub, CoordinatorMetrics* metrics)
+    : workers_(workers), jobs_(jobs), metrics_(metrics), streams_(hub) {
+  PT_CHECK(workers != nullptr && jobs != nullptr && hub != nullptr && metrics != nullptr);
+}
+
+void CoordinatorGrpcService::Shutdown() { streams_.Shutdown(); }
+
+template <typename Handler>
+grpc::ServerUnaryReactor* CoordinatorGrpcService::Unary(grpc::CallbackServerContext* context,
+                                                        absl::string_view method,
+                                                        Handler handler) {
+  const auto start = std::chrono::steady_clock::now();
+  const absl::Status status = handler();
+  metrics_->ObserveRpc(method, std::chrono::duration<double>(
+                                   std::chrono::steady_clock::now() - start)
+                                   .count());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
+    grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
+    v1::RegisterWorkerResponse* response) {
+  return Unary(context, "RegisterWorker", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, workers_->Register(*request));
+    streams_.Supersede(response->worker_id(), response->incarnation());
+    executor_.Post([jobs = jobs_] { jobs->ScheduleQueued(); });
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServerContext* context,
+                                                            const v1::HeartbeatRequest* request,
+                                                            v1::HeartbeatResponse*) {
+  return Unary(context, "Heartbeat", [&] { return workers_->Heartbeat(*request); });
+}
+
+absl::Status CoordinatorGrpcService::CheckWatcher(
+    const v1::WatchAssignmentsRequest& request) const {
+  if (request.worker_id().empty()) {
+    return absl::InvalidArgumentError("WatchAssignments: worker_id is empty; register first");
+  }
+  ASSIGN_OR_RETURN(v1::Worker worker, workers_->Get(request.worker_id()));
+  if (worker.incarnation() != request.incarnation()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker.id(), " incarnation ", request.incarnation(),
+                     " is not current (", worker.incarnation(), "); register again"));
+  }
+  if (worker.state() == v1::LOST || worker.state() == v1::LEFT) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker.id(), " is ",
+                                                      v1::WorkerState_Name(worker.state()),
+                                                      "; register again"));
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerWriteReactor<v1::Assignment>* CoordinatorGrpcService::WatchAssignments(
+    grpc::CallbackServerContext*, const v1::WatchAssignmentsRequest* request) {
+  const absl::Status valid = CheckWatcher(*request);
+  if (!valid.ok()) {
+    // A reactor that only finishes; it deletes itself when done.
+    class Rejected final : public grpc::ServerWriteReactor<v1::Assignment> {
+     public:
+      explicit Rejected(grpc::Status status) { Finish(std::move(status)); }
+      void OnDone() override { delete this; }
+    };
+    return new Rejected(ToGrpcStatus(valid));
+  }
+  return streams_.Open(request->worker_id(), request->incarnation());
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportProgress(
+    grpc::CallbackServerContext* context, const v1::ReportProgressRequest* request,
+    v1::ReportProgressResponse*) {
+  return Unary(context, "ReportProgress", [&]() -> absl::Status {
+    RETURN_IF_ERROR(jobs_->ReportProgress(*request));
+    RecordProgress(*request);
+    return absl::OkStatus();
+  });
+}
+
+void CoordinatorGrpcService::RecordProgress(const v1::ReportProgressRequest& request) {
+  if (request.micro_batch_losses_size() > 0) metrics_->CountStep();
+  absl::StatusOr<v1::Job> job = jobs_->Get(request.job_id());
+  if (!job.ok()) return;
+  // worker_ids is in stage order, so a worker's position is its stage.
+  const auto& ids = job->worker_ids();
+  for (int stage = 0; stage < ids.size(); ++stage) {
+    if (ids[stage] == request.worker_id()) {
+      metrics_->AddStageTime(stage, request.busy_seconds(), request.idle_seconds());
+      return;
+    }
+  }
+}
+
+grpc::ServerReadReactor<v1::WeightsChunk>* CoordinatorGrpcService::UploadWeights(
+    grpc::CallbackServerContext* context, v1::UploadWeightsResponse*) {
+  return NewWeightsUpload(context, jobs_, &executor_);
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* context,
+                                                            const v1::SubmitJobRequest* request,
+                                                            v1::Job* response) {
+  return Unary(context, "SubmitJob", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, jobs_->Submit(request->spec()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerContext* context,
+                                                         const v1::GetJobRequest* request,
+                                                         v1::Job* response) {
+  return Unary(context, "GetJob", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, jobs_->Get(request->id()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerContext* context,
+                                                           const v1::ListJobsRequest*,
+                                                           v1::ListJobsResponse* response) {
+  return Unary(context, "ListJobs", [&] {
+    for (v1::Job& job : jobs_->List()) *response->add_jobs() = std::move(job);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServerContext* context,
+                                                            const v1::CancelJobRequest* request,
+                                                            v1::Job* response) {
+  return Unary(context, "CancelJob", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, jobs_->Cancel(request->id()));
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::ListWorkers(
+    grpc::CallbackServerContext* context, const v1::ListWorkersRequest*,
+    v1::ListWorkersResponse* response) {
+  return Unary(context, "ListWorkers", [&] {
+    for (v1::Worker& worker : workers_->List()) *response->add_workers() = std::move(worker);
+    return absl::OkStatus();
+  });
+}
+
+grpc::ServerUnaryReactor* CoordinatorGrpcService::GetPlan(grpc::CallbackServerContext* context,
+                                                          const v1::GetPlanRequest* request,
+                                                          v1::Plan* response) {
+  return Unary(context, "GetPlan", [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, jobs_->GetPlan(request->job_id()));
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,107 @@
+// pipetrain.v1.Coordinator over gRPC's callback API: a translation layer
+// (STYLE.md item 1). Each method hands its request to WorkerRegistry or
+// JobManager and returns their absl::Status as the gRPC status with the same
+// code and message (see those headers for the codes each method returns).
+//
+// Additions beyond translation:
+//   RegisterWorker   after success, ends the worker's streams of older
+//                    incarnations and asks JobManager to start queued jobs
+//                    (on the service's executor), so a job does not wait for
+//                    the scheduling loop's next tick.
+//   WatchAssignments validates the worker first: INVALID_ARGUMENT (empty id),
+//                    NOT_FOUND (unknown id), FAILED_PRECONDITION (not the
+//                    current incarnation, or the worker is LOST/LEFT; it must
+//                    register again). Then see assignment_streams.h.
+//   UploadWeights    see weights_upload.h.
+//   ReportProgress   feeds pipetrain_stage_{busy,idle}_seconds_total and
+//                    pipetrain_job_steps_total after JobManager accepted it.
+// Every unary method records pipetrain_rpc_duration_seconds{method}.
+//
+// Unary methods run in the gRPC reaction: they take only short locks in the
+// registry and job manager. Shutdown order:
+//   service.Shutdown();        // ends the never-ending WatchAssignments streams
+//   server->Shutdown(deadline);
+//   destroy the server, then the service (joins its executor).
+//
+// Thread-safe.
+#ifndef PIPETRAIN_COORDINATOR_API_GRPC_SERVICE_H_
+#define PIPETRAIN_COORDINATOR_API_GRPC_SERVICE_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/string_view.h"
+#include "coordinator/api/assignment_streams.h"
+#include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/api/serial_executor.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/registry/worker_registry.h"
+#include "proto/pipetrain/v1/coordinator.grpc.pb.h"
+
+namespace pipetrain {
+
+class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
+ public:
+  // None owned; all must outlive the service. Requires non-null (checked).
+  CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs, AssignmentHub* hub,
+                         CoordinatorMetrics* metrics);
+
+  // Ends every WatchAssignments stream with UNAVAILABLE and refuses new ones
+  // the same way. Idempotent.
+  void Shutdown();
+
+  // Open WatchAssignments streams (for tests and diagnostics).
+  int watch_streams() const { return streams_.size(); }
+
+  grpc::ServerUnaryReactor* RegisterWorker(grpc::CallbackServerContext* context,
+                                           const v1::RegisterWorkerRequest* request,
+                                           v1::RegisterWorkerResponse* response) override;
+  grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
+                                      const v1::HeartbeatRequest* request,
+                                      v1::HeartbeatResponse* response) override;
+  grpc::ServerWriteReactor<v1::Assignment>* WatchAssignments(
+      grpc::CallbackServerContext* context, const v1::WatchAssignmentsRequest* request) override;
+  grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* context,
+                                           const v1::ReportProgressRequest* request,
+                                           v1::ReportProgressResponse* response) override;
+  grpc::ServerReadReactor<v1::WeightsChunk>* UploadWeights(
+      grpc::CallbackServerContext* context, v1::UploadWeightsResponse* response) override;
+  grpc::ServerUnaryReactor* SubmitJob(grpc::CallbackServerContext* context,
+                                      const v1::SubmitJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerUnaryReactor* GetJob(grpc::CallbackServerContext* context,
+                                   const v1::GetJobRequest* request, v1::Job* response) override;
+  grpc::ServerUnaryReactor* ListJobs(grpc::CallbackServerContext* context,
+                                     const v1::ListJobsRequest* request,
+                                     v1::ListJobsResponse* response) override;
+  grpc::ServerUnaryReactor* CancelJob(grpc::CallbackServerContext* context,
+                                      const v1::CancelJobRequest* request,
+                                      v1::Job* response) override;
+  grpc::ServerUnaryReactor* ListWorkers(grpc::CallbackServerContext* context,
+                                        const v1::ListWorkersRequest* request,
+                                        v1::ListWorkersResponse* response) override;
+  grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* context,
+                                    const v1::GetPlanRequest* request,
+                                    v1::Plan* response) override;
+
+ private:
+  // Runs `handler` (returning absl::Status), records its duration under
+  // `method` and finishes the call with its status.
+  template <typename Handler>
+  grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, absl::string_view method,
+                                  Handler handler);
+  absl::Status CheckWatcher(const v1::WatchAssignmentsRequest& request) const;
+  void RecordProgress(const v1::ReportProgressRequest& request);
+
+  WorkerRegistry* const workers_;
+  JobManager* const jobs_;
+  CoordinatorMetrics* const metrics_;
+  AssignmentStreams streams_;
+  // Last member: destroyed (joined) first, while everything its tasks use
+  // still exists.
+  SerialExecutor executor_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_API_GRPC_SERVICE_H_

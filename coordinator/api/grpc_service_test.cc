@@ -1,0 +1,470 @@
+#include "coordinator/api/grpc_service.h"
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/match.h"
+#include "common/clock.h"
+#include "coordinator/api/bad_specs_testing.h"
+#include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_spec.h"
+#include "coordinator/registry/worker_registry.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "proto/pipetrain/v1/coordinator.grpc.pb.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr char kJoinToken[] = "join-secret";
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+// Every call gets a deadline: a broken server fails the test, it does not hang it.
+void SetDeadline(grpc::ClientContext& context) {
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+}
+
+// The service on a free loopback port over a real registry and job manager
+// (fake clock), and a client stub.
+class GrpcServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port, 0);
+    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    service_.Shutdown();
+    server_->Shutdown();
+  }
+
+  grpc::Status Register(const std::string& token, v1::RegisterWorkerResponse* response,
+                        const std::string& address = "127.0.0.1:9001") {
+    v1::RegisterWorkerRequest request;
+    request.set_join_token(token);
+    request.set_data_address(address);
+    grpc::ClientContext context;
+    SetDeadline(context);
+    return stub_->RegisterWorker(&context, request, response);
+  }
+
+  grpc::Status Submit(const v1::JobSpec& spec, v1::Job* job) {
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = spec;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    return stub_->SubmitJob(&context, request, job);
+  }
+
+  v1::JobSpec ValidSpec() {
+    absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(ValidSpecJson());
+    EXPECT_TRUE(spec.ok()) << spec.status();
+    return spec.value_or(v1::JobSpec());
+  }
+
+  // Registers one worker and opens its assignment stream on `context`.
+  std::unique_ptr<grpc::ClientReader<v1::Assignment>> Watch(grpc::ClientContext& context,
+                                                            v1::RegisterWorkerResponse* worker) {
+    EXPECT_TRUE(Register(kJoinToken, worker).ok());
+    v1::WatchAssignmentsRequest request;
+    request.set_worker_id(worker->worker_id());
+    request.set_incarnation(worker->incarnation());
+    SetDeadline(context);
+    return stub_->WatchAssignments(&context, request);
+  }
+
+  std::string MetricsText() {
+    metrics_.Refresh();
+    return prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  }
+
+  FakeClock clock_;
+  WorkerRegistry workers_{WorkerRegistry::Options{.join_token = kJoinToken, .clock = &clock_}};
+  AssignmentHub hub_;
+  JobManager jobs_{&workers_, &hub_, &clock_};
+  CoordinatorMetrics metrics_{&workers_, &jobs_};
+  CoordinatorGrpcService service_{&workers_, &jobs_, &hub_, &metrics_};
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+};
+
+TEST_F(GrpcServiceTest, RegisterWorker_WithoutJoinToken_Unauthenticated) {
+  v1::RegisterWorkerResponse response;
+  grpc::Status status = Register("", &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "token")) << status.error_message();
+}
+
+TEST_F(GrpcServiceTest, RegisterWorker_WithJoinToken_ReturnsIdAndLease) {
+  v1::RegisterWorkerResponse response;
+  grpc::Status status = Register(kJoinToken, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(response.worker_id(), "w-1");
+  EXPECT_EQ(response.incarnation(), 1);
+  EXPECT_EQ(response.heartbeat_interval_seconds(), 1.0);
+  EXPECT_EQ(response.lease_seconds(), 5.0);
+}
+
+TEST_F(GrpcServiceTest, Heartbeat_RegisteredWorker_Ok) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::HeartbeatRequest request;
+  request.set_worker_id(worker.worker_id());
+  request.set_incarnation(worker.incarnation());
+  request.set_current_instruction("idle");
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(workers_.Get("w-1")->current_instruction(), "idle");
+}
+
+TEST_F(GrpcServiceTest, Heartbeat_UnknownWorker_NotFound) {
+  v1::HeartbeatRequest request;
+  request.set_worker_id("w-9");
+  request.set_incarnation(1);
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  EXPECT_EQ(stub_->Heartbeat(&context, request, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(GrpcServiceTest, SubmitJob_MalformedSpecs_InvalidArgumentNamingTheField) {
+  int checked = 0;
+  for (const BadSpec& bad : BadSpecs(TempPath("no-such-corpus.txt"))) {
+    if (bad.json_only) continue;  // a proto client cannot send unknown fields or wrong types
+    SCOPED_TRACE(bad.name);
+    absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(bad.json);
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    v1::Job job;
+    grpc::Status status = Submit(*spec, &job);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StrContains(status.error_message(), bad.field))
+        << status.error_message() << " does not name " << bad.field;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 10);
+}
+
+TEST_F(GrpcServiceTest, WatchAssignments_JobRunsThenIsCancelled_StreamsRunThenStop) {
+  grpc::ClientContext watch;
+  v1::RegisterWorkerResponse worker;
+  std::unique_ptr<grpc::ClientReader<v1::Assignment>> stream = Watch(watch, &worker);
+
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  EXPECT_EQ(job.state(), v1::RUNNING);  // the worker was READY at submission
+
+  v1::Assignment assignment;
+  ASSERT_TRUE(stream->Read(&assignment));
+  EXPECT_EQ(assignment.action(), v1::Assignment::RUN);
+  EXPECT_EQ(assignment.job_id(), job.id());
+  EXPECT_EQ(assignment.plan_version(), 1);
+  EXPECT_EQ(assignment.stage(), 0);
+  EXPECT_EQ(assignment.num_stages(), 1);
+  EXPECT_GT(assignment.program().instructions_size(), 0);
+
+  v1::CancelJobRequest cancel;
+  cancel.set_id(job.id());
+  v1::Job cancelled;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ASSERT_TRUE(stub_->CancelJob(&context, cancel, &cancelled).ok());
+  EXPECT_EQ(cancelled.state(), v1::CANCELLED);
+
+  ASSERT_TRUE(stream->Read(&assignment));
+  EXPECT_EQ(assignment.action(), v1::Assignment::STOP);
+  EXPECT_EQ(assignment.job_id(), job.id());
+
+  watch.TryCancel();
+  EXPECT_FALSE(stream->Read(&assignment));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+}
+
+TEST_F(GrpcServiceTest, WatchAssignments_AfterJobStarted_SendsCurrentAssignmentFirst) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+
+  v1::WatchAssignmentsRequest request;
+  request.set_worker_id(worker.worker_id());
+  request.set_incarnation(worker.incarnation());
+  grpc::ClientContext watch;
+  SetDeadline(watch);
+  std::unique_ptr<grpc::ClientReader<v1::Assignment>> stream =
+      stub_->WatchAssignments(&watch, request);
+  v1::Assignment assignment;
+  ASSERT_TRUE(stream->Read(&assignment));
+  EXPECT_EQ(assignment.action(), v1::Assignment::RUN);
+  EXPECT_EQ(assignment.job_id(), job.id());
+  watch.TryCancel();
+  stream->Finish().IgnoreError();
+}
+
+TEST_F(GrpcServiceTest, WatchAssignments_UnknownWorker_NotFound) {
+  v1::WatchAssignmentsRequest request;
+  request.set_worker_id("w-7");
+  request.set_incarnation(1);
+  grpc::ClientContext watch;
+  SetDeadline(watch);
+  auto stream = stub_->WatchAssignments(&watch, request);
+  v1::Assignment assignment;
+  EXPECT_FALSE(stream->Read(&assignment));
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "w-7")) << status.error_message();
+}
+
+TEST_F(GrpcServiceTest, WatchAssignments_StaleIncarnation_FailedPrecondition) {
+  v1::RegisterWorkerResponse first, second;
+  ASSERT_TRUE(Register(kJoinToken, &first).ok());
+  ASSERT_TRUE(Register(kJoinToken, &second).ok());  // same address: new incarnation
+  ASSERT_EQ(second.incarnation(), 2);
+  v1::WatchAssignmentsRequest request;
+  request.set_worker_id("w-1");
+  request.set_incarnation(1);
+  grpc::ClientContext watch;
+  SetDeadline(watch);
+  auto stream = stub_->WatchAssignments(&watch, request);
+  v1::Assignment assignment;
+  EXPECT_FALSE(stream->Read(&assignment));
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "register again"))
+      << status.error_message();
+}
+
+TEST_F(GrpcServiceTest, WatchAssignments_WorkerReregisters_OldStreamAborted) {
+  grpc::ClientContext watch;
+  v1::RegisterWorkerResponse worker;
+  auto stream = Watch(watch, &worker);
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  v1::Assignment assignment;
+  ASSERT_TRUE(stream->Read(&assignment));  // the stream is open on the server
+  v1::RegisterWorkerResponse again;
+  ASSERT_TRUE(Register(kJoinToken, &again).ok());
+  ASSERT_EQ(again.incarnation(), 2);
+  EXPECT_FALSE(stream->Read(&assignment));
+  grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "superseded by incarnation 2"))
+      << status.error_message();
+}
+
+TEST_F(GrpcServiceTest, Shutdown_OpenStream_EndsUnavailable) {
+  grpc::ClientContext watch;
+  v1::RegisterWorkerResponse worker;
+  auto stream = Watch(watch, &worker);
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  v1::Assignment assignment;
+  ASSERT_TRUE(stream->Read(&assignment));  // the stream is open on the server
+  service_.Shutdown();
+  EXPECT_FALSE(stream->Read(&assignment));
+  EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_F(GrpcServiceTest, ListWorkers_OneRegistered_ReturnsIt) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::ListWorkersResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ASSERT_TRUE(stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response).ok());
+  ASSERT_EQ(response.workers_size(), 1);
+  EXPECT_EQ(response.workers(0).id(), "w-1");
+  EXPECT_EQ(response.workers(0).state(), v1::READY);
+  EXPECT_EQ(response.workers(0).data_address(), "127.0.0.1:9001");
+}
+
+TEST_F(GrpcServiceTest, GetPlan_RunningJob_ReturnsItsPlan) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  v1::GetPlanRequest request;
+  request.set_job_id(job.id());
+  v1::Plan plan;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::Status status = stub_->GetPlan(&context, request, &plan);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(plan.job_id(), job.id());
+  EXPECT_EQ(plan.version(), 1);
+  ASSERT_EQ(plan.stages_size(), 1);
+  EXPECT_EQ(plan.stages(0).worker_id(), "w-1");
+}
+
+TEST_F(GrpcServiceTest, GetPlan_UnknownJob_NotFound) {
+  v1::GetPlanRequest request;
+  request.set_job_id("job-9");
+  v1::Plan plan;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  EXPECT_EQ(stub_->GetPlan(&context, request, &plan).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(GrpcServiceTest, GetJobAndListJobs_AfterSubmit_ReturnTheJob) {
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  v1::GetJobRequest get;
+  get.set_id(job.id());
+  v1::Job got;
+  grpc::ClientContext get_context;
+  SetDeadline(get_context);
+  ASSERT_TRUE(stub_->GetJob(&get_context, get, &got).ok());
+  EXPECT_EQ(got.state(), v1::QUEUED);
+  v1::ListJobsResponse list;
+  grpc::ClientContext list_context;
+  SetDeadline(list_context);
+  ASSERT_TRUE(stub_->ListJobs(&list_context, v1::ListJobsRequest(), &list).ok());
+  ASSERT_EQ(list.jobs_size(), 1);
+  EXPECT_EQ(list.jobs(0).id(), job.id());
+}
+
+TEST_F(GrpcServiceTest, ReportProgress_StepWithLosses_UpdatesJobAndStageMetrics) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  v1::ReportProgressRequest request;
+  request.set_worker_id(worker.worker_id());
+  request.set_incarnation(worker.incarnation());
+  request.set_job_id(job.id());
+  request.set_plan_version(1);
+  request.set_iteration(0);
+  request.add_micro_batch_losses(2.0f);
+  request.add_micro_batch_losses(3.0f);
+  request.set_busy_seconds(0.5);
+  request.set_idle_seconds(0.25);
+  v1::ReportProgressResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::Status status = stub_->ReportProgress(&context, request, &response);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+
+  EXPECT_EQ(jobs_.Get(job.id())->progress().loss(), 2.5f);
+  const std::string text = MetricsText();
+  EXPECT_TRUE(absl::StrContains(text, "pipetrain_stage_busy_seconds_total{stage=\"0\"} 0.5"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text, "pipetrain_stage_idle_seconds_total{stage=\"0\"} 0.25"));
+  EXPECT_TRUE(absl::StrContains(text, "pipetrain_job_steps_total 1\n"));
+  EXPECT_TRUE(absl::StrContains(text, "pipetrain_job_loss 2.5\n"));
+  EXPECT_TRUE(absl::StrContains(
+      text, "pipetrain_rpc_duration_seconds_count{method=\"ReportProgress\"} 1\n"));
+}
+
+TEST_F(GrpcServiceTest, ReportProgress_StalePlanVersion_FailedPrecondition) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  v1::ReportProgressRequest request;
+  request.set_worker_id(worker.worker_id());
+  request.set_job_id(job.id());
+  request.set_plan_version(7);
+  v1::ReportProgressResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  EXPECT_EQ(stub_->ReportProgress(&context, request, &response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+}
+
+// Uploads `chunks` on one stream and returns the call's status.
+grpc::Status Upload(v1::Coordinator::Stub& stub, const std::vector<v1::WeightsChunk>& chunks) {
+  grpc::ClientContext context;
+  SetDeadline(context);
+  v1::UploadWeightsResponse response;
+  auto writer = stub.UploadWeights(&context, &response);
+  for (const v1::WeightsChunk& chunk : chunks) {
+    if (!writer->Write(chunk)) break;  // the server ended the call early
+  }
+  writer->WritesDone();
+  return writer->Finish();
+}
+
+v1::WeightsChunk Chunk(const std::string& worker, const std::string& job, int64_t offset) {
+  v1::WeightsChunk chunk;
+  chunk.set_worker_id(worker);
+  chunk.set_job_id(job);
+  chunk.set_tensor_name("wte");
+  chunk.add_shape(4);
+  chunk.add_shape(2);
+  chunk.set_offset(offset);
+  for (int i = 0; i < 4; ++i) chunk.add_values(static_cast<float>(offset + i));
+  return chunk;
+}
+
+TEST_F(GrpcServiceTest, UploadWeights_ChunksOfARunningJob_Ok) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  grpc::Status status = Upload(*stub_, {Chunk("w-1", job.id(), 0), Chunk("w-1", job.id(), 4)});
+  EXPECT_TRUE(status.ok()) << status.error_message();
+}
+
+TEST_F(GrpcServiceTest, UploadWeights_ChunkPastTheTensor_InvalidArgument) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  grpc::Status status = Upload(*stub_, {Chunk("w-1", job.id(), 6)});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "wte")) << status.error_message();
+}
+
+TEST_F(GrpcServiceTest, UploadWeights_UnknownJob_NotFound) {
+  EXPECT_EQ(Upload(*stub_, {Chunk("w-1", "job-5", 0)}).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(GrpcServiceTest, UploadWeights_TwoJobsInOneStream_InvalidArgument) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  grpc::Status status = Upload(*stub_, {Chunk("w-1", job.id(), 0), Chunk("w-1", "job-2", 4)});
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "one UploadWeights stream per worker"))
+      << status.error_message();
+}
+
+TEST_F(GrpcServiceTest, UploadWeights_EmptyStream_InvalidArgument) {
+  EXPECT_EQ(Upload(*stub_, {}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethod) {
+  v1::RegisterWorkerResponse worker;
+  EXPECT_FALSE(Register("", &worker).ok());  // failed calls count too
+  EXPECT_TRUE(Register(kJoinToken, &worker).ok());
+  const std::string text = MetricsText();
+  EXPECT_TRUE(absl::StrContains(
+      text, "pipetrain_rpc_duration_seconds_count{method=\"RegisterWorker\"} 2\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(
+      text, "pipetrain_rpc_duration_seconds_count{method=\"SubmitJob\"} 0\n"));
+}
+
+}  // namespace
+}  // namespace pipetrain

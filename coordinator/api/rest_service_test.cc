@@ -1,0 +1,235 @@
+#include "coordinator/api/rest_service.h"
+
+#include <httplib.h>
+
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "common/clock.h"
+#include "common/http_server.h"
+#include "coordinator/api/bad_specs_testing.h"
+#include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/registry/worker_registry.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain {
+namespace {
+
+using nlohmann::json;
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+}
+
+// The REST routes and /metrics over a real registry and job manager on a
+// fake clock, served on a free loopback port.
+class RestServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override { Serve(""); }
+
+  void Serve(const std::string& token) {
+    server_ = std::make_unique<HttpServer>(HttpServer::Options{.bearer_token = token});
+    RegisterRestRoutes(*server_, &workers_, &jobs_);
+    ServePrometheus(*server_, metrics_.registry(), [this] { metrics_.Refresh(); });
+    absl::StatusOr<int> port = server_->Start("127.0.0.1", 0);
+    ASSERT_TRUE(port.ok()) << port.status();
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", *port);
+    client_->set_connection_timeout(10);
+    client_->set_read_timeout(10);
+    client_->set_write_timeout(10);
+  }
+
+  void RegisterWorker() {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:9001");
+    ASSERT_TRUE(workers_.Register(request).ok());
+  }
+
+  // Status and parsed body of a call; fails the test on transport errors.
+  std::pair<int, json> Call(const std::string& method, const std::string& path,
+                            const std::string& body = "") {
+    httplib::Result result = method == "GET" ? client_->Get(path.c_str())
+                                             : client_->Post(path.c_str(), body, "application/json");
+    EXPECT_TRUE(result) << method << " " << path << ": " << httplib::to_string(result.error());
+    if (!result) return {0, json()};
+    EXPECT_EQ(result->get_header_value("Content-Type"), "application/json");
+    return {result->status, json::parse(result->body, nullptr, /*allow_exceptions=*/false)};
+  }
+
+  FakeClock clock_;
+  WorkerRegistry workers_{WorkerRegistry::Options{.clock = &clock_}};
+  AssignmentHub hub_;
+  JobManager jobs_{&workers_, &hub_, &clock_};
+  CoordinatorMetrics metrics_{&workers_, &jobs_};
+  std::unique_ptr<HttpServer> server_;  // after what its routes use: stops first
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(RestServiceTest, SubmitJob_ValidSpec_ReturnsQueuedJobInCanonicalJson) {
+  auto [status, job] = Call("POST", "/v1/jobs", ValidSpecJson());
+  EXPECT_EQ(status, 200) << job;
+  EXPECT_EQ(job["id"], "job-1");
+  EXPECT_EQ(job["state"], "QUEUED");
+  EXPECT_EQ(job["spec"]["model"]["nLayer"], 2);  // lowerCamel names
+  EXPECT_EQ(job["spec"]["training"]["steps"], "10");  // int64 as a string
+  EXPECT_EQ(job["spec"]["parallelism"]["solver"], "uniform");  // defaults resolved
+  EXPECT_TRUE(job["createTime"].is_string());  // RFC 3339
+}
+
+TEST_F(RestServiceTest, SubmitJob_MalformedSpecs_Return400NamingTheField) {
+  const std::vector<BadSpec> specs = BadSpecs(TempPath("no-such-corpus.txt"));
+  ASSERT_GE(specs.size(), 10u);
+  for (const BadSpec& spec : specs) {
+    SCOPED_TRACE(spec.name);
+    auto [status, error] = Call("POST", "/v1/jobs", spec.json);
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(error["code"], "INVALID_ARGUMENT");
+    ASSERT_TRUE(error["message"].is_string()) << error;
+    EXPECT_TRUE(absl::StrContains(error["message"].get<std::string>(), spec.field))
+        << error["message"] << " does not name " << spec.field;
+  }
+  EXPECT_EQ(jobs_.List().size(), 0u);
+}
+
+TEST_F(RestServiceTest, SubmitJob_EmptyBody_Returns400) {
+  auto [status, error] = Call("POST", "/v1/jobs", "");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["code"], "INVALID_ARGUMENT");
+}
+
+TEST_F(RestServiceTest, GetJob_Unknown_Returns404) {
+  auto [status, error] = Call("GET", "/v1/jobs/job-42");
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(error["code"], "NOT_FOUND");
+  EXPECT_TRUE(absl::StrContains(error["message"].get<std::string>(), "job-42"));
+}
+
+TEST_F(RestServiceTest, GetJob_Submitted_ReturnsIt) {
+  Call("POST", "/v1/jobs", ValidSpecJson());
+  auto [status, job] = Call("GET", "/v1/jobs/job-1");
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(job["id"], "job-1");
+  EXPECT_EQ(job["state"], "QUEUED");
+}
+
+TEST_F(RestServiceTest, ListJobs_Empty_ReturnsEmptyObject) {
+  auto [status, list] = Call("GET", "/v1/jobs");
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(list, json::object());  // proto3 JSON omits empty repeated fields
+}
+
+TEST_F(RestServiceTest, ListJobs_Two_InSubmissionOrder) {
+  Call("POST", "/v1/jobs", ValidSpecJson());
+  Call("POST", "/v1/jobs", ValidSpecJson());
+  auto [status, list] = Call("GET", "/v1/jobs");
+  EXPECT_EQ(status, 200);
+  ASSERT_EQ(list["jobs"].size(), 2u) << list;
+  EXPECT_EQ(list["jobs"][0]["id"], "job-1");
+  EXPECT_EQ(list["jobs"][1]["id"], "job-2");
+}
+
+TEST_F(RestServiceTest, CancelJob_Queued_CancelledThenSecondCancelIs400) {
+  Call("POST", "/v1/jobs", ValidSpecJson());
+  auto [status, job] = Call("POST", "/v1/jobs/job-1:cancel");
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(job["state"], "CANCELLED");
+  EXPECT_EQ(job["reason"], "cancelled by the user");
+
+  auto [again, error] = Call("POST", "/v1/jobs/job-1:cancel");
+  EXPECT_EQ(again, 400);  // FAILED_PRECONDITION, as grpc-gateway maps it
+  EXPECT_EQ(error["code"], "FAILED_PRECONDITION");
+  EXPECT_TRUE(absl::StrContains(error["message"].get<std::string>(), "already ended"));
+}
+
+TEST_F(RestServiceTest, CancelJob_Unknown_Returns404) {
+  auto [status, error] = Call("POST", "/v1/jobs/job-7:cancel");
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(error["code"], "NOT_FOUND");
+}
+
+TEST_F(RestServiceTest, GetPlan_QueuedJob_Returns400FailedPrecondition) {
+  Call("POST", "/v1/jobs", ValidSpecJson());
+  auto [status, error] = Call("GET", "/v1/jobs/job-1/plan");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["code"], "FAILED_PRECONDITION");
+}
+
+TEST_F(RestServiceTest, GetPlan_RunningJob_ReturnsPlan) {
+  RegisterWorker();
+  auto [submitted, job] = Call("POST", "/v1/jobs", ValidSpecJson());
+  ASSERT_EQ(job["state"], "RUNNING") << job;
+  auto [status, plan] = Call("GET", "/v1/jobs/job-1/plan");
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(plan["jobId"], "job-1");
+  EXPECT_EQ(plan["version"], "1");
+  ASSERT_EQ(plan["stages"].size(), 1u) << plan;
+  EXPECT_EQ(plan["stages"][0]["workerId"], "w-1");
+}
+
+TEST_F(RestServiceTest, ListWorkers_OneRegistered_ReturnsIt) {
+  RegisterWorker();
+  auto [status, list] = Call("GET", "/v1/workers");
+  EXPECT_EQ(status, 200);
+  ASSERT_EQ(list["workers"].size(), 1u) << list;
+  EXPECT_EQ(list["workers"][0]["id"], "w-1");
+  EXPECT_EQ(list["workers"][0]["incarnation"], "1");
+  EXPECT_EQ(list["workers"][0]["state"], "READY");
+  EXPECT_EQ(list["workers"][0]["dataAddress"], "127.0.0.1:9001");
+}
+
+TEST_F(RestServiceTest, Healthz_ReturnsOk) {
+  auto [status, body] = Call("GET", "/healthz");
+  EXPECT_EQ(status, 200);
+  EXPECT_EQ(body, json({{"status", "ok"}}));
+}
+
+TEST_F(RestServiceTest, UnknownEndpoint_Returns404Json) {
+  auto [status, error] = Call("GET", "/v1/jobs/job-1:cancel");  // cancel is POST
+  EXPECT_EQ(status, 404);
+  EXPECT_EQ(error["code"], "NOT_FOUND");
+}
+
+TEST_F(RestServiceTest, Metrics_AfterRegistration_CountsTheWorker) {
+  RegisterWorker();
+  httplib::Result result = client_->Get("/metrics");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 200);
+  EXPECT_EQ(result->get_header_value("Content-Type"), "text/plain; version=0.0.4");
+  EXPECT_TRUE(absl::StrContains(result->body, "# TYPE pipetrain_workers gauge")) << result->body;
+  EXPECT_TRUE(absl::StrContains(result->body, "pipetrain_workers{state=\"READY\"} 1"))
+      << result->body;
+  EXPECT_TRUE(absl::StrContains(result->body, "pipetrain_jobs{state=\"QUEUED\"} 0"));
+}
+
+class RestServiceAuthTest : public RestServiceTest {
+ protected:
+  void SetUp() override { Serve("t0ken"); }
+};
+
+TEST_F(RestServiceAuthTest, ListJobs_WithoutToken_Returns401) {
+  auto [status, error] = Call("GET", "/v1/jobs");
+  EXPECT_EQ(status, 401);
+  EXPECT_EQ(error["code"], "UNAUTHENTICATED");
+}
+
+TEST_F(RestServiceAuthTest, ListJobs_WithToken_Returns200) {
+  client_->set_bearer_token_auth("t0ken");
+  auto [status, list] = Call("GET", "/v1/jobs");
+  EXPECT_EQ(status, 200);
+}
+
+TEST_F(RestServiceAuthTest, HealthzAndMetrics_WithoutToken_Return200) {
+  EXPECT_EQ(Call("GET", "/healthz").first, 200);
+  httplib::Result metrics = client_->Get("/metrics");
+  ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->status, 200);
+}
+
+}  // namespace
+}  // namespace pipetrain

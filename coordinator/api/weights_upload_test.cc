@@ -1,0 +1,184 @@
+// Drives the UploadWeights reactor through a fake gRPC reader over a real
+// JobManager: no sockets and no gRPC threads, so TSan checks the hand-offs
+// between the "gRPC" thread (the test) and the service's executor.
+#include "coordinator/api/weights_upload.h"
+
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
+#include "absl/time/time.h"
+#include "common/annotated_mutex.h"
+#include "common/clock.h"
+#include "coordinator/api/bad_specs_testing.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_spec.h"
+#include "coordinator/registry/worker_registry.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(30);  // only a deadline: never waited out
+
+// Stands in for gRPC's side of a client-streaming call: the reactor's reads
+// wait here until the test delivers a chunk or the end of the stream.
+class FakeReader final : public grpc::ServerCallbackReader<v1::WeightsChunk> {
+ public:
+  void Bind(grpc::ServerReadReactor<v1::WeightsChunk>* reactor) {
+    reactor_ = reactor;
+    BindReactor(reactor);
+  }
+
+  void Finish(grpc::Status status) override {
+    AnnotatedMutexLock lock(&mu_);
+    EXPECT_FALSE(status_.has_value()) << "Finish called twice";
+    EXPECT_EQ(target_, nullptr) << "Finish called with a read in flight";
+    status_ = std::move(status);
+  }
+  void SendInitialMetadata() override {}
+  void Read(v1::WeightsChunk* message) override {
+    AnnotatedMutexLock lock(&mu_);
+    EXPECT_EQ(target_, nullptr) << "two reads in flight";
+    target_ = message;
+  }
+
+  // Waits for the reactor's next read, fills it with `chunk` and reports it
+  // done, as gRPC would. False if no read came before the deadline.
+  bool Deliver(const v1::WeightsChunk& chunk) { return Complete(&chunk); }
+  // Ends the client's side of the stream.
+  bool EndStream() { return Complete(nullptr); }
+
+  // The call's status once the reactor finished it.
+  std::optional<grpc::Status> AwaitStatus() {
+    AnnotatedMutexLock lock(&mu_);
+    auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return status_.has_value(); };
+    mu_.AwaitWithTimeout(finished, kWait);
+    return status_;
+  }
+
+ private:
+  bool Complete(const v1::WeightsChunk* chunk) {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      auto reading = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return target_ != nullptr; };
+      if (!mu_.AwaitWithTimeout(reading, kWait)) return false;
+      if (chunk != nullptr) *target_ = *chunk;
+      target_ = nullptr;
+    }
+    reactor_->OnReadDone(chunk != nullptr);
+    return true;
+  }
+
+  grpc::internal::ServerReactor* reactor() override { return reactor_; }
+  void CallOnDone() override {}
+
+  grpc::ServerReadReactor<v1::WeightsChunk>* reactor_ = nullptr;
+  AnnotatedMutex mu_;
+  v1::WeightsChunk* target_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::optional<grpc::Status> status_ ABSL_GUARDED_BY(mu_);
+};
+
+v1::WeightsChunk Chunk(const std::string& job, int64_t offset) {
+  v1::WeightsChunk chunk;
+  chunk.set_worker_id("w-1");
+  chunk.set_job_id(job);
+  chunk.set_tensor_name("wte");
+  chunk.add_shape(4);
+  chunk.add_shape(2);
+  chunk.set_offset(offset);
+  for (int i = 0; i < 4; ++i) chunk.add_values(static_cast<float>(offset + i));
+  return chunk;
+}
+
+class WeightsUploadTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    v1::RegisterWorkerRequest worker;
+    worker.set_data_address("127.0.0.1:9001");
+    ASSERT_TRUE(workers_.Register(worker).ok());
+    absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(ValidSpecJson());
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    absl::StatusOr<v1::Job> job = jobs_.Submit(*spec);
+    ASSERT_TRUE(job.ok()) << job.status();
+    ASSERT_EQ(job->state(), v1::RUNNING);
+    job_id_ = job->id();
+  }
+
+  // Starts an upload call bound to `reader`.
+  grpc::ServerReadReactor<v1::WeightsChunk>* Start(FakeReader& reader) {
+    grpc::ServerReadReactor<v1::WeightsChunk>* reactor =
+        NewWeightsUpload(&context_, &jobs_, &executor_);
+    reader.Bind(reactor);
+    return reactor;
+  }
+
+  FakeClock clock_;
+  WorkerRegistry workers_{WorkerRegistry::Options{.clock = &clock_}};
+  AssignmentHub hub_;
+  JobManager jobs_{&workers_, &hub_, &clock_};
+  std::string job_id_;
+  grpc::CallbackServerContext context_;
+  SerialExecutor executor_;  // last: joined first
+};
+
+TEST_F(WeightsUploadTest, TwoChunksThenEnd_StoresThemAndFinishesOk) {
+  FakeReader reader;
+  grpc::ServerReadReactor<v1::WeightsChunk>* reactor = Start(reader);
+  ASSERT_TRUE(reader.Deliver(Chunk(job_id_, 0)));
+  ASSERT_TRUE(reader.Deliver(Chunk(job_id_, 4)));
+  ASSERT_TRUE(reader.EndStream());
+  std::optional<grpc::Status> status = reader.AwaitStatus();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(status->ok()) << status->error_message();
+  reactor->OnDone();
+}
+
+TEST_F(WeightsUploadTest, ChunkPastTheTensor_FinishesInvalidArgument) {
+  FakeReader reader;
+  grpc::ServerReadReactor<v1::WeightsChunk>* reactor = Start(reader);
+  ASSERT_TRUE(reader.Deliver(Chunk(job_id_, 6)));
+  std::optional<grpc::Status> status = reader.AwaitStatus();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status->error_message(), "wte")) << status->error_message();
+  reactor->OnDone();
+}
+
+TEST_F(WeightsUploadTest, ChunkOfAnotherJob_FinishesInvalidArgument) {
+  FakeReader reader;
+  grpc::ServerReadReactor<v1::WeightsChunk>* reactor = Start(reader);
+  ASSERT_TRUE(reader.Deliver(Chunk(job_id_, 0)));
+  ASSERT_TRUE(reader.Deliver(Chunk("job-9", 4)));
+  std::optional<grpc::Status> status = reader.AwaitStatus();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status->error_message(), "job job-9")) << status->error_message();
+  reactor->OnDone();
+}
+
+TEST_F(WeightsUploadTest, UnknownJob_FinishesNotFound) {
+  FakeReader reader;
+  grpc::ServerReadReactor<v1::WeightsChunk>* reactor = Start(reader);
+  ASSERT_TRUE(reader.Deliver(Chunk("job-9", 0)));
+  std::optional<grpc::Status> status = reader.AwaitStatus();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::NOT_FOUND);
+  reactor->OnDone();
+}
+
+TEST_F(WeightsUploadTest, EmptyStream_FinishesInvalidArgument) {
+  FakeReader reader;
+  grpc::ServerReadReactor<v1::WeightsChunk>* reactor = Start(reader);
+  ASSERT_TRUE(reader.EndStream());
+  std::optional<grpc::Status> status = reader.AwaitStatus();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(status->error_message(), "no chunks")) << status->error_message();
+  reactor->OnDone();
+}
+
+}  // namespace
+}  // namespace pipetrain

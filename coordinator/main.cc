@@ -1,0 +1,271 @@
+// pipetrain-coordinator: registers workers, plans and runs jobs (DESIGN.md
+// §2, §7). Serves gRPC (workers and the CLI) and HTTP (REST, /healthz,
+// /metrics); runs until SIGINT or SIGTERM, then shuts down cleanly (exit 0).
+//
+//   pipetrain-coordinator --grpc-address 127.0.0.1:0
+//       --http-address 127.0.0.1:0 --ports-file /tmp/ports.json
+//
+// Exit codes: 0 after a signal, 1 when a server cannot start, 2 for bad flags.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "cli/flag_set.h"
+#include "common/clock.h"
+#include "common/http_server.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/api/grpc_service.h"
+#include "coordinator/api/rest_service.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/registry/worker_registry.h"
+
+namespace pipetrain {
+namespace {
+
+// Assignments carry whole programs and spec; weights chunks are large.
+constexpr int kMaxMessageBytes = 64 << 20;
+// How long in-flight RPCs get to finish at shutdown before they are cancelled.
+constexpr auto kShutdownGrace = std::chrono::seconds(5);
+
+struct Flags {
+  std::string grpc_address = "127.0.0.1:7070";
+  std::string http_address = "127.0.0.1:8080";
+  std::string join_token;
+  double lease_seconds = 5;
+  double heartbeat_seconds = 1;
+  std::string rest_token;
+  std::string tls_cert;
+  std::string tls_key;
+  std::string ports_file;
+};
+
+// Flags and what is derived from them, validated.
+struct Config {
+  Flags flags;
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  std::string http_host;
+  int http_port = 0;
+};
+
+// OK with `help` set when --help was given (usage printed).
+absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
+  FlagSet set("usage: pipetrain-coordinator [flags]");
+  set.String("grpc-address", &flags.grpc_address, "gRPC listen address host:port (port 0: any)");
+  set.String("http-address", &flags.http_address,
+             "REST, /healthz and /metrics listen address host:port (port 0: any)");
+  set.String("join-token", &flags.join_token,
+             "token workers must present to register; empty: anyone may register");
+  set.Double("lease-seconds", &flags.lease_seconds,
+             "a worker silent for longer than this is LOST");
+  set.Double("heartbeat-seconds", &flags.heartbeat_seconds, "heartbeat interval told to workers");
+  set.String("rest-token", &flags.rest_token,
+             "bearer token required by REST endpoints (not /healthz, /metrics); empty: none");
+  set.String("tls-cert", &flags.tls_cert, "PEM certificate chain for gRPC TLS (with --tls-key)");
+  set.String("tls-key", &flags.tls_key, "PEM private key for gRPC TLS (with --tls-cert)");
+  set.String("ports-file", &flags.ports_file,
+             "after binding, write {\"grpc_port\": N, \"http_port\": M} here (atomically)");
+  RETURN_IF_ERROR(set.Parse(std::vector<std::string>(argv + 1, argv + argc)));
+  help = set.help_requested();
+  if (help) std::printf("%s", set.Usage().c_str());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("--", flag, ": cannot read ", path, "; check the path and permissions"));
+  }
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Flags& flags) {
+  if (flags.tls_cert.empty() && flags.tls_key.empty()) return grpc::InsecureServerCredentials();
+  if (flags.tls_cert.empty() || flags.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls-cert and --tls-key must be given together");
+  }
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile("tls-cert", flags.tls_cert));
+  ASSIGN_OR_RETURN(pair.private_key, ReadFile("tls-key", flags.tls_key));
+  grpc::SslServerCredentialsOptions options;
+  options.pem_key_cert_pairs.push_back(std::move(pair));
+  return grpc::SslServerCredentials(options);
+}
+
+// Binds the gRPC server; `port` receives the bound port.
+absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
+                                                        grpc::Service* service, int& port) {
+  const Flags& flags = config.flags;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(flags.grpc_address, config.credentials, &port);
+  // gRPC's default SO_REUSEPORT would let a second coordinator share the port.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on --grpc-address ",
+                                               flags.grpc_address,
+                                               "; is the port in use or the host not local?"));
+  }
+  return server;
+}
+
+// "host:port" or "[v6]:port" -> host (without brackets) and port.
+absl::Status SplitHostPort(const std::string& address, std::string& host, int& port) {
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--http-address \"", address, "\" is not host:port (e.g. 127.0.0.1:8080, [::1]:0)"));
+  }
+  host = address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return absl::OkStatus();
+}
+
+WorkerRegistry::Options RegistryOptions(const Flags& flags) {
+  WorkerRegistry::Options options;
+  options.join_token = flags.join_token;
+  options.heartbeat_interval = absl::Seconds(flags.heartbeat_seconds);
+  options.lease = absl::Seconds(flags.lease_seconds);
+  options.clock = RealClock();
+  return options;
+}
+
+// Everything checked before anything starts: flag errors exit with 2.
+absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
+  RETURN_IF_ERROR(ParseFlags(argc, argv, config.flags, help));
+  if (help) return absl::OkStatus();
+  absl::Status lease = WorkerRegistry::ValidateOptions(RegistryOptions(config.flags));
+  if (!lease.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(lease.message(), " (--heartbeat-seconds, --lease-seconds)"));
+  }
+  ASSIGN_OR_RETURN(config.credentials, ServerCredentials(config.flags));
+  return SplitHostPort(config.flags.http_address, config.http_host, config.http_port);
+}
+
+// Writes to a temporary file and renames it, so a reader never sees half.
+absl::Status WritePortsFile(const std::string& path, int grpc_port, int http_port) {
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << "{\"grpc_port\": " << grpc_port << ", \"http_port\": " << http_port << "}\n";
+    if (!out.flush()) {
+      return absl::PermissionDeniedError(absl::StrCat("--ports-file: cannot write ", temporary));
+    }
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("--ports-file: cannot rename ", temporary, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+// Blocks SIGINT and SIGTERM in this thread and (by inheritance) every thread
+// started afterwards, so WaitForSignal receives them synchronously: no
+// handler runs in a signal context.
+sigset_t BlockShutdownSignals() {
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  return signals;
+}
+
+int WaitForSignal(const sigset_t& signals) {
+  int signal = 0;
+  while (sigwait(&signals, &signal) != 0) {
+  }
+  return signal;
+}
+
+// Wires the managers and servers, serves until a signal, shuts down.
+int Serve(const Config& config, const sigset_t& signals) {
+  const Flags& flags = config.flags;
+  WorkerRegistry registry(RegistryOptions(flags));
+  AssignmentHub hub;
+  JobManager jobs(&registry, &hub, RealClock());
+  registry.SetLossListener(
+      [&jobs](const std::string& worker, const std::string& job, const std::string& reason) {
+        jobs.OnWorkerLost(worker, job, reason);
+      });
+  CoordinatorMetrics metrics(&registry, &jobs);
+  CoordinatorGrpcService service(&registry, &jobs, &hub, &metrics);
+
+  int grpc_port = 0;
+  absl::StatusOr<std::unique_ptr<grpc::Server>> grpc_server =
+      StartGrpc(config, &service, grpc_port);
+  if (!grpc_server.ok()) {
+    PT_LOG(ERROR) << grpc_server.status().message();
+    return 1;
+  }
+  HttpServer http({.bearer_token = flags.rest_token});
+  RegisterRestRoutes(http, &registry, &jobs);
+  ServePrometheus(http, metrics.registry(), [&metrics] { metrics.Refresh(); });
+  absl::StatusOr<int> bound = http.Start(config.http_host, config.http_port);
+  absl::Status ports = bound.ok() && !flags.ports_file.empty()
+                           ? WritePortsFile(flags.ports_file, grpc_port, *bound)
+                           : bound.status();
+  if (!ports.ok()) {
+    PT_LOG(ERROR) << ports.message();
+    service.Shutdown();
+    (*grpc_server)->Shutdown();
+    return 1;
+  }
+  registry.StartStalenessLoop();
+  jobs.StartSchedulingLoop();
+  PT_LOG(INFO) << "pipetrain-coordinator: gRPC on port " << grpc_port << ", HTTP on port "
+               << *bound << (flags.tls_cert.empty() ? " (gRPC without TLS)" : " (gRPC with TLS)");
+
+  const int signal = WaitForSignal(signals);
+  PT_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << "; shutting down";
+  service.Shutdown();  // ends WatchAssignments streams, which never end by themselves
+  (*grpc_server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+  http.Stop();
+  registry.Stop();
+  registry.SetLossListener(nullptr);
+  return 0;  // jobs' destructor stops the scheduling loop
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+int main(int argc, char** argv) {
+  const sigset_t signals = pipetrain::BlockShutdownSignals();  // before any thread starts
+  pipetrain::Config config;
+  bool help = false;
+  absl::Status configured = pipetrain::Configure(argc, argv, config, help);
+  if (!configured.ok()) {
+    std::fprintf(stderr, "pipetrain-coordinator: %s\n",
+                 std::string(configured.message()).c_str());
+    return 2;
+  }
+  if (help) return 0;
+  if (config.flags.join_token.empty()) {
+    PT_LOG(WARNING) << "--join-token is empty: anyone who can reach "
+                    << config.flags.grpc_address
+                    << " may register as a worker; set a token beyond local use";
+  }
+  return pipetrain::Serve(config, signals);
+}

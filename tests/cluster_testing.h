@@ -1,0 +1,36 @@
+// Helpers for the multi-process tests: start a LocalCluster from the test's
+// runfiles, submit a job and wait for its state over gRPC.
+#ifndef PIPETRAIN_TESTS_CLUSTER_TESTING_H_
+#define PIPETRAIN_TESTS_CLUSTER_TESTING_H_
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/local_cluster.h"
+#include "proto/pipetrain/v1/coordinator.grpc.pb.h"
+
+namespace pipetrain::testing {
+
+// Coordinator + `workers` workers logging into $TEST_TMPDIR/<subdir>;
+// nullptr (and a test failure) if they do not start.
+std::unique_ptr<LocalCluster> StartTestCluster(const std::string& subdir, int workers,
+                                               std::vector<std::string> coordinator_args = {},
+                                               std::vector<std::string> worker_args = {});
+
+// SubmitJob; returns the new job's id ("" and a test failure on error).
+std::string SubmitJob(v1::Coordinator::Stub& stub, const v1::JobSpec& spec);
+
+v1::Job GetJob(v1::Coordinator::Stub& stub, const std::string& id);
+
+// Polls the job every 50 ms (a remote state, not synchronisation) until
+// `done(job)` or `timeout`; returns the last job seen.
+v1::Job AwaitJob(v1::Coordinator::Stub& stub, const std::string& id, absl::Duration timeout,
+                 const std::function<bool(const v1::Job&)>& done);
+
+bool Ended(const v1::Job& job);  // SUCCEEDED, FAILED or CANCELLED
+
+}  // namespace pipetrain::testing
+
+#endif  // PIPETRAIN_TESTS_CLUSTER_TESTING_H_

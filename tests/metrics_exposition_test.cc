@@ -1,0 +1,70 @@
+// `promtool check metrics` accepts the coordinator's and a worker's /metrics
+// after a short job has run (so labelled families have samples).
+#include <sys/stat.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "cli/coordinator_client.h"
+#include "cli/local_cluster.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_testing.h"
+#include "httplib.h"
+
+namespace pipetrain {
+namespace {
+
+// Runs promtool on `text`; returns its exit status and output.
+std::pair<int, std::string> Promtool(const std::string& text, const std::string& name) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const std::string in = dir + "/" + name + ".prom", out = dir + "/" + name + ".promtool";
+  std::ofstream(in) << text;
+  const int status = std::system(("promtool check metrics < " + in + " > " + out + " 2>&1").c_str());
+  std::ifstream result(out);
+  return {status, std::string(std::istreambuf_iterator<char>(result), {})};
+}
+
+std::string Scrape(int port) {
+  httplib::Client client("127.0.0.1", port);
+  auto response = client.Get("/metrics");
+  EXPECT_TRUE(response && response->status == 200);
+  return response ? response->body : "";
+}
+
+TEST(MetricsExpositionTest, CoordinatorAndWorkerMetrics_PassPromtool) {
+  ASSERT_EQ(std::system("command -v promtool > /dev/null"), 0)
+      << "promtool is missing: run scripts/setup.sh (Debian package prometheus)";
+  auto cluster = testing::StartTestCluster("metrics", 1);
+  ASSERT_NE(cluster, nullptr);
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+  v1::JobSpec spec;
+  spec.mutable_model()->set_n_layer(1);
+  spec.mutable_model()->set_n_head(2);
+  spec.mutable_model()->set_d_model(16);
+  spec.mutable_training()->set_seq_len(8);
+  spec.mutable_training()->set_batch_size(2);
+  spec.mutable_training()->set_steps(3);
+  spec.mutable_data()->set_synthetic_bytes(5000);
+  spec.mutable_parallelism()->set_stages(1);
+  const std::string id = testing::SubmitJob(*stub, spec);
+  const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+
+  const std::string coordinator = Scrape(std::stoi(cluster->http_address().substr(10)));
+  EXPECT_NE(coordinator.find("pipetrain_workers{"), std::string::npos) << coordinator;
+  auto [c_status, c_out] = Promtool(coordinator, "coordinator");
+  EXPECT_EQ(c_status, 0) << c_out;
+
+  const std::string ports = std::string(std::getenv("TEST_TMPDIR")) + "/metrics/worker-0.ports";
+  const int worker_port = ReadPort(ports, "metrics_port").value();
+  const std::string worker = Scrape(worker_port);
+  EXPECT_NE(worker.find("pipetrain_stage_compute_seconds_total{phase=\"forward\"}"),
+            std::string::npos) << worker;
+  EXPECT_NE(worker.find("pipetrain_stage_iterations_total 3"), std::string::npos) << worker;
+  auto [w_status, w_out] = Promtool(worker, "worker");
+  EXPECT_EQ(w_status, 0) << w_out;
+}
+
+}  // namespace
+}  // namespace pipetrain

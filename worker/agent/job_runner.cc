@@ -1,0 +1,111 @@
+#include "worker/agent/job_runner.h"
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/jobs/job_spec.h"
+#include "worker/data/corpus.h"
+
+namespace pipetrain {
+
+JobRunner::JobRunner(v1::Assignment assignment, Mailbox* mailbox,
+                     TransportFactory make_transport, CoordinatorLink* coordinator,
+                     JobRunnerOptions options, IterationObserver observer)
+    : assignment_(std::move(assignment)),
+      mailbox_(mailbox),
+      make_transport_(std::move(make_transport)),
+      coordinator_(coordinator),
+      options_(std::move(options)),
+      observer_(std::move(observer)) {}
+
+JobRunner::~JobRunner() { Stop(); }
+
+void JobRunner::Start() { thread_ = std::thread([this] { Run(); }); }
+
+void JobRunner::Stop() {
+  stop_.store(true);
+  mailbox_->AbortJob(assignment_.job_id());
+  if (thread_.joinable()) thread_.join();
+}
+
+std::string JobRunner::current_instruction() const {
+  AnnotatedMutexLock lock(&mu_);
+  if (runtime_ == nullptr) return finished_.load() ? "idle" : "starting";
+  return runtime_->current_instruction();
+}
+
+void JobRunner::Run() {
+  absl::Status status = RunJob();
+  if (!status.ok() && !stop_.load()) ReportError(status);
+  finished_.store(true);
+}
+
+void JobRunner::ReportError(const absl::Status& status) {
+  PT_LOG(ERROR) << "job " << assignment_.job_id() << " failed on this worker: " << status;
+  v1::ReportProgressRequest r;
+  r.set_worker_id(options_.worker_id);
+  r.set_incarnation(options_.incarnation);
+  r.set_job_id(assignment_.job_id());
+  r.set_plan_version(assignment_.plan_version());
+  r.set_error(status.ToString());
+  absl::Status sent = coordinator_->ReportProgress(r);
+  if (!sent.ok()) PT_LOG(ERROR) << "could not report the failure: " << sent;
+}
+
+absl::Status JobRunner::RunJob() {
+  ASSIGN_OR_RETURN(ResolvedJobSpec job, ResolveJobSpec(assignment_.spec()));
+  const CorpusSpec corpus{job.spec.data().path(), job.data_format, job.train.model.vocab_size,
+                          job.synthetic_bytes, job.train.seed};
+  ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, LoadCorpus(corpus));
+  ASSIGN_OR_RETURN(Dataset dataset,
+                   Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction));
+  std::vector<std::string> peers(assignment_.peer_addresses().begin(),
+                                 assignment_.peer_addresses().end());
+  std::unique_ptr<Transport> transport = make_transport_(assignment_.stage(), peers);
+  StageSetup setup{assignment_.job_id(),
+                   job.train,
+                   assignment_.stage(),
+                   assignment_.num_stages(),
+                   assignment_.backward_units().begin(),
+                   assignment_.backward_units().end(),
+                   assignment_.program(),
+                   options_.recv_timeout};
+  ASSIGN_OR_RETURN(std::unique_ptr<StageRuntime> runtime,
+                   StageRuntime::Create(setup, &dataset, transport.get()));
+  {
+    AnnotatedMutexLock lock(&mu_);
+    runtime_ = runtime.get();
+  }
+  absl::Cleanup detach = [&] {  // the runtime dies with this scope
+    AnnotatedMutexLock lock(&mu_);
+    runtime_ = nullptr;
+  };
+  const int64_t steps = job.train.steps;
+  const bool upload = !job.spec.output().weights_path().empty();
+  for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {
+    absl::StatusOr<IterationResult> result = runtime->RunIteration(it);
+    if (!result.ok()) return result.status();
+    if (observer_) observer_(*result);
+    const bool last = it + 1 == steps;
+    if (last && upload) {
+      absl::Status uploaded = coordinator_->UploadWeights(assignment_.job_id(), runtime->parameters());
+      if (!uploaded.ok()) return uploaded;
+    }
+    v1::ReportProgressRequest r;
+    r.set_worker_id(options_.worker_id);
+    r.set_incarnation(options_.incarnation);
+    r.set_job_id(assignment_.job_id());
+    r.set_plan_version(assignment_.plan_version());
+    r.set_iteration(it);
+    for (float loss : result->micro_batch_losses) r.add_micro_batch_losses(loss);
+    r.set_busy_seconds(result->busy_seconds);
+    r.set_idle_seconds(result->idle_seconds);
+    r.set_finished(last);
+    absl::Status reported = coordinator_->ReportProgress(r);
+    if (!reported.ok()) return reported;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,85 @@
+// JobRunner: one assignment on one worker, on a thread of its own.
+//
+// Loads the job's corpus, connects the data plane, builds a StageRuntime
+// and runs iterations start_iteration .. steps-1, reporting each to the
+// coordinator; after the last one it uploads the stage's weights (when the
+// job asks for a weights file) and reports finished. Any error is reported
+// as the job's failure with the message of the failing instruction. Stop()
+// aborts receives at once (Mailbox::AbortJob) and joins.
+#ifndef PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_
+#define PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/annotated_mutex.h"
+#include "proto/pipetrain/v1/coordinator.pb.h"
+#include "worker/model/unit.h"
+#include "worker/runtime/stage_runtime.h"
+#include "worker/transport/mailbox.h"
+#include "worker/transport/transport.h"
+
+namespace pipetrain {
+
+// What a runner needs from the coordinator. Thread-safe implementations.
+class CoordinatorLink {
+ public:
+  virtual ~CoordinatorLink() = default;
+  virtual absl::Status ReportProgress(const v1::ReportProgressRequest& request) = 0;
+  // Sends every parameter's value as chunks; ends the upload.
+  virtual absl::Status UploadWeights(const std::string& job_id,
+                                     const std::vector<Parameter*>& params) = 0;
+};
+
+// Builds the stage's transport: (stage, peer data-plane addresses) -> Transport.
+using TransportFactory = std::function<std::unique_ptr<Transport>(
+    int stage, const std::vector<std::string>& peers)>;
+
+struct JobRunnerOptions {
+  std::string worker_id;
+  int64_t incarnation = 0;
+  absl::Duration recv_timeout = absl::Seconds(60);
+};
+
+// Per-iteration observations for metrics (called on the runner thread).
+using IterationObserver = std::function<void(const IterationResult&)>;
+
+class JobRunner {
+ public:
+  JobRunner(v1::Assignment assignment, Mailbox* mailbox, TransportFactory make_transport,
+            CoordinatorLink* coordinator, JobRunnerOptions options,
+            IterationObserver observer = nullptr);
+  ~JobRunner();  // Stop()
+
+  void Start();
+  void Stop();
+  bool finished() const { return finished_.load(); }
+  const v1::Assignment& assignment() const { return assignment_; }
+  std::string current_instruction() const;
+
+ private:
+  void Run();
+  absl::Status RunJob();
+  void ReportError(const absl::Status& status);
+
+  v1::Assignment assignment_;
+  Mailbox* mailbox_;
+  TransportFactory make_transport_;
+  CoordinatorLink* coordinator_;
+  JobRunnerOptions options_;
+  IterationObserver observer_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> finished_{false};
+  mutable AnnotatedMutex mu_;
+  StageRuntime* runtime_ ABSL_GUARDED_BY(mu_) = nullptr;  // while running
+  std::thread thread_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_

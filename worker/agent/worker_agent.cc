@@ -1,0 +1,263 @@
+#include "worker/agent/worker_agent.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "worker/agent/device_info.h"
+
+namespace pipetrain {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+void SetDeadline(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+constexpr int kValuesPerChunk = 256 * 1024;  // 1 MiB of floats per message
+
+}  // namespace
+
+// CoordinatorLink over the coordinator's gRPC service.
+class WorkerAgent::GrpcLink : public CoordinatorLink {
+ public:
+  GrpcLink(v1::Coordinator::Stub* stub, WorkerAgent* agent) : stub_(stub), agent_(agent) {}
+
+  absl::Status ReportProgress(const v1::ReportProgressRequest& request) override {
+    grpc::ClientContext context;
+    SetDeadline(&context, agent_->options_.rpc_timeout);
+    v1::ReportProgressResponse response;
+    return FromGrpc(stub_->ReportProgress(&context, request, &response));
+  }
+
+  absl::Status UploadWeights(const std::string& job_id,
+                             const std::vector<Parameter*>& params) override {
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::Minutes(10));
+    v1::UploadWeightsResponse response;
+    auto writer = stub_->UploadWeights(&context, &response);
+    const std::string worker = agent_->worker_id();
+    for (const Parameter* p : params) {
+      const int64_t n = p->value.numel();
+      for (int64_t offset = 0; offset == 0 || offset < n; offset += kValuesPerChunk) {
+        v1::WeightsChunk chunk;
+        chunk.set_worker_id(worker);
+        chunk.set_job_id(job_id);
+        chunk.set_tensor_name(p->name);
+        for (int64_t d : p->value.shape()) chunk.add_shape(d);
+        chunk.set_offset(offset);
+        const int64_t count = std::min<int64_t>(kValuesPerChunk, n - offset);
+        chunk.mutable_values()->Add(p->value.data() + offset, p->value.data() + offset + count);
+        if (!writer->Write(chunk)) return FromGrpc(writer->Finish());
+        if (n == 0) break;
+      }
+    }
+    writer->WritesDone();
+    return FromGrpc(writer->Finish());
+  }
+
+ private:
+  v1::Coordinator::Stub* stub_;
+  WorkerAgent* agent_;
+};
+
+WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane,
+                         Mailbox* mailbox, TransportFactory make_transport,
+                         IterationObserver observer)
+    : options_(std::move(options)),
+      data_plane_(data_plane),
+      mailbox_(mailbox),
+      make_transport_(std::move(make_transport)),
+      observer_(std::move(observer)) {
+  auto credentials = options_.credentials ? options_.credentials
+                                          : grpc::InsecureChannelCredentials();
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(64 << 20);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  stub_ = v1::Coordinator::NewStub(
+      grpc::CreateCustomChannel(options_.coordinator_address, credentials, args));
+  link_ = std::make_unique<GrpcLink>(stub_.get(), this);
+  device_ = CollectDeviceInfo();
+}
+
+WorkerAgent::~WorkerAgent() { Stop(); }
+
+std::string WorkerAgent::worker_id() const {
+  AnnotatedMutexLock lock(&mu_);
+  return worker_id_;
+}
+
+std::string WorkerAgent::current_instruction() const {
+  AnnotatedMutexLock lock(&mu_);
+  return runner_ ? runner_->current_instruction() : "idle";
+}
+
+bool WorkerAgent::SleepUnlessStopped(absl::Duration d) {
+  AnnotatedMutexLock lock(&mu_);
+  return !mu_.AwaitWithTimeout([this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; }, d);
+}
+
+absl::Status WorkerAgent::RegisterWithRetry() {
+  Backoff backoff(options_.backoff);
+  v1::RegisterWorkerRequest request;
+  request.set_join_token(options_.join_token);
+  *request.mutable_device() = device_;
+  request.set_data_address(data_plane_->address());
+  request.set_metrics_address(options_.metrics_address);
+  request.set_node_name(options_.node_name);
+  while (true) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    v1::RegisterWorkerResponse response;
+    const grpc::Status s = stub_->RegisterWorker(&context, request, &response);
+    if (s.ok()) {
+      AnnotatedMutexLock lock(&mu_);
+      worker_id_ = response.worker_id();
+      incarnation_ = response.incarnation();
+      heartbeat_interval_ = absl::Seconds(std::max(0.05, response.heartbeat_interval_seconds()));
+      PT_LOG(INFO) << "registered as " << worker_id_ << " (incarnation " << incarnation_
+                   << "), data plane " << data_plane_->address();
+      return absl::OkStatus();
+    }
+    if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) return FromGrpc(s);
+    const absl::Duration wait = backoff.Next();
+    PT_LOG(WARNING) << "cannot register with " << options_.coordinator_address << " ("
+                    << s.error_message() << "); retrying in " << absl::FormatDuration(wait);
+    if (!SleepUnlessStopped(wait)) return absl::CancelledError("stopped before registering");
+  }
+}
+
+absl::Status WorkerAgent::Start() {
+  absl::Status registered = RegisterWithRetry();
+  if (!registered.ok()) return registered;
+  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+  watch_thread_ = std::thread([this] { WatchLoop(); });
+  return absl::OkStatus();
+}
+
+void WorkerAgent::Stop() {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (stopping_ && !heartbeat_thread_.joinable() && !watch_thread_.joinable()) return;
+    stopping_ = true;
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+  }
+  if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  if (watch_thread_.joinable()) watch_thread_.join();
+  StopRunner();
+}
+
+void WorkerAgent::StopRunner() {
+  std::unique_ptr<JobRunner> runner;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    runner = std::move(runner_);
+  }
+  if (runner) {
+    runner->Stop();
+    data_plane_->ClearJob();
+  }
+}
+
+void WorkerAgent::HeartbeatLoop() {
+  while (true) {
+    v1::HeartbeatRequest request;
+    absl::Duration interval;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      request.set_worker_id(worker_id_);
+      request.set_incarnation(incarnation_);
+      interval = heartbeat_interval_;
+    }
+    request.set_current_instruction(current_instruction());
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    v1::HeartbeatResponse response;
+    const grpc::Status s = stub_->Heartbeat(&context, request, &response);
+    if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
+        s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      // The coordinator declared this incarnation gone: its job is lost.
+      PT_LOG(WARNING) << "coordinator dropped this worker (" << s.error_message()
+                      << "); registering again";
+      StopRunner();
+      if (!RegisterWithRetry().ok()) return;
+      AnnotatedMutexLock lock(&mu_);
+      if (watch_context_ != nullptr) watch_context_->TryCancel();  // reopen as the new one
+    } else if (!s.ok()) {
+      PT_LOG(WARNING) << "heartbeat failed: " << s.error_message();
+    }
+    if (!SleepUnlessStopped(interval)) return;
+  }
+}
+
+void WorkerAgent::WatchLoop() {
+  Backoff backoff(options_.backoff);
+  while (true) {
+    grpc::ClientContext context;
+    v1::WatchAssignmentsRequest request;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (stopping_) return;
+      request.set_worker_id(worker_id_);
+      request.set_incarnation(incarnation_);
+      watch_context_ = &context;
+    }
+    auto reader = stub_->WatchAssignments(&context, request);
+    v1::Assignment assignment;
+    while (reader->Read(&assignment)) {
+      backoff.Reset();
+      Handle(assignment);
+    }
+    const grpc::Status s = reader->Finish();
+    {
+      AnnotatedMutexLock lock(&mu_);
+      watch_context_ = nullptr;
+      if (stopping_) return;
+    }
+    const absl::Duration wait = backoff.Next();
+    PT_LOG(WARNING) << "assignment stream ended (" << s.error_message() << "); reopening in "
+                    << absl::FormatDuration(wait);
+    if (!SleepUnlessStopped(wait)) return;
+  }
+}
+
+void WorkerAgent::Handle(const v1::Assignment& a) {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (runner_ && runner_->assignment().job_id() == a.job_id() &&
+        runner_->assignment().plan_version() == a.plan_version() &&
+        a.action() == v1::Assignment::RUN) {
+      return;  // already running this plan (a re-sent assignment)
+    }
+    if (a.action() == v1::Assignment::STOP &&
+        (!runner_ || runner_->assignment().job_id() != a.job_id())) {
+      return;  // nothing of that job runs here
+    }
+  }
+  StopRunner();
+  if (a.action() != v1::Assignment::RUN) {
+    PT_LOG(INFO) << "stopped job " << a.job_id();
+    return;
+  }
+  PT_LOG(INFO) << "running job " << a.job_id() << " stage " << a.stage() << "/"
+               << a.num_stages() << " units [" << a.backward_units().begin() << ", "
+               << a.backward_units().end() << ")";
+  data_plane_->SetJob(a.job_id(), a.num_stages());
+  JobRunnerOptions runner_options;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    runner_options.worker_id = worker_id_;
+    runner_options.incarnation = incarnation_;
+  }
+  runner_options.recv_timeout = options_.recv_timeout;
+  auto runner = std::make_unique<JobRunner>(a, mailbox_, make_transport_, link_.get(),
+                                            runner_options, observer_);
+  runner->Start();
+  AnnotatedMutexLock lock(&mu_);
+  runner_ = std::move(runner);
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,88 @@
+// WorkerAgent: a worker's membership in the cluster.
+//
+// Start() registers with the coordinator (retrying with backoff + jitter
+// until it succeeds or Stop() is called), then runs two threads:
+//  - heartbeats every interval the coordinator asked for, carrying the
+//    current instruction; if the coordinator no longer knows this
+//    incarnation (NOT_FOUND / FAILED_PRECONDITION) the agent stops its job
+//    and registers again;
+//  - watches assignments (server stream, reopened with backoff when it
+//    breaks): RUN starts a JobRunner (replacing one of another job or plan
+//    version), STOP stops the runner of that job.
+// Thread-safe.
+#ifndef PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_
+#define PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_
+
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "common/annotated_mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "proto/pipetrain/v1/coordinator.grpc.pb.h"
+#include "worker/agent/backoff.h"
+#include "worker/agent/job_runner.h"
+#include "worker/transport/data_plane_server.h"
+
+namespace pipetrain {
+
+struct WorkerAgentOptions {
+  std::string coordinator_address;     // host:port
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: insecure
+  std::string join_token;
+  std::string node_name;
+  std::string metrics_address;         // advertised, may be empty
+  absl::Duration rpc_timeout = absl::Seconds(10);
+  absl::Duration recv_timeout = absl::Seconds(60);
+  BackoffOptions backoff;
+};
+
+class WorkerAgent {
+ public:
+  // `data_plane` (with its mailbox) must outlive the agent.
+  WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane, Mailbox* mailbox,
+              TransportFactory make_transport, IterationObserver observer = nullptr);
+  ~WorkerAgent();  // Stop()
+
+  // Blocks until registered; CANCELLED if Stop() came first; UNAUTHENTICATED
+  // at once when the coordinator rejects the join token (retrying cannot help).
+  absl::Status Start();
+  void Stop();
+
+  std::string worker_id() const;
+  std::string current_instruction() const;
+
+ private:
+  class GrpcLink;
+  absl::Status RegisterWithRetry();
+  void HeartbeatLoop();
+  void WatchLoop();
+  void Handle(const v1::Assignment& assignment);
+  void StopRunner();
+  // Sleeps up to `d`; false when Stop() was called meanwhile.
+  bool SleepUnlessStopped(absl::Duration d);
+
+  WorkerAgentOptions options_;
+  DataPlaneServer* data_plane_;
+  Mailbox* mailbox_;
+  TransportFactory make_transport_;
+  IterationObserver observer_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<GrpcLink> link_;
+  v1::DeviceInfo device_;
+
+  mutable AnnotatedMutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  int64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
+  grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::unique_ptr<JobRunner> runner_ ABSL_GUARDED_BY(mu_);
+  std::thread heartbeat_thread_, watch_thread_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_

@@ -1,0 +1,173 @@
+// pipetrain-worker: joins a coordinator and runs the pipeline stages it is
+// assigned (DESIGN.md §2).
+//
+//   pipetrain-worker --coordinator 127.0.0.1:7070 [--listen 127.0.0.1:0]
+//       [--join-token T] [--threads 1] [--ports-file PATH]
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <csignal>
+#include <thread>
+
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "cli/flag_set.h"
+#include "common/http_server.h"
+#include "common/logging.h"
+#include "kernels/cpu/blas.h"
+#include "worker/agent/worker_agent.h"
+#include "worker/agent/worker_metrics.h"
+#include "worker/transport/data_plane_server.h"
+#include "worker/transport/grpc_transport.h"
+
+namespace pipetrain {
+namespace {
+
+int g_wake[2] = {-1, -1};  // self-pipe: a byte means "shut down"
+void Wake() {
+  const char byte = 1;
+  ssize_t ignored = write(g_wake[1], &byte, 1);
+  (void)ignored;
+}
+extern "C" void OnSignal(int) { Wake(); }  // write() is async-signal-safe
+
+struct Flags {
+  std::string coordinator = "127.0.0.1:7070";
+  std::string listen = "127.0.0.1:0";
+  std::string join_token;
+  std::string node_name;
+  std::string tls_ca;
+  std::string ports_file;
+  std::string metrics = "127.0.0.1:0";
+  int threads = 1;
+  double recv_timeout_seconds = 60;
+};
+
+// Writes {"data_port": N, "metrics_port": M} atomically (temp file +
+// rename) for tools that start workers on port 0.
+bool WritePortsFile(const std::string& path, int data_port, int metrics_port) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << "{\"data_port\": " << data_port << ", \"metrics_port\": " << metrics_port << "}\n";
+    if (!out) return false;
+  }
+  return std::rename(tmp.c_str(), path.c_str()) == 0;
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca_path) {
+  if (ca_path.empty()) return nullptr;
+  std::ifstream in(ca_path);
+  std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  grpc::SslCredentialsOptions options;
+  options.pem_root_certs = pem;
+  return grpc::SslCredentials(options);
+}
+
+int Run(const std::vector<std::string>& args) {
+  Flags f;
+  FlagSet flags("usage: pipetrain-worker --coordinator HOST:PORT [flags]");
+  flags.String("coordinator", &f.coordinator, "coordinator gRPC address");
+  flags.String("listen", &f.listen, "data-plane listen address (port 0 = any)");
+  flags.String("join-token", &f.join_token, "the coordinator's join token");
+  flags.String("node-name", &f.node_name, "node name reported to the coordinator");
+  flags.String("tls-ca", &f.tls_ca, "PEM CA certificate: connect to the coordinator with TLS");
+  flags.String("ports-file", &f.ports_file, "write the bound ports here (JSON)");
+  flags.String("metrics-address", &f.metrics, "HTTP /metrics and /healthz (port 0 = any)");
+  flags.Int("threads", &f.threads, "OpenBLAS threads");
+  flags.Double("recv-timeout-seconds", &f.recv_timeout_seconds,
+               "how long a stage waits for a tensor before failing the job");
+  absl::Status parsed = flags.Parse(args);
+  if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
+  if (parsed.ok() && f.threads < 1) parsed = absl::InvalidArgumentError("--threads must be >= 1");
+  if (parsed.ok() && !(f.recv_timeout_seconds > 0)) {
+    parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
+  }
+  if (parsed.ok() && !f.tls_ca.empty() && !std::ifstream(f.tls_ca)) {
+    parsed = absl::NotFoundError("--tls-ca: cannot read " + f.tls_ca);
+  }
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(parsed.message()).c_str());
+    return 2;
+  }
+  SetBlasThreads(f.threads);
+
+  // OpenBLAS starts threads before main(), so blocking signals here cannot
+  // route them to one thread; a handler that writes to a pipe can.
+  if (pipe(g_wake) != 0) return 1;
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+
+  Mailbox mailbox;
+  auto server = DataPlaneServer::Start(f.listen, &mailbox);
+  if (!server.ok()) {
+    PT_LOG(ERROR) << "data plane: " << server.status();
+    return 1;
+  }
+  WorkerMetrics metrics;
+  HttpServer http;
+  ServePrometheus(http, metrics.registry());
+  http.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{\"status\":\"ok\"}"); });
+  const size_t colon = f.metrics.rfind(':');
+  int metrics_port = 0;
+  if (colon == std::string::npos || !absl::SimpleAtoi(f.metrics.substr(colon + 1), &metrics_port)) {
+    PT_LOG(ERROR) << "--metrics-address must be HOST:PORT, got " << f.metrics;
+    return 2;
+  }
+  auto bound = http.Start(f.metrics.substr(0, colon), metrics_port);
+  if (!bound.ok()) {
+    PT_LOG(ERROR) << "metrics server: " << bound.status();
+    return 1;
+  }
+  if (!f.ports_file.empty() && !WritePortsFile(f.ports_file, (*server)->port(), *bound)) {
+    PT_LOG(ERROR) << "cannot write " << f.ports_file;
+    return 1;
+  }
+  WorkerAgentOptions options;
+  options.coordinator_address = f.coordinator;
+  options.credentials = Credentials(f.tls_ca);
+  options.join_token = f.join_token;
+  options.node_name = f.node_name;
+  options.metrics_address = absl::StrCat(f.metrics.substr(0, colon), ":", *bound);
+  options.recv_timeout = absl::Seconds(f.recv_timeout_seconds);
+  auto make_transport = [&mailbox](int stage, const std::vector<std::string>& peers) {
+    return std::unique_ptr<Transport>(new GrpcTransport(stage, peers, &mailbox));
+  };
+  WorkerAgent agent(options, server->get(), &mailbox, make_transport,
+                    [&metrics](const IterationResult& r) { metrics.Observe(r); });
+  // Start() blocks until registered; run it aside so a signal can stop it.
+  absl::Status started;
+  std::thread starter([&] {
+    started = agent.Start();
+    if (!started.ok()) Wake();
+  });
+  char byte = 0;
+  while (read(g_wake[0], &byte, 1) < 0 && errno == EINTR) {
+  }
+  agent.Stop();
+  starter.join();
+  int code = 0;
+  if (!started.ok() && started.code() != absl::StatusCode::kCancelled) {
+    PT_LOG(ERROR) << "cannot join " << f.coordinator << ": " << started;
+    code = started.code() == absl::StatusCode::kUnauthenticated ? 3 : 1;
+  } else {
+    PT_LOG(INFO) << "shutting down";
+  }
+  http.Stop();
+  (*server)->Shutdown();
+  return code;
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+int main(int argc, char** argv) {
+  pipetrain::ConfigureBlasOrReexec(argv);
+  return pipetrain::Run(std::vector<std::string>(argv + 1, argv + argc));
+}

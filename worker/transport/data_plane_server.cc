@@ -1,0 +1,232 @@
+#include "worker/transport/data_plane_server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "proto/pipetrain/v1/dataplane.grpc.pb.h"
+#include "worker/transport/frame_codec.h"
+
+namespace pipetrain {
+namespace {
+
+using StreamReactor = grpc::ServerBidiReactor<v1::TensorFrame, v1::FrameError>;
+
+// What the streams share: where tensors go, which job is accepted, and how
+// many reactors are still alive (Shutdown waits for none). Reactors hold it
+// by shared_ptr, so the last one to finish may outlive the server object.
+class StreamShared {
+ public:
+  explicit StreamShared(Mailbox* mailbox) : mailbox_(mailbox) {}
+
+  Mailbox* mailbox() const { return mailbox_; }
+
+  void SetJob(AcceptedJob job) {
+    AnnotatedMutexLock lock(&mu_);
+    job_ = std::move(job);
+  }
+  AcceptedJob job() const {
+    AnnotatedMutexLock lock(&mu_);
+    return job_;
+  }
+
+  void ReactorStarted() {
+    AnnotatedMutexLock lock(&mu_);
+    ++live_reactors_;
+  }
+  void ReactorDone() {
+    AnnotatedMutexLock lock(&mu_);
+    --live_reactors_;
+  }
+  void WaitForNoReactors() {
+    AnnotatedMutexLock lock(&mu_);
+    auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return live_reactors_ == 0; };
+    mu_.AwaitWithTimeout(none, absl::InfiniteDuration());
+  }
+
+ private:
+  Mailbox* const mailbox_;
+  mutable AnnotatedMutex mu_;
+  AcceptedJob job_ ABSL_GUARDED_BY(mu_);
+  int live_reactors_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// One incoming stream. gRPC operations (StartWrite, Finish) are started only
+// after mu_ is released: a reaction must never wait for our own lock, and
+// Finish may lead to OnDone deleting `this` on another thread, so it is
+// always the last thing a method does.
+class FrameStreamReactor final : public StreamReactor {
+ public:
+  FrameStreamReactor(std::shared_ptr<StreamShared> shared, std::string peer)
+      : shared_(std::move(shared)), peer_(std::move(peer)) {
+    shared_->ReactorStarted();
+    StartRead(&frame_);
+  }
+
+  void OnReadDone(bool ok) override {
+    Next next;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (ok) {
+        HandleFrameLocked();
+      } else {
+        reads_done_ = true;  // The peer closed its side, or the call was cancelled.
+      }
+      next = NextLocked();
+    }
+    Run(next);  // May finish (and so delete `this`) only when !ok.
+    if (ok) StartRead(&frame_);
+  }
+
+  void OnWriteDone(bool ok) override {
+    Next next;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      writing_ = false;
+      outbox_.pop_front();
+      if (!ok) {
+        write_failed_ = true;  // The stream is going away; nobody will read the rest.
+        outbox_.clear();
+      }
+      next = NextLocked();
+    }
+    Run(next);
+  }
+
+  void OnDone() override {
+    std::shared_ptr<StreamShared> shared = shared_;
+    {
+      AnnotatedMutexLock lock(&mu_);  // Orders every earlier reaction before the delete.
+    }
+    delete this;
+    shared->ReactorDone();
+  }
+
+ private:
+  struct Next {
+    const v1::FrameError* write = nullptr;
+    bool finish = false;
+  };
+
+  void HandleFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    absl::StatusOr<std::optional<ReceivedTensor>> result =
+        assembler_.Accept(frame_, shared_->job());
+    absl::Status status = result.status();
+    if (result.ok() && result->has_value()) {
+      ReceivedTensor& done = **result;
+      status = shared_->mailbox()->Put(done.source_stage, done.address, std::move(done.tensor));
+    }
+    if (status.ok()) return;
+    PT_LOG(WARNING) << "data plane: rejected a frame from " << peer_ << ": " << status;
+    if (outbox_.size() >= static_cast<size_t>(kMaxQueuedFrameErrors) || write_failed_) return;
+    outbox_.push_back(MakeFrameError(frame_, status));
+  }
+
+  // Decides the next gRPC operation; marks it started.
+  Next NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Next next;
+    if (writing_) return next;
+    if (!outbox_.empty()) {
+      writing_ = true;
+      next.write = &outbox_.front();  // deque::push_back keeps it in place.
+    } else if (reads_done_ && !finished_) {
+      finished_ = true;
+      next.finish = true;
+    }
+    return next;
+  }
+
+  void Run(const Next& next) {
+    if (next.write != nullptr) StartWrite(next.write);
+    if (next.finish) Finish(grpc::Status::OK);  // Last: OnDone may follow at once.
+  }
+
+  const std::shared_ptr<StreamShared> shared_;
+  const std::string peer_;
+  AnnotatedMutex mu_;
+  v1::TensorFrame frame_;  // Filled by the read in flight; read under mu_.
+  FrameAssembler assembler_ ABSL_GUARDED_BY(mu_);
+  std::deque<v1::FrameError> outbox_ ABSL_GUARDED_BY(mu_);  // front() is being written
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+class DataPlaneServer::Service final : public v1::DataPlane::CallbackService {
+ public:
+  explicit Service(Mailbox* mailbox) : shared_(std::make_shared<StreamShared>(mailbox)) {}
+
+  StreamReactor* Stream(grpc::CallbackServerContext* context) override {
+    return new FrameStreamReactor(shared_, context->peer());
+  }
+
+  StreamShared& shared() { return *shared_; }
+
+ private:
+  const std::shared_ptr<StreamShared> shared_;
+};
+
+absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
+    const std::string& listen_address, Mailbox* mailbox) {
+  PT_CHECK(mailbox != nullptr);
+  const size_t colon = listen_address.rfind(':');
+  if (colon == std::string::npos || colon + 1 == listen_address.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("data-plane listen address \"", listen_address,
+                                                   "\" is not host:port (e.g. 127.0.0.1:0)"));
+  }
+  auto service = std::make_unique<Service>(mailbox);
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(kMaxFrameMessageBytes);
+  builder.SetMaxSendMessageSize(kMaxFrameMessageBytes);
+  builder.RegisterService(service.get());
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("could not start the data-plane server on ", listen_address,
+                     ": the port is in use or the host is not an address of this machine"));
+  }
+  return std::unique_ptr<DataPlaneServer>(new DataPlaneServer(
+      std::move(service), std::move(server), listen_address.substr(0, colon), port));
+}
+
+DataPlaneServer::DataPlaneServer(std::unique_ptr<Service> service,
+                                 std::unique_ptr<grpc::Server> server, std::string host, int port)
+    : service_(std::move(service)),
+      server_(std::move(server)),
+      host_(std::move(host)),
+      port_(port) {}
+
+DataPlaneServer::~DataPlaneServer() { Shutdown(); }
+
+void DataPlaneServer::SetJob(const std::string& job_id, int num_stages) {
+  service_->shared().SetJob(AcceptedJob{job_id, num_stages});
+}
+
+void DataPlaneServer::ClearJob() { service_->shared().SetJob(AcceptedJob{}); }
+
+std::string DataPlaneServer::address() const { return absl::StrCat(host_, ":", port_); }
+
+void DataPlaneServer::Shutdown() {
+  AnnotatedMutexLock lock(&shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  // Streams are long-lived, so waiting for them to end on their own would
+  // never return: a deadline of now cancels them right away.
+  server_->Shutdown(std::chrono::system_clock::now());
+  server_->Wait();
+  service_->shared().WaitForNoReactors();
+}
+
+}  // namespace pipetrain

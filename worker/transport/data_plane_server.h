@@ -1,0 +1,88 @@
+// DataPlaneServer: the receiving end of the gRPC data plane (DESIGN.md §6).
+//
+// Serves pipetrain.v1.DataPlane/Stream with the callback API. Each incoming
+// stream (one per sending worker) gets its own FrameAssembler; complete
+// tensors go into the worker's Mailbox, where Transport::Recv finds them.
+// A rejected frame (see FrameAssembler for the checks, plus a duplicate Put)
+// is answered with a FrameError on the same stream, which stays open; the
+// incomplete tensor is dropped. Nothing a peer sends can crash the server.
+//
+// The server accepts frames of one job at a time, set by the worker as its
+// assignment changes; until SetJob every frame is rejected.
+//
+// Per stream: frames are processed in the read reaction that delivered them
+// (a bounded copy into the tensor plus a Mailbox::Put, neither of which waits
+// on anything but a short mutex), and the next read starts after that, so a
+// stream holds at most one frame (<= 8 MiB) beyond the tensor being
+// assembled; gRPC flow control pushes back on the sender meanwhile. Error
+// replies are written one at a time; at most kMaxQueuedFrameErrors wait per
+// stream, more are logged and dropped (a peer that never reads them cannot
+// make the server grow).
+#ifndef PIPETRAIN_WORKER_TRANSPORT_DATA_PLANE_SERVER_H_
+#define PIPETRAIN_WORKER_TRANSPORT_DATA_PLANE_SERVER_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "common/annotated_mutex.h"
+#include "worker/transport/mailbox.h"
+
+namespace grpc {
+class Server;
+}  // namespace grpc
+
+namespace pipetrain {
+
+inline constexpr int kMaxQueuedFrameErrors = 64;
+
+class DataPlaneServer {
+ public:
+  // Binds `listen_address` ("host:port"; port 0 picks a free port) and starts
+  // serving into `mailbox`, which must outlive the server.
+  // Errors: INVALID_ARGUMENT if the address has no ":port"; UNAVAILABLE if
+  // gRPC cannot bind it (in use, or not a local address).
+  static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(const std::string& listen_address,
+                                                                Mailbox* mailbox);
+
+  ~DataPlaneServer();  // Shutdown().
+  DataPlaneServer(const DataPlaneServer&) = delete;
+  DataPlaneServer& operator=(const DataPlaneServer&) = delete;
+
+  // From now on accept frames of `job_id` from stages [0, num_stages) and
+  // reject every other job. Frames already assembled stay in the mailbox
+  // (the worker drops them with Mailbox::DropJob). Thread-safe.
+  void SetJob(const std::string& job_id, int num_stages);
+  // Reject every frame (the worker has no assignment). Thread-safe.
+  void ClearJob();
+
+  // The bound port, and "host:port" with the host of the listen address
+  // (e.g. "127.0.0.1:40123"); a wildcard host ("0.0.0.0", "[::]") is
+  // returned as given, so peers need the machine's address instead.
+  int port() const { return port_; }
+  std::string address() const;
+
+  // Cancels every open stream, waits until their reactors are gone and
+  // stops serving. Idempotent; thread-safe. Tensors already in the mailbox
+  // stay there.
+  void Shutdown();
+
+ private:
+  class Service;
+
+  DataPlaneServer(std::unique_ptr<Service> service, std::unique_ptr<grpc::Server> server,
+                  std::string host, int port);
+
+  // Declared before server_: the server must be destroyed first.
+  std::unique_ptr<Service> service_;
+  std::unique_ptr<grpc::Server> server_;
+  const std::string host_;
+  const int port_;
+  AnnotatedMutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_TRANSPORT_DATA_PLANE_SERVER_H_

@@ -1,0 +1,209 @@
+#include "worker/transport/frame_codec.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/logging.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr int64_t kBytesPerElement = static_cast<int64_t>(sizeof(float));
+
+TensorAddress AddressOf(const v1::TensorFrame& frame) {
+  return MakeAddress(frame.job_id(), frame.iteration(), frame.tensor());
+}
+
+// "ACTIVATION of unit 3, micro-batch 1, iteration 7 (job j-1) from stage 0";
+// spells out kinds this build does not know instead of printing "".
+std::string Describe(const v1::TensorFrame& frame) {
+  const v1::TensorKey& key = frame.tensor();
+  std::string tensor = v1::TensorKind_IsValid(key.kind())
+                           ? AddressOf(frame).DebugString()
+                           : absl::StrCat("tensor kind ", key.kind(), " of unit ", key.unit(),
+                                          ", micro-batch ", key.micro_batch(), ", iteration ",
+                                          frame.iteration(), " (job ", frame.job_id(), ")");
+  return absl::StrCat(tensor, " from stage ", frame.source_stage());
+}
+
+absl::Status Invalid(const v1::TensorFrame& frame, absl::string_view problem) {
+  return absl::InvalidArgumentError(absl::StrCat("frame of ", Describe(frame), ": ", problem));
+}
+
+Shape ShapeOf(const v1::TensorFrame& frame) {
+  return Shape(frame.shape().begin(), frame.shape().end());
+}
+
+// Is the frame meant for this worker's current job, from a stage it has?
+absl::Status CheckRouting(const v1::TensorFrame& frame, const AcceptedJob& job) {
+  const int kind = frame.tensor().kind();
+  if (kind == v1::TENSOR_KIND_UNSPECIFIED) {
+    return Invalid(frame, "tensor kind is TENSOR_KIND_UNSPECIFIED; the sender must set it");
+  }
+  if (!v1::TensorKind_IsValid(kind)) {
+    return Invalid(frame, absl::StrCat("tensor kind ", kind,
+                                       " is unknown to this worker; are both workers the same "
+                                       "version?"));
+  }
+  if (job.job_id.empty()) {
+    return Invalid(frame, absl::StrCat("this worker has no job assigned, so job \"", frame.job_id(),
+                                       "\" is not accepted; check the coordinator's assignments"));
+  }
+  if (frame.job_id() != job.job_id) {
+    return Invalid(frame,
+                   absl::StrCat("wrong job \"", frame.job_id(), "\"; this worker runs job \"",
+                                job.job_id, "\", so the sender's plan is stale"));
+  }
+  if (frame.source_stage() < 0 || frame.source_stage() >= job.num_stages) {
+    return Invalid(frame, absl::StrCat("source stage ", frame.source_stage(), " is outside [0, ",
+                                       job.num_stages, ") for job ", job.job_id));
+  }
+  return absl::OkStatus();
+}
+
+// Does the header describe an f32 tensor of a size we accept?
+absl::Status CheckLayout(const v1::TensorFrame& frame, int64_t max_tensor_bytes) {
+  if (frame.dtype() != kDtypeF32) {
+    return Invalid(frame, absl::StrCat("dtype \"", frame.dtype(), "\" is not supported; only \"",
+                                       kDtypeF32, "\" is"));
+  }
+  if (frame.codec() != kCodecRaw) {
+    return Invalid(frame, absl::StrCat("codec \"", frame.codec(), "\" is not supported; only \"",
+                                       kCodecRaw, "\" is"));
+  }
+  const Shape shape = ShapeOf(frame);
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
+    return Invalid(frame,
+                   absl::StrCat("shape ", ShapeToString(shape), " has a negative dimension"));
+  }
+  const bool empty = std::count(shape.begin(), shape.end(), int64_t{0}) > 0;
+  const int64_t max_elements = max_tensor_bytes / kBytesPerElement;
+  int64_t numel = 1;
+  for (int64_t d : shape) {
+    if (empty) break;
+    if (numel > max_elements / d) {
+      return Invalid(
+          frame, absl::StrCat("shape ", ShapeToString(shape), " is over the data-plane limit of ",
+                              max_tensor_bytes, " bytes per tensor"));
+    }
+    numel *= d;
+  }
+  const int64_t bytes = empty ? 0 : numel * kBytesPerElement;
+  if (frame.total_bytes() != bytes) {
+    return Invalid(frame,
+                   absl::StrCat("total_bytes ", frame.total_bytes(), " does not match shape ",
+                                ShapeToString(shape), " of f32 (", bytes, " bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+// Is the payload the next piece of the tensor, inside it?
+absl::Status CheckRange(const v1::TensorFrame& frame, int64_t received) {
+  if (frame.offset() != received) {
+    return Invalid(frame, absl::StrCat("frame offset ", frame.offset(), " is not the ", received,
+                                       " bytes received so far; a frame was lost, reordered or "
+                                       "rejected"));
+  }
+  const int64_t size = static_cast<int64_t>(frame.payload().size());
+  if (size > frame.total_bytes() - frame.offset()) {
+    return Invalid(frame, absl::StrCat("payload of ", size, " bytes at offset ", frame.offset(),
+                                       " runs past total_bytes ", frame.total_bytes()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAddress& address,
+                                                const Tensor& tensor, int64_t max_frame_bytes) {
+  PT_CHECK(!tensor.is_null()) << "null tensor for " << address.DebugString();
+  PT_CHECK(max_frame_bytes >= 1 && max_frame_bytes <= kMaxFramePayloadBytes)
+      << "max_frame_bytes " << max_frame_bytes;
+  v1::TensorFrame header;
+  header.set_job_id(address.job_id);
+  header.set_iteration(address.iteration);
+  header.mutable_tensor()->set_kind(address.kind);
+  header.mutable_tensor()->set_micro_batch(address.micro_batch);
+  header.mutable_tensor()->set_unit(address.unit);
+  header.set_source_stage(source_stage);
+  header.set_dtype(kDtypeF32);
+  header.set_codec(kCodecRaw);
+  for (int64_t d : tensor.shape()) header.add_shape(d);
+  const int64_t total = tensor.size_bytes();
+  header.set_total_bytes(total);
+
+  const char* bytes = reinterpret_cast<const char*>(tensor.data());
+  std::vector<v1::TensorFrame> frames;
+  frames.reserve(std::max<int64_t>(1, (total + max_frame_bytes - 1) / max_frame_bytes));
+  int64_t offset = 0;
+  do {  // An empty tensor still needs one frame to announce it.
+    const int64_t size = std::min(max_frame_bytes, total - offset);
+    frames.push_back(header);
+    frames.back().set_offset(offset);
+    frames.back().set_payload(bytes + offset, static_cast<size_t>(size));
+    offset += size;
+  } while (offset < total);
+  return frames;
+}
+
+v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& status) {
+  v1::FrameError error;
+  *error.mutable_tensor() = frame.tensor();
+  error.set_iteration(frame.iteration());
+  error.set_error(status.ToString());
+  return error;
+}
+
+absl::Status FrameAssembler::CheckAgainstPartial(const v1::TensorFrame& frame,
+                                                 const Identity& id) const {
+  const Partial& p = *partial_;
+  if (!(id == p.id)) {
+    return Invalid(frame, absl::StrCat("it arrived while ", p.id.address.DebugString(),
+                                       " from stage ", p.id.source_stage, " is incomplete (",
+                                       p.received, " of ", p.total_bytes,
+                                       " bytes); frames of different tensors must not interleave "
+                                       "on one stream"));
+  }
+  if (ShapeOf(frame) != p.shape || frame.total_bytes() != p.total_bytes) {
+    return Invalid(frame, absl::StrCat("header changed within the tensor: shape ",
+                                       ShapeToString(ShapeOf(frame)), ", total_bytes ",
+                                       frame.total_bytes(), " after shape ", ShapeToString(p.shape),
+                                       ", total_bytes ", p.total_bytes));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::Accept(const v1::TensorFrame& frame,
+                                                                     const AcceptedJob& job) {
+  const Identity id{frame.source_stage(), AddressOf(frame)};
+  if (!partial_.has_value() && discarding_.has_value() && frame.offset() > 0 &&
+      *discarding_ == id) {
+    return std::nullopt;  // The rest of a tensor already rejected with an error.
+  }
+  absl::Status status = CheckRouting(frame, job);
+  if (status.ok()) status = CheckLayout(frame, max_tensor_bytes_);
+  if (status.ok() && partial_.has_value()) status = CheckAgainstPartial(frame, id);
+  if (status.ok()) status = CheckRange(frame, partial_.has_value() ? partial_->received : 0);
+  if (!status.ok()) {
+    partial_.reset();
+    discarding_ = id;
+    return status;
+  }
+  if (!partial_.has_value()) {
+    const Shape shape = ShapeOf(frame);
+    partial_ = Partial{id, shape, frame.total_bytes(), 0, Tensor::Zeros(shape)};
+    discarding_.reset();
+  }
+  char* data = reinterpret_cast<char*>(partial_->tensor.data());
+  std::memcpy(data + frame.offset(), frame.payload().data(), frame.payload().size());
+  partial_->received += static_cast<int64_t>(frame.payload().size());
+  if (partial_->received < partial_->total_bytes) return std::nullopt;
+
+  ReceivedTensor done{id.source_stage, id.address, std::move(partial_->tensor)};
+  partial_.reset();
+  return done;
+}
+
+}  // namespace pipetrain

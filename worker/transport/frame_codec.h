@@ -1,0 +1,121 @@
+// Frame codec: a tensor on the data plane travels as TensorFrames
+// (proto/pipetrain/v1/dataplane.proto), each carrying the full header and at
+// most `max_frame_bytes` of payload, in order on one stream.
+//
+//   EncodeTensorFrames   Tensor + address + source stage -> frames
+//   FrameAssembler       frames of one stream -> complete tensors
+//
+// Only dtype "f32" with codec "raw" (little-endian fp32, row-major) exists so
+// far; compression codecs (DESIGN.md §6) will add codec names here.
+//
+// This file is pure logic (no gRPC), so the server and the tests share it.
+#ifndef PIPETRAIN_WORKER_TRANSPORT_FRAME_CODEC_H_
+#define PIPETRAIN_WORKER_TRANSPORT_FRAME_CODEC_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "proto/pipetrain/v1/dataplane.pb.h"
+#include "worker/transport/transport.h"
+
+namespace pipetrain {
+
+inline constexpr char kDtypeF32[] = "f32";
+inline constexpr char kCodecRaw[] = "raw";
+
+// Largest payload per frame (DESIGN.md §6) and the gRPC message limit that
+// leaves room for the header on top of it; both ends configure gRPC with it.
+inline constexpr int64_t kMaxFramePayloadBytes = int64_t{4} << 20;
+inline constexpr int kMaxFrameMessageBytes = 8 << 20;
+
+// A receiver refuses tensors larger than this before allocating them, so a
+// corrupt header cannot make it allocate terabytes. GPT-2 XL activations of a
+// large micro-batch are well below it.
+inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{4} << 30;
+
+// Splits `tensor` into frames of at most `max_frame_bytes` payload (an empty
+// tensor gives one frame with an empty payload). Copies the data: the caller
+// may change `tensor` afterwards. Requires a non-null tensor and
+// 1 <= max_frame_bytes <= kMaxFramePayloadBytes (checked).
+std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAddress& address,
+                                                const Tensor& tensor,
+                                                int64_t max_frame_bytes = kMaxFramePayloadBytes);
+
+// The job a receiver currently accepts frames for. An empty job_id accepts
+// nothing (the worker has no assignment).
+struct AcceptedJob {
+  std::string job_id;
+  int num_stages = 0;
+};
+
+struct ReceivedTensor {
+  int source_stage = 0;
+  TensorAddress address;
+  Tensor tensor;
+};
+
+// The FrameError a receiver writes back for a frame it rejected.
+v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& status);
+
+// Reassembles the frames of one stream. Frames of one tensor arrive in order
+// and are not interleaved with another tensor's frames; different streams
+// need different assemblers.
+//
+// Every rejected frame is INVALID_ARGUMENT naming the tensor, its source
+// stage and the problem: dtype not "f32", codec not "raw", a negative
+// dimension, a tensor over the size limit, total_bytes != numel * 4, an
+// offset other than the bytes received so far, payload past total_bytes, a
+// frame of another tensor while one is incomplete, kind unspecified or
+// unknown, source stage outside [0, num_stages), a job other than the
+// accepted one. A rejection drops the incomplete tensor; the remaining frames
+// of the rejected tensor (same source and address, offset > 0) are then
+// dropped silently, so one bad tensor costs one error.
+//
+// Not thread-safe: one stream's frames are handled one at a time.
+class FrameAssembler {
+ public:
+  explicit FrameAssembler(int64_t max_tensor_bytes = kDefaultMaxTensorBytes)
+      : max_tensor_bytes_(max_tensor_bytes) {}
+
+  // Returns the tensor `frame` completes, nullopt while more frames are due
+  // (or the frame was silently dropped, see above), INVALID_ARGUMENT when
+  // the frame is rejected.
+  absl::StatusOr<std::optional<ReceivedTensor>> Accept(const v1::TensorFrame& frame,
+                                                       const AcceptedJob& job);
+
+  // True between the first and the last frame of a tensor.
+  bool in_progress() const { return partial_.has_value(); }
+
+ private:
+  // Which tensor a frame belongs to.
+  struct Identity {
+    int source_stage = 0;
+    TensorAddress address;
+    bool operator==(const Identity& o) const {
+      return source_stage == o.source_stage && address == o.address;
+    }
+  };
+  struct Partial {
+    Identity id;
+    Shape shape;
+    int64_t total_bytes = 0;
+    int64_t received = 0;
+    Tensor tensor;
+  };
+
+  absl::Status CheckAgainstPartial(const v1::TensorFrame& frame, const Identity& id) const;
+  absl::Status StartTensor(const v1::TensorFrame& frame, const Identity& id);
+
+  int64_t max_tensor_bytes_;
+  std::optional<Partial> partial_;
+  std::optional<Identity> discarding_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_TRANSPORT_FRAME_CODEC_H_

@@ -1,0 +1,308 @@
+#include "worker/transport/frame_codec.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr int64_t kSmallFrame = 64;  // 16 floats per frame.
+const AcceptedJob kJob{"j-1", /*num_stages=*/2};
+
+TensorAddress Activation(int unit) {
+  return {"j-1", /*iteration=*/7, v1::ACTIVATION, /*micro_batch=*/1, unit};
+}
+
+// Distinct, awkward bit patterns (negative zero, NaN, denormal) per element.
+Tensor Ramp(const Shape& shape) {
+  Tensor t = Tensor::Zeros(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = 0.25f * static_cast<float>(i) - 3.f;
+  if (t.numel() > 2) {
+    t[0] = -0.f;
+    t[1] = std::numeric_limits<float>::quiet_NaN();
+    t[2] = std::numeric_limits<float>::denorm_min();
+  }
+  return t;
+}
+
+bool BitwiseEqual(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), static_cast<size_t>(a.size_bytes())) == 0;
+}
+
+// Feeds every frame; returns the tensor completed by the last one.
+absl::StatusOr<std::optional<ReceivedTensor>> FeedAll(FrameAssembler& assembler,
+                                                      const std::vector<v1::TensorFrame>& frames) {
+  absl::StatusOr<std::optional<ReceivedTensor>> result;
+  for (const v1::TensorFrame& frame : frames) {
+    result = assembler.Accept(frame, kJob);
+    if (!result.ok()) return result;
+  }
+  return result;
+}
+
+template <typename T>
+::testing::AssertionResult IsInvalid(const absl::StatusOr<T>& result, const std::string& fragment) {
+  if (result.ok()) return ::testing::AssertionFailure() << "accepted; expected: " << fragment;
+  const absl::Status& s = result.status();
+  if (s.code() != absl::StatusCode::kInvalidArgument ||
+      s.message().find(fragment) == absl::string_view::npos) {
+    return ::testing::AssertionFailure() << s << "\nexpected INVALID_ARGUMENT with: " << fragment;
+  }
+  return ::testing::AssertionSuccess();
+}
+
+v1::TensorFrame OneFrame(int unit, const Shape& shape) {
+  return EncodeTensorFrames(0, Activation(unit), Ramp(shape), kMaxFramePayloadBytes)[0];
+}
+
+TEST(FrameCodecTest, Encode_SmallerThanFrame_OneFrameWithFullHeader) {
+  std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(1, Activation(3), Ramp({2, 5}), kSmallFrame);
+  ASSERT_EQ(frames.size(), 1u);
+  const v1::TensorFrame& f = frames[0];
+  EXPECT_EQ(f.job_id(), "j-1");
+  EXPECT_EQ(f.iteration(), 7);
+  EXPECT_EQ(f.tensor().kind(), v1::ACTIVATION);
+  EXPECT_EQ(f.tensor().micro_batch(), 1);
+  EXPECT_EQ(f.tensor().unit(), 3);
+  EXPECT_EQ(f.source_stage(), 1);
+  EXPECT_EQ(f.dtype(), "f32");
+  EXPECT_EQ(f.codec(), "raw");
+  EXPECT_EQ(std::vector<int64_t>(f.shape().begin(), f.shape().end()), (std::vector<int64_t>{2, 5}));
+  EXPECT_EQ(f.total_bytes(), 40);
+  EXPECT_EQ(f.offset(), 0);
+  EXPECT_EQ(f.payload().size(), 40u);
+}
+
+TEST(FrameCodecTest, RoundTrip_SmallerEqualAndLargerThanFrame_BitwiseEqual) {
+  for (const Shape& shape : {Shape{10}, Shape{16}, Shape{4, 25}, Shape{}}) {
+    SCOPED_TRACE(ShapeToString(shape));
+    const Tensor sent = Ramp(shape);
+    std::vector<v1::TensorFrame> frames = EncodeTensorFrames(1, Activation(3), sent, kSmallFrame);
+    EXPECT_EQ(static_cast<int64_t>(frames.size()), (sent.size_bytes() + 63) / 64);
+    FrameAssembler assembler;
+    for (size_t i = 0; i + 1 < frames.size(); ++i) {
+      absl::StatusOr<std::optional<ReceivedTensor>> partial = assembler.Accept(frames[i], kJob);
+      ASSERT_TRUE(partial.ok()) << partial.status();
+      EXPECT_FALSE(partial->has_value());
+      EXPECT_EQ(frames[i].offset(), static_cast<int64_t>(i) * kSmallFrame);
+    }
+    absl::StatusOr<std::optional<ReceivedTensor>> done = assembler.Accept(frames.back(), kJob);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_TRUE(done->has_value());
+    EXPECT_EQ((*done)->source_stage, 1);
+    EXPECT_EQ((*done)->address, Activation(3));
+    EXPECT_TRUE(BitwiseEqual((*done)->tensor, sent));
+    EXPECT_FALSE(assembler.in_progress());
+  }
+}
+
+TEST(FrameCodecTest, RoundTrip_LargerThanFrame_LastFrameCarriesTheRest) {
+  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(0, Activation(3), Ramp({100}), 64);
+  ASSERT_EQ(frames.size(), 7u);  // 400 bytes: 6 x 64 + 16.
+  EXPECT_EQ(frames[6].offset(), 384);
+  EXPECT_EQ(frames[6].payload().size(), 16u);
+}
+
+TEST(FrameCodecTest, RoundTrip_EmptyTensor_OneEmptyFrame) {
+  std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(0, Activation(3), Tensor::Zeros({0}), 64);
+  ASSERT_EQ(frames.size(), 1u);
+  EXPECT_EQ(frames[0].total_bytes(), 0);
+  EXPECT_TRUE(frames[0].payload().empty());
+  FrameAssembler assembler;
+  absl::StatusOr<std::optional<ReceivedTensor>> done = assembler.Accept(frames[0], kJob);
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_TRUE(done->has_value());
+  EXPECT_EQ((*done)->tensor.shape(), (Shape{0}));
+  EXPECT_EQ((*done)->tensor.numel(), 0);
+}
+
+TEST(FrameCodecTest, Accept_TwoTensorsBackToBack_BothComplete) {
+  FrameAssembler assembler;
+  for (int unit : {1, 2}) {
+    absl::StatusOr<std::optional<ReceivedTensor>> done =
+        FeedAll(assembler, EncodeTensorFrames(0, Activation(unit), Ramp({40}), kSmallFrame));
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_TRUE(done->has_value());
+    EXPECT_EQ((*done)->address.unit, unit);
+  }
+}
+
+TEST(FrameCodecTest, Accept_WrongDtype_InvalidArgumentNamingTensor) {
+  v1::TensorFrame f = OneFrame(3, {2});
+  f.set_dtype("f16");
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob),
+                        "frame of ACTIVATION of unit 3, micro-batch 1, iteration 7 (job j-1) from "
+                        "stage 0: dtype \"f16\" is not supported"));
+}
+
+TEST(FrameCodecTest, Accept_WrongCodec_InvalidArgument) {
+  v1::TensorFrame f = OneFrame(3, {2});
+  f.set_codec("powersgd");
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob), "codec \"powersgd\" is not supported"));
+}
+
+TEST(FrameCodecTest, Accept_NegativeDimension_InvalidArgument) {
+  v1::TensorFrame f = OneFrame(3, {2});
+  f.clear_shape();
+  f.add_shape(2);
+  f.add_shape(-1);
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob), "shape [2, -1] has a negative dimension"));
+}
+
+TEST(FrameCodecTest, Accept_TotalBytesNotMatchingShape_InvalidArgument) {
+  v1::TensorFrame f = OneFrame(3, {2, 2});
+  f.set_total_bytes(12);
+  f.set_payload(std::string(12, 'x'));
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob),
+                        "total_bytes 12 does not match shape [2, 2] of f32 (16 bytes)"));
+}
+
+TEST(FrameCodecTest, Accept_TensorOverSizeLimit_InvalidArgumentWithoutAllocating) {
+  FrameAssembler small(/*max_tensor_bytes=*/1024);
+  EXPECT_TRUE(IsInvalid(small.Accept(OneFrame(3, {257}), kJob),
+                        "shape [257] is over the data-plane limit of 1024 bytes per tensor"));
+  v1::TensorFrame huge = OneFrame(3, {1});
+  huge.clear_shape();
+  huge.add_shape(int64_t{1} << 40);
+  huge.add_shape(int64_t{1} << 40);  // numel overflows int64.
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(huge, kJob), "is over the data-plane limit"));
+}
+
+TEST(FrameCodecTest, Accept_FirstFrameNotAtOffsetZero_InvalidArgument) {
+  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(0, Activation(3), Ramp({40}), 64);
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(frames[1], kJob),
+                        "frame offset 64 is not the 0 bytes received so far"));
+}
+
+TEST(FrameCodecTest, Accept_SkippedFrame_InvalidArgumentAndPartialDropped) {
+  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(0, Activation(3), Ramp({40}), 64);
+  FrameAssembler assembler;
+  ASSERT_TRUE(assembler.Accept(frames[0], kJob).ok());
+  EXPECT_TRUE(assembler.in_progress());
+  EXPECT_TRUE(IsInvalid(assembler.Accept(frames[2], kJob),
+                        "frame offset 128 is not the 64 bytes received so far"));
+  EXPECT_FALSE(assembler.in_progress());
+}
+
+TEST(FrameCodecTest, Accept_PayloadPastTotalBytes_InvalidArgument) {
+  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(0, Activation(3), Ramp({100}), 64);
+  frames[6].mutable_payload()->append(4, '\0');
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(FeedAll(assembler, frames),
+                        "payload of 20 bytes at offset 384 runs past total_bytes 400"));
+}
+
+TEST(FrameCodecTest, Accept_OtherTensorWhileIncomplete_InvalidArgumentNamingBoth) {
+  std::vector<v1::TensorFrame> first = EncodeTensorFrames(0, Activation(1), Ramp({100}), 64);
+  std::vector<v1::TensorFrame> second = EncodeTensorFrames(0, Activation(2), Ramp({100}), 64);
+  FrameAssembler assembler;
+  ASSERT_TRUE(assembler.Accept(first[0], kJob).ok());
+  EXPECT_TRUE(IsInvalid(assembler.Accept(second[0], kJob),
+                        "frame of ACTIVATION of unit 2, micro-batch 1, iteration 7 (job j-1) from "
+                        "stage 0: it arrived while ACTIVATION of unit 1, micro-batch 1, iteration "
+                        "7 (job j-1) from stage 0 is incomplete (64 of 400 bytes)"));
+  EXPECT_FALSE(assembler.in_progress());
+}
+
+TEST(FrameCodecTest, Accept_OtherTensorMidStreamWhileIncomplete_InvalidArgument) {
+  std::vector<v1::TensorFrame> first = EncodeTensorFrames(0, Activation(1), Ramp({100}), 64);
+  std::vector<v1::TensorFrame> second = EncodeTensorFrames(0, Activation(2), Ramp({100}), 64);
+  FrameAssembler assembler;
+  ASSERT_TRUE(assembler.Accept(first[0], kJob).ok());
+  EXPECT_TRUE(
+      IsInvalid(assembler.Accept(second[1], kJob), "it arrived while ACTIVATION of unit 1"));
+}
+
+TEST(FrameCodecTest, Accept_HeaderChangesWithinTensor_InvalidArgument) {
+  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(0, Activation(3), Ramp({4, 25}), 64);
+  frames[1].clear_shape();
+  frames[1].add_shape(100);
+  FrameAssembler assembler;
+  ASSERT_TRUE(assembler.Accept(frames[0], kJob).ok());
+  EXPECT_TRUE(IsInvalid(assembler.Accept(frames[1], kJob),
+                        "header changed within the tensor: shape [100], total_bytes 400 after "
+                        "shape [4, 25], total_bytes 400"));
+}
+
+TEST(FrameCodecTest, Accept_UnspecifiedKind_InvalidArgument) {
+  v1::TensorFrame f = OneFrame(3, {2});
+  f.mutable_tensor()->set_kind(v1::TENSOR_KIND_UNSPECIFIED);
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob),
+                        "frame of TENSOR_KIND_UNSPECIFIED of unit 3, micro-batch 1, iteration 7 "
+                        "(job j-1) from stage 0: tensor kind is TENSOR_KIND_UNSPECIFIED"));
+}
+
+TEST(FrameCodecTest, Accept_UnknownKind_InvalidArgumentSpellingTheNumber) {
+  v1::TensorFrame f = OneFrame(3, {2});
+  f.mutable_tensor()->set_kind(static_cast<v1::TensorKind>(99));
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob),
+                        "frame of tensor kind 99 of unit 3, micro-batch 1, iteration 7 (job j-1) "
+                        "from stage 0: tensor kind 99 is unknown"));
+}
+
+TEST(FrameCodecTest, Accept_SourceStageOutOfRange_InvalidArgument) {
+  FrameAssembler assembler;
+  for (int stage : {2, -1}) {
+    v1::TensorFrame f = OneFrame(3, {2});
+    f.set_source_stage(stage);
+    EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob), "source stage " + std::to_string(stage) +
+                                                         " is outside [0, 2) for job j-1"));
+  }
+}
+
+TEST(FrameCodecTest, Accept_WrongJob_InvalidArgument) {
+  v1::TensorFrame f = OneFrame(3, {2});
+  f.set_job_id("j-0");
+  FrameAssembler assembler;
+  EXPECT_TRUE(
+      IsInvalid(assembler.Accept(f, kJob), "wrong job \"j-0\"; this worker runs job \"j-1\""));
+}
+
+TEST(FrameCodecTest, Accept_NoJobAssigned_InvalidArgument) {
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(OneFrame(3, {2}), AcceptedJob{}),
+                        "this worker has no job assigned, so job \"j-1\" is not accepted"));
+}
+
+TEST(FrameCodecTest, Accept_RestOfRejectedTensor_DroppedSilentlyThenNextTensorWorks) {
+  std::vector<v1::TensorFrame> bad = EncodeTensorFrames(0, Activation(3), Ramp({40}), 64);
+  for (v1::TensorFrame& f : bad) f.set_job_id("j-0");
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(bad[0], kJob), "wrong job"));
+  for (size_t i = 1; i < bad.size(); ++i) {
+    absl::StatusOr<std::optional<ReceivedTensor>> dropped = assembler.Accept(bad[i], kJob);
+    ASSERT_TRUE(dropped.ok()) << dropped.status();
+    EXPECT_FALSE(dropped->has_value());
+  }
+  absl::StatusOr<std::optional<ReceivedTensor>> good =
+      FeedAll(assembler, EncodeTensorFrames(0, Activation(3), Ramp({40}), 64));
+  ASSERT_TRUE(good.ok()) << good.status();
+  EXPECT_TRUE(good->has_value());
+}
+
+TEST(FrameCodecTest, MakeFrameError_CopiesKeyIterationAndStatus) {
+  v1::TensorFrame f = OneFrame(3, {2});
+  v1::FrameError e = MakeFrameError(f, absl::InvalidArgumentError("bad"));
+  EXPECT_EQ(e.tensor().kind(), v1::ACTIVATION);
+  EXPECT_EQ(e.tensor().unit(), 3);
+  EXPECT_EQ(e.tensor().micro_batch(), 1);
+  EXPECT_EQ(e.iteration(), 7);
+  EXPECT_EQ(e.error(), "INVALID_ARGUMENT: bad");
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,412 @@
+#include "worker/transport/grpc_transport.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <deque>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "common/annotated_mutex.h"
+#include "common/logging.h"
+#include "proto/pipetrain/v1/dataplane.grpc.pb.h"
+
+namespace pipetrain {
+namespace {
+
+using StreamReactor = grpc::ClientBidiReactor<v1::TensorFrame, v1::FrameError>;
+
+// One long-lived DataPlane/Stream to a peer.
+//
+// Lifetime: Start() takes a hold, so gRPC keeps the call alive while Send
+// threads may still start writes from outside any reaction; only Close()
+// removes it. The owner must call Close() and destroys the stream after it
+// returns (OnDone has run by then). Not a reaction: context_ may hold the
+// last reference to the channel, and gRPC teardown stays on our threads (a
+// variant that let OnDone drop the last reference once hit a double free
+// inside gRPC's callback completion queue under ASan).
+// gRPC operations are never started while mu_ is held.
+class FrameStream final : public StreamReactor {
+ public:
+  // Starts the call on `stub`'s channel.
+  static std::shared_ptr<FrameStream> Start(v1::DataPlane::Stub* stub, std::string peer_name,
+                                            const GrpcTransportOptions& options,
+                                            std::function<void(const absl::Status&)> on_error) {
+    std::shared_ptr<FrameStream> stream(
+        new FrameStream(std::move(peer_name), options, std::move(on_error)));
+    stub->async()->Stream(&stream->context_, stream.get());
+    stream->AddHold();
+    stream->StartRead(&stream->incoming_);
+    stream->StartCall();
+    return stream;
+  }
+
+  // Queues one tensor's frames behind the earlier ones; waits for room
+  // (see GrpcTransportOptions::max_queued_bytes_per_peer).
+  absl::Status Enqueue(std::vector<v1::TensorFrame> frames) {
+    int64_t bytes = 0;
+    for (const v1::TensorFrame& f : frames) bytes += static_cast<int64_t>(f.payload().size());
+    const v1::TensorFrame* write = nullptr;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return closing_ || broken_ || queued_bytes_ == 0 ||
+               queued_bytes_ + bytes <= options_.max_queued_bytes_per_peer;
+      };
+      if (!mu_.AwaitWithTimeout(room, options_.queue_wait_timeout)) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("waited ", absl::FormatDuration(options_.queue_wait_timeout),
+                         " for room in the queue to ", peer_name_, ": ", queued_bytes_,
+                         " bytes are still unsent; that worker is not reading "
+                         "its stream: check its status and log"));
+      }
+      if (closing_) {
+        return absl::AbortedError(absl::StrCat("transport to ", peer_name_, " shut down"));
+      }
+      if (broken_) {
+        return absl::UnavailableError(absl::StrCat("the stream to ", peer_name_, " broke"));
+      }
+      for (v1::TensorFrame& f : frames) queue_.push_back(std::move(f));
+      queued_bytes_ += bytes;
+      write = NextWriteLocked();
+    }
+    if (write != nullptr) StartWrite(write);
+    return absl::OkStatus();
+  }
+
+  // The first rejection not yet reported, as INTERNAL; OK if none.
+  absl::Status TakeRejection() {
+    AnnotatedMutexLock lock(&mu_);
+    if (rejection_.empty()) return absl::OkStatus();
+    absl::Status status = absl::InternalError(absl::StrCat(
+        peer_name_, " rejected a tensor sent earlier: ", rejection_,
+        more_rejections_ > 0 ? absl::StrCat(" (and ", more_rejections_, " more, see the log)")
+                             : ""));
+    rejection_.clear();
+    more_rejections_ = 0;
+    return status;
+  }
+
+  bool broken() const {
+    AnnotatedMutexLock lock(&mu_);
+    return broken_;
+  }
+
+  // Half-closes the stream once every queued frame is written, or cancels
+  // it if that takes longer than `drain` (or the stream broke), then waits
+  // for gRPC to finish. Returns the call's final status. Safe to call from
+  // several threads; only the first does the closing.
+  grpc::Status Close(absl::Duration drain) {
+    const absl::Time deadline = absl::Now() + drain;
+    bool first = false;
+    bool drained = false;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      first = !closing_;
+      closing_ = true;  // Wakes Enqueue; no new frames from here on.
+      auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return broken_ || (queue_.empty() && !writing_);
+      };
+      if (first) {
+        mu_.AwaitWithTimeout(idle, deadline - absl::Now());
+        drained = !broken_ && queue_.empty() && !writing_;
+        cancelled_ = !drained;  // Stops OnWriteDone from starting more writes.
+      }
+    }
+    if (first) {
+      if (drained) {
+        StartWritesDone();  // The peer then finishes the call.
+      } else {
+        context_.TryCancel();
+      }
+      RemoveHold();
+    }
+    auto finished = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return done_; };
+    bool done = false;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      done = mu_.AwaitWithTimeout(finished, deadline - absl::Now());
+    }
+    if (!done) context_.TryCancel();  // The peer did not finish the call in time.
+    AnnotatedMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(finished, absl::InfiniteDuration());
+    return final_status_;
+  }
+
+  void OnWriteDone(bool ok) override {
+    const v1::TensorFrame* write = nullptr;
+    bool now_broken = false;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      writing_ = false;
+      queued_bytes_ -= static_cast<int64_t>(queue_.front().payload().size());
+      queue_.pop_front();
+      if (ok) {
+        write = NextWriteLocked();
+      } else {
+        now_broken = MarkBrokenLocked();
+      }
+    }
+    if (write != nullptr) StartWrite(write);
+    if (now_broken) ReportBroken("a write failed");
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // The call ended: after our WritesDone, or the peer went away.
+      bool now_broken = false;
+      {
+        AnnotatedMutexLock lock(&mu_);
+        now_broken = MarkBrokenLocked();
+      }
+      if (now_broken) ReportBroken("the peer ended the stream");
+      return;
+    }
+    const absl::Status rejected =
+        absl::InternalError(absl::StrCat(peer_name_, " rejected a frame: ", incoming_.error()));
+    PT_LOG(WARNING) << "data plane: " << rejected;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (rejection_.empty()) {
+        rejection_ = incoming_.error();
+      } else {
+        ++more_rejections_;
+      }
+    }
+    if (on_error_) on_error_(rejected);
+    StartRead(&incoming_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    AnnotatedMutexLock lock(&mu_);
+    final_status_ = status;
+    done_ = true;
+  }
+
+ private:
+  FrameStream(std::string peer_name, const GrpcTransportOptions& options,
+              std::function<void(const absl::Status&)> on_error)
+      : peer_name_(std::move(peer_name)), options_(options), on_error_(std::move(on_error)) {}
+
+  // The front frame, if it should be written now; marks it in flight.
+  const v1::TensorFrame* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || queue_.empty() || broken_ || cancelled_) return nullptr;
+    writing_ = true;
+    return &queue_.front();  // deque::push_back keeps it in place.
+  }
+
+  // Drops what is unsent (even while closing, so Close stops waiting for
+  // it). Returns true if this is news to report: the first end of the
+  // stream that Close did not ask for.
+  bool MarkBrokenLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const bool news = !broken_ && !closing_;
+    broken_ = true;
+    while (queue_.size() > (writing_ ? 1u : 0u)) {  // gRPC still reads the one in flight.
+      queued_bytes_ -= static_cast<int64_t>(queue_.back().payload().size());
+      queue_.pop_back();
+    }
+    return news;
+  }
+
+  void ReportBroken(const std::string& how) {
+    absl::Status why =
+        absl::UnavailableError(absl::StrCat("the stream to ", peer_name_, " broke: ", how));
+    PT_LOG(WARNING) << "data plane: " << why;
+    if (on_error_) on_error_(why);
+  }
+
+  const std::string peer_name_;
+  const GrpcTransportOptions& options_;
+  const std::function<void(const absl::Status&)> on_error_;
+  grpc::ClientContext context_;
+  v1::FrameError incoming_;  // Filled by the read in flight.
+
+  mutable AnnotatedMutex mu_;
+  std::deque<v1::TensorFrame> queue_ ABSL_GUARDED_BY(mu_);  // front() in flight if writing_
+  int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool closing_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
+  std::string rejection_ ABSL_GUARDED_BY(mu_);
+  int more_rejections_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+std::string GrpcStatusText(const grpc::Status& status) {
+  return absl::StrCat("gRPC status ", static_cast<int>(status.error_code()), ": ",
+                      status.error_message());
+}
+
+}  // namespace
+
+// Everything about sending to one peer: its channel and current stream.
+class GrpcTransport::PeerLink {
+ public:
+  PeerLink(int peer_stage, std::string address, const GrpcTransportOptions& options)
+      : peer_stage_(peer_stage),
+        name_(absl::StrCat("stage ", peer_stage, " (", address, ")")),
+        address_(std::move(address)),
+        options_(options) {}
+
+  absl::Status Send(std::vector<v1::TensorFrame> frames) {
+    AnnotatedMutexLock send_lock(&send_mu_);
+    std::shared_ptr<FrameStream> stream;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (shut_down_) return ShutDownError();
+      stream = stream_;
+    }
+    if (stream != nullptr) {
+      absl::Status rejected = stream->TakeRejection();
+      if (!rejected.ok()) return rejected;
+      if (stream->broken()) return RetireBroken(std::move(stream));
+    } else {
+      absl::StatusOr<std::shared_ptr<FrameStream>> opened = Open();
+      if (!opened.ok()) return opened.status();
+      stream = *std::move(opened);
+    }
+    absl::Status queued = stream->Enqueue(std::move(frames));
+    if (absl::IsUnavailable(queued)) return RetireBroken(std::move(stream));  // Broke meanwhile.
+    return queued;
+  }
+
+  void Shutdown() {
+    std::shared_ptr<FrameStream> stream;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      shut_down_ = true;
+      stream = std::move(stream_);
+    }
+    if (stream != nullptr) stream->Close(options_.shutdown_drain_timeout);
+    AnnotatedMutexLock send_lock(&send_mu_);  // Waits out a Send in progress.
+  }
+
+ private:
+  absl::Status ShutDownError() const {
+    return absl::AbortedError(absl::StrCat("transport shut down; not sending to ", name_));
+  }
+
+  // Connects (waiting up to connect_timeout) and starts a stream.
+  absl::StatusOr<std::shared_ptr<FrameStream>> Open() ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_) {
+    grpc::ChannelArguments args;
+    args.SetMaxSendMessageSize(kMaxFrameMessageBytes);
+    args.SetMaxReceiveMessageSize(kMaxFrameMessageBytes);
+    // A channel of our own per attempt: no reconnect backoff left over from
+    // an earlier failure delays the attempt.
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    std::shared_ptr<grpc::Channel> channel =
+        grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+    if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
+      return absl::UnavailableError(absl::StrCat(
+          "cannot connect to ", name_, " within ", absl::FormatDuration(options_.connect_timeout),
+          ": nothing listens there or it is unreachable; check that the worker of stage ",
+          peer_stage_, " is up and that the plan has its data-plane address"));
+    }
+    channel_ = std::move(channel);
+    stub_ = v1::DataPlane::NewStub(channel_);
+    const int peer = peer_stage_;
+    auto on_error = [peer, callback = options_.on_peer_error](const absl::Status& error) {
+      if (callback) callback(peer, error);
+    };
+    std::shared_ptr<FrameStream> stream =
+        FrameStream::Start(stub_.get(), name_, options_, on_error);
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (!shut_down_) {
+        stream_ = stream;
+        return stream;
+      }
+    }
+    stream->Close(absl::ZeroDuration());  // Shutdown came while we connected.
+    return ShutDownError();
+  }
+
+  // Reports the break once and forgets the stream, so the next Send
+  // reconnects.
+  absl::Status RetireBroken(std::shared_ptr<FrameStream> stream)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(send_mu_) {
+    const grpc::Status final_status = stream->Close(absl::ZeroDuration());
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (stream_ == stream) stream_.reset();
+    }
+    return absl::UnavailableError(
+        absl::StrCat("the stream to ", name_, " broke (", GrpcStatusText(final_status),
+                     "); this tensor and frames queued before it were not delivered; the next Send "
+                     "reconnects, check that worker's status and log"));
+  }
+
+  const int peer_stage_;
+  const std::string name_;
+  const std::string address_;
+  const GrpcTransportOptions& options_;
+
+  AnnotatedMutex send_mu_;  // Serialises Sends to this peer; held while connecting.
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(send_mu_);
+  std::unique_ptr<v1::DataPlane::Stub> stub_ ABSL_GUARDED_BY(send_mu_);
+
+  AnnotatedMutex mu_;  // Never held while waiting, so Shutdown gets it at once.
+  std::shared_ptr<FrameStream> stream_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+GrpcTransport::GrpcTransport(int stage, std::vector<std::string> peer_addresses, Mailbox* mailbox,
+                             GrpcTransportOptions options)
+    : stage_(stage),
+      peer_addresses_(std::move(peer_addresses)),
+      mailbox_(mailbox),
+      options_(std::move(options)) {
+  PT_CHECK(mailbox_ != nullptr);
+  PT_CHECK(stage_ >= 0 && stage_ < static_cast<int>(peer_addresses_.size()))
+      << "stage " << stage_ << " of " << peer_addresses_.size();
+  PT_CHECK(options_.max_frame_bytes >= 1 && options_.max_frame_bytes <= kMaxFramePayloadBytes)
+      << "max_frame_bytes " << options_.max_frame_bytes;
+  PT_CHECK(options_.max_queued_bytes_per_peer >= 0);
+  for (size_t s = 0; s < peer_addresses_.size(); ++s) {
+    links_.push_back(std::make_unique<PeerLink>(static_cast<int>(s), peer_addresses_[s], options_));
+  }
+}
+
+GrpcTransport::~GrpcTransport() { Shutdown(); }
+
+absl::Status GrpcTransport::CheckPeer(int peer_stage) const {
+  if (peer_stage >= 0 && peer_stage < static_cast<int>(links_.size())) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("peer stage ", peer_stage, " is outside [0, ", links_.size(), ") of this plan"));
+}
+
+absl::Status GrpcTransport::Send(int peer_stage, const TensorAddress& address,
+                                 const Tensor& tensor) {
+  if (absl::Status s = CheckPeer(peer_stage); !s.ok()) return s;
+  if (tensor.is_null()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("null tensor for ", address.DebugString(), " to stage ", peer_stage));
+  }
+  if (shut_down_.load()) {
+    return absl::AbortedError(
+        absl::StrCat("transport shut down; not sending to stage ", peer_stage));
+  }
+  return links_[peer_stage]->Send(
+      EncodeTensorFrames(stage_, address, tensor, options_.max_frame_bytes));
+}
+
+absl::StatusOr<Tensor> GrpcTransport::Recv(int peer_stage, const TensorAddress& address,
+                                           absl::Duration timeout) {
+  if (absl::Status s = CheckPeer(peer_stage); !s.ok()) return s;
+  if (shut_down_.load()) return absl::AbortedError("transport shut down");
+  absl::StatusOr<Tensor> tensor = mailbox_->Take(peer_stage, address, timeout);
+  if (absl::IsDeadlineExceeded(tensor.status())) {
+    return absl::DeadlineExceededError(absl::StrCat(tensor.status().message(), " (stage ",
+                                                    peer_stage, "'s data plane is at ",
+                                                    peer_addresses_[peer_stage], ")"));
+  }
+  return tensor;
+}
+
+void GrpcTransport::Shutdown() {
+  shut_down_.store(true);
+  for (auto& link : links_) link->Shutdown();
+}
+
+}  // namespace pipetrain

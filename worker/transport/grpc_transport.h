@@ -1,0 +1,125 @@
+// GrpcTransport: the Transport of one stage over the gRPC data plane
+// (DESIGN.md §6). Send encodes a tensor into frames (frame_codec.h) and
+// queues them on the one long-lived DataPlane/Stream to the destination
+// peer; Recv takes from the worker's Mailbox, which the worker's
+// DataPlaneServer fills with what peers send here.
+//
+// Per peer, a stream goes through:
+//
+//   none --Send: connect (<= connect_timeout)--> open --Shutdown--> closed
+//     ^                                           |
+//     |                    peer gone / write failed
+//     |                                           v
+//     +------- Send reports UNAVAILABLE ------ broken
+//
+// so after a break exactly one Send fails with UNAVAILABLE (naming the peer)
+// and the Send after it makes one new connection attempt.
+//
+// Writes: one frame in flight per stream; the frames of one tensor are
+// queued together, so they never interleave with another tensor's frames.
+// Send returns once its frames are queued (it does not wait for the
+// network), except that:
+//   - the first Send to a peer (and the first after a break) connects, which
+//     waits up to connect_timeout;
+//   - memory bound: while earlier frames to the peer hold more than
+//     max_queued_bytes_per_peer of payload, Send waits for room (up to
+//     queue_wait_timeout). A queue holds at most
+//     max(max_queued_bytes_per_peer, largest tensor) of payload, and each
+//     Send briefly holds one encoded copy of its tensor besides.
+//
+// Rejections: a FrameError from the peer is logged and returned, as
+// INTERNAL with the peer's error text, by the next Send to that peer (that
+// Send's tensor is not sent); the stream stays open.
+//
+// No threads of its own: completions run on gRPC's callback threads, which
+// never wait for anything but short mutexes.
+#ifndef PIPETRAIN_WORKER_TRANSPORT_GRPC_TRANSPORT_H_
+#define PIPETRAIN_WORKER_TRANSPORT_GRPC_TRANSPORT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "worker/transport/frame_codec.h"
+#include "worker/transport/mailbox.h"
+#include "worker/transport/transport.h"
+
+namespace pipetrain {
+
+struct GrpcTransportOptions {
+  // Payload per frame; 1 <= max_frame_bytes <= kMaxFramePayloadBytes.
+  int64_t max_frame_bytes = kMaxFramePayloadBytes;
+  // How long a Send waits for a (re)connection before UNAVAILABLE.
+  absl::Duration connect_timeout = absl::Seconds(10);
+  // Memory bound per peer (see above) and how long Send waits for room.
+  int64_t max_queued_bytes_per_peer = int64_t{256} << 20;
+  absl::Duration queue_wait_timeout = absl::Seconds(60);
+  // How long Shutdown lets each stream deliver its queued frames before
+  // cancelling it.
+  absl::Duration shutdown_drain_timeout = absl::Seconds(10);
+  // Called, for logs and metrics, when `peer_stage` rejects a frame
+  // (INTERNAL, the peer's text) or its stream breaks (UNAVAILABLE; not after
+  // Shutdown). Runs on a gRPC thread: must return quickly and must not call
+  // into this transport.
+  std::function<void(int peer_stage, const absl::Status& error)> on_peer_error;
+};
+
+class GrpcTransport final : public Transport {
+ public:
+  // `peer_addresses[s]` is the data-plane address ("host:port") of stage s
+  // (this stage's own entry is used only if it sends to itself). `mailbox`
+  // is the one the local DataPlaneServer fills; it must outlive this.
+  // Requires 0 <= stage < peer_addresses.size() and valid options (checked).
+  // Connects nothing yet.
+  GrpcTransport(int stage, std::vector<std::string> peer_addresses, Mailbox* mailbox,
+                GrpcTransportOptions options = {});
+  ~GrpcTransport() override;  // Shutdown().
+
+  GrpcTransport(const GrpcTransport&) = delete;
+  GrpcTransport& operator=(const GrpcTransport&) = delete;
+
+  int stage() const override { return stage_; }
+
+  // Queues `tensor` for `peer_stage` (see the file comment). Thread-safe.
+  // Errors: INVALID_ARGUMENT for a peer outside the plan or a null tensor;
+  // UNAVAILABLE naming the peer if it cannot be reached or its stream broke
+  // (the tensor and anything queued before it are lost); INTERNAL with the
+  // peer's text if it rejected an earlier frame; DEADLINE_EXCEEDED if the
+  // queue stayed full for queue_wait_timeout; ABORTED after Shutdown.
+  absl::Status Send(int peer_stage, const TensorAddress& address, const Tensor& tensor) override;
+
+  // Mailbox::Take of `address` from `peer_stage`. Errors: DEADLINE_EXCEEDED
+  // naming the peer (stage and address) and the tensor; INVALID_ARGUMENT for
+  // a peer outside the plan; ABORTED after Shutdown (a Recv already waiting
+  // ends when the mailbox's owner shuts the mailbox down, or at its
+  // timeout). Thread-safe.
+  absl::StatusOr<Tensor> Recv(int peer_stage, const TensorAddress& address,
+                              absl::Duration timeout) override;
+
+  // Lets every stream deliver its queued frames (up to
+  // shutdown_drain_timeout each), closes it, and waits for gRPC to finish
+  // with it; an in-progress connection attempt is waited for. Later Sends
+  // and Recvs return ABORTED. Does not shut the mailbox down (the worker
+  // owns it). Idempotent; thread-safe.
+  void Shutdown();
+
+ private:
+  class PeerLink;
+
+  absl::Status CheckPeer(int peer_stage) const;
+
+  const int stage_;
+  const std::vector<std::string> peer_addresses_;
+  Mailbox* const mailbox_;
+  const GrpcTransportOptions options_;
+  std::vector<std::unique_ptr<PeerLink>> links_;  // Indexed by peer stage.
+  std::atomic<bool> shut_down_{false};
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_TRANSPORT_GRPC_TRANSPORT_H_

@@ -1,0 +1,331 @@
+// Two stages on loopback: each has a Mailbox, a DataPlaneServer filling it
+// and a GrpcTransport sending to the other's server.
+#include "worker/transport/grpc_transport.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "common/annotated_mutex.h"
+#include "gtest/gtest.h"
+#include "proto/pipetrain/v1/dataplane.grpc.pb.h"
+#include "worker/transport/data_plane_server.h"
+#include "worker/transport/frame_codec.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr absl::Duration kPatience = absl::Seconds(60);  // Deadlines only; never waited out.
+
+TensorAddress Address(v1::TensorKind kind, int micro_batch, int unit,
+                      const std::string& job = "j-1") {
+  return {job, /*iteration=*/7, kind, micro_batch, unit};
+}
+
+// Every bit pattern is fair game (NaNs included): the data plane must not
+// touch the values.
+Tensor Pattern(const Shape& shape, uint32_t seed) {
+  Tensor t = Tensor::Zeros(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    uint32_t x = (static_cast<uint32_t>(i) + seed) * 2654435761u;
+    x ^= x >> 15;
+    std::memcpy(&t[i], &x, sizeof(x));
+  }
+  return t;
+}
+
+bool BitwiseEqual(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() &&
+         std::memcmp(a.data(), b.data(), static_cast<size_t>(a.size_bytes())) == 0;
+}
+
+bool Contains(const absl::Status& status, const std::string& fragment) {
+  return status.message().find(fragment) != absl::string_view::npos;
+}
+
+// Collects GrpcTransportOptions::on_peer_error reports; tests wait on it
+// instead of sleeping.
+class PeerErrors {
+ public:
+  void Add(const absl::Status& error) {
+    AnnotatedMutexLock lock(&mu_);
+    errors_.push_back(error);
+  }
+  size_t size() {
+    AnnotatedMutexLock lock(&mu_);
+    return errors_.size();
+  }
+  // The first report with `code`, waiting for it if needed.
+  absl::Status WaitFor(absl::StatusCode code) {
+    AnnotatedMutexLock lock(&mu_);
+    auto seen = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return Find(code) != nullptr; };
+    if (!mu_.AwaitWithTimeout(seen, kPatience)) {
+      return absl::UnknownError("no such peer error reported");
+    }
+    return *Find(code);
+  }
+
+ private:
+  const absl::Status* Find(absl::StatusCode code) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    for (const absl::Status& e : errors_) {
+      if (e.code() == code) return &e;
+    }
+    return nullptr;
+  }
+  AnnotatedMutex mu_;
+  std::vector<absl::Status> errors_ ABSL_GUARDED_BY(mu_);
+};
+
+class GrpcTransportTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int s = 0; s < 2; ++s) {
+      mailboxes_[s] = std::make_unique<Mailbox>();
+      absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
+          DataPlaneServer::Start("127.0.0.1:0", mailboxes_[s].get());
+      ASSERT_TRUE(server.ok()) << server.status();
+      servers_[s] = *std::move(server);
+      servers_[s]->SetJob("j-1", 2);
+      addresses_.push_back(servers_[s]->address());
+    }
+    for (int s = 0; s < 2; ++s) transports_[s] = MakeTransport(s, Options());
+  }
+
+  void TearDown() override {
+    for (auto& t : transports_) t->Shutdown();
+    for (auto& s : servers_) s->Shutdown();
+    for (auto& m : mailboxes_) m->Shutdown();
+  }
+
+  GrpcTransportOptions Options() {
+    GrpcTransportOptions options;
+    options.connect_timeout = kPatience;
+    options.on_peer_error = [this](int, const absl::Status& error) { peer_errors_.Add(error); };
+    return options;
+  }
+
+  std::unique_ptr<GrpcTransport> MakeTransport(int stage, GrpcTransportOptions options) {
+    return std::make_unique<GrpcTransport>(stage, addresses_, mailboxes_[stage].get(),
+                                           std::move(options));
+  }
+
+  // Sends from stage 0 and checks stage 1 receives it unchanged.
+  void ExpectDelivered(const TensorAddress& address, const Tensor& tensor) {
+    ASSERT_TRUE(transports_[0]->Send(1, address, tensor).ok());
+    absl::StatusOr<Tensor> got = transports_[1]->Recv(0, address, kPatience);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(BitwiseEqual(*got, tensor)) << address.DebugString();
+  }
+
+  std::unique_ptr<Mailbox> mailboxes_[2];
+  std::unique_ptr<DataPlaneServer> servers_[2];
+  std::vector<std::string> addresses_;
+  std::unique_ptr<GrpcTransport> transports_[2];
+  PeerErrors peer_errors_;
+};
+
+TEST_F(GrpcTransportTest, Send_TenMiBAndSmallTensors_ArriveBitwiseEqual) {
+  const Shape small_shapes[] = {{3}, {0}, {}, {5, 7}};
+  for (int i = 0; i < 4; ++i) {
+    ExpectDelivered(Address(v1::ACTIVATION, i, 2), Pattern(small_shapes[i], i));
+  }
+  const Tensor big = Pattern({10, 1024, 256}, 99);  // 10 MiB: three frames.
+  constexpr int kRounds = 5;
+  const absl::Time start = absl::Now();
+  for (int round = 0; round < kRounds; ++round) {
+    ExpectDelivered(Address(v1::ACTIVATION, 10 + round, 2), big);
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  std::cout << "[info] 10 MiB stage 0 -> stage 1 over loopback, Send to Recv, " << kRounds
+            << " rounds: " << 1e3 * seconds / kRounds << " ms each, " << kRounds * 10 / seconds
+            << " MiB/s\n";
+
+  // And the other way, as gradients travel.
+  const TensorAddress grad = Address(v1::ACTIVATION_GRAD, 0, 2);
+  ASSERT_TRUE(transports_[1]->Send(0, grad, big).ok());
+  absl::StatusOr<Tensor> got = transports_[0]->Recv(1, grad, kPatience);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(BitwiseEqual(*got, big));
+}
+
+TEST_F(GrpcTransportTest, Send_ConcurrentThreadsToOnePeer_TensorsArriveIntact) {
+  GrpcTransportOptions options = Options();
+  options.max_frame_bytes = 4096;  // 16 frames per tensor: many chances to interleave.
+  std::unique_ptr<GrpcTransport> sender = MakeTransport(0, options);
+  constexpr int kPerThread = 10;
+  const Shape shape = {64, 256};
+  auto send_all = [&](int thread) {
+    for (int i = 0; i < kPerThread; ++i) {
+      const uint32_t seed = 100 * thread + i;
+      absl::Status s = sender->Send(1, Address(v1::ACTIVATION, i, thread), Pattern(shape, seed));
+      EXPECT_TRUE(s.ok()) << s;
+    }
+  };
+  std::thread a(send_all, 0), b(send_all, 1);
+  a.join();
+  b.join();
+  for (int thread = 0; thread < 2; ++thread) {
+    for (int i = 0; i < kPerThread; ++i) {
+      absl::StatusOr<Tensor> got =
+          transports_[1]->Recv(0, Address(v1::ACTIVATION, i, thread), kPatience);
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_TRUE(BitwiseEqual(*got, Pattern(shape, 100 * thread + i)));
+    }
+  }
+  sender->Shutdown();
+  EXPECT_EQ(peer_errors_.size(), 0u) << "no frame was rejected, no stream broke";
+}
+
+TEST_F(GrpcTransportTest, Stream_MalformedFramesFromRawClient_FrameErrorsAndServerKeepsWorking) {
+  auto channel = grpc::CreateChannel(addresses_[1], grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::DataPlane::Stub> stub = v1::DataPlane::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kPatience));
+  auto stream = stub->Stream(&context);
+
+  const v1::TensorFrame good =
+      EncodeTensorFrames(0, Address(v1::ACTIVATION, 0, 4), Pattern({2, 2}, 1))[0];
+  v1::TensorFrame short_payload = good;
+  short_payload.set_total_bytes(12);
+  short_payload.set_payload(good.payload().substr(0, 12));
+  v1::TensorFrame unknown_kind = good;
+  unknown_kind.mutable_tensor()->set_kind(static_cast<v1::TensorKind>(99));
+  v1::TensorFrame wrong_job = good;
+  wrong_job.set_job_id("j-0");
+  const std::pair<v1::TensorFrame, std::string> cases[] = {
+      {short_payload, "total_bytes 12 does not match shape [2, 2] of f32 (16 bytes)"},
+      {unknown_kind, "tensor kind 99 is unknown"},
+      {wrong_job, "wrong job \"j-0\"; this worker runs job \"j-1\""},
+  };
+  for (const auto& [frame, fragment] : cases) {
+    ASSERT_TRUE(stream->Write(frame));
+    v1::FrameError error;
+    ASSERT_TRUE(stream->Read(&error));
+    EXPECT_EQ(error.tensor().unit(), 4);
+    EXPECT_EQ(error.iteration(), 7);
+    EXPECT_EQ(error.error().rfind("INVALID_ARGUMENT: frame of ", 0), 0u) << error.error();
+    EXPECT_NE(error.error().find(fragment), std::string::npos) << error.error();
+  }
+  // The same stream still carries a correct frame, and ends cleanly.
+  ASSERT_TRUE(stream->Write(good));
+  ASSERT_TRUE(stream->WritesDone());
+  v1::FrameError none;
+  EXPECT_FALSE(stream->Read(&none));
+  grpc::Status finished = stream->Finish();
+  EXPECT_TRUE(finished.ok()) << finished.error_message();
+  EXPECT_TRUE(transports_[1]->Recv(0, Address(v1::ACTIVATION, 0, 4), kPatience).ok());
+
+  // A new stream works too.
+  ExpectDelivered(Address(v1::ACTIVATION, 1, 4), Pattern({100}, 2));
+}
+
+TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendInternalWithPeerText) {
+  servers_[1]->SetJob("j-2", 2);
+  ASSERT_TRUE(transports_[0]->Send(1, Address(v1::ACTIVATION, 0, 1), Pattern({8}, 1)).ok());
+  const absl::Status reported = peer_errors_.WaitFor(absl::StatusCode::kInternal);
+  EXPECT_TRUE(Contains(reported, "wrong job \"j-1\"; this worker runs job \"j-2\"")) << reported;
+
+  absl::Status next = transports_[0]->Send(1, Address(v1::ACTIVATION, 1, 1), Pattern({8}, 2));
+  EXPECT_EQ(next.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(Contains(next, "stage 1 (" + addresses_[1] +
+                                 ") rejected a tensor sent earlier: "
+                                 "INVALID_ARGUMENT: frame of ACTIVATION of unit 1, micro-batch 0"))
+      << next;
+  EXPECT_TRUE(Contains(next, "wrong job \"j-1\"")) << next;
+
+  // Reported once; the stream stayed open.
+  servers_[1]->SetJob("j-1", 2);
+  ExpectDelivered(Address(v1::ACTIVATION, 2, 1), Pattern({8}, 3));
+}
+
+TEST_F(GrpcTransportTest, Recv_NeverSent_DeadlineExceededNamingPeerAndTensor) {
+  absl::StatusOr<Tensor> got =
+      transports_[1]->Recv(0, Address(v1::ACTIVATION, 3, 9), absl::Milliseconds(200));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(Contains(got.status(),
+                       "waited 200ms for ACTIVATION of unit 9, micro-batch 3, "
+                       "iteration 7 (job j-1) from stage 0"))
+      << got.status();
+  EXPECT_TRUE(Contains(got.status(), "(stage 0's data plane is at " + addresses_[0] + ")"))
+      << got.status();
+}
+
+TEST_F(GrpcTransportTest, Send_NothingListensAtPeer_UnavailableNamingPeer) {
+  // A port that was just free and is closed again: nothing listens there.
+  Mailbox unused;
+  absl::StatusOr<std::unique_ptr<DataPlaneServer>> gone =
+      DataPlaneServer::Start("127.0.0.1:0", &unused);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  const std::string dead_address = (*gone)->address();
+  gone->reset();
+
+  GrpcTransportOptions options = Options();
+  options.connect_timeout = absl::Milliseconds(300);
+  GrpcTransport transport(0, {addresses_[0], dead_address}, mailboxes_[0].get(), options);
+  absl::Status sent = transport.Send(1, Address(v1::ACTIVATION, 0, 1), Pattern({4}, 1));
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(sent, "cannot connect to stage 1 (" + dead_address + ") within 300ms"))
+      << sent;
+}
+
+TEST_F(GrpcTransportTest, Send_PeerRestarted_OneUnavailableThenReconnects) {
+  ExpectDelivered(Address(v1::ACTIVATION, 0, 1), Pattern({8}, 1));
+  // The restarted server binds the same port again, as a restarted worker
+  // with a fixed data-plane address would.
+  const int port = servers_[1]->port();
+  servers_[1]->Shutdown();
+  const absl::Status broke = peer_errors_.WaitFor(absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(broke, "the stream to stage 1 (" + addresses_[1] + ") broke")) << broke;
+
+  absl::Status sent = transports_[0]->Send(1, Address(v1::ACTIVATION, 1, 1), Pattern({8}, 2));
+  EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(sent, "the stream to stage 1 (" + addresses_[1] + ") broke")) << sent;
+
+  absl::StatusOr<std::unique_ptr<DataPlaneServer>> restarted =
+      DataPlaneServer::Start("127.0.0.1:" + std::to_string(port), mailboxes_[1].get());
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  servers_[1] = *std::move(restarted);
+  servers_[1]->SetJob("j-1", 2);
+  ExpectDelivered(Address(v1::ACTIVATION, 2, 1), Pattern({8}, 3));
+}
+
+TEST_F(GrpcTransportTest, Shutdown_RightAfterSend_DeliversQueuedTensorFirst) {
+  const Tensor big = Pattern({3, 1024, 1024}, 5);  // 12 MiB.
+  ASSERT_TRUE(transports_[0]->Send(1, Address(v1::ACTIVATION, 0, 1), big).ok());
+  transports_[0]->Shutdown();
+  absl::StatusOr<Tensor> got =
+      transports_[1]->Recv(0, Address(v1::ACTIVATION, 0, 1), absl::ZeroDuration());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(BitwiseEqual(*got, big));
+}
+
+TEST_F(GrpcTransportTest, SendAndRecv_AfterShutdown_Aborted) {
+  transports_[0]->Shutdown();
+  EXPECT_EQ(transports_[0]->Send(1, Address(v1::ACTIVATION, 0, 1), Pattern({1}, 1)).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(transports_[0]->Recv(1, Address(v1::ACTIVATION, 0, 1), kPatience).status().code(),
+            absl::StatusCode::kAborted);
+}
+
+TEST_F(GrpcTransportTest, SendAndRecv_PeerOutsidePlanOrNullTensor_InvalidArgument) {
+  absl::Status sent = transports_[0]->Send(2, Address(v1::ACTIVATION, 0, 1), Pattern({1}, 1));
+  EXPECT_EQ(sent.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(sent, "peer stage 2 is outside [0, 2)")) << sent;
+  EXPECT_EQ(transports_[0]->Recv(-1, Address(v1::ACTIVATION, 0, 1), kPatience).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(transports_[0]->Send(1, Address(v1::ACTIVATION, 0, 1), Tensor()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(DataPlaneServerTest, Start_AddressWithoutPort_InvalidArgument) {
+  Mailbox mailbox;
+  absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
+      DataPlaneServer::Start("localhost", &mailbox);
+  EXPECT_EQ(server.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(server.status(), "\"localhost\" is not host:port")) << server.status();
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,137 @@
+#include "worker/transport/mailbox.h"
+
+#include <thread>
+
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+TensorAddress Activation(const std::string& job_id, int unit) {
+  return {job_id, /*iteration=*/7, v1::ACTIVATION, /*micro_batch=*/1, unit};
+}
+
+TEST(MailboxTest, Take_AfterPut_ReturnsTheTensorOnce) {
+  Mailbox mailbox;
+  ASSERT_TRUE(mailbox.Put(2, Activation("j-1", 3), Tensor::FromVector({2}, {1.5f, -2.f})).ok());
+  EXPECT_EQ(mailbox.size(), 1u);
+
+  absl::StatusOr<Tensor> got = mailbox.Take(2, Activation("j-1", 3), absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->ToVector(), (std::vector<float>{1.5f, -2.f}));
+  EXPECT_EQ(mailbox.size(), 0u);
+  EXPECT_EQ(mailbox.Take(2, Activation("j-1", 3), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(MailboxTest, Take_SameAddressFromOtherStage_DoesNotMatch) {
+  Mailbox mailbox;
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 3), Tensor::Zeros({1})).ok());
+  EXPECT_EQ(mailbox.Take(1, Activation("j-1", 3), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(mailbox.Take(0, Activation("j-1", 3), absl::ZeroDuration()).ok());
+}
+
+TEST(MailboxTest, Take_PutLaterFromAnotherThread_WakesAndReturnsIt) {
+  Mailbox mailbox;
+  absl::Notification taking;
+  absl::StatusOr<Tensor> got;
+  std::thread consumer([&] {
+    taking.Notify();
+    got = mailbox.Take(0, Activation("j-1", 4), absl::Seconds(60));
+  });
+  taking.WaitForNotification();
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 4), Tensor::FromVector({1}, {9.f})).ok());
+  consumer.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->ToVector(), std::vector<float>{9.f});
+}
+
+TEST(MailboxTest, Take_NeverPut_DeadlineExceededNamesSourceAndTensor) {
+  Mailbox mailbox;
+  absl::StatusOr<Tensor> got = mailbox.Take(2, Activation("j-1", 3), absl::Milliseconds(1));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(got.status().message().find(
+                "for ACTIVATION of unit 3, micro-batch 1, iteration 7 (job j-1) from stage 2"),
+            std::string::npos)
+      << got.status();
+}
+
+TEST(MailboxTest, Put_DuplicateBeforeTake_FailedPrecondition) {
+  Mailbox mailbox;
+  ASSERT_TRUE(mailbox.Put(1, Activation("j-1", 3), Tensor::Zeros({1})).ok());
+  absl::Status status = mailbox.Put(1, Activation("j-1", 3), Tensor::Zeros({1}));
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("duplicate tensor from stage 1: ACTIVATION of unit 3"),
+            std::string::npos)
+      << status;
+  EXPECT_EQ(mailbox.size(), 1u);
+}
+
+TEST(MailboxTest, Shutdown_WhileTakeWaits_WakesItWithAborted) {
+  Mailbox mailbox;
+  absl::Notification taking;
+  absl::StatusOr<Tensor> got;
+  std::thread consumer([&] {
+    taking.Notify();
+    got = mailbox.Take(0, Activation("j-1", 4), absl::InfiniteDuration());
+  });
+  taking.WaitForNotification();
+  mailbox.Shutdown();
+  consumer.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted);
+}
+
+TEST(MailboxTest, Take_AfterShutdown_AbortedEvenIfPresent) {
+  Mailbox mailbox;
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 3), Tensor::Zeros({1})).ok());
+  mailbox.Shutdown();
+  EXPECT_EQ(mailbox.Take(0, Activation("j-1", 3), absl::Seconds(10)).status().code(),
+            absl::StatusCode::kAborted);
+}
+
+TEST(MailboxTest, DropJob_RemovesOnlyThatJobsTensors) {
+  Mailbox mailbox;
+  ASSERT_TRUE(mailbox.Put(0, Activation("old", 1), Tensor::Zeros({1})).ok());
+  ASSERT_TRUE(mailbox.Put(1, Activation("old", 2), Tensor::Zeros({1})).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("new", 1), Tensor::Zeros({1})).ok());
+
+  mailbox.DropJob("old");
+
+  EXPECT_EQ(mailbox.size(), 1u);
+  EXPECT_EQ(mailbox.Take(0, Activation("old", 1), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(mailbox.Take(0, Activation("new", 1), absl::ZeroDuration()).ok());
+  // A dropped key may be filled again (e.g. the job restarts).
+  EXPECT_TRUE(mailbox.Put(0, Activation("old", 1), Tensor::Zeros({1})).ok());
+}
+
+TEST(MailboxTest, AbortJob_WhileTakeWaits_WakesItWithAbortedNamingJob) {
+  Mailbox mailbox;
+  absl::Notification taking;
+  absl::StatusOr<Tensor> got;
+  std::thread consumer([&] {
+    taking.Notify();
+    got = mailbox.Take(0, Activation("j-1", 4), absl::InfiniteDuration());
+  });
+  taking.WaitForNotification();
+  mailbox.AbortJob("j-1");
+  consumer.join();
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(got.status().message().find("job j-1 was stopped"), std::string::npos) << got.status();
+}
+
+TEST(MailboxTest, AbortJob_OtherJobsUnaffected) {
+  Mailbox mailbox;
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 1), Tensor::Zeros({1})).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-2", 1), Tensor::Zeros({1})).ok());
+  mailbox.AbortJob("j-1");
+  EXPECT_EQ(mailbox.size(), 1u);
+  EXPECT_EQ(mailbox.Take(0, Activation("j-1", 1), absl::Seconds(10)).status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_TRUE(mailbox.Take(0, Activation("j-2", 1), absl::ZeroDuration()).ok());
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -142,12 +142,16 @@ void JobManager::ScheduleQueued() {
 absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::string>& workers) {
   record.job.set_state(v1::PLANNING);
   const std::string& id = record.job.id();
-  ASSIGN_OR_RETURN(CompiledPlan compiled, PlanJob(record.resolved, id, 1, workers));
   std::vector<std::string> addresses;
+  double slowest_gflops = 0;
   for (const std::string& w : workers) {
     ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(w));
     addresses.push_back(worker.data_address());
+    const double gflops = worker.device().measured_gflops();
+    slowest_gflops = slowest_gflops == 0 ? gflops : std::min(slowest_gflops, gflops);
   }
+  ASSIGN_OR_RETURN(CompiledPlan compiled,
+                   PlanJob(record.resolved, id, 1, workers, slowest_gflops * 1e9));
   RETURN_IF_ERROR(registry_->Assign(workers, id));
   record.plan = compiled.plan;
   record.stages.assign(workers.size(), StageProgress{});

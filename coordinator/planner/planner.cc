@@ -9,7 +9,8 @@
 namespace pipetrain {
 
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string& job_id,
-                                     int64_t version, const std::vector<std::string>& worker_ids) {
+                                     int64_t version, const std::vector<std::string>& worker_ids,
+                                     double flops_per_second) {
   if (static_cast<int>(worker_ids.size()) != r.stages) {
     return absl::InvalidArgumentError(
         absl::StrCat(worker_ids.size(), " workers for ", r.stages, " stages"));
@@ -41,7 +42,9 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
       range->set_end(ranges[s].end);
     }
   }
-  plan.set_predicted_iteration_seconds(BottleneckCost(costs, ranges) * (micro + r.stages - 1));
+  const double critical_path_flops = BottleneckCost(costs, ranges) * (micro + r.stages - 1);
+  plan.set_predicted_iteration_seconds(
+      flops_per_second > 0 ? critical_path_flops / flops_per_second : 0.0);
   return out;
 }
 

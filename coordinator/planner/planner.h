@@ -18,11 +18,15 @@ struct CompiledPlan {
 };
 
 // Requires worker_ids.size() == resolved.stages. Uses analytic unit costs
-// (AnalyticUnitCosts) for pipedream and for predicted_iteration_seconds,
-// which is the bottleneck stage's FLOPs per micro-batch times
-// (m + stages - 1), in FLOPs, not seconds, until profiles exist.
+// (AnalyticUnitCosts) for pipedream and for predicted_iteration_seconds:
+// the bottleneck stage's FLOPs per micro-batch times (m + stages - 1), the
+// 1F1B/GPipe critical path, divided by `flops_per_second`, the slowest
+// chosen worker's measured GEMM rate (an optimistic estimate: GEMM peak, no
+// communication; profiles replace it in the planner issue). With
+// flops_per_second <= 0 the prediction is 0 (unknown).
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& resolved, const std::string& job_id,
-                                     int64_t version, const std::vector<std::string>& worker_ids);
+                                     int64_t version, const std::vector<std::string>& worker_ids,
+                                     double flops_per_second);
 
 }  // namespace pipetrain
 

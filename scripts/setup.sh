@@ -18,6 +18,7 @@ PACKAGES=(
   prometheus-cpp-dev       # /metrics (service issue)
   libcpp-httplib-dev       # REST (service issue)
   libsqlite3-dev           # coordinator store (service issue)
+  openssl                  # test certificates (tests/tls_cluster_test)
   prometheus               # promtool, to lint /metrics in tests (also ships the server)
 )
 

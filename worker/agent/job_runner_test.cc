@@ -1,0 +1,144 @@
+// JobRunner without sockets: two runners joined by the in-process transport
+// report to a fake coordinator link.
+#include "worker/agent/job_runner.h"
+
+#include <condition_variable>
+#include <mutex>
+
+#include "coordinator/planner/partition.h"
+#include "coordinator/planner/schedule_compiler.h"
+#include "gtest/gtest.h"
+#include "worker/transport/in_process_transport.h"
+
+namespace pipetrain {
+namespace {
+
+// Records what runners send; thread-safe (runners call it from their threads).
+class FakeLink : public CoordinatorLink {
+ public:
+  absl::Status ReportProgress(const v1::ReportProgressRequest& r) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    reports_.push_back(r);
+    changed_.notify_all();
+    return absl::OkStatus();
+  }
+  absl::Status UploadWeights(const std::string& job_id,
+                             const std::vector<Parameter*>& params) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Parameter* p : params) uploaded_.push_back(p->name);
+    return absl::OkStatus();
+  }
+  // Waits (bounded) until `n` reports arrived.
+  bool AwaitReports(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(30), [&] { return reports_.size() >= n; });
+  }
+  std::vector<v1::ReportProgressRequest> reports() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reports_;
+  }
+  std::vector<std::string> uploaded() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return uploaded_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable changed_;
+  std::vector<v1::ReportProgressRequest> reports_;
+  std::vector<std::string> uploaded_;
+};
+
+v1::Assignment Assignment(int stage, int steps, bool weights, Schedule schedule) {
+  v1::Assignment a;
+  a.set_action(v1::Assignment::RUN);
+  a.set_job_id("job-r");
+  a.set_plan_version(1);
+  v1::JobSpec* spec = a.mutable_spec();
+  spec->mutable_model()->set_n_layer(1);
+  spec->mutable_model()->set_n_head(2);
+  spec->mutable_model()->set_d_model(16);
+  spec->mutable_training()->set_seq_len(8);
+  spec->mutable_training()->set_batch_size(4);
+  spec->mutable_training()->set_micro_batches(2);
+  spec->mutable_training()->set_steps(steps);
+  spec->mutable_data()->set_synthetic_bytes(5000);
+  spec->mutable_parallelism()->set_stages(2);
+  if (weights) {
+    spec->mutable_output()->set_weights_path(std::string(std::getenv("TEST_TMPDIR")) + "/w.st");
+  }
+  const std::vector<Range> ranges = {{0, 2}, {2, 4}};
+  a.set_stage(stage);
+  a.set_num_stages(2);
+  a.mutable_backward_units()->set_begin(ranges[stage].begin);
+  a.mutable_backward_units()->set_end(ranges[stage].end);
+  *a.mutable_forward_units() = a.backward_units();
+  *a.mutable_program() = CompilePrograms(ranges, 4, 2, schedule).value()[stage];
+  return a;
+}
+
+TEST(JobRunnerTest, TwoStages_ReportEveryIterationUploadWeightsAndFinish) {
+  InProcessFabric fabric(2);
+  FakeLink link;
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (int s = 0; s < 2; ++s) {
+    auto factory = [&fabric](int stage, const std::vector<std::string>&) {
+      return fabric.Connect(stage);
+    };
+    runners.push_back(std::make_unique<JobRunner>(Assignment(s, 3, true, Schedule::kOneFOneB),
+                                                  &fabric.mailbox(s), factory, &link,
+                                                  JobRunnerOptions{"w", 1}));
+  }
+  for (auto& r : runners) r->Start();
+  ASSERT_TRUE(link.AwaitReports(6));
+  for (auto& r : runners) r->Stop();
+  int finished = 0, with_losses = 0;
+  for (const auto& r : link.reports()) {
+    EXPECT_TRUE(r.error().empty()) << r.error();
+    finished += r.finished();
+    with_losses += r.micro_batch_losses_size() == 2;
+  }
+  EXPECT_EQ(finished, 2);      // each stage's last iteration
+  EXPECT_EQ(with_losses, 3);   // the head stage, every iteration
+  std::vector<std::string> names = link.uploaded();
+  EXPECT_EQ(std::count(names.begin(), names.end(), "wte.weight"), 2);  // both tied copies
+  EXPECT_TRUE(runners[0]->finished() && runners[1]->finished());
+}
+
+TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInAReceive) {
+  InProcessFabric fabric(2);
+  FakeLink link;
+  auto factory = [&fabric](int stage, const std::vector<std::string>&) {
+    return fabric.Connect(stage);
+  };
+  // Only stage 1 runs: its first instruction waits for stage 0's activation
+  // forever (deadline 60 s), until Stop() aborts it.
+  JobRunner lonely(Assignment(1, 3, false, Schedule::kGPipe), &fabric.mailbox(1), factory, &link,
+                   JobRunnerOptions{"w", 1, absl::Seconds(60)});
+  lonely.Start();
+  for (int i = 0; i < 3000 && lonely.current_instruction().rfind("recv", 0) != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));  // polls an observable state
+  }
+  EXPECT_EQ(lonely.current_instruction(), "recv ACTIVATION unit 1 mb 0 from stage 0");
+  lonely.Stop();
+  EXPECT_TRUE(lonely.finished());
+  EXPECT_TRUE(link.reports().empty());  // a stop is not a failure to report
+}
+
+TEST(JobRunnerTest, BadSpec_IsReportedAsTheJobsError) {
+  InProcessFabric fabric(2);
+  FakeLink link;
+  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
+  a.mutable_spec()->mutable_model()->set_n_head(3);
+  JobRunner runner(a, &fabric.mailbox(0),
+                   [&fabric](int s, const std::vector<std::string>&) { return fabric.Connect(s); },
+                   &link, JobRunnerOptions{"w", 1});
+  runner.Start();
+  ASSERT_TRUE(link.AwaitReports(1));
+  runner.Stop();
+  EXPECT_NE(link.reports()[0].error().find("spec.model.n_head"), std::string::npos)
+      << link.reports()[0].error();
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -190,6 +190,10 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   builder.AddListeningPort(listen_address, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(kMaxFrameMessageBytes);
   builder.SetMaxSendMessageSize(kMaxFrameMessageBytes);
+  // gRPC sets SO_REUSEPORT by default: a second server (another worker, or a
+  // stale one) could then bind the same port, even via port 0, and take a
+  // share of the connections meant for this one.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service.get());
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -40,7 +40,8 @@ inline constexpr int kMaxQueuedFrameErrors = 64;
 class DataPlaneServer {
  public:
   // Binds `listen_address` ("host:port"; port 0 picks a free port) and starts
-  // serving into `mailbox`, which must outlive the server.
+  // serving into `mailbox`, which must outlive the server. The port is
+  // bound exclusively (no SO_REUSEPORT), so a second server cannot share it.
   // Errors: INVALID_ARGUMENT if the address has no ":port"; UNAVAILABLE if
   // gRPC cannot bind it (in use, or not a local address).
   static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(const std::string& listen_address,

@@ -327,5 +327,18 @@ TEST(DataPlaneServerTest, Start_AddressWithoutPort_InvalidArgument) {
   EXPECT_TRUE(Contains(server.status(), "\"localhost\" is not host:port")) << server.status();
 }
 
+TEST(DataPlaneServerTest, Start_PortAlreadyServed_UnavailableNotShared) {
+  Mailbox first_mailbox, second_mailbox;
+  absl::StatusOr<std::unique_ptr<DataPlaneServer>> first =
+      DataPlaneServer::Start("127.0.0.1:0", &first_mailbox);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string taken = (*first)->address();
+  absl::StatusOr<std::unique_ptr<DataPlaneServer>> second =
+      DataPlaneServer::Start(taken, &second_mailbox);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(Contains(second.status(), "could not start the data-plane server on " + taken))
+      << second.status();
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -37,11 +37,12 @@ std::string JobRunner::current_instruction() const {
 
 void JobRunner::Run() {
   absl::Status status = RunJob();
-  if (!status.ok() && !stop_.load()) ReportError(status);
+  if (!status.ok() && !stop_.load() && !reported_) ReportError(status);
   finished_.store(true);
 }
 
 void JobRunner::ReportError(const absl::Status& status) {
+  reported_ = true;
   PT_LOG(ERROR) << "job " << assignment_.job_id() << " failed on this worker: " << status;
   v1::ReportProgressRequest r;
   r.set_worker_id(options_.worker_id);
@@ -85,7 +86,12 @@ absl::Status JobRunner::RunJob() {
   const bool upload = !job.spec.output().weights_path().empty();
   for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {
     absl::StatusOr<IterationResult> result = runtime->RunIteration(it);
-    if (!result.ok()) return result.status();
+    if (!result.ok()) {
+      // Report now: tearing down the transport may wait for a stalled
+      // peer to take queued frames (GrpcTransport's drain timeout).
+      if (!stop_.load()) ReportError(result.status());
+      return result.status();
+    }
     if (observer_) observer_(*result);
     const bool last = it + 1 == steps;
     if (last && upload) {

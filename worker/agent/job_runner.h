@@ -75,6 +75,7 @@ class JobRunner {
   IterationObserver observer_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
+  bool reported_ = false;  // the failure went to the coordinator (runner thread only)
   mutable AnnotatedMutex mu_;
   StageRuntime* runtime_ ABSL_GUARDED_BY(mu_) = nullptr;  // while running
   std::thread thread_;

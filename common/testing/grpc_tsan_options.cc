@@ -10,6 +10,8 @@
 // (assignment_streams_test, weights_upload_test); these settings do not
 // apply there.
 //
+// Used by grpc_service_test and grpc_transport_test.
+//
 // Linked into the test executable (linkstatic): libtsan's weak defaults would
 // win over copies in a shared library loaded after it. Harmless in builds
 // without TSan, where nothing calls these hooks.

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <random>
 #include <cstdio>
 #include <sys/stat.h>
 
@@ -15,7 +16,6 @@
 #include "cli/job_spec_file.h"
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
-#include "common/philox.h"
 #include "coordinator/jobs/job_spec.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -72,6 +72,15 @@ std::string ToJson(const google::protobuf::Message& message) {
 }
 
 // ---- up --------------------------------------------------------------------
+
+// 128 bits from the OS (std::random_device reads /dev/urandom on Linux), so
+// only the workers `up` starts can join its coordinator.
+std::string RandomToken() {
+  std::random_device device;
+  std::string token;
+  for (int i = 0; i < 4; ++i) token += absl::StrFormat("%08x", device());
+  return token;
+}
 
 struct UpOptions {
   int workers = 4;
@@ -179,7 +188,7 @@ int RunUp(const std::vector<std::string>& args) {
   cluster_options.worker_binary = *worker;
   cluster_options.workers = o.workers;
   cluster_options.dir = o.out;
-  cluster_options.join_token = absl::StrFormat("%016x", HashName(absl::StrCat(getpid(), absl::ToUnixNanos(absl::Now()))));
+  cluster_options.join_token = RandomToken();
   std::fprintf(stderr, "starting a coordinator and %d workers (logs in %s)\n", o.workers,
                o.out.c_str());
   auto cluster = LocalCluster::Start(cluster_options);

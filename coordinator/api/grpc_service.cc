@@ -87,9 +87,9 @@ grpc::ServerWriteReactor<v1::Assignment>* CoordinatorGrpcService::WatchAssignmen
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportProgress(
     grpc::CallbackServerContext* context, const v1::ReportProgressRequest* request,
-    v1::ReportProgressResponse*) {
+    v1::ReportProgressResponse* response) {
   return Unary(context, "ReportProgress", [&]() -> absl::Status {
-    RETURN_IF_ERROR(jobs_->ReportProgress(*request));
+    ASSIGN_OR_RETURN(*response, jobs_->ReportProgress(*request));
     RecordProgress(*request);
     return absl::OkStatus();
   });

@@ -209,8 +209,10 @@ absl::StatusOr<JobManager::JobRecord*> JobManager::ForWorkerLocked(const std::st
   return record;
 }
 
-absl::Status JobManager::ReportProgress(const v1::ReportProgressRequest& r) {
+absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
+    const v1::ReportProgressRequest& r) {
   AnnotatedMutexLock lock(&mu_);
+  v1::ReportProgressResponse response;
   ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(r.worker_id(), r.job_id()));
   if (r.plan_version() != record->plan.version()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -225,9 +227,15 @@ absl::Status JobManager::ReportProgress(const v1::ReportProgressRequest& r) {
     EndLocked(*record, v1::FAILED,
               absl::StrCat("worker ", r.worker_id(), ": ", r.error(), " [stages: ",
                            absl::StrJoin(stages, ", "), "]"));
-    return absl::OkStatus();
+    return response;
   }
   StageProgress& stage = record->stages[record->stage_of.at(r.worker_id())];
+  if (r.ready()) {
+    stage.ready = true;
+    response.set_all_ready(std::all_of(record->stages.begin(), record->stages.end(),
+                                       [](const StageProgress& s) { return s.ready; }));
+    return response;
+  }
   stage.iterations_done = std::max(stage.iterations_done, r.iteration() + 1);
   stage.busy_seconds += r.busy_seconds();
   stage.idle_seconds += r.idle_seconds();
@@ -248,7 +256,8 @@ absl::Status JobManager::ReportProgress(const v1::ReportProgressRequest& r) {
   }
   TouchLocked(*record);
   MaybeCompleteLocked(*record);
-  return absl::OkStatus();
+  response.set_all_ready(true);
+  return response;
 }
 
 absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {

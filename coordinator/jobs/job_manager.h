@@ -59,7 +59,9 @@ class JobManager {
 
   // From workers. NOT_FOUND (unknown job); FAILED_PRECONDITION (the worker
   // is not part of the job, its plan version is stale, or the job ended).
-  absl::Status ReportProgress(const v1::ReportProgressRequest& request);
+  // The response's all_ready answers the start barrier (request.ready).
+  absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
+      const v1::ReportProgressRequest& request);
   // One chunk of a stage's final weights; INVALID_ARGUMENT for chunks that
   // do not fit (offset/shape), the other codes as ReportProgress.
   absl::Status AddWeightsChunk(const v1::WeightsChunk& chunk);
@@ -80,6 +82,7 @@ class JobManager {
 
  private:
   struct StageProgress {
+    bool ready = false;  // passed the start barrier
     int64_t iterations_done = 0;
     bool finished = false;
     bool weights_done = false;

@@ -132,6 +132,21 @@ TEST_F(JobManagerTest, WorkerLost_FailsJobNamingTheWorkerAndFreesTheOthers) {
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::STOP);
 }
 
+TEST_F(JobManagerTest, ReadyBarrier_OpensWhenEveryStageIsReady) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  v1::ReportProgressRequest r;
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_ready(true);
+  r.set_worker_id(w2);
+  EXPECT_FALSE(jobs_.ReportProgress(r).value().all_ready());
+  EXPECT_FALSE(jobs_.ReportProgress(r).value().all_ready());  // asking again changes nothing
+  r.set_worker_id(w1);
+  EXPECT_TRUE(jobs_.ReportProgress(r).value().all_ready());
+  EXPECT_EQ(jobs_.Get(id).value().progress().step(), 0);  // a ready report is no iteration
+}
+
 TEST_F(JobManagerTest, Cancel_EndsOnceThenIsFailedPrecondition) {
   AddWorker(7001);
   const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
@@ -160,12 +175,13 @@ TEST_F(JobManagerTest, ReportProgress_StaleOrForeign_IsRejected) {
   r.set_worker_id(w1);
   r.set_job_id(id);
   r.set_plan_version(7);
-  EXPECT_EQ(jobs_.ReportProgress(r).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kFailedPrecondition);
   r.set_plan_version(1);
   r.set_worker_id(w2);  // not part of the one-stage job
-  EXPECT_EQ(jobs_.ReportProgress(r).message(), "worker " + w2 + " is not part of job " + id);
+  EXPECT_EQ(jobs_.ReportProgress(r).status().message(),
+            "worker " + w2 + " is not part of job " + id);
   r.set_job_id("job-42");
-  EXPECT_EQ(jobs_.ReportProgress(r).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {

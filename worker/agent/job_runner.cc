@@ -50,8 +50,29 @@ void JobRunner::ReportError(const absl::Status& status) {
   r.set_job_id(assignment_.job_id());
   r.set_plan_version(assignment_.plan_version());
   r.set_error(status.ToString());
-  absl::Status sent = coordinator_->ReportProgress(r);
+  absl::Status sent = coordinator_->ReportProgress(r).status();
   if (!sent.ok()) PT_LOG(ERROR) << "could not report the failure: " << sent;
+}
+
+absl::Status JobRunner::AwaitAllStagesReady() {
+  v1::ReportProgressRequest r;
+  r.set_worker_id(options_.worker_id);
+  r.set_incarnation(options_.incarnation);
+  r.set_job_id(assignment_.job_id());
+  r.set_plan_version(assignment_.plan_version());
+  r.set_ready(true);
+  const absl::Time deadline = absl::Now() + options_.recv_timeout;
+  while (!stop_.load()) {
+    ASSIGN_OR_RETURN(v1::ReportProgressResponse response, coordinator_->ReportProgress(r));
+    if (response.all_ready()) return absl::OkStatus();
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "the other stages of job ", assignment_.job_id(), " were not ready within ",
+          absl::FormatDuration(options_.recv_timeout), "; check the other workers' logs"));
+    }
+    absl::SleepFor(absl::Milliseconds(5));  // polls the coordinator's barrier
+  }
+  return absl::CancelledError("stopped at the start barrier");
 }
 
 absl::Status JobRunner::RunJob() {
@@ -82,6 +103,7 @@ absl::Status JobRunner::RunJob() {
     AnnotatedMutexLock lock(&mu_);
     runtime_ = nullptr;
   };
+  if (assignment_.num_stages() > 1) RETURN_IF_ERROR(AwaitAllStagesReady());
   const int64_t steps = job.train.steps;
   const bool upload = !job.spec.output().weights_path().empty();
   for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {
@@ -108,7 +130,7 @@ absl::Status JobRunner::RunJob() {
     r.set_busy_seconds(result->busy_seconds);
     r.set_idle_seconds(result->idle_seconds);
     r.set_finished(last);
-    absl::Status reported = coordinator_->ReportProgress(r);
+    absl::Status reported = coordinator_->ReportProgress(r).status();
     if (!reported.ok()) return reported;
   }
   return absl::OkStatus();

@@ -1,7 +1,9 @@
 // JobRunner: one assignment on one worker, on a thread of its own.
 //
-// Loads the job's corpus, connects the data plane, builds a StageRuntime
-// and runs iterations start_iteration .. steps-1, reporting each to the
+// Loads the job's corpus, connects the data plane, builds a StageRuntime,
+// waits at the start barrier until every stage of the job is ready (so no
+// tensor reaches a worker that has not taken its assignment yet), then runs
+// iterations start_iteration .. steps-1, reporting each to the
 // coordinator; after the last one it uploads the stage's weights (when the
 // job asks for a weights file) and reports finished. Any error is reported
 // as the job's failure with the message of the failing instruction. Stop()
@@ -30,7 +32,8 @@ namespace pipetrain {
 class CoordinatorLink {
  public:
   virtual ~CoordinatorLink() = default;
-  virtual absl::Status ReportProgress(const v1::ReportProgressRequest& request) = 0;
+  virtual absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
+      const v1::ReportProgressRequest& request) = 0;
   // Sends every parameter's value as chunks; ends the upload.
   virtual absl::Status UploadWeights(const std::string& job_id,
                                      const std::vector<Parameter*>& params) = 0;
@@ -65,6 +68,7 @@ class JobRunner {
  private:
   void Run();
   absl::Status RunJob();
+  absl::Status AwaitAllStagesReady();
   void ReportError(const absl::Status& status);
 
   v1::Assignment assignment_;

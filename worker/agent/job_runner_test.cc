@@ -4,6 +4,7 @@
 
 #include <condition_variable>
 #include <mutex>
+#include <set>
 
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
@@ -16,11 +17,20 @@ namespace {
 // Records what runners send; thread-safe (runners call it from their threads).
 class FakeLink : public CoordinatorLink {
  public:
-  absl::Status ReportProgress(const v1::ReportProgressRequest& r) override {
+  explicit FakeLink(int stages = 2) : stages_(stages) {}
+  // A start barrier over `stages` distinct workers; other reports are kept.
+  absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
+      const v1::ReportProgressRequest& r) override {
     std::lock_guard<std::mutex> lock(mu_);
+    v1::ReportProgressResponse response;
+    if (r.ready()) {
+      ready_.insert(r.worker_id());
+      response.set_all_ready(static_cast<int>(ready_.size()) >= stages_);
+      return response;
+    }
     reports_.push_back(r);
     changed_.notify_all();
-    return absl::OkStatus();
+    return response;
   }
   absl::Status UploadWeights(const std::string& job_id,
                              const std::vector<Parameter*>& params) override {
@@ -47,6 +57,8 @@ class FakeLink : public CoordinatorLink {
   std::condition_variable changed_;
   std::vector<v1::ReportProgressRequest> reports_;
   std::vector<std::string> uploaded_;
+  std::set<std::string> ready_;
+  const int stages_;
 };
 
 v1::Assignment Assignment(int stage, int steps, bool weights, Schedule schedule) {
@@ -87,7 +99,7 @@ TEST(JobRunnerTest, TwoStages_ReportEveryIterationUploadWeightsAndFinish) {
     };
     runners.push_back(std::make_unique<JobRunner>(Assignment(s, 3, true, Schedule::kOneFOneB),
                                                   &fabric.mailbox(s), factory, &link,
-                                                  JobRunnerOptions{"w", 1}));
+                                                  JobRunnerOptions{"w" + std::to_string(s), 1}));
   }
   for (auto& r : runners) r->Start();
   ASSERT_TRUE(link.AwaitReports(6));
@@ -107,7 +119,7 @@ TEST(JobRunnerTest, TwoStages_ReportEveryIterationUploadWeightsAndFinish) {
 
 TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInAReceive) {
   InProcessFabric fabric(2);
-  FakeLink link;
+  FakeLink link(/*stages=*/1);  // the barrier opens for the one runner here
   auto factory = [&fabric](int stage, const std::vector<std::string>&) {
     return fabric.Connect(stage);
   };

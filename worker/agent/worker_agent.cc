@@ -26,11 +26,14 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
  public:
   GrpcLink(v1::Coordinator::Stub* stub, WorkerAgent* agent) : stub_(stub), agent_(agent) {}
 
-  absl::Status ReportProgress(const v1::ReportProgressRequest& request) override {
+  absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
+      const v1::ReportProgressRequest& request) override {
     grpc::ClientContext context;
     SetDeadline(&context, agent_->options_.rpc_timeout);
     v1::ReportProgressResponse response;
-    return FromGrpc(stub_->ReportProgress(&context, request, &response));
+    const grpc::Status s = stub_->ReportProgress(&context, request, &response);
+    if (!s.ok()) return FromGrpc(s);
+    return response;
   }
 
   absl::Status UploadWeights(const std::string& job_id,

@@ -1,0 +1,157 @@
+#include "coordinator/planner/profile.h"
+
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain {
+namespace {
+
+using nlohmann::json;
+
+absl::Status Invalid(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+// Rejects keys outside `allowed`, so typos do not silently use defaults.
+absl::Status OnlyKeys(const json& object, const std::string& where,
+                      const std::set<std::string>& allowed) {
+  if (!object.is_object()) return Invalid(where.empty() ? "(top level)" : where, "must be an object");
+  for (const auto& [key, value] : object.items()) {
+    if (allowed.count(key) == 0) {
+      return Invalid(where.empty() ? key : where + "." + key, "unknown field");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A required finite number >= 0 (> 0 when `positive`).
+absl::StatusOr<double> Number(const json& object, const std::string& key,
+                              const std::string& where, bool positive, bool required = true,
+                              double fallback = 0) {
+  const std::string field = where.empty() ? key : where + "." + key;
+  if (!object.contains(key)) {
+    if (required) return Invalid(field, "missing");
+    return fallback;
+  }
+  const json& v = object.at(key);
+  if (!v.is_number()) return Invalid(field, "must be a number");
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d < 0 || (positive && d == 0)) {
+    return Invalid(field, positive ? "must be a finite number > 0" : "must be a finite number >= 0");
+  }
+  return d;
+}
+
+absl::StatusOr<json> Parse(const std::string& text) {
+  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("not valid JSON");
+  return j;
+}
+
+absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
+  if (auto s = OnlyKeys(u, where, {"name", "fwd_seconds", "bwd_seconds", "weight_bytes",
+                                   "activation_bytes", "stash_bytes"});
+      !s.ok()) {
+    return s;
+  }
+  UnitProfile unit;
+  if (!u.contains("name") || !u["name"].is_string()) return Invalid(where + ".name", "missing string");
+  unit.name = u["name"].get<std::string>();
+  ASSIGN_OR_RETURN(unit.fwd_seconds, Number(u, "fwd_seconds", where, false));
+  ASSIGN_OR_RETURN(unit.bwd_seconds, Number(u, "bwd_seconds", where, false));
+  ASSIGN_OR_RETURN(unit.weight_bytes, Number(u, "weight_bytes", where, false));
+  ASSIGN_OR_RETURN(unit.activation_bytes, Number(u, "activation_bytes", where, false));
+  ASSIGN_OR_RETURN(unit.stash_bytes, Number(u, "stash_bytes", where, false, false, 0));
+  return unit;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
+  auto parsed = Parse(text);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
+  if (auto s = OnlyKeys(j, "", {"micro_batch_size", "units"}); !s.ok()) return s;
+  ModelProfile profile;
+  double mbs = 0;
+  ASSIGN_OR_RETURN(mbs, Number(j, "micro_batch_size", "", true));
+  if (mbs != std::floor(mbs)) return Invalid("micro_batch_size", "must be an integer");
+  profile.micro_batch_size = static_cast<int>(mbs);
+  if (!j.contains("units") || !j["units"].is_array() || j["units"].empty()) {
+    return Invalid("units", "must be a non-empty list");
+  }
+  for (size_t i = 0; i < j["units"].size(); ++i) {
+    auto unit = ParseUnit(j["units"][i], absl::StrCat("units[", i, "]"));
+    if (!unit.ok()) return unit.status();
+    profile.units.push_back(*unit);
+  }
+  return profile;
+}
+
+absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
+  auto parsed = Parse(text);
+  if (!parsed.ok()) return parsed.status();
+  const json& j = *parsed;
+  if (auto s = OnlyKeys(j, "", {"workers", "bandwidth_bytes_per_second", "latency_seconds"});
+      !s.ok()) {
+    return s;
+  }
+  ClusterSpec cluster;
+  ASSIGN_OR_RETURN(cluster.bandwidth_bytes_per_second,
+            Number(j, "bandwidth_bytes_per_second", "", false, false, 0));
+  ASSIGN_OR_RETURN(cluster.latency_seconds, Number(j, "latency_seconds", "", false, false, 0));
+  if (!j.contains("workers") || !j["workers"].is_array() || j["workers"].empty()) {
+    return Invalid("workers", "must be a non-empty list");
+  }
+  for (size_t i = 0; i < j["workers"].size(); ++i) {
+    const json& w = j["workers"][i];
+    const std::string where = absl::StrCat("workers[", i, "]");
+    if (auto s = OnlyKeys(w, where, {"name", "speed", "memory_bytes"}); !s.ok()) return s;
+    WorkerSpec worker;
+    worker.name = w.contains("name") && w["name"].is_string() ? w["name"].get<std::string>()
+                                                              : absl::StrCat("w", i);
+    ASSIGN_OR_RETURN(worker.speed, Number(w, "speed", where, true, false, 1.0));
+    ASSIGN_OR_RETURN(worker.memory_bytes, Number(w, "memory_bytes", where, false, false, 0));
+    cluster.workers.push_back(worker);
+  }
+  return cluster;
+}
+
+std::string ProfileToJson(const ModelProfile& p) {
+  json units = json::array();
+  for (const UnitProfile& u : p.units) {
+    units.push_back({{"name", u.name}, {"fwd_seconds", u.fwd_seconds},
+                     {"bwd_seconds", u.bwd_seconds}, {"weight_bytes", u.weight_bytes},
+                     {"activation_bytes", u.activation_bytes}, {"stash_bytes", u.stash_bytes}});
+  }
+  return json{{"micro_batch_size", p.micro_batch_size}, {"units", units}}.dump(2);
+}
+
+std::string ClusterToJson(const ClusterSpec& c) {
+  json workers = json::array();
+  for (const WorkerSpec& w : c.workers) {
+    workers.push_back({{"name", w.name}, {"speed", w.speed}, {"memory_bytes", w.memory_bytes}});
+  }
+  return json{{"workers", workers},
+              {"bandwidth_bytes_per_second", c.bandwidth_bytes_per_second},
+              {"latency_seconds", c.latency_seconds}}
+      .dump(2);
+}
+
+BiPartitionProblem MakeBiPartitionProblem(const ModelProfile& profile, const ClusterSpec& cluster) {
+  BiPartitionProblem p;
+  for (const UnitProfile& u : profile.units) {
+    p.fwd.push_back(u.fwd_seconds);
+    p.bwd.push_back(u.bwd_seconds);
+    p.activation_bytes.push_back(u.activation_bytes);
+  }
+  for (const WorkerSpec& w : cluster.workers) p.speeds.push_back(w.speed);
+  p.bandwidth = cluster.bandwidth_bytes_per_second;
+  return p;
+}
+
+}  // namespace pipetrain

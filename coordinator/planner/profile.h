@@ -1,0 +1,59 @@
+// Model profiles and cluster descriptions, the planner's inputs, and their
+// JSON files (the Planner issue, scope 1):
+//
+// profile:  {"micro_batch_size": 4, "units": [{"name": "embed",
+//            "fwd_seconds": 0.0012, "bwd_seconds": 0.0025,
+//            "weight_bytes": 3145728, "activation_bytes": 131072,
+//            "stash_bytes": 262144}, ...]}
+// cluster:  {"workers": [{"name": "w0", "speed": 1.0,
+//            "memory_bytes": 17179869184}, ...],
+//            "bandwidth_bytes_per_second": 1.25e9, "latency_seconds": 5e-5}
+//
+// Workers sit in the pipeline in file order. Parsing rejects unknown keys,
+// wrong types, missing fields, negative or non-finite numbers and empty
+// lists with INVALID_ARGUMENT naming the field ("units[3].fwd_seconds: ...").
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_PROFILE_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_PROFILE_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/planner/bipartition.h"
+
+namespace pipetrain {
+
+struct UnitProfile {
+  std::string name;
+  double fwd_seconds = 0, bwd_seconds = 0;  // per micro-batch
+  double weight_bytes = 0, activation_bytes = 0, stash_bytes = 0;
+};
+
+struct ModelProfile {
+  int micro_batch_size = 1;
+  std::vector<UnitProfile> units;
+};
+
+struct WorkerSpec {
+  std::string name;
+  double speed = 1.0;        // relative compute speed (> 0)
+  double memory_bytes = 0;   // 0: unlimited
+};
+
+struct ClusterSpec {
+  std::vector<WorkerSpec> workers;
+  double bandwidth_bytes_per_second = 0;  // 0: unlimited
+  double latency_seconds = 0;
+};
+
+absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& json);
+absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& json);
+std::string ProfileToJson(const ModelProfile& profile);
+std::string ClusterToJson(const ClusterSpec& cluster);
+
+// The Bi-Partition problem of a profile on a cluster (paper objective inputs).
+BiPartitionProblem MakeBiPartitionProblem(const ModelProfile& profile, const ClusterSpec& cluster);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_PROFILE_H_

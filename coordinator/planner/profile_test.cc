@@ -1,0 +1,69 @@
+#include "coordinator/planner/profile.h"
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr char kProfile[] = R"({"micro_batch_size": 4, "units": [
+  {"name": "embed", "fwd_seconds": 0.0012, "bwd_seconds": 0.0025, "weight_bytes": 3145728,
+   "activation_bytes": 131072, "stash_bytes": 262144},
+  {"name": "head", "fwd_seconds": 0.002, "bwd_seconds": 0.004, "weight_bytes": 10,
+   "activation_bytes": 4}]})";
+
+TEST(ProfileTest, ParseProfile_ReadsTheDocumentedFormatAndRoundTrips) {
+  ModelProfile p = ParseProfileJson(kProfile).value();
+  EXPECT_EQ(p.micro_batch_size, 4);
+  ASSERT_EQ(p.units.size(), 2u);
+  EXPECT_EQ(p.units[0].name, "embed");
+  EXPECT_EQ(p.units[0].stash_bytes, 262144);
+  EXPECT_EQ(p.units[1].stash_bytes, 0);  // optional
+  ModelProfile again = ParseProfileJson(ProfileToJson(p)).value();
+  EXPECT_EQ(again.units[1].bwd_seconds, 0.004);
+}
+
+TEST(ProfileTest, ParseCluster_DefaultsAndProblemConversion) {
+  ClusterSpec c = ParseClusterJson(R"({"workers": [{"name": "a", "speed": 2},
+      {"memory_bytes": 1024}], "bandwidth_bytes_per_second": 1.25e9})").value();
+  ASSERT_EQ(c.workers.size(), 2u);
+  EXPECT_EQ(c.workers[1].name, "w1");
+  EXPECT_EQ(c.workers[1].speed, 1.0);
+  EXPECT_EQ(c.latency_seconds, 0);
+  BiPartitionProblem p = MakeBiPartitionProblem(ParseProfileJson(kProfile).value(), c);
+  EXPECT_EQ(p.speeds, (std::vector<double>{2, 1}));
+  EXPECT_EQ(p.activation_bytes, (std::vector<double>{131072, 4}));
+  EXPECT_EQ(ParseClusterJson(ClusterToJson(c)).value().bandwidth_bytes_per_second, 1.25e9);
+}
+
+TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"{", "not valid JSON"},
+      {R"({"units": []})", "micro_batch_size: missing"},
+      {R"({"micro_batch_size": 4, "units": []})", "units: must be a non-empty list"},
+      {R"({"micro_batch_size": 2.5, "units": [{}]})", "micro_batch_size: must be an integer"},
+      {R"({"micro_batch_size": 4, "unit": []})", "unit: unknown field"},
+      {R"({"micro_batch_size": 4, "units": [{"name": "x", "fwd_seconds": -1, "bwd_seconds": 1,
+          "weight_bytes": 0, "activation_bytes": 0}]})",
+       "units[0].fwd_seconds: must be a finite number >= 0"},
+      {R"({"micro_batch_size": 4, "units": [{"name": "x", "fwd_seconds": 1, "bwd_seconds": "1",
+          "weight_bytes": 0, "activation_bytes": 0}]})",
+       "units[0].bwd_seconds: must be a number"},
+      {R"({"micro_batch_size": 4, "units": [{"name": "x", "fwd_seconds": 1, "bwd_seconds": 1,
+          "weight_bytes": 0}]})",
+       "units[0].activation_bytes: missing"},
+  };
+  for (const auto& [json, message] : cases) {
+    auto p = ParseProfileJson(json);
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument) << json;
+    EXPECT_EQ(p.status().message(), message) << json;
+  }
+  EXPECT_EQ(ParseClusterJson(R"({"workers": [{"speed": 0}]})").status().message(),
+            "workers[0].speed: must be a finite number > 0");
+  EXPECT_EQ(ParseClusterJson(R"({"workers": []})").status().message(),
+            "workers: must be a non-empty list");
+  EXPECT_EQ(ParseClusterJson(R"({"workers": [{"cores": 8}]})").status().message(),
+            "workers[0].cores: unknown field");
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -18,13 +18,8 @@ absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& conf
   // but each keeps its own gradient until ReduceTiedGradients adds them. A
   // pipeline holds the two copies on different workers and forms the same
   // two-term sum, so it matches this model bitwise.
-  model->embed_wte_ = model->units_.front()->parameters()[0];
-  for (Parameter* p : model->units_.back()->parameters()) {
-    if (p->name == model->embed_wte_->name) {
-      p->value = model->embed_wte_->value;
-      model->head_wte_ = p;
-    }
-  }
+  model->embed_wte_ = pipetrain::FindParameter(*model->units_.front(), "wte.weight");
+  model->head_wte_ = TieHeadToEmbedding(*model->units_.front(), *model->units_.back());
   std::set<std::string> seen;
   for (auto& unit : model->units_) {
     for (Parameter* p : unit->parameters()) {

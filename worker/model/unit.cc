@@ -40,6 +40,21 @@ Parameter* Unit::AddParameter(std::string name, const Shape& shape, ParamInit in
   return params_.back().get();
 }
 
+Parameter* FindParameter(Unit& unit, const std::string& name) {
+  for (Parameter* p : unit.parameters()) {
+    if (p->name == name) return p;
+  }
+  return nullptr;
+}
+
+Parameter* TieHeadToEmbedding(Unit& embed, Unit& head) {
+  Parameter* embed_wte = FindParameter(embed, "wte.weight");
+  Parameter* head_wte = FindParameter(head, "wte.weight");
+  PT_CHECK(embed_wte != nullptr && head_wte != nullptr) << "tying units without wte.weight";
+  head_wte->value = embed_wte->value;
+  return head_wte;
+}
+
 void AddTiedGradient(Parameter* holder, const Tensor& other_part) {
   PT_CHECK(holder->grad.numel() == other_part.numel())
       << "tied gradient of " << holder->name << ": " << holder->grad.numel() << " vs "

@@ -80,6 +80,14 @@ class Unit {
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
+// The parameter of `unit` named `name`, or nullptr.
+Parameter* FindParameter(Unit& unit, const std::string& name);
+
+// Ties a head unit's copy of wte.weight to the embedding unit's value
+// buffer (gradients stay separate) and returns the head's copy. Used when
+// one process owns both ends of the model.
+Parameter* TieHeadToEmbedding(Unit& embed, Unit& head);
+
 // The tied-embedding rule (DESIGN.md §3): wte's gradient is the sum of the
 // embedding's part and the head's part. `holder` is the wte Parameter whose
 // gradient holds this side's part; `other_part` the other side's. Both sides

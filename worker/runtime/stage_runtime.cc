@@ -63,10 +63,7 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
   }
   // Owning both ends of the model: tie the values as GptModel does.
   if (setup.first_unit == 0 && setup.end_unit == NumUnits(setup.train.model)) {
-    Parameter* embed_wte = units_.front()->parameters()[0];
-    for (Parameter* p : units_.back()->parameters()) {
-      if (p->name == embed_wte->name) p->value = embed_wte->value;
-    }
+    TieHeadToEmbedding(*units_.front(), *units_.back());
   }
 }
 
@@ -99,11 +96,8 @@ TokenBatch StageRuntime::BatchFor(int micro_batch) const {
 
 Parameter* StageRuntime::TiedHolder() {
   // The embedding's copy when this stage has it, else the head's.
-  Unit* holder = setup_.first_unit == 0 ? units_.front().get() : units_.back().get();
-  for (Parameter* p : holder->parameters()) {
-    if (p->name == "wte.weight") return p;
-  }
-  return nullptr;
+  Unit& holder = setup_.first_unit == 0 ? *units_.front() : *units_.back();
+  return FindParameter(holder, "wte.weight");
 }
 
 absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
@@ -269,11 +263,7 @@ absl::Status StageRuntime::AddTied() {
   const int last_unit = NumUnits(setup_.train.model) - 1;
   if (setup_.first_unit == 0 && setup_.end_unit - 1 == last_unit) {
     // Both parts are here: embedding part + head part, as GptModel does.
-    Parameter* head_wte = nullptr;
-    for (Parameter* p : units_.back()->parameters()) {
-      if (p->name == "wte.weight") head_wte = p;
-    }
-    AddTiedGradient(TiedHolder(), head_wte->grad);
+    AddTiedGradient(TiedHolder(), FindParameter(*units_.back(), "wte.weight")->grad);
     return absl::OkStatus();
   }
   if (tied_received_.is_null()) return Internal("tied gradient not received");

@@ -3,13 +3,10 @@
 #include <unistd.h>
 
 #include <climits>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
-#include "nlohmann/json.hpp"
 
 namespace pipetrain {
 namespace {
@@ -38,17 +35,6 @@ absl::StatusOr<std::string> FindSiblingBinary(const std::string& package, const 
                                           absl::StrJoin(candidates, ", "),
                                           "; build it with bazel build //...",
                                           " or pass its path"));
-}
-
-absl::StatusOr<int> ReadPort(const std::string& path, const std::string& field) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
-  if (json.is_discarded() || !json.contains(field) || !json[field].is_number_integer()) {
-    return absl::InternalError(absl::StrCat(path, ": no integer '", field, "'"));
-  }
-  return json[field].get<int>();
 }
 
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(

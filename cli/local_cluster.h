@@ -12,6 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/ports_file.h"
 #include "common/subprocess.h"
 
 namespace pipetrain {
@@ -56,9 +57,6 @@ class LocalCluster {
 // <self dir>/../<package>/<name> (bazel-bin layout), then <self dir>/<name>
 // (an installed layout). NOT_FOUND listing the places it looked.
 absl::StatusOr<std::string> FindSiblingBinary(const std::string& package, const std::string& name);
-
-// Reads an integer field from a small JSON ports file.
-absl::StatusOr<int> ReadPort(const std::string& path, const std::string& field);
 
 }  // namespace pipetrain
 

@@ -24,6 +24,7 @@
 #include "common/clock.h"
 #include "common/http_server.h"
 #include "common/logging.h"
+#include "common/ports_file.h"
 #include "common/status_macros.h"
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/api/grpc_service.h"
@@ -164,23 +165,6 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   return SplitHostPort(config.flags.http_address, config.http_host, config.http_port);
 }
 
-// Writes to a temporary file and renames it, so a reader never sees half.
-absl::Status WritePortsFile(const std::string& path, int grpc_port, int http_port) {
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << "{\"grpc_port\": " << grpc_port << ", \"http_port\": " << http_port << "}\n";
-    if (!out.flush()) {
-      return absl::PermissionDeniedError(absl::StrCat("--ports-file: cannot write ", temporary));
-    }
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("--ports-file: cannot rename ", temporary, " to ", path));
-  }
-  return absl::OkStatus();
-}
-
 // Blocks SIGINT and SIGTERM in this thread and (by inheritance) every thread
 // started afterwards, so WaitForSignal receives them synchronously: no
 // handler runs in a signal context.
@@ -225,7 +209,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   ServePrometheus(http, metrics.registry(), [&metrics] { metrics.Refresh(); });
   absl::StatusOr<int> bound = http.Start(config.http_host, config.http_port);
   absl::Status ports = bound.ok() && !flags.ports_file.empty()
-                           ? WritePortsFile(flags.ports_file, grpc_port, *bound)
+                           ? WritePortsFile(flags.ports_file, {{"grpc_port", grpc_port}, {"http_port", *bound}})
                            : bound.status();
   if (!ports.ok()) {
     PT_LOG(ERROR) << ports.message();

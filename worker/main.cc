@@ -20,6 +20,7 @@
 #include "cli/flag_set.h"
 #include "common/http_server.h"
 #include "common/logging.h"
+#include "common/ports_file.h"
 #include "kernels/cpu/blas.h"
 #include "worker/agent/worker_agent.h"
 #include "worker/agent/worker_metrics.h"
@@ -48,18 +49,6 @@ struct Flags {
   int threads = 1;
   double recv_timeout_seconds = 60;
 };
-
-// Writes {"data_port": N, "metrics_port": M} atomically (temp file +
-// rename) for tools that start workers on port 0.
-bool WritePortsFile(const std::string& path, int data_port, int metrics_port) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << "{\"data_port\": " << data_port << ", \"metrics_port\": " << metrics_port << "}\n";
-    if (!out) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
-}
 
 std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca_path) {
   if (ca_path.empty()) return nullptr;
@@ -125,9 +114,13 @@ int Run(const std::vector<std::string>& args) {
     PT_LOG(ERROR) << "metrics server: " << bound.status();
     return 1;
   }
-  if (!f.ports_file.empty() && !WritePortsFile(f.ports_file, (*server)->port(), *bound)) {
-    PT_LOG(ERROR) << "cannot write " << f.ports_file;
-    return 1;
+  if (!f.ports_file.empty()) {
+    absl::Status written = WritePortsFile(
+        f.ports_file, {{"data_port", (*server)->port()}, {"metrics_port", *bound}});
+    if (!written.ok()) {
+      PT_LOG(ERROR) << written;
+      return 1;
+    }
   }
   WorkerAgentOptions options;
   options.coordinator_address = f.coordinator;

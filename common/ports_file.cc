@@ -1,0 +1,42 @@
+#include "common/ports_file.h"
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain {
+
+absl::Status WritePortsFile(const std::string& path,
+                            const std::vector<std::pair<std::string, int>>& ports) {
+  nlohmann::json json = nlohmann::json::object();
+  for (const auto& [name, port] : ports) json[name] = port;
+  const std::string temporary = path + ".tmp";
+  {
+    std::ofstream out(temporary, std::ios::trunc);
+    out << json.dump() << "\n";
+    if (!out.flush()) {
+      return absl::PermissionDeniedError(absl::StrCat("cannot write ports file ", temporary));
+    }
+  }
+  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot rename ports file ", temporary, " to ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> ReadPort(const std::string& path, const std::string& field) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json json = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.contains(field) || !json[field].is_number_integer()) {
+    return absl::InternalError(absl::StrCat(path, ": no integer '", field, "'"));
+  }
+  return json[field].get<int>();
+}
+
+}  // namespace pipetrain

@@ -17,6 +17,9 @@ std::string DescribeInstruction(const v1::Instruction& in) {
     case v1::Instruction::kBackward:
       return absl::StrCat("backward ", units(in.backward().units()), " mb ",
                           in.backward().micro_batch());
+    case v1::Instruction::kRecompute:
+      return absl::StrCat("recompute ", units(in.recompute().units()), " mb ",
+                          in.recompute().micro_batch());
     case v1::Instruction::kSend:
       return absl::StrCat("send ", key(in.send().tensor()), " to stage ",
                           in.send().peer_stage());

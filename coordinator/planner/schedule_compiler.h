@@ -1,23 +1,36 @@
-// ScheduleCompiler: turns a partition into one program per stage for one
-// iteration (DESIGN.md §5). Every cross-stage need is an explicit Send/Recv.
+// ScheduleCompiler: turns a plan into one program per worker for one
+// iteration (DESIGN.md §5). Every cross-worker need is an explicit Send/Recv.
 //
-// For stage s of P owning units [b, e), micro-batch k:
-//   F(k): Recv ACTIVATION(b-1, k) from s-1 (s > 0); Forward([b,e), k);
-//         Send ACTIVATION(e-1, k) to s+1 (s < P-1)
-//   B(k): Recv ACTIVATION_GRAD(e, k) from s+1 (s < P-1); Backward([b,e), k);
-//         Send ACTIVATION_GRAD(b, k) to s-1 (s > 0)
-// Order of F and B per schedule with m micro-batches:
+// Worker w runs the forward pass of units F_w and the backward pass of B_w
+// (equal-cut plans: F_w == B_w). fo(u) and bo(u) are the forward and
+// backward owners of unit u; bo(u) holds u's authoritative weights and
+// optimizer state. For micro-batch k:
+//   F(k): Recv ACTIVATION(F.begin-1, k) from fo(F.begin-1) (F.begin > 0);
+//         Forward(F, k); Send ACTIVATION(F.end-1, k) to fo(F.end) (F.end < L);
+//         Send ACTIVATION(u, k) to worker v when v recomputes from the output
+//         of u and u's forward ran here (input routing, below)
+//   B(k): Recv the routed input, if any; Recompute each run of B \ F (units
+//         whose forward ran elsewhere: their saved tensors are rebuilt here
+//         from the run's input, which is this worker's own forward output
+//         when the run follows F, else received from the forward owner);
+//         Recv ACTIVATION_GRAD(B.end, k) from bo(B.end) (B.end < L);
+//         Backward(B, k); Send ACTIVATION_GRAD(B.begin, k) to bo(B.begin-1)
+// An empty F or B emits nothing for that pass. Order of F and B per schedule
+// with m micro-batches (P workers):
 //   gpipe  F(0..m-1), then B(0..m-1)
 //   1f1b   w = min(P-1-s, m) warm-up forwards, then F(w+i), B(i) pairs for
 //          i < m-w, then the cool-down B(m-w..m-1); at most P-s micro-batches
-//          are in flight on stage s.
+//          are in flight on worker s.
 // Backward always visits micro-batches in order 0..m-1, so parameter
 // gradients accumulate in the same order as in single-process training.
-// After the last backward the stages holding embed (0) and head (P-1)
-// exchange their parts of the tied wte gradient (Send then Recv; with P = 1
-// the one stage owns both) and AddTiedGradient; then OptimizerStep over the
-// stage's units. Sends never block (they are buffered by the receiver's
-// mailbox), so these programs cannot deadlock.
+// After the last backward, bo(embed) and bo(head) exchange their parts of
+// the tied wte gradient (Send then Recv; one worker owning both sums
+// locally) and AddTiedGradient; then OptimizerStep(B); then weight sync:
+// Send UNIT_WEIGHTS(u) to fo(u) for u in B with fo(u) != w, and
+// Recv UNIT_WEIGHTS(u) from bo(u) for u in F with bo(u) != w, so every
+// forward pass of the next iteration sees the updated weights. Sends never
+// block (they are buffered by the receiver's mailbox); the tests run every
+// small plan to completion to show these programs cannot deadlock.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_SCHEDULE_COMPILER_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_SCHEDULE_COMPILER_H_
 
@@ -36,11 +49,19 @@ enum class Schedule { kOneFOneB, kGPipe };
 absl::StatusOr<Schedule> ParseSchedule(const std::string& name);
 std::string ScheduleName(Schedule schedule);
 
-// INVALID_ARGUMENT unless `ranges` are non-empty, contiguous and cover
-// [0, num_units) exactly, and micro_batches >= 1.
+// Equal cuts. INVALID_ARGUMENT unless `ranges` are non-empty, contiguous
+// and cover [0, num_units) exactly, and micro_batches >= 1.
 absl::StatusOr<std::vector<v1::Program>> CompilePrograms(const std::vector<Range>& ranges,
                                                          int num_units, int micro_batches,
                                                          Schedule schedule);
+
+// Separate forward and backward cuts (Bi-Partition, bipartition.txt eq. 1).
+// INVALID_ARGUMENT unless both sequences have one range per worker, each
+// sequence's ranges follow each other from unit 0 to num_units (empty
+// ranges allowed), no worker has both ranges empty, and micro_batches >= 1.
+absl::StatusOr<std::vector<v1::Program>> CompileBiPartitionPrograms(
+    const std::vector<Range>& forward, const std::vector<Range>& backward, int num_units,
+    int micro_batches, Schedule schedule);
 
 }  // namespace pipetrain
 

@@ -89,8 +89,8 @@ absl::Status JobRunner::RunJob() {
                    job.train,
                    assignment_.stage(),
                    assignment_.num_stages(),
-                   assignment_.backward_units().begin(),
-                   assignment_.backward_units().end(),
+                   assignment_.forward_units(),
+                   assignment_.backward_units(),
                    assignment_.program(),
                    options_.recv_timeout};
   ASSIGN_OR_RETURN(std::unique_ptr<StageRuntime> runtime,

@@ -47,8 +47,10 @@ Measured RunPipeline(const TrainConfig& c, const Dataset& data, int stages, int 
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   for (int s = 0; s < stages; ++s) {
     transports.push_back(fabric.Connect(s));
-    StageSetup setup{"bubble", c, s, stages, ranges[s].begin, ranges[s].end, programs[s],
-                     absl::Seconds(600)};
+    v1::UnitRange range;
+    range.set_begin(ranges[s].begin);
+    range.set_end(ranges[s].end);
+    StageSetup setup{"bubble", c, s, stages, range, range, programs[s], absl::Seconds(600)};
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }
   std::vector<double> busy(stages), idle(stages);

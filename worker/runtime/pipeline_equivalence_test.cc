@@ -1,6 +1,7 @@
 // DESIGN.md §4 in one process: pipelines of 1-4 stages, uniform and
-// pipedream partitions, 1F1B and GPipe schedules, must reproduce the
-// single-process trainer's losses and weights. With the tied-gradient rule
+// pipedream partitions, Bi-Partition plans whose forward and backward cuts
+// differ (recompute, input routing, weight sync), 1F1B and GPipe schedules,
+// must reproduce the single-process trainer's losses and weights. With the tied-gradient rule
 // (unit.h) and backward passes visiting micro-batches in order, they agree
 // bitwise, so the test demands exact equality.
 #include <thread>
@@ -50,18 +51,26 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data) {
   return out;
 }
 
-RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vector<Range>& ranges,
-                      Schedule schedule) {
-  const int stages = static_cast<int>(ranges.size());
+v1::UnitRange ToProto(const Range& r) {
+  v1::UnitRange out;
+  out.set_begin(r.begin);
+  out.set_end(r.end);
+  return out;
+}
+
+RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vector<Range>& forward,
+                      const std::vector<Range>& backward, Schedule schedule) {
+  const int stages = static_cast<int>(forward.size());
+  const int units = NumUnits(c.model);
   auto programs =
-      CompilePrograms(ranges, NumUnits(c.model), c.micro_batches, schedule).value();
+      CompileBiPartitionPrograms(forward, backward, units, c.micro_batches, schedule).value();
   InProcessFabric fabric(stages);
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   for (int s = 0; s < stages; ++s) {
     transports.push_back(fabric.Connect(s));
-    StageSetup setup{"job-eq", c, s, stages, ranges[s].begin, ranges[s].end, programs[s],
-                     absl::Seconds(30)};
+    StageSetup setup{"job-eq", c, s, stages, ToProto(forward[s]), ToProto(backward[s]),
+                     programs[s], absl::Seconds(30)};
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }
   std::vector<std::vector<IterationResult>> results(stages);
@@ -83,7 +92,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   for (auto& t : threads) t.join();
   RunOutput out;
   for (int s = 0; s < stages; ++s) EXPECT_TRUE(errors[s].ok()) << errors[s];
-  for (const IterationResult& r : results[stages - 1]) {
+  int loss_stage = 0;  // the forward owner of head reports the losses
+  while (forward[loss_stage].end != units) ++loss_stage;
+  for (const IterationResult& r : results[loss_stage]) {
     double sum = 0.0;  // LocalTrainer's mean: double sum, divided, as float
     for (float l : r.micro_batch_losses) sum += l;
     out.losses.push_back(static_cast<float>(sum / c.micro_batches));
@@ -110,7 +121,8 @@ TEST_P(PipelineEquivalenceTest, LossesAndWeightsEqualSingleProcessBitwise) {
                     : PipeDreamPartition(AnalyticUnitCosts(c.model, c.seq_len, 2), stages);
   ASSERT_TRUE(ranges.ok()) << ranges.status();
   const RunOutput local = RunLocal(c, data);
-  const RunOutput pipe = RunPipeline(c, data, *ranges, ParseSchedule(schedule_name).value());
+  const RunOutput pipe =
+      RunPipeline(c, data, *ranges, *ranges, ParseSchedule(schedule_name).value());
   EXPECT_EQ(pipe.losses, local.losses);
   ASSERT_EQ(pipe.weights.size(), local.weights.size());
   for (const auto& [name, values] : local.weights) {
@@ -126,6 +138,56 @@ INSTANTIATE_TEST_SUITE_P(
       return "P" + std::to_string(std::get<0>(info.param)) + "_" + std::get<1>(info.param) +
              "_" + std::get<2>(info.param);
     });
+
+// Bi-Partition plans on the 6-unit model (embed, attn0, mlp0, attn1, mlp1,
+// head), each with forward and backward cuts that differ.
+struct BiPlan {
+  std::string name;
+  std::vector<Range> forward, backward;
+};
+
+void PrintTo(const BiPlan& plan, std::ostream* os) { *os << plan.name; }
+
+std::vector<BiPlan> BiPlans() {
+  return {
+      // The paper's shape: backward cut before the forward cut.
+      {"P3_BackwardCutFirst", {{0, 1}, {1, 4}, {4, 6}}, {{0, 2}, {2, 4}, {4, 6}}},
+      // Forward cut first: worker 1 recomputes [1, 3) from unit 0's output.
+      {"P3_ForwardCutFirst", {{0, 3}, {3, 5}, {5, 6}}, {{0, 1}, {1, 5}, {5, 6}}},
+      // Worker 1 runs backward passes only, all recomputed.
+      {"P3_BackwardOnlyWorker", {{0, 2}, {2, 2}, {2, 6}}, {{0, 1}, {1, 4}, {4, 6}}},
+      // Worker 3 runs head's forward only; worker 2 recomputes head.
+      {"P4_ForwardOnlyHead", {{0, 1}, {1, 3}, {3, 5}, {5, 6}}, {{0, 2}, {2, 3}, {3, 6}, {6, 6}}},
+      {"P4_Staggered", {{0, 2}, {2, 3}, {3, 4}, {4, 6}}, {{0, 1}, {1, 3}, {3, 5}, {5, 6}}},
+      // Worker 0 runs every forward pass, the others only backward passes.
+      {"P4_AllForwardOnOne", {{0, 6}, {6, 6}, {6, 6}, {6, 6}}, {{0, 1}, {1, 3}, {3, 5}, {5, 6}}},
+  };
+}
+
+class BiPartitionEquivalenceTest
+    : public ::testing::TestWithParam<std::tuple<BiPlan, std::string>> {};
+
+TEST_P(BiPartitionEquivalenceTest, LossesAndWeightsEqualSingleProcessBitwise) {
+  const auto& [plan, schedule_name] = GetParam();
+  const TrainConfig c = SmallConfig();
+  const Dataset data = MakeDataset();
+  ASSERT_NE(plan.forward, plan.backward);
+  const RunOutput local = RunLocal(c, data);
+  const RunOutput pipe =
+      RunPipeline(c, data, plan.forward, plan.backward, ParseSchedule(schedule_name).value());
+  EXPECT_EQ(pipe.losses, local.losses);
+  ASSERT_EQ(pipe.weights.size(), local.weights.size());
+  for (const auto& [name, values] : local.weights) {
+    EXPECT_EQ(pipe.weights.at(name), values) << name;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, BiPartitionEquivalenceTest,
+                         ::testing::Combine(::testing::ValuesIn(BiPlans()),
+                                            ::testing::Values("1f1b", "gpipe")),
+                         [](const auto& info) {
+                           return std::get<0>(info.param).name + "_" + std::get<1>(info.param);
+                         });
 
 }  // namespace
 }  // namespace pipetrain

@@ -1,5 +1,6 @@
 #include "worker/runtime/stage_runtime.h"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -29,6 +30,33 @@ absl::StatusOr<Tensor> TakeFrom(std::map<int, Tensor>& m, int key, const std::st
   return t;
 }
 
+int64_t WeightCount(Unit& unit) {
+  int64_t n = 0;
+  for (const Parameter* p : unit.parameters()) n += p->value.numel();
+  return n;
+}
+
+// UNIT_WEIGHTS payload: every parameter value of the unit, concatenated in
+// parameters() order (plan.proto).
+Tensor PackWeights(Unit& unit) {
+  Tensor out = Tensor::Zeros({WeightCount(unit)});
+  int64_t offset = 0;
+  for (const Parameter* p : unit.parameters()) {
+    std::copy(p->value.data(), p->value.data() + p->value.numel(), out.data() + offset);
+    offset += p->value.numel();
+  }
+  return out;
+}
+
+// Requires packed.numel() == WeightCount(*unit).
+void UnpackWeights(const Tensor& packed, Unit* unit) {
+  int64_t offset = 0;
+  for (Parameter* p : unit->parameters()) {
+    std::copy(packed.data() + offset, packed.data() + offset + p->value.numel(), p->value.data());
+    offset += p->value.numel();
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSetup& setup,
@@ -36,13 +64,23 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
                                                                    Transport* transport) {
   RETURN_IF_ERROR(ValidateTrainConfig(setup.train));
   const int units = NumUnits(setup.train.model);
-  if (setup.first_unit < 0 || setup.first_unit >= setup.end_unit || setup.end_unit > units) {
-    return absl::InvalidArgumentError(absl::StrCat("stage ", setup.stage, " owns units [",
-                                                   setup.first_unit, ", ", setup.end_unit,
-                                                   ") of a ", units, "-unit model"));
+  for (const auto& [what, r] : {std::pair<const char*, const v1::UnitRange&>{"forward", setup.forward},
+                                {"backward", setup.backward}}) {
+    if (r.begin() < 0 || r.begin() > r.end() || r.end() > units) {
+      return absl::InvalidArgumentError(absl::StrCat("stage ", setup.stage, "'s ", what,
+                                                     " units [", r.begin(), ", ", r.end(),
+                                                     ") are not within a ", units, "-unit model"));
+    }
   }
-  const bool needs_data = setup.first_unit == 0 || setup.end_unit == units;
-  if (needs_data && dataset == nullptr) {
+  if (setup.forward.begin() == setup.forward.end() &&
+      setup.backward.begin() == setup.backward.end()) {
+    return absl::InvalidArgumentError(absl::StrCat("stage ", setup.stage, " has no units"));
+  }
+  auto has = [&](int u) {
+    return (setup.forward.begin() <= u && u < setup.forward.end()) ||
+           (setup.backward.begin() <= u && u < setup.backward.end());
+  };
+  if ((has(0) || has(units - 1)) && dataset == nullptr) {
     return absl::InvalidArgumentError("the stage owning embed or head needs the dataset");
   }
   if (setup.num_stages > 1 && transport == nullptr) {
@@ -56,22 +94,46 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
     : setup_(setup),
       dataset_(dataset),
       transport_(transport),
+      num_units_(NumUnits(setup.train.model)),
       optimizer_(setup.train.adam, setup.train.decay) {
-  for (int u = setup.first_unit; u < setup.end_unit; ++u) {
-    units_.push_back(MakeUnit(setup.train.model, u));
-    InitializeParameters(units_.back().get(), setup.train.seed);
+  for (const v1::UnitRange& r : {setup.forward, setup.backward}) {
+    for (int u = r.begin(); u < r.end(); ++u) {
+      if (units_.count(u)) continue;
+      units_[u] = MakeUnit(setup.train.model, u);
+      InitializeParameters(units_[u].get(), setup.train.seed);
+    }
   }
-  // Owning both ends of the model: tie the values as GptModel does.
-  if (setup.first_unit == 0 && setup.end_unit == NumUnits(setup.train.model)) {
-    TieHeadToEmbedding(*units_.front(), *units_.back());
+  // Holding both ends of the model: tie the values as GptModel does.
+  if (units_.count(0) && units_.count(num_units_ - 1)) {
+    TieHeadToEmbedding(*units_[0], *units_[num_units_ - 1]);
   }
+  // Outputs read after the forward pass, and each micro-batch's last use.
+  std::map<int, int> last;
+  const auto& ins = setup.program.instructions();
+  for (int i = 0; i < ins.size(); ++i) {
+    const v1::Instruction& in = ins[i];
+    int mb = -1;
+    if (in.has_forward()) mb = in.forward().micro_batch();
+    if (in.has_backward()) mb = in.backward().micro_batch();
+    if (in.has_recompute()) {
+      mb = in.recompute().micro_batch();
+      kept_outputs_.insert(in.recompute().units().begin() - 1);
+    }
+    if (in.has_send()) {
+      mb = in.send().tensor().micro_batch();
+      if (in.send().tensor().kind() == v1::ACTIVATION) kept_outputs_.insert(in.send().tensor().unit());
+    }
+    if (in.has_recv()) mb = in.recv().tensor().micro_batch();
+    if (mb >= 0) last[mb] = i;
+  }
+  for (const auto& [mb, i] : last) last_touch_[i].push_back(mb);
 }
 
 std::vector<Parameter*> StageRuntime::parameters() const {
   std::vector<Parameter*> out;
   std::set<std::string> seen;
-  for (const auto& unit : units_) {
-    for (Parameter* p : unit->parameters()) {
+  for (int u = setup_.backward.begin(); u < setup_.backward.end(); ++u) {
+    for (Parameter* p : units_.at(u)->parameters()) {
       if (seen.insert(p->name).second) out.push_back(p);
     }
   }
@@ -84,8 +146,12 @@ std::string StageRuntime::current_instruction() const {
 }
 
 Unit* StageRuntime::OwnedUnit(int index) {
-  if (index < setup_.first_unit || index >= setup_.end_unit) return nullptr;
-  return units_[index - setup_.first_unit].get();
+  auto it = units_.find(index);
+  return it == units_.end() ? nullptr : it->second.get();
+}
+
+bool StageRuntime::IsBackwardUnit(int index) const {
+  return setup_.backward.begin() <= index && index < setup_.backward.end();
 }
 
 TokenBatch StageRuntime::BatchFor(int micro_batch) const {
@@ -95,21 +161,25 @@ TokenBatch StageRuntime::BatchFor(int micro_batch) const {
 }
 
 Parameter* StageRuntime::TiedHolder() {
-  // The embedding's copy when this stage has it, else the head's.
-  Unit& holder = setup_.first_unit == 0 ? *units_.front() : *units_.back();
-  return FindParameter(holder, "wte.weight");
+  // The copy whose gradient this stage computes: embed's when its backward
+  // runs here, else head's.
+  if (IsBackwardUnit(0)) return FindParameter(*units_.at(0), "wte.weight");
+  if (IsBackwardUnit(num_units_ - 1)) return FindParameter(*units_.at(num_units_ - 1), "wte.weight");
+  return nullptr;
 }
 
 absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   iteration_ = iteration;
-  for (auto& unit : units_) unit->ZeroGrads();
-  inputs_.clear(), outputs_.clear(), grads_in_.clear(), grads_out_.clear();
+  for (auto& [index, unit] : units_) unit->ZeroGrads();
+  activations_.clear(), grads_in_.clear(), grads_out_.clear();
   contexts_.clear(), losses_.clear();
   tied_received_ = Tensor();
   IterationResult result;
   result.iteration = iteration;
   const auto start = Clock::now();
-  for (const v1::Instruction& in : setup_.program.instructions()) {
+  const auto& instructions = setup_.program.instructions();
+  for (int i = 0; i < instructions.size(); ++i) {
+    const v1::Instruction& in = instructions[i];
     {
       AnnotatedMutexLock lock(&status_mu_);
       current_ = DescribeInstruction(in);
@@ -120,6 +190,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
                                                       iteration, ", '", DescribeInstruction(in),
                                                       "': ", status.message()));
     }
+    ForgetMicroBatchesEndingAt(i);
   }
   for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);
   result.busy_seconds = SecondsSince(start) - result.idle_seconds;
@@ -141,6 +212,10 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
     case v1::Instruction::kBackward:
       phase = "backward";
       status = Backward(in.backward());
+      break;
+    case v1::Instruction::kRecompute:
+      phase = "recompute";
+      status = Recompute(in.recompute());
       break;
     case v1::Instruction::kSend:
       phase = "send";
@@ -164,36 +239,54 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
   return status;
 }
 
-absl::Status StageRuntime::Forward(const v1::Instruction::Forward& f) {
-  const int mb = f.micro_batch();
-  const int last_unit = NumUnits(setup_.train.model) - 1;
+void StageRuntime::ForgetMicroBatchesEndingAt(int instruction) {
+  auto it = last_touch_.find(instruction);
+  if (it == last_touch_.end()) return;
+  for (int mb : it->second) {
+    activations_.erase(activations_.lower_bound({mb, -1}), activations_.lower_bound({mb + 1, -1}));
+  }
+}
+
+absl::Status StageRuntime::RunForward(const v1::UnitRange& units, int mb, bool recompute) {
   Tensor x;
-  if (f.units().begin() > 0) {
-    ASSIGN_OR_RETURN(x, TakeFrom(inputs_, mb, "input activation"));
+  if (units.begin() > 0) {
+    auto it = activations_.find({mb, units.begin() - 1});
+    if (it == activations_.end()) {
+      return Internal(absl::StrCat("input of unit ", units.begin(), " for micro-batch ", mb,
+                                   " missing"));
+    }
+    x = it->second;
   }
   const TokenBatch batch = BatchFor(mb);
-  std::vector<UnitContext>& ctx = contexts_[mb];
-  ctx.resize(f.units().end() - f.units().begin());
-  for (int u = f.units().begin(); u < f.units().end(); ++u) {
+  for (int u = units.begin(); u < units.end(); ++u) {
     Unit* unit = OwnedUnit(u);
     if (unit == nullptr) return Internal(absl::StrCat("unit ", u, " is not owned here"));
-    x = unit->Forward(x, batch, &ctx[u - f.units().begin()]);
-  }
-  if (f.units().end() - 1 == last_unit) {
-    losses_[mb] = x[0];
-  } else {
-    outputs_[mb] = x;
+    UnitContext scratch;
+    // Saved tensors are kept only where this unit's backward pass runs.
+    UnitContext* ctx = IsBackwardUnit(u) ? &contexts_[{mb, u}] : &scratch;
+    x = unit->Forward(x, batch, ctx);
+    if (recompute) continue;
+    if (u == num_units_ - 1) {
+      losses_[mb] = x[0];
+    } else if (kept_outputs_.count(u)) {
+      activations_[{mb, u}] = x;
+    }
   }
   return absl::OkStatus();
 }
 
+absl::Status StageRuntime::Forward(const v1::Instruction::Forward& f) {
+  return RunForward(f.units(), f.micro_batch(), /*recompute=*/false);
+}
+
+absl::Status StageRuntime::Recompute(const v1::Instruction::Recompute& r) {
+  return RunForward(r.units(), r.micro_batch(), /*recompute=*/true);
+}
+
 absl::Status StageRuntime::Backward(const v1::Instruction::Backward& b) {
   const int mb = b.micro_batch();
-  const int last_unit = NumUnits(setup_.train.model) - 1;
-  auto ctx_it = contexts_.find(mb);
-  if (ctx_it == contexts_.end()) return Internal(absl::StrCat("no forward of micro-batch ", mb));
   Tensor dy;
-  if (b.units().end() - 1 == last_unit) {
+  if (b.units().end() == num_units_) {
     // dL/dloss of one micro-batch: the mean over micro-batches scales by 1/m.
     dy = Tensor::FromVector({1}, {1.0f / setup_.train.micro_batches});
   } else {
@@ -202,10 +295,13 @@ absl::Status StageRuntime::Backward(const v1::Instruction::Backward& b) {
   const TokenBatch batch = BatchFor(mb);
   for (int u = b.units().end() - 1; u >= b.units().begin(); --u) {
     Unit* unit = OwnedUnit(u);
-    if (unit == nullptr) return Internal(absl::StrCat("unit ", u, " is not owned here"));
-    dy = unit->Backward(dy, batch, ctx_it->second[u - b.units().begin()]);
+    auto ctx = contexts_.find({mb, u});
+    if (unit == nullptr || ctx == contexts_.end()) {
+      return Internal(absl::StrCat("no forward or recompute of unit ", u, " for micro-batch ", mb));
+    }
+    dy = unit->Backward(dy, batch, ctx->second);
+    contexts_.erase(ctx);
   }
-  contexts_.erase(ctx_it);
   if (b.units().begin() > 0) grads_out_[mb] = dy;
   return absl::OkStatus();
 }
@@ -216,7 +312,12 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
   Tensor tensor;
   switch (key.kind()) {
     case v1::ACTIVATION: {
-      ASSIGN_OR_RETURN(tensor, TakeFrom(outputs_, key.micro_batch(), "activation to send"));
+      auto it = activations_.find({key.micro_batch(), key.unit()});
+      if (it == activations_.end()) {
+        return Internal(absl::StrCat("output of unit ", key.unit(), " for micro-batch ",
+                                     key.micro_batch(), " missing"));
+      }
+      tensor = it->second;
       break;
     }
     case v1::ACTIVATION_GRAD: {
@@ -229,6 +330,12 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
       tensor = holder->grad;
       break;
     }
+    case v1::UNIT_WEIGHTS: {
+      Unit* unit = OwnedUnit(key.unit());
+      if (unit == nullptr) return Internal(absl::StrCat("unit ", key.unit(), " is not owned here"));
+      tensor = PackWeights(*unit);
+      break;
+    }
     default: return Internal("send of an unknown tensor kind");
   }
   result->sent_bytes[{s.peer_stage(), v1::TensorKind_Name(key.kind())}] += tensor.size_bytes();
@@ -238,12 +345,17 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
 absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteration) {
   const v1::TensorKey& key = r.tensor();
   const TensorAddress address = MakeAddress(setup_.job_id, iteration, key);
+  Unit* weights_of = nullptr;
+  if (key.kind() == v1::UNIT_WEIGHTS) {
+    weights_of = OwnedUnit(key.unit());
+    if (weights_of == nullptr) return Internal(absl::StrCat("unit ", key.unit(), " is not owned here"));
+  }
   ASSIGN_OR_RETURN(Tensor t, transport_->Recv(r.peer_stage(), address, setup_.recv_timeout));
   const GptConfig& m = setup_.train.model;
   const int per = setup_.train.batch_size / setup_.train.micro_batches;
-  const Shape expected = key.kind() == v1::TIED_EMBEDDING_GRAD
-                             ? Shape{m.vocab_size, m.d_model}
-                             : Shape{per, setup_.train.seq_len, m.d_model};
+  Shape expected{per, setup_.train.seq_len, m.d_model};
+  if (key.kind() == v1::TIED_EMBEDDING_GRAD) expected = {m.vocab_size, m.d_model};
+  if (weights_of != nullptr) expected = {WeightCount(*weights_of)};
   if (t.numel() != NumElements(expected)) {
     return absl::InvalidArgumentError(absl::StrCat(
         address.DebugString(), " from stage ", r.peer_stage(), " has shape ",
@@ -251,23 +363,25 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   }
   t = t.Reshape(expected);
   switch (key.kind()) {
-    case v1::ACTIVATION: inputs_[key.micro_batch()] = t; break;
+    case v1::ACTIVATION: activations_[{key.micro_batch(), key.unit()}] = t; break;
     case v1::ACTIVATION_GRAD: grads_in_[key.micro_batch()] = t; break;
     case v1::TIED_EMBEDDING_GRAD: tied_received_ = t; break;
+    case v1::UNIT_WEIGHTS: UnpackWeights(t, weights_of); break;
     default: return Internal("receive of an unknown tensor kind");
   }
   return absl::OkStatus();
 }
 
 absl::Status StageRuntime::AddTied() {
-  const int last_unit = NumUnits(setup_.train.model) - 1;
-  if (setup_.first_unit == 0 && setup_.end_unit - 1 == last_unit) {
+  if (IsBackwardUnit(0) && IsBackwardUnit(num_units_ - 1)) {
     // Both parts are here: embedding part + head part, as GptModel does.
-    AddTiedGradient(TiedHolder(), FindParameter(*units_.back(), "wte.weight")->grad);
+    AddTiedGradient(TiedHolder(), FindParameter(*units_.at(num_units_ - 1), "wte.weight")->grad);
     return absl::OkStatus();
   }
+  Parameter* holder = TiedHolder();
+  if (holder == nullptr) return Internal("no tied embedding gradient on this stage");
   if (tied_received_.is_null()) return Internal("tied gradient not received");
-  AddTiedGradient(TiedHolder(), tied_received_);
+  AddTiedGradient(holder, tied_received_);
   return absl::OkStatus();
 }
 

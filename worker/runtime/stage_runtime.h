@@ -1,11 +1,17 @@
 // StageRuntime: executes one stage's program (DESIGN.md §5) iteration by
 // iteration — the worker's interpreter.
 //
-// It builds and initialises the units it owns exactly as GptModel would
-// (same Philox keys), keeps one saved-tensor context per micro-batch in
-// flight, talks to other stages only through a Transport, and owns the
-// AdamW state of its units. With lossless transport the pipeline's losses
-// and weights equal LocalTrainer's bitwise (pipeline_equivalence_test).
+// The stage runs the forward pass of units `forward` and the backward pass
+// of units `backward` (equal for equal-cut plans; different for Bi-Partition
+// plans, schedule_compiler.h). It builds and initialises every unit of
+// either range exactly as GptModel would (same Philox keys), keeps saved
+// tensors only for units whose backward pass runs here (per micro-batch
+// and unit, rebuilt by Recompute for units whose forward ran elsewhere),
+// talks to other stages only through a Transport, and owns the AdamW state
+// of its backward units: their weights are authoritative here; forward-only
+// units get theirs by UNIT_WEIGHTS receives. With lossless transport the
+// pipeline's losses and weights equal LocalTrainer's bitwise
+// (pipeline_equivalence_test).
 //
 // Not thread-safe, except current_instruction(), which any thread may read.
 #ifndef PIPETRAIN_WORKER_RUNTIME_STAGE_RUNTIME_H_
@@ -13,6 +19,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -33,8 +40,8 @@ struct StageSetup {
   TrainConfig train;       // model shape, batch, micro-batches, AdamW, seed
   int stage = 0;
   int num_stages = 1;
-  int first_unit = 0;      // owned units [first_unit, end_unit)
-  int end_unit = 0;
+  v1::UnitRange forward;   // units whose forward pass runs here
+  v1::UnitRange backward;  // units whose backward pass (and weights) live here
   v1::Program program;     // one iteration
   absl::Duration recv_timeout = absl::Seconds(60);
 };
@@ -52,9 +59,10 @@ struct IterationResult {
 
 class StageRuntime {
  public:
-  // INVALID_ARGUMENT when the setup is inconsistent (unit range outside the
-  // model, config invalid). `dataset` (must outlive the runtime) is needed by
-  // stages owning embed or head; `transport` by stages with peers.
+  // INVALID_ARGUMENT when the setup is inconsistent (a range outside the
+  // model, both ranges empty, config invalid). `dataset` (must outlive the
+  // runtime) is needed by stages with embed or head; `transport` by stages
+  // with peers.
   static absl::StatusOr<std::unique_ptr<StageRuntime>> Create(const StageSetup& setup,
                                                               const Dataset* dataset,
                                                               Transport* transport);
@@ -64,7 +72,9 @@ class StageRuntime {
   // INTERNAL for program errors (e.g. a backward without its forward).
   absl::StatusOr<IterationResult> RunIteration(int64_t iteration);
 
-  // Owned parameters, each once (a stage owning embed and head lists wte once).
+  // The parameters of the backward units, each once (a stage with embed and
+  // head lists wte once): the ones this stage updates and whose values are
+  // authoritative (for checkpoints and the final weights).
   std::vector<Parameter*> parameters() const;
   AdamWOptimizer& optimizer() { return optimizer_; }
   // What the runtime is doing now, e.g. "recv ACTIVATION unit 3 mb 1 from stage 0".
@@ -74,26 +84,38 @@ class StageRuntime {
   StageRuntime(const StageSetup& setup, const Dataset* dataset, Transport* transport);
   absl::Status Execute(const v1::Instruction& in, int64_t iteration, IterationResult* result);
   absl::Status Forward(const v1::Instruction::Forward& f);
+  absl::Status Recompute(const v1::Instruction::Recompute& r);
   absl::Status Backward(const v1::Instruction::Backward& b);
   absl::Status Send(const v1::Instruction::Send& s, int64_t iteration, IterationResult* result);
   absl::Status Recv(const v1::Instruction::Recv& r, int64_t iteration);
   absl::Status AddTied();
   Unit* OwnedUnit(int index);
+  bool IsBackwardUnit(int index) const;
   TokenBatch BatchFor(int micro_batch) const;
   Parameter* TiedHolder();  // the wte Parameter whose gradient this stage sends
+  // Runs the forward pass of `units` on micro-batch mb from the stored input
+  // of units.begin; keeps contexts of backward units (all of them when
+  // `keep_all_contexts`) and stores outputs the program uses later.
+  absl::Status RunForward(const v1::UnitRange& units, int mb, bool recompute);
+  void ForgetMicroBatchesEndingAt(int instruction);
 
   StageSetup setup_;
   const Dataset* dataset_;
   Transport* transport_;
-  std::vector<std::unique_ptr<Unit>> units_;  // index - first_unit
+  int num_units_ = 0;
+  std::map<int, std::unique_ptr<Unit>> units_;  // by unit index
   AdamWOptimizer optimizer_;
   int64_t iteration_ = 0;
-  // Per micro-batch state within an iteration.
-  std::map<int, Tensor> inputs_;          // received activations
-  std::map<int, Tensor> outputs_;         // forward outputs to send
-  std::map<int, Tensor> grads_in_;        // received activation gradients
-  std::map<int, Tensor> grads_out_;       // backward results to send
-  std::map<int, std::vector<UnitContext>> contexts_;
+  // Program facts, computed once: units whose outputs the program reads
+  // after the forward pass (sends, recompute inputs), and per instruction
+  // the micro-batches it is the last one to touch.
+  std::set<int> kept_outputs_;
+  std::map<int, std::vector<int>> last_touch_;
+  // State within an iteration, per (micro-batch, unit).
+  std::map<std::pair<int, int>, Tensor> activations_;  // outputs, own or received
+  std::map<std::pair<int, int>, UnitContext> contexts_;
+  std::map<int, Tensor> grads_in_;        // received dL/d(output of backward.end-1)
+  std::map<int, Tensor> grads_out_;       // dL/d(input of backward.begin) to send
   std::map<int, float> losses_;
   Tensor tied_received_;
   mutable AnnotatedMutex status_mu_;

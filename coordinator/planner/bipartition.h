@@ -1,19 +1,51 @@
 // Bi-Partition (bipartition.txt, eq. 1-3): forward and backward passes cut
-// at different places. Worker i (in pipeline order) runs the forward pass of
-// a contiguous unit range F_i and the backward pass of B_i; both sequences
-// are ordered along the model and together cover every unit; a range may be
-// empty, but not both ranges of a worker.
+// at different places. Worker i (0-based, in pipeline order) runs the
+// forward pass of a contiguous unit range F_i and the backward pass of B_i;
+// F_0..F_{P-1} concatenated are [0, L) in order, and so are B_0..B_{P-1}; a
+// range may be empty, but not both ranges of a worker. L units, P workers,
+// m micro-batches per iteration.
 //
 // Objective "paper" (the paper's, reproduced exactly): the bottleneck
 //   max( max_i (sum_{u in F_i} fwd(u) + sum_{u in B_i} bwd(u)) / speed_i,
-//        max_{i < P} (a(s1)·[0 < s1 < L] + a(s2)·[0 < s2 < L]) / bandwidth )
-// where s1 and s2 count the units whose forward and backward pass run at or
-// before worker i (so the cut after worker i hands over the output of unit
-// s1 and the gradient at unit s2), and a() is activation_bytes; latency is
-// ignored. This file holds the objective, a brute-force enumerator (the test
-// reference) and the prefix DP solver; the full objective, memory limits,
-// the literal interval DP and the BSA speed-up are further steps of the
-// planner issue.
+//        max_{i < P-1} (a(s1)·[0 < s1 < L] + a(s2)·[0 < s2 < L]) / bandwidth )
+// where s1 = F_i.end and s2 = B_i.end count the units whose forward and
+// backward pass run at or before worker i (the cut after worker i hands over
+// the output of unit s1 and the gradient at unit s2, 1-based as in the
+// paper), and a() is activation_bytes; latency is ignored.
+//
+// Objective "full" (what the paper leaves out):
+//   compute_i = (sum_{u in F_i} fwd[u] + sum_{u in B_i} bwd[u]
+//                + sum_{u in B_i \ F_i} fwd[u]) / speed_i
+//     (the last term: recompute of split units on the backward owner).
+//   inbound_i = sum over the per-micro-batch tensors worker i RECEIVES of
+//     (latency + bytes/bandwidth):
+//       forward input a[F_i.begin-1] if F_i non-empty and F_i.begin > 0;
+//       backward gradient a[B_i.end-1] if B_i non-empty and B_i.end < L;
+//       routed input for recompute a[B_i.begin-1] if B_i non-empty,
+//         B_i.begin > 0 and (F_i empty or B_i.begin < F_i.begin)  (the input
+//         of the first recomputed unit comes from another worker; a run of
+//         B_i \ F_i after F_i gets its input locally);
+//     plus the weight sync amortised per micro-batch:
+//       sum_{u in F_i \ B_i} (latency + weight_bytes[u]/bandwidth) / m.
+//     With bandwidth <= 0 (unlimited) the bytes terms are 0 but latency
+//     still counts.
+//   bottleneck = max_i max(compute_i, inbound_i).
+// One addition to the routed-input rule, to agree with the schedule
+// compiler (RoutedInputUnit in schedule_compiler.cc): a run of B_i \ F_i
+// that starts after a GAP behind F_i (F_i non-empty, B_i.begin > F_i.end)
+// does not get its input locally either, so it is routed too. The condition
+// used is therefore (F_i empty or B_i.begin < F_i.begin or B_i.begin > F_i.end).
+//
+// Memory (both objectives; the paper prunes plans over memory): a plan is
+// infeasible (objective = +inf) when some worker with memory_bytes_i > 0 has
+//   memory_i = sum_{u in F_i ∪ B_i} weight_bytes[u] + 3·sum_{u in B_i} weight_bytes[u]
+//              + n_i · sum_{u in F_i ∩ B_i} stash_bytes[u]
+// above memory_bytes_i, where n_i = min(m, P - i) for 1F1B and m for GPipe
+// (the micro-batches whose stash worker i holds at once).
+//
+// Every term depends only on worker i's own (F_i, B_i), which is what makes a
+// DP over prefixes (workers used, forward end, backward end) exact. All
+// functions here are pure and thread-safe.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_BIPARTITION_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_BIPARTITION_H_
 
@@ -24,37 +56,137 @@
 
 namespace pipetrain {
 
+enum class BiPartitionObjective { kPaper, kFull };
+
+// The pipeline schedule, for the stash count n_i. Its own enum rather than
+// schedule_compiler.h's Schedule: the compiler consumes Bi-Partition plans,
+// so depending on it from here would invite a dependency cycle.
+enum class BiPartitionSchedule { kOneFOneB, kGPipe };
+
 struct BiPartitionProblem {
-  std::vector<double> fwd;               // seconds per unit (speed 1)
+  std::vector<double> fwd;  // seconds per unit and micro-batch (speed 1)
   std::vector<double> bwd;
-  std::vector<double> activation_bytes;  // output of each unit
+  std::vector<double> activation_bytes;  // output of each unit, per micro-batch
   std::vector<double> speeds;            // per worker, > 0; size = workers
   double bandwidth = 0;                  // bytes/s; <= 0 means unlimited
+  std::vector<double> weight_bytes;      // per unit; empty: all 0
+  std::vector<double> stash_bytes;       // per unit and micro-batch; empty: all 0
+  std::vector<double> memory_bytes;      // per worker, 0 = unlimited; empty: all unlimited
+  double latency_seconds = 0;            // per message (full objective only)
+  int micro_batches = 1;                 // m >= 1
+  BiPartitionSchedule schedule = BiPartitionSchedule::kOneFOneB;
+  BiPartitionObjective objective = BiPartitionObjective::kPaper;
 };
 
 struct BiPartitionPlan {
-  std::vector<Range> forward;   // per worker, [begin, end); begin == end: empty
+  std::vector<Range> forward;  // per worker, [begin, end); begin == end: empty
   std::vector<Range> backward;
-  double bottleneck = 0;        // the paper objective of this plan
+  double bottleneck = 0;  // the problem's objective for this plan
 };
 
-// INVALID_ARGUMENT when sizes disagree, a cost is negative or not finite,
-// a speed is <= 0, or there are no workers or no units.
+// INVALID_ARGUMENT when there are no units or no workers, sizes disagree
+// (fwd, bwd, activation_bytes and, when non-empty, weight_bytes and
+// stash_bytes per unit; memory_bytes per worker), a cost, size, memory,
+// latency or bandwidth is negative or not finite (bandwidth may be
+// negative: unlimited; or +inf), a speed is <= 0, micro_batches < 1, or
+// workers > 2 * units (some worker would be idle).
 absl::Status ValidateProblem(const BiPartitionProblem& problem);
 
-// The paper objective of `plan` (which must satisfy the constraints above).
-double PaperObjective(const BiPartitionProblem& problem, const BiPartitionPlan& plan);
+// Per-worker terms of both objectives in O(1) each from prefix sums: the
+// single definition every solver and objective function evaluates, so that
+// they agree to the last bit. Construct from a problem that passes
+// ValidateProblem; ranges are [begin, end) with 0 <= begin <= end <= L,
+// worker in [0, P).
+class BiPartitionCosts {
+ public:
+  explicit BiPartitionCosts(const BiPartitionProblem& problem);
 
-// Exact solution by dynamic programming over prefixes: best[k][f][b] is the
-// smallest bottleneck with workers 1..k running the forward passes of units
-// [0, f) and the backward passes of [0, b); worker k+1 then takes
-// F = [f, f'), B = [b, b'), not both empty. O(P · L^4). Ties go to the plan
-// whose earlier workers end first (forward, then backward). INVALID_ARGUMENT
-// as ValidateProblem, and when workers > 2 * units (someone would be idle).
-absl::StatusOr<BiPartitionPlan> SolveBiPartition(const BiPartitionProblem& problem);
+  int units() const { return units_; }
+  int workers() const { return static_cast<int>(speeds_.size()); }
+  BiPartitionObjective objective() const { return objective_; }
+
+  // The compute term of `worker` under the problem's objective (the full
+  // objective adds the recompute of B \ F). Non-decreasing as either range
+  // grows.
+  double Compute(int worker, const Range& f, const Range& b) const;
+  // The paper's term for the cut after `worker` (0 after the last worker).
+  double PaperCut(int worker, const Range& f, const Range& b) const;
+  // The full objective's inbound_i.
+  double Inbound(int worker, const Range& f, const Range& b) const;
+  // memory_i (non-decreasing as either range grows); Fits: memory_i <=
+  // memory_bytes_i, or the worker is unlimited.
+  double Memory(int worker, const Range& f, const Range& b) const;
+  bool Fits(int worker, const Range& f, const Range& b) const;
+  // 0 for an unlimited worker, else memory_i / memory_bytes_i.
+  double MemoryRatio(int worker, const Range& f, const Range& b) const;
+  // The worker's share of the objective: max(compute, cut) for the paper,
+  // max(compute, inbound) for the full objective; +inf when it does not fit.
+  double WorkerCost(int worker, const Range& f, const Range& b) const;
+  // One message carrying `unit`'s output: latency + a[unit] / bandwidth.
+  double Transfer(int unit) const;
+
+ private:
+  int units_ = 0;
+  BiPartitionObjective objective_;
+  std::vector<double> speeds_, memory_, stash_count_;
+  std::vector<double> pf_, pb_, pw_, pstash_, psync_;  // prefix sums
+  std::vector<double> activation_, transfer_;          // transfer_[u] = Transfer(u)
+  double bandwidth_ = 0, latency_ = 0, micro_batches_ = 1;
+};
+
+// The objectives of `plan` (which must be valid for `problem`, and
+// `problem` must pass ValidateProblem); +inf when a worker exceeds its
+// memory. Objective() picks by problem.objective.
+double PaperObjective(const BiPartitionProblem& problem, const BiPartitionPlan& plan);
+double FullObjective(const BiPartitionProblem& problem, const BiPartitionPlan& plan);
+double Objective(const BiPartitionProblem& problem, const BiPartitionPlan& plan);
+
+// The fast exact solver, for either objective. The optimum T* is the
+// smallest t such that some plan has every worker's value <= t. Feasibility
+// DPs over (workers used, forward end, backward end) answer that for one t
+// in O(P·L^3) at worst: per target state they try source rows nearest
+// first; compute and memory, both monotone in the ranges, cut each row to
+// the sources b >= bmin, among which the largest reachable one decides
+// (paper), or one candidate per case of where B starts relative to F
+// decides (full: inbound is not monotone, but is fixed plus a transfer or
+// a growing weight sync within each case). Bisection between a lower bound
+// and the value of the best plan found narrows T* to within 1/64; then one
+// exact min-max DP over the states and transitions with values <= the
+// bracket's top yields T* and its plan (O(P·L^4) at worst, far less in
+// practice: compute and transfer lower bounds prune it). Where values are
+// sparse near T* (transfer-dominated problems), a feasibility DP just
+// below a plan's value proves that value optimal instead. The result
+// equals BruteForceBiPartition and SolveBiPartitionReference: bit for bit
+// for integer costs; for real-valued costs up to rounding of the order of
+// one ulp in how sums over split ranges are formed (the monotonicity the
+// pruning relies on holds exactly only for exact sums). Ties: one optimal
+// plan, deterministic.
+// Errors: as ValidateProblem; RESOURCE_EXHAUSTED when no plan fits in
+// memory, naming the tightest worker (the one with the highest
+// memory_i / memory_bytes_i in the plan that minimises that ratio).
+// `stats` (optional) receives the search's counters.
+struct BiPartitionSolveStats {
+  int probes = 0;  // DP passes run (feasibility and exact)
+};
+absl::StatusOr<BiPartitionPlan> SolveBiPartition(const BiPartitionProblem& problem,
+                                                 BiPartitionSolveStats* stats = nullptr);
+
+// The plain prefix DP (the first solver): best[k][f][b] is the smallest
+// bottleneck with workers 0..k-1 running the forward passes of units [0, f)
+// and the backward passes of [0, b); worker k then takes F = [f, f'),
+// B = [b, b'), not both empty. O(P·L^4); the middle baseline. Ties go to the
+// plan whose earlier workers end first (forward, then backward). Errors as
+// SolveBiPartition.
+absl::StatusOr<BiPartitionPlan> SolveBiPartitionReference(const BiPartitionProblem& problem);
 
 // Enumerates every valid plan: the reference for tests (small L and P only).
+// `problem` must pass ValidateProblem. bottleneck is +inf (and the ranges
+// are unspecified) when no plan fits in memory.
 BiPartitionPlan BruteForceBiPartition(const BiPartitionProblem& problem);
+
+// The RESOURCE_EXHAUSTED status SolveBiPartition returns when no plan fits
+// (shared with the other solvers). Requires: `problem` valid.
+absl::Status NoPlanFitsError(const BiPartitionProblem& problem);
 
 }  // namespace pipetrain
 

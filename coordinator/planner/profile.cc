@@ -148,9 +148,15 @@ BiPartitionProblem MakeBiPartitionProblem(const ModelProfile& profile, const Clu
     p.fwd.push_back(u.fwd_seconds);
     p.bwd.push_back(u.bwd_seconds);
     p.activation_bytes.push_back(u.activation_bytes);
+    p.weight_bytes.push_back(u.weight_bytes);
+    p.stash_bytes.push_back(u.stash_bytes);
   }
-  for (const WorkerSpec& w : cluster.workers) p.speeds.push_back(w.speed);
+  for (const WorkerSpec& w : cluster.workers) {
+    p.speeds.push_back(w.speed);
+    p.memory_bytes.push_back(w.memory_bytes);
+  }
   p.bandwidth = cluster.bandwidth_bytes_per_second;
+  p.latency_seconds = cluster.latency_seconds;
   return p;
 }
 

@@ -51,7 +51,11 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& json);
 std::string ProfileToJson(const ModelProfile& profile);
 std::string ClusterToJson(const ClusterSpec& cluster);
 
-// The Bi-Partition problem of a profile on a cluster (paper objective inputs).
+// The Bi-Partition problem of a profile on a cluster: per-unit costs and
+// sizes (fwd, bwd, activation, weight and stash bytes), per-worker speeds and
+// memory, the link's bandwidth and latency. What the files do not hold is
+// left at BiPartitionProblem's defaults for the caller to set:
+// micro_batches (1), schedule (1F1B) and objective (paper).
 BiPartitionProblem MakeBiPartitionProblem(const ModelProfile& profile, const ClusterSpec& cluster);
 
 }  // namespace pipetrain

@@ -1,5 +1,6 @@
 #include "coordinator/planner/profile.h"
 
+#include "coordinator/planner/bipartition.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -33,6 +34,31 @@ TEST(ProfileTest, ParseCluster_DefaultsAndProblemConversion) {
   EXPECT_EQ(p.speeds, (std::vector<double>{2, 1}));
   EXPECT_EQ(p.activation_bytes, (std::vector<double>{131072, 4}));
   EXPECT_EQ(ParseClusterJson(ClusterToJson(c)).value().bandwidth_bytes_per_second, 1.25e9);
+}
+
+TEST(ProfileTest, MakeBiPartitionProblem_FillsMemoryAndLatencyFields) {
+  const ClusterSpec c = ParseClusterJson(R"({"workers": [{"memory_bytes": 1e9},
+      {"speed": 2}], "bandwidth_bytes_per_second": 1e8, "latency_seconds": 5e-5})")
+                            .value();
+  const BiPartitionProblem p = MakeBiPartitionProblem(ParseProfileJson(kProfile).value(), c);
+  EXPECT_EQ(p.fwd, (std::vector<double>{0.0012, 0.002}));
+  EXPECT_EQ(p.bwd, (std::vector<double>{0.0025, 0.004}));
+  EXPECT_EQ(p.weight_bytes, (std::vector<double>{3145728, 10}));
+  EXPECT_EQ(p.stash_bytes, (std::vector<double>{262144, 0}));
+  EXPECT_EQ(p.memory_bytes, (std::vector<double>{1e9, 0}));  // 0: unlimited
+  EXPECT_EQ(p.bandwidth, 1e8);
+  EXPECT_EQ(p.latency_seconds, 5e-5);
+  // Left for the caller.
+  EXPECT_EQ(p.micro_batches, 1);
+  EXPECT_EQ(p.schedule, BiPartitionSchedule::kOneFOneB);
+  EXPECT_EQ(p.objective, BiPartitionObjective::kPaper);
+  EXPECT_TRUE(ValidateProblem(p).ok());
+  // The profile's units fit: 2 workers solve it.
+  BiPartitionProblem full = p;
+  full.objective = BiPartitionObjective::kFull;
+  full.micro_batches = 4;
+  const BiPartitionPlan plan = SolveBiPartition(full).value();
+  EXPECT_EQ(plan.bottleneck, FullObjective(full, plan));
 }
 
 TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {

@@ -1,5 +1,6 @@
 #include "coordinator/planner/schedule_compiler.h"
 
+#include <functional>
 #include <set>
 #include <tuple>
 
@@ -57,6 +58,7 @@ struct SimulationResult {
   bool finished = false;
   std::vector<int> peak_in_flight;
   int unmatched_sends = 0;
+  int recomputes = 0;
 };
 
 SimulationResult Simulate(const std::vector<v1::Program>& programs) {
@@ -83,6 +85,8 @@ SimulationResult Simulate(const std::vector<v1::Program>& programs) {
           result.peak_in_flight[s] = std::max(result.peak_in_flight[s], ++in_flight[s]);
         } else if (in.has_backward()) {
           --in_flight[s];
+        } else if (in.has_recompute()) {
+          ++result.recomputes;
         }
         ++pc[s];
         progress = true;
@@ -116,6 +120,138 @@ TEST(ScheduleCompilerTest, AllShapes_DeadlockFreeMatchedAndBounded) {
       }
     }
   }
+}
+
+// The paper's example plan (bipartition.txt Fig. 7, 0-based): worker 0 runs
+// F{0} B{0,1}, worker 1 F{1,2} B{2}, worker 2 F{3} B{3}.
+TEST(ScheduleCompilerTest, BiPartition_PaperExample_RecomputesAndSyncsWeights) {
+  auto programs = CompileBiPartitionPrograms({{0, 1}, {1, 3}, {3, 4}}, {{0, 2}, {2, 3}, {3, 4}},
+                                             4, 1, Schedule::kGPipe)
+                      .value();
+  EXPECT_EQ(Describe(programs[0]),
+            (std::vector<std::string>{
+                "forward [0, 1) mb 0", "send ACTIVATION unit 0 mb 0 to stage 1",
+                "recompute [1, 2) mb 0", "recv ACTIVATION_GRAD unit 2 mb 0 from stage 1",
+                "backward [0, 2) mb 0", "send TIED_EMBEDDING_GRAD unit 0 mb -1 to stage 2",
+                "recv TIED_EMBEDDING_GRAD unit 0 mb -1 from stage 2", "add tied gradient",
+                "optimizer step [0, 2)", "send UNIT_WEIGHTS unit 1 mb -1 to stage 1"}));
+  EXPECT_EQ(Describe(programs[1]),
+            (std::vector<std::string>{
+                "recv ACTIVATION unit 0 mb 0 from stage 0", "forward [1, 3) mb 0",
+                "send ACTIVATION unit 2 mb 0 to stage 2",
+                "recv ACTIVATION_GRAD unit 3 mb 0 from stage 2", "backward [2, 3) mb 0",
+                "send ACTIVATION_GRAD unit 2 mb 0 to stage 0", "optimizer step [2, 3)",
+                "recv UNIT_WEIGHTS unit 1 mb -1 from stage 0"}));
+}
+
+// Forward of units 1-2 on worker 0, their backward on worker 1: worker 1
+// gets unit 0's output routed to it and recomputes [1, 3) before backward.
+TEST(ScheduleCompilerTest, BiPartition_BackwardAfterForward_RoutesInput) {
+  auto programs = CompileBiPartitionPrograms({{0, 3}, {3, 4}}, {{0, 1}, {1, 4}}, 4, 1,
+                                             Schedule::kGPipe)
+                      .value();
+  EXPECT_EQ(Describe(programs[0]),
+            (std::vector<std::string>{
+                "forward [0, 3) mb 0", "send ACTIVATION unit 2 mb 0 to stage 1",
+                "send ACTIVATION unit 0 mb 0 to stage 1",
+                "recv ACTIVATION_GRAD unit 1 mb 0 from stage 1", "backward [0, 1) mb 0",
+                "send TIED_EMBEDDING_GRAD unit 0 mb -1 to stage 1",
+                "recv TIED_EMBEDDING_GRAD unit 0 mb -1 from stage 1", "add tied gradient",
+                "optimizer step [0, 1)", "recv UNIT_WEIGHTS unit 1 mb -1 from stage 1",
+                "recv UNIT_WEIGHTS unit 2 mb -1 from stage 1"}));
+  EXPECT_EQ(Describe(programs[1]),
+            (std::vector<std::string>{
+                "recv ACTIVATION unit 2 mb 0 from stage 0", "forward [3, 4) mb 0",
+                "recv ACTIVATION unit 0 mb 0 from stage 0", "recompute [1, 3) mb 0",
+                "backward [1, 4) mb 0", "send ACTIVATION_GRAD unit 1 mb 0 to stage 0",
+                "send TIED_EMBEDDING_GRAD unit 0 mb -1 to stage 0",
+                "recv TIED_EMBEDDING_GRAD unit 0 mb -1 from stage 0", "add tied gradient",
+                "optimizer step [1, 4)", "send UNIT_WEIGHTS unit 1 mb -1 to stage 0",
+                "send UNIT_WEIGHTS unit 2 mb -1 to stage 0"}));
+}
+
+// Every valid Bi-Partition plan of up to 5 units on up to 4 workers, both
+// schedules, m in 1..4: the programs finish, every send is received, and
+// every unit's forward and backward pass runs exactly once per micro-batch.
+std::vector<std::vector<Range>> AllSequences(int units, int workers) {
+  std::vector<std::vector<Range>> out;
+  std::vector<Range> current;
+  std::function<void(int)> rec = [&](int begin) {
+    if (static_cast<int>(current.size()) == workers) {
+      if (begin == units) out.push_back(current);
+      return;
+    }
+    for (int end = begin; end <= units; ++end) {
+      current.push_back({begin, end});
+      rec(end);
+      current.pop_back();
+    }
+  };
+  rec(0);
+  return out;
+}
+
+TEST(ScheduleCompilerTest, BiPartition_AllSmallPlans_FinishMatchedAndComplete) {
+  int plans = 0, recomputes = 0;
+  for (int units = 1; units <= 5; ++units) {
+    for (int workers = 1; workers <= 4; ++workers) {
+      const auto sequences = AllSequences(units, workers);
+      for (const auto& forward : sequences) {
+        for (const auto& backward : sequences) {
+          bool valid = true;
+          for (int w = 0; w < workers; ++w) {
+            valid = valid && (forward[w].end > forward[w].begin ||
+                              backward[w].end > backward[w].begin);
+          }
+          if (!valid) continue;
+          ++plans;
+          for (Schedule schedule : {Schedule::kOneFOneB, Schedule::kGPipe}) {
+            for (int m = 1; m <= 4; ++m) {
+              auto programs =
+                  CompileBiPartitionPrograms(forward, backward, units, m, schedule).value();
+              SimulationResult r = Simulate(programs);
+              ASSERT_TRUE(r.finished) << units << " units, " << workers << " workers";
+              ASSERT_EQ(r.unmatched_sends, 0);
+              recomputes += r.recomputes;
+              // Per unit and micro-batch: one forward, one backward.
+              std::vector<int> fwd(units * m), bwd(units * m);
+              for (const auto& p : programs) {
+                for (const auto& in : p.instructions()) {
+                  if (in.has_forward()) {
+                    for (int u = in.forward().units().begin(); u < in.forward().units().end(); ++u)
+                      ++fwd[u * m + in.forward().micro_batch()];
+                  }
+                  if (in.has_backward()) {
+                    for (int u = in.backward().units().begin(); u < in.backward().units().end(); ++u)
+                      ++bwd[u * m + in.backward().micro_batch()];
+                  }
+                }
+              }
+              ASSERT_EQ(fwd, std::vector<int>(units * m, 1));
+              ASSERT_EQ(bwd, std::vector<int>(units * m, 1));
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(plans, 1000);
+  EXPECT_GT(recomputes, 0);  // the plans with differing cuts did recompute
+}
+
+TEST(ScheduleCompilerTest, BiPartition_BadRanges_AreInvalidArgument) {
+  EXPECT_EQ(CompileBiPartitionPrograms({{0, 2}, {2, 2}}, {{0, 1}, {1, 1}}, 2, 1, Schedule::kGPipe)
+                .status()
+                .message(),
+            "backward ranges cover 1 of 2 units");
+  EXPECT_EQ(CompileBiPartitionPrograms({{0, 2}, {2, 2}}, {{0, 2}, {2, 2}}, 2, 1, Schedule::kGPipe)
+                .status()
+                .message(),
+            "worker 1 has neither forward nor backward units");
+  EXPECT_EQ(CompileBiPartitionPrograms({{0, 1}, {2, 2}}, {{0, 2}, {2, 2}}, 2, 1, Schedule::kGPipe)
+                .status()
+                .message(),
+            "forward range of worker 1 is [2, 2); ranges must follow each other from unit 0");
 }
 
 TEST(ScheduleCompilerTest, BadRanges_AreInvalidArgument) {

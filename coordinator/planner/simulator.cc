@@ -1,0 +1,409 @@
+#include "coordinator/planner/simulator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <queue>
+#include <set>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/program_text.h"
+#include "common/status_macros.h"
+
+namespace pipetrain {
+namespace {
+
+// (source worker, destination worker, kind, micro-batch, unit).
+using MessageKey = std::tuple<int, int, int, int, int>;
+
+MessageKey KeyOf(int src, int dst, const v1::TensorKey& key) {
+  return {src, dst, static_cast<int>(key.kind()), key.micro_batch(), key.unit()};
+}
+
+bool BadNumber(double x) { return !std::isfinite(x) || x < 0; }
+
+absl::Status ValidateCosts(const SimulationCosts& costs, int workers) {
+  if (workers == 0) return absl::InvalidArgumentError("no programs to simulate");
+  if (static_cast<int>(costs.worker_speeds.size()) != workers) {
+    return absl::InvalidArgumentError(absl::StrCat("worker_speeds has ", costs.worker_speeds.size(),
+                                                   " entries for ", workers, " programs"));
+  }
+  for (int w = 0; w < workers; ++w) {
+    const double s = costs.worker_speeds[w];
+    if (!std::isfinite(s) || s <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker_speeds[", w, "] = ", s, "; must be > 0"));
+    }
+  }
+  for (size_t u = 0; u < costs.units.size(); ++u) {
+    const UnitSimulationCost& c = costs.units[u];
+    if (BadNumber(c.fwd_seconds) || BadNumber(c.bwd_seconds) || BadNumber(c.activation_bytes) ||
+        BadNumber(c.weight_bytes)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("units[", u, "] has a negative or non-finite cost"));
+    }
+  }
+  if (BadNumber(costs.tied_grad_bytes) || BadNumber(costs.optimizer_seconds_per_byte) ||
+      !std::isfinite(costs.link.bandwidth_bytes_per_second) ||
+      BadNumber(costs.link.latency_seconds)) {
+    return absl::InvalidArgumentError(
+        "tied_grad_bytes, optimizer_seconds_per_byte and link must be finite and non-negative "
+        "(bandwidth may be <= 0 for infinite)");
+  }
+  for (const auto& [link, params] : costs.link_overrides) {
+    const auto [src, dst] = link;
+    if (src < 0 || src >= workers || dst < 0 || dst >= workers || src == dst ||
+        !std::isfinite(params.bandwidth_bytes_per_second) || BadNumber(params.latency_seconds)) {
+      return absl::InvalidArgumentError(absl::StrCat("link override (", src, ", ", dst,
+                                                     ") names no link between two of the ", workers,
+                                                     " workers or has a bad value"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Why one instruction of worker w is invalid, or nullptr when it is valid.
+const char* InstructionProblem(const v1::Instruction& in, int w, int workers, int units) {
+  auto range_ok = [units](const v1::UnitRange& r) {
+    return r.begin() >= 0 && r.begin() <= r.end() && r.end() <= units;
+  };
+  auto key_ok = [units](const v1::TensorKey& k) {
+    switch (k.kind()) {
+      case v1::ACTIVATION:
+      case v1::UNIT_WEIGHTS:
+        return k.unit() >= 0 && k.unit() < units;
+      case v1::ACTIVATION_GRAD:
+        return k.unit() >= 1 && k.unit() < units;
+      case v1::TIED_EMBEDDING_GRAD:
+        return true;
+      default:
+        return false;
+    }
+  };
+  auto peer_ok = [w, workers](int peer) { return peer >= 0 && peer < workers && peer != w; };
+  bool ok = true;
+  switch (in.op_case()) {
+    case v1::Instruction::kForward:
+      ok = range_ok(in.forward().units());
+      break;
+    case v1::Instruction::kBackward:
+      ok = range_ok(in.backward().units());
+      break;
+    case v1::Instruction::kRecompute:
+      ok = range_ok(in.recompute().units());
+      break;
+    case v1::Instruction::kOptimizerStep:
+      ok = range_ok(in.optimizer_step().units());
+      break;
+    case v1::Instruction::kSend:
+      ok = key_ok(in.send().tensor()) && peer_ok(in.send().peer_stage());
+      break;
+    case v1::Instruction::kRecv:
+      ok = key_ok(in.recv().tensor()) && peer_ok(in.recv().peer_stage());
+      break;
+    case v1::Instruction::kAddTiedGradient:
+      break;
+    case v1::Instruction::OP_NOT_SET:
+      return "has no op";
+  }
+  return ok ? nullptr : "unit range, tensor key or peer out of range";
+}
+
+absl::Status ValidatePrograms(const std::vector<v1::Program>& programs, int units) {
+  const int workers = static_cast<int>(programs.size());
+  std::set<MessageKey> sent;
+  for (int w = 0; w < workers; ++w) {
+    for (int i = 0; i < programs[w].instructions_size(); ++i) {
+      const v1::Instruction& in = programs[w].instructions(i);
+      const char* problem = InstructionProblem(in, w, workers, units);
+      if (problem == nullptr && in.has_send() &&
+          !sent.insert(KeyOf(w, in.send().peer_stage(), in.send().tensor())).second) {
+        problem = "the same tensor goes to that peer twice in one iteration";
+      }
+      if (problem != nullptr) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("worker ", w, " instruction ", i, " (", DescribeInstruction(in),
+                         "): ", problem, " (the model has ", units, " units, there are ", workers,
+                         " workers; ACTIVATION_GRAD needs unit >= 1; a peer is another worker)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string RangeText(const v1::UnitRange& r) {
+  return absl::StrCat("[", r.begin(), ",", r.end(), ")");
+}
+
+std::string KeyText(const v1::TensorKey& k) {
+  std::string text = absl::StrCat(v1::TensorKind_Name(k.kind()), " u", k.unit());
+  if (k.micro_batch() >= 0) absl::StrAppend(&text, " mb", k.micro_batch());
+  return text;
+}
+
+// The state of one simulated iteration; see the header for the model.
+class Simulator {
+ public:
+  Simulator(const std::vector<v1::Program>& programs, const SimulationCosts& costs)
+      : programs_(programs),
+        costs_(costs),
+        clock_(programs.size(), 0.0),
+        busy_(programs.size(), 0.0),
+        pc_(programs.size(), 0) {}
+
+  absl::StatusOr<SimulationResult> Run() {
+    for (int w = 0; w < static_cast<int>(programs_.size()); ++w) ready_.push({0.0, w});
+    while (!ready_.empty()) {
+      const int w = ready_.top().second;
+      ready_.pop();
+      Step(w);
+    }
+    RETURN_IF_ERROR(CheckFinished());
+    return Result();
+  }
+
+ private:
+  // Runs worker w's next instruction, then requeues w unless it finished or
+  // parked in a receive.
+  void Step(int w) {
+    const v1::Program& program = programs_[w];
+    if (pc_[w] >= program.instructions_size()) return;
+    const v1::Instruction& in = program.instructions(pc_[w]);
+    switch (in.op_case()) {
+      case v1::Instruction::kForward:
+        Compute(w, TimelineEventKind::kForward, in.forward().units(), in.forward().micro_batch());
+        break;
+      case v1::Instruction::kBackward:
+        Compute(w, TimelineEventKind::kBackward, in.backward().units(),
+                in.backward().micro_batch());
+        break;
+      case v1::Instruction::kRecompute:
+        Compute(w, TimelineEventKind::kRecompute, in.recompute().units(),
+                in.recompute().micro_batch());
+        break;
+      case v1::Instruction::kOptimizerStep:
+        Compute(w, TimelineEventKind::kOptimizer, in.optimizer_step().units(), -1);
+        break;
+      case v1::Instruction::kSend:
+        Send(w, in.send());
+        break;
+      case v1::Instruction::kRecv:
+        if (!Receive(w, in.recv())) return;  // parked until the send is issued
+        break;
+      case v1::Instruction::kAddTiedGradient:
+      case v1::Instruction::OP_NOT_SET:
+        break;  // no time (OP_NOT_SET is rejected earlier)
+    }
+    ++pc_[w];
+    ready_.push({clock_[w], w});
+  }
+
+  double ComputeSeconds(TimelineEventKind kind, const v1::UnitRange& r) const {
+    double sum = 0;
+    for (int u = r.begin(); u < r.end(); ++u) {
+      const UnitSimulationCost& c = costs_.units[u];
+      switch (kind) {
+        case TimelineEventKind::kBackward:
+          sum += c.bwd_seconds;
+          break;
+        case TimelineEventKind::kOptimizer:
+          sum += c.weight_bytes * costs_.optimizer_seconds_per_byte;
+          break;
+        default:
+          sum += c.fwd_seconds;
+          break;  // forward and recompute
+      }
+    }
+    return sum;
+  }
+
+  void Compute(int w, TimelineEventKind kind, const v1::UnitRange& r, int micro_batch) {
+    const double seconds = ComputeSeconds(kind, r) / costs_.worker_speeds[w];
+    TimelineEvent& e = AddEvent(w, kind, clock_[w], clock_[w] + seconds);
+    e.micro_batch = micro_batch;
+    e.units = Range{r.begin(), r.end()};
+    static const char* const kLetters[] = {"F", "B", "R", "Opt"};
+    e.label =
+        kind == TimelineEventKind::kOptimizer
+            ? absl::StrCat("Opt ", RangeText(r))
+            : absl::StrCat(kLetters[static_cast<int>(kind)], " mb", micro_batch, " ", RangeText(r));
+    clock_[w] += seconds;
+    busy_[w] += seconds;
+  }
+
+  double Bytes(const v1::TensorKey& key) const {
+    switch (key.kind()) {
+      case v1::ACTIVATION:
+        return costs_.units[key.unit()].activation_bytes;
+      case v1::ACTIVATION_GRAD:
+        return costs_.units[key.unit() - 1].activation_bytes;
+      case v1::UNIT_WEIGHTS:
+        return costs_.units[key.unit()].weight_bytes;
+      default:
+        return costs_.tied_grad_bytes;
+    }
+  }
+
+  void Send(int w, const v1::Instruction::Send& send) {
+    const int peer = send.peer_stage();
+    auto it = costs_.link_overrides.find({w, peer});
+    const LinkParameters& link = it == costs_.link_overrides.end() ? costs_.link : it->second;
+    const double bytes = Bytes(send.tensor());
+    double& link_free = link_free_[{w, peer}];
+    const double start = std::max(clock_[w], link_free);
+    const double wire =
+        link.bandwidth_bytes_per_second > 0 ? bytes / link.bandwidth_bytes_per_second : 0;
+    link_free = start + link.latency_seconds + wire;
+    TimelineEvent& e = AddEvent(w, TimelineEventKind::kSendTransfer, start, link_free);
+    DescribeTransfer(send.tensor(), peer, &e);
+    e.bytes = bytes;
+    e.label = absl::StrCat("send ", KeyText(send.tensor()), " to ", peer);
+    const MessageKey key = KeyOf(w, peer, send.tensor());
+    in_flight_[key] = InFlight{link_free, pc_[w]};
+    auto parked = parked_.find(key);
+    if (parked != parked_.end()) {
+      ready_.push({clock_[parked->second], parked->second});
+      parked_.erase(parked);
+    }
+  }
+
+  // False when the tensor has not been sent yet: w parks until it is.
+  bool Receive(int w, const v1::Instruction::Recv& recv) {
+    const MessageKey key = KeyOf(recv.peer_stage(), w, recv.tensor());
+    auto it = in_flight_.find(key);
+    if (it == in_flight_.end()) {
+      parked_[key] = w;
+      return false;
+    }
+    const double arrival = it->second.arrival;
+    in_flight_.erase(it);
+    if (arrival > clock_[w]) {
+      TimelineEvent& e = AddEvent(w, TimelineEventKind::kRecvWait, clock_[w], arrival);
+      DescribeTransfer(recv.tensor(), recv.peer_stage(), &e);
+      e.label = absl::StrCat("wait ", KeyText(recv.tensor()), " from ", recv.peer_stage());
+      clock_[w] = arrival;
+    }
+    return true;
+  }
+
+  static void DescribeTransfer(const v1::TensorKey& key, int peer, TimelineEvent* e) {
+    e->micro_batch = key.micro_batch();
+    e->units = Range{key.unit(), key.unit() + 1};
+    e->peer = peer;
+    e->tensor_kind = key.kind();
+  }
+
+  TimelineEvent& AddEvent(int w, TimelineEventKind kind, double start, double end) {
+    TimelineEvent& e = events_.emplace_back();
+    e.worker = w;
+    e.kind = kind;
+    e.start_seconds = start;
+    e.end_seconds = end;
+    e.instruction = pc_[w];
+    return e;
+  }
+
+  absl::Status CheckFinished() const {
+    std::vector<std::string> problems;
+    for (int w = 0; w < static_cast<int>(programs_.size()); ++w) {
+      if (pc_[w] < programs_[w].instructions_size()) {
+        problems.push_back(
+            absl::StrCat("worker ", w, " waits forever at instruction ", pc_[w], " (",
+                         DescribeInstruction(programs_[w].instructions(pc_[w])), ")"));
+      }
+    }
+    for (const auto& [key, flight] : in_flight_) {
+      const int src = std::get<0>(key);
+      problems.push_back(
+          absl::StrCat("worker ", src, " instruction ", flight.instruction, " (",
+                       DescribeInstruction(programs_[src].instructions(flight.instruction)),
+                       ") is never received by worker ", std::get<1>(key)));
+    }
+    if (problems.empty()) return absl::OkStatus();
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the programs cannot finish an iteration: ", absl::StrJoin(problems, "; "),
+        ". Check that every recv has a matching send (same key, peers swapped) that the sender "
+        "reaches without waiting on the receiver."));
+  }
+
+  SimulationResult Result() {
+    SimulationResult r;
+    const int workers = static_cast<int>(programs_.size());
+    r.iteration_seconds = *std::max_element(clock_.begin(), clock_.end());
+    r.busy_seconds = busy_;
+    double busy_sum = 0;
+    for (int w = 0; w < workers; ++w) {
+      r.idle_seconds.push_back(r.iteration_seconds - busy_[w]);
+      busy_sum += busy_[w];
+    }
+    if (r.iteration_seconds > 0) r.bubble_fraction = 1 - busy_sum / (workers * r.iteration_seconds);
+    r.events = std::move(events_);
+    std::stable_sort(r.events.begin(), r.events.end(),
+                     [](const TimelineEvent& a, const TimelineEvent& b) {
+                       return std::tie(a.worker, a.start_seconds, a.instruction) <
+                              std::tie(b.worker, b.start_seconds, b.instruction);
+                     });
+    return r;
+  }
+
+  struct InFlight {
+    double arrival = 0;
+    int instruction = 0;  // the send's index in the sender's program
+  };
+
+  const std::vector<v1::Program>& programs_;
+  const SimulationCosts& costs_;
+  std::vector<double> clock_, busy_;
+  std::vector<int> pc_;
+  // Min-heap of (clock, worker): the earliest worker runs next; ties by index.
+  std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
+      ready_;
+  std::map<std::pair<int, int>, double> link_free_;  // (src, dst) -> free from
+  std::map<MessageKey, InFlight> in_flight_;         // sent, not yet received
+  std::map<MessageKey, int> parked_;                 // key -> worker waiting for it
+  std::vector<TimelineEvent> events_;
+};
+
+}  // namespace
+
+SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const ClusterSpec& cluster,
+                                           double tied_grad_bytes) {
+  SimulationCosts costs;
+  for (const UnitProfile& u : profile.units) {
+    costs.units.push_back({u.fwd_seconds, u.bwd_seconds, u.activation_bytes, u.weight_bytes});
+  }
+  for (const WorkerSpec& w : cluster.workers) costs.worker_speeds.push_back(w.speed);
+  costs.link = {cluster.bandwidth_bytes_per_second, cluster.latency_seconds};
+  costs.tied_grad_bytes = tied_grad_bytes;
+  return costs;
+}
+
+const char* TimelineEventKindName(TimelineEventKind kind) {
+  switch (kind) {
+    case TimelineEventKind::kForward:
+      return "forward";
+    case TimelineEventKind::kBackward:
+      return "backward";
+    case TimelineEventKind::kRecompute:
+      return "recompute";
+    case TimelineEventKind::kOptimizer:
+      return "optimizer";
+    case TimelineEventKind::kSendTransfer:
+      return "send";
+    case TimelineEventKind::kRecvWait:
+      return "recv-wait";
+  }
+  return "unknown";
+}
+
+absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<v1::Program>& programs,
+                                                   const SimulationCosts& costs) {
+  const int workers = static_cast<int>(programs.size());
+  RETURN_IF_ERROR(ValidateCosts(costs, workers));
+  RETURN_IF_ERROR(ValidatePrograms(programs, static_cast<int>(costs.units.size())));
+  return Simulator(programs, costs).Run();
+}
+
+}  // namespace pipetrain

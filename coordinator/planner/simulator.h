@@ -1,0 +1,137 @@
+// Pipeline simulator: runs one iteration of the compiled per-worker programs
+// (DESIGN.md §5) on a cost model and reports when each instruction runs. It
+// is the ground truth for a plan's predicted iteration time and bubble.
+//
+// The model (all times in seconds, one iteration, every worker starts at 0):
+//  - Worker w runs programs[w] in order, one instruction at a time.
+//  - Forward(units, mb) and Recompute(units, mb) take
+//      sum_{u in units} fwd_seconds[u] / speed[w];
+//    Backward(units, mb) takes sum bwd_seconds[u] / speed[w];
+//    OptimizerStep(units) takes
+//      optimizer_seconds_per_byte * sum weight_bytes[u] / speed[w];
+//    AddTiedGradient takes no time.
+//  - Send(key, peer) takes no worker time: the worker goes on at once while
+//    the transfer is in flight. The transfer goes on link (w -> peer); each
+//    directed link carries one transfer at a time, FIFO in issue order (only
+//    w issues on it, so this is w's program order). It starts at
+//    max(issue time, link free) and lasts latency + bytes / bandwidth of that
+//    link (bandwidth <= 0: infinite, so just latency). Bytes by key kind:
+//      ACTIVATION unit u          activation_bytes[u]   (output of u)
+//      ACTIVATION_GRAD unit u     activation_bytes[u-1] (gradient of u's input)
+//      TIED_EMBEDDING_GRAD        tied_grad_bytes
+//      UNIT_WEIGHTS unit u        weight_bytes[u]
+//  - Recv(key, peer) waits (idle) until the transfer of `key` from `peer` to
+//    w has arrived; if it arrived earlier, there is no wait. Sends and
+//    receives match by (source, destination, key).
+//  - iteration_seconds: when the last worker finishes its last instruction.
+//    busy = compute time; idle = iteration_seconds - busy (receive waits plus
+//    the tail after the worker's own last instruction);
+//    bubble_fraction = 1 - sum busy / (P * iteration_seconds).
+//
+// It is a discrete-event simulation: workers are advanced in order of their
+// clocks (ties by worker index); a worker blocked on a receive whose send has
+// not been issued yet is parked and woken by that send. Results depend only on
+// the inputs (deterministic, no wall clock).
+//
+// Thread-safety: the functions are pure; call them from any thread.
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_SIMULATOR_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_SIMULATOR_H_
+
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/planner/partition.h"
+#include "coordinator/planner/profile.h"
+#include "proto/pipetrain/v1/plan.pb.h"
+
+namespace pipetrain {
+
+struct UnitSimulationCost {
+  double fwd_seconds = 0;  // one micro-batch at speed 1
+  double bwd_seconds = 0;
+  double activation_bytes = 0;  // output of the unit for one micro-batch
+  double weight_bytes = 0;      // all parameters of the unit
+};
+
+struct LinkParameters {
+  double bandwidth_bytes_per_second = 0;  // <= 0: infinite
+  double latency_seconds = 0;
+};
+
+struct SimulationCosts {
+  std::vector<UnitSimulationCost> units;  // index = unit (0 = embed ... L-1 = head)
+  double tied_grad_bytes = 0;             // the TIED_EMBEDDING_GRAD tensor
+  double optimizer_seconds_per_byte = 0;  // OptimizerStep cost per weight byte
+  std::vector<double> worker_speeds;      // one per worker (program), > 0
+  LinkParameters link;                    // every directed link, unless overridden
+  std::map<std::pair<int, int>, LinkParameters> link_overrides;  // (src, dst)
+};
+
+// Costs from a model profile and a cluster description (one worker per
+// cluster entry, one link setting for all links). The profile has no tied
+// gradient size, so the caller passes it (the token embedding's bytes).
+SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const ClusterSpec& cluster,
+                                           double tied_grad_bytes);
+
+enum class TimelineEventKind {
+  kForward,
+  kBackward,
+  kRecompute,
+  kOptimizer,
+  kSendTransfer,  // a transfer on link (worker -> peer), not worker time
+  kRecvWait,      // the worker idles in a receive (only waits > 0 are listed)
+};
+
+// "forward", "backward", "recompute", "optimizer", "send", "recv-wait".
+const char* TimelineEventKindName(TimelineEventKind kind);
+
+struct TimelineEvent {
+  int worker = 0;
+  TimelineEventKind kind = TimelineEventKind::kForward;
+  double start_seconds = 0;
+  double end_seconds = 0;
+  int micro_batch = -1;  // -1: per-iteration (optimizer, tied gradient, weights)
+  Range units;           // compute: the instruction's units; transfer/wait: the
+                         // tensor key's unit as [u, u+1)
+  int peer = -1;         // transfers: destination; waits: source; else -1
+  v1::TensorKind tensor_kind = v1::TENSOR_KIND_UNSPECIFIED;  // transfers, waits
+  double bytes = 0;                                          // transfers
+  int instruction = 0;                                       // index in programs[worker]
+  std::string label;  // e.g. "F mb3 [2,5)", "send ACTIVATION u4 mb3 to 2"
+};
+
+struct SimulationResult {
+  double iteration_seconds = 0;
+  std::vector<double> busy_seconds;  // per worker
+  std::vector<double> idle_seconds;  // per worker, iteration_seconds - busy
+  double bubble_fraction = 0;        // 0 when iteration_seconds == 0
+  // Sorted by (worker, start, instruction); transfers are listed under their
+  // sender.
+  std::vector<TimelineEvent> events;
+};
+
+// Simulates one iteration of `programs` (programs[w] runs on worker w).
+// Errors:
+//  INVALID_ARGUMENT   no programs; worker_speeds.size() != programs.size();
+//                     a speed <= 0 or any cost negative or not finite; a link
+//                     override naming a worker out of range or itself; an
+//                     instruction with no op, a unit range outside
+//                     [0, units.size()) or with begin > end, a tensor key of
+//                     unspecified kind or whose unit is out of range
+//                     (ACTIVATION_GRAD needs unit >= 1), a peer out of range
+//                     or equal to the worker, or the same (src, dst, key)
+//                     sent twice. Messages name worker and instruction index.
+//  FAILED_PRECONDITION the programs cannot finish: some workers wait forever
+//                     on receives (deadlock, or nobody sends that key), or a
+//                     send is never received. The message lists each stuck
+//                     worker's instruction (DescribeInstruction) or the
+//                     unreceived send.
+absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<v1::Program>& programs,
+                                                   const SimulationCosts& costs);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_SIMULATOR_H_

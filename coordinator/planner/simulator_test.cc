@@ -1,0 +1,375 @@
+#include "coordinator/planner/simulator.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/planner/schedule_compiler.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Hand-written program builders.
+v1::Instruction Compute(const std::string& op, int begin, int end, int mb) {
+  v1::Instruction in;
+  v1::UnitRange* r = nullptr;
+  if (op == "F") {
+    r = in.mutable_forward()->mutable_units();
+    in.mutable_forward()->set_micro_batch(mb);
+  } else if (op == "B") {
+    r = in.mutable_backward()->mutable_units();
+    in.mutable_backward()->set_micro_batch(mb);
+  } else if (op == "R") {
+    r = in.mutable_recompute()->mutable_units();
+    in.mutable_recompute()->set_micro_batch(mb);
+  } else {
+    r = in.mutable_optimizer_step()->mutable_units();
+  }
+  r->set_begin(begin);
+  r->set_end(end);
+  return in;
+}
+
+v1::TensorKey Key(v1::TensorKind kind, int unit, int mb) {
+  v1::TensorKey key;
+  key.set_kind(kind);
+  key.set_unit(unit);
+  key.set_micro_batch(mb);
+  return key;
+}
+
+v1::Instruction Send(v1::TensorKind kind, int unit, int mb, int peer) {
+  v1::Instruction in;
+  *in.mutable_send()->mutable_tensor() = Key(kind, unit, mb);
+  in.mutable_send()->set_peer_stage(peer);
+  return in;
+}
+
+v1::Instruction Recv(v1::TensorKind kind, int unit, int mb, int peer) {
+  v1::Instruction in;
+  *in.mutable_recv()->mutable_tensor() = Key(kind, unit, mb);
+  in.mutable_recv()->set_peer_stage(peer);
+  return in;
+}
+
+v1::Program Program(const std::vector<v1::Instruction>& instructions) {
+  v1::Program p;
+  for (const auto& in : instructions) *p.add_instructions() = in;
+  return p;
+}
+
+// Every unit costs fwd / bwd; activations `act_bytes`; speed 1 for `workers`.
+SimulationCosts UniformCosts(int units, double fwd, double bwd, double act_bytes, int workers) {
+  SimulationCosts costs;
+  costs.units.assign(units, UnitSimulationCost{fwd, bwd, act_bytes, 0});
+  costs.worker_speeds.assign(workers, 1.0);
+  return costs;
+}
+
+// Worker w's events as "label@start-end", in timeline order.
+std::vector<std::string> Timeline(const SimulationResult& r, int w) {
+  std::vector<std::string> out;
+  for (const TimelineEvent& e : r.events) {
+    if (e.worker == w)
+      out.push_back(absl::StrCat(e.label, "@", e.start_seconds, "-", e.end_seconds));
+  }
+  return out;
+}
+
+TEST(SimulatorTest, GPipe_TwoStagesTwoMicroBatches_HandComputedTimeline) {
+  auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 2, Schedule::kGPipe).value();
+  SimulationCosts costs = UniformCosts(4, 1, 2, 100, 2);
+  costs.link.bandwidth_bytes_per_second = 100;  // an activation takes 1 s
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  // Stage fwd 2 s, bwd 4 s; the tied gradient has 0 bytes and latency 0.
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{
+                "F mb0 [0,2)@0-2", "send ACTIVATION u1 mb0 to 1@2-3", "F mb1 [0,2)@2-4",
+                "send ACTIVATION u1 mb1 to 1@4-5", "wait ACTIVATION_GRAD u2 mb0 from 1@4-12",
+                "B mb0 [0,2)@12-16", "B mb1 [0,2)@16-20", "send TIED_EMBEDDING_GRAD u0 to 1@20-20",
+                "Opt [0,2)@20-20"}));
+  EXPECT_EQ(
+      Timeline(r, 1),
+      (std::vector<std::string>{
+          "wait ACTIVATION u1 mb0 from 0@0-3", "F mb0 [2,4)@3-5", "F mb1 [2,4)@5-7",
+          "B mb0 [2,4)@7-11", "send ACTIVATION_GRAD u2 mb0 to 0@11-12", "B mb1 [2,4)@11-15",
+          "send ACTIVATION_GRAD u2 mb1 to 0@15-16", "wait TIED_EMBEDDING_GRAD u0 from 0@15-20",
+          "send TIED_EMBEDDING_GRAD u0 to 0@16-16", "Opt [2,4)@20-20"}));
+  EXPECT_EQ(r.iteration_seconds, 20);
+  EXPECT_EQ(r.busy_seconds, (std::vector<double>{12, 12}));
+  EXPECT_EQ(r.idle_seconds, (std::vector<double>{8, 8}));
+  EXPECT_DOUBLE_EQ(r.bubble_fraction, 0.4);
+}
+
+TEST(SimulatorTest, OneFOneB_TwoStagesThreeMicroBatches_HandComputedTimeline) {
+  auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 3, Schedule::kOneFOneB).value();
+  SimulationCosts costs = UniformCosts(4, 1, 2, 100, 2);
+  costs.link.latency_seconds = 0.5;  // infinite bandwidth: every transfer 0.5 s
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(
+      Timeline(r, 0),
+      (std::vector<std::string>{
+          "F mb0 [0,2)@0-2", "send ACTIVATION u1 mb0 to 1@2-2.5", "F mb1 [0,2)@2-4",
+          "send ACTIVATION u1 mb1 to 1@4-4.5", "wait ACTIVATION_GRAD u2 mb0 from 1@4-9",
+          "B mb0 [0,2)@9-13", "F mb2 [0,2)@13-15", "send ACTIVATION u1 mb2 to 1@15-15.5",
+          "B mb1 [0,2)@15-19", "wait ACTIVATION_GRAD u2 mb2 from 1@19-22", "B mb2 [0,2)@22-26",
+          "send TIED_EMBEDDING_GRAD u0 to 1@26-26.5", "Opt [0,2)@26-26"}));
+  // The tied gradient queues behind the last activation gradient on link 1->0.
+  EXPECT_EQ(Timeline(r, 1),
+            (std::vector<std::string>{
+                "wait ACTIVATION u1 mb0 from 0@0-2.5", "F mb0 [2,4)@2.5-4.5", "B mb0 [2,4)@4.5-8.5",
+                "send ACTIVATION_GRAD u2 mb0 to 0@8.5-9", "F mb1 [2,4)@8.5-10.5",
+                "B mb1 [2,4)@10.5-14.5", "send ACTIVATION_GRAD u2 mb1 to 0@14.5-15",
+                "wait ACTIVATION u1 mb2 from 0@14.5-15.5", "F mb2 [2,4)@15.5-17.5",
+                "B mb2 [2,4)@17.5-21.5", "send ACTIVATION_GRAD u2 mb2 to 0@21.5-22",
+                "wait TIED_EMBEDDING_GRAD u0 from 0@21.5-26.5",
+                "send TIED_EMBEDDING_GRAD u0 to 0@22-22.5", "Opt [2,4)@26.5-26.5"}));
+  EXPECT_EQ(r.iteration_seconds, 26.5);
+  EXPECT_EQ(r.busy_seconds, (std::vector<double>{18, 18}));
+  EXPECT_EQ(r.idle_seconds, (std::vector<double>{8.5, 8.5}));
+  EXPECT_DOUBLE_EQ(r.bubble_fraction, 1 - 36.0 / 53.0);
+}
+
+TEST(SimulatorTest, BalancedStagesZeroComm_BubbleIsTheory) {
+  for (Schedule schedule : {Schedule::kGPipe, Schedule::kOneFOneB}) {
+    for (int p : {1, 2, 3, 4, 8}) {
+      for (int m : {1, 2, 5, 8, 16}) {
+        SCOPED_TRACE(absl::StrCat(ScheduleName(schedule), " P=", p, " m=", m));
+        std::vector<Range> ranges;
+        for (int s = 0; s < p; ++s) ranges.push_back({2 * s, 2 * s + 2});
+        auto programs = CompilePrograms(ranges, 2 * p, m, schedule).value();
+        const SimulationResult r =
+            SimulateIteration(programs, UniformCosts(2 * p, 0.5, 1, 1e6, p)).value();
+        // Stage fwd 1 s, bwd 2 s: (m + P - 1) slots of 3 s, m of them busy.
+        EXPECT_EQ(r.iteration_seconds, 3.0 * (m + p - 1));
+        for (double busy : r.busy_seconds) EXPECT_EQ(busy, 3.0 * m);
+        EXPECT_DOUBLE_EQ(r.bubble_fraction, (p - 1.0) / (m + p - 1.0));
+      }
+    }
+  }
+}
+
+TEST(SimulatorTest, TwoSendsOnOneLink_SecondWaitsForFirst) {
+  const std::vector<v1::Program> programs = {
+      Program({Send(v1::ACTIVATION, 0, 0, 1), Send(v1::ACTIVATION, 0, 1, 1),
+               Recv(v1::ACTIVATION, 0, 2, 1)}),
+      Program({Send(v1::ACTIVATION, 0, 2, 0), Recv(v1::ACTIVATION, 0, 1, 0),
+               Recv(v1::ACTIVATION, 0, 0, 0)}),
+  };
+  SimulationCosts costs = UniformCosts(1, 0, 0, 100, 2);
+  costs.link = {100, 0.25};  // 1.25 s per transfer
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{"send ACTIVATION u0 mb0 to 1@0-1.25",
+                                                      "wait ACTIVATION u0 mb2 from 1@0-1.25",
+                                                      "send ACTIVATION u0 mb1 to 1@1.25-2.5"}));
+  // The reverse direction is a separate link: its transfer is not delayed.
+  EXPECT_EQ(Timeline(r, 1), (std::vector<std::string>{"send ACTIVATION u0 mb2 to 0@0-1.25",
+                                                      "wait ACTIVATION u0 mb1 from 0@0-2.5"}));
+  EXPECT_EQ(r.iteration_seconds, 2.5);
+}
+
+TEST(SimulatorTest, LinkOverride_AppliesToThatDirectionOnly) {
+  const std::vector<v1::Program> programs = {
+      Program({Send(v1::ACTIVATION, 0, 0, 1), Recv(v1::ACTIVATION, 0, 1, 1)}),
+      Program({Send(v1::ACTIVATION, 0, 1, 0), Recv(v1::ACTIVATION, 0, 0, 0)}),
+  };
+  SimulationCosts costs = UniformCosts(1, 0, 0, 100, 2);
+  costs.link = {100, 0};
+  costs.link_overrides[{1, 0}] = {50, 1};  // 1 + 100 / 50 = 3 s
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{"send ACTIVATION u0 mb0 to 1@0-1",
+                                                      "wait ACTIVATION u0 mb1 from 1@0-3"}));
+  EXPECT_EQ(r.iteration_seconds, 3);
+}
+
+TEST(SimulatorTest, ComputeWhileSending_WorkerDoesNotWaitForItsSend) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 1, 0), Send(v1::ACTIVATION, 0, 0, 1), Compute("F", 0, 1, 1)}),
+      Program({Recv(v1::ACTIVATION, 0, 0, 0)}),
+  };
+  SimulationCosts costs = UniformCosts(1, 1, 0, 300, 2);
+  costs.link.bandwidth_bytes_per_second = 100;  // 3 s transfer
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{"F mb0 [0,1)@0-1", "send ACTIVATION u0 mb0 to 1@1-4",
+                                      "F mb1 [0,1)@1-2"}));
+  EXPECT_EQ(r.iteration_seconds, 4);
+  EXPECT_EQ(r.busy_seconds, (std::vector<double>{2, 0}));
+  EXPECT_EQ(r.idle_seconds, (std::vector<double>{2, 4}));
+  EXPECT_DOUBLE_EQ(r.bubble_fraction, 0.75);
+}
+
+TEST(SimulatorTest, WorkerSpeeds_ScaleComputeTimes) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 2, 0), Compute("Opt", 0, 2, -1)}),
+      Program({Compute("B", 0, 1, 0), Compute("R", 1, 2, 0)}),
+  };
+  SimulationCosts costs;
+  costs.units = {{1, 3, 0, 1000}, {1, 5, 0, 3000}};
+  costs.optimizer_seconds_per_byte = 1e-3;  // 4 s for both units at speed 1
+  costs.worker_speeds = {2, 0.5};
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{"F mb0 [0,2)@0-1", "Opt [0,2)@1-3"}));
+  EXPECT_EQ(Timeline(r, 1), (std::vector<std::string>{"B mb0 [0,1)@0-6", "R mb0 [1,2)@6-8"}));
+  EXPECT_EQ(r.busy_seconds, (std::vector<double>{3, 8}));
+  EXPECT_EQ(r.iteration_seconds, 8);
+}
+
+// A Bi-Partition-style pair: worker 1 owns unit 1's backward and weights, so
+// it recomputes unit 1 from x_1 and sends the updated weights back.
+TEST(SimulatorTest, RecomputeAndUnitWeights_HandComputedTimeline) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 2, 0), Send(v1::ACTIVATION, 0, 0, 1),
+               Recv(v1::ACTIVATION_GRAD, 1, 0, 1), Compute("B", 0, 1, 0), Compute("Opt", 0, 1, -1),
+               Recv(v1::UNIT_WEIGHTS, 1, -1, 1)}),
+      Program({Recv(v1::ACTIVATION, 0, 0, 0), Compute("R", 1, 2, 0), Compute("B", 1, 2, 0),
+               Send(v1::ACTIVATION_GRAD, 1, 0, 0), Compute("Opt", 1, 2, -1),
+               Send(v1::UNIT_WEIGHTS, 1, -1, 0)}),
+  };
+  SimulationCosts costs;
+  costs.units = {{1, 3, 100, 50}, {2, 4, 10, 200}};
+  costs.optimizer_seconds_per_byte = 0.01;
+  costs.worker_speeds = {1, 1};
+  costs.link.bandwidth_bytes_per_second = 100;
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{"F mb0 [0,2)@0-3", "send ACTIVATION u0 mb0 to 1@3-4",
+                                      "wait ACTIVATION_GRAD u1 mb0 from 1@3-11",
+                                      "B mb0 [0,1)@11-14", "Opt [0,1)@14-14.5"}));
+  // ACTIVATION_GRAD of unit 1 carries activation_bytes[0]; UNIT_WEIGHTS of
+  // unit 1 weight_bytes[1], queued behind it on link 1->0.
+  EXPECT_EQ(Timeline(r, 1),
+            (std::vector<std::string>{"wait ACTIVATION u0 mb0 from 0@0-4", "R mb0 [1,2)@4-6",
+                                      "B mb0 [1,2)@6-10", "send ACTIVATION_GRAD u1 mb0 to 0@10-11",
+                                      "Opt [1,2)@10-12", "send UNIT_WEIGHTS u1 to 0@12-14"}));
+  EXPECT_EQ(r.iteration_seconds, 14.5);
+  EXPECT_EQ(r.busy_seconds, (std::vector<double>{6.5, 8}));
+  for (const TimelineEvent& e : r.events) {
+    if (e.kind == TimelineEventKind::kSendTransfer && e.tensor_kind == v1::UNIT_WEIGHTS) {
+      EXPECT_EQ(e.bytes, 200);
+      EXPECT_EQ(e.micro_batch, -1);
+      EXPECT_EQ(e.peer, 0);
+    }
+  }
+}
+
+TEST(SimulatorTest, CrossedReceives_FailedPreconditionNamesEachStuckWorker) {
+  const std::vector<v1::Program> programs = {
+      Program({Recv(v1::ACTIVATION, 0, 0, 1), Send(v1::ACTIVATION, 0, 1, 1)}),
+      Program(
+          {Compute("F", 0, 1, 0), Recv(v1::ACTIVATION, 0, 1, 0), Send(v1::ACTIVATION, 0, 0, 0)}),
+  };
+  auto r = SimulateIteration(programs, UniformCosts(1, 1, 1, 1, 2));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("worker 0 waits forever at instruction 0 (recv ACTIVATION unit 0 mb 0 "
+                        "from stage 1); worker 1 waits forever at instruction 1 (recv ACTIVATION "
+                        "unit 0 mb 1 from stage 0)"));
+}
+
+TEST(SimulatorTest, ReceiveNobodySends_FailedPrecondition) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 1, 0)}),
+      Program({Recv(v1::ACTIVATION, 0, 0, 0)}),
+  };
+  auto r = SimulateIteration(programs, UniformCosts(1, 1, 1, 1, 2));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("worker 1 waits forever at instruction 0 (recv ACTIVATION unit 0 mb 0 "
+                        "from stage 0)"));
+}
+
+TEST(SimulatorTest, SendNobodyReceives_FailedPrecondition) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 1, 0), Send(v1::ACTIVATION, 0, 0, 1)}),
+      Program({}),
+  };
+  auto r = SimulateIteration(programs, UniformCosts(1, 1, 1, 1, 2));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("worker 0 instruction 1 (send ACTIVATION unit 0 mb 0 to stage 1) is never "
+                        "received by worker 1"));
+}
+
+TEST(SimulatorTest, BadPrograms_InvalidArgumentNamesInstruction) {
+  struct Case {
+    v1::Instruction instruction;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {Compute("F", 0, 3, 0), "worker 0 instruction 0 (forward [0, 3) mb 0): unit range"},
+      {Compute("B", 2, 1, 0), "worker 0 instruction 0 (backward [2, 1) mb 0): unit range"},
+      {Send(v1::ACTIVATION, 0, 0, 2), "(send ACTIVATION unit 0 mb 0 to stage 2): unit range"},
+      {Send(v1::ACTIVATION, 0, 0, 0), "(send ACTIVATION unit 0 mb 0 to stage 0): unit range"},
+      {Recv(v1::ACTIVATION_GRAD, 0, 0, 1), "(recv ACTIVATION_GRAD unit 0 mb 0 from stage 1)"},
+      {Recv(v1::UNIT_WEIGHTS, 2, -1, 1), "(recv UNIT_WEIGHTS unit 2 mb -1 from stage 1)"},
+      {Recv(v1::TENSOR_KIND_UNSPECIFIED, 0, 0, 1), "TENSOR_KIND_UNSPECIFIED"},
+      {v1::Instruction(), "worker 0 instruction 0 (empty instruction): has no op"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    const std::vector<v1::Program> programs = {Program({c.instruction}), Program({})};
+    auto r = SimulateIteration(programs, UniformCosts(2, 1, 1, 1, 2));
+    ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message));
+  }
+}
+
+TEST(SimulatorTest, SameTensorSentTwice_InvalidArgument) {
+  const std::vector<v1::Program> programs = {
+      Program({Send(v1::ACTIVATION, 0, 0, 1), Send(v1::ACTIVATION, 0, 0, 1)}),
+      Program({Recv(v1::ACTIVATION, 0, 0, 0), Recv(v1::ACTIVATION, 0, 0, 0)}),
+  };
+  auto r = SimulateIteration(programs, UniformCosts(1, 1, 1, 1, 2));
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("worker 0 instruction 1 (send ACTIVATION unit 0 mb 0 to stage 1): the "
+                        "same tensor goes to that peer twice"));
+}
+
+TEST(SimulatorTest, BadCosts_InvalidArgument) {
+  const std::vector<v1::Program> programs = {Program({Compute("F", 0, 1, 0)})};
+  SimulationCosts costs = UniformCosts(1, 1, 1, 1, 1);
+  costs.worker_speeds = {1, 1};
+  EXPECT_THAT(std::string(SimulateIteration(programs, costs).status().message()),
+              HasSubstr("worker_speeds has 2 entries for 1 programs"));
+  costs.worker_speeds = {0};
+  EXPECT_THAT(std::string(SimulateIteration(programs, costs).status().message()),
+              HasSubstr("worker_speeds[0] = 0; must be > 0"));
+  costs.worker_speeds = {1};
+  costs.units[0].bwd_seconds = -1;
+  EXPECT_THAT(std::string(SimulateIteration(programs, costs).status().message()),
+              HasSubstr("units[0] has a negative or non-finite cost"));
+  costs.units[0].bwd_seconds = 1;
+  costs.link_overrides[{0, 0}] = {};
+  auto r = SimulateIteration(programs, costs);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("link override (0, 0)"));
+  EXPECT_EQ(SimulateIteration({}, costs).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(SimulatorTest, CostsFromProfile_CopiesUnitsWorkersAndLink) {
+  ModelProfile profile;
+  profile.units = {{"embed", 1, 2, 30, 40, 50}, {"head", 3, 4, 70, 80, 90}};
+  ClusterSpec cluster;
+  cluster.workers = {{"a", 1.5, 0}, {"b", 0.5, 0}};
+  cluster.bandwidth_bytes_per_second = 1e9;
+  cluster.latency_seconds = 1e-4;
+  const SimulationCosts costs = SimulationCostsFromProfile(profile, cluster, 12);
+  ASSERT_EQ(costs.units.size(), 2u);
+  EXPECT_EQ(costs.units[1].fwd_seconds, 3);
+  EXPECT_EQ(costs.units[1].bwd_seconds, 4);
+  EXPECT_EQ(costs.units[1].weight_bytes, 70);
+  EXPECT_EQ(costs.units[1].activation_bytes, 80);
+  EXPECT_EQ(costs.worker_speeds, (std::vector<double>{1.5, 0.5}));
+  EXPECT_EQ(costs.link.bandwidth_bytes_per_second, 1e9);
+  EXPECT_EQ(costs.link.latency_seconds, 1e-4);
+  EXPECT_EQ(costs.tied_grad_bytes, 12);
+}
+
+}  // namespace
+}  // namespace pipetrain

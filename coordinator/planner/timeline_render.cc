@@ -1,0 +1,369 @@
+#include "coordinator/planner/timeline_render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain {
+namespace {
+
+int WorkerCount(const SimulationResult& result) {
+  return static_cast<int>(result.busy_seconds.size());
+}
+
+std::string WorkerName(const std::vector<std::string>& names, int w) {
+  if (w < static_cast<int>(names.size()) && !names[w].empty()) return names[w];
+  return absl::StrCat("worker ", w);
+}
+
+bool IsCompute(TimelineEventKind kind) {
+  return kind != TimelineEventKind::kSendTransfer && kind != TimelineEventKind::kRecvWait;
+}
+
+// ---------------------------------------------------------------- Chrome trace
+
+nlohmann::json Metadata(const char* name, int pid, int tid, const nlohmann::json& args) {
+  return {{"ph", "M"}, {"name", name}, {"pid", pid}, {"tid", tid}, {"args", args}};
+}
+
+nlohmann::json TraceEvent(const TimelineEvent& e) {
+  const bool transfer = e.kind == TimelineEventKind::kSendTransfer;
+  nlohmann::json args = {
+      {"units", absl::StrCat("[", e.units.begin, ",", e.units.end, ")")},
+      {"micro_batch", e.micro_batch},
+  };
+  if (!IsCompute(e.kind)) {
+    args["tensor"] = v1::TensorKind_Name(e.tensor_kind);
+    args["peer"] = e.peer;
+  }
+  if (transfer) args["bytes"] = e.bytes;
+  return {{"ph", "X"},
+          {"name", e.label},
+          {"cat", TimelineEventKindName(e.kind)},
+          {"pid", e.worker},
+          {"tid", transfer ? 1 + e.peer : 0},
+          {"ts", e.start_seconds * 1e6},
+          {"dur", (e.end_seconds - e.start_seconds) * 1e6},
+          {"args", std::move(args)}};
+}
+
+}  // namespace
+
+std::string ChromeTraceJson(const SimulationResult& result,
+                            const std::vector<std::string>& worker_names) {
+  nlohmann::json events = nlohmann::json::array();
+  std::set<std::pair<int, int>> links;
+  for (const TimelineEvent& e : result.events) {
+    events.push_back(TraceEvent(e));
+    if (e.kind == TimelineEventKind::kSendTransfer) links.insert({e.worker, e.peer});
+  }
+  for (int w = 0; w < WorkerCount(result); ++w) {
+    events.push_back(Metadata("process_name", w, 0, {{"name", WorkerName(worker_names, w)}}));
+    events.push_back(Metadata("process_sort_index", w, 0, {{"sort_index", w}}));
+    events.push_back(Metadata("thread_name", w, 0, {{"name", "compute"}}));
+  }
+  for (const auto& [src, dst] : links) {
+    events.push_back(Metadata("thread_name", src, 1 + dst,
+                              {{"name", "send to " + WorkerName(worker_names, dst)}}));
+  }
+  nlohmann::json trace = {
+      {"traceEvents", std::move(events)},
+      {"displayTimeUnit", "ms"},
+      {"otherData",
+       {{"iteration_seconds", result.iteration_seconds},
+        {"bubble_fraction", result.bubble_fraction}}},
+  };
+  // Replace invalid UTF-8 (e.g. in a worker name) instead of throwing.
+  return trace.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+// ------------------------------------------------------------------------ SVG
+
+namespace {
+
+constexpr double kLanesTop = 78;      // below the title and legend
+constexpr double kBoxHeight = 26;     // compute boxes
+constexpr double kTransferGap = 3;    // between boxes and transfer rows
+constexpr double kTransferRow = 5;    // height of one transfer row
+constexpr double kLanePitch = 54;     // lane to lane
+constexpr double kAxisHeight = 34;    // ticks, labels and the axis caption
+constexpr double kRightMargin = 28;   // room for the last tick label
+constexpr double kCharWidth11 = 6.4;  // average glyph width of 11 px sans text
+constexpr double kCharWidth13 = 7.6;
+constexpr size_t kMaxNameChars = 24;  // longer worker names are cut with "…"
+
+const char* FillOf(const TimelineEvent& e) {
+  switch (e.kind) {
+    case TimelineEventKind::kForward:
+      return "#4e79a7";
+    case TimelineEventKind::kBackward:
+      return "#f28e2b";
+    case TimelineEventKind::kRecompute:
+      return "#b07aa1";
+    case TimelineEventKind::kOptimizer:
+      return "#59a14f";
+    case TimelineEventKind::kRecvWait:
+      return "url(#wait-hatch)";
+    case TimelineEventKind::kSendTransfer:
+      break;
+  }
+  switch (e.tensor_kind) {
+    case v1::ACTIVATION:
+      return "#2f5d8a";
+    case v1::ACTIVATION_GRAD:
+      return "#c4661a";
+    case v1::UNIT_WEIGHTS:
+      return "#3d7a36";
+    default:
+      return "#6b6b6b";
+  }
+}
+
+std::string Escape(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    switch (c) {
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&quot;";
+        break;
+      case '\'':
+        out += "&apos;";
+        break;
+      default:
+        out += c;
+    }
+  }
+  return out;
+}
+
+// A duration in the most readable unit, e.g. "12.5 ms".
+std::string FormatDuration(double seconds) {
+  if (seconds < 1e-3) return absl::StrFormat("%.3g µs", seconds * 1e6);
+  if (seconds < 1) return absl::StrFormat("%.4g ms", seconds * 1e3);
+  return absl::StrFormat("%.4g s", seconds);
+}
+
+struct TimeAxis {
+  double step = 1;   // seconds between ticks (1, 2 or 5 times a power of 10)
+  double scale = 1;  // tick labels show seconds * scale
+  const char* unit = "s";
+};
+
+// About eight ticks across [0, span].
+TimeAxis ChooseAxis(double span) {
+  TimeAxis axis;
+  const double raw = span / 8;
+  const double magnitude = std::pow(10.0, std::floor(std::log10(raw)));
+  const double n = raw / magnitude;
+  axis.step = (n < 1.5 ? 1 : n < 3.5 ? 2 : n < 7.5 ? 5 : 10) * magnitude;
+  if (span < 10e-3) {
+    axis.scale = 1e6, axis.unit = "µs";
+  } else if (span < 10) {
+    axis.scale = 1e3, axis.unit = "ms";
+  }
+  return axis;
+}
+
+std::string Fixed(double x) { return absl::StrFormat("%.2f", x); }
+
+// Builds the document; see TimelineSvg in the header for what it draws.
+class SvgTimeline {
+ public:
+  SvgTimeline(const SimulationResult& result, const std::vector<std::string>& names,
+              const TimelineSvgOptions& options)
+      : result_(result), options_(options), workers_(WorkerCount(result)) {
+    size_t longest = 9;  // "busy 100%"
+    for (int w = 0; w < workers_; ++w) {
+      names_.push_back(WorkerName(names, w));
+      longest = std::max(longest, names_.back().size());
+    }
+    left_ = std::max(24 + std::min(longest, kMaxNameChars) * kCharWidth13, 90.0);
+    width_ = std::max(options.width_px, 400);
+    height_ = kLanesTop + workers_ * kLanePitch + kAxisHeight;
+    span_ = result.iteration_seconds > 0 ? result.iteration_seconds : 1;
+    axis_ = ChooseAxis(span_);
+  }
+
+  std::string Render() {
+    absl::StrAppend(&out_, "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"", width_,
+                    "\" height=\"", Fixed(height_), "\" viewBox=\"0 0 ", width_, " ",
+                    Fixed(height_), "\" font-family=\"DejaVu Sans, Arial, sans-serif\">\n");
+    out_ +=
+        "<defs><pattern id=\"wait-hatch\" width=\"6\" height=\"6\" patternUnits=\"userSpaceOnUse\" "
+        "patternTransform=\"rotate(45)\"><rect width=\"6\" height=\"6\" fill=\"#f3f3f3\"/>"
+        "<line x1=\"0\" y1=\"0\" x2=\"0\" y2=\"6\" stroke=\"#c8c8c8\" stroke-width=\"2\"/>"
+        "</pattern></defs>\n";
+    absl::StrAppend(&out_, "<rect width=\"100%\" height=\"100%\" fill=\"#ffffff\"/>\n");
+    Title();
+    Legend();
+    Lanes();
+    Axis();
+    for (const TimelineEvent& e : result_.events) Event(e);
+    out_ += "</svg>\n";
+    return out_;
+  }
+
+ private:
+  double X(double seconds) const {
+    return left_ + seconds / span_ * (width_ - left_ - kRightMargin);
+  }
+  double LaneTop(int w) const { return kLanesTop + w * kLanePitch; }
+  double LanesBottom() const { return LaneTop(workers_) - 6; }
+
+  void Text(double x, double y, const std::string& text, const std::string& attributes) {
+    absl::StrAppend(&out_, "<text x=\"", Fixed(x), "\" y=\"", Fixed(y), "\" ", attributes, ">",
+                    Escape(text), "</text>\n");
+  }
+
+  void Title() {
+    Text(12, 26,
+         absl::StrFormat("%s — iteration %s, bubble %.1f%%", options_.title,
+                         FormatDuration(result_.iteration_seconds), 100 * result_.bubble_fraction),
+         "font-size=\"17\" font-weight=\"bold\" fill=\"#222222\"");
+  }
+
+  void LegendItem(double* x, const std::string& fill, double height, const std::string& name) {
+    absl::StrAppend(&out_, "<rect x=\"", Fixed(*x), "\" y=\"", Fixed(55 - height / 2),
+                    "\" width=\"14\" height=\"", Fixed(height), "\" fill=\"", fill,
+                    "\" stroke=\"#999999\" stroke-width=\"0.5\"/>\n");
+    Text(*x + 19, 59, name, "font-size=\"12\" fill=\"#333333\"");
+    *x += 19 + name.size() * 6.8 + 18;
+  }
+
+  void Legend() {
+    std::set<TimelineEventKind> kinds;
+    std::set<v1::TensorKind> tensors;
+    for (const TimelineEvent& e : result_.events) {
+      kinds.insert(e.kind);
+      if (e.kind == TimelineEventKind::kSendTransfer) tensors.insert(e.tensor_kind);
+    }
+    double x = 12;
+    TimelineEvent probe;
+    for (TimelineEventKind k : {TimelineEventKind::kForward, TimelineEventKind::kBackward,
+                                TimelineEventKind::kRecompute, TimelineEventKind::kOptimizer}) {
+      probe.kind = k;
+      if (k == TimelineEventKind::kForward || k == TimelineEventKind::kBackward || kinds.count(k)) {
+        LegendItem(&x, FillOf(probe), 14, TimelineEventKindName(k));
+      }
+    }
+    if (options_.show_waits) {
+      probe.kind = TimelineEventKind::kRecvWait;
+      LegendItem(&x, FillOf(probe), 14, "waiting in recv");
+    }
+    if (!options_.show_transfers) return;
+    probe.kind = TimelineEventKind::kSendTransfer;
+    for (v1::TensorKind t : tensors) {
+      probe.tensor_kind = t;
+      const std::string name = t == v1::ACTIVATION        ? "send activation"
+                               : t == v1::ACTIVATION_GRAD ? "send gradient"
+                               : t == v1::UNIT_WEIGHTS    ? "send weights"
+                                                          : "send tied grad";
+      LegendItem(&x, FillOf(probe), kTransferRow, name);
+    }
+  }
+
+  void Lanes() {
+    for (int w = 0; w < workers_; ++w) {
+      const double top = LaneTop(w);
+      if (w % 2 == 1) {
+        absl::StrAppend(&out_, "<rect x=\"0\" y=\"", Fixed(top - 6), "\" width=\"", width_,
+                        "\" height=\"", Fixed(kLanePitch), "\" fill=\"#f7f7f7\"/>\n");
+      }
+      std::string name = names_[w];
+      if (name.size() > kMaxNameChars) {
+        size_t cut = kMaxNameChars - 1;  // not inside a UTF-8 sequence
+        while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
+        name = name.substr(0, cut) + "…";
+      }
+      Text(12, top + 13, name, "font-size=\"13\" fill=\"#222222\"");
+      const double busy =
+          result_.iteration_seconds > 0 ? result_.busy_seconds[w] / result_.iteration_seconds : 0;
+      Text(12, top + 29, absl::StrFormat("busy %.0f%%", 100 * busy),
+           "font-size=\"11\" fill=\"#666666\"");
+    }
+  }
+
+  void Axis() {
+    const double bottom = LanesBottom();
+    for (int k = 0; k * axis_.step <= span_ * (1 + 1e-9); ++k) {
+      const double x = X(k * axis_.step);
+      absl::StrAppend(&out_, "<line x1=\"", Fixed(x), "\" y1=\"", Fixed(kLanesTop - 6), "\" x2=\"",
+                      Fixed(x), "\" y2=\"", Fixed(bottom + 5),
+                      "\" stroke=\"#dddddd\" stroke-width=\"1\"/>\n");
+      Text(x, bottom + 18, absl::StrFormat("%.6g", k * axis_.step * axis_.scale),
+           "font-size=\"11\" fill=\"#444444\" text-anchor=\"middle\"");
+    }
+    absl::StrAppend(&out_, "<line x1=\"", Fixed(X(0)), "\" y1=\"", Fixed(bottom), "\" x2=\"",
+                    Fixed(X(span_)), "\" y2=\"", Fixed(bottom),
+                    "\" stroke=\"#444444\" stroke-width=\"1\"/>\n");
+    Text(12, bottom + 18, absl::StrCat("time (", axis_.unit, ")"),
+         "font-size=\"11\" fill=\"#444444\"");
+  }
+
+  void Event(const TimelineEvent& e) {
+    if (e.end_seconds <= e.start_seconds || e.worker < 0 || e.worker >= workers_) return;
+    if (e.kind == TimelineEventKind::kRecvWait && !options_.show_waits) return;
+    if (e.kind == TimelineEventKind::kSendTransfer && !options_.show_transfers) return;
+    const double x = X(e.start_seconds);
+    const double w = std::max(X(e.end_seconds) - x, 0.5);
+    double y = LaneTop(e.worker), h = kBoxHeight;
+    if (e.kind == TimelineEventKind::kSendTransfer) {
+      y += kBoxHeight + kTransferGap + (e.peer < e.worker ? kTransferRow + 1 : 0);
+      h = kTransferRow;
+    }
+    const char* stroke = e.kind == TimelineEventKind::kSendTransfer ? "none" : "#ffffff";
+    absl::StrAppend(
+        &out_, "<rect x=\"", Fixed(x), "\" y=\"", Fixed(y), "\" width=\"", Fixed(w), "\" height=\"",
+        Fixed(h), "\" fill=\"", FillOf(e), "\" stroke=\"", stroke,
+        "\" stroke-width=\"0.6\"><title>",
+        Escape(absl::StrCat(names_[e.worker], ": ", e.label, ", ", FormatDuration(e.start_seconds),
+                            " to ", FormatDuration(e.end_seconds))),
+        "</title></rect>\n");
+    if (IsCompute(e.kind)) BoxLabel(e, x, w);
+  }
+
+  // "F3" inside the box, or "3" when only that fits, or nothing.
+  void BoxLabel(const TimelineEvent& e, double x, double w) {
+    static const char* const kLetters[] = {"F", "B", "R", "opt"};
+    const std::string letter = kLetters[static_cast<int>(e.kind)];
+    std::string text = e.micro_batch >= 0 ? absl::StrCat(letter, e.micro_batch) : letter;
+    if (text.size() * kCharWidth11 + 4 > w && e.micro_batch >= 0)
+      text = absl::StrCat(e.micro_batch);
+    if (text.size() * kCharWidth11 + 4 > w) return;
+    const char* color = e.kind == TimelineEventKind::kBackward ? "#222222" : "#ffffff";
+    Text(x + w / 2, LaneTop(e.worker) + kBoxHeight / 2 + 4, text,
+         absl::StrCat("font-size=\"11\" fill=\"", color, "\" text-anchor=\"middle\""));
+  }
+
+  const SimulationResult& result_;
+  const TimelineSvgOptions& options_;
+  const int workers_;
+  std::vector<std::string> names_;
+  double left_ = 0, height_ = 0, span_ = 1;
+  int width_ = 0;
+  TimeAxis axis_;
+  std::string out_;
+};
+
+}  // namespace
+
+std::string TimelineSvg(const SimulationResult& result,
+                        const std::vector<std::string>& worker_names,
+                        const TimelineSvgOptions& options) {
+  return SvgTimeline(result, worker_names, options).Render();
+}
+
+}  // namespace pipetrain

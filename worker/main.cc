@@ -23,6 +23,7 @@
 #include "common/ports_file.h"
 #include "kernels/cpu/blas.h"
 #include "worker/agent/worker_agent.h"
+#include "worker/agent/worker_control_service.h"
 #include "worker/agent/worker_metrics.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/grpc_transport.h"
@@ -94,7 +95,8 @@ int Run(const std::vector<std::string>& args) {
   std::signal(SIGTERM, OnSignal);
 
   Mailbox mailbox;
-  auto server = DataPlaneServer::Start(f.listen, &mailbox);
+  WorkerControlService control;
+  auto server = DataPlaneServer::Start(f.listen, &mailbox, &control);
   if (!server.ok()) {
     PT_LOG(ERROR) << "data plane: " << server.status();
     return 1;

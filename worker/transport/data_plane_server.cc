@@ -177,7 +177,7 @@ class DataPlaneServer::Service final : public v1::DataPlane::CallbackService {
 };
 
 absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
-    const std::string& listen_address, Mailbox* mailbox) {
+    const std::string& listen_address, Mailbox* mailbox, grpc::Service* control) {
   PT_CHECK(mailbox != nullptr);
   const size_t colon = listen_address.rfind(':');
   if (colon == std::string::npos || colon + 1 == listen_address.size()) {
@@ -195,6 +195,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   // share of the connections meant for this one.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.RegisterService(service.get());
+  if (control != nullptr) builder.RegisterService(control);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(

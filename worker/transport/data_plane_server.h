@@ -31,6 +31,7 @@
 
 namespace grpc {
 class Server;
+class Service;
 }  // namespace grpc
 
 namespace pipetrain {
@@ -43,9 +44,12 @@ class DataPlaneServer {
   // serving into `mailbox`, which must outlive the server. The port is
   // bound exclusively (no SO_REUSEPORT), so a second server cannot share it.
   // Errors: INVALID_ARGUMENT if the address has no ":port"; UNAVAILABLE if
-  // gRPC cannot bind it (in use, or not a local address).
+  // gRPC cannot bind it (in use, or not a local address). `control`, when
+  // given, is served on the same port (the worker's WorkerControl service)
+  // and must outlive the server.
   static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(const std::string& listen_address,
-                                                                Mailbox* mailbox);
+                                                                Mailbox* mailbox,
+                                                                grpc::Service* control = nullptr);
 
   ~DataPlaneServer();  // Shutdown().
   DataPlaneServer(const DataPlaneServer&) = delete;

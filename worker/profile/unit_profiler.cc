@@ -1,0 +1,249 @@
+#include "worker/profile/unit_profiler.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/philox.h"
+#include "common/status_macros.h"
+#include "common/tensor.h"
+#include "nlohmann/json.hpp"
+#include "worker/agent/device_info.h"
+#include "worker/data/dataset.h"
+#include "worker/model/gpt_config.h"
+#include "worker/model/unit.h"
+
+namespace pipetrain {
+namespace {
+
+// Mixed into UniformIndex's `b` so the profiler's synthetic tokens never
+// coincide with the training sampler's draws from the same seed.
+constexpr uint32_t kProfileTokenPurpose = 0x50524631;  // "PRF1"
+constexpr int64_t kBytesPerElement = 4;                // fp32 values, int32 token ids
+constexpr double kMaxTensorElements = std::numeric_limits<int32_t>::max();
+// Far beyond any real model; keeps NumUnits() = 2 * n_layer + 2 inside int.
+constexpr int kMaxProfileLayers = 1 << 20;
+constexpr int kDefaultVocabSize = 256;  // byte-level, as for a JobSpec
+
+// A ProfileRequest with defaults applied, validated.
+struct ResolvedRequest {
+  GptConfig model;
+  int seq_len = 0;
+  int micro_batch_size = 0;
+  int warmup = 0;
+  int repetitions = 0;
+  uint64_t seed = 0;
+};
+
+absl::Status Invalid(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("request.", field, ": ", why));
+}
+
+// The kernels index tensors with int, so no tensor a pass allocates may
+// reach 2^31 elements: parameters (a property of the model) and activations
+// (which grow with the micro-batch) are checked apart to name the right field.
+// Products are formed in double: with int32 factors they can overflow int64,
+// and a double is exact enough to compare against 2^31.
+absl::Status CheckTensorSizes(const ResolvedRequest& r) {
+  const double d = r.model.d_model, vocab = r.model.vocab_size;
+  const double largest_param = std::max({vocab * d, r.model.max_seq_len * d, 4 * d * d});
+  if (largest_param > kMaxTensorElements) {
+    return Invalid("model", absl::StrCat("a parameter tensor would hold ", largest_param,
+                                         " elements, above 2^31 - 1; shrink d_model, "
+                                         "vocab_size or max_seq_len"));
+  }
+  const double n = static_cast<double>(r.micro_batch_size) * r.seq_len;
+  const double largest_activation =
+      std::max({n * vocab, n * 4 * d, n * r.model.n_head * r.seq_len});
+  if (largest_activation > kMaxTensorElements) {
+    return Invalid("micro_batch_size",
+                   absl::StrCat(r.micro_batch_size, " sequences of ", r.seq_len,
+                                " tokens need a tensor of ", largest_activation,
+                                " elements, above 2^31 - 1; lower micro_batch_size or seq_len"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ResolvedRequest> Resolve(const v1::ProfileRequest& request) {
+  ResolvedRequest r;
+  const v1::ModelSpec& m = request.model();
+  r.model.vocab_size = m.has_vocab_size() ? m.vocab_size() : kDefaultVocabSize;
+  r.model.max_seq_len = m.has_max_seq_len() ? m.max_seq_len() : request.seq_len();
+  r.model.n_layer = m.n_layer();
+  r.model.n_head = m.n_head();
+  r.model.d_model = m.d_model();
+  r.seq_len = request.seq_len();
+  r.micro_batch_size = request.micro_batch_size();
+  r.warmup = request.warmup() == 0 ? kDefaultProfileWarmup : request.warmup();
+  r.repetitions = request.repetitions() == 0 ? kDefaultProfileRepetitions : request.repetitions();
+  r.seed = request.seed();
+  if (r.seq_len < 1) return Invalid("seq_len", absl::StrCat("must be >= 1, got ", r.seq_len));
+  if (absl::Status s = ValidateGptConfig(r.model); !s.ok()) return Invalid("model", s.message());
+  if (r.model.n_layer > kMaxProfileLayers) {
+    return Invalid("model", absl::StrCat("n_layer ", r.model.n_layer, " exceeds ",
+                                         kMaxProfileLayers, " (the unit count must fit an int)"));
+  }
+  if (r.seq_len > r.model.max_seq_len) {
+    return Invalid("seq_len", absl::StrCat(r.seq_len, " must be <= request.model.max_seq_len ",
+                                           r.model.max_seq_len));
+  }
+  if (r.micro_batch_size < 1) {
+    return Invalid("micro_batch_size", absl::StrCat("must be >= 1, got ", r.micro_batch_size));
+  }
+  if (r.warmup < 0) return Invalid("warmup", absl::StrCat("must be >= 0, got ", r.warmup));
+  if (r.repetitions < 1) {
+    return Invalid("repetitions", absl::StrCat("must be >= 1, got ", r.repetitions));
+  }
+  RETURN_IF_ERROR(CheckTensorSizes(r));
+  return r;
+}
+
+// Row b is a stream of seq_len + 1 uniform tokens; inputs are its first
+// seq_len, targets the last seq_len, as in a real training window.
+TokenBatch SyntheticBatch(const ResolvedRequest& r) {
+  TokenBatch batch;
+  batch.batch = r.micro_batch_size;
+  batch.seq_len = r.seq_len;
+  for (int b = 0; b < r.micro_batch_size; ++b) {
+    for (int t = 0; t <= r.seq_len; ++t) {
+      const auto token = static_cast<int32_t>(
+          UniformIndex(r.seed, static_cast<uint32_t>(b), kProfileTokenPurpose,
+                       static_cast<uint32_t>(t), static_cast<uint64_t>(r.model.vocab_size)));
+      if (t < r.seq_len) batch.inputs.push_back(token);
+      if (t > 0) batch.targets.push_back(token);
+    }
+  }
+  return batch;
+}
+
+// dL/dy for a unit's output: 1 for the head's loss, N(0, 1) elsewhere.
+Tensor OutputGradient(const Unit& unit, const Tensor& output, uint64_t seed) {
+  if (unit.kind() == UnitKind::kHead) return Tensor::FromVector({1}, {1.0f});
+  Tensor dy = Tensor::Zeros(output.shape());
+  FillNormal(seed, HashName("profile.dy." + unit.name()), 0.0f, 1.0f, dy.data(), dy.numel());
+  return dy;
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t mid = values.size() / 2;
+  if (values.size() % 2 == 1) return values[mid];
+  return 0.5 * (values[mid - 1] + values[mid]);
+}
+
+int64_t WeightBytes(Unit& unit) {
+  int64_t bytes = 0;
+  for (const Parameter* p : unit.parameters()) bytes += p->value.size_bytes();
+  return bytes;
+}
+
+// See peak_memory_bytes in the header for what this counts and what it does not.
+double PeakMemoryEstimate(const Unit& unit, int64_t weight_bytes, const Tensor& input,
+                          const TokenBatch& batch, const Tensor& output, const UnitContext& ctx) {
+  const int64_t token_bytes = int64_t{batch.batch} * batch.seq_len * kBytesPerElement;
+  int64_t stash = 0;
+  for (const Tensor& t : ctx.saved) {
+    if (!t.SharesStorageWith(input) && !t.SharesStorageWith(output)) stash += t.size_bytes();
+  }
+  int64_t total = 4 * weight_bytes + output.size_bytes() + stash;
+  if (unit.kind() != UnitKind::kEmbed) total += 2 * input.size_bytes();  // x and dx
+  if (unit.kind() == UnitKind::kEmbed || unit.kind() == UnitKind::kHead) {
+    total += token_bytes;  // embed reads the inputs, head the targets
+  }
+  return static_cast<double>(total);
+}
+
+// One forward + backward pass; returns {forward seconds, backward seconds}.
+std::pair<double, double> TimedPass(Unit& unit, const Tensor& input, const TokenBatch& batch,
+                                    const Tensor& dy, UnitContext* ctx) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  unit.Forward(input, batch, ctx);
+  const Clock::time_point t1 = Clock::now();
+  unit.Backward(dy, batch, *ctx);
+  const Clock::time_point t2 = Clock::now();
+  return {std::chrono::duration<double>(t1 - t0).count(),
+          std::chrono::duration<double>(t2 - t1).count()};
+}
+
+// Profiles unit `index` on `input` (null for embed) and returns its output,
+// the next unit's input. The unit is freed before returning.
+Tensor ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
+                   const Tensor& input, v1::UnitProfile* out) {
+  std::unique_ptr<Unit> unit = MakeUnit(r.model, index);
+  InitializeParameters(unit.get(), r.seed);
+  UnitContext ctx;
+  const Tensor output = unit->Forward(input, batch, &ctx);
+  const int64_t weight_bytes = WeightBytes(*unit);
+  out->set_name(unit->name());
+  out->set_weight_bytes(static_cast<double>(weight_bytes));
+  out->set_activation_bytes(static_cast<double>(output.size_bytes()));
+  out->set_stash_bytes(static_cast<double>(ctx.bytes()));
+  out->set_peak_memory_bytes(PeakMemoryEstimate(*unit, weight_bytes, input, batch, output, ctx));
+
+  const Tensor dy = OutputGradient(*unit, output, r.seed);
+  for (int i = 0; i < r.warmup; ++i) TimedPass(*unit, input, batch, dy, &ctx);
+  std::vector<double> forward, backward;
+  for (int i = 0; i < r.repetitions; ++i) {
+    const auto [fwd, bwd] = TimedPass(*unit, input, batch, dy, &ctx);
+    forward.push_back(fwd);
+    backward.push_back(bwd);
+  }
+  out->set_fwd_seconds(Median(forward));
+  out->set_bwd_seconds(Median(backward));
+  return output;
+}
+
+// Byte counts are whole numbers; writing them as JSON integers (3145728, not
+// 3145728.0) matches docs/formats.md. Anything else is written as it is.
+nlohmann::ordered_json ByteCount(double bytes) {
+  constexpr double kExactIntegers = 9007199254740992.0;  // 2^53
+  if (bytes == std::floor(bytes) && std::fabs(bytes) <= kExactIntegers) {
+    return static_cast<int64_t>(bytes);
+  }
+  return bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
+                                              const ProfileProgressFn& progress) {
+  ASSIGN_OR_RETURN(const ResolvedRequest r, Resolve(request));
+  v1::ModelProfile profile;
+  profile.set_micro_batch_size(r.micro_batch_size);
+  profile.set_repetitions(r.repetitions);
+  profile.set_device_kind("cpu:" + CollectDeviceInfo().cpu_model());
+  const TokenBatch batch = SyntheticBatch(r);
+  Tensor activation;  // embed ignores its x
+  for (int i = 0; i < NumUnits(r.model); ++i) {
+    if (progress) progress(i, UnitName(r.model, i));
+    activation = ProfileUnit(r, i, batch, activation, profile.add_units());
+  }
+  return profile;
+}
+
+std::string ProfileToFileJson(const v1::ModelProfile& profile) {
+  // ordered_json keeps the documented key order (name first) in the file.
+  using nlohmann::ordered_json;
+  ordered_json units = ordered_json::array();
+  for (const v1::UnitProfile& u : profile.units()) {
+    units.push_back({{"name", u.name()},
+                     {"fwd_seconds", u.fwd_seconds()},
+                     {"bwd_seconds", u.bwd_seconds()},
+                     {"weight_bytes", ByteCount(u.weight_bytes())},
+                     {"activation_bytes", ByteCount(u.activation_bytes())},
+                     {"stash_bytes", ByteCount(u.stash_bytes())}});
+  }
+  const ordered_json file = {{"micro_batch_size", profile.micro_batch_size()},
+                             {"units", std::move(units)}};
+  return file.dump(2, ' ', /*ensure_ascii=*/false, ordered_json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace pipetrain

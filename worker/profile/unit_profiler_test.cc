@@ -1,0 +1,285 @@
+#include "worker/profile/unit_profiler.h"
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "coordinator/planner/profile.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain {
+namespace {
+
+constexpr int kLayers = 2, kHeads = 2, kD = 16, kVocab = 32, kMaxSeq = 12;
+constexpr int kSeq = 8, kBatch = 3;
+
+v1::ProfileRequest SmallRequest() {
+  v1::ProfileRequest request;
+  v1::ModelSpec* model = request.mutable_model();
+  model->set_n_layer(kLayers);
+  model->set_n_head(kHeads);
+  model->set_d_model(kD);
+  model->set_vocab_size(kVocab);
+  model->set_max_seq_len(kMaxSeq);
+  request.set_seq_len(kSeq);
+  request.set_micro_batch_size(kBatch);
+  request.set_warmup(1);
+  request.set_repetitions(3);
+  request.set_seed(7);
+  return request;
+}
+
+// The sizes every byte field must report, written out from the GPT-2 shapes
+// (independent of the model code): {weight, activation, stash, peak}.
+struct ExpectedBytes {
+  double weight, activation, stash, peak;
+};
+
+std::vector<std::pair<std::string, ExpectedBytes>> Expected(int vocab, int max_seq) {
+  const double d = kD, n = kBatch * kSeq, f = 4;                  // bytes per fp32 / int32
+  const double x = n * d * f, tokens = n * f, stats = 2 * n * f;  // mean + rstd
+  const double embed_w = (vocab + max_seq) * d * f;
+  const double attn_w = (2 * d + d * 3 * d + 3 * d + d * d + d) * f;
+  const double mlp_w = (2 * d + d * 4 * d + 4 * d + 4 * d * d + d) * f;
+  const double head_w = (2 * d + vocab * d) * f;
+  // Stash: x, ln_out, mean, rstd, then per kind qkv + probs + att | fc + gelu | probs.
+  const double attn_stash = 2 * x + stats + 3 * x + kBatch * kHeads * kSeq * kSeq * f + x;
+  const double mlp_stash = 2 * x + stats + 8 * x;
+  const double head_stash = 2 * x + stats + n * vocab * f;
+  // Peak: 4 weight copies + input + output + stash without x + dx.
+  std::vector<std::pair<std::string, ExpectedBytes>> out;
+  out.push_back({"embed", {embed_w, x, 0, 4 * embed_w + tokens + x}});
+  for (int i = 0; i < kLayers; ++i) {
+    const std::string layer = std::to_string(i);
+    out.push_back({"attn_" + layer, {attn_w, x, attn_stash, 4 * attn_w + x + x + attn_stash}});
+    out.push_back({"mlp_" + layer, {mlp_w, x, mlp_stash, 4 * mlp_w + x + x + mlp_stash}});
+  }
+  out.push_back({"head", {head_w, f, head_stash, 4 * head_w + x + tokens + f + head_stash}});
+  return out;
+}
+
+void ExpectBytes(const v1::ModelProfile& profile,
+                 const std::vector<std::pair<std::string, ExpectedBytes>>& expected) {
+  ASSERT_EQ(profile.units_size(), static_cast<int>(expected.size()));
+  for (int i = 0; i < profile.units_size(); ++i) {
+    const v1::UnitProfile& u = profile.units(i);
+    const ExpectedBytes& e = expected[i].second;
+    SCOPED_TRACE(u.name());
+    EXPECT_EQ(u.name(), expected[i].first);
+    EXPECT_EQ(u.weight_bytes(), e.weight);
+    EXPECT_EQ(u.activation_bytes(), e.activation);
+    EXPECT_EQ(u.stash_bytes(), e.stash);
+    EXPECT_EQ(u.peak_memory_bytes(), e.peak);
+  }
+}
+
+TEST(ProfileUnitsTest, SmallModel_ReportsEveryUnitInPipelineOrder) {
+  auto profile = ProfileUnits(SmallRequest());
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  std::vector<std::string> names;
+  for (const v1::UnitProfile& u : profile->units()) names.push_back(u.name());
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"embed", "attn_0", "mlp_0", "attn_1", "mlp_1", "head"}));
+  EXPECT_EQ(profile->micro_batch_size(), kBatch);
+  EXPECT_EQ(profile->repetitions(), 3);
+  EXPECT_EQ(profile->device_kind().rfind("cpu:", 0), 0u) << profile->device_kind();
+  EXPECT_GT(profile->device_kind().size(), 4u);
+}
+
+TEST(ProfileUnitsTest, SmallModel_TimesArePositive) {
+  auto profile = ProfileUnits(SmallRequest());
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  for (const v1::UnitProfile& u : profile->units()) {
+    EXPECT_GT(u.fwd_seconds(), 0) << u.name();
+    EXPECT_GT(u.bwd_seconds(), 0) << u.name();
+  }
+}
+
+TEST(ProfileUnitsTest, SmallModel_BytesMatchAnalyticSizes) {
+  auto profile = ProfileUnits(SmallRequest());
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ExpectBytes(*profile, Expected(kVocab, kMaxSeq));
+}
+
+TEST(ProfileUnitsTest, UnsetVocabAndMaxSeqLen_UseDefaults) {
+  v1::ProfileRequest request = SmallRequest();
+  request.mutable_model()->clear_vocab_size();
+  request.mutable_model()->clear_max_seq_len();
+  auto profile = ProfileUnits(request);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ExpectBytes(*profile, Expected(256, kSeq));
+}
+
+TEST(ProfileUnitsTest, ZeroCounts_UseDocumentedDefaults) {
+  v1::ProfileRequest request = SmallRequest();
+  request.set_warmup(0);
+  request.set_repetitions(0);
+  auto profile = ProfileUnits(request);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_EQ(profile->repetitions(), kDefaultProfileRepetitions);
+  EXPECT_EQ(kDefaultProfileRepetitions, 5);
+  EXPECT_EQ(kDefaultProfileWarmup, 2);
+}
+
+TEST(ProfileUnitsTest, RepeatedAndReseeded_ByteFieldsIdentical) {
+  auto first = ProfileUnits(SmallRequest());
+  auto second = ProfileUnits(SmallRequest());
+  v1::ProfileRequest reseeded = SmallRequest();
+  reseeded.set_seed(12345);
+  auto third = ProfileUnits(reseeded);
+  ASSERT_TRUE(first.ok() && second.ok() && third.ok());
+  for (const v1::ModelProfile* other : {&*second, &*third}) {
+    ASSERT_EQ(other->units_size(), first->units_size());
+    for (int i = 0; i < first->units_size(); ++i) {
+      const v1::UnitProfile &a = first->units(i), &b = other->units(i);
+      SCOPED_TRACE(a.name());
+      EXPECT_EQ(a.name(), b.name());
+      EXPECT_EQ(a.weight_bytes(), b.weight_bytes());
+      EXPECT_EQ(a.activation_bytes(), b.activation_bytes());
+      EXPECT_EQ(a.stash_bytes(), b.stash_bytes());
+      EXPECT_EQ(a.peak_memory_bytes(), b.peak_memory_bytes());
+    }
+  }
+}
+
+TEST(ProfileUnitsTest, Progress_CalledOncePerUnitInOrder) {
+  std::vector<std::pair<int, std::string>> calls;
+  auto profile = ProfileUnits(SmallRequest(), [&calls](int index, const std::string& name) {
+    calls.emplace_back(index, name);
+  });
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  ASSERT_EQ(calls.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(calls[i].first, i);
+    EXPECT_EQ(calls[i].second, profile->units(i).name());
+  }
+}
+
+struct InvalidCase {
+  const char* label;
+  void (*mutate)(v1::ProfileRequest*);
+  const char* message_start;  // the field the error must name
+};
+
+TEST(ProfileUnitsTest, InvalidRequest_InvalidArgumentNamingField) {
+  const InvalidCase cases[] = {
+      {"seq_len 0", [](v1::ProfileRequest* r) { r->set_seq_len(0); }, "request.seq_len: "},
+      {"seq_len > max", [](v1::ProfileRequest* r) { r->set_seq_len(kMaxSeq + 1); },
+       "request.seq_len: 13 must be <= request.model.max_seq_len 12"},
+      {"micro_batch 0", [](v1::ProfileRequest* r) { r->set_micro_batch_size(0); },
+       "request.micro_batch_size: must be >= 1, got 0"},
+      {"warmup -1", [](v1::ProfileRequest* r) { r->set_warmup(-1); },
+       "request.warmup: must be >= 0, got -1"},
+      {"repetitions -2", [](v1::ProfileRequest* r) { r->set_repetitions(-2); },
+       "request.repetitions: must be >= 1, got -2"},
+      {"n_layer 0", [](v1::ProfileRequest* r) { r->mutable_model()->set_n_layer(0); },
+       "request.model: n_layer must be >= 1"},
+      {"n_head 3", [](v1::ProfileRequest* r) { r->mutable_model()->set_n_head(3); },
+       "request.model: n_head (3) must divide d_model (16)"},
+      {"vocab 0", [](v1::ProfileRequest* r) { r->mutable_model()->set_vocab_size(0); },
+       "request.model: vocab_size must be >= 1"},
+      {"huge micro-batch", [](v1::ProfileRequest* r) { r->set_micro_batch_size(1 << 28); },
+       "request.micro_batch_size: 268435456 sequences of 8 tokens"},
+      {"overflowing products",
+       [](v1::ProfileRequest* r) {
+         *r->mutable_model() = v1::ModelSpec();
+         r->mutable_model()->set_n_layer(1);
+         r->mutable_model()->set_n_head(1);
+         r->mutable_model()->set_d_model(1);
+         r->mutable_model()->set_vocab_size(2);
+         r->set_seq_len(1 << 30);
+         r->set_micro_batch_size(1 << 30);
+       },
+       "request.micro_batch_size: 1073741824 sequences of 1073741824 tokens"},
+      {"too many layers",
+       [](v1::ProfileRequest* r) {
+         r->mutable_model()->set_n_layer(std::numeric_limits<int32_t>::max());
+       },
+       "request.model: n_layer 2147483647 exceeds 1048576"},
+      {"huge model",
+       [](v1::ProfileRequest* r) {
+         r->mutable_model()->set_d_model(1 << 16);
+         r->mutable_model()->set_vocab_size(1 << 16);
+       },
+       "request.model: a parameter tensor"},
+  };
+  for (const InvalidCase& c : cases) {
+    SCOPED_TRACE(c.label);
+    v1::ProfileRequest request = SmallRequest();
+    c.mutate(&request);
+    int progress_calls = 0;
+    auto profile = ProfileUnits(request, [&](int, const std::string&) { ++progress_calls; });
+    ASSERT_FALSE(profile.ok());
+    EXPECT_EQ(profile.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(std::string(profile.status().message()).rfind(c.message_start, 0), 0u)
+        << profile.status();
+    EXPECT_EQ(progress_calls, 0);
+  }
+}
+
+TEST(ProfileToFileJsonTest, Profile_WritesTheFileFormatKeysInDocumentedOrder) {
+  auto profile = ProfileUnits(SmallRequest());
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const auto file = nlohmann::ordered_json::parse(ProfileToFileJson(*profile));
+  std::vector<std::string> top, unit_keys;
+  for (const auto& [key, value] : file.items()) top.push_back(key);
+  EXPECT_EQ(top, (std::vector<std::string>{"micro_batch_size", "units"}));
+  EXPECT_EQ(file["micro_batch_size"], kBatch);
+  ASSERT_EQ(file["units"].size(), 6u);
+  for (const auto& [key, value] : file["units"][0].items()) unit_keys.push_back(key);
+  EXPECT_EQ(unit_keys,
+            (std::vector<std::string>{"name", "fwd_seconds", "bwd_seconds", "weight_bytes",
+                                      "activation_bytes", "stash_bytes"}));
+  const auto& head = file["units"][5];
+  EXPECT_EQ(head["name"], "head");
+  ASSERT_TRUE(head["activation_bytes"].is_number_integer()) << head.dump();
+  EXPECT_EQ(head["activation_bytes"].get<int64_t>(), 4);
+  EXPECT_EQ(head["weight_bytes"].get<int64_t>(), (2 * kD + kVocab * kD) * 4);
+}
+
+TEST(ProfileToFileJsonTest, FractionalBytes_WrittenAsFloatingNumber) {
+  v1::ModelProfile profile;
+  profile.set_micro_batch_size(2);
+  v1::UnitProfile* unit = profile.add_units();
+  unit->set_name("embed");
+  unit->set_weight_bytes(1.5);
+  unit->set_fwd_seconds(0.25);
+  const auto file = nlohmann::json::parse(ProfileToFileJson(profile));
+  EXPECT_TRUE(file["units"][0]["weight_bytes"].is_number_float());
+  EXPECT_EQ(file["units"][0]["weight_bytes"].get<double>(), 1.5);
+  EXPECT_EQ(file["units"][0]["fwd_seconds"].get<double>(), 0.25);
+  EXPECT_EQ(file["units"][0]["stash_bytes"].get<int64_t>(), 0);
+}
+
+TEST(ProfileToFileJsonTest, Profile_ParsesWithThePlannerReader) {
+  auto profile = ProfileUnits(SmallRequest());
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  auto parsed = ParseProfileJson(ProfileToFileJson(*profile));
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->micro_batch_size, kBatch);
+  ASSERT_EQ(parsed->units.size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    const v1::UnitProfile& u = profile->units(i);
+    SCOPED_TRACE(u.name());
+    EXPECT_EQ(parsed->units[i].name, u.name());
+    EXPECT_EQ(parsed->units[i].fwd_seconds, u.fwd_seconds());
+    EXPECT_EQ(parsed->units[i].bwd_seconds, u.bwd_seconds());
+    EXPECT_EQ(parsed->units[i].weight_bytes, u.weight_bytes());
+    EXPECT_EQ(parsed->units[i].activation_bytes, u.activation_bytes());
+    EXPECT_EQ(parsed->units[i].stash_bytes, u.stash_bytes());
+  }
+}
+
+TEST(ProfileToFileJsonTest, InvalidUtf8Name_ReplacedNotThrown) {
+  v1::ModelProfile profile;
+  profile.set_micro_batch_size(1);
+  profile.add_units()->set_name(std::string("bad\xff", 4));
+  const nlohmann::json file = nlohmann::json::parse(ProfileToFileJson(profile));
+  EXPECT_EQ(file["units"][0]["name"], "bad\xef\xbf\xbd");
+}
+
+}  // namespace
+}  // namespace pipetrain

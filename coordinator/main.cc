@@ -31,6 +31,7 @@
 #include "coordinator/api/rest_service.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/worker_profile_fetcher.h"
 #include "coordinator/registry/worker_registry.h"
 
 namespace pipetrain {
@@ -190,6 +191,8 @@ int Serve(const Config& config, const sigset_t& signals) {
   WorkerRegistry registry(RegistryOptions(flags));
   AssignmentHub hub;
   JobManager jobs(&registry, &hub, RealClock());
+  // Bipartition and auto jobs profile the model on a worker first (cached).
+  jobs.SetProfileFetcher(MakeWorkerProfileFetcher(absl::Minutes(10)));
   registry.SetLossListener(
       [&jobs](const std::string& worker, const std::string& job, const std::string& reason) {
         jobs.OnWorkerLost(worker, job, reason);

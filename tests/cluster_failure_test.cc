@@ -64,8 +64,19 @@ TEST(ClusterFailureTest, WorkerKilledMidJob_FailsJobNamingItAndFreesTheSurvivor)
   EXPECT_LE(absl::ToDoubleSeconds(absl::Now() - killed), kLease + 5);
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_NE(job.reason().find(victim_id), std::string::npos) << job.reason();
-  // The coordinator still serves, and the survivor is READY again.
-  ASSERT_TRUE(stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok());
+  // The coordinator still serves, the survivor is READY again and the
+  // victim LOST once its lease ran out. The job may have failed before that:
+  // the survivor's data plane can report the dead peer first (then the
+  // reason names the peer's address and stage), so wait for the lease.
+  auto states_settled = [&] {
+    if (!stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) return false;
+    for (const v1::Worker& w : workers.workers()) {
+      if (w.state() != (w.id() == victim_id ? v1::LOST : v1::READY)) return false;
+    }
+    return true;
+  };
+  const absl::Time deadline = killed + absl::Seconds(kLease + 5);
+  while (!states_settled() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
   for (const v1::Worker& w : workers.workers()) {
     EXPECT_EQ(w.state(), w.id() == victim_id ? v1::LOST : v1::READY) << w.id();
   }

@@ -86,6 +86,15 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
               [jobs](const HttpRequest& r) { return Reply(jobs->Cancel(r.path_params[0])); });
   server.Get(absl::StrCat(kJob, "/plan"),
              [jobs](const HttpRequest& r) { return Reply(jobs->GetPlan(r.path_params[0])); });
+  // The plan's simulated timeline as an image a browser shows directly.
+  server.Get(absl::StrCat(kJob, "/timeline.svg"), [jobs](const HttpRequest& r) {
+    absl::StatusOr<v1::Plan> plan = jobs->GetPlan(r.path_params[0]);
+    if (!plan.ok()) return StatusResponse(plan.status());
+    HttpResponse response;
+    response.body = plan->timeline_svg();
+    response.content_type = "image/svg+xml";
+    return response;
+  });
   server.Get("/v1/workers", [workers](const HttpRequest&) { return ListWorkers(workers); });
 }
 

@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/planner/solve_plan.h"
 #include "worker/model/gpt_config.h"
 
 namespace pipetrain {
@@ -41,6 +42,85 @@ JobManager::~JobManager() {
     stopping_ = true;
   }
   if (loop_.joinable()) loop_.join();
+  AwaitProfiling();
+}
+
+void JobManager::AwaitProfiling() {
+  std::vector<std::thread> profilers;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    profilers.swap(profilers_);
+  }
+  for (std::thread& t : profilers) t.join();
+}
+
+void JobManager::SetProfileFetcher(ProfileFetcher fetcher) { fetcher_ = std::move(fetcher); }
+
+v1::ProfileRequest JobManager::ProfileRequestFor(const JobRecord& record) const {
+  v1::ProfileRequest request;
+  *request.mutable_model() = record.resolved.spec.model();
+  request.set_seq_len(record.resolved.train.seq_len);
+  request.set_micro_batch_size(record.resolved.train.batch_size / record.resolved.train.micro_batches);
+  request.set_seed(record.resolved.train.seed);
+  return request;
+}
+
+bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Worker>& workers,
+                                     ModelProfile* profile, std::string* source,
+                                     double* reference_gflops) {
+  const v1::ProfileRequest request = ProfileRequestFor(record);
+  const std::string kind = DeviceKind(workers[0].device());
+  const std::string key = ProfileKey(request, kind);
+  if (std::optional<v1::ModelProfile> cached = profiles_.Get(key)) {
+    *profile = FromProto(*cached);
+    *source = absl::StrCat("measured on ", kind, " by ", workers[0].id(), " (cached)");
+    *reference_gflops = workers[0].device().measured_gflops();
+    return true;
+  }
+  const std::string& solver = record.resolved.solver;
+  const bool wants_measured = solver == kSolverBiPartition || solver == kSolverAuto;
+  if (wants_measured && fetcher_ && record.profile_error.empty()) {
+    record.job.set_state(v1::PROFILING);
+    record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
+    TouchLocked(record);
+    PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
+    profilers_.emplace_back([this, id = record.job.id(), key,
+                             address = workers[0].data_address(), request] {
+      FinishProfiling(id, key, fetcher_(address, request));
+    });
+    return false;
+  }
+  double fastest = 0;
+  for (const v1::Worker& w : workers) fastest = std::max(fastest, w.device().measured_gflops());
+  const double rate = fastest > 0 ? fastest * 1e9 : 1e11;
+  const TrainConfig& t = record.resolved.train;
+  *profile = AnalyticProfile(t.model, t.seq_len, t.batch_size / t.micro_batches, rate);
+  *source = absl::StrCat("analytic: FLOPs at ", rate / 1e9, " GFLOP/s",
+                         record.profile_error.empty()
+                             ? ""
+                             : absl::StrCat(" (profiling failed: ", record.profile_error, ")"));
+  *reference_gflops = fastest;
+  return true;
+}
+
+void JobManager::FinishProfiling(const std::string& job_id, const std::string& key,
+                                 const absl::StatusOr<v1::ModelProfile>& profile) {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    JobRecord* record = FindLocked(job_id);
+    if (profile.ok()) {
+      profiles_.Put(key, *profile);
+    } else if (record != nullptr) {
+      record->profile_error = profile.status().ToString();
+      PT_LOG(WARNING) << "job " << job_id << ": profiling failed: " << profile.status();
+    }
+    if (record != nullptr && record->job.state() == v1::PROFILING) {
+      record->job.set_state(v1::QUEUED);
+      record->job.set_reason("profiled; waiting to be planned");
+      TouchLocked(*record);
+    }
+  }
+  ScheduleQueued();
 }
 
 void JobManager::StartSchedulingLoop(absl::Duration period) {
@@ -125,6 +205,7 @@ void JobManager::ScheduleQueued() {
   AnnotatedMutexLock lock(&mu_);
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
+    if (record.job.state() == v1::PROFILING) return;  // first-come, first-served
     if (record.job.state() != v1::QUEUED) continue;
     std::vector<std::string> ready = registry_->ReadyWorkers();
     const int need = record.resolved.stages;
@@ -136,22 +217,37 @@ void JobManager::ScheduleQueued() {
     ready.resize(need);
     absl::Status started = StartLocked(record, ready);
     if (!started.ok()) EndLocked(record, v1::FAILED, std::string(started.message()));
+    if (record.job.state() == v1::PROFILING) return;  // later jobs wait for it
   }
 }
 
 absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::string>& workers) {
-  record.job.set_state(v1::PLANNING);
   const std::string& id = record.job.id();
   std::vector<std::string> addresses;
-  double slowest_gflops = 0;
+  std::vector<v1::Worker> infos;
   for (const std::string& w : workers) {
     ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(w));
     addresses.push_back(worker.data_address());
-    const double gflops = worker.device().measured_gflops();
-    slowest_gflops = slowest_gflops == 0 ? gflops : std::min(slowest_gflops, gflops);
+    infos.push_back(worker);
   }
-  ASSIGN_OR_RETURN(CompiledPlan compiled,
-                   PlanJob(record.resolved, id, 1, workers, slowest_gflops * 1e9));
+  ModelProfile profile;
+  std::string source;
+  double reference_gflops = 0;
+  if (!ChooseProfileLocked(record, infos, &profile, &source, &reference_gflops)) {
+    return absl::OkStatus();  // PROFILING; planned when the profile arrives
+  }
+  record.job.set_state(v1::PLANNING);
+  ClusterSpec cluster;
+  for (const v1::Worker& w : infos) {
+    const double gflops = w.device().measured_gflops();
+    const double speed = gflops > 0 && reference_gflops > 0 ? gflops / reference_gflops : 1.0;
+    const double memory = w.device().gpu_model().empty() ? w.device().memory_bytes()
+                                                         : w.device().gpu_memory_bytes();
+    cluster.workers.push_back({w.id(), speed, static_cast<double>(memory)});
+  }
+  cluster.bandwidth_bytes_per_second = kAssumedBandwidth;
+  cluster.latency_seconds = kAssumedLatency;
+  ASSIGN_OR_RETURN(CompiledPlan compiled, PlanJob(record.resolved, id, 1, profile, cluster, source));
   RETURN_IF_ERROR(registry_->Assign(workers, id));
   record.plan = compiled.plan;
   record.stages.assign(workers.size(), StageProgress{});
@@ -263,6 +359,12 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
 absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
   AnnotatedMutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(c.worker_id(), c.job_id()));
+  if (c.tensor_name().empty()) {  // names the stream only (coordinator.proto)
+    if (c.values_size() > 0) {
+      return absl::InvalidArgumentError("a weights chunk with values must name its tensor");
+    }
+    return absl::OkStatus();
+  }
   auto it = std::find_if(record->weights.begin(), record->weights.end(),
                          [&](const NamedTensor& t) { return t.name == c.tensor_name(); });
   if (it == record->weights.end()) {

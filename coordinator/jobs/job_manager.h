@@ -8,9 +8,18 @@
 //                                                     (and weights written)
 //
 // Planning takes the first `stages` READY workers (ascending id), splits the
-// model with the job's solver (uniform or pipedream on analytic costs),
+// model with the job's solver (planner.h) on a profile of the model,
 // compiles one program per stage and publishes an Assignment per worker to
-// the AssignmentHub. Progress comes from ReportProgress: the stage owning
+// the AssignmentHub. The profile is the measured one cached for (model,
+// device kind of the first chosen worker) when there is one; otherwise, for
+// solvers bipartition and auto, with a profile fetcher set, the job goes
+// QUEUED -> PROFILING while the first chosen worker profiles the model
+// (WorkerControl.Profile, outside the lock), and back to QUEUED to be
+// planned with it; in every other case (uniform, pipedream, manual, or the
+// fetch failed) it is the AnalyticProfile at the workers' measured GEMM
+// rate, and the plan's profile_source says so. Worker speeds are their
+// measured GFLOP/s relative to the profiled (or fastest) worker; links are
+// modelled at kAssumedBandwidth and kAssumedLatency (not measured yet). Progress comes from ReportProgress: the stage owning
 // the head reports micro-batch losses, whose mean (double sum / m, as
 // LocalTrainer computes it) is the step's loss. When every stage reports
 // finished, workers upload their weights; once all have, the coordinator
@@ -23,6 +32,7 @@
 #ifndef PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_H_
 #define PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -36,15 +46,30 @@
 #include "common/safetensors.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_spec.h"
+#include "coordinator/jobs/profile_cache.h"
 #include "coordinator/registry/worker_registry.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain {
 
+// Asks the worker whose data plane is at `data_address` to profile a model.
+using ProfileFetcher = std::function<absl::StatusOr<v1::ModelProfile>(
+    const std::string& data_address, const v1::ProfileRequest& request)>;
+
+inline constexpr double kAssumedBandwidth = 1.25e9;  // bytes/s (10 Gbit/s)
+inline constexpr double kAssumedLatency = 50e-6;     // seconds
+
 class JobManager {
  public:
   JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock);
-  ~JobManager();  // stops the scheduling loop
+  ~JobManager();  // stops the scheduling loop, waits for profiles in flight
+
+  // Enables measured profiles (see above). Call before submitting jobs.
+  void SetProfileFetcher(ProfileFetcher fetcher);
+  const ProfileCache& profiles() const { return profiles_; }
+  // Waits until every profile fetch started so far has been handled (the
+  // job re-queued and scheduled). For tests and shutdown.
+  void AwaitProfiling();
 
   // INVALID_ARGUMENT (from ResolveJobSpec) naming the field. The job is
   // QUEUED and starts as soon as enough workers are READY.
@@ -98,9 +123,19 @@ class JobManager {
     absl::Time last_step_time;
     std::vector<NamedTensor> weights;        // assembled uploads, stage order
     std::map<std::string, int64_t> weights_filled;  // name -> elements received
+    std::string profile_error;  // why the measured profile could not be had
   };
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The profile request of a job, and the profile to plan it with (and a
+  // description of where it came from); starts PROFILING and returns false
+  // when the job must wait for a measured profile.
+  v1::ProfileRequest ProfileRequestFor(const JobRecord& record) const;
+  bool ChooseProfileLocked(JobRecord& record, const std::vector<v1::Worker>& workers,
+                           ModelProfile* profile, std::string* source, double* reference_gflops)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FinishProfiling(const std::string& job_id, const std::string& key,
+                       const absl::StatusOr<v1::ModelProfile>& profile);
   absl::Status StartLocked(JobRecord& record, const std::vector<std::string>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<JobRecord*> ForWorkerLocked(const std::string& worker_id,
@@ -121,6 +156,9 @@ class JobManager {
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // submission order
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread loop_;
+  ProfileFetcher fetcher_;  // set before use; read-only afterwards
+  ProfileCache profiles_;
+  std::vector<std::thread> profilers_ ABSL_GUARDED_BY(mu_);
 };
 
 bool IsTerminal(v1::JobState state);

@@ -2,6 +2,9 @@
 
 #include <cstdlib>
 
+#include "absl/synchronization/notification.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -210,6 +213,89 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   auto file = ReadSafetensors(path).value();
   EXPECT_EQ(file.Find("all")->numel(), n);
   EXPECT_EQ((*file.Find("all"))[n - 1], float(n - 1));
+}
+
+// A measured profile of SmallSpec's 4 units, as a worker would send it.
+v1::ModelProfile FakeProfile() {
+  v1::ModelProfile p;
+  p.set_micro_batch_size(2);
+  p.set_device_kind("cpu:");
+  for (const char* name : {"embed", "attn_0", "mlp_0", "head"}) {
+    v1::UnitProfile* u = p.add_units();
+    u->set_name(name);
+    u->set_fwd_seconds(0.001);
+    u->set_bwd_seconds(0.002);
+    u->set_weight_bytes(1000);
+    u->set_activation_bytes(512);
+    u->set_stash_bytes(2048);
+  }
+  return p;
+}
+
+TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile) {
+  int calls = 0;
+  std::string asked;
+  absl::Notification release;
+  jobs_.SetProfileFetcher([&](const std::string& address, const v1::ProfileRequest& request)
+                              -> absl::StatusOr<v1::ModelProfile> {
+    ++calls;
+    asked = absl::StrCat(address, " T", request.seq_len(), " B", request.micro_batch_size());
+    release.WaitForNotification();
+    return FakeProfile();
+  });
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_solver("bipartition");
+  const std::string id = jobs_.Submit(spec).value().id();
+  v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::PROFILING);
+  EXPECT_EQ(job.reason(), "profiling the model on " + w1);
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::READY);  // not taken while profiling
+  release.Notify();
+  jobs_.AwaitProfiling();
+  EXPECT_EQ(asked, "127.0.0.1:7001 T8 B2");
+  job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::RUNNING);
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_EQ(plan.solver(), "bipartition");
+  EXPECT_TRUE(absl::StartsWith(plan.profile_source(), "measured on cpu: by " + w1 + " (cached)"))
+      << plan.profile_source();
+  EXPECT_GT(plan.predicted_iteration_seconds(), 0);
+  EXPECT_EQ(jobs_.profiles().size(), 1);
+  // The same model again: the cache answers, no second profile.
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+  EXPECT_EQ(jobs_.Get(jobs_.Submit(spec).value().id()).value().state(), v1::RUNNING);
+  EXPECT_EQ(calls, 1);
+}
+
+TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
+  jobs_.SetProfileFetcher([](const std::string&, const v1::ProfileRequest&)
+                              -> absl::StatusOr<v1::ModelProfile> {
+    return absl::UnavailableError("worker gone");
+  });
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_solver("auto");
+  const std::string id = jobs_.Submit(spec).value().id();
+  jobs_.AwaitProfiling();
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_TRUE(absl::StrContains(plan.profile_source(), "analytic: FLOPs at"));
+  EXPECT_TRUE(absl::StrContains(plan.profile_source(), "profiling failed: UNAVAILABLE: worker gone"))
+      << plan.profile_source();
+  EXPECT_EQ(plan.candidates_size(), 3);
+}
+
+TEST_F(JobManagerTest, UploadWithoutTensors_ForwardOnlyStageFinishesItsWeights) {
+  const std::string w1 = AddWorker(7001);
+  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
+  v1::WeightsChunk identity;
+  identity.set_worker_id(w1);
+  identity.set_job_id(id);
+  EXPECT_TRUE(jobs_.AddWeightsChunk(identity).ok());
+  identity.add_values(1.0f);
+  EXPECT_EQ(jobs_.AddWeightsChunk(identity).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "google/protobuf/util/json_util.h"
@@ -177,6 +178,44 @@ absl::Status ResolveData(v1::DataSpec* data, int vocab_size, DataFormat* format)
   return absl::OkStatus();
 }
 
+// Solver "manual": one stage per worker, each pass's ranges in order and
+// covering every unit (the schedule compiler's contract).
+absl::Status CheckManualStages(const v1::ParallelismSpec& p, int units) {
+  const bool manual = p.solver() == kSolverManual;
+  if (!manual && p.manual_stages_size() > 0) {
+    return Invalid("spec.parallelism.manual_stages",
+                   absl::StrCat("given but the solver is \"", p.solver(), "\"; use \"manual\""));
+  }
+  if (!manual) return absl::OkStatus();
+  if (p.manual_stages_size() != p.stages()) {
+    return Invalid("spec.parallelism.manual_stages",
+                   absl::StrCat(p.manual_stages_size(), " entries for ", p.stages(), " stages"));
+  }
+  int forward = 0, backward = 0;
+  for (int i = 0; i < p.manual_stages_size(); ++i) {
+    const v1::ManualStage& s = p.manual_stages(i);
+    const std::string field = absl::StrCat("spec.parallelism.manual_stages[", i, "]");
+    if (s.forward_begin() != forward || s.forward_end() < s.forward_begin() ||
+        s.backward_begin() != backward || s.backward_end() < s.backward_begin()) {
+      return Invalid(field, absl::StrCat("forward [", s.forward_begin(), ", ", s.forward_end(),
+                                         ") and backward [", s.backward_begin(), ", ",
+                                         s.backward_end(), ") must start at ", forward, " and ",
+                                         backward, " (ranges follow each other from unit 0)"));
+    }
+    if (s.forward_begin() == s.forward_end() && s.backward_begin() == s.backward_end()) {
+      return Invalid(field, "both ranges are empty");
+    }
+    forward = s.forward_end();
+    backward = s.backward_end();
+  }
+  if (forward != units || backward != units) {
+    return Invalid("spec.parallelism.manual_stages",
+                   absl::StrCat("forward ranges end at ", forward, " and backward at ", backward,
+                                "; both must end at ", units, " (2 * n_layer + 2 units)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
   if (!parallelism->has_solver()) parallelism->set_solver(kSolverUniform);
   if (!parallelism->has_schedule()) parallelism->set_schedule(kSchedule1F1B);
@@ -188,12 +227,23 @@ absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
                                 " units (2 * n_layer + 2)"));
   }
   const std::string& solver = parallelism->solver();
-  if (solver != kSolverUniform && solver != kSolverPipeDream) {
-    return Invalid(
-        "spec.parallelism.solver",
-        absl::StrCat("unknown solver \"", solver, "\"; accepted: ", kSolverUniform, ", ",
-                     kSolverPipeDream, " (bipartition and acctfm are not available yet)"));
+  if (solver != kSolverUniform && solver != kSolverPipeDream && solver != kSolverBiPartition &&
+      solver != kSolverAuto && solver != kSolverManual) {
+    return Invalid("spec.parallelism.solver",
+                   absl::StrCat("unknown solver \"", solver, "\"; accepted: ",
+                                absl::StrJoin({kSolverUniform, kSolverPipeDream,
+                                               kSolverBiPartition, kSolverAuto, kSolverManual},
+                                              ", "),
+                                " (acctfm sizes tensor-parallel groups, which jobs do not have "
+                                "yet; use `pipetrain plan --solver acctfm`)"));
   }
+  if (!parallelism->has_objective()) parallelism->set_objective(kObjectivePaper);
+  if (parallelism->objective() != kObjectivePaper && parallelism->objective() != kObjectiveFull) {
+    return Invalid("spec.parallelism.objective",
+                   absl::StrCat("unknown objective \"", parallelism->objective(),
+                                "\"; accepted: paper, full"));
+  }
+  RETURN_IF_ERROR(CheckManualStages(*parallelism, static_cast<int>(units)));
   const std::string& schedule = parallelism->schedule();
   if (schedule != kSchedule1F1B && schedule != kScheduleGPipe) {
     return Invalid("spec.parallelism.schedule",
@@ -268,6 +318,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   resolved.synthetic_bytes = out.data().synthetic_bytes();
   resolved.stages = out.parallelism().stages();
   resolved.solver = out.parallelism().solver();
+  resolved.objective = out.parallelism().objective();
   resolved.schedule = out.parallelism().schedule();
   return resolved;
 }

@@ -24,6 +24,11 @@ namespace pipetrain {
 // Accepted values of spec.parallelism.solver and .schedule.
 inline constexpr char kSolverUniform[] = "uniform";
 inline constexpr char kSolverPipeDream[] = "pipedream";
+inline constexpr char kSolverBiPartition[] = "bipartition";
+inline constexpr char kSolverAuto[] = "auto";
+inline constexpr char kSolverManual[] = "manual";
+inline constexpr char kObjectivePaper[] = "paper";
+inline constexpr char kObjectiveFull[] = "full";
 inline constexpr char kSchedule1F1B[] = "1f1b";
 inline constexpr char kScheduleGPipe[] = "gpipe";
 
@@ -39,7 +44,8 @@ struct ResolvedJobSpec {
   double val_fraction = 0;                     // spec.data.val_fraction
   int64_t synthetic_bytes = 0;                 // spec.data.synthetic_bytes (path empty)
   int stages = 0;                              // spec.parallelism.stages
-  std::string solver;                          // "uniform" | "pipedream"
+  std::string solver;     // uniform | pipedream | bipartition | auto | manual
+  std::string objective;  // paper | full
   std::string schedule;                        // "1f1b" | "gpipe"
 };
 
@@ -49,7 +55,12 @@ struct ResolvedJobSpec {
 // data.format "auto", data.val_fraction 0.1, data.synthetic_bytes 2000000,
 // training.micro_batches 1, lr 3e-4, beta1 0.9, beta2 0.95, eps 1e-8,
 // weight_decay 0.1, decay "matrices", seed 1, parallelism.solver "uniform",
-// parallelism.schedule "1f1b".
+// parallelism.schedule "1f1b", parallelism.objective "paper".
+//
+// Solver "manual" requires one manual_stages entry per stage whose forward
+// ranges, and separately backward ranges, follow each other from unit 0 to
+// the last unit, no stage with both empty; other solvers reject
+// manual_stages.
 //
 // Required: model (n_layer, n_head, d_model >= 1, n_head divides d_model),
 // training (seq_len, batch_size, steps >= 1), parallelism (1 <= stages <=

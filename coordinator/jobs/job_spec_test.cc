@@ -134,6 +134,7 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   t->set_seed(12345678901234ull);
   spec.mutable_parallelism()->set_solver("pipedream");
   spec.mutable_parallelism()->set_schedule("gpipe");
+  spec.mutable_parallelism()->set_objective("full");
   spec.mutable_output()->set_weights_path(TempPath("weights.safetensors"));
   return spec;
 }
@@ -352,10 +353,46 @@ TEST(ResolveJobSpec, StagesEqualToUnits_Accepted) {
 
 TEST(ResolveJobSpec, UnknownSolver_Rejected) {
   v1::JobSpec spec = MinimalSpec();
-  spec.mutable_parallelism()->set_solver("bipartition");
+  spec.mutable_parallelism()->set_solver("acctfm");
   ExpectRejected(spec,
-                 "spec.parallelism.solver: unknown solver \"bipartition\"; accepted: uniform, "
-                 "pipedream");
+                 "spec.parallelism.solver: unknown solver \"acctfm\"; accepted: uniform, "
+                 "pipedream, bipartition, auto, manual");
+}
+
+TEST(ResolveJobSpec, BiPartitionAndObjective_Accepted) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_parallelism()->set_solver("bipartition");
+  auto resolved = ResolveJobSpec(spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->objective, "paper");
+  spec.mutable_parallelism()->set_objective("fastest");
+  ExpectRejected(spec, "spec.parallelism.objective: unknown objective \"fastest\"");
+}
+
+v1::ManualStage Stage(int fb, int fe, int bb, int be) {
+  v1::ManualStage s;
+  s.set_forward_begin(fb);
+  s.set_forward_end(fe);
+  s.set_backward_begin(bb);
+  s.set_backward_end(be);
+  return s;
+}
+
+TEST(ResolveJobSpec, ManualStages_ValidatedNamingTheEntry) {
+  v1::JobSpec spec = MinimalSpec();
+  const int units = 2 * spec.model().n_layer() + 2;
+  spec.mutable_parallelism()->set_stages(2);
+  spec.mutable_parallelism()->set_solver("manual");
+  *spec.mutable_parallelism()->add_manual_stages() = Stage(0, 1, 0, 2);
+  *spec.mutable_parallelism()->add_manual_stages() = Stage(1, units, 2, units);
+  EXPECT_TRUE(ResolveJobSpec(spec).ok());
+  spec.mutable_parallelism()->mutable_manual_stages(1)->set_backward_begin(3);
+  ExpectRejected(spec, "spec.parallelism.manual_stages[1]: forward [1, ");
+  spec.mutable_parallelism()->mutable_manual_stages(1)->set_backward_begin(2);
+  spec.mutable_parallelism()->mutable_manual_stages(1)->set_backward_end(units - 1);
+  ExpectRejected(spec, "spec.parallelism.manual_stages: forward ranges end at");
+  spec.mutable_parallelism()->set_solver("pipedream");
+  ExpectRejected(spec, "spec.parallelism.manual_stages: given but the solver is \"pipedream\"");
 }
 
 TEST(ResolveJobSpec, UnknownSchedule_Rejected) {

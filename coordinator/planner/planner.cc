@@ -2,49 +2,68 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "coordinator/planner/partition.h"
-#include "coordinator/planner/schedule_compiler.h"
-#include "coordinator/planner/unit_costs.h"
+#include "coordinator/planner/solve_plan.h"
+#include "coordinator/planner/timeline_render.h"
 
 namespace pipetrain {
+namespace {
+
+v1::UnitRange ToProto(const Range& r) {
+  v1::UnitRange out;
+  out.set_begin(r.begin);
+  out.set_end(r.end);
+  return out;
+}
+
+}  // namespace
 
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string& job_id,
-                                     int64_t version, const std::vector<std::string>& worker_ids,
-                                     double flops_per_second) {
-  if (static_cast<int>(worker_ids.size()) != r.stages) {
+                                     int64_t version, const ModelProfile& profile,
+                                     const ClusterSpec& cluster,
+                                     const std::string& profile_source) {
+  if (static_cast<int>(cluster.workers.size()) != r.stages) {
     return absl::InvalidArgumentError(
-        absl::StrCat(worker_ids.size(), " workers for ", r.stages, " stages"));
+        absl::StrCat(cluster.workers.size(), " workers for ", r.stages, " stages"));
   }
-  const TrainConfig& t = r.train;
-  const int units = NumUnits(t.model);
-  const int micro = t.micro_batches;
-  const auto costs = AnalyticUnitCosts(t.model, t.seq_len, t.batch_size / micro);
-  std::vector<Range> ranges;
-  if (r.solver == kSolverPipeDream) {
-    ASSIGN_OR_RETURN(ranges, PipeDreamPartition(costs, r.stages));
-  } else {
-    ASSIGN_OR_RETURN(ranges, UniformPartition(units, r.stages));
+  PlanOptions options;
+  options.solver = r.solver;
+  options.objective = r.objective;
+  options.micro_batches = r.train.micro_batches;
+  ASSIGN_OR_RETURN(options.schedule, ParseSchedule(r.schedule));
+  for (const v1::ManualStage& s : r.spec.parallelism().manual_stages()) {
+    options.manual_forward.push_back({s.forward_begin(), s.forward_end()});
+    options.manual_backward.push_back({s.backward_begin(), s.backward_end()});
   }
-  ASSIGN_OR_RETURN(Schedule schedule, ParseSchedule(r.schedule));
+  ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(profile, cluster, options));
   CompiledPlan out;
-  ASSIGN_OR_RETURN(out.programs, CompilePrograms(ranges, units, micro, schedule));
+  out.programs = std::move(solved.programs);
   v1::Plan& plan = out.plan;
   plan.set_job_id(job_id);
   plan.set_version(version);
-  plan.set_solver(r.solver);
+  plan.set_solver(solved.solver);
+  plan.set_objective(solved.objective);
   plan.set_schedule(r.schedule);
-  plan.set_micro_batches(micro);
-  for (size_t s = 0; s < ranges.size(); ++s) {
+  plan.set_micro_batches(r.train.micro_batches);
+  std::vector<std::string> names;
+  for (size_t s = 0; s < cluster.workers.size(); ++s) {
     v1::PlanStage* stage = plan.add_stages();
-    stage->set_worker_id(worker_ids[s]);
-    for (v1::UnitRange* range : {stage->mutable_forward(), stage->mutable_backward()}) {
-      range->set_begin(ranges[s].begin);
-      range->set_end(ranges[s].end);
-    }
+    stage->set_worker_id(cluster.workers[s].name);
+    *stage->mutable_forward() = ToProto(solved.forward[s]);
+    *stage->mutable_backward() = ToProto(solved.backward[s]);
+    names.push_back(cluster.workers[s].name);
   }
-  const double critical_path_flops = BottleneckCost(costs, ranges) * (micro + r.stages - 1);
-  plan.set_predicted_iteration_seconds(
-      flops_per_second > 0 ? critical_path_flops / flops_per_second : 0.0);
+  plan.set_bottleneck_seconds(solved.bottleneck_seconds);
+  plan.set_predicted_iteration_seconds(solved.simulation.iteration_seconds);
+  plan.set_bubble_fraction(solved.simulation.bubble_fraction);
+  plan.set_solve_seconds(solved.solve_seconds);
+  plan.set_profile_source(absl::StrCat(
+      profile_source, "; links modelled at ", cluster.bandwidth_bytes_per_second / 1e9,
+      " GB/s and ", cluster.latency_seconds * 1e6, " us latency"));
+  TimelineSvgOptions svg;
+  svg.title = absl::StrCat("job ", job_id, ": ", solved.solver, " plan, predicted iteration");
+  plan.set_timeline_svg(TimelineSvg(solved.simulation, names, svg));
+  plan.set_chrome_trace_json(ChromeTraceJson(solved.simulation, names));
+  for (const auto& [solver, seconds] : solved.candidates) (*plan.mutable_candidates())[solver] = seconds;
   return out;
 }
 

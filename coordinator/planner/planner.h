@@ -1,5 +1,7 @@
-// Planner: from a resolved job spec and the chosen workers to a Plan (unit
-// ranges per stage) and one compiled program per stage.
+// Planner: from a resolved job spec, the chosen workers and a model profile
+// to a Plan (forward and backward unit ranges per stage, predicted time,
+// timeline) and one compiled program per stage. The solving itself is
+// SolvePlan (solve_plan.h); this file maps a job onto it.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_PLANNER_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_PLANNER_H_
 
@@ -8,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/jobs/job_spec.h"
+#include "coordinator/planner/profile.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 
 namespace pipetrain {
@@ -17,16 +20,14 @@ struct CompiledPlan {
   std::vector<v1::Program> programs;  // per stage
 };
 
-// Requires worker_ids.size() == resolved.stages. Uses analytic unit costs
-// (AnalyticUnitCosts) for pipedream and for predicted_iteration_seconds:
-// the bottleneck stage's FLOPs per micro-batch times (m + stages - 1), the
-// 1F1B/GPipe critical path, divided by `flops_per_second`, the slowest
-// chosen worker's measured GEMM rate (an optimistic estimate: GEMM peak, no
-// communication; profiles replace it in the planner issue). With
-// flops_per_second <= 0 the prediction is 0 (unknown).
+// Requires cluster.workers.size() == resolved.stages, in stage order, named
+// by worker id; `profile` describes the job's model at its micro-batch size
+// (measured or AnalyticProfile) and `profile_source` says which. Errors as
+// SolvePlan (INVALID_ARGUMENT, RESOURCE_EXHAUSTED when nothing fits).
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& resolved, const std::string& job_id,
-                                     int64_t version, const std::vector<std::string>& worker_ids,
-                                     double flops_per_second);
+                                     int64_t version, const ModelProfile& profile,
+                                     const ClusterSpec& cluster,
+                                     const std::string& profile_source);
 
 }  // namespace pipetrain
 

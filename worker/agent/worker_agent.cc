@@ -43,6 +43,12 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
     v1::UploadWeightsResponse response;
     auto writer = stub_->UploadWeights(&context, &response);
     const std::string worker = agent_->worker_id();
+    if (params.empty()) {  // a forward-only stage: name the stream, no tensors
+      v1::WeightsChunk chunk;
+      chunk.set_worker_id(worker);
+      chunk.set_job_id(job_id);
+      if (!writer->Write(chunk)) return FromGrpc(writer->Finish());
+    }
     for (const Parameter* p : params) {
       const int64_t n = p->value.numel();
       for (int64_t offset = 0; offset == 0 || offset < n; offset += kValuesPerChunk) {

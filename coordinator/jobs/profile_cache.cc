@@ -1,0 +1,46 @@
+#include "coordinator/jobs/profile_cache.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain {
+
+std::string DeviceKind(const v1::DeviceInfo& device) {
+  if (!device.gpu_model().empty()) return absl::StrCat("cuda:", device.gpu_model());
+  return absl::StrCat("cpu:", device.cpu_model());
+}
+
+std::string ProfileKey(const v1::ProfileRequest& r, const std::string& device_kind) {
+  const v1::ModelSpec& m = r.model();
+  return absl::StrCat("L", m.n_layer(), " H", m.n_head(), " D", m.d_model(), " V",
+                      m.vocab_size(), " P", m.max_seq_len(), " T", r.seq_len(), " B",
+                      r.micro_batch_size(), " @ ", device_kind);
+}
+
+ModelProfile FromProto(const v1::ModelProfile& p) {
+  ModelProfile out;
+  out.micro_batch_size = p.micro_batch_size();
+  for (const v1::UnitProfile& u : p.units()) {
+    out.units.push_back({u.name(), u.fwd_seconds(), u.bwd_seconds(), u.weight_bytes(),
+                         u.activation_bytes(), u.stash_bytes()});
+  }
+  return out;
+}
+
+std::optional<v1::ModelProfile> ProfileCache::Get(const std::string& key) const {
+  AnnotatedMutexLock lock(&mu_);
+  auto it = profiles_.find(key);
+  if (it == profiles_.end()) return std::nullopt;
+  return it->second;
+}
+
+void ProfileCache::Put(const std::string& key, const v1::ModelProfile& profile) {
+  AnnotatedMutexLock lock(&mu_);
+  profiles_[key] = profile;
+}
+
+int ProfileCache::size() const {
+  AnnotatedMutexLock lock(&mu_);
+  return static_cast<int>(profiles_.size());
+}
+
+}  // namespace pipetrain

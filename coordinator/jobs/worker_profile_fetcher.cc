@@ -1,0 +1,27 @@
+#include "coordinator/jobs/worker_profile_fetcher.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "proto/pipetrain/v1/profile.grpc.pb.h"
+
+namespace pipetrain {
+
+ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout) {
+  return [timeout](const std::string& address,
+                   const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
+    auto stub = v1::WorkerControl::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    v1::ModelProfile profile;
+    grpc::Status s = stub->Profile(&context, request, &profile);
+    if (!s.ok()) {
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("profile from ", address, ": ", s.error_message()));
+    }
+    return profile;
+  };
+}
+
+}  // namespace pipetrain

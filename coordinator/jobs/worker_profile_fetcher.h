@@ -1,0 +1,19 @@
+// The coordinator's side of WorkerControl.Profile: a ProfileFetcher
+// (job_manager.h) that calls a worker at its data-plane address (the worker
+// serves WorkerControl on that port, plaintext like the data plane).
+#ifndef PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_
+#define PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_
+
+#include "absl/time/time.h"
+#include "coordinator/jobs/job_manager.h"
+
+namespace pipetrain {
+
+// A fetcher whose calls fail with DEADLINE_EXCEEDED after `timeout`; other
+// errors are the worker's (INVALID_ARGUMENT for a bad request) or
+// UNAVAILABLE when it cannot be reached.
+ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_

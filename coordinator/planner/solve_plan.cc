@@ -1,0 +1,194 @@
+#include "coordinator/planner/solve_plan.h"
+
+#include <chrono>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "coordinator/planner/bipartition.h"
+#include "coordinator/planner/unit_costs.h"
+
+namespace pipetrain {
+namespace {
+
+double SecondsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+absl::StatusOr<BiPartitionProblem> MakeProblem(const ModelProfile& profile,
+                                               const ClusterSpec& cluster,
+                                               const PlanOptions& options) {
+  BiPartitionProblem problem = MakeBiPartitionProblem(profile, cluster);
+  problem.micro_batches = options.micro_batches;
+  problem.schedule = options.schedule == Schedule::kGPipe ? BiPartitionSchedule::kGPipe
+                                                          : BiPartitionSchedule::kOneFOneB;
+  if (options.objective == "paper") {
+    problem.objective = BiPartitionObjective::kPaper;
+  } else if (options.objective == "full") {
+    problem.objective = BiPartitionObjective::kFull;
+  } else {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown objective '", options.objective, "'; use paper or full"));
+  }
+  if (options.micro_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("micro-batches must be >= 1, got ", options.micro_batches));
+  }
+  RETURN_IF_ERROR(ValidateProblem(problem));
+  return problem;
+}
+
+// An equal-cut or manual plan: memory-checked, scored with the objective.
+absl::StatusOr<BiPartitionPlan> ScoreFixedPlan(const BiPartitionProblem& problem,
+                                               const ClusterSpec& cluster,
+                                               std::vector<Range> forward,
+                                               std::vector<Range> backward) {
+  const BiPartitionCosts costs(problem);
+  for (size_t w = 0; w < forward.size(); ++w) {
+    if (!costs.Fits(static_cast<int>(w), forward[w], backward[w])) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "worker ", cluster.workers[w].name, " would need ",
+          costs.Memory(static_cast<int>(w), forward[w], backward[w]), " bytes but has ",
+          cluster.workers[w].memory_bytes));
+    }
+  }
+  BiPartitionPlan plan{std::move(forward), std::move(backward), 0};
+  plan.bottleneck = Objective(problem, plan);
+  return plan;
+}
+
+absl::StatusOr<BiPartitionPlan> RunSolver(const std::string& solver,
+                                          const BiPartitionProblem& problem,
+                                          const ModelProfile& profile,
+                                          const ClusterSpec& cluster,
+                                          const PlanOptions& options) {
+  const int units = static_cast<int>(profile.units.size());
+  const int workers = static_cast<int>(cluster.workers.size());
+  if (solver == "bipartition") return SolveBiPartition(problem);
+  if (solver == "manual") {
+    if (static_cast<int>(options.manual_forward.size()) != workers ||
+        static_cast<int>(options.manual_backward.size()) != workers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "a manual plan needs one forward and one backward range per worker (", workers, ")"));
+    }
+    // The compiler validates the ranges themselves.
+    RETURN_IF_ERROR(CompileBiPartitionPrograms(options.manual_forward, options.manual_backward,
+                                               units, 1, Schedule::kGPipe)
+                        .status());
+    return ScoreFixedPlan(problem, cluster, options.manual_forward, options.manual_backward);
+  }
+  std::vector<Range> ranges;
+  if (solver == "uniform") {
+    ASSIGN_OR_RETURN(ranges, UniformPartition(units, workers));
+  } else if (solver == "pipedream") {
+    std::vector<UnitCost> costs;
+    for (const UnitProfile& u : profile.units) costs.push_back({u.name, u.fwd_seconds, u.bwd_seconds});
+    ASSIGN_OR_RETURN(ranges, PipeDreamPartition(costs, workers));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "unknown solver '", solver, "'; use uniform, pipedream, bipartition, auto or manual"));
+  }
+  return ScoreFixedPlan(problem, cluster, ranges, ranges);
+}
+
+absl::StatusOr<SolvedPlan> SolveOne(const std::string& solver, const BiPartitionProblem& problem,
+                                    const ModelProfile& profile, const ClusterSpec& cluster,
+                                    const PlanOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  ASSIGN_OR_RETURN(BiPartitionPlan plan, RunSolver(solver, problem, profile, cluster, options));
+  SolvedPlan out;
+  out.solve_seconds = SecondsSince(start);
+  out.solver = solver;
+  out.objective = options.objective;
+  out.forward = plan.forward;
+  out.backward = plan.backward;
+  out.bottleneck_seconds = plan.bottleneck;
+  const BiPartitionCosts costs(problem);
+  for (size_t w = 0; w < plan.forward.size(); ++w) {
+    out.memory_bytes.push_back(costs.Memory(static_cast<int>(w), plan.forward[w], plan.backward[w]));
+  }
+  const int units = static_cast<int>(profile.units.size());
+  ASSIGN_OR_RETURN(out.programs, CompileBiPartitionPrograms(plan.forward, plan.backward, units,
+                                                            options.micro_batches,
+                                                            options.schedule));
+  ASSIGN_OR_RETURN(out.simulation,
+                   SimulateIteration(out.programs, SimulationCostsFromProfile(
+                                                       profile, cluster, TiedGradientBytes(profile))));
+  return out;
+}
+
+}  // namespace
+
+double TiedGradientBytes(const ModelProfile& profile) {
+  return profile.units.empty() ? 0.0 : profile.units.back().weight_bytes;
+}
+
+absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterSpec& cluster,
+                                     const PlanOptions& options) {
+  ASSIGN_OR_RETURN(BiPartitionProblem problem, MakeProblem(profile, cluster, options));
+  if (options.solver != "auto") return SolveOne(options.solver, problem, profile, cluster, options);
+  absl::StatusOr<SolvedPlan> best = absl::ResourceExhaustedError("no candidate plan");
+  std::map<std::string, double> candidates;
+  double total_solve = 0;
+  for (const char* solver : {"uniform", "pipedream", "bipartition"}) {
+    absl::StatusOr<SolvedPlan> plan = SolveOne(solver, problem, profile, cluster, options);
+    if (!plan.ok()) {
+      // A baseline may not apply (more workers than units) or not fit.
+      if (plan.status().code() == absl::StatusCode::kInvalidArgument ||
+          plan.status().code() == absl::StatusCode::kResourceExhausted) {
+        if (!best.ok()) best = plan.status();
+        continue;
+      }
+      return plan.status();
+    }
+    total_solve += plan->solve_seconds;
+    candidates[solver] = plan->simulation.iteration_seconds;
+    if (!best.ok() || plan->simulation.iteration_seconds < best->simulation.iteration_seconds) {
+      best = std::move(plan);
+    }
+  }
+  if (best.ok()) {
+    best->candidates = candidates;
+    best->solve_seconds = total_solve;
+  }
+  return best;
+}
+
+ModelProfile AnalyticProfile(const GptConfig& config, int seq_len, int micro_batch_size,
+                             double flops_per_second) {
+  const std::vector<UnitCost> flops = AnalyticUnitCosts(config, seq_len, micro_batch_size);
+  const double bt = double(seq_len) * micro_batch_size;
+  const double d = config.d_model, v = config.vocab_size;
+  ModelProfile profile;
+  profile.micro_batch_size = micro_batch_size;
+  for (int i = 0; i < NumUnits(config); ++i) {
+    UnitProfile u;
+    u.name = flops[i].name;
+    u.fwd_seconds = flops[i].forward / flops_per_second;
+    u.bwd_seconds = flops[i].backward / flops_per_second;
+    u.activation_bytes = 4 * bt * d;
+    double weights = 0, stash = 0;  // in floats; stash mirrors each unit's saved tensors
+    switch (UnitKindAt(config, i)) {
+      case UnitKind::kEmbed: weights = (v + config.max_seq_len) * d; break;
+      case UnitKind::kAttention:
+        weights = 2 * d + (3 * d * d + 3 * d) + (d * d + d);
+        stash = bt * (6 * d + 2) + double(micro_batch_size) * config.n_head * seq_len * seq_len;
+        break;
+      case UnitKind::kMlp:
+        weights = 2 * d + (4 * d * d + 4 * d) + (4 * d * d + d);
+        stash = bt * (10 * d + 2);
+        break;
+      case UnitKind::kHead:
+        weights = 2 * d + v * d;
+        stash = bt * (2 * d + 2 + v);
+        u.activation_bytes = 4;
+        break;
+    }
+    u.weight_bytes = 4 * weights;
+    u.stash_bytes = 4 * stash;
+    profile.units.push_back(u);
+  }
+  return profile;
+}
+
+}  // namespace pipetrain

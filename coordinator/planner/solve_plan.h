@@ -1,0 +1,79 @@
+// SolvePlan: one entry point from (profile, cluster, solver) to a compiled,
+// simulated plan — what `pipetrain plan` prints and what a job runs
+// (DESIGN.md §5).
+//
+//   uniform      equal unit counts per worker (forward cut = backward cut)
+//   pipedream    min-max of fwd+bwd seconds per worker, equal cuts (DP)
+//   bipartition  separate forward and backward cuts (bipartition.h), worker
+//                speeds and memory limits honoured, objective paper | full
+//   auto         the candidate among the three with the lowest SIMULATED
+//                iteration time (ties: uniform, then pipedream, then
+//                bipartition; candidates that do not fit in memory skipped)
+//   manual       the caller's forward and backward ranges, as given
+//
+// Every plan is scored with the bipartition objective (bottleneck_seconds,
+// comparable across solvers), compiled by the schedule compiler and run
+// through the simulator, whose iteration time is the plan's prediction.
+// uniform and pipedream ignore worker speeds when choosing cuts (they are
+// the baselines) but are simulated with them. Memory per worker follows
+// bipartition.h's formula; a uniform, pipedream or manual plan over a
+// worker's memory is RESOURCE_EXHAUSTED naming the worker.
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_SOLVE_PLAN_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_SOLVE_PLAN_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/planner/partition.h"
+#include "coordinator/planner/profile.h"
+#include "coordinator/planner/schedule_compiler.h"
+#include "coordinator/planner/simulator.h"
+#include "proto/pipetrain/v1/plan.pb.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+
+struct PlanOptions {
+  std::string solver = "bipartition";  // see above
+  std::string objective = "paper";     // paper | full
+  int micro_batches = 1;
+  Schedule schedule = Schedule::kOneFOneB;
+  // Solver "manual" only: one range per worker each.
+  std::vector<Range> manual_forward, manual_backward;
+};
+
+struct SolvedPlan {
+  std::string solver;     // for auto: the winner
+  std::string objective;
+  std::vector<Range> forward, backward;  // per worker
+  std::vector<double> memory_bytes;      // per worker (bipartition.h formula)
+  double bottleneck_seconds = 0;         // the objective's value
+  double solve_seconds = 0;              // wall time of the solver (all candidates for auto)
+  std::vector<v1::Program> programs;     // per worker
+  SimulationResult simulation;           // predicted iteration, bubble, timeline
+  std::map<std::string, double> candidates;  // auto: solver -> simulated seconds
+};
+
+// INVALID_ARGUMENT for an unknown solver/objective, micro_batches < 1, more
+// workers than a solver allows (uniform/pipedream: one unit each at least;
+// bipartition: 2 x units), bad manual ranges; RESOURCE_EXHAUSTED when no
+// plan fits in memory. Profile and cluster must be valid (profile.h parsers).
+absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterSpec& cluster,
+                                     const PlanOptions& options);
+
+// The TIED_EMBEDDING_GRAD size the simulator charges: the head's weight
+// bytes (its copy of wte plus the final LayerNorm, which is within 0.1 %).
+double TiedGradientBytes(const ModelProfile& profile);
+
+// A profile computed rather than measured: seconds = AnalyticUnitCosts'
+// FLOPs / flops_per_second (> 0), bytes from the model's tensor shapes
+// (activation B·T·d floats, the head's a 4-byte loss; stash = the saved
+// tensors' analytic size). For planning before any worker has profiled.
+ModelProfile AnalyticProfile(const GptConfig& config, int seq_len, int micro_batch_size,
+                             double flops_per_second);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_SOLVE_PLAN_H_

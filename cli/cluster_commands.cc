@@ -7,6 +7,7 @@
 #include <csignal>
 #include <random>
 #include <cstdio>
+#include <fstream>
 #include <sys/stat.h>
 
 #include "absl/strings/str_cat.h"
@@ -109,7 +110,7 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Uint64("seed", &o.seed, "seed for initialisation and data order");
   f.String("data", &o.data, "training corpus; empty = generated English text");
   f.Int64("synthetic-bytes", &o.synthetic_bytes, "size of the generated corpus");
-  f.String("solver", &o.solver, "uniform | pipedream");
+  f.String("solver", &o.solver, "uniform | pipedream | bipartition | auto");
   f.String("schedule", &o.schedule, "1f1b | gpipe");
 }
 
@@ -273,19 +274,63 @@ int RunJobs(const std::vector<std::string>& args) {
   return 0;
 }
 
+// The plan in a few lines: solver, prediction, and each stage's ranges.
+void PrintPlanSummary(const v1::Plan& plan) {
+  std::printf("plan v%lld: solver %s, objective %s, %s, %d micro-batches\n",
+              static_cast<long long>(plan.version()), plan.solver().c_str(),
+              plan.objective().c_str(), plan.schedule().c_str(), plan.micro_batches());
+  std::printf("predicted iteration %.4g s, bubble %.1f %%, bottleneck %.4g s, solved in %.3g s\n",
+              plan.predicted_iteration_seconds(), 100 * plan.bubble_fraction(),
+              plan.bottleneck_seconds(), plan.solve_seconds());
+  std::printf("costs: %s\n", plan.profile_source().c_str());
+  for (const auto& [solver, seconds] : plan.candidates()) {
+    std::printf("  candidate %-12s predicted %.4g s\n", solver.c_str(), seconds);
+  }
+  auto range = [](const v1::UnitRange& r) {
+    return r.begin() == r.end() ? std::string("-")
+                                : absl::StrCat(r.begin(), "..", r.end() - 1);
+  };
+  for (int s = 0; s < plan.stages_size(); ++s) {
+    std::printf("  stage %d %-8s forward %-8s backward %s\n", s,
+                plan.stages(s).worker_id().c_str(), range(plan.stages(s).forward()).c_str(),
+                range(plan.stages(s).backward()).c_str());
+  }
+}
+
 int RunJob(const std::vector<std::string>& args) {
   Connection c;
-  FlagSet flags("usage: pipetrain job ID [--coordinator HOST:PORT]   (prints the job as JSON)");
+  bool show_plan = false;
+  std::string timeline;
+  FlagSet flags(
+      "usage: pipetrain job ID [--coordinator HOST:PORT] [--plan] [--timeline FILE.svg]\n"
+      "  (prints the job as JSON; --plan adds its plan, --timeline writes the plan's "
+      "simulated timeline)");
   c.Bind(flags);
+  flags.Bool("plan", &show_plan, "also print the job's plan (solver, prediction, stages)");
+  flags.String("timeline", &timeline, "write the plan's simulated timeline (SVG) to this file");
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 1, &words, "job"); code >= 0) return code;
+  auto stub = ConnectCoordinator(c.coordinator, c.tls_ca);
   v1::GetJobRequest request;
   request.set_id(words[0]);
   v1::Job job;
-  grpc::Status s = ConnectCoordinator(c.coordinator, c.tls_ca)
-                       ->GetJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  grpc::Status s = stub->GetJob(WithDeadline(kRpcTimeout).get(), request, &job);
   if (!s.ok()) return Fail("job", ToAbsl(s));
   std::printf("%s", ToJson(job).c_str());
+  if (!show_plan && timeline.empty()) return 0;
+  v1::GetPlanRequest plan_request;
+  plan_request.set_job_id(words[0]);
+  v1::Plan plan;
+  s = stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan);
+  if (!s.ok()) return Fail("job", ToAbsl(s));
+  if (show_plan) PrintPlanSummary(plan);
+  if (!timeline.empty()) {
+    std::ofstream out(timeline, std::ios::binary);
+    out << plan.timeline_svg();
+    out.close();
+    if (!out) return Fail("job", absl::PermissionDeniedError("cannot write " + timeline));
+    std::printf("timeline: %s\n", timeline.c_str());
+  }
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cli/cluster_commands.h"
+#include "cli/plan_command.h"
 #include "cli/train_local_command.h"
 #include "kernels/cpu/blas.h"
 
@@ -19,6 +20,7 @@ constexpr char kUsage[] =
     "  job ID        show one job (JSON)\n"
     "  cancel ID     cancel a job\n"
     "  workers       list workers\n"
+    "  plan          split a profiled model over workers and show the timeline\n"
     "  train-local   train a GPT-2 model in this process (the reference)\n";
 
 }  // namespace
@@ -33,6 +35,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "train-local") return pipetrain::RunTrainLocal(args);
   if (command == "up") return pipetrain::RunUp(args);
+  if (command == "plan") return pipetrain::RunPlan(args);
   if (command == "submit") return pipetrain::RunSubmit(args);
   if (command == "jobs") return pipetrain::RunJobs(args);
   if (command == "job") return pipetrain::RunJob(args);

@@ -2,21 +2,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "coordinator/planner/schedule_compiler.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/timeline_render.h"
 
 namespace pipetrain {
-namespace {
-
-v1::UnitRange ToProto(const Range& r) {
-  v1::UnitRange out;
-  out.set_begin(r.begin);
-  out.set_end(r.end);
-  return out;
-}
-
-}  // namespace
-
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string& job_id,
                                      int64_t version, const ModelProfile& profile,
                                      const ClusterSpec& cluster,
@@ -48,8 +38,8 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   for (size_t s = 0; s < cluster.workers.size(); ++s) {
     v1::PlanStage* stage = plan.add_stages();
     stage->set_worker_id(cluster.workers[s].name);
-    *stage->mutable_forward() = ToProto(solved.forward[s]);
-    *stage->mutable_backward() = ToProto(solved.backward[s]);
+    *stage->mutable_forward() = ToUnitRange(solved.forward[s]);
+    *stage->mutable_backward() = ToUnitRange(solved.backward[s]);
     names.push_back(cluster.workers[s].name);
   }
   plan.set_bottleneck_seconds(solved.bottleneck_seconds);

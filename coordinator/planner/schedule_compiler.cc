@@ -7,13 +7,6 @@
 namespace pipetrain {
 namespace {
 
-v1::UnitRange ToProto(const Range& r) {
-  v1::UnitRange out;
-  out.set_begin(r.begin);
-  out.set_end(r.end);
-  return out;
-}
-
 v1::TensorKey Key(v1::TensorKind kind, int micro_batch, int unit) {
   v1::TensorKey key;
   key.set_kind(kind);
@@ -88,7 +81,7 @@ class WorkerEmitter {
     if (Empty(f_)) return;
     if (f_.begin > 0) AddRecv(p_, Key(v1::ACTIVATION, k, f_.begin - 1), own_.fo[f_.begin - 1]);
     auto* f = p_->add_instructions()->mutable_forward();
-    *f->mutable_units() = ToProto(f_);
+    *f->mutable_units() = ToUnitRange(f_);
     f->set_micro_batch(k);
     if (f_.end <= last_unit_) AddSend(p_, Key(v1::ACTIVATION, k, f_.end - 1), own_.fo[f_.end]);
     // Inputs other workers need to recompute units whose forward ran here.
@@ -106,14 +99,14 @@ class WorkerEmitter {
     if (routed >= 0) AddRecv(p_, Key(v1::ACTIVATION, k, routed), own_.fo[routed]);
     for (const Range& run : RecomputeRuns(f_, b_)) {
       auto* r = p_->add_instructions()->mutable_recompute();
-      *r->mutable_units() = ToProto(run);
+      *r->mutable_units() = ToUnitRange(run);
       r->set_micro_batch(k);
     }
     if (b_.end <= last_unit_) {
       AddRecv(p_, Key(v1::ACTIVATION_GRAD, k, b_.end), own_.bo[b_.end]);
     }
     auto* b = p_->add_instructions()->mutable_backward();
-    *b->mutable_units() = ToProto(b_);
+    *b->mutable_units() = ToUnitRange(b_);
     b->set_micro_batch(k);
     if (b_.begin > 0) AddSend(p_, Key(v1::ACTIVATION_GRAD, k, b_.begin), own_.bo[b_.begin - 1]);
   }
@@ -130,7 +123,7 @@ class WorkerEmitter {
       AddRecv(p_, key, peer);
     }
     if (w_ == embed_owner || w_ == head_owner) p_->add_instructions()->mutable_add_tied_gradient();
-    if (!Empty(b_)) *p_->add_instructions()->mutable_optimizer_step()->mutable_units() = ToProto(b_);
+    if (!Empty(b_)) *p_->add_instructions()->mutable_optimizer_step()->mutable_units() = ToUnitRange(b_);
     for (int u = b_.begin; u < b_.end; ++u) {
       if (own_.fo[u] != w_) AddSend(p_, Key(v1::UNIT_WEIGHTS, -1, u), own_.fo[u]);
     }
@@ -203,6 +196,13 @@ absl::Status CheckRanges(const std::vector<Range>& ranges, int num_units) {
 }
 
 }  // namespace
+
+v1::UnitRange ToUnitRange(const Range& r) {
+  v1::UnitRange out;
+  out.set_begin(r.begin);
+  out.set_end(r.end);
+  return out;
+}
 
 absl::StatusOr<Schedule> ParseSchedule(const std::string& name) {
   if (name == "1f1b") return Schedule::kOneFOneB;

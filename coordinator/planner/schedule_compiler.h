@@ -45,6 +45,9 @@ namespace pipetrain {
 
 enum class Schedule { kOneFOneB, kGPipe };
 
+// The wire form of a unit range.
+v1::UnitRange ToUnitRange(const Range& range);
+
 // "1f1b" | "gpipe"; INVALID_ARGUMENT otherwise.
 absl::StatusOr<Schedule> ParseSchedule(const std::string& name);
 std::string ScheduleName(Schedule schedule);

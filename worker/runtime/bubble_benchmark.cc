@@ -47,9 +47,7 @@ Measured RunPipeline(const TrainConfig& c, const Dataset& data, int stages, int 
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   for (int s = 0; s < stages; ++s) {
     transports.push_back(fabric.Connect(s));
-    v1::UnitRange range;
-    range.set_begin(ranges[s].begin);
-    range.set_end(ranges[s].end);
+    const v1::UnitRange range = ToUnitRange(ranges[s]);
     StageSetup setup{"bubble", c, s, stages, range, range, programs[s], absl::Seconds(600)};
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }

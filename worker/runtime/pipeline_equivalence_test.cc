@@ -51,13 +51,6 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data) {
   return out;
 }
 
-v1::UnitRange ToProto(const Range& r) {
-  v1::UnitRange out;
-  out.set_begin(r.begin);
-  out.set_end(r.end);
-  return out;
-}
-
 RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vector<Range>& forward,
                       const std::vector<Range>& backward, Schedule schedule) {
   const int stages = static_cast<int>(forward.size());
@@ -69,7 +62,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   for (int s = 0; s < stages; ++s) {
     transports.push_back(fabric.Connect(s));
-    StageSetup setup{"job-eq", c, s, stages, ToProto(forward[s]), ToProto(backward[s]),
+    StageSetup setup{"job-eq", c, s, stages, ToUnitRange(forward[s]), ToUnitRange(backward[s]),
                      programs[s], absl::Seconds(30)};
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }

@@ -44,13 +44,6 @@ double Median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-v1::UnitRange ToProto(const Range& r) {
-  v1::UnitRange out;
-  out.set_begin(r.begin);
-  out.set_end(r.end);
-  return out;
-}
-
 // Seconds of one AdamW step per byte of weights, on one thread.
 double OptimizerSecondsPerByte(const TrainConfig& c) {
   std::vector<std::unique_ptr<Unit>> units;
@@ -117,8 +110,8 @@ double RunPlan(const TrainConfig& c, const Dataset& data, const SolvedPlan& plan
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   for (int w = 0; w < workers; ++w) {
     transports.push_back(fabric.Connect(w));
-    StageSetup setup{"accuracy", c, w, workers, ToProto(plan.forward[w]),
-                     ToProto(plan.backward[w]), plan.programs[w], absl::Seconds(600)};
+    StageSetup setup{"accuracy", c, w, workers, ToUnitRange(plan.forward[w]),
+                     ToUnitRange(plan.backward[w]), plan.programs[w], absl::Seconds(600)};
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[w].get()).value());
   }
   std::vector<double> seconds;

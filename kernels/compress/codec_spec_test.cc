@@ -1,0 +1,75 @@
+#include "kernels/compress/codec_spec.h"
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+TEST(ParseCodecSpec, ValidSpecs_GiveStagesAndParameters) {
+  auto stages = ParseCodecSpec("token_topk:keep=0.5+piecewise:bits=4").value();
+  ASSERT_EQ(stages.size(), 2u);
+  EXPECT_EQ(stages[0].name, "token_topk");
+  EXPECT_EQ(stages[0].params.at("keep"), 0.5);
+  EXPECT_EQ(stages[1].name, "piecewise");
+  EXPECT_EQ(stages[1].params.at("bits"), 4);
+  EXPECT_EQ(ParseCodecSpec("fp16").value()[0].name, "fp16");
+  EXPECT_EQ(ParseCodecSpec("powersgd:rank=4").value()[0].params.at("rank"), 4);
+  EXPECT_EQ(ParseCodecSpec("elem_topk:keep=1").value()[0].params.at("keep"), 1);
+}
+
+TEST(ParseCodecSpec, BadSpecs_AreInvalidArgumentNamingTheProblem) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"", "empty codec spec"},
+      {"zstd", "unknown codec \"zstd\""},
+      {"linear", "linear: missing parameter bits"},
+      {"linear:bits=1", "linear: bits 1 is out of range 2..16"},
+      {"piecewise:bits=12", "piecewise: bits 12 is out of range 1..8"},
+      {"piecewise:bits=2.5", "piecewise: bits 2.5 is out of range 1..8 (an integer)"},
+      {"powersgd:rank=0", "powersgd: rank 0 is out of range 1..65536"},
+      {"token_topk:keep=0", "token_topk: keep 0 is out of range (0, 1]"},
+      {"elem_topk:keep=1.5", "elem_topk: keep 1.5 is out of range (0, 1]"},
+      {"fp16:bits=3", "fp16: unknown parameter \"bits\""},
+      {"linear:bits", "linear: parameter \"bits\" is not key=number"},
+      {"piecewise:bits=3+fp16", "only token_topk may be followed"},
+      {"token_topk:keep=0.5+token_topk:keep=0.5", "only token_topk may be followed"},
+      {"token_topk:keep=0.5+fp16+bf16", "only token_topk may be followed"},
+  };
+  for (const auto& [spec, message] : cases) {
+    auto parsed = ParseCodecSpec(spec);
+    ASSERT_FALSE(parsed.ok()) << spec;
+    EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_NE(parsed.status().message().find(message), std::string::npos)
+        << spec << ": " << parsed.status().message();
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+namespace pipetrain {
+namespace {
+
+// Every codec the grammar names builds, reports its spec as its name, and
+// round-trips a small tensor to its shape.
+TEST(MakeCodec, EverySpec_BuildsARoundTrippingCodec) {
+  const Tensor x = Tensor::FromVector({2, 3, 4}, {1, -2, 3, -4, 5, -6, 7, -8, 9, -10, 11, -12,
+                                                  0.5, 0.25, -0.125, 1, 2, 3, 4, 5, 6, 7, 8, 9});
+  for (const std::string spec :
+       {"fp16", "bf16", "linear:bits=4", "piecewise:bits=3", "elem_topk:keep=0.5",
+        "powersgd:rank=2", "token_topk:keep=0.5", "token_topk:keep=0.5+piecewise:bits=4"}) {
+    auto codec = MakeCodec(spec);
+    ASSERT_TRUE(codec.ok()) << spec << ": " << codec.status();
+    EXPECT_EQ((*codec)->name(), spec);
+    CodecState state;
+    auto payload = (*codec)->Encode(x, &state);
+    ASSERT_TRUE(payload.ok()) << spec << ": " << payload.status();
+    EXPECT_EQ(static_cast<int64_t>(payload->size()), (*codec)->EncodedBytes(x.shape())) << spec;
+    auto y = (*codec)->Decode(*payload);
+    ASSERT_TRUE(y.ok()) << spec << ": " << y.status();
+    EXPECT_EQ(y->shape(), x.shape()) << spec;
+  }
+  EXPECT_EQ(MakeCodec("piecewise:bits=9").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pipetrain

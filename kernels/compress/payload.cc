@@ -1,0 +1,152 @@
+#include "kernels/compress/payload.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr char kMagic[4] = {'P', 'T', 'C', '1'};
+
+template <typename T>
+void PutLittleEndian(std::string* out, T v) {
+  for (size_t i = 0; i < sizeof(T); ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
+}
+
+}  // namespace
+
+void ByteWriter::U16(uint16_t v) { PutLittleEndian(out_, v); }
+void ByteWriter::U32(uint32_t v) { PutLittleEndian(out_, v); }
+void ByteWriter::I64(int64_t v) { PutLittleEndian(out_, static_cast<uint64_t>(v)); }
+void ByteWriter::F32(float v) {
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof(bits));
+  U32(bits);
+}
+
+bool ByteReader::Bytes(int64_t n, absl::string_view* out) {
+  if (n < 0 || n > remaining()) return false;
+  *out = in_.substr(pos_, static_cast<size_t>(n));
+  pos_ += static_cast<size_t>(n);
+  return true;
+}
+
+bool ByteReader::U8(uint8_t* v) {
+  absl::string_view b;
+  if (!Bytes(1, &b)) return false;
+  *v = static_cast<uint8_t>(b[0]);
+  return true;
+}
+
+bool ByteReader::U16(uint16_t* v) {
+  absl::string_view b;
+  if (!Bytes(2, &b)) return false;
+  *v = static_cast<uint16_t>(static_cast<uint8_t>(b[0]) | (static_cast<uint8_t>(b[1]) << 8));
+  return true;
+}
+
+bool ByteReader::U32(uint32_t* v) {
+  absl::string_view b;
+  if (!Bytes(4, &b)) return false;
+  *v = 0;
+  for (int i = 3; i >= 0; --i) *v = (*v << 8) | static_cast<uint8_t>(b[i]);
+  return true;
+}
+
+bool ByteReader::I64(int64_t* v) {
+  absl::string_view b;
+  if (!Bytes(8, &b)) return false;
+  uint64_t u = 0;
+  for (int i = 7; i >= 0; --i) u = (u << 8) | static_cast<uint8_t>(b[i]);
+  *v = static_cast<int64_t>(u);
+  return true;
+}
+
+bool ByteReader::F32(float* v) {
+  uint32_t bits;
+  if (!U32(&bits)) return false;
+  std::memcpy(v, &bits, sizeof(bits));
+  return true;
+}
+
+void BitWriter::Put(uint32_t value, int bits) {
+  const uint64_t mask = bits == 32 ? 0xffffffffull : ((1ull << bits) - 1);
+  buffer_ |= (uint64_t{value} & mask) << filled_;
+  filled_ += bits;
+  while (filled_ >= 8) {
+    out_->push_back(static_cast<char>(buffer_ & 0xff));
+    buffer_ >>= 8;
+    filled_ -= 8;
+  }
+}
+
+void BitWriter::Finish() {
+  if (filled_ > 0) out_->push_back(static_cast<char>(buffer_ & 0xff));
+  buffer_ = 0;
+  filled_ = 0;
+}
+
+bool BitReader::Get(int bits, uint32_t* value) {
+  while (filled_ < bits) {
+    if (pos_ >= in_.size()) return false;
+    buffer_ |= uint64_t{static_cast<uint8_t>(in_[pos_++])} << filled_;
+    filled_ += 8;
+  }
+  const uint64_t mask = bits == 32 ? 0xffffffffull : ((1ull << bits) - 1);
+  *value = static_cast<uint32_t>(buffer_ & mask);
+  buffer_ >>= bits;
+  filled_ -= bits;
+  return true;
+}
+
+void WriteHeader(CodecId id, const Shape& shape, std::string* out) {
+  out->append(kMagic, 4);
+  ByteWriter w(out);
+  w.U8(static_cast<uint8_t>(id));
+  w.U8(static_cast<uint8_t>(shape.size()));
+  for (int64_t d : shape) w.I64(d);
+}
+
+absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader) {
+  absl::string_view magic;
+  if (!reader->Bytes(4, &magic) || magic != absl::string_view(kMagic, 4)) {
+    return absl::InvalidArgumentError("not a pipetrain codec payload (bad magic)");
+  }
+  uint8_t id = 0, rank = 0;
+  if (!reader->U8(&id) || !reader->U8(&rank)) {
+    return absl::InvalidArgumentError("payload truncated in its header");
+  }
+  if (id != static_cast<uint8_t>(expected)) {
+    return absl::InvalidArgumentError(absl::StrCat("payload is for codec ", int{id}, ", not ",
+                                                   static_cast<int>(expected)));
+  }
+  if (rank > kMaxPayloadRank) {
+    return absl::InvalidArgumentError(absl::StrCat("payload rank ", int{rank}, " > 8"));
+  }
+  Shape shape(rank);
+  double numel = 1;
+  for (int i = 0; i < rank; ++i) {
+    if (!reader->I64(&shape[i])) return absl::InvalidArgumentError("payload truncated in its shape");
+    if (shape[i] < 0) return absl::InvalidArgumentError("payload has a negative dimension");
+    numel *= static_cast<double>(shape[i]);
+  }
+  if (numel >= static_cast<double>(int64_t{1} << 40)) {
+    return absl::InvalidArgumentError("payload shape is implausibly large");
+  }
+  return shape;
+}
+
+absl::Status CheckFinite(const Tensor& x, absl::string_view codec) {
+  const float* p = x.data();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (!std::isfinite(p[i])) {
+      return absl::InvalidArgumentError(absl::StrCat(codec, ": element ", i, " is ", p[i],
+                                                     "; only finite values can be encoded"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain

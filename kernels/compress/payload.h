@@ -1,0 +1,115 @@
+// The common payload layout of every codec and the byte/bit packers codecs
+// build their bodies with.
+//
+// Header (little-endian):
+//   bytes 0-3   magic "PTC1"
+//   byte  4     codec id (CodecId)
+//   byte  5     rank r (0..8)
+//   bytes 6..   r dims, int64 each
+//   then the codec's own fields and body (see each codec's header).
+// kHeaderBytes(r) = 6 + 8 r.
+//
+// ByteReader never reads past its end: every read returns false (and the
+// callers return INVALID_ARGUMENT) when the payload is too short.
+#ifndef PIPETRAIN_KERNELS_COMPRESS_PAYLOAD_H_
+#define PIPETRAIN_KERNELS_COMPRESS_PAYLOAD_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/tensor.h"
+
+namespace pipetrain {
+
+enum class CodecId : uint8_t {
+  kFp16 = 1,
+  kBf16 = 2,
+  kLinear = 3,
+  kPiecewise = 4,
+  kTokenTopK = 5,
+  kElemTopK = 6,
+  kPowerSgd = 7,
+};
+
+inline constexpr int kMaxPayloadRank = 8;
+inline int64_t HeaderBytes(int rank) { return 6 + 8 * int64_t{rank}; }
+
+// Appends little-endian values to a string.
+class ByteWriter {
+ public:
+  explicit ByteWriter(std::string* out) : out_(out) {}
+  void U8(uint8_t v) { out_->push_back(static_cast<char>(v)); }
+  void U16(uint16_t v);
+  void U32(uint32_t v);
+  void I64(int64_t v);
+  void F32(float v);
+  void Bytes(const std::string& bytes) { out_->append(bytes); }
+
+ private:
+  std::string* out_;
+};
+
+// Reads little-endian values; each read returns false past the end.
+class ByteReader {
+ public:
+  explicit ByteReader(absl::string_view in) : in_(in) {}
+  bool U8(uint8_t* v);
+  bool U16(uint16_t* v);
+  bool U32(uint32_t* v);
+  bool I64(int64_t* v);
+  bool F32(float* v);
+  // The next `n` bytes as a view (false if fewer remain).
+  bool Bytes(int64_t n, absl::string_view* out);
+  int64_t remaining() const { return static_cast<int64_t>(in_.size() - pos_); }
+
+ private:
+  absl::string_view in_;
+  size_t pos_ = 0;
+};
+
+// Packs unsigned values of `bits` (1..32) bits each, LSB first, into bytes;
+// Finish pads the last byte with zeros. n values take ceil(n * bits / 8) bytes.
+class BitWriter {
+ public:
+  explicit BitWriter(std::string* out) : out_(out) {}
+  void Put(uint32_t value, int bits);
+  void Finish();
+
+ private:
+  std::string* out_;
+  uint64_t buffer_ = 0;
+  int filled_ = 0;
+};
+
+// Reads what BitWriter wrote from a byte range (never past its end; Get
+// returns false when fewer than `bits` bits remain).
+class BitReader {
+ public:
+  explicit BitReader(absl::string_view in) : in_(in) {}
+  bool Get(int bits, uint32_t* value);
+
+ private:
+  absl::string_view in_;
+  size_t pos_ = 0;
+  uint64_t buffer_ = 0;
+  int filled_ = 0;
+};
+
+inline int64_t PackedBytes(int64_t count, int bits) { return (count * bits + 7) / 8; }
+
+// Writes magic, id and shape.
+void WriteHeader(CodecId id, const Shape& shape, std::string* out);
+
+// Checks magic and id (INVALID_ARGUMENT naming what is wrong, e.g. "payload
+// is for codec 3, not 4"), reads the shape (rank <= 8, dims >= 0, numel <
+// 2^40) and leaves `reader` after the header.
+absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader);
+
+// INVALID_ARGUMENT naming the first non-finite element, else OK.
+absl::Status CheckFinite(const Tensor& x, absl::string_view codec);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_KERNELS_COMPRESS_PAYLOAD_H_

@@ -1,0 +1,126 @@
+#include "kernels/compress/payload.h"
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+uint32_t Mask(int bits) { return bits == 32 ? 0xffffffffu : (1u << bits) - 1; }
+
+TEST(BitPacking, RoundTrip_EveryWidth_ReturnsValuesAndPackedSize) {
+  std::mt19937 rng(7);
+  for (int bits = 1; bits <= 32; ++bits) {
+    for (int count : {0, 1, 2, 7, 8, 9, 33, 100}) {
+      std::vector<uint32_t> values(count);
+      for (auto& v : values) v = rng() & Mask(bits);
+      if (count > 0) values[0] = Mask(bits);  // The all-ones extreme.
+      std::string out;
+      BitWriter w(&out);
+      for (uint32_t v : values) w.Put(v, bits);
+      w.Finish();
+      ASSERT_EQ(static_cast<int64_t>(out.size()), PackedBytes(count, bits))
+          << "bits=" << bits << " count=" << count;
+      BitReader r(out);
+      for (int i = 0; i < count; ++i) {
+        uint32_t got = 0;
+        ASSERT_TRUE(r.Get(bits, &got)) << "bits=" << bits << " i=" << i;
+        ASSERT_EQ(got, values[i]) << "bits=" << bits << " i=" << i;
+      }
+    }
+  }
+}
+
+TEST(BitPacking, Put_ValueWiderThanBits_KeepsOnlyLowBits) {
+  std::string out;
+  BitWriter w(&out);
+  w.Put(0xff, 3);
+  w.Put(0, 5);
+  w.Finish();
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(static_cast<uint8_t>(out[0]), 0x07);
+}
+
+TEST(BitPacking, Get_TruncatedInput_ReturnsFalseAtTheEnd) {
+  for (int bits = 1; bits <= 32; ++bits) {
+    const int count = 10;
+    std::string out;
+    BitWriter w(&out);
+    for (int i = 0; i < count; ++i) w.Put(static_cast<uint32_t>(i) & Mask(bits), bits);
+    w.Finish();
+    for (size_t len = 0; len < out.size(); ++len) {
+      BitReader r(absl::string_view(out).substr(0, len));
+      const int64_t whole = static_cast<int64_t>(len) * 8 / bits;  // Values that fit.
+      uint32_t v = 0;
+      for (int64_t i = 0; i < whole; ++i) {
+        ASSERT_TRUE(r.Get(bits, &v)) << "bits=" << bits << " len=" << len << " i=" << i;
+        ASSERT_EQ(v, static_cast<uint32_t>(i) & Mask(bits));
+      }
+      EXPECT_FALSE(r.Get(bits, &v)) << "bits=" << bits << " len=" << len;
+    }
+  }
+}
+
+TEST(ByteReader, Reads_PastEnd_ReturnFalse) {
+  std::string out;
+  ByteWriter w(&out);
+  w.U8(0xab);
+  w.U16(0x1234);
+  w.U32(0xdeadbeef);
+  w.I64(-5);
+  w.F32(1.5f);
+  ByteReader r(out);
+  uint8_t a;
+  uint16_t b;
+  uint32_t c;
+  int64_t d;
+  float e;
+  ASSERT_TRUE(r.U8(&a) && r.U16(&b) && r.U32(&c) && r.I64(&d) && r.F32(&e));
+  EXPECT_EQ(a, 0xab);
+  EXPECT_EQ(b, 0x1234);
+  EXPECT_EQ(c, 0xdeadbeefu);
+  EXPECT_EQ(d, -5);
+  EXPECT_EQ(e, 1.5f);
+  EXPECT_EQ(r.remaining(), 0);
+  EXPECT_FALSE(r.U8(&a));
+  ByteReader short_reader(absl::string_view(out).substr(0, 2));
+  EXPECT_FALSE(short_reader.U32(&c));
+}
+
+TEST(Header, RoundTrip_Shape_ReturnsShape) {
+  std::string out;
+  WriteHeader(CodecId::kLinear, {2, 0, 3}, &out);
+  EXPECT_EQ(static_cast<int64_t>(out.size()), HeaderBytes(3));
+  ByteReader r(out);
+  auto shape = ReadHeader(CodecId::kLinear, &r);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(*shape, (Shape{2, 0, 3}));
+  EXPECT_EQ(r.remaining(), 0);
+}
+
+TEST(Header, ReadHeader_WrongId_InvalidArgument) {
+  std::string out;
+  WriteHeader(CodecId::kFp16, {4}, &out);
+  ByteReader r(out);
+  auto shape = ReadHeader(CodecId::kBf16, &r);
+  EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(shape.status().message().find("payload is for codec 1, not 2"), std::string::npos);
+}
+
+TEST(Header, ReadHeader_EveryPrefix_InvalidArgument) {
+  std::string out;
+  WriteHeader(CodecId::kFp16, {4, 5}, &out);
+  for (size_t len = 0; len < out.size(); ++len) {
+    ByteReader r(absl::string_view(out).substr(0, len));
+    EXPECT_EQ(ReadHeader(CodecId::kFp16, &r).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << "len=" << len;
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain

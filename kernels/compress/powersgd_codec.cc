@@ -1,0 +1,156 @@
+#include "kernels/compress/powersgd_codec.h"
+
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/philox.h"
+#include "common/status_macros.h"
+#include "kernels/compress/payload.h"
+#include "kernels/cpu/blas.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr uint64_t kQSeed = 0x5057525347440001ull;  // Fixed: payloads are reproducible.
+constexpr float kDependentColumn = 1e-5f;
+constexpr int kMaxRank = 65536;
+
+struct MatrixView {
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+MatrixView AsMatrix(const Shape& shape) {
+  if (shape.empty()) return {1, 1};
+  return {NumElements(Shape(shape.begin(), shape.end() - 1)), shape.back()};
+}
+
+double ColumnNorm(const float* a, int64_t rows, int r, int col) {
+  double sum = 0;
+  for (int64_t i = 0; i < rows; ++i) sum += double{a[i * r + col]} * a[i * r + col];
+  return std::sqrt(sum);
+}
+
+// Modified Gram-Schmidt with one re-orthogonalisation pass (header, step 3).
+void Orthonormalise(float* p, int64_t rows, int r) {
+  for (int c = 0; c < r; ++c) {
+    const double before = ColumnNorm(p, rows, r, c);
+    for (int pass = 0; pass < 2; ++pass) {
+      for (int prev = 0; prev < c; ++prev) {
+        double dot = 0;
+        for (int64_t i = 0; i < rows; ++i) dot += double{p[i * r + prev]} * p[i * r + c];
+        for (int64_t i = 0; i < rows; ++i) p[i * r + c] -= static_cast<float>(dot * p[i * r + prev]);
+      }
+    }
+    const double after = ColumnNorm(p, rows, r, c);
+    const bool dependent = before == 0.0 || after <= kDependentColumn * before;
+    const float scale = dependent ? 0.0f : static_cast<float>(1.0 / after);
+    for (int64_t i = 0; i < rows; ++i) p[i * r + c] *= scale;
+  }
+}
+
+// The start Q [cols, r] (header, step 1).
+Tensor StartQ(const CodecState* state, int64_t cols, int r) {
+  Tensor fresh = Tensor::Zeros({cols, r});
+  FillNormal(kQSeed, HashName("powersgd_q"), 0.0f, 1.0f, fresh.data(), fresh.numel());
+  if (state == nullptr || state->powersgd_q.shape() != Shape{cols, r}) return fresh;
+  Tensor q = state->powersgd_q.Clone();
+  for (int c = 0; c < r; ++c) {
+    if (ColumnNorm(q.data(), cols, r, c) != 0.0) continue;
+    for (int64_t i = 0; i < cols; ++i) q[i * r + c] = fresh[i * r + c];
+  }
+  return q;
+}
+
+class PowerSgdCodec : public Codec {
+ public:
+  explicit PowerSgdCodec(int rank) : rank_(rank) {}
+
+  std::string name() const override { return absl::StrCat("powersgd:rank=", rank_); }
+
+  absl::StatusOr<std::string> Encode(const Tensor& x, CodecState* state) const override {
+    RETURN_IF_ERROR(CheckFinite(x, "powersgd"));
+    const MatrixView m = AsMatrix(x.shape());
+    RETURN_IF_ERROR(CheckBlasDims(m, x.shape()));
+    Tensor p = Tensor::Zeros({m.rows, rank_});
+    Tensor q = Tensor::Zeros({m.cols, rank_});
+    if (m.rows > 0 && m.cols > 0) {
+      Tensor q0 = StartQ(state, m.cols, rank_);
+      const int rows = static_cast<int>(m.rows), cols = static_cast<int>(m.cols);
+      Sgemm(false, false, rows, rank_, cols, 1.0f, x.data(), cols, q0.data(), rank_, 0.0f,
+            p.data(), rank_);
+      Orthonormalise(p.data(), m.rows, rank_);
+      Sgemm(true, false, cols, rank_, rows, 1.0f, x.data(), cols, p.data(), rank_, 0.0f,
+            q.data(), rank_);
+      if (state != nullptr) state->powersgd_q = q.Clone();
+    }
+    std::string out;
+    out.reserve(static_cast<size_t>(EncodedBytes(x.shape())));
+    WriteHeader(CodecId::kPowerSgd, x.shape(), &out);
+    ByteWriter w(&out);
+    w.U32(static_cast<uint32_t>(rank_));
+    for (int64_t i = 0; i < p.numel(); ++i) w.F32(p[i]);
+    for (int64_t i = 0; i < q.numel(); ++i) w.F32(q[i]);
+    return out;
+  }
+
+  absl::StatusOr<Tensor> Decode(absl::string_view payload) const override {
+    ByteReader r(payload);
+    ASSIGN_OR_RETURN(Shape shape, ReadHeader(CodecId::kPowerSgd, &r));
+    const MatrixView m = AsMatrix(shape);
+    uint32_t rank = 0;
+    if (!r.U32(&rank)) return absl::InvalidArgumentError("powersgd: payload truncated in rank");
+    if (rank != static_cast<uint32_t>(rank_)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("powersgd: payload has rank ", rank, ", this codec rank ", rank_));
+    }
+    const int64_t expected = 4 * int64_t{rank_} * (m.rows + m.cols);
+    if (r.remaining() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat("powersgd: body is ", r.remaining(),
+                                                     " bytes, expected ", expected));
+    }
+    RETURN_IF_ERROR(CheckBlasDims(m, shape));
+    Tensor p = Tensor::Zeros({m.rows, rank_});
+    Tensor q = Tensor::Zeros({m.cols, rank_});
+    for (int64_t i = 0; i < p.numel(); ++i) r.F32(&p[i]);
+    for (int64_t i = 0; i < q.numel(); ++i) r.F32(&q[i]);
+    RETURN_IF_ERROR(CheckFinite(p, "powersgd decode (P)"));
+    RETURN_IF_ERROR(CheckFinite(q, "powersgd decode (Q)"));
+    Tensor out = Tensor::Zeros(shape);
+    if (m.rows > 0 && m.cols > 0) {
+      const int rows = static_cast<int>(m.rows), cols = static_cast<int>(m.cols);
+      Sgemm(false, true, rows, cols, rank_, 1.0f, p.data(), rank_, q.data(), rank_, 0.0f,
+            out.data(), cols);
+    }
+    return out;
+  }
+
+  int64_t EncodedBytes(const Shape& shape) const override {
+    const MatrixView m = AsMatrix(shape);
+    return HeaderBytes(static_cast<int>(shape.size())) + 4 + 4 * int64_t{rank_} * (m.rows + m.cols);
+  }
+
+ private:
+  static absl::Status CheckBlasDims(const MatrixView& m, const Shape& shape) {
+    constexpr int64_t kMax = std::numeric_limits<int>::max();
+    if (m.rows <= kMax && m.cols <= kMax) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "powersgd: ", ShapeToString(shape), " as a matrix is ", m.rows, " x ", m.cols,
+        "; both sides must be below 2^31"));
+  }
+
+  int rank_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Codec>> MakePowerSgdCodec(int rank) {
+  if (rank < 1 || rank > kMaxRank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("powersgd: rank ", rank, " is out of range 1..", kMaxRank));
+  }
+  return std::unique_ptr<Codec>(new PowerSgdCodec(rank));
+}
+
+}  // namespace pipetrain

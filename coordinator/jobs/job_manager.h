@@ -1,6 +1,9 @@
 // JobManager: the life of a job, from submission to trained weights.
 //
 //   Submit ──> QUEUED ──(enough READY workers)──> PLANNING ──> RUNNING
+//               │  ▲                                             │
+//               ▼  │ (bipartition/auto, no cached profile)       │
+//             PROFILING                                          │
 //                │                                              │
 //                └── Cancel ──> CANCELLED <── Cancel ───────────┤
 //                                          FAILED <── worker lost / error

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# deploy/prometheus: promtool accepts the scrape config and the alert rules,
+# the rules' unit tests (alerts_test.yml) pass, and a copy of the rules with
+# a syntax error is rejected, so the check cannot pass vacuously.
+set -u
+D="$TEST_SRCDIR/$TEST_WORKSPACE/deploy/prometheus"
+T="$TEST_TMPDIR"
+pass=0 fail=0
+check() { local name=$1; shift; if "$@" > "$T/out.txt" 2>&1; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $name"; cat "$T/out.txt"; fi; }
+fails() { ! "$@"; }
+# Succeeds when `promtool check rules FILE` fails with a message matching PATTERN.
+rejects() { ! promtool check rules "$1" > "$T/rejected.txt" 2>&1 && grep -q "$2" "$T/rejected.txt"; }
+
+if ! command -v promtool > /dev/null; then
+  echo "promtool is missing: run scripts/setup.sh (Debian package prometheus)"
+  exit 1
+fi
+
+check "promtool check rules alerts.yml" promtool check rules "$D/alerts.yml"
+check "promtool check config prometheus.yml" promtool check config "$D/prometheus.yml"
+check "promtool test rules alerts_test.yml" promtool test rules "$D/alerts_test.yml"
+
+# A colon dropped after "expr" turns the first rule into invalid YAML.
+sed '0,/expr:/s/expr:/expr/' "$D/alerts.yml" > "$T/broken_syntax.yml"
+check "broken copy differs" fails cmp -s "$D/alerts.yml" "$T/broken_syntax.yml"
+check "promtool rejects a YAML syntax error" rejects "$T/broken_syntax.yml" "could not find expected ':'"
+# Valid YAML, invalid PromQL: an unclosed parenthesis in an expression.
+sed '0,/min_over_time(/s/min_over_time(/min_over_time((/' "$D/alerts.yml" > "$T/broken_promql.yml"
+check "promtool rejects a PromQL error" rejects "$T/broken_promql.yml" "unclosed left parenthesis"
+
+echo "$pass passed, $fail failed"
+[ "$fail" -eq 0 ]

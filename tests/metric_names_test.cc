@@ -1,0 +1,219 @@
+// Every metric the alert rules in deploy/prometheus/alerts.yml query is
+// exported: a local cluster runs a short two-stage job, and the names found
+// in the rules' PromQL must all appear in the coordinator's or a worker's
+// /metrics. A rule on a misspelt or removed metric would otherwise never
+// fire, silently.
+#include <cctype>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <set>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "cli/coordinator_client.h"
+#include "cli/local_cluster.h"
+#include "common/ports_file.h"
+#include "gtest/gtest.h"
+#include "httplib.h"
+#include "tests/cluster_testing.h"
+
+namespace pipetrain {
+namespace {
+
+using NameSet = std::set<std::string, std::less<>>;
+
+constexpr absl::string_view kPrefix = "pipetrain_";
+constexpr absl::string_view kHistogramSuffixes[] = {"_bucket", "_sum", "_count"};
+
+bool IsNameChar(char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == ':'; }
+
+size_t Indent(absl::string_view line) { return line.find_first_not_of(' '); }
+
+// Adds each identifier of `promql` that starts with "pipetrain_". Label
+// values are quoted and never start an identifier: the quote is skipped
+// with the string's contents.
+void AddMetricNames(absl::string_view promql, NameSet& names) {
+  for (size_t i = 0; i < promql.size();) {
+    if (promql[i] == '"') {
+      const size_t close = promql.find('"', i + 1);
+      i = close == absl::string_view::npos ? promql.size() : close + 1;
+    } else if (IsNameChar(promql[i])) {
+      size_t end = i;
+      while (end < promql.size() && IsNameChar(promql[end])) ++end;
+      const absl::string_view word = promql.substr(i, end - i);
+      if (absl::StartsWith(word, kPrefix)) names.insert(std::string(word));
+      i = end;
+    } else {
+      ++i;
+    }
+  }
+}
+
+// The metric names in the `expr:` values of a rules file: an inline value,
+// or a block (`expr: |`) of the following lines indented deeper than the
+// key. Comments, labels and annotations are not PromQL and are skipped.
+NameSet PromqlMetricNames(const std::string& rules_yaml) {
+  NameSet names;
+  std::istringstream in(rules_yaml);
+  std::string line;
+  size_t block_indent = std::string::npos;  // npos: not inside an expr block
+  while (std::getline(in, line)) {
+    const size_t indent = Indent(line);
+    if (indent == std::string::npos) continue;  // blank lines stay in a block
+    if (block_indent != std::string::npos && indent > block_indent) {
+      AddMetricNames(line, names);
+      continue;
+    }
+    block_indent = std::string::npos;
+    absl::string_view rest = absl::string_view(line).substr(indent);
+    absl::ConsumePrefix(&rest, "- ");
+    if (!absl::ConsumePrefix(&rest, "expr:")) continue;
+    if (absl::StripAsciiWhitespace(rest) == "|" || absl::StripAsciiWhitespace(rest) == ">") {
+      block_indent = indent;
+    } else {
+      AddMetricNames(rest, names);
+    }
+  }
+  return names;
+}
+
+// The names in a Prometheus text exposition: every sample's name, and every
+// family named by a "# TYPE" line, with its type.
+struct Exposition {
+  NameSet samples;
+  std::map<std::string, std::string, std::less<>> families;  // name -> type
+};
+
+void AddExposition(const std::string& text, Exposition& out) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (absl::StartsWith(line, "# TYPE ")) {
+      std::istringstream words(line.substr(7));
+      std::string name, type;
+      words >> name >> type;
+      out.families[name] = type;
+    } else if (!line.empty() && line[0] != '#') {
+      out.samples.insert(line.substr(0, line.find_first_of("{ ")));
+    }
+  }
+}
+
+// Whether `name`, as PromQL would select it, has samples: a sample name, or
+// name_bucket/_sum/_count of a histogram or summary family.
+bool IsExported(absl::string_view name, const Exposition& exposition) {
+  if (exposition.samples.count(name) > 0) return true;
+  for (absl::string_view suffix : kHistogramSuffixes) {
+    absl::string_view base = name;
+    if (!absl::ConsumeSuffix(&base, suffix)) continue;
+    const auto it = exposition.families.find(base);
+    if (it != exposition.families.end() && (it->second == "histogram" || it->second == "summary")) {
+      return true;
+    }
+  }
+  return false;
+}
+
+std::vector<std::string> Missing(const NameSet& referenced, const Exposition& exposition) {
+  std::vector<std::string> missing;
+  for (const std::string& name : referenced) {
+    if (!IsExported(name, exposition)) missing.push_back(name);
+  }
+  return missing;
+}
+
+std::string ReadRunfile(const std::string& path) {
+  const std::string full =
+      std::string(std::getenv("TEST_SRCDIR")) + "/" + std::getenv("TEST_WORKSPACE") + "/" + path;
+  std::ifstream in(full);
+  EXPECT_TRUE(in.good()) << "cannot read " << full << ": check the test's data";
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string Scrape(int port) {
+  httplib::Client client("127.0.0.1", port);
+  auto response = client.Get("/metrics");
+  EXPECT_TRUE(response && response->status == 200) << "GET /metrics on port " << port;
+  return response ? response->body : "";
+}
+
+TEST(MetricNamesTest, PromqlMetricNames_BlockAndInlineExpr_OnlyPromqlNames) {
+  const std::string rules =
+      "# pipetrain_in_comment\n"
+      "groups:\n"
+      "  - name: g\n"
+      "    rules:\n"
+      "      - alert: A\n"
+      "        expr: |\n"
+      "          rate(pipetrain_a_total{kind=\"pipetrain_label_value\"}[5m])\n"
+      "\n"
+      "            / on (instance) pipetrain_b_seconds_bucket > 0\n"
+      "        for: 1m\n"
+      "        annotations:\n"
+      "          description: see pipetrain_in_annotation\n"
+      "      - expr: up + pipetrain_c\n"
+      "        record: pipetrain:recorded\n";
+  EXPECT_EQ(PromqlMetricNames(rules),
+            (NameSet{"pipetrain_a_total", "pipetrain_b_seconds_bucket", "pipetrain_c"}));
+}
+
+TEST(MetricNamesTest, Missing_MadeUpAndHistogramNames_OnlyMadeUpReported) {
+  Exposition exposition;
+  AddExposition(
+      "# HELP pipetrain_rpc_duration_seconds h\n"
+      "# TYPE pipetrain_rpc_duration_seconds histogram\n"
+      "pipetrain_rpc_duration_seconds_count{method=\"A\"} 1\n"
+      "# TYPE pipetrain_job_loss gauge\n"
+      "pipetrain_job_loss 2.5\n",
+      exposition);
+  const NameSet referenced = {"pipetrain_job_loss", "pipetrain_rpc_duration_seconds_count",
+                              "pipetrain_rpc_duration_seconds_bucket", "pipetrain_job_loss_sum",
+                              "pipetrain_made_up_metric_total"};
+  EXPECT_EQ(Missing(referenced, exposition),
+            (std::vector<std::string>{"pipetrain_job_loss_sum", "pipetrain_made_up_metric_total"}));
+}
+
+TEST(MetricNamesTest, AlertRules_LiveCluster_EveryMetricExported) {
+  const NameSet referenced = PromqlMetricNames(ReadRunfile("deploy/prometheus/alerts.yml"));
+  ASSERT_GE(referenced.size(), 4u) << "the tokenizer found too few names in alerts.yml";
+
+  auto cluster = testing::StartTestCluster("names", 2);
+  ASSERT_NE(cluster, nullptr);
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+  v1::JobSpec spec;
+  spec.mutable_model()->set_n_layer(1);
+  spec.mutable_model()->set_n_head(2);
+  spec.mutable_model()->set_d_model(16);
+  spec.mutable_training()->set_seq_len(8);
+  spec.mutable_training()->set_batch_size(2);
+  spec.mutable_training()->set_micro_batches(2);
+  spec.mutable_training()->set_steps(3);
+  spec.mutable_data()->set_synthetic_bytes(5000);
+  spec.mutable_parallelism()->set_stages(2);
+  const std::string id = testing::SubmitJob(*stub, spec);
+  const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+
+  Exposition exposition;
+  const std::string coordinator = Scrape(std::stoi(cluster->http_address().substr(10)));
+  AddExposition(coordinator, exposition);
+  const std::string ports = std::string(std::getenv("TEST_TMPDIR")) + "/names/worker-0.ports";
+  const std::string worker = Scrape(ReadPort(ports, "metrics_port").value());
+  AddExposition(worker, exposition);
+
+  EXPECT_EQ(Missing(referenced, exposition), std::vector<std::string>{})
+      << "alerts.yml queries metrics nobody exports.\ncoordinator:\n"
+      << coordinator << "\nworker-0:\n" << worker;
+  // The same check on a name nobody exports fails, so it is not vacuous.
+  EXPECT_EQ(Missing({"pipetrain_made_up_metric_total"}, exposition),
+            std::vector<std::string>{"pipetrain_made_up_metric_total"});
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,8 +1,9 @@
-// Every metric the alert rules in deploy/prometheus/alerts.yml query is
-// exported: a local cluster runs a short two-stage job, and the names found
-// in the rules' PromQL must all appear in the coordinator's or a worker's
-// /metrics. A rule on a misspelt or removed metric would otherwise never
-// fire, silently.
+// Every metric the alert rules in deploy/prometheus/alerts.yml and the
+// Grafana dashboard dashboards/pipetrain.json query is exported: a local
+// cluster runs a short two-stage job, and the names found in their PromQL
+// must all appear in the coordinator's or a worker's /metrics. A rule on a
+// misspelt or removed metric would otherwise never fire, and a panel would
+// stay empty, silently.
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -13,7 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
 #include "cli/coordinator_client.h"
@@ -21,6 +25,7 @@
 #include "common/ports_file.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
+#include "nlohmann/json.hpp"
 #include "tests/cluster_testing.h"
 
 namespace pipetrain {
@@ -81,6 +86,60 @@ NameSet PromqlMetricNames(const std::string& rules_yaml) {
     }
   }
   return names;
+}
+
+// Appends the "expr" of each target of `panels`, and of the panels nested in
+// (collapsed) rows. Members of the wrong type are skipped: this reads what
+// Grafana would query, it does not validate the schema.
+void AddPanelExprs(const nlohmann::json& panels, std::vector<std::string>& queries) {
+  if (!panels.is_array()) return;
+  for (const nlohmann::json& panel : panels) {
+    if (!panel.is_object()) continue;
+    if (panel.contains("panels")) AddPanelExprs(panel["panels"], queries);
+    if (!panel.contains("targets") || !panel["targets"].is_array()) continue;
+    for (const nlohmann::json& target : panel["targets"]) {
+      if (target.is_object() && target.contains("expr") && target["expr"].is_string()) {
+        queries.push_back(target["expr"].get<std::string>());
+      }
+    }
+  }
+}
+
+// Appends the query of each "query" template variable: a string, or an
+// object whose "query" is (the Prometheus variable editor's form).
+void AddVariableQueries(const nlohmann::json& dashboard, std::vector<std::string>& queries) {
+  if (!dashboard.contains("templating") || !dashboard["templating"].is_object()) return;
+  const nlohmann::json& templating = dashboard["templating"];
+  if (!templating.contains("list") || !templating["list"].is_array()) return;
+  const nlohmann::json& list = templating["list"];
+  for (const nlohmann::json& variable : list) {
+    if (!variable.is_object() || !variable.contains("type") || variable["type"] != "query" ||
+        !variable.contains("query")) {
+      continue;
+    }
+    const nlohmann::json& query = variable["query"];
+    if (query.is_string()) {
+      queries.push_back(query.get<std::string>());
+    } else if (query.is_object() && query.contains("query") && query["query"].is_string()) {
+      queries.push_back(query["query"].get<std::string>());
+    }
+  }
+}
+
+// The PromQL a Grafana dashboard sends: target exprs and variable queries.
+// INVALID_ARGUMENT naming `path` when the text is not a JSON object.
+absl::StatusOr<std::vector<std::string>> DashboardQueries(const std::string& path,
+                                                          const std::string& text) {
+  // Without exceptions: a parse error yields a "discarded" value.
+  const nlohmann::json dashboard = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!dashboard.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is not a JSON object; check it with `jq . ", path, "`"));
+  }
+  std::vector<std::string> queries;
+  if (dashboard.contains("panels")) AddPanelExprs(dashboard["panels"], queries);
+  AddVariableQueries(dashboard, queries);
+  return queries;
 }
 
 // The names in a Prometheus text exposition: every sample's name, and every
@@ -179,40 +238,117 @@ TEST(MetricNamesTest, Missing_MadeUpAndHistogramNames_OnlyMadeUpReported) {
             (std::vector<std::string>{"pipetrain_job_loss_sum", "pipetrain_made_up_metric_total"}));
 }
 
-TEST(MetricNamesTest, AlertRules_LiveCluster_EveryMetricExported) {
+TEST(MetricNamesTest, DashboardQueries_RowsAndVariables_ExprsAndQueriesOnly) {
+  const std::string dashboard = R"json({
+    "description": "pipetrain_in_description",
+    "panels": [
+      {"type": "timeseries", "targets": [{"expr": "pipetrain_a", "legendFormat": "pipetrain_x"}]},
+      {"type": "row", "collapsed": true,
+       "panels": [{"targets": [{"expr": "rate(pipetrain_b_total[$__rate_interval])"}]}]},
+      {"type": "text", "options": {"content": "pipetrain_in_text"}}
+    ],
+    "templating": {"list": [
+      {"type": "datasource", "name": "datasource", "query": "prometheus"},
+      {"type": "query", "name": "w", "query": "label_values(pipetrain_c, instance)"},
+      {"type": "query", "name": "s",
+       "query": {"qryType": 1, "query": "label_values(pipetrain_d{instance=~\"$w\"}, stage)"}}
+    ]}
+  })json";
+  absl::StatusOr<std::vector<std::string>> queries = DashboardQueries("d.json", dashboard);
+  ASSERT_TRUE(queries.ok()) << queries.status();
+  NameSet names;
+  for (const std::string& query : *queries) AddMetricNames(query, names);
+  EXPECT_EQ(names, (NameSet{"pipetrain_a", "pipetrain_b_total", "pipetrain_c", "pipetrain_d"}));
+}
+
+TEST(MetricNamesTest, DashboardQueries_NotJson_InvalidArgumentNamingFile) {
+  absl::StatusOr<std::vector<std::string>> queries = DashboardQueries("d.json", "{\"panels\": [");
+  EXPECT_EQ(queries.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(queries.status().message(), "d.json is not a JSON object"))
+      << queries.status();
+}
+
+// Runs a short two-stage job on a local cluster once for the suite, then
+// scrapes the coordinator and worker 0 (both workers export the same
+// families, so one suffices).
+class LiveClusterTest : public ::testing::Test {
+ protected:
+  struct Scraped {
+    std::string coordinator;
+    std::string worker;
+    Exposition exposition;
+  };
+
+  static void SetUpTestSuite() {
+    scraped_ = new Scraped;
+    RunJobAndScrape(*scraped_);
+  }
+  static void TearDownTestSuite() {
+    delete scraped_;
+    scraped_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_FALSE(scraped_->coordinator.empty() || scraped_->worker.empty())
+        << "the cluster's job or a scrape failed (see the suite's set-up failures)";
+  }
+
+  // Every name in `referenced` is exported; `what` names their source.
+  static void ExpectAllExported(const NameSet& referenced, const std::string& what) {
+    EXPECT_EQ(Missing(referenced, scraped_->exposition), std::vector<std::string>{})
+        << what << " queries metrics nobody exports.\ncoordinator:\n"
+        << scraped_->coordinator << "\nworker-0:\n" << scraped_->worker;
+    // The same check on a name nobody exports fails, so it is not vacuous.
+    EXPECT_EQ(Missing({"pipetrain_made_up_metric_total"}, scraped_->exposition),
+              std::vector<std::string>{"pipetrain_made_up_metric_total"});
+  }
+
+  static Scraped* scraped_;
+
+ private:
+  static void RunJobAndScrape(Scraped& out) {
+    auto cluster = testing::StartTestCluster("names", 2);
+    ASSERT_NE(cluster, nullptr);
+    auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+    v1::JobSpec spec;
+    spec.mutable_model()->set_n_layer(1);
+    spec.mutable_model()->set_n_head(2);
+    spec.mutable_model()->set_d_model(16);
+    spec.mutable_training()->set_seq_len(8);
+    spec.mutable_training()->set_batch_size(2);
+    spec.mutable_training()->set_micro_batches(2);
+    spec.mutable_training()->set_steps(3);
+    spec.mutable_data()->set_synthetic_bytes(5000);
+    spec.mutable_parallelism()->set_stages(2);
+    const std::string id = testing::SubmitJob(*stub, spec);
+    const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
+    ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+
+    out.coordinator = Scrape(std::stoi(cluster->http_address().substr(10)));
+    AddExposition(out.coordinator, out.exposition);
+    const std::string ports = std::string(std::getenv("TEST_TMPDIR")) + "/names/worker-0.ports";
+    out.worker = Scrape(ReadPort(ports, "metrics_port").value());
+    AddExposition(out.worker, out.exposition);
+  }
+};
+
+LiveClusterTest::Scraped* LiveClusterTest::scraped_ = nullptr;
+
+TEST_F(LiveClusterTest, AlertRules_LiveCluster_EveryMetricExported) {
   const NameSet referenced = PromqlMetricNames(ReadRunfile("deploy/prometheus/alerts.yml"));
   ASSERT_GE(referenced.size(), 4u) << "the tokenizer found too few names in alerts.yml";
+  ExpectAllExported(referenced, "alerts.yml");
+}
 
-  auto cluster = testing::StartTestCluster("names", 2);
-  ASSERT_NE(cluster, nullptr);
-  auto stub = ConnectCoordinator(cluster->grpc_address(), "");
-  v1::JobSpec spec;
-  spec.mutable_model()->set_n_layer(1);
-  spec.mutable_model()->set_n_head(2);
-  spec.mutable_model()->set_d_model(16);
-  spec.mutable_training()->set_seq_len(8);
-  spec.mutable_training()->set_batch_size(2);
-  spec.mutable_training()->set_micro_batches(2);
-  spec.mutable_training()->set_steps(3);
-  spec.mutable_data()->set_synthetic_bytes(5000);
-  spec.mutable_parallelism()->set_stages(2);
-  const std::string id = testing::SubmitJob(*stub, spec);
-  const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
-
-  Exposition exposition;
-  const std::string coordinator = Scrape(std::stoi(cluster->http_address().substr(10)));
-  AddExposition(coordinator, exposition);
-  const std::string ports = std::string(std::getenv("TEST_TMPDIR")) + "/names/worker-0.ports";
-  const std::string worker = Scrape(ReadPort(ports, "metrics_port").value());
-  AddExposition(worker, exposition);
-
-  EXPECT_EQ(Missing(referenced, exposition), std::vector<std::string>{})
-      << "alerts.yml queries metrics nobody exports.\ncoordinator:\n"
-      << coordinator << "\nworker-0:\n" << worker;
-  // The same check on a name nobody exports fails, so it is not vacuous.
-  EXPECT_EQ(Missing({"pipetrain_made_up_metric_total"}, exposition),
-            std::vector<std::string>{"pipetrain_made_up_metric_total"});
+TEST_F(LiveClusterTest, Dashboard_LiveCluster_EveryMetricExported) {
+  const std::string path = "dashboards/pipetrain.json";
+  absl::StatusOr<std::vector<std::string>> queries = DashboardQueries(path, ReadRunfile(path));
+  ASSERT_TRUE(queries.ok()) << queries.status();
+  NameSet referenced;
+  for (const std::string& query : *queries) AddMetricNames(query, referenced);
+  // Loss, throughput, steps, stage busy/idle, links, prediction, workers, RPCs...
+  ASSERT_GE(referenced.size(), 12u) << "too few metric names found in " << path;
+  ExpectAllExported(referenced, path);
 }
 
 }  // namespace

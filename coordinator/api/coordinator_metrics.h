@@ -5,7 +5,7 @@
 //   pipetrain_jobs{state}                         gauge    jobs per JobState
 //   pipetrain_job_loss                            gauge    last step's mean loss (*)
 //   pipetrain_job_tokens_per_second               gauge    training throughput (*)
-//   pipetrain_plan_predicted_iteration_seconds    gauge    the plan's predicted bottleneck (*)
+//   pipetrain_plan_predicted_iteration_seconds    gauge    the plan's simulated iteration time (*)
 //   pipetrain_job_steps_total                     counter  optimizer steps completed, all jobs
 //   pipetrain_stage_busy_seconds_total{stage}     counter  compute time reported per stage
 //   pipetrain_stage_idle_seconds_total{stage}     counter  time stages waited on receives

@@ -38,6 +38,7 @@ class LocalCluster {
 
   std::string grpc_address() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
   std::string http_address() const { return "127.0.0.1:" + std::to_string(http_port_); }
+  int http_port() const { return http_port_; }
   Subprocess& coordinator() { return *coordinator_; }
   Subprocess& worker(int i) { return workers_[i]; }
   int num_workers() const { return static_cast<int>(workers_.size()); }

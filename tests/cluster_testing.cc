@@ -4,8 +4,11 @@
 
 #include <cstdlib>
 
+#include "absl/strings/str_cat.h"
 #include "cli/coordinator_client.h"
+#include "common/ports_file.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 
 namespace pipetrain::testing {
 
@@ -62,6 +65,21 @@ v1::Job AwaitJob(v1::Coordinator::Stub& stub, const std::string& id, absl::Durat
 bool Ended(const v1::Job& job) {
   return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
          job.state() == v1::CANCELLED;
+}
+
+int WorkerMetricsPort(const std::string& subdir, int worker) {
+  const std::string path =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/", subdir, "/worker-", worker, ".ports");
+  absl::StatusOr<int> port = ReadPort(path, "metrics_port");
+  EXPECT_TRUE(port.ok()) << port.status();
+  return port.ok() ? *port : 0;
+}
+
+std::string ScrapeMetrics(int port) {
+  httplib::Client client("127.0.0.1", port);
+  auto response = client.Get("/metrics");
+  EXPECT_TRUE(response && response->status == 200) << "GET /metrics on port " << port;
+  return response ? response->body : "";
 }
 
 }  // namespace pipetrain::testing

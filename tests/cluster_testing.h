@@ -31,6 +31,13 @@ v1::Job AwaitJob(v1::Coordinator::Stub& stub, const std::string& id, absl::Durat
 
 bool Ended(const v1::Job& job);  // SUCCEEDED, FAILED or CANCELLED
 
+// The metrics port worker `worker` of the cluster started as `subdir` wrote
+// to its ports file (0 and a test failure if it cannot be read).
+int WorkerMetricsPort(const std::string& subdir, int worker);
+
+// GET /metrics on 127.0.0.1:`port` ("" and a test failure unless 200).
+std::string ScrapeMetrics(int port);
+
 }  // namespace pipetrain::testing
 
 #endif  // PIPETRAIN_TESTS_CLUSTER_TESTING_H_

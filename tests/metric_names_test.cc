@@ -22,9 +22,7 @@
 #include "absl/strings/strip.h"
 #include "cli/coordinator_client.h"
 #include "cli/local_cluster.h"
-#include "common/ports_file.h"
 #include "gtest/gtest.h"
-#include "httplib.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster_testing.h"
 
@@ -195,13 +193,6 @@ std::string ReadRunfile(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
-std::string Scrape(int port) {
-  httplib::Client client("127.0.0.1", port);
-  auto response = client.Get("/metrics");
-  EXPECT_TRUE(response && response->status == 200) << "GET /metrics on port " << port;
-  return response ? response->body : "";
-}
-
 TEST(MetricNamesTest, PromqlMetricNames_BlockAndInlineExpr_OnlyPromqlNames) {
   const std::string rules =
       "# pipetrain_in_comment\n"
@@ -324,10 +315,9 @@ class LiveClusterTest : public ::testing::Test {
     const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
     ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
 
-    out.coordinator = Scrape(std::stoi(cluster->http_address().substr(10)));
+    out.coordinator = testing::ScrapeMetrics(cluster->http_port());
     AddExposition(out.coordinator, out.exposition);
-    const std::string ports = std::string(std::getenv("TEST_TMPDIR")) + "/names/worker-0.ports";
-    out.worker = Scrape(ReadPort(ports, "metrics_port").value());
+    out.worker = testing::ScrapeMetrics(testing::WorkerMetricsPort("names", 0));
     AddExposition(out.worker, out.exposition);
   }
 };

@@ -10,7 +10,6 @@
 #include "cli/local_cluster.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_testing.h"
-#include "httplib.h"
 
 namespace pipetrain {
 namespace {
@@ -23,13 +22,6 @@ std::pair<int, std::string> Promtool(const std::string& text, const std::string&
   const int status = std::system(("promtool check metrics < " + in + " > " + out + " 2>&1").c_str());
   std::ifstream result(out);
   return {status, std::string(std::istreambuf_iterator<char>(result), {})};
-}
-
-std::string Scrape(int port) {
-  httplib::Client client("127.0.0.1", port);
-  auto response = client.Get("/metrics");
-  EXPECT_TRUE(response && response->status == 200);
-  return response ? response->body : "";
 }
 
 TEST(MetricsExpositionTest, CoordinatorAndWorkerMetrics_PassPromtool) {
@@ -51,14 +43,12 @@ TEST(MetricsExpositionTest, CoordinatorAndWorkerMetrics_PassPromtool) {
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
 
-  const std::string coordinator = Scrape(std::stoi(cluster->http_address().substr(10)));
+  const std::string coordinator = testing::ScrapeMetrics(cluster->http_port());
   EXPECT_NE(coordinator.find("pipetrain_workers{"), std::string::npos) << coordinator;
   auto [c_status, c_out] = Promtool(coordinator, "coordinator");
   EXPECT_EQ(c_status, 0) << c_out;
 
-  const std::string ports = std::string(std::getenv("TEST_TMPDIR")) + "/metrics/worker-0.ports";
-  const int worker_port = ReadPort(ports, "metrics_port").value();
-  const std::string worker = Scrape(worker_port);
+  const std::string worker = testing::ScrapeMetrics(testing::WorkerMetricsPort("metrics", 0));
   EXPECT_NE(worker.find("pipetrain_stage_compute_seconds_total{phase=\"forward\"}"),
             std::string::npos) << worker;
   EXPECT_NE(worker.find("pipetrain_stage_iterations_total 3"), std::string::npos) << worker;

@@ -29,7 +29,6 @@
 #include "absl/time/time.h"
 #include "cli/coordinator_client.h"
 #include "cli/local_cluster.h"
-#include "common/ports_file.h"
 #include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "httplib.h"
@@ -208,12 +207,12 @@ TEST(PrometheusE2eTest, ScrapesClusterDuringJob_LossAndEachWorkersIdleStored) {
   std::vector<int> worker_ports;
   std::set<std::string> worker_targets;
   for (int i = 0; i < kWorkers; ++i) {
-    auto port = ReadPort(absl::StrCat(TmpDir(), "/prom/worker-", i, ".ports"), "metrics_port");
-    ASSERT_TRUE(port.ok()) << port.status();
-    worker_ports.push_back(*port);
-    worker_targets.insert(absl::StrCat("127.0.0.1:", *port));
+    const int port = testing::WorkerMetricsPort("prom", i);
+    ASSERT_NE(port, 0);
+    worker_ports.push_back(port);
+    worker_targets.insert(absl::StrCat("127.0.0.1:", port));
   }
-  const int coordinator_port = std::stoi(cluster->http_address().substr(10));
+  const int coordinator_port = cluster->http_port();
   auto stub = ConnectCoordinator(cluster->grpc_address(), "");
   const std::string id = testing::SubmitJob(*stub, TwoStageSpec());
   ASSERT_FALSE(id.empty());

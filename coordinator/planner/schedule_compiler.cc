@@ -161,8 +161,10 @@ absl::Status CheckSequence(const std::vector<Range>& ranges, int num_units, cons
   return absl::OkStatus();
 }
 
-absl::Status CheckBiRanges(const std::vector<Range>& forward, const std::vector<Range>& backward,
-                           int num_units) {
+}  // namespace
+
+absl::Status ValidateBiPartitionRanges(const std::vector<Range>& forward,
+                                       const std::vector<Range>& backward, int num_units) {
   if (forward.empty() || forward.size() != backward.size()) {
     return absl::InvalidArgumentError(absl::StrCat(forward.size(), " forward and ",
                                                    backward.size(), " backward ranges"));
@@ -177,6 +179,8 @@ absl::Status CheckBiRanges(const std::vector<Range>& forward, const std::vector<
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 absl::Status CheckRanges(const std::vector<Range>& ranges, int num_units) {
   int expected = 0;
@@ -225,7 +229,9 @@ absl::StatusOr<std::vector<v1::Program>> CompilePrograms(const std::vector<Range
 absl::StatusOr<std::vector<v1::Program>> CompileBiPartitionPrograms(
     const std::vector<Range>& forward, const std::vector<Range>& backward, int num_units,
     int micro_batches, Schedule schedule) {
-  if (auto status = CheckBiRanges(forward, backward, num_units); !status.ok()) return status;
+  if (auto status = ValidateBiPartitionRanges(forward, backward, num_units); !status.ok()) {
+    return status;
+  }
   if (micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
   const int workers = static_cast<int>(forward.size());
   const int m = micro_batches;

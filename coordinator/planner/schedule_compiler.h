@@ -58,10 +58,14 @@ absl::StatusOr<std::vector<v1::Program>> CompilePrograms(const std::vector<Range
                                                          int num_units, int micro_batches,
                                                          Schedule schedule);
 
-// Separate forward and backward cuts (Bi-Partition, bipartition.txt eq. 1).
 // INVALID_ARGUMENT unless both sequences have one range per worker, each
 // sequence's ranges follow each other from unit 0 to num_units (empty
-// ranges allowed), no worker has both ranges empty, and micro_batches >= 1.
+// ranges allowed) and no worker has both ranges empty.
+absl::Status ValidateBiPartitionRanges(const std::vector<Range>& forward,
+                                       const std::vector<Range>& backward, int num_units);
+
+// Separate forward and backward cuts (Bi-Partition, bipartition.txt eq. 1).
+// INVALID_ARGUMENT as ValidateBiPartitionRanges, and unless micro_batches >= 1.
 absl::StatusOr<std::vector<v1::Program>> CompileBiPartitionPrograms(
     const std::vector<Range>& forward, const std::vector<Range>& backward, int num_units,
     int micro_batches, Schedule schedule);

@@ -71,10 +71,8 @@ absl::StatusOr<BiPartitionPlan> RunSolver(const std::string& solver,
       return absl::InvalidArgumentError(absl::StrCat(
           "a manual plan needs one forward and one backward range per worker (", workers, ")"));
     }
-    // The compiler validates the ranges themselves.
-    RETURN_IF_ERROR(CompileBiPartitionPrograms(options.manual_forward, options.manual_backward,
-                                               units, 1, Schedule::kGPipe)
-                        .status());
+    RETURN_IF_ERROR(
+        ValidateBiPartitionRanges(options.manual_forward, options.manual_backward, units));
     return ScoreFixedPlan(problem, cluster, options.manual_forward, options.manual_backward);
   }
   std::vector<Range> ranges;

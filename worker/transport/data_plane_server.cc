@@ -121,7 +121,7 @@ class FrameStreamReactor final : public StreamReactor {
     absl::Status status = result.status();
     if (result.ok() && result->has_value()) {
       ReceivedTensor& done = **result;
-      status = shared_->mailbox()->Put(done.source_stage, done.address, std::move(done.tensor));
+      status = shared_->mailbox()->Put(done.source_stage, done.address, std::move(done.wire));
     }
     if (status.ok()) return;
     PT_LOG(WARNING) << "data plane: rejected a frame from " << peer_ << ": " << status;

@@ -2,7 +2,8 @@
 //
 // Serves pipetrain.v1.DataPlane/Stream with the callback API. Each incoming
 // stream (one per sending worker) gets its own FrameAssembler; complete
-// tensors go into the worker's Mailbox, where Transport::Recv finds them.
+// WireTensors (raw or encoded, as sent; never decoded here) go into the
+// worker's Mailbox, where Transport::RecvWire finds them.
 // A rejected frame (see FrameAssembler for the checks, plus a duplicate Put)
 // is answered with a FrameError on the same stream, which stays open; the
 // incomplete tensor is dropped. Nothing a peer sends can crash the server.

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
+#include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
 namespace {
@@ -63,26 +64,18 @@ absl::Status CheckRouting(const v1::TensorFrame& frame, const AcceptedJob& job) 
   return absl::OkStatus();
 }
 
-// Does the header describe an f32 tensor of a size we accept?
-absl::Status CheckLayout(const v1::TensorFrame& frame, int64_t max_tensor_bytes) {
-  if (frame.dtype() != kDtypeF32) {
-    return Invalid(frame, absl::StrCat("dtype \"", frame.dtype(), "\" is not supported; only \"",
-                                       kDtypeF32, "\" is"));
-  }
-  if (frame.codec() != kCodecRaw) {
-    return Invalid(frame, absl::StrCat("codec \"", frame.codec(), "\" is not supported; only \"",
-                                       kCodecRaw, "\" is"));
-  }
+// The decoded size in bytes of the header's f32 shape, if it has no negative
+// dimension and is within `max_tensor_bytes` (checked without overflow).
+absl::StatusOr<int64_t> DecodedBytes(const v1::TensorFrame& frame, int64_t max_tensor_bytes) {
   const Shape shape = ShapeOf(frame);
   if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
     return Invalid(frame,
                    absl::StrCat("shape ", ShapeToString(shape), " has a negative dimension"));
   }
-  const bool empty = std::count(shape.begin(), shape.end(), int64_t{0}) > 0;
+  if (std::count(shape.begin(), shape.end(), int64_t{0}) > 0) return 0;
   const int64_t max_elements = max_tensor_bytes / kBytesPerElement;
   int64_t numel = 1;
   for (int64_t d : shape) {
-    if (empty) break;
     if (numel > max_elements / d) {
       return Invalid(
           frame, absl::StrCat("shape ", ShapeToString(shape), " is over the data-plane limit of ",
@@ -90,11 +83,43 @@ absl::Status CheckLayout(const v1::TensorFrame& frame, int64_t max_tensor_bytes)
     }
     numel *= d;
   }
-  const int64_t bytes = empty ? 0 : numel * kBytesPerElement;
-  if (frame.total_bytes() != bytes) {
+  return numel * kBytesPerElement;
+}
+
+// An encoded tensor's payload size: at least its header, at most the limit.
+absl::Status CheckEncoded(const v1::TensorFrame& frame, int64_t max_tensor_bytes) {
+  absl::StatusOr<std::vector<CodecStage>> spec = ParseCodecSpec(frame.codec());
+  if (!spec.ok()) {
+    return Invalid(frame,
+                   absl::StrCat("codec \"", frame.codec(), "\" is not supported: it is neither \"",
+                                kCodecRaw, "\" nor a codec spec this worker knows (",
+                                spec.status().message(), "); are both workers the same version?"));
+  }
+  if (frame.total_bytes() < 1) {
+    return Invalid(frame, absl::StrCat("total_bytes ", frame.total_bytes(), " of a ", frame.codec(),
+                                       " payload is below 1; a payload always has a header"));
+  }
+  if (frame.total_bytes() > max_tensor_bytes) {
+    return Invalid(frame, absl::StrCat("total_bytes ", frame.total_bytes(), " of a ", frame.codec(),
+                                       " payload is over the data-plane limit of ",
+                                       max_tensor_bytes, " bytes per tensor"));
+  }
+  return absl::OkStatus();
+}
+
+// Does the header describe an f32 tensor, raw or encoded, of a size we accept?
+absl::Status CheckLayout(const v1::TensorFrame& frame, int64_t max_tensor_bytes) {
+  if (frame.dtype() != kDtypeF32) {
+    return Invalid(frame, absl::StrCat("dtype \"", frame.dtype(), "\" is not supported; only \"",
+                                       kDtypeF32, "\" is"));
+  }
+  absl::StatusOr<int64_t> bytes = DecodedBytes(frame, max_tensor_bytes);
+  if (!bytes.ok()) return bytes.status();
+  if (frame.codec() != kCodecRaw) return CheckEncoded(frame, max_tensor_bytes);
+  if (frame.total_bytes() != *bytes) {
     return Invalid(frame,
                    absl::StrCat("total_bytes ", frame.total_bytes(), " does not match shape ",
-                                ShapeToString(shape), " of f32 (", bytes, " bytes)"));
+                                ShapeToString(ShapeOf(frame)), " of f32 (", *bytes, " bytes)"));
   }
   return absl::OkStatus();
 }
@@ -117,8 +142,10 @@ absl::Status CheckRange(const v1::TensorFrame& frame, int64_t received) {
 }  // namespace
 
 std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAddress& address,
-                                                const Tensor& tensor, int64_t max_frame_bytes) {
-  PT_CHECK(!tensor.is_null()) << "null tensor for " << address.DebugString();
+                                                const WireTensor& wire, int64_t max_frame_bytes) {
+  PT_CHECK(wire.encoded() || !wire.tensor.is_null()) << "null tensor for " << address.DebugString();
+  PT_CHECK(!wire.encoded() || !wire.payload.empty())
+      << "empty " << wire.codec << " payload for " << address.DebugString();
   PT_CHECK(max_frame_bytes >= 1 && max_frame_bytes <= kMaxFramePayloadBytes)
       << "max_frame_bytes " << max_frame_bytes;
   v1::TensorFrame header;
@@ -129,12 +156,13 @@ std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAd
   header.mutable_tensor()->set_unit(address.unit);
   header.set_source_stage(source_stage);
   header.set_dtype(kDtypeF32);
-  header.set_codec(kCodecRaw);
-  for (int64_t d : tensor.shape()) header.add_shape(d);
-  const int64_t total = tensor.size_bytes();
+  header.set_codec(wire.encoded() ? wire.codec : kCodecRaw);
+  for (int64_t d : wire.decoded_shape()) header.add_shape(d);
+  const int64_t total = wire.wire_bytes();
   header.set_total_bytes(total);
 
-  const char* bytes = reinterpret_cast<const char*>(tensor.data());
+  const char* bytes =
+      wire.encoded() ? wire.payload.data() : reinterpret_cast<const char*>(wire.tensor.data());
   std::vector<v1::TensorFrame> frames;
   frames.reserve(std::max<int64_t>(1, (total + max_frame_bytes - 1) / max_frame_bytes));
   int64_t offset = 0;
@@ -146,6 +174,28 @@ std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAd
     offset += size;
   } while (offset < total);
   return frames;
+}
+
+absl::Status CheckSendable(const WireTensor& wire, const std::string& what) {
+  if (!wire.encoded()) {
+    if (!wire.tensor.is_null()) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("null tensor for ", what));
+  }
+  absl::StatusOr<std::vector<CodecStage>> spec = ParseCodecSpec(wire.codec);
+  if (!spec.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": codec \"", wire.codec, "\" is not a codec spec: ", spec.status().message()));
+  }
+  if (wire.payload.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": empty ", wire.codec, " payload; an encoded tensor has a header"));
+  }
+  const Shape& shape = wire.shape;
+  if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": shape ", ShapeToString(shape), " has a negative dimension"));
+  }
+  return absl::OkStatus();
 }
 
 v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& status) {
@@ -166,11 +216,12 @@ absl::Status FrameAssembler::CheckAgainstPartial(const v1::TensorFrame& frame,
                                        " bytes); frames of different tensors must not interleave "
                                        "on one stream"));
   }
-  if (ShapeOf(frame) != p.shape || frame.total_bytes() != p.total_bytes) {
-    return Invalid(frame, absl::StrCat("header changed within the tensor: shape ",
-                                       ShapeToString(ShapeOf(frame)), ", total_bytes ",
-                                       frame.total_bytes(), " after shape ", ShapeToString(p.shape),
-                                       ", total_bytes ", p.total_bytes));
+  if (frame.codec() != p.codec || ShapeOf(frame) != p.shape ||
+      frame.total_bytes() != p.total_bytes) {
+    return Invalid(frame, absl::StrCat("header changed within the tensor: codec ", frame.codec(),
+                                       ", shape ", ShapeToString(ShapeOf(frame)), ", total_bytes ",
+                                       frame.total_bytes(), " after codec ", p.codec, ", shape ",
+                                       ShapeToString(p.shape), ", total_bytes ", p.total_bytes));
   }
   return absl::OkStatus();
 }
@@ -191,19 +242,41 @@ absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::Accept(const v1::T
     discarding_ = id;
     return status;
   }
-  if (!partial_.has_value()) {
-    const Shape shape = ShapeOf(frame);
-    partial_ = Partial{id, shape, frame.total_bytes(), 0, Tensor::Zeros(shape)};
-    discarding_.reset();
-  }
-  char* data = reinterpret_cast<char*>(partial_->tensor.data());
-  std::memcpy(data + frame.offset(), frame.payload().data(), frame.payload().size());
-  partial_->received += static_cast<int64_t>(frame.payload().size());
+  if (!partial_.has_value()) StartTensor(frame, id);
+  AppendPayload(frame);
   if (partial_->received < partial_->total_bytes) return std::nullopt;
 
-  ReceivedTensor done{id.source_stage, id.address, std::move(partial_->tensor)};
+  Partial& p = *partial_;
+  ReceivedTensor done{
+      id.source_stage, id.address,
+      p.codec == kCodecRaw
+          ? WireTensor::Raw(std::move(p.tensor))
+          : WireTensor::Encoded(std::move(p.codec), std::move(p.payload), std::move(p.shape))};
   partial_.reset();
   return done;
+}
+
+void FrameAssembler::StartTensor(const v1::TensorFrame& frame, const Identity& id) {
+  Partial p{id, frame.codec(), ShapeOf(frame), frame.total_bytes()};
+  if (p.codec == kCodecRaw) {
+    p.tensor = Tensor::Zeros(p.shape);
+  } else {
+    p.payload.reserve(static_cast<size_t>(p.total_bytes));  // Checked against the limit.
+  }
+  partial_ = std::move(p);
+  discarding_.reset();
+}
+
+// Requires a frame CheckRange accepted: it continues at `received`.
+void FrameAssembler::AppendPayload(const v1::TensorFrame& frame) {
+  Partial& p = *partial_;
+  if (p.codec == kCodecRaw) {
+    char* data = reinterpret_cast<char*>(p.tensor.data());
+    std::memcpy(data + frame.offset(), frame.payload().data(), frame.payload().size());
+  } else {
+    p.payload.append(frame.payload());
+  }
+  p.received += static_cast<int64_t>(frame.payload().size());
 }
 
 }  // namespace pipetrain

@@ -1,12 +1,17 @@
-// Frame codec: a tensor on the data plane travels as TensorFrames
+// Frame codec: a WireTensor on the data plane travels as TensorFrames
 // (proto/pipetrain/v1/dataplane.proto), each carrying the full header and at
 // most `max_frame_bytes` of payload, in order on one stream.
 //
-//   EncodeTensorFrames   Tensor + address + source stage -> frames
-//   FrameAssembler       frames of one stream -> complete tensors
+//   EncodeTensorFrames   WireTensor + address + source stage -> frames
+//   FrameAssembler       frames of one stream -> complete WireTensors
 //
-// Only dtype "f32" with codec "raw" (little-endian fp32, row-major) exists so
-// far; compression codecs (DESIGN.md §6) will add codec names here.
+// The header's dtype is always "f32" (what the tensor is, decoded) and its
+// shape the decoded shape. Its codec says what the bytes are:
+//   "raw"        little-endian fp32, row-major; total_bytes = numel * 4.
+//   a codec spec (kernels/compress/codec_spec.h, e.g. "piecewise:bits=3"):
+//                the codec's self-describing payload; total_bytes = its size.
+// Encoded payloads travel as opaque bytes: decoding is the runtime's job
+// (DecodeWireTensor in transport.h), not the transport's.
 //
 // This file is pure logic (no gRPC), so the server and the tests share it.
 #ifndef PIPETRAIN_WORKER_TRANSPORT_FRAME_CODEC_H_
@@ -38,13 +43,21 @@ inline constexpr int kMaxFrameMessageBytes = 8 << 20;
 // large micro-batch are well below it.
 inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{4} << 30;
 
-// Splits `tensor` into frames of at most `max_frame_bytes` payload (an empty
-// tensor gives one frame with an empty payload). Copies the data: the caller
-// may change `tensor` afterwards. Requires a non-null tensor and
-// 1 <= max_frame_bytes <= kMaxFramePayloadBytes (checked).
+// Splits the bytes of `wire` (a raw tensor's data, or an encoded payload)
+// into frames of at most `max_frame_bytes` (an empty raw tensor gives one
+// frame with an empty payload). Copies the bytes: the caller may change
+// `wire` afterwards. Requires a non-null tensor if raw, a non-empty payload
+// if encoded (see CheckSendable), and 1 <= max_frame_bytes <=
+// kMaxFramePayloadBytes (all checked).
 std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAddress& address,
-                                                const Tensor& tensor,
+                                                const WireTensor& wire,
                                                 int64_t max_frame_bytes = kMaxFramePayloadBytes);
+
+// Whether `wire` can be framed and would pass a receiver's header checks:
+// INVALID_ARGUMENT naming `what` for a null raw tensor, or for an encoded one
+// whose codec is not a valid codec spec, whose payload is empty or whose
+// shape has a negative dimension. Size limits are the receiver's to check.
+absl::Status CheckSendable(const WireTensor& wire, const std::string& what);
 
 // The job a receiver currently accepts frames for. An empty job_id accepts
 // nothing (the worker has no assignment).
@@ -56,7 +69,7 @@ struct AcceptedJob {
 struct ReceivedTensor {
   int source_stage = 0;
   TensorAddress address;
-  Tensor tensor;
+  WireTensor wire;  // As sent: raw, or encoded with the frame's codec.
 };
 
 // The FrameError a receiver writes back for a frame it rejected.
@@ -67,14 +80,17 @@ v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& 
 // need different assemblers.
 //
 // Every rejected frame is INVALID_ARGUMENT naming the tensor, its source
-// stage and the problem: dtype not "f32", codec not "raw", a negative
-// dimension, a tensor over the size limit, total_bytes != numel * 4, an
-// offset other than the bytes received so far, payload past total_bytes, a
-// frame of another tensor while one is incomplete, kind unspecified or
-// unknown, source stage outside [0, num_stages), a job other than the
-// accepted one. A rejection drops the incomplete tensor; the remaining frames
-// of the rejected tensor (same source and address, offset > 0) are then
-// dropped silently, so one bad tensor costs one error.
+// stage and the problem: dtype not "f32"; codec neither "raw" nor a codec
+// spec ParseCodecSpec accepts (the message quotes it); a negative dimension;
+// a decoded size (numel * 4) over the size limit; for raw, total_bytes !=
+// numel * 4; for encoded, total_bytes < 1 (a payload always has a header) or
+// over the size limit; an offset other than the bytes received so far;
+// payload past total_bytes; a header (codec, shape, total_bytes) that changes
+// within a tensor; a frame of another tensor while one is incomplete; kind
+// unspecified or unknown; source stage outside [0, num_stages); a job other
+// than the accepted one. A rejection drops the incomplete tensor; the
+// remaining frames of the rejected tensor (same source and address,
+// offset > 0) are then dropped silently, so one bad tensor costs one error.
 //
 // Not thread-safe: one stream's frames are handled one at a time.
 class FrameAssembler {
@@ -102,14 +118,17 @@ class FrameAssembler {
   };
   struct Partial {
     Identity id;
+    std::string codec;  // The frame's codec: "raw" or a codec spec.
     Shape shape;
     int64_t total_bytes = 0;
     int64_t received = 0;
-    Tensor tensor;
+    Tensor tensor;        // Raw: filled in place.
+    std::string payload;  // Encoded: appended to.
   };
 
   absl::Status CheckAgainstPartial(const v1::TensorFrame& frame, const Identity& id) const;
-  absl::Status StartTensor(const v1::TensorFrame& frame, const Identity& id);
+  void StartTensor(const v1::TensorFrame& frame, const Identity& id);
+  void AppendPayload(const v1::TensorFrame& frame);
 
   int64_t max_tensor_bytes_;
   std::optional<Partial> partial_;

@@ -3,8 +3,11 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 
+#include "common/logging.h"
 #include "gtest/gtest.h"
+#include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
 namespace {
@@ -56,12 +59,13 @@ template <typename T>
 }
 
 v1::TensorFrame OneFrame(int unit, const Shape& shape) {
-  return EncodeTensorFrames(0, Activation(unit), Ramp(shape), kMaxFramePayloadBytes)[0];
+  return EncodeTensorFrames(0, Activation(unit), WireTensor::Raw(Ramp(shape)),
+                            kMaxFramePayloadBytes)[0];
 }
 
 TEST(FrameCodecTest, Encode_SmallerThanFrame_OneFrameWithFullHeader) {
   std::vector<v1::TensorFrame> frames =
-      EncodeTensorFrames(1, Activation(3), Ramp({2, 5}), kSmallFrame);
+      EncodeTensorFrames(1, Activation(3), WireTensor::Raw(Ramp({2, 5})), kSmallFrame);
   ASSERT_EQ(frames.size(), 1u);
   const v1::TensorFrame& f = frames[0];
   EXPECT_EQ(f.job_id(), "j-1");
@@ -82,7 +86,8 @@ TEST(FrameCodecTest, RoundTrip_SmallerEqualAndLargerThanFrame_BitwiseEqual) {
   for (const Shape& shape : {Shape{10}, Shape{16}, Shape{4, 25}, Shape{}}) {
     SCOPED_TRACE(ShapeToString(shape));
     const Tensor sent = Ramp(shape);
-    std::vector<v1::TensorFrame> frames = EncodeTensorFrames(1, Activation(3), sent, kSmallFrame);
+    std::vector<v1::TensorFrame> frames =
+        EncodeTensorFrames(1, Activation(3), WireTensor::Raw(sent), kSmallFrame);
     EXPECT_EQ(static_cast<int64_t>(frames.size()), (sent.size_bytes() + 63) / 64);
     FrameAssembler assembler;
     for (size_t i = 0; i + 1 < frames.size(); ++i) {
@@ -96,13 +101,14 @@ TEST(FrameCodecTest, RoundTrip_SmallerEqualAndLargerThanFrame_BitwiseEqual) {
     ASSERT_TRUE(done->has_value());
     EXPECT_EQ((*done)->source_stage, 1);
     EXPECT_EQ((*done)->address, Activation(3));
-    EXPECT_TRUE(BitwiseEqual((*done)->tensor, sent));
+    EXPECT_TRUE(BitwiseEqual((*done)->wire.tensor, sent));
     EXPECT_FALSE(assembler.in_progress());
   }
 }
 
 TEST(FrameCodecTest, RoundTrip_LargerThanFrame_LastFrameCarriesTheRest) {
-  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(0, Activation(3), Ramp({100}), 64);
+  std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({100})), 64);
   ASSERT_EQ(frames.size(), 7u);  // 400 bytes: 6 x 64 + 16.
   EXPECT_EQ(frames[6].offset(), 384);
   EXPECT_EQ(frames[6].payload().size(), 16u);
@@ -110,7 +116,7 @@ TEST(FrameCodecTest, RoundTrip_LargerThanFrame_LastFrameCarriesTheRest) {
 
 TEST(FrameCodecTest, RoundTrip_EmptyTensor_OneEmptyFrame) {
   std::vector<v1::TensorFrame> frames =
-      EncodeTensorFrames(0, Activation(3), Tensor::Zeros({0}), 64);
+      EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Tensor::Zeros({0})), 64);
   ASSERT_EQ(frames.size(), 1u);
   EXPECT_EQ(frames[0].total_bytes(), 0);
   EXPECT_TRUE(frames[0].payload().empty());
@@ -118,15 +124,16 @@ TEST(FrameCodecTest, RoundTrip_EmptyTensor_OneEmptyFrame) {
   absl::StatusOr<std::optional<ReceivedTensor>> done = assembler.Accept(frames[0], kJob);
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_TRUE(done->has_value());
-  EXPECT_EQ((*done)->tensor.shape(), (Shape{0}));
-  EXPECT_EQ((*done)->tensor.numel(), 0);
+  EXPECT_EQ((*done)->wire.tensor.shape(), (Shape{0}));
+  EXPECT_EQ((*done)->wire.tensor.numel(), 0);
 }
 
 TEST(FrameCodecTest, Accept_TwoTensorsBackToBack_BothComplete) {
   FrameAssembler assembler;
   for (int unit : {1, 2}) {
     absl::StatusOr<std::optional<ReceivedTensor>> done =
-        FeedAll(assembler, EncodeTensorFrames(0, Activation(unit), Ramp({40}), kSmallFrame));
+        FeedAll(assembler,
+                EncodeTensorFrames(0, Activation(unit), WireTensor::Raw(Ramp({40})), kSmallFrame));
     ASSERT_TRUE(done.ok()) << done.status();
     ASSERT_TRUE(done->has_value());
     EXPECT_EQ((*done)->address.unit, unit);
@@ -144,7 +151,7 @@ TEST(FrameCodecTest, Accept_WrongDtype_InvalidArgumentNamingTensor) {
 
 TEST(FrameCodecTest, Accept_WrongCodec_InvalidArgument) {
   v1::TensorFrame f = OneFrame(3, {2});
-  f.set_codec("powersgd");
+  f.set_codec("powersgd");  // Not a valid spec: rank is required.
   FrameAssembler assembler;
   EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob), "codec \"powersgd\" is not supported"));
 }
@@ -180,14 +187,16 @@ TEST(FrameCodecTest, Accept_TensorOverSizeLimit_InvalidArgumentWithoutAllocating
 }
 
 TEST(FrameCodecTest, Accept_FirstFrameNotAtOffsetZero_InvalidArgument) {
-  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(0, Activation(3), Ramp({40}), 64);
+  std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({40})), 64);
   FrameAssembler assembler;
   EXPECT_TRUE(IsInvalid(assembler.Accept(frames[1], kJob),
                         "frame offset 64 is not the 0 bytes received so far"));
 }
 
 TEST(FrameCodecTest, Accept_SkippedFrame_InvalidArgumentAndPartialDropped) {
-  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(0, Activation(3), Ramp({40}), 64);
+  std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({40})), 64);
   FrameAssembler assembler;
   ASSERT_TRUE(assembler.Accept(frames[0], kJob).ok());
   EXPECT_TRUE(assembler.in_progress());
@@ -197,7 +206,8 @@ TEST(FrameCodecTest, Accept_SkippedFrame_InvalidArgumentAndPartialDropped) {
 }
 
 TEST(FrameCodecTest, Accept_PayloadPastTotalBytes_InvalidArgument) {
-  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(0, Activation(3), Ramp({100}), 64);
+  std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({100})), 64);
   frames[6].mutable_payload()->append(4, '\0');
   FrameAssembler assembler;
   EXPECT_TRUE(IsInvalid(FeedAll(assembler, frames),
@@ -205,8 +215,10 @@ TEST(FrameCodecTest, Accept_PayloadPastTotalBytes_InvalidArgument) {
 }
 
 TEST(FrameCodecTest, Accept_OtherTensorWhileIncomplete_InvalidArgumentNamingBoth) {
-  std::vector<v1::TensorFrame> first = EncodeTensorFrames(0, Activation(1), Ramp({100}), 64);
-  std::vector<v1::TensorFrame> second = EncodeTensorFrames(0, Activation(2), Ramp({100}), 64);
+  std::vector<v1::TensorFrame> first =
+      EncodeTensorFrames(0, Activation(1), WireTensor::Raw(Ramp({100})), 64);
+  std::vector<v1::TensorFrame> second =
+      EncodeTensorFrames(0, Activation(2), WireTensor::Raw(Ramp({100})), 64);
   FrameAssembler assembler;
   ASSERT_TRUE(assembler.Accept(first[0], kJob).ok());
   EXPECT_TRUE(IsInvalid(assembler.Accept(second[0], kJob),
@@ -217,8 +229,10 @@ TEST(FrameCodecTest, Accept_OtherTensorWhileIncomplete_InvalidArgumentNamingBoth
 }
 
 TEST(FrameCodecTest, Accept_OtherTensorMidStreamWhileIncomplete_InvalidArgument) {
-  std::vector<v1::TensorFrame> first = EncodeTensorFrames(0, Activation(1), Ramp({100}), 64);
-  std::vector<v1::TensorFrame> second = EncodeTensorFrames(0, Activation(2), Ramp({100}), 64);
+  std::vector<v1::TensorFrame> first =
+      EncodeTensorFrames(0, Activation(1), WireTensor::Raw(Ramp({100})), 64);
+  std::vector<v1::TensorFrame> second =
+      EncodeTensorFrames(0, Activation(2), WireTensor::Raw(Ramp({100})), 64);
   FrameAssembler assembler;
   ASSERT_TRUE(assembler.Accept(first[0], kJob).ok());
   EXPECT_TRUE(
@@ -226,14 +240,15 @@ TEST(FrameCodecTest, Accept_OtherTensorMidStreamWhileIncomplete_InvalidArgument)
 }
 
 TEST(FrameCodecTest, Accept_HeaderChangesWithinTensor_InvalidArgument) {
-  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(0, Activation(3), Ramp({4, 25}), 64);
+  std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({4, 25})), 64);
   frames[1].clear_shape();
   frames[1].add_shape(100);
   FrameAssembler assembler;
   ASSERT_TRUE(assembler.Accept(frames[0], kJob).ok());
   EXPECT_TRUE(IsInvalid(assembler.Accept(frames[1], kJob),
-                        "header changed within the tensor: shape [100], total_bytes 400 after "
-                        "shape [4, 25], total_bytes 400"));
+                        "header changed within the tensor: codec raw, shape [100], total_bytes "
+                        "400 after codec raw, shape [4, 25], total_bytes 400"));
 }
 
 TEST(FrameCodecTest, Accept_UnspecifiedKind_InvalidArgument) {
@@ -279,7 +294,8 @@ TEST(FrameCodecTest, Accept_NoJobAssigned_InvalidArgument) {
 }
 
 TEST(FrameCodecTest, Accept_RestOfRejectedTensor_DroppedSilentlyThenNextTensorWorks) {
-  std::vector<v1::TensorFrame> bad = EncodeTensorFrames(0, Activation(3), Ramp({40}), 64);
+  std::vector<v1::TensorFrame> bad =
+      EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({40})), 64);
   for (v1::TensorFrame& f : bad) f.set_job_id("j-0");
   FrameAssembler assembler;
   EXPECT_TRUE(IsInvalid(assembler.Accept(bad[0], kJob), "wrong job"));
@@ -289,9 +305,147 @@ TEST(FrameCodecTest, Accept_RestOfRejectedTensor_DroppedSilentlyThenNextTensorWo
     EXPECT_FALSE(dropped->has_value());
   }
   absl::StatusOr<std::optional<ReceivedTensor>> good =
-      FeedAll(assembler, EncodeTensorFrames(0, Activation(3), Ramp({40}), 64));
+      FeedAll(assembler, EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({40})), 64));
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_TRUE(good->has_value());
+}
+
+// A real compressed payload of a finite tensor of `shape`.
+WireTensor Encoded(const std::string& spec, const Shape& shape) {
+  Tensor t = Tensor::Zeros(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) t[i] = std::sin(0.37f * static_cast<float>(i)) * 2.f;
+  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec(spec);
+  PT_CHECK(codec.ok()) << codec.status();
+  absl::StatusOr<std::string> payload = (*codec)->Encode(t, nullptr);
+  PT_CHECK(payload.ok()) << payload.status();
+  return WireTensor::Encoded(spec, *std::move(payload), shape);
+}
+
+TEST(FrameCodecTest, Encode_EncodedWire_HeaderCarriesSpecDecodedShapeAndPayloadSize) {
+  const WireTensor wire = Encoded("piecewise:bits=3", {4, 25});
+  std::vector<v1::TensorFrame> frames = EncodeTensorFrames(1, Activation(3), wire);
+  ASSERT_EQ(frames.size(), 1u);
+  const v1::TensorFrame& f = frames[0];
+  EXPECT_EQ(f.dtype(), "f32");
+  EXPECT_EQ(f.codec(), "piecewise:bits=3");
+  EXPECT_EQ(std::vector<int64_t>(f.shape().begin(), f.shape().end()),
+            (std::vector<int64_t>{4, 25}));
+  EXPECT_EQ(f.total_bytes(), static_cast<int64_t>(wire.payload.size()));
+  EXPECT_EQ(f.payload(), wire.payload);
+}
+
+TEST(FrameCodecTest, RoundTrip_EncodedPayloadInSeveralFrames_ByteExact) {
+  for (const char* spec : {"piecewise:bits=3", "token_topk:keep=0.5+piecewise:bits=3"}) {
+    SCOPED_TRACE(spec);
+    const WireTensor sent = Encoded(spec, {8, 64});
+    constexpr int64_t kTinyFrame = 16;
+    std::vector<v1::TensorFrame> frames = EncodeTensorFrames(1, Activation(3), sent, kTinyFrame);
+    const int64_t size = static_cast<int64_t>(sent.payload.size());
+    ASSERT_GT(size, 3 * kTinyFrame);
+    EXPECT_EQ(static_cast<int64_t>(frames.size()), (size + kTinyFrame - 1) / kTinyFrame);
+    FrameAssembler assembler;
+    for (size_t i = 0; i + 1 < frames.size(); ++i) {
+      absl::StatusOr<std::optional<ReceivedTensor>> partial = assembler.Accept(frames[i], kJob);
+      ASSERT_TRUE(partial.ok()) << partial.status();
+      EXPECT_FALSE(partial->has_value());
+    }
+    absl::StatusOr<std::optional<ReceivedTensor>> done = assembler.Accept(frames.back(), kJob);
+    ASSERT_TRUE(done.ok()) << done.status();
+    ASSERT_TRUE(done->has_value());
+    const WireTensor& got = (*done)->wire;
+    EXPECT_EQ((*done)->address, Activation(3));
+    EXPECT_TRUE(got.encoded());
+    EXPECT_TRUE(got.tensor.is_null());
+    EXPECT_EQ(got.codec, spec);
+    EXPECT_EQ(got.shape, (Shape{8, 64}));
+    EXPECT_EQ(got.payload, sent.payload);  // Byte for byte.
+    EXPECT_FALSE(assembler.in_progress());
+  }
+}
+
+TEST(FrameCodecTest, Accept_EncodedThenRaw_BothComplete) {
+  FrameAssembler assembler;
+  absl::StatusOr<std::optional<ReceivedTensor>> encoded =
+      FeedAll(assembler, EncodeTensorFrames(0, Activation(1), Encoded("fp16", {40}), 16));
+  ASSERT_TRUE(encoded.ok()) << encoded.status();
+  ASSERT_TRUE(encoded->has_value());
+  EXPECT_EQ((*encoded)->wire.codec, "fp16");
+  absl::StatusOr<std::optional<ReceivedTensor>> raw = FeedAll(
+      assembler, EncodeTensorFrames(0, Activation(2), WireTensor::Raw(Ramp({40})), kSmallFrame));
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_TRUE(raw->has_value());
+  EXPECT_FALSE((*raw)->wire.encoded());
+  EXPECT_TRUE(BitwiseEqual((*raw)->wire.tensor, Ramp({40})));
+}
+
+TEST(FrameCodecTest, Accept_UnknownCodecSpec_InvalidArgumentNamingTensorAndCodec) {
+  v1::TensorFrame f = EncodeTensorFrames(0, Activation(3), Encoded("piecewise:bits=3", {8}))[0];
+  f.set_codec("zstd:level=3");
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob),
+                        "frame of ACTIVATION of unit 3, micro-batch 1, iteration 7 (job j-1) from "
+                        "stage 0: codec \"zstd:level=3\" is not supported"));
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob), "unknown codec \"zstd\""));
+}
+
+TEST(FrameCodecTest, Accept_EncodedTotalBytesOverLimit_InvalidArgument) {
+  v1::TensorFrame f = EncodeTensorFrames(0, Activation(3), Encoded("fp16", {8}))[0];
+  f.set_total_bytes(1025);
+  FrameAssembler assembler(/*max_tensor_bytes=*/1024);
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob),
+                        "total_bytes 1025 of a fp16 payload is over the data-plane limit of 1024 "
+                        "bytes per tensor"));
+}
+
+TEST(FrameCodecTest, Accept_EncodedDecodedShapeOverLimit_InvalidArgument) {
+  // A small payload claiming a huge decoded tensor: refused before decoding.
+  v1::TensorFrame f = EncodeTensorFrames(0, Activation(3), Encoded("fp16", {8}))[0];
+  f.clear_shape();
+  f.add_shape(257);
+  FrameAssembler assembler(/*max_tensor_bytes=*/1024);
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob),
+                        "shape [257] is over the data-plane limit of 1024 bytes per tensor"));
+}
+
+TEST(FrameCodecTest, Accept_EncodedWithoutPayload_InvalidArgument) {
+  v1::TensorFrame f = EncodeTensorFrames(0, Activation(3), Encoded("fp16", {8}))[0];
+  f.set_total_bytes(0);
+  f.clear_payload();
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob),
+                        "total_bytes 0 of a fp16 payload is below 1; a payload always has a "
+                        "header"));
+}
+
+TEST(FrameCodecTest, Accept_CodecChangesWithinTensor_InvalidArgument) {
+  std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(0, Activation(3), Encoded("fp16", {40}), 16);
+  ASSERT_GE(frames.size(), 2u);
+  frames[1].set_codec("bf16");
+  FrameAssembler assembler;
+  ASSERT_TRUE(assembler.Accept(frames[0], kJob).ok());
+  EXPECT_TRUE(IsInvalid(assembler.Accept(frames[1], kJob),
+                        "header changed within the tensor: codec bf16, shape [40]"));
+  EXPECT_FALSE(assembler.in_progress());
+}
+
+TEST(FrameCodecTest, CheckSendable_GoodRawAndEncoded_Ok) {
+  EXPECT_TRUE(CheckSendable(WireTensor::Raw(Ramp({3})), "t").ok());
+  EXPECT_TRUE(CheckSendable(Encoded("piecewise:bits=3", {3}), "t").ok());
+}
+
+TEST(FrameCodecTest, CheckSendable_BadWire_InvalidArgumentNamingIt) {
+  const std::pair<WireTensor, std::string> cases[] = {
+      {WireTensor::Raw(Tensor()), "null tensor for the tensor"},
+      {WireTensor::Encoded("zstd", "x", {1}), "the tensor: codec \"zstd\" is not a codec spec"},
+      {WireTensor::Encoded("fp16", "", {1}), "the tensor: empty fp16 payload"},
+      {WireTensor::Encoded("fp16", "x", {-1}), "the tensor: shape [-1] has a negative dimension"},
+  };
+  for (const auto& [wire, fragment] : cases) {
+    const absl::Status status = CheckSendable(wire, "the tensor");
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_NE(status.message().find(fragment), absl::string_view::npos) << status;
+  }
 }
 
 TEST(FrameCodecTest, MakeFrameError_CopiesKeyIterationAndStatus) {

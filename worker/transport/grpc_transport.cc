@@ -376,32 +376,30 @@ absl::Status GrpcTransport::CheckPeer(int peer_stage) const {
       absl::StrCat("peer stage ", peer_stage, " is outside [0, ", links_.size(), ") of this plan"));
 }
 
-absl::Status GrpcTransport::Send(int peer_stage, const TensorAddress& address,
-                                 const Tensor& tensor) {
+absl::Status GrpcTransport::SendWire(int peer_stage, const TensorAddress& address,
+                                     const WireTensor& wire) {
   if (absl::Status s = CheckPeer(peer_stage); !s.ok()) return s;
-  if (tensor.is_null()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("null tensor for ", address.DebugString(), " to stage ", peer_stage));
-  }
+  const std::string what = absl::StrCat(address.DebugString(), " to stage ", peer_stage);
+  if (absl::Status s = CheckSendable(wire, what); !s.ok()) return s;
   if (shut_down_.load()) {
     return absl::AbortedError(
         absl::StrCat("transport shut down; not sending to stage ", peer_stage));
   }
   return links_[peer_stage]->Send(
-      EncodeTensorFrames(stage_, address, tensor, options_.max_frame_bytes));
+      EncodeTensorFrames(stage_, address, wire, options_.max_frame_bytes));
 }
 
-absl::StatusOr<Tensor> GrpcTransport::Recv(int peer_stage, const TensorAddress& address,
-                                           absl::Duration timeout) {
+absl::StatusOr<WireTensor> GrpcTransport::RecvWire(int peer_stage, const TensorAddress& address,
+                                                   absl::Duration timeout) {
   if (absl::Status s = CheckPeer(peer_stage); !s.ok()) return s;
   if (shut_down_.load()) return absl::AbortedError("transport shut down");
-  absl::StatusOr<Tensor> tensor = mailbox_->Take(peer_stage, address, timeout);
-  if (absl::IsDeadlineExceeded(tensor.status())) {
-    return absl::DeadlineExceededError(absl::StrCat(tensor.status().message(), " (stage ",
-                                                    peer_stage, "'s data plane is at ",
+  absl::StatusOr<WireTensor> wire = mailbox_->Take(peer_stage, address, timeout);
+  if (absl::IsDeadlineExceeded(wire.status())) {
+    return absl::DeadlineExceededError(absl::StrCat(wire.status().message(), " (stage ", peer_stage,
+                                                    "'s data plane is at ",
                                                     peer_addresses_[peer_stage], ")"));
   }
-  return tensor;
+  return wire;
 }
 
 void GrpcTransport::Shutdown() {

@@ -1,8 +1,9 @@
 // GrpcTransport: the Transport of one stage over the gRPC data plane
-// (DESIGN.md §6). Send encodes a tensor into frames (frame_codec.h) and
+// (DESIGN.md §6). SendWire splits a WireTensor (raw, or a compression
+// codec's payload, carried as opaque bytes) into frames (frame_codec.h) and
 // queues them on the one long-lived DataPlane/Stream to the destination
-// peer; Recv takes from the worker's Mailbox, which the worker's
-// DataPlaneServer fills with what peers send here.
+// peer; RecvWire takes from the worker's Mailbox, which the worker's
+// DataPlaneServer fills with what peers send here, exactly as it was sent.
 //
 // Per peer, a stream goes through:
 //
@@ -12,8 +13,8 @@
 //     |                                           v
 //     +------- Send reports UNAVAILABLE ------ broken
 //
-// so after a break exactly one Send fails with UNAVAILABLE (naming the peer)
-// and the Send after it makes one new connection attempt.
+// so after a break exactly one SendWire fails with UNAVAILABLE (naming the peer)
+// and the SendWire after it makes one new connection attempt.
 //
 // Writes: one frame in flight per stream; the frames of one tensor are
 // queued together, so they never interleave with another tensor's frames.
@@ -84,26 +85,29 @@ class GrpcTransport final : public Transport {
 
   int stage() const override { return stage_; }
 
-  // Queues `tensor` for `peer_stage` (see the file comment). Thread-safe.
-  // Errors: INVALID_ARGUMENT for a peer outside the plan or a null tensor;
-  // UNAVAILABLE naming the peer if it cannot be reached or its stream broke
-  // (the tensor and anything queued before it are lost); INTERNAL with the
-  // peer's text if it rejected an earlier frame; DEADLINE_EXCEEDED if the
-  // queue stayed full for queue_wait_timeout; ABORTED after Shutdown.
-  absl::Status Send(int peer_stage, const TensorAddress& address, const Tensor& tensor) override;
+  // Queues `wire`'s frames for `peer_stage` (see the file comment).
+  // Thread-safe. Errors: INVALID_ARGUMENT for a peer outside the plan, a
+  // null raw tensor, or an encoded tensor that CheckSendable rejects
+  // (unknown codec spec, empty payload); UNAVAILABLE naming the peer if it
+  // cannot be reached or its stream broke (the tensor and anything queued
+  // before it are lost); INTERNAL with the peer's text if it rejected an
+  // earlier frame; DEADLINE_EXCEEDED if the queue stayed full for
+  // queue_wait_timeout; ABORTED after Shutdown.
+  absl::Status SendWire(int peer_stage, const TensorAddress& address,
+                        const WireTensor& wire) override;
 
-  // Mailbox::Take of `address` from `peer_stage`. Errors: DEADLINE_EXCEEDED
-  // naming the peer (stage and address) and the tensor; INVALID_ARGUMENT for
-  // a peer outside the plan; ABORTED after Shutdown (a Recv already waiting
-  // ends when the mailbox's owner shuts the mailbox down, or at its
-  // timeout). Thread-safe.
-  absl::StatusOr<Tensor> Recv(int peer_stage, const TensorAddress& address,
-                              absl::Duration timeout) override;
+  // Mailbox::Take of `address` from `peer_stage`: the WireTensor as sent.
+  // Errors: DEADLINE_EXCEEDED naming the peer (stage and address) and the
+  // tensor; INVALID_ARGUMENT for a peer outside the plan; ABORTED after
+  // Shutdown (a RecvWire already waiting ends when the mailbox's owner shuts
+  // the mailbox down, or at its timeout). Thread-safe.
+  absl::StatusOr<WireTensor> RecvWire(int peer_stage, const TensorAddress& address,
+                                      absl::Duration timeout) override;
 
   // Lets every stream deliver its queued frames (up to
   // shutdown_drain_timeout each), closes it, and waits for gRPC to finish
-  // with it; an in-progress connection attempt is waited for. Later Sends
-  // and Recvs return ABORTED. Does not shut the mailbox down (the worker
+  // with it; an in-progress connection attempt is waited for. Later sends
+  // and receives return ABORTED. Does not shut the mailbox down (the worker
   // owns it). Idempotent; thread-safe.
   void Shutdown();
 

@@ -4,12 +4,14 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <cmath>
 #include <cstring>
 #include <iostream>
 #include <thread>
 
 #include "common/annotated_mutex.h"
 #include "gtest/gtest.h"
+#include "kernels/compress/codec_spec.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/frame_codec.h"
@@ -150,6 +152,55 @@ TEST_F(GrpcTransportTest, Send_TenMiBAndSmallTensors_ArriveBitwiseEqual) {
   EXPECT_TRUE(BitwiseEqual(*got, big));
 }
 
+TEST_F(GrpcTransportTest, SendWire_EncodedInSeveralFrames_ArrivesByteIdenticalAndRecvDecodes) {
+  GrpcTransportOptions options = Options();
+  options.max_frame_bytes = 64;  // Several frames per payload.
+  std::unique_ptr<GrpcTransport> sender = MakeTransport(0, options);
+  Tensor values = Tensor::Zeros({16, 48});
+  for (int64_t i = 0; i < values.numel(); ++i) values[i] = std::sin(0.1f * i) * 4.f;
+  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec("piecewise:bits=3");
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  absl::StatusOr<std::string> payload = (*codec)->Encode(values, nullptr);
+  ASSERT_TRUE(payload.ok()) << payload.status();
+  ASSERT_GT(payload->size(), 3 * 64u);
+  const WireTensor sent = WireTensor::Encoded("piecewise:bits=3", *payload, values.shape());
+
+  ASSERT_TRUE(sender->SendWire(1, Address(v1::ACTIVATION, 0, 5), sent).ok());
+  absl::StatusOr<WireTensor> got =
+      transports_[1]->RecvWire(0, Address(v1::ACTIVATION, 0, 5), kPatience);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->codec, "piecewise:bits=3");
+  EXPECT_EQ(got->shape, (Shape{16, 48}));
+  EXPECT_TRUE(got->tensor.is_null());
+  EXPECT_EQ(got->payload, *payload);  // Byte for byte.
+
+  ASSERT_TRUE(sender->SendWire(1, Address(v1::ACTIVATION, 1, 5), sent).ok());
+  absl::StatusOr<Tensor> decoded =
+      transports_[1]->Recv(0, Address(v1::ACTIVATION, 1, 5), kPatience);
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  absl::StatusOr<Tensor> expected = (*codec)->Decode(*payload);
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  EXPECT_TRUE(BitwiseEqual(*decoded, *expected));
+  sender->Shutdown();
+  EXPECT_EQ(peer_errors_.size(), 0u) << "no frame was rejected, no stream broke";
+}
+
+TEST_F(GrpcTransportTest, SendWire_UnknownCodecOrEmptyPayload_InvalidArgumentNothingSent) {
+  const absl::Status unknown = transports_[0]->SendWire(
+      1, Address(v1::ACTIVATION, 0, 6), WireTensor::Encoded("zstd:level=3", "bytes", {2}));
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(unknown,
+                       "ACTIVATION of unit 6, micro-batch 0, iteration 7 (job j-1) to "
+                       "stage 1: codec \"zstd:level=3\" is not a codec spec"))
+      << unknown;
+  const absl::Status empty = transports_[0]->SendWire(1, Address(v1::ACTIVATION, 1, 6),
+                                                      WireTensor::Encoded("fp16", "", {2}));
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(empty, "empty fp16 payload")) << empty;
+  // The link is untouched: the next tensor goes through.
+  ExpectDelivered(Address(v1::ACTIVATION, 2, 6), Pattern({4}, 6));
+}
+
 TEST_F(GrpcTransportTest, Send_ConcurrentThreadsToOnePeer_TensorsArriveIntact) {
   GrpcTransportOptions options = Options();
   options.max_frame_bytes = 4096;  // 16 frames per tensor: many chances to interleave.
@@ -186,7 +237,7 @@ TEST_F(GrpcTransportTest, Stream_MalformedFramesFromRawClient_FrameErrorsAndServ
   auto stream = stub->Stream(&context);
 
   const v1::TensorFrame good =
-      EncodeTensorFrames(0, Address(v1::ACTIVATION, 0, 4), Pattern({2, 2}, 1))[0];
+      EncodeTensorFrames(0, Address(v1::ACTIVATION, 0, 4), WireTensor::Raw(Pattern({2, 2}, 1)))[0];
   v1::TensorFrame short_payload = good;
   short_payload.set_total_bytes(12);
   short_payload.set_payload(good.payload().substr(0, 12));

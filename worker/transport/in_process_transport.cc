@@ -6,21 +6,28 @@
 namespace pipetrain {
 namespace {
 
+// A copy that shares no storage with `wire` (Tensor copies share theirs), so
+// the sender may reuse its tensor as soon as Send returns.
+WireTensor Copy(const WireTensor& wire) {
+  if (wire.encoded()) return WireTensor::Encoded(wire.codec, wire.payload, wire.shape);
+  return WireTensor::Raw(wire.tensor.Clone());
+}
+
 class InProcessTransport : public Transport {
  public:
   InProcessTransport(InProcessFabric* fabric, int stage) : fabric_(fabric), stage_(stage) {}
   int stage() const override { return stage_; }
 
-  absl::Status Send(int peer_stage, const TensorAddress& address,
-                    const Tensor& tensor) override {
+  absl::Status SendWire(int peer_stage, const TensorAddress& address,
+                        const WireTensor& wire) override {
     if (peer_stage < 0 || peer_stage >= fabric_->num_stages()) {
       return absl::UnavailableError(absl::StrCat("no stage ", peer_stage));
     }
-    return fabric_->mailbox(peer_stage).Put(stage_, address, tensor.Clone());
+    return fabric_->mailbox(peer_stage).Put(stage_, address, Copy(wire));
   }
 
-  absl::StatusOr<Tensor> Recv(int peer_stage, const TensorAddress& address,
-                              absl::Duration timeout) override {
+  absl::StatusOr<WireTensor> RecvWire(int peer_stage, const TensorAddress& address,
+                                      absl::Duration timeout) override {
     return fabric_->mailbox(stage_).Take(peer_stage, address, timeout);
   }
 

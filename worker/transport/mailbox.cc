@@ -4,17 +4,17 @@
 
 namespace pipetrain {
 
-absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, Tensor tensor) {
+absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, WireTensor wire) {
   AnnotatedMutexLock lock(&mu_);
-  if (!tensors_.emplace(Key{source_stage, address}, std::move(tensor)).second) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "duplicate tensor from stage ", source_stage, ": ", address.DebugString()));
+  if (!tensors_.emplace(Key{source_stage, address}, std::move(wire)).second) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("duplicate tensor from stage ", source_stage, ": ", address.DebugString()));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<Tensor> Mailbox::Take(int source_stage, const TensorAddress& address,
-                                     absl::Duration timeout) {
+absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& address,
+                                         absl::Duration timeout) {
   const Key key{source_stage, address};
   AnnotatedMutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -27,14 +27,15 @@ absl::StatusOr<Tensor> Mailbox::Take(int source_stage, const TensorAddress& addr
   }
   auto it = tensors_.find(key);
   if (it == tensors_.end()) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "waited ", absl::FormatDuration(timeout), " for ", address.DebugString(),
-        " from stage ", source_stage, "; that stage is slow, stalled or gone: check its "
-        "status and log"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("waited ", absl::FormatDuration(timeout), " for ", address.DebugString(),
+                     " from stage ", source_stage,
+                     "; that stage is slow, stalled or gone: check its "
+                     "status and log"));
   }
-  Tensor t = std::move(it->second);
+  WireTensor wire = std::move(it->second);
   tensors_.erase(it);
-  return t;
+  return wire;
 }
 
 void Mailbox::Shutdown() {

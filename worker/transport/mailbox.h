@@ -1,4 +1,6 @@
 // Mailbox: where received tensors wait until the program asks for them.
+// It holds WireTensors as they arrived (raw or encoded); decoding is the
+// receiver's (Transport::Recv).
 //
 // Keyed by (source stage, tensor address). Put never blocks; Take blocks
 // until the tensor is there, the timeout passes (DEADLINE_EXCEEDED naming
@@ -21,9 +23,13 @@ namespace pipetrain {
 
 class Mailbox {
  public:
-  absl::Status Put(int source_stage, const TensorAddress& address, Tensor tensor);
-  absl::StatusOr<Tensor> Take(int source_stage, const TensorAddress& address,
-                              absl::Duration timeout);
+  // Stores `wire` under (source_stage, address). FAILED_PRECONDITION naming
+  // the source and tensor if that key is already waiting.
+  absl::Status Put(int source_stage, const TensorAddress& address, WireTensor wire);
+  // Waits up to `timeout` for the key and removes it (see the file comment
+  // for DEADLINE_EXCEEDED and ABORTED).
+  absl::StatusOr<WireTensor> Take(int source_stage, const TensorAddress& address,
+                                  absl::Duration timeout);
   // Wakes all waiters with ABORTED; later Takes fail at once.
   void Shutdown();
   // Drops every tensor of `job_id` (e.g. after a cancel).
@@ -36,7 +42,7 @@ class Mailbox {
  private:
   using Key = std::pair<int, TensorAddress>;
   mutable AnnotatedMutex mu_;
-  std::map<Key, Tensor> tensors_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, WireTensor> tensors_ ABSL_GUARDED_BY(mu_);
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> aborted_jobs_ ABSL_GUARDED_BY(mu_);
 };

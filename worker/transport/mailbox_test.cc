@@ -14,20 +14,37 @@ TensorAddress Activation(const std::string& job_id, int unit) {
 
 TEST(MailboxTest, Take_AfterPut_ReturnsTheTensorOnce) {
   Mailbox mailbox;
-  ASSERT_TRUE(mailbox.Put(2, Activation("j-1", 3), Tensor::FromVector({2}, {1.5f, -2.f})).ok());
+  ASSERT_TRUE(
+      mailbox.Put(2, Activation("j-1", 3), WireTensor::Raw(Tensor::FromVector({2}, {1.5f, -2.f})))
+          .ok());
   EXPECT_EQ(mailbox.size(), 1u);
 
-  absl::StatusOr<Tensor> got = mailbox.Take(2, Activation("j-1", 3), absl::Seconds(10));
+  absl::StatusOr<WireTensor> got = mailbox.Take(2, Activation("j-1", 3), absl::Seconds(10));
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->ToVector(), (std::vector<float>{1.5f, -2.f}));
+  EXPECT_EQ(got->tensor.ToVector(), (std::vector<float>{1.5f, -2.f}));
   EXPECT_EQ(mailbox.size(), 0u);
   EXPECT_EQ(mailbox.Take(2, Activation("j-1", 3), absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
 }
 
+TEST(MailboxTest, Take_EncodedPut_ReturnsItUnchanged) {
+  Mailbox mailbox;
+  const std::string payload("\x01\x00\xffpayload", 10);
+  ASSERT_TRUE(
+      mailbox.Put(0, Activation("j-1", 3), WireTensor::Encoded("fp16", payload, {2, 3})).ok());
+
+  absl::StatusOr<WireTensor> got = mailbox.Take(0, Activation("j-1", 3), absl::Seconds(10));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->encoded());
+  EXPECT_EQ(got->codec, "fp16");
+  EXPECT_EQ(got->payload, payload);
+  EXPECT_EQ(got->shape, (Shape{2, 3}));
+  EXPECT_TRUE(got->tensor.is_null());
+}
+
 TEST(MailboxTest, Take_SameAddressFromOtherStage_DoesNotMatch) {
   Mailbox mailbox;
-  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 3), Tensor::Zeros({1})).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 3), WireTensor::Raw(Tensor::Zeros({1}))).ok());
   EXPECT_EQ(mailbox.Take(1, Activation("j-1", 3), absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(mailbox.Take(0, Activation("j-1", 3), absl::ZeroDuration()).ok());
@@ -36,21 +53,22 @@ TEST(MailboxTest, Take_SameAddressFromOtherStage_DoesNotMatch) {
 TEST(MailboxTest, Take_PutLaterFromAnotherThread_WakesAndReturnsIt) {
   Mailbox mailbox;
   absl::Notification taking;
-  absl::StatusOr<Tensor> got;
+  absl::StatusOr<WireTensor> got;
   std::thread consumer([&] {
     taking.Notify();
     got = mailbox.Take(0, Activation("j-1", 4), absl::Seconds(60));
   });
   taking.WaitForNotification();
-  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 4), Tensor::FromVector({1}, {9.f})).ok());
+  ASSERT_TRUE(
+      mailbox.Put(0, Activation("j-1", 4), WireTensor::Raw(Tensor::FromVector({1}, {9.f}))).ok());
   consumer.join();
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_EQ(got->ToVector(), std::vector<float>{9.f});
+  EXPECT_EQ(got->tensor.ToVector(), std::vector<float>{9.f});
 }
 
 TEST(MailboxTest, Take_NeverPut_DeadlineExceededNamesSourceAndTensor) {
   Mailbox mailbox;
-  absl::StatusOr<Tensor> got = mailbox.Take(2, Activation("j-1", 3), absl::Milliseconds(1));
+  absl::StatusOr<WireTensor> got = mailbox.Take(2, Activation("j-1", 3), absl::Milliseconds(1));
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_NE(got.status().message().find(
                 "for ACTIVATION of unit 3, micro-batch 1, iteration 7 (job j-1) from stage 2"),
@@ -60,8 +78,8 @@ TEST(MailboxTest, Take_NeverPut_DeadlineExceededNamesSourceAndTensor) {
 
 TEST(MailboxTest, Put_DuplicateBeforeTake_FailedPrecondition) {
   Mailbox mailbox;
-  ASSERT_TRUE(mailbox.Put(1, Activation("j-1", 3), Tensor::Zeros({1})).ok());
-  absl::Status status = mailbox.Put(1, Activation("j-1", 3), Tensor::Zeros({1}));
+  ASSERT_TRUE(mailbox.Put(1, Activation("j-1", 3), WireTensor::Raw(Tensor::Zeros({1}))).ok());
+  absl::Status status = mailbox.Put(1, Activation("j-1", 3), WireTensor::Raw(Tensor::Zeros({1})));
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(status.message().find("duplicate tensor from stage 1: ACTIVATION of unit 3"),
             std::string::npos)
@@ -72,7 +90,7 @@ TEST(MailboxTest, Put_DuplicateBeforeTake_FailedPrecondition) {
 TEST(MailboxTest, Shutdown_WhileTakeWaits_WakesItWithAborted) {
   Mailbox mailbox;
   absl::Notification taking;
-  absl::StatusOr<Tensor> got;
+  absl::StatusOr<WireTensor> got;
   std::thread consumer([&] {
     taking.Notify();
     got = mailbox.Take(0, Activation("j-1", 4), absl::InfiniteDuration());
@@ -85,7 +103,7 @@ TEST(MailboxTest, Shutdown_WhileTakeWaits_WakesItWithAborted) {
 
 TEST(MailboxTest, Take_AfterShutdown_AbortedEvenIfPresent) {
   Mailbox mailbox;
-  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 3), Tensor::Zeros({1})).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 3), WireTensor::Raw(Tensor::Zeros({1}))).ok());
   mailbox.Shutdown();
   EXPECT_EQ(mailbox.Take(0, Activation("j-1", 3), absl::Seconds(10)).status().code(),
             absl::StatusCode::kAborted);
@@ -93,9 +111,9 @@ TEST(MailboxTest, Take_AfterShutdown_AbortedEvenIfPresent) {
 
 TEST(MailboxTest, DropJob_RemovesOnlyThatJobsTensors) {
   Mailbox mailbox;
-  ASSERT_TRUE(mailbox.Put(0, Activation("old", 1), Tensor::Zeros({1})).ok());
-  ASSERT_TRUE(mailbox.Put(1, Activation("old", 2), Tensor::Zeros({1})).ok());
-  ASSERT_TRUE(mailbox.Put(0, Activation("new", 1), Tensor::Zeros({1})).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("old", 1), WireTensor::Raw(Tensor::Zeros({1}))).ok());
+  ASSERT_TRUE(mailbox.Put(1, Activation("old", 2), WireTensor::Raw(Tensor::Zeros({1}))).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("new", 1), WireTensor::Raw(Tensor::Zeros({1}))).ok());
 
   mailbox.DropJob("old");
 
@@ -104,13 +122,13 @@ TEST(MailboxTest, DropJob_RemovesOnlyThatJobsTensors) {
             absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(mailbox.Take(0, Activation("new", 1), absl::ZeroDuration()).ok());
   // A dropped key may be filled again (e.g. the job restarts).
-  EXPECT_TRUE(mailbox.Put(0, Activation("old", 1), Tensor::Zeros({1})).ok());
+  EXPECT_TRUE(mailbox.Put(0, Activation("old", 1), WireTensor::Raw(Tensor::Zeros({1}))).ok());
 }
 
 TEST(MailboxTest, AbortJob_WhileTakeWaits_WakesItWithAbortedNamingJob) {
   Mailbox mailbox;
   absl::Notification taking;
-  absl::StatusOr<Tensor> got;
+  absl::StatusOr<WireTensor> got;
   std::thread consumer([&] {
     taking.Notify();
     got = mailbox.Take(0, Activation("j-1", 4), absl::InfiniteDuration());
@@ -124,8 +142,8 @@ TEST(MailboxTest, AbortJob_WhileTakeWaits_WakesItWithAbortedNamingJob) {
 
 TEST(MailboxTest, AbortJob_OtherJobsUnaffected) {
   Mailbox mailbox;
-  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 1), Tensor::Zeros({1})).ok());
-  ASSERT_TRUE(mailbox.Put(0, Activation("j-2", 1), Tensor::Zeros({1})).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 1), WireTensor::Raw(Tensor::Zeros({1}))).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-2", 1), WireTensor::Raw(Tensor::Zeros({1}))).ok());
   mailbox.AbortJob("j-1");
   EXPECT_EQ(mailbox.size(), 1u);
   EXPECT_EQ(mailbox.Take(0, Activation("j-1", 1), absl::Seconds(10)).status().code(),

@@ -3,6 +3,8 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
 
@@ -24,6 +26,65 @@ bool TensorAddress::operator==(const TensorAddress& o) const {
 TensorAddress MakeAddress(const std::string& job_id, int64_t iteration,
                           const v1::TensorKey& key) {
   return {job_id, iteration, key.kind(), key.micro_batch(), key.unit()};
+}
+
+WireTensor WireTensor::Raw(Tensor t) {
+  WireTensor w;
+  w.tensor = std::move(t);
+  return w;
+}
+
+WireTensor WireTensor::Encoded(std::string codec, std::string payload, Shape shape) {
+  WireTensor w;
+  w.codec = std::move(codec);
+  w.payload = std::move(payload);
+  w.shape = std::move(shape);
+  return w;
+}
+
+const Shape& WireTensor::decoded_shape() const { return encoded() ? shape : tensor.shape(); }
+
+int64_t WireTensor::wire_bytes() const {
+  return encoded() ? static_cast<int64_t>(payload.size()) : tensor.size_bytes();
+}
+
+int64_t WireTensor::raw_bytes() const {
+  return NumElements(decoded_shape()) * static_cast<int64_t>(sizeof(float));
+}
+
+absl::StatusOr<Tensor> DecodeWireTensor(const WireTensor& wire, const std::string& what) {
+  if (!wire.encoded()) return wire.tensor;
+  auto codec = MakeCodec(wire.codec);
+  if (!codec.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": codec \"", wire.codec, "\": ", codec.status().message()));
+  }
+  return DecodeWireTensorWith(**codec, wire, what);
+}
+
+absl::StatusOr<Tensor> DecodeWireTensorWith(const Codec& codec, const WireTensor& wire,
+                                            const std::string& what) {
+  auto decoded = codec.Decode(wire.payload);
+  if (!decoded.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot decode its ", wire.codec,
+                                                   " payload: ", decoded.status().message()));
+  }
+  if (decoded->shape() != wire.shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": ", wire.codec, " payload decodes to shape ", ShapeToString(decoded->shape()),
+        " but was sent as ", ShapeToString(wire.shape)));
+  }
+  return *std::move(decoded);
+}
+
+absl::Status Transport::Send(int peer_stage, const TensorAddress& address, const Tensor& tensor) {
+  return SendWire(peer_stage, address, WireTensor::Raw(tensor));
+}
+
+absl::StatusOr<Tensor> Transport::Recv(int peer_stage, const TensorAddress& address,
+                                       absl::Duration timeout) {
+  ASSIGN_OR_RETURN(WireTensor wire, RecvWire(peer_stage, address, timeout));
+  return DecodeWireTensor(wire, absl::StrCat(address.DebugString(), " from stage ", peer_stage));
 }
 
 }  // namespace pipetrain

@@ -4,6 +4,11 @@
 // are the in-process transport (tests, single-machine equivalence) and the
 // gRPC data plane (grpc_transport.h). Receives are by address, not by
 // arrival order, so send order between different tensors never matters.
+//
+// What travels is a WireTensor: a plain fp32 tensor, or the payload a
+// compression codec made of one (kernels/compress, DESIGN.md §6). The
+// transport moves payloads as opaque bytes; encoding and decoding are the
+// runtime's (worker/runtime/link_compressor.h), which times them per link.
 #ifndef PIPETRAIN_WORKER_TRANSPORT_TRANSPORT_H_
 #define PIPETRAIN_WORKER_TRANSPORT_TRANSPORT_H_
 
@@ -14,6 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/tensor.h"
+#include "kernels/compress/codec.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 
 namespace pipetrain {
@@ -35,6 +41,41 @@ struct TensorAddress {
 TensorAddress MakeAddress(const std::string& job_id, int64_t iteration,
                           const v1::TensorKey& key);
 
+// A tensor as one Send carries it.
+//   raw:     `tensor` (fp32, any shape); codec, payload and shape unused.
+//   encoded: `codec` is the spec the payload was made with
+//            (kernels/compress/codec_spec.h, e.g. "piecewise:bits=3"),
+//            `payload` its self-describing bytes (kernels/compress/payload.h)
+//            and `shape` the shape it decodes to; `tensor` is null.
+struct WireTensor {
+  Tensor tensor;
+  std::string codec;
+  std::string payload;
+  Shape shape;
+
+  static WireTensor Raw(Tensor t);
+  static WireTensor Encoded(std::string codec, std::string payload, Shape shape);
+  bool encoded() const { return !codec.empty(); }
+  // The decoded shape: tensor.shape() when raw.
+  const Shape& decoded_shape() const;
+  // Bytes on the wire: payload.size() when encoded, numel * 4 when raw.
+  int64_t wire_bytes() const;
+  // Bytes of the decoded fp32 tensor: numel(decoded_shape()) * 4.
+  int64_t raw_bytes() const;
+};
+
+// Decodes an encoded WireTensor with the codec its spec names (built anew on
+// each call: callers that decode often cache codecs themselves); returns a
+// raw one's tensor as is. INVALID_ARGUMENT naming `what` (e.g. the address)
+// for an unknown codec spec, a payload the codec rejects, or a payload that
+// decodes to a shape other than `shape`.
+absl::StatusOr<Tensor> DecodeWireTensor(const WireTensor& wire, const std::string& what);
+
+// DecodeWireTensor with a codec the caller built from wire.codec (requires
+// an encoded `wire`); the same errors but for the unknown spec.
+absl::StatusOr<Tensor> DecodeWireTensorWith(const Codec& codec, const WireTensor& wire,
+                                            const std::string& what);
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -42,18 +83,26 @@ class Transport {
   // This transport's stage index.
   virtual int stage() const = 0;
 
-  // Sends `tensor` (fp32, any shape) to `peer_stage`. Returns once the
-  // tensor is handed to the transport (buffered or on the wire); the caller
-  // may reuse `tensor` afterwards. UNAVAILABLE when the peer cannot be
-  // reached (names the peer). Thread-safe.
-  virtual absl::Status Send(int peer_stage, const TensorAddress& address,
-                            const Tensor& tensor) = 0;
+  // Sends `wire` to `peer_stage`. Returns once it is handed to the
+  // transport (buffered or on the wire); the caller may reuse `wire`
+  // afterwards. UNAVAILABLE when the peer cannot be reached (names the
+  // peer). Thread-safe.
+  virtual absl::Status SendWire(int peer_stage, const TensorAddress& address,
+                                const WireTensor& wire) = 0;
 
   // Waits up to `timeout` for the tensor `address` from `peer_stage` and
-  // removes it from the mailbox. DEADLINE_EXCEEDED names the peer and the
-  // tensor; ABORTED if the transport was shut down. Thread-safe.
-  virtual absl::StatusOr<Tensor> Recv(int peer_stage, const TensorAddress& address,
-                                      absl::Duration timeout) = 0;
+  // removes it from the mailbox, as it was sent (raw or encoded).
+  // DEADLINE_EXCEEDED names the peer and the tensor; ABORTED if the
+  // transport was shut down. Thread-safe.
+  virtual absl::StatusOr<WireTensor> RecvWire(int peer_stage, const TensorAddress& address,
+                                              absl::Duration timeout) = 0;
+
+  // SendWire of a raw fp32 tensor (any shape).
+  absl::Status Send(int peer_stage, const TensorAddress& address, const Tensor& tensor);
+
+  // RecvWire, then DecodeWireTensor: the tensor whatever its encoding.
+  absl::StatusOr<Tensor> Recv(int peer_stage, const TensorAddress& address,
+                              absl::Duration timeout);
 };
 
 }  // namespace pipetrain

@@ -20,9 +20,13 @@ std::string DescribeInstruction(const v1::Instruction& in) {
     case v1::Instruction::kRecompute:
       return absl::StrCat("recompute ", units(in.recompute().units()), " mb ",
                           in.recompute().micro_batch());
-    case v1::Instruction::kSend:
-      return absl::StrCat("send ", key(in.send().tensor()), " to stage ",
-                          in.send().peer_stage());
+    case v1::Instruction::kSend: {
+      const v1::Instruction::Send& s = in.send();
+      std::string text = absl::StrCat("send ", key(s.tensor()), " to stage ", s.peer_stage());
+      if (!s.codec().empty()) absl::StrAppend(&text, " as ", s.codec());
+      if (s.error_feedback()) absl::StrAppend(&text, s.flush_residual() ? " (error feedback, flush)" : " (error feedback)");
+      return text;
+    }
     case v1::Instruction::kRecv:
       return absl::StrCat("recv ", key(in.recv().tensor()), " from stage ",
                           in.recv().peer_stage());

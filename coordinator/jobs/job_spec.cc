@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/status_macros.h"
+#include "kernels/compress/codec_spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "worker/train/adamw_optimizer.h"
 
@@ -273,6 +274,37 @@ absl::Status CheckOutput(const v1::OutputSpec& output) {
   return absl::OkStatus();
 }
 
+// A codec field: "" and "none" mean raw (normalised to "none"); anything
+// else must be a codec spec kernels/compress accepts.
+absl::Status ResolveCodec(absl::string_view path, bool has, std::string* codec) {
+  if (!has || codec->empty()) *codec = kCodecNone;
+  if (*codec == kCodecNone) return absl::OkStatus();
+  absl::Status parsed = ParseCodecSpec(*codec).status();
+  if (!parsed.ok()) return Invalid(path, parsed.message());
+  return absl::OkStatus();
+}
+
+absl::Status ResolveCompression(v1::CompressionSpec* c) {
+  RETURN_IF_ERROR(ResolveCodec("spec.compression.forward", c->has_forward(), c->mutable_forward()));
+  RETURN_IF_ERROR(
+      ResolveCodec("spec.compression.backward", c->has_backward(), c->mutable_backward()));
+  if (!c->has_error_feedback()) c->set_error_feedback(false);
+  if (!c->has_epilogue_only()) c->set_epilogue_only(false);
+  // Both act on the backward codec only; accepting them without one would
+  // let a user believe a compression setting is in effect that is not.
+  if (c->backward() == kCodecNone) {
+    if (c->error_feedback()) {
+      return Invalid("spec.compression.error_feedback",
+                     "needs a backward codec (spec.compression.backward is none)");
+    }
+    if (c->epilogue_only()) {
+      return Invalid("spec.compression.epilogue_only",
+                     "needs a backward codec (spec.compression.backward is none)");
+    }
+  }
+  return absl::OkStatus();
+}
+
 TrainConfig DeriveTrainConfig(const v1::JobSpec& spec) {
   TrainConfig config;
   config.model.vocab_size = spec.model().vocab_size();
@@ -310,6 +342,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveData(out.mutable_data(), out.model().vocab_size(), &resolved.data_format));
   RETURN_IF_ERROR(ResolveParallelism(out.mutable_parallelism(), out.model().n_layer()));
   RETURN_IF_ERROR(CheckOutput(out.output()));
+  RETURN_IF_ERROR(ResolveCompression(out.mutable_compression()));
 
   resolved.train = DeriveTrainConfig(out);
   absl::Status backstop = ValidateTrainConfig(resolved.train);

@@ -31,6 +31,8 @@ inline constexpr char kObjectivePaper[] = "paper";
 inline constexpr char kObjectiveFull[] = "full";
 inline constexpr char kSchedule1F1B[] = "1f1b";
 inline constexpr char kScheduleGPipe[] = "gpipe";
+// spec.compression.forward/backward value meaning "send raw fp32".
+inline constexpr char kCodecNone[] = "none";
 
 // A JobSpec with every default filled in, plus the configs derived from it.
 struct ResolvedJobSpec {
@@ -55,7 +57,15 @@ struct ResolvedJobSpec {
 // data.format "auto", data.val_fraction 0.1, data.synthetic_bytes 2000000,
 // training.micro_batches 1, lr 3e-4, beta1 0.9, beta2 0.95, eps 1e-8,
 // weight_decay 0.1, decay "matrices", seed 1, parallelism.solver "uniform",
-// parallelism.schedule "1f1b", parallelism.objective "paper".
+// parallelism.schedule "1f1b", parallelism.objective "paper",
+// compression.forward and .backward "none" (an empty codec too),
+// compression.error_feedback and .epilogue_only false.
+//
+// Compression: forward and backward are "none" or a codec spec that
+// kernels/compress/codec_spec.h accepts (its message, naming the codec
+// parameter, follows the field path: "spec.compression.backward: powersgd:
+// rank 0 is out of range ..."); error_feedback and epilogue_only need a
+// backward codec.
 //
 // Solver "manual" requires one manual_stages entry per stage whose forward
 // ranges, and separately backward ranges, follow each other from unit 0 to

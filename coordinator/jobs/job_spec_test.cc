@@ -88,6 +88,13 @@ TEST(ResolveJobSpec, MinimalSpec_FillsEveryDefault) {
   EXPECT_EQ(resolved->stages, 2);
   EXPECT_EQ(resolved->solver, "uniform");
   EXPECT_EQ(resolved->schedule, "1f1b");
+  const v1::CompressionSpec& c = spec.compression();
+  ASSERT_TRUE(c.has_forward() && c.has_backward() && c.has_error_feedback() &&
+              c.has_epilogue_only());
+  EXPECT_EQ(c.forward(), "none");
+  EXPECT_EQ(c.backward(), "none");
+  EXPECT_FALSE(c.error_feedback());
+  EXPECT_FALSE(c.epilogue_only());
 }
 
 TEST(ResolveJobSpec, MinimalSpec_DerivesTrainConfig) {
@@ -136,6 +143,11 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   spec.mutable_parallelism()->set_schedule("gpipe");
   spec.mutable_parallelism()->set_objective("full");
   spec.mutable_output()->set_weights_path(TempPath("weights.safetensors"));
+  v1::CompressionSpec* c = spec.mutable_compression();
+  c->set_forward("fp16");
+  c->set_backward("powersgd:rank=2");
+  c->set_error_feedback(true);
+  c->set_epilogue_only(false);
   return spec;
 }
 
@@ -399,6 +411,76 @@ TEST(ResolveJobSpec, UnknownSchedule_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_parallelism()->set_schedule("interleaved");
   ExpectRejected(spec, "spec.parallelism.schedule: unknown schedule \"interleaved\"");
+}
+
+TEST(ResolveJobSpec, CompressionCodecs_AcceptedAndKept) {
+  v1::JobSpec spec = MinimalSpec();
+  v1::CompressionSpec* c = spec.mutable_compression();
+  c->set_forward("token_topk:keep=0.5+piecewise:bits=3");
+  c->set_backward("powersgd:rank=4");
+  c->set_error_feedback(true);
+  c->set_epilogue_only(true);
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->spec.compression().forward(), "token_topk:keep=0.5+piecewise:bits=3");
+  EXPECT_EQ(resolved->spec.compression().backward(), "powersgd:rank=4");
+  EXPECT_TRUE(resolved->spec.compression().error_feedback());
+  EXPECT_TRUE(resolved->spec.compression().epilogue_only());
+}
+
+TEST(ResolveJobSpec, EmptyCodec_MeansNone) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_compression()->set_forward("");
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->spec.compression().forward(), "none");
+}
+
+TEST(ResolveJobSpec, UnknownCodec_RejectedNamingTheField) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_compression()->set_forward("zstd");
+  ExpectRejected(spec, "spec.compression.forward: ");
+  absl::Status status = ResolveJobSpec(spec).status();
+  EXPECT_TRUE(absl::StrContains(status.message(), "zstd")) << status;
+}
+
+TEST(ResolveJobSpec, BitsOutOfRange_RejectedNamingTheParameter) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_compression()->set_backward("piecewise:bits=12");
+  ExpectRejected(spec, "spec.compression.backward: ");
+  absl::Status status = ResolveJobSpec(spec).status();
+  EXPECT_TRUE(absl::StrContains(status.message(), "bits")) << status;
+}
+
+TEST(ResolveJobSpec, RankZero_RejectedNamingTheParameter) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_compression()->set_backward("powersgd:rank=0");
+  ExpectRejected(spec, "spec.compression.backward: ");
+  absl::Status status = ResolveJobSpec(spec).status();
+  EXPECT_TRUE(absl::StrContains(status.message(), "rank")) << status;
+}
+
+TEST(ResolveJobSpec, ErrorFeedbackWithoutBackwardCodec_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_compression()->set_forward("fp16");
+  spec.mutable_compression()->set_error_feedback(true);
+  ExpectRejected(spec, "spec.compression.error_feedback: needs a backward codec");
+}
+
+TEST(ResolveJobSpec, EpilogueOnlyWithoutBackwardCodec_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_compression()->set_epilogue_only(true);
+  ExpectRejected(spec, "spec.compression.epilogue_only: needs a backward codec");
+}
+
+TEST(JobSpecFromJson, CompressionFromJson_Parsed) {
+  absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(
+      R"({"compression": {"backward": "powersgd:rank=4", "errorFeedback": true,
+                          "epilogue_only": true}})");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->compression().backward(), "powersgd:rank=4");
+  EXPECT_TRUE(spec->compression().error_feedback());
+  EXPECT_TRUE(spec->compression().epilogue_only());
 }
 
 TEST(ResolveJobSpec, MissingOutputDirectory_Rejected) {

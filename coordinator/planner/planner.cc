@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "coordinator/planner/compression_marking.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/timeline_render.h"
@@ -27,6 +28,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(profile, cluster, options));
   CompiledPlan out;
   out.programs = std::move(solved.programs);
+  MarkCompression(r.spec.compression(), &out.programs);
   v1::Plan& plan = out.plan;
   plan.set_job_id(job_id);
   plan.set_version(version);

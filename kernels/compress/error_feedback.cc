@@ -1,5 +1,6 @@
 #include "kernels/compress/error_feedback.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,7 +9,7 @@
 namespace pipetrain {
 
 absl::StatusOr<std::string> ErrorFeedback::Compress(const Tensor& x, const Codec& codec,
-                                                    CodecState* state) {
+                                                    CodecState* state, double* relative_error) {
   if (has_residual() && residual_.shape() != x.shape()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "error feedback: tensor ", ShapeToString(x.shape()), " does not match the stored residual ",
@@ -25,7 +26,15 @@ absl::StatusOr<std::string> ErrorFeedback::Compress(const Tensor& x, const Codec
                                             ShapeToString(decoded.shape()), " from ",
                                             ShapeToString(y.shape())));
   }
-  for (int64_t i = 0; i < y.numel(); ++i) y[i] -= decoded[i];
+  double error_sq = 0, norm_sq = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    norm_sq += double{y[i]} * y[i];
+    y[i] -= decoded[i];
+    error_sq += double{y[i]} * y[i];
+  }
+  if (relative_error != nullptr) {
+    *relative_error = norm_sq > 0 ? std::sqrt(error_sq / norm_sq) : 0.0;
+  }
   residual_ = std::move(y);
   return payload;
 }

@@ -41,8 +41,11 @@ class ErrorFeedback {
   // payload. INVALID_ARGUMENT when x's shape differs from the stored
   // residual's (call Flush() between tensors of different shapes), and any
   // error of the codec (INTERNAL if it decodes a shape other than x's, a
-  // codec bug); on error the stored residual is unchanged.
-  absl::StatusOr<std::string> Compress(const Tensor& x, const Codec& codec, CodecState* state);
+  // codec bug); on error the stored residual is unchanged. When
+  // `relative_error` is non-null it receives ||y - decoded|| / ||y|| for
+  // y = x + residual (0 when y is all zeros): the decode is done anyway.
+  absl::StatusOr<std::string> Compress(const Tensor& x, const Codec& codec, CodecState* state,
+                                       double* relative_error = nullptr);
 
   // Returns the residual (a null Tensor when there is none) and clears it.
   Tensor Flush();

@@ -471,6 +471,22 @@ TEST(ErrorFeedbackTest, Compress_ShapeChangeWithoutFlush_InvalidArgument) {
   EXPECT_TRUE(feedback.Compress(RandomTensor({5}, 2), *codec, nullptr).ok());
 }
 
+TEST(ErrorFeedbackTest, Compress_RelativeError_IsResidualNormOverInputNorm) {
+  ErrorFeedback feedback;
+  auto codec = MakeElemTopKCodec(0.5).value();
+  double error = -1;
+  // Keeps one of two values, the larger magnitude -4: residual {3, 0}, 3 / 5.
+  ASSERT_TRUE(feedback.Compress(Tensor::FromVector({2}, {3, -4}), *codec, nullptr, &error).ok());
+  EXPECT_NEAR(error, 0.6, 1e-7);
+  // Zero input plus residual {3, 0}: sent exactly, error 0.
+  ASSERT_TRUE(feedback.Compress(Tensor::Zeros({2}), *codec, nullptr, &error).ok());
+  EXPECT_EQ(error, 0.0);
+  // All zeros and no residual left: defined as 0, not NaN.
+  error = -1;
+  ASSERT_TRUE(feedback.Compress(Tensor::Zeros({2}), *codec, nullptr, &error).ok());
+  EXPECT_EQ(error, 0.0);
+}
+
 TEST(ErrorFeedbackTest, Compress_CodecError_KeepsResidual) {
   ErrorFeedback feedback;
   auto codec = MakeElemTopKCodec(0.5).value();

@@ -22,7 +22,22 @@ WorkerMetrics::WorkerMetrics()
                       .Add({})),
       link_bytes_(prometheus::BuildCounter()
                       .Name("pipetrain_link_bytes_total")
-                      .Help("Bytes sent to peer stages, by tensor kind and encoding")
+                      .Help("Bytes sent to peer stages, by tensor kind; encoding raw: fp32 "
+                            "before compression, wire: handed to the transport")
+                      .Register(*registry_)),
+      link_codec_seconds_(prometheus::BuildCounter()
+                              .Name("pipetrain_link_codec_seconds_total")
+                              .Help("Time spent encoding sends (op encode, peer = destination) "
+                                    "and decoding receives (op decode, peer = source)")
+                              .Register(*registry_)),
+      link_compressed_(prometheus::BuildCounter()
+                           .Name("pipetrain_link_compressed_tensors_total")
+                           .Help("Tensors sent to peer stages encoded with a codec")
+                           .Register(*registry_)),
+      link_error_(prometheus::BuildGauge()
+                      .Name("pipetrain_link_compression_error")
+                      .Help("Relative error ||x - decoded|| / ||x|| of compressed sends, mean "
+                            "of the last iteration's samples")
                       .Register(*registry_)),
       loss_(prometheus::BuildGauge()
                 .Name("pipetrain_stage_loss")
@@ -36,9 +51,27 @@ void WorkerMetrics::Observe(const IterationResult& r) {
   }
   idle_.Increment(r.idle_seconds);
   iterations_.Increment();
-  for (const auto& [key, bytes] : r.sent_bytes) {
-    link_bytes_.Add({{"peer", std::to_string(key.first)}, {"kind", key.second}, {"encoding", "raw"}})
-        .Increment(static_cast<double>(bytes));
+  for (const auto& [key, link] : r.sent) {
+    const std::string peer = std::to_string(key.first);
+    link_bytes_.Add({{"peer", peer}, {"kind", key.second}, {"encoding", "raw"}})
+        .Increment(static_cast<double>(link.raw_bytes));
+    link_bytes_.Add({{"peer", peer}, {"kind", key.second}, {"encoding", "wire"}})
+        .Increment(static_cast<double>(link.wire_bytes));
+    if (link.compressed_tensors == 0) continue;
+    link_compressed_.Add({{"peer", peer}, {"kind", key.second}})
+        .Increment(static_cast<double>(link.compressed_tensors));
+    link_codec_seconds_.Add({{"peer", peer}, {"kind", key.second}, {"op", "encode"}})
+        .Increment(link.codec_seconds);
+    if (link.error_samples > 0) {
+      link_error_.Add({{"peer", peer}, {"kind", key.second}})
+          .Set(link.error_sum / static_cast<double>(link.error_samples));
+    }
+  }
+  for (const auto& [key, link] : r.received) {
+    if (link.compressed_tensors == 0) continue;
+    link_codec_seconds_
+        .Add({{"peer", std::to_string(key.first)}, {"kind", key.second}, {"op", "decode"}})
+        .Increment(link.codec_seconds);
   }
   if (!r.micro_batch_losses.empty()) {
     double sum = 0;

@@ -1,10 +1,19 @@
 // Prometheus metrics of a worker (DESIGN.md §8), fed once per iteration by
-// the JobRunner's observer. Labels are bounded: phase (5 values), peer (a
-// stage index), kind (3 tensor kinds), encoding ("raw" until compression).
+// the JobRunner's observer. Labels are bounded: phase (7 values), peer (a
+// stage index), kind (4 tensor kinds), encoding (raw | wire), op
+// (encode | decode).
 //   pipetrain_stage_compute_seconds_total{phase}   busy time by phase
 //   pipetrain_stage_idle_seconds_total             waiting in receives
 //   pipetrain_stage_iterations_total
-//   pipetrain_link_bytes_total{peer,kind,encoding} bytes sent
+//   pipetrain_link_bytes_total{peer,kind,encoding} bytes sent: raw = fp32
+//                                                  size, wire = after the
+//                                                  codec (equal when raw)
+//   pipetrain_link_compressed_tensors_total{peer,kind}  sends with a codec
+//   pipetrain_link_codec_seconds_total{peer,kind,op}    encode (peer = the
+//                                                  destination) and decode
+//                                                  (peer = the source) time
+//   pipetrain_link_compression_error{peer,kind}    sampled relative error
+//                                                  of compressed sends
 //   pipetrain_stage_loss                           last micro-batch mean loss
 //                                                  (stage owning the head)
 // Thread-safe (prometheus-cpp metrics are).
@@ -33,6 +42,9 @@ class WorkerMetrics {
   prometheus::Counter& idle_;
   prometheus::Counter& iterations_;
   prometheus::Family<prometheus::Counter>& link_bytes_;
+  prometheus::Family<prometheus::Counter>& link_codec_seconds_;
+  prometheus::Family<prometheus::Counter>& link_compressed_;
+  prometheus::Family<prometheus::Gauge>& link_error_;
   prometheus::Gauge& loss_;
 };
 

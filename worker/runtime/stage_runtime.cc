@@ -174,6 +174,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   activations_.clear(), grads_in_.clear(), grads_out_.clear();
   contexts_.clear(), losses_.clear();
   tied_received_ = Tensor();
+  compressor_.BeginIteration();
   IterationResult result;
   result.iteration = iteration;
   const auto start = Clock::now();
@@ -222,9 +223,14 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
       status = Send(in.send(), iteration, result);
       break;
     case v1::Instruction::kRecv:
-      status = Recv(in.recv(), iteration);
-      result->idle_seconds += SecondsSince(start);
+    {
+      // Waiting is idle; decoding what arrived is work ("decode").
+      const double decode_before = result->phase_seconds["decode"];
+      status = Recv(in.recv(), iteration, result);
+      result->idle_seconds +=
+          SecondsSince(start) - (result->phase_seconds["decode"] - decode_before);
       return status;
+    }
     case v1::Instruction::kAddTiedGradient:
       phase = "tied";
       status = AddTied();
@@ -338,11 +344,14 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     }
     default: return Internal("send of an unknown tensor kind");
   }
-  result->sent_bytes[{s.peer_stage(), v1::TensorKind_Name(key.kind())}] += tensor.size_bytes();
-  return transport_->Send(s.peer_stage(), MakeAddress(setup_.job_id, iteration, key), tensor);
+  ASSIGN_OR_RETURN(WireTensor wire,
+                   compressor_.Encode(s, tensor,
+                                      &result->sent[{s.peer_stage(), v1::TensorKind_Name(key.kind())}]));
+  return transport_->SendWire(s.peer_stage(), MakeAddress(setup_.job_id, iteration, key), wire);
 }
 
-absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteration) {
+absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteration,
+                                IterationResult* result) {
   const v1::TensorKey& key = r.tensor();
   const TensorAddress address = MakeAddress(setup_.job_id, iteration, key);
   Unit* weights_of = nullptr;
@@ -350,7 +359,15 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
     weights_of = OwnedUnit(key.unit());
     if (weights_of == nullptr) return Internal(absl::StrCat("unit ", key.unit(), " is not owned here"));
   }
-  ASSIGN_OR_RETURN(Tensor t, transport_->Recv(r.peer_stage(), address, setup_.recv_timeout));
+  ASSIGN_OR_RETURN(WireTensor wire,
+                   transport_->RecvWire(r.peer_stage(), address, setup_.recv_timeout));
+  LinkStats& link = result->received[{r.peer_stage(), v1::TensorKind_Name(key.kind())}];
+  const double decode_before = link.codec_seconds;
+  ASSIGN_OR_RETURN(Tensor t, compressor_.Decode(wire,
+                                                absl::StrCat(address.DebugString(), " from stage ",
+                                                             r.peer_stage()),
+                                                &link));
+  result->phase_seconds["decode"] += link.codec_seconds - decode_before;
   const GptConfig& m = setup_.train.model;
   const int per = setup_.train.batch_size / setup_.train.micro_batches;
   Shape expected{per, setup_.train.seq_len, m.d_model};

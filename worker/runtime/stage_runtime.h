@@ -9,7 +9,8 @@
 // and unit, rebuilt by Recompute for units whose forward ran elsewhere),
 // talks to other stages only through a Transport, and owns the AdamW state
 // of its backward units: their weights are authoritative here; forward-only
-// units get theirs by UNIT_WEIGHTS receives. With lossless transport the
+// units get theirs by UNIT_WEIGHTS receives. Sends are encoded and receives
+// decoded as the program says (LinkCompressor). With lossless transport the
 // pipeline's losses and weights equal LocalTrainer's bitwise
 // (pipeline_equivalence_test).
 //
@@ -29,6 +30,7 @@
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/data/dataset.h"
 #include "worker/model/unit.h"
+#include "worker/runtime/link_compressor.h"
 #include "worker/train/adamw_optimizer.h"
 #include "worker/train/train_config.h"
 #include "worker/transport/transport.h"
@@ -51,10 +53,13 @@ struct IterationResult {
   std::vector<float> micro_batch_losses;  // filled on the stage that owns head
   double busy_seconds = 0;   // everything but waiting in receives
   double idle_seconds = 0;   // waiting in receives (the pipeline bubble)
-  // Busy time by phase: "forward", "backward", "send", "optimizer", "tied".
+  // Busy time by phase: "forward", "backward", "recompute", "send" (with
+  // encoding), "decode", "optimizer", "tied".
   std::map<std::string, double> phase_seconds;
-  // Bytes handed to the transport, by (peer stage, tensor kind name).
-  std::map<std::pair<int, std::string>, int64_t> sent_bytes;
+  // What crossed each link, by (peer stage, tensor kind name): sends (with
+  // encode time and sampled compression error) and receives (decode time).
+  std::map<std::pair<int, std::string>, LinkStats> sent;
+  std::map<std::pair<int, std::string>, LinkStats> received;
 };
 
 class StageRuntime {
@@ -87,7 +92,7 @@ class StageRuntime {
   absl::Status Recompute(const v1::Instruction::Recompute& r);
   absl::Status Backward(const v1::Instruction::Backward& b);
   absl::Status Send(const v1::Instruction::Send& s, int64_t iteration, IterationResult* result);
-  absl::Status Recv(const v1::Instruction::Recv& r, int64_t iteration);
+  absl::Status Recv(const v1::Instruction::Recv& r, int64_t iteration, IterationResult* result);
   absl::Status AddTied();
   Unit* OwnedUnit(int index);
   bool IsBackwardUnit(int index) const;
@@ -105,6 +110,7 @@ class StageRuntime {
   int num_units_ = 0;
   std::map<int, std::unique_ptr<Unit>> units_;  // by unit index
   AdamWOptimizer optimizer_;
+  LinkCompressor compressor_;  // codecs and error feedback of this stage's links
   int64_t iteration_ = 0;
   // Program facts, computed once: units whose outputs the program reads
   // after the forward pass (sends, recompute inputs), and per instruction

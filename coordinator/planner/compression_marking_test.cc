@@ -1,0 +1,173 @@
+#include "coordinator/planner/compression_marking.h"
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/program_text.h"
+#include "coordinator/planner/schedule_compiler.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+// 4 stages of a 3-layer model (8 units: embed, 6 half-layers, head).
+constexpr int kUnits = 8;
+const std::vector<Range> kFourStages = {{0, 2}, {2, 4}, {4, 6}, {6, 8}};
+
+std::vector<v1::Program> Compile(Schedule schedule, int micro_batches) {
+  return CompilePrograms(kFourStages, kUnits, micro_batches, schedule).value();
+}
+
+v1::CompressionSpec Spec(const std::string& forward, const std::string& backward, bool ef,
+                         bool epilogue_only) {
+  v1::CompressionSpec c;
+  c.set_forward(forward);
+  c.set_backward(backward);
+  c.set_error_feedback(ef);
+  c.set_epilogue_only(epilogue_only);
+  return c;
+}
+
+std::vector<const v1::Instruction::Send*> Sends(const v1::Program& p, v1::TensorKind kind) {
+  std::vector<const v1::Instruction::Send*> out;
+  for (const auto& in : p.instructions()) {
+    if (in.has_send() && in.send().tensor().kind() == kind) out.push_back(&in.send());
+  }
+  return out;
+}
+
+TEST(MarkCompression, NoneEverywhere_LeavesEverySendRaw) {
+  std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, 4);
+  MarkCompression(Spec("none", "none", false, false), &programs);
+  for (const v1::Program& p : programs) {
+    for (const auto& in : p.instructions()) {
+      if (!in.has_send()) continue;
+      EXPECT_EQ(in.send().codec(), "") << DescribeInstruction(in);
+      EXPECT_FALSE(in.send().error_feedback());
+      EXPECT_FALSE(in.send().flush_residual());
+    }
+  }
+}
+
+TEST(MarkCompression, ForwardAndBackward_CodecByKindTiedStaysRaw) {
+  std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, 4);
+  MarkCompression(Spec("piecewise:bits=3", "fp16", false, false), &programs);
+  int activations = 0, grads = 0, tied = 0;
+  for (const v1::Program& p : programs) {
+    for (const auto* s : Sends(p, v1::ACTIVATION)) {
+      EXPECT_EQ(s->codec(), "piecewise:bits=3");
+      ++activations;
+    }
+    for (const auto* s : Sends(p, v1::ACTIVATION_GRAD)) {
+      EXPECT_EQ(s->codec(), "fp16");
+      EXPECT_FALSE(s->error_feedback());
+      ++grads;
+    }
+    for (const auto* s : Sends(p, v1::TIED_EMBEDDING_GRAD)) {
+      EXPECT_EQ(s->codec(), "");
+      ++tied;
+    }
+  }
+  EXPECT_EQ(activations, 3 * 4);  // 3 boundaries x 4 micro-batches
+  EXPECT_EQ(grads, 3 * 4);
+  EXPECT_EQ(tied, 2);
+}
+
+// 1F1B, P = 4 stages: stage s's cool-down sends are its last P - s - 1
+// backward passes plus the one right after its last forward, i.e. P - s of
+// them (when m >= P - s); the earlier ones overlap the steady phase.
+TEST(MarkCompression, OneFOneB_EpilogueIsTheCoolDown) {
+  for (int m : {4, 6}) {
+    std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, m);
+    MarkCompression(Spec("none", "powersgd:rank=4", false, true), &programs);
+    for (int s = 1; s < 4; ++s) {
+      std::vector<const v1::Instruction::Send*> grads = Sends(programs[s], v1::ACTIVATION_GRAD);
+      ASSERT_EQ(static_cast<int>(grads.size()), m);
+      for (int i = 0; i < m; ++i) {
+        const bool expect_epilogue = i >= m - (4 - s);
+        EXPECT_EQ(grads[i]->epilogue(), expect_epilogue) << "stage " << s << " send " << i;
+        EXPECT_EQ(grads[i]->codec(), expect_epilogue ? "powersgd:rank=4" : "")
+            << "stage " << s << " send " << i;
+      }
+    }
+  }
+}
+
+TEST(MarkCompression, GPipe_EveryBackwardSendIsEpilogue) {
+  std::vector<v1::Program> programs = Compile(Schedule::kGPipe, 3);
+  MarkCompression(Spec("none", "powersgd:rank=4", false, true), &programs);
+  for (int s = 1; s < 4; ++s) {
+    for (const auto* g : Sends(programs[s], v1::ACTIVATION_GRAD)) {
+      EXPECT_TRUE(g->epilogue());
+      EXPECT_EQ(g->codec(), "powersgd:rank=4");
+    }
+  }
+}
+
+TEST(MarkCompression, ErrorFeedback_FlushesOnTheLastSendOfEachLink) {
+  std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, 4);
+  MarkCompression(Spec("none", "powersgd:rank=4", true, false), &programs);
+  for (int s = 1; s < 4; ++s) {
+    std::vector<const v1::Instruction::Send*> grads = Sends(programs[s], v1::ACTIVATION_GRAD);
+    ASSERT_EQ(grads.size(), 4u);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_TRUE(grads[i]->error_feedback());
+      EXPECT_EQ(grads[i]->flush_residual(), i + 1 == grads.size()) << "stage " << s << " " << i;
+    }
+  }
+  // The flag shows in the program text (`pipetrain job --plan`, worker status).
+  bool described = false;
+  for (const auto& in : programs[3].instructions()) {
+    if (in.has_send() && in.send().flush_residual()) {
+      EXPECT_EQ(DescribeInstruction(in),
+                "send ACTIVATION_GRAD unit 6 mb 3 to stage 2 as powersgd:rank=4 "
+                "(error feedback, flush)");
+      described = true;
+    }
+  }
+  EXPECT_TRUE(described);
+}
+
+TEST(MarkCompression, ErrorFeedbackWithEpilogueOnly_FlushesOnLastCompressedSend) {
+  std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, 4);
+  MarkCompression(Spec("none", "powersgd:rank=4", true, true), &programs);
+  for (int s = 1; s < 4; ++s) {
+    std::vector<const v1::Instruction::Send*> grads = Sends(programs[s], v1::ACTIVATION_GRAD);
+    for (size_t i = 0; i < grads.size(); ++i) {
+      EXPECT_EQ(grads[i]->error_feedback(), grads[i]->epilogue());
+      EXPECT_EQ(grads[i]->flush_residual(), i + 1 == grads.size());
+    }
+  }
+}
+
+TEST(MarkCompression, RunTwice_SameResultAfterSpecChange) {
+  std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, 4);
+  MarkCompression(Spec("fp16", "powersgd:rank=4", true, false), &programs);
+  MarkCompression(Spec("none", "none", false, false), &programs);
+  std::vector<v1::Program> fresh = Compile(Schedule::kOneFOneB, 4);
+  MarkCompression(Spec("none", "none", false, false), &fresh);
+  ASSERT_EQ(programs.size(), fresh.size());
+  for (size_t i = 0; i < programs.size(); ++i) {
+    EXPECT_EQ(programs[i].SerializeAsString(), fresh[i].SerializeAsString());
+  }
+}
+
+// Bi-Partition: a backward-only worker (no Forward at all) has only
+// cool-down sends.
+TEST(MarkCompression, BackwardOnlyWorker_AllItsGradSendsAreEpilogue) {
+  // Worker 1 runs no forward; its backward range is units [2, 5).
+  auto programs = CompileBiPartitionPrograms({{0, 4}, {4, 4}, {4, 8}}, {{0, 2}, {2, 5}, {5, 8}},
+                                             kUnits, 3, Schedule::kOneFOneB)
+                      .value();
+  MarkCompression(Spec("none", "fp16", false, true), &programs);
+  std::vector<const v1::Instruction::Send*> grads = Sends(programs[1], v1::ACTIVATION_GRAD);
+  ASSERT_EQ(grads.size(), 3u);
+  for (const auto* g : grads) {
+    EXPECT_TRUE(g->epilogue());
+    EXPECT_EQ(g->codec(), "fp16");
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain

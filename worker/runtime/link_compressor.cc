@@ -1,0 +1,119 @@
+#include "worker/runtime/link_compressor.h"
+
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/program_text.h"
+#include "common/status_macros.h"
+#include "kernels/compress/codec_spec.h"
+
+namespace pipetrain {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// ||x - y|| / ||x||; 0 for an all-zero x.
+double RelativeError(const Tensor& x, const Tensor& y) {
+  double error_sq = 0, norm_sq = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double d = double{x[i]} - y[i];
+    error_sq += d * d;
+    norm_sq += double{x[i]} * x[i];
+  }
+  return norm_sq > 0 ? std::sqrt(error_sq / norm_sq) : 0.0;
+}
+
+std::string SendName(const v1::Instruction::Send& send) {
+  v1::Instruction in;
+  *in.mutable_send() = send;
+  return DescribeInstruction(in);
+}
+
+}  // namespace
+
+void LinkCompressor::BeginIteration() {
+  sampled_.clear();
+  for (auto& [key, link] : links_) link.feedback.Flush();
+}
+
+absl::StatusOr<const Codec*> LinkCompressor::CodecFor(const std::string& spec) {
+  auto it = codecs_.find(spec);
+  if (it != codecs_.end()) return it->second.get();
+  ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(spec));
+  return (codecs_[spec] = std::move(codec)).get();
+}
+
+// Lazy error propagation (Optimus-CC §5.1, error_feedback.h): the stored
+// residual goes into this tensor; at the flush send it is added and then
+// dropped, so the iteration ends with no residual.
+absl::StatusOr<std::string> LinkCompressor::EncodeWithFeedback(const v1::Instruction::Send& send,
+                                                               const Tensor& x,
+                                                               const Codec& codec,
+                                                               LinkState* link, double* error) {
+  if (!send.flush_residual()) return link->feedback.Compress(x, codec, &link->codec, error);
+  ASSIGN_OR_RETURN(std::string payload, link->feedback.Compress(x, codec, &link->codec, error));
+  link->feedback.Flush();
+  return payload;
+}
+
+absl::StatusOr<WireTensor> LinkCompressor::Encode(const v1::Instruction::Send& send,
+                                                  const Tensor& x, LinkStats* stats) {
+  ++stats->tensors;
+  stats->raw_bytes += x.size_bytes();
+  if (send.codec().empty()) {
+    stats->wire_bytes += x.size_bytes();
+    return WireTensor::Raw(x);
+  }
+  auto fail = [&](const absl::Status& s) {
+    return absl::InvalidArgumentError(absl::StrCat(SendName(send), ": ", s.message()));
+  };
+  auto codec = CodecFor(send.codec());
+  if (!codec.ok()) return fail(codec.status());
+  const LinkKey key{send.peer_stage(), send.tensor().kind(), send.tensor().unit()};
+  LinkState& link = links_[key];
+  const auto start = Clock::now();
+  double error = -1;
+  absl::StatusOr<std::string> payload =
+      send.error_feedback() ? EncodeWithFeedback(send, x, **codec, &link, &error)
+                            : (*codec)->Encode(x, &link.codec);
+  stats->codec_seconds += SecondsSince(start);
+  if (!payload.ok()) return fail(payload.status());
+  if (error < 0 && sampled_.insert(key).second) {
+    auto decoded = (*codec)->Decode(*payload);
+    if (!decoded.ok()) return fail(decoded.status());
+    error = RelativeError(x, *decoded);
+  }
+  if (error >= 0) {
+    stats->error_sum += error;
+    ++stats->error_samples;
+  }
+  ++stats->compressed_tensors;
+  stats->wire_bytes += static_cast<int64_t>(payload->size());
+  return WireTensor::Encoded(send.codec(), *std::move(payload), x.shape());
+}
+
+absl::StatusOr<Tensor> LinkCompressor::Decode(const WireTensor& wire, const std::string& what,
+                                              LinkStats* stats) {
+  ++stats->tensors;
+  stats->raw_bytes += wire.raw_bytes();
+  stats->wire_bytes += wire.wire_bytes();
+  if (!wire.encoded()) return wire.tensor;
+  ++stats->compressed_tensors;
+  auto codec = CodecFor(wire.codec);
+  if (!codec.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": codec \"", wire.codec, "\": ", codec.status().message()));
+  }
+  const auto start = Clock::now();
+  absl::StatusOr<Tensor> decoded = DecodeWireTensorWith(**codec, wire, what);
+  stats->codec_seconds += SecondsSince(start);
+  return decoded;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,87 @@
+// LinkCompressor: a stage's side of compression on the wire (DESIGN.md §6).
+// It encodes each send as the program's Send instruction says (codec, error
+// feedback, flush; coordinator/planner/compression_marking.h) and decodes
+// what arrives, keeping per link the state codecs and error feedback carry
+// from call to call and counting what it did (LinkStats) for the metrics.
+//
+// Links: state is kept per (peer stage, tensor kind, unit), so two tensors
+// of different shapes never share a residual or a PowerSGD Q.
+//
+// Iterations: BeginIteration() must be called before an iteration's first
+// send. It drops any residual still held, which happens only when the
+// previous iteration was aborted midway (a completed one flushes every
+// residual at its flush_residual send), so no residual crosses an optimizer
+// step. PowerSGD's warm-started Q is kept across iterations (it is a
+// starting point for the power iteration, not an error term).
+//
+// Error sampling: the relative error ||x - x^|| / ||x|| of a compressed send
+// is measured on error-feedback sends (where decoding is needed anyway) and
+// otherwise on the first compressed send per link and iteration (one extra
+// decode).
+//
+// Not thread-safe: owned and used by the StageRuntime's thread.
+#ifndef PIPETRAIN_WORKER_RUNTIME_LINK_COMPRESSOR_H_
+#define PIPETRAIN_WORKER_RUNTIME_LINK_COMPRESSOR_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <tuple>
+
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "kernels/compress/codec.h"
+#include "kernels/compress/error_feedback.h"
+#include "proto/pipetrain/v1/plan.pb.h"
+#include "worker/transport/transport.h"
+
+namespace pipetrain {
+
+// What one stage sent to (or received from) one peer, of one tensor kind,
+// during one iteration.
+struct LinkStats {
+  int64_t tensors = 0;
+  int64_t compressed_tensors = 0;  // encoded with a codec
+  int64_t raw_bytes = 0;           // fp32 bytes before encoding (after decoding)
+  int64_t wire_bytes = 0;          // bytes handed to (taken from) the transport
+  double codec_seconds = 0;        // encoding (sends) or decoding (receives)
+  double error_sum = 0;            // sampled relative errors (sends)
+  int64_t error_samples = 0;
+};
+
+class LinkCompressor {
+ public:
+  void BeginIteration();
+
+  // Encodes `x` for `send` (raw when send.codec() is empty). Errors:
+  // INVALID_ARGUMENT for an unknown codec spec or a tensor the codec
+  // rejects (non-finite values), naming the send.
+  absl::StatusOr<WireTensor> Encode(const v1::Instruction::Send& send, const Tensor& x,
+                                    LinkStats* stats);
+
+  // Decodes a received tensor (a raw one is returned as is); `what` names it
+  // for errors (INVALID_ARGUMENT, as DecodeWireTensor).
+  absl::StatusOr<Tensor> Decode(const WireTensor& wire, const std::string& what,
+                                LinkStats* stats);
+
+ private:
+  using LinkKey = std::tuple<int, int, int>;  // peer, kind, unit
+  struct LinkState {
+    CodecState codec;
+    ErrorFeedback feedback;
+  };
+
+  absl::StatusOr<const Codec*> CodecFor(const std::string& spec);
+  absl::StatusOr<std::string> EncodeWithFeedback(const v1::Instruction::Send& send,
+                                                 const Tensor& x, const Codec& codec,
+                                                 LinkState* link, double* error);
+
+  std::map<std::string, std::unique_ptr<Codec>> codecs_;  // by spec
+  std::map<LinkKey, LinkState> links_;
+  std::set<LinkKey> sampled_;  // links whose error was measured this iteration
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_RUNTIME_LINK_COMPRESSOR_H_

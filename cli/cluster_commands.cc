@@ -15,10 +15,12 @@
 #include "cli/coordinator_client.h"
 #include "cli/flag_set.h"
 #include "cli/job_spec_file.h"
+#include "cli/link_summary.h"
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
 #include "coordinator/jobs/job_spec.h"
 #include "google/protobuf/util/json_util.h"
+#include "httplib.h"
 
 namespace pipetrain {
 namespace {
@@ -93,6 +95,8 @@ struct UpOptions {
   float lr = 1e-3f;
   uint64_t seed = 1;
   std::string data, solver = "uniform", schedule = "1f1b";
+  std::string forward_codec = "none", backward_codec = "none";
+  bool error_feedback = false, epilogue_only = false;
 };
 
 void BindUp(FlagSet& f, UpOptions& o) {
@@ -112,6 +116,38 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Int64("synthetic-bytes", &o.synthetic_bytes, "size of the generated corpus");
   f.String("solver", &o.solver, "uniform | pipedream | bipartition | auto");
   f.String("schedule", &o.schedule, "1f1b | gpipe");
+  f.String("forward-codec", &o.forward_codec,
+           "codec for activations, e.g. token_topk:keep=0.5+piecewise:bits=3 (none = raw)");
+  f.String("backward-codec", &o.backward_codec,
+           "codec for activation gradients, e.g. powersgd:rank=4 (none = raw)");
+  f.Bool("error-feedback", &o.error_feedback, "lazy error propagation on the backward codec");
+  f.Bool("epilogue-only", &o.epilogue_only, "compress only the cool-down's backward sends");
+}
+
+// What crossed the links, from the workers' own metrics; a worker that
+// cannot be scraped is said, not hidden.
+void PrintLinkSummary(LocalCluster& cluster) {
+  std::vector<std::string> pages;
+  for (int i = 0; i < cluster.num_workers(); ++i) {
+    absl::StatusOr<int> port = cluster.worker_metrics_port(i);
+    if (!port.ok()) {
+      std::fprintf(stderr, "link summary: %s\n", std::string(port.status().message()).c_str());
+      return;
+    }
+    httplib::Client client("127.0.0.1", *port);
+    auto response = client.Get("/metrics");
+    if (!response || response->status != 200) {
+      std::fprintf(stderr, "link summary: cannot read worker %d's metrics\n", i);
+      return;
+    }
+    pages.push_back(response->body);
+  }
+  absl::StatusOr<std::map<std::string, KindTotals>> totals = SumLinkMetrics(pages);
+  if (!totals.ok()) {
+    std::fprintf(stderr, "link summary: %s\n", std::string(totals.status().message()).c_str());
+    return;
+  }
+  std::printf("links (bytes sent by all workers):\n%s", FormatLinkSummary(*totals).c_str());
 }
 
 v1::JobSpec UpSpec(const UpOptions& o) {
@@ -133,6 +169,11 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   spec.mutable_parallelism()->set_solver(o.solver);
   spec.mutable_parallelism()->set_schedule(o.schedule);
   spec.mutable_output()->set_weights_path(o.out + "/weights.safetensors");
+  v1::CompressionSpec* c = spec.mutable_compression();
+  c->set_forward(o.forward_codec);
+  c->set_backward(o.backward_codec);
+  c->set_error_feedback(o.error_feedback);
+  c->set_epilogue_only(o.epilogue_only);
   return spec;
 }
 
@@ -218,6 +259,7 @@ int RunUp(const std::vector<std::string>& args) {
               static_cast<long long>(end.progress().step()), end.progress().loss());
   if (!end.reason().empty()) std::printf("reason: %s\n", end.reason().c_str());
   if (!end.weights_path().empty()) std::printf("weights: %s\n", end.weights_path().c_str());
+  PrintLinkSummary(**cluster);
   std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),
               o.out.c_str());
   if (o.keep_running && !g_interrupted.load()) {

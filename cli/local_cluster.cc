@@ -84,6 +84,10 @@ LocalCluster::~LocalCluster() {
   if (coordinator_) coordinator_->Terminate(absl::Seconds(5));
 }
 
+absl::StatusOr<int> LocalCluster::worker_metrics_port(int i) const {
+  return ReadPort(absl::StrCat(options_.dir, "/worker-", i, ".ports"), "metrics_port");
+}
+
 std::string LocalCluster::worker_log(int i) const {
   return absl::StrCat(options_.dir, "/worker-", i, ".log");
 }

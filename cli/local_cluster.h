@@ -43,6 +43,8 @@ class LocalCluster {
   Subprocess& worker(int i) { return workers_[i]; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
   std::string worker_log(int i) const;
+  // The Prometheus /metrics port worker i bound (from its ports file).
+  absl::StatusOr<int> worker_metrics_port(int i) const;
   std::string coordinator_log() const;
 
  private:

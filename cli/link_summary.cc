@@ -1,0 +1,52 @@
+#include "cli/link_summary.h"
+
+#include "absl/strings/str_format.h"
+#include "common/prometheus_text.h"
+#include "common/status_macros.h"
+
+namespace pipetrain {
+
+absl::StatusOr<std::map<std::string, KindTotals>> SumLinkMetrics(
+    const std::vector<std::string>& pages) {
+  std::map<std::string, KindTotals> totals;
+  for (const std::string& page : pages) {
+    ASSIGN_OR_RETURN(std::vector<MetricSample> samples, ParsePrometheusText(page));
+    for (const MetricSample& s : samples) {
+      auto kind = s.labels.find("kind");
+      if (kind == s.labels.end()) continue;
+      KindTotals& t = totals[kind->second];
+      if (s.name == "pipetrain_link_bytes_total") {
+        auto encoding = s.labels.find("encoding");
+        if (encoding == s.labels.end()) continue;
+        if (encoding->second == "raw") t.raw_bytes += s.value;
+        if (encoding->second == "wire") t.wire_bytes += s.value;
+      } else if (s.name == "pipetrain_link_compressed_tensors_total") {
+        t.compressed_tensors += s.value;
+      } else if (s.name == "pipetrain_link_compression_error") {
+        t.error_sum += s.value;
+        ++t.error_links;
+      }
+    }
+  }
+  return totals;
+}
+
+std::string FormatLinkSummary(const std::map<std::string, KindTotals>& totals) {
+  constexpr double kMiB = 1 << 20;
+  std::string out;
+  for (const auto& [kind, t] : totals) {
+    if (t.raw_bytes <= 0) continue;
+    absl::StrAppendFormat(&out, "  %-20s %9.2f MiB raw", kind, t.raw_bytes / kMiB);
+    if (t.compressed_tensors > 0 && t.wire_bytes > 0) {
+      absl::StrAppendFormat(&out, " -> %.2f MiB wire (%.1fx)", t.wire_bytes / kMiB,
+                            t.raw_bytes / t.wire_bytes);
+      if (t.error_links > 0) {
+        absl::StrAppendFormat(&out, ", relative error %.3f", t.error_sum / t.error_links);
+      }
+    }
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,36 @@
+// The link summary `pipetrain up` prints after a job: per tensor kind, the
+// bytes the workers sent before and after compression and the sampled
+// compression error, read from the workers' /metrics pages
+// (worker/agent/worker_metrics.h names the metrics).
+#ifndef PIPETRAIN_CLI_LINK_SUMMARY_H_
+#define PIPETRAIN_CLI_LINK_SUMMARY_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pipetrain {
+
+struct KindTotals {
+  double raw_bytes = 0;
+  double wire_bytes = 0;
+  double compressed_tensors = 0;
+  double error_sum = 0;  // of the workers' pipetrain_link_compression_error
+  int error_links = 0;
+};
+
+// Sums over all pages (one per worker) by tensor kind. INVALID_ARGUMENT for
+// a page that is not Prometheus text.
+absl::StatusOr<std::map<std::string, KindTotals>> SumLinkMetrics(
+    const std::vector<std::string>& pages);
+
+// One line per kind with traffic, e.g.
+//   "  ACTIVATION        12.00 MiB raw -> 0.75 MiB wire (16.0x), error 0.071"
+// ("raw" alone when nothing of that kind was compressed).
+std::string FormatLinkSummary(const std::map<std::string, KindTotals>& totals);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_CLI_LINK_SUMMARY_H_

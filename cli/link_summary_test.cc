@@ -1,0 +1,40 @@
+#include "cli/link_summary.h"
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+TEST(SumLinkMetrics, TwoWorkers_SummedByKind) {
+  const std::string a =
+      "pipetrain_link_bytes_total{encoding=\"raw\",kind=\"ACTIVATION\",peer=\"1\"} 2097152\n"
+      "pipetrain_link_bytes_total{encoding=\"wire\",kind=\"ACTIVATION\",peer=\"1\"} 131072\n"
+      "pipetrain_link_compressed_tensors_total{kind=\"ACTIVATION\",peer=\"1\"} 8\n"
+      "pipetrain_link_compression_error{kind=\"ACTIVATION\",peer=\"1\"} 0.1\n"
+      "pipetrain_stage_loss 2\n";
+  const std::string b =
+      "pipetrain_link_bytes_total{encoding=\"raw\",kind=\"ACTIVATION\",peer=\"2\"} 2097152\n"
+      "pipetrain_link_bytes_total{encoding=\"wire\",kind=\"ACTIVATION\",peer=\"2\"} 131072\n"
+      "pipetrain_link_compressed_tensors_total{kind=\"ACTIVATION\",peer=\"2\"} 8\n"
+      "pipetrain_link_compression_error{kind=\"ACTIVATION\",peer=\"2\"} 0.3\n"
+      "pipetrain_link_bytes_total{encoding=\"raw\",kind=\"ACTIVATION_GRAD\",peer=\"0\"} 1048576\n"
+      "pipetrain_link_bytes_total{encoding=\"wire\",kind=\"ACTIVATION_GRAD\",peer=\"0\"} 1048576\n";
+  auto totals = SumLinkMetrics({a, b});
+  ASSERT_TRUE(totals.ok()) << totals.status();
+  const KindTotals& act = totals->at("ACTIVATION");
+  EXPECT_EQ(act.raw_bytes, 4194304);
+  EXPECT_EQ(act.wire_bytes, 262144);
+  EXPECT_EQ(act.compressed_tensors, 16);
+  EXPECT_EQ(act.error_links, 2);
+  EXPECT_EQ(FormatLinkSummary(*totals),
+            "  ACTIVATION                4.00 MiB raw -> 0.25 MiB wire (16.0x), relative error "
+            "0.200\n"
+            "  ACTIVATION_GRAD           1.00 MiB raw\n");
+}
+
+TEST(SumLinkMetrics, NotPrometheusText_InvalidArgument) {
+  EXPECT_EQ(SumLinkMetrics({"<html>"}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pipetrain

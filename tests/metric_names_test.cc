@@ -311,6 +311,10 @@ class LiveClusterTest : public ::testing::Test {
     spec.mutable_training()->set_steps(3);
     spec.mutable_data()->set_synthetic_bytes(5000);
     spec.mutable_parallelism()->set_stages(2);
+    // Compressed links in both directions, so that worker 0 (it sends
+    // activations and receives gradients) exports every link metric.
+    spec.mutable_compression()->set_forward("fp16");
+    spec.mutable_compression()->set_backward("fp16");
     const std::string id = testing::SubmitJob(*stub, spec);
     const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
     ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();

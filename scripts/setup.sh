@@ -22,15 +22,39 @@ PACKAGES=(
   prometheus               # promtool, to lint /metrics in tests (also ships the server)
 )
 
+# Tools wanted as commands, not as particular packages: a machine may already
+# have them from elsewhere (e.g. a kubectl or Node.js from another vendor),
+# whose files would conflict with Debian's packages. command:package.
+TOOLS=(
+  kubectl:kubernetes-client  # kubectl kustomize renders deploy/k8s (tests/k8s)
+  node:nodejs                # schema check of the rendered manifests (tests/k8s)
+  npm:npm                    # installs that check's pinned npm packages
+)
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi
 done
+for t in "${TOOLS[@]}"; do
+  if ! command -v "${t%%:*}" >/dev/null 2>&1; then missing+=("${t#*:}"); fi
+done
+
+# npm packages of tests/k8s/validate_manifests.js, pinned by
+# tools/k8s-validate/package-lock.json; installed again only when the lock
+# file is missing from the install or newer than it.
+npm_ci() {
+  local dir; dir="$(dirname "$0")/../tools/k8s-validate"
+  local installed="$dir/node_modules/.package-lock.json"
+  if [ ! -f "$installed" ] || [ "$dir/package-lock.json" -nt "$installed" ]; then
+    (cd "$dir" && npm ci --no-audit --no-fund)
+  fi
+}
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "setup: all ${#PACKAGES[@]} packages present"
+  echo "setup: all ${#PACKAGES[@]} packages and ${#TOOLS[@]} tools present"
+  npm_ci
   exit 0
 fi
 
@@ -40,4 +64,5 @@ echo "setup: installing ${missing[*]}"
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+npm_ci
 echo "setup: done"

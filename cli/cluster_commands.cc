@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
@@ -84,6 +85,9 @@ std::string RandomToken() {
   for (int i = 0; i < 4; ++i) token += absl::StrFormat("%08x", device());
   return token;
 }
+
+// Steps averaged for the smoothed final loss `up` prints.
+constexpr int kLossTailSteps = 20;
 
 struct UpOptions {
   int workers = 4;
@@ -254,9 +258,18 @@ int RunUp(const std::vector<std::string>& args) {
     return 130;
   }
   const v1::Job& end = *done;
-  std::printf("job %s %s after %lld steps, final loss %.4f\n", end.id().c_str(),
+  std::printf("job %s %s after %lld steps, final loss %.4f", end.id().c_str(),
               v1::JobState_Name(end.state()).c_str(),
               static_cast<long long>(end.progress().step()), end.progress().loss());
+  // One step's loss is noisy; the mean of the last steps compares runs better.
+  const auto& history = end.progress().loss_history();
+  const int tail = std::min(history.size(), kLossTailSteps);
+  if (tail > 1) {
+    double sum = 0;
+    for (int i = history.size() - tail; i < history.size(); ++i) sum += history[i];
+    std::printf(" (mean of the last %d steps %.4f)", tail, sum / tail);
+  }
+  std::printf("\n");
   if (!end.reason().empty()) std::printf("reason: %s\n", end.reason().c_str());
   if (!end.weights_path().empty()) std::printf("weights: %s\n", end.weights_path().c_str());
   PrintLinkSummary(**cluster);

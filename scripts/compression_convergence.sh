@@ -1,14 +1,22 @@
 #!/usr/bin/env bash
-# Convergence of the demo task (4 workers, uniform 1F1B, 4 micro-batches,
-# generated English text) under each compression setting: runs
-# `pipetrain up` once per row and prints a markdown table of the final loss,
-# its change against the uncompressed run, and the wire-byte ratios the
-# workers' metrics report. Usage:
-#   bash scripts/compression_convergence.sh [steps]    (default 300)
-# Needs a built //cli:pipetrain (-c opt) and the coordinator/worker binaries.
+# Convergence of the demo task (4 workers, uniform 1F1B, generated English
+# text; `pipetrain up`'s defaults) under each compression setting. Runs
+# `pipetrain up` once per row and seed and prints a markdown table: the mean
+# over the last 20 steps' losses per seed (one step's loss is noisy), their
+# mean, its change against the uncompressed rows' mean, and the wire-byte
+# ratios and compression error the workers' metrics report (first seed).
+#
+#   bash scripts/compression_convergence.sh [steps] [seeds] [extra up flags]
+#   e.g. bash scripts/compression_convergence.sh 300 "1 2 3" "--micro-batches 8"
+#   ROWS=powersgd bash ...   only the rows whose name contains "powersgd"
+#
+# Needs -c opt builds of //cli:pipetrain, //coordinator:pipetrain-coordinator
+# and //worker:pipetrain-worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 steps="${1:-300}"
+seeds="${2:-1 2 3}"
+extra="${3:-}"
 bin=bazel-out/k8-opt/bin/cli/pipetrain
 [[ -x "$bin" ]] || { echo "build first: bazel build -c opt //cli:pipetrain //coordinator:pipetrain-coordinator //worker:pipetrain-worker" >&2; exit 1; }
 if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX; fi
@@ -20,8 +28,8 @@ rows=(
   "none|"
   "fwd fp16|--forward-codec fp16"
   "fwd bf16|--forward-codec bf16"
-  "fwd piecewise:bits=3 (4 bits)|--forward-codec piecewise:bits=3"
   "fwd linear:bits=4|--forward-codec linear:bits=4"
+  "fwd piecewise:bits=3 (4 bits)|--forward-codec piecewise:bits=3"
   "fwd token_topk:keep=0.5+piecewise:bits=3|--forward-codec token_topk:keep=0.5+piecewise:bits=3"
   "bwd fp16|--backward-codec fp16"
   "bwd piecewise:bits=3|--backward-codec piecewise:bits=3"
@@ -31,22 +39,32 @@ rows=(
   "bwd powersgd:rank=4 + EF + epilogue|--backward-codec powersgd:rank=4 --error-feedback --epilogue-only"
 )
 
-echo "pipetrain up --steps $steps (4 workers, 2 layers, d_model 128, seq 64, batch 16, 4 micro-batches); $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+echo "pipetrain up --steps $steps $extra (defaults: 4 workers, 2 layers, d_model 128, seq 64, batch 16, 4 micro-batches, lr 1e-3); seeds $seeds; $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo
-echo "| compression | final loss | vs none | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error |"
-echo "|---|---|---|---|---|---|"
+echo "| compression | last-20-step loss per seed | mean | vs none | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error |"
+echo "|---|---|---|---|---|---|---|"
+ratio() { awk -v k="$1" '$1==k && /wire/ {gsub(/[()x,]/,"",$9); print $9 "x"; f=1} END {if (!f) print "1x"}' "$2"; }
 base=""
 for row in "${rows[@]}"; do
   name="${row%%|*}"; flags="${row#*|}"
-  log="$out/run.log"
-  # shellcheck disable=SC2086
-  if ! "$bin" up --steps "$steps" --out "$out/cluster" $flags >"$log" 2>&1; then
-    echo "| $name | FAILED (see below) | | | | |"; tail -5 "$log" >&2; continue
+  if [[ -n "${ROWS:-}" && "$name" != none && "$name" != *"$ROWS"* ]]; then continue; fi
+  tails=(); first=""
+  for seed in $seeds; do
+    log="$out/run-$seed.log"
+    # shellcheck disable=SC2086
+    if ! "$bin" up --steps "$steps" --seed "$seed" --out "$out/cluster" $extra $flags >"$log" 2>&1; then
+      echo "row '$name' seed $seed failed:" >&2; tail -5 "$log" >&2; tails+=("FAILED"); continue
+    fi
+    tails+=("$(sed -n 's/.*mean of the last [0-9]* steps \([0-9.]*\).*/\1/p' "$log")")
+    [[ -z "$first" ]] && first="$log"
+  done
+  mean=$(printf '%s\n' "${tails[@]}" | awk '/^[0-9.]+$/ {s += $1; n++} END {if (n) printf "%.4f", s / n; else print "-"}')
+  [[ -z "$base" ]] && base="$mean"
+  delta=$(awk -v a="$mean" -v b="$base" 'BEGIN {if (a + 0 > 0) printf "%+.1f%%", 100 * (a - b) / b; else print "-"}')
+  err="-"; act="-"; grad="-"
+  if [[ -n "$first" ]]; then
+    err=$(awk '$1=="ACTIVATION_GRAD" && /error/ {print $NF}' "$first"); err="${err:--}"
+    act=$(ratio ACTIVATION "$first"); grad=$(ratio ACTIVATION_GRAD "$first")
   fi
-  loss=$(sed -n 's/.*final loss \([0-9.]*\).*/\1/p' "$log")
-  [[ -z "$base" ]] && base="$loss"
-  ratio() { awk -v k="$1" '$1==k && /wire/ {gsub(/[()x,]/,"",$9); print $9 "x"; f=1} END {if (!f) print "1x"}' "$log"; }
-  err=$(awk '$1=="ACTIVATION_GRAD" && /error/ {print $NF}' "$log")
-  delta=$(awk -v a="$loss" -v b="$base" 'BEGIN {printf "%+.2f%%", 100 * (a - b) / b}')
-  echo "| $name | $loss | $delta | $(ratio ACTIVATION) | $(ratio ACTIVATION_GRAD) | ${err:--} |"
+  echo "| $name | ${tails[*]} | $mean | $delta | $act | $grad | $err |"
 done

@@ -63,6 +63,12 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
            .Help("The current job's plan: predicted iteration time of its bottleneck stage.")
            .Register(*registry_)
            .Add({});
+  plan_version_ = &prometheus::BuildGauge()
+                       .Name("pipetrain_plan_version")
+                       .Help("The current job's plan version (1 for its first plan; "
+                             "a re-plan would raise it).")
+                       .Register(*registry_)
+                       .Add({});
   job_steps_ = &prometheus::BuildCounter()
                     .Name("pipetrain_job_steps_total")
                     .Help("Optimizer steps completed, over all jobs.")
@@ -113,7 +119,10 @@ void CoordinatorMetrics::RefreshCurrentJob() {
   job_loss_->Set(current->progress().loss());
   job_tokens_per_second_->Set(current->progress().tokens_per_second());
   absl::StatusOr<v1::Plan> plan = jobs_->GetPlan(current->id());
-  if (plan.ok()) plan_predicted_seconds_->Set(plan->predicted_iteration_seconds());
+  if (plan.ok()) {
+    plan_predicted_seconds_->Set(plan->predicted_iteration_seconds());
+    plan_version_->Set(static_cast<double>(plan->version()));
+  }
 }
 
 void CoordinatorMetrics::ObserveRpc(absl::string_view method, double seconds) {

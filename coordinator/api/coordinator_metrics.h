@@ -6,6 +6,7 @@
 //   pipetrain_job_loss                            gauge    last step's mean loss (*)
 //   pipetrain_job_tokens_per_second               gauge    training throughput (*)
 //   pipetrain_plan_predicted_iteration_seconds    gauge    the plan's simulated iteration time (*)
+//   pipetrain_plan_version                        gauge    the plan's version (*)
 //   pipetrain_job_steps_total                     counter  optimizer steps completed, all jobs
 //   pipetrain_stage_busy_seconds_total{stage}     counter  compute time reported per stage
 //   pipetrain_stage_idle_seconds_total{stage}     counter  time stages waited on receives
@@ -80,6 +81,7 @@ class CoordinatorMetrics {
   prometheus::Gauge* job_loss_;
   prometheus::Gauge* job_tokens_per_second_;
   prometheus::Gauge* plan_predicted_seconds_;
+  prometheus::Gauge* plan_version_;
   prometheus::Counter* job_steps_;
   prometheus::Family<prometheus::Counter>* stage_busy_;
   prometheus::Family<prometheus::Counter>* stage_idle_;

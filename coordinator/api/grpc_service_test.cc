@@ -371,6 +371,7 @@ TEST_F(GrpcServiceTest, ReportProgress_StepWithLosses_UpdatesJobAndStageMetrics)
   EXPECT_TRUE(absl::StrContains(text, "pipetrain_stage_idle_seconds_total{stage=\"0\"} 0.25"));
   EXPECT_TRUE(absl::StrContains(text, "pipetrain_job_steps_total 1\n"));
   EXPECT_TRUE(absl::StrContains(text, "pipetrain_job_loss 2.5\n"));
+  EXPECT_TRUE(absl::StrContains(text, "\npipetrain_plan_version "));
   EXPECT_TRUE(absl::StrContains(
       text, "pipetrain_rpc_duration_seconds_count{method=\"ReportProgress\"} 1\n"));
 }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <optional>
 #include <random>
 #include <cstdio>
 #include <fstream>
@@ -101,6 +102,7 @@ struct UpOptions {
   std::string data, solver = "uniform", schedule = "1f1b";
   std::string forward_codec = "none", backward_codec = "none";
   bool error_feedback = false, epilogue_only = false;
+  int eval_interval = 100;
 };
 
 void BindUp(FlagSet& f, UpOptions& o) {
@@ -114,6 +116,7 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Int("batch", &o.batch, "sequences per step");
   f.Int("micro-batches", &o.micro, "micro-batches per step");
   f.Int64("steps", &o.steps, "optimizer steps");
+  f.Int("eval-interval", &o.eval_interval, "validate every N steps and at the end; 0 = never");
   f.Float("lr", &o.lr, "AdamW learning rate");
   f.Uint64("seed", &o.seed, "seed for initialisation and data order");
   f.String("data", &o.data, "training corpus; empty = generated English text");
@@ -167,6 +170,7 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   t->set_steps(o.steps);
   t->set_lr(o.lr);
   t->set_seed(o.seed);
+  t->set_eval_interval(o.eval_interval);
   spec.mutable_data()->set_path(o.data);
   if (o.data.empty()) spec.mutable_data()->set_synthetic_bytes(o.synthetic_bytes);
   spec.mutable_parallelism()->set_stages(o.workers);
@@ -195,7 +199,9 @@ absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& i
     const int64_t step = job.progress().step(), steps = job.spec().training().steps();
     if (step != last_step && step > 0) {
       const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-      progress.Update({step, steps, job.progress().loss(), std::nullopt,
+      std::optional<float> val;
+      if (job.progress().val_step() == step) val = job.progress().val_loss();
+      progress.Update({step, steps, job.progress().loss(), val,
                        job.progress().tokens_per_second(), elapsed / step * (steps - step)});
       last_step = step;
     }
@@ -270,6 +276,10 @@ int RunUp(const std::vector<std::string>& args) {
     std::printf(" (mean of the last %d steps %.4f)", tail, sum / tail);
   }
   std::printf("\n");
+  if (end.progress().val_step() > 0) {
+    std::printf("validation loss %.4f after step %lld\n", end.progress().val_loss(),
+                static_cast<long long>(end.progress().val_step()));
+  }
   if (!end.reason().empty()) std::printf("reason: %s\n", end.reason().c_str());
   if (!end.weights_path().empty()) std::printf("weights: %s\n", end.weights_path().c_str());
   PrintLinkSummary(**cluster);

@@ -12,8 +12,8 @@ std::string DescribeInstruction(const v1::Instruction& in) {
   };
   switch (in.op_case()) {
     case v1::Instruction::kForward:
-      return absl::StrCat("forward ", units(in.forward().units()), " mb ",
-                          in.forward().micro_batch());
+      return absl::StrCat(in.forward().validation() ? "validation forward " : "forward ",
+                          units(in.forward().units()), " mb ", in.forward().micro_batch());
     case v1::Instruction::kBackward:
       return absl::StrCat("backward ", units(in.backward().units()), " mb ",
                           in.backward().micro_batch());

@@ -52,6 +52,12 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                    .Help("Mean training loss of the current job's last step.")
                    .Register(*registry_)
                    .Add({});
+  job_val_loss_ = &prometheus::BuildGauge()
+                       .Name("pipetrain_job_val_loss")
+                       .Help("The current job's latest validation loss "
+                             "(spec.training.eval_interval; 0 before its first evaluation).")
+                       .Register(*registry_)
+                       .Add({});
   job_tokens_per_second_ = &prometheus::BuildGauge()
                                 .Name("pipetrain_job_tokens_per_second")
                                 .Help("Training throughput of the current job, tokens per second.")
@@ -117,6 +123,7 @@ void CoordinatorMetrics::RefreshCurrentJob() {
   }
   if (current == nullptr) return;
   job_loss_->Set(current->progress().loss());
+  job_val_loss_->Set(current->progress().val_loss());
   job_tokens_per_second_->Set(current->progress().tokens_per_second());
   absl::StatusOr<v1::Plan> plan = jobs_->GetPlan(current->id());
   if (plan.ok()) {

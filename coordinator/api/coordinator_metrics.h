@@ -4,6 +4,7 @@
 //   pipetrain_workers{state}                      gauge    workers per WorkerState
 //   pipetrain_jobs{state}                         gauge    jobs per JobState
 //   pipetrain_job_loss                            gauge    last step's mean loss (*)
+//   pipetrain_job_val_loss                        gauge    latest validation loss (*)
 //   pipetrain_job_tokens_per_second               gauge    training throughput (*)
 //   pipetrain_plan_predicted_iteration_seconds    gauge    the plan's simulated iteration time (*)
 //   pipetrain_plan_version                        gauge    the plan's version (*)
@@ -79,6 +80,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Gauge>* workers_by_state_;
   prometheus::Family<prometheus::Gauge>* jobs_by_state_;
   prometheus::Gauge* job_loss_;
+  prometheus::Gauge* job_val_loss_;
   prometheus::Gauge* job_tokens_per_second_;
   prometheus::Gauge* plan_predicted_seconds_;
   prometheus::Gauge* plan_version_;

@@ -263,6 +263,7 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
     *a.mutable_backward_units() = record.plan.stages(s).backward();
     for (const std::string& address : addresses) a.add_peer_addresses(address);
     *a.mutable_program() = compiled.programs[s];
+    if (!compiled.eval_programs.empty()) *a.mutable_eval_program() = compiled.eval_programs[s];
     record.stage_of[workers[s]] = static_cast<int>(s);
     record.job.add_worker_ids(workers[s]);
     record.assignments.push_back(a);
@@ -345,10 +346,18 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     p->set_loss(loss);
     p->add_loss_history(loss);
     const absl::Time now = clock_->Now();
-    const double seconds = absl::ToDoubleSeconds(now - record->last_step_time);
+    // The step's wall time, less the validation pass the loss stage ran
+    // after it (training throughput, not evaluation).
+    const double seconds =
+        absl::ToDoubleSeconds(now - record->last_step_time) - r.eval_seconds();
     const TrainConfig& t = record->resolved.train;
     if (seconds > 0) p->set_tokens_per_second(double(t.batch_size) * t.seq_len / seconds);
     record->last_step_time = now;
+  }
+  if (r.has_val_loss()) {
+    v1::JobProgress* p = record->job.mutable_progress();
+    p->set_val_loss(r.val_loss());
+    p->set_val_step(r.iteration() + 1);
   }
   TouchLocked(*record);
   MaybeCompleteLocked(*record);

@@ -118,6 +118,42 @@ TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::STOP);
 }
 
+TEST_F(JobManagerTest, EvalInterval_AssignmentsCarryEvalProgramsAndValLossIsReported) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_training()->set_eval_interval(2);
+  spec.mutable_training()->set_eval_windows(3);  // micro-batches of 2: two of them
+  const std::string id = jobs_.Submit(spec).value().id();
+  const v1::Assignment a1 = AssignmentOf(w1), a2 = AssignmentOf(w2);
+  // Stage 0 sends, stage 1 receives, each validation micro-batch.
+  int sends = 0, recvs = 0;
+  for (const auto& in : a1.eval_program().instructions()) sends += in.has_send();
+  for (const auto& in : a2.eval_program().instructions()) recvs += in.has_recv();
+  EXPECT_EQ(sends, 2);
+  EXPECT_EQ(recvs, 2);
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w2);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_iteration(1);
+  r.add_micro_batch_losses(2.0f);
+  r.set_val_loss(2.25f);
+  r.set_eval_seconds(1.0);
+  clock_.Advance(absl::Seconds(3));  // 2 s of training, 1 s of validation
+  ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.progress().tokens_per_second(), 4 * 8 / 2.0);
+  EXPECT_EQ(job.progress().val_loss(), 2.25f);
+  EXPECT_EQ(job.progress().val_step(), 2);
+}
+
+TEST_F(JobManagerTest, NoEvalInterval_NoEvalPrograms) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  jobs_.Submit(SmallSpec(2)).value();
+  EXPECT_EQ(AssignmentOf(w1).eval_program().instructions_size(), 0);
+  EXPECT_EQ(AssignmentOf(w2).eval_program().instructions_size(), 0);
+}
+
 TEST_F(JobManagerTest, WorkerLost_FailsJobNamingTheWorkerAndFreesTheOthers) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = jobs_.Submit(SmallSpec(2)).value().id();

@@ -30,6 +30,7 @@ constexpr float kDefaultEps = 1e-8f;
 constexpr float kDefaultWeightDecay = 0.1f;
 constexpr char kDefaultDecay[] = "matrices";
 constexpr uint64_t kDefaultSeed = 1;
+constexpr int kDefaultEvalWindows = 16;  // TrainConfig's default
 
 // Token ids are stored as uint16 (worker/data/token_file.h).
 constexpr int kMaxVocabSize = 65536;
@@ -88,7 +89,23 @@ absl::Status ResolveTrainingSizes(v1::TrainingSpec* training) {
   }
   RETURN_IF_ERROR(RequirePositive("spec.training.steps", training->steps()));
   if (!training->has_seed()) training->set_seed(kDefaultSeed);
+  if (!training->has_eval_interval()) training->set_eval_interval(0);
+  if (training->eval_interval() < 0) {
+    return Invalid("spec.training.eval_interval",
+                   absl::StrCat("must be >= 0 (0 = never), got ", training->eval_interval()));
+  }
+  if (!training->has_eval_windows()) training->set_eval_windows(kDefaultEvalWindows);
+  RETURN_IF_ERROR(RequirePositive("spec.training.eval_windows", training->eval_windows()));
   return absl::OkStatus();
+}
+
+// Evaluation reads the validation split, which val_fraction 0 leaves empty.
+absl::Status CheckEvalHasData(const v1::JobSpec& spec) {
+  if (spec.training().eval_interval() == 0 || spec.data().val_fraction() > 0) {
+    return absl::OkStatus();
+  }
+  return Invalid("spec.training.eval_interval",
+                 "needs a validation split: spec.data.val_fraction is 0");
 }
 
 // AdamW hyperparameters and the decay policy.
@@ -321,6 +338,8 @@ TrainConfig DeriveTrainConfig(const v1::JobSpec& spec) {
   // Checked by ResolveOptimizer.
   ParseDecayPolicy(t.decay(), &config.decay).IgnoreError();
   config.seed = t.seed();
+  config.eval_interval = t.eval_interval();
+  config.eval_windows = t.eval_windows();
   return config;
 }
 
@@ -341,6 +360,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveMaxSeqLen(out.mutable_model(), out.training().seq_len()));
   RETURN_IF_ERROR(ResolveData(out.mutable_data(), out.model().vocab_size(), &resolved.data_format));
   RETURN_IF_ERROR(ResolveParallelism(out.mutable_parallelism(), out.model().n_layer()));
+  RETURN_IF_ERROR(CheckEvalHasData(out));
   RETURN_IF_ERROR(CheckOutput(out.output()));
   RETURN_IF_ERROR(ResolveCompression(out.mutable_compression()));
 

@@ -39,8 +39,8 @@ struct ResolvedJobSpec {
   // Defaults made explicit: has_* is true for every optional field, and data
   // is always present.
   v1::JobSpec spec;
-  // Model and hyperparameters; eval_interval, eval_windows and threads keep
-  // TrainConfig's defaults (a JobSpec does not set them).
+  // Model, hyperparameters and evaluation; threads keeps TrainConfig's
+  // default (a JobSpec does not set it).
   TrainConfig train;
   DataFormat data_format = DataFormat::kAuto;  // parsed spec.data.format
   double val_fraction = 0;                     // spec.data.val_fraction
@@ -56,7 +56,8 @@ struct ResolvedJobSpec {
 // Defaults: model.vocab_size 256, model.max_seq_len = training.seq_len,
 // data.format "auto", data.val_fraction 0.1, data.synthetic_bytes 2000000,
 // training.micro_batches 1, lr 3e-4, beta1 0.9, beta2 0.95, eps 1e-8,
-// weight_decay 0.1, decay "matrices", seed 1, parallelism.solver "uniform",
+// weight_decay 0.1, decay "matrices", seed 1, eval_interval 0 (never),
+// eval_windows 16, parallelism.solver "uniform",
 // parallelism.schedule "1f1b", parallelism.objective "paper",
 // compression.forward and .backward "none" (an empty codec too),
 // compression.error_feedback and .epilogue_only false.

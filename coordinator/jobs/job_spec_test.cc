@@ -78,6 +78,9 @@ TEST(ResolveJobSpec, MinimalSpec_FillsEveryDefault) {
   EXPECT_EQ(t.weight_decay(), 0.1f);
   EXPECT_EQ(t.decay(), "matrices");
   EXPECT_EQ(t.seed(), 1u);
+  ASSERT_TRUE(t.has_eval_interval() && t.has_eval_windows());
+  EXPECT_EQ(t.eval_interval(), 0);
+  EXPECT_EQ(t.eval_windows(), 16);
   ASSERT_TRUE(spec.parallelism().has_solver() && spec.parallelism().has_schedule());
   EXPECT_EQ(spec.parallelism().solver(), "uniform");
   EXPECT_EQ(spec.parallelism().schedule(), "1f1b");
@@ -139,6 +142,8 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   t->set_weight_decay(0.0f);
   t->set_decay("all");
   t->set_seed(12345678901234ull);
+  t->set_eval_interval(0);  // val_fraction is 0 here
+  t->set_eval_windows(8);
   spec.mutable_parallelism()->set_solver("pipedream");
   spec.mutable_parallelism()->set_schedule("gpipe");
   spec.mutable_parallelism()->set_objective("full");
@@ -411,6 +416,35 @@ TEST(ResolveJobSpec, UnknownSchedule_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_parallelism()->set_schedule("interleaved");
   ExpectRejected(spec, "spec.parallelism.schedule: unknown schedule \"interleaved\"");
+}
+
+TEST(ResolveJobSpec, EvalInterval_CarriedIntoTrainConfig) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_eval_interval(5);
+  spec.mutable_training()->set_eval_windows(3);
+  absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(spec);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->train.eval_interval, 5);
+  EXPECT_EQ(resolved->train.eval_windows, 3);
+}
+
+TEST(ResolveJobSpec, NegativeEvalInterval_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_eval_interval(-1);
+  ExpectRejected(spec, "spec.training.eval_interval: must be >= 0");
+}
+
+TEST(ResolveJobSpec, ZeroEvalWindows_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_eval_windows(0);
+  ExpectRejected(spec, "spec.training.eval_windows: required, must be >= 1");
+}
+
+TEST(ResolveJobSpec, EvalWithoutValidationSplit_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_eval_interval(10);
+  spec.mutable_data()->set_val_fraction(0);
+  ExpectRejected(spec, "spec.training.eval_interval: needs a validation split");
 }
 
 TEST(ResolveJobSpec, CompressionCodecs_AcceptedAndKept) {

@@ -29,6 +29,15 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   CompiledPlan out;
   out.programs = std::move(solved.programs);
   MarkCompression(r.spec.compression(), &out.programs);
+  if (r.train.eval_interval > 0) {
+    // Workers skip the micro-batches beyond the validation windows their
+    // dataset has (all hold the same dataset, so they skip the same ones).
+    const int per = r.train.batch_size / r.train.micro_batches;
+    const int eval_micro_batches = (r.train.eval_windows + per - 1) / per;
+    ASSIGN_OR_RETURN(out.eval_programs,
+                     CompileEvalPrograms(solved.forward, static_cast<int>(profile.units.size()),
+                                         eval_micro_batches));
+  }
   v1::Plan& plan = out.plan;
   plan.set_job_id(job_id);
   plan.set_version(version);

@@ -18,6 +18,10 @@ namespace pipetrain {
 struct CompiledPlan {
   v1::Plan plan;
   std::vector<v1::Program> programs;  // per stage
+  // Per stage, the forward-only validation program (CompileEvalPrograms)
+  // when spec.training.eval_interval > 0: ceil(eval_windows / micro-batch
+  // size) validation micro-batches; empty otherwise.
+  std::vector<v1::Program> eval_programs;
 };
 
 // Requires cluster.workers.size() == resolved.stages, in stage order, named

@@ -256,4 +256,30 @@ absl::StatusOr<std::vector<v1::Program>> CompileBiPartitionPrograms(
   return programs;
 }
 
+absl::StatusOr<std::vector<v1::Program>> CompileEvalPrograms(const std::vector<Range>& forward,
+                                                             int num_units,
+                                                             int micro_batches) {
+  if (auto status = CheckSequence(forward, num_units, "forward"); !status.ok()) return status;
+  if (micro_batches < 1) return absl::InvalidArgumentError("micro_batches must be >= 1");
+  std::vector<int> owner(num_units);
+  for (size_t w = 0; w < forward.size(); ++w) {
+    for (int u = forward[w].begin; u < forward[w].end; ++u) owner[u] = static_cast<int>(w);
+  }
+  std::vector<v1::Program> programs(forward.size());
+  for (size_t w = 0; w < forward.size(); ++w) {
+    const Range& f = forward[w];
+    if (Empty(f)) continue;
+    v1::Program* p = &programs[w];
+    for (int k = 0; k < micro_batches; ++k) {
+      if (f.begin > 0) AddRecv(p, Key(v1::EVAL_ACTIVATION, k, f.begin - 1), owner[f.begin - 1]);
+      auto* fwd = p->add_instructions()->mutable_forward();
+      *fwd->mutable_units() = ToUnitRange(f);
+      fwd->set_micro_batch(k);
+      fwd->set_validation(true);
+      if (f.end < num_units) AddSend(p, Key(v1::EVAL_ACTIVATION, k, f.end - 1), owner[f.end]);
+    }
+  }
+  return programs;
+}
+
 }  // namespace pipetrain

@@ -70,6 +70,17 @@ absl::StatusOr<std::vector<v1::Program>> CompileBiPartitionPrograms(
     const std::vector<Range>& forward, const std::vector<Range>& backward, int num_units,
     int micro_batches, Schedule schedule);
 
+// The forward-only validation program of each worker (Assignment.
+// eval_program): per validation micro-batch k, a worker with a non-empty
+// forward range receives EVAL_ACTIVATION of unit begin-1 from its forward
+// owner (unless it runs embed), runs Forward{validation} of its range and
+// sends EVAL_ACTIVATION of unit end-1 to the forward owner of unit end
+// (unless it runs head). Workers without forward units get an empty
+// program. INVALID_ARGUMENT unless `forward` follows on from unit 0 to
+// num_units (empty ranges allowed) and micro_batches >= 1.
+absl::StatusOr<std::vector<v1::Program>> CompileEvalPrograms(const std::vector<Range>& forward,
+                                                             int num_units, int micro_batches);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COORDINATOR_PLANNER_SCHEDULE_COMPILER_H_

@@ -267,3 +267,33 @@ TEST(ScheduleCompilerTest, BadRanges_AreInvalidArgument) {
 
 }  // namespace
 }  // namespace pipetrain
+
+namespace pipetrain {
+namespace {
+
+TEST(CompileEvalProgramsTest, ThreeWorkersWithAForwardlessOne_ExactPrograms) {
+  // Bi-Partition forward cuts: worker 1 runs no forward pass.
+  auto programs = CompileEvalPrograms({{0, 2}, {2, 2}, {2, 4}}, 4, 2).value();
+  ASSERT_EQ(programs.size(), 3u);
+  EXPECT_EQ(Describe(programs[0]),
+            (std::vector<std::string>{
+                "validation forward [0, 2) mb 0", "send EVAL_ACTIVATION unit 1 mb 0 to stage 2",
+                "validation forward [0, 2) mb 1", "send EVAL_ACTIVATION unit 1 mb 1 to stage 2"}));
+  EXPECT_EQ(programs[1].instructions_size(), 0);
+  EXPECT_EQ(Describe(programs[2]),
+            (std::vector<std::string>{
+                "recv EVAL_ACTIVATION unit 1 mb 0 from stage 0", "validation forward [2, 4) mb 0",
+                "recv EVAL_ACTIVATION unit 1 mb 1 from stage 0", "validation forward [2, 4) mb 1"}));
+}
+
+TEST(CompileEvalProgramsTest, BadRangesOrMicroBatches_InvalidArgument) {
+  EXPECT_EQ(CompileEvalPrograms({{0, 2}, {3, 4}}, 4, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CompileEvalPrograms({{0, 2}, {2, 3}}, 4, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CompileEvalPrograms({{0, 4}}, 4, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,5 +1,7 @@
 #include "worker/agent/job_runner.h"
 
+#include <optional>
+
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -92,7 +94,8 @@ absl::Status JobRunner::RunJob() {
                    assignment_.forward_units(),
                    assignment_.backward_units(),
                    assignment_.program(),
-                   options_.recv_timeout};
+                   options_.recv_timeout,
+                   assignment_.eval_program()};
   ASSIGN_OR_RETURN(std::unique_ptr<StageRuntime> runtime,
                    StageRuntime::Create(setup, &dataset, transport.get()));
   {
@@ -116,6 +119,20 @@ absl::Status JobRunner::RunJob() {
     }
     if (observer_) observer_(*result);
     const bool last = it + 1 == steps;
+    // Validation after the same steps as train-local's --eval-interval.
+    std::optional<float> val_loss;
+    double eval_seconds = 0;
+    const int interval = job.train.eval_interval;
+    if (interval > 0 && ((it + 1) % interval == 0 || last)) {
+      const absl::Time eval_start = absl::Now();
+      absl::StatusOr<std::optional<float>> evaluated = runtime->RunEval(it + 1);
+      eval_seconds = absl::ToDoubleSeconds(absl::Now() - eval_start);
+      if (!evaluated.ok()) {
+        if (!stop_.load()) ReportError(evaluated.status());
+        return evaluated.status();
+      }
+      val_loss = *evaluated;
+    }
     if (last && upload) {
       absl::Status uploaded = coordinator_->UploadWeights(assignment_.job_id(), runtime->parameters());
       if (!uploaded.ok()) return uploaded;
@@ -130,6 +147,8 @@ absl::Status JobRunner::RunJob() {
     r.set_busy_seconds(result->busy_seconds);
     r.set_idle_seconds(result->idle_seconds);
     r.set_finished(last);
+    if (val_loss.has_value()) r.set_val_loss(*val_loss);
+    r.set_eval_seconds(eval_seconds);
     absl::Status reported = coordinator_->ReportProgress(r).status();
     if (!reported.ok()) return reported;
   }

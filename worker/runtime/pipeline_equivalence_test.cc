@@ -3,7 +3,9 @@
 // differ (recompute, input routing, weight sync), 1F1B and GPipe schedules,
 // must reproduce the single-process trainer's losses and weights. With the tied-gradient rule
 // (unit.h) and backward passes visiting micro-batches in order, they agree
-// bitwise, so the test demands exact equality.
+// bitwise, so the test demands exact equality. Validation passes (every 4
+// steps and after the last, over 7 windows: micro-batches of 2, 2, 2 and 1)
+// must equal LocalTrainer::Evaluate bitwise too.
 #include <thread>
 
 #include "coordinator/planner/partition.h"
@@ -30,6 +32,8 @@ TrainConfig SmallConfig() {
   c.micro_batches = 4;
   c.adam.lr = 1e-3f;
   c.seed = 3;
+  c.eval_interval = 4;
+  c.eval_windows = 7;
   return c;
 }
 
@@ -38,15 +42,23 @@ Dataset MakeDataset() {
   return Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 16, 0.1).value();
 }
 
+bool EvaluatesAfter(const TrainConfig& c, int step) {
+  return c.eval_interval > 0 && (step % c.eval_interval == 0 || step == kIterations);
+}
+
 struct RunOutput {
   std::vector<float> losses;
+  std::vector<float> val_losses;
   std::map<std::string, std::vector<float>> weights;  // every copy must agree
 };
 
 RunOutput RunLocal(const TrainConfig& c, const Dataset& data) {
   auto trainer = LocalTrainer::Create(c, &data).value();
   RunOutput out;
-  for (int i = 0; i < kIterations; ++i) out.losses.push_back(trainer->Step().loss);
+  for (int i = 0; i < kIterations; ++i) {
+    out.losses.push_back(trainer->Step().loss);
+    if (EvaluatesAfter(c, i + 1)) out.val_losses.push_back(trainer->Evaluate().value());
+  }
   for (Parameter* p : trainer->model().parameters()) out.weights[p->name] = p->value.ToVector();
   return out;
 }
@@ -57,16 +69,20 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   const int units = NumUnits(c.model);
   auto programs =
       CompileBiPartitionPrograms(forward, backward, units, c.micro_batches, schedule).value();
+  const int per = c.batch_size / c.micro_batches;
+  auto eval_programs =
+      CompileEvalPrograms(forward, units, (c.eval_windows + per - 1) / per).value();
   InProcessFabric fabric(stages);
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   for (int s = 0; s < stages; ++s) {
     transports.push_back(fabric.Connect(s));
     StageSetup setup{"job-eq", c, s, stages, ToUnitRange(forward[s]), ToUnitRange(backward[s]),
-                     programs[s], absl::Seconds(30)};
+                     programs[s], absl::Seconds(30), eval_programs[s]};
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }
   std::vector<std::vector<IterationResult>> results(stages);
+  std::vector<std::vector<float>> val_losses(stages);
   std::vector<absl::Status> errors(stages);
   std::vector<std::thread> threads;
   for (int s = 0; s < stages; ++s) {
@@ -76,8 +92,16 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
         if (!r.ok()) {
           errors[s] = r.status();
           fabric.Shutdown();  // wake the other stages instead of letting them time out
-        } else {
-          results[s].push_back(*r);
+          break;
+        }
+        results[s].push_back(*r);
+        if (!EvaluatesAfter(c, i + 1)) continue;
+        auto val = runtimes[s]->RunEval(i + 1);
+        if (!val.ok()) {
+          errors[s] = val.status();
+          fabric.Shutdown();
+        } else if (val->has_value()) {
+          val_losses[s].push_back(**val);
         }
       }
     });
@@ -91,6 +115,10 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     double sum = 0.0;  // LocalTrainer's mean: double sum, divided, as float
     for (float l : r.micro_batch_losses) sum += l;
     out.losses.push_back(static_cast<float>(sum / c.micro_batches));
+  }
+  out.val_losses = val_losses[loss_stage];
+  for (int s = 0; s < stages; ++s) {
+    if (s != loss_stage) EXPECT_TRUE(val_losses[s].empty()) << "stage " << s;
   }
   for (int s = 0; s < stages; ++s) {
     for (Parameter* p : runtimes[s]->parameters()) {
@@ -117,6 +145,8 @@ TEST_P(PipelineEquivalenceTest, LossesAndWeightsEqualSingleProcessBitwise) {
   const RunOutput pipe =
       RunPipeline(c, data, *ranges, *ranges, ParseSchedule(schedule_name).value());
   EXPECT_EQ(pipe.losses, local.losses);
+  EXPECT_EQ(pipe.val_losses, local.val_losses);
+  EXPECT_EQ(pipe.val_losses.size(), 3u);  // after steps 4, 8 and 10
   ASSERT_EQ(pipe.weights.size(), local.weights.size());
   for (const auto& [name, values] : local.weights) {
     EXPECT_EQ(pipe.weights.at(name), values) << name;
@@ -169,6 +199,8 @@ TEST_P(BiPartitionEquivalenceTest, LossesAndWeightsEqualSingleProcessBitwise) {
   const RunOutput pipe =
       RunPipeline(c, data, plan.forward, plan.backward, ParseSchedule(schedule_name).value());
   EXPECT_EQ(pipe.losses, local.losses);
+  EXPECT_EQ(pipe.val_losses, local.val_losses);
+  EXPECT_EQ(pipe.val_losses.size(), 3u);  // after steps 4, 8 and 10
   ASSERT_EQ(pipe.weights.size(), local.weights.size());
   for (const auto& [name, values] : local.weights) {
     EXPECT_EQ(pipe.weights.at(name), values) << name;

@@ -282,7 +282,85 @@ absl::Status StageRuntime::RunForward(const v1::UnitRange& units, int mb, bool r
 }
 
 absl::Status StageRuntime::Forward(const v1::Instruction::Forward& f) {
+  if (f.validation()) return EvalForward(f);
   return RunForward(f.units(), f.micro_batch(), /*recompute=*/false);
+}
+
+int StageRuntime::EvalCount(int micro_batch) const {
+  const int per = setup_.train.batch_size / setup_.train.micro_batches;
+  return static_cast<int>(
+      std::max<int64_t>(0, std::min<int64_t>(per, eval_windows_ - int64_t{micro_batch} * per)));
+}
+
+absl::Status StageRuntime::EvalForward(const v1::Instruction::Forward& f) {
+  const int mb = f.micro_batch();
+  const v1::UnitRange& units = f.units();
+  Tensor x;
+  if (units.begin() > 0) {
+    auto it = eval_activations_.find({mb, units.begin() - 1});
+    if (it == eval_activations_.end()) {
+      return Internal(absl::StrCat("validation input of unit ", units.begin(),
+                                   " for micro-batch ", mb, " missing"));
+    }
+    x = std::move(it->second);
+    eval_activations_.erase(it);
+  }
+  const int per = setup_.train.batch_size / setup_.train.micro_batches;
+  const int count = EvalCount(mb);
+  const TokenBatch batch = dataset_->ValBatch(int64_t{mb} * per, count);
+  for (int u = units.begin(); u < units.end(); ++u) {
+    Unit* unit = OwnedUnit(u);
+    if (unit == nullptr) return Internal(absl::StrCat("unit ", u, " is not owned here"));
+    UnitContext scratch;  // nothing is kept: no backward pass follows
+    x = unit->Forward(x, batch, &scratch);
+  }
+  if (units.end() == num_units_) {
+    // As LocalTrainer::Evaluate: each micro-batch's mean loss weighted by
+    // its windows, summed in double in micro-batch order.
+    eval_weighted_loss_ += static_cast<double>(x[0]) * count;
+    eval_has_loss_ = true;
+  } else {
+    eval_activations_[{mb, units.end() - 1}] = x;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
+  const auto& instructions = setup_.eval_program.instructions();
+  if (instructions.empty()) return std::optional<float>();
+  if (dataset_ == nullptr || dataset_->num_val_windows() == 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "stage ", setup_.stage, ": validation needs a dataset with a validation split"));
+  }
+  eval_windows_ = std::min<int64_t>(setup_.train.eval_windows, dataset_->num_val_windows());
+  eval_activations_.clear();
+  eval_weighted_loss_ = 0;
+  eval_has_loss_ = false;
+  IterationResult ignored;  // evaluation time is not an iteration's
+  for (const v1::Instruction& in : instructions) {
+    int mb = 0;
+    if (in.has_forward()) mb = in.forward().micro_batch();
+    if (in.has_send()) mb = in.send().tensor().micro_batch();
+    if (in.has_recv()) mb = in.recv().tensor().micro_batch();
+    if (EvalCount(mb) == 0) continue;  // beyond the validation windows
+    {
+      AnnotatedMutexLock lock(&status_mu_);
+      current_ = DescribeInstruction(in);
+    }
+    absl::Status status = Execute(in, after_step, &ignored);
+    if (!status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("stage ", setup_.stage, ", validation after step ",
+                                       after_step, ", '", DescribeInstruction(in),
+                                       "': ", status.message()));
+    }
+  }
+  {
+    AnnotatedMutexLock lock(&status_mu_);
+    current_ = "idle";
+  }
+  if (!eval_has_loss_) return std::optional<float>();
+  return std::optional<float>(static_cast<float>(eval_weighted_loss_ / eval_windows_));
 }
 
 absl::Status StageRuntime::Recompute(const v1::Instruction::Recompute& r) {
@@ -342,6 +420,16 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
       tensor = PackWeights(*unit);
       break;
     }
+    case v1::EVAL_ACTIVATION: {
+      auto it = eval_activations_.find({key.micro_batch(), key.unit()});
+      if (it == eval_activations_.end()) {
+        return Internal(absl::StrCat("validation output of unit ", key.unit(),
+                                     " for micro-batch ", key.micro_batch(), " missing"));
+      }
+      tensor = std::move(it->second);
+      eval_activations_.erase(it);
+      break;
+    }
     default: return Internal("send of an unknown tensor kind");
   }
   ASSIGN_OR_RETURN(WireTensor wire,
@@ -372,6 +460,9 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   const int per = setup_.train.batch_size / setup_.train.micro_batches;
   Shape expected{per, setup_.train.seq_len, m.d_model};
   if (key.kind() == v1::TIED_EMBEDDING_GRAD) expected = {m.vocab_size, m.d_model};
+  if (key.kind() == v1::EVAL_ACTIVATION) {
+    expected = {EvalCount(key.micro_batch()), setup_.train.seq_len, m.d_model};
+  }
   if (weights_of != nullptr) expected = {WeightCount(*weights_of)};
   if (t.numel() != NumElements(expected)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -384,6 +475,7 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
     case v1::ACTIVATION_GRAD: grads_in_[key.micro_batch()] = t; break;
     case v1::TIED_EMBEDDING_GRAD: tied_received_ = t; break;
     case v1::UNIT_WEIGHTS: UnpackWeights(t, weights_of); break;
+    case v1::EVAL_ACTIVATION: eval_activations_[{key.micro_batch(), key.unit()}] = t; break;
     default: return Internal("receive of an unknown tensor kind");
   }
   return absl::OkStatus();

@@ -19,6 +19,7 @@
 #define PIPETRAIN_WORKER_RUNTIME_STAGE_RUNTIME_H_
 
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -46,6 +47,9 @@ struct StageSetup {
   v1::UnitRange backward;  // units whose backward pass (and weights) live here
   v1::Program program;     // one iteration
   absl::Duration recv_timeout = absl::Seconds(60);
+  // The forward-only validation program (Assignment.eval_program; empty:
+  // RunEval does nothing).
+  v1::Program eval_program;
 };
 
 struct IterationResult {
@@ -77,6 +81,19 @@ class StageRuntime {
   // INTERNAL for program errors (e.g. a backward without its forward).
   absl::StatusOr<IterationResult> RunIteration(int64_t iteration);
 
+  // Runs the validation program once, after `after_step` optimizer steps
+  // (the tensors' iteration field): the forward pass of this stage's forward
+  // units over the first W = min(eval_windows, the dataset's validation
+  // windows) windows, micro-batch k holding windows [k·b, min((k+1)·b, W))
+  // for micro-batch size b; micro-batches beyond W are skipped (every stage
+  // holds the same dataset, so all skip the same ones). Returns the mean
+  // validation loss, weighted by windows exactly as LocalTrainer::Evaluate,
+  // on the stage that runs head's forward pass; nullopt elsewhere.
+  // FAILED_PRECONDITION if the program is non-empty and the runtime has no
+  // dataset or the dataset no validation windows; other errors as
+  // RunIteration. Does not touch weights, gradients or optimizer state.
+  absl::StatusOr<std::optional<float>> RunEval(int64_t after_step);
+
   // The parameters of the backward units, each once (a stage with embed and
   // head lists wte once): the ones this stage updates and whose values are
   // authoritative (for checkpoints and the final weights).
@@ -89,6 +106,8 @@ class StageRuntime {
   StageRuntime(const StageSetup& setup, const Dataset* dataset, Transport* transport);
   absl::Status Execute(const v1::Instruction& in, int64_t iteration, IterationResult* result);
   absl::Status Forward(const v1::Instruction::Forward& f);
+  absl::Status EvalForward(const v1::Instruction::Forward& f);
+  int EvalCount(int micro_batch) const;  // windows in validation micro-batch
   absl::Status Recompute(const v1::Instruction::Recompute& r);
   absl::Status Backward(const v1::Instruction::Backward& b);
   absl::Status Send(const v1::Instruction::Send& s, int64_t iteration, IterationResult* result);
@@ -124,6 +143,12 @@ class StageRuntime {
   std::map<int, Tensor> grads_out_;       // dL/d(input of backward.begin) to send
   std::map<int, float> losses_;
   Tensor tied_received_;
+  // State within one RunEval: windows evaluated, EVAL_ACTIVATION tensors by
+  // (micro-batch, unit), and the window-weighted loss sum on the head stage.
+  int64_t eval_windows_ = 0;
+  std::map<std::pair<int, int>, Tensor> eval_activations_;
+  double eval_weighted_loss_ = 0;
+  bool eval_has_loss_ = false;
   mutable AnnotatedMutex status_mu_;
   std::string current_ ABSL_GUARDED_BY(status_mu_);
 };

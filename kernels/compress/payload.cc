@@ -71,35 +71,12 @@ bool ByteReader::F32(float* v) {
   return true;
 }
 
-void BitWriter::Put(uint32_t value, int bits) {
-  const uint64_t mask = bits == 32 ? 0xffffffffull : ((1ull << bits) - 1);
-  buffer_ |= (uint64_t{value} & mask) << filled_;
-  filled_ += bits;
-  while (filled_ >= 8) {
-    out_->push_back(static_cast<char>(buffer_ & 0xff));
-    buffer_ >>= 8;
-    filled_ -= 8;
-  }
-}
-
 void BitWriter::Finish() {
   if (filled_ > 0) out_->push_back(static_cast<char>(buffer_ & 0xff));
   buffer_ = 0;
   filled_ = 0;
 }
 
-bool BitReader::Get(int bits, uint32_t* value) {
-  while (filled_ < bits) {
-    if (pos_ >= in_.size()) return false;
-    buffer_ |= uint64_t{static_cast<uint8_t>(in_[pos_++])} << filled_;
-    filled_ += 8;
-  }
-  const uint64_t mask = bits == 32 ? 0xffffffffull : ((1ull << bits) - 1);
-  *value = static_cast<uint32_t>(buffer_ & mask);
-  buffer_ >>= bits;
-  filled_ -= bits;
-  return true;
-}
 
 void WriteHeader(CodecId id, const Shape& shape, std::string* out) {
   out->append(kMagic, 4);

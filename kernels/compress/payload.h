@@ -74,7 +74,17 @@ class ByteReader {
 class BitWriter {
  public:
   explicit BitWriter(std::string* out) : out_(out) {}
-  void Put(uint32_t value, int bits);
+  // Inline: codecs call it once per value.
+  void Put(uint32_t value, int bits) {
+    const uint64_t mask = bits == 32 ? 0xffffffffull : ((1ull << bits) - 1);
+    buffer_ |= (uint64_t{value} & mask) << filled_;
+    filled_ += bits;
+    while (filled_ >= 8) {
+      out_->push_back(static_cast<char>(buffer_ & 0xff));
+      buffer_ >>= 8;
+      filled_ -= 8;
+    }
+  }
   void Finish();
 
  private:
@@ -88,7 +98,19 @@ class BitWriter {
 class BitReader {
  public:
   explicit BitReader(absl::string_view in) : in_(in) {}
-  bool Get(int bits, uint32_t* value);
+  // Inline: codecs call it once per value.
+  bool Get(int bits, uint32_t* value) {
+    while (filled_ < bits) {
+      if (pos_ >= in_.size()) return false;
+      buffer_ |= uint64_t{static_cast<uint8_t>(in_[pos_++])} << filled_;
+      filled_ += 8;
+    }
+    const uint64_t mask = bits == 32 ? 0xffffffffull : ((1ull << bits) - 1);
+    *value = static_cast<uint32_t>(buffer_ & mask);
+    buffer_ >>= bits;
+    filled_ -= bits;
+    return true;
+  }
 
  private:
   absl::string_view in_;

@@ -26,13 +26,30 @@ double IntervalWidth(double max_abs, int n, int k) {
 // First level index of cluster k: the intervals of clusters 0..k-1.
 uint32_t FirstLevel(int n, int k) { return (1u << n) - (1u << (n - k)); }
 
+// The per-cluster constants of eq. (6)-(8) and (12) for one M, computed
+// once per tensor with the same expressions LevelOf used per value, so the
+// codes are unchanged and the per-value work is a floor, a division and a
+// round.
+struct ClusterTable {
+  double c[kPiecewiseMaxClusters];      // C_k, eq. (7)
+  double u[kPiecewiseMaxClusters];      // U_k, eq. (8) with (12)
+  double j_max[kPiecewiseMaxClusters];  // 2^(N-1-k) intervals in cluster k
+  uint32_t first[kPiecewiseMaxClusters];
+  ClusterTable(double max_abs, int n) {
+    for (int k = 0; k < n; ++k) {
+      c[k] = max_abs / n * k;
+      u[k] = IntervalWidth(max_abs, n, k);
+      j_max[k] = std::ldexp(1.0, n - 1 - k);
+      first[k] = FirstLevel(n, k);
+    }
+  }
+};
+
 // Magnitude level index of a = |val| (0 <= a <= M, M > 0).
-uint32_t LevelOf(double a, double max_abs, int n) {
+inline uint32_t LevelOf(double a, double max_abs, int n, const ClusterTable& t) {
   const int k = ClusterOf(a, max_abs, n);
-  const double c_k = max_abs / n * k;  // eq. (7)
-  const double j = std::round((a - c_k) / IntervalWidth(max_abs, n, k));  // eq. (6)
-  const double j_max = std::ldexp(1.0, n - 1 - k);
-  return FirstLevel(n, k) + static_cast<uint32_t>(std::clamp(j, 0.0, j_max));
+  const double j = std::round((a - t.c[k]) / t.u[k]);  // eq. (6)
+  return t.first[k] + static_cast<uint32_t>(std::clamp(j, 0.0, t.j_max[k]));
 }
 
 // The 2^N magnitudes C_k + j U_k in level order (eq. 6, decode side).
@@ -79,8 +96,9 @@ absl::StatusOr<std::string> PiecewiseCodec::Encode(const Tensor& x, CodecState*)
   w.U8(static_cast<uint8_t>(n_));
   w.F32(max_abs);
   BitWriter bw(&out);
+  const ClusterTable table(max_abs, n_);
   for (int64_t i = 0; i < x.numel(); ++i) {
-    const uint32_t level = max_abs > 0.0f ? LevelOf(std::fabs(p[i]), max_abs, n_) : 0;
+    const uint32_t level = max_abs > 0.0f ? LevelOf(std::fabs(p[i]), max_abs, n_, table) : 0;
     const uint32_t sign = p[i] < 0.0f ? 1 : 0;
     bw.Put((sign << n_) | level, n_ + 1);
   }

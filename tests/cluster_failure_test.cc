@@ -5,6 +5,9 @@
 //  - A stalled peer (SIGSTOP) makes its neighbour's receive fail with
 //    DEADLINE_EXCEEDED naming the peer stage and the tensor, within the
 //    configured receive deadline.
+//  - SIGTERM (a clean shutdown, e.g. scaling down) deregisters the worker:
+//    LEFT at once, long before its lease would run out, and a job it ran
+//    fails naming it.
 #include <signal.h>
 
 #include <cstdlib>
@@ -79,6 +82,36 @@ TEST(ClusterFailureTest, WorkerKilledMidJob_FailsJobNamingItAndFreesTheSurvivor)
   while (!states_settled() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
   for (const v1::Worker& w : workers.workers()) {
     EXPECT_EQ(w.state(), w.id() == victim_id ? v1::LOST : v1::READY) << w.id();
+  }
+}
+
+TEST(ClusterFailureTest, WorkerTerminated_DeregistersLeftAndFailsItsJobNamingIt) {
+  // A lease far longer than the test's deadlines: only deregistration can
+  // make the worker LEFT and end the job in time.
+  auto cluster = StartTestCluster("term", 2, {"--lease-seconds=60", "--heartbeat-seconds=0.2"}, {});
+  ASSERT_NE(cluster, nullptr);
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+  const std::string id = SubmitJob(*stub, LongJob(2));
+  v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
+                         [](const v1::Job& j) { return j.progress().step() >= 2; });
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  v1::ListWorkersResponse workers;
+  ASSERT_TRUE(stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok());
+  std::string victim_id, victim_node;
+  for (const v1::Worker& w : workers.workers()) {
+    if (w.id() == job.worker_ids(1)) victim_node = w.node_name(), victim_id = w.id();
+  }
+  ASSERT_EQ(victim_node.rfind("local-", 0), 0u) << victim_node;
+  const int victim = std::stoi(victim_node.substr(6));
+  cluster->worker(victim).Signal(SIGTERM);
+  EXPECT_EQ(cluster->worker(victim).Wait(absl::Seconds(20)), std::optional<int>(0));
+  job = AwaitJob(*stub, id, absl::Seconds(20),
+                 [](const v1::Job& j) { return j.state() != v1::RUNNING; });
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_NE(job.reason().find(victim_id), std::string::npos) << job.reason();
+  ASSERT_TRUE(stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok());
+  for (const v1::Worker& w : workers.workers()) {
+    if (w.id() == victim_id) EXPECT_EQ(w.state(), v1::LEFT) << w.id();
   }
 }
 

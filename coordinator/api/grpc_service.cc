@@ -51,6 +51,14 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServer
   return Unary(context, "Heartbeat", [&] { return workers_->Heartbeat(*request); });
 }
 
+grpc::ServerUnaryReactor* CoordinatorGrpcService::DeregisterWorker(
+    grpc::CallbackServerContext* context, const v1::DeregisterWorkerRequest* request,
+    v1::DeregisterWorkerResponse*) {
+  return Unary(context, "DeregisterWorker", [&] {
+    return workers_->Deregister(request->worker_id(), request->incarnation());
+  });
+}
+
 absl::Status CoordinatorGrpcService::CheckWatcher(
     const v1::WatchAssignmentsRequest& request) const {
   if (request.worker_id().empty()) {

@@ -59,6 +59,9 @@ class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* DeregisterWorker(grpc::CallbackServerContext* context,
+                                             const v1::DeregisterWorkerRequest* request,
+                                             v1::DeregisterWorkerResponse* response) override;
   grpc::ServerWriteReactor<v1::Assignment>* WatchAssignments(
       grpc::CallbackServerContext* context, const v1::WatchAssignmentsRequest* request) override;
   grpc::ServerUnaryReactor* ReportProgress(grpc::CallbackServerContext* context,

@@ -137,6 +137,42 @@ TEST_F(GrpcServiceTest, Heartbeat_RegisteredWorker_Ok) {
   EXPECT_EQ(workers_.Get("w-1")->current_instruction(), "idle");
 }
 
+TEST_F(GrpcServiceTest, DeregisterWorker_Registered_LeftAndIdempotent) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::DeregisterWorkerRequest request;
+  request.set_worker_id(worker.worker_id());
+  request.set_incarnation(worker.incarnation());
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    v1::DeregisterWorkerResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    grpc::Status status = stub_->DeregisterWorker(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << "attempt " << attempt << ": " << status.error_message();
+  }
+  EXPECT_EQ(workers_.Get(worker.worker_id())->state(), v1::LEFT);
+}
+
+TEST_F(GrpcServiceTest, DeregisterWorker_UnknownOrOldIncarnation_Rejected) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());  // same address: incarnation 2
+  v1::DeregisterWorkerRequest request;
+  request.set_worker_id(worker.worker_id());
+  request.set_incarnation(1);
+  v1::DeregisterWorkerResponse response;
+  grpc::ClientContext old_context;
+  SetDeadline(old_context);
+  EXPECT_EQ(stub_->DeregisterWorker(&old_context, request, &response).error_code(),
+            grpc::StatusCode::FAILED_PRECONDITION);
+  request.set_worker_id("w-9");
+  grpc::ClientContext unknown_context;
+  SetDeadline(unknown_context);
+  EXPECT_EQ(stub_->DeregisterWorker(&unknown_context, request, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(workers_.Get(worker.worker_id())->state(), v1::READY);
+}
+
 TEST_F(GrpcServiceTest, Heartbeat_UnknownWorker_NotFound) {
   v1::HeartbeatRequest request;
   request.set_worker_id("w-9");

@@ -157,6 +157,31 @@ void WorkerAgent::Stop() {
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
   if (watch_thread_.joinable()) watch_thread_.join();
   StopRunner();
+  Deregister();
+}
+
+// A clean shutdown says so, so the coordinator shows this worker LEFT at
+// once instead of LOST after its lease (and alerts stay quiet). Best
+// effort: a coordinator that cannot be reached finds out by the lease.
+void WorkerAgent::Deregister() {
+  v1::DeregisterWorkerRequest request;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (worker_id_.empty() || deregistered_) return;
+    deregistered_ = true;
+    request.set_worker_id(worker_id_);
+    request.set_incarnation(incarnation_);
+  }
+  grpc::ClientContext context;
+  SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(2)));
+  v1::DeregisterWorkerResponse response;
+  const grpc::Status s = stub_->DeregisterWorker(&context, request, &response);
+  if (s.ok()) {
+    PT_LOG(INFO) << "deregistered " << request.worker_id();
+  } else {
+    PT_LOG(WARNING) << "could not deregister " << request.worker_id() << ": " << s.error_message()
+                    << " (the coordinator will mark it LOST after its lease)";
+  }
 }
 
 void WorkerAgent::StopRunner() {

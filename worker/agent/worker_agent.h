@@ -9,6 +9,7 @@
 //  - watches assignments (server stream, reopened with backoff when it
 //    breaks): RUN starts a JobRunner (replacing one of another job or plan
 //    version), STOP stops the runner of that job.
+// Stop() stops both, then deregisters (the coordinator shows it LEFT).
 // Thread-safe.
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_
@@ -61,6 +62,7 @@ class WorkerAgent {
   void WatchLoop();
   void Handle(const v1::Assignment& assignment);
   void StopRunner();
+  void Deregister();  // once, after Stop() has stopped everything else
   // Sleeps up to `d`; false when Stop() was called meanwhile.
   bool SleepUnlessStopped(absl::Duration d);
 
@@ -75,6 +77,7 @@ class WorkerAgent {
 
   mutable AnnotatedMutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool deregistered_ ABSL_GUARDED_BY(mu_) = false;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   int64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);

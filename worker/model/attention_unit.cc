@@ -66,4 +66,21 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
   return dx;
 }
 
+std::vector<float> AttentionUnit::TokenImportance(const UnitContext& ctx) const {
+  if (ctx.saved.size() != kNumSlots) return {};
+  const Tensor& probs = ctx.saved[kProbs];  // [B, H, T, T], rows are queries
+  const int64_t B = probs.shape()[0], H = probs.shape()[1], T = probs.shape()[2];
+  std::vector<double> sums(B * T, 0.0);
+  const float* p = probs.data();
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t q = 0; q < T; ++q) {
+        const float* row = p + ((b * H + h) * T + q) * T;
+        for (int64_t t = 0; t < T; ++t) sums[b * T + t] += row[t];
+      }
+    }
+  }
+  return std::vector<float>(sums.begin(), sums.end());
+}
+
 }  // namespace pipetrain

@@ -14,6 +14,9 @@ class AttentionUnit : public Unit {
   AttentionUnit(const GptConfig& config, int layer);
   Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) override;
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
+  // An[b, t] = sum over heads h and queries q of probs[b, h, q, t]: how much
+  // attention token t receives from the whole sequence (acctfm §4.3.1).
+  std::vector<float> TokenImportance(const UnitContext& ctx) const override;
 
  private:
   // Slots of UnitContext::saved.

@@ -63,6 +63,13 @@ class Unit {
   virtual Tensor Backward(const Tensor& dy, const TokenBatch& batch,
                           const UnitContext& ctx) = 0;
 
+  // Token importance for token-level top-k compression of this unit's
+  // output (acctfm §4.3.1), one score per token in [B, T] order, from the
+  // context Forward just wrote; empty when the unit has none (then the
+  // codec ranks tokens by L2 norm). AttentionUnit: the column sums An of
+  // the attention matrix, summed over heads.
+  virtual std::vector<float> TokenImportance(const UnitContext& ctx) const { return {}; }
+
   // Rebuilds ctx from x for a backward pass without a stash; bitwise the
   // same context as Forward produced.
   void Recompute(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {

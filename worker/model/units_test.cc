@@ -128,6 +128,35 @@ TEST(UnitTest, Recompute_RebuildsTheSameContextBitwise) {
   }
 }
 
+// Causal softmax rows sum to 1, so a sequence's column sums add up to
+// heads * T; query 0 sees only token 0, so token 0 gets at least 1 per head.
+TEST(UnitTest, TokenImportance_AttentionColumnSumsOthersNone) {
+  const GptConfig c = TinyConfig();
+  const int B = 2, T = 5;
+  const TokenBatch batch = RandomBatch(c, B, T, 9);
+  for (int i = 0; i < NumUnits(c); ++i) {
+    auto unit = MakeUnit(c, i);
+    RandomizeParameters(unit.get(), 3);
+    UnitContext ctx;
+    unit->Forward(RandomTensor({B, T, c.d_model}, 8), batch, &ctx);
+    const std::vector<float> scores = unit->TokenImportance(ctx);
+    if (unit->kind() != UnitKind::kAttention) {
+      EXPECT_TRUE(scores.empty()) << unit->name();
+      continue;
+    }
+    ASSERT_EQ(scores.size(), static_cast<size_t>(B * T)) << unit->name();
+    for (int b = 0; b < B; ++b) {
+      double sum = 0;
+      for (int t = 0; t < T; ++t) {
+        EXPECT_GE(scores[b * T + t], 0.0f);
+        sum += scores[b * T + t];
+      }
+      EXPECT_NEAR(sum, c.n_head * T, 1e-4) << unit->name() << " sequence " << b;
+      EXPECT_GE(scores[b * T], c.n_head - 1e-5) << unit->name();
+    }
+  }
+}
+
 TEST(UnitTest, InitializeParameters_IsAPureFunctionOfSeedAndName) {
   const GptConfig c = TinyConfig();
   auto a = MakeUnit(c, 1), b = MakeUnit(c, 1), other_seed = MakeUnit(c, 1);

@@ -8,6 +8,7 @@
 #include "common/program_text.h"
 #include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
+#include "kernels/compress/token_topk_codec.h"
 
 namespace pipetrain {
 namespace {
@@ -63,7 +64,8 @@ absl::StatusOr<std::string> LinkCompressor::EncodeWithFeedback(const v1::Instruc
 }
 
 absl::StatusOr<WireTensor> LinkCompressor::Encode(const v1::Instruction::Send& send,
-                                                  const Tensor& x, LinkStats* stats) {
+                                                  const Tensor& x, LinkStats* stats,
+                                                  const std::vector<float>& scores) {
   ++stats->tensors;
   stats->raw_bytes += x.size_bytes();
   if (send.codec().empty()) {
@@ -79,9 +81,12 @@ absl::StatusOr<WireTensor> LinkCompressor::Encode(const v1::Instruction::Send& s
   LinkState& link = links_[key];
   const auto start = Clock::now();
   double error = -1;
+  const auto* token_topk = dynamic_cast<const TokenTopKCodec*>(*codec);
   absl::StatusOr<std::string> payload =
       send.error_feedback() ? EncodeWithFeedback(send, x, **codec, &link, &error)
-                            : (*codec)->Encode(x, &link.codec);
+      : (token_topk != nullptr && !scores.empty())
+          ? token_topk->EncodeWithScores(x, scores, &link.codec)
+          : (*codec)->Encode(x, &link.codec);
   stats->codec_seconds += SecondsSince(start);
   if (!payload.ok()) return fail(payload.status());
   if (error < 0 && sampled_.insert(key).second) {

@@ -28,6 +28,7 @@
 #include <set>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
@@ -54,11 +55,15 @@ class LinkCompressor {
  public:
   void BeginIteration();
 
-  // Encodes `x` for `send` (raw when send.codec() is empty). Errors:
-  // INVALID_ARGUMENT for an unknown codec spec or a tensor the codec
-  // rejects (non-finite values), naming the send.
+  // Encodes `x` for `send` (raw when send.codec() is empty). `scores`, when
+  // non-empty, are token importances (one per token of x's [B, T]) that a
+  // token_topk codec ranks tokens by instead of their L2 norm (acctfm
+  // §4.3.1: the attention column sums); other codecs, and error-feedback
+  // sends, ignore them. Errors: INVALID_ARGUMENT for an unknown codec spec
+  // or a tensor the codec rejects (non-finite values, a score count other
+  // than the token count), naming the send.
   absl::StatusOr<WireTensor> Encode(const v1::Instruction::Send& send, const Tensor& x,
-                                    LinkStats* stats);
+                                    LinkStats* stats, const std::vector<float>& scores = {});
 
   // Decodes a received tensor (a raw one is returned as is); `what` names it
   // for errors (INVALID_ARGUMENT, as DecodeWireTensor).

@@ -111,6 +111,35 @@ TEST(LinkCompressor, AbortedIteration_BeginIterationDropsTheResidual) {
   EXPECT_EQ(Values(wire), (std::vector<float>{0, 0}));
 }
 
+v1::Instruction::Send ActivationSend(const std::string& codec) {
+  v1::Instruction::Send s;
+  s.mutable_tensor()->set_kind(v1::ACTIVATION);
+  s.mutable_tensor()->set_unit(1);
+  s.set_peer_stage(1);
+  s.set_codec(codec);
+  return s;
+}
+
+// Two tokens of 2 values: token 0 has the larger norm, the scores favour
+// token 1 (acctfm §4.3.1: attention column sums rank tokens, not norms).
+TEST(LinkCompressor, TokenTopKWithScores_KeepsTheHighestScoredToken) {
+  LinkCompressor c;
+  c.BeginIteration();
+  LinkStats stats;
+  const Tensor x = Tensor::FromVector({1, 2, 2}, {5, 5, 1, 1});
+  WireTensor by_norm = c.Encode(ActivationSend("token_topk:keep=0.5"), x, &stats).value();
+  EXPECT_EQ(Values(by_norm), (std::vector<float>{5, 5, 0, 0}));
+  WireTensor by_score =
+      c.Encode(ActivationSend("token_topk:keep=0.5"), x, &stats, {0.2f, 1.8f}).value();
+  EXPECT_EQ(Values(by_score), (std::vector<float>{0, 0, 1, 1}));
+  // Other codecs ignore scores.
+  WireTensor fp16 = c.Encode(ActivationSend("fp16"), x, &stats, {0.2f, 1.8f}).value();
+  EXPECT_EQ(Values(fp16), (std::vector<float>{5, 5, 1, 1}));
+  // A score per token or nothing.
+  auto bad = c.Encode(ActivationSend("token_topk:keep=0.5"), x, &stats, {1.0f});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(LinkCompressor, NonFiniteTensor_InvalidArgumentNamingTheSend) {
   LinkCompressor c;
   c.BeginIteration();

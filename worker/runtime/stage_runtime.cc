@@ -4,6 +4,7 @@
 #include <chrono>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/program_text.h"
 #include "common/status_macros.h"
@@ -121,7 +122,12 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
     }
     if (in.has_send()) {
       mb = in.send().tensor().micro_batch();
-      if (in.send().tensor().kind() == v1::ACTIVATION) kept_outputs_.insert(in.send().tensor().unit());
+      if (in.send().tensor().kind() == v1::ACTIVATION) {
+        kept_outputs_.insert(in.send().tensor().unit());
+        if (absl::StartsWith(in.send().codec(), "token_topk")) {
+          scored_outputs_.insert(in.send().tensor().unit());
+        }
+      }
     }
     if (in.has_recv()) mb = in.recv().tensor().micro_batch();
     if (mb >= 0) last[mb] = i;
@@ -171,7 +177,7 @@ Parameter* StageRuntime::TiedHolder() {
 absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   iteration_ = iteration;
   for (auto& [index, unit] : units_) unit->ZeroGrads();
-  activations_.clear(), grads_in_.clear(), grads_out_.clear();
+  activations_.clear(), grads_in_.clear(), grads_out_.clear(), token_scores_.clear();
   contexts_.clear(), losses_.clear();
   tied_received_ = Tensor();
   compressor_.BeginIteration();
@@ -272,6 +278,7 @@ absl::Status StageRuntime::RunForward(const v1::UnitRange& units, int mb, bool r
     UnitContext* ctx = IsBackwardUnit(u) ? &contexts_[{mb, u}] : &scratch;
     x = unit->Forward(x, batch, ctx);
     if (recompute) continue;
+    if (scored_outputs_.count(u)) token_scores_[{mb, u}] = unit->TokenImportance(*ctx);
     if (u == num_units_ - 1) {
       losses_[mb] = x[0];
     } else if (kept_outputs_.count(u)) {
@@ -432,9 +439,18 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     }
     default: return Internal("send of an unknown tensor kind");
   }
+  std::vector<float> scores;  // token importance for token_topk, if recorded
+  if (key.kind() == v1::ACTIVATION) {
+    auto it = token_scores_.find({key.micro_batch(), key.unit()});
+    if (it != token_scores_.end()) {
+      scores = std::move(it->second);
+      token_scores_.erase(it);
+    }
+  }
   ASSIGN_OR_RETURN(WireTensor wire,
                    compressor_.Encode(s, tensor,
-                                      &result->sent[{s.peer_stage(), v1::TensorKind_Name(key.kind())}]));
+                                      &result->sent[{s.peer_stage(), v1::TensorKind_Name(key.kind())}],
+                                      scores));
   return transport_->SendWire(s.peer_stage(), MakeAddress(setup_.job_id, iteration, key), wire);
 }
 

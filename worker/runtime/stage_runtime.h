@@ -135,9 +135,13 @@ class StageRuntime {
   // after the forward pass (sends, recompute inputs), and per instruction
   // the micro-batches it is the last one to touch.
   std::set<int> kept_outputs_;
+  // Units whose ACTIVATION sends use a token_topk codec: their forward pass
+  // also records the unit's token importance (Unit::TokenImportance).
+  std::set<int> scored_outputs_;
   std::map<int, std::vector<int>> last_touch_;
   // State within an iteration, per (micro-batch, unit).
   std::map<std::pair<int, int>, Tensor> activations_;  // outputs, own or received
+  std::map<std::pair<int, int>, std::vector<float>> token_scores_;  // of scored outputs
   std::map<std::pair<int, int>, UnitContext> contexts_;
   std::map<int, Tensor> grads_in_;        // received dL/d(output of backward.end-1)
   std::map<int, Tensor> grads_out_;       // dL/d(input of backward.begin) to send

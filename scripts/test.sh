@@ -3,16 +3,43 @@
 #   bash scripts/test.sh                 # all tests (what CI runs)
 #   bash scripts/test.sh --config=asan   # the same under ASan + UBSan
 #   bash scripts/test.sh --config=tsan   # the same under ThreadSanitizer
-# Ends with a line "tests: N passed, M failed".
+# Where the CUDA toolkit is installed (/usr/local/cuda/bin/nvcc), it then
+# builds and tests the CUDA backend too (--config=cuda //kernels/cuda/...);
+# without a GPU those tests skip their GPU cases.
+# Ends with a line "tests: N passed, M failed; GPU tests: ...".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
 log=$(mktemp)
 bazel test "$@" //... 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+gpu="CUDA toolkit not found: CUDA targets not built"
+if [ -x /usr/local/cuda/bin/nvcc ]; then
+  cuda_log=$(mktemp)
+  bazel test "$@" --config=cuda //kernels/cuda/... 2>&1 | tee "$cuda_log"
+  cuda_status=${PIPESTATUS[0]}
+  if [ "$status" -eq 0 ]; then status=$cuda_status; fi
+  # One result line per CUDA test target; gtest prints "[  SKIPPED ] Suite.Case
+  # (N ms)" once per skipped case (the summary repeats them without a time).
+  targets=$(grep -E '^//kernels/cuda[^ ]* +(\(cached\) )?(PASSED|FAILED|TIMEOUT)' "$cuda_log" |
+    cut -d' ' -f1 | sort -u)
+  skipped=0
+  for t in $targets; do
+    test_log="bazel-testlogs/${t#//}"
+    test_log="${test_log/://}/test.log"
+    if [ -f "$test_log" ]; then
+      n=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$test_log")
+      skipped=$((skipped + n))
+    fi
+  done
+  gpu="GPU tests: $(echo "$targets" | grep -c .) targets built, $skipped cases skipped"
+  if [ "$skipped" -gt 0 ]; then gpu="$gpu (no GPU)"; fi
+  cat "$cuda_log" >> "$log"
+  rm -f "$cuda_log"
+fi
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log")
 rm -f "$log"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # e.g. a build error
-echo "tests: $passed passed, $failed failed"
+echo "tests: $passed passed, $failed failed; $gpu"
 exit "$status"

@@ -1,0 +1,37 @@
+// The CUDA devices this process can see.
+//
+// A machine without a GPU, or without the NVIDIA driver, is a normal
+// situation here (development and CI machines have the toolkit only): it has
+// zero devices, not an error. All functions are thread-safe.
+#ifndef PIPETRAIN_KERNELS_CUDA_DEVICE_H_
+#define PIPETRAIN_KERNELS_CUDA_DEVICE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace pipetrain {
+
+struct CudaDeviceInfo {
+  int index = 0;
+  std::string name;            // e.g. "NVIDIA H100 80GB HBM3"
+  int64_t total_memory_bytes = 0;
+  int sm_count = 0;            // streaming multiprocessors
+  int compute_major = 0;       // compute capability, e.g. 9.0 for H100
+  int compute_minor = 0;
+};
+
+// Number of visible CUDA devices (respects CUDA_VISIBLE_DEVICES). 0 when no
+// device is present or no driver is installed. INTERNAL for any other CUDA
+// failure (e.g. a driver older than the runtime), naming the CUDA error.
+absl::StatusOr<int> CudaDeviceCount();
+
+// Facts about device `index`. INVALID_ARGUMENT if index < 0; NOT_FOUND if
+// index >= CudaDeviceCount() (the message names the index and the count);
+// INTERNAL if CUDA fails.
+absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int index);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_KERNELS_CUDA_DEVICE_H_

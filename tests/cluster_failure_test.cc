@@ -36,6 +36,23 @@ v1::JobSpec LongJob(int stages) {
   return spec;
 }
 
+// The worker id `worker_id` and the index of the local process behind it
+// (workers register in start order, but do not rely on it: the node name
+// "local-<i>" says which); index -1 if it cannot be found.
+std::pair<std::string, int> WorkerProcessOf(v1::Coordinator::Stub& stub,
+                                            const std::string& worker_id) {
+  v1::ListWorkersResponse workers;
+  if (!stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) {
+    return {worker_id, -1};
+  }
+  for (const v1::Worker& w : workers.workers()) {
+    if (w.id() == worker_id && w.node_name().rfind("local-", 0) == 0) {
+      return {worker_id, std::stoi(w.node_name().substr(6))};
+    }
+  }
+  return {worker_id, -1};
+}
+
 using testing::AwaitJob;
 using testing::StartTestCluster;
 using testing::SubmitJob;
@@ -50,16 +67,12 @@ TEST(ClusterFailureTest, WorkerKilledMidJob_FailsJobNamingItAndFreesTheSurvivor)
                          [](const v1::Job& j) { return j.progress().step() >= 3; });
   ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
   ASSERT_EQ(job.worker_ids_size(), 2);
-  // Kill the process behind the job's second worker (workers register in
-  // start order, but do not rely on it: find it by its node name).
+  // Kill the process behind the job's second worker.
+  const auto victim_process = WorkerProcessOf(*stub, job.worker_ids(1));
+  const std::string victim_id = victim_process.first;
+  const int victim = victim_process.second;
+  ASSERT_GE(victim, 0) << victim_id;
   v1::ListWorkersResponse workers;
-  ASSERT_TRUE(stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok());
-  std::string victim_id, victim_node;
-  for (const v1::Worker& w : workers.workers()) {
-    if (w.id() == job.worker_ids(1)) victim_node = w.node_name(), victim_id = w.id();
-  }
-  ASSERT_EQ(victim_node.rfind("local-", 0), 0u) << victim_node;
-  const int victim = std::stoi(victim_node.substr(6));
   const absl::Time killed = absl::Now();
   cluster->worker(victim).Signal(SIGKILL);
   job = AwaitJob(*stub, id, absl::Seconds(kLease + 5),
@@ -95,20 +108,17 @@ TEST(ClusterFailureTest, WorkerTerminated_DeregistersLeftAndFailsItsJobNamingIt)
   v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
                          [](const v1::Job& j) { return j.progress().step() >= 2; });
   ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
-  v1::ListWorkersResponse workers;
-  ASSERT_TRUE(stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok());
-  std::string victim_id, victim_node;
-  for (const v1::Worker& w : workers.workers()) {
-    if (w.id() == job.worker_ids(1)) victim_node = w.node_name(), victim_id = w.id();
-  }
-  ASSERT_EQ(victim_node.rfind("local-", 0), 0u) << victim_node;
-  const int victim = std::stoi(victim_node.substr(6));
+  const auto victim_process = WorkerProcessOf(*stub, job.worker_ids(1));
+  const std::string victim_id = victim_process.first;
+  const int victim = victim_process.second;
+  ASSERT_GE(victim, 0) << victim_id;
   cluster->worker(victim).Signal(SIGTERM);
   EXPECT_EQ(cluster->worker(victim).Wait(absl::Seconds(20)), std::optional<int>(0));
   job = AwaitJob(*stub, id, absl::Seconds(20),
                  [](const v1::Job& j) { return j.state() != v1::RUNNING; });
   EXPECT_EQ(job.state(), v1::FAILED);
   EXPECT_NE(job.reason().find(victim_id), std::string::npos) << job.reason();
+  v1::ListWorkersResponse workers;
   ASSERT_TRUE(stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok());
   for (const v1::Worker& w : workers.workers()) {
     if (w.id() == victim_id) EXPECT_EQ(w.state(), v1::LEFT) << w.id();
@@ -125,12 +135,7 @@ TEST(ClusterFailureTest, StalledPeer_FailsJobWithDeadlineNamingPeerAndTensor) {
   v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
                          [](const v1::Job& j) { return j.progress().step() >= 3; });
   ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
-  v1::ListWorkersResponse workers;
-  ASSERT_TRUE(stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok());
-  int stalled = -1;
-  for (const v1::Worker& w : workers.workers()) {
-    if (w.id() == job.worker_ids(1)) stalled = std::stoi(w.node_name().substr(6));
-  }
+  const int stalled = WorkerProcessOf(*stub, job.worker_ids(1)).second;
   ASSERT_GE(stalled, 0);
   const absl::Time stopped = absl::Now();
   cluster->worker(stalled).Signal(SIGSTOP);

@@ -1,0 +1,122 @@
+#include "kernels/cuda/cross_entropy.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/block_reduce.cuh"
+#include "kernels/cuda/cuda_status.h"
+
+namespace pipetrain {
+namespace {
+
+// One block per row. GPT-2's vocabulary (50257) gives each of 512 threads
+// about 98 logits; a row is read three times, from L2 after the first.
+constexpr int kRowThreads = 512;
+// The single block that averages the row losses (a power of two: the tree
+// below halves it).
+constexpr int kMeanThreads = 256;
+
+using cuda_reduce::BlockReduce;
+using cuda_reduce::MaxOp;
+using cuda_reduce::SumOp;
+
+// Softmax of one row and its loss logsumexp - x[target], as the CPU computes
+// them: max first (so expf never overflows), then the sum of exponentials,
+// then the normalised probabilities. expf (not the -use_fast_math __expf)
+// stays within 2 ulp; the exponentials are recomputed in the last pass
+// rather than stored, so that probs may alias logits.
+__global__ void SoftmaxCrossEntropyRowKernel(const float* logits, const int32_t* targets,
+                                             int vocab, float* probs, float* row_losses) {
+  __shared__ float scratch[33];
+  const int64_t row = blockIdx.x;
+  const float* x = logits + row * vocab;
+  float* p = probs + row * vocab;
+  const int32_t target = targets[row];
+  const bool valid = target >= 0 && target < vocab;
+  // Read before any thread writes p (probs may alias logits): the barriers
+  // in BlockReduce order this read before the last pass.
+  const float target_logit = threadIdx.x == 0 && valid ? x[target] : 0.0f;
+  float m = -INFINITY;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, x[j]);
+  m = BlockReduce(m, -INFINITY, scratch, MaxOp());
+  float s = 0.0f;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(x[j] - m);
+  s = BlockReduce(s, 0.0f, scratch, SumOp());
+  const float inv = 1.0f / s;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) p[j] = expf(x[j] - m) * inv;
+  if (threadIdx.x == 0) {
+    // -log p[target] = logsumexp - x[target]: exact even when p underflows.
+    const float lse = m + logf(s);
+    row_losses[row] =
+        valid ? static_cast<float>(static_cast<double>(lse) - target_logit) : NAN;
+  }
+}
+
+// *loss = mean of row_losses, in double like the CPU: each thread sums a
+// fixed stride of rows in order, then a fixed halving tree. One block.
+__global__ void MeanLossKernel(const float* row_losses, int n, float* loss) {
+  __shared__ double partial[kMeanThreads];
+  double sum = 0.0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) sum += row_losses[i];
+  partial[threadIdx.x] = sum;
+  __syncthreads();
+  for (int width = blockDim.x / 2; width > 0; width /= 2) {
+    if (threadIdx.x < width) partial[threadIdx.x] += partial[threadIdx.x + width];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *loss = static_cast<float>(partial[0] / n);
+}
+
+// dlogits = probs * scale, minus scale at the target. __fmul_rn keeps the
+// product rounded on its own (no FMA with the subtraction), as the CPU
+// computes it, so both sides round identically.
+__global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int32_t* targets,
+                                                  int vocab, float scale, float* dlogits) {
+  const int64_t row = blockIdx.x;
+  const float* p = probs + row * vocab;
+  float* d = dlogits + row * vocab;
+  const int32_t target = targets[row];
+  const bool valid = target >= 0 && target < vocab;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+    float g = __fmul_rn(p[j], scale);
+    if (j == target) g -= scale;
+    d[j] = valid ? g : NAN;
+  }
+}
+
+absl::Status CheckShape(const char* op, int n, int vocab) {
+  if (n >= 1 && vocab >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      op, ": shape [", n, ", ", vocab, "] needs n >= 1 positions and vocab >= 1 classes"));
+}
+
+}  // namespace
+
+absl::Status SoftmaxCrossEntropyForwardCuda(const float* logits, const int32_t* targets, int n,
+                                            int vocab, float* probs, float* row_losses,
+                                            float* loss, cudaStream_t stream) {
+  absl::Status valid = CheckShape("SoftmaxCrossEntropyForwardCuda", n, vocab);
+  if (!valid.ok()) return valid;
+  SoftmaxCrossEntropyRowKernel<<<n, kRowThreads, 0, stream>>>(logits, targets, vocab, probs,
+                                                               row_losses);
+  CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyRowKernel");
+  MeanLossKernel<<<1, kMeanThreads, 0, stream>>>(row_losses, n, loss);
+  CUDA_CHECK_LAUNCH("MeanLossKernel");
+  return absl::OkStatus();
+}
+
+absl::Status SoftmaxCrossEntropyBackwardCuda(const float* probs, const int32_t* targets, int n,
+                                             int vocab, float dloss, float* dlogits,
+                                             cudaStream_t stream) {
+  absl::Status valid = CheckShape("SoftmaxCrossEntropyBackwardCuda", n, vocab);
+  if (!valid.ok()) return valid;
+  // The CPU's scale, computed the same way (float division on the host).
+  const float scale = dloss / n;
+  SoftmaxCrossEntropyBackwardKernel<<<n, kRowThreads, 0, stream>>>(probs, targets, vocab, scale,
+                                                                    dlogits);
+  CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,266 @@
+// Softmax cross-entropy CUDA kernels against the CPU reference
+// (kernels/cpu/cross_entropy.cc).
+//
+// Tolerance |gpu - cpu| <= atol + rtol * |cpu|, in fp32. The forward differs
+// from the CPU in three ways: expf (<= 2 ulp) against FastExp (< 4e-7
+// relative), the row sum of exponentials in a tree of 512 per-thread
+// partial sums against the CPU's left-to-right sum, and log of that sum.
+// Measured against a double-precision softmax on these inputs (no GPU was
+// available when these bounds were written, so the GPU side was measured by
+// a float emulation of the kernels' operation order on the CPU):
+//   probs:      CPU off by up to 3.5e-7 absolute and 8.2e-6 relative (small
+//               p at vocab 50257, where the sequential sum drifts), the GPU
+//               emulation by 5.5e-8 and 1.0e-6;
+//   row losses: CPU 7.2e-6 (losses ~13, ulp 1e-6), GPU emulation 3.1e-6
+//               (logits around 100, where lse ~ 108 rounds to 7.6e-6);
+//   mean loss:  CPU 3.2e-6, GPU emulation 9e-7.
+// The bounds below leave about 3x headroom over the sum of both sides'
+// errors. A wrong target index or a missing max shift shows up as errors of
+// order 1 (or inf/NaN). The backward is exact: both sides compute
+// fl(fl(p * scale) - scale) with the same scale and no FMA (see the kernel).
+#include "kernels/cuda/cross_entropy.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/parity_testing.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::AllClose;
+using testing::RandomNormal;
+
+constexpr float kProbsAtol = 1e-6f;
+constexpr float kProbsRtol = 3e-5f;
+constexpr float kLossAtol = 3e-5f;   // row losses and the mean loss
+constexpr float kLossRtol = 1e-6f;
+constexpr float kGradAtol = 0.0f;    // exact, see above
+constexpr float kGradRtol = 0.0f;
+
+struct Shape {
+  int n;      // positions (rows)
+  int vocab;  // classes (columns)
+};
+
+// A single class, rows narrower than a warp, widths that are not multiples
+// of the 512-thread block, many rows, and GPT-2's vocabulary.
+const Shape kShapes[] = {{1, 1}, {1, 7}, {3, 1000}, {5, 4097}, {257, 513}, {8, 50257}};
+
+std::string Name(const Shape& s, const char* tensor) {
+  return "[" + std::to_string(s.n) + ", " + std::to_string(s.vocab) + "] " + tensor;
+}
+
+// Targets spread over the vocabulary, a pure function of (n, vocab).
+std::vector<int32_t> Targets(int n, int vocab) {
+  std::vector<int32_t> targets(n);
+  for (int i = 0; i < n; ++i) targets[i] = static_cast<int32_t>((i * 7919LL + 13) % vocab);
+  return targets;
+}
+
+// The CPU reference: probs, the mean loss, and each row's loss (the CPU
+// forward on that row alone, whose "mean" is the row's loss).
+struct CpuForward {
+  std::vector<float> probs;
+  std::vector<float> row_losses;
+  float loss = 0.0f;
+};
+
+CpuForward RunCpuForward(const std::vector<float>& logits, const std::vector<int32_t>& targets,
+                         int n, int vocab) {
+  CpuForward cpu;
+  cpu.probs.resize(logits.size());
+  cpu.loss =
+      SoftmaxCrossEntropyForward(logits.data(), targets.data(), n, vocab, cpu.probs.data());
+  std::vector<float> row_probs(vocab);
+  for (int i = 0; i < n; ++i) {
+    cpu.row_losses.push_back(SoftmaxCrossEntropyForward(
+        logits.data() + static_cast<int64_t>(i) * vocab, &targets[i], 1, vocab,
+        row_probs.data()));
+  }
+  return cpu;
+}
+
+// The GPU forward's outputs, copied back.
+struct GpuForward {
+  std::vector<float> probs;
+  std::vector<float> row_losses;
+  float loss = 0.0f;
+};
+
+// Runs the GPU forward; with in_place, probs is written over the logits.
+void RunGpuForward(const std::vector<float>& logits, const std::vector<int32_t>& targets, int n,
+                   int vocab, bool in_place, GpuForward* gpu) {
+  auto logits_d = DeviceBuffer<float>::FromHost(logits);
+  auto targets_d = DeviceBuffer<int32_t>::FromHost(targets);
+  auto probs_d = DeviceBuffer<float>::Create(in_place ? 0 : logits.size());
+  auto rows_d = DeviceBuffer<float>::Create(n);
+  auto loss_d = DeviceBuffer<float>::Create(1);
+  ASSERT_TRUE(logits_d.ok() && targets_d.ok() && probs_d.ok() && rows_d.ok() && loss_d.ok());
+  float* probs = in_place ? logits_d->data() : probs_d->data();
+  const absl::Status run = SoftmaxCrossEntropyForwardCuda(
+      logits_d->data(), targets_d->data(), n, vocab, probs, rows_d->data(), loss_d->data());
+  ASSERT_TRUE(run.ok()) << run;
+  auto probs_got = (in_place ? *logits_d : *probs_d).ToHost();
+  auto rows_got = rows_d->ToHost();
+  ASSERT_TRUE(probs_got.ok() && rows_got.ok());
+  ASSERT_TRUE(loss_d->CopyToHost(&gpu->loss, 1).ok());
+  gpu->probs = *std::move(probs_got);
+  gpu->row_losses = *std::move(rows_got);
+}
+
+// Runs the GPU backward on `probs`; with in_place, dlogits overwrites probs.
+void RunGpuBackward(const std::vector<float>& probs, const std::vector<int32_t>& targets, int n,
+                    int vocab, float dloss, bool in_place, std::vector<float>* dlogits) {
+  auto probs_d = DeviceBuffer<float>::FromHost(probs);
+  auto targets_d = DeviceBuffer<int32_t>::FromHost(targets);
+  auto dlogits_d = DeviceBuffer<float>::Create(in_place ? 0 : probs.size());
+  ASSERT_TRUE(probs_d.ok() && targets_d.ok() && dlogits_d.ok());
+  DeviceBuffer<float>& out = in_place ? *probs_d : *dlogits_d;
+  const absl::Status run = SoftmaxCrossEntropyBackwardCuda(
+      probs_d->data(), targets_d->data(), n, vocab, dloss, out.data());
+  ASSERT_TRUE(run.ok()) << run;
+  auto got = out.ToHost();
+  ASSERT_TRUE(got.ok()) << got.status();
+  *dlogits = *std::move(got);
+}
+
+class CrossEntropyCudaTest : public testing::CudaTest {};
+
+TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyForwardCuda_Shapes_MatchesCpu) {
+  for (const Shape& s : kShapes) {
+    const std::vector<float> logits =
+        RandomNormal(10, static_cast<int64_t>(s.n) * s.vocab, 0.0f, 2.0f);
+    const std::vector<int32_t> targets = Targets(s.n, s.vocab);
+    const CpuForward cpu = RunCpuForward(logits, targets, s.n, s.vocab);
+    GpuForward gpu;
+    ASSERT_NO_FATAL_FAILURE(RunGpuForward(logits, targets, s.n, s.vocab, false, &gpu));
+    EXPECT_TRUE(AllClose(Name(s, "probs"), gpu.probs, cpu.probs, kProbsAtol, kProbsRtol));
+    EXPECT_TRUE(
+        AllClose(Name(s, "row losses"), gpu.row_losses, cpu.row_losses, kLossAtol, kLossRtol));
+    EXPECT_TRUE(AllClose(Name(s, "loss"), {gpu.loss}, {cpu.loss}, kLossAtol, kLossRtol));
+  }
+}
+
+// Logits around 100: expf(100) overflows fp32, so this fails without the
+// max subtraction.
+TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyForwardCuda_LargeLogits_MatchesCpu) {
+  constexpr int kN = 4, kVocab = 4097;
+  const std::vector<float> logits = RandomNormal(11, int64_t{kN} * kVocab, 100.0f, 2.0f);
+  const std::vector<int32_t> targets = Targets(kN, kVocab);
+  const CpuForward cpu = RunCpuForward(logits, targets, kN, kVocab);
+  GpuForward gpu;
+  ASSERT_NO_FATAL_FAILURE(RunGpuForward(logits, targets, kN, kVocab, false, &gpu));
+  EXPECT_TRUE(AllClose("large logits probs", gpu.probs, cpu.probs, kProbsAtol, kProbsRtol));
+  EXPECT_TRUE(AllClose("large logits row losses", gpu.row_losses, cpu.row_losses, kLossAtol,
+                       kLossRtol));
+  EXPECT_TRUE(AllClose("large logits loss", {gpu.loss}, {cpu.loss}, kLossAtol, kLossRtol));
+}
+
+TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyForwardCuda_InPlace_MatchesCpu) {
+  constexpr int kN = 257, kVocab = 513;
+  const std::vector<float> logits = RandomNormal(12, int64_t{kN} * kVocab, 0.0f, 2.0f);
+  const std::vector<int32_t> targets = Targets(kN, kVocab);
+  const CpuForward cpu = RunCpuForward(logits, targets, kN, kVocab);
+  GpuForward gpu;
+  ASSERT_NO_FATAL_FAILURE(RunGpuForward(logits, targets, kN, kVocab, true, &gpu));
+  EXPECT_TRUE(AllClose("in-place probs", gpu.probs, cpu.probs, kProbsAtol, kProbsRtol));
+  EXPECT_TRUE(AllClose("in-place loss", {gpu.loss}, {cpu.loss}, kLossAtol, kLossRtol));
+}
+
+TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyBackwardCuda_Shapes_MatchesCpuExactly) {
+  for (const Shape& s : kShapes) {
+    const std::vector<float> logits =
+        RandomNormal(20, static_cast<int64_t>(s.n) * s.vocab, 0.0f, 2.0f);
+    const std::vector<int32_t> targets = Targets(s.n, s.vocab);
+    // The GPU backward gets the CPU's probs, so it is checked alone.
+    const CpuForward cpu = RunCpuForward(logits, targets, s.n, s.vocab);
+    constexpr float kDloss = 0.75f;
+    std::vector<float> want(cpu.probs.size());
+    SoftmaxCrossEntropyBackward(cpu.probs.data(), targets.data(), s.n, s.vocab, kDloss,
+                                want.data());
+    std::vector<float> got;
+    ASSERT_NO_FATAL_FAILURE(
+        RunGpuBackward(cpu.probs, targets, s.n, s.vocab, kDloss, false, &got));
+    EXPECT_TRUE(AllClose(Name(s, "dlogits"), got, want, kGradAtol, kGradRtol));
+  }
+}
+
+TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyBackwardCuda_InPlace_MatchesCpuExactly) {
+  constexpr int kN = 5, kVocab = 4097;
+  const std::vector<float> logits = RandomNormal(21, int64_t{kN} * kVocab, 0.0f, 2.0f);
+  const std::vector<int32_t> targets = Targets(kN, kVocab);
+  const CpuForward cpu = RunCpuForward(logits, targets, kN, kVocab);
+  std::vector<float> want(cpu.probs.size());
+  SoftmaxCrossEntropyBackward(cpu.probs.data(), targets.data(), kN, kVocab, 1.0f, want.data());
+  std::vector<float> got;
+  ASSERT_NO_FATAL_FAILURE(RunGpuBackward(cpu.probs, targets, kN, kVocab, 1.0f, true, &got));
+  EXPECT_TRUE(AllClose("in-place dlogits", got, want, kGradAtol, kGradRtol));
+}
+
+// Row 1's target is out of range: its loss, the mean and its gradient row
+// are NaN; the other rows are unaffected.
+TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyCuda_TargetOutOfRange_NaNForThatRow) {
+  constexpr int kN = 3, kVocab = 100;
+  const std::vector<float> logits = RandomNormal(30, kN * kVocab, 0.0f, 2.0f);
+  const std::vector<int32_t> targets = {5, kVocab, 7};
+  GpuForward gpu;
+  ASSERT_NO_FATAL_FAILURE(RunGpuForward(logits, targets, kN, kVocab, false, &gpu));
+  EXPECT_TRUE(std::isfinite(gpu.row_losses[0]));
+  EXPECT_TRUE(std::isnan(gpu.row_losses[1]));
+  EXPECT_TRUE(std::isfinite(gpu.row_losses[2]));
+  EXPECT_TRUE(std::isnan(gpu.loss));
+  std::vector<float> dlogits;
+  ASSERT_NO_FATAL_FAILURE(RunGpuBackward(gpu.probs, targets, kN, kVocab, 1.0f, false, &dlogits));
+  for (int j = 0; j < kVocab; ++j) {
+    EXPECT_TRUE(std::isfinite(dlogits[j])) << "row 0, column " << j;
+    EXPECT_TRUE(std::isnan(dlogits[kVocab + j])) << "row 1, column " << j;
+    EXPECT_TRUE(std::isfinite(dlogits[2 * kVocab + j])) << "row 2, column " << j;
+  }
+}
+
+TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyCuda_TwoRuns_BitwiseEqual) {
+  constexpr int kN = 300, kVocab = 50257;
+  const std::vector<float> logits = RandomNormal(40, int64_t{kN} * kVocab, 0.0f, 2.0f);
+  const std::vector<int32_t> targets = Targets(kN, kVocab);
+  GpuForward runs[2];
+  std::vector<float> grads[2];
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_NO_FATAL_FAILURE(RunGpuForward(logits, targets, kN, kVocab, false, &runs[r]));
+    ASSERT_NO_FATAL_FAILURE(
+        RunGpuBackward(runs[r].probs, targets, kN, kVocab, 1.0f, false, &grads[r]));
+  }
+  EXPECT_EQ(runs[0].probs, runs[1].probs);
+  EXPECT_EQ(runs[0].row_losses, runs[1].row_losses);
+  EXPECT_EQ(runs[0].loss, runs[1].loss);
+  EXPECT_EQ(grads[0], grads[1]);
+}
+
+// Shape checks happen before any CUDA call, so these run without a GPU.
+TEST(CrossEntropyCudaArgumentsTest, SoftmaxCrossEntropyForwardCuda_ZeroRows_InvalidArgument) {
+  const absl::Status status =
+      SoftmaxCrossEntropyForwardCuda(nullptr, nullptr, 0, 10, nullptr, nullptr, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("SoftmaxCrossEntropyForwardCuda: shape [0, 10]"),
+            std::string::npos)
+      << status;
+}
+
+TEST(CrossEntropyCudaArgumentsTest, SoftmaxCrossEntropyBackwardCuda_ZeroVocab_InvalidArgument) {
+  const absl::Status status =
+      SoftmaxCrossEntropyBackwardCuda(nullptr, nullptr, 4, 0, 1.0f, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("SoftmaxCrossEntropyBackwardCuda: shape [4, 0]"),
+            std::string::npos)
+      << status;
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,146 @@
+#include "kernels/cuda/linear.h"
+
+#include <initializer_list>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/linear_bias.h"
+
+// cuBLAS is column-major and the project is row-major. A row-major matrix
+// M [r, c] occupies the same memory as the column-major M^T [c, r] with
+// leading dimension c. So each row-major product C = A B is computed as the
+// column-major C^T = B^T A^T: the operands are swapped, and the transpose
+// flags and m/n are those of the transposed problem. No data is transposed.
+
+namespace pipetrain {
+namespace {
+
+cublasMath_t MathMode(GemmMode mode) {
+  return mode == GemmMode::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
+}
+
+absl::Status CheckShape(const char* op, int n, int in, int out) {
+  if (n >= 0 && in >= 1 && out >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": shape n=", n, " in=", in, " out=", out,
+                                                 " needs n >= 0, in >= 1 and out >= 1"));
+}
+
+// INVALID_ARGUMENT naming the first null pointer among `named` (when n > 0).
+absl::Status CheckPointers(const char* op, int n,
+                           std::initializer_list<std::pair<const char*, const void*>> named) {
+  if (n == 0) return absl::OkStatus();
+  for (const auto& [name, ptr] : named) {
+    if (ptr == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": ", name, " is null; it must be a device pointer when n=", n, " > 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckHandle(const char* op, const CublasHandle& handle) {
+  if (!handle.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat(op,
+                   ": the CublasHandle is empty (default-constructed or moved from); "
+                   "create it with CublasHandle::Create"));
+}
+
+}  // namespace
+
+const char* GemmModeName(GemmMode mode) { return mode == GemmMode::kTf32 ? "tf32" : "fp32"; }
+
+absl::StatusOr<CublasHandle> CublasHandle::Create(GemmMode mode, cudaStream_t stream) {
+  CublasHandle handle;
+  CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle.handle_));
+  handle.mode_ = mode;
+  CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(handle.handle_, MathMode(mode)));
+  CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle.handle_, stream));
+  handle.stream_ = stream;
+  return handle;
+}
+
+CublasHandle::CublasHandle(CublasHandle&& other) noexcept
+    : handle_(std::exchange(other.handle_, nullptr)),
+      mode_(other.mode_),
+      stream_(std::exchange(other.stream_, nullptr)) {}
+
+CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
+  if (this != &other) {
+    Destroy();
+    handle_ = std::exchange(other.handle_, nullptr);
+    mode_ = other.mode_;
+    stream_ = std::exchange(other.stream_, nullptr);
+  }
+  return *this;
+}
+
+CublasHandle::~CublasHandle() { Destroy(); }
+
+// cublasDestroy's status is dropped: a destructor cannot report it, and it
+// only fails when the context is already broken, which the next checked
+// call reports.
+void CublasHandle::Destroy() {
+  if (handle_ != nullptr) cublasDestroy(handle_);
+  handle_ = nullptr;
+}
+
+absl::Status CublasHandle::SetStream(cudaStream_t stream) {
+  if (empty()) return CheckHandle("CublasHandle::SetStream", *this);
+  CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle_, stream));
+  stream_ = stream;
+  return absl::OkStatus();
+}
+
+absl::Status LinearForwardCuda(const CublasHandle& handle, const float* x, const float* w,
+                               const float* b, int n, int in, int out, float* y) {
+  constexpr const char* kOp = "LinearForwardCuda";
+  absl::Status valid = CheckShape(kOp, n, in, out);
+  if (valid.ok()) valid = CheckPointers(kOp, n, {{"x", x}, {"w", w}, {"y", y}});
+  if (valid.ok()) valid = CheckHandle(kOp, handle);
+  if (!valid.ok() || n == 0) return valid;
+
+  float beta = 0.0f;
+  if (b != nullptr) {
+    // Seed y with the bias rows so the GEMM adds onto it, as on the CPU.
+    absl::Status seeded = BroadcastRowsCuda(b, n, out, y, handle.stream());
+    if (!seeded.ok()) return seeded;
+    beta = 1.0f;
+  }
+  const float alpha = 1.0f;
+  // Row-major y [n, out] = x [n, in] W [in, out]  <=>  column-major
+  // y^T [out, n] = W^T [out, in] x^T [in, n]: no transposes, m = out.
+  CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_N, CUBLAS_OP_N, out, n, in, &alpha, w,
+                                     out, x, in, &beta, y, out));
+  return absl::OkStatus();
+}
+
+absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, const float* w,
+                                const float* dy, int n, int in, int out, float* dx, float* dw,
+                                float* db) {
+  constexpr const char* kOp = "LinearBackwardCuda";
+  absl::Status valid = CheckShape(kOp, n, in, out);
+  if (valid.ok()) valid = CheckPointers(kOp, n, {{"x", x}, {"w", w}, {"dy", dy}, {"dw", dw}});
+  if (valid.ok()) valid = CheckHandle(kOp, handle);
+  if (!valid.ok() || n == 0) return valid;
+
+  const float one = 1.0f;
+  const float zero = 0.0f;
+  if (dx != nullptr) {
+    // Row-major dx [n, in] = dy [n, out] W^T  <=>  column-major
+    // dx^T [in, n] = W [in, out] dy^T [out, n]; the stored W is the
+    // column-major W^T [out, in] (ld out), hence OP_T on it.
+    CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_T, CUBLAS_OP_N, in, n, out, &one, w,
+                                       out, dy, out, &zero, dx, in));
+  }
+  // Row-major dW [in, out] += x^T [in, n] dy [n, out]  <=>  column-major
+  // dW^T [out, in] += dy^T [out, n] x [n, in]; the stored x is the
+  // column-major x^T [in, n] (ld in), hence OP_T on it. beta = 1 accumulates.
+  CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_N, CUBLAS_OP_T, out, in, n, &one, dy,
+                                     out, x, in, &one, dw, out));
+  if (db != nullptr) return AddColumnSumsCuda(dy, n, out, db, handle.stream());
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,95 @@
+// Linear layer on the GPU through cuBLAS, the CUDA twin of
+// kernels/cpu/linear.h (GPT-2's Conv1D layout, W stored [in, out]):
+//   forward:  y = x W + b
+//   backward: dx = dy W^T (written), dW += x^T dy, db += column sums of dy
+//             (both ACCUMULATED, so micro-batch gradients sum over calls).
+// Shapes: x [n, in], w [in, out], b [out], y [n, out], dy [n, out],
+// dx [n, in], dw [in, out], db [out]; row-major, device pointers.
+// kernels/cuda/linear_test.cc checks both against the CPU versions.
+//
+// GemmMode picks cuBLAS's math mode for every GEMM on a handle:
+//   kFp32: CUBLAS_DEFAULT_MATH, fp32 inputs and accumulation (no TF32
+//          unless NVIDIA_TF32_OVERRIDE forces it process-wide).
+//   kTf32: CUBLAS_TF32_TENSOR_OP_MATH, inputs reduced to TF32 (10-bit
+//          mantissa) on the tensor cores, fp32 accumulation; faster, with
+//          relative error about 2^-11 per input.
+// The bias kernels run in fp32 in both modes.
+//
+// Determinism: cuBLAS gives bitwise-equal results run to run on the same GPU
+// model and toolkit when a handle is used from one stream at a time; the
+// bias kernels use no atomics. So a layer is bitwise deterministic.
+#ifndef PIPETRAIN_KERNELS_CUDA_LINEAR_H_
+#define PIPETRAIN_KERNELS_CUDA_LINEAR_H_
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pipetrain {
+
+enum class GemmMode { kFp32, kTf32 };
+
+// "fp32" or "tf32", for logs and test names.
+const char* GemmModeName(GemmMode mode);
+
+// Owns one cuBLAS handle bound to a stream and a GemmMode.
+//
+// Thread-compatible: use a handle from one host thread at a time (cuBLAS
+// keeps per-handle state such as the stream and workspace); create one per
+// thread or stream. Destroy it before the CUDA context goes (not in a static
+// destructor). A default-constructed or moved-from handle is empty: every
+// Linear*Cuda call on it returns FAILED_PRECONDITION.
+class CublasHandle {
+ public:
+  // A handle whose GEMMs run on `stream` (nullptr: the legacy default
+  // stream) in `mode`. INTERNAL if cublasCreate or the stream/math-mode
+  // setup fails (e.g. no CUDA device, or the driver is missing).
+  static absl::StatusOr<CublasHandle> Create(GemmMode mode, cudaStream_t stream = nullptr);
+
+  CublasHandle() = default;
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  CublasHandle(CublasHandle&& other) noexcept;
+  CublasHandle& operator=(CublasHandle&& other) noexcept;
+  ~CublasHandle();
+
+  bool empty() const { return handle_ == nullptr; }
+  cublasHandle_t get() const { return handle_; }
+  GemmMode mode() const { return mode_; }
+  cudaStream_t stream() const { return stream_; }
+
+  // Moves later GEMMs and bias kernels to `stream`. FAILED_PRECONDITION if
+  // empty; INTERNAL if cublasSetStream fails.
+  absl::Status SetStream(cudaStream_t stream);
+
+ private:
+  void Destroy();
+
+  cublasHandle_t handle_ = nullptr;
+  GemmMode mode_ = GemmMode::kFp32;
+  cudaStream_t stream_ = nullptr;
+};
+
+// y = x W (+ b when b is non-null). Requires n >= 0, in >= 1, out >= 1, and
+// x, w, y non-null when n > 0; y must not overlap x, w or b. Work is queued
+// on handle.stream(); returns before it finishes.
+// INVALID_ARGUMENT for a bad shape or a missing pointer (checked before any
+// CUDA call); FAILED_PRECONDITION for an empty handle; INTERNAL if cuBLAS
+// or a launch fails. n == 0 does nothing.
+absl::Status LinearForwardCuda(const CublasHandle& handle, const float* x, const float* w,
+                               const float* b, int n, int in, int out, float* y);
+
+// Writes dx when non-null; adds x^T dy into dw; adds the column sums of dy
+// into db when non-null. Requires n >= 0, in >= 1, out >= 1, and x, w, dy, dw
+// non-null when n > 0; outputs must not overlap each other or the inputs.
+// Queued on handle.stream(). Errors as LinearForwardCuda. n == 0 does nothing
+// (dx, with no rows, has nothing to write).
+absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, const float* w,
+                                const float* dy, int n, int in, int out, float* dx, float* dw,
+                                float* db);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_KERNELS_CUDA_LINEAR_H_

@@ -1,0 +1,58 @@
+#include "kernels/cuda/linear_bias.h"
+
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/launch.h"
+
+namespace pipetrain {
+namespace {
+
+__global__ void BroadcastRowsKernel(const float* b, int64_t total, int c, float* y) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    y[i] = b[i % c];
+  }
+}
+
+// Adjacent threads read adjacent columns of a row, so every row read is
+// coalesced. One thread per column is slow when c is small and n large
+// (few blocks); a fixed-order two-stage reduction can replace it later
+// and stay deterministic.
+__global__ void AddColumnSumsKernel(const float* dy, int n, int c, float* db) {
+  const int j = blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= c) return;
+  float acc = db[j];
+  for (int64_t i = 0; i < n; ++i) acc += dy[i * c + j];
+  db[j] = acc;
+}
+
+absl::Status CheckShape(const char* op, int n, int c) {
+  if (n >= 0 && c >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": shape [", n, ", ", c, "] needs n >= 0 rows and c >= 1 columns"));
+}
+
+}  // namespace
+
+absl::Status BroadcastRowsCuda(const float* b, int n, int c, float* y, cudaStream_t stream) {
+  absl::Status valid = CheckShape("BroadcastRowsCuda", n, c);
+  if (!valid.ok() || n == 0) return valid;
+  const int64_t total = static_cast<int64_t>(n) * c;
+  BroadcastRowsKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(b, total, c, y);
+  CUDA_CHECK_LAUNCH("BroadcastRowsKernel");
+  return absl::OkStatus();
+}
+
+absl::Status AddColumnSumsCuda(const float* dy, int n, int c, float* db, cudaStream_t stream) {
+  absl::Status valid = CheckShape("AddColumnSumsCuda", n, c);
+  if (!valid.ok() || n == 0) return valid;
+  const int blocks = (c + kElementwiseThreads - 1) / kElementwiseThreads;
+  AddColumnSumsKernel<<<blocks, kElementwiseThreads, 0, stream>>>(dy, n, c, db);
+  CUDA_CHECK_LAUNCH("AddColumnSumsKernel");
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,30 @@
+// The two bias kernels of the cuBLAS linear layer (kernels/cuda/linear.h):
+// cuBLAS has no broadcast or column sum, so these are the project's own.
+// Callers outside linear.cc should use LinearForwardCuda/LinearBackwardCuda.
+//
+// Row-major matrices of n rows and c columns; all pointers are device
+// pointers (b and db hold c floats, y and dy hold n * c). n >= 0, c >= 1;
+// n == 0 launches nothing. Work is queued on `stream` and these return
+// before it finishes. INVALID_ARGUMENT for a bad shape; INTERNAL if the
+// launch fails. Thread-safe (no state).
+#ifndef PIPETRAIN_KERNELS_CUDA_LINEAR_BIAS_H_
+#define PIPETRAIN_KERNELS_CUDA_LINEAR_BIAS_H_
+
+#include <cuda_runtime_api.h>
+
+#include "absl/status/status.h"
+
+namespace pipetrain {
+
+// y[i][j] = b[j] for every row i: seeds y so that a GEMM with beta = 1 adds
+// x W onto the bias, as kernels/cpu/linear.cc does.
+absl::Status BroadcastRowsCuda(const float* b, int n, int c, float* y, cudaStream_t stream);
+
+// db[j] += dy[0][j] + dy[1][j] + ... + dy[n-1][j], added one row at a time in
+// row order (the CPU reference's order), one thread per column: no atomics,
+// so the result is bitwise deterministic run to run. db must not overlap dy.
+absl::Status AddColumnSumsCuda(const float* dy, int n, int c, float* db, cudaStream_t stream);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_KERNELS_CUDA_LINEAR_BIAS_H_

@@ -1,0 +1,326 @@
+// cuBLAS linear layer against the CPU reference (kernels/cpu/linear.cc).
+//
+// Tolerance |gpu - cpu| <= atol + rtol * |cpu| per element, from
+// GemmTolerance below. Why: an output sums k products. Inputs are drawn so a
+// product term has standard deviation s (x, dy ~ N(0, 1); w ~ N(0, 1/in)),
+// so the GEMM part of an output has std sqrt(k) s; the seeded values (bias,
+// initial dw and db) have std 1, and "scale" is the std of the whole output.
+//  - fp32 mode: inputs are exact; both sides round the running sums, unit
+//    roundoff u = 2^-24. With random-signed terms the partial sums grow like
+//    sqrt(i), so the rounding error of the sum is about u * sqrt(k) * scale
+//    (recursive summation; the blocked sums of cuBLAS and OpenBLAS do no
+//    worse). rel = u * sqrt(k): about 1e-5 for k = 3072.
+//  - TF32 mode: the tensor cores keep 10 of the 23 mantissa bits of each
+//    input, an error up to 2^-10 if they truncate (2^-11 if they round), in
+//    each of the two factors of every product, with random signs across the
+//    k terms; that is about 2^-10 * sqrt(k) * s = 2^-10 * scale, on top of
+//    the fp32 accumulation error above. The CPU reference has no such
+//    error, so the bound is that of the GPU alone.
+// kSafety = 16 covers the largest of ~10^6 samples (about 5 standard
+// deviations), both sides' errors, and the two factors of TF32; these bounds
+// were written without a GPU and the first run on one may tighten them.
+// The bias gradient is a plain fp32 column sum in both modes.
+#include "kernels/cuda/linear.h"
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/linear.h"
+#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/parity_testing.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::AllClose;
+using testing::RandomNormal;
+
+constexpr float kUnitRoundoff = 0x1p-24f;
+constexpr float kTf32InputError = 0x1p-10f;
+constexpr float kSafety = 16.0f;
+
+struct Tolerance {
+  float atol;
+  float rtol;
+};
+
+// k products per output, each of std term_std, added onto values of std 1
+// (seeded) or 0.
+Tolerance GemmTolerance(GemmMode mode, int k, float term_std, float seeded_std) {
+  const float sqrt_k = std::sqrt(static_cast<float>(k));
+  const float inputs = mode == GemmMode::kTf32 ? kTf32InputError : 0.0f;
+  const float rel = kSafety * (kUnitRoundoff * sqrt_k + inputs);
+  const float gemm_std = sqrt_k * term_std;
+  const float scale = std::sqrt(gemm_std * gemm_std + seeded_std * seeded_std);
+  return {rel * scale, rel};
+}
+
+struct Shape {
+  int n;  // rows: batch * sequence positions
+  int in;
+  int out;
+};
+
+struct LinearData {
+  Shape shape;
+  std::vector<float> x, w, b, dy, dw, db;  // dw, db: values to accumulate onto
+  float w_std;
+};
+
+LinearData MakeData(const Shape& s, uint64_t seed) {
+  LinearData d;
+  d.shape = s;
+  d.w_std = 1.0f / std::sqrt(static_cast<float>(s.in));
+  d.x = RandomNormal(seed, int64_t{s.n} * s.in, 0.0f, 1.0f);
+  d.w = RandomNormal(seed + 1, int64_t{s.in} * s.out, 0.0f, d.w_std);
+  d.b = RandomNormal(seed + 2, s.out, 0.0f, 1.0f);
+  d.dy = RandomNormal(seed + 3, int64_t{s.n} * s.out, 0.0f, 1.0f);
+  d.dw = RandomNormal(seed + 4, int64_t{s.in} * s.out, 0.0f, 1.0f);
+  d.db = RandomNormal(seed + 5, s.out, 0.0f, 1.0f);
+  return d;
+}
+
+// y on the GPU; bias only when with_bias.
+absl::StatusOr<std::vector<float>> ForwardOnGpu(GemmMode mode, const LinearData& d,
+                                                bool with_bias) {
+  const Shape& s = d.shape;
+  ASSIGN_OR_RETURN(CublasHandle handle, CublasHandle::Create(mode));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> x, DeviceBuffer<float>::FromHost(d.x));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> w, DeviceBuffer<float>::FromHost(d.w));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> b, DeviceBuffer<float>::FromHost(d.b));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> y, DeviceBuffer<float>::Create(int64_t{s.n} * s.out));
+  RETURN_IF_ERROR(LinearForwardCuda(handle, x.data(), w.data(), with_bias ? b.data() : nullptr, s.n,
+                                    s.in, s.out, y.data()));
+  return y.ToHost();
+}
+
+struct Grads {
+  std::vector<float> dx, dw, db;  // dx and db empty when not requested
+};
+
+// Gradients on the GPU, accumulating onto d.dw and d.db; dx and db only
+// when all_outputs.
+absl::StatusOr<Grads> BackwardOnGpu(GemmMode mode, const LinearData& d, bool all_outputs) {
+  const Shape& s = d.shape;
+  ASSIGN_OR_RETURN(CublasHandle handle, CublasHandle::Create(mode));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> x, DeviceBuffer<float>::FromHost(d.x));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> w, DeviceBuffer<float>::FromHost(d.w));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> dy, DeviceBuffer<float>::FromHost(d.dy));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> dw, DeviceBuffer<float>::FromHost(d.dw));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> db, DeviceBuffer<float>::FromHost(d.db));
+  ASSIGN_OR_RETURN(DeviceBuffer<float> dx, DeviceBuffer<float>::Create(int64_t{s.n} * s.in));
+  RETURN_IF_ERROR(LinearBackwardCuda(handle, x.data(), w.data(), dy.data(), s.n, s.in, s.out,
+                                     all_outputs ? dx.data() : nullptr, dw.data(),
+                                     all_outputs ? db.data() : nullptr));
+  Grads grads;
+  ASSIGN_OR_RETURN(grads.dw, dw.ToHost());
+  if (all_outputs) {
+    ASSIGN_OR_RETURN(grads.dx, dx.ToHost());
+    ASSIGN_OR_RETURN(grads.db, db.ToHost());
+  }
+  return grads;
+}
+
+std::vector<float> ForwardOnCpu(const LinearData& d, bool with_bias) {
+  const Shape& s = d.shape;
+  std::vector<float> y(static_cast<size_t>(s.n) * s.out);
+  LinearForward(d.x.data(), d.w.data(), with_bias ? d.b.data() : nullptr, s.n, s.in, s.out,
+                y.data());
+  return y;
+}
+
+Grads BackwardOnCpu(const LinearData& d) {
+  const Shape& s = d.shape;
+  Grads grads{std::vector<float>(static_cast<size_t>(s.n) * s.in), d.dw, d.db};
+  LinearBackward(d.x.data(), d.w.data(), d.dy.data(), s.n, s.in, s.out, grads.dx.data(),
+                 grads.dw.data(), grads.db.data());
+  return grads;
+}
+
+// Rows 1, 7, 130 (B*T) and widths 1, 33, 768, 3072: none of the odd ones is
+// a multiple of cuBLAS's 8/32-element tiles; each appears as in and as out.
+const Shape kShapes[] = {
+    {1, 1, 1},        {1, 33, 768}, {7, 768, 33}, {7, 3072, 768}, {130, 768, 3072},
+    {130, 3072, 768}, {130, 33, 1}, {130, 1, 33}, {7, 1, 3072},   {1, 3072, 1},
+};
+
+class LinearCudaParityTest : public testing::CudaTest,
+                             public ::testing::WithParamInterface<std::tuple<GemmMode, Shape>> {};
+
+TEST_P(LinearCudaParityTest, LinearForwardCuda_RandomInput_MatchesCpu) {
+  const auto [mode, shape] = GetParam();
+  const LinearData d = MakeData(shape, 10);
+  auto got = ForwardOnGpu(mode, d, /*with_bias=*/true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const Tolerance tol = GemmTolerance(mode, shape.in, d.w_std, 1.0f);
+  EXPECT_TRUE(AllClose("linear forward y", *got, ForwardOnCpu(d, true), tol.atol, tol.rtol));
+}
+
+TEST_P(LinearCudaParityTest, LinearBackwardCuda_RandomInput_MatchesCpu) {
+  const auto [mode, shape] = GetParam();
+  const LinearData d = MakeData(shape, 20);
+  auto got = BackwardOnGpu(mode, d, /*all_outputs=*/true);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const Grads want = BackwardOnCpu(d);
+  // dx = dy W^T sums `out` terms of std w_std; dW and db sum n terms of std
+  // 1 onto initial values of std 1.
+  const Tolerance dx_tol = GemmTolerance(mode, shape.out, d.w_std, 0.0f);
+  const Tolerance dw_tol = GemmTolerance(mode, shape.n, 1.0f, 1.0f);
+  const Tolerance db_tol = GemmTolerance(GemmMode::kFp32, shape.n, 1.0f, 1.0f);
+  EXPECT_TRUE(AllClose("linear backward dx", got->dx, want.dx, dx_tol.atol, dx_tol.rtol));
+  EXPECT_TRUE(AllClose("linear backward dw", got->dw, want.dw, dw_tol.atol, dw_tol.rtol));
+  EXPECT_TRUE(AllClose("linear backward db", got->db, want.db, db_tol.atol, db_tol.rtol));
+}
+
+std::string ParamName(const ::testing::TestParamInfo<std::tuple<GemmMode, Shape>>& info) {
+  const auto& [mode, s] = info.param;
+  return absl::StrCat(GemmModeName(mode), "_n", s.n, "_in", s.in, "_out", s.out);
+}
+
+INSTANTIATE_TEST_SUITE_P(ModesAndShapes, LinearCudaParityTest,
+                         ::testing::Combine(::testing::Values(GemmMode::kFp32, GemmMode::kTf32),
+                                            ::testing::ValuesIn(kShapes)),
+                         ParamName);
+
+class LinearCudaTest : public testing::CudaTest {};
+
+TEST_F(LinearCudaTest, LinearForwardCuda_NoBias_MatchesCpu) {
+  const LinearData d = MakeData({7, 768, 33}, 30);
+  auto got = ForwardOnGpu(GemmMode::kFp32, d, /*with_bias=*/false);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const Tolerance tol = GemmTolerance(GemmMode::kFp32, 768, d.w_std, 0.0f);
+  EXPECT_TRUE(
+      AllClose("linear forward y, no bias", *got, ForwardOnCpu(d, false), tol.atol, tol.rtol));
+}
+
+TEST_F(LinearCudaTest, LinearBackwardCuda_OnlyDw_MatchesCpu) {
+  const LinearData d = MakeData({130, 33, 768}, 40);
+  auto got = BackwardOnGpu(GemmMode::kFp32, d, /*all_outputs=*/false);
+  ASSERT_TRUE(got.ok()) << got.status();
+  const Tolerance tol = GemmTolerance(GemmMode::kFp32, 130, 1.0f, 1.0f);
+  EXPECT_TRUE(
+      AllClose("linear backward dw only", got->dw, BackwardOnCpu(d).dw, tol.atol, tol.rtol));
+}
+
+TEST_F(LinearCudaTest, LinearForwardBackwardCuda_TwoRuns_BitwiseEqual) {
+  const LinearData d = MakeData({130, 768, 3072}, 50);
+  for (GemmMode mode : {GemmMode::kFp32, GemmMode::kTf32}) {
+    auto y1 = ForwardOnGpu(mode, d, true);
+    auto y2 = ForwardOnGpu(mode, d, true);
+    ASSERT_TRUE(y1.ok() && y2.ok()) << y1.status() << " " << y2.status();
+    EXPECT_EQ(*y1, *y2) << GemmModeName(mode);
+    auto g1 = BackwardOnGpu(mode, d, true);
+    auto g2 = BackwardOnGpu(mode, d, true);
+    ASSERT_TRUE(g1.ok() && g2.ok()) << g1.status() << " " << g2.status();
+    EXPECT_EQ(g1->dx, g2->dx) << GemmModeName(mode);
+    EXPECT_EQ(g1->dw, g2->dw) << GemmModeName(mode);
+    EXPECT_EQ(g1->db, g2->db) << GemmModeName(mode);
+  }
+}
+
+TEST_F(LinearCudaTest, CublasHandleCreate_EachMode_SetsMathModeAndStream) {
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (auto [mode, want] : {std::pair{GemmMode::kFp32, CUBLAS_DEFAULT_MATH},
+                            std::pair{GemmMode::kTf32, CUBLAS_TF32_TENSOR_OP_MATH}}) {
+    auto handle = CublasHandle::Create(mode, stream);
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    cublasMath_t math;
+    ASSERT_EQ(cublasGetMathMode(handle->get(), &math), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(math, want) << GemmModeName(mode);
+    cudaStream_t got_stream = nullptr;
+    ASSERT_EQ(cublasGetStream(handle->get(), &got_stream), CUBLAS_STATUS_SUCCESS);
+    EXPECT_EQ(got_stream, stream);
+    EXPECT_EQ(handle->stream(), stream);
+    EXPECT_EQ(handle->mode(), mode);
+  }
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
+TEST_F(LinearCudaTest, CublasHandle_MovedFrom_IsEmpty) {
+  auto handle = CublasHandle::Create(GemmMode::kTf32);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  CublasHandle moved = std::move(*handle);
+  EXPECT_TRUE(handle->empty());
+  EXPECT_FALSE(moved.empty());
+  EXPECT_EQ(moved.mode(), GemmMode::kTf32);
+}
+
+// Argument checks happen before any CUDA call, so these run without a GPU
+// (an empty handle stands in for a real one).
+float dummy = 0.0f;  // a non-null pointer that is never dereferenced
+
+TEST(LinearCudaArgumentsTest, LinearForwardCuda_NegativeRows_InvalidArgument) {
+  const CublasHandle empty;
+  const absl::Status status = LinearForwardCuda(empty, &dummy, &dummy, nullptr, -1, 4, 4, &dummy);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("LinearForwardCuda: shape n=-1 in=4 out=4"), std::string::npos)
+      << status;
+}
+
+TEST(LinearCudaArgumentsTest, LinearBackwardCuda_ZeroOut_InvalidArgument) {
+  const CublasHandle empty;
+  const absl::Status status =
+      LinearBackwardCuda(empty, &dummy, &dummy, &dummy, 3, 4, 0, &dummy, &dummy, &dummy);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("LinearBackwardCuda: shape n=3 in=4 out=0"), std::string::npos)
+      << status;
+}
+
+TEST(LinearCudaArgumentsTest, LinearForwardCuda_NullX_InvalidArgument) {
+  const CublasHandle empty;
+  const absl::Status status = LinearForwardCuda(empty, nullptr, &dummy, nullptr, 2, 4, 4, &dummy);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("LinearForwardCuda: x is null"), std::string::npos) << status;
+}
+
+TEST(LinearCudaArgumentsTest, LinearBackwardCuda_NullDw_InvalidArgument) {
+  const CublasHandle empty;
+  const absl::Status status =
+      LinearBackwardCuda(empty, &dummy, &dummy, &dummy, 2, 4, 4, nullptr, nullptr, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("LinearBackwardCuda: dw is null"), std::string::npos) << status;
+}
+
+TEST(LinearCudaArgumentsTest, LinearForwardCuda_EmptyHandle_FailedPrecondition) {
+  const CublasHandle empty;
+  const absl::Status status = LinearForwardCuda(empty, &dummy, &dummy, nullptr, 2, 4, 4, &dummy);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("LinearForwardCuda: the CublasHandle is empty"),
+            std::string::npos)
+      << status;
+}
+
+TEST(LinearCudaArgumentsTest, LinearBackwardCuda_EmptyHandle_FailedPrecondition) {
+  const CublasHandle empty;
+  const absl::Status status =
+      LinearBackwardCuda(empty, &dummy, &dummy, &dummy, 0, 4, 4, nullptr, &dummy, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("LinearBackwardCuda: the CublasHandle is empty"),
+            std::string::npos)
+      << status;
+}
+
+TEST(LinearCudaArgumentsTest, CublasHandleSetStream_Empty_FailedPrecondition) {
+  CublasHandle empty;
+  EXPECT_TRUE(empty.empty());
+  const absl::Status status = empty.SetStream(nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("CublasHandle::SetStream"), std::string::npos) << status;
+}
+
+TEST(LinearCudaArgumentsTest, GemmModeName_EachMode_ShortName) {
+  EXPECT_STREQ(GemmModeName(GemmMode::kFp32), "fp32");
+  EXPECT_STREQ(GemmModeName(GemmMode::kTf32), "tf32");
+}
+
+}  // namespace
+}  // namespace pipetrain

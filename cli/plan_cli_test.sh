@@ -7,58 +7,9 @@
 # (flags 2, files and infeasible plans 1). Prints "N passed, M failed".
 set -u
 
-BIN="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-pipetrain}/cli/pipetrain"
-if [[ ! -x "$BIN" ]]; then
-  BIN="${RUNFILES_DIR:-$0.runfiles}/pipetrain/cli/pipetrain"
-fi
-if [[ ! -x "$BIN" ]]; then
-  echo "cannot find the pipetrain binary in the runfiles" >&2
-  exit 1
-fi
-TMP="${TEST_TMPDIR:-$(mktemp -d)}"
-OUT="$TMP/stdout.txt"
-ERR="$TMP/stderr.txt"
-passed=0
-failed=0
-
-fail() {
-  echo "FAIL [$1]: $2" >&2
-  sed 's/^/    stderr: /' "$ERR" >&2
-  failed=$((failed + 1))
-}
-
-# expect_exit NAME CODE FRAGMENT... -- ARGS...: exit status CODE, each
-# FRAGMENT on stderr (exit != 0) or stdout (exit 0), no signal or crash.
-expect_exit() {
-  local name="$1" code="$2"
-  shift 2
-  local fragments=()
-  while [[ $# -gt 0 && "$1" != "--" ]]; do
-    fragments+=("$1")
-    shift
-  done
-  shift
-  "$BIN" plan "$@" >"$OUT" 2>"$ERR" </dev/null
-  local rc=$?
-  if [[ $rc -ne $code ]]; then
-    fail "$name" "exit $rc, want $code"
-    return
-  fi
-  if grep -qE 'Check failed|Sanitizer|runtime error:|terminate called' "$ERR"; then
-    fail "$name" "crash text on stderr"
-    return
-  fi
-  local where="$ERR"
-  [[ $code -eq 0 ]] && where="$OUT"
-  local fragment
-  for fragment in "${fragments[@]}"; do
-    if ! grep -qF -- "$fragment" "$where"; then
-      fail "$name" "output lacks '$fragment'"
-      return
-    fi
-  done
-  passed=$((passed + 1))
-}
+source "$(dirname "$0")/cli_test_lib.sh"
+CLI_PREFIX=(plan)
+CLI_OK_OUT="$OUT"  # plan prints its results on stdout
 
 # check NAME PYTHON-EXPRESSION: evaluates the expression on the JSON in $OUT (as j).
 check() {
@@ -136,5 +87,4 @@ check acctfm_fields 'all(k in j for k in ["forward","backward","uniform"]) and s
 sed 's/"fwd_seconds": \[4, 2.2, 1.2\], //' "$TMP/acctfm.json" >"$TMP/acctfm_bad.json"
 expect_exit acctfm_missing_field 1 "layers[0].fwd_seconds: missing" -- --profile "$TMP/acctfm_bad.json" --solver acctfm
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

@@ -6,68 +6,7 @@
 # checkpoint. Prints "N passed, M failed" and fails if any case failed.
 set -u
 
-BIN="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-pipetrain}/cli/pipetrain"
-if [[ ! -x "$BIN" ]]; then
-  BIN="${RUNFILES_DIR:-$0.runfiles}/pipetrain/cli/pipetrain"
-fi
-if [[ ! -x "$BIN" ]]; then
-  echo "cannot find the pipetrain binary in the runfiles" >&2
-  exit 1
-fi
-TMP="${TEST_TMPDIR:-$(mktemp -d)}"
-OUT="$TMP/stdout.txt"
-ERR="$TMP/stderr.txt"
-
-passed=0
-failed=0
-
-fail() {
-  echo "FAIL [$1]: $2" >&2
-  echo "  stderr was:" >&2
-  sed 's/^/    /' "$ERR" >&2
-  failed=$((failed + 1))
-}
-
-# True (0) when stderr shows a crash, a CHECK failure or a sanitizer report.
-crashed() {
-  grep -qE 'Check failed|Sanitizer|runtime error:|terminate called' "$ERR"
-}
-
-# expect_exit NAME CODE FRAGMENT... -- ARGS...
-# Runs `pipetrain ARGS` and expects exit status CODE, each FRAGMENT on stderr
-# (fixed strings), no signal and no crash text.
-expect_exit() {
-  local name="$1" code="$2"
-  shift 2
-  local fragments=()
-  while [[ $# -gt 0 && "$1" != "--" ]]; do
-    fragments+=("$1")
-    shift
-  done
-  shift  # the "--"
-  "$BIN" "$@" >"$OUT" 2>"$ERR" </dev/null
-  local rc=$?
-  if [[ $rc -ge 128 ]]; then
-    fail "$name" "killed by a signal (exit $rc)"
-    return
-  fi
-  if [[ $rc -ne $code ]]; then
-    fail "$name" "exit $rc, want $code"
-    return
-  fi
-  if crashed; then
-    fail "$name" "crash or sanitizer text on stderr"
-    return
-  fi
-  local fragment
-  for fragment in "${fragments[@]}"; do
-    if ! grep -qF -- "$fragment" "$ERR"; then
-      fail "$name" "stderr lacks '$fragment'"
-      return
-    fi
-  done
-  passed=$((passed + 1))
-}
+source "$(dirname "$0")/cli_test_lib.sh"
 
 # A model small enough that any case which reaches training ends at once.
 TINY=(--steps 1 --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2
@@ -213,5 +152,4 @@ expect_exit resume_to_5 0 "resumed from $TMP/c.ckpt at step 3" -- \
   "${RUN[@]}" --steps 5 --resume "$TMP/c.ckpt"
 check_log resume_log_5_lines 5
 
-echo "$passed passed, $failed failed"
-[[ $failed -eq 0 ]]
+finish

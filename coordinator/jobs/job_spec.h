@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "kernels/compress/codec_spec.h"
 #include "proto/pipetrain/v1/job.pb.h"
 #include "worker/data/token_file.h"
 #include "worker/train/train_config.h"
@@ -31,8 +32,8 @@ inline constexpr char kObjectivePaper[] = "paper";
 inline constexpr char kObjectiveFull[] = "full";
 inline constexpr char kSchedule1F1B[] = "1f1b";
 inline constexpr char kScheduleGPipe[] = "gpipe";
-// spec.compression.forward/backward value meaning "send raw fp32".
-inline constexpr char kCodecNone[] = "none";
+// spec.compression.forward/backward "send raw fp32" is kCodecNone
+// (kernels/compress/codec_spec.h).
 
 // A JobSpec with every default filled in, plus the configs derived from it.
 struct ResolvedJobSpec {

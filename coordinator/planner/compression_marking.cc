@@ -4,12 +4,12 @@
 #include <string>
 #include <utility>
 
+#include "kernels/compress/codec_spec.h"
+
 namespace pipetrain {
 namespace {
 
-constexpr char kNone[] = "none";  // job_spec.h kCodecNone; the planner does not depend on jobs
-
-std::string CodecOrRaw(const std::string& codec) { return codec == kNone ? "" : codec; }
+std::string CodecOrRaw(const std::string& codec) { return codec == kCodecNone ? "" : codec; }
 
 void MarkProgram(const v1::CompressionSpec& c, v1::Program* program) {
   int last_forward = -1;

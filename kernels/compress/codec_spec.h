@@ -24,6 +24,10 @@
 
 namespace pipetrain {
 
+// What a job spec (spec.compression.forward/backward) writes for "no codec:
+// send raw fp32". Not a codec spec: ParseCodecSpec rejects it.
+inline constexpr char kCodecNone[] = "none";
+
 struct CodecStage {
   std::string name;
   std::map<std::string, double> params;

@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
@@ -53,6 +54,15 @@ Tensor Tensor::FromVector(const Shape& shape, const std::vector<float>& values) 
   return t;
 }
 
+Tensor Tensor::OnDevice(const Shape& shape, std::shared_ptr<float> storage) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = NumElements(shape);
+  t.storage_ = std::move(storage);
+  t.on_device_ = true;
+  return t;
+}
+
 int64_t Tensor::dim(int i) const {
   if (i < 0) i += rank();
   PT_CHECK(i >= 0 && i < rank()) << "dim " << i << " of " << ShapeToString(shape_);
@@ -80,23 +90,27 @@ Tensor Tensor::Slice(int64_t begin, int64_t end) const {
 
 Tensor Tensor::Clone() const {
   if (is_null()) return Tensor();
+  PT_CHECK(!on_device_) << "Clone of a device tensor: use its Backend";
   Tensor t = Zeros(shape_);
   t.CopyFrom(*this);
   return t;
 }
 
 void Tensor::Fill(float value) {
+  PT_CHECK(!on_device_) << "Fill of a device tensor: use its Backend";
   float* p = data();
   for (int64_t i = 0; i < numel_; ++i) p[i] = value;
 }
 
 void Tensor::CopyFrom(const Tensor& other) {
+  PT_CHECK(!on_device_ && !other.on_device_) << "host copy of a device tensor: use its Backend";
   PT_CHECK(other.numel_ == numel_) << "copy " << ShapeToString(other.shape_)
                                    << " into " << ShapeToString(shape_);
   if (numel_ > 0) std::memmove(data(), other.data(), size_bytes());
 }
 
 std::vector<float> Tensor::ToVector() const {
+  PT_CHECK(!on_device_) << "ToVector of a device tensor: use its Backend";
   return std::vector<float>(data(), data() + numel_);
 }
 

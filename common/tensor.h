@@ -1,4 +1,5 @@
-// Tensor: a dense, row-major fp32 array on the host with a shape.
+// Tensor: a dense, row-major fp32 array with a shape, on the host unless
+// made by OnDevice (a Backend's device memory, worker/model/backend.h).
 //
 // Copies are shallow: copying a Tensor (or taking a View/Slice) shares the
 // underlying storage, like a reference-counted buffer. Use Clone() for a deep
@@ -8,6 +9,9 @@
 // reached through another handle to the same storage may still change.
 //
 // Storage is 64-byte aligned (one AVX-512 vector / cache line).
+// Device tensors: data() is a device pointer; the element accessors and the
+// host-side methods (Fill, CopyFrom, ToVector, Clone) must not be used on
+// them (the latter four check), views (Reshape, Slice) work on both.
 // Not thread-safe for concurrent writers; concurrent readers are fine.
 #ifndef PIPETRAIN_COMMON_TENSOR_H_
 #define PIPETRAIN_COMMON_TENSOR_H_
@@ -34,7 +38,14 @@ class Tensor {
   // Copies `values`; requires values.size() == NumElements(shape).
   static Tensor FromVector(const Shape& shape, const std::vector<float>& values);
 
+  // A tensor of `shape` over `storage`, memory the caller allocated on a
+  // device (the deleter frees it); storage must hold NumElements(shape)
+  // floats. Used by device backends only; a backend whose allocation failed
+  // passes null storage (its status() says why, backend.h).
+  static Tensor OnDevice(const Shape& shape, std::shared_ptr<float> storage);
+
   bool is_null() const { return storage_ == nullptr; }
+  bool on_device() const { return on_device_; }
   const Shape& shape() const { return shape_; }
   int rank() const { return static_cast<int>(shape_.size()); }
   int64_t dim(int i) const;  // Negative i counts from the end.
@@ -67,6 +78,7 @@ class Tensor {
   int64_t offset_ = 0;
   int64_t numel_ = 0;
   Shape shape_;
+  bool on_device_ = false;
 };
 
 }  // namespace pipetrain

@@ -47,5 +47,31 @@ TEST(TensorDeathTest, Reshape_WrongCount_Aborts) {
   EXPECT_DEATH(a.Reshape({4}), "cannot reshape \\[2, 3\\] to \\[4\\]");
 }
 
+// OnDevice tensors are views over memory a backend owns: shape and views
+// work, host element access is refused (here the "device" memory is host
+// memory, so a wrong access would silently read it instead of crashing).
+TEST(TensorTest, OnDevice_KeepsShapeAndViews) {
+  std::shared_ptr<float> storage(new float[6](), std::default_delete<float[]>());
+  Tensor t = Tensor::OnDevice({2, 3}, storage);
+  EXPECT_TRUE(t.on_device());
+  EXPECT_EQ(t.numel(), 6);
+  EXPECT_EQ(t.data(), storage.get());
+  Tensor row = t.Slice(1, 2);
+  EXPECT_TRUE(row.on_device());
+  EXPECT_EQ(row.data(), storage.get() + 3);
+  EXPECT_TRUE(t.Reshape({6}).on_device());
+  EXPECT_FALSE(Tensor::Zeros({2}).on_device());
+}
+
+TEST(TensorDeathTest, HostMethods_OnDeviceTensor_Abort) {
+  std::shared_ptr<float> storage(new float[2](), std::default_delete<float[]>());
+  Tensor t = Tensor::OnDevice({2}, storage);
+  EXPECT_DEATH(t.Fill(1.0f), "Fill of a device tensor");
+  EXPECT_DEATH(t.ToVector(), "ToVector of a device tensor");
+  EXPECT_DEATH(t.Clone(), "Clone of a device tensor");
+  Tensor host = Tensor::Zeros({2});
+  EXPECT_DEATH(host.CopyFrom(t), "host copy of a device tensor");
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -1,5 +1,6 @@
 #include "kernels/cuda/linear.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <utility>
 
@@ -140,6 +141,30 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
   CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_N, CUBLAS_OP_T, out, in, n, &one, dy,
                                      out, x, in, &one, dw, out));
   if (db != nullptr) return AddColumnSumsCuda(dy, n, out, db, handle.stream());
+  return absl::OkStatus();
+}
+
+absl::Status SgemmCuda(const CublasHandle& handle, bool trans_a, bool trans_b, int m, int n,
+                       int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                       float beta, float* c, int ldc) {
+  constexpr const char* kOp = "SgemmCuda";
+  // Row widths of the three matrices as stored.
+  const int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_cols) || ldb < std::max(1, b_cols) ||
+      ldc < std::max(1, n)) {
+    return absl::InvalidArgumentError(absl::StrCat(kOp, ": m=", m, " n=", n, " k=", k, " lda=",
+                                                   lda, " ldb=", ldb, " ldc=", ldc));
+  }
+  absl::Status valid = CheckPointers(kOp, m * n, {{"c", c}});
+  if (valid.ok() && k > 0) valid = CheckPointers(kOp, m * n, {{"a", a}, {"b", b}});
+  if (valid.ok()) valid = CheckHandle(kOp, handle);
+  if (!valid.ok() || m == 0 || n == 0) return valid;
+  // A row-major matrix is its transpose in column-major order, so row-major
+  // C = op(A) op(B) is column-major C^T [n, m] = op(B)^T op(A)^T: swap the
+  // operands, keep each one's transpose flag.
+  CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
+                                     ldb, a, lda, &beta, c, ldc));
   return absl::OkStatus();
 }
 

@@ -90,6 +90,17 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
                                 const float* dy, int n, int in, int out, float* dx, float* dw,
                                 float* db);
 
+// Row-major C [m, n] = alpha op(A) op(B) + beta C, the twin of
+// kernels/cpu/blas.h Sgemm (same arguments; op(X) = X^T when trans_x; lda,
+// ldb, ldc are row strides). Used by the LM head (logits = x wte^T).
+// Requires m, n, k >= 0, non-null pointers when m * n > 0, and strides at
+// least the rows' widths. Queued on handle.stream(). INVALID_ARGUMENT for
+// bad sizes or pointers; FAILED_PRECONDITION for an empty handle; INTERNAL
+// if cuBLAS fails.
+absl::Status SgemmCuda(const CublasHandle& handle, bool trans_a, bool trans_b, int m, int n,
+                       int k, float alpha, const float* a, int lda, const float* b, int ldb,
+                       float beta, float* c, int ldc);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_CUDA_LINEAR_H_

@@ -33,6 +33,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/blas.h"
 #include "kernels/cpu/linear.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/parity_testing.h"
@@ -320,6 +321,47 @@ TEST(LinearCudaArgumentsTest, CublasHandleSetStream_Empty_FailedPrecondition) {
 TEST(LinearCudaArgumentsTest, GemmModeName_EachMode_ShortName) {
   EXPECT_STREQ(GemmModeName(GemmMode::kFp32), "fp32");
   EXPECT_STREQ(GemmModeName(GemmMode::kTf32), "tf32");
+}
+
+// SgemmCuda against the CPU Sgemm for each transpose combination, with
+// alpha, beta and strides wider than the rows (the head's three GEMMs use
+// (F, T), (F, F) and (T, F)). m, n, k are off any tile size.
+TEST_F(LinearCudaTest, SgemmCuda_AllTransposes_MatchesCpu) {
+  const int m = 37, n = 129, k = 70, pad = 3;
+  const float alpha = 0.5f, beta = 2.0f;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      const int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+      const std::vector<float> a = RandomNormal(60, int64_t{ta ? k : m} * lda, 0.0f, 1.0f);
+      const std::vector<float> b = RandomNormal(61, int64_t{tb ? n : k} * ldb, 0.0f, 1.0f);
+      std::vector<float> c = RandomNormal(62, int64_t{m} * ldc, 0.0f, 1.0f);
+      std::vector<float> want = c;
+      Sgemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
+      auto handle = CublasHandle::Create(GemmMode::kFp32);
+      ASSERT_TRUE(handle.ok()) << handle.status();
+      auto da = DeviceBuffer<float>::FromHost(a);
+      auto db = DeviceBuffer<float>::FromHost(b);
+      auto dc = DeviceBuffer<float>::FromHost(c);
+      ASSERT_TRUE(da.ok() && db.ok() && dc.ok());
+      ASSERT_TRUE(SgemmCuda(*handle, ta, tb, m, n, k, alpha, da->data(), lda, db->data(), ldb,
+                            beta, dc->data(), ldc)
+                      .ok());
+      auto got = dc->ToHost();
+      ASSERT_TRUE(got.ok()) << got.status();
+      // Products of N(0, 1) terms (std 1 each, alpha 0.5) onto beta * N(0, 1).
+      const Tolerance tol = GemmTolerance(GemmMode::kFp32, k, alpha, beta);
+      EXPECT_TRUE(AllClose(absl::StrCat("sgemm ta=", ta, " tb=", tb), *got, want, tol.atol,
+                           tol.rtol));
+    }
+  }
+}
+
+TEST(SgemmCudaArgsTest, SgemmCuda_StrideTooSmall_InvalidArgument) {
+  CublasHandle empty;
+  float x = 0;
+  absl::Status s = SgemmCuda(empty, false, false, 2, 3, 4, 1.0f, &x, 3, &x, 3, 0.0f, &x, 3);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("lda=3"), std::string::npos) << s;
 }
 
 }  // namespace

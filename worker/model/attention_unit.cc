@@ -3,15 +3,12 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/attention.h"
-#include "kernels/cpu/elementwise.h"
 #include "kernels/cpu/layernorm.h"
-#include "kernels/cpu/linear.h"
 
 namespace pipetrain {
 
-AttentionUnit::AttentionUnit(const GptConfig& config, int layer)
-    : Unit(absl::StrCat("attn_", layer), UnitKind::kAttention), config_(config) {
+AttentionUnit::AttentionUnit(const GptConfig& config, int layer, Backend* backend)
+    : Unit(absl::StrCat("attn_", layer), UnitKind::kAttention, backend), config_(config) {
   const int64_t d = config.d_model;
   const std::string p = absl::StrCat("h.", layer, ".");
   const float residual_std = 0.02f / std::sqrt(2.0f * config.n_layer);
@@ -27,19 +24,19 @@ AttentionUnit::AttentionUnit(const GptConfig& config, int layer)
 Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model, H = config_.n_head;
   const int n = B * T;
-  Tensor ln_out = Tensor::Zeros({B, T, d});
-  Tensor mean = Tensor::Zeros({n}), rstd = Tensor::Zeros({n});
-  LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
+  Tensor ln_out = backend()->Zeros({B, T, d});
+  Tensor mean = backend()->Zeros({n}), rstd = backend()->Zeros({n});
+  backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
                    ln_out.data(), mean.data(), rstd.data());
-  Tensor qkv = Tensor::Zeros({B, T, 3 * d});
-  LinearForward(ln_out.data(), qkv_w_->value.data(), qkv_b_->value.data(), n, d, 3 * d,
+  Tensor qkv = backend()->Zeros({B, T, 3 * d});
+  backend()->LinearForward(ln_out.data(), qkv_w_->value.data(), qkv_b_->value.data(), n, d, 3 * d,
                 qkv.data());
-  Tensor att = Tensor::Zeros({B, T, d});
-  Tensor probs = Tensor::Zeros({B, H, T, T});
-  AttentionForward(qkv.data(), B, T, d, H, att.data(), probs.data());
-  Tensor y = Tensor::Zeros({B, T, d});
-  LinearForward(att.data(), proj_w_->value.data(), proj_b_->value.data(), n, d, d, y.data());
-  Add(y.data(), x.data(), y.numel(), y.data());
+  Tensor att = backend()->Zeros({B, T, d});
+  Tensor probs = backend()->Zeros({B, H, T, T});
+  backend()->AttentionForward(qkv.data(), B, T, d, H, att.data(), probs.data());
+  Tensor y = backend()->Zeros({B, T, d});
+  backend()->LinearForward(att.data(), proj_w_->value.data(), proj_b_->value.data(), n, d, d, y.data());
+  backend()->Add(y.data(), x.data(), y.numel(), y.data());
   ctx->saved = {x, ln_out, mean, rstd, qkv, probs, att};
   return y;
 }
@@ -49,26 +46,27 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model, H = config_.n_head;
   const int n = B * T;
   const auto& s = ctx.saved;
-  Tensor datt = Tensor::Zeros({B, T, d});
-  LinearBackward(s[kAttOut].data(), proj_w_->value.data(), dy.data(), n, d, d, datt.data(),
+  Tensor datt = backend()->Zeros({B, T, d});
+  backend()->LinearBackward(s[kAttOut].data(), proj_w_->value.data(), dy.data(), n, d, d, datt.data(),
                  proj_w_->grad.data(), proj_b_->grad.data());
-  Tensor dqkv = Tensor::Zeros({B, T, 3 * d});
-  Tensor scratch = Tensor::Zeros({T, T});
-  AttentionBackward(s[kQkv].data(), s[kProbs].data(), datt.data(), B, T, d, H, dqkv.data(),
+  Tensor dqkv = backend()->Zeros({B, T, 3 * d});
+  Tensor scratch = backend()->Zeros({T, T});
+  backend()->AttentionBackward(s[kQkv].data(), s[kProbs].data(), datt.data(), B, T, d, H, dqkv.data(),
                     scratch.data());
-  Tensor dln = Tensor::Zeros({B, T, d});
-  LinearBackward(s[kLnOut].data(), qkv_w_->value.data(), dqkv.data(), n, d, 3 * d, dln.data(),
+  Tensor dln = backend()->Zeros({B, T, d});
+  backend()->LinearBackward(s[kLnOut].data(), qkv_w_->value.data(), dqkv.data(), n, d, 3 * d, dln.data(),
                  qkv_w_->grad.data(), qkv_b_->grad.data());
-  Tensor dx = Tensor::Zeros({B, T, d});
-  LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
+  Tensor dx = backend()->Zeros({B, T, d});
+  backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
                     dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());
-  AddInPlace(dx.data(), dy.data(), dx.numel());  // the residual path
+  backend()->AddInPlace(dx.data(), dy.data(), dx.numel());  // the residual path
   return dx;
 }
 
 std::vector<float> AttentionUnit::TokenImportance(const UnitContext& ctx) const {
   if (ctx.saved.size() != kNumSlots) return {};
-  const Tensor& probs = ctx.saved[kProbs];  // [B, H, T, T], rows are queries
+  // [B, H, T, T], rows are queries; a host copy when on a device.
+  const Tensor probs = backend()->Download(ctx.saved[kProbs]);
   const int64_t B = probs.shape()[0], H = probs.shape()[1], T = probs.shape()[2];
   std::vector<double> sums(B * T, 0.0);
   const float* p = probs.data();

@@ -11,7 +11,7 @@ namespace pipetrain {
 
 class AttentionUnit : public Unit {
  public:
-  AttentionUnit(const GptConfig& config, int layer);
+  AttentionUnit(const GptConfig& config, int layer, Backend* backend);
   Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) override;
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
   // An[b, t] = sum over heads h and queries q of probs[b, h, q, t]: how much

@@ -1,11 +1,11 @@
 #include "worker/model/embed_unit.h"
 
 #include "common/logging.h"
-#include "kernels/cpu/embedding.h"
 
 namespace pipetrain {
 
-EmbedUnit::EmbedUnit(const GptConfig& config) : Unit("embed", UnitKind::kEmbed), config_(config) {
+EmbedUnit::EmbedUnit(const GptConfig& config, Backend* backend)
+    : Unit("embed", UnitKind::kEmbed, backend), config_(config) {
   const int64_t d = config.d_model;
   wte_ = AddParameter("wte.weight", {config.vocab_size, d}, ParamInit::kNormal, 0.02f, true);
   wpe_ = AddParameter("wpe.weight", {config.max_seq_len, d}, ParamInit::kNormal, 0.02f, true);
@@ -17,17 +17,19 @@ Tensor EmbedUnit::Forward(const Tensor& /*x*/, const TokenBatch& batch, UnitCont
   for (int32_t token : batch.inputs) {
     PT_CHECK(token >= 0 && token < config_.vocab_size) << "token " << token;
   }
-  Tensor y = Tensor::Zeros({batch.batch, batch.seq_len, config_.d_model});
-  EmbeddingForward(batch.inputs.data(), wte_->value.data(), wpe_->value.data(), batch.batch,
-                   batch.seq_len, config_.d_model, y.data());
+  Tensor y = backend()->Zeros({batch.batch, batch.seq_len, config_.d_model});
+  backend()->EmbeddingForward(batch.inputs.data(), wte_->value.data(), wpe_->value.data(),
+                              batch.batch, batch.seq_len, config_.d_model, config_.vocab_size,
+                              y.data());
   ctx->Clear();
   return y;
 }
 
 Tensor EmbedUnit::Backward(const Tensor& dy, const TokenBatch& batch,
                            const UnitContext& /*ctx*/) {
-  EmbeddingBackward(batch.inputs.data(), dy.data(), batch.batch, batch.seq_len, config_.d_model,
-                    wte_->grad.data(), wpe_->grad.data());
+  backend()->EmbeddingBackward(batch.inputs.data(), dy.data(), batch.batch, batch.seq_len,
+                               config_.d_model, config_.vocab_size, wte_->grad.data(),
+                               wpe_->grad.data());
   return Tensor();
 }
 

@@ -10,7 +10,7 @@ namespace pipetrain {
 
 class EmbedUnit : public Unit {
  public:
-  explicit EmbedUnit(const GptConfig& config);
+  EmbedUnit(const GptConfig& config, Backend* backend);
   Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) override;
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
 

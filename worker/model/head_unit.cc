@@ -1,13 +1,12 @@
 #include "worker/model/head_unit.h"
 
 #include "common/logging.h"
-#include "kernels/cpu/blas.h"
-#include "kernels/cpu/cross_entropy.h"
 #include "kernels/cpu/layernorm.h"
 
 namespace pipetrain {
 
-HeadUnit::HeadUnit(const GptConfig& config) : Unit("head", UnitKind::kHead), config_(config) {
+HeadUnit::HeadUnit(const GptConfig& config, Backend* backend)
+    : Unit("head", UnitKind::kHead, backend), config_(config) {
   const int64_t d = config.d_model;
   ln_w_ = AddParameter("ln_f.weight", {d}, ParamInit::kOnes, 0, false);
   ln_b_ = AddParameter("ln_f.bias", {d}, ParamInit::kZeros, 0, false);
@@ -17,15 +16,15 @@ HeadUnit::HeadUnit(const GptConfig& config) : Unit("head", UnitKind::kHead), con
 Tensor HeadUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
   const int n = batch.batch * batch.seq_len, d = config_.d_model, V = config_.vocab_size;
   for (int32_t t : batch.targets) PT_CHECK(t >= 0 && t < V) << "target " << t;
-  Tensor ln_out = Tensor::Zeros({n, d});
-  Tensor mean = Tensor::Zeros({n}), rstd = Tensor::Zeros({n});
-  LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
+  Tensor ln_out = backend()->Zeros({n, d});
+  Tensor mean = backend()->Zeros({n}), rstd = backend()->Zeros({n});
+  backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
                    ln_out.data(), mean.data(), rstd.data());
   // logits [n, V] = ln_out [n, d] * wte^T; then softmax in place into probs.
-  Tensor probs = Tensor::Zeros({n, V});
-  Sgemm(false, true, n, V, d, 1.0f, ln_out.data(), d, wte_->value.data(), d, 0.0f,
+  Tensor probs = backend()->Zeros({n, V});
+  backend()->Sgemm(false, true, n, V, d, 1.0f, ln_out.data(), d, wte_->value.data(), d, 0.0f,
         probs.data(), V);
-  float loss = SoftmaxCrossEntropyForward(probs.data(), batch.targets.data(), n, V,
+  float loss = backend()->SoftmaxCrossEntropyForward(probs.data(), batch.targets.data(), n, V,
                                           probs.data());
   ctx->saved = {x, ln_out, mean, rstd, probs};
   return Tensor::FromVector({1}, {loss});
@@ -33,18 +32,19 @@ Tensor HeadUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* 
 
 Tensor HeadUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) {
   const int n = batch.batch * batch.seq_len, d = config_.d_model, V = config_.vocab_size;
+  PT_CHECK(!dy.on_device() && dy.numel() == 1) << "head's dL/dloss must be a host [1] tensor";
   const auto& s = ctx.saved;
-  Tensor dlogits = Tensor::Zeros({n, V});
-  SoftmaxCrossEntropyBackward(s[kProbs].data(), batch.targets.data(), n, V, dy[0],
+  Tensor dlogits = backend()->Zeros({n, V});
+  backend()->SoftmaxCrossEntropyBackward(s[kProbs].data(), batch.targets.data(), n, V, dy[0],
                               dlogits.data());
   // dln = dlogits * wte [n, d];  dwte += dlogits^T * ln_out [V, d].
-  Tensor dln = Tensor::Zeros({n, d});
-  Sgemm(false, false, n, d, V, 1.0f, dlogits.data(), V, wte_->value.data(), d, 0.0f,
+  Tensor dln = backend()->Zeros({n, d});
+  backend()->Sgemm(false, false, n, d, V, 1.0f, dlogits.data(), V, wte_->value.data(), d, 0.0f,
         dln.data(), d);
-  Sgemm(true, false, V, d, n, 1.0f, dlogits.data(), V, s[kLnOut].data(), d, 1.0f,
+  backend()->Sgemm(true, false, V, d, n, 1.0f, dlogits.data(), V, s[kLnOut].data(), d, 1.0f,
         wte_->grad.data(), d);
-  Tensor dx = Tensor::Zeros({batch.batch, batch.seq_len, d});
-  LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
+  Tensor dx = backend()->Zeros({batch.batch, batch.seq_len, d});
+  backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
                     dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());
   return dx;
 }

@@ -12,7 +12,7 @@ namespace pipetrain {
 
 class HeadUnit : public Unit {
  public:
-  explicit HeadUnit(const GptConfig& config);
+  HeadUnit(const GptConfig& config, Backend* backend);
   Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) override;
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
 

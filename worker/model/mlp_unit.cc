@@ -3,15 +3,12 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/elementwise.h"
-#include "kernels/cpu/gelu.h"
 #include "kernels/cpu/layernorm.h"
-#include "kernels/cpu/linear.h"
 
 namespace pipetrain {
 
-MlpUnit::MlpUnit(const GptConfig& config, int layer)
-    : Unit(absl::StrCat("mlp_", layer), UnitKind::kMlp), config_(config) {
+MlpUnit::MlpUnit(const GptConfig& config, int layer, Backend* backend)
+    : Unit(absl::StrCat("mlp_", layer), UnitKind::kMlp, backend), config_(config) {
   const int64_t d = config.d_model;
   const std::string p = absl::StrCat("h.", layer, ".");
   const float residual_std = 0.02f / std::sqrt(2.0f * config.n_layer);
@@ -27,19 +24,19 @@ MlpUnit::MlpUnit(const GptConfig& config, int layer)
 Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model;
   const int n = B * T;
-  Tensor ln_out = Tensor::Zeros({B, T, d});
-  Tensor mean = Tensor::Zeros({n}), rstd = Tensor::Zeros({n});
-  LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
+  Tensor ln_out = backend()->Zeros({B, T, d});
+  Tensor mean = backend()->Zeros({n}), rstd = backend()->Zeros({n});
+  backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
                    ln_out.data(), mean.data(), rstd.data());
-  Tensor fc = Tensor::Zeros({B, T, 4 * d});
-  LinearForward(ln_out.data(), fc_w_->value.data(), fc_b_->value.data(), n, d, 4 * d,
+  Tensor fc = backend()->Zeros({B, T, 4 * d});
+  backend()->LinearForward(ln_out.data(), fc_w_->value.data(), fc_b_->value.data(), n, d, 4 * d,
                 fc.data());
-  Tensor act = Tensor::Zeros({B, T, 4 * d});
-  GeluForward(fc.data(), fc.numel(), act.data());
-  Tensor y = Tensor::Zeros({B, T, d});
-  LinearForward(act.data(), proj_w_->value.data(), proj_b_->value.data(), n, 4 * d, d,
+  Tensor act = backend()->Zeros({B, T, 4 * d});
+  backend()->GeluForward(fc.data(), fc.numel(), act.data());
+  Tensor y = backend()->Zeros({B, T, d});
+  backend()->LinearForward(act.data(), proj_w_->value.data(), proj_b_->value.data(), n, 4 * d, d,
                 y.data());
-  Add(y.data(), x.data(), y.numel(), y.data());
+  backend()->Add(y.data(), x.data(), y.numel(), y.data());
   ctx->saved = {x, ln_out, mean, rstd, fc, act};
   return y;
 }
@@ -48,18 +45,18 @@ Tensor MlpUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitCo
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model;
   const int n = B * T;
   const auto& s = ctx.saved;
-  Tensor dact = Tensor::Zeros({B, T, 4 * d});
-  LinearBackward(s[kGeluOut].data(), proj_w_->value.data(), dy.data(), n, 4 * d, d,
+  Tensor dact = backend()->Zeros({B, T, 4 * d});
+  backend()->LinearBackward(s[kGeluOut].data(), proj_w_->value.data(), dy.data(), n, 4 * d, d,
                  dact.data(), proj_w_->grad.data(), proj_b_->grad.data());
   // GELU backward in place: dact becomes dL/d(fc output).
-  GeluBackward(s[kFcOut].data(), dact.data(), dact.numel(), dact.data());
-  Tensor dln = Tensor::Zeros({B, T, d});
-  LinearBackward(s[kLnOut].data(), fc_w_->value.data(), dact.data(), n, d, 4 * d, dln.data(),
+  backend()->GeluBackward(s[kFcOut].data(), dact.data(), dact.numel(), dact.data());
+  Tensor dln = backend()->Zeros({B, T, d});
+  backend()->LinearBackward(s[kLnOut].data(), fc_w_->value.data(), dact.data(), n, d, 4 * d, dln.data(),
                  fc_w_->grad.data(), fc_b_->grad.data());
-  Tensor dx = Tensor::Zeros({B, T, d});
-  LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
+  Tensor dx = backend()->Zeros({B, T, d});
+  backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
                     dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());
-  AddInPlace(dx.data(), dy.data(), dx.numel());
+  backend()->AddInPlace(dx.data(), dy.data(), dx.numel());
   return dx;
 }
 

@@ -10,7 +10,7 @@ namespace pipetrain {
 
 class MlpUnit : public Unit {
  public:
-  MlpUnit(const GptConfig& config, int layer);
+  MlpUnit(const GptConfig& config, int layer, Backend* backend);
   Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) override;
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
 

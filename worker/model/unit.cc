@@ -24,15 +24,15 @@ std::vector<Parameter*> Unit::parameters() {
 }
 
 void Unit::ZeroGrads() {
-  for (auto& p : params_) p->grad.Fill(0.0f);
+  for (auto& p : params_) backend_->Fill(&p->grad, 0.0f);
 }
 
 Parameter* Unit::AddParameter(std::string name, const Shape& shape, ParamInit init,
                               float init_std, bool is_matrix) {
   auto p = std::make_unique<Parameter>();
   p->name = std::move(name);
-  p->value = Tensor::Zeros(shape);
-  p->grad = Tensor::Zeros(shape);
+  p->value = backend_->Zeros(shape);
+  p->grad = backend_->Zeros(shape);
   p->init = init;
   p->init_std = init_std;
   p->is_matrix = is_matrix;
@@ -56,35 +56,40 @@ Parameter* TieHeadToEmbedding(Unit& embed, Unit& head) {
 }
 
 void AddTiedGradient(Parameter* holder, const Tensor& other_part) {
+  PT_CHECK(!holder->grad.on_device() && !other_part.on_device())
+      << "tied gradient of " << holder->name << " on a device: host tensors only";
   PT_CHECK(holder->grad.numel() == other_part.numel())
       << "tied gradient of " << holder->name << ": " << holder->grad.numel() << " vs "
       << other_part.numel() << " elements";
   AddInPlace(holder->grad.data(), other_part.data(), other_part.numel());
 }
 
-std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index) {
+std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index, Backend* backend) {
   PT_CHECK(ValidateGptConfig(config).ok()) << "invalid GptConfig";
+  PT_CHECK(backend != nullptr) << "MakeUnit without a backend";
   const int layer = UnitLayer(config, index);
   switch (UnitKindAt(config, index)) {
-    case UnitKind::kEmbed: return std::make_unique<EmbedUnit>(config);
-    case UnitKind::kAttention: return std::make_unique<AttentionUnit>(config, layer);
-    case UnitKind::kMlp: return std::make_unique<MlpUnit>(config, layer);
-    case UnitKind::kHead: return std::make_unique<HeadUnit>(config);
+    case UnitKind::kEmbed: return std::make_unique<EmbedUnit>(config, backend);
+    case UnitKind::kAttention: return std::make_unique<AttentionUnit>(config, layer, backend);
+    case UnitKind::kMlp: return std::make_unique<MlpUnit>(config, layer, backend);
+    case UnitKind::kHead: return std::make_unique<HeadUnit>(config, backend);
   }
   return nullptr;
 }
 
 void InitializeParameters(Unit* unit, uint64_t seed) {
+  Backend* backend = unit->backend();
   for (Parameter* p : unit->parameters()) {
+    Tensor host = p->value.on_device() ? Tensor::Zeros(p->value.shape()) : p->value;
     switch (p->init) {
-      case ParamInit::kZeros: p->value.Fill(0.0f); break;
-      case ParamInit::kOnes: p->value.Fill(1.0f); break;
+      case ParamInit::kZeros: host.Fill(0.0f); break;
+      case ParamInit::kOnes: host.Fill(1.0f); break;
       case ParamInit::kNormal:
-        FillNormal(seed, HashName(p->name), 0.0f, p->init_std, p->value.data(),
-                   p->value.numel());
+        FillNormal(seed, HashName(p->name), 0.0f, p->init_std, host.data(), host.numel());
         break;
     }
-    p->grad.Fill(0.0f);
+    if (p->value.on_device()) backend->CopyFromHost(host, &p->value);
+    backend->Fill(&p->grad, 0.0f);
   }
 }
 

@@ -6,6 +6,10 @@
 // execution needs: a stage keeps one context per micro-batch in flight (the
 // stash), or drops it and rebuilds it with Recompute on another worker.
 //
+// Backends: a unit's parameters, contexts, inputs and outputs live on its
+// Backend's device and its ops run there (backend.h); MakeUnit's default is
+// the CPU backend. The head's loss and dL/dloss are host [1] tensors.
+//
 // Not thread-safe: one thread drives a unit at a time.
 #ifndef PIPETRAIN_WORKER_MODEL_UNIT_H_
 #define PIPETRAIN_WORKER_MODEL_UNIT_H_
@@ -16,6 +20,8 @@
 
 #include "common/tensor.h"
 #include "worker/data/dataset.h"
+#include "worker/model/backend.h"
+#include "worker/model/cpu_backend.h"
 #include "worker/model/gpt_config.h"
 
 namespace pipetrain {
@@ -46,6 +52,8 @@ class Unit {
 
   const std::string& name() const { return name_; }
   UnitKind kind() const { return kind_; }
+  // Where this unit's tensors live and its ops run (never null).
+  Backend* backend() const { return backend_; }
   // Parameters in a fixed order; pointers stay valid for the unit's life.
   std::vector<Parameter*> parameters();
   void ZeroGrads();
@@ -77,13 +85,15 @@ class Unit {
   }
 
  protected:
-  Unit(std::string name, UnitKind kind) : name_(std::move(name)), kind_(kind) {}
+  Unit(std::string name, UnitKind kind, Backend* backend)
+      : name_(std::move(name)), kind_(kind), backend_(backend) {}
   Parameter* AddParameter(std::string name, const Shape& shape, ParamInit init,
                           float init_std, bool is_matrix);
 
  private:
   std::string name_;
   UnitKind kind_;
+  Backend* backend_;
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
@@ -99,18 +109,22 @@ Parameter* TieHeadToEmbedding(Unit& embed, Unit& head);
 // embedding's part and the head's part. `holder` is the wte Parameter whose
 // gradient holds this side's part; `other_part` the other side's. Both sides
 // of a pipeline call this with the roles swapped; IEEE addition of two terms
-// is commutative, so both copies get bitwise the same gradient.
+// is commutative, so both copies get bitwise the same gradient. Host
+// tensors only (the pipeline runtime is CPU-only for now).
 void AddTiedGradient(Parameter* holder, const Tensor& other_part);
 
-// Builds unit `index` of `config` with zeroed parameters (config must be
-// valid). Call InitializeParameters to fill them.
-std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index);
+// Builds unit `index` of `config` with zeroed parameters on `backend`
+// (config must be valid; backend not null and outliving the unit). Call
+// InitializeParameters to fill them.
+std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index,
+                               Backend* backend = CpuBackend());
 
 // Deterministic initialisation: each parameter's values are a pure function
 // of (seed, parameter name) via Philox, so any worker that builds a unit
 // gets identical weights. Normal weights use std 0.02; the two residual
 // projections of each block (attn.c_proj, mlp.c_proj) use 0.02/sqrt(2L) as
-// in GPT-2; LayerNorm gains are 1; biases 0. Gradients are zeroed.
+// in GPT-2; LayerNorm gains are 1; biases 0. Gradients are zeroed. Values
+// are made on the host and uploaded, so every backend starts bitwise equal.
 void InitializeParameters(Unit* unit, uint64_t seed);
 
 }  // namespace pipetrain

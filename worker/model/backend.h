@@ -1,0 +1,103 @@
+// Backend: where a unit's tensors live and where its ops run (the CUDA
+// issue, scope 4: "the same unit code runs on either backend").
+//
+// Units (unit.h) allocate every tensor and call every op through their
+// Backend, so one unit implementation serves the CPU backend (cpu_backend.h:
+// the kernels/cpu ops, bitwise what the units computed before backends
+// existed) and the CUDA backend (cuda_backend.h: the kernels/cuda twins of
+// the same ops, cuBLAS for GEMMs).
+//
+// Memory: Zeros/Upload return tensors on the backend's device (host tensors
+// for the CPU backend, Tensor::OnDevice ones for CUDA). Op pointers are on
+// the backend's device; token and target arrays (int32) are on the HOST
+// (TokenBatch keeps them there), and a device backend copies them over.
+// Units take their input and return their output on the backend's device,
+// except the head's loss and its dL/dloss, which are [1] host tensors (one
+// float crosses; see HeadUnit).
+//
+// Errors: the CPU ops cannot fail. A device backend's ops can (a launch, a
+// copy, out of memory); the first error sticks (status() returns it), later
+// ops do nothing, and whoever drives the units (LocalTrainer, StageRuntime)
+// checks status() after each step and fails it with that error. Results
+// computed after an error are garbage and must not be used.
+//
+// Ordering: ops run in call order. A device backend queues them on one
+// stream; Download and the scalar-returning ops wait for the queued work.
+//
+// Thread-safety: a Backend is used by one thread at a time (the one driving
+// its units); the CPU backend is stateless and may be shared.
+#ifndef PIPETRAIN_WORKER_MODEL_BACKEND_H_
+#define PIPETRAIN_WORKER_MODEL_BACKEND_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/tensor.h"
+
+namespace pipetrain {
+
+enum class BackendKind { kCpu, kCuda };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual BackendKind kind() const = 0;
+  // e.g. "cpu", "cuda:0 (NVIDIA H100 80GB HBM3), fp32 GEMMs".
+  virtual std::string Describe() const = 0;
+  // OK, or the first error an op hit (see the file comment).
+  virtual absl::Status status() const = 0;
+
+  // --- Memory.
+  // A zero-filled tensor of `shape` on this backend's device.
+  virtual Tensor Zeros(const Shape& shape) = 0;
+  // This backend's copy of host tensor `host` (CPU: `host` itself, shared).
+  virtual Tensor Upload(const Tensor& host) = 0;
+  // A host copy of `t` (CPU: `t` itself, shared); waits for queued work.
+  virtual Tensor Download(const Tensor& t) = 0;
+  // Copies host tensor `host` into `dst` on this device (equal numel).
+  virtual void CopyFromHost(const Tensor& host, Tensor* dst) = 0;
+  virtual void Fill(Tensor* t, float value) = 0;
+
+  // --- Ops, each the twin of the kernels/cpu function of the same name
+  // (same arguments and formulas; see those headers).
+  virtual void LayerNormForward(const float* x, const float* w, const float* b, int n, int c,
+                                float eps, float* y, float* mean, float* rstd) = 0;
+  virtual void LayerNormBackward(const float* x, const float* w, const float* mean,
+                                 const float* rstd, const float* dy, int n, int c, float* dx,
+                                 float* dw, float* db) = 0;
+  virtual void LinearForward(const float* x, const float* w, const float* b, int n, int in,
+                             int out, float* y) = 0;
+  virtual void LinearBackward(const float* x, const float* w, const float* dy, int n, int in,
+                              int out, float* dx, float* dw, float* db) = 0;
+  virtual void GeluForward(const float* x, int64_t n, float* y) = 0;
+  virtual void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) = 0;
+  virtual void Add(const float* a, const float* b, int64_t n, float* out) = 0;
+  virtual void AddInPlace(float* acc, const float* x, int64_t n) = 0;
+  // `scratch` holds seq_len * seq_len floats (the CPU kernel's work space).
+  virtual void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads,
+                                float* out, float* probs) = 0;
+  virtual void AttentionBackward(const float* qkv, const float* probs, const float* dout,
+                                 int batch, int seq_len, int c, int heads, float* dqkv,
+                                 float* scratch) = 0;
+  // `host_tokens`: batch * seq_len ids in [0, vocab), on the host.
+  virtual void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
+                                int batch, int seq_len, int c, int vocab, float* out) = 0;
+  virtual void EmbeddingBackward(const int32_t* host_tokens, const float* dout, int batch,
+                                 int seq_len, int c, int vocab, float* dwte, float* dwpe) = 0;
+  // Overwrites logits with the softmax probabilities (probs may be logits)
+  // and returns the mean cross-entropy on the host (a device backend waits).
+  virtual float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets,
+                                           int n, int vocab, float* probs) = 0;
+  virtual void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets,
+                                           int n, int vocab, float dloss, float* dlogits) = 0;
+  // Row-major C = alpha op(A) op(B) + beta C, as kernels/cpu/blas.h Sgemm.
+  virtual void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
+                     const float* a, int lda, const float* b, int ldb, float beta, float* c,
+                     int ldc) = 0;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_BACKEND_H_

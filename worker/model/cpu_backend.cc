@@ -1,0 +1,96 @@
+#include "worker/model/cpu_backend.h"
+
+#include "common/logging.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/blas.h"
+#include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/elementwise.h"
+#include "kernels/cpu/embedding.h"
+#include "kernels/cpu/gelu.h"
+#include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/linear.h"
+
+namespace pipetrain {
+namespace {
+
+// Each op forwards to the kernels/cpu function of the same name (the
+// qualified ::pipetrain:: names pick the free functions, not the members).
+class CpuBackendImpl final : public Backend {
+ public:
+  BackendKind kind() const override { return BackendKind::kCpu; }
+  std::string Describe() const override { return "cpu"; }
+  absl::Status status() const override { return absl::OkStatus(); }
+
+  Tensor Zeros(const Shape& shape) override { return Tensor::Zeros(shape); }
+  Tensor Upload(const Tensor& host) override { return host; }
+  Tensor Download(const Tensor& t) override { return t; }
+  void CopyFromHost(const Tensor& host, Tensor* dst) override { dst->CopyFrom(host); }
+  void Fill(Tensor* t, float value) override { t->Fill(value); }
+
+  void LayerNormForward(const float* x, const float* w, const float* b, int n, int c, float eps,
+                        float* y, float* mean, float* rstd) override {
+    ::pipetrain::LayerNormForward(x, w, b, n, c, eps, y, mean, rstd);
+  }
+  void LayerNormBackward(const float* x, const float* w, const float* mean, const float* rstd,
+                         const float* dy, int n, int c, float* dx, float* dw,
+                         float* db) override {
+    ::pipetrain::LayerNormBackward(x, w, mean, rstd, dy, n, c, dx, dw, db);
+  }
+  void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
+                     float* y) override {
+    ::pipetrain::LinearForward(x, w, b, n, in, out, y);
+  }
+  void LinearBackward(const float* x, const float* w, const float* dy, int n, int in, int out,
+                      float* dx, float* dw, float* db) override {
+    ::pipetrain::LinearBackward(x, w, dy, n, in, out, dx, dw, db);
+  }
+  void GeluForward(const float* x, int64_t n, float* y) override {
+    ::pipetrain::GeluForward(x, n, y);
+  }
+  void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) override {
+    ::pipetrain::GeluBackward(x, dy, n, dx);
+  }
+  void Add(const float* a, const float* b, int64_t n, float* out) override {
+    ::pipetrain::Add(a, b, n, out);
+  }
+  void AddInPlace(float* acc, const float* x, int64_t n) override {
+    ::pipetrain::AddInPlace(acc, x, n);
+  }
+  void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
+                        float* probs) override {
+    ::pipetrain::AttentionForward(qkv, batch, seq_len, c, heads, out, probs);
+  }
+  void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
+                         int seq_len, int c, int heads, float* dqkv, float* scratch) override {
+    ::pipetrain::AttentionBackward(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch);
+  }
+  void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
+                        int batch, int seq_len, int c, int /*vocab*/, float* out) override {
+    ::pipetrain::EmbeddingForward(host_tokens, wte, wpe, batch, seq_len, c, out);
+  }
+  void EmbeddingBackward(const int32_t* host_tokens, const float* dout, int batch, int seq_len,
+                         int c, int /*vocab*/, float* dwte, float* dwpe) override {
+    ::pipetrain::EmbeddingBackward(host_tokens, dout, batch, seq_len, c, dwte, dwpe);
+  }
+  float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
+                                   int vocab, float* probs) override {
+    return ::pipetrain::SoftmaxCrossEntropyForward(logits, host_targets, n, vocab, probs);
+  }
+  void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
+                                   int vocab, float dloss, float* dlogits) override {
+    ::pipetrain::SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, dloss, dlogits);
+  }
+  void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+             int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
+    ::pipetrain::Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+};
+
+}  // namespace
+
+Backend* CpuBackend() {
+  static Backend* const backend = new CpuBackendImpl();  // never destroyed
+  return backend;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,279 @@
+#include "worker/model/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "kernels/cuda/attention.h"
+#include "kernels/cuda/cross_entropy.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device.h"
+#include "kernels/cuda/elementwise.h"
+#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/gelu.h"
+#include "kernels/cuda/layernorm.h"
+
+namespace pipetrain {
+namespace {
+
+// A device array of T that grows on demand (scratch; contents not kept).
+template <typename T>
+class Scratch {
+ public:
+  ~Scratch() { cudaFree(data_); }
+  absl::StatusOr<T*> Get(int64_t n) {
+    if (n > size_) {
+      CUDA_RETURN_IF_ERROR(cudaFree(data_));
+      data_ = nullptr, size_ = 0;
+      void* ptr = nullptr;
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, static_cast<size_t>(n) * sizeof(T)));
+      data_ = static_cast<T*>(ptr);
+      size_ = n;
+    }
+    return data_;
+  }
+
+ private:
+  T* data_ = nullptr;
+  int64_t size_ = 0;
+};
+
+class CudaBackendImpl final : public Backend {
+ public:
+  CudaBackendImpl(int device, std::string name, cudaStream_t stream, CublasHandle cublas)
+      : device_(device), name_(std::move(name)), stream_(stream), cublas_(std::move(cublas)) {}
+  ~CudaBackendImpl() override {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  std::string Describe() const override {
+    return absl::StrCat("cuda:", device_, " (", name_, "), ", GemmModeName(cublas_.mode()),
+                        " GEMMs");
+  }
+  absl::Status status() const override { return status_; }
+
+  Tensor Zeros(const Shape& shape) override;
+  Tensor Upload(const Tensor& host) override;
+  Tensor Download(const Tensor& t) override;
+  void CopyFromHost(const Tensor& host, Tensor* dst) override;
+  void Fill(Tensor* t, float value) override;
+
+  void LayerNormForward(const float* x, const float* w, const float* b, int n, int c, float eps,
+                        float* y, float* mean, float* rstd) override {
+    Run([&] { return LayerNormForwardCuda(x, w, b, n, c, eps, y, mean, rstd, stream_); });
+  }
+  void LayerNormBackward(const float* x, const float* w, const float* mean, const float* rstd,
+                         const float* dy, int n, int c, float* dx, float* dw,
+                         float* db) override {
+    Run([&] { return LayerNormBackwardCuda(x, w, mean, rstd, dy, n, c, dx, dw, db, stream_); });
+  }
+  void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
+                     float* y) override {
+    Run([&] { return LinearForwardCuda(cublas_, x, w, b, n, in, out, y); });
+  }
+  void LinearBackward(const float* x, const float* w, const float* dy, int n, int in, int out,
+                      float* dx, float* dw, float* db) override {
+    Run([&] { return LinearBackwardCuda(cublas_, x, w, dy, n, in, out, dx, dw, db); });
+  }
+  void GeluForward(const float* x, int64_t n, float* y) override {
+    Run([&] { return GeluForwardCuda(x, n, y, stream_); });
+  }
+  void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) override {
+    Run([&] { return GeluBackwardCuda(x, dy, n, dx, stream_); });
+  }
+  void Add(const float* a, const float* b, int64_t n, float* out) override {
+    Run([&] { return AddCuda(a, b, n, out, stream_); });
+  }
+  void AddInPlace(float* acc, const float* x, int64_t n) override {
+    Run([&] { return AddInPlaceCuda(acc, x, n, stream_); });
+  }
+  void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
+                        float* probs) override {
+    Run([&] { return AttentionForwardCuda(qkv, batch, seq_len, c, heads, out, probs, stream_); });
+  }
+  void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
+                         int seq_len, int c, int heads, float* dqkv, float* scratch) override {
+    Run([&] {
+      return AttentionBackwardCuda(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch,
+                                   stream_);
+    });
+  }
+  void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
+                        int batch, int seq_len, int c, int vocab, float* out) override {
+    Run([&]() -> absl::Status {
+      absl::StatusOr<const int32_t*> tokens = UploadIds(host_tokens, int64_t{batch} * seq_len);
+      if (!tokens.ok()) return tokens.status();
+      return EmbeddingForwardCuda(*tokens, wte, wpe, batch, seq_len, c, vocab, out, stream_);
+    });
+  }
+  void EmbeddingBackward(const int32_t* host_tokens, const float* dout, int batch, int seq_len,
+                         int c, int vocab, float* dwte, float* dwpe) override {
+    Run([&]() -> absl::Status {
+      absl::StatusOr<const int32_t*> tokens = UploadIds(host_tokens, int64_t{batch} * seq_len);
+      if (!tokens.ok()) return tokens.status();
+      return EmbeddingBackwardCuda(*tokens, dout, batch, seq_len, c, vocab, dwte, dwpe, stream_);
+    });
+  }
+  float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
+                                   int vocab, float* probs) override;
+  void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
+                                   int vocab, float dloss, float* dlogits) override {
+    Run([&]() -> absl::Status {
+      absl::StatusOr<const int32_t*> targets = UploadIds(host_targets, n);
+      if (!targets.ok()) return targets.status();
+      return SoftmaxCrossEntropyBackwardCuda(probs, *targets, n, vocab, dloss, dlogits, stream_);
+    });
+  }
+  void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+             int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
+    Run([&] {
+      return SgemmCuda(cublas_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    });
+  }
+
+ private:
+  // Runs `op` unless an earlier op failed; keeps the first error.
+  template <typename Op>
+  void Run(Op&& op) {
+    if (!status_.ok()) return;
+    absl::Status s = op();
+    if (!s.ok()) status_ = std::move(s);
+  }
+  // Copies n host ids into the id scratch (synchronously: the host array
+  // may change after the call) and returns the device copy.
+  absl::StatusOr<const int32_t*> UploadIds(const int32_t* host, int64_t n);
+  absl::Status Synchronize();
+
+  int device_;
+  std::string name_;
+  cudaStream_t stream_;
+  CublasHandle cublas_;
+  absl::Status status_;
+  Scratch<int32_t> ids_;
+  Scratch<float> row_losses_;
+  Scratch<float> loss_;
+};
+
+absl::Status CudaBackendImpl::Synchronize() {
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const int32_t*> CudaBackendImpl::UploadIds(const int32_t* host, int64_t n) {
+  absl::StatusOr<int32_t*> ids = ids_.Get(n);
+  if (!ids.ok()) return ids.status();
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*ids, host, static_cast<size_t>(n) * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, stream_));
+  absl::Status synced = Synchronize();
+  if (!synced.ok()) return synced;
+  return *ids;
+}
+
+Tensor CudaBackendImpl::Zeros(const Shape& shape) {
+  const int64_t n = NumElements(shape);
+  float* ptr = nullptr;
+  if (n > 0) {
+    Run([&]() -> absl::Status {
+      void* raw = nullptr;
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&raw, static_cast<size_t>(n) * sizeof(float)));
+      ptr = static_cast<float*>(raw);
+      CUDA_RETURN_IF_ERROR(
+          cudaMemsetAsync(ptr, 0, static_cast<size_t>(n) * sizeof(float), stream_));
+      return absl::OkStatus();
+    });
+  }
+  // After an error ptr is null: the tensor is unusable, and the caller
+  // sees status() before using results (backend.h).
+  return Tensor::OnDevice(shape, std::shared_ptr<float>(ptr, [](float* p) { cudaFree(p); }));
+}
+
+Tensor CudaBackendImpl::Upload(const Tensor& host) {
+  Tensor t = Zeros(host.shape());
+  if (t.numel() == host.numel()) CopyFromHost(host, &t);
+  return t;
+}
+
+void CudaBackendImpl::CopyFromHost(const Tensor& host, Tensor* dst) {
+  PT_CHECK(!host.on_device() && dst->on_device() && host.numel() == dst->numel())
+      << "CopyFromHost " << ShapeToString(host.shape()) << " into "
+      << ShapeToString(dst->shape());
+  if (host.numel() == 0) return;
+  Run([&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst->data(), host.data(), host.size_bytes(),
+                                         cudaMemcpyHostToDevice, stream_));
+    return Synchronize();
+  });
+}
+
+Tensor CudaBackendImpl::Download(const Tensor& t) {
+  PT_CHECK(t.on_device()) << "Download of a host tensor";
+  Tensor host = Tensor::Zeros(t.shape());
+  if (t.numel() == 0) return host;
+  Run([&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), t.data(), t.size_bytes(),
+                                         cudaMemcpyDeviceToHost, stream_));
+    return Synchronize();
+  });
+  return host;
+}
+
+void CudaBackendImpl::Fill(Tensor* t, float value) {
+  PT_CHECK(t->on_device()) << "Fill of a host tensor through the CUDA backend";
+  if (t->numel() == 0) return;
+  if (value == 0.0f) {
+    Run([&]() -> absl::Status {
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t->data(), 0, t->size_bytes(), stream_));
+      return absl::OkStatus();
+    });
+    return;
+  }
+  // Rare (LayerNorm gains at init go through CopyFromHost): a host copy.
+  CopyFromHost(Tensor::FromVector(t->shape(), std::vector<float>(t->numel(), value)), t);
+}
+
+float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits,
+                                                  const int32_t* host_targets, int n, int vocab,
+                                                  float* probs) {
+  float loss = 0.0f;
+  Run([&]() -> absl::Status {
+    absl::StatusOr<const int32_t*> targets = UploadIds(host_targets, n);
+    if (!targets.ok()) return targets.status();
+    absl::StatusOr<float*> rows = row_losses_.Get(n);
+    if (!rows.ok()) return rows.status();
+    absl::StatusOr<float*> device_loss = loss_.Get(1);
+    if (!device_loss.ok()) return device_loss.status();
+    absl::Status s = SoftmaxCrossEntropyForwardCuda(logits, *targets, n, vocab, probs, *rows,
+                                                    *device_loss, stream_);
+    if (!s.ok()) return s;
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, *device_loss, sizeof(float),
+                                         cudaMemcpyDeviceToHost, stream_));
+    return Synchronize();
+  });
+  return loss;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, GemmMode mode) {
+  absl::StatusOr<CudaDeviceInfo> info = GetCudaDeviceInfo(device);
+  if (!info.ok()) return info.status();
+  CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  cudaStream_t stream = nullptr;
+  CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  absl::StatusOr<CublasHandle> cublas = CublasHandle::Create(mode, stream);
+  if (!cublas.ok()) {
+    cudaStreamDestroy(stream);
+    return cublas.status();
+  }
+  return std::unique_ptr<Backend>(
+      new CudaBackendImpl(device, info->name, stream, *std::move(cublas)));
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,35 @@
+// The CUDA backend (backend.h): tensors in device memory and the
+// kernels/cuda twins of the CPU ops, GEMMs through cuBLAS in fp32 or TF32
+// mode. Built only under --config=cuda.
+//
+// One backend per device and driving thread: it owns a stream (every op is
+// queued on it, in call order), a cuBLAS handle bound to that stream, and
+// scratch buffers (token ids, cross-entropy row losses). Memory: each tensor
+// is its own cudaMalloc, freed when its last handle goes (cudaFree waits for
+// the device, so a tensor freed while queued kernels still read it is safe,
+// only slow); a caching allocator is the next step (issue 6, scope 3).
+// Copies to and from the host are synchronous (the host buffer may go away
+// when the call returns).
+//
+// Errors stick (backend.h): the first failing CUDA/cuBLAS call's status is
+// kept and returned by status(); later ops return at once.
+#ifndef PIPETRAIN_WORKER_MODEL_CUDA_BACKEND_H_
+#define PIPETRAIN_WORKER_MODEL_CUDA_BACKEND_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/cuda/linear.h"
+#include "worker/model/backend.h"
+
+namespace pipetrain {
+
+// A backend on CUDA device `device` with `mode` GEMMs. INVALID_ARGUMENT if
+// device < 0; NOT_FOUND if there is no such device (e.g. none at all; the
+// message names the index and the device count); INTERNAL if CUDA or cuBLAS
+// setup fails.
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, GemmMode mode);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_CUDA_BACKEND_H_

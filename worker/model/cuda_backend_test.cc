@@ -1,0 +1,151 @@
+// Every unit kind run on the CUDA backend against the same unit on the CPU
+// backend (the reference): forward output (the head's loss), input gradient
+// and every parameter gradient, from the same deterministic initialisation
+// and inputs; and CUDA run to run bitwise. GPU cases SKIP without a device.
+//
+// Tolerance |gpu - cpu| <= atol + rtol * |cpu|, atol = rtol * max|cpu| of
+// the compared tensor, rtol = 1e-4 (fp32 GEMMs). Why: each kernel alone
+// meets u * sqrt(k) * 16 (about 1e-5 of its output's scale for the k <= 4d
+// = 256 products here; kernels/cuda/linear_test.cc), and a unit chains up to
+// eight kernels (LayerNorm, GEMM, attention, GEMM, residual and back), each
+// passing on its input's error; the errors are relative to the tensor's
+// scale, not to each element (a small element is a sum of large terms that
+// cancel), hence atol from the maximum. TF32 is checked separately with
+// rtol = 1e-2 (10-bit mantissa inputs, 2^-10 per product, times the chain).
+// Written without a GPU: the first run on one may tighten them.
+#include "worker/model/cuda_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/philox.h"
+#include "gtest/gtest.h"
+#include "kernels/cuda/parity_testing.h"
+#include "worker/model/cpu_backend.h"
+#include "worker/model/unit.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::AllClose;
+
+// Shapes off every block size: T = 33, B * T = 99 rows, vocab 97.
+GptConfig SmallConfig() {
+  GptConfig c;
+  c.vocab_size = 97;
+  c.max_seq_len = 40;
+  c.n_layer = 2;
+  c.n_head = 4;
+  c.d_model = 64;
+  return c;
+}
+
+TokenBatch Batch(const GptConfig& c, int batch, int seq_len, uint64_t seed) {
+  TokenBatch b{batch, seq_len, {}, {}};
+  for (int i = 0; i < batch * seq_len; ++i) {
+    b.inputs.push_back(static_cast<int32_t>(UniformIndex(seed, i, 0, 0, c.vocab_size)));
+    b.targets.push_back(static_cast<int32_t>(UniformIndex(seed, i, 1, 0, c.vocab_size)));
+  }
+  return b;
+}
+
+Tensor Normal(const Shape& shape, uint64_t seed) {
+  Tensor t = Tensor::Zeros(shape);
+  FillNormal(seed, 7, 0.0f, 1.0f, t.data(), t.numel());
+  return t;
+}
+
+std::vector<float> Host(Backend* backend, const Tensor& t) {
+  return backend->Download(t).ToVector();
+}
+
+::testing::AssertionResult Close(const std::string& what, const std::vector<float>& gpu,
+                                 const std::vector<float>& cpu, float rtol) {
+  float scale = 0.0f;
+  for (float v : cpu) scale = std::max(scale, std::fabs(v));
+  return AllClose(what, gpu, cpu, rtol * scale, rtol);
+}
+
+// What one unit produced on one backend, on the host.
+struct UnitRun {
+  std::vector<float> y, dx;
+  std::vector<std::vector<float>> grads;  // parameters() order
+};
+
+UnitRun RunUnit(const GptConfig& config, int index, Backend* backend, const TokenBatch& batch) {
+  std::unique_ptr<Unit> unit = MakeUnit(config, index, backend);
+  InitializeParameters(unit.get(), /*seed=*/1234);
+  const Shape act = {batch.batch, batch.seq_len, config.d_model};
+  const bool head = unit->kind() == UnitKind::kHead;
+  UnitContext ctx;
+  Tensor y = unit->Forward(backend->Upload(Normal(act, 5)), batch, &ctx);
+  // dL/dy: the head's is a host scalar; other units' a random tensor.
+  Tensor dy = head ? Tensor::FromVector({1}, {0.25f}) : backend->Upload(Normal(act, 6));
+  Tensor dx = unit->Backward(dy, batch, ctx);
+  UnitRun run;
+  run.y = head ? y.ToVector() : Host(backend, y);
+  if (!dx.is_null()) run.dx = Host(backend, dx);
+  for (Parameter* p : unit->parameters()) run.grads.push_back(Host(backend, p->grad));
+  EXPECT_TRUE(backend->status().ok()) << backend->status();
+  return run;
+}
+
+class CudaBackendTest : public testing::CudaTest {};
+
+void ExpectUnitsMatch(GemmMode mode, float rtol) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, mode);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  const GptConfig config = SmallConfig();
+  const TokenBatch batch = Batch(config, 3, 33, 9);
+  for (int index = 0; index < NumUnits(config); ++index) {
+    const std::string name = absl::StrCat(UnitName(config, index), " ", GemmModeName(mode));
+    const UnitRun want = RunUnit(config, index, CpuBackend(), batch);
+    const UnitRun got = RunUnit(config, index, cuda->get(), batch);
+    EXPECT_TRUE(Close(name + " y", got.y, want.y, rtol));
+    EXPECT_TRUE(Close(name + " dx", got.dx, want.dx, rtol));
+    ASSERT_EQ(got.grads.size(), want.grads.size());
+    for (size_t p = 0; p < want.grads.size(); ++p) {
+      EXPECT_TRUE(Close(absl::StrCat(name, " grad ", p), got.grads[p], want.grads[p], rtol));
+    }
+  }
+}
+
+TEST_F(CudaBackendTest, EveryUnit_Fp32_MatchesCpuBackend) { ExpectUnitsMatch(GemmMode::kFp32, 1e-4f); }
+
+TEST_F(CudaBackendTest, EveryUnit_Tf32_MatchesCpuBackend) { ExpectUnitsMatch(GemmMode::kTf32, 1e-2f); }
+
+TEST_F(CudaBackendTest, EveryUnit_TwoRuns_BitwiseEqual) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  const GptConfig config = SmallConfig();
+  const TokenBatch batch = Batch(config, 2, 17, 3);
+  for (int index = 0; index < NumUnits(config); ++index) {
+    const UnitRun a = RunUnit(config, index, cuda->get(), batch);
+    const UnitRun b = RunUnit(config, index, cuda->get(), batch);
+    EXPECT_EQ(a.y, b.y) << UnitName(config, index);
+    EXPECT_EQ(a.dx, b.dx) << UnitName(config, index);
+    EXPECT_EQ(a.grads, b.grads) << UnitName(config, index);
+  }
+}
+
+TEST_F(CudaBackendTest, Describe_NamesDeviceAndMode) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kTf32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_EQ((*cuda)->kind(), BackendKind::kCuda);
+  EXPECT_NE((*cuda)->Describe().find("cuda:0"), std::string::npos) << (*cuda)->Describe();
+}
+
+// Runs everywhere: without a GPU the error is a clear NOT_FOUND.
+TEST(CudaBackendNoDeviceTest, CreateCudaBackend_BadIndex_Fails) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(-1, GemmMode::kFp32);
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kInvalidArgument) << cuda.status();
+  cuda = CreateCudaBackend(4096, GemmMode::kFp32);
+  EXPECT_EQ(cuda.status().code(), absl::StatusCode::kNotFound) << cuda.status();
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -4,7 +4,7 @@
 #   bash scripts/test.sh --config=asan   # the same under ASan + UBSan
 #   bash scripts/test.sh --config=tsan   # the same under ThreadSanitizer
 # Where the CUDA toolkit is installed (/usr/local/cuda/bin/nvcc), it then
-# builds and tests the CUDA backend too (--config=cuda //kernels/cuda/...);
+# builds and tests the CUDA backend too (--config=cuda, CUDA_TARGETS below);
 # without a GPU those tests skip their GPU cases.
 # Ends with a line "tests: N passed, M failed; GPU tests: ...".
 set -uo pipefail
@@ -13,15 +13,17 @@ bash scripts/setup.sh || exit 1
 log=$(mktemp)
 bazel test "$@" //... 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
+# Every target that exists only under --config=cuda.
+CUDA_TARGETS=(//kernels/cuda/... //worker/model:cuda_backend //worker/model:cuda_backend_test)
 gpu="CUDA toolkit not found: CUDA targets not built"
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda_log=$(mktemp)
-  bazel test "$@" --config=cuda //kernels/cuda/... 2>&1 | tee "$cuda_log"
+  bazel test "$@" --config=cuda "${CUDA_TARGETS[@]}" 2>&1 | tee "$cuda_log"
   cuda_status=${PIPESTATUS[0]}
   if [ "$status" -eq 0 ]; then status=$cuda_status; fi
   # One result line per CUDA test target; gtest prints "[  SKIPPED ] Suite.Case
   # (N ms)" once per skipped case (the summary repeats them without a time).
-  targets=$(grep -E '^//kernels/cuda[^ ]* +(\(cached\) )?(PASSED|FAILED|TIMEOUT)' "$cuda_log" |
+  targets=$(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT)' "$cuda_log" |
     cut -d' ' -f1 | sort -u)
   skipped=0
   for t in $targets; do

@@ -1,8 +1,8 @@
 // DeviceBuffer<T>: n elements of T in CUDA device memory, freed on destruction.
 //
 // Each buffer is one cudaMalloc, so this is for tests and setup, not for
-// per-step allocations: a caching allocator (issue 6, scope 3) comes later
-// and will hand out the same kind of owning handle. Copies are synchronous
+// per-step allocations (those go through the caching allocator,
+// kernels/alloc/caching_allocator.h over device_allocator.h). Copies are synchronous
 // (cudaMemcpy on the legacy default stream), which also makes them wait for
 // kernels launched before them.
 //

@@ -11,8 +11,10 @@
 #include "common/logging.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cross_entropy.h"
+#include "kernels/alloc/caching_allocator.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
+#include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gelu.h"
@@ -41,6 +43,21 @@ class Scratch {
  private:
   T* data_ = nullptr;
   int64_t size_ = 0;
+};
+
+// The device memory of one backend: cudaMalloc under a caching allocator
+// keyed by the backend's stream. Shared by the backend and every tensor it
+// made (their deleters hold it), so it lives until the last tensor is gone,
+// even past the backend.
+CachingAllocator::Options MemoryOptions() {
+  CachingAllocator::Options options;
+  options.name = "CUDA backend memory";
+  return options;
+}
+
+struct DeviceMemory {
+  CudaDeviceRawAllocator raw;
+  CachingAllocator cache{&raw, MemoryOptions()};
 };
 
 class CudaBackendImpl final : public Backend {
@@ -155,6 +172,7 @@ class CudaBackendImpl final : public Backend {
   std::string name_;
   cudaStream_t stream_;
   CublasHandle cublas_;
+  std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>();
   absl::Status status_;
   Scratch<int32_t> ids_;
   Scratch<float> row_losses_;
@@ -178,20 +196,26 @@ absl::StatusOr<const int32_t*> CudaBackendImpl::UploadIds(const int32_t* host, i
 
 Tensor CudaBackendImpl::Zeros(const Shape& shape) {
   const int64_t n = NumElements(shape);
+  const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   float* ptr = nullptr;
   if (n > 0) {
     Run([&]() -> absl::Status {
-      void* raw = nullptr;
-      CUDA_RETURN_IF_ERROR(cudaMalloc(&raw, static_cast<size_t>(n) * sizeof(float)));
-      ptr = static_cast<float*>(raw);
-      CUDA_RETURN_IF_ERROR(
-          cudaMemsetAsync(ptr, 0, static_cast<size_t>(n) * sizeof(float), stream_));
+      // Blocks are reused on this backend's stream only, after the work
+      // queued before their Free (stream order; caching_allocator.h).
+      absl::StatusOr<void*> block = memory_->cache.Allocate(bytes, StreamIdOf(stream_));
+      if (!block.ok()) return block.status();
+      ptr = static_cast<float*>(*block);
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr, 0, bytes, stream_));
       return absl::OkStatus();
     });
   }
   // After an error ptr is null: the tensor is unusable, and the caller
   // sees status() before using results (backend.h).
-  return Tensor::OnDevice(shape, std::shared_ptr<float>(ptr, [](float* p) { cudaFree(p); }));
+  if (ptr == nullptr) return Tensor::OnDevice(shape, nullptr);
+  std::shared_ptr<DeviceMemory> memory = memory_;
+  return Tensor::OnDevice(shape, std::shared_ptr<float>(ptr, [memory](float* p) {
+                            memory->cache.Free(p);
+                          }));
 }
 
 Tensor CudaBackendImpl::Upload(const Tensor& host) {

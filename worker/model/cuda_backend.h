@@ -4,10 +4,11 @@
 //
 // One backend per device and driving thread: it owns a stream (every op is
 // queued on it, in call order), a cuBLAS handle bound to that stream, and
-// scratch buffers (token ids, cross-entropy row losses). Memory: each tensor
-// is its own cudaMalloc, freed when its last handle goes (cudaFree waits for
-// the device, so a tensor freed while queued kernels still read it is safe,
-// only slow); a caching allocator is the next step (issue 6, scope 3).
+// scratch buffers (token ids, cross-entropy row losses). Memory: tensors
+// come from a caching allocator over cudaMalloc (kernels/alloc), keyed by
+// the backend's stream: a tensor whose last handle goes returns its block
+// to the cache, and the block is reused only by later work on the same
+// stream, which runs after every kernel that used it.
 // Copies to and from the host are synchronous (the host buffer may go away
 // when the call returns).
 //

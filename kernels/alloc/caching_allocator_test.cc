@@ -1,0 +1,485 @@
+// CachingAllocator against a fake RawAllocator that records every call,
+// backs blocks with malloc (so ASan sees misuse) and runs out of memory on
+// demand.
+#include "kernels/alloc/caching_allocator.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "common/annotated_mutex.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr size_t kKiB = 1024;
+constexpr size_t kMiB = 1024 * kKiB;
+
+// Allocates with malloc up to `capacity` live bytes; beyond that it returns
+// RESOURCE_EXHAUSTED, like cudaMalloc on a full device.
+class FakeRawAllocator : public RawAllocator {
+ public:
+  explicit FakeRawAllocator(size_t capacity = std::numeric_limits<size_t>::max())
+      : capacity_(capacity) {}
+  ~FakeRawAllocator() override {
+    for (const auto& [ptr, bytes] : live_) std::free(ptr);
+  }
+
+  absl::StatusOr<void*> Allocate(size_t bytes) override {
+    AnnotatedMutexLock lock(&mu_);
+    allocate_calls_.push_back(bytes);
+    if (!next_error_.ok()) return std::exchange(next_error_, absl::OkStatus());
+    if (bytes > capacity_ - live_bytes_) {
+      return absl::ResourceExhaustedError("fake device full");
+    }
+    void* ptr = std::malloc(bytes);
+    live_.emplace(ptr, bytes);
+    live_bytes_ += bytes;
+    return ptr;
+  }
+
+  void Free(void* ptr) override {
+    AnnotatedMutexLock lock(&mu_);
+    ++free_calls_;
+    auto it = live_.find(ptr);
+    ASSERT_NE(it, live_.end()) << "raw Free of an unknown pointer";
+    live_bytes_ -= it->second;
+    live_.erase(it);
+    std::free(ptr);
+  }
+
+  // The next Allocate call fails with `status` (and allocates nothing).
+  void FailNext(absl::Status status) {
+    AnnotatedMutexLock lock(&mu_);
+    next_error_ = std::move(status);
+  }
+  std::vector<size_t> allocate_calls() const {
+    AnnotatedMutexLock lock(&mu_);
+    return allocate_calls_;
+  }
+  int free_calls() const {
+    AnnotatedMutexLock lock(&mu_);
+    return free_calls_;
+  }
+  size_t live_bytes() const {
+    AnnotatedMutexLock lock(&mu_);
+    return live_bytes_;
+  }
+
+ private:
+  const size_t capacity_;
+  mutable AnnotatedMutex mu_;
+  absl::flat_hash_map<void*, size_t> live_ ABSL_GUARDED_BY(mu_);
+  size_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<size_t> allocate_calls_ ABSL_GUARDED_BY(mu_);
+  int free_calls_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status next_error_ ABSL_GUARDED_BY(mu_);
+};
+
+CachingAllocator::Options TestOptions() {
+  CachingAllocator::Options options;
+  options.name = "test allocator";
+  return options;
+}
+
+void* MustAllocate(CachingAllocator& allocator, size_t bytes, StreamId stream) {
+  absl::StatusOr<void*> ptr = allocator.Allocate(bytes, stream);
+  EXPECT_TRUE(ptr.ok()) << ptr.status();
+  return ptr.ok() ? *ptr : nullptr;
+}
+
+TEST(CachingAllocatorTest, Allocate_ZeroBytes_NullptrWithoutRawCall) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  absl::StatusOr<void*> ptr = allocator.Allocate(0, 1);
+  ASSERT_TRUE(ptr.ok()) << ptr.status();
+  EXPECT_EQ(*ptr, nullptr);
+  allocator.Free(nullptr);
+  EXPECT_TRUE(raw.allocate_calls().empty());
+  EXPECT_EQ(allocator.GetStats().bytes_in_use, 0u);
+}
+
+TEST(CachingAllocatorTest, RoundedSize_SmallAndLarge_DocumentedGranularity) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  const std::vector<std::pair<size_t, size_t>> cases = {
+      {0, 0},
+      {1, 512},
+      {512, 512},
+      {513, 1024},
+      {1 * kMiB, 1 * kMiB},
+      {1 * kMiB + 1, 2 * kMiB},
+      {3 * kMiB, 4 * kMiB},
+      {4 * kMiB, 4 * kMiB},
+  };
+  for (const auto& [bytes, rounded] : cases) {
+    absl::StatusOr<size_t> size = allocator.RoundedSize(bytes);
+    ASSERT_TRUE(size.ok()) << size.status();
+    EXPECT_EQ(*size, rounded) << "for " << bytes << " bytes";
+  }
+}
+
+TEST(CachingAllocatorTest, Allocate_SizeOverflowsRounding_InvalidArgument) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  absl::StatusOr<void*> ptr = allocator.Allocate(std::numeric_limits<size_t>::max(), 0);
+  EXPECT_EQ(ptr.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ptr.status().message().find("test allocator: a request of"), std::string::npos)
+      << ptr.status();
+  EXPECT_TRUE(raw.allocate_calls().empty());
+}
+
+TEST(CachingAllocatorTest, Allocate_Miss_RawCallWithRoundedSize) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* ptr = MustAllocate(allocator, 1000, 1);
+  EXPECT_NE(ptr, nullptr);
+  EXPECT_EQ(raw.allocate_calls(), std::vector<size_t>{1024});
+  const CachingAllocator::Stats stats = allocator.GetStats();
+  EXPECT_EQ(stats.raw_allocations, 1);
+  EXPECT_EQ(stats.cache_hits, 0);
+  EXPECT_EQ(stats.bytes_in_use, 1024u);
+  allocator.Free(ptr);
+}
+
+TEST(CachingAllocatorTest, Allocate_AfterFreeOnSameStream_ReusesBlock) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* first = MustAllocate(allocator, 1000, 7);
+  allocator.Free(first);
+  EXPECT_EQ(raw.free_calls(), 0);  // Free keeps the block
+  void* second = MustAllocate(allocator, 900, 7);
+  EXPECT_EQ(second, first);
+  const CachingAllocator::Stats stats = allocator.GetStats();
+  EXPECT_EQ(stats.raw_allocations, 1);
+  EXPECT_EQ(stats.cache_hits, 1);
+  EXPECT_EQ(stats.bytes_cached, 0u);
+  allocator.Free(second);
+}
+
+TEST(CachingAllocatorTest, Allocate_BlockFreedOnOtherStream_CallsRaw) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* on_stream_1 = MustAllocate(allocator, 1024, 1);
+  allocator.Free(on_stream_1);
+  void* on_stream_2 = MustAllocate(allocator, 1024, 2);
+  EXPECT_NE(on_stream_2, on_stream_1);
+  EXPECT_EQ(raw.allocate_calls().size(), 2u);
+  EXPECT_EQ(allocator.GetStats().cache_hits, 0);
+  EXPECT_EQ(allocator.GetStats().bytes_cached, 1024u);
+  allocator.Free(on_stream_2);
+}
+
+TEST(CachingAllocatorTest, Allocate_CachedBlockMoreThanTwiceTheSize_CallsRaw) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* big = MustAllocate(allocator, 64 * kKiB, 0);
+  allocator.Free(big);
+  void* small = MustAllocate(allocator, 1 * kKiB, 0);
+  EXPECT_NE(small, big);
+  EXPECT_EQ(raw.allocate_calls(), (std::vector<size_t>{64 * kKiB, 1 * kKiB}));
+  allocator.Free(small);
+}
+
+TEST(CachingAllocatorTest, Allocate_CachedBlockExactlyTwiceTheSize_Reused) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* block = MustAllocate(allocator, 2 * kKiB, 0);
+  allocator.Free(block);
+  EXPECT_EQ(MustAllocate(allocator, 1 * kKiB, 0), block);
+  EXPECT_EQ(allocator.GetStats().bytes_in_use, 2 * kKiB);  // the whole block
+  allocator.Free(block);
+}
+
+TEST(CachingAllocatorTest, Allocate_SeveralCachedBlocks_SmallestThatFits) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* b4096 = MustAllocate(allocator, 4096, 0);
+  void* b1024 = MustAllocate(allocator, 1024, 0);
+  void* b2048 = MustAllocate(allocator, 2048, 0);
+  void* b3072 = MustAllocate(allocator, 3072, 0);
+  for (void* ptr : {b4096, b1024, b2048, b3072}) allocator.Free(ptr);
+  EXPECT_EQ(MustAllocate(allocator, 1500, 0), b2048);  // 1536 rounded: 1024 too small
+  EXPECT_EQ(MustAllocate(allocator, 1500, 0), b3072);
+  EXPECT_EQ(allocator.GetStats().bytes_cached, 4096u + 1024u);
+  allocator.Free(b2048);
+  allocator.Free(b3072);
+}
+
+TEST(CachingAllocatorTest, EmptyCache_CachedAndInUse_ReturnsOnlyCached) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* kept = MustAllocate(allocator, 512, 0);
+  void* freed = MustAllocate(allocator, 4096, 0);
+  allocator.Free(freed);
+  allocator.EmptyCache();
+  EXPECT_EQ(raw.free_calls(), 1);
+  EXPECT_EQ(raw.live_bytes(), 512u);
+  const CachingAllocator::Stats stats = allocator.GetStats();
+  EXPECT_EQ(stats.bytes_cached, 0u);
+  EXPECT_EQ(stats.bytes_in_use, 512u);
+  EXPECT_EQ(stats.raw_frees, 1);
+  allocator.Free(kept);
+}
+
+TEST(CachingAllocatorTest, Allocate_RawOutOfMemoryWithCachedBlocks_EmptiesCacheAndRetries) {
+  FakeRawAllocator raw(/*capacity=*/8 * kKiB);
+  CachingAllocator allocator(&raw, TestOptions());
+  void* cached = MustAllocate(allocator, 8 * kKiB, /*stream=*/1);
+  allocator.Free(cached);
+  // Another stream cannot reuse the cached block, and the device is full.
+  void* fresh = MustAllocate(allocator, 4 * kKiB, /*stream=*/2);
+  EXPECT_NE(fresh, nullptr);
+  EXPECT_EQ(raw.allocate_calls(), (std::vector<size_t>{8 * kKiB, 4 * kKiB, 4 * kKiB}));
+  EXPECT_EQ(raw.free_calls(), 1);
+  const CachingAllocator::Stats stats = allocator.GetStats();
+  EXPECT_EQ(stats.oom_retries, 1);
+  EXPECT_EQ(stats.raw_allocations, 2);
+  EXPECT_EQ(stats.bytes_cached, 0u);
+  allocator.Free(fresh);
+}
+
+TEST(CachingAllocatorTest, Allocate_OutOfMemoryAfterRetry_ResourceExhausted) {
+  FakeRawAllocator raw(/*capacity=*/8 * kKiB);
+  CachingAllocator allocator(&raw, TestOptions());
+  void* held = MustAllocate(allocator, 6 * kKiB, 0);
+  void* cached = MustAllocate(allocator, 1 * kKiB, 0);
+  allocator.Free(cached);
+  absl::StatusOr<void*> ptr = allocator.Allocate(4 * kKiB, 0);
+  EXPECT_EQ(ptr.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(ptr.status().message().find("test allocator: out of memory allocating 4096 bytes "
+                                        "(4096 requested) for stream 0 with 6144 bytes in use"),
+            std::string::npos)
+      << ptr.status();
+  EXPECT_NE(ptr.status().message().find("fake device full"), std::string::npos);
+  EXPECT_EQ(raw.allocate_calls().size(), 4u);  // two blocks, then a retry
+  EXPECT_EQ(allocator.GetStats().oom_retries, 1);
+  allocator.Free(held);
+}
+
+TEST(CachingAllocatorTest, Allocate_OutOfMemoryWithEmptyCache_NoRetry) {
+  FakeRawAllocator raw(/*capacity=*/1 * kKiB);
+  CachingAllocator allocator(&raw, TestOptions());
+  absl::StatusOr<void*> ptr = allocator.Allocate(2 * kKiB, 0);
+  EXPECT_EQ(ptr.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(raw.allocate_calls().size(), 1u);
+  EXPECT_EQ(allocator.GetStats().oom_retries, 0);
+}
+
+TEST(CachingAllocatorTest, Allocate_RawInternalError_PassedOnWithAllocatorName) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* cached = MustAllocate(allocator, 512, 0);
+  allocator.Free(cached);
+  raw.FailNext(absl::InternalError("cudaMalloc failed: illegal address"));
+  absl::StatusOr<void*> ptr = allocator.Allocate(4096, 0);
+  EXPECT_EQ(ptr.status().code(), absl::StatusCode::kInternal);
+  EXPECT_EQ(ptr.status().message(),
+            "test allocator: allocating 4096 bytes failed: cudaMalloc failed: illegal address");
+  EXPECT_EQ(raw.free_calls(), 0);  // only out-of-memory empties the cache
+}
+
+TEST(CachingAllocatorTest, GetStats_AllocateAndFree_TracksPeakInUse) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* a = MustAllocate(allocator, 1024, 0);
+  void* b = MustAllocate(allocator, 2048, 0);
+  allocator.Free(a);
+  void* c = MustAllocate(allocator, 512, 0);
+  const CachingAllocator::Stats stats = allocator.GetStats();
+  EXPECT_EQ(c, a);  // the cached 1024-byte block is at most twice 512: it counts whole
+  EXPECT_EQ(stats.bytes_in_use, 3072u);
+  EXPECT_EQ(stats.peak_bytes_in_use, 3072u);
+  EXPECT_EQ(stats.bytes_cached, 0u);
+  allocator.Free(b);
+  allocator.Free(c);
+  EXPECT_EQ(allocator.GetStats().bytes_in_use, 0u);
+  EXPECT_EQ(allocator.GetStats().bytes_cached, 3072u);
+  EXPECT_EQ(allocator.GetStats().peak_bytes_in_use, 3072u);
+}
+
+TEST(CachingAllocatorTest, Destructor_CachedBlocks_ReturnedToRaw) {
+  FakeRawAllocator raw;
+  {
+    CachingAllocator allocator(&raw, TestOptions());
+    void* a = MustAllocate(allocator, 1024, 1);
+    void* b = MustAllocate(allocator, 3 * kMiB, 2);
+    allocator.Free(a);
+    allocator.Free(b);
+    EXPECT_EQ(raw.live_bytes(), 1024 + 4 * kMiB);
+  }
+  EXPECT_EQ(raw.live_bytes(), 0u);
+  EXPECT_EQ(raw.free_calls(), 2);
+}
+
+TEST(CachingAllocatorTest, AllocateOwned_HandleDestroyed_BlockBackInCache) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  void* first = nullptr;
+  {
+    absl::StatusOr<CachingAllocator::Allocation> block = allocator.AllocateOwned(100, 3);
+    ASSERT_TRUE(block.ok()) << block.status();
+    first = block->get();
+    EXPECT_EQ(block->bytes(), 100u);
+    EXPECT_EQ(block->stream(), 3u);
+    EXPECT_EQ(allocator.GetStats().bytes_in_use, 512u);
+  }
+  EXPECT_EQ(allocator.GetStats().bytes_cached, 512u);
+  absl::StatusOr<CachingAllocator::Allocation> again = allocator.AllocateOwned(200, 3);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->get(), first);
+}
+
+TEST(CachingAllocatorTest, AllocationMove_MovedFrom_EmptyAndFreedOnce) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  absl::StatusOr<CachingAllocator::Allocation> block = allocator.AllocateOwned(512, 0);
+  ASSERT_TRUE(block.ok()) << block.status();
+  void* ptr = block->get();
+  CachingAllocator::Allocation moved = std::move(*block);
+  EXPECT_EQ(block->get(), nullptr);
+  EXPECT_EQ(moved.get(), ptr);
+  CachingAllocator::Allocation assigned;
+  assigned = std::move(moved);
+  EXPECT_EQ(assigned.get(), ptr);
+  assigned.Reset();
+  EXPECT_EQ(assigned.get(), nullptr);
+  EXPECT_EQ(allocator.GetStats().bytes_in_use, 0u);
+  EXPECT_EQ(allocator.GetStats().bytes_cached, 512u);
+}
+
+TEST(CachingAllocatorTest, AllocateOwned_ZeroBytes_EmptyHandle) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  absl::StatusOr<CachingAllocator::Allocation> block = allocator.AllocateOwned(0, 0);
+  ASSERT_TRUE(block.ok()) << block.status();
+  EXPECT_EQ(block->get(), nullptr);
+  EXPECT_TRUE(raw.allocate_calls().empty());
+}
+
+// Random Allocate/Free/EmptyCache sequences against a naive model: a list
+// of free blocks scanned for the best fit. The model predicts which cached
+// block each request gets (or that it misses) and every counter.
+struct ModelBlock {
+  StreamId stream;
+  size_t size;
+  void* ptr;
+};
+
+TEST(CachingAllocatorTest, RandomOperations_MatchNaiveModel) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  std::mt19937 rng(42);
+  const std::vector<size_t> sizes = {1, 500, 512, 700, 1024, 2000, 4096, 1 * kMiB, 3 * kMiB};
+  std::vector<ModelBlock> model_free;
+  std::vector<ModelBlock> model_in_use;
+  CachingAllocator::Stats expected;
+  for (int step = 0; step < 3000; ++step) {
+    const int op = rng() % 10;
+    if (op < 5) {  // Allocate
+      const size_t bytes = sizes[rng() % sizes.size()] + rng() % 3;
+      const StreamId stream = rng() % 3;
+      const size_t rounded = *allocator.RoundedSize(bytes);
+      auto best = model_free.end();
+      for (auto it = model_free.begin(); it != model_free.end(); ++it) {
+        if (it->stream != stream || it->size < rounded || it->size > 2 * rounded) continue;
+        if (best == model_free.end() || it->size < best->size ||
+            (it->size == best->size &&
+             reinterpret_cast<uintptr_t>(it->ptr) < reinterpret_cast<uintptr_t>(best->ptr))) {
+          best = it;
+        }
+      }
+      void* ptr = MustAllocate(allocator, bytes, stream);
+      if (best != model_free.end()) {
+        ASSERT_EQ(ptr, best->ptr) << "step " << step;
+        model_in_use.push_back(*best);
+        expected.bytes_cached -= best->size;
+        expected.bytes_in_use += best->size;
+        ++expected.cache_hits;
+        model_free.erase(best);
+      } else {
+        model_in_use.push_back({stream, rounded, ptr});
+        expected.bytes_in_use += rounded;
+        ++expected.raw_allocations;
+      }
+      expected.peak_bytes_in_use = std::max(expected.peak_bytes_in_use, expected.bytes_in_use);
+    } else if (op < 9 && !model_in_use.empty()) {  // Free
+      const size_t index = rng() % model_in_use.size();
+      const ModelBlock block = model_in_use[index];
+      model_in_use.erase(model_in_use.begin() + index);
+      allocator.Free(block.ptr);
+      model_free.push_back(block);
+      expected.bytes_in_use -= block.size;
+      expected.bytes_cached += block.size;
+    } else if (op == 9) {
+      allocator.EmptyCache();
+      expected.raw_frees += model_free.size();
+      expected.bytes_cached = 0;
+      model_free.clear();
+    }
+    const CachingAllocator::Stats stats = allocator.GetStats();
+    ASSERT_EQ(stats.bytes_in_use, expected.bytes_in_use) << "step " << step;
+    ASSERT_EQ(stats.bytes_cached, expected.bytes_cached) << "step " << step;
+    ASSERT_EQ(stats.peak_bytes_in_use, expected.peak_bytes_in_use) << "step " << step;
+    ASSERT_EQ(stats.raw_allocations, expected.raw_allocations) << "step " << step;
+    ASSERT_EQ(stats.raw_frees, expected.raw_frees) << "step " << step;
+    ASSERT_EQ(stats.cache_hits, expected.cache_hits) << "step " << step;
+  }
+  EXPECT_GT(expected.cache_hits, 100);  // the sequence exercises reuse
+  for (const ModelBlock& block : model_in_use) allocator.Free(block.ptr);
+}
+
+// Each thread allocates on its own stream and on a shared one, writes its id
+// into every block and checks it is still there before freeing: a block
+// handed to two holders at once would show another thread's bytes.
+TEST(CachingAllocatorTest, AllocateFree_ConcurrentThreads_NoBlockShared) {
+  FakeRawAllocator raw;
+  CachingAllocator allocator(&raw, TestOptions());
+  constexpr int kThreads = 4;
+  constexpr int kIterations = 2000;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&allocator, t] {
+      std::mt19937 rng(1234 + t);
+      std::uniform_int_distribution<size_t> size_dist(1, 8 * kKiB);
+      std::vector<std::pair<void*, size_t>> held;
+      for (int i = 0; i < kIterations; ++i) {
+        if (held.size() < 8 && (held.empty() || rng() % 2 == 0)) {
+          const size_t bytes = size_dist(rng);
+          const StreamId stream = rng() % 2 == 0 ? 100 : t;
+          absl::StatusOr<void*> ptr = allocator.Allocate(bytes, stream);
+          ASSERT_TRUE(ptr.ok()) << ptr.status();
+          std::memset(*ptr, t, bytes);
+          held.emplace_back(*ptr, bytes);
+        } else {
+          const auto [ptr, bytes] = held.back();
+          held.pop_back();
+          const auto* data = static_cast<const unsigned char*>(ptr);
+          ASSERT_EQ(data[0], t);
+          ASSERT_EQ(data[bytes - 1], t);
+          allocator.Free(ptr);
+        }
+      }
+      for (const auto& [ptr, bytes] : held) allocator.Free(ptr);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  const CachingAllocator::Stats stats = allocator.GetStats();
+  EXPECT_EQ(stats.bytes_in_use, 0u);
+  EXPECT_EQ(stats.bytes_cached, raw.live_bytes());
+  EXPECT_GT(stats.cache_hits, 0);
+  EXPECT_EQ(static_cast<size_t>(stats.raw_allocations), raw.allocate_calls().size());
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,69 @@
+#include "kernels/cuda/device_allocator.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "kernels/cuda/cuda_status.h"
+
+namespace pipetrain {
+namespace {
+
+absl::Status ZeroBytesError(const char* allocator) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(allocator, ": a zero-byte allocation has no block; callers skip it"));
+}
+
+}  // namespace
+
+absl::Status CudaAllocationStatus(cudaError_t error, const char* call, size_t bytes) {
+  if (error == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // out of memory is not sticky: clear it for later checks
+    return absl::ResourceExhaustedError(absl::StrCat(call, " of ", bytes, " bytes: out of memory (",
+                                                     cudaGetErrorString(error),
+                                                     "); check the memory in use (nvidia-smi)"));
+  }
+  return CudaStatus(error, call, __FILE__, __LINE__);
+}
+
+absl::StatusOr<void*> CudaDeviceRawAllocator::Allocate(size_t bytes) {
+  if (bytes == 0) return ZeroBytesError("CudaDeviceRawAllocator");
+  void* ptr = nullptr;
+  absl::Status status = CudaAllocationStatus(cudaMalloc(&ptr, bytes), "cudaMalloc", bytes);
+  if (!status.ok()) return status;
+  return ptr;
+}
+
+void CudaDeviceRawAllocator::Free(void* ptr) {
+  const cudaError_t error = cudaFree(ptr);
+  if (error != cudaSuccess) {
+    PT_LOG(ERROR) << CudaStatus(error, "cudaFree(ptr)", __FILE__, __LINE__).message();
+  }
+}
+
+absl::StatusOr<void*> CudaPinnedRawAllocator::Allocate(size_t bytes) {
+  if (bytes == 0) return ZeroBytesError("CudaPinnedRawAllocator");
+  void* ptr = nullptr;
+  absl::Status status = CudaAllocationStatus(cudaHostAlloc(&ptr, bytes, cudaHostAllocPortable),
+                                             "cudaHostAlloc", bytes);
+  if (!status.ok()) return status;
+  return ptr;
+}
+
+void CudaPinnedRawAllocator::Free(void* ptr) {
+  const cudaError_t error = cudaFreeHost(ptr);
+  if (error != cudaSuccess) {
+    PT_LOG(ERROR) << CudaStatus(error, "cudaFreeHost(ptr)", __FILE__, __LINE__).message();
+  }
+}
+
+CachingAllocator& PinnedHostCachingAllocator() {
+  // Leaked on purpose (see the header): never destroyed, so never checked
+  // for blocks still in use at exit.
+  static CachingAllocator* const allocator = [] {
+    CachingAllocator::Options options;
+    options.name = "pinned host allocator";
+    return new CachingAllocator(new CudaPinnedRawAllocator(), options);
+  }();
+  return *allocator;
+}
+
+}  // namespace pipetrain

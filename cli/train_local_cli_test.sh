@@ -33,6 +33,10 @@ expect_exit init_from_and_resume 2 "use either --init-from or --resume, not both
 expect_exit eval_without_val 2 "--eval-interval needs --val-fraction > 0" -- \
   train-local --eval-interval 10 --val-fraction 0
 expect_exit small_vocab_without_data 2 "--vocab must be >= 256" -- train-local --vocab 100
+expect_exit device_bogus 2 "--device must be auto, cpu, cuda or cuda:N" "got 'gpu'" -- \
+  train-local --device gpu
+expect_exit gemm_bogus 2 "--gemm must be fp32 or tf32, got 'bf16'" -- train-local --gemm bf16
+expect_exit tf32_on_cpu 2 "--gemm tf32 needs a CUDA device" -- train-local --device cpu --gemm tf32
 
 # --- Data files: exit 1 ---------------------------------------------------------
 # llm.c header words, little-endian: magic 20240520 = 0x0134D888, version 1.
@@ -92,6 +96,12 @@ expect_exit init_from_not_safetensors 1 "$TMP/not.safetensors" "not a safetensor
 
 expect_exit resume_missing 1 "NOT_FOUND" "$TMP/missing.ckpt" -- \
   train-local "${TINY[@]}" --resume "$TMP/missing.ckpt"
+
+# This test runs the plain build (no --config=cuda): --device cuda says how
+# to get CUDA, and auto trains on the CPU.
+expect_exit cuda_without_cuda_build 1 "built without CUDA" "--config=cuda" -- \
+  train-local "${TINY[@]}" --device cuda
+expect_exit auto_is_cpu_here 0 "device cpu;" -- train-local "${TINY[@]}" --device auto
 
 # --- The command itself ---------------------------------------------------------
 expect_exit no_args 2 "usage: pipetrain" --

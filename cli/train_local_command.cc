@@ -19,6 +19,7 @@
 #include "kernels/cpu/blas.h"
 #include "nlohmann/json.hpp"
 #include "worker/data/corpus.h"
+#include "worker/model/backend_select.h"
 #include "worker/model/weights_io.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/local_trainer.h"
@@ -36,6 +37,7 @@ struct Options {
   double val_fraction = 0.1;
   int block_size = 0;  // 0: same as seq_len
   std::string init_from, resume, save, checkpoint, log;
+  std::string device = "cpu", gemm = "fp32";
   int64_t checkpoint_interval = 0;
 };
 
@@ -64,6 +66,9 @@ void BindFlags(FlagSet& f, Options& o) {
   f.Int("eval-interval", &t.eval_interval, "validate every N steps and at the end; 0 = never");
   f.Int("eval-windows", &t.eval_windows, "validation windows per evaluation");
   f.Int("threads", &t.threads, "OpenBLAS threads (fixed count = reproducible)");
+  f.String("device", &o.device,
+           "cpu | cuda | cuda:N | auto (CUDA when built with it and a GPU is visible)");
+  f.String("gemm", &o.gemm, "GEMM mode on CUDA: fp32 | tf32");
   f.String("init-from", &o.init_from, "start from these safetensors weights (HF GPT-2 names)");
   f.String("resume", &o.resume, "continue from this training checkpoint");
   f.String("save", &o.save, "write final weights here (safetensors)");
@@ -83,6 +88,7 @@ absl::Status Resolve(Options& o) {
   o.train.model.max_seq_len = o.block_size > 0 ? o.block_size : o.train.seq_len;
   if (o.block_size < 0) return absl::InvalidArgumentError("--block-size must be >= 0");
   RETURN_IF_ERROR(ParseDecayPolicy(o.decay, &o.train.decay));
+  RETURN_IF_ERROR(ValidateDeviceFlags(o.device, o.gemm));
   RETURN_IF_ERROR(ParseDataFormat(o.format).status());
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) {
     return absl::InvalidArgumentError(
@@ -142,7 +148,7 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
   std::optional<float> last_val;
   while (trainer.step() < c.steps && !g_interrupted.load()) {
     const auto t0 = std::chrono::steady_clock::now();
-    StepResult r = trainer.Step();
+    ASSIGN_OR_RETURN(const StepResult r, trainer.Step());
     const auto t1 = std::chrono::steady_clock::now();
     const double step_seconds = std::chrono::duration<double>(t1 - t0).count();
     std::optional<float> val;
@@ -163,11 +169,57 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
   return last_val;
 }
 
+// Host copies of the parameters' values (the parameters themselves on the
+// CPU backend), for weight files.
+std::vector<Parameter> HostCopies(Backend* backend, const std::vector<Parameter*>& params) {
+  std::vector<Parameter> copies;
+  for (const Parameter* p : params) {
+    Parameter copy;
+    copy.name = p->name;
+    copy.value = p->value.on_device() ? backend->Download(p->value) : p->value;
+    copies.push_back(std::move(copy));
+  }
+  return copies;
+}
+
+std::vector<Parameter*> Pointers(std::vector<Parameter>& params) {
+  std::vector<Parameter*> out;
+  for (Parameter& p : params) out.push_back(&p);
+  return out;
+}
+
+// --init-from on any backend: read into host copies, then copy over.
+absl::Status InitFrom(const std::string& path, GptModel& model) {
+  std::vector<Parameter> host = HostCopies(model.backend(), model.parameters());
+  RETURN_IF_ERROR(LoadWeights(path, Pointers(host)));
+  for (size_t i = 0; i < host.size(); ++i) {
+    Parameter* p = model.parameters()[i];
+    if (p->value.on_device()) model.backend()->CopyFromHost(host[i].value, &p->value);
+  }
+  return model.backend()->status();
+}
+
+absl::Status SaveFinalWeights(const std::string& path, GptModel& model) {
+  std::vector<Parameter> host = HostCopies(model.backend(), model.parameters());
+  RETURN_IF_ERROR(model.backend()->status());
+  return SaveWeights(path, Pointers(host));
+}
+
 absl::Status Run(Options& o) {
   SetBlasThreads(o.train.threads);
+  ASSIGN_OR_RETURN(SelectedBackend backend, SelectBackend(o.device, o.gemm));
+  if (backend.backend->kind() != BackendKind::kCpu &&
+      (!o.resume.empty() || !o.checkpoint.empty())) {
+    // Checkpoints hold the optimizer's moments, which stay on the device;
+    // not built yet (the CUDA issue).
+    return absl::FailedPreconditionError(
+        "--checkpoint and --resume work with --device cpu only for now (use --save for the "
+        "final weights)");
+  }
   ASSIGN_OR_RETURN(Dataset dataset, LoadData(o));
-  ASSIGN_OR_RETURN(std::unique_ptr<LocalTrainer> trainer, LocalTrainer::Create(o.train, &dataset));
-  if (!o.init_from.empty()) RETURN_IF_ERROR(LoadWeights(o.init_from, trainer->model().parameters()));
+  ASSIGN_OR_RETURN(std::unique_ptr<LocalTrainer> trainer,
+                   LocalTrainer::Create(o.train, &dataset, backend.backend));
+  if (!o.init_from.empty()) RETURN_IF_ERROR(InitFrom(o.init_from, trainer->model()));
   if (!o.resume.empty()) {
     RETURN_IF_ERROR(RestoreCheckpoint(o.resume, trainer.get()));
     std::fprintf(stderr, "resumed from %s at step %lld\n", o.resume.c_str(),
@@ -175,16 +227,16 @@ absl::Status Run(Options& o) {
   }
   std::fprintf(stderr,
                "model: %d layers, %d heads, d_model %d, vocab %d, %lld parameters; "
-               "batch %d x %d tokens in %d micro-batches; BLAS %s x%d\n",
+               "batch %d x %d tokens in %d micro-batches; device %s; BLAS %s x%d\n",
                o.train.model.n_layer, o.train.model.n_head, o.train.model.d_model,
                o.train.model.vocab_size, static_cast<long long>(trainer->model().num_parameters()),
                o.train.batch_size, o.train.seq_len, o.train.micro_batches,
-               BlasCoreName().c_str(), BlasThreads());
+               backend.backend->Describe().c_str(), BlasCoreName().c_str(), BlasThreads());
   absl::StatusOr<std::optional<float>> trained = Train(o, *trainer);
   // Write what was asked for even after an interrupt: nothing is lost.
   if (!o.checkpoint.empty()) RETURN_IF_ERROR(SaveCheckpoint(o.checkpoint, *trainer));
   RETURN_IF_ERROR(trained.status());
-  if (!o.save.empty()) RETURN_IF_ERROR(SaveWeights(o.save, trainer->model().parameters()));
+  if (!o.save.empty()) RETURN_IF_ERROR(SaveFinalWeights(o.save, trainer->model()));
   std::printf("final: step %lld", static_cast<long long>(trainer->step()));
   std::optional<float> val = *trained;
   if (!val.has_value() && dataset.num_val_windows() > 0) {

@@ -60,7 +60,7 @@ Reference TrainLocally(const v1::JobSpec& spec) {
                                  job.val_fraction).value();
   auto trainer = LocalTrainer::Create(job.train, &data).value();
   Reference ref;
-  for (int i = 0; i < job.train.steps; ++i) ref.losses.push_back(trainer->Step().loss);
+  for (int i = 0; i < job.train.steps; ++i) ref.losses.push_back(trainer->Step().value().loss);
   ref.val_loss = trainer->Evaluate().value();
   for (Parameter* p : trainer->model().parameters()) ref.weights[p->name] = p->value.ToVector();
   return ref;

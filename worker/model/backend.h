@@ -34,6 +34,7 @@
 
 #include "absl/status/status.h"
 #include "common/tensor.h"
+#include "kernels/cpu/adamw.h"
 
 namespace pipetrain {
 
@@ -92,6 +93,9 @@ class Backend {
                                            int n, int vocab, float* probs) = 0;
   virtual void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets,
                                            int n, int vocab, float dloss, float* dlogits) = 0;
+  // One AdamW update of n values (step >= 1), as kernels/cpu/adamw.h.
+  virtual void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
+                           int64_t step, const AdamWConfig& config, bool apply_decay) = 0;
   // Row-major C = alpha op(A) op(B) + beta C, as kernels/cpu/blas.h Sgemm.
   virtual void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
                      const float* a, int lda, const float* b, int ldb, float beta, float* c,

@@ -1,6 +1,7 @@
 #include "worker/model/cpu_backend.h"
 
 #include "common/logging.h"
+#include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/blas.h"
 #include "kernels/cpu/cross_entropy.h"
@@ -79,6 +80,10 @@ class CpuBackendImpl final : public Backend {
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
                                    int vocab, float dloss, float* dlogits) override {
     ::pipetrain::SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, dloss, dlogits);
+  }
+  void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
+                   const AdamWConfig& config, bool apply_decay) override {
+    ::pipetrain::AdamWUpdate(param, grad, m, v, n, step, config, apply_decay);
   }
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
              int lda, const float* b, int ldb, float beta, float* c, int ldc) override {

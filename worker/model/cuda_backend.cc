@@ -12,6 +12,7 @@
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/alloc/caching_allocator.h"
+#include "kernels/cuda/adamw.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
@@ -147,6 +148,10 @@ class CudaBackendImpl final : public Backend {
       if (!targets.ok()) return targets.status();
       return SoftmaxCrossEntropyBackwardCuda(probs, *targets, n, vocab, dloss, dlogits, stream_);
     });
+  }
+  void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
+                   const AdamWConfig& config, bool apply_decay) override {
+    Run([&] { return AdamWUpdateCuda(param, grad, m, v, n, step, config, apply_decay, stream_); });
   }
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
              int lda, const float* b, int ldb, float beta, float* c, int ldc) override {

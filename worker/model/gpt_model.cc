@@ -2,16 +2,18 @@
 
 #include <set>
 
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
 
 absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
-                                                           uint64_t seed) {
+                                                           uint64_t seed, Backend* backend) {
   RETURN_IF_ERROR(ValidateGptConfig(config));
-  std::unique_ptr<GptModel> model(new GptModel(config));
+  if (backend == nullptr) return absl::InvalidArgumentError("GptModel without a backend");
+  std::unique_ptr<GptModel> model(new GptModel(config, backend));
   for (int i = 0; i < NumUnits(config); ++i) {
-    model->units_.push_back(MakeUnit(config, i));
+    model->units_.push_back(MakeUnit(config, i, backend));
     InitializeParameters(model->units_.back().get(), seed);
   }
   // Tie the head's wte to embed's: both parameters view one value buffer,
@@ -47,7 +49,10 @@ void GptModel::ZeroGrads() {
 }
 
 void GptModel::ReduceTiedGradients() {
-  AddTiedGradient(embed_wte_, head_wte_->grad);
+  // AddTiedGradient's sum, on whichever backend holds the two parts.
+  PT_CHECK(embed_wte_->grad.numel() == head_wte_->grad.numel()) << "tied wte gradients differ";
+  backend_->AddInPlace(embed_wte_->grad.data(), head_wte_->grad.data(),
+                       embed_wte_->grad.numel());
 }
 
 float GptModel::ForwardBackward(const TokenBatch& batch, float loss_scale) {

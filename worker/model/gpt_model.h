@@ -1,7 +1,7 @@
 // The whole GPT-2 model in one process: all 2L+2 units, the tied token
 // embedding shared between embed and head, and a flat parameter list.
 // This is what `pipetrain train-local` trains and what every pipeline run is
-// checked against (DESIGN.md §4).
+// checked against (DESIGN.md §4). All units live on one Backend.
 //
 // Not thread-safe.
 #ifndef PIPETRAIN_WORKER_MODEL_GPT_MODEL_H_
@@ -18,11 +18,14 @@ namespace pipetrain {
 class GptModel {
  public:
   // INVALID_ARGUMENT when the config is invalid. Parameters are initialised
-  // from `seed` (see InitializeParameters).
+  // from `seed` (see InitializeParameters) on `backend` (not null; it must
+  // outlive the model). A device backend's errors show in its status().
   static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config,
-                                                          uint64_t seed);
+                                                          uint64_t seed,
+                                                          Backend* backend = CpuBackend());
 
   const GptConfig& config() const { return config_; }
+  Backend* backend() const { return backend_; }
   int num_units() const { return static_cast<int>(units_.size()); }
   Unit& unit(int i) { return *units_[i]; }
 
@@ -46,8 +49,9 @@ class GptModel {
   float Loss(const TokenBatch& batch);
 
  private:
-  explicit GptModel(const GptConfig& config) : config_(config) {}
+  GptModel(const GptConfig& config, Backend* backend) : config_(config), backend_(backend) {}
   GptConfig config_;
+  Backend* backend_;
   std::vector<std::unique_ptr<Unit>> units_;
   std::vector<Parameter*> parameters_;
   Parameter* embed_wte_ = nullptr;  // the optimizer's copy of wte

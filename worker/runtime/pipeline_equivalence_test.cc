@@ -56,7 +56,7 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data) {
   auto trainer = LocalTrainer::Create(c, &data).value();
   RunOutput out;
   for (int i = 0; i < kIterations; ++i) {
-    out.losses.push_back(trainer->Step().loss);
+    out.losses.push_back(trainer->Step().value().loss);
     if (EvaluatesAfter(c, i + 1)) out.val_losses.push_back(trainer->Evaluate().value());
   }
   for (Parameter* p : trainer->model().parameters()) out.weights[p->name] = p->value.ToVector();

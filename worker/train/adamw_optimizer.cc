@@ -22,12 +22,12 @@ void AdamWOptimizer::Step(const std::vector<Parameter*>& params) {
     auto it = moments_.find(p->name);
     if (it == moments_.end()) {
       it = moments_
-               .emplace(p->name, AdamWMoments{Tensor::Zeros(p->value.shape()),
-                                              Tensor::Zeros(p->value.shape())})
+               .emplace(p->name, AdamWMoments{backend_->Zeros(p->value.shape()),
+                                              backend_->Zeros(p->value.shape())})
                .first;
     }
     const bool decay = decay_ == DecayPolicy::kAll || p->is_matrix;
-    AdamWUpdate(p->value.data(), p->grad.data(), it->second.m.data(), it->second.v.data(),
+    backend_->AdamWUpdate(p->value.data(), p->grad.data(), it->second.m.data(), it->second.v.data(),
                 p->value.numel(), steps_taken_, config_, decay);
   }
 }

@@ -2,7 +2,8 @@
 //
 // State is keyed by parameter name, so a pipeline worker that owns a subset
 // of units keeps exactly the moments of its parameters, and checkpoints can
-// store them per tensor. Not thread-safe.
+// store them per tensor. The moments live on the backend the parameters
+// live on (given at construction; the update runs there). Not thread-safe.
 #ifndef PIPETRAIN_WORKER_TRAIN_ADAMW_OPTIMIZER_H_
 #define PIPETRAIN_WORKER_TRAIN_ADAMW_OPTIMIZER_H_
 
@@ -30,7 +31,9 @@ struct AdamWMoments {
 
 class AdamWOptimizer {
  public:
-  AdamWOptimizer(const AdamWConfig& config, DecayPolicy decay) : config_(config), decay_(decay) {}
+  // `backend` (not null, outliving the optimizer) holds the parameters.
+  AdamWOptimizer(const AdamWConfig& config, DecayPolicy decay, Backend* backend = CpuBackend())
+      : config_(config), decay_(decay), backend_(backend) {}
 
   // One update of every parameter from its accumulated gradient (gradients
   // are not cleared). Moments are created (zero) on first sight of a name.
@@ -46,6 +49,7 @@ class AdamWOptimizer {
  private:
   AdamWConfig config_;
   DecayPolicy decay_;
+  Backend* backend_;
   int64_t steps_taken_ = 0;
   std::map<std::string, AdamWMoments> moments_;
 };

@@ -8,13 +8,16 @@
 namespace pipetrain {
 
 absl::StatusOr<std::unique_ptr<LocalTrainer>> LocalTrainer::Create(const TrainConfig& config,
-                                                                   const Dataset* dataset) {
+                                                                   const Dataset* dataset,
+                                                                   Backend* backend) {
   RETURN_IF_ERROR(ValidateTrainConfig(config));
   if (dataset->seq_len() != config.seq_len) {
     return absl::InvalidArgumentError(absl::StrCat("dataset seq_len ", dataset->seq_len(),
                                                    " != training seq_len ", config.seq_len));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model, GptModel::Create(config.model, config.seed));
+  ASSIGN_OR_RETURN(std::unique_ptr<GptModel> model,
+                   GptModel::Create(config.model, config.seed, backend));
+  RETURN_IF_ERROR(backend->status());
   return std::unique_ptr<LocalTrainer>(new LocalTrainer(config, dataset, std::move(model)));
 }
 
@@ -23,9 +26,9 @@ LocalTrainer::LocalTrainer(const TrainConfig& config, const Dataset* dataset,
     : config_(config),
       dataset_(dataset),
       model_(std::move(model)),
-      optimizer_(config.adam, config.decay) {}
+      optimizer_(config.adam, config.decay, model_->backend()) {}
 
-StepResult LocalTrainer::Step() {
+absl::StatusOr<StepResult> LocalTrainer::Step() {
   const int64_t iteration = step();
   const int micro = config_.micro_batches;
   const int per_micro = config_.batch_size / micro;
@@ -38,7 +41,8 @@ StepResult LocalTrainer::Step() {
   }
   model_->ReduceTiedGradients();
   optimizer_.Step(model_->parameters());
-  return {step(), static_cast<float>(loss_sum / micro)};
+  RETURN_IF_ERROR(model_->backend()->status());
+  return StepResult{step(), static_cast<float>(loss_sum / micro)};
 }
 
 absl::StatusOr<float> LocalTrainer::Evaluate() {
@@ -53,6 +57,7 @@ absl::StatusOr<float> LocalTrainer::Evaluate() {
     const int count = static_cast<int>(std::min<int64_t>(per_batch, windows - first));
     weighted += static_cast<double>(model_->Loss(dataset_->ValBatch(first, count))) * count;
   }
+  RETURN_IF_ERROR(model_->backend()->status());
   return static_cast<float>(weighted / windows);
 }
 

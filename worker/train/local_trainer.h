@@ -1,5 +1,6 @@
-// Single-process reference trainer: the whole model on one CPU process,
-// gradient accumulation over micro-batches, AdamW, evaluation, checkpoints.
+// Single-process reference trainer: the whole model in one process, on one
+// Backend (the CPU by default, or a GPU), gradient accumulation over
+// micro-batches, AdamW, evaluation, checkpoints (CPU backend only).
 //
 // Every distributed run is checked against this trainer (DESIGN.md §4): for
 // iteration t the samples are dataset.TrainBatch(seed, t, ...), micro-batch k
@@ -30,17 +31,20 @@ struct StepResult {
 class LocalTrainer {
  public:
   // Validates `config` (INVALID_ARGUMENT, see ValidateTrainConfig) and that
-  // the dataset's seq_len equals config.seq_len. `dataset` must outlive the
-  // trainer. Initialises the model from config.seed.
+  // the dataset's seq_len equals config.seq_len. `dataset` and `backend`
+  // must outlive the trainer. Initialises the model from config.seed.
   static absl::StatusOr<std::unique_ptr<LocalTrainer>> Create(const TrainConfig& config,
-                                                              const Dataset* dataset);
+                                                              const Dataset* dataset,
+                                                              Backend* backend = CpuBackend());
 
-  // Runs one optimizer step (iteration step() of the data order).
-  StepResult Step();
+  // Runs one optimizer step (iteration step() of the data order). Fails
+  // only on a device backend, with its error (backend.h); the model's state
+  // is then unusable.
+  absl::StatusOr<StepResult> Step();
 
   // Mean validation loss over the first min(eval_windows, available)
   // validation windows. FAILED_PRECONDITION when the dataset has no
-  // validation split.
+  // validation split; a device backend's error.
   absl::StatusOr<float> Evaluate();
 
   int64_t step() const { return optimizer_.steps_taken(); }

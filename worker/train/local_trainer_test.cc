@@ -45,7 +45,7 @@ std::vector<float> AllWeights(LocalTrainer& t) {
 
 std::vector<float> RunSteps(LocalTrainer& t, int steps) {
   std::vector<float> losses;
-  for (int i = 0; i < steps; ++i) losses.push_back(t.Step().loss);
+  for (int i = 0; i < steps; ++i) losses.push_back(t.Step().value().loss);
   return losses;
 }
 
@@ -155,7 +155,7 @@ std::pair<float, float> TrainUntil(LocalTrainer& trainer, float bound, int64_t m
   const float initial = trainer.Evaluate().value();
   float val = initial;
   while (trainer.step() < max_steps && val >= bound) {
-    trainer.Step();
+    EXPECT_TRUE(trainer.Step().ok());
     if (trainer.step() % 50 == 0) val = trainer.Evaluate().value();
   }
   std::printf("validation loss %.4f -> %.4f after %lld steps\n", initial, val,

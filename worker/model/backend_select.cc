@@ -1,0 +1,71 @@
+#include "worker/model/backend_select.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "worker/model/cpu_backend.h"
+#include "worker/model/cuda_hooks.h"
+
+namespace pipetrain {
+namespace {
+
+// The CUDA device index "cuda" or "cuda:N" names; -1 for any other string.
+int ParseCudaDevice(const std::string& device) {
+  if (device == "cuda") return 0;
+  int index = -1;
+  if (absl::StartsWith(device, "cuda:") && absl::SimpleAtoi(device.substr(5), &index) &&
+      index >= 0) {
+    return index;
+  }
+  return -1;
+}
+
+absl::Status Tf32OnCpu() {
+  return absl::InvalidArgumentError(
+      "--gemm tf32 needs a CUDA device; the CPU backend computes in fp32");
+}
+
+absl::StatusOr<SelectedBackend> Cuda(int device, bool tf32) {
+  SelectedBackend selected;
+  ASSIGN_OR_RETURN(selected.owned, cuda_hooks::Create(device, tf32));
+  selected.backend = selected.owned.get();
+  return selected;
+}
+
+}  // namespace
+
+bool BuiltWithCuda() { return cuda_hooks::Available(); }
+
+absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm) {
+  if (gemm != "fp32" && gemm != "tf32") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--gemm must be fp32 or tf32, got '", gemm, "'"));
+  }
+  if (device != "auto" && device != "cpu" && ParseCudaDevice(device) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--device must be auto, cpu, cuda or cuda:N (N >= 0), got '", device, "'"));
+  }
+  if (device == "cpu" && gemm == "tf32") return Tf32OnCpu();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device,
+                                              const std::string& gemm) {
+  RETURN_IF_ERROR(ValidateDeviceFlags(device, gemm));
+  const bool tf32 = gemm == "tf32";
+  const int cuda_device = ParseCudaDevice(device);
+  if (cuda_device >= 0) return Cuda(cuda_device, tf32);
+  if (device == "auto" && cuda_hooks::Available()) {
+    ASSIGN_OR_RETURN(const int count, cuda_hooks::DeviceCount());
+    if (count > 0) return Cuda(0, tf32);
+  }
+  if (tf32) return Tf32OnCpu();
+  SelectedBackend selected;
+  selected.backend = CpuBackend();
+  return selected;
+}
+
+}  // namespace pipetrain

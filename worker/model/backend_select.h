@@ -1,0 +1,47 @@
+// Choosing a Backend from the user's flags: --device auto|cpu|cuda|cuda:N and
+// --gemm fp32|tf32 (the CUDA issue, scope 4).
+//
+//   auto    CUDA device 0 when this binary was built with CUDA
+//           (--config=cuda) and a device is visible; otherwise the CPU.
+//   cpu     the CPU backend.
+//   cuda    CUDA device 0 (cuda:N: device N); an error when the binary has
+//           no CUDA or the device is missing, never a silent CPU fallback.
+//
+// --gemm picks cuBLAS's GEMM mode on CUDA (fp32 is the default, and what
+// the parity checks against the CPU use); the CPU backend always computes
+// in fp32, so "tf32" with a CPU device is INVALID_ARGUMENT rather than
+// silently ignored. Thread-safe.
+#ifndef PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_
+#define PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "worker/model/backend.h"
+
+namespace pipetrain {
+
+// Whether this binary contains the CUDA backend.
+bool BuiltWithCuda();
+
+struct SelectedBackend {
+  std::unique_ptr<Backend> owned;  // the CUDA backend; null for the CPU one
+  Backend* backend = nullptr;      // never null on success
+};
+
+// The flags' syntax alone (for usage errors before any work): INVALID_ARGUMENT
+// for an unknown device or gemm value (the message lists the accepted ones)
+// or tf32 with --device cpu.
+absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm);
+
+// ValidateDeviceFlags' errors, and INVALID_ARGUMENT for tf32 when auto
+// resolves to the CPU; FAILED_PRECONDITION for cuda in a
+// binary built without CUDA; NOT_FOUND for a CUDA device that is not
+// visible; INTERNAL for CUDA setup failures.
+absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device,
+                                              const std::string& gemm);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_

@@ -1,0 +1,65 @@
+// Backend selection from flags. Runs in both builds: without CUDA (plain
+// CI) and under --config=cuda; the expectations follow BuiltWithCuda() and
+// the visible device count, so each build checks its own behaviour.
+#include "worker/model/backend_select.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+TEST(BackendSelectTest, Cpu_IsTheCpuBackend) {
+  absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "fp32");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->backend->kind(), BackendKind::kCpu);
+  EXPECT_EQ(s->owned, nullptr);
+}
+
+TEST(BackendSelectTest, UnknownDevice_InvalidArgumentListingChoices) {
+  for (const std::string bad : {"gpu", "cuda:", "cuda:-1", "cuda:x", ""}) {
+    absl::StatusOr<SelectedBackend> s = SelectBackend(bad, "fp32");
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.status().message().find("auto, cpu, cuda or cuda:N"), std::string::npos)
+        << s.status();
+  }
+}
+
+TEST(BackendSelectTest, UnknownGemm_InvalidArgument) {
+  absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "bf16");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("fp32 or tf32"), std::string::npos) << s.status();
+}
+
+TEST(BackendSelectTest, Tf32OnCpu_InvalidArgument) {
+  absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "tf32");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("needs a CUDA device"), std::string::npos) << s.status();
+}
+
+// Without CUDA compiled in, "cuda" says how to get it; with CUDA but no
+// device it is NOT_FOUND; with a device it is a CUDA backend.
+TEST(BackendSelectTest, Cuda_DependsOnBuildAndDevice) {
+  absl::StatusOr<SelectedBackend> s = SelectBackend("cuda", "fp32");
+  if (!BuiltWithCuda()) {
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(s.status().message().find("--config=cuda"), std::string::npos) << s.status();
+  } else if (!s.ok()) {
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound) << s.status();
+  } else {
+    EXPECT_EQ(s->backend->kind(), BackendKind::kCuda);
+    EXPECT_NE(s->owned, nullptr);
+  }
+}
+
+// auto never fails for lack of a GPU: it falls back to the CPU.
+TEST(BackendSelectTest, Auto_CpuWithoutDeviceElseCuda) {
+  absl::StatusOr<SelectedBackend> s = SelectBackend("auto", "fp32");
+  ASSERT_TRUE(s.ok()) << s.status();
+  absl::StatusOr<SelectedBackend> cuda = SelectBackend("cuda", "fp32");
+  EXPECT_EQ(s->backend->kind(), cuda.ok() ? BackendKind::kCuda : BackendKind::kCpu);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,25 @@
+// What backend_select.cc needs from CUDA, with two implementations chosen by
+// the build (worker/model/BUILD): cuda_hooks_cuda.cc under --config=cuda,
+// cuda_hooks_none.cc otherwise. Internal to backend_select.
+#ifndef PIPETRAIN_WORKER_MODEL_CUDA_HOOKS_H_
+#define PIPETRAIN_WORKER_MODEL_CUDA_HOOKS_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "worker/model/backend.h"
+
+namespace pipetrain {
+namespace cuda_hooks {
+
+// Whether the CUDA backend is compiled in.
+bool Available();
+// Visible CUDA devices; 0 without CUDA or without a device/driver.
+absl::StatusOr<int> DeviceCount();
+// CreateCudaBackend (cuda_backend.h); FAILED_PRECONDITION without CUDA.
+absl::StatusOr<std::unique_ptr<Backend>> Create(int device, bool tf32);
+
+}  // namespace cuda_hooks
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_CUDA_HOOKS_H_

@@ -1,0 +1,100 @@
+// The reference trainer on the CUDA backend (the CUDA issue's acceptance:
+// "train-local --device cuda matches the CPU backend's losses within 1e-4
+// relative for 20 steps (fp32 GEMM mode), and is bitwise deterministic run
+// to run"). GPU cases SKIP without a device.
+//
+// Why 1e-4 can hold: every kernel is within about 1e-5 of its CPU twin in
+// fp32 (kernels/cuda/*_test.cc) and the loss is a mean over B*T positions;
+// 20 AdamW steps at lr 1e-3 move weights by ~1e-3 each, so the per-step
+// kernel differences stay small against the loss's own scale (the check is
+// on the loss, not on individual weights, which can drift further).
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cuda/parity_testing.h"
+#include "worker/data/synthetic_text.h"
+#include "worker/model/cpu_backend.h"
+#include "worker/model/cuda_backend.h"
+#include "worker/train/local_trainer.h"
+
+namespace pipetrain {
+namespace {
+
+Dataset MakeDataset(int seq_len) {
+  std::string text = GenerateEnglishText(7, 200000);
+  std::vector<uint16_t> tokens(text.begin(), text.end());
+  return Dataset::Create(std::move(tokens), seq_len, 0.1).value();
+}
+
+// Shapes off the kernels' block sizes (T = 33, d = 96, 3 heads).
+TrainConfig Config() {
+  TrainConfig c;
+  c.model.n_layer = 2;
+  c.model.n_head = 3;
+  c.model.d_model = 96;
+  c.model.max_seq_len = 33;
+  c.seq_len = 33;
+  c.batch_size = 6;
+  c.micro_batches = 2;
+  c.adam.lr = 1e-3f;
+  c.seed = 21;
+  return c;
+}
+
+struct TrainRun {
+  std::vector<float> losses;
+  float val_loss = 0;
+};
+
+TrainRun Train(Backend* backend, int steps) {
+  Dataset data = MakeDataset(33);
+  auto trainer = LocalTrainer::Create(Config(), &data, backend);
+  EXPECT_TRUE(trainer.ok()) << trainer.status();
+  TrainRun run;
+  if (!trainer.ok()) return run;
+  for (int i = 0; i < steps; ++i) {
+    absl::StatusOr<StepResult> r = (*trainer)->Step();
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return run;
+    run.losses.push_back(r->loss);
+  }
+  absl::StatusOr<float> val = (*trainer)->Evaluate();
+  EXPECT_TRUE(val.ok()) << val.status();
+  run.val_loss = val.value_or(0);
+  return run;
+}
+
+class LocalTrainerCudaTest : public testing::CudaTest {};
+
+TEST_F(LocalTrainerCudaTest, TwentySteps_Fp32_LossesMatchCpuWithin1e4Relative) {
+  auto cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  const TrainRun want = Train(CpuBackend(), 20);
+  const TrainRun got = Train(cuda->get(), 20);
+  ASSERT_EQ(got.losses.size(), 20u);
+  for (int i = 0; i < 20; ++i) {
+    const float rel = std::fabs(got.losses[i] - want.losses[i]) / std::fabs(want.losses[i]);
+    EXPECT_LE(rel, 1e-4f) << "step " << i + 1 << ": cuda " << got.losses[i] << " cpu "
+                          << want.losses[i];
+  }
+  EXPECT_LE(std::fabs(got.val_loss - want.val_loss) / want.val_loss, 1e-4f)
+      << "validation: cuda " << got.val_loss << " cpu " << want.val_loss;
+}
+
+TEST_F(LocalTrainerCudaTest, TwentySteps_TwoRuns_BitwiseEqual) {
+  for (GemmMode mode : {GemmMode::kFp32, GemmMode::kTf32}) {
+    auto a = CreateCudaBackend(0, mode);
+    auto b = CreateCudaBackend(0, mode);
+    ASSERT_TRUE(a.ok() && b.ok()) << a.status() << " " << b.status();
+    const TrainRun first = Train(a->get(), 20);
+    const TrainRun second = Train(b->get(), 20);
+    EXPECT_EQ(first.losses, second.losses) << GemmModeName(mode);
+    EXPECT_EQ(first.val_loss, second.val_loss) << GemmModeName(mode);
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain

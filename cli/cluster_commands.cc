@@ -425,11 +425,15 @@ int RunWorkers(const std::vector<std::string>& args) {
   grpc::Status s = ConnectCoordinator(c.coordinator, c.tls_ca)
                        ->ListWorkers(WithDeadline(kRpcTimeout).get(), {}, &response);
   if (!s.ok()) return Fail("workers", ToAbsl(s));
-  std::printf("%-6s %-9s %-22s %-8s %s\n", "ID", "STATE", "DATA ADDRESS", "JOB", "DOING");
+  std::printf("%-6s %-9s %-22s %-24s %8s %-8s %s\n", "ID", "STATE", "DATA ADDRESS", "DEVICE",
+              "GFLOP/s", "JOB", "DOING");
   for (const v1::Worker& w : response.workers()) {
-    std::printf("%-6s %-9s %-22s %-8s %s\n", w.id().c_str(),
+    // The GPU's name, or "cpu" for a worker computing on its CPU.
+    const std::string device = w.device().gpu_model().empty() ? "cpu" : w.device().gpu_model();
+    std::printf("%-6s %-9s %-22s %-24s %8.0f %-8s %s\n", w.id().c_str(),
                 v1::WorkerState_Name(w.state()).c_str(), w.data_address().c_str(),
-                w.job_id().c_str(), w.current_instruction().c_str());
+                device.c_str(), w.device().measured_gflops(), w.job_id().c_str(),
+                w.current_instruction().c_str());
   }
   return 0;
 }

@@ -169,29 +169,10 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
   return last_val;
 }
 
-// Host copies of the parameters' values (the parameters themselves on the
-// CPU backend), for weight files.
-std::vector<Parameter> HostCopies(Backend* backend, const std::vector<Parameter*>& params) {
-  std::vector<Parameter> copies;
-  for (const Parameter* p : params) {
-    Parameter copy;
-    copy.name = p->name;
-    copy.value = p->value.on_device() ? backend->Download(p->value) : p->value;
-    copies.push_back(std::move(copy));
-  }
-  return copies;
-}
-
-std::vector<Parameter*> Pointers(std::vector<Parameter>& params) {
-  std::vector<Parameter*> out;
-  for (Parameter& p : params) out.push_back(&p);
-  return out;
-}
-
 // --init-from on any backend: read into host copies, then copy over.
 absl::Status InitFrom(const std::string& path, GptModel& model) {
-  std::vector<Parameter> host = HostCopies(model.backend(), model.parameters());
-  RETURN_IF_ERROR(LoadWeights(path, Pointers(host)));
+  std::vector<Parameter> host = HostParameterCopies(model.backend(), model.parameters());
+  RETURN_IF_ERROR(LoadWeights(path, ParameterPointers(host)));
   for (size_t i = 0; i < host.size(); ++i) {
     Parameter* p = model.parameters()[i];
     if (p->value.on_device()) model.backend()->CopyFromHost(host[i].value, &p->value);
@@ -200,9 +181,9 @@ absl::Status InitFrom(const std::string& path, GptModel& model) {
 }
 
 absl::Status SaveFinalWeights(const std::string& path, GptModel& model) {
-  std::vector<Parameter> host = HostCopies(model.backend(), model.parameters());
+  std::vector<Parameter> host = HostParameterCopies(model.backend(), model.parameters());
   RETURN_IF_ERROR(model.backend()->status());
-  return SaveWeights(path, Pointers(host));
+  return SaveWeights(path, ParameterPointers(host));
 }
 
 absl::Status Run(Options& o) {

@@ -25,6 +25,7 @@
 #include "worker/agent/worker_agent.h"
 #include "worker/agent/worker_control_service.h"
 #include "worker/agent/worker_metrics.h"
+#include "worker/model/backend_select.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/grpc_transport.h"
 
@@ -49,6 +50,7 @@ struct Flags {
   std::string metrics = "127.0.0.1:0";
   int threads = 1;
   double recv_timeout_seconds = 60;
+  std::string device = "auto", gemm = "fp32";
 };
 
 std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca_path) {
@@ -71,6 +73,9 @@ int Run(const std::vector<std::string>& args) {
   flags.String("ports-file", &f.ports_file, "write the bound ports here (JSON)");
   flags.String("metrics-address", &f.metrics, "HTTP /metrics and /healthz (port 0 = any)");
   flags.Int("threads", &f.threads, "OpenBLAS threads");
+  flags.String("device", &f.device,
+               "auto (CUDA when built with it and a GPU is visible) | cpu | cuda | cuda:N");
+  flags.String("gemm", &f.gemm, "GEMM mode on CUDA: fp32 | tf32");
   flags.Double("recv-timeout-seconds", &f.recv_timeout_seconds,
                "how long a stage waits for a tensor before failing the job");
   absl::Status parsed = flags.Parse(args);
@@ -79,6 +84,7 @@ int Run(const std::vector<std::string>& args) {
   if (parsed.ok() && !(f.recv_timeout_seconds > 0)) {
     parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
   }
+  if (parsed.ok()) parsed = ValidateDeviceFlags(f.device, f.gemm);
   if (parsed.ok() && !f.tls_ca.empty() && !std::ifstream(f.tls_ca)) {
     parsed = absl::NotFoundError("--tls-ca: cannot read " + f.tls_ca);
   }
@@ -87,6 +93,12 @@ int Run(const std::vector<std::string>& args) {
     return 2;
   }
   SetBlasThreads(f.threads);
+  absl::StatusOr<SelectedBackend> backend = SelectBackend(f.device, f.gemm);
+  if (!backend.ok()) {
+    PT_LOG(ERROR) << "--device " << f.device << ": " << backend.status();
+    return 1;
+  }
+  PT_LOG(INFO) << "computing on " << backend->backend->Describe();
 
   // OpenBLAS starts threads before main(), so blocking signals here cannot
   // route them to one thread; a handler that writes to a pipe can.
@@ -131,6 +143,7 @@ int Run(const std::vector<std::string>& args) {
   options.node_name = f.node_name;
   options.metrics_address = absl::StrCat(f.metrics.substr(0, colon), ":", *bound);
   options.recv_timeout = absl::Seconds(f.recv_timeout_seconds);
+  options.backend = backend->backend;
   auto make_transport = [&mailbox](int stage, const std::vector<std::string>& peers) {
     return std::unique_ptr<Transport>(new GrpcTransport(stage, peers, &mailbox));
   };

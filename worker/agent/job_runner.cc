@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "coordinator/jobs/job_spec.h"
 #include "worker/data/corpus.h"
+#include "worker/model/weights_io.h"
 
 namespace pipetrain {
 
@@ -95,7 +96,8 @@ absl::Status JobRunner::RunJob() {
                    assignment_.backward_units(),
                    assignment_.program(),
                    options_.recv_timeout,
-                   assignment_.eval_program()};
+                   assignment_.eval_program(),
+                   options_.backend};
   ASSIGN_OR_RETURN(std::unique_ptr<StageRuntime> runtime,
                    StageRuntime::Create(setup, &dataset, transport.get()));
   {
@@ -134,7 +136,11 @@ absl::Status JobRunner::RunJob() {
       val_loss = *evaluated;
     }
     if (last && upload) {
-      absl::Status uploaded = coordinator_->UploadWeights(assignment_.job_id(), runtime->parameters());
+      std::vector<Parameter> host = HostParameterCopies(options_.backend, runtime->parameters());
+      absl::Status uploaded = options_.backend->status();
+      if (uploaded.ok()) {
+        uploaded = coordinator_->UploadWeights(assignment_.job_id(), ParameterPointers(host));
+      }
       if (!uploaded.ok()) return uploaded;
     }
     v1::ReportProgressRequest r;

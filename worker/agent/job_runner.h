@@ -47,6 +47,8 @@ struct JobRunnerOptions {
   std::string worker_id;
   int64_t incarnation = 0;
   absl::Duration recv_timeout = absl::Seconds(60);
+  // Where the stages compute (not owned; outlives the runner).
+  Backend* backend = CpuBackend();
 };
 
 // Per-iteration observations for metrics (called on the runner thread).

@@ -89,7 +89,7 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
   stub_ = v1::Coordinator::NewStub(
       grpc::CreateCustomChannel(options_.coordinator_address, credentials, args));
   link_ = std::make_unique<GrpcLink>(stub_.get(), this);
-  device_ = CollectDeviceInfo();
+  device_ = CollectDeviceInfo(options_.backend);
 }
 
 WorkerAgent::~WorkerAgent() { Stop(); }
@@ -287,6 +287,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
     runner_options.incarnation = incarnation_;
   }
   runner_options.recv_timeout = options_.recv_timeout;
+  runner_options.backend = options_.backend;
   auto runner = std::make_unique<JobRunner>(a, mailbox_, make_transport_, link_.get(),
                                             runner_options, observer_);
   runner->Start();

@@ -38,6 +38,9 @@ struct WorkerAgentOptions {
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration recv_timeout = absl::Seconds(60);
   BackoffOptions backoff;
+  // Where stages compute (not owned; outlives the agent); reported at
+  // registration with the device's facts.
+  Backend* backend = CpuBackend();
 };
 
 class WorkerAgent {

@@ -40,6 +40,13 @@ namespace pipetrain {
 
 enum class BackendKind { kCpu, kCuda };
 
+// What a device backend runs on (empty for the CPU backend).
+struct DeviceFacts {
+  std::string name;          // e.g. "NVIDIA H100 80GB HBM3"
+  int64_t memory_bytes = 0;  // device memory
+  int sm_count = 0;          // streaming multiprocessors
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -49,6 +56,9 @@ class Backend {
   virtual std::string Describe() const = 0;
   // OK, or the first error an op hit (see the file comment).
   virtual absl::Status status() const = 0;
+  virtual DeviceFacts device_facts() const = 0;
+  // Waits for all queued work (for timing; CPU: returns at once).
+  virtual void Synchronize() = 0;
 
   // --- Memory.
   // A zero-filled tensor of `shape` on this backend's device.

@@ -21,6 +21,8 @@ class CpuBackendImpl final : public Backend {
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string Describe() const override { return "cpu"; }
   absl::Status status() const override { return absl::OkStatus(); }
+  DeviceFacts device_facts() const override { return {}; }
+  void Synchronize() override {}
 
   Tensor Zeros(const Shape& shape) override { return Tensor::Zeros(shape); }
   Tensor Upload(const Tensor& host) override { return host; }

@@ -63,8 +63,11 @@ struct DeviceMemory {
 
 class CudaBackendImpl final : public Backend {
  public:
-  CudaBackendImpl(int device, std::string name, cudaStream_t stream, CublasHandle cublas)
-      : device_(device), name_(std::move(name)), stream_(stream), cublas_(std::move(cublas)) {}
+  CudaBackendImpl(const CudaDeviceInfo& info, cudaStream_t stream, CublasHandle cublas)
+      : device_(info.index),
+        facts_{info.name, info.total_memory_bytes, info.sm_count},
+        stream_(stream),
+        cublas_(std::move(cublas)) {}
   ~CudaBackendImpl() override {
     cudaStreamSynchronize(stream_);
     cudaStreamDestroy(stream_);
@@ -72,10 +75,14 @@ class CudaBackendImpl final : public Backend {
 
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string Describe() const override {
-    return absl::StrCat("cuda:", device_, " (", name_, "), ", GemmModeName(cublas_.mode()),
-                        " GEMMs");
+    return absl::StrCat("cuda:", device_, " (", facts_.name, "), ",
+                        GemmModeName(cublas_.mode()), " GEMMs");
   }
   absl::Status status() const override { return status_; }
+  DeviceFacts device_facts() const override { return facts_; }
+  void Synchronize() override {
+    Run([&] { return SynchronizeStream(); });
+  }
 
   Tensor Zeros(const Shape& shape) override;
   Tensor Upload(const Tensor& host) override;
@@ -165,16 +172,19 @@ class CudaBackendImpl final : public Backend {
   template <typename Op>
   void Run(Op&& op) {
     if (!status_.ok()) return;
-    absl::Status s = op();
+    // The current device is per host thread, and a worker drives its
+    // backend from a job thread, not the one that created it.
+    absl::Status s = CudaStatus(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__);
+    if (s.ok()) s = op();
     if (!s.ok()) status_ = std::move(s);
   }
   // Copies n host ids into the id scratch (synchronously: the host array
   // may change after the call) and returns the device copy.
   absl::StatusOr<const int32_t*> UploadIds(const int32_t* host, int64_t n);
-  absl::Status Synchronize();
+  absl::Status SynchronizeStream();
 
   int device_;
-  std::string name_;
+  DeviceFacts facts_;
   cudaStream_t stream_;
   CublasHandle cublas_;
   std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>();
@@ -184,7 +194,7 @@ class CudaBackendImpl final : public Backend {
   Scratch<float> loss_;
 };
 
-absl::Status CudaBackendImpl::Synchronize() {
+absl::Status CudaBackendImpl::SynchronizeStream() {
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   return absl::OkStatus();
 }
@@ -194,7 +204,7 @@ absl::StatusOr<const int32_t*> CudaBackendImpl::UploadIds(const int32_t* host, i
   if (!ids.ok()) return ids.status();
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*ids, host, static_cast<size_t>(n) * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, stream_));
-  absl::Status synced = Synchronize();
+  absl::Status synced = SynchronizeStream();
   if (!synced.ok()) return synced;
   return *ids;
 }
@@ -237,7 +247,7 @@ void CudaBackendImpl::CopyFromHost(const Tensor& host, Tensor* dst) {
   Run([&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst->data(), host.data(), host.size_bytes(),
                                          cudaMemcpyHostToDevice, stream_));
-    return Synchronize();
+    return SynchronizeStream();
   });
 }
 
@@ -248,7 +258,7 @@ Tensor CudaBackendImpl::Download(const Tensor& t) {
   Run([&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), t.data(), t.size_bytes(),
                                          cudaMemcpyDeviceToHost, stream_));
-    return Synchronize();
+    return SynchronizeStream();
   });
   return host;
 }
@@ -283,7 +293,7 @@ float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits,
     if (!s.ok()) return s;
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, *device_loss, sizeof(float),
                                          cudaMemcpyDeviceToHost, stream_));
-    return Synchronize();
+    return SynchronizeStream();
   });
   return loss;
 }
@@ -302,7 +312,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, GemmMode 
     return cublas.status();
   }
   return std::unique_ptr<Backend>(
-      new CudaBackendImpl(device, info->name, stream, *std::move(cublas)));
+      new CudaBackendImpl(*info, stream, *std::move(cublas)));
 }
 
 }  // namespace pipetrain

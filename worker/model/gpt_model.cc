@@ -2,7 +2,6 @@
 
 #include <set>
 
-#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -49,10 +48,7 @@ void GptModel::ZeroGrads() {
 }
 
 void GptModel::ReduceTiedGradients() {
-  // AddTiedGradient's sum, on whichever backend holds the two parts.
-  PT_CHECK(embed_wte_->grad.numel() == head_wte_->grad.numel()) << "tied wte gradients differ";
-  backend_->AddInPlace(embed_wte_->grad.data(), head_wte_->grad.data(),
-                       embed_wte_->grad.numel());
+  AddTiedGradient(backend_, embed_wte_, head_wte_->grad);
 }
 
 float GptModel::ForwardBackward(const TokenBatch& batch, float loss_scale) {

@@ -55,13 +55,13 @@ Parameter* TieHeadToEmbedding(Unit& embed, Unit& head) {
   return head_wte;
 }
 
-void AddTiedGradient(Parameter* holder, const Tensor& other_part) {
-  PT_CHECK(!holder->grad.on_device() && !other_part.on_device())
-      << "tied gradient of " << holder->name << " on a device: host tensors only";
+void AddTiedGradient(Backend* backend, Parameter* holder, const Tensor& other_part) {
+  PT_CHECK(holder->grad.on_device() == other_part.on_device())
+      << "tied gradient of " << holder->name << ": one part on the host, one on a device";
   PT_CHECK(holder->grad.numel() == other_part.numel())
       << "tied gradient of " << holder->name << ": " << holder->grad.numel() << " vs "
       << other_part.numel() << " elements";
-  AddInPlace(holder->grad.data(), other_part.data(), other_part.numel());
+  backend->AddInPlace(holder->grad.data(), other_part.data(), other_part.numel());
 }
 
 std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index, Backend* backend) {

@@ -109,9 +109,9 @@ Parameter* TieHeadToEmbedding(Unit& embed, Unit& head);
 // embedding's part and the head's part. `holder` is the wte Parameter whose
 // gradient holds this side's part; `other_part` the other side's. Both sides
 // of a pipeline call this with the roles swapped; IEEE addition of two terms
-// is commutative, so both copies get bitwise the same gradient. Host
-// tensors only (the pipeline runtime is CPU-only for now).
-void AddTiedGradient(Parameter* holder, const Tensor& other_part);
+// is commutative, so both copies get bitwise the same gradient. Both
+// tensors are on `backend`'s device; their sizes must match (CHECK).
+void AddTiedGradient(Backend* backend, Parameter* holder, const Tensor& other_part);
 
 // Builds unit `index` of `config` with zeroed parameters on `backend`
 // (config must be valid; backend not null and outliving the unit). Call

@@ -58,4 +58,25 @@ absl::Status LoadWeights(const std::string& path, const std::vector<Parameter*>&
   return absl::OkStatus();
 }
 
+std::vector<Parameter> HostParameterCopies(Backend* backend,
+                                           const std::vector<Parameter*>& params) {
+  std::vector<Parameter> copies;
+  copies.reserve(params.size());
+  for (const Parameter* p : params) {
+    Parameter copy;
+    copy.name = p->name;
+    copy.value = p->value.on_device() ? backend->Download(p->value) : p->value;
+    copy.is_matrix = p->is_matrix;
+    copies.push_back(std::move(copy));
+  }
+  return copies;
+}
+
+std::vector<Parameter*> ParameterPointers(std::vector<Parameter>& params) {
+  std::vector<Parameter*> out;
+  out.reserve(params.size());
+  for (Parameter& p : params) out.push_back(&p);
+  return out;
+}
+
 }  // namespace pipetrain

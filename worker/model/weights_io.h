@@ -19,6 +19,15 @@ namespace pipetrain {
 // Parameter values (not gradients) under their names, sharing storage.
 std::vector<NamedTensor> ParameterValues(const std::vector<Parameter*>& params);
 
+// Host copies of `params`' values (name and value only; the values
+// themselves, shared, when already on the host), for everything that reads
+// weights on the host (files, uploads). `backend` holds the parameters; a
+// device backend's copy errors show in its status().
+std::vector<Parameter> HostParameterCopies(Backend* backend,
+                                           const std::vector<Parameter*>& params);
+// Pointers to each element of `params` (which must outlive them).
+std::vector<Parameter*> ParameterPointers(std::vector<Parameter>& params);
+
 // Writes the parameters' values to `path` (atomically; see WriteSafetensors).
 absl::Status SaveWeights(const std::string& path, const std::vector<Parameter*>& params,
                          const SafetensorsMetadata& metadata = {});

@@ -38,22 +38,24 @@ int64_t WeightCount(Unit& unit) {
 }
 
 // UNIT_WEIGHTS payload: every parameter value of the unit, concatenated in
-// parameters() order (plan.proto).
+// parameters() order (plan.proto), on the host.
 Tensor PackWeights(Unit& unit) {
   Tensor out = Tensor::Zeros({WeightCount(unit)});
   int64_t offset = 0;
   for (const Parameter* p : unit.parameters()) {
-    std::copy(p->value.data(), p->value.data() + p->value.numel(), out.data() + offset);
+    const Tensor host = unit.backend()->Download(p->value);
+    std::copy(host.data(), host.data() + host.numel(), out.data() + offset);
     offset += p->value.numel();
   }
   return out;
 }
 
-// Requires packed.numel() == WeightCount(*unit).
+// Requires packed.numel() == WeightCount(*unit); packed is on the host.
 void UnpackWeights(const Tensor& packed, Unit* unit) {
   int64_t offset = 0;
   for (Parameter* p : unit->parameters()) {
-    std::copy(packed.data() + offset, packed.data() + offset + p->value.numel(), p->value.data());
+    const Tensor part = packed.Reshape({packed.numel()}).Slice(offset, offset + p->value.numel());
+    unit->backend()->CopyFromHost(part, &p->value);
     offset += p->value.numel();
   }
 }
@@ -96,11 +98,11 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
       dataset_(dataset),
       transport_(transport),
       num_units_(NumUnits(setup.train.model)),
-      optimizer_(setup.train.adam, setup.train.decay) {
+      optimizer_(setup.train.adam, setup.train.decay, setup.backend) {
   for (const v1::UnitRange& r : {setup.forward, setup.backward}) {
     for (int u = r.begin(); u < r.end(); ++u) {
       if (units_.count(u)) continue;
-      units_[u] = MakeUnit(setup.train.model, u);
+      units_[u] = MakeUnit(setup.train.model, u, setup.backend);
       InitializeParameters(units_[u].get(), setup.train.seed);
     }
   }
@@ -192,6 +194,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
       current_ = DescribeInstruction(in);
     }
     absl::Status status = Execute(in, iteration, &result);
+    if (status.ok()) status = setup_.backend->status();
     if (!status.ok()) {
       return absl::Status(status.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
                                                       iteration, ", '", DescribeInstruction(in),
@@ -355,6 +358,7 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
       current_ = DescribeInstruction(in);
     }
     absl::Status status = Execute(in, after_step, &ignored);
+    if (status.ok()) status = setup_.backend->status();
     if (!status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("stage ", setup_.stage, ", validation after step ",
@@ -439,6 +443,8 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     }
     default: return Internal("send of an unknown tensor kind");
   }
+  // The wire carries host tensors (a no-op on the CPU backend).
+  if (tensor.on_device()) tensor = setup_.backend->Download(tensor);
   std::vector<float> scores;  // token importance for token_topk, if recorded
   if (key.kind() == v1::ACTIVATION) {
     auto it = token_scores_.find({key.micro_batch(), key.unit()});
@@ -486,6 +492,9 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
         ShapeToString(t.shape()), "; expected ", ShapeToString(expected)));
   }
   t = t.Reshape(expected);
+  // Units compute on the backend's device (a no-op on the CPU backend);
+  // packed weights are unpacked from the host copy.
+  if (key.kind() != v1::UNIT_WEIGHTS) t = setup_.backend->Upload(t);
   switch (key.kind()) {
     case v1::ACTIVATION: activations_[{key.micro_batch(), key.unit()}] = t; break;
     case v1::ACTIVATION_GRAD: grads_in_[key.micro_batch()] = t; break;
@@ -500,13 +509,14 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
 absl::Status StageRuntime::AddTied() {
   if (IsBackwardUnit(0) && IsBackwardUnit(num_units_ - 1)) {
     // Both parts are here: embedding part + head part, as GptModel does.
-    AddTiedGradient(TiedHolder(), FindParameter(*units_.at(num_units_ - 1), "wte.weight")->grad);
+    AddTiedGradient(setup_.backend, TiedHolder(),
+                    FindParameter(*units_.at(num_units_ - 1), "wte.weight")->grad);
     return absl::OkStatus();
   }
   Parameter* holder = TiedHolder();
   if (holder == nullptr) return Internal("no tied embedding gradient on this stage");
   if (tied_received_.is_null()) return Internal("tied gradient not received");
-  AddTiedGradient(holder, tied_received_);
+  AddTiedGradient(setup_.backend, holder, tied_received_);
   return absl::OkStatus();
 }
 

@@ -12,7 +12,8 @@
 // units get theirs by UNIT_WEIGHTS receives. Sends are encoded and receives
 // decoded as the program says (LinkCompressor). With lossless transport the
 // pipeline's losses and weights equal LocalTrainer's bitwise
-// (pipeline_equivalence_test).
+// (pipeline_equivalence_test). Units run on setup.backend (the CPU by
+// default); a device backend's error fails the instruction that hit it.
 //
 // Not thread-safe, except current_instruction(), which any thread may read.
 #ifndef PIPETRAIN_WORKER_RUNTIME_STAGE_RUNTIME_H_
@@ -50,6 +51,9 @@ struct StageSetup {
   // The forward-only validation program (Assignment.eval_program; empty:
   // RunEval does nothing).
   v1::Program eval_program;
+  // Where the units compute (not owned; outlives the runtime). Tensors cross
+  // the transport on the host: sends download, receives upload.
+  Backend* backend = CpuBackend();
 };
 
 struct IterationResult {

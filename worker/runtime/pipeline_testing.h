@@ -1,0 +1,51 @@
+// Test harness shared by the pipeline equivalence tests (testonly): the
+// single-process reference run and an in-process pipeline run of the same
+// training config, each for kIterations steps with validation passes, and
+// what they produced (losses, validation losses, every weight copy).
+#ifndef PIPETRAIN_WORKER_RUNTIME_PIPELINE_TESTING_H_
+#define PIPETRAIN_WORKER_RUNTIME_PIPELINE_TESTING_H_
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "coordinator/planner/partition.h"
+#include "coordinator/planner/schedule_compiler.h"
+#include "worker/data/dataset.h"
+#include "worker/model/backend.h"
+#include "worker/model/cpu_backend.h"
+#include "worker/train/train_config.h"
+
+namespace pipetrain {
+namespace testing {
+
+constexpr int kIterations = 10;
+
+// 2 layers, d_model 32, seq 16, batch 8 in 4 micro-batches, validation every
+// 4 steps over 7 windows.
+TrainConfig SmallConfig();
+// Generated English text, seq 16, 10% validation.
+Dataset MakeDataset();
+
+struct RunOutput {
+  std::vector<float> losses;
+  std::vector<float> val_losses;
+  std::map<std::string, std::vector<float>> weights;  // every copy must agree
+};
+
+// LocalTrainer on `backend` for kIterations steps.
+RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend = CpuBackend());
+
+// The pipeline of forward/backward ranges, one StageRuntime per stage on its
+// own thread over an in-process fabric; stage s computes on backend_of(s)
+// (the CPU when null). Failures are reported as test failures (EXPECT).
+RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
+                      const std::vector<Range>& forward, const std::vector<Range>& backward,
+                      Schedule schedule,
+                      const std::function<Backend*(int stage)>& backend_of = nullptr);
+
+}  // namespace testing
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_RUNTIME_PIPELINE_TESTING_H_

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "common/tensor.h"
+#include "worker/model/gemm_probe.h"
 
 namespace pipetrain {
 namespace {
@@ -23,23 +23,6 @@ std::string CpuModel() {
     }
   }
   return "unknown";
-}
-
-// The best of three timed n x n x n GEMMs on `backend` after a warm-up.
-double MeasureGflops(Backend* backend, int n) {
-  const Tensor a = backend->Upload(Tensor::FromVector({n, n}, std::vector<float>(n * n, 0.5f)));
-  const Tensor b = backend->Upload(Tensor::FromVector({n, n}, std::vector<float>(n * n, 0.25f)));
-  Tensor c = backend->Zeros({n, n});
-  double best = 1e30;
-  for (int rep = 0; rep < 4; ++rep) {
-    const auto t0 = std::chrono::steady_clock::now();
-    backend->Sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
-    backend->Synchronize();
-    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
-    if (rep > 0) best = std::min(best, dt.count());  // rep 0 warms up
-  }
-  if (!backend->status().ok()) return 0;
-  return 2.0 * n * n * n / best / 1e9;
 }
 
 }  // namespace
@@ -57,7 +40,7 @@ v1::DeviceInfo CollectDeviceInfo(Backend* backend) {
   info.set_gpu_memory_bytes(facts.memory_bytes);
   info.set_gpu_sm_count(facts.sm_count);
   const bool gpu = backend->kind() != BackendKind::kCpu;
-  info.set_measured_gflops(MeasureGflops(backend, gpu ? 4096 : 384));
+  info.set_measured_gflops(MeasureGemmGflops(backend, gpu ? 4096 : 384, 3));
   return info;
 }
 

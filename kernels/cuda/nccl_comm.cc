@@ -1,0 +1,251 @@
+#include "kernels/cuda/nccl_comm.h"
+
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/nccl_status.h"
+
+namespace pipetrain {
+namespace {
+
+// Runs fn() with `device` current on this thread and restores the previous
+// device, so callers need not track which device NCCL calls switched to.
+template <typename Fn>
+absl::Status OnDevice(int device, Fn&& fn) {
+  int previous = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous));
+  if (previous != device) CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  absl::Status status = fn();
+  if (previous != device) {
+    const absl::Status restored =
+        CudaStatus(cudaSetDevice(previous), "cudaSetDevice(previous)", __FILE__, __LINE__);
+    if (status.ok()) status = restored;
+  }
+  return status;
+}
+
+// Restores the calling thread's current device on scope exit, for the
+// teardown calls that must reach NCCL even when CUDA is already failing
+// (so they cannot go through OnDevice's early returns).
+class DeviceKeeper {
+ public:
+  DeviceKeeper() : saved_(cudaGetDevice(&device_) == cudaSuccess) {}
+  DeviceKeeper(const DeviceKeeper&) = delete;
+  DeviceKeeper& operator=(const DeviceKeeper&) = delete;
+  // The error is dropped: a destructor cannot report it, and it can only
+  // follow a sticky device error that the next checked call reports.
+  ~DeviceKeeper() {
+    if (saved_) cudaSetDevice(device_);
+  }
+
+ private:
+  int device_ = 0;
+  bool saved_;
+};
+
+absl::Status EmptyCommError(const char* method) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("NcclComm::", method,
+                   " on an empty communicator (default-constructed, moved-from, destroyed or "
+                   "aborted); create one with NcclComm::Create()"));
+}
+
+absl::Status CheckCreateArgs(int nranks, int rank, int device) {
+  if (nranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NcclComm::Create: nranks is ", nranks, "; a communicator needs >= 1 rank"));
+  }
+  if (rank < 0 || rank >= nranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("NcclComm::Create: rank ", rank, " is outside [0, ", nranks, ")"));
+  }
+  if (device < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("NcclComm::Create: device ", device,
+                                                   " is negative; pass a CUDA device index"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+namespace nccl_internal {
+
+absl::Status CheckBuffer(const char* op, const char* name, const void* buffer, int64_t count) {
+  if (count < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": count ", count, " is negative"));
+  }
+  if (count > 0 && buffer == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", name, " is null with count ", count, "; pass device memory"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPeer(const char* op, int peer, int nranks) {
+  if (peer < 0 || peer >= nranks) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": peer ", peer, " is outside [0, ", nranks,
+                                                   "), the ranks of this communicator"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace nccl_internal
+
+absl::StatusOr<std::string> NcclVersion() {
+  int code = 0;
+  NCCL_RETURN_IF_ERROR(ncclGetVersion(&code));
+  return NcclVersionString(code);
+}
+
+std::string NcclVersionString(int code) {
+  // NCCL_VERSION() switched from X*1000+Y*100+Z to X*10000+Y*100+Z at 2.9.
+  if (code >= 10000) return absl::StrCat(code / 10000, ".", code % 10000 / 100, ".", code % 100);
+  return absl::StrCat(code / 1000, ".", code % 1000 / 100, ".", code % 100);
+}
+
+absl::StatusOr<NcclUniqueId> NcclUniqueId::Create() {
+  NcclUniqueId id;
+  NCCL_RETURN_IF_ERROR(ncclGetUniqueId(&id.id_));
+  return id;
+}
+
+absl::StatusOr<NcclUniqueId> NcclUniqueId::FromBytes(std::string_view bytes) {
+  if (bytes.size() != sizeof(ncclUniqueId)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "NcclUniqueId::FromBytes: got ", bytes.size(), " bytes, an NCCL unique id has exactly ",
+        sizeof(ncclUniqueId), "; pass NcclUniqueId::ToBytes() unchanged"));
+  }
+  NcclUniqueId id;
+  std::memcpy(id.id_.internal, bytes.data(), bytes.size());
+  return id;
+}
+
+std::string NcclUniqueId::ToBytes() const {
+  return std::string(id_.internal, sizeof(id_.internal));
+}
+
+absl::StatusOr<NcclComm> NcclComm::Create(const NcclUniqueId& id, int nranks, int rank,
+                                          int device) {
+  RETURN_IF_ERROR(CheckCreateArgs(nranks, rank, device));
+  ncclComm_t comm = nullptr;
+  const absl::Status status = OnDevice(device, [&]() -> absl::Status {
+    NCCL_RETURN_IF_ERROR(ncclCommInitRank(&comm, nranks, id.get(), rank));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) {
+    // A blocking init that fails after allocating hands the communicator
+    // back unfreed; abort it (aborting does not wait for the other ranks).
+    if (comm != nullptr) {
+      DeviceKeeper keeper;
+      ncclCommAbort(comm);
+    }
+    return absl::Status(status.code(), absl::StrCat("NcclComm::Create(rank ", rank, " of ", nranks,
+                                                    ", device ", device, "): ", status.message()));
+  }
+  return NcclComm(comm, rank, nranks, device);
+}
+
+NcclComm::NcclComm(NcclComm&& other) noexcept
+    : comm_(std::exchange(other.comm_, nullptr)),
+      rank_(std::exchange(other.rank_, 0)),
+      size_(std::exchange(other.size_, 0)),
+      device_(std::exchange(other.device_, -1)) {}
+
+NcclComm& NcclComm::operator=(NcclComm&& other) noexcept {
+  if (this != &other) {
+    Destroy().IgnoreError();
+    comm_ = std::exchange(other.comm_, nullptr);
+    rank_ = std::exchange(other.rank_, 0);
+    size_ = std::exchange(other.size_, 0);
+    device_ = std::exchange(other.device_, -1);
+  }
+  return *this;
+}
+
+// A destructor cannot report the error; call Destroy() to see it.
+NcclComm::~NcclComm() { Destroy().IgnoreError(); }
+
+absl::Status NcclComm::AllReduceSum(const float* send, float* recv, int64_t count,
+                                    cudaStream_t stream) {
+  RETURN_IF_ERROR(nccl_internal::CheckBuffer("NcclComm::AllReduceSum", "send", send, count));
+  RETURN_IF_ERROR(nccl_internal::CheckBuffer("NcclComm::AllReduceSum", "recv", recv, count));
+  if (!valid()) return EmptyCommError("AllReduceSum");
+  return OnDevice(device_, [&]() -> absl::Status {
+    NCCL_RETURN_IF_ERROR(
+        ncclAllReduce(send, recv, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_, stream));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status NcclComm::Send(const float* send, int64_t count, int peer, cudaStream_t stream) {
+  RETURN_IF_ERROR(nccl_internal::CheckBuffer("NcclComm::Send", "send", send, count));
+  if (!valid()) return EmptyCommError("Send");
+  RETURN_IF_ERROR(nccl_internal::CheckPeer("NcclComm::Send", peer, size_));
+  return OnDevice(device_, [&]() -> absl::Status {
+    NCCL_RETURN_IF_ERROR(
+        ncclSend(send, static_cast<size_t>(count), ncclFloat32, peer, comm_, stream));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status NcclComm::Recv(float* recv, int64_t count, int peer, cudaStream_t stream) {
+  RETURN_IF_ERROR(nccl_internal::CheckBuffer("NcclComm::Recv", "recv", recv, count));
+  if (!valid()) return EmptyCommError("Recv");
+  RETURN_IF_ERROR(nccl_internal::CheckPeer("NcclComm::Recv", peer, size_));
+  return OnDevice(device_, [&]() -> absl::Status {
+    NCCL_RETURN_IF_ERROR(
+        ncclRecv(recv, static_cast<size_t>(count), ncclFloat32, peer, comm_, stream));
+    return absl::OkStatus();
+  });
+}
+
+absl::Status NcclComm::Destroy() {
+  if (comm_ == nullptr) return absl::OkStatus();
+  const ncclComm_t comm = std::exchange(comm_, nullptr);
+  rank_ = 0;
+  size_ = 0;
+  device_ = -1;
+  DeviceKeeper keeper;  // NCCL switches to the communicator's device
+  NCCL_RETURN_IF_ERROR(ncclCommDestroy(comm));
+  return absl::OkStatus();
+}
+
+// The result is dropped: abort is the last resort, and there is nothing
+// left to do with a communicator whose abort failed.
+void NcclComm::Abort() {
+  if (comm_ == nullptr) return;
+  const ncclComm_t comm = std::exchange(comm_, nullptr);
+  rank_ = 0;
+  size_ = 0;
+  device_ = -1;
+  DeviceKeeper keeper;
+  ncclCommAbort(comm);
+}
+
+absl::StatusOr<NcclGroup> NcclGroup::Start() {
+  NCCL_RETURN_IF_ERROR(ncclGroupStart());
+  return NcclGroup();
+}
+
+NcclGroup::NcclGroup(NcclGroup&& other) noexcept : open_(std::exchange(other.open_, false)) {}
+
+// A destructor cannot report the error; call End() to see it.
+NcclGroup::~NcclGroup() {
+  if (open_) End().IgnoreError();
+}
+
+absl::Status NcclGroup::End() {
+  if (!open_) {
+    return absl::FailedPreconditionError(
+        "NcclGroup::End on a group already ended (or moved from); start a new one with "
+        "NcclGroup::Start()");
+  }
+  open_ = false;
+  NCCL_RETURN_IF_ERROR(ncclGroupEnd());
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain

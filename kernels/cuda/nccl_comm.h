@@ -1,0 +1,217 @@
+// NCCL communicators for groups of workers whose GPUs can reach each other
+// (issue 6): all-reduce for data-parallel groups, and point-to-point send and
+// receive of activations and gradients inside a node. Across nodes, and as
+// the fallback, the gRPC data plane carries tensors instead.
+//
+// Setting up a group of n ranks:
+//   1. One party (the coordinator) creates an NcclUniqueId and hands its
+//      ToBytes() to every member (a proto bytes field).
+//   2. Every member rebuilds it with NcclUniqueId::FromBytes and calls
+//      NcclComm::Create(id, n, its_rank, its_device). The calls of all n ranks
+//      must run concurrently (different processes, or different threads of
+//      one process): each blocks until all have joined.
+//   3. Collectives (AllReduceSum) must be called by every rank, in the same
+//      order, with the same count. A Send must be matched by the peer's Recv
+//      of the same count; a rank that both sends and receives puts the pair in
+//      one NcclGroup, or the two ranks can block each other.
+//
+//   ASSIGN_OR_RETURN(NcclComm comm, NcclComm::Create(id, 2, rank, device));
+//   {
+//     ASSIGN_OR_RETURN(NcclGroup group, NcclGroup::Start());
+//     RETURN_IF_ERROR(comm.Send(out, n, 1 - rank, stream));
+//     RETURN_IF_ERROR(comm.Recv(in, n, 1 - rank, stream));
+//     RETURN_IF_ERROR(group.End());
+//   }
+//
+// Operations are asynchronous: they return once queued on `stream`, and the
+// data is ready when the stream is (CudaStream::Synchronize, or an event).
+// Argument checks happen before any NCCL call and return INVALID_ARGUMENT;
+// NCCL and CUDA failures return INTERNAL naming the call (nccl_status.h).
+//
+// What one GPU can show: see the limits in nccl_comm_test.cc's header.
+#ifndef PIPETRAIN_KERNELS_CUDA_NCCL_COMM_H_
+#define PIPETRAIN_KERNELS_CUDA_NCCL_COMM_H_
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace pipetrain {
+
+// The NCCL library's version, e.g. "2.28.9" (ncclGetVersion: the library
+// loaded at run time, not the header built against). Needs no GPU. INTERNAL
+// if NCCL fails.
+absl::StatusOr<std::string> NcclVersion();
+
+// A version code as ncclGetVersion returns it, as "major.minor.patch":
+// 22809 -> "2.28.9" (codes >= 10000, NCCL 2.9 on), 2708 -> "2.7.8" (older).
+std::string NcclVersionString(int code);
+
+// The rendezvous token of one communicator: NCCL_UNIQUE_ID_BYTES opaque
+// bytes, naming the bootstrap root that ranks connect to. Copyable value;
+// thread-compatible.
+class NcclUniqueId {
+ public:
+  // A fresh id (ncclGetUniqueId). It starts NCCL's bootstrap root in this
+  // process, which waits for the ranks of the communicator to connect, so
+  // the creating process must live until all ranks have joined, and must be
+  // reachable from every rank's host; an id never used keeps that thread
+  // and its socket until the process exits. Needs a network interface
+  // (loopback will do), not a GPU. INTERNAL if NCCL fails.
+  static absl::StatusOr<NcclUniqueId> Create();
+
+  // The id serialised by ToBytes. INVALID_ARGUMENT unless `bytes` holds
+  // exactly NCCL_UNIQUE_ID_BYTES bytes. The content is not validated: a
+  // corrupted id makes NcclComm::Create fail (or wait for ranks that never
+  // come), so carry it unchanged.
+  static absl::StatusOr<NcclUniqueId> FromBytes(std::string_view bytes);
+
+  // Exactly NCCL_UNIQUE_ID_BYTES bytes (binary, may contain NULs).
+  std::string ToBytes() const;
+
+  const ncclUniqueId& get() const { return id_; }
+
+ private:
+  NcclUniqueId() = default;
+
+  ncclUniqueId id_{};
+};
+
+// One rank's membership of an NCCL communicator. Move-only RAII: destruction
+// (or Destroy) calls ncclCommDestroy, Abort calls ncclCommAbort.
+//
+// Thread-compatible: NCCL does not allow concurrent calls on one
+// communicator; different communicators may be used from different threads.
+// Operations may be called from a thread whose current CUDA device is
+// another one: each switches to the communicator's device for the call and
+// switches back.
+class NcclComm {
+ public:
+  // Joins rank `rank` of an `nranks`-rank communicator on CUDA device
+  // `device` (ncclCommInitRank). All ranks must call this concurrently with
+  // the same id and nranks, from different processes or threads, each with
+  // its own rank; it blocks until all have joined (there is no timeout: a
+  // rank that never comes blocks the others). The calling thread's current
+  // device is restored before returning.
+  // INVALID_ARGUMENT if nranks < 1, rank is outside [0, nranks) or
+  // device < 0 (before any CUDA or NCCL call); INTERNAL if CUDA fails (e.g.
+  // no such device, no driver) or NCCL fails (e.g. ncclInvalidUsage when
+  // two ranks name the same GPU and this NCCL version rejects that); a
+  // half-initialised communicator is aborted before returning.
+  static absl::StatusOr<NcclComm> Create(const NcclUniqueId& id, int nranks, int rank, int device);
+
+  NcclComm() = default;  // empty: valid() is false
+  NcclComm(const NcclComm&) = delete;
+  NcclComm& operator=(const NcclComm&) = delete;
+  NcclComm(NcclComm&& other) noexcept;
+  NcclComm& operator=(NcclComm&& other) noexcept;  // destroys the current one first
+  ~NcclComm();                                     // Destroy(), error dropped
+
+  bool valid() const { return comm_ != nullptr; }
+  int rank() const { return rank_; }      // 0 when empty
+  int size() const { return size_; }      // nranks; 0 when empty
+  int device() const { return device_; }  // -1 when empty
+  ncclComm_t get() const { return comm_; }
+
+  // recv[i] = sum over ranks of that rank's send[i], i in [0, count), on
+  // `stream` (ncclAllReduce, float, ncclSum). send == recv (in place) is
+  // allowed. Every rank must call it with the same count. The order of the
+  // additions is NCCL's (it depends on the algorithm NCCL picks for the
+  // topology); with one or two ranks every order gives the same floats.
+  // INVALID_ARGUMENT if count < 0 or a pointer is null while count > 0;
+  // FAILED_PRECONDITION if empty; INTERNAL if NCCL fails.
+  absl::Status AllReduceSum(const float* send, float* recv, int64_t count, cudaStream_t stream);
+
+  // Sends send[0, count) to rank `peer` on `stream` (ncclSend); the peer
+  // must post a Recv of the same count from this rank. peer == rank() is
+  // allowed inside an NcclGroup that also holds the matching Recv.
+  // INVALID_ARGUMENT if count < 0, send is null while count > 0, or peer is
+  // outside [0, size()); FAILED_PRECONDITION if empty (checked before the
+  // peer); INTERNAL if NCCL fails.
+  absl::Status Send(const float* send, int64_t count, int peer, cudaStream_t stream);
+
+  // Receives count floats from rank `peer` into recv on `stream` (ncclRecv).
+  // Errors as Send.
+  absl::Status Recv(float* recv, int64_t count, int peer, cudaStream_t stream);
+
+  // ncclCommDestroy: waits for this communicator's queued work, then frees
+  // it. With several ranks in one process, NCCL waits for the other local
+  // ranks to destroy theirs too, so destroy them concurrently (one thread
+  // each), as they were created. The handle is empty afterwards. OK if
+  // already empty; INTERNAL if NCCL reports an error (resources are freed
+  // anyway).
+  absl::Status Destroy();
+
+  // ncclCommAbort: stops queued work and frees the communicator without
+  // waiting for peers. For failure paths (a peer died, an operation failed
+  // or hangs). The handle is empty afterwards; a no-op if already empty.
+  void Abort();
+
+ private:
+  NcclComm(ncclComm_t comm, int rank, int size, int device)
+      : comm_(comm), rank_(rank), size_(size), device_(device) {}
+
+  ncclComm_t comm_ = nullptr;
+  int rank_ = 0;
+  int size_ = 0;
+  int device_ = -1;
+};
+
+// A group of NCCL operations launched together (ncclGroupStart/End): a
+// rank's Send and Recv of an exchange go in one group so neither waits for
+// the other to be posted. Operations queued between Start and End launch at
+// End, which reports their NCCL errors.
+//
+// NCCL keeps the group per thread: End must run on the thread that called
+// Start, so do not hand an open group to another thread. If an operation in
+// the group fails its argument check, the others still launch at End and may
+// wait for a peer forever: check arguments before starting, or Abort the
+// communicator after such a failure.
+//
+// NCCL 2.28 leaks a small allocation (160 bytes) for each group ended with
+// no operations in it: do not open empty groups in a per-step loop.
+class NcclGroup {
+ public:
+  // ncclGroupStart. Needs no GPU. INTERNAL if NCCL fails.
+  static absl::StatusOr<NcclGroup> Start();
+
+  NcclGroup(const NcclGroup&) = delete;
+  NcclGroup& operator=(const NcclGroup&) = delete;
+  NcclGroup(NcclGroup&& other) noexcept;
+  NcclGroup& operator=(NcclGroup&&) = delete;
+  ~NcclGroup();  // End() if still open, error dropped
+
+  bool open() const { return open_; }
+
+  // ncclGroupEnd: launches the queued operations. FAILED_PRECONDITION if
+  // already ended (or moved from); INTERNAL if NCCL fails.
+  absl::Status End();
+
+ private:
+  NcclGroup() : open_(true) {}
+
+  bool open_ = false;
+};
+
+namespace nccl_internal {
+
+// NcclComm's argument checks, exposed so tests can run them without a GPU.
+// Each returns OK or INVALID_ARGUMENT naming `op` and the bad argument.
+
+// count >= 0, and `buffer` (called `name`) non-null when count > 0.
+absl::Status CheckBuffer(const char* op, const char* name, const void* buffer, int64_t count);
+
+// 0 <= peer < nranks.
+absl::Status CheckPeer(const char* op, int peer, int nranks);
+
+}  // namespace nccl_internal
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_KERNELS_CUDA_NCCL_COMM_H_

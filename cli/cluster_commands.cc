@@ -21,6 +21,7 @@
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
 #include "coordinator/jobs/job_spec.h"
+#include "worker/model/backend_select.h"
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
 
@@ -103,6 +104,7 @@ struct UpOptions {
   std::string forward_codec = "none", backward_codec = "none";
   bool error_feedback = false, epilogue_only = false;
   int eval_interval = 100;
+  std::string worker_device = "auto", worker_gemm = "fp32";
 };
 
 void BindUp(FlagSet& f, UpOptions& o) {
@@ -129,6 +131,10 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "codec for activation gradients, e.g. powersgd:rank=4 (none = raw)");
   f.Bool("error-feedback", &o.error_feedback, "lazy error propagation on the backward codec");
   f.Bool("epilogue-only", &o.epilogue_only, "compress only the cool-down's backward sends");
+  f.String("worker-device", &o.worker_device,
+           "the workers' --device: auto (CUDA when built with it and a GPU is visible) | cpu | "
+           "cuda | cuda:N");
+  f.String("worker-gemm", &o.worker_gemm, "the workers' --gemm on CUDA: fp32 | tf32");
 }
 
 // What crossed the links, from the workers' own metrics; a worker that
@@ -228,6 +234,7 @@ int RunUp(const std::vector<std::string>& args) {
     return Fail("up", absl::NotFoundError("cannot create --out directory " + o.out));
   }
   absl::Status valid = ResolveJobSpec(UpSpec(o)).status();
+  if (valid.ok()) valid = ValidateDeviceFlags(o.worker_device, o.worker_gemm);
   if (!valid.ok()) return std::fprintf(stderr, "pipetrain up: %s\n", valid.ToString().c_str()), 2;
   auto coordinator = FindSiblingBinary("coordinator", "pipetrain-coordinator");
   auto worker = FindSiblingBinary("worker", "pipetrain-worker");
@@ -241,6 +248,7 @@ int RunUp(const std::vector<std::string>& args) {
   cluster_options.workers = o.workers;
   cluster_options.dir = o.out;
   cluster_options.join_token = RandomToken();
+  cluster_options.worker_args = {"--device", o.worker_device, "--gemm", o.worker_gemm};
   std::fprintf(stderr, "starting a coordinator and %d workers (logs in %s)\n", o.workers,
                o.out.c_str());
   auto cluster = LocalCluster::Start(cluster_options);

@@ -105,6 +105,7 @@ struct UpOptions {
   bool error_feedback = false, epilogue_only = false;
   int eval_interval = 100;
   std::string worker_device = "auto", worker_gemm = "fp32";
+  std::string loss_log;
 };
 
 void BindUp(FlagSet& f, UpOptions& o) {
@@ -135,6 +136,8 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "the workers' --device: auto (CUDA when built with it and a GPU is visible) | cpu | "
            "cuda | cuda:N");
   f.String("worker-gemm", &o.worker_gemm, "the workers' --gemm on CUDA: fp32 | tf32");
+  f.String("loss-log", &o.loss_log,
+           "write every step's loss here, one per line at full float precision");
 }
 
 // What crossed the links, from the workers' own metrics; a worker that
@@ -289,6 +292,11 @@ int RunUp(const std::vector<std::string>& args) {
                 static_cast<long long>(end.progress().val_step()));
   }
   if (!end.reason().empty()) std::printf("reason: %s\n", end.reason().c_str());
+  if (!o.loss_log.empty()) {
+    std::ofstream losses(o.loss_log);
+    for (float loss : history) losses << absl::StrFormat("%.9g\n", loss);
+    if (!losses) return Fail("up", absl::InternalError("cannot write --loss-log " + o.loss_log));
+  }
   if (!end.weights_path().empty()) std::printf("weights: %s\n", end.weights_path().c_str());
   PrintLinkSummary(**cluster);
   std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),

@@ -13,10 +13,7 @@ bash scripts/setup.sh || exit 1
 log=$(mktemp)
 bazel test "$@" //... 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
-# Every target that exists only under --config=cuda.
-CUDA_TARGETS=(//kernels/cuda/... //worker/model:cuda_backend //worker/model:cuda_backend_test
-  //worker/model:backend_select_test //worker/train:local_trainer_cuda_test
-  //worker/runtime:pipeline_cuda_test)
+source scripts/cuda_targets.sh
 gpu="CUDA toolkit not found: CUDA targets not built"
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda_log=$(mktemp)

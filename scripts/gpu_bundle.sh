@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# Builds, here (no GPU needed), everything the GPU checks of the CUDA issue
+# run, and packs it for a GPU machine that has the NVIDIA driver and the
+# CUDA 13 runtime libraries but neither Bazel nor this project's Debian
+# packages:
+#   gpu-bundle/bin/   every CUDA test binary (scripts/cuda_targets.sh), the
+#                     pipetrain CLI, coordinator and worker, the training-
+#                     step benchmark; built -c opt --config=cuda with our own
+#                     code linked in statically
+#   gpu-bundle/lib/   the Debian shared libraries they need (Abseil, gRPC,
+#                     protobuf, OpenBLAS, GoogleTest, ...), not glibc,
+#                     libstdc++ or the CUDA libraries (the machine's own)
+#   gpu-bundle/run.sh scripts/gpu_run.sh
+# and gpu-bundle.tar.xz of it all (what travels). On the GPU machine:
+#   tar xf gpu-bundle.tar.xz && bash gpu-bundle/run.sh OUTDIR
+#
+#   bash scripts/gpu_bundle.sh        # writes gpu-bundle/ and gpu-bundle.tar.xz
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/cuda_targets.sh
+flags=(--config=cuda -c opt --dynamic_mode=off)
+tests=$(bazel query "tests(set(${CUDA_TARGETS[*]}))" 2>/dev/null)
+binaries=(//cli:pipetrain //coordinator:pipetrain-coordinator //worker:pipetrain-worker
+  //worker/train:train_step_benchmark)
+echo "building $(echo "$tests" | wc -l) test binaries and ${#binaries[@]} programs (--config=cuda -c opt)" >&2
+# shellcheck disable=SC2086
+bazel build "${flags[@]}" $tests "${binaries[@]}"
+bin_dir=$(bazel info "${flags[@]}" bazel-bin 2>/dev/null)
+rm -rf gpu-bundle gpu-bundle.tar.xz
+mkdir -p gpu-bundle/bin gpu-bundle/lib
+for target in $tests "${binaries[@]}"; do
+  path="${target#//}"; path="${path/://}"
+  install -m 755 "$bin_dir/$path" gpu-bundle/bin/
+done
+# Shared libraries from the Debian system, except those every Linux (glibc,
+# the C++ runtime) or the GPU machine (CUDA, the driver) provides.
+for f in gpu-bundle/bin/*; do
+  ldd "$f" | awk '$2 == "=>" && $3 ~ /^\// {print $3}'
+done | sort -u | while read -r lib; do
+  case "$(basename "$lib")" in
+    libc.so*|libm.so*|libpthread.so*|libdl.so*|librt.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
+    libcuda.so*|libcudart.so*|libcublas*.so*|libnccl.so*|libnvidia*) ;;
+    *) cp -L "$lib" gpu-bundle/lib/ ;;
+  esac
+done
+strip --strip-unneeded gpu-bundle/bin/* gpu-bundle/lib/* 2>/dev/null || true
+install -m 755 scripts/gpu_run.sh gpu-bundle/run.sh
+tar cJf gpu-bundle.tar.xz gpu-bundle
+echo "gpu-bundle: $(ls gpu-bundle/bin | wc -l) binaries, $(ls gpu-bundle/lib | wc -l) libraries;" \
+  "gpu-bundle.tar.xz $(du -h gpu-bundle.tar.xz | cut -f1)" >&2

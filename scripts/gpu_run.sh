@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The CUDA issue's GPU checks, run on a GPU machine from the bundle that
+# scripts/gpu_bundle.sh builds (no Bazel needed there):
+#   tar xf gpu-bundle.tar.xz && bash gpu-bundle/run.sh OUTDIR [quick]
+# Writes into OUTDIR: machine.txt (nvidia-smi, CUDA libraries), one log per
+# test binary, the train-local and pipeline comparisons, the benchmark
+# tables, and summary.txt with one line per check. "quick" skips the GPT-2
+# 124M benchmark. Exits non-zero if any check failed.
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:?usage: run.sh OUTDIR [quick]}
+quick=${2:-}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+bin="$here/bin"
+summary="$out/summary.txt"
+: >"$summary"
+failed=0
+note() { echo "$*" | tee -a "$summary"; }
+check() {  # check NAME RC DETAIL
+  if [[ $2 -eq 0 ]]; then note "PASS $1 $3"; else note "FAIL $1 (exit $2) $3"; failed=1; fi
+}
+
+{
+  date -u
+  nvidia-smi || true
+  ls -l /usr/local/cuda/lib64/ 2>&1 | grep -E "libcudart|libcublas|libnccl" || true
+  ldd "$bin/pipetrain" | grep -E "not found|cuda|cublas|nccl" || true
+} >"$out/machine.txt" 2>&1
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+note "machine: $gpus GPU(s); $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+
+# 1. Every CUDA test binary: kernel parity (every op and codec), units on
+# both backends, the trainer and a 2-stage pipeline on CUDA, NCCL.
+mkdir -p "$out/tests"
+for t in "$bin"/*_test; do
+  name=$(basename "$t")
+  tmp=$(mktemp -d)
+  TEST_TMPDIR="$tmp" timeout 900 "$t" >"$out/tests/$name.log" 2>&1
+  rc=$?
+  rm -rf "$tmp"
+  ran=$(grep -cE '^\[       OK \]' "$out/tests/$name.log")
+  skipped=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$out/tests/$name.log")
+  bad=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out/tests/$name.log")
+  # On a machine with a GPU nothing may skip: a skip there hides a check.
+  if [[ $rc -eq 0 && $skipped -gt 0 && $gpus -gt 0 ]]; then rc=1; fi
+  check "$name" "$rc" "($ran passed, $bad failed, $skipped skipped)"
+done
+
+# 2. train-local on CUDA against the CPU, 20 steps in fp32 GEMM mode, and
+# twice on CUDA (bitwise: the logs print floats at round-trip precision).
+model=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 4
+  --steps 20 --eval-interval 0 --threads 8)
+"$bin/pipetrain" train-local "${model[@]}" --device cpu --log "$out/train_cpu.jsonl" \
+  >"$out/train_cpu.txt" 2>&1
+cpu_rc=$?
+for run in 1 2; do
+  "$bin/pipetrain" train-local "${model[@]}" --device cuda --log "$out/train_cuda$run.jsonl" \
+    >"$out/train_cuda$run.txt" 2>&1 || cpu_rc=1
+done
+python3 - "$out" <<'PY' >"$out/train_compare.txt" 2>&1
+import json, sys
+out = sys.argv[1]
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{out}/{name}.jsonl")]
+cpu, a, b = losses("train_cpu"), losses("train_cuda1"), losses("train_cuda2")
+worst = max(abs(x - y) / abs(y) for x, y in zip(a, cpu))
+print(f"steps {len(cpu)} {len(a)} {len(b)}; max relative |cuda - cpu| {worst:.3e}; "
+      f"cuda run 1 == run 2: {a == b}")
+sys.exit(0 if len(cpu) == len(a) == 20 and worst <= 1e-4 and a == b else 1)
+PY
+rc=$?
+[[ $cpu_rc -ne 0 ]] && rc=1
+check train_local_cuda_vs_cpu "$rc" "$(cat "$out/train_compare.txt")"
+
+# 3. The 2-worker pipeline (two worker processes sharing the GPU) against
+# single-process GPU training (one worker process holding every unit; the
+# same job spec, so the same data, seed and optimizer), 1e-5 relative.
+job=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 4 --steps 20
+  --eval-interval 0 --worker-device cuda)
+up_rc=0
+for workers in 1 2; do
+  "$bin/pipetrain" up --workers "$workers" "${job[@]}" --loss-log "$out/up_${workers}_losses.txt" \
+    --out "$out/up$workers" >"$out/up_$workers.txt" 2>&1 || up_rc=1
+done
+python3 - "$out" <<'PY' >"$out/pipeline_compare.txt" 2>&1
+import sys
+out = sys.argv[1]
+single, pipe = ([float(l) for l in open(f"{out}/up_{w}_losses.txt")] for w in (1, 2))
+worst = max(abs(x - y) / abs(y) for x, y in zip(pipe, single))
+print(f"steps {len(pipe)} vs {len(single)}; max relative |2 workers - 1 worker| {worst:.3e}; "
+      f"bitwise: {pipe == single}")
+sys.exit(0 if len(pipe) == len(single) == 20 and worst <= 1e-5 else 1)
+PY
+rc=$?
+[[ $up_rc -ne 0 ]] && rc=1
+check pipeline_2_workers_cuda "$rc" "$(cat "$out/pipeline_compare.txt")"
+grep -h "computing on" "$out"/up*/worker*.log 2>/dev/null | sort | uniq -c >>"$out/pipeline_compare.txt"
+
+# 4. Benchmarks: GPT-2 124M training tokens/s and MFU in fp32 and TF32 (H100
+# SXM spec peaks: 67 TFLOP/s fp32, 494.7 dense TF32), each against the
+# device's own measured GEMM rate in the same mode.
+if [[ "$quick" != quick ]]; then
+  gpt2=(--layers 12 --d-model 768 --heads 12 --seq-len 1024 --vocab 50257 --batches 1,4,8
+    --steps 3)
+  "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm fp32 --peak-tflops 67 \
+    --json "$out/bench_fp32.json" >"$out/bench_fp32.txt" 2>&1
+  check gpt2_124m_fp32_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_fp32.txt" | tail -1)"
+  "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm tf32 --peak-tflops 494.7 \
+    --json "$out/bench_tf32.json" >"$out/bench_tf32.txt" 2>&1
+  check gpt2_124m_tf32_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_tf32.txt" | tail -1)"
+fi
+exit $failed

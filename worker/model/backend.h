@@ -24,12 +24,20 @@
 // Ordering: ops run in call order. A device backend queues them on one
 // stream; Download and the scalar-returning ops wait for the queued work.
 //
+// Op timing (for the per-kernel table of the training-step benchmark): off
+// by default; when on, each op's time is added under its name ("gelu_forward",
+// "linear_backward", "upload", ...). CPU: the call's wall time. CUDA: the
+// device time between events recorded before and after the op's queued work
+// (an op that waits inside, such as a download, includes its wait).
+//
 // Thread-safety: a Backend is used by one thread at a time (the one driving
-// its units); the CPU backend is stateless and may be shared.
+// its units); the CPU backend is shared by all threads and safe for that
+// (its op timing included).
 #ifndef PIPETRAIN_WORKER_MODEL_BACKEND_H_
 #define PIPETRAIN_WORKER_MODEL_BACKEND_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 
 #include "absl/status/status.h"
@@ -47,6 +55,13 @@ struct DeviceFacts {
   int sm_count = 0;          // streaming multiprocessors
 };
 
+// Total time and call count of one op (see "Op timing" above).
+struct OpTime {
+  int64_t calls = 0;
+  double seconds = 0;
+};
+using OpTimes = std::map<std::string, OpTime>;
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -59,6 +74,11 @@ class Backend {
   virtual DeviceFacts device_facts() const = 0;
   // Waits for all queued work (for timing; CPU: returns at once).
   virtual void Synchronize() = 0;
+  // Starts or stops op timing (see above); stopping keeps what was timed.
+  virtual void SetOpTiming(bool on) = 0;
+  // The op times since the last call, and clears them (CUDA: waits for the
+  // queued work first).
+  virtual OpTimes TakeOpTimes() = 0;
 
   // --- Memory.
   // A zero-filled tensor of `shape` on this backend's device.

@@ -1,5 +1,9 @@
 #include "worker/model/cpu_backend.h"
 
+#include <atomic>
+#include <chrono>
+
+#include "common/annotated_mutex.h"
 #include "common/logging.h"
 #include "kernels/cpu/adamw.h"
 #include "kernels/cpu/attention.h"
@@ -18,79 +22,114 @@ namespace {
 // qualified ::pipetrain:: names pick the free functions, not the members).
 class CpuBackendImpl final : public Backend {
  public:
+  // Runs `op`, timing it under `name` when op timing is on (an atomic flag
+  // read: nothing else happens when it is off).
+  template <typename Op>
+  void Timed(const char* name, Op&& op) {
+    if (!timing_.load(std::memory_order_relaxed)) return op();
+    const auto start = std::chrono::steady_clock::now();
+    op();
+    const std::chrono::duration<double> took = std::chrono::steady_clock::now() - start;
+    AnnotatedMutexLock lock(&mu_);
+    OpTime& t = times_[name];
+    ++t.calls;
+    t.seconds += took.count();
+  }
+
   BackendKind kind() const override { return BackendKind::kCpu; }
   std::string Describe() const override { return "cpu"; }
   absl::Status status() const override { return absl::OkStatus(); }
   DeviceFacts device_facts() const override { return {}; }
   void Synchronize() override {}
+  void SetOpTiming(bool on) override { timing_.store(on, std::memory_order_relaxed); }
+  OpTimes TakeOpTimes() override {
+    AnnotatedMutexLock lock(&mu_);
+    OpTimes out;
+    out.swap(times_);
+    return out;
+  }
 
-  Tensor Zeros(const Shape& shape) override { return Tensor::Zeros(shape); }
+  Tensor Zeros(const Shape& shape) override {
+    Tensor t;
+    Timed("zeros", [&] { t = Tensor::Zeros(shape); });
+    return t;
+  }
   Tensor Upload(const Tensor& host) override { return host; }
   Tensor Download(const Tensor& t) override { return t; }
   void CopyFromHost(const Tensor& host, Tensor* dst) override { dst->CopyFrom(host); }
-  void Fill(Tensor* t, float value) override { t->Fill(value); }
+  void Fill(Tensor* t, float value) override {
+    Timed("fill", [&] { t->Fill(value); });
+  }
 
   void LayerNormForward(const float* x, const float* w, const float* b, int n, int c, float eps,
                         float* y, float* mean, float* rstd) override {
-    ::pipetrain::LayerNormForward(x, w, b, n, c, eps, y, mean, rstd);
+    Timed("layernorm_forward", [&] { ::pipetrain::LayerNormForward(x, w, b, n, c, eps, y, mean, rstd); });
   }
   void LayerNormBackward(const float* x, const float* w, const float* mean, const float* rstd,
                          const float* dy, int n, int c, float* dx, float* dw,
                          float* db) override {
-    ::pipetrain::LayerNormBackward(x, w, mean, rstd, dy, n, c, dx, dw, db);
+    Timed("layernorm_backward", [&] { ::pipetrain::LayerNormBackward(x, w, mean, rstd, dy, n, c, dx, dw, db); });
   }
   void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
                      float* y) override {
-    ::pipetrain::LinearForward(x, w, b, n, in, out, y);
+    Timed("linear_forward", [&] { ::pipetrain::LinearForward(x, w, b, n, in, out, y); });
   }
   void LinearBackward(const float* x, const float* w, const float* dy, int n, int in, int out,
                       float* dx, float* dw, float* db) override {
-    ::pipetrain::LinearBackward(x, w, dy, n, in, out, dx, dw, db);
+    Timed("linear_backward", [&] { ::pipetrain::LinearBackward(x, w, dy, n, in, out, dx, dw, db); });
   }
   void GeluForward(const float* x, int64_t n, float* y) override {
-    ::pipetrain::GeluForward(x, n, y);
+    Timed("gelu_forward", [&] { ::pipetrain::GeluForward(x, n, y); });
   }
   void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) override {
-    ::pipetrain::GeluBackward(x, dy, n, dx);
+    Timed("gelu_backward", [&] { ::pipetrain::GeluBackward(x, dy, n, dx); });
   }
   void Add(const float* a, const float* b, int64_t n, float* out) override {
-    ::pipetrain::Add(a, b, n, out);
+    Timed("add", [&] { ::pipetrain::Add(a, b, n, out); });
   }
   void AddInPlace(float* acc, const float* x, int64_t n) override {
-    ::pipetrain::AddInPlace(acc, x, n);
+    Timed("add_in_place", [&] { ::pipetrain::AddInPlace(acc, x, n); });
   }
   void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
                         float* probs) override {
-    ::pipetrain::AttentionForward(qkv, batch, seq_len, c, heads, out, probs);
+    Timed("attention_forward", [&] { ::pipetrain::AttentionForward(qkv, batch, seq_len, c, heads, out, probs); });
   }
   void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
                          int seq_len, int c, int heads, float* dqkv, float* scratch) override {
-    ::pipetrain::AttentionBackward(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch);
+    Timed("attention_backward", [&] { ::pipetrain::AttentionBackward(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch); });
   }
   void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
                         int batch, int seq_len, int c, int /*vocab*/, float* out) override {
-    ::pipetrain::EmbeddingForward(host_tokens, wte, wpe, batch, seq_len, c, out);
+    Timed("embedding_forward", [&] { ::pipetrain::EmbeddingForward(host_tokens, wte, wpe, batch, seq_len, c, out); });
   }
   void EmbeddingBackward(const int32_t* host_tokens, const float* dout, int batch, int seq_len,
                          int c, int /*vocab*/, float* dwte, float* dwpe) override {
-    ::pipetrain::EmbeddingBackward(host_tokens, dout, batch, seq_len, c, dwte, dwpe);
+    Timed("embedding_backward", [&] { ::pipetrain::EmbeddingBackward(host_tokens, dout, batch, seq_len, c, dwte, dwpe); });
   }
   float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
                                    int vocab, float* probs) override {
-    return ::pipetrain::SoftmaxCrossEntropyForward(logits, host_targets, n, vocab, probs);
+    float loss = 0;
+    Timed("cross_entropy_forward", [&] {
+      loss = ::pipetrain::SoftmaxCrossEntropyForward(logits, host_targets, n, vocab, probs);
+    });
+    return loss;
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
                                    int vocab, float dloss, float* dlogits) override {
-    ::pipetrain::SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, dloss, dlogits);
+    Timed("cross_entropy_backward", [&] { ::pipetrain::SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, dloss, dlogits); });
   }
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
                    const AdamWConfig& config, bool apply_decay) override {
-    ::pipetrain::AdamWUpdate(param, grad, m, v, n, step, config, apply_decay);
+    Timed("adamw", [&] { ::pipetrain::AdamWUpdate(param, grad, m, v, n, step, config, apply_decay); });
   }
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
              int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
-    ::pipetrain::Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    Timed("sgemm", [&] { ::pipetrain::Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
   }
+ private:
+  std::atomic<bool> timing_{false};
+  AnnotatedMutex mu_;
+  OpTimes times_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace

@@ -70,6 +70,7 @@ class CudaBackendImpl final : public Backend {
         cublas_(std::move(cublas)) {}
   ~CudaBackendImpl() override {
     cudaStreamSynchronize(stream_);
+    for (const TimedOp& op : pending_) DestroyEvents(op);
     cudaStreamDestroy(stream_);
   }
 
@@ -80,8 +81,10 @@ class CudaBackendImpl final : public Backend {
   }
   absl::Status status() const override { return status_; }
   DeviceFacts device_facts() const override { return facts_; }
+  void SetOpTiming(bool on) override { timing_ = on; }
+  OpTimes TakeOpTimes() override;
   void Synchronize() override {
-    Run([&] { return SynchronizeStream(); });
+    Run("synchronize", [&] { return SynchronizeStream(); });
   }
 
   Tensor Zeros(const Shape& shape) override;
@@ -92,47 +95,47 @@ class CudaBackendImpl final : public Backend {
 
   void LayerNormForward(const float* x, const float* w, const float* b, int n, int c, float eps,
                         float* y, float* mean, float* rstd) override {
-    Run([&] { return LayerNormForwardCuda(x, w, b, n, c, eps, y, mean, rstd, stream_); });
+    Run("layernorm_forward", [&] { return LayerNormForwardCuda(x, w, b, n, c, eps, y, mean, rstd, stream_); });
   }
   void LayerNormBackward(const float* x, const float* w, const float* mean, const float* rstd,
                          const float* dy, int n, int c, float* dx, float* dw,
                          float* db) override {
-    Run([&] { return LayerNormBackwardCuda(x, w, mean, rstd, dy, n, c, dx, dw, db, stream_); });
+    Run("layernorm_backward", [&] { return LayerNormBackwardCuda(x, w, mean, rstd, dy, n, c, dx, dw, db, stream_); });
   }
   void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
                      float* y) override {
-    Run([&] { return LinearForwardCuda(cublas_, x, w, b, n, in, out, y); });
+    Run("linear_forward", [&] { return LinearForwardCuda(cublas_, x, w, b, n, in, out, y); });
   }
   void LinearBackward(const float* x, const float* w, const float* dy, int n, int in, int out,
                       float* dx, float* dw, float* db) override {
-    Run([&] { return LinearBackwardCuda(cublas_, x, w, dy, n, in, out, dx, dw, db); });
+    Run("linear_backward", [&] { return LinearBackwardCuda(cublas_, x, w, dy, n, in, out, dx, dw, db); });
   }
   void GeluForward(const float* x, int64_t n, float* y) override {
-    Run([&] { return GeluForwardCuda(x, n, y, stream_); });
+    Run("gelu_forward", [&] { return GeluForwardCuda(x, n, y, stream_); });
   }
   void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) override {
-    Run([&] { return GeluBackwardCuda(x, dy, n, dx, stream_); });
+    Run("gelu_backward", [&] { return GeluBackwardCuda(x, dy, n, dx, stream_); });
   }
   void Add(const float* a, const float* b, int64_t n, float* out) override {
-    Run([&] { return AddCuda(a, b, n, out, stream_); });
+    Run("add", [&] { return AddCuda(a, b, n, out, stream_); });
   }
   void AddInPlace(float* acc, const float* x, int64_t n) override {
-    Run([&] { return AddInPlaceCuda(acc, x, n, stream_); });
+    Run("add_in_place", [&] { return AddInPlaceCuda(acc, x, n, stream_); });
   }
   void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
                         float* probs) override {
-    Run([&] { return AttentionForwardCuda(qkv, batch, seq_len, c, heads, out, probs, stream_); });
+    Run("attention_forward", [&] { return AttentionForwardCuda(qkv, batch, seq_len, c, heads, out, probs, stream_); });
   }
   void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
                          int seq_len, int c, int heads, float* dqkv, float* scratch) override {
-    Run([&] {
+    Run("attention_backward", [&] {
       return AttentionBackwardCuda(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch,
                                    stream_);
     });
   }
   void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
                         int batch, int seq_len, int c, int vocab, float* out) override {
-    Run([&]() -> absl::Status {
+    Run("embedding_forward", [&]() -> absl::Status {
       absl::StatusOr<const int32_t*> tokens = UploadIds(host_tokens, int64_t{batch} * seq_len);
       if (!tokens.ok()) return tokens.status();
       return EmbeddingForwardCuda(*tokens, wte, wpe, batch, seq_len, c, vocab, out, stream_);
@@ -140,7 +143,7 @@ class CudaBackendImpl final : public Backend {
   }
   void EmbeddingBackward(const int32_t* host_tokens, const float* dout, int batch, int seq_len,
                          int c, int vocab, float* dwte, float* dwpe) override {
-    Run([&]() -> absl::Status {
+    Run("embedding_backward", [&]() -> absl::Status {
       absl::StatusOr<const int32_t*> tokens = UploadIds(host_tokens, int64_t{batch} * seq_len);
       if (!tokens.ok()) return tokens.status();
       return EmbeddingBackwardCuda(*tokens, dout, batch, seq_len, c, vocab, dwte, dwpe, stream_);
@@ -150,7 +153,7 @@ class CudaBackendImpl final : public Backend {
                                    int vocab, float* probs) override;
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
                                    int vocab, float dloss, float* dlogits) override {
-    Run([&]() -> absl::Status {
+    Run("cross_entropy_backward", [&]() -> absl::Status {
       absl::StatusOr<const int32_t*> targets = UploadIds(host_targets, n);
       if (!targets.ok()) return targets.status();
       return SoftmaxCrossEntropyBackwardCuda(probs, *targets, n, vocab, dloss, dlogits, stream_);
@@ -158,26 +161,45 @@ class CudaBackendImpl final : public Backend {
   }
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
                    const AdamWConfig& config, bool apply_decay) override {
-    Run([&] { return AdamWUpdateCuda(param, grad, m, v, n, step, config, apply_decay, stream_); });
+    Run("adamw", [&] { return AdamWUpdateCuda(param, grad, m, v, n, step, config, apply_decay, stream_); });
   }
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
              int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
-    Run([&] {
+    Run("sgemm", [&] {
       return SgemmCuda(cublas_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     });
   }
 
  private:
   // Runs `op` unless an earlier op failed; keeps the first error.
+  // Runs `op` (named `name` for op timing) unless an earlier op failed;
+  // keeps the first error.
   template <typename Op>
-  void Run(Op&& op) {
+  void Run(const char* name, Op&& op) {
     if (!status_.ok()) return;
     // The current device is per host thread, and a worker drives its
     // backend from a job thread, not the one that created it.
     absl::Status s = CudaStatus(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__);
+    TimedOp timed{name};
+    if (s.ok() && timing_) s = RecordEvent(&timed.start);
     if (s.ok()) s = op();
+    if (s.ok() && timing_) s = RecordEvent(&timed.end);
+    if (s.ok() && timing_) {
+      pending_.push_back(timed);
+    } else {
+      DestroyEvents(timed);
+    }
     if (!s.ok()) status_ = std::move(s);
   }
+
+  // An op's events while op timing is on.
+  struct TimedOp {
+    const char* name;
+    cudaEvent_t start = nullptr;
+    cudaEvent_t end = nullptr;
+  };
+  absl::Status RecordEvent(cudaEvent_t* event);
+  static void DestroyEvents(const TimedOp& op);
   // Copies n host ids into the id scratch (synchronously: the host array
   // may change after the call) and returns the device copy.
   absl::StatusOr<const int32_t*> UploadIds(const int32_t* host, int64_t n);
@@ -189,10 +211,47 @@ class CudaBackendImpl final : public Backend {
   CublasHandle cublas_;
   std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>();
   absl::Status status_;
+  bool timing_ = false;
+  std::vector<TimedOp> pending_;  // recorded, not yet read
+  OpTimes times_;
   Scratch<int32_t> ids_;
   Scratch<float> row_losses_;
   Scratch<float> loss_;
 };
+
+absl::Status CudaBackendImpl::RecordEvent(cudaEvent_t* event) {
+  CUDA_RETURN_IF_ERROR(cudaEventCreate(event));
+  CUDA_RETURN_IF_ERROR(cudaEventRecord(*event, stream_));
+  return absl::OkStatus();
+}
+
+void CudaBackendImpl::DestroyEvents(const TimedOp& op) {
+  if (op.start != nullptr) cudaEventDestroy(op.start);
+  if (op.end != nullptr) cudaEventDestroy(op.end);
+}
+
+OpTimes CudaBackendImpl::TakeOpTimes() {
+  for (const TimedOp& op : pending_) {
+    float ms = 0;
+    if (status_.ok()) {  // not through Run: that would time this too
+      absl::Status s = CudaStatus(cudaEventSynchronize(op.end), "cudaEventSynchronize",
+                                  __FILE__, __LINE__);
+      if (s.ok()) {
+        s = CudaStatus(cudaEventElapsedTime(&ms, op.start, op.end), "cudaEventElapsedTime",
+                       __FILE__, __LINE__);
+      }
+      if (!s.ok()) status_ = std::move(s);
+    }
+    OpTime& t = times_[op.name];
+    ++t.calls;
+    t.seconds += ms / 1e3;
+    DestroyEvents(op);
+  }
+  pending_.clear();
+  OpTimes out;
+  out.swap(times_);
+  return out;
+}
 
 absl::Status CudaBackendImpl::SynchronizeStream() {
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -214,7 +273,7 @@ Tensor CudaBackendImpl::Zeros(const Shape& shape) {
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   float* ptr = nullptr;
   if (n > 0) {
-    Run([&]() -> absl::Status {
+    Run("zeros", [&]() -> absl::Status {
       // Blocks are reused on this backend's stream only, after the work
       // queued before their Free (stream order; caching_allocator.h).
       absl::StatusOr<void*> block = memory_->cache.Allocate(bytes, StreamIdOf(stream_));
@@ -244,7 +303,7 @@ void CudaBackendImpl::CopyFromHost(const Tensor& host, Tensor* dst) {
       << "CopyFromHost " << ShapeToString(host.shape()) << " into "
       << ShapeToString(dst->shape());
   if (host.numel() == 0) return;
-  Run([&]() -> absl::Status {
+  Run("copy_from_host", [&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst->data(), host.data(), host.size_bytes(),
                                          cudaMemcpyHostToDevice, stream_));
     return SynchronizeStream();
@@ -255,7 +314,7 @@ Tensor CudaBackendImpl::Download(const Tensor& t) {
   PT_CHECK(t.on_device()) << "Download of a host tensor";
   Tensor host = Tensor::Zeros(t.shape());
   if (t.numel() == 0) return host;
-  Run([&]() -> absl::Status {
+  Run("download", [&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), t.data(), t.size_bytes(),
                                          cudaMemcpyDeviceToHost, stream_));
     return SynchronizeStream();
@@ -267,7 +326,7 @@ void CudaBackendImpl::Fill(Tensor* t, float value) {
   PT_CHECK(t->on_device()) << "Fill of a host tensor through the CUDA backend";
   if (t->numel() == 0) return;
   if (value == 0.0f) {
-    Run([&]() -> absl::Status {
+    Run("fill", [&]() -> absl::Status {
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(t->data(), 0, t->size_bytes(), stream_));
       return absl::OkStatus();
     });
@@ -281,7 +340,7 @@ float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits,
                                                   const int32_t* host_targets, int n, int vocab,
                                                   float* probs) {
   float loss = 0.0f;
-  Run([&]() -> absl::Status {
+  Run("cross_entropy_forward", [&]() -> absl::Status {
     absl::StatusOr<const int32_t*> targets = UploadIds(host_targets, n);
     if (!targets.ok()) return targets.status();
     absl::StatusOr<float*> rows = row_losses_.Get(n);

@@ -139,6 +139,29 @@ TEST_F(CudaBackendTest, Describe_NamesDeviceAndMode) {
   EXPECT_NE((*cuda)->Describe().find("cuda:0"), std::string::npos) << (*cuda)->Describe();
 }
 
+// Op timing names each op and measures device time.
+TEST_F(CudaBackendTest, OpTiming_UnitForward_TimesEachOp) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  Backend* b = cuda->get();
+  const GptConfig config = SmallConfig();
+  std::unique_ptr<Unit> mlp = MakeUnit(config, 2, b);  // mlp_0
+  InitializeParameters(mlp.get(), 1);
+  const TokenBatch batch = Batch(config, 2, 33, 4);
+  const Tensor x = b->Upload(Normal({2, 33, config.d_model}, 8));
+  b->SetOpTiming(true);
+  UnitContext ctx;
+  mlp->Forward(x, batch, &ctx);
+  b->SetOpTiming(false);
+  const OpTimes times = b->TakeOpTimes();
+  ASSERT_TRUE(b->status().ok()) << b->status();
+  EXPECT_EQ(times.at("linear_forward").calls, 2);
+  EXPECT_EQ(times.at("gelu_forward").calls, 1);
+  EXPECT_EQ(times.at("layernorm_forward").calls, 1);
+  EXPECT_GT(times.at("linear_forward").seconds, 0.0);
+  EXPECT_TRUE(b->TakeOpTimes().empty());
+}
+
 // Runs everywhere: without a GPU the error is a clear NOT_FOUND.
 TEST(CudaBackendNoDeviceTest, CreateCudaBackend_BadIndex_Fails) {
   absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(-1, GemmMode::kFp32);

@@ -95,6 +95,37 @@ Row MeasureStep(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len, in
   return row;
 }
 
+// One more step of `batch` with op timing on: each op's calls, total time
+// and share of the step (the per-kernel table).
+void PrintOpTable(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len) {
+  Backend* b = model.backend();
+  TokenBatch tokens = RandomTokens(model.config(), batch, seq_len);
+  b->Synchronize();
+  b->TakeOpTimes();  // drop anything timed before
+  b->SetOpTiming(true);
+  const auto t0 = Clock::now();
+  model.ZeroGrads();
+  model.ForwardBackward(tokens, 1.0f);
+  model.ReduceTiedGradients();
+  opt.Step(model.parameters());
+  b->Synchronize();
+  const double step = Seconds(t0, Clock::now());
+  b->SetOpTiming(false);
+  const OpTimes times = b->TakeOpTimes();
+  std::vector<std::pair<std::string, OpTime>> rows(times.begin(), times.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& x, const auto& y) { return x.second.seconds > y.second.seconds; });
+  double total = 0;
+  for (const auto& [name, t] : rows) total += t.seconds;
+  std::printf("# per-op time, one step of batch %d (%.1f ms wall, %.1f ms in ops)\n", batch,
+              step * 1e3, total * 1e3);
+  std::printf("%-24s %8s %10s %8s\n", "op", "calls", "total_ms", "step_%");
+  for (const auto& [name, t] : rows) {
+    std::printf("%-24s %8lld %10.2f %8.1f\n", name.c_str(), static_cast<long long>(t.calls),
+                t.seconds * 1e3, 100 * t.seconds / step);
+  }
+}
+
 int Run(const std::vector<std::string>& args) {
   GptConfig config;
   config.d_model = 768;
@@ -176,6 +207,7 @@ int Run(const std::vector<std::string>& args) {
                             {"tokens_per_second", r.tokens_per_second}, {"gflops", r.gflops},
                             {"ratio_to_sgemm", r.ratio}, {"mfu", mfu}, {"ok", r.ok}});
   }
+  PrintOpTable(*model, opt, batches.back(), config.max_seq_len);
   if (gpu) {
     std::printf("# %s: every step finished with a finite loss\n", all_ok ? "OK" : "FAILED");
   } else {

@@ -1,0 +1,53 @@
+// The CPU backend's own behaviour beyond the ops (which are the kernels/cpu
+// functions, tested there): op timing.
+#include "worker/model/cpu_backend.h"
+
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+TEST(CpuBackendTest, OpTiming_OffByDefault_OnCountsEachCall) {
+  Backend* b = CpuBackend();
+  b->TakeOpTimes();
+  Tensor x = Tensor::FromVector({3}, {1, 2, 3});
+  Tensor y = b->Zeros({3});
+  b->GeluForward(x.data(), 3, y.data());
+  EXPECT_TRUE(b->TakeOpTimes().empty());  // off: nothing recorded
+
+  b->SetOpTiming(true);
+  b->GeluForward(x.data(), 3, y.data());
+  b->GeluForward(x.data(), 3, y.data());
+  b->AddInPlace(y.data(), x.data(), 3);
+  b->SetOpTiming(false);
+  const OpTimes times = b->TakeOpTimes();
+  ASSERT_EQ(times.size(), 2u);
+  EXPECT_EQ(times.at("gelu_forward").calls, 2);
+  EXPECT_EQ(times.at("add_in_place").calls, 1);
+  EXPECT_GE(times.at("gelu_forward").seconds, 0.0);
+  EXPECT_TRUE(b->TakeOpTimes().empty());  // taken: cleared
+}
+
+// The CPU backend is shared by every stage thread of a process.
+TEST(CpuBackendTest, OpTiming_ManyThreads_CountsEveryCall) {
+  Backend* b = CpuBackend();
+  b->TakeOpTimes();
+  b->SetOpTiming(true);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([b] {
+      Tensor x = Tensor::FromVector({2}, {1, 2});
+      Tensor y = Tensor::Zeros({2});
+      for (int i = 0; i < 100; ++i) b->Add(x.data(), x.data(), 2, y.data());
+    });
+  }
+  for (auto& t : threads) t.join();
+  b->SetOpTiming(false);
+  EXPECT_EQ(b->TakeOpTimes().at("add").calls, 400);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -6,8 +6,10 @@
 #   docker build -f deploy/docker/worker.Dockerfile \
 #     --build-arg CUDA_BASE=nvidia/cuda:<tag>-runtime-ubuntu24.04 ...   # another CUDA
 #
-# The worker computes on the CPU today (OpenBLAS; no CUDA kernels are built
-# yet), so it also runs without a GPU (overlay cpu-demo).
+# This is the plain build: its --device auto computes on the CPU (OpenBLAS),
+# so it also runs without a GPU (overlay cpu-demo). A GPU worker needs
+# `bazel build --config=cuda` on a build stage with the CUDA 13 toolkit and a
+# CUDA 13 runtime base; not done here (the CUDA backend has not run on a GPU).
 ARG CUDA_BASE=nvidia/cuda:12.6.3-runtime-ubuntu24.04
 
 # --- build: Debian 12 with the project's packages, Bazel builds the binary.

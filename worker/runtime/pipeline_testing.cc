@@ -118,7 +118,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
     for (Parameter* p : runtimes[s]->parameters()) {
       std::vector<float> values = backend->Download(p->value).ToVector();
       auto [it, inserted] = out.weights.emplace(p->name, values);
-      if (!inserted) EXPECT_EQ(it->second, values) << "copies of " << p->name;
+      if (!inserted) {
+        EXPECT_EQ(it->second, values) << "copies of " << p->name;
+      }
     }
   }
   return out;

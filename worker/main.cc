@@ -107,7 +107,9 @@ int Run(const std::vector<std::string>& args) {
   std::signal(SIGTERM, OnSignal);
 
   Mailbox mailbox;
-  WorkerControlService control;
+  // Profiles get a backend of their own, as --device chose (the job thread
+  // has the other one).
+  WorkerControlService control([&f] { return SelectBackend(f.device, f.gemm); });
   auto server = DataPlaneServer::Start(f.listen, &mailbox, &control);
   if (!server.ok()) {
     PT_LOG(ERROR) << "data plane: " << server.status();

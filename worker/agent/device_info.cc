@@ -13,7 +13,10 @@
 namespace pipetrain {
 namespace {
 
-std::string CpuModel() {
+
+}  // namespace
+
+std::string CpuModelName() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line;
   while (std::getline(cpuinfo, line)) {
@@ -25,13 +28,11 @@ std::string CpuModel() {
   return "unknown";
 }
 
-}  // namespace
-
 v1::DeviceInfo CollectDeviceInfo(Backend* backend) {
   v1::DeviceInfo info;
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) info.set_hostname(host);
-  info.set_cpu_model(CpuModel());
+  info.set_cpu_model(CpuModelName());
   info.set_cpu_cores(static_cast<int32_t>(sysconf(_SC_NPROCESSORS_ONLN)));
   info.set_memory_bytes(int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGE_SIZE));
   info.set_backend(backend->Describe());

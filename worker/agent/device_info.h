@@ -2,6 +2,8 @@
 #ifndef PIPETRAIN_WORKER_AGENT_DEVICE_INFO_H_
 #define PIPETRAIN_WORKER_AGENT_DEVICE_INFO_H_
 
+#include <string>
+
 #include "proto/pipetrain/v1/coordinator.pb.h"
 #include "worker/model/backend.h"
 #include "worker/model/cpu_backend.h"
@@ -13,6 +15,9 @@ namespace pipetrain {
 // count; and GEMM GFLOP/s measured on that backend (a short sgemm: n = 384
 // on the CPU, ~0.1 s; n = 4096 on a GPU).
 v1::DeviceInfo CollectDeviceInfo(Backend* backend = CpuBackend());
+
+// The CPU's model name from /proc/cpuinfo ("unknown" if absent).
+std::string CpuModelName();
 
 }  // namespace pipetrain
 

@@ -13,7 +13,10 @@ grpc::Status WorkerControlService::Profile(grpc::ServerContext* context,
                << request->model().d_model() << ", seq_len " << request->seq_len()
                << ", micro-batch " << request->micro_batch_size() << ") for "
                << context->peer();
-  absl::StatusOr<v1::ModelProfile> profile = ProfileUnits(*request);
+  absl::StatusOr<SelectedBackend> backend =
+      make_backend_ != nullptr ? make_backend_() : SelectBackend("cpu", "fp32");
+  absl::StatusOr<v1::ModelProfile> profile =
+      backend.ok() ? ProfileUnits(*request, nullptr, backend->backend) : backend.status();
   if (!profile.ok()) {
     return grpc::Status(static_cast<grpc::StatusCode>(profile.status().code()),
                         std::string(profile.status().message()));

@@ -5,23 +5,40 @@
 //
 // Profiles run one at a time (OpenBLAS's thread pool is shared and parallel
 // profiles would time each other); a second caller waits. The coordinator
-// asks only READY workers, so a profile does not compete with a job.
+// asks only READY workers, so a profile does not compete with a job. Each
+// profile runs on a backend of its own from the factory (the worker's
+// --device choice): a CUDA backend is used by one thread at a time, and the
+// job thread has its own.
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_CONTROL_SERVICE_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_CONTROL_SERVICE_H_
 
+#include <functional>
+#include <utility>
+
+#include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
+#include "worker/model/backend_select.h"
 
 namespace pipetrain {
 
+// Makes the backend one profile runs on.
+using ProfileBackendFactory = std::function<absl::StatusOr<SelectedBackend>()>;
+
 class WorkerControlService final : public v1::WorkerControl::Service {
  public:
+  // The default profiles on the CPU.
+  explicit WorkerControlService(ProfileBackendFactory make_backend = nullptr)
+      : make_backend_(std::move(make_backend)) {}
+
   // INVALID_ARGUMENT for a bad request (the profiler's message, naming the
-  // field); otherwise OK with the profile.
+  // field); the backend's error if it cannot be made or fails; otherwise OK
+  // with the profile.
   grpc::Status Profile(grpc::ServerContext* context, const v1::ProfileRequest* request,
                        v1::ModelProfile* response) override;
 
  private:
+  ProfileBackendFactory make_backend_;
   AnnotatedMutex profile_mu_;
 };
 

@@ -123,12 +123,13 @@ TokenBatch SyntheticBatch(const ResolvedRequest& r) {
   return batch;
 }
 
-// dL/dy for a unit's output: 1 for the head's loss, N(0, 1) elsewhere.
+// dL/dy for a unit's output: 1 for the head's loss (a host scalar), N(0, 1)
+// elsewhere (on the unit's backend).
 Tensor OutputGradient(const Unit& unit, const Tensor& output, uint64_t seed) {
   if (unit.kind() == UnitKind::kHead) return Tensor::FromVector({1}, {1.0f});
   Tensor dy = Tensor::Zeros(output.shape());
   FillNormal(seed, HashName("profile.dy." + unit.name()), 0.0f, 1.0f, dy.data(), dy.numel());
-  return dy;
+  return unit.backend()->Upload(dy);
 }
 
 double Median(std::vector<double> values) {
@@ -160,14 +161,19 @@ double PeakMemoryEstimate(const Unit& unit, int64_t weight_bytes, const Tensor& 
   return static_cast<double>(total);
 }
 
-// One forward + backward pass; returns {forward seconds, backward seconds}.
+// One forward + backward pass; returns {forward seconds, backward seconds},
+// each to the end of its queued device work.
 std::pair<double, double> TimedPass(Unit& unit, const Tensor& input, const TokenBatch& batch,
                                     const Tensor& dy, UnitContext* ctx) {
   using Clock = std::chrono::steady_clock;
+  Backend* backend = unit.backend();
+  backend->Synchronize();
   const Clock::time_point t0 = Clock::now();
   unit.Forward(input, batch, ctx);
+  backend->Synchronize();
   const Clock::time_point t1 = Clock::now();
   unit.Backward(dy, batch, *ctx);
+  backend->Synchronize();
   const Clock::time_point t2 = Clock::now();
   return {std::chrono::duration<double>(t1 - t0).count(),
           std::chrono::duration<double>(t2 - t1).count()};
@@ -176,8 +182,8 @@ std::pair<double, double> TimedPass(Unit& unit, const Tensor& input, const Token
 // Profiles unit `index` on `input` (null for embed) and returns its output,
 // the next unit's input. The unit is freed before returning.
 Tensor ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
-                   const Tensor& input, v1::UnitProfile* out) {
-  std::unique_ptr<Unit> unit = MakeUnit(r.model, index);
+                   const Tensor& input, Backend* backend, v1::UnitProfile* out) {
+  std::unique_ptr<Unit> unit = MakeUnit(r.model, index, backend);
   InitializeParameters(unit.get(), r.seed);
   UnitContext ctx;
   const Tensor output = unit->Forward(input, batch, &ctx);
@@ -214,18 +220,22 @@ nlohmann::ordered_json ByteCount(double bytes) {
 }  // namespace
 
 absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
-                                              const ProfileProgressFn& progress) {
+                                              const ProfileProgressFn& progress,
+                                              Backend* backend) {
   ASSIGN_OR_RETURN(const ResolvedRequest r, Resolve(request));
   v1::ModelProfile profile;
   profile.set_micro_batch_size(r.micro_batch_size);
   profile.set_repetitions(r.repetitions);
-  profile.set_device_kind("cpu:" + CollectDeviceInfo().cpu_model());
+  // The kind the coordinator's profile cache keys by (profile_cache.h).
+  const std::string gpu = backend->device_facts().name;
+  profile.set_device_kind(gpu.empty() ? "cpu:" + CpuModelName() : "cuda:" + gpu);
   const TokenBatch batch = SyntheticBatch(r);
   Tensor activation;  // embed ignores its x
   for (int i = 0; i < NumUnits(r.model); ++i) {
     if (progress) progress(i, UnitName(r.model, i));
-    activation = ProfileUnit(r, i, batch, activation, profile.add_units());
+    activation = ProfileUnit(r, i, batch, activation, backend, profile.add_units());
   }
+  RETURN_IF_ERROR(backend->status());
   return profile;
 }
 

@@ -38,9 +38,12 @@
 //                      inside a pass (e.g. head's [B·T, vocab] logit gradient)
 //                      are not counted, so the real peak can be higher.
 // and of the ModelProfile: micro_batch_size, device_kind ("cpu:" + the CPU
-// model name from CollectDeviceInfo()) and repetitions (the resolved count).
+// model name, or "cuda:" + the GPU's name on a CUDA backend) and repetitions
+// (the resolved count).
 //
-// GEMMs run on as many OpenBLAS threads as the process has configured
+// Units run on `backend` (the CPU by default); each timed pass ends with
+// Backend::Synchronize, so a GPU's times include its queued work. On the
+// CPU, GEMMs run on as many OpenBLAS threads as the process has configured
 // (SetBlasThreads in kernels/cpu/blas.h); the profiler does not change it.
 //
 // Thread-safety: ProfileUnits must not run concurrently with other GEMM work
@@ -54,6 +57,8 @@
 
 #include "absl/status/statusor.h"
 #include "proto/pipetrain/v1/profile.pb.h"
+#include "worker/model/backend.h"
+#include "worker/model/cpu_backend.h"
 
 namespace pipetrain {
 
@@ -90,7 +95,8 @@ using ProfileProgressFn = std::function<void(int unit_index, const std::string& 
 // peak_memory_bytes at a time); that is not checked. Besides the passes, each
 // call spends ~0.1 s in CollectDeviceInfo(), which measures GEMM speed.
 absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
-                                              const ProfileProgressFn& progress = nullptr);
+                                              const ProfileProgressFn& progress = nullptr,
+                                              Backend* backend = CpuBackend());
 
 // The profile JSON file form read by the planner (docs/formats.md,
 // coordinator/planner/profile.h), indented:

@@ -237,7 +237,14 @@ int RunUp(const std::vector<std::string>& args) {
     return Fail("up", absl::NotFoundError("cannot create --out directory " + o.out));
   }
   absl::Status valid = ResolveJobSpec(UpSpec(o)).status();
-  if (valid.ok()) valid = ValidateDeviceFlags(o.worker_device, o.worker_gemm);
+  if (valid.ok()) {
+    // The check is the workers' own; say which of up's flags it is about.
+    valid = ValidateDeviceFlags(o.worker_device, o.worker_gemm);
+    if (!valid.ok()) {
+      valid = absl::Status(valid.code(), absl::StrCat("--worker-device/--worker-gemm (the "
+                                                      "workers' flags): ", valid.message()));
+    }
+  }
   if (!valid.ok()) return std::fprintf(stderr, "pipetrain up: %s\n", valid.ToString().c_str()), 2;
   auto coordinator = FindSiblingBinary("coordinator", "pipetrain-coordinator");
   auto worker = FindSiblingBinary("worker", "pipetrain-worker");

@@ -189,14 +189,6 @@ absl::Status SaveFinalWeights(const std::string& path, GptModel& model) {
 absl::Status Run(Options& o) {
   SetBlasThreads(o.train.threads);
   ASSIGN_OR_RETURN(SelectedBackend backend, SelectBackend(o.device, o.gemm));
-  if (backend.backend->kind() != BackendKind::kCpu &&
-      (!o.resume.empty() || !o.checkpoint.empty())) {
-    // Checkpoints hold the optimizer's moments, which stay on the device;
-    // not built yet (the CUDA issue).
-    return absl::FailedPreconditionError(
-        "--checkpoint and --resume work with --device cpu only for now (use --save for the "
-        "final weights)");
-  }
   ASSIGN_OR_RETURN(Dataset dataset, LoadData(o));
   ASSIGN_OR_RETURN(std::unique_ptr<LocalTrainer> trainer,
                    LocalTrainer::Create(o.train, &dataset, backend.backend));

@@ -24,8 +24,10 @@ std::vector<std::pair<std::string, std::string>> IdentityFields(const TrainConfi
           {"seed", absl::StrCat(c.seed)}};
 }
 
-// Parameters plus one moment tensor per parameter, both named.
+// One moment tensor per parameter, named with `prefix` (on the trainer's
+// backend, like the moments themselves).
 std::vector<Parameter> MomentViews(LocalTrainer& trainer, const char* prefix, bool m) {
+  Backend* backend = trainer.model().backend();
   std::vector<Parameter> views;
   for (const Parameter* p : trainer.model().parameters()) {
     Parameter view;
@@ -33,8 +35,8 @@ std::vector<Parameter> MomentViews(LocalTrainer& trainer, const char* prefix, bo
     auto& moments = trainer.optimizer().moments();
     auto it = moments.find(p->name);
     if (it == moments.end()) {  // no step taken yet: zero moments
-      it = moments.emplace(p->name, AdamWMoments{Tensor::Zeros(p->value.shape()),
-                                                 Tensor::Zeros(p->value.shape())}).first;
+      it = moments.emplace(p->name, AdamWMoments{backend->Zeros(p->value.shape()),
+                                                 backend->Zeros(p->value.shape())}).first;
     }
     view.value = m ? it->second.m : it->second.v;
     views.push_back(std::move(view));
@@ -42,22 +44,27 @@ std::vector<Parameter> MomentViews(LocalTrainer& trainer, const char* prefix, bo
   return views;
 }
 
-std::vector<Parameter*> Pointers(std::vector<Parameter>& views) {
-  std::vector<Parameter*> out;
-  for (Parameter& v : views) out.push_back(&v);
-  return out;
+// The parameters, then the m and v views: everything a checkpoint holds.
+std::vector<Parameter*> CheckpointTensors(LocalTrainer& trainer, std::vector<Parameter>& m,
+                                          std::vector<Parameter>& v) {
+  std::vector<Parameter*> all = trainer.model().parameters();
+  for (auto* views : {&m, &v}) {
+    for (Parameter* p : ParameterPointers(*views)) all.push_back(p);
+  }
+  return all;
 }
 
 }  // namespace
 
 absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer) {
   const TrainConfig& c = trainer.config();
-  std::vector<NamedTensor> tensors = ParameterValues(trainer.model().parameters());
+  Backend* backend = trainer.model().backend();
   std::vector<Parameter> m = MomentViews(trainer, kMomentM, true);
   std::vector<Parameter> v = MomentViews(trainer, kMomentV, false);
-  for (const auto* views : {&m, &v}) {
-    for (const Parameter& p : *views) tensors.push_back({p.name, p.value});
-  }
+  // Host copies (the tensors themselves on the CPU backend).
+  std::vector<Parameter> host = HostParameterCopies(backend, CheckpointTensors(trainer, m, v));
+  RETURN_IF_ERROR(backend->status());
+  const std::vector<NamedTensor> tensors = ParameterValues(ParameterPointers(host));
   SafetensorsMetadata meta = {{"format", kFormat},
                               {"version", "1"},
                               {"step", absl::StrCat(trainer.step())},
@@ -93,15 +100,20 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer) {
   if (!absl::SimpleAtoi(meta("step"), &step) || step < 0) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": bad step '", meta("step"), "'"));
   }
-  // Check everything before writing anything, so a bad file changes nothing.
+  // Check everything before writing anything, so a bad file changes nothing
+  // (ImportWeights is all or nothing; on a device backend it writes host
+  // copies, uploaded only after it succeeded).
+  Backend* backend = trainer->model().backend();
   std::vector<Parameter> m = MomentViews(*trainer, kMomentM, true);
   std::vector<Parameter> v = MomentViews(*trainer, kMomentV, false);
-  std::vector<Parameter*> all = trainer->model().parameters();
-  for (auto* views : {&m, &v}) {
-    for (Parameter* p : Pointers(*views)) all.push_back(p);
-  }
-  absl::Status status = ImportWeights(contents, all);
+  const std::vector<Parameter*> all = CheckpointTensors(*trainer, m, v);
+  std::vector<Parameter> host = HostParameterCopies(backend, all);
+  absl::Status status = ImportWeights(contents, ParameterPointers(host));
   if (!status.ok()) return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i]->value.on_device()) backend->CopyFromHost(host[i].value, &all[i]->value);
+  }
+  RETURN_IF_ERROR(backend->status());
   trainer->optimizer().set_steps_taken(step);
   return absl::OkStatus();
 }

@@ -1,6 +1,6 @@
 // Single-process reference trainer: the whole model in one process, on one
 // Backend (the CPU by default, or a GPU), gradient accumulation over
-// micro-batches, AdamW, evaluation, checkpoints (CPU backend only).
+// micro-batches, AdamW, evaluation, checkpoints (checkpoint.h).
 //
 // Every distributed run is checked against this trainer (DESIGN.md §4): for
 // iteration t the samples are dataset.TrainBatch(seed, t, ...), micro-batch k

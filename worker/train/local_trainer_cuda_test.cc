@@ -9,6 +9,7 @@
 // kernel differences stay small against the loss's own scale (the check is
 // on the loss, not on individual weights, which can drift further).
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "worker/data/synthetic_text.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/cuda_backend.h"
+#include "worker/train/checkpoint.h"
 #include "worker/train/local_trainer.h"
 
 namespace pipetrain {
@@ -82,6 +84,24 @@ TEST_F(LocalTrainerCudaTest, TwentySteps_Fp32_LossesMatchCpuWithin1e4Relative) {
   }
   EXPECT_LE(std::fabs(got.val_loss - want.val_loss) / want.val_loss, 1e-4f)
       << "validation: cuda " << got.val_loss << " cpu " << want.val_loss;
+}
+
+// A checkpoint taken on the GPU and restored into a fresh GPU trainer
+// continues exactly: 10 + 10 steps equal 20 straight, bitwise.
+TEST_F(LocalTrainerCudaTest, CheckpointResume_TenPlusTen_EqualsTwentyBitwise) {
+  auto cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  Dataset data = MakeDataset(33);
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/cuda.ckpt";
+  auto straight = LocalTrainer::Create(Config(), &data, cuda->get()).value();
+  std::vector<float> want;
+  for (int i = 0; i < 20; ++i) want.push_back(straight->Step().value().loss);
+  auto first = LocalTrainer::Create(Config(), &data, cuda->get()).value();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(first->Step().ok());
+  ASSERT_TRUE(SaveCheckpoint(path, *first).ok());
+  auto second = LocalTrainer::Create(Config(), &data, cuda->get()).value();
+  ASSERT_TRUE(RestoreCheckpoint(path, second.get()).ok());
+  for (int i = 10; i < 20; ++i) EXPECT_EQ(second->Step().value().loss, want[i]) << "step " << i + 1;
 }
 
 TEST_F(LocalTrainerCudaTest, TwentySteps_TwoRuns_BitwiseEqual) {

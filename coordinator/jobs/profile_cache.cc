@@ -4,11 +4,6 @@
 
 namespace pipetrain {
 
-std::string DeviceKind(const v1::DeviceInfo& device) {
-  if (!device.gpu_model().empty()) return absl::StrCat("cuda:", device.gpu_model());
-  return absl::StrCat("cpu:", device.cpu_model());
-}
-
 std::string ProfileKey(const v1::ProfileRequest& r, const std::string& device_kind) {
   const v1::ModelSpec& m = r.model();
   return absl::StrCat("L", m.n_layer(), " H", m.n_head(), " D", m.d_model(), " V",

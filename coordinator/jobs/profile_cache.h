@@ -12,14 +12,11 @@
 #include "absl/base/thread_annotations.h"
 #include "common/annotated_mutex.h"
 #include "coordinator/planner/profile.h"
+#include "common/device_kind.h"  // DeviceKind: the device part of a key
 #include "proto/pipetrain/v1/coordinator.pb.h"
 #include "proto/pipetrain/v1/profile.pb.h"
 
 namespace pipetrain {
-
-// "cuda:<gpu model>" when the worker has a GPU, else "cpu:<cpu model>" —
-// the same string the worker's profiler puts into ModelProfile.device_kind.
-std::string DeviceKind(const v1::DeviceInfo& device);
 
 // The cache key of a profile request on a device kind.
 std::string ProfileKey(const v1::ProfileRequest& request, const std::string& device_kind);

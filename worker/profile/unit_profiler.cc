@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/device_kind.h"
 #include "common/philox.h"
 #include "common/status_macros.h"
 #include "common/tensor.h"
@@ -226,9 +227,10 @@ absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
   v1::ModelProfile profile;
   profile.set_micro_batch_size(r.micro_batch_size);
   profile.set_repetitions(r.repetitions);
-  // The kind the coordinator's profile cache keys by (profile_cache.h).
-  const std::string gpu = backend->device_facts().name;
-  profile.set_device_kind(gpu.empty() ? "cpu:" + CpuModelName() : "cuda:" + gpu);
+  v1::DeviceInfo device;  // just the fields DeviceKind reads
+  device.set_gpu_model(backend->device_facts().name);
+  device.set_cpu_model(CpuModelName());
+  profile.set_device_kind(DeviceKind(device));
   const TokenBatch batch = SyntheticBatch(r);
   Tensor activation;  // embed ignores its x
   for (int i = 0; i < NumUnits(r.model); ++i) {

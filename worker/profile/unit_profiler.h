@@ -92,8 +92,7 @@ using ProfileProgressFn = std::function<void(int unit_index, const std::string& 
 //   "request.repetitions: ..."       repetitions < 0.
 // Nothing is allocated before the request is validated. A valid request can
 // still need more memory than the machine has (about the largest unit's
-// peak_memory_bytes at a time); that is not checked. Besides the passes, each
-// call spends ~0.1 s in CollectDeviceInfo(), which measures GEMM speed.
+// peak_memory_bytes at a time); that is not checked.
 absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
                                               const ProfileProgressFn& progress = nullptr,
                                               Backend* backend = CpuBackend());

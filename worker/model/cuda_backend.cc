@@ -204,6 +204,9 @@ class CudaBackendImpl final : public Backend {
   // may change after the call) and returns the device copy.
   absl::StatusOr<const int32_t*> UploadIds(const int32_t* host, int64_t n);
   absl::Status SynchronizeStream();
+  // A tensor of `shape` from the cache, zero-filled if `zero` (else
+  // uninitialised); with null storage after an error (backend.h).
+  Tensor Allocate(const Shape& shape, bool zero);
 
   int device_;
   DeviceFacts facts_;
@@ -213,7 +216,6 @@ class CudaBackendImpl final : public Backend {
   absl::Status status_;
   bool timing_ = false;
   std::vector<TimedOp> pending_;  // recorded, not yet read
-  OpTimes times_;
   Scratch<int32_t> ids_;
   Scratch<float> row_losses_;
   Scratch<float> loss_;
@@ -231,6 +233,7 @@ void CudaBackendImpl::DestroyEvents(const TimedOp& op) {
 }
 
 OpTimes CudaBackendImpl::TakeOpTimes() {
+  OpTimes times;
   for (const TimedOp& op : pending_) {
     float ms = 0;
     if (status_.ok()) {  // not through Run: that would time this too
@@ -242,15 +245,13 @@ OpTimes CudaBackendImpl::TakeOpTimes() {
       }
       if (!s.ok()) status_ = std::move(s);
     }
-    OpTime& t = times_[op.name];
+    OpTime& t = times[op.name];
     ++t.calls;
     t.seconds += ms / 1e3;
     DestroyEvents(op);
   }
   pending_.clear();
-  OpTimes out;
-  out.swap(times_);
-  return out;
+  return times;
 }
 
 absl::Status CudaBackendImpl::SynchronizeStream() {
@@ -268,18 +269,20 @@ absl::StatusOr<const int32_t*> CudaBackendImpl::UploadIds(const int32_t* host, i
   return *ids;
 }
 
-Tensor CudaBackendImpl::Zeros(const Shape& shape) {
+Tensor CudaBackendImpl::Zeros(const Shape& shape) { return Allocate(shape, /*zero=*/true); }
+
+Tensor CudaBackendImpl::Allocate(const Shape& shape, bool zero) {
   const int64_t n = NumElements(shape);
   const size_t bytes = static_cast<size_t>(n) * sizeof(float);
   float* ptr = nullptr;
   if (n > 0) {
-    Run("zeros", [&]() -> absl::Status {
+    Run(zero ? "zeros" : "allocate", [&]() -> absl::Status {
       // Blocks are reused on this backend's stream only, after the work
       // queued before their Free (stream order; caching_allocator.h).
       absl::StatusOr<void*> block = memory_->cache.Allocate(bytes, StreamIdOf(stream_));
       if (!block.ok()) return block.status();
       ptr = static_cast<float*>(*block);
-      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr, 0, bytes, stream_));
+      if (zero) CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr, 0, bytes, stream_));
       return absl::OkStatus();
     });
   }
@@ -293,8 +296,9 @@ Tensor CudaBackendImpl::Zeros(const Shape& shape) {
 }
 
 Tensor CudaBackendImpl::Upload(const Tensor& host) {
-  Tensor t = Zeros(host.shape());
-  if (t.numel() == host.numel()) CopyFromHost(host, &t);
+  // No zero fill: the copy overwrites every element.
+  Tensor t = Allocate(host.shape(), /*zero=*/false);
+  CopyFromHost(host, &t);
   return t;
 }
 

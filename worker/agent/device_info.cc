@@ -2,19 +2,12 @@
 
 #include <unistd.h>
 
-#include <algorithm>
-#include <chrono>
 #include <fstream>
 #include <string>
-#include <vector>
 
 #include "worker/model/gemm_probe.h"
 
 namespace pipetrain {
-namespace {
-
-
-}  // namespace
 
 std::string CpuModelName() {
   std::ifstream cpuinfo("/proc/cpuinfo");

@@ -25,6 +25,8 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -69,6 +71,19 @@ struct Row {
   bool ok = false;
 };
 
+// One full training step (forward, backward, AdamW) waited to the end of its
+// queued device work; returns {loss, wall seconds}.
+std::pair<float, double> TimedStep(GptModel& model, AdamWOptimizer& opt,
+                                   const TokenBatch& tokens) {
+  const auto t0 = Clock::now();
+  model.ZeroGrads();
+  const float loss = model.ForwardBackward(tokens, 1.0f);
+  model.ReduceTiedGradients();
+  opt.Step(model.parameters());
+  model.backend()->Synchronize();
+  return {loss, Seconds(t0, Clock::now())};
+}
+
 // Median wall time of `steps` full training steps after one warm-up (each
 // timed to the end of its queued device work).
 Row MeasureStep(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len, int steps,
@@ -77,13 +92,9 @@ Row MeasureStep(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len, in
   std::vector<double> times;
   Row row{batch};
   for (int s = 0; s < steps + 1; ++s) {
-    auto t0 = Clock::now();
-    model.ZeroGrads();
-    row.loss = model.ForwardBackward(tokens, 1.0f);
-    model.ReduceTiedGradients();
-    opt.Step(model.parameters());
-    model.backend()->Synchronize();
-    if (s > 0) times.push_back(Seconds(t0, Clock::now()));
+    double seconds = 0;
+    std::tie(row.loss, seconds) = TimedStep(model, opt, tokens);
+    if (s > 0) times.push_back(seconds);
   }
   std::sort(times.begin(), times.end());
   row.step_seconds = times[times.size() / 2];
@@ -103,13 +114,7 @@ void PrintOpTable(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len) 
   b->Synchronize();
   b->TakeOpTimes();  // drop anything timed before
   b->SetOpTiming(true);
-  const auto t0 = Clock::now();
-  model.ZeroGrads();
-  model.ForwardBackward(tokens, 1.0f);
-  model.ReduceTiedGradients();
-  opt.Step(model.parameters());
-  b->Synchronize();
-  const double step = Seconds(t0, Clock::now());
+  const double step = TimedStep(model, opt, tokens).second;
   b->SetOpTiming(false);
   const OpTimes times = b->TakeOpTimes();
   std::vector<std::pair<std::string, OpTime>> rows(times.begin(), times.end());

@@ -63,6 +63,15 @@ Tensor Tensor::OnDevice(const Shape& shape, std::shared_ptr<float> storage) {
   return t;
 }
 
+Tensor Tensor::OnHost(const Shape& shape, std::shared_ptr<float> storage) {
+  PT_CHECK(storage != nullptr) << "Tensor::OnHost over null storage";
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = NumElements(shape);
+  t.storage_ = std::move(storage);
+  return t;
+}
+
 int64_t Tensor::dim(int i) const {
   if (i < 0) i += rank();
   PT_CHECK(i >= 0 && i < rank()) << "dim " << i << " of " << ShapeToString(shape_);

@@ -43,6 +43,10 @@ class Tensor {
   // floats. Used by device backends only; a backend whose allocation failed
   // passes null storage (its status() says why, backend.h).
   static Tensor OnDevice(const Shape& shape, std::shared_ptr<float> storage);
+  // A host tensor of `shape` over `storage`, host memory the caller
+  // allocated (e.g. pinned, from a device backend; the deleter frees it);
+  // storage must hold NumElements(shape) floats and must not be null.
+  static Tensor OnHost(const Shape& shape, std::shared_ptr<float> storage);
 
   bool is_null() const { return storage_ == nullptr; }
   bool on_device() const { return on_device_; }

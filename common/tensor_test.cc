@@ -1,6 +1,9 @@
 #include "common/tensor.h"
 
 #include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
 
@@ -61,6 +64,32 @@ TEST(TensorTest, OnDevice_KeepsShapeAndViews) {
   EXPECT_EQ(row.data(), storage.get() + 3);
   EXPECT_TRUE(t.Reshape({6}).on_device());
   EXPECT_FALSE(Tensor::Zeros({2}).on_device());
+}
+
+// OnHost wraps caller-owned host memory: host access works on it, and the
+// deleter runs when the last view is gone.
+TEST(TensorTest, OnHost_UsesTheStorageAndFreesItWithTheLastView) {
+  bool freed = false;
+  {
+    std::shared_ptr<float> storage(new float[4]{1, 2, 3, 4}, [&freed](float* p) {
+      freed = true;
+      delete[] p;
+    });
+    float* raw = storage.get();
+    Tensor t = Tensor::OnHost({2, 2}, std::move(storage));
+    EXPECT_FALSE(t.on_device());
+    EXPECT_EQ(t.data(), raw);
+    EXPECT_EQ(t.ToVector(), (std::vector<float>{1, 2, 3, 4}));
+    Tensor row = t.Slice(1, 2);
+    t = Tensor();
+    EXPECT_FALSE(freed);  // the slice still holds it
+    EXPECT_EQ(row.ToVector(), (std::vector<float>{3, 4}));
+  }
+  EXPECT_TRUE(freed);
+}
+
+TEST(TensorDeathTest, OnHost_NullStorage_Aborts) {
+  EXPECT_DEATH(Tensor::OnHost({2}, nullptr), "Tensor::OnHost over null storage");
 }
 
 TEST(TensorDeathTest, HostMethods_OnDeviceTensor_Abort) {

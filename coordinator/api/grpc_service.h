@@ -32,7 +32,7 @@
 #include "absl/strings/string_view.h"
 #include "coordinator/api/assignment_streams.h"
 #include "coordinator/api/coordinator_metrics.h"
-#include "coordinator/api/serial_executor.h"
+#include "common/serial_executor.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/registry/worker_registry.h"

@@ -21,7 +21,7 @@
 
 #include <grpcpp/grpcpp.h>
 
-#include "coordinator/api/serial_executor.h"
+#include "common/serial_executor.h"
 #include "coordinator/jobs/job_manager.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 

@@ -23,6 +23,8 @@
 //
 // Ordering: ops run in call order. A device backend queues them on one
 // stream; Download and the scalar-returning ops wait for the queued work.
+// StartDownload does not wait: it queues a copy and returns a handle that
+// another thread may wait on (the runtime's background sends).
 //
 // Op timing (for the per-kernel table of the training-step benchmark): off
 // by default; when on, each op's time is added under its name ("gelu_forward",
@@ -38,9 +40,11 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/tensor.h"
 #include "kernels/cpu/adamw.h"
 
@@ -61,6 +65,17 @@ struct OpTime {
   double seconds = 0;
 };
 using OpTimes = std::map<std::string, OpTime>;
+
+// A host copy of a tensor being made while its caller goes on
+// (Backend::StartDownload).
+class PendingDownload {
+ public:
+  virtual ~PendingDownload() = default;
+  // Waits for the copy and returns it: a host tensor of the source's shape.
+  // The device's error if the copy failed (INTERNAL naming the call). Call
+  // at most once, from any thread.
+  virtual absl::StatusOr<Tensor> Wait() = 0;
+};
 
 class Backend {
  public:
@@ -87,6 +102,13 @@ class Backend {
   virtual Tensor Upload(const Tensor& host) = 0;
   // A host copy of `t` (CPU: `t` itself, shared); waits for queued work.
   virtual Tensor Download(const Tensor& t) = 0;
+  // Starts a host copy of `t` (on this backend's device, or a host tensor)
+  // as it is once the work queued so far has run; ops called later that
+  // write `t` do not change the copy. Returns without waiting for queued
+  // work. CPU: copies now. CUDA: queues the copy on the stream into pinned
+  // host memory (later ops queue behind it, so a later write cannot race it)
+  // and returns; errors surface in Wait and in status().
+  virtual std::unique_ptr<PendingDownload> StartDownload(const Tensor& t) = 0;
   // Copies host tensor `host` into `dst` on this device (equal numel).
   virtual void CopyFromHost(const Tensor& host, Tensor* dst) = 0;
   virtual void Fill(Tensor* t, float value) = 0;

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <memory>
+#include <utility>
 
 #include "common/annotated_mutex.h"
 #include "common/logging.h"
@@ -17,6 +19,16 @@
 
 namespace pipetrain {
 namespace {
+
+// A copy made at once: Wait returns it.
+class CopiedDownload final : public PendingDownload {
+ public:
+  explicit CopiedDownload(Tensor copy) : copy_(std::move(copy)) {}
+  absl::StatusOr<Tensor> Wait() override { return std::move(copy_); }
+
+ private:
+  Tensor copy_;
+};
 
 // Each op forwards to the kernels/cpu function of the same name (the
 // qualified ::pipetrain:: names pick the free functions, not the members).
@@ -56,6 +68,13 @@ class CpuBackendImpl final : public Backend {
   }
   Tensor Upload(const Tensor& host) override { return host; }
   Tensor Download(const Tensor& t) override { return t; }
+  // A deep copy: the caller may write `t` (e.g. a gradient) while another
+  // thread still reads the copy.
+  std::unique_ptr<PendingDownload> StartDownload(const Tensor& t) override {
+    Tensor copy;
+    Timed("download", [&] { copy = t.Clone(); });
+    return std::make_unique<CopiedDownload>(std::move(copy));
+  }
   void CopyFromHost(const Tensor& host, Tensor* dst) override { dst->CopyFrom(host); }
   void Fill(Tensor* t, float value) override {
     Timed("fill", [&] { t->Fill(value); });

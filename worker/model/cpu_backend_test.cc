@@ -2,6 +2,7 @@
 // functions, tested there): op timing.
 #include "worker/model/cpu_backend.h"
 
+#include <memory>
 #include <thread>
 #include <vector>
 
@@ -47,6 +48,21 @@ TEST(CpuBackendTest, OpTiming_ManyThreads_CountsEveryCall) {
   for (auto& t : threads) t.join();
   b->SetOpTiming(false);
   EXPECT_EQ(b->TakeOpTimes().at("add").calls, 400);
+}
+
+// StartDownload copies at once: a later write to the source does not reach
+// the copy, and another thread may wait for it.
+TEST(CpuBackendTest, StartDownload_CopiesNow_LaterWritesDoNotReachIt) {
+  Tensor t = Tensor::FromVector({2, 2}, {1, 2, 3, 4});
+  std::unique_ptr<PendingDownload> pending = CpuBackend()->StartDownload(t);
+  t.Fill(9.0f);
+  absl::StatusOr<Tensor> copy;
+  std::thread waiter([&] { copy = pending->Wait(); });
+  waiter.join();
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(copy->shape(), (Shape{2, 2}));
+  EXPECT_EQ(copy->ToVector(), (std::vector<float>{1, 2, 3, 4}));
+  EXPECT_FALSE(copy->SharesStorageWith(t));
 }
 
 }  // namespace

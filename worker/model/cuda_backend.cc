@@ -3,12 +3,14 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/alloc/caching_allocator.h"
@@ -61,6 +63,41 @@ struct DeviceMemory {
   CachingAllocator cache{&raw, MemoryOptions()};
 };
 
+// A copy queued on a backend's stream into pinned host memory; Wait waits
+// for the event recorded after it. The source needs no keeping alive: its
+// block is reused on the same stream only, behind the copy.
+class StreamDownload final : public PendingDownload {
+ public:
+  // `done` may be null when `status` is an error.
+  StreamDownload(int device, Tensor host, cudaEvent_t done, absl::Status status)
+      : device_(device), host_(std::move(host)), done_(done), status_(std::move(status)) {}
+  ~StreamDownload() override {
+    // The copy may still be in flight: wait before the pinned block can be
+    // freed and handed out again.
+    if (done_ != nullptr) {
+      cudaSetDevice(device_);
+      cudaEventSynchronize(done_);
+      cudaEventDestroy(done_);
+    }
+  }
+  StreamDownload(const StreamDownload&) = delete;
+  StreamDownload& operator=(const StreamDownload&) = delete;
+
+  absl::StatusOr<Tensor> Wait() override {
+    RETURN_IF_ERROR(status_);
+    // Another thread calls this: its current device may not be ours.
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(done_));
+    return std::move(host_);
+  }
+
+ private:
+  int device_;
+  Tensor host_;
+  cudaEvent_t done_;
+  absl::Status status_;
+};
+
 class CudaBackendImpl final : public Backend {
  public:
   CudaBackendImpl(const CudaDeviceInfo& info, cudaStream_t stream, CublasHandle cublas)
@@ -90,6 +127,7 @@ class CudaBackendImpl final : public Backend {
   Tensor Zeros(const Shape& shape) override;
   Tensor Upload(const Tensor& host) override;
   Tensor Download(const Tensor& t) override;
+  std::unique_ptr<PendingDownload> StartDownload(const Tensor& t) override;
   void CopyFromHost(const Tensor& host, Tensor* dst) override;
   void Fill(Tensor* t, float value) override;
 
@@ -324,6 +362,39 @@ Tensor CudaBackendImpl::Download(const Tensor& t) {
     return SynchronizeStream();
   });
   return host;
+}
+
+std::unique_ptr<PendingDownload> CudaBackendImpl::StartDownload(const Tensor& t) {
+  PT_CHECK(t.on_device()) << "StartDownload of a host tensor through the CUDA backend";
+  const size_t bytes = static_cast<size_t>(t.size_bytes());
+  Tensor host;
+  cudaEvent_t done = nullptr;
+  Run("download", [&]() -> absl::Status {
+    // Pinned memory, so the copy is a DMA that neither blocks this thread
+    // nor stages through a driver buffer (kernels/cuda/pinned_buffer.h).
+    // Blocks are keyed by this stream: one comes back to the cache only
+    // when the host tensor dies, after its reader is done with it.
+    if (bytes == 0) {
+      host = Tensor::Zeros(t.shape());
+    } else {
+      CachingAllocator* pinned = &PinnedHostCachingAllocator();
+      absl::StatusOr<void*> block = pinned->Allocate(bytes, StreamIdOf(stream_));
+      if (!block.ok()) return block.status();
+      host = Tensor::OnHost(t.shape(),
+                            std::shared_ptr<float>(static_cast<float*>(*block),
+                                                   [pinned](float* p) { pinned->Free(p); }));
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), t.data(), bytes,
+                                           cudaMemcpyDeviceToHost, stream_));
+    }
+    CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(done, stream_));
+    return absl::OkStatus();
+  });
+  if (!status_.ok()) {
+    if (done != nullptr) cudaEventDestroy(done);
+    return std::make_unique<StreamDownload>(device_, Tensor(), nullptr, status_);
+  }
+  return std::make_unique<StreamDownload>(device_, std::move(host), done, absl::OkStatus());
 }
 
 void CudaBackendImpl::Fill(Tensor* t, float value) {

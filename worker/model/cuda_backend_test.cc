@@ -19,6 +19,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -160,6 +161,34 @@ TEST_F(CudaBackendTest, OpTiming_UnitForward_TimesEachOp) {
   EXPECT_EQ(times.at("layernorm_forward").calls, 1);
   EXPECT_GT(times.at("linear_forward").seconds, 0.0);
   EXPECT_TRUE(b->TakeOpTimes().empty());
+}
+
+// StartDownload queues the copy behind earlier work and ahead of later work:
+// the copy holds the value at the call (a later in-place add does not reach
+// it), another thread may wait for it, and an empty tensor copies to empty.
+TEST_F(CudaBackendTest, StartDownload_OrderedOnTheStream_WaitFromAnotherThread) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  Backend* b = cuda->get();
+  const Tensor x = Normal({3, 1000, 7}, 11);  // 21000 floats: off every block size
+  Tensor d = b->Zeros(x.shape());
+  b->AddInPlace(d.data(), b->Upload(x).data(), x.numel());  // queued, not yet run
+  std::unique_ptr<PendingDownload> pending = b->StartDownload(d);
+  b->AddInPlace(d.data(), d.data(), d.numel());  // doubles d after the copy
+  absl::StatusOr<Tensor> copy;
+  std::thread waiter([&] { copy = pending->Wait(); });
+  waiter.join();
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_FALSE(copy->on_device());
+  EXPECT_EQ(copy->shape(), x.shape());
+  EXPECT_EQ(copy->ToVector(), x.ToVector());
+  std::vector<float> doubled = x.ToVector();
+  for (float& v : doubled) v *= 2;
+  EXPECT_EQ(Host(b, d), doubled);
+  absl::StatusOr<Tensor> empty = b->StartDownload(b->Zeros({0, 4}))->Wait();
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->numel(), 0);
+  EXPECT_TRUE(b->status().ok()) << b->status();
 }
 
 // Runs everywhere: without a GPU the error is a clear NOT_FOUND.

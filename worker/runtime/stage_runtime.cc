@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -20,6 +21,14 @@ double SecondsSince(Clock::time_point start) {
 
 absl::Status Internal(const std::string& what) {
   return absl::InternalError(absl::StrCat("program error: ", what));
+}
+
+// `failed`, with the error of a background send that failed too (possibly
+// the cause: a peer that cannot be reached also sends nothing back).
+absl::Status WithFailedSends(absl::Status failed, const absl::Status& sends) {
+  if (sends.ok()) return failed;
+  return absl::Status(failed.code(), absl::StrCat(failed.message(), "; also failed: ",
+                                                  sends.message()));
 }
 
 // Takes map[key] out of `m`; INTERNAL naming `what` when absent.
@@ -182,7 +191,9 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   activations_.clear(), grads_in_.clear(), grads_out_.clear(), token_scores_.clear();
   contexts_.clear(), losses_.clear();
   tied_received_ = Tensor();
-  compressor_.BeginIteration();
+  // sends_ is idle here: every iteration and validation pass drains it.
+  encoder_.BeginIteration();
+  sent_stats_.clear();
   IterationResult result;
   result.iteration = iteration;
   const auto start = Clock::now();
@@ -196,11 +207,18 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
     absl::Status status = Execute(in, iteration, &result);
     if (status.ok()) status = setup_.backend->status();
     if (!status.ok()) {
-      return absl::Status(status.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
-                                                      iteration, ", '", DescribeInstruction(in),
-                                                      "': ", status.message()));
+      return WithFailedSends(
+          absl::Status(status.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
+                                                   iteration, ", '", DescribeInstruction(in),
+                                                   "': ", status.message())),
+          DrainSends(nullptr));
     }
     ForgetMicroBatchesEndingAt(i);
+  }
+  absl::Status sent = DrainSends(&result);
+  if (!sent.ok()) {
+    return absl::Status(sent.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
+                                                  iteration, ": ", sent.message()));
   }
   for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);
   result.busy_seconds = SecondsSince(start) - result.idle_seconds;
@@ -229,7 +247,7 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
       break;
     case v1::Instruction::kSend:
       phase = "send";
-      status = Send(in.send(), iteration, result);
+      status = Send(in.send(), iteration);
       break;
     case v1::Instruction::kRecv:
     {
@@ -360,11 +378,19 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
     absl::Status status = Execute(in, after_step, &ignored);
     if (status.ok()) status = setup_.backend->status();
     if (!status.ok()) {
-      return absl::Status(status.code(),
-                          absl::StrCat("stage ", setup_.stage, ", validation after step ",
-                                       after_step, ", '", DescribeInstruction(in),
-                                       "': ", status.message()));
+      return WithFailedSends(
+          absl::Status(status.code(),
+                       absl::StrCat("stage ", setup_.stage, ", validation after step ",
+                                    after_step, ", '", DescribeInstruction(in),
+                                    "': ", status.message())),
+          DrainSends(nullptr));
     }
+  }
+  absl::Status sent = DrainSends(nullptr);
+  if (!sent.ok()) {
+    return absl::Status(sent.code(), absl::StrCat("stage ", setup_.stage,
+                                                  ", validation after step ", after_step,
+                                                  ": ", sent.message()));
   }
   {
     AnnotatedMutexLock lock(&status_mu_);
@@ -401,8 +427,7 @@ absl::Status StageRuntime::Backward(const v1::Instruction::Backward& b) {
   return absl::OkStatus();
 }
 
-absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteration,
-                                IterationResult* result) {
+absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteration) {
   const v1::TensorKey& key = s.tensor();
   Tensor tensor;
   switch (key.kind()) {
@@ -443,8 +468,6 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     }
     default: return Internal("send of an unknown tensor kind");
   }
-  // The wire carries host tensors (a no-op on the CPU backend).
-  if (tensor.on_device()) tensor = setup_.backend->Download(tensor);
   std::vector<float> scores;  // token importance for token_topk, if recorded
   if (key.kind() == v1::ACTIVATION) {
     auto it = token_scores_.find({key.micro_batch(), key.unit()});
@@ -453,11 +476,35 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
       token_scores_.erase(it);
     }
   }
-  ASSIGN_OR_RETURN(WireTensor wire,
-                   compressor_.Encode(s, tensor,
-                                      &result->sent[{s.peer_stage(), v1::TensorKind_Name(key.kind())}],
-                                      scores));
-  return transport_->SendWire(s.peer_stage(), MakeAddress(setup_.job_id, iteration, key), wire);
+  // The wire carries host tensors: the copy starts now (behind the work that
+  // made the tensor, ahead of later writes to it), the rest runs on sends_.
+  Backend* copier = tensor.on_device() ? setup_.backend : CpuBackend();
+  std::shared_ptr<PendingDownload> host_copy = copier->StartDownload(tensor);
+  const TensorAddress address = MakeAddress(setup_.job_id, iteration, key);
+  return sends_.Enqueue([this, &s, host_copy, scores = std::move(scores),
+                         address]() -> absl::Status {
+    absl::Status status = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(Tensor host, host_copy->Wait());
+      LinkStats* link = &sent_stats_[{s.peer_stage(), v1::TensorKind_Name(s.tensor().kind())}];
+      ASSIGN_OR_RETURN(WireTensor wire, encoder_.Encode(s, host, link, scores));
+      return transport_->SendWire(s.peer_stage(), address, wire);
+    }();
+    if (status.ok()) return status;
+    return absl::Status(status.code(), absl::StrCat("send of ", address.DebugString(),
+                                                    " to stage ", s.peer_stage(), ": ",
+                                                    status.message()));
+  });
+}
+
+absl::Status StageRuntime::DrainSends(IterationResult* result) {
+  const auto start = Clock::now();
+  absl::Status status = sends_.Drain();
+  if (result != nullptr) {
+    result->phase_seconds["send"] += SecondsSince(start);
+    for (auto& [link, stats] : sent_stats_) result->sent[link] = stats;
+  }
+  sent_stats_.clear();
+  return status;
 }
 
 absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteration,
@@ -473,7 +520,7 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
                    transport_->RecvWire(r.peer_stage(), address, setup_.recv_timeout));
   LinkStats& link = result->received[{r.peer_stage(), v1::TensorKind_Name(key.kind())}];
   const double decode_before = link.codec_seconds;
-  ASSIGN_OR_RETURN(Tensor t, compressor_.Decode(wire,
+  ASSIGN_OR_RETURN(Tensor t, decoder_.Decode(wire,
                                                 absl::StrCat(address.DebugString(), " from stage ",
                                                              r.peer_stage()),
                                                 &link));

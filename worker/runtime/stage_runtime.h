@@ -15,6 +15,14 @@
 // (pipeline_equivalence_test). Units run on setup.backend (the CPU by
 // default); a device backend's error fails the instruction that hit it.
 //
+// Sends run in the background (send_queue.h): a Send instruction starts the
+// tensor's host copy (Backend::StartDownload) and queues the rest — waiting
+// for the copy, encoding, handing it to the transport — on one thread, in
+// program order, so the interpreter computes the next micro-batch while the
+// last one leaves (on a GPU, while its copy runs). Every iteration and
+// validation pass ends by waiting for its sends; a failed send fails the
+// iteration (naming the send) at the next Send instruction or at that end.
+//
 // Not thread-safe, except current_instruction(), which any thread may read.
 #ifndef PIPETRAIN_WORKER_RUNTIME_STAGE_RUNTIME_H_
 #define PIPETRAIN_WORKER_RUNTIME_STAGE_RUNTIME_H_
@@ -33,6 +41,7 @@
 #include "worker/data/dataset.h"
 #include "worker/model/unit.h"
 #include "worker/runtime/link_compressor.h"
+#include "worker/runtime/send_queue.h"
 #include "worker/train/adamw_optimizer.h"
 #include "worker/train/train_config.h"
 #include "worker/transport/transport.h"
@@ -114,7 +123,10 @@ class StageRuntime {
   int EvalCount(int micro_batch) const;  // windows in validation micro-batch
   absl::Status Recompute(const v1::Instruction::Recompute& r);
   absl::Status Backward(const v1::Instruction::Backward& b);
-  absl::Status Send(const v1::Instruction::Send& s, int64_t iteration, IterationResult* result);
+  absl::Status Send(const v1::Instruction::Send& s, int64_t iteration);
+  // Waits for every queued send (time counted as the "send" phase of
+  // `result`, if given); moves what they sent into result->sent.
+  absl::Status DrainSends(IterationResult* result);
   absl::Status Recv(const v1::Instruction::Recv& r, int64_t iteration, IterationResult* result);
   absl::Status AddTied();
   Unit* OwnedUnit(int index);
@@ -133,7 +145,11 @@ class StageRuntime {
   int num_units_ = 0;
   std::map<int, std::unique_ptr<Unit>> units_;  // by unit index
   AdamWOptimizer optimizer_;
-  LinkCompressor compressor_;  // codecs and error feedback of this stage's links
+  // Codecs and error feedback of this stage's links: encoder_ for sends
+  // (used only by tasks on sends_, and between its drains), decoder_ for
+  // receives (the interpreter's).
+  LinkCompressor encoder_;
+  LinkCompressor decoder_;
   int64_t iteration_ = 0;
   // Program facts, computed once: units whose outputs the program reads
   // after the forward pass (sends, recompute inputs), and per instruction
@@ -159,6 +175,11 @@ class StageRuntime {
   bool eval_has_loss_ = false;
   mutable AnnotatedMutex status_mu_;
   std::string current_ ABSL_GUARDED_BY(status_mu_);
+  // What the background sends sent since the last drain, by (peer stage,
+  // tensor kind name): written by tasks on sends_, read after Drain.
+  std::map<std::pair<int, std::string>, LinkStats> sent_stats_;
+  // Last: destroyed first, so queued sends finish while what they use exists.
+  SendQueue sends_;
 };
 
 }  // namespace pipetrain

@@ -1,4 +1,4 @@
-#include "coordinator/api/serial_executor.h"
+#include "common/serial_executor.h"
 
 #include <mutex>
 #include <thread>

@@ -1,13 +1,15 @@
-// A thread of the gRPC service's own, for work that must not run inside a
-// gRPC reaction (STYLE.md item 6): anything that may wait on JobManager while
-// it writes a job's final weights, or that plans a job.
+// SerialExecutor: one thread of its own that runs posted tasks one at a
+// time, in the order posted. Users: the coordinator's gRPC service, for work
+// that must not run inside a gRPC reaction (STYLE.md item 6: anything that
+// may wait on JobManager while it writes a job's final weights, or that plans
+// a job); the stage runtime's background sends (worker/runtime/send_queue.h).
 //
 //   SerialExecutor executor;
 //   executor.Post([=] { reactor->Finish(ToGrpcStatus(jobs->FinishWeights(w, j))); });
 //
-// Tasks run one at a time, in the order posted. Thread-safe.
-#ifndef PIPETRAIN_COORDINATOR_API_SERIAL_EXECUTOR_H_
-#define PIPETRAIN_COORDINATOR_API_SERIAL_EXECUTOR_H_
+// Thread-safe.
+#ifndef PIPETRAIN_COMMON_SERIAL_EXECUTOR_H_
+#define PIPETRAIN_COMMON_SERIAL_EXECUTOR_H_
 
 #include <deque>
 #include <functional>
@@ -41,4 +43,4 @@ class SerialExecutor {
 
 }  // namespace pipetrain
 
-#endif  // PIPETRAIN_COORDINATOR_API_SERIAL_EXECUTOR_H_
+#endif  // PIPETRAIN_COMMON_SERIAL_EXECUTOR_H_

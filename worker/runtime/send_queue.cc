@@ -1,0 +1,39 @@
+#include "worker/runtime/send_queue.h"
+
+#include <utility>
+
+namespace pipetrain {
+
+absl::Status SendQueue::Enqueue(Task task) {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (!first_error_.ok()) return first_error_;
+    ++pending_;
+  }
+  executor_.Post([this, task = std::move(task)] {
+    bool failed_before;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      failed_before = !first_error_.ok();
+    }
+    absl::Status status = failed_before ? absl::OkStatus() : task();
+    AnnotatedMutexLock lock(&mu_);
+    if (!status.ok() && first_error_.ok()) first_error_ = std::move(status);
+    --pending_;
+  });
+  return absl::OkStatus();
+}
+
+absl::Status SendQueue::Drain() {
+  AnnotatedMutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
+  mu_.AwaitWithTimeout(idle, absl::InfiniteDuration());
+  return std::exchange(first_error_, absl::OkStatus());
+}
+
+int64_t SendQueue::pending() const {
+  AnnotatedMutexLock lock(&mu_);
+  return pending_;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,64 @@
+// SendQueue: the stage runtime's sends, run in the background in the order
+// they were queued (the CUDA issue, scope 3: compute overlaps sends).
+//
+// The interpreter queues a send (its host copy already started, backend.h
+// StartDownload) and goes on with the next instruction; the queue's thread
+// waits for the copy, encodes it and hands it to the transport. One thread,
+// FIFO, so the sends of a link leave in program order and the link's codec
+// state (error feedback, PowerSGD's Q) sees them in that order, exactly as
+// when the interpreter sent them itself.
+//
+// Errors: the first failing task's error sticks: tasks queued after it are
+// dropped unrun (the run has failed; a later send of the same link would
+// carry codec state the failed one left half-updated), Enqueue returns the
+// error instead of queueing, and Drain reports it once, then clears it.
+//
+//   SendQueue sends;
+//   RETURN_IF_ERROR(sends.Enqueue([=] { return transport->SendWire(...); }));
+//   ...
+//   RETURN_IF_ERROR(sends.Drain());  // every queued send handed over
+//
+// Thread-safe. The destructor waits for every queued task.
+#ifndef PIPETRAIN_WORKER_RUNTIME_SEND_QUEUE_H_
+#define PIPETRAIN_WORKER_RUNTIME_SEND_QUEUE_H_
+
+#include <cstdint>
+#include <functional>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "common/annotated_mutex.h"
+#include "common/serial_executor.h"
+
+namespace pipetrain {
+
+class SendQueue {
+ public:
+  using Task = std::function<absl::Status()>;
+
+  SendQueue() = default;
+  ~SendQueue() = default;  // executor_ runs what is queued, then joins
+  SendQueue(const SendQueue&) = delete;
+  SendQueue& operator=(const SendQueue&) = delete;
+
+  // Queues `task`. Returns the stuck error of an earlier task instead (the
+  // task is then not queued) so a failing run stops queueing early.
+  absl::Status Enqueue(Task task);
+
+  // Waits until every queued task has run. Returns the first error since
+  // the last Drain (and clears it), else OK.
+  absl::Status Drain();
+
+  // Tasks queued and not yet finished (for tests and diagnostics).
+  int64_t pending() const;
+
+ private:
+  mutable AnnotatedMutex mu_;
+  int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  SerialExecutor executor_;  // last: destroyed (joined) before the fields above
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_RUNTIME_SEND_QUEUE_H_

@@ -1,0 +1,110 @@
+// Sends run in the background (stage_runtime.h): a send the transport
+// refuses still fails the iteration, naming the send, and sends queued
+// behind a failed one are dropped. Stage 0 of a two-stage pipeline runs a
+// hand-written program (forward of embed and attn_0, then sends) over a
+// transport that refuses the first ACTIVATION send.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/annotated_mutex.h"
+#include "gtest/gtest.h"
+#include "worker/data/synthetic_text.h"
+#include "worker/runtime/stage_runtime.h"
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain {
+namespace {
+
+// Refuses every send with UNAVAILABLE and counts the calls; receives nothing.
+class RefusingTransport : public Transport {
+ public:
+  int stage() const override { return 0; }
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor&) override {
+    AnnotatedMutexLock lock(&mu_);
+    ++sends_;
+    return absl::UnavailableError(absl::StrCat("stage ", peer, " is gone"));
+  }
+  absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress&, absl::Duration) override {
+    return absl::AbortedError("nothing is received in this test");
+  }
+  int sends() const {
+    AnnotatedMutexLock lock(&mu_);
+    return sends_;
+  }
+
+ private:
+  mutable AnnotatedMutex mu_;
+  int sends_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+TrainConfig Config() {
+  TrainConfig c;
+  c.model.n_layer = 1;
+  c.model.n_head = 2;
+  c.model.d_model = 16;
+  c.model.max_seq_len = 8;
+  c.seq_len = 8;
+  c.batch_size = 4;
+  c.micro_batches = 2;
+  c.seed = 3;
+  return c;
+}
+
+v1::Instruction ForwardOf(int mb) {
+  v1::Instruction in;
+  in.mutable_forward()->mutable_units()->set_begin(0);
+  in.mutable_forward()->mutable_units()->set_end(2);
+  in.mutable_forward()->set_micro_batch(mb);
+  return in;
+}
+
+v1::Instruction SendOf(int mb) {
+  v1::Instruction in;
+  in.mutable_send()->mutable_tensor()->set_kind(v1::ACTIVATION);
+  in.mutable_send()->mutable_tensor()->set_unit(1);
+  in.mutable_send()->mutable_tensor()->set_micro_batch(mb);
+  in.mutable_send()->set_peer_stage(1);
+  return in;
+}
+
+TEST(StageRuntimeSendTest, RefusedSend_FailsTheIterationNamingTheSend_LaterSendsDropped) {
+  const TrainConfig c = Config();
+  const std::string text = GenerateEnglishText(2, 20000);
+  const Dataset data =
+      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 8, 0.1).value();
+  v1::Program program;
+  *program.add_instructions() = ForwardOf(0);
+  *program.add_instructions() = SendOf(0);
+  *program.add_instructions() = ForwardOf(1);
+  *program.add_instructions() = SendOf(1);
+  v1::UnitRange units;
+  units.set_begin(0);
+  units.set_end(2);
+  // Units 0-1 of the 5 (embed, attn_0, mlp_0, ... head) of a 1-layer model.
+  StageSetup setup{"job-send", c, 0, 2, units, units, program, absl::Seconds(5)};
+  RefusingTransport transport;
+  auto runtime = StageRuntime::Create(setup, &data, &transport);
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+
+  absl::Status status = (*runtime)->RunIteration(0).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  // Whether it surfaced at the second send or at the iteration's end, the
+  // message names the send that failed and the transport's reason.
+  EXPECT_TRUE(absl::StrContains(status.message(), "stage 0, iteration 0")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(),
+                                "send of ACTIVATION of unit 1, micro-batch 0, iteration 0"))
+      << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "to stage 1: stage 1 is gone")) << status;
+  EXPECT_EQ(transport.sends(), 1);  // micro-batch 1's send never reached it
+
+  // The failure was reported once: the next iteration runs its sends again.
+  status = (*runtime)->RunIteration(1).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "micro-batch 0, iteration 1")) << status;
+  EXPECT_EQ(transport.sends(), 2);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -100,6 +100,12 @@ class Backend {
   virtual Tensor Zeros(const Shape& shape) = 0;
   // This backend's copy of host tensor `host` (CPU: `host` itself, shared).
   virtual Tensor Upload(const Tensor& host) = 0;
+  // As Upload, without waiting for queued work: the copy queues behind it,
+  // later ops behind the copy. CPU: `host` itself, shared (the caller must
+  // not write it afterwards). CUDA: `host` is first copied into pinned
+  // staging memory (so the caller may reuse it at once), then DMA'd; the
+  // staging block goes back to the cache once its copy is done.
+  virtual Tensor UploadAsync(const Tensor& host) = 0;
   // A host copy of `t` (CPU: `t` itself, shared); waits for queued work.
   virtual Tensor Download(const Tensor& t) = 0;
   // Starts a host copy of `t` (on this backend's device, or a host tensor)

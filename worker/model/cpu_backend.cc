@@ -67,6 +67,7 @@ class CpuBackendImpl final : public Backend {
     return t;
   }
   Tensor Upload(const Tensor& host) override { return host; }
+  Tensor UploadAsync(const Tensor& host) override { return host; }
   Tensor Download(const Tensor& t) override { return t; }
   // A deep copy: the caller may write `t` (e.g. a gradient) while another
   // thread still reads the copy.

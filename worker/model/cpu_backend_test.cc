@@ -65,5 +65,11 @@ TEST(CpuBackendTest, StartDownload_CopiesNow_LaterWritesDoNotReachIt) {
   EXPECT_FALSE(copy->SharesStorageWith(t));
 }
 
+// UploadAsync on the CPU is the host tensor itself, as Upload.
+TEST(CpuBackendTest, UploadAsync_SharesTheHostTensor) {
+  Tensor t = Tensor::FromVector({3}, {1, 2, 3});
+  EXPECT_TRUE(CpuBackend()->UploadAsync(t).SharesStorageWith(t));
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -3,6 +3,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstring>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -108,6 +110,10 @@ class CudaBackendImpl final : public Backend {
   ~CudaBackendImpl() override {
     cudaStreamSynchronize(stream_);
     for (const TimedOp& op : pending_) DestroyEvents(op);
+    for (const StagedUpload& staged : staged_) {
+      cudaEventDestroy(staged.done);
+      PinnedHostCachingAllocator().Free(staged.block);
+    }
     cudaStreamDestroy(stream_);
   }
 
@@ -126,6 +132,7 @@ class CudaBackendImpl final : public Backend {
 
   Tensor Zeros(const Shape& shape) override;
   Tensor Upload(const Tensor& host) override;
+  Tensor UploadAsync(const Tensor& host) override;
   Tensor Download(const Tensor& t) override;
   std::unique_ptr<PendingDownload> StartDownload(const Tensor& t) override;
   void CopyFromHost(const Tensor& host, Tensor* dst) override;
@@ -238,6 +245,15 @@ class CudaBackendImpl final : public Backend {
   };
   absl::Status RecordEvent(cudaEvent_t* event);
   static void DestroyEvents(const TimedOp& op);
+  // A pinned staging block of UploadAsync and the event recorded after its
+  // copy: the block is freed once the event has completed.
+  struct StagedUpload {
+    cudaEvent_t done;
+    void* block;
+  };
+  // Frees the staging blocks whose copies are done (all of them when
+  // `all`: the caller has synchronised the stream), oldest first.
+  absl::Status ReleaseStaging(bool all);
   // Copies n host ids into the id scratch (synchronously: the host array
   // may change after the call) and returns the device copy.
   absl::StatusOr<const int32_t*> UploadIds(const int32_t* host, int64_t n);
@@ -254,6 +270,7 @@ class CudaBackendImpl final : public Backend {
   absl::Status status_;
   bool timing_ = false;
   std::vector<TimedOp> pending_;  // recorded, not yet read
+  std::deque<StagedUpload> staged_;  // in stream order
   Scratch<int32_t> ids_;
   Scratch<float> row_losses_;
   Scratch<float> loss_;
@@ -294,6 +311,21 @@ OpTimes CudaBackendImpl::TakeOpTimes() {
 
 absl::Status CudaBackendImpl::SynchronizeStream() {
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+  return ReleaseStaging(/*all=*/true);
+}
+
+absl::Status CudaBackendImpl::ReleaseStaging(bool all) {
+  while (!staged_.empty()) {
+    const StagedUpload& front = staged_.front();
+    if (!all) {
+      const cudaError_t done = cudaEventQuery(front.done);
+      if (done == cudaErrorNotReady) break;  // later ones are later on the stream
+      CUDA_RETURN_IF_ERROR(done);
+    }
+    cudaEventDestroy(front.done);
+    PinnedHostCachingAllocator().Free(front.block);
+    staged_.pop_front();
+  }
   return absl::OkStatus();
 }
 
@@ -337,6 +369,42 @@ Tensor CudaBackendImpl::Upload(const Tensor& host) {
   // No zero fill: the copy overwrites every element.
   Tensor t = Allocate(host.shape(), /*zero=*/false);
   CopyFromHost(host, &t);
+  return t;
+}
+
+Tensor CudaBackendImpl::UploadAsync(const Tensor& host) {
+  PT_CHECK(!host.on_device()) << "UploadAsync of a device tensor";
+  Tensor t = Allocate(host.shape(), /*zero=*/false);
+  if (host.numel() == 0) return t;
+  Run("upload", [&]() -> absl::Status {
+    RETURN_IF_ERROR(ReleaseStaging(/*all=*/false));
+    // From pageable memory cudaMemcpyAsync may wait for the stream; from
+    // pinned memory it is a DMA queued behind the stream's work.
+    const size_t bytes = static_cast<size_t>(host.size_bytes());
+    ASSIGN_OR_RETURN(void* block,
+                     PinnedHostCachingAllocator().Allocate(bytes, StreamIdOf(stream_)));
+    std::memcpy(block, host.data(), bytes);
+    cudaEvent_t done = nullptr;
+    const char* call = "cudaMemcpyAsync";
+    cudaError_t e = cudaMemcpyAsync(t.data(), block, bytes, cudaMemcpyHostToDevice, stream_);
+    if (e == cudaSuccess) {
+      call = "cudaEventCreateWithFlags";
+      e = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
+    }
+    if (e == cudaSuccess) {
+      call = "cudaEventRecord";
+      e = cudaEventRecord(done, stream_);
+    }
+    if (e != cudaSuccess) {
+      // Free the block only once nothing can still read it.
+      cudaStreamSynchronize(stream_);
+      if (done != nullptr) cudaEventDestroy(done);
+      PinnedHostCachingAllocator().Free(block);
+      return CudaStatus(e, call, __FILE__, __LINE__);
+    }
+    staged_.push_back({done, block});
+    return absl::OkStatus();
+  });
   return t;
 }
 

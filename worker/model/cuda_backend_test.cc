@@ -191,6 +191,36 @@ TEST_F(CudaBackendTest, StartDownload_OrderedOnTheStream_WaitFromAnotherThread) 
   EXPECT_TRUE(b->status().ok()) << b->status();
 }
 
+// UploadAsync copies the host data at the call (the caller may overwrite its
+// tensor at once), queues behind earlier work, and recycles its pinned
+// staging blocks only after their copies: many uploads of mixed sizes in
+// flight, each checked exactly after later ops on the same stream.
+TEST_F(CudaBackendTest, UploadAsync_ManyInFlight_EachExact) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  Backend* b = cuda->get();
+  std::vector<std::vector<float>> want;
+  std::vector<Tensor> got;
+  Tensor host = Tensor::Zeros({1});
+  for (int i = 0; i < 40; ++i) {
+    const Shape shape = {1 + (i * 7919) % 5000, 3};  // 3 to 15000 floats, off every block size
+    host = Normal(shape, 100 + i);
+    want.push_back(host.ToVector());
+    got.push_back(b->UploadAsync(host));
+    host.Fill(-1.0f);  // must not reach the device copy
+    // Work behind the copy that reads it: y = x + x, exact in fp32.
+    Tensor twice = b->Zeros(shape);
+    b->Add(got.back().data(), got.back().data(), twice.numel(), twice.data());
+    got.back() = twice;
+  }
+  for (size_t i = 0; i < want.size(); ++i) {
+    for (float& v : want[i]) v *= 2;
+    EXPECT_EQ(Host(b, got[i]), want[i]) << "upload " << i;
+  }
+  EXPECT_TRUE(b->UploadAsync(Tensor::Zeros({0, 3})).numel() == 0);
+  EXPECT_TRUE(b->status().ok()) << b->status();
+}
+
 // Runs everywhere: without a GPU the error is a clear NOT_FOUND.
 TEST(CudaBackendNoDeviceTest, CreateCudaBackend_BadIndex_Fails) {
   absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(-1, GemmMode::kFp32);

@@ -539,9 +539,10 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
         ShapeToString(t.shape()), "; expected ", ShapeToString(expected)));
   }
   t = t.Reshape(expected);
-  // Units compute on the backend's device (a no-op on the CPU backend);
+  // Units compute on the backend's device (a no-op on the CPU backend),
+  // without waiting for the work queued before (the copy queues behind it);
   // packed weights are unpacked from the host copy.
-  if (key.kind() != v1::UNIT_WEIGHTS) t = setup_.backend->Upload(t);
+  if (key.kind() != v1::UNIT_WEIGHTS) t = setup_.backend->UploadAsync(t);
   switch (key.kind()) {
     case v1::ACTIVATION: activations_[{key.micro_batch(), key.unit()}] = t; break;
     case v1::ACTIVATION_GRAD: grads_in_[key.micro_batch()] = t; break;

@@ -98,6 +98,33 @@ rc=$?
 check pipeline_2_workers_cuda "$rc" "$(cat "$out/pipeline_compare.txt")"
 grep -h "computing on" "$out"/up*/worker*.log 2>/dev/null | sort | uniq -c >>"$out/pipeline_compare.txt"
 
+# 3b. Compression on CUDA workers: linear and piecewise payloads are made and
+# read on the GPU (Backend::EncodeOnDevice/DecodeOnDevice). The same job on
+# CPU workers is the reference; the units' rounding differs slightly between
+# the devices, and a value near a quantization boundary may then take the
+# next level, so the losses are compared at 1e-2 relative, not bitwise.
+cjob=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 4 --steps 20
+  --eval-interval 0 --workers 2 --forward-codec piecewise:bits=3 --backward-codec linear:bits=8)
+up_rc=0
+for device in cuda cpu; do
+  "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
+    --loss-log "$out/upc_${device}_losses.txt" --out "$out/upc_$device" \
+    >"$out/upc_$device.txt" 2>&1 || up_rc=1
+done
+python3 - "$out" <<'PY' >"$out/compressed_compare.txt" 2>&1
+import sys
+out = sys.argv[1]
+gpu, cpu = ([float(l) for l in open(f"{out}/upc_{d}_losses.txt")] for d in ("cuda", "cpu"))
+worst = max(abs(x - y) / abs(y) for x, y in zip(gpu, cpu))
+print(f"steps {len(gpu)} vs {len(cpu)}; max relative |cuda - cpu| {worst:.3e}")
+sys.exit(0 if len(gpu) == len(cpu) == 20 and worst <= 1e-2 else 1)
+PY
+rc=$?
+[[ $up_rc -ne 0 ]] && rc=1
+grep -h "wire" "$out/upc_cuda.txt" >>"$out/compressed_compare.txt" 2>/dev/null
+grep -q "ACTIVATION .*(8.0x)" "$out/upc_cuda.txt" || rc=1
+check pipeline_compressed_cuda "$rc" "$(head -1 "$out/compressed_compare.txt")"
+
 # 4. Benchmarks: GPT-2 124M training tokens/s and MFU in fp32 and TF32 (H100
 # SXM spec peaks: 67 TFLOP/s fp32, 494.7 dense TF32), each against the
 # device's own measured GEMM rate in the same mode.

@@ -45,6 +45,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "common/tensor.h"
 #include "kernels/cpu/adamw.h"
 
@@ -118,6 +119,29 @@ class Backend {
   // Copies host tensor `host` into `dst` on this device (equal numel).
   virtual void CopyFromHost(const Tensor& host, Tensor* dst) = 0;
   virtual void Fill(Tensor* t, float value) = 0;
+
+  // --- Codecs on the device (DESIGN.md §6), so that a compressed tensor
+  // crosses to the host as its payload, not as fp32.
+  // The payload MakeCodec(spec)->Encode would make of t's values, byte for
+  // byte, computed where t lives; waits for queued work. UNIMPLEMENTED when
+  // this backend has no device twin of `spec` (the CPU backend never has;
+  // CUDA has one for the single-stage specs "linear:bits=B" and
+  // "piecewise:bits=N"): the caller then encodes a host copy. Otherwise the
+  // CPU codec's errors (INVALID_ARGUMENT for a non-finite value) or the
+  // device's (INTERNAL; status() has it too).
+  virtual absl::StatusOr<std::string> EncodeOnDevice(const Tensor& /*t*/,
+                                                     const std::string& /*spec*/) {
+    return absl::UnimplementedError(absl::StrCat(Describe(), " has no device codec"));
+  }
+  // A tensor of `shape` on this device holding MakeCodec(spec)->Decode of
+  // `payload`, value for value; waits for queued work. UNIMPLEMENTED as
+  // EncodeOnDevice; INVALID_ARGUMENT with the CPU codec's message for a
+  // malformed payload, and for one of another element count than `shape`.
+  virtual absl::StatusOr<Tensor> DecodeOnDevice(const std::string& /*spec*/,
+                                                const std::string& /*payload*/,
+                                                const Shape& /*shape*/) {
+    return absl::UnimplementedError(absl::StrCat(Describe(), " has no device codec"));
+  }
 
   // --- Ops, each the twin of the kernels/cpu function of the same name
   // (same arguments and formulas; see those headers).

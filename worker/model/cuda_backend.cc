@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,6 +25,8 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gelu.h"
 #include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/quantize.h"
+#include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
 namespace {
@@ -64,6 +67,21 @@ struct DeviceMemory {
   CudaDeviceRawAllocator raw;
   CachingAllocator cache{&raw, MemoryOptions()};
 };
+
+// A codec spec the device codecs serve (kernels/cuda/quantize.h): a single
+// linear or piecewise stage; nullopt for any other valid spec.
+struct DeviceQuantizer {
+  bool piecewise = false;
+  int bits = 0;  // linear: bits per value; piecewise: clusters N
+};
+
+absl::StatusOr<std::optional<DeviceQuantizer>> DeviceQuantizerFor(const std::string& spec) {
+  ASSIGN_OR_RETURN(std::vector<CodecStage> stages, ParseCodecSpec(spec));
+  if (stages.size() != 1) return std::nullopt;
+  const CodecStage& stage = stages[0];
+  if (stage.name != "linear" && stage.name != "piecewise") return std::nullopt;
+  return DeviceQuantizer{stage.name == "piecewise", static_cast<int>(stage.params.at("bits"))};
+}
 
 // A copy queued on a backend's stream into pinned host memory; Wait waits
 // for the event recorded after it. The source needs no keeping alive: its
@@ -135,6 +153,9 @@ class CudaBackendImpl final : public Backend {
   Tensor UploadAsync(const Tensor& host) override;
   Tensor Download(const Tensor& t) override;
   std::unique_ptr<PendingDownload> StartDownload(const Tensor& t) override;
+  absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec) override;
+  absl::StatusOr<Tensor> DecodeOnDevice(const std::string& spec, const std::string& payload,
+                                        const Shape& shape) override;
   void CopyFromHost(const Tensor& host, Tensor* dst) override;
   void Fill(Tensor* t, float value) override;
 
@@ -463,6 +484,48 @@ std::unique_ptr<PendingDownload> CudaBackendImpl::StartDownload(const Tensor& t)
     return std::make_unique<StreamDownload>(device_, Tensor(), nullptr, status_);
   }
   return std::make_unique<StreamDownload>(device_, std::move(host), done, absl::OkStatus());
+}
+
+// Not through Run: a payload the codec rejects (a non-finite value, a
+// malformed payload) fails this call only; device failures (INTERNAL) stick.
+absl::StatusOr<std::string> CudaBackendImpl::EncodeOnDevice(const Tensor& t,
+                                                            const std::string& spec) {
+  PT_CHECK(t.on_device()) << "EncodeOnDevice of a host tensor";
+  ASSIGN_OR_RETURN(std::optional<DeviceQuantizer> q, DeviceQuantizerFor(spec));
+  if (!q.has_value()) return absl::UnimplementedError("no device codec for " + spec);
+  RETURN_IF_ERROR(status_);
+  status_ = CudaStatus(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__);
+  RETURN_IF_ERROR(status_);
+  absl::StatusOr<std::string> payload =
+      q->piecewise ? PiecewiseEncodeCuda(t.data(), t.shape(), q->bits, stream_)
+                   : LinearEncodeCuda(t.data(), t.shape(), q->bits, stream_);
+  if (!payload.ok() && payload.status().code() == absl::StatusCode::kInternal) {
+    status_ = payload.status();
+  }
+  return payload;
+}
+
+absl::StatusOr<Tensor> CudaBackendImpl::DecodeOnDevice(const std::string& spec,
+                                                       const std::string& payload,
+                                                       const Shape& shape) {
+  ASSIGN_OR_RETURN(std::optional<DeviceQuantizer> q, DeviceQuantizerFor(spec));
+  if (!q.has_value()) return absl::UnimplementedError("no device codec for " + spec);
+  Tensor out = Allocate(shape, /*zero=*/false);
+  RETURN_IF_ERROR(status_);
+  status_ = CudaStatus(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__);
+  RETURN_IF_ERROR(status_);
+  absl::StatusOr<Shape> decoded =
+      q->piecewise ? PiecewiseDecodeCuda(payload, q->bits, out.data(), out.numel(), stream_)
+                   : LinearDecodeCuda(payload, q->bits, out.data(), out.numel(), stream_);
+  if (!decoded.ok()) {
+    if (decoded.status().code() == absl::StatusCode::kInternal) status_ = decoded.status();
+    return decoded.status();
+  }
+  if (NumElements(*decoded) != out.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("payload decodes to ", ShapeToString(*decoded),
+                                                   "; expected ", ShapeToString(shape)));
+  }
+  return out;
 }
 
 void CudaBackendImpl::Fill(Tensor* t, float value) {

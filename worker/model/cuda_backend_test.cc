@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/philox.h"
 #include "gtest/gtest.h"
+#include "kernels/compress/codec_spec.h"
 #include "kernels/cuda/parity_testing.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/unit.h"
@@ -219,6 +220,49 @@ TEST_F(CudaBackendTest, UploadAsync_ManyInFlight_EachExact) {
   }
   EXPECT_TRUE(b->UploadAsync(Tensor::Zeros({0, 3})).numel() == 0);
   EXPECT_TRUE(b->status().ok()) << b->status();
+}
+
+// The device codecs behind the runtime's sends and receives: payloads byte
+// for byte the CPU codec's, decodes value for value; specs without a device
+// twin answer UNIMPLEMENTED (the runtime then encodes on the host); a
+// non-finite value or a malformed payload fails the call without making
+// the backend unusable.
+TEST_F(CudaBackendTest, DeviceCodecs_MatchTheCpuCodecsByteForByte) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  Backend* b = cuda->get();
+  const Shape shape = {3, 33, 65};  // 6435 values: off every block size
+  const Tensor x = Normal(shape, 21);
+  const Tensor on_device = b->Upload(x);
+  for (const std::string spec : {"linear:bits=4", "linear:bits=8", "piecewise:bits=3",
+                                 "piecewise:bits=1"}) {
+    std::unique_ptr<Codec> cpu = MakeCodec(spec).value();
+    const std::string want = cpu->Encode(x, nullptr).value();
+    absl::StatusOr<std::string> got = b->EncodeOnDevice(on_device, spec);
+    ASSERT_TRUE(got.ok()) << spec << ": " << got.status();
+    EXPECT_EQ(*got, want) << spec;
+    absl::StatusOr<Tensor> decoded = b->DecodeOnDevice(spec, want, shape);
+    ASSERT_TRUE(decoded.ok()) << spec << ": " << decoded.status();
+    EXPECT_EQ(Host(b, *decoded), cpu->Decode(want).value().ToVector()) << spec;
+    // A payload of another element count is refused.
+    EXPECT_EQ(b->DecodeOnDevice(spec, want, {3, 33, 64}).status().code(),
+              absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_EQ(b->DecodeOnDevice(spec, want.substr(0, want.size() - 1), shape).status().code(),
+              absl::StatusCode::kInvalidArgument) << spec;
+  }
+  for (const std::string spec : {"fp16", "token_topk:keep=0.5", "powersgd:rank=4",
+                                 "token_topk:keep=0.5+piecewise:bits=3"}) {
+    EXPECT_EQ(b->EncodeOnDevice(on_device, spec).status().code(),
+              absl::StatusCode::kUnimplemented) << spec;
+    EXPECT_EQ(b->DecodeOnDevice(spec, "", shape).status().code(),
+              absl::StatusCode::kUnimplemented) << spec;
+  }
+  std::vector<float> bad = x.ToVector();
+  bad[100] = std::nanf("");
+  absl::StatusOr<std::string> rejected =
+      b->EncodeOnDevice(b->Upload(Tensor::FromVector(shape, bad)), "piecewise:bits=3");
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument) << rejected.status();
+  EXPECT_TRUE(b->status().ok()) << b->status();  // data errors do not stick
 }
 
 // Runs everywhere: without a GPU the error is a clear NOT_FOUND.

@@ -38,6 +38,14 @@ std::string SendName(const v1::Instruction::Send& send) {
 
 }  // namespace
 
+void CountCodedOnDevice(const WireTensor& wire, double codec_seconds, LinkStats* stats) {
+  ++stats->tensors;
+  ++stats->compressed_tensors;
+  stats->raw_bytes += wire.raw_bytes();
+  stats->wire_bytes += wire.wire_bytes();
+  stats->codec_seconds += codec_seconds;
+}
+
 void LinkCompressor::BeginIteration() {
   sampled_.clear();
   for (auto& [key, link] : links_) link.feedback.Flush();

@@ -51,6 +51,12 @@ struct LinkStats {
   int64_t error_samples = 0;
 };
 
+// Counts in `stats` a tensor the backend encoded or decoded on its device
+// (Backend::EncodeOnDevice, DecodeOnDevice) as LinkCompressor counts its
+// own, but a send gets no error sample (measuring it would need the fp32
+// host copy that the device path exists to avoid).
+void CountCodedOnDevice(const WireTensor& wire, double codec_seconds, LinkStats* stats);
+
 class LinkCompressor {
  public:
   void BeginIteration();

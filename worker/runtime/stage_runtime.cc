@@ -31,6 +31,14 @@ absl::Status WithFailedSends(absl::Status failed, const absl::Status& sends) {
                                                   sends.message()));
 }
 
+// `status` (if an error) prefixed with the send it belongs to.
+absl::Status NameSend(const absl::Status& status, const v1::Instruction::Send& s,
+                      const TensorAddress& address) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat("send of ", address.DebugString(), " to stage ",
+                                                  s.peer_stage(), ": ", status.message()));
+}
+
 // Takes map[key] out of `m`; INTERNAL naming `what` when absent.
 absl::StatusOr<Tensor> TakeFrom(std::map<int, Tensor>& m, int key, const std::string& what) {
   auto it = m.find(key);
@@ -476,23 +484,39 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
       token_scores_.erase(it);
     }
   }
+  const TensorAddress address = MakeAddress(setup_.job_id, iteration, key);
+  const std::pair<int, std::string> link{s.peer_stage(), v1::TensorKind_Name(key.kind())};
+  // A device tensor whose codec the backend has on the device is encoded
+  // there: only the payload crosses to the host. Error-feedback sends keep
+  // their residual on the host, so they take the host path below.
+  if (tensor.on_device() && !s.codec().empty() && !s.error_feedback()) {
+    const auto start = Clock::now();
+    absl::StatusOr<std::string> payload = setup_.backend->EncodeOnDevice(tensor, s.codec());
+    if (payload.ok()) {
+      const double seconds = SecondsSince(start);
+      WireTensor wire = WireTensor::Encoded(s.codec(), *std::move(payload), tensor.shape());
+      return sends_.Enqueue([this, &s, link, wire = std::move(wire), seconds,
+                             address]() -> absl::Status {
+        CountCodedOnDevice(wire, seconds, &sent_stats_[link]);
+        return NameSend(transport_->SendWire(s.peer_stage(), address, wire), s, address);
+      });
+    }
+    if (payload.status().code() != absl::StatusCode::kUnimplemented) {
+      return NameSend(payload.status(), s, address);
+    }
+  }
   // The wire carries host tensors: the copy starts now (behind the work that
   // made the tensor, ahead of later writes to it), the rest runs on sends_.
   Backend* copier = tensor.on_device() ? setup_.backend : CpuBackend();
   std::shared_ptr<PendingDownload> host_copy = copier->StartDownload(tensor);
-  const TensorAddress address = MakeAddress(setup_.job_id, iteration, key);
-  return sends_.Enqueue([this, &s, host_copy, scores = std::move(scores),
+  return sends_.Enqueue([this, &s, link, host_copy, scores = std::move(scores),
                          address]() -> absl::Status {
     absl::Status status = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(Tensor host, host_copy->Wait());
-      LinkStats* link = &sent_stats_[{s.peer_stage(), v1::TensorKind_Name(s.tensor().kind())}];
-      ASSIGN_OR_RETURN(WireTensor wire, encoder_.Encode(s, host, link, scores));
+      ASSIGN_OR_RETURN(WireTensor wire, encoder_.Encode(s, host, &sent_stats_[link], scores));
       return transport_->SendWire(s.peer_stage(), address, wire);
     }();
-    if (status.ok()) return status;
-    return absl::Status(status.code(), absl::StrCat("send of ", address.DebugString(),
-                                                    " to stage ", s.peer_stage(), ": ",
-                                                    status.message()));
+    return NameSend(status, s, address);
   });
 }
 
@@ -518,13 +542,6 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   }
   ASSIGN_OR_RETURN(WireTensor wire,
                    transport_->RecvWire(r.peer_stage(), address, setup_.recv_timeout));
-  LinkStats& link = result->received[{r.peer_stage(), v1::TensorKind_Name(key.kind())}];
-  const double decode_before = link.codec_seconds;
-  ASSIGN_OR_RETURN(Tensor t, decoder_.Decode(wire,
-                                                absl::StrCat(address.DebugString(), " from stage ",
-                                                             r.peer_stage()),
-                                                &link));
-  result->phase_seconds["decode"] += link.codec_seconds - decode_before;
   const GptConfig& m = setup_.train.model;
   const int per = setup_.train.batch_size / setup_.train.micro_batches;
   Shape expected{per, setup_.train.seq_len, m.d_model};
@@ -533,16 +550,41 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
     expected = {EvalCount(key.micro_batch()), setup_.train.seq_len, m.d_model};
   }
   if (weights_of != nullptr) expected = {WeightCount(*weights_of)};
-  if (t.numel() != NumElements(expected)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        address.DebugString(), " from stage ", r.peer_stage(), " has shape ",
-        ShapeToString(t.shape()), "; expected ", ShapeToString(expected)));
+  const std::string what = absl::StrCat(address.DebugString(), " from stage ", r.peer_stage());
+  LinkStats& link = result->received[{r.peer_stage(), v1::TensorKind_Name(key.kind())}];
+  Tensor t;
+  bool on_device = false;
+  // A payload the backend can decode on its device is decoded there: no
+  // fp32 copy crosses from the host (packed weights are unpacked on the host).
+  if (wire.encoded() && weights_of == nullptr) {
+    const auto start = Clock::now();
+    absl::StatusOr<Tensor> decoded =
+        setup_.backend->DecodeOnDevice(wire.codec, wire.payload, expected);
+    if (decoded.ok()) {
+      const double seconds = SecondsSince(start);
+      CountCodedOnDevice(wire, seconds, &link);
+      result->phase_seconds["decode"] += seconds;
+      t = *std::move(decoded);
+      on_device = true;
+    } else if (decoded.status().code() != absl::StatusCode::kUnimplemented) {
+      return absl::Status(decoded.status().code(),
+                          absl::StrCat(what, ": ", decoded.status().message()));
+    }
   }
-  t = t.Reshape(expected);
-  // Units compute on the backend's device (a no-op on the CPU backend),
-  // without waiting for the work queued before (the copy queues behind it);
-  // packed weights are unpacked from the host copy.
-  if (key.kind() != v1::UNIT_WEIGHTS) t = setup_.backend->UploadAsync(t);
+  if (!on_device) {
+    const double decode_before = link.codec_seconds;
+    ASSIGN_OR_RETURN(t, decoder_.Decode(wire, what, &link));
+    result->phase_seconds["decode"] += link.codec_seconds - decode_before;
+    if (t.numel() != NumElements(expected)) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " has shape ", ShapeToString(t.shape()),
+                                                     "; expected ", ShapeToString(expected)));
+    }
+    t = t.Reshape(expected);
+    // Units compute on the backend's device (a no-op on the CPU backend),
+    // without waiting for the work queued before (the copy queues behind
+    // it); packed weights are unpacked from the host copy.
+    if (weights_of == nullptr) t = setup_.backend->UploadAsync(t);
+  }
   switch (key.kind()) {
     case v1::ACTIVATION: activations_[{key.micro_batch(), key.unit()}] = t; break;
     case v1::ACTIVATION_GRAD: grads_in_[key.micro_batch()] = t; break;

@@ -135,7 +135,7 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.String("worker-device", &o.worker_device,
            "the workers' --device: auto (CUDA when built with it and a GPU is visible) | cpu | "
            "cuda | cuda:N");
-  f.String("worker-gemm", &o.worker_gemm, "the workers' --gemm on CUDA: fp32 | tf32");
+  f.String("worker-gemm", &o.worker_gemm, "the workers' --gemm on CUDA: fp32 | tf32 | bf16");
   f.String("loss-log", &o.loss_log,
            "write every step's loss here, one per line at full float precision");
 }

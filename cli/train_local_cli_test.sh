@@ -35,8 +35,9 @@ expect_exit eval_without_val 2 "--eval-interval needs --val-fraction > 0" -- \
 expect_exit small_vocab_without_data 2 "--vocab must be >= 256" -- train-local --vocab 100
 expect_exit device_bogus 2 "--device must be auto, cpu, cuda or cuda:N" "got 'gpu'" -- \
   train-local --device gpu
-expect_exit gemm_bogus 2 "--gemm must be fp32 or tf32, got 'bf16'" -- train-local --gemm bf16
+expect_exit gemm_bogus 2 "--gemm must be fp32, tf32 or bf16, got 'fp8'" -- train-local --gemm fp8
 expect_exit tf32_on_cpu 2 "--gemm tf32 needs a CUDA device" -- train-local --device cpu --gemm tf32
+expect_exit bf16_on_cpu 2 "--gemm bf16 needs a CUDA device" -- train-local --device cpu --gemm bf16
 
 # --- Data files: exit 1 ---------------------------------------------------------
 # llm.c header words, little-endian: magic 20240520 = 0x0134D888, version 1.

@@ -68,7 +68,7 @@ void BindFlags(FlagSet& f, Options& o) {
   f.Int("threads", &t.threads, "OpenBLAS threads (fixed count = reproducible)");
   f.String("device", &o.device,
            "cpu | cuda | cuda:N | auto (CUDA when built with it and a GPU is visible)");
-  f.String("gemm", &o.gemm, "GEMM mode on CUDA: fp32 | tf32");
+  f.String("gemm", &o.gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
   f.String("init-from", &o.init_from, "start from these safetensors weights (HF GPT-2 names)");
   f.String("resume", &o.resume, "continue from this training checkpoint");
   f.String("save", &o.save, "write final weights here (safetensors)");

@@ -125,9 +125,9 @@ grep -h "wire" "$out/upc_cuda.txt" >>"$out/compressed_compare.txt" 2>/dev/null
 grep -q "ACTIVATION .*(8.0x)" "$out/upc_cuda.txt" || rc=1
 check pipeline_compressed_cuda "$rc" "$(head -1 "$out/compressed_compare.txt")"
 
-# 4. Benchmarks: GPT-2 124M training tokens/s and MFU in fp32 and TF32 (H100
-# SXM spec peaks: 67 TFLOP/s fp32, 494.7 dense TF32), each against the
-# device's own measured GEMM rate in the same mode.
+# 4. Benchmarks: GPT-2 124M training tokens/s and MFU in fp32, TF32 and bf16
+# (H100 SXM spec peaks: 67 TFLOP/s fp32, 494.7 dense TF32, 989.4 dense
+# BF16), each against the device's own measured GEMM rate in the same mode.
 if [[ "$quick" != quick ]]; then
   gpt2=(--layers 12 --d-model 768 --heads 12 --seq-len 1024 --vocab 50257 --batches 1,4,8
     --steps 3)
@@ -137,5 +137,10 @@ if [[ "$quick" != quick ]]; then
   "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm tf32 --peak-tflops 494.7 \
     --json "$out/bench_tf32.json" >"$out/bench_tf32.txt" 2>&1
   check gpt2_124m_tf32_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_tf32.txt" | tail -1)"
+  # bf16 tensor-core GEMMs (--gemm bf16, fp32 tensors; H100 SXM dense BF16
+  # peak 989.4 TFLOP/s).
+  "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm bf16 --peak-tflops 989.4 \
+    --json "$out/bench_bf16.json" >"$out/bench_bf16.txt" 2>&1
+  check gpt2_124m_bf16_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_bf16.txt" | tail -1)"
 fi
 exit $failed

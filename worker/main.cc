@@ -75,7 +75,7 @@ int Run(const std::vector<std::string>& args) {
   flags.Int("threads", &f.threads, "OpenBLAS threads");
   flags.String("device", &f.device,
                "auto (CUDA when built with it and a GPU is visible) | cpu | cuda | cuda:N");
-  flags.String("gemm", &f.gemm, "GEMM mode on CUDA: fp32 | tf32");
+  flags.String("gemm", &f.gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
   flags.Double("recv-timeout-seconds", &f.recv_timeout_seconds,
                "how long a stage waits for a tensor before failing the job");
   absl::Status parsed = flags.Parse(args);

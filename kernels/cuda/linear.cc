@@ -21,6 +21,20 @@ cublasMath_t MathMode(GemmMode mode) {
   return mode == GemmMode::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
 }
 
+// One fp32 GEMM (column-major, cuBLAS's arguments) in the handle's mode:
+// cublasSgemm for fp32 and TF32 (the handle's math mode decides), and
+// cublasGemmEx with bf16 tensor-core compute for bf16.
+cublasStatus_t Gemm(const CublasHandle& h, cublasOperation_t trans_a, cublasOperation_t trans_b,
+                    int m, int n, int k, const float* alpha, const float* a, int lda,
+                    const float* b, int ldb, const float* beta, float* c, int ldc) {
+  if (h.mode() != GemmMode::kBf16) {
+    return cublasSgemm(h.get(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+  return cublasGemmEx(h.get(), trans_a, trans_b, m, n, k, alpha, a, CUDA_R_32F, lda, b,
+                      CUDA_R_32F, ldb, beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF,
+                      CUBLAS_GEMM_DEFAULT);
+}
+
 absl::Status CheckShape(const char* op, int n, int in, int out) {
   if (n >= 0 && in >= 1 && out >= 1) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(op, ": shape n=", n, " in=", in, " out=", out,
@@ -50,7 +64,14 @@ absl::Status CheckHandle(const char* op, const CublasHandle& handle) {
 
 }  // namespace
 
-const char* GemmModeName(GemmMode mode) { return mode == GemmMode::kTf32 ? "tf32" : "fp32"; }
+const char* GemmModeName(GemmMode mode) {
+  switch (mode) {
+    case GemmMode::kFp32: return "fp32";
+    case GemmMode::kTf32: return "tf32";
+    case GemmMode::kBf16: return "bf16";
+  }
+  return "?";
+}
 
 absl::StatusOr<CublasHandle> CublasHandle::Create(GemmMode mode, cudaStream_t stream) {
   CublasHandle handle;
@@ -112,8 +133,8 @@ absl::Status LinearForwardCuda(const CublasHandle& handle, const float* x, const
   const float alpha = 1.0f;
   // Row-major y [n, out] = x [n, in] W [in, out]  <=>  column-major
   // y^T [out, n] = W^T [out, in] x^T [in, n]: no transposes, m = out.
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_N, CUBLAS_OP_N, out, n, in, &alpha, w,
-                                     out, x, in, &beta, y, out));
+  CUBLAS_RETURN_IF_ERROR(Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, out, n, in, &alpha, w, out, x, in,
+                              &beta, y, out));
   return absl::OkStatus();
 }
 
@@ -132,14 +153,14 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
     // Row-major dx [n, in] = dy [n, out] W^T  <=>  column-major
     // dx^T [in, n] = W [in, out] dy^T [out, n]; the stored W is the
     // column-major W^T [out, in] (ld out), hence OP_T on it.
-    CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_T, CUBLAS_OP_N, in, n, out, &one, w,
-                                       out, dy, out, &zero, dx, in));
+    CUBLAS_RETURN_IF_ERROR(Gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, in, n, out, &one, w, out, dy,
+                                out, &zero, dx, in));
   }
   // Row-major dW [in, out] += x^T [in, n] dy [n, out]  <=>  column-major
   // dW^T [out, in] += dy^T [out, n] x [n, in]; the stored x is the
   // column-major x^T [in, n] (ld in), hence OP_T on it. beta = 1 accumulates.
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_N, CUBLAS_OP_T, out, in, n, &one, dy,
-                                     out, x, in, &one, dw, out));
+  CUBLAS_RETURN_IF_ERROR(Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, out, in, n, &one, dy, out, x, in,
+                              &one, dw, out));
   if (db != nullptr) return AddColumnSumsCuda(dy, n, out, db, handle.stream());
   return absl::OkStatus();
 }
@@ -162,9 +183,9 @@ absl::Status SgemmCuda(const CublasHandle& handle, bool trans_a, bool trans_b, i
   // A row-major matrix is its transpose in column-major order, so row-major
   // C = op(A) op(B) is column-major C^T [n, m] = op(B)^T op(A)^T: swap the
   // operands, keep each one's transpose flag.
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b,
-                                     ldb, a, lda, &beta, c, ldc));
+  CUBLAS_RETURN_IF_ERROR(Gemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
+                              &beta, c, ldc));
   return absl::OkStatus();
 }
 

@@ -16,6 +16,8 @@
 //    k terms; that is about 2^-10 * sqrt(k) * s = 2^-10 * scale, on top of
 //    the fp32 accumulation error above. The CPU reference has no such
 //    error, so the bound is that of the GPU alone.
+//  - bf16 mode: the same with 7 of the 23 mantissa bits kept, an error up
+//    to 2^-8 per input (2^-9 if rounded): about 2^-8 * scale.
 // kSafety = 16 covers the largest of ~10^6 samples (about 5 standard
 // deviations), both sides' errors, and the two factors of TF32; these bounds
 // were written without a GPU and the first run on one may tighten them.
@@ -46,6 +48,7 @@ using testing::RandomNormal;
 
 constexpr float kUnitRoundoff = 0x1p-24f;
 constexpr float kTf32InputError = 0x1p-10f;
+constexpr float kBf16InputError = 0x1p-8f;
 constexpr float kSafety = 16.0f;
 
 struct Tolerance {
@@ -57,7 +60,9 @@ struct Tolerance {
 // (seeded) or 0.
 Tolerance GemmTolerance(GemmMode mode, int k, float term_std, float seeded_std) {
   const float sqrt_k = std::sqrt(static_cast<float>(k));
-  const float inputs = mode == GemmMode::kTf32 ? kTf32InputError : 0.0f;
+  const float inputs = mode == GemmMode::kTf32   ? kTf32InputError
+                       : mode == GemmMode::kBf16 ? kBf16InputError
+                                                 : 0.0f;
   const float rel = kSafety * (kUnitRoundoff * sqrt_k + inputs);
   const float gemm_std = sqrt_k * term_std;
   const float scale = std::sqrt(gemm_std * gemm_std + seeded_std * seeded_std);
@@ -187,7 +192,8 @@ std::string ParamName(const ::testing::TestParamInfo<std::tuple<GemmMode, Shape>
 }
 
 INSTANTIATE_TEST_SUITE_P(ModesAndShapes, LinearCudaParityTest,
-                         ::testing::Combine(::testing::Values(GemmMode::kFp32, GemmMode::kTf32),
+                         ::testing::Combine(::testing::Values(GemmMode::kFp32, GemmMode::kTf32,
+                                                                GemmMode::kBf16),
                                             ::testing::ValuesIn(kShapes)),
                          ParamName);
 
@@ -213,7 +219,7 @@ TEST_F(LinearCudaTest, LinearBackwardCuda_OnlyDw_MatchesCpu) {
 
 TEST_F(LinearCudaTest, LinearForwardBackwardCuda_TwoRuns_BitwiseEqual) {
   const LinearData d = MakeData({130, 768, 3072}, 50);
-  for (GemmMode mode : {GemmMode::kFp32, GemmMode::kTf32}) {
+  for (GemmMode mode : {GemmMode::kFp32, GemmMode::kTf32, GemmMode::kBf16}) {
     auto y1 = ForwardOnGpu(mode, d, true);
     auto y2 = ForwardOnGpu(mode, d, true);
     ASSERT_TRUE(y1.ok() && y2.ok()) << y1.status() << " " << y2.status();
@@ -231,7 +237,8 @@ TEST_F(LinearCudaTest, CublasHandleCreate_EachMode_SetsMathModeAndStream) {
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
   for (auto [mode, want] : {std::pair{GemmMode::kFp32, CUBLAS_DEFAULT_MATH},
-                            std::pair{GemmMode::kTf32, CUBLAS_TF32_TENSOR_OP_MATH}}) {
+                            std::pair{GemmMode::kTf32, CUBLAS_TF32_TENSOR_OP_MATH},
+                            std::pair{GemmMode::kBf16, CUBLAS_DEFAULT_MATH}}) {
     auto handle = CublasHandle::Create(mode, stream);
     ASSERT_TRUE(handle.ok()) << handle.status();
     cublasMath_t math;
@@ -321,6 +328,7 @@ TEST(LinearCudaArgumentsTest, CublasHandleSetStream_Empty_FailedPrecondition) {
 TEST(LinearCudaArgumentsTest, GemmModeName_EachMode_ShortName) {
   EXPECT_STREQ(GemmModeName(GemmMode::kFp32), "fp32");
   EXPECT_STREQ(GemmModeName(GemmMode::kTf32), "tf32");
+  EXPECT_STREQ(GemmModeName(GemmMode::kBf16), "bf16");
 }
 
 // SgemmCuda against the CPU Sgemm for each transpose combination, with

@@ -23,14 +23,14 @@ int ParseCudaDevice(const std::string& device) {
   return -1;
 }
 
-absl::Status Tf32OnCpu() {
-  return absl::InvalidArgumentError(
-      "--gemm tf32 needs a CUDA device; the CPU backend computes in fp32");
+absl::Status ReducedPrecisionOnCpu(const std::string& gemm) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--gemm ", gemm, " needs a CUDA device; the CPU backend computes in fp32"));
 }
 
-absl::StatusOr<SelectedBackend> Cuda(int device, bool tf32) {
+absl::StatusOr<SelectedBackend> Cuda(int device, const std::string& gemm) {
   SelectedBackend selected;
-  ASSIGN_OR_RETURN(selected.owned, cuda_hooks::Create(device, tf32));
+  ASSIGN_OR_RETURN(selected.owned, cuda_hooks::Create(device, gemm));
   selected.backend = selected.owned.get();
   return selected;
 }
@@ -40,29 +40,28 @@ absl::StatusOr<SelectedBackend> Cuda(int device, bool tf32) {
 bool BuiltWithCuda() { return cuda_hooks::Available(); }
 
 absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm) {
-  if (gemm != "fp32" && gemm != "tf32") {
+  if (gemm != "fp32" && gemm != "tf32" && gemm != "bf16") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--gemm must be fp32 or tf32, got '", gemm, "'"));
+        absl::StrCat("--gemm must be fp32, tf32 or bf16, got '", gemm, "'"));
   }
   if (device != "auto" && device != "cpu" && ParseCudaDevice(device) < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--device must be auto, cpu, cuda or cuda:N (N >= 0), got '", device, "'"));
   }
-  if (device == "cpu" && gemm == "tf32") return Tf32OnCpu();
+  if (device == "cpu" && gemm != "fp32") return ReducedPrecisionOnCpu(gemm);
   return absl::OkStatus();
 }
 
 absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device,
                                               const std::string& gemm) {
   RETURN_IF_ERROR(ValidateDeviceFlags(device, gemm));
-  const bool tf32 = gemm == "tf32";
   const int cuda_device = ParseCudaDevice(device);
-  if (cuda_device >= 0) return Cuda(cuda_device, tf32);
+  if (cuda_device >= 0) return Cuda(cuda_device, gemm);
   if (device == "auto" && cuda_hooks::Available()) {
     ASSIGN_OR_RETURN(const int count, cuda_hooks::DeviceCount());
-    if (count > 0) return Cuda(0, tf32);
+    if (count > 0) return Cuda(0, gemm);
   }
-  if (tf32) return Tf32OnCpu();
+  if (gemm != "fp32") return ReducedPrecisionOnCpu(gemm);
   SelectedBackend selected;
   selected.backend = CpuBackend();
   return selected;

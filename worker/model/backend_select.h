@@ -1,5 +1,5 @@
 // Choosing a Backend from the user's flags: --device auto|cpu|cuda|cuda:N and
-// --gemm fp32|tf32 (the CUDA issue, scope 4).
+// --gemm fp32|tf32|bf16 (the CUDA issue, scope 4).
 //
 //   auto    CUDA device 0 when this binary was built with CUDA
 //           (--config=cuda) and a device is visible; otherwise the CPU.
@@ -8,9 +8,10 @@
 //           no CUDA or the device is missing, never a silent CPU fallback.
 //
 // --gemm picks cuBLAS's GEMM mode on CUDA (fp32 is the default, and what
-// the parity checks against the CPU use); the CPU backend always computes
-// in fp32, so "tf32" with a CPU device is INVALID_ARGUMENT rather than
-// silently ignored. Thread-safe.
+// the parity checks against the CPU use; tf32 and bf16 are the tensor-core
+// modes, kernels/cuda/linear.h); the CPU backend always computes in fp32, so
+// tf32 or bf16 with a CPU device is INVALID_ARGUMENT rather than silently
+// ignored. Thread-safe.
 #ifndef PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_
 #define PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_
 
@@ -32,10 +33,10 @@ struct SelectedBackend {
 
 // The flags' syntax alone (for usage errors before any work): INVALID_ARGUMENT
 // for an unknown device or gemm value (the message lists the accepted ones)
-// or tf32 with --device cpu.
+// or tf32/bf16 with --device cpu.
 absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm);
 
-// ValidateDeviceFlags' errors, and INVALID_ARGUMENT for tf32 when auto
+// ValidateDeviceFlags' errors, and INVALID_ARGUMENT for tf32/bf16 when auto
 // resolves to the CPU; FAILED_PRECONDITION for cuda in a
 // binary built without CUDA; NOT_FOUND for a CUDA device that is not
 // visible; INTERNAL for CUDA setup failures.

@@ -27,15 +27,20 @@ TEST(BackendSelectTest, UnknownDevice_InvalidArgumentListingChoices) {
 }
 
 TEST(BackendSelectTest, UnknownGemm_InvalidArgument) {
-  absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "bf16");
+  absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "fp16");
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.status().message().find("fp32 or tf32"), std::string::npos) << s.status();
+  EXPECT_NE(s.status().message().find("fp32, tf32 or bf16, got 'fp16'"), std::string::npos)
+      << s.status();
 }
 
-TEST(BackendSelectTest, Tf32OnCpu_InvalidArgument) {
-  absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "tf32");
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.status().message().find("needs a CUDA device"), std::string::npos) << s.status();
+TEST(BackendSelectTest, ReducedPrecisionOnCpu_InvalidArgument) {
+  for (const std::string gemm : {"tf32", "bf16"}) {
+    absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", gemm);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("--gemm " + gemm + " needs a CUDA device"),
+              std::string::npos)
+        << s.status();
+  }
 }
 
 // Without CUDA compiled in, "cuda" says how to get it; with CUDA but no

@@ -11,7 +11,9 @@
 // passing on its input's error; the errors are relative to the tensor's
 // scale, not to each element (a small element is a sum of large terms that
 // cancel), hence atol from the maximum. TF32 is checked separately with
-// rtol = 1e-2 (10-bit mantissa inputs, 2^-10 per product, times the chain).
+// rtol = 1e-2 (10-bit mantissa inputs, 2^-10 per product, times the chain),
+// and bf16 with rtol = 5e-2 (7-bit mantissa inputs, 2^-8 per product: four
+// times TF32's, times the same chain).
 // Written without a GPU: the first run on one may tighten them.
 #include "worker/model/cuda_backend.h"
 
@@ -119,6 +121,8 @@ void ExpectUnitsMatch(GemmMode mode, float rtol) {
 TEST_F(CudaBackendTest, EveryUnit_Fp32_MatchesCpuBackend) { ExpectUnitsMatch(GemmMode::kFp32, 1e-4f); }
 
 TEST_F(CudaBackendTest, EveryUnit_Tf32_MatchesCpuBackend) { ExpectUnitsMatch(GemmMode::kTf32, 1e-2f); }
+
+TEST_F(CudaBackendTest, EveryUnit_Bf16_MatchesCpuBackend) { ExpectUnitsMatch(GemmMode::kBf16, 5e-2f); }
 
 TEST_F(CudaBackendTest, EveryUnit_TwoRuns_BitwiseEqual) {
   absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);

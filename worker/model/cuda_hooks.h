@@ -5,6 +5,7 @@
 #define PIPETRAIN_WORKER_MODEL_CUDA_HOOKS_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "worker/model/backend.h"
@@ -16,8 +17,9 @@ namespace cuda_hooks {
 bool Available();
 // Visible CUDA devices; 0 without CUDA or without a device/driver.
 absl::StatusOr<int> DeviceCount();
-// CreateCudaBackend (cuda_backend.h); FAILED_PRECONDITION without CUDA.
-absl::StatusOr<std::unique_ptr<Backend>> Create(int device, bool tf32);
+// CreateCudaBackend (cuda_backend.h) with the GEMM mode named "fp32",
+// "tf32" or "bf16" (validated by the caller); FAILED_PRECONDITION without CUDA.
+absl::StatusOr<std::unique_ptr<Backend>> Create(int device, const std::string& gemm);
 
 }  // namespace cuda_hooks
 }  // namespace pipetrain

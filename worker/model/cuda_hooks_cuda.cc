@@ -10,8 +10,11 @@ bool Available() { return true; }
 
 absl::StatusOr<int> DeviceCount() { return CudaDeviceCount(); }
 
-absl::StatusOr<std::unique_ptr<Backend>> Create(int device, bool tf32) {
-  return CreateCudaBackend(device, tf32 ? GemmMode::kTf32 : GemmMode::kFp32);
+absl::StatusOr<std::unique_ptr<Backend>> Create(int device, const std::string& gemm) {
+  const GemmMode mode = gemm == "tf32"   ? GemmMode::kTf32
+                        : gemm == "bf16" ? GemmMode::kBf16
+                                         : GemmMode::kFp32;
+  return CreateCudaBackend(device, mode);
 }
 
 }  // namespace cuda_hooks

@@ -8,7 +8,7 @@ bool Available() { return false; }
 
 absl::StatusOr<int> DeviceCount() { return 0; }
 
-absl::StatusOr<std::unique_ptr<Backend>> Create(int /*device*/, bool /*tf32*/) {
+absl::StatusOr<std::unique_ptr<Backend>> Create(int /*device*/, const std::string& /*gemm*/) {
   return absl::FailedPreconditionError(
       "this binary was built without CUDA: rebuild with `bazel build --config=cuda ...`, "
       "or use --device cpu");

@@ -151,7 +151,7 @@ int Run(const std::vector<std::string>& args) {
   flags.Int("threads", &threads, "OpenBLAS threads for the model and the sgemm reference");
   flags.Int("sgemm-n", &sgemm_n, "size of the square GEMM reference (0: 2048 CPU, 8192 GPU)");
   flags.String("device", &device, "cpu | cuda | cuda:N | auto");
-  flags.String("gemm", &gemm, "GEMM mode on CUDA: fp32 | tf32");
+  flags.String("gemm", &gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
   flags.Double("peak-tflops", &peak_tflops, "the device's peak for MFU (0: no MFU column)");
   flags.String("json", &json_path, "also write the results as JSON here");
   absl::Status parsed = flags.Parse(args);

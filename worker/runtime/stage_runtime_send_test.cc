@@ -4,15 +4,13 @@
 // hand-written program (forward of embed and attn_0, then sends) over a
 // transport that refuses the first ACTIVATION send.
 #include <memory>
-#include <string>
-#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
 #include "gtest/gtest.h"
-#include "worker/data/synthetic_text.h"
+#include "worker/runtime/pipeline_testing.h"
 #include "worker/runtime/stage_runtime.h"
-#include "absl/strings/str_cat.h"
 
 namespace pipetrain {
 namespace {
@@ -39,19 +37,6 @@ class RefusingTransport : public Transport {
   int sends_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-TrainConfig Config() {
-  TrainConfig c;
-  c.model.n_layer = 1;
-  c.model.n_head = 2;
-  c.model.d_model = 16;
-  c.model.max_seq_len = 8;
-  c.seq_len = 8;
-  c.batch_size = 4;
-  c.micro_batches = 2;
-  c.seed = 3;
-  return c;
-}
-
 v1::Instruction ForwardOf(int mb) {
   v1::Instruction in;
   in.mutable_forward()->mutable_units()->set_begin(0);
@@ -70,10 +55,8 @@ v1::Instruction SendOf(int mb) {
 }
 
 TEST(StageRuntimeSendTest, RefusedSend_FailsTheIterationNamingTheSend_LaterSendsDropped) {
-  const TrainConfig c = Config();
-  const std::string text = GenerateEnglishText(2, 20000);
-  const Dataset data =
-      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 8, 0.1).value();
+  const TrainConfig c = testing::SmallConfig();
+  const Dataset data = testing::MakeDataset();
   v1::Program program;
   *program.add_instructions() = ForwardOf(0);
   *program.add_instructions() = SendOf(0);
@@ -82,7 +65,7 @@ TEST(StageRuntimeSendTest, RefusedSend_FailsTheIterationNamingTheSend_LaterSends
   v1::UnitRange units;
   units.set_begin(0);
   units.set_end(2);
-  // Units 0-1 of the 5 (embed, attn_0, mlp_0, ... head) of a 1-layer model.
+  // Units 0-1 (embed, attn_0) of the 2-layer model.
   StageSetup setup{"job-send", c, 0, 2, units, units, program, absl::Seconds(5)};
   RefusingTransport transport;
   auto runtime = StageRuntime::Create(setup, &data, &transport);

@@ -70,8 +70,11 @@ struct IterationResult {
   std::vector<float> micro_batch_losses;  // filled on the stage that owns head
   double busy_seconds = 0;   // everything but waiting in receives
   double idle_seconds = 0;   // waiting in receives (the pipeline bubble)
-  // Busy time by phase: "forward", "backward", "recompute", "send" (with
-  // encoding), "decode", "optimizer", "tied".
+  // Busy time of the interpreter by phase: "forward", "backward",
+  // "recompute", "send" (starting each send's copy, a device encode, and
+  // waiting at the iteration's end for sends still in the background; the
+  // host encoding runs on the send thread and is in `sent`'s codec time),
+  // "decode", "optimizer", "tied".
   std::map<std::string, double> phase_seconds;
   // What crossed each link, by (peer stage, tensor kind name): sends (with
   // encode time and sampled compression error) and receives (decode time).

@@ -3,7 +3,8 @@
 # text; `pipetrain up`'s defaults) under each compression setting. Runs
 # `pipetrain up` once per row and seed and prints a markdown table: the mean
 # over the last 20 steps' losses per seed (one step's loss is noisy), their
-# mean, its change against the uncompressed rows' mean, and the wire-byte
+# mean, its change against the uncompressed rows' mean, the same for the
+# validation loss after the last step, and the wire-byte
 # ratios and compression error the workers' metrics report (first seed).
 #
 #   bash scripts/compression_convergence.sh [steps] [seeds] [extra up flags]
@@ -41,14 +42,16 @@ rows=(
 
 echo "pipetrain up --steps $steps $extra (defaults: 4 workers, 2 layers, d_model 128, seq 64, batch 16, 4 micro-batches, lr 1e-3); seeds $seeds; $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo
-echo "| compression | last-20-step loss per seed | mean | vs none | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error |"
-echo "|---|---|---|---|---|---|---|"
+echo "| compression | last-20-step loss per seed | mean | vs none | final validation loss per seed | mean | vs none | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error |"
+echo "|---|---|---|---|---|---|---|---|---|---|"
 ratio() { awk -v k="$1" '$1==k && /wire/ {gsub(/[()x,]/,"",$9); print $9 "x"; f=1} END {if (!f) print "1x"}' "$2"; }
-base=""
+base=""; vbase=""
+meanof() { printf '%s\n' "$@" | awk '/^[0-9.]+$/ {s += $1; n++} END {if (n) printf "%.4f", s / n; else print "-"}'; }
+versus() { awk -v a="$1" -v b="$2" 'BEGIN {if (a + 0 > 0) printf "%+.1f%%", 100 * (a - b) / b; else print "-"}'; }
 for row in "${rows[@]}"; do
   name="${row%%|*}"; flags="${row#*|}"
   if [[ -n "${ROWS:-}" && "$name" != none && "$name" != *"$ROWS"* ]]; then continue; fi
-  tails=(); first=""
+  tails=(); vals=(); first=""
   for seed in $seeds; do
     log="$out/run-$seed.log"
     # shellcheck disable=SC2086
@@ -56,15 +59,16 @@ for row in "${rows[@]}"; do
       echo "row '$name' seed $seed failed:" >&2; tail -5 "$log" >&2; tails+=("FAILED"); continue
     fi
     tails+=("$(sed -n 's/.*mean of the last [0-9]* steps \([0-9.]*\).*/\1/p' "$log")")
+    vals+=("$(sed -n "s/^validation loss \([0-9.]*\) after step $steps\$/\1/p" "$log")")
     [[ -z "$first" ]] && first="$log"
   done
-  mean=$(printf '%s\n' "${tails[@]}" | awk '/^[0-9.]+$/ {s += $1; n++} END {if (n) printf "%.4f", s / n; else print "-"}')
-  [[ -z "$base" ]] && base="$mean"
-  delta=$(awk -v a="$mean" -v b="$base" 'BEGIN {if (a + 0 > 0) printf "%+.1f%%", 100 * (a - b) / b; else print "-"}')
+  mean=$(meanof "${tails[@]}"); vmean=$(meanof "${vals[@]}")
+  [[ -z "$base" ]] && base="$mean" && vbase="$vmean"
+  delta=$(versus "$mean" "$base"); vdelta=$(versus "$vmean" "$vbase")
   err="-"; act="-"; grad="-"
   if [[ -n "$first" ]]; then
     err=$(awk '$1=="ACTIVATION_GRAD" && /error/ {print $NF}' "$first"); err="${err:--}"
     act=$(ratio ACTIVATION "$first"); grad=$(ratio ACTIVATION_GRAD "$first")
   fi
-  echo "| $name | ${tails[*]} | $mean | $delta | $act | $grad | $err |"
+  echo "| $name | ${tails[*]} | $mean | $delta | ${vals[*]} | $vmean | $vdelta | $act | $grad | $err |"
 done

@@ -126,7 +126,8 @@ class Backend {
   // byte, computed where t lives; waits for queued work. UNIMPLEMENTED when
   // this backend has no device twin of `spec` (the CPU backend never has;
   // CUDA has one for the single-stage specs "linear:bits=B" and
-  // "piecewise:bits=N"): the caller then encodes a host copy. Otherwise the
+  // "piecewise:bits=N", for tensors on its device): the caller then
+  // encodes a host copy. Otherwise the
   // CPU codec's errors (INVALID_ARGUMENT for a non-finite value) or the
   // device's (INTERNAL; status() has it too).
   virtual absl::StatusOr<std::string> EncodeOnDevice(const Tensor& /*t*/,

@@ -490,7 +490,7 @@ std::unique_ptr<PendingDownload> CudaBackendImpl::StartDownload(const Tensor& t)
 // malformed payload) fails this call only; device failures (INTERNAL) stick.
 absl::StatusOr<std::string> CudaBackendImpl::EncodeOnDevice(const Tensor& t,
                                                             const std::string& spec) {
-  PT_CHECK(t.on_device()) << "EncodeOnDevice of a host tensor";
+  if (!t.on_device()) return absl::UnimplementedError("a host tensor is encoded on the host");
   ASSIGN_OR_RETURN(std::optional<DeviceQuantizer> q, DeviceQuantizerFor(spec));
   if (!q.has_value()) return absl::UnimplementedError("no device codec for " + spec);
   RETURN_IF_ERROR(status_);

@@ -486,10 +486,11 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
   }
   const TensorAddress address = MakeAddress(setup_.job_id, iteration, key);
   const std::pair<int, std::string> link{s.peer_stage(), v1::TensorKind_Name(key.kind())};
-  // A device tensor whose codec the backend has on the device is encoded
-  // there: only the payload crosses to the host. Error-feedback sends keep
-  // their residual on the host, so they take the host path below.
-  if (tensor.on_device() && !s.codec().empty() && !s.error_feedback()) {
+  // A tensor whose codec the backend has on its device is encoded there:
+  // only the payload crosses to the host. Error-feedback sends keep their
+  // residual on the host, so they take the host path below, as does
+  // everything the backend answers UNIMPLEMENTED (the CPU backend: all).
+  if (!s.codec().empty() && !s.error_feedback()) {
     const auto start = Clock::now();
     absl::StatusOr<std::string> payload = setup_.backend->EncodeOnDevice(tensor, s.codec());
     if (payload.ok()) {

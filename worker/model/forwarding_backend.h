@@ -1,0 +1,121 @@
+// ForwardingBackend (testonly): a Backend that hands every call to another
+// one. Tests subclass it and override the few calls they want to observe or
+// change (fault injection, a stand-in device codec), leaving the arithmetic
+// to the inner backend, usually CpuBackend().
+//
+//   class CountingUploads : public ForwardingBackend {
+//    public:
+//     CountingUploads() : ForwardingBackend(CpuBackend()) {}
+//     Tensor Upload(const Tensor& host) override { ++uploads; return inner()->Upload(host); }
+//     int uploads = 0;
+//   };
+//
+// Thread-safety: that of the inner backend.
+#ifndef PIPETRAIN_WORKER_MODEL_FORWARDING_BACKEND_H_
+#define PIPETRAIN_WORKER_MODEL_FORWARDING_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "worker/model/backend.h"
+
+namespace pipetrain {
+
+class ForwardingBackend : public Backend {
+ public:
+  // `inner` is not owned and must outlive this backend.
+  explicit ForwardingBackend(Backend* inner) : inner_(inner) {}
+
+  Backend* inner() const { return inner_; }
+
+  BackendKind kind() const override { return inner_->kind(); }
+  std::string Describe() const override { return inner_->Describe(); }
+  absl::Status status() const override { return inner_->status(); }
+  DeviceFacts device_facts() const override { return inner_->device_facts(); }
+  void Synchronize() override { inner_->Synchronize(); }
+  void SetOpTiming(bool on) override { inner_->SetOpTiming(on); }
+  OpTimes TakeOpTimes() override { return inner_->TakeOpTimes(); }
+
+  Tensor Zeros(const Shape& shape) override { return inner_->Zeros(shape); }
+  Tensor Upload(const Tensor& host) override { return inner_->Upload(host); }
+  Tensor UploadAsync(const Tensor& host) override { return inner_->UploadAsync(host); }
+  Tensor Download(const Tensor& t) override { return inner_->Download(t); }
+  std::unique_ptr<PendingDownload> StartDownload(const Tensor& t) override {
+    return inner_->StartDownload(t);
+  }
+  void CopyFromHost(const Tensor& host, Tensor* dst) override { inner_->CopyFromHost(host, dst); }
+  void Fill(Tensor* t, float value) override { inner_->Fill(t, value); }
+  absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec) override {
+    return inner_->EncodeOnDevice(t, spec);
+  }
+  absl::StatusOr<Tensor> DecodeOnDevice(const std::string& spec, const std::string& payload,
+                                        const Shape& shape) override {
+    return inner_->DecodeOnDevice(spec, payload, shape);
+  }
+
+  void LayerNormForward(const float* x, const float* w, const float* b, int n, int c, float eps,
+                        float* y, float* mean, float* rstd) override {
+    inner_->LayerNormForward(x, w, b, n, c, eps, y, mean, rstd);
+  }
+  void LayerNormBackward(const float* x, const float* w, const float* mean, const float* rstd,
+                         const float* dy, int n, int c, float* dx, float* dw,
+                         float* db) override {
+    inner_->LayerNormBackward(x, w, mean, rstd, dy, n, c, dx, dw, db);
+  }
+  void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
+                     float* y) override {
+    inner_->LinearForward(x, w, b, n, in, out, y);
+  }
+  void LinearBackward(const float* x, const float* w, const float* dy, int n, int in, int out,
+                      float* dx, float* dw, float* db) override {
+    inner_->LinearBackward(x, w, dy, n, in, out, dx, dw, db);
+  }
+  void GeluForward(const float* x, int64_t n, float* y) override { inner_->GeluForward(x, n, y); }
+  void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) override {
+    inner_->GeluBackward(x, dy, n, dx);
+  }
+  void Add(const float* a, const float* b, int64_t n, float* out) override {
+    inner_->Add(a, b, n, out);
+  }
+  void AddInPlace(float* acc, const float* x, int64_t n) override { inner_->AddInPlace(acc, x, n); }
+  void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
+                        float* probs) override {
+    inner_->AttentionForward(qkv, batch, seq_len, c, heads, out, probs);
+  }
+  void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
+                         int seq_len, int c, int heads, float* dqkv, float* scratch) override {
+    inner_->AttentionBackward(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch);
+  }
+  void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe, int batch,
+                        int seq_len, int c, int vocab, float* out) override {
+    inner_->EmbeddingForward(host_tokens, wte, wpe, batch, seq_len, c, vocab, out);
+  }
+  void EmbeddingBackward(const int32_t* host_tokens, const float* dout, int batch, int seq_len,
+                         int c, int vocab, float* dwte, float* dwpe) override {
+    inner_->EmbeddingBackward(host_tokens, dout, batch, seq_len, c, vocab, dwte, dwpe);
+  }
+  float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
+                                   int vocab, float* probs) override {
+    return inner_->SoftmaxCrossEntropyForward(logits, host_targets, n, vocab, probs);
+  }
+  void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
+                                   int vocab, float dloss, float* dlogits) override {
+    inner_->SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, dloss, dlogits);
+  }
+  void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
+                   const AdamWConfig& config, bool apply_decay) override {
+    inner_->AdamWUpdate(param, grad, m, v, n, step, config, apply_decay);
+  }
+  void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+             int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
+    inner_->Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  }
+
+ private:
+  Backend* inner_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_FORWARDING_BACKEND_H_

@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <csignal>
 #include <thread>
@@ -146,6 +147,14 @@ int Run(const std::vector<std::string>& args) {
   options.metrics_address = absl::StrCat(f.metrics.substr(0, colon), ":", *bound);
   options.recv_timeout = absl::Seconds(f.recv_timeout_seconds);
   options.backend = backend->backend;
+  std::atomic<bool> device_failed{false};
+  options.on_backend_failure = [&device_failed](const absl::Status& status) {
+    PT_LOG(ERROR) << "the device failed: " << status
+                  << "; this worker stops (exit code 4) so that it restarts with a fresh "
+                     "device context";
+    device_failed.store(true);
+    Wake();
+  };
   auto make_transport = [&mailbox](int stage, const std::vector<std::string>& peers) {
     return std::unique_ptr<Transport>(new GrpcTransport(stage, peers, &mailbox));
   };
@@ -163,7 +172,9 @@ int Run(const std::vector<std::string>& args) {
   agent.Stop();
   starter.join();
   int code = 0;
-  if (!started.ok() && started.code() != absl::StatusCode::kCancelled) {
+  if (device_failed.load()) {
+    code = 4;
+  } else if (!started.ok() && started.code() != absl::StatusCode::kCancelled) {
     PT_LOG(ERROR) << "cannot join " << f.coordinator << ": " << started;
     code = started.code() == absl::StatusCode::kUnauthenticated ? 3 : 1;
   } else {

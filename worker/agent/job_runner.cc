@@ -41,6 +41,8 @@ std::string JobRunner::current_instruction() const {
 void JobRunner::Run() {
   absl::Status status = RunJob();
   if (!status.ok() && !stop_.load() && !reported_) ReportError(status);
+  const absl::Status backend = options_.backend->status();
+  if (!backend.ok() && options_.on_backend_failure) options_.on_backend_failure(backend);
   finished_.store(true);
 }
 

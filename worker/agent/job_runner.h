@@ -49,6 +49,12 @@ struct JobRunnerOptions {
   absl::Duration recv_timeout = absl::Seconds(60);
   // Where the stages compute (not owned; outlives the runner).
   Backend* backend = CpuBackend();
+  // Called once, on the runner's thread, when the job ended (after its
+  // error was reported) with the backend failed (Backend::status() not OK).
+  // A device error sticks and a CUDA context does not recover from most of
+  // them, so no later job can run on this worker: the worker process should
+  // stop and be restarted (worker/main.cc exits with code 4).
+  std::function<void(const absl::Status&)> on_backend_failure;
 };
 
 // Per-iteration observations for metrics (called on the runner thread).

@@ -2,13 +2,18 @@
 // report to a fake coordinator link.
 #include "worker/agent/job_runner.h"
 
+#include <atomic>
 #include <condition_variable>
+#include <memory>
+#include <thread>
 #include <mutex>
 #include <set>
 
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
+#include "worker/model/cpu_backend.h"
+#include "worker/model/forwarding_backend.h"
 #include "worker/transport/in_process_transport.h"
 
 namespace pipetrain {
@@ -150,6 +155,78 @@ TEST(JobRunnerTest, BadSpec_IsReportedAsTheJobsError) {
   runner.Stop();
   EXPECT_NE(link.reports()[0].error().find("spec.model.n_head"), std::string::npos)
       << link.reports()[0].error();
+}
+
+// A backend that fails mid-job (the CPU cannot, so a stand-in reports
+// INTERNAL after its first GELU): the job's error is reported, then the
+// failure hook gets the backend's error, once.
+class FailsAfterFirstGelu : public ForwardingBackend {
+ public:
+  FailsAfterFirstGelu() : ForwardingBackend(CpuBackend()) {}
+  void GeluForward(const float* x, int64_t n, float* y) override {
+    gelus_.fetch_add(1);
+    inner()->GeluForward(x, n, y);
+  }
+  absl::Status status() const override {
+    return gelus_.load() > 1 ? absl::InternalError("device lost") : absl::OkStatus();
+  }
+
+ private:
+  std::atomic<int> gelus_{0};
+};
+
+TEST(JobRunnerTest, BackendFailure_ReportsTheJobThenCallsTheHookOnce) {
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
+  a.mutable_spec()->mutable_parallelism()->set_stages(1);
+  a.set_num_stages(1);
+  a.mutable_backward_units()->set_begin(0);
+  a.mutable_backward_units()->set_end(4);
+  *a.mutable_forward_units() = a.backward_units();
+  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  FailsAfterFirstGelu backend;
+  std::mutex mu;
+  std::vector<absl::Status> failures;
+  JobRunnerOptions options{"w", 1};
+  options.backend = &backend;
+  options.on_backend_failure = [&](const absl::Status& s) {
+    std::lock_guard<std::mutex> lock(mu);
+    failures.push_back(s);
+  };
+  JobRunner runner(a, &fabric.mailbox(0),
+                   [&fabric](int s, const std::vector<std::string>&) { return fabric.Connect(s); },
+                   &link, options);
+  runner.Start();
+  ASSERT_TRUE(link.AwaitReports(1));
+  while (!runner.finished()) std::this_thread::yield();  // bounded: the job has failed
+  runner.Stop();
+  EXPECT_NE(link.reports()[0].error().find("device lost"), std::string::npos)
+      << link.reports()[0].error();
+  std::lock_guard<std::mutex> lock(mu);
+  ASSERT_EQ(failures.size(), 1u);
+  EXPECT_EQ(failures[0].message(), "device lost");
+}
+
+// A job that ends well leaves the hook alone.
+TEST(JobRunnerTest, HealthyBackend_NeverCallsTheHook) {
+  InProcessFabric fabric(2);
+  FakeLink link;
+  std::atomic<int> calls{0};
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (int s = 0; s < 2; ++s) {
+    JobRunnerOptions options{"w" + std::to_string(s), 1};
+    options.on_backend_failure = [&](const absl::Status&) { ++calls; };
+    runners.push_back(std::make_unique<JobRunner>(
+        Assignment(s, 2, false, Schedule::kOneFOneB), &fabric.mailbox(s),
+        [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); }, &link,
+        options));
+  }
+  for (auto& r : runners) r->Start();
+  for (auto& r : runners) {
+    while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
+  }
+  EXPECT_EQ(calls.load(), 0);
 }
 
 }  // namespace

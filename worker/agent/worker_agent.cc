@@ -288,6 +288,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   }
   runner_options.recv_timeout = options_.recv_timeout;
   runner_options.backend = options_.backend;
+  runner_options.on_backend_failure = options_.on_backend_failure;
   auto runner = std::make_unique<JobRunner>(a, mailbox_, make_transport_, link_.get(),
                                             runner_options, observer_);
   runner->Start();

@@ -14,6 +14,7 @@
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -41,6 +42,8 @@ struct WorkerAgentOptions {
   // Where stages compute (not owned; outlives the agent); reported at
   // registration with the device's facts.
   Backend* backend = CpuBackend();
+  // JobRunnerOptions::on_backend_failure for every job.
+  std::function<void(const absl::Status&)> on_backend_failure;
 };
 
 class WorkerAgent {

@@ -26,5 +26,7 @@ extern "C" const char* __tsan_default_options() { return "ignore_noninstrumented
 // gRPC core without it.
 extern "C" const char* __tsan_default_suppressions() {
   return "race:/usr/include/grpcpp/\n"
-         "race:/usr/include/grpc/\n";
+         "race:/usr/include/grpc/\n"
+         // Abseil's deadlock-detection graph (absl_tsan_options.cc says why).
+         "race:synchronization_internal::GraphCycles\n";
 }

@@ -49,7 +49,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   argv.insert(argv.end(), options.coordinator_args.begin(), options.coordinator_args.end());
   ASSIGN_OR_RETURN(Subprocess coordinator, Subprocess::Spawn(argv, cluster->coordinator_log()));
   cluster->coordinator_ = std::make_unique<Subprocess>(std::move(coordinator));
-  absl::Status ready = WaitForFile(coordinator_ports, options.start_timeout);
+  absl::Status ready = WaitForFile(coordinator_ports, options.start_timeout,
+                                   cluster->coordinator_.get(), cluster->coordinator_log());
   if (!ready.ok()) {
     return absl::UnavailableError(absl::StrCat("the coordinator did not start: ", ready.message(),
                                                "; see ", cluster->coordinator_log()));
@@ -70,7 +71,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   }
   for (int i = 0; i < options.workers; ++i) {
     const std::string ports = absl::StrCat(options.dir, "/worker-", i, ".ports");
-    absl::Status up = WaitForFile(ports, options.start_timeout);
+    absl::Status up =
+        WaitForFile(ports, options.start_timeout, &cluster->workers_[i], cluster->worker_log(i));
     if (!up.ok()) {
       return absl::UnavailableError(absl::StrCat("worker ", i, " did not start: ", up.message(),
                                                  "; see ", cluster->worker_log(i)));

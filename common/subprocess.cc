@@ -9,12 +9,40 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 
 extern char** environ;
 
 namespace pipetrain {
+namespace {
+
+// "exit code 3" or "killed by signal 9", from a waitpid status.
+std::string DescribeExit(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  return absl::StrCat("wait status ", status);
+}
+
+// The last non-empty line of the file at `path` (at most its last 4 KiB are
+// read); empty if it cannot be read.
+std::string LastLine(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(0, std::ios::end);
+  const std::streamoff size = in.tellg();
+  const std::streamoff start = size > 4096 ? size - 4096 : 0;
+  in.seekg(start);
+  std::string tail((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!tail.empty() && (tail.back() == '\n' || tail.back() == '\r')) tail.pop_back();
+  const size_t newline = tail.rfind('\n');
+  return newline == std::string::npos ? tail : tail.substr(newline + 1);
+}
+
+}  // namespace
 
 absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
                                              const std::string& log_path) {
@@ -90,11 +118,26 @@ int Subprocess::Terminate(absl::Duration grace) {
   return *status_;
 }
 
-absl::Status WaitForFile(const std::string& path, absl::Duration timeout) {
+absl::Status WaitForFile(const std::string& path, absl::Duration timeout, Subprocess* writer,
+                         const std::string& writer_log) {
   const absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
+  auto written = [&path] {
     struct stat st;
-    if (stat(path.c_str(), &st) == 0 && st.st_size > 0) return absl::OkStatus();
+    return stat(path.c_str(), &st) == 0 && st.st_size > 0;
+  };
+  while (absl::Now() < deadline) {
+    if (written()) return absl::OkStatus();
+    if (writer != nullptr) {
+      if (std::optional<int> status = writer->Poll(); status.has_value() && !written()) {
+        std::string why = absl::StrCat("exited (", DescribeExit(*status), ") before writing ",
+                                       path);
+        if (!writer_log.empty()) {
+          const std::string last = LastLine(writer_log);
+          if (!last.empty()) absl::StrAppend(&why, "; its log ends: ", last);
+        }
+        return absl::FailedPreconditionError(why);
+      }
+    }
     absl::SleepFor(absl::Milliseconds(10));
   }
   return absl::DeadlineExceededError(

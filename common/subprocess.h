@@ -49,8 +49,12 @@ class Subprocess {
 
 // Waits up to `timeout` for `path` to exist and be non-empty (polling every
 // 10 ms: used for files a child writes atomically, like its ports file).
-// DEADLINE_EXCEEDED naming the path otherwise.
-absl::Status WaitForFile(const std::string& path, absl::Duration timeout);
+// DEADLINE_EXCEEDED naming the path otherwise. With `writer` (the child that
+// should write it), stops as soon as that child has exited without writing
+// it: FAILED_PRECONDITION with its exit status and, when `writer_log` is
+// given, the last line of its log (usually the reason).
+absl::Status WaitForFile(const std::string& path, absl::Duration timeout,
+                         Subprocess* writer = nullptr, const std::string& writer_log = "");
 
 }  // namespace pipetrain
 

@@ -443,7 +443,9 @@ void CudaBackendImpl::CopyFromHost(const Tensor& host, Tensor* dst) {
 
 Tensor CudaBackendImpl::Download(const Tensor& t) {
   PT_CHECK(t.on_device()) << "Download of a host tensor";
-  Tensor host = Tensor::Zeros(t.shape());
+  // Uninitialised: the copy overwrites every element.
+  Tensor host = Tensor::OnHost(t.shape(), std::shared_ptr<float>(new float[t.numel()],
+                                                                 std::default_delete<float[]>()));
   if (t.numel() == 0) return host;
   Run("download", [&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), t.data(), t.size_bytes(),

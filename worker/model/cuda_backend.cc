@@ -258,6 +258,20 @@ class CudaBackendImpl final : public Backend {
     if (!s.ok()) status_ = std::move(s);
   }
 
+  // Runs `call` (returning an absl::StatusOr) on this backend's device,
+  // outside Run: its data errors (INVALID_ARGUMENT for a non-finite value
+  // or a malformed payload) fail this call only; a device failure
+  // (INTERNAL) sticks as in Run. Not timed.
+  template <typename Call>
+  auto RunFallible(Call&& call) -> decltype(call()) {
+    RETURN_IF_ERROR(status_);
+    status_ = CudaStatus(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__);
+    RETURN_IF_ERROR(status_);
+    auto result = call();
+    if (result.status().code() == absl::StatusCode::kInternal) status_ = result.status();
+    return result;
+  }
+
   // An op's events while op timing is on.
   struct TimedOp {
     const char* name;
@@ -488,23 +502,15 @@ std::unique_ptr<PendingDownload> CudaBackendImpl::StartDownload(const Tensor& t)
   return std::make_unique<StreamDownload>(device_, std::move(host), done, absl::OkStatus());
 }
 
-// Not through Run: a payload the codec rejects (a non-finite value, a
-// malformed payload) fails this call only; device failures (INTERNAL) stick.
 absl::StatusOr<std::string> CudaBackendImpl::EncodeOnDevice(const Tensor& t,
                                                             const std::string& spec) {
   if (!t.on_device()) return absl::UnimplementedError("a host tensor is encoded on the host");
   ASSIGN_OR_RETURN(std::optional<DeviceQuantizer> q, DeviceQuantizerFor(spec));
   if (!q.has_value()) return absl::UnimplementedError("no device codec for " + spec);
-  RETURN_IF_ERROR(status_);
-  status_ = CudaStatus(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__);
-  RETURN_IF_ERROR(status_);
-  absl::StatusOr<std::string> payload =
-      q->piecewise ? PiecewiseEncodeCuda(t.data(), t.shape(), q->bits, stream_)
-                   : LinearEncodeCuda(t.data(), t.shape(), q->bits, stream_);
-  if (!payload.ok() && payload.status().code() == absl::StatusCode::kInternal) {
-    status_ = payload.status();
-  }
-  return payload;
+  return RunFallible([&] {
+    return q->piecewise ? PiecewiseEncodeCuda(t.data(), t.shape(), q->bits, stream_)
+                        : LinearEncodeCuda(t.data(), t.shape(), q->bits, stream_);
+  });
 }
 
 absl::StatusOr<Tensor> CudaBackendImpl::DecodeOnDevice(const std::string& spec,
@@ -513,18 +519,14 @@ absl::StatusOr<Tensor> CudaBackendImpl::DecodeOnDevice(const std::string& spec,
   ASSIGN_OR_RETURN(std::optional<DeviceQuantizer> q, DeviceQuantizerFor(spec));
   if (!q.has_value()) return absl::UnimplementedError("no device codec for " + spec);
   Tensor out = Allocate(shape, /*zero=*/false);
-  RETURN_IF_ERROR(status_);
-  status_ = CudaStatus(cudaSetDevice(device_), "cudaSetDevice", __FILE__, __LINE__);
-  RETURN_IF_ERROR(status_);
-  absl::StatusOr<Shape> decoded =
-      q->piecewise ? PiecewiseDecodeCuda(payload, q->bits, out.data(), out.numel(), stream_)
-                   : LinearDecodeCuda(payload, q->bits, out.data(), out.numel(), stream_);
-  if (!decoded.ok()) {
-    if (decoded.status().code() == absl::StatusCode::kInternal) status_ = decoded.status();
-    return decoded.status();
-  }
-  if (NumElements(*decoded) != out.numel()) {
-    return absl::InvalidArgumentError(absl::StrCat("payload decodes to ", ShapeToString(*decoded),
+  ASSIGN_OR_RETURN(const Shape decoded, RunFallible([&] {
+                     return q->piecewise ? PiecewiseDecodeCuda(payload, q->bits, out.data(),
+                                                               out.numel(), stream_)
+                                         : LinearDecodeCuda(payload, q->bits, out.data(),
+                                                            out.numel(), stream_);
+                   }));
+  if (NumElements(decoded) != out.numel()) {
+    return absl::InvalidArgumentError(absl::StrCat("payload decodes to ", ShapeToString(decoded),
                                                    "; expected ", ShapeToString(shape)));
   }
   return out;

@@ -38,11 +38,12 @@ std::string SendName(const v1::Instruction::Send& send) {
 
 }  // namespace
 
-void CountCodedOnDevice(const WireTensor& wire, double codec_seconds, LinkStats* stats) {
+void CountTransfer(const WireTensor& wire, double codec_seconds, LinkStats* stats) {
   ++stats->tensors;
-  ++stats->compressed_tensors;
   stats->raw_bytes += wire.raw_bytes();
   stats->wire_bytes += wire.wire_bytes();
+  if (!wire.encoded()) return;
+  ++stats->compressed_tensors;
   stats->codec_seconds += codec_seconds;
 }
 
@@ -74,11 +75,10 @@ absl::StatusOr<std::string> LinkCompressor::EncodeWithFeedback(const v1::Instruc
 absl::StatusOr<WireTensor> LinkCompressor::Encode(const v1::Instruction::Send& send,
                                                   const Tensor& x, LinkStats* stats,
                                                   const std::vector<float>& scores) {
-  ++stats->tensors;
-  stats->raw_bytes += x.size_bytes();
   if (send.codec().empty()) {
-    stats->wire_bytes += x.size_bytes();
-    return WireTensor::Raw(x);
+    WireTensor wire = WireTensor::Raw(x);
+    CountTransfer(wire, 0, stats);
+    return wire;
   }
   auto fail = [&](const absl::Status& s) {
     return absl::InvalidArgumentError(absl::StrCat(SendName(send), ": ", s.message()));
@@ -95,7 +95,7 @@ absl::StatusOr<WireTensor> LinkCompressor::Encode(const v1::Instruction::Send& s
       : (token_topk != nullptr && !scores.empty())
           ? token_topk->EncodeWithScores(x, scores, &link.codec)
           : (*codec)->Encode(x, &link.codec);
-  stats->codec_seconds += SecondsSince(start);
+  const double seconds = SecondsSince(start);
   if (!payload.ok()) return fail(payload.status());
   if (error < 0 && sampled_.insert(key).second) {
     auto decoded = (*codec)->Decode(*payload);
@@ -106,18 +106,17 @@ absl::StatusOr<WireTensor> LinkCompressor::Encode(const v1::Instruction::Send& s
     stats->error_sum += error;
     ++stats->error_samples;
   }
-  ++stats->compressed_tensors;
-  stats->wire_bytes += static_cast<int64_t>(payload->size());
-  return WireTensor::Encoded(send.codec(), *std::move(payload), x.shape());
+  WireTensor wire = WireTensor::Encoded(send.codec(), *std::move(payload), x.shape());
+  CountTransfer(wire, seconds, stats);
+  return wire;
 }
 
 absl::StatusOr<Tensor> LinkCompressor::Decode(const WireTensor& wire, const std::string& what,
                                               LinkStats* stats) {
-  ++stats->tensors;
-  stats->raw_bytes += wire.raw_bytes();
-  stats->wire_bytes += wire.wire_bytes();
-  if (!wire.encoded()) return wire.tensor;
-  ++stats->compressed_tensors;
+  if (!wire.encoded()) {
+    CountTransfer(wire, 0, stats);
+    return wire.tensor;
+  }
   auto codec = CodecFor(wire.codec);
   if (!codec.ok()) {
     return absl::InvalidArgumentError(
@@ -125,7 +124,7 @@ absl::StatusOr<Tensor> LinkCompressor::Decode(const WireTensor& wire, const std:
   }
   const auto start = Clock::now();
   absl::StatusOr<Tensor> decoded = DecodeWireTensorWith(**codec, wire, what);
-  stats->codec_seconds += SecondsSince(start);
+  CountTransfer(wire, SecondsSince(start), stats);
   return decoded;
 }
 

@@ -51,11 +51,13 @@ struct LinkStats {
   int64_t error_samples = 0;
 };
 
-// Counts in `stats` a tensor the backend encoded or decoded on its device
-// (Backend::EncodeOnDevice, DecodeOnDevice) as LinkCompressor counts its
-// own, but a send gets no error sample (measuring it would need the fp32
-// host copy that the device path exists to avoid).
-void CountCodedOnDevice(const WireTensor& wire, double codec_seconds, LinkStats* stats);
+// Counts in `stats` one tensor that crossed a link: its raw and wire bytes,
+// and for an encoded one the codec time. LinkCompressor counts its own
+// sends and receives with it; the runtime counts with it what the backend
+// encoded or decoded on its device (Backend::EncodeOnDevice,
+// DecodeOnDevice), which gets no error sample (measuring it would need the
+// fp32 host copy that the device path exists to avoid).
+void CountTransfer(const WireTensor& wire, double codec_seconds, LinkStats* stats);
 
 class LinkCompressor {
  public:

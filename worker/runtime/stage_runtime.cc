@@ -498,7 +498,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
       WireTensor wire = WireTensor::Encoded(s.codec(), *std::move(payload), tensor.shape());
       return sends_.Enqueue([this, &s, link, wire = std::move(wire), seconds,
                              address]() -> absl::Status {
-        CountCodedOnDevice(wire, seconds, &sent_stats_[link]);
+        CountTransfer(wire, seconds, &sent_stats_[link]);
         return NameSend(transport_->SendWire(s.peer_stage(), address, wire), s, address);
       });
     }
@@ -563,7 +563,7 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
         setup_.backend->DecodeOnDevice(wire.codec, wire.payload, expected);
     if (decoded.ok()) {
       const double seconds = SecondsSince(start);
-      CountCodedOnDevice(wire, seconds, &link);
+      CountTransfer(wire, seconds, &link);
       result->phase_seconds["decode"] += seconds;
       t = *std::move(decoded);
       on_device = true;

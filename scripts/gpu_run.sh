@@ -48,6 +48,21 @@ for t in "$bin"/*_test; do
   check "$name" "$rc" "($ran passed, $bad failed, $skipped skipped)"
 done
 
+# compare_loss_logs GOT WANT TOL WHAT: two `up --loss-log` files (one loss
+# per line) of 20 steps each, every step within TOL relative; prints the
+# worst difference and whether they are bitwise equal.
+compare_loss_logs() {
+  python3 - "$@" <<'PY'
+import sys
+got_path, want_path, tol, what = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
+got, want = ([float(l) for l in open(p)] for p in (got_path, want_path))
+worst = max(abs(x - y) / abs(y) for x, y in zip(got, want))
+print(f"steps {len(got)} vs {len(want)}; max relative |{what}| {worst:.3e}; "
+      f"bitwise: {got == want}")
+sys.exit(0 if len(got) == len(want) == 20 and worst <= tol else 1)
+PY
+}
+
 # 2. train-local on CUDA against the CPU, 20 steps in fp32 GEMM mode, and
 # twice on CUDA (bitwise: the logs print floats at round-trip precision).
 model=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 4
@@ -84,15 +99,8 @@ for workers in 1 2; do
   "$bin/pipetrain" up --workers "$workers" "${job[@]}" --loss-log "$out/up_${workers}_losses.txt" \
     --out "$out/up$workers" >"$out/up_$workers.txt" 2>&1 || up_rc=1
 done
-python3 - "$out" <<'PY' >"$out/pipeline_compare.txt" 2>&1
-import sys
-out = sys.argv[1]
-single, pipe = ([float(l) for l in open(f"{out}/up_{w}_losses.txt")] for w in (1, 2))
-worst = max(abs(x - y) / abs(y) for x, y in zip(pipe, single))
-print(f"steps {len(pipe)} vs {len(single)}; max relative |2 workers - 1 worker| {worst:.3e}; "
-      f"bitwise: {pipe == single}")
-sys.exit(0 if len(pipe) == len(single) == 20 and worst <= 1e-5 else 1)
-PY
+compare_loss_logs "$out/up_2_losses.txt" "$out/up_1_losses.txt" 1e-5 "2 workers - 1 worker" \
+  >"$out/pipeline_compare.txt" 2>&1
 rc=$?
 [[ $up_rc -ne 0 ]] && rc=1
 check pipeline_2_workers_cuda "$rc" "$(cat "$out/pipeline_compare.txt")"
@@ -111,14 +119,8 @@ for device in cuda cpu; do
     --loss-log "$out/upc_${device}_losses.txt" --out "$out/upc_$device" \
     >"$out/upc_$device.txt" 2>&1 || up_rc=1
 done
-python3 - "$out" <<'PY' >"$out/compressed_compare.txt" 2>&1
-import sys
-out = sys.argv[1]
-gpu, cpu = ([float(l) for l in open(f"{out}/upc_{d}_losses.txt")] for d in ("cuda", "cpu"))
-worst = max(abs(x - y) / abs(y) for x, y in zip(gpu, cpu))
-print(f"steps {len(gpu)} vs {len(cpu)}; max relative |cuda - cpu| {worst:.3e}")
-sys.exit(0 if len(gpu) == len(cpu) == 20 and worst <= 1e-2 else 1)
-PY
+compare_loss_logs "$out/upc_cuda_losses.txt" "$out/upc_cpu_losses.txt" 1e-2 "cuda - cpu" \
+  >"$out/compressed_compare.txt" 2>&1
 rc=$?
 [[ $up_rc -ne 0 ]] && rc=1
 grep -h "wire" "$out/upc_cuda.txt" >>"$out/compressed_compare.txt" 2>/dev/null

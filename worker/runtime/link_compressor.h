@@ -19,7 +19,8 @@
 // otherwise on the first compressed send per link and iteration (one extra
 // decode).
 //
-// Not thread-safe: owned and used by the StageRuntime's thread.
+// Not thread-safe: use an instance from one thread at a time (StageRuntime
+// keeps one for its send thread and one for its receives).
 #ifndef PIPETRAIN_WORKER_RUNTIME_LINK_COMPRESSOR_H_
 #define PIPETRAIN_WORKER_RUNTIME_LINK_COMPRESSOR_H_
 

@@ -183,6 +183,22 @@ TEST_F(RestServiceTest, ListWorkers_OneRegistered_ReturnsIt) {
   EXPECT_EQ(list["workers"][0]["dataAddress"], "127.0.0.1:9001");
 }
 
+// The NCCL unique id lets its holder join the worker's NCCL bootstrap; it
+// is for device groups only, not for the user-facing listing.
+TEST_F(RestServiceTest, ListWorkers_WorkerWithNcclId_IdNotListed) {
+  v1::RegisterWorkerRequest request;
+  request.set_data_address("127.0.0.1:9001");
+  request.mutable_device()->set_gpu_index(3);
+  request.mutable_device()->set_nccl_unique_id("secret-id");
+  ASSERT_TRUE(workers_.Register(request).ok());
+  httplib::Result result = client_->Get("/v1/workers");
+  ASSERT_TRUE(result);
+  EXPECT_FALSE(absl::StrContains(result->body, "ncclUniqueId")) << result->body;
+  const json list = json::parse(result->body);
+  ASSERT_EQ(list["workers"].size(), 1u) << list;
+  EXPECT_EQ(list["workers"][0]["device"]["gpuIndex"], 3);
+}
+
 TEST_F(RestServiceTest, Healthz_ReturnsOk) {
   auto [status, body] = Call("GET", "/healthz");
   EXPECT_EQ(status, 200);

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "coordinator/planner/device_links.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/solve_plan.h"
 #include "worker/model/gpt_config.h"
@@ -25,6 +26,43 @@ v1::Assignment StopAssignment(const std::string& job_id, int64_t version) {
   a.set_job_id(job_id);
   a.set_plan_version(version);
   return a;
+}
+
+// The job's stages as device-link members: each worker's host, GPU and
+// current NCCL id (the registry keeps it out of v1::Worker).
+std::vector<DeviceLinkMember> DeviceLinkMembers(const std::vector<v1::Worker>& workers,
+                                                const WorkerRegistry& registry) {
+  std::vector<DeviceLinkMember> members;
+  for (const v1::Worker& w : workers) {
+    members.push_back({w.device().hostname(), w.device().gpu_index(),
+                       registry.NcclUniqueId(w.id()).value_or("")});
+  }
+  return members;
+}
+
+// Uses up each group's id (it must reach one group only; the worker reports
+// a fresh one once its assignment carries it) and logs the groups and the
+// links that stayed on the wire for their order.
+void ConsumeDeviceGroupIds(const std::string& job_id, const DeviceLinkPlan& links,
+                           const std::vector<v1::Worker>& workers, WorkerRegistry* registry) {
+  for (const DeviceLinkGroup& g : links.groups) {
+    const v1::Worker& owner = workers[g.id_owner_stage];
+    if (!registry->ConsumeNcclUniqueId(owner.id(), g.group.nccl_unique_id())) {
+      PT_LOG(WARNING) << "job " << job_id << ": " << owner.id()
+                      << " replaced its NCCL id while the job was planned; the group uses the "
+                         "one it had";
+    }
+    std::vector<int> gpus;
+    for (int s : g.group.stages()) gpus.push_back(workers[s].device().gpu_index());
+    PT_LOG(INFO) << "job " << job_id << ": device group stages "
+                 << absl::StrJoin(g.group.stages(), ",") << " (host "
+                 << owner.device().hostname() << ", GPUs " << absl::StrJoin(gpus, ",")
+                 << "; NCCL id from " << owner.id() << ")";
+  }
+  for (const auto& [from, to] : links.order_differs) {
+    PT_LOG(INFO) << "job " << job_id << ": stage " << from << " -> " << to
+                 << " stays on the wire: the receiver takes the tensors in another order";
+  }
 }
 
 }  // namespace
@@ -248,7 +286,10 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
   cluster.bandwidth_bytes_per_second = kAssumedBandwidth;
   cluster.latency_seconds = kAssumedLatency;
   ASSIGN_OR_RETURN(CompiledPlan compiled, PlanJob(record.resolved, id, 1, profile, cluster, source));
+  const DeviceLinkPlan links =
+      PlanDeviceLinks(DeviceLinkMembers(infos, *registry_), &compiled.programs);
   RETURN_IF_ERROR(registry_->Assign(workers, id));
+  ConsumeDeviceGroupIds(id, links, infos, registry_);
   record.plan = compiled.plan;
   record.stages.assign(workers.size(), StageProgress{});
   for (size_t s = 0; s < workers.size(); ++s) {
@@ -264,6 +305,9 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
     for (const std::string& address : addresses) a.add_peer_addresses(address);
     *a.mutable_program() = compiled.programs[s];
     if (!compiled.eval_programs.empty()) *a.mutable_eval_program() = compiled.eval_programs[s];
+    if (links.group_of_stage[s] >= 0) {
+      *a.mutable_device_group() = links.groups[links.group_of_stage[s]].group;
+    }
     record.stage_of[workers[s]] = static_cast<int>(s);
     record.job.add_worker_ids(workers[s]);
     record.assignments.push_back(a);

@@ -22,7 +22,13 @@
 // fetch failed) it is the AnalyticProfile at the workers' measured GEMM
 // rate, and the plan's profile_source says so. Worker speeds are their
 // measured GFLOP/s relative to the profiled (or fastest) worker; links are
-// modelled at kAssumedBandwidth and kAssumedLatency (not measured yet). Progress comes from ReportProgress: the stage owning
+// modelled at kAssumedBandwidth and kAssumedLatency (not measured yet).
+// Stages whose workers share a hostname, hold distinct GPUs and reported an
+// NCCL unique id get a device group (device_links.h): the raw activation
+// transfers between them go LINK_PATH_DEVICE where send and receive orders
+// agree, Assignment.device_group carries the group to its members, and the
+// id each group uses is consumed in the registry (the worker reports a fresh
+// one by heartbeat). Progress comes from ReportProgress: the stage owning
 // the head reports micro-batch losses, whose mean (double sum / m, as
 // LocalTrainer computes it) is the step's loss. When every stage reports
 // finished, workers upload their weights; once all have, the coordinator

@@ -42,6 +42,17 @@ class JobManagerTest : public ::testing::Test {
     return registry_.Register(request).value().worker_id();
   }
 
+  // A worker on `host` computing on GPU `gpu`, with NCCL id `nccl_id`.
+  std::string AddGpuWorker(int port, const std::string& host, int gpu,
+                           const std::string& nccl_id) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    request.mutable_device()->set_hostname(host);
+    request.mutable_device()->set_gpu_index(gpu);
+    request.mutable_device()->set_nccl_unique_id(nccl_id);
+    return registry_.Register(request).value().worker_id();
+  }
+
   v1::Assignment AssignmentOf(const std::string& worker) {
     auto a = hub_.Newer(worker, 0);
     EXPECT_TRUE(a.has_value()) << worker;
@@ -249,6 +260,99 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   auto file = ReadSafetensors(path).value();
   EXPECT_EQ(file.Find("all")->numel(), n);
   EXPECT_EQ((*file.Find("all"))[n - 1], float(n - 1));
+}
+
+// (device, wire) counts of a program's sends and receives; EXPECTs that
+// only raw activations and their gradients are on the device.
+std::pair<int, int> DeviceAndWire(const v1::Program& program) {
+  int device = 0, wire = 0;
+  for (const v1::Instruction& in : program.instructions()) {
+    if (!in.has_send() && !in.has_recv()) continue;
+    const v1::TensorKey& t = in.has_send() ? in.send().tensor() : in.recv().tensor();
+    if ((in.has_send() ? in.send().path() : in.recv().path()) == v1::LINK_PATH_DEVICE) {
+      EXPECT_TRUE(t.kind() == v1::ACTIVATION || t.kind() == v1::ACTIVATION_GRAD);
+      ++device;
+    } else {
+      ++wire;
+    }
+  }
+  return {device, wire};
+}
+
+std::vector<int> GroupStages(const v1::Assignment& a) {
+  return std::vector<int>(a.device_group().stages().begin(), a.device_group().stages().end());
+}
+
+TEST_F(JobManagerTest, ThreeGpusOnOneHost_AssignmentsCarryTheGroupAndDevicePaths) {
+  const std::vector<std::string> workers = {AddGpuWorker(7001, "gpu-host", 0, "id-1"),
+                                            AddGpuWorker(7002, "gpu-host", 1, "id-2"),
+                                            AddGpuWorker(7003, "gpu-host", 2, "id-3")};
+  v1::JobSpec spec = SmallSpec(3);
+  spec.mutable_training()->set_eval_interval(2);
+  spec.mutable_training()->set_eval_windows(3);
+  const std::string id = jobs_.Submit(spec).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);
+  // Stages 0 and 2 hold the tied embedding: its gradient goes by wire.
+  const std::vector<std::pair<int, int>> expected = {{4, 2}, {8, 0}, {4, 2}};
+  for (int s = 0; s < 3; ++s) {
+    const v1::Assignment a = AssignmentOf(workers[s]);
+    EXPECT_EQ(GroupStages(a), (std::vector<int>{0, 1, 2})) << "stage " << s;
+    EXPECT_EQ(a.device_group().nccl_unique_id(), "id-1") << "stage " << s;
+    // 2 micro-batches: per neighbour an activation and a gradient each.
+    EXPECT_EQ(DeviceAndWire(a.program()), expected[s]) << "stage " << s;
+    // Evaluation stays on the wire.
+    EXPECT_GT(a.eval_program().instructions_size(), 0);
+    EXPECT_EQ(DeviceAndWire(a.eval_program()).first, 0) << "stage " << s;
+  }
+  // Stage 0's id is used up; the others' are still there for later groups.
+  EXPECT_EQ(registry_.NcclUniqueId(workers[0]).value(), "");
+  EXPECT_EQ(registry_.NcclUniqueId(workers[1]).value(), "id-2");
+  EXPECT_EQ(registry_.NcclUniqueId(workers[2]).value(), "id-3");
+}
+
+TEST_F(JobManagerTest, ConsumedNcclId_NextJobHasNoGroupUntilAHeartbeatBringsAFreshOne) {
+  const std::string w1 = AddGpuWorker(7001, "gpu-host", 0, "id-1");
+  const std::string w2 = AddGpuWorker(7002, "gpu-host", 1, "id-2");
+  std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  EXPECT_EQ(AssignmentOf(w2).device_group().nccl_unique_id(), "id-1");
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+
+  id = jobs_.Submit(SmallSpec(2)).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);
+  for (const std::string& w : {w1, w2}) {
+    const v1::Assignment a = AssignmentOf(w);
+    EXPECT_EQ(a.job_id(), id);
+    EXPECT_FALSE(a.has_device_group()) << w;
+    EXPECT_EQ(DeviceAndWire(a.program()).first, 0) << w;
+  }
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id(w1);
+  beat.set_incarnation(1);
+  beat.set_nccl_unique_id("id-1b");
+  ASSERT_TRUE(registry_.Heartbeat(beat).ok());
+  id = jobs_.Submit(SmallSpec(2)).value().id();
+  for (const std::string& w : {w1, w2}) {
+    const v1::Assignment a = AssignmentOf(w);
+    EXPECT_EQ(a.job_id(), id);
+    EXPECT_EQ(GroupStages(a), (std::vector<int>{0, 1})) << w;
+    EXPECT_EQ(a.device_group().nccl_unique_id(), "id-1b") << w;
+    EXPECT_EQ(DeviceAndWire(a.program()).first, 4) << w;
+  }
+  EXPECT_EQ(registry_.NcclUniqueId(w2).value(), "id-2");
+}
+
+TEST_F(JobManagerTest, WorkersWithoutNcclIds_NoGroupAndEveryTransferOnTheWire) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  jobs_.Submit(SmallSpec(2)).value();
+  for (const std::string& w : {w1, w2}) {
+    const v1::Assignment a = AssignmentOf(w);
+    EXPECT_FALSE(a.has_device_group()) << w;
+    const auto [device, wire] = DeviceAndWire(a.program());
+    EXPECT_EQ(device, 0) << w;
+    EXPECT_GT(wire, 0) << w;
+  }
 }
 
 // A measured profile of SmallSpec's 4 units, as a worker would send it.

@@ -139,11 +139,19 @@ WorkerRegistry::Entry& WorkerRegistry::EntryForAddressLocked(const std::string& 
   return entry;
 }
 
+bool WorkerRegistry::IsFreshNcclId(const Entry& entry, const std::string& id) {
+  return !id.empty() && id != entry.consumed_nccl_id;
+}
+
 void WorkerRegistry::StartIncarnationLocked(Entry& entry,
                                             const v1::RegisterWorkerRequest& request) {
   v1::Worker& worker = entry.worker;
   worker.set_incarnation(worker.incarnation() + 1);
   *worker.mutable_device() = request.device();
+  // Kept in the entry only (see worker_registry.h).
+  const std::string& nccl_id = request.device().nccl_unique_id();
+  entry.nccl_unique_id = IsFreshNcclId(entry, nccl_id) ? nccl_id : "";
+  worker.mutable_device()->clear_nccl_unique_id();
   worker.set_data_address(request.data_address());
   worker.set_metrics_address(request.metrics_address());
   worker.set_node_name(request.node_name());
@@ -180,6 +188,9 @@ absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
   }
   TouchLocked(*entry, clock_->Now());
   entry->worker.set_current_instruction(request.current_instruction());
+  if (IsFreshNcclId(*entry, request.nccl_unique_id())) {
+    entry->nccl_unique_id = request.nccl_unique_id();
+  }
   return absl::OkStatus();
 }
 
@@ -265,6 +276,24 @@ std::vector<std::string> WorkerRegistry::ReadyWorkers() const {
     if (entry.worker.state() == v1::READY) ids.push_back(entry.worker.id());
   }
   return ids;
+}
+
+absl::StatusOr<std::string> WorkerRegistry::NcclUniqueId(const std::string& worker_id) const {
+  AnnotatedMutexLock lock(&mu_);
+  const Entry* entry = FindLocked(worker_id);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
+  }
+  return entry->nccl_unique_id;
+}
+
+bool WorkerRegistry::ConsumeNcclUniqueId(const std::string& worker_id, const std::string& id) {
+  AnnotatedMutexLock lock(&mu_);
+  Entry* entry = FindLocked(worker_id);
+  if (entry == nullptr || id.empty() || entry->nccl_unique_id != id) return false;
+  entry->consumed_nccl_id = id;
+  entry->nccl_unique_id.clear();
+  return true;
 }
 
 std::map<v1::WorkerState, int> WorkerRegistry::CountByState() const {

@@ -32,6 +32,17 @@
 // than `lease` has passed since its last heartbeat or registration. At exactly
 // `lease` it is still live, so a heartbeat that arrives on the deadline counts.
 //
+// NCCL unique ids (coordinator.proto DeviceInfo.nccl_unique_id): the
+// registry keeps each worker's current id apart from its v1::Worker, so List
+// and Get (which feed ListWorkers and REST /v1/workers) never carry it; the
+// id lets whoever holds it join that worker's NCCL bootstrap. Register sets
+// it (empty: the worker cannot join device groups), a heartbeat with a
+// non-empty id replaces it, and ConsumeNcclUniqueId clears it once a job
+// hands it to a device group, so it is never handed out twice: the last
+// consumed id, should the worker offer it again (a heartbeat repeated after
+// a lost response, or a re-registration before the assignment that used it
+// arrived), is ignored, across incarnations too.
+//
 // Thread-safety: every method is thread-safe. The loss listener runs outside
 // the registry's lock and may call back into the registry.
 #ifndef PIPETRAIN_COORDINATOR_REGISTRY_WORKER_REGISTRY_H_
@@ -102,7 +113,8 @@ class WorkerRegistry {
   //   INVALID_ARGUMENT: data_address is empty.
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
 
-  // Renews the lease of a live worker and stores its current_instruction.
+  // Renews the lease of a live worker and stores its current_instruction,
+  // and its nccl_unique_id when non-empty and not the one last consumed.
   // Possible errors:
   //   INVALID_ARGUMENT: worker_id empty or incarnation not positive.
   //   NOT_FOUND: no worker has this id (e.g. the coordinator restarted);
@@ -125,6 +137,17 @@ class WorkerRegistry {
   absl::StatusOr<v1::Worker> Get(const std::string& worker_id) const;
   // Ids of the READY workers, ordered by id number.
   std::vector<std::string> ReadyWorkers() const;
+
+  // The worker's current NCCL unique id (see above); empty when it has none
+  // or it was consumed and no fresh one has arrived yet.
+  // Possible errors: NOT_FOUND for an unknown id.
+  absl::StatusOr<std::string> NcclUniqueId(const std::string& worker_id) const;
+  // Clears the worker's NCCL unique id if it still is `id` (the one the
+  // caller read with NcclUniqueId and put into a device group), and returns
+  // true; false, changing nothing, when the worker is unknown, `id` is empty
+  // or the worker's id is another (already consumed, or replaced by a
+  // heartbeat since it was read).
+  bool ConsumeNcclUniqueId(const std::string& worker_id, const std::string& id);
 
   // Assigns all of `worker_ids` to `job_id`, or none of them. They become
   // ASSIGNED with job_id set.
@@ -164,6 +187,8 @@ class WorkerRegistry {
   struct Entry {
     v1::Worker worker;
     absl::Time last_seen;  // last heartbeat or registration
+    std::string nccl_unique_id;    // current; empty: none
+    std::string consumed_nccl_id;  // the last one consumed, any incarnation
   };
   struct Loss {
     std::string worker_id;
@@ -171,6 +196,8 @@ class WorkerRegistry {
     std::string reason;
   };
 
+  // Non-empty and not the entry's last consumed id.
+  static bool IsFreshNcclId(const Entry& entry, const std::string& id);
   absl::Status CheckRegistration(const v1::RegisterWorkerRequest& request) const;
   Entry& EntryForAddressLocked(const std::string& data_address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartIncarnationLocked(Entry& entry, const v1::RegisterWorkerRequest& request)

@@ -524,6 +524,109 @@ TEST(WorkerRegistryTest, Get_UnknownId_NotFound) {
   EXPECT_EQ(worker.status(), absl::NotFoundError("worker w-1 is not registered"));
 }
 
+// --------------------------------------------------------- NCCL unique ids
+
+v1::RegisterWorkerRequest RequestWithNcclId(int n, const std::string& id) {
+  v1::RegisterWorkerRequest request = Request(n);
+  request.mutable_device()->set_gpu_index(n);
+  request.mutable_device()->set_nccl_unique_id(id);
+  return request;
+}
+
+v1::HeartbeatRequest BeatWithNcclId(const std::string& worker, int64_t incarnation,
+                                    const std::string& id) {
+  v1::HeartbeatRequest request = Beat(worker, incarnation);
+  request.set_nccl_unique_id(id);
+  return request;
+}
+
+TEST(WorkerRegistryTest, NcclUniqueId_FromRegistration_KeptButNeverListed) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(RequestWithNcclId(1, "id-a")).ok());
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "id-a");
+  const v1::Worker worker = registry.Get("w-1").value();
+  EXPECT_EQ(worker.device().gpu_index(), 1);  // the other device facts stay
+  EXPECT_EQ(worker.device().gpu_model(), "H100");
+  EXPECT_EQ(worker.device().nccl_unique_id(), "");
+  ASSERT_EQ(registry.List().size(), 1u);
+  EXPECT_EQ(registry.List()[0].device().nccl_unique_id(), "");
+}
+
+TEST(WorkerRegistryTest, NcclUniqueId_WithoutOne_Empty) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "");
+  EXPECT_FALSE(registry.ConsumeNcclUniqueId("w-1", ""));
+}
+
+TEST(WorkerRegistryTest, NcclUniqueId_UnknownWorker_NotFound) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  EXPECT_EQ(registry.NcclUniqueId("w-1").status(),
+            absl::NotFoundError("worker w-1 is not registered"));
+  EXPECT_FALSE(registry.ConsumeNcclUniqueId("w-1", "id-a"));
+}
+
+TEST(WorkerRegistryTest, Heartbeat_WithNcclId_ReplacesItWithoutOne_KeepsIt) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(RequestWithNcclId(1, "id-a")).ok());
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1)).ok());
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "id-a");
+  ASSERT_TRUE(registry.Heartbeat(BeatWithNcclId("w-1", 1, "id-b")).ok());
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "id-b");
+  EXPECT_EQ(registry.Get("w-1")->device().nccl_unique_id(), "");
+}
+
+TEST(WorkerRegistryTest, Heartbeat_RejectedWithNcclId_IdNotStored) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(RequestWithNcclId(1, "id-a")).ok());
+  ASSERT_TRUE(registry.Register(RequestWithNcclId(1, "id-b")).ok());  // incarnation 2
+  EXPECT_EQ(registry.Heartbeat(BeatWithNcclId("w-1", 1, "id-old")).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "id-b");
+}
+
+TEST(WorkerRegistryTest, ConsumeNcclUniqueId_Current_ClearsOnceUntilAFreshOneArrives) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(RequestWithNcclId(1, "id-a")).ok());
+  EXPECT_TRUE(registry.ConsumeNcclUniqueId("w-1", "id-a"));
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "");
+  EXPECT_FALSE(registry.ConsumeNcclUniqueId("w-1", "id-a"));
+  // A worker repeating the consumed id does not get it handed out again.
+  ASSERT_TRUE(registry.Heartbeat(BeatWithNcclId("w-1", 1, "id-a")).ok());
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "");
+  ASSERT_TRUE(registry.Heartbeat(BeatWithNcclId("w-1", 1, "id-b")).ok());
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "id-b");
+}
+
+TEST(WorkerRegistryTest, ConsumeNcclUniqueId_ReplacedSinceRead_KeepsTheFreshOne) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(RequestWithNcclId(1, "id-a")).ok());
+  ASSERT_TRUE(registry.Heartbeat(BeatWithNcclId("w-1", 1, "id-b")).ok());
+  EXPECT_FALSE(registry.ConsumeNcclUniqueId("w-1", "id-a"));
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "id-b");
+}
+
+TEST(WorkerRegistryTest, Register_NewIncarnation_ReplacesNcclIdButNotWithAConsumedOne) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  ASSERT_TRUE(registry.Register(RequestWithNcclId(1, "id-a")).ok());
+  ASSERT_TRUE(registry.ConsumeNcclUniqueId("w-1", "id-a"));
+  // The same process re-registering before it learnt that id-a was used.
+  ASSERT_TRUE(registry.Register(RequestWithNcclId(1, "id-a")).ok());
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "");
+  ASSERT_TRUE(registry.Register(RequestWithNcclId(1, "id-c")).ok());
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "id-c");
+  ASSERT_TRUE(registry.Register(Request(1)).ok());  // now without NCCL
+  EXPECT_EQ(registry.NcclUniqueId("w-1").value(), "");
+}
+
 // ---------------------------------------------------------- AwaitReadyCount
 
 TEST(WorkerRegistryTest, AwaitReadyCount_EnoughReady_True) {

@@ -1,0 +1,75 @@
+// Device links: which of a job's compiled sends and receives may travel over
+// NCCL between GPUs of one host (LINK_PATH_DEVICE) instead of the data plane
+// (LINK_PATH_WIRE), and the DeviceGroups (NCCL communicators) that carry
+// them (DESIGN.md §6; docs/architecture.md, "The plan for NCCL in the data
+// plane"). Runs after compression_marking.h, on the training programs only:
+// evaluation programs stay on the wire.
+//
+// Rules:
+//  - Eligible stage: its member has a non-empty host and nccl_unique_id.
+//  - Candidate group: the eligible stages of one host, one per GPU. When
+//    two eligible stages of a host share a gpu_index, the lower stage keeps
+//    the GPU and the higher one stays out (NCCL refuses two ranks on one
+//    GPU). Several hosts give several groups.
+//  - Link a -> b (a, b in one candidate group): a's Sends to b of kind
+//    ACTIVATION or ACTIVATION_GRAD with an empty codec (compressed sends
+//    stay on the wire), in a's program order, and b's Recvs from a of those
+//    tensor keys (kind, micro_batch, unit), in b's program order. When the
+//    two key sequences are equal and non-empty, every one of those Sends
+//    and Recvs gets LINK_PATH_DEVICE; otherwise the whole ordered pair stays
+//    on the wire (NCCL matches in issue order, the wire by address).
+//    TIED_EMBEDDING_GRAD, UNIT_WEIGHTS and EVAL_ACTIVATION always stay on
+//    the wire.
+//  - Formed group: the stages of a candidate group that have at least one
+//    DEVICE instruction after the links are marked (Assignment.device_group
+//    is absent for a stage without one, so a candidate member without a
+//    device link is dropped; since each link has two ends, a formed group
+//    has >= 2 stages). Its links list every ordered pair marked DEVICE, by
+//    sender then receiver. Its stages ascend (rank r = stages[r]) and its
+//    nccl_unique_id is that of its lowest stage, the id owner. The owner's
+//    id is used up: the caller must not hand it to another group (the
+//    worker reports a fresh one, coordinator.proto HeartbeatRequest).
+//  - Every path in `programs` is recomputed (non-candidate stages and
+//    stale marks are reset to WIRE), so the pass is idempotent.
+//
+// Pure and thread-compatible. Requires members.size() == programs->size()
+// (checked: aborts otherwise). Peer stages out of range are left on the
+// wire.
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_DEVICE_LINKS_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_DEVICE_LINKS_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "proto/pipetrain/v1/plan.pb.h"
+
+namespace pipetrain {
+
+// What the planner knows about the worker of one stage (coordinator.proto
+// DeviceInfo: hostname, gpu_index and the worker's current nccl_unique_id).
+struct DeviceLinkMember {
+  std::string host;
+  int gpu_index = 0;
+  std::string nccl_unique_id;  // empty: the worker cannot join NCCL groups
+};
+
+struct DeviceLinkGroup {
+  v1::DeviceGroup group;    // stages ascending; the owner's id
+  int id_owner_stage = -1;  // == group.stages(0): the stage whose id it carries
+};
+
+struct DeviceLinkPlan {
+  std::vector<DeviceLinkGroup> groups;  // formed groups, by lowest stage
+  std::vector<int> group_of_stage;      // per stage: index into groups, or -1
+  // Ordered pairs (a, b) of one candidate group whose device-eligible
+  // sends a -> b stayed on the wire because the orders differ (for logs).
+  std::vector<std::pair<int, int>> order_differs;
+};
+
+DeviceLinkPlan PlanDeviceLinks(const std::vector<DeviceLinkMember>& members,
+                               std::vector<v1::Program>* programs);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_DEVICE_LINKS_H_

@@ -148,6 +148,33 @@ absl::StatusOr<NcclComm> NcclComm::Create(const NcclUniqueId& id, int nranks, in
   return NcclComm(comm, rank, nranks, device);
 }
 
+absl::StatusOr<NcclComm> NcclComm::Split(int color, int key) const {
+  if (!valid()) return EmptyCommError("Split");
+  ncclComm_t part = nullptr;
+  const absl::Status status = OnDevice(device_, [&]() -> absl::Status {
+    NCCL_RETURN_IF_ERROR(ncclCommSplit(comm_, color < 0 ? kNoColor : color, key, &part, nullptr));
+    return absl::OkStatus();
+  });
+  if (!status.ok()) {
+    if (part != nullptr) {
+      DeviceKeeper keeper;
+      ncclCommAbort(part);
+    }
+    return absl::Status(status.code(), absl::StrCat("NcclComm::Split(rank ", rank_, " of ", size_,
+                                                    ", color ", color, "): ", status.message()));
+  }
+  if (part == nullptr) return NcclComm();  // kNoColor: in no part
+  int rank = 0, size = 0;
+  const absl::Status described = OnDevice(device_, [&]() -> absl::Status {
+    NCCL_RETURN_IF_ERROR(ncclCommUserRank(part, &rank));
+    NCCL_RETURN_IF_ERROR(ncclCommCount(part, &size));
+    return absl::OkStatus();
+  });
+  NcclComm out(part, rank, size, device_);  // owns `part` from here, also on error
+  RETURN_IF_ERROR(described);
+  return out;
+}
+
 NcclComm::NcclComm(NcclComm&& other) noexcept
     : comm_(std::exchange(other.comm_, nullptr)),
       rank_(std::exchange(other.rank_, 0)),

@@ -113,6 +113,17 @@ class NcclComm {
   NcclComm& operator=(NcclComm&& other) noexcept;  // destroys the current one first
   ~NcclComm();                                     // Destroy(), error dropped
 
+  // Splits this communicator (ncclCommSplit): the ranks that pass the same
+  // color >= 0 form a new communicator, ranked by `key` (ties by their rank
+  // here); a rank passing kNoColor joins none and gets an empty one.
+  // Collective: every rank calls it, in the same order with respect to other
+  // collectives and splits, and it blocks until all have. How device groups
+  // give each link its own communicator (nccl_device_channel.h).
+  // FAILED_PRECONDITION if empty; INTERNAL if NCCL fails (a half-made
+  // communicator is aborted).
+  static constexpr int kNoColor = NCCL_SPLIT_NOCOLOR;
+  absl::StatusOr<NcclComm> Split(int color, int key) const;
+
   bool valid() const { return comm_ != nullptr; }
   int rank() const { return rank_; }      // 0 when empty
   int size() const { return size_; }      // nranks; 0 when empty

@@ -221,6 +221,7 @@ TEST(NcclCommTest, Operations_EmptyHandle_FailedPrecondition) {
       << all_reduce;
   EXPECT_EQ(comm.Send(&x, 1, 0, nullptr).code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(comm.Recv(&x, 1, 0, nullptr).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(comm.Split(0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(NcclCommTest, CheckPeer_OutsideRanks_InvalidArgument) {
@@ -359,6 +360,37 @@ TEST_F(NcclGpuTest, SendRecv_SelfInOneGroup_MovesDataExactly) {
     ASSERT_TRUE(out.ok()) << out.status();
     EXPECT_TRUE(AllClose(absl::StrCat("self send/recv n=", n), *out, input, 0.0f, 0.0f));
   }
+}
+
+// A split with one color is a communicator of its own (same rank and
+// size) that works while the original does, and outlives it; kNoColor
+// gives an empty one.
+TEST_F(NcclGpuTest, Split_OneRank_IndependentCommunicatorOrNone) {
+  absl::StatusOr<NcclComm> comm = OneRankComm();
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  absl::StatusOr<NcclComm> none = comm->Split(NcclComm::kNoColor, 0);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->valid());
+  absl::StatusOr<NcclComm> part = comm->Split(/*color=*/3, /*key=*/0);
+  ASSERT_TRUE(part.ok()) << part.status();
+  ASSERT_TRUE(part->valid());
+  EXPECT_NE(part->get(), comm->get());
+  EXPECT_EQ(part->rank(), 0);
+  EXPECT_EQ(part->size(), 1);
+  EXPECT_EQ(part->device(), 0);
+  absl::StatusOr<CudaStream> stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const int64_t n = 1000;
+  const std::vector<float> input = RandomNormal(/*seed=*/400, n, 0.0f, 1.0f);
+  absl::StatusOr<DeviceBuffer<float>> buffer = DeviceBuffer<float>::FromHost(input);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  ASSERT_TRUE(comm->AllReduceSum(buffer->data(), buffer->data(), n, stream->get()).ok());
+  ASSERT_TRUE(comm->Destroy().ok());
+  ASSERT_TRUE(part->AllReduceSum(buffer->data(), buffer->data(), n, stream->get()).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  absl::StatusOr<std::vector<float>> out = buffer->ToHost();
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(AllClose("all-reduce on the split", *out, input, 0.0f, 0.0f));
 }
 
 // --- One GPU, two ranks ---

@@ -42,12 +42,14 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/tensor.h"
 #include "kernels/cpu/adamw.h"
+#include "worker/model/device_channel.h"
 
 namespace pipetrain {
 
@@ -58,6 +60,7 @@ struct DeviceFacts {
   std::string name;          // e.g. "NVIDIA H100 80GB HBM3"
   int64_t memory_bytes = 0;  // device memory
   int sm_count = 0;          // streaming multiprocessors
+  int index = 0;             // the device ordinal (e.g. 1 for cuda:1)
 };
 
 // Total time and call count of one op (see "Op timing" above).
@@ -142,6 +145,25 @@ class Backend {
                                                 const std::string& /*payload*/,
                                                 const Shape& /*shape*/) {
     return absl::UnimplementedError(absl::StrCat(Describe(), " has no device codec"));
+  }
+
+  // --- Device groups (plan.proto DeviceGroup; device_channel.h): NCCL
+  // between the GPUs of one host.
+  // A fresh communicator id to report at registration (DeviceInfo.
+  // nccl_unique_id): NcclUniqueId::ToBytes. Its bootstrap root listens in
+  // this process until a group created with it is complete. UNIMPLEMENTED
+  // where the backend cannot join groups (the CPU backend).
+  virtual absl::StatusOr<std::string> NewDeviceGroupId() {
+    return absl::UnimplementedError(absl::StrCat(Describe(), " cannot join device groups"));
+  }
+  // Joins `group` as `stage` (DeviceGroupRank's rules) and returns its
+  // channel, whose tensors live on this backend's device and are ordered
+  // with its ops. Blocks until every member has joined. The backend must
+  // outlive the channel. UNIMPLEMENTED as NewDeviceGroupId; INVALID_ARGUMENT
+  // for a bad group or id; INTERNAL if the device or NCCL fails.
+  virtual absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup(
+      const DeviceGroupSpec& /*group*/, int /*stage*/) {
+    return absl::UnimplementedError(absl::StrCat(Describe(), " cannot join device groups"));
   }
 
   // --- Ops, each the twin of the kernels/cpu function of the same name

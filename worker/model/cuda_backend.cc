@@ -25,8 +25,10 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gelu.h"
 #include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/nccl_comm.h"
 #include "kernels/cuda/quantize.h"
 #include "kernels/compress/codec_spec.h"
+#include "worker/model/nccl_device_channel.h"
 
 namespace pipetrain {
 namespace {
@@ -122,7 +124,7 @@ class CudaBackendImpl final : public Backend {
  public:
   CudaBackendImpl(const CudaDeviceInfo& info, cudaStream_t stream, CublasHandle cublas)
       : device_(info.index),
-        facts_{info.name, info.total_memory_bytes, info.sm_count},
+        facts_{info.name, info.total_memory_bytes, info.sm_count, info.index},
         stream_(stream),
         cublas_(std::move(cublas)) {}
   ~CudaBackendImpl() override {
@@ -156,6 +158,9 @@ class CudaBackendImpl final : public Backend {
   absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec) override;
   absl::StatusOr<Tensor> DecodeOnDevice(const std::string& spec, const std::string& payload,
                                         const Shape& shape) override;
+  absl::StatusOr<std::string> NewDeviceGroupId() override;
+  absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup(const DeviceGroupSpec& group,
+                                                                 int stage) override;
   void CopyFromHost(const Tensor& host, Tensor* dst) override;
   void Fill(Tensor* t, float value) override;
 
@@ -500,6 +505,20 @@ std::unique_ptr<PendingDownload> CudaBackendImpl::StartDownload(const Tensor& t)
     return std::make_unique<StreamDownload>(device_, Tensor(), nullptr, status_);
   }
   return std::make_unique<StreamDownload>(device_, std::move(host), done, absl::OkStatus());
+}
+
+absl::StatusOr<std::string> CudaBackendImpl::NewDeviceGroupId() {
+  ASSIGN_OR_RETURN(NcclUniqueId id, NcclUniqueId::Create());
+  return id.ToBytes();
+}
+
+absl::StatusOr<std::unique_ptr<DeviceChannel>> CudaBackendImpl::JoinDeviceGroup(
+    const DeviceGroupSpec& group, int stage) {
+  RETURN_IF_ERROR(status_);
+  // The channel allocates what it receives from this backend's cache, in
+  // this stream's order (nccl_device_channel.h).
+  return CreateNcclDeviceChannel(group, stage, device_, stream_,
+                                 [this](const Shape& shape) { return Allocate(shape, false); });
 }
 
 absl::StatusOr<std::string> CudaBackendImpl::EncodeOnDevice(const Tensor& t,

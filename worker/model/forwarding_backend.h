@@ -46,6 +46,11 @@ class ForwardingBackend : public Backend {
   }
   void CopyFromHost(const Tensor& host, Tensor* dst) override { inner_->CopyFromHost(host, dst); }
   void Fill(Tensor* t, float value) override { inner_->Fill(t, value); }
+  absl::StatusOr<std::string> NewDeviceGroupId() override { return inner_->NewDeviceGroupId(); }
+  absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup(const DeviceGroupSpec& group,
+                                                                 int stage) override {
+    return inner_->JoinDeviceGroup(group, stage);
+  }
   absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec) override {
     return inner_->EncodeOnDevice(t, spec);
   }

@@ -47,6 +47,16 @@ void CountTransfer(const WireTensor& wire, double codec_seconds, LinkStats* stat
   stats->codec_seconds += codec_seconds;
 }
 
+void AddLinkStats(const LinkStats& from, LinkStats* to) {
+  to->tensors += from.tensors;
+  to->compressed_tensors += from.compressed_tensors;
+  to->raw_bytes += from.raw_bytes;
+  to->wire_bytes += from.wire_bytes;
+  to->codec_seconds += from.codec_seconds;
+  to->error_sum += from.error_sum;
+  to->error_samples += from.error_samples;
+}
+
 void LinkCompressor::BeginIteration() {
   sampled_.clear();
   for (auto& [key, link] : links_) link.feedback.Flush();

@@ -60,6 +60,9 @@ struct LinkStats {
 // fp32 host copy that the device path exists to avoid).
 void CountTransfer(const WireTensor& wire, double codec_seconds, LinkStats* stats);
 
+// Adds every count of `from` to `to`.
+void AddLinkStats(const LinkStats& from, LinkStats* to);
+
 class LinkCompressor {
  public:
   void BeginIteration();

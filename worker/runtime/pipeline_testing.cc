@@ -4,6 +4,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/data/synthetic_text.h"
+#include "worker/runtime/in_process_device_channel.h"
 #include "worker/runtime/stage_runtime.h"
 #include "worker/train/local_trainer.h"
 #include "worker/transport/in_process_transport.h"
@@ -55,7 +56,8 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend) 
 
 RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
                       const std::vector<Range>& forward, const std::vector<Range>& backward,
-                      Schedule schedule, const std::function<Backend*(int stage)>& backend_of) {
+                      Schedule schedule, const std::function<Backend*(int stage)>& backend_of,
+                      const std::vector<DeviceLinkMember>* device_members) {
   const int stages = static_cast<int>(forward.size());
   const int units = NumUnits(c.model);
   auto programs =
@@ -64,6 +66,17 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
   auto eval_programs =
       CompileEvalPrograms(forward, units, (c.eval_windows + per - 1) / per).value();
   InProcessFabric fabric(stages);
+  InProcessDeviceHub hub(stages, absl::Seconds(30));
+  std::vector<std::unique_ptr<DeviceChannel>> channels(stages);
+  RunOutput out;
+  if (device_members != nullptr) {
+    const DeviceLinkPlan plan = PlanDeviceLinks(*device_members, &programs);
+    for (int s = 0; s < stages; ++s) {
+      if (plan.group_of_stage[s] < 0) continue;
+      channels[s] = hub.ChannelFor(s);
+      out.grouped_stages.push_back(s);
+    }
+  }
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   for (int s = 0; s < stages; ++s) {
@@ -71,6 +84,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
     StageSetup setup{"job-eq", c, s, stages, ToUnitRange(forward[s]), ToUnitRange(backward[s]),
                      programs[s], absl::Seconds(30), eval_programs[s]};
     if (backend_of != nullptr && backend_of(s) != nullptr) setup.backend = backend_of(s);
+    setup.device_channel = channels[s].get();
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }
   std::vector<std::vector<IterationResult>> results(stages);
@@ -99,7 +113,8 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
     });
   }
   for (auto& t : threads) t.join();
-  RunOutput out;
+  out.device_tensors = hub.sent();
+  EXPECT_EQ(hub.in_flight(), 0) << "device tensors sent and never received";
   for (int s = 0; s < stages; ++s) EXPECT_TRUE(errors[s].ok()) << errors[s];
   int loss_stage = 0;  // the forward owner of head reports the losses
   while (forward[loss_stage].end != units) ++loss_stage;
@@ -110,7 +125,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
   }
   out.val_losses = val_losses[loss_stage];
   for (int s = 0; s < stages; ++s) {
-    if (s != loss_stage) EXPECT_TRUE(val_losses[s].empty()) << "stage " << s;
+    if (s != loss_stage) {
+      EXPECT_TRUE(val_losses[s].empty()) << "stage " << s;
+    }
   }
   for (int s = 0; s < stages; ++s) {
     Backend* backend = backend_of != nullptr && backend_of(s) != nullptr ? backend_of(s)

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "worker/data/dataset.h"
@@ -32,6 +33,10 @@ struct RunOutput {
   std::vector<float> losses;
   std::vector<float> val_losses;
   std::map<std::string, std::vector<float>> weights;  // every copy must agree
+  // With device_members: tensors that went device to device, and the
+  // stages in a device group.
+  int64_t device_tensors = 0;
+  std::vector<int> grouped_stages;
 };
 
 // LocalTrainer on `backend` for kIterations steps.
@@ -39,11 +44,16 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend =
 
 // The pipeline of forward/backward ranges, one StageRuntime per stage on its
 // own thread over an in-process fabric; stage s computes on backend_of(s)
-// (the CPU when null). Failures are reported as test failures (EXPECT).
+// (the CPU when null). With `device_members` (one per stage), the training
+// programs are marked by the coordinator's PlanDeviceLinks and the stages
+// of its groups get channels of one InProcessDeviceHub for their
+// LINK_PATH_DEVICE instructions. Failures are reported as test failures
+// (EXPECT).
 RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
                       const std::vector<Range>& forward, const std::vector<Range>& backward,
                       Schedule schedule,
-                      const std::function<Backend*(int stage)>& backend_of = nullptr);
+                      const std::function<Backend*(int stage)>& backend_of = nullptr,
+                      const std::vector<DeviceLinkMember>* device_members = nullptr);
 
 }  // namespace testing
 }  // namespace pipetrain

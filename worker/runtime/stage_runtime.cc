@@ -48,6 +48,23 @@ absl::StatusOr<Tensor> TakeFrom(std::map<int, Tensor>& m, int key, const std::st
   return t;
 }
 
+// A LINK_PATH_DEVICE instruction needs the device group's channel and
+// carries a raw tensor made on the device (UNIT_WEIGHTS are packed on the
+// host); the coordinator marks no others (coordinator/planner/device_links.h).
+absl::Status CheckDevicePath(const v1::Instruction& in, bool have_channel) {
+  const bool device = (in.has_send() && in.send().path() == v1::LINK_PATH_DEVICE) ||
+                      (in.has_recv() && in.recv().path() == v1::LINK_PATH_DEVICE);
+  if (!device) return absl::OkStatus();
+  const v1::TensorKind kind = in.has_send() ? in.send().tensor().kind() : in.recv().tensor().kind();
+  const char* wrong = !have_channel                          ? "the worker joined no device group"
+                      : in.has_send() && !in.send().codec().empty() ? "it is compressed"
+                      : kind == v1::UNIT_WEIGHTS             ? "UNIT_WEIGHTS are packed on the host"
+                                                             : nullptr;
+  if (wrong == nullptr) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("\"", DescribeInstruction(in), "\" cannot take the device path: ", wrong));
+}
+
 int64_t WeightCount(Unit& unit) {
   int64_t n = 0;
   for (const Parameter* p : unit.parameters()) n += p->value.numel();
@@ -105,6 +122,11 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
   }
   if (setup.num_stages > 1 && transport == nullptr) {
     return absl::InvalidArgumentError("a multi-stage program needs a transport");
+  }
+  for (const v1::Program* program : {&setup.program, &setup.eval_program}) {
+    for (const v1::Instruction& in : program->instructions()) {
+      RETURN_IF_ERROR(CheckDevicePath(in, setup.device_channel != nullptr));
+    }
   }
   return std::unique_ptr<StageRuntime>(new StageRuntime(setup, dataset, transport));
 }
@@ -486,6 +508,13 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
   }
   const TensorAddress address = MakeAddress(setup_.job_id, iteration, key);
   const std::pair<int, std::string> link{s.peer_stage(), v1::TensorKind_Name(key.kind())};
+  if (s.path() == v1::LINK_PATH_DEVICE) {
+    // Device to device, in program order (the peer receives in the same
+    // order): queued here, behind the work that made the tensor.
+    RETURN_IF_ERROR(NameSend(setup_.device_channel->Send(s.peer_stage(), tensor), s, address));
+    CountTransfer(WireTensor::Raw(tensor), 0, &device_sent_stats_[link]);
+    return absl::OkStatus();
+  }
   // A tensor whose codec the backend has on its device is encoded there:
   // only the payload crosses to the host. Error-feedback sends keep their
   // residual on the host, so they take the host path below, as does
@@ -526,9 +555,11 @@ absl::Status StageRuntime::DrainSends(IterationResult* result) {
   absl::Status status = sends_.Drain();
   if (result != nullptr) {
     result->phase_seconds["send"] += SecondsSince(start);
-    for (auto& [link, stats] : sent_stats_) result->sent[link] = stats;
+    for (auto& [link, stats] : sent_stats_) AddLinkStats(stats, &result->sent[link]);
+    for (auto& [link, stats] : device_sent_stats_) AddLinkStats(stats, &result->sent[link]);
   }
   sent_stats_.clear();
+  device_sent_stats_.clear();
   return status;
 }
 
@@ -541,8 +572,6 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
     weights_of = OwnedUnit(key.unit());
     if (weights_of == nullptr) return Internal(absl::StrCat("unit ", key.unit(), " is not owned here"));
   }
-  ASSIGN_OR_RETURN(WireTensor wire,
-                   transport_->RecvWire(r.peer_stage(), address, setup_.recv_timeout));
   const GptConfig& m = setup_.train.model;
   const int per = setup_.train.batch_size / setup_.train.micro_batches;
   Shape expected{per, setup_.train.seq_len, m.d_model};
@@ -553,6 +582,16 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   if (weights_of != nullptr) expected = {WeightCount(*weights_of)};
   const std::string what = absl::StrCat(address.DebugString(), " from stage ", r.peer_stage());
   LinkStats& link = result->received[{r.peer_stage(), v1::TensorKind_Name(key.kind())}];
+  if (r.path() == v1::LINK_PATH_DEVICE) {
+    absl::StatusOr<Tensor> t = setup_.device_channel->Recv(r.peer_stage(), expected);
+    if (!t.ok()) {
+      return absl::Status(t.status().code(), absl::StrCat(what, ": ", t.status().message()));
+    }
+    CountTransfer(WireTensor::Raw(*t), 0, &link);
+    return Store(key, *std::move(t), weights_of);
+  }
+  ASSIGN_OR_RETURN(WireTensor wire,
+                   transport_->RecvWire(r.peer_stage(), address, setup_.recv_timeout));
   Tensor t;
   bool on_device = false;
   // A payload the backend can decode on its device is decoded there: no
@@ -586,6 +625,10 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
     // it); packed weights are unpacked from the host copy.
     if (weights_of == nullptr) t = setup_.backend->UploadAsync(t);
   }
+  return Store(key, std::move(t), weights_of);
+}
+
+absl::Status StageRuntime::Store(const v1::TensorKey& key, Tensor t, Unit* weights_of) {
   switch (key.kind()) {
     case v1::ACTIVATION: activations_[{key.micro_batch(), key.unit()}] = t; break;
     case v1::ACTIVATION_GRAD: grads_in_[key.micro_batch()] = t; break;

@@ -39,6 +39,7 @@
 #include "common/annotated_mutex.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/data/dataset.h"
+#include "worker/model/device_channel.h"
 #include "worker/model/unit.h"
 #include "worker/runtime/link_compressor.h"
 #include "worker/runtime/send_queue.h"
@@ -63,6 +64,10 @@ struct StageSetup {
   // Where the units compute (not owned; outlives the runtime). Tensors cross
   // the transport on the host: sends download, receives upload.
   Backend* backend = CpuBackend();
+  // The device group's channel (not owned; outlives the runtime), which
+  // carries the program's LINK_PATH_DEVICE sends and receives device to
+  // device (worker/model/device_channel.h); null when the program has none.
+  DeviceChannel* device_channel = nullptr;
 };
 
 struct IterationResult {
@@ -85,9 +90,10 @@ struct IterationResult {
 class StageRuntime {
  public:
   // INVALID_ARGUMENT when the setup is inconsistent (a range outside the
-  // model, both ranges empty, config invalid). `dataset` (must outlive the
-  // runtime) is needed by stages with embed or head; `transport` by stages
-  // with peers.
+  // model, both ranges empty, config invalid, a LINK_PATH_DEVICE send or
+  // receive without a device_channel, with a codec, or of UNIT_WEIGHTS,
+  // which are packed on the host). `dataset` (must outlive the runtime) is
+  // needed by stages with embed or head; `transport` by stages with peers.
   static absl::StatusOr<std::unique_ptr<StageRuntime>> Create(const StageSetup& setup,
                                                               const Dataset* dataset,
                                                               Transport* transport);
@@ -131,6 +137,9 @@ class StageRuntime {
   // `result`, if given); moves what they sent into result->sent.
   absl::Status DrainSends(IterationResult* result);
   absl::Status Recv(const v1::Instruction::Recv& r, int64_t iteration, IterationResult* result);
+  // Puts a received tensor where the program reads it (weights_of: the unit
+  // whose UNIT_WEIGHTS `t` holds, else null).
+  absl::Status Store(const v1::TensorKey& key, Tensor t, Unit* weights_of);
   absl::Status AddTied();
   Unit* OwnedUnit(int index);
   bool IsBackwardUnit(int index) const;
@@ -181,6 +190,8 @@ class StageRuntime {
   // What the background sends sent since the last drain, by (peer stage,
   // tensor kind name): written by tasks on sends_, read after Drain.
   std::map<std::pair<int, std::string>, LinkStats> sent_stats_;
+  // What LINK_PATH_DEVICE sends sent since the last drain (the interpreter's).
+  std::map<std::pair<int, std::string>, LinkStats> device_sent_stats_;
   // Last: destroyed first, so queued sends finish while what they use exists.
   SendQueue sends_;
 };

@@ -1,0 +1,73 @@
+// DeviceChannel: tensors between the stages of one device group, device to
+// device (Instruction LINK_PATH_DEVICE; plan.proto DeviceGroup; the CUDA
+// issue, scope 5: NCCL p2p inside a node, the gRPC data plane across nodes
+// and as the fallback).
+//
+// Unlike the wire transport (worker/transport/transport.h), which matches a
+// receive to a send by the tensor's address, a channel matches in issue
+// order: the k-th Recv from stage p gets the k-th tensor p sent to this
+// stage. The coordinator marks a link LINK_PATH_DEVICE only where the two
+// programs name the same tensors in the same order
+// (coordinator/planner/device_links.h), so the runtime never reorders. The
+// receiver names the shape; what arrives is only raw fp32 (links that
+// compress stay on the wire).
+//
+// Implementations: NCCL between CUDA backends (Backend::JoinDeviceGroup;
+// one communicator and stream per link, so a tensor waiting for its
+// receiver holds up only later tensors of the same link:
+// nccl_device_channel.h), and an in-process one over host tensors for tests
+// on the CPU (worker/runtime/in_process_device_channel.h).
+//
+// Thread-compatible: one thread (the stage's job thread) calls Send and
+// Recv, in program order.
+#ifndef PIPETRAIN_WORKER_MODEL_DEVICE_CHANNEL_H_
+#define PIPETRAIN_WORKER_MODEL_DEVICE_CHANNEL_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+
+namespace pipetrain {
+
+class DeviceChannel {
+ public:
+  virtual ~DeviceChannel() = default;
+
+  // Queues `t` (on this stage's device) for stage `peer_stage`, behind the
+  // work queued so far on the backend that made it; returns without waiting
+  // for the peer. The channel keeps `t` alive until the peer has it, and
+  // later writes to `t` by the caller's backend are ordered after the send.
+  // INVALID_ARGUMENT if `peer_stage` is this stage or outside the group;
+  // the device's or library's error (INTERNAL) otherwise. After an error
+  // the channel is unusable (the peer's matching receive may never come):
+  // the caller fails the job.
+  virtual absl::Status Send(int peer_stage, const Tensor& t) = 0;
+
+  // The next tensor `peer_stage` sent to this stage, as a tensor of `shape`
+  // on this stage's device; work the caller queues afterwards runs after it
+  // has arrived. Errors as Send; where the implementation can tell, a tensor
+  // of another element count is INVALID_ARGUMENT (NCCL cannot: sizes must
+  // agree by construction, which the coordinator's order check provides).
+  virtual absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) = 0;
+};
+
+// A device group as its members join it (plan.proto DeviceGroup).
+struct DeviceGroupSpec {
+  std::string id;                          // the communicator id's bytes
+  std::vector<int> stages;                 // ascending; rank r is stages[r]
+  std::vector<std::pair<int, int>> links;  // (from, to) stages, in the group's order
+};
+
+// The rank of `stage` in `group`, after checking the group: at least two
+// distinct non-negative stages in ascending order, `stage` among them, and
+// links between two different members each, none listed twice; else
+// INVALID_ARGUMENT naming what is wrong.
+absl::StatusOr<int> DeviceGroupRank(const DeviceGroupSpec& group, int stage);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_DEVICE_CHANNEL_H_

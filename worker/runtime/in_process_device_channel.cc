@@ -1,0 +1,81 @@
+#include "worker/runtime/in_process_device_channel.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace pipetrain {
+
+class InProcessDeviceChannel final : public DeviceChannel {
+ public:
+  InProcessDeviceChannel(InProcessDeviceHub* hub, int stage) : hub_(hub), stage_(stage) {}
+
+  absl::Status Send(int peer_stage, const Tensor& t) override {
+    return hub_->Put(stage_, peer_stage, t);
+  }
+  absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) override {
+    return hub_->Take(peer_stage, stage_, shape);
+  }
+
+ private:
+  InProcessDeviceHub* hub_;
+  int stage_;
+};
+
+InProcessDeviceHub::InProcessDeviceHub(int num_stages, absl::Duration recv_timeout)
+    : num_stages_(num_stages), recv_timeout_(recv_timeout) {}
+
+std::unique_ptr<DeviceChannel> InProcessDeviceHub::ChannelFor(int stage) {
+  PT_CHECK(stage >= 0 && stage < num_stages_) << "stage " << stage << " of " << num_stages_;
+  return std::make_unique<InProcessDeviceChannel>(this, stage);
+}
+
+int64_t InProcessDeviceHub::sent() const {
+  AnnotatedMutexLock lock(&mu_);
+  return sent_;
+}
+
+int64_t InProcessDeviceHub::in_flight() const {
+  AnnotatedMutexLock lock(&mu_);
+  return in_flight_;
+}
+
+absl::Status InProcessDeviceHub::Put(int from, int to, const Tensor& t) {
+  if (to == from || to < 0 || to >= num_stages_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device channel of stage ", from, ": no peer stage ", to));
+  }
+  // A copy, as a device-to-device transfer makes one: later writes by the
+  // sender do not reach the receiver.
+  Tensor copy = t.Clone();
+  AnnotatedMutexLock lock(&mu_);
+  queues_[{from, to}].push_back(std::move(copy));
+  ++sent_;
+  ++in_flight_;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> InProcessDeviceHub::Take(int from, int to, const Shape& shape) {
+  if (from == to || from < 0 || from >= num_stages_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device channel of stage ", to, ": no peer stage ", from));
+  }
+  AnnotatedMutexLock lock(&mu_);
+  std::deque<Tensor>& queue = queues_[{from, to}];
+  auto ready = [&queue]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue.empty(); };
+  if (!mu_.AwaitWithTimeout(ready, recv_timeout_)) {
+    return absl::DeadlineExceededError(absl::StrCat("device channel: nothing from stage ", from,
+                                                    " to stage ", to, " within ",
+                                                    absl::FormatDuration(recv_timeout_)));
+  }
+  Tensor t = std::move(queue.front());
+  queue.pop_front();
+  --in_flight_;
+  if (t.numel() != NumElements(shape)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device channel: stage ", from, " sent ", ShapeToString(t.shape()), " to stage ", to,
+        ", which expected ", ShapeToString(shape), " (the two programs disagree on the order)"));
+  }
+  return t.Reshape(shape);
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,206 @@
+// LINK_PATH_DEVICE in the runtime (the CUDA issue, scope 5), on the CPU:
+// programs marked by the coordinator's PlanDeviceLinks, the stages of each
+// device group given channels of an InProcessDeviceHub (FIFO per pair, as
+// NCCL matches in issue order). DESIGN.md §4 must still hold bitwise: the
+// path a tensor takes changes nothing but where it travels. The NCCL channel
+// itself needs two GPUs and runs in no test here (nccl_device_channel.h).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "coordinator/planner/device_links.h"
+#include "coordinator/planner/partition.h"
+#include "coordinator/planner/schedule_compiler.h"
+#include "gtest/gtest.h"
+#include "worker/runtime/pipeline_testing.h"
+#include "worker/runtime/stage_runtime.h"
+#include "worker/transport/in_process_transport.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::kIterations;
+using testing::MakeDataset;
+using testing::RunLocal;
+using testing::RunOutput;
+using testing::RunPipeline;
+using testing::SmallConfig;
+
+// Stage s on `hosts[s]`, GPU s, each with an id of its own.
+std::vector<DeviceLinkMember> Members(const std::vector<std::string>& hosts) {
+  std::vector<DeviceLinkMember> members;
+  for (size_t s = 0; s < hosts.size(); ++s) {
+    members.push_back({hosts[s], static_cast<int>(s), "id-" + std::to_string(s)});
+  }
+  return members;
+}
+
+// The LINK_PATH_DEVICE sends of the programs the pipeline runs, per iteration.
+int DeviceSendsPerIteration(const TrainConfig& c, const std::vector<Range>& forward,
+                            const std::vector<Range>& backward, Schedule schedule,
+                            const std::vector<DeviceLinkMember>& members) {
+  auto programs = CompileBiPartitionPrograms(forward, backward, NumUnits(c.model),
+                                             c.micro_batches, schedule)
+                      .value();
+  PlanDeviceLinks(members, &programs);
+  int sends = 0;
+  for (const v1::Program& p : programs) {
+    for (const v1::Instruction& in : p.instructions()) {
+      sends += in.has_send() && in.send().path() == v1::LINK_PATH_DEVICE;
+    }
+  }
+  return sends;
+}
+
+void ExpectSameTraining(const RunOutput& pipe, const RunOutput& local) {
+  EXPECT_EQ(pipe.losses, local.losses);
+  EXPECT_EQ(pipe.val_losses, local.val_losses);
+  ASSERT_EQ(pipe.weights.size(), local.weights.size());
+  for (const auto& [name, values] : local.weights) {
+    EXPECT_EQ(pipe.weights.at(name), values) << name;
+  }
+}
+
+struct Case {
+  std::string name;
+  std::vector<Range> forward, backward;
+  std::string schedule;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+std::vector<Case> Cases() {
+  return {
+      {"P2_1f1b", {{0, 3}, {3, 6}}, {{0, 3}, {3, 6}}, "1f1b"},
+      {"P4_1f1b", {{0, 2}, {2, 3}, {3, 5}, {5, 6}}, {{0, 2}, {2, 3}, {3, 5}, {5, 6}}, "1f1b"},
+      {"P4_gpipe", {{0, 2}, {2, 3}, {3, 5}, {5, 6}}, {{0, 2}, {2, 3}, {3, 5}, {5, 6}}, "gpipe"},
+      // Bi-Partition: recompute, input routing and weight sync (UNIT_WEIGHTS
+      // stay on the wire) beside device links.
+      {"P3_BackwardCutFirst", {{0, 1}, {1, 4}, {4, 6}}, {{0, 2}, {2, 4}, {4, 6}}, "1f1b"},
+      {"P4_Staggered", {{0, 2}, {2, 3}, {3, 4}, {4, 6}}, {{0, 1}, {1, 3}, {3, 5}, {5, 6}},
+       "1f1b"},
+  };
+}
+
+class DevicePathTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(DevicePathTest, OneHost_EqualsSingleProcessBitwise) {
+  const Case& k = GetParam();
+  const TrainConfig c = SmallConfig();
+  const Dataset data = MakeDataset();
+  const Schedule schedule = ParseSchedule(k.schedule).value();
+  const auto members = Members(std::vector<std::string>(k.forward.size(), "host-a"));
+  const RunOutput local = RunLocal(c, data);
+  const RunOutput pipe =
+      RunPipeline(c, data, k.forward, k.backward, schedule, nullptr, &members);
+  ExpectSameTraining(pipe, local);
+  const int per_iteration = DeviceSendsPerIteration(c, k.forward, k.backward, schedule, members);
+  EXPECT_GT(per_iteration, 0);
+  EXPECT_EQ(pipe.device_tensors, int64_t{per_iteration} * kIterations);
+  EXPECT_GE(pipe.grouped_stages.size(), 2u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Plans, DevicePathTest, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) { return info.param.name; });
+
+// Two hosts: two groups, and the link between them on the wire.
+TEST(DevicePathMixedTest, TwoHosts_TwoGroupsAndTheWireBetween_EqualsSingleProcess) {
+  const TrainConfig c = SmallConfig();
+  const Dataset data = MakeDataset();
+  const std::vector<Range> ranges = {{0, 2}, {2, 3}, {3, 5}, {5, 6}};
+  const auto members = Members({"host-a", "host-a", "host-b", "host-b"});
+  const RunOutput local = RunLocal(c, data);
+  const RunOutput pipe =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, &members);
+  ExpectSameTraining(pipe, local);
+  EXPECT_EQ(pipe.grouped_stages, (std::vector<int>{0, 1, 2, 3}));
+  // Per micro-batch an activation and a gradient inside each group.
+  EXPECT_EQ(pipe.device_tensors, int64_t{2} * 2 * c.micro_batches * kIterations);
+}
+
+// --- StageRuntime::Create's checks of device-path instructions.
+
+StageSetup TwoStageSetup(v1::Program program) {
+  const TrainConfig c = SmallConfig();
+  StageSetup setup{"job-dev", c, 0, 2, ToUnitRange({0, 3}), ToUnitRange({0, 3}), program,
+                   absl::Seconds(5)};
+  return setup;
+}
+
+v1::Program OneSend(v1::TensorKind kind, const std::string& codec) {
+  v1::Program program;
+  v1::Instruction::Send* send = program.add_instructions()->mutable_send();
+  send->mutable_tensor()->set_kind(kind);
+  send->mutable_tensor()->set_unit(2);
+  send->set_peer_stage(1);
+  send->set_codec(codec);
+  send->set_path(v1::LINK_PATH_DEVICE);
+  return program;
+}
+
+// A channel that refuses every send (a device or NCCL error).
+class RefusingChannel : public DeviceChannel {
+ public:
+  absl::Status Send(int, const Tensor&) override {
+    return absl::InternalError("ncclSend failed: unhandled cuda error");
+  }
+  absl::StatusOr<Tensor> Recv(int, const Shape&) override {
+    return absl::InternalError("ncclRecv failed");
+  }
+};
+
+TEST(DevicePathCreateTest, DevicePathWithoutChannel_InvalidArgument) {
+  const Dataset data = MakeDataset();
+  InProcessFabric fabric(2);
+  auto transport = fabric.Connect(0);
+  auto runtime = StageRuntime::Create(TwoStageSetup(OneSend(v1::ACTIVATION, "")), &data,
+                                      transport.get());
+  ASSERT_FALSE(runtime.ok());
+  EXPECT_EQ(runtime.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(runtime.status().message(),
+                                "cannot take the device path: the worker joined no device group"))
+      << runtime.status();
+}
+
+TEST(DevicePathCreateTest, CompressedOrWeightsOnTheDevicePath_InvalidArgument) {
+  const Dataset data = MakeDataset();
+  InProcessFabric fabric(2);
+  auto transport = fabric.Connect(0);
+  RefusingChannel channel;
+  for (const auto& [program, why] :
+       {std::pair<v1::Program, std::string>{OneSend(v1::ACTIVATION, "fp16"), "it is compressed"},
+        {OneSend(v1::UNIT_WEIGHTS, ""), "UNIT_WEIGHTS are packed on the host"}}) {
+    StageSetup setup = TwoStageSetup(program);
+    setup.device_channel = &channel;
+    auto runtime = StageRuntime::Create(setup, &data, transport.get());
+    ASSERT_FALSE(runtime.ok()) << why;
+    EXPECT_EQ(runtime.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(runtime.status().message(), why)) << runtime.status();
+  }
+}
+
+// A channel's error fails the iteration, naming the send.
+TEST(DevicePathRunTest, ChannelError_FailsTheIterationNamingTheSend) {
+  const TrainConfig c = SmallConfig();
+  const Dataset data = MakeDataset();
+  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
+  auto programs = CompilePrograms(ranges, 6, c.micro_batches, Schedule::kOneFOneB).value();
+  PlanDeviceLinks(Members({"h", "h"}), &programs);
+  InProcessFabric fabric(2);
+  auto transport = fabric.Connect(0);
+  RefusingChannel channel;
+  StageSetup setup = TwoStageSetup(programs[0]);
+  setup.device_channel = &channel;
+  auto runtime = StageRuntime::Create(setup, &data, transport.get());
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+  absl::StatusOr<IterationResult> result = (*runtime)->RunIteration(0);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "send of ACTIVATION of unit 2"))
+      << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "ncclSend failed")) << result.status();
+}
+
+}  // namespace
+}  // namespace pipetrain

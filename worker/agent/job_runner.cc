@@ -4,6 +4,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/job_spec.h"
@@ -80,6 +81,31 @@ absl::Status JobRunner::AwaitAllStagesReady() {
   return absl::CancelledError("stopped at the start barrier");
 }
 
+absl::StatusOr<std::unique_ptr<DeviceChannel>> JobRunner::JoinDeviceGroup() {
+  const v1::DeviceGroup& proto = assignment_.device_group();
+  DeviceGroupSpec group{proto.nccl_unique_id(), {proto.stages().begin(), proto.stages().end()}, {}};
+  for (const v1::DeviceLink& link : proto.links()) {
+    group.links.push_back({link.from_stage(), link.to_stage()});
+  }
+  int device_sends = 0, device_recvs = 0;
+  for (const v1::Instruction& in : assignment_.program().instructions()) {
+    device_sends += in.has_send() && in.send().path() == v1::LINK_PATH_DEVICE;
+    device_recvs += in.has_recv() && in.recv().path() == v1::LINK_PATH_DEVICE;
+  }
+  const std::string what = absl::StrCat("stage ", assignment_.stage(), " joining device group [",
+                                        absl::StrJoin(group.stages, ", "), "]");
+  PT_LOG(INFO) << what << " on " << options_.backend->Describe();
+  absl::StatusOr<std::unique_ptr<DeviceChannel>> channel =
+      options_.backend->JoinDeviceGroup(group, assignment_.stage());
+  if (!channel.ok()) {
+    return absl::Status(channel.status().code(),
+                        absl::StrCat(what, ": ", channel.status().message()));
+  }
+  PT_LOG(INFO) << what << ": joined; " << device_sends << " sends and " << device_recvs
+               << " receives per iteration go device to device";
+  return channel;
+}
+
 absl::Status JobRunner::RunJob() {
   ASSIGN_OR_RETURN(ResolvedJobSpec job, ResolveJobSpec(assignment_.spec()));
   const CorpusSpec corpus{job.spec.data().path(), job.data_format, job.train.model.vocab_size,
@@ -100,6 +126,17 @@ absl::Status JobRunner::RunJob() {
                    options_.recv_timeout,
                    assignment_.eval_program(),
                    options_.backend};
+  // Declared before the runtime, which uses it, so it is destroyed after.
+  std::unique_ptr<DeviceChannel> device_channel;
+  const bool in_group = assignment_.device_group().stages_size() > 0;
+  if (in_group) {
+    // Joining blocks, without a timeout, until every member has joined:
+    // pass the start barrier first, so that a member that failed to start
+    // fails the job there instead of leaving the others inside NCCL.
+    RETURN_IF_ERROR(AwaitAllStagesReady());
+    ASSIGN_OR_RETURN(device_channel, JoinDeviceGroup());
+    setup.device_channel = device_channel.get();
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<StageRuntime> runtime,
                    StageRuntime::Create(setup, &dataset, transport.get()));
   {
@@ -110,7 +147,7 @@ absl::Status JobRunner::RunJob() {
     AnnotatedMutexLock lock(&mu_);
     runtime_ = nullptr;
   };
-  if (assignment_.num_stages() > 1) RETURN_IF_ERROR(AwaitAllStagesReady());
+  if (assignment_.num_stages() > 1 && !in_group) RETURN_IF_ERROR(AwaitAllStagesReady());
   const int64_t steps = job.train.steps;
   const bool upload = !job.spec.output().weights_path().empty();
   for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {

@@ -2,7 +2,9 @@
 //
 // Loads the job's corpus, connects the data plane, builds a StageRuntime,
 // waits at the start barrier until every stage of the job is ready (so no
-// tensor reaches a worker that has not taken its assignment yet), then runs
+// tensor reaches a worker that has not taken its assignment yet; a stage in
+// a device group passes the barrier first and then joins the group, whose
+// NCCL set-up waits for every member: Backend::JoinDeviceGroup), then runs
 // iterations start_iteration .. steps-1, reporting each to the
 // coordinator; after the last one it uploads the stage's weights (when the
 // job asks for a weights file) and reports finished. Any error is reported
@@ -77,6 +79,9 @@ class JobRunner {
   void Run();
   absl::Status RunJob();
   absl::Status AwaitAllStagesReady();
+  // The assignment's device group's channel, from the backend
+  // (Backend::JoinDeviceGroup); its error prefixed with the group.
+  absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup();
   void ReportError(const absl::Status& status);
 
   v1::Assignment assignment_;

@@ -90,6 +90,34 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
       grpc::CreateCustomChannel(options_.coordinator_address, credentials, args));
   link_ = std::make_unique<GrpcLink>(stub_.get(), this);
   device_ = CollectDeviceInfo(options_.backend);
+  device_.set_gpu_index(options_.backend->device_facts().index);
+  absl::StatusOr<std::string> group_id = options_.backend->NewDeviceGroupId();
+  if (group_id.ok()) {
+    AnnotatedMutexLock lock(&mu_);
+    group_id_ = *std::move(group_id);
+  } else if (group_id.status().code() != absl::StatusCode::kUnimplemented) {
+    PT_LOG(WARNING) << "no NCCL id: this worker's links stay on gRPC (" << group_id.status()
+                    << ")";
+  }
+}
+
+std::string WorkerAgent::GroupIdToReport() {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (!group_id_used_) return group_id_unreported_ ? group_id_ : "";
+    group_id_used_ = false;
+    group_id_.clear();
+  }
+  absl::StatusOr<std::string> fresh = options_.backend->NewDeviceGroupId();
+  if (!fresh.ok()) {
+    PT_LOG(WARNING) << "no new NCCL id: this worker seeds no more device groups (" << fresh.status()
+                    << ")";
+    return "";
+  }
+  AnnotatedMutexLock lock(&mu_);
+  group_id_ = *fresh;
+  group_id_unreported_ = true;
+  return *std::move(fresh);
 }
 
 WorkerAgent::~WorkerAgent() { Stop(); }
@@ -111,9 +139,14 @@ bool WorkerAgent::SleepUnlessStopped(absl::Duration d) {
 
 absl::Status WorkerAgent::RegisterWithRetry() {
   Backoff backoff(options_.backoff);
+  GroupIdToReport();  // a used id must not be offered again
   v1::RegisterWorkerRequest request;
   request.set_join_token(options_.join_token);
   *request.mutable_device() = device_;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    request.mutable_device()->set_nccl_unique_id(group_id_);
+  }
   request.set_data_address(data_plane_->address());
   request.set_metrics_address(options_.metrics_address);
   request.set_node_name(options_.node_name);
@@ -126,6 +159,7 @@ absl::Status WorkerAgent::RegisterWithRetry() {
       AnnotatedMutexLock lock(&mu_);
       worker_id_ = response.worker_id();
       incarnation_ = response.incarnation();
+      if (group_id_ == request.device().nccl_unique_id()) group_id_unreported_ = false;
       heartbeat_interval_ = absl::Seconds(std::max(0.05, response.heartbeat_interval_seconds()));
       PT_LOG(INFO) << "registered as " << worker_id_ << " (incarnation " << incarnation_
                    << "), data plane " << data_plane_->address();
@@ -207,6 +241,7 @@ void WorkerAgent::HeartbeatLoop() {
       interval = heartbeat_interval_;
     }
     request.set_current_instruction(current_instruction());
+    request.set_nccl_unique_id(GroupIdToReport());
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
     v1::HeartbeatResponse response;
@@ -222,6 +257,9 @@ void WorkerAgent::HeartbeatLoop() {
       if (watch_context_ != nullptr) watch_context_->TryCancel();  // reopen as the new one
     } else if (!s.ok()) {
       PT_LOG(WARNING) << "heartbeat failed: " << s.error_message();
+    } else if (!request.nccl_unique_id().empty()) {
+      AnnotatedMutexLock lock(&mu_);
+      if (group_id_ == request.nccl_unique_id()) group_id_unreported_ = false;
     }
     if (!SleepUnlessStopped(interval)) return;
   }
@@ -283,6 +321,9 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   JobRunnerOptions runner_options;
   {
     AnnotatedMutexLock lock(&mu_);
+    if (!group_id_.empty() && a.device_group().nccl_unique_id() == group_id_) {
+      group_id_used_ = true;
+    }
     runner_options.worker_id = worker_id_;
     runner_options.incarnation = incarnation_;
   }

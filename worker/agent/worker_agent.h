@@ -10,6 +10,11 @@
 //    breaks): RUN starts a JobRunner (replacing one of another job or plan
 //    version), STOP stops the runner of that job.
 // Stop() stops both, then deregisters (the coordinator shows it LEFT).
+//
+// Device groups: a worker whose backend can join NCCL groups reports a
+// fresh communicator id at registration (DeviceInfo.nccl_unique_id, with
+// its GPU's index). When an assignment's device group carries that id, the
+// coordinator has used it up: the next heartbeat brings a new one.
 // Thread-safe.
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_
@@ -69,6 +74,10 @@ class WorkerAgent {
   void Handle(const v1::Assignment& assignment);
   void StopRunner();
   void Deregister();  // once, after Stop() has stopped everything else
+  // The NCCL id for the next heartbeat: a fresh one when an assignment
+  // used group_id_, or one not yet delivered; empty otherwise, and when NCCL
+  // fails (the worker then seeds no more groups; its links stay on gRPC).
+  std::string GroupIdToReport();
   // Sleeps up to `d`; false when Stop() was called meanwhile.
   bool SleepUnlessStopped(absl::Duration d);
 
@@ -79,7 +88,7 @@ class WorkerAgent {
   IterationObserver observer_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::unique_ptr<GrpcLink> link_;
-  v1::DeviceInfo device_;
+  v1::DeviceInfo device_;  // set in the constructor, but for nccl_unique_id
 
   mutable AnnotatedMutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
@@ -89,6 +98,11 @@ class WorkerAgent {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::unique_ptr<JobRunner> runner_ ABSL_GUARDED_BY(mu_);
+  // This worker's current NCCL id (empty: none), and whether an assignment
+  // has carried it (then it is used up and a new one is made).
+  std::string group_id_ ABSL_GUARDED_BY(mu_);
+  bool group_id_used_ ABSL_GUARDED_BY(mu_) = false;
+  bool group_id_unreported_ ABSL_GUARDED_BY(mu_) = false;  // made after registering
   std::thread heartbeat_thread_, watch_thread_;
 };
 

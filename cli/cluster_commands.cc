@@ -134,7 +134,8 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Bool("epilogue-only", &o.epilogue_only, "compress only the cool-down's backward sends");
   f.String("worker-device", &o.worker_device,
            "the workers' --device: auto (CUDA when built with it and a GPU is visible) | cpu | "
-           "cuda | cuda:N");
+           "cuda | cuda:N | cuda:each (worker k on GPU k mod the visible GPUs, so that workers "
+           "on GPUs of their own exchange tensors over NCCL)");
   f.String("worker-gemm", &o.worker_gemm, "the workers' --gemm on CUDA: fp32 | tf32 | bf16");
   f.String("loss-log", &o.loss_log,
            "write every step's loss here, one per line at full float precision");
@@ -237,9 +238,16 @@ int RunUp(const std::vector<std::string>& args) {
     return Fail("up", absl::NotFoundError("cannot create --out directory " + o.out));
   }
   absl::Status valid = ResolveJobSpec(UpSpec(o)).status();
+  const bool each_gpu = o.worker_device == "cuda:each";
+  const int gpus = each_gpu ? VisibleCudaDevices() : 0;
+  if (valid.ok() && each_gpu && gpus == 0) {
+    valid = absl::FailedPreconditionError(absl::StrCat(
+        "--worker-device cuda:each: no CUDA device visible",
+        BuiltWithCuda() ? "" : " (this binary was built without CUDA: rebuild with --config=cuda)"));
+  }
   if (valid.ok()) {
     // The check is the workers' own; say which of up's flags it is about.
-    valid = ValidateDeviceFlags(o.worker_device, o.worker_gemm);
+    valid = ValidateDeviceFlags(each_gpu ? "cuda" : o.worker_device, o.worker_gemm);
     if (!valid.ok()) {
       valid = absl::Status(valid.code(), absl::StrCat("--worker-device/--worker-gemm (the "
                                                       "workers' flags): ", valid.message()));
@@ -258,7 +266,11 @@ int RunUp(const std::vector<std::string>& args) {
   cluster_options.workers = o.workers;
   cluster_options.dir = o.out;
   cluster_options.join_token = RandomToken();
-  cluster_options.worker_args = {"--device", o.worker_device, "--gemm", o.worker_gemm};
+  cluster_options.worker_args = {"--gemm", o.worker_gemm};
+  for (int k = 0; k < o.workers; ++k) {
+    cluster_options.per_worker_args.push_back(
+        {"--device", each_gpu ? absl::StrCat("cuda:", k % gpus) : o.worker_device});
+  }
   std::fprintf(stderr, "starting a coordinator and %d workers (logs in %s)\n", o.workers,
                o.out.c_str());
   auto cluster = LocalCluster::Start(cluster_options);

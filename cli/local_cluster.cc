@@ -66,6 +66,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                       "--join-token=" + options.join_token,
                                       absl::StrCat("--node-name=local-", i)};
     wargv.insert(wargv.end(), options.worker_args.begin(), options.worker_args.end());
+    if (i < static_cast<int>(options.per_worker_args.size())) {
+      const std::vector<std::string>& own = options.per_worker_args[i];
+      wargv.insert(wargv.end(), own.begin(), own.end());
+    }
     ASSIGN_OR_RETURN(Subprocess worker, Subprocess::Spawn(wargv, cluster->worker_log(i)));
     cluster->workers_.push_back(std::move(worker));
   }

@@ -25,6 +25,8 @@ struct LocalClusterOptions {
   std::string join_token;  // passed to the coordinator and every worker
   std::vector<std::string> coordinator_args;  // extra flags
   std::vector<std::string> worker_args;       // extra flags for every worker
+  // Per worker i < size(), flags after worker_args (e.g. its own --device).
+  std::vector<std::vector<std::string>> per_worker_args;
   absl::Duration start_timeout = absl::Seconds(30);
 };
 

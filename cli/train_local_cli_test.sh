@@ -103,6 +103,12 @@ expect_exit resume_missing 1 "NOT_FOUND" "$TMP/missing.ckpt" -- \
 expect_exit cuda_without_cuda_build 1 "built without CUDA" "--config=cuda" -- \
   train-local "${TINY[@]}" --device cuda
 expect_exit auto_is_cpu_here 0 "device cpu;" -- train-local "${TINY[@]}" --device auto
+# up checks its workers' device flags before starting anything; cuda:each
+# (a GPU per worker, for NCCL device groups) needs GPUs this process sees.
+expect_exit up_each_gpu_without_cuda 2 "--worker-device cuda:each: no CUDA device visible" \
+  "built without CUDA" -- up --out "$TMP/up-each" --worker-device cuda:each
+expect_exit up_worker_device_bogus 2 "--worker-device/--worker-gemm" "got 'gpu'" -- \
+  up --out "$TMP/up-bogus" --worker-device gpu
 
 # --- The command itself ---------------------------------------------------------
 expect_exit no_args 2 "usage: pipetrain" --

@@ -39,6 +39,8 @@ absl::StatusOr<SelectedBackend> Cuda(int device, const std::string& gemm) {
 
 bool BuiltWithCuda() { return cuda_hooks::Available(); }
 
+int VisibleCudaDevices() { return cuda_hooks::DeviceCount().value_or(0); }
+
 absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm) {
   if (gemm != "fp32" && gemm != "tf32" && gemm != "bf16") {
     return absl::InvalidArgumentError(

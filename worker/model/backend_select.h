@@ -26,6 +26,10 @@ namespace pipetrain {
 // Whether this binary contains the CUDA backend.
 bool BuiltWithCuda();
 
+// Visible CUDA devices: 0 in a binary built without CUDA or without a
+// device or driver.
+int VisibleCudaDevices();
+
 struct SelectedBackend {
   std::unique_ptr<Backend> owned;  // the CUDA backend; null for the CPU one
   Backend* backend = nullptr;      // never null on success

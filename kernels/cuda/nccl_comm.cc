@@ -69,6 +69,17 @@ absl::Status CheckCreateArgs(int nranks, int rank, int device) {
   return absl::OkStatus();
 }
 
+// A blocking init or split that fails after allocating hands the
+// communicator back unfreed: aborts it (aborting does not wait for the
+// other ranks) and returns `status` prefixed with `call`.
+absl::Status AbortHalfMade(ncclComm_t comm, const absl::Status& status, const std::string& call) {
+  if (comm != nullptr) {
+    DeviceKeeper keeper;
+    ncclCommAbort(comm);
+  }
+  return absl::Status(status.code(), absl::StrCat(call, ": ", status.message()));
+}
+
 }  // namespace
 
 namespace nccl_internal {
@@ -136,14 +147,8 @@ absl::StatusOr<NcclComm> NcclComm::Create(const NcclUniqueId& id, int nranks, in
     return absl::OkStatus();
   });
   if (!status.ok()) {
-    // A blocking init that fails after allocating hands the communicator
-    // back unfreed; abort it (aborting does not wait for the other ranks).
-    if (comm != nullptr) {
-      DeviceKeeper keeper;
-      ncclCommAbort(comm);
-    }
-    return absl::Status(status.code(), absl::StrCat("NcclComm::Create(rank ", rank, " of ", nranks,
-                                                    ", device ", device, "): ", status.message()));
+    return AbortHalfMade(comm, status, absl::StrCat("NcclComm::Create(rank ", rank, " of ", nranks,
+                                                    ", device ", device, ")"));
   }
   return NcclComm(comm, rank, nranks, device);
 }
@@ -156,12 +161,8 @@ absl::StatusOr<NcclComm> NcclComm::Split(int color, int key) const {
     return absl::OkStatus();
   });
   if (!status.ok()) {
-    if (part != nullptr) {
-      DeviceKeeper keeper;
-      ncclCommAbort(part);
-    }
-    return absl::Status(status.code(), absl::StrCat("NcclComm::Split(rank ", rank_, " of ", size_,
-                                                    ", color ", color, "): ", status.message()));
+    return AbortHalfMade(part, status, absl::StrCat("NcclComm::Split(rank ", rank_, " of ", size_,
+                                                    ", color ", color, ")"));
   }
   if (part == nullptr) return NcclComm();  // kNoColor: in no part
   int rank = 0, size = 0;

@@ -1,6 +1,9 @@
 #include "kernels/cuda/device_allocator.h"
 
+#include <map>
+
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 #include "kernels/cuda/cuda_status.h"
 
@@ -64,6 +67,22 @@ CachingAllocator& PinnedHostCachingAllocator() {
     return new CachingAllocator(new CudaPinnedRawAllocator(), options);
   }();
   return *allocator;
+}
+
+absl::StatusOr<CachingAllocator*> DeviceScratchCachingAllocator() {
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  static absl::Mutex mu(absl::kConstInit);
+  // Leaked on purpose, like the pinned allocator: by device index.
+  static auto* const by_device = new std::map<int, CachingAllocator*>();
+  absl::MutexLock lock(&mu);
+  CachingAllocator*& allocator = (*by_device)[device];
+  if (allocator == nullptr) {
+    CachingAllocator::Options options;
+    options.name = absl::StrCat("device ", device, " scratch allocator");
+    allocator = new CachingAllocator(new CudaDeviceRawAllocator(), options);
+  }
+  return allocator;
 }
 
 }  // namespace pipetrain

@@ -64,6 +64,13 @@ class CudaPinnedRawAllocator : public RawAllocator {
 // destructors may run after the CUDA runtime has shut down. Thread-safe.
 CachingAllocator& PinnedHostCachingAllocator();
 
+// The current device's process-wide caching allocator of device memory for
+// kernels' scratch (StreamScratch), created on first use and never
+// destroyed. One per device: blocks are keyed by stream, and the legacy
+// default stream (0) of each device must not share blocks with another's.
+// INTERNAL if CUDA cannot say which device is current. Thread-safe.
+absl::StatusOr<CachingAllocator*> DeviceScratchCachingAllocator();
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_CUDA_DEVICE_ALLOCATOR_H_

@@ -10,7 +10,7 @@
 #include "common/status_macros.h"
 #include "kernels/compress/payload.h"
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/stream_scratch.h"
 
 namespace pipetrain {
 namespace {
@@ -68,15 +68,17 @@ absl::StatusOr<std::string> Encode(const QuantCodec& codec, const float* x, cons
   w.F32(scale);
   const int64_t body_bytes = PackedBytes(n, codec.code_bits);
   if (body_bytes == 0) return out;
-  ASSIGN_OR_RETURN(DeviceBuffer<uint8_t> body, DeviceBuffer<uint8_t>::Create(body_bytes));
+  ASSIGN_OR_RETURN(StreamScratch body_block,
+                   StreamScratch::Create(static_cast<size_t>(body_bytes), stream));
+  uint8_t* body = body_block.as<uint8_t>();
   if (codec.id == CodecId::kLinear) {
-    RETURN_IF_ERROR(LinearPackCuda(x, n, codec.bits, scale, body.data(), stream));
+    RETURN_IF_ERROR(LinearPackCuda(x, n, codec.bits, scale, body, stream));
   } else {
-    RETURN_IF_ERROR(PiecewisePackCuda(x, n, codec.bits, scale, body.data(), stream));
+    RETURN_IF_ERROR(PiecewisePackCuda(x, n, codec.bits, scale, body, stream));
   }
   const size_t header = out.size();
   out.resize(header + static_cast<size_t>(body_bytes));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&out[header], body.data(), body_bytes,
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&out[header], body, body_bytes,
                                        cudaMemcpyDeviceToHost, stream));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return out;
@@ -121,15 +123,16 @@ absl::StatusOr<Shape> Decode(const QuantCodec& codec, absl::string_view payload,
   if (n == 0) return shape;
   absl::string_view host_body;
   r.Bytes(r.remaining(), &host_body);  // Its length was checked by ReadParams.
-  ASSIGN_OR_RETURN(DeviceBuffer<uint8_t> body,
-                   DeviceBuffer<uint8_t>::Create(static_cast<int64_t>(host_body.size())));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(body.data(), host_body.data(), host_body.size(),
+  ASSIGN_OR_RETURN(StreamScratch body_block, StreamScratch::Create(host_body.size(), stream));
+  uint8_t* body = body_block.as<uint8_t>();
+  // From pageable memory the copy has read `host_body` when it returns.
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(body, host_body.data(), host_body.size(),
                                        cudaMemcpyHostToDevice, stream));
   if (codec.id == CodecId::kLinear) {
-    RETURN_IF_ERROR(LinearUnpackCuda(body.data(), n, codec.bits, scale, out, stream));
+    RETURN_IF_ERROR(LinearUnpackCuda(body, n, codec.bits, scale, out, stream));
   } else {
-    RETURN_IF_ERROR(PiecewiseUnpackCuda(body.data(), n, codec.bits, scale, out, stream));
-    // The body buffer is freed on return: the kernel must be done with it.
+    RETURN_IF_ERROR(PiecewiseUnpackCuda(body, n, codec.bits, scale, out, stream));
+    // The *Decode functions wait for the stream (quantize.h).
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   }
   return shape;

@@ -10,7 +10,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/stream_scratch.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/quantize.h"
 
@@ -233,19 +233,21 @@ absl::StatusOr<MaxAbsScan> MaxAbsScanCuda(const float* x, int64_t n, cudaStream_
   MaxAbsScan scan;
   if (n == 0) return scan;
   const int blocks = ElementwiseBlocks(n);
-  ASSIGN_OR_RETURN(DeviceBuffer<float> partial, DeviceBuffer<float>::Create(blocks + 1));
-  ASSIGN_OR_RETURN(auto flag, DeviceBuffer<unsigned long long>::Create(1));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag.data(), 0xff, sizeof(unsigned long long), stream));
-  MaxAbsPartialKernel<<<blocks, kElementwiseThreads, 0, stream>>>(x, n, partial.data(),
-                                                                  flag.data());
+  ASSIGN_OR_RETURN(StreamScratch partial_block,
+                   StreamScratch::Create((blocks + 1) * sizeof(float), stream));
+  ASSIGN_OR_RETURN(StreamScratch flag_block,
+                   StreamScratch::Create(sizeof(unsigned long long), stream));
+  float* partial = partial_block.as<float>();
+  unsigned long long* flag = flag_block.as<unsigned long long>();
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0xff, sizeof(unsigned long long), stream));
+  MaxAbsPartialKernel<<<blocks, kElementwiseThreads, 0, stream>>>(x, n, partial, flag);
   CUDA_CHECK_LAUNCH("MaxAbsPartialKernel");
-  MaxAbsFinalKernel<<<1, kElementwiseThreads, 0, stream>>>(partial.data(), blocks,
-                                                           partial.data() + blocks);
+  MaxAbsFinalKernel<<<1, kElementwiseThreads, 0, stream>>>(partial, blocks, partial + blocks);
   CUDA_CHECK_LAUNCH("MaxAbsFinalKernel");
   unsigned long long first_bad = kNoBadElement;
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&scan.max_abs, partial.data() + blocks, sizeof(float),
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&scan.max_abs, partial + blocks, sizeof(float),
                                        cudaMemcpyDeviceToHost, stream));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&first_bad, flag.data(), sizeof(first_bad),
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&first_bad, flag, sizeof(first_bad),
                                        cudaMemcpyDeviceToHost, stream));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   if (first_bad != kNoBadElement) {
@@ -279,13 +281,15 @@ absl::Status LinearUnpackCuda(const uint8_t* body, int64_t n, int bits, float st
   RETURN_IF_ERROR(CheckArgs(kOp, n, bits, 2, 16, step, "step"));
   if (n == 0) return absl::OkStatus();
   const int64_t qmax = (int64_t{1} << (bits - 1)) - 1;
-  ASSIGN_OR_RETURN(auto flag, DeviceBuffer<unsigned long long>::Create(1));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag.data(), 0xff, sizeof(unsigned long long), stream));
+  ASSIGN_OR_RETURN(StreamScratch flag_block,
+                   StreamScratch::Create(sizeof(unsigned long long), stream));
+  unsigned long long* flag = flag_block.as<unsigned long long>();
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0xff, sizeof(unsigned long long), stream));
   LinearUnpackKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(
-      body, n, bits, step, qmax, out, flag.data());
+      body, n, bits, step, qmax, out, flag);
   CUDA_CHECK_LAUNCH("LinearUnpackKernel");
   unsigned long long first_bad = kNoBadElement;
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&first_bad, flag.data(), sizeof(first_bad),
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&first_bad, flag, sizeof(first_bad),
                                        cudaMemcpyDeviceToHost, stream));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   if (first_bad == kNoBadElement) return absl::OkStatus();

@@ -25,8 +25,9 @@
 // floats); the "first bad element" flags use an integer atomicMin, whose
 // result does not depend on the order. Equal inputs give equal outputs.
 //
-// Memory: each call allocates its scratch with cudaMalloc (a few KiB plus
-// the body) until the caching allocator (issue 6, scope 3) exists.
+// Memory: each call's scratch (a few KiB plus the body) comes from the
+// device's scratch cache keyed by `stream` (stream_scratch.h): no cudaMalloc
+// or cudaFree, which would wait for the whole device, once warm.
 //
 // Synchronisation: functions that return a host result or a data-dependent
 // status (MaxAbsScanCuda, the *Encode/*Decode functions, LinearUnpackCuda)
@@ -61,8 +62,7 @@ struct MaxAbsScan {
 
 // Requires n >= 0 and x a device pointer to n floats (may be null when
 // n == 0). Waits for `stream`. INVALID_ARGUMENT if n < 0; INTERNAL on a
-// CUDA failure, including a failed scratch cudaMalloc (DeviceBuffer::Create
-// reports out of memory as INTERNAL, not RESOURCE_EXHAUSTED).
+// CUDA failure; RESOURCE_EXHAUSTED when no scratch fits on the device.
 absl::StatusOr<MaxAbsScan> MaxAbsScanCuda(const float* x, int64_t n,
                                           cudaStream_t stream = nullptr);
 

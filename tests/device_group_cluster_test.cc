@@ -9,6 +9,7 @@
 // channels bitwise like single-process training, and the worker whose id
 // was used reports a fresh one, which the next job's group carries.
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,11 +49,38 @@ struct Join {
   int stage = 0;
 };
 
+// One in-process hub per group id, as NCCL makes a communicator per id.
+class Hubs {
+ public:
+  InProcessDeviceHub* For(const std::string& id) {
+    AnnotatedMutexLock lock(&mu_);
+    auto& hub = hubs_[id];
+    if (hub == nullptr) hub = std::make_unique<InProcessDeviceHub>(kWorkers, absl::Seconds(30));
+    return hub.get();
+  }
+  // Over every group: tensors sent, and sent but never received.
+  int64_t sent() const {
+    AnnotatedMutexLock lock(&mu_);
+    int64_t n = 0;
+    for (const auto& [id, hub] : hubs_) n += hub->sent();
+    return n;
+  }
+  int64_t in_flight() const {
+    AnnotatedMutexLock lock(&mu_);
+    int64_t n = 0;
+    for (const auto& [id, hub] : hubs_) n += hub->in_flight();
+    return n;
+  }
+
+ private:
+  mutable AnnotatedMutex mu_;
+  std::map<std::string, std::unique_ptr<InProcessDeviceHub>> hubs_ ABSL_GUARDED_BY(mu_);
+};
+
 // The CPU backend posing as GPU `index` that can join device groups.
 class FakeGpu : public ForwardingBackend {
  public:
-  FakeGpu(int index, InProcessDeviceHub* hub)
-      : ForwardingBackend(CpuBackend()), index_(index), hub_(hub) {}
+  FakeGpu(int index, Hubs* hubs) : ForwardingBackend(CpuBackend()), index_(index), hubs_(hubs) {}
 
   DeviceFacts device_facts() const override {
     DeviceFacts facts;
@@ -69,7 +97,7 @@ class FakeGpu : public ForwardingBackend {
     if (!rank.ok()) return rank.status();
     AnnotatedMutexLock lock(&mu_);
     joins_.push_back({group, stage});
-    return hub_->ChannelFor(stage);
+    return hubs_->For(group.id)->ChannelFor(stage);
   }
 
   std::vector<Join> joins() const {
@@ -79,7 +107,7 @@ class FakeGpu : public ForwardingBackend {
 
  private:
   const int index_;
-  InProcessDeviceHub* hub_;
+  Hubs* hubs_;
   mutable AnnotatedMutex mu_;
   int ids_made_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Join> joins_ ABSL_GUARDED_BY(mu_);
@@ -119,7 +147,7 @@ std::vector<float> LocalLosses(const v1::JobSpec& spec) {
 
 // A worker as worker/main.cc wires one, in this process.
 struct Worker {
-  explicit Worker(int index, InProcessDeviceHub* hub) : gpu(index, hub) {}
+  explicit Worker(int index, Hubs* hubs) : gpu(index, hubs) {}
   FakeGpu gpu;
   Mailbox mailbox;
   std::unique_ptr<DataPlaneServer> data_plane;
@@ -138,7 +166,7 @@ class DeviceGroupClusterTest : public ::testing::Test {
     address_ = "127.0.0.1:" + std::to_string(port);
     jobs_.StartSchedulingLoop(absl::Milliseconds(20));
     for (int k = 0; k < kWorkers; ++k) {
-      auto w = std::make_unique<Worker>(k, &hub_);
+      auto w = std::make_unique<Worker>(k, &hubs_);
       auto data_plane = DataPlaneServer::Start("127.0.0.1:0", &w->mailbox);
       ASSERT_TRUE(data_plane.ok()) << data_plane.status();
       w->data_plane = *std::move(data_plane);
@@ -185,7 +213,7 @@ class DeviceGroupClusterTest : public ::testing::Test {
   CoordinatorGrpcService service_{&registry_, &jobs_, &assignments_, &metrics_};
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
-  InProcessDeviceHub hub_{kWorkers, absl::Seconds(30)};
+  Hubs hubs_;
   std::vector<std::unique_ptr<Worker>> workers_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
@@ -196,7 +224,7 @@ TEST_F(DeviceGroupClusterTest, OneHostFourGpus_TrainsThroughTheGroupBitwise_IdsR
   std::string first_id;
   for (int job = 0; job < 2; ++job) {
     SCOPED_TRACE(absl::StrCat("job ", job));
-    const int64_t sent_before = hub_.sent();
+    const int64_t sent_before = hubs_.sent();
     const v1::Job done = RunJob(spec);
     ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
     ASSERT_EQ(done.progress().loss_history_size(), spec.training().steps());
@@ -205,9 +233,9 @@ TEST_F(DeviceGroupClusterTest, OneHostFourGpus_TrainsThroughTheGroupBitwise_IdsR
     }
     // Four stages in a row: per micro-batch an activation and a gradient on
     // each of the three links, all device to device.
-    EXPECT_EQ(hub_.sent() - sent_before,
+    EXPECT_EQ(hubs_.sent() - sent_before,
               int64_t{3} * 2 * spec.training().micro_batches() * spec.training().steps());
-    EXPECT_EQ(hub_.in_flight(), 0);
+    EXPECT_EQ(hubs_.in_flight(), 0);
     // Every member joined this job's group with the same id, as its stage.
     std::string id;
     std::vector<int> stages_joined;

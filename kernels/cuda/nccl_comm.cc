@@ -253,6 +253,13 @@ void NcclComm::Abort() {
   ncclCommAbort(comm);
 }
 
+ncclComm_t NcclComm::Release() {
+  rank_ = 0;
+  size_ = 0;
+  device_ = -1;
+  return std::exchange(comm_, nullptr);
+}
+
 absl::StatusOr<NcclGroup> NcclGroup::Start() {
   NCCL_RETURN_IF_ERROR(ncclGroupStart());
   return NcclGroup();

@@ -164,6 +164,12 @@ class NcclComm {
   // or hangs). The handle is empty afterwards; a no-op if already empty.
   void Abort();
 
+  // Empties the handle without destroying the communicator and returns the
+  // raw one: for a communicator that another thread aborted through get()
+  // (ncclCommAbort of the raw handle, the way to end an operation that
+  // hangs), which must then be neither destroyed nor aborted again.
+  ncclComm_t Release();
+
  private:
   NcclComm(ncclComm_t comm, int rank, int size, int device)
       : comm_(comm), rank_(rank), size_(size), device_(device) {}

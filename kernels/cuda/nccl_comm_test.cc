@@ -285,6 +285,18 @@ TEST_F(NcclGpuTest, Create_OneRank_ReportsRankSizeDevice) {
   EXPECT_FALSE(comm->valid());
 }
 
+// The raw communicator leaves the handle, which then frees nothing.
+TEST_F(NcclGpuTest, Release_HandsOverTheCommunicator) {
+  absl::StatusOr<NcclComm> comm = OneRankComm();
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  const ncclComm_t raw = comm->get();
+  EXPECT_EQ(comm->Release(), raw);
+  EXPECT_FALSE(comm->valid());
+  EXPECT_EQ(comm->device(), -1);
+  EXPECT_EQ(comm->Release(), nullptr);
+  EXPECT_EQ(ncclCommDestroy(raw), ncclSuccess);
+}
+
 TEST_F(NcclGpuTest, Send_PeerOutsideRanks_InvalidArgument) {
   absl::StatusOr<NcclComm> comm = OneRankComm();
   ASSERT_TRUE(comm.ok()) << comm.status();

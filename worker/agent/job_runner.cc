@@ -30,6 +30,11 @@ void JobRunner::Start() { thread_ = std::thread([this] { Run(); }); }
 void JobRunner::Stop() {
   stop_.store(true);
   mailbox_->AbortJob(assignment_.job_id());
+  {
+    // A completed job's sends may still be on their way to its peers.
+    AnnotatedMutexLock lock(&mu_);
+    if (device_channel_ != nullptr && !completed_.load()) device_channel_->Abort();
+  }
   if (thread_.joinable()) thread_.join();
 }
 
@@ -136,7 +141,15 @@ absl::Status JobRunner::RunJob() {
     RETURN_IF_ERROR(AwaitAllStagesReady());
     ASSIGN_OR_RETURN(device_channel, JoinDeviceGroup());
     setup.device_channel = device_channel.get();
+    AnnotatedMutexLock lock(&mu_);
+    device_channel_ = device_channel.get();
+    // A Stop() that came during the join missed the channel.
+    if (stop_.load()) device_channel_->Abort();
   }
+  absl::Cleanup forget_channel = [&] {  // before device_channel dies
+    AnnotatedMutexLock lock(&mu_);
+    device_channel_ = nullptr;
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<StageRuntime> runtime,
                    StageRuntime::Create(setup, &dataset, transport.get()));
   {
@@ -146,6 +159,11 @@ absl::Status JobRunner::RunJob() {
   absl::Cleanup detach = [&] {  // the runtime dies with this scope
     AnnotatedMutexLock lock(&mu_);
     runtime_ = nullptr;
+  };
+  // Unless every step ran, peers may never match what the device has
+  // queued: abort before the runtime's teardown waits on the device.
+  absl::Cleanup abort_unless_completed = [&] {
+    if (!completed_.load() && device_channel != nullptr) device_channel->Abort();
   };
   if (assignment_.num_stages() > 1 && !in_group) RETURN_IF_ERROR(AwaitAllStagesReady());
   const int64_t steps = job.train.steps;
@@ -196,6 +214,7 @@ absl::Status JobRunner::RunJob() {
     r.set_eval_seconds(eval_seconds);
     absl::Status reported = coordinator_->ReportProgress(r).status();
     if (!reported.ok()) return reported;
+    if (last) completed_.store(true);
   }
   return absl::OkStatus();
 }

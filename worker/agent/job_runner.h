@@ -9,7 +9,10 @@
 // coordinator; after the last one it uploads the stage's weights (when the
 // job asks for a weights file) and reports finished. Any error is reported
 // as the job's failure with the message of the failing instruction. Stop()
-// aborts receives at once (Mailbox::AbortJob) and joins.
+// aborts receives at once (Mailbox::AbortJob, and the device group's
+// channel, unless every step has run) and joins. A job that ends early
+// (failed or stopped) aborts its device channel before anything waits on
+// the device, as its peers may never send what a queued receive waits for.
 #ifndef PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_
 #define PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_
 
@@ -92,9 +95,13 @@ class JobRunner {
   IterationObserver observer_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
+  std::atomic<bool> completed_{false};  // every step ran and was reported
   bool reported_ = false;  // the failure went to the coordinator (runner thread only)
   mutable AnnotatedMutex mu_;
   StageRuntime* runtime_ ABSL_GUARDED_BY(mu_) = nullptr;  // while running
+  // The device group's channel while the job holds one: Stop() aborts it,
+  // since the job thread may be waiting on the device for a dead peer.
+  DeviceChannel* device_channel_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread thread_;
 };
 

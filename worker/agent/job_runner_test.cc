@@ -9,11 +9,13 @@
 #include <mutex>
 #include <set>
 
+#include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/forwarding_backend.h"
+#include "worker/runtime/in_process_device_channel.h"
 #include "worker/transport/in_process_transport.h"
 
 namespace pipetrain {
@@ -227,6 +229,137 @@ TEST(JobRunnerTest, HealthyBackend_NeverCallsTheHook) {
     while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
   }
   EXPECT_EQ(calls.load(), 0);
+}
+
+// --- Device groups: the CPU posing as GPUs, channels of an in-process hub.
+
+// Counts the Abort calls of the channel it wraps.
+class CountingChannel : public DeviceChannel {
+ public:
+  CountingChannel(std::unique_ptr<DeviceChannel> inner, std::atomic<int>* aborts)
+      : inner_(std::move(inner)), aborts_(aborts) {}
+  absl::Status Send(int peer, const Tensor& t) override { return inner_->Send(peer, t); }
+  absl::StatusOr<Tensor> Recv(int peer, const Shape& shape) override {
+    return inner_->Recv(peer, shape);
+  }
+  void Abort() override {
+    aborts_->fetch_add(1);
+    inner_->Abort();
+  }
+
+ private:
+  std::unique_ptr<DeviceChannel> inner_;
+  std::atomic<int>* aborts_;
+};
+
+class GroupedCpu : public ForwardingBackend {
+ public:
+  explicit GroupedCpu(InProcessDeviceHub* hub) : ForwardingBackend(CpuBackend()), hub_(hub) {}
+  absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup(const DeviceGroupSpec& group,
+                                                                 int stage) override {
+    if (!DeviceGroupRank(group, stage).ok()) return DeviceGroupRank(group, stage).status();
+    return std::unique_ptr<DeviceChannel>(
+        new CountingChannel(hub_->ChannelFor(stage), &aborts));
+  }
+  std::atomic<int> aborts{0};
+
+ private:
+  InProcessDeviceHub* hub_;
+};
+
+// Assignment() with its activations and gradients marked for the device
+// group of both stages (one host, GPUs 0 and 1).
+v1::Assignment GroupAssignment(int stage, int steps) {
+  v1::Assignment a = Assignment(stage, steps, false, Schedule::kOneFOneB);
+  std::vector<v1::Program> programs = {Assignment(0, steps, false, Schedule::kOneFOneB).program(),
+                                       Assignment(1, steps, false, Schedule::kOneFOneB).program()};
+  const DeviceLinkPlan plan = PlanDeviceLinks({{"h", 0, "id-0"}, {"h", 1, "id-1"}}, &programs);
+  *a.mutable_program() = programs[stage];
+  *a.mutable_device_group() = plan.groups.at(0).group;
+  return a;
+}
+
+TEST(JobRunnerTest, DeviceGroup_TrainsThroughTheChannelAndNeverAborts) {
+  InProcessFabric fabric(2);
+  InProcessDeviceHub hub(2, absl::Seconds(30));
+  FakeLink link;
+  std::vector<std::unique_ptr<GroupedCpu>> backends;
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (int s = 0; s < 2; ++s) {
+    backends.push_back(std::make_unique<GroupedCpu>(&hub));
+    JobRunnerOptions options{"w" + std::to_string(s), 1};
+    options.backend = backends.back().get();
+    runners.push_back(std::make_unique<JobRunner>(
+        GroupAssignment(s, 2), &fabric.mailbox(s),
+        [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); }, &link,
+        options));
+  }
+  for (auto& r : runners) r->Start();
+  for (auto& r : runners) {
+    while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
+  }
+  for (auto& r : runners) r->Stop();
+  for (const auto& r : link.reports()) EXPECT_TRUE(r.error().empty()) << r.error();
+  EXPECT_EQ(link.reports().size(), 4u);
+  // Per step: 2 micro-batches, an activation down and a gradient up each.
+  EXPECT_EQ(hub.sent(), 2 * 2 * 2);
+  EXPECT_EQ(backends[0]->aborts.load() + backends[1]->aborts.load(), 0);
+}
+
+// Stage 1 alone waits in a device receive for stage 0, which never comes:
+// the hub would hold it for 20 s; Stop() aborts the channel at once.
+TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInADeviceReceive) {
+  InProcessFabric fabric(2);
+  InProcessDeviceHub hub(2, absl::Seconds(20));
+  FakeLink link(/*stages=*/1);
+  GroupedCpu backend(&hub);
+  JobRunnerOptions options{"w", 1, absl::Seconds(60)};
+  options.backend = &backend;
+  JobRunner lonely(GroupAssignment(1, 3), &fabric.mailbox(1),
+                   [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); },
+                   &link, options);
+  lonely.Start();
+  for (int i = 0; i < 3000 && lonely.current_instruction().rfind("recv", 0) != 0; ++i) {
+    absl::SleepFor(absl::Milliseconds(1));  // polls an observable state
+  }
+  EXPECT_EQ(lonely.current_instruction(), "recv ACTIVATION unit 1 mb 0 from stage 0");
+  const absl::Time start = absl::Now();
+  lonely.Stop();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  EXPECT_TRUE(lonely.finished());
+  EXPECT_GE(backend.aborts.load(), 1);
+  EXPECT_TRUE(link.reports().empty());  // a stop is not a failure to report
+}
+
+// A job that fails (here its backend) aborts its channel: its peers may
+// never match what is queued.
+TEST(JobRunnerTest, FailedJob_AbortsItsDeviceChannel) {
+  InProcessFabric fabric(2);
+  InProcessDeviceHub hub(2, absl::Seconds(20));
+  FakeLink link;
+  class FailingGroupedCpu : public GroupedCpu {
+   public:
+    using GroupedCpu::GroupedCpu;
+    absl::Status status() const override { return absl::InternalError("device lost"); }
+  };
+  GroupedCpu healthy(&hub);
+  FailingGroupedCpu failing(&hub);
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (int s = 0; s < 2; ++s) {
+    JobRunnerOptions options{"w" + std::to_string(s), 1};
+    options.backend = s == 0 ? static_cast<Backend*>(&failing) : &healthy;
+    runners.push_back(std::make_unique<JobRunner>(
+        GroupAssignment(s, 2), &fabric.mailbox(s),
+        [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); }, &link,
+        options));
+  }
+  for (auto& r : runners) r->Start();
+  while (!runners[0]->finished()) std::this_thread::yield();  // fails at its first instruction
+  EXPECT_GE(failing.aborts.load(), 1);
+  for (auto& r : runners) r->Stop();  // stage 1, waiting on the aborted hub, ends too
+  ASSERT_FALSE(link.reports().empty());
+  EXPECT_NE(link.reports()[0].error().find("device lost"), std::string::npos)
+      << link.reports()[0].error();
 }
 
 }  // namespace

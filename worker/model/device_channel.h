@@ -19,7 +19,7 @@
 // on the CPU (worker/runtime/in_process_device_channel.h).
 //
 // Thread-compatible: one thread (the stage's job thread) calls Send and
-// Recv, in program order.
+// Recv, in program order; Abort may come from any thread.
 #ifndef PIPETRAIN_WORKER_MODEL_DEVICE_CHANNEL_H_
 #define PIPETRAIN_WORKER_MODEL_DEVICE_CHANNEL_H_
 
@@ -53,6 +53,14 @@ class DeviceChannel {
   // of another element count is INVALID_ARGUMENT (NCCL cannot: sizes must
   // agree by construction, which the coordinator's order check provides).
   virtual absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) = 0;
+
+  // For a job that stops or failed, whose peers may never send or receive
+  // again: ends the transfers under way and queued (a waiting Recv returns
+  // ABORTED; on CUDA the NCCL communicators are aborted, which ends their
+  // kernels, so a compute stream waiting for a receive goes on, with
+  // garbage), and later calls fail with ABORTED. Thread-safe, from any
+  // thread, also while the job thread is inside Send or Recv; idempotent.
+  virtual void Abort() = 0;
 };
 
 // A device group as its members join it (plan.proto DeviceGroup).

@@ -1,5 +1,6 @@
 #include "worker/model/nccl_device_channel.h"
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <utility>
@@ -41,14 +42,35 @@ class NcclDeviceChannel final : public DeviceChannel {
 
   ~NcclDeviceChannel() override {
     // Sends still in flight read tensors that in_flight_ keeps: wait for
-    // them before those blocks can be handed out again.
+    // them before those blocks can be handed out again (after an abort the
+    // kernels have ended, so this does not wait for a peer).
     cudaSetDevice(device_);
-    for (auto& [peer, end] : sends_to_) end.stream.Synchronize().IgnoreError();
-    for (auto& [peer, end] : receives_from_) end.stream.Synchronize().IgnoreError();
+    for (auto* ends : {&sends_to_, &receives_from_}) {
+      for (auto& [peer, end] : *ends) end.stream.Synchronize().IgnoreError();
+    }
     in_flight_.clear();
+    if (aborted_.load()) {
+      // ncclCommAbort freed them: the handles must not destroy them again.
+      for (auto* ends : {&sends_to_, &receives_from_}) {
+        for (auto& [peer, end] : *ends) end.comm.Release();
+      }
+    }
+  }
+
+  void Abort() override {
+    if (aborted_.exchange(true)) return;
+    // The raw handles, read while the job thread may be in Send or Recv:
+    // they never change after construction, and aborting from another
+    // thread is how NCCL ends an operation that hangs.
+    for (auto* ends : {&sends_to_, &receives_from_}) {
+      for (auto& [peer, end] : *ends) {
+        if (end.comm.get() != nullptr) ncclCommAbort(end.comm.get());
+      }
+    }
   }
 
   absl::Status Send(int peer_stage, const Tensor& t) override {
+    RETURN_IF_ERROR(CheckNotAborted());
     ASSIGN_OR_RETURN(LinkEnd * end, Find(sends_to_, peer_stage, "to"));
     RETURN_IF_ERROR(Prune());
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
@@ -61,6 +83,7 @@ class NcclDeviceChannel final : public DeviceChannel {
   }
 
   absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) override {
+    RETURN_IF_ERROR(CheckNotAborted());
     ASSIGN_OR_RETURN(LinkEnd * end, Find(receives_from_, peer_stage, "from"));
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     Tensor t = allocate_(shape);
@@ -79,6 +102,12 @@ class NcclDeviceChannel final : public DeviceChannel {
   }
 
  private:
+  absl::Status CheckNotAborted() const {
+    if (!aborted_.load()) return absl::OkStatus();
+    return absl::AbortedError(
+        absl::StrCat("device channel of stage ", stage_, " was aborted (the job stopped)"));
+  }
+
   absl::StatusOr<LinkEnd*> Find(std::map<int, LinkEnd>& ends, int peer_stage, const char* dir) {
     auto it = ends.find(peer_stage);
     if (it == ends.end()) {
@@ -112,6 +141,7 @@ class NcclDeviceChannel final : public DeviceChannel {
   std::map<int, LinkEnd> sends_to_;       // by receiving stage
   std::map<int, LinkEnd> receives_from_;  // by sending stage
   std::deque<InFlight> in_flight_;
+  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace

@@ -24,11 +24,17 @@
 //         for the compute work so far (the block's earlier users), then
 //         ncclRecv; the compute stream waits for it (later ops read it).
 //
-// Limits, plainly: NCCL calls have no timeout here (a peer that dies leaves
-// the receive, and so the compute stream, waiting; the coordinator's lease
-// fails the job and the worker's supervisor restarts it); only raw fp32;
-// two ranks on one GPU are refused by NCCL, so on a one-GPU machine this
-// class runs in no test (nccl_device_channel_test needs two GPUs).
+// Stopping: a peer that dies leaves a receive (and the compute stream
+// behind it) waiting, as NCCL calls have no timeout here; when the job is
+// stopped (the coordinator's lease fails it and sends STOP), Abort aborts
+// the link communicators from the stopping thread, which ends their
+// kernels. The join itself (NcclComm::Create and the splits) cannot be
+// aborted: a member that dies between the start barrier and the join
+// leaves the others in it until their supervisors restart them.
+//
+// Limits, plainly: only raw fp32; two ranks on one GPU are refused by NCCL,
+// so on a one-GPU machine this class runs in no test
+// (nccl_device_channel_test needs two GPUs).
 #ifndef PIPETRAIN_WORKER_MODEL_NCCL_DEVICE_CHANNEL_H_
 #define PIPETRAIN_WORKER_MODEL_NCCL_DEVICE_CHANNEL_H_
 

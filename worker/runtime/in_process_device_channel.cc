@@ -15,6 +15,7 @@ class InProcessDeviceChannel final : public DeviceChannel {
   absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) override {
     return hub_->Take(peer_stage, stage_, shape);
   }
+  void Abort() override { hub_->Abort(); }
 
  private:
   InProcessDeviceHub* hub_;
@@ -39,6 +40,20 @@ int64_t InProcessDeviceHub::in_flight() const {
   return in_flight_;
 }
 
+void InProcessDeviceHub::Abort() {
+  AnnotatedMutexLock lock(&mu_);
+  aborted_ = true;
+}
+
+namespace {
+
+absl::Status Aborted(int from, int to) {
+  return absl::AbortedError(
+      absl::StrCat("device channel from stage ", from, " to stage ", to, " was aborted"));
+}
+
+}  // namespace
+
 absl::Status InProcessDeviceHub::Put(int from, int to, const Tensor& t) {
   if (to == from || to < 0 || to >= num_stages_) {
     return absl::InvalidArgumentError(
@@ -48,6 +63,7 @@ absl::Status InProcessDeviceHub::Put(int from, int to, const Tensor& t) {
   // sender do not reach the receiver.
   Tensor copy = t.Clone();
   AnnotatedMutexLock lock(&mu_);
+  if (aborted_) return Aborted(from, to);
   queues_[{from, to}].push_back(std::move(copy));
   ++sent_;
   ++in_flight_;
@@ -61,8 +77,12 @@ absl::StatusOr<Tensor> InProcessDeviceHub::Take(int from, int to, const Shape& s
   }
   AnnotatedMutexLock lock(&mu_);
   std::deque<Tensor>& queue = queues_[{from, to}];
-  auto ready = [&queue]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !queue.empty(); };
-  if (!mu_.AwaitWithTimeout(ready, recv_timeout_)) {
+  auto ready = [this, &queue]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return aborted_ || !queue.empty();
+  };
+  const bool arrived = mu_.AwaitWithTimeout(ready, recv_timeout_);
+  if (aborted_) return Aborted(from, to);
+  if (!arrived) {
     return absl::DeadlineExceededError(absl::StrCat("device channel: nothing from stage ", from,
                                                     " to stage ", to, " within ",
                                                     absl::FormatDuration(recv_timeout_)));

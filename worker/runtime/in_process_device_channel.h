@@ -41,6 +41,10 @@ class InProcessDeviceHub {
   int64_t sent() const;
   int64_t in_flight() const;
 
+  // What every channel's Abort does (one process, one hub): waiting and
+  // later transfers of every stage fail with ABORTED.
+  void Abort();
+
  private:
   friend class InProcessDeviceChannel;
 
@@ -53,6 +57,7 @@ class InProcessDeviceHub {
   std::map<std::pair<int, int>, std::deque<Tensor>> queues_ ABSL_GUARDED_BY(mu_);
   int64_t sent_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace pipetrain

@@ -85,5 +85,19 @@ TEST(InProcessDeviceHubTest, BadPeer_InvalidArgument) {
   EXPECT_EQ(hub.sent(), 0);
 }
 
+TEST(InProcessDeviceHubTest, Abort_WakesAWaitingRecvAndRefusesLaterCalls) {
+  InProcessDeviceHub hub(2, absl::Seconds(60));
+  auto c0 = hub.ChannelFor(0), c1 = hub.ChannelFor(1);
+  absl::StatusOr<Tensor> got;
+  std::thread receiver([&] { got = c1->Recv(0, {1}); });
+  c0->Abort();  // before or after the receiver waits: it must end either way
+  receiver.join();
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(c0->Send(1, Filled({1}, 0.0f)).code(), absl::StatusCode::kAborted);
+  c1->Abort();  // idempotent
+  EXPECT_EQ(c1->Recv(0, {1}).status().code(), absl::StatusCode::kAborted);
+}
+
 }  // namespace
 }  // namespace pipetrain

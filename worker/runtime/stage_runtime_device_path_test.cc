@@ -148,6 +148,7 @@ class RefusingChannel : public DeviceChannel {
   absl::StatusOr<Tensor> Recv(int, const Shape&) override {
     return absl::InternalError("ncclRecv failed");
   }
+  void Abort() override {}
 };
 
 TEST(DevicePathCreateTest, DevicePathWithoutChannel_InvalidArgument) {

@@ -20,6 +20,8 @@ absl::StatusOr<std::map<std::string, KindTotals>> SumLinkMetrics(
         if (encoding == s.labels.end()) continue;
         if (encoding->second == "raw") t.raw_bytes += s.value;
         if (encoding->second == "wire") t.wire_bytes += s.value;
+      } else if (s.name == "pipetrain_link_device_bytes_total") {
+        t.device_bytes += s.value;
       } else if (s.name == "pipetrain_link_compressed_tensors_total") {
         t.compressed_tensors += s.value;
       } else if (s.name == "pipetrain_link_compression_error") {
@@ -43,6 +45,9 @@ std::string FormatLinkSummary(const std::map<std::string, KindTotals>& totals) {
       if (t.error_links > 0) {
         absl::StrAppendFormat(&out, ", relative error %.3f", t.error_sum / t.error_links);
       }
+    }
+    if (t.device_bytes > 0) {
+      absl::StrAppendFormat(&out, "; %.2f MiB device to device (NCCL)", t.device_bytes / kMiB);
     }
     out += "\n";
   }

@@ -17,6 +17,7 @@ struct KindTotals {
   double raw_bytes = 0;
   double wire_bytes = 0;
   double compressed_tensors = 0;
+  double device_bytes = 0;  // of wire_bytes: device to device (NCCL)
   double error_sum = 0;  // of the workers' pipetrain_link_compression_error
   int error_links = 0;
 };

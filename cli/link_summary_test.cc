@@ -18,7 +18,8 @@ TEST(SumLinkMetrics, TwoWorkers_SummedByKind) {
       "pipetrain_link_compressed_tensors_total{kind=\"ACTIVATION\",peer=\"2\"} 8\n"
       "pipetrain_link_compression_error{kind=\"ACTIVATION\",peer=\"2\"} 0.3\n"
       "pipetrain_link_bytes_total{encoding=\"raw\",kind=\"ACTIVATION_GRAD\",peer=\"0\"} 1048576\n"
-      "pipetrain_link_bytes_total{encoding=\"wire\",kind=\"ACTIVATION_GRAD\",peer=\"0\"} 1048576\n";
+      "pipetrain_link_bytes_total{encoding=\"wire\",kind=\"ACTIVATION_GRAD\",peer=\"0\"} 1048576\n"
+      "pipetrain_link_device_bytes_total{kind=\"ACTIVATION_GRAD\",peer=\"0\"} 524288\n";
   auto totals = SumLinkMetrics({a, b});
   ASSERT_TRUE(totals.ok()) << totals.status();
   const KindTotals& act = totals->at("ACTIVATION");
@@ -29,7 +30,7 @@ TEST(SumLinkMetrics, TwoWorkers_SummedByKind) {
   EXPECT_EQ(FormatLinkSummary(*totals),
             "  ACTIVATION                4.00 MiB raw -> 0.25 MiB wire (16.0x), relative error "
             "0.200\n"
-            "  ACTIVATION_GRAD           1.00 MiB raw\n");
+            "  ACTIVATION_GRAD           1.00 MiB raw; 0.50 MiB device to device (NCCL)\n");
 }
 
 TEST(SumLinkMetrics, NotPrometheusText_InvalidArgument) {

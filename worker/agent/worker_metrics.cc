@@ -30,6 +30,12 @@ WorkerMetrics::WorkerMetrics()
                               .Help("Time spent encoding sends (op encode, peer = destination) "
                                     "and decoding receives (op decode, peer = source)")
                               .Register(*registry_)),
+      link_device_bytes_(prometheus::BuildCounter()
+                             .Name("pipetrain_link_device_bytes_total")
+                             .Help("Bytes sent to peer stages device to device (NCCL, a device "
+                                   "group) rather than over the data plane; part of "
+                                   "pipetrain_link_bytes_total")
+                             .Register(*registry_)),
       link_compressed_(prometheus::BuildCounter()
                            .Name("pipetrain_link_compressed_tensors_total")
                            .Help("Tensors sent to peer stages encoded with a codec")
@@ -57,6 +63,10 @@ void WorkerMetrics::Observe(const IterationResult& r) {
         .Increment(static_cast<double>(link.raw_bytes));
     link_bytes_.Add({{"peer", peer}, {"kind", key.second}, {"encoding", "wire"}})
         .Increment(static_cast<double>(link.wire_bytes));
+    if (link.device_bytes > 0) {
+      link_device_bytes_.Add({{"peer", peer}, {"kind", key.second}})
+          .Increment(static_cast<double>(link.device_bytes));
+    }
     if (link.compressed_tensors == 0) continue;
     link_compressed_.Add({{"peer", peer}, {"kind", key.second}})
         .Increment(static_cast<double>(link.compressed_tensors));

@@ -8,6 +8,7 @@
 //   pipetrain_link_bytes_total{peer,kind,encoding} bytes sent: raw = fp32
 //                                                  size, wire = after the
 //                                                  codec (equal when raw)
+//   pipetrain_link_device_bytes_total{peer,kind}  of those bytes, device to device (NCCL)
 //   pipetrain_link_compressed_tensors_total{peer,kind}  sends with a codec
 //   pipetrain_link_codec_seconds_total{peer,kind,op}    encode (peer = the
 //                                                  destination) and decode
@@ -43,6 +44,7 @@ class WorkerMetrics {
   prometheus::Counter& iterations_;
   prometheus::Family<prometheus::Counter>& link_bytes_;
   prometheus::Family<prometheus::Counter>& link_codec_seconds_;
+  prometheus::Family<prometheus::Counter>& link_device_bytes_;
   prometheus::Family<prometheus::Counter>& link_compressed_;
   prometheus::Family<prometheus::Gauge>& link_error_;
   prometheus::Gauge& loss_;

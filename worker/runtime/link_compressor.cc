@@ -47,6 +47,12 @@ void CountTransfer(const WireTensor& wire, double codec_seconds, LinkStats* stat
   stats->codec_seconds += codec_seconds;
 }
 
+void CountDeviceTransfer(const Tensor& t, LinkStats* stats) {
+  const WireTensor wire = WireTensor::Raw(t);
+  CountTransfer(wire, 0, stats);
+  stats->device_bytes += wire.wire_bytes();
+}
+
 void AddLinkStats(const LinkStats& from, LinkStats* to) {
   to->tensors += from.tensors;
   to->compressed_tensors += from.compressed_tensors;
@@ -55,6 +61,7 @@ void AddLinkStats(const LinkStats& from, LinkStats* to) {
   to->codec_seconds += from.codec_seconds;
   to->error_sum += from.error_sum;
   to->error_samples += from.error_samples;
+  to->device_bytes += from.device_bytes;
 }
 
 void LinkCompressor::BeginIteration() {

@@ -50,6 +50,9 @@ struct LinkStats {
   double codec_seconds = 0;        // encoding (sends) or decoding (receives)
   double error_sum = 0;            // sampled relative errors (sends)
   int64_t error_samples = 0;
+  // Of wire_bytes: moved device to device (LINK_PATH_DEVICE, NCCL) rather
+  // than over the data plane.
+  int64_t device_bytes = 0;
 };
 
 // Counts in `stats` one tensor that crossed a link: its raw and wire bytes,
@@ -59,6 +62,9 @@ struct LinkStats {
 // DecodeOnDevice), which gets no error sample (measuring it would need the
 // fp32 host copy that the device path exists to avoid).
 void CountTransfer(const WireTensor& wire, double codec_seconds, LinkStats* stats);
+
+// Counts in `stats` one raw tensor that went device to device.
+void CountDeviceTransfer(const Tensor& t, LinkStats* stats);
 
 // Adds every count of `from` to `to`.
 void AddLinkStats(const LinkStats& from, LinkStats* to);

@@ -512,7 +512,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     // Device to device, in program order (the peer receives in the same
     // order): queued here, behind the work that made the tensor.
     RETURN_IF_ERROR(NameSend(setup_.device_channel->Send(s.peer_stage(), tensor), s, address));
-    CountTransfer(WireTensor::Raw(tensor), 0, &device_sent_stats_[link]);
+    CountDeviceTransfer(tensor, &device_sent_stats_[link]);
     return absl::OkStatus();
   }
   // A tensor whose codec the backend has on its device is encoded there:
@@ -587,7 +587,7 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
     if (!t.ok()) {
       return absl::Status(t.status().code(), absl::StrCat(what, ": ", t.status().message()));
     }
-    CountTransfer(WireTensor::Raw(*t), 0, &link);
+    CountDeviceTransfer(*t, &link);
     return Store(key, *std::move(t), weights_of);
   }
   ASSIGN_OR_RETURN(WireTensor wire,

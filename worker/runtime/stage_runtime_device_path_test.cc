@@ -5,6 +5,7 @@
 // path a tensor takes changes nothing but where it travels. The NCCL channel
 // itself needs two GPUs and runs in no test here (nccl_device_channel.h).
 #include <memory>
+#include <thread>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
+#include "worker/runtime/in_process_device_channel.h"
 #include "worker/runtime/pipeline_testing.h"
 #include "worker/runtime/stage_runtime.h"
 #include "worker/transport/in_process_transport.h"
@@ -117,6 +119,45 @@ TEST(DevicePathMixedTest, TwoHosts_TwoGroupsAndTheWireBetween_EqualsSingleProces
   EXPECT_EQ(pipe.grouped_stages, (std::vector<int>{0, 1, 2, 3}));
   // Per micro-batch an activation and a gradient inside each group.
   EXPECT_EQ(pipe.device_tensors, int64_t{2} * 2 * c.micro_batches * kIterations);
+}
+
+// What went device to device is counted per link, sent and received.
+TEST(DevicePathStatsTest, DeviceTransfers_CountedAsDeviceBytes) {
+  const TrainConfig c = SmallConfig();
+  const Dataset data = MakeDataset();
+  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
+  auto programs = CompilePrograms(ranges, 6, c.micro_batches, Schedule::kOneFOneB).value();
+  PlanDeviceLinks(Members({"h", "h"}), &programs);
+  InProcessFabric fabric(2);
+  InProcessDeviceHub hub(2, absl::Seconds(30));
+  std::vector<std::unique_ptr<Transport>> transports;
+  std::vector<std::unique_ptr<DeviceChannel>> channels;
+  std::vector<std::unique_ptr<StageRuntime>> runtimes;
+  for (int s = 0; s < 2; ++s) {
+    transports.push_back(fabric.Connect(s));
+    channels.push_back(hub.ChannelFor(s));
+    StageSetup setup{"job-dev", c, s, 2, ToUnitRange(ranges[s]), ToUnitRange(ranges[s]),
+                     programs[s], absl::Seconds(30)};
+    setup.device_channel = channels[s].get();
+    runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
+  }
+  std::vector<absl::StatusOr<IterationResult>> results(2, absl::UnknownError("not run"));
+  std::thread stage1([&] { results[1] = runtimes[1]->RunIteration(0); });
+  results[0] = runtimes[0]->RunIteration(0);
+  stage1.join();
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  ASSERT_TRUE(results[1].ok()) << results[1].status();
+  // One activation [2, 16, 32] per micro-batch down, one gradient up.
+  const int64_t bytes = int64_t{4} * c.micro_batches * 2 * 16 * 32;
+  const LinkStats& down = results[0]->sent.at({1, "ACTIVATION"});
+  EXPECT_EQ(down.device_bytes, bytes);
+  EXPECT_EQ(down.wire_bytes, bytes);
+  EXPECT_EQ(down.tensors, c.micro_batches);
+  EXPECT_EQ(results[1]->sent.at({0, "ACTIVATION_GRAD"}).device_bytes, bytes);
+  EXPECT_EQ(results[1]->received.at({0, "ACTIVATION"}).device_bytes, bytes);
+  EXPECT_EQ(results[0]->received.at({1, "ACTIVATION_GRAD"}).device_bytes, bytes);
+  // The tied embedding gradient stays on the wire.
+  EXPECT_EQ(results[1]->sent.at({0, "TIED_EMBEDDING_GRAD"}).device_bytes, 0);
 }
 
 // --- StageRuntime::Create's checks of device-path instructions.

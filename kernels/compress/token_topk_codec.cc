@@ -39,7 +39,8 @@ std::vector<bool> SelectTokens(const std::vector<double>& score, int64_t kept) {
 }
 
 // Reads the mask; fills the kept token indices (ascending).
-absl::Status ReadMask(ByteReader* r, int64_t tokens, int64_t kept, std::vector<int64_t>* kept_tokens) {
+absl::Status ReadMask(ByteReader* r, int64_t tokens, int64_t kept,
+                      std::vector<int64_t>* kept_tokens) {
   absl::string_view bytes;
   if (!r->Bytes(PackedBytes(tokens, 1), &bytes)) {
     return absl::InvalidArgumentError("token_topk: payload truncated in the token mask");
@@ -64,6 +65,39 @@ absl::Status ReadMask(ByteReader* r, int64_t tokens, int64_t kept, std::vector<i
 }
 
 }  // namespace
+
+void WriteTokenTopKPrefix(const Shape& shape, double keep, int64_t kept,
+                          const std::vector<bool>& mask, std::string* out) {
+  WriteHeader(CodecId::kTokenTopK, shape, out);
+  ByteWriter w(out);
+  w.F32(static_cast<float>(keep));
+  w.I64(kept);
+  BitWriter bits(out);
+  for (bool m : mask) bits.Put(m ? 1 : 0, 1);
+  bits.Finish();
+}
+
+absl::StatusOr<TokenTopKPrefix> ReadTokenTopKPrefix(ByteReader* r, double keep) {
+  TokenTopKPrefix prefix;
+  ASSIGN_OR_RETURN(prefix.shape, ReadHeader(CodecId::kTokenTopK, r));
+  RETURN_IF_ERROR(CheckRank(prefix.shape));
+  const int64_t tokens = TokenCount(prefix.shape);
+  float payload_keep = 0;
+  int64_t kept = 0;
+  if (!r->F32(&payload_keep) || !r->I64(&kept)) {
+    return absl::InvalidArgumentError("token_topk: payload truncated in its parameters");
+  }
+  if (payload_keep != static_cast<float>(keep) || kept != TopKCount(keep, tokens)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_topk: payload has keep ", payload_keep, " and ", kept,
+        " kept tokens; this codec has keep ", keep, " (", TopKCount(keep, tokens), " of ", tokens,
+        "); codec mismatch or corruption"));
+  }
+  RETURN_IF_ERROR(ReadMask(r, tokens, kept, &prefix.kept_tokens));
+  return prefix;
+}
+
+absl::Status CheckTokenTopKRank(const Shape& shape) { return CheckRank(shape); }
 
 TokenTopKCodec::TokenTopKCodec(double keep, std::unique_ptr<Codec> inner)
     : keep_(keep), inner_(std::move(inner)) {}
@@ -124,13 +158,8 @@ absl::StatusOr<std::string> TokenTopKCodec::EncodeSelected(const Tensor& x,
     ++row;
   }
   std::string out;
-  WriteHeader(CodecId::kTokenTopK, x.shape(), &out);
+  WriteTokenTopKPrefix(x.shape(), keep_, kept, mask, &out);
   ByteWriter w(&out);
-  w.F32(static_cast<float>(keep_));
-  w.I64(kept);
-  BitWriter bits(&out);
-  for (bool m : mask) bits.Put(m ? 1 : 0, 1);
-  bits.Finish();
   if (inner_ == nullptr) {
     for (int64_t i = 0; i < values.numel(); ++i) w.F32(values[i]);
     return out;
@@ -143,21 +172,10 @@ absl::StatusOr<std::string> TokenTopKCodec::EncodeSelected(const Tensor& x,
 
 absl::StatusOr<Tensor> TokenTopKCodec::Decode(absl::string_view payload) const {
   ByteReader r(payload);
-  ASSIGN_OR_RETURN(Shape shape, ReadHeader(CodecId::kTokenTopK, &r));
-  RETURN_IF_ERROR(CheckRank(shape));
-  const int64_t tokens = TokenCount(shape);
-  float keep = 0;
-  int64_t kept = 0;
-  if (!r.F32(&keep) || !r.I64(&kept)) {
-    return absl::InvalidArgumentError("token_topk: payload truncated in its parameters");
-  }
-  if (keep != static_cast<float>(keep_) || kept != TopKCount(keep_, tokens)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token_topk: payload has keep ", keep, " and ", kept, " kept tokens; this codec has keep ",
-        keep_, " (", TopKCount(keep_, tokens), " of ", tokens, "); codec mismatch or corruption"));
-  }
-  std::vector<int64_t> kept_tokens;
-  RETURN_IF_ERROR(ReadMask(&r, tokens, kept, &kept_tokens));
+  ASSIGN_OR_RETURN(TokenTopKPrefix prefix, ReadTokenTopKPrefix(&r, keep_));
+  const Shape& shape = prefix.shape;
+  const std::vector<int64_t>& kept_tokens = prefix.kept_tokens;
+  const int64_t kept = static_cast<int64_t>(kept_tokens.size());
   absl::string_view body;
   r.Bytes(r.remaining(), &body);
   const int64_t d = shape.back();

@@ -37,11 +37,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/compress/codec.h"
+#include "kernels/compress/payload.h"
 
 namespace pipetrain {
 
@@ -76,6 +78,22 @@ class TokenTopKCodec : public Codec {
 // INVALID_ARGUMENT naming `keep` unless 0 < keep <= 1.
 absl::StatusOr<std::unique_ptr<TokenTopKCodec>> MakeTokenTopKCodec(
     double keep, std::unique_ptr<Codec> inner = nullptr);
+
+// The payload's parts before the body, shared with the GPU twin
+// (kernels/cuda/token_topk_payload.h) so that both write and check them
+// alike.
+// Appends the header, keep, kept and the token mask of a `shape` tensor.
+void WriteTokenTopKPrefix(const Shape& shape, double keep, int64_t kept,
+                          const std::vector<bool>& mask, std::string* out);
+struct TokenTopKPrefix {
+  Shape shape;
+  std::vector<int64_t> kept_tokens;  // ascending
+};
+// Reads them for a codec of `keep`, leaving `r` at the body; Decode's
+// errors for them.
+absl::StatusOr<TokenTopKPrefix> ReadTokenTopKPrefix(ByteReader* r, double keep);
+// OK, or Encode's INVALID_ARGUMENT for a tensor of rank < 2.
+absl::Status CheckTokenTopKRank(const Shape& shape);
 
 }  // namespace pipetrain
 

@@ -7,7 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/device_buffer.h"
+#include "kernels/cuda/stream_scratch.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/token_topk.h"
 
@@ -120,13 +120,15 @@ absl::Status CheckCounts(const char* op, int64_t tokens, int64_t kept) {
 
 // INVALID_ARGUMENT naming the first non-finite score, as the CPU codec.
 absl::Status CheckScores(const float* scores, int64_t tokens, cudaStream_t stream) {
-  ASSIGN_OR_RETURN(auto flag, DeviceBuffer<unsigned long long>::Create(1));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag.data(), 0xff, sizeof(unsigned long long), stream));
+  ASSIGN_OR_RETURN(StreamScratch flag_block,
+                   StreamScratch::Create(sizeof(unsigned long long), stream));
+  unsigned long long* flag = flag_block.as<unsigned long long>();
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0xff, sizeof(unsigned long long), stream));
   FirstNonFiniteKernel<<<ElementwiseBlocks(tokens), kElementwiseThreads, 0, stream>>>(
-      scores, tokens, flag.data());
+      scores, tokens, flag);
   CUDA_CHECK_LAUNCH("FirstNonFiniteKernel");
   unsigned long long first_bad = kNoBadScore;
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&first_bad, flag.data(), sizeof(first_bad),
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&first_bad, flag, sizeof(first_bad),
                                        cudaMemcpyDeviceToHost, stream));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   if (first_bad == kNoBadScore) return absl::OkStatus();
@@ -167,11 +169,13 @@ absl::Status TokenTopKSelectByNormCuda(const float* x, int64_t tokens, int64_t d
   RETURN_IF_ERROR(CheckCounts(kOp, tokens, kept));
   if (d < 1) return absl::InvalidArgumentError(absl::StrCat(kOp, ": d=", d, " must be >= 1"));
   if (tokens == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(DeviceBuffer<double> score, DeviceBuffer<double>::Create(tokens));
+  ASSIGN_OR_RETURN(StreamScratch score_block,
+                   StreamScratch::Create(static_cast<size_t>(tokens) * sizeof(double), stream));
+  double* score = score_block.as<double>();
   SquaredNormKernel<<<ElementwiseBlocks(tokens), kElementwiseThreads, 0, stream>>>(x, tokens, d,
-                                                                                   score.data());
+                                                                                   score);
   CUDA_CHECK_LAUNCH("SquaredNormKernel");
-  return Select(score.data(), tokens, kept, mask, kept_index, stream);
+  return Select(score, tokens, kept, mask, kept_index, stream);
 }
 
 absl::Status TokenGatherCuda(const float* x, int64_t d, const int64_t* kept_index, int64_t kept,

@@ -24,8 +24,9 @@
 //
 // Synchronisation: the Select/Mask functions wait for `stream` (they check
 // the scores for non-finite values and report which); Gather and Scatter
-// only queue work. Each Select call cudaMallocs a few bytes of scratch (and
-// 8 * tokens bytes for norm scores).
+// only queue work. Each Select call takes a few bytes of scratch (and
+// 8 * tokens bytes for norm scores) from the device's stream-keyed cache
+// (stream_scratch.h).
 //
 // Thread-safety: no shared state; calls on different streams may overlap.
 #ifndef PIPETRAIN_KERNELS_CUDA_TOKEN_TOPK_H_

@@ -47,6 +47,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "common/tensor.h"
 #include "kernels/cpu/adamw.h"
 #include "worker/model/device_channel.h"
@@ -126,15 +127,18 @@ class Backend {
   // --- Codecs on the device (DESIGN.md §6), so that a compressed tensor
   // crosses to the host as its payload, not as fp32.
   // The payload MakeCodec(spec)->Encode would make of t's values, byte for
-  // byte, computed where t lives; waits for queued work. UNIMPLEMENTED when
-  // this backend has no device twin of `spec` (the CPU backend never has;
-  // CUDA has one for the single-stage specs "linear:bits=B" and
-  // "piecewise:bits=N", for tensors on its device): the caller then
-  // encodes a host copy. Otherwise the
-  // CPU codec's errors (INVALID_ARGUMENT for a non-finite value) or the
-  // device's (INTERNAL; status() has it too).
+  // byte, computed where t lives (token_topk codecs: EncodeWithScores when
+  // `scores`, one per token on the host, is non-empty; other codecs ignore
+  // it); waits for queued work. UNIMPLEMENTED when this backend has no
+  // device twin of `spec` (the CPU backend never has; CUDA has one for
+  // "linear:bits=B", "piecewise:bits=N", "token_topk:keep=K" and
+  // token_topk followed by one of the two, for non-empty tensors on its
+  // device): the caller then encodes a host copy. Otherwise the CPU codec's
+  // errors (INVALID_ARGUMENT for a non-finite value) or the device's
+  // (INTERNAL; status() has it too).
   virtual absl::StatusOr<std::string> EncodeOnDevice(const Tensor& /*t*/,
-                                                     const std::string& /*spec*/) {
+                                                     const std::string& /*spec*/,
+                                                     absl::Span<const float> /*scores*/) {
     return absl::UnimplementedError(absl::StrCat(Describe(), " has no device codec"));
   }
   // A tensor of `shape` on this device holding MakeCodec(spec)->Decode of

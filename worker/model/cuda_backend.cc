@@ -27,6 +27,7 @@
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "kernels/cuda/quantize.h"
+#include "kernels/cuda/token_topk_payload.h"
 #include "kernels/compress/codec_spec.h"
 #include "worker/model/nccl_device_channel.h"
 
@@ -70,19 +71,34 @@ struct DeviceMemory {
   CachingAllocator cache{&raw, MemoryOptions()};
 };
 
-// A codec spec the device codecs serve (kernels/cuda/quantize.h): a single
-// linear or piecewise stage; nullopt for any other valid spec.
-struct DeviceQuantizer {
-  bool piecewise = false;
-  int bits = 0;  // linear: bits per value; piecewise: clusters N
+// A codec spec the device codecs serve: a linear or piecewise stage
+// (kernels/cuda/quantize.h), token_topk (token_topk_payload.h), or
+// token_topk followed by one of the two; nullopt for any other valid spec.
+struct DeviceCodec {
+  std::optional<double> token_keep;  // token_topk first, keeping this share
+  TokenTopKInner quantizer;          // kRaw: none (token_topk alone)
 };
 
-absl::StatusOr<std::optional<DeviceQuantizer>> DeviceQuantizerFor(const std::string& spec) {
+absl::StatusOr<std::optional<DeviceCodec>> DeviceCodecFor(const std::string& spec) {
   ASSIGN_OR_RETURN(std::vector<CodecStage> stages, ParseCodecSpec(spec));
-  if (stages.size() != 1) return std::nullopt;
-  const CodecStage& stage = stages[0];
-  if (stage.name != "linear" && stage.name != "piecewise") return std::nullopt;
-  return DeviceQuantizer{stage.name == "piecewise", static_cast<int>(stage.params.at("bits"))};
+  DeviceCodec codec;
+  size_t next = 0;
+  if (!stages.empty() && stages[0].name == "token_topk") {
+    codec.token_keep = stages[0].params.at("keep");
+    next = 1;
+  }
+  if (stages.size() > next + 1) return std::nullopt;
+  if (stages.size() == next) return codec.token_keep.has_value() ? std::optional(codec) : std::nullopt;
+  const CodecStage& stage = stages[next];
+  if (stage.name == "linear") {
+    codec.quantizer.kind = TokenTopKInner::Kind::kLinear;
+  } else if (stage.name == "piecewise") {
+    codec.quantizer.kind = TokenTopKInner::Kind::kPiecewise;
+  } else {
+    return std::nullopt;
+  }
+  codec.quantizer.bits = static_cast<int>(stage.params.at("bits"));
+  return codec;
 }
 
 // A copy queued on a backend's stream into pinned host memory; Wait waits
@@ -155,7 +171,8 @@ class CudaBackendImpl final : public Backend {
   Tensor UploadAsync(const Tensor& host) override;
   Tensor Download(const Tensor& t) override;
   std::unique_ptr<PendingDownload> StartDownload(const Tensor& t) override;
-  absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec) override;
+  absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec,
+                                             absl::Span<const float> scores) override;
   absl::StatusOr<Tensor> DecodeOnDevice(const std::string& spec, const std::string& payload,
                                         const Shape& shape) override;
   absl::StatusOr<std::string> NewDeviceGroupId() override;
@@ -522,27 +539,43 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> CudaBackendImpl::JoinDeviceGroup(
 }
 
 absl::StatusOr<std::string> CudaBackendImpl::EncodeOnDevice(const Tensor& t,
-                                                            const std::string& spec) {
+                                                            const std::string& spec,
+                                                            absl::Span<const float> scores) {
   if (!t.on_device()) return absl::UnimplementedError("a host tensor is encoded on the host");
-  ASSIGN_OR_RETURN(std::optional<DeviceQuantizer> q, DeviceQuantizerFor(spec));
-  if (!q.has_value()) return absl::UnimplementedError("no device codec for " + spec);
-  return RunFallible([&] {
-    return q->piecewise ? PiecewiseEncodeCuda(t.data(), t.shape(), q->bits, stream_)
-                        : LinearEncodeCuda(t.data(), t.shape(), q->bits, stream_);
+  if (t.numel() == 0) return absl::UnimplementedError("an empty tensor is encoded on the host");
+  ASSIGN_OR_RETURN(std::optional<DeviceCodec> codec, DeviceCodecFor(spec));
+  if (!codec.has_value()) return absl::UnimplementedError("no device codec for " + spec);
+  const TokenTopKInner& q = codec->quantizer;
+  return RunFallible([&]() -> absl::StatusOr<std::string> {
+    if (codec->token_keep.has_value()) {
+      return TokenTopKEncodeCuda(t.data(), t.shape(), *codec->token_keep, q, scores, stream_);
+    }
+    return q.kind == TokenTopKInner::Kind::kPiecewise
+               ? PiecewiseEncodeCuda(t.data(), t.shape(), q.bits, stream_)
+               : LinearEncodeCuda(t.data(), t.shape(), q.bits, stream_);
   });
 }
 
 absl::StatusOr<Tensor> CudaBackendImpl::DecodeOnDevice(const std::string& spec,
                                                        const std::string& payload,
                                                        const Shape& shape) {
-  ASSIGN_OR_RETURN(std::optional<DeviceQuantizer> q, DeviceQuantizerFor(spec));
-  if (!q.has_value()) return absl::UnimplementedError("no device codec for " + spec);
+  if (NumElements(shape) == 0) {
+    return absl::UnimplementedError("an empty tensor is decoded on the host");
+  }
+  ASSIGN_OR_RETURN(std::optional<DeviceCodec> codec, DeviceCodecFor(spec));
+  if (!codec.has_value()) return absl::UnimplementedError("no device codec for " + spec);
+  const TokenTopKInner& q = codec->quantizer;
   Tensor out = Allocate(shape, /*zero=*/false);
-  ASSIGN_OR_RETURN(const Shape decoded, RunFallible([&] {
-                     return q->piecewise ? PiecewiseDecodeCuda(payload, q->bits, out.data(),
-                                                               out.numel(), stream_)
-                                         : LinearDecodeCuda(payload, q->bits, out.data(),
-                                                            out.numel(), stream_);
+  ASSIGN_OR_RETURN(const Shape decoded, RunFallible([&]() -> absl::StatusOr<Shape> {
+                     if (codec->token_keep.has_value()) {
+                       return TokenTopKDecodeCuda(payload, *codec->token_keep, q, out.data(),
+                                                  out.numel(), stream_);
+                     }
+                     return q.kind == TokenTopKInner::Kind::kPiecewise
+                                ? PiecewiseDecodeCuda(payload, q.bits, out.data(), out.numel(),
+                                                      stream_)
+                                : LinearDecodeCuda(payload, q.bits, out.data(), out.numel(),
+                                                   stream_);
                    }));
   if (NumElements(decoded) != out.numel()) {
     return absl::InvalidArgumentError(absl::StrCat("payload decodes to ", ShapeToString(decoded),

@@ -28,6 +28,7 @@
 #include "common/philox.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/codec_spec.h"
+#include "kernels/compress/token_topk_codec.h"
 #include "kernels/cuda/parity_testing.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/unit.h"
@@ -36,6 +37,12 @@ namespace pipetrain {
 namespace {
 
 using testing::AllClose;
+
+// The token_topk codec a valid spec names.
+std::unique_ptr<TokenTopKCodec> MakeTokenTopKFromSpec(const std::string& spec) {
+  std::unique_ptr<Codec> codec = MakeCodec(spec).value();
+  return std::unique_ptr<TokenTopKCodec>(static_cast<TokenTopKCodec*>(codec.release()));
+}
 
 // Shapes off every block size: T = 33, B * T = 99 rows, vocab 97.
 GptConfig SmallConfig() {
@@ -238,11 +245,13 @@ TEST_F(CudaBackendTest, DeviceCodecs_MatchTheCpuCodecsByteForByte) {
   const Shape shape = {3, 33, 65};  // 6435 values: off every block size
   const Tensor x = Normal(shape, 21);
   const Tensor on_device = b->Upload(x);
-  for (const std::string spec : {"linear:bits=4", "linear:bits=8", "piecewise:bits=3",
-                                 "piecewise:bits=1"}) {
+  for (const std::string spec :
+       {"linear:bits=4", "linear:bits=8", "piecewise:bits=3", "piecewise:bits=1",
+        "token_topk:keep=0.5", "token_topk:keep=0.5+piecewise:bits=3",
+        "token_topk:keep=0.3+linear:bits=8", "token_topk:keep=1+piecewise:bits=4"}) {
     std::unique_ptr<Codec> cpu = MakeCodec(spec).value();
     const std::string want = cpu->Encode(x, nullptr).value();
-    absl::StatusOr<std::string> got = b->EncodeOnDevice(on_device, spec);
+    absl::StatusOr<std::string> got = b->EncodeOnDevice(on_device, spec, {});
     ASSERT_TRUE(got.ok()) << spec << ": " << got.status();
     EXPECT_EQ(*got, want) << spec;
     absl::StatusOr<Tensor> decoded = b->DecodeOnDevice(spec, want, shape);
@@ -254,9 +263,31 @@ TEST_F(CudaBackendTest, DeviceCodecs_MatchTheCpuCodecsByteForByte) {
     EXPECT_EQ(b->DecodeOnDevice(spec, want.substr(0, want.size() - 1), shape).status().code(),
               absl::StatusCode::kInvalidArgument) << spec;
   }
-  for (const std::string spec : {"fp16", "token_topk:keep=0.5", "powersgd:rank=4",
-                                 "token_topk:keep=0.5+piecewise:bits=3"}) {
-    EXPECT_EQ(b->EncodeOnDevice(on_device, spec).status().code(),
+  // Token top-k by the caller's scores (the attention column sums), one per
+  // token: the CPU's EncodeWithScores, byte for byte; a non-finite score is
+  // the CPU's error.
+  const int64_t tokens = 3 * 33;
+  std::vector<float> scores = Normal({tokens}, 22).ToVector();
+  scores[7] = scores[8];  // a tie: the lower token wins on both
+  for (const std::string spec : {"token_topk:keep=0.5", "token_topk:keep=0.25+piecewise:bits=3"}) {
+    const auto cpu = MakeTokenTopKFromSpec(spec);
+    const std::string want = cpu->EncodeWithScores(x, scores, nullptr).value();
+    absl::StatusOr<std::string> got = b->EncodeOnDevice(on_device, spec, scores);
+    ASSERT_TRUE(got.ok()) << spec << ": " << got.status();
+    EXPECT_EQ(*got, want) << spec << " with scores";
+  }
+  std::vector<float> bad_scores = scores;
+  bad_scores[5] = std::nanf("");
+  absl::StatusOr<std::string> bad_score =
+      b->EncodeOnDevice(on_device, "token_topk:keep=0.5", bad_scores);
+  EXPECT_EQ(bad_score.status().code(), absl::StatusCode::kInvalidArgument) << bad_score.status();
+  EXPECT_EQ(bad_score.status().message(), MakeTokenTopKFromSpec("token_topk:keep=0.5")
+                                              ->EncodeWithScores(x, bad_scores, nullptr)
+                                              .status()
+                                              .message());
+  for (const std::string spec : {"fp16", "powersgd:rank=4", "token_topk:keep=0.5+fp16",
+                                 "elem_topk:keep=0.1"}) {
+    EXPECT_EQ(b->EncodeOnDevice(on_device, spec, {}).status().code(),
               absl::StatusCode::kUnimplemented) << spec;
     EXPECT_EQ(b->DecodeOnDevice(spec, "", shape).status().code(),
               absl::StatusCode::kUnimplemented) << spec;
@@ -264,9 +295,20 @@ TEST_F(CudaBackendTest, DeviceCodecs_MatchTheCpuCodecsByteForByte) {
   std::vector<float> bad = x.ToVector();
   bad[100] = std::nanf("");
   absl::StatusOr<std::string> rejected =
-      b->EncodeOnDevice(b->Upload(Tensor::FromVector(shape, bad)), "piecewise:bits=3");
+      b->EncodeOnDevice(b->Upload(Tensor::FromVector(shape, bad)), "piecewise:bits=3", {});
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument) << rejected.status();
+  rejected = b->EncodeOnDevice(b->Upload(Tensor::FromVector(shape, bad)),
+                               "token_topk:keep=0.5+piecewise:bits=3", {});
   EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument) << rejected.status();
   EXPECT_TRUE(b->status().ok()) << b->status();  // data errors do not stick
+}
+
+// Runs everywhere (no device needed): an empty tensor goes to the host.
+TEST(CudaBackendNoDeviceTest, DeviceCodecsOfEmptyShapes_Unimplemented) {
+  auto cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  if (!cuda.ok()) GTEST_SKIP() << "no CUDA device: " << cuda.status();
+  EXPECT_EQ((*cuda)->DecodeOnDevice("token_topk:keep=0.5", "", {0, 4}).status().code(),
+            absl::StatusCode::kUnimplemented);
 }
 
 // Runs everywhere: without a GPU the error is a clear NOT_FOUND.

@@ -51,8 +51,9 @@ class ForwardingBackend : public Backend {
                                                                  int stage) override {
     return inner_->JoinDeviceGroup(group, stage);
   }
-  absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec) override {
-    return inner_->EncodeOnDevice(t, spec);
+  absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec,
+                                             absl::Span<const float> scores) override {
+    return inner_->EncodeOnDevice(t, spec, scores);
   }
   absl::StatusOr<Tensor> DecodeOnDevice(const std::string& spec, const std::string& payload,
                                         const Shape& shape) override {

@@ -521,7 +521,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
   // everything the backend answers UNIMPLEMENTED (the CPU backend: all).
   if (!s.codec().empty() && !s.error_feedback()) {
     const auto start = Clock::now();
-    absl::StatusOr<std::string> payload = setup_.backend->EncodeOnDevice(tensor, s.codec());
+    absl::StatusOr<std::string> payload = setup_.backend->EncodeOnDevice(tensor, s.codec(), scores);
     if (payload.ok()) {
       const double seconds = SecondsSince(start);
       WireTensor wire = WireTensor::Encoded(s.codec(), *std::move(payload), tensor.shape());

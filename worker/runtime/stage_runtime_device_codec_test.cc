@@ -1,7 +1,9 @@
 // The runtime's use of device codecs (Backend::EncodeOnDevice and
-// DecodeOnDevice, which the CUDA backend provides for linear and piecewise
-// payloads): a stand-in backend computes on the CPU but claims those codecs,
-// producing them with the CPU codec, so its payloads equal the host path's.
+// DecodeOnDevice, which the CUDA backend provides for linear, piecewise and
+// token_topk payloads): a stand-in backend computes on the CPU but claims
+// those codecs, producing them with the CPU codec, so its payloads equal the
+// host path's when the runtime hands it what the host path uses (token
+// top-k's attention scores included).
 // A two-stage pipeline on stand-ins must then train bitwise as one on plain
 // CPU backends, every compressed non-error-feedback send and every
 // compressed receive must go through the device calls, error-feedback sends
@@ -17,6 +19,7 @@
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/codec_spec.h"
+#include "kernels/compress/token_topk_codec.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/forwarding_backend.h"
 #include "worker/runtime/pipeline_testing.h"
@@ -32,10 +35,18 @@ class StandInDeviceCodecs : public ForwardingBackend {
  public:
   StandInDeviceCodecs() : ForwardingBackend(CpuBackend()) {}
 
-  absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec) override {
+  absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec,
+                                             absl::Span<const float> scores) override {
     if (!Claims(spec)) return absl::UnimplementedError("not claimed");
     ++encodes;
-    return MakeCodec(spec).value()->Encode(t, nullptr);
+    std::unique_ptr<Codec> codec = MakeCodec(spec).value();
+    if (const auto* topk = dynamic_cast<const TokenTopKCodec*>(codec.get())) {
+      if (!scores.empty()) {
+        ++scored_encodes;
+        return topk->EncodeWithScores(t, scores, nullptr);
+      }
+    }
+    return codec->Encode(t, nullptr);
   }
   absl::StatusOr<Tensor> DecodeOnDevice(const std::string& spec, const std::string& payload,
                                         const Shape& shape) override {
@@ -48,11 +59,13 @@ class StandInDeviceCodecs : public ForwardingBackend {
   }
 
   std::atomic<int> encodes{0};
+  std::atomic<int> scored_encodes{0};  // token_topk with the runtime's scores
   std::atomic<int> decodes{0};
 
  private:
   static bool Claims(const std::string& spec) {
-    return spec.rfind("linear:", 0) == 0 || spec.rfind("piecewise:", 0) == 0;
+    return spec.rfind("linear:", 0) == 0 || spec.rfind("piecewise:", 0) == 0 ||
+           spec.rfind("token_topk:", 0) == 0;
   }
 };
 
@@ -61,12 +74,14 @@ struct PipelineRun {
   std::vector<IterationResult> results;  // per stage, of the last iteration
 };
 
-// Two stages, 1F1B, three iterations; stage s computes on backends[s].
-PipelineRun TrainPipeline(const v1::CompressionSpec& compression, const std::vector<Backend*>& backends) {
+// Two stages cut before unit `cut` (3: after an MLP; 2: after attention),
+// 1F1B, three iterations; stage s computes on backends[s].
+PipelineRun TrainPipeline(const v1::CompressionSpec& compression,
+                          const std::vector<Backend*>& backends, int cut = 3) {
   const TrainConfig c = testing::SmallConfig();
   const Dataset data = testing::MakeDataset();
   const int units = NumUnits(c.model);
-  const std::vector<Range> ranges = {{0, 3}, {3, units}};
+  const std::vector<Range> ranges = {{0, cut}, {cut, units}};
   auto programs = CompilePrograms(ranges, units, c.micro_batches, Schedule::kOneFOneB).value();
   MarkCompression(compression, &programs);
   InProcessFabric fabric(2);
@@ -141,6 +156,24 @@ TEST(StageRuntimeDeviceCodecTest, DeviceCodecs_TrainBitwiseAsTheHostPath_EfSends
   EXPECT_GT(forward.compressed_tensors, 0);
   EXPECT_EQ(forward.error_samples, 0);
   EXPECT_GT(device.results[1].sent.at({0, "ACTIVATION_GRAD"}).error_samples, 0);
+}
+
+// Token top-k with a quantizer on the device: the runtime must hand the
+// backend the attention scores the host path selects by (acctfm §4.3.1),
+// or the kept tokens, and so the losses, differ.
+TEST(StageRuntimeDeviceCodecTest, TokenTopK_GetsTheScores_TrainsBitwiseAsTheHostPath) {
+  v1::CompressionSpec compression;
+  compression.set_forward("token_topk:keep=0.5+piecewise:bits=3");
+  // Cut after attention_0 (unit 1), whose output has the scores.
+  const PipelineRun host = TrainPipeline(compression, {CpuBackend(), CpuBackend()}, /*cut=*/2);
+  StandInDeviceCodecs stage0, stage1;
+  const PipelineRun device = TrainPipeline(compression, {&stage0, &stage1}, /*cut=*/2);
+  ASSERT_EQ(host.losses.size(), 3u * testing::SmallConfig().micro_batches);
+  EXPECT_EQ(device.losses, host.losses);
+  const int sends = 3 * testing::SmallConfig().micro_batches;
+  EXPECT_EQ(stage0.encodes.load(), sends);
+  EXPECT_EQ(stage0.scored_encodes.load(), sends);
+  EXPECT_EQ(stage1.decodes.load(), sends);
 }
 
 }  // namespace

@@ -1,0 +1,176 @@
+#include "kernels/cuda/token_topk_payload.h"
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/compress/payload.h"
+#include "kernels/compress/token_topk_codec.h"
+#include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/quantize.h"
+#include "kernels/cuda/stream_scratch.h"
+#include "kernels/cuda/token_topk.h"
+
+namespace pipetrain {
+namespace {
+
+// The CPU CheckFinite's message for the first non-finite value of x[0, n).
+absl::Status CheckFiniteOnDevice(const float* x, int64_t n, absl::string_view codec,
+                                 cudaStream_t stream) {
+  ASSIGN_OR_RETURN(MaxAbsScan scan, MaxAbsScanCuda(x, n, stream));
+  if (scan.first_non_finite < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(codec, ": element ", scan.first_non_finite,
+                                                 " is ", scan.first_non_finite_value,
+                                                 "; only finite values can be encoded"));
+}
+
+template <typename T>
+absl::StatusOr<StreamScratch> Scratch(int64_t n, cudaStream_t stream) {
+  return StreamScratch::Create(static_cast<size_t>(n) * sizeof(T), stream);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> TokenTopKEncodeCuda(const float* x, const Shape& shape, double keep,
+                                                const TokenTopKInner& inner,
+                                                absl::Span<const float> scores,
+                                                cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckTokenTopKRank(shape));
+  const int64_t d = shape.back();
+  const int64_t n = NumElements(shape);
+  const int64_t tokens = NumElements(Shape(shape.begin(), shape.end() - 1));
+  if (n == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_topk on the GPU: ", ShapeToString(shape), " is empty; encode it on the host"));
+  }
+  RETURN_IF_ERROR(CheckFiniteOnDevice(x, n, "token_topk", stream));
+  if (!scores.empty()) {
+    if (static_cast<int64_t>(scores.size()) != tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("token_topk: scores has ", scores.size(),
+                                                     " entries, but ", ShapeToString(shape),
+                                                     " has ", tokens, " tokens"));
+    }
+    for (size_t t = 0; t < scores.size(); ++t) {
+      if (!std::isfinite(scores[t])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "token_topk: scores[", t, "] is ", double{scores[t]}, "; scores must be finite"));
+      }
+    }
+  }
+  ASSIGN_OR_RETURN(const int64_t kept, TokenTopKKeptCount(keep, tokens));
+  ASSIGN_OR_RETURN(StreamScratch mask_block, Scratch<uint8_t>(tokens, stream));
+  ASSIGN_OR_RETURN(StreamScratch index_block, Scratch<int64_t>(kept, stream));
+  ASSIGN_OR_RETURN(StreamScratch rows_block, Scratch<float>(kept * d, stream));
+  uint8_t* mask = mask_block.as<uint8_t>();
+  int64_t* kept_index = index_block.as<int64_t>();
+  float* rows = rows_block.as<float>();
+  if (!scores.empty()) {
+    ASSIGN_OR_RETURN(StreamScratch score_block, Scratch<float>(tokens, stream));
+    // From pageable memory the copy has read `scores` when it returns.
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(score_block.get(), scores.data(),
+                                         scores.size() * sizeof(float), cudaMemcpyHostToDevice,
+                                         stream));
+    RETURN_IF_ERROR(TokenTopKSelectCuda(score_block.as<float>(), tokens, kept, mask, kept_index,
+                                        stream));
+  } else {
+    RETURN_IF_ERROR(TokenTopKSelectByNormCuda(x, tokens, d, kept, mask, kept_index, stream));
+  }
+  RETURN_IF_ERROR(TokenGatherCuda(x, d, kept_index, kept, rows, stream));
+  std::vector<uint8_t> host_mask(static_cast<size_t>(tokens));
+  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_mask.data(), mask, host_mask.size(),
+                                       cudaMemcpyDeviceToHost, stream));
+  std::vector<float> host_rows;
+  if (inner.kind == TokenTopKInner::Kind::kRaw) {
+    host_rows.resize(static_cast<size_t>(kept * d));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_rows.data(), rows, host_rows.size() * sizeof(float),
+                                         cudaMemcpyDeviceToHost, stream));
+  }
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  std::string out;
+  WriteTokenTopKPrefix(shape, keep, kept,
+                       std::vector<bool>(host_mask.begin(), host_mask.end()), &out);
+  ByteWriter w(&out);
+  if (inner.kind == TokenTopKInner::Kind::kRaw) {
+    for (float v : host_rows) w.F32(v);
+    return out;
+  }
+  const Shape kept_shape = {kept, d};
+  ASSIGN_OR_RETURN(std::string payload,
+                   inner.kind == TokenTopKInner::Kind::kLinear
+                       ? LinearEncodeCuda(rows, kept_shape, inner.bits, stream)
+                       : PiecewiseEncodeCuda(rows, kept_shape, inner.bits, stream));
+  w.I64(static_cast<int64_t>(payload.size()));
+  w.Bytes(payload);
+  return out;
+}
+
+absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep,
+                                          const TokenTopKInner& inner, float* out,
+                                          int64_t capacity, cudaStream_t stream) {
+  ByteReader r(payload);
+  ASSIGN_OR_RETURN(TokenTopKPrefix prefix, ReadTokenTopKPrefix(&r, keep));
+  const Shape& shape = prefix.shape;
+  const int64_t n = NumElements(shape);
+  if (n > capacity) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_topk: payload shape ", ShapeToString(shape), " holds ", n,
+        " values, the output buffer only ", capacity, "; allocate the tensor's full size"));
+  }
+  const int64_t d = shape.back();
+  const int64_t tokens = NumElements(Shape(shape.begin(), shape.end() - 1));
+  const int64_t kept = static_cast<int64_t>(prefix.kept_tokens.size());
+  absl::string_view body;
+  r.Bytes(r.remaining(), &body);
+  ASSIGN_OR_RETURN(StreamScratch rows_block, Scratch<float>(kept * d, stream));
+  float* rows = rows_block.as<float>();
+  if (inner.kind == TokenTopKInner::Kind::kRaw) {
+    if (static_cast<int64_t>(body.size()) != 4 * kept * d) {
+      return absl::InvalidArgumentError(absl::StrCat("token_topk: body is ", body.size(),
+                                                     " bytes, expected ", 4 * kept * d));
+    }
+    std::vector<float> values(static_cast<size_t>(kept * d));
+    ByteReader v(body);
+    for (float& value : values) v.F32(&value);
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i])) {
+        return absl::InvalidArgumentError(absl::StrCat("token_topk decode: element ", i, " is ",
+                                                       values[i],
+                                                       "; only finite values can be encoded"));
+      }
+    }
+    if (!values.empty()) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rows, values.data(), values.size() * sizeof(float),
+                                           cudaMemcpyHostToDevice, stream));
+    }
+  } else {
+    ByteReader lengths(body);
+    int64_t length = 0;
+    if (!lengths.I64(&length) || length != lengths.remaining()) {
+      return absl::InvalidArgumentError("token_topk: inner payload length does not match the body");
+    }
+    ASSIGN_OR_RETURN(const Shape inner_shape,
+                     inner.kind == TokenTopKInner::Kind::kLinear
+                         ? LinearDecodeCuda(body.substr(8), inner.bits, rows, kept * d, stream)
+                         : PiecewiseDecodeCuda(body.substr(8), inner.bits, rows, kept * d,
+                                               stream));
+    if (inner_shape != Shape{kept, d}) {
+      return absl::InvalidArgumentError(absl::StrCat("token_topk: inner payload has shape ",
+                                                     ShapeToString(inner_shape), ", expected ",
+                                                     ShapeToString({kept, d})));
+    }
+  }
+  ASSIGN_OR_RETURN(StreamScratch index_block, Scratch<int64_t>(kept, stream));
+  if (kept > 0) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(index_block.get(), prefix.kept_tokens.data(),
+                                         kept * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
+  }
+  // d >= 1 and tokens >= 1 are the scatter's to check: an empty tensor is
+  // decoded on the host (the backend's rule), so this is an error here.
+  RETURN_IF_ERROR(TokenScatterCuda(rows, d, index_block.as<int64_t>(), kept, tokens, out, stream));
+  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  return shape;
+}
+
+}  // namespace pipetrain

@@ -241,9 +241,11 @@ int RunUp(const std::vector<std::string>& args) {
   const bool each_gpu = o.worker_device == "cuda:each";
   const int gpus = each_gpu ? VisibleCudaDevices() : 0;
   if (valid.ok() && each_gpu && gpus == 0) {
-    valid = absl::FailedPreconditionError(absl::StrCat(
-        "--worker-device cuda:each: no CUDA device visible",
-        BuiltWithCuda() ? "" : " (this binary was built without CUDA: rebuild with --config=cuda)"));
+    valid = absl::FailedPreconditionError(
+        absl::StrCat("--worker-device cuda:each: no CUDA device visible",
+                     BuiltWithCuda()
+                         ? ""
+                         : " (this binary was built without CUDA: rebuild with --config=cuda)"));
   }
   if (valid.ok()) {
     // The check is the workers' own; say which of up's flags it is about.

@@ -315,9 +315,8 @@ TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInADeviceReceive) {
   GroupedCpu backend(&hub);
   JobRunnerOptions options{"w", 1, absl::Seconds(60)};
   options.backend = &backend;
-  JobRunner lonely(GroupAssignment(1, 3), &fabric.mailbox(1),
-                   [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); },
-                   &link, options);
+  auto connect = [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); };
+  JobRunner lonely(GroupAssignment(1, 3), &fabric.mailbox(1), connect, &link, options);
   lonely.Start();
   for (int i = 0; i < 3000 && lonely.current_instruction().rfind("recv", 0) != 0; ++i) {
     absl::SleepFor(absl::Milliseconds(1));  // polls an observable state

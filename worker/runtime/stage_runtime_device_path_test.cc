@@ -121,13 +121,23 @@ TEST(DevicePathMixedTest, TwoHosts_TwoGroupsAndTheWireBetween_EqualsSingleProces
   EXPECT_EQ(pipe.device_tensors, int64_t{2} * 2 * c.micro_batches * kIterations);
 }
 
+// Units [0, 3) and [3, 6), and their 1F1B programs with the links marked
+// for one host.
+std::vector<Range> TwoStages() { return {{0, 3}, {3, 6}}; }
+
+std::vector<v1::Program> TwoStageDevicePrograms() {
+  auto programs = CompilePrograms(TwoStages(), 6, SmallConfig().micro_batches,
+                                  Schedule::kOneFOneB).value();
+  PlanDeviceLinks(Members({"h", "h"}), &programs);
+  return programs;
+}
+
 // What went device to device is counted per link, sent and received.
 TEST(DevicePathStatsTest, DeviceTransfers_CountedAsDeviceBytes) {
   const TrainConfig c = SmallConfig();
   const Dataset data = MakeDataset();
-  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
-  auto programs = CompilePrograms(ranges, 6, c.micro_batches, Schedule::kOneFOneB).value();
-  PlanDeviceLinks(Members({"h", "h"}), &programs);
+  const std::vector<Range> ranges = TwoStages();
+  const std::vector<v1::Program> programs = TwoStageDevicePrograms();
   InProcessFabric fabric(2);
   InProcessDeviceHub hub(2, absl::Seconds(30));
   std::vector<std::unique_ptr<Transport>> transports;
@@ -224,11 +234,8 @@ TEST(DevicePathCreateTest, CompressedOrWeightsOnTheDevicePath_InvalidArgument) {
 
 // A channel's error fails the iteration, naming the send.
 TEST(DevicePathRunTest, ChannelError_FailsTheIterationNamingTheSend) {
-  const TrainConfig c = SmallConfig();
   const Dataset data = MakeDataset();
-  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
-  auto programs = CompilePrograms(ranges, 6, c.micro_batches, Schedule::kOneFOneB).value();
-  PlanDeviceLinks(Members({"h", "h"}), &programs);
+  const std::vector<v1::Program> programs = TwoStageDevicePrograms();
   InProcessFabric fabric(2);
   auto transport = fabric.Connect(0);
   RefusingChannel channel;

@@ -95,6 +95,27 @@ absl::Status CheckBuffer(const char* op, const char* name, const void* buffer, i
   return absl::OkStatus();
 }
 
+absl::Status AwaitNccl(const std::function<ncclResult_t()>& state, const NcclJoinLimits& limits,
+                       const std::string& what) {
+  while (true) {
+    const ncclResult_t result = state();
+    if (result == ncclSuccess) return absl::OkStatus();
+    if (result != ncclInProgress) {
+      return absl::InternalError(absl::StrCat(what, " failed: ", NcclResultName(result), " (",
+                                              ncclGetErrorString(result), ")"));
+    }
+    if (absl::Now() > limits.deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, ": not every rank joined by the deadline"));
+    }
+    if (limits.cancelled != nullptr && limits.cancelled()) {
+      return absl::CancelledError(absl::StrCat(what, ": cancelled while waiting for the ranks"));
+    }
+    // NCCL's documented way to wait for a non-blocking communicator.
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 absl::Status CheckPeer(const char* op, int peer, int nranks) {
   if (peer < 0 || peer >= nranks) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": peer ", peer, " is outside [0, ", nranks,
@@ -139,26 +160,51 @@ std::string NcclUniqueId::ToBytes() const {
 }
 
 absl::StatusOr<NcclComm> NcclComm::Create(const NcclUniqueId& id, int nranks, int rank,
-                                          int device) {
+                                          int device, const NcclJoinLimits& limits) {
   RETURN_IF_ERROR(CheckCreateArgs(nranks, rank, device));
+  const std::string call =
+      absl::StrCat("NcclComm::Create(rank ", rank, " of ", nranks, ", device ", device, ")");
   ncclComm_t comm = nullptr;
+  const bool blocking = !limits.limited();
   const absl::Status status = OnDevice(device, [&]() -> absl::Status {
-    NCCL_RETURN_IF_ERROR(ncclCommInitRank(&comm, nranks, id.get(), rank));
-    return absl::OkStatus();
+    if (blocking) {
+      NCCL_RETURN_IF_ERROR(ncclCommInitRank(&comm, nranks, id.get(), rank));
+      return absl::OkStatus();
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t started = ncclCommInitRankConfig(&comm, nranks, id.get(), rank, &config);
+    if (started != ncclInProgress) NCCL_RETURN_IF_ERROR(started);
+    return nccl_internal::AwaitNccl(
+        [&comm] {
+          ncclResult_t state = ncclSuccess;
+          const ncclResult_t asked = ncclCommGetAsyncError(comm, &state);
+          return asked != ncclSuccess ? asked : state;
+        },
+        limits, "ncclCommInitRankConfig");
   });
-  if (!status.ok()) {
-    return AbortHalfMade(comm, status, absl::StrCat("NcclComm::Create(rank ", rank, " of ", nranks,
-                                                    ", device ", device, ")"));
-  }
-  return NcclComm(comm, rank, nranks, device);
+  if (!status.ok()) return AbortHalfMade(comm, status, call);
+  return NcclComm(comm, rank, nranks, device, blocking);
 }
 
 absl::StatusOr<NcclComm> NcclComm::Split(int color, int key) const {
   if (!valid()) return EmptyCommError("Split");
   ncclComm_t part = nullptr;
   const absl::Status status = OnDevice(device_, [&]() -> absl::Status {
-    NCCL_RETURN_IF_ERROR(ncclCommSplit(comm_, color < 0 ? kNoColor : color, key, &part, nullptr));
-    return absl::OkStatus();
+    // The parts are blocking communicators, whatever this one is.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 1;
+    const ncclResult_t started =
+        ncclCommSplit(comm_, color < 0 ? kNoColor : color, key, &part, &config);
+    RETURN_IF_ERROR(Finish(started, "ncclCommSplit"));
+    if (part == nullptr) return absl::OkStatus();
+    return nccl_internal::AwaitNccl(
+        [&part] {
+          ncclResult_t state = ncclSuccess;
+          const ncclResult_t asked = ncclCommGetAsyncError(part, &state);
+          return asked != ncclSuccess ? asked : state;
+        },
+        NcclJoinLimits{}, "ncclCommSplit");
   });
   if (!status.ok()) {
     return AbortHalfMade(part, status, absl::StrCat("NcclComm::Split(rank ", rank_, " of ", size_,
@@ -180,7 +226,8 @@ NcclComm::NcclComm(NcclComm&& other) noexcept
     : comm_(std::exchange(other.comm_, nullptr)),
       rank_(std::exchange(other.rank_, 0)),
       size_(std::exchange(other.size_, 0)),
-      device_(std::exchange(other.device_, -1)) {}
+      device_(std::exchange(other.device_, -1)),
+      blocking_(std::exchange(other.blocking_, true)) {}
 
 NcclComm& NcclComm::operator=(NcclComm&& other) noexcept {
   if (this != &other) {
@@ -189,6 +236,7 @@ NcclComm& NcclComm::operator=(NcclComm&& other) noexcept {
     rank_ = std::exchange(other.rank_, 0);
     size_ = std::exchange(other.size_, 0);
     device_ = std::exchange(other.device_, -1);
+    blocking_ = std::exchange(other.blocking_, true);
   }
   return *this;
 }
@@ -202,9 +250,9 @@ absl::Status NcclComm::AllReduceSum(const float* send, float* recv, int64_t coun
   RETURN_IF_ERROR(nccl_internal::CheckBuffer("NcclComm::AllReduceSum", "recv", recv, count));
   if (!valid()) return EmptyCommError("AllReduceSum");
   return OnDevice(device_, [&]() -> absl::Status {
-    NCCL_RETURN_IF_ERROR(
-        ncclAllReduce(send, recv, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_, stream));
-    return absl::OkStatus();
+    return Finish(
+        ncclAllReduce(send, recv, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_, stream),
+        "ncclAllReduce");
   });
 }
 
@@ -213,9 +261,8 @@ absl::Status NcclComm::Send(const float* send, int64_t count, int peer, cudaStre
   if (!valid()) return EmptyCommError("Send");
   RETURN_IF_ERROR(nccl_internal::CheckPeer("NcclComm::Send", peer, size_));
   return OnDevice(device_, [&]() -> absl::Status {
-    NCCL_RETURN_IF_ERROR(
-        ncclSend(send, static_cast<size_t>(count), ncclFloat32, peer, comm_, stream));
-    return absl::OkStatus();
+    return Finish(ncclSend(send, static_cast<size_t>(count), ncclFloat32, peer, comm_, stream),
+                  "ncclSend");
   });
 }
 
@@ -224,19 +271,41 @@ absl::Status NcclComm::Recv(float* recv, int64_t count, int peer, cudaStream_t s
   if (!valid()) return EmptyCommError("Recv");
   RETURN_IF_ERROR(nccl_internal::CheckPeer("NcclComm::Recv", peer, size_));
   return OnDevice(device_, [&]() -> absl::Status {
-    NCCL_RETURN_IF_ERROR(
-        ncclRecv(recv, static_cast<size_t>(count), ncclFloat32, peer, comm_, stream));
-    return absl::OkStatus();
+    return Finish(ncclRecv(recv, static_cast<size_t>(count), ncclFloat32, peer, comm_, stream),
+                  "ncclRecv");
   });
+}
+
+absl::Status NcclComm::Finish(ncclResult_t result, const char* call) const {
+  if (result == ncclSuccess) return absl::OkStatus();
+  if (result != ncclInProgress || blocking_) {
+    return NcclStatus(result, call, __FILE__, __LINE__);
+  }
+  return nccl_internal::AwaitNccl(
+      [this] {
+        ncclResult_t state = ncclSuccess;
+        const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
+        return asked != ncclSuccess ? asked : state;
+      },
+      NcclJoinLimits{}, call);
 }
 
 absl::Status NcclComm::Destroy() {
   if (comm_ == nullptr) return absl::OkStatus();
+  DeviceKeeper keeper;  // NCCL switches to the communicator's device
+  if (!blocking_) {
+    // A non-blocking communicator is finalized (and waited for) first.
+    const absl::Status finalized = Finish(ncclCommFinalize(comm_), "ncclCommFinalize");
+    if (!finalized.ok()) {
+      Abort();
+      return finalized;
+    }
+  }
   const ncclComm_t comm = std::exchange(comm_, nullptr);
   rank_ = 0;
   size_ = 0;
   device_ = -1;
-  DeviceKeeper keeper;  // NCCL switches to the communicator's device
+  blocking_ = true;
   NCCL_RETURN_IF_ERROR(ncclCommDestroy(comm));
   return absl::OkStatus();
 }
@@ -249,6 +318,7 @@ void NcclComm::Abort() {
   rank_ = 0;
   size_ = 0;
   device_ = -1;
+  blocking_ = true;
   DeviceKeeper keeper;
   ncclCommAbort(comm);
 }
@@ -257,6 +327,7 @@ ncclComm_t NcclComm::Release() {
   rank_ = 0;
   size_ = 0;
   device_ = -1;
+  blocking_ = true;
   return std::exchange(comm_, nullptr);
 }
 

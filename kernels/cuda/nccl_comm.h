@@ -36,11 +36,14 @@
 #include <nccl.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 namespace pipetrain {
 
@@ -83,6 +86,16 @@ class NcclUniqueId {
   ncclUniqueId id_{};
 };
 
+// How long NcclComm::Create may wait for the other ranks, and how its caller
+// stops it early (asked every millisecond while waiting, e.g. "has the job
+// been stopped?"). The default waits forever in a blocking init.
+struct NcclJoinLimits {
+  absl::Time deadline = absl::InfiniteFuture();
+  std::function<bool()> cancelled;  // null: never
+
+  bool limited() const { return deadline != absl::InfiniteFuture() || cancelled != nullptr; }
+};
+
 // One rank's membership of an NCCL communicator. Move-only RAII: destruction
 // (or Destroy) calls ncclCommDestroy, Abort calls ncclCommAbort.
 //
@@ -104,7 +117,17 @@ class NcclComm {
   // no such device, no driver) or NCCL fails (e.g. ncclInvalidUsage when
   // two ranks name the same GPU and this NCCL version rejects that); a
   // half-initialised communicator is aborted before returning.
-  static absl::StatusOr<NcclComm> Create(const NcclUniqueId& id, int nranks, int rank, int device);
+  //
+  // With `limits` (a deadline or a cancel check), the communicator is made
+  // non-blocking (ncclCommInitRankConfig, blocking = 0) and its init polled
+  // (ncclCommGetAsyncError): DEADLINE_EXCEEDED past the deadline, CANCELLED
+  // when `cancelled` says so, each after aborting the half-made
+  // communicator, so a rank that never comes cannot hold the others
+  // forever. Such a communicator serves Split (whose parts are blocking),
+  // Destroy and Abort; its other operations wait out NCCL's "in progress"
+  // answers themselves.
+  static absl::StatusOr<NcclComm> Create(const NcclUniqueId& id, int nranks, int rank, int device,
+                                         const NcclJoinLimits& limits = {});
 
   NcclComm() = default;  // empty: valid() is false
   NcclComm(const NcclComm&) = delete;
@@ -171,13 +194,19 @@ class NcclComm {
   ncclComm_t Release();
 
  private:
-  NcclComm(ncclComm_t comm, int rank, int size, int device)
-      : comm_(comm), rank_(rank), size_(size), device_(device) {}
+  NcclComm(ncclComm_t comm, int rank, int size, int device, bool blocking = true)
+      : comm_(comm), rank_(rank), size_(size), device_(device), blocking_(blocking) {}
+
+  // For a non-blocking communicator, waits until its last call is no longer
+  // in progress (`result` is that call's); INTERNAL naming `call` for an
+  // error.
+  absl::Status Finish(ncclResult_t result, const char* call) const;
 
   ncclComm_t comm_ = nullptr;
   int rank_ = 0;
   int size_ = 0;
   int device_ = -1;
+  bool blocking_ = true;
 };
 
 // A group of NCCL operations launched together (ncclGroupStart/End): a
@@ -220,6 +249,15 @@ namespace nccl_internal {
 
 // NcclComm's argument checks, exposed so tests can run them without a GPU.
 // Each returns OK or INVALID_ARGUMENT naming `op` and the bad argument.
+
+// Asks `state` (ncclCommGetAsyncError of a non-blocking communicator) every
+// millisecond until it answers other than ncclInProgress: OK for
+// ncclSuccess, INTERNAL naming `what` for an error (the answer's name),
+// DEADLINE_EXCEEDED once limits.deadline has passed and CANCELLED once
+// limits.cancelled() is true, both naming `what` (the caller then aborts
+// the communicator). Needs no GPU: tests drive it with a fake state.
+absl::Status AwaitNccl(const std::function<ncclResult_t()>& state, const NcclJoinLimits& limits,
+                       const std::string& what);
 
 // count >= 0, and `buffer` (called `name`) non-null when count > 0.
 absl::Status CheckBuffer(const char* op, const char* name, const void* buffer, int64_t count);

@@ -235,6 +235,49 @@ TEST(NcclCommTest, CheckPeer_OutsideRanks_InvalidArgument) {
   }
 }
 
+// The wait for a non-blocking communicator (NcclComm::Create with limits),
+// driven by a fake ncclCommGetAsyncError: no GPU needed.
+TEST(NcclAwaitTest, InProgressThenSuccess_Ok) {
+  int asked = 0;
+  const absl::Status s = nccl_internal::AwaitNccl(
+      [&] { return ++asked < 4 ? ncclInProgress : ncclSuccess; }, NcclJoinLimits{}, "init");
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_EQ(asked, 4);
+}
+
+TEST(NcclAwaitTest, Error_InternalNamingTheCallAndResult) {
+  const absl::Status s = nccl_internal::AwaitNccl([] { return ncclSystemError; },
+                                                  NcclJoinLimits{}, "ncclCommInitRankConfig");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
+  EXPECT_TRUE(Contains(s, "ncclCommInitRankConfig failed: ncclSystemError")) << s;
+}
+
+TEST(NcclAwaitTest, NeverReady_DeadlineExceededAtTheDeadline) {
+  NcclJoinLimits limits;
+  limits.deadline = absl::Now() + absl::Milliseconds(20);
+  EXPECT_TRUE(limits.limited());
+  const absl::Status s =
+      nccl_internal::AwaitNccl([] { return ncclInProgress; }, limits, "ncclCommInitRankConfig");
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_GE(absl::Now(), limits.deadline);
+  EXPECT_TRUE(Contains(s, "not every rank joined by the deadline")) << s;
+}
+
+TEST(NcclAwaitTest, Cancelled_StopsWaiting) {
+  int asked = 0;
+  NcclJoinLimits limits;
+  limits.cancelled = [&] { return asked >= 5; };
+  const absl::Status s = nccl_internal::AwaitNccl(
+      [&] {
+        ++asked;
+        return ncclInProgress;
+      },
+      limits, "init");
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(asked, 5);
+  EXPECT_FALSE(NcclJoinLimits{}.limited());
+}
+
 TEST(NcclCommTest, CheckBuffer_ZeroCountNull_Ok) {
   EXPECT_TRUE(nccl_internal::CheckBuffer("op", "buf", nullptr, 0).ok());
 }
@@ -403,6 +446,29 @@ TEST_F(NcclGpuTest, Split_OneRank_IndependentCommunicatorOrNone) {
   absl::StatusOr<std::vector<float>> out = buffer->ToHost();
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(AllClose("all-reduce on the split", *out, input, 0.0f, 0.0f));
+}
+
+// A limited (non-blocking) one-rank communicator joins at once and works.
+TEST_F(NcclGpuTest, Create_WithLimits_NonBlockingJoinAndOperationsWork) {
+  NcclJoinLimits limits;
+  limits.deadline = absl::Now() + absl::Seconds(60);
+  absl::StatusOr<NcclUniqueId> id = NcclUniqueId::Create();
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<NcclComm> comm = NcclComm::Create(*id, 1, 0, 0, limits);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  absl::StatusOr<CudaStream> stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const std::vector<float> input = RandomNormal(/*seed=*/500, 1000, 0.0f, 1.0f);
+  absl::StatusOr<DeviceBuffer<float>> buffer = DeviceBuffer<float>::FromHost(input);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  ASSERT_TRUE(comm->AllReduceSum(buffer->data(), buffer->data(), 1000, stream->get()).ok());
+  absl::StatusOr<NcclComm> part = comm->Split(0, 0);
+  ASSERT_TRUE(part.ok()) << part.status();
+  EXPECT_TRUE(part->valid());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_TRUE(AllClose("non-blocking all-reduce", buffer->ToHost().value(), input, 0.0f, 0.0f));
+  EXPECT_TRUE(comm->Destroy().ok());
+  EXPECT_TRUE(part->Destroy().ok());
 }
 
 // --- One GPU, two ranks ---

@@ -92,6 +92,10 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> JobRunner::JoinDeviceGroup() {
   for (const v1::DeviceLink& link : proto.links()) {
     group.links.push_back({link.from_stage(), link.to_stage()});
   }
+  // The others passed the start barrier too: wait for them as long as for a
+  // tensor, and not past a stop.
+  group.join_deadline = absl::Now() + options_.recv_timeout;
+  group.join_cancelled = [this] { return stop_.load(); };
   int device_sends = 0, device_recvs = 0;
   for (const v1::Instruction& in : assignment_.program().instructions()) {
     device_sends += in.has_send() && in.send().path() == v1::LINK_PATH_DEVICE;

@@ -258,13 +258,35 @@ class GroupedCpu : public ForwardingBackend {
   absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup(const DeviceGroupSpec& group,
                                                                  int stage) override {
     if (!DeviceGroupRank(group, stage).ok()) return DeviceGroupRank(group, stage).status();
+    std::lock_guard<std::mutex> lock(mu_);
+    join_deadline_ = group.join_deadline;
+    join_cancelled_ = group.join_cancelled;
+    cancelled_at_join_ = join_cancelled_ != nullptr && join_cancelled_();
     return std::unique_ptr<DeviceChannel>(
         new CountingChannel(hub_->ChannelFor(stage), &aborts));
+  }
+  // What the runner's join asked for: a deadline, and a cancel check that
+  // was false then; `now` asks the check again.
+  absl::Time join_deadline() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return join_deadline_;
+  }
+  bool cancelled_at_join() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancelled_at_join_;
+  }
+  bool cancelled_now() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return join_cancelled_ != nullptr && join_cancelled_();
   }
   std::atomic<int> aborts{0};
 
  private:
   InProcessDeviceHub* hub_;
+  std::mutex mu_;
+  absl::Time join_deadline_ = absl::InfiniteFuture();
+  std::function<bool()> join_cancelled_;
+  bool cancelled_at_join_ = true;
 };
 
 // Assignment() with its activations and gradients marked for the device
@@ -304,6 +326,9 @@ TEST(JobRunnerTest, DeviceGroup_TrainsThroughTheChannelAndNeverAborts) {
   // Per step: 2 micro-batches, an activation down and a gradient up each.
   EXPECT_EQ(hub.sent(), 2 * 2 * 2);
   EXPECT_EQ(backends[0]->aborts.load() + backends[1]->aborts.load(), 0);
+  // The join was bounded (by the receive timeout) and not cancelled.
+  EXPECT_LT(backends[0]->join_deadline(), absl::InfiniteFuture());
+  EXPECT_FALSE(backends[0]->cancelled_at_join());
 }
 
 // Stage 1 alone waits in a device receive for stage 0, which never comes:
@@ -327,6 +352,9 @@ TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInADeviceReceive) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
   EXPECT_TRUE(lonely.finished());
   EXPECT_GE(backend.aborts.load(), 1);
+  // A join still waiting would have been cancelled by the stop.
+  EXPECT_FALSE(backend.cancelled_at_join());
+  EXPECT_TRUE(backend.cancelled_now());
   EXPECT_TRUE(link.reports().empty());  // a stop is not a failure to report
 }
 

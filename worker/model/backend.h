@@ -162,9 +162,11 @@ class Backend {
   }
   // Joins `group` as `stage` (DeviceGroupRank's rules) and returns its
   // channel, whose tensors live on this backend's device and are ordered
-  // with its ops. Blocks until every member has joined. The backend must
-  // outlive the channel. UNIMPLEMENTED as NewDeviceGroupId; INVALID_ARGUMENT
-  // for a bad group or id; INTERNAL if the device or NCCL fails.
+  // with its ops. Blocks until every member has joined, or group's join
+  // deadline (DEADLINE_EXCEEDED) or cancel check (CANCELLED) ends the wait.
+  // The backend must outlive the channel. UNIMPLEMENTED as
+  // NewDeviceGroupId; INVALID_ARGUMENT for a bad group or id; INTERNAL if
+  // the device or NCCL fails.
   virtual absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup(
       const DeviceGroupSpec& /*group*/, int /*stage*/) {
     return absl::UnimplementedError(absl::StrCat(Describe(), " cannot join device groups"));

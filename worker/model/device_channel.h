@@ -23,12 +23,14 @@
 #ifndef PIPETRAIN_WORKER_MODEL_DEVICE_CHANNEL_H_
 #define PIPETRAIN_WORKER_MODEL_DEVICE_CHANNEL_H_
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/tensor.h"
 
 namespace pipetrain {
@@ -63,11 +65,16 @@ class DeviceChannel {
   virtual void Abort() = 0;
 };
 
-// A device group as its members join it (plan.proto DeviceGroup).
+// A device group as its members join it (plan.proto DeviceGroup), and how
+// long a member waits for the others to join.
 struct DeviceGroupSpec {
   std::string id;                          // the communicator id's bytes
   std::vector<int> stages;                 // ascending; rank r is stages[r]
   std::vector<std::pair<int, int>> links;  // (from, to) stages, in the group's order
+  // The join gives up with DEADLINE_EXCEEDED after this, and with
+  // CANCELLED once join_cancelled (asked while waiting; may be null) says so.
+  absl::Time join_deadline = absl::InfiniteFuture();
+  std::function<bool()> join_cancelled;
 };
 
 // The rank of `stage` in `group`, after checking the group: at least two

@@ -152,7 +152,8 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> CreateNcclDeviceChannel(
   ASSIGN_OR_RETURN(const int rank, DeviceGroupRank(group, stage));
   ASSIGN_OR_RETURN(const NcclUniqueId id, NcclUniqueId::FromBytes(group.id));
   ASSIGN_OR_RETURN(NcclComm whole,
-                   NcclComm::Create(id, static_cast<int>(group.stages.size()), rank, device));
+                   NcclComm::Create(id, static_cast<int>(group.stages.size()), rank, device,
+                                    NcclJoinLimits{group.join_deadline, group.join_cancelled}));
   std::map<int, LinkEnd> sends_to, receives_from;
   for (size_t l = 0; l < group.links.size(); ++l) {
     const auto [from, to] = group.links[l];

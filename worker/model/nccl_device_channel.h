@@ -28,9 +28,9 @@
 // behind it) waiting, as NCCL calls have no timeout here; when the job is
 // stopped (the coordinator's lease fails it and sends STOP), Abort aborts
 // the link communicators from the stopping thread, which ends their
-// kernels. The join itself (NcclComm::Create and the splits) cannot be
-// aborted: a member that dies between the start barrier and the join
-// leaves the others in it until their supervisors restart them.
+// kernels. The join waits for the other members until group.join_deadline
+// or group.join_cancelled (a non-blocking init, polled: NcclJoinLimits);
+// the splits that follow it, once every member is there, block.
 //
 // Limits, plainly: only raw fp32; two ranks on one GPU are refused by NCCL,
 // so on a one-GPU machine this class runs in no test
@@ -50,7 +50,8 @@ namespace pipetrain {
 
 // Joins `group` as `stage` (DeviceGroupRank's rules; group.id is
 // NcclUniqueId::ToBytes of the group's id). Blocks until every member has
-// called it (there is no timeout). `compute` is the backend's stream on CUDA device `device`;
+// called it, or until the group's join deadline or cancel check ends the
+// wait (DEADLINE_EXCEEDED, CANCELLED). `compute` is the backend's stream on CUDA device `device`;
 // `allocate` returns an uninitialised tensor of a shape on that device,
 // reused in `compute`'s order (null storage after an allocation error).
 // Both must outlive the channel. INVALID_ARGUMENT for bad stages or id;

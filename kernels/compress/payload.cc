@@ -115,13 +115,15 @@ absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader) {
   return shape;
 }
 
+absl::Status NonFiniteError(absl::string_view codec, int64_t index, float value) {
+  return absl::InvalidArgumentError(absl::StrCat(codec, ": element ", index, " is ", value,
+                                                 "; only finite values can be encoded"));
+}
+
 absl::Status CheckFinite(const Tensor& x, absl::string_view codec) {
   const float* p = x.data();
   for (int64_t i = 0; i < x.numel(); ++i) {
-    if (!std::isfinite(p[i])) {
-      return absl::InvalidArgumentError(absl::StrCat(codec, ": element ", i, " is ", p[i],
-                                                     "; only finite values can be encoded"));
-    }
+    if (!std::isfinite(p[i])) return NonFiniteError(codec, i, p[i]);
   }
   return absl::OkStatus();
 }

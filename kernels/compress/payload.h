@@ -132,6 +132,11 @@ absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader);
 // INVALID_ARGUMENT naming the first non-finite element, else OK.
 absl::Status CheckFinite(const Tensor& x, absl::string_view codec);
 
+// CheckFinite's error for element `index` holding `value`, e.g.
+// "piecewise:bits=3: element 7 is nan; only finite values can be encoded";
+// the GPU codecs report with it too.
+absl::Status NonFiniteError(absl::string_view codec, int64_t index, float value);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_COMPRESS_PAYLOAD_H_

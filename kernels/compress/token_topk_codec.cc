@@ -99,6 +99,22 @@ absl::StatusOr<TokenTopKPrefix> ReadTokenTopKPrefix(ByteReader* r, double keep) 
 
 absl::Status CheckTokenTopKRank(const Shape& shape) { return CheckRank(shape); }
 
+absl::Status CheckTokenTopKScores(absl::Span<const float> scores, const Shape& shape) {
+  const int64_t tokens = TokenCount(shape);
+  if (static_cast<int64_t>(scores.size()) != tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("token_topk: scores has ", scores.size(),
+                                                   " entries, but ", ShapeToString(shape),
+                                                   " has ", tokens, " tokens"));
+  }
+  for (size_t t = 0; t < scores.size(); ++t) {
+    if (!std::isfinite(scores[t])) {
+      return absl::InvalidArgumentError(absl::StrCat("token_topk: scores[", t, "] is ",
+                                                     double{scores[t]}, "; scores must be finite"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 TokenTopKCodec::TokenTopKCodec(double keep, std::unique_ptr<Codec> inner)
     : keep_(keep), inner_(std::move(inner)) {}
 
@@ -130,18 +146,8 @@ absl::StatusOr<std::string> TokenTopKCodec::EncodeWithScores(const Tensor& x,
   RETURN_IF_ERROR(CheckRank(x.shape()));
   RETURN_IF_ERROR(CheckFinite(x, "token_topk"));
   const int64_t tokens = TokenCount(x.shape());
-  if (static_cast<int64_t>(scores.size()) != tokens) {
-    return absl::InvalidArgumentError(absl::StrCat("token_topk: scores has ", scores.size(),
-                                                   " entries, but ", ShapeToString(x.shape()),
-                                                   " has ", tokens, " tokens"));
-  }
+  RETURN_IF_ERROR(CheckTokenTopKScores(scores, x.shape()));
   std::vector<double> score(scores.begin(), scores.end());
-  for (size_t t = 0; t < score.size(); ++t) {
-    if (!std::isfinite(score[t])) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token_topk: scores[", t, "] is ", score[t], "; scores must be finite"));
-    }
-  }
   const int64_t kept = TopKCount(keep_, tokens);
   return EncodeSelected(x, SelectTokens(score, kept), kept, state);
 }

@@ -94,6 +94,9 @@ struct TokenTopKPrefix {
 absl::StatusOr<TokenTopKPrefix> ReadTokenTopKPrefix(ByteReader* r, double keep);
 // OK, or Encode's INVALID_ARGUMENT for a tensor of rank < 2.
 absl::Status CheckTokenTopKRank(const Shape& shape);
+// OK, or EncodeWithScores' INVALID_ARGUMENT for `scores` of a tensor of
+// `shape` (rank >= 2): not one per token, or one not finite.
+absl::Status CheckTokenTopKScores(absl::Span<const float> scores, const Shape& shape);
 
 }  // namespace pipetrain
 

@@ -84,12 +84,7 @@ absl::Status PowerSgdEncodeCuda(const CublasHandle& handle, const float* m, int6
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(CheckPointer(kOp, "m", m));
-  ASSIGN_OR_RETURN(MaxAbsScan scan, MaxAbsScanCuda(m, rows * cols, stream));
-  if (scan.first_non_finite >= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("powersgd: element ", scan.first_non_finite,
-                                                   " is ", scan.first_non_finite_value,
-                                                   "; only finite values can be encoded"));
-  }
+  RETURN_IF_ERROR(CheckFiniteCuda(m, rows * cols, "powersgd", stream));
   ASSIGN_OR_RETURN(DeviceBuffer<float> q0, StartQ(q_warm, cols, rank, stream));
   const int n_rows = static_cast<int>(rows), n_cols = static_cast<int>(cols);
   const float one = 1.0f, zero = 0.0f;

@@ -56,9 +56,7 @@ absl::StatusOr<std::string> Encode(const QuantCodec& codec, const float* x, cons
   const int64_t n = NumElements(shape);
   ASSIGN_OR_RETURN(MaxAbsScan scan, MaxAbsScanCuda(x, n, stream));
   if (scan.first_non_finite >= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        codec.name(), ": element ", scan.first_non_finite, " is ", scan.first_non_finite_value,
-        "; only finite values can be encoded"));
+    return NonFiniteError(codec.name(), scan.first_non_finite, scan.first_non_finite_value);
   }
   const float scale = ScaleFor(codec, scan.max_abs);
   std::string out;
@@ -139,6 +137,13 @@ absl::StatusOr<Shape> Decode(const QuantCodec& codec, absl::string_view payload,
 }
 
 }  // namespace
+
+absl::Status CheckFiniteCuda(const float* x, int64_t n, absl::string_view codec,
+                             cudaStream_t stream) {
+  ASSIGN_OR_RETURN(MaxAbsScan scan, MaxAbsScanCuda(x, n, stream));
+  if (scan.first_non_finite < 0) return absl::OkStatus();
+  return NonFiniteError(codec, scan.first_non_finite, scan.first_non_finite_value);
+}
 
 absl::StatusOr<std::string> LinearEncodeCuda(const float* x, const Shape& shape, int bits,
                                              cudaStream_t stream) {

@@ -66,6 +66,12 @@ struct MaxAbsScan {
 absl::StatusOr<MaxAbsScan> MaxAbsScanCuda(const float* x, int64_t n,
                                           cudaStream_t stream = nullptr);
 
+// OK when x[0, n) (device) is all finite, else the CPU CheckFinite's error
+// for its first non-finite element, naming `codec` (NonFiniteError). Waits
+// for `stream`; INTERNAL on a CUDA failure.
+absl::Status CheckFiniteCuda(const float* x, int64_t n, absl::string_view codec,
+                             cudaStream_t stream = nullptr);
+
 // --- Body kernels (device pointers; body holds PackedBytes(n, bits_per_code)
 // bytes: linear `bits`, piecewise `clusters + 1` bits per code) ---
 

@@ -1,6 +1,5 @@
 #include "kernels/cuda/token_topk_payload.h"
 
-#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -15,16 +14,6 @@
 
 namespace pipetrain {
 namespace {
-
-// The CPU CheckFinite's message for the first non-finite value of x[0, n).
-absl::Status CheckFiniteOnDevice(const float* x, int64_t n, absl::string_view codec,
-                                 cudaStream_t stream) {
-  ASSIGN_OR_RETURN(MaxAbsScan scan, MaxAbsScanCuda(x, n, stream));
-  if (scan.first_non_finite < 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(codec, ": element ", scan.first_non_finite,
-                                                 " is ", scan.first_non_finite_value,
-                                                 "; only finite values can be encoded"));
-}
 
 template <typename T>
 absl::StatusOr<StreamScratch> Scratch(int64_t n, cudaStream_t stream) {
@@ -45,20 +34,8 @@ absl::StatusOr<std::string> TokenTopKEncodeCuda(const float* x, const Shape& sha
     return absl::InvalidArgumentError(absl::StrCat(
         "token_topk on the GPU: ", ShapeToString(shape), " is empty; encode it on the host"));
   }
-  RETURN_IF_ERROR(CheckFiniteOnDevice(x, n, "token_topk", stream));
-  if (!scores.empty()) {
-    if (static_cast<int64_t>(scores.size()) != tokens) {
-      return absl::InvalidArgumentError(absl::StrCat("token_topk: scores has ", scores.size(),
-                                                     " entries, but ", ShapeToString(shape),
-                                                     " has ", tokens, " tokens"));
-    }
-    for (size_t t = 0; t < scores.size(); ++t) {
-      if (!std::isfinite(scores[t])) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "token_topk: scores[", t, "] is ", double{scores[t]}, "; scores must be finite"));
-      }
-    }
-  }
+  RETURN_IF_ERROR(CheckFiniteCuda(x, n, "token_topk", stream));
+  if (!scores.empty()) RETURN_IF_ERROR(CheckTokenTopKScores(scores, shape));
   ASSIGN_OR_RETURN(const int64_t kept, TokenTopKKeptCount(keep, tokens));
   ASSIGN_OR_RETURN(StreamScratch mask_block, Scratch<uint8_t>(tokens, stream));
   ASSIGN_OR_RETURN(StreamScratch index_block, Scratch<int64_t>(kept, stream));
@@ -130,18 +107,12 @@ absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep
       return absl::InvalidArgumentError(absl::StrCat("token_topk: body is ", body.size(),
                                                      " bytes, expected ", 4 * kept * d));
     }
-    std::vector<float> values(static_cast<size_t>(kept * d));
+    Tensor values = Tensor::Zeros({kept, d});
     ByteReader v(body);
-    for (float& value : values) v.F32(&value);
-    for (size_t i = 0; i < values.size(); ++i) {
-      if (!std::isfinite(values[i])) {
-        return absl::InvalidArgumentError(absl::StrCat("token_topk decode: element ", i, " is ",
-                                                       values[i],
-                                                       "; only finite values can be encoded"));
-      }
-    }
-    if (!values.empty()) {
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rows, values.data(), values.size() * sizeof(float),
+    for (int64_t i = 0; i < values.numel(); ++i) v.F32(&values[i]);
+    RETURN_IF_ERROR(CheckFinite(values, "token_topk decode"));
+    if (values.numel() > 0) {
+      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rows, values.data(), values.size_bytes(),
                                            cudaMemcpyHostToDevice, stream));
     }
   } else {

@@ -69,6 +69,14 @@ absl::Status CheckCreateArgs(int nranks, int rank, int device) {
   return absl::OkStatus();
 }
 
+// Where a non-blocking communicator's last call stands
+// (ncclCommGetAsyncError), or the query's own failure.
+ncclResult_t AsyncState(ncclComm_t comm) {
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t asked = ncclCommGetAsyncError(comm, &state);
+  return asked != ncclSuccess ? asked : state;
+}
+
 // A blocking init or split that fails after allocating hands the
 // communicator back unfreed: aborts it (aborting does not wait for the
 // other ranks) and returns `status` prefixed with `call`.
@@ -176,11 +184,7 @@ absl::StatusOr<NcclComm> NcclComm::Create(const NcclUniqueId& id, int nranks, in
     const ncclResult_t started = ncclCommInitRankConfig(&comm, nranks, id.get(), rank, &config);
     if (started != ncclInProgress) NCCL_RETURN_IF_ERROR(started);
     return nccl_internal::AwaitNccl(
-        [&comm] {
-          ncclResult_t state = ncclSuccess;
-          const ncclResult_t asked = ncclCommGetAsyncError(comm, &state);
-          return asked != ncclSuccess ? asked : state;
-        },
+        [&comm] { return AsyncState(comm); },
         limits, "ncclCommInitRankConfig");
   });
   if (!status.ok()) return AbortHalfMade(comm, status, call);
@@ -199,11 +203,7 @@ absl::StatusOr<NcclComm> NcclComm::Split(int color, int key) const {
     RETURN_IF_ERROR(Finish(started, "ncclCommSplit"));
     if (part == nullptr) return absl::OkStatus();
     return nccl_internal::AwaitNccl(
-        [&part] {
-          ncclResult_t state = ncclSuccess;
-          const ncclResult_t asked = ncclCommGetAsyncError(part, &state);
-          return asked != ncclSuccess ? asked : state;
-        },
+        [&part] { return AsyncState(part); },
         NcclJoinLimits{}, "ncclCommSplit");
   });
   if (!status.ok()) {
@@ -282,11 +282,7 @@ absl::Status NcclComm::Finish(ncclResult_t result, const char* call) const {
     return NcclStatus(result, call, __FILE__, __LINE__);
   }
   return nccl_internal::AwaitNccl(
-      [this] {
-        ncclResult_t state = ncclSuccess;
-        const ncclResult_t asked = ncclCommGetAsyncError(comm_, &state);
-        return asked != ncclSuccess ? asked : state;
-      },
+      [this] { return AsyncState(comm_); },
       NcclJoinLimits{}, call);
 }
 

@@ -45,15 +45,11 @@ class NcclDeviceChannel final : public DeviceChannel {
     // them before those blocks can be handed out again (after an abort the
     // kernels have ended, so this does not wait for a peer).
     cudaSetDevice(device_);
-    for (auto* ends : {&sends_to_, &receives_from_}) {
-      for (auto& [peer, end] : *ends) end.stream.Synchronize().IgnoreError();
-    }
+    ForEachEnd([](LinkEnd& end) { end.stream.Synchronize().IgnoreError(); });
     in_flight_.clear();
     if (aborted_.load()) {
       // ncclCommAbort freed them: the handles must not destroy them again.
-      for (auto* ends : {&sends_to_, &receives_from_}) {
-        for (auto& [peer, end] : *ends) end.comm.Release();
-      }
+      ForEachEnd([](LinkEnd& end) { end.comm.Release(); });
     }
   }
 
@@ -62,11 +58,9 @@ class NcclDeviceChannel final : public DeviceChannel {
     // The raw handles, read while the job thread may be in Send or Recv:
     // they never change after construction, and aborting from another
     // thread is how NCCL ends an operation that hangs.
-    for (auto* ends : {&sends_to_, &receives_from_}) {
-      for (auto& [peer, end] : *ends) {
-        if (end.comm.get() != nullptr) ncclCommAbort(end.comm.get());
-      }
-    }
+    ForEachEnd([](LinkEnd& end) {
+      if (end.comm.get() != nullptr) ncclCommAbort(end.comm.get());
+    });
   }
 
   absl::Status Send(int peer_stage, const Tensor& t) override {
@@ -102,6 +96,13 @@ class NcclDeviceChannel final : public DeviceChannel {
   }
 
  private:
+  template <typename Fn>
+  void ForEachEnd(Fn fn) {
+    for (auto* ends : {&sends_to_, &receives_from_}) {
+      for (auto& [peer, end] : *ends) fn(end);
+    }
+  }
+
   absl::Status CheckNotAborted() const {
     if (!aborted_.load()) return absl::OkStatus();
     return absl::AbortedError(

@@ -121,9 +121,12 @@ absl::Status NonFiniteError(absl::string_view codec, int64_t index, float value)
 }
 
 absl::Status CheckFinite(const Tensor& x, absl::string_view codec) {
-  const float* p = x.data();
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    if (!std::isfinite(p[i])) return NonFiniteError(codec, i, p[i]);
+  return CheckFinite(x.data(), x.numel(), codec);
+}
+
+absl::Status CheckFinite(const float* values, int64_t n, absl::string_view codec) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(values[i])) return NonFiniteError(codec, i, values[i]);
   }
   return absl::OkStatus();
 }

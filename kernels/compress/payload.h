@@ -131,6 +131,7 @@ absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader);
 
 // INVALID_ARGUMENT naming the first non-finite element, else OK.
 absl::Status CheckFinite(const Tensor& x, absl::string_view codec);
+absl::Status CheckFinite(const float* values, int64_t n, absl::string_view codec);
 
 // CheckFinite's error for element `index` holding `value`, e.g.
 // "piecewise:bits=3: element 7 is nan; only finite values can be encoded";

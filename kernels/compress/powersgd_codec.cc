@@ -16,16 +16,6 @@ constexpr uint64_t kQSeed = 0x5057525347440001ull;  // Fixed: payloads are repro
 constexpr float kDependentColumn = 1e-5f;
 constexpr int kMaxRank = 65536;
 
-struct MatrixView {
-  int64_t rows = 0;
-  int64_t cols = 0;
-};
-
-MatrixView AsMatrix(const Shape& shape) {
-  if (shape.empty()) return {1, 1};
-  return {NumElements(Shape(shape.begin(), shape.end() - 1)), shape.back()};
-}
-
 double ColumnNorm(const float* a, int64_t rows, int r, int col) {
   double sum = 0;
   for (int64_t i = 0; i < rows; ++i) sum += double{a[i * r + col]} * a[i * r + col];
@@ -63,6 +53,14 @@ Tensor StartQ(const CodecState* state, int64_t cols, int r) {
   return q;
 }
 
+absl::Status CheckBlasDims(const PowerSgdMatrix& m, const Shape& shape) {
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (m.rows <= kMax && m.cols <= kMax) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("powersgd: ", ShapeToString(shape),
+                                                 " as a matrix is ", m.rows, " x ", m.cols,
+                                                 "; both sides must be below 2^31"));
+}
+
 class PowerSgdCodec : public Codec {
  public:
   explicit PowerSgdCodec(int rank) : rank_(rank) {}
@@ -71,7 +69,7 @@ class PowerSgdCodec : public Codec {
 
   absl::StatusOr<std::string> Encode(const Tensor& x, CodecState* state) const override {
     RETURN_IF_ERROR(CheckFinite(x, "powersgd"));
-    const MatrixView m = AsMatrix(x.shape());
+    const PowerSgdMatrix m = PowerSgdMatrixOf(x.shape());
     RETURN_IF_ERROR(CheckBlasDims(m, x.shape()));
     Tensor p = Tensor::Zeros({m.rows, rank_});
     Tensor q = Tensor::Zeros({m.cols, rank_});
@@ -85,65 +83,74 @@ class PowerSgdCodec : public Codec {
             q.data(), rank_);
       if (state != nullptr) state->powersgd_q = q.Clone();
     }
-    std::string out;
-    out.reserve(static_cast<size_t>(EncodedBytes(x.shape())));
-    WriteHeader(CodecId::kPowerSgd, x.shape(), &out);
-    ByteWriter w(&out);
-    w.U32(static_cast<uint32_t>(rank_));
-    for (int64_t i = 0; i < p.numel(); ++i) w.F32(p[i]);
-    for (int64_t i = 0; i < q.numel(); ++i) w.F32(q[i]);
-    return out;
+    return WritePowerSgdPayload(x.shape(), rank_, p.data(), q.data());
   }
 
   absl::StatusOr<Tensor> Decode(absl::string_view payload) const override {
-    ByteReader r(payload);
-    ASSIGN_OR_RETURN(Shape shape, ReadHeader(CodecId::kPowerSgd, &r));
-    const MatrixView m = AsMatrix(shape);
-    uint32_t rank = 0;
-    if (!r.U32(&rank)) return absl::InvalidArgumentError("powersgd: payload truncated in rank");
-    if (rank != static_cast<uint32_t>(rank_)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("powersgd: payload has rank ", rank, ", this codec rank ", rank_));
-    }
-    const int64_t expected = 4 * int64_t{rank_} * (m.rows + m.cols);
-    if (r.remaining() != expected) {
-      return absl::InvalidArgumentError(absl::StrCat("powersgd: body is ", r.remaining(),
-                                                     " bytes, expected ", expected));
-    }
-    RETURN_IF_ERROR(CheckBlasDims(m, shape));
-    Tensor p = Tensor::Zeros({m.rows, rank_});
-    Tensor q = Tensor::Zeros({m.cols, rank_});
-    for (int64_t i = 0; i < p.numel(); ++i) r.F32(&p[i]);
-    for (int64_t i = 0; i < q.numel(); ++i) r.F32(&q[i]);
-    RETURN_IF_ERROR(CheckFinite(p, "powersgd decode (P)"));
-    RETURN_IF_ERROR(CheckFinite(q, "powersgd decode (Q)"));
-    Tensor out = Tensor::Zeros(shape);
-    if (m.rows > 0 && m.cols > 0) {
-      const int rows = static_cast<int>(m.rows), cols = static_cast<int>(m.cols);
-      Sgemm(false, true, rows, cols, rank_, 1.0f, p.data(), rank_, q.data(), rank_, 0.0f,
+    ASSIGN_OR_RETURN(const PowerSgdFactors f, ReadPowerSgdPayload(payload, rank_));
+    Tensor out = Tensor::Zeros(f.shape);
+    if (f.matrix.rows > 0 && f.matrix.cols > 0) {
+      const int rows = static_cast<int>(f.matrix.rows), cols = static_cast<int>(f.matrix.cols);
+      Sgemm(false, true, rows, cols, rank_, 1.0f, f.p.data(), rank_, f.q.data(), rank_, 0.0f,
             out.data(), cols);
     }
     return out;
   }
 
   int64_t EncodedBytes(const Shape& shape) const override {
-    const MatrixView m = AsMatrix(shape);
+    const PowerSgdMatrix m = PowerSgdMatrixOf(shape);
     return HeaderBytes(static_cast<int>(shape.size())) + 4 + 4 * int64_t{rank_} * (m.rows + m.cols);
   }
 
  private:
-  static absl::Status CheckBlasDims(const MatrixView& m, const Shape& shape) {
-    constexpr int64_t kMax = std::numeric_limits<int>::max();
-    if (m.rows <= kMax && m.cols <= kMax) return absl::OkStatus();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "powersgd: ", ShapeToString(shape), " as a matrix is ", m.rows, " x ", m.cols,
-        "; both sides must be below 2^31"));
-  }
-
   int rank_;
 };
 
 }  // namespace
+
+PowerSgdMatrix PowerSgdMatrixOf(const Shape& shape) {
+  if (shape.empty()) return {1, 1};
+  return {NumElements(Shape(shape.begin(), shape.end() - 1)), shape.back()};
+}
+
+std::string WritePowerSgdPayload(const Shape& shape, int rank, const float* p, const float* q) {
+  const PowerSgdMatrix m = PowerSgdMatrixOf(shape);
+  std::string out;
+  out.reserve(static_cast<size_t>(HeaderBytes(static_cast<int>(shape.size())) + 4 +
+                                  4 * int64_t{rank} * (m.rows + m.cols)));
+  WriteHeader(CodecId::kPowerSgd, shape, &out);
+  ByteWriter w(&out);
+  w.U32(static_cast<uint32_t>(rank));
+  for (int64_t i = 0; i < m.rows * rank; ++i) w.F32(p[i]);
+  for (int64_t i = 0; i < m.cols * rank; ++i) w.F32(q[i]);
+  return out;
+}
+
+absl::StatusOr<PowerSgdFactors> ReadPowerSgdPayload(absl::string_view payload, int rank) {
+  ByteReader r(payload);
+  PowerSgdFactors f;
+  ASSIGN_OR_RETURN(f.shape, ReadHeader(CodecId::kPowerSgd, &r));
+  f.matrix = PowerSgdMatrixOf(f.shape);
+  uint32_t got_rank = 0;
+  if (!r.U32(&got_rank)) return absl::InvalidArgumentError("powersgd: payload truncated in rank");
+  if (got_rank != static_cast<uint32_t>(rank)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("powersgd: payload has rank ", got_rank, ", this codec rank ", rank));
+  }
+  const int64_t expected = 4 * int64_t{rank} * (f.matrix.rows + f.matrix.cols);
+  if (r.remaining() != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("powersgd: body is ", r.remaining(), " bytes, expected ", expected));
+  }
+  RETURN_IF_ERROR(CheckBlasDims(f.matrix, f.shape));
+  f.p.resize(static_cast<size_t>(f.matrix.rows * rank));
+  f.q.resize(static_cast<size_t>(f.matrix.cols * rank));
+  for (float& v : f.p) r.F32(&v);
+  for (float& v : f.q) r.F32(&v);
+  RETURN_IF_ERROR(CheckFinite(f.p.data(), static_cast<int64_t>(f.p.size()), "powersgd decode (P)"));
+  RETURN_IF_ERROR(CheckFinite(f.q.data(), static_cast<int64_t>(f.q.size()), "powersgd decode (Q)"));
+  return f;
+}
 
 absl::StatusOr<std::unique_ptr<Codec>> MakePowerSgdCodec(int rank) {
   if (rank < 1 || rank > kMaxRank) {

@@ -35,9 +35,13 @@
 #ifndef PIPETRAIN_KERNELS_COMPRESS_POWERSGD_CODEC_H_
 #define PIPETRAIN_KERNELS_COMPRESS_POWERSGD_CODEC_H_
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/compress/codec.h"
 
 namespace pipetrain {
@@ -45,6 +49,31 @@ namespace pipetrain {
 // name() "powersgd:rank=<rank>". INVALID_ARGUMENT naming `rank` unless
 // 1 <= rank <= 65536.
 absl::StatusOr<std::unique_ptr<Codec>> MakePowerSgdCodec(int rank);
+
+// --- The payload format, shared with the GPU twin
+// (kernels/cuda/powersgd_payload.h), which computes P and Q on the device
+// and must write and read exactly what this codec does.
+
+// The matrix a tensor of `shape` is viewed as (header, first paragraph).
+struct PowerSgdMatrix {
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+PowerSgdMatrix PowerSgdMatrixOf(const Shape& shape);
+
+// The payload of a tensor of `shape` whose factors are p [rows, rank] and
+// q [cols, rank] (row-major host arrays of that matrix's sizes).
+std::string WritePowerSgdPayload(const Shape& shape, int rank, const float* p, const float* q);
+
+// A payload's shape and factors, checked as Decode checks them (the same
+// INVALID_ARGUMENT errors, for a codec of `rank`), not yet multiplied out.
+struct PowerSgdFactors {
+  Shape shape;
+  PowerSgdMatrix matrix;
+  std::vector<float> p;  // [rows, rank]
+  std::vector<float> q;  // [cols, rank]
+};
+absl::StatusOr<PowerSgdFactors> ReadPowerSgdPayload(absl::string_view payload, int rank);
 
 }  // namespace pipetrain
 

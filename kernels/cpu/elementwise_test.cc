@@ -78,5 +78,30 @@ TEST(AddInPlaceTest, AccumulatorAndAddend_MatchFiniteDifferences) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
+TEST(SubtractTest, SeparateOutput_ElementwiseDifference) {
+  const Tensor a = RandomTensor({kSize}, 7);
+  const Tensor b = RandomTensor({kSize}, 8);
+  Tensor out = Tensor::Zeros({kSize});
+  Subtract(a.data(), b.data(), kSize, out.data());
+  // One fp32 subtraction per element, in this order (a - b, not b - a).
+  for (int i = 0; i < kSize; ++i) EXPECT_EQ(out[i], a[i] - b[i]) << i;
+}
+
+TEST(SubtractTest, OutputAliasesEitherInput_SameResult) {
+  const Tensor a = RandomTensor({kSize}, 7);
+  const Tensor b = RandomTensor({kSize}, 8);
+  Tensor expected = Tensor::Zeros({kSize});
+  Subtract(a.data(), b.data(), kSize, expected.data());
+  Tensor into_a = a.Clone();
+  Subtract(into_a.data(), b.data(), kSize, into_a.data());
+  EXPECT_EQ(into_a.ToVector(), expected.ToVector());
+  Tensor into_b = b.Clone();
+  Subtract(a.data(), into_b.data(), kSize, into_b.data());
+  EXPECT_EQ(into_b.ToVector(), expected.ToVector());
+  Tensor zeroed = a.Clone();
+  Subtract(zeroed.data(), zeroed.data(), kSize, zeroed.data());
+  for (int i = 0; i < kSize; ++i) EXPECT_EQ(zeroed[i], 0.0f) << i;
+}
+
 }  // namespace
 }  // namespace pipetrain

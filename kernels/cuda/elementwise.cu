@@ -25,6 +25,14 @@ __global__ void AddInPlaceKernel(float* acc, const float* x, int64_t n) {
   }
 }
 
+__global__ void SubtractKernel(const float* a, const float* b, int64_t n, float* out) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    out[i] = a[i] - b[i];
+  }
+}
+
 absl::Status CheckSize(const char* op, int64_t n) {
   if (n >= 0) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(op, ": element count ", n, " is negative"));
@@ -46,6 +54,15 @@ absl::Status AddInPlaceCuda(float* acc, const float* x, int64_t n, cudaStream_t 
   if (!valid.ok() || n == 0) return valid;
   AddInPlaceKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(acc, x, n);
   CUDA_CHECK_LAUNCH("AddInPlaceKernel");
+  return absl::OkStatus();
+}
+
+absl::Status SubtractCuda(const float* a, const float* b, int64_t n, float* out,
+                          cudaStream_t stream) {
+  absl::Status valid = CheckSize("SubtractCuda", n);
+  if (!valid.ok() || n == 0) return valid;
+  SubtractKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(a, b, n, out);
+  CUDA_CHECK_LAUNCH("SubtractKernel");
   return absl::OkStatus();
 }
 

@@ -2,7 +2,8 @@
 // (kernels/cpu/elementwise.cc).
 //
 // Tolerance: none (atol = rtol = 0, i.e. bitwise equal). Each output element
-// is a single fp32 addition of the same two operands on both sides, which
+// is a single fp32 addition (or subtraction) of the same two operands on
+// both sides, which
 // IEEE 754 rounds correctly and identically; there is nothing to contract or
 // reorder. AllClose still prints the first mismatches if that ever breaks.
 #include "kernels/cuda/elementwise.h"
@@ -104,6 +105,30 @@ TEST_P(ElementwiseCudaParityTest, AddInPlaceCuda_RandomInput_MatchesCpu) {
   EXPECT_TRUE(AllClose(Name("acc += x"), *got, want, kAtol, kRtol));
 }
 
+// Error feedback's residual: what was meant minus what the codec delivered,
+// written over the meant tensor.
+TEST_P(ElementwiseCudaParityTest, SubtractCuda_SeparateAndAliasedOutput_MatchesCpu) {
+  const std::vector<float> a = RandomNormal(69, n(), 0.0f, 1.0f);
+  const std::vector<float> b = RandomNormal(70, n(), 0.0f, 0.9f);
+  std::vector<float> want(a.size());
+  Subtract(a.data(), b.data(), n(), want.data());
+
+  auto a_d = DeviceBuffer<float>::FromHost(a);
+  auto b_d = DeviceBuffer<float>::FromHost(b);
+  auto out_d = DeviceBuffer<float>::Create(n());
+  ASSERT_TRUE(a_d.ok() && b_d.ok() && out_d.ok());
+  absl::Status run = SubtractCuda(a_d->data(), b_d->data(), n(), out_d->data());
+  ASSERT_TRUE(run.ok()) << run;
+  auto got = out_d->ToHost();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(AllClose(Name("a - b"), *got, want, kAtol, kRtol));
+  run = SubtractCuda(a_d->data(), b_d->data(), n(), a_d->data());
+  ASSERT_TRUE(run.ok()) << run;
+  got = a_d->ToHost();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(AllClose(Name("a -= b via SubtractCuda"), *got, want, kAtol, kRtol));
+}
+
 INSTANTIATE_TEST_SUITE_P(Sizes, ElementwiseCudaParityTest,
                          ::testing::Values(int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{4097},
                                            int64_t{1} << 20));
@@ -137,9 +162,16 @@ TEST(ElementwiseCudaArgumentsTest, AddInPlaceCuda_NegativeSize_InvalidArgument) 
       << status;
 }
 
+TEST(ElementwiseCudaArgumentsTest, SubtractCuda_NegativeSize_InvalidArgument) {
+  const absl::Status status = SubtractCuda(nullptr, nullptr, -2, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("SubtractCuda: element count -2"), std::string::npos) << status;
+}
+
 TEST(ElementwiseCudaArgumentsTest, AddCuda_ZeroSize_OkWithoutLaunch) {
   EXPECT_TRUE(AddCuda(nullptr, nullptr, 0, nullptr).ok());
   EXPECT_TRUE(AddInPlaceCuda(nullptr, nullptr, 0).ok());
+  EXPECT_TRUE(SubtractCuda(nullptr, nullptr, 0, nullptr).ok());
 }
 
 }  // namespace

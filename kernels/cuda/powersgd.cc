@@ -13,8 +13,8 @@
 #include "common/philox.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/quantize.h"
+#include "kernels/cuda/stream_scratch.h"
 
 namespace pipetrain {
 namespace {
@@ -50,20 +50,26 @@ absl::Status CheckPointer(const char* op, const char* name, const void* ptr) {
 }
 
 // Q0 on the device: the Philox matrix, or q_warm with its zero columns
-// replaced by it (powersgd_codec.cc's StartQ).
-absl::StatusOr<DeviceBuffer<float>> StartQ(const float* q_warm, int64_t cols, int rank,
-                                           cudaStream_t stream) {
+// replaced by it (powersgd_codec.cc's StartQ). Scratch from the stream's
+// cache (stream_scratch.h): no cudaMalloc, and no cudaFree stalling the
+// device, per encode.
+absl::StatusOr<StreamScratch> StartQ(const float* q_warm, int64_t cols, int rank,
+                                     cudaStream_t stream) {
   std::vector<float> fresh(static_cast<size_t>(cols * rank));
   FillNormal(kQSeed, HashName(kQStream), 0.0f, 1.0f, fresh.data(), cols * rank);
-  ASSIGN_OR_RETURN(DeviceBuffer<float> q0, DeviceBuffer<float>::Create(cols * rank));
+  const size_t bytes = fresh.size() * sizeof(float);
+  ASSIGN_OR_RETURN(StreamScratch q0, StreamScratch::Create(bytes, stream));
+  // From pageable memory the copy has left `fresh` when the call returns.
   if (q_warm == nullptr) {
-    RETURN_IF_ERROR(q0.CopyFromHost(fresh.data(), cols * rank));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(q0.get(), fresh.data(), bytes, cudaMemcpyHostToDevice, stream));
     return q0;
   }
-  ASSIGN_OR_RETURN(DeviceBuffer<float> fresh_dev, DeviceBuffer<float>::FromHost(fresh));
-  RETURN_IF_ERROR(PowerSgdStartQCuda(q_warm, fresh_dev.data(), cols, rank, q0.data(), stream));
-  // fresh_dev is freed on return: the kernel must be done with it.
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  ASSIGN_OR_RETURN(StreamScratch fresh_dev, StreamScratch::Create(bytes, stream));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(fresh_dev.get(), fresh.data(), bytes, cudaMemcpyHostToDevice, stream));
+  RETURN_IF_ERROR(
+      PowerSgdStartQCuda(q_warm, fresh_dev.as<float>(), cols, rank, q0.as<float>(), stream));
   return q0;
 }
 
@@ -85,18 +91,19 @@ absl::Status PowerSgdEncodeCuda(const CublasHandle& handle, const float* m, int6
   }
   RETURN_IF_ERROR(CheckPointer(kOp, "m", m));
   RETURN_IF_ERROR(CheckFiniteCuda(m, rows * cols, "powersgd", stream));
-  ASSIGN_OR_RETURN(DeviceBuffer<float> q0, StartQ(q_warm, cols, rank, stream));
+  ASSIGN_OR_RETURN(StreamScratch q0, StartQ(q_warm, cols, rank, stream));
   const int n_rows = static_cast<int>(rows), n_cols = static_cast<int>(cols);
   const float one = 1.0f, zero = 0.0f;
   // P [rows, r] = M Q0  <=>  column-major P^T [r, rows] = Q0^T [r, cols] M^T [cols, rows].
   CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_N, CUBLAS_OP_N, rank, n_rows, n_cols,
-                                     &one, q0.data(), rank, m, n_cols, &zero, p, rank));
+                                     &one, q0.as<float>(), rank, m, n_cols, &zero, p, rank));
   RETURN_IF_ERROR(PowerSgdOrthonormaliseCuda(p, rows, rank, stream));
   // Q [cols, r] = M^T P  <=>  column-major Q^T [r, cols] = P^T [r, rows] M [rows, cols];
   // the stored M is the column-major M^T (ld cols), hence OP_T on it.
   CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_N, CUBLAS_OP_T, rank, n_cols, n_rows,
                                      &one, p, rank, m, n_cols, &zero, q, rank));
-  // q0 is freed on return: the GEMM must be done with it.
+  // Done when the stream is (the header's contract; q0 may go back to the
+  // cache before that, stream_scratch.h).
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();
 }

@@ -24,7 +24,8 @@
 // Reductions have a fixed order: results are bitwise deterministic run to
 // run on one GPU model (cuBLAS is, for a handle used from one stream).
 //
-// Memory: each encode cudaMallocs Q0 (cols * r floats) and a few bytes.
+// Memory: the encode's Q0 (cols * r floats) comes from the stream's scratch
+// cache (stream_scratch.h), as do the finiteness check's few bytes.
 // Synchronisation: PowerSgdEncodeCuda waits for the handle's stream (it
 // checks M for non-finite values first); the others only queue work.
 // Thread-safety: a CublasHandle is used from one thread at a time.

@@ -14,6 +14,7 @@
 //   Exactness on rank <= r matrices: M^ = P P^T M reproduces M up to the
 //   same rounding, bounded by kExactRel * max|M|.
 #include "kernels/cuda/powersgd.h"
+#include "kernels/cuda/powersgd_payload.h"
 
 #include <algorithm>
 #include <cmath>
@@ -63,13 +64,10 @@ CpuResult CpuEncode(const Tensor& x, int64_t rows, int64_t cols, int rank, Codec
   if (!codec.ok()) return result;
   absl::StatusOr<std::string> payload = (*codec)->Encode(x, state);
   if (!payload.ok()) return result;
-  ByteReader r(*payload);
-  absl::string_view skipped;
-  r.Bytes(HeaderBytes(x.rank()) + 4, &skipped);
-  result.p.resize(rows * rank);
-  result.q.resize(cols * rank);
-  for (float& v : result.p) r.F32(&v);
-  for (float& v : result.q) r.F32(&v);
+  absl::StatusOr<PowerSgdFactors> factors = ReadPowerSgdPayload(*payload, rank);
+  if (!factors.ok() || factors->matrix.rows != rows || factors->matrix.cols != cols) return result;
+  result.p = factors->p;
+  result.q = factors->q;
   absl::StatusOr<Tensor> decoded = (*codec)->Decode(*payload);
   if (decoded.ok()) result.decoded.assign(decoded->data(), decoded->data() + decoded->numel());
   return result;
@@ -227,7 +225,80 @@ TEST_F(PowerSgdCudaTest, Encode_EmptyMatrix_ZeroFactors) {
   EXPECT_EQ(q->ToHost().value_or(std::vector<float>{}), std::vector<float>(8, 0.0f));
 }
 
+// --- Payloads (powersgd_payload.h): what a CUDA stage sends and receives.
+
+// Three encodes on one link, Q kept on the device between them (q_out
+// aliasing q_warm, as the backend keeps it): each payload has the CPU
+// codec's size and header, and decodes (on the CPU) to what the CPU codec
+// with its own CodecState delivers, within the parity tolerance.
+TEST_F(PowerSgdCudaTest, PayloadEncode_WarmStartedSequence_DecodesAsTheCpuCodecs) {
+  const Shape shape = {3, 37, 65};  // 111 x 65: off every block size
+  const int rank = 4;
+  auto codec = MakePowerSgdCodec(rank);
+  ASSERT_TRUE(codec.ok());
+  CodecState cpu_state;
+  auto q_dev = DeviceBuffer<float>::Create(65 * rank);
+  ASSERT_TRUE(q_dev.ok());
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE(absl::StrCat("call ", call));
+    const std::vector<float> m = RandomNormal(30 + call, NumElements(shape), 0.0f, 1.0f);
+    const Tensor x = Tensor::FromVector(shape, m);
+    const std::string want = (*codec)->Encode(x, &cpu_state).value();
+    auto x_dev = DeviceBuffer<float>::FromHost(m);
+    ASSERT_TRUE(x_dev.ok());
+    absl::StatusOr<std::string> got =
+        PowerSgdEncodePayloadCuda(handle_, x_dev->data(), shape, rank,
+                                  call == 0 ? nullptr : q_dev->data(), q_dev->data());
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want.size());
+    EXPECT_EQ(got->substr(0, HeaderBytes(3) + 4), want.substr(0, HeaderBytes(3) + 4));
+    absl::StatusOr<Tensor> decoded = (*codec)->Decode(*got);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_TRUE(Close("M^", decoded->ToVector(), (*codec)->Decode(want).value().ToVector()));
+    EXPECT_TRUE(Close("Q kept", q_dev->ToHost().value(), cpu_state.powersgd_q.ToVector()));
+  }
+}
+
+TEST_F(PowerSgdCudaTest, PayloadDecode_CpuPayload_MatchesCpuDecode_BadOnesRefused) {
+  const Shape shape = {2, 50, 33};
+  auto codec = MakePowerSgdCodec(3);
+  ASSERT_TRUE(codec.ok());
+  const Tensor x = Tensor::FromVector(shape, RandomNormal(40, NumElements(shape), 0.0f, 1.0f));
+  const std::string payload = (*codec)->Encode(x, nullptr).value();
+  auto out = DeviceBuffer<float>::Create(NumElements(shape));
+  ASSERT_TRUE(out.ok());
+  absl::StatusOr<Shape> got = PowerSgdDecodePayloadCuda(handle_, payload, 3, out->data(),
+                                                        NumElements(shape));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, shape);
+  EXPECT_TRUE(Close("M^", out->ToHost().value(), (*codec)->Decode(payload).value().ToVector()));
+  // The CPU's errors for a truncated payload or another rank; too little room.
+  const std::string truncated = payload.substr(0, payload.size() - 4);
+  absl::StatusOr<Shape> bad =
+      PowerSgdDecodePayloadCuda(handle_, truncated, 3, out->data(), NumElements(shape));
+  EXPECT_EQ(bad.status(), (*codec)->Decode(truncated).status());
+  bad = PowerSgdDecodePayloadCuda(handle_, payload, 2, out->data(), NumElements(shape));
+  EXPECT_EQ(bad.status(), MakePowerSgdCodec(2).value()->Decode(payload).status());
+  bad = PowerSgdDecodePayloadCuda(handle_, payload, 3, out->data(), NumElements(shape) - 1);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+}
+
 // --- Argument checks before any CUDA call: run without a GPU. ---
+
+TEST(PowerSgdCudaArgumentsTest, PayloadOfEmptyTensor_InvalidArgument_GoesToTheHost) {
+  const CublasHandle empty;
+  absl::StatusOr<std::string> encoded =
+      PowerSgdEncodePayloadCuda(empty, nullptr, {0, 8}, 2, nullptr, nullptr);
+  EXPECT_EQ(encoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(encoded.status().message().find("encode it on the host"), std::string::npos)
+      << encoded.status();
+  const std::string payload = MakePowerSgdCodec(2).value()->Encode(Tensor::Zeros({0, 8}), nullptr)
+                                  .value();
+  absl::StatusOr<Shape> decoded = PowerSgdDecodePayloadCuda(empty, payload, 2, nullptr, 0);
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(decoded.status().message().find("decode it on the host"), std::string::npos)
+      << decoded.status();
+}
 
 TEST(PowerSgdCudaArgumentsTest, Encode_RankOutOfRange_InvalidArgument) {
   const CublasHandle empty;

@@ -49,6 +49,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/tensor.h"
+#include "kernels/compress/codec.h"
 #include "kernels/cpu/adamw.h"
 #include "worker/model/device_channel.h"
 
@@ -126,19 +127,24 @@ class Backend {
 
   // --- Codecs on the device (DESIGN.md §6), so that a compressed tensor
   // crosses to the host as its payload, not as fp32.
-  // The payload MakeCodec(spec)->Encode would make of t's values, byte for
-  // byte, computed where t lives (token_topk codecs: EncodeWithScores when
-  // `scores`, one per token on the host, is non-empty; other codecs ignore
-  // it); waits for queued work. UNIMPLEMENTED when this backend has no
-  // device twin of `spec` (the CPU backend never has; CUDA has one for
-  // "linear:bits=B", "piecewise:bits=N", "token_topk:keep=K" and
-  // token_topk followed by one of the two, for non-empty tensors on its
-  // device): the caller then encodes a host copy. Otherwise the CPU codec's
-  // errors (INVALID_ARGUMENT for a non-finite value) or the device's
-  // (INTERNAL; status() has it too).
+  // The payload MakeCodec(spec)->Encode would make of t's values with
+  // `state`, computed where t lives: byte for byte, except powersgd, whose
+  // factors agree within rounding (the GEMMs sum in another order). token_topk
+  // codecs: EncodeWithScores when `scores`, one per token on the host, is
+  // non-empty; other codecs ignore it. `state` (may be null: a cold start,
+  // nothing kept) is the link's codec state, PowerSGD's warm-started Q, held
+  // on this device: a CodecState passed only to this backend's
+  // EncodeOnDevice, never to a CPU codec. Waits for queued work.
+  // UNIMPLEMENTED when this backend has no device twin of `spec` (the CPU
+  // backend never has; CUDA has one for "linear:bits=B", "piecewise:bits=N",
+  // "token_topk:keep=K", token_topk followed by one of the two, and
+  // "powersgd:rank=R", for non-empty tensors on its device): the caller then
+  // encodes a host copy. Otherwise the CPU codec's errors (INVALID_ARGUMENT
+  // for a non-finite value) or the device's (INTERNAL; status() has it too).
   virtual absl::StatusOr<std::string> EncodeOnDevice(const Tensor& /*t*/,
                                                      const std::string& /*spec*/,
-                                                     absl::Span<const float> /*scores*/) {
+                                                     absl::Span<const float> /*scores*/,
+                                                     CodecState* /*state*/) {
     return absl::UnimplementedError(absl::StrCat(Describe(), " has no device codec"));
   }
   // A tensor of `shape` on this device holding MakeCodec(spec)->Decode of
@@ -187,6 +193,7 @@ class Backend {
   virtual void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) = 0;
   virtual void Add(const float* a, const float* b, int64_t n, float* out) = 0;
   virtual void AddInPlace(float* acc, const float* x, int64_t n) = 0;
+  virtual void Subtract(const float* a, const float* b, int64_t n, float* out) = 0;
   // `scratch` holds seq_len * seq_len floats (the CPU kernel's work space).
   virtual void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads,
                                 float* out, float* probs) = 0;

@@ -110,6 +110,9 @@ class CpuBackendImpl final : public Backend {
   void AddInPlace(float* acc, const float* x, int64_t n) override {
     Timed("add_in_place", [&] { ::pipetrain::AddInPlace(acc, x, n); });
   }
+  void Subtract(const float* a, const float* b, int64_t n, float* out) override {
+    Timed("subtract", [&] { ::pipetrain::Subtract(a, b, n, out); });
+  }
   void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
                         float* probs) override {
     Timed("attention_forward", [&] { ::pipetrain::AttentionForward(qkv, batch, seq_len, c, heads, out, probs); });

@@ -26,9 +26,11 @@
 #include "kernels/cuda/gelu.h"
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/nccl_comm.h"
+#include "kernels/cuda/powersgd_payload.h"
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/token_topk_payload.h"
 #include "kernels/compress/codec_spec.h"
+#include "kernels/compress/powersgd_codec.h"
 #include "worker/model/nccl_device_channel.h"
 
 namespace pipetrain {
@@ -72,16 +74,22 @@ struct DeviceMemory {
 };
 
 // A codec spec the device codecs serve: a linear or piecewise stage
-// (kernels/cuda/quantize.h), token_topk (token_topk_payload.h), or
-// token_topk followed by one of the two; nullopt for any other valid spec.
+// (kernels/cuda/quantize.h), token_topk (token_topk_payload.h), token_topk
+// followed by one of the two, or powersgd alone (powersgd_payload.h);
+// nullopt for any other valid spec.
 struct DeviceCodec {
   std::optional<double> token_keep;  // token_topk first, keeping this share
-  TokenTopKInner quantizer;          // kRaw: none (token_topk alone)
+  TokenTopKInner quantizer;          // kRaw: none (token_topk alone, powersgd)
+  std::optional<int> powersgd_rank;  // powersgd alone
 };
 
 absl::StatusOr<std::optional<DeviceCodec>> DeviceCodecFor(const std::string& spec) {
   ASSIGN_OR_RETURN(std::vector<CodecStage> stages, ParseCodecSpec(spec));
   DeviceCodec codec;
+  if (stages.size() == 1 && stages[0].name == "powersgd") {
+    codec.powersgd_rank = static_cast<int>(stages[0].params.at("rank"));
+    return codec;
+  }
   size_t next = 0;
   if (!stages.empty() && stages[0].name == "token_topk") {
     codec.token_keep = stages[0].params.at("keep");
@@ -172,7 +180,8 @@ class CudaBackendImpl final : public Backend {
   Tensor Download(const Tensor& t) override;
   std::unique_ptr<PendingDownload> StartDownload(const Tensor& t) override;
   absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec,
-                                             absl::Span<const float> scores) override;
+                                             absl::Span<const float> scores,
+                                             CodecState* state) override;
   absl::StatusOr<Tensor> DecodeOnDevice(const std::string& spec, const std::string& payload,
                                         const Shape& shape) override;
   absl::StatusOr<std::string> NewDeviceGroupId() override;
@@ -209,6 +218,9 @@ class CudaBackendImpl final : public Backend {
   }
   void AddInPlace(float* acc, const float* x, int64_t n) override {
     Run("add_in_place", [&] { return AddInPlaceCuda(acc, x, n, stream_); });
+  }
+  void Subtract(const float* a, const float* b, int64_t n, float* out) override {
+    Run("subtract", [&] { return SubtractCuda(a, b, n, out, stream_); });
   }
   void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
                         float* probs) override {
@@ -318,6 +330,8 @@ class CudaBackendImpl final : public Backend {
   // A tensor of `shape` from the cache, zero-filled if `zero` (else
   // uninitialised); with null storage after an error (backend.h).
   Tensor Allocate(const Shape& shape, bool zero);
+  // EncodeOnDevice for "powersgd:rank=<rank>" (t non-empty, on this device).
+  absl::StatusOr<std::string> EncodePowerSgd(const Tensor& t, int rank, CodecState* state);
 
   int device_;
   DeviceFacts facts_;
@@ -540,11 +554,13 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> CudaBackendImpl::JoinDeviceGroup(
 
 absl::StatusOr<std::string> CudaBackendImpl::EncodeOnDevice(const Tensor& t,
                                                             const std::string& spec,
-                                                            absl::Span<const float> scores) {
+                                                            absl::Span<const float> scores,
+                                                            CodecState* state) {
   if (!t.on_device()) return absl::UnimplementedError("a host tensor is encoded on the host");
   if (t.numel() == 0) return absl::UnimplementedError("an empty tensor is encoded on the host");
   ASSIGN_OR_RETURN(std::optional<DeviceCodec> codec, DeviceCodecFor(spec));
   if (!codec.has_value()) return absl::UnimplementedError("no device codec for " + spec);
+  if (codec->powersgd_rank.has_value()) return EncodePowerSgd(t, *codec->powersgd_rank, state);
   const TokenTopKInner& q = codec->quantizer;
   return RunFallible([&]() -> absl::StatusOr<std::string> {
     if (codec->token_keep.has_value()) {
@@ -554,6 +570,25 @@ absl::StatusOr<std::string> CudaBackendImpl::EncodeOnDevice(const Tensor& t,
                ? PiecewiseEncodeCuda(t.data(), t.shape(), q.bits, stream_)
                : LinearEncodeCuda(t.data(), t.shape(), q.bits, stream_);
   });
+}
+
+// The link's Q stays on this device in state->powersgd_q, updated in place
+// (the encode reads the warm start before it writes the new Q); a Q of
+// another shape or place (a fresh state) means a cold start, as the CPU
+// codec's StartQ.
+absl::StatusOr<std::string> CudaBackendImpl::EncodePowerSgd(const Tensor& t, int rank,
+                                                            CodecState* state) {
+  const PowerSgdMatrix m = PowerSgdMatrixOf(t.shape());
+  const Shape q_shape{m.cols, rank};
+  const bool warm = state != nullptr && state->powersgd_q.on_device() &&
+                    state->powersgd_q.shape() == q_shape;
+  Tensor q = warm ? state->powersgd_q : Allocate(q_shape, /*zero=*/false);
+  ASSIGN_OR_RETURN(std::string payload, RunFallible([&]() -> absl::StatusOr<std::string> {
+                     return PowerSgdEncodePayloadCuda(cublas_, t.data(), t.shape(), rank,
+                                                      warm ? q.data() : nullptr, q.data());
+                   }));
+  if (state != nullptr) state->powersgd_q = std::move(q);
+  return payload;
 }
 
 absl::StatusOr<Tensor> CudaBackendImpl::DecodeOnDevice(const std::string& spec,
@@ -567,6 +602,10 @@ absl::StatusOr<Tensor> CudaBackendImpl::DecodeOnDevice(const std::string& spec,
   const TokenTopKInner& q = codec->quantizer;
   Tensor out = Allocate(shape, /*zero=*/false);
   ASSIGN_OR_RETURN(const Shape decoded, RunFallible([&]() -> absl::StatusOr<Shape> {
+                     if (codec->powersgd_rank.has_value()) {
+                       return PowerSgdDecodePayloadCuda(cublas_, payload, *codec->powersgd_rank,
+                                                        out.data(), out.numel());
+                     }
                      if (codec->token_keep.has_value()) {
                        return TokenTopKDecodeCuda(payload, *codec->token_keep, q, out.data(),
                                                   out.numel(), stream_);

@@ -251,7 +251,7 @@ TEST_F(CudaBackendTest, DeviceCodecs_MatchTheCpuCodecsByteForByte) {
         "token_topk:keep=0.3+linear:bits=8", "token_topk:keep=1+piecewise:bits=4"}) {
     std::unique_ptr<Codec> cpu = MakeCodec(spec).value();
     const std::string want = cpu->Encode(x, nullptr).value();
-    absl::StatusOr<std::string> got = b->EncodeOnDevice(on_device, spec, {});
+    absl::StatusOr<std::string> got = b->EncodeOnDevice(on_device, spec, {}, nullptr);
     ASSERT_TRUE(got.ok()) << spec << ": " << got.status();
     EXPECT_EQ(*got, want) << spec;
     absl::StatusOr<Tensor> decoded = b->DecodeOnDevice(spec, want, shape);
@@ -272,22 +272,21 @@ TEST_F(CudaBackendTest, DeviceCodecs_MatchTheCpuCodecsByteForByte) {
   for (const std::string spec : {"token_topk:keep=0.5", "token_topk:keep=0.25+piecewise:bits=3"}) {
     const auto cpu = MakeTokenTopKFromSpec(spec);
     const std::string want = cpu->EncodeWithScores(x, scores, nullptr).value();
-    absl::StatusOr<std::string> got = b->EncodeOnDevice(on_device, spec, scores);
+    absl::StatusOr<std::string> got = b->EncodeOnDevice(on_device, spec, scores, nullptr);
     ASSERT_TRUE(got.ok()) << spec << ": " << got.status();
     EXPECT_EQ(*got, want) << spec << " with scores";
   }
   std::vector<float> bad_scores = scores;
   bad_scores[5] = std::nanf("");
   absl::StatusOr<std::string> bad_score =
-      b->EncodeOnDevice(on_device, "token_topk:keep=0.5", bad_scores);
+      b->EncodeOnDevice(on_device, "token_topk:keep=0.5", bad_scores, nullptr);
   EXPECT_EQ(bad_score.status().code(), absl::StatusCode::kInvalidArgument) << bad_score.status();
   EXPECT_EQ(bad_score.status().message(), MakeTokenTopKFromSpec("token_topk:keep=0.5")
                                               ->EncodeWithScores(x, bad_scores, nullptr)
                                               .status()
                                               .message());
-  for (const std::string spec : {"fp16", "powersgd:rank=4", "token_topk:keep=0.5+fp16",
-                                 "elem_topk:keep=0.1"}) {
-    EXPECT_EQ(b->EncodeOnDevice(on_device, spec, {}).status().code(),
+  for (const std::string spec : {"fp16", "token_topk:keep=0.5+fp16", "elem_topk:keep=0.1"}) {
+    EXPECT_EQ(b->EncodeOnDevice(on_device, spec, {}, nullptr).status().code(),
               absl::StatusCode::kUnimplemented) << spec;
     EXPECT_EQ(b->DecodeOnDevice(spec, "", shape).status().code(),
               absl::StatusCode::kUnimplemented) << spec;
@@ -295,12 +294,57 @@ TEST_F(CudaBackendTest, DeviceCodecs_MatchTheCpuCodecsByteForByte) {
   std::vector<float> bad = x.ToVector();
   bad[100] = std::nanf("");
   absl::StatusOr<std::string> rejected =
-      b->EncodeOnDevice(b->Upload(Tensor::FromVector(shape, bad)), "piecewise:bits=3", {});
+      b->EncodeOnDevice(b->Upload(Tensor::FromVector(shape, bad)), "piecewise:bits=3", {}, nullptr);
   EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument) << rejected.status();
   rejected = b->EncodeOnDevice(b->Upload(Tensor::FromVector(shape, bad)),
-                               "token_topk:keep=0.5+piecewise:bits=3", {});
+                               "token_topk:keep=0.5+piecewise:bits=3", {}, nullptr);
   EXPECT_EQ(rejected.status().code(), absl::StatusCode::kInvalidArgument) << rejected.status();
   EXPECT_TRUE(b->status().ok()) << b->status();  // data errors do not stick
+}
+
+// PowerSGD, the backward codec of Optimus-CC: its warm-started Q is kept on
+// the device in the link's CodecState. Three encodes on one link decode (on
+// the CPU) to what the CPU codec with its own state delivers, within the
+// tolerance of kernels/cuda/powersgd_test.cc (the factors agree within
+// rounding, not bitwise); device decodes of CPU payloads likewise; a
+// non-finite value is the CPU's error and leaves the state alone.
+TEST_F(CudaBackendTest, DeviceCodecs_PowerSgdWarmStarted_DecodesAsTheCpuCodec) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  Backend* b = cuda->get();
+  const Shape shape = {3, 33, 65};
+  const std::string spec = "powersgd:rank=4";
+  std::unique_ptr<Codec> cpu = MakeCodec(spec).value();
+  CodecState cpu_state, device_state;
+  auto close = [](const std::string& what, const std::vector<float>& got,
+                  const std::vector<float>& want) {
+    float scale = 0;
+    for (float v : want) scale = std::max(scale, std::fabs(v));
+    return AllClose(what, got, want, 1e-3f * scale, 1e-3f);
+  };
+  for (int call = 0; call < 3; ++call) {
+    SCOPED_TRACE(absl::StrCat("call ", call));
+    const Tensor x = Normal(shape, 30 + call);
+    const std::string want = cpu->Encode(x, &cpu_state).value();
+    absl::StatusOr<std::string> got = b->EncodeOnDevice(b->Upload(x), spec, {}, &device_state);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(got->size(), want.size());
+    ASSERT_TRUE(device_state.powersgd_q.on_device());
+    EXPECT_TRUE(close("M^", cpu->Decode(*got).value().ToVector(),
+                      cpu->Decode(want).value().ToVector()));
+    EXPECT_TRUE(close("Q", Host(b, device_state.powersgd_q), cpu_state.powersgd_q.ToVector()));
+    absl::StatusOr<Tensor> decoded = b->DecodeOnDevice(spec, want, shape);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_TRUE(close("device decode", Host(b, *decoded), cpu->Decode(want).value().ToVector()));
+  }
+  std::vector<float> bad = Normal(shape, 40).ToVector();
+  bad[17] = std::nanf("");
+  const std::vector<float> q_before = Host(b, device_state.powersgd_q);
+  absl::StatusOr<std::string> rejected =
+      b->EncodeOnDevice(b->Upload(Tensor::FromVector(shape, bad)), spec, {}, &device_state);
+  EXPECT_EQ(rejected.status(), cpu->Encode(Tensor::FromVector(shape, bad), nullptr).status());
+  EXPECT_EQ(Host(b, device_state.powersgd_q), q_before);
+  EXPECT_TRUE(b->status().ok()) << b->status();
 }
 
 // Runs everywhere (no device needed): an empty tensor goes to the host.

@@ -52,8 +52,9 @@ class ForwardingBackend : public Backend {
     return inner_->JoinDeviceGroup(group, stage);
   }
   absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec,
-                                             absl::Span<const float> scores) override {
-    return inner_->EncodeOnDevice(t, spec, scores);
+                                             absl::Span<const float> scores,
+                                             CodecState* state) override {
+    return inner_->EncodeOnDevice(t, spec, scores, state);
   }
   absl::StatusOr<Tensor> DecodeOnDevice(const std::string& spec, const std::string& payload,
                                         const Shape& shape) override {
@@ -85,6 +86,9 @@ class ForwardingBackend : public Backend {
     inner_->Add(a, b, n, out);
   }
   void AddInPlace(float* acc, const float* x, int64_t n) override { inner_->AddInPlace(acc, x, n); }
+  void Subtract(const float* a, const float* b, int64_t n, float* out) override {
+    inner_->Subtract(a, b, n, out);
+  }
   void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
                         float* probs) override {
     inner_->AttentionForward(qkv, batch, seq_len, c, heads, out, probs);

@@ -137,7 +137,8 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
       dataset_(dataset),
       transport_(transport),
       num_units_(NumUnits(setup.train.model)),
-      optimizer_(setup.train.adam, setup.train.decay, setup.backend) {
+      optimizer_(setup.train.adam, setup.train.decay, setup.backend),
+      device_encoder_(setup.backend) {
   for (const v1::UnitRange& r : {setup.forward, setup.backward}) {
     for (int u = r.begin(); u < r.end(); ++u) {
       if (units_.count(u)) continue;
@@ -223,6 +224,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   tied_received_ = Tensor();
   // sends_ is idle here: every iteration and validation pass drains it.
   encoder_.BeginIteration();
+  device_encoder_.BeginIteration();
   sent_stats_.clear();
   IterationResult result;
   result.iteration = iteration;
@@ -515,13 +517,13 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     CountDeviceTransfer(tensor, &device_sent_stats_[link]);
     return absl::OkStatus();
   }
-  // A tensor whose codec the backend has on its device is encoded there:
-  // only the payload crosses to the host. Error-feedback sends keep their
-  // residual on the host, so they take the host path below, as does
-  // everything the backend answers UNIMPLEMENTED (the CPU backend: all).
-  if (!s.codec().empty() && !s.error_feedback()) {
+  // A tensor whose codec the backend has on its device is encoded there,
+  // error feedback and codec state included (device_link_encoder.h): only
+  // the payload crosses to the host. Links the backend answers UNIMPLEMENTED
+  // for (the CPU backend: all) take the host path below.
+  if (!s.codec().empty()) {
     const auto start = Clock::now();
-    absl::StatusOr<std::string> payload = setup_.backend->EncodeOnDevice(tensor, s.codec(), scores);
+    absl::StatusOr<std::string> payload = device_encoder_.Encode(s, tensor, scores);
     if (payload.ok()) {
       const double seconds = SecondsSince(start);
       WireTensor wire = WireTensor::Encoded(s.codec(), *std::move(payload), tensor.shape());

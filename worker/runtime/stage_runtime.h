@@ -41,6 +41,7 @@
 #include "worker/data/dataset.h"
 #include "worker/model/device_channel.h"
 #include "worker/model/unit.h"
+#include "worker/runtime/device_link_encoder.h"
 #include "worker/runtime/link_compressor.h"
 #include "worker/runtime/send_queue.h"
 #include "worker/train/adamw_optimizer.h"
@@ -162,6 +163,8 @@ class StageRuntime {
   // receives (the interpreter's).
   LinkCompressor encoder_;
   LinkCompressor decoder_;
+  // Sends the backend encodes on its device (the interpreter's thread).
+  DeviceLinkEncoder device_encoder_;
   int64_t iteration_ = 0;
   // Program facts, computed once: units whose outputs the program reads
   // after the forward pass (sends, recompute inputs), and per instruction

@@ -1,13 +1,15 @@
 // The runtime's use of device codecs (Backend::EncodeOnDevice and
-// DecodeOnDevice, which the CUDA backend provides for linear, piecewise and
-// token_topk payloads): a stand-in backend computes on the CPU but claims
-// those codecs, producing them with the CPU codec, so its payloads equal the
-// host path's when the runtime hands it what the host path uses (token
-// top-k's attention scores included).
+// DecodeOnDevice, which the CUDA backend provides for linear, piecewise,
+// token_topk and powersgd payloads; device_link_encoder.h keeps error
+// feedback and codec state beside them): a stand-in backend computes on the
+// CPU but claims those codecs, producing them with the CPU codec and the
+// codec state it is handed, so its payloads equal the host path's when the
+// runtime hands it what the host path uses (token top-k's attention scores,
+// each link's residual and PowerSGD Q included).
 // A two-stage pipeline on stand-ins must then train bitwise as one on plain
-// CPU backends, every compressed non-error-feedback send and every
-// compressed receive must go through the device calls, error-feedback sends
-// must not, and the link statistics must count the same tensors and bytes.
+// CPU backends, every compressed send and every compressed receive must go
+// through the device calls, and the link statistics must count the same
+// tensors and bytes.
 #include <atomic>
 #include <map>
 #include <memory>
@@ -29,24 +31,25 @@
 namespace pipetrain {
 namespace {
 
-// The CPU backend, with the CUDA backend's device-codec coverage (single
-// linear or piecewise stages), computed by the CPU codecs.
+// The CPU backend, with the CUDA backend's device-codec coverage, computed
+// by the CPU codecs.
 class StandInDeviceCodecs : public ForwardingBackend {
  public:
   StandInDeviceCodecs() : ForwardingBackend(CpuBackend()) {}
 
   absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec,
-                                             absl::Span<const float> scores) override {
+                                             absl::Span<const float> scores,
+                                             CodecState* state) override {
     if (!Claims(spec)) return absl::UnimplementedError("not claimed");
     ++encodes;
     std::unique_ptr<Codec> codec = MakeCodec(spec).value();
     if (const auto* topk = dynamic_cast<const TokenTopKCodec*>(codec.get())) {
       if (!scores.empty()) {
         ++scored_encodes;
-        return topk->EncodeWithScores(t, scores, nullptr);
+        return topk->EncodeWithScores(t, scores, state);
       }
     }
-    return codec->Encode(t, nullptr);
+    return codec->Encode(t, state);
   }
   absl::StatusOr<Tensor> DecodeOnDevice(const std::string& spec, const std::string& payload,
                                         const Shape& shape) override {
@@ -65,7 +68,7 @@ class StandInDeviceCodecs : public ForwardingBackend {
  private:
   static bool Claims(const std::string& spec) {
     return spec.rfind("linear:", 0) == 0 || spec.rfind("piecewise:", 0) == 0 ||
-           spec.rfind("token_topk:", 0) == 0;
+           spec.rfind("token_topk:", 0) == 0 || spec.rfind("powersgd:", 0) == 0;
   }
 };
 
@@ -116,27 +119,8 @@ PipelineRun TrainPipeline(const v1::CompressionSpec& compression,
   return run;
 }
 
-TEST(StageRuntimeDeviceCodecTest, DeviceCodecs_TrainBitwiseAsTheHostPath_EfSendsStayOnHost) {
-  v1::CompressionSpec compression;
-  compression.set_forward("piecewise:bits=3");
-  compression.set_backward("linear:bits=8");
-  compression.set_error_feedback(true);  // backward sends take the host path
-  const PipelineRun host = TrainPipeline(compression, {CpuBackend(), CpuBackend()});
-  StandInDeviceCodecs stage0, stage1;
-  const PipelineRun device = TrainPipeline(compression, {&stage0, &stage1});
-
-  ASSERT_EQ(host.losses.size(), 3u * testing::SmallConfig().micro_batches);
-  EXPECT_EQ(device.losses, host.losses);
-  // Forward: stage 0 encodes each micro-batch's activation on the "device",
-  // stage 1 decodes it there; backward (error feedback): stage 1 encodes on
-  // the host, and stage 0 decodes its linear payloads on the "device".
-  const int sends = 3 * testing::SmallConfig().micro_batches;
-  EXPECT_EQ(stage0.encodes.load(), sends);
-  EXPECT_EQ(stage1.decodes.load(), sends);
-  EXPECT_EQ(stage1.encodes.load(), 0);
-  EXPECT_EQ(stage0.decodes.load(), sends);
-  // The links count the same tensors and bytes either way; only sends the
-  // host encoded carry a sampled error.
+// The link statistics of two runs count the same tensors and bytes.
+void ExpectSameLinkCounts(const PipelineRun& host, const PipelineRun& device) {
   for (int s = 0; s < 2; ++s) {
     using Links = std::map<std::pair<int, std::string>, LinkStats>;
     for (Links IterationResult::*which : {&IterationResult::sent, &IterationResult::received}) {
@@ -152,10 +136,55 @@ TEST(StageRuntimeDeviceCodecTest, DeviceCodecs_TrainBitwiseAsTheHostPath_EfSends
       }
     }
   }
-  const LinkStats& forward = device.results[0].sent.at({1, "ACTIVATION"});
-  EXPECT_GT(forward.compressed_tensors, 0);
-  EXPECT_EQ(forward.error_samples, 0);
-  EXPECT_GT(device.results[1].sent.at({0, "ACTIVATION_GRAD"}).error_samples, 0);
+}
+
+TEST(StageRuntimeDeviceCodecTest, DeviceCodecs_ErrorFeedbackToo_TrainBitwiseAsTheHostPath) {
+  v1::CompressionSpec compression;
+  compression.set_forward("piecewise:bits=3");
+  compression.set_backward("linear:bits=8");
+  compression.set_error_feedback(true);
+  const PipelineRun host = TrainPipeline(compression, {CpuBackend(), CpuBackend()});
+  StandInDeviceCodecs stage0, stage1;
+  const PipelineRun device = TrainPipeline(compression, {&stage0, &stage1});
+
+  ASSERT_EQ(host.losses.size(), 3u * testing::SmallConfig().micro_batches);
+  EXPECT_EQ(device.losses, host.losses);
+  // Forward: stage 0 encodes each micro-batch's activation on the "device",
+  // stage 1 decodes it there. Backward (error feedback): stage 1 encodes on
+  // the "device" and decodes there for the residual, but not the flush send
+  // (one per iteration); stage 0 decodes its payloads on the "device".
+  const int sends = 3 * testing::SmallConfig().micro_batches;
+  EXPECT_EQ(stage0.encodes.load(), sends);
+  EXPECT_EQ(stage1.decodes.load(), sends + (sends - 3));
+  EXPECT_EQ(stage1.encodes.load(), sends);
+  EXPECT_EQ(stage0.decodes.load(), sends);
+  ExpectSameLinkCounts(host, device);
+  // Only sends the host encoded carry a sampled error: here none.
+  EXPECT_EQ(device.results[0].sent.at({1, "ACTIVATION"}).error_samples, 0);
+  EXPECT_EQ(device.results[1].sent.at({0, "ACTIVATION_GRAD"}).error_samples, 0);
+  EXPECT_GT(host.results[1].sent.at({0, "ACTIVATION_GRAD"}).error_samples, 0);
+}
+
+// Optimus-CC's compressed backpropagation on the device: PowerSGD rank 2
+// with lazy error propagation, epilogue-only. The cool-down sends carry the
+// residual and the link's warm-started Q (both kept by the device encoder
+// per link); the steady-state sends go raw.
+TEST(StageRuntimeDeviceCodecTest, PowerSgdEpilogueWithErrorFeedback_TrainsBitwiseAsTheHostPath) {
+  v1::CompressionSpec compression;
+  compression.set_backward("powersgd:rank=2");
+  compression.set_error_feedback(true);
+  compression.set_epilogue_only(true);
+  const PipelineRun host = TrainPipeline(compression, {CpuBackend(), CpuBackend()});
+  StandInDeviceCodecs stage0, stage1;
+  const PipelineRun device = TrainPipeline(compression, {&stage0, &stage1});
+  ASSERT_EQ(host.losses.size(), 3u * testing::SmallConfig().micro_batches);
+  EXPECT_EQ(device.losses, host.losses);
+  const LinkStats& grads = device.results[1].sent.at({0, "ACTIVATION_GRAD"});
+  EXPECT_GT(grads.compressed_tensors, 0);
+  EXPECT_LT(grads.compressed_tensors, grads.tensors);  // epilogue only
+  EXPECT_EQ(stage1.encodes.load(), 3 * grads.compressed_tensors);
+  EXPECT_EQ(stage0.decodes.load(), 3 * grads.compressed_tensors);
+  ExpectSameLinkCounts(host, device);
 }
 
 // Token top-k with a quantizer on the device: the runtime must hand the

@@ -191,20 +191,21 @@ absl::StatusOr<NcclComm> NcclComm::Create(const NcclUniqueId& id, int nranks, in
   return NcclComm(comm, rank, nranks, device, blocking);
 }
 
-absl::StatusOr<NcclComm> NcclComm::Split(int color, int key) const {
+absl::StatusOr<NcclComm> NcclComm::Split(int color, int key, const NcclJoinLimits& limits) const {
   if (!valid()) return EmptyCommError("Split");
   ncclComm_t part = nullptr;
+  const bool part_blocking = !limits.limited();
   const absl::Status status = OnDevice(device_, [&]() -> absl::Status {
-    // The parts are blocking communicators, whatever this one is.
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 1;
+    config.blocking = part_blocking ? 1 : 0;
     const ncclResult_t started =
         ncclCommSplit(comm_, color < 0 ? kNoColor : color, key, &part, &config);
-    RETURN_IF_ERROR(Finish(started, "ncclCommSplit"));
+    // The split runs as a job of this communicator: waiting for it is
+    // polling this one (`part` is set once it is done).
+    RETURN_IF_ERROR(Finish(started, "ncclCommSplit", limits));
     if (part == nullptr) return absl::OkStatus();
     return nccl_internal::AwaitNccl(
-        [&part] { return AsyncState(part); },
-        NcclJoinLimits{}, "ncclCommSplit");
+        [&part] { return AsyncState(part); }, limits, "ncclCommSplit");
   });
   if (!status.ok()) {
     return AbortHalfMade(part, status, absl::StrCat("NcclComm::Split(rank ", rank_, " of ", size_,
@@ -217,7 +218,7 @@ absl::StatusOr<NcclComm> NcclComm::Split(int color, int key) const {
     NCCL_RETURN_IF_ERROR(ncclCommCount(part, &size));
     return absl::OkStatus();
   });
-  NcclComm out(part, rank, size, device_);  // owns `part` from here, also on error
+  NcclComm out(part, rank, size, device_, part_blocking);  // owns `part` from here, also on error
   RETURN_IF_ERROR(described);
   return out;
 }
@@ -256,34 +257,36 @@ absl::Status NcclComm::AllReduceSum(const float* send, float* recv, int64_t coun
   });
 }
 
-absl::Status NcclComm::Send(const float* send, int64_t count, int peer, cudaStream_t stream) {
+absl::Status NcclComm::Send(const float* send, int64_t count, int peer, cudaStream_t stream,
+                            const NcclJoinLimits& limits) {
   RETURN_IF_ERROR(nccl_internal::CheckBuffer("NcclComm::Send", "send", send, count));
   if (!valid()) return EmptyCommError("Send");
   RETURN_IF_ERROR(nccl_internal::CheckPeer("NcclComm::Send", peer, size_));
   return OnDevice(device_, [&]() -> absl::Status {
     return Finish(ncclSend(send, static_cast<size_t>(count), ncclFloat32, peer, comm_, stream),
-                  "ncclSend");
+                  "ncclSend", limits);
   });
 }
 
-absl::Status NcclComm::Recv(float* recv, int64_t count, int peer, cudaStream_t stream) {
+absl::Status NcclComm::Recv(float* recv, int64_t count, int peer, cudaStream_t stream,
+                            const NcclJoinLimits& limits) {
   RETURN_IF_ERROR(nccl_internal::CheckBuffer("NcclComm::Recv", "recv", recv, count));
   if (!valid()) return EmptyCommError("Recv");
   RETURN_IF_ERROR(nccl_internal::CheckPeer("NcclComm::Recv", peer, size_));
   return OnDevice(device_, [&]() -> absl::Status {
     return Finish(ncclRecv(recv, static_cast<size_t>(count), ncclFloat32, peer, comm_, stream),
-                  "ncclRecv");
+                  "ncclRecv", limits);
   });
 }
 
-absl::Status NcclComm::Finish(ncclResult_t result, const char* call) const {
+absl::Status NcclComm::Finish(ncclResult_t result, const char* call,
+                              const NcclJoinLimits& limits) const {
   if (result == ncclSuccess) return absl::OkStatus();
   if (result != ncclInProgress || blocking_) {
     return NcclStatus(result, call, __FILE__, __LINE__);
   }
   return nccl_internal::AwaitNccl(
-      [this] { return AsyncState(comm_); },
-      NcclJoinLimits{}, call);
+      [this] { return AsyncState(comm_); }, limits, call);
 }
 
 absl::Status NcclComm::Destroy() {
@@ -317,6 +320,19 @@ void NcclComm::Abort() {
   blocking_ = true;
   DeviceKeeper keeper;
   ncclCommAbort(comm);
+}
+
+void NcclComm::AbortAll(const std::vector<NcclComm*>& comms) {
+  std::vector<ncclComm_t> raw;
+  for (NcclComm* comm : comms) {
+    if (comm->valid()) raw.push_back(comm->Release());
+  }
+  if (raw.empty()) return;
+  DeviceKeeper keeper;  // each abort switches to its communicator's device
+  // Results dropped, as in Abort.
+  ncclGroupStart();
+  for (ncclComm_t comm : raw) ncclCommAbort(comm);
+  ncclGroupEnd();
 }
 
 ncclComm_t NcclComm::Release() {

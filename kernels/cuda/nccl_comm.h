@@ -39,6 +39,7 @@
 #include <functional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -123,9 +124,8 @@ class NcclComm {
   // (ncclCommGetAsyncError): DEADLINE_EXCEEDED past the deadline, CANCELLED
   // when `cancelled` says so, each after aborting the half-made
   // communicator, so a rank that never comes cannot hold the others
-  // forever. Such a communicator serves Split (whose parts are blocking),
-  // Destroy and Abort; its other operations wait out NCCL's "in progress"
-  // answers themselves.
+  // forever. Its operations wait out NCCL's "in progress" answers
+  // themselves.
   static absl::StatusOr<NcclComm> Create(const NcclUniqueId& id, int nranks, int rank, int device,
                                          const NcclJoinLimits& limits = {});
 
@@ -142,10 +142,14 @@ class NcclComm {
   // Collective: every rank calls it, in the same order with respect to other
   // collectives and splits, and it blocks until all have. How device groups
   // give each link its own communicator (nccl_device_channel.h).
+  // With `limits`, the part is non-blocking (as Create's) and the wait for
+  // the other ranks ends with DEADLINE_EXCEEDED or CANCELLED as Create's;
+  // a split may then still be under way inside NCCL, so the caller aborts
+  // this communicator (which ends it) rather than splitting it again.
   // FAILED_PRECONDITION if empty; INTERNAL if NCCL fails (a half-made
   // communicator is aborted).
   static constexpr int kNoColor = NCCL_SPLIT_NOCOLOR;
-  absl::StatusOr<NcclComm> Split(int color, int key) const;
+  absl::StatusOr<NcclComm> Split(int color, int key, const NcclJoinLimits& limits = {}) const;
 
   bool valid() const { return comm_ != nullptr; }
   int rank() const { return rank_; }      // 0 when empty
@@ -167,12 +171,18 @@ class NcclComm {
   // allowed inside an NcclGroup that also holds the matching Recv.
   // INVALID_ARGUMENT if count < 0, send is null while count > 0, or peer is
   // outside [0, size()); FAILED_PRECONDITION if empty (checked before the
-  // peer); INTERNAL if NCCL fails.
-  absl::Status Send(const float* send, int64_t count, int peer, cudaStream_t stream);
+  // peer); INTERNAL if NCCL fails. On a non-blocking communicator NCCL may
+  // answer "in progress" (the first exchange with a peer connects to it,
+  // which needs the peer): `limits` bound that wait (DEADLINE_EXCEEDED,
+  // CANCELLED; abort the communicator then), the default waits as long as
+  // it takes.
+  absl::Status Send(const float* send, int64_t count, int peer, cudaStream_t stream,
+                    const NcclJoinLimits& limits = {});
 
   // Receives count floats from rank `peer` into recv on `stream` (ncclRecv).
-  // Errors as Send.
-  absl::Status Recv(float* recv, int64_t count, int peer, cudaStream_t stream);
+  // Errors and `limits` as Send.
+  absl::Status Recv(float* recv, int64_t count, int peer, cudaStream_t stream,
+                    const NcclJoinLimits& limits = {});
 
   // ncclCommDestroy: waits for this communicator's queued work, then frees
   // it. With several ranks in one process, NCCL waits for the other local
@@ -185,7 +195,17 @@ class NcclComm {
   // ncclCommAbort: stops queued work and frees the communicator without
   // waiting for peers. For failure paths (a peer died, an operation failed
   // or hangs). The handle is empty afterwards; a no-op if already empty.
+  // Several communicators of one device: AbortAll, not one Abort after
+  // another.
   void Abort();
+
+  // Aborts every communicator of `comms` (empty ones are skipped) in one
+  // NCCL group: one abort frees device memory, which waits for the device's
+  // running kernels, among them those of the communicators not yet aborted,
+  // which may wait for a peer forever; in a group NCCL first flags them all
+  // and frees after (NCCL >= 2.22). The calling thread's current device is
+  // kept. Each handle is empty afterwards.
+  static void AbortAll(const std::vector<NcclComm*>& comms);
 
   // Empties the handle without destroying the communicator and returns the
   // raw one: for a communicator that another thread aborted through get()
@@ -198,9 +218,10 @@ class NcclComm {
       : comm_(comm), rank_(rank), size_(size), device_(device), blocking_(blocking) {}
 
   // For a non-blocking communicator, waits until its last call is no longer
-  // in progress (`result` is that call's); INTERNAL naming `call` for an
-  // error.
-  absl::Status Finish(ncclResult_t result, const char* call) const;
+  // in progress (`result` is that call's), within `limits`; INTERNAL naming
+  // `call` for an error.
+  absl::Status Finish(ncclResult_t result, const char* call,
+                      const NcclJoinLimits& limits = {}) const;
 
   ncclComm_t comm_ = nullptr;
   int rank_ = 0;
@@ -212,7 +233,9 @@ class NcclComm {
 // A group of NCCL operations launched together (ncclGroupStart/End): a
 // rank's Send and Recv of an exchange go in one group so neither waits for
 // the other to be posted. Operations queued between Start and End launch at
-// End, which reports their NCCL errors.
+// End, which reports their NCCL errors. For blocking communicators only: on
+// a non-blocking one End may answer "in progress", which End reports as an
+// error (it does not know which communicators to poll).
 //
 // NCCL keeps the group per thread: End must run on the thread that called
 // Start, so do not hand an open group to another thread. If an operation in

@@ -224,6 +224,15 @@ TEST(NcclCommTest, Operations_EmptyHandle_FailedPrecondition) {
   EXPECT_EQ(comm.Split(0, 0).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// Needs no GPU: empty handles are skipped, and no NCCL call is made.
+TEST(NcclCommTest, AbortAll_EmptyHandles_NoOp) {
+  NcclComm a, b;
+  NcclComm::AbortAll({&a, &b});
+  NcclComm::AbortAll({});
+  EXPECT_FALSE(a.valid());
+  EXPECT_FALSE(b.valid());
+}
+
 TEST(NcclCommTest, CheckPeer_OutsideRanks_InvalidArgument) {
   EXPECT_TRUE(nccl_internal::CheckPeer("op", 0, 2).ok());
   EXPECT_TRUE(nccl_internal::CheckPeer("op", 1, 2).ok());
@@ -469,6 +478,38 @@ TEST_F(NcclGpuTest, Create_WithLimits_NonBlockingJoinAndOperationsWork) {
   EXPECT_TRUE(AllClose("non-blocking all-reduce", buffer->ToHost().value(), input, 0.0f, 0.0f));
   EXPECT_TRUE(comm->Destroy().ok());
   EXPECT_TRUE(part->Destroy().ok());
+}
+
+// A limited split gives a non-blocking part whose operations work, and
+// AbortAll ends parent and part in one group, leaving both handles empty.
+TEST_F(NcclGpuTest, Split_WithLimits_NonBlockingPartWorks_AbortAllEmptiesBoth) {
+  NcclJoinLimits limits;
+  limits.deadline = absl::Now() + absl::Seconds(60);
+  limits.cancelled = [] { return false; };
+  absl::StatusOr<NcclUniqueId> id = NcclUniqueId::Create();
+  ASSERT_TRUE(id.ok()) << id.status();
+  absl::StatusOr<NcclComm> comm = NcclComm::Create(*id, 1, 0, 0, limits);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  absl::StatusOr<NcclComm> part = comm->Split(/*color=*/0, /*key=*/0, limits);
+  ASSERT_TRUE(part.ok()) << part.status();
+  ASSERT_TRUE(part->valid());
+  absl::StatusOr<CudaStream> stream = CudaStream::Create();
+  ASSERT_TRUE(stream.ok()) << stream.status();
+  const std::vector<float> input = RandomNormal(/*seed=*/501, 777, 0.0f, 1.0f);
+  absl::StatusOr<DeviceBuffer<float>> buffer = DeviceBuffer<float>::FromHost(input);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  ASSERT_TRUE(part->AllReduceSum(buffer->data(), buffer->data(), 777, stream->get()).ok());
+  ASSERT_TRUE(stream->Synchronize().ok());
+  EXPECT_TRUE(AllClose("all-reduce on the limited split", buffer->ToHost().value(), input, 0.0f,
+                       0.0f));
+  int device_before = -1;
+  ASSERT_EQ(cudaGetDevice(&device_before), cudaSuccess);
+  NcclComm::AbortAll({&*comm, &*part});
+  EXPECT_FALSE(comm->valid());
+  EXPECT_FALSE(part->valid());
+  int device_after = -1;
+  ASSERT_EQ(cudaGetDevice(&device_after), cudaSuccess);
+  EXPECT_EQ(device_after, device_before);
 }
 
 // --- One GPU, two ranks ---

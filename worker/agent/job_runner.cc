@@ -96,6 +96,8 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> JobRunner::JoinDeviceGroup() {
   // tensor, and not past a stop.
   group.join_deadline = absl::Now() + options_.recv_timeout;
   group.join_cancelled = [this] { return stop_.load(); };
+  // And at the end, for our last sends to be taken.
+  group.drain_timeout = options_.recv_timeout;
   int device_sends = 0, device_recvs = 0;
   for (const v1::Instruction& in : assignment_.program().instructions()) {
     device_sends += in.has_send() && in.send().path() == v1::LINK_PATH_DEVICE;
@@ -139,9 +141,9 @@ absl::Status JobRunner::RunJob() {
   std::unique_ptr<DeviceChannel> device_channel;
   const bool in_group = assignment_.device_group().stages_size() > 0;
   if (in_group) {
-    // Joining blocks, without a timeout, until every member has joined:
-    // pass the start barrier first, so that a member that failed to start
-    // fails the job there instead of leaving the others inside NCCL.
+    // Joining waits for every member (up to the receive timeout, or a
+    // stop): pass the start barrier first, so that a member that failed to
+    // start fails the job there at once instead of after that wait.
     RETURN_IF_ERROR(AwaitAllStagesReady());
     ASSIGN_OR_RETURN(device_channel, JoinDeviceGroup());
     setup.device_channel = device_channel.get();

@@ -41,8 +41,10 @@ class DeviceChannel {
 
   // Queues `t` (on this stage's device) for stage `peer_stage`, behind the
   // work queued so far on the backend that made it; returns without waiting
-  // for the peer. The channel keeps `t` alive until the peer has it, and
-  // later writes to `t` by the caller's backend are ordered after the send.
+  // for the peer. The channel keeps `t` alive until the peer has it; the
+  // caller must not write `t` afterwards (the send may still be reading it:
+  // nothing orders the caller's later work after it, which would let a
+  // send wait for a send of the peer's).
   // INVALID_ARGUMENT if `peer_stage` is this stage or outside the group;
   // the device's or library's error (INTERNAL) otherwise. After an error
   // the channel is unusable (the peer's matching receive may never come):
@@ -75,6 +77,10 @@ struct DeviceGroupSpec {
   // CANCELLED once join_cancelled (asked while waiting; may be null) says so.
   absl::Time join_deadline = absl::InfiniteFuture();
   std::function<bool()> join_cancelled;
+  // How long destroying the channel waits for its transfers still under
+  // way (a peer that stopped with one of ours unmatched never ends them)
+  // before it aborts them.
+  absl::Duration drain_timeout = absl::InfiniteDuration();
 };
 
 // The rank of `stage` in `group`, after checking the group: at least two

@@ -3,11 +3,17 @@
 #include <atomic>
 #include <deque>
 #include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "kernels/cuda/stream.h"
 
@@ -28,48 +34,84 @@ struct InFlight {
   CudaEvent sent;
 };
 
+// Polls every stream of `streams` until its queued work is done: OK, or
+// DEADLINE_EXCEEDED past `limits`' deadline, CANCELLED when its check says
+// so, INTERNAL for a CUDA error. `what` names the wait.
+absl::Status AwaitStreams(const std::vector<cudaStream_t>& streams, const NcclJoinLimits& limits,
+                          const std::string& what) {
+  while (true) {
+    bool done = true;
+    for (cudaStream_t stream : streams) {
+      const cudaError_t state = cudaStreamQuery(stream);
+      if (state == cudaErrorNotReady) {
+        cudaGetLastError();  // not an error (CudaEvent::Query clears it too)
+        done = false;
+      } else {
+        CUDA_RETURN_IF_ERROR(state);
+      }
+    }
+    if (done) return absl::OkStatus();
+    if (absl::Now() > limits.deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": not done by the deadline"));
+    }
+    if (limits.cancelled != nullptr && limits.cancelled()) {
+      return absl::CancelledError(absl::StrCat(what, ": cancelled"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));  // as NCCL's own waits poll
+  }
+}
+
 class NcclDeviceChannel final : public DeviceChannel {
  public:
   NcclDeviceChannel(int stage, int device, cudaStream_t compute,
                     std::function<Tensor(const Shape&)> allocate,
-                    std::map<int, LinkEnd> sends_to, std::map<int, LinkEnd> receives_from)
+                    std::map<int, LinkEnd> sends_to, std::map<int, LinkEnd> receives_from,
+                    absl::Duration drain_timeout)
       : stage_(stage),
         device_(device),
         compute_(compute),
         allocate_(std::move(allocate)),
+        drain_timeout_(drain_timeout),
         sends_to_(std::move(sends_to)),
         receives_from_(std::move(receives_from)) {}
 
   ~NcclDeviceChannel() override {
     // Sends still in flight read tensors that in_flight_ keeps: wait for
-    // them before those blocks can be handed out again (after an abort the
-    // kernels have ended, so this does not wait for a peer).
+    // them before those blocks can be handed out again. A peer that stopped
+    // with one of our sends unmatched would make that wait endless: past
+    // drain_timeout_ the links are aborted, which ends their kernels.
     cudaSetDevice(device_);
+    const absl::Status drained =
+        AwaitStreams(Streams(), NcclJoinLimits{absl::Now() + drain_timeout_, nullptr},
+                     "device channel teardown");
+    if (!drained.ok()) Abort();
     ForEachEnd([](LinkEnd& end) { end.stream.Synchronize().IgnoreError(); });
     in_flight_.clear();
-    if (aborted_.load()) {
-      // ncclCommAbort freed them: the handles must not destroy them again.
-      ForEachEnd([](LinkEnd& end) { end.comm.Release(); });
-    }
+    // The communicators are destroyed by their handles (empty if aborted).
   }
 
   void Abort() override {
+    // First the flag: a Send or Recv waiting inside NCCL under mu_ sees it
+    // and returns, so the lock below cannot wait for a peer.
     if (aborted_.exchange(true)) return;
-    // The raw handles, read while the job thread may be in Send or Recv:
-    // they never change after construction, and aborting from another
-    // thread is how NCCL ends an operation that hangs.
-    ForEachEnd([](LinkEnd& end) {
-      if (end.comm.get() != nullptr) ncclCommAbort(end.comm.get());
-    });
+    absl::MutexLock lock(&mu_);
+    // ncclCommAbort frees a communicator: no NCCL call of the job thread
+    // may be under way (mu_), and none comes after (aborted_, checked under
+    // mu_; the handles are empty from here).
+    std::vector<NcclComm*> comms;
+    ForEachEnd([&comms](LinkEnd& end) { comms.push_back(&end.comm); });
+    NcclComm::AbortAll(comms);
   }
 
   absl::Status Send(int peer_stage, const Tensor& t) override {
+    absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(CheckNotAborted());
     ASSIGN_OR_RETURN(LinkEnd * end, Find(sends_to_, peer_stage, "to"));
     RETURN_IF_ERROR(Prune());
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     RETURN_IF_ERROR(StreamWaitsForCompute(end->stream.get()));
-    RETURN_IF_ERROR(end->comm.Send(t.data(), t.numel(), end->peer_rank, end->stream.get()));
+    RETURN_IF_ERROR(end->comm.Send(t.data(), t.numel(), end->peer_rank, end->stream.get(),
+                                   UntilAborted()));
     ASSIGN_OR_RETURN(CudaEvent sent, CudaEvent::Create());
     RETURN_IF_ERROR(sent.Record(end->stream.get()));
     in_flight_.push_back({t, std::move(sent)});
@@ -77,6 +119,7 @@ class NcclDeviceChannel final : public DeviceChannel {
   }
 
   absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) override {
+    absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(CheckNotAborted());
     ASSIGN_OR_RETURN(LinkEnd * end, Find(receives_from_, peer_stage, "from"));
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
@@ -88,7 +131,8 @@ class NcclDeviceChannel final : public DeviceChannel {
     // The block's earlier users ran on the compute stream: the receive
     // waits for them before it overwrites it.
     RETURN_IF_ERROR(StreamWaitsForCompute(end->stream.get()));
-    RETURN_IF_ERROR(end->comm.Recv(t.data(), t.numel(), end->peer_rank, end->stream.get()));
+    RETURN_IF_ERROR(end->comm.Recv(t.data(), t.numel(), end->peer_rank, end->stream.get(),
+                                   UntilAborted()));
     ASSIGN_OR_RETURN(CudaEvent arrived, CudaEvent::Create());
     RETURN_IF_ERROR(arrived.Record(end->stream.get()));
     RETURN_IF_ERROR(arrived.StreamWait(compute_));
@@ -101,6 +145,18 @@ class NcclDeviceChannel final : public DeviceChannel {
     for (auto* ends : {&sends_to_, &receives_from_}) {
       for (auto& [peer, end] : *ends) fn(end);
     }
+  }
+
+  std::vector<cudaStream_t> Streams() {
+    std::vector<cudaStream_t> streams;
+    ForEachEnd([&streams](LinkEnd& end) { streams.push_back(end.stream.get()); });
+    return streams;
+  }
+
+  // For the links' NCCL calls: NCCL may answer "in progress" (a
+  // non-blocking communicator); the wait ends when the channel is aborted.
+  NcclJoinLimits UntilAborted() {
+    return NcclJoinLimits{absl::InfiniteFuture(), [this] { return aborted_.load(); }};
   }
 
   absl::Status CheckNotAborted() const {
@@ -139,11 +195,57 @@ class NcclDeviceChannel final : public DeviceChannel {
   const int device_;
   const cudaStream_t compute_;
   const std::function<Tensor(const Shape&)> allocate_;
+  const absl::Duration drain_timeout_;
+  // The job thread's Send and Recv against Abort from another thread: the
+  // links' communicators (in the maps' LinkEnds) are used and aborted under
+  // it. The maps themselves never change after construction.
+  absl::Mutex mu_;
   std::map<int, LinkEnd> sends_to_;       // by receiving stage
   std::map<int, LinkEnd> receives_from_;  // by sending stage
-  std::deque<InFlight> in_flight_;
+  std::deque<InFlight> in_flight_;        // the job thread's
   std::atomic<bool> aborted_{false};
 };
+
+// Every end's communicator and the group's, aborted together (see
+// NcclComm::AbortAll): what a failed setup leaves, while the other members
+// may still wait in a split or the warm-up with us.
+absl::Status AbortSetup(const absl::Status& status, NcclComm* whole,
+                        std::map<int, LinkEnd>* sends_to, std::map<int, LinkEnd>* receives_from) {
+  std::vector<NcclComm*> comms = {whole};
+  for (auto* ends : {sends_to, receives_from}) {
+    for (auto& [peer, end] : *ends) comms.push_back(&end.comm);
+  }
+  NcclComm::AbortAll(comms);
+  return status;
+}
+
+// NCCL connects a link's two ends at their first exchange, which needs both
+// (and blocks a blocking communicator's caller until the peer comes): one
+// float over every link, here, in the group's order on every member (so the
+// lowest link not yet connected always has both its ends at it), within the
+// join's limits. After it, a send cannot wait on the host for its peer.
+absl::Status WarmUpLinks(const DeviceGroupSpec& group, int stage,
+                         std::map<int, LinkEnd>& sends_to, std::map<int, LinkEnd>& receives_from,
+                         const NcclJoinLimits& limits) {
+  // [0] is sent, [1] received into: a member with links both ways must not
+  // read and write one float on two streams at once.
+  ASSIGN_OR_RETURN(DeviceBuffer<float> one, DeviceBuffer<float>::Create(2));
+  CUDA_RETURN_IF_ERROR(cudaMemset(one.data(), 0, 2 * sizeof(float)));
+  std::vector<cudaStream_t> streams;
+  for (const auto& [from, to] : group.links) {
+    if (from == stage) {
+      LinkEnd& end = sends_to.at(to);
+      RETURN_IF_ERROR(end.comm.Send(one.data(), 1, end.peer_rank, end.stream.get(), limits));
+      streams.push_back(end.stream.get());
+    } else if (to == stage) {
+      LinkEnd& end = receives_from.at(from);
+      RETURN_IF_ERROR(end.comm.Recv(one.data() + 1, 1, end.peer_rank, end.stream.get(), limits));
+      streams.push_back(end.stream.get());
+    }
+  }
+  // `one` is freed on return: every exchange must be done with it.
+  return AwaitStreams(streams, limits, "device group warm-up exchange");
+}
 
 }  // namespace
 
@@ -152,28 +254,42 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> CreateNcclDeviceChannel(
     std::function<Tensor(const Shape&)> allocate) {
   ASSIGN_OR_RETURN(const int rank, DeviceGroupRank(group, stage));
   ASSIGN_OR_RETURN(const NcclUniqueId id, NcclUniqueId::FromBytes(group.id));
+  const NcclJoinLimits limits{group.join_deadline, group.join_cancelled};
   ASSIGN_OR_RETURN(NcclComm whole,
                    NcclComm::Create(id, static_cast<int>(group.stages.size()), rank, device,
-                                    NcclJoinLimits{group.join_deadline, group.join_cancelled}));
+                                    limits));
   std::map<int, LinkEnd> sends_to, receives_from;
   for (size_t l = 0; l < group.links.size(); ++l) {
     const auto [from, to] = group.links[l];
     const bool mine = from == stage || to == stage;
     // Every member splits once per link, in the group's order; the link's
     // two ends get a communicator of their own, ranked by stage.
-    ASSIGN_OR_RETURN(NcclComm part, whole.Split(mine ? static_cast<int>(l) : NcclComm::kNoColor,
-                                                /*key=*/stage));
+    absl::StatusOr<NcclComm> part =
+        whole.Split(mine ? static_cast<int>(l) : NcclComm::kNoColor, /*key=*/stage, limits);
+    if (!part.ok()) return AbortSetup(part.status(), &whole, &sends_to, &receives_from);
     if (!mine) continue;
     LinkEnd end;
-    end.comm = std::move(part);
+    end.comm = *std::move(part);
     end.peer_rank = 1 - end.comm.rank();
-    CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-    ASSIGN_OR_RETURN(end.stream, CudaStream::Create());
     (from == stage ? sends_to[to] : receives_from[from]) = std::move(end);
   }
-  RETURN_IF_ERROR(whole.Destroy());
-  return std::unique_ptr<DeviceChannel>(new NcclDeviceChannel(
-      stage, device, compute, std::move(allocate), std::move(sends_to), std::move(receives_from)));
+  // Streams once every split is done: failing here leaves no member inside
+  // a split waiting for us.
+  absl::Status status = [&]() -> absl::Status {
+    CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    for (auto* ends : {&sends_to, &receives_from}) {
+      for (auto& [peer, end] : *ends) {
+        ASSIGN_OR_RETURN(end.stream, CudaStream::Create());
+      }
+    }
+    return WarmUpLinks(group, stage, sends_to, receives_from, limits);
+  }();
+  if (!status.ok()) return AbortSetup(status, &whole, &sends_to, &receives_from);
+  status = whole.Destroy();
+  if (!status.ok()) return AbortSetup(status, &whole, &sends_to, &receives_from);
+  return std::unique_ptr<DeviceChannel>(
+      new NcclDeviceChannel(stage, device, compute, std::move(allocate), std::move(sends_to),
+                            std::move(receives_from), group.drain_timeout));
 }
 
 }  // namespace pipetrain

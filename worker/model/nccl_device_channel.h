@@ -10,31 +10,44 @@
 // one peer hold up a receive from another, and two stages could each wait
 // behind their own send (a deadlock the programs' per-link order cannot
 // rule out). Per link, operations match in program order, which the
-// coordinator checked (coordinator/planner/device_links.h). Setting up: the
-// group's communicator (ncclCommInitRank), then one split per link in the
-// group's order, by every member (collective), then the group's
-// communicator is destroyed.
+// coordinator checked (coordinator/planner/device_links.h).
+//
+// Setting up, every step bounded by group.join_deadline and
+// group.join_cancelled (DEADLINE_EXCEEDED, CANCELLED): the group's
+// communicator (non-blocking init, polled: NcclJoinLimits), one split per
+// link in the group's order by every member (collective; the parts are
+// non-blocking too), the streams, then one float over every link in the
+// group's order: NCCL connects a link's ends at their first exchange, which
+// needs both, so connecting them all here means no later send waits on the
+// host for its peer. The group's communicator is then destroyed. A failed
+// step aborts every communicator made so far (one NCCL group abort), as the
+// other members may still be waiting in a step with us.
 //
 // Ordering with the backend's compute stream, without blocking the host:
-//   Send: the direction's stream waits for the compute stream's work so far
-//         (the tensor is written), then ncclSend. The tensor is kept until
-//         an event after the send has completed: the caching allocator hands
-//         a freed block to later compute work at once.
-//   Recv: a block from the backend's allocator; the direction's stream waits
-//         for the compute work so far (the block's earlier users), then
+//   Send: the link's stream waits for the compute stream's work so far (the
+//         tensor is written), then ncclSend. The tensor is kept until an
+//         event after the send has completed: the caching allocator hands a
+//         freed block to later compute work at once.
+//   Recv: a block from the backend's allocator; the link's stream waits for
+//         the compute work so far (the block's earlier users), then
 //         ncclRecv; the compute stream waits for it (later ops read it).
 //
 // Stopping: a peer that dies leaves a receive (and the compute stream
-// behind it) waiting, as NCCL calls have no timeout here; when the job is
+// behind it) waiting, as NCCL transfers have no timeout; when the job is
 // stopped (the coordinator's lease fails it and sends STOP), Abort aborts
-// the link communicators from the stopping thread, which ends their
-// kernels. The join waits for the other members until group.join_deadline
-// or group.join_cancelled (a non-blocking init, polled: NcclJoinLimits);
-// the splits that follow it, once every member is there, block.
+// the link communicators together from the stopping thread, which ends
+// their kernels. Abort and the job thread's NCCL calls are serialised (NCCL
+// frees an aborted communicator at once); a call waiting for NCCL's "in
+// progress" gives up when Abort begins. Destroying the channel waits for
+// sends still under way up to group.drain_timeout, then aborts them (a peer
+// that stopped first never takes them).
 //
 // Limits, plainly: only raw fp32; two ranks on one GPU are refused by NCCL,
 // so on a one-GPU machine this class runs in no test
-// (nccl_device_channel_test needs two GPUs).
+// (nccl_device_channel_test needs two GPUs). Memory freed with cudaFree
+// while a link's kernel waits for its peer (the caching allocator's
+// out-of-memory retry, a growing scratch buffer) waits for that kernel:
+// size the device's memory so that does not happen mid-job.
 #ifndef PIPETRAIN_WORKER_MODEL_NCCL_DEVICE_CHANNEL_H_
 #define PIPETRAIN_WORKER_MODEL_NCCL_DEVICE_CHANNEL_H_
 

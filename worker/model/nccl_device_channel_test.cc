@@ -3,7 +3,9 @@
 // the argument checks run, and the exchange between two backends cannot
 // (NCCL refuses two ranks of one communicator on one GPU), so it skips; on
 // two or more GPUs two backends on GPUs 0 and 1, one thread each, exchange
-// tensors both ways through the group and must get them exactly, in order.
+// tensors both ways through the group and must get them exactly, in order,
+// also when both send first, and an abort ends a receive whose sender never
+// sends.
 #include <memory>
 #include <thread>
 #include <vector>
@@ -24,6 +26,26 @@ using testing::AllClose;
 using testing::RandomNormal;
 
 class NcclDeviceChannelTest : public testing::CudaTest {};
+
+#define SKIP_UNLESS_TWO_GPUS()                                                                 \
+  do {                                                                                         \
+    const int devices = CudaDeviceCount().value_or(0);                                         \
+    if (devices < 2) {                                                                         \
+      GTEST_SKIP() << devices                                                                  \
+                   << " GPU(s): a two-rank group needs two (NCCL refuses two ranks on one GPU)"; \
+    }                                                                                          \
+  } while (false)
+
+// Runs body(stage) for stages 0 and 1 on a thread each and returns their
+// results.
+template <typename Body>
+std::vector<absl::Status> OnBothStages(Body body) {
+  std::vector<absl::Status> errors(2);
+  std::thread other([&] { errors[1] = body(1); });
+  errors[0] = body(0);
+  other.join();
+  return errors;
+}
 
 TEST_F(NcclDeviceChannelTest, JoinDeviceGroup_BadStagesOrId_InvalidArgumentBeforeNccl) {
   auto backend = CreateCudaBackend(0, GemmMode::kFp32);
@@ -47,11 +69,7 @@ TEST_F(NcclDeviceChannelTest, JoinDeviceGroup_BadStagesOrId_InvalidArgumentBefor
 // as many gradients up, interleaved as in 1F1B. Each side receives into
 // tensors of the shape it names and must see the peer's values exactly.
 TEST_F(NcclDeviceChannelTest, TwoGpus_ExchangeBothWays_ExactAndInOrder) {
-  const int devices = CudaDeviceCount().value_or(0);
-  if (devices < 2) {
-    GTEST_SKIP() << devices << " GPU(s): a two-rank group needs two (NCCL refuses two ranks on "
-                    "one GPU)";
-  }
+  SKIP_UNLESS_TWO_GPUS();
   constexpr int kRounds = 5;
   const Shape shape{3, 33, 64};  // off every block size
   const std::string id = NcclUniqueId::Create().value().ToBytes();
@@ -93,6 +111,66 @@ TEST_F(NcclDeviceChannelTest, TwoGpus_ExchangeBothWays_ExactAndInOrder) {
                            values(1 - stage, round), 0.0f, 0.0f));
     }
   }
+}
+
+// Both stages send before they receive: the channel's links were connected
+// while joining (the warm-up), so neither send waits on the host for the
+// peer's receive, and each link has its own stream, so neither waits on the
+// device behind the other's.
+TEST_F(NcclDeviceChannelTest, TwoGpus_BothSendFirst_NoDeadlock) {
+  SKIP_UNLESS_TWO_GPUS();
+  const Shape shape{2, 1000, 513};  // 4 MiB: above NCCL's eager buffers
+  const std::string id = NcclUniqueId::Create().value().ToBytes();
+  std::vector<std::vector<float>> received(2);
+  auto values = [&](int stage) { return RandomNormal(7 + stage, NumElements(shape), 0.0f, 1.0f); };
+  const std::vector<absl::Status> errors = OnBothStages([&](int stage) -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCudaBackend(stage, GemmMode::kFp32));
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceChannel> channel,
+                     backend->JoinDeviceGroup({id, {0, 1}, {{0, 1}, {1, 0}}}, stage));
+    Tensor mine = backend->Upload(Tensor::FromVector(shape, values(stage)));
+    RETURN_IF_ERROR(channel->Send(1 - stage, mine));
+    ASSIGN_OR_RETURN(Tensor theirs, channel->Recv(1 - stage, shape));
+    received[stage] = backend->Download(theirs).ToVector();
+    return backend->status();
+  });
+  for (int stage = 0; stage < 2; ++stage) {
+    ASSERT_TRUE(errors[stage].ok()) << "stage " << stage << ": " << errors[stage];
+    EXPECT_TRUE(AllClose(absl::StrCat("stage ", stage), received[stage], values(1 - stage), 0.0f,
+                         0.0f));
+  }
+}
+
+// Stage 1 receives from stage 0, which never sends: Abort (as a stopped job
+// does; every member aborts, as NCCL wants inside a node) ends the waiting
+// kernel, so the compute stream behind it goes on, and later calls fail
+// with ABORTED.
+TEST_F(NcclDeviceChannelTest, TwoGpus_AbortEndsAReceiveThatNeverCompletes) {
+  SKIP_UNLESS_TWO_GPUS();
+  const Shape shape{4, 64};
+  const std::string id = NcclUniqueId::Create().value().ToBytes();
+  const std::vector<absl::Status> errors = OnBothStages([&](int stage) -> absl::Status {
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCudaBackend(stage, GemmMode::kFp32));
+    DeviceGroupSpec group{id, {0, 1}, {{0, 1}}};
+    group.drain_timeout = absl::Seconds(30);
+    ASSIGN_OR_RETURN(std::unique_ptr<DeviceChannel> channel,
+                     backend->JoinDeviceGroup(group, stage));
+    if (stage == 1) {
+      ASSIGN_OR_RETURN(Tensor never, channel->Recv(0, shape));
+      std::thread stopper([&] { channel->Abort(); });
+      backend->Synchronize();  // returns once the abort ended the receive
+      stopper.join();
+      ASSIGN_OR_RETURN(Tensor again, channel->Recv(0, shape));  // must fail
+      return absl::InternalError("Recv after Abort succeeded");
+    }
+    channel->Abort();
+    const absl::Status after = channel->Send(1, backend->Zeros(shape));
+    if (after.code() != absl::StatusCode::kAborted) {
+      return absl::InternalError(absl::StrCat("Send after Abort: ", after.ToString()));
+    }
+    return absl::OkStatus();
+  });
+  EXPECT_TRUE(errors[0].ok()) << errors[0];
+  EXPECT_EQ(errors[1].code(), absl::StatusCode::kAborted) << errors[1];
 }
 
 }  // namespace

@@ -50,12 +50,7 @@ class HalfCodec : public Codec {
     const float* p = x.data();
     for (int64_t i = 0; i < x.numel(); ++i) {
       uint16_t h;
-      if (!kToHalf(p[i], &h)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(name_, ": element ", i, " = ", p[i], " is outside the ", name_,
-                         " range and would round to infinity; scale the tensor or use another "
-                         "codec"));
-      }
+      if (!kToHalf(p[i], &h)) return HalfOverflowError(name_, i, p[i]);
       body[2 * i] = static_cast<unsigned char>(h & 0xff);
       body[2 * i + 1] = static_cast<unsigned char>(h >> 8);
     }
@@ -83,10 +78,7 @@ class HalfCodec : public Codec {
     }
     if (!finite) {
       for (int64_t i = 0; i < n; ++i) {
-        if (!std::isfinite(q[i])) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              name_, ": element ", i, " decodes to a non-finite value; corrupt payload"));
-        }
+        if (!std::isfinite(q[i])) return HalfCorruptError(name_, i);
       }
     }
     return t;
@@ -98,6 +90,17 @@ class HalfCodec : public Codec {
 };
 
 }  // namespace
+
+absl::Status HalfOverflowError(absl::string_view codec, int64_t index, float value) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      codec, ": element ", index, " = ", value, " is outside the ", codec,
+      " range and would round to infinity; scale the tensor or use another codec"));
+}
+
+absl::Status HalfCorruptError(absl::string_view codec, int64_t index) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(codec, ": element ", index, " decodes to a non-finite value; corrupt payload"));
+}
 
 bool FloatToFp16(float x, uint16_t* out) {
   const uint32_t u = FloatBits(x);

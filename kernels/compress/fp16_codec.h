@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "kernels/compress/codec.h"
 
 namespace pipetrain {
@@ -32,6 +34,13 @@ namespace pipetrain {
 std::unique_ptr<Codec> MakeFp16Codec();
 // name() "bf16", codec id kBf16.
 std::unique_ptr<Codec> MakeBf16Codec();
+
+// The codecs' errors (INVALID_ARGUMENT), also for their GPU twin
+// (kernels/cuda/half_codec.h): element `index` = `value` rounds to infinity
+// in `codec` ("fp16" or "bf16"); element `index` of a payload decodes to a
+// non-finite value.
+absl::Status HalfOverflowError(absl::string_view codec, int64_t index, float value);
+absl::Status HalfCorruptError(absl::string_view codec, int64_t index);
 
 // Scalar conversions used by the codecs, exposed for tests. The From*
 // functions are exact. The To* functions round to nearest even and return

@@ -137,8 +137,9 @@ class Backend {
   // EncodeOnDevice, never to a CPU codec. Waits for queued work.
   // UNIMPLEMENTED when this backend has no device twin of `spec` (the CPU
   // backend never has; CUDA has one for "linear:bits=B", "piecewise:bits=N",
-  // "token_topk:keep=K", token_topk followed by one of the two, and
-  // "powersgd:rank=R", for non-empty tensors on its device): the caller then
+  // "token_topk:keep=K", token_topk followed by one of the two,
+  // "powersgd:rank=R", "fp16" and "bf16", for non-empty tensors on its
+  // device): the caller then
   // encodes a host copy. Otherwise the CPU codec's errors (INVALID_ARGUMENT
   // for a non-finite value) or the device's (INTERNAL; status() has it too).
   virtual absl::StatusOr<std::string> EncodeOnDevice(const Tensor& /*t*/,

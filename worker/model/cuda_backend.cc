@@ -23,6 +23,7 @@
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/half_codec.h"
 #include "kernels/cuda/gelu.h"
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/nccl_comm.h"
@@ -75,12 +76,13 @@ struct DeviceMemory {
 
 // A codec spec the device codecs serve: a linear or piecewise stage
 // (kernels/cuda/quantize.h), token_topk (token_topk_payload.h), token_topk
-// followed by one of the two, or powersgd alone (powersgd_payload.h);
-// nullopt for any other valid spec.
+// followed by one of the two, powersgd alone (powersgd_payload.h), or fp16
+// or bf16 alone (half_codec.h); nullopt for any other valid spec.
 struct DeviceCodec {
   std::optional<double> token_keep;  // token_topk first, keeping this share
-  TokenTopKInner quantizer;          // kRaw: none (token_topk alone, powersgd)
+  TokenTopKInner quantizer;          // kRaw: none (token_topk alone, the others)
   std::optional<int> powersgd_rank;  // powersgd alone
+  std::optional<HalfFormat> half;    // fp16 or bf16 alone
 };
 
 absl::StatusOr<std::optional<DeviceCodec>> DeviceCodecFor(const std::string& spec) {
@@ -88,6 +90,10 @@ absl::StatusOr<std::optional<DeviceCodec>> DeviceCodecFor(const std::string& spe
   DeviceCodec codec;
   if (stages.size() == 1 && stages[0].name == "powersgd") {
     codec.powersgd_rank = static_cast<int>(stages[0].params.at("rank"));
+    return codec;
+  }
+  if (stages.size() == 1 && (stages[0].name == "fp16" || stages[0].name == "bf16")) {
+    codec.half = stages[0].name == "fp16" ? HalfFormat::kFp16 : HalfFormat::kBf16;
     return codec;
   }
   size_t next = 0;
@@ -563,6 +569,7 @@ absl::StatusOr<std::string> CudaBackendImpl::EncodeOnDevice(const Tensor& t,
   if (codec->powersgd_rank.has_value()) return EncodePowerSgd(t, *codec->powersgd_rank, state);
   const TokenTopKInner& q = codec->quantizer;
   return RunFallible([&]() -> absl::StatusOr<std::string> {
+    if (codec->half.has_value()) return HalfEncodeCuda(*codec->half, t.data(), t.shape(), stream_);
     if (codec->token_keep.has_value()) {
       return TokenTopKEncodeCuda(t.data(), t.shape(), *codec->token_keep, q, scores, stream_);
     }
@@ -605,6 +612,10 @@ absl::StatusOr<Tensor> CudaBackendImpl::DecodeOnDevice(const std::string& spec,
                      if (codec->powersgd_rank.has_value()) {
                        return PowerSgdDecodePayloadCuda(cublas_, payload, *codec->powersgd_rank,
                                                         out.data(), out.numel());
+                     }
+                     if (codec->half.has_value()) {
+                       return HalfDecodeCuda(*codec->half, payload, out.data(), out.numel(),
+                                             stream_);
                      }
                      if (codec->token_keep.has_value()) {
                        return TokenTopKDecodeCuda(payload, *codec->token_keep, q, out.data(),

@@ -1,6 +1,6 @@
 // The runtime's use of device codecs (Backend::EncodeOnDevice and
 // DecodeOnDevice, which the CUDA backend provides for linear, piecewise,
-// token_topk and powersgd payloads; device_link_encoder.h keeps error
+// token_topk, powersgd, fp16 and bf16 payloads; device_link_encoder.h keeps error
 // feedback and codec state beside them): a stand-in backend computes on the
 // CPU but claims those codecs, producing them with the CPU codec and the
 // codec state it is handed, so its payloads equal the host path's when the
@@ -68,7 +68,8 @@ class StandInDeviceCodecs : public ForwardingBackend {
  private:
   static bool Claims(const std::string& spec) {
     return spec.rfind("linear:", 0) == 0 || spec.rfind("piecewise:", 0) == 0 ||
-           spec.rfind("token_topk:", 0) == 0 || spec.rfind("powersgd:", 0) == 0;
+           spec.rfind("token_topk:", 0) == 0 || spec.rfind("powersgd:", 0) == 0 ||
+           spec == "fp16" || spec == "bf16";
   }
 };
 

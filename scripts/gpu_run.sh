@@ -110,26 +110,39 @@ rc=$?
 check pipeline_2_workers_cuda "$rc" "$(cat "$out/pipeline_compare.txt")"
 grep -h "computing on" "$out"/up*/worker*.log 2>/dev/null | sort | uniq -c >>"$out/pipeline_compare.txt"
 
-# 3b. Compression on CUDA workers: linear and piecewise payloads are made and
-# read on the GPU (Backend::EncodeOnDevice/DecodeOnDevice). The same job on
-# CPU workers is the reference; the units' rounding differs slightly between
-# the devices, and a value near a quantization boundary may then take the
-# next level, so the losses are compared at 1e-2 relative, not bitwise.
-cjob=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 4 --steps 20
-  --eval-interval 0 --workers 2 --forward-codec piecewise:bits=3 --backward-codec linear:bits=8)
-up_rc=0
-for device in cuda cpu; do
-  "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
-    --loss-log "$out/upc_${device}_losses.txt" --out "$out/upc_$device" \
-    >"$out/upc_$device.txt" 2>&1 || up_rc=1
-done
-compare_loss_logs "$out/upc_cuda_losses.txt" "$out/upc_cpu_losses.txt" 1e-2 "cuda - cpu" \
-  >"$out/compressed_compare.txt" 2>&1
-rc=$?
-[[ $up_rc -ne 0 ]] && rc=1
-grep -h "wire" "$out/upc_cuda.txt" >>"$out/compressed_compare.txt" 2>/dev/null
-grep -q "ACTIVATION .*(8.0x)" "$out/upc_cuda.txt" || rc=1
-check pipeline_compressed_cuda "$rc" "$(head -1 "$out/compressed_compare.txt")"
+# 3b. Compression on CUDA workers: payloads are made and read on the GPU
+# (Backend::EncodeOnDevice/DecodeOnDevice), error feedback's residual and
+# PowerSGD's Q kept there (worker/runtime/device_link_encoder.h). The same
+# job on CPU workers is the reference; the units' rounding differs slightly
+# between the devices (and cuBLAS sums PowerSGD's products in another
+# order), so a value near a quantization boundary may take the next level:
+# the losses are compared at 1e-2 relative, not bitwise.
+#   compressed_job NAME RATIO_PATTERN CODEC_FLAGS...
+compressed_job() {
+  local name=$1 pattern=$2
+  shift 2
+  local cjob=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 4
+    --steps 20 --eval-interval 0 --workers 2 "$@")
+  local up_rc=0 rc device
+  for device in cuda cpu; do
+    "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
+      --loss-log "$out/${name}_${device}_losses.txt" --out "$out/${name}_$device" \
+      >"$out/${name}_$device.txt" 2>&1 || up_rc=1
+  done
+  compare_loss_logs "$out/${name}_cuda_losses.txt" "$out/${name}_cpu_losses.txt" 1e-2 \
+    "cuda - cpu" >"$out/${name}_compare.txt" 2>&1
+  rc=$?
+  [[ $up_rc -ne 0 ]] && rc=1
+  grep -h "wire" "$out/${name}_cuda.txt" >>"$out/${name}_compare.txt" 2>/dev/null
+  grep -q "$pattern" "$out/${name}_cuda.txt" || rc=1
+  check "$name" "$rc" "$(head -1 "$out/${name}_compare.txt")"
+}
+compressed_job pipeline_compressed_cuda "ACTIVATION .*(8.0x)" \
+  --forward-codec piecewise:bits=3 --backward-codec linear:bits=8
+# Optimus-CC's compressed backpropagation: PowerSGD rank 4, lazy error
+# propagation, epilogue only (the cool-down sends compressed).
+compressed_job pipeline_powersgd_ef_cuda "ACTIVATION_GRAD .*wire" \
+  --backward-codec powersgd:rank=4 --error-feedback --epilogue-only
 
 # 3c. NCCL between GPUs: the 2-worker job with a GPU per worker
 # (--worker-device cuda:each), whose coordinator puts both stages in one

@@ -5,8 +5,9 @@
 //
 // Rounding: CUDA's __float2half_rn and __float2bfloat16_rn round to nearest
 // even as the CPU's bit manipulations do (subnormal results included; a
-// float subnormal input gives a signed zero either way), and the widenings
-// are exact; half_codec_test.cc compares every edge (ties, the largest
+// float subnormal input gives a signed zero in fp16 and a bf16 subnormal in
+// bf16, on both sides; the cvt instructions do not flush), and the
+// widenings are exact; half_codec_test.cc compares every edge (ties, the largest
 // finite values, subnormals) byte for byte.
 //
 // Errors, in the CPU codec's order and words: a non-finite input

@@ -70,6 +70,17 @@ CachingAllocator::Options MemoryOptions() {
 }
 
 struct DeviceMemory {
+  explicit DeviceMemory(int device) : device(device) {}
+  // The cache frees its blocks with cudaFree, which needs their device
+  // current, on whichever thread drops the last tensor.
+  ~DeviceMemory() {
+    int previous = 0;
+    const bool saved = cudaGetDevice(&previous) == cudaSuccess;
+    cudaSetDevice(device);
+    cache.EmptyCache();
+    if (saved) cudaSetDevice(previous);
+  }
+  const int device;
   CudaDeviceRawAllocator raw;
   CachingAllocator cache{&raw, MemoryOptions()};
 };
@@ -158,13 +169,19 @@ class CudaBackendImpl final : public Backend {
         stream_(stream),
         cublas_(std::move(cublas)) {}
   ~CudaBackendImpl() override {
+    // The destroying thread's current device may be another one.
+    cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
     for (const TimedOp& op : pending_) DestroyEvents(op);
     for (const StagedUpload& staged : staged_) {
       cudaEventDestroy(staged.done);
       PinnedHostCachingAllocator().Free(staged.block);
     }
+    // The cuBLAS handle is bound to the stream: it goes first.
+    cublas_ = CublasHandle();
     cudaStreamDestroy(stream_);
+    // The scratch buffers are freed after this body, with this device
+    // current; the tensor cache when its last tensor goes (DeviceMemory).
   }
 
   BackendKind kind() const override { return BackendKind::kCuda; }
@@ -277,7 +294,6 @@ class CudaBackendImpl final : public Backend {
   }
 
  private:
-  // Runs `op` unless an earlier op failed; keeps the first error.
   // Runs `op` (named `name` for op timing) unless an earlier op failed;
   // keeps the first error.
   template <typename Op>
@@ -343,7 +359,7 @@ class CudaBackendImpl final : public Backend {
   DeviceFacts facts_;
   cudaStream_t stream_;
   CublasHandle cublas_;
-  std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>();
+  std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>(device_);
   absl::Status status_;
   bool timing_ = false;
   std::vector<TimedOp> pending_;  // recorded, not yet read
@@ -396,7 +412,13 @@ absl::Status CudaBackendImpl::ReleaseStaging(bool all) {
     const StagedUpload& front = staged_.front();
     if (!all) {
       const cudaError_t done = cudaEventQuery(front.done);
-      if (done == cudaErrorNotReady) break;  // later ones are later on the stream
+      if (done == cudaErrorNotReady) {
+        // Not an error, but it may be left as the thread's last error, which
+        // the next launch check would report (CudaEvent::Query clears it
+        // too). Later blocks are later on the stream: stop here.
+        cudaGetLastError();
+        break;
+      }
       CUDA_RETURN_IF_ERROR(done);
     }
     cudaEventDestroy(front.done);
@@ -538,6 +560,9 @@ std::unique_ptr<PendingDownload> CudaBackendImpl::StartDownload(const Tensor& t)
     return absl::OkStatus();
   });
   if (!status_.ok()) {
+    // The copy may be queued: `host`'s pinned block goes back to the cache
+    // on return, so nothing may still write it.
+    if (!host.is_null()) cudaStreamSynchronize(stream_);
     if (done != nullptr) cudaEventDestroy(done);
     return std::make_unique<StreamDownload>(device_, Tensor(), nullptr, status_);
   }

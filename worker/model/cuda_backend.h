@@ -9,8 +9,9 @@
 // the backend's stream: a tensor whose last handle goes returns its block
 // to the cache, and the block is reused only by later work on the same
 // stream, which runs after every kernel that used it.
-// Copies to and from the host are synchronous (the host buffer may go away
-// when the call returns).
+// Copies: Upload and Download are synchronous; UploadAsync stages the host
+// data in pinned memory and returns, StartDownload queues a copy into
+// pinned memory and returns a handle to wait on (backend.h).
 //
 // Errors stick (backend.h): the first failing CUDA/cuBLAS call's status is
 // kept and returned by status(); later ops return at once.

@@ -207,6 +207,28 @@ TEST_F(CudaBackendTest, StartDownload_OrderedOnTheStream_WaitFromAnotherThread) 
 // tensor at once), queues behind earlier work, and recycles its pinned
 // staging blocks only after their copies: many uploads of mixed sizes in
 // flight, each checked exactly after later ops on the same stream.
+// An upload behind long queued work finds the previous upload's copy not
+// done yet; that "not ready" answer must not be left for the next launch
+// check to report (it made the backend fail with "device not ready").
+TEST_F(CudaBackendTest, UploadAsync_BehindBusyStream_LaterOpsStillWork) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  Backend* b = cuda->get();
+  constexpr int kN = 4096;  // a GEMM of ~137 GFLOP: milliseconds of queued work
+  Tensor a = b->Zeros({kN, kN});
+  Tensor c = b->Zeros({kN, kN});
+  b->Sgemm(false, false, kN, kN, kN, 1.0f, a.data(), kN, a.data(), kN, 0.0f, c.data(), kN);
+  const Tensor x = Normal({1000}, 23);
+  Tensor first = b->UploadAsync(x);
+  Tensor second = b->UploadAsync(x);  // queries the first copy's event: not ready
+  Tensor sum = b->Zeros({1000});
+  b->Add(first.data(), second.data(), 1000, sum.data());  // a launch, checked
+  ASSERT_TRUE(b->status().ok()) << b->status();
+  std::vector<float> want = x.ToVector();
+  for (float& v : want) v += v;
+  EXPECT_EQ(Host(b, sum), want);
+}
+
 TEST_F(CudaBackendTest, UploadAsync_ManyInFlight_EachExact) {
   absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
   ASSERT_TRUE(cuda.ok()) << cuda.status();

@@ -230,7 +230,10 @@ absl::Status WarmUpLinks(const DeviceGroupSpec& group, int stage,
   // [0] is sent, [1] received into: a member with links both ways must not
   // read and write one float on two streams at once.
   ASSIGN_OR_RETURN(DeviceBuffer<float> one, DeviceBuffer<float>::Create(2));
+  // Done before any link stream reads it (they do not order with the
+  // legacy stream a plain cudaMemset may run on).
   CUDA_RETURN_IF_ERROR(cudaMemset(one.data(), 0, 2 * sizeof(float)));
+  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   std::vector<cudaStream_t> streams;
   for (const auto& [from, to] : group.links) {
     if (from == stage) {

@@ -11,10 +11,11 @@
 #                     protobuf, OpenBLAS, GoogleTest, ...), not glibc,
 #                     libstdc++ or the CUDA libraries (the machine's own)
 #   gpu-bundle/run.sh scripts/gpu_run.sh
-# and gpu-bundle.tar.xz of it all (what travels). On the GPU machine:
-#   tar xf gpu-bundle.tar.xz && bash gpu-bundle/run.sh OUTDIR
+# and gpu-bundle.tar.gz of it all (what travels; gzip, which every machine
+# unpacks). On the GPU machine (run.sh's header says more):
+#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh OUTDIR [quick|bench]
 #
-#   bash scripts/gpu_bundle.sh        # writes gpu-bundle/ and gpu-bundle.tar.xz
+#   bash scripts/gpu_bundle.sh        # writes gpu-bundle/ and gpu-bundle.tar.gz
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda_targets.sh
@@ -26,7 +27,7 @@ echo "building $(echo "$tests" | wc -l) test binaries and ${#binaries[@]} progra
 # shellcheck disable=SC2086
 bazel build "${flags[@]}" $tests "${binaries[@]}"
 bin_dir=$(bazel info "${flags[@]}" bazel-bin 2>/dev/null)
-rm -rf gpu-bundle gpu-bundle.tar.xz
+rm -rf gpu-bundle gpu-bundle.tar.gz gpu-bundle.tar.xz
 mkdir -p gpu-bundle/bin gpu-bundle/lib
 for target in $tests "${binaries[@]}"; do
   path="${target#//}"; path="${path/://}"
@@ -45,6 +46,6 @@ done | sort -u | while read -r lib; do
 done
 strip --strip-unneeded gpu-bundle/bin/* gpu-bundle/lib/* 2>/dev/null || true
 install -m 755 scripts/gpu_run.sh gpu-bundle/run.sh
-tar cJf gpu-bundle.tar.xz gpu-bundle
+tar czf gpu-bundle.tar.gz gpu-bundle
 echo "gpu-bundle: $(ls gpu-bundle/bin | wc -l) binaries, $(ls gpu-bundle/lib | wc -l) libraries;" \
-  "gpu-bundle.tar.xz $(du -h gpu-bundle.tar.xz | cut -f1)" >&2
+  "gpu-bundle.tar.gz $(du -h gpu-bundle.tar.gz | cut -f1)" >&2

@@ -1,18 +1,39 @@
 #!/usr/bin/env bash
 # The CUDA issue's GPU checks, run on a GPU machine from the bundle that
 # scripts/gpu_bundle.sh builds (no Bazel needed there):
-#   tar xf gpu-bundle.tar.xz && bash gpu-bundle/run.sh OUTDIR [quick]
-# Writes into OUTDIR: machine.txt (nvidia-smi, CUDA libraries), one log per
-# test binary, the train-local and pipeline comparisons, the benchmark
-# tables, and summary.txt with one line per check. "quick" skips the GPT-2
-# 124M benchmark. Exits non-zero if any check failed.
+#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh OUTDIR [quick|bench]
+# OUTDIR must be new or empty. Writes into it: machine.txt (nvidia-smi, CUDA
+# libraries), one log per test binary, the train-local and pipeline
+# comparisons, the benchmark tables, and summary.txt with one line per
+# check; then packs it all as OUTDIR.tgz beside it. Modes: none runs
+# everything; "quick" skips the GPT-2 124M benchmarks; "bench" runs only
+# them. Each step has a time limit, so one that hangs costs minutes, not the
+# call. Exits non-zero if any check failed.
+#
+# On the lent device machine (it returns at most 8 files from $OUT):
+#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh /tmp/r quick;
+#   cp /tmp/r.tgz /tmp/r/summary.txt $OUT/
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: run.sh OUTDIR [quick]}
-quick=${2:-}
+out=${1:?usage: run.sh OUTDIR [quick|bench]}
+mode=${2:-}
+case "$mode" in ""|quick|bench) ;; *) echo "mode must be quick or bench, not $mode" >&2; exit 2 ;; esac
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-export LD_LIBRARY_PATH="$here/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}"
+if [[ -n "$(ls -A "$out")" ]]; then echo "$out is not empty: use a new folder" >&2; exit 2; fi
+# The bundle's libraries, and the CUDA ones where the machine keeps them:
+# NCCL is no part of the toolkit and may live elsewhere (e.g. a Python
+# package's nvidia/nccl/lib).
+libpath="$here/lib:/usr/local/cuda/lib64"
+for name in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  if ! ls /usr/local/cuda/lib64/"$name" >/dev/null 2>&1; then
+    found=$(find /usr/local /opt /usr/lib -name "$name" -print -quit 2>/dev/null)
+    [[ -n "$found" ]] && libpath="$libpath:$(dirname "$found")"
+  fi
+done
+export LD_LIBRARY_PATH="$libpath:${LD_LIBRARY_PATH:-}"
+# Python (the comparisons) with the machine's own libraries, not the bundle's.
+py() { env -u LD_LIBRARY_PATH python3 "$@"; }
 bin="$here/bin"
 summary="$out/summary.txt"
 : >"$summary"
@@ -21,15 +42,25 @@ note() { echo "$*" | tee -a "$summary"; }
 check() {  # check NAME RC DETAIL
   if [[ $2 -eq 0 ]]; then note "PASS $1 $3"; else note "FAIL $1 (exit $2) $3"; failed=1; fi
 }
+finish() {
+  tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+  exit $failed
+}
 
 {
   date -u
   nvidia-smi || true
+  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
   ls -l /usr/local/cuda/lib64/ 2>&1 | grep -E "libcudart|libcublas|libnccl" || true
   ldd "$bin/pipetrain" | grep -E "not found|cuda|cublas|nccl" || true
 } >"$out/machine.txt" 2>&1
+missing=$(ldd "$bin"/* 2>/dev/null | grep "not found" | sort -u | tr -s ' \t' ' ')
+check preflight_libraries "$([[ -z "$missing" ]]; echo $?)" "${missing:-every library found}"
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 note "machine: $gpus GPU(s); $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+check gpu_present "$([[ $gpus -gt 0 ]]; echo $?)" "($gpus GPU(s) seen by nvidia-smi)"
+
+if [[ "$mode" != bench ]]; then
 
 # 1. Every CUDA test binary: kernel parity (every op and codec), units on
 # both backends, the trainer and a 2-stage pipeline on CUDA, NCCL.
@@ -37,7 +68,7 @@ mkdir -p "$out/tests"
 for t in "$bin"/*_test; do
   name=$(basename "$t")
   tmp=$(mktemp -d)
-  TEST_TMPDIR="$tmp" timeout 900 "$t" >"$out/tests/$name.log" 2>&1
+  TEST_TMPDIR="$tmp" timeout -k 5 240 "$t" >"$out/tests/$name.log" 2>&1
   rc=$?
   rm -rf "$tmp"
   ran=$(grep -cE '^\[       OK \]' "$out/tests/$name.log")
@@ -51,12 +82,15 @@ for t in "$bin"/*_test; do
   if [[ $rc -eq 0 && $hiding -gt 0 && $gpus -gt 0 ]]; then rc=1; fi
   check "$name" "$rc" "($ran passed, $bad failed, $skipped skipped)"
 done
+# The issue's one-rank NCCL point, on its own line.
+one_rank=$(grep -hE '^\[       OK \] NcclGpuTest\..*OneRank' "$out/tests/nccl_comm_test.log" 2>/dev/null)
+check nccl_one_rank "$([[ -n "$one_rank" ]]; echo $?)" "($(echo "$one_rank" | grep -c OK) one-rank cases passed)"
 
 # compare_loss_logs GOT WANT TOL WHAT: two `up --loss-log` files (one loss
 # per line) of 20 steps each, every step within TOL relative; prints the
 # worst difference and whether they are bitwise equal.
 compare_loss_logs() {
-  python3 - "$@" <<'PY'
+  py - "$@" <<'PY'
 import sys
 got_path, want_path, tol, what = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 got, want = ([float(l) for l in open(p)] for p in (got_path, want_path))
@@ -71,14 +105,14 @@ PY
 # twice on CUDA (bitwise: the logs print floats at round-trip precision).
 model=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 4
   --steps 20 --eval-interval 0 --threads 8)
-"$bin/pipetrain" train-local "${model[@]}" --device cpu --log "$out/train_cpu.jsonl" \
-  >"$out/train_cpu.txt" 2>&1
+timeout -k 5 120 "$bin/pipetrain" train-local "${model[@]}" --device cpu \
+  --log "$out/train_cpu.jsonl" >"$out/train_cpu.txt" 2>&1
 cpu_rc=$?
 for run in 1 2; do
-  "$bin/pipetrain" train-local "${model[@]}" --device cuda --log "$out/train_cuda$run.jsonl" \
-    >"$out/train_cuda$run.txt" 2>&1 || cpu_rc=1
+  timeout -k 5 120 "$bin/pipetrain" train-local "${model[@]}" --device cuda \
+    --log "$out/train_cuda$run.jsonl" >"$out/train_cuda$run.txt" 2>&1 || cpu_rc=1
 done
-python3 - "$out" <<'PY' >"$out/train_compare.txt" 2>&1
+py - "$out" <<'PY' >"$out/train_compare.txt" 2>&1
 import json, sys
 out = sys.argv[1]
 def losses(name):
@@ -100,7 +134,10 @@ job=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 
   --eval-interval 0 --worker-device cuda)
 up_rc=0
 for workers in 1 2; do
-  "$bin/pipetrain" up --workers "$workers" "${job[@]}" --loss-log "$out/up_${workers}_losses.txt" \
+  # up's workers are its children, in timeout's process group: a kill
+  # reaches them too.
+  timeout -k 10 180 "$bin/pipetrain" up --workers "$workers" "${job[@]}" \
+    --loss-log "$out/up_${workers}_losses.txt" \
     --out "$out/up$workers" >"$out/up_$workers.txt" 2>&1 || up_rc=1
 done
 compare_loss_logs "$out/up_2_losses.txt" "$out/up_1_losses.txt" 1e-5 "2 workers - 1 worker" \
@@ -125,7 +162,7 @@ compressed_job() {
     --steps 20 --eval-interval 0 --workers 2 "$@")
   local up_rc=0 rc device
   for device in cuda cpu; do
-    "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
+    timeout -k 10 180 "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
       --loss-log "$out/${name}_${device}_losses.txt" --out "$out/${name}_$device" \
       >"$out/${name}_$device.txt" 2>&1 || up_rc=1
   done
@@ -149,7 +186,7 @@ compressed_job pipeline_powersgd_ef_cuda "ACTIVATION_GRAD .*wire" \
 # device group, against the 1-worker job of 3, 1e-5 relative. Needs two
 # GPUs: NCCL refuses two ranks on one.
 if [[ $gpus -ge 2 ]]; then
-  "$bin/pipetrain" up --workers 2 "${job[@]}" --worker-device cuda:each \
+  timeout -k 10 180 "$bin/pipetrain" up --workers 2 "${job[@]}" --worker-device cuda:each \
     --loss-log "$out/upn_losses.txt" --out "$out/upn" >"$out/upn.txt" 2>&1
   up_rc=$?
   compare_loss_logs "$out/upn_losses.txt" "$out/up_1_losses.txt" 1e-5 "NCCL 2 workers - 1 worker" \
@@ -162,22 +199,26 @@ else
   note "NOT RUN pipeline_2_workers_nccl: $gpus GPU(s); a device group needs two"
 fi
 
+fi  # mode != bench
+
 # 4. Benchmarks: GPT-2 124M training tokens/s and MFU in fp32, TF32 and bf16
 # (H100 SXM spec peaks: 67 TFLOP/s fp32, 494.7 dense TF32, 989.4 dense
-# BF16), each against the device's own measured GEMM rate in the same mode.
-if [[ "$quick" != quick ]]; then
+# BF16), each against the device's own measured GEMM rate in the same mode;
+# the tables are printed too, so they are in the call's output as well.
+if [[ "$mode" != quick ]]; then
   gpt2=(--layers 12 --d-model 768 --heads 12 --seq-len 1024 --vocab 50257 --batches 1,4,8
     --steps 3)
-  "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm fp32 --peak-tflops 67 \
+  timeout -k 5 200 "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm fp32 --peak-tflops 67 \
     --json "$out/bench_fp32.json" >"$out/bench_fp32.txt" 2>&1
   check gpt2_124m_fp32_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_fp32.txt" | tail -1)"
-  "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm tf32 --peak-tflops 494.7 \
+  timeout -k 5 200 "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm tf32 --peak-tflops 494.7 \
     --json "$out/bench_tf32.json" >"$out/bench_tf32.txt" 2>&1
   check gpt2_124m_tf32_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_tf32.txt" | tail -1)"
   # bf16 tensor-core GEMMs (--gemm bf16, fp32 tensors; H100 SXM dense BF16
   # peak 989.4 TFLOP/s).
-  "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm bf16 --peak-tflops 989.4 \
+  timeout -k 5 200 "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm bf16 --peak-tflops 989.4 \
     --json "$out/bench_bf16.json" >"$out/bench_bf16.txt" 2>&1
   check gpt2_124m_bf16_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_bf16.txt" | tail -1)"
+  cat "$out"/bench_*.txt
 fi
-exit $failed
+finish

@@ -7,7 +7,9 @@
 # comparisons, the benchmark tables, and summary.txt with one line per
 # check; then packs it all as OUTDIR.tgz beside it. Modes: none runs
 # everything; "quick" skips the GPT-2 124M benchmarks; "bench" runs only
-# them. Each step has a time limit, so one that hangs costs minutes, not the
+# them; "sanitize" runs only the kernel tests under compute-sanitizer
+# (memcheck, racecheck, synccheck), when the machine has it. Each step has a
+# time limit, so one that hangs costs minutes, not the
 # call. Exits non-zero if any check failed.
 #
 # On the lent device machine (it returns at most 8 files from $OUT):
@@ -15,9 +17,12 @@
 #   cp /tmp/r.tgz /tmp/r/summary.txt $OUT/
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: run.sh OUTDIR [quick|bench]}
+out=${1:?usage: run.sh OUTDIR [quick|bench|sanitize]}
 mode=${2:-}
-case "$mode" in ""|quick|bench) ;; *) echo "mode must be quick or bench, not $mode" >&2; exit 2 ;; esac
+case "$mode" in
+  ""|quick|bench|sanitize) ;;
+  *) echo "mode must be quick, bench or sanitize, not $mode" >&2; exit 2 ;;
+esac
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 if [[ -n "$(ls -A "$out")" ]]; then echo "$out is not empty: use a new folder" >&2; exit 2; fi
@@ -59,6 +64,28 @@ check preflight_libraries "$([[ -z "$missing" ]]; echo $?)" "${missing:-every li
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 note "machine: $gpus GPU(s); $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
 check gpu_present "$([[ $gpus -gt 0 ]]; echo $?)" "($gpus GPU(s) seen by nvidia-smi)"
+
+# 0. compute-sanitizer over the kernels' parity tests: out-of-bounds
+# accesses, shared-memory races and misplaced barriers that a parity test
+# can pass by luck.
+if [[ "$mode" == sanitize ]]; then
+  sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
+  if [[ -z "$sanitizer" ]]; then
+    note "NOT RUN compute_sanitizer: not on this machine"
+  else
+    mkdir -p "$out/sanitizer"
+    for name in attention layernorm cross_entropy embedding gelu adamw elementwise quantize \
+      token_topk half_codec powersgd; do
+      for tool in memcheck racecheck synccheck; do
+        log="$out/sanitizer/${name}_$tool.log"
+        timeout -k 5 150 "$sanitizer" --tool "$tool" --error-exitcode 99 \
+          "$bin/${name}_test" >"$log" 2>&1
+        check "sanitizer_${tool}_$name" $? "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log")"
+      done
+    done
+  fi
+  finish
+fi
 
 if [[ "$mode" != bench ]]; then
 

@@ -53,7 +53,9 @@ __global__ void SoftmaxCrossEntropyRowKernel(const float* logits, const int32_t*
   }
 }
 
-// *loss = mean of row_losses, in double like the CPU: each thread sums a
+// *loss = mean of row_losses, summed in double (the CPU sums the unrounded
+// double row losses; these were rounded to float, a difference far below
+// the test's tolerance): each thread sums a
 // fixed stride of rows in order, then a fixed halving tree. One block.
 __global__ void MeanLossKernel(const float* row_losses, int n, float* loss) {
   __shared__ double partial[kMeanThreads];

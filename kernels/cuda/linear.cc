@@ -42,7 +42,7 @@ absl::Status CheckShape(const char* op, int n, int in, int out) {
 }
 
 // INVALID_ARGUMENT naming the first null pointer among `named` (when n > 0).
-absl::Status CheckPointers(const char* op, int n,
+absl::Status CheckPointers(const char* op, int64_t n,
                            std::initializer_list<std::pair<const char*, const void*>> named) {
   if (n == 0) return absl::OkStatus();
   for (const auto& [name, ptr] : named) {
@@ -176,8 +176,8 @@ absl::Status SgemmCuda(const CublasHandle& handle, bool trans_a, bool trans_b, i
     return absl::InvalidArgumentError(absl::StrCat(kOp, ": m=", m, " n=", n, " k=", k, " lda=",
                                                    lda, " ldb=", ldb, " ldc=", ldc));
   }
-  absl::Status valid = CheckPointers(kOp, m * n, {{"c", c}});
-  if (valid.ok() && k > 0) valid = CheckPointers(kOp, m * n, {{"a", a}, {"b", b}});
+  absl::Status valid = CheckPointers(kOp, int64_t{m} * n, {{"c", c}});
+  if (valid.ok() && k > 0) valid = CheckPointers(kOp, int64_t{m} * n, {{"a", a}, {"b", b}});
   if (valid.ok()) valid = CheckHandle(kOp, handle);
   if (!valid.ok() || m == 0 || n == 0) return valid;
   // A row-major matrix is its transpose in column-major order, so row-major

@@ -44,7 +44,10 @@ __device__ double ColumnDot(const float* p, int64_t rows, int r, int a, int b, d
 
 // powersgd_codec.cc's Orthonormalise, per column: the same projections,
 // roundings and dependence test; only the order of each sum differs.
-__global__ void OrthonormaliseKernel(float* p, int64_t rows, int r) {
+// Launched with kOrthoThreads: the bound keeps nvcc's register use within
+// what a block that large may have (else the launch fails for resources).
+__global__ void __launch_bounds__(kOrthoThreads) OrthonormaliseKernel(float* p, int64_t rows,
+                                                                      int r) {
   __shared__ double scratch[33];
   for (int c = 0; c < r; ++c) {
     const double before = sqrt(ColumnDot(p, rows, r, c, c, scratch));

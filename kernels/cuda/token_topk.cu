@@ -69,8 +69,12 @@ __global__ void RankKernel(const T* s, int64_t n, int64_t kept, uint8_t* mask) {
 
 // One block: kept_index = the positions of the set mask bytes, ascending.
 // Each thread counts a contiguous chunk; thread 0 turns the counts into
-// offsets; each thread then writes its chunk's indices.
-__global__ void KeptIndexKernel(const uint8_t* mask, int64_t n, int64_t* kept_index) {
+// offsets; each thread then writes its chunk's indices, never past `kept`
+// (a mask of more set bytes, from scores with a NaN, which the callers
+// reject first, would otherwise overrun kept_index). The launch bound keeps
+// the registers within what a block of kIndexThreads may have.
+__global__ void __launch_bounds__(kIndexThreads)
+    KeptIndexKernel(const uint8_t* mask, int64_t n, int64_t kept, int64_t* kept_index) {
   __shared__ int64_t offset[kIndexThreads];
   const int64_t chunk = (n + kIndexThreads - 1) / kIndexThreads;
   const int64_t begin = min(n, threadIdx.x * chunk);
@@ -89,7 +93,7 @@ __global__ void KeptIndexKernel(const uint8_t* mask, int64_t n, int64_t* kept_in
   }
   __syncthreads();
   int64_t pos = offset[threadIdx.x];
-  for (int64_t i = begin; i < end; ++i) {
+  for (int64_t i = begin; i < end && pos < kept; ++i) {
     if (mask[i]) kept_index[pos++] = i;
   }
 }
@@ -147,7 +151,7 @@ absl::Status Select(const T* scores, int64_t tokens, int64_t kept, uint8_t* mask
   RankKernel<T><<<static_cast<unsigned>(blocks), kRankThreads, 0, stream>>>(scores, tokens, kept,
                                                                             mask);
   CUDA_CHECK_LAUNCH("RankKernel");
-  KeptIndexKernel<<<1, kIndexThreads, 0, stream>>>(mask, tokens, kept_index);
+  KeptIndexKernel<<<1, kIndexThreads, 0, stream>>>(mask, tokens, kept, kept_index);
   CUDA_CHECK_LAUNCH("KeptIndexKernel");
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return absl::OkStatus();

@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_status.h"
 
 namespace pipetrain {
@@ -11,8 +12,6 @@ namespace {
 // One block per row. 256 threads: c = 768 (GPT-2 small) gives each thread
 // three elements; wider rows loop.
 constexpr int kRowThreads = 256;
-// The parameter-gradient kernel: one thread per column.
-constexpr int kColumnThreads = 256;
 
 __device__ float WarpSum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
@@ -89,25 +88,20 @@ __global__ void LayerNormInputGradKernel(const float* x, const float* w, const f
   }
 }
 
-// dw[j] += sum_i dy[i][j] * xhat[i][j] and db[j] += sum_i dy[i][j], rows in
-// order (as the CPU accumulates them). One thread per column keeps it simple
-// and deterministic; neighbouring threads read neighbouring columns, so the
-// loads coalesce. Only c threads run: a split over row blocks is the obvious
-// next step if profiles show this kernel.
-__global__ void LayerNormParamGradKernel(const float* x, const float* mean, const float* rstd,
-                                         const float* dy, int n, int c, float* dw, float* db) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  float dw_acc = dw[j];
-  float db_acc = db[j];
-  for (int64_t i = 0; i < n; ++i) {
+// The terms of dw[j] += sum_i dy[i][j] * xhat[i][j] and db[j] += sum_i
+// dy[i][j], summed by column_sums.cuh (fixed order, rows in parallel).
+struct ParamGradTerms {
+  const float* x;
+  const float* mean;
+  const float* rstd;
+  const float* dy;
+  int c;
+  __device__ void operator()(int64_t i, int j, float* v) const {
     const int64_t at = i * c + j;
-    dw_acc += dy[at] * ((x[at] - mean[i]) * rstd[i]);
-    db_acc += dy[at];
+    v[0] = dy[at] * ((x[at] - mean[i]) * rstd[i]);
+    v[1] = dy[at];
   }
-  dw[j] = dw_acc;
-  db[j] = db_acc;
-}
+};
 
 absl::Status CheckShape(const char* op, int n, int c) {
   if (n >= 0 && c >= 1) return absl::OkStatus();
@@ -134,11 +128,8 @@ absl::Status LayerNormBackwardCuda(const float* x, const float* w, const float* 
   if (!valid.ok() || n == 0) return valid;
   LayerNormInputGradKernel<<<n, kRowThreads, 0, stream>>>(x, w, mean, rstd, dy, c, dx);
   CUDA_CHECK_LAUNCH("LayerNormInputGradKernel");
-  const int blocks = (c + kColumnThreads - 1) / kColumnThreads;
-  LayerNormParamGradKernel<<<blocks, kColumnThreads, 0, stream>>>(x, mean, rstd, dy, n, c, dw,
-                                                                   db);
-  CUDA_CHECK_LAUNCH("LayerNormParamGradKernel");
-  return absl::OkStatus();
+  return column_sums::ColumnSums<2>(ParamGradTerms{x, mean, rstd, dy, c}, n, c, dw, db, stream,
+                                    "LayerNorm parameter gradient sums");
 }
 
 }  // namespace pipetrain

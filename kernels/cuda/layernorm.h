@@ -9,8 +9,10 @@
 // All pointers are device pointers: x, y, dy, dx hold n * c floats; w, b, dw,
 // db hold c; mean, rstd hold n. Outputs must not overlap inputs. Work is
 // queued on `stream`; these return before it finishes. Results are bitwise
-// deterministic run to run (fixed reduction order, no atomics).
-// INVALID_ARGUMENT if n < 0 or c < 1; INTERNAL if a launch fails. n == 0
+// deterministic run to run (fixed reduction order, no atomics; dw and db
+// are summed over chunks of rows in parallel, kernels/cuda/column_sums.cuh).
+// INVALID_ARGUMENT if n < 0 or c < 1; INTERNAL if a launch fails;
+// RESOURCE_EXHAUSTED if the backward's scratch cannot be had. n == 0
 // launches nothing. Thread-safe (no state).
 #ifndef PIPETRAIN_KERNELS_CUDA_LAYERNORM_H_
 #define PIPETRAIN_KERNELS_CUDA_LAYERNORM_H_

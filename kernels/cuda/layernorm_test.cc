@@ -9,8 +9,8 @@
 // reference itself is off by up to 6e-6 (y), 2.6e-6 (mean), 6e-7 relative
 // (rstd) and 2.6e-6 (dx) at [256, 4096]; dw and db, running sums over 256
 // rows that reach ~50 (ulp 4e-6), by up to 3.9e-5. The GPU's error is of the
-// same kind (smaller for the tree sums; dw and db add rows in the CPU's
-// order) but was not measured when these bounds were written (no GPU), so
+// same kind (smaller for the tree sums, and for dw and db, summed in
+// chunks of 256 rows in parallel) but was not measured when these bounds were written (no GPU), so
 // they leave about 3x headroom over the CPU's own error. A wrong index or a
 // missing term shows up as errors of order 0.1.
 #include "kernels/cuda/layernorm.h"

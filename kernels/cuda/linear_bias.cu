@@ -3,6 +3,7 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.h"
 
@@ -17,17 +18,12 @@ __global__ void BroadcastRowsKernel(const float* b, int64_t total, int c, float*
   }
 }
 
-// Adjacent threads read adjacent columns of a row, so every row read is
-// coalesced. One thread per column is slow when c is small and n large
-// (few blocks); a fixed-order two-stage reduction can replace it later
-// and stay deterministic.
-__global__ void AddColumnSumsKernel(const float* dy, int n, int c, float* db) {
-  const int j = blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= c) return;
-  float acc = db[j];
-  for (int64_t i = 0; i < n; ++i) acc += dy[i * c + j];
-  db[j] = acc;
-}
+// The terms of db[j] += sum_i dy[i][j], summed by column_sums.cuh.
+struct BiasGradTerm {
+  const float* dy;
+  int c;
+  __device__ void operator()(int64_t i, int j, float* v) const { v[0] = dy[i * c + j]; }
+};
 
 absl::Status CheckShape(const char* op, int n, int c) {
   if (n >= 0 && c >= 1) return absl::OkStatus();
@@ -49,10 +45,8 @@ absl::Status BroadcastRowsCuda(const float* b, int n, int c, float* y, cudaStrea
 absl::Status AddColumnSumsCuda(const float* dy, int n, int c, float* db, cudaStream_t stream) {
   absl::Status valid = CheckShape("AddColumnSumsCuda", n, c);
   if (!valid.ok() || n == 0) return valid;
-  const int blocks = (c + kElementwiseThreads - 1) / kElementwiseThreads;
-  AddColumnSumsKernel<<<blocks, kElementwiseThreads, 0, stream>>>(dy, n, c, db);
-  CUDA_CHECK_LAUNCH("AddColumnSumsKernel");
-  return absl::OkStatus();
+  return column_sums::ColumnSums<1>(BiasGradTerm{dy, c}, n, c, db, nullptr, stream,
+                                    "bias gradient sums");
 }
 
 }  // namespace pipetrain

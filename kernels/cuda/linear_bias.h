@@ -20,9 +20,11 @@ namespace pipetrain {
 // x W onto the bias, as kernels/cpu/linear.cc does.
 absl::Status BroadcastRowsCuda(const float* b, int n, int c, float* y, cudaStream_t stream);
 
-// db[j] += dy[0][j] + dy[1][j] + ... + dy[n-1][j], added one row at a time in
-// row order (the CPU reference's order), one thread per column: no atomics,
-// so the result is bitwise deterministic run to run. db must not overlap dy.
+// db[j] += dy[0][j] + dy[1][j] + ... + dy[n-1][j], in two fixed-order
+// stages over chunks of rows (column_sums.cuh; not the CPU's row-by-row
+// order): no atomics, so the result is bitwise deterministic run to run.
+// db must not overlap dy. Also RESOURCE_EXHAUSTED when its scratch (a few
+// floats per column and 256 rows) cannot be had.
 absl::Status AddColumnSumsCuda(const float* dy, int n, int c, float* db, cudaStream_t stream);
 
 }  // namespace pipetrain

@@ -246,6 +246,16 @@ if [[ "$mode" != quick ]]; then
   timeout -k 5 200 "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm bf16 --peak-tflops 989.4 \
     --json "$out/bench_bf16.json" >"$out/bench_bf16.txt" 2>&1
   check gpt2_124m_bf16_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_bf16.txt" | tail -1)"
+  # Attention through cuBLAS batched GEMMs (--attention gemm; its parity
+  # tests are attention_gemm_test and cuda_backend_test's GemmAttention
+  # cases), in the two tensor-core modes.
+  for mode in tf32:494.7 bf16:989.4; do
+    timeout -k 5 200 "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm "${mode%%:*}" \
+      --peak-tflops "${mode#*:}" --attention gemm --json "$out/bench_${mode%%:*}_gemm_attention.json" \
+      >"$out/bench_${mode%%:*}_gemm_attention.txt" 2>&1
+    check "gpt2_124m_${mode%%:*}_gemm_attention_benchmark" $? \
+      "$(grep -E '^ +[0-9]' "$out/bench_${mode%%:*}_gemm_attention.txt" | tail -1)"
+  done
   cat "$out"/bench_*.txt
 fi
 finish

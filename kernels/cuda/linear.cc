@@ -35,6 +35,22 @@ cublasStatus_t Gemm(const CublasHandle& h, cublasOperation_t trans_a, cublasOper
                       CUBLAS_GEMM_DEFAULT);
 }
 
+// `batch` of Gemm's products at once (strides in floats).
+cublasStatus_t GemmBatched(const CublasHandle& h, cublasOperation_t trans_a,
+                           cublasOperation_t trans_b, int m, int n, int k, const float* alpha,
+                           const float* a, int lda, int64_t stride_a, const float* b, int ldb,
+                           int64_t stride_b, const float* beta, float* c, int ldc,
+                           int64_t stride_c, int batch) {
+  if (h.mode() != GemmMode::kBf16) {
+    return cublasSgemmStridedBatched(h.get(), trans_a, trans_b, m, n, k, alpha, a, lda, stride_a,
+                                     b, ldb, stride_b, beta, c, ldc, stride_c, batch);
+  }
+  return cublasGemmStridedBatchedEx(h.get(), trans_a, trans_b, m, n, k, alpha, a, CUDA_R_32F,
+                                    lda, stride_a, b, CUDA_R_32F, ldb, stride_b, beta, c,
+                                    CUDA_R_32F, ldc, stride_c, batch,
+                                    CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT);
+}
+
 absl::Status CheckShape(const char* op, int n, int in, int out) {
   if (n >= 0 && in >= 1 && out >= 1) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(op, ": shape n=", n, " in=", in, " out=", out,
@@ -168,24 +184,47 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
 absl::Status SgemmCuda(const CublasHandle& handle, bool trans_a, bool trans_b, int m, int n,
                        int k, float alpha, const float* a, int lda, const float* b, int ldb,
                        float beta, float* c, int ldc) {
-  constexpr const char* kOp = "SgemmCuda";
+  return SgemmStridedBatchedCuda(handle, trans_a, trans_b, m, n, k, alpha, a, lda, 0, b, ldb, 0,
+                                 beta, c, ldc, 0, 1);
+}
+
+absl::Status SgemmStridedBatchedCuda(const CublasHandle& handle, bool trans_a, bool trans_b,
+                                     int m, int n, int k, float alpha, const float* a, int lda,
+                                     int64_t stride_a, const float* b, int ldb, int64_t stride_b,
+                                     float beta, float* c, int ldc, int64_t stride_c, int batch) {
+  const char* op = batch == 1 && stride_a == 0 && stride_b == 0 && stride_c == 0
+                       ? "SgemmCuda"
+                       : "SgemmStridedBatchedCuda";
   // Row widths of the three matrices as stored.
   const int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
   if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_cols) || ldb < std::max(1, b_cols) ||
       ldc < std::max(1, n)) {
-    return absl::InvalidArgumentError(absl::StrCat(kOp, ": m=", m, " n=", n, " k=", k, " lda=",
+    return absl::InvalidArgumentError(absl::StrCat(op, ": m=", m, " n=", n, " k=", k, " lda=",
                                                    lda, " ldb=", ldb, " ldc=", ldc));
   }
-  absl::Status valid = CheckPointers(kOp, int64_t{m} * n, {{"c", c}});
-  if (valid.ok() && k > 0) valid = CheckPointers(kOp, int64_t{m} * n, {{"a", a}, {"b", b}});
-  if (valid.ok()) valid = CheckHandle(kOp, handle);
-  if (!valid.ok() || m == 0 || n == 0) return valid;
+  if (batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(op, ": batch=", batch, " strides ", stride_a,
+                                                   ", ", stride_b, ", ", stride_c,
+                                                   " must not be negative"));
+  }
+  absl::Status valid = CheckPointers(op, int64_t{m} * n * batch, {{"c", c}});
+  if (valid.ok() && k > 0) valid = CheckPointers(op, int64_t{m} * n * batch, {{"a", a}, {"b", b}});
+  if (valid.ok()) valid = CheckHandle(op, handle);
+  if (!valid.ok() || m == 0 || n == 0 || batch == 0) return valid;
   // A row-major matrix is its transpose in column-major order, so row-major
   // C = op(A) op(B) is column-major C^T [n, m] = op(B)^T op(A)^T: swap the
   // operands, keep each one's transpose flag.
-  CUBLAS_RETURN_IF_ERROR(Gemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                              trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b, ldb, a, lda,
-                              &beta, c, ldc));
+  const float alpha_value = alpha, beta_value = beta;
+  if (batch == 1) {
+    CUBLAS_RETURN_IF_ERROR(Gemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha_value, b, ldb,
+                                a, lda, &beta_value, c, ldc));
+    return absl::OkStatus();
+  }
+  CUBLAS_RETURN_IF_ERROR(GemmBatched(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                     trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha_value,
+                                     b, ldb, stride_b, a, lda, stride_a, &beta_value, c, ldc,
+                                     stride_c, batch));
   return absl::OkStatus();
 }
 

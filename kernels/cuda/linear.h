@@ -27,6 +27,7 @@
 #define PIPETRAIN_KERNELS_CUDA_LINEAR_H_
 
 #include <cublas_v2.h>
+#include <cstdint>
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
@@ -105,6 +106,17 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
 absl::Status SgemmCuda(const CublasHandle& handle, bool trans_a, bool trans_b, int m, int n,
                        int k, float alpha, const float* a, int lda, const float* b, int ldb,
                        float beta, float* c, int ldc);
+
+// `batch` such products, C_i = alpha op(A_i) op(B_i) + beta C_i with
+// X_i = x + i * stride_x (strides in floats, >= 0), each as SgemmCuda
+// computes it (one cublasSgemmStridedBatched, or its bf16 twin): how
+// attention multiplies every head's matrices at once
+// (kernels/cuda/attention_gemm.h). batch >= 0; batch == 0 does nothing.
+// Errors as SgemmCuda, and INVALID_ARGUMENT for a negative batch or stride.
+absl::Status SgemmStridedBatchedCuda(const CublasHandle& handle, bool trans_a, bool trans_b,
+                                     int m, int n, int k, float alpha, const float* a, int lda,
+                                     int64_t stride_a, const float* b, int ldb, int64_t stride_b,
+                                     float beta, float* c, int ldc, int64_t stride_c, int batch);
 
 }  // namespace pipetrain
 

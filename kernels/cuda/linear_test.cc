@@ -364,6 +364,58 @@ TEST_F(LinearCudaTest, SgemmCuda_AllTransposes_MatchesCpu) {
   }
 }
 
+// Three products at once with strides between them that differ from the
+// matrices' sizes (as attention's heads: a head's slice of a wider row),
+// each against the CPU Sgemm of its slices.
+TEST_F(LinearCudaTest, SgemmStridedBatchedCuda_AllTransposes_MatchesCpuPerMatrix) {
+  const int m = 33, n = 65, k = 17, batch = 3;
+  const float alpha = 0.25f, beta = 1.0f;
+  for (bool ta : {false, true}) {
+    for (bool tb : {false, true}) {
+      // Interleaved like heads: matrix i starts i * width floats into each
+      // row of a row `batch * width` wide.
+      const int a_width = ta ? m : k, b_width = tb ? k : n;
+      const int lda = batch * a_width, ldb = batch * b_width, ldc = n + 1;
+      const int64_t stride_c = int64_t{m} * ldc;
+      const std::vector<float> a = RandomNormal(63, int64_t{ta ? k : m} * lda, 0.0f, 1.0f);
+      const std::vector<float> b = RandomNormal(64, int64_t{tb ? n : k} * ldb, 0.0f, 1.0f);
+      std::vector<float> c = RandomNormal(65, stride_c * batch, 0.0f, 1.0f);
+      std::vector<float> want = c;
+      for (int i = 0; i < batch; ++i) {
+        Sgemm(ta, tb, m, n, k, alpha, a.data() + i * a_width, lda, b.data() + i * b_width, ldb,
+              beta, want.data() + i * stride_c, ldc);
+      }
+      auto handle = CublasHandle::Create(GemmMode::kFp32);
+      ASSERT_TRUE(handle.ok()) << handle.status();
+      auto da = DeviceBuffer<float>::FromHost(a);
+      auto db = DeviceBuffer<float>::FromHost(b);
+      auto dc = DeviceBuffer<float>::FromHost(c);
+      ASSERT_TRUE(da.ok() && db.ok() && dc.ok());
+      const absl::Status run = SgemmStridedBatchedCuda(
+          *handle, ta, tb, m, n, k, alpha, da->data(), lda, a_width, db->data(), ldb, b_width,
+          beta, dc->data(), ldc, stride_c, batch);
+      ASSERT_TRUE(run.ok()) << run;
+      auto got = dc->ToHost();
+      ASSERT_TRUE(got.ok()) << got.status();
+      const Tolerance tol = GemmTolerance(GemmMode::kFp32, k, alpha, beta);
+      EXPECT_TRUE(AllClose(absl::StrCat("batched sgemm ta=", ta, " tb=", tb), *got, want,
+                           tol.atol, tol.rtol));
+    }
+  }
+}
+
+TEST(SgemmCudaArgsTest, SgemmStridedBatchedCuda_NegativeBatchOrStride_InvalidArgument) {
+  CublasHandle empty;
+  float x = 0;
+  absl::Status s = SgemmStridedBatchedCuda(empty, false, false, 2, 3, 4, 1.0f, &x, 4, 0, &x, 3,
+                                           0, 0.0f, &x, 3, 0, -1);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = SgemmStridedBatchedCuda(empty, false, false, 2, 3, 4, 1.0f, &x, 4, -8, &x, 3, 0, 0.0f, &x,
+                              3, 0, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("SgemmStridedBatchedCuda"), std::string::npos) << s;
+}
+
 TEST(SgemmCudaArgsTest, SgemmCuda_StrideTooSmall_InvalidArgument) {
   CublasHandle empty;
   float x = 0;

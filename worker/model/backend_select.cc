@@ -28,9 +28,15 @@ absl::Status ReducedPrecisionOnCpu(const std::string& gemm) {
       "--gemm ", gemm, " needs a CUDA device; the CPU backend computes in fp32"));
 }
 
-absl::StatusOr<SelectedBackend> Cuda(int device, const std::string& gemm) {
+absl::Status GemmAttentionOnCpu() {
+  return absl::InvalidArgumentError(
+      "--attention gemm needs a CUDA device; the CPU backend has one attention");
+}
+
+absl::StatusOr<SelectedBackend> Cuda(int device, const std::string& gemm,
+                                     const std::string& attention) {
   SelectedBackend selected;
-  ASSIGN_OR_RETURN(selected.owned, cuda_hooks::Create(device, gemm));
+  ASSIGN_OR_RETURN(selected.owned, cuda_hooks::Create(device, gemm, attention));
   selected.backend = selected.owned.get();
   return selected;
 }
@@ -41,7 +47,12 @@ bool BuiltWithCuda() { return cuda_hooks::Available(); }
 
 int VisibleCudaDevices() { return cuda_hooks::DeviceCount().value_or(0); }
 
-absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm) {
+absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm,
+                                 const std::string& attention) {
+  if (attention != "reference" && attention != "gemm") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--attention must be reference or gemm, got '", attention, "'"));
+  }
   if (gemm != "fp32" && gemm != "tf32" && gemm != "bf16") {
     return absl::InvalidArgumentError(
         absl::StrCat("--gemm must be fp32, tf32 or bf16, got '", gemm, "'"));
@@ -51,19 +62,22 @@ absl::Status ValidateDeviceFlags(const std::string& device, const std::string& g
         "--device must be auto, cpu, cuda or cuda:N (N >= 0), got '", device, "'"));
   }
   if (device == "cpu" && gemm != "fp32") return ReducedPrecisionOnCpu(gemm);
+  if (device == "cpu" && attention == "gemm") return GemmAttentionOnCpu();
   return absl::OkStatus();
 }
 
 absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device,
-                                              const std::string& gemm) {
-  RETURN_IF_ERROR(ValidateDeviceFlags(device, gemm));
+                                              const std::string& gemm,
+                                              const std::string& attention) {
+  RETURN_IF_ERROR(ValidateDeviceFlags(device, gemm, attention));
   const int cuda_device = ParseCudaDevice(device);
-  if (cuda_device >= 0) return Cuda(cuda_device, gemm);
+  if (cuda_device >= 0) return Cuda(cuda_device, gemm, attention);
   if (device == "auto" && cuda_hooks::Available()) {
     ASSIGN_OR_RETURN(const int count, cuda_hooks::DeviceCount());
-    if (count > 0) return Cuda(0, gemm);
+    if (count > 0) return Cuda(0, gemm, attention);
   }
   if (gemm != "fp32") return ReducedPrecisionOnCpu(gemm);
+  if (attention == "gemm") return GemmAttentionOnCpu();
   SelectedBackend selected;
   selected.backend = CpuBackend();
   return selected;

@@ -11,7 +11,9 @@
 // the parity checks against the CPU use; tf32 and bf16 are the tensor-core
 // modes, kernels/cuda/linear.h); the CPU backend always computes in fp32, so
 // tf32 or bf16 with a CPU device is INVALID_ARGUMENT rather than silently
-// ignored. Thread-safe.
+// ignored. --attention reference|gemm picks how CUDA computes attention
+// (cuda_backend.h AttentionImpl; reference is the default); gemm with a CPU
+// device is INVALID_ARGUMENT likewise. Thread-safe.
 #ifndef PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_
 #define PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_
 
@@ -38,14 +40,16 @@ struct SelectedBackend {
 // The flags' syntax alone (for usage errors before any work): INVALID_ARGUMENT
 // for an unknown device or gemm value (the message lists the accepted ones)
 // or tf32/bf16 with --device cpu.
-absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm);
+absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm,
+                                 const std::string& attention = "reference");
 
 // ValidateDeviceFlags' errors, and INVALID_ARGUMENT for tf32/bf16 when auto
 // resolves to the CPU; FAILED_PRECONDITION for cuda in a
 // binary built without CUDA; NOT_FOUND for a CUDA device that is not
 // visible; INTERNAL for CUDA setup failures.
 absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device,
-                                              const std::string& gemm);
+                                              const std::string& gemm,
+                                              const std::string& attention = "reference");
 
 }  // namespace pipetrain
 

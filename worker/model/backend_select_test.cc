@@ -33,6 +33,19 @@ TEST(BackendSelectTest, UnknownGemm_InvalidArgument) {
       << s.status();
 }
 
+TEST(BackendSelectTest, UnknownOrCpuGemmAttention_InvalidArgument) {
+  absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "fp32", "flash");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("reference or gemm, got 'flash'"), std::string::npos)
+      << s.status();
+  s = SelectBackend("cpu", "fp32", "gemm");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.status().message().find("--attention gemm needs a CUDA device"), std::string::npos)
+      << s.status();
+  EXPECT_TRUE(ValidateDeviceFlags("cuda", "tf32", "gemm").ok());
+  EXPECT_TRUE(SelectBackend("cpu", "fp32", "reference").ok());
+}
+
 TEST(BackendSelectTest, ReducedPrecisionOnCpu_InvalidArgument) {
   for (const std::string gemm : {"tf32", "bf16"}) {
     absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", gemm);

@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/attention.h"
+#include "kernels/cuda/attention_gemm.h"
 #include "kernels/cuda/cross_entropy.h"
 #include "kernels/alloc/caching_allocator.h"
 #include "kernels/cuda/adamw.h"
@@ -163,11 +164,13 @@ class StreamDownload final : public PendingDownload {
 
 class CudaBackendImpl final : public Backend {
  public:
-  CudaBackendImpl(const CudaDeviceInfo& info, cudaStream_t stream, CublasHandle cublas)
+  CudaBackendImpl(const CudaDeviceInfo& info, cudaStream_t stream, CublasHandle cublas,
+                  AttentionImpl attention)
       : device_(info.index),
         facts_{info.name, info.total_memory_bytes, info.sm_count, info.index},
         stream_(stream),
-        cublas_(std::move(cublas)) {}
+        cublas_(std::move(cublas)),
+        attention_(attention) {}
   ~CudaBackendImpl() override {
     // The destroying thread's current device may be another one.
     cudaSetDevice(device_);
@@ -187,7 +190,8 @@ class CudaBackendImpl final : public Backend {
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string Describe() const override {
     return absl::StrCat("cuda:", device_, " (", facts_.name, "), ",
-                        GemmModeName(cublas_.mode()), " GEMMs");
+                        GemmModeName(cublas_.mode()), " GEMMs",
+                        attention_ == AttentionImpl::kGemm ? ", GEMM attention" : "");
   }
   absl::Status status() const override { return status_; }
   DeviceFacts device_facts() const override { return facts_; }
@@ -247,13 +251,26 @@ class CudaBackendImpl final : public Backend {
   }
   void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
                         float* probs) override {
-    Run("attention_forward", [&] { return AttentionForwardCuda(qkv, batch, seq_len, c, heads, out, probs, stream_); });
+    Run("attention_forward", [&] {
+      return attention_ == AttentionImpl::kGemm
+                 ? AttentionGemmForwardCuda(cublas_, qkv, batch, seq_len, c, heads, out, probs)
+                 : AttentionForwardCuda(qkv, batch, seq_len, c, heads, out, probs, stream_);
+    });
   }
+  // The caller's `scratch` is the CPU kernel's seq_len^2 floats; the GPU
+  // kernels keep dS for every (batch, head) at once, so they get a block of
+  // batch * heads * seq_len^2 floats from the cache instead.
   void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
-                         int seq_len, int c, int heads, float* dqkv, float* scratch) override {
+                         int seq_len, int c, int heads, float* dqkv,
+                         float* /*scratch*/) override {
+    if (!status_.ok() || batch <= 0) return;
+    Tensor ds = Allocate({int64_t{batch} * heads, seq_len, seq_len}, /*zero=*/false);
     Run("attention_backward", [&] {
-      return AttentionBackwardCuda(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch,
-                                   stream_);
+      return attention_ == AttentionImpl::kGemm
+                 ? AttentionGemmBackwardCuda(cublas_, qkv, probs, dout, batch, seq_len, c, heads,
+                                             dqkv, ds.data())
+                 : AttentionBackwardCuda(qkv, probs, dout, batch, seq_len, c, heads, dqkv,
+                                         ds.data(), stream_);
     });
   }
   void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
@@ -359,6 +376,7 @@ class CudaBackendImpl final : public Backend {
   DeviceFacts facts_;
   cudaStream_t stream_;
   CublasHandle cublas_;
+  const AttentionImpl attention_;
   std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>(device_);
   absl::Status status_;
   bool timing_ = false;
@@ -696,7 +714,8 @@ float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits,
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, GemmMode mode) {
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, GemmMode mode,
+                                                           AttentionImpl attention) {
   absl::StatusOr<CudaDeviceInfo> info = GetCudaDeviceInfo(device);
   if (!info.ok()) return info.status();
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
@@ -708,7 +727,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, GemmMode 
     return cublas.status();
   }
   return std::unique_ptr<Backend>(
-      new CudaBackendImpl(*info, stream, *std::move(cublas)));
+      new CudaBackendImpl(*info, stream, *std::move(cublas), attention));
 }
 
 }  // namespace pipetrain

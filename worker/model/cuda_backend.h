@@ -26,11 +26,20 @@
 
 namespace pipetrain {
 
+// How the backend computes attention: kReference, the row kernels of
+// kernels/cuda/attention.h (checked against the CPU), or kGemm, cuBLAS
+// batched GEMMs around softmax row kernels (kernels/cuda/attention_gemm.h;
+// in the GEMM mode, so on tensor cores for tf32 and bf16). kGemm is the
+// faster one by design; it becomes the default once its parity test has
+// passed on a GPU.
+enum class AttentionImpl { kReference, kGemm };
+
 // A backend on CUDA device `device` with `mode` GEMMs. INVALID_ARGUMENT if
 // device < 0; NOT_FOUND if there is no such device (e.g. none at all; the
 // message names the index and the device count); INTERNAL if CUDA or cuBLAS
 // setup fails.
-absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, GemmMode mode);
+absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
+    int device, GemmMode mode, AttentionImpl attention = AttentionImpl::kReference);
 
 }  // namespace pipetrain
 

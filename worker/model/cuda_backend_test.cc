@@ -107,8 +107,9 @@ UnitRun RunUnit(const GptConfig& config, int index, Backend* backend, const Toke
 
 class CudaBackendTest : public testing::CudaTest {};
 
-void ExpectUnitsMatch(GemmMode mode, float rtol) {
-  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, mode);
+void ExpectUnitsMatch(GemmMode mode, float rtol,
+                      AttentionImpl attention = AttentionImpl::kReference) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, mode, attention);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   const GptConfig config = SmallConfig();
   const TokenBatch batch = Batch(config, 3, 33, 9);
@@ -131,6 +132,17 @@ TEST_F(CudaBackendTest, EveryUnit_Tf32_MatchesCpuBackend) { ExpectUnitsMatch(Gem
 
 TEST_F(CudaBackendTest, EveryUnit_Bf16_MatchesCpuBackend) { ExpectUnitsMatch(GemmMode::kBf16, 5e-2f); }
 
+// The same with attention through cuBLAS batched GEMMs (attention_gemm.h),
+// at the same tolerances: the GEMMs change the order of attention's sums,
+// as they do the linear layers'.
+TEST_F(CudaBackendTest, EveryUnit_Fp32_GemmAttention_MatchesCpuBackend) {
+  ExpectUnitsMatch(GemmMode::kFp32, 1e-4f, AttentionImpl::kGemm);
+}
+
+TEST_F(CudaBackendTest, EveryUnit_Tf32_GemmAttention_MatchesCpuBackend) {
+  ExpectUnitsMatch(GemmMode::kTf32, 1e-2f, AttentionImpl::kGemm);
+}
+
 TEST_F(CudaBackendTest, EveryUnit_TwoRuns_BitwiseEqual) {
   absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
@@ -150,6 +162,11 @@ TEST_F(CudaBackendTest, Describe_NamesDeviceAndMode) {
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   EXPECT_EQ((*cuda)->kind(), BackendKind::kCuda);
   EXPECT_NE((*cuda)->Describe().find("cuda:0"), std::string::npos) << (*cuda)->Describe();
+  EXPECT_EQ((*cuda)->Describe().find("GEMM attention"), std::string::npos);
+  cuda = CreateCudaBackend(0, GemmMode::kTf32, AttentionImpl::kGemm);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  EXPECT_NE((*cuda)->Describe().find("tf32 GEMMs, GEMM attention"), std::string::npos)
+      << (*cuda)->Describe();
 }
 
 // Op timing names each op and measures device time.

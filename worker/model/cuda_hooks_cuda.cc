@@ -10,11 +10,13 @@ bool Available() { return true; }
 
 absl::StatusOr<int> DeviceCount() { return CudaDeviceCount(); }
 
-absl::StatusOr<std::unique_ptr<Backend>> Create(int device, const std::string& gemm) {
+absl::StatusOr<std::unique_ptr<Backend>> Create(int device, const std::string& gemm,
+                                                const std::string& attention) {
   const GemmMode mode = gemm == "tf32"   ? GemmMode::kTf32
                         : gemm == "bf16" ? GemmMode::kBf16
                                          : GemmMode::kFp32;
-  return CreateCudaBackend(device, mode);
+  return CreateCudaBackend(device, mode,
+                           attention == "gemm" ? AttentionImpl::kGemm : AttentionImpl::kReference);
 }
 
 }  // namespace cuda_hooks

@@ -8,7 +8,8 @@ bool Available() { return false; }
 
 absl::StatusOr<int> DeviceCount() { return 0; }
 
-absl::StatusOr<std::unique_ptr<Backend>> Create(int /*device*/, const std::string& /*gemm*/) {
+absl::StatusOr<std::unique_ptr<Backend>> Create(int /*device*/, const std::string& /*gemm*/,
+                                                const std::string& /*attention*/) {
   return absl::FailedPreconditionError(
       "this binary was built without CUDA: rebuild with `bazel build --config=cuda ...`, "
       "or use --device cpu");

@@ -140,6 +140,7 @@ int Run(const std::vector<std::string>& args) {
   int steps = 3, threads = 1, sgemm_n = 0;
   double peak_tflops = 0;
   std::string batches_text = "1,2,4,8", json_path, device = "cpu", gemm = "fp32";
+  std::string attention = "reference";
   FlagSet flags("usage: train_step_benchmark [flags]");
   flags.Int("layers", &config.n_layer, "transformer blocks");
   flags.Int("d-model", &config.d_model, "embedding width");
@@ -152,6 +153,8 @@ int Run(const std::vector<std::string>& args) {
   flags.Int("sgemm-n", &sgemm_n, "size of the square GEMM reference (0: 2048 CPU, 8192 GPU)");
   flags.String("device", &device, "cpu | cuda | cuda:N | auto");
   flags.String("gemm", &gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
+  flags.String("attention", &attention,
+               "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs)");
   flags.Double("peak-tflops", &peak_tflops, "the device's peak for MFU (0: no MFU column)");
   flags.String("json", &json_path, "also write the results as JSON here");
   absl::Status parsed = flags.Parse(args);
@@ -164,10 +167,10 @@ int Run(const std::vector<std::string>& args) {
   }
   if (parsed.ok() && steps < 1) parsed = absl::InvalidArgumentError("--steps must be >= 1");
   if (parsed.ok()) parsed = ValidateGptConfig(config);
-  if (parsed.ok()) parsed = ValidateDeviceFlags(device, gemm);
+  if (parsed.ok()) parsed = ValidateDeviceFlags(device, gemm, attention);
   if (parsed.ok() && peak_tflops < 0) parsed = absl::InvalidArgumentError("--peak-tflops < 0");
   if (!parsed.ok()) return std::fprintf(stderr, "%s\n", parsed.ToString().c_str()), 2;
-  absl::StatusOr<SelectedBackend> backend = SelectBackend(device, gemm);
+  absl::StatusOr<SelectedBackend> backend = SelectBackend(device, gemm, attention);
   if (!backend.ok()) return std::fprintf(stderr, "%s\n", backend.status().ToString().c_str()), 1;
   Backend* b = backend->backend;
   const bool gpu = b->kind() != BackendKind::kCpu;

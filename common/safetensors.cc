@@ -16,6 +16,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -173,6 +174,8 @@ absl::Status WriteContents(int fd, const std::string& header,
   RETURN_IF_ERROR(WriteAll(fd, header.data(), header.size(), path));
   for (const NamedTensor& t : tensors) {
     if (t.tensor.numel() == 0) continue;
+    // Host memory only: a device tensor's pointer cannot be written.
+    PT_CHECK(!t.tensor.on_device()) << t.name << " is on a device: write a host copy";
     RETURN_IF_ERROR(
         WriteAll(fd, t.tensor.data(), static_cast<size_t>(t.tensor.size_bytes()), path));
   }

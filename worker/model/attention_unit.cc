@@ -50,9 +50,10 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
   backend()->LinearBackward(s[kAttOut].data(), proj_w_->value.data(), dy.data(), n, d, d, datt.data(),
                  proj_w_->grad.data(), proj_b_->grad.data());
   Tensor dqkv = backend()->Zeros({B, T, 3 * d});
-  Tensor scratch = backend()->Zeros({T, T});
+  // The CPU kernel's work space; a device backend keeps its own.
+  Tensor scratch = backend()->kind() == BackendKind::kCpu ? backend()->Zeros({T, T}) : Tensor();
   backend()->AttentionBackward(s[kQkv].data(), s[kProbs].data(), datt.data(), B, T, d, H, dqkv.data(),
-                    scratch.data());
+                    scratch.is_null() ? nullptr : scratch.data());
   Tensor dln = backend()->Zeros({B, T, d});
   backend()->LinearBackward(s[kLnOut].data(), qkv_w_->value.data(), dqkv.data(), n, d, 3 * d, dln.data(),
                  qkv_w_->grad.data(), qkv_b_->grad.data());

@@ -195,10 +195,10 @@ class Backend {
   virtual void Add(const float* a, const float* b, int64_t n, float* out) = 0;
   virtual void AddInPlace(float* acc, const float* x, int64_t n) = 0;
   virtual void Subtract(const float* a, const float* b, int64_t n, float* out) = 0;
-  // `scratch` holds seq_len * seq_len floats: the CPU kernel's work space
-  // (a device backend may use a larger one of its own).
   virtual void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads,
                                 float* out, float* probs) = 0;
+  // `scratch` holds seq_len * seq_len floats: the CPU kernel's work space
+  // (a device backend uses one of its own and may be passed null).
   virtual void AttentionBackward(const float* qkv, const float* probs, const float* dout,
                                  int batch, int seq_len, int c, int heads, float* dqkv,
                                  float* scratch) = 0;

@@ -38,13 +38,16 @@
 namespace pipetrain {
 namespace {
 
-// A device array of T that grows on demand (scratch; contents not kept).
+// A device array of T that grows on demand (scratch; contents not kept),
+// used by the work queued on `stream`.
 template <typename T>
 class Scratch {
  public:
   ~Scratch() { cudaFree(data_); }
-  absl::StatusOr<T*> Get(int64_t n) {
+  absl::StatusOr<T*> Get(int64_t n, cudaStream_t stream) {
     if (n > size_) {
+      // Kernels queued earlier may still read the old block.
+      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
       CUDA_RETURN_IF_ERROR(cudaFree(data_));
       data_ = nullptr, size_ = 0;
       void* ptr = nullptr;
@@ -447,7 +450,7 @@ absl::Status CudaBackendImpl::ReleaseStaging(bool all) {
 }
 
 absl::StatusOr<const int32_t*> CudaBackendImpl::UploadIds(const int32_t* host, int64_t n) {
-  absl::StatusOr<int32_t*> ids = ids_.Get(n);
+  absl::StatusOr<int32_t*> ids = ids_.Get(n, stream_);
   if (!ids.ok()) return ids.status();
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*ids, host, static_cast<size_t>(n) * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, stream_));
@@ -698,9 +701,9 @@ float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits,
   Run("cross_entropy_forward", [&]() -> absl::Status {
     absl::StatusOr<const int32_t*> targets = UploadIds(host_targets, n);
     if (!targets.ok()) return targets.status();
-    absl::StatusOr<float*> rows = row_losses_.Get(n);
+    absl::StatusOr<float*> rows = row_losses_.Get(n, stream_);
     if (!rows.ok()) return rows.status();
-    absl::StatusOr<float*> device_loss = loss_.Get(1);
+    absl::StatusOr<float*> device_loss = loss_.Get(1, stream_);
     if (!device_loss.ok()) return device_loss.status();
     absl::Status s = SoftmaxCrossEntropyForwardCuda(logits, *targets, n, vocab, probs, *rows,
                                                     *device_loss, stream_);

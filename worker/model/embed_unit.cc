@@ -14,6 +14,8 @@ EmbedUnit::EmbedUnit(const GptConfig& config, Backend* backend)
 Tensor EmbedUnit::Forward(const Tensor& /*x*/, const TokenBatch& batch, UnitContext* ctx) {
   PT_CHECK(batch.seq_len <= config_.max_seq_len)
       << "seq_len " << batch.seq_len << " > max_seq_len " << config_.max_seq_len;
+  PT_CHECK(static_cast<int64_t>(batch.inputs.size()) == int64_t{batch.batch} * batch.seq_len)
+      << batch.inputs.size() << " token ids for " << batch.batch << " x " << batch.seq_len;
   for (int32_t token : batch.inputs) {
     PT_CHECK(token >= 0 && token < config_.vocab_size) << "token " << token;
   }

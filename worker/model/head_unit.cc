@@ -15,6 +15,8 @@ HeadUnit::HeadUnit(const GptConfig& config, Backend* backend)
 
 Tensor HeadUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
   const int n = batch.batch * batch.seq_len, d = config_.d_model, V = config_.vocab_size;
+  PT_CHECK(static_cast<int64_t>(batch.targets.size()) == n)
+      << batch.targets.size() << " targets for " << n << " positions";
   for (int32_t t : batch.targets) PT_CHECK(t >= 0 && t < V) << "target " << t;
   Tensor ln_out = backend()->Zeros({n, d});
   Tensor mean = backend()->Zeros({n}), rstd = backend()->Zeros({n});

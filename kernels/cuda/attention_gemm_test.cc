@@ -18,6 +18,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cuda/attention_testing.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/parity_testing.h"
 
@@ -27,31 +28,14 @@ namespace {
 using testing::AllClose;
 using testing::RandomNormal;
 
-constexpr float kOutAtol = 5e-6f;
-constexpr float kProbsAtol = 2e-6f;
-constexpr float kGradAtol = 3e-5f;  // dq, dk, dv
-constexpr float kRtol = 1e-5f;
+using testing::kAttentionShapes;
+using testing::NaNBuffer;
+using Shape = testing::AttentionShape;
 
-struct Shape {
-  int batch, seq_len, c, heads;
-  int64_t qkv_size() const { return int64_t{batch} * seq_len * 3 * c; }
-  int64_t out_size() const { return int64_t{batch} * seq_len * c; }
-  int64_t probs_size() const { return int64_t{batch} * heads * seq_len * seq_len; }
-  std::string Name(const char* tensor) const {
-    return "[b " + std::to_string(batch) + ", t " + std::to_string(seq_len) + ", c " +
-           std::to_string(c) + ", h " + std::to_string(heads) + "] " + tensor;
-  }
-};
-
-// attention_test.cc's shapes: one position, head_dim 4, 8, 64 and 24, one
-// head, GPT-2 small's layer.
-const Shape kShapes[] = {{1, 1, 8, 2},    {2, 7, 24, 3},    {1, 33, 64, 1},
-                         {2, 129, 96, 4}, {1, 300, 128, 2}, {1, 1024, 768, 12}};
-
-absl::StatusOr<DeviceBuffer<float>> NaNBuffer(int64_t n) {
-  return DeviceBuffer<float>::FromHost(
-      std::vector<float>(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN()));
-}
+constexpr float kOutAtol = testing::kAttentionOutAtol;
+constexpr float kProbsAtol = testing::kAttentionProbsAtol;
+constexpr float kGradAtol = testing::kAttentionGradAtol;
+constexpr float kRtol = testing::kAttentionRtol;
 
 struct GpuResult {
   std::vector<float> out, probs, dqkv, ds;
@@ -88,7 +72,7 @@ GpuResult RunGpu(const Shape& s, const std::vector<float>& qkv, const std::vecto
 class AttentionGemmCudaTest : public testing::CudaTest {};
 
 TEST_F(AttentionGemmCudaTest, ForwardAndBackward_Shapes_MatchCpu) {
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : kAttentionShapes) {
     SCOPED_TRACE(s.Name(""));
     const std::vector<float> qkv = RandomNormal(70, s.qkv_size(), 0.0f, 1.0f);
     const std::vector<float> dout = RandomNormal(71, s.out_size(), 0.0f, 1.0f);

@@ -31,6 +31,7 @@
 #include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cuda/attention_testing.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/parity_testing.h"
 
@@ -40,38 +41,15 @@ namespace {
 using testing::AllClose;
 using testing::RandomNormal;
 
-constexpr float kOutAtol = 5e-6f;
-constexpr float kProbsAtol = 2e-6f;
-constexpr float kGradAtol = 3e-5f;  // dq, dk, dv
-constexpr float kRtol = 1e-5f;
+using testing::AttentionShape;
+using testing::kAttentionShapes;
+using testing::NaNBuffer;
+using Shape = AttentionShape;
 
-struct Shape {
-  int batch;
-  int seq_len;
-  int c;
-  int heads;
-  int64_t qkv_size() const { return int64_t{batch} * seq_len * 3 * c; }
-  int64_t out_size() const { return int64_t{batch} * seq_len * c; }
-  int64_t probs_size() const { return int64_t{batch} * heads * seq_len * seq_len; }
-};
-
-// One position; head_dim 4, 8, 64 and 24; seq_len around and past the
-// 128-thread block (keys per thread 1, 2 and 3); GPT-2 small's layer
-// (seq_len 1024, c 768, 12 heads).
-const Shape kShapes[] = {{1, 1, 8, 2},    {2, 7, 24, 3},    {1, 33, 64, 1},
-                         {2, 129, 96, 4}, {1, 300, 128, 2}, {1, 1024, 768, 12}};
-
-std::string Name(const Shape& s, const char* tensor) {
-  return "[b " + std::to_string(s.batch) + ", t " + std::to_string(s.seq_len) + ", c " +
-         std::to_string(s.c) + ", h " + std::to_string(s.heads) + "] " + tensor;
-}
-
-// A device buffer of n NaNs: an output element the kernel fails to write
-// stays NaN and fails the comparison.
-absl::StatusOr<DeviceBuffer<float>> NaNBuffer(int64_t n) {
-  return DeviceBuffer<float>::FromHost(
-      std::vector<float>(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN()));
-}
+constexpr float kOutAtol = testing::kAttentionOutAtol;
+constexpr float kProbsAtol = testing::kAttentionProbsAtol;
+constexpr float kGradAtol = testing::kAttentionGradAtol;
+constexpr float kRtol = testing::kAttentionRtol;
 
 void RunGpuForward(const Shape& s, const std::vector<float>& qkv, std::vector<float>* out,
                    std::vector<float>* probs) {
@@ -110,19 +88,19 @@ void RunGpuBackward(const Shape& s, const std::vector<float>& qkv,
 class AttentionCudaTest : public testing::CudaTest {};
 
 TEST_F(AttentionCudaTest, AttentionForwardCuda_Shapes_MatchesCpu) {
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : kAttentionShapes) {
     const std::vector<float> qkv = RandomNormal(40, s.qkv_size(), 0.0f, 1.0f);
     std::vector<float> out(s.out_size()), probs(s.probs_size());
     AttentionForward(qkv.data(), s.batch, s.seq_len, s.c, s.heads, out.data(), probs.data());
     std::vector<float> out_got, probs_got;
     ASSERT_NO_FATAL_FAILURE(RunGpuForward(s, qkv, &out_got, &probs_got));
-    EXPECT_TRUE(AllClose(Name(s, "out"), out_got, out, kOutAtol, kRtol));
-    EXPECT_TRUE(AllClose(Name(s, "probs"), probs_got, probs, kProbsAtol, kRtol));
+    EXPECT_TRUE(AllClose(s.Name("out"), out_got, out, kOutAtol, kRtol));
+    EXPECT_TRUE(AllClose(s.Name("probs"), probs_got, probs, kProbsAtol, kRtol));
   }
 }
 
 TEST_F(AttentionCudaTest, AttentionBackwardCuda_Shapes_MatchesCpu) {
-  for (const Shape& s : kShapes) {
+  for (const Shape& s : kAttentionShapes) {
     const std::vector<float> qkv = RandomNormal(50, s.qkv_size(), 0.0f, 1.0f);
     const std::vector<float> dout = RandomNormal(51, s.out_size(), 0.0f, 1.0f);
     std::vector<float> out(s.out_size()), probs(s.probs_size()), dqkv(s.qkv_size());
@@ -133,7 +111,7 @@ TEST_F(AttentionCudaTest, AttentionBackwardCuda_Shapes_MatchesCpu) {
     // The GPU backward gets the CPU's probs, so it is checked alone.
     std::vector<float> got;
     ASSERT_NO_FATAL_FAILURE(RunGpuBackward(s, qkv, probs, dout, &got));
-    EXPECT_TRUE(AllClose(Name(s, "dqkv"), got, dqkv, kGradAtol, kRtol));
+    EXPECT_TRUE(AllClose(s.Name("dqkv"), got, dqkv, kGradAtol, kRtol));
   }
 }
 

@@ -278,28 +278,27 @@ class CudaBackendImpl final : public Backend {
   }
   void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
                         int batch, int seq_len, int c, int vocab, float* out) override {
-    Run("embedding_forward", [&]() -> absl::Status {
-      absl::StatusOr<const int32_t*> tokens = UploadIds(host_tokens, int64_t{batch} * seq_len);
-      if (!tokens.ok()) return tokens.status();
-      return EmbeddingForwardCuda(*tokens, wte, wpe, batch, seq_len, c, vocab, out, stream_);
+    const Tensor tokens = UploadIds(host_tokens, int64_t{batch} * seq_len);
+    Run("embedding_forward", [&] {
+      return EmbeddingForwardCuda(Ids(tokens), wte, wpe, batch, seq_len, c, vocab, out, stream_);
     });
   }
   void EmbeddingBackward(const int32_t* host_tokens, const float* dout, int batch, int seq_len,
                          int c, int vocab, float* dwte, float* dwpe) override {
-    Run("embedding_backward", [&]() -> absl::Status {
-      absl::StatusOr<const int32_t*> tokens = UploadIds(host_tokens, int64_t{batch} * seq_len);
-      if (!tokens.ok()) return tokens.status();
-      return EmbeddingBackwardCuda(*tokens, dout, batch, seq_len, c, vocab, dwte, dwpe, stream_);
+    const Tensor tokens = UploadIds(host_tokens, int64_t{batch} * seq_len);
+    Run("embedding_backward", [&] {
+      return EmbeddingBackwardCuda(Ids(tokens), dout, batch, seq_len, c, vocab, dwte, dwpe,
+                                   stream_);
     });
   }
   float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
                                    int vocab, float* probs) override;
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
                                    int vocab, float dloss, float* dlogits) override {
-    Run("cross_entropy_backward", [&]() -> absl::Status {
-      absl::StatusOr<const int32_t*> targets = UploadIds(host_targets, n);
-      if (!targets.ok()) return targets.status();
-      return SoftmaxCrossEntropyBackwardCuda(probs, *targets, n, vocab, dloss, dlogits, stream_);
+    const Tensor targets = UploadIds(host_targets, n);
+    Run("cross_entropy_backward", [&] {
+      return SoftmaxCrossEntropyBackwardCuda(probs, Ids(targets), n, vocab, dloss, dlogits,
+                                             stream_);
     });
   }
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
@@ -365,9 +364,15 @@ class CudaBackendImpl final : public Backend {
   // Frees the staging blocks whose copies are done (all of them when
   // `all`: the caller has synchronised the stream), oldest first.
   absl::Status ReleaseStaging(bool all);
-  // Copies n host ids into the id scratch (synchronously: the host array
-  // may change after the call) and returns the device copy.
-  absl::StatusOr<const int32_t*> UploadIds(const int32_t* host, int64_t n);
+  // The n host ids (token ids, targets) on this device, without waiting
+  // for queued work: UploadAsync stages them in pinned memory before it
+  // returns (the host array may change then), as the bits of a float
+  // tensor, which Ids reads back as int32. The tensor goes back to the
+  // cache when the caller drops it, after queuing the op that reads it.
+  Tensor UploadIds(const int32_t* host, int64_t n);
+  static const int32_t* Ids(const Tensor& t) {
+    return reinterpret_cast<const int32_t*>(t.data());
+  }
   absl::Status SynchronizeStream();
   // A tensor of `shape` from the cache, zero-filled if `zero` (else
   // uninitialised); with null storage after an error (backend.h).
@@ -385,7 +390,6 @@ class CudaBackendImpl final : public Backend {
   bool timing_ = false;
   std::vector<TimedOp> pending_;  // recorded, not yet read
   std::deque<StagedUpload> staged_;  // in stream order
-  Scratch<int32_t> ids_;
   Scratch<float> row_losses_;
   Scratch<float> loss_;
 };
@@ -449,14 +453,11 @@ absl::Status CudaBackendImpl::ReleaseStaging(bool all) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<const int32_t*> CudaBackendImpl::UploadIds(const int32_t* host, int64_t n) {
-  absl::StatusOr<int32_t*> ids = ids_.Get(n, stream_);
-  if (!ids.ok()) return ids.status();
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(*ids, host, static_cast<size_t>(n) * sizeof(int32_t),
-                                       cudaMemcpyHostToDevice, stream_));
-  absl::Status synced = SynchronizeStream();
-  if (!synced.ok()) return synced;
-  return *ids;
+Tensor CudaBackendImpl::UploadIds(const int32_t* host, int64_t n) {
+  static_assert(sizeof(int32_t) == sizeof(float), "ids travel as float-sized words");
+  Tensor bits = Tensor::Zeros({n});
+  if (n > 0) std::memcpy(bits.data(), host, static_cast<size_t>(n) * sizeof(int32_t));
+  return UploadAsync(bits);
 }
 
 Tensor CudaBackendImpl::Zeros(const Shape& shape) { return Allocate(shape, /*zero=*/true); }
@@ -698,14 +699,13 @@ float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits,
                                                   const int32_t* host_targets, int n, int vocab,
                                                   float* probs) {
   float loss = 0.0f;
+  const Tensor targets = UploadIds(host_targets, n);
   Run("cross_entropy_forward", [&]() -> absl::Status {
-    absl::StatusOr<const int32_t*> targets = UploadIds(host_targets, n);
-    if (!targets.ok()) return targets.status();
     absl::StatusOr<float*> rows = row_losses_.Get(n, stream_);
     if (!rows.ok()) return rows.status();
     absl::StatusOr<float*> device_loss = loss_.Get(1, stream_);
     if (!device_loss.ok()) return device_loss.status();
-    absl::Status s = SoftmaxCrossEntropyForwardCuda(logits, *targets, n, vocab, probs, *rows,
+    absl::Status s = SoftmaxCrossEntropyForwardCuda(logits, Ids(targets), n, vocab, probs, *rows,
                                                     *device_loss, stream_);
     if (!s.ok()) return s;
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, *device_loss, sizeof(float),

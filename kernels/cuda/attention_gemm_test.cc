@@ -52,9 +52,10 @@ GpuResult RunGpu(const Shape& s, const std::vector<float>& qkv, const std::vecto
   auto probs_d = NaNBuffer(s.probs_size());
   auto dqkv_d = NaNBuffer(s.qkv_size());
   auto ds_d = NaNBuffer(s.probs_size());
-  EXPECT_TRUE(handle.ok() && qkv_d.ok() && dout_d.ok() && out_d.ok() && probs_d.ok() &&
-              dqkv_d.ok() && ds_d.ok());
-  if (::testing::Test::HasFailure()) return r;
+  const bool ready = handle.ok() && qkv_d.ok() && dout_d.ok() && out_d.ok() && probs_d.ok() &&
+                     dqkv_d.ok() && ds_d.ok();
+  EXPECT_TRUE(ready);
+  if (!ready) return r;
   absl::Status run = AttentionGemmForwardCuda(*handle, qkv_d->data(), s.batch, s.seq_len, s.c,
                                               s.heads, out_d->data(), probs_d->data());
   EXPECT_TRUE(run.ok()) << run;
@@ -82,6 +83,7 @@ TEST_F(AttentionGemmCudaTest, ForwardAndBackward_Shapes_MatchCpu) {
     AttentionBackward(qkv.data(), probs.data(), dout.data(), s.batch, s.seq_len, s.c, s.heads,
                       dqkv.data(), scratch.data());
     const GpuResult got = RunGpu(s, qkv, dout);
+    ASSERT_EQ(got.ds.size(), static_cast<size_t>(s.probs_size()));
     EXPECT_TRUE(AllClose(s.Name("out"), got.out, out, kOutAtol, kRtol));
     EXPECT_TRUE(AllClose(s.Name("probs"), got.probs, probs, kProbsAtol, kRtol));
     // The GPU backward used the GPU's probs, within kProbsAtol of the CPU's:

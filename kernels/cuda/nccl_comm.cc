@@ -193,13 +193,16 @@ absl::StatusOr<NcclComm> NcclComm::Create(const NcclUniqueId& id, int nranks, in
 
 absl::StatusOr<NcclComm> NcclComm::Split(int color, int key, const NcclJoinLimits& limits) const {
   if (!valid()) return EmptyCommError("Split");
-  ncclComm_t part = nullptr;
+  // NCCL's split job writes the new communicator into this slot when it is
+  // done, which may be after we stopped waiting: the slot lives on the heap.
+  auto slot = std::make_unique<ncclComm_t>(nullptr);
+  ncclComm_t& part = *slot;
   const bool part_blocking = !limits.limited();
   const absl::Status status = OnDevice(device_, [&]() -> absl::Status {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = part_blocking ? 1 : 0;
     const ncclResult_t started =
-        ncclCommSplit(comm_, color < 0 ? kNoColor : color, key, &part, &config);
+        ncclCommSplit(comm_, color < 0 ? kNoColor : color, key, slot.get(), &config);
     // The split runs as a job of this communicator: waiting for it is
     // polling this one (`part` is set once it is done).
     RETURN_IF_ERROR(Finish(started, "ncclCommSplit", limits));
@@ -207,10 +210,16 @@ absl::StatusOr<NcclComm> NcclComm::Split(int color, int key, const NcclJoinLimit
     return nccl_internal::AwaitNccl(
         [&part] { return AsyncState(part); }, limits, "ncclCommSplit");
   });
-  if (!status.ok()) {
-    return AbortHalfMade(part, status, absl::StrCat("NcclComm::Split(rank ", rank_, " of ", size_,
-                                                    ", color ", color, ")"));
+  const std::string call =
+      absl::StrCat("NcclComm::Split(rank ", rank_, " of ", size_, ", color ", color, ")");
+  if (!status.ok() && part == nullptr &&
+      (absl::IsDeadlineExceeded(status) || absl::IsCancelled(status))) {
+    // The split job still holds the slot; it ends when this communicator is
+    // aborted, which then aborts what the job made.
+    unfinished_splits_.push_back(std::move(slot));
+    return absl::Status(status.code(), absl::StrCat(call, ": ", status.message()));
   }
+  if (!status.ok()) return AbortHalfMade(part, status, call);
   if (part == nullptr) return NcclComm();  // kNoColor: in no part
   int rank = 0, size = 0;
   const absl::Status described = OnDevice(device_, [&]() -> absl::Status {
@@ -228,7 +237,8 @@ NcclComm::NcclComm(NcclComm&& other) noexcept
       rank_(std::exchange(other.rank_, 0)),
       size_(std::exchange(other.size_, 0)),
       device_(std::exchange(other.device_, -1)),
-      blocking_(std::exchange(other.blocking_, true)) {}
+      blocking_(std::exchange(other.blocking_, true)),
+      unfinished_splits_(std::move(other.unfinished_splits_)) {}
 
 NcclComm& NcclComm::operator=(NcclComm&& other) noexcept {
   if (this != &other) {
@@ -238,6 +248,7 @@ NcclComm& NcclComm::operator=(NcclComm&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
     device_ = std::exchange(other.device_, -1);
     blocking_ = std::exchange(other.blocking_, true);
+    unfinished_splits_ = std::move(other.unfinished_splits_);
   }
   return *this;
 }
@@ -291,6 +302,11 @@ absl::Status NcclComm::Finish(ncclResult_t result, const char* call,
 
 absl::Status NcclComm::Destroy() {
   if (comm_ == nullptr) return absl::OkStatus();
+  if (!unfinished_splits_.empty()) {
+    Abort();
+    return absl::AbortedError(
+        "NcclComm::Destroy: a split was left unfinished; the communicator was aborted");
+  }
   DeviceKeeper keeper;  // NCCL switches to the communicator's device
   if (!blocking_) {
     // A non-blocking communicator is finalized (and waited for) first.
@@ -320,22 +336,47 @@ void NcclComm::Abort() {
   blocking_ = true;
   DeviceKeeper keeper;
   ncclCommAbort(comm);
+  AbortUnfinishedSplits(std::move(unfinished_splits_));
+  unfinished_splits_.clear();
+}
+
+void NcclComm::AbortUnfinishedSplits(std::vector<std::unique_ptr<ncclComm_t>> slots) {
+  std::vector<ncclComm_t> made;
+  for (const auto& slot : slots) {
+    if (*slot != nullptr) made.push_back(*slot);
+  }
+  if (made.empty()) return;
+  DeviceKeeper keeper;
+  ncclGroupStart();
+  for (ncclComm_t comm : made) ncclCommAbort(comm);
+  ncclGroupEnd();
 }
 
 void NcclComm::AbortAll(const std::vector<NcclComm*>& comms) {
   std::vector<ncclComm_t> raw;
+  std::vector<std::unique_ptr<ncclComm_t>> unfinished;
   for (NcclComm* comm : comms) {
+    for (auto& slot : comm->unfinished_splits_) unfinished.push_back(std::move(slot));
+    comm->unfinished_splits_.clear();
     if (comm->valid()) raw.push_back(comm->Release());
   }
-  if (raw.empty()) return;
-  DeviceKeeper keeper;  // each abort switches to its communicator's device
-  // Results dropped, as in Abort.
-  ncclGroupStart();
-  for (ncclComm_t comm : raw) ncclCommAbort(comm);
-  ncclGroupEnd();
+  if (!raw.empty()) {
+    DeviceKeeper keeper;  // each abort switches to its communicator's device
+    // Results dropped, as in Abort.
+    ncclGroupStart();
+    for (ncclComm_t comm : raw) ncclCommAbort(comm);
+    ncclGroupEnd();
+  }
+  // The parents' aborts ended their splits: abort what those made.
+  AbortUnfinishedSplits(std::move(unfinished));
 }
 
 ncclComm_t NcclComm::Release() {
+  // Slots an unfinished split may still write: whoever aborts the raw
+  // communicator cannot abort what that split makes, but the slots must
+  // outlive it (a few bytes, and that part, leak; AbortAll avoids both).
+  for (auto& slot : unfinished_splits_) slot.release();
+  unfinished_splits_.clear();
   rank_ = 0;
   size_ = 0;
   device_ = -1;

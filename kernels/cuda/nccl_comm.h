@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <memory>
 #include <string_view>
 #include <vector>
 
@@ -144,8 +145,10 @@ class NcclComm {
   // give each link its own communicator (nccl_device_channel.h).
   // With `limits`, the part is non-blocking (as Create's) and the wait for
   // the other ranks ends with DEADLINE_EXCEEDED or CANCELLED as Create's;
-  // a split may then still be under way inside NCCL, so the caller aborts
-  // this communicator (which ends it) rather than splitting it again.
+  // the split may then still be under way inside NCCL, which will write the
+  // part it makes into a slot this communicator keeps: the caller aborts
+  // this communicator (Abort, AbortAll; Destroy does too then), which ends
+  // the split and then aborts what it made.
   // FAILED_PRECONDITION if empty; INTERNAL if NCCL fails (a half-made
   // communicator is aborted).
   static constexpr int kNoColor = NCCL_SPLIT_NOCOLOR;
@@ -223,11 +226,18 @@ class NcclComm {
   absl::Status Finish(ncclResult_t result, const char* call,
                       const NcclJoinLimits& limits = {}) const;
 
+  // Aborts the parts that splits left unfinished wrote into their slots
+  // (call after this communicator's abort, which ended those splits).
+  static void AbortUnfinishedSplits(std::vector<std::unique_ptr<ncclComm_t>> slots);
+
   ncclComm_t comm_ = nullptr;
   int rank_ = 0;
   int size_ = 0;
   int device_ = -1;
   bool blocking_ = true;
+  // Out-slots of splits that gave up waiting while NCCL's split job still
+  // held them (Split's `limits`); mutable: Split is const.
+  mutable std::vector<std::unique_ptr<ncclComm_t>> unfinished_splits_;
 };
 
 // A group of NCCL operations launched together (ncclGroupStart/End): a

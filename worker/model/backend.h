@@ -129,7 +129,8 @@ class Backend {
   // crosses to the host as its payload, not as fp32.
   // The payload MakeCodec(spec)->Encode would make of t's values with
   // `state`, computed where t lives: byte for byte, except powersgd, whose
-  // factors agree within rounding (the GEMMs sum in another order). token_topk
+  // factors agree within rounding (the GEMMs sum in another order, in the
+  // backend's GEMM mode: TF32- or bf16-rounded inputs on such a backend). token_topk
   // codecs: EncodeWithScores when `scores`, one per token on the host, is
   // non-empty; other codecs ignore it. `state` (may be null: a cold start,
   // nothing kept) is the link's codec state, PowerSGD's warm-started Q, held

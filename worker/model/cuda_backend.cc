@@ -266,7 +266,7 @@ class CudaBackendImpl final : public Backend {
   void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
                          int seq_len, int c, int heads, float* dqkv,
                          float* /*scratch*/) override {
-    if (!status_.ok() || batch <= 0) return;
+    if (!status_.ok() || batch == 0) return;  // a negative one: the kernels' error
     Tensor ds = Allocate({int64_t{batch} * heads, seq_len, seq_len}, /*zero=*/false);
     Run("attention_backward", [&] {
       return attention_ == AttentionImpl::kGemm

@@ -92,9 +92,11 @@ class NcclDeviceChannel final : public DeviceChannel {
 
   void Abort() override {
     // First the flag: a Send or Recv waiting inside NCCL under mu_ sees it
-    // and returns, so the lock below cannot wait for a peer.
-    if (aborted_.exchange(true)) return;
+    // and returns, so the lock below cannot wait for a peer. A second
+    // caller waits (on mu_) until the first has aborted everything.
+    const bool again = aborted_.exchange(true);
     absl::MutexLock lock(&mu_);
+    if (again) return;
     // ncclCommAbort frees a communicator: no NCCL call of the job thread
     // may be under way (mu_), and none comes after (aborted_, checked under
     // mu_; the handles are empty from here).
@@ -224,16 +226,11 @@ absl::Status AbortSetup(const absl::Status& status, NcclComm* whole,
 // float over every link, here, in the group's order on every member (so the
 // lowest link not yet connected always has both its ends at it), within the
 // join's limits. After it, a send cannot wait on the host for its peer.
+// `one` holds two floats, zeroed, that outlive any transfer left behind by
+// a failed warm-up (the caller frees them after aborting the links).
 absl::Status WarmUpLinks(const DeviceGroupSpec& group, int stage,
                          std::map<int, LinkEnd>& sends_to, std::map<int, LinkEnd>& receives_from,
-                         const NcclJoinLimits& limits) {
-  // [0] is sent, [1] received into: a member with links both ways must not
-  // read and write one float on two streams at once.
-  ASSIGN_OR_RETURN(DeviceBuffer<float> one, DeviceBuffer<float>::Create(2));
-  // Done before any link stream reads it (they do not order with the
-  // legacy stream a plain cudaMemset may run on).
-  CUDA_RETURN_IF_ERROR(cudaMemset(one.data(), 0, 2 * sizeof(float)));
-  CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+                         const NcclJoinLimits& limits, DeviceBuffer<float>& one) {
   std::vector<cudaStream_t> streams;
   for (const auto& [from, to] : group.links) {
     if (from == stage) {
@@ -246,7 +243,6 @@ absl::Status WarmUpLinks(const DeviceGroupSpec& group, int stage,
       streams.push_back(end.stream.get());
     }
   }
-  // `one` is freed on return: every exchange must be done with it.
   return AwaitStreams(streams, limits, "device group warm-up exchange");
 }
 
@@ -277,15 +273,22 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> CreateNcclDeviceChannel(
     (from == stage ? sends_to[to] : receives_from[from]) = std::move(end);
   }
   // Streams once every split is done: failing here leaves no member inside
-  // a split waiting for us.
+  // a split waiting for us. The warm-up's two floats ([0] sent, [1]
+  // received into: a member with links both ways must not read and write
+  // one float on two streams at once) are zeroed before any link stream
+  // exists, and freed after the links are aborted if the warm-up fails.
+  DeviceBuffer<float> one;
   absl::Status status = [&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+    ASSIGN_OR_RETURN(one, DeviceBuffer<float>::Create(2));
+    CUDA_RETURN_IF_ERROR(cudaMemset(one.data(), 0, 2 * sizeof(float)));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(nullptr));  // the memset's stream
     for (auto* ends : {&sends_to, &receives_from}) {
       for (auto& [peer, end] : *ends) {
         ASSIGN_OR_RETURN(end.stream, CudaStream::Create());
       }
     }
-    return WarmUpLinks(group, stage, sends_to, receives_from, limits);
+    return WarmUpLinks(group, stage, sends_to, receives_from, limits, one);
   }();
   if (!status.ok()) return AbortSetup(status, &whole, &sends_to, &receives_from);
   status = whole.Destroy();

@@ -58,18 +58,10 @@ class HalfCodec : public Codec {
   }
 
   absl::StatusOr<Tensor> Decode(absl::string_view payload) const override {
-    ByteReader r(payload);
-    ASSIGN_OR_RETURN(Shape shape, ReadHeader(id_, &r));
-    const int64_t n = NumElements(shape);
-    if (r.remaining() != 2 * n) {
-      return absl::InvalidArgumentError(absl::StrCat(name_, ": body has ", r.remaining(),
-                                                     " bytes, shape ", ShapeToString(shape),
-                                                     " needs ", 2 * n));
-    }
-    // The length was checked: the body is the payload's last 2n bytes.
-    const auto* body =
-        reinterpret_cast<const unsigned char*>(payload.data() + payload.size() - 2 * n);
-    Tensor t = Tensor::Zeros(shape);
+    ASSIGN_OR_RETURN(const HalfPayload read, ReadHalfPayload(name_, id_, payload));
+    const int64_t n = NumElements(read.shape);
+    const auto* body = reinterpret_cast<const unsigned char*>(read.body.data());
+    Tensor t = Tensor::Zeros(read.shape);
     float* q = t.data();
     bool finite = true;
     for (int64_t i = 0; i < n; ++i) {
@@ -95,6 +87,21 @@ absl::Status HalfOverflowError(absl::string_view codec, int64_t index, float val
   return absl::InvalidArgumentError(absl::StrCat(
       codec, ": element ", index, " = ", value, " is outside the ", codec,
       " range and would round to infinity; scale the tensor or use another codec"));
+}
+
+absl::StatusOr<HalfPayload> ReadHalfPayload(absl::string_view codec, CodecId id,
+                                            absl::string_view payload) {
+  ByteReader r(payload);
+  HalfPayload out;
+  ASSIGN_OR_RETURN(out.shape, ReadHeader(id, &r));
+  const int64_t n = NumElements(out.shape);
+  if (r.remaining() != 2 * n) {
+    return absl::InvalidArgumentError(absl::StrCat(codec, ": body has ", r.remaining(),
+                                                   " bytes, shape ", ShapeToString(out.shape),
+                                                   " needs ", 2 * n));
+  }
+  r.Bytes(r.remaining(), &out.body);
+  return out;
 }
 
 absl::Status HalfCorruptError(absl::string_view codec, int64_t index) {

@@ -27,6 +27,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "kernels/compress/codec.h"
+#include "kernels/compress/payload.h"
 
 namespace pipetrain {
 
@@ -41,6 +42,16 @@ std::unique_ptr<Codec> MakeBf16Codec();
 // non-finite value.
 absl::Status HalfOverflowError(absl::string_view codec, int64_t index, float value);
 absl::Status HalfCorruptError(absl::string_view codec, int64_t index);
+
+// A payload's shape and body (2 bytes per value, little-endian), checked as
+// Decode checks them (the header for codec `id`, named `codec`; the body's
+// length): Decode's reader, shared with the GPU twin.
+struct HalfPayload {
+  Shape shape;
+  absl::string_view body;
+};
+absl::StatusOr<HalfPayload> ReadHalfPayload(absl::string_view codec, CodecId id,
+                                            absl::string_view payload);
 
 // Scalar conversions used by the codecs, exposed for tests. The From*
 // functions are exact. The To* functions round to nearest even and return

@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/block_reduce.cuh"
 #include "kernels/cuda/cuda_status.h"
+#include "kernels/cuda/first_index_flag.h"
 #include "kernels/cuda/stream_scratch.h"
 #include "kernels/cuda/launch.h"
 #include "kernels/cuda/quantize.h"
@@ -17,7 +18,7 @@
 namespace pipetrain {
 namespace {
 
-constexpr unsigned long long kNoBadElement = ULLONG_MAX;
+constexpr unsigned long long kNoBadElement = FirstIndexFlag::kNone;
 constexpr int kMaxClusters = 8;  // piecewise_codec.h: kPiecewiseMaxClusters
 
 // --- max|x| and the first non-finite index ---
@@ -235,23 +236,17 @@ absl::StatusOr<MaxAbsScan> MaxAbsScanCuda(const float* x, int64_t n, cudaStream_
   const int blocks = ElementwiseBlocks(n);
   ASSIGN_OR_RETURN(StreamScratch partial_block,
                    StreamScratch::Create((blocks + 1) * sizeof(float), stream));
-  ASSIGN_OR_RETURN(StreamScratch flag_block,
-                   StreamScratch::Create(sizeof(unsigned long long), stream));
+  ASSIGN_OR_RETURN(FirstIndexFlag flag, FirstIndexFlag::Create(stream));
   float* partial = partial_block.as<float>();
-  unsigned long long* flag = flag_block.as<unsigned long long>();
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0xff, sizeof(unsigned long long), stream));
-  MaxAbsPartialKernel<<<blocks, kElementwiseThreads, 0, stream>>>(x, n, partial, flag);
+  MaxAbsPartialKernel<<<blocks, kElementwiseThreads, 0, stream>>>(x, n, partial, flag.get());
   CUDA_CHECK_LAUNCH("MaxAbsPartialKernel");
   MaxAbsFinalKernel<<<1, kElementwiseThreads, 0, stream>>>(partial, blocks, partial + blocks);
   CUDA_CHECK_LAUNCH("MaxAbsFinalKernel");
-  unsigned long long first_bad = kNoBadElement;
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&scan.max_abs, partial + blocks, sizeof(float),
                                        cudaMemcpyDeviceToHost, stream));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&first_bad, flag, sizeof(first_bad),
-                                       cudaMemcpyDeviceToHost, stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  if (first_bad != kNoBadElement) {
-    scan.first_non_finite = static_cast<int64_t>(first_bad);
+  ASSIGN_OR_RETURN(const int64_t first_bad, flag.Read());  // waits for the stream
+  if (first_bad >= 0) {
+    scan.first_non_finite = first_bad;
     CUDA_RETURN_IF_ERROR(cudaMemcpy(&scan.first_non_finite_value, x + first_bad, sizeof(float),
                                     cudaMemcpyDeviceToHost));
   }
@@ -281,18 +276,12 @@ absl::Status LinearUnpackCuda(const uint8_t* body, int64_t n, int bits, float st
   RETURN_IF_ERROR(CheckArgs(kOp, n, bits, 2, 16, step, "step"));
   if (n == 0) return absl::OkStatus();
   const int64_t qmax = (int64_t{1} << (bits - 1)) - 1;
-  ASSIGN_OR_RETURN(StreamScratch flag_block,
-                   StreamScratch::Create(sizeof(unsigned long long), stream));
-  unsigned long long* flag = flag_block.as<unsigned long long>();
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(flag, 0xff, sizeof(unsigned long long), stream));
+  ASSIGN_OR_RETURN(FirstIndexFlag flag, FirstIndexFlag::Create(stream));
   LinearUnpackKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(
-      body, n, bits, step, qmax, out, flag);
+      body, n, bits, step, qmax, out, flag.get());
   CUDA_CHECK_LAUNCH("LinearUnpackKernel");
-  unsigned long long first_bad = kNoBadElement;
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&first_bad, flag, sizeof(first_bad),
-                                       cudaMemcpyDeviceToHost, stream));
-  CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-  if (first_bad == kNoBadElement) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int64_t first_bad, flag.Read());  // waits for the stream
+  if (first_bad < 0) return absl::OkStatus();
   // Re-read the bad code (at most three bytes) to name it as the CPU does.
   const int64_t bit = static_cast<int64_t>(first_bad) * bits;
   const int64_t used = std::min<int64_t>(3, (n * bits + 7) / 8 - bit / 8);

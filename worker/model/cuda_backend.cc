@@ -14,25 +14,25 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/alloc/caching_allocator.h"
+#include "kernels/compress/codec_spec.h"
+#include "kernels/compress/powersgd_codec.h"
+#include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_gemm.h"
 #include "kernels/cuda/cross_entropy.h"
-#include "kernels/alloc/caching_allocator.h"
-#include "kernels/cuda/adamw.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
-#include "kernels/cuda/half_codec.h"
 #include "kernels/cuda/gelu.h"
+#include "kernels/cuda/half_codec.h"
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "kernels/cuda/powersgd_payload.h"
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/token_topk_payload.h"
-#include "kernels/compress/codec_spec.h"
-#include "kernels/compress/powersgd_codec.h"
 #include "worker/model/nccl_device_channel.h"
 
 namespace pipetrain {
@@ -117,7 +117,8 @@ absl::StatusOr<std::optional<DeviceCodec>> DeviceCodecFor(const std::string& spe
     next = 1;
   }
   if (stages.size() > next + 1) return std::nullopt;
-  if (stages.size() == next) return codec.token_keep.has_value() ? std::optional(codec) : std::nullopt;
+  if (stages.size() == next)
+    return codec.token_keep.has_value() ? std::optional(codec) : std::nullopt;
   const CodecStage& stage = stages[next];
   if (stage.name == "linear") {
     codec.quantizer.kind = TokenTopKInner::Kind::kLinear;
@@ -192,9 +193,8 @@ class CudaBackendImpl final : public Backend {
 
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string Describe() const override {
-    return absl::StrCat("cuda:", device_, " (", facts_.name, "), ",
-                        GemmModeName(cublas_.mode()), " GEMMs",
-                        attention_ == AttentionImpl::kGemm ? ", GEMM attention" : "");
+    return absl::StrCat("cuda:", device_, " (", facts_.name, "), ", GemmModeName(cublas_.mode()),
+                        " GEMMs", attention_ == AttentionImpl::kGemm ? ", GEMM attention" : "");
   }
   absl::Status status() const override { return status_; }
   DeviceFacts device_facts() const override { return facts_; }
@@ -222,12 +222,13 @@ class CudaBackendImpl final : public Backend {
 
   void LayerNormForward(const float* x, const float* w, const float* b, int n, int c, float eps,
                         float* y, float* mean, float* rstd) override {
-    Run("layernorm_forward", [&] { return LayerNormForwardCuda(x, w, b, n, c, eps, y, mean, rstd, stream_); });
+    Run("layernorm_forward",
+        [&] { return LayerNormForwardCuda(x, w, b, n, c, eps, y, mean, rstd, stream_); });
   }
   void LayerNormBackward(const float* x, const float* w, const float* mean, const float* rstd,
-                         const float* dy, int n, int c, float* dx, float* dw,
-                         float* db) override {
-    Run("layernorm_backward", [&] { return LayerNormBackwardCuda(x, w, mean, rstd, dy, n, c, dx, dw, db, stream_); });
+                         const float* dy, int n, int c, float* dx, float* dw, float* db) override {
+    Run("layernorm_backward",
+        [&] { return LayerNormBackwardCuda(x, w, mean, rstd, dy, n, c, dx, dw, db, stream_); });
   }
   void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
                      float* y) override {
@@ -235,7 +236,8 @@ class CudaBackendImpl final : public Backend {
   }
   void LinearBackward(const float* x, const float* w, const float* dy, int n, int in, int out,
                       float* dx, float* dw, float* db) override {
-    Run("linear_backward", [&] { return LinearBackwardCuda(cublas_, x, w, dy, n, in, out, dx, dw, db); });
+    Run("linear_backward",
+        [&] { return LinearBackwardCuda(cublas_, x, w, dy, n, in, out, dx, dw, db); });
   }
   void GeluForward(const float* x, int64_t n, float* y) override {
     Run("gelu_forward", [&] { return GeluForwardCuda(x, n, y, stream_); });
@@ -264,8 +266,7 @@ class CudaBackendImpl final : public Backend {
   // kernels keep dS for every (batch, head) at once, so they get a block of
   // batch * heads * seq_len^2 floats from the cache instead.
   void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
-                         int seq_len, int c, int heads, float* dqkv,
-                         float* /*scratch*/) override {
+                         int seq_len, int c, int heads, float* dqkv, float* /*scratch*/) override {
     if (!status_.ok() || batch == 0) return;  // a negative one: the kernels' error
     Tensor ds = Allocate({int64_t{batch} * heads, seq_len, seq_len}, /*zero=*/false);
     Run("attention_backward", [&] {
@@ -276,8 +277,8 @@ class CudaBackendImpl final : public Backend {
                                          ds.data(), stream_);
     });
   }
-  void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
-                        int batch, int seq_len, int c, int vocab, float* out) override {
+  void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe, int batch,
+                        int seq_len, int c, int vocab, float* out) override {
     const Tensor tokens = UploadIds(host_tokens, int64_t{batch} * seq_len);
     Run("embedding_forward", [&] {
       return EmbeddingForwardCuda(Ids(tokens), wte, wpe, batch, seq_len, c, vocab, out, stream_);
@@ -303,10 +304,11 @@ class CudaBackendImpl final : public Backend {
   }
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
                    const AdamWConfig& config, bool apply_decay) override {
-    Run("adamw", [&] { return AdamWUpdateCuda(param, grad, m, v, n, step, config, apply_decay, stream_); });
+    Run("adamw",
+        [&] { return AdamWUpdateCuda(param, grad, m, v, n, step, config, apply_decay, stream_); });
   }
-  void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-             int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
+  void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+             const float* b, int ldb, float beta, float* c, int ldc) override {
     Run("sgemm", [&] {
       return SgemmCuda(cublas_, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     });
@@ -370,9 +372,7 @@ class CudaBackendImpl final : public Backend {
   // tensor, which Ids reads back as int32. The tensor goes back to the
   // cache when the caller drops it, after queuing the op that reads it.
   Tensor UploadIds(const int32_t* host, int64_t n);
-  static const int32_t* Ids(const Tensor& t) {
-    return reinterpret_cast<const int32_t*>(t.data());
-  }
+  static const int32_t* Ids(const Tensor& t) { return reinterpret_cast<const int32_t*>(t.data()); }
   absl::Status SynchronizeStream();
   // A tensor of `shape` from the cache, zero-filled if `zero` (else
   // uninitialised); with null storage after an error (backend.h).
@@ -388,7 +388,7 @@ class CudaBackendImpl final : public Backend {
   std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>(device_);
   absl::Status status_;
   bool timing_ = false;
-  std::vector<TimedOp> pending_;  // recorded, not yet read
+  std::vector<TimedOp> pending_;     // recorded, not yet read
   std::deque<StagedUpload> staged_;  // in stream order
   Scratch<float> row_losses_;
   Scratch<float> loss_;
@@ -410,8 +410,8 @@ OpTimes CudaBackendImpl::TakeOpTimes() {
   for (const TimedOp& op : pending_) {
     float ms = 0;
     if (status_.ok()) {  // not through Run: that would time this too
-      absl::Status s = CudaStatus(cudaEventSynchronize(op.end), "cudaEventSynchronize",
-                                  __FILE__, __LINE__);
+      absl::Status s =
+          CudaStatus(cudaEventSynchronize(op.end), "cudaEventSynchronize", __FILE__, __LINE__);
       if (s.ok()) {
         s = CudaStatus(cudaEventElapsedTime(&ms, op.start, op.end), "cudaEventElapsedTime",
                        __FILE__, __LINE__);
@@ -481,9 +481,8 @@ Tensor CudaBackendImpl::Allocate(const Shape& shape, bool zero) {
   // sees status() before using results (backend.h).
   if (ptr == nullptr) return Tensor::OnDevice(shape, nullptr);
   std::shared_ptr<DeviceMemory> memory = memory_;
-  return Tensor::OnDevice(shape, std::shared_ptr<float>(ptr, [memory](float* p) {
-                            memory->cache.Free(p);
-                          }));
+  return Tensor::OnDevice(
+      shape, std::shared_ptr<float>(ptr, [memory](float* p) { memory->cache.Free(p); }));
 }
 
 Tensor CudaBackendImpl::Upload(const Tensor& host) {
@@ -531,8 +530,7 @@ Tensor CudaBackendImpl::UploadAsync(const Tensor& host) {
 
 void CudaBackendImpl::CopyFromHost(const Tensor& host, Tensor* dst) {
   PT_CHECK(!host.on_device() && dst->on_device() && host.numel() == dst->numel())
-      << "CopyFromHost " << ShapeToString(host.shape()) << " into "
-      << ShapeToString(dst->shape());
+      << "CopyFromHost " << ShapeToString(host.shape()) << " into " << ShapeToString(dst->shape());
   if (host.numel() == 0) return;
   Run("copy_from_host", [&]() -> absl::Status {
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst->data(), host.data(), host.size_bytes(),
@@ -544,12 +542,12 @@ void CudaBackendImpl::CopyFromHost(const Tensor& host, Tensor* dst) {
 Tensor CudaBackendImpl::Download(const Tensor& t) {
   PT_CHECK(t.on_device()) << "Download of a host tensor";
   // Uninitialised: the copy overwrites every element.
-  Tensor host = Tensor::OnHost(t.shape(), std::shared_ptr<float>(new float[t.numel()],
-                                                                 std::default_delete<float[]>()));
+  Tensor host = Tensor::OnHost(
+      t.shape(), std::shared_ptr<float>(new float[t.numel()], std::default_delete<float[]>()));
   if (t.numel() == 0) return host;
   Run("download", [&]() -> absl::Status {
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), t.data(), t.size_bytes(),
-                                         cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(host.data(), t.data(), t.size_bytes(), cudaMemcpyDeviceToHost, stream_));
     return SynchronizeStream();
   });
   return host;
@@ -574,8 +572,8 @@ std::unique_ptr<PendingDownload> CudaBackendImpl::StartDownload(const Tensor& t)
       host = Tensor::OnHost(t.shape(),
                             std::shared_ptr<float>(static_cast<float*>(*block),
                                                    [pinned](float* p) { pinned->Free(p); }));
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host.data(), t.data(), bytes,
-                                           cudaMemcpyDeviceToHost, stream_));
+      CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(host.data(), t.data(), bytes, cudaMemcpyDeviceToHost, stream_));
     }
     CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
     CUDA_RETURN_IF_ERROR(cudaEventRecord(done, stream_));
@@ -634,8 +632,8 @@ absl::StatusOr<std::string> CudaBackendImpl::EncodePowerSgd(const Tensor& t, int
                                                             CodecState* state) {
   const PowerSgdMatrix m = PowerSgdMatrixOf(t.shape());
   const Shape q_shape{m.cols, rank};
-  const bool warm = state != nullptr && state->powersgd_q.on_device() &&
-                    state->powersgd_q.shape() == q_shape;
+  const bool warm =
+      state != nullptr && state->powersgd_q.on_device() && state->powersgd_q.shape() == q_shape;
   Tensor q = warm ? state->powersgd_q : Allocate(q_shape, /*zero=*/false);
   ASSIGN_OR_RETURN(std::string payload, RunFallible([&]() -> absl::StatusOr<std::string> {
                      return PowerSgdEncodePayloadCuda(cublas_, t.data(), t.shape(), rank,
@@ -655,25 +653,23 @@ absl::StatusOr<Tensor> CudaBackendImpl::DecodeOnDevice(const std::string& spec,
   if (!codec.has_value()) return absl::UnimplementedError("no device codec for " + spec);
   const TokenTopKInner& q = codec->quantizer;
   Tensor out = Allocate(shape, /*zero=*/false);
-  ASSIGN_OR_RETURN(const Shape decoded, RunFallible([&]() -> absl::StatusOr<Shape> {
-                     if (codec->powersgd_rank.has_value()) {
-                       return PowerSgdDecodePayloadCuda(cublas_, payload, *codec->powersgd_rank,
-                                                        out.data(), out.numel());
-                     }
-                     if (codec->half.has_value()) {
-                       return HalfDecodeCuda(*codec->half, payload, out.data(), out.numel(),
-                                             stream_);
-                     }
-                     if (codec->token_keep.has_value()) {
-                       return TokenTopKDecodeCuda(payload, *codec->token_keep, q, out.data(),
-                                                  out.numel(), stream_);
-                     }
-                     return q.kind == TokenTopKInner::Kind::kPiecewise
-                                ? PiecewiseDecodeCuda(payload, q.bits, out.data(), out.numel(),
-                                                      stream_)
-                                : LinearDecodeCuda(payload, q.bits, out.data(), out.numel(),
-                                                   stream_);
-                   }));
+  ASSIGN_OR_RETURN(
+      const Shape decoded, RunFallible([&]() -> absl::StatusOr<Shape> {
+        if (codec->powersgd_rank.has_value()) {
+          return PowerSgdDecodePayloadCuda(cublas_, payload, *codec->powersgd_rank, out.data(),
+                                           out.numel());
+        }
+        if (codec->half.has_value()) {
+          return HalfDecodeCuda(*codec->half, payload, out.data(), out.numel(), stream_);
+        }
+        if (codec->token_keep.has_value()) {
+          return TokenTopKDecodeCuda(payload, *codec->token_keep, q, out.data(), out.numel(),
+                                     stream_);
+        }
+        return q.kind == TokenTopKInner::Kind::kPiecewise
+                   ? PiecewiseDecodeCuda(payload, q.bits, out.data(), out.numel(), stream_)
+                   : LinearDecodeCuda(payload, q.bits, out.data(), out.numel(), stream_);
+      }));
   if (NumElements(decoded) != out.numel()) {
     return absl::InvalidArgumentError(absl::StrCat("payload decodes to ", ShapeToString(decoded),
                                                    "; expected ", ShapeToString(shape)));
@@ -695,9 +691,8 @@ void CudaBackendImpl::Fill(Tensor* t, float value) {
   CopyFromHost(Tensor::FromVector(t->shape(), std::vector<float>(t->numel(), value)), t);
 }
 
-float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits,
-                                                  const int32_t* host_targets, int n, int vocab,
-                                                  float* probs) {
+float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets,
+                                                  int n, int vocab, float* probs) {
   float loss = 0.0f;
   const Tensor targets = UploadIds(host_targets, n);
   Run("cross_entropy_forward", [&]() -> absl::Status {
@@ -708,8 +703,8 @@ float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits,
     absl::Status s = SoftmaxCrossEntropyForwardCuda(logits, Ids(targets), n, vocab, probs, *rows,
                                                     *device_loss, stream_);
     if (!s.ok()) return s;
-    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(&loss, *device_loss, sizeof(float),
-                                         cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(&loss, *device_loss, sizeof(float), cudaMemcpyDeviceToHost, stream_));
     return SynchronizeStream();
   });
   return loss;

@@ -1,5 +1,9 @@
 #include "kernels/cpu/embedding.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
 namespace pipetrain {
 
 void EmbeddingForward(const int32_t* tokens, const float* wte, const float* wpe, int batch,
@@ -29,6 +33,43 @@ void EmbeddingBackward(const int32_t* tokens, const float* dout, int batch, int 
       }
     }
   }
+}
+
+TokenRowGroups GroupRowsByToken(const int32_t* tokens, int64_t rows, int vocab) {
+  // One key per kept row, token in the high half and row in the low half:
+  // sorting the keys sorts by token, then by row.
+  std::vector<uint64_t> keys;
+  keys.reserve(static_cast<size_t>(rows));
+  TokenRowGroups out;
+  for (int64_t row = 0; row < rows; ++row) {
+    const int32_t token = tokens[row];
+    if (token < 0 || token >= vocab) {
+      ++out.dropped;
+      continue;
+    }
+    keys.push_back(static_cast<uint64_t>(token) << 32 | static_cast<uint32_t>(row));
+  }
+  std::sort(keys.begin(), keys.end());
+  auto token_of = [](uint64_t key) { return static_cast<int32_t>(key >> 32); };
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (k == 0 || token_of(keys[k]) != token_of(keys[k - 1])) ++out.groups;
+  }
+  const size_t g = static_cast<size_t>(out.groups);
+  out.index.resize(2 * g + 1 + keys.size());
+  int32_t* group_tokens = out.index.data();
+  int32_t* starts = group_tokens + g;
+  int32_t* row_list = starts + g + 1;
+  size_t group = 0;
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (k == 0 || token_of(keys[k]) != token_of(keys[k - 1])) {
+      group_tokens[group] = token_of(keys[k]);
+      starts[group] = static_cast<int32_t>(k);
+      ++group;
+    }
+    row_list[k] = static_cast<int32_t>(keys[k] & 0xffffffffu);
+  }
+  starts[g] = static_cast<int32_t>(keys.size());
+  return out;
 }
 
 }  // namespace pipetrain

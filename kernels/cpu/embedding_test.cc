@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/philox.h"
 #include "common/tensor.h"
 #include "common/testing/gradient_check.h"
 #include "gtest/gtest.h"
@@ -94,6 +95,70 @@ TEST(EmbeddingBackwardTest, WteAndWpe_MatchFiniteDifferences) {
   absl::Status status =
       CheckGradients(loss, {{"wte", &c.wte, dwte}, {"wpe", &c.wpe, dwpe}}, options);
   EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST(GroupRowsByTokenTest, RepeatedTokens_GroupsInTokenOrderRowsInRowOrder) {
+  const EmbeddingCase c;  // tokens 3 3 7 3 0 10 7 3
+  const TokenRowGroups g = GroupRowsByToken(c.tokens.data(), kBatch * kSeq, kVocab);
+  EXPECT_EQ(g.groups, 4);
+  EXPECT_EQ(g.dropped, 0);
+  EXPECT_EQ(g.index, (std::vector<int32_t>{0, 3, 7, 10,          // tokens
+                                           0, 1, 5, 7, 8,        // starts
+                                           4, 0, 1, 3, 7, 2, 6,  // rows of 0, 3, 7
+                                           5}))                  // row of 10
+      << "layout: tokens, starts, rows";
+  EXPECT_EQ(g.tokens()[1], 3);
+  EXPECT_EQ(g.starts()[1], 1);
+  EXPECT_EQ(g.rows()[0], 4);
+}
+
+TEST(GroupRowsByTokenTest, OutOfRangeTokens_LeftOutAndCounted) {
+  const std::vector<int32_t> tokens = {2, -1, 4, 2, 1 << 30, 0};
+  const TokenRowGroups g = GroupRowsByToken(tokens.data(), 6, /*vocab=*/4);
+  EXPECT_EQ(g.dropped, 3);
+  EXPECT_EQ(g.groups, 2);
+  EXPECT_EQ(g.index, (std::vector<int32_t>{0, 2, 0, 1, 3, 5, 0, 3}));
+}
+
+TEST(GroupRowsByTokenTest, NoRows_NoGroups) {
+  const TokenRowGroups g = GroupRowsByToken(nullptr, 0, 10);
+  EXPECT_EQ(g.groups, 0);
+  EXPECT_EQ(g.dropped, 0);
+  EXPECT_EQ(g.index, std::vector<int32_t>{0});  // starts[0] = 0
+}
+
+// The contract the CUDA backward relies on: adding each group's rows to its
+// table row, group by group and in the index's row order, gives exactly
+// (bitwise) what EmbeddingBackward gives, on random batches with heavy
+// repeats and with a vocabulary larger than the batch.
+TEST(GroupRowsByTokenTest, ReplayInIndexOrder_BitwiseEqualsEmbeddingBackward) {
+  struct Shape {
+    int rows, c, vocab;
+  };
+  for (const Shape& s : {Shape{1, 3, 1}, Shape{37, 5, 4}, Shape{300, 7, 1000}, Shape{513, 2, 9}}) {
+    std::vector<int32_t> tokens(s.rows);
+    for (int r = 0; r < s.rows; ++r) {
+      tokens[r] = static_cast<int32_t>(UniformIndex(17, r, 0, 0, s.vocab));
+    }
+    const Tensor dout = RandomTensor({s.rows, s.c}, 5);
+    Tensor want = RandomTensor({s.vocab, s.c}, 6);
+    Tensor got = want;
+    Tensor dwpe = Tensor::Zeros({s.rows, s.c});  // one sequence of s.rows positions
+    EmbeddingBackward(tokens.data(), dout.data(), 1, s.rows, s.c, want.data(), dwpe.data());
+
+    const TokenRowGroups g = GroupRowsByToken(tokens.data(), s.rows, s.vocab);
+    ASSERT_EQ(g.index.size(), static_cast<size_t>(2 * g.groups + 1 + s.rows));
+    for (int32_t group = 0; group < g.groups; ++group) {
+      for (int32_t k = g.starts()[group]; k < g.starts()[group + 1]; ++k) {
+        for (int j = 0; j < s.c; ++j) {
+          got[g.tokens()[group] * s.c + j] += dout[g.rows()[k] * s.c + j];
+        }
+      }
+    }
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      ASSERT_EQ(got[i], want[i]) << "rows " << s.rows << " vocab " << s.vocab << " element " << i;
+    }
+  }
 }
 
 }  // namespace

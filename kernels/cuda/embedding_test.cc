@@ -43,8 +43,11 @@ struct Shape {
 // widths that are not multiples of the 256-thread block; more tokens than
 // one 256-token tile (4 * 129 = 516 and 8 * 256 = 2048 rows); a vocabulary
 // larger than the number of tokens (most table rows get no gradient).
-const Shape kShapes[] = {{1, 1, 1, 1, 1},      {2, 4, 8, 11, 6},       {3, 33, 768, 50, 40},
-                         {4, 129, 1000, 97, 130}, {8, 256, 257, 5000, 300}};
+const Shape kShapes[] = {{1, 1, 1, 1, 1},
+                         {2, 4, 8, 11, 6},
+                         {3, 33, 768, 50, 40},
+                         {4, 129, 1000, 97, 130},
+                         {8, 256, 257, 5000, 300}};
 
 std::string Name(const Shape& s, const char* tensor) {
   return "[batch " + std::to_string(s.batch) + ", seq " + std::to_string(s.seq_len) + ", c " +
@@ -71,17 +74,15 @@ TEST_F(EmbeddingCudaTest, EmbeddingForwardCuda_Shapes_MatchesCpu) {
     const std::vector<float> wte = RandomNormal(71, int64_t{s.vocab} * s.c, 0.0f, 0.02f);
     const std::vector<float> wpe = RandomNormal(72, int64_t{s.max_seq} * s.c, 0.0f, 0.01f);
     std::vector<float> want(Rows(s) * s.c);
-    EmbeddingForward(tokens.data(), wte.data(), wpe.data(), s.batch, s.seq_len, s.c,
-                     want.data());
+    EmbeddingForward(tokens.data(), wte.data(), wpe.data(), s.batch, s.seq_len, s.c, want.data());
 
     auto tokens_d = DeviceBuffer<int32_t>::FromHost(tokens);
     auto wte_d = DeviceBuffer<float>::FromHost(wte);
     auto wpe_d = DeviceBuffer<float>::FromHost(wpe);
     auto out_d = DeviceBuffer<float>::Create(Rows(s) * s.c);
     ASSERT_TRUE(tokens_d.ok() && wte_d.ok() && wpe_d.ok() && out_d.ok());
-    const absl::Status run =
-        EmbeddingForwardCuda(tokens_d->data(), wte_d->data(), wpe_d->data(), s.batch, s.seq_len,
-                             s.c, s.vocab, out_d->data());
+    const absl::Status run = EmbeddingForwardCuda(tokens_d->data(), wte_d->data(), wpe_d->data(),
+                                                  s.batch, s.seq_len, s.c, s.vocab, out_d->data());
     ASSERT_TRUE(run.ok()) << run;
     auto got = out_d->ToHost();
     ASSERT_TRUE(got.ok()) << got.status();
@@ -101,12 +102,13 @@ TEST_F(EmbeddingCudaTest, EmbeddingBackwardCuda_Shapes_MatchesCpuAndAccumulates)
     EmbeddingBackward(tokens.data(), dout.data(), s.batch, s.seq_len, s.c, dwte.data(),
                       dwpe.data());
 
-    auto tokens_d = DeviceBuffer<int32_t>::FromHost(tokens);
+    const TokenRowGroups grouped = GroupRowsByToken(tokens.data(), Rows(s), s.vocab);
+    auto index_d = DeviceBuffer<int32_t>::FromHost(grouped.index);
     auto dout_d = DeviceBuffer<float>::FromHost(dout);
-    ASSERT_TRUE(tokens_d.ok() && dout_d.ok() && dwte_d.ok() && dwpe_d.ok());
+    ASSERT_TRUE(index_d.ok() && dout_d.ok() && dwte_d.ok() && dwpe_d.ok());
     const absl::Status run =
-        EmbeddingBackwardCuda(tokens_d->data(), dout_d->data(), s.batch, s.seq_len, s.c,
-                              s.vocab, dwte_d->data(), dwpe_d->data());
+        EmbeddingBackwardCuda(index_d->data(), grouped.groups, dout_d->data(), s.batch, s.seq_len,
+                              s.c, dwte_d->data(), dwpe_d->data());
     ASSERT_TRUE(run.ok()) << run;
     auto dwte_got = dwte_d->ToHost();
     auto dwpe_got = dwpe_d->ToHost();
@@ -179,11 +181,13 @@ TEST_F(EmbeddingCudaBadTokenTest, EmbeddingBackwardCuda_OutOfRangeToken_SkipsTab
   EmbeddingBackward(clean_.data(), good_dout.data(), s.batch, s.seq_len, s.c, dwte.data(),
                     unused_dwpe.data());
 
-  auto tokens_d = DeviceBuffer<int32_t>::FromHost(tokens_);
+  const TokenRowGroups grouped = GroupRowsByToken(tokens_.data(), Rows(s), s.vocab);
+  ASSERT_EQ(grouped.dropped, 2);
+  auto index_d = DeviceBuffer<int32_t>::FromHost(grouped.index);
   auto dout_d = DeviceBuffer<float>::FromHost(dout);
-  ASSERT_TRUE(tokens_d.ok() && dout_d.ok() && dwte_d.ok() && dwpe_d.ok());
-  ASSERT_TRUE(EmbeddingBackwardCuda(tokens_d->data(), dout_d->data(), s.batch, s.seq_len, s.c,
-                                    s.vocab, dwte_d->data(), dwpe_d->data())
+  ASSERT_TRUE(index_d.ok() && dout_d.ok() && dwte_d.ok() && dwpe_d.ok());
+  ASSERT_TRUE(EmbeddingBackwardCuda(index_d->data(), grouped.groups, dout_d->data(), s.batch,
+                                    s.seq_len, s.c, dwte_d->data(), dwpe_d->data())
                   .ok());
   auto dwte_got = dwte_d->ToHost();
   auto dwpe_got = dwpe_d->ToHost();
@@ -194,8 +198,7 @@ TEST_F(EmbeddingCudaBadTokenTest, EmbeddingBackwardCuda_OutOfRangeToken_SkipsTab
 
 // Shape checks happen before any CUDA call, so these run without a GPU.
 TEST(EmbeddingCudaArgumentsTest, EmbeddingForwardCuda_ZeroChannels_InvalidArgument) {
-  const absl::Status status =
-      EmbeddingForwardCuda(nullptr, nullptr, nullptr, 2, 3, 0, 10, nullptr);
+  const absl::Status status = EmbeddingForwardCuda(nullptr, nullptr, nullptr, 2, 3, 0, 10, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("EmbeddingForwardCuda: batch 2, seq_len 3, c 0, vocab 10"),
             std::string::npos)
@@ -204,23 +207,28 @@ TEST(EmbeddingCudaArgumentsTest, EmbeddingForwardCuda_ZeroChannels_InvalidArgume
 
 TEST(EmbeddingCudaArgumentsTest, EmbeddingBackwardCuda_NegativeBatch_InvalidArgument) {
   const absl::Status status =
-      EmbeddingBackwardCuda(nullptr, nullptr, -1, 3, 8, 10, nullptr, nullptr);
+      EmbeddingBackwardCuda(nullptr, 0, nullptr, -1, 3, 8, nullptr, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("EmbeddingBackwardCuda: batch -1"), std::string::npos)
-      << status;
+  EXPECT_NE(status.message().find("EmbeddingBackwardCuda: batch -1"), std::string::npos) << status;
 }
 
-TEST(EmbeddingCudaArgumentsTest, EmbeddingBackwardCuda_ZeroVocab_InvalidArgument) {
-  const absl::Status status =
-      EmbeddingBackwardCuda(nullptr, nullptr, 1, 3, 8, 0, nullptr, nullptr);
+TEST(EmbeddingCudaArgumentsTest, EmbeddingBackwardCuda_MoreGroupsThanRows_InvalidArgument) {
+  const absl::Status status = EmbeddingBackwardCuda(nullptr, 7, nullptr, 2, 3, 8, nullptr, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("vocab 0"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("groups 7"), std::string::npos) << status;
+}
+
+TEST(EmbeddingCudaArgumentsTest, EmbeddingBackwardCuda_RowsBeyondInt32_InvalidArgument) {
+  const absl::Status status =
+      EmbeddingBackwardCuda(nullptr, 1, nullptr, 1 << 16, 1 << 16, 8, nullptr, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("<= 2147483647"), std::string::npos) << status;
 }
 
 TEST(EmbeddingCudaArgumentsTest, EmbeddingForwardCuda_NoTokens_OkWithoutLaunch) {
   EXPECT_TRUE(EmbeddingForwardCuda(nullptr, nullptr, nullptr, 0, 3, 8, 10, nullptr).ok());
   EXPECT_TRUE(EmbeddingForwardCuda(nullptr, nullptr, nullptr, 2, 0, 8, 10, nullptr).ok());
-  EXPECT_TRUE(EmbeddingBackwardCuda(nullptr, nullptr, 0, 3, 8, 10, nullptr, nullptr).ok());
+  EXPECT_TRUE(EmbeddingBackwardCuda(nullptr, 0, nullptr, 0, 3, 8, nullptr, nullptr).ok());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -17,6 +18,7 @@
 #include "kernels/alloc/caching_allocator.h"
 #include "kernels/compress/codec_spec.h"
 #include "kernels/compress/powersgd_codec.h"
+#include "kernels/cpu/embedding.h"
 #include "kernels/cuda/adamw.h"
 #include "kernels/cuda/attention.h"
 #include "kernels/cuda/attention_gemm.h"
@@ -286,9 +288,17 @@ class CudaBackendImpl final : public Backend {
   }
   void EmbeddingBackward(const int32_t* host_tokens, const float* dout, int batch, int seq_len,
                          int c, int vocab, float* dwte, float* dwpe) override {
-    const Tensor tokens = UploadIds(host_tokens, int64_t{batch} * seq_len);
+    // The rows grouped by token, built here where the ids are (the kernel
+    // then does O(rows * c) work; kernels/cuda/embedding.h).
+    const int64_t rows = int64_t{batch} * seq_len;
+    const TokenRowGroups grouped = rows <= std::numeric_limits<int32_t>::max()
+                                       ? GroupRowsByToken(host_tokens, rows, vocab)
+                                       : TokenRowGroups{};
+    const Tensor index =
+        UploadIds(grouped.index.data(), static_cast<int64_t>(grouped.index.size()));
     Run("embedding_backward", [&] {
-      return EmbeddingBackwardCuda(Ids(tokens), dout, batch, seq_len, c, vocab, dwte, dwpe,
+      // Rows beyond int32 (no index built) fail here with INVALID_ARGUMENT.
+      return EmbeddingBackwardCuda(Ids(index), grouped.groups, dout, batch, seq_len, c, dwte, dwpe,
                                    stream_);
     });
   }

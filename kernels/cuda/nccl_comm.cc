@@ -90,6 +90,23 @@ absl::Status AbortHalfMade(ncclComm_t comm, const absl::Status& status, const st
 
 }  // namespace
 
+absl::Status PollWithinLimits(const std::function<absl::StatusOr<bool>()>& poll,
+                              const NcclJoinLimits& limits, const std::string& what,
+                              const std::string& pending) {
+  while (true) {
+    absl::StatusOr<bool> done = poll();
+    if (!done.ok()) return done.status();
+    if (*done) return absl::OkStatus();
+    if (absl::Now() > limits.deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(what, ": ", pending, " by the deadline"));
+    }
+    if (limits.cancelled != nullptr && limits.cancelled()) {
+      return absl::CancelledError(absl::StrCat(what, ": cancelled (", pending, ")"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+}
+
 namespace nccl_internal {
 
 absl::Status CheckBuffer(const char* op, const char* name, const void* buffer, int64_t count) {
@@ -105,23 +122,15 @@ absl::Status CheckBuffer(const char* op, const char* name, const void* buffer, i
 
 absl::Status AwaitNccl(const std::function<ncclResult_t()>& state, const NcclJoinLimits& limits,
                        const std::string& what) {
-  while (true) {
-    const ncclResult_t result = state();
-    if (result == ncclSuccess) return absl::OkStatus();
-    if (result != ncclInProgress) {
-      return absl::InternalError(absl::StrCat(what, " failed: ", NcclResultName(result), " (",
-                                              ncclGetErrorString(result), ")"));
-    }
-    if (absl::Now() > limits.deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(what, ": not every rank joined by the deadline"));
-    }
-    if (limits.cancelled != nullptr && limits.cancelled()) {
-      return absl::CancelledError(absl::StrCat(what, ": cancelled while waiting for the ranks"));
-    }
-    // NCCL's documented way to wait for a non-blocking communicator.
-    absl::SleepFor(absl::Milliseconds(1));
-  }
+  return PollWithinLimits(
+      [&]() -> absl::StatusOr<bool> {
+        const ncclResult_t result = state();
+        if (result == ncclSuccess) return true;
+        if (result == ncclInProgress) return false;
+        return absl::InternalError(absl::StrCat(what, " failed: ", NcclResultName(result), " (",
+                                                ncclGetErrorString(result), ")"));
+      },
+      limits, what, "not every rank joined");
 }
 
 absl::Status CheckPeer(const char* op, int peer, int nranks) {
@@ -167,8 +176,8 @@ std::string NcclUniqueId::ToBytes() const {
   return std::string(id_.internal, sizeof(id_.internal));
 }
 
-absl::StatusOr<NcclComm> NcclComm::Create(const NcclUniqueId& id, int nranks, int rank,
-                                          int device, const NcclJoinLimits& limits) {
+absl::StatusOr<NcclComm> NcclComm::Create(const NcclUniqueId& id, int nranks, int rank, int device,
+                                          const NcclJoinLimits& limits) {
   RETURN_IF_ERROR(CheckCreateArgs(nranks, rank, device));
   const std::string call =
       absl::StrCat("NcclComm::Create(rank ", rank, " of ", nranks, ", device ", device, ")");
@@ -183,9 +192,8 @@ absl::StatusOr<NcclComm> NcclComm::Create(const NcclUniqueId& id, int nranks, in
     config.blocking = 0;
     const ncclResult_t started = ncclCommInitRankConfig(&comm, nranks, id.get(), rank, &config);
     if (started != ncclInProgress) NCCL_RETURN_IF_ERROR(started);
-    return nccl_internal::AwaitNccl(
-        [&comm] { return AsyncState(comm); },
-        limits, "ncclCommInitRankConfig");
+    return nccl_internal::AwaitNccl([&comm] { return AsyncState(comm); }, limits,
+                                    "ncclCommInitRankConfig");
   });
   if (!status.ok()) return AbortHalfMade(comm, status, call);
   return NcclComm(comm, rank, nranks, device, blocking);
@@ -207,8 +215,7 @@ absl::StatusOr<NcclComm> NcclComm::Split(int color, int key, const NcclJoinLimit
     // polling this one (`part` is set once it is done).
     RETURN_IF_ERROR(Finish(started, "ncclCommSplit", limits));
     if (part == nullptr) return absl::OkStatus();
-    return nccl_internal::AwaitNccl(
-        [&part] { return AsyncState(part); }, limits, "ncclCommSplit");
+    return nccl_internal::AwaitNccl([&part] { return AsyncState(part); }, limits, "ncclCommSplit");
   });
   const std::string call =
       absl::StrCat("NcclComm::Split(rank ", rank_, " of ", size_, ", color ", color, ")");
@@ -296,8 +303,7 @@ absl::Status NcclComm::Finish(ncclResult_t result, const char* call,
   if (result != ncclInProgress || blocking_) {
     return NcclStatus(result, call, __FILE__, __LINE__);
   }
-  return nccl_internal::AwaitNccl(
-      [this] { return AsyncState(comm_); }, limits, call);
+  return nccl_internal::AwaitNccl([this] { return AsyncState(comm_); }, limits, call);
 }
 
 absl::Status NcclComm::Destroy() {

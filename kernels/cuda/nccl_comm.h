@@ -37,8 +37,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <string>
 #include <memory>
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -97,6 +97,16 @@ struct NcclJoinLimits {
 
   bool limited() const { return deadline != absl::InfiniteFuture() || cancelled != nullptr; }
 };
+
+// Calls `poll` every millisecond (as NCCL's own waits poll) until it answers
+// true (done: OK) or an error (returned as is), within `limits`: once
+// limits.deadline has passed, DEADLINE_EXCEEDED "<what>: <pending> by the
+// deadline"; once limits.cancelled() is true, CANCELLED "<what>: cancelled
+// (<pending>)". `poll` runs at least once. The joins, splits and drains of
+// NCCL communicators and device channels wait with it.
+absl::Status PollWithinLimits(const std::function<absl::StatusOr<bool>()>& poll,
+                              const NcclJoinLimits& limits, const std::string& what,
+                              const std::string& pending);
 
 // One rank's membership of an NCCL communicator. Move-only RAII: destruction
 // (or Destroy) calls ncclCommDestroy, Abort calls ncclCommAbort.

@@ -255,8 +255,8 @@ TEST(NcclAwaitTest, InProgressThenSuccess_Ok) {
 }
 
 TEST(NcclAwaitTest, Error_InternalNamingTheCallAndResult) {
-  const absl::Status s = nccl_internal::AwaitNccl([] { return ncclSystemError; },
-                                                  NcclJoinLimits{}, "ncclCommInitRankConfig");
+  const absl::Status s = nccl_internal::AwaitNccl([] { return ncclSystemError; }, NcclJoinLimits{},
+                                                  "ncclCommInitRankConfig");
   EXPECT_EQ(s.code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(Contains(s, "ncclCommInitRankConfig failed: ncclSystemError")) << s;
 }
@@ -285,6 +285,33 @@ TEST(NcclAwaitTest, Cancelled_StopsWaiting) {
   EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(asked, 5);
   EXPECT_FALSE(NcclJoinLimits{}.limited());
+}
+
+// The generic wait the NCCL waits and the device channel's drain share.
+TEST(PollWithinLimitsTest, PollError_ReturnedAsIs) {
+  int asked = 0;
+  const absl::Status s = PollWithinLimits(
+      [&]() -> absl::StatusOr<bool> {
+        if (++asked < 3) return false;
+        return absl::UnavailableError("peer gone");
+      },
+      NcclJoinLimits{}, "drain", "not done");
+  EXPECT_EQ(s, absl::UnavailableError("peer gone"));
+  EXPECT_EQ(asked, 3);
+}
+
+TEST(PollWithinLimitsTest, Cancelled_MessageNamesWhatAndPending) {
+  NcclJoinLimits limits;
+  limits.cancelled = [] { return true; };
+  int asked = 0;
+  const absl::Status s = PollWithinLimits(
+      [&]() -> absl::StatusOr<bool> {
+        ++asked;
+        return false;
+      },
+      limits, "device channel teardown", "not done");
+  EXPECT_EQ(s, absl::CancelledError("device channel teardown: cancelled (not done)"));
+  EXPECT_EQ(asked, 1);  // polled once before the limits are asked
 }
 
 TEST(NcclCommTest, CheckBuffer_ZeroCountNull_Ok) {
@@ -500,8 +527,8 @@ TEST_F(NcclGpuTest, Split_WithLimits_NonBlockingPartWorks_AbortAllEmptiesBoth) {
   ASSERT_TRUE(buffer.ok()) << buffer.status();
   ASSERT_TRUE(part->AllReduceSum(buffer->data(), buffer->data(), 777, stream->get()).ok());
   ASSERT_TRUE(stream->Synchronize().ok());
-  EXPECT_TRUE(AllClose("all-reduce on the limited split", buffer->ToHost().value(), input, 0.0f,
-                       0.0f));
+  EXPECT_TRUE(
+      AllClose("all-reduce on the limited split", buffer->ToHost().value(), input, 0.0f, 0.0f));
   int device_before = -1;
   ASSERT_EQ(cudaGetDevice(&device_before), cudaSuccess);
   NcclComm::AbortAll({&*comm, &*part});

@@ -39,34 +39,28 @@ struct InFlight {
 // so, INTERNAL for a CUDA error. `what` names the wait.
 absl::Status AwaitStreams(const std::vector<cudaStream_t>& streams, const NcclJoinLimits& limits,
                           const std::string& what) {
-  while (true) {
-    bool done = true;
-    for (cudaStream_t stream : streams) {
-      const cudaError_t state = cudaStreamQuery(stream);
-      if (state == cudaErrorNotReady) {
-        cudaGetLastError();  // not an error (CudaEvent::Query clears it too)
-        done = false;
-      } else {
-        CUDA_RETURN_IF_ERROR(state);
-      }
-    }
-    if (done) return absl::OkStatus();
-    if (absl::Now() > limits.deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(what, ": not done by the deadline"));
-    }
-    if (limits.cancelled != nullptr && limits.cancelled()) {
-      return absl::CancelledError(absl::StrCat(what, ": cancelled"));
-    }
-    absl::SleepFor(absl::Milliseconds(1));  // as NCCL's own waits poll
-  }
+  return PollWithinLimits(
+      [&]() -> absl::StatusOr<bool> {
+        bool done = true;
+        for (cudaStream_t stream : streams) {
+          const cudaError_t state = cudaStreamQuery(stream);
+          if (state == cudaErrorNotReady) {
+            cudaGetLastError();  // not an error (CudaEvent::Query clears it too)
+            done = false;
+          } else {
+            CUDA_RETURN_IF_ERROR(state);
+          }
+        }
+        return done;
+      },
+      limits, what, "not done");
 }
 
 class NcclDeviceChannel final : public DeviceChannel {
  public:
   NcclDeviceChannel(int stage, int device, cudaStream_t compute,
-                    std::function<Tensor(const Shape&)> allocate,
-                    std::map<int, LinkEnd> sends_to, std::map<int, LinkEnd> receives_from,
-                    absl::Duration drain_timeout)
+                    std::function<Tensor(const Shape&)> allocate, std::map<int, LinkEnd> sends_to,
+                    std::map<int, LinkEnd> receives_from, absl::Duration drain_timeout)
       : stage_(stage),
         device_(device),
         compute_(compute),
@@ -112,8 +106,8 @@ class NcclDeviceChannel final : public DeviceChannel {
     RETURN_IF_ERROR(Prune());
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     RETURN_IF_ERROR(StreamWaitsForCompute(end->stream.get()));
-    RETURN_IF_ERROR(end->comm.Send(t.data(), t.numel(), end->peer_rank, end->stream.get(),
-                                   UntilAborted()));
+    RETURN_IF_ERROR(
+        end->comm.Send(t.data(), t.numel(), end->peer_rank, end->stream.get(), UntilAborted()));
     ASSIGN_OR_RETURN(CudaEvent sent, CudaEvent::Create());
     RETURN_IF_ERROR(sent.Record(end->stream.get()));
     in_flight_.push_back({t, std::move(sent)});
@@ -133,8 +127,8 @@ class NcclDeviceChannel final : public DeviceChannel {
     // The block's earlier users ran on the compute stream: the receive
     // waits for them before it overwrites it.
     RETURN_IF_ERROR(StreamWaitsForCompute(end->stream.get()));
-    RETURN_IF_ERROR(end->comm.Recv(t.data(), t.numel(), end->peer_rank, end->stream.get(),
-                                   UntilAborted()));
+    RETURN_IF_ERROR(
+        end->comm.Recv(t.data(), t.numel(), end->peer_rank, end->stream.get(), UntilAborted()));
     ASSIGN_OR_RETURN(CudaEvent arrived, CudaEvent::Create());
     RETURN_IF_ERROR(arrived.Record(end->stream.get()));
     RETURN_IF_ERROR(arrived.StreamWait(compute_));
@@ -228,9 +222,9 @@ absl::Status AbortSetup(const absl::Status& status, NcclComm* whole,
 // join's limits. After it, a send cannot wait on the host for its peer.
 // `one` holds two floats, zeroed, that outlive any transfer left behind by
 // a failed warm-up (the caller frees them after aborting the links).
-absl::Status WarmUpLinks(const DeviceGroupSpec& group, int stage,
-                         std::map<int, LinkEnd>& sends_to, std::map<int, LinkEnd>& receives_from,
-                         const NcclJoinLimits& limits, DeviceBuffer<float>& one) {
+absl::Status WarmUpLinks(const DeviceGroupSpec& group, int stage, std::map<int, LinkEnd>& sends_to,
+                         std::map<int, LinkEnd>& receives_from, const NcclJoinLimits& limits,
+                         DeviceBuffer<float>& one) {
   std::vector<cudaStream_t> streams;
   for (const auto& [from, to] : group.links) {
     if (from == stage) {
@@ -254,9 +248,8 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> CreateNcclDeviceChannel(
   ASSIGN_OR_RETURN(const int rank, DeviceGroupRank(group, stage));
   ASSIGN_OR_RETURN(const NcclUniqueId id, NcclUniqueId::FromBytes(group.id));
   const NcclJoinLimits limits{group.join_deadline, group.join_cancelled};
-  ASSIGN_OR_RETURN(NcclComm whole,
-                   NcclComm::Create(id, static_cast<int>(group.stages.size()), rank, device,
-                                    limits));
+  ASSIGN_OR_RETURN(NcclComm whole, NcclComm::Create(id, static_cast<int>(group.stages.size()), rank,
+                                                    device, limits));
   std::map<int, LinkEnd> sends_to, receives_from;
   for (size_t l = 0; l < group.links.size(); ++l) {
     const auto [from, to] = group.links[l];

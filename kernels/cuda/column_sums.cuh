@@ -9,8 +9,8 @@
 //            each of its kLanes row lanes sums rows lane, lane + kLanes, ...
 //            of the chunk in order, and the lanes are added in lane order:
 //            partial[chunk][s][j].
-//   Stage 2: out_s[j] += partial[0][s][j] + partial[1][s][j] + ... in chunk
-//            order.
+//   Stage 2: out_s[j] = ((out_s[j] + partial[0][s][j]) + partial[1][s][j])
+//            + ... in chunk order.
 // So the order differs from the CPU's row by row sum (the results agree
 // within the rounding of n additions; the shorter chains are, if anything,
 // closer to the exact sum), and is the same on every run.

@@ -84,7 +84,12 @@ __global__ void LayerNormInputGradKernel(const float* x, const float* w, const f
   const float gx_mean = BlockSum(gx_sum, scratch) / c;
   for (int j = threadIdx.x; j < c; j += blockDim.x) {
     const float xhat = (xr[j] - m) * r;
-    dxr[j] = r * (dyr[j] * w[j] - g_mean - xhat * gx_mean);
+    // g rounded as in the sums above (__fmul_rn: nvcc may not fuse it into
+    // fma(dy, w, -g_mean)), so g - g_mean cancels exactly where the CPU's
+    // does: for c == 1 a fused g would leave rstd (~316) times g's rounding
+    // error in dx, where the CPU has 0.
+    const float g = __fmul_rn(dyr[j], w[j]);
+    dxr[j] = r * (g - g_mean - xhat * gx_mean);
   }
 }
 

@@ -76,8 +76,7 @@ absl::StatusOr<StreamScratch> StartQ(const float* q_warm, int64_t cols, int rank
 }  // namespace
 
 absl::Status PowerSgdEncodeCuda(const CublasHandle& handle, const float* m, int64_t rows,
-                                int64_t cols, int rank, const float* q_warm, float* p,
-                                float* q) {
+                                int64_t cols, int rank, const float* q_warm, float* p, float* q) {
   constexpr const char* kOp = "PowerSgdEncodeCuda";
   RETURN_IF_ERROR(CheckArgs(kOp, handle, rows, cols, rank));
   if (rows > 0) RETURN_IF_ERROR(CheckPointer(kOp, "p", p));
@@ -85,7 +84,9 @@ absl::Status PowerSgdEncodeCuda(const CublasHandle& handle, const float* m, int6
   const cudaStream_t stream = handle.stream();
   if (rows == 0 || cols == 0) {
     if (rows > 0) CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p, 0, rows * rank * sizeof(float), stream));
-    if (cols > 0) CUDA_RETURN_IF_ERROR(cudaMemsetAsync(q, 0, cols * rank * sizeof(float), stream));
+    if (cols > 0 && q != q_warm) {
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(q, 0, cols * rank * sizeof(float), stream));
+    }
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
     return absl::OkStatus();
   }
@@ -119,9 +120,9 @@ absl::Status PowerSgdDecodeCuda(const CublasHandle& handle, const float* p, cons
   const float one = 1.0f, zero = 0.0f;
   // out [rows, cols] = P Q^T  <=>  column-major out^T [cols, rows] = Q [cols, r] P^T [r, rows];
   // the stored Q is the column-major Q^T (ld r), hence OP_T on it.
-  CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_T, CUBLAS_OP_N,
-                                     static_cast<int>(cols), static_cast<int>(rows), rank, &one,
-                                     q, rank, p, rank, &zero, out, static_cast<int>(cols)));
+  CUBLAS_RETURN_IF_ERROR(cublasSgemm(handle.get(), CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(cols),
+                                     static_cast<int>(rows), rank, &one, q, rank, p, rank, &zero,
+                                     out, static_cast<int>(cols)));
   return absl::OkStatus();
 }
 

@@ -14,7 +14,6 @@
 //   Exactness on rank <= r matrices: M^ = P P^T M reproduces M up to the
 //   same rounding, bounded by kExactRel * max|M|.
 #include "kernels/cuda/powersgd.h"
-#include "kernels/cuda/powersgd_payload.h"
 
 #include <algorithm>
 #include <cmath>
@@ -31,6 +30,7 @@
 #include "kernels/compress/powersgd_codec.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/parity_testing.h"
+#include "kernels/cuda/powersgd_payload.h"
 
 namespace pipetrain {
 namespace {
@@ -225,6 +225,15 @@ TEST_F(PowerSgdCudaTest, Encode_EmptyMatrix_ZeroFactors) {
   EXPECT_EQ(q->ToHost().value_or(std::vector<float>{}), std::vector<float>(8, 0.0f));
 }
 
+// With q aliasing q_warm (how a link keeps its Q), an empty matrix leaves
+// the warm start as it was, as the CPU codec leaves its state.
+TEST_F(PowerSgdCudaTest, Encode_EmptyMatrixWarm_KeepsTheWarmStart) {
+  auto q = DeviceBuffer<float>::FromHost(std::vector<float>(8, 1.5f));
+  ASSERT_TRUE(q.ok());
+  ASSERT_TRUE(PowerSgdEncodeCuda(handle_, nullptr, 0, 4, 2, q->data(), nullptr, q->data()).ok());
+  EXPECT_EQ(q->ToHost().value_or(std::vector<float>{}), std::vector<float>(8, 1.5f));
+}
+
 // --- Payloads (powersgd_payload.h): what a CUDA stage sends and receives.
 
 // Three encodes on one link, Q kept on the device between them (q_out
@@ -246,9 +255,8 @@ TEST_F(PowerSgdCudaTest, PayloadEncode_WarmStartedSequence_DecodesAsTheCpuCodecs
     const std::string want = (*codec)->Encode(x, &cpu_state).value();
     auto x_dev = DeviceBuffer<float>::FromHost(m);
     ASSERT_TRUE(x_dev.ok());
-    absl::StatusOr<std::string> got =
-        PowerSgdEncodePayloadCuda(handle_, x_dev->data(), shape, rank,
-                                  call == 0 ? nullptr : q_dev->data(), q_dev->data());
+    absl::StatusOr<std::string> got = PowerSgdEncodePayloadCuda(
+        handle_, x_dev->data(), shape, rank, call == 0 ? nullptr : q_dev->data(), q_dev->data());
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_EQ(got->size(), want.size());
     EXPECT_EQ(got->substr(0, HeaderBytes(3) + 4), want.substr(0, HeaderBytes(3) + 4));
@@ -267,8 +275,8 @@ TEST_F(PowerSgdCudaTest, PayloadDecode_CpuPayload_MatchesCpuDecode_BadOnesRefuse
   const std::string payload = (*codec)->Encode(x, nullptr).value();
   auto out = DeviceBuffer<float>::Create(NumElements(shape));
   ASSERT_TRUE(out.ok());
-  absl::StatusOr<Shape> got = PowerSgdDecodePayloadCuda(handle_, payload, 3, out->data(),
-                                                        NumElements(shape));
+  absl::StatusOr<Shape> got =
+      PowerSgdDecodePayloadCuda(handle_, payload, 3, out->data(), NumElements(shape));
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, shape);
   EXPECT_TRUE(Close("M^", out->ToHost().value(), (*codec)->Decode(payload).value().ToVector()));
@@ -292,8 +300,8 @@ TEST(PowerSgdCudaArgumentsTest, PayloadOfEmptyTensor_InvalidArgument_GoesToTheHo
   EXPECT_EQ(encoded.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(encoded.status().message().find("encode it on the host"), std::string::npos)
       << encoded.status();
-  const std::string payload = MakePowerSgdCodec(2).value()->Encode(Tensor::Zeros({0, 8}), nullptr)
-                                  .value();
+  const std::string payload =
+      MakePowerSgdCodec(2).value()->Encode(Tensor::Zeros({0, 8}), nullptr).value();
   absl::StatusOr<Shape> decoded = PowerSgdDecodePayloadCuda(empty, payload, 2, nullptr, 0);
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(decoded.status().message().find("decode it on the host"), std::string::npos)
@@ -302,7 +310,8 @@ TEST(PowerSgdCudaArgumentsTest, PayloadOfEmptyTensor_InvalidArgument_GoesToTheHo
 
 TEST(PowerSgdCudaArgumentsTest, Encode_RankOutOfRange_InvalidArgument) {
   const CublasHandle empty;
-  const absl::Status status = PowerSgdEncodeCuda(empty, nullptr, 4, 4, 0, nullptr, nullptr, nullptr);
+  const absl::Status status =
+      PowerSgdEncodeCuda(empty, nullptr, 4, 4, 0, nullptr, nullptr, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("powersgd: rank 0 is out of range 1..65536"), std::string::npos)
       << status;
@@ -310,7 +319,8 @@ TEST(PowerSgdCudaArgumentsTest, Encode_RankOutOfRange_InvalidArgument) {
 
 TEST(PowerSgdCudaArgumentsTest, Encode_EmptyHandle_FailedPrecondition) {
   const CublasHandle empty;
-  const absl::Status status = PowerSgdEncodeCuda(empty, nullptr, 4, 4, 2, nullptr, nullptr, nullptr);
+  const absl::Status status =
+      PowerSgdEncodeCuda(empty, nullptr, 4, 4, 2, nullptr, nullptr, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(status.message().find("CublasHandle is empty"), std::string::npos) << status;
 }
@@ -320,8 +330,7 @@ TEST(PowerSgdCudaArgumentsTest, Decode_HugeMatrix_InvalidArgument) {
   const absl::Status status =
       PowerSgdDecodeCuda(empty, nullptr, nullptr, int64_t{1} << 31, 4, 2, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(status.message().find("both sides must be in 0..2^31-1"), std::string::npos)
-      << status;
+  EXPECT_NE(status.message().find("both sides must be in 0..2^31-1"), std::string::npos) << status;
 }
 
 TEST(PowerSgdCudaArgumentsTest, BuildingBlocks_BadSizes_InvalidArgument) {

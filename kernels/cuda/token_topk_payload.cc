@@ -31,8 +31,8 @@ absl::StatusOr<std::string> TokenTopKEncodeCuda(const float* x, const Shape& sha
   const int64_t n = NumElements(shape);
   const int64_t tokens = NumElements(Shape(shape.begin(), shape.end() - 1));
   if (n == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "token_topk on the GPU: ", ShapeToString(shape), " is empty; encode it on the host"));
+    return absl::InvalidArgumentError(absl::StrCat("token_topk on the GPU: ", ShapeToString(shape),
+                                                   " is empty; encode it on the host"));
   }
   RETURN_IF_ERROR(CheckFiniteCuda(x, n, "token_topk", stream));
   if (!scores.empty()) RETURN_IF_ERROR(CheckTokenTopKScores(scores, shape));
@@ -49,15 +49,15 @@ absl::StatusOr<std::string> TokenTopKEncodeCuda(const float* x, const Shape& sha
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(score_block.get(), scores.data(),
                                          scores.size() * sizeof(float), cudaMemcpyHostToDevice,
                                          stream));
-    RETURN_IF_ERROR(TokenTopKSelectCuda(score_block.as<float>(), tokens, kept, mask, kept_index,
-                                        stream));
+    RETURN_IF_ERROR(
+        TokenTopKSelectCuda(score_block.as<float>(), tokens, kept, mask, kept_index, stream));
   } else {
     RETURN_IF_ERROR(TokenTopKSelectByNormCuda(x, tokens, d, kept, mask, kept_index, stream));
   }
   RETURN_IF_ERROR(TokenGatherCuda(x, d, kept_index, kept, rows, stream));
   std::vector<uint8_t> host_mask(static_cast<size_t>(tokens));
-  CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(host_mask.data(), mask, host_mask.size(),
-                                       cudaMemcpyDeviceToHost, stream));
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host_mask.data(), mask, host_mask.size(), cudaMemcpyDeviceToHost, stream));
   std::vector<float> host_rows;
   if (inner.kind == TokenTopKInner::Kind::kRaw) {
     host_rows.resize(static_cast<size_t>(kept * d));
@@ -66,8 +66,8 @@ absl::StatusOr<std::string> TokenTopKEncodeCuda(const float* x, const Shape& sha
   }
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   std::string out;
-  WriteTokenTopKPrefix(shape, keep, kept,
-                       std::vector<bool>(host_mask.begin(), host_mask.end()), &out);
+  WriteTokenTopKPrefix(shape, keep, kept, std::vector<bool>(host_mask.begin(), host_mask.end()),
+                       &out);
   ByteWriter w(&out);
   if (inner.kind == TokenTopKInner::Kind::kRaw) {
     for (float v : host_rows) w.F32(v);
@@ -84,8 +84,8 @@ absl::StatusOr<std::string> TokenTopKEncodeCuda(const float* x, const Shape& sha
 }
 
 absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep,
-                                          const TokenTopKInner& inner, float* out,
-                                          int64_t capacity, cudaStream_t stream) {
+                                          const TokenTopKInner& inner, float* out, int64_t capacity,
+                                          cudaStream_t stream) {
   ByteReader r(payload);
   ASSIGN_OR_RETURN(TokenTopKPrefix prefix, ReadTokenTopKPrefix(&r, keep));
   const Shape& shape = prefix.shape;
@@ -94,6 +94,10 @@ absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep
     return absl::InvalidArgumentError(absl::StrCat(
         "token_topk: payload shape ", ShapeToString(shape), " holds ", n,
         " values, the output buffer only ", capacity, "; allocate the tensor's full size"));
+  }
+  if (n == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "token_topk: payload shape ", ShapeToString(shape), " is empty; decode it on the host"));
   }
   const int64_t d = shape.back();
   const int64_t tokens = NumElements(Shape(shape.begin(), shape.end() - 1));
@@ -104,8 +108,8 @@ absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep
   float* rows = rows_block.as<float>();
   if (inner.kind == TokenTopKInner::Kind::kRaw) {
     if (static_cast<int64_t>(body.size()) != 4 * kept * d) {
-      return absl::InvalidArgumentError(absl::StrCat("token_topk: body is ", body.size(),
-                                                     " bytes, expected ", 4 * kept * d));
+      return absl::InvalidArgumentError(
+          absl::StrCat("token_topk: body is ", body.size(), " bytes, expected ", 4 * kept * d));
     }
     Tensor values = Tensor::Zeros({kept, d});
     ByteReader v(body);
@@ -124,8 +128,7 @@ absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep
     ASSIGN_OR_RETURN(const Shape inner_shape,
                      inner.kind == TokenTopKInner::Kind::kLinear
                          ? LinearDecodeCuda(body.substr(8), inner.bits, rows, kept * d, stream)
-                         : PiecewiseDecodeCuda(body.substr(8), inner.bits, rows, kept * d,
-                                               stream));
+                         : PiecewiseDecodeCuda(body.substr(8), inner.bits, rows, kept * d, stream));
     if (inner_shape != Shape{kept, d}) {
       return absl::InvalidArgumentError(absl::StrCat("token_topk: inner payload has shape ",
                                                      ShapeToString(inner_shape), ", expected ",
@@ -137,8 +140,6 @@ absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(index_block.get(), prefix.kept_tokens.data(),
                                          kept * sizeof(int64_t), cudaMemcpyHostToDevice, stream));
   }
-  // d >= 1 and tokens >= 1 are the scatter's to check: an empty tensor is
-  // decoded on the host (the backend's rule), so this is an error here.
   RETURN_IF_ERROR(TokenScatterCuda(rows, d, index_block.as<int64_t>(), kept, tokens, out, stream));
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   return shape;

@@ -21,6 +21,7 @@
 #include "kernels/compress/token_topk_codec.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/parity_testing.h"
+#include "kernels/cuda/token_topk_payload.h"
 
 namespace pipetrain {
 namespace {
@@ -128,8 +129,7 @@ class TokenTopKCudaParityTest : public testing::CudaTest,
     auto out = DeviceBuffer<float>::Create(x.numel());
     ASSERT_TRUE(rows.ok() && out.ok());
     ASSERT_TRUE(TokenGatherCuda(x_dev->data(), d, index->data(), kept, rows->data()).ok());
-    ASSERT_TRUE(
-        TokenScatterCuda(rows->data(), d, index->data(), kept, tokens, out->data()).ok());
+    ASSERT_TRUE(TokenScatterCuda(rows->data(), d, index->data(), kept, tokens, out->data()).ok());
     auto got_rows = rows->ToHost();
     ASSERT_TRUE(got_rows.ok()) << got_rows.status();
     EXPECT_EQ(Bits(*got_rows), want.rows);
@@ -169,11 +169,10 @@ TEST_P(TokenTopKCudaParityTest, SelectByNorm_RandomAndDuplicateRows_MatchesCpuEx
 
 // Token counts: 1, a partial warp, 300 (no multiple of the 256-wide tile),
 // 4 x 1025 (several tiles and index chunks of 5 tokens).
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, TokenTopKCudaParityTest,
-    ::testing::Values(Case{{1, 4}, 0.5}, Case{{1, 4}, 1.0}, Case{{7, 3}, 0.3},
-                      Case{{3, 100, 5}, 0.1}, Case{{3, 100, 5}, 1.0}, Case{{4, 1025, 2}, 0.25},
-                      Case{{4, 1025, 2}, 0.999}));
+INSTANTIATE_TEST_SUITE_P(Shapes, TokenTopKCudaParityTest,
+                         ::testing::Values(Case{{1, 4}, 0.5}, Case{{1, 4}, 1.0}, Case{{7, 3}, 0.3},
+                                           Case{{3, 100, 5}, 0.1}, Case{{3, 100, 5}, 1.0},
+                                           Case{{4, 1025, 2}, 0.25}, Case{{4, 1025, 2}, 0.999}));
 
 class TokenTopKCudaTest : public testing::CudaTest {};
 
@@ -225,6 +224,22 @@ TEST(TokenTopKCudaArgumentsTest, Select_BadCounts_InvalidArgument) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(TokenScatterCuda(nullptr, 2, nullptr, 3, 2, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// An empty tensor goes to the host codec (the backend's rule): the GPU
+// decode says so, before any CUDA call, whatever dimension is 0.
+TEST(TokenTopKCudaArgumentsTest, PayloadOfEmptyTensor_InvalidArgument_GoesToTheHost) {
+  auto codec = MakeTokenTopKCodec(0.5);
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  for (const Shape& shape : {Shape{0, 4}, Shape{3, 0}, Shape{2, 0, 5}}) {
+    absl::StatusOr<std::string> payload = (*codec)->Encode(Tensor::Zeros(shape), nullptr);
+    ASSERT_TRUE(payload.ok()) << payload.status();
+    absl::StatusOr<Shape> decoded =
+        TokenTopKDecodeCuda(*payload, 0.5, TokenTopKInner{}, nullptr, 0, nullptr);
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument) << decoded.status();
+    EXPECT_NE(decoded.status().message().find("decode it on the host"), std::string::npos)
+        << decoded.status();
+  }
 }
 
 TEST(TokenTopKCudaArgumentsTest, EmptyInput_OkWithoutCudaCalls) {

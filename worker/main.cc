@@ -94,6 +94,8 @@ int Run(const std::vector<std::string>& args) {
     return 2;
   }
   SetBlasThreads(f.threads);
+  // Before the first CUDA call (SelectBackend's): stages may link over NCCL.
+  if (f.device != "cpu") PreferEagerCudaModuleLoading();
   absl::StatusOr<SelectedBackend> backend = SelectBackend(f.device, f.gemm);
   if (!backend.ok()) {
     PT_LOG(ERROR) << "--device " << f.device << ": " << backend.status();

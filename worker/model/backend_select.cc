@@ -1,9 +1,10 @@
 #include "worker/model/backend_select.h"
 
+#include <cstdlib>
 #include <utility>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "worker/model/cpu_backend.h"
@@ -24,8 +25,8 @@ int ParseCudaDevice(const std::string& device) {
 }
 
 absl::Status ReducedPrecisionOnCpu(const std::string& gemm) {
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--gemm ", gemm, " needs a CUDA device; the CPU backend computes in fp32"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--gemm ", gemm, " needs a CUDA device; the CPU backend computes in fp32"));
 }
 
 absl::Status GemmAttentionOnCpu() {
@@ -45,6 +46,8 @@ absl::StatusOr<SelectedBackend> Cuda(int device, const std::string& gemm,
 
 bool BuiltWithCuda() { return cuda_hooks::Available(); }
 
+void PreferEagerCudaModuleLoading() { setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0); }
+
 int VisibleCudaDevices() { return cuda_hooks::DeviceCount().value_or(0); }
 
 absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm,
@@ -58,16 +61,15 @@ absl::Status ValidateDeviceFlags(const std::string& device, const std::string& g
         absl::StrCat("--gemm must be fp32, tf32 or bf16, got '", gemm, "'"));
   }
   if (device != "auto" && device != "cpu" && ParseCudaDevice(device) < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--device must be auto, cpu, cuda or cuda:N (N >= 0), got '", device, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device must be auto, cpu, cuda or cuda:N (N >= 0), got '", device, "'"));
   }
   if (device == "cpu" && gemm != "fp32") return ReducedPrecisionOnCpu(gemm);
   if (device == "cpu" && attention == "gemm") return GemmAttentionOnCpu();
   return absl::OkStatus();
 }
 
-absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device,
-                                              const std::string& gemm,
+absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device, const std::string& gemm,
                                               const std::string& attention) {
   RETURN_IF_ERROR(ValidateDeviceFlags(device, gemm, attention));
   const int cuda_device = ParseCudaDevice(device);

@@ -28,6 +28,19 @@ namespace pipetrain {
 // Whether this binary contains the CUDA backend.
 bool BuiltWithCuda();
 
+// Asks CUDA to load every kernel when the process's CUDA context is made
+// (CUDA_MODULE_LOADING=EAGER), unless the environment already says how.
+// Call it before the first CUDA call of a process whose stages may use NCCL
+// device links (the worker's main does). Why: with lazy loading (CUDA's
+// default since 12.2) the first launch of a kernel loads its module under
+// the context lock, waiting for the device's queued work to drain; an NCCL
+// receive queued on a link stream is such work and waits for its peer,
+// which may itself be waiting for a tensor this stage sends only after
+// that launch: a deadlock. Eager loading costs time and device memory once
+// at start-up (every kernel of cuBLAS and ours). Has effect only before
+// CUDA initialises in this process.
+void PreferEagerCudaModuleLoading();
+
 // Visible CUDA devices: 0 in a binary built without CUDA or without a
 // device or driver.
 int VisibleCudaDevices();

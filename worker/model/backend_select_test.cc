@@ -3,12 +3,32 @@
 // the visible device count, so each build checks its own behaviour.
 #include "worker/model/backend_select.h"
 
+#include <cstdlib>
 #include <string>
 
 #include "gtest/gtest.h"
 
 namespace pipetrain {
 namespace {
+
+// Sets CUDA_MODULE_LOADING=EAGER where the environment is silent and keeps
+// what a user chose. Restores the variable.
+TEST(BackendSelectTest, PreferEagerCudaModuleLoading_SetsOnlyWhenUnset) {
+  const char* before = std::getenv("CUDA_MODULE_LOADING");
+  const std::string saved = before == nullptr ? "" : before;
+  unsetenv("CUDA_MODULE_LOADING");
+  PreferEagerCudaModuleLoading();
+  ASSERT_NE(std::getenv("CUDA_MODULE_LOADING"), nullptr);
+  EXPECT_EQ(std::string(std::getenv("CUDA_MODULE_LOADING")), "EAGER");
+  setenv("CUDA_MODULE_LOADING", "LAZY", 1);
+  PreferEagerCudaModuleLoading();
+  EXPECT_EQ(std::string(std::getenv("CUDA_MODULE_LOADING")), "LAZY");
+  if (before == nullptr) {
+    unsetenv("CUDA_MODULE_LOADING");
+  } else {
+    setenv("CUDA_MODULE_LOADING", saved.c_str(), 1);
+  }
+}
 
 TEST(BackendSelectTest, Cpu_IsTheCpuBackend) {
   absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "fp32");

@@ -40,31 +40,6 @@
 namespace pipetrain {
 namespace {
 
-// A device array of T that grows on demand (scratch; contents not kept),
-// used by the work queued on `stream`.
-template <typename T>
-class Scratch {
- public:
-  ~Scratch() { cudaFree(data_); }
-  absl::StatusOr<T*> Get(int64_t n, cudaStream_t stream) {
-    if (n > size_) {
-      // Kernels queued earlier may still read the old block.
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-      CUDA_RETURN_IF_ERROR(cudaFree(data_));
-      data_ = nullptr, size_ = 0;
-      void* ptr = nullptr;
-      CUDA_RETURN_IF_ERROR(cudaMalloc(&ptr, static_cast<size_t>(n) * sizeof(T)));
-      data_ = static_cast<T*>(ptr);
-      size_ = n;
-    }
-    return data_;
-  }
-
- private:
-  T* data_ = nullptr;
-  int64_t size_ = 0;
-};
-
 // The device memory of one backend: cudaMalloc under a caching allocator
 // keyed by the backend's stream. Shared by the backend and every tensor it
 // made (their deleters hold it), so it lives until the last tensor is gone,
@@ -400,8 +375,6 @@ class CudaBackendImpl final : public Backend {
   bool timing_ = false;
   std::vector<TimedOp> pending_;     // recorded, not yet read
   std::deque<StagedUpload> staged_;  // in stream order
-  Scratch<float> row_losses_;
-  Scratch<float> loss_;
 };
 
 absl::Status CudaBackendImpl::RecordEvent(cudaEvent_t* event) {
@@ -705,16 +678,16 @@ float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits, const int
                                                   int n, int vocab, float* probs) {
   float loss = 0.0f;
   const Tensor targets = UploadIds(host_targets, n);
+  // From the stream-ordered cache, not a buffer of our own that grows with
+  // cudaFree: a cudaFree waits for the whole device, NCCL kernels waiting
+  // for a peer included (docs/architecture.md, NCCL in the data plane).
+  Tensor row_losses = Allocate({n}, /*zero=*/false);
+  Tensor device_loss = Allocate({1}, /*zero=*/false);
   Run("cross_entropy_forward", [&]() -> absl::Status {
-    absl::StatusOr<float*> rows = row_losses_.Get(n, stream_);
-    if (!rows.ok()) return rows.status();
-    absl::StatusOr<float*> device_loss = loss_.Get(1, stream_);
-    if (!device_loss.ok()) return device_loss.status();
-    absl::Status s = SoftmaxCrossEntropyForwardCuda(logits, Ids(targets), n, vocab, probs, *rows,
-                                                    *device_loss, stream_);
-    if (!s.ok()) return s;
+    RETURN_IF_ERROR(SoftmaxCrossEntropyForwardCuda(logits, Ids(targets), n, vocab, probs,
+                                                   row_losses.data(), device_loss.data(), stream_));
     CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(&loss, *device_loss, sizeof(float), cudaMemcpyDeviceToHost, stream_));
+        cudaMemcpyAsync(&loss, device_loss.data(), sizeof(float), cudaMemcpyDeviceToHost, stream_));
     return SynchronizeStream();
   });
   return loss;

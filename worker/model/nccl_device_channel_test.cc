@@ -17,23 +17,32 @@
 #include "kernels/cuda/device.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "kernels/cuda/parity_testing.h"
+#include "worker/model/backend_select.h"
 #include "worker/model/cuda_backend.h"
 
 namespace pipetrain {
 namespace {
+
+// As the worker's main: before CUDA initialises (static initialisation
+// runs before gtest's main), so that no kernel loads lazily while a link
+// waits for its peer (backend_select.h).
+const bool kEagerModules = [] {
+  PreferEagerCudaModuleLoading();
+  return true;
+}();
 
 using testing::AllClose;
 using testing::RandomNormal;
 
 class NcclDeviceChannelTest : public testing::CudaTest {};
 
-#define SKIP_UNLESS_TWO_GPUS()                                                                 \
-  do {                                                                                         \
-    const int devices = CudaDeviceCount().value_or(0);                                         \
-    if (devices < 2) {                                                                         \
-      GTEST_SKIP() << devices                                                                  \
+#define SKIP_UNLESS_TWO_GPUS()                                                                   \
+  do {                                                                                           \
+    const int devices = CudaDeviceCount().value_or(0);                                           \
+    if (devices < 2) {                                                                           \
+      GTEST_SKIP() << devices                                                                    \
                    << " GPU(s): a two-rank group needs two (NCCL refuses two ranks on one GPU)"; \
-    }                                                                                          \
+    }                                                                                            \
   } while (false)
 
 // Runs body(stage) for stages 0 and 1 on a thread each and returns their
@@ -135,8 +144,8 @@ TEST_F(NcclDeviceChannelTest, TwoGpus_BothSendFirst_NoDeadlock) {
   });
   for (int stage = 0; stage < 2; ++stage) {
     ASSERT_TRUE(errors[stage].ok()) << "stage " << stage << ": " << errors[stage];
-    EXPECT_TRUE(AllClose(absl::StrCat("stage ", stage), received[stage], values(1 - stage), 0.0f,
-                         0.0f));
+    EXPECT_TRUE(
+        AllClose(absl::StrCat("stage ", stage), received[stage], values(1 - stage), 0.0f, 0.0f));
   }
 }
 

@@ -2,9 +2,11 @@
 //
 // Each buffer is one cudaMalloc, so this is for tests and setup, not for
 // per-step allocations (those go through the caching allocator,
-// kernels/alloc/caching_allocator.h over device_allocator.h). Copies are synchronous
-// (cudaMemcpy on the legacy default stream), which also makes them wait for
-// kernels launched before them.
+// kernels/alloc/caching_allocator.h over device_allocator.h). Copies are
+// synchronous cudaMemcpy calls on the legacy default stream: they wait for
+// kernels on blocking streams but NOT for kernels on non-blocking streams
+// (CudaStream's, a backend's): synchronise such a stream before copying
+// what its kernels write.
 //
 // Thread-compatible: a buffer may move between threads but must not be used
 // from two at once. It must be destroyed before the CUDA context is torn

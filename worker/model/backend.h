@@ -114,8 +114,9 @@ class Backend {
   virtual Tensor UploadAsync(const Tensor& host) = 0;
   // A host copy of `t` (CPU: `t` itself, shared); waits for queued work.
   virtual Tensor Download(const Tensor& t) = 0;
-  // Starts a host copy of `t` (on this backend's device, or a host tensor)
-  // as it is once the work queued so far has run; ops called later that
+  // Starts a host copy of `t` (a tensor of this backend: on the CPU a host
+  // tensor, on CUDA one on its device; a host tensor there is a programming
+  // error and aborts) as it is once the work queued so far has run; ops called later that
   // write `t` do not change the copy. Returns without waiting for queued
   // work. CPU: copies now. CUDA: queues the copy on the stream into pinned
   // host memory (later ops queue behind it, so a later write cannot race it)

@@ -41,6 +41,12 @@ class ABSL_LOCKABLE AnnotatedMutex {
     mu_.Lock();
     Acquired();
   }
+  // Takes the mutex if it is free; never waits.
+  bool TryLock() ABSL_EXCLUSIVE_TRYLOCK_FUNCTION(true) {
+    if (!mu_.TryLock()) return false;
+    Acquired();
+    return true;
+  }
   void Unlock() ABSL_UNLOCK_FUNCTION() {
     Releasing();
     mu_.Unlock();

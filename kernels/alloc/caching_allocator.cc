@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
+#include <string>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 
 namespace pipetrain {
@@ -32,6 +35,14 @@ size_t MaxFit(size_t size, size_t ratio) {
   return size * ratio;
 }
 
+// The caches of each pool (Options::pool). Leaked on purpose: caches with
+// static lifetime may leave it during static destruction.
+absl::Mutex pools_mu(absl::kConstInit);
+std::multimap<std::string, CachingAllocator*>& Pools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pools_mu) {
+  static auto* const pools = new std::multimap<std::string, CachingAllocator*>();
+  return *pools;
+}
+
 }  // namespace
 
 CachingAllocator::CachingAllocator(RawAllocator* raw, Options options)
@@ -40,9 +51,23 @@ CachingAllocator::CachingAllocator(RawAllocator* raw, Options options)
   PT_CHECK(options_.small_granularity > 0 && options_.large_granularity > 0)
       << options_.name << ": granularities must be positive";
   PT_CHECK(options_.max_fit_ratio >= 1) << options_.name << ": max_fit_ratio must be >= 1";
+  if (!options_.pool.empty()) {
+    absl::MutexLock lock(&pools_mu);
+    Pools().emplace(options_.pool, this);
+  }
 }
 
 CachingAllocator::~CachingAllocator() {
+  if (!options_.pool.empty()) {
+    absl::MutexLock lock(&pools_mu);
+    auto [first, last] = Pools().equal_range(options_.pool);
+    for (auto it = first; it != last; ++it) {
+      if (it->second == this) {
+        Pools().erase(it);
+        break;
+      }
+    }
+  }
   AnnotatedMutexLock lock(&mu_);
   PT_CHECK(in_use_.empty()) << options_.name << " destroyed with " << in_use_.size()
                             << " block(s) still in use (" << stats_.bytes_in_use
@@ -102,6 +127,11 @@ absl::StatusOr<void*> CachingAllocator::RawAllocateLocked(size_t size, size_t re
     EmptyCacheLocked();
     ptr = raw_->Allocate(size);
   }
+  if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && !options_.pool.empty() &&
+      EmptyOtherCachesOfPool() > 0) {
+    ++stats_.pool_releases;
+    ptr = raw_->Allocate(size);
+  }
   if (ptr.ok() && *ptr == nullptr) {
     ptr = absl::InternalError("the raw allocator returned nullptr without an error");
   }
@@ -118,6 +148,20 @@ absl::StatusOr<void*> CachingAllocator::RawAllocateLocked(size_t size, size_t re
   }
   return absl::Status(ptr.status().code(), absl::StrCat(options_.name, ": allocating ", size,
                                                         " bytes failed: ", ptr.status().message()));
+}
+
+size_t CachingAllocator::EmptyOtherCachesOfPool() const {
+  size_t released = 0;
+  absl::MutexLock lock(&pools_mu);
+  auto [first, last] = Pools().equal_range(options_.pool);
+  for (auto it = first; it != last; ++it) {
+    CachingAllocator* other = it->second;
+    if (other == this || !other->mu_.TryLock()) continue;
+    released += other->stats_.bytes_cached;
+    other->EmptyCacheLocked();
+    other->mu_.Unlock();
+  }
+  return released;
 }
 
 void CachingAllocator::MarkInUseLocked(void* ptr, size_t size, StreamId stream) {

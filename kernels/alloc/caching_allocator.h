@@ -27,10 +27,18 @@
 //
 // Out of memory: when the raw allocator returns RESOURCE_EXHAUSTED and the
 // cache holds free blocks, Allocate returns all of them to the raw allocator
-// (as EmptyCache does) and retries the raw call once.
+// (as EmptyCache does) and retries the raw call once. Caches that draw on
+// the same memory (several on one GPU: each CUDA backend's, the kernels'
+// scratch cache) name the same Options::pool; when the retry fails too,
+// Allocate has the pool's other caches return their free blocks and
+// retries once more. A cache of the pool that is busy at that moment (its
+// mutex held) is skipped rather than waited for, so two caches running out
+// at once cannot deadlock; its free blocks stay.
 //
 // Thread-safe: one mutex guards all state, and it is held across raw
 // allocator calls (the raw allocator must not call back into this object).
+// The pool's registry has a mutex of its own, taken after a cache's (never
+// before), and a cache's destructor leaves the pool before taking its own.
 #ifndef PIPETRAIN_KERNELS_ALLOC_CACHING_ALLOCATOR_H_
 #define PIPETRAIN_KERNELS_ALLOC_CACHING_ALLOCATOR_H_
 
@@ -71,6 +79,9 @@ class CachingAllocator {
     size_t large_threshold = size_t{1} << 20;
     size_t large_granularity = size_t{2} << 20;
     size_t max_fit_ratio = 2;
+    // Caches drawing on the same memory, e.g. "cuda:0" (see Out of memory
+    // above); empty: none.
+    std::string pool;
   };
 
   struct Stats {
@@ -81,6 +92,7 @@ class CachingAllocator {
     int64_t raw_frees = 0;         // raw Free calls
     int64_t cache_hits = 0;        // Allocate calls served from the cache
     int64_t oom_retries = 0;       // caches emptied after RESOURCE_EXHAUSTED
+    int64_t pool_releases = 0;     // retries after the pool's other caches gave blocks back
   };
 
   class Allocation;
@@ -133,6 +145,9 @@ class CachingAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void* TakeCachedLocked(size_t size, StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmptyCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Empties the caches of this one's pool other than this one that are not
+  // busy; returns the bytes they gave back.
+  size_t EmptyOtherCachesOfPool() const;
   void MarkInUseLocked(void* ptr, size_t size, StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RawAllocator* const raw_;

@@ -267,6 +267,92 @@ TEST(CachingAllocatorTest, Allocate_OutOfMemoryAfterRetry_ResourceExhausted) {
   allocator.Free(held);
 }
 
+CachingAllocator::Options PoolOptions(const std::string& name, const std::string& pool) {
+  CachingAllocator::Options options;
+  options.name = name;
+  options.pool = pool;
+  return options;
+}
+
+// Two caches on one device (one raw allocator's capacity): the second runs
+// out while the first holds the memory as free blocks, which it gives back.
+TEST(CachingAllocatorTest, Allocate_OutOfMemory_PoolsOtherCacheGivesBlocksBack) {
+  FakeRawAllocator raw(/*capacity=*/8 * kKiB);
+  CachingAllocator first(&raw, PoolOptions("first", "device 0"));
+  CachingAllocator second(&raw, PoolOptions("second", "device 0"));
+  first.Free(MustAllocate(first, 8 * kKiB, 1));
+  void* ptr = MustAllocate(second, 4 * kKiB, 1);
+  EXPECT_NE(ptr, nullptr);
+  EXPECT_EQ(raw.allocate_calls(), (std::vector<size_t>{8 * kKiB, 4 * kKiB, 4 * kKiB}));
+  EXPECT_EQ(first.GetStats().bytes_cached, 0u);
+  EXPECT_EQ(second.GetStats().pool_releases, 1);
+  EXPECT_EQ(second.GetStats().oom_retries, 0);  // its own cache was empty
+  second.Free(ptr);
+}
+
+TEST(CachingAllocatorTest, Allocate_OutOfMemory_OtherPoolsBlocksStay) {
+  FakeRawAllocator raw(/*capacity=*/8 * kKiB);
+  CachingAllocator first(&raw, PoolOptions("first", "device 0"));
+  CachingAllocator second(&raw, PoolOptions("second", "device 1"));
+  CachingAllocator unpooled(&raw, TestOptions());
+  first.Free(MustAllocate(first, 8 * kKiB, 1));
+  for (CachingAllocator* asking : {&second, &unpooled}) {
+    absl::StatusOr<void*> ptr = asking->Allocate(4 * kKiB, 1);
+    EXPECT_EQ(ptr.status().code(), absl::StatusCode::kResourceExhausted) << ptr.status();
+    EXPECT_EQ(asking->GetStats().pool_releases, 0);
+  }
+  EXPECT_EQ(first.GetStats().bytes_cached, 8 * kKiB);
+}
+
+// A cache that is gone has left its pool (ASan would see a use after free).
+TEST(CachingAllocatorTest, Destructor_LeavesThePool) {
+  FakeRawAllocator raw(/*capacity=*/8 * kKiB);
+  CachingAllocator staying(&raw, PoolOptions("staying", "device 0"));
+  {
+    CachingAllocator leaving(&raw, PoolOptions("leaving", "device 0"));
+    leaving.Free(MustAllocate(leaving, 8 * kKiB, 1));
+  }  // its cached block went back to the raw allocator
+  EXPECT_EQ(raw.live_bytes(), 0u);
+  staying.Free(MustAllocate(staying, 8 * kKiB, 1));
+  EXPECT_EQ(staying.GetStats().pool_releases, 0);
+}
+
+// Two caches of one pool, each used by two threads, on a device too small
+// for all of them: they run out at the same time, empty each other's caches
+// and must neither deadlock nor lose track of a block (run under TSan).
+// An allocation may still fail (the other cache was busy); none is lost.
+TEST(CachingAllocatorTest, PoolOutOfMemory_ConcurrentCaches_NoDeadlockNoLostBlock) {
+  FakeRawAllocator raw(/*capacity=*/64 * kKiB);
+  CachingAllocator a(&raw, PoolOptions("a", "device 0"));
+  CachingAllocator b(&raw, PoolOptions("b", "device 0"));
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    CachingAllocator* cache = t % 2 == 0 ? &a : &b;
+    threads.emplace_back([cache, t] {
+      std::mt19937 rng(99 + t);
+      std::uniform_int_distribution<size_t> size_dist(1, 16 * kKiB);
+      std::vector<void*> held;
+      for (int i = 0; i < 1000; ++i) {
+        if (held.size() < 3 && rng() % 2 == 0) {
+          absl::StatusOr<void*> ptr = cache->Allocate(size_dist(rng), t);
+          if (ptr.ok()) {
+            held.push_back(*ptr);
+          } else {
+            ASSERT_EQ(ptr.status().code(), absl::StatusCode::kResourceExhausted) << ptr.status();
+          }
+        } else if (!held.empty()) {
+          cache->Free(held.back());
+          held.pop_back();
+        }
+      }
+      for (void* ptr : held) cache->Free(ptr);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(a.GetStats().bytes_in_use + b.GetStats().bytes_in_use, 0u);
+  EXPECT_EQ(a.GetStats().bytes_cached + b.GetStats().bytes_cached, raw.live_bytes());
+}
+
 TEST(CachingAllocatorTest, Allocate_OutOfMemoryWithEmptyCache_NoRetry) {
   FakeRawAllocator raw(/*capacity=*/1 * kKiB);
   CachingAllocator allocator(&raw, TestOptions());

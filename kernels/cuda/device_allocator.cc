@@ -58,6 +58,8 @@ void CudaPinnedRawAllocator::Free(void* ptr) {
   }
 }
 
+std::string CudaDevicePool(int device) { return absl::StrCat("cuda:", device); }
+
 CachingAllocator& PinnedHostCachingAllocator() {
   // Leaked on purpose (see the header): never destroyed, so never checked
   // for blocks still in use at exit.
@@ -80,6 +82,7 @@ absl::StatusOr<CachingAllocator*> DeviceScratchCachingAllocator() {
   if (allocator == nullptr) {
     CachingAllocator::Options options;
     options.name = absl::StrCat("device ", device, " scratch allocator");
+    options.pool = CudaDevicePool(device);
     allocator = new CachingAllocator(new CudaDeviceRawAllocator(), options);
   }
   return allocator;

@@ -18,6 +18,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -58,6 +59,11 @@ class CudaPinnedRawAllocator : public RawAllocator {
   // cudaFreeHost; its error is logged, not returned.
   void Free(void* ptr) override;
 };
+
+// The CachingAllocator pool (Options::pool) of every cache of device memory
+// on CUDA device `device`: when one runs out, the others give their free
+// blocks back (caching_allocator.h, Out of memory).
+std::string CudaDevicePool(int device);
 
 // A process-wide caching allocator of pinned host memory (for PinnedBuffer
 // and the data plane), created on first use and never destroyed: static

@@ -44,9 +44,12 @@ namespace {
 // keyed by the backend's stream. Shared by the backend and every tensor it
 // made (their deleters hold it), so it lives until the last tensor is gone,
 // even past the backend.
-CachingAllocator::Options MemoryOptions() {
+CachingAllocator::Options MemoryOptions(int device) {
   CachingAllocator::Options options;
   options.name = "CUDA backend memory";
+  // Shared with the kernels' scratch cache and any other backend on this
+  // device (a profile's): an out-of-memory in one empties the others.
+  options.pool = CudaDevicePool(device);
   return options;
 }
 
@@ -63,7 +66,7 @@ struct DeviceMemory {
   }
   const int device;
   CudaDeviceRawAllocator raw;
-  CachingAllocator cache{&raw, MemoryOptions()};
+  CachingAllocator cache{&raw, MemoryOptions(device)};
 };
 
 // A codec spec the device codecs serve: a linear or piecewise stage

@@ -1,5 +1,6 @@
 #include "common/tensor.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -12,15 +13,21 @@ namespace {
 
 constexpr size_t kAlignment = 64;
 
-std::shared_ptr<float> AllocateZeroed(int64_t numel) {
+// numel floats, uninitialised.
+std::shared_ptr<float> Allocate(int64_t numel) {
   size_t bytes = static_cast<size_t>(numel) * sizeof(float);
   // posix_memalign takes the exact size (aligned_alloc wants a multiple of
   // the alignment), so AddressSanitizer sees an overrun by even one element.
   void* p = nullptr;
   int error = posix_memalign(&p, kAlignment, bytes == 0 ? 1 : bytes);
   PT_CHECK(error == 0) << "out of memory allocating " << bytes << " bytes";
-  std::memset(p, 0, bytes);
   return std::shared_ptr<float>(static_cast<float*>(p), [](float* q) { std::free(q); });
+}
+
+std::shared_ptr<float> AllocateZeroed(int64_t numel) {
+  std::shared_ptr<float> storage = Allocate(numel);
+  std::memset(storage.get(), 0, static_cast<size_t>(numel) * sizeof(float));
+  return storage;
 }
 
 }  // namespace
@@ -34,15 +41,22 @@ int64_t NumElements(const Shape& shape) {
   return n;
 }
 
-std::string ShapeToString(const Shape& shape) {
-  return "[" + absl::StrJoin(shape, ", ") + "]";
-}
+std::string ShapeToString(const Shape& shape) { return "[" + absl::StrJoin(shape, ", ") + "]"; }
 
 Tensor Tensor::Zeros(const Shape& shape) {
   Tensor t;
   t.shape_ = shape;
   t.numel_ = NumElements(shape);
   t.storage_ = AllocateZeroed(t.numel_);
+  return t;
+}
+
+Tensor Tensor::Filled(const Shape& shape, float value) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = NumElements(shape);
+  t.storage_ = Allocate(t.numel_);
+  std::fill_n(t.storage_.get(), t.numel_, value);
   return t;
 }
 
@@ -113,8 +127,8 @@ void Tensor::Fill(float value) {
 
 void Tensor::CopyFrom(const Tensor& other) {
   PT_CHECK(!on_device_ && !other.on_device_) << "host copy of a device tensor: use its Backend";
-  PT_CHECK(other.numel_ == numel_) << "copy " << ShapeToString(other.shape_)
-                                   << " into " << ShapeToString(shape_);
+  PT_CHECK(other.numel_ == numel_)
+      << "copy " << ShapeToString(other.shape_) << " into " << ShapeToString(shape_);
   if (numel_ > 0) std::memmove(data(), other.data(), size_bytes());
 }
 

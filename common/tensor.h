@@ -35,6 +35,8 @@ class Tensor {
 
   // Zero-initialised tensor of `shape`. All dimensions must be >= 0.
   static Tensor Zeros(const Shape& shape);
+  // Every element `value` (one pass over fresh memory, as Zeros).
+  static Tensor Filled(const Shape& shape, float value);
   // Copies `values`; requires values.size() == NumElements(shape).
   static Tensor FromVector(const Shape& shape, const std::vector<float>& values);
 

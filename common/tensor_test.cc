@@ -19,6 +19,14 @@ TEST(TensorTest, Zeros_AllocatesAlignedZeroedStorage) {
   for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t[i], 0.0f);
 }
 
+TEST(TensorTest, Filled_EveryElementAndAligned) {
+  Tensor t = Tensor::Filled({4, 7}, -2.5f);
+  EXPECT_EQ(t.numel(), 28);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u);
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(t[i], -2.5f) << i;
+  EXPECT_EQ(Tensor::Filled({0, 3}, 1.0f).numel(), 0);
+}
+
 TEST(TensorTest, Copy_IsShallowAndCloneIsDeep) {
   Tensor a = Tensor::FromVector({2, 2}, {1, 2, 3, 4});
   Tensor b = a;

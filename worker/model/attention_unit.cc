@@ -24,17 +24,17 @@ AttentionUnit::AttentionUnit(const GptConfig& config, int layer, Backend* backen
 Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model, H = config_.n_head;
   const int n = B * T;
-  Tensor ln_out = backend()->Zeros({B, T, d});
-  Tensor mean = backend()->Zeros({n}), rstd = backend()->Zeros({n});
+  Tensor ln_out = backend()->Empty({B, T, d});
+  Tensor mean = backend()->Empty({n}), rstd = backend()->Empty({n});
   backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
                    ln_out.data(), mean.data(), rstd.data());
-  Tensor qkv = backend()->Zeros({B, T, 3 * d});
+  Tensor qkv = backend()->Empty({B, T, 3 * d});
   backend()->LinearForward(ln_out.data(), qkv_w_->value.data(), qkv_b_->value.data(), n, d, 3 * d,
                 qkv.data());
-  Tensor att = backend()->Zeros({B, T, d});
-  Tensor probs = backend()->Zeros({B, H, T, T});
+  Tensor att = backend()->Empty({B, T, d});
+  Tensor probs = backend()->Empty({B, H, T, T});
   backend()->AttentionForward(qkv.data(), B, T, d, H, att.data(), probs.data());
-  Tensor y = backend()->Zeros({B, T, d});
+  Tensor y = backend()->Empty({B, T, d});
   backend()->LinearForward(att.data(), proj_w_->value.data(), proj_b_->value.data(), n, d, d, y.data());
   backend()->Add(y.data(), x.data(), y.numel(), y.data());
   ctx->saved = {x, ln_out, mean, rstd, qkv, probs, att};
@@ -46,18 +46,18 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model, H = config_.n_head;
   const int n = B * T;
   const auto& s = ctx.saved;
-  Tensor datt = backend()->Zeros({B, T, d});
+  Tensor datt = backend()->Empty({B, T, d});
   backend()->LinearBackward(s[kAttOut].data(), proj_w_->value.data(), dy.data(), n, d, d, datt.data(),
                  proj_w_->grad.data(), proj_b_->grad.data());
-  Tensor dqkv = backend()->Zeros({B, T, 3 * d});
+  Tensor dqkv = backend()->Empty({B, T, 3 * d});
   // The CPU kernel's work space; a device backend keeps its own.
-  Tensor scratch = backend()->kind() == BackendKind::kCpu ? backend()->Zeros({T, T}) : Tensor();
+  Tensor scratch = backend()->kind() == BackendKind::kCpu ? backend()->Empty({T, T}) : Tensor();
   backend()->AttentionBackward(s[kQkv].data(), s[kProbs].data(), datt.data(), B, T, d, H, dqkv.data(),
                     scratch.is_null() ? nullptr : scratch.data());
-  Tensor dln = backend()->Zeros({B, T, d});
+  Tensor dln = backend()->Empty({B, T, d});
   backend()->LinearBackward(s[kLnOut].data(), qkv_w_->value.data(), dqkv.data(), n, d, 3 * d, dln.data(),
                  qkv_w_->grad.data(), qkv_b_->grad.data());
-  Tensor dx = backend()->Zeros({B, T, d});
+  Tensor dx = backend()->Empty({B, T, d});
   backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
                     dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());
   backend()->AddInPlace(dx.data(), dy.data(), dx.numel());  // the residual path

@@ -104,6 +104,15 @@ class Backend {
   // --- Memory.
   // A zero-filled tensor of `shape` on this backend's device.
   virtual Tensor Zeros(const Shape& shape) = 0;
+  // A tensor of `shape` on this backend's device whose contents are
+  // unspecified: for an op's output that the op writes entirely (the
+  // outputs of every op below except the gradients they accumulate into:
+  // LayerNorm's and Linear's dw, db, the embedding's dwte, dwpe, AddInPlace's
+  // acc, and Sgemm's C when beta != 0). A device backend skips the fill
+  // (GPT-2's activations are gigabytes per step); the CPU backend fills
+  // NaN, so that a unit reading an element no op wrote shows in every CPU
+  // test. Default: Zeros.
+  virtual Tensor Empty(const Shape& shape) { return Zeros(shape); }
   // This backend's copy of host tensor `host` (CPU: `host` itself, shared).
   virtual Tensor Upload(const Tensor& host) = 0;
   // As Upload, without waiting for queued work: the copy queues behind it,
@@ -188,8 +197,8 @@ class Backend {
   virtual void LayerNormBackward(const float* x, const float* w, const float* mean,
                                  const float* rstd, const float* dy, int n, int c, float* dx,
                                  float* dw, float* db) = 0;
-  virtual void LinearForward(const float* x, const float* w, const float* b, int n, int in,
-                             int out, float* y) = 0;
+  virtual void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
+                             float* y) = 0;
   virtual void LinearBackward(const float* x, const float* w, const float* dy, int n, int in,
                               int out, float* dx, float* dw, float* db) = 0;
   virtual void GeluForward(const float* x, int64_t n, float* y) = 0;
@@ -201,9 +210,8 @@ class Backend {
                                 float* out, float* probs) = 0;
   // `scratch` holds seq_len * seq_len floats: the CPU kernel's work space
   // (a device backend uses one of its own and may be passed null).
-  virtual void AttentionBackward(const float* qkv, const float* probs, const float* dout,
-                                 int batch, int seq_len, int c, int heads, float* dqkv,
-                                 float* scratch) = 0;
+  virtual void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
+                                 int seq_len, int c, int heads, float* dqkv, float* scratch) = 0;
   // `host_tokens`: batch * seq_len ids in [0, vocab), on the host.
   virtual void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
                                 int batch, int seq_len, int c, int vocab, float* out) = 0;
@@ -211,17 +219,16 @@ class Backend {
                                  int seq_len, int c, int vocab, float* dwte, float* dwpe) = 0;
   // Overwrites logits with the softmax probabilities (probs may be logits)
   // and returns the mean cross-entropy on the host (a device backend waits).
-  virtual float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets,
-                                           int n, int vocab, float* probs) = 0;
-  virtual void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets,
-                                           int n, int vocab, float dloss, float* dlogits) = 0;
+  virtual float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
+                                           int vocab, float* probs) = 0;
+  virtual void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
+                                           int vocab, float dloss, float* dlogits) = 0;
   // One AdamW update of n values (step >= 1), as kernels/cpu/adamw.h.
   virtual void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
                            int64_t step, const AdamWConfig& config, bool apply_decay) = 0;
   // Row-major C = alpha op(A) op(B) + beta C, as kernels/cpu/blas.h Sgemm.
-  virtual void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha,
-                     const float* a, int lda, const float* b, int ldb, float beta, float* c,
-                     int ldc) = 0;
+  virtual void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
+                     int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;
 };
 
 }  // namespace pipetrain

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <memory>
 #include <utility>
 
@@ -66,6 +67,11 @@ class CpuBackendImpl final : public Backend {
     Timed("zeros", [&] { t = Tensor::Zeros(shape); });
     return t;
   }
+  Tensor Empty(const Shape& shape) override {
+    Tensor t;
+    Timed("empty", [&] { t = Tensor::Filled(shape, std::numeric_limits<float>::quiet_NaN()); });
+    return t;
+  }
   Tensor Upload(const Tensor& host) override { return host; }
   Tensor UploadAsync(const Tensor& host) override { return host; }
   Tensor Download(const Tensor& t) override { return t; }
@@ -83,12 +89,13 @@ class CpuBackendImpl final : public Backend {
 
   void LayerNormForward(const float* x, const float* w, const float* b, int n, int c, float eps,
                         float* y, float* mean, float* rstd) override {
-    Timed("layernorm_forward", [&] { ::pipetrain::LayerNormForward(x, w, b, n, c, eps, y, mean, rstd); });
+    Timed("layernorm_forward",
+          [&] { ::pipetrain::LayerNormForward(x, w, b, n, c, eps, y, mean, rstd); });
   }
   void LayerNormBackward(const float* x, const float* w, const float* mean, const float* rstd,
-                         const float* dy, int n, int c, float* dx, float* dw,
-                         float* db) override {
-    Timed("layernorm_backward", [&] { ::pipetrain::LayerNormBackward(x, w, mean, rstd, dy, n, c, dx, dw, db); });
+                         const float* dy, int n, int c, float* dx, float* dw, float* db) override {
+    Timed("layernorm_backward",
+          [&] { ::pipetrain::LayerNormBackward(x, w, mean, rstd, dy, n, c, dx, dw, db); });
   }
   void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
                      float* y) override {
@@ -96,7 +103,8 @@ class CpuBackendImpl final : public Backend {
   }
   void LinearBackward(const float* x, const float* w, const float* dy, int n, int in, int out,
                       float* dx, float* dw, float* db) override {
-    Timed("linear_backward", [&] { ::pipetrain::LinearBackward(x, w, dy, n, in, out, dx, dw, db); });
+    Timed("linear_backward",
+          [&] { ::pipetrain::LinearBackward(x, w, dy, n, in, out, dx, dw, db); });
   }
   void GeluForward(const float* x, int64_t n, float* y) override {
     Timed("gelu_forward", [&] { ::pipetrain::GeluForward(x, n, y); });
@@ -115,19 +123,25 @@ class CpuBackendImpl final : public Backend {
   }
   void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
                         float* probs) override {
-    Timed("attention_forward", [&] { ::pipetrain::AttentionForward(qkv, batch, seq_len, c, heads, out, probs); });
+    Timed("attention_forward",
+          [&] { ::pipetrain::AttentionForward(qkv, batch, seq_len, c, heads, out, probs); });
   }
   void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
                          int seq_len, int c, int heads, float* dqkv, float* scratch) override {
-    Timed("attention_backward", [&] { ::pipetrain::AttentionBackward(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch); });
+    Timed("attention_backward", [&] {
+      ::pipetrain::AttentionBackward(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch);
+    });
   }
-  void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
-                        int batch, int seq_len, int c, int /*vocab*/, float* out) override {
-    Timed("embedding_forward", [&] { ::pipetrain::EmbeddingForward(host_tokens, wte, wpe, batch, seq_len, c, out); });
+  void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe, int batch,
+                        int seq_len, int c, int /*vocab*/, float* out) override {
+    Timed("embedding_forward",
+          [&] { ::pipetrain::EmbeddingForward(host_tokens, wte, wpe, batch, seq_len, c, out); });
   }
   void EmbeddingBackward(const int32_t* host_tokens, const float* dout, int batch, int seq_len,
                          int c, int /*vocab*/, float* dwte, float* dwpe) override {
-    Timed("embedding_backward", [&] { ::pipetrain::EmbeddingBackward(host_tokens, dout, batch, seq_len, c, dwte, dwpe); });
+    Timed("embedding_backward", [&] {
+      ::pipetrain::EmbeddingBackward(host_tokens, dout, batch, seq_len, c, dwte, dwpe);
+    });
   }
   float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
                                    int vocab, float* probs) override {
@@ -139,16 +153,22 @@ class CpuBackendImpl final : public Backend {
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
                                    int vocab, float dloss, float* dlogits) override {
-    Timed("cross_entropy_backward", [&] { ::pipetrain::SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, dloss, dlogits); });
+    Timed("cross_entropy_backward", [&] {
+      ::pipetrain::SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, dloss, dlogits);
+    });
   }
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
                    const AdamWConfig& config, bool apply_decay) override {
-    Timed("adamw", [&] { ::pipetrain::AdamWUpdate(param, grad, m, v, n, step, config, apply_decay); });
+    Timed("adamw",
+          [&] { ::pipetrain::AdamWUpdate(param, grad, m, v, n, step, config, apply_decay); });
   }
-  void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-             int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
-    Timed("sgemm", [&] { ::pipetrain::Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc); });
+  void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+             const float* b, int ldb, float beta, float* c, int ldc) override {
+    Timed("sgemm", [&] {
+      ::pipetrain::Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    });
   }
+
  private:
   std::atomic<bool> timing_{false};
   AnnotatedMutex mu_;

@@ -185,6 +185,7 @@ class CudaBackendImpl final : public Backend {
   }
 
   Tensor Zeros(const Shape& shape) override;
+  Tensor Empty(const Shape& shape) override;
   Tensor Upload(const Tensor& host) override;
   Tensor UploadAsync(const Tensor& host) override;
   Tensor Download(const Tensor& t) override;
@@ -447,6 +448,8 @@ Tensor CudaBackendImpl::UploadIds(const int32_t* host, int64_t n) {
 }
 
 Tensor CudaBackendImpl::Zeros(const Shape& shape) { return Allocate(shape, /*zero=*/true); }
+
+Tensor CudaBackendImpl::Empty(const Shape& shape) { return Allocate(shape, /*zero=*/false); }
 
 Tensor CudaBackendImpl::Allocate(const Shape& shape, bool zero) {
   const int64_t n = NumElements(shape);

@@ -19,7 +19,7 @@ Tensor EmbedUnit::Forward(const Tensor& /*x*/, const TokenBatch& batch, UnitCont
   for (int32_t token : batch.inputs) {
     PT_CHECK(token >= 0 && token < config_.vocab_size) << "token " << token;
   }
-  Tensor y = backend()->Zeros({batch.batch, batch.seq_len, config_.d_model});
+  Tensor y = backend()->Empty({batch.batch, batch.seq_len, config_.d_model});
   backend()->EmbeddingForward(batch.inputs.data(), wte_->value.data(), wpe_->value.data(),
                               batch.batch, batch.seq_len, config_.d_model, config_.vocab_size,
                               y.data());

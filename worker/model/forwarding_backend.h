@@ -38,6 +38,7 @@ class ForwardingBackend : public Backend {
   OpTimes TakeOpTimes() override { return inner_->TakeOpTimes(); }
 
   Tensor Zeros(const Shape& shape) override { return inner_->Zeros(shape); }
+  Tensor Empty(const Shape& shape) override { return inner_->Empty(shape); }
   Tensor Upload(const Tensor& host) override { return inner_->Upload(host); }
   Tensor UploadAsync(const Tensor& host) override { return inner_->UploadAsync(host); }
   Tensor Download(const Tensor& t) override { return inner_->Download(t); }
@@ -66,8 +67,7 @@ class ForwardingBackend : public Backend {
     inner_->LayerNormForward(x, w, b, n, c, eps, y, mean, rstd);
   }
   void LayerNormBackward(const float* x, const float* w, const float* mean, const float* rstd,
-                         const float* dy, int n, int c, float* dx, float* dw,
-                         float* db) override {
+                         const float* dy, int n, int c, float* dx, float* dw, float* db) override {
     inner_->LayerNormBackward(x, w, mean, rstd, dy, n, c, dx, dw, db);
   }
   void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
@@ -117,8 +117,8 @@ class ForwardingBackend : public Backend {
                    const AdamWConfig& config, bool apply_decay) override {
     inner_->AdamWUpdate(param, grad, m, v, n, step, config, apply_decay);
   }
-  void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
-             int lda, const float* b, int ldb, float beta, float* c, int ldc) override {
+  void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
+             const float* b, int ldb, float beta, float* c, int ldc) override {
     inner_->Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 

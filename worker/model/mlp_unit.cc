@@ -24,16 +24,16 @@ MlpUnit::MlpUnit(const GptConfig& config, int layer, Backend* backend)
 Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model;
   const int n = B * T;
-  Tensor ln_out = backend()->Zeros({B, T, d});
-  Tensor mean = backend()->Zeros({n}), rstd = backend()->Zeros({n});
+  Tensor ln_out = backend()->Empty({B, T, d});
+  Tensor mean = backend()->Empty({n}), rstd = backend()->Empty({n});
   backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
                    ln_out.data(), mean.data(), rstd.data());
-  Tensor fc = backend()->Zeros({B, T, 4 * d});
+  Tensor fc = backend()->Empty({B, T, 4 * d});
   backend()->LinearForward(ln_out.data(), fc_w_->value.data(), fc_b_->value.data(), n, d, 4 * d,
                 fc.data());
-  Tensor act = backend()->Zeros({B, T, 4 * d});
+  Tensor act = backend()->Empty({B, T, 4 * d});
   backend()->GeluForward(fc.data(), fc.numel(), act.data());
-  Tensor y = backend()->Zeros({B, T, d});
+  Tensor y = backend()->Empty({B, T, d});
   backend()->LinearForward(act.data(), proj_w_->value.data(), proj_b_->value.data(), n, 4 * d, d,
                 y.data());
   backend()->Add(y.data(), x.data(), y.numel(), y.data());
@@ -45,15 +45,15 @@ Tensor MlpUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitCo
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model;
   const int n = B * T;
   const auto& s = ctx.saved;
-  Tensor dact = backend()->Zeros({B, T, 4 * d});
+  Tensor dact = backend()->Empty({B, T, 4 * d});
   backend()->LinearBackward(s[kGeluOut].data(), proj_w_->value.data(), dy.data(), n, 4 * d, d,
                  dact.data(), proj_w_->grad.data(), proj_b_->grad.data());
   // GELU backward in place: dact becomes dL/d(fc output).
   backend()->GeluBackward(s[kFcOut].data(), dact.data(), dact.numel(), dact.data());
-  Tensor dln = backend()->Zeros({B, T, d});
+  Tensor dln = backend()->Empty({B, T, d});
   backend()->LinearBackward(s[kLnOut].data(), fc_w_->value.data(), dact.data(), n, d, 4 * d, dln.data(),
                  fc_w_->grad.data(), fc_b_->grad.data());
-  Tensor dx = backend()->Zeros({B, T, d});
+  Tensor dx = backend()->Empty({B, T, d});
   backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
                     dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());
   backend()->AddInPlace(dx.data(), dy.data(), dx.numel());

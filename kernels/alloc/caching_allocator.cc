@@ -5,10 +5,10 @@
 #include <map>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/logging.h"
 
 namespace pipetrain {
@@ -35,15 +35,30 @@ size_t MaxFit(size_t size, size_t ratio) {
   return size * ratio;
 }
 
-// The caches of each pool (Options::pool). Leaked on purpose: caches with
-// static lifetime may leave it during static destruction.
-absl::Mutex pools_mu(absl::kConstInit);
-std::multimap<std::string, CachingAllocator*>& Pools() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pools_mu) {
-  static auto* const pools = new std::multimap<std::string, CachingAllocator*>();
-  return *pools;
+// The registry of pools (Options::pool): one Pool per name, leaked on
+// purpose (a cache with static lifetime may leave its pool during static
+// destruction), each with a mutex of its own so that one GPU's caches
+// emptying themselves (cudaFree waits for that GPU) never hold up another
+// GPU's. The registry's own mutex is held only to find or make a Pool.
+AnnotatedMutex& RegistryMutex() {
+  static AnnotatedMutex* const mu = new AnnotatedMutex();
+  return *mu;
 }
 
 }  // namespace
+
+struct CachingAllocator::Pool {
+  AnnotatedMutex mu;
+  std::vector<CachingAllocator*> members ABSL_GUARDED_BY(mu);
+};
+
+CachingAllocator::Pool* CachingAllocator::PoolNamed(const std::string& name) {
+  static auto* const pools = new std::map<std::string, Pool*>();
+  AnnotatedMutexLock lock(&RegistryMutex());
+  Pool*& pool = (*pools)[name];
+  if (pool == nullptr) pool = new Pool();
+  return pool;
+}
 
 CachingAllocator::CachingAllocator(RawAllocator* raw, Options options)
     : raw_(raw), options_(std::move(options)) {
@@ -52,21 +67,16 @@ CachingAllocator::CachingAllocator(RawAllocator* raw, Options options)
       << options_.name << ": granularities must be positive";
   PT_CHECK(options_.max_fit_ratio >= 1) << options_.name << ": max_fit_ratio must be >= 1";
   if (!options_.pool.empty()) {
-    absl::MutexLock lock(&pools_mu);
-    Pools().emplace(options_.pool, this);
+    pool_ = PoolNamed(options_.pool);
+    AnnotatedMutexLock lock(&pool_->mu);
+    pool_->members.push_back(this);
   }
 }
 
 CachingAllocator::~CachingAllocator() {
-  if (!options_.pool.empty()) {
-    absl::MutexLock lock(&pools_mu);
-    auto [first, last] = Pools().equal_range(options_.pool);
-    for (auto it = first; it != last; ++it) {
-      if (it->second == this) {
-        Pools().erase(it);
-        break;
-      }
-    }
+  if (pool_ != nullptr) {
+    AnnotatedMutexLock lock(&pool_->mu);
+    pool_->members.erase(std::find(pool_->members.begin(), pool_->members.end(), this));
   }
   AnnotatedMutexLock lock(&mu_);
   PT_CHECK(in_use_.empty()) << options_.name << " destroyed with " << in_use_.size()
@@ -127,7 +137,7 @@ absl::StatusOr<void*> CachingAllocator::RawAllocateLocked(size_t size, size_t re
     EmptyCacheLocked();
     ptr = raw_->Allocate(size);
   }
-  if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && !options_.pool.empty() &&
+  if (!ptr.ok() && absl::IsResourceExhausted(ptr.status()) && pool_ != nullptr &&
       EmptyOtherCachesOfPool() > 0) {
     ++stats_.pool_releases;
     ptr = raw_->Allocate(size);
@@ -152,10 +162,8 @@ absl::StatusOr<void*> CachingAllocator::RawAllocateLocked(size_t size, size_t re
 
 size_t CachingAllocator::EmptyOtherCachesOfPool() const {
   size_t released = 0;
-  absl::MutexLock lock(&pools_mu);
-  auto [first, last] = Pools().equal_range(options_.pool);
-  for (auto it = first; it != last; ++it) {
-    CachingAllocator* other = it->second;
+  AnnotatedMutexLock lock(&pool_->mu);
+  for (CachingAllocator* other : pool_->members) {
     if (other == this || !other->mu_.TryLock()) continue;
     released += other->stats_.bytes_cached;
     other->EmptyCacheLocked();

@@ -37,8 +37,8 @@
 //
 // Thread-safe: one mutex guards all state, and it is held across raw
 // allocator calls (the raw allocator must not call back into this object).
-// The pool's registry has a mutex of its own, taken after a cache's (never
-// before), and a cache's destructor leaves the pool before taking its own.
+// Each pool has a mutex of its own, taken after a cache's (never before),
+// and a cache's destructor leaves its pool before taking its own.
 #ifndef PIPETRAIN_KERNELS_ALLOC_CACHING_ALLOCATOR_H_
 #define PIPETRAIN_KERNELS_ALLOC_CACHING_ALLOCATOR_H_
 
@@ -145,12 +145,16 @@ class CachingAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void* TakeCachedLocked(size_t size, StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmptyCacheLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The caches of one Options::pool (caching_allocator.cc).
+  struct Pool;
+  static Pool* PoolNamed(const std::string& name);
   // Empties the caches of this one's pool other than this one that are not
   // busy; returns the bytes they gave back.
   size_t EmptyOtherCachesOfPool() const;
   void MarkInUseLocked(void* ptr, size_t size, StreamId stream) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   RawAllocator* const raw_;
+  Pool* pool_ = nullptr;  // null without Options::pool; never freed
   const Options options_;
   mutable AnnotatedMutex mu_;
   std::set<FreeKey> free_ ABSL_GUARDED_BY(mu_);

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -304,17 +305,21 @@ TEST(CachingAllocatorTest, Allocate_OutOfMemory_OtherPoolsBlocksStay) {
   EXPECT_EQ(first.GetStats().bytes_cached, 8 * kKiB);
 }
 
-// A cache that is gone has left its pool (ASan would see a use after free).
+// A cache that is gone has left its pool: the pool's next walk (an
+// out-of-memory in another member) must not touch it (ASan: heap use after
+// free if it did).
 TEST(CachingAllocatorTest, Destructor_LeavesThePool) {
   FakeRawAllocator raw(/*capacity=*/8 * kKiB);
-  CachingAllocator staying(&raw, PoolOptions("staying", "device 0"));
-  {
-    CachingAllocator leaving(&raw, PoolOptions("leaving", "device 0"));
-    leaving.Free(MustAllocate(leaving, 8 * kKiB, 1));
-  }  // its cached block went back to the raw allocator
+  CachingAllocator staying(&raw, PoolOptions("staying", "device 7"));
+  auto leaving = std::make_unique<CachingAllocator>(&raw, PoolOptions("leaving", "device 7"));
+  leaving->Free(MustAllocate(*leaving, 4 * kKiB, 1));
+  leaving.reset();  // its cached block went back to the raw allocator
   EXPECT_EQ(raw.live_bytes(), 0u);
-  staying.Free(MustAllocate(staying, 8 * kKiB, 1));
+  void* held = MustAllocate(staying, 8 * kKiB, 1);
+  absl::StatusOr<void*> more = staying.Allocate(1 * kKiB, 1);  // walks the pool
+  EXPECT_EQ(more.status().code(), absl::StatusCode::kResourceExhausted) << more.status();
   EXPECT_EQ(staying.GetStats().pool_releases, 0);
+  staying.Free(held);
 }
 
 // Two caches of one pool, each used by two threads, on a device too small

@@ -39,10 +39,11 @@ struct Shape {
 };
 
 // A single element; the CPU test's shape (vocab 11, so tokens repeat);
-// GPT-2's 768 channels with 50 tokens over 99 positions (heavy repeats);
-// widths that are not multiples of the 256-thread block; more tokens than
-// one 256-token tile (4 * 129 = 516 and 8 * 256 = 2048 rows); a vocabulary
-// larger than the number of tokens (most table rows get no gradient).
+// GPT-2's 768 channels with 50 tokens over 99 positions (long groups of
+// rows per token); widths that are not multiples of the 256-thread block
+// and need more than one column block (768, 1000, 257); 516 and 2048 rows;
+// a vocabulary larger than the number of tokens (most table rows get no
+// gradient).
 const Shape kShapes[] = {{1, 1, 1, 1, 1},
                          {2, 4, 8, 11, 6},
                          {3, 33, 768, 50, 40},

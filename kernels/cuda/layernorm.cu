@@ -76,7 +76,7 @@ __global__ void LayerNormInputGradKernel(const float* x, const float* w, const f
   float g_sum = 0.0f;
   float gx_sum = 0.0f;
   for (int j = threadIdx.x; j < c; j += blockDim.x) {
-    const float g = dyr[j] * w[j];
+    const float g = __fmul_rn(dyr[j], w[j]);  // rounded, as on the CPU (no fma into g_sum)
     g_sum += g;
     gx_sum += g * ((xr[j] - m) * r);
   }

@@ -270,13 +270,14 @@ class CudaBackendImpl final : public Backend {
     // The rows grouped by token, built here where the ids are (the kernel
     // then does O(rows * c) work; kernels/cuda/embedding.h).
     const int64_t rows = int64_t{batch} * seq_len;
-    const TokenRowGroups grouped = rows <= std::numeric_limits<int32_t>::max()
+    const TokenRowGroups grouped = rows >= 0 && rows <= std::numeric_limits<int32_t>::max()
                                        ? GroupRowsByToken(host_tokens, rows, vocab)
                                        : TokenRowGroups{};
     const Tensor index =
         UploadIds(grouped.index.data(), static_cast<int64_t>(grouped.index.size()));
     Run("embedding_backward", [&] {
-      // Rows beyond int32 (no index built) fail here with INVALID_ARGUMENT.
+      // Negative or beyond int32 rows (no index built) fail here with
+      // INVALID_ARGUMENT.
       return EmbeddingBackwardCuda(Ids(index), grouped.groups, dout, batch, seq_len, c, dwte, dwpe,
                                    stream_);
     });

@@ -13,7 +13,9 @@
 #   gpu-bundle/run.sh scripts/gpu_run.sh
 # and gpu-bundle.tar.gz of it all (what travels; gzip, which every machine
 # unpacks). On the GPU machine (run.sh's header says more):
-#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh OUTDIR [quick|bench]
+#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh OUTDIR [quick|bench|sanitize]
+# gpu-bundle/BUILD_INFO says which commit it was built from (run.sh puts it
+# at the top of its summary): rebuild after every change you want measured.
 #
 #   bash scripts/gpu_bundle.sh        # writes gpu-bundle/ and gpu-bundle.tar.gz
 set -euo pipefail
@@ -46,6 +48,10 @@ done | sort -u | while read -r lib; do
 done
 strip --strip-unneeded gpu-bundle/bin/* gpu-bundle/lib/* 2>/dev/null || true
 install -m 755 scripts/gpu_run.sh gpu-bundle/run.sh
+{
+  echo "commit $(git rev-parse --short=12 HEAD) ($(git status --porcelain --untracked-files=no | wc -l) files changed since)"
+  echo "built $(date -u +%Y-%m-%dT%H:%MZ) with ${flags[*]}; $(/usr/local/cuda/bin/nvcc --version | tail -1)"
+} >gpu-bundle/BUILD_INFO
 tar czf gpu-bundle.tar.gz gpu-bundle
 echo "gpu-bundle: $(ls gpu-bundle/bin | wc -l) binaries, $(ls gpu-bundle/lib | wc -l) libraries;" \
   "gpu-bundle.tar.gz $(du -h gpu-bundle.tar.gz | cut -f1)" >&2

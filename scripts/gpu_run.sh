@@ -9,12 +9,19 @@
 # everything; "quick" skips the GPT-2 124M benchmarks; "bench" runs only
 # them; "sanitize" runs only the kernel tests under compute-sanitizer
 # (memcheck, racecheck, synccheck), when the machine has it. Each step has a
-# time limit, so one that hangs costs minutes, not the
-# call. Exits non-zero if any check failed.
+# time limit, so one that hangs costs minutes, not the call, and the whole
+# run stops starting steps RUN_BUDGET_S seconds (default 540) after it
+# began: a step that would not fit is cut to the time left or noted as
+# "NOT RUN ... (out of time)", and the archive is always written, inside
+# the lent machine's 10-minute command limit. Exits non-zero if any check
+# failed. summary.txt begins with the mode and the bundle's BUILD_INFO (the
+# commit it was built from).
 #
-# On the lent device machine (it returns at most 8 files from $OUT):
-#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh /tmp/r quick;
-#   cp /tmp/r.tgz /tmp/r/summary.txt $OUT/
+# On the lent device machine (it returns at most 8 files from $OUT; a new
+# folder name for every call):
+#   tar xzf gpu-bundle.tar.gz && { timeout -k 10 580 bash gpu-bundle/run.sh /tmp/r1 quick;
+#   echo rc=$?; }; [ -f /tmp/r1.tgz ] || tar czf /tmp/r1.tgz -C /tmp r1;
+#   cp /tmp/r1.tgz /tmp/r1/summary.txt $OUT/
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUTDIR [quick|bench|sanitize]}
@@ -26,6 +33,15 @@ esac
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 if [[ -n "$(ls -A "$out")" ]]; then echo "$out is not empty: use a new folder" >&2; exit 2; fi
+rm -f "$out.tgz"  # an older run's archive must not pass for this one's
+deadline=$((SECONDS + ${RUN_BUDGET_S:-540}))
+# budget LIMIT: LIMIT seconds, or fewer if the run's deadline (less 25 s to
+# pack the archive) comes first; fails when less than 10 s are left.
+budget() {
+  local left=$((deadline - SECONDS - 25))
+  [[ $left -ge 10 ]] || return 1
+  echo $(($1 < left ? $1 : left))
+}
 # The bundle's libraries, and the CUDA ones where the machine keeps them:
 # NCCL is no part of the toolkit and may live elsewhere (e.g. a Python
 # package's nvidia/nccl/lib).
@@ -47,10 +63,15 @@ note() { echo "$*" | tee -a "$summary"; }
 check() {  # check NAME RC DETAIL
   if [[ $2 -eq 0 ]]; then note "PASS $1 $3"; else note "FAIL $1 (exit $2) $3"; failed=1; fi
 }
+out_of_time() { note "NOT RUN $1 (out of time: RUN_BUDGET_S=${RUN_BUDGET_S:-540})"; failed=1; }
 finish() {
-  tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+  note "run took $SECONDS s"
+  # Model weights do not compress and are not needed to judge a check.
+  tar czf "$out.tgz" --exclude='*.safetensors' -C "$(dirname "$out")" "$(basename "$out")"
   exit $failed
 }
+note "mode=${mode:-all}; budget ${RUN_BUDGET_S:-540} s; bundle: $(tr '\n' ' ' <"$here/BUILD_INFO" 2>/dev/null || echo 'no BUILD_INFO')"
+cp "$0" "$out/run.sh"
 
 {
   date -u
@@ -74,11 +95,12 @@ if [[ "$mode" == sanitize ]]; then
     note "NOT RUN compute_sanitizer: not on this machine"
   else
     mkdir -p "$out/sanitizer"
-    for name in attention layernorm cross_entropy embedding gelu adamw elementwise quantize \
-      token_topk half_codec powersgd; do
+    for name in attention attention_gemm linear layernorm cross_entropy embedding gelu adamw \
+      elementwise quantize token_topk half_codec powersgd; do
       for tool in memcheck racecheck synccheck; do
         log="$out/sanitizer/${name}_$tool.log"
-        timeout -k 5 150 "$sanitizer" --tool "$tool" --error-exitcode 99 \
+        lim=$(budget 150) || { out_of_time "sanitizer_${tool}_$name"; continue; }
+        timeout -k 5 "$lim" "$sanitizer" --tool "$tool" --error-exitcode 99 \
           "$bin/${name}_test" >"$log" 2>&1
         check "sanitizer_${tool}_$name" $? "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log")"
       done
@@ -94,8 +116,9 @@ if [[ "$mode" != bench ]]; then
 mkdir -p "$out/tests"
 for t in "$bin"/*_test; do
   name=$(basename "$t")
+  lim=$(budget 240) || { out_of_time "$name"; continue; }
   tmp=$(mktemp -d)
-  TEST_TMPDIR="$tmp" timeout -k 5 240 "$t" >"$out/tests/$name.log" 2>&1
+  TEST_TMPDIR="$tmp" timeout -k 5 "$lim" "$t" >"$out/tests/$name.log" 2>&1
   rc=$?
   rm -rf "$tmp"
   ran=$(grep -cE '^\[       OK \]' "$out/tests/$name.log")
@@ -132,13 +155,17 @@ PY
 # twice on CUDA (bitwise: the logs print floats at round-trip precision).
 model=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 4
   --steps 20 --eval-interval 0 --threads 8)
-timeout -k 5 120 "$bin/pipetrain" train-local "${model[@]}" --device cpu \
-  --log "$out/train_cpu.jsonl" >"$out/train_cpu.txt" 2>&1
+if lim=$(budget 300); then
+# The three runs under one limit (each runs even if another failed).
+timeout -k 5 "$lim" bash -c '
+  rc=0
+  "$1" train-local "${@:3}" --device cpu --log "$2/train_cpu.jsonl" >"$2/train_cpu.txt" 2>&1 || rc=1
+  for run in 1 2; do
+    "$1" train-local "${@:3}" --device cuda --log "$2/train_cuda$run.jsonl" \
+      >"$2/train_cuda$run.txt" 2>&1 || rc=1
+  done
+  exit $rc' _ "$bin/pipetrain" "$out" "${model[@]}"
 cpu_rc=$?
-for run in 1 2; do
-  timeout -k 5 120 "$bin/pipetrain" train-local "${model[@]}" --device cuda \
-    --log "$out/train_cuda$run.jsonl" >"$out/train_cuda$run.txt" 2>&1 || cpu_rc=1
-done
 py - "$out" <<'PY' >"$out/train_compare.txt" 2>&1
 import json, sys
 out = sys.argv[1]
@@ -153,6 +180,7 @@ PY
 rc=$?
 [[ $cpu_rc -ne 0 ]] && rc=1
 check train_local_cuda_vs_cpu "$rc" "$(cat "$out/train_compare.txt")"
+else out_of_time train_local_cuda_vs_cpu; fi
 
 # 3. The 2-worker pipeline (two worker processes sharing the GPU) against
 # single-process GPU training (one worker process holding every unit; the
@@ -163,7 +191,8 @@ up_rc=0
 for workers in 1 2; do
   # up's workers are its children, in timeout's process group: a kill
   # reaches them too.
-  timeout -k 10 180 "$bin/pipetrain" up --workers "$workers" "${job[@]}" \
+  lim=$(budget 180) || { up_rc=1; note "NOT RUN up --workers $workers (out of time)"; continue; }
+  timeout -k 10 "$lim" "$bin/pipetrain" up --workers "$workers" "${job[@]}" \
     --loss-log "$out/up_${workers}_losses.txt" \
     --out "$out/up$workers" >"$out/up_$workers.txt" 2>&1 || up_rc=1
 done
@@ -189,7 +218,8 @@ compressed_job() {
     --steps 20 --eval-interval 0 --workers 2 "$@")
   local up_rc=0 rc device
   for device in cuda cpu; do
-    timeout -k 10 180 "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
+    lim=$(budget 180) || { up_rc=1; note "NOT RUN $name on $device (out of time)"; continue; }
+    timeout -k 10 "$lim" "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
       --loss-log "$out/${name}_${device}_losses.txt" --out "$out/${name}_$device" \
       >"$out/${name}_$device.txt" 2>&1 || up_rc=1
   done
@@ -212,8 +242,10 @@ compressed_job pipeline_powersgd_ef_cuda "ACTIVATION_GRAD .*wire" \
 # (--worker-device cuda:each), whose coordinator puts both stages in one
 # device group, against the 1-worker job of 3, 1e-5 relative. Needs two
 # GPUs: NCCL refuses two ranks on one.
-if [[ $gpus -ge 2 ]]; then
-  timeout -k 10 180 "$bin/pipetrain" up --workers 2 "${job[@]}" --worker-device cuda:each \
+if [[ $gpus -ge 2 ]] && ! lim=$(budget 180); then
+  out_of_time pipeline_2_workers_nccl
+elif [[ $gpus -ge 2 ]]; then
+  timeout -k 10 "$lim" "$bin/pipetrain" up --workers 2 "${job[@]}" --worker-device cuda:each \
     --loss-log "$out/upn_losses.txt" --out "$out/upn" >"$out/upn.txt" 2>&1
   up_rc=$?
   compare_loss_logs "$out/upn_losses.txt" "$out/up_1_losses.txt" 1e-5 "NCCL 2 workers - 1 worker" \
@@ -235,27 +267,26 @@ fi  # mode != bench
 if [[ "$mode" != quick ]]; then
   gpt2=(--layers 12 --d-model 768 --heads 12 --seq-len 1024 --vocab 50257 --batches 1,4,8
     --steps 3)
-  timeout -k 5 200 "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm fp32 --peak-tflops 67 \
-    --json "$out/bench_fp32.json" >"$out/bench_fp32.txt" 2>&1
-  check gpt2_124m_fp32_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_fp32.txt" | tail -1)"
-  timeout -k 5 200 "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm tf32 --peak-tflops 494.7 \
-    --json "$out/bench_tf32.json" >"$out/bench_tf32.txt" 2>&1
-  check gpt2_124m_tf32_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_tf32.txt" | tail -1)"
+  # bench NAME GEMM PEAK [FLAGS...]: one train_step_benchmark run.
+  bench() {
+    local name=$1 gemm=$2 peak=$3
+    shift 3
+    local lim
+    lim=$(budget 200) || { out_of_time "gpt2_124m_${name}_benchmark"; return; }
+    timeout -k 5 "$lim" "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm "$gemm" \
+      --peak-tflops "$peak" "$@" --json "$out/bench_$name.json" >"$out/bench_$name.txt" 2>&1
+    check "gpt2_124m_${name}_benchmark" $? "$(grep -E '^ +[0-9]' "$out/bench_$name.txt" | tail -1)"
+  }
+  bench fp32 fp32 67
+  bench tf32 tf32 494.7
   # bf16 tensor-core GEMMs (--gemm bf16, fp32 tensors; H100 SXM dense BF16
   # peak 989.4 TFLOP/s).
-  timeout -k 5 200 "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm bf16 --peak-tflops 989.4 \
-    --json "$out/bench_bf16.json" >"$out/bench_bf16.txt" 2>&1
-  check gpt2_124m_bf16_benchmark $? "$(grep -E '^ +[0-9]' "$out/bench_bf16.txt" | tail -1)"
+  bench bf16 bf16 989.4
   # Attention through cuBLAS batched GEMMs (--attention gemm; its parity
   # tests are attention_gemm_test and cuda_backend_test's GemmAttention
   # cases), in the two tensor-core modes.
-  for mode in tf32:494.7 bf16:989.4; do
-    timeout -k 5 200 "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm "${mode%%:*}" \
-      --peak-tflops "${mode#*:}" --attention gemm --json "$out/bench_${mode%%:*}_gemm_attention.json" \
-      >"$out/bench_${mode%%:*}_gemm_attention.txt" 2>&1
-    check "gpt2_124m_${mode%%:*}_gemm_attention_benchmark" $? \
-      "$(grep -E '^ +[0-9]' "$out/bench_${mode%%:*}_gemm_attention.txt" | tail -1)"
-  done
+  bench tf32_gemm_attention tf32 494.7 --attention gemm
+  bench bf16_gemm_attention bf16 989.4 --attention gemm
   cat "$out"/bench_*.txt
 fi
 finish

@@ -10,9 +10,12 @@
 namespace pipetrain {
 
 // GFLOP/s (2 n^3 per GEMM) of the fastest of `reps` n x n x n GEMMs on
-// `backend`, after one untimed warm-up, on N(0, 1) inputs. Requires n >= 1,
-// reps >= 1. 0 if the backend reports an error.
-double MeasureGemmGflops(Backend* backend, int n, int reps);
+// `backend`, on N(0, 1) inputs, after untimed warm-up GEMMs: at least one,
+// and more until `warmup_seconds` have passed (a GPU's clocks ramp up under
+// load; a single warm-up can leave the ceiling low). Each GEMM is timed
+// from its call to the backend's Synchronize. Requires n >= 1, reps >= 1.
+// 0 if the backend reports an error.
+double MeasureGemmGflops(Backend* backend, int n, int reps, double warmup_seconds = 0);
 
 }  // namespace pipetrain
 

@@ -4,7 +4,7 @@
 // CUDA backend (stream, cuBLAS handle, memory) on device 0, exchanging host
 // tensors through the in-process fabric exactly as over gRPC; the reference
 // is LocalTrainer on a third CUDA backend. The two-process version runs
-// from scripts/gpu_check.sh. GPU cases SKIP without a device.
+// from scripts/gpu_run.sh. GPU cases SKIP without a device.
 //
 // Why 1e-5 and not bitwise: the kernels are deterministic and both sides run
 // the same kernels in the same order per micro-batch, so equality is

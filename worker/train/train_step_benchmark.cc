@@ -30,12 +30,12 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cli/flag_set.h"
 #include "common/philox.h"
 #include "kernels/cpu/blas.h"
 #include "nlohmann/json.hpp"
-#include "absl/strings/str_format.h"
 #include "worker/model/backend_select.h"
 #include "worker/model/gemm_probe.h"
 #include "worker/model/gpt_model.h"
@@ -73,8 +73,7 @@ struct Row {
 
 // One full training step (forward, backward, AdamW) waited to the end of its
 // queued device work; returns {loss, wall seconds}.
-std::pair<float, double> TimedStep(GptModel& model, AdamWOptimizer& opt,
-                                   const TokenBatch& tokens) {
+std::pair<float, double> TimedStep(GptModel& model, AdamWOptimizer& opt, const TokenBatch& tokens) {
   const auto t0 = Clock::now();
   model.ZeroGrads();
   const float loss = model.ForwardBackward(tokens, 1.0f);
@@ -108,7 +107,9 @@ Row MeasureStep(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len, in
 
 // One more step of `batch` with op timing on: each op's calls, total time
 // and share of the step (the per-kernel table).
-void PrintOpTable(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len) {
+// Prints the per-op table of one step; false if the backend failed in it
+// (the table is then not printed: its times would be garbage).
+bool PrintOpTable(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len) {
   Backend* b = model.backend();
   TokenBatch tokens = RandomTokens(model.config(), batch, seq_len);
   b->Synchronize();
@@ -117,6 +118,10 @@ void PrintOpTable(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len) 
   const double step = TimedStep(model, opt, tokens).second;
   b->SetOpTiming(false);
   const OpTimes times = b->TakeOpTimes();
+  if (!b->status().ok()) {
+    std::printf("# per-op time: FAILED, the backend failed: %s\n", b->status().ToString().c_str());
+    return false;
+  }
   std::vector<std::pair<std::string, OpTime>> rows(times.begin(), times.end());
   std::sort(rows.begin(), rows.end(),
             [](const auto& x, const auto& y) { return x.second.seconds > y.second.seconds; });
@@ -129,6 +134,7 @@ void PrintOpTable(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len) 
     std::printf("%-24s %8lld %10.2f %8.1f\n", name.c_str(), static_cast<long long>(t.calls),
                 t.seconds * 1e3, 100 * t.seconds / step);
   }
+  return true;
 }
 
 int Run(const std::vector<std::string>& args) {
@@ -177,19 +183,24 @@ int Run(const std::vector<std::string>& args) {
   if (sgemm_n == 0) sgemm_n = gpu ? 8192 : 2048;
 
   SetBlasThreads(threads);
-  const double sgemm = MeasureGemmGflops(b, sgemm_n, 3);
+  // On a GPU: GEMMs for 0.3 s first (clocks ramp up), then the best of 20.
+  const int sgemm_reps = gpu ? 20 : 3;
+  const double sgemm_warmup_seconds = gpu ? 0.3 : 0;
+  const double sgemm = MeasureGemmGflops(b, sgemm_n, sgemm_reps, sgemm_warmup_seconds);
   auto model = GptModel::Create(config, 1, b).value();
   AdamWOptimizer opt(AdamWConfig{}, DecayPolicy::kMatricesOnly, b);
   std::printf("# pipetrain full training step (forward + backward + AdamW) on %s\n",
               b->Describe().c_str());
   std::printf("# model: %d layers, d_model %d, %d heads, seq_len %d, vocab %d, %lld params\n",
-              config.n_layer, config.d_model, config.n_head, config.max_seq_len,
-              config.vocab_size, static_cast<long long>(model->num_parameters()));
+              config.n_layer, config.d_model, config.n_head, config.max_seq_len, config.vocab_size,
+              static_cast<long long>(model->num_parameters()));
   if (gpu) {
     const DeviceFacts facts = b->device_facts();
-    std::printf("# GPU: %s, %d SMs, %.1f GiB; reference GEMM %dx%dx%d (%s): %.1f GFLOP/s\n",
-                facts.name.c_str(), facts.sm_count, facts.memory_bytes / 1073741824.0, sgemm_n,
-                sgemm_n, sgemm_n, gemm.c_str(), sgemm);
+    std::printf(
+        "# GPU: %s, %d SMs, %.1f GiB; reference GEMM %dx%dx%d (%s, best of %d after %.1f s of "
+        "warm-up): %.1f GFLOP/s\n",
+        facts.name.c_str(), facts.sm_count, facts.memory_bytes / 1073741824.0, sgemm_n, sgemm_n,
+        sgemm_n, gemm.c_str(), sgemm_reps, sgemm_warmup_seconds, sgemm);
   } else {
     std::printf("# BLAS: OpenBLAS %s, %d thread(s); reference sgemm %dx%dx%d: %.1f GFLOP/s\n",
                 BlasCoreName().c_str(), threads, sgemm_n, sgemm_n, sgemm_n, sgemm);
@@ -197,11 +208,11 @@ int Run(const std::vector<std::string>& args) {
   if (peak_tflops > 0) std::printf("# MFU = GFLOP/s / %.1f TFLOP/s (--peak-tflops)\n", peak_tflops);
   std::printf("# FLOPs/token = 6*N_matmul + 12*L*d*T = %.3e\n",
               FlopsPerToken(config, config.max_seq_len));
-  std::printf("%6s %8s %10s %12s %10s %12s %8s %8s %6s\n", "batch", "tokens", "step_ms",
-              "tokens/s", "GFLOP/s", "vs_sgemm_%", "MFU_%", "loss", "check");
-  nlohmann::json json = {{"sgemm_gflops", sgemm},        {"threads", threads},
-                         {"blas_core", BlasCoreName()},  {"device", b->Describe()},
-                         {"peak_tflops", peak_tflops},   {"rows", nlohmann::json::array()}};
+  std::printf("%6s %8s %10s %12s %10s %12s %8s %8s %6s\n", "batch", "tokens", "step_ms", "tokens/s",
+              "GFLOP/s", "vs_sgemm_%", "MFU_%", "loss", "check");
+  nlohmann::json json = {{"sgemm_gflops", sgemm},       {"threads", threads},
+                         {"blas_core", BlasCoreName()}, {"device", b->Describe()},
+                         {"peak_tflops", peak_tflops},  {"rows", nlohmann::json::array()}};
   bool all_ok = true;
   for (int batch : batches) {
     Row r = MeasureStep(*model, opt, batch, config.max_seq_len, steps, sgemm, gpu);
@@ -211,11 +222,15 @@ int Run(const std::vector<std::string>& args) {
                 batch * config.max_seq_len, r.step_seconds * 1e3, r.tokens_per_second, r.gflops,
                 r.ratio * 100, peak_tflops > 0 ? absl::StrFormat("%.1f", mfu * 100).c_str() : "-",
                 r.loss, r.ok ? "OK" : "FAILED");
-    json["rows"].push_back({{"batch", batch}, {"step_seconds", r.step_seconds},
-                            {"tokens_per_second", r.tokens_per_second}, {"gflops", r.gflops},
-                            {"ratio_to_sgemm", r.ratio}, {"mfu", mfu}, {"ok", r.ok}});
+    json["rows"].push_back({{"batch", batch},
+                            {"step_seconds", r.step_seconds},
+                            {"tokens_per_second", r.tokens_per_second},
+                            {"gflops", r.gflops},
+                            {"ratio_to_sgemm", r.ratio},
+                            {"mfu", mfu},
+                            {"ok", r.ok}});
   }
-  PrintOpTable(*model, opt, batches.back(), config.max_seq_len);
+  all_ok = PrintOpTable(*model, opt, batches.back(), config.max_seq_len) && all_ok;
   if (gpu) {
     std::printf("# %s: every step finished with a finite loss\n", all_ok ? "OK" : "FAILED");
   } else {

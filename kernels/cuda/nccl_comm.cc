@@ -149,6 +149,22 @@ absl::StatusOr<std::string> NcclVersion() {
   return NcclVersionString(code);
 }
 
+bool NcclVersionAtLeast(int code, int major, int minor) {
+  const int code_major = code >= 10000 ? code / 10000 : code / 1000;
+  const int code_minor = code >= 10000 ? code % 10000 / 100 : code % 1000 / 100;
+  return code_major != major ? code_major > major : code_minor >= minor;
+}
+
+absl::Status CheckNcclForDeviceGroups() {
+  int code = 0;
+  NCCL_RETURN_IF_ERROR(ncclGetVersion(&code));
+  if (NcclVersionAtLeast(code, 2, 22)) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("NCCL ", NcclVersionString(code),
+                   " is older than 2.22, whose grouped abort device groups need (a link whose peer "
+                   "died would keep the others from being aborted); use NCCL 2.22 or later"));
+}
+
 std::string NcclVersionString(int code) {
   // NCCL_VERSION() switched from X*1000+Y*100+Z to X*10000+Y*100+Z at 2.9.
   if (code >= 10000) return absl::StrCat(code / 10000, ".", code % 10000 / 100, ".", code % 100);
@@ -209,6 +225,11 @@ absl::StatusOr<NcclComm> NcclComm::Split(int color, int key, const NcclJoinLimit
   const absl::Status status = OnDevice(device_, [&]() -> absl::Status {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = part_blocking ? 1 : 0;
+    // Each part its own resources (its own internal stream): with
+    // NCCL_COMM_SPLIT_SHARE_RESOURCES=1 the parts would share the parent's,
+    // and a receive on one link would queue behind a send on another that
+    // waits for its peer (nccl_device_channel.h: one stream per link).
+    config.splitShare = 0;
     const ncclResult_t started =
         ncclCommSplit(comm_, color < 0 ? kNoColor : color, key, slot.get(), &config);
     // The split runs as a job of this communicator: waiting for it is

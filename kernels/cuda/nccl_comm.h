@@ -58,6 +58,17 @@ absl::StatusOr<std::string> NcclVersion();
 // 22809 -> "2.28.9" (codes >= 10000, NCCL 2.9 on), 2708 -> "2.7.8" (older).
 std::string NcclVersionString(int code);
 
+// Whether a version code (either scheme, as above) is at least
+// major.minor.
+bool NcclVersionAtLeast(int code, int major, int minor);
+
+// OK if the NCCL loaded at run time can carry device groups: 2.22 or later,
+// whose grouped abort (NcclComm::AbortAll) flags every link before freeing
+// any (an older one frees, and so waits for the device, link by link: a
+// link whose peer died keeps the others from being aborted).
+// FAILED_PRECONDITION naming the version otherwise; INTERNAL if NCCL fails.
+absl::Status CheckNcclForDeviceGroups();
+
 // The rendezvous token of one communicator: NCCL_UNIQUE_ID_BYTES opaque
 // bytes, naming the bootstrap root that ranks connect to. Copyable value;
 // thread-compatible.

@@ -99,6 +99,21 @@ TEST(NcclVersionTest, NcclVersionString_BothSchemes_Decoded) {
   EXPECT_EQ(NcclVersionString(2708), "2.7.8");
 }
 
+TEST(NcclVersionTest, NcclVersionAtLeast_BothSchemes) {
+  EXPECT_TRUE(NcclVersionAtLeast(22809, 2, 22));
+  EXPECT_TRUE(NcclVersionAtLeast(22200, 2, 22));
+  EXPECT_FALSE(NcclVersionAtLeast(22103, 2, 22));
+  EXPECT_FALSE(NcclVersionAtLeast(2708, 2, 22));  // 2.7.8, the old scheme
+  EXPECT_TRUE(NcclVersionAtLeast(2708, 2, 7));
+  EXPECT_TRUE(NcclVersionAtLeast(30001, 2, 22));  // a later major
+  EXPECT_FALSE(NcclVersionAtLeast(10901, 2, 0));
+}
+
+// The toolkit's NCCL here is 2.28: device groups are allowed.
+TEST(NcclVersionTest, CheckNcclForDeviceGroups_ThisLibrary_Ok) {
+  EXPECT_TRUE(CheckNcclForDeviceGroups().ok()) << CheckNcclForDeviceGroups();
+}
+
 TEST(NcclVersionTest, NcclVersion_LoadedLibrary_SameMajorAsHeader) {
   const absl::StatusOr<std::string> version = NcclVersion();
   ASSERT_TRUE(version.ok()) << version.status();

@@ -1,5 +1,6 @@
 #include "worker/agent/job_runner.h"
 
+#include <memory>
 #include <optional>
 
 #include "absl/cleanup/cleanup.h"
@@ -13,9 +14,9 @@
 
 namespace pipetrain {
 
-JobRunner::JobRunner(v1::Assignment assignment, Mailbox* mailbox,
-                     TransportFactory make_transport, CoordinatorLink* coordinator,
-                     JobRunnerOptions options, IterationObserver observer)
+JobRunner::JobRunner(v1::Assignment assignment, Mailbox* mailbox, TransportFactory make_transport,
+                     CoordinatorLink* coordinator, JobRunnerOptions options,
+                     IterationObserver observer)
     : assignment_(std::move(assignment)),
       mailbox_(mailbox),
       make_transport_(std::move(make_transport)),
@@ -25,7 +26,9 @@ JobRunner::JobRunner(v1::Assignment assignment, Mailbox* mailbox,
 
 JobRunner::~JobRunner() { Stop(); }
 
-void JobRunner::Start() { thread_ = std::thread([this] { Run(); }); }
+void JobRunner::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
 
 void JobRunner::Stop() {
   stop_.store(true);
@@ -127,16 +130,11 @@ absl::Status JobRunner::RunJob() {
   std::vector<std::string> peers(assignment_.peer_addresses().begin(),
                                  assignment_.peer_addresses().end());
   std::unique_ptr<Transport> transport = make_transport_(assignment_.stage(), peers);
-  StageSetup setup{assignment_.job_id(),
-                   job.train,
-                   assignment_.stage(),
-                   assignment_.num_stages(),
-                   assignment_.forward_units(),
-                   assignment_.backward_units(),
-                   assignment_.program(),
-                   options_.recv_timeout,
-                   assignment_.eval_program(),
-                   options_.backend};
+  StageSetup setup{assignment_.job_id(),        job.train,
+                   assignment_.stage(),         assignment_.num_stages(),
+                   assignment_.forward_units(), assignment_.backward_units(),
+                   assignment_.program(),       options_.recv_timeout,
+                   assignment_.eval_program(),  options_.backend};
   // Declared before the runtime, which uses it, so it is destroyed after.
   std::unique_ptr<DeviceChannel> device_channel;
   const bool in_group = assignment_.device_group().stages_size() > 0;
@@ -174,16 +172,52 @@ absl::Status JobRunner::RunJob() {
   if (assignment_.num_stages() > 1 && !in_group) RETURN_IF_ERROR(AwaitAllStagesReady());
   const int64_t steps = job.train.steps;
   const bool upload = !job.spec.output().weights_path().empty();
+  // In a device group a receive returns before its data arrive, so nothing
+  // else keeps the host from queuing iterations far ahead of its GPU (each
+  // sent activation held until its peer takes it; at last a CUDA call
+  // blocked on a full launch queue). After queuing iteration `it` the host
+  // waits for the device to finish iteration it - 1: a copy of `marker`
+  // queued behind each iteration says when. A STOP ends the wait (its
+  // abort ends the link kernels the device may be waiting on).
+  const Tensor marker = in_group ? options_.backend->Zeros({1}) : Tensor();
+  std::unique_ptr<PendingDownload> previous_iteration_done;
   for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {
     absl::StatusOr<IterationResult> result = runtime->RunIteration(it);
+    if (result.ok() && in_group) {
+      std::unique_ptr<PendingDownload> done = options_.backend->StartDownload(marker);
+      if (previous_iteration_done != nullptr) {
+        absl::StatusOr<Tensor> waited = previous_iteration_done->Wait();
+        if (!waited.ok()) result = waited.status();
+      }
+      previous_iteration_done = std::move(done);
+    }
     if (!result.ok()) {
       // Report now: tearing down the transport may wait for a stalled
       // peer to take queued frames (GrpcTransport's drain timeout).
       if (!stop_.load()) ReportError(result.status());
       return result.status();
     }
+    // Stopped during the iteration: after an abort its results may be
+    // garbage; report and upload nothing.
+    if (stop_.load()) break;
     if (observer_) observer_(*result);
     const bool last = it + 1 == steps;
+    if (last && in_group) {
+      // Every device transfer done before the stage says it finished: a
+      // peer that never takes a send fails the job here, with an error,
+      // instead of the channel's teardown aborting it unseen.
+      absl::Status flushed =
+          device_channel->Flush(options_.recv_timeout, [this] { return stop_.load(); });
+      if (!flushed.ok()) {
+        if (stop_.load()) break;
+        flushed = absl::Status(flushed.code(),
+                               absl::StrCat("device group: the last step's transfers did not "
+                                            "complete: ",
+                                            flushed.message()));
+        ReportError(flushed);
+        return flushed;
+      }
+    }
     // Validation after the same steps as train-local's --eval-interval.
     std::optional<float> val_loss;
     double eval_seconds = 0;
@@ -196,6 +230,7 @@ absl::Status JobRunner::RunJob() {
         if (!stop_.load()) ReportError(evaluated.status());
         return evaluated.status();
       }
+      if (stop_.load()) break;
       val_loss = *evaluated;
     }
     if (last && upload) {

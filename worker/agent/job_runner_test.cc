@@ -5,9 +5,9 @@
 #include <atomic>
 #include <condition_variable>
 #include <memory>
-#include <thread>
 #include <mutex>
 #include <set>
+#include <thread>
 
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
@@ -117,8 +117,8 @@ TEST(JobRunnerTest, TwoStages_ReportEveryIterationUploadWeightsAndFinish) {
     finished += r.finished();
     with_losses += r.micro_batch_losses_size() == 2;
   }
-  EXPECT_EQ(finished, 2);      // each stage's last iteration
-  EXPECT_EQ(with_losses, 3);   // the head stage, every iteration
+  EXPECT_EQ(finished, 2);     // each stage's last iteration
+  EXPECT_EQ(with_losses, 3);  // the head stage, every iteration
   std::vector<std::string> names = link.uploaded();
   EXPECT_EQ(std::count(names.begin(), names.end(), "wte.weight"), 2);  // both tied copies
   EXPECT_TRUE(runners[0]->finished() && runners[1]->finished());
@@ -149,9 +149,10 @@ TEST(JobRunnerTest, BadSpec_IsReportedAsTheJobsError) {
   FakeLink link;
   v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
   a.mutable_spec()->mutable_model()->set_n_head(3);
-  JobRunner runner(a, &fabric.mailbox(0),
-                   [&fabric](int s, const std::vector<std::string>&) { return fabric.Connect(s); },
-                   &link, JobRunnerOptions{"w", 1});
+  JobRunner runner(
+      a, &fabric.mailbox(0),
+      [&fabric](int s, const std::vector<std::string>&) { return fabric.Connect(s); }, &link,
+      JobRunnerOptions{"w", 1});
   runner.Start();
   ASSERT_TRUE(link.AwaitReports(1));
   runner.Stop();
@@ -196,9 +197,10 @@ TEST(JobRunnerTest, BackendFailure_ReportsTheJobThenCallsTheHookOnce) {
     std::lock_guard<std::mutex> lock(mu);
     failures.push_back(s);
   };
-  JobRunner runner(a, &fabric.mailbox(0),
-                   [&fabric](int s, const std::vector<std::string>&) { return fabric.Connect(s); },
-                   &link, options);
+  JobRunner runner(
+      a, &fabric.mailbox(0),
+      [&fabric](int s, const std::vector<std::string>&) { return fabric.Connect(s); }, &link,
+      options);
   runner.Start();
   ASSERT_TRUE(link.AwaitReports(1));
   while (!runner.finished()) std::this_thread::yield();  // bounded: the job has failed
@@ -233,14 +235,24 @@ TEST(JobRunnerTest, HealthyBackend_NeverCallsTheHook) {
 
 // --- Device groups: the CPU posing as GPUs, channels of an in-process hub.
 
-// Counts the Abort calls of the channel it wraps.
+// Counts the Abort and Flush calls of the channel it wraps; a Flush answers
+// `flush_error` instead when that is not OK.
 class CountingChannel : public DeviceChannel {
  public:
-  CountingChannel(std::unique_ptr<DeviceChannel> inner, std::atomic<int>* aborts)
-      : inner_(std::move(inner)), aborts_(aborts) {}
+  CountingChannel(std::unique_ptr<DeviceChannel> inner, std::atomic<int>* aborts,
+                  std::atomic<int>* flushes, absl::Status flush_error)
+      : inner_(std::move(inner)),
+        aborts_(aborts),
+        flushes_(flushes),
+        flush_error_(std::move(flush_error)) {}
   absl::Status Send(int peer, const Tensor& t) override { return inner_->Send(peer, t); }
   absl::StatusOr<Tensor> Recv(int peer, const Shape& shape) override {
     return inner_->Recv(peer, shape);
+  }
+  absl::Status Flush(absl::Duration timeout, const std::function<bool()>& cancelled) override {
+    flushes_->fetch_add(1);
+    if (!flush_error_.ok()) return flush_error_;
+    return inner_->Flush(timeout, cancelled);
   }
   void Abort() override {
     aborts_->fetch_add(1);
@@ -250,6 +262,8 @@ class CountingChannel : public DeviceChannel {
  private:
   std::unique_ptr<DeviceChannel> inner_;
   std::atomic<int>* aborts_;
+  std::atomic<int>* flushes_;
+  const absl::Status flush_error_;
 };
 
 class GroupedCpu : public ForwardingBackend {
@@ -263,7 +277,7 @@ class GroupedCpu : public ForwardingBackend {
     join_cancelled_ = group.join_cancelled;
     cancelled_at_join_ = join_cancelled_ != nullptr && join_cancelled_();
     return std::unique_ptr<DeviceChannel>(
-        new CountingChannel(hub_->ChannelFor(stage), &aborts));
+        new CountingChannel(hub_->ChannelFor(stage), &aborts, &flushes, flush_error));
   }
   // What the runner's join asked for: a deadline, and a cancel check that
   // was false then; `now` asks the check again.
@@ -280,6 +294,8 @@ class GroupedCpu : public ForwardingBackend {
     return join_cancelled_ != nullptr && join_cancelled_();
   }
   std::atomic<int> aborts{0};
+  std::atomic<int> flushes{0};
+  absl::Status flush_error;  // set before the runner starts
 
  private:
   InProcessDeviceHub* hub_;
@@ -326,6 +342,9 @@ TEST(JobRunnerTest, DeviceGroup_TrainsThroughTheChannelAndNeverAborts) {
   // Per step: 2 micro-batches, an activation down and a gradient up each.
   EXPECT_EQ(hub.sent(), 2 * 2 * 2);
   EXPECT_EQ(backends[0]->aborts.load() + backends[1]->aborts.load(), 0);
+  // Each stage flushed its channel once, after its last step.
+  EXPECT_EQ(backends[0]->flushes.load(), 1);
+  EXPECT_EQ(backends[1]->flushes.load(), 1);
   // The join was bounded (by the receive timeout) and not cancelled.
   EXPECT_LT(backends[0]->join_deadline(), absl::InfiniteFuture());
   EXPECT_FALSE(backends[0]->cancelled_at_join());
@@ -356,6 +375,48 @@ TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInADeviceReceive) {
   EXPECT_FALSE(backend.cancelled_at_join());
   EXPECT_TRUE(backend.cancelled_now());
   EXPECT_TRUE(link.reports().empty());  // a stop is not a failure to report
+}
+
+// A stage whose last transfers never complete (a peer that never takes its
+// send) fails the job with an error saying so, instead of finishing.
+TEST(JobRunnerTest, DeviceGroup_LastFlushFails_ReportedAsTheJobsError) {
+  InProcessFabric fabric(2);
+  InProcessDeviceHub hub(2, absl::Seconds(30));
+  FakeLink link;
+  std::vector<std::unique_ptr<GroupedCpu>> backends;
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (int s = 0; s < 2; ++s) {
+    backends.push_back(std::make_unique<GroupedCpu>(&hub));
+    if (s == 0) {
+      backends.back()->flush_error =
+          absl::DeadlineExceededError("device channel flush: not done by the deadline");
+    }
+    JobRunnerOptions options{"w" + std::to_string(s), 1};
+    options.backend = backends.back().get();
+    runners.push_back(std::make_unique<JobRunner>(
+        GroupAssignment(s, 2), &fabric.mailbox(s),
+        [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); }, &link,
+        options));
+  }
+  for (auto& r : runners) r->Start();
+  for (auto& r : runners) {
+    while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
+  }
+  for (auto& r : runners) r->Stop();
+  // Stage 1 may finish, or fail too once stage 0's failure aborted the
+  // (shared) hub; stage 0 reports the flush's error and never finishes.
+  int stage0_errors = 0;
+  for (const auto& r : link.reports()) {
+    if (r.worker_id() != "w0") continue;
+    EXPECT_FALSE(r.finished()) << "stage 0 must not report finished";
+    if (r.error().empty()) continue;
+    ++stage0_errors;
+    EXPECT_NE(r.error().find("the last step's transfers did not complete"), std::string::npos)
+        << r.error();
+    EXPECT_NE(r.error().find("not done by the deadline"), std::string::npos) << r.error();
+  }
+  EXPECT_EQ(stage0_errors, 1);
+  EXPECT_EQ(backends[0]->flushes.load(), 1);
 }
 
 // A job that fails (here its backend) aborts its channel: its peers may

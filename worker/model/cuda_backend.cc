@@ -580,6 +580,8 @@ std::unique_ptr<PendingDownload> CudaBackendImpl::StartDownload(const Tensor& t)
 }
 
 absl::StatusOr<std::string> CudaBackendImpl::NewDeviceGroupId() {
+  // A worker without an id joins no device group (its links stay on gRPC).
+  RETURN_IF_ERROR(CheckNcclForDeviceGroups());
   ASSIGN_OR_RETURN(NcclUniqueId id, NcclUniqueId::Create());
   return id.ToBytes();
 }
@@ -587,6 +589,7 @@ absl::StatusOr<std::string> CudaBackendImpl::NewDeviceGroupId() {
 absl::StatusOr<std::unique_ptr<DeviceChannel>> CudaBackendImpl::JoinDeviceGroup(
     const DeviceGroupSpec& group, int stage) {
   RETURN_IF_ERROR(status_);
+  RETURN_IF_ERROR(CheckNcclForDeviceGroups());
   // The channel allocates what it receives from this backend's cache, in
   // this stream's order (nccl_device_channel.h).
   return CreateNcclDeviceChannel(group, stage, device_, stream_,

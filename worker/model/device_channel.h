@@ -58,6 +58,15 @@ class DeviceChannel {
   // agree by construction, which the coordinator's order check provides).
   virtual absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) = 0;
 
+  // Waits until every transfer handed to the channel so far has completed
+  // (each send taken by its peer, each receive arrived): OK;
+  // DEADLINE_EXCEEDED once `timeout` has passed (a peer that never takes
+  // or sends its part: device transfers have no timeout of their own),
+  // CANCELLED once `cancelled` (asked while waiting; may be null) says so,
+  // ABORTED after Abort. The job thread calls it where it must know its
+  // transfers are done: before reporting its last step finished.
+  virtual absl::Status Flush(absl::Duration timeout, const std::function<bool()>& cancelled) = 0;
+
   // For a job that stops or failed, whose peers may never send or receive
   // again: ends the transfers under way and queued (a waiting Recv returns
   // ABORTED; on CUDA the NCCL communicators are aborted, which ends their

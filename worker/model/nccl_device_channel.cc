@@ -84,6 +84,20 @@ class NcclDeviceChannel final : public DeviceChannel {
     // The communicators are destroyed by their handles (empty if aborted).
   }
 
+  absl::Status Flush(absl::Duration timeout, const std::function<bool()>& cancelled) override {
+    // Without mu_ (Abort must not wait behind a flush); the streams outlive
+    // an abort, which makes their kernels end.
+    RETURN_IF_ERROR(CheckNotAborted());
+    NcclJoinLimits limits;
+    limits.deadline = absl::Now() + timeout;
+    limits.cancelled = [this, &cancelled] {
+      return aborted_.load() || (cancelled != nullptr && cancelled());
+    };
+    const absl::Status drained = AwaitStreams(Streams(), limits, "device channel flush");
+    RETURN_IF_ERROR(CheckNotAborted());
+    return drained;
+  }
+
   void Abort() override {
     // First the flag: a Send or Recv waiting inside NCCL under mu_ sees it
     // and returns, so the lock below cannot wait for a peer. A second
@@ -115,15 +129,19 @@ class NcclDeviceChannel final : public DeviceChannel {
   }
 
   absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) override {
-    absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckNotAborted());
-    ASSIGN_OR_RETURN(LinkEnd * end, Find(receives_from_, peer_stage, "from"));
+    // The block is taken before mu_: an allocation may wait for the whole
+    // device (the cache's out-of-memory retry frees blocks with cudaFree),
+    // a link kernel waiting for a dead peer included, and Abort, which
+    // ends such kernels, must never wait behind it for mu_.
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     Tensor t = allocate_(shape);
     if (t.numel() > 0 && t.data() == nullptr) {
       return absl::InternalError(absl::StrCat("device channel: no device memory for ",
                                               ShapeToString(shape), " from stage ", peer_stage));
     }
+    absl::MutexLock lock(&mu_);
+    RETURN_IF_ERROR(CheckNotAborted());
+    ASSIGN_OR_RETURN(LinkEnd * end, Find(receives_from_, peer_stage, "from"));
     // The block's earlier users ran on the compute stream: the receive
     // waits for them before it overwrites it.
     RETURN_IF_ERROR(StreamWaitsForCompute(end->stream.get()));

@@ -15,6 +15,13 @@ class InProcessDeviceChannel final : public DeviceChannel {
   absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) override {
     return hub_->Take(peer_stage, stage_, shape);
   }
+  // Sends are buffered in the hub and receives return what arrived: nothing
+  // is ever under way.
+  absl::Status Flush(absl::Duration, const std::function<bool()>&) override {
+    return hub_->aborted() ? absl::AbortedError(
+                                 absl::StrCat("device channel of stage ", stage_, " was aborted"))
+                           : absl::OkStatus();
+  }
   void Abort() override { hub_->Abort(); }
 
  private:
@@ -38,6 +45,11 @@ int64_t InProcessDeviceHub::sent() const {
 int64_t InProcessDeviceHub::in_flight() const {
   AnnotatedMutexLock lock(&mu_);
   return in_flight_;
+}
+
+bool InProcessDeviceHub::aborted() const {
+  AnnotatedMutexLock lock(&mu_);
+  return aborted_;
 }
 
 void InProcessDeviceHub::Abort() {
@@ -77,9 +89,8 @@ absl::StatusOr<Tensor> InProcessDeviceHub::Take(int from, int to, const Shape& s
   }
   AnnotatedMutexLock lock(&mu_);
   std::deque<Tensor>& queue = queues_[{from, to}];
-  auto ready = [this, &queue]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return aborted_ || !queue.empty();
-  };
+  auto ready = [this, &queue]()
+                   ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborted_ || !queue.empty(); };
   const bool arrived = mu_.AwaitWithTimeout(ready, recv_timeout_);
   if (aborted_) return Aborted(from, to);
   if (!arrived) {

@@ -40,6 +40,8 @@ class InProcessDeviceHub {
   // Tensors sent so far, and those sent but not yet received.
   int64_t sent() const;
   int64_t in_flight() const;
+  // Whether Abort was called.
+  bool aborted() const;
 
   // What every channel's Abort does (one process, one hub): waiting and
   // later transfers of every stage fail with ABORTED.

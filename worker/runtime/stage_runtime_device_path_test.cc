@@ -5,8 +5,8 @@
 // path a tensor takes changes nothing but where it travels. The NCCL channel
 // itself needs two GPUs and runs in no test here (nccl_device_channel.h).
 #include <memory>
-#include <thread>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -42,9 +42,9 @@ std::vector<DeviceLinkMember> Members(const std::vector<std::string>& hosts) {
 int DeviceSendsPerIteration(const TrainConfig& c, const std::vector<Range>& forward,
                             const std::vector<Range>& backward, Schedule schedule,
                             const std::vector<DeviceLinkMember>& members) {
-  auto programs = CompileBiPartitionPrograms(forward, backward, NumUnits(c.model),
-                                             c.micro_batches, schedule)
-                      .value();
+  auto programs =
+      CompileBiPartitionPrograms(forward, backward, NumUnits(c.model), c.micro_batches, schedule)
+          .value();
   PlanDeviceLinks(members, &programs);
   int sends = 0;
   for (const v1::Program& p : programs) {
@@ -80,8 +80,7 @@ std::vector<Case> Cases() {
       // Bi-Partition: recompute, input routing and weight sync (UNIT_WEIGHTS
       // stay on the wire) beside device links.
       {"P3_BackwardCutFirst", {{0, 1}, {1, 4}, {4, 6}}, {{0, 2}, {2, 4}, {4, 6}}, "1f1b"},
-      {"P4_Staggered", {{0, 2}, {2, 3}, {3, 4}, {4, 6}}, {{0, 1}, {1, 3}, {3, 5}, {5, 6}},
-       "1f1b"},
+      {"P4_Staggered", {{0, 2}, {2, 3}, {3, 4}, {4, 6}}, {{0, 1}, {1, 3}, {3, 5}, {5, 6}}, "1f1b"},
   };
 }
 
@@ -94,8 +93,7 @@ TEST_P(DevicePathTest, OneHost_EqualsSingleProcessBitwise) {
   const Schedule schedule = ParseSchedule(k.schedule).value();
   const auto members = Members(std::vector<std::string>(k.forward.size(), "host-a"));
   const RunOutput local = RunLocal(c, data);
-  const RunOutput pipe =
-      RunPipeline(c, data, k.forward, k.backward, schedule, nullptr, &members);
+  const RunOutput pipe = RunPipeline(c, data, k.forward, k.backward, schedule, nullptr, &members);
   ExpectSameTraining(pipe, local);
   const int per_iteration = DeviceSendsPerIteration(c, k.forward, k.backward, schedule, members);
   EXPECT_GT(per_iteration, 0);
@@ -126,8 +124,8 @@ TEST(DevicePathMixedTest, TwoHosts_TwoGroupsAndTheWireBetween_EqualsSingleProces
 std::vector<Range> TwoStages() { return {{0, 3}, {3, 6}}; }
 
 std::vector<v1::Program> TwoStageDevicePrograms() {
-  auto programs = CompilePrograms(TwoStages(), 6, SmallConfig().micro_batches,
-                                  Schedule::kOneFOneB).value();
+  auto programs =
+      CompilePrograms(TwoStages(), 6, SmallConfig().micro_batches, Schedule::kOneFOneB).value();
   PlanDeviceLinks(Members({"h", "h"}), &programs);
   return programs;
 }
@@ -146,8 +144,9 @@ TEST(DevicePathStatsTest, DeviceTransfers_CountedAsDeviceBytes) {
   for (int s = 0; s < 2; ++s) {
     transports.push_back(fabric.Connect(s));
     channels.push_back(hub.ChannelFor(s));
-    StageSetup setup{"job-dev", c, s, 2, ToUnitRange(ranges[s]), ToUnitRange(ranges[s]),
-                     programs[s], absl::Seconds(30)};
+    StageSetup setup{
+        "job-dev",        c, s, 2, ToUnitRange(ranges[s]), ToUnitRange(ranges[s]), programs[s],
+        absl::Seconds(30)};
     setup.device_channel = channels[s].get();
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }
@@ -174,7 +173,7 @@ TEST(DevicePathStatsTest, DeviceTransfers_CountedAsDeviceBytes) {
 
 StageSetup TwoStageSetup(v1::Program program) {
   const TrainConfig c = SmallConfig();
-  StageSetup setup{"job-dev", c, 0, 2, ToUnitRange({0, 3}), ToUnitRange({0, 3}), program,
+  StageSetup setup{"job-dev",       c, 0, 2, ToUnitRange({0, 3}), ToUnitRange({0, 3}), program,
                    absl::Seconds(5)};
   return setup;
 }
@@ -199,6 +198,9 @@ class RefusingChannel : public DeviceChannel {
   absl::StatusOr<Tensor> Recv(int, const Shape&) override {
     return absl::InternalError("ncclRecv failed");
   }
+  absl::Status Flush(absl::Duration, const std::function<bool()>&) override {
+    return absl::OkStatus();
+  }
   void Abort() override {}
 };
 
@@ -206,8 +208,8 @@ TEST(DevicePathCreateTest, DevicePathWithoutChannel_InvalidArgument) {
   const Dataset data = MakeDataset();
   InProcessFabric fabric(2);
   auto transport = fabric.Connect(0);
-  auto runtime = StageRuntime::Create(TwoStageSetup(OneSend(v1::ACTIVATION, "")), &data,
-                                      transport.get());
+  auto runtime =
+      StageRuntime::Create(TwoStageSetup(OneSend(v1::ACTIVATION, "")), &data, transport.get());
   ASSERT_FALSE(runtime.ok());
   EXPECT_EQ(runtime.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(runtime.status().message(),

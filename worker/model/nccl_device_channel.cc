@@ -81,6 +81,7 @@ class NcclDeviceChannel final : public DeviceChannel {
     if (!drained.ok()) Abort();
     ForEachEnd([](LinkEnd& end) { end.stream.Synchronize().IgnoreError(); });
     in_flight_.clear();
+    kept_until_teardown_.clear();
     // The communicators are destroyed by their handles (empty if aborted).
   }
 
@@ -120,11 +121,18 @@ class NcclDeviceChannel final : public DeviceChannel {
     RETURN_IF_ERROR(Prune());
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     RETURN_IF_ERROR(StreamWaitsForCompute(end->stream.get()));
-    RETURN_IF_ERROR(
-        end->comm.Send(t.data(), t.numel(), end->peer_rank, end->stream.get(), UntilAborted()));
-    ASSIGN_OR_RETURN(CudaEvent sent, CudaEvent::Create());
-    RETURN_IF_ERROR(sent.Record(end->stream.get()));
-    in_flight_.push_back({t, std::move(sent)});
+    // From here NCCL may have queued a read of t even if a call below
+    // fails (a launch that gave up waiting, an event that could not be
+    // made): t is then kept until teardown, which waits for the streams.
+    absl::Status queued =
+        end->comm.Send(t.data(), t.numel(), end->peer_rank, end->stream.get(), UntilAborted());
+    absl::StatusOr<CudaEvent> sent = queued.ok() ? CudaEvent::Create() : queued;
+    if (sent.ok()) queued = sent->Record(end->stream.get());
+    if (!sent.ok() || !queued.ok()) {
+      kept_until_teardown_.push_back(t);
+      return sent.ok() ? queued : sent.status();
+    }
+    in_flight_.push_back({t, *std::move(sent)});
     return absl::OkStatus();
   }
 
@@ -145,11 +153,21 @@ class NcclDeviceChannel final : public DeviceChannel {
     // The block's earlier users ran on the compute stream: the receive
     // waits for them before it overwrites it.
     RETURN_IF_ERROR(StreamWaitsForCompute(end->stream.get()));
-    RETURN_IF_ERROR(
-        end->comm.Recv(t.data(), t.numel(), end->peer_rank, end->stream.get(), UntilAborted()));
-    ASSIGN_OR_RETURN(CudaEvent arrived, CudaEvent::Create());
-    RETURN_IF_ERROR(arrived.Record(end->stream.get()));
-    RETURN_IF_ERROR(arrived.StreamWait(compute_));
+    const absl::Status queued =
+        end->comm.Recv(t.data(), t.numel(), end->peer_rank, end->stream.get(), UntilAborted());
+    if (!queued.ok()) {
+      // NCCL may have queued a write into t: not back to the cache before
+      // teardown, which waits for the streams.
+      kept_until_teardown_.push_back(t);
+      return queued;
+    }
+    absl::StatusOr<CudaEvent> arrived = CudaEvent::Create();
+    absl::Status ordered = arrived.ok() ? arrived->Record(end->stream.get()) : arrived.status();
+    if (ordered.ok()) ordered = arrived->StreamWait(compute_);
+    if (!ordered.ok()) {
+      kept_until_teardown_.push_back(t);  // compute does not wait for the write
+      return ordered;
+    }
     return t;  // the event may go: a wait already queued keeps its capture
   }
 
@@ -217,6 +235,8 @@ class NcclDeviceChannel final : public DeviceChannel {
   std::map<int, LinkEnd> sends_to_;       // by receiving stage
   std::map<int, LinkEnd> receives_from_;  // by sending stage
   std::deque<InFlight> in_flight_;        // the job thread's
+  // Tensors of a failed Send or Recv that NCCL may still read or write.
+  std::vector<Tensor> kept_until_teardown_;  // the job thread's
   std::atomic<bool> aborted_{false};
 };
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA issue's GPU checks, run on a GPU machine from the bundle that
 # scripts/gpu_bundle.sh builds (no Bazel needed there):
-#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh OUTDIR [quick|bench]
+#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh OUTDIR [quick|bench|sanitize]
 # OUTDIR must be new or empty. Writes into it: machine.txt (nvidia-smi, CUDA
 # libraries), one log per test binary, the train-local and pipeline
 # comparisons, the benchmark tables, and summary.txt with one line per
@@ -32,8 +32,8 @@ case "$mode" in
 esac
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-if [[ -n "$(ls -A "$out")" ]]; then echo "$out is not empty: use a new folder" >&2; exit 2; fi
 rm -f "$out.tgz"  # an older run's archive must not pass for this one's
+if [[ -n "$(ls -A "$out")" ]]; then echo "$out is not empty: use a new folder" >&2; exit 2; fi
 deadline=$((SECONDS + ${RUN_BUDGET_S:-540}))
 # budget LIMIT: LIMIT seconds, or fewer if the run's deadline (less 25 s to
 # pack the archive) comes first; fails when less than 10 s are left.

@@ -1,6 +1,8 @@
 #include "kernels/cuda/nccl_comm.h"
 
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -158,11 +160,20 @@ bool NcclVersionAtLeast(int code, int major, int minor) {
 absl::Status CheckNcclForDeviceGroups() {
   int code = 0;
   NCCL_RETURN_IF_ERROR(ncclGetVersion(&code));
-  if (NcclVersionAtLeast(code, 2, 22)) return absl::OkStatus();
-  return absl::FailedPreconditionError(
-      absl::StrCat("NCCL ", NcclVersionString(code),
-                   " is older than 2.22, whose grouped abort device groups need (a link whose peer "
-                   "died would keep the others from being aborted); use NCCL 2.22 or later"));
+  if (!NcclVersionAtLeast(code, 2, 22)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL ", NcclVersionString(code),
+        " is older than 2.22, whose grouped abort device groups need (a link whose peer "
+        "died would keep the others from being aborted); use NCCL 2.22 or later"));
+  }
+  const char* share = std::getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  if (share != nullptr && std::string(share) != "0" && std::string(share) != "") {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "NCCL_COMM_SPLIT_SHARE_RESOURCES=", share,
+        " would make a device group's links share one NCCL stream (a receive on one link could "
+        "wait behind another link's send to a peer that waits for it); unset it"));
+  }
+  return absl::OkStatus();
 }
 
 std::string NcclVersionString(int code) {
@@ -225,10 +236,11 @@ absl::StatusOr<NcclComm> NcclComm::Split(int color, int key, const NcclJoinLimit
   const absl::Status status = OnDevice(device_, [&]() -> absl::Status {
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = part_blocking ? 1 : 0;
-    // Each part its own resources (its own internal stream): with
-    // NCCL_COMM_SPLIT_SHARE_RESOURCES=1 the parts would share the parent's,
-    // and a receive on one link would queue behind a send on another that
-    // waits for its peer (nccl_device_channel.h: one stream per link).
+    // Each part its own resources (its own internal stream): shared, a
+    // receive on one link would queue behind a send on another that waits
+    // for its peer (nccl_device_channel.h: one stream per link). NCCL's
+    // default, said here; NCCL_COMM_SPLIT_SHARE_RESOURCES overrides it,
+    // which CheckNcclForDeviceGroups refuses.
     config.splitShare = 0;
     const ncclResult_t started =
         ncclCommSplit(comm_, color < 0 ? kNoColor : color, key, slot.get(), &config);

@@ -65,8 +65,10 @@ bool NcclVersionAtLeast(int code, int major, int minor);
 // OK if the NCCL loaded at run time can carry device groups: 2.22 or later,
 // whose grouped abort (NcclComm::AbortAll) flags every link before freeing
 // any (an older one frees, and so waits for the device, link by link: a
-// link whose peer died keeps the others from being aborted).
-// FAILED_PRECONDITION naming the version otherwise; INTERNAL if NCCL fails.
+// link whose peer died keeps the others from being aborted), and
+// NCCL_COMM_SPLIT_SHARE_RESOURCES unset or 0 (shared, the links' split
+// communicators would share one internal stream). FAILED_PRECONDITION
+// naming the reason otherwise; INTERNAL if NCCL fails.
 absl::Status CheckNcclForDeviceGroups();
 
 // The rendezvous token of one communicator: NCCL_UNIQUE_ID_BYTES opaque

@@ -16,6 +16,7 @@
 #include "kernels/cuda/nccl_comm.h"
 
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -109,9 +110,24 @@ TEST(NcclVersionTest, NcclVersionAtLeast_BothSchemes) {
   EXPECT_FALSE(NcclVersionAtLeast(10901, 2, 0));
 }
 
-// The toolkit's NCCL here is 2.28: device groups are allowed.
-TEST(NcclVersionTest, CheckNcclForDeviceGroups_ThisLibrary_Ok) {
+// The toolkit's NCCL here is 2.28: device groups are allowed, unless the
+// environment asks split communicators to share their resources.
+TEST(NcclVersionTest, CheckNcclForDeviceGroups_ThisLibrary_OkUnlessSharing) {
+  const char* before = std::getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  const std::string saved = before == nullptr ? "" : before;
+  unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
   EXPECT_TRUE(CheckNcclForDeviceGroups().ok()) << CheckNcclForDeviceGroups();
+  setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1", 1);
+  const absl::Status sharing = CheckNcclForDeviceGroups();
+  EXPECT_EQ(sharing.code(), absl::StatusCode::kFailedPrecondition) << sharing;
+  EXPECT_NE(sharing.message().find("NCCL_COMM_SPLIT_SHARE_RESOURCES=1"), std::string::npos);
+  setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "0", 1);
+  EXPECT_TRUE(CheckNcclForDeviceGroups().ok()) << CheckNcclForDeviceGroups();
+  if (before == nullptr) {
+    unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  } else {
+    setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", saved.c_str(), 1);
+  }
 }
 
 TEST(NcclVersionTest, NcclVersion_LoadedLibrary_SameMajorAsHeader) {

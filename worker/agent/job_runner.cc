@@ -164,6 +164,17 @@ absl::Status JobRunner::RunJob() {
     AnnotatedMutexLock lock(&mu_);
     runtime_ = nullptr;
   };
+  // In a device group a receive returns before its data arrive, so nothing
+  // else keeps the host from queuing iterations far ahead of its GPU (each
+  // sent activation held until its peer takes it; at last a CUDA call
+  // blocked on a full launch queue). After queuing iteration `it` the host
+  // waits for the device to finish iteration it - 1: a copy of `marker`
+  // queued behind each iteration says when. A STOP ends the wait (its
+  // abort ends the link kernels the device may be waiting on). Declared
+  // before the abort below, so that on a failure the channel is aborted
+  // before the pending marker's teardown waits for the device.
+  const Tensor marker = in_group ? options_.backend->Zeros({1}) : Tensor();
+  std::unique_ptr<PendingDownload> previous_iteration_done;
   // Unless every step ran, peers may never match what the device has
   // queued: abort before the runtime's teardown waits on the device.
   absl::Cleanup abort_unless_completed = [&] {
@@ -172,15 +183,6 @@ absl::Status JobRunner::RunJob() {
   if (assignment_.num_stages() > 1 && !in_group) RETURN_IF_ERROR(AwaitAllStagesReady());
   const int64_t steps = job.train.steps;
   const bool upload = !job.spec.output().weights_path().empty();
-  // In a device group a receive returns before its data arrive, so nothing
-  // else keeps the host from queuing iterations far ahead of its GPU (each
-  // sent activation held until its peer takes it; at last a CUDA call
-  // blocked on a full launch queue). After queuing iteration `it` the host
-  // waits for the device to finish iteration it - 1: a copy of `marker`
-  // queued behind each iteration says when. A STOP ends the wait (its
-  // abort ends the link kernels the device may be waiting on).
-  const Tensor marker = in_group ? options_.backend->Zeros({1}) : Tensor();
-  std::unique_ptr<PendingDownload> previous_iteration_done;
   for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {
     absl::StatusOr<IterationResult> result = runtime->RunIteration(it);
     if (result.ok() && in_group) {

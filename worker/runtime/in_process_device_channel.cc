@@ -15,8 +15,10 @@ class InProcessDeviceChannel final : public DeviceChannel {
   absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) override {
     return hub_->Take(peer_stage, stage_, shape);
   }
-  // Sends are buffered in the hub and receives return what arrived: nothing
-  // is ever under way.
+  // Checks only for an abort: sends are buffered in the hub and receives
+  // return what arrived, so nothing is under way on a device; a send its
+  // peer has not taken yet does not hold the flush up (the contract's
+  // DEADLINE_EXCEEDED is the NCCL channel's; tests inject it).
   absl::Status Flush(absl::Duration, const std::function<bool()>&) override {
     return hub_->aborted() ? absl::AbortedError(
                                  absl::StrCat("device channel of stage ", stage_, " was aborted"))

@@ -317,26 +317,41 @@ v1::Assignment GroupAssignment(int stage, int steps) {
   return a;
 }
 
-TEST(JobRunnerTest, DeviceGroup_TrainsThroughTheChannelAndNeverAborts) {
-  InProcessFabric fabric(2);
-  InProcessDeviceHub hub(2, absl::Seconds(30));
+// Two stages of a 2-step job in one device group, each on its GroupedCpu
+// (set their fields before Run), run to the end and stopped.
+struct GroupedJob {
+  InProcessFabric fabric{2};
+  InProcessDeviceHub hub{2, absl::Seconds(30)};
   FakeLink link;
   std::vector<std::unique_ptr<GroupedCpu>> backends;
-  std::vector<std::unique_ptr<JobRunner>> runners;
-  for (int s = 0; s < 2; ++s) {
-    backends.push_back(std::make_unique<GroupedCpu>(&hub));
-    JobRunnerOptions options{"w" + std::to_string(s), 1};
-    options.backend = backends.back().get();
-    runners.push_back(std::make_unique<JobRunner>(
-        GroupAssignment(s, 2), &fabric.mailbox(s),
-        [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); }, &link,
-        options));
+
+  GroupedJob() {
+    for (int s = 0; s < 2; ++s) backends.push_back(std::make_unique<GroupedCpu>(&hub));
   }
-  for (auto& r : runners) r->Start();
-  for (auto& r : runners) {
-    while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
+  void Run() {
+    std::vector<std::unique_ptr<JobRunner>> runners;
+    for (int s = 0; s < 2; ++s) {
+      JobRunnerOptions options{"w" + std::to_string(s), 1};
+      options.backend = backends[s].get();
+      runners.push_back(std::make_unique<JobRunner>(
+          GroupAssignment(s, 2), &fabric.mailbox(s),
+          [this](int st, const std::vector<std::string>&) { return fabric.Connect(st); }, &link,
+          options));
+    }
+    for (auto& r : runners) r->Start();
+    for (auto& r : runners) {
+      while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
+    }
+    for (auto& r : runners) r->Stop();
   }
-  for (auto& r : runners) r->Stop();
+};
+
+TEST(JobRunnerTest, DeviceGroup_TrainsThroughTheChannelAndNeverAborts) {
+  GroupedJob job;
+  job.Run();
+  FakeLink& link = job.link;
+  InProcessDeviceHub& hub = job.hub;
+  const auto& backends = job.backends;
   for (const auto& r : link.reports()) EXPECT_TRUE(r.error().empty()) << r.error();
   EXPECT_EQ(link.reports().size(), 4u);
   // Per step: 2 micro-batches, an activation down and a gradient up each.
@@ -380,29 +395,12 @@ TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInADeviceReceive) {
 // A stage whose last transfers never complete (a peer that never takes its
 // send) fails the job with an error saying so, instead of finishing.
 TEST(JobRunnerTest, DeviceGroup_LastFlushFails_ReportedAsTheJobsError) {
-  InProcessFabric fabric(2);
-  InProcessDeviceHub hub(2, absl::Seconds(30));
-  FakeLink link;
-  std::vector<std::unique_ptr<GroupedCpu>> backends;
-  std::vector<std::unique_ptr<JobRunner>> runners;
-  for (int s = 0; s < 2; ++s) {
-    backends.push_back(std::make_unique<GroupedCpu>(&hub));
-    if (s == 0) {
-      backends.back()->flush_error =
-          absl::DeadlineExceededError("device channel flush: not done by the deadline");
-    }
-    JobRunnerOptions options{"w" + std::to_string(s), 1};
-    options.backend = backends.back().get();
-    runners.push_back(std::make_unique<JobRunner>(
-        GroupAssignment(s, 2), &fabric.mailbox(s),
-        [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); }, &link,
-        options));
-  }
-  for (auto& r : runners) r->Start();
-  for (auto& r : runners) {
-    while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
-  }
-  for (auto& r : runners) r->Stop();
+  GroupedJob job;
+  job.backends[0]->flush_error =
+      absl::DeadlineExceededError("device channel flush: not done by the deadline");
+  job.Run();
+  FakeLink& link = job.link;
+  const auto& backends = job.backends;
   // Stage 1 may finish, or fail too once stage 0's failure aborted the
   // (shared) hub; stage 0 reports the flush's error and never finishes.
   int stage0_errors = 0;

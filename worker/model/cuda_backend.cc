@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <limits>
@@ -146,6 +147,11 @@ class StreamDownload final : public PendingDownload {
   absl::Status status_;
 };
 
+bool PoisonEmptyRequested() {
+  const char* value = std::getenv("PIPETRAIN_CUDA_POISON_EMPTY");
+  return value != nullptr && std::string(value) == "1";
+}
+
 class CudaBackendImpl final : public Backend {
  public:
   CudaBackendImpl(const CudaDeviceInfo& info, cudaStream_t stream, CublasHandle cublas,
@@ -154,7 +160,8 @@ class CudaBackendImpl final : public Backend {
         facts_{info.name, info.total_memory_bytes, info.sm_count, info.index},
         stream_(stream),
         cublas_(std::move(cublas)),
-        attention_(attention) {}
+        attention_(attention),
+        poison_empty_(PoisonEmptyRequested()) {}
   ~CudaBackendImpl() override {
     // The destroying thread's current device may be another one.
     cudaSetDevice(device_);
@@ -375,6 +382,8 @@ class CudaBackendImpl final : public Backend {
   cudaStream_t stream_;
   CublasHandle cublas_;
   const AttentionImpl attention_;
+  // PIPETRAIN_CUDA_POISON_EMPTY (cuda_backend.h): Empty fills NaN.
+  const bool poison_empty_;
   std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>(device_);
   absl::Status status_;
   bool timing_ = false;
@@ -464,6 +473,8 @@ Tensor CudaBackendImpl::Allocate(const Shape& shape, bool zero) {
       if (!block.ok()) return block.status();
       ptr = static_cast<float*>(*block);
       if (zero) CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr, 0, bytes, stream_));
+      // 0xFFFFFFFF is a NaN: an element no op writes shows in the results.
+      if (!zero && poison_empty_) CUDA_RETURN_IF_ERROR(cudaMemsetAsync(ptr, 0xFF, bytes, stream_));
       return absl::OkStatus();
     });
   }

@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <thread>
@@ -35,6 +36,13 @@
 
 namespace pipetrain {
 namespace {
+
+// Empty allocations filled with NaN on CUDA (cuda_backend.h), set before any
+// backend is made: an op that leaves part of its output unwritten fails.
+const bool kPoisonEmpty = [] {
+  setenv("PIPETRAIN_CUDA_POISON_EMPTY", "1", /*overwrite=*/1);
+  return true;
+}();
 
 using testing::AllClose;
 
@@ -126,11 +134,17 @@ void ExpectUnitsMatch(GemmMode mode, float rtol,
   }
 }
 
-TEST_F(CudaBackendTest, EveryUnit_Fp32_MatchesCpuBackend) { ExpectUnitsMatch(GemmMode::kFp32, 1e-4f); }
+TEST_F(CudaBackendTest, EveryUnit_Fp32_MatchesCpuBackend) {
+  ExpectUnitsMatch(GemmMode::kFp32, 1e-4f);
+}
 
-TEST_F(CudaBackendTest, EveryUnit_Tf32_MatchesCpuBackend) { ExpectUnitsMatch(GemmMode::kTf32, 1e-2f); }
+TEST_F(CudaBackendTest, EveryUnit_Tf32_MatchesCpuBackend) {
+  ExpectUnitsMatch(GemmMode::kTf32, 1e-2f);
+}
 
-TEST_F(CudaBackendTest, EveryUnit_Bf16_MatchesCpuBackend) { ExpectUnitsMatch(GemmMode::kBf16, 5e-2f); }
+TEST_F(CudaBackendTest, EveryUnit_Bf16_MatchesCpuBackend) {
+  ExpectUnitsMatch(GemmMode::kBf16, 5e-2f);
+}
 
 // The same with attention through cuBLAS batched GEMMs (attention_gemm.h),
 // at the same tolerances: the GEMMs change the order of attention's sums,
@@ -299,9 +313,11 @@ TEST_F(CudaBackendTest, DeviceCodecs_MatchTheCpuCodecsByteForByte) {
     EXPECT_EQ(Host(b, *decoded), cpu->Decode(want).value().ToVector()) << spec;
     // A payload of another element count is refused.
     EXPECT_EQ(b->DecodeOnDevice(spec, want, {3, 33, 64}).status().code(),
-              absl::StatusCode::kInvalidArgument) << spec;
+              absl::StatusCode::kInvalidArgument)
+        << spec;
     EXPECT_EQ(b->DecodeOnDevice(spec, want.substr(0, want.size() - 1), shape).status().code(),
-              absl::StatusCode::kInvalidArgument) << spec;
+              absl::StatusCode::kInvalidArgument)
+        << spec;
   }
   // Token top-k by the caller's scores (the attention column sums), one per
   // token: the CPU's EncodeWithScores, byte for byte; a non-finite score is
@@ -327,9 +343,10 @@ TEST_F(CudaBackendTest, DeviceCodecs_MatchTheCpuCodecsByteForByte) {
                                               .message());
   for (const std::string spec : {"token_topk:keep=0.5+fp16", "elem_topk:keep=0.1"}) {
     EXPECT_EQ(b->EncodeOnDevice(on_device, spec, {}, nullptr).status().code(),
-              absl::StatusCode::kUnimplemented) << spec;
-    EXPECT_EQ(b->DecodeOnDevice(spec, "", shape).status().code(),
-              absl::StatusCode::kUnimplemented) << spec;
+              absl::StatusCode::kUnimplemented)
+        << spec;
+    EXPECT_EQ(b->DecodeOnDevice(spec, "", shape).status().code(), absl::StatusCode::kUnimplemented)
+        << spec;
   }
   std::vector<float> bad = x.ToVector();
   bad[100] = std::nanf("");
@@ -370,8 +387,8 @@ TEST_F(CudaBackendTest, DeviceCodecs_PowerSgdWarmStarted_DecodesAsTheCpuCodec) {
     ASSERT_TRUE(got.ok()) << got.status();
     ASSERT_EQ(got->size(), want.size());
     ASSERT_TRUE(device_state.powersgd_q.on_device());
-    EXPECT_TRUE(close("M^", cpu->Decode(*got).value().ToVector(),
-                      cpu->Decode(want).value().ToVector()));
+    EXPECT_TRUE(
+        close("M^", cpu->Decode(*got).value().ToVector(), cpu->Decode(want).value().ToVector()));
     EXPECT_TRUE(close("Q", Host(b, device_state.powersgd_q), cpu_state.powersgd_q.ToVector()));
     absl::StatusOr<Tensor> decoded = b->DecodeOnDevice(spec, want, shape);
     ASSERT_TRUE(decoded.ok()) << decoded.status();

@@ -13,6 +13,7 @@
 // the test prints whether the runs were bitwise equal.
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <vector>
 
@@ -23,6 +24,13 @@
 
 namespace pipetrain {
 namespace {
+
+// Empty allocations filled with NaN on CUDA (cuda_backend.h), set before any
+// backend is made: an op that leaves part of its output unwritten fails.
+const bool kPoisonEmpty = [] {
+  setenv("PIPETRAIN_CUDA_POISON_EMPTY", "1", /*overwrite=*/1);
+  return true;
+}();
 
 class PipelineCudaTest : public testing::CudaTest {};
 
@@ -38,8 +46,8 @@ TEST_F(PipelineCudaTest, TwoStages_MatchSingleProcessGpuWithin1e5Relative) {
   const testing::RunOutput local = testing::RunLocal(c, data, reference->get());
   const std::vector<Range> split = UniformPartition(NumUnits(c.model), 2).value();
   Backend* stages[] = {stage0->get(), stage1->get()};
-  const testing::RunOutput pipe = testing::RunPipeline(
-      c, data, split, split, Schedule::kOneFOneB, [&](int s) { return stages[s]; });
+  const testing::RunOutput pipe = testing::RunPipeline(c, data, split, split, Schedule::kOneFOneB,
+                                                       [&](int s) { return stages[s]; });
   ASSERT_EQ(pipe.losses.size(), local.losses.size());
   for (size_t i = 0; i < local.losses.size(); ++i) {
     EXPECT_LE(RelativeDiff(pipe.losses[i], local.losses[i]), 1e-5f)

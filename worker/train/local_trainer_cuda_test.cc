@@ -25,6 +25,13 @@
 namespace pipetrain {
 namespace {
 
+// Empty allocations filled with NaN on CUDA (cuda_backend.h), set before any
+// backend is made: an op that leaves part of its output unwritten fails.
+const bool kPoisonEmpty = [] {
+  setenv("PIPETRAIN_CUDA_POISON_EMPTY", "1", /*overwrite=*/1);
+  return true;
+}();
+
 Dataset MakeDataset(int seq_len) {
   std::string text = GenerateEnglishText(7, 200000);
   std::vector<uint16_t> tokens(text.begin(), text.end());

@@ -40,6 +40,8 @@ absl::StatusOr<StepResult> LocalTrainer::Step() {
     loss_sum += model_->ForwardBackward(batch, 1.0f / micro);
   }
   model_->ReduceTiedGradients();
+  // No optimizer step (nor its step count) on a failed device's garbage.
+  RETURN_IF_ERROR(model_->backend()->status());
   optimizer_.Step(model_->parameters());
   RETURN_IF_ERROR(model_->backend()->status());
   return StepResult{step(), static_cast<float>(loss_sum / micro)};

@@ -37,7 +37,7 @@ struct Options {
   double val_fraction = 0.1;
   int block_size = 0;  // 0: same as seq_len
   std::string init_from, resume, save, checkpoint, log;
-  std::string device = "cpu", gemm = "fp32";
+  std::string device = "cpu", gemm = "fp32", attention = "reference";
   int64_t checkpoint_interval = 0;
 };
 
@@ -69,6 +69,8 @@ void BindFlags(FlagSet& f, Options& o) {
   f.String("device", &o.device,
            "cpu | cuda | cuda:N | auto (CUDA when built with it and a GPU is visible)");
   f.String("gemm", &o.gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
+  f.String("attention", &o.attention,
+           "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs)");
   f.String("init-from", &o.init_from, "start from these safetensors weights (HF GPT-2 names)");
   f.String("resume", &o.resume, "continue from this training checkpoint");
   f.String("save", &o.save, "write final weights here (safetensors)");
@@ -88,7 +90,7 @@ absl::Status Resolve(Options& o) {
   o.train.model.max_seq_len = o.block_size > 0 ? o.block_size : o.train.seq_len;
   if (o.block_size < 0) return absl::InvalidArgumentError("--block-size must be >= 0");
   RETURN_IF_ERROR(ParseDecayPolicy(o.decay, &o.train.decay));
-  RETURN_IF_ERROR(ValidateDeviceFlags(o.device, o.gemm));
+  RETURN_IF_ERROR(ValidateDeviceFlags(o.device, o.gemm, o.attention));
   RETURN_IF_ERROR(ParseDataFormat(o.format).status());
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) {
     return absl::InvalidArgumentError(
@@ -188,7 +190,7 @@ absl::Status SaveFinalWeights(const std::string& path, GptModel& model) {
 
 absl::Status Run(Options& o) {
   SetBlasThreads(o.train.threads);
-  ASSIGN_OR_RETURN(SelectedBackend backend, SelectBackend(o.device, o.gemm));
+  ASSIGN_OR_RETURN(SelectedBackend backend, SelectBackend(o.device, o.gemm, o.attention));
   ASSIGN_OR_RETURN(Dataset dataset, LoadData(o));
   ASSIGN_OR_RETURN(std::unique_ptr<LocalTrainer> trainer,
                    LocalTrainer::Create(o.train, &dataset, backend.backend));

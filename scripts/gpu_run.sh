@@ -185,6 +185,27 @@ rc=$?
 check train_local_cuda_vs_cpu "$rc" "$(cat "$out/train_compare.txt")"
 else out_of_time train_local_cuda_vs_cpu; fi
 
+# 2b. The same on CUDA with attention through cuBLAS batched GEMMs
+# (--attention gemm, the candidate default), against the CPU run of 2.
+if lim=$(budget 150); then
+timeout -k 5 "$lim" "$bin/pipetrain" train-local "${model[@]}" --device cuda --attention gemm \
+  --log "$out/train_cuda_gemm_attention.jsonl" >"$out/train_cuda_gemm_attention.txt" 2>&1
+gemm_rc=$?
+py - "$out" <<'PY' >"$out/train_gemm_attention_compare.txt" 2>&1
+import json, sys
+out = sys.argv[1]
+def losses(name):
+    return [json.loads(l)["loss"] for l in open(f"{out}/{name}.jsonl")]
+cpu, g = losses("train_cpu"), losses("train_cuda_gemm_attention")
+worst = max(abs(x - y) / abs(y) for x, y in zip(g, cpu))
+print(f"steps {len(cpu)} {len(g)}; max relative |cuda gemm attention - cpu| {worst:.3e}")
+sys.exit(0 if len(cpu) == len(g) == 20 and worst <= 1e-4 else 1)
+PY
+rc=$?
+[[ $gemm_rc -ne 0 ]] && rc=1
+check train_local_cuda_gemm_attention_vs_cpu "$rc" "$(cat "$out/train_gemm_attention_compare.txt")"
+else out_of_time train_local_cuda_gemm_attention_vs_cpu; fi
+
 # 3. The 2-worker pipeline (two worker processes sharing the GPU) against
 # single-process GPU training (one worker process holding every unit; the
 # same job spec, so the same data, seed and optimizer), 1e-5 relative.

@@ -51,7 +51,7 @@ struct Flags {
   std::string metrics = "127.0.0.1:0";
   int threads = 1;
   double recv_timeout_seconds = 60;
-  std::string device = "auto", gemm = "fp32";
+  std::string device = "auto", gemm = "fp32", attention = "reference";
 };
 
 std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca_path) {
@@ -77,6 +77,8 @@ int Run(const std::vector<std::string>& args) {
   flags.String("device", &f.device,
                "auto (CUDA when built with it and a GPU is visible) | cpu | cuda | cuda:N");
   flags.String("gemm", &f.gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
+  flags.String("attention", &f.attention,
+               "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs)");
   flags.Double("recv-timeout-seconds", &f.recv_timeout_seconds,
                "how long a stage waits for a tensor before failing the job");
   absl::Status parsed = flags.Parse(args);
@@ -85,7 +87,7 @@ int Run(const std::vector<std::string>& args) {
   if (parsed.ok() && !(f.recv_timeout_seconds > 0)) {
     parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
   }
-  if (parsed.ok()) parsed = ValidateDeviceFlags(f.device, f.gemm);
+  if (parsed.ok()) parsed = ValidateDeviceFlags(f.device, f.gemm, f.attention);
   if (parsed.ok() && !f.tls_ca.empty() && !std::ifstream(f.tls_ca)) {
     parsed = absl::NotFoundError("--tls-ca: cannot read " + f.tls_ca);
   }
@@ -96,7 +98,7 @@ int Run(const std::vector<std::string>& args) {
   SetBlasThreads(f.threads);
   // Before the first CUDA call (SelectBackend's): stages may link over NCCL.
   if (f.device != "cpu") PreferEagerCudaModuleLoading();
-  absl::StatusOr<SelectedBackend> backend = SelectBackend(f.device, f.gemm);
+  absl::StatusOr<SelectedBackend> backend = SelectBackend(f.device, f.gemm, f.attention);
   if (!backend.ok()) {
     PT_LOG(ERROR) << "--device " << f.device << ": " << backend.status();
     return 1;
@@ -112,7 +114,7 @@ int Run(const std::vector<std::string>& args) {
   Mailbox mailbox;
   // Profiles get a backend of their own, as --device chose (the job thread
   // has the other one).
-  WorkerControlService control([&f] { return SelectBackend(f.device, f.gemm); });
+  WorkerControlService control([&f] { return SelectBackend(f.device, f.gemm, f.attention); });
   auto server = DataPlaneServer::Start(f.listen, &mailbox, &control);
   if (!server.ok()) {
     PT_LOG(ERROR) << "data plane: " << server.status();

@@ -19,9 +19,9 @@
 #
 # On the lent device machine (it returns at most 8 files from $OUT; a new
 # folder name for every call):
-#   tar xzf gpu-bundle.tar.gz && { timeout -k 10 580 bash gpu-bundle/run.sh /tmp/r1 quick;
-#   echo rc=$?; }; [ -f /tmp/r1.tgz ] || tar czf /tmp/r1.tgz -C /tmp r1;
-#   cp /tmp/r1.tgz /tmp/r1/summary.txt $OUT/
+#   rm -rf /tmp/r1 /tmp/r1.tgz; tar xzf gpu-bundle.tar.gz &&
+#   { timeout -k 10 580 bash gpu-bundle/run.sh /tmp/r1 quick; echo rc=$?; };
+#   [ -f /tmp/r1.tgz ] || tar czf /tmp/r1.tgz -C /tmp r1; cp /tmp/r1.tgz /tmp/r1/summary.txt $OUT/
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 out=${1:?usage: run.sh OUTDIR [quick|bench|sanitize]}
@@ -144,12 +144,16 @@ check nccl_one_rank "$([[ -n "$one_rank" ]]; echo $?)" "($(echo "$one_rank" | gr
 # worst difference and whether they are bitwise equal.
 compare_loss_logs() {
   py - "$@" <<'PY'
-import sys
+import math, sys
 got_path, want_path, tol, what = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
 got, want = ([float(l) for l in open(p)] for p in (got_path, want_path))
-worst = max(abs(x - y) / abs(y) for x, y in zip(got, want))
+# A NaN or Inf anywhere fails (max() would skip a NaN after the first).
+def rel(x, y):
+    return abs(x - y) / abs(y) if math.isfinite(x) and math.isfinite(y) else math.inf
+worst = max((rel(x, y) for x, y in zip(got, want)), default=math.inf)
+finite = all(math.isfinite(v) for v in got + want)
 print(f"steps {len(got)} vs {len(want)}; max relative |{what}| {worst:.3e}; "
-      f"bitwise: {got == want}")
+      f"bitwise: {got == want}; all finite: {finite}")
 sys.exit(0 if len(got) == len(want) == 20 and worst <= tol else 1)
 PY
 }
@@ -170,14 +174,17 @@ timeout -k 5 "$lim" bash -c '
   exit $rc' _ "$bin/pipetrain" "$out" "${model[@]}"
 cpu_rc=$?
 py - "$out" <<'PY' >"$out/train_compare.txt" 2>&1
-import json, sys
+import json, math, sys
 out = sys.argv[1]
-def losses(name):
-    return [json.loads(l)["loss"] for l in open(f"{out}/{name}.jsonl")]
+def losses(name):  # a non-finite loss is logged as null
+    return [math.nan if (v := json.loads(l)["loss"]) is None else v
+            for l in open(f"{out}/{name}.jsonl")]
+def rel(x, y):
+    return abs(x - y) / abs(y) if math.isfinite(x) and math.isfinite(y) else math.inf
 cpu, a, b = losses("train_cpu"), losses("train_cuda1"), losses("train_cuda2")
-worst = max(abs(x - y) / abs(y) for x, y in zip(a, cpu))
+worst = max((rel(x, y) for x, y in zip(a, cpu)), default=math.inf)
 print(f"steps {len(cpu)} {len(a)} {len(b)}; max relative |cuda - cpu| {worst:.3e}; "
-      f"cuda run 1 == run 2: {a == b}")
+      f"cuda run 1 == run 2: {a == b}; all finite: {worst != math.inf}")
 sys.exit(0 if len(cpu) == len(a) == 20 and worst <= 1e-4 and a == b else 1)
 PY
 rc=$?
@@ -187,18 +194,25 @@ else out_of_time train_local_cuda_vs_cpu; fi
 
 # 2b. The same on CUDA with attention through cuBLAS batched GEMMs
 # (--attention gemm, the candidate default), against the CPU run of 2.
-if lim=$(budget 150); then
+if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
+  note "NOT RUN train_local_cuda_gemm_attention_vs_cpu: no 20-step CPU reference from step 2"
+  failed=1
+elif lim=$(budget 150); then
 timeout -k 5 "$lim" "$bin/pipetrain" train-local "${model[@]}" --device cuda --attention gemm \
   --log "$out/train_cuda_gemm_attention.jsonl" >"$out/train_cuda_gemm_attention.txt" 2>&1
 gemm_rc=$?
 py - "$out" <<'PY' >"$out/train_gemm_attention_compare.txt" 2>&1
-import json, sys
+import json, math, sys
 out = sys.argv[1]
-def losses(name):
-    return [json.loads(l)["loss"] for l in open(f"{out}/{name}.jsonl")]
+def losses(name):  # a non-finite loss is logged as null
+    return [math.nan if (v := json.loads(l)["loss"]) is None else v
+            for l in open(f"{out}/{name}.jsonl")]
+def rel(x, y):
+    return abs(x - y) / abs(y) if math.isfinite(x) and math.isfinite(y) else math.inf
 cpu, g = losses("train_cpu"), losses("train_cuda_gemm_attention")
-worst = max(abs(x - y) / abs(y) for x, y in zip(g, cpu))
-print(f"steps {len(cpu)} {len(g)}; max relative |cuda gemm attention - cpu| {worst:.3e}")
+worst = max((rel(x, y) for x, y in zip(g, cpu)), default=math.inf)
+print(f"steps {len(cpu)} {len(g)}; max relative |cuda gemm attention - cpu| {worst:.3e}; "
+      f"all finite: {worst != math.inf}")
 sys.exit(0 if len(cpu) == len(g) == 20 and worst <= 1e-4 else 1)
 PY
 rc=$?

@@ -104,7 +104,7 @@ struct UpOptions {
   std::string forward_codec = "none", backward_codec = "none";
   bool error_feedback = false, epilogue_only = false;
   int eval_interval = 100;
-  std::string worker_device = "auto", worker_gemm = "fp32";
+  std::string worker_device = "auto", worker_gemm = "fp32", worker_attention = "reference";
   std::string loss_log;
 };
 
@@ -137,6 +137,8 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "cuda | cuda:N | cuda:each (worker k on GPU k mod the visible GPUs, so that workers "
            "on GPUs of their own exchange tensors over NCCL)");
   f.String("worker-gemm", &o.worker_gemm, "the workers' --gemm on CUDA: fp32 | tf32 | bf16");
+  f.String("worker-attention", &o.worker_attention,
+           "the workers' --attention on CUDA: reference | gemm");
   f.String("loss-log", &o.loss_log,
            "write every step's loss here, one per line at full float precision");
 }
@@ -249,10 +251,13 @@ int RunUp(const std::vector<std::string>& args) {
   }
   if (valid.ok()) {
     // The check is the workers' own; say which of up's flags it is about.
-    valid = ValidateDeviceFlags(each_gpu ? "cuda" : o.worker_device, o.worker_gemm);
+    valid = ValidateDeviceFlags(each_gpu ? "cuda" : o.worker_device, o.worker_gemm,
+                                o.worker_attention);
     if (!valid.ok()) {
-      valid = absl::Status(valid.code(), absl::StrCat("--worker-device/--worker-gemm (the "
-                                                      "workers' flags): ", valid.message()));
+      valid = absl::Status(valid.code(),
+                           absl::StrCat("--worker-device/--worker-gemm/--worker-attention (the "
+                                        "workers' flags): ",
+                                        valid.message()));
     }
   }
   if (!valid.ok()) return std::fprintf(stderr, "pipetrain up: %s\n", valid.ToString().c_str()), 2;
@@ -268,7 +273,7 @@ int RunUp(const std::vector<std::string>& args) {
   cluster_options.workers = o.workers;
   cluster_options.dir = o.out;
   cluster_options.join_token = RandomToken();
-  cluster_options.worker_args = {"--gemm", o.worker_gemm};
+  cluster_options.worker_args = {"--gemm", o.worker_gemm, "--attention", o.worker_attention};
   for (int k = 0; k < o.workers; ++k) {
     cluster_options.per_worker_args.push_back(
         {"--device", each_gpu ? absl::StrCat("cuda:", k % gpus) : o.worker_device});

@@ -109,6 +109,11 @@ expect_exit up_each_gpu_without_cuda 2 "--worker-device cuda:each: no CUDA devic
   "built without CUDA" -- up --out "$TMP/up-each" --worker-device cuda:each
 expect_exit up_worker_device_bogus 2 "--worker-device/--worker-gemm" "got 'gpu'" -- \
   up --out "$TMP/up-bogus" --worker-device gpu
+# GEMM attention is a CUDA backend's: refused for CPU workers and train-local.
+expect_exit up_worker_attention_on_cpu 2 "--worker-attention" "needs a CUDA device" -- \
+  up --out "$TMP/up-attention" --worker-device cpu --worker-attention gemm
+expect_exit attention_on_cpu 2 "--attention gemm needs a CUDA device" -- \
+  train-local "${TINY[@]}" --attention gemm
 
 # --- The command itself ---------------------------------------------------------
 expect_exit no_args 2 "usage: pipetrain" --

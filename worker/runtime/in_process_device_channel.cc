@@ -1,5 +1,7 @@
 #include "worker/runtime/in_process_device_channel.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
@@ -15,14 +17,8 @@ class InProcessDeviceChannel final : public DeviceChannel {
   absl::StatusOr<Tensor> Recv(int peer_stage, const Shape& shape) override {
     return hub_->Take(peer_stage, stage_, shape);
   }
-  // Checks only for an abort: sends are buffered in the hub and receives
-  // return what arrived, so nothing is under way on a device; a send its
-  // peer has not taken yet does not hold the flush up (the contract's
-  // DEADLINE_EXCEEDED is the NCCL channel's; tests inject it).
-  absl::Status Flush(absl::Duration, const std::function<bool()>&) override {
-    return hub_->aborted() ? absl::AbortedError(
-                                 absl::StrCat("device channel of stage ", stage_, " was aborted"))
-                           : absl::OkStatus();
+  absl::Status Flush(absl::Duration timeout, const std::function<bool()>& cancelled) override {
+    return hub_->Drain(stage_, timeout, cancelled);
   }
   void Abort() override { hub_->Abort(); }
 
@@ -52,6 +48,45 @@ int64_t InProcessDeviceHub::in_flight() const {
 bool InProcessDeviceHub::aborted() const {
   AnnotatedMutexLock lock(&mu_);
   return aborted_;
+}
+
+int64_t InProcessDeviceHub::PendingFromLocked(int from) const {
+  int64_t pending = 0;
+  for (const auto& [pair, queue] : queues_) {
+    if (pair.first == from) pending += static_cast<int64_t>(queue.size());
+  }
+  return pending;
+}
+
+absl::Status InProcessDeviceHub::Drain(int from, absl::Duration timeout,
+                                       const std::function<bool()>& cancelled) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (true) {
+    int64_t left = 0;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      auto drained = [this, from]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return aborted_ || PendingFromLocked(from) == 0;
+      };
+      const absl::Duration slice =
+          std::max(absl::ZeroDuration(), std::min(absl::Milliseconds(10), deadline - absl::Now()));
+      const bool done = mu_.AwaitWithTimeout(drained, slice);
+      if (aborted_) {
+        return absl::AbortedError(absl::StrCat("device channel of stage ", from, " was aborted"));
+      }
+      if (done) return absl::OkStatus();
+      left = PendingFromLocked(from);
+    }
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat("device channel of stage ", from, ": ", left,
+                                                      " sent tensor(s) not taken within ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    if (cancelled != nullptr && cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat("device channel of stage ", from, ": flush cancelled"));
+    }
+  }
 }
 
 void InProcessDeviceHub::Abort() {

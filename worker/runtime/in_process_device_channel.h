@@ -4,7 +4,8 @@
 // communicator of two ranks). It keeps the channel's contract that matters
 // to the runtime: per (sender, receiver) pair a FIFO matched in issue order,
 // the receiver naming the shape. Sends are buffered (NCCL's wait for the
-// matching receive is not modelled).
+// matching receive is not modelled); a channel's Flush waits until its
+// stage's buffered sends have been taken.
 //
 //   InProcessDeviceHub hub(/*num_stages=*/4);
 //   std::unique_ptr<DeviceChannel> ch0 = hub.ChannelFor(0);
@@ -17,6 +18,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <utility>
@@ -43,6 +45,12 @@ class InProcessDeviceHub {
   // Whether Abort was called.
   bool aborted() const;
 
+  // Waits until every tensor stage `from` sent has been taken (a channel's
+  // Flush): OK; ABORTED after Abort; DEADLINE_EXCEEDED after `timeout`,
+  // naming how many are left; CANCELLED once `cancelled` (may be null;
+  // asked every 10 ms) says so.
+  absl::Status Drain(int from, absl::Duration timeout, const std::function<bool()>& cancelled);
+
   // What every channel's Abort does (one process, one hub): waiting and
   // later transfers of every stage fail with ABORTED.
   void Abort();
@@ -52,6 +60,7 @@ class InProcessDeviceHub {
 
   absl::Status Put(int from, int to, const Tensor& t);
   absl::StatusOr<Tensor> Take(int from, int to, const Shape& shape);
+  int64_t PendingFromLocked(int from) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int num_stages_;
   const absl::Duration recv_timeout_;

@@ -62,8 +62,9 @@ TEST(InProcessDeviceHubTest, Recv_OtherElementCount_InvalidArgumentNamingBoth) {
   absl::StatusOr<Tensor> got = c1->Recv(0, {7});
   ASSERT_FALSE(got.ok());
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StrContains(got.status().message(), "stage 0 sent [2, 3] to stage 1, which "
-                                                        "expected [7]"))
+  EXPECT_TRUE(absl::StrContains(got.status().message(),
+                                "stage 0 sent [2, 3] to stage 1, which "
+                                "expected [7]"))
       << got.status();
 }
 
@@ -97,6 +98,43 @@ TEST(InProcessDeviceHubTest, Abort_WakesAWaitingRecvAndRefusesLaterCalls) {
   EXPECT_EQ(c0->Send(1, Filled({1}, 0.0f)).code(), absl::StatusCode::kAborted);
   c1->Abort();  // idempotent
   EXPECT_EQ(c1->Recv(0, {1}).status().code(), absl::StatusCode::kAborted);
+}
+
+// Flush waits for this stage's sends to be taken, not for other stages'.
+TEST(InProcessDeviceHubTest, Flush_WaitsUntilThePeerTookEverySend) {
+  InProcessDeviceHub hub(3);
+  auto c0 = hub.ChannelFor(0), c1 = hub.ChannelFor(1), c2 = hub.ChannelFor(2);
+  ASSERT_TRUE(c0->Send(1, Filled({2}, 1.0f)).ok());
+  ASSERT_TRUE(c0->Send(1, Filled({2}, 2.0f)).ok());
+  ASSERT_TRUE(c2->Send(1, Filled({2}, 3.0f)).ok());  // stage 2's, never taken
+  std::thread receiver([&] {
+    ASSERT_TRUE(c1->Recv(0, {2}).ok());
+    ASSERT_TRUE(c1->Recv(0, {2}).ok());
+  });
+  const absl::Status flushed = c0->Flush(absl::Seconds(60), nullptr);
+  receiver.join();
+  EXPECT_TRUE(flushed.ok()) << flushed;
+  EXPECT_EQ(hub.in_flight(), 1);
+}
+
+TEST(InProcessDeviceHubTest, Flush_SendNeverTaken_DeadlineExceededNamingTheCount) {
+  InProcessDeviceHub hub(2);
+  auto c0 = hub.ChannelFor(0);
+  ASSERT_TRUE(c0->Send(1, Filled({1}, 0.0f)).ok());
+  const absl::Status flushed = c0->Flush(absl::Milliseconds(30), nullptr);
+  EXPECT_EQ(flushed.code(), absl::StatusCode::kDeadlineExceeded) << flushed;
+  EXPECT_TRUE(absl::StrContains(flushed.message(), "1 sent tensor(s) not taken")) << flushed;
+}
+
+TEST(InProcessDeviceHubTest, Flush_CancelledOrAborted_EndsTheWait) {
+  InProcessDeviceHub hub(2);
+  auto c0 = hub.ChannelFor(0);
+  ASSERT_TRUE(c0->Send(1, Filled({1}, 0.0f)).ok());
+  EXPECT_EQ(c0->Flush(absl::Seconds(60), [] { return true; }).code(), absl::StatusCode::kCancelled);
+  std::thread aborter([&] { hub.Abort(); });
+  const absl::Status flushed = c0->Flush(absl::Seconds(60), nullptr);
+  aborter.join();
+  EXPECT_EQ(flushed.code(), absl::StatusCode::kAborted) << flushed;
 }
 
 }  // namespace

@@ -41,10 +41,8 @@ __global__ void AdamWKernel(float* param, const float* grad, float* m, float* v,
 }
 
 absl::Status CheckArguments(int64_t n, int64_t step, const AdamWConfig& config) {
-  if (n < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("AdamWUpdateCuda: element count ", n, " is negative"));
-  }
+  absl::Status count = CheckElementCount("AdamWUpdateCuda", n);
+  if (!count.ok()) return count;
   if (step < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("AdamWUpdateCuda: step is 1-based, got ", step));

@@ -33,16 +33,11 @@ __global__ void SubtractKernel(const float* a, const float* b, int64_t n, float*
   }
 }
 
-absl::Status CheckSize(const char* op, int64_t n) {
-  if (n >= 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(op, ": element count ", n, " is negative"));
-}
-
 }  // namespace
 
 absl::Status AddCuda(const float* a, const float* b, int64_t n, float* out,
                      cudaStream_t stream) {
-  absl::Status valid = CheckSize("AddCuda", n);
+  absl::Status valid = CheckElementCount("AddCuda", n);
   if (!valid.ok() || n == 0) return valid;
   AddKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(a, b, n, out);
   CUDA_CHECK_LAUNCH("AddKernel");
@@ -50,7 +45,7 @@ absl::Status AddCuda(const float* a, const float* b, int64_t n, float* out,
 }
 
 absl::Status AddInPlaceCuda(float* acc, const float* x, int64_t n, cudaStream_t stream) {
-  absl::Status valid = CheckSize("AddInPlaceCuda", n);
+  absl::Status valid = CheckElementCount("AddInPlaceCuda", n);
   if (!valid.ok() || n == 0) return valid;
   AddInPlaceKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(acc, x, n);
   CUDA_CHECK_LAUNCH("AddInPlaceKernel");
@@ -59,7 +54,7 @@ absl::Status AddInPlaceCuda(float* acc, const float* x, int64_t n, cudaStream_t 
 
 absl::Status SubtractCuda(const float* a, const float* b, int64_t n, float* out,
                           cudaStream_t stream) {
-  absl::Status valid = CheckSize("SubtractCuda", n);
+  absl::Status valid = CheckElementCount("SubtractCuda", n);
   if (!valid.ok() || n == 0) return valid;
   SubtractKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(a, b, n, out);
   CUDA_CHECK_LAUNCH("SubtractKernel");

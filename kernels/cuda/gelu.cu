@@ -34,15 +34,10 @@ __global__ void GeluBackwardKernel(const float* x, const float* dy, int64_t n, f
   }
 }
 
-absl::Status CheckSize(const char* op, int64_t n) {
-  if (n >= 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(op, ": element count ", n, " is negative"));
-}
-
 }  // namespace
 
 absl::Status GeluForwardCuda(const float* x, int64_t n, float* y, cudaStream_t stream) {
-  absl::Status valid = CheckSize("GeluForwardCuda", n);
+  absl::Status valid = CheckElementCount("GeluForwardCuda", n);
   if (!valid.ok() || n == 0) return valid;
   GeluForwardKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(x, n, y);
   CUDA_CHECK_LAUNCH("GeluForwardKernel");
@@ -51,7 +46,7 @@ absl::Status GeluForwardCuda(const float* x, int64_t n, float* y, cudaStream_t s
 
 absl::Status GeluBackwardCuda(const float* x, const float* dy, int64_t n, float* dx,
                               cudaStream_t stream) {
-  absl::Status valid = CheckSize("GeluBackwardCuda", n);
+  absl::Status valid = CheckElementCount("GeluBackwardCuda", n);
   if (!valid.ok() || n == 0) return valid;
   GeluBackwardKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(x, dy, n, dx);
   CUDA_CHECK_LAUNCH("GeluBackwardKernel");

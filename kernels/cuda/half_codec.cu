@@ -56,16 +56,11 @@ __global__ void UnpackKernel(HalfFormat format, const uint16_t* body, int64_t n,
   }
 }
 
-absl::Status CheckCount(const char* op, int64_t n) {
-  if (n >= 0) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(op, ": element count ", n, " is negative"));
-}
-
 }  // namespace
 
 absl::Status HalfPackCuda(HalfFormat format, const float* x, int64_t n, uint16_t* body,
                           unsigned long long* first_bad, cudaStream_t stream) {
-  absl::Status valid = CheckCount("HalfPackCuda", n);
+  absl::Status valid = CheckElementCount("HalfPackCuda", n);
   if (!valid.ok() || n == 0) return valid;
   PackKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(format, x, n, body,
                                                                       first_bad);
@@ -75,7 +70,7 @@ absl::Status HalfPackCuda(HalfFormat format, const float* x, int64_t n, uint16_t
 
 absl::Status HalfUnpackCuda(HalfFormat format, const uint16_t* body, int64_t n, float* out,
                             unsigned long long* first_bad, cudaStream_t stream) {
-  absl::Status valid = CheckCount("HalfUnpackCuda", n);
+  absl::Status valid = CheckElementCount("HalfUnpackCuda", n);
   if (!valid.ok() || n == 0) return valid;
   UnpackKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(format, body, n, out,
                                                                         first_bad);

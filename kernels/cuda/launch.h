@@ -1,8 +1,12 @@
-// Launch geometry shared by the element-wise kernels (nvcc and C++ code).
+// Launch geometry and the element-count check shared by the element-wise
+// kernels' launch wrappers (nvcc and C++ code).
 #ifndef PIPETRAIN_KERNELS_CUDA_LAUNCH_H_
 #define PIPETRAIN_KERNELS_CUDA_LAUNCH_H_
 
 #include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 
 namespace pipetrain {
 
@@ -18,6 +22,13 @@ constexpr int64_t kMaxElementwiseBlocks = 1024;
 inline int ElementwiseBlocks(int64_t n) {
   const int64_t blocks = (n + kElementwiseThreads - 1) / kElementwiseThreads;
   return static_cast<int>(blocks < kMaxElementwiseBlocks ? blocks : kMaxElementwiseBlocks);
+}
+
+// OK for n >= 0; INVALID_ARGUMENT "<op>: element count <n> is negative"
+// otherwise.
+inline absl::Status CheckElementCount(const char* op, int64_t n) {
+  if (n >= 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": element count ", n, " is negative"));
 }
 
 }  // namespace pipetrain

@@ -139,22 +139,36 @@ done
 one_rank=$(grep -hE '^\[       OK \] NcclGpuTest\..*OneRank' "$out/tests/nccl_comm_test.log" 2>/dev/null)
 check nccl_one_rank "$([[ -n "$one_rank" ]]; echo $?)" "($(echo "$one_rank" | grep -c OK) one-rank cases passed)"
 
-# compare_loss_logs GOT WANT TOL WHAT: two `up --loss-log` files (one loss
-# per line) of 20 steps each, every step within TOL relative; prints the
-# worst difference and whether they are bitwise equal.
+# compare_loss_logs GOT WANT TOL WHAT [SAME]: two loss logs of 20 steps each
+# (`up --loss-log`: one loss per line; `train-local --log`, *.jsonl: JSON
+# lines, a NaN loss as null), every step within TOL relative, a NaN or Inf
+# failing; with SAME, GOT must also equal that log bitwise (run to run).
+# Prints the worst difference and what was equal.
 compare_loss_logs() {
   py - "$@" <<'PY'
-import math, sys
+import json, math, sys
 got_path, want_path, tol, what = sys.argv[1], sys.argv[2], float(sys.argv[3]), sys.argv[4]
-got, want = ([float(l) for l in open(p)] for p in (got_path, want_path))
+same_path = sys.argv[5] if len(sys.argv) > 5 else None
+def losses(path):
+    if path.endswith(".jsonl"):
+        return [math.nan if (v := json.loads(l)["loss"]) is None else v for l in open(path)]
+    return [float(l) for l in open(path)]
+got, want = losses(got_path), losses(want_path)
 # A NaN or Inf anywhere fails (max() would skip a NaN after the first).
 def rel(x, y):
     return abs(x - y) / abs(y) if math.isfinite(x) and math.isfinite(y) else math.inf
 worst = max((rel(x, y) for x, y in zip(got, want)), default=math.inf)
 finite = all(math.isfinite(v) for v in got + want)
-print(f"steps {len(got)} vs {len(want)}; max relative |{what}| {worst:.3e}; "
-      f"bitwise: {got == want}; all finite: {finite}")
-sys.exit(0 if len(got) == len(want) == 20 and worst <= tol else 1)
+ok = len(got) == len(want) == 20 and worst <= tol
+line = f"steps {len(got)} vs {len(want)}; max relative |{what}| {worst:.3e}; all finite: {finite}"
+if same_path is None:
+    line += f"; bitwise: {got == want}"
+else:
+    same = losses(same_path)
+    line += f"; run 1 == run 2: {got == same}"
+    ok = ok and got == same
+print(line)
+sys.exit(0 if ok else 1)
 PY
 }
 
@@ -173,20 +187,8 @@ timeout -k 5 "$lim" bash -c '
   done
   exit $rc' _ "$bin/pipetrain" "$out" "${model[@]}"
 cpu_rc=$?
-py - "$out" <<'PY' >"$out/train_compare.txt" 2>&1
-import json, math, sys
-out = sys.argv[1]
-def losses(name):  # a non-finite loss is logged as null
-    return [math.nan if (v := json.loads(l)["loss"]) is None else v
-            for l in open(f"{out}/{name}.jsonl")]
-def rel(x, y):
-    return abs(x - y) / abs(y) if math.isfinite(x) and math.isfinite(y) else math.inf
-cpu, a, b = losses("train_cpu"), losses("train_cuda1"), losses("train_cuda2")
-worst = max((rel(x, y) for x, y in zip(a, cpu)), default=math.inf)
-print(f"steps {len(cpu)} {len(a)} {len(b)}; max relative |cuda - cpu| {worst:.3e}; "
-      f"cuda run 1 == run 2: {a == b}; all finite: {worst != math.inf}")
-sys.exit(0 if len(cpu) == len(a) == 20 and worst <= 1e-4 and a == b else 1)
-PY
+compare_loss_logs "$out/train_cuda1.jsonl" "$out/train_cpu.jsonl" 1e-4 "cuda - cpu" \
+  "$out/train_cuda2.jsonl" >"$out/train_compare.txt" 2>&1
 rc=$?
 [[ $cpu_rc -ne 0 ]] && rc=1
 check train_local_cuda_vs_cpu "$rc" "$(cat "$out/train_compare.txt")"
@@ -201,20 +203,8 @@ elif lim=$(budget 150); then
 timeout -k 5 "$lim" "$bin/pipetrain" train-local "${model[@]}" --device cuda --attention gemm \
   --log "$out/train_cuda_gemm_attention.jsonl" >"$out/train_cuda_gemm_attention.txt" 2>&1
 gemm_rc=$?
-py - "$out" <<'PY' >"$out/train_gemm_attention_compare.txt" 2>&1
-import json, math, sys
-out = sys.argv[1]
-def losses(name):  # a non-finite loss is logged as null
-    return [math.nan if (v := json.loads(l)["loss"]) is None else v
-            for l in open(f"{out}/{name}.jsonl")]
-def rel(x, y):
-    return abs(x - y) / abs(y) if math.isfinite(x) and math.isfinite(y) else math.inf
-cpu, g = losses("train_cpu"), losses("train_cuda_gemm_attention")
-worst = max((rel(x, y) for x, y in zip(g, cpu)), default=math.inf)
-print(f"steps {len(cpu)} {len(g)}; max relative |cuda gemm attention - cpu| {worst:.3e}; "
-      f"all finite: {worst != math.inf}")
-sys.exit(0 if len(cpu) == len(g) == 20 and worst <= 1e-4 else 1)
-PY
+compare_loss_logs "$out/train_cuda_gemm_attention.jsonl" "$out/train_cpu.jsonl" 1e-4 \
+  "cuda gemm attention - cpu" >"$out/train_gemm_attention_compare.txt" 2>&1
 rc=$?
 [[ $gemm_rc -ne 0 ]] && rc=1
 check train_local_cuda_gemm_attention_vs_cpu "$rc" "$(cat "$out/train_gemm_attention_compare.txt")"

@@ -7,22 +7,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/compress/bit_pack.h"
 #include "kernels/compress/payload.h"
+#include "kernels/compress/rounding.h"
 
 namespace pipetrain {
 namespace {
 
-float MaxAbs(const Tensor& x) {
-  float m = 0.0f;
-  const float* p = x.data();
-  for (int64_t i = 0; i < x.numel(); ++i) m = std::max(m, std::fabs(p[i]));
-  return m;
-}
-
 class LinearCodec : public Codec {
  public:
-  explicit LinearCodec(int bits)
-      : bits_(bits), qmax_((int64_t{1} << (bits - 1)) - 1) {}
+  explicit LinearCodec(int bits) : bits_(bits), qmax_((int64_t{1} << (bits - 1)) - 1) {}
 
   std::string name() const override { return absl::StrCat("linear:bits=", bits_); }
 
@@ -32,33 +26,49 @@ class LinearCodec : public Codec {
   }
 
   absl::StatusOr<std::string> Encode(const Tensor& x, CodecState*) const override {
-    RETURN_IF_ERROR(CheckFinite(x, name()));
+    ASSIGN_OR_RETURN(const float max_abs, FiniteMaxAbs(x.data(), x.numel(), name()));
     // eq. (4). The float32 step is what the receiver sees, so quantize with it.
-    const float step = static_cast<float>(double{MaxAbs(x)} / static_cast<double>(qmax_));
+    const float step = static_cast<float>(double{max_abs} / static_cast<double>(qmax_));
     std::string out;
-    out.reserve(static_cast<size_t>(EncodedBytes(x.shape())));
     WriteHeader(CodecId::kLinear, x.shape(), &out);
     ByteWriter w(&out);
     w.U8(static_cast<uint8_t>(bits_));
     w.F32(step);
-    BitWriter bw(&out);
+    const size_t body_offset = out.size();
+    out.resize(static_cast<size_t>(EncodedBytes(x.shape())));
+    auto* body = reinterpret_cast<uint8_t*>(&out[body_offset]);
     const float* p = x.data();
-    for (int64_t i = 0; i < x.numel(); ++i) {
-      // eq. (5); the clamp only absorbs the float32 rounding of step.
-      int64_t q = 0;
+    const int32_t qmax = static_cast<int32_t>(qmax_);
+    uint16_t codes[kPackChunkCodes];
+    for (int64_t start = 0; start < x.numel(); start += kPackChunkCodes) {
+      const int64_t chunk = std::min<int64_t>(kPackChunkCodes, x.numel() - start);
       if (step > 0.0f) {
-        q = std::llround(static_cast<double>(p[i]) / step);
-        q = std::clamp(q, -qmax_, qmax_);
+        for (int64_t i = 0; i < chunk; ++i) {
+          // eq. (5), q = round(x / step); the clamp only absorbs the float32
+          // rounding of step (clamping the ratio to +-(qmax + 1) first
+          // changes no result and keeps the integer rounding in range).
+          // min/max, not std::clamp's branches, so the loop vectorises.
+          double ratio = static_cast<double>(p[start + i]) / step;
+          ratio = std::max(-(qmax + 1.0), std::min(ratio, qmax + 1.0));
+          const int32_t q = std::max(-qmax, std::min(RoundHalfAwayFromZero(ratio), qmax));
+          codes[i] = static_cast<uint16_t>(q + qmax);
+        }
+      } else {  // All zeros, or max|x| / qmax rounds to 0 in float32.
+        std::fill(codes, codes + chunk, static_cast<uint16_t>(qmax));
       }
-      bw.Put(static_cast<uint32_t>(q + qmax_), bits_);
+      PackCodes(codes, chunk, bits_, body + start * bits_ / 8);
     }
-    bw.Finish();
     return out;
   }
 
   absl::StatusOr<Tensor> Decode(absl::string_view payload) const override;
 
  private:
+  // INVALID_ARGUMENT for the first code of codes[0, chunk) (elements
+  // start...) that is out of range or decodes beyond the float32 range; OK
+  // if none does.
+  absl::Status CheckCodes(const uint16_t* codes, int64_t chunk, int64_t start, float step) const;
+
   const int bits_;
   const int64_t qmax_;
 };
@@ -87,24 +97,50 @@ absl::StatusOr<Tensor> LinearCodec::Decode(absl::string_view payload) const {
   }
   absl::string_view body;
   r.Bytes(r.remaining(), &body);
-  BitReader br(body);
+  const auto* in = reinterpret_cast<const uint8_t*>(body.data());
   Tensor t = Tensor::Zeros(shape);
   float* out = t.data();
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t code = 0;
-    br.Get(bits_, &code);  // Cannot fail: the body length was checked.
-    if (code > static_cast<uint32_t>(2 * qmax_)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name(), ": element ", i, " has out-of-range code ", code));
+  const uint32_t max_code = static_cast<uint32_t>(2 * qmax_);
+  const double step_value = step;  // A register copy: ReadF32 took step's address.
+  const int32_t qmax = static_cast<int32_t>(qmax_);
+  const bool may_leave_float_range =
+      static_cast<double>(qmax_) * step_value > std::numeric_limits<float>::max();
+  uint16_t codes[kPackChunkCodes];
+  for (int64_t start = 0; start < n; start += kPackChunkCodes) {
+    const int64_t chunk = std::min<int64_t>(kPackChunkCodes, n - start);
+    UnpackCodes(in + start * bits_ / 8, chunk, bits_, codes);  // Length checked above.
+    // No checks inside the loop, so it vectorises: the largest code tells
+    // whether any is out of range, and only a step with qmax * step beyond
+    // the float32 range (a corrupt payload) can decode a valid code beyond it.
+    uint32_t largest = 0;
+    for (int64_t i = 0; i < chunk; ++i) {
+      const uint32_t code = codes[i];
+      largest = code > largest ? code : largest;
+      // int32, not int64: SSE2 has no vector int64 -> double conversion.
+      const double value = static_cast<double>(static_cast<int32_t>(code) - qmax) * step_value;
+      out[start + i] = static_cast<float>(value);  // eq. (5)
     }
-    const double value = static_cast<double>(static_cast<int64_t>(code) - qmax_) * step;
-    if (std::fabs(value) > std::numeric_limits<float>::max()) {  // Only from a corrupt step.
-      return absl::InvalidArgumentError(
-          absl::StrCat(name(), ": element ", i, " decodes beyond the float32 range"));
+    if (largest > max_code || may_leave_float_range) {
+      RETURN_IF_ERROR(CheckCodes(codes, chunk, start, step));
     }
-    out[i] = static_cast<float>(value);  // eq. (5)
   }
   return t;
+}
+
+absl::Status LinearCodec::CheckCodes(const uint16_t* codes, int64_t chunk, int64_t start,
+                                     float step) const {
+  for (int64_t i = 0; i < chunk; ++i) {
+    if (codes[i] > 2 * qmax_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(), ": element ", start + i, " has out-of-range code ", codes[i]));
+    }
+    const double value = static_cast<double>(int64_t{codes[i]} - qmax_) * step;
+    if (std::fabs(value) > std::numeric_limits<float>::max()) {  // Only from a corrupt step.
+      return absl::InvalidArgumentError(
+          absl::StrCat(name(), ": element ", start + i, " decodes beyond the float32 range"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace

@@ -77,7 +77,6 @@ void BitWriter::Finish() {
   filled_ = 0;
 }
 
-
 void WriteHeader(CodecId id, const Shape& shape, std::string* out) {
   out->append(kMagic, 4);
   ByteWriter w(out);
@@ -96,8 +95,8 @@ absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader) {
     return absl::InvalidArgumentError("payload truncated in its header");
   }
   if (id != static_cast<uint8_t>(expected)) {
-    return absl::InvalidArgumentError(absl::StrCat("payload is for codec ", int{id}, ", not ",
-                                                   static_cast<int>(expected)));
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload is for codec ", int{id}, ", not ", static_cast<int>(expected)));
   }
   if (rank > kMaxPayloadRank) {
     return absl::InvalidArgumentError(absl::StrCat("payload rank ", int{rank}, " > 8"));
@@ -105,7 +104,8 @@ absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader) {
   Shape shape(rank);
   double numel = 1;
   for (int i = 0; i < rank; ++i) {
-    if (!reader->I64(&shape[i])) return absl::InvalidArgumentError("payload truncated in its shape");
+    if (!reader->I64(&shape[i]))
+      return absl::InvalidArgumentError("payload truncated in its shape");
     if (shape[i] < 0) return absl::InvalidArgumentError("payload has a negative dimension");
     numel *= static_cast<double>(shape[i]);
   }
@@ -118,6 +118,27 @@ absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader) {
 absl::Status NonFiniteError(absl::string_view codec, int64_t index, float value) {
   return absl::InvalidArgumentError(absl::StrCat(codec, ": element ", index, " is ", value,
                                                  "; only finite values can be encoded"));
+}
+
+absl::StatusOr<float> FiniteMaxAbs(const float* values, int64_t n, absl::string_view codec) {
+  // On |x|'s bit pattern (sign cleared) unsigned order is the order of the
+  // magnitudes, and Inf and NaN patterns lie above every finite one: an
+  // integer max (which vectorises; a float max over NaN would not see it)
+  // finds both the maximum and whether anything is not finite.
+  uint32_t max_bits = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, &values[i], sizeof(bits));
+    bits &= 0x7fffffffu;
+    max_bits = bits > max_bits ? bits : max_bits;
+  }
+  if (max_bits >= 0x7f800000u) {
+    absl::Status not_finite = CheckFinite(values, n, codec);
+    if (!not_finite.ok()) return not_finite;
+  }
+  float max_abs;
+  std::memcpy(&max_abs, &max_bits, sizeof(max_abs));
+  return max_abs;
 }
 
 absl::Status CheckFinite(const Tensor& x, absl::string_view codec) {

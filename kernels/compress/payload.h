@@ -133,6 +133,10 @@ absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader);
 absl::Status CheckFinite(const Tensor& x, absl::string_view codec);
 absl::Status CheckFinite(const float* values, int64_t n, absl::string_view codec);
 
+// max |x_i| over values[0, n) (0 for n == 0), or CheckFinite's error when
+// an element is NaN or infinite: one pass over the data instead of two.
+absl::StatusOr<float> FiniteMaxAbs(const float* values, int64_t n, absl::string_view codec);
+
 // CheckFinite's error for element `index` holding `value`, e.g.
 // "piecewise:bits=3: element 7 is nan; only finite values can be encoded";
 // the GPU codecs report with it too.

@@ -1,6 +1,9 @@
 #include "kernels/compress/payload.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <vector>
@@ -116,9 +119,38 @@ TEST(Header, ReadHeader_EveryPrefix_InvalidArgument) {
   WriteHeader(CodecId::kFp16, {4, 5}, &out);
   for (size_t len = 0; len < out.size(); ++len) {
     ByteReader r(absl::string_view(out).substr(0, len));
-    EXPECT_EQ(ReadHeader(CodecId::kFp16, &r).status().code(),
-              absl::StatusCode::kInvalidArgument)
+    EXPECT_EQ(ReadHeader(CodecId::kFp16, &r).status().code(), absl::StatusCode::kInvalidArgument)
         << "len=" << len;
+  }
+}
+
+TEST(FiniteMaxAbs, FiniteValues_EqualsTheFoldOfFabs) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> gauss(0.0f, 1.0f);
+  for (int n : {0, 1, 2, 17, 1000}) {
+    std::vector<float> values(n);
+    for (auto& v : values) v = gauss(rng) * std::ldexp(1.0f, static_cast<int>(rng() % 60) - 30);
+    if (n > 1) values[1] = -3.0e38f;  // The largest magnitude, negative.
+    float want = 0.0f;
+    for (float v : values) want = std::max(want, std::fabs(v));
+    auto got = FiniteMaxAbs(values.data(), n, "test");
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(*got, want) << "n=" << n;
+  }
+  const std::vector<float> tiny = {-0.0f, 1e-45f, -2e-45f};  // Signed zero, subnormals.
+  EXPECT_EQ(*FiniteMaxAbs(tiny.data(), 3, "test"), 2e-45f);
+}
+
+TEST(FiniteMaxAbs, NanOrInf_ReturnsCheckFinitesErrorForTheFirst) {
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity(),
+        std::numeric_limits<float>::infinity()}) {
+    std::vector<float> values(100, 1.0f);
+    values[37] = bad;
+    values[80] = std::numeric_limits<float>::infinity();
+    auto got = FiniteMaxAbs(values.data(), 100, "linear:bits=4");
+    EXPECT_EQ(got.status(), CheckFinite(values.data(), 100, "linear:bits=4")) << bad;
+    EXPECT_NE(got.status().message().find("element 37"), std::string::npos) << got.status();
   }
 }
 

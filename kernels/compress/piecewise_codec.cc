@@ -7,15 +7,18 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/compress/bit_pack.h"
 #include "kernels/compress/payload.h"
+#include "kernels/compress/rounding.h"
 
 namespace pipetrain {
 namespace {
 
-// eq. (9), clamped so that a == M lands in the last cluster.
+// eq. (9), clamped so that a == M lands in the last cluster (clamping
+// before the floor gives the same result, and keeps the truncation, which is
+// the floor of a value >= 0, in range).
 int ClusterOf(double a, double max_abs, int n) {
-  const double k = std::floor(a * n / max_abs);
-  return static_cast<int>(std::clamp(k, 0.0, static_cast<double>(n - 1)));
+  return FloorNonNegative(std::min(a * n / max_abs, static_cast<double>(n - 1)));
 }
 
 // eq. (8) with eq. (12): U_k = M / (N * 2^(N-1)) * 2^k.
@@ -27,29 +30,33 @@ double IntervalWidth(double max_abs, int n, int k) {
 uint32_t FirstLevel(int n, int k) { return (1u << n) - (1u << (n - k)); }
 
 // The per-cluster constants of eq. (6)-(8) and (12) for one M, computed
-// once per tensor with the same expressions LevelOf used per value, so the
-// codes are unchanged and the per-value work is a floor, a division and a
-// round.
+// once per tensor, so the per-value work is a truncation, a division and a
+// rounding (the same IEEE operations kernels/cuda/quantize.cu performs, so
+// CPU and GPU codes agree).
 struct ClusterTable {
-  double c[kPiecewiseMaxClusters];      // C_k, eq. (7)
-  double u[kPiecewiseMaxClusters];      // U_k, eq. (8) with (12)
-  double j_max[kPiecewiseMaxClusters];  // 2^(N-1-k) intervals in cluster k
+  double c[kPiecewiseMaxClusters];       // C_k, eq. (7)
+  double u[kPiecewiseMaxClusters];       // U_k, eq. (8) with (12)
+  int32_t j_max[kPiecewiseMaxClusters];  // 2^(N-1-k) intervals in cluster k
   uint32_t first[kPiecewiseMaxClusters];
   ClusterTable(double max_abs, int n) {
     for (int k = 0; k < n; ++k) {
       c[k] = max_abs / n * k;
       u[k] = IntervalWidth(max_abs, n, k);
-      j_max[k] = std::ldexp(1.0, n - 1 - k);
+      j_max[k] = int32_t{1} << (n - 1 - k);
       first[k] = FirstLevel(n, k);
     }
   }
 };
 
-// Magnitude level index of a = |val| (0 <= a <= M, M > 0).
+// Magnitude level index of a = |val| (0 <= a <= M, M > 0). j = round((a -
+// C_k) / U_k), eq. (6), clamped to [0, 2^(N-1-k)]; the ratio is clamped to
+// [-1, j_max + 1] first (which changes no result) so the integer rounding
+// stays in range whatever the inputs.
 inline uint32_t LevelOf(double a, double max_abs, int n, const ClusterTable& t) {
   const int k = ClusterOf(a, max_abs, n);
-  const double j = std::round((a - t.c[k]) / t.u[k]);  // eq. (6)
-  return t.first[k] + static_cast<uint32_t>(std::clamp(j, 0.0, t.j_max[k]));
+  const double ratio = std::clamp((a - t.c[k]) / t.u[k], -1.0, t.j_max[k] + 1.0);
+  const int32_t j = std::clamp(RoundHalfAwayFromZero(ratio), 0, t.j_max[k]);
+  return t.first[k] + static_cast<uint32_t>(j);
 }
 
 // The 2^N magnitudes C_k + j U_k in level order (eq. 6, decode side).
@@ -85,24 +92,30 @@ class PiecewiseCodec : public Codec {
 };
 
 absl::StatusOr<std::string> PiecewiseCodec::Encode(const Tensor& x, CodecState*) const {
-  RETURN_IF_ERROR(CheckFinite(x, name()));
   const float* p = x.data();
-  float max_abs = 0.0f;
-  for (int64_t i = 0; i < x.numel(); ++i) max_abs = std::max(max_abs, std::fabs(p[i]));
+  const int64_t count = x.numel();
+  ASSIGN_OR_RETURN(const float max_abs, FiniteMaxAbs(p, count, name()));
   std::string out;
-  out.reserve(static_cast<size_t>(EncodedBytes(x.shape())));
   WriteHeader(CodecId::kPiecewise, x.shape(), &out);
   ByteWriter w(&out);
   w.U8(static_cast<uint8_t>(n_));
   w.F32(max_abs);
-  BitWriter bw(&out);
+  const size_t body_offset = out.size();
+  out.resize(static_cast<size_t>(EncodedBytes(x.shape())));
+  auto* body = reinterpret_cast<uint8_t*>(&out[body_offset]);
   const ClusterTable table(max_abs, n_);
-  for (int64_t i = 0; i < x.numel(); ++i) {
-    const uint32_t level = max_abs > 0.0f ? LevelOf(std::fabs(p[i]), max_abs, n_, table) : 0;
-    const uint32_t sign = p[i] < 0.0f ? 1 : 0;
-    bw.Put((sign << n_) | level, n_ + 1);
+  const int bits = n_ + 1;
+  uint16_t codes[kPackChunkCodes];
+  for (int64_t start = 0; start < count; start += kPackChunkCodes) {
+    const int64_t chunk = std::min<int64_t>(kPackChunkCodes, count - start);
+    for (int64_t i = 0; i < chunk; ++i) {
+      const float v = p[start + i];
+      const uint32_t level = max_abs > 0.0f ? LevelOf(std::fabs(v), max_abs, n_, table) : 0;
+      const uint32_t sign = v < 0.0f ? 1 : 0;
+      codes[i] = static_cast<uint16_t>((sign << n_) | level);
+    }
+    PackCodes(codes, chunk, bits, body + start * bits / 8);
   }
-  bw.Finish();
   return out;
 }
 
@@ -130,16 +143,23 @@ absl::StatusOr<Tensor> PiecewiseCodec::Decode(absl::string_view payload) const {
   }
   absl::string_view body;
   r.Bytes(r.remaining(), &body);
-  BitReader br(body);
+  // Every (n + 1)-bit code is a valid level and sign: one table lookup per
+  // value. Negative levels keep -0.0f for level 0, as negating would.
   const std::vector<float> levels = Levels(max_abs, n_);
-  const uint32_t level_mask = (1u << n_) - 1;
+  std::vector<float> signed_levels(size_t{2} << n_);
+  for (size_t l = 0; l < levels.size(); ++l) {
+    signed_levels[l] = levels[l];
+    signed_levels[levels.size() + l] = -levels[l];
+  }
+  const int bits = n_ + 1;
+  const auto* in = reinterpret_cast<const uint8_t*>(body.data());
   Tensor t = Tensor::Zeros(shape);
   float* out = t.data();
-  for (int64_t i = 0; i < count; ++i) {
-    uint32_t code = 0;
-    br.Get(n_ + 1, &code);  // Cannot fail: the body length was checked.
-    const float magnitude = levels[code & level_mask];
-    out[i] = (code >> n_) ? -magnitude : magnitude;
+  uint16_t codes[kPackChunkCodes];
+  for (int64_t start = 0; start < count; start += kPackChunkCodes) {
+    const int64_t chunk = std::min<int64_t>(kPackChunkCodes, count - start);
+    UnpackCodes(in + start * bits / 8, chunk, bits, codes);  // Length checked above.
+    for (int64_t i = 0; i < chunk; ++i) out[start + i] = signed_levels[codes[i]];
   }
   return t;
 }
@@ -153,9 +173,10 @@ double PiecewiseIntervalFor(float value, float max_abs, int clusters) {
 
 absl::StatusOr<std::unique_ptr<Codec>> MakePiecewiseCodec(int bits) {
   if (bits < kPiecewiseMinClusters || bits > kPiecewiseMaxClusters) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "piecewise codec: bits=", bits, " (clusters N) is out of range; use 1..8 (N + 1 bits "
-        "per value)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("piecewise codec: bits=", bits,
+                     " (clusters N) is out of range; use 1..8 (N + 1 bits "
+                     "per value)"));
   }
   return std::unique_ptr<Codec>(new PiecewiseCodec(bits));
 }

@@ -2,7 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
+#include <cstring>
+#include <functional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -29,13 +30,19 @@ class ElemTopKCodec : public Codec {
     }
     const std::vector<uint32_t> kept = SelectTopK(x);
     std::string out;
-    out.reserve(static_cast<size_t>(EncodedBytes(x.shape())));
     WriteHeader(CodecId::kElemTopK, x.shape(), &out);
     ByteWriter w(&out);
     w.I64(static_cast<int64_t>(kept.size()));
+    // Entries straight into the sized buffer, little-endian, 8 bytes each.
+    const size_t entries_at = out.size();
+    out.resize(static_cast<size_t>(EncodedBytes(x.shape())));
+    auto* entry = reinterpret_cast<unsigned char*>(&out[entries_at]);
     for (uint32_t i : kept) {
-      w.U32(i);
-      w.F32(x[i]);
+      uint32_t value_bits;
+      std::memcpy(&value_bits, &x.data()[i], sizeof(value_bits));
+      for (int b = 0; b < 4; ++b) entry[b] = static_cast<unsigned char>(i >> (8 * b));
+      for (int b = 0; b < 4; ++b) entry[4 + b] = static_cast<unsigned char>(value_bits >> (8 * b));
+      entry += 8;
     }
     return out;
   }
@@ -47,13 +54,13 @@ class ElemTopKCodec : public Codec {
     int64_t count = 0;
     if (!r.I64(&count)) return absl::InvalidArgumentError("elem_topk: payload truncated in count");
     if (count != TopKCount(keep_, numel)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("elem_topk: payload holds ", count, " elements, but keep ", keep_, " of ",
-                       numel, " is ", TopKCount(keep_, numel), "; payload corrupted or codec mismatch"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "elem_topk: payload holds ", count, " elements, but keep ", keep_, " of ", numel, " is ",
+          TopKCount(keep_, numel), "; payload corrupted or codec mismatch"));
     }
     if (r.remaining() != 8 * count) {
-      return absl::InvalidArgumentError(absl::StrCat("elem_topk: body is ", r.remaining(),
-                                                     " bytes, expected ", 8 * count));
+      return absl::InvalidArgumentError(
+          absl::StrCat("elem_topk: body is ", r.remaining(), " bytes, expected ", 8 * count));
     }
     Tensor out = Tensor::Zeros(shape);
     int64_t previous = -1;
@@ -63,9 +70,9 @@ class ElemTopKCodec : public Codec {
       r.U32(&index);  // Lengths were checked above: these reads succeed.
       r.F32(&value);
       if (int64_t{index} <= previous || int64_t{index} >= numel || !std::isfinite(value)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "elem_topk: entry ", j, " (index ", index, ") is out of order, out of range or "
-            "not finite; payload corrupted"));
+        return absl::InvalidArgumentError(absl::StrCat("elem_topk: entry ", j, " (index ", index,
+                                                       ") is out of order, out of range or "
+                                                       "not finite; payload corrupted"));
       }
       out[index] = value;
       previous = index;
@@ -79,20 +86,33 @@ class ElemTopKCodec : public Codec {
   }
 
  private:
-  // Flat indices of the kept elements, ascending.
+  // Flat indices of the kept elements, ascending: the k largest |x|, ties
+  // broken toward the lower index. Found as the k-th largest magnitude t
+  // (nth_element on a copy of the magnitudes), then one pass in index order
+  // keeping every |x| > t and the first k - #{|x| > t} elements equal to t;
+  // no sort of indices needed.
   std::vector<uint32_t> SelectTopK(const Tensor& x) const {
-    const int64_t k = TopKCount(keep_, x.numel());
-    std::vector<uint32_t> order(static_cast<size_t>(x.numel()));
-    std::iota(order.begin(), order.end(), 0u);
+    const int64_t n = x.numel();
+    const int64_t k = TopKCount(keep_, n);
+    std::vector<uint32_t> kept;
+    if (k == 0) return kept;
     const float* p = x.data();
-    auto before = [p](uint32_t a, uint32_t b) {
-      const float fa = std::fabs(p[a]), fb = std::fabs(p[b]);
-      return fa != fb ? fa > fb : a < b;
-    };
-    std::nth_element(order.begin(), order.begin() + k, order.end(), before);
-    order.resize(static_cast<size_t>(k));
-    std::sort(order.begin(), order.end());
-    return order;
+    std::vector<float> magnitudes(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) magnitudes[i] = std::fabs(p[i]);
+    std::nth_element(magnitudes.begin(), magnitudes.begin() + (k - 1), magnitudes.end(),
+                     std::greater<float>());
+    const float threshold = magnitudes[k - 1];
+    int64_t above = 0;
+    for (int64_t i = 0; i < n; ++i) above += std::fabs(p[i]) > threshold;
+    int64_t ties_left = k - above;
+    kept.reserve(static_cast<size_t>(k));
+    for (int64_t i = 0; i < n; ++i) {
+      const float a = std::fabs(p[i]);
+      if (a > threshold || (a == threshold && ties_left-- > 0)) {
+        kept.push_back(static_cast<uint32_t>(i));
+      }
+    }
+    return kept;
   }
 
   double keep_;

@@ -297,6 +297,65 @@ TEST(QuantCodecs, PiecewiseN1_IsSignAndMax) {
   EXPECT_EQ(y.ToVector(), (std::vector<float>{3.0f, -0.0f, 3.0f, -3.0f}));
 }
 
+// The piecewise codes of a payload (body after the header, N and M).
+std::vector<uint32_t> PiecewiseCodes(const std::string& payload, int rank, int n, int64_t count) {
+  BitReader r(absl::string_view(payload).substr(HeaderBytes(rank) + 5));
+  std::vector<uint32_t> codes(count);
+  for (auto& c : codes) EXPECT_TRUE(r.Get(n + 1, &c));
+  return codes;
+}
+
+// Large tensors with N <= 4 are encoded by counting level boundaries found
+// by binary search (piecewise_codec.cc), small ones by eq. (6)-(9) directly.
+// Both must give every value the same code. Probes: every level, every
+// midpoint between levels (the rounding ties), their float neighbours, the
+// cluster edges C_k and random values, under M from subnormal to huge; each
+// probe's direct code comes from a small tensor {v, M} (same M).
+TEST(QuantCodecs, PiecewiseLargeTensor_SameCodesAsDirectFormula) {
+  std::mt19937 rng(21);
+  for (int n = 1; n <= 4; ++n) {
+    auto codec = *MakePiecewiseCodec(n);
+    for (float m :
+         {1.0f, 3.0f, 0.7f, 1e-30f, 3e-39f, 1e-44f, 2.5e37f, std::numeric_limits<float>::max()}) {
+      std::vector<float> probes;
+      // The levels: the distinct decoded magnitudes of a sweep of [0, M]
+      // fine enough to hit each (the narrowest interval is M / 32 at N = 4).
+      std::vector<float> levels(4097);
+      for (size_t i = 0; i < levels.size(); ++i) levels[i] = m * (static_cast<float>(i) / 4096);
+      levels.back() = m;
+      levels =
+          codec->Decode(*codec->Encode(Tensor::FromVector({4097}, levels), nullptr))->ToVector();
+      std::sort(levels.begin(), levels.end());
+      levels.erase(std::unique(levels.begin(), levels.end()), levels.end());
+      for (size_t i = 0; i < levels.size(); ++i) {
+        std::vector<float> around = {levels[i]};
+        if (i + 1 < levels.size()) around.push_back(levels[i] + (levels[i + 1] - levels[i]) / 2);
+        for (int k = 0; k <= n; ++k) around.push_back(m / n * k);  // cluster edges C_k
+        for (float v : around) {
+          for (float w : {v, std::nextafter(v, 0.0f), std::nextafter(v, m)}) {
+            if (w >= 0.0f && w <= m) {
+              probes.push_back(w);
+              probes.push_back(-w);
+            }
+          }
+        }
+      }
+      std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+      while (probes.size() < 20000) probes.push_back(uniform(rng) * m);
+      probes.push_back(m);
+      const int64_t count = static_cast<int64_t>(probes.size());
+      const std::string big = *codec->Encode(Tensor::FromVector({count}, probes), nullptr);
+      const std::vector<uint32_t> codes = PiecewiseCodes(big, 1, n, count);
+      for (int64_t i = 0; i < count; ++i) {
+        const std::string small = *codec->Encode(Tensor::FromVector({2}, {probes[i], m}), nullptr);
+        const uint32_t direct = PiecewiseCodes(small, 1, n, 2)[0];
+        ASSERT_EQ(codes[i], direct)
+            << "N=" << n << " M=" << m << " value " << std::hexfloat << probes[i];
+      }
+    }
+  }
+}
+
 float FromBits(uint32_t u) {
   float f;
   std::memcpy(&f, &u, sizeof(f));

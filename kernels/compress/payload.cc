@@ -10,6 +10,8 @@ namespace {
 
 constexpr char kMagic[4] = {'P', 'T', 'C', '1'};
 
+constexpr bool kLittleEndianHost = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+
 template <typename T>
 void PutLittleEndian(std::string* out, T v) {
   for (size_t i = 0; i < sizeof(T); ++i) out->push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -24,6 +26,28 @@ void ByteWriter::F32(float v) {
   uint32_t bits;
   std::memcpy(&bits, &v, sizeof(bits));
   U32(bits);
+}
+
+// Float arrays: one memcpy where the host is little-endian (as the payload),
+// byte by byte elsewhere.
+void ByteWriter::F32s(const float* values, int64_t n) {
+  if constexpr (kLittleEndianHost) {
+    out_->append(reinterpret_cast<const char*>(values), static_cast<size_t>(n) * 4);
+  } else {
+    for (int64_t i = 0; i < n; ++i) F32(values[i]);
+  }
+}
+
+bool ByteReader::F32s(float* values, int64_t n) {
+  absl::string_view b;
+  if (n < 0 || !Bytes(4 * n, &b)) return false;
+  if constexpr (kLittleEndianHost) {
+    std::memcpy(values, b.data(), b.size());
+  } else {
+    ByteReader each(b);
+    for (int64_t i = 0; i < n; ++i) each.F32(&values[i]);
+  }
+  return true;
 }
 
 bool ByteReader::Bytes(int64_t n, absl::string_view* out) {

@@ -45,6 +45,8 @@ class ByteWriter {
   void U32(uint32_t v);
   void I64(int64_t v);
   void F32(float v);
+  // n floats as F32 writes them (4 bytes each, little-endian), in one go.
+  void F32s(const float* values, int64_t n);
   void Bytes(const std::string& bytes) { out_->append(bytes); }
 
  private:
@@ -60,6 +62,9 @@ class ByteReader {
   bool U32(uint32_t* v);
   bool I64(int64_t* v);
   bool F32(float* v);
+  // n floats as F32 reads them, in one go (false, reading nothing, if
+  // fewer than 4n bytes remain).
+  bool F32s(float* values, int64_t n);
   // The next `n` bytes as a view (false if fewer remain).
   bool Bytes(int64_t n, absl::string_view* out);
   int64_t remaining() const { return static_cast<int64_t>(in_.size() - pos_); }

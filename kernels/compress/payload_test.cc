@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
@@ -122,6 +123,23 @@ TEST(Header, ReadHeader_EveryPrefix_InvalidArgument) {
     EXPECT_EQ(ReadHeader(CodecId::kFp16, &r).status().code(), absl::StatusCode::kInvalidArgument)
         << "len=" << len;
   }
+}
+
+TEST(ByteWriter, F32s_SameBytesAsF32PerValue_AndReadBack) {
+  const std::vector<float> values = {1.5f, -0.0f, 3.4e38f, 1e-45f, -7.25f};
+  std::string bulk, each;
+  ByteWriter(&bulk).F32s(values.data(), 5);
+  ByteWriter one(&each);
+  for (float v : values) one.F32(v);
+  EXPECT_EQ(bulk, each);
+  std::vector<float> back(5, 0.0f);
+  ByteReader r(bulk);
+  ASSERT_TRUE(r.F32s(back.data(), 5));
+  EXPECT_EQ(0, std::memcmp(back.data(), values.data(), 20));
+  EXPECT_EQ(r.remaining(), 0);
+  ByteReader short_input(absl::string_view(bulk).substr(0, 19));
+  EXPECT_FALSE(short_input.F32s(back.data(), 5));
+  EXPECT_EQ(short_input.remaining(), 19);  // Nothing consumed.
 }
 
 TEST(FiniteMaxAbs, FiniteValues_EqualsTheFoldOfFabs) {

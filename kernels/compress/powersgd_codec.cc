@@ -121,8 +121,8 @@ std::string WritePowerSgdPayload(const Shape& shape, int rank, const float* p, c
   WriteHeader(CodecId::kPowerSgd, shape, &out);
   ByteWriter w(&out);
   w.U32(static_cast<uint32_t>(rank));
-  for (int64_t i = 0; i < m.rows * rank; ++i) w.F32(p[i]);
-  for (int64_t i = 0; i < m.cols * rank; ++i) w.F32(q[i]);
+  w.F32s(p, m.rows * rank);
+  w.F32s(q, m.cols * rank);
   return out;
 }
 
@@ -145,8 +145,8 @@ absl::StatusOr<PowerSgdFactors> ReadPowerSgdPayload(absl::string_view payload, i
   RETURN_IF_ERROR(CheckBlasDims(f.matrix, f.shape));
   f.p.resize(static_cast<size_t>(f.matrix.rows * rank));
   f.q.resize(static_cast<size_t>(f.matrix.cols * rank));
-  for (float& v : f.p) r.F32(&v);
-  for (float& v : f.q) r.F32(&v);
+  r.F32s(f.p.data(), static_cast<int64_t>(f.p.size()));  // Lengths checked above.
+  r.F32s(f.q.data(), static_cast<int64_t>(f.q.size()));
   RETURN_IF_ERROR(CheckFinite(f.p.data(), static_cast<int64_t>(f.p.size()), "powersgd decode (P)"));
   RETURN_IF_ERROR(CheckFinite(f.q.data(), static_cast<int64_t>(f.q.size()), "powersgd decode (Q)"));
   return f;

@@ -167,7 +167,7 @@ absl::StatusOr<std::string> TokenTopKCodec::EncodeSelected(const Tensor& x,
   WriteTokenTopKPrefix(x.shape(), keep_, kept, mask, &out);
   ByteWriter w(&out);
   if (inner_ == nullptr) {
-    for (int64_t i = 0; i < values.numel(); ++i) w.F32(values[i]);
+    w.F32s(values.data(), values.numel());
     return out;
   }
   ASSIGN_OR_RETURN(std::string inner, inner_->Encode(values, state));
@@ -203,7 +203,7 @@ absl::StatusOr<Tensor> TokenTopKCodec::DecodeValues(absl::string_view body, int6
                                                      " bytes, expected ", 4 * kept * d));
     }
     values = Tensor::Zeros({kept, d});
-    for (int64_t i = 0; i < values.numel(); ++i) r.F32(&values[i]);
+    r.F32s(values.data(), values.numel());  // The length was checked above.
     RETURN_IF_ERROR(CheckFinite(values, "token_topk decode"));
   } else {
     int64_t length = 0;

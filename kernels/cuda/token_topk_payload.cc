@@ -70,7 +70,7 @@ absl::StatusOr<std::string> TokenTopKEncodeCuda(const float* x, const Shape& sha
                        &out);
   ByteWriter w(&out);
   if (inner.kind == TokenTopKInner::Kind::kRaw) {
-    for (float v : host_rows) w.F32(v);
+    w.F32s(host_rows.data(), static_cast<int64_t>(host_rows.size()));
     return out;
   }
   const Shape kept_shape = {kept, d};
@@ -113,7 +113,7 @@ absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep
     }
     Tensor values = Tensor::Zeros({kept, d});
     ByteReader v(body);
-    for (int64_t i = 0; i < values.numel(); ++i) v.F32(&values[i]);
+    v.F32s(values.data(), values.numel());  // The length was checked above.
     RETURN_IF_ERROR(CheckFinite(values, "token_topk decode"));
     if (values.numel() > 0) {
       CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rows, values.data(), values.size_bytes(),

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "common/philox.h"
+#include "common/testing/gradient_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/codec_spec.h"
@@ -21,6 +21,7 @@
 namespace pipetrain {
 namespace {
 
+using ::pipetrain::testing::RandomTensor;
 using ::testing::HasSubstr;
 
 // The CPU backend, claiming every codec not in `refused` as a device codec.
@@ -60,12 +61,6 @@ v1::Instruction::Send GradSend(const std::string& codec, int unit, bool feedback
   return s;
 }
 
-Tensor Gaussian(const Shape& shape, uint64_t seed) {
-  Tensor t = Tensor::Zeros(shape);
-  FillNormal(seed, 0, 0.0f, 1.0f, t.data(), t.numel());
-  return t;
-}
-
 // Three links interleaved, as a stage's cool-down sends them: PowerSGD with
 // error feedback (unit 4), linear with error feedback (unit 3), PowerSGD
 // without (unit 2, its Q warm across iterations). An aborted iteration (two
@@ -89,10 +84,10 @@ TEST(DeviceLinkEncoder, ErrorFeedbackAndCodecState_PayloadsEqualTheHostPath) {
     const int sends = iteration == 0 ? 2 : 4;
     for (int mb = 0; mb < sends; ++mb) {
       for (const Link& l : links) {
-        SCOPED_TRACE(testing::Message() << "iteration " << iteration << " mb " << mb << " "
-                                        << l.codec << " unit " << l.unit);
+        SCOPED_TRACE(::testing::Message() << "iteration " << iteration << " mb " << mb << " "
+                                          << l.codec << " unit " << l.unit);
         const v1::Instruction::Send send = GradSend(l.codec, l.unit, l.feedback, mb == 3);
-        const Tensor x = Gaussian({2, 6, 8}, seed++);
+        const Tensor x = RandomTensor({2, 6, 8}, seed++);
         const std::vector<float> before = x.ToVector();
         LinkStats stats;
         const std::string want = on_host.Encode(send, x, &stats).value().payload;
@@ -115,7 +110,7 @@ TEST(DeviceLinkEncoder, ErrorFeedback_SecondSendCarriesTheResidual) {
   StandInDevice device;
   DeviceLinkEncoder on_device(&device);
   const v1::Instruction::Send send = GradSend("linear:bits=2", 4, true, false);
-  const Tensor a = Gaussian({4, 16}, 7), b = Gaussian({4, 16}, 8);
+  const Tensor a = RandomTensor({4, 16}, 7), b = RandomTensor({4, 16}, 8);
   ASSERT_TRUE(on_device.Encode(send, a, {}).ok());
   const std::string second = on_device.Encode(send, b, {}).value();
   const std::string no_residual = MakeCodec("linear:bits=2").value()->Encode(b, nullptr).value();
@@ -127,7 +122,7 @@ TEST(DeviceLinkEncoder, UnclaimedCodec_HostPathForGood) {
   device.refused = {"fp16"};
   DeviceLinkEncoder on_device(&device);
   const v1::Instruction::Send send = GradSend("fp16", 4, false, false);
-  const Tensor x = Gaussian({2, 3}, 1);
+  const Tensor x = RandomTensor({2, 3}, 1);
   EXPECT_EQ(on_device.Encode(send, x, {}).status().code(), absl::StatusCode::kUnimplemented);
   device.refused.clear();  // even if the backend would take it now
   EXPECT_EQ(on_device.Encode(send, x, {}).status().code(), absl::StatusCode::kUnimplemented);
@@ -142,7 +137,7 @@ TEST(DeviceLinkEncoder, DeviceCodecThatStopsAnswering_Internal) {
   StandInDevice device;
   DeviceLinkEncoder on_device(&device);
   const v1::Instruction::Send send = GradSend("linear:bits=4", 4, true, false);
-  const Tensor x = Gaussian({2, 3}, 1);
+  const Tensor x = RandomTensor({2, 3}, 1);
   ASSERT_TRUE(on_device.Encode(send, x, {}).ok());
   device.refused = {"linear:bits=4"};
   absl::StatusOr<std::string> got = on_device.Encode(send, x, {});
@@ -156,17 +151,17 @@ TEST(DeviceLinkEncoder, ShapeChangeOrNonFinite_InvalidArgument_ResidualDropped) 
   StandInDevice device;
   DeviceLinkEncoder on_device(&device);
   const v1::Instruction::Send send = GradSend("linear:bits=4", 4, true, false);
-  ASSERT_TRUE(on_device.Encode(send, Gaussian({2, 3}, 1), {}).ok());
-  absl::StatusOr<std::string> got = on_device.Encode(send, Gaussian({3, 2}, 2), {});
+  ASSERT_TRUE(on_device.Encode(send, RandomTensor({2, 3}, 1), {}).ok());
+  absl::StatusOr<std::string> got = on_device.Encode(send, RandomTensor({3, 2}, 2), {});
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
   EXPECT_THAT(got.status().message(), HasSubstr("does not match the link's residual"));
 
-  const Tensor x = Gaussian({3, 2}, 3);
+  const Tensor x = RandomTensor({3, 2}, 3);
   StandInDevice fresh_device;
   DeviceLinkEncoder fresh(&fresh_device);
   EXPECT_EQ(on_device.Encode(send, x, {}).value(), fresh.Encode(send, x, {}).value());
 
-  Tensor bad = Gaussian({3, 2}, 4);
+  Tensor bad = RandomTensor({3, 2}, 4);
   bad[5] = std::nanf("");
   got = on_device.Encode(send, bad, {});
   EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();

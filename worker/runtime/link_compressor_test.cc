@@ -3,7 +3,7 @@
 #include <cmath>
 #include <vector>
 
-#include "common/philox.h"
+#include "common/testing/gradient_check.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/codec_spec.h"
@@ -11,6 +11,7 @@
 namespace pipetrain {
 namespace {
 
+using ::pipetrain::testing::RandomTensor;
 using ::testing::HasSubstr;
 
 v1::Instruction::Send GradSend(const std::string& codec, bool feedback = false,
@@ -26,12 +27,6 @@ v1::Instruction::Send GradSend(const std::string& codec, bool feedback = false,
   return s;
 }
 
-Tensor Gaussian(const Shape& shape, uint64_t seed) {
-  Tensor t = Tensor::Zeros(shape);
-  FillNormal(seed, 0, 0.0f, 1.0f, t.data(), t.numel());
-  return t;
-}
-
 std::vector<float> Values(const WireTensor& wire) {
   return DecodeWireTensor(wire, "test").value().ToVector();
 }
@@ -40,7 +35,7 @@ TEST(LinkCompressor, RawSend_PassesTheTensorAndCountsBytes) {
   LinkCompressor c;
   c.BeginIteration();
   LinkStats stats;
-  const Tensor x = Gaussian({3, 5}, 1);
+  const Tensor x = RandomTensor({3, 5}, 1);
   WireTensor wire = c.Encode(GradSend(""), x, &stats).value();
   EXPECT_FALSE(wire.encoded());
   EXPECT_EQ(wire.tensor.ToVector(), x.ToVector());
@@ -58,7 +53,7 @@ TEST(LinkCompressor, CodecSend_WireBytesAreThePayloadAndErrorSampledOncePerItera
   LinkStats stats;
   c.BeginIteration();
   for (int mb = 0; mb < 3; ++mb) {
-    WireTensor wire = c.Encode(GradSend(spec, false, false, mb), Gaussian({4, 8, 16}, mb), &stats)
+    WireTensor wire = c.Encode(GradSend(spec, false, false, mb), RandomTensor({4, 8, 16}, mb), &stats)
                           .value();
     EXPECT_TRUE(wire.encoded());
     EXPECT_EQ(wire.codec, spec);
@@ -73,7 +68,7 @@ TEST(LinkCompressor, CodecSend_WireBytesAreThePayloadAndErrorSampledOncePerItera
   EXPECT_GT(stats.error_sum, 0.01);
   EXPECT_LT(stats.error_sum, 0.5);
   c.BeginIteration();
-  ASSERT_TRUE(c.Encode(GradSend(spec), Gaussian({4, 8, 16}, 9), &stats).ok());
+  ASSERT_TRUE(c.Encode(GradSend(spec), RandomTensor({4, 8, 16}, 9), &stats).ok());
   EXPECT_EQ(stats.error_samples, 2);
 }
 
@@ -162,7 +157,7 @@ TEST(LinkCompressor, Decode_RoundTripsAndCounts) {
   LinkCompressor sender, receiver;
   sender.BeginIteration();
   LinkStats sent, received;
-  const Tensor x = Gaussian({2, 3, 8}, 5);
+  const Tensor x = RandomTensor({2, 3, 8}, 5);
   WireTensor wire = sender.Encode(GradSend("fp16"), x, &sent).value();
   Tensor y = receiver.Decode(wire, "grad", &received).value();
   ASSERT_EQ(y.shape(), x.shape());

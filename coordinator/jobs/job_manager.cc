@@ -35,7 +35,7 @@ std::vector<DeviceLinkMember> DeviceLinkMembers(const std::vector<v1::Worker>& w
   std::vector<DeviceLinkMember> members;
   for (const v1::Worker& w : workers) {
     members.push_back({w.device().hostname(), w.device().gpu_index(),
-                       registry.NcclUniqueId(w.id()).value_or("")});
+                       registry.NcclUniqueId(w.id()).value_or(""), w.device().gpu_uuid()});
   }
   return members;
 }

@@ -5,6 +5,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace pipetrain {
@@ -33,12 +34,12 @@ void ResetPaths(std::vector<v1::Program>* programs) {
 // not eligible or a lower stage of its host holds its GPU.
 std::vector<int> CandidateGroups(const std::vector<DeviceLinkMember>& members) {
   std::map<std::string, int> group_of_host;
-  std::set<std::pair<std::string, int>> taken_gpus;
+  std::set<std::pair<std::string, std::string>> taken_gpus;  // host, GpuIdentity
   std::vector<int> candidate(members.size(), -1);
   for (size_t s = 0; s < members.size(); ++s) {
     const DeviceLinkMember& m = members[s];
     if (m.host.empty() || m.nccl_unique_id.empty()) continue;
-    if (!taken_gpus.insert({m.host, m.gpu_index}).second) continue;
+    if (!taken_gpus.insert({m.host, GpuIdentity(m)}).second) continue;
     const int next = static_cast<int>(group_of_host.size());
     candidate[s] = group_of_host.emplace(m.host, next).first->second;
   }
@@ -76,6 +77,11 @@ LinkOutcome MarkLink(int a, int b, v1::Program* from, v1::Program* to) {
 }
 
 }  // namespace
+
+std::string GpuIdentity(const DeviceLinkMember& member) {
+  if (!member.gpu_uuid.empty()) return member.gpu_uuid;
+  return absl::StrCat("ordinal ", member.gpu_index);
+}
 
 DeviceLinkPlan PlanDeviceLinks(const std::vector<DeviceLinkMember>& members,
                                std::vector<v1::Program>* programs) {

@@ -8,9 +8,10 @@
 // Rules:
 //  - Eligible stage: its member has a non-empty host and nccl_unique_id.
 //  - Candidate group: the eligible stages of one host, one per GPU. When
-//    two eligible stages of a host share a gpu_index, the lower stage keeps
-//    the GPU and the higher one stays out (NCCL refuses two ranks on one
-//    GPU). Several hosts give several groups.
+//    two eligible stages of a host name the same GPU (GpuIdentity: the
+//    physical GPU's UUID, or, for a member without one, its gpu_index), the
+//    lower stage keeps the GPU and the higher one stays out (NCCL refuses
+//    two ranks on one GPU). Several hosts give several groups.
 //  - Link a -> b (a, b in one candidate group): a's Sends to b of kind
 //    ACTIVATION or ACTIVATION_GRAD with an empty codec (compressed sends
 //    stay on the wire), in a's program order, and b's Recvs from a of those
@@ -47,12 +48,23 @@
 namespace pipetrain {
 
 // What the planner knows about the worker of one stage (coordinator.proto
-// DeviceInfo: hostname, gpu_index and the worker's current nccl_unique_id).
+// DeviceInfo: hostname, gpu_index, gpu_uuid and the worker's current
+// nccl_unique_id).
 struct DeviceLinkMember {
   std::string host;
   int gpu_index = 0;
   std::string nccl_unique_id;  // empty: the worker cannot join NCCL groups
+  // The physical GPU (DeviceInfo.gpu_uuid); empty: unknown, gpu_index names
+  // the GPU. Workers isolated by CUDA_VISIBLE_DEVICES all see ordinal 0, and
+  // one GPU may have different ordinals in different processes: only the
+  // UUID tells GPUs apart reliably.
+  std::string gpu_uuid;
 };
+
+// What tells two members' GPUs apart: gpu_uuid, else "ordinal <gpu_index>".
+// (A UUID and an ordinal never compare equal: a host's workers come from
+// one build and either all report UUIDs or, on an older build, none.)
+std::string GpuIdentity(const DeviceLinkMember& member);
 
 struct DeviceLinkGroup {
   v1::DeviceGroup group;    // stages ascending; the owner's id

@@ -285,6 +285,31 @@ TEST(PlanDeviceLinks, SharedGpu_HigherStageStaysOutAndUnlinkedStageIsDropped) {
   EXPECT_EQ(DeviceAndWire(programs[3]).first, 0);
 }
 
+// Workers isolated by CUDA_VISIBLE_DEVICES all report ordinal 0; their
+// UUIDs say the GPUs differ, so they group. And the reverse: one physical GPU
+// seen as ordinal 0 by one worker and 1 by another is one GPU.
+TEST(PlanDeviceLinks, GpuUuids_DecideOverOrdinals) {
+  {
+    std::vector<v1::Program> programs = Compile(3, Schedule::kOneFOneB, 2);
+    std::vector<DeviceLinkMember> members = {
+        {"h", 0, "id-0", "GPU-a"}, {"h", 0, "id-1", "GPU-b"}, {"h", 0, "id-2", "GPU-c"}};
+    const DeviceLinkPlan plan = PlanDeviceLinks(members, &programs);
+    ASSERT_EQ(plan.groups.size(), 1u);
+    EXPECT_EQ(Stages(plan.groups[0].group), (std::vector<int>{0, 1, 2}));
+  }
+  {
+    std::vector<v1::Program> programs = Compile(3, Schedule::kOneFOneB, 2);
+    std::vector<DeviceLinkMember> members = {
+        {"h", 0, "id-0", "GPU-a"}, {"h", 1, "id-1", "GPU-b"}, {"h", 2, "id-2", "GPU-b"}};
+    const DeviceLinkPlan plan = PlanDeviceLinks(members, &programs);
+    ASSERT_EQ(plan.groups.size(), 1u);
+    EXPECT_EQ(Stages(plan.groups[0].group), (std::vector<int>{0, 1}));  // stage 2 shares GPU-b
+    EXPECT_EQ(plan.group_of_stage, (std::vector<int>{0, 0, -1}));
+  }
+  EXPECT_EQ(GpuIdentity({"h", 3, "id", ""}), "ordinal 3");
+  EXPECT_EQ(GpuIdentity({"h", 3, "id", "GPU-a"}), "GPU-a");
+}
+
 TEST(PlanDeviceLinks, MissingIdOrHost_StageStaysOut) {
   for (bool drop_id : {true, false}) {
     std::vector<v1::Program> programs = Compile(4, Schedule::kOneFOneB, 3);
@@ -465,7 +490,7 @@ void MarkSomeAtRandom(Draws& draws, std::vector<v1::Program>* programs) {
 
 // The rules restated independently of the implementation: whether stage s
 // may be in a group at all (host and id present, and no lower such stage on
-// its host holds its GPU).
+// its host holds its GPU: the same UUID, or without UUIDs the same ordinal).
 std::vector<bool> Eligible(const std::vector<DeviceLinkMember>& members) {
   std::vector<bool> eligible(members.size());
   auto basic = [&](size_t s) {
@@ -474,8 +499,11 @@ std::vector<bool> Eligible(const std::vector<DeviceLinkMember>& members) {
   for (size_t s = 0; s < members.size(); ++s) {
     eligible[s] = basic(s);
     for (size_t t = 0; t < s && eligible[s]; ++t) {
-      if (basic(t) && members[t].host == members[s].host &&
-          members[t].gpu_index == members[s].gpu_index) {
+      const bool same_gpu = members[s].gpu_uuid.empty()
+                                ? members[t].gpu_uuid.empty() &&
+                                      members[t].gpu_index == members[s].gpu_index
+                                : members[t].gpu_uuid == members[s].gpu_uuid;
+      if (basic(t) && members[t].host == members[s].host && same_gpu) {
         eligible[s] = false;
       }
     }
@@ -559,7 +587,9 @@ void CheckGroups(const std::vector<DeviceLinkMember>& members,
       const int s = group[r];
       EXPECT_EQ(plan.group_of_stage[s], static_cast<int>(g));
       EXPECT_EQ(members[s].host, members[group[0]].host);
-      for (size_t q = 0; q < r; ++q) EXPECT_NE(members[group[q]].gpu_index, members[s].gpu_index);
+      for (size_t q = 0; q < r; ++q) {
+        EXPECT_NE(GpuIdentity(members[group[q]]), GpuIdentity(members[s]));  // distinct GPUs
+      }
     }
   }
   for (int s = 0; s < stages; ++s) {
@@ -607,6 +637,10 @@ TEST(PlanDeviceLinks, RandomInstances_DevicePairsMatchAndNoMatchablePairIsLeftOn
       m.host = draws.OneIn(10) ? "" : "h" + std::to_string(draws.Below(hosts));
       m.gpu_index = draws.Below(stages + 1);
       if (!draws.OneIn(5)) m.nccl_unique_id = "id-" + std::to_string(s);
+      // Half the hosts' workers report UUIDs (independent of the ordinal).
+      if (!m.host.empty() && m.host.back() == '0') {
+        m.gpu_uuid = "GPU-" + std::to_string(draws.Below(stages + 1));
+      }
       members.push_back(m);
     }
     const DeviceLinkPlan plan = PlanDeviceLinks(members, &programs);

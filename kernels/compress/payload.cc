@@ -31,6 +31,7 @@ void ByteWriter::F32(float v) {
 // Float arrays: one memcpy where the host is little-endian (as the payload),
 // byte by byte elsewhere.
 void ByteWriter::F32s(const float* values, int64_t n) {
+  if (n <= 0) return;  // values may be null (an empty vector's data())
   if constexpr (kLittleEndianHost) {
     out_->append(reinterpret_cast<const char*>(values), static_cast<size_t>(n) * 4);
   } else {
@@ -41,6 +42,7 @@ void ByteWriter::F32s(const float* values, int64_t n) {
 bool ByteReader::F32s(float* values, int64_t n) {
   absl::string_view b;
   if (n < 0 || !Bytes(4 * n, &b)) return false;
+  if (n == 0) return true;  // values may be null; memcpy must not see it
   if constexpr (kLittleEndianHost) {
     std::memcpy(values, b.data(), b.size());
   } else {

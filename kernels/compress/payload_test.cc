@@ -137,6 +137,11 @@ TEST(ByteWriter, F32s_SameBytesAsF32PerValue_AndReadBack) {
   ASSERT_TRUE(r.F32s(back.data(), 5));
   EXPECT_EQ(0, std::memcmp(back.data(), values.data(), 20));
   EXPECT_EQ(r.remaining(), 0);
+  std::string none;
+  ByteWriter(&none).F32s(nullptr, 0);  // An empty vector's data() may be null.
+  EXPECT_TRUE(none.empty());
+  ByteReader empty(none);
+  EXPECT_TRUE(empty.F32s(nullptr, 0));
   ByteReader short_input(absl::string_view(bulk).substr(0, 19));
   EXPECT_FALSE(short_input.F32s(back.data(), 5));
   EXPECT_EQ(short_input.remaining(), 19);  // Nothing consumed.

@@ -11,8 +11,7 @@
 namespace pipetrain {
 namespace {
 
-// __builtin_bit_cast (GCC >= 11, Clang), not memcpy: GCC's vectoriser
-// finds no vector type for a memcpy'd float load and leaves the loop scalar.
+// A float's bits and back (__builtin_bit_cast: GCC >= 11, Clang).
 inline uint32_t FloatBits(float x) { return __builtin_bit_cast(uint32_t, x); }
 
 inline float FloatFromBits(uint32_t u) { return __builtin_bit_cast(float, u); }

@@ -79,7 +79,8 @@ class ByteReader {
 class BitWriter {
  public:
   explicit BitWriter(std::string* out) : out_(out) {}
-  // Inline: codecs call it once per value.
+  // Inline: called once per value (token top-k's mask; the quantizers'
+  // bodies use bit_pack.h).
   void Put(uint32_t value, int bits) {
     const uint64_t mask = bits == 32 ? 0xffffffffull : ((1ull << bits) - 1);
     buffer_ |= (uint64_t{value} & mask) << filled_;
@@ -103,7 +104,7 @@ class BitWriter {
 class BitReader {
  public:
   explicit BitReader(absl::string_view in) : in_(in) {}
-  // Inline: codecs call it once per value.
+  // Inline: called once per value.
   bool Get(int bits, uint32_t* value) {
     while (filled_ < bits) {
       if (pos_ >= in_.size()) return false;

@@ -14,7 +14,8 @@
 namespace pipetrain {
 
 // == std::lround(x): nearest integer, halfway cases away from zero, for
-// |x| < 2^31. Exact: the fraction f = x - trunc(x) is representable for every
+// -2^31 < x < 2^31 - 0.5 (beyond, the int32 truncation or the +1 would
+// overflow; the codecs clamp their ratios well inside). Exact: the fraction f = x - trunc(x) is representable for every
 // double, and so is 2f, whose truncation is +1 exactly when f >= 0.5, -1
 // when f <= -0.5, else 0. Conversions only, no comparisons, so loops
 // around it vectorise.

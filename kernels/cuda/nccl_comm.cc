@@ -1,11 +1,18 @@
 #include "kernels/cuda/nccl_comm.h"
 
+#include <pwd.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/nccl_status.h"
@@ -157,6 +164,44 @@ bool NcclVersionAtLeast(int code, int major, int minor) {
   return code_major != major ? code_major > major : code_minor >= minor;
 }
 
+namespace {
+
+// `name`'s value in NCCL configuration file `path` (NAME=VALUE lines), if
+// the file exists and sets it; the first such line wins.
+std::optional<std::string> SettingInFile(const std::string& path, const std::string& name) {
+  std::ifstream file(path);
+  std::string line;
+  while (std::getline(file, line)) {
+    const absl::string_view text = absl::StripAsciiWhitespace(line);
+    if (text.empty() || text[0] == '#') continue;
+    const size_t equals = text.find('=');
+    if (equals == absl::string_view::npos) continue;
+    if (absl::StripAsciiWhitespace(text.substr(0, equals)) != name) continue;
+    return std::string(absl::StripAsciiWhitespace(text.substr(equals + 1)));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<std::string> NcclSetting(const std::string& name, const char* home) {
+  if (const char* value = std::getenv(name.c_str()); value != nullptr) return std::string(value);
+  std::string user_file;
+  if (const char* conf = std::getenv("NCCL_CONF_FILE"); conf != nullptr) {
+    user_file = conf;
+  } else {
+    if (home == nullptr) {
+      const passwd* user = getpwuid(getuid());  // As NCCL finds the home directory.
+      home = user == nullptr ? nullptr : user->pw_dir;
+    }
+    if (home != nullptr) user_file = absl::StrCat(home, "/.nccl.conf");
+  }
+  if (!user_file.empty()) {
+    if (std::optional<std::string> v = SettingInFile(user_file, name)) return v;
+  }
+  return SettingInFile("/etc/nccl.conf", name);
+}
+
 absl::Status CheckNcclForDeviceGroups() {
   int code = 0;
   NCCL_RETURN_IF_ERROR(ncclGetVersion(&code));
@@ -166,10 +211,10 @@ absl::Status CheckNcclForDeviceGroups() {
         " is older than 2.22, whose grouped abort device groups need (a link whose peer "
         "died would keep the others from being aborted); use NCCL 2.22 or later"));
   }
-  const char* share = std::getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
-  if (share != nullptr && std::string(share) != "0" && std::string(share) != "") {
+  const std::optional<std::string> share = NcclSetting("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  if (share.has_value() && *share != "0" && !share->empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "NCCL_COMM_SPLIT_SHARE_RESOURCES=", share,
+        "NCCL_COMM_SPLIT_SHARE_RESOURCES=", *share,
         " would make a device group's links share one NCCL stream (a receive on one link could "
         "wait behind another link's send to a peer that waits for it); unset it"));
   }

@@ -38,6 +38,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,8 +69,18 @@ bool NcclVersionAtLeast(int code, int major, int minor);
 // link whose peer died keeps the others from being aborted), and
 // NCCL_COMM_SPLIT_SHARE_RESOURCES unset or 0 (shared, the links' split
 // communicators would share one internal stream). FAILED_PRECONDITION
-// naming the reason otherwise; INTERNAL if NCCL fails.
+// naming the reason otherwise; INTERNAL if NCCL fails. The setting is
+// looked up as NCCL will see it (NcclSetting), configuration files included.
 absl::Status CheckNcclForDeviceGroups();
+
+// The value NCCL will use for setting `name` (e.g.
+// "NCCL_COMM_SPLIT_SHARE_RESOURCES"): the environment's, else the first of
+// NCCL's configuration files that sets it: $NCCL_CONF_FILE if set, else
+// ~/.nccl.conf, then /etc/nccl.conf (NCCL loads them in that order at its
+// first call and a value already set wins). Lines are NAME=VALUE; '#'
+// starts a comment line; spaces around either side are ignored. nullopt
+// when nothing sets it. `home` overrides the user's home directory (tests).
+std::optional<std::string> NcclSetting(const std::string& name, const char* home = nullptr);
 
 // The rendezvous token of one communicator: NCCL_UNIQUE_ID_BYTES opaque
 // bytes, naming the bootstrap root that ranks connect to. Copyable value;

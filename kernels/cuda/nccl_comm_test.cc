@@ -15,9 +15,13 @@
 //   PCIe P2P, shared memory), sums over more than two ranks, bandwidth.
 #include "kernels/cuda/nccl_comm.h"
 
+#include <sys/stat.h>
+
 #include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -127,6 +131,66 @@ TEST(NcclVersionTest, CheckNcclForDeviceGroups_ThisLibrary_OkUnlessSharing) {
     unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
   } else {
     setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", saved.c_str(), 1);
+  }
+}
+
+// Sets (or, with nullptr, unsets) an environment variable for one scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* before = std::getenv(name);
+    had_ = before != nullptr;
+    if (had_) before_ = before;
+    if (value == nullptr) {
+      unsetenv(name);
+    } else {
+      setenv(name, value, 1);
+    }
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, before_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string before_;
+};
+
+std::string WriteFile(const std::string& name, const std::string& text) {
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
+// NCCL also takes its settings from configuration files; the check must see
+// what NCCL will see.
+TEST(NcclSettingTest, EnvironmentThenConfFileThenHomeFile) {
+  const std::string conf = WriteFile(
+      "nccl.conf", "# a comment\nNCCL_DEBUG=WARN\n  NCCL_COMM_SPLIT_SHARE_RESOURCES = 1  \n");
+  ScopedEnv unset_value("NCCL_COMM_SPLIT_SHARE_RESOURCES", nullptr);
+  {
+    ScopedEnv file("NCCL_CONF_FILE", conf.c_str());
+    EXPECT_EQ(NcclSetting("NCCL_COMM_SPLIT_SHARE_RESOURCES"), "1");
+    EXPECT_EQ(NcclSetting("NCCL_DEBUG"), "WARN");
+    EXPECT_EQ(NcclSetting("NCCL_NOT_SET_ANYWHERE"), std::nullopt);
+    const absl::Status sharing = CheckNcclForDeviceGroups();
+    EXPECT_EQ(sharing.code(), absl::StatusCode::kFailedPrecondition) << sharing;
+    ScopedEnv env("NCCL_COMM_SPLIT_SHARE_RESOURCES", "0");  // The environment wins.
+    EXPECT_EQ(NcclSetting("NCCL_COMM_SPLIT_SHARE_RESOURCES"), "0");
+    EXPECT_TRUE(CheckNcclForDeviceGroups().ok()) << CheckNcclForDeviceGroups();
+  }
+  {
+    // Without NCCL_CONF_FILE: the home directory's .nccl.conf.
+    ScopedEnv no_file("NCCL_CONF_FILE", nullptr);
+    const std::string home = std::string(std::getenv("TEST_TMPDIR")) + "/home";
+    mkdir(home.c_str(), 0700);
+    WriteFile("home/.nccl.conf", "NCCL_COMM_SPLIT_SHARE_RESOURCES=2\n");
+    EXPECT_EQ(NcclSetting("NCCL_COMM_SPLIT_SHARE_RESOURCES", home.c_str()), "2");
   }
 }
 

@@ -275,6 +275,61 @@ TEST(ElemTopKTest, Encode_RandomTensor_KeptExactCountCeil) {
   EXPECT_GE(smallest_kept, largest_dropped);
 }
 
+// The payload's kept indices, in payload order.
+std::vector<uint32_t> KeptIndices(const std::string& payload, int rank) {
+  ByteReader r(absl::string_view(payload).substr(HeaderBytes(rank)));
+  int64_t count = 0;
+  EXPECT_TRUE(r.I64(&count));
+  std::vector<uint32_t> indices(count);
+  for (auto& index : indices) {
+    float value;
+    EXPECT_TRUE(r.U32(&index));
+    EXPECT_TRUE(r.F32(&value));
+  }
+  return indices;
+}
+
+// Large tensors narrow the search with a strided sample (elem_topk_codec.cc);
+// the selection must still be exactly the k largest magnitudes, ties to the
+// lower index, as brute force finds them. Inputs chosen against the sample:
+// sorted both ways (the sample sees an unrepresentative spread), few distinct
+// values (huge ties), a spike block the stride skips, large values only at
+// the sampled positions (the narrowing misses), and random.
+TEST(ElemTopKTest, Encode_LargeTensors_SameSelectionAsBruteForce) {
+  const int64_t n = 300007;
+  std::mt19937 gen(8);
+  std::vector<std::vector<float>> inputs(7, std::vector<float>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    inputs[0][i] = static_cast<float>(i);                 // ascending
+    inputs[1][i] = static_cast<float>(n - i) * -0.5f;     // descending, negative
+    inputs[2][i] = static_cast<float>(gen() % 4);         // 4 values: ties everywhere
+    inputs[3][i] = (i / 7) % 2 ? 1.0f : -1.0f;            // one magnitude
+    inputs[4][i] = static_cast<float>(gen()) / 4294967296.0f;
+    inputs[5][i] = static_cast<float>(gen() % 1000) / 1000.0f;
+    // Large exactly where a stride-18 sample looks (n / 16384 = 18): the
+    // sample overrates the threshold, so the narrowed search misses and
+    // the full one must run.
+    inputs[6][i] = i % 18 == 0 ? 10.0f : static_cast<float>(gen() % 1000) / 1000.0f;
+  }
+  for (int64_t i = 1000; i < 1000 + 5000; ++i) inputs[4][i] = 100.0f + i % 3;  // spike block
+  for (double keep : {0.001, 0.1, 0.5, 0.9}) {
+    auto codec = MakeElemTopKCodec(keep).value();
+    for (size_t c = 0; c < inputs.size(); ++c) {
+      const std::vector<float>& v = inputs[c];
+      const int64_t k = TopKCount(keep, n);
+      std::vector<uint32_t> order(n);
+      for (int64_t i = 0; i < n; ++i) order[i] = static_cast<uint32_t>(i);
+      std::stable_sort(order.begin(), order.end(), [&v](uint32_t a, uint32_t b) {
+        return std::fabs(v[a]) > std::fabs(v[b]);
+      });
+      order.resize(k);
+      std::sort(order.begin(), order.end());
+      const std::string payload = codec->Encode(Tensor::FromVector({n}, v), nullptr).value();
+      EXPECT_EQ(KeptIndices(payload, 1), order) << "keep " << keep << " input " << c;
+    }
+  }
+}
+
 TEST(ElemTopKTest, Make_BadKeep_InvalidArgument) {
   auto codec = MakeElemTopKCodec(0.0);
   EXPECT_EQ(codec.status().code(), absl::StatusCode::kInvalidArgument);

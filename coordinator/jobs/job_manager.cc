@@ -35,7 +35,8 @@ std::vector<DeviceLinkMember> DeviceLinkMembers(const std::vector<v1::Worker>& w
   std::vector<DeviceLinkMember> members;
   for (const v1::Worker& w : workers) {
     members.push_back({w.device().hostname(), w.device().gpu_index(),
-                       registry.NcclUniqueId(w.id()).value_or(""), w.device().gpu_uuid()});
+                       registry.NcclUniqueId(w.id()).value_or(""),
+                       w.device().gpu_pci_bus_id()});
   }
   return members;
 }
@@ -52,8 +53,12 @@ void ConsumeDeviceGroupIds(const std::string& job_id, const DeviceLinkPlan& link
                       << " replaced its NCCL id while the job was planned; the group uses the "
                          "one it had";
     }
-    std::vector<int> gpus;
-    for (int s : g.group.stages()) gpus.push_back(workers[s].device().gpu_index());
+    std::vector<std::string> gpus;  // PCI addresses, or ordinals from older workers
+    for (int s : g.group.stages()) {
+      const v1::DeviceInfo& device = workers[s].device();
+      gpus.push_back(device.gpu_pci_bus_id().empty() ? absl::StrCat(device.gpu_index())
+                                                     : device.gpu_pci_bus_id());
+    }
     PT_LOG(INFO) << "job " << job_id << ": device group stages "
                  << absl::StrJoin(g.group.stages(), ",") << " (host "
                  << owner.device().hostname() << ", GPUs " << absl::StrJoin(gpus, ",")

@@ -1,11 +1,11 @@
 #include "coordinator/planner/device_links.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 #include <tuple>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 
 namespace pipetrain {
@@ -34,12 +34,16 @@ void ResetPaths(std::vector<v1::Program>* programs) {
 // not eligible or a lower stage of its host holds its GPU.
 std::vector<int> CandidateGroups(const std::vector<DeviceLinkMember>& members) {
   std::map<std::string, int> group_of_host;
-  std::set<std::pair<std::string, std::string>> taken_gpus;  // host, GpuIdentity
+  std::map<std::string, std::vector<size_t>> kept_on_host;  // stages holding a GPU
   std::vector<int> candidate(members.size(), -1);
   for (size_t s = 0; s < members.size(); ++s) {
     const DeviceLinkMember& m = members[s];
     if (m.host.empty() || m.nccl_unique_id.empty()) continue;
-    if (!taken_gpus.insert({m.host, GpuIdentity(m)}).second) continue;
+    std::vector<size_t>& kept = kept_on_host[m.host];
+    const bool gpu_taken =
+        std::any_of(kept.begin(), kept.end(), [&](size_t t) { return SameGpu(members[t], m); });
+    if (gpu_taken) continue;
+    kept.push_back(s);
     const int next = static_cast<int>(group_of_host.size());
     candidate[s] = group_of_host.emplace(m.host, next).first->second;
   }
@@ -78,9 +82,11 @@ LinkOutcome MarkLink(int a, int b, v1::Program* from, v1::Program* to) {
 
 }  // namespace
 
-std::string GpuIdentity(const DeviceLinkMember& member) {
-  if (!member.gpu_uuid.empty()) return member.gpu_uuid;
-  return absl::StrCat("ordinal ", member.gpu_index);
+bool SameGpu(const DeviceLinkMember& a, const DeviceLinkMember& b) {
+  if (!a.gpu_pci_bus_id.empty() && !b.gpu_pci_bus_id.empty()) {
+    return a.gpu_pci_bus_id == b.gpu_pci_bus_id;
+  }
+  return a.gpu_index == b.gpu_index;
 }
 
 DeviceLinkPlan PlanDeviceLinks(const std::vector<DeviceLinkMember>& members,

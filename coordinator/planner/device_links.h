@@ -8,8 +8,8 @@
 // Rules:
 //  - Eligible stage: its member has a non-empty host and nccl_unique_id.
 //  - Candidate group: the eligible stages of one host, one per GPU. When
-//    two eligible stages of a host name the same GPU (GpuIdentity: the
-//    physical GPU's UUID, or, for a member without one, its gpu_index), the
+//    two eligible stages of a host may be on the same GPU (SameGpu: equal
+//    PCI addresses; equal ordinals when either reports no address), the
 //    lower stage keeps the GPU and the higher one stays out (NCCL refuses
 //    two ranks on one GPU). Several hosts give several groups.
 //  - Link a -> b (a, b in one candidate group): a's Sends to b of kind
@@ -48,23 +48,27 @@
 namespace pipetrain {
 
 // What the planner knows about the worker of one stage (coordinator.proto
-// DeviceInfo: hostname, gpu_index, gpu_uuid and the worker's current
+// DeviceInfo: hostname, gpu_index, gpu_pci_bus_id and the worker's current
 // nccl_unique_id).
 struct DeviceLinkMember {
   std::string host;
   int gpu_index = 0;
   std::string nccl_unique_id;  // empty: the worker cannot join NCCL groups
-  // The physical GPU (DeviceInfo.gpu_uuid); empty: unknown, gpu_index names
-  // the GPU. Workers isolated by CUDA_VISIBLE_DEVICES all see ordinal 0, and
-  // one GPU may have different ordinals in different processes: only the
-  // UUID tells GPUs apart reliably.
-  std::string gpu_uuid;
+  // The GPU's PCI address (DeviceInfo.gpu_pci_bus_id); empty: unknown (an
+  // older worker), gpu_index names the GPU. Workers isolated by
+  // CUDA_VISIBLE_DEVICES all see ordinal 0, and one GPU may have different
+  // ordinals in different processes: the address tells GPUs apart, as
+  // NCCL does (MIG instances of one GPU share it, and NCCL refuses them
+  // too).
+  std::string gpu_pci_bus_id;
 };
 
-// What tells two members' GPUs apart: gpu_uuid, else "ordinal <gpu_index>".
-// (A UUID and an ordinal never compare equal: a host's workers come from
-// one build and either all report UUIDs or, on an older build, none.)
-std::string GpuIdentity(const DeviceLinkMember& member);
+// Whether two members of one host may hold the same GPU: equal addresses
+// when both report one; equal ordinals otherwise (a worker without an
+// address, e.g. an older build beside a newer one, is compared the old way
+// with everyone, so a GPU is never counted twice for lack of an address;
+// different ordinals are trusted then, as before addresses).
+bool SameGpu(const DeviceLinkMember& a, const DeviceLinkMember& b);
 
 struct DeviceLinkGroup {
   v1::DeviceGroup group;    // stages ascending; the owner's id

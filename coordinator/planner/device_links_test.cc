@@ -285,29 +285,41 @@ TEST(PlanDeviceLinks, SharedGpu_HigherStageStaysOutAndUnlinkedStageIsDropped) {
   EXPECT_EQ(DeviceAndWire(programs[3]).first, 0);
 }
 
-// Workers isolated by CUDA_VISIBLE_DEVICES all report ordinal 0; their
-// UUIDs say the GPUs differ, so they group. And the reverse: one physical GPU
-// seen as ordinal 0 by one worker and 1 by another is one GPU.
-TEST(PlanDeviceLinks, GpuUuids_DecideOverOrdinals) {
+// Workers isolated by CUDA_VISIBLE_DEVICES all report ordinal 0; their PCI
+// addresses say the GPUs differ, so they group. One GPU seen as ordinal 1
+// by one worker and 2 by another is one GPU. A worker without an address
+// (an older build) is compared by ordinal with everyone.
+TEST(PlanDeviceLinks, PciBusIds_DecideOverOrdinals) {
   {
     std::vector<v1::Program> programs = Compile(3, Schedule::kOneFOneB, 2);
-    std::vector<DeviceLinkMember> members = {
-        {"h", 0, "id-0", "GPU-a"}, {"h", 0, "id-1", "GPU-b"}, {"h", 0, "id-2", "GPU-c"}};
+    std::vector<DeviceLinkMember> members = {{"h", 0, "id-0", "0000:3B:00.0"},
+                                             {"h", 0, "id-1", "0000:5E:00.0"},
+                                             {"h", 0, "id-2", "0000:86:00.0"}};
     const DeviceLinkPlan plan = PlanDeviceLinks(members, &programs);
     ASSERT_EQ(plan.groups.size(), 1u);
     EXPECT_EQ(Stages(plan.groups[0].group), (std::vector<int>{0, 1, 2}));
   }
   {
     std::vector<v1::Program> programs = Compile(3, Schedule::kOneFOneB, 2);
-    std::vector<DeviceLinkMember> members = {
-        {"h", 0, "id-0", "GPU-a"}, {"h", 1, "id-1", "GPU-b"}, {"h", 2, "id-2", "GPU-b"}};
+    std::vector<DeviceLinkMember> members = {{"h", 0, "id-0", "0000:3B:00.0"},
+                                             {"h", 1, "id-1", "0000:5E:00.0"},
+                                             {"h", 2, "id-2", "0000:5E:00.0"}};
     const DeviceLinkPlan plan = PlanDeviceLinks(members, &programs);
     ASSERT_EQ(plan.groups.size(), 1u);
-    EXPECT_EQ(Stages(plan.groups[0].group), (std::vector<int>{0, 1}));  // stage 2 shares GPU-b
+    EXPECT_EQ(Stages(plan.groups[0].group), (std::vector<int>{0, 1}));  // 2 shares 5E
     EXPECT_EQ(plan.group_of_stage, (std::vector<int>{0, 0, -1}));
   }
-  EXPECT_EQ(GpuIdentity({"h", 3, "id", ""}), "ordinal 3");
-  EXPECT_EQ(GpuIdentity({"h", 3, "id", "GPU-a"}), "GPU-a");
+  {
+    // Stage 1 has no address and ordinal 0, like stage 0: maybe one GPU.
+    std::vector<v1::Program> programs = Compile(3, Schedule::kOneFOneB, 2);
+    std::vector<DeviceLinkMember> members = {
+        {"h", 0, "id-0", "0000:3B:00.0"}, {"h", 0, "id-1", ""}, {"h", 1, "id-2", "0000:5E:00.0"}};
+    const DeviceLinkPlan plan = PlanDeviceLinks(members, &programs);
+    EXPECT_EQ(plan.group_of_stage[1], -1);
+  }
+  EXPECT_TRUE(SameGpu({"h", 3, "id", ""}, {"h", 3, "id", "0000:3B:00.0"}));
+  EXPECT_FALSE(SameGpu({"h", 3, "id", "0000:5E:00.0"}, {"h", 3, "id", "0000:3B:00.0"}));
+  EXPECT_TRUE(SameGpu({"h", 2, "id", "0000:3B:00.0"}, {"h", 3, "id", "0000:3B:00.0"}));
 }
 
 TEST(PlanDeviceLinks, MissingIdOrHost_StageStaysOut) {
@@ -490,7 +502,8 @@ void MarkSomeAtRandom(Draws& draws, std::vector<v1::Program>* programs) {
 
 // The rules restated independently of the implementation: whether stage s
 // may be in a group at all (host and id present, and no lower such stage on
-// its host holds its GPU: the same UUID, or without UUIDs the same ordinal).
+// its host may hold its GPU: the same PCI address, or the same ordinal when
+// either has no address).
 std::vector<bool> Eligible(const std::vector<DeviceLinkMember>& members) {
   std::vector<bool> eligible(members.size());
   auto basic = [&](size_t s) {
@@ -499,10 +512,11 @@ std::vector<bool> Eligible(const std::vector<DeviceLinkMember>& members) {
   for (size_t s = 0; s < members.size(); ++s) {
     eligible[s] = basic(s);
     for (size_t t = 0; t < s && eligible[s]; ++t) {
-      const bool same_gpu = members[s].gpu_uuid.empty()
-                                ? members[t].gpu_uuid.empty() &&
-                                      members[t].gpu_index == members[s].gpu_index
-                                : members[t].gpu_uuid == members[s].gpu_uuid;
+      const bool both_addressed =
+          !members[s].gpu_pci_bus_id.empty() && !members[t].gpu_pci_bus_id.empty();
+      const bool same_gpu = both_addressed
+                                ? members[t].gpu_pci_bus_id == members[s].gpu_pci_bus_id
+                                : members[t].gpu_index == members[s].gpu_index;
       if (basic(t) && members[t].host == members[s].host && same_gpu) {
         eligible[s] = false;
       }
@@ -588,7 +602,12 @@ void CheckGroups(const std::vector<DeviceLinkMember>& members,
       EXPECT_EQ(plan.group_of_stage[s], static_cast<int>(g));
       EXPECT_EQ(members[s].host, members[group[0]].host);
       for (size_t q = 0; q < r; ++q) {
-        EXPECT_NE(GpuIdentity(members[group[q]]), GpuIdentity(members[s]));  // distinct GPUs
+        const DeviceLinkMember& other = members[group[q]];
+        if (!other.gpu_pci_bus_id.empty() && !members[s].gpu_pci_bus_id.empty()) {
+          EXPECT_NE(other.gpu_pci_bus_id, members[s].gpu_pci_bus_id);  // distinct GPUs
+        } else {
+          EXPECT_NE(other.gpu_index, members[s].gpu_index);
+        }
       }
     }
   }
@@ -637,10 +656,9 @@ TEST(PlanDeviceLinks, RandomInstances_DevicePairsMatchAndNoMatchablePairIsLeftOn
       m.host = draws.OneIn(10) ? "" : "h" + std::to_string(draws.Below(hosts));
       m.gpu_index = draws.Below(stages + 1);
       if (!draws.OneIn(5)) m.nccl_unique_id = "id-" + std::to_string(s);
-      // Half the hosts' workers report UUIDs (independent of the ordinal).
-      if (!m.host.empty() && m.host.back() == '0') {
-        m.gpu_uuid = "GPU-" + std::to_string(draws.Below(stages + 1));
-      }
+      // Most workers report a PCI address, independent of the ordinal; some
+      // (older builds) none, on the same hosts.
+      if (!draws.OneIn(3)) m.gpu_pci_bus_id = "bus-" + std::to_string(draws.Below(stages + 1));
       members.push_back(m);
     }
     const DeviceLinkPlan plan = PlanDeviceLinks(members, &programs);

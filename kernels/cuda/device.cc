@@ -2,8 +2,6 @@
 
 #include <cuda_runtime_api.h>
 
-#include <cstring>
-
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
@@ -24,21 +22,9 @@ absl::StatusOr<int> CudaDeviceCount() {
   return count;
 }
 
-std::string FormatGpuUuid(const unsigned char (&bytes)[16]) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  std::string out = "GPU-";
-  for (int i = 0; i < 16; ++i) {
-    if (i == 4 || i == 6 || i == 8 || i == 10) out.push_back('-');
-    out.push_back(kHex[bytes[i] >> 4]);
-    out.push_back(kHex[bytes[i] & 0xf]);
-  }
-  return out;
-}
-
 absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int index) {
   if (index < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CUDA device index ", index, " is negative"));
+    return absl::InvalidArgumentError(absl::StrCat("CUDA device index ", index, " is negative"));
   }
   ASSIGN_OR_RETURN(const int count, CudaDeviceCount());
   if (index >= count) {
@@ -55,10 +41,9 @@ absl::StatusOr<CudaDeviceInfo> GetCudaDeviceInfo(int index) {
   info.sm_count = prop.multiProcessorCount;
   info.compute_major = prop.major;
   info.compute_minor = prop.minor;
-  unsigned char uuid[16];
-  static_assert(sizeof(prop.uuid.bytes) == sizeof(uuid), "cudaUUID_t is 16 bytes");
-  std::memcpy(uuid, prop.uuid.bytes, sizeof(uuid));
-  info.uuid = FormatGpuUuid(uuid);
+  char bus_id[32] = {};  // "dddddddd:bb:dd.f" at most (CUDA asks for >= 13 bytes)
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus_id, sizeof(bus_id), index));
+  info.pci_bus_id = bus_id;
   return info;
 }
 

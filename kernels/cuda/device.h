@@ -15,20 +15,18 @@ namespace pipetrain {
 
 struct CudaDeviceInfo {
   int index = 0;
-  std::string name;            // e.g. "NVIDIA H100 80GB HBM3"
+  std::string name;  // e.g. "NVIDIA H100 80GB HBM3"
   int64_t total_memory_bytes = 0;
-  int sm_count = 0;            // streaming multiprocessors
-  int compute_major = 0;       // compute capability, e.g. 9.0 for H100
+  int sm_count = 0;       // streaming multiprocessors
+  int compute_major = 0;  // compute capability, e.g. 9.0 for H100
   int compute_minor = 0;
-  // The physical GPU, whatever ordinal CUDA_VISIBLE_DEVICES gives it in
-  // this process, as nvidia-smi -L prints it ("GPU-" + 32 hex digits in
-  // 8-4-4-4-12 groups; FormatGpuUuid).
-  std::string uuid;
+  // The GPU's PCI address, as cudaDeviceGetPCIBusId gives it (e.g.
+  // "0000:3B:00.0"): one per physical GPU on a host whatever ordinal
+  // CUDA_VISIBLE_DEVICES gives it in this process, and what NCCL tells GPUs
+  // apart by (it refuses two ranks with one bus id; MIG instances of one
+  // GPU share it).
+  std::string pci_bus_id;
 };
-
-// cudaDeviceProp::uuid's 16 bytes as nvidia-smi prints them, e.g.
-// "GPU-5e6f1a2b-0c3d-4e5f-8a9b-0c1d2e3f4a5b" (lowercase hex).
-std::string FormatGpuUuid(const unsigned char (&bytes)[16]);
 
 // Number of visible CUDA devices (respects CUDA_VISIBLE_DEVICES). 0 when no
 // device is present or no driver is installed. INTERNAL for any other CUDA

@@ -3,6 +3,7 @@
 // the reported facts.
 #include "kernels/cuda/device.h"
 
+#include <algorithm>
 #include <iostream>
 #include <string>
 
@@ -56,21 +57,16 @@ TEST(GetCudaDeviceInfoTest, GetCudaDeviceInfo_EveryDevice_PlausibleFacts) {
     EXPECT_GT(info->total_memory_bytes, 0);
     EXPECT_GT(info->sm_count, 0);
     EXPECT_GE(info->compute_major, 1);
-    EXPECT_EQ(info->uuid.size(), 40u) << info->uuid;
+    // "0000:3B:00.0": domain, bus, device, function.
+    EXPECT_EQ(std::count(info->pci_bus_id.begin(), info->pci_bus_id.end(), ':'), 2)
+        << info->pci_bus_id;
+    EXPECT_NE(info->pci_bus_id.find('.'), std::string::npos) << info->pci_bus_id;
     // Recorded in the test log: which device the parity tests ran on.
     std::cout << "device " << i << ": " << info->name << ", "
               << info->total_memory_bytes / (1 << 20) << " MiB, " << info->sm_count
               << " SMs, compute " << info->compute_major << "." << info->compute_minor << ", "
-              << info->uuid << "\n";
+              << "PCI " << info->pci_bus_id << "\n";
   }
-}
-
-TEST(FormatGpuUuidTest, SixteenBytes_NvidiaSmiForm) {
-  const unsigned char bytes[16] = {0x5e, 0x6f, 0x1a, 0x2b, 0x0c, 0x3d, 0x4e, 0x5f,
-                                   0x8a, 0x9b, 0x0c, 0x1d, 0x2e, 0x3f, 0x4a, 0xff};
-  EXPECT_EQ(FormatGpuUuid(bytes), "GPU-5e6f1a2b-0c3d-4e5f-8a9b-0c1d2e3f4aff");
-  const unsigned char zeros[16] = {};
-  EXPECT_EQ(FormatGpuUuid(zeros), "GPU-00000000-0000-0000-0000-000000000000");
 }
 
 }  // namespace

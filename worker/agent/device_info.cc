@@ -33,7 +33,7 @@ v1::DeviceInfo CollectDeviceInfo(Backend* backend) {
   info.set_gpu_model(facts.name);
   info.set_gpu_memory_bytes(facts.memory_bytes);
   info.set_gpu_sm_count(facts.sm_count);
-  info.set_gpu_uuid(facts.uuid);
+  info.set_gpu_pci_bus_id(facts.pci_bus_id);
   const bool gpu = backend->kind() != BackendKind::kCpu;
   info.set_measured_gflops(MeasureGemmGflops(backend, gpu ? 4096 : 384, 3));
   return info;

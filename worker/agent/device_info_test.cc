@@ -13,7 +13,7 @@ TEST(DeviceInfoTest, CollectDeviceInfo_CpuBackend_NoGpuFieldsAndMeasuredGemm) {
   EXPECT_EQ(info.gpu_model(), "");
   EXPECT_EQ(info.gpu_memory_bytes(), 0);
   EXPECT_EQ(info.gpu_sm_count(), 0);
-  EXPECT_EQ(info.gpu_uuid(), "");
+  EXPECT_EQ(info.gpu_pci_bus_id(), "");
   EXPECT_GT(info.cpu_cores(), 0);
   EXPECT_GT(info.memory_bytes(), 0);
   EXPECT_GT(info.measured_gflops(), 0.0);

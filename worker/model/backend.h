@@ -63,9 +63,10 @@ struct DeviceFacts {
   int64_t memory_bytes = 0;  // device memory
   int sm_count = 0;          // streaming multiprocessors
   int index = 0;             // the device ordinal (e.g. 1 for cuda:1)
-  // The physical GPU (CUDA: nvidia-smi's "GPU-..." UUID), the same in every
-  // process whatever ordinal CUDA_VISIBLE_DEVICES gives it; empty on the CPU.
-  std::string uuid;
+  // The GPU's PCI address ("0000:3B:00.0"): the same in every process of a
+  // host whatever ordinal CUDA_VISIBLE_DEVICES gives the GPU; empty on the
+  // CPU.
+  std::string pci_bus_id;
 };
 
 // Total time and call count of one op (see "Op timing" above).

@@ -157,7 +157,7 @@ class CudaBackendImpl final : public Backend {
   CudaBackendImpl(const CudaDeviceInfo& info, cudaStream_t stream, CublasHandle cublas,
                   AttentionImpl attention)
       : device_(info.index),
-        facts_{info.name, info.total_memory_bytes, info.sm_count, info.index, info.uuid},
+        facts_{info.name, info.total_memory_bytes, info.sm_count, info.index, info.pci_bus_id},
         stream_(stream),
         cublas_(std::move(cublas)),
         attention_(attention),

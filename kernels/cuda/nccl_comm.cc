@@ -3,16 +3,17 @@
 #include <pwd.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/string_view.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/nccl_status.h"
@@ -169,37 +170,62 @@ namespace {
 // `name`'s value in NCCL configuration file `path` (NAME=VALUE lines), if
 // the file exists and sets it; the first such line wins.
 std::optional<std::string> SettingInFile(const std::string& path, const std::string& name) {
+  // As NCCL reads these files: NAME=VALUE, the name being everything before
+  // the first '=' and the value the rest of the line, nothing trimmed (a
+  // "# NAME=1" line names "# NAME"); the first line for a name wins.
   std::ifstream file(path);
   std::string line;
   while (std::getline(file, line)) {
-    const absl::string_view text = absl::StripAsciiWhitespace(line);
-    if (text.empty() || text[0] == '#') continue;
-    const size_t equals = text.find('=');
-    if (equals == absl::string_view::npos) continue;
-    if (absl::StripAsciiWhitespace(text.substr(0, equals)) != name) continue;
-    return std::string(absl::StripAsciiWhitespace(text.substr(equals + 1)));
+    const size_t equals = line.find('=');
+    if (equals == std::string::npos || line.compare(0, equals, name) != 0 ||
+        equals != name.size()) {
+      continue;
+    }
+    return line.substr(equals + 1);
   }
   return std::nullopt;
 }
 
+// The user's home directory as NCCL finds it (the password database, not
+// $HOME); getpwuid_r, as CheckNcclForDeviceGroups runs on more than one
+// thread.
+std::optional<std::string> HomeDirectory() {
+  std::vector<char> buffer(16384);
+  passwd entry;
+  passwd* found = nullptr;
+  if (getpwuid_r(getuid(), &entry, buffer.data(), buffer.size(), &found) != 0 || found == nullptr ||
+      found->pw_dir == nullptr) {
+    return std::nullopt;
+  }
+  return std::string(found->pw_dir);
+}
+
 }  // namespace
 
-std::optional<std::string> NcclSetting(const std::string& name, const char* home) {
+std::optional<std::string> NcclSetting(const std::string& name, const NcclConfFiles& files) {
   if (const char* value = std::getenv(name.c_str()); value != nullptr) return std::string(value);
-  std::string user_file;
-  if (const char* conf = std::getenv("NCCL_CONF_FILE"); conf != nullptr) {
+  std::optional<std::string> user_file;
+  const char* conf = std::getenv("NCCL_CONF_FILE");
+  if (conf != nullptr && conf[0] != '\0') {  // NCCL ignores an empty NCCL_CONF_FILE
     user_file = conf;
-  } else {
-    if (home == nullptr) {
-      const passwd* user = getpwuid(getuid());  // As NCCL finds the home directory.
-      home = user == nullptr ? nullptr : user->pw_dir;
-    }
-    if (home != nullptr) user_file = absl::StrCat(home, "/.nccl.conf");
+  } else if (std::optional<std::string> home = files.home ? files.home : HomeDirectory()) {
+    user_file = *home + "/.nccl.conf";
   }
-  if (!user_file.empty()) {
-    if (std::optional<std::string> v = SettingInFile(user_file, name)) return v;
+  if (user_file.has_value()) {
+    if (std::optional<std::string> v = SettingInFile(*user_file, name)) return v;
   }
-  return SettingInFile("/etc/nccl.conf", name);
+  return SettingInFile(files.system_file, name);
+}
+
+bool NcclIntegerSettingNonZero(const std::string& value) {
+  // NCCL parses integer settings with strtoll(value, NULL, 0), keeping its
+  // default for an empty value or on a range error; a non-number reads 0.
+  // INT_MIN is its "undefined" marker.
+  if (value.empty()) return false;
+  errno = 0;
+  const long long parsed = std::strtoll(value.c_str(), nullptr, 0);
+  if (errno != 0) return false;
+  return parsed != 0 && parsed != std::numeric_limits<int>::min();
 }
 
 absl::Status CheckNcclForDeviceGroups() {
@@ -212,7 +238,7 @@ absl::Status CheckNcclForDeviceGroups() {
         "died would keep the others from being aborted); use NCCL 2.22 or later"));
   }
   const std::optional<std::string> share = NcclSetting("NCCL_COMM_SPLIT_SHARE_RESOURCES");
-  if (share.has_value() && *share != "0" && !share->empty()) {
+  if (share.has_value() && NcclIntegerSettingNonZero(*share)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "NCCL_COMM_SPLIT_SHARE_RESOURCES=", *share,
         " would make a device group's links share one NCCL stream (a receive on one link could "

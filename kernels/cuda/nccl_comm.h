@@ -73,14 +73,26 @@ bool NcclVersionAtLeast(int code, int major, int minor);
 // looked up as NCCL will see it (NcclSetting), configuration files included.
 absl::Status CheckNcclForDeviceGroups();
 
+// Where NCCL's configuration files are (overridable for tests).
+struct NcclConfFiles {
+  std::optional<std::string> home;  // unset: the user's, from the password database
+  std::string system_file = "/etc/nccl.conf";
+};
+
 // The value NCCL will use for setting `name` (e.g.
 // "NCCL_COMM_SPLIT_SHARE_RESOURCES"): the environment's, else the first of
-// NCCL's configuration files that sets it: $NCCL_CONF_FILE if set, else
-// ~/.nccl.conf, then /etc/nccl.conf (NCCL loads them in that order at its
-// first call and a value already set wins). Lines are NAME=VALUE; '#'
-// starts a comment line; spaces around either side are ignored. nullopt
-// when nothing sets it. `home` overrides the user's home directory (tests).
-std::optional<std::string> NcclSetting(const std::string& name, const char* home = nullptr);
+// NCCL's configuration files that sets it: $NCCL_CONF_FILE if set and not
+// empty, else ~/.nccl.conf; then /etc/nccl.conf (NCCL loads them in that
+// order at its first call and a value already set wins). Read as NCCL
+// reads them: NAME=VALUE lines, nothing trimmed. nullopt when nothing sets
+// it.
+std::optional<std::string> NcclSetting(const std::string& name,
+                                       const NcclConfFiles& files = NcclConfFiles());
+
+// Whether NCCL reads integer setting `value` as non-zero (and not its
+// "undefined" INT_MIN): strtoll with base 0, so "00" and "abc" are 0, "0x1"
+// and " 1" are 1; empty or out of range keeps NCCL's default (false here).
+bool NcclIntegerSettingNonZero(const std::string& value);
 
 // The rendezvous token of one communicator: NCCL_UNIQUE_ID_BYTES opaque
 // bytes, naming the bootstrap root that ranks connect to. Copyable value;

@@ -114,26 +114,6 @@ TEST(NcclVersionTest, NcclVersionAtLeast_BothSchemes) {
   EXPECT_FALSE(NcclVersionAtLeast(10901, 2, 0));
 }
 
-// The toolkit's NCCL here is 2.28: device groups are allowed, unless the
-// environment asks split communicators to share their resources.
-TEST(NcclVersionTest, CheckNcclForDeviceGroups_ThisLibrary_OkUnlessSharing) {
-  const char* before = std::getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
-  const std::string saved = before == nullptr ? "" : before;
-  unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
-  EXPECT_TRUE(CheckNcclForDeviceGroups().ok()) << CheckNcclForDeviceGroups();
-  setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1", 1);
-  const absl::Status sharing = CheckNcclForDeviceGroups();
-  EXPECT_EQ(sharing.code(), absl::StatusCode::kFailedPrecondition) << sharing;
-  EXPECT_NE(sharing.message().find("NCCL_COMM_SPLIT_SHARE_RESOURCES=1"), std::string::npos);
-  setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "0", 1);
-  EXPECT_TRUE(CheckNcclForDeviceGroups().ok()) << CheckNcclForDeviceGroups();
-  if (before == nullptr) {
-    unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
-  } else {
-    setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", saved.c_str(), 1);
-  }
-}
-
 // Sets (or, with nullptr, unsets) an environment variable for one scope.
 class ScopedEnv {
  public:
@@ -167,31 +147,90 @@ std::string WriteFile(const std::string& name, const std::string& text) {
   return path;
 }
 
+// The toolkit's NCCL here is 2.28: device groups are allowed, unless the
+// environment asks split communicators to share their resources.
+TEST(NcclVersionTest, CheckNcclForDeviceGroups_ThisLibrary_OkUnlessSharing) {
+  // An empty configuration file instead of ~/.nccl.conf (the machine's
+  // /etc/nccl.conf still counts: a machine that shares is refused).
+  const std::string empty_conf = WriteFile("empty.conf", "");
+  ScopedEnv conf("NCCL_CONF_FILE", empty_conf.c_str());
+  const char* before = std::getenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  const std::string saved = before == nullptr ? "" : before;
+  unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  EXPECT_TRUE(CheckNcclForDeviceGroups().ok()) << CheckNcclForDeviceGroups();
+  setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "1", 1);
+  const absl::Status sharing = CheckNcclForDeviceGroups();
+  EXPECT_EQ(sharing.code(), absl::StatusCode::kFailedPrecondition) << sharing;
+  EXPECT_NE(sharing.message().find("NCCL_COMM_SPLIT_SHARE_RESOURCES=1"), std::string::npos);
+  setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", "0", 1);
+  EXPECT_TRUE(CheckNcclForDeviceGroups().ok()) << CheckNcclForDeviceGroups();
+  if (before == nullptr) {
+    unsetenv("NCCL_COMM_SPLIT_SHARE_RESOURCES");
+  } else {
+    setenv("NCCL_COMM_SPLIT_SHARE_RESOURCES", saved.c_str(), 1);
+  }
+}
+
 // NCCL also takes its settings from configuration files; the check must see
-// what NCCL will see.
-TEST(NcclSettingTest, EnvironmentThenConfFileThenHomeFile) {
-  const std::string conf = WriteFile(
-      "nccl.conf", "# a comment\nNCCL_DEBUG=WARN\n  NCCL_COMM_SPLIT_SHARE_RESOURCES = 1  \n");
-  ScopedEnv unset_value("NCCL_COMM_SPLIT_SHARE_RESOURCES", nullptr);
+// what NCCL will see. (Made-up setting names keep the machine's own NCCL
+// environment out of the way; /etc/nccl.conf is replaced by a test file.)
+TEST(NcclSettingTest, EnvironmentThenUserFileThenSystemFile) {
+  const std::string system_file = WriteFile(
+      "system.conf", "PIPETRAIN_T_A=system\nPIPETRAIN_T_B=system\nPIPETRAIN_T_C=system\n");
+  const std::string user_file =
+      WriteFile("user.conf",
+                "# PIPETRAIN_T_B=comment\nPIPETRAIN_T_B=user\nPIPETRAIN_T_B=second\n"
+                " PIPETRAIN_T_C=padded name\nPIPETRAIN_T_D= 1 \n");
+  ScopedEnv env_a("PIPETRAIN_T_A", "environment");
+  ScopedEnv unset_b("PIPETRAIN_T_B", nullptr);
+  ScopedEnv unset_c("PIPETRAIN_T_C", nullptr);
+  ScopedEnv unset_d("PIPETRAIN_T_D", nullptr);
+  NcclConfFiles files;
+  files.system_file = system_file;
+  files.home = "/nonexistent-home";
   {
-    ScopedEnv file("NCCL_CONF_FILE", conf.c_str());
-    EXPECT_EQ(NcclSetting("NCCL_COMM_SPLIT_SHARE_RESOURCES"), "1");
-    EXPECT_EQ(NcclSetting("NCCL_DEBUG"), "WARN");
-    EXPECT_EQ(NcclSetting("NCCL_NOT_SET_ANYWHERE"), std::nullopt);
-    const absl::Status sharing = CheckNcclForDeviceGroups();
-    EXPECT_EQ(sharing.code(), absl::StatusCode::kFailedPrecondition) << sharing;
-    ScopedEnv env("NCCL_COMM_SPLIT_SHARE_RESOURCES", "0");  // The environment wins.
-    EXPECT_EQ(NcclSetting("NCCL_COMM_SPLIT_SHARE_RESOURCES"), "0");
-    EXPECT_TRUE(CheckNcclForDeviceGroups().ok()) << CheckNcclForDeviceGroups();
+    ScopedEnv conf("NCCL_CONF_FILE", user_file.c_str());
+    EXPECT_EQ(NcclSetting("PIPETRAIN_T_A", files), "environment");
+    EXPECT_EQ(NcclSetting("PIPETRAIN_T_B", files), "user");    // first line, comments skipped
+    EXPECT_EQ(NcclSetting("PIPETRAIN_T_C", files), "system");  // " NAME" is another name
+    EXPECT_EQ(NcclSetting("PIPETRAIN_T_D", files), " 1 ");     // the value as written
+    EXPECT_EQ(NcclSetting("PIPETRAIN_T_NONE", files), std::nullopt);
   }
   {
-    // Without NCCL_CONF_FILE: the home directory's .nccl.conf.
-    ScopedEnv no_file("NCCL_CONF_FILE", nullptr);
+    // An empty NCCL_CONF_FILE is ignored, as NCCL ignores it: the home
+    // directory's .nccl.conf is read.
+    ScopedEnv conf("NCCL_CONF_FILE", "");
     const std::string home = std::string(std::getenv("TEST_TMPDIR")) + "/home";
     mkdir(home.c_str(), 0700);
-    WriteFile("home/.nccl.conf", "NCCL_COMM_SPLIT_SHARE_RESOURCES=2\n");
-    EXPECT_EQ(NcclSetting("NCCL_COMM_SPLIT_SHARE_RESOURCES", home.c_str()), "2");
+    WriteFile("home/.nccl.conf", "PIPETRAIN_T_B=home\n");
+    files.home = home;
+    EXPECT_EQ(NcclSetting("PIPETRAIN_T_B", files), "home");
+    EXPECT_EQ(NcclSetting("PIPETRAIN_T_C", files), "system");
   }
+}
+
+TEST(NcclSettingTest, IntegerSettings_ReadAsNcclReadsThem) {
+  EXPECT_TRUE(NcclIntegerSettingNonZero("1"));
+  EXPECT_TRUE(NcclIntegerSettingNonZero(" 1 "));
+  EXPECT_TRUE(NcclIntegerSettingNonZero("0x1"));
+  EXPECT_TRUE(NcclIntegerSettingNonZero("-1"));
+  EXPECT_FALSE(NcclIntegerSettingNonZero("0"));
+  EXPECT_FALSE(NcclIntegerSettingNonZero("00"));
+  EXPECT_FALSE(NcclIntegerSettingNonZero(""));
+  EXPECT_FALSE(NcclIntegerSettingNonZero("yes"));                   // strtoll reads no digits: 0
+  EXPECT_FALSE(NcclIntegerSettingNonZero("99999999999999999999"));  // out of range: default
+  EXPECT_FALSE(NcclIntegerSettingNonZero("-2147483648"));           // NCCL's "undefined"
+}
+
+// The check reads the setting from a configuration file too.
+TEST(NcclSettingTest, CheckNcclForDeviceGroups_SharingInConfFile_Refused) {
+  ScopedEnv unset("NCCL_COMM_SPLIT_SHARE_RESOURCES", nullptr);
+  const std::string conf = WriteFile("share.conf", "NCCL_COMM_SPLIT_SHARE_RESOURCES=1\n");
+  ScopedEnv file("NCCL_CONF_FILE", conf.c_str());
+  const absl::Status sharing = CheckNcclForDeviceGroups();
+  EXPECT_EQ(sharing.code(), absl::StatusCode::kFailedPrecondition) << sharing;
+  ScopedEnv env("NCCL_COMM_SPLIT_SHARE_RESOURCES", "0");  // The environment wins.
+  EXPECT_TRUE(CheckNcclForDeviceGroups().ok()) << CheckNcclForDeviceGroups();
 }
 
 TEST(NcclVersionTest, NcclVersion_LoadedLibrary_SameMajorAsHeader) {

@@ -167,21 +167,18 @@ bool NcclVersionAtLeast(int code, int major, int minor) {
 
 namespace {
 
-// `name`'s value in NCCL configuration file `path` (NAME=VALUE lines), if
-// the file exists and sets it; the first such line wins.
+// `name`'s value in NCCL configuration file `path`, if the file exists and
+// sets it. Read as NCCL reads these files: the name is everything before a
+// line's first '=' and the value the rest of the line, nothing trimmed (a
+// "# NAME=1" line names "# NAME"); the first line for a name wins.
 std::optional<std::string> SettingInFile(const std::string& path, const std::string& name) {
-  // As NCCL reads these files: NAME=VALUE, the name being everything before
-  // the first '=' and the value the rest of the line, nothing trimmed (a
-  // "# NAME=1" line names "# NAME"); the first line for a name wins.
   std::ifstream file(path);
   std::string line;
   while (std::getline(file, line)) {
     const size_t equals = line.find('=');
-    if (equals == std::string::npos || line.compare(0, equals, name) != 0 ||
-        equals != name.size()) {
-      continue;
+    if (equals != std::string::npos && line.substr(0, equals) == name) {
+      return line.substr(equals + 1);
     }
-    return line.substr(equals + 1);
   }
   return std::nullopt;
 }

@@ -125,13 +125,15 @@ absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader) {
         absl::StrCat("payload is for codec ", int{id}, ", not ", static_cast<int>(expected)));
   }
   if (rank > kMaxPayloadRank) {
-    return absl::InvalidArgumentError(absl::StrCat("payload rank ", int{rank}, " > 8"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload rank ", int{rank}, " > ", kMaxPayloadRank));
   }
   Shape shape(rank);
   double numel = 1;
   for (int i = 0; i < rank; ++i) {
-    if (!reader->I64(&shape[i]))
+    if (!reader->I64(&shape[i])) {
       return absl::InvalidArgumentError("payload truncated in its shape");
+    }
     if (shape[i] < 0) return absl::InvalidArgumentError("payload has a negative dimension");
     numel *= static_cast<double>(shape[i]);
   }

@@ -6,6 +6,9 @@
 # mean, its change against the uncompressed rows' mean, the same for the
 # validation loss after the last step, and the wire-byte
 # ratios and compression error the workers' metrics report (first seed).
+# "paired" is the mean ± standard error over seeds of each seed's change
+# against the uncompressed run of the same seed (the seed fixes the initial
+# weights and the data order, which move the loss by more than most codecs).
 #
 #   bash scripts/compression_convergence.sh [steps] [seeds] [extra up flags]
 #   e.g. bash scripts/compression_convergence.sh 300 "1 2 3" "--micro-batches 8"
@@ -42,11 +45,30 @@ rows=(
 
 echo "pipetrain up --steps $steps $extra (defaults: 4 workers, 2 layers, d_model 128, seq 64, batch 16, 4 micro-batches, lr 1e-3); seeds $seeds; $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo
-echo "| compression | last-20-step loss per seed | mean | vs none | final validation loss per seed | mean | vs none | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error |"
-echo "|---|---|---|---|---|---|---|---|---|---|"
+echo "| compression | last-20-step loss per seed | mean | vs none | paired | final validation loss per seed | mean | vs none | paired | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
 ratio() { awk -v k="$1" '$1==k && /wire/ {gsub(/[()x,]/,"",$9); print $9 "x"; f=1} END {if (!f) print "1x"}' "$2"; }
 base=""; vbase=""
 meanof() { printf '%s\n' "$@" | awk '/^[0-9.]+$/ {s += $1; n++} END {if (n) printf "%.4f", s / n; else print "-"}'; }
+# paired BASE... -- VALUE...: mean ± standard error of 100 (v - b) / b over
+# the pairs where both are numbers ("-" for none; no ± for one pair).
+paired() {
+  printf '%s\n' "$@" | awk '
+    $0 == "--" {second = 1; next}
+    !second {b[++nb] = $0; next}
+    {v[++nv] = $0}
+    END {
+      for (i = 1; i <= nv && i <= nb; ++i) {
+        if (b[i] !~ /^[0-9.]+$/ || v[i] !~ /^[0-9.]+$/ || b[i] + 0 <= 0) continue
+        d[++n] = 100 * (v[i] - b[i]) / b[i]; s += d[n]
+      }
+      if (!n) {print "-"; exit}
+      m = s / n
+      if (n == 1) {printf "%+.1f%%", m; exit}
+      for (i = 1; i <= n; ++i) ss += (d[i] - m) ^ 2
+      printf "%+.1f%% ± %.1f", m, sqrt(ss / (n - 1) / n)
+    }'
+}
 versus() { awk -v a="$1" -v b="$2" 'BEGIN {if (a + 0 > 0) printf "%+.1f%%", 100 * (a - b) / b; else print "-"}'; }
 for row in "${rows[@]}"; do
   name="${row%%|*}"; flags="${row#*|}"
@@ -56,19 +78,20 @@ for row in "${rows[@]}"; do
     log="$out/run-$seed.log"
     # shellcheck disable=SC2086
     if ! "$bin" up --steps "$steps" --seed "$seed" --out "$out/cluster" $extra $flags >"$log" 2>&1; then
-      echo "row '$name' seed $seed failed:" >&2; tail -5 "$log" >&2; tails+=("FAILED"); continue
+      echo "row '$name' seed $seed failed:" >&2; tail -5 "$log" >&2; tails+=("FAILED"); vals+=("FAILED"); continue
     fi
     tails+=("$(sed -n 's/.*mean of the last [0-9]* steps \([0-9.]*\).*/\1/p' "$log")")
     vals+=("$(sed -n "s/^validation loss \([0-9.]*\) after step $steps\$/\1/p" "$log")")
     [[ -z "$first" ]] && first="$log"
   done
   mean=$(meanof "${tails[@]}"); vmean=$(meanof "${vals[@]}")
-  [[ -z "$base" ]] && base="$mean" && vbase="$vmean"
+  if [[ -z "$base" ]]; then base="$mean"; vbase="$vmean"; base_tails=("${tails[@]}"); base_vals=("${vals[@]}"); fi
   delta=$(versus "$mean" "$base"); vdelta=$(versus "$vmean" "$vbase")
+  pdelta=$(paired "${base_tails[@]}" -- "${tails[@]}"); pvdelta=$(paired "${base_vals[@]}" -- "${vals[@]}")
   err="-"; act="-"; grad="-"
   if [[ -n "$first" ]]; then
     err=$(awk '$1=="ACTIVATION_GRAD" && /error/ {print $NF}' "$first"); err="${err:--}"
     act=$(ratio ACTIVATION "$first"); grad=$(ratio ACTIVATION_GRAD "$first")
   fi
-  echo "| $name | ${tails[*]} | $mean | $delta | ${vals[*]} | $vmean | $vdelta | $act | $grad | $err |"
+  echo "| $name | ${tails[*]} | $mean | $delta | $pdelta | ${vals[*]} | $vmean | $vdelta | $pvdelta | $act | $grad | $err |"
 done

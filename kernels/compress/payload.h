@@ -36,6 +36,16 @@ enum class CodecId : uint8_t {
 inline constexpr int kMaxPayloadRank = 8;
 inline int64_t HeaderBytes(int rank) { return 6 + 8 * int64_t{rank}; }
 
+// 4 bytes at `p` read as, or written from, a little-endian uint32: for
+// loops over a body already sized and checked (compilers fuse the byte
+// operations into one load or store on little-endian hosts).
+inline uint32_t LoadLittleEndian32(const unsigned char* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+inline void StoreLittleEndian32(unsigned char* p, uint32_t v) {
+  for (int b = 0; b < 4; ++b) p[b] = static_cast<unsigned char>(v >> (8 * b));
+}
+
 // Appends little-endian values to a string.
 class ByteWriter {
  public:

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -174,6 +175,31 @@ TEST(FiniteMaxAbs, NanOrInf_ReturnsCheckFinitesErrorForTheFirst) {
     auto got = FiniteMaxAbs(values.data(), 100, "linear:bits=4");
     EXPECT_EQ(got.status(), CheckFinite(values.data(), 100, "linear:bits=4")) << bad;
     EXPECT_NE(got.status().message().find("element 37"), std::string::npos) << got.status();
+  }
+}
+
+TEST(CheckFinite, NamesTheFirstNonFiniteElement_InAnyChunk) {
+  const int64_t n = 3 * 4096 + 5;  // Chunks of 4096 and a short last one.
+  std::vector<float> values(n);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> gauss(0.0f, 1.0f);
+  for (auto& v : values) v = gauss(rng);
+  values[5] = std::numeric_limits<float>::max();  // Finite extremes pass.
+  values[6] = -std::numeric_limits<float>::max();
+  values[7] = std::numeric_limits<float>::denorm_min();
+  EXPECT_TRUE(CheckFinite(values.data(), n, "test").ok());
+  EXPECT_TRUE(CheckFinite(nullptr, 0, "test").ok());
+  const float negative_nan = -std::numeric_limits<float>::quiet_NaN();
+  for (int64_t at : {int64_t{0}, int64_t{4095}, int64_t{4096}, int64_t{8191}, n - 1}) {
+    for (float bad : {std::numeric_limits<float>::infinity(), negative_nan}) {
+      std::vector<float> with_bad = values;
+      with_bad[at] = bad;
+      if (at + 1 < n) with_bad[n - 1] = std::numeric_limits<float>::infinity();  // A later one.
+      const absl::Status status = CheckFinite(with_bad.data(), n, "test");
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << at;
+      EXPECT_NE(status.message().find(absl::StrCat("element ", at, " ")), std::string::npos)
+          << at << ": " << status;
+    }
   }
 }
 

@@ -15,15 +15,50 @@ namespace {
 
 constexpr int64_t kMaxIndexedElements = int64_t{1} << 32;
 
-// The k-th largest |p[i]| (1 <= k <= n), exactly. Large inputs first narrow
-// the search: the magnitudes of a strided sample give a bound `lower` that,
-// with a margin, at least k elements reach; nth_element then runs on those
-// candidates only (about 1.1 k of them instead of n). The k-th largest of
-// all is among them whenever at least k are (every element at or above it
-// is), so the result is exact; with fewer, the full search runs.
-float KthLargestMagnitude(const float* p, int64_t n, int64_t k) {
+// The elements that may be among the k largest magnitudes, in ascending
+// index order: their flat indices and magnitudes.
+struct Candidates {
+  std::vector<uint32_t> index;
+  std::vector<float> magnitude;
+};
+
+// Every element of p[0, n) with |p[i]| >= lower, in index order (n <= 2^32).
+// Branch-free (each element is stored, the end advances only on a hit):
+// which elements pass is data-dependent, and a branch on it mispredicts.
+Candidates MagnitudesAtLeast(const float* p, int64_t n, float lower, int64_t expected) {
+  constexpr int64_t kBlock = 4096;
+  Candidates c;
+  c.index.resize(static_cast<size_t>(std::min(n, expected + kBlock)));
+  c.magnitude.resize(c.index.size());
+  int64_t end = 0;
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t block = std::min(kBlock, n - begin);
+    if (end + block > static_cast<int64_t>(c.index.size())) {  // Room for a whole block.
+      const auto grown = static_cast<size_t>(std::min(n, std::max<int64_t>(2 * end, end + block)));
+      c.index.resize(grown);
+      c.magnitude.resize(grown);
+    }
+    uint32_t* index = c.index.data();
+    float* magnitude = c.magnitude.data();
+    for (int64_t i = begin; i < begin + block; ++i) {
+      const float a = std::fabs(p[i]);
+      index[end] = static_cast<uint32_t>(i);
+      magnitude[end] = a;
+      end += a >= lower;
+    }
+  }
+  c.index.resize(static_cast<size_t>(end));
+  c.magnitude.resize(static_cast<size_t>(end));
+  return c;
+}
+
+// The candidates for the k largest |p[i]| (1 <= k <= n): every element at
+// or above the k-th largest magnitude, and at least k. Large inputs narrow
+// them down: the magnitudes of a strided sample give a bound `lower` that,
+// with a margin, at least k elements reach (about 1.1 k of them instead of
+// n); when fewer do, the bound was too high and every element is taken.
+Candidates TopKCandidates(const float* p, int64_t n, int64_t k) {
   constexpr int64_t kSample = 16384;
-  std::vector<float> candidates;
   if (n >= 8 * kSample && k <= n / 2) {
     const int64_t stride = n / kSample;
     std::vector<float> sample;
@@ -36,21 +71,26 @@ float KthLargestMagnitude(const float* p, int64_t n, int64_t k) {
     const int64_t rank =
         std::min<int64_t>(m - 1, static_cast<int64_t>(expected + 4 * std::sqrt(expected) + 16));
     std::nth_element(sample.begin(), sample.begin() + rank, sample.end(), std::greater<float>());
-    const float lower = sample[rank];
-    candidates.reserve(static_cast<size_t>(k + k / 4 + 64));
-    for (int64_t i = 0; i < n; ++i) {
-      const float a = std::fabs(p[i]);
-      if (a >= lower) candidates.push_back(a);
-    }
-    if (static_cast<int64_t>(candidates.size()) < k) candidates.clear();  // Missed: search all.
+    Candidates c = MagnitudesAtLeast(p, n, sample[rank], k + k / 4 + 64);
+    if (static_cast<int64_t>(c.index.size()) >= k) return c;
   }
-  if (candidates.empty()) {
-    candidates.resize(static_cast<size_t>(n));
-    for (int64_t i = 0; i < n; ++i) candidates[i] = std::fabs(p[i]);
-  }
-  std::nth_element(candidates.begin(), candidates.begin() + (k - 1), candidates.end(),
+  return MagnitudesAtLeast(p, n, 0.0f, n);  // All of them.
+}
+
+// The k-th largest of `magnitudes` (1 <= k <= size) and how many are
+// strictly above it.
+struct KthLargest {
+  float threshold = 0;
+  int64_t above = 0;
+};
+KthLargest KthLargestOf(std::vector<float> magnitudes, int64_t k) {
+  std::nth_element(magnitudes.begin(), magnitudes.begin() + (k - 1), magnitudes.end(),
                    std::greater<float>());
-  return candidates[k - 1];
+  KthLargest result;
+  result.threshold = magnitudes[k - 1];
+  // nth_element leaves everything above the k-th in front of it.
+  for (int64_t i = 0; i < k - 1; ++i) result.above += magnitudes[i] > result.threshold;
+  return result;
 }
 
 class ElemTopKCodec : public Codec {
@@ -78,8 +118,8 @@ class ElemTopKCodec : public Codec {
     for (uint32_t i : kept) {
       uint32_t value_bits;
       std::memcpy(&value_bits, &x.data()[i], sizeof(value_bits));
-      for (int b = 0; b < 4; ++b) entry[b] = static_cast<unsigned char>(i >> (8 * b));
-      for (int b = 0; b < 4; ++b) entry[4 + b] = static_cast<unsigned char>(value_bits >> (8 * b));
+      StoreLittleEndian32(entry, i);
+      StoreLittleEndian32(entry + 4, value_bits);
       entry += 8;
     }
     return out;
@@ -100,13 +140,16 @@ class ElemTopKCodec : public Codec {
       return absl::InvalidArgumentError(
           absl::StrCat("elem_topk: body is ", r.remaining(), " bytes, expected ", 8 * count));
     }
+    absl::string_view body;
+    r.Bytes(8 * count, &body);  // Its length was checked above.
+    const auto* entry = reinterpret_cast<const unsigned char*>(body.data());
     Tensor out = Tensor::Zeros(shape);
     int64_t previous = -1;
-    for (int64_t j = 0; j < count; ++j) {
-      uint32_t index = 0;
-      float value = 0;
-      r.U32(&index);  // Lengths were checked above: these reads succeed.
-      r.F32(&value);
+    for (int64_t j = 0; j < count; ++j, entry += 8) {
+      const uint32_t index = LoadLittleEndian32(entry);
+      const uint32_t value_bits = LoadLittleEndian32(entry + 4);
+      float value;
+      std::memcpy(&value, &value_bits, sizeof(value));
       if (int64_t{index} <= previous || int64_t{index} >= numel || !std::isfinite(value)) {
         return absl::InvalidArgumentError(absl::StrCat("elem_topk: entry ", j, " (index ", index,
                                                        ") is out of order, out of range or "
@@ -126,26 +169,30 @@ class ElemTopKCodec : public Codec {
  private:
   // Flat indices of the kept elements, ascending: the k largest |x|, ties
   // broken toward the lower index. Found as the k-th largest magnitude t
-  // (KthLargestMagnitude), then one pass in index order
-  // keeping every |x| > t and the first k - #{|x| > t} elements equal to t;
-  // no sort of indices needed.
+  // among the candidates (TopKCandidates: every element at or above t is
+  // one), then one pass over the candidates in index order keeping every
+  // |x| > t and the first k - #{|x| > t} equal to t; no sort of indices
+  // needed. The pass is branch-free, as MagnitudesAtLeast.
   std::vector<uint32_t> SelectTopK(const Tensor& x) const {
     const int64_t n = x.numel();
     const int64_t k = TopKCount(keep_, n);
-    std::vector<uint32_t> kept;
-    if (k == 0) return kept;
-    const float* p = x.data();
-    const float threshold = KthLargestMagnitude(p, n, k);
-    int64_t above = 0;
-    for (int64_t i = 0; i < n; ++i) above += std::fabs(p[i]) > threshold;
-    int64_t ties_left = k - above;
-    kept.reserve(static_cast<size_t>(k));
-    for (int64_t i = 0; i < n; ++i) {
-      const float a = std::fabs(p[i]);
-      if (a > threshold || (a == threshold && ties_left-- > 0)) {
-        kept.push_back(static_cast<uint32_t>(i));
-      }
+    if (k == 0) return {};
+    const Candidates candidates = TopKCandidates(x.data(), n, k);
+    const KthLargest kth = KthLargestOf(candidates.magnitude, k);
+    int64_t ties_left = k - kth.above;
+    // k + 1: the loop stores every index, one past the last kept included.
+    std::vector<uint32_t> kept(static_cast<size_t>(k + 1));
+    uint32_t* dst = kept.data();
+    int64_t end = 0;
+    for (size_t j = 0; j < candidates.index.size(); ++j) {
+      const float a = candidates.magnitude[j];
+      const bool tie = a == kth.threshold;
+      const bool take = (a > kth.threshold) | (tie & (ties_left > 0));
+      dst[end] = candidates.index[j];
+      end += take;
+      ties_left -= tie & take;
     }
+    kept.resize(static_cast<size_t>(end));
     return kept;
   }
 

@@ -6,9 +6,10 @@
 # mean, its change against the uncompressed rows' mean, the same for the
 # validation loss after the last step, and the wire-byte
 # ratios and compression error the workers' metrics report (first seed).
-# "paired" is the mean ± standard error over seeds of each seed's change
-# against the uncompressed run of the same seed (the seed fixes the initial
-# weights and the data order, which move the loss by more than most codecs).
+# "paired" is the mean ± standard error (in percentage points) over seeds
+# of each seed's change against the uncompressed run of the same seed (the
+# seed fixes the initial weights and the data order, which move the loss by
+# more than most codecs).
 #
 #   bash scripts/compression_convergence.sh [steps] [seeds] [extra up flags]
 #   e.g. bash scripts/compression_convergence.sh 300 "1 2 3" "--micro-batches 8"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -33,8 +34,9 @@ Candidates MagnitudesAtLeast(const float* p, int64_t n, float lower, int64_t exp
   int64_t end = 0;
   for (int64_t begin = 0; begin < n; begin += kBlock) {
     const int64_t block = std::min(kBlock, n - begin);
-    if (end + block > static_cast<int64_t>(c.index.size())) {  // Room for a whole block.
-      const auto grown = static_cast<size_t>(std::min(n, std::max<int64_t>(2 * end, end + block)));
+    const auto size = static_cast<int64_t>(c.index.size());
+    if (end + block > size) {  // Room for a whole block; growth doubles.
+      const auto grown = static_cast<size_t>(std::min(n, std::max(2 * size, end + block)));
       c.index.resize(grown);
       c.magnitude.resize(grown);
     }
@@ -55,8 +57,9 @@ Candidates MagnitudesAtLeast(const float* p, int64_t n, float lower, int64_t exp
 // The candidates for the k largest |p[i]| (1 <= k <= n): every element at
 // or above the k-th largest magnitude, and at least k. Large inputs narrow
 // them down: the magnitudes of a strided sample give a bound `lower` that,
-// with a margin, at least k elements reach (about 1.1 k of them instead of
-// n); when fewer do, the bound was too high and every element is taken.
+// with a margin, at least k elements reach (k plus the margin's share of n
+// instead of n: ~1.1 k for large k); when fewer do, the bound was too high
+// and every element is taken.
 Candidates TopKCandidates(const float* p, int64_t n, int64_t k) {
   constexpr int64_t kSample = 16384;
   if (n >= 8 * kSample && k <= n / 2) {
@@ -71,14 +74,15 @@ Candidates TopKCandidates(const float* p, int64_t n, int64_t k) {
     const int64_t rank =
         std::min<int64_t>(m - 1, static_cast<int64_t>(expected + 4 * std::sqrt(expected) + 16));
     std::nth_element(sample.begin(), sample.begin() + rank, sample.end(), std::greater<float>());
-    Candidates c = MagnitudesAtLeast(p, n, sample[rank], k + k / 4 + 64);
+    // About rank + 1 sample strides' worth of elements reach the bound.
+    Candidates c = MagnitudesAtLeast(p, n, sample[rank], (rank + 1) * (n / m + 1));
     if (static_cast<int64_t>(c.index.size()) >= k) return c;
   }
   return MagnitudesAtLeast(p, n, 0.0f, n);  // All of them.
 }
 
 // The k-th largest of `magnitudes` (1 <= k <= size) and how many are
-// strictly above it.
+// strictly above it. Reorders `magnitudes` (pass a copy or move it in).
 struct KthLargest {
   float threshold = 0;
   int64_t above = 0;
@@ -141,7 +145,7 @@ class ElemTopKCodec : public Codec {
           absl::StrCat("elem_topk: body is ", r.remaining(), " bytes, expected ", 8 * count));
     }
     absl::string_view body;
-    r.Bytes(8 * count, &body);  // Its length was checked above.
+    if (!r.Bytes(8 * count, &body)) return absl::InternalError("elem_topk: body length check");
     const auto* entry = reinterpret_cast<const unsigned char*>(body.data());
     Tensor out = Tensor::Zeros(shape);
     int64_t previous = -1;
@@ -177,18 +181,19 @@ class ElemTopKCodec : public Codec {
     const int64_t n = x.numel();
     const int64_t k = TopKCount(keep_, n);
     if (k == 0) return {};
-    const Candidates candidates = TopKCandidates(x.data(), n, k);
-    const KthLargest kth = KthLargestOf(candidates.magnitude, k);
+    const float* p = x.data();
+    Candidates candidates = TopKCandidates(p, n, k);
+    const KthLargest kth = KthLargestOf(std::move(candidates.magnitude), k);
     int64_t ties_left = k - kth.above;
     // k + 1: the loop stores every index, one past the last kept included.
     std::vector<uint32_t> kept(static_cast<size_t>(k + 1));
     uint32_t* dst = kept.data();
     int64_t end = 0;
-    for (size_t j = 0; j < candidates.index.size(); ++j) {
-      const float a = candidates.magnitude[j];
+    for (const uint32_t i : candidates.index) {
+      const float a = std::fabs(p[i]);
       const bool tie = a == kth.threshold;
       const bool take = (a > kth.threshold) | (tie & (ties_left > 0));
-      dst[end] = candidates.index[j];
+      dst[end] = i;
       end += take;
       ties_left -= tie & take;
     }

@@ -194,7 +194,10 @@ TEST(CheckFinite, NamesTheFirstNonFiniteElement_InAnyChunk) {
     for (float bad : {std::numeric_limits<float>::infinity(), negative_nan}) {
       std::vector<float> with_bad = values;
       with_bad[at] = bad;
-      if (at + 1 < n) with_bad[n - 1] = std::numeric_limits<float>::infinity();  // A later one.
+      // Later ones: the next element (in the same chunk but at a chunk's
+      // end) and the last.
+      if (at + 1 < n) with_bad[at + 1] = std::numeric_limits<float>::quiet_NaN();
+      if (at + 1 < n) with_bad[n - 1] = std::numeric_limits<float>::infinity();
       const absl::Status status = CheckFinite(with_bad.data(), n, "test");
       EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << at;
       EXPECT_NE(status.message().find(absl::StrCat("element ", at, " ")), std::string::npos)

@@ -14,6 +14,7 @@
 #   bash scripts/compression_convergence.sh [steps] [seeds] [extra up flags]
 #   e.g. bash scripts/compression_convergence.sh 300 "1 2 3" "--micro-batches 8"
 #   ROWS=powersgd bash ...   only the rows whose name contains "powersgd"
+#   RANK=8 bash ...          PowerSGD rows at rank 8 (default 4)
 #
 # Needs -c opt builds of //cli:pipetrain, //coordinator:pipetrain-coordinator
 # and //worker:pipetrain-worker.
@@ -22,6 +23,8 @@ cd "$(dirname "$0")/.."
 steps="${1:-300}"
 seeds="${2:-1 2 3}"
 extra="${3:-}"
+rank="${RANK:-4}"
+[[ "$rank" =~ ^[1-9][0-9]*$ ]] || { echo "RANK must be a positive integer, not '$rank'" >&2; exit 1; }
 bin=bazel-out/k8-opt/bin/cli/pipetrain
 [[ -x "$bin" ]] || { echo "build first: bazel build -c opt //cli:pipetrain //coordinator:pipetrain-coordinator //worker:pipetrain-worker" >&2; exit 1; }
 if grep -q avx512f /proc/cpuinfo; then export OPENBLAS_CORETYPE=SkylakeX; fi
@@ -38,10 +41,10 @@ rows=(
   "fwd token_topk:keep=0.5+piecewise:bits=3|--forward-codec token_topk:keep=0.5+piecewise:bits=3"
   "bwd fp16|--backward-codec fp16"
   "bwd piecewise:bits=3|--backward-codec piecewise:bits=3"
-  "bwd powersgd:rank=4|--backward-codec powersgd:rank=4"
-  "bwd powersgd:rank=4 + EF|--backward-codec powersgd:rank=4 --error-feedback"
-  "bwd powersgd:rank=4 + epilogue|--backward-codec powersgd:rank=4 --epilogue-only"
-  "bwd powersgd:rank=4 + EF + epilogue|--backward-codec powersgd:rank=4 --error-feedback --epilogue-only"
+  "bwd powersgd:rank=$rank|--backward-codec powersgd:rank=$rank"
+  "bwd powersgd:rank=$rank + EF|--backward-codec powersgd:rank=$rank --error-feedback"
+  "bwd powersgd:rank=$rank + epilogue|--backward-codec powersgd:rank=$rank --epilogue-only"
+  "bwd powersgd:rank=$rank + EF + epilogue|--backward-codec powersgd:rank=$rank --error-feedback --epilogue-only"
 )
 
 echo "pipetrain up --steps $steps $extra (defaults: 4 workers, 2 layers, d_model 128, seq 64, batch 16, 4 micro-batches, lr 1e-3); seeds $seeds; $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"

@@ -184,7 +184,9 @@ TEST_F(ClusterEquivalenceTest, BiPartitionSolverJob_ProfilesThenMatchesTrainLoca
         << plan.profile_source();
     EXPECT_GT(plan.predicted_iteration_seconds(), 0);
     EXPECT_TRUE(absl::StrContains(plan.timeline_svg(), "<svg"));
-    if (solver == "auto") EXPECT_EQ(plan.candidates_size(), 3);
+    if (solver == "auto") {
+      EXPECT_EQ(plan.candidates_size(), 3);
+    }
   }
 }
 

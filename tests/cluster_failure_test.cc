@@ -120,9 +120,14 @@ TEST(ClusterFailureTest, WorkerTerminated_DeregistersLeftAndFailsItsJobNamingIt)
   EXPECT_NE(job.reason().find(victim_id), std::string::npos) << job.reason();
   v1::ListWorkersResponse workers;
   ASSERT_TRUE(stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok());
+  int victims_listed = 0;
   for (const v1::Worker& w : workers.workers()) {
-    if (w.id() == victim_id) EXPECT_EQ(w.state(), v1::LEFT) << w.id();
+    if (w.id() == victim_id) {
+      ++victims_listed;
+      EXPECT_EQ(w.state(), v1::LEFT) << w.id();
+    }
   }
+  EXPECT_EQ(victims_listed, 1) << "the lost worker should stay listed, as LEFT";
 }
 
 TEST(ClusterFailureTest, StalledPeer_FailsJobWithDeadlineNamingPeerAndTensor) {

@@ -15,8 +15,9 @@
 // once (CoRunSpeed); with speed 1 the 2-worker predictions here were 30-48 %
 // too fast while 1-worker predictions were within 15 %.
 //
-//   bazel run -c opt //worker/runtime:simulator_accuracy_benchmark -- \
+//   bazel run -c opt //worker/runtime:simulator_accuracy_benchmark --
 //       [--iterations 6] [--layers 4] [--d-model 256] [--micro-batches 8]
+//   (one command line)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -187,7 +188,7 @@ int Run(const std::vector<std::string>& args) {
   bool ok = true;
   for (const char* schedule : {"1f1b", "gpipe"}) {
     // Bi-Partition under both objectives: the paper's picks cuts that differ.
-    for (const std::string& name : {"uniform", "pipedream", "bipartition", "bipartition-paper"}) {
+    for (const std::string name : {"uniform", "pipedream", "bipartition", "bipartition-paper"}) {
       const std::string solver = name.substr(0, name.find('-'));
       PlanOptions options;
       options.solver = solver;

@@ -15,10 +15,10 @@ namespace pipetrain {
 
 // == std::lround(x): nearest integer, halfway cases away from zero, for
 // -2^31 < x < 2^31 - 0.5 (beyond, the int32 truncation or the +1 would
-// overflow; the codecs clamp their ratios well inside). Exact: the fraction f = x - trunc(x) is representable for every
-// double, and so is 2f, whose truncation is +1 exactly when f >= 0.5, -1
-// when f <= -0.5, else 0. Conversions only, no comparisons, so loops
-// around it vectorise.
+// overflow; the codecs clamp their ratios well inside). Exact: the fraction
+// f = x - trunc(x) is representable for every double, and so is 2f, whose
+// truncation is +1 exactly when f >= 0.5, -1 when f <= -0.5, else 0.
+// Conversions only, no comparisons, so loops around it vectorise.
 inline int32_t RoundHalfAwayFromZero(double x) {
   const int32_t t = static_cast<int32_t>(x);  // truncates toward zero
   const double fraction = x - static_cast<double>(t);

@@ -53,8 +53,8 @@ TEST(LinkCompressor, CodecSend_WireBytesAreThePayloadAndErrorSampledOncePerItera
   LinkStats stats;
   c.BeginIteration();
   for (int mb = 0; mb < 3; ++mb) {
-    WireTensor wire = c.Encode(GradSend(spec, false, false, mb), RandomTensor({4, 8, 16}, mb), &stats)
-                          .value();
+    WireTensor wire =
+        c.Encode(GradSend(spec, false, false, mb), RandomTensor({4, 8, 16}, mb), &stats).value();
     EXPECT_TRUE(wire.encoded());
     EXPECT_EQ(wire.codec, spec);
     EXPECT_EQ(wire.shape, (Shape{4, 8, 16}));

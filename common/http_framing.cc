@@ -1,0 +1,119 @@
+#include "common/http_framing.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr absl::string_view kHeadEnd = "\r\n\r\n";
+
+// Decimal digits only: no sign, no inner spaces, no hex. 18 digits cannot
+// overflow uint64_t and are far above any limit.
+bool ParseContentLength(absl::string_view value, uint64_t* length) {
+  if (value.empty() || value.size() > 18) return false;
+  for (char c : value) {
+    if (!absl::ascii_isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  return absl::SimpleAtoi(value, length);
+}
+
+}  // namespace
+
+HttpRequestFramer::Progress HttpRequestFramer::Update(absl::string_view received) {
+  if (progress_ != Progress::kNeedMore) return progress_;
+  if (head_bytes_ == 0) {
+    progress_ = FindHead(received);
+    if (progress_ != Progress::kComplete) return progress_;
+    progress_ = Progress::kNeedMore;  // the head is; the body may not be
+  }
+  if (received.size() < request_bytes()) return Progress::kNeedMore;
+  return progress_ = Progress::kComplete;
+}
+
+bool HttpRequestFramer::TakeContinue() {
+  const bool answer = expects_continue_ && head_bytes_ > 0 && body_bytes_ > 0 &&
+                      progress_ == Progress::kNeedMore;
+  expects_continue_ = false;
+  return answer;
+}
+
+// kComplete here means the head is complete and acceptable.
+HttpRequestFramer::Progress HttpRequestFramer::FindHead(absl::string_view received) {
+  // The terminator may straddle the bytes searched before and the new ones.
+  const size_t from = searched_ >= kHeadEnd.size() ? searched_ - (kHeadEnd.size() - 1) : 0;
+  const size_t end = received.find(kHeadEnd, from);
+  if (end == absl::string_view::npos) {
+    searched_ = received.size();
+    if (received.size() <= limits_.max_header_bytes) return Progress::kNeedMore;
+    return Reject(431, "RESOURCE_EXHAUSTED",
+                  absl::StrCat("request line and headers exceed the limit of ",
+                               limits_.max_header_bytes, " bytes"));
+  }
+  const size_t head_bytes = end + kHeadEnd.size();
+  if (head_bytes > limits_.max_header_bytes) {
+    return Reject(431, "RESOURCE_EXHAUSTED",
+                  absl::StrCat("request line and headers of ", head_bytes,
+                               " bytes exceed the limit of ", limits_.max_header_bytes, " bytes"));
+  }
+  head_bytes_ = head_bytes;
+  return ParseHead(received.substr(0, head_bytes));
+}
+
+// Reads the headers that frame the body; everything else is left to the
+// HTTP parser, which sees exactly the bytes framed here.
+HttpRequestFramer::Progress HttpRequestFramer::ParseHead(absl::string_view head) {
+  const std::vector<absl::string_view> lines = absl::StrSplit(head, "\r\n");
+  bool has_length = false;
+  for (size_t i = 1; i < lines.size(); ++i) {  // lines[0] is the request line
+    const size_t colon = lines[i].find(':');
+    if (colon == absl::string_view::npos) continue;  // the blank lines at the end
+    const Progress header = OnHeader(lines[i].substr(0, colon),
+                                     absl::StripAsciiWhitespace(lines[i].substr(colon + 1)),
+                                     has_length);
+    if (header == Progress::kRejected) return header;
+  }
+  if (body_bytes_ > limits_.max_body_bytes) {
+    return Reject(413, "RESOURCE_EXHAUSTED",
+                  absl::StrCat("request body of ", body_bytes_, " bytes exceeds the limit of ",
+                               limits_.max_body_bytes, " bytes"));
+  }
+  return Progress::kComplete;
+}
+
+HttpRequestFramer::Progress HttpRequestFramer::OnHeader(absl::string_view name,
+                                                        absl::string_view value,
+                                                        bool& has_length) {
+  if (absl::EqualsIgnoreCase(name, "Transfer-Encoding")) {
+    return Reject(411, "UNIMPLEMENTED",
+                  "request bodies with Transfer-Encoding are not accepted; send the body "
+                  "with a Content-Length header");
+  }
+  if (absl::EqualsIgnoreCase(name, "Expect")) {
+    expects_continue_ = absl::EqualsIgnoreCase(value, "100-continue");
+  } else if (absl::EqualsIgnoreCase(name, "Content-Length")) {
+    uint64_t length = 0;
+    if (!ParseContentLength(value, &length) || (has_length && length != body_bytes_)) {
+      return Reject(400, "INVALID_ARGUMENT",
+                    absl::StrCat("Content-Length \"", value,
+                                 "\" is not one decimal number of bytes"));
+    }
+    has_length = true;
+    body_bytes_ = length;
+  }
+  return Progress::kNeedMore;  // this header is acceptable
+}
+
+HttpRequestFramer::Progress HttpRequestFramer::Reject(int status, std::string code,
+                                                      std::string message) {
+  rejection_ = {status, std::move(code), std::move(message)};
+  return Progress::kRejected;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,92 @@
+// Where an HTTP/1.1 request ends, found from the bytes a connection has
+// received so far, with limits on its size checked before it is complete.
+// No sockets: HttpGate (common/http_gate.h) reads, this decides.
+//
+//   HttpRequestFramer framer(limits);
+//   buffer += bytes_just_read;
+//   switch (framer.Update(buffer)) {
+//     case HttpRequestFramer::Progress::kNeedMore: ...      // read on
+//     case HttpRequestFramer::Progress::kComplete: ...      // buffer[0, framer.request_bytes())
+//     case HttpRequestFramer::Progress::kRejected: ...      // answer framer.rejection()
+//   }
+//
+// A request is its head (request line and headers, through the blank line
+// "\r\n\r\n") and a body of exactly Content-Length bytes (none without the
+// header). The framer reads only the framing headers; everything else is the
+// HTTP parser's job once the request is complete.
+//
+// Rejections (status, code of the JSON error body):
+//   431 RESOURCE_EXHAUSTED  head longer than max_header_bytes
+//   413 RESOURCE_EXHAUSTED  Content-Length above max_body_bytes (known from
+//                           the head, so the body is never buffered)
+//   411 UNIMPLEMENTED       Transfer-Encoding (chunked bodies): send
+//                           Content-Length instead
+//   400 INVALID_ARGUMENT    Content-Length not a decimal number, or given
+//                           twice with different values
+#ifndef PIPETRAIN_COMMON_HTTP_FRAMING_H_
+#define PIPETRAIN_COMMON_HTTP_FRAMING_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace pipetrain {
+
+struct HttpRequestLimits {
+  size_t max_header_bytes = 16 * 1024;    // request line + headers + blank line
+  size_t max_body_bytes = 1024 * 1024;    // Content-Length
+};
+
+// Why a request was refused before a handler saw it: the HTTP status and
+// the {"code", "message"} of its JSON error body. Messages name the limit.
+struct HttpRejection {
+  int status = 0;
+  std::string code;
+  std::string message;
+};
+
+// One per connection (it remembers how far it has searched, so a request
+// trickled in byte by byte costs linear, not quadratic, work). Not
+// thread-safe.
+class HttpRequestFramer {
+ public:
+  enum class Progress { kNeedMore, kComplete, kRejected };
+
+  explicit HttpRequestFramer(HttpRequestLimits limits) : limits_(limits) {}
+
+  // `received`: every byte of the connection so far; each call passes the
+  // previous bytes plus any new ones. Once kComplete or kRejected, further
+  // calls return the same answer.
+  Progress Update(absl::string_view received);
+
+  // After kComplete: head + body length. Bytes past it are not part of the
+  // request (the server answers one request per connection).
+  size_t request_bytes() const { return head_bytes_ + body_bytes_; }
+  // After kRejected: why.
+  const HttpRejection& rejection() const { return rejection_; }
+  // True exactly once, when the head is complete, the body is still to come
+  // and the client sent "Expect: 100-continue": answer "100 Continue" so it
+  // sends the body now rather than after its own timeout.
+  bool TakeContinue();
+
+ private:
+  Progress FindHead(absl::string_view received);
+  Progress ParseHead(absl::string_view head);
+  // kRejected, or kNeedMore for a header that is acceptable.
+  Progress OnHeader(absl::string_view name, absl::string_view value, bool& has_length);
+  Progress Reject(int status, std::string code, std::string message);
+
+  const HttpRequestLimits limits_;
+  Progress progress_ = Progress::kNeedMore;
+  size_t searched_ = 0;    // bytes already searched for the end of the head
+  size_t head_bytes_ = 0;  // 0 until the head is complete
+  uint64_t body_bytes_ = 0;
+  bool expects_continue_ = false;
+  HttpRejection rejection_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COMMON_HTTP_FRAMING_H_

@@ -1,0 +1,137 @@
+#include "common/http_framing.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+using Progress = HttpRequestFramer::Progress;
+
+constexpr HttpRequestLimits kLimits = {/*max_header_bytes=*/256, /*max_body_bytes=*/64};
+
+// Feeds `bytes` one at a time, as a trickling client sends them; returns
+// the progress after the last.
+Progress FeedByteByByte(HttpRequestFramer& framer, const std::string& bytes) {
+  Progress progress = Progress::kNeedMore;
+  for (size_t i = 1; i <= bytes.size(); ++i) progress = framer.Update(bytes.substr(0, i));
+  return progress;
+}
+
+TEST(HttpRequestFramer, Update_HeadByteByByte_CompleteOnlyAtTheBlankLine) {
+  const std::string head = "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n";
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(FeedByteByByte(framer, head.substr(0, head.size() - 1)), Progress::kNeedMore);
+  EXPECT_EQ(framer.Update(head), Progress::kComplete);
+  EXPECT_EQ(framer.request_bytes(), head.size());
+}
+
+TEST(HttpRequestFramer, Update_BodyArrivesLater_CompleteWithContentLength) {
+  const std::string head = "POST /v1/jobs HTTP/1.1\r\ncontent-length: 5\r\n\r\n";
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update(head), Progress::kNeedMore);
+  EXPECT_EQ(framer.Update(head + "abcd"), Progress::kNeedMore);
+  EXPECT_EQ(framer.Update(head + "abcde" + "GET / HTTP/1.1\r\n"), Progress::kComplete);
+  EXPECT_EQ(framer.request_bytes(), head.size() + 5);  // not the bytes after the body
+}
+
+TEST(HttpRequestFramer, Update_PostWithoutContentLength_CompleteWithEmptyBody) {
+  const std::string head = "POST /v1/jobs/job-1:cancel HTTP/1.1\r\nHost: x\r\n\r\n";
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update(head), Progress::kComplete);
+  EXPECT_EQ(framer.request_bytes(), head.size());
+}
+
+TEST(HttpRequestFramer, Update_UnfinishedHeadOverLimit_Rejected431NamingTheLimit) {
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nX: " + std::string(300, 'a')), Progress::kRejected);
+  EXPECT_EQ(framer.rejection().status, 431);
+  EXPECT_EQ(framer.rejection().code, "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(framer.rejection().message, "request line and headers exceed the limit of 256 bytes");
+}
+
+TEST(HttpRequestFramer, Update_CompleteHeadOverLimit_Rejected431WithItsSize) {
+  const std::string head = "GET / HTTP/1.1\r\nX: " + std::string(300, 'a') + "\r\n\r\n";
+  HttpRequestFramer framer({/*max_header_bytes=*/256, /*max_body_bytes=*/64});
+  // Arrives in one read, so the limit is checked on a complete head.
+  EXPECT_EQ(framer.Update(head), Progress::kRejected);
+  EXPECT_EQ(framer.rejection().message,
+            "request line and headers of 323 bytes exceed the limit of 256 bytes");
+}
+
+TEST(HttpRequestFramer, Update_HeadOfExactlyTheLimit_Accepted) {
+  std::string head = "GET / HTTP/1.1\r\nX: ";
+  head += std::string(256 - head.size() - 4, 'a') + "\r\n\r\n";
+  ASSERT_EQ(head.size(), 256u);
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(FeedByteByByte(framer, head), Progress::kComplete);
+}
+
+TEST(HttpRequestFramer, Update_ContentLengthOverLimit_Rejected413BeforeTheBody) {
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nContent-Length: 65\r\n\r\n"), Progress::kRejected);
+  EXPECT_EQ(framer.rejection().status, 413);
+  EXPECT_EQ(framer.rejection().code, "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(framer.rejection().message, "request body of 65 bytes exceeds the limit of 64 bytes");
+}
+
+TEST(HttpRequestFramer, Update_ChunkedBody_Rejected411) {
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+            Progress::kRejected);
+  EXPECT_EQ(framer.rejection().status, 411);
+  EXPECT_EQ(framer.rejection().code, "UNIMPLEMENTED");
+}
+
+TEST(HttpRequestFramer, Update_MalformedContentLength_Rejected400) {
+  for (const char* value : {"-1", "+5", "0x10", "5 5", "", "1234567890123456789"}) {
+    HttpRequestFramer framer(kLimits);
+    EXPECT_EQ(framer.Update(std::string("POST / HTTP/1.1\r\nContent-Length: ") + value +
+                            "\r\n\r\n"),
+              Progress::kRejected)
+        << value;
+    EXPECT_EQ(framer.rejection().status, 400) << value;
+    EXPECT_EQ(framer.rejection().code, "INVALID_ARGUMENT") << value;
+  }
+}
+
+TEST(HttpRequestFramer, Update_TwoDifferentContentLengths_Rejected400) {
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
+            Progress::kRejected);
+  EXPECT_EQ(framer.rejection().message, "Content-Length \"2\" is not one decimal number of bytes");
+}
+
+TEST(HttpRequestFramer, Update_RepeatedEqualContentLength_Accepted) {
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx"),
+            Progress::kComplete);
+}
+
+TEST(HttpRequestFramer, TakeContinue_ExpectContinueBodyPending_TrueOnce) {
+  const std::string head = "POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
+  HttpRequestFramer framer(kLimits);
+  EXPECT_FALSE(framer.TakeContinue());  // no head yet
+  EXPECT_EQ(framer.Update(head), Progress::kNeedMore);
+  EXPECT_TRUE(framer.TakeContinue());
+  EXPECT_FALSE(framer.TakeContinue());
+  EXPECT_EQ(framer.Update(head + "ab"), Progress::kComplete);
+}
+
+TEST(HttpRequestFramer, TakeContinue_BodyAlreadyHere_False) {
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nab"),
+            Progress::kComplete);
+  EXPECT_FALSE(framer.TakeContinue());
+}
+
+TEST(HttpRequestFramer, Update_AfterRejection_StaysRejected) {
+  HttpRequestFramer framer(kLimits);
+  const std::string chunked = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  ASSERT_EQ(framer.Update(chunked), Progress::kRejected);
+  EXPECT_EQ(framer.Update(chunked + "0\r\n\r\n"), Progress::kRejected);
+}
+
+}  // namespace
+}  // namespace pipetrain

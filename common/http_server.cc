@@ -3,12 +3,15 @@
 #include <httplib.h>
 #include <sys/socket.h>
 
-#include <sstream>
+#include <algorithm>
+#include <cstring>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/fixed_thread_pool.h"
+#include "common/http_gate.h"
 #include "common/logging.h"
-#include "nlohmann/json.hpp"
 #include "prometheus/collectable.h"
 #include "prometheus/text_serializer.h"
 
@@ -41,31 +44,112 @@ void Apply(const HttpResponse& in, httplib::Response& out) {
   out.set_content(in.body, in.content_type.c_str());
 }
 
+// Runs each task at once on httplib's accept thread. The only task is
+// handing a socket to the gate, which never blocks, so no pool is needed.
+class InlineTaskQueue : public httplib::TaskQueue {
+ public:
+  void enqueue(std::function<void()> fn) override { fn(); }
+  void shutdown() override {}
+};
+
+// A request the gate has already read whole, and a response collected whole
+// for the gate to write: httplib's parser and routing run on it without
+// touching the socket. Reads return 0 (end of stream) after the request, so
+// a POST without Content-Length gets an empty body at once.
+class BufferedStream : public httplib::Stream {
+ public:
+  explicit BufferedStream(const GatedRequest& request) : request_(request) {}
+
+  bool is_readable() const override { return true; }
+  bool is_writable() const override { return true; }
+  ssize_t read(char* ptr, size_t size) override {
+    const size_t n = std::min(size, request_.bytes.size() - read_);
+    std::memcpy(ptr, request_.bytes.data() + read_, n);
+    read_ += n;
+    return static_cast<ssize_t>(n);
+  }
+  using httplib::Stream::write;
+  ssize_t write(const char* ptr, size_t size) override {
+    response_.append(ptr, size);
+    return static_cast<ssize_t>(size);
+  }
+  void get_remote_ip_and_port(std::string& ip, int& port) const override {
+    ip = request_.remote_ip;
+    port = request_.remote_port;
+  }
+  void get_local_ip_and_port(std::string& ip, int& port) const override {
+    ip = request_.local_ip;
+    port = request_.local_port;
+  }
+  socket_t socket() const override { return INVALID_SOCKET; }
+
+  std::string TakeResponse() { return std::move(response_); }
+
+ private:
+  const GatedRequest& request_;
+  size_t read_ = 0;
+  std::string response_;
+};
+
 }  // namespace
 
-HttpResponse JsonResponse(int status, std::string body) {
-  HttpResponse response;
-  response.status = status;
-  response.body = std::move(body);
-  return response;
-}
+namespace internal {
 
-HttpResponse JsonError(int status, absl::string_view code, absl::string_view message) {
-  nlohmann::json body = {{"code", std::string(code)}, {"message", std::string(message)}};
-  // replace: invalid UTF-8 in a message (e.g. echoed input) must not throw.
-  return JsonResponse(status, body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
-}
+// httplib::Server whose accepted sockets go to an HttpGate instead of a
+// thread each (httplib's own would block a pool thread per connection, with
+// a timeout per read rather than per request), and which parses, routes and
+// answers the requests the gate has buffered.
+class GatedServer : public httplib::Server {
+ public:
+  GatedServer() {
+    new_task_queue = [] { return new InlineTaskQueue; };
+  }
+
+  // Requires: set before listen_after_bind; the gate outlives the accept loop.
+  void set_gate(HttpGate* gate) { gate_ = gate; }
+
+  // httplib listens with a backlog of 5: a burst of probes and scrapes
+  // beyond that would wait for SYN retransmits. Calling listen() again on a
+  // listening socket only changes the backlog. Requires: bound.
+  void WidenBacklog() { ::listen(svr_sock_, SOMAXCONN); }
+
+  // Runs `request` through httplib's parser, routing and handlers; returns
+  // the response as bytes ("Connection: close"). Thread-safe once serving
+  // (routes are read only).
+  std::string Handle(const GatedRequest& request) {
+    BufferedStream stream(request);
+    bool connection_closed = false;
+    // The gate has answered "100 Continue" already and read the body.
+    process_request(stream, /*close_connection=*/true, connection_closed,
+                    [](httplib::Request& req) { req.headers.erase("Expect"); });
+    return stream.TakeResponse();
+  }
+
+ private:
+  // On httplib's accept thread, for every accepted connection.
+  bool process_and_close_socket(socket_t sock) override {
+    gate_->Admit(sock);
+    return true;
+  }
+
+  HttpGate* gate_ = nullptr;
+};
+
+}  // namespace internal
 
 HttpServer::HttpServer() : HttpServer(Options{}) {}
 
 HttpServer::HttpServer(Options options)
-    : options_(std::move(options)), server_(std::make_unique<httplib::Server>()) {
+    : options_(std::move(options)), server_(std::make_unique<internal::GatedServer>()) {
   InstallHooks();
 }
 
 HttpServer::~HttpServer() { Stop(); }
 
 void HttpServer::InstallHooks() {
+  // The gate enforces the limit before a body is read; this is a second
+  // guard at the parser.
+  server_->set_payload_max_length(options_.max_body_bytes);
   // httplib's default sets SO_REUSEPORT, which lets a second server bind the
   // same port and silently share its traffic. SO_REUSEADDR alone still allows
   // a quick restart over connections in TIME_WAIT.
@@ -135,6 +219,18 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
     return absl::UnavailableError(absl::StrCat("cannot bind HTTP address ", host, ":", port,
                                                "; is the port in use or the host not local?"));
   }
+  server_->WidenBacklog();
+  handlers_ = std::make_unique<FixedThreadPool>(options_.handler_threads);
+  HttpGate::Options gate;
+  gate.limits = {options_.max_header_bytes, options_.max_body_bytes};
+  gate.max_connections = options_.max_connections;
+  gate.request_timeout = options_.request_timeout;
+  gate.response_timeout = options_.response_timeout;
+  absl::StatusOr<std::unique_ptr<HttpGate>> started =
+      HttpGate::Start(gate, [this](GatedRequest request) { Dispatch(std::move(request)); });
+  if (!started.ok()) return started.status();
+  gate_ = std::move(*started);
+  server_->set_gate(gate_.get());
   started_ = true;
   port_ = bound;
   thread_ = std::thread([this] {
@@ -148,10 +244,18 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   return port_;
 }
 
+void HttpServer::Dispatch(GatedRequest request) {
+  // std::function needs a copyable task; the request is moved in, not copied.
+  auto shared = std::make_shared<GatedRequest>(std::move(request));
+  handlers_->Post([this, shared] { gate_->Respond(shared->connection, server_->Handle(*shared)); });
+}
+
 void HttpServer::Stop() {
   if (!thread_.joinable()) return;
   server_->stop();
-  thread_.join();
+  thread_.join();    // no more Admit
+  gate_->Stop();     // closes every connection; later Responds are ignored
+  handlers_->Stop();  // drops queued requests, waits for running handlers
 }
 
 void ServePrometheus(HttpServer& server, const prometheus::Collectable* collectable,

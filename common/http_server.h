@@ -11,8 +11,19 @@
 //
 // Routes are regular expressions matched against the whole path (httplib's
 // std::regex); capture groups arrive as HttpRequest::path_params. A request
-// that matches no route gets 404 with a JSON error body. Handlers run on the
-// server's own thread pool, concurrently: they must be thread-safe.
+// that matches no route gets 404 with a JSON error body. Handlers run on
+// Options::handler_threads threads of the server's own, concurrently: they
+// must be thread-safe.
+//
+// Slow and oversized clients: one gate thread (common/http_gate.h) reads
+// every connection without blocking and hands a request to a handler only
+// once it is complete, within the limits in Options; it also writes the
+// responses. A client that trickles its request, or never reads the answer,
+// holds a buffer and a connection slot until its timeout, never a thread, so
+// /healthz and /metrics stay answerable. Over a limit the gate answers with
+// the JSON error body itself (431, 413, 411, 408, 503; docs/api.md "HTTP
+// limits"). One request per connection: every response says
+// "Connection: close". A POST without Content-Length has an empty body.
 //
 // Authentication: when Options::bearer_token is set, every route except the
 // public paths (/healthz, /metrics) requires "Authorization: Bearer <token>";
@@ -22,6 +33,7 @@
 #define PIPETRAIN_COMMON_HTTP_SERVER_H_
 
 #include <atomic>
+#include <cstddef>
 #include <functional>
 #include <map>
 #include <memory>
@@ -32,17 +44,21 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
-
-namespace httplib {
-class Server;
-}  // namespace httplib
+#include "absl/time/time.h"
+#include "common/http_response.h"  // HttpResponse, JsonResponse, JsonError
 
 namespace prometheus {
 class Collectable;
 }  // namespace prometheus
 
 namespace pipetrain {
+
+class FixedThreadPool;
+class HttpGate;
+struct GatedRequest;
+namespace internal {
+class GatedServer;  // httplib::Server wired to the gate (http_server.cc)
+}  // namespace internal
 
 struct HttpRequest {
   std::string method;  // "GET", "POST"
@@ -52,18 +68,6 @@ struct HttpRequest {
   std::map<std::string, std::string> query;  // first value of each parameter
 };
 
-struct HttpResponse {
-  int status = 200;
-  std::string body;
-  std::string content_type = "application/json";
-};
-
-// `status` with `body` as application/json.
-HttpResponse JsonResponse(int status, std::string body);
-// The error body every endpoint uses: {"code": "<CODE>", "message": "..."},
-// e.g. code "INVALID_ARGUMENT". The message is JSON-escaped.
-HttpResponse JsonError(int status, absl::string_view code, absl::string_view message);
-
 class HttpServer {
  public:
   struct Options {
@@ -71,6 +75,26 @@ class HttpServer {
     std::string bearer_token;
     // Paths served without a token (exact match), for probes and scrapers.
     std::set<std::string> public_paths = {"/healthz", "/metrics"};
+
+    // Bounds on what clients can hold (docs/api.md, "HTTP limits"). Worst
+    // case memory is about max_connections * (max_header_bytes +
+    // max_body_bytes), and only for clients that really send that much.
+    //
+    // Connections being read, handled or answered; a new one beyond this is
+    // answered 503 UNAVAILABLE at once.
+    size_t max_connections = 128;
+    // Request line and headers; beyond: 431 RESOURCE_EXHAUSTED.
+    size_t max_header_bytes = 16 * 1024;
+    // A request body (its Content-Length); beyond: 413 RESOURCE_EXHAUSTED,
+    // decided from the headers, so the body is never buffered.
+    size_t max_body_bytes = 1024 * 1024;
+    // From accepting a connection to the last byte of its request, however
+    // the bytes trickle in; then 408 DEADLINE_EXCEEDED and closed.
+    absl::Duration request_timeout = absl::Seconds(10);
+    // To write a response to a client that reads it slowly; then closed.
+    absl::Duration response_timeout = absl::Seconds(10);
+    // Threads that run handlers. Requires: >= 1.
+    int handler_threads = 4;
   };
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
@@ -90,12 +114,15 @@ class HttpServer {
   // its own and returns the bound port once the server accepts connections.
   // Requires: not started yet (checked).
   // Errors: UNAVAILABLE when the address cannot be bound (in use, not a local
-  // address); the message names host:port.
+  // address); the message names host:port. UNAVAILABLE too when the
+  // connection gate cannot start (out of file descriptors).
   absl::StatusOr<int> Start(const std::string& host, int port);
 
-  // Stops accepting, waits for in-flight requests and joins the threads.
-  // Idempotent; safe to call when never started. A stopped server cannot be
-  // started again. Not to be called from a handler (it would wait for itself).
+  // Stops accepting, closes every connection (slow clients do not delay
+  // it), waits for the handlers already running (their responses are
+  // dropped) and joins the threads. Idempotent; safe to call when never
+  // started. A stopped server cannot be started again. Not to be called from
+  // a handler (it would wait for itself), nor concurrently with itself.
   void Stop();
 
   // The bound port after a successful Start, else 0.
@@ -104,10 +131,13 @@ class HttpServer {
  private:
   void Route(const std::string& method, const std::string& pattern, Handler handler);
   void InstallHooks();
+  void Dispatch(GatedRequest request);  // on the gate's thread: queue for a handler
 
   const Options options_;
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::unique_ptr<internal::GatedServer> server_;
+  std::unique_ptr<FixedThreadPool> handlers_;  // from Start
+  std::unique_ptr<HttpGate> gate_;             // from Start
+  std::thread thread_;                         // httplib's accept loop
   std::atomic<bool> listen_returned_{false};
   int port_ = 0;
   bool started_ = false;

@@ -1,11 +1,19 @@
 #include "common/http_server.h"
 
+#include <arpa/inet.h>
 #include <httplib.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/time/time.h"
+#include "common/slow_http_clients.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "prometheus/counter.h"
@@ -22,6 +30,71 @@ std::unique_ptr<httplib::Client> ClientFor(int port) {
   client->set_read_timeout(10);
   client->set_write_timeout(10);
   return client;
+}
+
+// A client that gives the server one second for everything: a server whose
+// threads are all held by slow clients fails the test instead of slowing it.
+std::unique_ptr<httplib::Client> ImpatientClientFor(int port) {
+  auto client = std::make_unique<httplib::Client>("127.0.0.1", port);
+  client->set_connection_timeout(1);
+  client->set_read_timeout(1);
+  client->set_write_timeout(1);
+  return client;
+}
+
+// A raw connection, for requests httplib's client does not send (no
+// Content-Length, Expect, chunked, a head cut short). Every read waits at
+// most `timeout`.
+class RawConnection {
+ public:
+  RawConnection(int port, absl::Duration timeout) : fd_(socket(AF_INET, SOCK_STREAM, 0)) {
+    const timeval tv = absl::ToTimeval(timeout);
+    setsockopt(fd_, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(port);
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    connected_ = connect(fd_, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0;
+  }
+  ~RawConnection() { close(fd_); }
+
+  bool connected() const { return connected_; }
+  bool Send(const std::string& bytes) {
+    return send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+           static_cast<ssize_t>(bytes.size());
+  }
+  // Reads until the server closes, the read times out, or (if not empty)
+  // `marker` has arrived; returns everything read so far.
+  std::string Read(absl::string_view marker = "") {
+    char buffer[4096];
+    while (marker.empty() || !absl::StrContains(received_, marker)) {
+      const ssize_t n = recv(fd_, buffer, sizeof(buffer), 0);
+      if (n <= 0) break;
+      received_.append(buffer, n);
+    }
+    return received_;
+  }
+
+ private:
+  const int fd_;
+  bool connected_ = false;
+  std::string received_;
+};
+
+// The status of a raw HTTP/1.1 response ("HTTP/1.1 413 ..."), or 0.
+int StatusOf(absl::string_view response) {
+  int status = 0;
+  if (!absl::StartsWith(response, "HTTP/1.1 ") || response.size() < 12 ||
+      !absl::SimpleAtoi(response.substr(9, 3), &status)) {
+    return 0;
+  }
+  return status;
+}
+
+// The body after the last head in `response` (after any "100 Continue").
+std::string BodyOf(absl::string_view response) {
+  const size_t end = response.rfind("\r\n\r\n");
+  return end == absl::string_view::npos ? "" : std::string(response.substr(end + 4));
 }
 
 HttpResponse Echo(const HttpRequest& request) {
@@ -169,6 +242,181 @@ TEST(HttpServer, Stop_Twice_AndNeverStarted_AreNoOps) {
   ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
   server.Stop();
   server.Stop();
+}
+
+TEST(HttpServer, Get_SixtyFourSlowClientsConnected_HealthzStillAnswered) {
+  // A long request_timeout: the slow clients must be held, not timed out.
+  HttpServer server({.request_timeout = absl::Minutes(10)});
+  server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto slow = SlowHttpClients::Open(*port, {.connections = 64, .trickling = 48});
+  ASSERT_TRUE(slow.ok()) << slow.status();
+
+  // More probes than handler threads: none of them may be held by a client.
+  for (int i = 0; i < 8; ++i) {
+    httplib::Result result = ImpatientClientFor(*port)->Get("/healthz");
+    ASSERT_TRUE(result) << "probe " << i << ": " << httplib::to_string(result.error());
+    EXPECT_EQ(result->status, 200);
+  }
+  EXPECT_EQ((*slow)->CountAnsweredOrClosed(), 0) << "slow clients must be held, not dropped";
+}
+
+TEST(HttpServer, Post_NoBodyNoContentLength_ReachesHandlerAtOnceWithEmptyBody) {
+  HttpServer server;
+  server.Post(R"(/v1/jobs/([^/:]+):cancel)", Echo);
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  // As `curl -X POST http://HOST/v1/jobs/job-1:cancel` sends it. One second:
+  // a server that waits for a body until the client closes fails here.
+  RawConnection connection(*port, absl::Seconds(1));
+  ASSERT_TRUE(connection.connected());
+  ASSERT_TRUE(connection.Send("POST /v1/jobs/job-1:cancel HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string response = connection.Read();
+  ASSERT_EQ(StatusOf(response), 200) << response;
+  EXPECT_TRUE(absl::StrContains(response, "Connection: close")) << response;
+  nlohmann::json body = nlohmann::json::parse(BodyOf(response));
+  EXPECT_EQ(body["body"], "");
+  EXPECT_EQ(body["params"], nlohmann::json::array({"job-1"}));
+}
+
+TEST(HttpServer, Post_BodyOverDefaultLimit_Returns413NamingTheLimit) {
+  HttpServer server;
+  std::atomic<int> calls{0};
+  server.Post("/echo", [&calls](const HttpRequest& r) {
+    ++calls;
+    return Echo(r);
+  });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::Result result =
+      ClientFor(*port)->Post("/echo", std::string(1024 * 1024 + 1, 'x'), "application/json");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  EXPECT_EQ(result->status, 413);
+  EXPECT_EQ(nlohmann::json::parse(result->body),
+            nlohmann::json({{"code", "RESOURCE_EXHAUSTED"},
+                            {"message", "request body of 1048577 bytes exceeds the limit of "
+                                        "1048576 bytes"}}));
+  EXPECT_EQ(calls, 0);
+}
+
+TEST(HttpServer, Post_BodyAtTheLimit_ReachesHandler) {
+  HttpServer server({.max_body_bytes = 1000});
+  server.Post("/echo", Echo);
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::Result result = ClientFor(*port)->Post("/echo", std::string(1000, 'x'), "text/plain");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  EXPECT_EQ(result->status, 200);
+  EXPECT_EQ(nlohmann::json::parse(result->body)["body"], std::string(1000, 'x'));
+}
+
+TEST(HttpServer, Get_HeadersOverLimit_Returns431) {
+  HttpServer server({.max_header_bytes = 1024});
+  server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::Result result = ClientFor(*port)->Get("/healthz", {{"X-Big", std::string(2000, 'a')}});
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  EXPECT_EQ(result->status, 431);
+  nlohmann::json body = nlohmann::json::parse(result->body);
+  EXPECT_EQ(body["code"], "RESOURCE_EXHAUSTED");
+  EXPECT_TRUE(absl::StrContains(body["message"].get<std::string>(),
+                                "exceed the limit of 1024 bytes"))
+      << body;
+}
+
+TEST(HttpServer, Post_ChunkedBody_Returns411) {
+  HttpServer server;
+  server.Post("/echo", Echo);
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  RawConnection connection(*port, absl::Seconds(10));
+  ASSERT_TRUE(connection.connected());
+  ASSERT_TRUE(connection.Send(
+      "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
+  const std::string response = connection.Read();
+  ASSERT_EQ(StatusOf(response), 411) << response;
+  EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], "UNIMPLEMENTED");
+}
+
+TEST(HttpServer, Read_MalformedRequestLine_Returns400WithJsonError) {
+  HttpServer server;
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  RawConnection connection(*port, absl::Seconds(10));
+  ASSERT_TRUE(connection.connected());
+  ASSERT_TRUE(connection.Send("NOT AN HTTP REQUEST\r\n\r\n"));
+  const std::string response = connection.Read();
+  ASSERT_EQ(StatusOf(response), 400) << response;
+  EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], "INVALID_ARGUMENT");
+}
+
+TEST(HttpServer, Post_ExpectContinue_ContinueThenResponse) {
+  HttpServer server;
+  server.Post("/echo", Echo);
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  RawConnection connection(*port, absl::Seconds(10));
+  ASSERT_TRUE(connection.connected());
+  ASSERT_TRUE(connection.Send(
+      "POST /echo HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 7\r\n\r\n"));
+  const std::string interim = connection.Read("\r\n\r\n");
+  ASSERT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
+  ASSERT_TRUE(connection.Send("{\"x\":1}"));
+  const std::string response = connection.Read().substr(interim.size());
+  ASSERT_EQ(StatusOf(response), 200) << response;
+  EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["body"], "{\"x\":1}");
+}
+
+TEST(HttpServer, Get_ConnectionsOverCap_Returns503AndKeepsTheOthers) {
+  HttpServer server({.max_connections = 2});
+  server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  // Connected (and so accepted) in order: these two take both places.
+  auto silent = SlowHttpClients::Open(*port, {.connections = 2, .trickling = 0});
+  ASSERT_TRUE(silent.ok()) << silent.status();
+
+  httplib::Result result = ClientFor(*port)->Get("/healthz");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  EXPECT_EQ(result->status, 503);
+  EXPECT_EQ(nlohmann::json::parse(result->body),
+            nlohmann::json({{"code", "UNAVAILABLE"},
+                            {"message", "the server has the most open connections it accepts "
+                                        "(2); retry later"}}));
+  EXPECT_EQ((*silent)->CountAnsweredOrClosed(), 0);
+}
+
+TEST(HttpServer, Read_RequestIncompleteAtDeadline_Returns408AndCloses) {
+  HttpServer server({.request_timeout = absl::Milliseconds(200)});
+  server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto slow = SlowHttpClients::Open(*port, {.connections = 4, .trickling = 2});
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  RawConnection connection(*port, absl::Seconds(30));  // only a guard against a hang
+  ASSERT_TRUE(connection.connected());
+  ASSERT_TRUE(connection.Send("GET /healthz HTTP/1.1\r\n"));  // never finished
+
+  const std::string response = connection.Read();  // to the server's close
+  ASSERT_EQ(StatusOf(response), 408) << response;
+  EXPECT_EQ(nlohmann::json::parse(BodyOf(response)),
+            nlohmann::json({{"code", "DEADLINE_EXCEEDED"},
+                            {"message", "the request was not complete within the limit of "
+                                        "200ms after connecting"}}));
+  // Trickling and silent ones alike.
+  EXPECT_EQ((*slow)->AwaitAnsweredOrClosed(absl::Seconds(30)), 4);
+}
+
+TEST(HttpServer, Stop_SlowClientsConnected_ReturnsAndClosesThem) {
+  HttpServer server({.request_timeout = absl::Minutes(10)});
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto slow = SlowHttpClients::Open(*port, {.connections = 16, .trickling = 8});
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  server.Stop();  // a hang here fails the test by its timeout
+  EXPECT_EQ((*slow)->AwaitAnsweredOrClosed(absl::Seconds(30)), 16);
 }
 
 TEST(JsonError, MessageWithQuotesAndInvalidUtf8_IsValidJson) {

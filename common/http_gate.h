@@ -1,0 +1,145 @@
+// HttpGate: one thread that reads whole HTTP requests from many connections
+// at once, so that a slow client costs a buffer, never a thread.
+//
+// The HTTP server (common/http_server.h) hands it each accepted socket. The
+// gate's thread polls every connection (non-blocking sockets), buffers each
+// request until it is complete (head and Content-Length body, see
+// common/http_framing.h) and only then dispatches it; a handler thread
+// answers with Respond, and the gate writes the answer and closes. Handler
+// threads never touch a socket, so a client that trickles its request or
+// never reads its answer holds no handler.
+//
+// Per connection:
+//
+//   Admit ──> kReading ──complete──> kHandling ──Respond──> kWriting
+//               │                                             │ all written
+//               │ rejected / request_timeout                  v
+//               └──────── error response ────────────> kLingering ──> closed
+//                                                     (written, then EOF,
+//                                                      error or `linger`)
+//
+// Over max_connections open connections (reading, handling or writing), a
+// new one is answered 503 at once. Answers go out with "Connection: close";
+// after the last byte the gate shuts its side down and reads until the
+// client closes (at most `linger`), so a client still sending a rejected body
+// reads the answer instead of a connection reset. At most max_connections
+// connections linger; beyond, a connection is closed once answered.
+//
+// Error answers are JSON ({"code", "message"}, common/http_response.h):
+// the framing rejections (400, 411, 413, 431), 408 DEADLINE_EXCEEDED when
+// a request is not complete within request_timeout of its accept, and 503
+// UNAVAILABLE over max_connections. A response not written within
+// response_timeout is abandoned (the connection is closed).
+//
+// Thread-safety: Admit, Respond and Stop may be called from any thread.
+#ifndef PIPETRAIN_COMMON_HTTP_GATE_H_
+#define PIPETRAIN_COMMON_HTTP_GATE_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/annotated_mutex.h"
+#include "common/http_framing.h"
+
+namespace pipetrain {
+
+// A complete request, as the client sent it, for a handler thread.
+struct GatedRequest {
+  uint64_t connection = 0;  // pass to HttpGate::Respond
+  std::string bytes;        // the head and body, exactly (nothing after them)
+  std::string remote_ip, local_ip;
+  int remote_port = 0, local_port = 0;
+};
+
+class HttpGate {
+ public:
+  struct Options {
+    HttpRequestLimits limits;
+    size_t max_connections = 256;
+    absl::Duration request_timeout = absl::Seconds(10);   // accept to last body byte
+    absl::Duration response_timeout = absl::Seconds(10);  // Respond to last byte written
+    absl::Duration linger = absl::Seconds(2);
+  };
+  // Called on the gate's thread with each complete request. Must not block
+  // (queue the request for another thread) and must not call Stop.
+  using Dispatch = std::function<void(GatedRequest)>;
+
+  // Starts the gate's thread. Errors: UNAVAILABLE when its wake-up eventfd
+  // cannot be created (out of file descriptors).
+  static absl::StatusOr<std::unique_ptr<HttpGate>> Start(Options options, Dispatch dispatch);
+  ~HttpGate();  // Stop()
+  HttpGate(const HttpGate&) = delete;
+  HttpGate& operator=(const HttpGate&) = delete;
+
+  // Takes ownership of the connected socket `fd`. Never blocks on the
+  // client. After Stop: closes `fd`.
+  void Admit(int fd);
+
+  // The answer to request `connection`, as bytes on the wire (it should say
+  // "Connection: close"); empty closes the connection without one. Ignored
+  // when the connection is gone (Stop, or a second Respond).
+  void Respond(uint64_t connection, std::string response);
+
+  // Closes every connection (slow clients included), then joins the thread.
+  // Requests already dispatched may still Respond; they are ignored.
+  // Idempotent, but not concurrently with itself or the destructor.
+  void Stop();
+
+ private:
+  enum class State { kReading, kHandling, kWriting, kLingering };
+  struct Connection;
+
+  HttpGate(Options options, Dispatch dispatch, int wake_fd);
+
+  void Wake();  // any thread
+
+  // The loop and its steps. They run on the gate's thread only and own
+  // `connections_` (no lock: no other thread touches it). A connection
+  // marked done is closed by the next Sweep, so no step frees a connection
+  // another step still holds.
+  void Loop();
+  bool TakeMail(std::vector<int>& admitted, std::vector<std::pair<uint64_t, std::string>>& answers);
+  void Adopt(int fd);
+  void Answer(uint64_t id, std::string response);
+  void PollOnce();
+  void OnEvents(Connection& connection, short revents);
+  void OnReadable(Connection& connection);
+  void Frame(Connection& connection);
+  void HandOff(Connection& connection);
+  void Drain(Connection& connection);
+  void Send(Connection& connection, absl::string_view bytes);
+  void Flush(Connection& connection);
+  void Reject(Connection& connection, int status, const std::string& code,
+              const std::string& message);
+  void StartLingering(Connection& connection);
+  void Expire(absl::Time now);
+  void Sweep();
+  size_t CountIn(State state) const;
+  size_t CountOpen() const;  // reading, handling or writing
+
+  const Options options_;
+  const Dispatch dispatch_;
+  const int wake_fd_;  // eventfd: Admit, Respond and Stop wake the poll with it
+
+  AnnotatedMutex mu_;
+  std::vector<int> admitted_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::pair<uint64_t, std::string>> answers_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+
+  std::map<uint64_t, std::unique_ptr<Connection>> connections_;  // the loop's own
+  uint64_t next_id_ = 1;                                          // the loop's own
+  std::thread thread_;  // last: starts after the fields above exist
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COMMON_HTTP_GATE_H_

@@ -1,0 +1,48 @@
+#include "common/http_response.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain {
+namespace {
+
+// Reason phrases for the statuses the server sends itself; clients read the
+// number, so anything else gets a generic phrase.
+absl::string_view ReasonPhrase(int status) {
+  switch (status) {
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 408: return "Request Timeout";
+    case 411: return "Length Required";
+    case 413: return "Payload Too Large";
+    case 431: return "Request Header Fields Too Large";
+    case 503: return "Service Unavailable";
+    default: return status < 400 ? "OK" : "Error";
+  }
+}
+
+}  // namespace
+
+HttpResponse JsonResponse(int status, std::string body) {
+  HttpResponse response;
+  response.status = status;
+  response.body = std::move(body);
+  return response;
+}
+
+HttpResponse JsonError(int status, absl::string_view code, absl::string_view message) {
+  nlohmann::json body = {{"code", std::string(code)}, {"message", std::string(message)}};
+  // replace: invalid UTF-8 in a message (e.g. echoed input) must not throw.
+  return JsonResponse(status, body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+}
+
+std::string SerializeClosingResponse(const HttpResponse& response) {
+  return absl::StrCat("HTTP/1.1 ", response.status, " ", ReasonPhrase(response.status),
+                      "\r\nContent-Type: ", response.content_type,
+                      "\r\nContent-Length: ", response.body.size(),
+                      "\r\nConnection: close\r\n\r\n", response.body);
+}
+
+}  // namespace pipetrain

@@ -20,6 +20,8 @@ PACKAGES=(
   libsqlite3-dev           # coordinator store (service issue)
   openssl                  # test certificates (tests/tls_cluster_test)
   prometheus               # promtool, to lint /metrics in tests (also ships the server)
+  clang-14 libclang-rt-14-dev  # libFuzzer, ASan, UBSan: the fuzz targets (scripts/fuzz.sh)
+  llvm-14                  # llvm-symbolizer, for readable stacks in sanitizer reports
 )
 
 # Tools wanted as commands, not as particular packages: a machine may already

@@ -10,6 +10,10 @@
 //  - Decode never reads outside the payload: a truncated, corrupted or
 //    foreign payload is INVALID_ARGUMENT (bad header, wrong codec, sizes that
 //    do not add up), never a crash (tests run under ASan).
+//  - Decode allocates the shape the payload's header announces (at most
+//    2^40 elements), which a sparse or low-rank payload may announce from a
+//    few bytes: receivers check it against the shape they expect first
+//    (PeekPayloadShape in payload.h).
 //  - The encoded size is a documented function of the shape and parameters
 //    (EncodedBytes), equal to Encode's output size.
 //  - Deterministic: equal inputs (and state) give equal payloads.

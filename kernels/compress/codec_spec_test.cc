@@ -1,6 +1,10 @@
 #include "kernels/compress/codec_spec.h"
 
+#include <string>
+#include <utility>
+
 #include "gtest/gtest.h"
+#include "kernels/compress/payload.h"
 
 namespace pipetrain {
 namespace {
@@ -69,6 +73,32 @@ TEST(MakeCodec, EverySpec_BuildsARoundTrippingCodec) {
     EXPECT_EQ(y->shape(), x.shape()) << spec;
   }
   EXPECT_EQ(MakeCodec("piecewise:bits=9").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Found by fuzz/codec_fuzzer and codec_spec_fuzzer: a payload shape whose
+// dims overflow int64 before a trailing 0 (2^62 * 4 * 0) passed the header
+// check, and decoding computed its element count with signed overflow
+// (fp16 and token_topk hit it first). Every codec now rejects it.
+TEST(MakeCodec, EveryCodec_DecodeShapeOverflowingBeforeItsZero_InvalidArgument) {
+  const std::pair<const char*, CodecId> codecs[] = {
+      {"fp16", CodecId::kFp16},
+      {"bf16", CodecId::kBf16},
+      {"linear:bits=4", CodecId::kLinear},
+      {"piecewise:bits=3", CodecId::kPiecewise},
+      {"token_topk:keep=0.5+bf16", CodecId::kTokenTopK},
+      {"elem_topk:keep=0.5", CodecId::kElemTopK},
+      {"powersgd:rank=2", CodecId::kPowerSgd}};
+  for (const auto& [spec, id] : codecs) {
+    auto codec = MakeCodec(spec);
+    ASSERT_TRUE(codec.ok()) << spec << ": " << codec.status();
+    std::string payload;
+    WriteHeader(id, {int64_t{1} << 62, 4, 0}, &payload);
+    payload.append(64, '\0');  // whatever a body would hold
+    auto decoded = (*codec)->Decode(payload);
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_NE(decoded.status().message().find("implausibly large"), std::string::npos)
+        << spec << ": " << decoded.status();
+  }
 }
 
 }  // namespace

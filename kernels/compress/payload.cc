@@ -129,18 +129,30 @@ absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader) {
         absl::StrCat("payload rank ", int{rank}, " > ", kMaxPayloadRank));
   }
   Shape shape(rank);
-  double numel = 1;
+  // Zero dimensions left out: a shape such as [2^62, 4, 0] holds no
+  // elements, but NumElements (and any product taken left to right) would
+  // overflow int64 before reaching the 0.
+  double nonzero_product = 1;
   for (int i = 0; i < rank; ++i) {
     if (!reader->I64(&shape[i])) {
       return absl::InvalidArgumentError("payload truncated in its shape");
     }
     if (shape[i] < 0) return absl::InvalidArgumentError("payload has a negative dimension");
-    numel *= static_cast<double>(shape[i]);
+    if (shape[i] > 0) nonzero_product *= static_cast<double>(shape[i]);
   }
-  if (numel >= static_cast<double>(int64_t{1} << 40)) {
-    return absl::InvalidArgumentError("payload shape is implausibly large");
+  if (nonzero_product >= static_cast<double>(int64_t{1} << 40)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("payload shape ", ShapeToString(shape),
+                     " is implausibly large (its nonzero dimensions multiply to 2^40 or more)"));
   }
   return shape;
+}
+
+absl::StatusOr<Shape> PeekPayloadShape(absl::string_view payload) {
+  // Byte 4 is the codec id; a shorter payload fails ReadHeader's own checks.
+  const uint8_t id = payload.size() > 4 ? static_cast<uint8_t>(payload[4]) : 0;
+  ByteReader reader(payload);
+  return ReadHeader(static_cast<CodecId>(id), &reader);
 }
 
 absl::Status NonFiniteError(absl::string_view codec, int64_t index, float value) {

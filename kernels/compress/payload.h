@@ -141,9 +141,19 @@ inline int64_t PackedBytes(int64_t count, int bits) { return (count * bits + 7) 
 void WriteHeader(CodecId id, const Shape& shape, std::string* out);
 
 // Checks magic and id (INVALID_ARGUMENT naming what is wrong, e.g. "payload
-// is for codec 3, not 4"), reads the shape (rank <= 8, dims >= 0, numel <
-// 2^40) and leaves `reader` after the header.
+// is for codec 3, not 4"), reads the shape (rank <= 8, dims >= 0, the
+// product of the nonzero dims < 2^40, so numel < 2^40 and no product of
+// dims overflows) and leaves `reader` after the header.
 absl::StatusOr<Shape> ReadHeader(CodecId expected, ByteReader* reader);
+
+// The shape a payload's header announces, with ReadHeader's checks, for
+// whichever codec the header names; the body is not read. Decode allocates
+// a tensor of that shape (up to 2^40 elements) however small the payload
+// (a sparse or low-rank one), so a receiver that must bound its memory
+// compares this with the shape it expects before decoding
+// (DecodeWireTensorWith in worker/transport, token_topk for its inner
+// payload). INVALID_ARGUMENT as ReadHeader.
+absl::StatusOr<Shape> PeekPayloadShape(absl::string_view payload);
 
 // INVALID_ARGUMENT naming the first non-finite element, else OK.
 absl::Status CheckFinite(const Tensor& x, absl::string_view codec);

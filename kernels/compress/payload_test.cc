@@ -126,6 +126,44 @@ TEST(Header, ReadHeader_EveryPrefix_InvalidArgument) {
   }
 }
 
+// Found by fuzz/codec_fuzzer: [2^62, 4, 0] has no elements, but NumElements
+// overflowed int64 on 2^62 * 4 before reaching the 0 (undefined behaviour).
+TEST(Header, ReadHeader_HugeDimsBesideAZero_InvalidArgument) {
+  std::string out;
+  WriteHeader(CodecId::kFp16, {int64_t{1} << 62, 4, 0}, &out);
+  ByteReader r(out);
+  auto shape = ReadHeader(CodecId::kFp16, &r);
+  EXPECT_EQ(shape.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(shape.status().message().find("nonzero dimensions multiply to 2^40 or more"),
+            std::string::npos)
+      << shape.status();
+}
+
+TEST(Header, ReadHeader_ZeroBesideSmallDims_ReturnsShape) {
+  std::string out;
+  WriteHeader(CodecId::kFp16, {1 << 19, 0, 1 << 20}, &out);
+  ByteReader r(out);
+  auto shape = ReadHeader(CodecId::kFp16, &r);
+  ASSERT_TRUE(shape.ok()) << shape.status();
+  EXPECT_EQ(*shape, (Shape{1 << 19, 0, 1 << 20}));
+}
+
+TEST(Header, PeekPayloadShape_AnyCodec_ReturnsHeaderShapeOrReadHeadersError) {
+  for (CodecId id : {CodecId::kFp16, CodecId::kElemTopK, CodecId::kPowerSgd}) {
+    std::string out;
+    WriteHeader(id, {3, 0, 5}, &out);
+    out += "body";
+    auto shape = PeekPayloadShape(out);
+    ASSERT_TRUE(shape.ok()) << shape.status();
+    EXPECT_EQ(*shape, (Shape{3, 0, 5}));
+  }
+  EXPECT_EQ(PeekPayloadShape("PTC").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PeekPayloadShape("").status().code(), absl::StatusCode::kInvalidArgument);
+  std::string huge;
+  WriteHeader(CodecId::kLinear, {int64_t{1} << 40}, &huge);
+  EXPECT_EQ(PeekPayloadShape(huge).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ByteWriter, F32s_SameBytesAsF32PerValue_AndReadBack) {
   const std::vector<float> values = {1.5f, -0.0f, 3.4e38f, 1e-45f, -7.25f};
   std::string bulk, each;

@@ -233,6 +233,28 @@ TEST(TokenTopKTest, Decode_TruncatedCorruptedOrForeign_InvalidArgument) {
   EXPECT_THAT(y.status().message(), HasSubstr("payload is for codec 5, not 6"));
 }
 
+// An inner payload announcing a far larger tensor than the kept tokens is
+// rejected before the inner codec decodes (allocates) it: here 2^39
+// elements from an elem_topk payload of one entry.
+TEST(TokenTopKTest, Decode_InnerPayloadAnnouncingLargerShape_InvalidArgument) {
+  auto codec = MakeTokenTopKCodec(0.5, MakeElemTopKCodec(1e-12).value()).value();
+  std::string inner;
+  WriteHeader(CodecId::kElemTopK, {int64_t{1} << 39}, &inner);
+  ByteWriter iw(&inner);
+  iw.I64(1);
+  iw.U32(0);
+  iw.F32(1.f);
+  std::string payload;
+  WriteTokenTopKPrefix({2, 4}, 0.5, /*kept=*/1, {true, false}, &payload);
+  ByteWriter w(&payload);
+  w.I64(static_cast<int64_t>(inner.size()));
+  w.Bytes(inner);
+  auto y = codec->Decode(payload);
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(y.status().message(),
+              HasSubstr("inner payload has shape [549755813888], expected [1, 4]"));
+}
+
 TEST(TokenTopKTest, Encode_EmptyTokens_RoundTrips) {
   auto codec = TokenCodec(0.5);
   auto payload = codec->Encode(Tensor::Zeros({0, 4}), nullptr);

@@ -210,7 +210,20 @@ absl::StatusOr<Tensor> TokenTopKCodec::DecodeValues(absl::string_view body, int6
     if (!r.I64(&length) || length != r.remaining()) {
       return absl::InvalidArgumentError("token_topk: inner payload length does not match the body");
     }
-    ASSIGN_OR_RETURN(values, inner_->Decode(body.substr(8)));
+    // The inner payload's shape is checked before it is decoded (and so
+    // allocated): it could announce a far larger tensor than this one.
+    const absl::string_view inner = body.substr(8);
+    absl::StatusOr<Shape> inner_shape = PeekPayloadShape(inner);
+    if (!inner_shape.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token_topk: inner payload: ", inner_shape.status().message()));
+    }
+    if (*inner_shape != Shape{kept, d}) {
+      return absl::InvalidArgumentError(absl::StrCat("token_topk: inner payload has shape ",
+                                                     ShapeToString(*inner_shape), ", expected ",
+                                                     ShapeToString({kept, d})));
+    }
+    ASSIGN_OR_RETURN(values, inner_->Decode(inner));
     if (values.shape() != Shape{kept, d}) {
       return absl::InvalidArgumentError(absl::StrCat("token_topk: inner payload has shape ",
                                                      ShapeToString(values.shape()), ", expected ",

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
+#include "kernels/compress/payload.h"
 
 namespace pipetrain {
 
@@ -64,6 +65,20 @@ absl::StatusOr<Tensor> DecodeWireTensor(const WireTensor& wire, const std::strin
 
 absl::StatusOr<Tensor> DecodeWireTensorWith(const Codec& codec, const WireTensor& wire,
                                             const std::string& what) {
+  // The shape the payload announces is checked before Decode allocates it:
+  // wire.shape is within the receiver's size limit (FrameAssembler), the
+  // payload's header is not, and a few bytes of a sparse or low-rank
+  // payload can announce terabytes.
+  absl::StatusOr<Shape> announced = PeekPayloadShape(wire.payload);
+  if (!announced.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": cannot decode its ", wire.codec,
+                                                   " payload: ", announced.status().message()));
+  }
+  if (*announced != wire.shape) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": ", wire.codec, " payload announces shape ", ShapeToString(*announced),
+                     " but was sent as ", ShapeToString(wire.shape), "; not decoded"));
+  }
   auto decoded = codec.Decode(wire.payload);
   if (!decoded.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": cannot decode its ", wire.codec,

@@ -67,8 +67,9 @@ struct WireTensor {
 // Decodes an encoded WireTensor with the codec its spec names (built anew on
 // each call: callers that decode often cache codecs themselves); returns a
 // raw one's tensor as is. INVALID_ARGUMENT naming `what` (e.g. the address)
-// for an unknown codec spec, a payload the codec rejects, or a payload that
-// decodes to a shape other than `shape`.
+// for an unknown codec spec, a payload the codec rejects, or a payload whose
+// header announces a shape other than `shape` (checked before decoding, so
+// a payload never makes the receiver allocate more than `shape`).
 absl::StatusOr<Tensor> DecodeWireTensor(const WireTensor& wire, const std::string& what);
 
 // DecodeWireTensor with a codec the caller built from wire.codec (requires

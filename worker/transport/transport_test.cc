@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/codec_spec.h"
+#include "kernels/compress/payload.h"
 #include "worker/transport/in_process_transport.h"
 
 namespace pipetrain {
@@ -84,7 +85,27 @@ TEST(DecodeWireTensorTest, ShapeOtherThanSent_InvalidArgument) {
   wire.shape = {16};
   absl::StatusOr<Tensor> decoded = DecodeWireTensor(wire, "t");
   EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(decoded.status().message().find("decodes to shape [4, 4] but was sent as [16]"),
+  EXPECT_NE(decoded.status().message().find("announces shape [4, 4] but was sent as [16]"),
+            std::string::npos)
+      << decoded.status();
+}
+
+// Seen while writing fuzz/codec_spec_fuzzer (an input made by hand, then
+// run through it): 30 bytes of elem_topk (keep 1e-12, so one kept element)
+// announcing 2^39 elements made the receiver allocate 2 TiB, and the failed
+// allocation aborted the worker. The frame's shape was [1]: the payload's
+// is now checked against it first.
+TEST(DecodeWireTensorTest, PayloadAnnouncingLargerShape_InvalidArgumentWithoutDecoding) {
+  std::string payload;
+  WriteHeader(CodecId::kElemTopK, {int64_t{1} << 39}, &payload);
+  ByteWriter w(&payload);
+  w.I64(1);    // kept elements
+  w.U32(5);    // index
+  w.F32(1.f);  // value
+  const WireTensor wire = WireTensor::Encoded("elem_topk:keep=1e-12", payload, {1});
+  absl::StatusOr<Tensor> decoded = DecodeWireTensor(wire, "t");
+  EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(decoded.status().message().find("announces shape [549755813888] but was sent as [1]"),
             std::string::npos)
       << decoded.status();
 }

@@ -72,18 +72,21 @@ absl::StatusOr<int64_t> DecodedBytes(const v1::TensorFrame& frame, int64_t max_t
     return Invalid(frame,
                    absl::StrCat("shape ", ShapeToString(shape), " has a negative dimension"));
   }
-  if (std::count(shape.begin(), shape.end(), int64_t{0}) > 0) return 0;
+  // The nonzero dims must fit the limit even when a 0 makes the tensor
+  // empty: [2^62, 4, 0] would overflow int64 in NumElements before its 0.
   const int64_t max_elements = max_tensor_bytes / kBytesPerElement;
-  int64_t numel = 1;
+  int64_t nonzero_numel = 1;
   for (int64_t d : shape) {
-    if (numel > max_elements / d) {
+    if (d == 0) continue;
+    if (nonzero_numel > max_elements / d) {
       return Invalid(
           frame, absl::StrCat("shape ", ShapeToString(shape), " is over the data-plane limit of ",
                               max_tensor_bytes, " bytes per tensor"));
     }
-    numel *= d;
+    nonzero_numel *= d;
   }
-  return numel * kBytesPerElement;
+  if (std::count(shape.begin(), shape.end(), int64_t{0}) > 0) return 0;
+  return nonzero_numel * kBytesPerElement;
 }
 
 // An encoded tensor's payload size: at least its header, at most the limit.

@@ -186,6 +186,29 @@ TEST(FrameCodecTest, Accept_TensorOverSizeLimit_InvalidArgumentWithoutAllocating
   EXPECT_TRUE(IsInvalid(assembler.Accept(huge, kJob), "is over the data-plane limit"));
 }
 
+// Found by fuzz/frame_fuzzer: an empty raw tensor whose other dims
+// overflow int64 ([2^62, 4, 0], total_bytes 0) passed the size check, and
+// allocating it multiplied the dims with signed overflow.
+TEST(FrameCodecTest, Accept_EmptyShapeWithHugeDims_InvalidArgument) {
+  v1::TensorFrame f = OneFrame(3, {0});
+  f.clear_shape();
+  f.add_shape(int64_t{1} << 62);
+  f.add_shape(4);
+  f.add_shape(0);
+  ASSERT_EQ(f.total_bytes(), 0);
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob),
+                        "shape [4611686018427387904, 4, 0] is over the data-plane limit"));
+  // Zero dims beside dims within the limit still make an empty tensor.
+  f.clear_shape();
+  f.add_shape(1024);
+  f.add_shape(0);
+  auto empty = assembler.Accept(f, kJob);
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  ASSERT_TRUE(empty->has_value());
+  EXPECT_EQ((*empty)->wire.tensor.shape(), (Shape{1024, 0}));
+}
+
 TEST(FrameCodecTest, Accept_FirstFrameNotAtOffsetZero_InvalidArgument) {
   std::vector<v1::TensorFrame> frames =
       EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({40})), 64);

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <sstream>
+#include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -26,16 +27,39 @@ nlohmann::json ScalarToJson(const YAML::Node& node) {
   return text;
 }
 
-nlohmann::json NodeToJson(const YAML::Node& node) {
+// A job spec is a few dozen nodes, nested three deep. YAML aliases let a
+// small file name a node many times (each level of "[*a, *a, ...]"
+// multiplies the count) or inside itself ("&a [*a]", endless), so the
+// conversion, which copies every use, stops at these limits.
+constexpr int64_t kMaxYamlNodes = 100000;
+constexpr int kMaxYamlDepth = 64;
+
+// Thrown when the conversion passes a limit (the message says which);
+// caught in YamlToJson.
+struct OverLimit {
+  std::string what;
+};
+
+nlohmann::json NodeToJson(const YAML::Node& node, int depth, int64_t& budget) {
+  if (--budget < 0) {
+    throw OverLimit{absl::StrCat("more than ", kMaxYamlNodes,
+                                 " nodes with aliases expanded; a job spec is far smaller")};
+  }
+  if (depth > kMaxYamlDepth) {
+    throw OverLimit{absl::StrCat("nested more than ", kMaxYamlDepth,
+                                 " levels deep, or an alias used inside its own anchor")};
+  }
   switch (node.Type()) {
     case YAML::NodeType::Map: {
       nlohmann::json out = nlohmann::json::object();
-      for (const auto& kv : node) out[kv.first.Scalar()] = NodeToJson(kv.second);
+      for (const auto& kv : node) {
+        out[kv.first.Scalar()] = NodeToJson(kv.second, depth + 1, budget);
+      }
       return out;
     }
     case YAML::NodeType::Sequence: {
       nlohmann::json out = nlohmann::json::array();
-      for (const auto& item : node) out.push_back(NodeToJson(item));
+      for (const auto& item : node) out.push_back(NodeToJson(item, depth + 1, budget));
       return out;
     }
     case YAML::NodeType::Scalar: return ScalarToJson(node);
@@ -47,8 +71,13 @@ nlohmann::json NodeToJson(const YAML::Node& node) {
 
 absl::StatusOr<std::string> YamlToJson(const std::string& yaml) {
   try {
-    return NodeToJson(YAML::Load(yaml)).dump();
+    int64_t budget = kMaxYamlNodes;
+    return NodeToJson(YAML::Load(yaml), 1, budget).dump();
   } catch (const YAML::Exception& e) {  // yaml-cpp reports errors by exception
+    return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.what()));
+  } catch (const OverLimit& e) {
+    return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.what));
+  } catch (const nlohmann::json::exception& e) {  // dump(): a string that is not UTF-8
     return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.what()));
   }
 }

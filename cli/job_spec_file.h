@@ -12,7 +12,10 @@ namespace pipetrain {
 
 // YAML text -> the equivalent JSON text. Plain scalars that read as
 // integers, floats, true/false or null become those JSON types; quoted
-// scalars stay strings. INVALID_ARGUMENT with the parser's line and column.
+// scalars stay strings. INVALID_ARGUMENT with the parser's line and column,
+// for text that is not UTF-8, and past the limits a job spec never nears:
+// more than 100000 nodes once aliases are expanded, or nesting more than 64
+// levels deep (which an alias inside its own anchor, "&a [*a]", does).
 absl::StatusOr<std::string> YamlToJson(const std::string& yaml);
 
 // Reads `path` (".json" as JSON; ".yaml"/".yml" or anything else as YAML,

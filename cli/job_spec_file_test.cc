@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <string>
 
 #include "gtest/gtest.h"
 
@@ -45,6 +46,43 @@ TEST(JobSpecFileTest, BrokenYaml_AndMissingFile_AreReported) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ReadJobSpecFile("/nonexistent/job.yaml").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// Found by fuzz/job_spec_yaml_fuzzer: a byte that is not UTF-8 made the JSON
+// printer throw past YamlToJson, which terminated the process.
+TEST(JobSpecFileTest, YamlToJson_NotUtf8_InvalidArgument) {
+  auto json = YamlToJson("name: a\xff\n");
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(json.status().message().find("invalid UTF-8 byte"), std::string::npos) << json.status();
+}
+
+// Nine levels of ten aliases each would expand to 10^9 nodes.
+TEST(JobSpecFileTest, YamlToJson_AliasBomb_InvalidArgumentNamingTheLimit) {
+  std::string yaml = "a0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]\n";
+  for (int level = 1; level <= 9; ++level) {
+    const std::string previous = "*a" + std::to_string(level - 1);
+    yaml += "a" + std::to_string(level) + ": &a" + std::to_string(level) + " [" + previous;
+    for (int i = 1; i < 10; ++i) yaml += ", " + previous;
+    yaml += "]\n";
+  }
+  auto json = YamlToJson(yaml);
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(json.status().message().find("more than 100000 nodes"), std::string::npos)
+      << json.status();
+  // Four levels (10^4 nodes) are within the limit.
+  EXPECT_TRUE(YamlToJson(yaml.substr(0, yaml.find("a4:"))).ok());
+}
+
+// Found by fuzz/job_spec_yaml_fuzzer: an alias inside its own anchor made
+// the conversion recurse until the stack overflowed.
+TEST(JobSpecFileTest, YamlToJson_AliasInsideItsAnchor_InvalidArgument) {
+  auto json = YamlToJson("model: &m {need: [*m]}\n");
+  EXPECT_EQ(json.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(json.status().message().find("nested more than 64 levels deep"), std::string::npos)
+      << json.status();
+  EXPECT_EQ(YamlToJson(std::string(65, '[') + std::string(65, ']')).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(YamlToJson(std::string(64, '[') + std::string(64, ']')).ok());
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "coordinator/planner/profile.h"
 
 #include <cmath>
+#include <limits>
 #include <set>
 
 #include "absl/strings/str_cat.h"
@@ -80,6 +81,10 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
   double mbs = 0;
   ASSIGN_OR_RETURN(mbs, Number(j, "micro_batch_size", "", true));
   if (mbs != std::floor(mbs)) return Invalid("micro_batch_size", "must be an integer");
+  if (mbs > std::numeric_limits<int>::max()) {
+    return Invalid("micro_batch_size",
+                   absl::StrCat(mbs, " is over the limit of ", std::numeric_limits<int>::max()));
+  }
   profile.micro_batch_size = static_cast<int>(mbs);
   if (!j.contains("units") || !j["units"].is_array() || j["units"].empty()) {
     return Invalid("units", "must be a non-empty list");

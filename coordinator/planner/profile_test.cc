@@ -67,6 +67,9 @@ TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
       {R"({"units": []})", "micro_batch_size: missing"},
       {R"({"micro_batch_size": 4, "units": []})", "units: must be a non-empty list"},
       {R"({"micro_batch_size": 2.5, "units": [{}]})", "micro_batch_size: must be an integer"},
+      // Found by fuzz/planner_json_fuzzer: converting this to int was undefined.
+      {R"({"micro_batch_size": 4.4e119, "units": [{}]})",
+       "micro_batch_size: 4.4e+119 is over the limit of 2147483647"},
       {R"({"micro_batch_size": 4, "unit": []})", "unit: unknown field"},
       {R"({"micro_batch_size": 4, "units": [{"name": "x", "fwd_seconds": -1, "bwd_seconds": 1,
           "weight_bytes": 0, "activation_bytes": 0}]})",

@@ -87,13 +87,13 @@ std::vector<uint16_t> DecodeUint16Le(const char* p, size_t count) {
   return tokens;
 }
 
-std::vector<uint16_t> ParseText(const std::string& bytes) {
+std::vector<uint16_t> ParseText(std::string_view bytes) {
   std::vector<uint16_t> tokens(bytes.size());
   for (size_t i = 0; i < bytes.size(); ++i) tokens[i] = static_cast<unsigned char>(bytes[i]);
   return tokens;
 }
 
-absl::StatusOr<std::vector<uint16_t>> ParseRaw(const std::string& path, const std::string& bytes) {
+absl::StatusOr<std::vector<uint16_t>> ParseRaw(const std::string& path, std::string_view bytes) {
   if (bytes.size() % 2 != 0) {
     return Invalid(path, absl::StrCat("truncated: raw uint16 token file has an odd size of ",
                                       bytes.size(), " bytes; is it really a uint16 file?"));
@@ -102,7 +102,7 @@ absl::StatusOr<std::vector<uint16_t>> ParseRaw(const std::string& path, const st
 }
 
 absl::StatusOr<std::vector<uint16_t>> ParseWithHeader(const std::string& path,
-                                                      const std::string& bytes) {
+                                                      std::string_view bytes) {
   if (static_cast<int64_t>(bytes.size()) < kTokenFileHeaderBytes) {
     return Invalid(path, absl::StrCat("file has ", bytes.size(), " bytes, shorter than the ",
                                       kTokenFileHeaderBytes, "-byte uint16-header header"));
@@ -132,7 +132,7 @@ absl::StatusOr<std::vector<uint16_t>> ParseWithHeader(const std::string& path,
   return DecodeUint16Le(bytes.data() + kTokenFileHeaderBytes, static_cast<size_t>(count));
 }
 
-DataFormat DetectFormat(const std::string& path, const std::string& bytes) {
+DataFormat DetectFormat(const std::string& path, std::string_view bytes) {
   if (static_cast<int64_t>(bytes.size()) >= kTokenFileHeaderBytes &&
       ReadInt32Le(bytes.data()) == kTokenFileMagic) {
     return DataFormat::kUint16Header;
@@ -223,6 +223,13 @@ absl::StatusOr<std::vector<uint16_t>> LoadTokenFile(const std::string& path, Dat
                                                     int vocab_size) {
   if (vocab_size < 1) return Invalid(path, absl::StrCat("vocab size ", vocab_size, " < 1"));
   ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  return ParseTokenFile(path, bytes, format, vocab_size);
+}
+
+absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& path,
+                                                     std::string_view bytes, DataFormat format,
+                                                     int vocab_size) {
+  if (vocab_size < 1) return Invalid(path, absl::StrCat("vocab size ", vocab_size, " < 1"));
   if (bytes.empty()) return Invalid(path, "token file is empty");
   if (format == DataFormat::kAuto) format = DetectFormat(path, bytes);
   if (format == DataFormat::kText && vocab_size < 256) {

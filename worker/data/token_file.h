@@ -59,6 +59,13 @@ std::string DataFormatName(DataFormat format);
 absl::StatusOr<std::vector<uint16_t>> LoadTokenFile(const std::string& path, DataFormat format,
                                                     int vocab_size);
 
+// LoadTokenFile on a file's contents already in memory: `path` names the
+// file in messages and picks kUint16 for kAuto by its extension, as above.
+// The same INVALID_ARGUMENT errors; `bytes` is only read during the call.
+absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& path,
+                                                     std::string_view bytes, DataFormat format,
+                                                     int vocab_size);
+
 // Writes `tokens` as little-endian uint16, preceded by the llm.c header when
 // `with_header`. Atomic: writes `path`.tmp.<pid>.<n> and renames it over `path`,
 // so readers never see a partial file.

@@ -257,6 +257,20 @@ TEST(TokenFileTest, LoadTokenFile_NonPositiveVocab_InvalidArgument) {
   ExpectError(loaded, "vocab0.bin", absl::StatusCode::kInvalidArgument, "vocab size 0 < 1");
 }
 
+TEST(TokenFileTest, ParseTokenFile_Bytes_SameTokensAndErrorsAsTheFile) {
+  const std::string bytes = Header(kTokenFileMagic, 1, 3) + Uint16Bytes({7, 300, 50256});
+  auto parsed = ParseTokenFile("in-memory.bin", bytes, DataFormat::kAuto, 50257);
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(*parsed, (std::vector<uint16_t>{7, 300, 50256}));
+  EXPECT_EQ(*parsed, LoadBytes("same.bin", bytes, DataFormat::kAuto, 50257).value());
+  // The name picks raw uint16 for kAuto and leads every message.
+  EXPECT_EQ(ParseTokenFile("x.u16", Uint16Bytes({1, 2}), DataFormat::kAuto, 256).value(),
+            (std::vector<uint16_t>{1, 2}));
+  auto odd = ParseTokenFile("odd.bin", "abc", DataFormat::kUint16, 256);
+  EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(odd.status().message(), "odd.bin: truncated")) << odd.status();
+}
+
 TEST(TokenFileTest, WriteUint16TokenFile_Overwrite_ReplacesAndLeavesNoTempFile) {
   const std::string dir = TempPath("atomic");
   ASSERT_EQ(mkdir(dir.c_str(), 0755), 0);

@@ -12,22 +12,12 @@
 #include "common/fixed_thread_pool.h"
 #include "common/http_gate.h"
 #include "common/logging.h"
+#include "common/secrets.h"
 #include "prometheus/collectable.h"
 #include "prometheus/text_serializer.h"
 
 namespace pipetrain {
 namespace {
-
-constexpr char kBearerPrefix[] = "Bearer ";
-
-// Compares in time independent of where the strings first differ, so a
-// client cannot find the token byte by byte from response times.
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
 
 HttpRequest Translate(const httplib::Request& in) {
   HttpRequest out;
@@ -162,14 +152,12 @@ void HttpServer::InstallHooks() {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     const std::string header = req.get_header_value("Authorization");
-    if (absl::StartsWith(header, kBearerPrefix) &&
-        ConstantTimeEquals(absl::string_view(header).substr(sizeof(kBearerPrefix) - 1),
-                           options_.bearer_token)) {
+    if (ConstantTimeEquals(BearerToken(header), options_.bearer_token)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
     Apply(JsonError(401, "UNAUTHENTICATED",
                     header.empty() ? "missing header \"Authorization: Bearer <token>\""
-                                   : "wrong bearer token; check the coordinator's --rest-token"),
+                                   : "wrong bearer token; use the coordinator's --user-token"),
           res);
     res.set_header("WWW-Authenticate", "Bearer");
     return httplib::Server::HandlerResponse::Handled;

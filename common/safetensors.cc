@@ -94,16 +94,6 @@ absl::StatusOr<FileBytes> ReadWholeFile(const std::string& path) {
   return bytes;
 }
 
-// Makes the rename durable; best effort, since the data is already safe and a
-// failure here (e.g. a file system without directory fsync) is not an error.
-void SyncParentDirectory(const std::string& path) {
-  size_t slash = path.rfind('/');
-  std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-  int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return;
-  fsync(fd);
-  close(fd);
-}
 
 // ---------------------------------------------------------------------------
 // Writing.
@@ -182,14 +172,43 @@ absl::Status WriteContents(int fd, const std::string& header,
   return absl::OkStatus();
 }
 
-absl::Status WriteTempFile(const std::string& tmp, const std::string& header,
-                           const std::vector<NamedTensor>& tensors) {
-  int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+// Creates `tmp` in `dir_fd` (a stale one of a crashed writer is replaced;
+// never through a symbolic link) and writes the file into it.
+absl::Status WriteTempFile(int dir_fd, const std::string& tmp, const std::string& header,
+                           const std::vector<NamedTensor>& tensors, mode_t mode) {
+  unlinkat(dir_fd, tmp.c_str(), 0);
+  int fd = openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return ErrnoError(errno, "cannot create temporary file", tmp);
   absl::Status status = WriteContents(fd, header, tensors, tmp);
   if (status.ok() && fsync(fd) != 0) status = ErrnoError(errno, "cannot fsync", tmp);
   if (close(fd) != 0 && status.ok()) status = ErrnoError(errno, "cannot close", tmp);
   return status;
+}
+
+// The writer behind WriteSafetensors and WriteSafetensorsAt: `name` in
+// `dir_fd`, with `shown` naming the file in messages.
+absl::Status WriteInDirectory(int dir_fd, const std::string& name, const std::string& shown,
+                              const std::vector<NamedTensor>& tensors,
+                              const SafetensorsMetadata& metadata, mode_t mode) {
+  absl::Status valid = ValidateForWrite(tensors, metadata);
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write safetensors file ", shown, ": ", valid.message()));
+  }
+  const std::string header = BuildHeader(tensors, metadata);
+  const std::string tmp = absl::StrCat(name, ".tmp.", getpid());
+  absl::Status status = WriteTempFile(dir_fd, tmp, header, tensors, mode);
+  if (status.ok() && renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) {
+    status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp, " to"), shown);
+  }
+  if (!status.ok()) {
+    unlinkat(dir_fd, tmp.c_str(), 0);
+    return status;
+  }
+  // Makes the rename durable; best effort, since the data is already safe and
+  // a failure here (a file system without directory fsync) is not an error.
+  fsync(dir_fd);
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------
@@ -437,23 +456,22 @@ absl::StatusOr<std::vector<Entry>> ParseEntries(const std::string& path, const j
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                               const SafetensorsMetadata& metadata) {
-  absl::Status valid = ValidateForWrite(tensors, metadata);
-  if (!valid.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot write safetensors file ", path, ": ", valid.message()));
-  }
-  const std::string header = BuildHeader(tensors, metadata);
-  const std::string tmp = absl::StrCat(path, ".tmp.", getpid());
-  absl::Status status = WriteTempFile(tmp, header, tensors);
-  if (status.ok() && rename(tmp.c_str(), path.c_str()) != 0) {
-    status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp, " to"), path);
-  }
-  if (!status.ok()) {
-    unlink(tmp.c_str());
-    return status;
-  }
-  SyncParentDirectory(path);
-  return absl::OkStatus();
+  const size_t slash = path.rfind('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return ErrnoError(errno, "cannot open the directory of", path);
+  absl::Status status =
+      WriteInDirectory(dir_fd, slash == std::string::npos ? path : path.substr(slash + 1), path,
+                       tensors, metadata, 0644);
+  close(dir_fd);
+  return status;
+}
+
+absl::Status WriteSafetensorsAt(int dir_fd, const std::string& name,
+                                const std::vector<NamedTensor>& tensors,
+                                const SafetensorsMetadata& metadata, mode_t mode) {
+  return WriteInDirectory(dir_fd, name, name, tensors, metadata, mode);
 }
 
 const Tensor* SafetensorsContents::Find(std::string_view name) const {

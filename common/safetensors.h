@@ -17,6 +17,8 @@
 #ifndef PIPETRAIN_COMMON_SAFETENSORS_H_
 #define PIPETRAIN_COMMON_SAFETENSORS_H_
 
+#include <sys/types.h>
+
 #include <map>
 #include <string>
 #include <string_view>
@@ -53,6 +55,15 @@ using SafetensorsMetadata = std::map<std::string, std::string>;
 //     written; the message names the path and carries strerror.
 absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                               const SafetensorsMetadata& metadata = {});
+
+// WriteSafetensors into the open directory `dir_fd` under `name` (one path
+// component), created with permission bits `mode` (before the umask). The
+// temporary file is created with O_EXCL | O_NOFOLLOW and renamed over
+// `name`, so a symbolic link at either name is never written through (see
+// common/confined_path.h). Errors as WriteSafetensors, naming `name`.
+absl::Status WriteSafetensorsAt(int dir_fd, const std::string& name,
+                                const std::vector<NamedTensor>& tensors,
+                                const SafetensorsMetadata& metadata, mode_t mode);
 
 struct SafetensorsContents {
   std::vector<NamedTensor> tensors;  // Ascending data_offsets order.

@@ -1,0 +1,146 @@
+#include "common/confined_path.h"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <memory>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+
+namespace pipetrain {
+namespace {
+
+absl::Status Invalid(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+// realpath(3), or "" when it fails.
+std::string RealPath(const std::string& path) {
+  std::unique_ptr<char, decltype(&free)> resolved(realpath(path.c_str(), nullptr), &free);
+  return resolved == nullptr ? std::string() : std::string(resolved.get());
+}
+
+// Opens the directory `name` under `parent` without following a link.
+// ENOTDIR/ELOOP mean "not a directory" or "a symbolic link".
+int OpenDirNoFollow(int parent, const std::string& name) {
+  return openat(parent, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+}
+
+}  // namespace
+
+ScopedFd& ScopedFd::operator=(ScopedFd&& other) noexcept {
+  if (this != &other) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = other.release();
+  }
+  return *this;
+}
+
+ScopedFd::~ScopedFd() {
+  if (fd_ >= 0) close(fd_);
+}
+
+int ScopedFd::release() {
+  const int fd = fd_;
+  fd_ = -1;
+  return fd;
+}
+
+absl::Status CheckConfinedName(absl::string_view field, absl::string_view path) {
+  if (path.empty()) return Invalid(field, "empty path");
+  if (path.size() > kMaxSpecPathBytes) {
+    return Invalid(field, absl::StrCat("path of ", path.size(), " bytes exceeds the limit of ",
+                                       kMaxSpecPathBytes));
+  }
+  if (path.find('\0') != absl::string_view::npos) return Invalid(field, "path contains a NUL byte");
+  if (path.front() == '/') {
+    return Invalid(field, "must be a relative path (it is resolved under the operator's "
+                          "directory); absolute paths are not allowed");
+  }
+  if (path.back() == '/') return Invalid(field, "must name a file, not end with '/'");
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part.empty()) return Invalid(field, "empty path component (\"//\")");
+    if (part == "." || part == "..") {
+      return Invalid(field, "\".\" and \"..\" components are not allowed");
+    }
+    if (part.size() > kMaxPathComponentBytes) {
+      return Invalid(field, absl::StrCat("a path component exceeds ", kMaxPathComponentBytes,
+                                         " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
+                                                  absl::string_view field,
+                                                  const std::string& relative, bool create_dirs) {
+  if (absl::Status lexical = CheckConfinedName(field, relative); !lexical.ok()) return lexical;
+  ScopedFd dir(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot open the output directory ", root, ": ", strerror(errno),
+        "; check the coordinator's --output-dir"));
+  }
+  std::vector<std::string> parts = absl::StrSplit(relative, '/');
+  const std::string name = parts.back();
+  parts.pop_back();
+  for (const std::string& part : parts) {
+    ScopedFd next(OpenDirNoFollow(dir.get(), part));
+    if (next.get() < 0 && errno == ENOENT && create_dirs) {
+      if (mkdirat(dir.get(), part.c_str(), 0700) != 0 && errno != EEXIST) {
+        return absl::ErrnoToStatus(errno, absl::StrCat(field, ": cannot create directory ", part,
+                                                       " under ", root));
+      }
+      next = ScopedFd(OpenDirNoFollow(dir.get(), part));
+    }
+    if (next.get() < 0 && errno == ENOENT) return ConfinedParent{ScopedFd(), name};
+    if (next.get() < 0 && (errno == ELOOP || errno == ENOTDIR)) {
+      return Invalid(field, absl::StrCat("\"", part,
+                                         "\" is a symbolic link or not a directory; links are "
+                                         "not followed out of the output directory"));
+    }
+    if (next.get() < 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat(field, ": cannot open ", part));
+    }
+    dir = std::move(next);
+  }
+  struct stat info;
+  if (fstatat(dir.get(), name.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 &&
+      (S_ISLNK(info.st_mode) || S_ISDIR(info.st_mode))) {
+    return Invalid(field, absl::StrCat("\"", name, "\" exists and is ",
+                                       S_ISLNK(info.st_mode) ? "a symbolic link" : "a directory",
+                                       "; name a file"));
+  }
+  return ConfinedParent{std::move(dir), name};
+}
+
+absl::StatusOr<std::string> ResolveUnderRoots(absl::string_view field, const std::string& path,
+                                              const std::vector<std::string>& roots) {
+  if (roots.empty()) {
+    return Invalid(field, "this worker reads no data files: it was started without --data-root");
+  }
+  for (const std::string& root : roots) {
+    const std::string real_root = RealPath(root);
+    if (real_root.empty()) continue;
+    const std::string candidate = path.front() == '/' ? path : absl::StrCat(root, "/", path);
+    const std::string real = RealPath(candidate);
+    struct stat info;
+    const bool inside = real_root == "/" ? !real.empty()
+                                         : absl::StartsWith(real, absl::StrCat(real_root, "/"));
+    if (inside && stat(real.c_str(), &info) == 0 && S_ISREG(info.st_mode) &&
+        access(real.c_str(), R_OK) == 0) {
+      return real;
+    }
+  }
+  return Invalid(field, absl::StrCat(path.substr(0, 256), " is not a readable file under the "
+                                     "data roots (", absl::StrJoin(roots, ", "), ")"));
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,91 @@
+// Confined paths: where a request may make the coordinator write, or a
+// worker read, a file (docs/operations.md "Security").
+//
+// Job specs name files (spec.output.weights_path, spec.data.path), and a
+// spec comes from a user, not from the operator. The operator allows
+// directories (the coordinator's --output-dir, a worker's --data-root);
+// nothing outside them is written or read, whatever the spec says:
+//
+//   writes   CheckConfinedName (lexical: relative, no "..", bounded) at
+//            submit, then ConfinedDir walks the path one component at a time
+//            with O_NOFOLLOW, so a symbolic link anywhere on the way is
+//            refused rather than followed; the file is created under a
+//            temporary name and renamed (rename replaces a link at the final
+//            name instead of writing through it).
+//   reads    ResolveUnderRoots: the real path (symbolic links resolved)
+//            must lie inside one of the roots; links that stay inside are
+//            fine. Its error is the same whether a path is missing, outside
+//            the roots or unreadable, so a user learns nothing about files
+//            the operator did not allow.
+//
+// Thread-safe (no shared state).
+#ifndef PIPETRAIN_COMMON_CONFINED_PATH_H_
+#define PIPETRAIN_COMMON_CONFINED_PATH_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pipetrain {
+
+// Longest path a spec may name, and longest component (NAME_MAX).
+inline constexpr size_t kMaxSpecPathBytes = 1024;
+inline constexpr size_t kMaxPathComponentBytes = 255;
+
+// OK when `path` is a relative path of 1..kMaxSpecPathBytes bytes whose
+// components are non-empty, at most kMaxPathComponentBytes, and neither "."
+// nor ".."; no NUL, no leading or trailing '/'. Otherwise INVALID_ARGUMENT
+// "<field>: ..." saying which rule it breaks.
+absl::Status CheckConfinedName(absl::string_view field, absl::string_view path);
+
+// An open file descriptor, closed by the destructor. Move-only.
+class ScopedFd {
+ public:
+  ScopedFd() = default;
+  explicit ScopedFd(int fd) : fd_(fd) {}
+  ScopedFd(ScopedFd&& other) noexcept : fd_(other.release()) {}
+  ScopedFd& operator=(ScopedFd&& other) noexcept;
+  ScopedFd(const ScopedFd&) = delete;
+  ScopedFd& operator=(const ScopedFd&) = delete;
+  ~ScopedFd();
+  int get() const { return fd_; }
+  int release();
+
+ private:
+  int fd_ = -1;
+};
+
+// The directory a confined file goes into, opened, and the file's name.
+struct ConfinedParent {
+  ScopedFd dir;
+  std::string name;
+};
+
+// Walks `relative` (which must pass CheckConfinedName) under the directory
+// `root`, refusing symbolic links. `create_dirs`: missing directories on the
+// way are created (mode 0700); otherwise a missing one ends the walk early
+// with OK and a closed `dir` (nothing to refuse yet: the write will create
+// it). Errors, INVALID_ARGUMENT "<field>: ...": a component is a symbolic
+// link, or not a directory, or the final name is an existing directory or
+// symbolic link. FAILED_PRECONDITION when `root` itself cannot be opened as
+// a directory (the operator's flag is wrong); other errno failures as
+// absl::ErrnoToStatus, naming the path.
+absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
+                                                  absl::string_view field,
+                                                  const std::string& relative, bool create_dirs);
+
+// The real path of `path` when it names a readable regular file inside one
+// of `roots` (a relative `path` is tried under each root in order; an
+// absolute one must resolve inside one). Errors: INVALID_ARGUMENT
+// "<field>: <path> is not a readable file under the data roots (<roots>)",
+// identical for every cause; with no roots, INVALID_ARGUMENT saying that
+// none are configured.
+absl::StatusOr<std::string> ResolveUnderRoots(absl::string_view field, const std::string& path,
+                                              const std::vector<std::string>& roots);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COMMON_CONFINED_PATH_H_

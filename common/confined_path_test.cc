@@ -1,0 +1,123 @@
+#include "common/confined_path.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string RealPathForTest(const std::string& path) {
+  char buffer[PATH_MAX];
+  return realpath(path.c_str(), buffer) != nullptr ? buffer : "";
+}
+
+class ConfinedPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    base_ = std::string(std::getenv("TEST_TMPDIR")) + "/" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    root_ = base_ + "/root";
+    outside_ = base_ + "/outside";
+    ASSERT_EQ(mkdir(base_.c_str(), 0755), 0);
+    ASSERT_EQ(mkdir(root_.c_str(), 0755), 0);
+    ASSERT_EQ(mkdir(outside_.c_str(), 0755), 0);
+  }
+  void Touch(const std::string& path) { std::ofstream(path) << "x"; }
+
+  std::string base_, root_, outside_;
+};
+
+TEST(CheckConfinedNameTest, GoodNames_Ok) {
+  EXPECT_TRUE(CheckConfinedName("f", "weights.safetensors").ok());
+  EXPECT_TRUE(CheckConfinedName("f", "runs/7/w.safetensors").ok());
+  EXPECT_TRUE(CheckConfinedName("f", "a..b").ok());  // dots inside a name are fine
+}
+
+TEST(CheckConfinedNameTest, EscapingOrMalformed_InvalidArgumentNamingField) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"/etc/x", "relative path"},
+      {"../x", "\"..\""},
+      {"a/../../x", "\"..\""},
+      {"./x", "\".\""},
+      {"a//b", "empty path component"},
+      {"dir/", "not end with '/'"},
+      {"", "empty path"},
+      {std::string("a\0b", 3), "NUL"},
+      {std::string(1025, 'a'), "1025 bytes exceeds the limit of 1024"},
+      {std::string(256, 'a'), "component exceeds 255"},
+  };
+  for (const auto& [path, why] : cases) {
+    absl::Status status = CheckConfinedName("spec.output.weights_path", path);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(status.message(), HasSubstr("spec.output.weights_path: ")) << path;
+    EXPECT_THAT(status.message(), HasSubstr(why)) << path;
+  }
+}
+
+TEST_F(ConfinedPathTest, NestedName_CreatesDirsOnlyWhenAsked) {
+  absl::StatusOr<ConfinedParent> probe = OpenConfinedParent(root_, "f", "a/b/w.bin", false);
+  ASSERT_TRUE(probe.ok()) << probe.status();
+  EXPECT_LT(probe->dir.get(), 0);  // a is missing: nothing to refuse yet
+  struct stat info;
+  EXPECT_NE(stat((root_ + "/a").c_str(), &info), 0);  // and nothing was created
+  absl::StatusOr<ConfinedParent> made = OpenConfinedParent(root_, "f", "a/b/w.bin", true);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_GE(made->dir.get(), 0);
+  EXPECT_EQ(made->name, "w.bin");
+  ASSERT_EQ(stat((root_ + "/a/b").c_str(), &info), 0);
+  EXPECT_TRUE(S_ISDIR(info.st_mode));
+}
+
+TEST_F(ConfinedPathTest, SymlinkOnTheWayOrAtTheName_Refused) {
+  ASSERT_EQ(symlink(outside_.c_str(), (root_ + "/link").c_str()), 0);
+  Touch(outside_ + "/victim");
+  ASSERT_EQ(symlink((outside_ + "/victim").c_str(), (root_ + "/w.bin").c_str()), 0);
+  for (bool create : {false, true}) {
+    absl::StatusOr<ConfinedParent> through = OpenConfinedParent(root_, "f", "link/x", create);
+    EXPECT_EQ(through.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(through.status().message(), HasSubstr("\"link\" is a symbolic link"));
+    absl::StatusOr<ConfinedParent> at = OpenConfinedParent(root_, "f", "w.bin", create);
+    EXPECT_EQ(at.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(at.status().message(), HasSubstr("\"w.bin\" exists and is a symbolic link"));
+  }
+  struct stat info;
+  EXPECT_NE(stat((outside_ + "/x").c_str(), &info), 0);
+}
+
+TEST_F(ConfinedPathTest, MissingRoot_FailedPrecondition) {
+  EXPECT_EQ(OpenConfinedParent(base_ + "/nope", "f", "x", true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(ConfinedPathTest, ResolveUnderRoots_InsideOk_OutsideAndMissingSameError) {
+  Touch(root_ + "/data.txt");
+  Touch(outside_ + "/secret.txt");
+  ASSERT_EQ(symlink((root_ + "/data.txt").c_str(), (root_ + "/inner-link").c_str()), 0);
+  ASSERT_EQ(symlink((outside_ + "/secret.txt").c_str(), (root_ + "/outer-link").c_str()), 0);
+  const std::vector<std::string> roots = {outside_ + "-none", root_};
+  EXPECT_EQ(ResolveUnderRoots("spec.data.path", "data.txt", roots).value_or(""),
+            RealPathForTest(root_ + "/data.txt"));
+  EXPECT_TRUE(ResolveUnderRoots("spec.data.path", "inner-link", roots).ok());
+  EXPECT_TRUE(ResolveUnderRoots("spec.data.path", root_ + "/data.txt", roots).ok());
+  for (const std::string path : {"outer-link", "../outside/secret.txt", "missing.txt",
+                                  "/etc/passwd"}) {
+    absl::Status status = ResolveUnderRoots("spec.data.path", path, roots).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_THAT(status.message(), HasSubstr("is not a readable file under the data roots"));
+  }
+  absl::Status none = ResolveUnderRoots("spec.data.path", "data.txt", {}).status();
+  EXPECT_THAT(none.message(), HasSubstr("without --data-root"));
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,83 @@
+#include "common/secrets.h"
+
+#include <openssl/evp.h>
+#include <openssl/hmac.h>
+#include <sys/random.h>
+
+#include <cerrno>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace pipetrain {
+
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+std::string RandomHex(int bytes) {
+  PT_CHECK(bytes >= 1 && bytes <= 1024) << "RandomHex(" << bytes << ")";
+  std::string raw(bytes, '\0');
+  size_t filled = 0;
+  while (filled < raw.size()) {
+    const ssize_t n = getrandom(raw.data() + filled, raw.size() - filled, 0);
+    if (n < 0 && errno == EINTR) continue;
+    PT_CHECK(n > 0) << "getrandom failed (errno " << errno << "); refusing to make a weak token";
+    filled += static_cast<size_t>(n);
+  }
+  return absl::BytesToHexString(raw);
+}
+
+std::string HmacSha256Hex(absl::string_view key, absl::string_view message) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  // HMAC() with a caller buffer cannot fail for SHA-256 with valid pointers;
+  // a null result would mean OpenSSL is broken, which no input can cause.
+  const unsigned char* done =
+      HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
+           reinterpret_cast<const unsigned char*>(message.data()), message.size(), digest, &length);
+  PT_CHECK(done != nullptr && length == 32) << "OpenSSL HMAC-SHA256 failed";
+  return absl::BytesToHexString(
+      absl::string_view(reinterpret_cast<const char*>(digest), length));
+}
+
+absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(flag, ": cannot read ", path, "; check the path and its permissions"));
+  }
+  std::string secret;
+  char c;
+  while (secret.size() <= kMaxSecretBytes && in.get(c)) secret.push_back(c);
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is empty"));
+  if (secret.size() > kMaxSecretBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": ", path, " holds more than ", kMaxSecretBytes, " bytes"));
+  }
+  for (char ch : secret) {
+    const unsigned char u = static_cast<unsigned char>(ch);
+    if (u <= 0x20 || u == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": ", path, " contains whitespace or control characters; a token is one word"));
+    }
+  }
+  return secret;
+}
+
+absl::string_view BearerToken(absl::string_view header) {
+  // The scheme is case-insensitive (RFC 7235 §2.1); the token is not.
+  constexpr absl::string_view kPrefix = "bearer ";
+  if (!absl::StartsWithIgnoreCase(header, kPrefix)) return {};
+  return header.substr(kPrefix.size());
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,56 @@
+// Secrets: how pipetrain makes, reads and compares the tokens that decide
+// who may call what (docs/operations.md "Security").
+//
+//   std::string token = RandomToken();            // 256 bits from the OS
+//   ASSIGN_OR_RETURN(std::string t, ReadSecretFile("--user-token-file", path));
+//   if (!ConstantTimeEquals(presented, token)) ...
+//   std::string proof = HmacSha256Hex(job_secret, "pipetrain data plane v1|job-1|2");
+//
+// Secrets are never logged: error messages name the flag or file, never the
+// value. All functions are thread-safe.
+#ifndef PIPETRAIN_COMMON_SECRETS_H_
+#define PIPETRAIN_COMMON_SECRETS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pipetrain {
+
+// Longest secret accepted from a flag, file or request (bytes): far above a
+// 64-hex-digit token, far below anything that could hurt to hash or compare.
+inline constexpr size_t kMaxSecretBytes = 4096;
+
+// True when a and b are equal. The time taken depends only on the lengths,
+// never on where the strings first differ, so a caller cannot find a token
+// byte by byte from response times.
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
+
+// `bytes` bytes from the kernel's CSPRNG (getrandom), as 2 * bytes lowercase
+// hex digits. Requires 1 <= bytes <= 1024 (checked). getrandom does not fail
+// for these sizes once the kernel's pool is initialised; if it ever does the
+// process aborts rather than hand out a guessable token.
+std::string RandomHex(int bytes);
+// A fresh 256-bit token (64 hex digits).
+inline std::string RandomToken() { return RandomHex(32); }
+
+// HMAC-SHA256 of `message` under `key` (RFC 2104), as 64 lowercase hex digits.
+std::string HmacSha256Hex(absl::string_view key, absl::string_view message);
+
+// Reads a secret from the file at `path`, without a trailing newline (what
+// `openssl rand -hex 32 > file` or a Kubernetes Secret volume holds).
+// `flag` names where the path came from, for messages.
+// Errors: NOT_FOUND (cannot read; the message names flag and path, and says
+// nothing about the contents), INVALID_ARGUMENT (empty, longer than
+// kMaxSecretBytes, or containing whitespace or control characters inside).
+absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path);
+
+// The token of an "authorization: Bearer <token>" value (an HTTP header or
+// gRPC metadata; the scheme in any case): the token, or empty when `header`
+// is not of that form.
+absl::string_view BearerToken(absl::string_view header);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COMMON_SECRETS_H_

@@ -1,0 +1,81 @@
+#include "common/secrets.h"
+
+#include <cstdlib>
+#include <fstream>
+#include <set>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+std::string WriteTemp(const std::string& name, const std::string& contents) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  const std::string path = std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
+  std::ofstream(path, std::ios::binary) << contents;
+  return path;
+}
+
+TEST(ConstantTimeEqualsTest, EqualAndUnequal_ComparesWholeStrings) {
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+  EXPECT_TRUE(ConstantTimeEquals("s3cret", "s3cret"));
+  EXPECT_FALSE(ConstantTimeEquals("s3cret", "s3creT"));
+  EXPECT_FALSE(ConstantTimeEquals("s3cret", "s3cre"));
+  EXPECT_FALSE(ConstantTimeEquals("", "x"));
+  EXPECT_FALSE(ConstantTimeEquals(std::string("a\0b", 3), std::string("a\0c", 3)));
+}
+
+TEST(RandomHexTest, Sizes_HexOfTwiceTheBytes_Distinct) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 100; ++i) {
+    const std::string token = RandomToken();
+    ASSERT_EQ(token.size(), 64u);
+    EXPECT_EQ(token.find_first_not_of("0123456789abcdef"), std::string::npos) << token;
+    seen.insert(token);
+  }
+  EXPECT_EQ(seen.size(), 100u);
+  EXPECT_EQ(RandomHex(1).size(), 2u);
+}
+
+// RFC 4231 test cases 1 and 2.
+TEST(HmacSha256HexTest, Rfc4231Vectors_Match) {
+  EXPECT_EQ(HmacSha256Hex(std::string(20, '\x0b'), "Hi There"),
+            "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
+  EXPECT_EQ(HmacSha256Hex("Jefe", "what do ya want for nothing?"),
+            "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+TEST(ReadSecretFileTest, TrailingNewline_Stripped) {
+  absl::StatusOr<std::string> s = ReadSecretFile("--user-token-file", WriteTemp("a", "abc123\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, "abc123");
+}
+
+TEST(ReadSecretFileTest, Missing_NotFoundNamingFlag) {
+  absl::StatusOr<std::string> s = ReadSecretFile("--join-token-file", "/nonexistent/x");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.status().message().find("--join-token-file"), std::string::npos);
+}
+
+TEST(ReadSecretFileTest, EmptyOrSpacedOrHuge_InvalidArgumentWithoutTheSecret) {
+  EXPECT_EQ(ReadSecretFile("f", WriteTemp("b", "\n")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::string> spaced = ReadSecretFile("f", WriteTemp("c", "two words\n"));
+  EXPECT_EQ(spaced.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spaced.status().message().find("two"), std::string::npos);
+  EXPECT_EQ(ReadSecretFile("f", WriteTemp("d", std::string(kMaxSecretBytes + 1, 'x')))
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BearerTokenTest, Forms_TokenOrEmpty) {
+  EXPECT_EQ(BearerToken("Bearer abc"), "abc");
+  EXPECT_EQ(BearerToken("bearer abc"), "abc");  // the scheme is case-insensitive
+  EXPECT_EQ(BearerToken("Basic abc"), "");
+  EXPECT_EQ(BearerToken(""), "");
+}
+
+}  // namespace
+}  // namespace pipetrain

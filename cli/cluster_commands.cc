@@ -1,5 +1,7 @@
 #include "cli/cluster_commands.h"
 
+#include <limits.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -7,7 +9,6 @@
 #include <cerrno>
 #include <csignal>
 #include <optional>
-#include <random>
 #include <cstdio>
 #include <fstream>
 #include <sys/stat.h>
@@ -20,6 +21,7 @@
 #include "cli/link_summary.h"
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
+#include "common/secrets.h"
 #include "coordinator/jobs/job_spec.h"
 #include "worker/model/backend_select.h"
 #include "google/protobuf/util/json_util.h"
@@ -36,9 +38,18 @@ extern "C" void OnInterrupt(int) { g_interrupted.store(true); }
 struct Connection {
   std::string coordinator = "127.0.0.1:7070";
   std::string tls_ca;
+  std::string token_file;
   void Bind(FlagSet& flags) {
     flags.String("coordinator", &coordinator, "coordinator gRPC address");
     flags.String("tls-ca", &tls_ca, "PEM CA certificate for a TLS coordinator");
+    flags.String("token-file", &token_file,
+                 "file holding the coordinator's user token (default: $PIPETRAIN_TOKEN)");
+  }
+  // A stub that sends the user token on every call.
+  absl::StatusOr<std::unique_ptr<v1::Coordinator::Stub>> Connect() const {
+    absl::StatusOr<std::string> token = UserTokenFrom(token_file);
+    if (!token.ok()) return token.status();
+    return ConnectCoordinator(coordinator, tls_ca, *token);
   }
 };
 
@@ -79,13 +90,19 @@ std::string ToJson(const google::protobuf::Message& message) {
 
 // ---- up --------------------------------------------------------------------
 
-// 128 bits from the OS (std::random_device reads /dev/urandom on Linux), so
-// only the workers `up` starts can join its coordinator.
-std::string RandomToken() {
-  std::random_device device;
-  std::string token;
-  for (int i = 0; i < 4; ++i) token += absl::StrFormat("%08x", device());
-  return token;
+// `path` with symbolic links resolved (itself when it does not exist: the
+// workers then say so).
+std::string RealPathOf(const std::string& path) {
+  char buffer[PATH_MAX];
+  return realpath(path.c_str(), buffer) != nullptr ? buffer : path;
+}
+
+// The directory holding the file `path`, as `up`'s data root.
+std::string DataRootOf(const std::string& path) {
+  const std::string real = RealPathOf(path);
+  const size_t slash = real.rfind('/');
+  if (slash == std::string::npos) return ".";
+  return slash == 0 ? "/" : real.substr(0, slash);
 }
 
 // Steps averaged for the smoothed final loss `up` prints.
@@ -183,12 +200,13 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   t->set_lr(o.lr);
   t->set_seed(o.seed);
   t->set_eval_interval(o.eval_interval);
-  spec.mutable_data()->set_path(o.data);
+  if (!o.data.empty()) spec.mutable_data()->set_path(RealPathOf(o.data));
   if (o.data.empty()) spec.mutable_data()->set_synthetic_bytes(o.synthetic_bytes);
   spec.mutable_parallelism()->set_stages(o.workers);
   spec.mutable_parallelism()->set_solver(o.solver);
   spec.mutable_parallelism()->set_schedule(o.schedule);
-  spec.mutable_output()->set_weights_path(o.out + "/weights.safetensors");
+  // Under the coordinator's --output-dir, which `up` sets to --out.
+  spec.mutable_output()->set_weights_path("weights.safetensors");
   v1::CompressionSpec* c = spec.mutable_compression();
   c->set_forward(o.forward_codec);
   c->set_backward(o.backward_codec);
@@ -272,8 +290,19 @@ int RunUp(const std::vector<std::string>& args) {
   cluster_options.worker_binary = *worker;
   cluster_options.workers = o.workers;
   cluster_options.dir = o.out;
+  // Fresh tokens each time: only the processes `up` starts, and whoever can
+  // read its --out directory (the token files are mode 0600), get in.
   cluster_options.join_token = RandomToken();
+  cluster_options.user_token = RandomToken();
+  cluster_options.coordinator_args = {"--output-dir=" + o.out};
   cluster_options.worker_args = {"--gemm", o.worker_gemm, "--attention", o.worker_attention};
+  if (!o.data.empty()) {
+    // Every process reads the corpus from the directory it lies in, and
+    // nothing else (the data roots of docs/operations.md "Security").
+    const std::string root = DataRootOf(o.data);
+    cluster_options.coordinator_args.push_back("--data-root=" + root);
+    cluster_options.worker_args.push_back("--data-root=" + root);
+  }
   for (int k = 0; k < o.workers; ++k) {
     cluster_options.per_worker_args.push_back(
         {"--device", each_gpu ? absl::StrCat("cuda:", k % gpus) : o.worker_device});
@@ -282,7 +311,7 @@ int RunUp(const std::vector<std::string>& args) {
                o.out.c_str());
   auto cluster = LocalCluster::Start(cluster_options);
   if (!cluster.ok()) return Fail("up", cluster.status());
-  auto stub = ConnectCoordinator((*cluster)->grpc_address(), "");
+  auto stub = ConnectCoordinator((*cluster)->grpc_address(), "", (*cluster)->user_token());
   v1::SubmitJobRequest request;
   *request.mutable_spec() = UpSpec(o);
   v1::Job job;
@@ -328,8 +357,8 @@ int RunUp(const std::vector<std::string>& args) {
   std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),
               o.out.c_str());
   if (o.keep_running && !g_interrupted.load()) {
-    std::printf("cluster running: --coordinator %s (Ctrl-C to stop)\n",
-                (*cluster)->grpc_address().c_str());
+    std::printf("cluster running: --coordinator %s --token-file %s (Ctrl-C to stop)\n",
+                (*cluster)->grpc_address().c_str(), (*cluster)->user_token_file().c_str());
     while (!g_interrupted.load()) absl::SleepFor(absl::Milliseconds(200));
   }
   return end.state() == v1::SUCCEEDED ? 0 : 1;
@@ -346,16 +375,17 @@ int RunSubmit(const std::vector<std::string>& args) {
   if (int code = ParseArgs(flags, args, 1, &words, "submit"); code >= 0) return code;
   auto spec = ReadJobSpecFile(words[0]);
   if (!spec.ok()) return std::fprintf(stderr, "pipetrain submit: %s\n", spec.status().ToString().c_str()), 2;
-  auto stub = ConnectCoordinator(c.coordinator, c.tls_ca);
+  auto stub = c.Connect();
+  if (!stub.ok()) return Fail("submit", stub.status());
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *spec;
   v1::Job job;
-  grpc::Status s = stub->SubmitJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  grpc::Status s = (*stub)->SubmitJob(WithDeadline(kRpcTimeout).get(), request, &job);
   if (!s.ok()) return Fail("submit", ToAbsl(s));
   std::printf("%s %s\n", job.id().c_str(), v1::JobState_Name(job.state()).c_str());
   if (!follow) return 0;
   std::signal(SIGINT, OnInterrupt);
-  auto done = Follow(*stub, job.id());
+  auto done = Follow(**stub, job.id());
   if (!done.ok()) return Fail("submit", done.status());
   std::printf("%s %s %s\n", done->id().c_str(), v1::JobState_Name(done->state()).c_str(),
               done->reason().c_str());
@@ -369,8 +399,9 @@ int RunJobs(const std::vector<std::string>& args) {
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 0, &words, "jobs"); code >= 0) return code;
   v1::ListJobsResponse response;
-  grpc::Status s = ConnectCoordinator(c.coordinator, c.tls_ca)
-                       ->ListJobs(WithDeadline(kRpcTimeout).get(), {}, &response);
+  auto stub = c.Connect();
+  if (!stub.ok()) return Fail("jobs", stub.status());
+  grpc::Status s = (*stub)->ListJobs(WithDeadline(kRpcTimeout).get(), {}, &response);
   if (!s.ok()) return Fail("jobs", ToAbsl(s));
   std::printf("%-8s %-10s %10s %10s  %s\n", "ID", "STATE", "STEP", "LOSS", "NAME");
   for (const v1::Job& j : response.jobs()) {
@@ -417,18 +448,19 @@ int RunJob(const std::vector<std::string>& args) {
   flags.String("timeline", &timeline, "write the plan's simulated timeline (SVG) to this file");
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 1, &words, "job"); code >= 0) return code;
-  auto stub = ConnectCoordinator(c.coordinator, c.tls_ca);
+  auto stub = c.Connect();
+  if (!stub.ok()) return Fail("job", stub.status());
   v1::GetJobRequest request;
   request.set_id(words[0]);
   v1::Job job;
-  grpc::Status s = stub->GetJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  grpc::Status s = (*stub)->GetJob(WithDeadline(kRpcTimeout).get(), request, &job);
   if (!s.ok()) return Fail("job", ToAbsl(s));
   std::printf("%s", ToJson(job).c_str());
   if (!show_plan && timeline.empty()) return 0;
   v1::GetPlanRequest plan_request;
   plan_request.set_job_id(words[0]);
   v1::Plan plan;
-  s = stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan);
+  s = (*stub)->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan);
   if (!s.ok()) return Fail("job", ToAbsl(s));
   if (show_plan) PrintPlanSummary(plan);
   if (!timeline.empty()) {
@@ -450,8 +482,9 @@ int RunCancel(const std::vector<std::string>& args) {
   v1::CancelJobRequest request;
   request.set_id(words[0]);
   v1::Job job;
-  grpc::Status s = ConnectCoordinator(c.coordinator, c.tls_ca)
-                       ->CancelJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  auto stub = c.Connect();
+  if (!stub.ok()) return Fail("cancel", stub.status());
+  grpc::Status s = (*stub)->CancelJob(WithDeadline(kRpcTimeout).get(), request, &job);
   if (!s.ok()) return Fail("cancel", ToAbsl(s));
   std::printf("%s %s\n", job.id().c_str(), v1::JobState_Name(job.state()).c_str());
   return 0;
@@ -464,8 +497,9 @@ int RunWorkers(const std::vector<std::string>& args) {
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 0, &words, "workers"); code >= 0) return code;
   v1::ListWorkersResponse response;
-  grpc::Status s = ConnectCoordinator(c.coordinator, c.tls_ca)
-                       ->ListWorkers(WithDeadline(kRpcTimeout).get(), {}, &response);
+  auto stub = c.Connect();
+  if (!stub.ok()) return Fail("workers", stub.status());
+  grpc::Status s = (*stub)->ListWorkers(WithDeadline(kRpcTimeout).get(), {}, &response);
   if (!s.ok()) return Fail("workers", ToAbsl(s));
   std::printf("%-6s %-9s %-22s %-24s %8s %-8s %s\n", "ID", "STATE", "DATA ADDRESS", "DEVICE",
               "GFLOP/s", "JOB", "DOING");

@@ -1,12 +1,17 @@
 #include "cli/coordinator_client.h"
 
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
+
+#include "common/grpc_credentials.h"
+#include "common/secrets.h"
 
 namespace pipetrain {
 
 std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(const std::string& address,
-                                                          const std::string& tls_ca) {
+                                                          const std::string& tls_ca,
+                                                          const std::string& user_token) {
   std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
   if (!tls_ca.empty()) {
     std::ifstream in(tls_ca);
@@ -18,7 +23,13 @@ std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(const std::string& add
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  return v1::Coordinator::NewStub(grpc::CreateCustomChannel(address, credentials, args));
+  return v1::Coordinator::NewStub(BearerChannel(address, credentials, args, user_token));
+}
+
+absl::StatusOr<std::string> UserTokenFrom(const std::string& token_file) {
+  if (!token_file.empty()) return ReadSecretFile("--token-file", token_file);
+  const char* env = std::getenv("PIPETRAIN_TOKEN");
+  return std::string(env != nullptr ? env : "");
 }
 
 std::unique_ptr<grpc::ClientContext> WithDeadline(absl::Duration timeout) {

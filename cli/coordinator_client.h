@@ -6,15 +6,24 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/pipetrain/v1/coordinator.grpc.pb.h"
 
 namespace pipetrain {
 
-// `tls_ca`: a PEM CA file for TLS; empty for plaintext.
+// `tls_ca`: a PEM CA file for TLS; empty for plaintext. `user_token`: sent
+// as "authorization: Bearer <token>" on every call (the coordinator's
+// --user-token); empty: none.
 std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(const std::string& address,
-                                                          const std::string& tls_ca);
+                                                          const std::string& tls_ca,
+                                                          const std::string& user_token);
+
+// The user token for CLI commands: the contents of `token_file` when given,
+// else the PIPETRAIN_TOKEN environment variable, else empty (a coordinator
+// started --insecure). Errors: ReadSecretFile's, naming --token-file.
+absl::StatusOr<std::string> UserTokenFrom(const std::string& token_file);
 
 // A client context whose deadline is now + timeout.
 std::unique_ptr<grpc::ClientContext> WithDeadline(absl::Duration timeout);

@@ -1,8 +1,11 @@
 #include "cli/local_cluster.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <climits>
+#include <cstdio>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -15,6 +18,34 @@ std::string SelfPath() {
   char buffer[PATH_MAX] = {};
   const ssize_t n = readlink("/proc/self/exe", buffer, sizeof(buffer) - 1);
   return n > 0 ? std::string(buffer, n) : std::string();
+}
+
+// Writes `token` to `path`, readable by its owner only.
+absl::Status WriteTokenFile(const std::string& path, const std::string& token) {
+  std::remove(path.c_str());
+  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+  const std::string line = token + "\n";
+  const bool ok = fd >= 0 && write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  if (fd >= 0) close(fd);
+  if (!ok) return absl::PermissionDeniedError(absl::StrCat("cannot write token file ", path));
+  return absl::OkStatus();
+}
+
+// The token flags both processes get: --<name>-token-file=<dir>/<name>.token.
+absl::StatusOr<std::vector<std::string>> TokenFlags(const LocalClusterOptions& options,
+                                                    bool coordinator) {
+  std::vector<std::string> flags;
+  for (const auto& [name, token] : {std::pair<std::string, std::string>{"join", options.join_token},
+                                    {"user", options.user_token}}) {
+    if (token.empty() || (!coordinator && name == "user")) continue;
+    const std::string path = absl::StrCat(options.dir, "/", name, ".token");
+    if (coordinator) RETURN_IF_ERROR(WriteTokenFile(path, token));
+    flags.push_back(absl::StrCat("--", name, "-token-file=", path));
+  }
+  if (coordinator && (options.join_token.empty() || options.user_token.empty())) {
+    flags.push_back("--insecure");
+  }
+  return flags;
 }
 
 }  // namespace
@@ -44,8 +75,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   std::remove(coordinator_ports.c_str());
   std::vector<std::string> argv = {options.coordinator_binary, "--grpc-address=127.0.0.1:0",
                                    "--http-address=127.0.0.1:0",
-                                   "--ports-file=" + coordinator_ports,
-                                   "--join-token=" + options.join_token};
+                                   "--ports-file=" + coordinator_ports};
+  ASSIGN_OR_RETURN(std::vector<std::string> coordinator_tokens, TokenFlags(options, true));
+  ASSIGN_OR_RETURN(const std::vector<std::string> worker_tokens, TokenFlags(options, false));
+  argv.insert(argv.end(), coordinator_tokens.begin(), coordinator_tokens.end());
   argv.insert(argv.end(), options.coordinator_args.begin(), options.coordinator_args.end());
   ASSIGN_OR_RETURN(Subprocess coordinator, Subprocess::Spawn(argv, cluster->coordinator_log()));
   cluster->coordinator_ = std::make_unique<Subprocess>(std::move(coordinator));
@@ -63,8 +96,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     std::vector<std::string> wargv = {options.worker_binary,
                                       "--coordinator=" + cluster->grpc_address(),
                                       "--listen=127.0.0.1:0", "--ports-file=" + ports,
-                                      "--join-token=" + options.join_token,
                                       absl::StrCat("--node-name=local-", i)};
+    wargv.insert(wargv.end(), worker_tokens.begin(), worker_tokens.end());
     wargv.insert(wargv.end(), options.worker_args.begin(), options.worker_args.end());
     if (i < static_cast<int>(options.per_worker_args.size())) {
       const std::vector<std::string>& own = options.per_worker_args[i];

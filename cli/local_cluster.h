@@ -21,8 +21,12 @@ struct LocalClusterOptions {
   std::string coordinator_binary;
   std::string worker_binary;
   int workers = 4;
-  std::string dir;         // logs and ports files go here (must exist)
-  std::string join_token;  // passed to the coordinator and every worker
+  std::string dir;         // logs, ports and token files go here (must exist)
+  // Written to <dir>/join.token and <dir>/user.token (mode 0600) and passed
+  // by file, never on a command line (which `ps` shows to every user).
+  // An empty token leaves its flag out; both empty add --insecure.
+  std::string join_token;
+  std::string user_token;
   std::vector<std::string> coordinator_args;  // extra flags
   std::vector<std::string> worker_args;       // extra flags for every worker
   // Per worker i < size(), flags after worker_args (e.g. its own --device).
@@ -41,6 +45,8 @@ class LocalCluster {
   std::string grpc_address() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
   std::string http_address() const { return "127.0.0.1:" + std::to_string(http_port_); }
   int http_port() const { return http_port_; }
+  const std::string& user_token() const { return options_.user_token; }
+  std::string user_token_file() const { return options_.dir + "/user.token"; }
   Subprocess& coordinator() { return *coordinator_; }
   Subprocess& worker(int i) { return workers_[i]; }
   int num_workers() const { return static_cast<int>(workers_.size()); }

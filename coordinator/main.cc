@@ -2,12 +2,18 @@
 // §2, §7). Serves gRPC (workers and the CLI) and HTTP (REST, /healthz,
 // /metrics); runs until SIGINT or SIGTERM, then shuts down cleanly (exit 0).
 //
-//   pipetrain-coordinator --grpc-address 127.0.0.1:0
-//       --http-address 127.0.0.1:0 --ports-file /tmp/ports.json
+//   pipetrain-coordinator --join-token-file join.token --user-token-file user.token
+//       --grpc-address 127.0.0.1:0 --http-address 127.0.0.1:0 --ports-file /tmp/ports.json
+//
+// It refuses to start without a join token and a user token (by value or
+// from a file) unless --insecure says to run open; see docs/operations.md
+// "Security" for what each credential allows.
 //
 // Exit codes: 0 after a signal, 1 when a server cannot start, 2 for bad flags.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -19,13 +25,16 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "cli/flag_set.h"
 #include "common/clock.h"
 #include "common/http_server.h"
 #include "common/logging.h"
 #include "common/ports_file.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
+#include "coordinator/api/caller_auth.h"
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/api/grpc_service.h"
 #include "coordinator/api/rest_service.h"
@@ -46,12 +55,17 @@ struct Flags {
   std::string grpc_address = "127.0.0.1:7070";
   std::string http_address = "127.0.0.1:8080";
   std::string join_token;
+  std::string join_token_file;
   double lease_seconds = 5;
   double heartbeat_seconds = 1;
-  std::string rest_token;
+  std::string user_token;
+  std::string user_token_file;
+  bool insecure = false;
   std::string tls_cert;
   std::string tls_key;
   std::string ports_file;
+  std::string output_dir;
+  std::string data_roots;  // comma-separated
 };
 
 // Flags and what is derived from them, validated.
@@ -69,14 +83,26 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
   set.String("http-address", &flags.http_address,
              "REST, /healthz and /metrics listen address host:port (port 0: any)");
   set.String("join-token", &flags.join_token,
-             "token workers must present to register; empty: anyone may register");
+             "token workers must present to register (visible in ps: prefer --join-token-file)");
+  set.String("join-token-file", &flags.join_token_file, "read the join token from this file");
   set.Double("lease-seconds", &flags.lease_seconds,
              "a worker silent for longer than this is LOST");
   set.Double("heartbeat-seconds", &flags.heartbeat_seconds, "heartbeat interval told to workers");
-  set.String("rest-token", &flags.rest_token,
-             "bearer token required by REST endpoints (not /healthz, /metrics); empty: none");
+  set.String("user-token", &flags.user_token,
+             "bearer token users present on every user RPC and REST endpoint (not /healthz, "
+             "/metrics; visible in ps: prefer --user-token-file)");
+  set.String("user-token-file", &flags.user_token_file, "read the user token from this file");
+  set.Bool("insecure", &flags.insecure,
+           "allow running without a join token or user token: anyone who can reach the ports "
+           "may then register workers or use the job API (local experiments only)");
   set.String("tls-cert", &flags.tls_cert, "PEM certificate chain for gRPC TLS (with --tls-key)");
   set.String("tls-key", &flags.tls_key, "PEM private key for gRPC TLS (with --tls-cert)");
+  set.String("output-dir", &flags.output_dir,
+             "the only directory jobs may write into (spec.output.weightsPath is a name under "
+             "it); empty: jobs write no files");
+  set.String("data-root", &flags.data_roots,
+             "comma-separated directories spec.data.path must lie in, checked at submit "
+             "(workers check their own --data-root again); empty: workers alone check");
   set.String("ports-file", &flags.ports_file,
              "after binding, write {\"grpc_port\": N, \"http_port\": M} here (atomically)");
   RETURN_IF_ERROR(set.Parse(std::vector<std::string>(argv + 1, argv + argc)));
@@ -153,10 +179,72 @@ WorkerRegistry::Options RegistryOptions(const Flags& flags) {
   return options;
 }
 
+// A token given by value or by file (not both); "" when neither.
+absl::StatusOr<std::string> TokenFlag(const std::string& name, const std::string& value,
+                                      const std::string& file) {
+  if (!value.empty() && !file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " and --", name, "-file are exclusive; give one"));
+  }
+  if (!file.empty()) return ReadSecretFile(absl::StrCat("--", name, "-file"), file);
+  if (value.size() > kMaxSecretBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, " is longer than ", kMaxSecretBytes, " bytes"));
+  }
+  return value;
+}
+
+// Resolves the join and user tokens; without --insecure both are required.
+absl::Status ConfigureTokens(Flags& flags) {
+  ASSIGN_OR_RETURN(flags.join_token,
+                   TokenFlag("join-token", flags.join_token, flags.join_token_file));
+  ASSIGN_OR_RETURN(flags.user_token,
+                   TokenFlag("user-token", flags.user_token, flags.user_token_file));
+  if (flags.insecure) return absl::OkStatus();
+  if (flags.join_token.empty()) {
+    return absl::InvalidArgumentError(
+        "no join token: give --join-token-file (or --join-token) so only your workers can "
+        "register, or --insecure to let anyone (e.g. openssl rand -hex 32 > join.token)");
+  }
+  if (flags.user_token.empty()) {
+    return absl::InvalidArgumentError(
+        "no user token: give --user-token-file (or --user-token) so only your users can submit "
+        "and cancel jobs, or --insecure to let anyone");
+  }
+  return absl::OkStatus();
+}
+
+// --output-dir must be a directory the coordinator can write.
+absl::Status CheckOutputDir(const std::string& dir) {
+  if (dir.empty()) return absl::OkStatus();
+  struct stat info;
+  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) ||
+      access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--output-dir ", dir, " is not a writable directory; create it first"));
+  }
+  return absl::OkStatus();
+}
+
+// A fresh job-id epoch per start: milliseconds since the Unix epoch in base
+// 36, so ids never repeat across restarts (workers remember old job ids).
+std::string JobIdEpoch() {
+  constexpr char kDigits[] = "0123456789abcdefghijklmnopqrstuvwxyz";
+  uint64_t ms = static_cast<uint64_t>(absl::ToUnixMillis(absl::Now()));
+  std::string out;
+  do {
+    out.insert(out.begin(), kDigits[ms % 36]);
+    ms /= 36;
+  } while (ms > 0);
+  return out;
+}
+
 // Everything checked before anything starts: flag errors exit with 2.
 absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   RETURN_IF_ERROR(ParseFlags(argc, argv, config.flags, help));
   if (help) return absl::OkStatus();
+  RETURN_IF_ERROR(ConfigureTokens(config.flags));
+  RETURN_IF_ERROR(CheckOutputDir(config.flags.output_dir));
   absl::Status lease = WorkerRegistry::ValidateOptions(RegistryOptions(config.flags));
   if (!lease.ok()) {
     return absl::InvalidArgumentError(
@@ -190,7 +278,11 @@ int Serve(const Config& config, const sigset_t& signals) {
   const Flags& flags = config.flags;
   WorkerRegistry registry(RegistryOptions(flags));
   AssignmentHub hub;
-  JobManager jobs(&registry, &hub, RealClock());
+  JobManagerOptions job_options;
+  job_options.output_dir = flags.output_dir;
+  job_options.data_roots = absl::StrSplit(flags.data_roots, ',', absl::SkipEmpty());
+  job_options.id_epoch = JobIdEpoch();
+  JobManager jobs(&registry, &hub, RealClock(), job_options);
   // Bipartition and auto jobs profile the model on a worker first (cached).
   jobs.SetProfileFetcher(MakeWorkerProfileFetcher(absl::Minutes(10)));
   registry.SetLossListener(
@@ -198,7 +290,8 @@ int Serve(const Config& config, const sigset_t& signals) {
         jobs.OnWorkerLost(worker, job, reason);
       });
   CoordinatorMetrics metrics(&registry, &jobs);
-  CoordinatorGrpcService service(&registry, &jobs, &hub, &metrics);
+  const CallerAuth auth(flags.user_token, &registry);
+  CoordinatorGrpcService service(&registry, &jobs, &hub, &metrics, &auth);
 
   int grpc_port = 0;
   absl::StatusOr<std::unique_ptr<grpc::Server>> grpc_server =
@@ -207,7 +300,7 @@ int Serve(const Config& config, const sigset_t& signals) {
     PT_LOG(ERROR) << grpc_server.status().message();
     return 1;
   }
-  HttpServer http({.bearer_token = flags.rest_token});
+  HttpServer http({.bearer_token = flags.user_token});
   RegisterRestRoutes(http, &registry, &jobs);
   ServePrometheus(http, metrics.registry(), [&metrics] { metrics.Refresh(); });
   absl::StatusOr<int> bound = http.Start(config.http_host, config.http_port);
@@ -250,9 +343,13 @@ int main(int argc, char** argv) {
   }
   if (help) return 0;
   if (config.flags.join_token.empty()) {
-    PT_LOG(WARNING) << "--join-token is empty: anyone who can reach "
-                    << config.flags.grpc_address
-                    << " may register as a worker; set a token beyond local use";
+    PT_LOG(WARNING) << "--insecure without a join token: anyone who can reach "
+                    << config.flags.grpc_address << " may register as a worker";
+  }
+  if (config.flags.user_token.empty()) {
+    PT_LOG(WARNING) << "--insecure without a user token: anyone who can reach "
+                    << config.flags.grpc_address << " or " << config.flags.http_address
+                    << " may submit, list and cancel jobs";
   }
   return pipetrain::Serve(config, signals);
 }

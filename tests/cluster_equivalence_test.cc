@@ -82,9 +82,8 @@ LocalCluster* ClusterEquivalenceTest::cluster_ = nullptr;
 // against `ref`: within 1e-5 relative (the issues' bound) and bitwise.
 void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec,
                              const Reference& ref) {
-  const std::string& path = spec.output().weights_path();
   ASSERT_NE(cluster, nullptr);
-  auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   const std::string id = testing::SubmitJob(*stub, spec);
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
@@ -96,7 +95,10 @@ void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec,
   }
   EXPECT_EQ(job.progress().val_step(), 10);
   EXPECT_EQ(job.progress().val_loss(), ref.val_loss) << "validation loss (bitwise)";
-  auto file = ReadSafetensors(path);
+  // The coordinator wrote it under its --output-dir (the cluster's directory).
+  EXPECT_TRUE(absl::EndsWith(job.weights_path(), "/" + spec.output().weights_path()))
+      << job.weights_path();
+  auto file = ReadSafetensors(job.weights_path());
   ASSERT_TRUE(file.ok()) << file.status();
   ASSERT_EQ(file->tensors.size(), ref.weights.size());
   for (const auto& [name, values] : ref.weights) {
@@ -113,9 +115,8 @@ void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec,
   }
 }
 
-std::string WeightsPath(const std::string& name) {
-  return std::string(std::getenv("TEST_TMPDIR")) + "/w-" + name + ".safetensors";
-}
+// A name under the coordinator's --output-dir.
+std::string WeightsPath(const std::string& name) { return "w-" + name + ".safetensors"; }
 
 TEST_F(ClusterEquivalenceTest, AllStageCountsSolversAndSchedules_MatchTrainLocal) {
   const Reference ref = TrainLocally(Spec(1, "uniform", "1f1b", ""));
@@ -171,7 +172,7 @@ TEST_F(ClusterEquivalenceTest, BiPartitionSolverJob_ProfilesThenMatchesTrainLoca
   for (const std::string solver : {"bipartition", "auto"}) {
     SCOPED_TRACE(solver);
     ExpectMatchesTrainLocal(cluster_, Spec(4, solver, "1f1b", WeightsPath(solver)), ref);
-    auto stub = ConnectCoordinator(cluster_->grpc_address(), "");
+    auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
     v1::ListJobsResponse jobs;
     grpc::ClientContext context;
     ASSERT_TRUE(stub->ListJobs(&context, {}, &jobs).ok());

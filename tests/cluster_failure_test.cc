@@ -61,7 +61,7 @@ TEST(ClusterFailureTest, WorkerKilledMidJob_FailsJobNamingItAndFreesTheSurvivor)
   constexpr double kLease = 2;
   auto cluster = StartTestCluster("kill", 2, {"--lease-seconds=2", "--heartbeat-seconds=0.2"}, {});
   ASSERT_NE(cluster, nullptr);
-  auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   const std::string id = SubmitJob(*stub, LongJob(2));
   v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
                          [](const v1::Job& j) { return j.progress().step() >= 3; });
@@ -103,7 +103,7 @@ TEST(ClusterFailureTest, WorkerTerminated_DeregistersLeftAndFailsItsJobNamingIt)
   // make the worker LEFT and end the job in time.
   auto cluster = StartTestCluster("term", 2, {"--lease-seconds=60", "--heartbeat-seconds=0.2"}, {});
   ASSERT_NE(cluster, nullptr);
-  auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   const std::string id = SubmitJob(*stub, LongJob(2));
   v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
                          [](const v1::Job& j) { return j.progress().step() >= 2; });
@@ -135,7 +135,7 @@ TEST(ClusterFailureTest, StalledPeer_FailsJobWithDeadlineNamingPeerAndTensor) {
   // receive deadline (2 s) on its neighbour must be what ends the job.
   auto cluster = StartTestCluster("stall", 2, {"--lease-seconds=60"}, {"--recv-timeout-seconds=2"});
   ASSERT_NE(cluster, nullptr);
-  auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   const std::string id = SubmitJob(*stub, LongJob(2));
   v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
                          [](const v1::Job& j) { return j.progress().step() >= 3; });

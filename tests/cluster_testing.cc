@@ -25,8 +25,11 @@ std::unique_ptr<LocalCluster> StartTestCluster(const std::string& subdir, int wo
   options.workers = workers;
   options.dir = std::string(std::getenv("TEST_TMPDIR")) + "/" + subdir;
   mkdir(options.dir.c_str(), 0755);
-  options.join_token = "test-token";
-  options.coordinator_args = std::move(coordinator_args);
+  options.join_token = "test-join-token";
+  options.user_token = "test-user-token";
+  options.coordinator_args = {"--output-dir=" + options.dir};
+  options.coordinator_args.insert(options.coordinator_args.end(), coordinator_args.begin(),
+                                  coordinator_args.end());
   options.worker_args = std::move(worker_args);
   auto cluster = LocalCluster::Start(options);
   EXPECT_TRUE(cluster.ok()) << cluster.status();

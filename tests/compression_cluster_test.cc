@@ -52,7 +52,7 @@ class CompressionClusterTest : public ::testing::Test {
   void SetUp() override {
     cluster_ = testing::StartTestCluster("compression", kWorkers);
     ASSERT_NE(cluster_, nullptr);
-    stub_ = ConnectCoordinator(cluster_->grpc_address(), "");
+    stub_ = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
   }
 
   // Per worker (stage order is not worker order: sum over all of them).

@@ -183,7 +183,7 @@ class DeviceGroupClusterTest : public ::testing::Test {
       ASSERT_TRUE(w->agent->Start().ok());
       workers_.push_back(std::move(w));
     }
-    stub_ = ConnectCoordinator(address_, "");
+    stub_ = ConnectCoordinator(address_, "", "");
   }
 
   void TearDown() override {
@@ -210,7 +210,8 @@ class DeviceGroupClusterTest : public ::testing::Test {
   AssignmentHub assignments_;
   JobManager jobs_{&registry_, &assignments_, RealClock()};
   CoordinatorMetrics metrics_{&registry_, &jobs_};
-  CoordinatorGrpcService service_{&registry_, &jobs_, &assignments_, &metrics_};
+  const CallerAuth auth_{"", &registry_};  // users open: the test's own coordinator
+  CoordinatorGrpcService service_{&registry_, &jobs_, &assignments_, &metrics_, &auth_};
   std::unique_ptr<grpc::Server> server_;
   std::string address_;
   Hubs hubs_;

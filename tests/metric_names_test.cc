@@ -300,7 +300,7 @@ class LiveClusterTest : public ::testing::Test {
   static void RunJobAndScrape(Scraped& out) {
     auto cluster = testing::StartTestCluster("names", 2);
     ASSERT_NE(cluster, nullptr);
-    auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+    auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
     v1::JobSpec spec;
     spec.mutable_model()->set_n_layer(1);
     spec.mutable_model()->set_n_head(2);

@@ -29,7 +29,7 @@ TEST(MetricsExpositionTest, CoordinatorAndWorkerMetrics_PassPromtool) {
       << "promtool is missing: run scripts/setup.sh (Debian package prometheus)";
   auto cluster = testing::StartTestCluster("metrics", 1);
   ASSERT_NE(cluster, nullptr);
-  auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   v1::JobSpec spec;
   spec.mutable_model()->set_n_layer(1);
   spec.mutable_model()->set_n_head(2);

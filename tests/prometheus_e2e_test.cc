@@ -213,7 +213,7 @@ TEST(PrometheusE2eTest, ScrapesClusterDuringJob_LossAndEachWorkersIdleStored) {
     worker_targets.insert(absl::StrCat("127.0.0.1:", port));
   }
   const int coordinator_port = cluster->http_port();
-  auto stub = ConnectCoordinator(cluster->grpc_address(), "");
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   const std::string id = testing::SubmitJob(*stub, TwoStageSpec());
   ASSERT_FALSE(id.empty());
 

@@ -20,7 +20,7 @@ openssl req -x509 -newkey rsa:2048 -nodes -keyout "$T/key.pem" -out "$T/cert.pem
 check "certificate generated" test -s "$T/cert.pem"
 
 "$R/coordinator/pipetrain-coordinator" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
-  --ports-file="$T/c.ports" --join-token=t --tls-cert="$T/cert.pem" --tls-key="$T/key.pem" \
+  --ports-file="$T/c.ports" --join-token=t --user-token=u --tls-cert="$T/cert.pem" --tls-key="$T/key.pem" \
   > "$T/coordinator.log" 2>&1 &
 pids+=($!)
 check "coordinator up" await_file "$T/c.ports"
@@ -35,6 +35,7 @@ cat > "$T/job.json" <<'JSON'
  "training": {"seqLen": 8, "batchSize": 2, "steps": 5},
  "data": {"syntheticBytes": 5000}, "parallelism": {"stages": 1}}
 JSON
+export PIPETRAIN_TOKEN=u  # the user token (the CLI also takes --token-file)
 out=$("$R/cli/pipetrain" submit "$T/job.json" --coordinator="$addr" --tls-ca="$T/cert.pem" --follow 2>/dev/null)
 check "job over TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -f2)" = SUCCEEDED
 "$R/cli/pipetrain" jobs --coordinator="$addr" > "$T/plain.out" 2>&1

@@ -2,7 +2,7 @@
 // assigned (DESIGN.md §2).
 //
 //   pipetrain-worker --coordinator 127.0.0.1:7070 [--listen 127.0.0.1:0]
-//       [--join-token T] [--threads 1] [--ports-file PATH]
+//       [--join-token-file PATH] [--threads 1] [--ports-file PATH]
 #include <signal.h>
 #include <unistd.h>
 
@@ -18,11 +18,14 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cli/flag_set.h"
 #include "common/http_server.h"
 #include "common/logging.h"
 #include "common/ports_file.h"
+#include "common/secrets.h"
 #include "kernels/cpu/blas.h"
+#include "worker/agent/device_info.h"
 #include "worker/agent/worker_agent.h"
 #include "worker/agent/worker_control_service.h"
 #include "worker/agent/worker_metrics.h"
@@ -45,6 +48,9 @@ struct Flags {
   std::string coordinator = "127.0.0.1:7070";
   std::string listen = "127.0.0.1:0";
   std::string join_token;
+  std::string join_token_file;
+  std::string data_roots;  // comma-separated
+  std::string memory_limit;
   std::string node_name;
   std::string tls_ca;
   std::string ports_file;
@@ -68,8 +74,16 @@ int Run(const std::vector<std::string>& args) {
   FlagSet flags("usage: pipetrain-worker --coordinator HOST:PORT [flags]");
   flags.String("coordinator", &f.coordinator, "coordinator gRPC address");
   flags.String("listen", &f.listen, "data-plane listen address (port 0 = any)");
-  flags.String("join-token", &f.join_token, "the coordinator's join token");
+  flags.String("join-token", &f.join_token,
+               "the coordinator's join token (visible in ps: prefer --join-token-file)");
+  flags.String("join-token-file", &f.join_token_file, "read the join token from this file");
   flags.String("node-name", &f.node_name, "node name reported to the coordinator");
+  flags.String("memory-limit", &f.memory_limit,
+               "memory this worker may use, e.g. 8G (default: the least of physical memory and "
+               "its cgroup's limit); the coordinator admits jobs against it");
+  flags.String("data-root", &f.data_roots,
+               "comma-separated directories jobs may read data files from (spec.data.path); "
+               "empty: only generated corpora");
   flags.String("tls-ca", &f.tls_ca, "PEM CA certificate: connect to the coordinator with TLS");
   flags.String("ports-file", &f.ports_file, "write the bound ports here (JSON)");
   flags.String("metrics-address", &f.metrics, "HTTP /metrics and /healthz (port 0 = any)");
@@ -88,8 +102,23 @@ int Run(const std::vector<std::string>& args) {
     parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
   }
   if (parsed.ok()) parsed = ValidateDeviceFlags(f.device, f.gemm, f.attention);
+  if (parsed.ok() && !f.join_token_file.empty()) {
+    if (!f.join_token.empty()) {
+      parsed = absl::InvalidArgumentError("--join-token and --join-token-file are exclusive");
+    } else {
+      absl::StatusOr<std::string> token = ReadSecretFile("--join-token-file", f.join_token_file);
+      if (token.ok()) f.join_token = *std::move(token);
+      parsed = token.status();
+    }
+  }
   if (parsed.ok() && !f.tls_ca.empty() && !std::ifstream(f.tls_ca)) {
     parsed = absl::NotFoundError("--tls-ca: cannot read " + f.tls_ca);
+  }
+  int64_t memory_limit = 0;
+  if (parsed.ok() && !f.memory_limit.empty()) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize("memory-limit", f.memory_limit);
+    parsed = bytes.status();
+    memory_limit = bytes.value_or(0);
   }
   if (!parsed.ok()) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(parsed.message()).c_str());
@@ -112,9 +141,11 @@ int Run(const std::vector<std::string>& args) {
   std::signal(SIGTERM, OnSignal);
 
   Mailbox mailbox;
+  SessionCredential session;  // set by the agent, checked by WorkerControl
   // Profiles get a backend of their own, as --device chose (the job thread
   // has the other one).
-  WorkerControlService control([&f] { return SelectBackend(f.device, f.gemm, f.attention); });
+  WorkerControlService control(&session,
+                               [&f] { return SelectBackend(f.device, f.gemm, f.attention); });
   auto server = DataPlaneServer::Start(f.listen, &mailbox, &control);
   if (!server.ok()) {
     PT_LOG(ERROR) << "data plane: " << server.status();
@@ -151,6 +182,9 @@ int Run(const std::vector<std::string>& args) {
   options.metrics_address = absl::StrCat(f.metrics.substr(0, colon), ":", *bound);
   options.recv_timeout = absl::Seconds(f.recv_timeout_seconds);
   options.backend = backend->backend;
+  options.session = &session;
+  options.memory_limit_bytes = memory_limit;
+  options.data_roots = absl::StrSplit(f.data_roots, ',', absl::SkipEmpty());
   std::atomic<bool> device_failed{false};
   options.on_backend_failure = [&device_failed](const absl::Status& status) {
     PT_LOG(ERROR) << "the device failed: " << status

@@ -20,7 +20,7 @@ std::string Spec(const std::string& model, const std::string& training,
 
 std::string ValidSpecJson() { return Spec(kModel, kTraining, kParallelism); }
 
-std::vector<BadSpec> BadSpecs(const std::string& missing_file) {
+std::vector<BadSpec> BadSpecs() {
   return {
       {"missing model", Spec("", kTraining, kParallelism), "spec.model: required"},
       {"zero layers",
@@ -45,9 +45,12 @@ std::vector<BadSpec> BadSpecs(const std::string& missing_file) {
       {"unknown schedule",
        Spec(kModel, kTraining, R"("parallelism": {"stages": 1, "schedule": "zigzag"})"),
        "spec.parallelism.schedule"},
-      {"missing data file",
-       Spec(kModel, kTraining, kParallelism, R"("data": {"path": ")" + missing_file + "\"}"),
+      {"data path climbing out of the data roots",
+       Spec(kModel, kTraining, kParallelism, R"("data": {"path": "corpora/../../etc/shadow"})"),
        "spec.data.path"},
+      {"absolute weights path",
+       Spec(kModel, kTraining, kParallelism, R"("output": {"weightsPath": "/etc/x"})"),
+       "spec.output.weights_path"},
       {"more stages than units",
        Spec(kModel, kTraining, R"("parallelism": {"stages": 7})"), "spec.parallelism.stages"},
       {"unknown JSON field",

@@ -20,8 +20,8 @@ struct BadSpec {
 // A valid one-stage spec (2 layers, d_model 16, 10 steps on generated text).
 std::string ValidSpecJson();
 
-// The malformed specs; `missing_file` must name a file that does not exist.
-std::vector<BadSpec> BadSpecs(const std::string& missing_file);
+// The malformed specs.
+std::vector<BadSpec> BadSpecs();
 
 }  // namespace pipetrain
 

@@ -95,6 +95,12 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
   for (const std::string& method : UnaryMethods()) {
     rpc_by_method_[method] = &rpc_duration_->Add({{"method", method}}, RpcBuckets());
   }
+  rpc_refused_ = &prometheus::BuildCounter()
+                      .Name("pipetrain_rpc_refused_total")
+                      .Help("Coordinator RPCs refused by authentication, by method and code "
+                            "(UNAUTHENTICATED: no or a wrong credential; PERMISSION_DENIED: "
+                            "a worker credential used for another worker).")
+                      .Register(*registry_);
   Refresh();  // every state appears from the first scrape on
 }
 
@@ -139,6 +145,14 @@ void CoordinatorMetrics::ObserveRpc(absl::string_view method, double seconds) {
           ? *it->second
           : rpc_duration_->Add({{"method", std::string(method)}}, RpcBuckets());
   histogram.Observe(seconds);
+}
+
+void CoordinatorMetrics::CountRefused(absl::string_view method, absl::StatusCode code) {
+  if (code != absl::StatusCode::kUnauthenticated && code != absl::StatusCode::kPermissionDenied) {
+    return;
+  }
+  rpc_refused_->Add({{"method", std::string(method)}, {"code", absl::StatusCodeToString(code)}})
+      .Increment();
 }
 
 void CoordinatorMetrics::AddStageTime(int stage, double busy_seconds, double idle_seconds) {

@@ -12,6 +12,8 @@
 //   pipetrain_stage_busy_seconds_total{stage}     counter  compute time reported per stage
 //   pipetrain_stage_idle_seconds_total{stage}     counter  time stages waited on receives
 //   pipetrain_rpc_duration_seconds{method}        histogram  unary gRPC handling time
+//   pipetrain_rpc_refused_total{method,code}      counter  calls refused before handling
+//                                                          (UNAUTHENTICATED, PERMISSION_DENIED)
 //
 // (*) of the "current" job: the most recently submitted RUNNING job, or, when
 // none runs, the most recently submitted job that completed a step (so the
@@ -62,6 +64,10 @@ class CoordinatorMetrics {
 
   // One unary RPC of `method` (e.g. "SubmitJob") took `seconds`.
   void ObserveRpc(absl::string_view method, double seconds);
+  // A call of `method` was refused with `code` by authentication (only
+  // UNAUTHENTICATED and PERMISSION_DENIED are counted: the label stays
+  // bounded). Refused calls are not observed by ObserveRpc.
+  void CountRefused(absl::string_view method, absl::StatusCode code);
   // A stage reported an iteration's compute and receive-wait time (from
   // ReportProgress). Negative or non-finite values are ignored: they come
   // from workers, and counters only go up.
@@ -88,6 +94,7 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>* stage_busy_;
   prometheus::Family<prometheus::Counter>* stage_idle_;
   prometheus::Family<prometheus::Histogram>* rpc_duration_;
+  prometheus::Family<prometheus::Counter>* rpc_refused_;
   // Histograms of the service's unary methods, created up front; filled in
   // the constructor and read-only afterwards.
   std::map<std::string, prometheus::Histogram*, std::less<>> rpc_by_method_;

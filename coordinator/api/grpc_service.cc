@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/api/grpc_status.h"
@@ -13,9 +14,20 @@
 namespace pipetrain {
 
 CoordinatorGrpcService::CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs,
-                                               AssignmentHub* hub, CoordinatorMetrics* metrics)
-    : workers_(workers), jobs_(jobs), metrics_(metrics), streams_(hub) {
-  PT_CHECK(workers != nullptr && jobs != nullptr && hub != nullptr && metrics != nullptr);
+                                               AssignmentHub* hub, CoordinatorMetrics* metrics,
+                                               const CallerAuth* auth)
+    : workers_(workers), jobs_(jobs), metrics_(metrics), auth_(auth), streams_(hub) {
+  PT_CHECK(workers != nullptr && jobs != nullptr && hub != nullptr && metrics != nullptr &&
+           auth != nullptr);
+}
+
+absl::Status CoordinatorGrpcService::UserCall(const grpc::CallbackServerContext& context) const {
+  return auth_->CheckUser(AuthorizationOf(context));
+}
+
+absl::Status CoordinatorGrpcService::WorkerCall(const grpc::CallbackServerContext& context,
+                                                absl::string_view worker_id) const {
+  return auth_->CheckWorker(AuthorizationOf(context), worker_id).status();
 }
 
 void CoordinatorGrpcService::Shutdown() { streams_.Shutdown(); }
@@ -23,13 +35,19 @@ void CoordinatorGrpcService::Shutdown() { streams_.Shutdown(); }
 template <typename Handler>
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Unary(grpc::CallbackServerContext* context,
                                                         absl::string_view method,
+                                                        const absl::Status& authorized,
                                                         Handler handler) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!authorized.ok()) {
+    metrics_->CountRefused(method, authorized.code());
+    reactor->Finish(ToGrpcStatus(authorized));
+    return reactor;
+  }
   const auto start = std::chrono::steady_clock::now();
   const absl::Status status = handler();
   metrics_->ObserveRpc(method, std::chrono::duration<double>(
                                    std::chrono::steady_clock::now() - start)
                                    .count());
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
@@ -37,7 +55,9 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Unary(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
     grpc::CallbackServerContext* context, const v1::RegisterWorkerRequest* request,
     v1::RegisterWorkerResponse* response) {
-  return Unary(context, "RegisterWorker", [&]() -> absl::Status {
+  // The join token travels in the request.
+  return Unary(context, "RegisterWorker", workers_->CheckJoinToken(request->join_token()),
+               [&]() -> absl::Status {
     ASSIGN_OR_RETURN(*response, workers_->Register(*request));
     streams_.Supersede(response->worker_id(), response->incarnation());
     executor_.Post([jobs = jobs_] { jobs->ScheduleQueued(); });
@@ -48,13 +68,14 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServerContext* context,
                                                             const v1::HeartbeatRequest* request,
                                                             v1::HeartbeatResponse*) {
-  return Unary(context, "Heartbeat", [&] { return workers_->Heartbeat(*request); });
+  return Unary(context, "Heartbeat", WorkerCall(*context, request->worker_id()),
+               [&] { return workers_->Heartbeat(*request); });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::DeregisterWorker(
     grpc::CallbackServerContext* context, const v1::DeregisterWorkerRequest* request,
     v1::DeregisterWorkerResponse*) {
-  return Unary(context, "DeregisterWorker", [&] {
+  return Unary(context, "DeregisterWorker", WorkerCall(*context, request->worker_id()), [&] {
     return workers_->Deregister(request->worker_id(), request->incarnation());
   });
 }
@@ -79,8 +100,13 @@ absl::Status CoordinatorGrpcService::CheckWatcher(
 }
 
 grpc::ServerWriteReactor<v1::Assignment>* CoordinatorGrpcService::WatchAssignments(
-    grpc::CallbackServerContext*, const v1::WatchAssignmentsRequest* request) {
-  const absl::Status valid = CheckWatcher(*request);
+    grpc::CallbackServerContext* context, const v1::WatchAssignmentsRequest* request) {
+  absl::Status valid = WorkerCall(*context, request->worker_id());
+  if (!valid.ok()) {
+    metrics_->CountRefused("WatchAssignments", valid.code());
+  } else {
+    valid = CheckWatcher(*request);
+  }
   if (!valid.ok()) {
     // A reactor that only finishes; it deletes itself when done.
     class Rejected final : public grpc::ServerWriteReactor<v1::Assignment> {
@@ -96,7 +122,8 @@ grpc::ServerWriteReactor<v1::Assignment>* CoordinatorGrpcService::WatchAssignmen
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportProgress(
     grpc::CallbackServerContext* context, const v1::ReportProgressRequest* request,
     v1::ReportProgressResponse* response) {
-  return Unary(context, "ReportProgress", [&]() -> absl::Status {
+  return Unary(context, "ReportProgress", WorkerCall(*context, request->worker_id()),
+               [&]() -> absl::Status {
     ASSIGN_OR_RETURN(*response, jobs_->ReportProgress(*request));
     RecordProgress(*request);
     return absl::OkStatus();
@@ -119,13 +146,15 @@ void CoordinatorGrpcService::RecordProgress(const v1::ReportProgressRequest& req
 
 grpc::ServerReadReactor<v1::WeightsChunk>* CoordinatorGrpcService::UploadWeights(
     grpc::CallbackServerContext* context, v1::UploadWeightsResponse*) {
-  return NewWeightsUpload(context, jobs_, &executor_);
+  // The credential is read when the stream opens; every chunk must name its worker.
+  return NewWeightsUpload(context, AuthorizationOf(*context), auth_, metrics_, jobs_,
+                          &executor_);
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* context,
                                                             const v1::SubmitJobRequest* request,
                                                             v1::Job* response) {
-  return Unary(context, "SubmitJob", [&]() -> absl::Status {
+  return Unary(context, "SubmitJob", UserCall(*context), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(*response, jobs_->Submit(request->spec()));
     return absl::OkStatus();
   });
@@ -134,7 +163,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerContext* context,
                                                          const v1::GetJobRequest* request,
                                                          v1::Job* response) {
-  return Unary(context, "GetJob", [&]() -> absl::Status {
+  return Unary(context, "GetJob", UserCall(*context), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(*response, jobs_->Get(request->id()));
     return absl::OkStatus();
   });
@@ -143,7 +172,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerContext* context,
                                                            const v1::ListJobsRequest*,
                                                            v1::ListJobsResponse* response) {
-  return Unary(context, "ListJobs", [&] {
+  return Unary(context, "ListJobs", UserCall(*context), [&] {
     for (v1::Job& job : jobs_->List()) *response->add_jobs() = std::move(job);
     return absl::OkStatus();
   });
@@ -152,7 +181,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerC
 grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServerContext* context,
                                                             const v1::CancelJobRequest* request,
                                                             v1::Job* response) {
-  return Unary(context, "CancelJob", [&]() -> absl::Status {
+  return Unary(context, "CancelJob", UserCall(*context), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(*response, jobs_->Cancel(request->id()));
     return absl::OkStatus();
   });
@@ -161,7 +190,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListWorkers(
     grpc::CallbackServerContext* context, const v1::ListWorkersRequest*,
     v1::ListWorkersResponse* response) {
-  return Unary(context, "ListWorkers", [&] {
+  return Unary(context, "ListWorkers", UserCall(*context), [&] {
     for (v1::Worker& worker : workers_->List()) *response->add_workers() = std::move(worker);
     return absl::OkStatus();
   });
@@ -170,7 +199,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListWorkers(
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetPlan(grpc::CallbackServerContext* context,
                                                           const v1::GetPlanRequest* request,
                                                           v1::Plan* response) {
-  return Unary(context, "GetPlan", [&]() -> absl::Status {
+  return Unary(context, "GetPlan", UserCall(*context), [&]() -> absl::Status {
     ASSIGN_OR_RETURN(*response, jobs_->GetPlan(request->job_id()));
     return absl::OkStatus();
   });

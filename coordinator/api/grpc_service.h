@@ -3,6 +3,10 @@
 // JobManager and returns their absl::Status as the gRPC status with the same
 // code and message (see those headers for the codes each method returns).
 //
+// Authentication comes first (caller_auth.h): a refused call changes
+// nothing, is counted in pipetrain_rpc_refused_total{method,code} and not in
+// the duration histogram, and ends UNAUTHENTICATED or PERMISSION_DENIED.
+//
 // Additions beyond translation:
 //   RegisterWorker   after success, ends the worker's streams of older
 //                    incarnations and asks JobManager to start queued jobs
@@ -12,7 +16,7 @@
 //                    NOT_FOUND (unknown id), FAILED_PRECONDITION (not the
 //                    current incarnation, or the worker is LOST/LEFT; it must
 //                    register again). Then see assignment_streams.h.
-//   UploadWeights    see weights_upload.h.
+//   UploadWeights    authenticated when the stream opens; see weights_upload.h.
 //   ReportProgress   feeds pipetrain_stage_{busy,idle}_seconds_total and
 //                    pipetrain_job_steps_total after JobManager accepted it.
 // Every unary method records pipetrain_rpc_duration_seconds{method}.
@@ -31,6 +35,7 @@
 
 #include "absl/strings/string_view.h"
 #include "coordinator/api/assignment_streams.h"
+#include "coordinator/api/caller_auth.h"
 #include "coordinator/api/coordinator_metrics.h"
 #include "common/serial_executor.h"
 #include "coordinator/jobs/assignment_hub.h"
@@ -44,7 +49,7 @@ class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
  public:
   // None owned; all must outlive the service. Requires non-null (checked).
   CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs, AssignmentHub* hub,
-                         CoordinatorMetrics* metrics);
+                         CoordinatorMetrics* metrics, const CallerAuth* auth);
 
   // Ends every WatchAssignments stream with UNAVAILABLE and refuses new ones
   // the same way. Idempotent.
@@ -88,17 +93,22 @@ class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
                                     v1::Plan* response) override;
 
  private:
-  // Runs `handler` (returning absl::Status), records its duration under
-  // `method` and finishes the call with its status.
+  // Finishes the call with `authorized` when it is an error (counting the
+  // refusal); otherwise runs `handler` (returning absl::Status), records its
+  // duration under `method` and finishes the call with its status.
   template <typename Handler>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, absl::string_view method,
-                                  Handler handler);
+                                  const absl::Status& authorized, Handler handler);
+  absl::Status UserCall(const grpc::CallbackServerContext& context) const;
+  absl::Status WorkerCall(const grpc::CallbackServerContext& context,
+                          absl::string_view worker_id) const;
   absl::Status CheckWatcher(const v1::WatchAssignmentsRequest& request) const;
   void RecordProgress(const v1::ReportProgressRequest& request);
 
   WorkerRegistry* const workers_;
   JobManager* const jobs_;
   CoordinatorMetrics* const metrics_;
+  const CallerAuth* const auth_;
   AssignmentStreams streams_;
   // Last member: destroyed (joined) first, while everything its tasks use
   // still exists.

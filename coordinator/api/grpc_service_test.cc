@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "common/clock.h"
+#include "common/grpc_credentials.h"
 #include "coordinator/api/bad_specs_testing.h"
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/jobs/assignment_hub.h"
@@ -23,11 +24,7 @@ namespace pipetrain {
 namespace {
 
 constexpr char kJoinToken[] = "join-secret";
-
-std::string TempPath(const std::string& name) {
-  const char* dir = std::getenv("TEST_TMPDIR");
-  return std::string(dir != nullptr ? dir : "/tmp") + "/" + name;
-}
+constexpr char kUserToken[] = "user-secret";
 
 // Every call gets a deadline: a broken server fails the test, it does not hang it.
 void SetDeadline(grpc::ClientContext& context) {
@@ -46,8 +43,10 @@ class GrpcServiceTest : public ::testing::Test {
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(port, 0);
-    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    const std::string address = "127.0.0.1:" + std::to_string(port);
+    stub_ = v1::Coordinator::NewStub(
+        BearerChannel(address, grpc::InsecureChannelCredentials(), {}, kUserToken));
+    raw_ = v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
 
   void TearDown() override {
@@ -87,7 +86,8 @@ class GrpcServiceTest : public ::testing::Test {
     request.set_worker_id(worker->worker_id());
     request.set_incarnation(worker->incarnation());
     SetDeadline(context);
-    return stub_->WatchAssignments(&context, request);
+    AddBearer(context, worker->session_token());
+    return raw_->WatchAssignments(&context, request);
   }
 
   std::string MetricsText() {
@@ -100,9 +100,13 @@ class GrpcServiceTest : public ::testing::Test {
   AssignmentHub hub_;
   JobManager jobs_{&workers_, &hub_, &clock_};
   CoordinatorMetrics metrics_{&workers_, &jobs_};
-  CoordinatorGrpcService service_{&workers_, &jobs_, &hub_, &metrics_};
+  const CallerAuth auth_{kUserToken, &workers_};
+  CoordinatorGrpcService service_{&workers_, &jobs_, &hub_, &metrics_, &auth_};
   std::unique_ptr<grpc::Server> server_;
+  // Users call through stub_ (the user token on every call); workers through
+  // raw_ with their session credential added per call.
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<v1::Coordinator::Stub> raw_;
 };
 
 TEST_F(GrpcServiceTest, RegisterWorker_WithoutJoinToken_Unauthenticated) {
@@ -132,7 +136,8 @@ TEST_F(GrpcServiceTest, Heartbeat_RegisteredWorker_Ok) {
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetDeadline(context);
-  grpc::Status status = stub_->Heartbeat(&context, request, &response);
+  AddBearer(context, worker.session_token());
+  grpc::Status status = raw_->Heartbeat(&context, request, &response);
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(workers_.Get("w-1")->current_instruction(), "idle");
 }
@@ -147,7 +152,8 @@ TEST_F(GrpcServiceTest, DeregisterWorker_Registered_LeftAndIdempotent) {
     v1::DeregisterWorkerResponse response;
     grpc::ClientContext context;
     SetDeadline(context);
-    grpc::Status status = stub_->DeregisterWorker(&context, request, &response);
+    AddBearer(context, worker.session_token());
+    grpc::Status status = raw_->DeregisterWorker(&context, request, &response);
     EXPECT_TRUE(status.ok()) << "attempt " << attempt << ": " << status.error_message();
   }
   EXPECT_EQ(workers_.Get(worker.worker_id())->state(), v1::LEFT);
@@ -163,30 +169,37 @@ TEST_F(GrpcServiceTest, DeregisterWorker_UnknownOrOldIncarnation_Rejected) {
   v1::DeregisterWorkerResponse response;
   grpc::ClientContext old_context;
   SetDeadline(old_context);
-  EXPECT_EQ(stub_->DeregisterWorker(&old_context, request, &response).error_code(),
+  AddBearer(old_context, worker.session_token());
+  EXPECT_EQ(raw_->DeregisterWorker(&old_context, request, &response).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
-  request.set_worker_id("w-9");
+  request.set_worker_id("w-9");  // w-1's credential cannot act for anyone else
   grpc::ClientContext unknown_context;
   SetDeadline(unknown_context);
-  EXPECT_EQ(stub_->DeregisterWorker(&unknown_context, request, &response).error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  AddBearer(unknown_context, worker.session_token());
+  EXPECT_EQ(raw_->DeregisterWorker(&unknown_context, request, &response).error_code(),
+            grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_EQ(workers_.Get(worker.worker_id())->state(), v1::READY);
 }
 
-TEST_F(GrpcServiceTest, Heartbeat_UnknownWorker_NotFound) {
+TEST_F(GrpcServiceTest, Heartbeat_SupersededSession_UnauthenticatedRegisterAgain) {
+  v1::RegisterWorkerResponse first, second;
+  ASSERT_TRUE(Register(kJoinToken, &first).ok());
+  ASSERT_TRUE(Register(kJoinToken, &second).ok());  // same address: incarnation 2
   v1::HeartbeatRequest request;
-  request.set_worker_id("w-9");
+  request.set_worker_id("w-1");
   request.set_incarnation(1);
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   SetDeadline(context);
-  EXPECT_EQ(stub_->Heartbeat(&context, request, &response).error_code(),
-            grpc::StatusCode::NOT_FOUND);
+  AddBearer(context, first.session_token());
+  grpc::Status status = raw_->Heartbeat(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "register again")) << status.error_message();
 }
 
 TEST_F(GrpcServiceTest, SubmitJob_MalformedSpecs_InvalidArgumentNamingTheField) {
   int checked = 0;
-  for (const BadSpec& bad : BadSpecs(TempPath("no-such-corpus.txt"))) {
+  for (const BadSpec& bad : BadSpecs()) {
     if (bad.json_only) continue;  // a proto client cannot send unknown fields or wrong types
     SCOPED_TRACE(bad.name);
     absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(bad.json);
@@ -198,7 +211,7 @@ TEST_F(GrpcServiceTest, SubmitJob_MalformedSpecs_InvalidArgumentNamingTheField) 
         << status.error_message() << " does not name " << bad.field;
     ++checked;
   }
-  EXPECT_EQ(checked, 10);
+  EXPECT_EQ(checked, 11);
 }
 
 TEST_F(GrpcServiceTest, WatchAssignments_JobRunsThenIsCancelled_StreamsRunThenStop) {
@@ -247,8 +260,9 @@ TEST_F(GrpcServiceTest, WatchAssignments_AfterJobStarted_SendsCurrentAssignmentF
   request.set_incarnation(worker.incarnation());
   grpc::ClientContext watch;
   SetDeadline(watch);
+  AddBearer(watch, worker.session_token());
   std::unique_ptr<grpc::ClientReader<v1::Assignment>> stream =
-      stub_->WatchAssignments(&watch, request);
+      raw_->WatchAssignments(&watch, request);
   v1::Assignment assignment;
   ASSERT_TRUE(stream->Read(&assignment));
   EXPECT_EQ(assignment.action(), v1::Assignment::RUN);
@@ -257,17 +271,20 @@ TEST_F(GrpcServiceTest, WatchAssignments_AfterJobStarted_SendsCurrentAssignmentF
   stream->Finish().IgnoreError();
 }
 
-TEST_F(GrpcServiceTest, WatchAssignments_UnknownWorker_NotFound) {
+TEST_F(GrpcServiceTest, WatchAssignments_AnotherWorkersCredential_PermissionDenied) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
   v1::WatchAssignmentsRequest request;
   request.set_worker_id("w-7");
   request.set_incarnation(1);
   grpc::ClientContext watch;
   SetDeadline(watch);
-  auto stream = stub_->WatchAssignments(&watch, request);
+  AddBearer(watch, worker.session_token());
+  auto stream = raw_->WatchAssignments(&watch, request);
   v1::Assignment assignment;
   EXPECT_FALSE(stream->Read(&assignment));
   grpc::Status status = stream->Finish();
-  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED);
   EXPECT_TRUE(absl::StrContains(status.error_message(), "w-7")) << status.error_message();
 }
 
@@ -281,7 +298,8 @@ TEST_F(GrpcServiceTest, WatchAssignments_StaleIncarnation_FailedPrecondition) {
   request.set_incarnation(1);
   grpc::ClientContext watch;
   SetDeadline(watch);
-  auto stream = stub_->WatchAssignments(&watch, request);
+  AddBearer(watch, second.session_token());
+  auto stream = raw_->WatchAssignments(&watch, request);
   v1::Assignment assignment;
   EXPECT_FALSE(stream->Read(&assignment));
   grpc::Status status = stream->Finish();
@@ -397,7 +415,8 @@ TEST_F(GrpcServiceTest, ReportProgress_StepWithLosses_UpdatesJobAndStageMetrics)
   v1::ReportProgressResponse response;
   grpc::ClientContext context;
   SetDeadline(context);
-  grpc::Status status = stub_->ReportProgress(&context, request, &response);
+  AddBearer(context, worker.session_token());
+  grpc::Status status = raw_->ReportProgress(&context, request, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
 
   EXPECT_EQ(jobs_.Get(job.id())->progress().loss(), 2.5f);
@@ -424,14 +443,18 @@ TEST_F(GrpcServiceTest, ReportProgress_StalePlanVersion_FailedPrecondition) {
   v1::ReportProgressResponse response;
   grpc::ClientContext context;
   SetDeadline(context);
-  EXPECT_EQ(stub_->ReportProgress(&context, request, &response).error_code(),
+  AddBearer(context, worker.session_token());
+  EXPECT_EQ(raw_->ReportProgress(&context, request, &response).error_code(),
             grpc::StatusCode::FAILED_PRECONDITION);
 }
 
-// Uploads `chunks` on one stream and returns the call's status.
-grpc::Status Upload(v1::Coordinator::Stub& stub, const std::vector<v1::WeightsChunk>& chunks) {
+// Uploads `chunks` on one stream with credential `session` and returns the
+// call's status.
+grpc::Status Upload(v1::Coordinator::Stub& stub, const std::string& session,
+                    const std::vector<v1::WeightsChunk>& chunks) {
   grpc::ClientContext context;
   SetDeadline(context);
+  AddBearer(context, session);
   v1::UploadWeightsResponse response;
   auto writer = stub.UploadWeights(&context, &response);
   for (const v1::WeightsChunk& chunk : chunks) {
@@ -445,9 +468,9 @@ v1::WeightsChunk Chunk(const std::string& worker, const std::string& job, int64_
   v1::WeightsChunk chunk;
   chunk.set_worker_id(worker);
   chunk.set_job_id(job);
-  chunk.set_tensor_name("wte");
-  chunk.add_shape(4);
-  chunk.add_shape(2);
+  chunk.set_tensor_name("wpe.weight");  // [max_seq_len 8, d_model 16] in ValidSpecJson()
+  chunk.add_shape(8);
+  chunk.add_shape(16);
   chunk.set_offset(offset);
   for (int i = 0; i < 4; ++i) chunk.add_values(static_cast<float>(offset + i));
   return chunk;
@@ -458,7 +481,7 @@ TEST_F(GrpcServiceTest, UploadWeights_ChunksOfARunningJob_Ok) {
   ASSERT_TRUE(Register(kJoinToken, &worker).ok());
   v1::Job job;
   ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
-  grpc::Status status = Upload(*stub_, {Chunk("w-1", job.id(), 0), Chunk("w-1", job.id(), 4)});
+  grpc::Status status = Upload(*raw_, worker.session_token(), {Chunk("w-1", job.id(), 0), Chunk("w-1", job.id(), 4)});
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
@@ -467,13 +490,15 @@ TEST_F(GrpcServiceTest, UploadWeights_ChunkPastTheTensor_InvalidArgument) {
   ASSERT_TRUE(Register(kJoinToken, &worker).ok());
   v1::Job job;
   ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
-  grpc::Status status = Upload(*stub_, {Chunk("w-1", job.id(), 6)});
+  grpc::Status status = Upload(*raw_, worker.session_token(), {Chunk("w-1", job.id(), 126)});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_TRUE(absl::StrContains(status.error_message(), "wte")) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "wpe.weight")) << status.error_message();
 }
 
 TEST_F(GrpcServiceTest, UploadWeights_UnknownJob_NotFound) {
-  EXPECT_EQ(Upload(*stub_, {Chunk("w-1", "job-5", 0)}).error_code(), grpc::StatusCode::NOT_FOUND);
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  EXPECT_EQ(Upload(*raw_, worker.session_token(), {Chunk("w-1", "job-5", 0)}).error_code(), grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(GrpcServiceTest, UploadWeights_TwoJobsInOneStream_InvalidArgument) {
@@ -481,23 +506,34 @@ TEST_F(GrpcServiceTest, UploadWeights_TwoJobsInOneStream_InvalidArgument) {
   ASSERT_TRUE(Register(kJoinToken, &worker).ok());
   v1::Job job;
   ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
-  grpc::Status status = Upload(*stub_, {Chunk("w-1", job.id(), 0), Chunk("w-1", "job-2", 4)});
+  grpc::Status status = Upload(*raw_, worker.session_token(), {Chunk("w-1", job.id(), 0), Chunk("w-1", "job-2", 4)});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_TRUE(absl::StrContains(status.error_message(), "one UploadWeights stream per worker"))
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "one UploadWeights stream per job"))
       << status.error_message();
 }
 
 TEST_F(GrpcServiceTest, UploadWeights_EmptyStream_InvalidArgument) {
-  EXPECT_EQ(Upload(*stub_, {}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  EXPECT_EQ(Upload(*raw_, worker.session_token(), {}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
 }
 
-TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethod) {
+TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethod_RefusalsCountedApart) {
   v1::RegisterWorkerResponse worker;
-  EXPECT_FALSE(Register("", &worker).ok());  // failed calls count too
+  EXPECT_FALSE(Register("", &worker).ok());  // refused: counted, not timed
   EXPECT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::RegisterWorkerRequest bad;  // handled and failed: timed
+  bad.set_join_token(kJoinToken);
+  grpc::ClientContext context;
+  SetDeadline(context);
+  EXPECT_EQ(stub_->RegisterWorker(&context, bad, &worker).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
   const std::string text = MetricsText();
   EXPECT_TRUE(absl::StrContains(
       text, "pipetrain_rpc_duration_seconds_count{method=\"RegisterWorker\"} 2\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(
+      text, "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"RegisterWorker\"} 1\n"))
       << text;
   EXPECT_TRUE(absl::StrContains(
       text, "pipetrain_rpc_duration_seconds_count{method=\"SubmitJob\"} 0\n"));

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
 #include "coordinator/api/grpc_status.h"
@@ -11,10 +12,18 @@
 namespace pipetrain {
 namespace {
 
+constexpr char kMethod[] = "UploadWeights";
+
 class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
  public:
-  WeightsUpload(grpc::CallbackServerContext* context, JobManager* jobs, SerialExecutor* executor)
-      : context_(context), jobs_(jobs), executor_(executor) {
+  WeightsUpload(grpc::CallbackServerContext* context,
+                WorkerRegistry::SessionIdentity caller, CoordinatorMetrics* metrics,
+                JobManager* jobs, SerialExecutor* executor)
+      : context_(context),
+        caller_(std::move(caller)),
+        metrics_(metrics),
+        jobs_(jobs),
+        executor_(executor) {
     AnnotatedMutexLock lock(&mu_);
     StartRead(&chunk_);
   }
@@ -38,15 +47,21 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
   // On the executor. Stores the chunk and reads the next, or finishes.
   void HandleChunk(const v1::WeightsChunk& chunk) {
     AnnotatedMutexLock lock(&mu_);
+    const absl::Status acts = CallerAuth::CheckActsFor(caller_, chunk.worker_id());
+    if (!acts.ok()) {
+      metrics_->CountRefused(kMethod, acts.code());
+      return Finish(ToGrpcStatus(acts));
+    }
     if (chunks_ == 0) {
       worker_id_ = chunk.worker_id();
       job_id_ = chunk.job_id();
-    } else if (chunk.worker_id() != worker_id_ || chunk.job_id() != job_id_) {
+    } else if (chunk.job_id() != job_id_) {
       return Finish(grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
-          absl::StrCat("chunk ", chunks_, " is for worker ", chunk.worker_id(), " job ",
-                       chunk.job_id(), " but the stream began with worker ", worker_id_,
-                       " job ", job_id_, "; use one UploadWeights stream per worker and job")));
+          absl::StrCat("chunk ", chunks_, " is for job ",
+                       absl::CHexEscape(absl::string_view(chunk.job_id()).substr(0, 64)),
+                       " but the stream began with job ", job_id_,
+                       "; use one UploadWeights stream per job")));
     }
     ++chunks_;
     absl::Status stored = jobs_->AddWeightsChunk(chunk);
@@ -69,6 +84,8 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
   }
 
   grpc::CallbackServerContext* const context_;
+  const WorkerRegistry::SessionIdentity caller_;
+  CoordinatorMetrics* const metrics_;
   JobManager* const jobs_;
   SerialExecutor* const executor_;
 
@@ -81,12 +98,27 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
   std::string job_id_ ABSL_GUARDED_BY(mu_);
 };
 
+// Ends the call with `status` without reading anything; deletes itself.
+class RefusedUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
+ public:
+  explicit RefusedUpload(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(grpc::CallbackServerContext* context,
+                                                            const std::string& authorization,
+                                                            const CallerAuth* auth,
+                                                            CoordinatorMetrics* metrics,
                                                             JobManager* jobs,
                                                             SerialExecutor* executor) {
-  return new WeightsUpload(context, jobs, executor);
+  absl::StatusOr<WorkerRegistry::SessionIdentity> caller = auth->AuthenticateWorker(authorization);
+  if (!caller.ok()) {
+    metrics->CountRefused(kMethod, caller.status().code());
+    return new RefusedUpload(caller.status());
+  }
+  return new WeightsUpload(context, *std::move(caller), metrics, jobs, executor);
 }
 
 }  // namespace pipetrain

@@ -1,7 +1,10 @@
 // The server side of UploadWeights: a stage's final weights, chunk by chunk.
 //
-// Every chunk of one stream must name the same worker and job (the first
-// chunk sets them). Each chunk goes to JobManager::AddWeightsChunk and, at the
+// The caller is authenticated when the stream opens (its session
+// credential, caller_auth.h): without a current one the call ends
+// UNAUTHENTICATED before any chunk is read. Every chunk must name the
+// credential's worker (else PERMISSION_DENIED) and the same job (the first
+// chunk sets it). Each chunk goes to JobManager::AddWeightsChunk and, at the
 // end of the stream, JobManager::FinishWeights completes the stage (and may
 // write the job's safetensors file). Both run on the service's executor, not
 // in a gRPC reaction: they wait on JobManager's lock, which a weights write
@@ -11,6 +14,8 @@
 //
 // The call ends with
 //   OK                   after FinishWeights succeeded,
+//   UNAUTHENTICATED / PERMISSION_DENIED  as above (counted as refused in
+//                        `metrics`),
 //   INVALID_ARGUMENT     for an empty stream, chunks of different workers or
 //                        jobs, or a chunk that does not fit its tensor,
 //   NOT_FOUND / FAILED_PRECONDITION  as JobManager returns them (unknown job,
@@ -22,14 +27,20 @@
 #include <grpcpp/grpcpp.h>
 
 #include "common/serial_executor.h"
+#include "coordinator/api/caller_auth.h"
+#include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/jobs/job_manager.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain {
 
 // A reactor for one UploadWeights call; it deletes itself when done.
-// `jobs` and `executor` are not owned and must outlive the call.
+// `authorization` is the call's credential (AuthorizationOf). `auth`,
+// `metrics`, `jobs` and `executor` are not owned and must outlive the call.
 grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(grpc::CallbackServerContext* context,
+                                                            const std::string& authorization,
+                                                            const CallerAuth* auth,
+                                                            CoordinatorMetrics* metrics,
                                                             JobManager* jobs,
                                                             SerialExecutor* executor);
 

@@ -12,6 +12,8 @@
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
 #include "coordinator/api/bad_specs_testing.h"
+#include "coordinator/api/caller_auth.h"
+#include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_spec.h"
@@ -85,9 +87,9 @@ v1::WeightsChunk Chunk(const std::string& job, int64_t offset) {
   v1::WeightsChunk chunk;
   chunk.set_worker_id("w-1");
   chunk.set_job_id(job);
-  chunk.set_tensor_name("wte");
-  chunk.add_shape(4);
-  chunk.add_shape(2);
+  chunk.set_tensor_name("wpe.weight");  // [max_seq_len 8, d_model 16] in ValidSpecJson()
+  chunk.add_shape(8);
+  chunk.add_shape(16);
   chunk.set_offset(offset);
   for (int i = 0; i < 4; ++i) chunk.add_values(static_cast<float>(offset + i));
   return chunk;
@@ -98,7 +100,9 @@ class WeightsUploadTest : public ::testing::Test {
   void SetUp() override {
     v1::RegisterWorkerRequest worker;
     worker.set_data_address("127.0.0.1:9001");
-    ASSERT_TRUE(workers_.Register(worker).ok());
+    absl::StatusOr<v1::RegisterWorkerResponse> registered = workers_.Register(worker);
+    ASSERT_TRUE(registered.ok()) << registered.status();
+    authorization_ = "Bearer " + registered->session_token();
     absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(ValidSpecJson());
     ASSERT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<v1::Job> job = jobs_.Submit(*spec);
@@ -107,10 +111,12 @@ class WeightsUploadTest : public ::testing::Test {
     job_id_ = job->id();
   }
 
-  // Starts an upload call bound to `reader`.
-  grpc::ServerReadReactor<v1::WeightsChunk>* Start(FakeReader& reader) {
-    grpc::ServerReadReactor<v1::WeightsChunk>* reactor =
-        NewWeightsUpload(&context_, &jobs_, &executor_);
+  // Starts an upload call bound to `reader`, with w-1's credential unless
+  // `authorization` says otherwise.
+  grpc::ServerReadReactor<v1::WeightsChunk>* Start(
+      FakeReader& reader, std::optional<std::string> authorization = std::nullopt) {
+    grpc::ServerReadReactor<v1::WeightsChunk>* reactor = NewWeightsUpload(
+        &context_, authorization.value_or(authorization_), &auth_, &metrics_, &jobs_, &executor_);
     reader.Bind(reactor);
     return reactor;
   }
@@ -119,6 +125,9 @@ class WeightsUploadTest : public ::testing::Test {
   WorkerRegistry workers_{WorkerRegistry::Options{.clock = &clock_}};
   AssignmentHub hub_;
   JobManager jobs_{&workers_, &hub_, &clock_};
+  CoordinatorMetrics metrics_{&workers_, &jobs_};
+  const CallerAuth auth_{"", &workers_};
+  std::string authorization_;  // w-1's session credential
   std::string job_id_;
   grpc::CallbackServerContext context_;
   SerialExecutor executor_;  // last: joined first
@@ -139,11 +148,11 @@ TEST_F(WeightsUploadTest, TwoChunksThenEnd_StoresThemAndFinishesOk) {
 TEST_F(WeightsUploadTest, ChunkPastTheTensor_FinishesInvalidArgument) {
   FakeReader reader;
   grpc::ServerReadReactor<v1::WeightsChunk>* reactor = Start(reader);
-  ASSERT_TRUE(reader.Deliver(Chunk(job_id_, 6)));
+  ASSERT_TRUE(reader.Deliver(Chunk(job_id_, 126)));
   std::optional<grpc::Status> status = reader.AwaitStatus();
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(status->error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_TRUE(absl::StrContains(status->error_message(), "wte")) << status->error_message();
+  EXPECT_TRUE(absl::StrContains(status->error_message(), "wpe.weight")) << status->error_message();
   reactor->OnDone();
 }
 
@@ -166,6 +175,31 @@ TEST_F(WeightsUploadTest, UnknownJob_FinishesNotFound) {
   std::optional<grpc::Status> status = reader.AwaitStatus();
   ASSERT_TRUE(status.has_value());
   EXPECT_EQ(status->error_code(), grpc::StatusCode::NOT_FOUND);
+  reactor->OnDone();
+}
+
+TEST_F(WeightsUploadTest, NoOrWrongCredential_FinishesUnauthenticatedBeforeReading) {
+  for (const std::string authorization : {"", "Bearer w-1.1.0000", "Basic x"}) {
+    FakeReader reader;
+    grpc::ServerReadReactor<v1::WeightsChunk>* reactor = Start(reader, authorization);
+    std::optional<grpc::Status> status = reader.AwaitStatus();
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(status->error_code(), grpc::StatusCode::UNAUTHENTICATED) << authorization;
+    reactor->OnDone();
+  }
+  EXPECT_EQ(jobs_.Get(job_id_)->state(), v1::RUNNING);
+}
+
+TEST_F(WeightsUploadTest, ChunkNamingAnotherWorker_FinishesPermissionDenied) {
+  FakeReader reader;
+  grpc::ServerReadReactor<v1::WeightsChunk>* reactor = Start(reader);
+  v1::WeightsChunk chunk = Chunk(job_id_, 0);
+  chunk.set_worker_id("w-2");
+  ASSERT_TRUE(reader.Deliver(chunk));
+  std::optional<grpc::Status> status = reader.AwaitStatus();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(absl::StrContains(status->error_message(), "w-2")) << status->error_message();
   reactor->OnDone();
 }
 

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/confined_path.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/device_links.h"
@@ -19,6 +21,9 @@ void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
   out->set_seconds(nanos / 1000000000);
   out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
 }
+
+// The token embedding, which the head ties to (its stage holds a copy).
+constexpr char kTiedEmbeddingName[] = "wte.weight";
 
 v1::Assignment StopAssignment(const std::string& job_id, int64_t version) {
   v1::Assignment a;
@@ -76,8 +81,9 @@ bool IsTerminal(v1::JobState state) {
   return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
 }
 
-JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock)
-    : registry_(registry), hub_(hub), clock_(clock) {}
+JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock,
+                       JobManagerOptions options)
+    : registry_(registry), hub_(hub), clock_(clock), options_(std::move(options)) {}
 
 JobManager::~JobManager() {
   {
@@ -128,9 +134,9 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
     TouchLocked(record);
     PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
     profilers_.emplace_back([this, id = record.job.id(), key,
-                             address = workers[0].data_address(), request] {
-      FinishProfiling(id, key, fetcher_(address, request));
-    });
+                             address = workers[0].data_address(),
+                             session = registry_->SessionToken(workers[0].id()).value_or(""),
+                             request] { FinishProfiling(id, key, fetcher_(address, session, request)); });
     return false;
   }
   double fastest = 0;
@@ -186,13 +192,44 @@ void JobManager::TouchLocked(JobRecord& record) {
   SetTimestamp(clock_->Now(), record.job.mutable_update_time());
 }
 
+absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
+  const std::string& weights = resolved.spec.output().weights_path();
+  if (!weights.empty()) {
+    if (options_.output_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "spec.output.weights_path: this coordinator writes no files (it was started without "
+          "--output-dir); leave the field empty or ask the operator");
+    }
+    RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, "spec.output.weights_path", weights,
+                                       /*create_dirs=*/false)
+                        .status());
+  }
+  const std::string& data = resolved.spec.data().path();
+  if (!data.empty() && !options_.data_roots.empty()) {
+    RETURN_IF_ERROR(ResolveUnderRoots("spec.data.path", data, options_.data_roots).status());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
+  RETURN_IF_ERROR(CheckPlanningBudget(resolved));
+  RETURN_IF_ERROR(CheckPaths(resolved));
   v1::Job job;
   {
     AnnotatedMutexLock lock(&mu_);
+    int pending = 0;
+    for (const auto& [id, other] : jobs_) pending += IsTerminal(other->job.state()) ? 0 : 1;
+    if (pending >= options_.max_pending_jobs) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          pending, " jobs are already queued or running (the coordinator's limit); wait for "
+                   "some to end or cancel them"));
+    }
+    PruneLocked();
     auto record = std::make_unique<JobRecord>();
-    record->job.set_id(absl::StrCat("job-", next_id_++));
+    record->job.set_id(options_.id_epoch.empty()
+                           ? absl::StrCat("job-", next_id_++)
+                           : absl::StrCat("job-", options_.id_epoch, "-", next_id_++));
     *record->job.mutable_spec() = resolved.spec;
     record->job.set_state(v1::QUEUED);
     record->job.set_reason(absl::StrCat("waiting for ", resolved.stages, " READY workers"));
@@ -284,8 +321,12 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
   for (const v1::Worker& w : infos) {
     const double gflops = w.device().measured_gflops();
     const double speed = gflops > 0 && reference_gflops > 0 ? gflops / reference_gflops : 1.0;
-    const double memory = w.device().gpu_model().empty() ? w.device().memory_bytes()
-                                                         : w.device().gpu_memory_bytes();
+    // What the worker may use (its cgroup or --memory-limit), not the
+    // host's RAM; GPU workers hold the model in device memory.
+    const int64_t host = w.device().memory_limit_bytes() > 0 ? w.device().memory_limit_bytes()
+                                                              : w.device().memory_bytes();
+    const double memory =
+        w.device().gpu_model().empty() ? host : w.device().gpu_memory_bytes();
     cluster.workers.push_back({w.id(), speed, static_cast<double>(memory)});
   }
   cluster.bandwidth_bytes_per_second = kAssumedBandwidth;
@@ -314,6 +355,7 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
       *a.mutable_device_group() = links.groups[links.group_of_stage[s]].group;
     }
     record.stage_of[workers[s]] = static_cast<int>(s);
+    RecordWeightOwners(record, static_cast<int>(s));
     record.job.add_worker_ids(workers[s]);
     record.assignments.push_back(a);
     hub_->Set(workers[s], std::move(a));
@@ -349,7 +391,7 @@ absl::StatusOr<JobManager::JobRecord*> JobManager::ForWorkerLocked(const std::st
         "job ", job_id, " already ended (", v1::JobState_Name(record->job.state()), ")"));
   }
   if (record->stage_of.count(worker_id) == 0) {
-    return absl::FailedPreconditionError(
+    return absl::PermissionDeniedError(
         absl::StrCat("worker ", worker_id, " is not part of job ", job_id));
   }
   return record;
@@ -423,14 +465,13 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     }
     return absl::OkStatus();
   }
+  RETURN_IF_ERROR(CheckWeightsChunkLocked(*record, c));
   auto it = std::find_if(record->weights.begin(), record->weights.end(),
                          [&](const NamedTensor& t) { return t.name == c.tensor_name(); });
   if (it == record->weights.end()) {
-    Shape shape(c.shape().begin(), c.shape().end());
-    for (int64_t d : shape) {
-      if (d < 0) return absl::InvalidArgumentError(absl::StrCat(c.tensor_name(), ": bad shape"));
-    }
-    record->weights.push_back({c.tensor_name(), Tensor::Zeros(shape)});
+    // The model's shape, checked above: never a size the client chose.
+    record->weights.push_back(
+        {c.tensor_name(), Tensor::Zeros(record->weight_owner.at(c.tensor_name()).second)});
     it = record->weights.end() - 1;
   }
   Tensor& t = it->tensor;
@@ -441,6 +482,45 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
   }
   std::copy(c.values().begin(), c.values().end(), t.data() + c.offset());
   record->weights_filled[c.tensor_name()] += c.values_size();
+  return absl::OkStatus();
+}
+
+void JobManager::RecordWeightOwners(JobRecord& record, int stage) {
+  const v1::UnitRange& units = record.plan.stages(stage).backward();
+  for (int u = units.begin(); u < units.end(); ++u) {
+    for (ParameterShape& p : UnitParameterShapes(record.resolved.train.model, u)) {
+      if (p.name == kTiedEmbeddingName) record.tied_embedding_stages.insert(stage);
+      record.weight_owner.try_emplace(p.name, stage, Shape(p.shape.begin(), p.shape.end()));
+    }
+  }
+}
+
+absl::Status JobManager::CheckWeightsChunkLocked(const JobRecord& record,
+                                                const v1::WeightsChunk& c) const {
+  auto owner = record.weight_owner.find(c.tensor_name());
+  if (owner == record.weight_owner.end()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UploadWeights: job ", record.job.id(), " has no tensor \"",
+        absl::CHexEscape(absl::string_view(c.tensor_name()).substr(0, 128)), "\""));
+  }
+  const int stage = record.stage_of.at(c.worker_id());
+  const auto& [owning_stage, shape] = owner->second;
+  // The tied wte.weight belongs to the embedding's and the head's stages.
+  const bool owned = owning_stage == stage ||
+                     (c.tensor_name() == kTiedEmbeddingName &&
+                      record.tied_embedding_stages.count(stage) > 0);
+  if (!owned) {
+    return absl::PermissionDeniedError(absl::StrCat("UploadWeights: ", c.tensor_name(),
+                                                    " belongs to stage ", owning_stage, ", not to ",
+                                                    c.worker_id(), "'s stage ", stage));
+  }
+  if (!std::equal(c.shape().begin(), c.shape().end(), shape.begin(), shape.end())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UploadWeights: ", c.tensor_name(), " has shape [",
+        absl::StrJoin(shape, ", "), "] in this model; the chunk says [",
+        absl::StrJoin(c.shape().begin(), c.shape().begin() + std::min(c.shape_size(), 8), ", "),
+        c.shape_size() > 8 ? ", ..." : "", "]"));
+  }
   return absl::OkStatus();
 }
 
@@ -470,12 +550,44 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
       return EndLocked(record, v1::FAILED, absl::StrCat("uploaded weights hold ", total,
                                                         " values; the model has ", expected));
     }
-    const std::string& path = record.resolved.spec.output().weights_path();
-    absl::Status written = WriteSafetensors(path, record.weights);
-    if (!written.ok()) return EndLocked(record, v1::FAILED, std::string(written.message()));
-    record.job.set_weights_path(path);
+    absl::StatusOr<std::string> written = WriteWeightsLocked(record);
+    if (!written.ok()) {
+      return EndLocked(record, v1::FAILED, std::string(written.status().message()));
+    }
+    record.job.set_weights_path(*written);
   }
   EndLocked(record, v1::SUCCEEDED, "");
+}
+
+absl::StatusOr<std::string> JobManager::WriteWeightsLocked(JobRecord& record) {
+  const std::string& name = record.resolved.spec.output().weights_path();
+  // Walked again now (links may have appeared since submit); missing
+  // directories under the output directory are created.
+  ASSIGN_OR_RETURN(ConfinedParent parent,
+                   OpenConfinedParent(options_.output_dir, "spec.output.weights_path", name,
+                                      /*create_dirs=*/true));
+  RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, record.weights, {}, 0600));
+  return absl::StrCat(options_.output_dir, "/", name);
+}
+
+void JobManager::PruneLocked() {
+  const absl::Time oldest_kept = clock_->Now() - options_.ended_job_retention;
+  int ended = 0;
+  for (const std::string& id : order_) ended += IsTerminal(jobs_.at(id)->job.state()) ? 1 : 0;
+  std::vector<std::string> kept;
+  for (const std::string& id : order_) {
+    const v1::Job& job = jobs_.at(id)->job;
+    const absl::Time ended_at = absl::FromUnixSeconds(job.update_time().seconds());
+    const bool prune = IsTerminal(job.state()) &&
+                       (ended > options_.max_ended_jobs || ended_at < oldest_kept);
+    if (prune) {
+      --ended;
+      jobs_.erase(id);
+    } else {
+      kept.push_back(id);
+    }
+  }
+  order_ = std::move(kept);
 }
 
 void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& job_id,

@@ -44,6 +44,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -61,16 +62,40 @@
 
 namespace pipetrain {
 
-// Asks the worker whose data plane is at `data_address` to profile a model.
+// Asks the worker whose data plane is at `data_address` to profile a model,
+// presenting the worker's `session_token` (WorkerRegistry::SessionToken),
+// which its WorkerControl service requires.
 using ProfileFetcher = std::function<absl::StatusOr<v1::ModelProfile>(
-    const std::string& data_address, const v1::ProfileRequest& request)>;
+    const std::string& data_address, const std::string& session_token,
+    const v1::ProfileRequest& request)>;
 
 inline constexpr double kAssumedBandwidth = 1.25e9;  // bytes/s (10 Gbit/s)
 inline constexpr double kAssumedLatency = 50e-6;     // seconds
 
+struct JobManagerOptions {
+  // The coordinator's --output-dir: spec.output.weights_path is a name
+  // under it (common/confined_path.h). Empty: a job asking for a file is
+  // refused at submit (INVALID_ARGUMENT naming the field).
+  std::string output_dir;
+  // The coordinator's --data-root list: when set, spec.data.path must name
+  // a readable file under one of them at submit (the workers check their
+  // own roots again when they load it). Empty: workers alone check.
+  std::vector<std::string> data_roots;
+  // Job ids are "job-<id_epoch>-<n>" ("job-<n>" when empty). The coordinator
+  // sets a fresh epoch per start, so ids never repeat across restarts.
+  std::string id_epoch;
+  // At most this many jobs not yet ended (QUEUED ... RUNNING); Submit
+  // beyond it is RESOURCE_EXHAUSTED.
+  int max_pending_jobs = 256;
+  // Ended jobs are kept (Get, List) at most this long and at most this many
+  // (the oldest ended are pruned first).
+  absl::Duration ended_job_retention = absl::Hours(24);
+  int max_ended_jobs = 1000;
+};
 class JobManager {
  public:
-  JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock);
+  JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock,
+             JobManagerOptions options = {});
   ~JobManager();  // stops the scheduling loop, waits for profiles in flight
 
   // Enables measured profiles (see above). Call before submitting jobs.
@@ -80,8 +105,11 @@ class JobManager {
   // job re-queued and scheduled). For tests and shutdown.
   void AwaitProfiling();
 
-  // INVALID_ARGUMENT (from ResolveJobSpec) naming the field. The job is
-  // QUEUED and starts as soon as enough workers are READY.
+  // INVALID_ARGUMENT (from ResolveJobSpec, or a path the options do not
+  // allow) naming the field; RESOURCE_EXHAUSTED when planning it would
+  // exceed the planning budget (planner.h CheckPlanningBudget) or when
+  // max_pending_jobs are pending. The job is QUEUED and starts as soon as enough workers are
+  // READY.
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
   // NOT_FOUND for an unknown id.
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
@@ -91,13 +119,18 @@ class JobManager {
   // NOT_FOUND; FAILED_PRECONDITION while the job is not planned yet.
   absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id) const;
 
-  // From workers. NOT_FOUND (unknown job); FAILED_PRECONDITION (the worker
-  // is not part of the job, its plan version is stale, or the job ended).
+  // From workers. NOT_FOUND (unknown job); PERMISSION_DENIED (the worker is
+  // not part of the job); FAILED_PRECONDITION (its plan version is stale, or
+  // the job ended).
   // The response's all_ready answers the start barrier (request.ready).
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);
-  // One chunk of a stage's final weights; INVALID_ARGUMENT for chunks that
-  // do not fit (offset/shape), the other codes as ReportProgress.
+  // One chunk of a stage's final weights, checked before anything is
+  // allocated against the tensors the worker's stage owns (the parameters
+  // of its backward units, gpt_config.h UnitParameterShapes):
+  // PERMISSION_DENIED for a tensor of another stage; INVALID_ARGUMENT for an
+  // unknown tensor, a shape other than the model's, or values that do not
+  // fit (offset); the other codes as ReportProgress.
   absl::Status AddWeightsChunk(const v1::WeightsChunk& chunk);
   // The worker sent all its weights (end of its UploadWeights stream).
   absl::Status FinishWeights(const std::string& worker_id, const std::string& job_id);
@@ -128,6 +161,9 @@ class JobManager {
     v1::Plan plan;
     std::vector<v1::Assignment> assignments;  // per stage
     std::map<std::string, int> stage_of;     // worker id -> stage
+    // Tensor name -> (owning stage, shape): what UploadWeights may carry.
+    std::map<std::string, std::pair<int, Shape>> weight_owner;
+    std::set<int> tied_embedding_stages;  // stages holding wte.weight
     std::vector<StageProgress> stages;
     absl::Time last_step_time;
     std::vector<NamedTensor> weights;        // assembled uploads, stage order
@@ -154,11 +190,23 @@ class JobManager {
   void EndLocked(JobRecord& record, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills weight_owner from the plan's backward units of `stage`.
+  static void RecordWeightOwners(JobRecord& record, int stage);
+  absl::Status CheckWeightsChunkLocked(const JobRecord& record, const v1::WeightsChunk& chunk) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Where the spec's files may go and come from (options_); see Submit.
+  absl::Status CheckPaths(const ResolvedJobSpec& resolved) const;
+  // Writes the assembled weights under the output directory; the path written.
+  absl::StatusOr<std::string> WriteWeightsLocked(JobRecord& record)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops ended jobs beyond the retention options (oldest first).
+  void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerRegistry* registry_;
   AssignmentHub* hub_;
   Clock* clock_;
+  const JobManagerOptions options_;
   mutable AnnotatedMutex mu_;
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);

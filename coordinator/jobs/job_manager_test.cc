@@ -1,5 +1,8 @@
 #include "coordinator/jobs/job_manager.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cstdlib>
 
 #include "absl/synchronization/notification.h"
@@ -25,11 +28,30 @@ v1::JobSpec SmallSpec(int stages) {
   return spec;
 }
 
+// The test's output directory (the coordinator's --output-dir).
+std::string OutputDir() { return std::getenv("TEST_TMPDIR"); }
+
+// One chunk carrying a whole tensor of the model, values 0, 1, 2, ...
+v1::WeightsChunk WholeTensor(const std::string& worker, const std::string& job,
+                             const ParameterShape& p) {
+  v1::WeightsChunk chunk;
+  chunk.set_worker_id(worker);
+  chunk.set_job_id(job);
+  chunk.set_tensor_name(p.name);
+  int64_t n = 1;
+  for (int64_t d : p.shape) {
+    chunk.add_shape(d);
+    n *= d;
+  }
+  for (int64_t i = 0; i < n; ++i) chunk.add_values(static_cast<float>(i));
+  return chunk;
+}
+
 class JobManagerTest : public ::testing::Test {
  protected:
   JobManagerTest()
       : registry_(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock_}),
-        jobs_(&registry_, &hub_, &clock_) {
+        jobs_(&registry_, &hub_, &clock_, JobManagerOptions{.output_dir = OutputDir()}) {
     registry_.SetLossListener([this](const std::string& w, const std::string& j,
                                      const std::string& reason) {
       jobs_.OnWorkerLost(w, j, reason);
@@ -228,6 +250,7 @@ TEST_F(JobManagerTest, ReportProgress_StaleOrForeign_IsRejected) {
   EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kFailedPrecondition);
   r.set_plan_version(1);
   r.set_worker_id(w2);  // not part of the one-stage job
+  EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(jobs_.ReportProgress(r).status().message(),
             "worker " + w2 + " is not part of job " + id);
   r.set_job_id("job-42");
@@ -237,29 +260,65 @@ TEST_F(JobManagerTest, ReportProgress_StaleOrForeign_IsRejected) {
 TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   const std::string w1 = AddWorker(7001);
   v1::JobSpec spec = SmallSpec(1);
-  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/final.safetensors";
-  spec.mutable_output()->set_weights_path(path);
+  spec.mutable_output()->set_weights_path("out/final.safetensors");
   const std::string id = jobs_.Submit(spec).value().id();
-  // A one-layer, d=16 model: upload one tensor holding every parameter value.
-  const int64_t n = CountParameters(ResolveJobSpec(spec).value().train.model);
-  v1::WeightsChunk chunk;
-  chunk.set_worker_id(w1);
-  chunk.set_job_id(id);
-  chunk.set_tensor_name("all");
-  chunk.add_shape(n);
-  for (int64_t i = 0; i < n; ++i) chunk.add_values(float(i));
-  ASSERT_TRUE(jobs_.AddWeightsChunk(chunk).ok());
-  chunk.set_offset(n - 1);  // past the end once more values are added
-  EXPECT_EQ(jobs_.AddWeightsChunk(chunk).code(), absl::StatusCode::kInvalidArgument);
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  // The one stage owns every unit: upload each of their tensors whole.
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      ASSERT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, p)).ok()) << p.name;
+    }
+  }
+  v1::WeightsChunk past = WholeTensor(w1, id, UnitParameterShapes(model, 0)[1]);  // wpe
+  past.set_offset(1);  // one value beyond the end
+  EXPECT_EQ(jobs_.AddWeightsChunk(past).code(), absl::StatusCode::kInvalidArgument);
   Report(w1, id, 2, {1.0f, 1.0f}, true);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);  // weights still missing
   ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
   v1::Job job = jobs_.Get(id).value();
   EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  const std::string path = OutputDir() + "/out/final.safetensors";
   EXPECT_EQ(job.weights_path(), path);
+  struct stat info;
+  ASSERT_EQ(stat(path.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600);  // the job's output is its owner's only
   auto file = ReadSafetensors(path).value();
-  EXPECT_EQ(file.Find("all")->numel(), n);
-  EXPECT_EQ((*file.Find("all"))[n - 1], float(n - 1));
+  const Tensor* wpe = file.Find("wpe.weight");
+  ASSERT_NE(wpe, nullptr);
+  EXPECT_EQ((*wpe)[wpe->numel() - 1], float(wpe->numel() - 1));
+  int64_t total = 0;
+  for (const NamedTensor& t : file.tensors) total += t.tensor.numel();
+  EXPECT_EQ(total, CountParameters(model));
+}
+
+TEST_F(JobManagerTest, Weights_UnknownForeignOrMisshapenChunk_RefusedBeforeAllocating) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(2);  // uniform: stage 0 holds embed and attn_0
+  spec.mutable_output()->set_weights_path("w.safetensors");
+  const std::string id = jobs_.Submit(spec).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  v1::WeightsChunk absurd = WholeTensor(w1, id, {"wpe.weight", {1}});
+  absurd.clear_shape();
+  absurd.add_shape(int64_t{1} << 20);
+  absurd.add_shape(int64_t{1} << 20);
+  absl::Status status = jobs_.AddWeightsChunk(absurd);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "UploadWeights: wpe.weight has shape [8, 16] in this model; the chunk says "
+            "[1048576, 1048576]");
+  status = jobs_.AddWeightsChunk(WholeTensor(w1, id, {"all", {4}}));
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "UploadWeights: job " + id + " has no tensor \"all\"");
+  // mlp_0 is stage 1's.
+  status = jobs_.AddWeightsChunk(WholeTensor(w1, id, UnitParameterShapes(model, 2)[0]));
+  EXPECT_EQ(status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(status.message(),
+            "UploadWeights: h.0.ln_2.weight belongs to stage 1, not to " + w1 + "'s stage 0");
+  // Both ends of the tied embedding may send wte.weight.
+  EXPECT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, UnitParameterShapes(model, 0)[0])).ok());
+  EXPECT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w2, id, UnitParameterShapes(model, 3)[2])).ok());
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);
 }
 
 // (device, wire) counts of a program's sends and receives; EXPECTs that
@@ -376,10 +435,13 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   int calls = 0;
   std::string asked;
   absl::Notification release;
-  jobs_.SetProfileFetcher([&](const std::string& address, const v1::ProfileRequest& request)
+  jobs_.SetProfileFetcher([&](const std::string& address, const std::string& session,
+                              const v1::ProfileRequest& request)
                               -> absl::StatusOr<v1::ModelProfile> {
     ++calls;
-    asked = absl::StrCat(address, " T", request.seq_len(), " B", request.micro_batch_size());
+    asked = absl::StrCat(address, " T", request.seq_len(), " B", request.micro_batch_size(),
+                         session == registry_.SessionToken("w-1").value_or("?") ? " session"
+                                                                                  : " no session");
     release.WaitForNotification();
     return FakeProfile();
   });
@@ -393,7 +455,7 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::READY);  // not taken while profiling
   release.Notify();
   jobs_.AwaitProfiling();
-  EXPECT_EQ(asked, "127.0.0.1:7001 T8 B2");
+  EXPECT_EQ(asked, "127.0.0.1:7001 T8 B2 session");
   job = jobs_.Get(id).value();
   EXPECT_EQ(job.state(), v1::RUNNING);
   const v1::Plan plan = jobs_.GetPlan(id).value();
@@ -409,7 +471,7 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
 }
 
 TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
-  jobs_.SetProfileFetcher([](const std::string&, const v1::ProfileRequest&)
+  jobs_.SetProfileFetcher([](const std::string&, const std::string&, const v1::ProfileRequest&)
                               -> absl::StatusOr<v1::ModelProfile> {
     return absl::UnavailableError("worker gone");
   });
@@ -436,6 +498,75 @@ TEST_F(JobManagerTest, UploadWithoutTensors_ForwardOnlyStageFinishesItsWeights) 
   EXPECT_TRUE(jobs_.AddWeightsChunk(identity).ok());
   identity.add_values(1.0f);
   EXPECT_EQ(jobs_.AddWeightsChunk(identity).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(JobManagerTest, Submit_OverPlanningBudget_ResourceExhaustedBeforeAnyWork) {
+  v1::JobSpec spec = SmallSpec(64);
+  spec.mutable_model()->set_n_layer(96);  // 194 units: 64 * 194^3 = 4.7e8 bipartition steps
+  spec.mutable_parallelism()->set_solver("bipartition");
+  absl::Status status = jobs_.Submit(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(status.message(), "planning budget")) << status.message();
+  spec.mutable_parallelism()->set_solver("pipedream");
+  EXPECT_TRUE(jobs_.Submit(spec).ok());
+  spec = SmallSpec(4);
+  spec.mutable_training()->set_batch_size(4096);
+  spec.mutable_training()->set_micro_batches(4096);
+  spec.mutable_training()->set_eval_interval(10);  // + 16 validation micro-batches
+  spec.mutable_training()->set_eval_windows(16);   // 4 x (4096 + 16) > 16384
+  status = jobs_.Submit(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "spec.training.micro_batches: 4 stages x (4096"))
+      << status.message();
+  EXPECT_EQ(jobs_.List().size(), 1u);
+}
+
+TEST_F(JobManagerTest, Submit_WeightsPathWithoutOutputDirOrEscaping_Rejected) {
+  JobManager no_output(&registry_, &hub_, &clock_);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("w.safetensors");
+  absl::Status status = no_output.Submit(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "spec.output.weights_path: this coordinator "
+                                                 "writes no files"))
+      << status.message();
+  ASSERT_EQ(symlink("/tmp", (OutputDir() + "/escape").c_str()), 0);
+  spec.mutable_output()->set_weights_path("escape/w.safetensors");
+  status = jobs_.Submit(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "\"escape\" is a symbolic link"))
+      << status.message();
+}
+
+TEST_F(JobManagerTest, Submit_PendingLimit_ResourceExhausted) {
+  JobManager small(&registry_, &hub_, &clock_, JobManagerOptions{.max_pending_jobs = 2});
+  ASSERT_TRUE(small.Submit(SmallSpec(3)).ok());  // no workers: both stay QUEUED
+  ASSERT_TRUE(small.Submit(SmallSpec(3)).ok());
+  absl::Status status = small.Submit(SmallSpec(3)).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(small.Cancel(small.List()[0].id()).ok());
+  EXPECT_TRUE(small.Submit(SmallSpec(3)).ok());
+}
+
+TEST_F(JobManagerTest, EndedJobs_PrunedByCountAndAge_NewestKept) {
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.id_epoch = "e1",
+                                    .ended_job_retention = absl::Hours(1),
+                                    .max_ended_jobs = 2});
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    ids.push_back(jobs.Submit(SmallSpec(3)).value().id());
+    ASSERT_TRUE(jobs.Cancel(ids.back()).ok());
+  }
+  EXPECT_EQ(ids[0], "job-e1-1");
+  ids.push_back(jobs.Submit(SmallSpec(3)).value().id());  // prunes the oldest ended
+  EXPECT_EQ(jobs.Get(ids[0]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(jobs.Get(ids[1]).ok());
+  clock_.Advance(absl::Hours(2));
+  ids.push_back(jobs.Submit(SmallSpec(3)).value().id());  // prunes the old ones by age
+  EXPECT_EQ(jobs.Get(ids[1]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(jobs.Get(ids[2]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(jobs.List().size(), 2u);  // the two still queued
 }
 
 }  // namespace

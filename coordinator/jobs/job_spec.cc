@@ -1,17 +1,18 @@
 #include "coordinator/jobs/job_spec.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cmath>
 #include <cstdint>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/confined_path.h"
 #include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
 #include "google/protobuf/util/json_util.h"
+#include "worker/model/gpt_config.h"
 #include "worker/train/adamw_optimizer.h"
 
 namespace pipetrain {
@@ -37,9 +38,6 @@ constexpr int kMaxVocabSize = 65536;
 // The generated corpus is byte-level text.
 constexpr int kByteVocabSize = 256;
 
-constexpr char kFilesystemNote[] =
-    " (checked on the coordinator's filesystem, which local workers share)";
-
 absl::Status Invalid(absl::string_view path, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
 }
@@ -50,15 +48,33 @@ absl::Status RequirePositive(absl::string_view path, int64_t value) {
   return Invalid(path, absl::StrCat("required, must be >= 1, got ", value));
 }
 
+// A size in [1, limit]; zero reads as "required".
+absl::Status RequireInRange(absl::string_view path, int64_t value, int64_t limit) {
+  RETURN_IF_ERROR(RequirePositive(path, value));
+  if (value <= limit) return absl::OkStatus();
+  return Invalid(path, absl::StrCat(value, " exceeds the limit of ", limit));
+}
+
+absl::Status RequireMaxBytes(absl::string_view path, const std::string& value, size_t limit) {
+  if (value.size() <= limit) return absl::OkStatus();
+  return Invalid(path, absl::StrCat(value.size(), " bytes exceeds the limit of ", limit));
+}
+
+// A client's string inside a message: escaped and cut to 64 bytes.
+std::string Echo(absl::string_view value) {
+  const std::string shown = absl::CHexEscape(value.substr(0, 64));
+  return value.size() > 64 ? shown + "..." : shown;
+}
+
 absl::Status RequireBeta(absl::string_view path, float value) {
   if (value >= 0 && value < 1) return absl::OkStatus();  // false for NaN
   return Invalid(path, absl::StrCat("must be in [0, 1), got ", value));
 }
 
 absl::Status ResolveModel(v1::ModelSpec* model) {
-  RETURN_IF_ERROR(RequirePositive("spec.model.n_layer", model->n_layer()));
-  RETURN_IF_ERROR(RequirePositive("spec.model.n_head", model->n_head()));
-  RETURN_IF_ERROR(RequirePositive("spec.model.d_model", model->d_model()));
+  RETURN_IF_ERROR(RequireInRange("spec.model.n_layer", model->n_layer(), kMaxLayers));
+  RETURN_IF_ERROR(RequireInRange("spec.model.n_head", model->n_head(), kMaxHeads));
+  RETURN_IF_ERROR(RequireInRange("spec.model.d_model", model->d_model(), kMaxDModel));
   if (model->d_model() % model->n_head() != 0) {
     return Invalid(
         "spec.model.n_head",
@@ -75,27 +91,38 @@ absl::Status ResolveModel(v1::ModelSpec* model) {
 
 // Shape and step counts; defaults of the optional sizes.
 absl::Status ResolveTrainingSizes(v1::TrainingSpec* training) {
-  RETURN_IF_ERROR(RequirePositive("spec.training.seq_len", training->seq_len()));
-  RETURN_IF_ERROR(RequirePositive("spec.training.batch_size", training->batch_size()));
+  RETURN_IF_ERROR(RequireInRange("spec.training.seq_len", training->seq_len(), kMaxSeqLen));
+  RETURN_IF_ERROR(
+      RequireInRange("spec.training.batch_size", training->batch_size(), kMaxBatchSize));
+  const int64_t tokens = int64_t{training->batch_size()} * training->seq_len();
+  if (tokens > kMaxTokensPerStep) {
+    return Invalid("spec.training.batch_size",
+                   absl::StrCat("batch_size * seq_len = ", tokens,
+                                " tokens per step exceeds the limit of ", kMaxTokensPerStep));
+  }
   if (!training->has_micro_batches()) training->set_micro_batches(kDefaultMicroBatches);
   if (training->micro_batches() < 1) {
     return Invalid("spec.training.micro_batches",
                    absl::StrCat("must be >= 1, got ", training->micro_batches()));
   }
+  RETURN_IF_ERROR(RequireInRange("spec.training.micro_batches", training->micro_batches(),
+                                 kMaxMicroBatches));
   if (training->batch_size() % training->micro_batches() != 0) {
     return Invalid("spec.training.micro_batches",
                    absl::StrCat(training->micro_batches(), " must divide spec.training.batch_size ",
                                 training->batch_size()));
   }
-  RETURN_IF_ERROR(RequirePositive("spec.training.steps", training->steps()));
+  RETURN_IF_ERROR(RequireInRange("spec.training.steps", training->steps(), kMaxSteps));
   if (!training->has_seed()) training->set_seed(kDefaultSeed);
   if (!training->has_eval_interval()) training->set_eval_interval(0);
-  if (training->eval_interval() < 0) {
+  if (training->eval_interval() < 0 || training->eval_interval() > kMaxSteps) {
     return Invalid("spec.training.eval_interval",
-                   absl::StrCat("must be >= 0 (0 = never), got ", training->eval_interval()));
+                   absl::StrCat("must be in [0, ", kMaxSteps, "] (0 = never), got ",
+                                training->eval_interval()));
   }
   if (!training->has_eval_windows()) training->set_eval_windows(kDefaultEvalWindows);
-  RETURN_IF_ERROR(RequirePositive("spec.training.eval_windows", training->eval_windows()));
+  RETURN_IF_ERROR(
+      RequireInRange("spec.training.eval_windows", training->eval_windows(), kMaxEvalWindows));
   return absl::OkStatus();
 }
 
@@ -132,7 +159,7 @@ absl::Status ResolveOptimizer(v1::TrainingSpec* training) {
   }
   DecayPolicy unused;
   if (!ParseDecayPolicy(training->decay(), &unused).ok()) {
-    return Invalid("spec.training.decay", absl::StrCat("unknown policy \"", training->decay(),
+    return Invalid("spec.training.decay", absl::StrCat("unknown policy \"", Echo(training->decay()),
                                                        "\"; accepted: matrices, all"));
   }
   return absl::OkStatus();
@@ -146,19 +173,41 @@ absl::Status ResolveMaxSeqLen(v1::ModelSpec* model, int seq_len) {
         "spec.model.max_seq_len",
         absl::StrCat(model->max_seq_len(), " must be >= spec.training.seq_len ", seq_len));
   }
+  return RequireInRange("spec.model.max_seq_len", model->max_seq_len(), kMaxSeqLen);
+}
+
+// The whole model's size, which the coordinator holds when it assembles
+// the final weights.
+absl::Status CheckModelSize(const v1::ModelSpec& model) {
+  GptConfig config;
+  config.vocab_size = model.vocab_size();
+  config.max_seq_len = model.max_seq_len();
+  config.n_layer = model.n_layer();
+  config.n_head = model.n_head();
+  config.d_model = model.d_model();
+  const int64_t parameters = CountParameters(config);
+  if (parameters > kMaxParameters) {
+    return Invalid("spec.model", absl::StrCat("the model has ", parameters,
+                                              " parameters; the limit is ", kMaxParameters));
+  }
   return absl::OkStatus();
 }
 
+// Lexical only: the file is resolved under the data roots of whoever reads
+// it (common/confined_path.h), so no ".." may climb out of them. An
+// absolute path is allowed; it must resolve inside a root.
 absl::Status CheckDataPath(const std::string& path) {
-  struct stat info;
-  if (stat(path.c_str(), &info) != 0) {
-    return Invalid("spec.data.path", absl::StrCat("no such file: ", path, kFilesystemNote));
+  if (path.size() > kMaxSpecPathBytes) {
+    return Invalid("spec.data.path", absl::StrCat("path of ", path.size(),
+                                                  " bytes exceeds the limit of ",
+                                                  kMaxSpecPathBytes));
   }
-  if (!S_ISREG(info.st_mode)) {
-    return Invalid("spec.data.path", absl::StrCat("not a regular file: ", path, kFilesystemNote));
-  }
-  if (access(path.c_str(), R_OK) != 0) {
-    return Invalid("spec.data.path", absl::StrCat("not readable: ", path, kFilesystemNote));
+  if (path.find('\0') != std::string::npos) return Invalid("spec.data.path", "contains a NUL byte");
+  for (absl::string_view part : absl::StrSplit(path, '/')) {
+    if (part == "..") {
+      return Invalid("spec.data.path", "\"..\" components are not allowed (paths are resolved "
+                                       "under the workers' --data-root)");
+    }
   }
   return absl::OkStatus();
 }
@@ -169,6 +218,7 @@ absl::Status ResolveData(v1::DataSpec* data, int vocab_size, DataFormat* format)
   if (!data->has_format()) data->set_format(kDefaultFormat);
   if (!data->has_val_fraction()) data->set_val_fraction(kDefaultValFraction);
   if (!data->has_synthetic_bytes()) data->set_synthetic_bytes(kDefaultSyntheticBytes);
+  RETURN_IF_ERROR(RequireMaxBytes("spec.data.format", data->format(), 32));
   absl::StatusOr<DataFormat> parsed = ParseDataFormat(data->format());
   if (!parsed.ok()) return Invalid("spec.data.format", parsed.status().message());
   *format = *parsed;
@@ -179,7 +229,8 @@ absl::Status ResolveData(v1::DataSpec* data, int vocab_size, DataFormat* format)
   if (!data->path().empty()) {
     RETURN_IF_ERROR(CheckDataPath(data->path()));
   } else {
-    RETURN_IF_ERROR(RequirePositive("spec.data.synthetic_bytes", data->synthetic_bytes()));
+    RETURN_IF_ERROR(RequireInRange("spec.data.synthetic_bytes", data->synthetic_bytes(),
+                                   kMaxSyntheticBytes));
     if (*format == DataFormat::kUint16 || *format == DataFormat::kUint16Header) {
       return Invalid("spec.data.format", absl::StrCat(data->format(),
                                                       " needs spec.data.path; the generated "
@@ -202,7 +253,8 @@ absl::Status CheckManualStages(const v1::ParallelismSpec& p, int units) {
   const bool manual = p.solver() == kSolverManual;
   if (!manual && p.manual_stages_size() > 0) {
     return Invalid("spec.parallelism.manual_stages",
-                   absl::StrCat("given but the solver is \"", p.solver(), "\"; use \"manual\""));
+                   absl::StrCat("given but the solver is \"", Echo(p.solver()),
+                                "\"; use \"manual\""));
   }
   if (!manual) return absl::OkStatus();
   if (p.manual_stages_size() != p.stages()) {
@@ -237,7 +289,7 @@ absl::Status CheckManualStages(const v1::ParallelismSpec& p, int units) {
 absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
   if (!parallelism->has_solver()) parallelism->set_solver(kSolverUniform);
   if (!parallelism->has_schedule()) parallelism->set_schedule(kSchedule1F1B);
-  RETURN_IF_ERROR(RequirePositive("spec.parallelism.stages", parallelism->stages()));
+  RETURN_IF_ERROR(RequireInRange("spec.parallelism.stages", parallelism->stages(), kMaxStages));
   const int64_t units = 2 * static_cast<int64_t>(n_layer) + 2;
   if (parallelism->stages() > units) {
     return Invalid("spec.parallelism.stages",
@@ -248,7 +300,7 @@ absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
   if (solver != kSolverUniform && solver != kSolverPipeDream && solver != kSolverBiPartition &&
       solver != kSolverAuto && solver != kSolverManual) {
     return Invalid("spec.parallelism.solver",
-                   absl::StrCat("unknown solver \"", solver, "\"; accepted: ",
+                   absl::StrCat("unknown solver \"", Echo(solver), "\"; accepted: ",
                                 absl::StrJoin({kSolverUniform, kSolverPipeDream,
                                                kSolverBiPartition, kSolverAuto, kSolverManual},
                                               ", "),
@@ -258,43 +310,32 @@ absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
   if (!parallelism->has_objective()) parallelism->set_objective(kObjectivePaper);
   if (parallelism->objective() != kObjectivePaper && parallelism->objective() != kObjectiveFull) {
     return Invalid("spec.parallelism.objective",
-                   absl::StrCat("unknown objective \"", parallelism->objective(),
+                   absl::StrCat("unknown objective \"", Echo(parallelism->objective()),
                                 "\"; accepted: paper, full"));
   }
   RETURN_IF_ERROR(CheckManualStages(*parallelism, static_cast<int>(units)));
   const std::string& schedule = parallelism->schedule();
   if (schedule != kSchedule1F1B && schedule != kScheduleGPipe) {
     return Invalid("spec.parallelism.schedule",
-                   absl::StrCat("unknown schedule \"", schedule, "\"; accepted: ", kSchedule1F1B,
+                   absl::StrCat("unknown schedule \"", Echo(schedule), "\"; accepted: ", kSchedule1F1B,
                                 ", ", kScheduleGPipe));
   }
   return absl::OkStatus();
 }
 
-// The coordinator writes the final weights itself, so only its own
-// filesystem matters: the file's directory must exist.
+// Lexical only: the coordinator writes the file under its --output-dir
+// (JobManager checks the directory itself).
 absl::Status CheckOutput(const v1::OutputSpec& output) {
   const std::string& path = output.weights_path();
   if (path.empty()) return absl::OkStatus();
-  struct stat info;
-  if (path.back() == '/' || (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode))) {
-    return Invalid("spec.output.weights_path",
-                   absl::StrCat(path, " is a directory; name the weights file in it"));
-  }
-  const size_t slash = path.rfind('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
-    return Invalid("spec.output.weights_path",
-                   absl::StrCat("directory does not exist: ", dir, kFilesystemNote));
-  }
-  return absl::OkStatus();
+  return CheckConfinedName("spec.output.weights_path", path);
 }
 
 // A codec field: "" and "none" mean raw (normalised to "none"); anything
 // else must be a codec spec kernels/compress accepts.
 absl::Status ResolveCodec(absl::string_view path, bool has, std::string* codec) {
   if (!has || codec->empty()) *codec = kCodecNone;
+  RETURN_IF_ERROR(RequireMaxBytes(path, *codec, kMaxCodecSpecBytes));
   if (*codec == kCodecNone) return absl::OkStatus();
   absl::Status parsed = ParseCodecSpec(*codec).status();
   if (!parsed.ok()) return Invalid(path, parsed.message());
@@ -319,6 +360,22 @@ absl::Status ResolveCompression(v1::CompressionSpec* c) {
                      "needs a backward codec (spec.compression.backward is none)");
     }
   }
+  return absl::OkStatus();
+}
+
+// spec.scheduling.queue_timeout: default and range.
+absl::Status ResolveScheduling(v1::SchedulingSpec* scheduling, absl::Duration* timeout) {
+  if (!scheduling->has_queue_timeout()) {
+    scheduling->mutable_queue_timeout()->set_seconds(kDefaultQueueTimeoutSeconds);
+  }
+  const google::protobuf::Duration& d = scheduling->queue_timeout();
+  if (d.seconds() < 1 || d.seconds() > kMaxQueueTimeoutSeconds || d.nanos() < 0 ||
+      d.nanos() > 999999999 || (d.seconds() == kMaxQueueTimeoutSeconds && d.nanos() > 0)) {
+    return Invalid("spec.scheduling.queue_timeout",
+                   absl::StrCat("must be in [1s, ", kMaxQueueTimeoutSeconds, "s], got ",
+                                d.seconds(), "s + ", d.nanos(), "ns"));
+  }
+  *timeout = absl::Seconds(d.seconds()) + absl::Nanoseconds(d.nanos());
   return absl::OkStatus();
 }
 
@@ -351,6 +408,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
     return Invalid("spec.training", "required (seq_len, batch_size, steps)");
   }
   if (!spec.has_parallelism()) return Invalid("spec.parallelism", "required (stages)");
+  RETURN_IF_ERROR(RequireMaxBytes("spec.name", spec.name(), kMaxJobNameBytes));
   ResolvedJobSpec resolved;
   resolved.spec = spec;
   v1::JobSpec& out = resolved.spec;
@@ -358,11 +416,13 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveTrainingSizes(out.mutable_training()));
   RETURN_IF_ERROR(ResolveOptimizer(out.mutable_training()));
   RETURN_IF_ERROR(ResolveMaxSeqLen(out.mutable_model(), out.training().seq_len()));
+  RETURN_IF_ERROR(CheckModelSize(out.model()));
   RETURN_IF_ERROR(ResolveData(out.mutable_data(), out.model().vocab_size(), &resolved.data_format));
   RETURN_IF_ERROR(ResolveParallelism(out.mutable_parallelism(), out.model().n_layer()));
   RETURN_IF_ERROR(CheckEvalHasData(out));
   RETURN_IF_ERROR(CheckOutput(out.output()));
   RETURN_IF_ERROR(ResolveCompression(out.mutable_compression()));
+  RETURN_IF_ERROR(ResolveScheduling(out.mutable_scheduling(), &resolved.queue_timeout));
 
   resolved.train = DeriveTrainConfig(out);
   absl::Status backstop = ValidateTrainConfig(resolved.train);

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "kernels/compress/codec_spec.h"
 #include "proto/pipetrain/v1/job.pb.h"
 #include "worker/data/token_file.h"
@@ -35,6 +36,31 @@ inline constexpr char kScheduleGPipe[] = "gpipe";
 // spec.compression.forward/backward "send raw fp32" is kCodecNone
 // (kernels/compress/codec_spec.h).
 
+// Bounds of a JobSpec, checked by ResolveJobSpec before anything is sized
+// from them (docs/api.md "Limits" lists them; a value just beyond any is
+// INVALID_ARGUMENT naming the field and the limit). They keep one request
+// from making the coordinator allocate or compute without end; what a job
+// may really use is then the planner's and the workers' memory check.
+inline constexpr size_t kMaxJobNameBytes = 128;
+inline constexpr int kMaxLayers = 256;            // model.n_layer
+inline constexpr int kMaxHeads = 1024;            // model.n_head
+inline constexpr int kMaxDModel = 16384;          // model.d_model
+inline constexpr int kMaxSeqLen = 65536;          // training.seq_len, model.max_seq_len
+inline constexpr int kMaxBatchSize = 65536;       // training.batch_size
+inline constexpr int kMaxMicroBatches = 4096;     // training.micro_batches
+inline constexpr int64_t kMaxSteps = 100000000;   // training.steps, training.eval_interval
+inline constexpr int kMaxEvalWindows = 65536;     // training.eval_windows
+inline constexpr int64_t kMaxSyntheticBytes = int64_t{1} << 30;  // data.synthetic_bytes
+inline constexpr int kMaxStages = 1024;           // parallelism.stages (and <= units)
+inline constexpr size_t kMaxCodecSpecBytes = 256; // compression.forward, .backward
+// Derived: parameters of the whole model (the coordinator assembles the
+// final weights in memory) and tokens per optimizer step.
+inline constexpr int64_t kMaxParameters = int64_t{1} << 32;
+inline constexpr int64_t kMaxTokensPerStep = int64_t{1} << 26;  // batch_size * seq_len
+// scheduling.queue_timeout: default and range, seconds.
+inline constexpr int64_t kDefaultQueueTimeoutSeconds = 3600;
+inline constexpr int64_t kMaxQueueTimeoutSeconds = 7 * 24 * 3600;
+
 // A JobSpec with every default filled in, plus the configs derived from it.
 struct ResolvedJobSpec {
   // Defaults made explicit: has_* is true for every optional field, and data
@@ -50,6 +76,7 @@ struct ResolvedJobSpec {
   std::string solver;     // uniform | pipedream | bipartition | auto | manual
   std::string objective;  // paper | full
   std::string schedule;                        // "1f1b" | "gpipe"
+  absl::Duration queue_timeout;                // spec.scheduling.queue_timeout
 };
 
 // Fills the defaults of job.proto and validates `spec`.
@@ -61,7 +88,11 @@ struct ResolvedJobSpec {
 // eval_windows 16, parallelism.solver "uniform",
 // parallelism.schedule "1f1b", parallelism.objective "paper",
 // compression.forward and .backward "none" (an empty codec too),
-// compression.error_feedback and .epilogue_only false.
+// compression.error_feedback and .epilogue_only false,
+// scheduling.queue_timeout 3600s.
+//
+// Bounds: every field within the limits above (kMax...), strings included;
+// a value's echo in an error message is cut short.
 //
 // Compression: forward and backward are "none" or a codec spec that
 // kernels/compress/codec_spec.h accepts (its message, naming the codec
@@ -78,11 +109,12 @@ struct ResolvedJobSpec {
 // training (seq_len, batch_size, steps >= 1), parallelism (1 <= stages <=
 // 2 * n_layer + 2 units).
 //
-// Filesystem checks: a non-empty spec.data.path must name a readable regular
-// file, and the directory of a non-empty spec.output.weights_path must exist.
-// Both are checked on the coordinator's own filesystem, which it shares with
-// the local workers that read the corpus (`pipetrain up`); a remote worker on
-// another filesystem may still fail later when it loads the file.
+// Paths are checked lexically only; no file is looked at here (see
+// common/confined_path.h): spec.output.weights_path must be a relative name
+// without ".." (CheckConfinedName; JobManager writes it under the
+// coordinator's --output-dir), spec.data.path must have no ".." component
+// and at most kMaxSpecPathBytes bytes (workers read it under their
+// --data-root).
 //
 // Errors: INVALID_ARGUMENT, message "<proto path>: <what is wrong>", e.g.
 // "spec.training.micro_batches: 3 must divide spec.training.batch_size 8".

@@ -3,17 +3,19 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_credentials.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
 
 namespace pipetrain {
 
 ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout) {
-  return [timeout](const std::string& address,
+  return [timeout](const std::string& address, const std::string& session_token,
                    const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
     auto stub = v1::WorkerControl::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    AddBearer(context, session_token);
     v1::ModelProfile profile;
     grpc::Status s = stub->Profile(&context, request, &profile);
     if (!s.ok()) {

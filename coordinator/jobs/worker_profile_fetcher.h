@@ -1,6 +1,7 @@
 // The coordinator's side of WorkerControl.Profile: a ProfileFetcher
 // (job_manager.h) that calls a worker at its data-plane address (the worker
-// serves WorkerControl on that port, plaintext like the data plane).
+// serves WorkerControl on that port, plaintext like the data plane), with
+// the worker's session credential, which WorkerControl requires.
 #ifndef PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_
 #define PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_
 

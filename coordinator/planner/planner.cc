@@ -8,6 +8,50 @@
 #include "coordinator/planner/timeline_render.h"
 
 namespace pipetrain {
+
+namespace {
+
+// Validation micro-batches per evaluation (CompileEvalPrograms).
+int EvalMicroBatches(const ResolvedJobSpec& r) {
+  if (r.train.eval_interval <= 0) return 0;
+  const int per = r.train.batch_size / r.train.micro_batches;
+  return (r.train.eval_windows + per - 1) / per;
+}
+
+}  // namespace
+
+PlanningWork EstimatePlanningWork(const ResolvedJobSpec& r) {
+  const double units = 2.0 * r.train.model.n_layer + 2;
+  const double stages = r.stages;
+  PlanningWork work;
+  const bool bipartition = r.solver == kSolverBiPartition || r.solver == kSolverAuto;
+  work.solver_steps = units * stages;                                       // uniform, manual
+  if (r.solver != kSolverUniform) work.solver_steps += stages * units * units;  // pipedream
+  if (bipartition) work.solver_steps += stages * units * units * units;
+  work.stage_micro_batches =
+      static_cast<int64_t>(r.stages) * (r.train.micro_batches + EvalMicroBatches(r));
+  return work;
+}
+
+absl::Status CheckPlanningBudget(const ResolvedJobSpec& r) {
+  const PlanningWork work = EstimatePlanningWork(r);
+  if (work.solver_steps > kMaxSolverSteps) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "spec.parallelism: solver ", r.solver, " for ", r.stages, " stages of ",
+        2 * r.train.model.n_layer + 2, " units needs about ", work.solver_steps,
+        " steps, above the coordinator's planning budget of ", kMaxSolverSteps,
+        "; use solver pipedream or uniform, or fewer stages"));
+  }
+  if (work.stage_micro_batches > kMaxStageMicroBatches) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "spec.training.micro_batches: ", r.stages, " stages x (", r.train.micro_batches,
+        " micro-batches + ", EvalMicroBatches(r), " validation micro-batches) = ",
+        work.stage_micro_batches, " exceeds the planning budget of ", kMaxStageMicroBatches,
+        "; use fewer (larger) micro-batches or validation windows"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string& job_id,
                                      int64_t version, const ModelProfile& profile,
                                      const ClusterSpec& cluster,

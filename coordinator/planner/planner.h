@@ -24,6 +24,28 @@ struct CompiledPlan {
   std::vector<v1::Program> eval_programs;
 };
 
+// What planning a job will cost, from its spec alone (for the submit-time
+// budget below): solver inner steps (bipartition's DP is about P * U^3 for P
+// stages and U units; pipedream P * U^2; uniform and manual U), and stages x
+// micro-batches (training plus validation), which sizes the programs, the
+// simulation and the plan's timeline (~500 bytes of SVG each).
+struct PlanningWork {
+  double solver_steps = 0;
+  int64_t stage_micro_batches = 0;
+};
+PlanningWork EstimatePlanningWork(const ResolvedJobSpec& resolved);
+
+// The budget: planning runs on the coordinator while it holds its job lock,
+// so a plan must take seconds, not hours, and a plan (GET /plan) must stay
+// well below the gRPC message limit. Measured on a 2-core development VM:
+// bipartition at P * U^3 = 4.7e8 (P 64, U 194) solves in 5.6 s.
+inline constexpr double kMaxSolverSteps = 4e8;
+inline constexpr int64_t kMaxStageMicroBatches = 16384;
+
+// RESOURCE_EXHAUSTED naming the estimate, the budget and what to lower when
+// EstimatePlanningWork(resolved) exceeds it.
+absl::Status CheckPlanningBudget(const ResolvedJobSpec& resolved);
+
 // Requires cluster.workers.size() == resolved.stages, in stage order, named
 // by worker id; `profile` describes the job's model at its micro-batch size
 // (measured or AnalyticProfile) and `profile_source` says which. Errors as

@@ -8,21 +8,22 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "absl/strings/str_split.h"
 #include "common/logging.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
+#include "coordinator/registry/registration_limits.h"
 
 namespace pipetrain {
 namespace {
 
 constexpr absl::string_view kIdPrefix = "w-";
 
-// Compares every byte whatever the first mismatch, so response times do not
-// tell a guesser how many leading characters were right.
-bool TokensEqual(absl::string_view a, absl::string_view b) {
-  unsigned char diff = a.size() == b.size() ? 0 : 1;
-  for (size_t i = 0; i < a.size() && i < b.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
-}
+constexpr char kSessionSeparator = '.';
+
+constexpr char kBadSession[] =
+    "session credential not recognised: it is malformed, or its worker incarnation is not "
+    "current (the coordinator restarted, or the worker registered again); register again";
 
 bool IsLive(v1::WorkerState state) {
   return state == v1::JOINING || state == v1::READY || state == v1::ASSIGNED;
@@ -76,6 +77,10 @@ absl::Status WorkerRegistry::ValidateOptions(const Options& options) {
         ") must be finite and longer than heartbeat_interval (", absl::FormatDuration(interval),
         "); otherwise workers that heartbeat on time are declared lost"));
   }
+  if (options.max_workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_workers must be >= 1, got ", options.max_workers));
+  }
   return absl::OkStatus();
 }
 
@@ -90,17 +95,22 @@ WorkerRegistry::~WorkerRegistry() { Stop(); }
 
 // ---------------------------------------------------------------- Register
 
-absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& request) const {
-  if (!options_.join_token.empty() && !TokensEqual(request.join_token(), options_.join_token)) {
-    return absl::UnauthenticatedError(
-        "join token rejected; pass the coordinator's --join-token to the worker");
+absl::Status WorkerRegistry::CheckJoinToken(absl::string_view join_token) const {
+  if (options_.join_token.empty() || ConstantTimeEquals(join_token, options_.join_token)) {
+    return absl::OkStatus();
   }
+  return absl::UnauthenticatedError(
+      "join token rejected; pass the coordinator's --join-token to the worker");
+}
+
+absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& request) const {
+  RETURN_IF_ERROR(CheckJoinToken(request.join_token()));
   if (request.data_address().empty()) {
     return absl::InvalidArgumentError(
         "RegisterWorkerRequest.data_address is empty; the worker must report the host:port its "
         "data plane listens on");
   }
-  return absl::OkStatus();
+  return CheckRegistrationBounds(request);
 }
 
 absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
@@ -111,7 +121,8 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   v1::RegisterWorkerResponse response;
   {
     AnnotatedMutexLock lock(&mu_);
-    Entry& entry = EntryForAddressLocked(request.data_address());
+    ASSIGN_OR_RETURN(Entry * found, EntryForAddressLocked(request.data_address()));
+    Entry& entry = *found;
     const v1::Worker& old = entry.worker;
     if (old.state() == v1::ASSIGNED) {
       losses.push_back({old.id(), old.job_id(),
@@ -122,6 +133,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
     StartIncarnationLocked(entry, request);
     response.set_worker_id(entry.worker.id());
     response.set_incarnation(entry.worker.incarnation());
+    response.set_session_token(SessionTokenOf(entry));
     listener = listener_;
   }
   response.set_heartbeat_interval_seconds(absl::ToDoubleSeconds(options_.heartbeat_interval));
@@ -130,13 +142,67 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   return response;
 }
 
-WorkerRegistry::Entry& WorkerRegistry::EntryForAddressLocked(const std::string& data_address) {
-  auto [it, inserted] = number_by_address_.try_emplace(data_address, last_number_ + 1);
-  if (!inserted) return workers_.at(it->second);
-  last_number_ = it->second;
-  Entry& entry = workers_[last_number_];
-  entry.worker.set_id(absl::StrCat(kIdPrefix, last_number_));
-  return entry;
+absl::StatusOr<WorkerRegistry::Entry*> WorkerRegistry::EntryForAddressLocked(
+    const std::string& data_address) {
+  auto known = number_by_address_.find(data_address);
+  if (known != number_by_address_.end()) return &workers_.at(known->second);
+  if (static_cast<int>(workers_.size()) >= options_.max_workers && !EvictOneLocked()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the coordinator already tracks ", workers_.size(),
+                     " live workers (its limit); deregister idle workers first"));
+  }
+  const int64_t number = ++last_number_;
+  number_by_address_[data_address] = number;
+  Entry& entry = workers_[number];
+  entry.worker.set_id(absl::StrCat(kIdPrefix, number));
+  return &entry;
+}
+
+bool WorkerRegistry::EvictOneLocked() {
+  auto oldest = workers_.end();
+  for (auto it = workers_.begin(); it != workers_.end(); ++it) {
+    if (IsLive(it->second.worker.state())) continue;
+    if (oldest == workers_.end() || it->second.last_seen < oldest->second.last_seen) oldest = it;
+  }
+  if (oldest == workers_.end()) return false;
+  --counts_[oldest->second.worker.state()];
+  number_by_address_.erase(oldest->second.worker.data_address());
+  workers_.erase(oldest);
+  return true;
+}
+
+std::string WorkerRegistry::SessionTokenOf(const Entry& entry) {
+  return absl::StrCat(entry.worker.id(), std::string(1, kSessionSeparator),
+                      entry.worker.incarnation(), std::string(1, kSessionSeparator),
+                      entry.session_secret);
+}
+
+absl::StatusOr<WorkerRegistry::SessionIdentity> WorkerRegistry::AuthenticateSession(
+    absl::string_view token) const {
+  const std::vector<absl::string_view> parts = absl::StrSplit(token, kSessionSeparator);
+  int64_t incarnation = 0;
+  if (token.size() > kMaxSecretBytes || parts.size() != 3 ||
+      !absl::SimpleAtoi(parts[1], &incarnation)) {
+    return absl::UnauthenticatedError(kBadSession);
+  }
+  AnnotatedMutexLock lock(&mu_);
+  const Entry* entry = FindLocked(std::string(parts[0]));
+  // The secret is compared even for a stale incarnation, so the time taken
+  // does not tell a guesser which part was wrong.
+  const bool secret_ok = entry != nullptr && ConstantTimeEquals(parts[2], entry->session_secret);
+  if (!secret_ok || incarnation != entry->worker.incarnation()) {
+    return absl::UnauthenticatedError(kBadSession);
+  }
+  return SessionIdentity{entry->worker.id(), incarnation};
+}
+
+absl::StatusOr<std::string> WorkerRegistry::SessionToken(const std::string& worker_id) const {
+  AnnotatedMutexLock lock(&mu_);
+  const Entry* entry = FindLocked(worker_id);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
+  }
+  return SessionTokenOf(*entry);
 }
 
 bool WorkerRegistry::IsFreshNcclId(const Entry& entry, const std::string& id) {
@@ -147,6 +213,7 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
                                             const v1::RegisterWorkerRequest& request) {
   v1::Worker& worker = entry.worker;
   worker.set_incarnation(worker.incarnation() + 1);
+  entry.session_secret = RandomToken();
   *worker.mutable_device() = request.device();
   // Kept in the entry only (see worker_registry.h).
   const std::string& nccl_id = request.device().nccl_unique_id();
@@ -171,6 +238,7 @@ absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
         absl::StrCat("HeartbeatRequest: worker_id '", request.worker_id(), "', incarnation ",
                      request.incarnation(), "; send the id and incarnation Register returned"));
   }
+  RETURN_IF_ERROR(CheckHeartbeatBounds(request));
   AnnotatedMutexLock lock(&mu_);
   Entry* entry = FindLocked(request.worker_id());
   if (entry == nullptr) {

@@ -32,6 +32,17 @@
 // than `lease` has passed since its last heartbeat or registration. At exactly
 // `lease` it is still live, so a heartbeat that arrives on the deadline counts.
 //
+// Session credentials (coordinator.proto RegisterWorkerResponse.
+// session_token): each incarnation gets a fresh random secret; the token is
+// "<worker id>.<incarnation>.<secret>", so the coordinator can tell which
+// worker a presented credential claims to be and compare only that
+// worker's secret (in constant time). A credential is valid exactly while
+// its incarnation is the worker's current one.
+//
+// Capacity: at most Options::max_workers entries. A registration from a new
+// data_address when the registry is full evicts the LEFT or LOST entry seen
+// longest ago; with none to evict it is RESOURCE_EXHAUSTED.
+//
 // NCCL unique ids (coordinator.proto DeviceInfo.nccl_unique_id): the
 // registry keeps each worker's current id apart from its v1::Worker, so List
 // and Get (which feed ListWorkers and REST /v1/workers) never carry it; the
@@ -59,6 +70,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/clock.h"
 #include "common/annotated_mutex.h"
@@ -80,6 +92,14 @@ class WorkerRegistry {
     // Time source for leases and timestamps; nullptr means RealClock().
     // Not owned; must outlive the registry.
     Clock* clock = nullptr;
+    // Most entries kept (every state); see "Capacity" above. >= 1.
+    int max_workers = 4096;
+  };
+
+  // Who a session credential belongs to.
+  struct SessionIdentity {
+    std::string worker_id;
+    int64_t incarnation = 0;
   };
 
   // Called once per worker that drops out of a job: its id, the job and a
@@ -108,15 +128,35 @@ class WorkerRegistry {
   // facts and addresses. The new incarnation is READY, with a fresh lease. If
   // the superseded incarnation was ASSIGNED, the loss listener fires for its
   // job before Register returns.
+  // The response carries the new incarnation's session credential.
   // Possible errors:
   //   UNAUTHENTICATED: join token missing or wrong (checked first).
-  //   INVALID_ARGUMENT: data_address is empty.
+  //   INVALID_ARGUMENT: data_address is empty, or a field exceeds its bound
+  //     (registration_limits.h), naming the field.
+  //   RESOURCE_EXHAUSTED: a new data_address while max_workers entries are
+  //     live (none LEFT or LOST to evict).
   absl::StatusOr<v1::RegisterWorkerResponse> Register(const v1::RegisterWorkerRequest& request);
+
+  // UNAUTHENTICATED when `join_token` is not the registry's (always OK when
+  // the registry has none). Register checks it first; the gRPC service
+  // calls it ahead of handling, so a refused registration counts as refused.
+  absl::Status CheckJoinToken(absl::string_view join_token) const;
+
+  // The worker and incarnation a session credential (RegisterWorkerResponse.
+  // session_token) belongs to, if it is the current incarnation's.
+  // Possible errors: UNAUTHENTICATED when it is malformed, names an unknown
+  // worker, or is not the current incarnation's (the message says to
+  // register again; it never says which part was wrong).
+  absl::StatusOr<SessionIdentity> AuthenticateSession(absl::string_view token) const;
+  // The current incarnation's session credential, for the coordinator's own
+  // calls to the worker (WorkerControl). NOT_FOUND for an unknown id.
+  absl::StatusOr<std::string> SessionToken(const std::string& worker_id) const;
 
   // Renews the lease of a live worker and stores its current_instruction,
   // and its nccl_unique_id when non-empty and not the one last consumed.
   // Possible errors:
-  //   INVALID_ARGUMENT: worker_id empty or incarnation not positive.
+  //   INVALID_ARGUMENT: worker_id empty, incarnation not positive, or
+  //     current_instruction / nccl_unique_id over their bounds.
   //   NOT_FOUND: no worker has this id (e.g. the coordinator restarted);
   //     register again.
   //   FAILED_PRECONDITION: the incarnation is not the current one
@@ -189,6 +229,7 @@ class WorkerRegistry {
     absl::Time last_seen;  // last heartbeat or registration
     std::string nccl_unique_id;    // current; empty: none
     std::string consumed_nccl_id;  // the last one consumed, any incarnation
+    std::string session_secret;    // the current incarnation's (hex)
   };
   struct Loss {
     std::string worker_id;
@@ -199,9 +240,15 @@ class WorkerRegistry {
   // Non-empty and not the entry's last consumed id.
   static bool IsFreshNcclId(const Entry& entry, const std::string& id);
   absl::Status CheckRegistration(const v1::RegisterWorkerRequest& request) const;
-  Entry& EntryForAddressLocked(const std::string& data_address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The entry of `data_address`, created (evicting one if full) when new;
+  // RESOURCE_EXHAUSTED when full with nothing to evict.
+  absl::StatusOr<Entry*> EntryForAddressLocked(const std::string& data_address)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the LEFT or LOST entry seen longest ago; false when none.
+  bool EvictOneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void StartIncarnationLocked(Entry& entry, const v1::RegisterWorkerRequest& request)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static std::string SessionTokenOf(const Entry& entry);
   // nullptr when no worker has this id.
   Entry* FindLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   const Entry* FindLocked(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -772,5 +772,93 @@ TEST(WorkerRegistryTest, Concurrency_MixedCallsWhileLoopRuns_ConsistentEnd) {
   EXPECT_EQ(registry.CheckLeases(), kRegistrars * kWorkersEach);
 }
 
+// --------------------------------------------------------------- Sessions
+
+TEST(WorkerRegistrySessionTest, Register_IssuesCredentialNamingWorker) {
+  FakeClock clock(kStart);
+  WorkerRegistry registry(MakeOptions(&clock));
+  absl::StatusOr<v1::RegisterWorkerResponse> r = registry.Register(Request(1));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->session_token(), ::testing::StartsWith("w-1.1."));
+  absl::StatusOr<WorkerRegistry::SessionIdentity> who =
+      registry.AuthenticateSession(r->session_token());
+  ASSERT_TRUE(who.ok()) << who.status();
+  EXPECT_EQ(who->worker_id, "w-1");
+  EXPECT_EQ(who->incarnation, 1);
+  EXPECT_EQ(registry.SessionToken("w-1").value_or(""), r->session_token());
+}
+
+TEST(WorkerRegistrySessionTest, WrongMalformedOrForeignSecret_Unauthenticated) {
+  FakeClock clock(kStart);
+  WorkerRegistry registry(MakeOptions(&clock));
+  const std::string one = registry.Register(Request(1))->session_token();
+  const std::string two = registry.Register(Request(2))->session_token();
+  // w-2's secret under w-1's name: rejected, as are edits and junk.
+  const std::string two_secret = two.substr(two.rfind('.') + 1);
+  std::string wrong = one;
+  wrong.back() = wrong.back() == '0' ? '1' : '0';
+  for (const std::string& token :
+       {std::string("w-1.1.") + two_secret, wrong, std::string(""), std::string("w-1.1"),
+        std::string("w-1.x.abc"), std::string("w-9.1.") + two_secret, one + ".extra",
+        std::string(5000, 'a')}) {
+    absl::StatusOr<WorkerRegistry::SessionIdentity> who = registry.AuthenticateSession(token);
+    EXPECT_EQ(who.status().code(), absl::StatusCode::kUnauthenticated) << token;
+    EXPECT_THAT(who.status().message(), HasSubstr("register again"));
+  }
+}
+
+TEST(WorkerRegistrySessionTest, NewIncarnation_OldCredentialDies) {
+  FakeClock clock(kStart);
+  WorkerRegistry registry(MakeOptions(&clock));
+  const std::string first = registry.Register(Request(1))->session_token();
+  const std::string second = registry.Register(Request(1))->session_token();
+  EXPECT_NE(first, second);
+  EXPECT_EQ(registry.AuthenticateSession(first).status().code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(registry.AuthenticateSession(second)->incarnation, 2);
+}
+
+TEST(WorkerRegistryBoundsTest, OversizeField_InvalidArgumentNamingIt) {
+  FakeClock clock(kStart);
+  WorkerRegistry registry(MakeOptions(&clock));
+  v1::RegisterWorkerRequest request = Request(1);
+  request.mutable_device()->set_cpu_model(std::string(257, 'x'));
+  absl::Status status = registry.Register(request).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("RegisterWorkerRequest.device.cpu_model: 257 bytes"));
+  request = Request(1);
+  request.set_node_name(std::string(254, 'n'));
+  EXPECT_THAT(registry.Register(request).status().message(),
+              HasSubstr("RegisterWorkerRequest.node_name"));
+  request = Request(1);
+  request.mutable_device()->set_measured_gflops(-1);
+  EXPECT_THAT(registry.Register(request).status().message(),
+              HasSubstr("measured_gflops: -1 is outside"));
+  EXPECT_THAT(registry.List(), IsEmpty());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  EXPECT_THAT(registry.Heartbeat(Beat("w-1", 1, std::string(257, 'i'))).message(),
+              HasSubstr("HeartbeatRequest.current_instruction"));
+}
+
+TEST(WorkerRegistryCapacityTest, Full_EvictsOldestGoneElseResourceExhausted) {
+  FakeClock clock(kStart);
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.max_workers = 2;
+  WorkerRegistry registry(options);
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Register(Request(2)).ok());
+  absl::Status full = registry.Register(Request(3)).status();
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  // A known address still re-registers when full.
+  EXPECT_TRUE(registry.Register(Request(2)).ok());
+  ASSERT_TRUE(registry.Deregister("w-1", 1).ok());
+  absl::StatusOr<v1::RegisterWorkerResponse> third = registry.Register(Request(3));
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->worker_id(), "w-3");  // ids are never reused
+  EXPECT_EQ(registry.Get("w-1").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry.CountByState()[v1::LEFT], 0);
+  EXPECT_EQ(registry.CountByState()[v1::READY], 2);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -2,8 +2,16 @@
 
 #include <unistd.h>
 
+#include <cctype>
+#include <cmath>
 #include <fstream>
 #include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 #include "worker/model/gemm_probe.h"
 
@@ -21,6 +29,66 @@ std::string CpuModelName() {
   return "unknown";
 }
 
+namespace {
+
+// The first line of `path` as a non-negative integer; 0 when it is not one
+// (cgroup v2 writes "max" for no limit).
+int64_t ReadLimitFile(const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  int64_t value = 0;
+  if (!std::getline(in, line) || !absl::SimpleAtoi(line, &value) || value <= 0) return 0;
+  return value;
+}
+
+}  // namespace
+
+int64_t CgroupMemoryLimit(const std::string& root, const std::string& self_cgroup) {
+  // cgroup v2: "0::/some/path"; v1 memory controller: "N:memory:/path".
+  std::ifstream in(self_cgroup);
+  std::string line;
+  while (std::getline(in, line)) {
+    const std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (parts.size() != 3) continue;
+    if (parts[0] == "0" && parts[1].empty()) {
+      if (const int64_t v2 = ReadLimitFile(root + parts[2] + "/memory.max"); v2 > 0) return v2;
+    }
+    if (absl::StrContains(parts[1], "memory")) {
+      // v1 reports "no limit" as a huge page-rounded number.
+      const int64_t v1 = ReadLimitFile(root + "/memory" + parts[2] + "/memory.limit_in_bytes");
+      if (v1 > 0 && v1 < (int64_t{1} << 60)) return v1;
+    }
+  }
+  return 0;
+}
+
+int64_t EffectiveMemoryLimit(int64_t physical, int64_t cgroup_limit, int64_t flag_limit) {
+  int64_t limit = physical;
+  for (int64_t other : {cgroup_limit, flag_limit}) {
+    if (other > 0 && (limit <= 0 || other < limit)) limit = other;
+  }
+  return limit;
+}
+
+absl::StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string& text) {
+  double number = 0;
+  std::string digits = text;  // without the suffix
+  double unit = 1;
+  if (!digits.empty()) {
+    const char suffix = static_cast<char>(std::toupper(static_cast<unsigned char>(digits.back())));
+    const std::string units = "KMGT";
+    if (const size_t at = units.find(suffix); at != std::string::npos) {
+      unit = std::ldexp(1.0, 10 * static_cast<int>(at + 1));
+      digits.pop_back();
+    }
+  }
+  if (!absl::SimpleAtod(digits, &number) || !(number > 0) || number * unit > std::ldexp(1.0, 50)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, " \"", text, "\" is not a size in (0, 1P] such as 512M, 8G or 1073741824"));
+  }
+  return static_cast<int64_t>(number * unit);
+}
+
 v1::DeviceInfo CollectDeviceInfo(Backend* backend) {
   v1::DeviceInfo info;
   char host[256] = {};
@@ -28,6 +96,7 @@ v1::DeviceInfo CollectDeviceInfo(Backend* backend) {
   info.set_cpu_model(CpuModelName());
   info.set_cpu_cores(static_cast<int32_t>(sysconf(_SC_NPROCESSORS_ONLN)));
   info.set_memory_bytes(int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGE_SIZE));
+  info.set_memory_limit_bytes(EffectiveMemoryLimit(info.memory_bytes(), CgroupMemoryLimit(), 0));
   info.set_backend(backend->Describe());
   const DeviceFacts facts = backend->device_facts();
   info.set_gpu_model(facts.name);

@@ -2,7 +2,10 @@
 #ifndef PIPETRAIN_WORKER_AGENT_DEVICE_INFO_H_
 #define PIPETRAIN_WORKER_AGENT_DEVICE_INFO_H_
 
+#include <cstdint>
 #include <string>
+
+#include "absl/status/statusor.h"
 
 #include "proto/pipetrain/v1/coordinator.pb.h"
 #include "worker/model/backend.h"
@@ -18,6 +21,22 @@ v1::DeviceInfo CollectDeviceInfo(Backend* backend = CpuBackend());
 
 // The CPU's model name from /proc/cpuinfo ("unknown" if absent).
 std::string CpuModelName();
+
+// The memory limit of this process's cgroup: cgroup v2's memory.max (of the
+// process's own cgroup, from /proc/self/cgroup) or v1's
+// memory.limit_in_bytes; 0 when there is none ("max", an absurd v1 value,
+// or unreadable). `root` is the cgroup mount (a test's fake tree).
+int64_t CgroupMemoryLimit(const std::string& root = "/sys/fs/cgroup",
+                          const std::string& self_cgroup = "/proc/self/cgroup");
+
+// What DeviceInfo.memory_limit_bytes reports: the least of physical memory,
+// `cgroup_limit` and `flag_limit`, ignoring zeros (none).
+int64_t EffectiveMemoryLimit(int64_t physical, int64_t cgroup_limit, int64_t flag_limit);
+
+// Parses a byte count with an optional binary suffix: "512M", "8G", "1.5T",
+// "1048576". INVALID_ARGUMENT (naming `flag`) for anything else, zero or
+// negative values, or more than 1 PiB.
+absl::StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string& text);
 
 }  // namespace pipetrain
 

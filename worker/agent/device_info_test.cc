@@ -2,6 +2,10 @@
 // come from the CUDA backend's facts; cuda_backend_test covers those).
 #include "worker/agent/device_info.h"
 
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -16,7 +20,57 @@ TEST(DeviceInfoTest, CollectDeviceInfo_CpuBackend_NoGpuFieldsAndMeasuredGemm) {
   EXPECT_EQ(info.gpu_pci_bus_id(), "");
   EXPECT_GT(info.cpu_cores(), 0);
   EXPECT_GT(info.memory_bytes(), 0);
+  EXPECT_GT(info.memory_limit_bytes(), 0);
+  EXPECT_LE(info.memory_limit_bytes(), info.memory_bytes());
   EXPECT_GT(info.measured_gflops(), 0.0);
+}
+
+// A fake cgroup tree under TEST_TMPDIR.
+std::string FakeCgroup(const std::string& name, const std::string& self,
+                       const std::string& file, const std::string& value) {
+  const std::string root = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
+  const std::string dir = root + file.substr(0, file.rfind('/'));
+  EXPECT_EQ(system(("mkdir -p '" + dir + "'").c_str()), 0);
+  std::ofstream(root + file) << value << "\n";
+  std::ofstream(root + "/self") << self;
+  return root;
+}
+
+TEST(CgroupMemoryLimitTest, V2LimitOrMax) {
+  std::string root = FakeCgroup("v2", "0::/kubepods/pod1\n", "/kubepods/pod1/memory.max",
+                                "2147483648");
+  EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), int64_t{2147483648});
+  root = FakeCgroup("v2max", "0::/a\n", "/a/memory.max", "max");
+  EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), 0);
+}
+
+TEST(CgroupMemoryLimitTest, V1LimitOrUnlimited) {
+  std::string root = FakeCgroup("v1", "9:cpu:/x\n4:memory:/docker/abc\n",
+                                "/memory/docker/abc/memory.limit_in_bytes", "536870912");
+  EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), int64_t{536870912});
+  root = FakeCgroup("v1none", "4:memory:/\n", "/memory//memory.limit_in_bytes",
+                    "9223372036854771712");
+  EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), 0);
+  EXPECT_EQ(CgroupMemoryLimit(root, root + "/missing"), 0);
+}
+
+TEST(EffectiveMemoryLimitTest, LeastOfTheNonZero) {
+  EXPECT_EQ(EffectiveMemoryLimit(16, 0, 0), 16);
+  EXPECT_EQ(EffectiveMemoryLimit(16, 8, 0), 8);
+  EXPECT_EQ(EffectiveMemoryLimit(16, 8, 4), 4);
+  EXPECT_EQ(EffectiveMemoryLimit(16, 0, 32), 16);
+}
+
+TEST(ParseByteSizeTest, SuffixesAndErrors) {
+  EXPECT_EQ(ParseByteSize("memory-limit", "1048576").value_or(0), 1048576);
+  EXPECT_EQ(ParseByteSize("memory-limit", "512M").value_or(0), int64_t{512} << 20);
+  EXPECT_EQ(ParseByteSize("memory-limit", "8g").value_or(0), int64_t{8} << 30);
+  EXPECT_EQ(ParseByteSize("memory-limit", "1.5K").value_or(0), 1536);
+  for (const char* bad : {"", "G", "-1G", "0", "12Q", "2P", "nan"}) {
+    absl::Status status = ParseByteSize("memory-limit", bad).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(status.message().find("--memory-limit"), std::string::npos) << bad;
+  }
 }
 
 }  // namespace

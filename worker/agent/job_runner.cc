@@ -6,6 +6,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/confined_path.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/job_spec.h"
@@ -122,7 +123,12 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> JobRunner::JoinDeviceGroup() {
 
 absl::Status JobRunner::RunJob() {
   ASSIGN_OR_RETURN(ResolvedJobSpec job, ResolveJobSpec(assignment_.spec()));
-  const CorpusSpec corpus{job.spec.data().path(), job.data_format, job.train.model.vocab_size,
+  std::string data_path = job.spec.data().path();
+  if (!data_path.empty()) {
+    ASSIGN_OR_RETURN(data_path,
+                     ResolveUnderRoots("spec.data.path", data_path, options_.data_roots));
+  }
+  const CorpusSpec corpus{data_path, job.data_format, job.train.model.vocab_size,
                           job.synthetic_bytes, job.train.seed};
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, LoadCorpus(corpus));
   ASSIGN_OR_RETURN(Dataset dataset,

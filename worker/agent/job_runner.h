@@ -60,6 +60,10 @@ struct JobRunnerOptions {
   // them, so no later job can run on this worker: the worker process should
   // stop and be restarted (worker/main.cc exits with code 4).
   std::function<void(const absl::Status&)> on_backend_failure;
+  // The worker's --data-root list: spec.data.path is read only from inside
+  // these (common/confined_path.h ResolveUnderRoots). Empty: no data file
+  // can be read (generated corpora still work).
+  std::vector<std::string> data_roots;
 };
 
 // Per-iteration observations for metrics (called on the runner thread).

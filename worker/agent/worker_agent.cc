@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "worker/agent/device_info.h"
 
@@ -30,6 +31,7 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
       const v1::ReportProgressRequest& request) override {
     grpc::ClientContext context;
     SetDeadline(&context, agent_->options_.rpc_timeout);
+    AddBearer(context, agent_->session_->Get());
     v1::ReportProgressResponse response;
     const grpc::Status s = stub_->ReportProgress(&context, request, &response);
     if (!s.ok()) return FromGrpc(s);
@@ -40,6 +42,7 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
                              const std::vector<Parameter*>& params) override {
     grpc::ClientContext context;
     SetDeadline(&context, absl::Minutes(10));
+    AddBearer(context, agent_->session_->Get());
     v1::UploadWeightsResponse response;
     auto writer = stub_->UploadWeights(&context, &response);
     const std::string worker = agent_->worker_id();
@@ -80,7 +83,8 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
       data_plane_(data_plane),
       mailbox_(mailbox),
       make_transport_(std::move(make_transport)),
-      observer_(std::move(observer)) {
+      observer_(std::move(observer)),
+      session_(options_.session != nullptr ? options_.session : &own_session_) {
   auto credentials = options_.credentials ? options_.credentials
                                           : grpc::InsecureChannelCredentials();
   grpc::ChannelArguments args;
@@ -90,6 +94,8 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
       grpc::CreateCustomChannel(options_.coordinator_address, credentials, args));
   link_ = std::make_unique<GrpcLink>(stub_.get(), this);
   device_ = CollectDeviceInfo(options_.backend);
+  device_.set_memory_limit_bytes(
+      EffectiveMemoryLimit(device_.memory_limit_bytes(), 0, options_.memory_limit_bytes));
   device_.set_gpu_index(options_.backend->device_facts().index);
   absl::StatusOr<std::string> group_id = options_.backend->NewDeviceGroupId();
   if (group_id.ok()) {
@@ -159,6 +165,7 @@ absl::Status WorkerAgent::RegisterWithRetry() {
       AnnotatedMutexLock lock(&mu_);
       worker_id_ = response.worker_id();
       incarnation_ = response.incarnation();
+      session_->Set(response.session_token());
       if (group_id_ == request.device().nccl_unique_id()) group_id_unreported_ = false;
       heartbeat_interval_ = absl::Seconds(std::max(0.05, response.heartbeat_interval_seconds()));
       PT_LOG(INFO) << "registered as " << worker_id_ << " (incarnation " << incarnation_
@@ -208,6 +215,7 @@ void WorkerAgent::Deregister() {
   }
   grpc::ClientContext context;
   SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(2)));
+  AddBearer(context, session_->Get());
   v1::DeregisterWorkerResponse response;
   const grpc::Status s = stub_->DeregisterWorker(&context, request, &response);
   if (s.ok()) {
@@ -244,10 +252,12 @@ void WorkerAgent::HeartbeatLoop() {
     request.set_nccl_unique_id(GroupIdToReport());
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
+    AddBearer(context, session_->Get());
     v1::HeartbeatResponse response;
     const grpc::Status s = stub_->Heartbeat(&context, request, &response);
     if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
-        s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+        s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
+        s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
       // The coordinator declared this incarnation gone: its job is lost.
       PT_LOG(WARNING) << "coordinator dropped this worker (" << s.error_message()
                       << "); registering again";
@@ -277,6 +287,7 @@ void WorkerAgent::WatchLoop() {
       request.set_incarnation(incarnation_);
       watch_context_ = &context;
     }
+    AddBearer(context, session_->Get());
     auto reader = stub_->WatchAssignments(&context, request);
     v1::Assignment assignment;
     while (reader->Read(&assignment)) {
@@ -330,6 +341,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   runner_options.recv_timeout = options_.recv_timeout;
   runner_options.backend = options_.backend;
   runner_options.on_backend_failure = options_.on_backend_failure;
+  runner_options.data_roots = options_.data_roots;
   auto runner = std::make_unique<JobRunner>(a, mailbox_, make_transport_, link_.get(),
                                             runner_options, observer_);
   runner->Start();

@@ -4,12 +4,18 @@
 // until it succeeds or Stop() is called), then runs two threads:
 //  - heartbeats every interval the coordinator asked for, carrying the
 //    current instruction; if the coordinator no longer knows this
-//    incarnation (NOT_FOUND / FAILED_PRECONDITION) the agent stops its job
-//    and registers again;
+//    incarnation (NOT_FOUND / FAILED_PRECONDITION, or UNAUTHENTICATED: its
+//    session credential died with a coordinator restart) the agent stops
+//    its job and registers again;
 //  - watches assignments (server stream, reopened with backoff when it
 //    breaks): RUN starts a JobRunner (replacing one of another job or plan
 //    version), STOP stops the runner of that job.
 // Stop() stops both, then deregisters (the coordinator shows it LEFT).
+//
+// Credentials: the join token goes only into RegisterWorker; every other
+// call carries the session credential registration returned ("authorization:
+// Bearer ..."), kept in a SessionCredential that the worker's WorkerControl
+// service also checks callers against.
 //
 // Device groups: a worker whose backend can join NCCL groups reports a
 // fresh communicator id at registration (DeviceInfo.nccl_unique_id, with
@@ -31,6 +37,7 @@
 #include "proto/pipetrain/v1/coordinator.grpc.pb.h"
 #include "worker/agent/backoff.h"
 #include "worker/agent/job_runner.h"
+#include "worker/agent/session_credential.h"
 #include "worker/transport/data_plane_server.h"
 
 namespace pipetrain {
@@ -49,6 +56,15 @@ struct WorkerAgentOptions {
   Backend* backend = CpuBackend();
   // JobRunnerOptions::on_backend_failure for every job.
   std::function<void(const absl::Status&)> on_backend_failure;
+  // --memory-limit: caps DeviceInfo.memory_limit_bytes (what the
+  // coordinator plans against) below physical memory and the cgroup's
+  // limit. 0: no cap of its own.
+  int64_t memory_limit_bytes = 0;
+  // JobRunnerOptions::data_roots for every job (the --data-root flag).
+  std::vector<std::string> data_roots;
+  // Where the agent keeps its session credential (not owned; outlives the
+  // agent). Null: the agent keeps its own.
+  SessionCredential* session = nullptr;
 };
 
 class WorkerAgent {
@@ -89,6 +105,8 @@ class WorkerAgent {
   std::unique_ptr<v1::Coordinator::Stub> stub_;
   std::unique_ptr<GrpcLink> link_;
   v1::DeviceInfo device_;  // set in the constructor, but for nccl_unique_id
+  SessionCredential own_session_;
+  SessionCredential* const session_;  // options_.session or &own_session_
 
   mutable AnnotatedMutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

@@ -9,7 +9,9 @@
 #ifndef PIPETRAIN_WORKER_MODEL_GPT_CONFIG_H_
 #define PIPETRAIN_WORKER_MODEL_GPT_CONFIG_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -39,6 +41,18 @@ std::string UnitName(const GptConfig& config, int index);
 
 // Trainable parameters of the whole model (wte counted once).
 int64_t CountParameters(const GptConfig& config);
+
+// One parameter of a unit as the units declare it: its Hugging Face GPT-2
+// name and shape (Conv1D weights (in, out)).
+struct ParameterShape {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+// The parameters unit `index` holds, in the unit's parameters() order,
+// without creating it (the coordinator checks uploads against these). The
+// head lists its tied copy of wte.weight. Requires 0 <= index <
+// NumUnits(config).
+std::vector<ParameterShape> UnitParameterShapes(const GptConfig& config, int index);
 
 }  // namespace pipetrain
 

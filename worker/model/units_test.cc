@@ -262,5 +262,22 @@ TEST(GptModelTest, ForwardBackward_MatchesFiniteDifferencesEndToEnd) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
+// The coordinator checks weight uploads against UnitParameterShapes without
+// building units: it must list exactly what each unit holds, in order.
+TEST(UnitParameterShapesTest, EveryUnit_MatchesTheUnitsParameters) {
+  const GptConfig c = TinyConfig();
+  for (int u = 0; u < NumUnits(c); ++u) {
+    std::unique_ptr<Unit> unit = MakeUnit(c, u);
+    const std::vector<ParameterShape> expected = UnitParameterShapes(c, u);
+    const std::vector<Parameter*> params = unit->parameters();
+    ASSERT_EQ(params.size(), expected.size()) << UnitName(c, u);
+    for (size_t i = 0; i < params.size(); ++i) {
+      EXPECT_EQ(params[i]->name, expected[i].name) << UnitName(c, u);
+      EXPECT_EQ(params[i]->value.shape(), Shape(expected[i].shape.begin(), expected[i].shape.end()))
+          << params[i]->name;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

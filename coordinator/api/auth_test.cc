@@ -1,0 +1,317 @@
+// Every pipetrain.v1.Coordinator method and every REST endpoint, called as a
+// stranger would: without credentials, with a wrong one, and with a real
+// credential of the wrong role or of another worker. Each call must be
+// refused (UNAUTHENTICATED or PERMISSION_DENIED; HTTP 401) and change
+// nothing: jobs, workers, metrics (but the refusal counter) and files.
+// Positive controls show the same calls succeed with the right credential,
+// so the refusals are the credentials' doing.
+#include <grpcpp/grpcpp.h>
+#include <httplib.h>
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/clock.h"
+#include "common/grpc_credentials.h"
+#include "common/http_server.h"
+#include "coordinator/api/bad_specs_testing.h"
+#include "coordinator/api/caller_auth.h"
+#include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/api/grpc_service.h"
+#include "coordinator/api/rest_service.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_spec.h"
+#include "coordinator/registry/worker_registry.h"
+#include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
+#include "proto/pipetrain/v1/coordinator.grpc.pb.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr char kJoinToken[] = "join-7f3a9c";
+constexpr char kUserToken[] = "user-e41b07";
+
+// The coordinator's --output-dir, one per test.
+std::string OutputDir() {
+  return absl::StrCat(std::getenv("TEST_TMPDIR"), "/out-",
+                      ::testing::UnitTest::GetInstance()->current_test_info()->name());
+}
+
+// Every file and directory under `dir`, recursively, as "path size".
+std::string ListTree(const std::string& dir) {
+  std::string out;
+  std::unique_ptr<FILE, decltype(&pclose)> find(
+      popen(("find '" + dir + "' -printf '%p %s\\n' | sort").c_str(), "r"), &pclose);
+  char buffer[4096];
+  while (find != nullptr && fgets(buffer, sizeof(buffer), find.get()) != nullptr) out += buffer;
+  return out;
+}
+
+class AuthTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_EQ(mkdir(OutputDir().c_str(), 0700), 0);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                                         grpc::InsecureChannelCredentials()));
+    RegisterRestRoutes(http_, &workers_, &jobs_);
+    ServePrometheus(http_, metrics_.registry(), [this] { metrics_.Refresh(); });
+    absl::StatusOr<int> http_port = http_.Start("127.0.0.1", 0);
+    ASSERT_TRUE(http_port.ok()) << http_port.status();
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", *http_port);
+    client_->set_read_timeout(10);
+
+    // Two workers; a job with an output file runs on w-1.
+    one_ = Register("127.0.0.1:9001");
+    two_ = Register("127.0.0.1:9002");
+    v1::JobSpec spec = JobSpecFromJson(ValidSpecJson()).value();
+    spec.mutable_output()->set_weights_path("weights.safetensors");
+    job_ = jobs_.Submit(spec).value().id();
+    ASSERT_EQ(jobs_.Get(job_)->state(), v1::RUNNING);
+    ASSERT_EQ(jobs_.Get(job_)->worker_ids(0), "w-1");
+  }
+
+  void TearDown() override {
+    http_.Stop();
+    service_.Shutdown();
+    server_->Shutdown();
+  }
+
+  v1::RegisterWorkerResponse Register(const std::string& address) {
+    v1::RegisterWorkerRequest request;
+    request.set_join_token(kJoinToken);
+    request.set_data_address(address);
+    return workers_.Register(request).value();
+  }
+
+  // What a refused call must leave as it was.
+  std::string Snapshot() {
+    std::string out;
+    for (const v1::Job& job : jobs_.List()) out += job.DebugString();
+    for (const v1::Worker& worker : workers_.List()) out += worker.DebugString();
+    metrics_.Refresh();
+    const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (!absl::StrContains(line, "pipetrain_rpc_refused_total")) absl::StrAppend(&out, line, "\n");
+    }
+    return out + ListTree(OutputDir());
+  }
+
+  // A client context with `authorization` ("" = none) and a deadline.
+  static std::unique_ptr<grpc::ClientContext> Context(const std::string& authorization) {
+    auto context = std::make_unique<grpc::ClientContext>();
+    context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    if (!authorization.empty()) context->AddMetadata("authorization", authorization);
+    return context;
+  }
+
+  // Calls every method once with `authorization`; returns each status by name.
+  std::vector<std::pair<std::string, grpc::Status>> CallEveryMethod(
+      const std::string& authorization) {
+    std::vector<std::pair<std::string, grpc::Status>> out;
+    v1::Job job;
+    v1::SubmitJobRequest submit;
+    *submit.mutable_spec() = JobSpecFromJson(ValidSpecJson()).value();
+    out.push_back({"SubmitJob", stub_->SubmitJob(Context(authorization).get(), submit, &job)});
+    v1::GetJobRequest get;
+    get.set_id(job_);
+    out.push_back({"GetJob", stub_->GetJob(Context(authorization).get(), get, &job)});
+    v1::ListJobsResponse jobs;
+    out.push_back({"ListJobs", stub_->ListJobs(Context(authorization).get(), {}, &jobs)});
+    v1::CancelJobRequest cancel;
+    cancel.set_id(job_);
+    out.push_back({"CancelJob", stub_->CancelJob(Context(authorization).get(), cancel, &job)});
+    v1::ListWorkersResponse workers;
+    out.push_back({"ListWorkers", stub_->ListWorkers(Context(authorization).get(), {}, &workers)});
+    v1::GetPlanRequest plan_request;
+    plan_request.set_job_id(job_);
+    v1::Plan plan;
+    out.push_back({"GetPlan", stub_->GetPlan(Context(authorization).get(), plan_request, &plan)});
+    CallWorkerMethods(authorization, out);
+    return out;
+  }
+
+  // The worker methods, each acting for w-1 on its job.
+  void CallWorkerMethods(const std::string& authorization,
+                         std::vector<std::pair<std::string, grpc::Status>>& out) {
+    v1::HeartbeatRequest beat;
+    beat.set_worker_id("w-1");
+    beat.set_incarnation(1);
+    beat.set_current_instruction("pwned");
+    v1::HeartbeatResponse beat_response;
+    out.push_back({"Heartbeat", stub_->Heartbeat(Context(authorization).get(), beat, &beat_response)});
+    v1::ReportProgressRequest progress;
+    progress.set_worker_id("w-1");
+    progress.set_incarnation(1);
+    progress.set_job_id(job_);
+    progress.set_plan_version(1);
+    progress.set_error("injected failure");
+    progress.set_busy_seconds(1e6);
+    v1::ReportProgressResponse progress_response;
+    out.push_back({"ReportProgress", stub_->ReportProgress(Context(authorization).get(), progress,
+                                                           &progress_response)});
+    auto context = Context(authorization);
+    v1::UploadWeightsResponse upload_response;
+    auto writer = stub_->UploadWeights(context.get(), &upload_response);
+    v1::WeightsChunk chunk;
+    chunk.set_worker_id("w-1");
+    chunk.set_job_id(job_);
+    writer->Write(chunk);
+    writer->WritesDone();
+    out.push_back({"UploadWeights", writer->Finish()});
+    v1::WatchAssignmentsRequest watch;
+    watch.set_worker_id("w-1");
+    watch.set_incarnation(1);
+    auto watch_context = Context(authorization);
+    auto reader = stub_->WatchAssignments(watch_context.get(), watch);
+    v1::Assignment assignment;
+    while (reader->Read(&assignment)) {
+    }
+    out.push_back({"WatchAssignments", reader->Finish()});
+    v1::DeregisterWorkerRequest leave;
+    leave.set_worker_id("w-1");
+    leave.set_incarnation(1);
+    v1::DeregisterWorkerResponse leave_response;
+    out.push_back({"DeregisterWorker",
+                   stub_->DeregisterWorker(Context(authorization).get(), leave, &leave_response)});
+    for (const std::string& token : {std::string(""), std::string("wrong"), std::string(kUserToken),
+                                    one_.session_token()}) {
+      v1::RegisterWorkerRequest request;
+      request.set_join_token(token);
+      request.set_data_address("10.9.9.9:1");
+      v1::RegisterWorkerResponse response;
+      out.push_back({absl::StrCat("RegisterWorker(join token \"", token.substr(0, 8), "\")"),
+                     stub_->RegisterWorker(Context(authorization).get(), request, &response)});
+    }
+  }
+
+  FakeClock clock_;
+  WorkerRegistry workers_{WorkerRegistry::Options{.join_token = kJoinToken, .clock = &clock_}};
+  AssignmentHub hub_;
+  JobManager jobs_{&workers_, &hub_, &clock_, JobManagerOptions{.output_dir = OutputDir()}};
+  CoordinatorMetrics metrics_{&workers_, &jobs_};
+  const CallerAuth auth_{kUserToken, &workers_};
+  CoordinatorGrpcService service_{&workers_, &jobs_, &hub_, &metrics_, &auth_};
+  HttpServer http_{HttpServer::Options{.bearer_token = kUserToken}};
+  std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<httplib::Client> client_;
+  v1::RegisterWorkerResponse one_, two_;
+  std::string job_;
+};
+
+TEST_F(AuthTest, EveryGrpcMethod_BadCredentials_RefusedAndNothingChanges) {
+  const std::string before = Snapshot();
+  const std::string w1_wrong_secret = "Bearer w-1.1." + std::string(64, '0');
+  const struct {
+    std::string what;
+    std::string authorization;
+    grpc::StatusCode worker_code;  // expected of the worker methods
+  } variants[] = {
+      {"no credential", "", grpc::StatusCode::UNAUTHENTICATED},
+      {"a wrong token", "Bearer wrong", grpc::StatusCode::UNAUTHENTICATED},
+      {"a wrong session secret for w-1", w1_wrong_secret, grpc::StatusCode::UNAUTHENTICATED},
+      {"another worker's (w-2's) credential", "Bearer " + two_.session_token(),
+       grpc::StatusCode::PERMISSION_DENIED},
+      {"the join token as a bearer", absl::StrCat("Bearer ", kJoinToken),
+       grpc::StatusCode::UNAUTHENTICATED},
+  };
+  int refused = 0;
+  for (const auto& v : variants) {
+    for (const auto& [method, status] : CallEveryMethod(v.authorization)) {
+      SCOPED_TRACE(method + " with " + v.what);
+      const bool worker_method = method == "Heartbeat" || method == "ReportProgress" ||
+                                 method == "UploadWeights" || method == "WatchAssignments" ||
+                                 method == "DeregisterWorker";
+      if (absl::StartsWith(method, "RegisterWorker")) {
+        EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+      } else if (worker_method) {
+        EXPECT_EQ(status.error_code(), v.worker_code) << status.error_message();
+      } else {
+        EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
+      }
+      ++refused;
+    }
+  }
+  EXPECT_EQ(refused, 5 * 15);
+  EXPECT_EQ(Snapshot(), before);
+  metrics_.Refresh();
+  const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  EXPECT_TRUE(absl::StrContains(
+      text, "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"SubmitJob\"} 5\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(
+      text, "pipetrain_rpc_refused_total{code=\"PERMISSION_DENIED\",method=\"Heartbeat\"} 1\n"));
+}
+
+TEST_F(AuthTest, RightCredentials_SameCallsSucceed) {
+  // The positive control: the refusals above are the credentials' doing.
+  v1::ListJobsResponse jobs;
+  EXPECT_TRUE(stub_->ListJobs(Context(absl::StrCat("Bearer ", kUserToken)).get(), {}, &jobs).ok());
+  EXPECT_EQ(jobs.jobs_size(), 1);
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("w-1");
+  beat.set_incarnation(1);
+  beat.set_current_instruction("idle");
+  v1::HeartbeatResponse response;
+  grpc::Status status =
+      stub_->Heartbeat(Context("Bearer " + one_.session_token()).get(), beat, &response);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(workers_.Get("w-1")->current_instruction(), "idle");
+}
+
+TEST_F(AuthTest, EveryRestEndpoint_BadCredentials_401AndNothingChanges) {
+  const std::string before = Snapshot();
+  const std::string id = job_;
+  const std::vector<std::pair<std::string, std::string>> endpoints = {
+      {"POST", "/v1/jobs"},
+      {"GET", "/v1/jobs"},
+      {"GET", "/v1/jobs/" + id},
+      {"POST", "/v1/jobs/" + id + ":cancel"},
+      {"GET", "/v1/jobs/" + id + "/plan"},
+      {"GET", "/v1/jobs/" + id + "/timeline.svg"},
+      {"GET", "/v1/workers"},
+  };
+  const std::vector<std::string> credentials = {
+      "", "Bearer wrong", "Bearer " + one_.session_token(), absl::StrCat("Bearer ", kJoinToken),
+      absl::StrCat("Basic ", kUserToken), absl::StrCat("Bearer ", kUserToken, "x")};
+  for (const auto& [method, path] : endpoints) {
+    for (const std::string& authorization : credentials) {
+      SCOPED_TRACE(method + " " + path + " with \"" + authorization + "\"");
+      httplib::Headers headers;
+      if (!authorization.empty()) headers.emplace("Authorization", authorization);
+      httplib::Result result = method == "GET"
+                                   ? client_->Get(path.c_str(), headers)
+                                   : client_->Post(path.c_str(), headers, ValidSpecJson(),
+                                                   "application/json");
+      ASSERT_TRUE(result) << httplib::to_string(result.error());
+      EXPECT_EQ(result->status, 401) << result->body;
+      EXPECT_TRUE(absl::StrContains(result->body, "\"UNAUTHENTICATED\"")) << result->body;
+    }
+  }
+  EXPECT_EQ(Snapshot(), before);
+  // The positive control.
+  httplib::Result ok = client_->Get(("/v1/jobs/" + id).c_str(),
+                                    {{"Authorization", absl::StrCat("Bearer ", kUserToken)}});
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,65 @@
+#include "coordinator/registry/registration_limits.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/status_macros.h"
+
+namespace pipetrain {
+namespace {
+
+absl::Status CheckLength(absl::string_view field, const std::string& value, size_t limit) {
+  if (value.size() <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", value.size(), " bytes exceeds the limit of ", limit));
+}
+
+absl::Status CheckRange(absl::string_view field, double value, double limit) {
+  if (value >= 0 && value <= limit) return absl::OkStatus();  // false for NaN
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": ", value, " is outside [0, ", limit, "]"));
+}
+
+absl::Status CheckDevice(const v1::DeviceInfo& d) {
+  constexpr absl::string_view kDevice = "RegisterWorkerRequest.device.";
+  RETURN_IF_ERROR(CheckLength(absl::StrCat(kDevice, "hostname"), d.hostname(), kMaxNameBytes));
+  RETURN_IF_ERROR(
+      CheckLength(absl::StrCat(kDevice, "cpu_model"), d.cpu_model(), kMaxDescriptionBytes));
+  RETURN_IF_ERROR(
+      CheckLength(absl::StrCat(kDevice, "gpu_model"), d.gpu_model(), kMaxDescriptionBytes));
+  RETURN_IF_ERROR(CheckLength(absl::StrCat(kDevice, "backend"), d.backend(), kMaxDescriptionBytes));
+  RETURN_IF_ERROR(CheckLength(absl::StrCat(kDevice, "gpu_pci_bus_id"), d.gpu_pci_bus_id(),
+                              kMaxPciBusIdBytes));
+  RETURN_IF_ERROR(
+      CheckLength(absl::StrCat(kDevice, "nccl_unique_id"), d.nccl_unique_id(), kMaxNcclIdBytes));
+  RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "cpu_cores"), d.cpu_cores(), kMaxCpuCores));
+  RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "gpu_sm_count"), d.gpu_sm_count(), kMaxCpuCores));
+  RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "gpu_index"), d.gpu_index(), kMaxCpuCores));
+  RETURN_IF_ERROR(
+      CheckRange(absl::StrCat(kDevice, "memory_bytes"), d.memory_bytes(), kMaxMemoryBytes));
+  RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "memory_limit_bytes"), d.memory_limit_bytes(),
+                             kMaxMemoryBytes));
+  RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "gpu_memory_bytes"), d.gpu_memory_bytes(),
+                             kMaxMemoryBytes));
+  return CheckRange(absl::StrCat(kDevice, "measured_gflops"), d.measured_gflops(), kMaxGflops);
+}
+
+}  // namespace
+
+absl::Status CheckRegistrationBounds(const v1::RegisterWorkerRequest& r) {
+  RETURN_IF_ERROR(
+      CheckLength("RegisterWorkerRequest.data_address", r.data_address(), kMaxAddressBytes));
+  RETURN_IF_ERROR(
+      CheckLength("RegisterWorkerRequest.metrics_address", r.metrics_address(), kMaxAddressBytes));
+  RETURN_IF_ERROR(CheckLength("RegisterWorkerRequest.node_name", r.node_name(), kMaxNameBytes));
+  return CheckDevice(r.device());
+}
+
+absl::Status CheckHeartbeatBounds(const v1::HeartbeatRequest& r) {
+  RETURN_IF_ERROR(CheckLength("HeartbeatRequest.current_instruction", r.current_instruction(),
+                              kMaxDescriptionBytes));
+  return CheckLength("HeartbeatRequest.nccl_unique_id", r.nccl_unique_id(), kMaxNcclIdBytes);
+}
+
+}  // namespace pipetrain

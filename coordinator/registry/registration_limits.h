@@ -1,0 +1,43 @@
+// Bounds on what a worker may send the coordinator about itself
+// (RegisterWorker, Heartbeat), checked before anything is stored: the
+// registry keeps these strings for the life of the entry and ListWorkers
+// returns them, so unbounded strings would let one client make every later
+// ListWorkers response exceed the gRPC message limit. docs/api.md "Limits"
+// lists them. Thread-safe (pure functions).
+#ifndef PIPETRAIN_COORDINATOR_REGISTRY_REGISTRATION_LIMITS_H_
+#define PIPETRAIN_COORDINATOR_REGISTRY_REGISTRATION_LIMITS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "proto/pipetrain/v1/coordinator.pb.h"
+
+namespace pipetrain {
+
+// Addresses ("host:port", "[v6]:port") and names (a Kubernetes node name is
+// at most 253 bytes).
+inline constexpr size_t kMaxAddressBytes = 256;
+inline constexpr size_t kMaxNameBytes = 253;
+// Free text a worker reports (CPU and GPU model, backend description, its
+// current instruction).
+inline constexpr size_t kMaxDescriptionBytes = 256;
+// "0000:3B:00.0" and its longer domain forms.
+inline constexpr size_t kMaxPciBusIdBytes = 32;
+// NCCL_UNIQUE_ID_BYTES.
+inline constexpr size_t kMaxNcclIdBytes = 128;
+// Sanity ranges of device facts, far beyond any machine.
+inline constexpr int64_t kMaxCpuCores = 1 << 16;
+inline constexpr int64_t kMaxMemoryBytes = int64_t{1} << 50;  // 1 PiB
+inline constexpr double kMaxGflops = 1e9;
+
+// INVALID_ARGUMENT naming the field ("RegisterWorkerRequest.device.cpu_model:
+// 300 bytes exceeds the limit of 256") for any field out of bounds. The
+// join token and data_address presence are the registry's checks.
+absl::Status CheckRegistrationBounds(const v1::RegisterWorkerRequest& request);
+// The same for a heartbeat's current_instruction and nccl_unique_id.
+absl::Status CheckHeartbeatBounds(const v1::HeartbeatRequest& request);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_REGISTRY_REGISTRATION_LIMITS_H_

@@ -16,6 +16,10 @@
 namespace pipetrain {
 namespace {
 
+absl::Time FromTimestamp(const google::protobuf::Timestamp& t) {
+  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
+}
+
 void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
   const int64_t nanos = absl::ToUnixNanos(t);
   out->set_seconds(nanos / 1000000000);
@@ -254,7 +258,10 @@ absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
 std::vector<v1::Job> JobManager::List() const {
   AnnotatedMutexLock lock(&mu_);
   std::vector<v1::Job> out;
-  for (const std::string& id : order_) out.push_back(jobs_.at(id)->job);
+  for (const std::string& id : order_) {
+    out.push_back(jobs_.at(id)->job);
+    out.back().mutable_progress()->clear_loss_history();
+  }
   return out;
 }
 
@@ -283,16 +290,28 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
 
 void JobManager::ScheduleQueued() {
   AnnotatedMutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
-    if (record.job.state() == v1::PROFILING) return;  // first-come, first-served
+    // A job being profiled is being placed: the worker it profiles on stays
+    // READY meanwhile, so later jobs wait rather than take it.
+    if (record.job.state() == v1::PROFILING) return;
     if (record.job.state() != v1::QUEUED) continue;
     std::vector<std::string> ready = registry_->ReadyWorkers();
     const int need = record.resolved.stages;
     if (static_cast<int>(ready.size()) < need) {
-      record.job.set_reason(absl::StrCat("waiting for ", need, " READY workers (", ready.size(),
-                                         " ready)"));
-      return;  // strictly first-come, first-served: later jobs wait too
+      const std::string waiting =
+          absl::StrCat("waiting for ", need, " READY workers (", ready.size(), " ready)");
+      const absl::Duration waited = now - FromTimestamp(record.job.create_time());
+      if (waited > record.resolved.queue_timeout) {
+        EndLocked(record, v1::FAILED,
+                  absl::StrCat("not placed within spec.scheduling.queue_timeout (",
+                               absl::FormatDuration(record.resolved.queue_timeout), "): ",
+                               waiting, "; add workers or ask for fewer stages"));
+        continue;
+      }
+      record.job.set_reason(waiting);
+      continue;  // later jobs that fit the READY workers go first (backfill)
     }
     ready.resize(need);
     absl::Status started = StartLocked(record, ready);
@@ -436,6 +455,12 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     p->set_step(r.iteration() + 1);
     p->set_loss(loss);
     p->add_loss_history(loss);
+    if (p->loss_history_size() > kMaxLossHistory) {
+      const int drop = p->loss_history_size() - kMaxLossHistory;
+      p->mutable_loss_history()->erase(p->mutable_loss_history()->begin(),
+                                       p->mutable_loss_history()->begin() + drop);
+      p->set_loss_history_start(p->loss_history_start() + drop);
+    }
     const absl::Time now = clock_->Now();
     // The step's wall time, less the validation pass the loss stage ran
     // after it (training throughput, not evaluation).
@@ -577,7 +602,7 @@ void JobManager::PruneLocked() {
   std::vector<std::string> kept;
   for (const std::string& id : order_) {
     const v1::Job& job = jobs_.at(id)->job;
-    const absl::Time ended_at = absl::FromUnixSeconds(job.update_time().seconds());
+    const absl::Time ended_at = FromTimestamp(job.update_time());
     const bool prune = IsTerminal(job.state()) &&
                        (ended > options_.max_ended_jobs || ended_at < oldest_kept);
     if (prune) {

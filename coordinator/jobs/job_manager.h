@@ -10,6 +10,9 @@
 //                                       SUCCEEDED <── all stages finished
 //                                                     (and weights written)
 //
+// Scheduling: QUEUED jobs are placed oldest first, but a job that cannot be
+// placed yet lets later jobs that fit go ahead; one that waits longer than
+// its spec.scheduling.queue_timeout FAILS (see ScheduleQueued).
 // Planning takes the first `stages` READY workers (ascending id), splits the
 // model with the job's solver (planner.h) on a profile of the model,
 // compiles one program per stage and publishes an Assignment per worker to
@@ -69,6 +72,9 @@ using ProfileFetcher = std::function<absl::StatusOr<v1::ModelProfile>(
     const std::string& data_address, const std::string& session_token,
     const v1::ProfileRequest& request)>;
 
+// Steps of loss history a job keeps (JobProgress.loss_history).
+inline constexpr int kMaxLossHistory = 10000;
+
 inline constexpr double kAssumedBandwidth = 1.25e9;  // bytes/s (10 Gbit/s)
 inline constexpr double kAssumedLatency = 50e-6;     // seconds
 
@@ -111,8 +117,12 @@ class JobManager {
   // max_pending_jobs are pending. The job is QUEUED and starts as soon as enough workers are
   // READY.
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
-  // NOT_FOUND for an unknown id.
+  // NOT_FOUND for an unknown id. progress.loss_history holds at most the
+  // last kMaxLossHistory steps (progress.loss_history_start says where
+  // they begin).
   absl::StatusOr<v1::Job> Get(const std::string& job_id) const;
+  // Every job kept, in submission order, without progress.loss_history (a
+  // list stays small: pending and ended jobs are both bounded).
   std::vector<v1::Job> List() const;
   // NOT_FOUND; FAILED_PRECONDITION when the job already ended.
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
@@ -139,7 +149,11 @@ class JobManager {
   void OnWorkerLost(const std::string& worker_id, const std::string& job_id,
                     const std::string& reason);
 
-  // Starts queued jobs that have enough READY workers (oldest first).
+  // Starts queued jobs that have enough READY workers, oldest first. A job
+  // that cannot be placed does not hold up later ones that can (backfill;
+  // the big job's wait is bounded by its queue timeout). A QUEUED job older
+  // than spec.scheduling.queue_timeout FAILS with a reason saying what it
+  // waited for. While a job is PROFILING, later jobs wait.
   void ScheduleQueued();
   // A thread calling ScheduleQueued every `period` until the destructor.
   void StartSchedulingLoop(absl::Duration period = absl::Milliseconds(100));

@@ -569,5 +569,48 @@ TEST_F(JobManagerTest, EndedJobs_PrunedByCountAndAge_NewestKept) {
   EXPECT_EQ(jobs.List().size(), 2u);  // the two still queued
 }
 
+TEST_F(JobManagerTest, Schedule_BigJobWaiting_LaterJobThatFitsRunsFirst) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string big = jobs_.Submit(SmallSpec(3)).value().id();    // 3 workers: cannot place
+  const std::string small = jobs_.Submit(SmallSpec(2)).value().id();  // fits the 2 READY
+  EXPECT_EQ(jobs_.Get(big)->state(), v1::QUEUED);
+  EXPECT_EQ(jobs_.Get(big)->reason(), "waiting for 3 READY workers (2 ready)");
+  EXPECT_EQ(jobs_.Get(small)->state(), v1::RUNNING);
+  EXPECT_EQ(jobs_.Get(small)->worker_ids(0), w1);
+  EXPECT_EQ(jobs_.Get(small)->worker_ids(1), w2);
+}
+
+TEST_F(JobManagerTest, Schedule_QueueTimeout_FailsWithReasonAtTheDeadlineNotBefore) {
+  AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(3);
+  spec.mutable_scheduling()->mutable_queue_timeout()->set_seconds(60);
+  const std::string id = jobs_.Submit(spec).value().id();
+  clock_.Advance(absl::Seconds(60));
+  jobs_.ScheduleQueued();
+  EXPECT_EQ(jobs_.Get(id)->state(), v1::QUEUED);  // exactly the timeout: still waiting
+  clock_.Advance(absl::Seconds(1));
+  jobs_.ScheduleQueued();
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.reason(),
+            "not placed within spec.scheduling.queue_timeout (1m): waiting for 3 READY workers "
+            "(1 ready); add workers or ask for fewer stages");
+}
+
+TEST_F(JobManagerTest, LossHistory_KeepsTheLastStepsAndListLeavesItOut) {
+  const std::string w1 = AddWorker(7001);
+  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
+  const int steps = kMaxLossHistory + 5;
+  for (int i = 0; i < steps; ++i) Report(w1, id, i, {static_cast<float>(i)}, false);
+  const v1::JobProgress progress = jobs_.Get(id).value().progress();
+  EXPECT_EQ(progress.step(), steps);
+  ASSERT_EQ(progress.loss_history_size(), kMaxLossHistory);
+  EXPECT_EQ(progress.loss_history_start(), 5);
+  EXPECT_EQ(progress.loss_history(0), 5.0f);
+  EXPECT_EQ(progress.loss_history(kMaxLossHistory - 1), static_cast<float>(steps - 1));
+  EXPECT_EQ(jobs_.List().at(0).progress().loss_history_size(), 0);
+  EXPECT_EQ(jobs_.List().at(0).progress().step(), steps);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -6,7 +6,8 @@
 # Where the CUDA toolkit is installed (/usr/local/cuda/bin/nvcc), it then
 # builds and tests the CUDA backend too (--config=cuda, CUDA_TARGETS below);
 # without a GPU those tests skip their GPU cases.
-# Ends with a line "tests: N passed, M failed; GPU tests: ...".
+# Ends with a line "tests: N passed, M failed; GPU tests: ...", then runs each
+# fuzz target for 5 s (scripts/fuzz.sh) and ends with "fuzz: N targets, M crashes".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -43,4 +44,6 @@ failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log")
 rm -f "$log"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # e.g. a build error
 echo "tests: $passed passed, $failed failed; $gpu"
+# libFuzzer smoke run (docs/fuzzing.md): a crash or a failed build fails CI.
+if ! bash scripts/fuzz.sh 5 && [ "$status" -eq 0 ]; then status=1; fi
 exit "$status"

@@ -1,0 +1,255 @@
+// Writes the binary seed files of fuzz/corpus/ (the text seeds, job specs,
+// are written by hand). Run from the repository root after changing a
+// format or fuzz/codec_specs.h, then commit the files:
+//   bazel --output_base=$HOME/.cache/pipetrain-fuzz run --config=fuzz \
+//     //fuzz:make_seeds -- "$PWD/fuzz/corpus"
+// Deterministic: the same build writes the same bytes.
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/safetensors.h"
+#include "common/tensor.h"
+#include "fuzz/codec_specs.h"
+#include "kernels/compress/codec_spec.h"
+#include "proto/pipetrain/v1/dataplane.pb.h"
+#include "worker/data/token_file.h"
+#include "worker/transport/frame_codec.h"
+#include "worker/transport/transport.h"
+
+namespace pipetrain {
+namespace {
+
+void WriteSeed(const std::string& dir, const std::string& name, const std::string& bytes) {
+  const std::string path = absl::StrCat(dir, "/", name);
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  PT_CHECK(f != nullptr) << "cannot create " << path << " (does the directory exist?)";
+  PT_CHECK(std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size()) << path;
+  PT_CHECK(std::fclose(f) == 0) << path;
+}
+
+std::string ReadBytes(const std::string& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  PT_CHECK(f != nullptr) << path;
+  std::string bytes;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), f)) > 0) bytes.append(buffer, n);
+  std::fclose(f);
+  return bytes;
+}
+
+// A smooth, non-constant tensor: values that every codec keeps distinct.
+Tensor Ramp(const Shape& shape) {
+  Tensor t = Tensor::Zeros(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    t.data()[i] = 0.25f * static_cast<float>((i * 7) % 13) - 1.5f;
+  }
+  return t;
+}
+
+std::string Uint16(uint16_t v) { return {static_cast<char>(v & 0xff), static_cast<char>(v >> 8)}; }
+
+std::string Uint64(uint64_t v) {
+  std::string out;
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+  return out;
+}
+
+// --- safetensors
+
+// A file with `header` JSON and `data`, as the format lays it out.
+std::string SafetensorsBytes(const std::string& header, const std::string& data) {
+  return Uint64(header.size()) + header + data;
+}
+
+void SafetensorsSeeds(const std::string& dir) {
+  const std::string tmp = dir + "/.tmp.safetensors";
+  const absl::Status written = WriteSafetensors(
+      tmp, {{"wte.weight", Ramp({4, 3})}, {"ln_f.bias", Ramp({3})}}, {{"format", "pt"}});
+  PT_CHECK(written.ok()) << written;
+  WriteSeed(dir, "f32_two_tensors_metadata.safetensors", ReadBytes(tmp));
+  std::remove(tmp.c_str());
+  // F16 1.0, -2.0; BF16 0.5, 3.0; F64 1.5; a scalar; an empty tensor.
+  const std::string f16("\x00\x3c\x00\xc0", 4);
+  const std::string bf16("\x00\x3f\x40\x40", 4);
+  const std::string f64("\x00\x00\x00\x00\x00\x00\xf8\x3f", 8);
+  WriteSeed(dir, "f16_bf16_f64.safetensors",
+            SafetensorsBytes(R"({"a":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},)"
+                             R"("b":{"dtype":"BF16","shape":[1,2],"data_offsets":[4,8]},)"
+                             R"("c":{"dtype":"F64","shape":[],"data_offsets":[8,16]},)"
+                             R"("d":{"dtype":"F32","shape":[0,5],"data_offsets":[16,16]}})",
+                             f16 + bf16 + f64));
+}
+
+// --- codecs
+
+// Payloads of a few shapes for `spec` (Encode errors, e.g. a shape a codec
+// does not take, are skipped).
+std::vector<std::string> Payloads(const std::string& spec) {
+  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec(spec);
+  PT_CHECK(codec.ok()) << spec << ": " << codec.status();
+  std::vector<std::string> out;
+  for (const Shape& shape : {Shape{4, 8}, Shape{2, 3, 5}, Shape{7}}) {
+    CodecState state;
+    absl::StatusOr<std::string> payload = (*codec)->Encode(Ramp(shape), &state);
+    if (payload.ok()) out.push_back(*std::move(payload));
+  }
+  return out;
+}
+
+void CodecSeeds(const std::string& dir) {
+  for (size_t i = 0; i < kNumFuzzCodecSpecs; ++i) {
+    const std::vector<std::string> payloads = Payloads(kFuzzCodecSpecs[i]);
+    for (size_t j = 0; j < payloads.size(); ++j) {
+      WriteSeed(dir, absl::StrCat("codec", i, "_", j),
+                std::string(1, static_cast<char>(i)) + payloads[j]);
+    }
+  }
+}
+
+void CodecSpecSeeds(const std::string& dir) {
+  const char* specs[] = {"fp16",
+                         "linear:bits=4",
+                         "piecewise:bits=2",
+                         "elem_topk:keep=0.05",
+                         "token_topk:keep=0.5+piecewise:bits=4",
+                         "powersgd:rank=2"};
+  int n = 0;
+  for (const char* spec : specs) {
+    const std::vector<std::string> payloads = Payloads(spec);
+    PT_CHECK(!payloads.empty()) << spec;
+    WriteSeed(dir, absl::StrCat("spec", n++), absl::StrCat(spec, "\n", payloads[0]));
+  }
+}
+
+// --- data-plane frames
+
+// `frames` serialized as frame_fuzzer reads them, after its config byte
+// (num_stages 2, job "fuzz-job").
+std::string FrameInput(const std::vector<std::vector<v1::TensorFrame>>& tensors) {
+  std::string out(1, '\x01');
+  for (const auto& frames : tensors) {
+    for (const v1::TensorFrame& frame : frames) {
+      const std::string bytes = frame.SerializeAsString();
+      PT_CHECK(bytes.size() <= 0xffff) << "frame too large for a seed";
+      out += Uint16(static_cast<uint16_t>(bytes.size())) + bytes;
+    }
+  }
+  return out;
+}
+
+TensorAddress Address(v1::TensorKind kind, int micro_batch, int unit) {
+  TensorAddress a;
+  a.job_id = "fuzz-job";
+  a.iteration = 3;
+  a.kind = kind;
+  a.micro_batch = micro_batch;
+  a.unit = unit;
+  return a;
+}
+
+WireTensor Encoded(const std::string& spec, const Shape& shape) {
+  absl::StatusOr<std::unique_ptr<Codec>> codec = MakeCodec(spec);
+  PT_CHECK(codec.ok()) << codec.status();
+  absl::StatusOr<std::string> payload = (*codec)->Encode(Ramp(shape), nullptr);
+  PT_CHECK(payload.ok()) << spec << ": " << payload.status();
+  return WireTensor::Encoded(spec, *std::move(payload), shape);
+}
+
+void FrameSeeds(const std::string& dir) {
+  const auto raw =
+      EncodeTensorFrames(0, Address(v1::ACTIVATION, 1, 2), WireTensor::Raw(Ramp({4, 8})),
+                         /*max_frame_bytes=*/48);
+  WriteSeed(dir, "raw_in_three_frames", FrameInput({raw}));
+  const auto grad = EncodeTensorFrames(1, Address(v1::ACTIVATION_GRAD, 0, 3),
+                                       Encoded("piecewise:bits=3", {4, 8}), 16);
+  WriteSeed(dir, "piecewise_in_frames", FrameInput({grad}));
+  const auto weights = EncodeTensorFrames(1, Address(v1::UNIT_WEIGHTS, -1, 0),
+                                          Encoded("token_topk:keep=0.5+fp16", {4, 8}));
+  const auto empty = EncodeTensorFrames(0, Address(v1::EVAL_ACTIVATION, 0, 1),
+                                        WireTensor::Raw(Tensor::Zeros({0, 8})));
+  WriteSeed(dir, "three_tensors", FrameInput({raw, weights, empty}));
+  const auto powersgd = EncodeTensorFrames(0, Address(v1::TIED_EMBEDDING_GRAD, 0, 0),
+                                           Encoded("powersgd:rank=2", {6, 5}), 64);
+  WriteSeed(dir, "powersgd_in_frames", FrameInput({powersgd}));
+}
+
+// --- token files
+
+void TokenFileSeeds(const std::string& dir) {
+  // Byte 0: format (0 auto, 1 text, 2 uint16, 3 uint16-header; +4 for a
+  // ".bin" name); byte 1: vocabulary (0: 256, 1: 50257).
+  WriteSeed(dir, "text", std::string("\x01\x00", 2) + "the cat sat on the mat\n");
+  std::string raw;
+  for (uint16_t t : {17, 300, 50256, 0, 9}) raw += Uint16(t);
+  WriteSeed(dir, "uint16_raw", std::string("\x02\x01", 2) + raw);
+  WriteSeed(dir, "uint16_auto_bin", std::string("\x04\x01", 2) + raw);
+  const std::string tmp = dir + "/.tmp.tokens";
+  const absl::Status written =
+      WriteUint16TokenFile(tmp, {17, 300, 50256, 0, 9}, /*with_header=*/true);
+  PT_CHECK(written.ok()) << written;
+  const std::string with_header = ReadBytes(tmp);
+  std::remove(tmp.c_str());
+  WriteSeed(dir, "uint16_header", std::string("\x03\x01", 2) + with_header);
+  WriteSeed(dir, "uint16_header_auto", std::string("\x00\x01", 2) + with_header);
+}
+
+// --- planner JSON
+
+void PlannerSeeds(const std::string& dir) {
+  // Byte 0 mod 4: '0' profile, '1' cluster, '2' AccTFM profile, '3' both.
+  const std::string profile =
+      R"({"micro_batch_size": 2, "units": [)"
+      R"({"name": "embed", "fwd_seconds": 1e-5, "bwd_seconds": 2e-5, "weight_bytes": 393216,)"
+      R"( "activation_bytes": 262144, "stash_bytes": 0},)"
+      R"({"name": "attn_0", "fwd_seconds": 0.0023, "bwd_seconds": 0.0037,)"
+      R"( "weight_bytes": 1054720, "activation_bytes": 262144, "stash_bytes": 2099200},)"
+      R"({"name": "head", "fwd_seconds": 0.004, "bwd_seconds": 0.008, "weight_bytes": 0,)"
+      R"( "activation_bytes": 0}]})";
+  const std::string cluster =
+      R"({"workers": [{"name": "w0", "speed": 1.0, "memory_bytes": 17179869184},)"
+      R"( {"name": "w1", "speed": 0.5}], "bandwidth_bytes_per_second": 1.25e9,)"
+      R"( "latency_seconds": 5e-5})";
+  // AccTFM: all-reduce times from the eq. 3 model, or given per layer.
+  const std::string acctfm =
+      R"({"layers": [{"name": "block0", "fwd_seconds": [0.004, 0.0022, 0.0012],)"
+      R"( "bwd_seconds": [0.008, 0.0042, 0.0023], "output_bytes": 4194304},)"
+      R"( {"name": "block1", "fwd_seconds": [0.005, 0.0026, 0.0014],)"
+      R"( "bwd_seconds": [0.009, 0.0047, 0.0025], "output_bytes": 4194304}],)"
+      R"( "allreduce": {"alpha_seconds": 5e-6, "beta_seconds_per_byte": 4e-11,)"
+      R"( "group_size": 4, "algorithm": "recursive_doubling"}})";
+  const std::string acctfm_measured =
+      R"({"layers": [{"name": "block0", "fwd_seconds": [0.004, 0.0022, 0.0012],)"
+      R"( "bwd_seconds": [0.008, 0.0042, 0.0023], "allreduce_seconds": [0.001, 0.0006, 0.0004],)"
+      R"( "output_bytes": 4194304}]})";
+  WriteSeed(dir, "profile.json", "0" + profile);
+  WriteSeed(dir, "cluster.json", "1" + cluster);
+  WriteSeed(dir, "acctfm.json", "2" + acctfm);
+  WriteSeed(dir, "acctfm_measured.json", "2" + acctfm_measured);
+  WriteSeed(dir, "profile_and_cluster",
+            "3" + Uint16(static_cast<uint16_t>(profile.size())) + profile + cluster);
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+int main(int argc, char** argv) {
+  using namespace pipetrain;
+  if (argc != 2) {
+    std::fprintf(stderr, "usage: make_seeds CORPUS_DIR (fuzz/corpus; its subdirectories exist)\n");
+    return 2;
+  }
+  const std::string root = argv[1];
+  SafetensorsSeeds(root + "/safetensors_fuzzer");
+  CodecSeeds(root + "/codec_fuzzer");
+  CodecSpecSeeds(root + "/codec_spec_fuzzer");
+  FrameSeeds(root + "/frame_fuzzer");
+  TokenFileSeeds(root + "/token_file_fuzzer");
+  PlannerSeeds(root + "/planner_json_fuzzer");
+  return 0;
+}

@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets of fuzz/ (clang, ASan + UBSan; .bazelrc
+# --config=fuzz) and runs each for SECONDS, one after another, one process
+# each, starting from a scratch copy of its seeds (fuzz/corpus/<target>), so
+# the repository stays clean. docs/fuzzing.md explains the targets.
+#   bash scripts/fuzz.sh              # every target, 600 s each
+#   bash scripts/fuzz.sh 5            # every target, 5 s each (CI smoke run)
+#   bash scripts/fuzz.sh 60 codec_fuzzer frame_fuzzer
+# Prints one row per target (executions, exec/s, libFuzzer's final cov and
+# ft, corpus files, crashes), then "fuzz: N targets, M crashes". A crash,
+# hang (-timeout), out-of-memory or sanitizer report counts as a crash: the
+# script prints the report, keeps the input (path printed) and exits 1.
+# The build uses its own Bazel output base (PIPETRAIN_FUZZ_OUTPUT_BASE,
+# default ~/.cache/pipetrain-fuzz), so it never invalidates the GCC build.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+TARGETS=(
+  job_spec_json_fuzzer
+  job_spec_yaml_fuzzer
+  safetensors_fuzzer
+  frame_fuzzer
+  codec_fuzzer
+  codec_spec_fuzzer
+  token_file_fuzzer
+  planner_json_fuzzer
+)
+
+seconds="${1:-600}"
+if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
+  echo "usage: scripts/fuzz.sh [SECONDS] [TARGET...]" >&2
+  exit 2
+fi
+shift $(($# > 0 ? 1 : 0))
+if [ $# -gt 0 ]; then TARGETS=("$@"); fi
+
+output_base="${PIPETRAIN_FUZZ_OUTPUT_BASE:-$HOME/.cache/pipetrain-fuzz}"
+# The second Bazel server exits after 15 idle minutes, not Bazel's 3 hours.
+bazel_fuzz() { bazel --output_base="$output_base" --max_idle_secs=900 "$@"; }
+
+labels=()
+for t in "${TARGETS[@]}"; do labels+=("//fuzz:$t"); done
+if ! bazel_fuzz build --config=fuzz "${labels[@]}"; then
+  echo "fuzz: build failed"
+  exit 1
+fi
+bin="$(bazel_fuzz info --config=fuzz bazel-bin 2>/dev/null)/fuzz"
+
+# Readable stacks in sanitizer reports; a UBSan finding stops the run.
+symbolizer=/usr/lib/llvm-14/bin/llvm-symbolizer
+if [ -x "$symbolizer" ]; then export ASAN_SYMBOLIZER_PATH="$symbolizer"; fi
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/pipetrain-fuzz.XXXXXX")
+crashes=0
+rows=()
+for t in "${TARGETS[@]}"; do
+  dir="$work/$t"
+  mkdir -p "$dir/corpus" "$dir/artifacts"
+  cp -r "fuzz/corpus/$t/." "$dir/corpus/"
+  echo "fuzz: running $t for $seconds s"
+  # -timeout: one input running 10 s is a hang; memory is capped at
+  # libFuzzer's default 2048 MB (-rss_limit_mb, and per malloc).
+  "$bin/$t" -max_total_time="$seconds" -timeout=10 -print_final_stats=1 \
+    -artifact_prefix="$dir/artifacts/" "$dir/corpus" > "$dir/log" 2>&1
+  rc=$?
+  # The last status line: "#N DONE cov: C ft: F corp: ..." (or the last
+  # pulse before a crash).
+  status_line=$(grep -E '^#[0-9]+' "$dir/log" | tail -n 1)
+  cov=$(sed -nE 's/.* cov: ([0-9]+).*/\1/p' <<< "$status_line")
+  ft=$(sed -nE 's/.* ft: ([0-9]+).*/\1/p' <<< "$status_line")
+  execs=$(sed -nE 's/^stat::number_of_executed_units: +([0-9]+)/\1/p' "$dir/log")
+  rate=$(sed -nE 's/^stat::average_exec_per_sec: +([0-9]+)/\1/p' "$dir/log")
+  corpus=$(find "$dir/corpus" -type f | wc -l)
+  found=$(find "$dir/artifacts" -type f | wc -l)
+  if [ "$rc" -ne 0 ] && [ "$found" -eq 0 ]; then found=1; fi  # died without an artifact
+  rows+=("$(printf '%-22s %8s %12s %8s %6s %7s %8s %8s' "$t" "$seconds" "${execs:-?}" \
+    "${rate:-?}" "${cov:-?}" "${ft:-?}" "$corpus" "$found")")
+  if [ "$found" -gt 0 ]; then
+    crashes=$((crashes + found))
+    echo "fuzz: $t FAILED (exit $rc); its report:"
+    grep -E -A 40 '^==[0-9]+==|runtime error:|^ERROR: libFuzzer|deadly signal' "$dir/log" | head -n 80
+    echo "fuzz: inputs kept in $dir/artifacts/ (full log $dir/log); reproduce with"
+    echo "  $bin/$t $dir/artifacts/<file>"
+  fi
+done
+
+echo
+printf '%-22s %8s %12s %8s %6s %7s %8s %8s\n' target seconds executions exec/s cov ft corpus crashes
+printf '%s\n' "${rows[@]}"
+echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [ "$crashes" -eq 0 ]; then rm -rf "$work"; fi
+echo "fuzz: ${#TARGETS[@]} targets, $crashes crashes"
+[ "$crashes" -eq 0 ]

@@ -175,11 +175,15 @@ class DeviceGroupClusterTest : public ::testing::Test {
       options.backend = &w->gpu;
       options.recv_timeout = absl::Seconds(30);
       Mailbox* mailbox = &w->mailbox;
-      w->agent = std::make_unique<WorkerAgent>(
-          options, w->data_plane.get(), mailbox,
-          [mailbox](int stage, const std::vector<std::string>& peers) {
-            return std::unique_ptr<Transport>(new GrpcTransport(stage, peers, mailbox));
-          });
+      w->agent =
+          std::make_unique<WorkerAgent>(options, w->data_plane.get(), mailbox,
+                                        [mailbox](int stage, const std::vector<std::string>& peers,
+                                                  const JobCredential& credential) {
+                                          GrpcTransportOptions transport_options;
+                                          transport_options.credential = credential;
+                                          return std::unique_ptr<Transport>(new GrpcTransport(
+                                              stage, peers, mailbox, std::move(transport_options)));
+                                        });
       ASSERT_TRUE(w->agent->Start().ok());
       workers_.push_back(std::move(w));
     }

@@ -9,11 +9,10 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
-#include <thread>
-
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -51,6 +50,7 @@ struct Flags {
   std::string join_token_file;
   std::string data_roots;  // comma-separated
   std::string memory_limit;
+  std::string mailbox_limit = "4G";
   std::string node_name;
   std::string tls_ca;
   std::string ports_file;
@@ -81,6 +81,9 @@ int Run(const std::vector<std::string>& args) {
   flags.String("memory-limit", &f.memory_limit,
                "memory this worker may use, e.g. 8G (default: the least of physical memory and "
                "its cgroup's limit); the coordinator admits jobs against it");
+  flags.String("mailbox-limit", &f.mailbox_limit,
+               "most bytes of received tensors waiting for their stage at once, e.g. 4G; "
+               "frames beyond it are refused");
   flags.String("data-root", &f.data_roots,
                "comma-separated directories jobs may read data files from (spec.data.path); "
                "empty: only generated corpora");
@@ -120,6 +123,12 @@ int Run(const std::vector<std::string>& args) {
     parsed = bytes.status();
     memory_limit = bytes.value_or(0);
   }
+  MailboxLimits mailbox_limits;
+  if (parsed.ok()) {
+    absl::StatusOr<int64_t> bytes = ParseByteSize("mailbox-limit", f.mailbox_limit);
+    parsed = bytes.status();
+    mailbox_limits.max_bytes = bytes.value_or(0);
+  }
   if (!parsed.ok()) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(parsed.message()).c_str());
     return 2;
@@ -140,7 +149,7 @@ int Run(const std::vector<std::string>& args) {
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
 
-  Mailbox mailbox;
+  Mailbox mailbox(mailbox_limits);
   SessionCredential session;  // set by the agent, checked by WorkerControl
   // Profiles get a backend of their own, as --device chose (the job thread
   // has the other one).
@@ -193,8 +202,12 @@ int Run(const std::vector<std::string>& args) {
     device_failed.store(true);
     Wake();
   };
-  auto make_transport = [&mailbox](int stage, const std::vector<std::string>& peers) {
-    return std::unique_ptr<Transport>(new GrpcTransport(stage, peers, &mailbox));
+  auto make_transport = [&mailbox](int stage, const std::vector<std::string>& peers,
+                                   const JobCredential& credential) {
+    GrpcTransportOptions transport_options;
+    transport_options.credential = credential;
+    return std::unique_ptr<Transport>(
+        new GrpcTransport(stage, peers, &mailbox, std::move(transport_options)));
   };
   WorkerAgent agent(options, server->get(), &mailbox, make_transport,
                     [&metrics](const IterationResult& r) { metrics.Observe(r); });

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/confined_path.h"
 #include "common/logging.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/planner.h"
@@ -137,10 +138,10 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
     record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
     TouchLocked(record);
     PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
-    profilers_.emplace_back([this, id = record.job.id(), key,
-                             address = workers[0].data_address(),
-                             session = registry_->SessionToken(workers[0].id()).value_or(""),
-                             request] { FinishProfiling(id, key, fetcher_(address, session, request)); });
+    profilers_.emplace_back(
+        [this, id = record.job.id(), key, address = workers[0].data_address(),
+         session = registry_->SessionToken(workers[0].id()).value_or(""),
+         request] { FinishProfiling(id, key, fetcher_(address, session, request)); });
     return false;
   }
   double fastest = 0;
@@ -225,9 +226,10 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     int pending = 0;
     for (const auto& [id, other] : jobs_) pending += IsTerminal(other->job.state()) ? 0 : 1;
     if (pending >= options_.max_pending_jobs) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          pending, " jobs are already queued or running (the coordinator's limit); wait for "
-                   "some to end or cancel them"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat(pending,
+                       " jobs are already queued or running (the coordinator's limit); wait for "
+                       "some to end or cancel them"));
     }
     PruneLocked();
     auto record = std::make_unique<JobRecord>();
@@ -306,8 +308,8 @@ void JobManager::ScheduleQueued() {
       if (waited > record.resolved.queue_timeout) {
         EndLocked(record, v1::FAILED,
                   absl::StrCat("not placed within spec.scheduling.queue_timeout (",
-                               absl::FormatDuration(record.resolved.queue_timeout), "): ",
-                               waiting, "; add workers or ask for fewer stages"));
+                               absl::FormatDuration(record.resolved.queue_timeout), "): ", waiting,
+                               "; add workers or ask for fewer stages"));
         continue;
       }
       record.job.set_reason(waiting);
@@ -343,9 +345,8 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
     // What the worker may use (its cgroup or --memory-limit), not the
     // host's RAM; GPU workers hold the model in device memory.
     const int64_t host = w.device().memory_limit_bytes() > 0 ? w.device().memory_limit_bytes()
-                                                              : w.device().memory_bytes();
-    const double memory =
-        w.device().gpu_model().empty() ? host : w.device().gpu_memory_bytes();
+                                                             : w.device().memory_bytes();
+    const double memory = w.device().gpu_model().empty() ? host : w.device().gpu_memory_bytes();
     cluster.workers.push_back({w.id(), speed, static_cast<double>(memory)});
   }
   cluster.bandwidth_bytes_per_second = kAssumedBandwidth;
@@ -357,6 +358,8 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
   ConsumeDeviceGroupIds(id, links, infos, registry_);
   record.plan = compiled.plan;
   record.stages.assign(workers.size(), StageProgress{});
+  // Only this plan's workers learn it: their streams prove it to each other.
+  const std::string data_plane_secret = RandomToken();
   for (size_t s = 0; s < workers.size(); ++s) {
     v1::Assignment a;
     a.set_action(v1::Assignment::RUN);
@@ -365,6 +368,7 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
     *a.mutable_spec() = record.resolved.spec;
     a.set_stage(static_cast<int>(s));
     a.set_num_stages(static_cast<int>(workers.size()));
+    a.set_data_plane_secret(data_plane_secret);
     *a.mutable_forward_units() = record.plan.stages(s).forward();
     *a.mutable_backward_units() = record.plan.stages(s).backward();
     for (const std::string& address : addresses) a.add_peer_addresses(address);
@@ -521,19 +525,18 @@ void JobManager::RecordWeightOwners(JobRecord& record, int stage) {
 }
 
 absl::Status JobManager::CheckWeightsChunkLocked(const JobRecord& record,
-                                                const v1::WeightsChunk& c) const {
+                                                 const v1::WeightsChunk& c) const {
   auto owner = record.weight_owner.find(c.tensor_name());
   if (owner == record.weight_owner.end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "UploadWeights: job ", record.job.id(), " has no tensor \"",
-        absl::CHexEscape(absl::string_view(c.tensor_name()).substr(0, 128)), "\""));
+    return absl::InvalidArgumentError(
+        absl::StrCat("UploadWeights: job ", record.job.id(), " has no tensor \"",
+                     absl::CHexEscape(absl::string_view(c.tensor_name()).substr(0, 128)), "\""));
   }
   const int stage = record.stage_of.at(c.worker_id());
   const auto& [owning_stage, shape] = owner->second;
   // The tied wte.weight belongs to the embedding's and the head's stages.
-  const bool owned = owning_stage == stage ||
-                     (c.tensor_name() == kTiedEmbeddingName &&
-                      record.tied_embedding_stages.count(stage) > 0);
+  const bool owned = owning_stage == stage || (c.tensor_name() == kTiedEmbeddingName &&
+                                               record.tied_embedding_stages.count(stage) > 0);
   if (!owned) {
     return absl::PermissionDeniedError(absl::StrCat("UploadWeights: ", c.tensor_name(),
                                                     " belongs to stage ", owning_stage, ", not to ",
@@ -541,8 +544,8 @@ absl::Status JobManager::CheckWeightsChunkLocked(const JobRecord& record,
   }
   if (!std::equal(c.shape().begin(), c.shape().end(), shape.begin(), shape.end())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "UploadWeights: ", c.tensor_name(), " has shape [",
-        absl::StrJoin(shape, ", "), "] in this model; the chunk says [",
+        "UploadWeights: ", c.tensor_name(), " has shape [", absl::StrJoin(shape, ", "),
+        "] in this model; the chunk says [",
         absl::StrJoin(c.shape().begin(), c.shape().begin() + std::min(c.shape_size(), 8), ", "),
         c.shape_size() > 8 ? ", ..." : "", "]"));
   }
@@ -603,8 +606,8 @@ void JobManager::PruneLocked() {
   for (const std::string& id : order_) {
     const v1::Job& job = jobs_.at(id)->job;
     const absl::Time ended_at = FromTimestamp(job.update_time());
-    const bool prune = IsTerminal(job.state()) &&
-                       (ended > options_.max_ended_jobs || ended_at < oldest_kept);
+    const bool prune =
+        IsTerminal(job.state()) && (ended > options_.max_ended_jobs || ended_at < oldest_kept);
     if (prune) {
       --ended;
       jobs_.erase(id);

@@ -135,7 +135,9 @@ absl::Status JobRunner::RunJob() {
                    Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction));
   std::vector<std::string> peers(assignment_.peer_addresses().begin(),
                                  assignment_.peer_addresses().end());
-  std::unique_ptr<Transport> transport = make_transport_(assignment_.stage(), peers);
+  std::unique_ptr<Transport> transport =
+      make_transport_(assignment_.stage(), peers,
+                      JobCredential{assignment_.job_id(), assignment_.data_plane_secret()});
   StageSetup setup{assignment_.job_id(),        job.train,
                    assignment_.stage(),         assignment_.num_stages(),
                    assignment_.forward_units(), assignment_.backward_units(),

@@ -28,6 +28,7 @@
 #include "proto/pipetrain/v1/coordinator.pb.h"
 #include "worker/model/unit.h"
 #include "worker/runtime/stage_runtime.h"
+#include "worker/transport/data_plane_auth.h"
 #include "worker/transport/mailbox.h"
 #include "worker/transport/transport.h"
 
@@ -44,9 +45,10 @@ class CoordinatorLink {
                                      const std::vector<Parameter*>& params) = 0;
 };
 
-// Builds the stage's transport: (stage, peer data-plane addresses) -> Transport.
+// Builds the stage's transport: (stage, peer data-plane addresses, the
+// job's data-plane credential) -> Transport.
 using TransportFactory = std::function<std::unique_ptr<Transport>(
-    int stage, const std::vector<std::string>& peers)>;
+    int stage, const std::vector<std::string>& peers, const JobCredential& credential)>;
 
 struct JobRunnerOptions {
   std::string worker_id;

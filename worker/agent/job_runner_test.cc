@@ -101,7 +101,7 @@ TEST(JobRunnerTest, TwoStages_ReportEveryIterationUploadWeightsAndFinish) {
   FakeLink link;
   std::vector<std::unique_ptr<JobRunner>> runners;
   for (int s = 0; s < 2; ++s) {
-    auto factory = [&fabric](int stage, const std::vector<std::string>&) {
+    auto factory = [&fabric](int stage, const std::vector<std::string>&, const JobCredential&) {
       return fabric.Connect(stage);
     };
     runners.push_back(std::make_unique<JobRunner>(Assignment(s, 3, true, Schedule::kOneFOneB),
@@ -127,7 +127,7 @@ TEST(JobRunnerTest, TwoStages_ReportEveryIterationUploadWeightsAndFinish) {
 TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInAReceive) {
   InProcessFabric fabric(2);
   FakeLink link(/*stages=*/1);  // the barrier opens for the one runner here
-  auto factory = [&fabric](int stage, const std::vector<std::string>&) {
+  auto factory = [&fabric](int stage, const std::vector<std::string>&, const JobCredential&) {
     return fabric.Connect(stage);
   };
   // Only stage 1 runs: its first instruction waits for stage 0's activation
@@ -151,8 +151,10 @@ TEST(JobRunnerTest, BadSpec_IsReportedAsTheJobsError) {
   a.mutable_spec()->mutable_model()->set_n_head(3);
   JobRunner runner(
       a, &fabric.mailbox(0),
-      [&fabric](int s, const std::vector<std::string>&) { return fabric.Connect(s); }, &link,
-      JobRunnerOptions{"w", 1});
+      [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
+        return fabric.Connect(s);
+      },
+      &link, JobRunnerOptions{"w", 1});
   runner.Start();
   ASSERT_TRUE(link.AwaitReports(1));
   runner.Stop();
@@ -199,8 +201,10 @@ TEST(JobRunnerTest, BackendFailure_ReportsTheJobThenCallsTheHookOnce) {
   };
   JobRunner runner(
       a, &fabric.mailbox(0),
-      [&fabric](int s, const std::vector<std::string>&) { return fabric.Connect(s); }, &link,
-      options);
+      [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
+        return fabric.Connect(s);
+      },
+      &link, options);
   runner.Start();
   ASSERT_TRUE(link.AwaitReports(1));
   while (!runner.finished()) std::this_thread::yield();  // bounded: the job has failed
@@ -223,8 +227,10 @@ TEST(JobRunnerTest, HealthyBackend_NeverCallsTheHook) {
     options.on_backend_failure = [&](const absl::Status&) { ++calls; };
     runners.push_back(std::make_unique<JobRunner>(
         Assignment(s, 2, false, Schedule::kOneFOneB), &fabric.mailbox(s),
-        [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); }, &link,
-        options));
+        [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
+          return fabric.Connect(st);
+        },
+        &link, options));
   }
   for (auto& r : runners) r->Start();
   for (auto& r : runners) {
@@ -335,8 +341,10 @@ struct GroupedJob {
       options.backend = backends[s].get();
       runners.push_back(std::make_unique<JobRunner>(
           GroupAssignment(s, 2), &fabric.mailbox(s),
-          [this](int st, const std::vector<std::string>&) { return fabric.Connect(st); }, &link,
-          options));
+          [this](int st, const std::vector<std::string>&, const JobCredential&) {
+            return fabric.Connect(st);
+          },
+          &link, options));
     }
     for (auto& r : runners) r->Start();
     for (auto& r : runners) {
@@ -374,7 +382,9 @@ TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInADeviceReceive) {
   GroupedCpu backend(&hub);
   JobRunnerOptions options{"w", 1, absl::Seconds(60)};
   options.backend = &backend;
-  auto connect = [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); };
+  auto connect = [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
+    return fabric.Connect(st);
+  };
   JobRunner lonely(GroupAssignment(1, 3), &fabric.mailbox(1), connect, &link, options);
   lonely.Start();
   for (int i = 0; i < 3000 && lonely.current_instruction().rfind("recv", 0) != 0; ++i) {
@@ -436,8 +446,10 @@ TEST(JobRunnerTest, FailedJob_AbortsItsDeviceChannel) {
     options.backend = s == 0 ? static_cast<Backend*>(&failing) : &healthy;
     runners.push_back(std::make_unique<JobRunner>(
         GroupAssignment(s, 2), &fabric.mailbox(s),
-        [&fabric](int st, const std::vector<std::string>&) { return fabric.Connect(st); }, &link,
-        options));
+        [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
+          return fabric.Connect(st);
+        },
+        &link, options));
   }
   for (auto& r : runners) r->Start();
   while (!runners[0]->finished()) std::this_thread::yield();  // fails at its first instruction

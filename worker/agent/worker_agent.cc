@@ -76,9 +76,8 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
   WorkerAgent* agent_;
 };
 
-WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane,
-                         Mailbox* mailbox, TransportFactory make_transport,
-                         IterationObserver observer)
+WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane, Mailbox* mailbox,
+                         TransportFactory make_transport, IterationObserver observer)
     : options_(std::move(options)),
       data_plane_(data_plane),
       mailbox_(mailbox),
@@ -328,7 +327,15 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   PT_LOG(INFO) << "running job " << a.job_id() << " stage " << a.stage() << "/"
                << a.num_stages() << " units [" << a.backward_units().begin() << ", "
                << a.backward_units().end() << ")";
-  data_plane_->SetJob(a.job_id(), a.num_stages());
+  if (a.data_plane_secret().empty()) {
+    // Without it this stage's data plane would take frames from anyone.
+    PT_LOG(ERROR) << "job " << a.job_id()
+                  << ": the assignment carries no data-plane secret; not running it (is the "
+                     "coordinator older than this worker?)";
+    return;
+  }
+  data_plane_->SetJob(a.job_id(), a.num_stages(), a.data_plane_secret());
+  mailbox_->OpenJob(a.job_id(), a.start_iteration());
   JobRunnerOptions runner_options;
   {
     AnnotatedMutexLock lock(&mu_);

@@ -90,7 +90,7 @@ int Run(const std::vector<std::string>& args) {
 
   Mailbox mailbox;
   auto server = DataPlaneServer::Start("127.0.0.1:0", &mailbox).value();
-  server->SetJob("bench", 2);
+  server->SetJob("bench", 2, "");  // one process: no proof needed
   GrpcTransport sender(0, {"", server->address()}, &mailbox);
   DiscardService discard;
   grpc::ServerBuilder builder;

@@ -2,6 +2,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <chrono>
 #include <deque>
 #include <memory>
@@ -9,9 +10,11 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
+#include "worker/transport/data_plane_auth.h"
 #include "worker/transport/frame_codec.h"
 
 namespace pipetrain {
@@ -64,8 +67,13 @@ class StreamShared {
 // always the last thing a method does.
 class FrameStreamReactor final : public StreamReactor {
  public:
-  FrameStreamReactor(std::shared_ptr<StreamShared> shared, std::string peer)
-      : shared_(std::move(shared)), peer_(std::move(peer)) {
+  // A stream proven to come from `source_stage` of `job_id`.
+  FrameStreamReactor(std::shared_ptr<StreamShared> shared, std::string peer, std::string job_id,
+                     int source_stage)
+      : shared_(std::move(shared)),
+        peer_(std::move(peer)),
+        job_id_(std::move(job_id)),
+        source_stage_(source_stage) {
     shared_->ReactorStarted();
     StartRead(&frame_);
   }
@@ -115,10 +123,30 @@ class FrameStreamReactor final : public StreamReactor {
     bool finish = false;
   };
 
+  // Frames must be of the job and stage the stream proved it sends for.
+  absl::Status CheckBindingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (frame_.job_id() == job_id_ && frame_.source_stage() == source_stage_) {
+      return absl::OkStatus();
+    }
+    return absl::PermissionDeniedError(absl::StrCat(
+        "frame for job \"", absl::CHexEscape(absl::string_view(frame_.job_id()).substr(0, 64)),
+        "\" stage ", frame_.source_stage(), " on a stream of job ", job_id_, " stage ",
+        source_stage_));
+  }
+
   void HandleFrameLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    absl::StatusOr<std::optional<ReceivedTensor>> result =
-        assembler_.Accept(frame_, shared_->job());
-    absl::Status status = result.status();
+    absl::Status status = CheckBindingLocked();
+    absl::StatusOr<std::optional<ReceivedTensor>> result = std::optional<ReceivedTensor>();
+    if (status.ok()) {
+      // The mailbox says up front whether it would take the tensor, so a
+      // refused one is never buffered.
+      Mailbox* mailbox = shared_->mailbox();
+      result = assembler_.Accept(frame_, shared_->job(),
+                                 [mailbox](const TensorAddress& address, int64_t bytes) {
+                                   return mailbox->Admit(address, bytes);
+                                 });
+      status = result.status();
+    }
     if (result.ok() && result->has_value()) {
       ReceivedTensor& done = **result;
       status = shared_->mailbox()->Put(done.source_stage, done.address, std::move(done.wire));
@@ -150,6 +178,8 @@ class FrameStreamReactor final : public StreamReactor {
 
   const std::shared_ptr<StreamShared> shared_;
   const std::string peer_;
+  const std::string job_id_;
+  const int source_stage_;
   AnnotatedMutex mu_;
   v1::TensorFrame frame_;  // Filled by the read in flight; read under mu_.
   FrameAssembler assembler_ ABSL_GUARDED_BY(mu_);
@@ -160,6 +190,24 @@ class FrameStreamReactor final : public StreamReactor {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// Ends a stream at once with `status`, reading nothing; deletes itself.
+class RefusedStream final : public StreamReactor {
+ public:
+  explicit RefusedStream(const absl::Status& status) {
+    Finish(
+        grpc::Status(static_cast<grpc::StatusCode>(status.code()), std::string(status.message())));
+  }
+  void OnDone() override { delete this; }
+};
+
+// The single value of a metadata key; "" when absent or repeated.
+std::string MetadataValue(const grpc::CallbackServerContext& context, const char* key) {
+  const auto& metadata = context.client_metadata();
+  if (metadata.count(key) != 1) return "";
+  const grpc::string_ref value = metadata.find(key)->second;
+  return std::string(value.data(), std::min<size_t>(value.size(), 256));
+}
+
 }  // namespace
 
 class DataPlaneServer::Service final : public v1::DataPlane::CallbackService {
@@ -167,7 +215,16 @@ class DataPlaneServer::Service final : public v1::DataPlane::CallbackService {
   explicit Service(Mailbox* mailbox) : shared_(std::make_shared<StreamShared>(mailbox)) {}
 
   StreamReactor* Stream(grpc::CallbackServerContext* context) override {
-    return new FrameStreamReactor(shared_, context->peer());
+    const AcceptedJob job = shared_->job();
+    absl::StatusOr<int> stage = VerifyStreamOpen(
+        job.job_id, job.num_stages, job.secret, MetadataValue(*context, kJobMetadataKey),
+        MetadataValue(*context, kStageMetadataKey), MetadataValue(*context, kProofMetadataKey));
+    if (!stage.ok()) {
+      PT_LOG(WARNING) << "data plane: refused a stream from " << context->peer() << ": "
+                      << stage.status();
+      return new RefusedStream(stage.status());
+    }
+    return new FrameStreamReactor(shared_, context->peer(), job.job_id, *stage);
   }
 
   StreamShared& shared() { return *shared_; }
@@ -215,8 +272,8 @@ DataPlaneServer::DataPlaneServer(std::unique_ptr<Service> service,
 
 DataPlaneServer::~DataPlaneServer() { Shutdown(); }
 
-void DataPlaneServer::SetJob(const std::string& job_id, int num_stages) {
-  service_->shared().SetJob(AcceptedJob{job_id, num_stages});
+void DataPlaneServer::SetJob(const std::string& job_id, int num_stages, const std::string& secret) {
+  service_->shared().SetJob(AcceptedJob{job_id, num_stages, secret});
 }
 
 void DataPlaneServer::ClearJob() { service_->shared().SetJob(AcceptedJob{}); }

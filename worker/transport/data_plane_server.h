@@ -9,7 +9,14 @@
 // incomplete tensor is dropped. Nothing a peer sends can crash the server.
 //
 // The server accepts frames of one job at a time, set by the worker as its
-// assignment changes; until SetJob every frame is rejected.
+// assignment changes; until SetJob every stream is refused. A stream must
+// prove when it opens that it comes from a stage of that job
+// (data_plane_auth.h): otherwise it ends at once, UNAUTHENTICATED (or
+// FAILED_PRECONDITION for another job), before any frame is read. A proven
+// stream is bound to its job and stage; a frame that names another is
+// rejected. Before the first frame of a tensor is buffered, the mailbox is
+// asked whether it would take it (Mailbox::Admit: bytes and run-ahead), so
+// a flood of far-future or oversized tensors is refused, not assembled.
 //
 // Per stream: frames are processed in the read reaction that delivered them
 // (a bounded copy into the tensor plus a Mailbox::Put, neither of which waits
@@ -56,10 +63,11 @@ class DataPlaneServer {
   DataPlaneServer(const DataPlaneServer&) = delete;
   DataPlaneServer& operator=(const DataPlaneServer&) = delete;
 
-  // From now on accept frames of `job_id` from stages [0, num_stages) and
-  // reject every other job. Frames already assembled stay in the mailbox
+  // From now on accept streams of `job_id` from stages [0, num_stages) that
+  // prove `secret` (empty: no proof needed; in-process tests only) and
+  // refuse every other job. Frames already assembled stay in the mailbox
   // (the worker drops them with Mailbox::DropJob). Thread-safe.
-  void SetJob(const std::string& job_id, int num_stages);
+  void SetJob(const std::string& job_id, int num_stages, const std::string& secret);
   // Reject every frame (the worker has no assignment). Thread-safe.
   void ClearJob();
 

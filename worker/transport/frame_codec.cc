@@ -230,7 +230,8 @@ absl::Status FrameAssembler::CheckAgainstPartial(const v1::TensorFrame& frame,
 }
 
 absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::Accept(const v1::TensorFrame& frame,
-                                                                     const AcceptedJob& job) {
+                                                                     const AcceptedJob& job,
+                                                                     const Admission& admit) {
   const Identity id{frame.source_stage(), AddressOf(frame)};
   if (!partial_.has_value() && discarding_.has_value() && frame.offset() > 0 &&
       *discarding_ == id) {
@@ -240,6 +241,7 @@ absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::Accept(const v1::T
   if (status.ok()) status = CheckLayout(frame, max_tensor_bytes_);
   if (status.ok() && partial_.has_value()) status = CheckAgainstPartial(frame, id);
   if (status.ok()) status = CheckRange(frame, partial_.has_value() ? partial_->received : 0);
+  if (status.ok() && !partial_.has_value() && admit) status = admit(id.address, frame.total_bytes());
   if (!status.ok()) {
     partial_.reset();
     discarding_ = id;

@@ -18,6 +18,7 @@
 #define PIPETRAIN_WORKER_TRANSPORT_FRAME_CODEC_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -64,6 +65,9 @@ absl::Status CheckSendable(const WireTensor& wire, const std::string& what);
 struct AcceptedJob {
   std::string job_id;
   int num_stages = 0;
+  // The job's data-plane secret (data_plane_auth.h); the receiver's stream
+  // check uses it, the assembler does not.
+  std::string secret;
 };
 
 struct ReceivedTensor {
@@ -98,11 +102,17 @@ class FrameAssembler {
   explicit FrameAssembler(int64_t max_tensor_bytes = kDefaultMaxTensorBytes)
       : max_tensor_bytes_(max_tensor_bytes) {}
 
+  // Asked before the first frame of a tensor is buffered: (address, its
+  // total_bytes) -> OK to take it, or the error to reject it with (which
+  // drops the tensor's remaining frames as any rejection does).
+  using Admission = std::function<absl::Status(const TensorAddress&, int64_t total_bytes)>;
+
   // Returns the tensor `frame` completes, nullopt while more frames are due
   // (or the frame was silently dropped, see above), INVALID_ARGUMENT when
-  // the frame is rejected.
+  // the frame is rejected, or `admit`'s error for a tensor it refuses.
   absl::StatusOr<std::optional<ReceivedTensor>> Accept(const v1::TensorFrame& frame,
-                                                       const AcceptedJob& job);
+                                                       const AcceptedJob& job,
+                                                       const Admission& admit = nullptr);
 
   // True between the first and the last frame of a tensor.
   bool in_progress() const { return partial_.has_value(); }

@@ -10,6 +10,7 @@
 #include "common/annotated_mutex.h"
 #include "common/logging.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
+#include "worker/transport/data_plane_auth.h"
 
 namespace pipetrain {
 namespace {
@@ -29,11 +30,22 @@ using StreamReactor = grpc::ClientBidiReactor<v1::TensorFrame, v1::FrameError>;
 class FrameStream final : public StreamReactor {
  public:
   // Starts the call on `stub`'s channel.
+  // Starts the call on `stub`'s channel, proving it comes from
+  // `source_stage` of the credential's job (data_plane_auth.h).
   static std::shared_ptr<FrameStream> Start(v1::DataPlane::Stub* stub, std::string peer_name,
-                                            const GrpcTransportOptions& options,
+                                            const GrpcTransportOptions& options, int source_stage,
                                             std::function<void(const absl::Status&)> on_error) {
     std::shared_ptr<FrameStream> stream(
         new FrameStream(std::move(peer_name), options, std::move(on_error)));
+    const JobCredential& credential = options.credential;
+    if (!credential.job_id.empty()) {
+      stream->context_.AddMetadata(kJobMetadataKey, credential.job_id);
+      stream->context_.AddMetadata(kStageMetadataKey, absl::StrCat(source_stage));
+      if (!credential.secret.empty()) {
+        stream->context_.AddMetadata(
+            kProofMetadataKey, StreamProof(credential.secret, credential.job_id, source_stage));
+      }
+    }
     stub->async()->Stream(&stream->context_, stream.get());
     stream->AddHold();
     stream->StartRead(&stream->incoming_);
@@ -243,8 +255,10 @@ std::string GrpcStatusText(const grpc::Status& status) {
 // Everything about sending to one peer: its channel and current stream.
 class GrpcTransport::PeerLink {
  public:
-  PeerLink(int peer_stage, std::string address, const GrpcTransportOptions& options)
-      : peer_stage_(peer_stage),
+  PeerLink(int source_stage, int peer_stage, std::string address,
+           const GrpcTransportOptions& options)
+      : source_stage_(source_stage),
+        peer_stage_(peer_stage),
         name_(absl::StrCat("stage ", peer_stage, " (", address, ")")),
         address_(std::move(address)),
         options_(options) {}
@@ -310,7 +324,7 @@ class GrpcTransport::PeerLink {
       if (callback) callback(peer, error);
     };
     std::shared_ptr<FrameStream> stream =
-        FrameStream::Start(stub_.get(), name_, options_, on_error);
+        FrameStream::Start(stub_.get(), name_, options_, source_stage_, on_error);
     {
       AnnotatedMutexLock lock(&mu_);
       if (!shut_down_) {
@@ -337,6 +351,7 @@ class GrpcTransport::PeerLink {
                      "reconnects, check that worker's status and log"));
   }
 
+  const int source_stage_;
   const int peer_stage_;
   const std::string name_;
   const std::string address_;
@@ -364,7 +379,8 @@ GrpcTransport::GrpcTransport(int stage, std::vector<std::string> peer_addresses,
       << "max_frame_bytes " << options_.max_frame_bytes;
   PT_CHECK(options_.max_queued_bytes_per_peer >= 0);
   for (size_t s = 0; s < peer_addresses_.size(); ++s) {
-    links_.push_back(std::make_unique<PeerLink>(static_cast<int>(s), peer_addresses_[s], options_));
+    links_.push_back(
+        std::make_unique<PeerLink>(stage_, static_cast<int>(s), peer_addresses_[s], options_));
   }
 }
 

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "worker/transport/data_plane_auth.h"
 #include "worker/transport/frame_codec.h"
 #include "worker/transport/mailbox.h"
 #include "worker/transport/transport.h"
@@ -52,6 +53,10 @@
 namespace pipetrain {
 
 struct GrpcTransportOptions {
+  // Proves each stream to its receiver (data_plane_auth.h): the job and its
+  // secret. An empty job_id sends no proof (only a receiver without a
+  // secret, in tests, accepts that).
+  JobCredential credential;
   // Payload per frame; 1 <= max_frame_bytes <= kMaxFramePayloadBytes.
   int64_t max_frame_bytes = kMaxFramePayloadBytes;
   // How long a Send waits for a (re)connection before UNAVAILABLE.

@@ -20,6 +20,14 @@ namespace pipetrain {
 namespace {
 
 constexpr absl::Duration kPatience = absl::Seconds(60);  // Deadlines only; never waited out.
+constexpr char kJobSecret[] = "5ecre7-of-j-1";
+
+// What a sender of stage 0 of job j-1 sends when it opens a stream.
+void ProveStage0(grpc::ClientContext& context, const std::string& secret = kJobSecret) {
+  context.AddMetadata(kJobMetadataKey, "j-1");
+  context.AddMetadata(kStageMetadataKey, "0");
+  context.AddMetadata(kProofMetadataKey, StreamProof(secret, "j-1", 0));
+}
 
 TensorAddress Address(v1::TensorKind kind, int micro_batch, int unit,
                       const std::string& job = "j-1") {
@@ -89,7 +97,7 @@ class GrpcTransportTest : public ::testing::Test {
           DataPlaneServer::Start("127.0.0.1:0", mailboxes_[s].get());
       ASSERT_TRUE(server.ok()) << server.status();
       servers_[s] = *std::move(server);
-      servers_[s]->SetJob("j-1", 2);
+      servers_[s]->SetJob("j-1", 2, kJobSecret);
       addresses_.push_back(servers_[s]->address());
     }
     for (int s = 0; s < 2; ++s) transports_[s] = MakeTransport(s, Options());
@@ -103,6 +111,7 @@ class GrpcTransportTest : public ::testing::Test {
 
   GrpcTransportOptions Options() {
     GrpcTransportOptions options;
+    options.credential = {"j-1", kJobSecret};
     options.connect_timeout = kPatience;
     options.on_peer_error = [this](int, const absl::Status& error) { peer_errors_.Add(error); };
     return options;
@@ -234,6 +243,7 @@ TEST_F(GrpcTransportTest, Stream_MalformedFramesFromRawClient_FrameErrorsAndServ
   std::unique_ptr<v1::DataPlane::Stub> stub = v1::DataPlane::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kPatience));
+  ProveStage0(context);
   auto stream = stub->Stream(&context);
 
   const v1::TensorFrame good =
@@ -248,7 +258,9 @@ TEST_F(GrpcTransportTest, Stream_MalformedFramesFromRawClient_FrameErrorsAndServ
   const std::pair<v1::TensorFrame, std::string> cases[] = {
       {short_payload, "total_bytes 12 does not match shape [2, 2] of f32 (16 bytes)"},
       {unknown_kind, "tensor kind 99 is unknown"},
-      {wrong_job, "wrong job \"j-0\"; this worker runs job \"j-1\""},
+      {wrong_job,
+       "PERMISSION_DENIED: frame for job \"j-0\" stage 0 on a stream of job j-1 "
+       "stage 0"},
   };
   for (const auto& [frame, fragment] : cases) {
     ASSERT_TRUE(stream->Write(frame));
@@ -256,7 +268,6 @@ TEST_F(GrpcTransportTest, Stream_MalformedFramesFromRawClient_FrameErrorsAndServ
     ASSERT_TRUE(stream->Read(&error));
     EXPECT_EQ(error.tensor().unit(), 4);
     EXPECT_EQ(error.iteration(), 7);
-    EXPECT_EQ(error.error().rfind("INVALID_ARGUMENT: frame of ", 0), 0u) << error.error();
     EXPECT_NE(error.error().find(fragment), std::string::npos) << error.error();
   }
   // The same stream still carries a correct frame, and ends cleanly.
@@ -273,7 +284,8 @@ TEST_F(GrpcTransportTest, Stream_MalformedFramesFromRawClient_FrameErrorsAndServ
 }
 
 TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendInternalWithPeerText) {
-  servers_[1]->SetJob("j-2", 2);
+  ExpectDelivered(Address(v1::ACTIVATION, 0, 2), Pattern({8}, 0));  // the stream is open
+  servers_[1]->SetJob("j-2", 2, kJobSecret);
   ASSERT_TRUE(transports_[0]->Send(1, Address(v1::ACTIVATION, 0, 1), Pattern({8}, 1)).ok());
   const absl::Status reported = peer_errors_.WaitFor(absl::StatusCode::kInternal);
   EXPECT_TRUE(Contains(reported, "wrong job \"j-1\"; this worker runs job \"j-2\"")) << reported;
@@ -287,7 +299,7 @@ TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendInternalWithPeerText) {
   EXPECT_TRUE(Contains(next, "wrong job \"j-1\"")) << next;
 
   // Reported once; the stream stayed open.
-  servers_[1]->SetJob("j-1", 2);
+  servers_[1]->SetJob("j-1", 2, kJobSecret);
   ExpectDelivered(Address(v1::ACTIVATION, 2, 1), Pattern({8}, 3));
 }
 
@@ -338,7 +350,7 @@ TEST_F(GrpcTransportTest, Send_PeerRestarted_OneUnavailableThenReconnects) {
       DataPlaneServer::Start("127.0.0.1:" + std::to_string(port), mailboxes_[1].get());
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   servers_[1] = *std::move(restarted);
-  servers_[1]->SetJob("j-1", 2);
+  servers_[1]->SetJob("j-1", 2, kJobSecret);
   ExpectDelivered(Address(v1::ACTIVATION, 2, 1), Pattern({8}, 3));
 }
 
@@ -389,6 +401,70 @@ TEST(DataPlaneServerTest, Start_PortAlreadyServed_UnavailableNotShared) {
   EXPECT_EQ(second.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(second.status(), "could not start the data-plane server on " + taken))
       << second.status();
+}
+
+// A process that is not one of the job's workers: without the job's secret
+// its stream is refused before it can send anything, and the job's own
+// traffic is unharmed.
+TEST_F(GrpcTransportTest, Stream_WithoutOrWithWrongProof_RefusedAndJobUnharmed) {
+  auto channel = grpc::CreateChannel(addresses_[1], grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::DataPlane::Stub> stub = v1::DataPlane::NewStub(channel);
+  const v1::TensorFrame injected =
+      EncodeTensorFrames(0, Address(v1::ACTIVATION, 0, 4), WireTensor::Raw(Pattern({2, 2}, 9)))[0];
+  for (const std::string how : {"none", "wrong secret", "other job"}) {
+    SCOPED_TRACE(how);
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kPatience));
+    if (how == "wrong secret") ProveStage0(context, "guess");
+    if (how == "other job") {
+      context.AddMetadata(kJobMetadataKey, "j-9");
+      context.AddMetadata(kStageMetadataKey, "0");
+      context.AddMetadata(kProofMetadataKey, StreamProof(kJobSecret, "j-9", 0));
+    }
+    auto stream = stub->Stream(&context);
+    stream->Write(injected);  // may or may not be taken before the refusal
+    stream->WritesDone();
+    v1::FrameError error;
+    EXPECT_FALSE(stream->Read(&error));
+    const grpc::Status finished = stream->Finish();
+    EXPECT_EQ(finished.error_code(), how == "other job" ? grpc::StatusCode::FAILED_PRECONDITION
+                                                        : grpc::StatusCode::UNAUTHENTICATED)
+        << finished.error_message();
+  }
+  EXPECT_EQ(mailboxes_[1]->size(), 0u);                                // nothing was filed
+  ExpectDelivered(Address(v1::ACTIVATION, 0, 4), Pattern({2, 2}, 1));  // the real tensor
+}
+
+// Even a stream with the proof cannot make the receiver buffer far-future
+// tensors or more than the mailbox's byte limit: each is refused before
+// its frames are assembled, and the mailbox stays within its bound.
+TEST_F(GrpcTransportTest, Stream_FloodOfFarFutureAndOversizedTensors_RefusedWithinBound) {
+  mailboxes_[1]->OpenJob("j-1", 7);  // Address() tensors are of iteration 7
+  auto channel = grpc::CreateChannel(addresses_[1], grpc::InsecureChannelCredentials());
+  std::unique_ptr<v1::DataPlane::Stub> stub = v1::DataPlane::NewStub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + kPatience));
+  ProveStage0(context);
+  auto stream = stub->Stream(&context);
+  int refused = 0;
+  for (int i = 0; i < 200; ++i) {
+    TensorAddress address = Address(v1::ACTIVATION, i, 4);
+    address.iteration = 10 + i;  // beyond 7 + 2
+    for (const v1::TensorFrame& frame :
+         EncodeTensorFrames(0, address, WireTensor::Raw(Pattern({256, 1024}, i)))) {  // 1 MiB
+      ASSERT_TRUE(stream->Write(frame));
+    }
+    v1::FrameError error;
+    ASSERT_TRUE(stream->Read(&error));
+    EXPECT_NE(error.error().find("RESOURCE_EXHAUSTED: tensor for iteration"), std::string::npos)
+        << error.error();
+    ++refused;
+  }
+  EXPECT_EQ(refused, 200);
+  EXPECT_EQ(mailboxes_[1]->bytes(), 0);
+  stream->WritesDone();
+  EXPECT_TRUE(stream->Finish().ok());
+  ExpectDelivered(Address(v1::ACTIVATION, 0, 4), Pattern({2, 2}, 1));
 }
 
 }  // namespace

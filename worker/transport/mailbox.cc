@@ -1,15 +1,48 @@
 #include "worker/transport/mailbox.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain {
 
+void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
+  AnnotatedMutexLock lock(&mu_);
+  open_job_ = job_id;
+  current_iteration_ = first_iteration;
+  aborted_jobs_.clear();
+}
+
+absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_bytes) const {
+  if (address.job_id == open_job_ &&
+      address.iteration > current_iteration_ + limits_.run_ahead_iterations) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "tensor for iteration ", address.iteration, " of job ", address.job_id,
+        " is beyond the run-ahead window (this stage is at iteration ", current_iteration_,
+        ", peers may be ", limits_.run_ahead_iterations, " ahead); refused"));
+  }
+  if (wire_bytes > limits_.max_bytes - bytes_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "mailbox full: ", bytes_, " bytes wait and a tensor of ", wire_bytes,
+        " bytes would pass the limit of ", limits_.max_bytes, " (--mailbox-limit); refused"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Mailbox::Admit(const TensorAddress& address, int64_t wire_bytes) const {
+  AnnotatedMutexLock lock(&mu_);
+  return AdmitLocked(address, wire_bytes);
+}
+
 absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, WireTensor wire) {
   AnnotatedMutexLock lock(&mu_);
+  const int64_t wire_bytes = wire.wire_bytes();
+  if (absl::Status admitted = AdmitLocked(address, wire_bytes); !admitted.ok()) return admitted;
   if (!tensors_.emplace(Key{source_stage, address}, std::move(wire)).second) {
     return absl::FailedPreconditionError(
         absl::StrCat("duplicate tensor from stage ", source_stage, ": ", address.DebugString()));
   }
+  bytes_ += wire_bytes;
   return absl::OkStatus();
 }
 
@@ -17,6 +50,9 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
                                          absl::Duration timeout) {
   const Key key{source_stage, address};
   AnnotatedMutexLock lock(&mu_);
+  if (address.job_id == open_job_) {
+    current_iteration_ = std::max(current_iteration_, address.iteration);
+  }
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return shut_down_ || aborted_jobs_.count(address.job_id) > 0 || tensors_.count(key) > 0;
   };
@@ -35,6 +71,7 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
   }
   WireTensor wire = std::move(it->second);
   tensors_.erase(it);
+  bytes_ -= wire.wire_bytes();
   return wire;
 }
 
@@ -43,22 +80,36 @@ void Mailbox::Shutdown() {
   shut_down_ = true;
 }
 
-void Mailbox::DropJob(const std::string& job_id) {
-  AnnotatedMutexLock lock(&mu_);
+void Mailbox::DropJobLocked(const std::string& job_id) {
   for (auto it = tensors_.begin(); it != tensors_.end();) {
-    it = it->first.second.job_id == job_id ? tensors_.erase(it) : std::next(it);
+    if (it->first.second.job_id == job_id) {
+      bytes_ -= it->second.wire_bytes();
+      it = tensors_.erase(it);
+    } else {
+      it = std::next(it);
+    }
   }
 }
 
-void Mailbox::AbortJob(const std::string& job_id) {
-  DropJob(job_id);
+void Mailbox::DropJob(const std::string& job_id) {
   AnnotatedMutexLock lock(&mu_);
+  DropJobLocked(job_id);
+}
+
+void Mailbox::AbortJob(const std::string& job_id) {
+  AnnotatedMutexLock lock(&mu_);
+  DropJobLocked(job_id);
   aborted_jobs_.insert(job_id);
 }
 
 size_t Mailbox::size() const {
   AnnotatedMutexLock lock(&mu_);
   return tensors_.size();
+}
+
+int64_t Mailbox::bytes() const {
+  AnnotatedMutexLock lock(&mu_);
+  return bytes_;
 }
 
 }  // namespace pipetrain

@@ -151,5 +151,54 @@ TEST(MailboxTest, AbortJob_OtherJobsUnaffected) {
   EXPECT_TRUE(mailbox.Take(0, Activation("j-2", 1), absl::ZeroDuration()).ok());
 }
 
+TEST(MailboxTest, Put_BeyondByteLimit_ResourceExhaustedUntilTaken) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 16});
+  const WireTensor three = WireTensor::Raw(Tensor::FromVector({3}, {1, 2, 3}));  // 12 bytes
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 1), three).ok());
+  EXPECT_EQ(mailbox.bytes(), 12);
+  absl::Status full = mailbox.Put(0, Activation("j-1", 2), three);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("the limit of 16 (--mailbox-limit)"), std::string::npos) << full;
+  EXPECT_EQ(mailbox.Admit(Activation("j-1", 2), 12).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(mailbox.Take(0, Activation("j-1", 1), absl::ZeroDuration()).ok());
+  EXPECT_EQ(mailbox.bytes(), 0);
+  EXPECT_TRUE(mailbox.Put(0, Activation("j-1", 2), three).ok());
+  mailbox.DropJob("j-1");
+  EXPECT_EQ(mailbox.bytes(), 0);
+}
+
+TEST(MailboxTest, Put_BeyondRunAhead_RefusedWindowFollowsTakes) {
+  Mailbox mailbox;  // run-ahead 2
+  mailbox.OpenJob("j-1", 5);
+  TensorAddress far = Activation("j-1", 1);
+  far.iteration = 8;  // 5 + 3
+  absl::Status status = mailbox.Put(0, far, WireTensor::Raw(Tensor::Zeros({1})));
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(status.message().find("beyond the run-ahead window (this stage is at iteration 5"),
+            std::string::npos)
+      << status;
+  TensorAddress near = far;
+  near.iteration = 7;
+  EXPECT_TRUE(mailbox.Put(0, near, WireTensor::Raw(Tensor::Zeros({1}))).ok());
+  TensorAddress now = far;
+  now.iteration = 6;
+  (void)mailbox.Take(0, now, absl::ZeroDuration());  // the stage reached iteration 6
+  EXPECT_TRUE(mailbox.Put(0, far, WireTensor::Raw(Tensor::Zeros({1}))).ok());
+  // Another job's frames are not windowed, but are counted in bytes.
+  TensorAddress other = Activation("j-2", 1);
+  other.iteration = 1000;
+  EXPECT_TRUE(mailbox.Put(0, other, WireTensor::Raw(Tensor::Zeros({1}))).ok());
+}
+
+TEST(MailboxTest, OpenJob_ClearsAbortMarks) {
+  Mailbox mailbox;
+  mailbox.AbortJob("j-1");
+  EXPECT_EQ(mailbox.Take(0, Activation("j-1", 1), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kAborted);
+  mailbox.OpenJob("j-1", 7);  // the job runs again (a new plan version)
+  EXPECT_EQ(mailbox.Take(0, Activation("j-1", 1), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
 }  // namespace
 }  // namespace pipetrain

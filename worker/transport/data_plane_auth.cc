@@ -1,0 +1,44 @@
+#include "worker/transport/data_plane_auth.h"
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/secrets.h"
+
+namespace pipetrain {
+
+std::string StreamProof(absl::string_view secret, absl::string_view job_id, int source_stage) {
+  return HmacSha256Hex(secret, absl::StrCat("pipetrain-dataplane-v1|", job_id, "|", source_stage));
+}
+
+absl::StatusOr<int> VerifyStreamOpen(absl::string_view job_id, int num_stages,
+                                     absl::string_view secret, absl::string_view sent_job,
+                                     absl::string_view sent_stage, absl::string_view sent_proof) {
+  if (sent_job.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat("data-plane stream without credentials (",
+                                                   kJobMetadataKey,
+                                                   "); only the job's workers may send frames"));
+  }
+  if (job_id.empty()) {
+    return absl::FailedPreconditionError("this worker runs no job; it accepts no frames");
+  }
+  if (sent_job != job_id) {
+    return absl::FailedPreconditionError(absl::StrCat("stream for job \"",
+                                                      absl::CHexEscape(sent_job.substr(0, 64)),
+                                                      "\" but this worker runs job ", job_id));
+  }
+  int stage = -1;
+  if (!absl::SimpleAtoi(sent_stage, &stage) || stage < 0 || stage >= num_stages) {
+    return absl::UnauthenticatedError(absl::StrCat("data-plane stream without a valid ",
+                                                   kStageMetadataKey, " (job ", job_id, " has ",
+                                                   num_stages, " stages)"));
+  }
+  if (!secret.empty() && !ConstantTimeEquals(sent_proof, StreamProof(secret, job_id, stage))) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("data-plane stream claiming stage ", stage, " of job ", job_id,
+                     " without its proof; only the job's workers may send it frames"));
+  }
+  return stage;
+}
+
+}  // namespace pipetrain

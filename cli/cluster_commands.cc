@@ -2,16 +2,16 @@
 
 #include <limits.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <csignal>
-#include <optional>
 #include <cstdio>
 #include <fstream>
-#include <sys/stat.h>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -23,9 +23,9 @@
 #include "cli/progress.h"
 #include "common/secrets.h"
 #include "coordinator/jobs/job_spec.h"
-#include "worker/model/backend_select.h"
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
+#include "worker/model/backend_select.h"
 
 namespace pipetrain {
 namespace {

@@ -25,7 +25,8 @@ absl::Status WriteTokenFile(const std::string& path, const std::string& token) {
   std::remove(path.c_str());
   const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
   const std::string line = token + "\n";
-  const bool ok = fd >= 0 && write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
+  const bool ok =
+      fd >= 0 && write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
   if (fd >= 0) close(fd);
   if (!ok) return absl::PermissionDeniedError(absl::StrCat("cannot write token file ", path));
   return absl::OkStatus();
@@ -93,10 +94,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   for (int i = 0; i < options.workers; ++i) {
     const std::string ports = absl::StrCat(options.dir, "/worker-", i, ".ports");
     std::remove(ports.c_str());
-    std::vector<std::string> wargv = {options.worker_binary,
-                                      "--coordinator=" + cluster->grpc_address(),
-                                      "--listen=127.0.0.1:0", "--ports-file=" + ports,
-                                      absl::StrCat("--node-name=local-", i)};
+    std::vector<std::string> wargv = {
+        options.worker_binary, "--coordinator=" + cluster->grpc_address(), "--listen=127.0.0.1:0",
+        "--ports-file=" + ports, absl::StrCat("--node-name=local-", i)};
     wargv.insert(wargv.end(), worker_tokens.begin(), worker_tokens.end());
     wargv.insert(wargv.end(), options.worker_args.begin(), options.worker_args.end());
     if (i < static_cast<int>(options.per_worker_args.size())) {

@@ -21,7 +21,7 @@ struct LocalClusterOptions {
   std::string coordinator_binary;
   std::string worker_binary;
   int workers = 4;
-  std::string dir;         // logs, ports and token files go here (must exist)
+  std::string dir;  // logs, ports and token files go here (must exist)
   // Written to <dir>/join.token and <dir>/user.token (mode 0600) and passed
   // by file, never on a command line (which `ps` shows to every user).
   // An empty token leaves its flag out; both empty add --insecure.

@@ -80,8 +80,7 @@ LocalCluster* ClusterEquivalenceTest::cluster_ = nullptr;
 
 // Runs `spec` on the cluster and checks its losses and weights file
 // against `ref`: within 1e-5 relative (the issues' bound) and bitwise.
-void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec,
-                             const Reference& ref) {
+void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref) {
   ASSERT_NE(cluster, nullptr);
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   const std::string id = testing::SubmitJob(*stub, spec);

@@ -108,7 +108,8 @@ class AuthTest : public ::testing::Test {
     metrics_.Refresh();
     const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
     for (absl::string_view line : absl::StrSplit(text, '\n')) {
-      if (!absl::StrContains(line, "pipetrain_rpc_refused_total")) absl::StrAppend(&out, line, "\n");
+      if (absl::StrContains(line, "pipetrain_rpc_refused_total")) continue;
+      absl::StrAppend(&out, line, "\n");
     }
     return out + ListTree(OutputDir());
   }
@@ -155,7 +156,8 @@ class AuthTest : public ::testing::Test {
     beat.set_incarnation(1);
     beat.set_current_instruction("pwned");
     v1::HeartbeatResponse beat_response;
-    out.push_back({"Heartbeat", stub_->Heartbeat(Context(authorization).get(), beat, &beat_response)});
+    out.push_back(
+        {"Heartbeat", stub_->Heartbeat(Context(authorization).get(), beat, &beat_response)});
     v1::ReportProgressRequest progress;
     progress.set_worker_id("w-1");
     progress.set_incarnation(1);
@@ -190,8 +192,8 @@ class AuthTest : public ::testing::Test {
     v1::DeregisterWorkerResponse leave_response;
     out.push_back({"DeregisterWorker",
                    stub_->DeregisterWorker(Context(authorization).get(), leave, &leave_response)});
-    for (const std::string& token : {std::string(""), std::string("wrong"), std::string(kUserToken),
-                                    one_.session_token()}) {
+    for (const std::string& token :
+         {std::string(""), std::string("wrong"), std::string(kUserToken), one_.session_token()}) {
       v1::RegisterWorkerRequest request;
       request.set_join_token(token);
       request.set_data_address("10.9.9.9:1");
@@ -288,18 +290,20 @@ TEST_F(AuthTest, EveryRestEndpoint_BadCredentials_401AndNothingChanges) {
       {"GET", "/v1/jobs/" + id + "/timeline.svg"},
       {"GET", "/v1/workers"},
   };
-  const std::vector<std::string> credentials = {
-      "", "Bearer wrong", "Bearer " + one_.session_token(), absl::StrCat("Bearer ", kJoinToken),
-      absl::StrCat("Basic ", kUserToken), absl::StrCat("Bearer ", kUserToken, "x")};
+  const std::vector<std::string> credentials = {"",
+                                                "Bearer wrong",
+                                                "Bearer " + one_.session_token(),
+                                                absl::StrCat("Bearer ", kJoinToken),
+                                                absl::StrCat("Basic ", kUserToken),
+                                                absl::StrCat("Bearer ", kUserToken, "x")};
   for (const auto& [method, path] : endpoints) {
     for (const std::string& authorization : credentials) {
       SCOPED_TRACE(method + " " + path + " with \"" + authorization + "\"");
       httplib::Headers headers;
       if (!authorization.empty()) headers.emplace("Authorization", authorization);
-      httplib::Result result = method == "GET"
-                                   ? client_->Get(path.c_str(), headers)
-                                   : client_->Post(path.c_str(), headers, ValidSpecJson(),
-                                                   "application/json");
+      httplib::Result result = method == "GET" ? client_->Get(path.c_str(), headers)
+                                               : client_->Post(path.c_str(), headers,
+                                                               ValidSpecJson(), "application/json");
       ASSERT_TRUE(result) << httplib::to_string(result.error());
       EXPECT_EQ(result->status, 401) << result->body;
       EXPECT_TRUE(absl::StrContains(result->body, "\"UNAUTHENTICATED\"")) << result->body;

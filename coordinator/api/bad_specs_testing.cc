@@ -51,15 +51,14 @@ std::vector<BadSpec> BadSpecs() {
       {"absolute weights path",
        Spec(kModel, kTraining, kParallelism, R"("output": {"weightsPath": "/etc/x"})"),
        "spec.output.weights_path"},
-      {"more stages than units",
-       Spec(kModel, kTraining, R"("parallelism": {"stages": 7})"), "spec.parallelism.stages"},
+      {"more stages than units", Spec(kModel, kTraining, R"("parallelism": {"stages": 7})"),
+       "spec.parallelism.stages"},
       {"unknown JSON field",
        Spec(R"("model": {"nLayer": 2, "nHead": 2, "dModel": 16, "nLayers": 4})", kTraining,
             kParallelism),
        "nLayers", /*json_only=*/true},
       {"wrong type",
-       Spec(kModel, R"("training": {"seqLen": 8, "batchSize": 4, "steps": "many"})",
-            kParallelism),
+       Spec(kModel, R"("training": {"seqLen": 8, "batchSize": 4, "steps": "many"})", kParallelism),
        "steps", /*json_only=*/true},
   };
 }

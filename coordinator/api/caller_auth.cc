@@ -22,8 +22,7 @@ absl::Status CallerAuth::CheckUser(absl::string_view authorization) const {
         "--user-token; the CLI reads it from --token-file or PIPETRAIN_TOKEN)");
   }
   if (!ConstantTimeEquals(BearerToken(authorization), user_token_)) {
-    return absl::UnauthenticatedError(
-        "user token rejected; use the coordinator's --user-token");
+    return absl::UnauthenticatedError("user token rejected; use the coordinator's --user-token");
   }
   return absl::OkStatus();
 }
@@ -52,9 +51,9 @@ absl::Status CallerAuth::CheckActsFor(const WorkerRegistry::SessionIdentity& ses
                                       absl::string_view worker_id) {
   if (session.worker_id == worker_id) return absl::OkStatus();
   // The claimed id is the client's: quoted, escaped and cut short.
-  return absl::PermissionDeniedError(
-      absl::StrCat("the session credential of ", session.worker_id, " cannot act for worker \"",
-                   absl::CHexEscape(worker_id.substr(0, 64)), "\""));
+  return absl::PermissionDeniedError(absl::StrCat("the session credential of ", session.worker_id,
+                                                  " cannot act for worker \"",
+                                                  absl::CHexEscape(worker_id.substr(0, 64)), "\""));
 }
 
 }  // namespace pipetrain

@@ -97,9 +97,10 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
   }
   rpc_refused_ = &prometheus::BuildCounter()
                       .Name("pipetrain_rpc_refused_total")
-                      .Help("Coordinator RPCs refused by authentication, by method and code "
-                            "(UNAUTHENTICATED: no or a wrong credential; PERMISSION_DENIED: "
-                            "a worker credential used for another worker).")
+                      .Help(
+                          "Coordinator RPCs refused by authentication, by method and code "
+                          "(UNAUTHENTICATED: no or a wrong credential; PERMISSION_DENIED: "
+                          "a worker credential used for another worker).")
                       .Register(*registry_);
   Refresh();  // every state appears from the first scrape on
 }

@@ -45,9 +45,8 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Unary(grpc::CallbackServerCont
   }
   const auto start = std::chrono::steady_clock::now();
   const absl::Status status = handler();
-  metrics_->ObserveRpc(method, std::chrono::duration<double>(
-                                   std::chrono::steady_clock::now() - start)
-                                   .count());
+  metrics_->ObserveRpc(
+      method, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   reactor->Finish(ToGrpcStatus(status));
   return reactor;
 }
@@ -58,11 +57,11 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
   // The join token travels in the request.
   return Unary(context, "RegisterWorker", workers_->CheckJoinToken(request->join_token()),
                [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, workers_->Register(*request));
-    streams_.Supersede(response->worker_id(), response->incarnation());
-    executor_.Post([jobs = jobs_] { jobs->ScheduleQueued(); });
-    return absl::OkStatus();
-  });
+                 ASSIGN_OR_RETURN(*response, workers_->Register(*request));
+                 streams_.Supersede(response->worker_id(), response->incarnation());
+                 executor_.Post([jobs = jobs_] { jobs->ScheduleQueued(); });
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServerContext* context,
@@ -75,9 +74,8 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServer
 grpc::ServerUnaryReactor* CoordinatorGrpcService::DeregisterWorker(
     grpc::CallbackServerContext* context, const v1::DeregisterWorkerRequest* request,
     v1::DeregisterWorkerResponse*) {
-  return Unary(context, "DeregisterWorker", WorkerCall(*context, request->worker_id()), [&] {
-    return workers_->Deregister(request->worker_id(), request->incarnation());
-  });
+  return Unary(context, "DeregisterWorker", WorkerCall(*context, request->worker_id()),
+               [&] { return workers_->Deregister(request->worker_id(), request->incarnation()); });
 }
 
 absl::Status CoordinatorGrpcService::CheckWatcher(
@@ -124,10 +122,10 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportProgress(
     v1::ReportProgressResponse* response) {
   return Unary(context, "ReportProgress", WorkerCall(*context, request->worker_id()),
                [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, jobs_->ReportProgress(*request));
-    RecordProgress(*request);
-    return absl::OkStatus();
-  });
+                 ASSIGN_OR_RETURN(*response, jobs_->ReportProgress(*request));
+                 RecordProgress(*request);
+                 return absl::OkStatus();
+               });
 }
 
 void CoordinatorGrpcService::RecordProgress(const v1::ReportProgressRequest& request) {
@@ -147,8 +145,7 @@ void CoordinatorGrpcService::RecordProgress(const v1::ReportProgressRequest& req
 grpc::ServerReadReactor<v1::WeightsChunk>* CoordinatorGrpcService::UploadWeights(
     grpc::CallbackServerContext* context, v1::UploadWeightsResponse*) {
   // The credential is read when the stream opens; every chunk must name its worker.
-  return NewWeightsUpload(context, AuthorizationOf(*context), auth_, metrics_, jobs_,
-                          &executor_);
+  return NewWeightsUpload(context, AuthorizationOf(*context), auth_, metrics_, jobs_, &executor_);
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* context,

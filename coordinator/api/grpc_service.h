@@ -34,10 +34,10 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/strings/string_view.h"
+#include "common/serial_executor.h"
 #include "coordinator/api/assignment_streams.h"
 #include "coordinator/api/caller_auth.h"
 #include "coordinator/api/coordinator_metrics.h"
-#include "common/serial_executor.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/registry/worker_registry.h"

@@ -1,11 +1,11 @@
 #include "coordinator/api/grpc_service.h"
 
+#include <grpcpp/grpcpp.h>
+
 #include <chrono>
 #include <cstdlib>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/match.h"
 #include "common/clock.h"
@@ -46,7 +46,8 @@ class GrpcServiceTest : public ::testing::Test {
     const std::string address = "127.0.0.1:" + std::to_string(port);
     stub_ = v1::Coordinator::NewStub(
         BearerChannel(address, grpc::InsecureChannelCredentials(), {}, kUserToken));
-    raw_ = v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    raw_ =
+        v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
 
   void TearDown() override {
@@ -194,7 +195,8 @@ TEST_F(GrpcServiceTest, Heartbeat_SupersededSession_UnauthenticatedRegisterAgain
   AddBearer(context, first.session_token());
   grpc::Status status = raw_->Heartbeat(&context, request, &response);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED);
-  EXPECT_TRUE(absl::StrContains(status.error_message(), "register again")) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "register again"))
+      << status.error_message();
 }
 
 TEST_F(GrpcServiceTest, SubmitJob_MalformedSpecs_InvalidArgumentNamingTheField) {
@@ -481,7 +483,8 @@ TEST_F(GrpcServiceTest, UploadWeights_ChunksOfARunningJob_Ok) {
   ASSERT_TRUE(Register(kJoinToken, &worker).ok());
   v1::Job job;
   ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
-  grpc::Status status = Upload(*raw_, worker.session_token(), {Chunk("w-1", job.id(), 0), Chunk("w-1", job.id(), 4)});
+  grpc::Status status =
+      Upload(*raw_, worker.session_token(), {Chunk("w-1", job.id(), 0), Chunk("w-1", job.id(), 4)});
   EXPECT_TRUE(status.ok()) << status.error_message();
 }
 
@@ -498,7 +501,8 @@ TEST_F(GrpcServiceTest, UploadWeights_ChunkPastTheTensor_InvalidArgument) {
 TEST_F(GrpcServiceTest, UploadWeights_UnknownJob_NotFound) {
   v1::RegisterWorkerResponse worker;
   ASSERT_TRUE(Register(kJoinToken, &worker).ok());
-  EXPECT_EQ(Upload(*raw_, worker.session_token(), {Chunk("w-1", "job-5", 0)}).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(Upload(*raw_, worker.session_token(), {Chunk("w-1", "job-5", 0)}).error_code(),
+            grpc::StatusCode::NOT_FOUND);
 }
 
 TEST_F(GrpcServiceTest, UploadWeights_TwoJobsInOneStream_InvalidArgument) {
@@ -506,7 +510,8 @@ TEST_F(GrpcServiceTest, UploadWeights_TwoJobsInOneStream_InvalidArgument) {
   ASSERT_TRUE(Register(kJoinToken, &worker).ok());
   v1::Job job;
   ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
-  grpc::Status status = Upload(*raw_, worker.session_token(), {Chunk("w-1", job.id(), 0), Chunk("w-1", "job-2", 4)});
+  grpc::Status status =
+      Upload(*raw_, worker.session_token(), {Chunk("w-1", job.id(), 0), Chunk("w-1", "job-2", 4)});
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(status.error_message(), "one UploadWeights stream per job"))
       << status.error_message();
@@ -515,7 +520,8 @@ TEST_F(GrpcServiceTest, UploadWeights_TwoJobsInOneStream_InvalidArgument) {
 TEST_F(GrpcServiceTest, UploadWeights_EmptyStream_InvalidArgument) {
   v1::RegisterWorkerResponse worker;
   ASSERT_TRUE(Register(kJoinToken, &worker).ok());
-  EXPECT_EQ(Upload(*raw_, worker.session_token(), {}).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(Upload(*raw_, worker.session_token(), {}).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
 }
 
 TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethod_RefusalsCountedApart) {

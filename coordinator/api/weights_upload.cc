@@ -16,9 +16,8 @@ constexpr char kMethod[] = "UploadWeights";
 
 class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
  public:
-  WeightsUpload(grpc::CallbackServerContext* context,
-                WorkerRegistry::SessionIdentity caller, CoordinatorMetrics* metrics,
-                JobManager* jobs, SerialExecutor* executor)
+  WeightsUpload(grpc::CallbackServerContext* context, WorkerRegistry::SessionIdentity caller,
+                CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor)
       : context_(context),
         caller_(std::move(caller)),
         metrics_(metrics),
@@ -107,12 +106,9 @@ class RefusedUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
 
 }  // namespace
 
-grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(grpc::CallbackServerContext* context,
-                                                            const std::string& authorization,
-                                                            const CallerAuth* auth,
-                                                            CoordinatorMetrics* metrics,
-                                                            JobManager* jobs,
-                                                            SerialExecutor* executor) {
+grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(
+    grpc::CallbackServerContext* context, const std::string& authorization, const CallerAuth* auth,
+    CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor) {
   absl::StatusOr<WorkerRegistry::SessionIdentity> caller = auth->AuthenticateWorker(authorization);
   if (!caller.ok()) {
     metrics->CountRefused(kMethod, caller.status().code());

@@ -37,12 +37,9 @@ namespace pipetrain {
 // A reactor for one UploadWeights call; it deletes itself when done.
 // `authorization` is the call's credential (AuthorizationOf). `auth`,
 // `metrics`, `jobs` and `executor` are not owned and must outlive the call.
-grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(grpc::CallbackServerContext* context,
-                                                            const std::string& authorization,
-                                                            const CallerAuth* auth,
-                                                            CoordinatorMetrics* metrics,
-                                                            JobManager* jobs,
-                                                            SerialExecutor* executor);
+grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(
+    grpc::CallbackServerContext* context, const std::string& authorization, const CallerAuth* auth,
+    CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor);
 
 }  // namespace pipetrain
 

@@ -5,9 +5,9 @@
 
 #include <cstdlib>
 
-#include "absl/synchronization/notification.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -435,16 +435,16 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   int calls = 0;
   std::string asked;
   absl::Notification release;
-  jobs_.SetProfileFetcher([&](const std::string& address, const std::string& session,
-                              const v1::ProfileRequest& request)
-                              -> absl::StatusOr<v1::ModelProfile> {
-    ++calls;
-    asked = absl::StrCat(address, " T", request.seq_len(), " B", request.micro_batch_size(),
-                         session == registry_.SessionToken("w-1").value_or("?") ? " session"
-                                                                                  : " no session");
-    release.WaitForNotification();
-    return FakeProfile();
-  });
+  jobs_.SetProfileFetcher(
+      [&](const std::string& address, const std::string& session,
+          const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
+        ++calls;
+        asked = absl::StrCat(
+            address, " T", request.seq_len(), " B", request.micro_batch_size(),
+            session == registry_.SessionToken("w-1").value_or("?") ? " session" : " no session");
+        release.WaitForNotification();
+        return FakeProfile();
+      });
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_parallelism()->set_solver("bipartition");
@@ -471,8 +471,8 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
 }
 
 TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
-  jobs_.SetProfileFetcher([](const std::string&, const std::string&, const v1::ProfileRequest&)
-                              -> absl::StatusOr<v1::ModelProfile> {
+  jobs_.SetProfileFetcher([](const std::string&, const std::string&,
+                             const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
     return absl::UnavailableError("worker gone");
   });
   AddWorker(7001);
@@ -527,8 +527,9 @@ TEST_F(JobManagerTest, Submit_WeightsPathWithoutOutputDirOrEscaping_Rejected) {
   spec.mutable_output()->set_weights_path("w.safetensors");
   absl::Status status = no_output.Submit(spec).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StartsWith(status.message(), "spec.output.weights_path: this coordinator "
-                                                 "writes no files"))
+  EXPECT_TRUE(absl::StartsWith(status.message(),
+                               "spec.output.weights_path: this coordinator "
+                               "writes no files"))
       << status.message();
   ASSERT_EQ(symlink("/tmp", (OutputDir() + "/escape").c_str()), 0);
   spec.mutable_output()->set_weights_path("escape/w.safetensors");
@@ -549,10 +550,10 @@ TEST_F(JobManagerTest, Submit_PendingLimit_ResourceExhausted) {
 }
 
 TEST_F(JobManagerTest, EndedJobs_PrunedByCountAndAge_NewestKept) {
-  JobManager jobs(&registry_, &hub_, &clock_,
-                  JobManagerOptions{.id_epoch = "e1",
-                                    .ended_job_retention = absl::Hours(1),
-                                    .max_ended_jobs = 2});
+  JobManager jobs(
+      &registry_, &hub_, &clock_,
+      JobManagerOptions{
+          .id_epoch = "e1", .ended_job_retention = absl::Hours(1), .max_ended_jobs = 2});
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
     ids.push_back(jobs.Submit(SmallSpec(3)).value().id());

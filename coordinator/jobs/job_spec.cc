@@ -10,8 +10,8 @@
 #include "absl/strings/string_view.h"
 #include "common/confined_path.h"
 #include "common/status_macros.h"
-#include "kernels/compress/codec_spec.h"
 #include "google/protobuf/util/json_util.h"
+#include "kernels/compress/codec_spec.h"
 #include "worker/model/gpt_config.h"
 #include "worker/train/adamw_optimizer.h"
 
@@ -105,8 +105,8 @@ absl::Status ResolveTrainingSizes(v1::TrainingSpec* training) {
     return Invalid("spec.training.micro_batches",
                    absl::StrCat("must be >= 1, got ", training->micro_batches()));
   }
-  RETURN_IF_ERROR(RequireInRange("spec.training.micro_batches", training->micro_batches(),
-                                 kMaxMicroBatches));
+  RETURN_IF_ERROR(
+      RequireInRange("spec.training.micro_batches", training->micro_batches(), kMaxMicroBatches));
   if (training->batch_size() % training->micro_batches() != 0) {
     return Invalid("spec.training.micro_batches",
                    absl::StrCat(training->micro_batches(), " must divide spec.training.batch_size ",
@@ -198,15 +198,16 @@ absl::Status CheckModelSize(const v1::ModelSpec& model) {
 // absolute path is allowed; it must resolve inside a root.
 absl::Status CheckDataPath(const std::string& path) {
   if (path.size() > kMaxSpecPathBytes) {
-    return Invalid("spec.data.path", absl::StrCat("path of ", path.size(),
-                                                  " bytes exceeds the limit of ",
-                                                  kMaxSpecPathBytes));
+    return Invalid(
+        "spec.data.path",
+        absl::StrCat("path of ", path.size(), " bytes exceeds the limit of ", kMaxSpecPathBytes));
   }
   if (path.find('\0') != std::string::npos) return Invalid("spec.data.path", "contains a NUL byte");
   for (absl::string_view part : absl::StrSplit(path, '/')) {
     if (part == "..") {
-      return Invalid("spec.data.path", "\"..\" components are not allowed (paths are resolved "
-                                       "under the workers' --data-root)");
+      return Invalid("spec.data.path",
+                     "\"..\" components are not allowed (paths are resolved "
+                     "under the workers' --data-root)");
     }
   }
   return absl::OkStatus();
@@ -229,8 +230,8 @@ absl::Status ResolveData(v1::DataSpec* data, int vocab_size, DataFormat* format)
   if (!data->path().empty()) {
     RETURN_IF_ERROR(CheckDataPath(data->path()));
   } else {
-    RETURN_IF_ERROR(RequireInRange("spec.data.synthetic_bytes", data->synthetic_bytes(),
-                                   kMaxSyntheticBytes));
+    RETURN_IF_ERROR(
+        RequireInRange("spec.data.synthetic_bytes", data->synthetic_bytes(), kMaxSyntheticBytes));
     if (*format == DataFormat::kUint16 || *format == DataFormat::kUint16Header) {
       return Invalid("spec.data.format", absl::StrCat(data->format(),
                                                       " needs spec.data.path; the generated "
@@ -252,9 +253,9 @@ absl::Status ResolveData(v1::DataSpec* data, int vocab_size, DataFormat* format)
 absl::Status CheckManualStages(const v1::ParallelismSpec& p, int units) {
   const bool manual = p.solver() == kSolverManual;
   if (!manual && p.manual_stages_size() > 0) {
-    return Invalid("spec.parallelism.manual_stages",
-                   absl::StrCat("given but the solver is \"", Echo(p.solver()),
-                                "\"; use \"manual\""));
+    return Invalid(
+        "spec.parallelism.manual_stages",
+        absl::StrCat("given but the solver is \"", Echo(p.solver()), "\"; use \"manual\""));
   }
   if (!manual) return absl::OkStatus();
   if (p.manual_stages_size() != p.stages()) {
@@ -301,8 +302,8 @@ absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
       solver != kSolverAuto && solver != kSolverManual) {
     return Invalid("spec.parallelism.solver",
                    absl::StrCat("unknown solver \"", Echo(solver), "\"; accepted: ",
-                                absl::StrJoin({kSolverUniform, kSolverPipeDream,
-                                               kSolverBiPartition, kSolverAuto, kSolverManual},
+                                absl::StrJoin({kSolverUniform, kSolverPipeDream, kSolverBiPartition,
+                                               kSolverAuto, kSolverManual},
                                               ", "),
                                 " (acctfm sizes tensor-parallel groups, which jobs do not have "
                                 "yet; use `pipetrain plan --solver acctfm`)"));
@@ -317,8 +318,8 @@ absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
   const std::string& schedule = parallelism->schedule();
   if (schedule != kSchedule1F1B && schedule != kScheduleGPipe) {
     return Invalid("spec.parallelism.schedule",
-                   absl::StrCat("unknown schedule \"", Echo(schedule), "\"; accepted: ", kSchedule1F1B,
-                                ", ", kScheduleGPipe));
+                   absl::StrCat("unknown schedule \"", Echo(schedule),
+                                "\"; accepted: ", kSchedule1F1B, ", ", kScheduleGPipe));
   }
   return absl::OkStatus();
 }

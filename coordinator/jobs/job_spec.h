@@ -42,17 +42,17 @@ inline constexpr char kScheduleGPipe[] = "gpipe";
 // from making the coordinator allocate or compute without end; what a job
 // may really use is then the planner's and the workers' memory check.
 inline constexpr size_t kMaxJobNameBytes = 128;
-inline constexpr int kMaxLayers = 256;            // model.n_layer
-inline constexpr int kMaxHeads = 1024;            // model.n_head
-inline constexpr int kMaxDModel = 16384;          // model.d_model
-inline constexpr int kMaxSeqLen = 65536;          // training.seq_len, model.max_seq_len
-inline constexpr int kMaxBatchSize = 65536;       // training.batch_size
-inline constexpr int kMaxMicroBatches = 4096;     // training.micro_batches
-inline constexpr int64_t kMaxSteps = 100000000;   // training.steps, training.eval_interval
-inline constexpr int kMaxEvalWindows = 65536;     // training.eval_windows
+inline constexpr int kMaxLayers = 256;           // model.n_layer
+inline constexpr int kMaxHeads = 1024;           // model.n_head
+inline constexpr int kMaxDModel = 16384;         // model.d_model
+inline constexpr int kMaxSeqLen = 65536;         // training.seq_len, model.max_seq_len
+inline constexpr int kMaxBatchSize = 65536;      // training.batch_size
+inline constexpr int kMaxMicroBatches = 4096;    // training.micro_batches
+inline constexpr int64_t kMaxSteps = 100000000;  // training.steps, training.eval_interval
+inline constexpr int kMaxEvalWindows = 65536;    // training.eval_windows
 inline constexpr int64_t kMaxSyntheticBytes = int64_t{1} << 30;  // data.synthetic_bytes
-inline constexpr int kMaxStages = 1024;           // parallelism.stages (and <= units)
-inline constexpr size_t kMaxCodecSpecBytes = 256; // compression.forward, .backward
+inline constexpr int kMaxStages = 1024;            // parallelism.stages (and <= units)
+inline constexpr size_t kMaxCodecSpecBytes = 256;  // compression.forward, .backward
 // Derived: parameters of the whole model (the coordinator assembles the
 // final weights in memory) and tokens per optimizer step.
 inline constexpr int64_t kMaxParameters = int64_t{1} << 32;

@@ -1,11 +1,10 @@
 #include "coordinator/jobs/job_spec.h"
 
-#include <functional>
-
 #include <sys/stat.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -589,8 +588,9 @@ TEST(ResolveJobSpecBounds, EveryBound_AtIsAcceptedBeyondIsRejected) {
          s.mutable_training()->set_micro_batches(1);
        },
        kMaxSeqLen, "spec.training.seq_len: 65537 exceeds the limit of 65536"},
-      {"spec.model.max_seq_len", [](v1::JobSpec& s, int64_t v) { s.mutable_model()->set_max_seq_len(v); },
-       kMaxSeqLen, "spec.model.max_seq_len: 65537 exceeds the limit of 65536"},
+      {"spec.model.max_seq_len",
+       [](v1::JobSpec& s, int64_t v) { s.mutable_model()->set_max_seq_len(v); }, kMaxSeqLen,
+       "spec.model.max_seq_len: 65537 exceeds the limit of 65536"},
       {"spec.training.batch_size",
        [](v1::JobSpec& s, int64_t v) { s.mutable_training()->set_batch_size(v); }, kMaxBatchSize,
        "spec.training.batch_size: 65537 exceeds the limit of 65536"},
@@ -623,7 +623,8 @@ TEST(ResolveJobSpecBounds, EveryBound_AtIsAcceptedBeyondIsRejected) {
        kMaxJobNameBytes, "spec.name: 129 bytes exceeds the limit of 128"},
       {"spec.compression.forward",
        [](v1::JobSpec& s, int64_t v) {
-         s.mutable_compression()->set_forward(v == kMaxCodecSpecBytes ? "fp16" : std::string(v, 'x'));
+         s.mutable_compression()->set_forward(v == kMaxCodecSpecBytes ? "fp16"
+                                                                      : std::string(v, 'x'));
        },
        kMaxCodecSpecBytes, "spec.compression.forward: 257 bytes exceeds the limit of 256"},
       {"spec.scheduling.queue_timeout",

@@ -25,7 +25,7 @@ PlanningWork EstimatePlanningWork(const ResolvedJobSpec& r) {
   const double stages = r.stages;
   PlanningWork work;
   const bool bipartition = r.solver == kSolverBiPartition || r.solver == kSolverAuto;
-  work.solver_steps = units * stages;                                       // uniform, manual
+  work.solver_steps = units * stages;                                           // uniform, manual
   if (r.solver != kSolverUniform) work.solver_steps += stages * units * units;  // pipedream
   if (bipartition) work.solver_steps += stages * units * units * units;
   work.stage_micro_batches =
@@ -36,11 +36,11 @@ PlanningWork EstimatePlanningWork(const ResolvedJobSpec& r) {
 absl::Status CheckPlanningBudget(const ResolvedJobSpec& r) {
   const PlanningWork work = EstimatePlanningWork(r);
   if (work.solver_steps > kMaxSolverSteps) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "spec.parallelism: solver ", r.solver, " for ", r.stages, " stages of ",
-        2 * r.train.model.n_layer + 2, " units needs about ", work.solver_steps,
-        " steps, above the coordinator's planning budget of ", kMaxSolverSteps,
-        "; use solver pipedream or uniform, or fewer stages"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("spec.parallelism: solver ", r.solver, " for ", r.stages, " stages of ",
+                     2 * r.train.model.n_layer + 2, " units needs about ", work.solver_steps,
+                     " steps, above the coordinator's planning budget of ", kMaxSolverSteps,
+                     "; use solver pipedream or uniform, or fewer stages"));
   }
   if (work.stage_micro_batches > kMaxStageMicroBatches) {
     return absl::ResourceExhaustedError(absl::StrCat(

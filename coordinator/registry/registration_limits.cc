@@ -29,19 +29,20 @@ absl::Status CheckDevice(const v1::DeviceInfo& d) {
   RETURN_IF_ERROR(
       CheckLength(absl::StrCat(kDevice, "gpu_model"), d.gpu_model(), kMaxDescriptionBytes));
   RETURN_IF_ERROR(CheckLength(absl::StrCat(kDevice, "backend"), d.backend(), kMaxDescriptionBytes));
-  RETURN_IF_ERROR(CheckLength(absl::StrCat(kDevice, "gpu_pci_bus_id"), d.gpu_pci_bus_id(),
-                              kMaxPciBusIdBytes));
+  RETURN_IF_ERROR(
+      CheckLength(absl::StrCat(kDevice, "gpu_pci_bus_id"), d.gpu_pci_bus_id(), kMaxPciBusIdBytes));
   RETURN_IF_ERROR(
       CheckLength(absl::StrCat(kDevice, "nccl_unique_id"), d.nccl_unique_id(), kMaxNcclIdBytes));
   RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "cpu_cores"), d.cpu_cores(), kMaxCpuCores));
-  RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "gpu_sm_count"), d.gpu_sm_count(), kMaxCpuCores));
+  RETURN_IF_ERROR(
+      CheckRange(absl::StrCat(kDevice, "gpu_sm_count"), d.gpu_sm_count(), kMaxCpuCores));
   RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "gpu_index"), d.gpu_index(), kMaxCpuCores));
   RETURN_IF_ERROR(
       CheckRange(absl::StrCat(kDevice, "memory_bytes"), d.memory_bytes(), kMaxMemoryBytes));
   RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "memory_limit_bytes"), d.memory_limit_bytes(),
                              kMaxMemoryBytes));
-  RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "gpu_memory_bytes"), d.gpu_memory_bytes(),
-                             kMaxMemoryBytes));
+  RETURN_IF_ERROR(
+      CheckRange(absl::StrCat(kDevice, "gpu_memory_bytes"), d.gpu_memory_bytes(), kMaxMemoryBytes));
   return CheckRange(absl::StrCat(kDevice, "measured_gflops"), d.measured_gflops(), kMaxGflops);
 }
 

@@ -72,8 +72,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "common/clock.h"
 #include "common/annotated_mutex.h"
+#include "common/clock.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain {

@@ -12,7 +12,6 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-
 #include "worker/model/gemm_probe.h"
 
 namespace pipetrain {

@@ -6,7 +6,6 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-
 #include "proto/pipetrain/v1/coordinator.pb.h"
 #include "worker/model/backend.h"
 #include "worker/model/cpu_backend.h"

@@ -26,8 +26,8 @@ TEST(DeviceInfoTest, CollectDeviceInfo_CpuBackend_NoGpuFieldsAndMeasuredGemm) {
 }
 
 // A fake cgroup tree under TEST_TMPDIR.
-std::string FakeCgroup(const std::string& name, const std::string& self,
-                       const std::string& file, const std::string& value) {
+std::string FakeCgroup(const std::string& name, const std::string& self, const std::string& file,
+                       const std::string& value) {
   const std::string root = std::string(std::getenv("TEST_TMPDIR")) + "/" + name;
   const std::string dir = root + file.substr(0, file.rfind('/'));
   EXPECT_EQ(system(("mkdir -p '" + dir + "'").c_str()), 0);
@@ -37,8 +37,8 @@ std::string FakeCgroup(const std::string& name, const std::string& self,
 }
 
 TEST(CgroupMemoryLimitTest, V2LimitOrMax) {
-  std::string root = FakeCgroup("v2", "0::/kubepods/pod1\n", "/kubepods/pod1/memory.max",
-                                "2147483648");
+  std::string root =
+      FakeCgroup("v2", "0::/kubepods/pod1\n", "/kubepods/pod1/memory.max", "2147483648");
   EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), int64_t{2147483648});
   root = FakeCgroup("v2max", "0::/a\n", "/a/memory.max", "max");
   EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), 0);
@@ -48,8 +48,8 @@ TEST(CgroupMemoryLimitTest, V1LimitOrUnlimited) {
   std::string root = FakeCgroup("v1", "9:cpu:/x\n4:memory:/docker/abc\n",
                                 "/memory/docker/abc/memory.limit_in_bytes", "536870912");
   EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), int64_t{536870912});
-  root = FakeCgroup("v1none", "4:memory:/\n", "/memory//memory.limit_in_bytes",
-                    "9223372036854771712");
+  root =
+      FakeCgroup("v1none", "4:memory:/\n", "/memory//memory.limit_in_bytes", "9223372036854771712");
   EXPECT_EQ(CgroupMemoryLimit(root, root + "/self"), 0);
   EXPECT_EQ(CgroupMemoryLimit(root, root + "/missing"), 0);
 }

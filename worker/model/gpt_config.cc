@@ -63,15 +63,21 @@ std::vector<ParameterShape> UnitParameterShapes(const GptConfig& c, int index) {
       return {{"wte.weight", {vocab, d}}, {"wpe.weight", {int64_t{c.max_seq_len}, d}}};
     case UnitKind::kAttention: {
       const std::string p = absl::StrCat("h.", UnitLayer(c, index), ".");
-      return {{p + "ln_1.weight", {d}},          {p + "ln_1.bias", {d}},
-              {p + "attn.c_attn.weight", {d, 3 * d}}, {p + "attn.c_attn.bias", {3 * d}},
-              {p + "attn.c_proj.weight", {d, d}},     {p + "attn.c_proj.bias", {d}}};
+      return {{p + "ln_1.weight", {d}},
+              {p + "ln_1.bias", {d}},
+              {p + "attn.c_attn.weight", {d, 3 * d}},
+              {p + "attn.c_attn.bias", {3 * d}},
+              {p + "attn.c_proj.weight", {d, d}},
+              {p + "attn.c_proj.bias", {d}}};
     }
     case UnitKind::kMlp: {
       const std::string p = absl::StrCat("h.", UnitLayer(c, index), ".");
-      return {{p + "ln_2.weight", {d}},             {p + "ln_2.bias", {d}},
-              {p + "mlp.c_fc.weight", {d, 4 * d}},   {p + "mlp.c_fc.bias", {4 * d}},
-              {p + "mlp.c_proj.weight", {4 * d, d}}, {p + "mlp.c_proj.bias", {d}}};
+      return {{p + "ln_2.weight", {d}},
+              {p + "ln_2.bias", {d}},
+              {p + "mlp.c_fc.weight", {d, 4 * d}},
+              {p + "mlp.c_fc.bias", {4 * d}},
+              {p + "mlp.c_proj.weight", {4 * d, d}},
+              {p + "mlp.c_proj.bias", {d}}};
     }
     case UnitKind::kHead:
       return {{"ln_f.weight", {d}}, {"ln_f.bias", {d}}, {"wte.weight", {vocab, d}}};

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <climits>
+#include <csignal>
 #include <cstdio>
 #include <utility>
 
@@ -69,28 +70,41 @@ absl::StatusOr<std::string> FindSiblingBinary(const std::string& package, const 
                                           " or pass its path"));
 }
 
+absl::Status LocalCluster::StartCoordinator(int grpc_port, int http_port) {
+  const std::string ports = options_.dir + "/coordinator.ports";
+  std::remove(ports.c_str());
+  std::vector<std::string> argv = {options_.coordinator_binary,
+                                   absl::StrCat("--grpc-address=127.0.0.1:", grpc_port),
+                                   absl::StrCat("--http-address=127.0.0.1:", http_port),
+                                   "--ports-file=" + ports};
+  ASSIGN_OR_RETURN(std::vector<std::string> tokens, TokenFlags(options_, true));
+  argv.insert(argv.end(), tokens.begin(), tokens.end());
+  argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
+  ASSIGN_OR_RETURN(Subprocess coordinator, Subprocess::Spawn(argv, coordinator_log()));
+  coordinator_ = std::make_unique<Subprocess>(std::move(coordinator));
+  absl::Status ready =
+      WaitForFile(ports, options_.start_timeout, coordinator_.get(), coordinator_log());
+  if (!ready.ok()) {
+    return absl::UnavailableError(absl::StrCat("the coordinator did not start: ", ready.message(),
+                                               "; see ", coordinator_log()));
+  }
+  ASSIGN_OR_RETURN(grpc_port_, ReadPort(ports, "grpc_port"));
+  ASSIGN_OR_RETURN(http_port_, ReadPort(ports, "http_port"));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::KillAndRestartCoordinator() {
+  coordinator_->Signal(SIGKILL);
+  coordinator_->Wait(absl::Seconds(30));
+  ++coordinator_starts_;
+  return StartCoordinator(grpc_port_, http_port_);
+}
+
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const LocalClusterOptions& options) {
   std::unique_ptr<LocalCluster> cluster(new LocalCluster(options));
-  const std::string coordinator_ports = options.dir + "/coordinator.ports";
-  std::remove(coordinator_ports.c_str());
-  std::vector<std::string> argv = {options.coordinator_binary, "--grpc-address=127.0.0.1:0",
-                                   "--http-address=127.0.0.1:0",
-                                   "--ports-file=" + coordinator_ports};
-  ASSIGN_OR_RETURN(std::vector<std::string> coordinator_tokens, TokenFlags(options, true));
+  RETURN_IF_ERROR(cluster->StartCoordinator(0, 0));
   ASSIGN_OR_RETURN(const std::vector<std::string> worker_tokens, TokenFlags(options, false));
-  argv.insert(argv.end(), coordinator_tokens.begin(), coordinator_tokens.end());
-  argv.insert(argv.end(), options.coordinator_args.begin(), options.coordinator_args.end());
-  ASSIGN_OR_RETURN(Subprocess coordinator, Subprocess::Spawn(argv, cluster->coordinator_log()));
-  cluster->coordinator_ = std::make_unique<Subprocess>(std::move(coordinator));
-  absl::Status ready = WaitForFile(coordinator_ports, options.start_timeout,
-                                   cluster->coordinator_.get(), cluster->coordinator_log());
-  if (!ready.ok()) {
-    return absl::UnavailableError(absl::StrCat("the coordinator did not start: ", ready.message(),
-                                               "; see ", cluster->coordinator_log()));
-  }
-  ASSIGN_OR_RETURN(cluster->grpc_port_, ReadPort(coordinator_ports, "grpc_port"));
-  ASSIGN_OR_RETURN(cluster->http_port_, ReadPort(coordinator_ports, "http_port"));
   for (int i = 0; i < options.workers; ++i) {
     const std::string ports = absl::StrCat(options.dir, "/worker-", i, ".ports");
     std::remove(ports.c_str());
@@ -131,6 +145,11 @@ std::string LocalCluster::worker_log(int i) const {
   return absl::StrCat(options_.dir, "/worker-", i, ".log");
 }
 
-std::string LocalCluster::coordinator_log() const { return options_.dir + "/coordinator.log"; }
+std::string LocalCluster::coordinator_log() const {
+  // A restarted coordinator logs into a file of its own.
+  return coordinator_starts_ == 0
+             ? options_.dir + "/coordinator.log"
+             : absl::StrCat(options_.dir, "/coordinator-", coordinator_starts_, ".log");
+}
 
 }  // namespace pipetrain

@@ -48,6 +48,10 @@ class LocalCluster {
   const std::string& user_token() const { return options_.user_token; }
   std::string user_token_file() const { return options_.dir + "/user.token"; }
   Subprocess& coordinator() { return *coordinator_; }
+  // Kills the coordinator with SIGKILL (no clean shutdown) and starts a new
+  // one on the same ports with the same flags; the workers are left alone
+  // (they find out and register again). Errors as Start.
+  absl::Status KillAndRestartCoordinator();
   Subprocess& worker(int i) { return workers_[i]; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
   std::string worker_log(int i) const;
@@ -57,10 +61,13 @@ class LocalCluster {
 
  private:
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
+  // Starts the coordinator on the given ports (0: any) and reads them back.
+  absl::Status StartCoordinator(int grpc_port, int http_port);
   LocalClusterOptions options_;
   std::unique_ptr<Subprocess> coordinator_;
   std::vector<Subprocess> workers_;
   int grpc_port_ = 0, http_port_ = 0;
+  int coordinator_starts_ = 0;  // restarts so far
 };
 
 // Finds a sibling program of the running binary: first in its Bazel

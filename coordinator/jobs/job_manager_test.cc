@@ -1,9 +1,11 @@
 #include "coordinator/jobs/job_manager.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -611,6 +613,50 @@ TEST_F(JobManagerTest, LossHistory_KeepsTheLastStepsAndListLeavesItOut) {
   EXPECT_EQ(progress.loss_history(kMaxLossHistory - 1), static_cast<float>(steps - 1));
   EXPECT_EQ(jobs_.List().at(0).progress().loss_history_size(), 0);
   EXPECT_EQ(jobs_.List().at(0).progress().step(), steps);
+}
+
+// The weightsPath acceptance: every way out of --output-dir is refused at
+// submit, naming the field, and nothing appears outside it.
+TEST_F(JobManagerTest, Submit_WeightsPathsEscapingTheOutputDir_RejectedNothingWrittenOutside) {
+  const std::string base = OutputDir() + "/escape-test";
+  const std::string out = base + "/out", outside = base + "/outside";
+  ASSERT_EQ(mkdir(base.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(out.c_str(), 0755), 0);
+  ASSERT_EQ(mkdir(outside.c_str(), 0755), 0);
+  ASSERT_EQ(symlink(outside.c_str(), (out + "/link").c_str()), 0);
+  std::ofstream(outside + "/victim") << "precious";
+  ASSERT_EQ(symlink((outside + "/victim").c_str(), (out + "/final").c_str()), 0);
+  JobManager jobs(&registry_, &hub_, &clock_, JobManagerOptions{.output_dir = out});
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/etc/x", "must be a relative path"},
+      {"../x", "\"..\" components are not allowed"},
+      {outside + "/abs.safetensors", "must be a relative path"},
+      {"link/x.safetensors", "\"link\" is a symbolic link or not a directory"},
+      {"final", "\"final\" exists and is a symbolic link"},
+  };
+  for (const auto& [path, why] : cases) {
+    SCOPED_TRACE(path);
+    v1::JobSpec spec = SmallSpec(1);
+    spec.mutable_output()->set_weights_path(path);
+    absl::Status status = jobs.Submit(spec).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StartsWith(status.message(), "spec.output.weights_path: ")) << status;
+    EXPECT_TRUE(absl::StrContains(status.message(), why)) << status;
+  }
+  EXPECT_TRUE(jobs.List().empty());
+  std::string contents;
+  std::getline(std::ifstream(outside + "/victim"), contents);
+  EXPECT_EQ(contents, "precious");
+  int entries = 0;
+  for (DIR* dir = opendir(outside.c_str()); dir != nullptr;) {
+    dirent* entry = readdir(dir);
+    if (entry == nullptr) {
+      closedir(dir);
+      break;
+    }
+    if (std::string(entry->d_name) != "." && std::string(entry->d_name) != "..") ++entries;
+  }
+  EXPECT_EQ(entries, 1);  // the victim only
 }
 
 }  // namespace

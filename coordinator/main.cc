@@ -46,8 +46,12 @@
 namespace pipetrain {
 namespace {
 
-// Assignments carry whole programs and spec; weights chunks are large.
-constexpr int kMaxMessageBytes = 64 << 20;
+// What a client may send in one message: job specs are small and weights
+// chunks carry 1 MiB of floats, so 4 MiB leaves room without letting one
+// request make the coordinator buffer much (docs/operations.md "Bounds").
+constexpr int kMaxRequestBytes = 4 << 20;
+// What the coordinator sends: assignments carry whole programs and the spec.
+constexpr int kMaxResponseBytes = 64 << 20;
 // How long in-flight RPCs get to finish at shutdown before they are cancelled.
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
 
@@ -143,8 +147,8 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
   builder.AddListeningPort(flags.grpc_address, config.credentials, &port);
   // gRPC's default SO_REUSEPORT would let a second coordinator share the port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
+  builder.SetMaxSendMessageSize(kMaxResponseBytes);
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

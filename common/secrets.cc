@@ -73,6 +73,20 @@ absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::st
   return secret;
 }
 
+absl::StatusOr<std::string> SecretFromFlags(absl::string_view flag, const std::string& value,
+                                            const std::string& file) {
+  if (!value.empty() && !file.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " and --", flag, "-file are exclusive; give one"));
+  }
+  if (!file.empty()) return ReadSecretFile(absl::StrCat("--", flag, "-file"), file);
+  if (value.size() > kMaxSecretBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " is longer than ", kMaxSecretBytes, " bytes"));
+  }
+  return value;
+}
+
 absl::string_view BearerToken(absl::string_view header) {
   // The scheme is case-insensitive (RFC 7235 §2.1); the token is not.
   constexpr absl::string_view kPrefix = "bearer ";

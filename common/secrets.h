@@ -46,6 +46,12 @@ std::string HmacSha256Hex(absl::string_view key, absl::string_view message);
 // kMaxSecretBytes, or containing whitespace or control characters inside).
 absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path);
 
+// A secret given by value (--<flag>) or by file (--<flag>-file), not both;
+// "" when neither. Errors: INVALID_ARGUMENT when both are given or the
+// value is longer than kMaxSecretBytes; ReadSecretFile's for the file.
+absl::StatusOr<std::string> SecretFromFlags(absl::string_view flag, const std::string& value,
+                                            const std::string& file);
+
 // The token of an "authorization: Bearer <token>" value (an HTTP header or
 // gRPC metadata; the scheme in any case): the token, or empty when `header`
 // is not of that form.

@@ -70,6 +70,16 @@ TEST(ReadSecretFileTest, EmptyOrSpacedOrHuge_InvalidArgumentWithoutTheSecret) {
             absl::StatusCode::kInvalidArgument);
 }
 
+TEST(SecretFromFlagsTest, ValueFileBothOrNeither) {
+  EXPECT_EQ(SecretFromFlags("join-token", "v", "").value_or("?"), "v");
+  EXPECT_EQ(SecretFromFlags("join-token", "", WriteTemp("e", "f\n")).value_or("?"), "f");
+  EXPECT_EQ(SecretFromFlags("join-token", "", "").value_or("?"), "");
+  absl::Status both = SecretFromFlags("join-token", "v", WriteTemp("g", "f")).status();
+  EXPECT_EQ(both.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(both.message().find("--join-token and --join-token-file are exclusive"),
+            std::string::npos);
+}
+
 TEST(BearerTokenTest, Forms_TokenOrEmpty) {
   EXPECT_EQ(BearerToken("Bearer abc"), "abc");
   EXPECT_EQ(BearerToken("bearer abc"), "abc");  // the scheme is case-insensitive

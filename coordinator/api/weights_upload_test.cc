@@ -111,12 +111,15 @@ class WeightsUploadTest : public ::testing::Test {
     job_id_ = job->id();
   }
 
-  // Starts an upload call bound to `reader`, with w-1's credential unless
-  // `authorization` says otherwise.
-  grpc::ServerReadReactor<v1::WeightsChunk>* Start(
-      FakeReader& reader, std::optional<std::string> authorization = std::nullopt) {
-    grpc::ServerReadReactor<v1::WeightsChunk>* reactor = NewWeightsUpload(
-        &context_, authorization.value_or(authorization_), &auth_, &metrics_, &jobs_, &executor_);
+  // Starts an upload call bound to `reader` with w-1's credential, or with
+  // `authorization`.
+  grpc::ServerReadReactor<v1::WeightsChunk>* Start(FakeReader& reader) {
+    return Start(reader, authorization_);
+  }
+  grpc::ServerReadReactor<v1::WeightsChunk>* Start(FakeReader& reader,
+                                                  const std::string& authorization) {
+    grpc::ServerReadReactor<v1::WeightsChunk>* reactor =
+        NewWeightsUpload(&context_, authorization, &auth_, &metrics_, &jobs_, &executor_);
     reader.Bind(reactor);
     return reactor;
   }

@@ -22,18 +22,7 @@ std::string TempPath(const std::string& name) {
 }
 
 // Only the required fields: 2 layers (6 units), 2 stages.
-v1::JobSpec MinimalSpec() {
-  v1::JobSpec spec;
-  spec.set_name("minimal");
-  spec.mutable_model()->set_n_layer(2);
-  spec.mutable_model()->set_n_head(2);
-  spec.mutable_model()->set_d_model(16);
-  spec.mutable_training()->set_seq_len(8);
-  spec.mutable_training()->set_batch_size(4);
-  spec.mutable_training()->set_steps(10);
-  spec.mutable_parallelism()->set_stages(2);
-  return spec;
-}
+v1::JobSpec MinimalSpec() { return BoundsBaseSpec(); }
 
 // Asserts that `spec` is rejected with INVALID_ARGUMENT and a message that
 // starts with `prefix`.

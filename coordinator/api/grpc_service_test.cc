@@ -410,8 +410,7 @@ TEST_F(GrpcServiceTest, ReportProgress_StepWithLosses_UpdatesJobAndStageMetrics)
   request.set_job_id(job.id());
   request.set_plan_version(1);
   request.set_iteration(0);
-  request.add_micro_batch_losses(2.0f);
-  request.add_micro_batch_losses(3.0f);
+  request.add_micro_batch_losses(2.5f);  // the job has one micro-batch
   request.set_busy_seconds(0.5);
   request.set_idle_seconds(0.25);
   v1::ReportProgressResponse response;

@@ -27,6 +27,9 @@ void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
   out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
 }
 
+// A worker's error text becomes the job's reason, which every GetJob returns.
+constexpr size_t kMaxReportedErrorBytes = 16384;
+
 // The token embedding, which the head ties to (its stage holds a copy).
 constexpr char kTiedEmbeddingName[] = "wte.weight";
 
@@ -429,6 +432,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     return absl::FailedPreconditionError(absl::StrCat(
         "plan version ", r.plan_version(), " is stale; current is ", record->plan.version()));
   }
+  RETURN_IF_ERROR(CheckProgressBounds(r, *record));
   if (!r.error().empty()) {
     // Errors name peers by stage; say which worker runs each stage.
     std::vector<std::string> stages;
@@ -522,6 +526,27 @@ void JobManager::RecordWeightOwners(JobRecord& record, int stage) {
       record.weight_owner.try_emplace(p.name, stage, Shape(p.shape.begin(), p.shape.end()));
     }
   }
+}
+
+absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,
+                                            const JobRecord& record) {
+  const int micro_batches = record.resolved.train.micro_batches;
+  if (r.micro_batch_losses_size() > micro_batches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.micro_batch_losses: ", r.micro_batch_losses_size(),
+                     " losses for a job of ", micro_batches, " micro-batches"));
+  }
+  if (r.iteration() < 0 || r.iteration() >= record.resolved.train.steps) {
+    return absl::InvalidArgumentError(absl::StrCat("ReportProgressRequest.iteration: ",
+                                                   r.iteration(), " is outside the job's [0, ",
+                                                   record.resolved.train.steps, ")"));
+  }
+  if (r.error().size() > kMaxReportedErrorBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.error: ", r.error().size(),
+                     " bytes exceeds the limit of ", kMaxReportedErrorBytes));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status JobManager::CheckWeightsChunkLocked(const JobRecord& record,

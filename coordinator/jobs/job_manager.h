@@ -131,7 +131,8 @@ class JobManager {
 
   // From workers. NOT_FOUND (unknown job); PERMISSION_DENIED (the worker is
   // not part of the job); FAILED_PRECONDITION (its plan version is stale, or
-  // the job ended).
+  // the job ended); INVALID_ARGUMENT (more losses than micro-batches, an
+  // iteration outside [0, steps), an error text over 16 KiB).
   // The response's all_ready answers the start barrier (request.ready).
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);
@@ -206,6 +207,8 @@ class JobManager {
   void MaybeCompleteLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills weight_owner from the plan's backward units of `stage`.
   static void RecordWeightOwners(JobRecord& record, int stage);
+  static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
+                                          const JobRecord& record);
   absl::Status CheckWeightsChunkLocked(const JobRecord& record, const v1::WeightsChunk& chunk) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the spec's files may go and come from (options_); see Submit.

@@ -602,8 +602,10 @@ TEST_F(JobManagerTest, Schedule_QueueTimeout_FailsWithReasonAtTheDeadlineNotBefo
 
 TEST_F(JobManagerTest, LossHistory_KeepsTheLastStepsAndListLeavesItOut) {
   const std::string w1 = AddWorker(7001);
-  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
   const int steps = kMaxLossHistory + 5;
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_training()->set_steps(steps);
+  const std::string id = jobs_.Submit(spec).value().id();
   for (int i = 0; i < steps; ++i) Report(w1, id, i, {static_cast<float>(i)}, false);
   const v1::JobProgress progress = jobs_.Get(id).value().progress();
   EXPECT_EQ(progress.step(), steps);
@@ -657,6 +659,29 @@ TEST_F(JobManagerTest, Submit_WeightsPathsEscapingTheOutputDir_RejectedNothingWr
     if (std::string(entry->d_name) != "." && std::string(entry->d_name) != "..") ++entries;
   }
   EXPECT_EQ(entries, 1);  // the victim only
+}
+
+TEST_F(JobManagerTest, Progress_OutOfBoundsReports_InvalidArgumentJobUnchanged) {
+  const std::string w1 = AddWorker(7001);
+  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();  // 2 micro-batches, 3 steps
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w1);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  for (int i = 0; i < 3; ++i) r.add_micro_batch_losses(1.0f);
+  absl::Status status = jobs_.ReportProgress(r).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "ReportProgressRequest.micro_batch_losses: 3 losses for a job of 2 micro-batches");
+  r.clear_micro_batch_losses();
+  r.set_iteration(3);
+  EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.set_iteration(0);
+  r.set_error(std::string(16385, 'e'));
+  EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(job.progress().step(), 0);
 }
 
 }  // namespace

@@ -64,7 +64,10 @@ void JobRunner::ReportError(const absl::Status& status) {
   r.set_incarnation(options_.incarnation);
   r.set_job_id(assignment_.job_id());
   r.set_plan_version(assignment_.plan_version());
-  r.set_error(status.ToString());
+  // The coordinator refuses error texts over 16 KiB; a reason stays readable.
+  std::string text = status.ToString();
+  if (text.size() > 4096) text = text.substr(0, 4096) + " [...]";
+  r.set_error(std::move(text));
   absl::Status sent = coordinator_->ReportProgress(r).status();
   if (!sent.ok()) PT_LOG(ERROR) << "could not report the failure: " << sent;
 }

@@ -22,6 +22,7 @@
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
 #include "common/secrets.h"
+#include "common/tls_credentials.h"
 #include "coordinator/jobs/job_spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
@@ -37,11 +38,14 @@ extern "C" void OnInterrupt(int) { g_interrupted.store(true); }
 
 struct Connection {
   std::string coordinator = "127.0.0.1:7070";
-  std::string tls_ca;
+  std::string tls_ca, tls_cert, tls_key;
   std::string token_file;
   void Bind(FlagSet& flags) {
     flags.String("coordinator", &coordinator, "coordinator gRPC address");
     flags.String("tls-ca", &tls_ca, "PEM CA certificate for a TLS coordinator");
+    flags.String("tls-cert", &tls_cert,
+                 "PEM client certificate for a coordinator that requires one (with --tls-key)");
+    flags.String("tls-key", &tls_key, "PEM private key of --tls-cert");
     flags.String("token-file", &token_file,
                  "file holding the coordinator's user token (default: $PIPETRAIN_TOKEN)");
   }
@@ -49,7 +53,10 @@ struct Connection {
   absl::StatusOr<std::unique_ptr<v1::Coordinator::Stub>> Connect() const {
     absl::StatusOr<std::string> token = UserTokenFrom(token_file);
     if (!token.ok()) return token.status();
-    return ConnectCoordinator(coordinator, tls_ca, *token);
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        ClientTlsCredentials(tls_ca, tls_cert, tls_key);
+    if (!credentials.ok()) return credentials.status();
+    return ConnectCoordinator(coordinator, *credentials, *token);
   }
 };
 

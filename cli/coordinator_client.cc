@@ -1,26 +1,27 @@
 #include "cli/coordinator_client.h"
 
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "common/grpc_credentials.h"
 #include "common/secrets.h"
+#include "common/tls_credentials.h"
 
 namespace pipetrain {
 
 std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(const std::string& address,
                                                           const std::string& tls_ca,
                                                           const std::string& user_token) {
-  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-  if (!tls_ca.empty()) {
-    std::ifstream in(tls_ca);
-    std::stringstream pem;
-    pem << in.rdbuf();
-    grpc::SslCredentialsOptions options;
-    options.pem_root_certs = pem.str();
-    credentials = grpc::SslCredentials(options);
-  }
+  // A CA that cannot be read must not fall back to plaintext: TLS with the
+  // system's roots then fails to verify our coordinator.
+  return ConnectCoordinator(address,
+                            ClientTlsCredentials(tls_ca, "", "")
+                                .value_or(grpc::SslCredentials(grpc::SslCredentialsOptions())),
+                            user_token);
+}
+
+std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    const std::string& user_token) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   return v1::Coordinator::NewStub(BearerChannel(address, credentials, args, user_token));

@@ -15,10 +15,16 @@ namespace pipetrain {
 
 // `tls_ca`: a PEM CA file for TLS; empty for plaintext. `user_token`: sent
 // as "authorization: Bearer <token>" on every call (the coordinator's
-// --user-token); empty: none.
+// --user-token); empty: none. An unreadable CA file gives a channel that
+// cannot connect (the calls fail UNAVAILABLE); the CLI checks its flags with
+// ClientTlsCredentials first.
 std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(const std::string& address,
                                                           const std::string& tls_ca,
                                                           const std::string& user_token);
+// The same with credentials of the caller's (e.g. mutual TLS).
+std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    const std::string& user_token);
 
 // The user token for CLI commands: the contents of `token_file` when given,
 // else the PIPETRAIN_TOKEN environment variable, else empty (a coordinator

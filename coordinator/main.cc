@@ -16,9 +16,7 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,6 +32,7 @@
 #include "common/ports_file.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
+#include "common/tls_credentials.h"
 #include "coordinator/api/caller_auth.h"
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/api/grpc_service.h"
@@ -67,6 +66,7 @@ struct Flags {
   bool insecure = false;
   std::string tls_cert;
   std::string tls_key;
+  std::string tls_client_ca;
   std::string ports_file;
   std::string output_dir;
   std::string data_roots;  // comma-separated
@@ -101,6 +101,8 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
            "may then register workers or use the job API (local experiments only)");
   set.String("tls-cert", &flags.tls_cert, "PEM certificate chain for gRPC TLS (with --tls-key)");
   set.String("tls-key", &flags.tls_key, "PEM private key for gRPC TLS (with --tls-cert)");
+  set.String("tls-client-ca", &flags.tls_client_ca,
+             "PEM CA: require client certificates it signed (mutual TLS; with --tls-cert)");
   set.String("output-dir", &flags.output_dir,
              "the only directory jobs may write into (spec.output.weightsPath is a name under "
              "it); empty: jobs write no files");
@@ -113,30 +115,6 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
   help = set.help_requested();
   if (help) std::printf("%s", set.Usage().c_str());
   return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> ReadFile(const std::string& flag, const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(
-        absl::StrCat("--", flag, ": cannot read ", path, "; check the path and permissions"));
-  }
-  std::stringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerCredentials(const Flags& flags) {
-  if (flags.tls_cert.empty() && flags.tls_key.empty()) return grpc::InsecureServerCredentials();
-  if (flags.tls_cert.empty() || flags.tls_key.empty()) {
-    return absl::InvalidArgumentError("--tls-cert and --tls-key must be given together");
-  }
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  ASSIGN_OR_RETURN(pair.cert_chain, ReadFile("tls-cert", flags.tls_cert));
-  ASSIGN_OR_RETURN(pair.private_key, ReadFile("tls-key", flags.tls_key));
-  grpc::SslServerCredentialsOptions options;
-  options.pem_key_cert_pairs.push_back(std::move(pair));
-  return grpc::SslServerCredentials(options);
 }
 
 // Binds the gRPC server; `port` receives the bound port.
@@ -183,27 +161,12 @@ WorkerRegistry::Options RegistryOptions(const Flags& flags) {
   return options;
 }
 
-// A token given by value or by file (not both); "" when neither.
-absl::StatusOr<std::string> TokenFlag(const std::string& name, const std::string& value,
-                                      const std::string& file) {
-  if (!value.empty() && !file.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, " and --", name, "-file are exclusive; give one"));
-  }
-  if (!file.empty()) return ReadSecretFile(absl::StrCat("--", name, "-file"), file);
-  if (value.size() > kMaxSecretBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, " is longer than ", kMaxSecretBytes, " bytes"));
-  }
-  return value;
-}
-
 // Resolves the join and user tokens; without --insecure both are required.
 absl::Status ConfigureTokens(Flags& flags) {
   ASSIGN_OR_RETURN(flags.join_token,
-                   TokenFlag("join-token", flags.join_token, flags.join_token_file));
+                   SecretFromFlags("join-token", flags.join_token, flags.join_token_file));
   ASSIGN_OR_RETURN(flags.user_token,
-                   TokenFlag("user-token", flags.user_token, flags.user_token_file));
+                   SecretFromFlags("user-token", flags.user_token, flags.user_token_file));
   if (flags.insecure) return absl::OkStatus();
   if (flags.join_token.empty()) {
     return absl::InvalidArgumentError(
@@ -254,7 +217,9 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
     return absl::InvalidArgumentError(
         absl::StrCat(lease.message(), " (--heartbeat-seconds, --lease-seconds)"));
   }
-  ASSIGN_OR_RETURN(config.credentials, ServerCredentials(config.flags));
+  ASSIGN_OR_RETURN(config.credentials,
+                   ServerTlsCredentials(config.flags.tls_cert, config.flags.tls_key,
+                                        config.flags.tls_client_ca));
   return SplitHostPort(config.flags.http_address, config.http_host, config.http_port);
 }
 
@@ -319,8 +284,11 @@ int Serve(const Config& config, const sigset_t& signals) {
   }
   registry.StartStalenessLoop();
   jobs.StartSchedulingLoop();
+  const char* tls = flags.tls_cert.empty()        ? "without TLS"
+                    : flags.tls_client_ca.empty() ? "with TLS"
+                                                  : "with mutual TLS";
   PT_LOG(INFO) << "pipetrain-coordinator: gRPC on port " << grpc_port << ", HTTP on port "
-               << *bound << (flags.tls_cert.empty() ? " (gRPC without TLS)" : " (gRPC with TLS)");
+               << *bound << " (gRPC " << tls << ")";
 
   const int signal = WaitForSignal(signals);
   PT_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << "; shutting down";

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # gRPC with TLS end to end: a coordinator started with a self-signed
 # certificate, a worker and the CLI trusting it (--tls-ca) train a job; a
-# client without TLS is refused. Ports are chosen by the kernel (port 0) and
-# read back from ports files; every process is killed on exit.
+# client without TLS is refused. Then mutual TLS: a coordinator that requires
+# client certificates signed by a test CA (--tls-client-ca) takes a worker
+# and the CLI presenting one (--tls-cert/--tls-key) and refuses the CLI
+# without. Ports are chosen by the kernel (port 0) and read back from ports
+# files; every process is killed on exit.
 set -u
 R="$TEST_SRCDIR/$TEST_WORKSPACE"
 T="$TEST_TMPDIR"
@@ -41,5 +44,31 @@ check "job over TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -f2)" = 
 "$R/cli/pipetrain" jobs --coordinator="$addr" > "$T/plain.out" 2>&1
 check "plaintext client refused" test $? -eq 1
 check "refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/plain.out"
+
+# Mutual TLS: a CA of our own signs the clients' certificate.
+openssl req -x509 -newkey rsa:2048 -nodes -keyout "$T/ca.key" -out "$T/ca.pem" -days 2 \
+  -subj "/CN=pipetrain test CA" 2>/dev/null
+openssl req -newkey rsa:2048 -nodes -keyout "$T/client.key" -out "$T/client.csr" \
+  -subj "/CN=pipetrain client" 2>/dev/null
+openssl x509 -req -in "$T/client.csr" -CA "$T/ca.pem" -CAkey "$T/ca.key" -CAcreateserial \
+  -out "$T/client.pem" -days 2 2>/dev/null
+check "client certificate signed" test -s "$T/client.pem"
+"$R/coordinator/pipetrain-coordinator" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
+  --ports-file="$T/m.ports" --join-token=t --user-token=u --tls-cert="$T/cert.pem" \
+  --tls-key="$T/key.pem" --tls-client-ca="$T/ca.pem" > "$T/mtls-coordinator.log" 2>&1 &
+pids+=($!)
+check "mTLS coordinator up" await_file "$T/m.ports"
+maddr="127.0.0.1:$(port_of "$T/m.ports" grpc_port)"
+"$R/worker/pipetrain-worker" --coordinator="$maddr" --tls-ca="$T/cert.pem" \
+  --tls-cert="$T/client.pem" --tls-key="$T/client.key" --join-token=t \
+  --ports-file="$T/mw.ports" > "$T/mtls-worker.log" 2>&1 &
+pids+=($!)
+check "mTLS worker up" await_file "$T/mw.ports"
+out=$("$R/cli/pipetrain" submit "$T/job.json" --coordinator="$maddr" --tls-ca="$T/cert.pem" \
+  --tls-cert="$T/client.pem" --tls-key="$T/client.key" --follow 2>/dev/null)
+check "job over mutual TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -f2)" = SUCCEEDED
+"$R/cli/pipetrain" jobs --coordinator="$maddr" --tls-ca="$T/cert.pem" > "$T/nocert.out" 2>&1
+check "client without a certificate refused" test $? -eq 1
+check "its refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/nocert.out"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

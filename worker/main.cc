@@ -23,6 +23,7 @@
 #include "common/logging.h"
 #include "common/ports_file.h"
 #include "common/secrets.h"
+#include "common/tls_credentials.h"
 #include "kernels/cpu/blas.h"
 #include "worker/agent/device_info.h"
 #include "worker/agent/worker_agent.h"
@@ -53,21 +54,13 @@ struct Flags {
   std::string mailbox_limit = "4G";
   std::string node_name;
   std::string tls_ca;
+  std::string tls_cert, tls_key;  // the worker's client certificate (mutual TLS)
   std::string ports_file;
   std::string metrics = "127.0.0.1:0";
   int threads = 1;
   double recv_timeout_seconds = 60;
   std::string device = "auto", gemm = "fp32", attention = "reference";
 };
-
-std::shared_ptr<grpc::ChannelCredentials> Credentials(const std::string& ca_path) {
-  if (ca_path.empty()) return nullptr;
-  std::ifstream in(ca_path);
-  std::string pem((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  grpc::SslCredentialsOptions options;
-  options.pem_root_certs = pem;
-  return grpc::SslCredentials(options);
-}
 
 int Run(const std::vector<std::string>& args) {
   Flags f;
@@ -88,6 +81,9 @@ int Run(const std::vector<std::string>& args) {
                "comma-separated directories jobs may read data files from (spec.data.path); "
                "empty: only generated corpora");
   flags.String("tls-ca", &f.tls_ca, "PEM CA certificate: connect to the coordinator with TLS");
+  flags.String("tls-cert", &f.tls_cert,
+               "PEM client certificate for a coordinator that requires one (with --tls-key)");
+  flags.String("tls-key", &f.tls_key, "PEM private key of --tls-cert");
   flags.String("ports-file", &f.ports_file, "write the bound ports here (JSON)");
   flags.String("metrics-address", &f.metrics, "HTTP /metrics and /healthz (port 0 = any)");
   flags.Int("threads", &f.threads, "OpenBLAS threads");
@@ -105,17 +101,18 @@ int Run(const std::vector<std::string>& args) {
     parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
   }
   if (parsed.ok()) parsed = ValidateDeviceFlags(f.device, f.gemm, f.attention);
-  if (parsed.ok() && !f.join_token_file.empty()) {
-    if (!f.join_token.empty()) {
-      parsed = absl::InvalidArgumentError("--join-token and --join-token-file are exclusive");
-    } else {
-      absl::StatusOr<std::string> token = ReadSecretFile("--join-token-file", f.join_token_file);
-      if (token.ok()) f.join_token = *std::move(token);
-      parsed = token.status();
-    }
+  if (parsed.ok()) {
+    absl::StatusOr<std::string> token =
+        SecretFromFlags("join-token", f.join_token, f.join_token_file);
+    if (token.ok()) f.join_token = *std::move(token);
+    parsed = token.status();
   }
-  if (parsed.ok() && !f.tls_ca.empty() && !std::ifstream(f.tls_ca)) {
-    parsed = absl::NotFoundError("--tls-ca: cannot read " + f.tls_ca);
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (parsed.ok()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> tls =
+        ClientTlsCredentials(f.tls_ca, f.tls_cert, f.tls_key);
+    parsed = tls.status();
+    if (tls.ok()) credentials = *std::move(tls);
   }
   int64_t memory_limit = 0;
   if (parsed.ok() && !f.memory_limit.empty()) {
@@ -185,7 +182,7 @@ int Run(const std::vector<std::string>& args) {
   }
   WorkerAgentOptions options;
   options.coordinator_address = f.coordinator;
-  options.credentials = Credentials(f.tls_ca);
+  options.credentials = credentials;
   options.join_token = f.join_token;
   options.node_name = f.node_name;
   options.metrics_address = absl::StrCat(f.metrics.substr(0, colon), ":", *bound);

@@ -1,0 +1,39 @@
+// gRPC TLS credentials from PEM files, for the coordinator's port and its
+// clients (workers, the CLI), including mutual TLS: a coordinator given a
+// client CA accepts only clients whose certificate that CA signed, and a
+// client given a certificate and key presents them (docs/operations.md
+// "Security"). Tokens still apply on top of TLS.
+//
+// Every function reads its files when called; errors name the flag and the
+// path (NOT_FOUND when unreadable, INVALID_ARGUMENT for flags given without
+// their partner). Thread-safe.
+#ifndef PIPETRAIN_COMMON_TLS_CREDENTIALS_H_
+#define PIPETRAIN_COMMON_TLS_CREDENTIALS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace pipetrain {
+
+// Server side. `cert` and `key` (both or neither; neither: plaintext) are
+// the server's identity; `client_ca`, when given (needs cert and key),
+// makes client certificates required and verified against it.
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(
+    const std::string& cert, const std::string& key, const std::string& client_ca);
+
+// Client side. `ca` (empty: plaintext) verifies the server; `cert` and
+// `key` (both or neither; they need `ca`) are the client's identity for a
+// server that requires one.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
+    const std::string& ca, const std::string& cert, const std::string& key);
+
+// The contents of the file at `path`; NOT_FOUND naming --`flag` and the path.
+absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COMMON_TLS_CREDENTIALS_H_

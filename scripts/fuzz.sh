@@ -40,7 +40,10 @@ bazel_fuzz() { bazel --output_base="$output_base" --max_idle_secs=900 "$@"; }
 
 labels=()
 for t in "${TARGETS[@]}"; do labels+=("//fuzz:$t"); done
-if ! bazel_fuzz build --config=fuzz "${labels[@]}"; then
+# --symlink_prefix=/: no bazel-* links in the workspace. Links into this
+# output base would replace the main build's and make `bazel test //...`
+# descend into it.
+if ! bazel_fuzz build --config=fuzz --symlink_prefix=/ "${labels[@]}"; then
   echo "fuzz: build failed"
   exit 1
 fi

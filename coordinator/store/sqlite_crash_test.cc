@@ -1,0 +1,166 @@
+// SqliteStore under SIGKILL: a child process commits numbered batches and
+// acknowledges each one on a pipe after Commit returns; the parent kills it
+// once it has read some acknowledgements, reopens the store and checks that
+// every acknowledged batch is there and that no batch is there in part.
+//
+// SIGKILL leaves the kernel's page cache alone, so this checks atomicity and
+// "OK means committed", not power-loss durability (synchronous=FULL's job).
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "coordinator/store/sqlite_store.h"
+#include "coordinator/store/store.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr int kKeysPerBatch = 4;
+constexpr int kAcksBeforeKill = 20;
+constexpr int kRounds = 3;
+
+// Batch n puts kKeysPerBatch keys "batch/<n>/<j>", and replaces everything
+// under "latest/" with kKeysPerBatch keys whose value is n: a torn batch
+// would leave "latest/" with mixed values or a partial count.
+std::vector<StoreWrite> BatchWrites(int n) {
+  std::vector<StoreWrite> writes = {StoreWrite::DeletePrefix("latest/")};
+  for (int j = 0; j < kKeysPerBatch; ++j) {
+    writes.push_back(StoreWrite::Put(absl::StrFormat("batch/%08d/%d", n, j), absl::StrCat(n)));
+    writes.push_back(StoreWrite::Put(absl::StrCat("latest/", j), absl::StrCat(n)));
+  }
+  return writes;
+}
+
+[[noreturn]] void ChildFail(const std::string& what) {
+  fprintf(stderr, "crash test child: %s\n", what.c_str());
+  _exit(2);
+}
+
+// The child: commits batches first, first + 1, ... until it is killed,
+// writing each batch number to `ack_fd` once its Commit has returned OK.
+[[noreturn]] void RunChild(const std::string& dir, int first, int ack_fd) {
+  absl::StatusOr<std::unique_ptr<SqliteStore>> store = SqliteStore::Open(dir);
+  if (!store.ok()) ChildFail(store.status().ToString());
+  for (int n = first;; ++n) {
+    absl::Status status = (*store)->Commit(BatchWrites(n));
+    if (!status.ok()) ChildFail(status.ToString());
+    // 4 bytes: below PIPE_BUF, so each write is atomic.
+    if (write(ack_fd, &n, sizeof(n)) != static_cast<ssize_t>(sizeof(n))) {
+      ChildFail(absl::StrCat("ack write: errno ", errno));
+    }
+  }
+}
+
+// Reads one acknowledgement; false at end of file (the child is gone).
+bool ReadAck(int fd, int* n) {
+  size_t done = 0;
+  char* out = reinterpret_cast<char*>(n);
+  while (done < sizeof(*n)) {
+    const ssize_t got = read(fd, out + done, sizeof(*n) - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      EXPECT_EQ(done, 0u) << "torn acknowledgement";
+      return false;
+    }
+    done += static_cast<size_t>(got);
+  }
+  return true;
+}
+
+// Runs one child from batch `first`, kills it after kAcksBeforeKill
+// acknowledgements and returns the last batch it acknowledged.
+int RunAndKillChild(const std::string& dir, int first) {
+  int fds[2];
+  EXPECT_EQ(pipe2(fds, O_CLOEXEC), 0);
+  const pid_t pid = fork();
+  EXPECT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    RunChild(dir, first, fds[1]);
+  }
+  close(fds[1]);
+  int acks = 0;
+  int last = first - 1;
+  for (int n; acks < kAcksBeforeKill && ReadAck(fds[0], &n); ++acks) {
+    EXPECT_EQ(n, last + 1) << "acknowledgements out of order";
+    last = n;
+  }
+  EXPECT_EQ(kill(pid, SIGKILL), 0);
+  // Acknowledgements written between the last read and the kill count too.
+  for (int n; ReadAck(fds[0], &n);) {
+    EXPECT_EQ(n, last + 1) << "acknowledgements out of order";
+    last = n;
+  }
+  close(fds[0]);
+  int wstatus = 0;
+  EXPECT_EQ(waitpid(pid, &wstatus, 0), pid);
+  EXPECT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL)
+      << "the child ended by itself (status " << wstatus << ") after " << acks
+      << " acknowledgements; see its message above";
+  EXPECT_EQ(acks, kAcksBeforeKill);
+  return last;
+}
+
+// Checks the store after a kill: batches 0 .. M-1 present, each whole, and
+// nothing else; "latest/" whole and from batch M-1. Returns M.
+int CheckRecovered(const Store& store, int last_acknowledged) {
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> batches = store.Scan("batch/");
+  EXPECT_TRUE(batches.ok()) << batches.status();
+  std::map<int, int> keys_per_batch;
+  for (const auto& [key, value] : *batches) {
+    int n = -1;
+    EXPECT_TRUE(absl::SimpleAtoi(value, &n)) << key;
+    EXPECT_EQ(key.substr(0, 15), absl::StrFormat("batch/%08d/", n));
+    ++keys_per_batch[n];
+  }
+  const int committed = static_cast<int>(keys_per_batch.size());
+  for (const auto& [n, count] : keys_per_batch) {
+    EXPECT_LT(n, committed) << "batch " << n << " present but an earlier one is missing";
+    EXPECT_EQ(count, kKeysPerBatch) << "batch " << n << " is torn";
+  }
+  // Every acknowledged batch, and at most the one in flight beyond it.
+  EXPECT_GE(committed, last_acknowledged + 1);
+  EXPECT_LE(committed, last_acknowledged + 2);
+
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> latest = store.Scan("latest/");
+  EXPECT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->size(), static_cast<size_t>(kKeysPerBatch));
+  for (const auto& [key, value] : *latest) EXPECT_EQ(value, absl::StrCat(committed - 1)) << key;
+  return committed;
+}
+
+TEST(SqliteCrashTest, Sigkill_AcknowledgedBatchesSurviveAndNoneIsTorn) {
+  std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/crashXXXXXX");
+  ASSERT_NE(mkdtemp(dir.data()), nullptr);
+  dir += "/state";
+  int next = 0;
+  // Later rounds reopen a store recovered from the previous kill.
+  for (int round = 0; round < kRounds; ++round) {
+    const int last = RunAndKillChild(dir, next);
+    ASSERT_FALSE(::testing::Test::HasFailure()) << "round " << round;
+    absl::StatusOr<std::unique_ptr<SqliteStore>> store = SqliteStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    next = CheckRecovered(**store, last);
+    ASSERT_FALSE(::testing::Test::HasFailure()) << "round " << round;
+    // The store closes here, before the next child needs the lock.
+  }
+  EXPECT_GE(next, kRounds * kAcksBeforeKill);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -302,7 +302,8 @@ int RunUp(const std::vector<std::string>& args) {
   cluster_options.join_token = RandomToken();
   cluster_options.user_token = RandomToken();
   cluster_options.coordinator_args = {"--output-dir=" + o.out};
-  cluster_options.worker_args = {"--gemm", o.worker_gemm, "--attention", o.worker_attention};
+  cluster_options.worker_args = {"--gemm", o.worker_gemm, "--attention", o.worker_attention,
+                                 "--checkpoint-root=" + o.out};
   if (!o.data.empty()) {
     // Every process reads the corpus from the directory it lies in, and
     // nothing else (the data roots of docs/operations.md "Security").

@@ -481,22 +481,22 @@ const Tensor* SafetensorsContents::Find(std::string_view name) const {
   return nullptr;
 }
 
-absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
-  ASSIGN_OR_RETURN(FileBytes file, ReadWholeFile(path));
-  if (file.size < kLengthBytes) {
-    return FileError(
-        path, absl::StrCat("file is ", file.size, " bytes, shorter than the 8-byte header length"));
+absl::StatusOr<SafetensorsContents> ParseSafetensors(std::string_view bytes,
+                                                     const std::string& path) {
+  if (bytes.size() < kLengthBytes) {
+    return FileError(path, absl::StrCat("file is ", bytes.size(),
+                                        " bytes, shorter than the 8-byte header length"));
   }
   uint64_t header_size;
-  std::memcpy(&header_size, file.data.get(), sizeof(header_size));
-  if (header_size > kMaxHeaderBytes || header_size > file.size - kLengthBytes) {
+  std::memcpy(&header_size, bytes.data(), sizeof(header_size));
+  if (header_size > kMaxHeaderBytes || header_size > bytes.size() - kLengthBytes) {
     return FileError(
-        path, absl::StrCat("header length ", header_size, " exceeds the file size ", file.size,
+        path, absl::StrCat("header length ", header_size, " exceeds the file size ", bytes.size(),
                            " or the 100 MiB limit; not a safetensors file or corrupt"));
   }
-  const char* header_begin = file.data.get() + kLengthBytes;
+  const char* header_begin = bytes.data() + kLengthBytes;
   const char* data = header_begin + header_size;
-  const uint64_t data_size = file.size - kLengthBytes - header_size;
+  const uint64_t data_size = bytes.size() - kLengthBytes - header_size;
   ASSIGN_OR_RETURN(json header, ParseHeaderJson(path, header_begin, data));
   SafetensorsContents contents;
   ASSIGN_OR_RETURN(std::vector<Entry> entries,
@@ -504,6 +504,11 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
   contents.tensors.reserve(entries.size());
   for (const Entry& e : entries) contents.tensors.push_back({e.name, Decode(e, data + e.begin)});
   return contents;
+}
+
+absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
+  ASSIGN_OR_RETURN(FileBytes file, ReadWholeFile(path));
+  return ParseSafetensors(std::string_view(file.data.get(), file.size), path);
 }
 
 }  // namespace pipetrain

@@ -92,6 +92,11 @@ struct SafetensorsContents {
 // writer never produces them, but they do not make the data ambiguous).
 absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path);
 
+// ReadSafetensors of a file already in memory (e.g. read once to check its
+// checksum); `path` only names it in errors.
+absl::StatusOr<SafetensorsContents> ParseSafetensors(std::string_view bytes,
+                                                     const std::string& path);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COMMON_SAFETENSORS_H_

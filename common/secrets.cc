@@ -35,6 +35,13 @@ std::string RandomHex(int bytes) {
   return absl::BytesToHexString(raw);
 }
 
+std::string Sha256Hex(absl::string_view data) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  PT_CHECK(EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) == 1);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), length));
+}
+
 std::string HmacSha256Hex(absl::string_view key, absl::string_view message) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;

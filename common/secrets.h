@@ -38,6 +38,10 @@ inline std::string RandomToken() { return RandomHex(32); }
 // HMAC-SHA256 of `message` under `key` (RFC 2104), as 64 lowercase hex digits.
 std::string HmacSha256Hex(absl::string_view key, absl::string_view message);
 
+// SHA-256 of `data`, lowercase hex (64 characters): checkpoint files'
+// checksums (not a secret, but the same library).
+std::string Sha256Hex(absl::string_view data);
+
 // Reads a secret from the file at `path`, without a trailing newline (what
 // `openssl rand -hex 32 > file` or a Kubernetes Secret volume holds).
 // `flag` names where the path came from, for messages.

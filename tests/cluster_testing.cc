@@ -30,7 +30,9 @@ std::unique_ptr<LocalCluster> StartTestCluster(const std::string& subdir, int wo
   options.coordinator_args = {"--output-dir=" + options.dir};
   options.coordinator_args.insert(options.coordinator_args.end(), coordinator_args.begin(),
                                   coordinator_args.end());
-  options.worker_args = std::move(worker_args);
+  // Checkpoints go where the coordinator keeps its files (one disk here).
+  options.worker_args = {"--checkpoint-root=" + options.dir};
+  options.worker_args.insert(options.worker_args.end(), worker_args.begin(), worker_args.end());
   auto cluster = LocalCluster::Start(options);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
   return cluster.ok() ? std::move(*cluster) : nullptr;

@@ -240,8 +240,10 @@ TEST(HardeningClusterTest, StrangerOpensDataPlaneStreams_RefusedAndJobUnharmed) 
   ASSERT_EQ(reference.state(), v1::SUCCEEDED) << reference.reason();
 
   const std::string id = testing::SubmitJob(*stub, SmallJob(20));
-  testing::AwaitJob(*stub, id, kJobTimeout,
-                    [](const v1::Job& j) { return j.state() == v1::RUNNING; });
+  const v1::Job running = testing::AwaitJob(
+      *stub, id, kJobTimeout, [](const v1::Job& j) { return j.state() == v1::RUNNING; });
+  // The data plane names a job by id and plan version (DataPlaneJobId).
+  const std::string data_job = absl::StrCat(id, "/", running.plan_version());
   int refused = 0;
   for (int worker = 0; worker < 2; ++worker) {
     const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/stranger";
@@ -252,10 +254,11 @@ TEST(HardeningClusterTest, StrangerOpensDataPlaneStreams_RefusedAndJobUnharmed) 
         absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
     // What a stranger can know: the job id (ListJobs shows it), the stages,
     // the tensor keys; not the job's secret.
-    const std::vector<std::string> proofs = {"", "0000", StreamProof("guess", id, 1 - worker)};
+    const std::vector<std::string> proofs = {"", "0000",
+                                             StreamProof("guess", data_job, 1 - worker)};
     for (const std::string& proof : proofs) {
       auto context = Context();
-      context->AddMetadata(kJobMetadataKey, id);
+      context->AddMetadata(kJobMetadataKey, data_job);
       context->AddMetadata(kStageMetadataKey, absl::StrCat(1 - worker));
       if (!proof.empty()) context->AddMetadata(kProofMetadataKey, proof);
       auto stream = data->Stream(context.get());
@@ -264,7 +267,7 @@ TEST(HardeningClusterTest, StrangerOpensDataPlaneStreams_RefusedAndJobUnharmed) 
         key.set_kind(worker == 0 ? v1::ACTIVATION_GRAD : v1::ACTIVATION);
         key.set_micro_batch(0);
         key.set_unit(3);
-        TensorAddress address = MakeAddress(id, it, key);
+        TensorAddress address = MakeAddress(data_job, it, key);
         for (const v1::TensorFrame& frame : EncodeTensorFrames(
                  1 - worker, address, WireTensor::Raw(Tensor::Zeros({8, 16, 32})))) {
           if (!stream->Write(frame)) break;

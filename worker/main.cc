@@ -50,6 +50,7 @@ struct Flags {
   std::string join_token;
   std::string join_token_file;
   std::string data_roots;  // comma-separated
+  std::string checkpoint_root;
   std::string memory_limit;
   std::string mailbox_limit = "4G";
   std::string node_name;
@@ -80,6 +81,9 @@ int Run(const std::vector<std::string>& args) {
   flags.String("data-root", &f.data_roots,
                "comma-separated directories jobs may read data files from (spec.data.path); "
                "empty: only generated corpora");
+  flags.String("checkpoint-root", &f.checkpoint_root,
+               "directory jobs write their checkpoints under (spec.checkpoint.dir): the "
+               "coordinator's --output-dir, shared; empty: jobs with checkpoints fail here");
   flags.String("tls-ca", &f.tls_ca, "PEM CA certificate: connect to the coordinator with TLS");
   flags.String("tls-cert", &f.tls_cert,
                "PEM client certificate for a coordinator that requires one (with --tls-key)");
@@ -191,6 +195,7 @@ int Run(const std::vector<std::string>& args) {
   options.session = &session;
   options.memory_limit_bytes = memory_limit;
   options.data_roots = absl::StrSplit(f.data_roots, ',', absl::SkipEmpty());
+  options.checkpoint_root = f.checkpoint_root;
   std::atomic<bool> device_failed{false};
   options.on_backend_failure = [&device_failed](const absl::Status& status) {
     PT_LOG(ERROR) << "the device failed: " << status

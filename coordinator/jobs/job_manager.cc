@@ -1,6 +1,8 @@
 #include "coordinator/jobs/job_manager.h"
 
 #include <algorithm>
+#include <optional>
+#include <set>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -113,6 +115,8 @@ void JobManager::AwaitProfiling() {
 
 void JobManager::SetProfileFetcher(ProfileFetcher fetcher) { fetcher_ = std::move(fetcher); }
 
+void JobManager::SetEvents(JobEvents events) { events_ = std::move(events); }
+
 v1::ProfileRequest JobManager::ProfileRequestFor(const JobRecord& record) const {
   v1::ProfileRequest request;
   *request.mutable_model() = record.resolved.spec.model();
@@ -212,6 +216,18 @@ absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
                                        /*create_dirs=*/false)
                         .status());
   }
+  const v1::CheckpointSpec& checkpoint = resolved.spec.checkpoint();
+  if (checkpoint.interval_steps() > 0 && options_.output_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "spec.checkpoint: this coordinator keeps no checkpoints (it was started without "
+        "--output-dir); leave spec.checkpoint.interval_steps at 0 or ask the operator");
+  }
+  if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
+    RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, "spec.checkpoint.dir",
+                                       absl::StrCat(checkpoint.dir(), "/manifest.json"),
+                                       /*create_dirs=*/false)
+                        .status());
+  }
   const std::string& data = resolved.spec.data().path();
   if (!data.empty() && !options_.data_roots.empty()) {
     RETURN_IF_ERROR(ResolveUnderRoots("spec.data.path", data, options_.data_roots).status());
@@ -239,6 +255,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     record->job.set_id(options_.id_epoch.empty()
                            ? absl::StrCat("job-", next_id_++)
                            : absl::StrCat("job-", options_.id_epoch, "-", next_id_++));
+    v1::CheckpointSpec* checkpoint = resolved.spec.mutable_checkpoint();
+    if (checkpoint->interval_steps() > 0) {
+      if (checkpoint->dir().empty()) {
+        checkpoint->set_dir(absl::StrCat("checkpoints/", record->job.id()));
+      }
+      record->checkpoints = std::make_unique<CheckpointCatalog>(*checkpoint, resolved.train.model,
+                                                                resolved.train.steps);
+    }
     *record->job.mutable_spec() = resolved.spec;
     record->job.set_state(v1::QUEUED);
     record->job.set_reason(absl::StrCat("waiting for ", resolved.stages, " READY workers"));
@@ -296,13 +320,22 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
 void JobManager::ScheduleQueued() {
   AnnotatedMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
+  // Recovering jobs first: they ran already, and hold on to their workers.
+  std::set<std::string> reserved;
+  for (const std::string& id : order_) {
+    JobRecord& record = *jobs_.at(id);
+    if (record.job.state() == v1::RECOVERING) TryReplanLocked(record, &reserved);
+  }
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
     // A job being profiled is being placed: the worker it profiles on stays
     // READY meanwhile, so later jobs wait rather than take it.
     if (record.job.state() == v1::PROFILING) return;
     if (record.job.state() != v1::QUEUED) continue;
-    std::vector<std::string> ready = registry_->ReadyWorkers();
+    std::vector<std::string> ready;
+    for (std::string& w : registry_->ReadyWorkers()) {
+      if (reserved.count(w) == 0) ready.push_back(std::move(w));
+    }
     const int need = record.resolved.stages;
     if (static_cast<int>(ready.size()) < need) {
       const std::string waiting =
@@ -326,12 +359,9 @@ void JobManager::ScheduleQueued() {
 }
 
 absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::string>& workers) {
-  const std::string& id = record.job.id();
-  std::vector<std::string> addresses;
   std::vector<v1::Worker> infos;
   for (const std::string& w : workers) {
     ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(w));
-    addresses.push_back(worker.data_address());
     infos.push_back(worker);
   }
   ModelProfile profile;
@@ -340,11 +370,28 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
   if (!ChooseProfileLocked(record, infos, &profile, &source, &reference_gflops)) {
     return absl::OkStatus();  // PROFILING; planned when the profile arrives
   }
+  record.profile = profile;
+  record.profile_source = source;
+  record.reference_gflops = reference_gflops;
+  return PlaceLocked(record, workers, nullptr, "initial plan");
+}
+
+absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::string>& workers,
+                                     const v1::ResumeFrom* resume, const std::string& reason) {
+  const std::string& id = record.job.id();
+  std::vector<std::string> addresses;
+  std::vector<v1::Worker> infos;
+  for (const std::string& w : workers) {
+    ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(w));
+    addresses.push_back(worker.data_address());
+    infos.push_back(worker);
+  }
   record.job.set_state(v1::PLANNING);
   ClusterSpec cluster;
   for (const v1::Worker& w : infos) {
     const double gflops = w.device().measured_gflops();
-    const double speed = gflops > 0 && reference_gflops > 0 ? gflops / reference_gflops : 1.0;
+    const double reference = record.reference_gflops;
+    const double speed = gflops > 0 && reference > 0 ? gflops / reference : 1.0;
     // What the worker may use (its cgroup or --memory-limit), not the
     // host's RAM; GPU workers hold the model in device memory.
     const int64_t host = w.device().memory_limit_bytes() > 0 ? w.device().memory_limit_bytes()
@@ -354,13 +401,27 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
   }
   cluster.bandwidth_bytes_per_second = kAssumedBandwidth;
   cluster.latency_seconds = kAssumedLatency;
-  ASSIGN_OR_RETURN(CompiledPlan compiled, PlanJob(record.resolved, id, 1, profile, cluster, source));
+  // A re-plan may use another number of stages (spec.elastic).
+  ResolvedJobSpec resolved = record.resolved;
+  resolved.stages = static_cast<int>(workers.size());
+  resolved.spec.mutable_parallelism()->set_stages(resolved.stages);
+  const int64_t version = record.plan.version() + 1;
+  ASSIGN_OR_RETURN(CompiledPlan compiled,
+                   PlanJob(resolved, id, version, *record.profile, cluster, record.profile_source));
   const DeviceLinkPlan links =
       PlanDeviceLinks(DeviceLinkMembers(infos, *registry_), &compiled.programs);
   RETURN_IF_ERROR(registry_->Assign(workers, id));
   ConsumeDeviceGroupIds(id, links, infos, registry_);
   record.plan = compiled.plan;
   record.stages.assign(workers.size(), StageProgress{});
+  record.assignments.clear();
+  record.stage_of.clear();
+  record.weight_owner.clear();
+  record.tied_embedding_stages.clear();
+  record.weights.clear();
+  record.weights_filled.clear();
+  record.job.clear_worker_ids();
+  const int64_t start_step = resume != nullptr ? resume->step() : 0;
   // Only this plan's workers learn it: their streams prove it to each other.
   const std::string data_plane_secret = RandomToken();
   for (size_t s = 0; s < workers.size(); ++s) {
@@ -372,6 +433,8 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
     a.set_stage(static_cast<int>(s));
     a.set_num_stages(static_cast<int>(workers.size()));
     a.set_data_plane_secret(data_plane_secret);
+    a.set_start_iteration(start_step);
+    if (resume != nullptr) *a.mutable_resume() = *resume;
     *a.mutable_forward_units() = record.plan.stages(s).forward();
     *a.mutable_backward_units() = record.plan.stages(s).backward();
     for (const std::string& address : addresses) a.add_peer_addresses(address);
@@ -386,12 +449,173 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
     record.assignments.push_back(a);
     hub_->Set(workers[s], std::move(a));
   }
+  v1::PlanVersion* history = record.job.add_plan_history();
+  history->set_version(version);
+  history->set_reason(reason);
+  history->set_start_step(start_step);
+  for (const std::string& w : workers) history->add_worker_ids(w);
+  SetTimestamp(clock_->Now(), history->mutable_time());
+  if (record.job.plan_history_size() > kMaxPlanHistory) {
+    record.job.mutable_plan_history()->DeleteSubrange(0, 1);
+  }
   record.job.set_state(v1::RUNNING);
   record.job.set_plan_version(record.plan.version());
   record.job.set_reason("");
   record.last_step_time = clock_->Now();
   TouchLocked(record);
-  PT_LOG(INFO) << "job " << id << " running on " << absl::StrJoin(workers, ", ");
+  PT_LOG(INFO) << "job " << id << " running on " << absl::StrJoin(workers, ", ") << " (plan "
+               << version << ": " << reason << (start_step > 0 ? ", from step " : "")
+               << (start_step > 0 ? absl::StrCat(start_step) : "") << ")";
+  return absl::OkStatus();
+}
+
+void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
+                                     const std::string& reason, const std::string& kind) {
+  if (record.job.state() == v1::RECOVERING) {  // another loss while waiting
+    if (!lost.empty()) record.lost.insert(lost);
+    return;
+  }
+  if (record.checkpoints == nullptr) return EndLocked(record, v1::FAILED, reason);
+  if (record.recoveries_without_progress >= kMaxRecoveriesWithoutProgress) {
+    return EndLocked(record, v1::FAILED,
+                     absl::StrCat("gave up after ", record.recoveries_without_progress,
+                                  " recoveries without a new checkpoint; last: ", reason));
+  }
+  ++record.recoveries_without_progress;
+  record.job.set_state(v1::RECOVERING);
+  record.job.set_reason(absl::StrCat("recovering: ", reason));
+  record.recovery_started = clock_->Now();
+  record.recovery_reason = reason;
+  record.recovering_since.reset();
+  record.lost.clear();
+  if (!lost.empty()) record.lost.insert(lost);
+  record.survivors.clear();
+  for (const std::string& w : record.job.worker_ids()) {
+    if (w != lost) record.survivors.push_back(w);
+    hub_->Set(w, StopAssignment(record.job.id(), record.plan.version()));
+  }
+  registry_->Release(record.job.id());
+  record.checkpoints->ClearPending();
+  TouchLocked(record);
+  if (events_.recovery_started) events_.recovery_started(kind);
+  PT_LOG(WARNING) << "job " << record.job.id() << " RECOVERING: " << reason;
+}
+
+void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reserved) {
+  // Every former worker must be accounted for: alive (a heartbeat since the
+  // loss) or gone. A dead one left READY would be planned again and fail.
+  std::vector<std::string> alive;
+  bool waiting = false;
+  for (const std::string& w : record.survivors) {
+    if (record.lost.count(w) > 0) continue;
+    absl::StatusOr<v1::Worker> worker = registry_->Get(w);
+    if (!worker.ok() || worker->state() == v1::LOST || worker->state() == v1::LEFT) continue;
+    reserved->insert(w);
+    if (FromTimestamp(worker->last_heartbeat()) <= record.recovery_started) {
+      waiting = true;
+    } else if (worker->state() == v1::READY) {
+      alive.push_back(w);
+    }
+  }
+  const absl::Time now = clock_->Now();
+  if (waiting) {
+    record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason,
+                                       "; waiting to hear from the other workers"));
+    return;
+  }
+  // Survivors first (in stage order), then spare READY workers.
+  std::vector<std::string> chosen = alive;
+  for (const std::string& w : registry_->ReadyWorkers()) {
+    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end() && reserved->count(w) == 0 &&
+        record.lost.count(w) == 0) {
+      chosen.push_back(w);
+    }
+  }
+  const v1::ElasticSpec& elastic = record.resolved.spec.elastic();
+  if (static_cast<int>(chosen.size()) > elastic.max_workers()) chosen.resize(elastic.max_workers());
+  if (static_cast<int>(chosen.size()) < elastic.min_workers()) {
+    const std::string waiting_for = absl::StrCat("waiting for ", elastic.min_workers(),
+                                                 " READY workers (", chosen.size(), " ready)");
+    if (now - record.recovery_started > record.resolved.queue_timeout) {
+      return EndLocked(record, v1::FAILED,
+                       absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",
+                                    waiting_for, "; after ", record.recovery_reason));
+    }
+    record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ", waiting_for));
+    return;
+  }
+  const v1::ResumeFrom* resume = record.checkpoints->Latest();
+  const int64_t resume_step = resume != nullptr ? resume->step() : 0;
+  v1::JobProgress* p = record.job.mutable_progress();
+  const int64_t redone = std::max<int64_t>(0, p->step() - resume_step);
+  // The history of steps [0, resume_step) stays; later steps are redone.
+  const int64_t keep = std::max<int64_t>(0, resume_step - p->loss_history_start());
+  if (keep < p->loss_history_size()) {
+    p->mutable_loss_history()->Truncate(static_cast<int>(keep));
+  }
+  p->set_step(resume_step);
+  if (p->val_step() > resume_step) p->set_val_step(0), p->set_val_loss(0);
+  p->set_steps_redone(p->steps_redone() + redone);
+  p->set_recoveries(p->recoveries() + 1);
+  const absl::Time planning_start = now;
+  const std::string reason =
+      absl::StrCat(record.recovery_reason, "; resumed from ",
+                   resume != nullptr ? absl::StrCat("checkpoint step ", resume_step)
+                                     : std::string("step 0 (no checkpoint yet)"));
+  const v1::ResumeFrom resume_copy = resume != nullptr ? *resume : v1::ResumeFrom();
+  absl::Status placed =
+      PlaceLocked(record, chosen, resume != nullptr ? &resume_copy : nullptr, reason);
+  if (!placed.ok()) {
+    return EndLocked(
+        record, v1::FAILED,
+        absl::StrCat("re-planning after ", record.recovery_reason, " failed: ", placed.message()));
+  }
+  for (const std::string& w : chosen) reserved->insert(w);
+  if (events_.steps_redone) events_.steps_redone(redone);
+  record.recovering_since = record.recovery_started;
+  record.recovery_waiting_seconds = absl::ToDoubleSeconds(planning_start - record.recovery_started);
+  record.replanned_at = clock_->Now();
+  record.recovery_planning_seconds = absl::ToDoubleSeconds(record.replanned_at - planning_start);
+}
+
+absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
+                                             const v1::CheckpointWritten& c) {
+  if (record.checkpoints == nullptr) {
+    return absl::InvalidArgumentError(
+        "ReportProgressRequest.checkpoint: the job has no checkpoints (spec.checkpoint)");
+  }
+  if (!c.error().empty()) {
+    PT_LOG(WARNING) << "job " << record.job.id() << ": stage " << stage
+                    << " could not write its checkpoint of step " << c.step() << ": "
+                    << c.error().substr(0, 4096);
+    if (events_.checkpoint_failed) events_.checkpoint_failed();
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::optional<v1::ResumeFrom> complete,
+                   record.checkpoints->Add(c, record.plan.stages(stage).backward()));
+  record.stages[stage].checkpoint_write_seconds = 0;
+  if (!complete.has_value()) return absl::OkStatus();
+  absl::Status manifest =
+      WriteCheckpointManifest(options_.output_dir, record.job.id(), record.resolved.spec.model(),
+                              record.resolved.train.seed, *complete);
+  if (!manifest.ok()) {
+    // The workers' files are whole (checksummed); the manifest is for people
+    // and tools. Resuming does not need it.
+    PT_LOG(WARNING) << "job " << record.job.id() << ": " << manifest;
+  }
+  record.job.mutable_progress()->set_checkpoint_step(complete->step());
+  record.recoveries_without_progress = 0;
+  for (const v1::ResumeFrom& old : record.checkpoints->TakeExpired()) {
+    absl::Status removed = RemoveCheckpointDir(options_.output_dir, old);
+    if (!removed.ok()) PT_LOG(WARNING) << "job " << record.job.id() << ": " << removed;
+  }
+  if (events_.checkpoint_completed) {
+    int64_t bytes = 0;
+    for (const v1::UnitFile& f : complete->units()) bytes += f.bytes();
+    events_.checkpoint_completed(bytes, 0);
+  }
+  PT_LOG(INFO) << "job " << record.job.id() << ": checkpoint of step " << complete->step()
+               << " complete (" << complete->dir() << ")";
   return absl::OkStatus();
 }
 
@@ -433,18 +657,38 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
         "plan version ", r.plan_version(), " is stale; current is ", record->plan.version()));
   }
   RETURN_IF_ERROR(CheckProgressBounds(r, *record));
+  const int stage_index = record->stage_of.at(r.worker_id());
+  if (r.has_checkpoint()) {
+    RETURN_IF_ERROR(AddCheckpointLocked(*record, stage_index, r.checkpoint()));
+    response.set_all_ready(true);
+    return response;
+  }
+  // The stopped plan's last words: its steps will be redone.
+  if (record->job.state() == v1::RECOVERING) return response;
   if (!r.error().empty()) {
     // Errors name peers by stage; say which worker runs each stage.
     std::vector<std::string> stages;
     for (int s = 0; s < record->job.worker_ids_size(); ++s) {
       stages.push_back(absl::StrCat(s, "=", record->job.worker_ids(s)));
     }
-    EndLocked(*record, v1::FAILED,
-              absl::StrCat("worker ", r.worker_id(), ": ", r.error(), " [stages: ",
-                           absl::StrJoin(stages, ", "), "]"));
+    const std::string reason = absl::StrCat("worker ", r.worker_id(), ": ", r.error(),
+                                            " [stages: ", absl::StrJoin(stages, ", "), "]");
+    if (r.checkpoint_unusable() && record->checkpoints != nullptr) {
+      std::optional<v1::ResumeFrom> dropped = record->checkpoints->DropLatest();
+      record->job.mutable_progress()->set_checkpoint_step(
+          record->checkpoints->Latest() != nullptr ? record->checkpoints->Latest()->step() : 0);
+      StartRecoveryLocked(*record, "",
+                          absl::StrCat("checkpoint ", dropped ? dropped->dir() : "?",
+                                       " could not be loaded (", reason, ")"),
+                          "checkpoint_unusable");
+    } else if (r.peer_failure()) {
+      StartRecoveryLocked(*record, "", reason, "peer_failure");
+    } else {
+      EndLocked(*record, v1::FAILED, reason);
+    }
     return response;
   }
-  StageProgress& stage = record->stages[record->stage_of.at(r.worker_id())];
+  StageProgress& stage = record->stages[stage_index];
   if (r.ready()) {
     stage.ready = true;
     response.set_all_ready(std::all_of(record->stages.begin(), record->stages.end(),
@@ -475,8 +719,25 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     const double seconds =
         absl::ToDoubleSeconds(now - record->last_step_time) - r.eval_seconds();
     const TrainConfig& t = record->resolved.train;
-    if (seconds > 0) p->set_tokens_per_second(double(t.batch_size) * t.seq_len / seconds);
+    // The first step of a resumed plan includes loading: not throughput.
+    const bool first_after_recovery = record->recovering_since.has_value();
+    if (seconds > 0 && !first_after_recovery) {
+      p->set_tokens_per_second(double(t.batch_size) * t.seq_len / seconds);
+    }
     record->last_step_time = now;
+    if (first_after_recovery) {
+      const double total = absl::ToDoubleSeconds(now - *record->recovering_since);
+      const double restart = absl::ToDoubleSeconds(now - record->replanned_at);
+      if (events_.recovered) {
+        events_.recovered(total, record->recovery_waiting_seconds,
+                          record->recovery_planning_seconds, restart);
+      }
+      PT_LOG(INFO) << "job " << record->job.id() << " recovered in " << total << " s (waiting "
+                   << record->recovery_waiting_seconds << " s, planning "
+                   << record->recovery_planning_seconds << " s, load and first step " << restart
+                   << " s)";
+      record->recovering_since.reset();
+    }
   }
   if (r.has_val_loss()) {
     v1::JobProgress* p = record->job.mutable_progress();
@@ -648,7 +909,9 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr || IsTerminal(record->job.state())) return;
-  EndLocked(*record, v1::FAILED, reason);
+  // Only a worker of the job's current plan matters.
+  if (record->stage_of.count(worker_id) == 0 && record->job.state() != v1::RECOVERING) return;
+  StartRecoveryLocked(*record, worker_id, reason, "worker_lost");
 }
 
 std::map<v1::JobState, int> JobManager::CountByState() const {

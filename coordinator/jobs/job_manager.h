@@ -39,6 +39,26 @@
 // SUCCEEDED. A lost worker fails its job with a reason naming it; the other
 // workers get a STOP assignment and return to READY.
 //
+// Checkpoints and recovery (spec.checkpoint, DESIGN.md §11): stages report
+// the unit files they wrote after every interval_steps steps; once every
+// unit of a step is in, the checkpoint is complete (CheckpointCatalog), its
+// manifest is written under --output-dir and the oldest beyond `keep` are
+// removed. When a job with checkpoints loses a worker (the registry's loss
+// listener, or a stage reporting a data-plane failure: peer_failure), it
+// goes RECOVERING instead of FAILED: every stage is stopped and released;
+// the job waits until each of its former workers has either heartbeated
+// since (alive) or been declared LOST, then re-plans with its solver on
+// the READY workers (its survivors first, then spares; between
+// spec.elastic.min_workers and max_workers of them), plan version + 1, and
+// resumes every stage from the latest complete checkpoint (from step 0 when
+// there is none yet). The loss history is cut back to that step: the steps
+// after it are redone with the same data, so they repeat the lost ones'
+// losses bitwise. A stage that cannot load the checkpoint
+// (checkpoint_unusable) makes the job drop it and resume from the one
+// before. kMaxRecoveriesWithoutProgress recoveries in a row without a new
+// checkpoint completing fail the job. Workers a recovering job waits for are
+// not given to other jobs.
+//
 // Thread-safe. Lock order: JobManager before WorkerRegistry before
 // AssignmentHub (the registry's loss listener is called outside its lock).
 #ifndef PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_H_
@@ -47,6 +67,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -58,8 +79,10 @@
 #include "common/clock.h"
 #include "common/safetensors.h"
 #include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/checkpoint_catalog.h"
 #include "coordinator/jobs/job_spec.h"
 #include "coordinator/jobs/profile_cache.h"
+#include "coordinator/planner/profile.h"
 #include "coordinator/registry/worker_registry.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
@@ -74,6 +97,28 @@ using ProfileFetcher = std::function<absl::StatusOr<v1::ModelProfile>(
 
 // Steps of loss history a job keeps (JobProgress.loss_history).
 inline constexpr int kMaxLossHistory = 10000;
+
+// A job that recovers this many times in a row without completing a new
+// checkpoint FAILS (something fails deterministically, or keeps failing).
+inline constexpr int kMaxRecoveriesWithoutProgress = 3;
+// Plan versions kept in Job.plan_history (the newest).
+inline constexpr int kMaxPlanHistory = 100;
+
+// What the job manager tells the coordinator's metrics (all optional; called
+// under the job manager's lock: they must not call back into it).
+struct JobEvents {
+  // A job went RECOVERING; reason: worker_lost | peer_failure |
+  // checkpoint_unusable.
+  std::function<void(const std::string& reason)> recovery_started;
+  // A recovered job completed its first step on the new plan: seconds since
+  // the loss was detected, split into waiting for the survivors, planning,
+  // and from the new assignments to that first step (loading included).
+  std::function<void(double total, double waiting, double planning, double restart)> recovered;
+  std::function<void(int64_t steps)> steps_redone;
+  // A checkpoint completed: its bytes, and the slowest stage's write seconds.
+  std::function<void(int64_t bytes, double write_seconds)> checkpoint_completed;
+  std::function<void()> checkpoint_failed;  // a stage could not write its files
+};
 
 inline constexpr double kAssumedBandwidth = 1.25e9;  // bytes/s (10 Gbit/s)
 inline constexpr double kAssumedLatency = 50e-6;     // seconds
@@ -106,6 +151,8 @@ class JobManager {
 
   // Enables measured profiles (see above). Call before submitting jobs.
   void SetProfileFetcher(ProfileFetcher fetcher);
+  // Enables the events above. Call before submitting jobs.
+  void SetEvents(JobEvents events);
   const ProfileCache& profiles() const { return profiles_; }
   // Waits until every profile fetch started so far has been handled (the
   // job re-queued and scheduled). For tests and shutdown.
@@ -165,6 +212,7 @@ class JobManager {
  private:
   struct StageProgress {
     bool ready = false;  // passed the start barrier
+    double checkpoint_write_seconds = 0;  // of the step being completed
     int64_t iterations_done = 0;
     bool finished = false;
     bool weights_done = false;
@@ -184,6 +232,27 @@ class JobManager {
     std::vector<NamedTensor> weights;        // assembled uploads, stage order
     std::map<std::string, int64_t> weights_filled;  // name -> elements received
     std::string profile_error;  // why the measured profile could not be had
+    // The profile the first plan used; re-plans reuse it (no profiling in
+    // the middle of a recovery).
+    std::optional<ModelProfile> profile;
+    std::string profile_source;
+    double reference_gflops = 0;
+    // spec.checkpoint (null without).
+    std::unique_ptr<CheckpointCatalog> checkpoints;
+    // While RECOVERING: when the loss was detected, why, which workers are
+    // known lost, and the other former workers, who must prove they are
+    // alive (a heartbeat after `recovery_started`) or be declared LOST
+    // before the job re-plans.
+    absl::Time recovery_started;
+    std::string recovery_reason;
+    std::set<std::string> lost;
+    std::vector<std::string> survivors;
+    int recoveries_without_progress = 0;
+    // After a re-plan, until the first step completes on it (for the
+    // recovery time): when the loss was detected, and the two phases.
+    std::optional<absl::Time> recovering_since;
+    double recovery_waiting_seconds = 0, recovery_planning_seconds = 0;
+    absl::Time replanned_at;
   };
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -197,6 +266,25 @@ class JobManager {
   void FinishProfiling(const std::string& job_id, const std::string& key,
                        const absl::StatusOr<v1::ModelProfile>& profile);
   absl::Status StartLocked(JobRecord& record, const std::vector<std::string>& workers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Plans the job on `workers` with its recorded profile, as plan version +
+  // 1, resuming from `resume` (null: from step 0), and sends the
+  // assignments; `reason` goes to the plan history.
+  absl::Status PlaceLocked(JobRecord& record, const std::vector<std::string>& workers,
+                           const v1::ResumeFrom* resume, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RUNNING -> RECOVERING (see the file comment); FAILED instead when the
+  // job has no checkpoints or recovered too often without progress.
+  // `lost`: a worker known gone (empty when a peer's error reported it).
+  void StartRecoveryLocked(JobRecord& record, const std::string& lost, const std::string& reason,
+                           const std::string& kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-plans a RECOVERING job once its former workers are accounted for
+  // and enough are READY; false while it must wait. `reserved` collects the
+  // workers it waits for (not to be given to other jobs).
+  void TryReplanLocked(JobRecord& record, std::set<std::string>* reserved)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A stage's CheckpointWritten report.
+  absl::Status AddCheckpointLocked(JobRecord& record, int stage, const v1::CheckpointWritten& c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::StatusOr<JobRecord*> ForWorkerLocked(const std::string& worker_id,
                                              const std::string& job_id)
@@ -231,6 +319,7 @@ class JobManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread loop_;
   ProfileFetcher fetcher_;  // set before use; read-only afterwards
+  JobEvents events_;        // likewise
   ProfileCache profiles_;
   std::vector<std::thread> profilers_ ABSL_GUARDED_BY(mu_);
 };

@@ -380,6 +380,45 @@ absl::Status ResolveScheduling(v1::SchedulingSpec* scheduling, absl::Duration* t
   return absl::OkStatus();
 }
 
+// spec.checkpoint and spec.elastic: defaults and ranges. The default
+// checkpoint dir names the job, so JobManager fills it in at submit.
+absl::Status ResolveElasticity(v1::JobSpec* spec) {
+  v1::CheckpointSpec* c = spec->mutable_checkpoint();
+  if (c->interval_steps() < 0 || c->interval_steps() > kMaxCheckpointInterval) {
+    return Invalid(
+        "spec.checkpoint.interval_steps",
+        absl::StrCat("must be in [0, ", kMaxCheckpointInterval, "], got ", c->interval_steps()));
+  }
+  if (!c->has_keep()) c->set_keep(kDefaultCheckpointKeep);
+  if (c->keep() < 1 || c->keep() > kMaxCheckpointKeep) {
+    return Invalid("spec.checkpoint.keep",
+                   absl::StrCat("must be in [1, ", kMaxCheckpointKeep, "], got ", c->keep()));
+  }
+  if (!c->dir().empty()) RETURN_IF_ERROR(CheckConfinedName("spec.checkpoint.dir", c->dir()));
+  const int stages = spec->parallelism().stages();
+  const bool manual = spec->parallelism().solver() == kSolverManual;
+  v1::ElasticSpec* e = spec->mutable_elastic();
+  if (!e->has_min_workers()) e->set_min_workers(manual ? stages : 1);
+  if (!e->has_max_workers()) e->set_max_workers(stages);
+  if (e->min_workers() < 1 || e->min_workers() > stages) {
+    return Invalid("spec.elastic.min_workers",
+                   absl::StrCat("must be in [1, spec.parallelism.stages ", stages, "], got ",
+                                e->min_workers()));
+  }
+  const int units = 2 * spec->model().n_layer() + 2;
+  if (e->max_workers() < stages || e->max_workers() > units) {
+    return Invalid("spec.elastic.max_workers",
+                   absl::StrCat("must be in [spec.parallelism.stages ", stages, ", the model's ",
+                                units, " units], got ", e->max_workers()));
+  }
+  if (manual && (e->min_workers() != stages || e->max_workers() != stages)) {
+    return Invalid("spec.elastic",
+                   "solver manual pins the stages: min_workers and max_workers must equal "
+                   "spec.parallelism.stages");
+  }
+  return absl::OkStatus();
+}
+
 TrainConfig DeriveTrainConfig(const v1::JobSpec& spec) {
   TrainConfig config;
   config.model.vocab_size = spec.model().vocab_size();
@@ -424,6 +463,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckOutput(out.output()));
   RETURN_IF_ERROR(ResolveCompression(out.mutable_compression()));
   RETURN_IF_ERROR(ResolveScheduling(out.mutable_scheduling(), &resolved.queue_timeout));
+  RETURN_IF_ERROR(ResolveElasticity(&out));
 
   resolved.train = DeriveTrainConfig(out);
   absl::Status backstop = ValidateTrainConfig(resolved.train);

@@ -61,6 +61,11 @@ inline constexpr int64_t kMaxTokensPerStep = int64_t{1} << 26;  // batch_size * 
 inline constexpr int64_t kDefaultQueueTimeoutSeconds = 3600;
 inline constexpr int64_t kMaxQueueTimeoutSeconds = 7 * 24 * 3600;
 
+// spec.checkpoint: interval range, and the default and range of keep.
+inline constexpr int kMaxCheckpointInterval = 1000000;
+inline constexpr int kDefaultCheckpointKeep = 2;
+inline constexpr int kMaxCheckpointKeep = 100;
+
 // A JobSpec with every default filled in, plus the configs derived from it.
 struct ResolvedJobSpec {
   // Defaults made explicit: has_* is true for every optional field, and data
@@ -89,7 +94,13 @@ struct ResolvedJobSpec {
 // parallelism.schedule "1f1b", parallelism.objective "paper",
 // compression.forward and .backward "none" (an empty codec too),
 // compression.error_feedback and .epilogue_only false,
-// scheduling.queue_timeout 3600s.
+// scheduling.queue_timeout 3600s, checkpoint.interval_steps 0 (none),
+// checkpoint.keep 2, elastic.min_workers 1 (manual: stages),
+// elastic.max_workers = parallelism.stages. checkpoint.dir stays empty when
+// unset (JobManager makes it "checkpoints/<job id>").
+//
+// Elasticity: min_workers in [1, stages], max_workers in [stages, units];
+// solver manual needs both equal to stages (its stages are pinned).
 //
 // Bounds: every field within the limits above (kMax...), strings included;
 // a value's echo in an error message is cut short.
@@ -112,7 +123,8 @@ struct ResolvedJobSpec {
 // Paths are checked lexically only; no file is looked at here (see
 // common/confined_path.h): spec.output.weights_path must be a relative name
 // without ".." (CheckConfinedName; JobManager writes it under the
-// coordinator's --output-dir), spec.data.path must have no ".." component
+// coordinator's --output-dir), and so must spec.checkpoint.dir when set;
+// spec.data.path must have no ".." component
 // and at most kMaxSpecPathBytes bytes (workers read it under their
 // --data-root).
 //

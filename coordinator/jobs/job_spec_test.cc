@@ -89,6 +89,11 @@ TEST(ResolveJobSpec, MinimalSpec_FillsEveryDefault) {
   EXPECT_EQ(c.backward(), "none");
   EXPECT_FALSE(c.error_feedback());
   EXPECT_FALSE(c.epilogue_only());
+  EXPECT_EQ(spec.checkpoint().interval_steps(), 0);
+  EXPECT_EQ(spec.checkpoint().keep(), 2);
+  EXPECT_EQ(spec.checkpoint().dir(), "");  // JobManager names it after the job
+  EXPECT_EQ(spec.elastic().min_workers(), 1);
+  EXPECT_EQ(spec.elastic().max_workers(), 2);
 }
 
 TEST(ResolveJobSpec, MinimalSpec_DerivesTrainConfig) {
@@ -145,6 +150,11 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   c->set_error_feedback(true);
   c->set_epilogue_only(false);
   spec.mutable_scheduling()->mutable_queue_timeout()->set_seconds(90);
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  spec.mutable_checkpoint()->set_dir("runs/ckpt");
+  spec.mutable_checkpoint()->set_keep(3);
+  spec.mutable_elastic()->set_min_workers(1);
+  spec.mutable_elastic()->set_max_workers(spec.parallelism().stages());
   return spec;
 }
 
@@ -576,6 +586,50 @@ TEST(ResolveJobSpecBounds, DerivedLimits_Rejected) {
   spec.mutable_parallelism()->set_solver(std::string(1 << 20, 'z'));
   absl::Status status = ResolveJobSpec(spec).status();
   EXPECT_LT(status.message().size(), 400u) << "the echo of a client string is cut short";
+}
+
+TEST(ResolveJobSpec, CheckpointAndElastic_BoundsNamed) {
+  struct Case {
+    std::function<void(v1::JobSpec*)> edit;
+    std::string field;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::JobSpec* s) { s->mutable_checkpoint()->set_interval_steps(-1); },
+       "spec.checkpoint.interval_steps"},
+      {[](v1::JobSpec* s) { s->mutable_checkpoint()->set_interval_steps(1000001); },
+       "spec.checkpoint.interval_steps"},
+      {[](v1::JobSpec* s) { s->mutable_checkpoint()->set_keep(0); }, "spec.checkpoint.keep"},
+      {[](v1::JobSpec* s) { s->mutable_checkpoint()->set_keep(101); }, "spec.checkpoint.keep"},
+      {[](v1::JobSpec* s) { s->mutable_checkpoint()->set_dir("../x"); }, "spec.checkpoint.dir"},
+      {[](v1::JobSpec* s) { s->mutable_checkpoint()->set_dir("/abs"); }, "spec.checkpoint.dir"},
+      {[](v1::JobSpec* s) { s->mutable_elastic()->set_min_workers(0); },
+       "spec.elastic.min_workers"},
+      {[](v1::JobSpec* s) { s->mutable_elastic()->set_min_workers(3); },
+       "spec.elastic.min_workers"},
+      {[](v1::JobSpec* s) { s->mutable_elastic()->set_max_workers(1); },
+       "spec.elastic.max_workers"},
+      {[](v1::JobSpec* s) { s->mutable_elastic()->set_max_workers(7); },  // 6 units
+       "spec.elastic.max_workers"},
+  };
+  for (const Case& c : cases) {
+    v1::JobSpec spec = MinimalSpec();
+    c.edit(&spec);
+    absl::Status status = ResolveJobSpec(spec).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_TRUE(absl::StartsWith(status.message(), c.field + ":")) << status;
+  }
+  v1::JobSpec manual = MinimalSpec();
+  manual.mutable_parallelism()->set_solver("manual");
+  for (int s = 0; s < 2; ++s) {
+    v1::ManualStage* m = manual.mutable_parallelism()->add_manual_stages();
+    m->set_forward_begin(3 * s), m->set_forward_end(3 * s + 3);
+    m->set_backward_begin(3 * s), m->set_backward_end(3 * s + 3);
+  }
+  absl::StatusOr<ResolvedJobSpec> pinned = ResolveJobSpec(manual);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  EXPECT_EQ(pinned->spec.elastic().min_workers(), 2);
+  manual.mutable_elastic()->set_min_workers(1);
+  EXPECT_TRUE(absl::StartsWith(ResolveJobSpec(manual).status().message(), "spec.elastic:"));
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 #include "worker/agent/job_runner.h"
 
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -10,10 +12,27 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/job_spec.h"
+#include "worker/checkpoint/checkpoint_writer.h"
 #include "worker/data/corpus.h"
 #include "worker/model/weights_io.h"
 
 namespace pipetrain {
+namespace {
+
+// Errors of the data plane: a peer that went away or stopped answering. A
+// job with checkpoints recovers from them (the peer is probably gone);
+// anything else (a bad program, a device error) fails it.
+bool IsPeerFailure(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kDeadlineExceeded ||
+         status.code() == absl::StatusCode::kAborted;
+}
+
+}  // namespace
+
+std::string DataPlaneJobId(const v1::Assignment& assignment) {
+  return absl::StrCat(assignment.job_id(), "/", assignment.plan_version());
+}
 
 JobRunner::JobRunner(v1::Assignment assignment, Mailbox* mailbox, TransportFactory make_transport,
                      CoordinatorLink* coordinator, JobRunnerOptions options,
@@ -23,7 +42,8 @@ JobRunner::JobRunner(v1::Assignment assignment, Mailbox* mailbox, TransportFacto
       make_transport_(std::move(make_transport)),
       coordinator_(coordinator),
       options_(std::move(options)),
-      observer_(std::move(observer)) {}
+      observer_(std::move(observer)),
+      data_plane_job_(DataPlaneJobId(assignment_)) {}
 
 JobRunner::~JobRunner() { Stop(); }
 
@@ -33,7 +53,7 @@ void JobRunner::Start() {
 
 void JobRunner::Stop() {
   stop_.store(true);
-  mailbox_->AbortJob(assignment_.job_id());
+  mailbox_->AbortJob(data_plane_job_);
   {
     // A completed job's sends may still be on their way to its peers.
     AnnotatedMutexLock lock(&mu_);
@@ -56,7 +76,7 @@ void JobRunner::Run() {
   finished_.store(true);
 }
 
-void JobRunner::ReportError(const absl::Status& status) {
+void JobRunner::ReportError(const absl::Status& status, bool checkpoint_unusable) {
   reported_ = true;
   PT_LOG(ERROR) << "job " << assignment_.job_id() << " failed on this worker: " << status;
   v1::ReportProgressRequest r;
@@ -68,6 +88,8 @@ void JobRunner::ReportError(const absl::Status& status) {
   std::string text = status.ToString();
   if (text.size() > 4096) text = text.substr(0, 4096) + " [...]";
   r.set_error(std::move(text));
+  r.set_peer_failure(IsPeerFailure(status));
+  r.set_checkpoint_unusable(checkpoint_unusable);
   absl::Status sent = coordinator_->ReportProgress(r).status();
   if (!sent.ok()) PT_LOG(ERROR) << "could not report the failure: " << sent;
 }
@@ -124,6 +146,70 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> JobRunner::JoinDeviceGroup() {
   return channel;
 }
 
+absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdentity& identity) {
+  const v1::ResumeFrom& from = assignment_.resume();
+  std::map<int, const v1::UnitFile*> files;
+  for (const v1::UnitFile& f : from.units()) files[f.unit()] = &f;
+  std::set<int> units;
+  for (const v1::UnitRange& r : {assignment_.forward_units(), assignment_.backward_units()}) {
+    for (int u = r.begin(); u < r.end(); ++u) units.insert(u);
+  }
+  const v1::UnitRange& backward = assignment_.backward_units();
+  std::vector<UnitState> states;
+  int64_t optimizer_steps = -1;
+  for (int u : units) {
+    auto f = files.find(u);
+    if (f == files.end()) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint ", from.dir(), " has no file for unit ", u));
+    }
+    const bool owned = u >= backward.begin() && u < backward.end();
+    int64_t steps = 0;
+    ASSIGN_OR_RETURN(UnitState state,
+                     ReadUnitCheckpoint(options_.checkpoint_root, from, *f->second, identity,
+                                        /*with_moments=*/owned, &steps));
+    if (owned) {
+      if (optimizer_steps >= 0 && steps != optimizer_steps) {
+        return absl::DataLossError(absl::StrCat("checkpoint ", from.dir(),
+                                                ": units disagree on the optimizer step (",
+                                                optimizer_steps, " and ", steps, ")"));
+      }
+      optimizer_steps = steps;
+    }
+    states.push_back(std::move(state));
+  }
+  absl::Status restored = runtime.Restore(states, std::max<int64_t>(optimizer_steps, 0));
+  if (!restored.ok()) return absl::DataLossError(restored.message());
+  PT_LOG(INFO) << "job " << assignment_.job_id() << " stage " << assignment_.stage() << ": loaded "
+               << states.size() << " units from " << from.dir();
+  return absl::OkStatus();
+}
+
+void JobRunner::ReportCheckpoint(int64_t step, double seconds,
+                                 const absl::StatusOr<std::vector<v1::UnitFile>>& files) {
+  v1::ReportProgressRequest r;
+  r.set_worker_id(options_.worker_id);
+  r.set_incarnation(options_.incarnation);
+  r.set_job_id(assignment_.job_id());
+  r.set_plan_version(assignment_.plan_version());
+  r.set_iteration(step - 1);
+  r.set_busy_seconds(0);
+  v1::CheckpointWritten* c = r.mutable_checkpoint();
+  c->set_step(step);
+  if (files.ok()) {
+    for (const v1::UnitFile& f : *files) *c->add_units() = f;
+    PT_LOG(INFO) << "job " << assignment_.job_id() << ": checkpoint of step " << step
+                 << " written (" << files->size() << " units, " << seconds << " s)";
+  } else {
+    PT_LOG(ERROR) << "job " << assignment_.job_id() << ": checkpoint of step " << step
+                  << " failed: " << files.status();
+    std::string text = files.status().ToString();
+    c->set_error(text.substr(0, 4096));
+  }
+  absl::Status sent = coordinator_->ReportProgress(r).status();
+  if (!sent.ok() && !stop_.load()) PT_LOG(WARNING) << "could not report the checkpoint: " << sent;
+}
+
 absl::Status JobRunner::RunJob() {
   ASSIGN_OR_RETURN(ResolvedJobSpec job, ResolveJobSpec(assignment_.spec()));
   std::string data_path = job.spec.data().path();
@@ -138,14 +224,18 @@ absl::Status JobRunner::RunJob() {
                    Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction));
   std::vector<std::string> peers(assignment_.peer_addresses().begin(),
                                  assignment_.peer_addresses().end());
-  std::unique_ptr<Transport> transport =
-      make_transport_(assignment_.stage(), peers,
-                      JobCredential{assignment_.job_id(), assignment_.data_plane_secret()});
-  StageSetup setup{assignment_.job_id(),        job.train,
-                   assignment_.stage(),         assignment_.num_stages(),
-                   assignment_.forward_units(), assignment_.backward_units(),
-                   assignment_.program(),       options_.recv_timeout,
-                   assignment_.eval_program(),  options_.backend};
+  std::unique_ptr<Transport> transport = make_transport_(
+      assignment_.stage(), peers, JobCredential{data_plane_job_, assignment_.data_plane_secret()});
+  StageSetup setup{data_plane_job_,
+                   job.train,
+                   assignment_.stage(),
+                   assignment_.num_stages(),
+                   assignment_.forward_units(),
+                   assignment_.backward_units(),
+                   assignment_.program(),
+                   options_.recv_timeout,
+                   assignment_.eval_program(),
+                   options_.backend};
   // Declared before the runtime, which uses it, so it is destroyed after.
   std::unique_ptr<DeviceChannel> device_channel;
   const bool in_group = assignment_.device_group().stages_size() > 0;
@@ -175,6 +265,32 @@ absl::Status JobRunner::RunJob() {
     AnnotatedMutexLock lock(&mu_);
     runtime_ = nullptr;
   };
+  const v1::CheckpointSpec& checkpoints = job.spec.checkpoint();
+  const CheckpointIdentity identity{assignment_.job_id(), job.train.model, job.train.seed};
+  if ((checkpoints.interval_steps() > 0 || assignment_.has_resume()) &&
+      options_.checkpoint_root.empty()) {
+    return absl::FailedPreconditionError(
+        "job has checkpoints (spec.checkpoint) but this worker was started without "
+        "--checkpoint-root; start it with the coordinator's --output-dir (a shared directory)");
+  }
+  if (assignment_.has_resume()) {
+    absl::Status loaded = LoadResume(*runtime, identity);
+    if (!loaded.ok()) {
+      if (!stop_.load()) ReportError(loaded, /*checkpoint_unusable=*/true);
+      return loaded;
+    }
+  }
+  // Declared after the runtime: destroyed first, waiting for a write in
+  // progress (its snapshot is its own).
+  std::unique_ptr<CheckpointWriter> writer;
+  if (checkpoints.interval_steps() > 0) {
+    writer = std::make_unique<CheckpointWriter>(
+        options_.checkpoint_root, checkpoints.dir(), identity,
+        [this](int64_t step, double seconds,
+               const absl::StatusOr<std::vector<v1::UnitFile>>& files) {
+          ReportCheckpoint(step, seconds, files);
+        });
+  }
   // In a device group a receive returns before its data arrive, so nothing
   // else keeps the host from queuing iterations far ahead of its GPU (each
   // sent activation held until its peer takes it; at last a CUDA call
@@ -230,6 +346,13 @@ absl::Status JobRunner::RunJob() {
         ReportError(flushed);
         return flushed;
       }
+    }
+    // A checkpoint of the weights after this step (none after the last: the
+    // job is done then). Backward-less stages own no unit.
+    const int64_t step = it + 1;
+    if (writer != nullptr && !last && step % checkpoints.interval_steps() == 0 &&
+        assignment_.backward_units().end() > assignment_.backward_units().begin()) {
+      writer->Submit(runtime->Snapshot(step));
     }
     // Validation after the same steps as train-local's --eval-interval.
     std::optional<float> val_loss;

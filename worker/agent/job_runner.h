@@ -8,11 +8,21 @@
 // iterations start_iteration .. steps-1, reporting each to the
 // coordinator; after the last one it uploads the stage's weights (when the
 // job asks for a weights file) and reports finished. Any error is reported
-// as the job's failure with the message of the failing instruction. Stop()
+// as the job's failure with the message of the failing instruction (marked
+// peer_failure when it came from the data plane, so that a job with
+// checkpoints recovers). Stop()
 // aborts receives at once (Mailbox::AbortJob, and the device group's
 // channel, unless every step has run) and joins. A job that ends early
 // (failed or stopped) aborts its device channel before anything waits on
 // the device, as its peers may never send what a queued receive waits for.
+//
+// Checkpoints (spec.checkpoint): an assignment with `resume` first loads
+// every unit the stage holds from that checkpoint (a file that is missing,
+// corrupt or of another model is reported checkpoint_unusable). After each
+// step that is a multiple of interval_steps (the last step excepted) the
+// runner snapshots its backward units and a CheckpointWriter writes them
+// under options.checkpoint_root while training goes on; the files are
+// reported (ReportProgressRequest.checkpoint) once durable.
 #ifndef PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_
 #define PIPETRAIN_WORKER_AGENT_JOB_RUNNER_H_
 
@@ -66,7 +76,16 @@ struct JobRunnerOptions {
   // these (common/confined_path.h ResolveUnderRoots). Empty: no data file
   // can be read (generated corpora still work).
   std::vector<std::string> data_roots;
+  // The worker's --checkpoint-root: spec.checkpoint.dir is a name under it
+  // (the coordinator's --output-dir, shared). Empty: a job with checkpoints
+  // fails on this worker, saying so.
+  std::string checkpoint_root;
 };
+
+// The job's name on the data plane for one plan version ("job-1/2"): a
+// re-planned job is another data-plane job, so no frame of the old plan
+// can reach the new one (Mailbox::OpenJob).
+std::string DataPlaneJobId(const v1::Assignment& assignment);
 
 // Per-iteration observations for metrics (called on the runner thread).
 using IterationObserver = std::function<void(const IterationResult&)>;
@@ -91,7 +110,13 @@ class JobRunner {
   // The assignment's device group's channel, from the backend
   // (Backend::JoinDeviceGroup); its error prefixed with the group.
   absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup();
-  void ReportError(const absl::Status& status);
+  // Reports the job's failure; `peer_failure` / `checkpoint_unusable` as in
+  // ReportProgressRequest.
+  void ReportError(const absl::Status& status, bool checkpoint_unusable = false);
+  // Loads Assignment.resume into `runtime` (see the file comment).
+  absl::Status LoadResume(StageRuntime& runtime, const CheckpointIdentity& identity);
+  void ReportCheckpoint(int64_t step, double seconds,
+                        const absl::StatusOr<std::vector<v1::UnitFile>>& files);
 
   v1::Assignment assignment_;
   Mailbox* mailbox_;
@@ -103,6 +128,7 @@ class JobRunner {
   std::atomic<bool> finished_{false};
   std::atomic<bool> completed_{false};  // every step ran and was reported
   bool reported_ = false;  // the failure went to the coordinator (runner thread only)
+  const std::string data_plane_job_;
   mutable AnnotatedMutex mu_;
   StageRuntime* runtime_ ABSL_GUARDED_BY(mu_) = nullptr;  // while running
   // The device group's channel while the job holds one: Stop() aborts it,

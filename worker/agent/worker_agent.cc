@@ -334,8 +334,8 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
                      "coordinator older than this worker?)";
     return;
   }
-  data_plane_->SetJob(a.job_id(), a.num_stages(), a.data_plane_secret());
-  mailbox_->OpenJob(a.job_id(), a.start_iteration());
+  data_plane_->SetJob(DataPlaneJobId(a), a.num_stages(), a.data_plane_secret());
+  mailbox_->OpenJob(DataPlaneJobId(a), a.start_iteration());
   JobRunnerOptions runner_options;
   {
     AnnotatedMutexLock lock(&mu_);
@@ -349,6 +349,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   runner_options.backend = options_.backend;
   runner_options.on_backend_failure = options_.on_backend_failure;
   runner_options.data_roots = options_.data_roots;
+  runner_options.checkpoint_root = options_.checkpoint_root;
   auto runner = std::make_unique<JobRunner>(a, mailbox_, make_transport_, link_.get(),
                                             runner_options, observer_);
   runner->Start();

@@ -62,6 +62,8 @@ struct WorkerAgentOptions {
   int64_t memory_limit_bytes = 0;
   // JobRunnerOptions::data_roots for every job (the --data-root flag).
   std::vector<std::string> data_roots;
+  // JobRunnerOptions::checkpoint_root (the --checkpoint-root flag).
+  std::string checkpoint_root;
   // Where the agent keeps its session credential (not owned; outlives the
   // agent). Null: the agent keeps its own.
   SessionCredential* session = nullptr;

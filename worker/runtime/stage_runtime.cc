@@ -188,6 +188,84 @@ std::vector<Parameter*> StageRuntime::parameters() const {
   return out;
 }
 
+StageSnapshot StageRuntime::Snapshot(int64_t step) const {
+  // A private host copy: the CPU backend's tensors are the host's.
+  auto host_copy = [this](const Tensor& t) {
+    return t.on_device() ? setup_.backend->Download(t) : t.Clone();
+  };
+  StageSnapshot snapshot;
+  snapshot.step = step;
+  snapshot.optimizer_steps = optimizer_.steps_taken();
+  const auto& moments = optimizer_.moments();
+  for (int u = setup_.backward.begin(); u < setup_.backward.end(); ++u) {
+    UnitState state;
+    state.unit = u;
+    for (const Parameter* p : units_.at(u)->parameters()) {
+      state.values.push_back({p->name, host_copy(p->value)});
+      auto m = moments.find(p->name);
+      if (m == moments.end()) continue;  // before the first step
+      state.m.push_back({p->name, host_copy(m->second.m)});
+      state.v.push_back({p->name, host_copy(m->second.v)});
+    }
+    if (state.m.size() != state.values.size()) state.m.clear(), state.v.clear();
+    snapshot.units.push_back(std::move(state));
+  }
+  return snapshot;
+}
+
+absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t optimizer_steps) {
+  std::map<int, const UnitState*> by_unit;
+  for (const UnitState& u : units) by_unit[u.unit] = &u;
+  // Check everything first: all or nothing.
+  struct Copy {
+    const Tensor* from;
+    Tensor* to;
+  };
+  std::vector<Copy> copies;
+  std::map<std::string, AdamWMoments> moments;
+  for (const auto& [index, unit] : units_) {
+    auto found = by_unit.find(index);
+    if (found == by_unit.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("restore: no state for unit ", index));
+    }
+    const UnitState& state = *found->second;
+    const bool backward = IsBackwardUnit(index);
+    if (backward && optimizer_steps > 0 && state.m.size() != state.values.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("restore: unit ", index, " has no AdamW moments"));
+    }
+    std::vector<Parameter*> params = unit->parameters();
+    if (params.size() != state.values.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("restore: unit ", index, " holds ",
+                                                     params.size(), " tensors, the state ",
+                                                     state.values.size()));
+    }
+    for (size_t i = 0; i < params.size(); ++i) {
+      const NamedTensor& v = state.values[i];
+      if (v.name != params[i]->name || v.tensor.shape() != params[i]->value.shape()) {
+        return absl::InvalidArgumentError(absl::StrCat("restore: unit ", index, " tensor ", i,
+                                                       " is ", v.name, " ",
+                                                       ShapeToString(v.tensor.shape())));
+      }
+      copies.push_back({&v.tensor, &params[i]->value});
+      if (backward && optimizer_steps > 0) {
+        moments[v.name] = {setup_.backend->Upload(state.m[i].tensor.Clone()),
+                           setup_.backend->Upload(state.v[i].tensor.Clone())};
+      }
+    }
+  }
+  for (const Copy& c : copies) {
+    if (c.to->on_device()) {
+      setup_.backend->CopyFromHost(*c.from, c.to);
+    } else {
+      c.to->CopyFrom(*c.from);
+    }
+  }
+  optimizer_.moments() = std::move(moments);
+  optimizer_.set_steps_taken(optimizer_steps);
+  return setup_.backend->status();
+}
+
 std::string StageRuntime::current_instruction() const {
   AnnotatedMutexLock lock(&status_mu_);
   return current_;

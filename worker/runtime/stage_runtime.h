@@ -28,8 +28,8 @@
 #define PIPETRAIN_WORKER_RUNTIME_STAGE_RUNTIME_H_
 
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -38,6 +38,7 @@
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
 #include "proto/pipetrain/v1/plan.pb.h"
+#include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/data/dataset.h"
 #include "worker/model/device_channel.h"
 #include "worker/model/unit.h"
@@ -122,6 +123,18 @@ class StageRuntime {
   // authoritative (for checkpoints and the final weights).
   std::vector<Parameter*> parameters() const;
   AdamWOptimizer& optimizer() { return optimizer_; }
+
+  // Checkpoints (worker/checkpoint/unit_checkpoint.h). Snapshot: host
+  // copies of every backward unit's parameters and AdamW moments, taken
+  // between iterations (the copies are the caller's: training goes on while
+  // they are written), labelled `step`.
+  StageSnapshot Snapshot(int64_t step) const;
+  // Sets every unit this stage holds (forward and backward) to the values in
+  // `units`, and the AdamW moments of its backward units and the step count
+  // to theirs; call before the first iteration. INVALID_ARGUMENT naming the
+  // unit or tensor when one this stage needs is missing or mis-shaped
+  // (nothing is changed then).
+  absl::Status Restore(const std::vector<UnitState>& units, int64_t optimizer_steps);
   // What the runtime is doing now, e.g. "recv ACTIVATION unit 3 mb 1 from stage 0".
   std::string current_instruction() const;
 

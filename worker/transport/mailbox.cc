@@ -11,9 +11,23 @@ void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
   open_job_ = job_id;
   current_iteration_ = first_iteration;
   aborted_jobs_.clear();
+  // What is left of earlier jobs (or plan versions) will never be taken.
+  for (auto it = tensors_.begin(); it != tensors_.end();) {
+    if (it->first.second.job_id == job_id) {
+      ++it;
+    } else {
+      bytes_ -= it->second.wire_bytes();
+      it = tensors_.erase(it);
+    }
+  }
 }
 
 absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_bytes) const {
+  if (!open_job_.empty() && address.job_id != open_job_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("tensor for job ", address.job_id.substr(0, 64), " but this worker runs ",
+                     open_job_, "; refused"));
+  }
   if (address.job_id == open_job_ &&
       address.iteration > current_iteration_ + limits_.run_ahead_iterations) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -51,8 +51,12 @@ class Mailbox {
 
   // The worker starts running `job_id` from `first_iteration`: the job's
   // current iteration for the run-ahead window, and it is no longer aborted
-  // (AbortJob); other jobs' abort marks are forgotten (their runners are
-  // gone), so the mailbox keeps no state for old jobs.
+  // (AbortJob); other jobs' abort marks and tensors are forgotten (their
+  // runners are gone), so the mailbox keeps no state for old jobs, and from
+  // now on a tensor of any other job is refused (FAILED_PRECONDITION):
+  // a worker runs one job, and a re-planned job is another data-plane job
+  // (worker/agent/job_runner.h DataPlaneJobId), so a straggling frame of
+  // the old plan can never be taken as one of the new.
   void OpenJob(const std::string& job_id, int64_t first_iteration);
   // OK when a tensor of `wire_bytes` for `address` would be accepted now;
   // RESOURCE_EXHAUSTED naming the limit otherwise.

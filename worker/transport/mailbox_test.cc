@@ -184,10 +184,22 @@ TEST(MailboxTest, Put_BeyondRunAhead_RefusedWindowFollowsTakes) {
   now.iteration = 6;
   (void)mailbox.Take(0, now, absl::ZeroDuration());  // the stage reached iteration 6
   EXPECT_TRUE(mailbox.Put(0, far, WireTensor::Raw(Tensor::Zeros({1}))).ok());
-  // Another job's frames are not windowed, but are counted in bytes.
-  TensorAddress other = Activation("j-2", 1);
-  other.iteration = 1000;
-  EXPECT_TRUE(mailbox.Put(0, other, WireTensor::Raw(Tensor::Zeros({1}))).ok());
+}
+
+TEST(MailboxTest, OpenJob_RefusesOtherJobsAndDropsTheirTensors) {
+  Mailbox mailbox;
+  // Before any job is opened, frames of any job are taken (in-process tests).
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1/1", 1), WireTensor::Raw(Tensor::Zeros({4}))).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1/2", 1), WireTensor::Raw(Tensor::Zeros({2}))).ok());
+  mailbox.OpenJob("j-1/2", 0);  // the job's second plan: the first plan's tensor goes
+  EXPECT_EQ(mailbox.size(), 1u);
+  EXPECT_EQ(mailbox.bytes(), 8);
+  // A straggling frame of the old plan is refused, not buffered.
+  absl::Status old = mailbox.Put(0, Activation("j-1/1", 2), WireTensor::Raw(Tensor::Zeros({1})));
+  EXPECT_EQ(old.code(), absl::StatusCode::kFailedPrecondition) << old;
+  EXPECT_NE(old.message().find("this worker runs j-1/2"), std::string::npos) << old;
+  EXPECT_EQ(mailbox.Admit(Activation("j-1/1", 2), 4).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(mailbox.Take(0, Activation("j-1/2", 1), absl::ZeroDuration()).ok());
 }
 
 TEST(MailboxTest, OpenJob_ClearsAbortMarks) {

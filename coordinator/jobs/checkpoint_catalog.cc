@@ -1,0 +1,180 @@
+#include "coordinator/jobs/checkpoint_catalog.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/confined_path.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+
+namespace pipetrain {
+namespace {
+
+constexpr char kManifestName[] = "manifest.json";
+
+bool IsSha256Hex(const std::string& s) {
+  if (s.size() != 64) return false;
+  for (char c : s) {
+    if (!absl::ascii_isdigit(c) && !(c >= 'a' && c <= 'f')) return false;
+  }
+  return true;
+}
+
+std::string StepDir(const std::string& dir, int64_t step) {
+  return absl::StrFormat("%s/step-%08d", dir, step);
+}
+
+std::string UnitFile(int unit) { return absl::StrFormat("unit-%04d.safetensors", unit); }
+
+}  // namespace
+
+CheckpointCatalog::CheckpointCatalog(const v1::CheckpointSpec& spec, const GptConfig& model,
+                                     int64_t steps)
+    : spec_(spec), num_units_(NumUnits(model)), steps_(steps) {}
+
+absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
+    const v1::CheckpointWritten& report, const v1::UnitRange& owned) {
+  const int64_t step = report.step();
+  if (step <= 0 || step >= steps_ || step % spec_.interval_steps() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("ReportProgressRequest.checkpoint.step: ", step,
+                                                   " is not a checkpoint step of the job "
+                                                   "(multiples of ",
+                                                   spec_.interval_steps(), " below ", steps_, ")"));
+  }
+  if (report.units_size() > num_units_) {
+    return absl::InvalidArgumentError("ReportProgressRequest.checkpoint.units: too many units");
+  }
+  std::map<int, v1::UnitFile>& units = pending_[step];
+  for (const v1::UnitFile& f : report.units()) {
+    if (f.unit() < owned.begin() || f.unit() >= owned.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ReportProgressRequest.checkpoint.units: unit ", f.unit(),
+          " is not one of this stage's units [", owned.begin(), ", ", owned.end(), ")"));
+    }
+    if (f.file() != UnitFile(f.unit()) || f.bytes() <= 0 || !IsSha256Hex(f.sha256())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ReportProgressRequest.checkpoint.units: unit ", f.unit(), " needs file ",
+                       UnitFile(f.unit()), ", a positive size and a SHA-256 in hex"));
+    }
+  }
+  for (const v1::UnitFile& f : report.units()) units[f.unit()] = f;
+  while (pending_.size() > static_cast<size_t>(kMaxPendingCheckpoints)) {
+    pending_.erase(pending_.begin());
+  }
+  auto it = pending_.find(step);
+  if (it == pending_.end() || static_cast<int>(it->second.size()) < num_units_) {
+    return std::optional<v1::ResumeFrom>();
+  }
+  v1::ResumeFrom from;
+  from.set_step(step);
+  from.set_dir(StepDir(spec_.dir(), step));
+  for (const auto& [unit, file] : it->second) *from.add_units() = file;
+  // Older incomplete steps can no longer matter: a resume takes the newest.
+  pending_.erase(pending_.begin(), std::next(it));
+  if (!complete_.empty() && complete_.back().step() >= step) {
+    return std::optional<v1::ResumeFrom>();  // a redone step completed again
+  }
+  complete_.push_back(from);
+  while (complete_.size() > static_cast<size_t>(spec_.keep())) {
+    expired_.push_back(complete_.front());
+    complete_.pop_front();
+  }
+  return std::optional<v1::ResumeFrom>(from);
+}
+
+const v1::ResumeFrom* CheckpointCatalog::Latest() const {
+  return complete_.empty() ? nullptr : &complete_.back();
+}
+
+std::optional<v1::ResumeFrom> CheckpointCatalog::DropLatest() {
+  if (complete_.empty()) return std::nullopt;
+  v1::ResumeFrom dropped = complete_.back();
+  complete_.pop_back();
+  return dropped;
+}
+
+std::vector<v1::ResumeFrom> CheckpointCatalog::TakeExpired() {
+  std::vector<v1::ResumeFrom> out;
+  out.swap(expired_);
+  return out;
+}
+
+void CheckpointCatalog::ClearPending() { pending_.clear(); }
+
+absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::string& job_id,
+                                     const v1::ModelSpec& model, uint64_t seed,
+                                     const v1::ResumeFrom& from) {
+  nlohmann::json manifest = {{"format", "pipetrain-checkpoint-manifest"},
+                             {"version", 1},
+                             {"job_id", job_id},
+                             {"step", from.step()},
+                             {"seed", seed},
+                             {"model",
+                              {{"vocab_size", model.vocab_size()},
+                               {"max_seq_len", model.max_seq_len()},
+                               {"n_layer", model.n_layer()},
+                               {"n_head", model.n_head()},
+                               {"d_model", model.d_model()}}},
+                             {"units", nlohmann::json::array()}};
+  for (const v1::UnitFile& f : from.units()) {
+    manifest["units"].push_back(
+        {{"unit", f.unit()}, {"file", f.file()}, {"bytes", f.bytes()}, {"sha256", f.sha256()}});
+  }
+  const std::string text = manifest.dump(1) + "\n";
+  ASSIGN_OR_RETURN(ConfinedParent parent,
+                   OpenConfinedParent(output_dir, "spec.checkpoint.dir",
+                                      absl::StrCat(from.dir(), "/", kManifestName),
+                                      /*create_dirs=*/true));
+  const std::string path = absl::StrCat(output_dir, "/", from.dir(), "/", kManifestName);
+  const std::string temp = absl::StrCat(kManifestName, ".tmp.", getpid());
+  const int dir = parent.dir.get();
+  unlinkat(dir, temp.c_str(), 0);  // a crashed earlier attempt's
+  ScopedFd fd(
+      openat(dir, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", path));
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = write(fd.get(), text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) {
+      const int error = errno;
+      unlinkat(dir, temp.c_str(), 0);
+      return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", path));
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd.get()) != 0 || renameat(dir, temp.c_str(), dir, kManifestName) != 0 ||
+      fsync(dir) != 0) {
+    const int error = errno;
+    unlinkat(dir, temp.c_str(), 0);
+    return absl::ErrnoToStatus(error, absl::StrCat("cannot commit ", path));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from) {
+  ASSIGN_OR_RETURN(ConfinedParent parent,
+                   OpenConfinedParent(output_dir, "spec.checkpoint.dir",
+                                      absl::StrCat(from.dir(), "/", kManifestName),
+                                      /*create_dirs=*/false));
+  if (parent.dir.get() < 0) return absl::OkStatus();  // already gone
+  // The manifest first: a checkpoint without it is visibly incomplete.
+  unlinkat(parent.dir.get(), kManifestName, 0);
+  for (const v1::UnitFile& f : from.units()) {
+    if (f.file() == UnitFile(f.unit())) unlinkat(parent.dir.get(), f.file().c_str(), 0);
+  }
+  // Its parent's handle: remove the (now empty) step directory itself.
+  const std::string relative = from.dir();
+  const size_t slash = relative.rfind('/');
+  ASSIGN_OR_RETURN(ConfinedParent up, OpenConfinedParent(output_dir, "spec.checkpoint.dir",
+                                                         relative, /*create_dirs=*/false));
+  if (up.dir.get() >= 0) unlinkat(up.dir.get(), relative.substr(slash + 1).c_str(), AT_REMOVEDIR);
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain

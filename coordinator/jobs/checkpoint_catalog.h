@@ -1,0 +1,81 @@
+// CheckpointCatalog: the checkpoints of one job as the coordinator tracks
+// them (DESIGN.md §11, JobSpec.checkpoint).
+//
+// Stages report the unit files they wrote for step k
+// (ReportProgressRequest.checkpoint); checkpoint k is complete once every
+// unit of the model is in, and only then can a job resume from it. The
+// catalog keeps the newest `keep` complete ones; the caller writes each
+// completed checkpoint's manifest (WriteCheckpointManifest) and deletes the
+// directories of those it expires (RemoveCheckpointDir). Reports are
+// checked before anything is kept: a stage may report only units it owns,
+// for a step that is a checkpoint step of the job, with a well-formed name
+// and checksum. At most kMaxPendingCheckpoints incomplete steps are kept
+// (the oldest dropped): a step whose writer failed never completes.
+//
+// Not thread-safe (JobManager's lock guards it).
+#ifndef PIPETRAIN_COORDINATOR_JOBS_CHECKPOINT_CATALOG_H_
+#define PIPETRAIN_COORDINATOR_JOBS_CHECKPOINT_CATALOG_H_
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "proto/pipetrain/v1/coordinator.pb.h"
+#include "proto/pipetrain/v1/job.pb.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+
+inline constexpr int kMaxPendingCheckpoints = 4;
+
+class CheckpointCatalog {
+ public:
+  // `spec` resolved (dir set, keep >= 1, interval_steps > 0).
+  CheckpointCatalog(const v1::CheckpointSpec& spec, const GptConfig& model, int64_t steps);
+
+  // A stage's report of its units for one step. INVALID_ARGUMENT naming the
+  // field when the step is not one of the job's checkpoint steps, a unit is
+  // outside `owned` (the stage's backward units) or reported twice, or a
+  // file name, size or SHA-256 is malformed. Returns the checkpoint this
+  // report completed, if it did.
+  absl::StatusOr<std::optional<v1::ResumeFrom>> Add(const v1::CheckpointWritten& report,
+                                                    const v1::UnitRange& owned);
+  // The newest complete checkpoint; null when none.
+  const v1::ResumeFrom* Latest() const;
+  // Forgets the newest complete checkpoint (a stage could not load it):
+  // the one before becomes Latest. Returns what was dropped.
+  std::optional<v1::ResumeFrom> DropLatest();
+  // Complete checkpoints beyond `keep`, oldest first, no longer in the
+  // catalog: the caller removes their directories.
+  std::vector<v1::ResumeFrom> TakeExpired();
+  // Forgets incomplete steps (a re-plan: the new plan's stages report again).
+  void ClearPending();
+
+ private:
+  const v1::CheckpointSpec spec_;
+  const int num_units_;
+  const int64_t steps_;
+  std::map<int64_t, std::map<int, v1::UnitFile>> pending_;  // step -> unit -> file
+  std::deque<v1::ResumeFrom> complete_;                     // oldest first
+  std::vector<v1::ResumeFrom> expired_;
+};
+
+// Writes <output_dir>/<from.dir>/manifest.json (0600, temporary name,
+// fsync, rename, directory fsync): what `pipetrain checkpoint export` and an
+// operator read to know the checkpoint is whole. Never through a symbolic
+// link (common/confined_path.h).
+absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::string& job_id,
+                                     const v1::ModelSpec& model, uint64_t seed,
+                                     const v1::ResumeFrom& from);
+
+// Removes the manifest and the unit files `from` names, then its directory
+// (left in place if anything else is in it). Never follows a symbolic link.
+absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_JOBS_CHECKPOINT_CATALOG_H_

@@ -1,0 +1,32 @@
+#include "worker/checkpoint/checkpoint_writer.h"
+
+#include "absl/time/clock.h"
+
+namespace pipetrain {
+
+CheckpointWriter::CheckpointWriter(std::string root, std::string dir, CheckpointIdentity identity,
+                                   Done done)
+    : root_(std::move(root)),
+      dir_(std::move(dir)),
+      identity_(std::move(identity)),
+      done_(std::move(done)) {}
+
+CheckpointWriter::~CheckpointWriter() { Wait(); }
+
+void CheckpointWriter::Submit(StageSnapshot snapshot) {
+  AnnotatedMutexLock lock(&mu_);
+  if (writing_.joinable()) writing_.join();
+  writing_ = std::thread([this, snapshot = std::move(snapshot)] {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::vector<v1::UnitFile>> files =
+        WriteStageCheckpoint(root_, dir_, snapshot, identity_);
+    done_(snapshot.step, absl::ToDoubleSeconds(absl::Now() - start), files);
+  });
+}
+
+void CheckpointWriter::Wait() {
+  AnnotatedMutexLock lock(&mu_);
+  if (writing_.joinable()) writing_.join();
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,201 @@
+#include "worker/checkpoint/unit_checkpoint.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <map>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/confined_path.h"
+#include "common/secrets.h"
+#include "common/status_macros.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr char kFormat[] = "pipetrain-unit-checkpoint";
+constexpr char kVersion[] = "1";
+constexpr char kMomentM[] = "optimizer.m.";
+constexpr char kMomentV[] = "optimizer.v.";
+// A unit file is read whole to check its checksum; no unit of a model within
+// the spec bounds comes near this, a corrupt size field might.
+constexpr int64_t kMaxUnitFileBytes = int64_t{64} << 30;
+
+absl::Status Errno(int error, absl::string_view what, const std::string& path) {
+  return absl::ErrnoToStatus(error, absl::StrCat(what, " ", path));
+}
+
+// Reads the whole file `name` in `dir_fd` (not through a symbolic link).
+absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const std::string& path) {
+  ScopedFd fd(openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  if (fd.get() < 0) return Errno(errno, "cannot open", path);
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) return Errno(errno, "cannot stat", path);
+  if (!S_ISREG(st.st_mode)) return absl::DataLossError(absl::StrCat(path, " is not a file"));
+  if (st.st_size > kMaxUnitFileBytes) {
+    return absl::DataLossError(absl::StrCat(path, " is ", st.st_size, " bytes; too large"));
+  }
+  std::string bytes(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = read(fd.get(), bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return Errno(errno, "cannot read", path);
+    if (n == 0) break;  // shrank while we read
+    done += static_cast<size_t>(n);
+  }
+  bytes.resize(done);
+  return bytes;
+}
+
+SafetensorsMetadata MetadataFor(const CheckpointIdentity& id, int unit, int64_t step,
+                                int64_t optimizer_steps) {
+  const GptConfig& m = id.model;
+  return {{"format", kFormat},
+          {"version", kVersion},
+          {"job_id", id.job_id},
+          {"unit", absl::StrCat(unit)},
+          {"step", absl::StrCat(step)},
+          {"optimizer_steps", absl::StrCat(optimizer_steps)},
+          {"seed", absl::StrCat(id.seed)},
+          {"vocab_size", absl::StrCat(m.vocab_size)},
+          {"max_seq_len", absl::StrCat(m.max_seq_len)},
+          {"n_layer", absl::StrCat(m.n_layer)},
+          {"n_head", absl::StrCat(m.n_head)},
+          {"d_model", absl::StrCat(m.d_model)}};
+}
+
+std::string Get(const SafetensorsMetadata& metadata, const std::string& key) {
+  auto it = metadata.find(key);
+  return it == metadata.end() ? "" : it->second;
+}
+
+}  // namespace
+
+std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
+
+std::string UnitFileName(int unit) { return absl::StrFormat("unit-%04d.safetensors", unit); }
+
+absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string& root,
+                                                               const std::string& dir,
+                                                               const StageSnapshot& snapshot,
+                                                               const CheckpointIdentity& identity) {
+  const std::string step_dir = absl::StrCat(dir, "/", StepDirName(snapshot.step));
+  std::vector<v1::UnitFile> files;
+  ScopedFd last_dir;
+  for (const UnitState& unit : snapshot.units) {
+    const std::string relative = absl::StrCat(step_dir, "/", UnitFileName(unit.unit));
+    ASSIGN_OR_RETURN(ConfinedParent parent, OpenConfinedParent(root, "spec.checkpoint.dir",
+                                                               relative, /*create_dirs=*/true));
+    const std::string path = absl::StrCat(root, "/", relative);
+    std::vector<NamedTensor> tensors = unit.values;
+    for (size_t i = 0; i < unit.m.size(); ++i) {
+      tensors.push_back({kMomentM + unit.m[i].name, unit.m[i].tensor});
+      tensors.push_back({kMomentV + unit.v[i].name, unit.v[i].tensor});
+    }
+    RETURN_IF_ERROR(WriteSafetensorsAt(
+        parent.dir.get(), parent.name, tensors,
+        MetadataFor(identity, unit.unit, snapshot.step, snapshot.optimizer_steps), 0600));
+    // Checksummed as written to disk (read back from the page cache).
+    ASSIGN_OR_RETURN(std::string bytes, ReadAt(parent.dir.get(), parent.name, path));
+    v1::UnitFile file;
+    file.set_unit(unit.unit);
+    file.set_file(parent.name);
+    file.set_bytes(static_cast<int64_t>(bytes.size()));
+    file.set_sha256(Sha256Hex(bytes));
+    files.push_back(std::move(file));
+    last_dir = std::move(parent.dir);
+  }
+  // The renames are durable once the directory is.
+  if (last_dir.get() >= 0 && fsync(last_dir.get()) != 0) {
+    return Errno(errno, "cannot sync directory", absl::StrCat(root, "/", step_dir));
+  }
+  return files;
+}
+
+absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::ResumeFrom& from,
+                                             const v1::UnitFile& expected,
+                                             const CheckpointIdentity& identity, bool with_moments,
+                                             int64_t* optimizer_steps) {
+  const std::string relative = absl::StrCat(from.dir(), "/", expected.file());
+  const std::string path = absl::StrCat(root, "/", relative);
+  if (expected.unit() < 0 || expected.unit() >= NumUnits(identity.model)) {
+    return absl::DataLossError(absl::StrCat("checkpoint ", from.dir(), " names unit ",
+                                            expected.unit(), " of a model of ",
+                                            NumUnits(identity.model), " units"));
+  }
+  if (expected.file() != UnitFileName(expected.unit())) {
+    return absl::DataLossError(absl::StrCat(
+        "checkpoint ", from.dir(), " names \"", expected.file().substr(0, 64), "\" for unit ",
+        expected.unit(), "; expected ", UnitFileName(expected.unit())));
+  }
+  ASSIGN_OR_RETURN(ConfinedParent parent,
+                   OpenConfinedParent(root, "resume.dir", relative, /*create_dirs=*/false));
+  if (parent.dir.get() < 0) {
+    return absl::NotFoundError(absl::StrCat("checkpoint directory of ", path, " is missing"));
+  }
+  ASSIGN_OR_RETURN(std::string bytes, ReadAt(parent.dir.get(), parent.name, path));
+  if (static_cast<int64_t>(bytes.size()) != expected.bytes()) {
+    return absl::DataLossError(absl::StrCat(path, " is ", bytes.size(),
+                                            " bytes; the checkpoint recorded ", expected.bytes(),
+                                            " (truncated or replaced)"));
+  }
+  if (Sha256Hex(bytes) != expected.sha256()) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": SHA-256 differs from the one recorded (corrupt)"));
+  }
+  absl::StatusOr<SafetensorsContents> parsed = ParseSafetensors(bytes, path);
+  if (!parsed.ok()) return absl::DataLossError(parsed.status().message());
+  const SafetensorsContents& contents = *parsed;
+  const SafetensorsMetadata& meta = contents.metadata;
+  if (Get(meta, "format") != kFormat || Get(meta, "version") != kVersion) {
+    return absl::DataLossError(absl::StrCat(path, " is not a pipetrain unit checkpoint (format \"",
+                                            Get(meta, "format"), "\" version \"",
+                                            Get(meta, "version"), "\")"));
+  }
+  if (Get(meta, "unit") != absl::StrCat(expected.unit()) ||
+      Get(meta, "step") != absl::StrCat(from.step())) {
+    return absl::DataLossError(absl::StrCat(path, " holds unit ", Get(meta, "unit"), " at step ",
+                                            Get(meta, "step"), "; expected unit ", expected.unit(),
+                                            " at step ", from.step()));
+  }
+  const SafetensorsMetadata want = MetadataFor(identity, expected.unit(), from.step(), 0);
+  for (const char* key : {"seed", "vocab_size", "max_seq_len", "n_layer", "n_head", "d_model"}) {
+    if (Get(meta, key) != Get(want, key)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(path, " is a checkpoint of another model: ", key, " ", Get(meta, key),
+                       " in the file, ", Get(want, key), " in this job"));
+    }
+  }
+  int64_t steps = 0;
+  if (!absl::SimpleAtoi(Get(meta, "optimizer_steps"), &steps) || steps < 0) {
+    return absl::DataLossError(absl::StrCat(path, ": bad optimizer_steps"));
+  }
+  if (optimizer_steps != nullptr) *optimizer_steps = steps;
+  auto find = [&](const std::string& name, const std::vector<int64_t>& shape,
+                  std::vector<NamedTensor>* out, const std::string& stored) -> absl::Status {
+    const Tensor* t = contents.Find(stored);
+    if (t == nullptr || t->shape() != Shape(shape.begin(), shape.end())) {
+      return absl::DataLossError(absl::StrCat(path, ": tensor ", stored,
+                                              t == nullptr ? " is missing" : " has another shape"));
+    }
+    out->push_back({name, *t});
+    return absl::OkStatus();
+  };
+  UnitState state;
+  state.unit = expected.unit();
+  for (const ParameterShape& p : UnitParameterShapes(identity.model, expected.unit())) {
+    RETURN_IF_ERROR(find(p.name, p.shape, &state.values, p.name));
+    if (with_moments && steps > 0) {
+      RETURN_IF_ERROR(find(p.name, p.shape, &state.m, kMomentM + p.name));
+      RETURN_IF_ERROR(find(p.name, p.shape, &state.v, kMomentV + p.name));
+    }
+  }
+  return state;
+}
+
+}  // namespace pipetrain

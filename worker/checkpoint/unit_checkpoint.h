@@ -1,0 +1,96 @@
+// Job checkpoints on disk (DESIGN.md §11, proto JobSpec.checkpoint): one
+// safetensors file per unit, written by the stage that owns the unit's
+// weights, in a directory per step:
+//
+//   <checkpoint root>/<spec.checkpoint.dir>/step-00000010/unit-0003.safetensors
+//                                                        /manifest.json (the coordinator's)
+//
+// A unit file holds the unit's parameters under their Hugging Face GPT-2
+// names (the head's tied copy of wte.weight included), the AdamW moments as
+// "optimizer.m.<name>" / "optimizer.v.<name>", and in __metadata__:
+// format=pipetrain-unit-checkpoint, version=1, job_id, unit, step (optimizer
+// steps the weights have taken), optimizer_steps, seed and the model shape.
+// Because a file holds one unit whatever the plan was, a checkpoint loads
+// under any other plan: a re-plan needs no resharding.
+//
+// Writes are atomic and durable: each file goes to a temporary name, is
+// fsynced and renamed, then the directory is fsynced; a crash leaves either
+// the old state or the whole file. Reads trust nothing: the file's size and
+// SHA-256 must be those the coordinator recorded when the stage reported it
+// (v1::UnitFile), and the metadata and every tensor's shape must match the
+// model being resumed; anything else is an error naming the file, never a
+// silent load.
+//
+// Thread-safe: the functions keep no state.
+#ifndef PIPETRAIN_WORKER_CHECKPOINT_UNIT_CHECKPOINT_H_
+#define PIPETRAIN_WORKER_CHECKPOINT_UNIT_CHECKPOINT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/safetensors.h"
+#include "proto/pipetrain/v1/plan.pb.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+
+// One unit's state on the host.
+struct UnitState {
+  int unit = 0;
+  std::vector<NamedTensor> values;  // the unit's parameters (UnitParameterShapes order)
+  // AdamW moments, in the order of `values`; empty when not wanted (a
+  // forward-only unit being loaded) or not yet created (before step 1).
+  std::vector<NamedTensor> m, v;
+};
+
+// What a stage's checkpoint after `step` optimizer steps holds.
+struct StageSnapshot {
+  int64_t step = 0;
+  int64_t optimizer_steps = 0;
+  std::vector<UnitState> units;
+};
+
+// Whose checkpoint: recorded in every file and checked on load.
+struct CheckpointIdentity {
+  std::string job_id;
+  GptConfig model;
+  uint64_t seed = 0;
+};
+
+// "step-00000010": a checkpoint's directory name.
+std::string StepDirName(int64_t step);
+// "unit-0003.safetensors".
+std::string UnitFileName(int unit);
+
+// Writes every unit of `snapshot` under <root>/<dir>/<StepDirName(step)>
+// (directories created 0700 as needed, never through a symbolic link:
+// common/confined_path.h), files 0600. Returns each file's name, size and
+// SHA-256 for the coordinator. `dir` is a relative name (spec.checkpoint.dir).
+// Errors: FAILED_PRECONDITION when `root` cannot be opened; INVALID_ARGUMENT
+// for a bad `dir`; the errno's code for an I/O failure (a full disk is
+// RESOURCE_EXHAUSTED), naming the file. Nothing is reported on failure, so a
+// partial checkpoint is never recorded complete.
+absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string& root,
+                                                               const std::string& dir,
+                                                               const StageSnapshot& snapshot,
+                                                               const CheckpointIdentity& identity);
+
+// Reads unit `expected.unit` of checkpoint `from` (from.dir relative to
+// `root`), checking in order: the file exists (NOT_FOUND), its size and
+// SHA-256 equal `expected`'s and it parses (DATA_LOSS: truncated or
+// corrupt), its metadata names this format, unit and step
+// (DATA_LOSS), the model shape and seed are `identity`'s
+// (FAILED_PRECONDITION: a checkpoint of another model), and every parameter
+// of the unit is there with its shape (DATA_LOSS), with its moments when
+// `with_moments`. Every message names the file. `*optimizer_steps` (may be
+// null) gets the file's optimizer step count.
+absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::ResumeFrom& from,
+                                             const v1::UnitFile& expected,
+                                             const CheckpointIdentity& identity, bool with_moments,
+                                             int64_t* optimizer_steps);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_CHECKPOINT_UNIT_CHECKPOINT_H_

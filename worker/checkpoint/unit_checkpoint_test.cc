@@ -1,0 +1,190 @@
+#include "worker/checkpoint/unit_checkpoint.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "worker/checkpoint/checkpoint_writer.h"
+
+namespace pipetrain {
+namespace {
+
+GptConfig TinyModel() { return GptConfig{32, 8, 1, 2, 8}; }
+
+// Unit `u` of TinyModel with distinct values; moments when `moments`.
+UnitState MakeUnit(int u, float base, bool moments) {
+  UnitState state;
+  state.unit = u;
+  float x = base;
+  for (const ParameterShape& p : UnitParameterShapes(TinyModel(), u)) {
+    Tensor t = Tensor::Zeros(Shape(p.shape.begin(), p.shape.end()));
+    for (int64_t i = 0; i < t.numel(); ++i) t.data()[i] = x += 0.25f;
+    state.values.push_back({p.name, t});
+    if (moments) {
+      state.m.push_back({p.name, Tensor::Filled(t.shape(), base + 1)});
+      state.v.push_back({p.name, Tensor::Filled(t.shape(), base + 2)});
+    }
+  }
+  return state;
+}
+
+class UnitCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = absl::StrCat(std::getenv("TEST_TMPDIR"), "/ckpt-",
+                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    mkdir(root_.c_str(), 0700);
+    id_ = {"job-t-1", TinyModel(), 7};
+  }
+  // Writes units 0..3 (the whole tiny model) at step 5 and returns the
+  // checkpoint as the coordinator would record it.
+  v1::ResumeFrom WriteAll() {
+    StageSnapshot snapshot{5, 5, {}};
+    for (int u = 0; u < NumUnits(TinyModel()); ++u) snapshot.units.push_back(MakeUnit(u, u, true));
+    absl::StatusOr<std::vector<v1::UnitFile>> files =
+        WriteStageCheckpoint(root_, "ck/job-t-1", snapshot, id_);
+    EXPECT_TRUE(files.ok()) << files.status();
+    v1::ResumeFrom from;
+    from.set_step(5);
+    from.set_dir(absl::StrCat("ck/job-t-1/", StepDirName(5)));
+    for (const v1::UnitFile& f : *files) *from.add_units() = f;
+    return from;
+  }
+  std::string PathOf(const v1::ResumeFrom& from, int unit) {
+    return absl::StrCat(root_, "/", from.dir(), "/", from.units(unit).file());
+  }
+  std::string root_;
+  CheckpointIdentity id_;
+};
+
+TEST_F(UnitCheckpointTest, RoundTripsValuesMomentsAndSteps) {
+  const v1::ResumeFrom from = WriteAll();
+  ASSERT_EQ(from.units_size(), 4);
+  EXPECT_EQ(from.units(2).file(), "unit-0002.safetensors");
+  EXPECT_EQ(from.units(2).sha256().size(), 64u);
+  for (int u = 0; u < 4; ++u) {
+    int64_t steps = -1;
+    absl::StatusOr<UnitState> read =
+        ReadUnitCheckpoint(root_, from, from.units(u), id_, /*with_moments=*/true, &steps);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(steps, 5);
+    const UnitState want = MakeUnit(u, u, true);
+    ASSERT_EQ(read->values.size(), want.values.size());
+    for (size_t i = 0; i < want.values.size(); ++i) {
+      EXPECT_EQ(read->values[i].name, want.values[i].name);
+      EXPECT_EQ(read->values[i].tensor.ToVector(), want.values[i].tensor.ToVector());
+      EXPECT_EQ(read->m[i].tensor.ToVector(), want.m[i].tensor.ToVector());
+      EXPECT_EQ(read->v[i].tensor.ToVector(), want.v[i].tensor.ToVector());
+    }
+  }
+  // Files are private to the operator.
+  struct stat st;
+  ASSERT_EQ(stat(PathOf(from, 0).c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600);
+}
+
+TEST_F(UnitCheckpointTest, TruncatedFile_IsDataLoss) {
+  const v1::ResumeFrom from = WriteAll();
+  ASSERT_EQ(truncate(PathOf(from, 1).c_str(), from.units(1).bytes() - 10), 0);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_NE(read.status().message().find("unit-0001"), std::string::npos);
+}
+
+TEST_F(UnitCheckpointTest, FlippedByte_IsDataLoss) {
+  const v1::ResumeFrom from = WriteAll();
+  const std::string path = PathOf(from, 2);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  bytes[bytes.size() - 3] ^= 0x10;  // inside the last tensor's data
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(2), id_, true, nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_NE(read.status().message().find("SHA-256"), std::string::npos);
+}
+
+TEST_F(UnitCheckpointTest, MissingFile_IsNotFound) {
+  const v1::ResumeFrom from = WriteAll();
+  ASSERT_EQ(unlink(PathOf(from, 3).c_str()), 0);
+  EXPECT_EQ(ReadUnitCheckpoint(root_, from, from.units(3), id_, true, nullptr).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(UnitCheckpointTest, OtherModelShape_IsFailedPrecondition) {
+  const v1::ResumeFrom from = WriteAll();
+  CheckpointIdentity other = id_;
+  other.model.max_seq_len = 16;  // same unit shapes for attention, another model
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(1), other, true, nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kFailedPrecondition) << read.status();
+  EXPECT_NE(read.status().message().find("max_seq_len"), std::string::npos);
+  other = id_;
+  other.seed = 8;
+  EXPECT_EQ(ReadUnitCheckpoint(root_, from, from.units(1), other, true, nullptr).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(UnitCheckpointTest, RecordNamingAnotherUnitOrStep_IsDataLoss) {
+  v1::ResumeFrom from = WriteAll();
+  v1::UnitFile swapped = from.units(1);
+  swapped.set_unit(2);  // unit 2's name, unit 1's file contents: name check
+  EXPECT_EQ(ReadUnitCheckpoint(root_, from, swapped, id_, true, nullptr).status().code(),
+            absl::StatusCode::kDataLoss);
+  v1::UnitFile out_of_range = from.units(1);
+  out_of_range.set_unit(99);
+  EXPECT_EQ(ReadUnitCheckpoint(root_, from, out_of_range, id_, true, nullptr).status().code(),
+            absl::StatusCode::kDataLoss);
+  from.set_step(6);  // the files say 5
+  EXPECT_EQ(ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr).status().code(),
+            absl::StatusCode::kDataLoss);
+}
+
+TEST_F(UnitCheckpointTest, EscapingDir_IsRefusedAndWritesNothing) {
+  StageSnapshot snapshot{5, 5, {MakeUnit(0, 0, true)}};
+  EXPECT_EQ(WriteStageCheckpoint(root_, "../escape", snapshot, id_).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  struct stat st;
+  EXPECT_NE(stat(absl::StrCat(root_, "/../escape").c_str(), &st), 0);
+}
+
+TEST_F(UnitCheckpointTest, Writer_ReportsEachSnapshotInOrder) {
+  std::vector<int64_t> steps;
+  {
+    CheckpointWriter writer(
+        root_, "w", id_,
+        [&](int64_t step, double seconds, const absl::StatusOr<std::vector<v1::UnitFile>>& files) {
+          EXPECT_TRUE(files.ok()) << files.status();
+          EXPECT_GE(seconds, 0);
+          steps.push_back(step);
+        });
+    for (int64_t s : {2, 4, 6}) writer.Submit(StageSnapshot{s, s, {MakeUnit(1, s, true)}});
+    writer.Wait();
+    EXPECT_EQ(steps, (std::vector<int64_t>{2, 4, 6}));
+  }
+}
+
+TEST_F(UnitCheckpointTest, Writer_UnwritableRoot_ReportsTheError) {
+  absl::Status reported;
+  {
+    CheckpointWriter writer(
+        root_ + "/no/such/root", "w", id_,
+        [&](int64_t, double, const absl::StatusOr<std::vector<v1::UnitFile>>& f) {
+          reported = f.status();
+        });
+    writer.Submit(StageSnapshot{1, 1, {MakeUnit(0, 0, true)}});
+  }
+  EXPECT_FALSE(reported.ok());
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -7,12 +7,15 @@
 // seeded generator, printed so a failure can be replayed); the comparison
 // is bitwise.
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
 #include "cli/coordinator_client.h"
 #include "common/safetensors.h"
 #include "coordinator/jobs/job_spec.h"
@@ -29,11 +32,13 @@ constexpr int kSteps = 40;
 v1::JobSpec ElasticSpec(int stages, const std::string& solver, const std::string& weights) {
   v1::JobSpec spec;
   spec.set_name("elastic");
+  // Large enough that a step takes tens of milliseconds here, so a kill
+  // lands near the step drawn.
   spec.mutable_model()->set_n_layer(2);
-  spec.mutable_model()->set_n_head(2);
-  spec.mutable_model()->set_d_model(32);
+  spec.mutable_model()->set_n_head(4);
+  spec.mutable_model()->set_d_model(128);
   auto* t = spec.mutable_training();
-  t->set_seq_len(16);
+  t->set_seq_len(64);
   t->set_batch_size(8);
   t->set_micro_batches(4);
   t->set_steps(kSteps);
@@ -100,8 +105,9 @@ void ExpectEqualsTrainLocal(const v1::Job& job) {
 class ElasticClusterTest : public ::testing::Test {
  protected:
   void Start(const std::string& subdir, int workers) {
-    cluster_ = testing::StartTestCluster(subdir, workers,
-                                         {"--lease-seconds=2", "--heartbeat-seconds=0.2"});
+    // Default heartbeats and lease (1 s, 5 s): a killed worker is known gone
+    // when its assignment stream closes, not when its lease ends.
+    cluster_ = testing::StartTestCluster(subdir, workers);
     ASSERT_NE(cluster_, nullptr);
     stub_ = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
   }
@@ -122,9 +128,24 @@ class ElasticClusterTest : public ::testing::Test {
     cluster_->worker(process).Signal(SIGKILL);
     return victim;
   }
+  // Runs the job to its end and checks it against train-local.
+  v1::Job Finish(const std::string& id) {
+    const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
+    ExpectEqualsTrainLocal(job);
+    return job;
+  }
+  std::string CheckpointFile(const std::string& subdir, const std::string& id, int step, int unit) {
+    return absl::StrFormat("%s/%s/checkpoints/%s/step-%08d/unit-%04d.safetensors",
+                           std::getenv("TEST_TMPDIR"), subdir, id, step, unit);
+  }
   std::unique_ptr<LocalCluster> cluster_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
 };
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0;
+}
 
 TEST_F(ElasticClusterTest, WorkerKilledAtRandomStep_EndsOnThreeWorkersEqualToTrainLocal) {
   Start("kill1", 4);
@@ -146,6 +167,114 @@ TEST_F(ElasticClusterTest, WorkerKilledAtRandomStep_EndsOnThreeWorkersEqualToTra
   EXPECT_EQ(job.plan_history(1).start_step() % 5, 0);
   EXPECT_GT(job.plan_history(1).start_step(), 0);
   EXPECT_GE(job.progress().steps_redone(), 0);
+}
+
+TEST_F(ElasticClusterTest, KilledWhileACheckpointIsWritten_PartialOneIgnored) {
+  Start("partial", 4);
+  const std::string id =
+      testing::SubmitJob(*stub_, ElasticSpec(4, "uniform", "partial.safetensors"));
+  // The victim runs the last stage, whose units include the head (unit 5).
+  // Kill it once another stage's file of a checkpoint exists and its own
+  // does not: it never reported that step, so the step can never complete.
+  int partial_step = 0;
+  std::string victim;
+  for (int step = 10; step < kSteps && partial_step == 0; step += 5) {
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (!Exists(CheckpointFile("partial", id, step, 0)) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Microseconds(200));  // polls the file system
+    }
+    if (Exists(CheckpointFile("partial", id, step, 5))) continue;  // too late for this one
+    const v1::Job job = testing::GetJob(*stub_, id);
+    ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+    victim = job.worker_ids(3);
+    const int process = ProcessOf(*stub_, victim);
+    ASSERT_GE(process, 0);
+    cluster_->worker(process).Signal(SIGKILL);
+    partial_step = step;
+  }
+  ASSERT_GT(partial_step, 0) << "never caught a checkpoint half written";
+  std::fprintf(stderr, "killed %s while checkpoint %d was written\n", victim.c_str(), partial_step);
+  const v1::Job job = Finish(id);
+  ASSERT_GE(job.plan_history_size(), 2);
+  EXPECT_LT(job.plan_history(1).start_step(), partial_step)
+      << "resumed from a checkpoint the victim never finished";
+}
+
+TEST_F(ElasticClusterTest, TwoKillsInARow_EndsOnTwoWorkers) {
+  Start("twice", 4);
+  const std::string id = testing::SubmitJob(*stub_, ElasticSpec(4, "uniform", "twice.safetensors"));
+  ASSERT_FALSE(KillAtStep(id, 12, 1).empty());
+  // The second as soon as the first recovery runs.
+  const v1::Job recovered = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
+    return testing::Ended(j) || (j.state() == v1::RUNNING && j.plan_version() == 2);
+  });
+  ASSERT_EQ(recovered.state(), v1::RUNNING) << recovered.reason();
+  ASSERT_FALSE(KillAtStep(id, recovered.progress().step() + 2, 0).empty());
+  const v1::Job job = Finish(id);
+  EXPECT_EQ(job.worker_ids_size(), 2);
+  EXPECT_EQ(job.progress().recoveries(), 2);
+  EXPECT_EQ(job.plan_history_size(), 3);
+}
+
+TEST_F(ElasticClusterTest, HeadOwnerKilled_TiedEmbeddingRestored) {
+  Start("head", 4);
+  const std::string id = testing::SubmitJob(*stub_, ElasticSpec(4, "uniform", "head.safetensors"));
+  ASSERT_FALSE(KillAtStep(id, 17, 3).empty());  // stage 3 holds the head and its wte copy
+  const v1::Job job = Finish(id);
+  EXPECT_EQ(job.progress().recoveries(), 1);
+}
+
+TEST_F(ElasticClusterTest, BiPartitionPlan_WorkerKilled_ReplannedWithBiPartition) {
+  Start("bipart", 4);
+  v1::JobSpec spec = ElasticSpec(4, "bipartition", "bipart.safetensors");
+  const std::string id = testing::SubmitJob(*stub_, spec);
+  ASSERT_FALSE(KillAtStep(id, 14, 1).empty());
+  const v1::Job job = Finish(id);
+  EXPECT_EQ(job.worker_ids_size(), 3);
+  v1::GetPlanRequest request;
+  request.set_job_id(id);
+  v1::Plan plan;
+  ASSERT_TRUE(stub_->GetPlan(WithDeadline(absl::Seconds(5)).get(), request, &plan).ok());
+  EXPECT_EQ(plan.solver(), "bipartition");
+  EXPECT_EQ(plan.version(), 2);
+}
+
+TEST_F(ElasticClusterTest, CorruptLatestCheckpoint_FallsBackToThePreviousOne) {
+  Start("corrupt", 4);
+  const std::string id =
+      testing::SubmitJob(*stub_, ElasticSpec(4, "uniform", "corrupt.safetensors"));
+  v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(120), [](const v1::Job& j) {
+    return testing::Ended(j) || j.progress().checkpoint_step() >= 15;
+  });
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  // Flip a byte in the middle of unit 2's file of the latest checkpoint, then
+  // kill a worker: the stage that loads unit 2 finds the checksum wrong.
+  const int64_t latest = job.progress().checkpoint_step();
+  const std::string path = CheckpointFile("corrupt", id, latest, 2);
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    ASSERT_TRUE(file.is_open()) << path;
+    file.seekg(0, std::ios::end);
+    const std::streamoff middle = file.tellg() / 2;
+    file.seekg(middle);
+    char byte = 0;
+    file.read(&byte, 1);
+    byte ^= 0x40;
+    file.seekp(middle);
+    file.write(&byte, 1);
+  }
+  ASSERT_FALSE(KillAtStep(id, latest + 1, 0).empty());
+  job = Finish(id);
+  // Resumed from an older checkpoint than the corrupt one, and said why.
+  bool fell_back = false;
+  for (const v1::PlanVersion& v : job.plan_history()) {
+    if (absl::StrContains(v.reason(), "could not be loaded")) {
+      fell_back = true;
+      EXPECT_LT(v.start_step(), latest) << v.reason();
+      EXPECT_TRUE(absl::StrContains(v.reason(), "SHA-256")) << v.reason();
+    }
+  }
+  EXPECT_TRUE(fell_back);
 }
 
 }  // namespace

@@ -48,15 +48,17 @@ class AssignmentStream final : public grpc::ServerWriteReactor<v1::Assignment>,
 
   // Ends the stream with `status` once the write in flight (if any) is done.
   // The first status wins; later calls do nothing.
-  void End(grpc::Status status) {
+  // Returns whether this call ended it.
+  bool End(grpc::Status status) {
     {
       AnnotatedMutexLock lock(&mu_);
-      if (end_status_.has_value()) return;
+      if (end_status_.has_value()) return false;
       end_status_ = status;
-      if (writing_) return;  // OnWriteDone finishes
+      if (writing_) return true;  // OnWriteDone finishes
       finished_ = true;
     }
     Finish(std::move(status));
+    return true;
   }
 
   void OnWriteDone(bool ok) override {
@@ -70,7 +72,11 @@ class AssignmentStream final : public grpc::ServerWriteReactor<v1::Assignment>,
   }
 
   void OnCancel() override {
-    End(grpc::Status(grpc::StatusCode::CANCELLED, "the watcher cancelled the stream"));
+    // Not one we ended: the worker went away (its process exited, or its
+    // connection broke).
+    if (End(grpc::Status(grpc::StatusCode::CANCELLED, "the watcher cancelled the stream"))) {
+      owner_->WatcherGone(worker_id_, incarnation_);
+    }
   }
 
   void OnDone() override {
@@ -134,7 +140,16 @@ class AssignmentStream final : public grpc::ServerWriteReactor<v1::Assignment>,
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
-AssignmentStreams::AssignmentStreams(AssignmentHub* hub) : hub_(hub) {}
+AssignmentStreams::AssignmentStreams(AssignmentHub* hub, WatcherGoneListener on_gone)
+    : hub_(hub), on_gone_(std::move(on_gone)) {}
+
+void AssignmentStreams::WatcherGone(const std::string& worker_id, int64_t incarnation) {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (shut_down_) return;  // our own shutdown cancels streams too
+  }
+  if (on_gone_) on_gone_(worker_id, incarnation);
+}
 
 grpc::ServerWriteReactor<v1::Assignment>* AssignmentStreams::Open(const std::string& worker_id,
                                                                   int64_t incarnation) {

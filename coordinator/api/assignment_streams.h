@@ -11,19 +11,23 @@
 //   ABORTED      when a newer incarnation of its worker registers or opens a
 //                stream (the old incarnation is gone: the worker re-registers),
 //   UNAVAILABLE  after Shutdown (the coordinator is stopping; retry later),
-//   CANCELLED    when the client goes away.
+//   CANCELLED    when the client goes away: the worker's process exited or
+//                its connection broke. The set's WatcherGoneListener then
+//                hears of it at once (a worker's death is known long before
+//                its lease runs out; DESIGN.md §11 recovery time).
 //
 // Thread-safe. Lock order: a stream's lock before the hub's; the set's lock
 // is never held while calling into a stream.
 #ifndef PIPETRAIN_COORDINATOR_API_ASSIGNMENT_STREAMS_H_
 #define PIPETRAIN_COORDINATOR_API_ASSIGNMENT_STREAMS_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/base/thread_annotations.h"
 #include "common/annotated_mutex.h"
@@ -36,9 +40,14 @@ class AssignmentStream;
 
 class AssignmentStreams {
  public:
+  // Called (outside every lock) when a watcher cancels its stream, not
+  // after Shutdown.
+  using WatcherGoneListener =
+      std::function<void(const std::string& worker_id, int64_t incarnation)>;
+
   // `hub` is not owned and must outlive every stream (the grpc::Server's
   // Shutdown waits for them).
-  explicit AssignmentStreams(AssignmentHub* hub);
+  explicit AssignmentStreams(AssignmentHub* hub, WatcherGoneListener on_gone = nullptr);
   AssignmentStreams(const AssignmentStreams&) = delete;
   AssignmentStreams& operator=(const AssignmentStreams&) = delete;
 
@@ -64,8 +73,10 @@ class AssignmentStreams {
  private:
   friend class AssignmentStream;
   void Remove(const AssignmentStream* stream);
+  void WatcherGone(const std::string& worker_id, int64_t incarnation);
 
   AssignmentHub* const hub_;
+  const WatcherGoneListener on_gone_;
   mutable AnnotatedMutex mu_;
   // Live streams by address; weak so that a stream's lifetime stays its own.
   std::map<const AssignmentStream*, std::weak_ptr<AssignmentStream>> streams_

@@ -114,7 +114,11 @@ class AssignmentStreamsTest : public ::testing::Test {
   }
 
   AssignmentHub hub_;
-  AssignmentStreams streams_{&hub_};
+  // Who the set heard went away (the watcher-gone listener).
+  std::vector<std::pair<std::string, int64_t>> gone_;
+  AssignmentStreams streams_{&hub_, [this](const std::string& worker, int64_t incarnation) {
+                               gone_.emplace_back(worker, incarnation);
+                             }};
 };
 
 TEST_F(AssignmentStreamsTest, Open_WorkerHasAssignment_WritesItFirst) {
@@ -200,6 +204,19 @@ TEST_F(AssignmentStreamsTest, OnCancel_FinishesCancelled) {
   ASSERT_TRUE(writer.status().has_value());
   EXPECT_EQ(writer.status()->error_code(), grpc::StatusCode::CANCELLED);
   reactor->OnDone();
+  EXPECT_EQ(gone_, (std::vector<std::pair<std::string, int64_t>>{{"w-1", 1}}));
+}
+
+TEST_F(AssignmentStreamsTest, OnCancelAfterWeEndedIt_NoWatcherGone) {
+  FakeWriter writer, newer;
+  grpc::ServerWriteReactor<v1::Assignment>* reactor = Open(writer, 1);
+  grpc::ServerWriteReactor<v1::Assignment>* second = Open(newer, 2);  // supersedes 1
+  reactor->OnCancel();
+  reactor->OnDone();
+  streams_.Shutdown();
+  second->OnCancel();  // cancelled by our own shutdown
+  second->OnDone();
+  EXPECT_TRUE(gone_.empty());
 }
 
 TEST_F(AssignmentStreamsTest, WriteFails_FinishesCancelled) {

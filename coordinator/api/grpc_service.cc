@@ -16,7 +16,15 @@ namespace pipetrain {
 CoordinatorGrpcService::CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs,
                                                AssignmentHub* hub, CoordinatorMetrics* metrics,
                                                const CallerAuth* auth)
-    : workers_(workers), jobs_(jobs), metrics_(metrics), auth_(auth), streams_(hub) {
+    : workers_(workers),
+      jobs_(jobs),
+      metrics_(metrics),
+      auth_(auth),
+      streams_(hub, [workers](const std::string& worker_id, int64_t incarnation) {
+        workers->MarkLost(worker_id, incarnation,
+                          "its assignment stream closed: the process exited or lost its "
+                          "connection to the coordinator");
+      }) {
   PT_CHECK(workers != nullptr && jobs != nullptr && hub != nullptr && metrics != nullptr &&
            auth != nullptr);
 }

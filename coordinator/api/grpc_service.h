@@ -8,6 +8,9 @@
 // the duration histogram, and ends UNAUTHENTICATED or PERMISSION_DENIED.
 //
 // Additions beyond translation:
+//   WatchAssignments a stream the worker cancels (its process exited or its
+//                    connection broke) marks that incarnation LOST at once
+//                    (WorkerRegistry::MarkLost), long before its lease ends.
 //   RegisterWorker   after success, ends the worker's streams of older
 //                    incarnations and asks JobManager to start queued jobs
 //                    (on the service's executor), so a job does not wait for

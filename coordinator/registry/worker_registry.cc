@@ -428,6 +428,27 @@ void WorkerRegistry::Release(const std::string& job_id) {
 
 // ------------------------------------------------------------------- Leases
 
+void WorkerRegistry::MarkLost(const std::string& worker_id, int64_t incarnation,
+                              const std::string& why) {
+  std::vector<Loss> losses;
+  LossListener listener;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    Entry* entry = FindLocked(worker_id);
+    if (entry == nullptr || entry->worker.incarnation() != incarnation ||
+        !IsLive(entry->worker.state())) {
+      return;
+    }
+    if (entry->worker.state() == v1::ASSIGNED) {
+      losses.push_back({worker_id, entry->worker.job_id(),
+                        absl::StrCat(Describe(entry->worker), " is gone: ", why)});
+    }
+    SetStateLocked(*entry, v1::LOST);
+    listener = listener_;
+  }
+  Notify(listener, losses);
+}
+
 int WorkerRegistry::CheckLeases() {
   std::vector<Loss> losses;
   LossListener listener;

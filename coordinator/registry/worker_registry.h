@@ -14,7 +14,8 @@
 //       |       Register  |                    |
 //       +-----------------+--------------------+
 //       |                                      |
-//       | lease expired (CheckLeases)          | Deregister
+//       | lease expired (CheckLeases),         | Deregister
+//       | or stream closed (MarkLost)          |
 //       v                                      v
 //   +------+             Deregister        +------+
 //   | LOST | ----------------------------> | LEFT |
@@ -163,6 +164,14 @@ class WorkerRegistry {
   //     ("incarnation 2 superseded by 3; re-register"), or the worker is LOST
   //     or LEFT; in every case the worker must register again.
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
+
+  // The coordinator knows incarnation `incarnation` of the worker is gone
+  // before its lease runs out (its assignment stream closed): if it is
+  // still the current incarnation and live, it becomes LOST with `why` in
+  // the reason, and the loss listener fires when it was ASSIGNED. A later
+  // Heartbeat of that incarnation fails, so a worker that was not gone
+  // registers again. Otherwise nothing happens.
+  void MarkLost(const std::string& worker_id, int64_t incarnation, const std::string& why);
 
   // Marks the worker LEFT (graceful shutdown). Idempotent: deregistering a
   // LEFT worker again is OK. If it was ASSIGNED, the loss listener fires.

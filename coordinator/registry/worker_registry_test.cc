@@ -422,6 +422,41 @@ TEST(WorkerRegistryTest, Deregister_Assigned_ListenerFires) {
                                           "while running job job-7"));
 }
 
+TEST(WorkerRegistryTest, MarkLost_CurrentIncarnation_LostAtOnceListenerFiresHeartbeatRefused) {
+  FakeClock clock;
+  LossRecorder recorder;
+  WorkerRegistry registry(MakeOptions(&clock));
+  registry.SetLossListener(recorder.Listener());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Register(Request(2)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-7").ok());
+  registry.MarkLost("w-1", 1, "its assignment stream closed");
+  registry.MarkLost("w-2", 1, "its assignment stream closed");  // READY: lost, no job
+  EXPECT_EQ(registry.Get("w-1")->state(), v1::LOST);
+  EXPECT_EQ(registry.Get("w-2")->state(), v1::LOST);
+  const std::vector<LossRecorder::Loss> losses = recorder.losses();
+  ASSERT_EQ(losses.size(), 1);
+  EXPECT_EQ(losses[0].job_id, "job-7");
+  EXPECT_THAT(losses[0].reason, HasSubstr("is gone: its assignment stream closed"));
+  v1::HeartbeatRequest beat;
+  beat.set_worker_id("w-1");
+  beat.set_incarnation(1);
+  EXPECT_EQ(registry.Heartbeat(beat).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(WorkerRegistryTest, MarkLost_OldIncarnationOrUnknown_ChangesNothing) {
+  FakeClock clock;
+  LossRecorder recorder;
+  WorkerRegistry registry(MakeOptions(&clock));
+  registry.SetLossListener(recorder.Listener());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());  // incarnation 2
+  registry.MarkLost("w-1", 1, "an old stream closed");
+  registry.MarkLost("w-9", 1, "never registered");
+  EXPECT_EQ(registry.Get("w-1")->state(), v1::READY);
+  EXPECT_TRUE(recorder.losses().empty());
+}
+
 // --------------------------------------------------------------- Assignment
 
 TEST(WorkerRegistryTest, Assign_AllReady_AssignedWithJob) {

@@ -41,6 +41,9 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/worker_profile_fetcher.h"
 #include "coordinator/registry/worker_registry.h"
+#include "coordinator/store/coordinator_state.h"
+#include "coordinator/store/memory_store.h"
+#include "coordinator/store/sqlite_store.h"
 
 namespace pipetrain {
 namespace {
@@ -70,6 +73,8 @@ struct Flags {
   std::string ports_file;
   std::string output_dir;
   std::string data_roots;  // comma-separated
+  std::string state_dir;
+  double restart_grace_seconds = 15;
 };
 
 // Flags and what is derived from them, validated.
@@ -109,6 +114,13 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
   set.String("data-root", &flags.data_roots,
              "comma-separated directories spec.data.path must lie in, checked at submit "
              "(workers check their own --data-root again); empty: workers alone check");
+  set.String("state-dir", &flags.state_dir,
+             "keep the coordinator's state (workers, jobs, plans, histories, checkpoints, "
+             "profiles) in an SQLite database in this directory, so a restart loses nothing; "
+             "empty: in memory only");
+  set.Double("restart-grace-seconds", &flags.restart_grace_seconds,
+             "after a restart, how long a running job waits for its workers to register again "
+             "before it resumes without them");
   set.String("ports-file", &flags.ports_file,
              "after binding, write {\"grpc_port\": N, \"http_port\": M} here (atomically)");
   RETURN_IF_ERROR(set.Parse(std::vector<std::string>(argv + 1, argv + argc)));
@@ -212,6 +224,9 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   if (help) return absl::OkStatus();
   RETURN_IF_ERROR(ConfigureTokens(config.flags));
   RETURN_IF_ERROR(CheckOutputDir(config.flags.output_dir));
+  if (!(config.flags.restart_grace_seconds >= 0 && config.flags.restart_grace_seconds <= 86400)) {
+    return absl::InvalidArgumentError("--restart-grace-seconds must be in [0, 86400]");
+  }
   absl::Status lease = WorkerRegistry::ValidateOptions(RegistryOptions(config.flags));
   if (!lease.ok()) {
     return absl::InvalidArgumentError(
@@ -245,15 +260,48 @@ int WaitForSignal(const sigset_t& signals) {
 // Wires the managers and servers, serves until a signal, shuts down.
 int Serve(const Config& config, const sigset_t& signals) {
   const Flags& flags = config.flags;
-  WorkerRegistry registry(RegistryOptions(flags));
+  // Durable state first: a coordinator that cannot keep what it promised
+  // does not start.
+  std::unique_ptr<Store> store;
+  if (flags.state_dir.empty()) {
+    store = std::make_unique<MemoryStore>();
+  } else {
+    absl::StatusOr<std::unique_ptr<SqliteStore>> opened = SqliteStore::Open(flags.state_dir);
+    if (!opened.ok()) {
+      PT_LOG(ERROR) << "--state-dir: " << opened.status();
+      return 1;
+    }
+    store = std::move(*opened);
+  }
+  CoordinatorState state(store.get());
+  if (absl::Status initialized = state.Initialize(); !initialized.ok()) {
+    PT_LOG(ERROR) << "--state-dir: " << initialized;
+    return 1;
+  }
+  WorkerRegistry::Options registry_options = RegistryOptions(flags);
+  registry_options.persist = [&state](const v1::Worker& w) { return state.SaveWorker(w); };
+  WorkerRegistry registry(registry_options);
+  absl::StatusOr<std::vector<v1::Worker>> known = state.LoadWorkers();
+  if (!known.ok()) {
+    PT_LOG(ERROR) << "--state-dir: " << known.status();
+    return 1;
+  }
+  registry.Restore(*known);
   AssignmentHub hub;
   JobManagerOptions job_options;
+  job_options.state = &state;
+  job_options.restart_grace = absl::Seconds(flags.restart_grace_seconds);
   job_options.output_dir = flags.output_dir;
   job_options.data_roots = absl::StrSplit(flags.data_roots, ',', absl::SkipEmpty());
   job_options.id_epoch = JobIdEpoch();
   JobManager jobs(&registry, &hub, RealClock(), job_options);
   // Bipartition and auto jobs profile the model on a worker first (cached).
   jobs.SetProfileFetcher(MakeWorkerProfileFetcher(absl::Minutes(10)));
+  if (absl::Status restored = jobs.Restore(); !restored.ok()) {
+    PT_LOG(ERROR) << "--state-dir: " << restored;
+    return 1;
+  }
+  PT_LOG(INFO) << "state: " << state.Describe() << " (" << known->size() << " workers known)";
   registry.SetLossListener(
       [&jobs](const std::string& worker, const std::string& job, const std::string& reason) {
         jobs.OnWorkerLost(worker, job, reason);

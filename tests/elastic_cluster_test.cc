@@ -104,10 +104,11 @@ void ExpectEqualsTrainLocal(const v1::Job& job) {
 
 class ElasticClusterTest : public ::testing::Test {
  protected:
-  void Start(const std::string& subdir, int workers) {
+  void Start(const std::string& subdir, int workers,
+             std::vector<std::string> coordinator_args = {}) {
     // Default heartbeats and lease (1 s, 5 s): a killed worker is known gone
     // when its assignment stream closes, not when its lease ends.
-    cluster_ = testing::StartTestCluster(subdir, workers);
+    cluster_ = testing::StartTestCluster(subdir, workers, std::move(coordinator_args));
     ASSERT_NE(cluster_, nullptr);
     stub_ = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
   }
@@ -275,6 +276,45 @@ TEST_F(ElasticClusterTest, CorruptLatestCheckpoint_FallsBackToThePreviousOne) {
     }
   }
   EXPECT_TRUE(fell_back);
+}
+
+TEST_F(ElasticClusterTest, CoordinatorKilledAndRestarted_JobsWorkersAndHistoryBack) {
+  const std::string state = std::string(std::getenv("TEST_TMPDIR")) + "/restart/state";
+  Start("restart", 4, {"--state-dir=" + state});
+  // A job that ends before the restart, and one that runs through it.
+  v1::JobSpec short_spec = ElasticSpec(2, "uniform", "");
+  short_spec.mutable_training()->set_steps(3);
+  const std::string done_id = testing::SubmitJob(*stub_, short_spec);
+  const v1::Job done = testing::AwaitJob(*stub_, done_id, absl::Seconds(60), testing::Ended);
+  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  const std::string id =
+      testing::SubmitJob(*stub_, ElasticSpec(4, "uniform", "restart.safetensors"));
+  const v1::Job before = testing::AwaitJob(*stub_, id, absl::Seconds(120), [](const v1::Job& j) {
+    return testing::Ended(j) || (j.state() == v1::RUNNING && j.progress().step() >= 17);
+  });
+  ASSERT_EQ(before.state(), v1::RUNNING) << before.reason();
+  v1::ListWorkersResponse workers_before;
+  ASSERT_TRUE(stub_->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers_before).ok());
+
+  ASSERT_TRUE(cluster_->KillAndRestartCoordinator().ok());
+  stub_ = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
+  const v1::Job job = Finish(id);
+  EXPECT_EQ(testing::GetJob(*stub_, done_id).progress().loss_history_size(), 3);
+  EXPECT_EQ(testing::GetJob(*stub_, done_id).state(), v1::SUCCEEDED);
+  bool resumed = false;
+  for (const v1::PlanVersion& v : job.plan_history()) {
+    resumed = resumed || absl::StrContains(v.reason(), "the coordinator restarted");
+  }
+  EXPECT_TRUE(resumed);
+  // The same workers, under the same ids, registered again.
+  v1::ListWorkersResponse workers_after;
+  ASSERT_TRUE(stub_->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers_after).ok());
+  ASSERT_EQ(workers_after.workers_size(), workers_before.workers_size());
+  for (int i = 0; i < workers_after.workers_size(); ++i) {
+    EXPECT_EQ(workers_after.workers(i).id(), workers_before.workers(i).id());
+    EXPECT_EQ(workers_after.workers(i).data_address(), workers_before.workers(i).data_address());
+    EXPECT_GT(workers_after.workers(i).incarnation(), workers_before.workers(i).incarnation());
+  }
 }
 
 }  // namespace

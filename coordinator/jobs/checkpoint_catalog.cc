@@ -106,6 +106,15 @@ std::vector<v1::ResumeFrom> CheckpointCatalog::TakeExpired() {
 
 void CheckpointCatalog::ClearPending() { pending_.clear(); }
 
+std::vector<v1::ResumeFrom> CheckpointCatalog::Complete() const {
+  return std::vector<v1::ResumeFrom>(complete_.begin(), complete_.end());
+}
+
+void CheckpointCatalog::RestoreComplete(const std::vector<v1::ResumeFrom>& complete) {
+  complete_.assign(complete.begin(), complete.end());
+  pending_.clear();
+}
+
 absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::string& job_id,
                                      const v1::ModelSpec& model, uint64_t seed,
                                      const v1::ResumeFrom& from) {

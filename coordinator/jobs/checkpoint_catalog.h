@@ -54,6 +54,10 @@ class CheckpointCatalog {
   std::vector<v1::ResumeFrom> TakeExpired();
   // Forgets incomplete steps (a re-plan: the new plan's stages report again).
   void ClearPending();
+  // The complete checkpoints, oldest first (for the durable state), and
+  // taking them back after a restart (replacing what the catalog holds).
+  std::vector<v1::ResumeFrom> Complete() const;
+  void RestoreComplete(const std::vector<v1::ResumeFrom>& complete);
 
  private:
   const v1::CheckpointSpec spec_;

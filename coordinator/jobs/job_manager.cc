@@ -171,6 +171,10 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
     JobRecord* record = FindLocked(job_id);
     if (profile.ok()) {
       profiles_.Put(key, *profile);
+      if (options_.state != nullptr) {
+        absl::Status saved = options_.state->SaveProfile(key, *profile);
+        if (!saved.ok()) PT_LOG(WARNING) << "profile " << key << " not saved: " << saved;
+      }
     } else if (record != nullptr) {
       record->profile_error = profile.status().ToString();
       PT_LOG(WARNING) << "job " << job_id << ": profiling failed: " << profile.status();
@@ -202,6 +206,103 @@ JobManager::JobRecord* JobManager::FindLocked(const std::string& job_id) {
 
 void JobManager::TouchLocked(JobRecord& record) {
   SetTimestamp(clock_->Now(), record.job.mutable_update_time());
+}
+
+absl::Status JobManager::PersistLocked(JobRecord& record) {
+  if (options_.state == nullptr) return absl::OkStatus();
+  store::StoredJob stored;
+  *stored.mutable_job() = record.job;
+  *stored.mutable_plan() = record.plan;
+  if (record.checkpoints != nullptr) {
+    for (const v1::ResumeFrom& c : record.checkpoints->Complete()) *stored.add_checkpoints() = c;
+  }
+  if (record.profile.has_value()) stored.set_profile_json(ProfileToJson(*record.profile));
+  stored.set_profile_source(record.profile_source);
+  stored.set_reference_gflops(record.reference_gflops);
+  stored.set_recoveries_without_progress(record.recoveries_without_progress);
+  record.last_persisted = clock_->Now();
+  absl::Status saved = options_.state->SaveJob(stored);
+  if (!saved.ok()) {
+    PT_LOG(ERROR) << "job " << record.job.id() << ": could not save its state: " << saved;
+  }
+  return saved;
+}
+
+absl::Status JobManager::Restore() {
+  if (options_.state == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(auto profiles, options_.state->LoadProfiles());
+  for (const auto& [key, profile] : profiles) profiles_.Put(key, profile);
+  ASSIGN_OR_RETURN(std::vector<store::StoredJob> stored, options_.state->LoadJobs());
+  std::sort(stored.begin(), stored.end(), [](const store::StoredJob& a, const store::StoredJob& b) {
+    return FromTimestamp(a.job().create_time()) < FromTimestamp(b.job().create_time());
+  });
+  AnnotatedMutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  int resumed = 0;
+  for (store::StoredJob& s : stored) {
+    auto record = std::make_unique<JobRecord>();
+    record->job = std::move(*s.mutable_job());
+    const std::string id = record->job.id();
+    if (id.empty() || jobs_.count(id) > 0) continue;
+    absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(record->job.spec());
+    if (!resolved.ok()) {  // a spec this version no longer accepts
+      if (!IsTerminal(record->job.state())) {
+        record->job.set_state(v1::FAILED);
+        record->job.set_reason(
+            absl::StrCat("after a coordinator restart, the spec is no longer "
+                         "valid: ",
+                         resolved.status().message()));
+      }
+      resolved = ResolvedJobSpec{};
+      resolved->spec = record->job.spec();
+    }
+    record->resolved = std::move(*resolved);
+    record->plan = std::move(*s.mutable_plan());
+    for (int st = 0; st < record->plan.stages_size(); ++st) {
+      record->stage_of[record->plan.stages(st).worker_id()] = st;
+      RecordWeightOwners(*record, st);
+    }
+    record->stages.assign(record->plan.stages_size(), StageProgress{});
+    if (!s.profile_json().empty()) {
+      absl::StatusOr<ModelProfile> profile = ParseProfileJson(s.profile_json());
+      if (profile.ok()) record->profile = *profile;
+    }
+    record->profile_source = s.profile_source();
+    record->reference_gflops = s.reference_gflops();
+    record->recoveries_without_progress = s.recoveries_without_progress();
+    const v1::CheckpointSpec& checkpoint = record->resolved.spec.checkpoint();
+    if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
+      record->checkpoints = std::make_unique<CheckpointCatalog>(
+          checkpoint, record->resolved.train.model, record->resolved.train.steps);
+      record->checkpoints->RestoreComplete({s.checkpoints().begin(), s.checkpoints().end()});
+    }
+    const v1::JobState state = record->job.state();
+    if (state == v1::PROFILING) {
+      record->job.set_state(v1::QUEUED);
+    } else if (state == v1::PLANNING || state == v1::RUNNING || state == v1::RECOVERING) {
+      if (record->checkpoints == nullptr || !record->profile.has_value()) {
+        record->job.set_state(v1::FAILED);
+        record->job.set_reason(
+            "the coordinator restarted while the job ran, and the job has no checkpoints "
+            "(spec.checkpoint) to resume from");
+      } else {
+        // As a recovery from the loss of every worker, which get the grace
+        // period to come back.
+        record->job.set_state(v1::RECOVERING);
+        record->recovery_reason = "the coordinator restarted";
+        record->job.set_reason("recovering: the coordinator restarted");
+        record->recovery_started = now;
+        record->restart_grace_until = now + options_.restart_grace;
+        record->survivors.assign(record->job.worker_ids().begin(), record->job.worker_ids().end());
+        ++resumed;
+      }
+    }
+    order_.push_back(id);
+    jobs_[id] = std::move(record);
+  }
+  PT_LOG(INFO) << "restored " << jobs_.size() << " jobs (" << resumed << " to resume) and "
+               << profiles.size() << " profiles from " << options_.state->Describe();
+  return absl::OkStatus();
 }
 
 absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
@@ -269,6 +370,11 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     SetTimestamp(clock_->Now(), record->job.mutable_create_time());
     TouchLocked(*record);
     record->resolved = std::move(resolved);
+    absl::Status saved = PersistLocked(*record);
+    if (!saved.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not record the job durably; nothing was submitted: ", saved.message()));
+    }
     job = record->job;
     order_.push_back(job.id());
     jobs_[job.id()] = std::move(record);
@@ -463,6 +569,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   record.job.set_reason("");
   record.last_step_time = clock_->Now();
   TouchLocked(record);
+  PersistLocked(record).IgnoreError();  // logged
   PT_LOG(INFO) << "job " << id << " running on " << absl::StrJoin(workers, ", ") << " (plan "
                << version << ": " << reason << (start_step > 0 ? ", from step " : "")
                << (start_step > 0 ? absl::StrCat(start_step) : "") << ")";
@@ -497,6 +604,7 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
   registry_->Release(record.job.id());
   record.checkpoints->ClearPending();
   TouchLocked(record);
+  PersistLocked(record).IgnoreError();  // logged
   if (events_.recovery_started) events_.recovery_started(kind);
   PT_LOG(WARNING) << "job " << record.job.id() << " RECOVERING: " << reason;
 }
@@ -509,7 +617,12 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   for (const std::string& w : record.survivors) {
     if (record.lost.count(w) > 0) continue;
     absl::StatusOr<v1::Worker> worker = registry_->Get(w);
-    if (!worker.ok() || worker->state() == v1::LOST || worker->state() == v1::LEFT) continue;
+    const bool gone = !worker.ok() || worker->state() == v1::LOST || worker->state() == v1::LEFT;
+    if (gone && clock_->Now() < record.restart_grace_until) {
+      waiting = true;  // after a restart: it may still register again
+      continue;
+    }
+    if (gone) continue;
     reserved->insert(w);
     if (FromTimestamp(worker->last_heartbeat()) <= record.recovery_started) {
       waiting = true;
@@ -605,6 +718,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   }
   record.job.mutable_progress()->set_checkpoint_step(complete->step());
   record.recoveries_without_progress = 0;
+  PersistLocked(record).IgnoreError();  // logged
   for (const v1::ResumeFrom& old : record.checkpoints->TakeExpired()) {
     absl::Status removed = RemoveCheckpointDir(options_.output_dir, old);
     if (!removed.ok()) PT_LOG(WARNING) << "job " << record.job.id() << ": " << removed;
@@ -628,6 +742,7 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   }
   registry_->Release(record.job.id());
   record.weights.clear();
+  PersistLocked(record).IgnoreError();  // logged
   PT_LOG(INFO) << "job " << record.job.id() << " " << v1::JobState_Name(state)
                << (reason.empty() ? "" : ": " + reason);
 }
@@ -725,6 +840,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
       p->set_tokens_per_second(double(t.batch_size) * t.seq_len / seconds);
     }
     record->last_step_time = now;
+    if (now - record->last_persisted >= absl::Seconds(1)) PersistLocked(*record).IgnoreError();
     if (first_after_recovery) {
       const double total = absl::ToDoubleSeconds(now - *record->recovering_since);
       const double restart = absl::ToDoubleSeconds(now - record->replanned_at);
@@ -896,6 +1012,10 @@ void JobManager::PruneLocked() {
         IsTerminal(job.state()) && (ended > options_.max_ended_jobs || ended_at < oldest_kept);
     if (prune) {
       --ended;
+      if (options_.state != nullptr) {
+        absl::Status deleted = options_.state->DeleteJob(id);
+        if (!deleted.ok()) PT_LOG(WARNING) << "job " << id << ": " << deleted;
+      }
       jobs_.erase(id);
     } else {
       kept.push_back(id);

@@ -84,6 +84,7 @@
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/registry/worker_registry.h"
+#include "coordinator/store/coordinator_state.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain {
@@ -142,6 +143,14 @@ struct JobManagerOptions {
   // (the oldest ended are pruned first).
   absl::Duration ended_job_retention = absl::Hours(24);
   int max_ended_jobs = 1000;
+  // Durable state (not owned; null: in memory only). Submit returns only
+  // once the job is saved; every state change, plan, complete checkpoint
+  // and, at most once a second, progress is saved too. Restore() reads it
+  // back after a restart.
+  CoordinatorState* state = nullptr;
+  // After a restart, how long a restored running job waits for its former
+  // workers to register again before it re-plans without them.
+  absl::Duration restart_grace = absl::Seconds(15);
 };
 class JobManager {
  public:
@@ -153,6 +162,14 @@ class JobManager {
   void SetProfileFetcher(ProfileFetcher fetcher);
   // Enables the events above. Call before submitting jobs.
   void SetEvents(JobEvents events);
+  // Takes back the jobs and profiles of options.state (a restart): ended
+  // and queued jobs as they were; a job that was running resumes from its
+  // last complete checkpoint once its workers have registered again (or
+  // options.restart_grace has passed), through RECOVERING; one without
+  // checkpoints FAILS, saying the coordinator restarted. Call once, before
+  // serving and before the scheduling loop. DATA_LOSS when the state does
+  // not parse.
+  absl::Status Restore();
   const ProfileCache& profiles() const { return profiles_; }
   // Waits until every profile fetch started so far has been handled (the
   // job re-queued and scheduled). For tests and shutdown.
@@ -253,6 +270,10 @@ class JobManager {
     std::optional<absl::Time> recovering_since;
     double recovery_waiting_seconds = 0, recovery_planning_seconds = 0;
     absl::Time replanned_at;
+    // A job restored after a restart waits this long for its LOST former
+    // workers to register again.
+    absl::Time restart_grace_until;
+    absl::Time last_persisted;
   };
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -307,6 +328,8 @@ class JobManager {
   // Drops ended jobs beyond the retention options (oldest first).
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Saves the job to options_.state (no-op without one); logs a failure.
+  absl::Status PersistLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerRegistry* registry_;
   AssignmentHub* hub_;

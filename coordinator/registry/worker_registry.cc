@@ -131,6 +131,13 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
                                      "; the worker process restarted; check its log for why")});
     }
     StartIncarnationLocked(entry, request);
+    if (options_.persist) {
+      absl::Status saved = options_.persist(entry.worker);
+      if (!saved.ok()) {
+        return absl::UnavailableError(
+            absl::StrCat("could not record the registration durably; retry: ", saved.message()));
+      }
+    }
     response.set_worker_id(entry.worker.id());
     response.set_incarnation(entry.worker.incarnation());
     response.set_session_token(SessionTokenOf(entry));
@@ -427,6 +434,34 @@ void WorkerRegistry::Release(const std::string& job_id) {
 }
 
 // ------------------------------------------------------------------- Leases
+
+void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers) {
+  AnnotatedMutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  for (const v1::Worker& w : workers) {
+    int64_t number = 0;
+    if (!absl::StartsWith(w.id(), kIdPrefix) ||
+        !absl::SimpleAtoi(absl::string_view(w.id()).substr(kIdPrefix.size()), &number) ||
+        number <= 0 || w.data_address().empty() || workers_.count(number) > 0 ||
+        number_by_address_.count(w.data_address()) > 0) {
+      PT_LOG(WARNING) << "not restoring worker record \"" << w.id().substr(0, 64) << "\"";
+      continue;
+    }
+    Entry& entry = workers_[number];
+    entry.worker = w;
+    entry.worker.clear_state();
+    entry.worker.clear_job_id();
+    entry.worker.clear_current_instruction();
+    entry.last_seen = now;
+    *entry.worker.mutable_last_heartbeat() = ToTimestamp(now);
+    number_by_address_[w.data_address()] = number;
+    last_number_ = std::max(last_number_, number);
+    // Known, not live: it must register again (its session died with the
+    // old coordinator).
+    SetStateLocked(entry, v1::JOINING);
+    SetStateLocked(entry, v1::LOST);
+  }
+}
 
 void WorkerRegistry::MarkLost(const std::string& worker_id, int64_t incarnation,
                               const std::string& why) {

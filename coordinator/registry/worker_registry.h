@@ -95,6 +95,11 @@ class WorkerRegistry {
     Clock* clock = nullptr;
     // Most entries kept (every state); see "Capacity" above. >= 1.
     int max_workers = 4096;
+    // Durable state (coordinator/store/coordinator_state.h): called with the
+    // worker, under the registry's lock, whenever a registration creates a
+    // worker or an incarnation; Register fails (UNAVAILABLE, nothing
+    // acknowledged) when it does. Empty: nothing is kept.
+    std::function<absl::Status(const v1::Worker&)> persist;
   };
 
   // Who a session credential belongs to.
@@ -152,6 +157,13 @@ class WorkerRegistry {
   // The current incarnation's session credential, for the coordinator's own
   // calls to the worker (WorkerControl). NOT_FOUND for an unknown id.
   absl::StatusOr<std::string> SessionToken(const std::string& worker_id) const;
+
+  // Takes back the workers a previous coordinator registered (the durable
+  // state): their ids, data addresses, latest incarnations and device
+  // facts. They are LOST until they register again, which keeps their ids
+  // (a new incarnation); new addresses get ids after the largest restored.
+  // Call before serving. Entries whose id is not "w-<n>" are skipped.
+  void Restore(const std::vector<v1::Worker>& workers);
 
   // Renews the lease of a live worker and stores its current_instruction,
   // and its nccl_unique_id when non-empty and not the one last consumed.

@@ -457,6 +457,48 @@ TEST(WorkerRegistryTest, MarkLost_OldIncarnationOrUnknown_ChangesNothing) {
   EXPECT_TRUE(recorder.losses().empty());
 }
 
+TEST(WorkerRegistryTest, Restore_KnownWorkersLostUntilTheyRegisterAgainUnderTheirIds) {
+  FakeClock clock;
+  std::vector<v1::Worker> saved;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.persist = [&saved](const v1::Worker& w) {
+    saved.push_back(w);
+    return absl::OkStatus();
+  };
+  {
+    WorkerRegistry before(options);
+    for (int n = 1; n <= 3; ++n) ASSERT_TRUE(before.Register(Request(n)).ok());
+    ASSERT_TRUE(before.Register(Request(2)).ok());  // w-2 incarnation 2
+  }
+  ASSERT_EQ(saved.size(), 4u);
+  // The latest record of each worker, as the store keeps it.
+  std::map<std::string, v1::Worker> latest;
+  for (const v1::Worker& w : saved) latest[w.id()] = w;
+  std::vector<v1::Worker> restored;
+  for (const auto& [id, w] : latest) restored.push_back(w);
+  WorkerRegistry after(options);
+  after.Restore(restored);
+  EXPECT_TRUE(after.ReadyWorkers().empty());
+  EXPECT_EQ(after.Get("w-2")->state(), v1::LOST);
+  const auto again = after.Register(Request(2));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->worker_id(), "w-2");
+  EXPECT_EQ(again->incarnation(), 3);
+  const auto fresh = after.Register(Request(9));  // a new address: the next id
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(fresh->worker_id(), "w-4");
+}
+
+TEST(WorkerRegistryTest, Register_PersistFails_UnavailableNothingAcknowledged) {
+  FakeClock clock;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.persist = [](const v1::Worker&) { return absl::InternalError("disk on fire"); };
+  WorkerRegistry registry(options);
+  const auto response = registry.Register(Request(1));
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_NE(response.status().message().find("disk on fire"), std::string::npos);
+}
+
 // --------------------------------------------------------------- Assignment
 
 TEST(WorkerRegistryTest, Assign_AllReady_AssignedWithJob) {

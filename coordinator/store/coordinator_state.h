@@ -1,0 +1,60 @@
+// CoordinatorState: the typed layout of the coordinator's durable state on a
+// Store (store.h). Keys:
+//
+//   meta/version            the layout version (kStateVersion)
+//   workers/<id>            StoredWorker (state.proto)
+//   jobs/<id>               StoredJob
+//   profiles/<key>          v1::ModelProfile (jobs/profile_cache.h keys)
+//
+// Every Save returns once the store committed it (durable: store.h), so a
+// caller that acknowledges only after Save never acknowledges what a
+// restart could lose. Thread-safe (the store is).
+#ifndef PIPETRAIN_COORDINATOR_STORE_COORDINATOR_STATE_H_
+#define PIPETRAIN_COORDINATOR_STORE_COORDINATOR_STATE_H_
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/store/state.pb.h"
+#include "coordinator/store/store.h"
+#include "proto/pipetrain/v1/profile.pb.h"
+
+namespace pipetrain {
+
+inline constexpr int kStateVersion = 1;
+
+class CoordinatorState {
+ public:
+  // `store` is not owned and must outlive this.
+  explicit CoordinatorState(Store* store) : store_(store) {}
+
+  // Writes the layout version into an empty store, or checks it:
+  // FAILED_PRECONDITION naming both versions when the store was written by
+  // another layout.
+  absl::Status Initialize();
+
+  // Keeps what a restart needs of `worker` (id, data address, latest
+  // incarnation, device facts, addresses; no state, no session).
+  absl::Status SaveWorker(const v1::Worker& worker);
+  // The saved workers, their state unset.
+  absl::StatusOr<std::vector<v1::Worker>> LoadWorkers() const;
+
+  absl::Status SaveJob(const store::StoredJob& job);
+  absl::Status DeleteJob(const std::string& job_id);
+  // In key order; DATA_LOSS naming the key when a value does not parse.
+  absl::StatusOr<std::vector<store::StoredJob>> LoadJobs() const;
+
+  absl::Status SaveProfile(const std::string& key, const v1::ModelProfile& profile);
+  absl::StatusOr<std::map<std::string, v1::ModelProfile>> LoadProfiles() const;
+
+  std::string Describe() const { return store_->Describe(); }
+
+ private:
+  Store* const store_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_STORE_COORDINATOR_STATE_H_

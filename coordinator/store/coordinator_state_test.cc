@@ -1,0 +1,74 @@
+#include "coordinator/store/coordinator_state.h"
+
+#include "coordinator/store/memory_store.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+TEST(CoordinatorStateTest, Initialize_EmptyStoreGetsVersion_OtherVersionRefused) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  ASSERT_TRUE(state.Initialize().ok());
+  ASSERT_TRUE(state.Initialize().ok());  // a restart on the same state
+  ASSERT_TRUE(store.Commit({StoreWrite::Put("meta/version", "99")}).ok());
+  const absl::Status refused = state.Initialize();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.message().find("layout version 99"), std::string::npos) << refused;
+}
+
+TEST(CoordinatorStateTest, WorkersJobsAndProfiles_RoundTrip) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  ASSERT_TRUE(state.Initialize().ok());
+  v1::Worker worker;
+  worker.set_id("w-3");
+  worker.set_data_address("10.0.0.3:7001");
+  worker.set_incarnation(4);
+  worker.set_state(v1::ASSIGNED);  // not kept: a restart starts from LOST
+  worker.set_job_id("job-1");
+  worker.mutable_device()->set_cpu_model("test cpu");
+  ASSERT_TRUE(state.SaveWorker(worker).ok());
+  const auto workers = state.LoadWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].id(), "w-3");
+  EXPECT_EQ((*workers)[0].incarnation(), 4);
+  EXPECT_EQ((*workers)[0].device().cpu_model(), "test cpu");
+  EXPECT_EQ((*workers)[0].state(), v1::WORKER_STATE_UNSPECIFIED);
+  EXPECT_EQ((*workers)[0].job_id(), "");
+
+  store::StoredJob job;
+  job.mutable_job()->set_id("job-a-1");
+  job.mutable_job()->mutable_progress()->add_loss_history(2.5f);
+  job.add_checkpoints()->set_step(10);
+  ASSERT_TRUE(state.SaveJob(job).ok());
+  job.mutable_job()->set_id("job-a-2");
+  ASSERT_TRUE(state.SaveJob(job).ok());
+  ASSERT_TRUE(state.DeleteJob("job-a-1").ok());
+  const auto jobs = state.LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  EXPECT_EQ((*jobs)[0].job().id(), "job-a-2");
+  EXPECT_EQ((*jobs)[0].job().progress().loss_history(0), 2.5f);
+  EXPECT_EQ((*jobs)[0].checkpoints(0).step(), 10);
+
+  v1::ModelProfile profile;
+  profile.set_device_kind("cpu");
+  ASSERT_TRUE(state.SaveProfile("L2 H2 D32 @ cpu", profile).ok());
+  const auto profiles = state.LoadProfiles();
+  ASSERT_TRUE(profiles.ok());
+  ASSERT_EQ(profiles->count("L2 H2 D32 @ cpu"), 1u);
+}
+
+TEST(CoordinatorStateTest, UnparsableJob_IsDataLossNamingTheKey) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  ASSERT_TRUE(store.Commit({StoreWrite::Put("jobs/job-x", "\xff\xff not a proto")}).ok());
+  const absl::Status status = state.LoadJobs().status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_NE(status.message().find("jobs/job-x"), std::string::npos) << status;
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/checkpoint_command.h"
 #include "cli/cluster_commands.h"
 #include "cli/plan_command.h"
 #include "cli/train_local_command.h"
@@ -21,7 +22,8 @@ constexpr char kUsage[] =
     "  cancel ID     cancel a job\n"
     "  workers       list workers\n"
     "  plan          split a profiled model over workers and show the timeline\n"
-    "  train-local   train a GPT-2 model in this process (the reference)\n";
+    "  train-local   train a GPT-2 model in this process (the reference)\n"
+    "  checkpoint    export DIR --out FILE: write a job checkpoint as HF safetensors\n";
 
 }  // namespace
 
@@ -41,6 +43,7 @@ int main(int argc, char** argv) {
   if (command == "job") return pipetrain::RunJob(args);
   if (command == "cancel") return pipetrain::RunCancel(args);
   if (command == "workers") return pipetrain::RunWorkers(args);
+  if (command == "checkpoint") return pipetrain::RunCheckpoint(args);
   if (command == "help" || command == "--help" || command == "-h") {
     std::printf("%s", kUsage);
     return 0;

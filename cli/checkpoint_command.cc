@@ -1,0 +1,277 @@
+#include "cli/checkpoint_command.h"
+
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <set>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "cli/checkpoint_manifest.h"
+#include "cli/flag_set.h"
+#include "common/safetensors.h"
+#include "common/status_macros.h"
+#include "worker/checkpoint/unit_checkpoint.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: pipetrain checkpoint <subcommand>\n\n"
+    "Subcommands (each has --help):\n"
+    "  export DIR --out FILE   write a job checkpoint as Hugging Face GPT-2 safetensors\n";
+
+constexpr char kExportUsage[] =
+    "usage: pipetrain checkpoint export DIR --out FILE\n\n"
+    "Writes the weights of a job checkpoint as one Hugging Face GPT-2 safetensors file\n"
+    "(the tensors `pipetrain train-local --save` writes). DIR is a checkpoint's\n"
+    "step-NNNNNNNN directory (manifest.json and unit-NNNN.safetensors files), or a job's\n"
+    "checkpoint directory holding step-* directories: then the newest one with a\n"
+    "manifest.json is exported. Every unit file is checked against the manifest (size,\n"
+    "SHA-256, unit, step, seed, model shape) before FILE is written; FILE is replaced\n"
+    "atomically. Exit codes: 0 exported, 2 bad arguments, 1 a bad checkpoint or write.";
+
+// "step-<digits>" -> the number; false for any other name.
+bool ParseStepDirName(const std::string& name, int64_t* step) {
+  constexpr char kPrefix[] = "step-";
+  const size_t prefix = sizeof(kPrefix) - 1;
+  if (name.size() <= prefix || name.size() > prefix + 18 || name.compare(0, prefix, kPrefix) != 0) {
+    return false;
+  }
+  for (size_t i = prefix; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+  }
+  return absl::SimpleAtoi(name.substr(prefix), step);
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+// The step-* directory in `dir` (a real path) with the highest step whose
+// manifest.json exists; empty when none.
+absl::StatusOr<std::string> NewestStepDir(const std::string& dir, const std::string& shown) {
+  std::unique_ptr<DIR, int (*)(DIR*)> stream(opendir(dir.c_str()), closedir);
+  if (stream == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("cannot list ", shown));
+  std::string newest;
+  int64_t newest_step = -1;
+  while (const dirent* entry = readdir(stream.get())) {
+    const std::string name = entry->d_name;
+    int64_t step = 0;
+    if (!ParseStepDirName(name, &step) || step <= newest_step) continue;
+    if (!Exists(absl::StrCat(dir, "/", name, "/", kCheckpointManifestName))) continue;
+    newest = name;
+    newest_step = step;
+  }
+  return newest;
+}
+
+// `status` with `hint` appended to its message, same code.
+absl::Status WithHint(const absl::Status& status, absl::string_view hint) {
+  return absl::Status(status.code(), absl::StrCat(status.message(), hint));
+}
+
+// Reads every unit file the manifest lists, verified (ReadUnitCheckpoint).
+absl::StatusOr<std::vector<UnitState>> ReadUnits(const CheckpointLocation& at,
+                                                 const CheckpointManifest& manifest) {
+  v1::ResumeFrom from;
+  from.set_step(manifest.step);
+  from.set_dir(at.dir);
+  for (const v1::UnitFile& f : manifest.units) *from.add_units() = f;
+  const CheckpointIdentity identity{manifest.job_id, manifest.model, manifest.seed};
+  std::vector<UnitState> units;
+  for (const v1::UnitFile& f : manifest.units) {
+    ASSIGN_OR_RETURN(UnitState unit,
+                     ReadUnitCheckpoint(at.root, from, f, identity, /*with_moments=*/false,
+                                        /*optimizer_steps=*/nullptr));
+    units.push_back(std::move(unit));
+  }
+  return units;
+}
+
+// A warning when the head's tied copy of wte.weight is not bitwise the
+// embedding's (stages on different devices may round their AdamW updates
+// differently); empty when it is.
+std::string TiedCopyWarning(const std::vector<UnitState>& units) {
+  const Tensor* embed = nullptr;
+  const Tensor* head = nullptr;
+  for (const NamedTensor& t : units.front().values) {
+    if (t.name == "wte.weight") embed = &t.tensor;
+  }
+  for (const NamedTensor& t : units.back().values) {
+    if (t.name == "wte.weight") head = &t.tensor;
+  }
+  if (embed == nullptr || head == nullptr || embed->numel() != head->numel()) return "";
+  int64_t differ = 0;
+  double max_diff = 0;
+  for (int64_t i = 0; i < embed->numel(); ++i) {
+    const float a = (*embed)[i], b = (*head)[i];
+    if (std::memcmp(&a, &b, sizeof(float)) == 0) continue;
+    ++differ;
+    max_diff = std::fmax(max_diff, std::fabs(static_cast<double>(a) - b));
+  }
+  if (differ == 0) return "";
+  return absl::StrCat("the head's tied copy of wte.weight differs from the embedding's in ", differ,
+                      " of ", embed->numel(), " elements (max |difference| ", max_diff,
+                      "); exported the embedding's (unit 0)");
+}
+
+// Every parameter once, in unit order (GptModel::parameters()).
+std::vector<NamedTensor> HfTensors(const std::vector<UnitState>& units) {
+  std::vector<NamedTensor> tensors;
+  std::set<std::string> seen;
+  for (const UnitState& unit : units) {
+    for (const NamedTensor& t : unit.values) {
+      if (seen.insert(t.name).second) tensors.push_back(t);
+    }
+  }
+  return tensors;
+}
+
+// The manifest and the unit files it lists, verified.
+absl::StatusOr<std::vector<UnitState>> ReadCheckpoint(const CheckpointLocation& at,
+                                                      CheckpointManifest* manifest) {
+  ASSIGN_OR_RETURN(*manifest,
+                   ReadCheckpointManifest(absl::StrCat(at.path(), "/", kCheckpointManifestName)));
+  return ReadUnits(at, *manifest);
+}
+
+// `args` split into DIR words and flag words (--out takes the next word).
+void SplitArgs(const std::vector<std::string>& args, std::vector<std::string>* words,
+               std::vector<std::string>* flags) {
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].empty() || args[i][0] != '-') {
+      words->push_back(args[i]);
+      continue;
+    }
+    flags->push_back(args[i]);
+    if (args[i] == "--out" && i + 1 < args.size()) flags->push_back(args[++i]);
+  }
+}
+
+int RunExport(const std::vector<std::string>& args) {
+  std::string out;
+  FlagSet flags(kExportUsage);
+  flags.String("out", &out, "the safetensors file to write (required)");
+  std::vector<std::string> words, flag_args;
+  SplitArgs(args, &words, &flag_args);
+  absl::Status parsed = flags.Parse(flag_args);
+  if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
+  if (parsed.ok() && words.size() != 1) {
+    parsed = absl::InvalidArgumentError(words.empty()
+                                            ? "missing the checkpoint directory DIR (see --help)"
+                                            : absl::StrCat("give one checkpoint directory, got ",
+                                                           words.size(), " words (see --help)"));
+  }
+  if (parsed.ok() && out.empty()) parsed = absl::InvalidArgumentError("--out FILE is required");
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "pipetrain checkpoint export: %s\n",
+                 std::string(parsed.message()).c_str());
+    return 2;
+  }
+  absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(words[0]);
+  if (at.ok() && at->newest_of_job) {
+    std::fprintf(stderr, "using %s, the newest checkpoint in %s with a manifest\n",
+                 at->path().c_str(), words[0].c_str());
+  }
+  absl::StatusOr<CheckpointExport> done =
+      at.ok() ? ExportCheckpoint(*at, out) : absl::StatusOr<CheckpointExport>(at.status());
+  if (!done.ok()) {
+    std::fprintf(stderr, "pipetrain checkpoint export: %s\n", done.status().ToString().c_str());
+    return 1;
+  }
+  for (const std::string& warning : done->warnings) {
+    std::fprintf(stderr, "warning: %s\n", warning.c_str());
+  }
+  std::printf("exported step %lld of job %s: %lld tensors, %lld parameters, %lld bytes to %s\n",
+              static_cast<long long>(done->step), done->job_id.c_str(),
+              static_cast<long long>(done->tensors), static_cast<long long>(done->parameters),
+              static_cast<long long>(done->bytes), out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointLocation> LocateCheckpoint(const std::string& dir) {
+  std::unique_ptr<char, void (*)(void*)> real(realpath(dir.c_str(), nullptr), std::free);
+  if (real == nullptr && errno == ENOENT) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no such directory"));
+  }
+  if (real == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("cannot resolve ", dir));
+  const std::string path = real.get();
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", dir));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, " is not a directory"));
+  }
+  if (path == "/") return absl::InvalidArgumentError("/ is not a checkpoint directory");
+  CheckpointLocation at;
+  const size_t slash = path.rfind('/');
+  const std::string name = path.substr(slash + 1);
+  int64_t step = 0;
+  if (ParseStepDirName(name, &step) || Exists(absl::StrCat(path, "/", kCheckpointManifestName))) {
+    at.root = slash == 0 ? "/" : path.substr(0, slash);
+    at.dir = name;
+    return at;
+  }
+  ASSIGN_OR_RETURN(std::string newest, NewestStepDir(path, dir));
+  if (newest.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        dir, "/", kCheckpointManifestName, " is missing and no step-* directory in ", dir,
+        " has one: this is not a complete checkpoint (the coordinator writes the "
+        "manifest once every unit file of a step is in)"));
+  }
+  at.root = path;
+  at.dir = newest;
+  at.newest_of_job = true;
+  return at;
+}
+
+absl::StatusOr<CheckpointExport> ExportCheckpoint(const CheckpointLocation& at,
+                                                  const std::string& out) {
+  CheckpointManifest manifest;
+  absl::StatusOr<std::vector<UnitState>> units = ReadCheckpoint(at, &manifest);
+  if (!units.ok() && at.newest_of_job) {
+    return WithHint(units.status(),
+                    absl::StrCat(" (", at.dir,
+                                 " is the newest checkpoint with a manifest; to export an older "
+                                 "one, name its step-* directory)"));
+  }
+  if (!units.ok()) return units.status();
+  CheckpointExport result;
+  result.job_id = manifest.job_id;
+  result.step = manifest.step;
+  if (std::string warning = TiedCopyWarning(*units); !warning.empty()) {
+    result.warnings.push_back(std::move(warning));
+  }
+  const std::vector<NamedTensor> tensors = HfTensors(*units);
+  RETURN_IF_ERROR(WriteSafetensors(out, tensors));
+  result.tensors = static_cast<int64_t>(tensors.size());
+  for (const NamedTensor& t : tensors) result.parameters += t.tensor.numel();
+  struct stat st;
+  if (stat(out.c_str(), &st) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", out, " after writing it"));
+  }
+  result.bytes = st.st_size;
+  return result;
+}
+
+int RunCheckpoint(const std::vector<std::string>& args) {
+  if (args.empty()) return std::fprintf(stderr, "%s", kUsage), 2;
+  const std::string& sub = args[0];
+  if (sub == "--help" || sub == "-h" || sub == "help") return std::printf("%s", kUsage), 0;
+  if (sub == "export") return RunExport(std::vector<std::string>(args.begin() + 1, args.end()));
+  std::fprintf(stderr, "pipetrain checkpoint: unknown subcommand '%s'\n\n%s", sub.c_str(), kUsage);
+  return 2;
+}
+
+}  // namespace pipetrain

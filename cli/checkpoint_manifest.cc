@@ -1,0 +1,254 @@
+#include "cli/checkpoint_manifest.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <limits>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/confined_path.h"
+#include "common/status_macros.h"
+#include "coordinator/jobs/job_spec.h"
+#include "nlohmann/json.hpp"
+#include "worker/checkpoint/unit_checkpoint.h"
+
+namespace pipetrain {
+namespace {
+
+using nlohmann::json;
+
+// Checks one manifest; every error names the manifest's path.
+class ManifestParser {
+ public:
+  explicit ManifestParser(const std::string& path) : path_(path) {}
+
+  absl::StatusOr<CheckpointManifest> Parse(std::string_view text);
+
+ private:
+  absl::Status Error(absl::string_view what) const {
+    return absl::DataLossError(absl::StrCat(path_, ": ", what));
+  }
+  // object[key] when it is there and of the wanted type.
+  absl::StatusOr<const json*> Field(const json& object, const char* key, const std::string& name,
+                                    json::value_t type) const;
+  // object[key] as an integer in [lo, hi].
+  absl::StatusOr<uint64_t> Integer(const json& object, const char* key, const std::string& name,
+                                   uint64_t lo, uint64_t hi) const;
+  absl::StatusOr<GptConfig> Model(const json& manifest) const;
+  absl::Status Units(const json& manifest, CheckpointManifest* out) const;
+  absl::StatusOr<v1::UnitFile> Unit(const json& entry, const std::string& name,
+                                    int num_units) const;
+
+  const std::string& path_;
+};
+
+const char* TypeName(json::value_t type) {
+  switch (type) {
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::string:
+      return "a string";
+    default:
+      return "of another type";
+  }
+}
+
+// A non-negative JSON integer (text parses as number_unsigned; a document
+// built in memory may hold number_integer). False for fractions and < 0.
+bool AsUnsigned(const json& value, uint64_t* out) {
+  if (value.is_number_unsigned()) {
+    *out = value.get<uint64_t>();
+    return true;
+  }
+  if (!value.is_number_integer() || value.get<int64_t>() < 0) return false;
+  *out = static_cast<uint64_t>(value.get<int64_t>());
+  return true;
+}
+
+bool IsLowerHex(const std::string& s) {
+  for (char c : s) {
+    if (!absl::ascii_isdigit(c) && !(c >= 'a' && c <= 'f')) return false;
+  }
+  return true;
+}
+
+absl::StatusOr<const json*> ManifestParser::Field(const json& object, const char* key,
+                                                  const std::string& name,
+                                                  json::value_t type) const {
+  auto it = object.find(key);
+  if (it == object.end()) return Error(absl::StrCat(name, " is missing"));
+  if (it->type() != type) return Error(absl::StrCat(name, " must be ", TypeName(type)));
+  return &*it;
+}
+
+absl::StatusOr<uint64_t> ManifestParser::Integer(const json& object, const char* key,
+                                                 const std::string& name, uint64_t lo,
+                                                 uint64_t hi) const {
+  auto it = object.find(key);
+  if (it == object.end()) return Error(absl::StrCat(name, " is missing"));
+  uint64_t value = 0;
+  if (!AsUnsigned(*it, &value)) return Error(absl::StrCat(name, " must be a non-negative integer"));
+  if (value < lo || value > hi) {
+    return Error(absl::StrCat(name, " must be in [", lo, ", ", hi, "], got ", value));
+  }
+  return value;
+}
+
+absl::StatusOr<GptConfig> ManifestParser::Model(const json& manifest) const {
+  ASSIGN_OR_RETURN(const json* model, Field(manifest, "model", "model", json::value_t::object));
+  const struct {
+    const char* key;
+    int limit;
+    int GptConfig::*field;
+  } sizes[] = {{"vocab_size", kMaxManifestVocabSize, &GptConfig::vocab_size},
+               {"max_seq_len", kMaxSeqLen, &GptConfig::max_seq_len},
+               {"n_layer", kMaxLayers, &GptConfig::n_layer},
+               {"n_head", kMaxHeads, &GptConfig::n_head},
+               {"d_model", kMaxDModel, &GptConfig::d_model}};
+  GptConfig config;
+  for (const auto& size : sizes) {
+    ASSIGN_OR_RETURN(uint64_t value, Integer(*model, size.key, absl::StrCat("model.", size.key), 1,
+                                             static_cast<uint64_t>(size.limit)));
+    config.*size.field = static_cast<int>(value);
+  }
+  if (absl::Status valid = ValidateGptConfig(config); !valid.ok()) {
+    return Error(absl::StrCat("model: ", valid.message()));
+  }
+  if (CountParameters(config) > kMaxParameters) {
+    return Error(absl::StrCat("model has ", CountParameters(config), " parameters; the limit is ",
+                              kMaxParameters));
+  }
+  return config;
+}
+
+absl::StatusOr<v1::UnitFile> ManifestParser::Unit(const json& entry, const std::string& name,
+                                                  int num_units) const {
+  if (!entry.is_object()) return Error(absl::StrCat(name, " must be an object"));
+  v1::UnitFile file;
+  ASSIGN_OR_RETURN(uint64_t unit, Integer(entry, "unit", absl::StrCat(name, ".unit"), 0,
+                                          static_cast<uint64_t>(num_units - 1)));
+  file.set_unit(static_cast<int>(unit));
+  ASSIGN_OR_RETURN(const json* name_field,
+                   Field(entry, "file", absl::StrCat(name, ".file"), json::value_t::string));
+  const std::string& file_name = name_field->get_ref<const std::string&>();
+  if (file_name != UnitFileName(file.unit())) {
+    return Error(absl::StrCat(name, ".file is \"", file_name.substr(0, 64), "\"; unit ",
+                              file.unit(), "'s file is ", UnitFileName(file.unit())));
+  }
+  file.set_file(file_name);
+  ASSIGN_OR_RETURN(uint64_t bytes,
+                   Integer(entry, "bytes", absl::StrCat(name, ".bytes"), 1,
+                           static_cast<uint64_t>(std::numeric_limits<int64_t>::max())));
+  file.set_bytes(static_cast<int64_t>(bytes));
+  ASSIGN_OR_RETURN(const json* sha,
+                   Field(entry, "sha256", absl::StrCat(name, ".sha256"), json::value_t::string));
+  const std::string& hex = sha->get_ref<const std::string&>();
+  if (hex.size() != 64 || !IsLowerHex(hex)) {
+    return Error(absl::StrCat(name, ".sha256 must be 64 lowercase hex digits"));
+  }
+  file.set_sha256(hex);
+  return file;
+}
+
+absl::Status ManifestParser::Units(const json& manifest, CheckpointManifest* out) const {
+  ASSIGN_OR_RETURN(const json* units, Field(manifest, "units", "units", json::value_t::array));
+  const int num_units = NumUnits(out->model);
+  if (units->size() > static_cast<size_t>(num_units)) {
+    return Error(
+        absl::StrCat("units lists ", units->size(), " files; the model has ", num_units, " units"));
+  }
+  out->units.assign(num_units, v1::UnitFile());
+  std::vector<bool> seen(num_units, false);
+  for (size_t i = 0; i < units->size(); ++i) {
+    ASSIGN_OR_RETURN(v1::UnitFile file,
+                     Unit((*units)[i], absl::StrCat("units[", i, "]"), num_units));
+    if (seen[file.unit()]) return Error(absl::StrCat("unit ", file.unit(), " is listed twice"));
+    seen[file.unit()] = true;
+    out->units[file.unit()] = std::move(file);
+  }
+  for (int u = 0; u < num_units; ++u) {
+    if (!seen[u]) {
+      return Error(absl::StrCat("has no entry for unit ", u, " (", UnitFileName(u), ") of ",
+                                num_units, "; the checkpoint is incomplete"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CheckpointManifest> ManifestParser::Parse(std::string_view text) {
+  const json manifest = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (manifest.is_discarded()) return Error("is not valid JSON (truncated or corrupt)");
+  if (!manifest.is_object()) return Error("is not a JSON object");
+  auto format = manifest.find("format");
+  if (format == manifest.end() || !format->is_string() ||
+      format->get_ref<const std::string&>() != kCheckpointManifestFormat) {
+    return Error(absl::StrCat("is not a pipetrain checkpoint manifest (\"format\" must be \"",
+                              kCheckpointManifestFormat, "\")"));
+  }
+  auto version = manifest.find("version");
+  uint64_t version_number = 0;
+  if (version == manifest.end() || !AsUnsigned(*version, &version_number) ||
+      version_number != kCheckpointManifestVersion) {
+    return Error(absl::StrCat("is a checkpoint manifest of another version (this program reads ",
+                              "version ", kCheckpointManifestVersion, ")"));
+  }
+  CheckpointManifest out;
+  ASSIGN_OR_RETURN(const json* job_id, Field(manifest, "job_id", "job_id", json::value_t::string));
+  out.job_id = job_id->get<std::string>();
+  if (out.job_id.size() > kMaxManifestJobIdBytes) {
+    return Error(absl::StrCat("job_id is longer than ", kMaxManifestJobIdBytes, " bytes"));
+  }
+  ASSIGN_OR_RETURN(uint64_t step,
+                   Integer(manifest, "step", "step", 1, static_cast<uint64_t>(kMaxSteps)));
+  out.step = static_cast<int64_t>(step);
+  ASSIGN_OR_RETURN(out.seed,
+                   Integer(manifest, "seed", "seed", 0, std::numeric_limits<uint64_t>::max()));
+  ASSIGN_OR_RETURN(out.model, Model(manifest));
+  RETURN_IF_ERROR(Units(manifest, &out));
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<CheckpointManifest> ParseCheckpointManifest(std::string_view text,
+                                                           const std::string& path) {
+  return ManifestParser(path).Parse(text);
+}
+
+absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& path) {
+  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0 && errno == ENOENT) {
+    return absl::NotFoundError(absl::StrCat(
+        path,
+        " is missing: the checkpoint is incomplete (the coordinator writes its manifest "
+        "once every unit file is in) or this is not a checkpoint directory"));
+  }
+  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
+  struct stat st;
+  if (fstat(fd.get(), &st) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", path));
+  }
+  if (!S_ISREG(st.st_mode)) return absl::DataLossError(absl::StrCat(path, " is not a file"));
+  if (st.st_size > kMaxCheckpointManifestBytes) {
+    return absl::DataLossError(absl::StrCat(
+        path, " is ", st.st_size, " bytes; a manifest is at most ", kMaxCheckpointManifestBytes));
+  }
+  std::string text(static_cast<size_t>(st.st_size), '\0');
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = read(fd.get(), text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot read ", path));
+    if (n == 0) break;  // shrank while we read: the parse reports it
+    done += static_cast<size_t>(n);
+  }
+  text.resize(done);
+  return ParseCheckpointManifest(text, path);
+}
+
+}  // namespace pipetrain

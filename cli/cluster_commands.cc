@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "cli/coordinator_client.h"
 #include "cli/flag_set.h"
 #include "cli/job_spec_file.h"
@@ -128,6 +129,7 @@ struct UpOptions {
   std::string forward_codec = "none", backward_codec = "none";
   bool error_feedback = false, epilogue_only = false;
   int eval_interval = 100;
+  int checkpoint_interval = 100;
   std::string worker_device = "auto", worker_gemm = "fp32", worker_attention = "reference";
   std::string loss_log;
 };
@@ -144,6 +146,9 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Int("micro-batches", &o.micro, "micro-batches per step");
   f.Int64("steps", &o.steps, "optimizer steps");
   f.Int("eval-interval", &o.eval_interval, "validate every N steps and at the end; 0 = never");
+  f.Int("checkpoint-interval", &o.checkpoint_interval,
+        "checkpoint every N steps under --out/checkpoints, so the job survives a worker's loss "
+        "(kill one to see it recover); 0 = never");
   f.Float("lr", &o.lr, "AdamW learning rate");
   f.Uint64("seed", &o.seed, "seed for initialisation and data order");
   f.String("data", &o.data, "training corpus; empty = generated English text");
@@ -219,6 +224,7 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   c->set_backward(o.backward_codec);
   c->set_error_feedback(o.error_feedback);
   c->set_epilogue_only(o.epilogue_only);
+  spec.mutable_checkpoint()->set_interval_steps(o.checkpoint_interval);
   return spec;
 }
 
@@ -226,7 +232,8 @@ v1::JobSpec UpSpec(const UpOptions& o) {
 absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& id) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   v1::Job job;
-  int64_t last_step = -1;
+  int64_t last_step = -1, last_version = 0;
+  bool said_recovering = false;
   const absl::Time start = absl::Now();
   while (!g_interrupted.load()) {
     v1::GetJobRequest request;
@@ -234,12 +241,27 @@ absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& i
     grpc::Status s = stub.GetJob(WithDeadline(kRpcTimeout).get(), request, &job);
     if (!s.ok()) return ToAbsl(s);
     const int64_t step = job.progress().step(), steps = job.spec().training().steps();
+    // Recoveries and re-plans are news: each on a line of its own.
+    if (job.state() == v1::RECOVERING && !said_recovering) {
+      progress.Message(job.reason());
+      said_recovering = true;
+    }
+    if (job.plan_version() > last_version && job.plan_history_size() > 0) {
+      const v1::PlanVersion& v = job.plan_history(job.plan_history_size() - 1);
+      if (last_version > 0) {
+        progress.Message(absl::StrFormat(
+            "plan %d on %d workers (%s), from step %d: %s", v.version(), v.worker_ids_size(),
+            absl::StrJoin(v.worker_ids(), ", "), v.start_step(), v.reason()));
+      }
+      last_version = job.plan_version();
+      said_recovering = false;
+    }
     if (step != last_step && step > 0) {
       const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
       std::optional<float> val;
       if (job.progress().val_step() == step) val = job.progress().val_loss();
-      progress.Update({step, steps, job.progress().loss(), val,
-                       job.progress().tokens_per_second(), elapsed / step * (steps - step)});
+      progress.Update({step, steps, job.progress().loss(), val, job.progress().tokens_per_second(),
+                       elapsed / step * (steps - step), job.progress().recoveries()});
       last_step = step;
     }
     if (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||

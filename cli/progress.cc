@@ -30,6 +30,8 @@ std::string RenderProgress(const ProgressSample& p, int bar_width) {
   if (p.val_loss.has_value()) out += absl::StrFormat(" | val %.4f", *p.val_loss);
   out += absl::StrFormat(" | %.0f tok/s | ETA %s", p.tokens_per_second,
                          FormatDuration(p.eta_seconds));
+  if (p.recoveries > 0)
+    out += absl::StrFormat(" | %d recover%s", p.recoveries, p.recoveries == 1 ? "y" : "ies");
   return out;
 }
 

@@ -19,6 +19,7 @@ struct ProgressSample {
   std::optional<float> val_loss;
   double tokens_per_second = 0.0;
   double eta_seconds = 0.0;
+  int recoveries = 0;  // times the job resumed after losing a worker
 };
 
 // "45s", "3m05s", "2h07m"; "?" when negative, not finite or beyond int64 seconds.

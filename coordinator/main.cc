@@ -307,6 +307,7 @@ int Serve(const Config& config, const sigset_t& signals) {
         jobs.OnWorkerLost(worker, job, reason);
       });
   CoordinatorMetrics metrics(&registry, &jobs);
+  jobs.SetEvents(metrics.Events());
   const CallerAuth auth(flags.user_token, &registry);
   CoordinatorGrpcService service(&registry, &jobs, &hub, &metrics, &auth);
 

@@ -102,7 +102,73 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                           "(UNAUTHENTICATED: no or a wrong credential; PERMISSION_DENIED: "
                           "a worker credential used for another worker).")
                       .Register(*registry_);
+  recoveries_ = &prometheus::BuildCounter()
+                     .Name("pipetrain_job_recoveries_total")
+                     .Help(
+                         "Times jobs went RECOVERING, by what set it off (worker_lost, "
+                         "peer_failure, checkpoint_unusable).")
+                     .Register(*registry_);
+  for (const char* reason : {"worker_lost", "peer_failure", "checkpoint_unusable"}) {
+    recoveries_->Add({{"reason", reason}});
+  }
+  recovery_seconds_ = &prometheus::BuildHistogram()
+                           .Name("pipetrain_job_recovery_seconds")
+                           .Help(
+                               "From a worker's loss being detected to the first step "
+                               "completed on the new plan, seconds.")
+                           .Register(*registry_)
+                           .Add({}, prometheus::Histogram::BucketBoundaries{0.25, 0.5, 1, 2, 5, 10,
+                                                                            30, 60, 120, 300});
+  steps_redone_ = &prometheus::BuildCounter()
+                       .Name("pipetrain_job_steps_redone_total")
+                       .Help(
+                           "Steps run again after recoveries (those after the checkpoint "
+                           "resumed from).")
+                       .Register(*registry_)
+                       .Add({});
+  checkpoints_ = &prometheus::BuildCounter()
+                      .Name("pipetrain_checkpoints_total")
+                      .Help(
+                          "Checkpoints completed (result=complete) and stage writes that "
+                          "failed (result=failed).")
+                      .Register(*registry_);
+  checkpoints_->Add({{"result", "complete"}});
+  checkpoints_->Add({{"result", "failed"}});
+  checkpoint_write_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("pipetrain_checkpoint_write_seconds")
+           .Help(
+               "A stage writing its unit files of a checkpoint (off the training thread), "
+               "seconds.")
+           .Register(*registry_)
+           .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                                                            10, 30, 60});
+  checkpoint_bytes_ = &prometheus::BuildCounter()
+                           .Name("pipetrain_checkpoint_bytes_total")
+                           .Help("Bytes of the unit files of complete checkpoints.")
+                           .Register(*registry_)
+                           .Add({});
   Refresh();  // every state appears from the first scrape on
+}
+
+JobEvents CoordinatorMetrics::Events() {
+  JobEvents events;
+  events.recovery_started = [this](const std::string& reason) {
+    recoveries_->Add({{"reason", reason}}).Increment();
+  };
+  events.recovered = [this](double total, double, double, double) {
+    recovery_seconds_->Observe(total);
+  };
+  events.steps_redone = [this](int64_t steps) { steps_redone_->Increment(double(steps)); };
+  events.checkpoint_written = [this](double seconds) {
+    checkpoint_write_seconds_->Observe(seconds);
+  };
+  events.checkpoint_completed = [this](int64_t bytes) {
+    checkpoints_->Add({{"result", "complete"}}).Increment();
+    checkpoint_bytes_->Increment(double(bytes));
+  };
+  events.checkpoint_failed = [this] { checkpoints_->Add({{"result", "failed"}}).Increment(); };
+  return events;
 }
 
 void CoordinatorMetrics::Refresh() {

@@ -11,6 +11,14 @@
 //   pipetrain_job_steps_total                     counter  optimizer steps completed, all jobs
 //   pipetrain_stage_busy_seconds_total{stage}     counter  compute time reported per stage
 //   pipetrain_stage_idle_seconds_total{stage}     counter  time stages waited on receives
+//   pipetrain_job_recoveries_total{reason}        counter  jobs that went RECOVERING: worker_lost,
+//                                                          peer_failure, checkpoint_unusable
+//   pipetrain_job_recovery_seconds                histogram  loss detected to the first step
+//                                                          completed on the new plan
+//   pipetrain_job_steps_redone_total              counter  steps run again after recoveries
+//   pipetrain_checkpoints_total{result}           counter  checkpoints complete / stage writes
+//   failed pipetrain_checkpoint_write_seconds            histogram  a stage writing its unit files
+//   pipetrain_checkpoint_bytes_total              counter  bytes of complete checkpoints
 //   pipetrain_rpc_duration_seconds{method}        histogram  unary gRPC handling time
 //   pipetrain_rpc_refused_total{method,code}      counter  calls refused before handling
 //                                                          (UNAUTHENTICATED, PERMISSION_DENIED)
@@ -74,6 +82,9 @@ class CoordinatorMetrics {
   void AddStageTime(int stage, double busy_seconds, double idle_seconds);
   // One optimizer step completed (a ReportProgress carrying losses).
   void CountStep();
+  // The job manager's events (JobManager::SetEvents), feeding the recovery
+  // and checkpoint metrics above.
+  JobEvents Events();
 
  private:
   void RefreshCurrentJob();
@@ -95,6 +106,12 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>* stage_idle_;
   prometheus::Family<prometheus::Histogram>* rpc_duration_;
   prometheus::Family<prometheus::Counter>* rpc_refused_;
+  prometheus::Family<prometheus::Counter>* recoveries_;
+  prometheus::Histogram* recovery_seconds_;
+  prometheus::Counter* steps_redone_;
+  prometheus::Family<prometheus::Counter>* checkpoints_;
+  prometheus::Histogram* checkpoint_write_seconds_;
+  prometheus::Counter* checkpoint_bytes_;
   // Histograms of the service's unary methods, created up front; filled in
   // the constructor and read-only afterwards.
   std::map<std::string, prometheus::Histogram*, std::less<>> rpc_by_method_;

@@ -1,6 +1,7 @@
 #include "coordinator/jobs/job_manager.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <set>
 
@@ -706,7 +707,9 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   }
   ASSIGN_OR_RETURN(std::optional<v1::ResumeFrom> complete,
                    record.checkpoints->Add(c, record.plan.stages(stage).backward()));
-  record.stages[stage].checkpoint_write_seconds = 0;
+  if (events_.checkpoint_written && std::isfinite(c.write_seconds()) && c.write_seconds() >= 0) {
+    events_.checkpoint_written(c.write_seconds());
+  }
   if (!complete.has_value()) return absl::OkStatus();
   absl::Status manifest =
       WriteCheckpointManifest(options_.output_dir, record.job.id(), record.resolved.spec.model(),
@@ -726,7 +729,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;
     for (const v1::UnitFile& f : complete->units()) bytes += f.bytes();
-    events_.checkpoint_completed(bytes, 0);
+    events_.checkpoint_completed(bytes);
   }
   PT_LOG(INFO) << "job " << record.job.id() << ": checkpoint of step " << complete->step()
                << " complete (" << complete->dir() << ")";

@@ -116,8 +116,10 @@ struct JobEvents {
   // and from the new assignments to that first step (loading included).
   std::function<void(double total, double waiting, double planning, double restart)> recovered;
   std::function<void(int64_t steps)> steps_redone;
-  // A checkpoint completed: its bytes, and the slowest stage's write seconds.
-  std::function<void(int64_t bytes, double write_seconds)> checkpoint_completed;
+  // A stage wrote its files of a checkpoint in `seconds`.
+  std::function<void(double seconds)> checkpoint_written;
+  // A checkpoint completed (every unit in): its bytes.
+  std::function<void(int64_t bytes)> checkpoint_completed;
   std::function<void()> checkpoint_failed;  // a stage could not write its files
 };
 
@@ -229,7 +231,6 @@ class JobManager {
  private:
   struct StageProgress {
     bool ready = false;  // passed the start barrier
-    double checkpoint_write_seconds = 0;  // of the step being completed
     int64_t iterations_done = 0;
     bool finished = false;
     bool weights_done = false;

@@ -196,6 +196,7 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
   r.set_busy_seconds(0);
   v1::CheckpointWritten* c = r.mutable_checkpoint();
   c->set_step(step);
+  c->set_write_seconds(seconds);
   if (files.ok()) {
     for (const v1::UnitFile& f : *files) *c->add_units() = f;
     PT_LOG(INFO) << "job " << assignment_.job_id() << ": checkpoint of step " << step

@@ -503,6 +503,27 @@ int RunJob(const std::vector<std::string>& args) {
   return 0;
 }
 
+int RunDrain(const std::vector<std::string>& args) {
+  Connection c;
+  FlagSet flags(
+      "usage: pipetrain drain WORKER [--coordinator HOST:PORT]\n"
+      "  (takes a worker out of service: its job re-plans without it at the next step\n"
+      "  boundary, redoing no step, and it gets no job until it registers again)");
+  c.Bind(flags);
+  std::vector<std::string> words;
+  if (int code = ParseArgs(flags, args, 1, &words, "drain"); code >= 0) return code;
+  v1::DrainWorkerRequest request;
+  request.set_worker_id(words[0]);
+  v1::Worker worker;
+  auto stub = c.Connect();
+  if (!stub.ok()) return Fail("drain", stub.status());
+  grpc::Status s = (*stub)->DrainWorker(WithDeadline(kRpcTimeout).get(), request, &worker);
+  if (!s.ok()) return Fail("drain", ToAbsl(s));
+  std::printf("%s draining%s\n", worker.id().c_str(),
+              worker.job_id().empty() ? "" : (" from job " + worker.job_id()).c_str());
+  return 0;
+}
+
 int RunCancel(const std::vector<std::string>& args) {
   Connection c;
   FlagSet flags("usage: pipetrain cancel ID [--coordinator HOST:PORT]");

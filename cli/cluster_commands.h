@@ -18,6 +18,7 @@ int RunSubmit(const std::vector<std::string>& args);
 int RunJobs(const std::vector<std::string>& args);
 int RunJob(const std::vector<std::string>& args);
 int RunCancel(const std::vector<std::string>& args);
+int RunDrain(const std::vector<std::string>& args);
 int RunWorkers(const std::vector<std::string>& args);
 
 }  // namespace pipetrain

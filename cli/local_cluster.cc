@@ -104,32 +104,44 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const LocalClusterOptions& options) {
   std::unique_ptr<LocalCluster> cluster(new LocalCluster(options));
   RETURN_IF_ERROR(cluster->StartCoordinator(0, 0));
-  ASSIGN_OR_RETURN(const std::vector<std::string> worker_tokens, TokenFlags(options, false));
-  for (int i = 0; i < options.workers; ++i) {
-    const std::string ports = absl::StrCat(options.dir, "/worker-", i, ".ports");
-    std::remove(ports.c_str());
-    std::vector<std::string> wargv = {
-        options.worker_binary, "--coordinator=" + cluster->grpc_address(), "--listen=127.0.0.1:0",
-        "--ports-file=" + ports, absl::StrCat("--node-name=local-", i)};
-    wargv.insert(wargv.end(), worker_tokens.begin(), worker_tokens.end());
-    wargv.insert(wargv.end(), options.worker_args.begin(), options.worker_args.end());
-    if (i < static_cast<int>(options.per_worker_args.size())) {
-      const std::vector<std::string>& own = options.per_worker_args[i];
-      wargv.insert(wargv.end(), own.begin(), own.end());
-    }
-    ASSIGN_OR_RETURN(Subprocess worker, Subprocess::Spawn(wargv, cluster->worker_log(i)));
-    cluster->workers_.push_back(std::move(worker));
-  }
-  for (int i = 0; i < options.workers; ++i) {
-    const std::string ports = absl::StrCat(options.dir, "/worker-", i, ".ports");
-    absl::Status up =
-        WaitForFile(ports, options.start_timeout, &cluster->workers_[i], cluster->worker_log(i));
-    if (!up.ok()) {
-      return absl::UnavailableError(absl::StrCat("worker ", i, " did not start: ", up.message(),
-                                                 "; see ", cluster->worker_log(i)));
-    }
-  }
+  for (int i = 0; i < options.workers; ++i) RETURN_IF_ERROR(cluster->SpawnWorker(i));
+  for (int i = 0; i < options.workers; ++i) RETURN_IF_ERROR(cluster->AwaitWorker(i));
   return cluster;
+}
+
+absl::Status LocalCluster::SpawnWorker(int i) {
+  ASSIGN_OR_RETURN(const std::vector<std::string> worker_tokens, TokenFlags(options_, false));
+  const std::string ports = absl::StrCat(options_.dir, "/worker-", i, ".ports");
+  std::remove(ports.c_str());
+  std::vector<std::string> wargv = {options_.worker_binary, "--coordinator=" + grpc_address(),
+                                    "--listen=127.0.0.1:0", "--ports-file=" + ports,
+                                    absl::StrCat("--node-name=local-", i)};
+  wargv.insert(wargv.end(), worker_tokens.begin(), worker_tokens.end());
+  wargv.insert(wargv.end(), options_.worker_args.begin(), options_.worker_args.end());
+  if (i < static_cast<int>(options_.per_worker_args.size())) {
+    const std::vector<std::string>& own = options_.per_worker_args[i];
+    wargv.insert(wargv.end(), own.begin(), own.end());
+  }
+  ASSIGN_OR_RETURN(Subprocess worker, Subprocess::Spawn(wargv, worker_log(i)));
+  workers_.push_back(std::move(worker));
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::AwaitWorker(int i) {
+  const std::string ports = absl::StrCat(options_.dir, "/worker-", i, ".ports");
+  absl::Status up = WaitForFile(ports, options_.start_timeout, &workers_[i], worker_log(i));
+  if (!up.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("worker ", i, " did not start: ", up.message(), "; see ", worker_log(i)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int> LocalCluster::AddWorker() {
+  const int i = num_workers();
+  RETURN_IF_ERROR(SpawnWorker(i));
+  RETURN_IF_ERROR(AwaitWorker(i));
+  return i;
 }
 
 LocalCluster::~LocalCluster() {

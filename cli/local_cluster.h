@@ -53,6 +53,9 @@ class LocalCluster {
   // (they find out and register again). Errors as Start.
   absl::Status KillAndRestartCoordinator();
   Subprocess& worker(int i) { return workers_[i]; }
+  // Starts one more worker (as Start does) and waits until its data plane
+  // is bound; returns its index.
+  absl::StatusOr<int> AddWorker();
   int num_workers() const { return static_cast<int>(workers_.size()); }
   std::string worker_log(int i) const;
   // The Prometheus /metrics port worker i bound (from its ports file).
@@ -63,6 +66,9 @@ class LocalCluster {
   explicit LocalCluster(LocalClusterOptions options) : options_(std::move(options)) {}
   // Starts the coordinator on the given ports (0: any) and reads them back.
   absl::Status StartCoordinator(int grpc_port, int http_port);
+  // Spawns worker `i` (== workers_.size()); AwaitWorker waits for its ports.
+  absl::Status SpawnWorker(int i);
+  absl::Status AwaitWorker(int i);
   LocalClusterOptions options_;
   std::unique_ptr<Subprocess> coordinator_;
   std::vector<Subprocess> workers_;

@@ -20,6 +20,7 @@ constexpr char kUsage[] =
     "  jobs          list jobs\n"
     "  job ID        show one job (JSON)\n"
     "  cancel ID     cancel a job\n"
+    "  drain WORKER  take a worker out of service (its job re-plans without it)\n"
     "  workers       list workers\n"
     "  plan          split a profiled model over workers and show the timeline\n"
     "  train-local   train a GPT-2 model in this process (the reference)\n"
@@ -42,6 +43,7 @@ int main(int argc, char** argv) {
   if (command == "jobs") return pipetrain::RunJobs(args);
   if (command == "job") return pipetrain::RunJob(args);
   if (command == "cancel") return pipetrain::RunCancel(args);
+  if (command == "drain") return pipetrain::RunDrain(args);
   if (command == "workers") return pipetrain::RunWorkers(args);
   if (command == "checkpoint") return pipetrain::RunCheckpoint(args);
   if (command == "help" || command == "--help" || command == "-h") {

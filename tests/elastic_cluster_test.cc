@@ -57,9 +57,15 @@ struct Reference {
   std::map<std::string, std::vector<float>> weights;
 };
 
-const Reference& TrainLocally() {
-  static const Reference* ref = [] {
-    ResolvedJobSpec job = ResolveJobSpec(ElasticSpec(1, "uniform", "")).value();
+// train-local's run of ElasticSpec with `steps` steps (computed once each).
+const Reference& TrainLocally(int64_t steps = kSteps) {
+  static std::map<int64_t, Reference>* cache = new std::map<int64_t, Reference>;
+  auto found = cache->find(steps);
+  if (found != cache->end()) return found->second;
+  const Reference* ref = [steps] {
+    v1::JobSpec spec = ElasticSpec(1, "uniform", "");
+    spec.mutable_training()->set_steps(steps);
+    ResolvedJobSpec job = ResolveJobSpec(spec).value();
     const CorpusSpec corpus{"", job.data_format, job.train.model.vocab_size, job.synthetic_bytes,
                             job.train.seed};
     Dataset data =
@@ -70,7 +76,7 @@ const Reference& TrainLocally() {
     for (Parameter* p : trainer->model().parameters()) r->weights[p->name] = p->value.ToVector();
     return r;
   }();
-  return *ref;
+  return (*cache)[steps] = *ref;
 }
 
 // The local process index behind worker `id` (its node name "local-<i>").
@@ -86,10 +92,11 @@ int ProcessOf(v1::Coordinator::Stub& stub, const std::string& id) {
 }
 
 void ExpectEqualsTrainLocal(const v1::Job& job) {
-  const Reference& ref = TrainLocally();
+  const int64_t steps = job.spec().training().steps();
+  const Reference& ref = TrainLocally(steps);
   ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
-  ASSERT_EQ(job.progress().loss_history_size(), kSteps);
-  for (int i = 0; i < kSteps; ++i) {
+  ASSERT_EQ(job.progress().loss_history_size(), steps);
+  for (int i = 0; i < steps; ++i) {
     EXPECT_EQ(job.progress().loss_history(i), ref.losses[i]) << "step " << i << " (bitwise)";
   }
   auto file = ReadSafetensors(job.weights_path());
@@ -315,6 +322,82 @@ TEST_F(ElasticClusterTest, CoordinatorKilledAndRestarted_JobsWorkersAndHistoryBa
     EXPECT_EQ(workers_after.workers(i).data_address(), workers_before.workers(i).data_address());
     EXPECT_GT(workers_after.workers(i).incarnation(), workers_before.workers(i).incarnation());
   }
+}
+
+TEST_F(ElasticClusterTest, TwoWorkersJoinMidRun_JobGrowsToFour) {
+  Start("join", 2);
+  v1::JobSpec spec = ElasticSpec(2, "uniform", "join.safetensors");
+  spec.mutable_training()->set_steps(150);
+  spec.mutable_elastic()->set_max_workers(4);
+  const std::string id = testing::SubmitJob(*stub_, spec);
+  v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
+    return testing::Ended(j) || j.progress().step() >= 8;
+  });
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_TRUE(cluster_->AddWorker().ok());
+  ASSERT_TRUE(cluster_->AddWorker().ok());
+  job = Finish(id);
+  EXPECT_EQ(job.worker_ids_size(), 4);
+  EXPECT_EQ(job.progress().recoveries(), 0);
+  EXPECT_EQ(job.progress().steps_redone(), 0);
+  ASSERT_GE(job.plan_history_size(), 2);
+  for (int v = 1; v < job.plan_history_size(); ++v) {
+    EXPECT_TRUE(absl::StrContains(job.plan_history(v).reason(), "joined"))
+        << job.plan_history(v).reason();
+    EXPECT_GT(job.plan_history(v).start_step(), 8);
+  }
+  EXPECT_EQ(job.plan_history(job.plan_history_size() - 1).worker_ids_size(), 4);
+}
+
+TEST_F(ElasticClusterTest, DrainedByUser_ReplannedWithoutItNoStepRedone) {
+  Start("drain", 4);
+  v1::JobSpec spec = ElasticSpec(4, "uniform", "drain.safetensors");
+  spec.mutable_training()->set_steps(100);
+  const std::string id = testing::SubmitJob(*stub_, spec);
+  v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
+    return testing::Ended(j) || j.progress().step() >= 10;
+  });
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  const std::string victim = job.worker_ids(1);
+  v1::DrainWorkerRequest request;
+  request.set_worker_id(victim);
+  v1::Worker drained;
+  ASSERT_TRUE(stub_->DrainWorker(WithDeadline(absl::Seconds(5)).get(), request, &drained).ok());
+  job = Finish(id);
+  EXPECT_EQ(job.worker_ids_size(), 3);
+  for (const std::string& w : job.worker_ids()) EXPECT_NE(w, victim);
+  EXPECT_EQ(job.progress().steps_redone(), 0);
+  EXPECT_EQ(job.progress().recoveries(), 0);
+  ASSERT_EQ(job.plan_history_size(), 2);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), victim + " drained"))
+      << job.plan_history(1).reason();
+  // It gets no job until it registers again.
+  v1::JobSpec next = ElasticSpec(4, "uniform", "");
+  next.mutable_training()->set_steps(2);
+  next.mutable_scheduling()->mutable_queue_timeout()->set_seconds(2);
+  const v1::Job waited = testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, next),
+                                           absl::Seconds(30), testing::Ended);
+  EXPECT_EQ(waited.state(), v1::FAILED) << "ran on the drained worker";
+}
+
+TEST_F(ElasticClusterTest, WorkerTerminated_DrainsBeforeLeavingNoStepRedone) {
+  Start("sigterm", 4);
+  v1::JobSpec spec = ElasticSpec(4, "uniform", "sigterm.safetensors");
+  spec.mutable_training()->set_steps(100);
+  const std::string id = testing::SubmitJob(*stub_, spec);
+  v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
+    return testing::Ended(j) || j.progress().step() >= 10;
+  });
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  const std::string victim = job.worker_ids(2);
+  const int process = ProcessOf(*stub_, victim);
+  ASSERT_GE(process, 0);
+  cluster_->worker(process).Signal(SIGTERM);
+  EXPECT_EQ(cluster_->worker(process).Wait(absl::Seconds(60)), std::optional<int>(0));
+  job = Finish(id);
+  EXPECT_EQ(job.worker_ids_size(), 3);
+  EXPECT_EQ(job.progress().steps_redone(), 0);
+  EXPECT_EQ(job.progress().recoveries(), 0);
 }
 
 }  // namespace

@@ -60,6 +60,7 @@ struct Flags {
   std::string metrics = "127.0.0.1:0";
   int threads = 1;
   double recv_timeout_seconds = 60;
+  double drain_timeout_seconds = 60;
   std::string device = "auto", gemm = "fp32", attention = "reference";
 };
 
@@ -98,9 +99,15 @@ int Run(const std::vector<std::string>& args) {
                "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs)");
   flags.Double("recv-timeout-seconds", &f.recv_timeout_seconds,
                "how long a stage waits for a tensor before failing the job");
+  flags.Double("drain-timeout-seconds", &f.drain_timeout_seconds,
+               "on SIGTERM or SIGINT, how long to wait for a job with checkpoints to re-plan "
+               "without this worker (no step redone) before leaving anyway; 0: leave at once");
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
   if (parsed.ok() && f.threads < 1) parsed = absl::InvalidArgumentError("--threads must be >= 1");
+  if (parsed.ok() && !(f.drain_timeout_seconds >= 0 && f.drain_timeout_seconds <= 86400)) {
+    parsed = absl::InvalidArgumentError("--drain-timeout-seconds must be in [0, 86400]");
+  }
   if (parsed.ok() && !(f.recv_timeout_seconds > 0)) {
     parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
   }
@@ -221,6 +228,10 @@ int Run(const std::vector<std::string>& args) {
   });
   char byte = 0;
   while (read(g_wake[0], &byte, 1) < 0 && errno == EINTR) {
+  }
+  if (!device_failed.load() && f.drain_timeout_seconds > 0) {
+    absl::Status drained = agent.Drain(absl::Seconds(f.drain_timeout_seconds));
+    if (!drained.ok()) PT_LOG(WARNING) << "leaving without a drain: " << drained;
   }
   agent.Stop();
   starter.join();

@@ -192,6 +192,12 @@ class AuthTest : public ::testing::Test {
     v1::DeregisterWorkerResponse leave_response;
     out.push_back({"DeregisterWorker",
                    stub_->DeregisterWorker(Context(authorization).get(), leave, &leave_response)});
+    // A user's or the worker's own: acting for w-1 here.
+    v1::DrainWorkerRequest drain;
+    drain.set_worker_id("w-1");
+    v1::Worker drained;
+    out.push_back(
+        {"DrainWorker", stub_->DrainWorker(Context(authorization).get(), drain, &drained)});
     for (const std::string& token :
          {std::string(""), std::string("wrong"), std::string(kUserToken), one_.session_token()}) {
       v1::RegisterWorkerRequest request;
@@ -240,7 +246,7 @@ TEST_F(AuthTest, EveryGrpcMethod_BadCredentials_RefusedAndNothingChanges) {
       SCOPED_TRACE(method + " with " + v.what);
       const bool worker_method = method == "Heartbeat" || method == "ReportProgress" ||
                                  method == "UploadWeights" || method == "WatchAssignments" ||
-                                 method == "DeregisterWorker";
+                                 method == "DeregisterWorker" || method == "DrainWorker";
       if (absl::StartsWith(method, "RegisterWorker")) {
         EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
       } else if (worker_method) {
@@ -251,7 +257,7 @@ TEST_F(AuthTest, EveryGrpcMethod_BadCredentials_RefusedAndNothingChanges) {
       ++refused;
     }
   }
-  EXPECT_EQ(refused, 5 * 15);
+  EXPECT_EQ(refused, 5 * 16);
   EXPECT_EQ(Snapshot(), before);
   metrics_.Refresh();
   const std::string text = prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
@@ -276,6 +282,18 @@ TEST_F(AuthTest, RightCredentials_SameCallsSucceed) {
       stub_->Heartbeat(Context("Bearer " + one_.session_token()).get(), beat, &response);
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(workers_.Get("w-1")->current_instruction(), "idle");
+  // DrainWorker: the worker itself, and a user.
+  v1::DrainWorkerRequest drain;
+  drain.set_worker_id("w-1");
+  v1::Worker drained;
+  status = stub_->DrainWorker(Context("Bearer " + one_.session_token()).get(), drain, &drained);
+  // Let in: the job manager's own answer (w-1's job has no checkpoints).
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << status.error_message();
+  EXPECT_TRUE(absl::StrContains(status.error_message(), "no checkpoints"));
+  drain.set_worker_id("w-2");
+  status = stub_->DrainWorker(Context(absl::StrCat("Bearer ", kUserToken)).get(), drain, &drained);
+  EXPECT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(drained.id(), "w-2");
 }
 
 TEST_F(AuthTest, EveryRestEndpoint_BadCredentials_401AndNothingChanges) {
@@ -289,6 +307,7 @@ TEST_F(AuthTest, EveryRestEndpoint_BadCredentials_401AndNothingChanges) {
       {"GET", "/v1/jobs/" + id + "/plan"},
       {"GET", "/v1/jobs/" + id + "/timeline.svg"},
       {"GET", "/v1/workers"},
+      {"POST", "/v1/workers/w-1:drain"},
   };
   const std::vector<std::string> credentials = {"",
                                                 "Bearer wrong",

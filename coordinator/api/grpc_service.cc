@@ -86,6 +86,23 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::DeregisterWorker(
                [&] { return workers_->Deregister(request->worker_id(), request->incarnation()); });
 }
 
+grpc::ServerUnaryReactor* CoordinatorGrpcService::DrainWorker(grpc::CallbackServerContext* context,
+                                                              const v1::DrainWorkerRequest* request,
+                                                              v1::Worker* response) {
+  // A user may drain any worker; a worker only itself (as it shuts down).
+  absl::Status allowed = UserCall(*context);
+  if (!allowed.ok()) {
+    absl::Status as_worker = WorkerCall(*context, request->worker_id());
+    if (as_worker.ok() || as_worker.code() == absl::StatusCode::kPermissionDenied) {
+      allowed = as_worker;
+    }
+  }
+  return Unary(context, "DrainWorker", allowed, [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, jobs_->Drain(request->worker_id()));
+    return absl::OkStatus();
+  });
+}
+
 absl::Status CoordinatorGrpcService::CheckWatcher(
     const v1::WatchAssignmentsRequest& request) const {
   if (request.worker_id().empty()) {

@@ -94,6 +94,10 @@ class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetPlan(grpc::CallbackServerContext* context,
                                     const v1::GetPlanRequest* request,
                                     v1::Plan* response) override;
+  // A user, or the worker named (its own session credential).
+  grpc::ServerUnaryReactor* DrainWorker(grpc::CallbackServerContext* context,
+                                        const v1::DrainWorkerRequest* request,
+                                        v1::Worker* response) override;
 
  private:
   // Finishes the call with `authorized` when it is an error (counting the

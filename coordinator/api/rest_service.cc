@@ -96,6 +96,8 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
     return response;
   });
   server.Get("/v1/workers", [workers](const HttpRequest&) { return ListWorkers(workers); });
+  server.Post(R"(/v1/workers/([^/:]+):drain)",
+              [jobs](const HttpRequest& r) { return Reply(jobs->Drain(r.path_params[0])); });
 }
 
 }  // namespace pipetrain

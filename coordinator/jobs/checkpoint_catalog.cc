@@ -40,7 +40,8 @@ CheckpointCatalog::CheckpointCatalog(const v1::CheckpointSpec& spec, const GptCo
 absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
     const v1::CheckpointWritten& report, const v1::UnitRange& owned) {
   const int64_t step = report.step();
-  if (step <= 0 || step >= steps_ || step % spec_.interval_steps() != 0) {
+  const bool on_interval = step % spec_.interval_steps() == 0 || allowed_.count(step) > 0;
+  if (step <= 0 || step >= steps_ || !on_interval) {
     return absl::InvalidArgumentError(absl::StrCat("ReportProgressRequest.checkpoint.step: ", step,
                                                    " is not a checkpoint step of the job "
                                                    "(multiples of ",
@@ -89,6 +90,13 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
 
 const v1::ResumeFrom* CheckpointCatalog::Latest() const {
   return complete_.empty() ? nullptr : &complete_.back();
+}
+
+const v1::ResumeFrom* CheckpointCatalog::LatestAtOrBefore(int64_t step) const {
+  for (auto it = complete_.rbegin(); it != complete_.rend(); ++it) {
+    if (it->step() <= step) return &*it;
+  }
+  return nullptr;
 }
 
 std::optional<v1::ResumeFrom> CheckpointCatalog::DropLatest() {

@@ -20,6 +20,7 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,13 @@ class CheckpointCatalog {
   // `spec` resolved (dir set, keep >= 1, interval_steps > 0).
   CheckpointCatalog(const v1::CheckpointSpec& spec, const GptConfig& model, int64_t steps);
 
+  // Also accepts checkpoints of `step` (a re-plan's step boundary, off the
+  // interval).
+  void AllowStep(int64_t step) { allowed_.insert(step); }
+
   // A stage's report of its units for one step. INVALID_ARGUMENT naming the
-  // field when the step is not one of the job's checkpoint steps, a unit is
+  // field when the step is not one of the job's checkpoint steps (or
+  // allowed), a unit is
   // outside `owned` (the stage's backward units) or reported twice, or a
   // file name, size or SHA-256 is malformed. Returns the checkpoint this
   // report completed, if it did.
@@ -46,6 +52,9 @@ class CheckpointCatalog {
                                                     const v1::UnitRange& owned);
   // The newest complete checkpoint; null when none.
   const v1::ResumeFrom* Latest() const;
+  // The newest complete checkpoint of at most `step` steps (a job resumes
+  // only where its loss history reaches); null when none.
+  const v1::ResumeFrom* LatestAtOrBefore(int64_t step) const;
   // Forgets the newest complete checkpoint (a stage could not load it):
   // the one before becomes Latest. Returns what was dropped.
   std::optional<v1::ResumeFrom> DropLatest();
@@ -66,6 +75,7 @@ class CheckpointCatalog {
   std::map<int64_t, std::map<int, v1::UnitFile>> pending_;  // step -> unit -> file
   std::deque<v1::ResumeFrom> complete_;                     // oldest first
   std::vector<v1::ResumeFrom> expired_;
+  std::set<int64_t> allowed_;
 };
 
 // Writes <output_dir>/<from.dir>/manifest.json (0600, temporary name,

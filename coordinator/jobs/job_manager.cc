@@ -439,10 +439,7 @@ void JobManager::ScheduleQueued() {
     // READY meanwhile, so later jobs wait rather than take it.
     if (record.job.state() == v1::PROFILING) return;
     if (record.job.state() != v1::QUEUED) continue;
-    std::vector<std::string> ready;
-    for (std::string& w : registry_->ReadyWorkers()) {
-      if (reserved.count(w) == 0) ready.push_back(std::move(w));
-    }
+    std::vector<std::string> ready = SpareWorkersLocked(reserved);
     const int need = record.resolved.stages;
     if (static_cast<int>(ready.size()) < need) {
       const std::string waiting =
@@ -463,6 +460,141 @@ void JobManager::ScheduleQueued() {
     if (!started.ok()) EndLocked(record, v1::FAILED, std::string(started.message()));
     if (record.job.state() == v1::PROFILING) return;  // later jobs wait for it
   }
+  // Spare workers grow running elastic jobs, once no job waits for them.
+  for (const std::string& id : order_) {
+    const v1::JobState state = jobs_.at(id)->job.state();
+    if (state == v1::QUEUED || state == v1::PROFILING) return;
+  }
+  for (const std::string& id : order_) {
+    JobRecord& record = *jobs_.at(id);
+    if (record.job.state() != v1::RUNNING || record.checkpoints == nullptr || record.stop_at > 0 ||
+        record.job.worker_ids_size() >= record.resolved.spec.elastic().max_workers()) {
+      continue;
+    }
+    const std::vector<std::string> spare = SpareWorkersLocked(reserved);
+    if (spare.empty()) return;
+    const int want = std::min<int>(
+        spare.size(), record.resolved.spec.elastic().max_workers() - record.job.worker_ids_size());
+    const std::vector<std::string> joining(spare.begin(), spare.begin() + want);
+    if (RequestBoundaryLocked(record, absl::StrCat(absl::StrJoin(joining, ", "), " joined"))) {
+      for (const std::string& w : joining) reserved.insert(w);
+    }
+  }
+}
+
+std::vector<std::string> JobManager::SpareWorkersLocked(
+    const std::set<std::string>& reserved) const {
+  std::vector<std::string> spare;
+  for (std::string& w : registry_->ReadyWorkers()) {
+    if (reserved.count(w) == 0 && !IsDrainedLocked(w)) spare.push_back(std::move(w));
+  }
+  return spare;
+}
+
+bool JobManager::IsDrainedLocked(const std::string& worker_id) const {
+  auto it = drained_.find(worker_id);
+  if (it == drained_.end()) return false;
+  absl::StatusOr<v1::Worker> worker = registry_->Get(worker_id);
+  return worker.ok() && worker->incarnation() == it->second;
+}
+
+bool JobManager::RequestBoundaryLocked(JobRecord& record, const std::string& reason) {
+  // Beyond every stage's progress: a stage learns the step at its next
+  // report, and no stage runs more than the mailbox's run-ahead (2
+  // iterations) ahead of the slowest.
+  int64_t furthest = record.job.progress().step();
+  for (const StageProgress& s : record.stages) furthest = std::max(furthest, s.iterations_done);
+  const int64_t step = furthest + 3;
+  if (step >= record.resolved.train.steps) return false;  // it ends sooner than that
+  record.stop_at = step;
+  record.boundary_reason = reason;
+  record.checkpoints->AllowStep(step);
+  PT_LOG(INFO) << "job " << record.job.id() << ": re-planning after step " << step << " (" << reason
+               << ")";
+  return true;
+}
+
+void JobManager::MaybeReplanAtBoundaryLocked(JobRecord& record) {
+  // The boundary's checkpoint complete, and its last step's loss in.
+  if (record.stop_at == 0 || record.job.state() != v1::RUNNING) return;
+  const v1::ResumeFrom* latest = record.checkpoints->Latest();
+  if (latest == nullptr || latest->step() != record.stop_at ||
+      record.job.progress().step() < record.stop_at) {
+    return;
+  }
+  ReplanAtBoundaryLocked(record);
+}
+
+void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
+  const std::string reason = record.boundary_reason;
+  const int64_t step = record.stop_at;
+  record.stop_at = 0;
+  const v1::ElasticSpec& elastic = record.resolved.spec.elastic();
+  std::vector<std::string> chosen;
+  for (const std::string& w : record.job.worker_ids()) {
+    if (!IsDrainedLocked(w)) chosen.push_back(w);
+  }
+  const std::vector<std::string> old(record.job.worker_ids().begin(),
+                                     record.job.worker_ids().end());
+  std::set<std::string> reserved(old.begin(), old.end());
+  for (const auto& [id, other] : jobs_) {
+    if (other->job.state() == v1::RECOVERING) {
+      reserved.insert(other->survivors.begin(), other->survivors.end());
+    }
+  }
+  for (const std::string& w : SpareWorkersLocked(reserved)) {
+    if (static_cast<int>(chosen.size()) >= elastic.max_workers()) break;
+    chosen.push_back(w);
+  }
+  if (static_cast<int>(chosen.size()) < elastic.min_workers()) {
+    // A spare went away meanwhile: wait for workers as a recovery does.
+    return StartRecoveryLocked(record, "", reason, "worker_lost");
+  }
+  registry_->Release(record.job.id());
+  const v1::ResumeFrom resume = *record.checkpoints->Latest();
+  absl::Status placed =
+      PlaceLocked(record, chosen, &resume, absl::StrCat(reason, "; re-planned at step ", step));
+  if (!placed.ok()) {
+    return EndLocked(
+        record, v1::FAILED,
+        absl::StrCat("re-planning at step ", step, " (", reason, ") failed: ", placed.message()));
+  }
+  for (const std::string& w : old) {
+    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end()) {
+      hub_->Set(w, StopAssignment(record.job.id(), record.plan.version()));
+    }
+  }
+}
+
+absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
+  AnnotatedMutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(worker_id));
+  JobRecord* record = worker.job_id().empty() ? nullptr : FindLocked(worker.job_id());
+  if (record != nullptr && !IsTerminal(record->job.state()) && !IsDrainedLocked(worker_id)) {
+    if (record->checkpoints == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          worker_id, " runs job ", record->job.id(),
+          ", which has no checkpoints (spec.checkpoint) to re-plan from; cancel the job or "
+          "let it finish first"));
+    }
+    std::set<std::string> reserved;
+    const int left =
+        record->job.worker_ids_size() - 1 + static_cast<int>(SpareWorkersLocked(reserved).size());
+    if (left < record->resolved.spec.elastic().min_workers()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("draining ", worker_id, " would leave job ", record->job.id(),
+                       " fewer than its ", record->resolved.spec.elastic().min_workers(),
+                       " workers (spec.elastic.min_workers); add a worker first"));
+    }
+  }
+  drained_[worker_id] = worker.incarnation();
+  PT_LOG(INFO) << "draining " << worker_id;
+  if (record != nullptr && record->job.state() == v1::RUNNING && record->stop_at == 0) {
+    RequestBoundaryLocked(*record, absl::StrCat(worker_id, " drained"));
+  } else if (record != nullptr && record->job.state() == v1::RUNNING) {
+    record->boundary_reason += absl::StrCat("; ", worker_id, " drained");
+  }
+  return worker;
 }
 
 absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::string>& workers) {
@@ -590,6 +722,7 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
                                   " recoveries without a new checkpoint; last: ", reason));
   }
   ++record.recoveries_without_progress;
+  record.stop_at = 0;
   record.job.set_state(v1::RECOVERING);
   record.job.set_reason(absl::StrCat("recovering: ", reason));
   record.recovery_started = clock_->Now();
@@ -616,7 +749,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   std::vector<std::string> alive;
   bool waiting = false;
   for (const std::string& w : record.survivors) {
-    if (record.lost.count(w) > 0) continue;
+    if (record.lost.count(w) > 0 || IsDrainedLocked(w)) continue;
     absl::StatusOr<v1::Worker> worker = registry_->Get(w);
     const bool gone = !worker.ok() || worker->state() == v1::LOST || worker->state() == v1::LEFT;
     if (gone && clock_->Now() < record.restart_grace_until) {
@@ -639,9 +772,8 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   }
   // Survivors first (in stage order), then spare READY workers.
   std::vector<std::string> chosen = alive;
-  for (const std::string& w : registry_->ReadyWorkers()) {
-    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end() && reserved->count(w) == 0 &&
-        record.lost.count(w) == 0) {
+  for (const std::string& w : SpareWorkersLocked(*reserved)) {
+    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end() && record.lost.count(w) == 0) {
       chosen.push_back(w);
     }
   }
@@ -658,9 +790,11 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ", waiting_for));
     return;
   }
-  const v1::ResumeFrom* resume = record.checkpoints->Latest();
-  const int64_t resume_step = resume != nullptr ? resume->step() : 0;
   v1::JobProgress* p = record.job.mutable_progress();
+  // Where the recorded losses reach: a checkpoint whose last step's loss
+  // never arrived would leave a hole in the history.
+  const v1::ResumeFrom* resume = record.checkpoints->LatestAtOrBefore(p->step());
+  const int64_t resume_step = resume != nullptr ? resume->step() : 0;
   const int64_t redone = std::max<int64_t>(0, p->step() - resume_step);
   // The history of steps [0, resume_step) stays; later steps are redone.
   const int64_t keep = std::max<int64_t>(0, resume_step - p->loss_history_start());
@@ -733,6 +867,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   }
   PT_LOG(INFO) << "job " << record.job.id() << ": checkpoint of step " << complete->step()
                << " complete (" << complete->dir() << ")";
+  MaybeReplanAtBoundaryLocked(record);
   return absl::OkStatus();
 }
 
@@ -776,6 +911,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   }
   RETURN_IF_ERROR(CheckProgressBounds(r, *record));
   const int stage_index = record->stage_of.at(r.worker_id());
+  response.set_stop_after_step(record->stop_at);
   if (r.has_checkpoint()) {
     RETURN_IF_ERROR(AddCheckpointLocked(*record, stage_index, r.checkpoint()));
     response.set_all_ready(true);
@@ -865,6 +1001,8 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   }
   TouchLocked(*record);
   MaybeCompleteLocked(*record);
+  // Last: a re-plan replaces the stages (and `stage`).
+  MaybeReplanAtBoundaryLocked(*record);
   response.set_all_ready(true);
   return response;
 }

@@ -59,6 +59,16 @@
 // checkpoint completing fail the job. Workers a recovering job waits for are
 // not given to other jobs.
 //
+// Step boundaries (joins and drains): a RUNNING job with checkpoints that
+// has fewer stages than spec.elastic.max_workers grows when a READY worker
+// is spare and no job is QUEUED; Drain(worker) takes a worker out of its
+// job. Either way the job picks a step t beyond every stage's progress
+// (ReportProgressResponse.stop_after_step); each stage checkpoints after
+// step t and stops; once that checkpoint is complete the job re-plans on
+// its workers (less the drained, plus spares up to max_workers) and
+// resumes at t, redoing nothing. A drained worker gets no job until it
+// registers again.
+//
 // Thread-safe. Lock order: JobManager before WorkerRegistry before
 // AssignmentHub (the registry's loss listener is called outside its lock).
 #ifndef PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_H_
@@ -212,6 +222,12 @@ class JobManager {
   // The worker sent all its weights (end of its UploadWeights stream).
   absl::Status FinishWeights(const std::string& worker_id, const std::string& job_id);
 
+  // Takes `worker_id` out of service (see "Step boundaries"). NOT_FOUND
+  // for an unknown worker; FAILED_PRECONDITION when its job has no
+  // checkpoints, or would be left with fewer than spec.elastic.min_workers
+  // stages and no spare READY worker to take its place. Idempotent.
+  absl::StatusOr<v1::Worker> Drain(const std::string& worker_id);
+
   // Registry loss listener: fails `job_id` with `reason`.
   void OnWorkerLost(const std::string& worker_id, const std::string& job_id,
                     const std::string& reason);
@@ -275,6 +291,10 @@ class JobManager {
     // workers to register again.
     absl::Time restart_grace_until;
     absl::Time last_persisted;
+    // A pending step boundary: the step the stages stop after (0: none) and
+    // why; the workers to re-plan on are chosen when it is reached.
+    int64_t stop_at = 0;
+    std::string boundary_reason;
   };
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -305,6 +325,18 @@ class JobManager {
   // workers it waits for (not to be given to other jobs).
   void TryReplanLocked(JobRecord& record, std::set<std::string>* reserved)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks the job's stages to stop after a step beyond all their progress
+  // (see "Step boundaries"); false when the job is too near its end.
+  bool RequestBoundaryLocked(JobRecord& record, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Re-plans at the pending boundary once its checkpoint is complete and
+  // the loss of its last step is in.
+  void MaybeReplanAtBoundaryLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReplanAtBoundaryLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // READY workers no job holds or waits for, not drained, ascending id.
+  std::vector<std::string> SpareWorkersLocked(const std::set<std::string>& reserved) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool IsDrainedLocked(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A stage's CheckpointWritten report.
   absl::Status AddCheckpointLocked(JobRecord& record, int stage, const v1::CheckpointWritten& c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -346,6 +378,8 @@ class JobManager {
   JobEvents events_;        // likewise
   ProfileCache profiles_;
   std::vector<std::thread> profilers_ ABSL_GUARDED_BY(mu_);
+  // Drained workers: id -> the incarnation drained (a new one is not).
+  std::map<std::string, int64_t> drained_ ABSL_GUARDED_BY(mu_);
 };
 
 bool IsTerminal(v1::JobState state);

@@ -348,13 +348,6 @@ absl::Status JobRunner::RunJob() {
         return flushed;
       }
     }
-    // A checkpoint of the weights after this step (none after the last: the
-    // job is done then). Backward-less stages own no unit.
-    const int64_t step = it + 1;
-    if (writer != nullptr && !last && step % checkpoints.interval_steps() == 0 &&
-        assignment_.backward_units().end() > assignment_.backward_units().begin()) {
-      writer->Submit(runtime->Snapshot(step));
-    }
     // Validation after the same steps as train-local's --eval-interval.
     std::optional<float> val_loss;
     double eval_seconds = 0;
@@ -390,9 +383,38 @@ absl::Status JobRunner::RunJob() {
     r.set_finished(last);
     if (val_loss.has_value()) r.set_val_loss(*val_loss);
     r.set_eval_seconds(eval_seconds);
-    absl::Status reported = coordinator_->ReportProgress(r).status();
-    if (!reported.ok()) return reported;
-    if (last) completed_.store(true);
+    absl::StatusOr<v1::ReportProgressResponse> reported = coordinator_->ReportProgress(r);
+    if (!reported.ok()) return reported.status();
+    if (last) {
+      completed_.store(true);
+      break;
+    }
+    // A checkpoint of the weights after this step, written in the
+    // background, and reported after the step's progress (the coordinator
+    // resumes only where the loss history reaches); none after the last
+    // step. Also at a step boundary the coordinator asked for, after which
+    // the stage stops for the next plan.
+    const int64_t step = it + 1;
+    const int64_t stop_after = reported->stop_after_step();
+    if (stop_after > 0 && stop_after < step) {
+      absl::Status passed = absl::AbortedError(
+          absl::StrCat("the job re-plans after step ", stop_after,
+                       ", but this stage had completed step ", step, " when it learned so"));
+      ReportError(passed);
+      return passed;
+    }
+    const bool boundary = stop_after == step;
+    const bool owns_units =
+        assignment_.backward_units().end() > assignment_.backward_units().begin();
+    if (writer != nullptr && owns_units && (step % checkpoints.interval_steps() == 0 || boundary)) {
+      writer->Submit(runtime->Snapshot(step));
+    }
+    if (boundary) {
+      if (writer != nullptr) writer->Wait();
+      PT_LOG(INFO) << "job " << assignment_.job_id() << " stage " << assignment_.stage()
+                   << ": stopped after step " << step << " for the next plan";
+      return absl::OkStatus();
+    }
   }
   return absl::OkStatus();
 }

@@ -100,6 +100,9 @@ class JobRunner {
   void Start();
   void Stop();
   bool finished() const { return finished_.load(); }
+  // Every step ran and was reported (not stopped, failed or parked at a
+  // step boundary).
+  bool completed() const { return completed_.load(); }
   const v1::Assignment& assignment() const { return assignment_; }
   std::string current_instruction() const;
 

@@ -187,6 +187,39 @@ absl::Status WorkerAgent::Start() {
   return absl::OkStatus();
 }
 
+absl::Status WorkerAgent::Drain(absl::Duration timeout) {
+  v1::DrainWorkerRequest request;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (runner_ == nullptr || runner_->completed() || worker_id_.empty()) return absl::OkStatus();
+    request.set_worker_id(worker_id_);
+  }
+  grpc::ClientContext context;
+  SetDeadline(&context, options_.rpc_timeout);
+  AddBearer(context, session_->Get());
+  v1::Worker response;
+  const grpc::Status s = stub_->DrainWorker(&context, request, &response);
+  if (!s.ok()) {
+    return absl::Status(
+        static_cast<absl::StatusCode>(s.error_code()),
+        absl::StrCat("the coordinator would not drain this worker: ", s.error_message()));
+  }
+  PT_LOG(INFO) << "draining: waiting up to " << absl::FormatDuration(timeout)
+               << " for the job to re-plan without this worker";
+  // The job's next plan STOPs this worker (StopRunner clears runner_).
+  AnnotatedMutexLock lock(&mu_);
+  const bool released = mu_.AwaitWithTimeout(
+      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return runner_ == nullptr || runner_->completed() || stopping_;
+      },
+      timeout);
+  if (!released) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the job did not let this worker go within ", absl::FormatDuration(timeout)));
+  }
+  return absl::OkStatus();
+}
+
 void WorkerAgent::Stop() {
   {
     AnnotatedMutexLock lock(&mu_);

@@ -80,6 +80,12 @@ class WorkerAgent {
   // at once when the coordinator rejects the join token (retrying cannot help).
   absl::Status Start();
   void Stop();
+  // Before a clean shutdown: when a job runs here, asks the coordinator to
+  // drain this worker (its job re-plans without it at the next step
+  // boundary, redoing nothing) and waits up to `timeout` for the job to let
+  // it go. OK when nothing ran or the job let go; the error otherwise (the
+  // caller stops anyway: the job then recovers from its last checkpoint).
+  absl::Status Drain(absl::Duration timeout);
 
   std::string worker_id() const;
   std::string current_instruction() const;

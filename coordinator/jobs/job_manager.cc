@@ -945,6 +945,11 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   StageProgress& stage = record->stages[stage_index];
   if (r.ready()) {
     stage.ready = true;
+    const double load = r.resume_load_seconds();
+    if (std::isfinite(load) && load > 0 && load < 1e6 && record->job.plan_history_size() > 0) {
+      v1::PlanVersion* v = record->job.mutable_plan_history(record->job.plan_history_size() - 1);
+      v->set_resume_load_seconds(std::max(v->resume_load_seconds(), load));
+    }
     response.set_all_ready(std::all_of(record->stages.begin(), record->stages.end(),
                                        [](const StageProgress& s) { return s.ready; }));
     return response;

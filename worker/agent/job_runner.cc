@@ -101,6 +101,7 @@ absl::Status JobRunner::AwaitAllStagesReady() {
   r.set_job_id(assignment_.job_id());
   r.set_plan_version(assignment_.plan_version());
   r.set_ready(true);
+  r.set_resume_load_seconds(resume_load_seconds_);
   const absl::Time deadline = absl::Now() + options_.recv_timeout;
   while (!stop_.load()) {
     ASSIGN_OR_RETURN(v1::ReportProgressResponse response, coordinator_->ReportProgress(r));
@@ -275,7 +276,9 @@ absl::Status JobRunner::RunJob() {
         "--checkpoint-root; start it with the coordinator's --output-dir (a shared directory)");
   }
   if (assignment_.has_resume()) {
+    const absl::Time load_start = absl::Now();
     absl::Status loaded = LoadResume(*runtime, identity);
+    resume_load_seconds_ = absl::ToDoubleSeconds(absl::Now() - load_start);
     if (!loaded.ok()) {
       if (!stop_.load()) ReportError(loaded, /*checkpoint_unusable=*/true);
       return loaded;

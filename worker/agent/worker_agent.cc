@@ -303,7 +303,15 @@ void WorkerAgent::HeartbeatLoop() {
       AnnotatedMutexLock lock(&mu_);
       if (group_id_ == request.nccl_unique_id()) group_id_unreported_ = false;
     }
-    if (!SleepUnlessStopped(interval)) return;
+    // Until the interval ends, or a STOP asks for a heartbeat now.
+    {
+      AnnotatedMutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(
+          [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || heartbeat_now_; },
+          interval);
+      if (stopping_) return;
+      heartbeat_now_ = false;
+    }
   }
 }
 
@@ -355,6 +363,10 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   StopRunner();
   if (a.action() != v1::Assignment::RUN) {
     PT_LOG(INFO) << "stopped job " << a.job_id();
+    // A job that stops us may be recovering: it re-plans once it has heard
+    // from each of its workers, so say at once that this one is alive.
+    AnnotatedMutexLock lock(&mu_);
+    heartbeat_now_ = true;
     return;
   }
   PT_LOG(INFO) << "running job " << a.job_id() << " stage " << a.stage() << "/"

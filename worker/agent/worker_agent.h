@@ -119,6 +119,7 @@ class WorkerAgent {
   mutable AnnotatedMutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool deregistered_ ABSL_GUARDED_BY(mu_) = false;
+  bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;  // wakes the heartbeat loop
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   int64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);

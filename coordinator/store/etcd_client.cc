@@ -1,0 +1,243 @@
+#include "coordinator/store/etcd_client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "coordinator/store/store.h"
+
+namespace pipetrain {
+namespace {
+
+// After etcd restarts, reconnect within this long rather than gRPC's default
+// backoff of 1 s growing to two minutes.
+constexpr int kInitialReconnectBackoffMs = 100;
+constexpr int kMaxReconnectBackoffMs = 1000;
+// How long an attempt waits for a channel that is not connected to connect
+// before it is tried anyway (and fails at once, naming gRPC's reason).
+constexpr absl::Duration kConnectTimeout = absl::Seconds(1);
+
+std::string GrpcCodeName(grpc::StatusCode code) {
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
+}
+
+// The Status for gRPC status `s` of `method` at `endpoint` (etcd_client.h
+// lists the mapping).
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view method,
+                      const std::string& endpoint) {
+  const std::string what = absl::StrCat("etcd ", method, " at ", endpoint, ": ", s.error_message(),
+                                        " (gRPC ", GrpcCodeName(s.error_code()), ")");
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+      return absl::UnavailableError(
+          absl::StrCat(what, "; check that etcd is running and reachable, then retry"));
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      // gRPC's own "Received message larger than max": the caller pages.
+      if (absl::StrContains(s.error_message(), "larger than max")) {
+        return absl::ResourceExhaustedError(what);
+      }
+      return absl::UnavailableError(absl::StrCat(what, "; etcd is overloaded, retry"));
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "; etcd refused the request (see its --max-txn-ops and --max-request-bytes)"));
+    case grpc::StatusCode::PERMISSION_DENIED:
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return absl::Status(
+          static_cast<absl::StatusCode>(s.error_code()),
+          absl::StrCat(what,
+                       "; etcd has auth enabled, and pipetrain's etcd backend sends no "
+                       "credentials (not supported yet)"));
+    case grpc::StatusCode::NOT_FOUND:
+      return absl::NotFoundError(what);
+    case grpc::StatusCode::OUT_OF_RANGE:
+      return absl::OutOfRangeError(what);
+    default:
+      return absl::InternalError(what);
+  }
+}
+
+// Whether another endpoint may answer where this one did not.
+bool TryNextEndpoint(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAVAILABLE;
+}
+
+std::string StripScheme(const std::string& endpoint) {
+  constexpr absl::string_view kHttp = "http://";
+  if (absl::StartsWith(endpoint, kHttp)) return endpoint.substr(kHttp.size());
+  return endpoint;
+}
+
+}  // namespace
+
+struct EtcdClient::Endpoint {
+  std::string address;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<etcdserverpb::KV::Stub> kv;
+  std::unique_ptr<etcdserverpb::Lease::Stub> lease;
+};
+
+absl::Status CheckEtcdOptions(const EtcdOptions& options) {
+  if (options.endpoints.empty()) {
+    return absl::InvalidArgumentError("etcd endpoints are empty; give at least one host:port");
+  }
+  for (const std::string& endpoint : options.endpoints) {
+    if (absl::StartsWith(endpoint, "https://") || absl::StartsWith(endpoint, "unix")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "etcd endpoint \"", endpoint, "\": only plaintext host:port endpoints are supported"));
+    }
+    const std::string address = StripScheme(endpoint);
+    const size_t colon = address.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("etcd endpoint \"", endpoint, "\" is not host:port"));
+    }
+  }
+  absl::Status prefix = CheckStoreKey(options.prefix);
+  if (!prefix.ok())
+    return absl::InvalidArgumentError(absl::StrCat("etcd prefix: ", prefix.message()));
+  if (options.rpc_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("etcd rpc_timeout must be positive");
+  }
+  if (options.max_txn_ops < 1) return absl::InvalidArgumentError("etcd max_txn_ops must be >= 1");
+  if (options.max_request_bytes < kMaxKeyBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("etcd max_request_bytes must be >= ", kMaxKeyBytes));
+  }
+  if (options.scan_page_keys < 1) {
+    return absl::InvalidArgumentError("etcd scan_page_keys must be >= 1");
+  }
+  return absl::OkStatus();
+}
+
+std::string EtcdPrefixEnd(const std::string& prefix) {
+  std::string end = prefix;
+  while (!end.empty() && static_cast<unsigned char>(end.back()) == 0xff) end.pop_back();
+  if (end.empty()) return std::string(1, '\0');
+  end.back() = static_cast<char>(static_cast<unsigned char>(end.back()) + 1);
+  return end;
+}
+
+absl::StatusOr<std::unique_ptr<EtcdClient>> EtcdClient::Create(EtcdOptions options) {
+  absl::Status valid = CheckEtcdOptions(options);
+  if (!valid.ok()) return valid;
+  std::vector<std::unique_ptr<Endpoint>> endpoints;
+  for (const std::string& endpoint : options.endpoints) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(kMaxEtcdResponseBytes);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, kMaxReconnectBackoffMs);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, kInitialReconnectBackoffMs);
+    auto e = std::make_unique<Endpoint>();
+    e->address = StripScheme(endpoint);
+    e->channel = grpc::CreateCustomChannel(e->address, grpc::InsecureChannelCredentials(), args);
+    e->kv = etcdserverpb::KV::NewStub(e->channel);
+    e->lease = etcdserverpb::Lease::NewStub(e->channel);
+    endpoints.push_back(std::move(e));
+  }
+  return std::unique_ptr<EtcdClient>(new EtcdClient(std::move(options), std::move(endpoints)));
+}
+
+EtcdClient::EtcdClient(EtcdOptions options, std::vector<std::unique_ptr<Endpoint>> endpoints)
+    : options_(std::move(options)), endpoints_(std::move(endpoints)) {}
+
+EtcdClient::~EtcdClient() = default;
+
+template <typename Attempt>
+absl::Status EtcdClient::Call(const char* method, absl::Time deadline,
+                              const Attempt& attempt) const {
+  const size_t n = endpoints_.size();
+  const size_t first = preferred_.load() % n;
+  grpc::Status last;
+  size_t tried = first;
+  for (size_t i = 0; i < n; ++i) {
+    tried = (first + i) % n;
+    const Endpoint& e = *endpoints_[tried];
+    const absl::Time attempt_deadline = std::min(absl::Now() + options_.rpc_timeout, deadline);
+    // A fail-fast call on a channel that is not connected fails at once and
+    // does not drive the connection attempt (gRPC's backup poller would,
+    // every 5 s): wait here for the connection, which polls it.
+    if (e.channel->GetState(/*try_to_connect=*/true) != GRPC_CHANNEL_READY) {
+      // At most half the attempt's time, so that the call itself can still
+      // fail with gRPC's reason ("Connection refused") rather than a
+      // deadline.
+      const absl::Duration wait = std::min(kConnectTimeout, (attempt_deadline - absl::Now()) / 2);
+      e.channel->WaitForConnected(absl::ToChronoTime(absl::Now() + wait));
+    }
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(attempt_deadline));
+    last = attempt(e, &context);
+    if (last.ok()) {
+      preferred_.store(tried);
+      return absl::OkStatus();
+    }
+    if (!TryNextEndpoint(last) || absl::Now() >= deadline) break;
+  }
+  if (last.error_code() == grpc::StatusCode::UNAVAILABLE ||
+      last.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    preferred_.store((tried + 1) % n);
+  }
+  return FromGrpc(last, method, endpoints_[tried]->address);
+}
+
+absl::Status EtcdClient::Range(const etcdserverpb::RangeRequest& request,
+                               etcdserverpb::RangeResponse* response, absl::Time deadline) const {
+  return Call("Range", deadline, [&](const Endpoint& e, grpc::ClientContext* context) {
+    return e.kv->Range(context, request, response);
+  });
+}
+
+absl::Status EtcdClient::Txn(const etcdserverpb::TxnRequest& request,
+                             etcdserverpb::TxnResponse* response, absl::Time deadline) const {
+  return Call("Txn", deadline, [&](const Endpoint& e, grpc::ClientContext* context) {
+    return e.kv->Txn(context, request, response);
+  });
+}
+
+absl::Status EtcdClient::LeaseGrant(const etcdserverpb::LeaseGrantRequest& request,
+                                    etcdserverpb::LeaseGrantResponse* response,
+                                    absl::Time deadline) const {
+  return Call("LeaseGrant", deadline, [&](const Endpoint& e, grpc::ClientContext* context) {
+    return e.lease->LeaseGrant(context, request, response);
+  });
+}
+
+absl::Status EtcdClient::LeaseRevoke(const etcdserverpb::LeaseRevokeRequest& request,
+                                     absl::Time deadline) const {
+  return Call("LeaseRevoke", deadline, [&](const Endpoint& e, grpc::ClientContext* context) {
+    etcdserverpb::LeaseRevokeResponse response;
+    return e.lease->LeaseRevoke(context, request, &response);
+  });
+}
+
+absl::Status EtcdClient::LeaseKeepAliveOnce(const etcdserverpb::LeaseKeepAliveRequest& request,
+                                            etcdserverpb::LeaseKeepAliveResponse* response,
+                                            absl::Time deadline) const {
+  return Call("LeaseKeepAlive", deadline, [&](const Endpoint& e, grpc::ClientContext* context) {
+    std::unique_ptr<grpc::ClientReaderWriter<etcdserverpb::LeaseKeepAliveRequest,
+                                             etcdserverpb::LeaseKeepAliveResponse>>
+        stream = e.lease->LeaseKeepAlive(context);
+    const bool answered = stream->Write(request) && stream->Read(response);
+    stream->WritesDone();  // etcd then ends the stream.
+    grpc::Status finished = stream->Finish();
+    // The renewal happened once etcd answered, however the stream ended.
+    if (answered) return grpc::Status::OK;
+    if (finished.ok()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream ended without a response");
+    }
+    return finished;
+  });
+}
+
+std::string EtcdClient::Describe() const {
+  std::vector<std::string> addresses;
+  for (const auto& e : endpoints_) addresses.push_back(e->address);
+  return absl::StrCat("etcd:", absl::StrJoin(addresses, ","));
+}
+
+}  // namespace pipetrain

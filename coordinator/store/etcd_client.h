@@ -1,0 +1,133 @@
+// EtcdClient: the calls pipetrain makes to etcd's v3 gRPC API
+// (proto/etcd/rpc.proto), shared by EtcdStore and LeaderElection.
+//
+// Transport only: each method sends one request and returns etcd's response
+// or a Status; what the keys mean belongs to the callers.
+//
+// Endpoints: tried in order, starting with the last one that answered. A
+// call that fails UNAVAILABLE at one endpoint (refused, reset, or an etcd
+// member without a raft leader) moves on to the next, at most once round
+// the list; one that runs past its deadline returns, and the next call
+// starts at the next endpoint. An attempt at an endpoint that is not
+// connected first waits up to 1 s (at most half its deadline) for the
+// connection, so a dead endpoint costs about a second before the next is
+// tried, and a restarted etcd is found again within about a second.
+// Plaintext only: no TLS, no etcd auth.
+//
+// Every attempt has a deadline: the options' rpc_timeout, or the caller's
+// `deadline` when that comes first.
+//
+// Errors (the message names the method, the endpoint and etcd's words):
+//   UNAVAILABLE       gRPC UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, or
+//                     RESOURCE_EXHAUSTED from etcd (overloaded) at every
+//                     endpoint tried; retry.
+//   RESOURCE_EXHAUSTED  a response over kMaxEtcdResponseBytes (the client's
+//                     own limit; callers page).
+//   INVALID_ARGUMENT  etcd refused the request (too many operations in a
+//                     Txn, request too large, ...).
+//   PERMISSION_DENIED, UNAUTHENTICATED  etcd has auth enabled.
+//   NOT_FOUND         a lease that etcd does not know.
+//   OUT_OF_RANGE      a revision etcd has compacted.
+//   INTERNAL          anything else.
+//
+// Thread-safe: gRPC stubs are; the preferred endpoint is an atomic.
+#ifndef PIPETRAIN_COORDINATOR_STORE_ETCD_CLIENT_H_
+#define PIPETRAIN_COORDINATOR_STORE_ETCD_CLIENT_H_
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "proto/etcd/rpc.grpc.pb.h"
+#include "proto/etcd/rpc.pb.h"
+
+namespace pipetrain {
+
+// Where etcd is and how pipetrain uses it.
+struct EtcdOptions {
+  // "host:port" of each etcd member's client URL (an "http://" in front is
+  // accepted and dropped). At least one.
+  std::vector<std::string> endpoints;
+  // Every key pipetrain writes starts with this; coordinators that share it
+  // share state and elect one leader among themselves. Printable ASCII.
+  std::string prefix = "/pipetrain/";
+  // Deadline of each attempt at each endpoint.
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  // etcd's --max-txn-ops (default 128): the most operations one Txn may
+  // carry. Raise both together.
+  int max_txn_ops = 128;
+  // etcd's --max-request-bytes (default 1.5 MiB). Raise both together.
+  size_t max_request_bytes = 1536 * 1024;
+  // Scan reads this many keys per Range at most (fewer where values are
+  // large; see EtcdStore).
+  int scan_page_keys = 256;
+};
+
+// The largest response the client accepts. A value pipetrain writes is at
+// most kMaxValueBytes (store.h), far below; Scan pages stay under it.
+inline constexpr int kMaxEtcdResponseBytes = 16 << 20;
+
+// OK, or INVALID_ARGUMENT naming the bad field.
+absl::Status CheckEtcdOptions(const EtcdOptions& options);
+
+// The least key above every key that starts with `prefix`: etcd's range_end
+// for a prefix. "\0" (etcd: "every key >= key") when there is none, that is
+// for "" and for strings of 0xff bytes only.
+std::string EtcdPrefixEnd(const std::string& prefix);
+
+class EtcdClient {
+ public:
+  // Channels are created here and connect lazily: this does not contact
+  // etcd. INVALID_ARGUMENT from CheckEtcdOptions.
+  static absl::StatusOr<std::unique_ptr<EtcdClient>> Create(EtcdOptions options);
+
+  ~EtcdClient();
+  EtcdClient(const EtcdClient&) = delete;
+  EtcdClient& operator=(const EtcdClient&) = delete;
+
+  const EtcdOptions& options() const { return options_; }
+
+  absl::Status Range(const etcdserverpb::RangeRequest& request,
+                     etcdserverpb::RangeResponse* response,
+                     absl::Time deadline = absl::InfiniteFuture()) const;
+  absl::Status Txn(const etcdserverpb::TxnRequest& request, etcdserverpb::TxnResponse* response,
+                   absl::Time deadline = absl::InfiniteFuture()) const;
+  absl::Status LeaseGrant(const etcdserverpb::LeaseGrantRequest& request,
+                          etcdserverpb::LeaseGrantResponse* response,
+                          absl::Time deadline = absl::InfiniteFuture()) const;
+  absl::Status LeaseRevoke(const etcdserverpb::LeaseRevokeRequest& request,
+                           absl::Time deadline = absl::InfiniteFuture()) const;
+  // One renewal on a LeaseKeepAlive stream of its own: write the request,
+  // read one response, close. A stream per renewal keeps every renewal under
+  // a deadline, so an etcd that stops answering cannot hang the caller.
+  // response->ttl() <= 0 means the lease no longer exists.
+  absl::Status LeaseKeepAliveOnce(const etcdserverpb::LeaseKeepAliveRequest& request,
+                                  etcdserverpb::LeaseKeepAliveResponse* response,
+                                  absl::Time deadline = absl::InfiniteFuture()) const;
+
+  // "etcd:host1:2379,host2:2379".
+  std::string Describe() const;
+
+ private:
+  struct Endpoint;
+
+  EtcdClient(EtcdOptions options, std::vector<std::unique_ptr<Endpoint>> endpoints);
+
+  // Runs `attempt` against each endpoint in turn (see the file comment).
+  template <typename Attempt>
+  absl::Status Call(const char* method, absl::Time deadline, const Attempt& attempt) const;
+
+  const EtcdOptions options_;
+  const std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  // Where the next call starts: the last endpoint that answered.
+  mutable std::atomic<size_t> preferred_{0};
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_STORE_ETCD_CLIENT_H_

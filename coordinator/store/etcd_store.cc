@@ -1,0 +1,245 @@
+#include "coordinator/store/etcd_store.h"
+
+#include <algorithm>
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace pipetrain {
+namespace {
+
+using KeyValues = std::vector<std::pair<std::string, std::string>>;
+
+// Store keys live under "<prefix>kv/"; the election's key beside them.
+constexpr char kDataDir[] = "kv/";
+// Scan starts again from scratch this often when etcd compacts the revision
+// it reads at; compaction keeps at least the last few minutes, so more
+// means something is wrong.
+constexpr int kScanAttempts = 3;
+
+// Every write checked before etcd is contacted (as MemoryStore does).
+absl::Status CheckWrites(const std::vector<StoreWrite>& writes) {
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const StoreWrite& w = writes[i];
+    absl::Status key = CheckStoreKey(w.key);
+    if (!key.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("write #", i, ": ", key.message()));
+    }
+    if (w.kind == StoreWrite::Kind::kPut && w.value.size() > kMaxValueBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("write #", i, ": value of key ", w.key, " is ",
+                                                     w.value.size(), " bytes; the limit is ",
+                                                     kMaxValueBytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A half-open range [begin, end) of etcd keys.
+using KeyRange = std::pair<std::string, std::string>;
+
+// The net effect of a batch: ranges to delete, none holding a key to put.
+struct NetEffect {
+  std::vector<KeyRange> deletes;
+  std::map<std::string, std::string> puts;
+};
+
+// The ranges merged where they overlap or touch, ascending.
+std::vector<KeyRange> Merge(std::vector<KeyRange> ranges) {
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<KeyRange> merged;
+  for (KeyRange& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(std::move(r));
+    }
+  }
+  return merged;
+}
+
+// Replays `writes` (etcd keys already) in order: a put after a delete wins
+// over it and a delete after a put removes it. Then cuts each put key out
+// of the deleted ranges, since etcd refuses a Txn whose put and delete meet.
+NetEffect Net(const std::vector<StoreWrite>& writes) {
+  NetEffect net;
+  std::vector<KeyRange> deleted;
+  for (const StoreWrite& w : writes) {
+    switch (w.kind) {
+      case StoreWrite::Kind::kPut:
+        net.puts[w.key] = w.value;
+        break;
+      case StoreWrite::Kind::kDelete:
+        net.puts.erase(w.key);
+        deleted.emplace_back(w.key, w.key + '\0');  // Exactly {key}.
+        break;
+      case StoreWrite::Kind::kDeletePrefix: {
+        const std::string end = EtcdPrefixEnd(w.key);
+        net.puts.erase(net.puts.lower_bound(w.key), net.puts.lower_bound(end));
+        deleted.emplace_back(w.key, end);
+        break;
+      }
+    }
+  }
+  for (const KeyRange& r : Merge(std::move(deleted))) {
+    std::string from = r.first;
+    for (auto it = net.puts.lower_bound(r.first); it != net.puts.end() && it->first < r.second;
+         ++it) {
+      if (from < it->first) net.deletes.emplace_back(from, it->first);
+      from = it->first + '\0';
+    }
+    if (from < r.second) net.deletes.emplace_back(from, r.second);
+  }
+  return net;
+}
+
+void AddOps(const NetEffect& net, etcdserverpb::TxnRequest* txn) {
+  for (const KeyRange& r : net.deletes) {
+    etcdserverpb::DeleteRangeRequest* del = txn->add_success()->mutable_request_delete_range();
+    del->set_key(r.first);
+    if (r.second != r.first + '\0') del->set_range_end(r.second);  // Else the single key.
+  }
+  for (const auto& [key, value] : net.puts) {
+    etcdserverpb::PutRequest* put = txn->add_success()->mutable_request_put();
+    put->set_key(key);
+    put->set_value(value);
+  }
+}
+
+// The fence: the leader key still holds `term`'s creation. On failure the
+// Txn reads the key instead, to name the leader.
+void AddFence(const LeaderTerm& term, etcdserverpb::TxnRequest* txn) {
+  etcdserverpb::Compare* same = txn->add_compare();
+  same->set_key(term.key);
+  same->set_target(etcdserverpb::Compare::CREATE);
+  same->set_result(etcdserverpb::Compare::EQUAL);
+  same->set_create_revision(term.create_revision);
+  txn->add_failure()->mutable_request_range()->set_key(term.key);
+}
+
+absl::Status NotLeader(const std::string& leader, const std::string& why) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "not the leader (",
+      leader.empty() ? "no leader is elected now; retry once one is" : "leader is " + leader,
+      "): ", why));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Open(EtcdOptions options,
+                                                           const LeadershipView* leadership) {
+  ASSIGN_OR_RETURN(std::unique_ptr<EtcdClient> client, EtcdClient::Create(std::move(options)));
+  std::unique_ptr<EtcdStore> store(new EtcdStore(std::move(client), leadership));
+  etcdserverpb::RangeRequest probe;
+  probe.set_key(store->data_prefix_);
+  probe.set_range_end(EtcdPrefixEnd(store->data_prefix_));
+  probe.set_count_only(true);
+  etcdserverpb::RangeResponse response;
+  RETURN_IF_ERROR(store->client_->Range(probe, &response));
+  return store;
+}
+
+EtcdStore::EtcdStore(std::unique_ptr<EtcdClient> client, const LeadershipView* leadership)
+    : client_(std::move(client)),
+      leadership_(leadership),
+      data_prefix_(client_->options().prefix + kDataDir) {}
+
+absl::Status EtcdStore::Commit(const std::vector<StoreWrite>& writes) {
+  RETURN_IF_ERROR(CheckWrites(writes));
+  if (writes.empty() && leadership_ == nullptr) return absl::OkStatus();
+  std::vector<StoreWrite> scoped = writes;
+  for (StoreWrite& w : scoped) w.key = DataKey(w.key);
+  etcdserverpb::TxnRequest txn;
+  AddOps(Net(scoped), &txn);
+  const EtcdOptions& options = client_->options();
+  if (txn.success_size() > options.max_txn_ops) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch of ", writes.size(), " writes needs ", txn.success_size(),
+        " etcd operations; the limit is ", options.max_txn_ops,
+        " (etcd --max-txn-ops); split the batch, or raise the limit in etcd and in EtcdOptions"));
+  }
+  std::optional<LeaderTerm> term;
+  if (leadership_ != nullptr) {
+    term = leadership_->CurrentTerm();
+    if (!term.has_value()) {
+      return NotLeader(leadership_->Leader(), "this coordinator lost the election");
+    }
+    AddFence(*term, &txn);
+  }
+  const size_t bytes = txn.ByteSizeLong();
+  if (bytes > options.max_request_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch of ", writes.size(), " writes is ", bytes, " bytes as an etcd Txn; the limit is ",
+        options.max_request_bytes,
+        " (etcd --max-request-bytes); split the batch, or raise the limit in etcd and in "
+        "EtcdOptions"));
+  }
+  etcdserverpb::TxnResponse response;
+  RETURN_IF_ERROR(client_->Txn(txn, &response));
+  if (response.succeeded()) return absl::OkStatus();
+  // Only a fenced Txn has a compare that can fail.
+  if (!term.has_value()) return absl::InternalError("etcd failed a Txn that has no compare");
+  std::string leader;
+  if (response.responses_size() > 0 && response.responses(0).response_range().kvs_size() > 0) {
+    leader = response.responses(0).response_range().kvs(0).value();
+  }
+  return NotLeader(leader,
+                   absl::StrCat("the term of ", term->identity, " (leader key ", term->key,
+                                " created at revision ", term->create_revision, ") has ended"));
+}
+
+absl::StatusOr<std::optional<std::string>> EtcdStore::Get(const std::string& key) const {
+  RETURN_IF_ERROR(CheckStoreKey(key));
+  etcdserverpb::RangeRequest request;
+  request.set_key(DataKey(key));
+  etcdserverpb::RangeResponse response;
+  RETURN_IF_ERROR(client_->Range(request, &response));
+  if (response.kvs_size() == 0) return std::optional<std::string>();
+  return std::optional<std::string>(response.kvs(0).value());
+}
+
+absl::StatusOr<KeyValues> EtcdStore::Scan(const std::string& prefix) const {
+  if (!prefix.empty()) RETURN_IF_ERROR(CheckStoreKey(prefix));
+  const std::string begin = DataKey(prefix);
+  const std::string end = EtcdPrefixEnd(begin);
+  absl::StatusOr<KeyValues> found;
+  for (int attempt = 0; attempt < kScanAttempts; ++attempt) {
+    found = ScanOnce(begin, end);
+    if (!absl::IsOutOfRange(found.status())) return found;
+  }
+  return absl::UnavailableError(absl::StrCat("scan of ", prefix, " in ", Describe(),
+                                             ": etcd compacted the revision read ", kScanAttempts,
+                                             " times (", found.status().message(), "); retry"));
+}
+
+absl::StatusOr<KeyValues> EtcdStore::ScanOnce(const std::string& begin,
+                                              const std::string& end) const {
+  KeyValues found;
+  etcdserverpb::RangeRequest request;
+  request.set_key(begin);
+  request.set_range_end(end);
+  request.set_limit(client_->options().scan_page_keys);
+  for (;;) {
+    etcdserverpb::RangeResponse response;
+    absl::Status status = client_->Range(request, &response);
+    if (absl::IsResourceExhausted(status) && request.limit() > 1) {
+      request.set_limit(request.limit() / 2);  // Large values: smaller pages.
+      continue;
+    }
+    if (absl::IsResourceExhausted(status)) return absl::InternalError(status.message());
+    RETURN_IF_ERROR(status);
+    // Every later page at the first one's revision: one snapshot.
+    if (request.revision() == 0) request.set_revision(response.header().revision());
+    for (const mvccpb::KeyValue& kv : response.kvs()) {
+      found.emplace_back(kv.key().substr(data_prefix_.size()), kv.value());
+    }
+    if (!response.more() || response.kvs_size() == 0) return found;
+    request.set_key(response.kvs(response.kvs_size() - 1).key() + '\0');
+  }
+}
+
+std::string EtcdStore::Describe() const {
+  return absl::StrCat(client_->Describe(), " prefix ", client_->options().prefix);
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,108 @@
+// EtcdStore: the coordinator's durable state in etcd (store.h), for highly
+// available coordinators: two or more coordinators share one etcd cluster
+// and one key prefix, and the one that LeaderElection elects writes.
+//
+// Layout: Store key K is etcd key "<prefix>kv/K"; "<prefix>leader" is the
+// election's (leader_election.h), out of reach of Store keys. Values are
+// stored as given.
+//
+// Commit is one etcd Txn, so a batch applies all or nothing. Durability:
+// etcd answers a Txn only once a quorum of its members has written it to
+// their raft log (etcd's WAL) and fsync()ed it, so a Commit that returned
+// OK survives the loss of any minority of members and a restart of all of
+// them, power loss included where the disks' fsync tells the truth. A
+// Commit that returned UNAVAILABLE may or may not have been applied;
+// retrying it is safe, because a batch sets keys to values and deletes keys
+// regardless of what was there.
+//
+// etcd refuses a Txn that writes one key twice, or puts a key that one of
+// its deletes covers. Commit therefore sends the batch's net effect: the
+// last value put to each key, and the deleted key ranges minus the keys
+// put after the delete. The result must fit etcd's limits, which
+// EtcdOptions repeats: at most max_txn_ops operations (a delete of a prefix
+// under which the batch puts n keys counts n + 1) and max_request_bytes.
+//
+// Leader fence: with a LeadershipView (a LeaderElection), every Commit's Txn
+// requires the leader key to still have the create_revision of the term
+// this coordinator leads, so a coordinator that is not, or no longer, the
+// leader cannot write, even before its election notices.
+//
+// Reads are linearizable (etcd's default): they see every Commit that
+// returned, from any coordinator. Scan reads pages of at most
+// scan_page_keys keys, all at the revision of the first page, so it returns
+// one consistent snapshot; a page over kMaxEtcdResponseBytes is read again
+// at half the size.
+//
+// Keys: as MemoryStore (memory_store.h): every key, and a kDeletePrefix
+// prefix, must pass CheckStoreKey; Scan also takes "" for every key. They
+// are checked before etcd is contacted.
+//
+// Errors of every method (besides the INVALID_ARGUMENT of store.h):
+//   UNAVAILABLE          no endpoint answered in time (etcd down, no raft
+//                        leader, partitioned); retry.
+//   FAILED_PRECONDITION  Commit only, with a LeadershipView: "not the
+//                        leader (leader is X)"; send the write to X.
+//   INVALID_ARGUMENT     also a batch over etcd's limits (see above),
+//                        naming the limit.
+//   PERMISSION_DENIED, UNAUTHENTICATED  etcd has auth enabled, which this
+//                        backend does not support.
+//   INTERNAL             anything else, with etcd's message.
+//
+// Thread-safe: no state besides the client, which is thread-safe.
+#ifndef PIPETRAIN_COORDINATOR_STORE_ETCD_STORE_H_
+#define PIPETRAIN_COORDINATOR_STORE_ETCD_STORE_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/store/etcd_client.h"
+#include "coordinator/store/leader_election.h"
+#include "coordinator/store/store.h"
+
+namespace pipetrain {
+
+class EtcdStore final : public Store {
+ public:
+  // Connects and reads once, so that a wrong endpoint fails here.
+  // `leadership`, when not null, fences every Commit (see above) and must
+  // outlive the store; null means no fence (a single coordinator, tests).
+  // Errors: INVALID_ARGUMENT for bad options; UNAVAILABLE when no endpoint
+  // answers; the others above.
+  static absl::StatusOr<std::unique_ptr<EtcdStore>> Open(
+      EtcdOptions options, const LeadershipView* leadership = nullptr);
+
+  EtcdStore(const EtcdStore&) = delete;
+  EtcdStore& operator=(const EtcdStore&) = delete;
+
+  // One Txn; an empty batch is a no-op without a fence, and a leadership
+  // check with one.
+  absl::Status Commit(const std::vector<StoreWrite>& writes) override;
+  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override;
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
+      const std::string& prefix) const override;
+  // "etcd:host1:2379,host2:2379 prefix /pipetrain/".
+  std::string Describe() const override;
+
+ private:
+  EtcdStore(std::unique_ptr<EtcdClient> client, const LeadershipView* leadership);
+
+  // The etcd key of Store key `key`.
+  std::string DataKey(const std::string& key) const { return data_prefix_ + key; }
+  // One pass of Scan over [begin, end); OUT_OF_RANGE when etcd compacted
+  // the revision it reads at.
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ScanOnce(
+      const std::string& begin, const std::string& end) const;
+
+  const std::unique_ptr<EtcdClient> client_;
+  const LeadershipView* const leadership_;
+  const std::string data_prefix_;  // "<prefix>kv/"
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_STORE_ETCD_STORE_H_

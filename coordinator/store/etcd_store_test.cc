@@ -1,0 +1,686 @@
+// EtcdStore and LeaderElection against a real etcd, started on loopback by
+// the test from Debian 12's etcd-server package: the Store contract, etcd's
+// limits, endpoint failover, durability across a SIGKILLed etcd, and
+// leader election with failover and the Commit fence.
+//
+// One etcd serves every test (a global environment starts it and kills it
+// at the end); each test works under a prefix of its own. The durability
+// test runs a second etcd that it kills and restarts.
+//
+// Ports: etcd needs explicit client and peer ports. Each is found by binding
+// a socket to 127.0.0.1:0 and closing it. Another process could take the
+// port before etcd binds it; etcd then exits at start-up, and the test
+// starts it again on new ports.
+//
+// No sleeps for synchronisation: every wait polls a condition (etcd answers,
+// a leader is elected) until a deadline.
+#include "coordinator/store/etcd_store.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <fstream>
+#include <functional>
+#include <iostream>
+#include <iterator>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "common/annotated_mutex.h"
+#include "common/subprocess.h"
+#include "coordinator/store/etcd_client.h"
+#include "coordinator/store/leader_election.h"
+#include "coordinator/store/store.h"
+#include "coordinator/store/store_contract_testing.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Pair;
+
+// Debian's path; PIPETRAIN_ETCD names another etcd binary.
+constexpr char kDefaultEtcdBinary[] = "/usr/bin/etcd";
+constexpr char kEtcdPackage[] = "etcd-server";
+// etcd is up within a second or two; this is for a loaded machine.
+constexpr absl::Duration kStartTimeout = absl::Seconds(60);
+constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
+// etcd's smallest TTL with its default election timeout: failover tests
+// wait about this long.
+constexpr absl::Duration kTtl = absl::Seconds(2);
+// A leader must be replaced within this long after it stops renewing.
+constexpr absl::Duration kFailoverLimit = absl::Seconds(2 + 5);  // kTtl + 5 s
+
+std::string EtcdBinary() {
+  const char* binary = getenv("PIPETRAIN_ETCD");
+  return binary != nullptr ? binary : kDefaultEtcdBinary;
+}
+
+std::string TestTmpDir() {
+  const char* dir = getenv("TEST_TMPDIR");
+  return dir != nullptr ? dir : "/tmp";
+}
+
+// Where etcd's logs go: kept by Bazel when it gives an outputs dir.
+std::string LogDir() {
+  const char* dir = getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  return dir != nullptr ? dir : TestTmpDir();
+}
+
+// A port on 127.0.0.1 that was free a moment ago (see the file comment).
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t size = sizeof(addr);
+  int port = -1;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &size) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// Polls `done` until it holds or `timeout` has passed; returns whether it
+// holds.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(kPollInterval);
+  }
+  return true;
+}
+
+std::string Tail(const std::string& path, size_t bytes) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return text.size() > bytes ? text.substr(text.size() - bytes) : text;
+}
+
+// ---------------------------------------------------------------------------
+// An etcd process of the test's own.
+
+class EtcdProcess {
+ public:
+  // Starts a single-member etcd with a new data dir; returns once it
+  // answers. FAILED_PRECONDITION naming the package when etcd is missing.
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(const std::string& name) {
+    if (access(EtcdBinary().c_str(), X_OK) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd not found at ", EtcdBinary(), ": these tests run a real etcd; install Debian 12's ",
+          kEtcdPackage, " package (apt-get install -y ", kEtcdPackage,
+          "), or set PIPETRAIN_ETCD to an etcd binary"));
+    }
+    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(name));
+    absl::Status started;
+    for (int attempt = 0; attempt < 3; ++attempt) {  // New ports if one was taken.
+      etcd->client_port_ = FreePort();
+      etcd->peer_port_ = FreePort();
+      started = etcd->Launch();
+      if (started.ok()) return etcd;
+    }
+    return started;
+  }
+
+  ~EtcdProcess() { Kill(); }
+
+  // SIGKILL: nothing is flushed that was not already.
+  void Kill() {
+    if (process_.has_value()) process_->Signal(SIGKILL);
+    process_.reset();  // Reaps it.
+  }
+
+  // The same data dir and ports.
+  absl::Status Restart() {
+    Kill();
+    return Launch();
+  }
+
+  std::string endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
+
+  EtcdOptions Options(const std::string& prefix) const {
+    EtcdOptions options;
+    options.endpoints = {endpoint()};
+    options.prefix = prefix;
+    options.rpc_timeout = absl::Seconds(5);
+    return options;
+  }
+
+ private:
+  explicit EtcdProcess(std::string name)
+      : name_(std::move(name)),
+        data_dir_(absl::StrCat(TestTmpDir(), "/etcd-", name_)),
+        log_path_(absl::StrCat(LogDir(), "/etcd-", name_, ".log")) {}
+
+  // Spawns etcd and polls a Range until it answers.
+  absl::Status Launch() {
+    const std::string client = absl::StrCat("http://127.0.0.1:", client_port_);
+    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
+    absl::StatusOr<Subprocess> spawned = Subprocess::Spawn(
+        {EtcdBinary(), "--name", name_, "--data-dir", data_dir_, "--listen-client-urls", client,
+         "--advertise-client-urls", client, "--listen-peer-urls", peer,
+         "--initial-advertise-peer-urls", peer, "--initial-cluster", absl::StrCat(name_, "=", peer),
+         "--logger", "zap", "--log-outputs", "stderr"},
+        log_path_);
+    if (!spawned.ok()) return spawned.status();
+    process_.emplace(std::move(*spawned));
+
+    EtcdOptions options;
+    options.endpoints = {endpoint()};
+    options.rpc_timeout = absl::Seconds(1);
+    absl::StatusOr<std::unique_ptr<EtcdClient>> client_or = EtcdClient::Create(options);
+    if (!client_or.ok()) return client_or.status();
+    absl::Status answered = absl::UnavailableError("not asked yet");
+    const bool up = WaitFor(
+        [&] {
+          if (process_->Poll().has_value()) return true;
+          etcdserverpb::RangeRequest request;
+          request.set_key("probe");
+          etcdserverpb::RangeResponse response;
+          answered = (*client_or)->Range(request, &response);
+          return answered.ok();
+        },
+        kStartTimeout);
+    if (process_->Poll().has_value()) {
+      process_.reset();
+      return absl::FailedPreconditionError(absl::StrCat("etcd exited at start-up; the end of ",
+                                                        log_path_, ":\n", Tail(log_path_, 2000)));
+    }
+    if (!up) {
+      return absl::DeadlineExceededError(absl::StrCat("etcd did not answer within ",
+                                                      absl::FormatDuration(kStartTimeout), ": ",
+                                                      answered.ToString(), "; see ", log_path_));
+    }
+    return absl::OkStatus();
+  }
+
+  const std::string name_;
+  const std::string data_dir_;
+  const std::string log_path_;
+  int client_port_ = -1;
+  int peer_port_ = -1;
+  std::optional<Subprocess> process_;
+};
+
+// The etcd every test shares.
+EtcdProcess* shared_etcd = nullptr;
+
+class SharedEtcdEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("shared");
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = std::move(*etcd);
+    shared_etcd = etcd_.get();
+  }
+  void TearDown() override {
+    shared_etcd = nullptr;
+    etcd_.reset();  // Kills it.
+  }
+
+ private:
+  std::unique_ptr<EtcdProcess> etcd_;
+};
+
+[[maybe_unused]] ::testing::Environment* const kSharedEtcd =
+    ::testing::AddGlobalTestEnvironment(new SharedEtcdEnvironment);
+
+// A prefix no other test uses.
+std::string NewPrefix() {
+  static std::atomic<int> next{0};
+  return absl::StrCat("/test/", next.fetch_add(1), "/");
+}
+
+EtcdOptions SharedOptions(const std::string& prefix) {
+  EXPECT_NE(shared_etcd, nullptr);
+  return shared_etcd->Options(prefix);
+}
+
+std::unique_ptr<EtcdStore> MustOpen(EtcdOptions options,
+                                    const LeadershipView* leadership = nullptr) {
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store =
+      EtcdStore::Open(std::move(options), leadership);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? std::move(*store) : nullptr;
+}
+
+// A raw client, to look at etcd behind the store's back.
+std::unique_ptr<EtcdClient> RawClient(const std::string& prefix) {
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(SharedOptions(prefix));
+  EXPECT_TRUE(client.ok()) << client.status();
+  return client.ok() ? std::move(*client) : nullptr;
+}
+
+std::optional<mvccpb::KeyValue> RawGet(const EtcdClient& client, const std::string& key) {
+  etcdserverpb::RangeRequest request;
+  request.set_key(key);
+  etcdserverpb::RangeResponse response;
+  absl::Status status = client.Range(request, &response);
+  EXPECT_TRUE(status.ok()) << status;
+  if (!status.ok() || response.kvs_size() == 0) return std::nullopt;
+  return response.kvs(0);
+}
+
+// ---------------------------------------------------------------------------
+// The Store contract.
+
+absl::StatusOr<std::unique_ptr<Store>> OpenContractStore(int scan_page_keys) {
+  if (shared_etcd == nullptr) return absl::FailedPreconditionError("no etcd (see above)");
+  EtcdOptions options = shared_etcd->Options(NewPrefix());
+  options.scan_page_keys = scan_page_keys;
+  absl::StatusOr<std::unique_ptr<EtcdStore>> store = EtcdStore::Open(std::move(options));
+  if (!store.ok()) return store.status();
+  return std::unique_ptr<Store>(std::move(*store));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Etcd, StoreContractTest,
+    ::testing::Values(StoreBackend{"Etcd",
+                                   [] { return OpenContractStore(EtcdOptions().scan_page_keys); }},
+                      // Two keys a page: every Scan of more pages through continuations.
+                      StoreBackend{"EtcdTwoKeyPages", [] { return OpenContractStore(2); }}),
+    StoreBackendName);
+
+// ---------------------------------------------------------------------------
+// EtcdStore's own behaviour.
+
+TEST(EtcdStoreTest, Open_BadOptions_InvalidArgument) {
+  const std::vector<std::pair<std::function<void(EtcdOptions&)>, std::string>> cases = {
+      {[](EtcdOptions& o) { o.endpoints.clear(); }, "etcd endpoints are empty"},
+      {[](EtcdOptions& o) { o.endpoints = {"localhost"}; }, "\"localhost\" is not host:port"},
+      {[](EtcdOptions& o) { o.endpoints = {"https://h:2379"}; }, "only plaintext"},
+      {[](EtcdOptions& o) { o.prefix = ""; }, "etcd prefix: store key is empty"},
+      {[](EtcdOptions& o) { o.rpc_timeout = absl::ZeroDuration(); }, "rpc_timeout"},
+      {[](EtcdOptions& o) { o.max_txn_ops = 0; }, "max_txn_ops"},
+      {[](EtcdOptions& o) { o.scan_page_keys = 0; }, "scan_page_keys"},
+  };
+  for (const auto& [change, message] : cases) {
+    EtcdOptions options = SharedOptions(NewPrefix());
+    change(options);
+    absl::Status status = EtcdStore::Open(options).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << message;
+    EXPECT_THAT(status.message(), HasSubstr(message));
+  }
+}
+
+TEST(EtcdStoreTest, Open_NothingListening_UnavailableNamingEndpoint) {
+  const std::string dead = absl::StrCat("127.0.0.1:", FreePort());
+  EtcdOptions options = SharedOptions(NewPrefix());
+  options.endpoints = {dead};
+  absl::Status status = EtcdStore::Open(options).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("etcd Range at ", dead)));
+}
+
+TEST(EtcdStoreTest, Open_FirstEndpointDown_UsesTheNext) {
+  const std::string dead = absl::StrCat("127.0.0.1:", FreePort());
+  const std::string prefix = NewPrefix();
+  EtcdOptions options = SharedOptions(prefix);
+  options.endpoints = {dead, "http://" + shared_etcd->endpoint()};
+  std::unique_ptr<EtcdStore> store = MustOpen(options);
+  ASSERT_NE(store, nullptr);
+  EXPECT_EQ(store->Describe(),
+            absl::StrCat("etcd:", dead, ",", shared_etcd->endpoint(), " prefix ", prefix));
+  ASSERT_EQ(store->Commit({StoreWrite::Put("k", "v")}), absl::OkStatus());
+  absl::StatusOr<std::optional<std::string>> value = store->Get("k");
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, "v");
+}
+
+TEST(EtcdStoreTest, Commit_Put_StoredUnderPrefixKv) {
+  const std::string prefix = NewPrefix();
+  std::unique_ptr<EtcdStore> store = MustOpen(SharedOptions(prefix));
+  ASSERT_NE(store, nullptr);
+  ASSERT_EQ(store->Commit({StoreWrite::Put("jobs/a", "alpha")}), absl::OkStatus());
+  std::unique_ptr<EtcdClient> raw = RawClient(prefix);
+  std::optional<mvccpb::KeyValue> kv = RawGet(*raw, prefix + "kv/jobs/a");
+  ASSERT_TRUE(kv.has_value());
+  EXPECT_EQ(kv->value(), "alpha");
+}
+
+TEST(EtcdStoreTest, Commit_MoreOperationsThanEtcdAllows_InvalidArgumentNothingApplied) {
+  std::unique_ptr<EtcdStore> store = MustOpen(SharedOptions(NewPrefix()));
+  ASSERT_NE(store, nullptr);
+  std::vector<StoreWrite> at_limit;
+  for (int i = 0; i < 128; ++i) at_limit.push_back(StoreWrite::Put(absl::StrCat("a/", i), "v"));
+  ASSERT_EQ(store->Commit(at_limit), absl::OkStatus());
+
+  std::vector<StoreWrite> over = at_limit;
+  over.push_back(StoreWrite::Put("a/one-more", "v"));
+  absl::Status status = store->Commit(over);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("batch of 129 writes needs 129 etcd operations; the "
+                                          "limit is 128 (etcd --max-txn-ops)"));
+  // A prefix delete with 64 puts under it: 64 puts and 65 cut-out ranges.
+  std::vector<StoreWrite> cut = {StoreWrite::DeletePrefix("b/")};
+  for (int i = 0; i < 64; ++i) cut.push_back(StoreWrite::Put(absl::StrCat("b/", 10 + i), "v"));
+  status = store->Commit(cut);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("batch of 65 writes needs 129 etcd operations"));
+  absl::StatusOr<std::optional<std::string>> value = store->Get("a/one-more");
+  ASSERT_TRUE(value.ok()) << value.status();
+  EXPECT_EQ(*value, std::nullopt);
+}
+
+TEST(EtcdStoreTest, Commit_OptionsAboveEtcdsLimit_EtcdRefusesInvalidArgument) {
+  EtcdOptions options = SharedOptions(NewPrefix());
+  options.max_txn_ops = 1000;  // etcd still has its default, 128.
+  std::unique_ptr<EtcdStore> store = MustOpen(options);
+  ASSERT_NE(store, nullptr);
+  std::vector<StoreWrite> writes;
+  for (int i = 0; i < 200; ++i) writes.push_back(StoreWrite::Put(absl::StrCat("k", i), "v"));
+  absl::Status status = store->Commit(writes);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("too many operations in txn request"));
+  EXPECT_THAT(status.message(), HasSubstr("etcd refused the request"));
+}
+
+TEST(EtcdStoreTest, Commit_BatchOverRequestBytes_InvalidArgument) {
+  std::unique_ptr<EtcdStore> store = MustOpen(SharedOptions(NewPrefix()));
+  ASSERT_NE(store, nullptr);
+  const std::string big(kMaxValueBytes, 'v');
+  absl::Status status = store->Commit({StoreWrite::Put("one", big), StoreWrite::Put("two", big)});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("the limit is 1572864 (etcd --max-request-bytes)"));
+}
+
+TEST(EtcdStoreTest, Scan_PagesOverResponseLimit_ReadAtHalfSize) {
+  std::unique_ptr<EtcdStore> store = MustOpen(SharedOptions(NewPrefix()));
+  ASSERT_NE(store, nullptr);
+  // 20 MiB in all: more than kMaxEtcdResponseBytes in one page.
+  constexpr int kKeys = 20;
+  for (int i = 0; i < kKeys; ++i) {
+    ASSERT_EQ(store->Commit({StoreWrite::Put(absl::StrCat("big/", 10 + i),
+                                             std::string(kMaxValueBytes, 'a' + i))}),
+              absl::OkStatus());
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> found = store->Scan("big/");
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_EQ(found->size(), static_cast<size_t>(kKeys));
+  for (int i = 0; i < kKeys; ++i) {
+    EXPECT_EQ((*found)[i].first, absl::StrCat("big/", 10 + i));
+    EXPECT_EQ((*found)[i].second, std::string(kMaxValueBytes, 'a' + i)) << i;
+  }
+}
+
+TEST(EtcdStoreTest, Commit_AcknowledgedThenEtcdKilled_FoundAfterRestart) {
+  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("restart");
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  std::unique_ptr<EtcdStore> store = MustOpen((*etcd)->Options("/durable/"));
+  ASSERT_NE(store, nullptr);
+  for (int i = 0; i < 20; ++i) {
+    ASSERT_EQ(store->Commit({StoreWrite::DeletePrefix("latest/"),
+                             StoreWrite::Put(absl::StrCat("batch/", 10 + i), "done"),
+                             StoreWrite::Put(absl::StrCat("latest/", i), "x")}),
+              absl::OkStatus());
+  }
+  (*etcd)->Kill();
+  absl::Status down = store->Get("batch/10").status();
+  EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
+  EXPECT_THAT(down.message(), HasSubstr((*etcd)->endpoint()));
+
+  ASSERT_EQ((*etcd)->Restart(), absl::OkStatus());
+  // The store's channel reconnects on its own (backoff at most 1 s).
+  ASSERT_TRUE(WaitFor([&] { return store->Get("batch/10").ok(); }, absl::Seconds(30)));
+  std::unique_ptr<EtcdStore> reopened = MustOpen((*etcd)->Options("/durable/"));
+  ASSERT_NE(reopened, nullptr);
+  for (Store* s : {static_cast<Store*>(store.get()), static_cast<Store*>(reopened.get())}) {
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> latest = s->Scan("latest/");
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    EXPECT_THAT(*latest, ElementsAre(Pair("latest/19", "x")));
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> batches = s->Scan("batch/");
+    ASSERT_TRUE(batches.ok()) << batches.status();
+    EXPECT_EQ(batches->size(), 20u);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// LeaderElection.
+
+// Records on_change calls; thread-safe.
+class Changes {
+ public:
+  void Record(bool is_leader) {
+    AnnotatedMutexLock lock(&mu_);
+    seen_.push_back(is_leader);
+  }
+  std::vector<bool> Seen() {
+    AnnotatedMutexLock lock(&mu_);
+    return seen_;
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  std::vector<bool> seen_ ABSL_GUARDED_BY(mu_);
+};
+
+std::unique_ptr<LeaderElection> NewElection(const std::string& prefix, const std::string& identity,
+                                            Changes* changes) {
+  LeaderElectionOptions options;
+  options.identity = identity;
+  options.ttl = kTtl;
+  options.on_change = [changes](bool is_leader) { changes->Record(is_leader); };
+  absl::StatusOr<std::unique_ptr<LeaderElection>> election =
+      LeaderElection::Create(SharedOptions(prefix), std::move(options));
+  EXPECT_TRUE(election.ok()) << election.status();
+  if (!election.ok()) return nullptr;
+  absl::Status started = (*election)->Start();
+  EXPECT_TRUE(started.ok()) << started;
+  return std::move(*election);
+}
+
+// Two participants under one prefix; waits until exactly one leads and the
+// other names it.
+class ElectionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    a_ = NewElection(prefix_, "10.0.0.1:7070", &a_changes_);
+    b_ = NewElection(prefix_, "10.0.0.2:7070", &b_changes_);
+    ASSERT_NE(a_, nullptr);
+    ASSERT_NE(b_, nullptr);
+    ASSERT_TRUE(WaitFor(
+        [&] {
+          if (a_->IsLeader() == b_->IsLeader()) return false;
+          return (a_->IsLeader() ? b_ : a_)->Leader() == (a_->IsLeader() ? a_ : b_)->Leader();
+        },
+        absl::Seconds(20)))
+        << "a: leader " << a_->IsLeader() << " names " << a_->Leader() << "; b: leader "
+        << b_->IsLeader() << " names " << b_->Leader();
+    const bool a_leads = a_->IsLeader();
+    leader_ = a_leads ? &a_ : &b_;
+    follower_ = a_leads ? &b_ : &a_;
+    leader_changes_ = a_leads ? &a_changes_ : &b_changes_;
+    follower_changes_ = a_leads ? &b_changes_ : &a_changes_;
+    leader_id_ = a_leads ? "10.0.0.1:7070" : "10.0.0.2:7070";
+    follower_id_ = a_leads ? "10.0.0.2:7070" : "10.0.0.1:7070";
+  }
+
+  // Waits until the follower leads; returns how long that took from `since`.
+  absl::Duration AwaitFollowerLeads(absl::Time since) {
+    EXPECT_TRUE(WaitFor([&] { return (*follower_)->IsLeader(); }, kFailoverLimit))
+        << "follower still names " << (*follower_)->Leader();
+    return absl::Now() - since;
+  }
+
+  const std::string prefix_ = NewPrefix();
+  Changes a_changes_, b_changes_;
+  std::unique_ptr<LeaderElection> a_, b_;
+  std::unique_ptr<LeaderElection>* leader_ = nullptr;
+  std::unique_ptr<LeaderElection>* follower_ = nullptr;
+  Changes* leader_changes_ = nullptr;
+  Changes* follower_changes_ = nullptr;
+  std::string leader_id_, follower_id_;
+};
+
+TEST_F(ElectionTest, Start_TwoParticipants_ExactlyOneLeadsAndTheOtherNamesIt) {
+  EXPECT_EQ((*leader_)->Leader(), leader_id_);
+  EXPECT_EQ((*follower_)->Leader(), leader_id_);
+  EXPECT_EQ(leader_changes_->Seen(), std::vector<bool>({true}));
+  EXPECT_EQ(follower_changes_->Seen(), std::vector<bool>());
+  EXPECT_EQ((*follower_)->CurrentTerm(), std::nullopt);
+  std::optional<LeaderTerm> term = (*leader_)->CurrentTerm();
+  ASSERT_TRUE(term.has_value());
+  EXPECT_EQ(term->key, prefix_ + "leader");
+  EXPECT_EQ(term->identity, leader_id_);
+
+  std::unique_ptr<EtcdClient> raw = RawClient(prefix_);
+  std::optional<mvccpb::KeyValue> kv = RawGet(*raw, prefix_ + "leader");
+  ASSERT_TRUE(kv.has_value());
+  EXPECT_EQ(kv->value(), leader_id_);
+  EXPECT_EQ(kv->lease(), term->lease_id);
+  EXPECT_EQ(kv->create_revision(), term->create_revision);
+
+  // Renewals keep the lease, so the leader leads past several TTLs.
+  EXPECT_FALSE(WaitFor([&] { return !(*leader_)->IsLeader(); }, 3 * kTtl));
+  EXPECT_EQ((*leader_)->CurrentTerm()->create_revision, term->create_revision);
+  EXPECT_EQ(leader_changes_->Seen(), std::vector<bool>({true}));
+}
+
+TEST_F(ElectionTest, Start_Twice_FailedPrecondition) {
+  EXPECT_EQ((*leader_)->Start().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(LeaderElectionTest, Create_BadOptions_InvalidArgument) {
+  LeaderElectionOptions no_identity;
+  EXPECT_THAT(LeaderElection::Create(SharedOptions("/p/"), no_identity).status().message(),
+              HasSubstr("election identity: store key is empty"));
+  LeaderElectionOptions fractional;
+  fractional.identity = "h:1";
+  fractional.ttl = absl::Milliseconds(1500);
+  absl::Status status = LeaderElection::Create(SharedOptions("/p/"), fractional).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), HasSubstr("whole number of seconds"));
+}
+
+TEST_F(ElectionTest, Resign_FollowerTakesOver) {
+  const absl::Time resigned = absl::Now();
+  ASSERT_EQ((*leader_)->Resign(), absl::OkStatus());
+  EXPECT_FALSE((*leader_)->IsLeader());
+  EXPECT_EQ(leader_changes_->Seen(), std::vector<bool>({true, false}));
+  const absl::Duration took = AwaitFollowerLeads(resigned);
+  std::cout << "failover after Resign: " << absl::FormatDuration(took) << "\n";
+  RecordProperty("failover_after_resign_ms", static_cast<int>(absl::ToInt64Milliseconds(took)));
+  EXPECT_EQ((*follower_)->Leader(), follower_id_);
+  EXPECT_EQ(follower_changes_->Seen(), std::vector<bool>({true}));
+  EXPECT_EQ((*leader_)->Resign(), absl::OkStatus());  // Idempotent.
+}
+
+TEST_F(ElectionTest, LeaderDestroyedWithoutResign_FollowerTakesOverOnceLeaseExpires) {
+  const absl::Time stopped = absl::Now();
+  leader_->reset();  // Renewals stop; the lease runs out in etcd.
+  const absl::Duration took = AwaitFollowerLeads(stopped);
+  std::cout << "failover after the leader stopped renewing (ttl " << absl::FormatDuration(kTtl)
+            << "): " << absl::FormatDuration(took) << "\n";
+  RecordProperty("failover_after_stop_ms", static_cast<int>(absl::ToInt64Milliseconds(took)));
+  EXPECT_EQ((*follower_)->Leader(), follower_id_);
+}
+
+TEST_F(ElectionTest, LeaseRevokedBehindLeadersBack_LeaderStepsDownAndOneLeads) {
+  std::optional<LeaderTerm> term = (*leader_)->CurrentTerm();
+  ASSERT_TRUE(term.has_value());
+  std::unique_ptr<EtcdClient> raw = RawClient(prefix_);
+  etcdserverpb::LeaseRevokeRequest revoke;
+  revoke.set_id(term->lease_id);
+  ASSERT_EQ(raw->LeaseRevoke(revoke), absl::OkStatus());
+  // Within a tick or a renewal (ttl/3), not a whole TTL.
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::optional<LeaderTerm> now = (*leader_)->CurrentTerm();
+        return !now.has_value() || now->create_revision != term->create_revision;
+      },
+      kTtl));
+  std::vector<bool> seen = leader_changes_->Seen();
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(seen[1], false);
+  ASSERT_TRUE(WaitFor([&] { return a_->IsLeader() != b_->IsLeader(); }, kFailoverLimit));
+}
+
+// Holds one term forever, as an election that has not yet noticed its loss.
+class FrozenLeadership : public LeadershipView {
+ public:
+  explicit FrozenLeadership(LeaderTerm term) : term_(std::move(term)) {}
+  std::optional<LeaderTerm> CurrentTerm() const override { return term_; }
+  std::string Leader() const override { return term_.identity; }
+
+ private:
+  const LeaderTerm term_;
+};
+
+TEST_F(ElectionTest, Commit_FromFollowerOrEndedTerm_FailedPreconditionNamingLeader) {
+  std::unique_ptr<EtcdStore> leader_store = MustOpen(SharedOptions(prefix_), leader_->get());
+  std::unique_ptr<EtcdStore> follower_store = MustOpen(SharedOptions(prefix_), follower_->get());
+  ASSERT_NE(leader_store, nullptr);
+  ASSERT_NE(follower_store, nullptr);
+  ASSERT_EQ(leader_store->Commit({StoreWrite::Put("jobs/a", "1")}), absl::OkStatus());
+  ASSERT_EQ(leader_store->Commit({}), absl::OkStatus());
+
+  absl::Status status = follower_store->Commit({StoreWrite::Put("jobs/a", "2")});
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("not the leader (leader is ", leader_id_,
+                                                       "): this coordinator lost the election")));
+  EXPECT_EQ(follower_store->Commit({}).code(), absl::StatusCode::kFailedPrecondition);
+
+  // The old leader's term, as seen by an election that has not noticed yet.
+  std::optional<LeaderTerm> old_term = (*leader_)->CurrentTerm();
+  ASSERT_TRUE(old_term.has_value());
+  FrozenLeadership frozen(*old_term);
+  std::unique_ptr<EtcdStore> stale_store = MustOpen(SharedOptions(prefix_), &frozen);
+  ASSERT_NE(stale_store, nullptr);
+
+  ASSERT_EQ((*leader_)->Resign(), absl::OkStatus());
+  AwaitFollowerLeads(absl::Now());
+  status = leader_store->Commit({StoreWrite::Put("jobs/a", "3")});
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("not the leader"));
+  // The fence in etcd refuses what the local check let through.
+  status = stale_store->Commit({StoreWrite::Put("jobs/a", "4"), StoreWrite::Delete("jobs/b")});
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr(absl::StrCat("not the leader (leader is ", follower_id_,
+                                                       "): the term of ", leader_id_)));
+  EXPECT_THAT(status.message(), HasSubstr("has ended"));
+
+  ASSERT_EQ(follower_store->Commit({StoreWrite::Put("jobs/b", "5")}), absl::OkStatus());
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> jobs =
+      follower_store->Scan("jobs/");
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  EXPECT_THAT(*jobs, ElementsAre(Pair("jobs/a", "1"), Pair("jobs/b", "5")));
+}
+
+TEST_F(ElectionTest, StoreKeys_CannotReachTheLeaderKey) {
+  std::unique_ptr<EtcdStore> store = MustOpen(SharedOptions(prefix_), leader_->get());
+  ASSERT_NE(store, nullptr);
+  ASSERT_EQ(store->Commit({StoreWrite::Put("leader", "me"), StoreWrite::DeletePrefix("l")}),
+            absl::OkStatus());
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> all = store->Scan("");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_THAT(*all, ElementsAre());
+  std::unique_ptr<EtcdClient> raw = RawClient(prefix_);
+  std::optional<mvccpb::KeyValue> kv = RawGet(*raw, prefix_ + "leader");
+  ASSERT_TRUE(kv.has_value());
+  EXPECT_EQ(kv->value(), leader_id_);
+  ASSERT_EQ(store->Commit({StoreWrite::Put("k", "v")}), absl::OkStatus());
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,296 @@
+#include "coordinator/store/leader_election.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "coordinator/store/store.h"
+
+namespace pipetrain {
+namespace {
+
+// The shortest pause between rounds, whatever the TTL.
+constexpr absl::Duration kMinTick = absl::Milliseconds(100);
+
+absl::Status CheckOptions(const LeaderElectionOptions& options) {
+  absl::Status identity = CheckStoreKey(options.identity);
+  if (!identity.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("election identity: ", identity.message()));
+  }
+  if (options.ttl < absl::Seconds(1) || options.ttl % absl::Seconds(1) != absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("election ttl ",
+                                                   absl::FormatDuration(options.ttl),
+                                                   " must be a whole number of seconds >= 1"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LeaderElection>> LeaderElection::Create(
+    EtcdOptions etcd, LeaderElectionOptions options) {
+  absl::Status valid = CheckOptions(options);
+  if (!valid.ok()) return valid;
+  absl::StatusOr<std::unique_ptr<EtcdClient>> client = EtcdClient::Create(std::move(etcd));
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<LeaderElection>(
+      new LeaderElection(std::move(*client), std::move(options)));
+}
+
+LeaderElection::LeaderElection(std::unique_ptr<EtcdClient> client, LeaderElectionOptions options)
+    : client_(std::move(client)),
+      options_(std::move(options)),
+      key_(client_->options().prefix + "leader") {
+  AnnotatedMutexLock lock(&mu_);
+  granted_ttl_ = options_.ttl;
+}
+
+LeaderElection::~LeaderElection() {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status LeaderElection::Start() {
+  AnnotatedMutexLock lock(&mu_);
+  if (started_ || stopping_) {
+    return absl::FailedPreconditionError(absl::StrCat("election ", key_, " for ", options_.identity,
+                                                      " was already started, or has resigned"));
+  }
+  started_ = true;
+  thread_ = std::thread([this] { Run(); });
+  return absl::OkStatus();
+}
+
+absl::Status LeaderElection::Resign() {
+  PT_CHECK(std::this_thread::get_id() != thread_.get_id()) << "Resign called from on_change";
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (stopping_) return absl::OkStatus();
+    stopping_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  int64_t lease = 0;
+  bool was_leader = false;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    std::swap(lease, lease_id_);
+    std::swap(was_leader, is_leader_);
+    create_revision_ = 0;
+    if (was_leader) leader_.clear();
+  }
+  absl::Status revoked;
+  if (lease != 0) {
+    etcdserverpb::LeaseRevokeRequest request;
+    request.set_id(lease);
+    revoked = client_->LeaseRevoke(request);
+    if (absl::IsNotFound(revoked)) revoked = absl::OkStatus();  // Expired already.
+  }
+  if (was_leader) {
+    PT_LOG(INFO) << "election " << key_ << ": " << options_.identity << " resigned";
+    if (options_.on_change) options_.on_change(false);
+  }
+  return revoked;
+}
+
+bool LeaderElection::IsLeader() const {
+  AnnotatedMutexLock lock(&mu_);
+  return is_leader_;
+}
+
+std::string LeaderElection::Leader() const {
+  AnnotatedMutexLock lock(&mu_);
+  return leader_;
+}
+
+std::optional<LeaderTerm> LeaderElection::CurrentTerm() const {
+  AnnotatedMutexLock lock(&mu_);
+  if (!is_leader_) return std::nullopt;
+  return LeaderTerm{key_, options_.identity, lease_id_, create_revision_};
+}
+
+void LeaderElection::Run() {
+  for (;;) {
+    Step();
+    AnnotatedMutexLock lock(&mu_);
+    const absl::Duration tick = std::max(granted_ttl_ / 5, kMinTick);
+    auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
+    if (mu_.AwaitWithTimeout(stopping, tick)) return;
+  }
+}
+
+void LeaderElection::Step() {
+  if (!EnsureLease() || !RenewIfDue()) return;
+  Observe();
+}
+
+bool LeaderElection::LeaseGoneLocked() {
+  if (lease_id_ != 0 && absl::Now() >= lease_expiry_) {
+    PT_LOG(WARNING) << "election " << key_ << ": lease " << lease_id_ << " of " << options_.identity
+                    << " was not renewed within " << absl::FormatDuration(granted_ttl_)
+                    << "; counting it as expired";
+    lease_id_ = 0;
+  }
+  return lease_id_ == 0;
+}
+
+absl::Time LeaderElection::RpcDeadline() const {
+  AnnotatedMutexLock lock(&mu_);
+  return lease_id_ != 0 ? lease_expiry_ : absl::InfiniteFuture();
+}
+
+// Grants a lease when there is none (first round, or the last one expired).
+bool LeaderElection::EnsureLease() {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (!LeaseGoneLocked()) return true;
+  }
+  if (IsLeader()) BecomeFollower("", "its lease expired");
+  etcdserverpb::LeaseGrantRequest request;
+  request.set_ttl(absl::ToInt64Seconds(options_.ttl));
+  etcdserverpb::LeaseGrantResponse response;
+  const absl::Time sent = absl::Now();
+  absl::Status status = client_->LeaseGrant(request, &response);
+  if (status.ok() && (!response.error().empty() || response.ttl() <= 0)) {
+    status = absl::UnavailableError(absl::StrCat("LeaseGrant answered TTL ", response.ttl(),
+                                                 " and error \"", response.error(), "\""));
+  }
+  if (!status.ok()) {
+    PT_LOG(WARNING) << "election " << key_ << ": cannot get a lease: " << status;
+    return false;
+  }
+  AnnotatedMutexLock lock(&mu_);
+  lease_id_ = response.id();
+  granted_ttl_ = absl::Seconds(response.ttl());
+  last_renewal_ = sent;
+  lease_expiry_ = sent + granted_ttl_;
+  return true;
+}
+
+// Renews the lease when ttl/3 has passed since the last renewal. False when
+// the lease is gone (etcd says so, or it expired here).
+bool LeaderElection::RenewIfDue() {
+  etcdserverpb::LeaseKeepAliveRequest request;
+  absl::Time deadline;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (absl::Now() < last_renewal_ + granted_ttl_ / 3) return true;
+    request.set_id(lease_id_);
+    deadline = lease_expiry_;
+  }
+  etcdserverpb::LeaseKeepAliveResponse response;
+  const absl::Time sent = absl::Now();
+  absl::Status status = client_->LeaseKeepAliveOnce(request, &response, deadline);
+  bool gone = false;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (status.ok() && response.ttl() > 0) {
+      last_renewal_ = sent;
+      lease_expiry_ = sent + absl::Seconds(response.ttl());
+    } else if (status.ok()) {
+      lease_id_ = 0;  // etcd no longer knows it: expired or revoked.
+    }
+    gone = LeaseGoneLocked();
+  }
+  if (!status.ok()) {
+    PT_LOG(WARNING) << "election " << key_ << ": cannot renew lease: " << status;
+  }
+  if (gone && IsLeader()) BecomeFollower("", "its lease is gone");
+  return !gone;
+}
+
+// Reads the leader key; campaigns when it is free.
+void LeaderElection::Observe() {
+  etcdserverpb::RangeRequest request;
+  request.set_key(key_);
+  etcdserverpb::RangeResponse response;
+  absl::Status status = client_->Range(request, &response, RpcDeadline());
+  if (!status.ok()) {
+    PT_LOG(WARNING) << "election " << key_ << ": cannot read the leader key: " << status;
+    return;
+  }
+  if (response.kvs_size() == 0) {
+    BecomeFollower("", "the leader key disappeared");
+    Campaign();
+    return;
+  }
+  const mvccpb::KeyValue& kv = response.kvs(0);
+  int64_t lease = 0;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    lease = lease_id_;
+  }
+  // Ours: won earlier, or a campaign whose answer was lost on the way back.
+  if (lease != 0 && kv.lease() == lease) {
+    BecomeLeader(kv.create_revision());
+  } else {
+    BecomeFollower(kv.value(), "another participant holds the leader key");
+  }
+}
+
+// Creates the leader key if it is still absent, in one Txn.
+void LeaderElection::Campaign() {
+  etcdserverpb::TxnRequest txn;
+  etcdserverpb::Compare* absent = txn.add_compare();
+  absent->set_key(key_);
+  absent->set_target(etcdserverpb::Compare::CREATE);
+  absent->set_result(etcdserverpb::Compare::EQUAL);
+  absent->set_create_revision(0);
+  etcdserverpb::PutRequest* put = txn.add_success()->mutable_request_put();
+  put->set_key(key_);
+  put->set_value(options_.identity);
+  {
+    AnnotatedMutexLock lock(&mu_);
+    put->set_lease(lease_id_);
+  }
+  txn.add_failure()->mutable_request_range()->set_key(key_);
+  etcdserverpb::TxnResponse response;
+  absl::Status status = client_->Txn(txn, &response, RpcDeadline());
+  if (!status.ok()) {
+    PT_LOG(WARNING) << "election " << key_ << ": campaign failed: " << status;
+    return;
+  }
+  if (response.succeeded()) {
+    // The Txn's revision is the one that created the key.
+    BecomeLeader(response.header().revision());
+    return;
+  }
+  std::string leader;
+  if (response.responses_size() > 0 && response.responses(0).response_range().kvs_size() > 0) {
+    leader = response.responses(0).response_range().kvs(0).value();
+  }
+  BecomeFollower(leader, "another participant won the campaign");
+}
+
+void LeaderElection::BecomeLeader(int64_t create_revision) {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    const bool changed = !is_leader_;
+    is_leader_ = true;
+    leader_ = options_.identity;
+    create_revision_ = create_revision;
+    if (!changed) return;
+  }
+  PT_LOG(INFO) << "election " << key_ << ": " << options_.identity << " became leader (revision "
+               << create_revision << ")";
+  if (options_.on_change) options_.on_change(true);
+}
+
+void LeaderElection::BecomeFollower(const std::string& leader, const std::string& why) {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    const bool changed = is_leader_;
+    is_leader_ = false;
+    leader_ = leader;
+    create_revision_ = 0;
+    if (!changed) return;
+  }
+  PT_LOG(WARNING) << "election " << key_ << ": " << options_.identity
+                  << " lost leadership: " << why;
+  if (options_.on_change) options_.on_change(false);
+}
+
+}  // namespace pipetrain

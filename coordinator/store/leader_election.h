@@ -1,0 +1,162 @@
+// LeaderElection: one leader among the coordinators that share an etcd
+// prefix (highly available coordinators; see EtcdStore).
+//
+// Each participant holds an etcd lease of `ttl` and renews it from a thread
+// of its own every ttl/3 (LeaseKeepAlive). The leader is whoever owns the
+// key "<prefix>leader": campaigning is one Txn that creates the key only if
+// it is absent (create_revision == 0), with the participant's identity as
+// value and its lease attached, so etcd deletes the key when the lease is
+// revoked or expires. Every participant reads the key every ttl/5;
+// followers campaign as soon as it is gone.
+//
+//    Start()
+//       │
+//       ▼          key absent, and our Txn created it
+//   FOLLOWER ────────────────────────────────────────▶ LEADER
+//       ▲   ◀──────────────────────────────────────    │
+//       │     lease not renewed within ttl, revoked,    │
+//       │     or the key gone or held by another        │
+//       │                                               │
+//       └──── Resign(), destruction ──▶ STOPPED ◀───────┘
+//
+// Stepping down: the lease counts as expired ttl after the send time of the
+// last renewal that etcd answered. etcd's clock for the same lease starts
+// later (when the request arrives), so this side steps down first: at the
+// first tick (ttl/5) past that point, or sooner when an RPC fails, IsLeader
+// turns false and on_change(false) runs. Renewals and reads that would end
+// after that point are cut off at it.
+//
+// IsLeader is advisory: it may be a tick stale. The fence is EtcdStore's:
+// each of its Commits is a Txn that requires the leader key to still have
+// the create_revision of this term (CurrentTerm), so a deposed leader's
+// writes fail even before it notices.
+//
+// Thread-safety: IsLeader, Leader and CurrentTerm may be called from any
+// thread. Start, Resign and the destructor are for the owner, one at a time.
+#ifndef PIPETRAIN_COORDINATOR_STORE_LEADER_ELECTION_H_
+#define PIPETRAIN_COORDINATOR_STORE_LEADER_ELECTION_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/annotated_mutex.h"
+#include "coordinator/store/etcd_client.h"
+
+namespace pipetrain {
+
+// One leader's tenure: the leader key as this participant created it.
+struct LeaderTerm {
+  std::string key;       // "<prefix>leader"
+  std::string identity;  // the leader's identity (the key's value)
+  int64_t lease_id = 0;
+  // The etcd revision that created the key; unique to this term.
+  int64_t create_revision = 0;
+};
+
+// What EtcdStore needs from an election. LeaderElection implements it; tests
+// may fake it.
+class LeadershipView {
+ public:
+  virtual ~LeadershipView() = default;
+  // The term this participant leads now, or nullopt when it is not leader.
+  virtual std::optional<LeaderTerm> CurrentTerm() const = 0;
+  // The current leader's identity as last read; "" when there is none.
+  virtual std::string Leader() const = 0;
+};
+
+struct LeaderElectionOptions {
+  // This coordinator's advertised gRPC address ("10.0.0.5:7070"): what the
+  // leader key holds, and what followers name in their errors. Printable
+  // ASCII, at most kMaxKeyBytes.
+  std::string identity;
+  // The lease's time to live, whole seconds. A crashed leader is replaced
+  // within ttl (its last renewal was at most ttl/3 earlier) plus etcd's
+  // expiry check (0.5 s) plus a follower's tick (ttl/5). etcd raises a TTL
+  // below its minimum (2 s with its default election timeout); the granted
+  // one is used.
+  absl::Duration ttl = absl::Seconds(5);
+  // Called with true on becoming leader and false on losing leadership
+  // (including at Resign), on the election's thread, never with a lock
+  // held. It must return promptly and must not call Resign.
+  std::function<void(bool is_leader)> on_change;
+};
+
+class LeaderElection final : public LeadershipView {
+ public:
+  // The key is etcd.prefix + "leader". Does not contact etcd.
+  // INVALID_ARGUMENT for bad options (the message names the field).
+  static absl::StatusOr<std::unique_ptr<LeaderElection>> Create(EtcdOptions etcd,
+                                                                LeaderElectionOptions options);
+
+  // Stops the thread (waiting for the RPC in flight, which has a deadline:
+  // rpc_timeout per endpoint tried). Does not
+  // revoke the lease, and does not call on_change: a successor takes over
+  // once the lease expires, as after a crash. Call Resign to hand over now.
+  ~LeaderElection() override;
+  LeaderElection(const LeaderElection&) = delete;
+  LeaderElection& operator=(const LeaderElection&) = delete;
+
+  // Starts campaigning on a thread of its own; returns at once.
+  // FAILED_PRECONDITION when already started or resigned.
+  absl::Status Start();
+
+  // Stops campaigning for good and revokes the lease, which deletes the
+  // leader key if this participant held it, so a follower takes over at its
+  // next read. Calls on_change(false) if this was leader. Idempotent.
+  // Errors: UNAVAILABLE (or another EtcdClient error) when the revoke did not
+  // reach etcd; the lease then expires within ttl anyway. Not from on_change.
+  absl::Status Resign();
+
+  bool IsLeader() const;
+  std::string Leader() const override;
+  std::optional<LeaderTerm> CurrentTerm() const override;
+  const std::string& key() const { return key_; }
+
+ private:
+  LeaderElection(std::unique_ptr<EtcdClient> client, LeaderElectionOptions options);
+
+  void Run();
+  // One round: lease, renewal, read the key, campaign if it is free.
+  void Step();
+  bool EnsureLease();
+  bool RenewIfDue();
+  void Observe();
+  void Campaign();
+  // Drops the lease if it is past its expiry; true if there is none.
+  bool LeaseGoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets the state and, when leadership changed, logs and calls on_change.
+  void BecomeLeader(int64_t create_revision);
+  void BecomeFollower(const std::string& leader, const std::string& why);
+  // The deadline for an RPC made while holding the lease.
+  absl::Time RpcDeadline() const;
+
+  const std::unique_ptr<EtcdClient> client_;
+  const LeaderElectionOptions options_;
+  const std::string key_;
+
+  mutable AnnotatedMutex mu_;
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool is_leader_ ABSL_GUARDED_BY(mu_) = false;
+  std::string leader_ ABSL_GUARDED_BY(mu_);
+  int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: none
+  absl::Duration granted_ttl_ ABSL_GUARDED_BY(mu_);
+  absl::Time lease_expiry_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_renewal_ ABSL_GUARDED_BY(mu_);  // send time of the last answered one
+  int64_t create_revision_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Touched only by Start, Resign and the destructor (see above).
+  std::thread thread_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_STORE_LEADER_ELECTION_H_

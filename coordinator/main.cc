@@ -15,12 +15,14 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -196,11 +198,39 @@ absl::Status ConfigureTokens(Flags& flags) {
 // --output-dir must be a directory the coordinator can write.
 absl::Status CheckOutputDir(const std::string& dir) {
   if (dir.empty()) return absl::OkStatus();
+  mkdir(dir.c_str(), 0700);  // created when missing (its parent must exist)
   struct stat info;
   if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) ||
       access(dir.c_str(), W_OK | X_OK) != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--output-dir ", dir, " is not a writable directory; create it first"));
+  }
+  return absl::OkStatus();
+}
+
+// The absolute, symlink-free form of `path`, which may not exist yet (its
+// parent must).
+std::string RealPathOf(const std::string& path) {
+  char buffer[PATH_MAX];
+  if (realpath(path.c_str(), buffer) != nullptr) return buffer;
+  const size_t slash = path.find_last_of('/');
+  const std::string parent = slash == std::string::npos ? "." : path.substr(0, slash);
+  if (realpath(parent.empty() ? "/" : parent.c_str(), buffer) == nullptr) return path;
+  return absl::StrCat(buffer, "/", path.substr(slash == std::string::npos ? 0 : slash + 1));
+}
+
+// Jobs write files under --output-dir by names their users choose: the
+// state must not be among them.
+absl::Status CheckStateDir(const std::string& state_dir, const std::string& output_dir) {
+  if (state_dir.empty() || output_dir.empty()) return absl::OkStatus();
+  const std::string state = RealPathOf(state_dir) + "/";
+  const std::string output = RealPathOf(output_dir) + "/";
+  if (absl::StartsWith(state, output) || absl::StartsWith(output, state)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--state-dir ", state_dir, " and --output-dir ", output_dir,
+        " overlap; jobs write files under --output-dir by names users choose, so the state must "
+        "lie outside it (e.g. --output-dir=/var/lib/pipetrain/out "
+        "--state-dir=/var/lib/pipetrain/state)"));
   }
   return absl::OkStatus();
 }
@@ -224,6 +254,7 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   if (help) return absl::OkStatus();
   RETURN_IF_ERROR(ConfigureTokens(config.flags));
   RETURN_IF_ERROR(CheckOutputDir(config.flags.output_dir));
+  RETURN_IF_ERROR(CheckStateDir(config.flags.state_dir, config.flags.output_dir));
   if (!(config.flags.restart_grace_seconds >= 0 && config.flags.restart_grace_seconds <= 86400)) {
     return absl::InvalidArgumentError("--restart-grace-seconds must be in [0, 86400]");
   }

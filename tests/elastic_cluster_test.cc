@@ -177,27 +177,46 @@ TEST_F(ElasticClusterTest, WorkerKilledAtRandomStep_EndsOnThreeWorkersEqualToTra
   EXPECT_GE(job.progress().steps_redone(), 0);
 }
 
+// True once the process is stopped (state T in /proc/<pid>/stat).
+bool IsStopped(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  std::getline(stat, line);
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+}
+
 TEST_F(ElasticClusterTest, KilledWhileACheckpointIsWritten_PartialOneIgnored) {
   Start("partial", 4);
   const std::string id =
       testing::SubmitJob(*stub_, ElasticSpec(4, "uniform", "partial.safetensors"));
+  const v1::Job running = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
+    return testing::Ended(j) || j.state() == v1::RUNNING;
+  });
+  ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
   // The victim runs the last stage, whose units include the head (unit 5).
-  // Kill it once another stage's file of a checkpoint exists and its own
-  // does not: it never reported that step, so the step can never complete.
+  // As soon as a checkpoint's directory appears (its first file is being
+  // written), freeze the victim; if its own file of that step is not there,
+  // kill it: it never reported that step, which can then never complete.
+  const std::string victim = running.worker_ids(3);
+  const int process = ProcessOf(*stub_, victim);
+  ASSERT_GE(process, 0);
+  Subprocess& worker = cluster_->worker(process);
   int partial_step = 0;
-  std::string victim;
   for (int step = 10; step < kSteps && partial_step == 0; step += 5) {
+    const std::string dir = absl::StrFormat("%s/partial/checkpoints/%s/step-%08d",
+                                            std::getenv("TEST_TMPDIR"), id, step);
     const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (!Exists(CheckpointFile("partial", id, step, 0)) && absl::Now() < deadline) {
-      absl::SleepFor(absl::Microseconds(200));  // polls the file system
+    while (!Exists(dir) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Microseconds(100));  // polls the file system
     }
-    if (Exists(CheckpointFile("partial", id, step, 5))) continue;  // too late for this one
-    const v1::Job job = testing::GetJob(*stub_, id);
-    ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
-    victim = job.worker_ids(3);
-    const int process = ProcessOf(*stub_, victim);
-    ASSERT_GE(process, 0);
-    cluster_->worker(process).Signal(SIGKILL);
+    worker.Signal(SIGSTOP);
+    while (!IsStopped(worker.pid())) absl::SleepFor(absl::Microseconds(100));
+    if (Exists(CheckpointFile("partial", id, step, 5))) {
+      worker.Signal(SIGCONT);  // too late for this one
+      continue;
+    }
+    worker.Signal(SIGKILL);
     partial_step = step;
   }
   ASSERT_GT(partial_step, 0) << "never caught a checkpoint half written";
@@ -286,7 +305,8 @@ TEST_F(ElasticClusterTest, CorruptLatestCheckpoint_FallsBackToThePreviousOne) {
 }
 
 TEST_F(ElasticClusterTest, CoordinatorKilledAndRestarted_JobsWorkersAndHistoryBack) {
-  const std::string state = std::string(std::getenv("TEST_TMPDIR")) + "/restart/state";
+  // Outside the coordinator's --output-dir (the cluster's directory).
+  const std::string state = std::string(std::getenv("TEST_TMPDIR")) + "/restart-state";
   Start("restart", 4, {"--state-dir=" + state});
   // A job that ends before the restart, and one that runs through it.
   v1::JobSpec short_spec = ElasticSpec(2, "uniform", "");

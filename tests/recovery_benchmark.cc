@@ -3,7 +3,7 @@
 //
 //   bazel build -c opt //tests:recovery_benchmark //coordinator:pipetrain-coordinator \
 //       //worker:pipetrain-worker
-//   bazel-bin/tests/recovery_benchmark [--kills 20] [--seed 1]
+//   bazel-bin/tests/recovery_benchmark [--kills 20] [--seed 1] [--rounds 5]
 //
 // Part 1 (recovery): a coordinator and 4 workers with default settings run
 // the demo model (pipetrain up's: 2 layers, d_model 128, 4 heads, seq 64,
@@ -21,8 +21,8 @@
 // kill. GetJob is polled every 2 ms, which bounds the resolution.
 //
 // Part 2 (checkpoint cost): the same model, 4 workers, 300 steps with no
-// checkpoints and with one every 10 steps, alternated 3 times each; the
-// mean step time of each and the bytes a checkpoint writes.
+// checkpoints and with one every 10 steps, alternated (--rounds each); the
+// median step time of each and the bytes a checkpoint writes.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -254,21 +254,23 @@ absl::StatusOr<std::pair<double, int64_t>> TimeJob(v1::Coordinator::Stub& stub,
   return std::make_pair(seconds / double(steps - from), bytes);
 }
 
-int RunCheckpointCost(const std::string& dir) {
+double Median(std::vector<double> v) { return Percentile(std::move(v), 0.5); }
+
+int RunCheckpointCost(const std::string& dir, int rounds) {
   const std::string where = dir + "/cost";
   auto cluster = StartCluster(where, 4);
   if (!cluster.ok()) return std::fprintf(stderr, "%s\n", cluster.status().ToString().c_str()), 1;
   auto stub = ConnectCoordinator((*cluster)->grpc_address(), "", (*cluster)->user_token());
   std::vector<double> off, on;
   int64_t bytes = 0;
-  for (int round = 0; round < 3; ++round) {
+  for (int round = 0; round < rounds; ++round) {
     for (int interval : {0, 10}) {
       absl::StatusOr<std::pair<double, int64_t>> t = TimeJob(*stub, where, 300, interval);
       if (!t.ok()) return std::fprintf(stderr, "%s\n", t.status().ToString().c_str()), 1;
       (interval == 0 ? off : on).push_back(t->first);
       if (interval > 0) bytes = t->second;
-      std::printf("round %d, checkpoint every %s: %.2f ms/step\n", round + 1,
-                  interval == 0 ? "never" : "10 steps", t->first * 1e3);
+      std::printf("round %d, %s: %.2f ms/step\n", round + 1,
+                  interval == 0 ? "no checkpoints" : "a checkpoint every 10 steps", t->first * 1e3);
       std::fflush(stdout);
     }
   }
@@ -289,14 +291,16 @@ int Main(const std::vector<std::string>& args) {
   int kills = 20;
   uint64_t seed = 1;
   bool skip_cost = false;
+  int rounds = 5;
   std::string dir = "/tmp/pipetrain-recovery-benchmark";
   FlagSet flags("usage: recovery_benchmark [--kills N] [--seed S] [--dir DIR] [--skip-cost]");
   flags.Int("kills", &kills, "workers to kill, one at a time");
   flags.Uint64("seed", &seed, "seed of the kill steps and stages");
   flags.String("dir", &dir, "logs, checkpoints and ports files go here");
   flags.Bool("skip-cost", &skip_cost, "skip part 2 (checkpoint cost)");
+  flags.Int("rounds", &rounds, "part 2: runs of each configuration, alternated");
   absl::Status parsed = flags.Parse(args);
-  if (!parsed.ok() || flags.help_requested() || kills < 1) {
+  if (!parsed.ok() || flags.help_requested() || kills < 0 || rounds < 1) {
     std::fprintf(stderr, "%s", flags.Usage().c_str());
     return flags.help_requested() ? 0 : 2;
   }
@@ -306,10 +310,12 @@ int Main(const std::vector<std::string>& args) {
       "loopback, default lease and heartbeats\n",
       CpuModelName().c_str(), std::thread::hardware_concurrency());
   std::printf("# part 1: %d kills, seed %llu\n", kills, static_cast<unsigned long long>(seed));
-  if (int code = RunRecovery(dir, kills, seed); code != 0) return code;
+  if (kills > 0) {
+    if (int code = RunRecovery(dir, kills, seed); code != 0) return code;
+  }
   if (skip_cost) return 0;
   std::printf("\n# part 2: checkpoint cost\n");
-  return RunCheckpointCost(dir);
+  return RunCheckpointCost(dir, rounds);
 }
 
 }  // namespace

@@ -209,7 +209,7 @@ void JobManager::TouchLocked(JobRecord& record) {
   SetTimestamp(clock_->Now(), record.job.mutable_update_time());
 }
 
-absl::Status JobManager::PersistLocked(JobRecord& record) {
+absl::Status JobManager::PersistLocked(JobRecord& record, bool wait) {
   if (options_.state == nullptr) return absl::OkStatus();
   store::StoredJob stored;
   *stored.mutable_job() = record.job;
@@ -222,11 +222,18 @@ absl::Status JobManager::PersistLocked(JobRecord& record) {
   stored.set_reference_gflops(record.reference_gflops);
   stored.set_recoveries_without_progress(record.recoveries_without_progress);
   record.last_persisted = clock_->Now();
-  absl::Status saved = options_.state->SaveJob(stored);
-  if (!saved.ok()) {
-    PT_LOG(ERROR) << "job " << record.job.id() << ": could not save its state: " << saved;
-  }
-  return saved;
+  auto save = [state = options_.state](const store::StoredJob& job) {
+    absl::Status saved = state->SaveJob(job);
+    if (!saved.ok()) {
+      PT_LOG(ERROR) << "job " << job.job().id() << ": could not save its state: " << saved;
+    }
+    return saved;
+  };
+  if (wait) return save(stored);
+  // Off the lock, in order: a commit waits for the disk, and every stage's
+  // report waits for the lock.
+  io_.Post([save, stored = std::move(stored)] { save(stored).IgnoreError(); });
+  return absl::OkStatus();
 }
 
 absl::Status JobManager::Restore() {
@@ -371,7 +378,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     SetTimestamp(clock_->Now(), record->job.mutable_create_time());
     TouchLocked(*record);
     record->resolved = std::move(resolved);
-    absl::Status saved = PersistLocked(*record);
+    absl::Status saved = PersistLocked(*record, /*wait=*/true);
     if (!saved.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "could not record the job durably; nothing was submitted: ", saved.message()));
@@ -845,21 +852,21 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
     events_.checkpoint_written(c.write_seconds());
   }
   if (!complete.has_value()) return absl::OkStatus();
-  absl::Status manifest =
-      WriteCheckpointManifest(options_.output_dir, record.job.id(), record.resolved.spec.model(),
-                              record.resolved.train.seed, *complete);
-  if (!manifest.ok()) {
-    // The workers' files are whole (checksummed); the manifest is for people
-    // and tools. Resuming does not need it.
-    PT_LOG(WARNING) << "job " << record.job.id() << ": " << manifest;
-  }
   record.job.mutable_progress()->set_checkpoint_step(complete->step());
   record.recoveries_without_progress = 0;
   PersistLocked(record).IgnoreError();  // logged
-  for (const v1::ResumeFrom& old : record.checkpoints->TakeExpired()) {
-    absl::Status removed = RemoveCheckpointDir(options_.output_dir, old);
-    if (!removed.ok()) PT_LOG(WARNING) << "job " << record.job.id() << ": " << removed;
-  }
+  // Files off the lock, in order: the manifest (for people and tools;
+  // resuming needs only the checksummed unit files) before old ones go.
+  io_.Post([output_dir = options_.output_dir, id = record.job.id(),
+            model = record.resolved.spec.model(), seed = record.resolved.train.seed,
+            complete = *complete, expired = record.checkpoints->TakeExpired()] {
+    absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
+    if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
+    for (const v1::ResumeFrom& old : expired) {
+      absl::Status removed = RemoveCheckpointDir(output_dir, old);
+      if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
+    }
+  });
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;
     for (const v1::UnitFile& f : complete->units()) bytes += f.bytes();
@@ -1159,8 +1166,10 @@ void JobManager::PruneLocked() {
     if (prune) {
       --ended;
       if (options_.state != nullptr) {
-        absl::Status deleted = options_.state->DeleteJob(id);
-        if (!deleted.ok()) PT_LOG(WARNING) << "job " << id << ": " << deleted;
+        io_.Post([state = options_.state, id] {
+          absl::Status deleted = state->DeleteJob(id);
+          if (!deleted.ok()) PT_LOG(WARNING) << "job " << id << ": " << deleted;
+        });
       }
       jobs_.erase(id);
     } else {

@@ -88,6 +88,7 @@
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
 #include "common/safetensors.h"
+#include "common/serial_executor.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/checkpoint_catalog.h"
 #include "coordinator/jobs/job_spec.h"
@@ -361,8 +362,11 @@ class JobManager {
   // Drops ended jobs beyond the retention options (oldest first).
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Saves the job to options_.state (no-op without one); logs a failure.
-  absl::Status PersistLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Saves the job to options_.state (no-op without one): a copy taken now,
+  // committed on io_ in order (`wait`: here, returning the store's error).
+  // Failures are logged.
+  absl::Status PersistLocked(JobRecord& record, bool wait = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerRegistry* registry_;
   AssignmentHub* hub_;
@@ -380,6 +384,10 @@ class JobManager {
   std::vector<std::thread> profilers_ ABSL_GUARDED_BY(mu_);
   // Drained workers: id -> the incarnation drained (a new one is not).
   std::map<std::string, int64_t> drained_ ABSL_GUARDED_BY(mu_);
+  // File and store work that must not hold mu_ (commits, manifests, expired
+  // checkpoints), in order. Last: destroyed first, finishing its tasks while
+  // everything they use exists.
+  SerialExecutor io_;
 };
 
 bool IsTerminal(v1::JobState state);

@@ -1,11 +1,14 @@
 #include "coordinator/jobs/checkpoint_catalog.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/confined_path.h"
@@ -182,15 +185,34 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
   if (parent.dir.get() < 0) return absl::OkStatus();  // already gone
   // The manifest first: a checkpoint without it is visibly incomplete.
   unlinkat(parent.dir.get(), kManifestName, 0);
-  for (const v1::UnitFile& f : from.units()) {
-    if (f.file() == UnitFile(f.unit())) unlinkat(parent.dir.get(), f.file().c_str(), 0);
+  // Then every file a writer left there: the units, and temporary files of
+  // writers that died mid-write ("unit-0003.safetensors.tmp.<pid>").
+  std::vector<std::string> names;
+  if (DIR* dir = fdopendir(dup(parent.dir.get()))) {
+    while (dirent* entry = readdir(dir)) {
+      const std::string name = entry->d_name;
+      if (absl::StartsWith(name, "unit-") || absl::StartsWith(name, kManifestName)) {
+        names.push_back(name);
+      }
+    }
+    closedir(dir);
   }
-  // Its parent's handle: remove the (now empty) step directory itself.
-  const std::string relative = from.dir();
+  for (const std::string& name : names) {
+    struct stat st;
+    if (fstatat(parent.dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+        (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode))) {
+      unlinkat(parent.dir.get(), name.c_str(), 0);
+    }
+  }
+  // Then the (now empty) step directory itself, from its parent: ".." of a
+  // directory reached without following links is its real parent.
+  ScopedFd up(openat(parent.dir.get(), "..", O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const std::string& relative = from.dir();
   const size_t slash = relative.rfind('/');
-  ASSIGN_OR_RETURN(ConfinedParent up, OpenConfinedParent(output_dir, "spec.checkpoint.dir",
-                                                         relative, /*create_dirs=*/false));
-  if (up.dir.get() >= 0) unlinkat(up.dir.get(), relative.substr(slash + 1).c_str(), AT_REMOVEDIR);
+  const std::string name = slash == std::string::npos ? relative : relative.substr(slash + 1);
+  if (up.get() < 0 || unlinkat(up.get(), name.c_str(), AT_REMOVEDIR) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot remove ", output_dir, "/", relative));
+  }
   return absl::OkStatus();
 }
 

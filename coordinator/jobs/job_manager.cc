@@ -8,6 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/confined_path.h"
 #include "common/logging.h"
 #include "common/secrets.h"
@@ -498,6 +499,17 @@ std::vector<std::string> JobManager::SpareWorkersLocked(
   return spare;
 }
 
+int64_t JobManager::IncarnationOf(const std::string& worker_id) const {
+  absl::StatusOr<v1::Worker> worker = registry_->Get(worker_id);
+  return worker.ok() ? worker->incarnation() : 0;
+}
+
+bool JobManager::IsLostLocked(const JobRecord& record, const std::string& worker_id) const {
+  // A worker that registered again since (a new incarnation) is back.
+  auto it = record.lost.find(worker_id);
+  return it != record.lost.end() && IncarnationOf(worker_id) == it->second;
+}
+
 bool JobManager::IsDrainedLocked(const std::string& worker_id) const {
   auto it = drained_.find(worker_id);
   if (it == drained_.end()) return false;
@@ -719,7 +731,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
 void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
                                      const std::string& reason, const std::string& kind) {
   if (record.job.state() == v1::RECOVERING) {  // another loss while waiting
-    if (!lost.empty()) record.lost.insert(lost);
+    if (!lost.empty()) record.lost[lost] = IncarnationOf(lost);
     return;
   }
   if (record.checkpoints == nullptr) return EndLocked(record, v1::FAILED, reason);
@@ -736,7 +748,7 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
   record.recovery_reason = reason;
   record.recovering_since.reset();
   record.lost.clear();
-  if (!lost.empty()) record.lost.insert(lost);
+  if (!lost.empty()) record.lost[lost] = IncarnationOf(lost);
   record.survivors.clear();
   for (const std::string& w : record.job.worker_ids()) {
     if (w != lost) record.survivors.push_back(w);
@@ -756,7 +768,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   std::vector<std::string> alive;
   bool waiting = false;
   for (const std::string& w : record.survivors) {
-    if (record.lost.count(w) > 0 || IsDrainedLocked(w)) continue;
+    if (IsLostLocked(record, w) || IsDrainedLocked(w)) continue;
     absl::StatusOr<v1::Worker> worker = registry_->Get(w);
     const bool gone = !worker.ok() || worker->state() == v1::LOST || worker->state() == v1::LEFT;
     if (gone && clock_->Now() < record.restart_grace_until) {
@@ -780,7 +792,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // Survivors first (in stage order), then spare READY workers.
   std::vector<std::string> chosen = alive;
   for (const std::string& w : SpareWorkersLocked(*reserved)) {
-    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end() && record.lost.count(w) == 0) {
+    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end() && !IsLostLocked(record, w)) {
       chosen.push_back(w);
     }
   }
@@ -1187,6 +1199,12 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
   // Only a worker of the job's current plan matters.
   if (record->stage_of.count(worker_id) == 0 && record->job.state() != v1::RECOVERING) return;
   StartRecoveryLocked(*record, worker_id, reason, "worker_lost");
+}
+
+void JobManager::FlushIo() {
+  absl::Notification done;
+  io_.Post([&done] { done.Notify(); });
+  done.WaitForNotification();
 }
 
 std::map<v1::JobState, int> JobManager::CountByState() const {

@@ -242,6 +242,10 @@ class JobManager {
   // A thread calling ScheduleQueued every `period` until the destructor.
   void StartSchedulingLoop(absl::Duration period = absl::Milliseconds(100));
 
+  // Waits until the file and store work queued so far (state commits,
+  // manifests, expired checkpoints) is done. For tests and shutdown.
+  void FlushIo();
+
   // Per-job counters for metrics: (state -> count).
   std::map<v1::JobState, int> CountByState() const;
 
@@ -280,7 +284,7 @@ class JobManager {
     // before the job re-plans.
     absl::Time recovery_started;
     std::string recovery_reason;
-    std::set<std::string> lost;
+    std::map<std::string, int64_t> lost;  // worker id -> incarnation lost
     std::vector<std::string> survivors;
     int recoveries_without_progress = 0;
     // After a re-plan, until the first step completes on it (for the
@@ -338,6 +342,10 @@ class JobManager {
   std::vector<std::string> SpareWorkersLocked(const std::set<std::string>& reserved) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsDrainedLocked(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Known lost during the record's recovery, and not registered again since.
+  bool IsLostLocked(const JobRecord& record, const std::string& worker_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t IncarnationOf(const std::string& worker_id) const;  // 0 when unknown
   // A stage's CheckpointWritten report.
   absl::Status AddCheckpointLocked(JobRecord& record, int stage, const v1::CheckpointWritten& c)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -1,0 +1,455 @@
+// JobManager's checkpoints, recovery, step boundaries (joins, drains) and
+// durable state, driven through its API with a fake clock: no processes.
+// tests:elastic_cluster_test runs the same across real workers.
+#include <sys/stat.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/store/memory_store.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+// 1 layer: units 0 (embed), 1 (attn), 2 (mlp), 3 (head).
+constexpr int kUnits = 4;
+
+v1::JobSpec ElasticSpec(int stages, int interval, int64_t steps = 100) {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_n_layer(1);
+  spec.mutable_model()->set_n_head(2);
+  spec.mutable_model()->set_d_model(16);
+  spec.mutable_training()->set_seq_len(8);
+  spec.mutable_training()->set_batch_size(4);
+  spec.mutable_training()->set_micro_batches(2);
+  spec.mutable_training()->set_steps(steps);
+  spec.mutable_data()->set_synthetic_bytes(5000);
+  spec.mutable_parallelism()->set_stages(stages);
+  spec.mutable_checkpoint()->set_interval_steps(interval);
+  return spec;
+}
+
+std::string OutputDir() { return std::getenv("TEST_TMPDIR"); }
+
+class JobManagerElasticTest : public ::testing::Test {
+ protected:
+  JobManagerElasticTest()
+      : registry_(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock_}) {
+    Reset(/*with_state=*/false);
+  }
+
+  void Reset(bool with_state) {
+    jobs_.reset();
+    JobManagerOptions options{.output_dir = OutputDir()};
+    if (with_state) {
+      state_ = std::make_unique<CoordinatorState>(&store_);
+      options.state = state_.get();
+    }
+    jobs_ = std::make_unique<JobManager>(&registry_, &hub_, &clock_, options);
+    registry_.SetLossListener(
+        [this](const std::string& w, const std::string& j, const std::string& reason) {
+          jobs_->OnWorkerLost(w, j, reason);
+        });
+  }
+
+  std::string AddWorker(int port) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    auto response = registry_.Register(request).value();
+    incarnations_[response.worker_id()] = response.incarnation();
+    return response.worker_id();
+  }
+
+  void Heartbeat(const std::string& worker) {
+    v1::HeartbeatRequest beat;
+    beat.set_worker_id(worker);
+    beat.set_incarnation(incarnations_[worker]);
+    ASSERT_TRUE(registry_.Heartbeat(beat).ok()) << worker;
+  }
+
+  v1::Assignment AssignmentOf(const std::string& worker) {
+    auto a = hub_.Newer(worker, 0);
+    return a.has_value() ? a->assignment : v1::Assignment();
+  }
+
+  // Every stage of the job's current plan reports step `step` (iteration
+  // step - 1); the last stage reports losses. Returns the last response.
+  v1::ReportProgressResponse Step(const std::string& id, int64_t step) {
+    const v1::Job job = jobs_->Get(id).value();
+    v1::ReportProgressResponse last;
+    for (int s = 0; s < job.worker_ids_size(); ++s) {
+      v1::ReportProgressRequest r;
+      r.set_worker_id(job.worker_ids(s));
+      r.set_job_id(id);
+      r.set_plan_version(job.plan_version());
+      r.set_iteration(step - 1);
+      if (s == job.worker_ids_size() - 1) {
+        r.add_micro_batch_losses(float(step));
+        r.add_micro_batch_losses(float(step));
+      }
+      auto response = jobs_->ReportProgress(r);
+      EXPECT_TRUE(response.ok()) << response.status();
+      if (response.ok()) last = *response;
+    }
+    return last;
+  }
+
+  // Stage `s` reports its units of checkpoint `step`.
+  absl::Status Checkpoint(const std::string& id, int s, int64_t step) {
+    const v1::Job job = jobs_->Get(id).value();
+    const v1::Assignment a = AssignmentOf(job.worker_ids(s));
+    v1::ReportProgressRequest r;
+    r.set_worker_id(job.worker_ids(s));
+    r.set_job_id(id);
+    r.set_plan_version(job.plan_version());
+    r.set_iteration(step - 1);
+    r.mutable_checkpoint()->set_step(step);
+    for (int u = a.backward_units().begin(); u < a.backward_units().end(); ++u) {
+      v1::UnitFile* f = r.mutable_checkpoint()->add_units();
+      f->set_unit(u);
+      f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+      f->set_bytes(100 + u);
+      f->set_sha256(std::string(64, 'a' + u));
+    }
+    return jobs_->ReportProgress(r).status();
+  }
+
+  void CheckpointAll(const std::string& id, int64_t step) {
+    const int stages = jobs_->Get(id).value().worker_ids_size();
+    for (int s = 0; s < stages; ++s) ASSERT_TRUE(Checkpoint(id, s, step).ok());
+  }
+
+  // The survivors answer (heartbeat), then the job is scheduled.
+  void HeartbeatAllAndSchedule(const std::vector<std::string>& workers) {
+    clock_.Advance(absl::Milliseconds(10));
+    for (const std::string& w : workers) Heartbeat(w);
+    jobs_->ScheduleQueued();
+  }
+
+  FakeClock clock_;
+  WorkerRegistry registry_;
+  AssignmentHub hub_;
+  MemoryStore store_;
+  std::unique_ptr<CoordinatorState> state_;
+  std::unique_ptr<JobManager> jobs_;
+  std::map<std::string, int64_t> incarnations_;
+};
+
+TEST_F(JobManagerElasticTest, Checkpoint_CompleteOnlyOnceEveryUnitIsIn_ManifestWritten) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  EXPECT_EQ(jobs_->Get(id).value().spec().checkpoint().dir(), "checkpoints/" + id);
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 0);  // stage 1 missing
+  ASSERT_TRUE(Checkpoint(id, 1, 5).ok());
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+  jobs_->FlushIo();
+  struct stat st;
+  EXPECT_EQ(
+      stat(absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000005/manifest.json").c_str(),
+           &st),
+      0);
+}
+
+TEST_F(JobManagerElasticTest, CheckpointReport_ForeignUnitOffIntervalOrBadChecksum_Refused) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const v1::Assignment a = AssignmentOf(w1);
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w1);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_iteration(4);
+  r.mutable_checkpoint()->set_step(5);
+  v1::UnitFile* f = r.mutable_checkpoint()->add_units();
+  f->set_unit(a.backward_units().end());  // stage 1's
+  f->set_file(absl::StrFormat("unit-%04d.safetensors", f->unit()));
+  f->set_bytes(10);
+  f->set_sha256(std::string(64, 'a'));
+  EXPECT_EQ(jobs_->ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
+  f->set_unit(0);
+  f->set_file("unit-0000.safetensors");
+  r.mutable_checkpoint()->set_step(4);  // not a multiple of 5
+  EXPECT_EQ(jobs_->ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.mutable_checkpoint()->set_step(5);
+  f->set_sha256("not hex");
+  EXPECT_EQ(jobs_->ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
+  f->set_sha256(std::string(64, 'a'));
+  f->set_file("../../etc/passwd");
+  EXPECT_EQ(jobs_->ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::RUNNING);
+}
+
+TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLatestCheckpoint) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string w3 = AddWorker(7003);  // a spare
+  for (int step = 1; step <= 7; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::RECOVERING);
+  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::STOP);
+  jobs_->ScheduleQueued();  // w1 has not answered yet
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::RECOVERING);
+  HeartbeatAllAndSchedule({w1, w3});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  EXPECT_EQ(job.plan_version(), 2);
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w3}));
+  EXPECT_EQ(job.progress().step(), 5);
+  EXPECT_EQ(job.progress().loss_history_size(), 5);
+  EXPECT_EQ(job.progress().steps_redone(), 2);
+  EXPECT_EQ(job.progress().recoveries(), 1);
+  ASSERT_EQ(job.plan_history_size(), 2);
+  EXPECT_EQ(job.plan_history(1).start_step(), 5);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), "killed"));
+  const v1::Assignment a = AssignmentOf(w3);
+  EXPECT_EQ(a.plan_version(), 2);
+  EXPECT_EQ(a.start_iteration(), 5);
+  ASSERT_TRUE(a.has_resume());
+  EXPECT_EQ(a.resume().step(), 5);
+  EXPECT_EQ(a.resume().units_size(), kUnits);
+  EXPECT_NE(a.data_plane_secret(), AssignmentOf(w1).data_plane_secret().empty() ? "" : "x");
+  // The old plan's reports are stale now.
+  v1::ReportProgressRequest old;
+  old.set_worker_id(w1);
+  old.set_job_id(id);
+  old.set_plan_version(1);
+  old.set_iteration(7);
+  EXPECT_EQ(jobs_->ReportProgress(old).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromTheOneBefore) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  for (int step = 6; step <= 9; ++step) Step(id, step);
+  CheckpointAll(id, 10);  // the files of step 10, but its loss never came
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  const std::string w3 = AddWorker(7003);
+  HeartbeatAllAndSchedule({w1, w3});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  EXPECT_EQ(job.plan_history(1).start_step(), 5);
+  EXPECT_EQ(job.progress().loss_history_size(), 5);
+}
+
+TEST_F(JobManagerElasticTest, NoCheckpointYet_ResumesFromStepZero) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  Step(id, 1);
+  Step(id, 2);
+  registry_.MarkLost(w1, incarnations_[w1], "killed");
+  HeartbeatAllAndSchedule({w2});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 1);  // min_workers 1: one stage
+  EXPECT_EQ(job.progress().loss_history_size(), 0);
+  EXPECT_FALSE(AssignmentOf(w2).has_resume());
+  EXPECT_EQ(AssignmentOf(w2).start_iteration(), 0);
+}
+
+TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 10; ++step) {
+    Step(id, step);
+    if (step % 5 == 0) CheckpointAll(id, step);
+  }
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  const std::string w3 = AddWorker(7003);
+  HeartbeatAllAndSchedule({w1, w3});
+  ASSERT_EQ(AssignmentOf(w3).resume().step(), 10);
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w3);
+  r.set_job_id(id);
+  r.set_plan_version(2);
+  r.set_error("DATA_LOSS: unit-0002.safetensors: SHA-256 differs from the one recorded");
+  r.set_checkpoint_unusable(true);
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::RECOVERING);
+  HeartbeatAllAndSchedule({w1, w3});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  EXPECT_EQ(job.plan_history(2).start_step(), 5);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(2).reason(), "could not be loaded"));
+  EXPECT_EQ(job.progress().checkpoint_step(), 5);
+}
+
+TEST_F(JobManagerElasticTest, ThreeRecoveriesWithoutANewCheckpoint_FailTheJob) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  for (int round = 0; round < 3; ++round) {
+    const v1::Job job = jobs_->Get(id).value();
+    ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+    v1::ReportProgressRequest r;
+    r.set_worker_id(job.worker_ids(0));
+    r.set_job_id(id);
+    r.set_plan_version(job.plan_version());
+    r.set_error("UNAVAILABLE: stage 1 went away");
+    r.set_peer_failure(true);
+    ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+    HeartbeatAllAndSchedule({w1, w2});
+  }
+  v1::ReportProgressRequest r;
+  const v1::Job job = jobs_->Get(id).value();
+  r.set_worker_id(job.worker_ids(0));
+  r.set_job_id(id);
+  r.set_plan_version(job.plan_version());
+  r.set_error("UNAVAILABLE: stage 1 went away");
+  r.set_peer_failure(true);
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  const v1::Job failed = jobs_->Get(id).value();
+  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_TRUE(absl::StrContains(failed.reason(), "gave up after 3 recoveries")) << failed.reason();
+}
+
+TEST_F(JobManagerElasticTest, StageErrorNotFromThePeers_FailsEvenWithCheckpoints) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w1);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_error("INTERNAL: backward without its forward");
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::FAILED);
+}
+
+TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesOn) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  int failed = 0;
+  jobs_->SetEvents({.checkpoint_failed = [&failed] { ++failed; }});
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w2);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_iteration(4);
+  r.mutable_checkpoint()->set_step(5);
+  r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  const v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(job.progress().checkpoint_step(), 0);
+  EXPECT_EQ(failed, 1);
+}
+
+TEST_F(JobManagerElasticTest, NoCheckpoints_WorkerLost_FailsAsBefore) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 0)).value().id();
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  const v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(), w2)) << job.reason();
+}
+
+TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_NothingRedone) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  const std::string id = jobs_->Submit(ElasticSpec(3, 5)).value().id();
+  for (int step = 1; step <= 3; ++step) Step(id, step);
+  ASSERT_TRUE(jobs_->Drain(w2).ok());
+  const int64_t boundary = Step(id, 4).stop_after_step();
+  ASSERT_GT(boundary, 4);
+  for (int64_t step = 5; step <= boundary; ++step) Step(id, step);
+  CheckpointAll(id, boundary);
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  EXPECT_EQ(job.plan_version(), 2);
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w3}));
+  EXPECT_EQ(job.progress().steps_redone(), 0);
+  EXPECT_EQ(job.progress().recoveries(), 0);
+  EXPECT_EQ(job.plan_history(1).start_step(), boundary);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), w2 + " drained"));
+  EXPECT_EQ(AssignmentOf(w2).action(), v1::Assignment::STOP);
+  EXPECT_EQ(AssignmentOf(w1).resume().step(), boundary);
+  // Drained: no job for it.
+  EXPECT_EQ(registry_.Get(w2).value().state(), v1::READY);
+  const std::string next = jobs_->Submit(ElasticSpec(1, 0)).value().id();
+  EXPECT_EQ(jobs_->Get(next).value().state(), v1::QUEUED);
+}
+
+TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChanges) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string plain = jobs_->Submit(ElasticSpec(2, 0)).value().id();
+  EXPECT_EQ(jobs_->Drain(w1).status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(jobs_->Cancel(plain).ok());
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_min_workers(2);
+  const std::string id = jobs_->Submit(spec).value().id();
+  const absl::Status refused = jobs_->Drain(w1).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "min_workers")) << refused;
+  EXPECT_EQ(Step(id, 1).stop_after_step(), 0);
+  EXPECT_EQ(jobs_->Drain("w-99").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_max_workers(3);
+  const std::string id = jobs_->Submit(spec).value().id();
+  Step(id, 1);
+  const std::string w3 = AddWorker(7003), w4 = AddWorker(7004);
+  jobs_->ScheduleQueued();
+  const int64_t boundary = Step(id, 2).stop_after_step();
+  ASSERT_GT(boundary, 2);
+  for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
+  CheckpointAll(id, boundary);
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 3);  // max_workers
+  EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), w3 + " joined"))
+      << job.plan_history(1).reason();
+  EXPECT_EQ(job.progress().steps_redone(), 0);
+  EXPECT_EQ(registry_.Get(w4).value().state(), v1::READY);
+}
+
+TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAgain) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string ended = jobs_->Submit(ElasticSpec(1, 0)).value().id();
+  ASSERT_TRUE(jobs_->Cancel(ended).ok());
+  for (int step = 1; step <= 6; ++step) {
+    Step(id, step);
+    if (step == 5) CheckpointAll(id, 5);
+  }
+  jobs_->FlushIo();
+  // A new coordinator on the same state (the registry as it restores: LOST).
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  EXPECT_EQ(jobs_->Get(ended).value().state(), v1::CANCELLED);
+  v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::RECOVERING);
+  EXPECT_GE(job.progress().loss_history_size(), 5);
+  registry_.MarkLost(w1, incarnations_[w1], "coordinator restarted");
+  registry_.MarkLost(w2, incarnations_[w2], "coordinator restarted");
+  jobs_->ScheduleQueued();
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::RECOVERING);  // within the grace
+  clock_.Advance(absl::Milliseconds(10));
+  AddWorker(7001);
+  AddWorker(7002);  // both back, new incarnations
+  jobs_->ScheduleQueued();
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  EXPECT_EQ(job.plan_version(), 2);
+  EXPECT_EQ(job.progress().step(), 5);
+  EXPECT_EQ(AssignmentOf(w1).resume().step(), 5);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/confined_path.h"
 #include "common/status_macros.h"
-#include "coordinator/jobs/job_spec.h"
 #include "nlohmann/json.hpp"
+#include "spec/job_spec.h"
 #include "worker/checkpoint/unit_checkpoint.h"
 
 namespace pipetrain {

@@ -11,7 +11,7 @@
 // A manifest is a file on disk that may be truncated, edited or of another
 // program, so nothing in it is trusted: every field's JSON type is checked,
 // every number is bounded (the model by the JobSpec limits of
-// coordinator/jobs/job_spec.h, so a manifest never makes the reader size
+// spec/job_spec.h, so a manifest never makes the reader size
 // anything a job could not have), and the unit list must name each unit of
 // the model exactly once. Unknown keys are ignored.
 //

@@ -24,9 +24,9 @@
 #include "cli/progress.h"
 #include "common/secrets.h"
 #include "common/tls_credentials.h"
-#include "coordinator/jobs/job_spec.h"
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
+#include "spec/job_spec.h"
 #include "worker/model/backend_select.h"
 
 namespace pipetrain {

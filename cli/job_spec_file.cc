@@ -8,8 +8,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "coordinator/jobs/job_spec.h"
 #include "nlohmann/json.hpp"
+#include "spec/job_spec.h"
 #include "yaml-cpp/yaml.h"
 
 namespace pipetrain {

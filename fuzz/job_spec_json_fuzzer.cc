@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "coordinator/jobs/job_spec.h"
+#include "spec/job_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pipetrain;

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "cli/job_spec_file.h"
-#include "coordinator/jobs/job_spec.h"
+#include "spec/job_spec.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace pipetrain;

@@ -44,6 +44,7 @@ failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log")
 rm -f "$log"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # e.g. a build error
 echo "tests: $passed passed, $failed failed; $gpu"
+if ! bash scripts/check_layering.sh && [ "$status" -eq 0 ]; then status=1; fi
 # libFuzzer smoke run (docs/fuzzing.md): a crash or a failed build fails CI.
 if ! bash scripts/fuzz.sh 5 && [ "$status" -eq 0 ]; then status=1; fi
 exit "$status"

@@ -11,9 +11,9 @@
 
 #include "cli/coordinator_client.h"
 #include "common/safetensors.h"
-#include "coordinator/jobs/job_spec.h"
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "spec/job_spec.h"
 #include "tests/cluster_testing.h"
 #include "worker/data/corpus.h"
 #include "worker/train/local_trainer.h"

@@ -14,11 +14,11 @@
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
-#include "coordinator/jobs/job_spec.h"
 #include "coordinator/registry/worker_registry.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 #include "proto/pipetrain/v1/coordinator.grpc.pb.h"
+#include "spec/job_spec.h"
 
 namespace pipetrain {
 namespace {

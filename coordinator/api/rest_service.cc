@@ -5,8 +5,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/jobs/job_spec.h"
 #include "google/protobuf/util/json_util.h"
+#include "spec/job_spec.h"
 
 namespace pipetrain {
 namespace {

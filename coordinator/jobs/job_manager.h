@@ -91,12 +91,12 @@
 #include "common/serial_executor.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/checkpoint_catalog.h"
-#include "coordinator/jobs/job_spec.h"
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/registry/worker_registry.h"
 #include "coordinator/store/coordinator_state.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
+#include "spec/job_spec.h"
 
 namespace pipetrain {
 

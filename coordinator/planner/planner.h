@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/jobs/job_spec.h"
 #include "coordinator/planner/profile.h"
 #include "proto/pipetrain/v1/plan.pb.h"
+#include "spec/job_spec.h"
 
 namespace pipetrain {
 

@@ -11,7 +11,7 @@
 #include "common/confined_path.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
-#include "coordinator/jobs/job_spec.h"
+#include "spec/job_spec.h"
 #include "worker/checkpoint/checkpoint_writer.h"
 #include "worker/data/corpus.h"
 #include "worker/model/weights_io.h"

@@ -7,8 +7,8 @@
 // path of the offending field ("spec.training.micro_batches: ..."), so the
 // REST and gRPC front ends can return it verbatim. All functions here are
 // thread-safe: they share no state.
-#ifndef PIPETRAIN_COORDINATOR_JOBS_JOB_SPEC_H_
-#define PIPETRAIN_COORDINATOR_JOBS_JOB_SPEC_H_
+#ifndef PIPETRAIN_SPEC_JOB_SPEC_H_
+#define PIPETRAIN_SPEC_JOB_SPEC_H_
 
 #include <cstdint>
 #include <string>
@@ -151,4 +151,4 @@ std::string JobSpecToJson(const v1::JobSpec& spec);
 
 }  // namespace pipetrain
 
-#endif  // PIPETRAIN_COORDINATOR_JOBS_JOB_SPEC_H_
+#endif  // PIPETRAIN_SPEC_JOB_SPEC_H_

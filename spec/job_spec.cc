@@ -1,4 +1,4 @@
-#include "coordinator/jobs/job_spec.h"
+#include "spec/job_spec.h"
 
 #include <cmath>
 #include <cstdint>

@@ -2,8 +2,8 @@
 // small valid spec with one field set at its limit, and the same one past
 // it, with the start of the rejection message. Shared by job_spec_test and
 // the multi-process bounds test, so both check the same table.
-#ifndef PIPETRAIN_COORDINATOR_JOBS_SPEC_BOUNDS_TESTING_H_
-#define PIPETRAIN_COORDINATOR_JOBS_SPEC_BOUNDS_TESTING_H_
+#ifndef PIPETRAIN_SPEC_SPEC_BOUNDS_TESTING_H_
+#define PIPETRAIN_SPEC_SPEC_BOUNDS_TESTING_H_
 
 #include <cstdint>
 #include <functional>
@@ -31,4 +31,4 @@ std::vector<SpecBound> SpecBounds();
 
 }  // namespace pipetrain
 
-#endif  // PIPETRAIN_COORDINATOR_JOBS_SPEC_BOUNDS_TESTING_H_
+#endif  // PIPETRAIN_SPEC_SPEC_BOUNDS_TESTING_H_

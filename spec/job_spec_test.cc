@@ -1,5 +1,5 @@
-#include "coordinator/jobs/job_spec.h"
-#include "coordinator/jobs/spec_bounds_testing.h"
+#include "spec/job_spec.h"
+#include "spec/spec_bounds_testing.h"
 
 #include <sys/stat.h>
 

@@ -1,6 +1,6 @@
-#include "coordinator/jobs/spec_bounds_testing.h"
+#include "spec/spec_bounds_testing.h"
 
-#include "coordinator/jobs/job_spec.h"
+#include "spec/job_spec.h"
 
 namespace pipetrain {
 

@@ -14,7 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/checkpoint_manifest.h"
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "worker/checkpoint/unit_checkpoint.h"

@@ -17,11 +17,11 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cli/coordinator_client.h"
-#include "cli/flag_set.h"
 #include "cli/job_spec_file.h"
 #include "cli/link_summary.h"
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
+#include "common/flag_set.h"
 #include "common/secrets.h"
 #include "common/tls_credentials.h"
 #include "google/protobuf/util/json_util.h"
@@ -42,7 +42,9 @@ struct Connection {
   std::string tls_ca, tls_cert, tls_key;
   std::string token_file;
   void Bind(FlagSet& flags) {
-    flags.String("coordinator", &coordinator, "coordinator gRPC address");
+    flags.String("coordinator", &coordinator,
+                 "coordinator gRPC address, or a comma-separated list of highly available "
+                 "coordinators (the leader is found)");
     flags.String("tls-ca", &tls_ca, "PEM CA certificate for a TLS coordinator");
     flags.String("tls-cert", &tls_cert,
                  "PEM client certificate for a coordinator that requires one (with --tls-key)");

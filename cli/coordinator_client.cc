@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/secrets.h"
 #include "common/tls_credentials.h"
@@ -24,7 +25,35 @@ std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(
     const std::string& user_token) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
-  return v1::Coordinator::NewStub(BearerChannel(address, credentials, args, user_token));
+  auto connect = [&](const std::string& one) {
+    return v1::Coordinator::NewStub(BearerChannel(one, credentials, args, user_token));
+  };
+  absl::StatusOr<std::vector<std::string>> addresses =
+      ParseCoordinatorAddresses("--coordinator", address);
+  if (!addresses.ok() || addresses->size() == 1) return connect(address);
+  // Several coordinators: find the leader. A follower refuses at once,
+  // naming it; any other answer (even NOT_FOUND for this empty id) comes
+  // from the leader; a coordinator that does not answer is skipped. During
+  // a takeover none may answer for a moment: rounds repeat for up to 10 s.
+  std::string candidate = addresses->front();
+  const absl::Time give_up = absl::Now() + absl::Seconds(10);
+  for (size_t tries = 0; absl::Now() < give_up; ++tries) {
+    auto stub = connect(candidate);
+    auto context = WithDeadline(absl::Seconds(3));
+    v1::GetJobRequest probe;
+    v1::Job job;
+    const grpc::Status s = stub->GetJob(context.get(), probe, &job);
+    if (s.error_code() != grpc::StatusCode::UNAVAILABLE &&
+        s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
+      return stub;
+    }
+    const std::string leader = LeaderHint(*context);
+    candidate = !leader.empty() && leader != candidate
+                    ? leader
+                    : (*addresses)[(tries + 1) % addresses->size()];
+    if ((tries + 1) % addresses->size() == 0) absl::SleepFor(absl::Milliseconds(200));
+  }
+  return connect(candidate);  // none answered: its calls will say so
 }
 
 absl::StatusOr<std::string> UserTokenFrom(const std::string& token_file) {

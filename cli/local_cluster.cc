@@ -93,6 +93,16 @@ absl::Status LocalCluster::StartCoordinator(int grpc_port, int http_port) {
   return absl::OkStatus();
 }
 
+std::string LocalCluster::grpc_address() const {
+  std::string out = absl::StrCat("127.0.0.1:", grpc_port_);
+  for (int port : standby_grpc_ports_) absl::StrAppend(&out, ",127.0.0.1:", port);
+  return out;
+}
+
+std::string LocalCluster::standby_log(int i) const {
+  return absl::StrCat(options_.dir, "/coordinator-standby-", i, ".log");
+}
+
 absl::Status LocalCluster::KillAndRestartCoordinator() {
   coordinator_->Signal(SIGKILL);
   coordinator_->Wait(absl::Seconds(30));
@@ -104,6 +114,25 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const LocalClusterOptions& options) {
   std::unique_ptr<LocalCluster> cluster(new LocalCluster(options));
   RETURN_IF_ERROR(cluster->StartCoordinator(0, 0));
+  ASSIGN_OR_RETURN(std::vector<std::string> tokens, TokenFlags(options, true));
+  for (int i = 0; i < options.standby_coordinators; ++i) {
+    const std::string ports = absl::StrCat(options.dir, "/coordinator-standby-", i, ".ports");
+    std::remove(ports.c_str());
+    std::vector<std::string> argv = {options.coordinator_binary, "--grpc-address=127.0.0.1:0",
+                                     "--http-address=127.0.0.1:0", "--ports-file=" + ports};
+    argv.insert(argv.end(), tokens.begin(), tokens.end());
+    argv.insert(argv.end(), options.coordinator_args.begin(), options.coordinator_args.end());
+    ASSIGN_OR_RETURN(Subprocess standby, Subprocess::Spawn(argv, cluster->standby_log(i)));
+    cluster->standbys_.push_back(std::move(standby));
+    absl::Status ready = WaitForFile(ports, options.start_timeout, &cluster->standbys_.back(),
+                                     cluster->standby_log(i));
+    if (!ready.ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("standby coordinator ", i, " did not start: ", ready.message()));
+    }
+    ASSIGN_OR_RETURN(int port, ReadPort(ports, "grpc_port"));
+    cluster->standby_grpc_ports_.push_back(port);
+  }
   for (int i = 0; i < options.workers; ++i) RETURN_IF_ERROR(cluster->SpawnWorker(i));
   for (int i = 0; i < options.workers; ++i) RETURN_IF_ERROR(cluster->AwaitWorker(i));
   return cluster;
@@ -146,6 +175,7 @@ absl::StatusOr<int> LocalCluster::AddWorker() {
 
 LocalCluster::~LocalCluster() {
   for (Subprocess& w : workers_) w.Terminate(absl::Seconds(5));
+  for (Subprocess& s : standbys_) s.Terminate(absl::Seconds(5));
   if (coordinator_) coordinator_->Terminate(absl::Seconds(5));
 }
 

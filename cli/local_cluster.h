@@ -32,6 +32,10 @@ struct LocalClusterOptions {
   // Per worker i < size(), flags after worker_args (e.g. its own --device).
   std::vector<std::vector<std::string>> per_worker_args;
   absl::Duration start_timeout = absl::Seconds(30);
+  // Highly available coordinators: this many more coordinators with the
+  // same flags (which must then name an etcd: --etcd-endpoints), started
+  // after the first; the workers are given every coordinator's address.
+  int standby_coordinators = 0;
 };
 
 class LocalCluster {
@@ -42,12 +46,15 @@ class LocalCluster {
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
   ~LocalCluster();
 
-  std::string grpc_address() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
+  // The first coordinator's gRPC address, then the standbys', comma-separated.
+  std::string grpc_address() const;
   std::string http_address() const { return "127.0.0.1:" + std::to_string(http_port_); }
   int http_port() const { return http_port_; }
   const std::string& user_token() const { return options_.user_token; }
   std::string user_token_file() const { return options_.dir + "/user.token"; }
   Subprocess& coordinator() { return *coordinator_; }
+  Subprocess& standby(int i) { return standbys_[i]; }
+  std::string standby_log(int i) const;
   // Kills the coordinator with SIGKILL (no clean shutdown) and starts a new
   // one on the same ports with the same flags; the workers are left alone
   // (they find out and register again). Errors as Start.
@@ -71,6 +78,8 @@ class LocalCluster {
   absl::Status AwaitWorker(int i);
   LocalClusterOptions options_;
   std::unique_ptr<Subprocess> coordinator_;
+  std::vector<Subprocess> standbys_;
+  std::vector<int> standby_grpc_ports_;
   std::vector<Subprocess> workers_;
   int grpc_port_ = 0, http_port_ = 0;
   int coordinator_starts_ = 0;  // restarts so far

@@ -7,7 +7,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "cli/acctfm_profile.h"
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/acctfm.h"
 #include "coordinator/planner/profile.h"

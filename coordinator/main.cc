@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <memory>
@@ -27,8 +28,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
-#include "cli/flag_set.h"
+#include "common/annotated_mutex.h"
 #include "common/clock.h"
+#include "common/coordinator_endpoints.h"
+#include "common/flag_set.h"
 #include "common/http_server.h"
 #include "common/logging.h"
 #include "common/ports_file.h"
@@ -37,6 +40,7 @@
 #include "common/tls_credentials.h"
 #include "coordinator/api/caller_auth.h"
 #include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/api/follower_service.h"
 #include "coordinator/api/grpc_service.h"
 #include "coordinator/api/rest_service.h"
 #include "coordinator/jobs/assignment_hub.h"
@@ -44,6 +48,8 @@
 #include "coordinator/jobs/worker_profile_fetcher.h"
 #include "coordinator/registry/worker_registry.h"
 #include "coordinator/store/coordinator_state.h"
+#include "coordinator/store/etcd_store.h"
+#include "coordinator/store/leader_election.h"
 #include "coordinator/store/memory_store.h"
 #include "coordinator/store/sqlite_store.h"
 
@@ -77,6 +83,10 @@ struct Flags {
   std::string data_roots;  // comma-separated
   std::string state_dir;
   double restart_grace_seconds = 15;
+  std::string etcd_endpoints;  // comma-separated
+  std::string etcd_prefix = "/pipetrain/";
+  std::string advertise_address;
+  double leader_lease_seconds = 5;
 };
 
 // Flags and what is derived from them, validated.
@@ -120,6 +130,17 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
              "keep the coordinator's state (workers, jobs, plans, histories, checkpoints, "
              "profiles) in an SQLite database in this directory, so a restart loses nothing; "
              "empty: in memory only");
+  set.String("etcd-endpoints", &flags.etcd_endpoints,
+             "highly available coordinators: keep the state in this etcd (comma-separated "
+             "host:port of its members) instead of --state-dir; coordinators sharing it and "
+             "--etcd-prefix elect one leader, and the others refuse calls naming it");
+  set.String("etcd-prefix", &flags.etcd_prefix, "key prefix of this cluster's state in etcd");
+  set.String("advertise-address", &flags.advertise_address,
+             "with --etcd-endpoints: the gRPC address followers name as the leader's (default: "
+             "--grpc-address with the bound port; 127.0.0.1 for a wildcard host)");
+  set.Double("leader-lease-seconds", &flags.leader_lease_seconds,
+             "with --etcd-endpoints: the leader's etcd lease; a follower takes over within "
+             "about this long after the leader dies");
   set.Double("restart-grace-seconds", &flags.restart_grace_seconds,
              "after a restart, how long a running job waits for its workers to register again "
              "before it resumes without them");
@@ -133,10 +154,11 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
 
 // Binds the gRPC server; `port` receives the bound port.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
+                                                        const std::string& address,
                                                         grpc::Service* service, int& port) {
   const Flags& flags = config.flags;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(flags.grpc_address, config.credentials, &port);
+  builder.AddListeningPort(address, config.credentials, &port);
   // gRPC's default SO_REUSEPORT would let a second coordinator share the port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
@@ -144,11 +166,100 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on --grpc-address ",
-                                               flags.grpc_address,
+    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on --grpc-address ", address,
                                                "; is the port in use or the host not local?"));
   }
   return server;
+}
+
+// "host:N" for the host of `grpc_address` (127.0.0.1 for a wildcard).
+std::string AddressWithPort(const std::string& grpc_address, int port) {
+  std::string host = grpc_address.substr(0, grpc_address.rfind(':'));
+  if (host == "0.0.0.0" || host == "[::]" || host.empty()) host = "127.0.0.1";
+  return absl::StrCat(host, ":", port);
+}
+
+// Highly available coordinators: serves refusals naming the leader
+// (FollowerService) until this coordinator wins the election, then frees
+// the port for the real service. Returns the port, or CANCELLED when a
+// signal came first. Losing the leadership later ends the process (exit
+// code 5: its supervisor restarts it as a follower); the store's fenced
+// commits keep a deposed leader from writing meanwhile.
+absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& signals,
+                                      std::unique_ptr<LeaderElection>* election,
+                                      std::unique_ptr<FollowerService>* follower_service,
+                                      std::unique_ptr<grpc::Server>* follower_server) {
+  const Flags& flags = config.flags;
+  std::string leader_seen;
+  // Reads the election, which is made below (the port comes first).
+  static AnnotatedMutex election_mu;  // one election per process
+  AnnotatedMutex* mu = &election_mu;
+  *follower_service = std::make_unique<FollowerService>([mu, election] {
+    AnnotatedMutexLock lock(mu);
+    return *election ? (*election)->Leader() : std::string();
+  });
+  FollowerService& follower = **follower_service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(flags.grpc_address, config.credentials, &port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterCallbackGenericService(&follower);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve gRPC on --grpc-address ", flags.grpc_address));
+  }
+  if (!flags.ports_file.empty()) {
+    RETURN_IF_ERROR(WritePortsFile(flags.ports_file, {{"grpc_port", port}, {"http_port", 0}}));
+  }
+  const std::string identity = flags.advertise_address.empty()
+                                   ? AddressWithPort(flags.grpc_address, port)
+                                   : flags.advertise_address;
+  EtcdOptions etcd;
+  ASSIGN_OR_RETURN(etcd.endpoints,
+                   ParseCoordinatorAddresses("--etcd-endpoints", flags.etcd_endpoints));
+  etcd.prefix = flags.etcd_prefix;
+  LeaderElectionOptions options;
+  options.identity = identity;
+  options.ttl = absl::Seconds(flags.leader_lease_seconds);
+  options.on_change = [identity](bool leader) {
+    static std::atomic<bool> led{false};
+    if (leader) {
+      led.store(true);
+      return;
+    }
+    if (led.load()) {
+      PT_LOG(ERROR) << identity
+                    << " lost the leadership (its etcd lease ended); exiting so that it "
+                       "restarts as a follower";
+      std::_Exit(5);
+    }
+  };
+  {
+    ASSIGN_OR_RETURN(std::unique_ptr<LeaderElection> created,
+                     LeaderElection::Create(etcd, options));
+    AnnotatedMutexLock lock(mu);
+    *election = std::move(created);
+  }
+  RETURN_IF_ERROR((*election)->Start());
+  PT_LOG(INFO) << "pipetrain-coordinator " << identity << ": following (gRPC port " << port
+               << "), campaigning in etcd " << flags.etcd_endpoints;
+  const timespec tick{0, 50 * 1000 * 1000};
+  while (!(*election)->IsLeader()) {
+    if (sigtimedwait(&signals, nullptr, &tick) > 0) {
+      server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+      return absl::CancelledError("signal");
+    }
+    const std::string leader = (*election)->Leader();
+    if (leader != leader_seen && !leader.empty()) {
+      PT_LOG(INFO) << "the leader is " << leader;
+      leader_seen = leader;
+    }
+  }
+  PT_LOG(INFO) << identity << " is the leader now";
+  // The caller frees the port once it is ready to serve on it.
+  *follower_server = std::move(server);
+  return port;
 }
 
 // "host:port" or "[v6]:port" -> host (without brackets) and port.
@@ -255,6 +366,17 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   RETURN_IF_ERROR(ConfigureTokens(config.flags));
   RETURN_IF_ERROR(CheckOutputDir(config.flags.output_dir));
   RETURN_IF_ERROR(CheckStateDir(config.flags.state_dir, config.flags.output_dir));
+  if (!config.flags.etcd_endpoints.empty()) {
+    if (!config.flags.state_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--etcd-endpoints and --state-dir both name where the state goes; give one");
+    }
+    RETURN_IF_ERROR(
+        ParseCoordinatorAddresses("--etcd-endpoints", config.flags.etcd_endpoints).status());
+    if (!(config.flags.leader_lease_seconds >= 2 && config.flags.leader_lease_seconds <= 600)) {
+      return absl::InvalidArgumentError("--leader-lease-seconds must be in [2, 600]");
+    }
+  }
   if (!(config.flags.restart_grace_seconds >= 0 && config.flags.restart_grace_seconds <= 86400)) {
     return absl::InvalidArgumentError("--restart-grace-seconds must be in [0, 86400]");
   }
@@ -294,7 +416,32 @@ int Serve(const Config& config, const sigset_t& signals) {
   // Durable state first: a coordinator that cannot keep what it promised
   // does not start.
   std::unique_ptr<Store> store;
-  if (flags.state_dir.empty()) {
+  std::unique_ptr<LeaderElection> election;  // with --etcd-endpoints
+  std::unique_ptr<FollowerService> follower_service;
+  std::unique_ptr<grpc::Server> follower_server;  // until the real service binds
+  std::string grpc_address = flags.grpc_address;
+  if (!flags.etcd_endpoints.empty()) {
+    absl::StatusOr<int> port =
+        FollowUntilLeader(config, signals, &election, &follower_service, &follower_server);
+    if (port.status().code() == absl::StatusCode::kCancelled) return 0;
+    if (!port.ok()) {
+      PT_LOG(ERROR) << "--etcd-endpoints: " << port.status();
+      return 1;
+    }
+    grpc_address = AddressWithPort(flags.grpc_address, *port);
+    if (absl::StartsWith(flags.grpc_address, "0.0.0.0:")) {
+      grpc_address = absl::StrCat("0.0.0.0:", *port);
+    }
+    EtcdOptions etcd;
+    etcd.endpoints = ParseCoordinatorAddresses("--etcd-endpoints", flags.etcd_endpoints).value();
+    etcd.prefix = flags.etcd_prefix;
+    absl::StatusOr<std::unique_ptr<EtcdStore>> opened = EtcdStore::Open(etcd, election.get());
+    if (!opened.ok()) {
+      PT_LOG(ERROR) << "--etcd-endpoints: " << opened.status();
+      return 1;
+    }
+    store = std::move(*opened);
+  } else if (flags.state_dir.empty()) {
     store = std::make_unique<MemoryStore>();
   } else {
     absl::StatusOr<std::unique_ptr<SqliteStore>> opened = SqliteStore::Open(flags.state_dir);
@@ -343,8 +490,15 @@ int Serve(const Config& config, const sigset_t& signals) {
   CoordinatorGrpcService service(&registry, &jobs, &hub, &metrics, &auth);
 
   int grpc_port = 0;
+  if (follower_server != nullptr) {
+    // The state is loaded: swap the refusals for the service, on the port
+    // clients know (a moment without a listener; they retry).
+    follower_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    follower_server->Wait();
+    follower_server.reset();
+  }
   absl::StatusOr<std::unique_ptr<grpc::Server>> grpc_server =
-      StartGrpc(config, &service, grpc_port);
+      StartGrpc(config, grpc_address, &service, grpc_port);
   if (!grpc_server.ok()) {
     PT_LOG(ERROR) << grpc_server.status().message();
     return 1;

@@ -16,8 +16,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "cli/coordinator_client.h"
+#include "common/coordinator_endpoints.h"
 #include "common/safetensors.h"
+#include "coordinator/store/etcd_testing.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
 #include "tests/cluster_testing.h"
@@ -418,6 +421,85 @@ TEST_F(ElasticClusterTest, WorkerTerminated_DrainsBeforeLeavingNoStepRedone) {
   EXPECT_EQ(job.worker_ids_size(), 3);
   EXPECT_EQ(job.progress().steps_redone(), 0);
   EXPECT_EQ(job.progress().recoveries(), 0);
+}
+
+// Which of the cluster's coordinators leads: the index in `addresses` of
+// the one that answers a call (a follower refuses, naming the leader); -1.
+int LeaderIndex(const std::vector<std::string>& addresses, const std::string& token) {
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    auto stub = ConnectCoordinator(addresses[i], "", token);
+    auto context = WithDeadline(absl::Seconds(2));
+    v1::ListJobsResponse jobs;
+    if (stub->ListJobs(context.get(), {}, &jobs).ok()) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+TEST(HighlyAvailableCoordinatorsTest, LeaderKilled_FollowerTakesOverWithinLeasePlus5sJobFinishes) {
+  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("ha");
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  constexpr int kLeaseSeconds = 2;
+  LocalClusterOptions options;
+  options.coordinator_binary = FindSiblingBinary("coordinator", "pipetrain-coordinator").value();
+  options.worker_binary = FindSiblingBinary("worker", "pipetrain-worker").value();
+  options.workers = 4;
+  options.dir = std::string(std::getenv("TEST_TMPDIR")) + "/ha";
+  mkdir(options.dir.c_str(), 0700);
+  options.join_token = "ha-join";
+  options.user_token = "ha-user";
+  options.coordinator_args = {"--output-dir=" + options.dir,
+                              "--etcd-endpoints=" + (*etcd)->endpoint(),
+                              absl::StrCat("--leader-lease-seconds=", kLeaseSeconds)};
+  options.worker_args = {"--checkpoint-root=" + options.dir};
+  options.standby_coordinators = 1;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  const std::vector<std::string> addresses = absl::StrSplit((*cluster)->grpc_address(), ',');
+  ASSERT_EQ(addresses.size(), 2u);
+  // The stub finds the leader among both.
+  auto stub = ConnectCoordinator((*cluster)->grpc_address(), "", options.user_token);
+  const std::string id = testing::SubmitJob(*stub, ElasticSpec(4, "uniform", "ha.safetensors"));
+  ASSERT_FALSE(id.empty());
+  v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), [](const v1::Job& j) {
+    return testing::Ended(j) || j.progress().step() >= 12;
+  });
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  // The follower refuses, naming the leader.
+  const int leader = LeaderIndex(addresses, options.user_token);
+  ASSERT_GE(leader, 0);
+  {
+    auto follower = ConnectCoordinator(addresses[1 - leader], "", options.user_token);
+    auto context = WithDeadline(absl::Seconds(2));
+    v1::ListJobsResponse jobs;
+    const grpc::Status refused = follower->ListJobs(context.get(), {}, &jobs);
+    EXPECT_EQ(refused.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_TRUE(absl::StrContains(refused.error_message(), addresses[leader]))
+        << refused.error_message();
+    EXPECT_EQ(LeaderHint(*context), addresses[leader]);
+  }
+  Subprocess& leader_process = leader == 0 ? (*cluster)->coordinator() : (*cluster)->standby(0);
+  const absl::Time killed = absl::Now();
+  leader_process.Signal(SIGKILL);
+  // The other takes over within its lease plus 5 s.
+  int new_leader = -1;
+  while (absl::Now() - killed < absl::Seconds(kLeaseSeconds + 5) && new_leader < 0) {
+    auto other = ConnectCoordinator(addresses[1 - leader], "", options.user_token);
+    auto context = WithDeadline(absl::Seconds(1));
+    v1::ListJobsResponse jobs;
+    if (other->ListJobs(context.get(), {}, &jobs).ok()) new_leader = 1 - leader;
+    if (new_leader < 0) absl::SleepFor(absl::Milliseconds(50));  // polls a remote state
+  }
+  const double takeover = absl::ToDoubleSeconds(absl::Now() - killed);
+  std::fprintf(stderr, "takeover after %.2f s (lease %d s)\n", takeover, kLeaseSeconds);
+  ASSERT_EQ(new_leader, 1 - leader) << "no takeover within the lease plus 5 s";
+  auto survivor = ConnectCoordinator(addresses[new_leader], "", options.user_token);
+  job = testing::AwaitJob(*survivor, id, absl::Seconds(180), testing::Ended);
+  ExpectEqualsTrainLocal(job);
+  bool resumed = false;
+  for (const v1::PlanVersion& v : job.plan_history()) {
+    resumed = resumed || absl::StrContains(v.reason(), "the coordinator restarted");
+  }
+  EXPECT_TRUE(resumed);
 }
 
 }  // namespace

@@ -40,8 +40,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "cli/coordinator_client.h"
-#include "cli/flag_set.h"
 #include "cli/local_cluster.h"
+#include "common/flag_set.h"
 #include "common/status_macros.h"
 #include "worker/agent/device_info.h"
 

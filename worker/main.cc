@@ -18,7 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 #include "common/http_server.h"
 #include "common/logging.h"
 #include "common/ports_file.h"

@@ -42,6 +42,7 @@
 #include "common/annotated_mutex.h"
 #include "common/subprocess.h"
 #include "coordinator/store/etcd_client.h"
+#include "coordinator/store/etcd_testing.h"
 #include "coordinator/store/leader_election.h"
 #include "coordinator/store/store.h"
 #include "coordinator/store/store_contract_testing.h"
@@ -55,51 +56,13 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
 
-// Debian's path; PIPETRAIN_ETCD names another etcd binary.
-constexpr char kDefaultEtcdBinary[] = "/usr/bin/etcd";
-constexpr char kEtcdPackage[] = "etcd-server";
-// etcd is up within a second or two; this is for a loaded machine.
-constexpr absl::Duration kStartTimeout = absl::Seconds(60);
+// Test timings (etcd_testing.h starts the etcd).
 constexpr absl::Duration kPollInterval = absl::Milliseconds(20);
 // etcd's smallest TTL with its default election timeout: failover tests
 // wait about this long.
 constexpr absl::Duration kTtl = absl::Seconds(2);
 // A leader must be replaced within this long after it stops renewing.
 constexpr absl::Duration kFailoverLimit = absl::Seconds(2 + 5);  // kTtl + 5 s
-
-std::string EtcdBinary() {
-  const char* binary = getenv("PIPETRAIN_ETCD");
-  return binary != nullptr ? binary : kDefaultEtcdBinary;
-}
-
-std::string TestTmpDir() {
-  const char* dir = getenv("TEST_TMPDIR");
-  return dir != nullptr ? dir : "/tmp";
-}
-
-// Where etcd's logs go: kept by Bazel when it gives an outputs dir.
-std::string LogDir() {
-  const char* dir = getenv("TEST_UNDECLARED_OUTPUTS_DIR");
-  return dir != nullptr ? dir : TestTmpDir();
-}
-
-// A port on 127.0.0.1 that was free a moment ago (see the file comment).
-int FreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return -1;
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t size = sizeof(addr);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &size) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 // Polls `done` until it holds or `timeout` has passed; returns whether it
 // holds.
@@ -111,117 +74,6 @@ bool WaitFor(const std::function<bool()>& done, absl::Duration timeout) {
   }
   return true;
 }
-
-std::string Tail(const std::string& path, size_t bytes) {
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return text.size() > bytes ? text.substr(text.size() - bytes) : text;
-}
-
-// ---------------------------------------------------------------------------
-// An etcd process of the test's own.
-
-class EtcdProcess {
- public:
-  // Starts a single-member etcd with a new data dir; returns once it
-  // answers. FAILED_PRECONDITION naming the package when etcd is missing.
-  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(const std::string& name) {
-    if (access(EtcdBinary().c_str(), X_OK) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "etcd not found at ", EtcdBinary(), ": these tests run a real etcd; install Debian 12's ",
-          kEtcdPackage, " package (apt-get install -y ", kEtcdPackage,
-          "), or set PIPETRAIN_ETCD to an etcd binary"));
-    }
-    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(name));
-    absl::Status started;
-    for (int attempt = 0; attempt < 3; ++attempt) {  // New ports if one was taken.
-      etcd->client_port_ = FreePort();
-      etcd->peer_port_ = FreePort();
-      started = etcd->Launch();
-      if (started.ok()) return etcd;
-    }
-    return started;
-  }
-
-  ~EtcdProcess() { Kill(); }
-
-  // SIGKILL: nothing is flushed that was not already.
-  void Kill() {
-    if (process_.has_value()) process_->Signal(SIGKILL);
-    process_.reset();  // Reaps it.
-  }
-
-  // The same data dir and ports.
-  absl::Status Restart() {
-    Kill();
-    return Launch();
-  }
-
-  std::string endpoint() const { return absl::StrCat("127.0.0.1:", client_port_); }
-
-  EtcdOptions Options(const std::string& prefix) const {
-    EtcdOptions options;
-    options.endpoints = {endpoint()};
-    options.prefix = prefix;
-    options.rpc_timeout = absl::Seconds(5);
-    return options;
-  }
-
- private:
-  explicit EtcdProcess(std::string name)
-      : name_(std::move(name)),
-        data_dir_(absl::StrCat(TestTmpDir(), "/etcd-", name_)),
-        log_path_(absl::StrCat(LogDir(), "/etcd-", name_, ".log")) {}
-
-  // Spawns etcd and polls a Range until it answers.
-  absl::Status Launch() {
-    const std::string client = absl::StrCat("http://127.0.0.1:", client_port_);
-    const std::string peer = absl::StrCat("http://127.0.0.1:", peer_port_);
-    absl::StatusOr<Subprocess> spawned = Subprocess::Spawn(
-        {EtcdBinary(), "--name", name_, "--data-dir", data_dir_, "--listen-client-urls", client,
-         "--advertise-client-urls", client, "--listen-peer-urls", peer,
-         "--initial-advertise-peer-urls", peer, "--initial-cluster", absl::StrCat(name_, "=", peer),
-         "--logger", "zap", "--log-outputs", "stderr"},
-        log_path_);
-    if (!spawned.ok()) return spawned.status();
-    process_.emplace(std::move(*spawned));
-
-    EtcdOptions options;
-    options.endpoints = {endpoint()};
-    options.rpc_timeout = absl::Seconds(1);
-    absl::StatusOr<std::unique_ptr<EtcdClient>> client_or = EtcdClient::Create(options);
-    if (!client_or.ok()) return client_or.status();
-    absl::Status answered = absl::UnavailableError("not asked yet");
-    const bool up = WaitFor(
-        [&] {
-          if (process_->Poll().has_value()) return true;
-          etcdserverpb::RangeRequest request;
-          request.set_key("probe");
-          etcdserverpb::RangeResponse response;
-          answered = (*client_or)->Range(request, &response);
-          return answered.ok();
-        },
-        kStartTimeout);
-    if (process_->Poll().has_value()) {
-      process_.reset();
-      return absl::FailedPreconditionError(absl::StrCat("etcd exited at start-up; the end of ",
-                                                        log_path_, ":\n", Tail(log_path_, 2000)));
-    }
-    if (!up) {
-      return absl::DeadlineExceededError(absl::StrCat("etcd did not answer within ",
-                                                      absl::FormatDuration(kStartTimeout), ": ",
-                                                      answered.ToString(), "; see ", log_path_));
-    }
-    return absl::OkStatus();
-  }
-
-  const std::string name_;
-  const std::string data_dir_;
-  const std::string log_path_;
-  int client_port_ = -1;
-  int peer_port_ = -1;
-  std::optional<Subprocess> process_;
-};
 
 // The etcd every test shares.
 EtcdProcess* shared_etcd = nullptr;

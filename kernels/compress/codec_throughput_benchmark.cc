@@ -45,7 +45,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 #include "common/philox.h"
 #include "common/tensor.h"
 #include "kernels/compress/codec.h"

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "worker/agent/device_info.h"
@@ -25,7 +26,7 @@ constexpr int kValuesPerChunk = 256 * 1024;  // 1 MiB of floats per message
 // CoordinatorLink over the coordinator's gRPC service.
 class WorkerAgent::GrpcLink : public CoordinatorLink {
  public:
-  GrpcLink(v1::Coordinator::Stub* stub, WorkerAgent* agent) : stub_(stub), agent_(agent) {}
+  explicit GrpcLink(WorkerAgent* agent) : agent_(agent) {}
 
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request) override {
@@ -33,7 +34,8 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
     SetDeadline(&context, agent_->options_.rpc_timeout);
     AddBearer(context, agent_->session_->Get());
     v1::ReportProgressResponse response;
-    const grpc::Status s = stub_->ReportProgress(&context, request, &response);
+    const grpc::Status s = agent_->Stub()->ReportProgress(&context, request, &response);
+    if (!s.ok()) agent_->endpoints_->Failed(s, context);
     if (!s.ok()) return FromGrpc(s);
     return response;
   }
@@ -44,7 +46,8 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
     SetDeadline(&context, absl::Minutes(10));
     AddBearer(context, agent_->session_->Get());
     v1::UploadWeightsResponse response;
-    auto writer = stub_->UploadWeights(&context, &response);
+    const std::unique_ptr<v1::Coordinator::Stub> stub = agent_->Stub();
+    auto writer = stub->UploadWeights(&context, &response);
     const std::string worker = agent_->worker_id();
     if (params.empty()) {  // a forward-only stage: name the stream, no tensors
       v1::WeightsChunk chunk;
@@ -72,7 +75,6 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
   }
 
  private:
-  v1::Coordinator::Stub* stub_;
   WorkerAgent* agent_;
 };
 
@@ -89,9 +91,16 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(64 << 20);
   args.SetMaxReceiveMessageSize(64 << 20);
-  stub_ = v1::Coordinator::NewStub(
-      grpc::CreateCustomChannel(options_.coordinator_address, credentials, args));
-  link_ = std::make_unique<GrpcLink>(stub_.get(), this);
+  // Several addresses: highly available coordinators; calls follow the
+  // leader (common/coordinator_endpoints.h).
+  std::vector<std::string> addresses =
+      ParseCoordinatorAddresses("--coordinator", options_.coordinator_address)
+          .value_or(std::vector<std::string>{options_.coordinator_address});
+  endpoints_ = std::make_unique<CoordinatorEndpoints>(
+      std::move(addresses), [credentials, args](const std::string& address) {
+        return grpc::CreateCustomChannel(address, credentials, args);
+      });
+  link_ = std::make_unique<GrpcLink>(this);
   device_ = CollectDeviceInfo(options_.backend);
   device_.set_memory_limit_bytes(
       EffectiveMemoryLimit(device_.memory_limit_bytes(), 0, options_.memory_limit_bytes));
@@ -159,7 +168,8 @@ absl::Status WorkerAgent::RegisterWithRetry() {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
     v1::RegisterWorkerResponse response;
-    const grpc::Status s = stub_->RegisterWorker(&context, request, &response);
+    const grpc::Status s = Stub()->RegisterWorker(&context, request, &response);
+    if (!s.ok()) endpoints_->Failed(s, context);
     if (s.ok()) {
       AnnotatedMutexLock lock(&mu_);
       worker_id_ = response.worker_id();
@@ -187,6 +197,10 @@ absl::Status WorkerAgent::Start() {
   return absl::OkStatus();
 }
 
+std::unique_ptr<v1::Coordinator::Stub> WorkerAgent::Stub() {
+  return v1::Coordinator::NewStub(endpoints_->channel());
+}
+
 absl::Status WorkerAgent::Drain(absl::Duration timeout) {
   v1::DrainWorkerRequest request;
   {
@@ -198,7 +212,7 @@ absl::Status WorkerAgent::Drain(absl::Duration timeout) {
   SetDeadline(&context, options_.rpc_timeout);
   AddBearer(context, session_->Get());
   v1::Worker response;
-  const grpc::Status s = stub_->DrainWorker(&context, request, &response);
+  const grpc::Status s = Stub()->DrainWorker(&context, request, &response);
   if (!s.ok()) {
     return absl::Status(
         static_cast<absl::StatusCode>(s.error_code()),
@@ -249,7 +263,7 @@ void WorkerAgent::Deregister() {
   SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(2)));
   AddBearer(context, session_->Get());
   v1::DeregisterWorkerResponse response;
-  const grpc::Status s = stub_->DeregisterWorker(&context, request, &response);
+  const grpc::Status s = Stub()->DeregisterWorker(&context, request, &response);
   if (s.ok()) {
     PT_LOG(INFO) << "deregistered " << request.worker_id();
   } else {
@@ -286,7 +300,8 @@ void WorkerAgent::HeartbeatLoop() {
     SetDeadline(&context, options_.rpc_timeout);
     AddBearer(context, session_->Get());
     v1::HeartbeatResponse response;
-    const grpc::Status s = stub_->Heartbeat(&context, request, &response);
+    const grpc::Status s = Stub()->Heartbeat(&context, request, &response);
+    if (!s.ok()) endpoints_->Failed(s, context);
     if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
         s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
         s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
@@ -328,13 +343,15 @@ void WorkerAgent::WatchLoop() {
       watch_context_ = &context;
     }
     AddBearer(context, session_->Get());
-    auto reader = stub_->WatchAssignments(&context, request);
+    const std::unique_ptr<v1::Coordinator::Stub> stub = Stub();
+    auto reader = stub->WatchAssignments(&context, request);
     v1::Assignment assignment;
     while (reader->Read(&assignment)) {
       backoff.Reset();
       Handle(assignment);
     }
     const grpc::Status s = reader->Finish();
+    if (!s.ok()) endpoints_->Failed(s, context);
     {
       AnnotatedMutexLock lock(&mu_);
       watch_context_ = nullptr;

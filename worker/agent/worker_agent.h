@@ -33,6 +33,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "common/annotated_mutex.h"
+#include "common/coordinator_endpoints.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/pipetrain/v1/coordinator.grpc.pb.h"
 #include "worker/agent/backoff.h"
@@ -43,7 +44,9 @@
 namespace pipetrain {
 
 struct WorkerAgentOptions {
-  std::string coordinator_address;     // host:port
+  // host:port, or a comma-separated list of highly available coordinators
+  // (the leader is followed).
+  std::string coordinator_address;
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: insecure
   std::string join_token;
   std::string node_name;
@@ -110,7 +113,10 @@ class WorkerAgent {
   Mailbox* mailbox_;
   TransportFactory make_transport_;
   IterationObserver observer_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  // The coordinators (one, or several that elect a leader) and a stub on
+  // the current one, made per call: the leader may change between calls.
+  std::unique_ptr<CoordinatorEndpoints> endpoints_;
+  std::unique_ptr<v1::Coordinator::Stub> Stub();
   std::unique_ptr<GrpcLink> link_;
   v1::DeviceInfo device_;  // set in the constructor, but for nccl_unique_id
   SessionCredential own_session_;

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 #include "kernels/cpu/blas.h"
 #include "worker/profile/unit_profiler.h"
 

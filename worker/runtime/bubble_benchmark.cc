@@ -18,7 +18,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "kernels/cpu/blas.h"

@@ -24,7 +24,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/planner/solve_plan.h"
 #include "kernels/cpu/blas.h"

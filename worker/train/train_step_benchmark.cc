@@ -32,7 +32,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 #include "common/philox.h"
 #include "kernels/cpu/blas.h"
 #include "nlohmann/json.hpp"

@@ -15,7 +15,7 @@
 #include <cstdio>
 #include <thread>
 
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_server.h"

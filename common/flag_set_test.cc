@@ -1,4 +1,4 @@
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 
 #include <cstdint>
 #include <string>
@@ -56,8 +56,8 @@ TEST_F(FlagSetTest, Parse_NoArgs_KeepsDefaultsAndSetsNothing) {
 }
 
 TEST_F(FlagSetTest, Parse_EqualsForm_SetsEveryType) {
-  ASSERT_TRUE(Parse({"--name=abc", "--count=-3", "--steps=5000000000", "--seed=18446744073709551615",
-                     "--lr=0.001", "--frac=0.125"})
+  ASSERT_TRUE(Parse({"--name=abc", "--count=-3", "--steps=5000000000",
+                     "--seed=18446744073709551615", "--lr=0.001", "--frac=0.125"})
                   .ok());
   EXPECT_EQ(name_, "abc");
   EXPECT_EQ(count_, -3);

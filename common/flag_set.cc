@@ -1,4 +1,4 @@
-#include "cli/flag_set.h"
+#include "common/flag_set.h"
 
 #include <cmath>
 
@@ -54,8 +54,7 @@ void FlagSet::Bool(const std::string& name, bool* target, const std::string& hel
 absl::Status FlagSet::Apply(const std::string& name, const std::string& value) {
   auto it = flags_.find(name);
   if (!it->second.parse(value)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--", name, ": cannot parse '", value, "'"));
+    return absl::InvalidArgumentError(absl::StrCat("--", name, ": cannot parse '", value, "'"));
   }
   set_.insert(name);
   return absl::OkStatus();
@@ -88,8 +87,7 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
       }
     }
     if (it == flags_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unknown flag --", name, " (see --help)"));
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
     }
     if (!has_value) {
       if (it->second.is_bool) {
@@ -109,8 +107,7 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
 std::string FlagSet::Usage() const {
   std::string out = usage_line_ + "\n\nFlags:\n";
   for (const auto& [name, flag] : flags_) {
-    absl::StrAppend(&out, "  --", name, "  ", flag.help, " (default ", flag.default_text,
-                    ")\n");
+    absl::StrAppend(&out, "  --", name, "  ", flag.help, " (default ", flag.default_text, ")\n");
   }
   return out;
 }

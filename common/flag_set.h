@@ -1,11 +1,12 @@
-// Per-subcommand command-line flags for the `pipetrain` CLI.
+// Command-line flags for every pipetrain binary (the CLI's subcommands, the
+// coordinator, the workers, the benchmarks).
 //
 // Each subcommand declares its own flags (with defaults taken from the bound
 // variables) so `pipetrain train-local --help` lists only what applies.
 // Accepted forms: --name=value, --name value, and for booleans --name,
 // --name=true|false, --noname. Not thread-safe; bind, parse, read.
-#ifndef PIPETRAIN_CLI_FLAG_SET_H_
-#define PIPETRAIN_CLI_FLAG_SET_H_
+#ifndef PIPETRAIN_COMMON_FLAG_SET_H_
+#define PIPETRAIN_COMMON_FLAG_SET_H_
 
 #include <cstdint>
 #include <functional>
@@ -59,4 +60,4 @@ class FlagSet {
 
 }  // namespace pipetrain
 
-#endif  // PIPETRAIN_CLI_FLAG_SET_H_
+#endif  // PIPETRAIN_COMMON_FLAG_SET_H_

@@ -1,0 +1,70 @@
+#include "common/coordinator_endpoints.h"
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+
+namespace pipetrain {
+
+absl::StatusOr<std::vector<std::string>> ParseCoordinatorAddresses(const std::string& flag,
+                                                                   const std::string& list) {
+  std::vector<std::string> out;
+  for (absl::string_view part : absl::StrSplit(list, ',')) {
+    const std::string address(absl::StripAsciiWhitespace(part));
+    if (address.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          flag, ": \"", list, "\" has an empty address (a comma-separated list of host:port)"));
+    }
+    out.push_back(address);
+  }
+  if (out.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, " is empty"));
+  return out;
+}
+
+std::string LeaderHint(const grpc::ClientContext& context) {
+  const auto& trailers = context.GetServerTrailingMetadata();
+  auto it = trailers.find(kLeaderMetadataKey);
+  return it == trailers.end() ? "" : std::string(it->second.data(), it->second.size());
+}
+
+CoordinatorEndpoints::CoordinatorEndpoints(std::vector<std::string> addresses,
+                                           ChannelFactory make_channel)
+    : addresses_(std::move(addresses)), make_channel_(std::move(make_channel)) {
+  PT_CHECK(!addresses_.empty());
+  AnnotatedMutexLock lock(&mu_);
+  current_ = addresses_[0];
+  channel_ = make_channel_(current_);
+}
+
+std::shared_ptr<grpc::Channel> CoordinatorEndpoints::channel() {
+  AnnotatedMutexLock lock(&mu_);
+  return channel_;
+}
+
+std::string CoordinatorEndpoints::current() const {
+  AnnotatedMutexLock lock(&mu_);
+  return current_;
+}
+
+void CoordinatorEndpoints::Failed(const grpc::Status& status, const grpc::ClientContext& context) {
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE || addresses_.size() < 2) return;
+  const std::string leader = LeaderHint(context);
+  AnnotatedMutexLock lock(&mu_);
+  if (!leader.empty()) {
+    if (leader != current_) SwitchToLocked(leader);
+    return;
+  }
+  const std::string next = addresses_[next_ % addresses_.size()];
+  next_ = (next_ + 1) % addresses_.size();
+  SwitchToLocked(next);
+}
+
+void CoordinatorEndpoints::SwitchToLocked(const std::string& address) {
+  PT_LOG(INFO) << "coordinator " << current_ << " is not the leader or does not answer; using "
+               << address;
+  current_ = address;
+  channel_ = make_channel_(address);
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,71 @@
+// CoordinatorEndpoints: which of several coordinators to talk to, for
+// workers and the CLI (highly available coordinators, DESIGN.md §11).
+//
+// Given the addresses of every coordinator ("a:7070,b:7070"), it hands out
+// a channel to the one it believes is the leader and follows the leader
+// when a call says otherwise: a follower refuses every call with
+// UNAVAILABLE and names the leader in the trailing metadata
+// kLeaderMetadataKey; a coordinator that does not answer at all is skipped
+// for the next address, round robin. A single address behaves as a plain
+// channel. Thread-safe.
+//
+//   CoordinatorEndpoints endpoints(addresses, make_channel);
+//   auto stub = v1::Coordinator::NewStub(endpoints.channel());
+//   grpc::Status s = stub->Heartbeat(&context, request, &response);
+//   if (!s.ok()) endpoints.Failed(s, context);   // next call: the leader
+#ifndef PIPETRAIN_COMMON_COORDINATOR_ENDPOINTS_H_
+#define PIPETRAIN_COMMON_COORDINATOR_ENDPOINTS_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "common/annotated_mutex.h"
+
+namespace pipetrain {
+
+// Trailing metadata of a follower's refusal: the leader's address.
+inline constexpr char kLeaderMetadataKey[] = "x-pipetrain-leader";
+
+// "a:7070, b:7070" -> {"a:7070", "b:7070"}; INVALID_ARGUMENT naming `flag`
+// when empty or an entry is empty.
+absl::StatusOr<std::vector<std::string>> ParseCoordinatorAddresses(const std::string& flag,
+                                                                   const std::string& list);
+
+// The leader a refused call named (kLeaderMetadataKey), or "".
+std::string LeaderHint(const grpc::ClientContext& context);
+
+class CoordinatorEndpoints {
+ public:
+  using ChannelFactory = std::function<std::shared_ptr<grpc::Channel>(const std::string&)>;
+
+  // `addresses` non-empty.
+  CoordinatorEndpoints(std::vector<std::string> addresses, ChannelFactory make_channel);
+
+  // The channel to the coordinator believed to lead.
+  std::shared_ptr<grpc::Channel> channel();
+  std::string current() const;
+  // A call on channel() failed with `status`: UNAVAILABLE moves to the
+  // leader it named, or else to the next address. Other codes change
+  // nothing (the coordinator answered).
+  void Failed(const grpc::Status& status, const grpc::ClientContext& context);
+
+ private:
+  void SwitchToLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::vector<std::string> addresses_;
+  const ChannelFactory make_channel_;
+  mutable AnnotatedMutex mu_;
+  std::string current_ ABSL_GUARDED_BY(mu_);
+  size_t next_ ABSL_GUARDED_BY(mu_) = 1;  // the address tried after current_
+  std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COMMON_COORDINATOR_ENDPOINTS_H_

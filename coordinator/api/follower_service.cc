@@ -1,0 +1,29 @@
+#include "coordinator/api/follower_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/coordinator_endpoints.h"
+
+namespace pipetrain {
+namespace {
+
+// Finishes at once; deletes itself when gRPC is done with it.
+class Refusal final : public grpc::ServerGenericBidiReactor {
+ public:
+  explicit Refusal(grpc::Status status) { Finish(std::move(status)); }
+  void OnDone() override { delete this; }
+};
+
+}  // namespace
+
+grpc::ServerGenericBidiReactor* FollowerService::CreateReactor(
+    grpc::GenericCallbackServerContext* context) {
+  const std::string leader = leader_();
+  if (!leader.empty()) context->AddTrailingMetadata(kLeaderMetadataKey, leader);
+  return new Refusal(grpc::Status(
+      grpc::StatusCode::UNAVAILABLE,
+      leader.empty() ? std::string("this coordinator is a follower and no leader is elected yet; "
+                                   "retry shortly")
+                     : absl::StrCat("this coordinator is a follower; the leader is ", leader)));
+}
+
+}  // namespace pipetrain

@@ -8,7 +8,7 @@
 // checked like every tensor but not written.
 //
 // Nothing is trusted: the manifest is parsed with bounds
-// (cli/checkpoint_manifest.h), and every unit file is verified against it
+// (worker/checkpoint/checkpoint_manifest.h), and every unit file is verified against it
 // (size, SHA-256, format, unit, step, seed, model shape, tensor shapes:
 // worker/checkpoint/unit_checkpoint.h ReadUnitCheckpoint) before anything
 // is written. The output is written atomically (temporary name, fsync,
@@ -27,29 +27,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "worker/checkpoint/checkpoint_manifest.h"
 
 namespace pipetrain {
-
-// One checkpoint directory, split as ReadUnitCheckpoint takes it: the step
-// directory is <root>/<dir>, `dir` a single path component.
-struct CheckpointLocation {
-  std::string root;  // absolute, symbolic links resolved
-  std::string dir;   // e.g. "step-00000010"
-  // DIR was a job's checkpoint directory and this is its newest step
-  // directory that has a manifest.json.
-  bool newest_of_job = false;
-  std::string path() const { return root == "/" ? "/" + dir : root + "/" + dir; }
-};
-
-// `dir` is a checkpoint when it is named step-<digits> or holds
-// manifest.json (of any kind: reading it reports what is wrong); otherwise
-// the step-<digits> directory in it with the highest step whose
-// manifest.json exists. Errors: NOT_FOUND when
-// `dir` does not exist, or when neither it nor any step-* directory in it
-// has a manifest (the message names <dir>/manifest.json);
-// INVALID_ARGUMENT when `dir` is not a directory or is "/"; other errno
-// failures as absl::ErrnoToStatus.
-absl::StatusOr<CheckpointLocation> LocateCheckpoint(const std::string& dir);
 
 struct CheckpointExport {
   std::string job_id;

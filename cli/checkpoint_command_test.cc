@@ -11,11 +11,11 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "cli/checkpoint_manifest.h"
 #include "common/safetensors.h"
 #include "coordinator/jobs/checkpoint_catalog.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "worker/checkpoint/checkpoint_manifest.h"
 #include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/model/gpt_model.h"
 

@@ -395,6 +395,9 @@ absl::Status ResolveElasticity(v1::JobSpec* spec) {
                    absl::StrCat("must be in [1, ", kMaxCheckpointKeep, "], got ", c->keep()));
   }
   if (!c->dir().empty()) RETURN_IF_ERROR(CheckConfinedName("spec.checkpoint.dir", c->dir()));
+  if (!spec->init().from().empty()) {
+    RETURN_IF_ERROR(CheckConfinedName("spec.init.from", spec->init().from()));
+  }
   const int stages = spec->parallelism().stages();
   const bool manual = spec->parallelism().solver() == kSolverManual;
   v1::ElasticSpec* e = spec->mutable_elastic();

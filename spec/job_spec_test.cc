@@ -602,6 +602,8 @@ TEST(ResolveJobSpec, CheckpointAndElastic_BoundsNamed) {
       {[](v1::JobSpec* s) { s->mutable_checkpoint()->set_keep(101); }, "spec.checkpoint.keep"},
       {[](v1::JobSpec* s) { s->mutable_checkpoint()->set_dir("../x"); }, "spec.checkpoint.dir"},
       {[](v1::JobSpec* s) { s->mutable_checkpoint()->set_dir("/abs"); }, "spec.checkpoint.dir"},
+      {[](v1::JobSpec* s) { s->mutable_init()->set_from("../weights.safetensors"); },
+       "spec.init.from"},
       {[](v1::JobSpec* s) { s->mutable_elastic()->set_min_workers(0); },
        "spec.elastic.min_workers"},
       {[](v1::JobSpec* s) { s->mutable_elastic()->set_min_workers(3); },

@@ -25,6 +25,7 @@
 #include "spec/job_spec.h"
 #include "tests/cluster_testing.h"
 #include "worker/data/corpus.h"
+#include "worker/model/weights_io.h"
 #include "worker/train/local_trainer.h"
 
 namespace pipetrain {
@@ -421,6 +422,71 @@ TEST_F(ElasticClusterTest, WorkerTerminated_DrainsBeforeLeavingNoStepRedone) {
   EXPECT_EQ(job.worker_ids_size(), 3);
   EXPECT_EQ(job.progress().steps_redone(), 0);
   EXPECT_EQ(job.progress().recoveries(), 0);
+}
+
+TEST_F(ElasticClusterTest, InitFromACheckpointAndFromWeights_GoOnAsTrainLocalWould) {
+  Start("init", 2);
+  // Job A: 12 steps, checkpoints after 5 and 10, final weights written.
+  v1::JobSpec a = ElasticSpec(2, "uniform", "init-a.safetensors");
+  a.mutable_training()->set_steps(12);
+  const v1::Job job_a = Finish(testing::SubmitJob(*stub_, a));
+  ASSERT_EQ(job_a.progress().checkpoint_step(), 10);
+
+  // Job B goes on from A's newest checkpoint (step 10) to step 40: the
+  // steps after 10 of an uninterrupted 40-step run.
+  v1::JobSpec b = ElasticSpec(2, "uniform", "init-b.safetensors");
+  b.mutable_init()->set_from("checkpoints/" + job_a.id());
+  const v1::Job job_b =
+      testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, b), absl::Seconds(180), testing::Ended);
+  ASSERT_EQ(job_b.state(), v1::SUCCEEDED) << job_b.reason();
+  const Reference& ref = TrainLocally(kSteps);
+  ASSERT_EQ(job_b.progress().loss_history_start(), 10);
+  ASSERT_EQ(job_b.progress().loss_history_size(), kSteps - 10);
+  for (int i = 10; i < kSteps; ++i) {
+    EXPECT_EQ(job_b.progress().loss_history(i - 10), ref.losses[i]) << "step " << i;
+  }
+  auto weights_b = ReadSafetensors(job_b.weights_path());
+  ASSERT_TRUE(weights_b.ok()) << weights_b.status();
+  for (const auto& [name, values] : ref.weights) {
+    EXPECT_EQ(weights_b->Find(name)->ToVector(), values) << name;
+  }
+
+  // Job C starts from A's final weights (Hugging Face names), with fresh
+  // AdamW state from step 0: as train-local started from that file.
+  v1::JobSpec c = ElasticSpec(2, "uniform", "");
+  c.mutable_init()->set_from("init-a.safetensors");
+  const v1::Job job_c =
+      testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, c), absl::Seconds(180), testing::Ended);
+  ASSERT_EQ(job_c.state(), v1::SUCCEEDED) << job_c.reason();
+  ResolvedJobSpec resolved = ResolveJobSpec(c).value();
+  const CorpusSpec corpus{"", resolved.data_format, resolved.train.model.vocab_size,
+                          resolved.synthetic_bytes, resolved.train.seed};
+  Dataset data =
+      Dataset::Create(LoadCorpus(corpus).value(), resolved.train.seq_len, resolved.val_fraction)
+          .value();
+  auto trainer = LocalTrainer::Create(resolved.train, &data).value();
+  ASSERT_TRUE(LoadWeights(job_a.weights_path(), trainer->model().parameters()).ok());
+  ASSERT_EQ(job_c.progress().loss_history_size(), kSteps);
+  for (int i = 0; i < kSteps; ++i) {
+    EXPECT_EQ(job_c.progress().loss_history(i), trainer->Step().value().loss) << "step " << i;
+  }
+
+  // Refused at submit, nothing started: another model's checkpoint, a
+  // path outside the output directory, something that is not there.
+  v1::JobSpec wider = b;
+  wider.mutable_model()->set_d_model(64);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = wider;
+  v1::Job refused;
+  grpc::Status s = stub_->SubmitJob(WithDeadline(absl::Seconds(10)).get(), request, &refused);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StrContains(s.error_message(), "another model")) << s.error_message();
+  for (const char* bad : {"../escape", "no/such/checkpoint"}) {
+    request.mutable_spec()->mutable_init()->set_from(bad);
+    s = stub_->SubmitJob(WithDeadline(absl::Seconds(10)).get(), request, &refused);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_TRUE(absl::StartsWith(s.error_message(), "spec.init.from")) << s.error_message();
+  }
 }
 
 // Which of the cluster's coordinators leads: the index in `addresses` of

@@ -1,11 +1,16 @@
 #include "coordinator/jobs/job_manager.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <optional>
 #include <set>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
@@ -16,6 +21,7 @@
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/solve_plan.h"
+#include "worker/checkpoint/checkpoint_manifest.h"
 #include "worker/model/gpt_config.h"
 
 namespace pipetrain {
@@ -222,6 +228,9 @@ absl::Status JobManager::PersistLocked(JobRecord& record, bool wait) {
   stored.set_profile_source(record.profile_source);
   stored.set_reference_gflops(record.reference_gflops);
   stored.set_recoveries_without_progress(record.recoveries_without_progress);
+  if (record.init_checkpoint.has_value())
+    *stored.mutable_init_checkpoint() = *record.init_checkpoint;
+  stored.set_init_weights(record.init_weights);
   record.last_persisted = clock_->Now();
   auto save = [state = options_.state](const store::StoredJob& job) {
     absl::Status saved = state->SaveJob(job);
@@ -279,6 +288,11 @@ absl::Status JobManager::Restore() {
     record->profile_source = s.profile_source();
     record->reference_gflops = s.reference_gflops();
     record->recoveries_without_progress = s.recoveries_without_progress();
+    if (s.has_init_checkpoint()) {
+      record->init_checkpoint = s.init_checkpoint();
+      record->init_step = s.init_checkpoint().step();
+    }
+    record->init_weights = s.init_weights();
     const v1::CheckpointSpec& checkpoint = record->resolved.spec.checkpoint();
     if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
       record->checkpoints = std::make_unique<CheckpointCatalog>(
@@ -345,10 +359,95 @@ absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
+    const ResolvedJobSpec& resolved) const {
+  InitSource init;
+  const std::string& from = resolved.spec.init().from();
+  if (from.empty()) return init;
+  if (options_.output_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "spec.init.from: this coordinator has no --output-dir to find it under");
+  }
+  // Resolved (links followed), it must still lie under the output directory.
+  std::unique_ptr<char, void (*)(void*)> root(realpath(options_.output_dir.c_str(), nullptr),
+                                              std::free);
+  std::unique_ptr<char, void (*)(void*)> real(
+      realpath(absl::StrCat(options_.output_dir, "/", from).c_str(), nullptr), std::free);
+  if (root == nullptr || real == nullptr ||
+      !absl::StartsWith(std::string(real.get()), std::string(root.get()) + "/")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.init.from: ", from,
+                     " is not a checkpoint directory or weights file under the "
+                     "coordinator's --output-dir"));
+  }
+  const std::string path = real.get();
+  auto invalid = [](const absl::Status& status) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.init.from: ", status.message()));
+  };
+  const GptConfig& model = resolved.train.model;
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    if (!absl::EndsWith(path, ".safetensors")) {
+      return absl::InvalidArgumentError(
+          "spec.init.from: names a file that is not .safetensors (Hugging Face GPT-2 weights) "
+          "nor a checkpoint directory");
+    }
+    // Every tensor the model needs, with its shape: checked now, so a job
+    // never starts on weights that do not fit.
+    absl::StatusOr<SafetensorsContents> contents = ReadSafetensors(path);
+    if (!contents.ok()) return invalid(contents.status());
+    for (int u = 0; u < NumUnits(model); ++u) {
+      for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+        const Tensor* t = contents->Find(p.name);
+        if (t == nullptr) t = contents->Find("transformer." + p.name);
+        if (t == nullptr || t->shape() != Shape(p.shape.begin(), p.shape.end())) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "spec.init.from: ", from,
+              (t == nullptr ? " has no tensor " : " has another shape of "), p.name,
+              " than this model's ", ShapeToString(Shape(p.shape.begin(), p.shape.end()))));
+        }
+      }
+    }
+    init.weights = from;
+    return init;
+  }
+  absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(path);
+  if (!at.ok()) return invalid(at.status());
+  absl::StatusOr<CheckpointManifest> manifest =
+      ReadCheckpointManifest(absl::StrCat(at->path(), "/", kCheckpointManifestName));
+  if (!manifest.ok()) return invalid(manifest.status());
+  const GptConfig& m = manifest->model;
+  if (m.vocab_size != model.vocab_size || m.max_seq_len != model.max_seq_len ||
+      m.n_layer != model.n_layer || m.n_head != model.n_head || m.d_model != model.d_model ||
+      manifest->seed != resolved.train.seed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.init.from: ", from, " is a checkpoint of another model or seed (vocab ", m.vocab_size,
+        ", max_seq_len ", m.max_seq_len, ", ", m.n_layer, " layers, ", m.n_head, " heads, d_model ",
+        m.d_model, ", seed ", manifest->seed, "); this job's must equal it"));
+  }
+  if (manifest->step >= resolved.train.steps) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.init.from: the checkpoint has taken ",
+                                                   manifest->step, " steps; spec.training.steps (",
+                                                   resolved.train.steps, ") must be larger"));
+  }
+  // Its directory relative to the output directory (the workers' root).
+  const std::string step_dir = at->path();
+  if (!absl::StartsWith(step_dir, std::string(root.get()) + "/")) {
+    return absl::InvalidArgumentError("spec.init.from: not under the coordinator's --output-dir");
+  }
+  v1::ResumeFrom checkpoint;
+  checkpoint.set_step(manifest->step);
+  checkpoint.set_dir(step_dir.substr(std::strlen(root.get()) + 1));
+  for (const v1::UnitFile& f : manifest->units) *checkpoint.add_units() = f;
+  init.checkpoint = std::move(checkpoint);
+  return init;
+}
+
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));
   RETURN_IF_ERROR(CheckPaths(resolved));
+  ASSIGN_OR_RETURN(InitSource init, ResolveInit(resolved));
   v1::Job job;
   {
     AnnotatedMutexLock lock(&mu_);
@@ -374,6 +473,13 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
                                                                 resolved.train.steps);
     }
     *record->job.mutable_spec() = resolved.spec;
+    record->init_weights = init.weights;
+    if (init.checkpoint.has_value()) {
+      record->init_checkpoint = init.checkpoint;
+      record->init_step = init.checkpoint->step();
+      record->job.mutable_progress()->set_step(record->init_step);
+      record->job.mutable_progress()->set_loss_history_start(record->init_step);
+    }
     record->job.set_state(v1::QUEUED);
     record->job.set_reason(absl::StrCat("waiting for ", resolved.stages, " READY workers"));
     SetTimestamp(clock_->Now(), record->job.mutable_create_time());
@@ -637,6 +743,8 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
 absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::string>& workers,
                                      const v1::ResumeFrom* resume, const std::string& reason) {
   const std::string& id = record.job.id();
+  // No checkpoint of its own yet: where spec.init.from starts it.
+  if (resume == nullptr && record.init_checkpoint.has_value()) resume = &*record.init_checkpoint;
   std::vector<std::string> addresses;
   std::vector<v1::Worker> infos;
   for (const std::string& w : workers) {
@@ -693,6 +801,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     a.set_data_plane_secret(data_plane_secret);
     a.set_start_iteration(start_step);
     if (resume != nullptr) *a.mutable_resume() = *resume;
+    if (resume == nullptr) a.set_init_weights(record.init_weights);
     *a.mutable_forward_units() = record.plan.stages(s).forward();
     *a.mutable_backward_units() = record.plan.stages(s).backward();
     for (const std::string& address : addresses) a.add_peer_addresses(address);
@@ -813,7 +922,8 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   // Where the recorded losses reach: a checkpoint whose last step's loss
   // never arrived would leave a hole in the history.
   const v1::ResumeFrom* resume = record.checkpoints->LatestAtOrBefore(p->step());
-  const int64_t resume_step = resume != nullptr ? resume->step() : 0;
+  // Without one: where the job started (spec.init.from's checkpoint, or 0).
+  const int64_t resume_step = resume != nullptr ? resume->step() : record.init_step;
   const int64_t redone = std::max<int64_t>(0, p->step() - resume_step);
   // The history of steps [0, resume_step) stays; later steps are redone.
   const int64_t keep = std::max<int64_t>(0, resume_step - p->loss_history_start());
@@ -825,10 +935,10 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   p->set_steps_redone(p->steps_redone() + redone);
   p->set_recoveries(p->recoveries() + 1);
   const absl::Time planning_start = now;
-  const std::string reason =
-      absl::StrCat(record.recovery_reason, "; resumed from ",
-                   resume != nullptr ? absl::StrCat("checkpoint step ", resume_step)
-                                     : std::string("step 0 (no checkpoint yet)"));
+  const std::string reason = absl::StrCat(
+      record.recovery_reason, "; resumed from ",
+      resume != nullptr ? absl::StrCat("checkpoint step ", resume_step)
+                        : absl::StrCat("step ", resume_step, " (no checkpoint of its own yet)"));
   const v1::ResumeFrom resume_copy = resume != nullptr ? *resume : v1::ResumeFrom();
   absl::Status placed =
       PlaceLocked(record, chosen, resume != nullptr ? &resume_copy : nullptr, reason);

@@ -296,6 +296,11 @@ class JobManager {
     // workers to register again.
     absl::Time restart_grace_until;
     absl::Time last_persisted;
+    // spec.init.from, resolved at submit: the checkpoint the job starts from
+    // (its step is init_step), or a weights file (step 0).
+    std::optional<v1::ResumeFrom> init_checkpoint;
+    std::string init_weights;
+    int64_t init_step = 0;
     // A pending step boundary: the step the stages stop after (0: none) and
     // why; the workers to re-plan on are chosen when it is reached.
     int64_t stop_at = 0;
@@ -364,6 +369,13 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the spec's files may go and come from (options_); see Submit.
   absl::Status CheckPaths(const ResolvedJobSpec& resolved) const;
+  // spec.init.from: the checkpoint or weights file it names, checked
+  // against the job's model (INVALID_ARGUMENT naming the field otherwise).
+  struct InitSource {
+    std::optional<v1::ResumeFrom> checkpoint;
+    std::string weights;
+  };
+  absl::StatusOr<InitSource> ResolveInit(const ResolvedJobSpec& resolved) const;
   // Writes the assembled weights under the output directory; the path written.
   absl::StatusOr<std::string> WriteWeightsLocked(JobRecord& record)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -10,10 +10,12 @@
 #include "absl/strings/str_join.h"
 #include "common/confined_path.h"
 #include "common/logging.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "spec/job_spec.h"
 #include "worker/checkpoint/checkpoint_writer.h"
 #include "worker/data/corpus.h"
+#include "worker/model/gpt_config.h"
 #include "worker/model/weights_io.h"
 
 namespace pipetrain {
@@ -186,6 +188,35 @@ absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdenti
   return absl::OkStatus();
 }
 
+absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& model) {
+  ASSIGN_OR_RETURN(
+      const std::string path,
+      ResolveUnderRoots("spec.init.from", assignment_.init_weights(), {options_.checkpoint_root}));
+  ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(path));
+  std::set<int> units;
+  for (const v1::UnitRange& r : {assignment_.forward_units(), assignment_.backward_units()}) {
+    for (int u = r.begin(); u < r.end(); ++u) units.insert(u);
+  }
+  std::vector<UnitState> states;
+  for (int u : units) {
+    UnitState state;
+    state.unit = u;
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      const Tensor* t = contents.Find(p.name);
+      if (t == nullptr) t = contents.Find("transformer." + p.name);
+      if (t == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor ", p.name));
+      }
+      state.values.push_back({p.name, *t});
+    }
+    states.push_back(std::move(state));
+  }
+  RETURN_IF_ERROR(runtime.Restore(states, 0));  // checks every shape
+  PT_LOG(INFO) << "job " << assignment_.job_id() << " stage " << assignment_.stage()
+               << ": weights of " << states.size() << " units from " << path;
+  return absl::OkStatus();
+}
+
 void JobRunner::ReportCheckpoint(int64_t step, double seconds,
                                  const absl::StatusOr<std::vector<v1::UnitFile>>& files) {
   v1::ReportProgressRequest r;
@@ -274,6 +305,14 @@ absl::Status JobRunner::RunJob() {
     return absl::FailedPreconditionError(
         "job has checkpoints (spec.checkpoint) but this worker was started without "
         "--checkpoint-root; start it with the coordinator's --output-dir (a shared directory)");
+  }
+  if (!assignment_.init_weights().empty()) {
+    if (options_.checkpoint_root.empty()) {
+      return absl::FailedPreconditionError(
+          "spec.init.from names weights, but this worker was started without --checkpoint-root "
+          "(the coordinator's --output-dir, shared)");
+    }
+    RETURN_IF_ERROR(LoadInitWeights(*runtime, job.train.model));
   }
   if (assignment_.has_resume()) {
     const absl::Time load_start = absl::Now();

@@ -118,6 +118,8 @@ class JobRunner {
   void ReportError(const absl::Status& status, bool checkpoint_unusable = false);
   // Loads Assignment.resume into `runtime` (see the file comment).
   absl::Status LoadResume(StageRuntime& runtime, const CheckpointIdentity& identity);
+  // Loads Assignment.init_weights (spec.init.from, a safetensors file).
+  absl::Status LoadInitWeights(StageRuntime& runtime, const GptConfig& model);
   void ReportCheckpoint(int64_t step, double seconds,
                         const absl::StatusOr<std::vector<v1::UnitFile>>& files);
 

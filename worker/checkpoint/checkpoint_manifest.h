@@ -16,8 +16,8 @@
 // the model exactly once. Unknown keys are ignored.
 //
 // Thread-safe: the functions keep no state.
-#ifndef PIPETRAIN_CLI_CHECKPOINT_MANIFEST_H_
-#define PIPETRAIN_CLI_CHECKPOINT_MANIFEST_H_
+#ifndef PIPETRAIN_WORKER_CHECKPOINT_CHECKPOINT_MANIFEST_H_
+#define PIPETRAIN_WORKER_CHECKPOINT_CHECKPOINT_MANIFEST_H_
 
 #include <cstdint>
 #include <string>
@@ -68,6 +68,27 @@ absl::StatusOr<CheckpointManifest> ParseCheckpointManifest(std::string_view text
 // absl::ErrnoToStatus; then as ParseCheckpointManifest.
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& path);
 
+// One checkpoint directory, split as ReadUnitCheckpoint takes it: the step
+// directory is <root>/<dir>, `dir` a single path component.
+struct CheckpointLocation {
+  std::string root;  // absolute, symbolic links resolved
+  std::string dir;   // e.g. "step-00000010"
+  // DIR was a job's checkpoint directory and this is its newest step
+  // directory that has a manifest.json.
+  bool newest_of_job = false;
+  std::string path() const { return root == "/" ? "/" + dir : root + "/" + dir; }
+};
+
+// `dir` is a checkpoint when it is named step-<digits> or holds
+// manifest.json (of any kind: reading it reports what is wrong); otherwise
+// the step-<digits> directory in it with the highest step whose
+// manifest.json exists. Errors: NOT_FOUND when
+// `dir` does not exist, or when neither it nor any step-* directory in it
+// has a manifest (the message names <dir>/manifest.json);
+// INVALID_ARGUMENT when `dir` is not a directory or is "/"; other errno
+// failures as absl::ErrnoToStatus.
+absl::StatusOr<CheckpointLocation> LocateCheckpoint(const std::string& dir);
+
 }  // namespace pipetrain
 
-#endif  // PIPETRAIN_CLI_CHECKPOINT_MANIFEST_H_
+#endif  // PIPETRAIN_WORKER_CHECKPOINT_CHECKPOINT_MANIFEST_H_

@@ -1,13 +1,17 @@
-#include "cli/checkpoint_manifest.h"
+#include "worker/checkpoint/checkpoint_manifest.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <limits>
+#include <memory>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/confined_path.h"
 #include "common/status_macros.h"
@@ -249,6 +253,83 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& pat
   }
   text.resize(done);
   return ParseCheckpointManifest(text, path);
+}
+
+namespace {
+
+bool ParseStepDirName(const std::string& name, int64_t* step) {
+  constexpr char kPrefix[] = "step-";
+  const size_t prefix = sizeof(kPrefix) - 1;
+  if (name.size() <= prefix || name.size() > prefix + 18 || name.compare(0, prefix, kPrefix) != 0) {
+    return false;
+  }
+  for (size_t i = prefix; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+  }
+  return absl::SimpleAtoi(name.substr(prefix), step);
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return lstat(path.c_str(), &st) == 0;
+}
+
+// The step-* directory in `dir` (a real path) with the highest step whose
+// manifest.json exists; empty when none.
+absl::StatusOr<std::string> NewestStepDir(const std::string& dir, const std::string& shown) {
+  std::unique_ptr<DIR, int (*)(DIR*)> stream(opendir(dir.c_str()), closedir);
+  if (stream == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("cannot list ", shown));
+  std::string newest;
+  int64_t newest_step = -1;
+  while (const dirent* entry = readdir(stream.get())) {
+    const std::string name = entry->d_name;
+    int64_t step = 0;
+    if (!ParseStepDirName(name, &step) || step <= newest_step) continue;
+    if (!Exists(absl::StrCat(dir, "/", name, "/", kCheckpointManifestName))) continue;
+    newest = name;
+    newest_step = step;
+  }
+  return newest;
+}
+
+// `status` with `hint` appended to its message, same code.
+}  // namespace
+
+absl::StatusOr<CheckpointLocation> LocateCheckpoint(const std::string& dir) {
+  std::unique_ptr<char, void (*)(void*)> real(realpath(dir.c_str(), nullptr), std::free);
+  if (real == nullptr && errno == ENOENT) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no such directory"));
+  }
+  if (real == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("cannot resolve ", dir));
+  const std::string path = real.get();
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("cannot stat ", dir));
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(dir, " is not a directory"));
+  }
+  if (path == "/") return absl::InvalidArgumentError("/ is not a checkpoint directory");
+  CheckpointLocation at;
+  const size_t slash = path.rfind('/');
+  const std::string name = path.substr(slash + 1);
+  int64_t step = 0;
+  if (ParseStepDirName(name, &step) || Exists(absl::StrCat(path, "/", kCheckpointManifestName))) {
+    at.root = slash == 0 ? "/" : path.substr(0, slash);
+    at.dir = name;
+    return at;
+  }
+  ASSIGN_OR_RETURN(std::string newest, NewestStepDir(path, dir));
+  if (newest.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        dir, "/", kCheckpointManifestName, " is missing and no step-* directory in ", dir,
+        " has one: this is not a complete checkpoint (the coordinator writes the "
+        "manifest once every unit file of a step is in)"));
+  }
+  at.root = path;
+  at.dir = newest;
+  at.newest_of_job = true;
+  return at;
 }
 
 }  // namespace pipetrain

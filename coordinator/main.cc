@@ -156,7 +156,6 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
                                                         const std::string& address,
                                                         grpc::Service* service, int& port) {
-  const Flags& flags = config.flags;
   grpc::ServerBuilder builder;
   builder.AddListeningPort(address, config.credentials, &port);
   // gRPC's default SO_REUSEPORT would let a second coordinator share the port.

@@ -1,8 +1,8 @@
 // Recovery time and checkpoint cost, measured on real processes (the
 // Elastic issue's figures; docs/benchmarks.md "Recovery").
 //
-//   bazel build -c opt //tests:recovery_benchmark //coordinator:pipetrain-coordinator \
-//       //worker:pipetrain-worker
+//   bazel build //tests:recovery_benchmark //coordinator:pipetrain-coordinator
+//       //worker:pipetrain-worker   (one command)
 //   bazel-bin/tests/recovery_benchmark [--kills 20] [--seed 1] [--rounds 5]
 //
 // Part 1 (recovery): a coordinator and 4 workers with default settings run
@@ -22,7 +22,7 @@
 //
 // Part 2 (checkpoint cost): the same model, 4 workers, 300 steps with no
 // checkpoints and with one every 10 steps, alternated (--rounds each); the
-// median step time of each and the bytes a checkpoint writes.
+// mean step time of each and the bytes a checkpoint writes.
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -254,8 +254,6 @@ absl::StatusOr<std::pair<double, int64_t>> TimeJob(v1::Coordinator::Stub& stub,
   return std::make_pair(seconds / double(steps - from), bytes);
 }
 
-double Median(std::vector<double> v) { return Percentile(std::move(v), 0.5); }
-
 int RunCheckpointCost(const std::string& dir, int rounds) {
   const std::string where = dir + "/cost";
   auto cluster = StartCluster(where, 4);
@@ -277,10 +275,12 @@ int RunCheckpointCost(const std::string& dir, int rounds) {
   const double mean_off = std::accumulate(off.begin(), off.end(), 0.0) / off.size();
   const double mean_on = std::accumulate(on.begin(), on.end(), 0.0) / on.size();
   const double overhead = (mean_on / mean_off - 1) * 100;
+  // Means over the rounds, which alternate: a 2-core VM's step time
+  // wanders by 5-10 % between jobs.
   std::printf(
-      "\nstep time: %.2f ms without checkpoints, %.2f ms with one every 10 steps: "
-      "%+.1f %%\n",
-      mean_off * 1e3, mean_on * 1e3, overhead);
+      "\nstep time (mean of %d rounds): %.2f ms without checkpoints, %.2f ms with one every 10 "
+      "steps: %+.1f %%\n",
+      rounds, mean_off * 1e3, mean_on * 1e3, overhead);
   std::printf("one checkpoint: %lld bytes (%.2f MiB; weights and AdamW moments of every unit)\n",
               static_cast<long long>(bytes), bytes / 1048576.0);
   std::printf("# goal: overhead under 5 %%: %s\n", overhead < 5 ? "met" : "NOT met");

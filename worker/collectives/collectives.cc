@@ -1,0 +1,218 @@
+#include "worker/collectives/collectives.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+
+namespace pipetrain {
+namespace {
+
+bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
+
+int Mod(int a, int n) { return ((a % n) + n) % n; }
+
+absl::Status Annotate(const absl::Status& status, const std::string& what) {
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
+}  // namespace
+
+Collectives::Collectives(Transport* transport, CollectiveGroup group, CollectiveOptions options)
+    : transport_(transport), group_(std::move(group)), options_(options) {
+  const int n = static_cast<int>(group_.members.size());
+  for (int i = 0; i < n; ++i) {
+    if (std::count(group_.members.begin(), group_.members.end(), group_.members[i]) > 1) {
+      status_ = absl::InvalidArgumentError(
+          absl::StrCat("collective group [", absl::StrJoin(group_.members, ", "), "] names stage ",
+                       group_.members[i], " twice"));
+      return;
+    }
+    if (group_.members[i] == transport_->stage()) rank_ = i;
+  }
+  if (n == 0 || rank_ < 0) {
+    status_ = absl::InvalidArgumentError(
+        absl::StrCat("collective group [", absl::StrJoin(group_.members, ", "),
+                     "] does not contain this stage (", transport_->stage(), ")"));
+    return;
+  }
+  send_seq_.assign(n, 0);
+  recv_seq_.assign(n, 0);
+}
+
+std::vector<std::pair<int64_t, int64_t>> Collectives::SegmentBounds(int64_t numel, int n) {
+  std::vector<std::pair<int64_t, int64_t>> bounds;
+  const int64_t base = numel / n, extra = numel % n;
+  int64_t begin = 0;
+  for (int i = 0; i < n; ++i) {
+    const int64_t end = begin + base + (i < extra ? 1 : 0);
+    bounds.emplace_back(begin, end);
+    begin = end;
+  }
+  return bounds;
+}
+
+TensorAddress Collectives::Address(int64_t iteration, int tag, int seq) const {
+  TensorAddress a;
+  a.job_id = group_.job_id;
+  a.iteration = iteration;
+  a.kind = v1::COLLECTIVE;
+  a.micro_batch = seq;
+  a.unit = tag;
+  return a;
+}
+
+std::string Collectives::Describe(int tag) const {
+  return absl::StrCat("collective ", tag, " of group [", absl::StrJoin(group_.members, ", "),
+                      "] (rank ", rank_, ")");
+}
+
+absl::Status Collectives::SendRange(int64_t iteration, int tag, int to, const float* values,
+                                    int64_t begin, int64_t end) {
+  const int64_t chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
+  for (int64_t off = begin; off < end; off += chunk) {
+    const int64_t len = std::min(chunk, end - off);
+    Tensor piece = Tensor::Zeros({len});
+    std::memcpy(piece.data(), values + off, static_cast<size_t>(len) * sizeof(float));
+    absl::Status sent =
+        transport_->Send(group_.members[to], Address(iteration, tag, send_seq_[to]++), piece);
+    if (!sent.ok()) return Annotate(sent, Describe(tag));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Collectives::RecvRange(int64_t iteration, int tag, int from, float* values,
+                                    int64_t begin, int64_t end, bool add) {
+  const int64_t chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
+  for (int64_t off = begin; off < end; off += chunk) {
+    const int64_t len = std::min(chunk, end - off);
+    absl::StatusOr<Tensor> got = transport_->Recv(
+        group_.members[from], Address(iteration, tag, recv_seq_[from]++), options_.timeout);
+    if (!got.ok()) return Annotate(got.status(), Describe(tag));
+    if (got->on_device() || got->numel() != len) {
+      return absl::InternalError(absl::StrCat(Describe(tag), ": member ", from, " sent ",
+                                              got->numel(), " values where ", len,
+                                              " were due (do all members run the same "
+                                              "collectives with the same sizes?)"));
+    }
+    const float* in = got->data();
+    float* out = values + off;
+    if (add) {
+      for (int64_t i = 0; i < len; ++i) out[i] += in[i];
+    } else {
+      std::memcpy(out, in, static_cast<size_t>(len) * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Collectives::RingReduceScatter(int64_t iteration, int tag, float* values,
+                                            int64_t numel) {
+  const int n = size();
+  const auto bounds = SegmentBounds(numel, n);
+  const int right = Mod(rank_ + 1, n), left = Mod(rank_ - 1, n);
+  // Step s: pass on segment r-s-1 (holding the sum of the s+1 members
+  // before this one), add into segment r-s-2. After n-1 steps this member
+  // holds the whole sum of segment r, summed in ring order from member r+1.
+  for (int s = 0; s + 1 < n; ++s) {
+    const auto& out = bounds[Mod(rank_ - s - 1, n)];
+    const auto& in = bounds[Mod(rank_ - s - 2, n)];
+    RETURN_IF_ERROR(SendRange(iteration, tag, right, values, out.first, out.second));
+    RETURN_IF_ERROR(RecvRange(iteration, tag, left, values, in.first, in.second, /*add=*/true));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Collectives::RingAllGather(int64_t iteration, int tag, float* values, int64_t numel) {
+  const int n = size();
+  const auto bounds = SegmentBounds(numel, n);
+  const int right = Mod(rank_ + 1, n), left = Mod(rank_ - 1, n);
+  // Step s: pass on segment r-s (complete), copy in segment r-s-1.
+  for (int s = 0; s + 1 < n; ++s) {
+    const auto& out = bounds[Mod(rank_ - s, n)];
+    const auto& in = bounds[Mod(rank_ - s - 1, n)];
+    RETURN_IF_ERROR(SendRange(iteration, tag, right, values, out.first, out.second));
+    RETURN_IF_ERROR(RecvRange(iteration, tag, left, values, in.first, in.second, /*add=*/false));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Collectives::RecursiveDoubling(int64_t iteration, int tag, float* values,
+                                            int64_t numel) {
+  // Round d: exchange with the member d away and add. Both of a pair add
+  // the same two partial sums (addition commutes), so they agree bitwise,
+  // and after log2 n rounds every member holds the same total.
+  std::vector<float> theirs(static_cast<size_t>(numel));
+  for (int d = 1; d < size(); d <<= 1) {
+    const int partner = rank_ ^ d;
+    RETURN_IF_ERROR(SendRange(iteration, tag, partner, values, 0, numel));
+    RETURN_IF_ERROR(RecvRange(iteration, tag, partner, theirs.data(), 0, numel, /*add=*/false));
+    for (int64_t i = 0; i < numel; ++i) values[i] += theirs[static_cast<size_t>(i)];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Collectives::AllReduce(int64_t iteration, int tag, Tensor& data) {
+  RETURN_IF_ERROR(status_);
+  if (data.on_device()) {
+    return absl::InvalidArgumentError(Describe(tag) + ": the tensor is on a device");
+  }
+  std::fill(send_seq_.begin(), send_seq_.end(), 0);
+  std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
+  if (size() == 1 || data.numel() == 0) return absl::OkStatus();
+  if (IsPowerOfTwo(size()) && data.size_bytes() < options_.small_bytes) {
+    return RecursiveDoubling(iteration, tag, data.data(), data.numel());
+  }
+  RETURN_IF_ERROR(RingReduceScatter(iteration, tag, data.data(), data.numel()));
+  return RingAllGather(iteration, tag, data.data(), data.numel());
+}
+
+absl::StatusOr<Tensor> Collectives::ReduceScatter(int64_t iteration, int tag, const Tensor& data) {
+  RETURN_IF_ERROR(status_);
+  std::fill(send_seq_.begin(), send_seq_.end(), 0);
+  std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
+  Tensor all = data.Clone();
+  RETURN_IF_ERROR(RingReduceScatter(iteration, tag, all.data(), all.numel()));
+  const auto [begin, end] = SegmentBounds(all.numel(), size())[rank_];
+  Tensor mine = Tensor::Zeros({end - begin});
+  std::memcpy(mine.data(), all.data() + begin, static_cast<size_t>(end - begin) * sizeof(float));
+  return mine;
+}
+
+absl::StatusOr<Tensor> Collectives::AllGather(int64_t iteration, int tag, const Tensor& segment,
+                                              int64_t total) {
+  RETURN_IF_ERROR(status_);
+  std::fill(send_seq_.begin(), send_seq_.end(), 0);
+  std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
+  const auto [begin, end] = SegmentBounds(total, size())[rank_];
+  if (segment.numel() != end - begin) {
+    return absl::InvalidArgumentError(absl::StrCat(Describe(tag), ": segment of ", segment.numel(),
+                                                   " values; rank ", rank_, " of ", total,
+                                                   " holds ", end - begin));
+  }
+  Tensor all = Tensor::Zeros({total});
+  std::memcpy(all.data() + begin, segment.data(), static_cast<size_t>(end - begin) * sizeof(float));
+  RETURN_IF_ERROR(RingAllGather(iteration, tag, all.data(), total));
+  return all;
+}
+
+absl::Status Collectives::Broadcast(int64_t iteration, int tag, int root, Tensor& data) {
+  RETURN_IF_ERROR(status_);
+  if (root < 0 || root >= size()) {
+    return absl::InvalidArgumentError(absl::StrCat(Describe(tag), ": no rank ", root));
+  }
+  std::fill(send_seq_.begin(), send_seq_.end(), 0);
+  std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
+  if (rank_ == root) {
+    for (int m = 0; m < size(); ++m) {
+      if (m != root) RETURN_IF_ERROR(SendRange(iteration, tag, m, data.data(), 0, data.numel()));
+    }
+    return absl::OkStatus();
+  }
+  return RecvRange(iteration, tag, root, data.data(), 0, data.numel(), /*add=*/false);
+}
+
+}  // namespace pipetrain

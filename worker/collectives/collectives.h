@@ -1,0 +1,112 @@
+// Collectives over a group of stages (DESIGN.md §12): all-reduce (sum),
+// reduce-scatter, all-gather and broadcast of fp32 tensors, on any
+// Transport (the gRPC data plane between workers, the in-process one in
+// tests), for data- and tensor-parallel groups.
+//
+// Algorithms:
+//   ring               reduce-scatter then all-gather around the group
+//                      (members in the order given), each segment sent in
+//                      chunks of at most chunk_bytes so that the transport
+//                      streams while the receiver adds: 2 (N-1)/N of the
+//                      data crosses each link, the bandwidth optimum.
+//   recursive doubling for tensors below small_bytes when N is a power of
+//                      two: log2 N exchanges of the whole tensor, fewer
+//                      latencies than the ring's 2 (N-1).
+//   broadcast          the root sends to every member (star).
+//
+// Deterministic: every sum is taken in an order fixed by the group and the
+// tensor's size, never by arrival time, and each element's total is
+// computed once and then copied, so every rank ends with bitwise the same
+// result, run after run. (Ring segment k sums x_k + x_k+1 + ... in ring
+// order from member k; recursive doubling adds the lower rank's partial
+// first.) The order differs from a sequential sum's, so a result equals
+// one only to rounding (within a few ulps per term).
+//
+// Messages are TensorKind COLLECTIVE addressed by (job, iteration, tag,
+// sequence number per sender): a caller gives each collective of an
+// iteration its own tag, and every member must run the same collectives
+// with the same sizes in the same order. A receive that waits longer than
+// the timeout fails with DEADLINE_EXCEEDED naming the member and the
+// collective. Not thread-safe: one collective at a time per object.
+#ifndef PIPETRAIN_WORKER_COLLECTIVES_COLLECTIVES_H_
+#define PIPETRAIN_WORKER_COLLECTIVES_COLLECTIVES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "common/tensor.h"
+#include "worker/transport/transport.h"
+
+namespace pipetrain {
+
+struct CollectiveGroup {
+  // The transport's stage numbers of the members, in ring order; this
+  // stage (Transport::stage()) must be one of them, once.
+  std::vector<int> members;
+  std::string job_id;  // the data-plane job the messages belong to
+};
+
+struct CollectiveOptions {
+  int64_t chunk_bytes = int64_t{1} << 20;   // ring messages at most this large
+  int64_t small_bytes = int64_t{64} << 10;  // recursive doubling below this
+  absl::Duration timeout = absl::Seconds(60);
+};
+
+class Collectives {
+ public:
+  // INVALID_ARGUMENT (via status()) when the group is empty, names a member
+  // twice or does not contain this transport's stage. `transport` must
+  // outlive this.
+  Collectives(Transport* transport, CollectiveGroup group, CollectiveOptions options = {});
+
+  absl::Status status() const { return status_; }
+  int rank() const { return rank_; }
+  int size() const { return static_cast<int>(group_.members.size()); }
+
+  // data <- the sum over members of each member's `data` (same shape on
+  // every member), in place.
+  absl::Status AllReduce(int64_t iteration, int tag, Tensor& data);
+  // The sum of every member's `data`, of which this member keeps segment
+  // rank() (ring order), returned; segments split numel as evenly as
+  // possible, the first numel % N one element longer (SegmentBounds).
+  absl::StatusOr<Tensor> ReduceScatter(int64_t iteration, int tag, const Tensor& data);
+  // Every member's `segment` (as ReduceScatter's), concatenated in rank
+  // order into a flat tensor of `total` elements.
+  absl::StatusOr<Tensor> AllGather(int64_t iteration, int tag, const Tensor& segment,
+                                   int64_t total);
+  // data <- root's data (rank `root`), in place.
+  absl::Status Broadcast(int64_t iteration, int tag, int root, Tensor& data);
+
+  // Element ranges [begin, end) of the N segments of `numel` elements.
+  static std::vector<std::pair<int64_t, int64_t>> SegmentBounds(int64_t numel, int n);
+
+ private:
+  // Ring phases on flat `values` (numel elements).
+  absl::Status RingReduceScatter(int64_t iteration, int tag, float* values, int64_t numel);
+  absl::Status RingAllGather(int64_t iteration, int tag, float* values, int64_t numel);
+  absl::Status RecursiveDoubling(int64_t iteration, int tag, float* values, int64_t numel);
+  // Sends values[begin, end) to member `to` in chunks; receives the same
+  // range from member `from`, and adds (`add`) or copies it into `values`.
+  absl::Status SendRange(int64_t iteration, int tag, int to, const float* values, int64_t begin,
+                         int64_t end);
+  absl::Status RecvRange(int64_t iteration, int tag, int from, float* values, int64_t begin,
+                         int64_t end, bool add);
+  TensorAddress Address(int64_t iteration, int tag, int seq) const;
+  std::string Describe(int tag) const;
+
+  Transport* const transport_;
+  const CollectiveGroup group_;
+  const CollectiveOptions options_;
+  absl::Status status_;
+  int rank_ = -1;
+  // Per collective call: the next sequence number of messages this member
+  // sends to each member, and expects from each member.
+  std::vector<int> send_seq_, recv_seq_;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_COLLECTIVES_COLLECTIVES_H_

@@ -1,0 +1,179 @@
+#include "worker/collectives/collectives.h"
+
+#include <cmath>
+#include <functional>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "worker/transport/in_process_transport.h"
+
+namespace pipetrain {
+namespace {
+
+// Member m's input: values drawn from a seeded generator, of mixed
+// magnitudes so that the order of a sum shows in its bits.
+std::vector<float> Input(int member, int64_t numel) {
+  std::mt19937 random(1000 + member);
+  std::uniform_real_distribution<float> value(-1, 1);
+  std::vector<float> out(static_cast<size_t>(numel));
+  for (float& v : out) v = value(random) * std::pow(10.0f, float(random() % 7) - 3);
+  return out;
+}
+
+// Runs `body(rank, collectives)` on one thread per member of an n-member
+// group (stages 0..n-1 of an in-process fabric) and returns each status.
+std::vector<absl::Status> RunGroup(int n, const CollectiveOptions& options,
+                                   const std::function<absl::Status(int, Collectives&)>& body) {
+  InProcessFabric fabric(n);
+  std::vector<int> members(n);
+  for (int i = 0; i < n; ++i) members[i] = i;
+  std::vector<absl::Status> status(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Transport> transport = fabric.Connect(r);
+      Collectives collectives(transport.get(), CollectiveGroup{members, "j"}, options);
+      status[r] = collectives.status().ok() ? body(r, collectives) : collectives.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return status;
+}
+
+// All-reduces every member's Input on n members; returns each result.
+std::vector<std::vector<float>> AllReduceResults(int n, int64_t numel,
+                                                 const CollectiveOptions& options) {
+  std::vector<std::vector<float>> results(n);
+  const std::vector<absl::Status> status = RunGroup(n, options, [&](int r, Collectives& c) {
+    std::vector<float> in = Input(r, numel);
+    Tensor t = Tensor::FromVector({numel}, in);
+    absl::Status s = c.AllReduce(/*iteration=*/3, /*tag=*/1, t);
+    results[r] = t.ToVector();
+    return s;
+  });
+  for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
+  return results;
+}
+
+struct Case {
+  int members;
+  int64_t numel;
+  int64_t chunk_bytes;
+  int64_t small_bytes;
+};
+
+class AllReduceTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AllReduceTest, EveryRankBitwiseEqual_CloseToTheExactSum_SameRunAfterRun) {
+  const Case c = GetParam();
+  const CollectiveOptions options{c.chunk_bytes, c.small_bytes, absl::Seconds(30)};
+  const auto first = AllReduceResults(c.members, c.numel, options);
+  for (int r = 1; r < c.members; ++r) EXPECT_EQ(first[r], first[0]) << "rank " << r;
+  // The exact sum, in double, against each element.
+  std::vector<double> exact(static_cast<size_t>(c.numel), 0.0);
+  std::vector<double> magnitude(static_cast<size_t>(c.numel), 0.0);
+  for (int m = 0; m < c.members; ++m) {
+    const std::vector<float> in = Input(m, c.numel);
+    for (int64_t i = 0; i < c.numel; ++i) {
+      exact[i] += in[i];
+      magnitude[i] += std::fabs(in[i]);
+    }
+  }
+  for (int64_t i = 0; i < c.numel; ++i) {
+    // n-1 roundings of partial sums no larger than the sum of magnitudes.
+    ASSERT_LE(std::fabs(first[0][i] - exact[i]), c.members * 6e-8 * magnitude[i] + 1e-30)
+        << "element " << i;
+  }
+  const auto second = AllReduceResults(c.members, c.numel, options);
+  EXPECT_EQ(second[0], first[0]) << "not deterministic";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    RingAndRecursiveDoubling, AllReduceTest,
+    ::testing::Values(Case{2, 1000, 1 << 20, 0},        // ring, one chunk per segment
+                      Case{3, 100003, 4096, 0},         // ring, uneven segments, many chunks
+                      Case{4, 7, 1 << 20, 0},           // ring, fewer elements than... almost
+                      Case{5, 3, 16, 0},                // ring, some segments empty
+                      Case{4, 1000, 1 << 20, 1 << 20},  // recursive doubling
+                      Case{8, 513, 64, 1 << 20},        // recursive doubling, chunked
+                      Case{6, 5000, 1 << 20, 1 << 20},  // not a power of two: ring
+                      Case{1, 10, 1 << 20, 0}));        // one member: unchanged
+
+TEST(CollectivesTest, ReduceScatterThenAllGather_EqualsAllReduce) {
+  constexpr int n = 3;
+  constexpr int64_t numel = 1001;
+  const CollectiveOptions options{256, 0, absl::Seconds(30)};
+  const auto reduced = AllReduceResults(n, numel, options);
+  std::vector<std::vector<float>> gathered(n), segments(n);
+  const auto status = RunGroup(n, options, [&](int r, Collectives& c) -> absl::Status {
+    Tensor in = Tensor::FromVector({numel}, Input(r, numel));
+    absl::StatusOr<Tensor> segment = c.ReduceScatter(5, 2, in);
+    if (!segment.ok()) return segment.status();
+    segments[r] = segment->ToVector();
+    absl::StatusOr<Tensor> all = c.AllGather(5, 3, *segment, numel);
+    if (!all.ok()) return all.status();
+    gathered[r] = all->ToVector();
+    return absl::OkStatus();
+  });
+  for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+  const auto bounds = Collectives::SegmentBounds(numel, n);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(gathered[r], reduced[0]) << "rank " << r;
+    EXPECT_EQ(segments[r], std::vector<float>(reduced[0].begin() + bounds[r].first,
+                                              reduced[0].begin() + bounds[r].second));
+  }
+}
+
+TEST(CollectivesTest, Broadcast_EveryRankGetsTheRootsTensor) {
+  constexpr int n = 4;
+  std::vector<std::vector<float>> got(n);
+  const auto status = RunGroup(n, {}, [&](int r, Collectives& c) {
+    Tensor t = Tensor::FromVector({50}, Input(r, 50));
+    absl::Status s = c.Broadcast(1, 9, /*root=*/2, t);
+    got[r] = t.ToVector();
+    return s;
+  });
+  for (int r = 0; r < n; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_EQ(got[r], Input(2, 50)) << "rank " << r;
+  }
+}
+
+TEST(CollectivesTest, BadGroup_InvalidArgument) {
+  InProcessFabric fabric(3);
+  std::unique_ptr<Transport> transport = fabric.Connect(1);
+  EXPECT_EQ(Collectives(transport.get(), {{0, 2}, "j"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Collectives(transport.get(), {{0, 1, 1}, "j"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Collectives(transport.get(), {{}, "j"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(CollectivesTest, MemberThatNeverJoins_DeadlineNamesTheCollective) {
+  InProcessFabric fabric(2);
+  std::unique_ptr<Transport> transport = fabric.Connect(0);
+  Collectives c(transport.get(), {{0, 1}, "j"}, {1 << 20, 0, absl::Milliseconds(50)});
+  Tensor t = Tensor::Zeros({100});
+  const absl::Status s = c.AllReduce(1, 4, t);
+  EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+  EXPECT_NE(s.message().find("collective 4 of group [0, 1] (rank 0)"), std::string::npos) << s;
+}
+
+TEST(CollectivesTest, MembersDisagreeOnTheSize_InternalNamingIt) {
+  const auto status = RunGroup(2, {1 << 20, 0, absl::Seconds(5)}, [&](int r, Collectives& c) {
+    Tensor t = Tensor::Zeros({r == 0 ? 10 : 12});
+    return c.AllReduce(1, 1, t);
+  });
+  bool named = false;
+  for (const absl::Status& s : status) {
+    named = named || (s.code() == absl::StatusCode::kInternal &&
+                      s.message().find("same sizes") != std::string::npos);
+  }
+  EXPECT_TRUE(named) << status[0] << " / " << status[1];
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -132,6 +132,7 @@ struct UpOptions {
   bool error_feedback = false, epilogue_only = false;
   int eval_interval = 100;
   int checkpoint_interval = 100;
+  std::string emulate_link;
   std::string worker_device = "auto", worker_gemm = "fp32", worker_attention = "reference";
   std::string loss_log;
 };
@@ -151,6 +152,9 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Int("checkpoint-interval", &o.checkpoint_interval,
         "checkpoint every N steps under --out/checkpoints, so the job survives a worker's loss "
         "(kill one to see it recover); 0 = never");
+  f.String("emulate-link", &o.emulate_link,
+           "pace the workers' sends as over links of BANDWIDTH,LATENCY, e.g. 1Gbit,0.5ms "
+           "(loopback standing in for a network); empty: loopback as it is");
   f.Float("lr", &o.lr, "AdamW learning rate");
   f.Uint64("seed", &o.seed, "seed for initialisation and data order");
   f.String("data", &o.data, "training corpus; empty = generated English text");
@@ -328,6 +332,9 @@ int RunUp(const std::vector<std::string>& args) {
   cluster_options.coordinator_args = {"--output-dir=" + o.out};
   cluster_options.worker_args = {"--gemm", o.worker_gemm, "--attention", o.worker_attention,
                                  "--checkpoint-root=" + o.out};
+  if (!o.emulate_link.empty()) {
+    cluster_options.worker_args.push_back("--emulate-link=" + o.emulate_link);
+  }
   if (!o.data.empty()) {
     // Every process reads the corpus from the directory it lies in, and
     // nothing else (the data roots of docs/operations.md "Security").

@@ -32,6 +32,7 @@
 #include "worker/model/backend_select.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/grpc_transport.h"
+#include "worker/transport/shaped_transport.h"
 
 namespace pipetrain {
 namespace {
@@ -61,6 +62,7 @@ struct Flags {
   int threads = 1;
   double recv_timeout_seconds = 60;
   double drain_timeout_seconds = 60;
+  std::string emulate_link;
   std::string device = "auto", gemm = "fp32", attention = "reference";
 };
 
@@ -99,12 +101,17 @@ int Run(const std::vector<std::string>& args) {
                "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs)");
   flags.Double("recv-timeout-seconds", &f.recv_timeout_seconds,
                "how long a stage waits for a tensor before failing the job");
+  flags.String("emulate-link", &f.emulate_link,
+               "benchmarks: pace this worker's sends as over a link of BANDWIDTH,LATENCY "
+               "(e.g. 1Gbit,0.5ms or 10Gbit,50us), so loopback stands in for a network; "
+               "empty: the real link");
   flags.Double("drain-timeout-seconds", &f.drain_timeout_seconds,
                "on SIGTERM or SIGINT, how long to wait for a job with checkpoints to re-plan "
                "without this worker (no step redone) before leaving anyway; 0: leave at once");
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
   if (parsed.ok() && f.threads < 1) parsed = absl::InvalidArgumentError("--threads must be >= 1");
+  if (parsed.ok()) parsed = ParseLinkModel("--emulate-link", f.emulate_link).status();
   if (parsed.ok() && !(f.drain_timeout_seconds >= 0 && f.drain_timeout_seconds <= 86400)) {
     parsed = absl::InvalidArgumentError("--drain-timeout-seconds must be in [0, 86400]");
   }
@@ -211,12 +218,21 @@ int Run(const std::vector<std::string>& args) {
     device_failed.store(true);
     Wake();
   };
-  auto make_transport = [&mailbox](int stage, const std::vector<std::string>& peers,
-                                   const JobCredential& credential) {
+  const std::optional<LinkModel> emulated_link =
+      ParseLinkModel("--emulate-link", f.emulate_link).value_or(std::nullopt);
+  if (emulated_link.has_value()) {
+    PT_LOG(INFO) << "emulating links of " << emulated_link->bandwidth_bytes_per_second / 1e9
+                 << " GB/s and " << absl::FormatDuration(emulated_link->latency)
+                 << " latency on this worker's sends";
+  }
+  auto make_transport = [&mailbox, emulated_link](int stage, const std::vector<std::string>& peers,
+                                                  const JobCredential& credential) {
     GrpcTransportOptions transport_options;
     transport_options.credential = credential;
-    return std::unique_ptr<Transport>(
+    auto transport = std::unique_ptr<Transport>(
         new GrpcTransport(stage, peers, &mailbox, std::move(transport_options)));
+    if (!emulated_link.has_value()) return transport;
+    return std::unique_ptr<Transport>(new ShapedTransport(std::move(transport), *emulated_link));
   };
   WorkerAgent agent(options, server->get(), &mailbox, make_transport,
                     [&metrics](const IterationResult& r) { metrics.Observe(r); });

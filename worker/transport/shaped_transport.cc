@@ -1,0 +1,123 @@
+#include "worker/transport/shaped_transport.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+namespace pipetrain {
+
+absl::StatusOr<std::optional<LinkModel>> ParseLinkModel(const std::string& flag,
+                                                        const std::string& text) {
+  if (text.empty()) return std::optional<LinkModel>();
+  auto invalid = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, " \"", text, "\": ", why, " (expected BANDWIDTH,LATENCY, e.g. 1Gbit,0.5ms)"));
+  };
+  const std::vector<std::string> parts = absl::StrSplit(text, ',');
+  if (parts.size() != 2) return invalid("not two fields");
+  const std::string bw = absl::AsciiStrToLower(absl::StripAsciiWhitespace(parts[0]));
+  const struct {
+    const char* suffix;
+    double bytes_per_unit;
+  } units[] = {{"gbit", 1e9 / 8}, {"mbit", 1e6 / 8}, {"gb", 1e9}, {"mb", 1e6}};
+  LinkModel model;
+  bool parsed = false;
+  for (const auto& u : units) {
+    if (absl::EndsWith(bw, u.suffix)) {
+      double value = 0;
+      if (!absl::SimpleAtod(bw.substr(0, bw.size() - std::strlen(u.suffix)), &value) ||
+          !(value > 0) || value > 1e6) {
+        return invalid("bandwidth must be a positive number");
+      }
+      model.bandwidth_bytes_per_second = value * u.bytes_per_unit;
+      parsed = true;
+      break;
+    }
+  }
+  if (!parsed) return invalid("bandwidth needs a unit: Gbit, Mbit, GB or MB (per second)");
+  if (!absl::ParseDuration(std::string(absl::StripAsciiWhitespace(parts[1])), &model.latency) ||
+      model.latency < absl::ZeroDuration() || model.latency > absl::Seconds(10)) {
+    return invalid("latency must be a duration in [0, 10s], e.g. 50us");
+  }
+  return std::optional<LinkModel>(model);
+}
+
+absl::Time LinkShaper::Schedule(absl::Time now, int64_t bytes) {
+  const absl::Time start = std::max(now, done_);
+  done_ = start + absl::Seconds(double(bytes) / model_.bandwidth_bytes_per_second);
+  return done_ + model_.latency;
+}
+
+ShapedTransport::ShapedTransport(std::unique_ptr<Transport> inner, LinkModel model,
+                                 int64_t max_queued_bytes)
+    : inner_(std::move(inner)), model_(model), max_queued_bytes_(max_queued_bytes) {}
+
+ShapedTransport::~ShapedTransport() {
+  std::vector<Link*> links;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    stopping_ = true;  // no new link from now on
+    for (auto& [peer, link] : links_) links.push_back(link.get());
+  }
+  // Each thread delivers what its link has queued, then ends.
+  for (Link* link : links) {
+    if (link->thread.joinable()) link->thread.join();
+  }
+}
+
+absl::Status ShapedTransport::SendWire(int peer_stage, const TensorAddress& address,
+                                       const WireTensor& wire) {
+  AnnotatedMutexLock lock(&mu_);
+  if (stopping_) return absl::AbortedError("shaped transport stopping");
+  std::unique_ptr<Link>& slot = links_[peer_stage];
+  if (slot == nullptr) {
+    slot = std::make_unique<Link>(model_);
+    Link* link = slot.get();
+    link->thread = std::thread([this, peer_stage, link] { Run(peer_stage, link); });
+  }
+  Link* link = slot.get();
+  if (!link->error.ok()) return std::exchange(link->error, absl::OkStatus());
+  const int64_t bytes = wire.wire_bytes();
+  // Room for it (one larger than the bound passes alone).
+  mu_.AwaitWithTimeout(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return link->queued_bytes == 0 || link->queued_bytes + bytes <= max_queued_bytes_;
+      },
+      absl::InfiniteDuration());
+  Pending p{address, wire, link->shaper.Schedule(absl::Now(), bytes), bytes};
+  if (!wire.encoded()) p.wire.tensor = wire.tensor.Clone();  // the caller may reuse it
+  link->queued_bytes += bytes;
+  link->queue.push_back(std::move(p));
+  return absl::OkStatus();
+}
+
+void ShapedTransport::Run(int peer_stage, Link* link) {
+  while (true) {
+    Pending next;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      mu_.AwaitWithTimeout(
+          [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !link->queue.empty() || stopping_; },
+          absl::InfiniteDuration());
+      if (link->queue.empty()) return;  // stopping, all delivered
+      next = std::move(link->queue.front());
+      link->queue.pop_front();
+    }
+    const absl::Duration wait = next.handoff - absl::Now();
+    if (wait > absl::ZeroDuration()) absl::SleepFor(wait);  // the emulated link's time
+    absl::Status sent = inner_->SendWire(peer_stage, next.address, next.wire);
+    AnnotatedMutexLock lock(&mu_);
+    link->queued_bytes -= next.bytes;
+    if (!sent.ok() && link->error.ok()) link->error = sent;
+  }
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,74 @@
+#include "worker/transport/shaped_transport.h"
+
+#include "gtest/gtest.h"
+#include "worker/transport/in_process_transport.h"
+
+namespace pipetrain {
+namespace {
+
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+TEST(LinkShaperTest, LoneMessage_TakesSizeOverBandwidthPlusLatency) {
+  LinkShaper link({1e6, absl::Milliseconds(5)});  // 1 MB/s
+  EXPECT_EQ(link.Schedule(kT0, 1000), kT0 + absl::Milliseconds(1) + absl::Milliseconds(5));
+}
+
+TEST(LinkShaperTest, BackToBack_SerialiseAtTheBandwidthOverlapTheLatency) {
+  LinkShaper link({1e6, absl::Milliseconds(5)});
+  // Three 1 ms messages handed over together: they leave the link at 1, 2
+  // and 3 ms, and arrive 5 ms later each (not 5 ms apart).
+  EXPECT_EQ(link.Schedule(kT0, 1000), kT0 + absl::Milliseconds(6));
+  EXPECT_EQ(link.Schedule(kT0, 1000), kT0 + absl::Milliseconds(7));
+  EXPECT_EQ(link.Schedule(kT0, 1000), kT0 + absl::Milliseconds(8));
+  // An idle link starts the next one at its own hand-over.
+  EXPECT_EQ(link.Schedule(kT0 + absl::Seconds(1), 2000),
+            kT0 + absl::Seconds(1) + absl::Milliseconds(2 + 5));
+}
+
+TEST(LinkShaperTest, Throughput_IsTheBandwidth) {
+  LinkShaper link({125e6, absl::Microseconds(500)});  // 1 Gbit/s
+  absl::Time last;
+  for (int i = 0; i < 1000; ++i) last = link.Schedule(kT0, 125000);  // 125 MB in all
+  EXPECT_EQ(last - absl::Microseconds(500), kT0 + absl::Seconds(1));
+}
+
+TEST(ParseLinkModelTest, UnitsAndErrors) {
+  auto m = ParseLinkModel("--emulate-link", "10Gbit,50us").value();
+  ASSERT_TRUE(m.has_value());
+  EXPECT_DOUBLE_EQ(m->bandwidth_bytes_per_second, 1.25e9);
+  EXPECT_EQ(m->latency, absl::Microseconds(50));
+  EXPECT_DOUBLE_EQ(ParseLinkModel("f", "1gbit,0.5ms").value()->bandwidth_bytes_per_second, 1.25e8);
+  EXPECT_DOUBLE_EQ(ParseLinkModel("f", "125MB,1ms").value()->bandwidth_bytes_per_second, 1.25e8);
+  EXPECT_FALSE(ParseLinkModel("f", "").value().has_value());
+  for (const char* bad : {"10,50us", "10Gbit", "0Gbit,1ms", "1Gbit,-1ms", "1Gbit,1 parsec",
+                          "xGbit,1ms", "1Gbit,20s"}) {
+    const absl::Status s = ParseLinkModel("--emulate-link", bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("--emulate-link"), std::string::npos) << s;
+  }
+}
+
+TEST(ShapedTransportTest, DeliversEveryTensorIntactInOrderOfTheLink) {
+  InProcessFabric fabric(2);
+  ShapedTransport sender(fabric.Connect(0), {1e9, absl::Microseconds(100)});
+  std::unique_ptr<Transport> receiver = fabric.Connect(1);
+  for (int i = 0; i < 20; ++i) {
+    TensorAddress a;
+    a.job_id = "j";
+    a.micro_batch = i;
+    Tensor t = Tensor::Filled({100}, float(i));
+    ASSERT_TRUE(sender.Send(1, a, t).ok());
+    t.Fill(-1);  // the caller may reuse its tensor at once
+  }
+  for (int i = 0; i < 20; ++i) {
+    TensorAddress a;
+    a.job_id = "j";
+    a.micro_batch = i;
+    absl::StatusOr<Tensor> got = receiver->Recv(0, a, absl::Seconds(10));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->ToVector(), std::vector<float>(100, float(i)));
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain

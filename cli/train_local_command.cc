@@ -23,6 +23,7 @@
 #include "worker/model/weights_io.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/local_trainer.h"
+#include "worker/train/lr_schedule.h"
 
 namespace pipetrain {
 namespace {
@@ -33,6 +34,7 @@ extern "C" void OnSigint(int) { g_interrupted.store(true); }
 struct Options {
   TrainConfig train;
   std::string data, format = "auto", decay = "matrices";
+  std::string lr_schedule = "constant";
   int64_t synthetic_bytes = 2'000'000;
   double val_fraction = 0.1;
   int block_size = 0;  // 0: same as seq_len
@@ -62,6 +64,11 @@ void BindFlags(FlagSet& f, Options& o) {
   f.Float("eps", &t.adam.eps, "AdamW epsilon");
   f.Float("weight-decay", &t.adam.weight_decay, "AdamW decoupled weight decay");
   f.String("decay", &o.decay, "weight decay applies to: matrices | all");
+  f.Float("grad-clip", &t.grad_clip, "clip gradients to this global L2 norm; 0 = off");
+  f.String("lr-schedule", &o.lr_schedule,
+           "constant | cosine (from --lr after warm-up down to --min-lr at the last step)");
+  f.Int64("warmup-steps", &t.warmup_steps, "linear learning-rate warm-up steps");
+  f.Float("min-lr", &t.min_lr, "the cosine schedule's floor");
   f.Uint64("seed", &t.seed, "seed for initialisation and data order");
   f.Int("eval-interval", &t.eval_interval, "validate every N steps and at the end; 0 = never");
   f.Int("eval-windows", &t.eval_windows, "validation windows per evaluation");
@@ -90,6 +97,7 @@ absl::Status Resolve(Options& o) {
   o.train.model.max_seq_len = o.block_size > 0 ? o.block_size : o.train.seq_len;
   if (o.block_size < 0) return absl::InvalidArgumentError("--block-size must be >= 0");
   RETURN_IF_ERROR(ParseDecayPolicy(o.decay, &o.train.decay));
+  RETURN_IF_ERROR(ParseLrSchedule("--lr-schedule", o.lr_schedule, &o.train.lr_schedule));
   RETURN_IF_ERROR(ValidateDeviceFlags(o.device, o.gemm, o.attention));
   RETURN_IF_ERROR(ParseDataFormat(o.format).status());
   if (!(o.val_fraction >= 0 && o.val_fraction < 1)) {

@@ -14,6 +14,7 @@
 #include "kernels/compress/codec_spec.h"
 #include "worker/model/gpt_config.h"
 #include "worker/train/adamw_optimizer.h"
+#include "worker/train/lr_schedule.h"
 
 namespace pipetrain {
 namespace {
@@ -161,6 +162,32 @@ absl::Status ResolveOptimizer(v1::TrainingSpec* training) {
   if (!ParseDecayPolicy(training->decay(), &unused).ok()) {
     return Invalid("spec.training.decay", absl::StrCat("unknown policy \"", Echo(training->decay()),
                                                        "\"; accepted: matrices, all"));
+  }
+  if (!training->has_grad_clip()) training->set_grad_clip(0);
+  if (!training->has_lr_schedule()) training->set_lr_schedule("constant");
+  if (!training->has_warmup_steps()) training->set_warmup_steps(0);
+  if (!training->has_min_lr()) training->set_min_lr(0);
+  if (!(std::isfinite(training->grad_clip()) && training->grad_clip() >= 0 &&
+        training->grad_clip() <= 1e6)) {
+    return Invalid("spec.training.grad_clip",
+                   absl::StrCat("must be in [0, 1e6], got ", training->grad_clip()));
+  }
+  LrSchedule schedule;
+  if (!ParseLrSchedule("spec.training.lr_schedule", training->lr_schedule(), &schedule).ok()) {
+    return Invalid("spec.training.lr_schedule",
+                   absl::StrCat("unknown schedule \"", Echo(training->lr_schedule()),
+                                "\"; accepted: constant, cosine"));
+  }
+  if (training->warmup_steps() < 0 || training->warmup_steps() > training->steps()) {
+    return Invalid("spec.training.warmup_steps",
+                   absl::StrCat("must be in [0, spec.training.steps ", training->steps(), "], got ",
+                                training->warmup_steps()));
+  }
+  if (!(std::isfinite(training->min_lr()) && training->min_lr() >= 0 &&
+        training->min_lr() <= training->lr())) {
+    return Invalid("spec.training.min_lr",
+                   absl::StrCat("must be in [0, spec.training.lr ", training->lr(), "], got ",
+                                training->min_lr()));
   }
   return absl::OkStatus();
 }
@@ -440,6 +467,11 @@ TrainConfig DeriveTrainConfig(const v1::JobSpec& spec) {
   config.seed = t.seed();
   config.eval_interval = t.eval_interval();
   config.eval_windows = t.eval_windows();
+  config.grad_clip = t.grad_clip();
+  // Checked by ResolveOptimizer.
+  ParseLrSchedule("lr_schedule", t.lr_schedule(), &config.lr_schedule).IgnoreError();
+  config.warmup_steps = t.warmup_steps();
+  config.min_lr = t.min_lr();
   return config;
 }
 

@@ -89,6 +89,10 @@ TEST(ResolveJobSpec, MinimalSpec_FillsEveryDefault) {
   EXPECT_EQ(c.backward(), "none");
   EXPECT_FALSE(c.error_feedback());
   EXPECT_FALSE(c.epilogue_only());
+  EXPECT_EQ(spec.training().grad_clip(), 0);
+  EXPECT_EQ(spec.training().lr_schedule(), "constant");
+  EXPECT_EQ(spec.training().warmup_steps(), 0);
+  EXPECT_EQ(spec.training().min_lr(), 0);
   EXPECT_EQ(spec.checkpoint().interval_steps(), 0);
   EXPECT_EQ(spec.checkpoint().keep(), 2);
   EXPECT_EQ(spec.checkpoint().dir(), "");  // JobManager names it after the job
@@ -140,6 +144,10 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   t->set_seed(12345678901234ull);
   t->set_eval_interval(0);  // val_fraction is 0 here
   t->set_eval_windows(8);
+  t->set_grad_clip(1.0f);
+  t->set_lr_schedule("cosine");
+  t->set_warmup_steps(2);
+  t->set_min_lr(1e-4f);
   spec.mutable_parallelism()->set_solver("pipedream");
   spec.mutable_parallelism()->set_schedule("gpipe");
   spec.mutable_parallelism()->set_objective("full");
@@ -604,6 +612,14 @@ TEST(ResolveJobSpec, CheckpointAndElastic_BoundsNamed) {
       {[](v1::JobSpec* s) { s->mutable_checkpoint()->set_dir("/abs"); }, "spec.checkpoint.dir"},
       {[](v1::JobSpec* s) { s->mutable_init()->set_from("../weights.safetensors"); },
        "spec.init.from"},
+      {[](v1::JobSpec* s) { s->mutable_training()->set_grad_clip(-1); }, "spec.training.grad_clip"},
+      {[](v1::JobSpec* s) { s->mutable_training()->set_lr_schedule("linear"); },
+       "spec.training.lr_schedule"},
+      {[](v1::JobSpec* s) { s->mutable_training()->set_warmup_steps(-1); },
+       "spec.training.warmup_steps"},
+      {[](v1::JobSpec* s) { s->mutable_training()->set_warmup_steps(s->training().steps() + 1); },
+       "spec.training.warmup_steps"},
+      {[](v1::JobSpec* s) { s->mutable_training()->set_min_lr(1.0f); }, "spec.training.min_lr"},
       {[](v1::JobSpec* s) { s->mutable_elastic()->set_min_workers(0); },
        "spec.elastic.min_workers"},
       {[](v1::JobSpec* s) { s->mutable_elastic()->set_min_workers(3); },

@@ -190,5 +190,22 @@ TEST_F(ClusterEquivalenceTest, BiPartitionSolverJob_ProfilesThenMatchesTrainLoca
   }
 }
 
+// Gradient clipping by the global norm and a warm-up + cosine schedule
+// across processes: the stages exchange their gradient sums over the data
+// plane before each optimizer step, and the losses and weights stay
+// train-local's bitwise.
+TEST_F(ClusterEquivalenceTest, ClippingAndCosineSchedule_ThreeStages_MatchTrainLocal) {
+  v1::JobSpec spec = Spec(3, "uniform", "1f1b", WeightsPath("clip"));
+  spec.mutable_training()->set_grad_clip(0.05f);
+  spec.mutable_training()->set_lr_schedule("cosine");
+  spec.mutable_training()->set_warmup_steps(3);
+  spec.mutable_training()->set_min_lr(1e-4f);
+  const Reference ref = TrainLocally(spec);
+  v1::JobSpec unclipped = spec;
+  unclipped.mutable_training()->set_grad_clip(0);
+  ASSERT_NE(TrainLocally(unclipped).losses, ref.losses) << "the clip never bit";
+  ExpectMatchesTrainLocal(cluster_, spec, ref);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -800,6 +800,10 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     a.set_num_stages(static_cast<int>(workers.size()));
     a.set_data_plane_secret(data_plane_secret);
     a.set_start_iteration(start_step);
+    for (int t = 0; t < record.plan.stages_size(); ++t) {
+      const v1::UnitRange& b = record.plan.stages(t).backward();
+      if (b.end() > b.begin()) a.add_optimizer_stages(t);
+    }
     if (resume != nullptr) *a.mutable_resume() = *resume;
     if (resume == nullptr) a.set_init_weights(record.init_weights);
     *a.mutable_forward_units() = record.plan.stages(s).forward();

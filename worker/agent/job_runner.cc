@@ -269,6 +269,8 @@ absl::Status JobRunner::RunJob() {
                    options_.recv_timeout,
                    assignment_.eval_program(),
                    options_.backend};
+  setup.optimizer_stages.assign(assignment_.optimizer_stages().begin(),
+                                assignment_.optimizer_stages().end());
   // Declared before the runtime, which uses it, so it is destroyed after.
   std::unique_ptr<DeviceChannel> device_channel;
   const bool in_group = assignment_.device_group().stages_size() > 0;

@@ -106,5 +106,53 @@ INSTANTIATE_TEST_SUITE_P(Plans, BiPartitionEquivalenceTest,
                            return std::get<0>(info.param).name + "_" + std::get<1>(info.param);
                          });
 
+// Gradient clipping by the global norm and a warm-up + cosine schedule:
+// the stages exchange their parameters' squared sums and add them in the
+// model's order (grad_clip.h), so even these stay bitwise train-local's.
+// The clip threshold is low enough that every step clips.
+class ClippedScheduleEquivalenceTest
+    : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(ClippedScheduleEquivalenceTest, LossesAndWeightsEqualSingleProcessBitwise) {
+  const auto& [stages, schedule_name] = GetParam();
+  TrainConfig c = SmallConfig();
+  c.grad_clip = 0.05f;
+  c.lr_schedule = LrSchedule::kCosine;
+  c.warmup_steps = 3;
+  c.min_lr = c.adam.lr / 10;
+  const Dataset data = MakeDataset();
+  const RunOutput local = RunLocal(c, data);
+  // Clipping changed the run (against one without it).
+  TrainConfig unclipped = c;
+  unclipped.grad_clip = 0;
+  EXPECT_NE(RunLocal(unclipped, data).losses, local.losses);
+  auto ranges = UniformPartition(NumUnits(c.model), stages);
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  const RunOutput pipe =
+      RunPipeline(c, data, *ranges, *ranges, ParseSchedule(schedule_name).value());
+  EXPECT_EQ(pipe.losses, local.losses);
+  for (const auto& [name, values] : local.weights) {
+    EXPECT_EQ(pipe.weights.at(name), values) << name;
+  }
+  // And a Bi-Partition plan (forward-only and backward-only units).
+  for (const BiPlan& plan : BiPlans()) {
+    if (static_cast<int>(plan.forward.size()) != stages) continue;
+    const RunOutput bi =
+        RunPipeline(c, data, plan.forward, plan.backward, ParseSchedule(schedule_name).value());
+    EXPECT_EQ(bi.losses, local.losses) << plan.name;
+    for (const auto& [name, values] : local.weights) {
+      EXPECT_EQ(bi.weights.at(name), values) << plan.name << " " << name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Stages, ClippedScheduleEquivalenceTest,
+                         ::testing::Combine(::testing::Values(1, 2, 3, 4),
+                                            ::testing::Values("1f1b", "gpipe")),
+                         [](const auto& info) {
+                           return "P" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
 }  // namespace
 }  // namespace pipetrain

@@ -83,6 +83,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
     transports.push_back(fabric.Connect(s));
     StageSetup setup{"job-eq", c, s, stages, ToUnitRange(forward[s]), ToUnitRange(backward[s]),
                      programs[s], absl::Seconds(30), eval_programs[s]};
+    for (int t = 0; t < stages; ++t) {
+      if (backward[t].end > backward[t].begin) setup.optimizer_stages.push_back(t);
+    }
     if (backend_of != nullptr && backend_of(s) != nullptr) setup.backend = backend_of(s);
     setup.device_channel = channels[s].get();
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());

@@ -2,16 +2,24 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <memory>
 #include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/program_text.h"
 #include "common/status_macros.h"
+#include "worker/collectives/collectives.h"
+#include "worker/train/grad_clip.h"
+#include "worker/train/lr_schedule.h"
 
 namespace pipetrain {
 namespace {
+
+// Tags of the gradient-clipping broadcasts (one per optimizer stage).
+constexpr int kGradClipTagBase = 1 << 20;
 
 using Clock = std::chrono::steady_clock;
 
@@ -373,7 +381,8 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
       status = AddTied();
       break;
     case v1::Instruction::kOptimizerStep:
-      optimizer_.Step(parameters());
+      status = PrepareOptimizerStep(iteration);
+      if (status.ok()) optimizer_.Step(parameters());
       phase = "optimizer";
       break;
     case v1::Instruction::OP_NOT_SET: return Internal("empty instruction");
@@ -718,6 +727,68 @@ absl::Status StageRuntime::Store(const v1::TensorKey& key, Tensor t, Unit* weigh
     default: return Internal("receive of an unknown tensor kind");
   }
   return absl::OkStatus();
+}
+
+absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration) {
+  const TrainConfig& train = setup_.train;
+  optimizer_.set_lr(LearningRate(train, optimizer_.steps_taken()));
+  if (!(train.grad_clip > 0)) return absl::OkStatus();
+  // Every parameter of the model in GptModel::parameters() order (the
+  // head's tied copy of wte left out), and its squared-gradient sum: this
+  // stage's own, the others' from their broadcasts. Three floats per
+  // parameter: 1 when present, then the double's bytes.
+  std::vector<std::pair<int, std::string>> order;
+  std::map<std::pair<int, std::string>, int> index;
+  for (int u = 0; u < num_units_; ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(train.model, u)) {
+      if (u == num_units_ - 1 && p.name == "wte.weight") continue;
+      index[{u, p.name}] = static_cast<int>(order.size());
+      order.emplace_back(u, p.name);
+    }
+  }
+  const int64_t slots = 3 * static_cast<int64_t>(order.size());
+  Tensor mine = Tensor::Zeros({slots});
+  for (int u = setup_.backward.begin(); u < setup_.backward.end(); ++u) {
+    for (const Parameter* p : units_.at(u)->parameters()) {
+      auto it = index.find({u, p->name});
+      if (it == index.end()) continue;  // the head's tied copy
+      const double squares = ParameterSquares(setup_.backend, *p);
+      float* slot = mine.data() + 3 * it->second;
+      slot[0] = 1.0f;
+      std::memcpy(slot + 1, &squares, sizeof(double));
+    }
+  }
+  std::vector<Tensor> all = {mine};
+  const std::vector<int>& group = setup_.optimizer_stages;
+  if (group.size() > 1) {
+    if (transport_ == nullptr) return Internal("gradient clipping needs a transport");
+    Collectives collectives(transport_, CollectiveGroup{group, setup_.job_id},
+                            CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
+    RETURN_IF_ERROR(collectives.status());
+    all.clear();
+    for (int root = 0; root < static_cast<int>(group.size()); ++root) {
+      Tensor buffer = root == collectives.rank() ? mine : Tensor::Zeros({slots});
+      // Broadcast copies bytes: the doubles arrive exactly.
+      RETURN_IF_ERROR(collectives.Broadcast(iteration, kGradClipTagBase + root, root, buffer));
+      all.push_back(buffer);
+    }
+  }
+  double total = 0;
+  for (size_t i = 0; i < order.size(); ++i) {
+    const Tensor* from = nullptr;
+    for (const Tensor& t : all) {
+      if (t.data()[3 * i] == 1.0f) from = &t;
+    }
+    if (from == nullptr) {
+      return Internal(absl::StrCat("gradient clipping: no stage of [", absl::StrJoin(group, ", "),
+                                   "] holds ", order[i].second, " of unit ", order[i].first));
+    }
+    double squares;
+    std::memcpy(&squares, from->data() + 3 * i + 1, sizeof(double));
+    total += squares;
+  }
+  ScaleGradients(setup_.backend, parameters(), ClipScale(total, train.grad_clip));
+  return setup_.backend->status();
 }
 
 absl::Status StageRuntime::AddTied() {

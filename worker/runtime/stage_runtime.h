@@ -66,6 +66,11 @@ struct StageSetup {
   // Where the units compute (not owned; outlives the runtime). Tensors cross
   // the transport on the host: sends download, receives upload.
   Backend* backend = CpuBackend();
+  // The stages that hold backward units (ascending): with
+  // train.grad_clip > 0 they exchange their parameters' squared gradient
+  // sums before each optimizer step (worker/train/grad_clip.h). Empty:
+  // this stage alone.
+  std::vector<int> optimizer_stages;
   // The device group's channel (not owned; outlives the runtime), which
   // carries the program's LINK_PATH_DEVICE sends and receives device to
   // device (worker/model/device_channel.h); null when the program has none.
@@ -155,6 +160,10 @@ class StageRuntime {
   // whose UNIT_WEIGHTS `t` holds, else null).
   absl::Status Store(const v1::TensorKey& key, Tensor t, Unit* weights_of);
   absl::Status AddTied();
+  // Clips this stage's gradients by the global norm over every stage's
+  // (setup_.optimizer_stages exchange their sums; grad_clip.h), and sets
+  // the learning rate of the step (lr_schedule.h).
+  absl::Status PrepareOptimizerStep(int64_t iteration);
   Unit* OwnedUnit(int index);
   bool IsBackwardUnit(int index) const;
   TokenBatch BatchFor(int micro_batch) const;

@@ -45,6 +45,8 @@ class AdamWOptimizer {
   const std::map<std::string, AdamWMoments>& moments() const { return moments_; }
   // For resuming: the number of updates already applied.
   void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
+  // The learning rate of the next Step (lr_schedule.h).
+  void set_lr(float lr) { config_.lr = lr; }
 
  private:
   AdamWConfig config_;

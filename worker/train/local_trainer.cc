@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/train/grad_clip.h"
+#include "worker/train/lr_schedule.h"
 
 namespace pipetrain {
 
@@ -42,7 +44,15 @@ absl::StatusOr<StepResult> LocalTrainer::Step() {
   model_->ReduceTiedGradients();
   // No optimizer step (nor its step count) on a failed device's garbage.
   RETURN_IF_ERROR(model_->backend()->status());
-  optimizer_.Step(model_->parameters());
+  const std::vector<Parameter*> params = model_->parameters();
+  if (config_.grad_clip > 0) {
+    // In parameter order, each parameter's squares alone (grad_clip.h).
+    double total = 0;
+    for (const Parameter* p : params) total += ParameterSquares(model_->backend(), *p);
+    ScaleGradients(model_->backend(), params, ClipScale(total, config_.grad_clip));
+  }
+  optimizer_.set_lr(LearningRate(config_, optimizer_.steps_taken()));
+  optimizer_.Step(params);
   RETURN_IF_ERROR(model_->backend()->status());
   return StepResult{step(), static_cast<float>(loss_sum / micro)};
 }

@@ -1,5 +1,7 @@
 #include "worker/train/train_config.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -45,6 +47,16 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
     return Invalid("eval_windows", absl::StrCat("must be >= 1, got ", c.eval_windows));
   }
   if (c.threads < 1) return Invalid("threads", absl::StrCat("must be >= 1, got ", c.threads));
+  if (!(c.grad_clip >= 0) || !std::isfinite(c.grad_clip)) {
+    return Invalid("grad_clip", absl::StrCat("must be >= 0 and finite, got ", c.grad_clip));
+  }
+  if (c.warmup_steps < 0 || c.warmup_steps > c.steps) {
+    return Invalid("warmup_steps",
+                   absl::StrCat("must be in [0, steps ", c.steps, "], got ", c.warmup_steps));
+  }
+  if (!(c.min_lr >= 0) || !(c.min_lr <= c.adam.lr)) {
+    return Invalid("min_lr", absl::StrCat("must be in [0, lr ", c.adam.lr, "], got ", c.min_lr));
+  }
   return absl::OkStatus();
 }
 

@@ -12,6 +12,9 @@
 
 namespace pipetrain {
 
+// How the learning rate moves over the steps (lr_schedule.h).
+enum class LrSchedule { kConstant, kCosine };
+
 struct TrainConfig {
   GptConfig model;
   int seq_len = 64;        // tokens per sequence; <= model.max_seq_len
@@ -24,13 +27,22 @@ struct TrainConfig {
   int eval_interval = 0;   // evaluate every N steps (and at the end); 0 = never
   int eval_windows = 16;   // validation windows per evaluation
   int threads = 1;         // OpenBLAS threads
+  // Gradient clipping by the global L2 norm over every parameter (the
+  // tied embedding once); 0 = off (grad_clip.h).
+  float grad_clip = 0;
+  // Learning rate: adam.lr after a linear warm-up of warmup_steps steps;
+  // kCosine then decays it to min_lr by the last step (lr_schedule.h).
+  LrSchedule lr_schedule = LrSchedule::kConstant;
+  int64_t warmup_steps = 0;
+  float min_lr = 0;
 };
 
 // INVALID_ARGUMENT naming the offending field and value: model shape (see
 // ValidateGptConfig), seq_len < 1 or > max_seq_len, batch_size < 1,
 // micro_batches < 1 or not dividing batch_size, steps < 0, lr <= 0,
 // betas outside [0, 1), eps <= 0, weight_decay < 0, eval_interval < 0,
-// eval_windows < 1, threads < 1.
+// eval_windows < 1, threads < 1, grad_clip < 0 or not finite,
+// warmup_steps outside [0, steps], min_lr outside [0, lr].
 absl::Status ValidateTrainConfig(const TrainConfig& config);
 
 }  // namespace pipetrain

@@ -61,6 +61,76 @@ absl::StatusOr<std::vector<Range>> PipeDreamPartition(const std::vector<UnitCost
   return ranges;
 }
 
+namespace {
+
+// Stage k covering [j, i): its compute over its speed, and the transfer at
+// its end cut (none after the last unit).
+double StageTerm(const std::vector<double>& prefix, const std::vector<double>& speeds,
+                 const std::vector<double>& activation_bytes, double bandwidth, int k, int j,
+                 int i) {
+  const int n = static_cast<int>(prefix.size()) - 1;
+  double term = (prefix[i] - prefix[j]) / speeds[k];
+  if (i < n && bandwidth > 0) term = std::max(term, 2 * activation_bytes[i - 1] / bandwidth);
+  return term;
+}
+
+std::vector<double> PrefixTotals(const std::vector<UnitCost>& costs) {
+  std::vector<double> prefix(costs.size() + 1, 0.0);
+  for (size_t i = 0; i < costs.size(); ++i) prefix[i + 1] = prefix[i] + costs[i].total();
+  return prefix;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<Range>> SpeedAwarePipeDreamPartition(
+    const std::vector<UnitCost>& costs, const std::vector<double>& speeds,
+    const std::vector<double>& activation_bytes, double bandwidth) {
+  const int n = static_cast<int>(costs.size());
+  const int stages = static_cast<int>(speeds.size());
+  if (auto s = CheckStages(n, stages); !s.ok()) return s;
+  if (static_cast<int>(activation_bytes.size()) != n) {
+    return absl::InvalidArgumentError("one activation size per unit is needed");
+  }
+  for (double speed : speeds) {
+    if (!(speed > 0)) return absl::InvalidArgumentError("speeds must be > 0");
+  }
+  const std::vector<double> prefix = PrefixTotals(costs);
+  constexpr double kInf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, kInf));
+  std::vector<std::vector<int>> cut(stages + 1, std::vector<int>(n + 1, -1));
+  best[0][0] = 0.0;
+  for (int k = 1; k <= stages; ++k) {
+    for (int i = k; i <= n; ++i) {
+      for (int j = k - 1; j < i; ++j) {  // stage k-1 covers [j, i)
+        const double value = std::max(
+            best[k - 1][j], StageTerm(prefix, speeds, activation_bytes, bandwidth, k - 1, j, i));
+        if (value < best[k][i]) {  // strict: the earliest cut wins ties
+          best[k][i] = value;
+          cut[k][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<Range> ranges(stages);
+  for (int k = stages, end = n; k >= 1; --k) {
+    ranges[k - 1] = {cut[k][end], end};
+    end = cut[k][end];
+  }
+  return ranges;
+}
+
+double SpeedAwareBottleneck(const std::vector<UnitCost>& costs, const std::vector<double>& speeds,
+                            const std::vector<double>& activation_bytes, double bandwidth,
+                            const std::vector<Range>& ranges) {
+  const std::vector<double> prefix = PrefixTotals(costs);
+  double worst = 0.0;
+  for (size_t k = 0; k < ranges.size(); ++k) {
+    worst = std::max(worst, StageTerm(prefix, speeds, activation_bytes, bandwidth,
+                                      static_cast<int>(k), ranges[k].begin, ranges[k].end));
+  }
+  return worst;
+}
+
 double BottleneckCost(const std::vector<UnitCost>& costs, const std::vector<Range>& ranges) {
   double worst = 0.0;
   for (const Range& r : ranges) {

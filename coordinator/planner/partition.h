@@ -9,6 +9,15 @@
 //             (units covered, stages used), O(stages * n^2). Ties go to the
 //             partition whose first stages end earliest, so results are
 //             deterministic.
+//  speed-aware pipedream (what the coordinator's "pipedream" solver runs):
+//             the same equal cuts, minimising the Bi-Partition "paper"
+//             objective restricted to them: stage k's compute divided by
+//             its worker's speed, and each cut's transfer (the activation
+//             forward and its gradient back, 2 a(cut) / bandwidth),
+//               max( max_k sum_{u in R_k} total(u) / speed_k,
+//                    max_{cuts c} 2 a(c) / bandwidth ),
+//             so that it is the honest equal-cut baseline for Bi-Partition
+//             on mixed workers. Same DP, same tie rule.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_PARTITION_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_PARTITION_H_
 
@@ -29,6 +38,17 @@ struct Range {
 absl::StatusOr<std::vector<Range>> UniformPartition(int num_units, int stages);
 absl::StatusOr<std::vector<Range>> PipeDreamPartition(const std::vector<UnitCost>& costs,
                                                       int stages);
+
+// `speeds[k]` (> 0) is stage k's worker's relative speed (stages =
+// speeds.size()); `activation_bytes[u]` the output of unit u per
+// micro-batch; `bandwidth` bytes/s (<= 0: unlimited, no transfer term).
+absl::StatusOr<std::vector<Range>> SpeedAwarePipeDreamPartition(
+    const std::vector<UnitCost>& costs, const std::vector<double>& speeds,
+    const std::vector<double>& activation_bytes, double bandwidth);
+// Its objective for `ranges` (the same arithmetic as the DP).
+double SpeedAwareBottleneck(const std::vector<UnitCost>& costs, const std::vector<double>& speeds,
+                            const std::vector<double>& activation_bytes, double bandwidth,
+                            const std::vector<Range>& ranges);
 
 // max over ranges of the summed total() cost: the objective pipedream minimises.
 double BottleneckCost(const std::vector<UnitCost>& costs, const std::vector<Range>& ranges);

@@ -62,6 +62,65 @@ TEST(PartitionTest, PipeDream_MatchesBruteForceOnRandomInstances) {
   }
 }
 
+// Speed-aware pipedream against brute force: 500 random instances with
+// mixed speeds, activation sizes and bandwidths (some unlimited).
+TEST(PartitionTest, SpeedAwarePipeDream_MatchesBruteForceOnRandomInstances) {
+  const double speed_choices[] = {0.5, 1, 2, 3};
+  for (uint64_t seed = 1; seed <= 500; ++seed) {
+    const int n = 1 + static_cast<int>(UniformIndex(seed, 0, 9, 0, 9));
+    const int stages = 1 + static_cast<int>(UniformIndex(seed, 1, 9, 0, n));
+    const auto costs = RandomCosts(n, seed);
+    std::vector<double> speeds, activations;
+    for (int k = 0; k < stages; ++k)
+      speeds.push_back(speed_choices[UniformIndex(seed, k, 2, 0, 4)]);
+    for (int u = 0; u < n; ++u) activations.push_back(double(UniformIndex(seed, u, 3, 0, 100)));
+    const double bandwidth = UniformIndex(seed, 0, 4, 0, 3) == 0 ? 0.0 : 4.0;
+    auto ranges = SpeedAwarePipeDreamPartition(costs, speeds, activations, bandwidth);
+    ASSERT_TRUE(ranges.ok()) << ranges.status();
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<Range> candidate;
+    std::function<void(int, int)> place = [&](int begin, int left) {
+      if (left == 1) {
+        candidate.push_back({begin, n});
+        best =
+            std::min(best, SpeedAwareBottleneck(costs, speeds, activations, bandwidth, candidate));
+        candidate.pop_back();
+        return;
+      }
+      for (int end = begin + 1; end <= n - (left - 1); ++end) {
+        candidate.push_back({begin, end});
+        place(end, left - 1);
+        candidate.pop_back();
+      }
+    };
+    place(0, stages);
+    EXPECT_EQ(SpeedAwareBottleneck(costs, speeds, activations, bandwidth, *ranges), best)
+        << "seed " << seed << " n " << n << " stages " << stages;
+  }
+}
+
+// Equal speeds and unlimited links: the speed-blind pipedream's optimum.
+TEST(PartitionTest, SpeedAwarePipeDream_EqualSpeedsNoLinks_IsPipeDream) {
+  for (uint64_t seed = 1; seed <= 100; ++seed) {
+    const int n = 1 + static_cast<int>(UniformIndex(seed, 0, 9, 0, 10));
+    const int stages = 1 + static_cast<int>(UniformIndex(seed, 1, 9, 0, n));
+    const auto costs = RandomCosts(n, seed);
+    const auto aware = SpeedAwarePipeDreamPartition(costs, std::vector<double>(stages, 1.0),
+                                                    std::vector<double>(n, 1.0), 0)
+                           .value();
+    EXPECT_EQ(BottleneckCost(costs, aware),
+              BottleneckCost(costs, PipeDreamPartition(costs, stages).value()));
+  }
+}
+
+// A worker twice as fast gets about twice the work.
+TEST(PartitionTest, SpeedAwarePipeDream_FastWorkerTakesMore) {
+  const std::vector<UnitCost> costs(6, UnitCost{"u", 1, 2});
+  const auto ranges =
+      SpeedAwarePipeDreamPartition(costs, {1.0, 2.0}, std::vector<double>(6, 0), 0).value();
+  EXPECT_EQ(ranges[0].end, 2);  // 2 units (6 s) on the slow one, 4 (12 s / 2) on the fast one
+}
+
 TEST(PartitionTest, PipeDream_HeavyUnitGetsItsOwnStage) {
   std::vector<UnitCost> costs = {{"a", 1, 1}, {"b", 1, 1}, {"c", 30, 30}, {"d", 1, 1}};
   auto ranges = PipeDreamPartition(costs, 3).value();

@@ -79,9 +79,12 @@ absl::StatusOr<BiPartitionPlan> RunSolver(const std::string& solver,
   if (solver == "uniform") {
     ASSIGN_OR_RETURN(ranges, UniformPartition(units, workers));
   } else if (solver == "pipedream") {
+    // Equal cuts, speed-aware (partition.h): Bi-Partition's honest baseline.
     std::vector<UnitCost> costs;
     for (const UnitProfile& u : profile.units) costs.push_back({u.name, u.fwd_seconds, u.bwd_seconds});
-    ASSIGN_OR_RETURN(ranges, PipeDreamPartition(costs, workers));
+    ASSIGN_OR_RETURN(ranges,
+                     SpeedAwarePipeDreamPartition(costs, problem.speeds, problem.activation_bytes,
+                                                  problem.bandwidth));
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown solver '", solver, "'; use uniform, pipedream, bipartition, auto or manual"));

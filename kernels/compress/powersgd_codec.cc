@@ -42,16 +42,26 @@ void Orthonormalise(float* p, int64_t rows, int r) {
 
 // The start Q [cols, r] (header, step 1).
 Tensor StartQ(const CodecState* state, int64_t cols, int r) {
+  return PowerSgdStartQ(state != nullptr ? state->powersgd_q : Tensor(), cols, r);
+}
+
+}  // namespace
+
+void PowerSgdOrthonormalise(float* p, int64_t rows, int r) { Orthonormalise(p, rows, r); }
+
+Tensor PowerSgdStartQ(const Tensor& warm, int64_t cols, int r) {
   Tensor fresh = Tensor::Zeros({cols, r});
   FillNormal(kQSeed, HashName("powersgd_q"), 0.0f, 1.0f, fresh.data(), fresh.numel());
-  if (state == nullptr || state->powersgd_q.shape() != Shape{cols, r}) return fresh;
-  Tensor q = state->powersgd_q.Clone();
+  if (warm.is_null() || warm.shape() != Shape{cols, r}) return fresh;
+  Tensor q = warm.Clone();
   for (int c = 0; c < r; ++c) {
     if (ColumnNorm(q.data(), cols, r, c) != 0.0) continue;
     for (int64_t i = 0; i < cols; ++i) q[i * r + c] = fresh[i * r + c];
   }
   return q;
 }
+
+namespace {
 
 absl::Status CheckBlasDims(const PowerSgdMatrix& m, const Shape& shape) {
   constexpr int64_t kMax = std::numeric_limits<int>::max();

@@ -75,6 +75,15 @@ struct PowerSgdFactors {
 };
 absl::StatusOr<PowerSgdFactors> ReadPowerSgdPayload(absl::string_view payload, int rank);
 
+// --- The steps, shared with the compressed all-reduce
+// (worker/collectives/powersgd_all_reduce.h), which must take the same ones.
+
+// Step 3: orthonormalises the r columns of p [rows, r] (row-major) in place.
+void PowerSgdOrthonormalise(float* p, int64_t rows, int r);
+// Step 1: the start Q [cols, r]: `warm` when it has that shape (its zero
+// columns replaced by the fixed ones), else the fixed Philox draw.
+Tensor PowerSgdStartQ(const Tensor& warm, int64_t cols, int r);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_COMPRESS_POWERSGD_CODEC_H_

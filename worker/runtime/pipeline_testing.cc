@@ -54,63 +54,72 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend) 
   return out;
 }
 
-RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
-                      const std::vector<Range>& forward, const std::vector<Range>& backward,
-                      Schedule schedule, const std::function<Backend*(int stage)>& backend_of,
-                      const std::vector<DeviceLinkMember>* device_members) {
+RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vector<Range>& forward,
+                      const std::vector<Range>& backward, Schedule schedule,
+                      const std::function<Backend*(int stage)>& backend_of,
+                      const std::vector<DeviceLinkMember>* device_members, int replicas) {
   const int stages = static_cast<int>(forward.size());
+  const int total = replicas * stages;  // runtimes; runtime g is replica g / stages
   const int units = NumUnits(c.model);
+  const int replica_micro_batches = c.micro_batches / replicas;
   auto programs =
-      CompileBiPartitionPrograms(forward, backward, units, c.micro_batches, schedule).value();
+      CompileBiPartitionPrograms(forward, backward, units, replica_micro_batches, schedule).value();
   const int per = c.batch_size / c.micro_batches;
   auto eval_programs =
       CompileEvalPrograms(forward, units, (c.eval_windows + per - 1) / per).value();
-  InProcessFabric fabric(stages);
-  InProcessDeviceHub hub(stages, absl::Seconds(30));
-  std::vector<std::unique_ptr<DeviceChannel>> channels(stages);
+  InProcessFabric fabric(total);
+  InProcessDeviceHub hub(total, absl::Seconds(30));
+  std::vector<std::unique_ptr<DeviceChannel>> channels(total);
   RunOutput out;
   if (device_members != nullptr) {
     const DeviceLinkPlan plan = PlanDeviceLinks(*device_members, &programs);
-    for (int s = 0; s < stages; ++s) {
-      if (plan.group_of_stage[s] < 0) continue;
-      channels[s] = hub.ChannelFor(s);
-      out.grouped_stages.push_back(s);
+    for (int g = 0; g < total; ++g) {
+      if (plan.group_of_stage[g % stages] < 0) continue;
+      channels[g] = hub.ChannelFor(g);
+      out.grouped_stages.push_back(g);
     }
   }
+  auto backend_at = [&](int g) {
+    Backend* b = backend_of != nullptr ? backend_of(g % stages) : nullptr;
+    return b != nullptr ? b : CpuBackend();
+  };
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
-  for (int s = 0; s < stages; ++s) {
-    transports.push_back(fabric.Connect(s));
+  for (int g = 0; g < total; ++g) {
+    const int s = g % stages;
+    transports.push_back(fabric.Connect(g));
     StageSetup setup{"job-eq", c, s, stages, ToUnitRange(forward[s]), ToUnitRange(backward[s]),
                      programs[s], absl::Seconds(30), eval_programs[s]};
+    setup.replica = g / stages;
+    setup.replicas = replicas;
     for (int t = 0; t < stages; ++t) {
       if (backward[t].end > backward[t].begin) setup.optimizer_stages.push_back(t);
     }
-    if (backend_of != nullptr && backend_of(s) != nullptr) setup.backend = backend_of(s);
-    setup.device_channel = channels[s].get();
-    runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
+    setup.backend = backend_at(g);
+    setup.device_channel = channels[g].get();
+    runtimes.push_back(StageRuntime::Create(setup, &data, transports[g].get()).value());
   }
-  std::vector<std::vector<IterationResult>> results(stages);
-  std::vector<std::vector<float>> val_losses(stages);
-  std::vector<absl::Status> errors(stages);
+  std::vector<std::vector<IterationResult>> results(total);
+  std::vector<std::vector<float>> val_losses(total);
+  std::vector<absl::Status> errors(total);
   std::vector<std::thread> threads;
-  for (int s = 0; s < stages; ++s) {
-    threads.emplace_back([&, s] {
-      for (int i = 0; i < kIterations && errors[s].ok(); ++i) {
-        auto r = runtimes[s]->RunIteration(i);
+  for (int g = 0; g < total; ++g) {
+    threads.emplace_back([&, g] {
+      for (int i = 0; i < kIterations && errors[g].ok(); ++i) {
+        auto r = runtimes[g]->RunIteration(i);
         if (!r.ok()) {
-          errors[s] = r.status();
+          errors[g] = r.status();
           fabric.Shutdown();  // wake the other stages instead of letting them time out
           break;
         }
-        results[s].push_back(*r);
+        results[g].push_back(*r);
         if (!EvaluatesAfter(c, i + 1)) continue;
-        auto val = runtimes[s]->RunEval(i + 1);
+        auto val = runtimes[g]->RunEval(i + 1);
         if (!val.ok()) {
-          errors[s] = val.status();
+          errors[g] = val.status();
           fabric.Shutdown();
         } else if (val->has_value()) {
-          val_losses[s].push_back(**val);
+          val_losses[g].push_back(**val);
         }
       }
     });
@@ -118,28 +127,39 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
   for (auto& t : threads) t.join();
   out.device_tensors = hub.sent();
   EXPECT_EQ(hub.in_flight(), 0) << "device tensors sent and never received";
-  for (int s = 0; s < stages; ++s) EXPECT_TRUE(errors[s].ok()) << errors[s];
+  for (int g = 0; g < total; ++g)
+    EXPECT_TRUE(errors[g].ok()) << "runtime " << g << ": " << errors[g];
   int loss_stage = 0;  // the forward owner of head reports the losses
   while (forward[loss_stage].end != units) ++loss_stage;
-  for (const IterationResult& r : results[loss_stage]) {
-    double sum = 0.0;  // LocalTrainer's mean: double sum, divided, as float
-    for (float l : r.micro_batch_losses) sum += l;
+  for (int i = 0; i < kIterations; ++i) {
+    double sum = 0.0;  // LocalTrainer's mean: double sum in micro-batch order, divided, as float
+    bool complete = true;
+    for (int r = 0; r < replicas; ++r) {
+      const std::vector<IterationResult>& of = results[r * stages + loss_stage];
+      if (i >= static_cast<int>(of.size())) {
+        complete = false;
+        break;
+      }
+      EXPECT_EQ(of[i].micro_batch_losses.size(), static_cast<size_t>(replica_micro_batches));
+      for (float l : of[i].micro_batch_losses) sum += l;
+    }
+    if (!complete) break;
     out.losses.push_back(static_cast<float>(sum / c.micro_batches));
   }
   out.val_losses = val_losses[loss_stage];
-  for (int s = 0; s < stages; ++s) {
-    if (s != loss_stage) {
-      EXPECT_TRUE(val_losses[s].empty()) << "stage " << s;
+  for (int g = 0; g < total; ++g) {
+    if (g % stages != loss_stage) {
+      EXPECT_TRUE(val_losses[g].empty()) << "runtime " << g;
+    } else {
+      EXPECT_EQ(val_losses[g], out.val_losses) << "replica " << g / stages << "'s validation";
     }
   }
-  for (int s = 0; s < stages; ++s) {
-    Backend* backend = backend_of != nullptr && backend_of(s) != nullptr ? backend_of(s)
-                                                                           : CpuBackend();
-    for (Parameter* p : runtimes[s]->parameters()) {
-      std::vector<float> values = backend->Download(p->value).ToVector();
+  for (int g = 0; g < total; ++g) {
+    for (Parameter* p : runtimes[g]->parameters()) {
+      std::vector<float> values = backend_at(g)->Download(p->value).ToVector();
       auto [it, inserted] = out.weights.emplace(p->name, values);
       if (!inserted) {
-        EXPECT_EQ(it->second, values) << "copies of " << p->name;
+        EXPECT_EQ(it->second, values) << "copies of " << p->name << " (runtime " << g << ")";
       }
     }
   }

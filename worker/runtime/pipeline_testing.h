@@ -47,13 +47,19 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend =
 // (the CPU when null). With `device_members` (one per stage), the training
 // programs are marked by the coordinator's PlanDeviceLinks and the stages
 // of its groups get channels of one InProcessDeviceHub for their
-// LINK_PATH_DEVICE instructions. Failures are reported as test failures
+// LINK_PATH_DEVICE instructions. With `replicas` > 1 (data parallelism,
+// StageSetup::replica) there are replicas x stages runtimes: replica r's
+// stage s is transport stage r * stages + s, runs the replica's program of
+// c.micro_batches / replicas micro-batches, and backend_of and
+// device_members index the replica's stage s. The losses are assembled in
+// the step's micro-batch order, and every copy of every weight, on every
+// replica, must agree bitwise. Failures are reported as test failures
 // (EXPECT).
-RunOutput RunPipeline(const TrainConfig& c, const Dataset& data,
-                      const std::vector<Range>& forward, const std::vector<Range>& backward,
-                      Schedule schedule,
+RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vector<Range>& forward,
+                      const std::vector<Range>& backward, Schedule schedule,
                       const std::function<Backend*(int stage)>& backend_of = nullptr,
-                      const std::vector<DeviceLinkMember>* device_members = nullptr);
+                      const std::vector<DeviceLinkMember>* device_members = nullptr,
+                      int replicas = 1);
 
 }  // namespace testing
 }  // namespace pipetrain

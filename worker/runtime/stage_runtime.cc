@@ -18,8 +18,10 @@
 namespace pipetrain {
 namespace {
 
-// Tags of the gradient-clipping broadcasts (one per optimizer stage).
+// Tags of the gradient-clipping broadcasts (one per optimizer stage) and
+// of the data-parallel gradient all-reduces (one per parameter).
 constexpr int kGradClipTagBase = 1 << 20;
+constexpr int kDataParallelTagBase = 1 << 21;
 
 using Clock = std::chrono::steady_clock;
 
@@ -128,8 +130,17 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
   if ((has(0) || has(units - 1)) && dataset == nullptr) {
     return absl::InvalidArgumentError("the stage owning embed or head needs the dataset");
   }
-  if (setup.num_stages > 1 && transport == nullptr) {
-    return absl::InvalidArgumentError("a multi-stage program needs a transport");
+  if (setup.replicas < 1 || setup.replica < 0 || setup.replica >= setup.replicas) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("replica ", setup.replica, " of ", setup.replicas, " is not a replica"));
+  }
+  if (setup.train.micro_batches % setup.replicas != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.micro_batches (", setup.train.micro_batches,
+                     ") is not divisible by the ", setup.replicas, " data-parallel replicas"));
+  }
+  if ((setup.num_stages > 1 || setup.replicas > 1) && transport == nullptr) {
+    return absl::InvalidArgumentError("a multi-stage or data-parallel program needs a transport");
   }
   for (const v1::Program* program : {&setup.program, &setup.eval_program}) {
     for (const v1::Instruction& in : program->instructions()) {
@@ -291,7 +302,10 @@ bool StageRuntime::IsBackwardUnit(int index) const {
 TokenBatch StageRuntime::BatchFor(int micro_batch) const {
   const int per = setup_.train.batch_size / setup_.train.micro_batches;
   if (dataset_ == nullptr) return TokenBatch{per, setup_.train.seq_len, {}, {}};
-  return dataset_->TrainBatch(setup_.train.seed, iteration_, int64_t{micro_batch} * per, per);
+  // This replica's share of the step's micro-batches (StageSetup).
+  const int64_t global =
+      int64_t{setup_.replica} * (setup_.train.micro_batches / setup_.replicas) + micro_batch;
+  return dataset_->TrainBatch(setup_.train.seed, iteration_, global * per, per);
 }
 
 Parameter* StageRuntime::TiedHolder() {
@@ -600,7 +614,8 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
   if (s.path() == v1::LINK_PATH_DEVICE) {
     // Device to device, in program order (the peer receives in the same
     // order): queued here, behind the work that made the tensor.
-    RETURN_IF_ERROR(NameSend(setup_.device_channel->Send(s.peer_stage(), tensor), s, address));
+    RETURN_IF_ERROR(
+        NameSend(setup_.device_channel->Send(GlobalStage(s.peer_stage()), tensor), s, address));
     CountDeviceTransfer(tensor, &device_sent_stats_[link]);
     return absl::OkStatus();
   }
@@ -617,7 +632,8 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
       return sends_.Enqueue([this, &s, link, wire = std::move(wire), seconds,
                              address]() -> absl::Status {
         CountTransfer(wire, seconds, &sent_stats_[link]);
-        return NameSend(transport_->SendWire(s.peer_stage(), address, wire), s, address);
+        return NameSend(transport_->SendWire(GlobalStage(s.peer_stage()), address, wire), s,
+                        address);
       });
     }
     if (payload.status().code() != absl::StatusCode::kUnimplemented) {
@@ -633,7 +649,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     absl::Status status = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(Tensor host, host_copy->Wait());
       ASSIGN_OR_RETURN(WireTensor wire, encoder_.Encode(s, host, &sent_stats_[link], scores));
-      return transport_->SendWire(s.peer_stage(), address, wire);
+      return transport_->SendWire(GlobalStage(s.peer_stage()), address, wire);
     }();
     return NameSend(status, s, address);
   });
@@ -672,7 +688,7 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   const std::string what = absl::StrCat(address.DebugString(), " from stage ", r.peer_stage());
   LinkStats& link = result->received[{r.peer_stage(), v1::TensorKind_Name(key.kind())}];
   if (r.path() == v1::LINK_PATH_DEVICE) {
-    absl::StatusOr<Tensor> t = setup_.device_channel->Recv(r.peer_stage(), expected);
+    absl::StatusOr<Tensor> t = setup_.device_channel->Recv(GlobalStage(r.peer_stage()), expected);
     if (!t.ok()) {
       return absl::Status(t.status().code(), absl::StrCat(what, ": ", t.status().message()));
     }
@@ -680,7 +696,7 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
     return Store(key, *std::move(t), weights_of);
   }
   ASSIGN_OR_RETURN(WireTensor wire,
-                   transport_->RecvWire(r.peer_stage(), address, setup_.recv_timeout));
+                   transport_->RecvWire(GlobalStage(r.peer_stage()), address, setup_.recv_timeout));
   Tensor t;
   bool on_device = false;
   // A payload the backend can decode on its device is decoded there: no
@@ -732,6 +748,25 @@ absl::Status StageRuntime::Store(const v1::TensorKey& key, Tensor t, Unit* weigh
 absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration) {
   const TrainConfig& train = setup_.train;
   optimizer_.set_lr(LearningRate(train, optimizer_.steps_taken()));
+  if (setup_.replicas > 1) {
+    // Sum each gradient over the replicas' copies of this stage, in a fixed
+    // order (collectives.h): every replica ends with the same sums.
+    if (transport_ == nullptr) return Internal("data parallelism needs a transport");
+    std::vector<int> copies;
+    for (int r = 0; r < setup_.replicas; ++r) {
+      copies.push_back(r * setup_.num_stages + setup_.stage);
+    }
+    Collectives collectives(
+        transport_, CollectiveGroup{copies, setup_.job_id},
+        CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
+    RETURN_IF_ERROR(collectives.status());
+    int tag = kDataParallelTagBase;
+    for (Parameter* p : parameters()) {
+      Tensor grad = p->grad.on_device() ? setup_.backend->Download(p->grad) : p->grad;
+      RETURN_IF_ERROR(collectives.AllReduce(iteration, tag++, grad));
+      if (p->grad.on_device()) setup_.backend->CopyFromHost(grad, &p->grad);
+    }
+  }
   if (!(train.grad_clip > 0)) return absl::OkStatus();
   // Every parameter of the model in GptModel::parameters() order (the
   // head's tied copy of wte left out), and its squared-gradient sum: this
@@ -762,7 +797,9 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration) {
   const std::vector<int>& group = setup_.optimizer_stages;
   if (group.size() > 1) {
     if (transport_ == nullptr) return Internal("gradient clipping needs a transport");
-    Collectives collectives(transport_, CollectiveGroup{group, setup_.job_id},
+    std::vector<int> members;  // the transport's numbers of this replica's stages
+    for (int stage : group) members.push_back(GlobalStage(stage));
+    Collectives collectives(transport_, CollectiveGroup{members, setup_.job_id},
                             CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
     RETURN_IF_ERROR(collectives.status());
     all.clear();

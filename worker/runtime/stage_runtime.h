@@ -66,6 +66,17 @@ struct StageSetup {
   // Where the units compute (not owned; outlives the runtime). Tensors cross
   // the transport on the host: sends download, receives upload.
   Backend* backend = CpuBackend();
+  // Data parallelism (DESIGN.md §12): this stage belongs to replica
+  // `replica` of `replicas` copies of the pipeline. The program is the
+  // replica's (stages 0..num_stages-1, its share of the step's
+  // micro-batches: program micro-batch k is the step's micro-batch
+  // replica * (train.micro_batches / replicas) + k); the transport and the
+  // device channel number stages globally, replica * num_stages + stage
+  // (GlobalStage). Before each optimizer
+  // step every gradient is all-reduced (summed) over the replicas' copies
+  // of this stage, so all replicas step alike.
+  int replica = 0;
+  int replicas = 1;
   // The stages that hold backward units (ascending): with
   // train.grad_clip > 0 they exchange their parameters' squared gradient
   // sums before each optimizer step (worker/train/grad_clip.h). Empty:
@@ -164,6 +175,8 @@ class StageRuntime {
   // (setup_.optimizer_stages exchange their sums; grad_clip.h), and sets
   // the learning rate of the step (lr_schedule.h).
   absl::Status PrepareOptimizerStep(int64_t iteration);
+  // The transport's number of this replica's stage `stage`.
+  int GlobalStage(int stage) const { return setup_.replica * setup_.num_stages + stage; }
   Unit* OwnedUnit(int index);
   bool IsBackwardUnit(int index) const;
   TokenBatch BatchFor(int micro_batch) const;

@@ -120,6 +120,7 @@ constexpr int kLossTailSteps = 20;
 
 struct UpOptions {
   int workers = 4;
+  int data_parallel = 1;
   std::string out = "/tmp/pipetrain-up";
   bool keep_running = false;
   v1::JobSpec spec;
@@ -139,6 +140,9 @@ struct UpOptions {
 
 void BindUp(FlagSet& f, UpOptions& o) {
   f.Int("workers", &o.workers, "worker processes to start");
+  f.Int("data-parallel", &o.data_parallel,
+        "replicas of the pipeline (spec.parallelism.data): --workers / D stages each, each "
+        "replica training on --micro-batches / D of every step's micro-batches");
   f.String("out", &o.out, "directory for logs, weights and ports files");
   f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
   f.Int("layers", &o.layers, "transformer blocks");
@@ -220,7 +224,10 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   t->set_eval_interval(o.eval_interval);
   if (!o.data.empty()) spec.mutable_data()->set_path(RealPathOf(o.data));
   if (o.data.empty()) spec.mutable_data()->set_synthetic_bytes(o.synthetic_bytes);
-  spec.mutable_parallelism()->set_stages(o.workers);
+  // Checked by RunUp: D divides the workers (ResolveJobSpec checks the rest).
+  const int replicas = std::max(1, o.data_parallel);
+  spec.mutable_parallelism()->set_stages(o.workers / replicas);
+  spec.mutable_parallelism()->set_data(o.data_parallel);
   spec.mutable_parallelism()->set_solver(o.solver);
   spec.mutable_parallelism()->set_schedule(o.schedule);
   // Under the coordinator's --output-dir, which `up` sets to --out.
@@ -292,7 +299,13 @@ int RunUp(const std::vector<std::string>& args) {
   if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) {
     return Fail("up", absl::NotFoundError("cannot create --out directory " + o.out));
   }
-  absl::Status valid = ResolveJobSpec(UpSpec(o)).status();
+  absl::Status valid = absl::OkStatus();
+  if (o.data_parallel < 1 || o.workers < 1 || o.workers % o.data_parallel != 0) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat("--data-parallel ", o.data_parallel, " must be >= 1 and divide --workers ",
+                     o.workers, " (each replica gets --workers / --data-parallel stages)"));
+  }
+  if (valid.ok()) valid = ResolveJobSpec(UpSpec(o)).status();
   const bool each_gpu = o.worker_device == "cuda:each";
   const int gpus = each_gpu ? VisibleCudaDevices() : 0;
   if (valid.ok() && each_gpu && gpus == 0) {
@@ -356,9 +369,12 @@ int RunUp(const std::vector<std::string>& args) {
   v1::Job job;
   grpc::Status submitted = stub->SubmitJob(WithDeadline(kRpcTimeout).get(), request, &job);
   if (!submitted.ok()) return Fail("up", ToAbsl(submitted));
-  std::fprintf(stderr, "job %s: %d stages (%s, %s), %lld steps; metrics at http://%s/metrics\n",
-               job.id().c_str(), o.workers, o.solver.c_str(), o.schedule.c_str(),
-               static_cast<long long>(o.steps), (*cluster)->http_address().c_str());
+  std::fprintf(stderr,
+               "job %s: %d replica(s) of %d stages (%s, %s), %lld steps; metrics at "
+               "http://%s/metrics\n",
+               job.id().c_str(), o.data_parallel, o.workers / o.data_parallel, o.solver.c_str(),
+               o.schedule.c_str(), static_cast<long long>(o.steps),
+               (*cluster)->http_address().c_str());
   absl::StatusOr<v1::Job> done = Follow(*stub, job.id());
   if (!done.ok()) return Fail("up", done.status());
   if (g_interrupted.load()) {

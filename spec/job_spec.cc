@@ -351,6 +351,27 @@ absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
   return absl::OkStatus();
 }
 
+// spec.parallelism.data: the replicas, their workers and their shares of
+// the step's micro-batches.
+absl::Status ResolveDataParallel(v1::JobSpec* spec) {
+  v1::ParallelismSpec* p = spec->mutable_parallelism();
+  if (!p->has_data()) p->set_data(1);
+  RETURN_IF_ERROR(RequireInRange("spec.parallelism.data", p->data(), kMaxStages));
+  const int64_t workers = int64_t{p->data()} * p->stages();
+  if (workers > kMaxStages) {
+    return Invalid("spec.parallelism.data",
+                   absl::StrCat(p->data(), " replicas x ", p->stages(), " stages is ", workers,
+                                " workers; at most ", kMaxStages));
+  }
+  const int micro_batches = spec->training().micro_batches();
+  if (micro_batches % p->data() != 0) {
+    return Invalid("spec.training.micro_batches",
+                   absl::StrCat(micro_batches, " micro-batches cannot be shared evenly by ",
+                                p->data(), " data-parallel replicas (spec.parallelism.data)"));
+  }
+  return absl::OkStatus();
+}
+
 // Lexical only: the coordinator writes the file under its --output-dir
 // (JobManager checks the directory itself).
 absl::Status CheckOutput(const v1::OutputSpec& output) {
@@ -494,6 +515,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckModelSize(out.model()));
   RETURN_IF_ERROR(ResolveData(out.mutable_data(), out.model().vocab_size(), &resolved.data_format));
   RETURN_IF_ERROR(ResolveParallelism(out.mutable_parallelism(), out.model().n_layer()));
+  RETURN_IF_ERROR(ResolveDataParallel(&out));
   RETURN_IF_ERROR(CheckEvalHasData(out));
   RETURN_IF_ERROR(CheckOutput(out.output()));
   RETURN_IF_ERROR(ResolveCompression(out.mutable_compression()));
@@ -506,6 +528,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   resolved.val_fraction = out.data().val_fraction();
   resolved.synthetic_bytes = out.data().synthetic_bytes();
   resolved.stages = out.parallelism().stages();
+  resolved.data_parallel = out.parallelism().data();
   resolved.solver = out.parallelism().solver();
   resolved.objective = out.parallelism().objective();
   resolved.schedule = out.parallelism().schedule();

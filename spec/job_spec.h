@@ -77,7 +77,8 @@ struct ResolvedJobSpec {
   DataFormat data_format = DataFormat::kAuto;  // parsed spec.data.format
   double val_fraction = 0;                     // spec.data.val_fraction
   int64_t synthetic_bytes = 0;                 // spec.data.synthetic_bytes (path empty)
-  int stages = 0;                              // spec.parallelism.stages
+  int stages = 0;                              // spec.parallelism.stages (per replica)
+  int data_parallel = 1;                       // spec.parallelism.data: replicas
   std::string solver;     // uniform | pipedream | bipartition | auto | manual
   std::string objective;  // paper | full
   std::string schedule;                        // "1f1b" | "gpipe"
@@ -99,7 +100,13 @@ struct ResolvedJobSpec {
 // elastic.max_workers = parallelism.stages. checkpoint.dir stays empty when
 // unset (JobManager makes it "checkpoints/<job id>").
 //
-// Elasticity: min_workers in [1, stages], max_workers in [stages, units];
+// Data parallelism: parallelism.data defaults to 1; data >= 1, data x
+// stages <= kMaxStages workers, and data divides training.micro_batches
+// (INVALID_ARGUMENT naming spec.training.micro_batches otherwise).
+//
+// Elasticity: min_workers in [1, stages], max_workers in [stages, units]
+// (with data > 1 they count the stages of one replica: a re-plan keeps the
+// replicas and gives each as many stages as the READY workers allow);
 // solver manual needs both equal to stages (its stages are pinned).
 //
 // Bounds: every field within the limits above (kMax...), strings included;

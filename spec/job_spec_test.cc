@@ -151,6 +151,7 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   spec.mutable_parallelism()->set_solver("pipedream");
   spec.mutable_parallelism()->set_schedule("gpipe");
   spec.mutable_parallelism()->set_objective("full");
+  spec.mutable_parallelism()->set_data(1);
   spec.mutable_output()->set_weights_path("runs/weights.safetensors");
   v1::CompressionSpec* c = spec.mutable_compression();
   c->set_forward("fp16");
@@ -439,6 +440,37 @@ TEST(ResolveJobSpec, EvalInterval_CarriedIntoTrainConfig) {
   EXPECT_EQ(resolved->train.eval_windows, 3);
 }
 
+TEST(ResolveJobSpec, DataParallel_DefaultsToOneAndIsKept) {
+  EXPECT_EQ(ResolveJobSpec(MinimalSpec()).value().data_parallel, 1);
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_micro_batches(4);
+  spec.mutable_parallelism()->set_data(2);
+  const ResolvedJobSpec resolved = ResolveJobSpec(spec).value();
+  EXPECT_EQ(resolved.data_parallel, 2);
+  EXPECT_EQ(resolved.spec.parallelism().data(), 2);
+  EXPECT_EQ(resolved.stages, 2);
+}
+
+TEST(ResolveJobSpec, DataParallel_BadValuesRejectedNamingTheField) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_parallelism()->set_data(0);
+  ExpectRejected(spec, "spec.parallelism.data: required, must be >= 1");
+  spec = MinimalSpec();  // 4 micro-batches cannot be shared by 3 replicas
+  spec.mutable_training()->set_micro_batches(4);
+  spec.mutable_parallelism()->set_data(3);
+  ExpectRejected(spec, "spec.training.micro_batches: 4 micro-batches cannot be shared evenly by 3");
+  spec = MinimalSpec();  // 512 replicas x 2 stages = 1024 workers: the limit
+  spec.mutable_training()->set_batch_size(512);
+  spec.mutable_training()->set_micro_batches(512);
+  spec.mutable_parallelism()->set_data(512);
+  EXPECT_TRUE(ResolveJobSpec(spec).ok());
+  spec.mutable_parallelism()->set_stages(3);
+  spec.mutable_model()->set_n_layer(2);
+  ExpectRejected(spec,
+                 "spec.parallelism.data: 512 replicas x 3 stages is 1536 workers; at most "
+                 "1024");
+}
+
 TEST(ResolveJobSpec, NegativeEvalInterval_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_training()->set_eval_interval(-1);
@@ -568,7 +600,7 @@ namespace {
 // accepted, one beyond it is rejected naming the field and the limit.
 TEST(ResolveJobSpecBounds, EveryBound_AtIsAcceptedBeyondIsRejected) {
   const std::vector<SpecBound> bounds = SpecBounds();
-  EXPECT_EQ(bounds.size(), 15u);
+  EXPECT_EQ(bounds.size(), 16u);
   for (const SpecBound& b : bounds) {
     SCOPED_TRACE(b.field);
     absl::StatusOr<ResolvedJobSpec> ok = ResolveJobSpec(b.At());

@@ -76,6 +76,14 @@ std::vector<SpecBound> SpecBounds() {
       {"spec.data.synthetic_bytes",
        [](v1::JobSpec& s, int64_t v) { s.mutable_data()->set_synthetic_bytes(v); },
        kMaxSyntheticBytes, "spec.data.synthetic_bytes: 1073741825 exceeds the limit of 1073741824"},
+      {"spec.parallelism.data",
+       [](v1::JobSpec& s, int64_t v) {
+         s.mutable_parallelism()->set_stages(1);
+         s.mutable_training()->set_batch_size(1024);
+         s.mutable_training()->set_micro_batches(1024);
+         s.mutable_parallelism()->set_data(v);
+       },
+       kMaxStages, "spec.parallelism.data: 1025 exceeds the limit of 1024"},
       {"spec.parallelism.stages",
        [](v1::JobSpec& s, int64_t v) {
          s.mutable_model()->set_n_layer(kMaxLayers);  // 514 units

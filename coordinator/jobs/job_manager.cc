@@ -481,7 +481,8 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
       record->job.mutable_progress()->set_loss_history_start(record->init_step);
     }
     record->job.set_state(v1::QUEUED);
-    record->job.set_reason(absl::StrCat("waiting for ", resolved.stages, " READY workers"));
+    record->job.set_reason(
+        absl::StrCat("waiting for ", resolved.stages * resolved.data_parallel, " READY workers"));
     SetTimestamp(clock_->Now(), record->job.mutable_create_time());
     TouchLocked(*record);
     record->resolved = std::move(resolved);
@@ -554,7 +555,7 @@ void JobManager::ScheduleQueued() {
     if (record.job.state() == v1::PROFILING) return;
     if (record.job.state() != v1::QUEUED) continue;
     std::vector<std::string> ready = SpareWorkersLocked(reserved);
-    const int need = record.resolved.stages;
+    const int need = record.resolved.stages * Replicas(record);
     if (static_cast<int>(ready.size()) < need) {
       const std::string waiting =
           absl::StrCat("waiting for ", need, " READY workers (", ready.size(), " ready)");
@@ -582,13 +583,14 @@ void JobManager::ScheduleQueued() {
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() != v1::RUNNING || record.checkpoints == nullptr || record.stop_at > 0 ||
-        record.job.worker_ids_size() >= record.resolved.spec.elastic().max_workers()) {
+        record.job.worker_ids_size() >= MaxJobWorkers(record)) {
       continue;
     }
     const std::vector<std::string> spare = SpareWorkersLocked(reserved);
     if (spare.empty()) return;
-    const int want = std::min<int>(
-        spare.size(), record.resolved.spec.elastic().max_workers() - record.job.worker_ids_size());
+    int want = std::min<int>(spare.size(), MaxJobWorkers(record) - record.job.worker_ids_size());
+    want -= want % Replicas(record);  // a stage more for every replica, or none
+    if (want == 0) continue;
     const std::vector<std::string> joining(spare.begin(), spare.begin() + want);
     if (RequestBoundaryLocked(record, absl::StrCat(absl::StrJoin(joining, ", "), " joined"))) {
       for (const std::string& w : joining) reserved.insert(w);
@@ -654,7 +656,6 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   const std::string reason = record.boundary_reason;
   const int64_t step = record.stop_at;
   record.stop_at = 0;
-  const v1::ElasticSpec& elastic = record.resolved.spec.elastic();
   std::vector<std::string> chosen;
   for (const std::string& w : record.job.worker_ids()) {
     if (!IsDrainedLocked(w)) chosen.push_back(w);
@@ -668,10 +669,11 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
     }
   }
   for (const std::string& w : SpareWorkersLocked(reserved)) {
-    if (static_cast<int>(chosen.size()) >= elastic.max_workers()) break;
+    if (static_cast<int>(chosen.size()) >= MaxJobWorkers(record)) break;
     chosen.push_back(w);
   }
-  if (static_cast<int>(chosen.size()) < elastic.min_workers()) {
+  KeepWholeReplicas(record, &chosen);
+  if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
     // A spare went away meanwhile: wait for workers as a recovery does.
     return StartRecoveryLocked(record, "", reason, "worker_lost");
   }
@@ -705,11 +707,12 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
     std::set<std::string> reserved;
     const int left =
         record->job.worker_ids_size() - 1 + static_cast<int>(SpareWorkersLocked(reserved).size());
-    if (left < record->resolved.spec.elastic().min_workers()) {
+    if (left - left % Replicas(*record) < MinJobWorkers(*record)) {
       return absl::FailedPreconditionError(
           absl::StrCat("draining ", worker_id, " would leave job ", record->job.id(),
-                       " fewer than its ", record->resolved.spec.elastic().min_workers(),
-                       " workers (spec.elastic.min_workers); add a worker first"));
+                       " fewer than its ", MinJobWorkers(*record),
+                       " workers (spec.elastic.min_workers x spec.parallelism.data); "
+                       "add a worker first"));
     }
   }
   drained_[worker_id] = worker.incarnation();
@@ -767,15 +770,29 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   }
   cluster.bandwidth_bytes_per_second = kAssumedBandwidth;
   cluster.latency_seconds = kAssumedLatency;
-  // A re-plan may use another number of stages (spec.elastic).
+  // A re-plan may use another number of stages (spec.elastic); the
+  // replicas stay (spec.parallelism.data), replica r's stage s on
+  // workers[r * stages + s].
+  const int replicas = Replicas(record);
+  if (workers.empty() || workers.size() % replicas != 0) {
+    return absl::InternalError(
+        absl::StrCat(workers.size(), " workers for ", replicas, " data-parallel replicas"));
+  }
+  const int stages = static_cast<int>(workers.size()) / replicas;
   ResolvedJobSpec resolved = record.resolved;
-  resolved.stages = static_cast<int>(workers.size());
+  resolved.stages = stages;
   resolved.spec.mutable_parallelism()->set_stages(resolved.stages);
   const int64_t version = record.plan.version() + 1;
   ASSIGN_OR_RETURN(CompiledPlan compiled,
                    PlanJob(resolved, id, version, *record.profile, cluster, record.profile_source));
-  const DeviceLinkPlan links =
-      PlanDeviceLinks(DeviceLinkMembers(infos, *registry_), &compiled.programs);
+  // Device links join one pipeline's stages on a host; the replicas share
+  // programs, so with data parallelism every link stays on the data plane
+  // (NCCL for the replicas' all-reduce is not there yet).
+  DeviceLinkPlan links;
+  links.group_of_stage.assign(stages, -1);
+  if (replicas == 1) {
+    links = PlanDeviceLinks(DeviceLinkMembers(infos, *registry_), &compiled.programs);
+  }
   RETURN_IF_ERROR(registry_->Assign(workers, id));
   ConsumeDeviceGroupIds(id, links, infos, registry_);
   record.plan = compiled.plan;
@@ -790,35 +807,38 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   const int64_t start_step = resume != nullptr ? resume->step() : 0;
   // Only this plan's workers learn it: their streams prove it to each other.
   const std::string data_plane_secret = RandomToken();
-  for (size_t s = 0; s < workers.size(); ++s) {
+  for (size_t g = 0; g < workers.size(); ++g) {
+    const int s = static_cast<int>(g) % stages;  // the replica's stage
     v1::Assignment a;
     a.set_action(v1::Assignment::RUN);
     a.set_job_id(id);
     a.set_plan_version(record.plan.version());
     *a.mutable_spec() = record.resolved.spec;
-    a.set_stage(static_cast<int>(s));
-    a.set_num_stages(static_cast<int>(workers.size()));
+    a.set_stage(s);
+    a.set_num_stages(stages);
+    a.set_replica(static_cast<int>(g) / stages);
+    a.set_replicas(replicas);
     a.set_data_plane_secret(data_plane_secret);
     a.set_start_iteration(start_step);
-    for (int t = 0; t < record.plan.stages_size(); ++t) {
+    for (int t = 0; t < stages; ++t) {
       const v1::UnitRange& b = record.plan.stages(t).backward();
       if (b.end() > b.begin()) a.add_optimizer_stages(t);
     }
     if (resume != nullptr) *a.mutable_resume() = *resume;
     if (resume == nullptr) a.set_init_weights(record.init_weights);
-    *a.mutable_forward_units() = record.plan.stages(s).forward();
-    *a.mutable_backward_units() = record.plan.stages(s).backward();
+    *a.mutable_forward_units() = record.plan.stages(g).forward();
+    *a.mutable_backward_units() = record.plan.stages(g).backward();
     for (const std::string& address : addresses) a.add_peer_addresses(address);
     *a.mutable_program() = compiled.programs[s];
     if (!compiled.eval_programs.empty()) *a.mutable_eval_program() = compiled.eval_programs[s];
     if (links.group_of_stage[s] >= 0) {
       *a.mutable_device_group() = links.groups[links.group_of_stage[s]].group;
     }
-    record.stage_of[workers[s]] = static_cast<int>(s);
-    RecordWeightOwners(record, static_cast<int>(s));
-    record.job.add_worker_ids(workers[s]);
+    record.stage_of[workers[g]] = static_cast<int>(g);
+    RecordWeightOwners(record, static_cast<int>(g));
+    record.job.add_worker_ids(workers[g]);
     record.assignments.push_back(a);
-    hub_->Set(workers[s], std::move(a));
+    hub_->Set(workers[g], std::move(a));
   }
   v1::PlanVersion* history = record.job.add_plan_history();
   history->set_version(version);
@@ -909,10 +929,12 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
       chosen.push_back(w);
     }
   }
-  const v1::ElasticSpec& elastic = record.resolved.spec.elastic();
-  if (static_cast<int>(chosen.size()) > elastic.max_workers()) chosen.resize(elastic.max_workers());
-  if (static_cast<int>(chosen.size()) < elastic.min_workers()) {
-    const std::string waiting_for = absl::StrCat("waiting for ", elastic.min_workers(),
+  if (static_cast<int>(chosen.size()) > MaxJobWorkers(record)) {
+    chosen.resize(MaxJobWorkers(record));
+  }
+  KeepWholeReplicas(record, &chosen);
+  if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
+    const std::string waiting_for = absl::StrCat("waiting for ", MinJobWorkers(record),
                                                  " READY workers (", chosen.size(), " ready)");
     if (now - record.recovery_started > record.resolved.queue_timeout) {
       return EndLocked(record, v1::FAILED,
@@ -1045,7 +1067,15 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   RETURN_IF_ERROR(CheckProgressBounds(r, *record));
   const int stage_index = record->stage_of.at(r.worker_id());
   response.set_stop_after_step(record->stop_at);
+  // Data parallelism: replica 0 speaks for all (the replicas hold the same
+  // weights, and its loss stage reports every replica's losses).
+  const bool replica_zero = stage_index < StagesPerReplica(*record);
   if (r.has_checkpoint()) {
+    if (!replica_zero) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "ReportProgressRequest.checkpoint: ", r.worker_id(),
+          " runs a data-parallel replica other than 0, whose stages write no checkpoints"));
+    }
     RETURN_IF_ERROR(AddCheckpointLocked(*record, stage_index, r.checkpoint()));
     response.set_all_ready(true);
     return response;
@@ -1091,7 +1121,8 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   stage.busy_seconds += r.busy_seconds();
   stage.idle_seconds += r.idle_seconds();
   stage.finished = stage.finished || r.finished();
-  if (r.micro_batch_losses_size() > 0) {
+  if (r.finished()) stage.weights_digest = r.weights_digest();
+  if (r.micro_batch_losses_size() > 0 && replica_zero) {
     double sum = 0.0;  // as LocalTrainer: double sum, divided, as float
     for (float l : r.micro_batch_losses()) sum += l;
     const float loss = static_cast<float>(sum / r.micro_batch_losses_size());
@@ -1132,7 +1163,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
       record->recovering_since.reset();
     }
   }
-  if (r.has_val_loss()) {
+  if (r.has_val_loss() && replica_zero) {
     v1::JobProgress* p = record->job.mutable_progress();
     p->set_val_loss(r.val_loss());
     p->set_val_step(r.iteration() + 1);
@@ -1174,7 +1205,28 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
   return absl::OkStatus();
 }
 
+int JobManager::Replicas(const JobRecord& record) {
+  return std::max(1, record.resolved.data_parallel);
+}
+
+int JobManager::StagesPerReplica(const JobRecord& record) {
+  return record.plan.stages_size() / std::max(1, record.plan.data_parallel());
+}
+
+int JobManager::MinJobWorkers(const JobRecord& record) {
+  return record.resolved.spec.elastic().min_workers() * Replicas(record);
+}
+
+int JobManager::MaxJobWorkers(const JobRecord& record) {
+  return record.resolved.spec.elastic().max_workers() * Replicas(record);
+}
+
+void JobManager::KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers) {
+  workers->resize(workers->size() - workers->size() % Replicas(record));
+}
+
 void JobManager::RecordWeightOwners(JobRecord& record, int stage) {
+  if (stage >= StagesPerReplica(record)) return;
   const v1::UnitRange& units = record.plan.stages(stage).backward();
   for (int u = units.begin(); u < units.end(); ++u) {
     for (ParameterShape& p : UnitParameterShapes(record.resolved.train.model, u)) {
@@ -1196,6 +1248,11 @@ absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,
     return absl::InvalidArgumentError(absl::StrCat("ReportProgressRequest.iteration: ",
                                                    r.iteration(), " is outside the job's [0, ",
                                                    record.resolved.train.steps, ")"));
+  }
+  if (r.weights_digest().size() > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.weights_digest: ", r.weights_digest().size(),
+                     " bytes exceeds the limit of 64"));
   }
   if (r.error().size() > kMaxReportedErrorBytes) {
     return absl::InvalidArgumentError(
@@ -1243,8 +1300,25 @@ absl::Status JobManager::FinishWeights(const std::string& worker_id, const std::
 
 void JobManager::MaybeCompleteLocked(JobRecord& record) {
   const bool want_weights = !record.resolved.spec.output().weights_path().empty();
-  for (const StageProgress& s : record.stages) {
-    if (!s.finished || (want_weights && !s.weights_done)) return;
+  // Only replica 0's stages upload (RecordWeightOwners).
+  const int uploading = StagesPerReplica(record);
+  for (size_t g = 0; g < record.stages.size(); ++g) {
+    const StageProgress& s = record.stages[g];
+    if (!s.finished) return;
+    if (want_weights && static_cast<int>(g) < uploading && !s.weights_done) return;
+  }
+  // Replicas must end bitwise identical: each stage's copies agree.
+  for (size_t g = uploading; g < record.stages.size(); ++g) {
+    const std::string& mine = record.stages[g].weights_digest;
+    const std::string& zero = record.stages[g % uploading].weights_digest;
+    if (mine.empty() || mine != zero) {
+      return EndLocked(
+          record, v1::FAILED,
+          absl::StrCat("data-parallel replicas diverged: stage ", g % uploading, " of replica ",
+                       g / uploading, " (", record.job.worker_ids(g), ") ends with weights ",
+                       mine.empty() ? "unreported" : mine.substr(0, 12), ", replica 0's (",
+                       record.job.worker_ids(g % uploading), ") with ", zero.substr(0, 12)));
+    }
   }
   if (want_weights) {
     int64_t total = 0;

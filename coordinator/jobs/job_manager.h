@@ -255,6 +255,7 @@ class JobManager {
     int64_t iterations_done = 0;
     bool finished = false;
     bool weights_done = false;
+    std::string weights_digest;  // with data parallelism, sent with `finished`
     double busy_seconds = 0, idle_seconds = 0;
   };
   struct JobRecord {
@@ -361,8 +362,19 @@ class JobManager {
   void EndLocked(JobRecord& record, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Fills weight_owner from the plan's backward units of `stage`.
+  // Fills weight_owner from the plan's backward units of `stage` (replica
+  // 0's stages only: the other replicas hold the same weights and upload
+  // and checkpoint nothing).
   static void RecordWeightOwners(JobRecord& record, int stage);
+  // Data parallelism (spec.parallelism.data): the replicas, the stages of
+  // one replica in the current plan, and the job's worker bounds (the
+  // elastic bounds count one replica's stages).
+  static int Replicas(const JobRecord& record);
+  static int StagesPerReplica(const JobRecord& record);
+  static int MinJobWorkers(const JobRecord& record);
+  static int MaxJobWorkers(const JobRecord& record);
+  // Cuts `workers` to a multiple of the replicas (the last ones go).
+  static void KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers);
   static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
                                           const JobRecord& record);
   absl::Status CheckWeightsChunkLocked(const JobRecord& record, const v1::WeightsChunk& chunk) const

@@ -228,6 +228,49 @@ TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLates
   EXPECT_EQ(jobs_->ReportProgress(old).status().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// With data parallelism a recovery keeps whole replicas: 2 replicas of 2
+// stages lose a worker; the 3 left make 2 replicas of 1 stage (the third
+// stays spare), resuming from the checkpoint replica 0 wrote.
+TEST_F(JobManagerElasticTest, DataParallelWorkerLost_RecoversWithWholeReplicas) {
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_parallelism()->set_data(2);
+  std::vector<std::string> w;
+  for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
+  const std::string id = jobs_->Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().worker_ids_size(), 4);
+  for (int step = 1; step <= 5; ++step) {
+    for (int g = 0; g < 4; ++g) {
+      v1::ReportProgressRequest r;
+      r.set_worker_id(w[g]);
+      r.set_job_id(id);
+      r.set_plan_version(1);
+      r.set_iteration(step - 1);
+      if (g % 2 == 1) {  // the loss stages: both hold all of the step's losses
+        r.add_micro_batch_losses(float(step));
+        r.add_micro_batch_losses(float(step));
+      }
+      ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+    }
+  }
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
+  ASSERT_TRUE(Checkpoint(id, 1, 5).ok());
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+  EXPECT_EQ(Checkpoint(id, 2, 5).code(), absl::StatusCode::kPermissionDenied);
+  registry_.MarkLost(w[3], incarnations_[w[3]], "killed");
+  HeartbeatAllAndSchedule({w[0], w[1], w[2]});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w[0], w[1]}));
+  const v1::Assignment a = AssignmentOf(w[1]);
+  EXPECT_EQ(a.replica(), 1);
+  EXPECT_EQ(a.replicas(), 2);
+  EXPECT_EQ(a.num_stages(), 1);
+  ASSERT_TRUE(a.has_resume());
+  EXPECT_EQ(a.resume().step(), 5);
+  EXPECT_EQ(AssignmentOf(w[2]).action(), v1::Assignment::STOP);
+}
+
 TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromTheOneBefore) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();

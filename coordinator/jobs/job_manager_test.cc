@@ -110,6 +110,103 @@ TEST_F(JobManagerTest, Submit_InvalidSpec_IsInvalidArgumentNamingTheField) {
   EXPECT_TRUE(jobs_.List().empty());
 }
 
+// spec.parallelism.data 2 x 2 stages: four workers, replica r's stage s on
+// worker r * 2 + s, every assignment naming all four data-plane peers and
+// its replica's program of one micro-batch (2 / 2).
+TEST_F(JobManagerTest, DataParallel_PlacesReplicasOfTheSamePlan) {
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_data(2);
+  const std::string id = jobs_.Submit(spec).value().id();
+  EXPECT_EQ(jobs_.Get(id).value().reason(), "waiting for 4 READY workers (0 ready)");
+  std::vector<std::string> w;
+  for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
+  jobs_.ScheduleQueued();
+  const v1::Job job = jobs_.Get(id).value();
+  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()), w);
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_EQ(plan.data_parallel(), 2);
+  EXPECT_EQ(plan.micro_batches(), 1);
+  ASSERT_EQ(plan.stages_size(), 4);
+  for (int g = 0; g < 4; ++g) {
+    SCOPED_TRACE(g);
+    const v1::Assignment a = AssignmentOf(w[g]);
+    EXPECT_EQ(a.stage(), g % 2);
+    EXPECT_EQ(a.num_stages(), 2);
+    EXPECT_EQ(a.replica(), g / 2);
+    EXPECT_EQ(a.replicas(), 2);
+    ASSERT_EQ(a.peer_addresses_size(), 4);
+    EXPECT_EQ(a.peer_addresses(3), "127.0.0.1:7004");
+    EXPECT_EQ(std::vector<int>(a.optimizer_stages().begin(), a.optimizer_stages().end()),
+              (std::vector<int>{0, 1}));
+    const v1::Assignment twin = AssignmentOf(w[g % 2]);  // replica 0's copy
+    EXPECT_EQ(a.program().SerializeAsString(), twin.program().SerializeAsString());
+    EXPECT_EQ(a.forward_units().SerializeAsString(), twin.forward_units().SerializeAsString());
+    EXPECT_EQ(plan.stages(g).worker_id(), w[g]);
+  }
+  int forwards = 0;  // one micro-batch per replica
+  const v1::Assignment first = AssignmentOf(w[0]);
+  for (const v1::Instruction& in : first.program().instructions()) {
+    forwards += in.has_forward();
+  }
+  EXPECT_EQ(forwards, 1);
+}
+
+// Replica 0 speaks for all: other replicas' losses are not recorded, they
+// may not checkpoint, and the job succeeds only when every replica's
+// weight digest equals replica 0's.
+TEST_F(JobManagerTest, DataParallel_ReplicaZeroReportsAndDivergedReplicasFailTheJob) {
+  const std::string w0 = AddWorker(7100), w1 = AddWorker(7101);
+  for (const bool diverge : {false, true}) {
+    SCOPED_TRACE(diverge);
+    v1::JobSpec spec = SmallSpec(1);
+    spec.mutable_parallelism()->set_data(2);
+    const std::string id = jobs_.Submit(spec).value().id();
+    jobs_.ScheduleQueued();
+    const v1::Job running = jobs_.Get(id).value();
+    ASSERT_EQ(running.state(), v1::RUNNING);
+    ASSERT_EQ(std::vector<std::string>(running.worker_ids().begin(), running.worker_ids().end()),
+              (std::vector<std::string>{w0, w1}));
+    v1::ReportProgressRequest checkpoint;
+    checkpoint.set_worker_id(w1);
+    checkpoint.set_job_id(id);
+    checkpoint.set_plan_version(1);
+    checkpoint.mutable_checkpoint()->set_step(1);
+    EXPECT_EQ(jobs_.ReportProgress(checkpoint).status().code(),
+              absl::StatusCode::kPermissionDenied);
+    for (int64_t it = 0; it < 3; ++it) {
+      const bool last = it == 2;
+      for (const std::string& w : {w0, w1}) {
+        v1::ReportProgressRequest r;
+        r.set_worker_id(w);
+        r.set_job_id(id);
+        r.set_plan_version(1);
+        r.set_iteration(it);
+        // Both loss stages hold every replica's losses; replica 1's say 9.
+        r.add_micro_batch_losses(w == w0 ? 1.0f : 9.0f);
+        r.add_micro_batch_losses(w == w0 ? 2.0f : 9.0f);
+        r.set_finished(last);
+        if (last)
+          r.set_weights_digest(diverge && w == w1 ? std::string(64, 'b') : std::string(64, 'a'));
+        ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+      }
+    }
+    const v1::Job job = jobs_.Get(id).value();
+    EXPECT_EQ(std::vector<float>(job.progress().loss_history().begin(),
+                                 job.progress().loss_history().end()),
+              (std::vector<float>{1.5f, 1.5f, 1.5f}));
+    if (diverge) {
+      EXPECT_EQ(job.state(), v1::FAILED);
+      EXPECT_TRUE(absl::StrContains(job.reason(),
+                                    "data-parallel replicas diverged: stage 0 of "
+                                    "replica 1"))
+          << job.reason();
+    } else {
+      EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+    }
+  }
+}
+
 TEST_F(JobManagerTest, Submit_WaitsForWorkersThenRunsWithCompiledPrograms) {
   const std::string w1 = AddWorker(7001);
   v1::Job job = jobs_.Submit(SmallSpec(2)).value();

@@ -1,5 +1,7 @@
 #include "coordinator/planner/planner.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/compression_marking.h"
@@ -56,20 +58,41 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
                                      int64_t version, const ModelProfile& profile,
                                      const ClusterSpec& cluster,
                                      const std::string& profile_source) {
-  if (static_cast<int>(cluster.workers.size()) != r.stages) {
+  const int replicas = std::max(1, r.data_parallel);
+  if (static_cast<int>(cluster.workers.size()) != r.stages * replicas) {
+    return absl::InvalidArgumentError(absl::StrCat(cluster.workers.size(), " workers for ",
+                                                   replicas, " replicas of ", r.stages, " stages"));
+  }
+  if (r.train.micro_batches % replicas != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(cluster.workers.size(), " workers for ", r.stages, " stages"));
+        absl::StrCat("spec.training.micro_batches: ", r.train.micro_batches, " not divisible by ",
+                     replicas, " replicas"));
+  }
+  // One replica's plan serves all: position s gets the slowest speed and
+  // the least memory among the replicas' workers there, so the plan fits
+  // and its prediction holds for the slowest replica (replicas wait for
+  // each other in the gradient all-reduce).
+  ClusterSpec replica = cluster;
+  replica.workers.resize(r.stages);
+  for (int s = 0; s < r.stages; ++s) {
+    for (int d = 1; d < replicas; ++d) {
+      const WorkerSpec& w = cluster.workers[d * r.stages + s];
+      replica.workers[s].speed = std::min(replica.workers[s].speed, w.speed);
+      double& memory = replica.workers[s].memory_bytes;  // 0: unlimited
+      if (w.memory_bytes > 0)
+        memory = memory > 0 ? std::min(memory, w.memory_bytes) : w.memory_bytes;
+    }
   }
   PlanOptions options;
   options.solver = r.solver;
   options.objective = r.objective;
-  options.micro_batches = r.train.micro_batches;
+  options.micro_batches = r.train.micro_batches / replicas;  // each replica's share
   ASSIGN_OR_RETURN(options.schedule, ParseSchedule(r.schedule));
   for (const v1::ManualStage& s : r.spec.parallelism().manual_stages()) {
     options.manual_forward.push_back({s.forward_begin(), s.forward_end()});
     options.manual_backward.push_back({s.backward_begin(), s.backward_end()});
   }
-  ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(profile, cluster, options));
+  ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(profile, replica, options));
   CompiledPlan out;
   out.programs = std::move(solved.programs);
   MarkCompression(r.spec.compression(), &out.programs);
@@ -88,14 +111,16 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_solver(solved.solver);
   plan.set_objective(solved.objective);
   plan.set_schedule(r.schedule);
-  plan.set_micro_batches(r.train.micro_batches);
-  std::vector<std::string> names;
-  for (size_t s = 0; s < cluster.workers.size(); ++s) {
+  plan.set_micro_batches(options.micro_batches);
+  plan.set_data_parallel(replicas);
+  std::vector<std::string> names;  // the timeline's lanes: replica 0's stages
+  for (size_t g = 0; g < cluster.workers.size(); ++g) {
+    const int s = static_cast<int>(g) % r.stages;
     v1::PlanStage* stage = plan.add_stages();
-    stage->set_worker_id(cluster.workers[s].name);
+    stage->set_worker_id(cluster.workers[g].name);
     *stage->mutable_forward() = ToUnitRange(solved.forward[s]);
     *stage->mutable_backward() = ToUnitRange(solved.backward[s]);
-    names.push_back(cluster.workers[s].name);
+    if (static_cast<int>(g) < r.stages) names.push_back(cluster.workers[g].name);
   }
   plan.set_bottleneck_seconds(solved.bottleneck_seconds);
   plan.set_predicted_iteration_seconds(solved.simulation.iteration_seconds);

@@ -46,8 +46,13 @@ inline constexpr int64_t kMaxStageMicroBatches = 16384;
 // EstimatePlanningWork(resolved) exceeds it.
 absl::Status CheckPlanningBudget(const ResolvedJobSpec& resolved);
 
-// Requires cluster.workers.size() == resolved.stages, in stage order, named
-// by worker id; `profile` describes the job's model at its micro-batch size
+// Requires cluster.workers.size() == resolved.stages x
+// resolved.data_parallel, replica r's stage s at r * stages + s, named by
+// worker id. With data parallelism the replicas share one plan (solved for
+// the slowest speed and least memory at each stage position, compiled for
+// each replica's micro_batches / data_parallel micro-batches): `programs`
+// and `eval_programs` have one entry per stage of a replica, the plan's
+// stages list every replica's workers; `profile` describes the job's model at its micro-batch size
 // (measured or AnalyticProfile) and `profile_source` says which. Errors as
 // SolvePlan (INVALID_ARGUMENT, RESOURCE_EXHAUSTED when nothing fits).
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& resolved, const std::string& job_id,

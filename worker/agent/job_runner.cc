@@ -1,5 +1,6 @@
 #include "worker/agent/job_runner.h"
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <optional>
@@ -11,6 +12,7 @@
 #include "common/confined_path.h"
 #include "common/logging.h"
 #include "common/safetensors.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "spec/job_spec.h"
 #include "worker/checkpoint/checkpoint_writer.h"
@@ -243,6 +245,21 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
   if (!sent.ok() && !stop_.load()) PT_LOG(WARNING) << "could not report the checkpoint: " << sent;
 }
 
+namespace {
+
+// ReportProgressRequest.weights_digest: SHA-256 of every parameter's fp32
+// bytes, in parameters() order.
+std::string WeightsDigest(Backend* backend, const std::vector<Parameter*>& parameters) {
+  std::string bytes;
+  for (const Parameter& p : HostParameterCopies(backend, parameters)) {
+    const std::vector<float> values = p.value.ToVector();
+    bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  }
+  return Sha256Hex(bytes);
+}
+
+}  // namespace
+
 absl::Status JobRunner::RunJob() {
   ASSIGN_OR_RETURN(ResolvedJobSpec job, ResolveJobSpec(assignment_.spec()));
   std::string data_path = job.spec.data().path();
@@ -255,10 +272,25 @@ absl::Status JobRunner::RunJob() {
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, LoadCorpus(corpus));
   ASSIGN_OR_RETURN(Dataset dataset,
                    Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction));
+  // Data parallelism: the transport numbers every replica's stages
+  // (Assignment.replica); checked here, before anything is sized from it.
+  const int replicas = std::max(1, assignment_.replicas());
+  if (assignment_.num_stages() < 1 || assignment_.replica() < 0 ||
+      assignment_.replica() >= replicas || assignment_.stage() < 0 ||
+      assignment_.stage() >= assignment_.num_stages() ||
+      (assignment_.peer_addresses_size() > 0 &&
+       int64_t{replicas} * assignment_.num_stages() != assignment_.peer_addresses_size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "assignment: stage ", assignment_.stage(), " of ", assignment_.num_stages(), ", replica ",
+        assignment_.replica(), " of ", replicas, ", with ", assignment_.peer_addresses_size(),
+        " peer addresses (want replicas x stages)"));
+  }
+  const bool replica_zero = assignment_.replica() == 0;
   std::vector<std::string> peers(assignment_.peer_addresses().begin(),
                                  assignment_.peer_addresses().end());
-  std::unique_ptr<Transport> transport = make_transport_(
-      assignment_.stage(), peers, JobCredential{data_plane_job_, assignment_.data_plane_secret()});
+  std::unique_ptr<Transport> transport =
+      make_transport_(assignment_.replica() * assignment_.num_stages() + assignment_.stage(), peers,
+                      JobCredential{data_plane_job_, assignment_.data_plane_secret()});
   StageSetup setup{data_plane_job_,
                    job.train,
                    assignment_.stage(),
@@ -271,6 +303,8 @@ absl::Status JobRunner::RunJob() {
                    options_.backend};
   setup.optimizer_stages.assign(assignment_.optimizer_stages().begin(),
                                 assignment_.optimizer_stages().end());
+  setup.replica = assignment_.replica();
+  setup.replicas = replicas;
   // Declared before the runtime, which uses it, so it is destroyed after.
   std::unique_ptr<DeviceChannel> device_channel;
   const bool in_group = assignment_.device_group().stages_size() > 0;
@@ -352,9 +386,13 @@ absl::Status JobRunner::RunJob() {
   absl::Cleanup abort_unless_completed = [&] {
     if (!completed_.load() && device_channel != nullptr) device_channel->Abort();
   };
-  if (assignment_.num_stages() > 1 && !in_group) RETURN_IF_ERROR(AwaitAllStagesReady());
+  if (assignment_.num_stages() * replicas > 1 && !in_group) {
+    RETURN_IF_ERROR(AwaitAllStagesReady());
+  }
   const int64_t steps = job.train.steps;
-  const bool upload = !job.spec.output().weights_path().empty();
+  // Replica 0 speaks for all replicas (their weights are the same): it
+  // uploads, checkpoints and reports the losses.
+  const bool upload = !job.spec.output().weights_path().empty() && replica_zero;
   for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {
     absl::StatusOr<IterationResult> result = runtime->RunIteration(it);
     if (result.ok() && in_group) {
@@ -421,11 +459,15 @@ absl::Status JobRunner::RunJob() {
     r.set_job_id(assignment_.job_id());
     r.set_plan_version(assignment_.plan_version());
     r.set_iteration(it);
-    for (float loss : result->micro_batch_losses) r.add_micro_batch_losses(loss);
+    if (replica_zero) {
+      for (float loss : result->micro_batch_losses) r.add_micro_batch_losses(loss);
+    }
     r.set_busy_seconds(result->busy_seconds);
     r.set_idle_seconds(result->idle_seconds);
     r.set_finished(last);
-    if (val_loss.has_value()) r.set_val_loss(*val_loss);
+    if (last && replicas > 1)
+      r.set_weights_digest(WeightsDigest(options_.backend, runtime->parameters()));
+    if (val_loss.has_value() && replica_zero) r.set_val_loss(*val_loss);
     r.set_eval_seconds(eval_seconds);
     absl::StatusOr<v1::ReportProgressResponse> reported = coordinator_->ReportProgress(r);
     if (!reported.ok()) return reported.status();
@@ -449,7 +491,7 @@ absl::Status JobRunner::RunJob() {
     }
     const bool boundary = stop_after == step;
     const bool owns_units =
-        assignment_.backward_units().end() > assignment_.backward_units().begin();
+        assignment_.backward_units().end() > assignment_.backward_units().begin() && replica_zero;
     if (writer != nullptr && owns_units && (step % checkpoints.interval_steps() == 0 || boundary)) {
       writer->Submit(runtime->Snapshot(step));
     }

@@ -386,9 +386,9 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
     heartbeat_now_ = true;
     return;
   }
-  PT_LOG(INFO) << "running job " << a.job_id() << " stage " << a.stage() << "/"
-               << a.num_stages() << " units [" << a.backward_units().begin() << ", "
-               << a.backward_units().end() << ")";
+  PT_LOG(INFO) << "running job " << a.job_id() << " stage " << a.stage() << "/" << a.num_stages()
+               << " of replica " << a.replica() << "/" << std::max(1, a.replicas()) << " units ["
+               << a.backward_units().begin() << ", " << a.backward_units().end() << ")";
   if (a.data_plane_secret().empty()) {
     // Without it this stage's data plane would take frames from anyone.
     PT_LOG(ERROR) << "job " << a.job_id()
@@ -396,7 +396,9 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
                      "coordinator older than this worker?)";
     return;
   }
-  data_plane_->SetJob(DataPlaneJobId(a), a.num_stages(), a.data_plane_secret());
+  // Every replica's stages send here (the data-parallel all-reduce).
+  data_plane_->SetJob(DataPlaneJobId(a), a.num_stages() * std::max(1, a.replicas()),
+                      a.data_plane_secret());
   mailbox_->OpenJob(DataPlaneJobId(a), a.start_iteration());
   JobRunnerOptions runner_options;
   {

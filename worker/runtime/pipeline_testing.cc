@@ -1,5 +1,6 @@
 #include "worker/runtime/pipeline_testing.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "gtest/gtest.h"
@@ -131,20 +132,20 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     EXPECT_TRUE(errors[g].ok()) << "runtime " << g << ": " << errors[g];
   int loss_stage = 0;  // the forward owner of head reports the losses
   while (forward[loss_stage].end != units) ++loss_stage;
-  for (int i = 0; i < kIterations; ++i) {
-    double sum = 0.0;  // LocalTrainer's mean: double sum in micro-batch order, divided, as float
-    bool complete = true;
-    for (int r = 0; r < replicas; ++r) {
-      const std::vector<IterationResult>& of = results[r * stages + loss_stage];
-      if (i >= static_cast<int>(of.size())) {
-        complete = false;
-        break;
-      }
-      EXPECT_EQ(of[i].micro_batch_losses.size(), static_cast<size_t>(replica_micro_batches));
-      for (float l : of[i].micro_batch_losses) sum += l;
-    }
-    if (!complete) break;
+  // Every replica's loss stage has the step's losses (all-gathered).
+  for (const IterationResult& r : results[loss_stage]) {
+    EXPECT_EQ(r.micro_batch_losses.size(), static_cast<size_t>(c.micro_batches));
+    double sum = 0.0;  // LocalTrainer's mean: double sum, divided, as float
+    for (float l : r.micro_batch_losses) sum += l;
     out.losses.push_back(static_cast<float>(sum / c.micro_batches));
+  }
+  for (int r = 1; r < replicas; ++r) {
+    const std::vector<IterationResult>& of = results[r * stages + loss_stage];
+    EXPECT_EQ(of.size(), results[loss_stage].size()) << "replica " << r;
+    for (size_t i = 0; i < std::min(of.size(), results[loss_stage].size()); ++i) {
+      EXPECT_EQ(of[i].micro_batch_losses, results[loss_stage][i].micro_batch_losses)
+          << "replica " << r << " step " << i;
+    }
   }
   out.val_losses = val_losses[loss_stage];
   for (int g = 0; g < total; ++g) {

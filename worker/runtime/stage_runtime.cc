@@ -22,6 +22,8 @@ namespace {
 // of the data-parallel gradient all-reduces (one per parameter).
 constexpr int kGradClipTagBase = 1 << 20;
 constexpr int kDataParallelTagBase = 1 << 21;
+// Tag of the loss stages' all-gather of the step's micro-batch losses.
+constexpr int kLossGatherTag = 1 << 22;
 
 using Clock = std::chrono::steady_clock;
 
@@ -353,6 +355,13 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
                                                   iteration, ": ", sent.message()));
   }
   for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);
+  if (setup_.replicas > 1 && setup_.forward.end() == num_units_) {
+    absl::Status gathered = GatherReplicaLosses(iteration, &result);
+    if (!gathered.ok()) {
+      return absl::Status(gathered.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
+                                                        iteration, ": ", gathered.message()));
+    }
+  }
   result.busy_seconds = SecondsSince(start) - result.idle_seconds;
   AnnotatedMutexLock lock(&status_mu_);
   current_ = "idle";
@@ -742,6 +751,25 @@ absl::Status StageRuntime::Store(const v1::TensorKey& key, Tensor t, Unit* weigh
     case v1::EVAL_ACTIVATION: eval_activations_[{key.micro_batch(), key.unit()}] = t; break;
     default: return Internal("receive of an unknown tensor kind");
   }
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResult* result) {
+  const int share = setup_.train.micro_batches / setup_.replicas;
+  if (static_cast<int>(result->micro_batch_losses.size()) != share) {
+    return Internal(
+        absl::StrCat(result->micro_batch_losses.size(), " losses for ", share, " micro-batches"));
+  }
+  std::vector<int> copies;  // replica order: the gather is in the step's micro-batch order
+  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(r * setup_.num_stages + setup_.stage);
+  Collectives collectives(transport_, CollectiveGroup{copies, setup_.job_id},
+                          CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
+  RETURN_IF_ERROR(collectives.status());
+  ASSIGN_OR_RETURN(Tensor all,
+                   collectives.AllGather(iteration, kLossGatherTag,
+                                         Tensor::FromVector({share}, result->micro_batch_losses),
+                                         setup_.train.micro_batches));
+  result->micro_batch_losses = all.ToVector();
   return absl::OkStatus();
 }
 

@@ -90,7 +90,9 @@ struct StageSetup {
 
 struct IterationResult {
   int64_t iteration = 0;
-  std::vector<float> micro_batch_losses;  // filled on the stage that owns head
+  // Filled on the stage that owns head's forward pass: with data
+  // parallelism, every replica's, in the step's micro-batch order.
+  std::vector<float> micro_batch_losses;
   double busy_seconds = 0;   // everything but waiting in receives
   double idle_seconds = 0;   // waiting in receives (the pipeline bubble)
   // Busy time of the interpreter by phase: "forward", "backward",
@@ -175,6 +177,10 @@ class StageRuntime {
   // (setup_.optimizer_stages exchange their sums; grad_clip.h), and sets
   // the learning rate of the step (lr_schedule.h).
   absl::Status PrepareOptimizerStep(int64_t iteration);
+  // Data parallelism, on the loss stage: every replica's micro-batch
+  // losses, all-gathered over the replicas' loss stages, replace this
+  // replica's share in `result` (the step's micro-batch order).
+  absl::Status GatherReplicaLosses(int64_t iteration, IterationResult* result);
   // The transport's number of this replica's stage `stage`.
   int GlobalStage(int stage) const { return setup_.replica * setup_.num_stages + stage; }
   Unit* OwnedUnit(int index);

@@ -1,0 +1,174 @@
+// DESIGN.md §4 and §12 across processes: a coordinator and 9 worker
+// processes on loopback run D replicas of a P-stage pipeline
+// (spec.parallelism.data), D in {2, 3} and P in {1, 2, 3}, 1F1B and GPipe,
+// a pinned Bi-Partition plan among them, with gradient clipping by the
+// global norm and a warm-up + cosine schedule. The per-step losses (from
+// the coordinator) and the exported weights must equal train-local's on
+// the same global batch within 1e-5 relative (worker/runtime/
+// data_parallel_testing.h says why not bitwise, and how the key bias is
+// held), and every replica must end with bitwise the same weights: each
+// stage reports a SHA-256 of its final weights and the coordinator fails
+// the job when two replicas' copies differ (JobManager; checked below by a
+// job that SUCCEEDED).
+#include <array>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "cli/coordinator_client.h"
+#include "common/safetensors.h"
+#include "gtest/gtest.h"
+#include "spec/job_spec.h"
+#include "tests/cluster_testing.h"
+#include "worker/data/corpus.h"
+#include "worker/runtime/data_parallel_testing.h"
+#include "worker/train/local_trainer.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr int kSteps = 10;
+
+// 6 micro-batches of 2 sequences (divisible by 2 and 3 replicas), every
+// step clipped, warm-up then cosine decay; validation after the last step.
+v1::JobSpec Spec(int replicas, int stages, const std::string& schedule,
+                 const std::string& weights_path) {
+  v1::JobSpec spec;
+  spec.set_name("data-parallel");
+  spec.mutable_model()->set_n_layer(2);
+  spec.mutable_model()->set_n_head(2);
+  spec.mutable_model()->set_d_model(32);
+  auto* t = spec.mutable_training();
+  t->set_seq_len(16);
+  t->set_batch_size(12);
+  t->set_micro_batches(6);
+  t->set_steps(kSteps);
+  t->set_lr(1e-3f);
+  t->set_seed(5);
+  t->set_grad_clip(0.05f);
+  t->set_lr_schedule("cosine");
+  t->set_warmup_steps(3);
+  t->set_min_lr(1e-4f);
+  t->set_eval_interval(kSteps);
+  t->set_eval_windows(7);
+  spec.mutable_data()->set_synthetic_bytes(100000);
+  spec.mutable_parallelism()->set_stages(stages);
+  spec.mutable_parallelism()->set_data(replicas);
+  spec.mutable_parallelism()->set_solver("uniform");
+  spec.mutable_parallelism()->set_schedule(schedule);
+  spec.mutable_output()->set_weights_path(weights_path);
+  return spec;
+}
+
+struct Reference {
+  std::vector<float> losses;
+  float val_loss = 0;
+  std::map<std::string, std::vector<float>> weights;
+};
+
+// train-local on the same global batch (the spec without its replicas).
+Reference TrainLocally(const v1::JobSpec& spec) {
+  ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  const CorpusSpec corpus{"", job.data_format, job.train.model.vocab_size, job.synthetic_bytes,
+                          job.train.seed};
+  Dataset data =
+      Dataset::Create(LoadCorpus(corpus).value(), job.train.seq_len, job.val_fraction).value();
+  auto trainer = LocalTrainer::Create(job.train, &data).value();
+  Reference ref;
+  for (int i = 0; i < job.train.steps; ++i) ref.losses.push_back(trainer->Step().value().loss);
+  ref.val_loss = trainer->Evaluate().value();
+  for (Parameter* p : trainer->model().parameters()) ref.weights[p->name] = p->value.ToVector();
+  return ref;
+}
+
+class DataParallelClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { cluster_ = testing::StartTestCluster("dp", 9).release(); }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  static LocalCluster* cluster_;
+};
+
+LocalCluster* DataParallelClusterTest::cluster_ = nullptr;
+
+void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref) {
+  ASSERT_NE(cluster, nullptr);
+  auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
+  const std::string id = testing::SubmitJob(*stub, spec);
+  const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
+  // SUCCEEDED also says the replicas' weight digests agreed.
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  const int replicas = spec.parallelism().data(), stages = spec.parallelism().stages();
+  EXPECT_EQ(job.worker_ids_size(), replicas * stages);
+  const std::vector<float> losses(job.progress().loss_history().begin(),
+                                  job.progress().loss_history().end());
+  testing::ExpectLossesClose(losses, ref.losses, "losses");
+  EXPECT_EQ(job.progress().val_step(), kSteps);
+  testing::ExpectLossesClose({job.progress().val_loss()}, {ref.val_loss}, "validation loss");
+  auto file = ReadSafetensors(job.weights_path());
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::map<std::string, std::vector<float>> weights;
+  for (const auto& [name, values] : ref.weights) {
+    const Tensor* t = file->Find(name);
+    if (t != nullptr) weights[name] = t->ToVector();
+  }
+  EXPECT_EQ(file->tensors.size(), ref.weights.size());
+  testing::ExpectWeightsClose(weights, ref.weights, spec.model().d_model(), spec.training().lr(),
+                              kSteps, "weights");
+}
+
+TEST_F(DataParallelClusterTest, ReplicasOfOneToThreeStages_MatchTrainLocal) {
+  const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
+  for (int replicas : {2, 3}) {
+    for (int stages : {1, 2, 3}) {
+      for (const std::string schedule : {"1f1b", "gpipe"}) {
+        const std::string name = absl::StrCat("D", replicas, "P", stages, schedule);
+        SCOPED_TRACE(name);
+        ExpectMatchesTrainLocal(cluster_, Spec(replicas, stages, schedule, name + ".safetensors"),
+                                ref);
+      }
+    }
+  }
+}
+
+// A pinned Bi-Partition plan (solver manual; units 0 embed, 1 attn_0,
+// 2 mlp_0, 3 attn_1, 4 mlp_1, 5 head): the middle worker runs backward
+// passes only, recomputing its forward, in every replica.
+TEST_F(DataParallelClusterTest, BiPartitionPlanReplicated_MatchesTrainLocal) {
+  const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
+  const std::vector<std::array<int, 4>> pinned = {{0, 2, 0, 1}, {2, 2, 1, 4}, {2, 6, 4, 6}};
+  for (int replicas : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("D", replicas));
+    v1::JobSpec spec = Spec(replicas, 3, "1f1b", absl::StrCat("bi", replicas, ".safetensors"));
+    spec.mutable_parallelism()->set_solver("manual");
+    for (const auto& r : pinned) {
+      v1::ManualStage* stage = spec.mutable_parallelism()->add_manual_stages();
+      stage->set_forward_begin(r[0]);
+      stage->set_forward_end(r[1]);
+      stage->set_backward_begin(r[2]);
+      stage->set_backward_end(r[3]);
+    }
+    ExpectMatchesTrainLocal(cluster_, spec, ref);
+  }
+}
+
+// Bad input: the field is named.
+TEST_F(DataParallelClusterTest, MicroBatchesNotDivisibleByReplicas_Rejected) {
+  ASSERT_NE(cluster_, nullptr);
+  auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
+  v1::JobSpec spec = Spec(2, 1, "1f1b", "");
+  spec.mutable_training()->set_batch_size(10);
+  spec.mutable_training()->set_micro_batches(5);
+  v1::SubmitJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::Job job;
+  grpc::ClientContext context;
+  const grpc::Status status = stub->SubmitJob(&context, request, &job);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message().rfind("spec.training.micro_batches: ", 0), 0u)
+      << status.error_message();
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,68 @@
+#include "worker/runtime/data_parallel_testing.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace testing {
+namespace {
+
+bool EndsWith(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// max |a - b| <= kDataParallelRelative * max |b| over the entries outside
+// [noise_begin, noise_end), which are held to |a - b| <= noise_bound.
+void ExpectTensorClose(const std::vector<float>& got, const std::vector<float>& want,
+                       const std::string& what, size_t noise_begin, size_t noise_end,
+                       double noise_bound) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0, worst = 0;
+  for (float w : want) scale = std::max(scale, double{std::fabs(w)});
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double diff = std::fabs(double{got[i]} - want[i]);
+    if (noise_begin <= i && i < noise_end) {
+      EXPECT_LE(diff, noise_bound) << what << "[" << i << "]";
+    } else {
+      worst = std::max(worst, diff);
+    }
+  }
+  EXPECT_LE(worst, kDataParallelRelative * scale)
+      << what << ": max difference " << worst << " against max magnitude " << scale;
+}
+
+}  // namespace
+
+void ExpectLossesClose(const std::vector<float>& got, const std::vector<float>& want,
+                       const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_LE(std::fabs(double{got[i]} - want[i]), kDataParallelRelative * std::fabs(want[i]))
+        << what << " " << i << ": " << got[i] << " vs " << want[i];
+  }
+}
+
+void ExpectWeightsClose(const std::map<std::string, std::vector<float>>& got,
+                        const std::map<std::string, std::vector<float>>& want, int d_model,
+                        double max_lr, int steps, const std::string& what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  const size_t d = d_model;
+  for (const auto& [name, values] : want) {
+    auto it = got.find(name);
+    if (it == got.end()) {
+      ADD_FAILURE() << what << ": no " << name;
+      continue;
+    }
+    if (EndsWith(name, "attn.c_attn.bias")) {
+      ExpectTensorClose(it->second, values, what + " " + name, d, 2 * d, 8.0 * max_lr * steps);
+    } else {
+      ExpectTensorClose(it->second, values, what + " " + name, 0, 0, 0);
+    }
+  }
+}
+
+}  // namespace testing
+}  // namespace pipetrain

@@ -2,8 +2,10 @@
 # End-to-end checks of `pipetrain plan` through the real binary: the paper's
 # example (bipartition.txt Fig. 5-7) gives pipedream 12 and bipartition 9
 # with the paper's assignment; the JSON has the documented fields; --svg and
-# --trace write files; auto reports its candidates; acctfm reads its own
-# profile format; and every bad input exits non-zero naming the problem
+# --trace write files; auto reports its candidates; --data D plans D
+# data-parallel replicas with each stage's all-reduce, --data auto lists every
+# layout and picks the fastest; acctfm reads its own profile format; and every
+# bad input exits non-zero naming the problem
 # (flags 2, files and infeasible plans 1). Prints "N passed, M failed".
 set -u
 
@@ -58,6 +60,38 @@ expect_exit memory_too_small 1 "RESOURCE_EXHAUSTED" -- --profile "$TMP/heavy.jso
   --cluster "$TMP/small.json"
 expect_exit memory_too_small_uniform 1 "RESOURCE_EXHAUSTED" "worker a" -- \
   --profile "$TMP/heavy.json" --cluster "$TMP/small.json" --solver uniform
+
+# Data parallelism: --data D lays the 4 workers out as D replicas of 4/D
+# stages, --micro-batches counting a step's micro-batches over all replicas.
+# Every unit has 60 weight bytes and 100 output bytes; 12500 B/s links with
+# 1 ms latency, so a stage's ring all-reduce takes 2(D-1) x 1 ms +
+# 2(D-1)/D x bytes / 12500 s.
+sed 's/"activation_bytes": 0/"activation_bytes": 100/' "$TMP/heavy.json" >"$TMP/dp.json"
+DP=(--profile "$TMP/dp.json" --workers 4 --bandwidth-gbps 0.0001 --latency-us 1000)
+expect_exit data2 0 '"data_parallel": 2' -- "${DP[@]}" --micro-batches 8 --data 2 --json
+check data2_layout 'j["stages_per_replica"] == 2 and j["micro_batches_per_replica"] == 4 and [s["replica_workers"] for s in j["stages"]] == [["w0", "w2"], ["w1", "w3"]] and [s["worker"] for s in j["stages"]] == ["w0,w2", "w1,w3"]'
+check data2_fields 'all(set(s) == {"worker","fwd","bwd","memory_bytes","replica_workers","all_reduce_seconds"} for s in j["stages"]) and [(l["data"], l["stages"], l["chosen"]) for l in j["layouts"]] == [(2, 2, True)]'
+check data2_all_reduce_closed_form 'all(abs(s["all_reduce_seconds"] - (2e-3 + 60 * (s["bwd"][1] - s["bwd"][0] + 1) / 12500)) < 1e-12 for s in j["stages"])'
+expect_exit data2_table 0 "ALL_REDUCE_S" "data parallel: 2 replicas x 2 stages on 4 workers, replicas [w0 w1] [w2 w3]; 8 micro-batches per step, 4 per replica" -- \
+  "${DP[@]}" --micro-batches 8 --data 2
+expect_exit data_auto 0 '"layouts"' -- "${DP[@]}" --micro-batches 8 --data auto --json
+check data_auto_candidates '[(l["data"], l["stages"]) for l in j["layouts"]] == [(1, 4), (2, 2), (4, 1)] and sum(l["chosen"] for l in j["layouts"]) == 1'
+check data_auto_chosen_is_fastest 'min(j["layouts"], key=lambda l: (l["step_seconds"], l["data"]))["chosen"] and [l for l in j["layouts"] if l["chosen"]][0]["data"] == j["data_parallel"] and min(l["step_seconds"] for l in j["layouts"]) == j["predicted_iteration_seconds"]'
+check data_auto_distpar 'all(l["distpar_cost"] == l["distpar_computation"] + l["distpar_communication"] and l["distpar_computation"] > 0 for l in j["layouts"])'
+expect_exit data_auto_table 0 "DISTPAR_COST" "STEP_S" "CHOSEN" "ties to the smaller D" -- \
+  "${DP[@]}" --micro-batches 8 --data auto
+# Six micro-batches over 4 workers: only D = 1 and 2 are layouts.
+expect_exit data_auto_divides_micro_batches 0 '"layouts"' -- "${DP[@]}" --micro-batches 6 --data auto --json
+check data_auto_skips_4 '[l["data"] for l in j["layouts"]] == [1, 2]'
+expect_exit data_not_dividing_workers 1 "INVALID_ARGUMENT" "parallelism.data = 3 does not divide the 4 workers" "--data" -- \
+  "${DP[@]}" --micro-batches 6 --data 3
+expect_exit data_not_dividing_micro_batches 1 "INVALID_ARGUMENT" \
+  "training.micro_batches = 6 is not divisible by parallelism.data = 4" "--micro-batches" -- \
+  "${DP[@]}" --micro-batches 6 --data 4
+expect_exit data_auto_nothing_fits 1 "RESOURCE_EXHAUSTED" "no data-parallel layout of the 2 workers" "1 x 2: no plan fits" "2 x 1: no plan fits" -- \
+  --profile "$TMP/heavy.json" --cluster "$TMP/small.json" --data auto
+expect_exit data_zero 2 "--data must be a replica count >= 1 or auto, got '0'" -- "${DP[@]}" --data 0
+expect_exit data_word 2 "--data must be a replica count >= 1 or auto, got 'many'" -- "${DP[@]}" --data many
 
 # Bad input: exit 1 with the file and field named.
 echo '{"micro_batch_size": 1, "units": [{"name": "x", "fwd_seconds": -1, "bwd_seconds": 1, "weight_bytes": 0, "activation_bytes": 0, "stash_bytes": 0}]}' >"$TMP/negative.json"

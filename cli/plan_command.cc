@@ -5,11 +5,14 @@
 #include <sstream>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/acctfm_profile.h"
 #include "common/flag_set.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/acctfm.h"
+#include "coordinator/planner/data_parallel_layout.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/timeline_render.h"
@@ -30,7 +33,21 @@ struct PlanFlags {
   int workers = 0, micro_batches = 4;
   double bandwidth_gbps = 0, latency_us = 0, memory_gib = 0;
   bool json = false;
+  // Data parallelism: "1" (none), a replica count D, or "auto".
+  std::string data = "1";
+  double distpar_beta = 1;
 };
+
+// --data: kAutoDataParallel for "auto", else an integer >= 1.
+absl::StatusOr<int> ParseData(const std::string& text) {
+  if (text == "auto") return kAutoDataParallel;
+  int d = 0;
+  if (!absl::SimpleAtoi(text, &d) || d < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--data must be a replica count >= 1 or auto, got '", text, "'"));
+  }
+  return d;
+}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
@@ -76,19 +93,90 @@ std::string RangeText(const Range& r) {
   return r.begin == r.end ? "-" : absl::StrCat(r.begin, "..", r.end - 1);
 }
 
+// What the plan says about data parallelism; printed only when the command
+// was asked for it (--data other than 1), so plans without it read as before.
+struct DataParallelView {
+  bool show = false;
+  const DataParallelLayout* layout = nullptr;
+  const ClusterSpec* cluster = nullptr;  // all N workers
+  int micro_batches = 0;                 // per step, over all replicas
+  double distpar_beta = 1;
+};
+
+ordered_json LayoutsJson(const DataParallelLayout& layout) {
+  ordered_json rows = ordered_json::array();
+  for (size_t i = 0; i < layout.candidates.size(); ++i) {
+    const LayoutCandidate& c = layout.candidates[i];
+    ordered_json row = {{"data", c.data_parallel}, {"stages", c.stages}};
+    if (c.status.ok()) {
+      row["distpar_computation"] = c.distpar.computation;
+      row["distpar_communication"] = c.distpar.communication;
+      row["distpar_cost"] = c.distpar.total;
+      row["step_seconds"] = c.step_seconds;
+      row["max_all_reduce_seconds"] = c.max_all_reduce_seconds;
+    } else {
+      row["error"] = c.status.ToString();
+    }
+    row["chosen"] = static_cast<int>(i) == layout.chosen;
+    rows.push_back(std::move(row));
+  }
+  return rows;
+}
+
+// The candidate table of --data auto (and the one row of an explicit D).
+void PrintLayouts(const DataParallelView& dp) {
+  const DataParallelLayout& layout = *dp.layout;
+  std::printf(
+      "data-parallel layouts of %zu workers, %d micro-batches per step: D replicas x P stages; "
+      "DistPar cost = computation + %g x communication (fp32 elements, distpar.txt 3.4); "
+      "STEP_S = simulated step with the all-reduce; chosen (*): the lowest STEP_S, ties to the "
+      "smaller D\n",
+      dp.cluster->workers.size(), dp.micro_batches, dp.distpar_beta);
+  std::printf("%4s %4s %14s %14s %14s %12s %14s %6s\n", "D", "P", "COMPUTATION", "COMMUNICATION",
+              "DISTPAR_COST", "STEP_S", "ALL_REDUCE_S", "CHOSEN");
+  for (size_t i = 0; i < layout.candidates.size(); ++i) {
+    const LayoutCandidate& c = layout.candidates[i];
+    if (!c.status.ok()) {
+      std::printf("%4d %4d   no plan: %s\n", c.data_parallel, c.stages,
+                  c.status.ToString().c_str());
+      continue;
+    }
+    std::printf("%4d %4d %14.6g %14.6g %14.6g %12.6g %14.6g %6s\n", c.data_parallel, c.stages,
+                c.distpar.computation, c.distpar.communication, c.distpar.total, c.step_seconds,
+                c.max_all_reduce_seconds, static_cast<int>(i) == layout.chosen ? "*" : "");
+  }
+}
+
 void PrintPlan(const SolvedPlan& plan, const ClusterSpec& cluster, const ModelProfile& profile,
-               bool json) {
+               bool json, const DataParallelView& dp) {
+  const int d = plan.data_parallel;
+  const int per_replica = d > 0 ? dp.micro_batches / d : 0;
   if (json) {
     ordered_json out;
+    if (dp.show) {
+      out["data_parallel"] = d;
+      out["stages_per_replica"] = plan.forward.size();
+      out["micro_batches_per_step"] = dp.micro_batches;
+      out["micro_batches_per_replica"] = per_replica;
+      out["distpar_beta"] = dp.distpar_beta;
+      out["layouts"] = LayoutsJson(*dp.layout);
+    }
     out["solver"] = plan.solver;
     out["objective"] = plan.objective;
     out["bottleneck_seconds"] = plan.bottleneck_seconds;
     out["stages"] = ordered_json::array();
     for (size_t w = 0; w < plan.forward.size(); ++w) {
-      out["stages"].push_back({{"worker", cluster.workers[w].name},
-                               {"fwd", RangeJson(plan.forward[w])},
-                               {"bwd", RangeJson(plan.backward[w])},
-                               {"memory_bytes", plan.memory_bytes[w]}});
+      ordered_json stage = {{"worker", cluster.workers[w].name},
+                            {"fwd", RangeJson(plan.forward[w])},
+                            {"bwd", RangeJson(plan.backward[w])},
+                            {"memory_bytes", plan.memory_bytes[w]}};
+      if (dp.show) {
+        ordered_json replicas = ordered_json::array();
+        for (int i : dp.layout->stage_workers[w]) replicas.push_back(dp.cluster->workers[i].name);
+        stage["replica_workers"] = std::move(replicas);
+        stage["all_reduce_seconds"] = plan.all_reduce_seconds[w];
+      }
+      out["stages"].push_back(std::move(stage));
     }
     out["predicted_iteration_seconds"] = plan.simulation.iteration_seconds;
     out["bubble_fraction"] = plan.simulation.bubble_fraction;
@@ -96,6 +184,22 @@ void PrintPlan(const SolvedPlan& plan, const ClusterSpec& cluster, const ModelPr
     if (!plan.candidates.empty()) out["candidates"] = plan.candidates;
     std::printf("%s\n", out.dump(2).c_str());
     return;
+  }
+  if (dp.show) {
+    PrintLayouts(dp);
+    const size_t stages = plan.forward.size();
+    std::string replicas;  // "[w0 w1] [w2 w3]": replica r is workers r*P .. r*P+P-1
+    for (size_t w = 0; w < dp.cluster->workers.size(); ++w) {
+      absl::StrAppend(&replicas, w % stages == 0 ? (w ? "] [" : "[") : " ",
+                      dp.cluster->workers[w].name);
+    }
+    std::printf(
+        "data parallel: %d replicas x %zu stages on %zu workers, replicas %s]; %d micro-batches "
+        "per step, %d per replica; before each optimizer step every stage sums its gradients "
+        "with the same stage of the %d other replica(s) by a ring all-reduce over the cluster's "
+        "link (%.6g B/s, %.6g s latency; acctfm.txt eq. 3)\n",
+        d, stages, dp.cluster->workers.size(), replicas.c_str(), dp.micro_batches, per_replica,
+        d - 1, dp.cluster->bandwidth_bytes_per_second, dp.cluster->latency_seconds);
   }
   std::printf("solver %s (objective %s): bottleneck %.6g s, predicted iteration %.6g s, "
               "bubble %.1f %%, solved in %.3g s\n",
@@ -105,14 +209,18 @@ void PrintPlan(const SolvedPlan& plan, const ClusterSpec& cluster, const ModelPr
   for (const auto& [solver, seconds] : plan.candidates) {
     std::printf("  candidate %-12s predicted %.6g s\n", solver.c_str(), seconds);
   }
-  std::printf("%-10s %-12s %-12s %14s %8s\n", "WORKER", "FORWARD", "BACKWARD", "MEMORY_BYTES",
-              "BUSY_%");
+  // With data parallelism a row is a stage: WORKER lists its replicas'
+  // workers and ALL_REDUCE_S its simulated gradient all-reduce per step.
+  std::printf("%-10s %-12s %-12s %14s %8s%s\n", "WORKER", "FORWARD", "BACKWARD", "MEMORY_BYTES",
+              "BUSY_%", dp.show ? "  ALL_REDUCE_S" : "");
   for (size_t w = 0; w < plan.forward.size(); ++w) {
     const double iteration = plan.simulation.iteration_seconds;
-    std::printf("%-10s %-12s %-12s %14.0f %8.1f\n", cluster.workers[w].name.c_str(),
+    std::printf("%-10s %-12s %-12s %14.0f %8.1f", cluster.workers[w].name.c_str(),
                 RangeText(plan.forward[w]).c_str(), RangeText(plan.backward[w]).c_str(),
                 plan.memory_bytes[w],
                 iteration > 0 ? 100 * plan.simulation.busy_seconds[w] / iteration : 0.0);
+    if (dp.show) std::printf("  %12.6g", plan.all_reduce_seconds[w]);
+    std::printf("\n");
   }
   std::printf("units: ");
   for (size_t u = 0; u < profile.units.size(); ++u) {
@@ -168,7 +276,8 @@ int RunPlan(const std::vector<std::string>& args) {
       "usage: pipetrain plan (--profile P.json | --layers N [--d-model ...]) (--cluster C.json | "
       "--workers N "
       "--bandwidth-gbps X [--latency-us Y] [--memory-gib Z]) [--solver S] [--objective O] "
-      "[--micro-batches M] [--schedule 1f1b|gpipe] [--json] [--svg FILE] [--trace FILE]");
+      "[--micro-batches M] [--schedule 1f1b|gpipe] [--data D|auto [--distpar-beta B]] [--json] "
+      "[--svg FILE] [--trace FILE]");
   flags.String("profile", &f.profile, "model profile JSON (docs/formats.md)");
   flags.Int("layers", &f.layers, "without --profile: plan a GPT-2 of this many layers from FLOPs");
   flags.Int("d-model", &f.d_model, "analytic profile: embedding width");
@@ -185,8 +294,15 @@ int RunPlan(const std::vector<std::string>& args) {
   flags.Double("memory-gib", &f.memory_gib, "memory per worker in GiB; 0: unlimited");
   flags.String("solver", &f.solver, "uniform | pipedream | bipartition | acctfm | auto");
   flags.String("objective", &f.objective, "paper | full (bipartition's objective)");
-  flags.Int("micro-batches", &f.micro_batches, "micro-batches per iteration");
+  flags.Int("micro-batches", &f.micro_batches,
+            "micro-batches per iteration (step), over all data-parallel replicas");
   flags.String("schedule", &f.schedule, "1f1b | gpipe");
+  flags.String("data", &f.data,
+               "data-parallel replicas D (the workers form D replicas of workers/D stages; D "
+               "divides the workers and --micro-batches) or auto (every such layout, the fastest "
+               "simulated step chosen)");
+  flags.Double("distpar-beta", &f.distpar_beta,
+               "weight of communication in DistPar's layout cost (distpar.txt 3.4)");
   flags.Bool("json", &f.json, "print the plan as JSON");
   flags.String("svg", &f.svg, "write the simulated timeline as SVG to this file");
   flags.String("trace", &f.trace, "write the simulated timeline as Chrome trace JSON");
@@ -210,6 +326,11 @@ int RunPlan(const std::vector<std::string>& args) {
   }
   absl::StatusOr<Schedule> schedule = ParseSchedule(f.schedule);
   if (parsed.ok() && !schedule.ok()) parsed = schedule.status();
+  absl::StatusOr<int> data = ParseData(f.data);
+  if (parsed.ok() && !data.ok()) parsed = data.status();
+  if (parsed.ok() && f.solver == "acctfm" && *data != 1) {
+    parsed = absl::InvalidArgumentError("--data applies to pipeline plans, not --solver acctfm");
+  }
   if (!parsed.ok()) {
     std::fprintf(stderr, "pipetrain plan: %s\n\n%s", std::string(parsed.message()).c_str(),
                  flags.Usage().c_str());
@@ -218,6 +339,13 @@ int RunPlan(const std::vector<std::string>& args) {
   if (f.solver == "acctfm") return RunAccTfm(f);
   auto fail = [](const absl::Status& s) {
     std::fprintf(stderr, "pipetrain plan: %s\n", s.ToString().c_str());
+    // The planner names job-spec fields; say which flags they are here.
+    if (absl::StrContains(s.message(), "parallelism.data") ||
+        absl::StrContains(s.message(), "training.micro_batches")) {
+      std::fprintf(stderr,
+                   "  (here parallelism.data is --data and training.micro_batches is "
+                   "--micro-batches; the workers are --workers or the --cluster file's entries)\n");
+    }
     return 1;
   };
   absl::StatusOr<ModelProfile> profile = LoadProfile(f);
@@ -227,20 +355,31 @@ int RunPlan(const std::vector<std::string>& args) {
   }
   absl::StatusOr<ClusterSpec> cluster = ClusterFrom(f);
   if (!cluster.ok()) return fail(cluster.status());
-  PlanOptions options;
-  options.solver = f.solver;
-  options.objective = f.objective;
+  // Every plan goes through the layout planner: with D = 1 it is SolvePlan
+  // on the cluster as given (data_parallel_layout.h).
+  LayoutOptions options;
+  options.data_parallel = *data;
   options.micro_batches = f.micro_batches;
-  options.schedule = *schedule;
-  absl::StatusOr<SolvedPlan> plan = SolvePlan(*profile, *cluster, options);
-  if (!plan.ok()) return fail(plan.status());
-  PrintPlan(*plan, *cluster, *profile, f.json);
-  std::vector<std::string> names;
-  for (const WorkerSpec& w : cluster->workers) names.push_back(w.name);
+  options.distpar_beta = f.distpar_beta;
+  options.plan.solver = f.solver;
+  options.plan.objective = f.objective;
+  options.plan.schedule = *schedule;
+  absl::StatusOr<DataParallelLayout> layout = PlanDataParallel(*profile, *cluster, options);
+  if (!layout.ok()) return fail(layout.status());
+  const SolvedPlan* plan = &layout->plan;
+  const DataParallelView dp{*data != 1, &*layout, &*cluster, f.micro_batches, f.distpar_beta};
+  PrintPlan(*plan, layout->stage_cluster, *profile, f.json, dp);
+  std::vector<std::string> names;  // one lane per stage (its replicas' workers)
+  for (const WorkerSpec& w : layout->stage_cluster.workers) names.push_back(w.name);
   if (!f.svg.empty()) {
     TimelineSvgOptions svg;
     svg.title = absl::StrCat(plan->solver, " plan, ", names.size(), " workers, ", f.micro_batches,
                              " micro-batches, ", f.schedule);
+    if (plan->data_parallel > 1) {
+      svg.title = absl::StrCat(plan->solver, " plan, ", plan->data_parallel, " replicas x ",
+                               names.size(), " stages, ", f.micro_batches / plan->data_parallel,
+                               " of ", f.micro_batches, " micro-batches per replica, ", f.schedule);
+    }
     if (auto s = WriteFile(f.svg, TimelineSvg(plan->simulation, names, svg)); !s.ok()) return fail(s);
   }
   if (!f.trace.empty()) {

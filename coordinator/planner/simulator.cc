@@ -52,6 +52,15 @@ absl::Status ValidateCosts(const SimulationCosts& costs, int workers) {
         "tied_grad_bytes, optimizer_seconds_per_byte and link must be finite and non-negative "
         "(bandwidth may be <= 0 for infinite)");
   }
+  if (costs.data_parallel < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("data_parallel = ", costs.data_parallel, "; must be >= 1 (1: no replicas)"));
+  }
+  if (!std::isfinite(costs.replica_link.bandwidth_bytes_per_second) ||
+      BadNumber(costs.replica_link.latency_seconds)) {
+    return absl::InvalidArgumentError(
+        "replica_link must be finite and non-negative (bandwidth may be <= 0 for infinite)");
+  }
   for (const auto& [link, params] : costs.link_overrides) {
     const auto [src, dst] = link;
     if (src < 0 || src >= workers || dst < 0 || dst >= workers || src == dst ||
@@ -151,6 +160,7 @@ class Simulator {
         costs_(costs),
         clock_(programs.size(), 0.0),
         busy_(programs.size(), 0.0),
+        all_reduce_(programs.size(), 0.0),
         pc_(programs.size(), 0) {}
 
   absl::StatusOr<SimulationResult> Run() {
@@ -184,6 +194,7 @@ class Simulator {
                 in.recompute().micro_batch());
         break;
       case v1::Instruction::kOptimizerStep:
+        AllReduce(w, in.optimizer_step().units());
         Compute(w, TimelineEventKind::kOptimizer, in.optimizer_step().units(), -1);
         break;
       case v1::Instruction::kSend:
@@ -219,6 +230,20 @@ class Simulator {
     return sum;
   }
 
+  // The data-parallel gradient all-reduce that precedes OptimizerStep(r)
+  // (header: the model). Nothing without replicas or without units.
+  void AllReduce(int w, const v1::UnitRange& r) {
+    if (costs_.data_parallel <= 1 || r.begin() >= r.end()) return;
+    const double bytes = AllReduceBytes(Range{r.begin(), r.end()}, costs_);
+    const double seconds = AllReduceSeconds(costs_.data_parallel, bytes, costs_.replica_link);
+    TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduce, clock_[w], clock_[w] + seconds);
+    e.units = Range{r.begin(), r.end()};
+    e.bytes = bytes;
+    e.label = absl::StrCat("AllReduce ", RangeText(r), " x", costs_.data_parallel, " replicas");
+    clock_[w] += seconds;
+    all_reduce_[w] += seconds;
+  }
+
   void Compute(int w, TimelineEventKind kind, const v1::UnitRange& r, int micro_batch) {
     const double seconds = ComputeSeconds(kind, r) / costs_.worker_speeds[w];
     TimelineEvent& e = AddEvent(w, kind, clock_[w], clock_[w] + seconds);
@@ -233,24 +258,11 @@ class Simulator {
     busy_[w] += seconds;
   }
 
-  double Bytes(const v1::TensorKey& key) const {
-    switch (key.kind()) {
-      case v1::ACTIVATION:
-        return costs_.units[key.unit()].activation_bytes;
-      case v1::ACTIVATION_GRAD:
-        return costs_.units[key.unit() - 1].activation_bytes;
-      case v1::UNIT_WEIGHTS:
-        return costs_.units[key.unit()].weight_bytes;
-      default:
-        return costs_.tied_grad_bytes;
-    }
-  }
-
   void Send(int w, const v1::Instruction::Send& send) {
     const int peer = send.peer_stage();
     auto it = costs_.link_overrides.find({w, peer});
     const LinkParameters& link = it == costs_.link_overrides.end() ? costs_.link : it->second;
-    const double bytes = Bytes(send.tensor());
+    const double bytes = TransferBytes(send.tensor(), costs_);
     double& link_free = link_free_[{w, peer}];
     const double start = std::max(clock_[w], link_free);
     const double wire =
@@ -333,12 +345,13 @@ class Simulator {
     const int workers = static_cast<int>(programs_.size());
     r.iteration_seconds = *std::max_element(clock_.begin(), clock_.end());
     r.busy_seconds = busy_;
-    double busy_sum = 0;
+    r.all_reduce_seconds = all_reduce_;
+    double occupied = 0;  // compute and all-reduce: everything but the bubble
     for (int w = 0; w < workers; ++w) {
-      r.idle_seconds.push_back(r.iteration_seconds - busy_[w]);
-      busy_sum += busy_[w];
+      r.idle_seconds.push_back(r.iteration_seconds - busy_[w] - all_reduce_[w]);
+      occupied += busy_[w] + all_reduce_[w];
     }
-    if (r.iteration_seconds > 0) r.bubble_fraction = 1 - busy_sum / (workers * r.iteration_seconds);
+    if (r.iteration_seconds > 0) r.bubble_fraction = 1 - occupied / (workers * r.iteration_seconds);
     r.events = std::move(events_);
     std::stable_sort(r.events.begin(), r.events.end(),
                      [](const TimelineEvent& a, const TimelineEvent& b) {
@@ -355,7 +368,7 @@ class Simulator {
 
   const std::vector<v1::Program>& programs_;
   const SimulationCosts& costs_;
-  std::vector<double> clock_, busy_;
+  std::vector<double> clock_, busy_, all_reduce_;
   std::vector<int> pc_;
   // Min-heap of (clock, worker): the earliest worker runs next; ties by index.
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
@@ -368,6 +381,42 @@ class Simulator {
 
 }  // namespace
 
+double AllReduceBytes(const Range& units, const SimulationCosts& costs) {
+  double bytes = 0;
+  for (int u = units.begin; u < units.end; ++u) bytes += costs.units[u].weight_bytes;
+  const int last = static_cast<int>(costs.units.size()) - 1;
+  if (last >= 1 && units.begin == 0 && units.end == last + 1) {
+    // wte is one parameter of this stage, listed by both embed and head.
+    bytes -= std::min(
+        {costs.tied_grad_bytes, costs.units[0].weight_bytes, costs.units[last].weight_bytes});
+  }
+  return bytes;
+}
+
+double AllReduceSeconds(int replicas, double bytes, const LinkParameters& link) {
+  if (replicas <= 1) return 0;
+  // acctfm.txt eq. 3, T = alpha*c1 + beta*c2*m, for a ring of D = replicas:
+  // D-1 reduce-scatter and D-1 all-gather steps (c1 = 2(D-1)), each moving
+  // m/D bytes per device (c2 = 2(D-1)/D); alpha = latency, beta = 1/bandwidth.
+  const double d = replicas;
+  const double wire =
+      link.bandwidth_bytes_per_second > 0 ? bytes / link.bandwidth_bytes_per_second : 0;
+  return 2 * (d - 1) * link.latency_seconds + 2 * (d - 1) / d * wire;
+}
+
+double TransferBytes(const v1::TensorKey& key, const SimulationCosts& costs) {
+  switch (key.kind()) {
+    case v1::ACTIVATION:
+      return costs.units[key.unit()].activation_bytes;
+    case v1::ACTIVATION_GRAD:
+      return costs.units[key.unit() - 1].activation_bytes;
+    case v1::UNIT_WEIGHTS:
+      return costs.units[key.unit()].weight_bytes;
+    default:
+      return costs.tied_grad_bytes;
+  }
+}
+
 SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const ClusterSpec& cluster,
                                            double tied_grad_bytes) {
   SimulationCosts costs;
@@ -376,6 +425,7 @@ SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const Cl
   }
   for (const WorkerSpec& w : cluster.workers) costs.worker_speeds.push_back(w.speed);
   costs.link = {cluster.bandwidth_bytes_per_second, cluster.latency_seconds};
+  costs.replica_link = costs.link;
   costs.tied_grad_bytes = tied_grad_bytes;
   return costs;
 }
@@ -394,6 +444,8 @@ const char* TimelineEventKindName(TimelineEventKind kind) {
       return "send";
     case TimelineEventKind::kRecvWait:
       return "recv-wait";
+    case TimelineEventKind::kAllReduce:
+      return "all-reduce";
   }
   return "unknown";
 }

@@ -10,6 +10,22 @@
 //    OptimizerStep(units) takes
 //      optimizer_seconds_per_byte * sum weight_bytes[u] / speed[w];
 //    AddTiedGradient takes no time.
+//  - Data parallelism (DESIGN.md §12): the programs are ONE replica's, and
+//    costs.data_parallel = D >= 1 replicas run the same programs on workers
+//    of the same speeds (the caller passes, per stage position, the slowest
+//    replica's speed). With D > 1 an OptimizerStep(units) with non-empty
+//    units first all-reduces the stage's gradients with the D-1 other
+//    replicas' copies of the stage (a ring: reduce-scatter + all-gather over
+//    costs.replica_link), then steps. The all-reduce takes
+//      AllReduceSeconds(D, AllReduceBytes(units), replica_link)
+//        = 2(D-1) * latency + 2(D-1)/D * bytes / bandwidth
+//    (bandwidth <= 0: the bytes term is 0), the latency-bandwidth model
+//    T = alpha*c1 + beta*c2*m of acctfm.txt eq. 3 with the ring's c1 = 2(D-1)
+//    steps and c2 = 2(D-1)/D of the message per device. The replicas reach
+//    the step at the same time (same programs, same speeds), so the one
+//    simulated replica waits for nobody else. D = 1: no all-reduce, nothing
+//    changes. The all-reduce occupies the worker (it is not overlapped with
+//    compute: the runtime runs it inside the OptimizerStep instruction).
 //  - Send(key, peer) takes no worker time: the worker goes on at once while
 //    the transfer is in flight. The transfer goes on link (w -> peer); each
 //    directed link carries one transfer at a time, FIFO in issue order (only
@@ -24,9 +40,12 @@
 //    w has arrived; if it arrived earlier, there is no wait. Sends and
 //    receives match by (source, destination, key).
 //  - iteration_seconds: when the last worker finishes its last instruction.
-//    busy = compute time; idle = iteration_seconds - busy (receive waits plus
-//    the tail after the worker's own last instruction);
-//    bubble_fraction = 1 - sum busy / (P * iteration_seconds).
+//    busy = compute time; all_reduce = time in data-parallel all-reduces;
+//    idle = iteration_seconds - busy - all_reduce (receive waits plus the
+//    tail after the worker's own last instruction);
+//    bubble_fraction = sum idle / (P * iteration_seconds), i.e. the pipeline
+//    bubble only: the all-reduce is charged to itself, not to the bubble.
+//    With D = 1 all_reduce is 0 and this is 1 - sum busy / (P * iteration).
 //
 // It is a discrete-event simulation: workers are advanced in order of their
 // clocks (ties by worker index); a worker blocked on a receive whose send has
@@ -68,11 +87,36 @@ struct SimulationCosts {
   std::vector<double> worker_speeds;      // one per worker (program), > 0
   LinkParameters link;                    // every directed link, unless overridden
   std::map<std::pair<int, int>, LinkParameters> link_overrides;  // (src, dst)
+  // Data parallelism: replicas of these programs (>= 1; 1 = none) and the
+  // link each ring all-reduce step crosses between two replicas' copies of
+  // a stage.
+  int data_parallel = 1;
+  LinkParameters replica_link;
 };
 
+// The bytes one worker all-reduces before OptimizerStep(units): the sum of
+// weight_bytes over `units` (the gradient of every parameter of the
+// worker's backward units), less tied_grad_bytes (at most the smaller of
+// the two units' weight bytes) when `units` holds both the first and the
+// last unit of a model of >= 2 units: the runtime all-reduces each
+// parameter once (StageRuntime::parameters()), and embed and head share wte.
+// Requires 0 <= begin <= end <= costs.units.size().
+double AllReduceBytes(const Range& units, const SimulationCosts& costs);
+
+// Seconds of a ring all-reduce of `bytes` over `replicas` copies (acctfm.txt
+// eq. 3 with c1 = 2(D-1), c2 = 2(D-1)/D; see the model above): 0 for
+// replicas <= 1, else 2(D-1) * link.latency_seconds + 2(D-1)/D * bytes /
+// link.bandwidth_bytes_per_second (that term 0 for bandwidth <= 0).
+double AllReduceSeconds(int replicas, double bytes, const LinkParameters& link);
+
+// The bytes a Send of `key` carries (the table in the model above).
+// Requires: the key's unit valid for costs.units as InstructionProblem checks.
+double TransferBytes(const v1::TensorKey& key, const SimulationCosts& costs);
+
 // Costs from a model profile and a cluster description (one worker per
-// cluster entry, one link setting for all links). The profile has no tied
-// gradient size, so the caller passes it (the token embedding's bytes).
+// cluster entry, one link setting for all links and for replica_link). The
+// profile has no tied gradient size, so the caller passes it (the token
+// embedding's bytes). data_parallel stays 1 for the caller to set.
 SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const ClusterSpec& cluster,
                                            double tied_grad_bytes);
 
@@ -83,9 +127,11 @@ enum class TimelineEventKind {
   kOptimizer,
   kSendTransfer,  // a transfer on link (worker -> peer), not worker time
   kRecvWait,      // the worker idles in a receive (only waits > 0 are listed)
+  kAllReduce,     // data-parallel gradient all-reduce before the optimizer step
 };
 
-// "forward", "backward", "recompute", "optimizer", "send", "recv-wait".
+// "forward", "backward", "recompute", "optimizer", "send", "recv-wait",
+// "all-reduce".
 const char* TimelineEventKindName(TimelineEventKind kind);
 
 struct TimelineEvent {
@@ -98,15 +144,17 @@ struct TimelineEvent {
                          // tensor key's unit as [u, u+1)
   int peer = -1;         // transfers: destination; waits: source; else -1
   v1::TensorKind tensor_kind = v1::TENSOR_KIND_UNSPECIFIED;  // transfers, waits
-  double bytes = 0;                                          // transfers
+  double bytes = 0;  // transfers; all-reduce: the worker's gradient bytes
   int instruction = 0;                                       // index in programs[worker]
-  std::string label;  // e.g. "F mb3 [2,5)", "send ACTIVATION u4 mb3 to 2"
+  std::string label;  // e.g. "F mb3 [2,5)", "send ACTIVATION u4 mb3 to 2",
+                      // "AllReduce [2,5) x2 replicas"
 };
 
 struct SimulationResult {
   double iteration_seconds = 0;
   std::vector<double> busy_seconds;  // per worker
-  std::vector<double> idle_seconds;  // per worker, iteration_seconds - busy
+  std::vector<double> all_reduce_seconds;  // per worker; all 0 without data parallelism
+  std::vector<double> idle_seconds;        // per worker, iteration_seconds - busy - all_reduce
   double bubble_fraction = 0;        // 0 when iteration_seconds == 0
   // Sorted by (worker, start, instruction); transfers are listed under their
   // sender.
@@ -116,7 +164,8 @@ struct SimulationResult {
 // Simulates one iteration of `programs` (programs[w] runs on worker w).
 // Errors:
 //  INVALID_ARGUMENT   no programs; worker_speeds.size() != programs.size();
-//                     a speed <= 0 or any cost negative or not finite; a link
+//                     a speed <= 0 or any cost negative or not finite;
+//                     data_parallel < 1; a bad replica_link (as link); a link
 //                     override naming a worker out of range or itself; an
 //                     instruction with no op, a unit range outside
 //                     [0, units.size()) or with begin > end, a tensor key of

@@ -257,6 +257,136 @@ TEST(SimulatorTest, RecomputeAndUnitWeights_HandComputedTimeline) {
   }
 }
 
+// Data parallelism (simulator.h): before OptimizerStep(units) a ring
+// all-reduce of the units' weight bytes over D replicas takes
+// 2(D-1) latency + 2(D-1)/D bytes / bandwidth (acctfm.txt eq. 3).
+TEST(SimulatorTest, AllReduce_OneStage_ClosedFormBeforeOptimizer) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 2, 0), Compute("B", 0, 2, 0), Compute("Opt", 0, 2, -1)})};
+  SimulationCosts costs;
+  costs.units = {{1, 2, 0, 1000}, {1, 2, 0, 3000}};
+  costs.optimizer_seconds_per_byte = 1e-3;  // 4 s at speed 1
+  costs.worker_speeds = {2};                // compute halves; the all-reduce does not
+  costs.data_parallel = 4;
+  costs.replica_link = {1000, 0.5};  // 6 x 0.5 s + 1.5 x 4000 B / 1000 B/s = 3 + 6 s
+  costs.link = {1, 100};             // the pipeline's links: unused by the all-reduce
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{"F mb0 [0,2)@0-1", "B mb0 [0,2)@1-3",
+                                      "AllReduce [0,2) x4 replicas@3-12", "Opt [0,2)@12-14"}));
+  EXPECT_EQ(r.iteration_seconds, 14);
+  EXPECT_EQ(r.busy_seconds, (std::vector<double>{5}));
+  EXPECT_EQ(r.all_reduce_seconds, (std::vector<double>{9}));
+  EXPECT_EQ(r.idle_seconds, (std::vector<double>{0}));
+  EXPECT_EQ(r.bubble_fraction, 0);  // the all-reduce is not pipeline bubble
+  const TimelineEvent& e = r.events[2];
+  EXPECT_EQ(e.kind, TimelineEventKind::kAllReduce);
+  EXPECT_STREQ(TimelineEventKindName(e.kind), "all-reduce");
+  EXPECT_EQ(e.bytes, 4000);
+  EXPECT_EQ(e.units.begin, 0);
+  EXPECT_EQ(e.units.end, 2);
+  EXPECT_EQ(e.micro_batch, -1);
+  EXPECT_EQ(e.peer, -1);
+}
+
+TEST(SimulatorTest, AllReduce_TwoStages_EachStageItsOwnGradientBytes) {
+  auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 2, Schedule::kGPipe).value();
+  SimulationCosts costs = UniformCosts(4, 1, 2, 100, 2);
+  costs.link.bandwidth_bytes_per_second = 100;  // as GPipe_TwoStagesTwoMicroBatches: both
+                                                // workers reach the step at 20 s
+  for (int u = 0; u < 4; ++u) costs.units[u].weight_bytes = 100 * (u + 1);  // 300 B, 700 B
+  costs.optimizer_seconds_per_byte = 0.01;                                  // 3 s, 7 s
+  costs.data_parallel = 2;
+  costs.replica_link = {100, 0.25};  // 2 x 0.25 s + 1 x bytes / 100: 3.5 s, 7.5 s
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  const std::vector<std::string> w0 = Timeline(r, 0), w1 = Timeline(r, 1);
+  ASSERT_GE(w0.size(), 2u);
+  ASSERT_GE(w1.size(), 2u);
+  EXPECT_EQ(
+      std::vector<std::string>(w0.end() - 2, w0.end()),
+      (std::vector<std::string>{"AllReduce [0,2) x2 replicas@20-23.5", "Opt [0,2)@23.5-26.5"}));
+  EXPECT_EQ(
+      std::vector<std::string>(w1.end() - 2, w1.end()),
+      (std::vector<std::string>{"AllReduce [2,4) x2 replicas@20-27.5", "Opt [2,4)@27.5-34.5"}));
+  EXPECT_EQ(r.iteration_seconds, 34.5);
+  EXPECT_EQ(r.busy_seconds, (std::vector<double>{15, 19}));
+  EXPECT_EQ(r.all_reduce_seconds, (std::vector<double>{3.5, 7.5}));
+  EXPECT_EQ(r.idle_seconds, (std::vector<double>{16, 8}));
+  EXPECT_DOUBLE_EQ(r.bubble_fraction, 24.0 / 69.0);
+}
+
+TEST(SimulatorTest, DataParallelOne_AddsNothing) {
+  auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 3, Schedule::kOneFOneB).value();
+  SimulationCosts plain = UniformCosts(4, 1, 2, 100, 2);
+  plain.link.latency_seconds = 0.5;
+  for (UnitSimulationCost& u : plain.units) u.weight_bytes = 1000;
+  plain.optimizer_seconds_per_byte = 1e-3;
+  SimulationCosts one = plain;
+  one.replica_link = {1, 100};  // would cost hundreds of seconds if it were used
+  const SimulationResult a = SimulateIteration(programs, plain).value();
+  const SimulationResult b = SimulateIteration(programs, one).value();
+  EXPECT_EQ(a.iteration_seconds, 26.5 + 2);  // OneFOneB_TwoStages... plus 2 s of optimizer
+  EXPECT_EQ(b.iteration_seconds, a.iteration_seconds);
+  EXPECT_EQ(Timeline(b, 0), Timeline(a, 0));
+  EXPECT_EQ(Timeline(b, 1), Timeline(a, 1));
+  EXPECT_EQ(b.busy_seconds, a.busy_seconds);
+  EXPECT_EQ(b.idle_seconds, a.idle_seconds);
+  EXPECT_EQ(b.all_reduce_seconds, (std::vector<double>{0, 0}));
+  EXPECT_EQ(b.bubble_fraction, a.bubble_fraction);
+  // The same link with two replicas does cost: 2 x 100 s + 2000 B / 1 B/s.
+  one.data_parallel = 2;
+  EXPECT_EQ(SimulateIteration(programs, one).value().all_reduce_seconds,
+            (std::vector<double>{2200, 2200}));
+}
+
+TEST(SimulatorTest, AllReduce_NoBackwardUnits_NoAllReduce) {
+  const std::vector<v1::Program> programs = {Program({Compute("Opt", 1, 1, -1)})};
+  SimulationCosts costs = UniformCosts(2, 1, 1, 1, 1);
+  costs.data_parallel = 3;
+  costs.replica_link = {0, 1};  // latency alone would show
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(r.iteration_seconds, 0);
+  EXPECT_EQ(r.all_reduce_seconds, (std::vector<double>{0}));
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{"Opt [1,1)@0-0"}));
+}
+
+TEST(SimulatorTest, AllReduceSeconds_ClosedForm) {
+  EXPECT_EQ(AllReduceSeconds(1, 1e9, {1, 1}), 0);
+  EXPECT_EQ(AllReduceSeconds(2, 800, {100, 0}), 8);     // 2(1)/2 x 8 s
+  EXPECT_EQ(AllReduceSeconds(4, 800, {100, 0}), 12);    // 2(3)/4 x 8 s
+  EXPECT_EQ(AllReduceSeconds(4, 800, {100, 0.5}), 15);  // + 2(3) x 0.5 s
+  EXPECT_EQ(AllReduceSeconds(4, 800, {0, 0.5}), 3);     // infinite bandwidth: latency only
+  EXPECT_EQ(AllReduceSeconds(4, 800, {-1, 0.5}), 3);
+}
+
+TEST(SimulatorTest, AllReduceBytes_TiedEmbeddingCountedOnceWhenBothOnOneStage) {
+  SimulationCosts costs;
+  costs.units = {{0, 0, 0, 10}, {0, 0, 0, 20}, {0, 0, 0, 30}};
+  costs.tied_grad_bytes = 25;
+  EXPECT_EQ(AllReduceBytes({0, 3}, costs), 50);  // 60 less min(25, 10, 30)
+  EXPECT_EQ(AllReduceBytes({0, 2}, costs), 30);
+  EXPECT_EQ(AllReduceBytes({1, 3}, costs), 50);
+  EXPECT_EQ(AllReduceBytes({2, 2}, costs), 0);
+  costs.tied_grad_bytes = 5;
+  EXPECT_EQ(AllReduceBytes({0, 3}, costs), 55);
+  costs.units.resize(1);  // one unit: nothing shared
+  EXPECT_EQ(AllReduceBytes({0, 1}, costs), 10);
+}
+
+TEST(SimulatorTest, BadDataParallelCosts_InvalidArgument) {
+  const std::vector<v1::Program> programs = {Program({Compute("F", 0, 1, 0)})};
+  SimulationCosts costs = UniformCosts(1, 1, 1, 1, 1);
+  costs.data_parallel = 0;
+  auto r = SimulateIteration(programs, costs);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("data_parallel = 0; must be >= 1"));
+  costs.data_parallel = 2;
+  costs.replica_link.latency_seconds = -1;
+  r = SimulateIteration(programs, costs);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("replica_link"));
+}
+
 TEST(SimulatorTest, CrossedReceives_FailedPreconditionNamesEachStuckWorker) {
   const std::vector<v1::Program> programs = {
       Program({Recv(v1::ACTIVATION, 0, 0, 1), Send(v1::ACTIVATION, 0, 1, 1)}),
@@ -368,6 +498,9 @@ TEST(SimulatorTest, CostsFromProfile_CopiesUnitsWorkersAndLink) {
   EXPECT_EQ(costs.worker_speeds, (std::vector<double>{1.5, 0.5}));
   EXPECT_EQ(costs.link.bandwidth_bytes_per_second, 1e9);
   EXPECT_EQ(costs.link.latency_seconds, 1e-4);
+  EXPECT_EQ(costs.replica_link.bandwidth_bytes_per_second, 1e9);
+  EXPECT_EQ(costs.replica_link.latency_seconds, 1e-4);
+  EXPECT_EQ(costs.data_parallel, 1);
   EXPECT_EQ(costs.tied_grad_bytes, 12);
 }
 

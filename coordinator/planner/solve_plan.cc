@@ -34,6 +34,10 @@ absl::StatusOr<BiPartitionProblem> MakeProblem(const ModelProfile& profile,
     return absl::InvalidArgumentError(
         absl::StrCat("micro-batches must be >= 1, got ", options.micro_batches));
   }
+  if (options.data_parallel < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "data parallelism (parallelism.data) must be >= 1 replicas, got ", options.data_parallel));
+  }
   RETURN_IF_ERROR(ValidateProblem(problem));
   return problem;
 }
@@ -112,9 +116,14 @@ absl::StatusOr<SolvedPlan> SolveOne(const std::string& solver, const BiPartition
   ASSIGN_OR_RETURN(out.programs, CompileBiPartitionPrograms(plan.forward, plan.backward, units,
                                                             options.micro_batches,
                                                             options.schedule));
-  ASSIGN_OR_RETURN(out.simulation,
-                   SimulateIteration(out.programs, SimulationCostsFromProfile(
-                                                       profile, cluster, TiedGradientBytes(profile))));
+  // The replicas' all-reduce crosses the cluster's one link setting
+  // (SimulationCostsFromProfile copies it into replica_link).
+  SimulationCosts sim_costs =
+      SimulationCostsFromProfile(profile, cluster, TiedGradientBytes(profile));
+  sim_costs.data_parallel = options.data_parallel;
+  ASSIGN_OR_RETURN(out.simulation, SimulateIteration(out.programs, sim_costs));
+  out.data_parallel = options.data_parallel;
+  out.all_reduce_seconds = out.simulation.all_reduce_seconds;
   return out;
 }
 

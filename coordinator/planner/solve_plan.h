@@ -18,6 +18,17 @@
 // the baselines) but are simulated with them. Memory per worker follows
 // bipartition.h's formula; a uniform, pipedream or manual plan over a
 // worker's memory is RESOURCE_EXHAUSTED naming the worker.
+//
+// Data parallelism (DESIGN.md §12; options.data_parallel = D): the cluster
+// is ONE replica's workers, one per stage, and options.micro_batches is the
+// count EACH replica runs (a step's global count / D). The solvers and the
+// compiled programs are the replica's; the simulation adds, before each
+// worker's optimizer step, the ring all-reduce of its gradients with the
+// D-1 other replicas' copies of its stage over the cluster's link
+// (bandwidth, latency), as simulator.h models it. The caller picks the
+// replica's workers (data_parallel_layout.h: per stage, the slowest and
+// smallest of the replicas' workers at that position). D = 1: no replicas,
+// exactly the plan without data parallelism.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_SOLVE_PLAN_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_SOLVE_PLAN_H_
 
@@ -38,8 +49,9 @@ namespace pipetrain {
 struct PlanOptions {
   std::string solver = "bipartition";  // see above
   std::string objective = "paper";     // paper | full
-  int micro_batches = 1;
+  int micro_batches = 1;               // per replica (with data_parallel > 1)
   Schedule schedule = Schedule::kOneFOneB;
+  int data_parallel = 1;  // replicas of the pipeline, >= 1
   // Solver "manual" only: one range per worker each.
   std::vector<Range> manual_forward, manual_backward;
 };
@@ -54,9 +66,14 @@ struct SolvedPlan {
   std::vector<v1::Program> programs;     // per worker
   SimulationResult simulation;           // predicted iteration, bubble, timeline
   std::map<std::string, double> candidates;  // auto: solver -> simulated seconds
+  int data_parallel = 1;                     // options.data_parallel
+  // Per worker: the simulated gradient all-reduce before its optimizer step
+  // (simulation.all_reduce_seconds; all 0 when data_parallel == 1).
+  std::vector<double> all_reduce_seconds;
 };
 
-// INVALID_ARGUMENT for an unknown solver/objective, micro_batches < 1, more
+// INVALID_ARGUMENT for an unknown solver/objective, micro_batches < 1,
+// data_parallel < 1, more
 // workers than a solver allows (uniform/pipedream: one unit each at least;
 // bipartition: 2 x units), bad manual ranges; RESOURCE_EXHAUSTED when no
 // plan fits in memory. Profile and cluster must be valid (profile.h parsers).

@@ -20,8 +20,30 @@ std::string WorkerName(const std::vector<std::string>& names, int w) {
   return absl::StrCat("worker ", w);
 }
 
+// Worker time drawn as a box with a label: compute and the data-parallel
+// all-reduce (which occupies the worker like compute does).
 bool IsCompute(TimelineEventKind kind) {
   return kind != TimelineEventKind::kSendTransfer && kind != TimelineEventKind::kRecvWait;
+}
+
+// The box label's prefix ("F3", "opt", "AR").
+const char* BoxLetter(TimelineEventKind kind) {
+  switch (kind) {
+    case TimelineEventKind::kForward:
+      return "F";
+    case TimelineEventKind::kBackward:
+      return "B";
+    case TimelineEventKind::kRecompute:
+      return "R";
+    case TimelineEventKind::kOptimizer:
+      return "opt";
+    case TimelineEventKind::kAllReduce:
+      return "AR";
+    case TimelineEventKind::kSendTransfer:
+    case TimelineEventKind::kRecvWait:
+      break;
+  }
+  return "";
 }
 
 // ---------------------------------------------------------------- Chrome trace
@@ -40,7 +62,7 @@ nlohmann::json TraceEvent(const TimelineEvent& e) {
     args["tensor"] = v1::TensorKind_Name(e.tensor_kind);
     args["peer"] = e.peer;
   }
-  if (transfer) args["bytes"] = e.bytes;
+  if (transfer || e.kind == TimelineEventKind::kAllReduce) args["bytes"] = e.bytes;
   return {{"ph", "X"},
           {"name", e.label},
           {"cat", TimelineEventKindName(e.kind)},
@@ -106,6 +128,8 @@ const char* FillOf(const TimelineEvent& e) {
       return "#b07aa1";
     case TimelineEventKind::kOptimizer:
       return "#59a14f";
+    case TimelineEventKind::kAllReduce:
+      return "#e15759";
     case TimelineEventKind::kRecvWait:
       return "url(#wait-hatch)";
     case TimelineEventKind::kSendTransfer:
@@ -252,8 +276,9 @@ class SvgTimeline {
     }
     double x = 12;
     TimelineEvent probe;
-    for (TimelineEventKind k : {TimelineEventKind::kForward, TimelineEventKind::kBackward,
-                                TimelineEventKind::kRecompute, TimelineEventKind::kOptimizer}) {
+    for (TimelineEventKind k :
+         {TimelineEventKind::kForward, TimelineEventKind::kBackward, TimelineEventKind::kRecompute,
+          TimelineEventKind::kAllReduce, TimelineEventKind::kOptimizer}) {
       probe.kind = k;
       if (k == TimelineEventKind::kForward || k == TimelineEventKind::kBackward || kinds.count(k)) {
         LegendItem(&x, FillOf(probe), 14, TimelineEventKindName(k));
@@ -337,8 +362,7 @@ class SvgTimeline {
 
   // "F3" inside the box, or "3" when only that fits, or nothing.
   void BoxLabel(const TimelineEvent& e, double x, double w) {
-    static const char* const kLetters[] = {"F", "B", "R", "opt"};
-    const std::string letter = kLetters[static_cast<int>(e.kind)];
+    const std::string letter = BoxLetter(e.kind);
     std::string text = e.micro_batch >= 0 ? absl::StrCat(letter, e.micro_batch) : letter;
     if (text.size() * kCharWidth11 + 4 > w && e.micro_batch >= 0)
       text = absl::StrCat(e.micro_batch);

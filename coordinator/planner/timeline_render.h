@@ -19,14 +19,16 @@ namespace pipetrain {
 // Chrome trace event format ({"traceEvents": [...]}, complete "X" events):
 //  - pid = worker index, named by a process_name metadata event and sorted
 //    by index (process_sort_index).
-//  - tid 0, "compute": forward, backward, recompute, optimizer and recv-wait
-//    events (a worker does one thing at a time, so they never overlap).
+//  - tid 0, "compute": forward, backward, recompute, all-reduce, optimizer
+//    and recv-wait events (a worker does one thing at a time, so they never
+//    overlap).
 //  - tid 1 + peer, "send to <peer name>": transfers on link (worker -> peer);
 //    a link carries one transfer at a time, so these never overlap either.
 //    One thread per link rather than flow events: every viewer shows them.
 //  - ts and dur in microseconds; name = the event's label ("F mb3 [2,5)");
 //    cat = TimelineEventKindName; args: units "[b,e)", micro_batch (-1 for
-//    per-iteration work), and for transfers and waits tensor, peer, bytes.
+//    per-iteration work), for transfers and waits tensor, peer, bytes, and
+//    for all-reduces bytes.
 //  - "otherData": iteration_seconds and bubble_fraction.
 // Zero-length events (free instructions) are kept, with dur 0.
 std::string ChromeTraceJson(const SimulationResult& result,
@@ -42,8 +44,9 @@ struct TimelineSvgOptions {
 // A self-contained SVG document (no scripts, fonts or external references):
 // a title line with the iteration time and bubble fraction, a legend, one
 // lane per worker with its name and busy share, compute boxes coloured by
-// kind (forward, backward, recompute, optimizer) with "F3" / "B3" / "R3"
-// micro-batch labels where they fit, hatched recv waits, transfers as thin
+// kind (forward, backward, recompute, all-reduce, optimizer) with "F3" /
+// "B3" / "R3" micro-batch labels ("AR", "opt" for the per-iteration boxes)
+// where they fit, hatched recv waits, transfers as thin
 // bars under the lane coloured by tensor kind (sends to higher-numbered
 // workers on the upper row, to lower-numbered on the lower row), and a time
 // axis with ticks labelled in µs, ms or s. Hovering a box shows its label and

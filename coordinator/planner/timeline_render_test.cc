@@ -197,6 +197,34 @@ TEST(TimelineRenderTest, TimelineSvg_OptionsOff_NoTransfersOrWaits) {
   EXPECT_THAT(svg, HasSubstr(">T — iteration"));
 }
 
+// Data-parallel all-reduces are worker time: on the compute thread, drawn
+// as "AR" boxes with their own legend entry.
+TEST(TimelineRenderTest, AllReduce_OnComputeThreadWithBytesAndLegend) {
+  auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 3, Schedule::kOneFOneB).value();
+  SimulationCosts costs;
+  costs.units.assign(4, UnitSimulationCost{1, 2, 100, 1000});
+  costs.worker_speeds = {1, 1};
+  costs.link.bandwidth_bytes_per_second = 100;
+  costs.data_parallel = 2;
+  costs.replica_link = {1000, 0};  // 2000 B: 2 s per stage
+  const SimulationResult result = SimulateIteration(programs, costs).value();
+  const auto trace = nlohmann::json::parse(ChromeTraceJson(result, {}));
+  int all_reduces = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X" || e.at("cat") != "all-reduce") continue;
+    ++all_reduces;
+    EXPECT_EQ(e.at("tid"), 0);
+    EXPECT_EQ(e.at("dur"), 2e6);
+    EXPECT_EQ(e.at("args").at("bytes"), 2000);
+  }
+  EXPECT_EQ(all_reduces, 2);
+  const std::string svg = TimelineSvg(result, {});
+  EXPECT_EQ(CheckBalancedXml(svg), "");
+  EXPECT_EQ(Count(svg, ">all-reduce<"), 1);
+  EXPECT_EQ(Count(svg, ">AR<"), 2);
+  EXPECT_EQ(Count(TimelineSvg(TwoStageOneFOneB(), {}), ">all-reduce<"), 0);
+}
+
 // Writes the documentation example (see the top of this file).
 TEST(TimelineRenderTest, Example_FourWorkerOneFOneB_WritesSvgAndTrace) {
   const SimulationResult result = FourWorkerExample();

@@ -1,0 +1,251 @@
+#include "coordinator/planner/data_parallel_layout.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "coordinator/planner/simulator.h"
+
+namespace pipetrain {
+namespace {
+
+// Every tensor is fp32 (DESIGN.md §3): DistPar counts elements, profiles bytes.
+constexpr double kBytesPerElement = 4;
+
+std::string Divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d) {
+    if (n % d == 0) out.push_back(d);
+  }
+  return absl::StrJoin(out, ", ");
+}
+
+absl::Status ValidateOptions(const ClusterSpec& cluster, const LayoutOptions& options) {
+  const int n = static_cast<int>(cluster.workers.size());
+  if (n < 1) return absl::InvalidArgumentError("no workers to lay out");
+  if (options.micro_batches < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.micro_batches must be >= 1, got ", options.micro_batches));
+  }
+  if (!std::isfinite(options.distpar_beta) || options.distpar_beta < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DistPar's beta must be finite and >= 0, got ", options.distpar_beta));
+  }
+  const int d = options.data_parallel;
+  if (d == kAutoDataParallel) return absl::OkStatus();
+  if (d < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallelism.data must be >= 1 replicas (or auto), got ", d));
+  }
+  if (n % d != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallelism.data = ", d, " does not divide the ", n,
+                     " workers: data x stages must equal the worker count; use one of ",
+                     Divisors(n), " or auto"));
+  }
+  if (options.micro_batches % d != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training.micro_batches = ", options.micro_batches,
+                     " is not divisible by parallelism.data = ", d,
+                     ": each replica runs micro_batches / data of a step's micro-batches"));
+  }
+  return absl::OkStatus();
+}
+
+// The layouts "auto" tries, ascending D: D | N, D | m, P <= units (a stage
+// per unit at most, the tighter of the solvers' limits), and for "manual"
+// exactly as many stages as the caller gave ranges.
+std::vector<int> AutoReplicaCounts(int workers, int units, const LayoutOptions& options) {
+  std::vector<int> out;
+  for (int d = 1; d <= workers; ++d) {
+    const int p = workers / d;
+    if (workers % d != 0 || options.micro_batches % d != 0 || p > units) continue;
+    if (options.plan.solver == "manual" &&
+        p != static_cast<int>(options.plan.manual_forward.size())) {
+      continue;
+    }
+    out.push_back(d);
+  }
+  return out;
+}
+
+// One layout's plan, candidate row and stage workers.
+struct Solved {
+  LayoutCandidate candidate;
+  SolvedPlan plan;
+  ClusterSpec stage_cluster;
+};
+
+Solved SolveLayout(const ModelProfile& profile, const ClusterSpec& cluster, int d,
+                   const LayoutOptions& options) {
+  Solved out;
+  const int n = static_cast<int>(cluster.workers.size());
+  out.candidate.data_parallel = d;
+  out.candidate.stages = n / d;
+  out.stage_cluster = ReplicaStageCluster(cluster, d);
+  PlanOptions plan_options = options.plan;
+  plan_options.micro_batches = options.micro_batches / d;
+  plan_options.data_parallel = d;
+  absl::StatusOr<SolvedPlan> plan = SolvePlan(profile, out.stage_cluster, plan_options);
+  if (!plan.ok()) {
+    out.candidate.status = plan.status();
+    return out;
+  }
+  out.plan = *std::move(plan);
+  out.candidate.distpar = DistParLayoutCost(out.plan, profile, options.distpar_beta);
+  out.candidate.step_seconds = out.plan.simulation.iteration_seconds;
+  for (double s : out.plan.all_reduce_seconds) {
+    out.candidate.max_all_reduce_seconds = std::max(out.candidate.max_all_reduce_seconds, s);
+  }
+  return out;
+}
+
+DataParallelLayout Finish(std::vector<LayoutCandidate> candidates, int chosen, Solved best) {
+  DataParallelLayout layout;
+  layout.candidates = std::move(candidates);
+  layout.chosen = chosen;
+  const int d = best.candidate.data_parallel, p = best.candidate.stages;
+  for (int s = 0; s < p; ++s) {
+    std::vector<int> column;
+    for (int r = 0; r < d; ++r) column.push_back(r * p + s);
+    layout.stage_workers.push_back(std::move(column));
+  }
+  layout.stage_cluster = std::move(best.stage_cluster);
+  layout.plan = std::move(best.plan);
+  return layout;
+}
+
+// The error when no layout of "auto" has a plan: the first failure's code,
+// every layout's reason.
+absl::Status NoLayoutError(const std::vector<LayoutCandidate>& candidates, int workers) {
+  std::vector<std::string> reasons;
+  for (const LayoutCandidate& c : candidates) {
+    reasons.push_back(absl::StrCat(c.data_parallel, " x ", c.stages, ": ", c.status.message()));
+  }
+  return absl::Status(
+      candidates.front().status.code(),
+      absl::StrCat("no data-parallel layout of the ", workers,
+                   " workers (replicas x stages) has a plan: ", absl::StrJoin(reasons, "; ")));
+}
+
+}  // namespace
+
+ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel) {
+  if (data_parallel <= 1) return cluster;
+  const int p = static_cast<int>(cluster.workers.size()) / data_parallel;
+  ClusterSpec out;
+  out.bandwidth_bytes_per_second = cluster.bandwidth_bytes_per_second;
+  out.latency_seconds = cluster.latency_seconds;
+  for (int s = 0; s < p; ++s) {
+    WorkerSpec stage = cluster.workers[s];
+    for (int r = 1; r < data_parallel; ++r) {
+      const WorkerSpec& w = cluster.workers[r * p + s];
+      absl::StrAppend(&stage.name, ",", w.name);
+      stage.speed = std::min(stage.speed, w.speed);
+      // 0 = unlimited: any limit is smaller.
+      if (w.memory_bytes > 0 && (stage.memory_bytes == 0 || w.memory_bytes < stage.memory_bytes)) {
+        stage.memory_bytes = w.memory_bytes;
+      }
+    }
+    out.workers.push_back(std::move(stage));
+  }
+  return out;
+}
+
+DistParCost DistParLayoutCost(const SolvedPlan& plan, const ModelProfile& profile, double beta) {
+  const SimulationCosts costs =
+      SimulationCostsFromProfile(profile, ClusterSpec{}, TiedGradientBytes(profile));
+  // Input plus output elements of unit u (see the header).
+  auto operator_elements = [&costs](int u) {
+    const double in = u > 0 ? costs.units[u - 1].activation_bytes : 0;
+    return (in + costs.units[u].activation_bytes) / kBytesPerElement;
+  };
+  auto range_elements = [&](const v1::UnitRange& r) {
+    double sum = 0;
+    for (int u = r.begin(); u < r.end(); ++u) sum += operator_elements(u);
+    return sum;
+  };
+  const double d = plan.data_parallel;
+  DistParCost cost;
+  double sent = 0, all_reduced = 0;  // bytes: one replica's sends; sum of stage gradients
+  for (const v1::Program& program : plan.programs) {
+    double device = 0;
+    for (const v1::Instruction& in : program.instructions()) {
+      switch (in.op_case()) {
+        case v1::Instruction::kForward:
+          device += range_elements(in.forward().units());
+          break;
+        case v1::Instruction::kRecompute:
+          device += range_elements(in.recompute().units());
+          break;
+        case v1::Instruction::kBackward:
+          device += range_elements(in.backward().units());
+          break;
+        case v1::Instruction::kSend:
+          sent += TransferBytes(in.send().tensor(), costs);
+          break;
+        case v1::Instruction::kOptimizerStep: {
+          const v1::UnitRange& r = in.optimizer_step().units();
+          if (r.begin() < r.end()) all_reduced += AllReduceBytes(Range{r.begin(), r.end()}, costs);
+          break;
+        }
+        default:
+          break;
+      }
+    }
+    cost.computation = std::max(cost.computation, device);
+  }
+  // Every replica sends what one does; a ring all-reduce over D copies moves
+  // (D-1)|T| in its reduce-scatter and (D-1)|T| in its all-gather.
+  cost.communication = (d * sent + 2 * (d - 1) * all_reduced) / kBytesPerElement;
+  cost.total = cost.computation + beta * cost.communication;
+  return cost;
+}
+
+absl::StatusOr<DataParallelLayout> PlanDataParallel(const ModelProfile& profile,
+                                                    const ClusterSpec& cluster,
+                                                    const LayoutOptions& options) {
+  RETURN_IF_ERROR(ValidateOptions(cluster, options));
+  const int n = static_cast<int>(cluster.workers.size());
+  if (options.data_parallel != kAutoDataParallel) {
+    Solved one = SolveLayout(profile, cluster, options.data_parallel, options);
+    RETURN_IF_ERROR(one.candidate.status);
+    std::vector<LayoutCandidate> candidates = {one.candidate};
+    return Finish(std::move(candidates), 0, std::move(one));
+  }
+  const int units = static_cast<int>(profile.units.size());
+  const std::vector<int> counts = AutoReplicaCounts(n, units, options);
+  if (counts.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "no data-parallel layout of the ", n, " workers: parallelism.data must divide both the ", n,
+        " workers and training.micro_batches = ", options.micro_batches,
+        ", with at most one stage per unit (", units, " units)",
+        options.plan.solver == "manual" ? " and as many stages as manual ranges" : ""));
+  }
+  std::vector<LayoutCandidate> candidates;
+  int chosen = -1;
+  Solved best;
+  for (int d : counts) {
+    Solved s = SolveLayout(profile, cluster, d, options);
+    const absl::StatusCode code = s.candidate.status.code();
+    if (code != absl::StatusCode::kOk && code != absl::StatusCode::kResourceExhausted &&
+        code != absl::StatusCode::kInvalidArgument) {
+      return s.candidate.status;  // not a property of the layout
+    }
+    candidates.push_back(s.candidate);
+    if (code != absl::StatusCode::kOk) continue;
+    // Strictly lower: ties keep the earlier, smaller D.
+    if (chosen < 0 || s.candidate.step_seconds < best.candidate.step_seconds) {
+      chosen = static_cast<int>(candidates.size()) - 1;
+      best = std::move(s);
+    }
+  }
+  if (chosen < 0) return NoLayoutError(candidates, n);
+  return Finish(std::move(candidates), chosen, std::move(best));
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,142 @@
+// Data-parallel layouts: N workers as D replicas of a P-stage pipeline,
+// D x P = N (DESIGN.md §12, the data and pipeline axes; no tensor axis yet).
+//
+// Replica r runs on workers [r*P, (r+1)*P) of the cluster, in order: worker
+// r*P + p is replica r's stage p. Every replica runs the same plan (the
+// runtime compiles one replica's programs and runs them D times), so a
+// layout is planned on ONE replica's worth of stage workers, built
+// conservatively (ReplicaStageCluster): stage p gets the slowest speed and
+// the smallest memory among workers p, P+p, ..., (D-1)P+p. SolvePlan then
+// runs on those P workers with micro_batches = m / D (each replica's share
+// of a step's m micro-batches) and data_parallel = D, so its simulation
+// includes every stage's gradient all-reduce across the replicas
+// (simulator.h: a ring over the cluster's link, acctfm.txt eq. 3).
+//
+// Two figures per layout:
+//  - the SIMULATED step time (SolvedPlan::simulation.iteration_seconds):
+//    what "auto" minimises;
+//  - DistPar's cost (distpar.txt §3.4 "Cost design"), printed beside it for
+//    comparison: overall = computation + beta * communication. The paper
+//    gives it in words, without a numbered equation; implemented literally
+//    (DistParLayoutCost below says how each word maps to this system).
+//
+// Thread-safety: pure functions; call them from any thread.
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_DATA_PARALLEL_LAYOUT_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_DATA_PARALLEL_LAYOUT_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/planner/profile.h"
+#include "coordinator/planner/solve_plan.h"
+
+namespace pipetrain {
+
+// LayoutOptions::data_parallel value that searches every layout.
+inline constexpr int kAutoDataParallel = 0;
+
+struct LayoutOptions {
+  int data_parallel = 1;    // D >= 1 (spec parallelism.data), or kAutoDataParallel
+  int micro_batches = 1;    // m: a step's micro-batches over ALL replicas
+                            // (spec training.micro_batches); D must divide it
+  double distpar_beta = 1;  // DistPar's beta: weight of communication, >= 0
+  // Solver, objective, schedule and manual ranges for every layout. Its
+  // micro_batches and data_parallel are ignored: each layout sets m / D and D.
+  PlanOptions plan;
+};
+
+// DistPar's cost of one layout (distpar.txt §3.4), in fp32 tensor elements
+// (bytes / 4; every tensor in this system is fp32, DESIGN.md §3).
+struct DistParCost {
+  double computation = 0;
+  double communication = 0;
+  double total = 0;  // computation + beta * communication
+};
+
+struct LayoutCandidate {
+  int data_parallel = 1;  // D
+  int stages = 1;         // P = N / D
+  // OK, or why this layout has no plan (SolvePlan's status: typically
+  // RESOURCE_EXHAUSTED, a stage over its memory; only "auto" lists such
+  // layouts, an explicit D returns the error instead).
+  absl::Status status;
+  DistParCost distpar;                // valid when status is OK
+  double step_seconds = 0;            // simulated step (iteration) time; valid when OK
+  double max_all_reduce_seconds = 0;  // the slowest stage's all-reduce; valid when OK
+};
+
+struct DataParallelLayout {
+  // Auto: every layout with D | N, D | m and P <= units (and P equal to the
+  // manual ranges' count for solver "manual"), ascending D. Explicit D: that
+  // one layout.
+  std::vector<LayoutCandidate> candidates;
+  int chosen = 0;  // index into candidates: the lowest step_seconds; ties: smaller D
+  // The chosen layout: stage_workers[p] = the input cluster's indices of
+  // stage p's workers (p, P+p, ...), the stage cluster it was planned on
+  // (ReplicaStageCluster) and its plan (for P workers; data_parallel = D).
+  std::vector<std::vector<int>> stage_workers;
+  ClusterSpec stage_cluster;
+  SolvedPlan plan;
+};
+
+// Plans `cluster` (N = cluster.workers.size() >= 1 workers) as D replicas of
+// N / D stages for one D (options.data_parallel >= 1) or every D
+// (kAutoDataParallel), and picks the layout with the lowest simulated step
+// time; ties go to the smaller D (fewer replicas: less gradient traffic for
+// the same predicted time). Deterministic: the choice depends only on the
+// inputs.
+// Errors:
+//  INVALID_ARGUMENT  options.micro_batches < 1 ("training.micro_batches");
+//                    data_parallel < 0, or not dividing N ("parallelism.data
+//                    = 3 does not divide the 8 workers"), or not dividing m
+//                    ("training.micro_batches = 6 is not divisible by
+//                    parallelism.data = 4"); distpar_beta negative or not
+//                    finite; auto with no layout at all (no D dividing both N
+//                    and m with P <= units); and SolvePlan's INVALID_ARGUMENTs
+//                    for an explicit D (e.g. more stages than the solver
+//                    allows).
+//  RESOURCE_EXHAUSTED an explicit D's plan does not fit in memory, or auto and
+//                    no layout fits (the message lists each layout's reason).
+//  Other SolvePlan errors pass through unchanged.
+absl::StatusOr<DataParallelLayout> PlanDataParallel(const ModelProfile& profile,
+                                                    const ClusterSpec& cluster,
+                                                    const LayoutOptions& options);
+
+// One replica's stage workers for D replicas of `cluster` (requires
+// data_parallel >= 1 dividing cluster.workers.size()): P = N / D entries;
+// entry p is named by its workers' names joined with "," ("w0,w4"), has the
+// minimum speed and the minimum memory_bytes over workers p, P+p, ...
+// (memory 0 means unlimited: it is the minimum only when every one is 0),
+// and the cluster's bandwidth and latency. D = 1 returns `cluster` as is.
+ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel);
+
+// DistPar's cost (distpar.txt §3.4) of `plan` (one replica's programs,
+// plan.data_parallel replicas) on `profile`, with the paper's words mapped
+// to this system:
+//  - "Computational cost ... the sum of the elements of the input and
+//    output tensors" of the operators a device runs under the strategy: a
+//    unit is an operator; each Forward, Recompute and Backward instruction
+//    over units U counts sum_{u in U} (in(u) + out(u)) elements, in(u) =
+//    activation_bytes[u-1] / 4 (0 for u = 0: token ids are not a float
+//    tensor of the profile), out(u) = activation_bytes[u] / 4 (a backward
+//    pass reads the output's gradient and writes the input's: the same
+//    sizes). Devices compute concurrently on their local (physical)
+//    tensors, so a layout's computational cost is its busiest device's sum
+//    over one step (the programs hold m / D micro-batches).
+//  - "Communication cost is defined as the total communications across
+//    multiple devices", the conversions' volumes: every Send of one
+//    replica's programs (TransferBytes / 4) times D replicas, plus each
+//    stage's gradient all-reduce, a PartialReduce -> Broadcast conversion
+//    over the D copies of the stage whose volume is (D-1)|T| for its
+//    reduce-scatter plus (D-1)|T| for its all-gather (the (n-1)|T| of
+//    distpar.txt §5 per collective), |T| = AllReduceBytes / 4.
+//  - total = computation + beta * communication ("the ratio of
+//    computational cost to communication cost, which is denoted by beta";
+//    the paper's experiments use beta in {0.01, 0.1, 1, 10}).
+// Requires: `plan` is SolvePlan's result for `profile` (its programs valid).
+DistParCost DistParLayoutCost(const SolvedPlan& plan, const ModelProfile& profile, double beta);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_DATA_PARALLEL_LAYOUT_H_

@@ -1,0 +1,369 @@
+#include "coordinator/planner/data_parallel_layout.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/philox.h"
+#include "coordinator/planner/simulator.h"
+#include "coordinator/planner/solve_plan.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+using ::testing::HasSubstr;
+
+ClusterSpec Cluster(const std::vector<WorkerSpec>& workers, double bandwidth, double latency) {
+  ClusterSpec c;
+  c.workers = workers;
+  c.bandwidth_bytes_per_second = bandwidth;
+  c.latency_seconds = latency;
+  return c;
+}
+
+ClusterSpec Identical(int n, double bandwidth, double latency) {
+  std::vector<WorkerSpec> workers;
+  for (int w = 0; w < n; ++w) workers.push_back({absl::StrCat("w", w), 1.0, 0});
+  return Cluster(workers, bandwidth, latency);
+}
+
+// Two units: embed (fwd 1, bwd 2, 800 weight bytes, 400 B output) and head
+// (fwd 3, bwd 4, 1600 weight bytes, 40 B output).
+ModelProfile TwoUnits() {
+  ModelProfile p;
+  p.units = {{"embed", 1, 2, 800, 400, 0}, {"head", 3, 4, 1600, 40, 0}};
+  return p;
+}
+
+int MaxMicroBatch(const std::vector<v1::Program>& programs) {
+  int most = -1;
+  for (const v1::Program& p : programs) {
+    for (const v1::Instruction& in : p.instructions()) {
+      if (in.has_forward()) most = std::max(most, in.forward().micro_batch());
+    }
+  }
+  return most;
+}
+
+TEST(SolvePlanTest, DataParallelBelowOne_InvalidArgument) {
+  PlanOptions options;
+  options.data_parallel = 0;
+  auto plan = SolvePlan(TwoUnits(), Identical(2, 0, 0), options);
+  ASSERT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("parallelism.data"));
+  EXPECT_THAT(std::string(plan.status().message()), HasSubstr("got 0"));
+}
+
+// One stage, two replicas, one micro-batch each: F 1+3, B 2+4, then the
+// all-reduce of embed + head less the shared wte (1600 B, counted once):
+// 2(2-1) x 0.125 s + 2(2-1)/2 x 1600 B / 1000 B/s = 0.25 + 1.6 s.
+TEST(SolvePlanTest, DataParallelTwo_OneStage_ClosedForm) {
+  PlanOptions options;
+  options.solver = "uniform";
+  options.data_parallel = 2;
+  const SolvedPlan plan = SolvePlan(TwoUnits(), Identical(1, 1000, 0.125), options).value();
+  EXPECT_EQ(plan.data_parallel, 2);
+  ASSERT_EQ(plan.all_reduce_seconds.size(), 1u);
+  EXPECT_DOUBLE_EQ(plan.all_reduce_seconds[0], 0.25 + 1.6);
+  EXPECT_DOUBLE_EQ(plan.simulation.iteration_seconds, 10 + 1.85);
+  options.data_parallel = 1;
+  const SolvedPlan alone = SolvePlan(TwoUnits(), Identical(1, 1000, 0.125), options).value();
+  EXPECT_EQ(alone.all_reduce_seconds, (std::vector<double>{0}));
+  EXPECT_EQ(alone.simulation.iteration_seconds, 10);
+}
+
+// Two stages, three replicas: each stage all-reduces its own unit's bytes
+// after the same programs as without replicas.
+TEST(SolvePlanTest, DataParallelThree_TwoStages_SameProgramsPlusAllReduce) {
+  PlanOptions options;
+  options.solver = "uniform";
+  options.micro_batches = 2;
+  const ClusterSpec cluster = Identical(2, 1000, 0.01);
+  const SolvedPlan alone = SolvePlan(TwoUnits(), cluster, options).value();
+  options.data_parallel = 3;
+  const SolvedPlan plan = SolvePlan(TwoUnits(), cluster, options).value();
+  ASSERT_EQ(plan.programs.size(), 2u);
+  for (int w = 0; w < 2; ++w) {
+    EXPECT_EQ(plan.programs[w].SerializeAsString(), alone.programs[w].SerializeAsString());
+  }
+  // 4 x 0.01 s + 4/3 x bytes / 1000 B/s.
+  ASSERT_EQ(plan.all_reduce_seconds.size(), 2u);
+  EXPECT_DOUBLE_EQ(plan.all_reduce_seconds[0], 0.04 + 4.0 / 3 * 800 / 1000);
+  EXPECT_DOUBLE_EQ(plan.all_reduce_seconds[1], 0.04 + 4.0 / 3 * 1600 / 1000);
+  EXPECT_GT(plan.simulation.iteration_seconds, alone.simulation.iteration_seconds);
+}
+
+TEST(ReplicaStageClusterTest, SlowestSpeedSmallestLimitedMemory) {
+  const ClusterSpec cluster =
+      Cluster({{"a", 1, 0}, {"b", 2, 100}, {"c", 0.5, 50}, {"d", 3, 0}}, 7, 0.5);
+  const ClusterSpec two = ReplicaStageCluster(cluster, 2);
+  ASSERT_EQ(two.workers.size(), 2u);
+  EXPECT_EQ(two.workers[0].name, "a,c");
+  EXPECT_EQ(two.workers[0].speed, 0.5);
+  EXPECT_EQ(two.workers[0].memory_bytes, 50);  // a is unlimited
+  EXPECT_EQ(two.workers[1].name, "b,d");
+  EXPECT_EQ(two.workers[1].speed, 2);
+  EXPECT_EQ(two.workers[1].memory_bytes, 100);  // d is unlimited
+  EXPECT_EQ(two.bandwidth_bytes_per_second, 7);
+  EXPECT_EQ(two.latency_seconds, 0.5);
+  const ClusterSpec four = ReplicaStageCluster(cluster, 4);
+  ASSERT_EQ(four.workers.size(), 1u);
+  EXPECT_EQ(four.workers[0].name, "a,b,c,d");
+  EXPECT_EQ(four.workers[0].speed, 0.5);
+  EXPECT_EQ(four.workers[0].memory_bytes, 50);
+  const ClusterSpec one = ReplicaStageCluster(cluster, 1);
+  ASSERT_EQ(one.workers.size(), 4u);
+  EXPECT_EQ(one.workers[3].name, "d");
+  EXPECT_EQ(
+      ReplicaStageCluster(Cluster({{"x", 1, 0}, {"y", 1, 0}}, 0, 0), 2).workers[0].memory_bytes,
+      0);  // every one unlimited
+}
+
+// DistPar's cost (data_parallel_layout.h) by hand. Operator elements:
+// embed (0 + 400) / 4 = 100, head (400 + 40) / 4 = 110.
+TEST(DistParLayoutCostTest, HandComputed) {
+  PlanOptions options;
+  options.solver = "uniform";
+  options.micro_batches = 2;
+  // D = 1, P = 2: worker 1 runs head's F and B for 2 micro-batches: 4 x 110.
+  // Sends: ACTIVATION u0 and ACTIVATION_GRAD u1 (400 B each) per
+  // micro-batch, and the tied gradient (head's 1600 B) both ways: 4800 B.
+  SolvedPlan pipeline = SolvePlan(TwoUnits(), Identical(2, 0, 0), options).value();
+  DistParCost cost = DistParLayoutCost(pipeline, TwoUnits(), 1);
+  EXPECT_EQ(cost.computation, 440);
+  EXPECT_EQ(cost.communication, 1200);
+  EXPECT_EQ(cost.total, 1640);
+  // D = 2, P = 1: one micro-batch per replica, F and B of both units:
+  // 2 x 210; no sends; the all-reduce moves 2(2-1) x 1600 B (wte once).
+  options.micro_batches = 1;
+  options.data_parallel = 2;
+  SolvedPlan replicas = SolvePlan(TwoUnits(), Identical(1, 0, 0), options).value();
+  cost = DistParLayoutCost(replicas, TwoUnits(), 0.5);
+  EXPECT_EQ(cost.computation, 420);
+  EXPECT_EQ(cost.communication, 800);
+  EXPECT_EQ(cost.total, 420 + 0.5 * 800);
+}
+
+TEST(PlanDataParallelTest, ExplicitD_PlansOneReplicaWithItsShareOfMicroBatches) {
+  LayoutOptions options;
+  options.data_parallel = 2;
+  options.micro_batches = 8;
+  options.plan.solver = "uniform";
+  ModelProfile profile = TwoUnits();
+  const DataParallelLayout layout =
+      PlanDataParallel(profile, Identical(4, 1e6, 1e-3), options).value();
+  ASSERT_EQ(layout.candidates.size(), 1u);
+  EXPECT_EQ(layout.chosen, 0);
+  EXPECT_EQ(layout.candidates[0].data_parallel, 2);
+  EXPECT_EQ(layout.candidates[0].stages, 2);
+  EXPECT_TRUE(layout.candidates[0].status.ok());
+  EXPECT_EQ(layout.stage_workers, (std::vector<std::vector<int>>{{0, 2}, {1, 3}}));
+  ASSERT_EQ(layout.stage_cluster.workers.size(), 2u);
+  EXPECT_EQ(layout.stage_cluster.workers[1].name, "w1,w3");
+  EXPECT_EQ(layout.plan.data_parallel, 2);
+  EXPECT_EQ(layout.plan.programs.size(), 2u);
+  EXPECT_EQ(MaxMicroBatch(layout.plan.programs), 3);  // 8 / 2 = 4 per replica
+  EXPECT_EQ(layout.candidates[0].step_seconds, layout.plan.simulation.iteration_seconds);
+  EXPECT_DOUBLE_EQ(layout.candidates[0].max_all_reduce_seconds, 2e-3 + 1600 / 1e6);
+  EXPECT_EQ(layout.candidates[0].distpar.total, DistParLayoutCost(layout.plan, profile, 1).total);
+}
+
+TEST(PlanDataParallelTest, BadInput_InvalidArgumentNamingTheField) {
+  struct Case {
+    int data, micro_batches, workers;
+    double beta;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {3, 6, 4, 1, "parallelism.data = 3 does not divide the 4 workers"},
+      {3, 6, 4, 1, "use one of 1, 2, 4 or auto"},
+      {4, 6, 4, 1, "training.micro_batches = 6 is not divisible by parallelism.data = 4"},
+      {1, 0, 4, 1, "training.micro_batches must be >= 1, got 0"},
+      {-1, 4, 4, 1, "parallelism.data must be >= 1 replicas (or auto), got -1"},
+      {1, 4, 4, -1, "DistPar's beta must be finite and >= 0"},
+      {1, 4, 0, 1, "no workers"},
+      // One unit, m = 1: only D = 1, whose 4 stages exceed the unit.
+      {kAutoDataParallel, 1, 4, 1, "no data-parallel layout of the 4 workers"},
+  };
+  ModelProfile one_unit;
+  one_unit.units = {{"embed", 1, 1, 1, 1, 0}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    LayoutOptions options;
+    options.data_parallel = c.data;
+    options.micro_batches = c.micro_batches;
+    options.distpar_beta = c.beta;
+    const ModelProfile& profile = c.data == kAutoDataParallel ? one_unit : TwoUnits();
+    auto layout = PlanDataParallel(profile, Identical(c.workers, 0, 0), options);
+    ASSERT_EQ(layout.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(layout.status().message()), HasSubstr(c.message));
+  }
+}
+
+TEST(PlanDataParallelTest, AutoNothingFits_ResourceExhaustedListsEachLayout) {
+  LayoutOptions options;
+  options.data_parallel = kAutoDataParallel;
+  options.micro_batches = 2;
+  options.plan.solver = "uniform";
+  ClusterSpec cluster = Identical(2, 0, 0);
+  for (WorkerSpec& w : cluster.workers) w.memory_bytes = 10;  // < any unit's weights
+  auto layout = PlanDataParallel(TwoUnits(), cluster, options);
+  ASSERT_EQ(layout.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(layout.status().message()), HasSubstr("1 x 2: worker w0 would need"));
+  EXPECT_THAT(std::string(layout.status().message()), HasSubstr("2 x 1: worker w0,w1 would need"));
+  // An explicit D returns its own error unchanged.
+  options.data_parallel = 2;
+  layout = PlanDataParallel(TwoUnits(), cluster, options);
+  ASSERT_EQ(layout.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(layout.status().message()), HasSubstr("worker w0,w1 would need"));
+}
+
+// Heavy gradients over a slow link: the all-reduce (8000 B at 100 B/s: 80 s)
+// makes replicas lose; no gradients: replicas halve the pipeline's work and
+// win.
+TEST(PlanDataParallelTest, Auto_AllReduceCostDecidesTheLayout) {
+  LayoutOptions options;
+  options.data_parallel = kAutoDataParallel;
+  options.micro_batches = 4;
+  options.plan.solver = "uniform";
+  ModelProfile profile;
+  profile.units = {{"embed", 1, 2, 8000, 400, 0}, {"head", 3, 4, 100, 40, 0}};
+  const ClusterSpec cluster = Identical(2, 100, 0);
+  DataParallelLayout layout = PlanDataParallel(profile, cluster, options).value();
+  ASSERT_EQ(layout.candidates.size(), 2u);
+  EXPECT_EQ(layout.candidates[layout.chosen].data_parallel, 1);
+  EXPECT_GT(layout.candidates[1].max_all_reduce_seconds, 0);
+  for (UnitProfile& u : profile.units) u.weight_bytes = 0;
+  layout = PlanDataParallel(profile, cluster, options).value();
+  EXPECT_EQ(layout.candidates[layout.chosen].data_parallel, 2);
+  EXPECT_EQ(layout.plan.programs.size(), 1u);
+  EXPECT_EQ(layout.stage_workers, (std::vector<std::vector<int>>{{0, 1}}));
+}
+
+TEST(PlanDataParallelTest, Auto_TieGoesToSmallerD) {
+  ModelProfile free;
+  free.units = {{"embed", 0, 0, 0, 0, 0}, {"head", 0, 0, 0, 0, 0}};
+  LayoutOptions options;
+  options.data_parallel = kAutoDataParallel;
+  options.micro_batches = 2;
+  const DataParallelLayout layout = PlanDataParallel(free, Identical(2, 0, 0), options).value();
+  ASSERT_EQ(layout.candidates.size(), 2u);
+  EXPECT_EQ(layout.candidates[0].step_seconds, layout.candidates[1].step_seconds);
+  EXPECT_EQ(layout.chosen, 0);
+  EXPECT_EQ(layout.candidates[0].data_parallel, 1);
+}
+
+// The model: every (D, P) by brute force, each planned on a stage cluster
+// built here independently (worker i serves stage i % P), the minimum
+// simulated step kept (ties: smaller D).
+struct BruteForce {
+  int data_parallel = -1;
+  double step_seconds = 0;
+  std::vector<int> listed;  // every D tried
+  absl::StatusCode error = absl::StatusCode::kOk;
+};
+
+BruteForce BruteForceLayout(const ModelProfile& profile, const ClusterSpec& cluster, int m,
+                            const PlanOptions& plan_options) {
+  BruteForce best;
+  const int n = static_cast<int>(cluster.workers.size());
+  const int units = static_cast<int>(profile.units.size());
+  for (int d = 1; d <= n; ++d) {
+    if (n % d != 0 || m % d != 0 || n / d > units) continue;
+    const int p = n / d;
+    best.listed.push_back(d);
+    ClusterSpec stages = cluster;
+    stages.workers.resize(p);
+    for (int i = p; i < n; ++i) {
+      WorkerSpec& s = stages.workers[i % p];
+      s.speed = std::min(s.speed, cluster.workers[i].speed);
+      const double mem = cluster.workers[i].memory_bytes;
+      if (mem > 0 && (s.memory_bytes == 0 || mem < s.memory_bytes)) s.memory_bytes = mem;
+    }
+    PlanOptions o = plan_options;
+    o.micro_batches = m / d;
+    o.data_parallel = d;
+    absl::StatusOr<SolvedPlan> plan = SolvePlan(profile, stages, o);
+    if (!plan.ok()) {
+      if (best.error == absl::StatusCode::kOk) best.error = plan.status().code();
+      continue;
+    }
+    if (best.data_parallel < 0 || plan->simulation.iteration_seconds < best.step_seconds) {
+      best.data_parallel = d;
+      best.step_seconds = plan->simulation.iteration_seconds;
+    }
+  }
+  return best;
+}
+
+TEST(PlanDataParallelTest, Auto_RandomInstances_MatchesBruteForce) {
+  const char* const kSolvers[] = {"uniform", "pipedream", "bipartition", "auto"};
+  int data_parallel_chosen = 0, pipeline_chosen = 0, no_fit = 0;
+  for (uint32_t instance = 0; instance < 150; ++instance) {
+    auto draw = [instance](uint32_t what, uint64_t bound) {
+      return static_cast<int>(UniformIndex(20261126, instance, what, 0, bound));
+    };
+    auto real = [&](uint32_t what, int lo, int hi) {  // integers: exact sums
+      return static_cast<double>(lo + draw(what, hi - lo + 1));
+    };
+    ModelProfile profile;
+    const int units = 2 + draw(1, 4);  // 2..5
+    for (int u = 0; u < units; ++u) {
+      profile.units.push_back({absl::StrCat("u", u), real(10 + u, 0, 4), real(20 + u, 0, 8),
+                               real(30 + u, 0, 3) * 1000, real(40 + u, 0, 4) * 100,
+                               real(50 + u, 0, 2) * 100});
+    }
+    const int n = 1 + draw(2, 6);  // 1..6 workers
+    ClusterSpec cluster;
+    for (int w = 0; w < n; ++w) {
+      cluster.workers.push_back(
+          {absl::StrCat("w", w), 0.5 * (1 + draw(60 + w, 4)), draw(70 + w, 4) == 0 ? 2500.0 : 0.0});
+    }
+    cluster.bandwidth_bytes_per_second = draw(3, 3) == 0 ? 0 : real(4, 1, 8) * 500;
+    cluster.latency_seconds = 0.25 * draw(5, 3);
+    LayoutOptions options;
+    options.data_parallel = kAutoDataParallel;
+    options.micro_batches = 1 + draw(6, 8);  // 1..8
+    options.plan.solver = kSolvers[draw(7, 4)];
+    options.plan.objective = draw(8, 2) ? "full" : "paper";
+    options.plan.schedule = draw(9, 2) ? Schedule::kGPipe : Schedule::kOneFOneB;
+    SCOPED_TRACE(absl::StrCat("instance ", instance, ": ", units, " units, ", n, " workers, m ",
+                              options.micro_batches, ", ", options.plan.solver));
+    const BruteForce want = BruteForceLayout(profile, cluster, options.micro_batches, options.plan);
+    absl::StatusOr<DataParallelLayout> got = PlanDataParallel(profile, cluster, options);
+    if (want.listed.empty()) {
+      EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument);
+      continue;
+    }
+    if (want.data_parallel < 0) {
+      EXPECT_EQ(got.status().code(), want.error);
+      ++no_fit;
+      continue;
+    }
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<int> listed;
+    for (const LayoutCandidate& c : got->candidates) listed.push_back(c.data_parallel);
+    EXPECT_EQ(listed, want.listed);
+    const LayoutCandidate& chosen = got->candidates[got->chosen];
+    EXPECT_EQ(chosen.data_parallel, want.data_parallel);
+    EXPECT_EQ(chosen.stages, n / want.data_parallel);
+    EXPECT_EQ(chosen.step_seconds, want.step_seconds);
+    EXPECT_EQ(got->plan.simulation.iteration_seconds, want.step_seconds);
+    EXPECT_EQ(static_cast<int>(got->plan.programs.size()), chosen.stages);
+    for (const LayoutCandidate& c : got->candidates) {
+      if (c.status.ok()) {
+        EXPECT_GE(c.step_seconds, chosen.step_seconds);
+      }
+    }
+    (want.data_parallel > 1 ? data_parallel_chosen : pipeline_chosen) += 1;
+  }
+  // The instances exercise both outcomes and the no-fit path.
+  EXPECT_GT(data_parallel_chosen, 10);
+  EXPECT_GT(pipeline_chosen, 10);
+  EXPECT_GT(no_fit, 0);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -356,6 +356,7 @@ absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
 absl::Status ResolveDataParallel(v1::JobSpec* spec) {
   v1::ParallelismSpec* p = spec->mutable_parallelism();
   if (!p->has_data()) p->set_data(1);
+  if (!p->has_fused_embedding_sync()) p->set_fused_embedding_sync(true);
   RETURN_IF_ERROR(RequireInRange("spec.parallelism.data", p->data(), kMaxStages));
   const int64_t workers = int64_t{p->data()} * p->stages();
   if (workers > kMaxStages) {

@@ -100,7 +100,8 @@ struct ResolvedJobSpec {
 // elastic.max_workers = parallelism.stages. checkpoint.dir stays empty when
 // unset (JobManager makes it "checkpoints/<job id>").
 //
-// Data parallelism: parallelism.data defaults to 1; data >= 1, data x
+// Data parallelism: parallelism.data defaults to 1 and
+// parallelism.fused_embedding_sync to true; data >= 1, data x
 // stages <= kMaxStages workers, and data divides training.micro_batches
 // (INVALID_ARGUMENT naming spec.training.micro_batches otherwise).
 //

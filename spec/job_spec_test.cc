@@ -152,6 +152,7 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   spec.mutable_parallelism()->set_schedule("gpipe");
   spec.mutable_parallelism()->set_objective("full");
   spec.mutable_parallelism()->set_data(1);
+  spec.mutable_parallelism()->set_fused_embedding_sync(false);
   spec.mutable_output()->set_weights_path("runs/weights.safetensors");
   v1::CompressionSpec* c = spec.mutable_compression();
   c->set_forward("fp16");
@@ -448,6 +449,7 @@ TEST(ResolveJobSpec, DataParallel_DefaultsToOneAndIsKept) {
   const ResolvedJobSpec resolved = ResolveJobSpec(spec).value();
   EXPECT_EQ(resolved.data_parallel, 2);
   EXPECT_EQ(resolved.spec.parallelism().data(), 2);
+  EXPECT_TRUE(resolved.spec.parallelism().fused_embedding_sync());
   EXPECT_EQ(resolved.stages, 2);
 }
 

@@ -11,9 +11,13 @@
 // the job when two replicas' copies differ (JobManager; checked below by a
 // job that SUCCEEDED).
 #include <array>
+#include <cstdio>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cli/coordinator_client.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
@@ -151,6 +155,61 @@ TEST_F(DataParallelClusterTest, BiPartitionPlanReplicated_MatchesTrainLocal) {
     }
     ExpectMatchesTrainLocal(cluster_, spec, ref);
   }
+}
+
+// pipetrain_collectives_total summed over purposes and the cluster's 9
+// workers.
+double CollectivesInMetrics() {
+  double total = 0;
+  for (int w = 0; w < 9; ++w) {
+    const std::string text = testing::ScrapeMetrics(testing::WorkerMetricsPort("dp", w));
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (!absl::StartsWith(line, "pipetrain_collectives_total{")) continue;
+      double value = 0;
+      EXPECT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) << line;
+      total += value;
+    }
+  }
+  return total;
+}
+
+// Fused embedding synchronization (Optimus-CC §6) across processes: the
+// same losses and weights bit for bit as the exchange plus all-reduce it
+// replaces, and one collective fewer per step on each of the embedding's
+// and the head's owners, counted from the workers' metrics.
+TEST_F(DataParallelClusterTest, FusedEmbeddingSync_BitwiseUnfused_OneCollectiveFewerInMetrics) {
+  ASSERT_NE(cluster_, nullptr);
+  auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
+  std::vector<v1::Job> jobs;
+  std::vector<double> collectives;
+  for (const bool fused : {false, true}) {
+    v1::JobSpec spec = Spec(2, 2, "1f1b", fused ? "fused.safetensors" : "unfused.safetensors");
+    spec.mutable_parallelism()->set_fused_embedding_sync(fused);
+    const double before = CollectivesInMetrics();
+    const std::string id = testing::SubmitJob(*stub, spec);
+    jobs.push_back(testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended));
+    ASSERT_EQ(jobs.back().state(), v1::SUCCEEDED) << jobs.back().reason();
+    collectives.push_back(CollectivesInMetrics() - before);
+  }
+  EXPECT_EQ(std::vector<float>(jobs[1].progress().loss_history().begin(),
+                               jobs[1].progress().loss_history().end()),
+            std::vector<float>(jobs[0].progress().loss_history().begin(),
+                               jobs[0].progress().loss_history().end()));
+  EXPECT_EQ(jobs[1].progress().val_loss(), jobs[0].progress().val_loss());
+  auto unfused = ReadSafetensors(jobs[0].weights_path());
+  auto fused = ReadSafetensors(jobs[1].weights_path());
+  ASSERT_TRUE(unfused.ok() && fused.ok());
+  ASSERT_EQ(fused->tensors.size(), unfused->tensors.size());
+  for (const auto& t : unfused->tensors) {
+    const Tensor* other = fused->Find(t.name);
+    ASSERT_NE(other, nullptr) << t.name;
+    EXPECT_EQ(other->ToVector(), t.tensor.ToVector()) << t.name << " (bitwise)";
+  }
+  std::printf("collectives in the workers' metrics: unfused %.0f, fused %.0f\n", collectives[0],
+              collectives[1]);
+  // 2 replicas x 2 owners x 10 steps.
+  EXPECT_EQ(collectives[0] - collectives[1], 2 * 2 * kSteps)
+      << "unfused " << collectives[0] << ", fused " << collectives[1];
 }
 
 // Bad input: the field is named.

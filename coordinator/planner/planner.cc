@@ -5,6 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/compression_marking.h"
+#include "coordinator/planner/data_parallel_layout.h"
+#include "coordinator/planner/fused_embedding_sync.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/timeline_render.h"
@@ -72,21 +74,12 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   // the least memory among the replicas' workers there, so the plan fits
   // and its prediction holds for the slowest replica (replicas wait for
   // each other in the gradient all-reduce).
-  ClusterSpec replica = cluster;
-  replica.workers.resize(r.stages);
-  for (int s = 0; s < r.stages; ++s) {
-    for (int d = 1; d < replicas; ++d) {
-      const WorkerSpec& w = cluster.workers[d * r.stages + s];
-      replica.workers[s].speed = std::min(replica.workers[s].speed, w.speed);
-      double& memory = replica.workers[s].memory_bytes;  // 0: unlimited
-      if (w.memory_bytes > 0)
-        memory = memory > 0 ? std::min(memory, w.memory_bytes) : w.memory_bytes;
-    }
-  }
+  const ClusterSpec replica = ReplicaStageCluster(cluster, replicas);
   PlanOptions options;
   options.solver = r.solver;
   options.objective = r.objective;
   options.micro_batches = r.train.micro_batches / replicas;  // each replica's share
+  options.data_parallel = replicas;
   ASSIGN_OR_RETURN(options.schedule, ParseSchedule(r.schedule));
   for (const v1::ManualStage& s : r.spec.parallelism().manual_stages()) {
     options.manual_forward.push_back({s.forward_begin(), s.forward_end()});
@@ -95,6 +88,10 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(profile, replica, options));
   CompiledPlan out;
   out.programs = std::move(solved.programs);
+  if (replicas > 1 && r.spec.parallelism().fused_embedding_sync()) {
+    ASSIGN_OR_RETURN(const bool fused, FuseEmbeddingSync(solved.backward, &out.programs));
+    (void)fused;  // one owner: nothing to fuse
+  }
   MarkCompression(r.spec.compression(), &out.programs);
   if (r.train.eval_interval > 0) {
     // Workers skip the micro-batches beyond the validation windows their
@@ -113,14 +110,14 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_schedule(r.schedule);
   plan.set_micro_batches(options.micro_batches);
   plan.set_data_parallel(replicas);
-  std::vector<std::string> names;  // the timeline's lanes: replica 0's stages
+  std::vector<std::string> names;  // the timeline's lanes: each stage's workers
+  for (const WorkerSpec& w : replica.workers) names.push_back(w.name);
   for (size_t g = 0; g < cluster.workers.size(); ++g) {
     const int s = static_cast<int>(g) % r.stages;
     v1::PlanStage* stage = plan.add_stages();
     stage->set_worker_id(cluster.workers[g].name);
     *stage->mutable_forward() = ToUnitRange(solved.forward[s]);
     *stage->mutable_backward() = ToUnitRange(solved.backward[s]);
-    if (static_cast<int>(g) < r.stages) names.push_back(cluster.workers[g].name);
   }
   plan.set_bottleneck_seconds(solved.bottleneck_seconds);
   plan.set_predicted_iteration_seconds(solved.simulation.iteration_seconds);

@@ -49,7 +49,24 @@ WorkerMetrics::WorkerMetrics()
                 .Name("pipetrain_stage_loss")
                 .Help("Mean loss of the last iteration (on the stage computing it)")
                 .Register(*registry_)
-                .Add({})) {}
+                .Add({})),
+      collectives_(prometheus::BuildCounter()
+                       .Name("pipetrain_collectives_total")
+                       .Help("Collectives this stage took part in, by purpose: data_parallel "
+                             "(gradient all-reduce over the replicas), embedding_sync (the "
+                             "tied embedding's exchange, or its fused all-reduce), grad_clip, "
+                             "loss_gather")
+                       .Register(*registry_)),
+      collective_bytes_(prometheus::BuildCounter()
+                            .Name("pipetrain_collective_bytes_total")
+                            .Help("fp32 bytes of the tensors this stage's collectives reduced "
+                                  "or exchanged, by purpose")
+                            .Register(*registry_)),
+      collective_seconds_(prometheus::BuildCounter()
+                              .Name("pipetrain_collective_seconds_total")
+                              .Help("Time this stage spent in collectives, by purpose (the "
+                                    "embedding exchange's time is in send and idle instead)")
+                              .Register(*registry_)) {}
 
 void WorkerMetrics::Observe(const IterationResult& r) {
   for (const auto& [phase, seconds] : r.phase_seconds) {
@@ -57,6 +74,11 @@ void WorkerMetrics::Observe(const IterationResult& r) {
   }
   idle_.Increment(r.idle_seconds);
   iterations_.Increment();
+  for (const auto& [purpose, stats] : r.collectives) {
+    collectives_.Add({{"purpose", purpose}}).Increment(static_cast<double>(stats.count));
+    collective_bytes_.Add({{"purpose", purpose}}).Increment(static_cast<double>(stats.bytes));
+    collective_seconds_.Add({{"purpose", purpose}}).Increment(stats.seconds);
+  }
   for (const auto& [key, link] : r.sent) {
     const std::string peer = std::to_string(key.first);
     link_bytes_.Add({{"peer", peer}, {"kind", key.second}, {"encoding", "raw"}})

@@ -17,6 +17,11 @@
 //                                                  of compressed sends
 //   pipetrain_stage_loss                           last micro-batch mean loss
 //                                                  (stage owning the head)
+//   pipetrain_collectives_total{purpose}           collectives this stage
+//                                                  took part in (purpose: 4
+//                                                  values, IterationResult)
+//   pipetrain_collective_bytes_total{purpose}      fp32 bytes they reduced
+//   pipetrain_collective_seconds_total{purpose}    time spent in them
 // Thread-safe (prometheus-cpp metrics are).
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_
@@ -48,6 +53,9 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& link_compressed_;
   prometheus::Family<prometheus::Gauge>& link_error_;
   prometheus::Gauge& loss_;
+  prometheus::Family<prometheus::Counter>& collectives_;
+  prometheus::Family<prometheus::Counter>& collective_bytes_;
+  prometheus::Family<prometheus::Counter>& collective_seconds_;
 };
 
 }  // namespace pipetrain

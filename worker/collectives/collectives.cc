@@ -170,6 +170,55 @@ absl::Status Collectives::AllReduce(int64_t iteration, int tag, Tensor& data) {
   return RingAllGather(iteration, tag, data.data(), data.numel());
 }
 
+void Collectives::MemberOrderTreeSum(const std::vector<std::vector<float>>& parts, int lo, int hi,
+                                     std::vector<float>* out) {
+  const int n = hi - lo;
+  if (n == 1) {
+    *out = parts[lo];
+    return;
+  }
+  int m = 1;
+  while (2 * m < n) m *= 2;  // the largest power of two below n
+  std::vector<float> right;
+  MemberOrderTreeSum(parts, lo, lo + m, out);
+  MemberOrderTreeSum(parts, lo + m, hi, &right);
+  for (size_t i = 0; i < out->size(); ++i) (*out)[i] += right[i];
+}
+
+absl::Status Collectives::AllReduceInMemberOrder(int64_t iteration, int tag, Tensor& data) {
+  RETURN_IF_ERROR(status_);
+  if (data.on_device()) {
+    return absl::InvalidArgumentError(Describe(tag) + ": the tensor is on a device");
+  }
+  std::fill(send_seq_.begin(), send_seq_.end(), 0);
+  std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
+  const int n = size();
+  if (n == 1 || data.numel() == 0) return absl::OkStatus();
+  const auto bounds = SegmentBounds(data.numel(), n);
+  // Every member's segment k goes to member k, in one round (sends do not
+  // wait for their receives).
+  for (int k = 1; k < n; ++k) {
+    const int to = Mod(rank_ + k, n);
+    RETURN_IF_ERROR(
+        SendRange(iteration, tag, to, data.data(), bounds[to].first, bounds[to].second));
+  }
+  const auto [begin, end] = bounds[rank_];
+  std::vector<std::vector<float>> copies(n);
+  for (int m = 0; m < n; ++m) {
+    copies[m].resize(static_cast<size_t>(end - begin));
+    if (m == rank_) {
+      std::copy(data.data() + begin, data.data() + end, copies[m].begin());
+    } else {
+      RETURN_IF_ERROR(
+          RecvRange(iteration, tag, m, copies[m].data(), 0, end - begin, /*add=*/false));
+    }
+  }
+  std::vector<float> sum;
+  MemberOrderTreeSum(copies, 0, n, &sum);
+  std::copy(sum.begin(), sum.end(), data.data() + begin);
+  return RingAllGather(iteration, tag, data.data(), data.numel());
+}
+
 absl::StatusOr<Tensor> Collectives::ReduceScatter(int64_t iteration, int tag, const Tensor& data) {
   RETURN_IF_ERROR(status_);
   std::fill(send_seq_.begin(), send_seq_.end(), 0);

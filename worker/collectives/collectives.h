@@ -13,6 +13,13 @@
 //                      two: log2 N exchanges of the whole tensor, fewer
 //                      latencies than the ring's 2 (N-1).
 //   broadcast          the root sends to every member (star).
+//   member-order tree  AllReduceInMemberOrder: each member sends segment k
+//                      straight to member k (the ring's volume, (N-1)/N of
+//                      the data per member, in one round), which sums the
+//                      N copies as a balanced tree in member order, then a
+//                      ring all-gather. The sum's shape depends only on the
+//                      member order (MemberOrderTreeSum), so reductions
+//                      over nested groups can be made bitwise equal.
 //
 // Deterministic: every sum is taken in an order fixed by the group and the
 // tensor's size, never by arrival time, and each element's total is
@@ -69,6 +76,12 @@ class Collectives {
   // data <- the sum over members of each member's `data` (same shape on
   // every member), in place.
   absl::Status AllReduce(int64_t iteration, int tag, Tensor& data);
+  // As AllReduce, but every element summed as MemberOrderTreeSum over the
+  // members' values in group order, whatever N and the size: a group
+  // [a0, b0, a1, b1, ...] gives bitwise what summing each pair (a_r + b_r)
+  // and then all-reducing the pairs in this way over [0, 1, ...] gives
+  // (fused embedding synchronization relies on it; DESIGN.md §12).
+  absl::Status AllReduceInMemberOrder(int64_t iteration, int tag, Tensor& data);
   // The sum of every member's `data`, of which this member keeps segment
   // rank() (ring order), returned; segments split numel as evenly as
   // possible, the first numel % N one element longer (SegmentBounds).
@@ -79,6 +92,16 @@ class Collectives {
                                    int64_t total);
   // data <- root's data (rank `root`), in place.
   absl::Status Broadcast(int64_t iteration, int tag, int root, Tensor& data);
+
+  // parts[lo] + ... + parts[hi - 1] element-wise, as a balanced tree: a
+  // range of n > 1 splits after its first m values, m the largest power of
+  // two below n, and each half is summed so; e.g. n = 4 gives
+  // (p0 + p1) + (p2 + p3), n = 3 gives (p0 + p1) + p2. Because m(2n) =
+  // 2 m(n), summing 2n values this way equals summing their n adjacent
+  // pairs first and then the pairs this way, bit for bit. `out` gets the
+  // result (parts' length).
+  static void MemberOrderTreeSum(const std::vector<std::vector<float>>& parts, int lo, int hi,
+                                 std::vector<float>* out);
 
   // Element ranges [begin, end) of the N segments of `numel` elements.
   static std::vector<std::pair<int64_t, int64_t>> SegmentBounds(int64_t numel, int n);

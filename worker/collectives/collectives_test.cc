@@ -126,6 +126,56 @@ TEST(CollectivesTest, ReduceScatterThenAllGather_EqualsAllReduce) {
   }
 }
 
+// AllReduceInMemberOrder over [a0, b0, a1, b1, ...] equals, bit for bit,
+// adding each pair and then reducing the pairs the same way over D
+// members: the property fused embedding synchronization rests on. Checked
+// against MemberOrderTreeSum computed here, for D = 1..5 and sizes that
+// leave segments empty and that need many chunks.
+TEST(CollectivesTest, MemberOrder_PairsFirstEqualsFusedBitwise) {
+  for (int d = 1; d <= 5; ++d) {
+    for (int64_t numel : {int64_t{3}, int64_t{1001}}) {
+      SCOPED_TRACE(::testing::Message() << "D=" << d << " numel=" << numel);
+      const CollectiveOptions options{64, 0, absl::Seconds(30)};
+      // Fused: 2D members, member 2r holds a_r = Input(2r), 2r+1 b_r.
+      std::vector<std::vector<float>> fused(2 * d);
+      auto status = RunGroup(2 * d, options, [&](int r, Collectives& c) {
+        Tensor t = Tensor::FromVector({numel}, Input(r, numel));
+        absl::Status s = c.AllReduceInMemberOrder(1, 7, t);
+        fused[r] = t.ToVector();
+        return s;
+      });
+      for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+      // Unfused: each pair summed (a_r + b_r), then D members.
+      std::vector<std::vector<float>> unfused(d);
+      status = RunGroup(d, options, [&](int r, Collectives& c) {
+        std::vector<float> pair = Input(2 * r, numel);
+        const std::vector<float> b = Input(2 * r + 1, numel);
+        for (int64_t i = 0; i < numel; ++i) pair[i] += b[i];
+        Tensor t = Tensor::FromVector({numel}, pair);
+        absl::Status s = c.AllReduceInMemberOrder(1, 7, t);
+        unfused[r] = t.ToVector();
+        return s;
+      });
+      for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+      std::vector<std::vector<float>> inputs;
+      for (int m = 0; m < 2 * d; ++m) inputs.push_back(Input(m, numel));
+      std::vector<float> tree;
+      Collectives::MemberOrderTreeSum(inputs, 0, 2 * d, &tree);
+      for (int r = 0; r < 2 * d; ++r) EXPECT_EQ(fused[r], tree) << "fused member " << r;
+      for (int r = 0; r < d; ++r) EXPECT_EQ(unfused[r], tree) << "unfused member " << r;
+    }
+  }
+  // The tree's shape: (p0 + p1) + p2, and not p0 + (p1 + p2), on values
+  // where the two differ.
+  const std::vector<std::vector<float>> parts = {{1e8f}, {-1e8f}, {1.0f}};
+  std::vector<float> sum;
+  Collectives::MemberOrderTreeSum(parts, 0, 3, &sum);
+  EXPECT_EQ(sum[0], 1.0f);
+  const std::vector<std::vector<float>> other = {{1.0f}, {1e8f}, {-1e8f}};
+  Collectives::MemberOrderTreeSum(other, 0, 3, &sum);
+  EXPECT_EQ(sum[0], 0.0f);  // (1 + 1e8) rounds to 1e8
+}
+
 TEST(CollectivesTest, Broadcast_EveryRankGetsTheRootsTensor) {
   constexpr int n = 4;
   std::vector<std::vector<float>> got(n);

@@ -82,6 +82,54 @@ INSTANTIATE_TEST_SUITE_P(Layouts, DataParallelEquivalenceTest,
                                   std::get<2>(info.param);
                          });
 
+// Fused embedding synchronization (Optimus-CC §6) against the exchange
+// and the replicas' all-reduce it replaces: bitwise the same run, and on
+// each of the two owners one collective fewer per step (the fused one in
+// place of the exchange plus the tied gradient's data-parallel
+// all-reduce). With one owner (P = 1) there is nothing to fuse.
+TEST(DataParallelEquivalenceTest, FusedEmbeddingSync_BitwiseUnfused_OneCollectiveFewer) {
+  const TrainConfig c = DataParallelConfig();
+  const Dataset data = MakeDataset();
+  struct Plan {
+    std::string name;
+    std::vector<Range> forward, backward;
+  };
+  const std::vector<Plan> plans = {
+      {"P2", {{0, 3}, {3, 6}}, {{0, 3}, {3, 6}}},
+      {"P3-bipartition", {{0, 2}, {2, 2}, {2, 6}}, {{0, 1}, {1, 4}, {4, 6}}},
+  };
+  for (int replicas : {2, 3}) {
+    for (const Plan& plan : plans) {
+      SCOPED_TRACE(plan.name + " D=" + std::to_string(replicas));
+      const RunOutput unfused = RunPipeline(c, data, plan.forward, plan.backward,
+                                            Schedule::kOneFOneB, nullptr, nullptr, replicas);
+      const RunOutput fused = RunPipeline(c, data, plan.forward, plan.backward, Schedule::kOneFOneB,
+                                          nullptr, nullptr, replicas, true);
+      EXPECT_EQ(fused.losses, unfused.losses);
+      EXPECT_EQ(fused.val_losses, unfused.val_losses);
+      EXPECT_EQ(fused.weights, unfused.weights);
+      const int64_t steps = testing::kIterations;
+      const int64_t owners = 2 * replicas;  // embed's and head's stage, per replica
+      // Each owner: exchange + tied all-reduce + bucket, or fused + bucket.
+      EXPECT_EQ(unfused.collectives.at("embedding_sync"), owners * steps);
+      EXPECT_EQ(fused.collectives.at("embedding_sync"), owners * steps);
+      const int64_t stages = static_cast<int64_t>(plan.forward.size());
+      const int64_t with_units = stages;  // every stage of these plans owns backward units
+      EXPECT_EQ(unfused.collectives.at("data_parallel"),
+                (with_units + owners / replicas) * replicas * steps);
+      EXPECT_EQ(fused.collectives.at("data_parallel"), with_units * replicas * steps);
+      int64_t unfused_total = 0, fused_total = 0;
+      for (const auto& [purpose, n] : unfused.collectives) unfused_total += n;
+      for (const auto& [purpose, n] : fused.collectives) fused_total += n;
+      EXPECT_EQ(unfused_total - fused_total, owners * steps) << "one fewer per owner and step";
+    }
+  }
+  // One owner: the fused flag changes nothing.
+  const std::vector<Range> one = {{0, 6}};
+  EXPECT_EQ(RunPipeline(c, data, one, one, Schedule::kGPipe, nullptr, nullptr, 2, true).weights,
+            RunPipeline(c, data, one, one, Schedule::kGPipe, nullptr, nullptr, 2).weights);
+}
+
 // The replicas' shares differ (a replica that trained alone on its share
 // would not match): one replica's run is not the global batch's run.
 TEST(DataParallelEquivalenceTest, OneReplicaAloneDoesNotMatch) {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <thread>
 
+#include "coordinator/planner/fused_embedding_sync.h"
 #include "gtest/gtest.h"
 #include "worker/data/synthetic_text.h"
 #include "worker/runtime/in_process_device_channel.h"
@@ -58,13 +59,15 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend) 
 RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vector<Range>& forward,
                       const std::vector<Range>& backward, Schedule schedule,
                       const std::function<Backend*(int stage)>& backend_of,
-                      const std::vector<DeviceLinkMember>* device_members, int replicas) {
+                      const std::vector<DeviceLinkMember>* device_members, int replicas,
+                      bool fuse_embedding_sync) {
   const int stages = static_cast<int>(forward.size());
   const int total = replicas * stages;  // runtimes; runtime g is replica g / stages
   const int units = NumUnits(c.model);
   const int replica_micro_batches = c.micro_batches / replicas;
   auto programs =
       CompileBiPartitionPrograms(forward, backward, units, replica_micro_batches, schedule).value();
+  if (fuse_embedding_sync) EXPECT_TRUE(FuseEmbeddingSync(backward, &programs).ok());
   const int per = c.batch_size / c.micro_batches;
   auto eval_programs =
       CompileEvalPrograms(forward, units, (c.eval_windows + per - 1) / per).value();
@@ -101,6 +104,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[g].get()).value());
   }
   std::vector<std::vector<IterationResult>> results(total);
+  std::vector<std::map<std::string, int64_t>> collectives(total);
   std::vector<std::vector<float>> val_losses(total);
   std::vector<absl::Status> errors(total);
   std::vector<std::thread> threads;
@@ -112,6 +116,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
           errors[g] = r.status();
           fabric.Shutdown();  // wake the other stages instead of letting them time out
           break;
+        }
+        for (const auto& [purpose, stats] : r->collectives) {
+          collectives[g][purpose] += stats.count;
         }
         results[g].push_back(*r);
         if (!EvaluatesAfter(c, i + 1)) continue;
@@ -126,6 +133,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     });
   }
   for (auto& t : threads) t.join();
+  for (const auto& of : collectives) {
+    for (const auto& [purpose, count] : of) out.collectives[purpose] += count;
+  }
   out.device_tensors = hub.sent();
   EXPECT_EQ(hub.in_flight(), 0) << "device tensors sent and never received";
   for (int g = 0; g < total; ++g)

@@ -37,6 +37,9 @@ struct RunOutput {
   // stages in a device group.
   int64_t device_tensors = 0;
   std::vector<int> grouped_stages;
+  // Collectives of every runtime over the whole run, by purpose
+  // (IterationResult::collectives).
+  std::map<std::string, int64_t> collectives;
 };
 
 // LocalTrainer on `backend` for kIterations steps.
@@ -53,13 +56,15 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend =
 // c.micro_batches / replicas micro-batches, and backend_of and
 // device_members index the replica's stage s. The losses are assembled in
 // the step's micro-batch order, and every copy of every weight, on every
-// replica, must agree bitwise. Failures are reported as test failures
+// replica, must agree bitwise. `fuse_embedding_sync` (replicas > 1)
+// rewrites the programs as the coordinator does (fused_embedding_sync.h).
+// Failures are reported as test failures
 // (EXPECT).
 RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vector<Range>& forward,
                       const std::vector<Range>& backward, Schedule schedule,
                       const std::function<Backend*(int stage)>& backend_of = nullptr,
                       const std::vector<DeviceLinkMember>* device_members = nullptr,
-                      int replicas = 1);
+                      int replicas = 1, bool fuse_embedding_sync = false);
 
 }  // namespace testing
 }  // namespace pipetrain

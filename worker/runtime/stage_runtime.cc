@@ -22,10 +22,22 @@ namespace {
 // of the data-parallel gradient all-reduces (one per parameter).
 constexpr int kGradClipTagBase = 1 << 20;
 constexpr int kDataParallelTagBase = 1 << 21;
-// Tag of the loss stages' all-gather of the step's micro-batch losses.
+// Tags of the loss stages' all-gather of the step's micro-batch losses and
+// of the fused embedding synchronization.
 constexpr int kLossGatherTag = 1 << 22;
+constexpr int kEmbeddingSyncTag = (1 << 22) + 1;
 
 using Clock = std::chrono::steady_clock;
+
+// Adds one collective to result->collectives[purpose].
+void CountCollective(IterationResult* result, const char* purpose, int64_t bytes,
+                     Clock::time_point start) {
+  if (result == nullptr) return;
+  IterationResult::CollectiveStats& stats = result->collectives[purpose];
+  ++stats.count;
+  stats.bytes += bytes;
+  stats.seconds += std::chrono::duration<double>(Clock::now() - start).count();
+}
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -147,6 +159,16 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
   for (const v1::Program* program : {&setup.program, &setup.eval_program}) {
     for (const v1::Instruction& in : program->instructions()) {
       RETURN_IF_ERROR(CheckDevicePath(in, setup.device_channel != nullptr));
+      if (!in.has_add_tied_gradient() || !in.add_tied_gradient().fused()) continue;
+      const v1::Instruction::AddTiedGradient& add = in.add_tied_gradient();
+      const int e = add.embed_stage(), h = add.head_stage();
+      if (setup.replicas < 2 || e < 0 || e >= setup.num_stages || h < 0 || h >= setup.num_stages ||
+          e == h || (setup.stage != e && setup.stage != h)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("stage ", setup.stage, ": a fused AddTiedGradient of embed stage ", e,
+                         " and head stage ", h, " (", setup.num_stages, " stages, ", setup.replicas,
+                         " replicas) needs two replicas or more and this stage as one of the two"));
+      }
     }
   }
   return std::unique_ptr<StageRuntime>(new StageRuntime(setup, dataset, transport));
@@ -324,6 +346,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   activations_.clear(), grads_in_.clear(), grads_out_.clear(), token_scores_.clear();
   contexts_.clear(), losses_.clear();
   tied_received_ = Tensor();
+  tied_reduced_ = false;
   // sends_ is idle here: every iteration and validation pass drains it.
   encoder_.BeginIteration();
   device_encoder_.BeginIteration();
@@ -401,10 +424,10 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
     }
     case v1::Instruction::kAddTiedGradient:
       phase = "tied";
-      status = AddTied();
+      status = AddTied(in.add_tied_gradient(), iteration, result);
       break;
     case v1::Instruction::kOptimizerStep:
-      status = PrepareOptimizerStep(iteration);
+      status = PrepareOptimizerStep(iteration, result);
       if (status.ok()) optimizer_.Step(parameters());
       phase = "optimizer";
       break;
@@ -765,36 +788,70 @@ absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResul
   Collectives collectives(transport_, CollectiveGroup{copies, setup_.job_id},
                           CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
   RETURN_IF_ERROR(collectives.status());
+  const auto start = Clock::now();
   ASSIGN_OR_RETURN(Tensor all,
                    collectives.AllGather(iteration, kLossGatherTag,
                                          Tensor::FromVector({share}, result->micro_batch_losses),
                                          setup_.train.micro_batches));
+  CountCollective(result, "loss_gather", all.size_bytes(), start);
   result->micro_batch_losses = all.ToVector();
   return absl::OkStatus();
 }
 
-absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration) {
-  const TrainConfig& train = setup_.train;
-  optimizer_.set_lr(LearningRate(train, optimizer_.steps_taken()));
-  if (setup_.replicas > 1) {
-    // Sum each gradient over the replicas' copies of this stage, in a fixed
-    // order (collectives.h): every replica ends with the same sums.
-    if (transport_ == nullptr) return Internal("data parallelism needs a transport");
-    std::vector<int> copies;
-    for (int r = 0; r < setup_.replicas; ++r) {
-      copies.push_back(r * setup_.num_stages + setup_.stage);
+absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult* result) {
+  if (transport_ == nullptr) return Internal("data parallelism needs a transport");
+  std::vector<int> copies;  // the replicas' copies of this stage, in replica order
+  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(r * setup_.num_stages + setup_.stage);
+  Collectives collectives(
+      transport_, CollectiveGroup{copies, setup_.job_id},
+      CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
+  RETURN_IF_ERROR(collectives.status());
+  Parameter* tied = TiedHolder();
+  std::vector<Parameter*> bucket;
+  int64_t numel = 0;
+  for (Parameter* p : parameters()) {
+    if (p == tied) continue;
+    bucket.push_back(p);
+    numel += p->grad.numel();
+  }
+  auto host = [this](const Tensor& t) { return t.on_device() ? setup_.backend->Download(t) : t; };
+  if (numel > 0) {
+    Tensor flat = Tensor::Zeros({numel});
+    int64_t offset = 0;
+    for (Parameter* p : bucket) {
+      const Tensor g = host(p->grad);
+      std::memcpy(flat.data() + offset, g.data(), g.size_bytes());
+      offset += g.numel();
     }
-    Collectives collectives(
-        transport_, CollectiveGroup{copies, setup_.job_id},
-        CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
-    RETURN_IF_ERROR(collectives.status());
-    int tag = kDataParallelTagBase;
-    for (Parameter* p : parameters()) {
-      Tensor grad = p->grad.on_device() ? setup_.backend->Download(p->grad) : p->grad;
-      RETURN_IF_ERROR(collectives.AllReduce(iteration, tag++, grad));
-      if (p->grad.on_device()) setup_.backend->CopyFromHost(grad, &p->grad);
+    const auto start = Clock::now();
+    RETURN_IF_ERROR(collectives.AllReduce(iteration, kDataParallelTagBase, flat));
+    CountCollective(result, "data_parallel", flat.size_bytes(), start);
+    offset = 0;
+    for (Parameter* p : bucket) {
+      const int64_t n = p->grad.numel();
+      if (p->grad.on_device()) {
+        setup_.backend->CopyFromHost(flat.Slice(offset, offset + n).Reshape(p->grad.shape()),
+                                     &p->grad);
+      } else {
+        std::memcpy(p->grad.data(), flat.data() + offset, static_cast<size_t>(n) * sizeof(float));
+      }
+      offset += n;
     }
   }
+  if (tied != nullptr && !tied_reduced_) {
+    Tensor g = host(tied->grad);
+    const auto start = Clock::now();
+    RETURN_IF_ERROR(collectives.AllReduceInMemberOrder(iteration, kDataParallelTagBase + 1, g));
+    CountCollective(result, "data_parallel", g.size_bytes(), start);
+    if (tied->grad.on_device()) setup_.backend->CopyFromHost(g, &tied->grad);
+  }
+  return setup_.backend->status();
+}
+
+absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResult* result) {
+  const TrainConfig& train = setup_.train;
+  optimizer_.set_lr(LearningRate(train, optimizer_.steps_taken()));
+  if (setup_.replicas > 1) RETURN_IF_ERROR(AllReduceGradients(iteration, result));
   if (!(train.grad_clip > 0)) return absl::OkStatus();
   // Every parameter of the model in GptModel::parameters() order (the
   // head's tied copy of wte left out), and its squared-gradient sum: this
@@ -834,7 +891,9 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration) {
     for (int root = 0; root < static_cast<int>(group.size()); ++root) {
       Tensor buffer = root == collectives.rank() ? mine : Tensor::Zeros({slots});
       // Broadcast copies bytes: the doubles arrive exactly.
+      const auto start = Clock::now();
       RETURN_IF_ERROR(collectives.Broadcast(iteration, kGradClipTagBase + root, root, buffer));
+      CountCollective(result, "grad_clip", buffer.size_bytes(), start);
       all.push_back(buffer);
     }
   }
@@ -856,17 +915,45 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration) {
   return setup_.backend->status();
 }
 
-absl::Status StageRuntime::AddTied() {
+absl::Status StageRuntime::AddTied(const v1::Instruction::AddTiedGradient& add, int64_t iteration,
+                                   IterationResult* result) {
+  Parameter* holder = TiedHolder();
+  if (holder == nullptr) return Internal("no tied embedding gradient on this stage");
+  if (add.fused()) {
+    // Optimus-CC §6: one all-reduce over [embed, head] of every replica,
+    // checked by Create. Member order makes it bitwise the exchange
+    // followed by the replicas' member-order all-reduce.
+    std::vector<int> members;
+    for (int r = 0; r < setup_.replicas; ++r) {
+      members.push_back(r * setup_.num_stages + add.embed_stage());
+      members.push_back(r * setup_.num_stages + add.head_stage());
+    }
+    Collectives collectives(transport_, CollectiveGroup{members, setup_.job_id},
+                            CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
+    RETURN_IF_ERROR(collectives.status());
+    Tensor g = holder->grad.on_device() ? setup_.backend->Download(holder->grad) : holder->grad;
+    const auto start = Clock::now();
+    RETURN_IF_ERROR(collectives.AllReduceInMemberOrder(iteration, kEmbeddingSyncTag, g));
+    CountCollective(result, "embedding_sync", g.size_bytes(), start);
+    if (holder->grad.on_device()) setup_.backend->CopyFromHost(g, &holder->grad);
+    tied_reduced_ = true;
+    return setup_.backend->status();
+  }
   if (IsBackwardUnit(0) && IsBackwardUnit(num_units_ - 1)) {
-    // Both parts are here: embedding part + head part, as GptModel does.
-    AddTiedGradient(setup_.backend, TiedHolder(),
+    // Both parts are here: embed part + head part, as GptModel does.
+    AddTiedGradient(setup_.backend, holder,
                     FindParameter(*units_.at(num_units_ - 1), "wte.weight")->grad);
     return absl::OkStatus();
   }
-  Parameter* holder = TiedHolder();
-  if (holder == nullptr) return Internal("no tied embedding gradient on this stage");
   if (tied_received_.is_null()) return Internal("tied gradient not received");
   AddTiedGradient(setup_.backend, holder, tied_received_);
+  // The exchange (a send and a receive earlier in the program) counts as
+  // one collective of the two owners; its time is in "send" and idle.
+  if (result != nullptr) {
+    IterationResult::CollectiveStats& stats = result->collectives["embedding_sync"];
+    ++stats.count;
+    stats.bytes += static_cast<int64_t>(tied_received_.numel()) * 4;
+  }
   return absl::OkStatus();
 }
 

@@ -105,6 +105,18 @@ struct IterationResult {
   // encode time and sampled compression error) and receives (decode time).
   std::map<std::pair<int, std::string>, LinkStats> sent;
   std::map<std::pair<int, std::string>, LinkStats> received;
+  // Collectives this stage took part in, by purpose: "data_parallel" (the
+  // gradient all-reduce over the replicas: one bucket of every gradient
+  // but the tied embedding's, and that one's), "embedding_sync" (the tied
+  // embedding's exchange between its two owners, or the fused all-reduce
+  // that replaces the exchange and its data-parallel all-reduce),
+  // "grad_clip" (the norms' broadcasts) and "loss_gather".
+  struct CollectiveStats {
+    int64_t count = 0;
+    int64_t bytes = 0;  // fp32 bytes of the tensors reduced or exchanged
+    double seconds = 0;
+  };
+  std::map<std::string, CollectiveStats> collectives;
 };
 
 class StageRuntime {
@@ -172,11 +184,20 @@ class StageRuntime {
   // Puts a received tensor where the program reads it (weights_of: the unit
   // whose UNIT_WEIGHTS `t` holds, else null).
   absl::Status Store(const v1::TensorKey& key, Tensor t, Unit* weights_of);
-  absl::Status AddTied();
-  // Clips this stage's gradients by the global norm over every stage's
-  // (setup_.optimizer_stages exchange their sums; grad_clip.h), and sets
-  // the learning rate of the step (lr_schedule.h).
-  absl::Status PrepareOptimizerStep(int64_t iteration);
+  // The tied embedding's gradient: the other owner's part added, or (fused)
+  // the all-reduce over both owners' replicas (plan.proto AddTiedGradient).
+  absl::Status AddTied(const v1::Instruction::AddTiedGradient& add, int64_t iteration,
+                       IterationResult* result);
+  // With data parallelism, sums each gradient over the replicas' copies of
+  // this stage (AllReduceGradients); clips the gradients by the global
+  // norm over every stage's (setup_.optimizer_stages exchange their sums;
+  // grad_clip.h), and sets the learning rate of the step (lr_schedule.h).
+  absl::Status PrepareOptimizerStep(int64_t iteration, IterationResult* result);
+  // Every gradient but the tied embedding's in one ring all-reduce over the
+  // replicas (one latency per stage, not per tensor), and the tied one,
+  // unless a fused sync reduced it already, in member order
+  // (collectives.h), so that fused and unfused agree bitwise.
+  absl::Status AllReduceGradients(int64_t iteration, IterationResult* result);
   // Data parallelism, on the loss stage: every replica's micro-batch
   // losses, all-gathered over the replicas' loss stages, replace this
   // replica's share in `result` (the step's micro-batch order).
@@ -223,6 +244,7 @@ class StageRuntime {
   std::map<int, Tensor> grads_out_;       // dL/d(input of backward.begin) to send
   std::map<int, float> losses_;
   Tensor tied_received_;
+  bool tied_reduced_ = false;  // a fused sync all-reduced wte this iteration
   // State within one RunEval: windows evaluated, EVAL_ACTIVATION tensors by
   // (micro-batch, unit), and the window-weighted loss sum on the head stage.
   int64_t eval_windows_ = 0;

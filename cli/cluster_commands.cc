@@ -13,9 +13,11 @@
 #include <fstream>
 #include <optional>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "cli/coordinator_client.h"
 #include "cli/job_spec_file.h"
 #include "cli/link_summary.h"
@@ -130,6 +132,7 @@ struct UpOptions {
   uint64_t seed = 1;
   std::string data, solver = "uniform", schedule = "1f1b";
   std::string forward_codec = "none", backward_codec = "none";
+  std::string dp_codec = "none", dp_stages;
   bool error_feedback = false, epilogue_only = false;
   int eval_interval = 100;
   int checkpoint_interval = 100;
@@ -170,6 +173,12 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.String("backward-codec", &o.backward_codec,
            "codec for activation gradients, e.g. powersgd:rank=4 (none = raw)");
   f.Bool("error-feedback", &o.error_feedback, "lazy error propagation on the backward codec");
+  f.String("dp-codec", &o.dp_codec,
+           "codec of the data-parallel all-reduce (with --data-parallel): none | powersgd:rank=R "
+           "(with error feedback; Optimus-CC's selective stage compression)");
+  f.String("dp-stages", &o.dp_stages,
+           "stages whose all-reduce --dp-codec compresses: comma-separated, \"all\", or empty "
+           "for the planner's choice (the stages on the simulated critical path)");
   f.Bool("epilogue-only", &o.epilogue_only, "compress only the cool-down's backward sends");
   f.String("worker-device", &o.worker_device,
            "the workers' --device: auto (CUDA when built with it and a GPU is visible) | cpu | "
@@ -237,6 +246,16 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   c->set_backward(o.backward_codec);
   c->set_error_feedback(o.error_feedback);
   c->set_epilogue_only(o.epilogue_only);
+  c->mutable_data_parallel()->set_codec(o.dp_codec);
+  if (o.dp_stages == "all") {
+    for (int s = 0; s < o.workers / replicas; ++s) c->mutable_data_parallel()->add_stages(s);
+  } else {
+    // Checked by RunUp (DpStagesValid); ResolveJobSpec checks the range.
+    for (absl::string_view part : absl::StrSplit(o.dp_stages, ',', absl::SkipEmpty())) {
+      int stage = 0;
+      if (absl::SimpleAtoi(part, &stage)) c->mutable_data_parallel()->add_stages(stage);
+    }
+  }
   spec.mutable_checkpoint()->set_interval_steps(o.checkpoint_interval);
   return spec;
 }
@@ -304,6 +323,16 @@ int RunUp(const std::vector<std::string>& args) {
     valid = absl::InvalidArgumentError(
         absl::StrCat("--data-parallel ", o.data_parallel, " must be >= 1 and divide --workers ",
                      o.workers, " (each replica gets --workers / --data-parallel stages)"));
+  }
+  if (valid.ok() && o.dp_stages != "all") {
+    for (absl::string_view part : absl::StrSplit(o.dp_stages, ',', absl::SkipEmpty())) {
+      int stage = 0;
+      if (!absl::SimpleAtoi(part, &stage)) {
+        valid = absl::InvalidArgumentError(absl::StrCat(
+            "--dp-stages: \"", part, "\" is not a stage number (want e.g. 0,1 or all)"));
+        break;
+      }
+    }
   }
   if (valid.ok()) valid = ResolveJobSpec(UpSpec(o)).status();
   const bool each_gpu = o.worker_device == "cuda:each";
@@ -408,6 +437,19 @@ int RunUp(const std::vector<std::string>& args) {
     if (!losses) return Fail("up", absl::InternalError("cannot write --loss-log " + o.loss_log));
   }
   if (!end.weights_path().empty()) std::printf("weights: %s\n", end.weights_path().c_str());
+  if (o.dp_codec != kCodecNone) {
+    // Which stages the planner compressed (the choice is its own unless
+    // --dp-stages named them).
+    v1::GetPlanRequest plan_request;
+    plan_request.set_job_id(end.id());
+    v1::Plan plan;
+    if (stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan).ok()) {
+      std::printf("data-parallel all-reduce: powersgd rank %d on stages [%s] of %d\n",
+                  plan.data_parallel_powersgd_rank(),
+                  absl::StrJoin(plan.data_parallel_compressed_stages(), ",").c_str(),
+                  o.workers / o.data_parallel);
+    }
+  }
   PrintLinkSummary(**cluster);
   std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),
               o.out.c_str());

@@ -12,6 +12,16 @@ absl::StatusOr<std::map<std::string, KindTotals>> SumLinkMetrics(
   for (const std::string& page : pages) {
     ASSIGN_OR_RETURN(std::vector<MetricSample> samples, ParsePrometheusText(page));
     for (const MetricSample& s : samples) {
+      if (s.name == "pipetrain_collective_bytes_total") {
+        // Collectives by purpose, as kinds of their own ("collective:data_parallel").
+        auto purpose = s.labels.find("purpose");
+        auto encoding = s.labels.find("encoding");
+        if (purpose == s.labels.end() || encoding == s.labels.end()) continue;
+        KindTotals& t = totals["collective:" + purpose->second];
+        if (encoding->second == "raw") t.raw_bytes += s.value;
+        if (encoding->second == "wire") t.wire_bytes += s.value;
+        continue;
+      }
       auto kind = s.labels.find("kind");
       if (kind == s.labels.end()) continue;
       KindTotals& t = totals[kind->second];
@@ -39,7 +49,10 @@ std::string FormatLinkSummary(const std::map<std::string, KindTotals>& totals) {
   for (const auto& [kind, t] : totals) {
     if (t.raw_bytes <= 0) continue;
     absl::StrAppendFormat(&out, "  %-20s %9.2f MiB raw", kind, t.raw_bytes / kMiB);
-    if (t.compressed_tensors > 0 && t.wire_bytes > 0) {
+    // Collectives have no tensor count; a smaller wire size says compressed.
+    const bool compressed =
+        t.compressed_tensors > 0 || (t.wire_bytes > 0 && t.wire_bytes < t.raw_bytes);
+    if (compressed && t.wire_bytes > 0) {
       absl::StrAppendFormat(&out, " -> %.2f MiB wire (%.1fx)", t.wire_bytes / kMiB,
                             t.raw_bytes / t.wire_bytes);
       if (t.error_links > 0) {

@@ -22,8 +22,9 @@ struct KindTotals {
   int error_links = 0;
 };
 
-// Sums over all pages (one per worker) by tensor kind. INVALID_ARGUMENT for
-// a page that is not Prometheus text.
+// Sums over all pages (one per worker) by tensor kind, and the collectives
+// (pipetrain_collective_bytes_total) as kinds "collective:<purpose>".
+// INVALID_ARGUMENT for a page that is not Prometheus text.
 absl::StatusOr<std::map<std::string, KindTotals>> SumLinkMetrics(
     const std::vector<std::string>& pages);
 

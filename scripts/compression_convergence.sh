@@ -45,12 +45,17 @@ rows=(
   "bwd powersgd:rank=$rank + EF|--backward-codec powersgd:rank=$rank --error-feedback"
   "bwd powersgd:rank=$rank + epilogue|--backward-codec powersgd:rank=$rank --epilogue-only"
   "bwd powersgd:rank=$rank + EF + epilogue|--backward-codec powersgd:rank=$rank --error-feedback --epilogue-only"
+  # Data-parallel all-reduce (run with "--data-parallel 2" as the extra
+  # flags; ROWS=dp): Optimus-CC's selective stage compression, the
+  # planner's critical stages against every stage.
+  "dp powersgd:rank=$rank + EF, critical stages|--dp-codec powersgd:rank=$rank"
+  "dp powersgd:rank=$rank + EF, every stage|--dp-codec powersgd:rank=$rank --dp-stages all"
 )
 
 echo "pipetrain up --steps $steps $extra (defaults: 4 workers, 2 layers, d_model 128, seq 64, batch 16, 4 micro-batches, lr 1e-3); seeds $seeds; $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo
-echo "| compression | last-20-step loss per seed | mean | vs none | paired | final validation loss per seed | mean | vs none | paired | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| compression | last-20-step loss per seed | mean | vs none | paired | final validation loss per seed | mean | vs none | paired | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error | DP all-reduce raw/wire |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 ratio() { awk -v k="$1" '$1==k && /wire/ {gsub(/[()x,]/,"",$9); print $9 "x"; f=1} END {if (!f) print "1x"}' "$2"; }
 base=""; vbase=""
 meanof() { printf '%s\n' "$@" | awk '/^[0-9.]+$/ {s += $1; n++} END {if (n) printf "%.4f", s / n; else print "-"}'; }
@@ -92,10 +97,15 @@ for row in "${rows[@]}"; do
   if [[ -z "$base" ]]; then base="$mean"; vbase="$vmean"; base_tails=("${tails[@]}"); base_vals=("${vals[@]}"); fi
   delta=$(versus "$mean" "$base"); vdelta=$(versus "$vmean" "$vbase")
   pdelta=$(paired "${base_tails[@]}" -- "${tails[@]}"); pvdelta=$(paired "${base_vals[@]}" -- "${vals[@]}")
-  err="-"; act="-"; grad="-"
+  err="-"; act="-"; grad="-"; dp="-"
   if [[ -n "$first" ]]; then
     err=$(awk '$1=="ACTIVATION_GRAD" && /error/ {print $NF}' "$first"); err="${err:--}"
     act=$(ratio ACTIVATION "$first"); grad=$(ratio ACTIVATION_GRAD "$first")
+    if grep -q "collective:data_parallel" "$first"; then
+      dp="$(ratio collective:data_parallel "$first")"
+      stages=$(sed -n 's/^data-parallel all-reduce: .* on stages \(\[[0-9,]*\]\).*/\1/p' "$first")
+      [[ -n "$stages" ]] && dp="$dp on $stages"
+    fi
   fi
-  echo "| $name | ${tails[*]} | $mean | $delta | $pdelta | ${vals[*]} | $vmean | $vdelta | $pvdelta | $act | $grad | $err |"
+  echo "| $name | ${tails[*]} | $mean | $delta | $pdelta | ${vals[*]} | $vmean | $vdelta | $pvdelta | $act | $grad | $err | $dp |"
 done

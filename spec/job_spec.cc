@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <set>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -413,6 +414,52 @@ absl::Status ResolveCompression(v1::CompressionSpec* c) {
   return absl::OkStatus();
 }
 
+// spec.compression.data_parallel: "none" or "powersgd:rank=R" (R <= 1024),
+// on stages of a replica, with data-parallel replicas to compress for.
+absl::Status ResolveDataParallelCompression(v1::JobSpec* spec, int* rank) {
+  v1::DataParallelCompressionSpec* c = spec->mutable_compression()->mutable_data_parallel();
+  *rank = 0;
+  if (c->codec().empty()) c->set_codec(kCodecNone);
+  RETURN_IF_ERROR(
+      RequireMaxBytes("spec.compression.data_parallel.codec", c->codec(), kMaxCodecSpecBytes));
+  if (c->codec() == kCodecNone) {
+    if (c->stages_size() > 0) {
+      return Invalid("spec.compression.data_parallel.stages",
+                     "names stages but spec.compression.data_parallel.codec is none");
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<CodecStage>> parsed = ParseCodecSpec(c->codec());
+  if (!parsed.ok()) {
+    return Invalid("spec.compression.data_parallel.codec", parsed.status().message());
+  }
+  if (parsed->size() != 1 || (*parsed)[0].name != "powersgd") {
+    return Invalid("spec.compression.data_parallel.codec",
+                   absl::StrCat("\"", Echo(c->codec()),
+                                "\": only powersgd:rank=R compresses an all-reduce (its factors "
+                                "add up across replicas)"));
+  }
+  const double r = (*parsed)[0].params.count("rank") ? (*parsed)[0].params.at("rank") : 4;
+  if (r < 1 || r > 1024) {
+    return Invalid("spec.compression.data_parallel.codec",
+                   absl::StrCat("powersgd: rank ", r, " is out of range 1..1024"));
+  }
+  *rank = static_cast<int>(r);
+  if (spec->parallelism().data() < 2) {
+    return Invalid("spec.compression.data_parallel",
+                   "needs data-parallel replicas (spec.parallelism.data >= 2)");
+  }
+  std::set<int> seen;
+  for (int stage : c->stages()) {
+    if (stage < 0 || stage >= spec->parallelism().stages() || !seen.insert(stage).second) {
+      return Invalid("spec.compression.data_parallel.stages",
+                     absl::StrCat("stage ", stage, " is repeated or not in [0, ",
+                                  spec->parallelism().stages(), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // spec.scheduling.queue_timeout: default and range.
 absl::Status ResolveScheduling(v1::SchedulingSpec* scheduling, absl::Duration* timeout) {
   if (!scheduling->has_queue_timeout()) {
@@ -520,6 +567,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckEvalHasData(out));
   RETURN_IF_ERROR(CheckOutput(out.output()));
   RETURN_IF_ERROR(ResolveCompression(out.mutable_compression()));
+  RETURN_IF_ERROR(ResolveDataParallelCompression(&out, &resolved.data_parallel_powersgd_rank));
   RETURN_IF_ERROR(ResolveScheduling(out.mutable_scheduling(), &resolved.queue_timeout));
   RETURN_IF_ERROR(ResolveElasticity(&out));
 

@@ -79,6 +79,8 @@ struct ResolvedJobSpec {
   int64_t synthetic_bytes = 0;                 // spec.data.synthetic_bytes (path empty)
   int stages = 0;                              // spec.parallelism.stages (per replica)
   int data_parallel = 1;                       // spec.parallelism.data: replicas
+  // spec.compression.data_parallel's PowerSGD rank; 0: exact all-reduce.
+  int data_parallel_powersgd_rank = 0;
   std::string solver;     // uniform | pipedream | bipartition | auto | manual
   std::string objective;  // paper | full
   std::string schedule;                        // "1f1b" | "gpipe"
@@ -104,6 +106,11 @@ struct ResolvedJobSpec {
 // parallelism.fused_embedding_sync to true; data >= 1, data x
 // stages <= kMaxStages workers, and data divides training.micro_batches
 // (INVALID_ARGUMENT naming spec.training.micro_batches otherwise).
+//
+// spec.compression.data_parallel: codec "none" (default, also for an empty
+// one; then no stages) or "powersgd:rank=R" with R in 1..1024 (default
+// rank 4), only with data >= 2; its stages distinct and below
+// parallelism.stages (empty: auto, chosen by the planner).
 //
 // Elasticity: min_workers in [1, stages], max_workers in [stages, units]
 // (with data > 1 they count the stages of one replica: a re-plan keeps the

@@ -159,6 +159,7 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   c->set_backward("powersgd:rank=2");
   c->set_error_feedback(true);
   c->set_epilogue_only(false);
+  c->mutable_data_parallel()->set_codec("none");
   spec.mutable_scheduling()->mutable_queue_timeout()->set_seconds(90);
   spec.mutable_checkpoint()->set_interval_steps(5);
   spec.mutable_checkpoint()->set_dir("runs/ckpt");
@@ -471,6 +472,31 @@ TEST(ResolveJobSpec, DataParallel_BadValuesRejectedNamingTheField) {
   ExpectRejected(spec,
                  "spec.parallelism.data: 512 replicas x 3 stages is 1536 workers; at most "
                  "1024");
+}
+
+TEST(ResolveJobSpec, DataParallelCompression_DefaultNoneRankAndBadValuesNamed) {
+  v1::JobSpec spec = MinimalSpec();
+  EXPECT_EQ(ResolveJobSpec(spec).value().spec.compression().data_parallel().codec(), "none");
+  spec.mutable_training()->set_micro_batches(4);
+  spec.mutable_parallelism()->set_data(2);
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=2");
+  spec.mutable_compression()->mutable_data_parallel()->add_stages(0);
+  EXPECT_EQ(ResolveJobSpec(spec).value().data_parallel_powersgd_rank, 2);
+  v1::JobSpec bad = spec;
+  bad.mutable_compression()->mutable_data_parallel()->set_codec("fp16");
+  ExpectRejected(bad, "spec.compression.data_parallel.codec: \"fp16\": only powersgd");
+  bad = spec;
+  bad.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=2000");
+  ExpectRejected(bad, "spec.compression.data_parallel.codec: powersgd: rank 2000");
+  bad = spec;
+  bad.mutable_compression()->mutable_data_parallel()->add_stages(2);
+  ExpectRejected(bad, "spec.compression.data_parallel.stages: stage 2 is repeated or not in");
+  bad = spec;
+  bad.mutable_parallelism()->set_data(1);
+  ExpectRejected(bad, "spec.compression.data_parallel: needs data-parallel replicas");
+  bad = spec;
+  bad.mutable_compression()->mutable_data_parallel()->set_codec("none");
+  ExpectRejected(bad, "spec.compression.data_parallel.stages: names stages but");
 }
 
 TEST(ResolveJobSpec, NegativeEvalInterval_Rejected) {

@@ -818,6 +818,9 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     a.set_num_stages(stages);
     a.set_replica(static_cast<int>(g) / stages);
     a.set_replicas(replicas);
+    for (int c : record.plan.data_parallel_compressed_stages()) {
+      if (c == s) a.set_data_parallel_powersgd_rank(record.plan.data_parallel_powersgd_rank());
+    }
     a.set_data_plane_secret(data_plane_secret);
     a.set_start_iteration(start_step);
     for (int t = 0; t < stages; ++t) {

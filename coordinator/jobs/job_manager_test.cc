@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 
@@ -150,6 +151,36 @@ TEST_F(JobManagerTest, DataParallel_PlacesReplicasOfTheSamePlan) {
     forwards += in.has_forward();
   }
   EXPECT_EQ(forwards, 1);
+}
+
+// Selective stage compression: the named stage's workers, in every
+// replica, get the PowerSGD rank; the others all-reduce exactly. Auto
+// picks from the simulation and says which in the plan.
+TEST_F(JobManagerTest, DataParallel_CompressedStagesGetTheirRank) {
+  std::vector<std::string> w;
+  for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7201 + k));
+  for (const bool automatic : {false, true}) {
+    SCOPED_TRACE(automatic);
+    v1::JobSpec spec = SmallSpec(2);
+    spec.mutable_parallelism()->set_data(2);
+    spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=3");
+    if (!automatic) spec.mutable_compression()->mutable_data_parallel()->add_stages(1);
+    const std::string id = jobs_.Submit(spec).value().id();
+    jobs_.ScheduleQueued();
+    const v1::Job job = jobs_.Get(id).value();
+    ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+    const v1::Plan plan = jobs_.GetPlan(id).value();
+    EXPECT_EQ(plan.data_parallel_powersgd_rank(), 3);
+    const std::vector<int> chosen(plan.data_parallel_compressed_stages().begin(),
+                                  plan.data_parallel_compressed_stages().end());
+    if (!automatic) EXPECT_EQ(chosen, std::vector<int>{1});
+    for (int g = 0; g < 4; ++g) {
+      const bool compressed = std::find(chosen.begin(), chosen.end(), g % 2) != chosen.end();
+      EXPECT_EQ(AssignmentOf(job.worker_ids(g)).data_parallel_powersgd_rank(), compressed ? 3 : 0)
+          << g;
+    }
+    ASSERT_TRUE(jobs_.Cancel(id).ok());
+  }
 }
 
 // Replica 0 speaks for all: other replicas' losses are not recorded, they

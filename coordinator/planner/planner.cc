@@ -8,6 +8,7 @@
 #include "coordinator/planner/data_parallel_layout.h"
 #include "coordinator/planner/fused_embedding_sync.h"
 #include "coordinator/planner/schedule_compiler.h"
+#include "coordinator/planner/selective_compression.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/timeline_render.h"
 
@@ -110,6 +111,21 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_schedule(r.schedule);
   plan.set_micro_batches(options.micro_batches);
   plan.set_data_parallel(replicas);
+  if (r.data_parallel_powersgd_rank > 0) {
+    // Selective stage compression: the stages named, or those whose
+    // all-reduce the simulation puts on the critical path.
+    std::vector<int> stages;
+    for (int s : r.spec.compression().data_parallel().stages()) {
+      if (s < r.stages) stages.push_back(s);  // a re-plan onto fewer stages drops the rest
+    }
+    if (r.spec.compression().data_parallel().stages().empty()) {
+      stages = ChooseCompressedStages(
+          solved.simulation,
+          PowerSgdByteFractions(r.train.model, solved.backward, r.data_parallel_powersgd_rank));
+    }
+    for (int s : stages) plan.add_data_parallel_compressed_stages(s);
+    plan.set_data_parallel_powersgd_rank(r.data_parallel_powersgd_rank);
+  }
   std::vector<std::string> names;  // the timeline's lanes: each stage's workers
   for (const WorkerSpec& w : replica.workers) names.push_back(w.name);
   for (size_t g = 0; g < cluster.workers.size(); ++g) {

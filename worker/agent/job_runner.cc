@@ -305,6 +305,14 @@ absl::Status JobRunner::RunJob() {
                                 assignment_.optimizer_stages().end());
   setup.replica = assignment_.replica();
   setup.replicas = replicas;
+  // plan.proto: 0 (exact) or a PowerSGD rank, with replicas to reduce over.
+  const int dp_rank = assignment_.data_parallel_powersgd_rank();
+  if (dp_rank < 0 || dp_rank > 1024 || (dp_rank > 0 && replicas < 2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment: data_parallel_powersgd_rank ", dp_rank, " with ", replicas,
+                     " replicas; want 0, or 1..1024 with 2 replicas or more"));
+  }
+  setup.data_parallel_powersgd_rank = dp_rank;
   // Declared before the runtime, which uses it, so it is destroyed after.
   std::unique_ptr<DeviceChannel> device_channel;
   const bool in_group = assignment_.device_group().stages_size() > 0;

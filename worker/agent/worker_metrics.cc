@@ -59,8 +59,9 @@ WorkerMetrics::WorkerMetrics()
                        .Register(*registry_)),
       collective_bytes_(prometheus::BuildCounter()
                             .Name("pipetrain_collective_bytes_total")
-                            .Help("fp32 bytes of the tensors this stage's collectives reduced "
-                                  "or exchanged, by purpose")
+                            .Help("Bytes of the tensors this stage's collectives reduced or "
+                                  "exchanged, by purpose; encoding raw: fp32, wire: what their "
+                                  "messages carried (less with PowerSGD)")
                             .Register(*registry_)),
       collective_seconds_(prometheus::BuildCounter()
                               .Name("pipetrain_collective_seconds_total")
@@ -76,7 +77,10 @@ void WorkerMetrics::Observe(const IterationResult& r) {
   iterations_.Increment();
   for (const auto& [purpose, stats] : r.collectives) {
     collectives_.Add({{"purpose", purpose}}).Increment(static_cast<double>(stats.count));
-    collective_bytes_.Add({{"purpose", purpose}}).Increment(static_cast<double>(stats.bytes));
+    collective_bytes_.Add({{"purpose", purpose}, {"encoding", "raw"}})
+        .Increment(static_cast<double>(stats.bytes));
+    collective_bytes_.Add({{"purpose", purpose}, {"encoding", "wire"}})
+        .Increment(static_cast<double>(stats.wire_bytes));
     collective_seconds_.Add({{"purpose", purpose}}).Increment(stats.seconds);
   }
   for (const auto& [key, link] : r.sent) {

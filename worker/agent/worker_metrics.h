@@ -20,7 +20,8 @@
 //   pipetrain_collectives_total{purpose}           collectives this stage
 //                                                  took part in (purpose: 4
 //                                                  values, IterationResult)
-//   pipetrain_collective_bytes_total{purpose}      fp32 bytes they reduced
+//   pipetrain_collective_bytes_total{purpose,encoding}  bytes they reduced:
+//                                                  raw = fp32, wire = sent
 //   pipetrain_collective_seconds_total{purpose}    time spent in them
 // Thread-safe (prometheus-cpp metrics are).
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_

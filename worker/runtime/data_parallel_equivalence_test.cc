@@ -58,8 +58,9 @@ TEST_P(DataParallelEquivalenceTest, MatchesSingleProcessAndReplicasAgreeBitwise)
   auto ranges = UniformPartition(NumUnits(c.model), stages);
   ASSERT_TRUE(ranges.ok()) << ranges.status();
   // RunPipeline checks that every replica's copy of every weight agrees.
-  const RunOutput pipe = RunPipeline(
-      c, data, *ranges, *ranges, ParseSchedule(schedule_name).value(), nullptr, nullptr, replicas);
+  const RunOutput pipe =
+      RunPipeline(c, data, *ranges, *ranges, ParseSchedule(schedule_name).value(), nullptr, nullptr,
+                  {replicas});
   ASSERT_EQ(pipe.losses.size(), local.losses.size());
   ExpectMatchesLocal(c, pipe, local, "uniform");
   if (stages == 3) {
@@ -68,7 +69,7 @@ TEST_P(DataParallelEquivalenceTest, MatchesSingleProcessAndReplicasAgreeBitwise)
     const std::vector<Range> backward = {{0, 1}, {1, 4}, {4, 6}};
     const RunOutput bi =
         RunPipeline(c, data, forward, backward, ParseSchedule(schedule_name).value(), nullptr,
-                    nullptr, replicas);
+                    nullptr, {replicas});
     ExpectMatchesLocal(c, bi, local, "bi-partition");
   }
 }
@@ -102,9 +103,9 @@ TEST(DataParallelEquivalenceTest, FusedEmbeddingSync_BitwiseUnfused_OneCollectiv
     for (const Plan& plan : plans) {
       SCOPED_TRACE(plan.name + " D=" + std::to_string(replicas));
       const RunOutput unfused = RunPipeline(c, data, plan.forward, plan.backward,
-                                            Schedule::kOneFOneB, nullptr, nullptr, replicas);
+                                            Schedule::kOneFOneB, nullptr, nullptr, {replicas});
       const RunOutput fused = RunPipeline(c, data, plan.forward, plan.backward, Schedule::kOneFOneB,
-                                          nullptr, nullptr, replicas, true);
+                                          nullptr, nullptr, {replicas, true});
       EXPECT_EQ(fused.losses, unfused.losses);
       EXPECT_EQ(fused.val_losses, unfused.val_losses);
       EXPECT_EQ(fused.weights, unfused.weights);
@@ -126,8 +127,39 @@ TEST(DataParallelEquivalenceTest, FusedEmbeddingSync_BitwiseUnfused_OneCollectiv
   }
   // One owner: the fused flag changes nothing.
   const std::vector<Range> one = {{0, 6}};
-  EXPECT_EQ(RunPipeline(c, data, one, one, Schedule::kGPipe, nullptr, nullptr, 2, true).weights,
-            RunPipeline(c, data, one, one, Schedule::kGPipe, nullptr, nullptr, 2).weights);
+  EXPECT_EQ(RunPipeline(c, data, one, one, Schedule::kGPipe, nullptr, nullptr, {2, true}).weights,
+            RunPipeline(c, data, one, one, Schedule::kGPipe, nullptr, nullptr, {2}).weights);
+}
+
+// Selective stage compression (Optimus-CC §7): PowerSGD on stage 0's
+// data-parallel all-reduce. The replicas still end bitwise identical
+// (RunPipeline checks: every member computes the same P^ Q'^T), the
+// compressed run differs from the exact one (the codec bites) but trains
+// alike, and stage 0's data-parallel traffic shrinks.
+TEST(DataParallelEquivalenceTest, SelectiveStageCompression_ReplicasAgreeTrafficShrinks) {
+  TrainConfig c = DataParallelConfig();
+  c.model.d_model = 64;  // matrices where rank 2 pays: 2 (64 + 192) < 64 * 192
+  const Dataset data = MakeDataset();
+  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
+  const RunOutput exact =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, {2});
+  testing::PipelineExtras extras;
+  extras.replicas = 2;
+  extras.dp_powersgd_rank = 2;
+  extras.dp_compressed_stages = {0};
+  const RunOutput compressed =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
+  ASSERT_EQ(compressed.losses.size(), exact.losses.size());
+  EXPECT_NE(compressed.losses, exact.losses);
+  EXPECT_EQ(compressed.losses[0], exact.losses[0]);  // before any step
+  EXPECT_NEAR(compressed.losses.back(), exact.losses.back(), 0.05 * exact.losses.back());
+  EXPECT_LT(compressed.collective_bytes.at("data_parallel"),
+            exact.collective_bytes.at("data_parallel"));
+  // Compressed collectives: every matrix of stage 0 but the tied wte
+  // (wpe, attention's c_attn and c_proj, the MLP's two) per replica and
+  // step, on top of the bucket.
+  EXPECT_EQ(compressed.collectives.at("data_parallel") - exact.collectives.at("data_parallel"),
+            5 * 2 * testing::kIterations);
 }
 
 // The replicas' shares differ (a replica that trained alone on its share

@@ -37,18 +37,20 @@ Dataset MakeDataset() {
 
 namespace {
 
-bool EvaluatesAfter(const TrainConfig& c, int step) {
-  return c.eval_interval > 0 && (step % c.eval_interval == 0 || step == kIterations);
+bool EvaluatesAfter(const TrainConfig& c, int step, int iterations) {
+  return c.eval_interval > 0 && (step % c.eval_interval == 0 || step == iterations);
 }
 
 }  // namespace
 
-RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend) {
+RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend, int iterations) {
   auto trainer = LocalTrainer::Create(c, &data, backend).value();
   RunOutput out;
-  for (int i = 0; i < kIterations; ++i) {
+  for (int i = 0; i < iterations; ++i) {
     out.losses.push_back(trainer->Step().value().loss);
-    if (EvaluatesAfter(c, i + 1)) out.val_losses.push_back(trainer->Evaluate().value());
+    if (EvaluatesAfter(c, i + 1, iterations)) {
+      out.val_losses.push_back(trainer->Evaluate().value());
+    }
   }
   for (Parameter* p : trainer->model().parameters()) {
     out.weights[p->name] = backend->Download(p->value).ToVector();
@@ -59,15 +61,17 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend) 
 RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vector<Range>& forward,
                       const std::vector<Range>& backward, Schedule schedule,
                       const std::function<Backend*(int stage)>& backend_of,
-                      const std::vector<DeviceLinkMember>* device_members, int replicas,
-                      bool fuse_embedding_sync) {
+                      const std::vector<DeviceLinkMember>* device_members,
+                      const PipelineExtras& extras) {
+  const int replicas = extras.replicas;
+  const int iterations = extras.iterations;
   const int stages = static_cast<int>(forward.size());
   const int total = replicas * stages;  // runtimes; runtime g is replica g / stages
   const int units = NumUnits(c.model);
   const int replica_micro_batches = c.micro_batches / replicas;
   auto programs =
       CompileBiPartitionPrograms(forward, backward, units, replica_micro_batches, schedule).value();
-  if (fuse_embedding_sync) EXPECT_TRUE(FuseEmbeddingSync(backward, &programs).ok());
+  if (extras.fuse_embedding_sync) EXPECT_TRUE(FuseEmbeddingSync(backward, &programs).ok());
   const int per = c.batch_size / c.micro_batches;
   auto eval_programs =
       CompileEvalPrograms(forward, units, (c.eval_windows + per - 1) / per).value();
@@ -96,6 +100,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
                      programs[s], absl::Seconds(30), eval_programs[s]};
     setup.replica = g / stages;
     setup.replicas = replicas;
+    for (int compressed : extras.dp_compressed_stages) {
+      if (compressed == s) setup.data_parallel_powersgd_rank = extras.dp_powersgd_rank;
+    }
     for (int t = 0; t < stages; ++t) {
       if (backward[t].end > backward[t].begin) setup.optimizer_stages.push_back(t);
     }
@@ -104,13 +111,13 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[g].get()).value());
   }
   std::vector<std::vector<IterationResult>> results(total);
-  std::vector<std::map<std::string, int64_t>> collectives(total);
+  std::vector<std::map<std::string, int64_t>> collectives(total), collective_bytes(total);
   std::vector<std::vector<float>> val_losses(total);
   std::vector<absl::Status> errors(total);
   std::vector<std::thread> threads;
   for (int g = 0; g < total; ++g) {
     threads.emplace_back([&, g] {
-      for (int i = 0; i < kIterations && errors[g].ok(); ++i) {
+      for (int i = 0; i < iterations && errors[g].ok(); ++i) {
         auto r = runtimes[g]->RunIteration(i);
         if (!r.ok()) {
           errors[g] = r.status();
@@ -119,9 +126,10 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
         }
         for (const auto& [purpose, stats] : r->collectives) {
           collectives[g][purpose] += stats.count;
+          collective_bytes[g][purpose] += stats.wire_bytes;
         }
         results[g].push_back(*r);
-        if (!EvaluatesAfter(c, i + 1)) continue;
+        if (!EvaluatesAfter(c, i + 1, iterations)) continue;
         auto val = runtimes[g]->RunEval(i + 1);
         if (!val.ok()) {
           errors[g] = val.status();
@@ -133,8 +141,11 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     });
   }
   for (auto& t : threads) t.join();
-  for (const auto& of : collectives) {
-    for (const auto& [purpose, count] : of) out.collectives[purpose] += count;
+  for (int g = 0; g < total; ++g) {
+    for (const auto& [purpose, count] : collectives[g]) out.collectives[purpose] += count;
+    for (const auto& [purpose, bytes] : collective_bytes[g]) {
+      out.collective_bytes[purpose] += bytes;
+    }
   }
   out.device_tensors = hub.sent();
   EXPECT_EQ(hub.in_flight(), 0) << "device tensors sent and never received";

@@ -40,10 +40,23 @@ struct RunOutput {
   // Collectives of every runtime over the whole run, by purpose
   // (IterationResult::collectives).
   std::map<std::string, int64_t> collectives;
+  std::map<std::string, int64_t> collective_bytes;  // wire bytes
 };
 
-// LocalTrainer on `backend` for kIterations steps.
-RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend = CpuBackend());
+// LocalTrainer on `backend` for `iterations` steps.
+RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend = CpuBackend(),
+                   int iterations = kIterations);
+
+// Data parallelism and its options for RunPipeline.
+struct PipelineExtras {
+  int replicas = 1;
+  bool fuse_embedding_sync = false;  // rewrite as the coordinator does
+  // Selective stage compression: these stages' data-parallel all-reduce
+  // with PowerSGD of this rank (StageSetup).
+  int dp_powersgd_rank = 0;
+  std::vector<int> dp_compressed_stages;
+  int iterations = kIterations;
+};
 
 // The pipeline of forward/backward ranges, one StageRuntime per stage on its
 // own thread over an in-process fabric; stage s computes on backend_of(s)
@@ -56,15 +69,13 @@ RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend =
 // c.micro_batches / replicas micro-batches, and backend_of and
 // device_members index the replica's stage s. The losses are assembled in
 // the step's micro-batch order, and every copy of every weight, on every
-// replica, must agree bitwise. `fuse_embedding_sync` (replicas > 1)
-// rewrites the programs as the coordinator does (fused_embedding_sync.h).
-// Failures are reported as test failures
-// (EXPECT).
+// replica, must agree bitwise. Failures are reported as test failures
+// (EXPECT). `extras` as PipelineExtras says.
 RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vector<Range>& forward,
                       const std::vector<Range>& backward, Schedule schedule,
                       const std::function<Backend*(int stage)>& backend_of = nullptr,
                       const std::vector<DeviceLinkMember>* device_members = nullptr,
-                      int replicas = 1, bool fuse_embedding_sync = false);
+                      const PipelineExtras& extras = {});
 
 }  // namespace testing
 }  // namespace pipetrain

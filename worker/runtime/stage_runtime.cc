@@ -31,11 +31,12 @@ using Clock = std::chrono::steady_clock;
 
 // Adds one collective to result->collectives[purpose].
 void CountCollective(IterationResult* result, const char* purpose, int64_t bytes,
-                     Clock::time_point start) {
+                     Clock::time_point start, int64_t wire_bytes = -1) {
   if (result == nullptr) return;
   IterationResult::CollectiveStats& stats = result->collectives[purpose];
   ++stats.count;
   stats.bytes += bytes;
+  stats.wire_bytes += wire_bytes < 0 ? bytes : wire_bytes;
   stats.seconds += std::chrono::duration<double>(Clock::now() - start).count();
 }
 
@@ -807,14 +808,39 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
       CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
   RETURN_IF_ERROR(collectives.status());
   Parameter* tied = TiedHolder();
-  std::vector<Parameter*> bucket;
+  const int rank = setup_.data_parallel_powersgd_rank;
+  std::vector<Parameter*> bucket, compressed;
   int64_t numel = 0;
   for (Parameter* p : parameters()) {
     if (p == tied) continue;
+    const Shape& shape = p->grad.shape();
+    // PowerSGD pays where r (rows + cols) < rows * cols (Vogels et al.
+    // leave vectors uncompressed too).
+    if (rank > 0 && shape.size() == 2 && int64_t{rank} * (shape[0] + shape[1]) < p->grad.numel()) {
+      compressed.push_back(p);
+      continue;
+    }
     bucket.push_back(p);
     numel += p->grad.numel();
   }
   auto host = [this](const Tensor& t) { return t.on_device() ? setup_.backend->Download(t) : t; };
+  int tag = kDataParallelTagBase + 2;  // two tags per compressed gradient
+  for (Parameter* p : compressed) {
+    Tensor g = host(p->grad).Clone();
+    const int64_t rows = p->grad.shape()[0], cols = p->grad.shape()[1];
+    const auto start = Clock::now();
+    RETURN_IF_ERROR(PowerSgdAllReduce(collectives, iteration, tag, rank, rows, cols,
+                                      /*error_feedback=*/true, g, &powersgd_[p->name]));
+    tag += 2;
+    // What crossed: P [rows, r] and Q [cols, r], all-reduced.
+    CountCollective(result, "data_parallel", g.size_bytes(), start,
+                    int64_t{rank} * (rows + cols) * 4);
+    if (p->grad.on_device()) {
+      setup_.backend->CopyFromHost(g, &p->grad);
+    } else {
+      std::memcpy(p->grad.data(), g.data(), g.size_bytes());
+    }
+  }
   if (numel > 0) {
     Tensor flat = Tensor::Zeros({numel});
     int64_t offset = 0;
@@ -953,6 +979,7 @@ absl::Status StageRuntime::AddTied(const v1::Instruction::AddTiedGradient& add, 
     IterationResult::CollectiveStats& stats = result->collectives["embedding_sync"];
     ++stats.count;
     stats.bytes += static_cast<int64_t>(tied_received_.numel()) * 4;
+    stats.wire_bytes += static_cast<int64_t>(tied_received_.numel()) * 4;
   }
   return absl::OkStatus();
 }

@@ -39,6 +39,7 @@
 #include "common/annotated_mutex.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/checkpoint/unit_checkpoint.h"
+#include "worker/collectives/powersgd_all_reduce.h"
 #include "worker/data/dataset.h"
 #include "worker/model/device_channel.h"
 #include "worker/model/unit.h"
@@ -77,6 +78,13 @@ struct StageSetup {
   // of this stage, so all replicas step alike.
   int replica = 0;
   int replicas = 1;
+  // Selective stage compression (Optimus-CC §7): > 0 compresses this
+  // stage's data-parallel all-reduce with PowerSGD of this rank and error
+  // feedback (worker/collectives/powersgd_all_reduce.h), matrix gradients
+  // only (weights of 2 dimensions whose rank-r factors are smaller than
+  // the matrix); vectors and the tied embedding go uncompressed. Every
+  // replica's copy of the stage must have the same value.
+  int data_parallel_powersgd_rank = 0;
   // The stages that hold backward units (ascending): with
   // train.grad_clip > 0 they exchange their parameters' squared gradient
   // sums before each optimizer step (worker/train/grad_clip.h). Empty:
@@ -113,7 +121,8 @@ struct IterationResult {
   // "grad_clip" (the norms' broadcasts) and "loss_gather".
   struct CollectiveStats {
     int64_t count = 0;
-    int64_t bytes = 0;  // fp32 bytes of the tensors reduced or exchanged
+    int64_t bytes = 0;       // fp32 bytes of the tensors reduced or exchanged
+    int64_t wire_bytes = 0;  // what their messages carried: fewer with PowerSGD
     double seconds = 0;
   };
   std::map<std::string, CollectiveStats> collectives;
@@ -245,6 +254,9 @@ class StageRuntime {
   std::map<int, float> losses_;
   Tensor tied_received_;
   bool tied_reduced_ = false;  // a fused sync all-reduced wte this iteration
+  // Selective stage compression: each compressed gradient's warm start and
+  // error-feedback residual, by parameter name (kept across iterations).
+  std::map<std::string, PowerSgdAllReduceState> powersgd_;
   // State within one RunEval: windows evaluated, EVAL_ACTIVATION tensors by
   // (micro-batch, unit), and the window-weighted loss sum on the head stage.
   int64_t eval_windows_ = 0;

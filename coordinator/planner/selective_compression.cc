@@ -1,0 +1,64 @@
+#include "coordinator/planner/selective_compression.h"
+
+#include <algorithm>
+#include <map>
+
+namespace pipetrain {
+
+std::vector<double> PowerSgdByteFractions(const GptConfig& model,
+                                          const std::vector<Range>& backward, int rank) {
+  std::vector<double> out;
+  for (const Range& r : backward) {
+    double raw = 0, sent = 0;
+    std::map<std::string, bool> seen;  // the stage's copy of a tied name counts once
+    for (int u = r.begin; u < r.end; ++u) {
+      for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+        if (seen[p.name]) continue;
+        seen[p.name] = true;
+        double numel = 1;
+        for (int64_t d : p.shape) numel *= static_cast<double>(d);
+        raw += numel;
+        const bool matrix = p.shape.size() == 2 && p.name != "wte.weight";
+        const double factors =
+            matrix ? double(rank) * static_cast<double>(p.shape[0] + p.shape[1]) : numel;
+        sent += std::min(numel, factors);
+      }
+    }
+    out.push_back(raw > 0 ? sent / raw : 1.0);
+  }
+  return out;
+}
+
+std::vector<int> ChooseCompressedStages(const SimulationResult& simulation,
+                                        const std::vector<double>& fractions) {
+  // Each worker's end of the iteration, and its all-reduce's length. What
+  // follows the all-reduce on a worker (the optimizer step, weight syncs)
+  // moves earlier by as much as compression shortens it.
+  std::map<int, double> end, all_reduce;
+  for (const TimelineEvent& e : simulation.events) {
+    end[e.worker] = std::max(end[e.worker], e.end_seconds);
+    if (e.kind == TimelineEventKind::kAllReduce) {
+      all_reduce[e.worker] += e.end_seconds - e.start_seconds;
+    }
+  }
+  std::vector<int> chosen;
+  while (!end.empty()) {
+    auto last = end.begin();
+    for (auto it = end.begin(); it != end.end(); ++it) {
+      if (it->second > last->second) last = it;
+    }
+    const int w = last->first;
+    if (all_reduce.count(w) == 0 || std::find(chosen.begin(), chosen.end(), w) != chosen.end()) {
+      break;  // the step ends with work compression cannot shorten
+    }
+    const double fraction = w < static_cast<int>(fractions.size()) ? fractions[w] : 1.0;
+    const double saved = (1 - fraction) * all_reduce[w];
+    if (!(saved > 0)) break;
+    last->second -= saved;
+    chosen.push_back(w);
+  }
+  std::sort(chosen.begin(), chosen.end());
+  return chosen;
+}
+
+}  // namespace pipetrain

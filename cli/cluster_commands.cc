@@ -261,7 +261,21 @@ v1::JobSpec UpSpec(const UpOptions& o) {
 }
 
 // Polls the job until it ends (or Ctrl-C), drawing progress. Returns the last Job.
-absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& id) {
+// When the steps went by, as Follow saw them (polling every 200 ms): the
+// first sighting at or past a tenth of the steps (start-up, profiling and
+// the first steps' warm-up left out) and the last one.
+struct StepTiming {
+  absl::Time first_time, last_time;
+  int64_t first_step = -1, last_step = -1;
+  // Seconds per step between the two sightings; 0 when too few steps.
+  double SecondsPerStep() const {
+    if (first_step < 0 || last_step <= first_step) return 0;
+    return absl::ToDoubleSeconds(last_time - first_time) / double(last_step - first_step);
+  }
+};
+
+absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& id,
+                               StepTiming* timing = nullptr) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   v1::Job job;
   int64_t last_step = -1, last_version = 0;
@@ -290,6 +304,10 @@ absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& i
     }
     if (step != last_step && step > 0) {
       const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+      if (timing != nullptr && job.state() == v1::RUNNING && step >= (steps + 9) / 10) {
+        if (timing->first_step < 0) timing->first_step = step, timing->first_time = absl::Now();
+        timing->last_step = step, timing->last_time = absl::Now();
+      }
       std::optional<float> val;
       if (job.progress().val_step() == step) val = job.progress().val_loss();
       progress.Update({step, steps, job.progress().loss(), val, job.progress().tokens_per_second(),
@@ -404,7 +422,8 @@ int RunUp(const std::vector<std::string>& args) {
                job.id().c_str(), o.data_parallel, o.workers / o.data_parallel, o.solver.c_str(),
                o.schedule.c_str(), static_cast<long long>(o.steps),
                (*cluster)->http_address().c_str());
-  absl::StatusOr<v1::Job> done = Follow(*stub, job.id());
+  StepTiming timing;
+  absl::StatusOr<v1::Job> done = Follow(*stub, job.id(), &timing);
   if (!done.ok()) return Fail("up", done.status());
   if (g_interrupted.load()) {
     v1::CancelJobRequest cancel;
@@ -437,17 +456,27 @@ int RunUp(const std::vector<std::string>& args) {
     if (!losses) return Fail("up", absl::InternalError("cannot write --loss-log " + o.loss_log));
   }
   if (!end.weights_path().empty()) std::printf("weights: %s\n", end.weights_path().c_str());
-  if (o.dp_codec != kCodecNone) {
-    // Which stages the planner compressed (the choice is its own unless
-    // --dp-stages named them).
-    v1::GetPlanRequest plan_request;
-    plan_request.set_job_id(end.id());
-    v1::Plan plan;
-    if (stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan).ok()) {
+  v1::GetPlanRequest plan_request;
+  plan_request.set_job_id(end.id());
+  v1::Plan plan;
+  if (stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan).ok()) {
+    if (o.dp_codec != kCodecNone) {
+      // Which stages the planner compressed (its choice unless --dp-stages named them).
       std::printf("data-parallel all-reduce: powersgd rank %d on stages [%s] of %d\n",
                   plan.data_parallel_powersgd_rank(),
                   absl::StrJoin(plan.data_parallel_compressed_stages(), ",").c_str(),
                   o.workers / o.data_parallel);
+    }
+    // The simulator's prediction next to what the steps took (validation
+    // passes and checkpoints included when they ran).
+    if (timing.SecondsPerStep() > 0 && plan.predicted_iteration_seconds() > 0) {
+      std::printf(
+          "step time: measured %.4f s (steps %lld-%lld), predicted %.4f s by the plan's "
+          "simulation (%+.0f%%; %s)\n",
+          timing.SecondsPerStep(), static_cast<long long>(timing.first_step),
+          static_cast<long long>(timing.last_step), plan.predicted_iteration_seconds(),
+          100 * (plan.predicted_iteration_seconds() / timing.SecondsPerStep() - 1),
+          plan.profile_source().c_str());
     }
   }
   PrintLinkSummary(**cluster);

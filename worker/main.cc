@@ -224,6 +224,8 @@ int Run(const std::vector<std::string>& args) {
     PT_LOG(INFO) << "emulating links of " << emulated_link->bandwidth_bytes_per_second / 1e9
                  << " GB/s and " << absl::FormatDuration(emulated_link->latency)
                  << " latency on this worker's sends";
+    options.emulated_bandwidth_bytes_per_second = emulated_link->bandwidth_bytes_per_second;
+    options.emulated_latency_seconds = absl::ToDoubleSeconds(emulated_link->latency);
   }
   auto make_transport = [&mailbox, emulated_link](int stage, const std::vector<std::string>& peers,
                                                   const JobCredential& credential) {

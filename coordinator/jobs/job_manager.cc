@@ -768,8 +768,23 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     const double memory = w.device().gpu_model().empty() ? host : w.device().gpu_memory_bytes();
     cluster.workers.push_back({w.id(), speed, static_cast<double>(memory)});
   }
-  cluster.bandwidth_bytes_per_second = kAssumedBandwidth;
-  cluster.latency_seconds = kAssumedLatency;
+  // Workers that emulate their links (--emulate-link) say so: plan with
+  // the slowest; otherwise with the assumed network.
+  double bandwidth = 0, latency = 0;
+  bool emulated = true;
+  for (const v1::Worker& w : infos) {
+    const double b = w.device().link_bandwidth_bytes_per_second();
+    const double l = w.device().link_latency_seconds();
+    // DeviceInfo's bounds; a value outside them means "not emulated".
+    if (!(b >= 1e3 && b <= 1e13) || !(l >= 0 && l <= 10)) {
+      emulated = false;
+      break;
+    }
+    bandwidth = bandwidth == 0 ? b : std::min(bandwidth, b);
+    latency = std::max(latency, l);
+  }
+  cluster.bandwidth_bytes_per_second = emulated ? bandwidth : kAssumedBandwidth;
+  cluster.latency_seconds = emulated ? latency : kAssumedLatency;
   // A re-plan may use another number of stages (spec.elastic); the
   // replicas stay (spec.parallelism.data), replica r's stage s on
   // workers[r * stages + s].

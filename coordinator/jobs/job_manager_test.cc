@@ -183,6 +183,33 @@ TEST_F(JobManagerTest, DataParallel_CompressedStagesGetTheirRank) {
   }
 }
 
+// Workers that emulate their links (--emulate-link) are planned with the
+// slowest of them; one without emulation means the assumed network.
+TEST_F(JobManagerTest, EmulatedLinks_PlannedWithTheSlowest) {
+  auto add = [this](int port, double bandwidth, double latency) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    request.mutable_device()->set_link_bandwidth_bytes_per_second(bandwidth);
+    request.mutable_device()->set_link_latency_seconds(latency);
+    return registry_.Register(request).value().worker_id();
+  };
+  add(7301, 1.25e8, 0.0005);
+  add(7302, 1.25e9, 0.0001);
+  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  jobs_.ScheduleQueued();
+  EXPECT_TRUE(absl::StrContains(jobs_.GetPlan(id).value().profile_source(),
+                                "links modelled at 0.125 GB/s and 500 us latency"))
+      << jobs_.GetPlan(id).value().profile_source();
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+  add(7303, 0, 0);  // a real network
+  v1::JobSpec three = SmallSpec(3);
+  const std::string id3 = jobs_.Submit(three).value().id();
+  jobs_.ScheduleQueued();
+  EXPECT_TRUE(
+      absl::StrContains(jobs_.GetPlan(id3).value().profile_source(), "links modelled at 1.25 GB/s"))
+      << jobs_.GetPlan(id3).value().profile_source();
+}
+
 // Replica 0 speaks for all: other replicas' losses are not recorded, they
 // may not checkpoint, and the job succeeds only when every replica's
 // weight digest equals replica 0's.

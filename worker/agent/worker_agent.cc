@@ -105,6 +105,8 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
   device_.set_memory_limit_bytes(
       EffectiveMemoryLimit(device_.memory_limit_bytes(), 0, options_.memory_limit_bytes));
   device_.set_gpu_index(options_.backend->device_facts().index);
+  device_.set_link_bandwidth_bytes_per_second(options_.emulated_bandwidth_bytes_per_second);
+  device_.set_link_latency_seconds(options_.emulated_latency_seconds);
   absl::StatusOr<std::string> group_id = options_.backend->NewDeviceGroupId();
   if (group_id.ok()) {
     AnnotatedMutexLock lock(&mu_);

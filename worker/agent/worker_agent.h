@@ -63,6 +63,9 @@ struct WorkerAgentOptions {
   // coordinator plans against) below physical memory and the cgroup's
   // limit. 0: no cap of its own.
   int64_t memory_limit_bytes = 0;
+  // --emulate-link, reported in DeviceInfo for the planner; 0: none.
+  double emulated_bandwidth_bytes_per_second = 0;
+  double emulated_latency_seconds = 0;
   // JobRunnerOptions::data_roots for every job (the --data-root flag).
   std::vector<std::string> data_roots;
   // JobRunnerOptions::checkpoint_root (the --checkpoint-root flag).

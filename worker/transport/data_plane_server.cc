@@ -61,10 +61,30 @@ class StreamShared {
   int live_reactors_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// One incoming stream. gRPC operations (StartWrite, Finish) are started only
-// after mu_ is released: a reaction must never wait for our own lock, and
-// Finish may lead to OnDone deleting `this` on another thread, so it is
-// always the last thing a method does.
+// One incoming stream. gRPC operations (StartRead, StartWrite, Finish) are
+// started only after mu_ is released: a reaction must never wait for our own
+// lock, and Finish may lead to OnDone deleting `this` on another thread, so
+// it is always the last thing a method does.
+//
+// Reading, one frame at a time:
+//
+//            +------------------ handled; read the next ------------------+
+//            v                                                            |
+//   read in flight --frame--> beyond the run-ahead window? --no-----------+
+//            |                          | yes (first frame of a tensor)   |
+//            | !ok (peer closed,        v                                 |
+//            |  or cancelled)         held: no read (Mailbox::Hold...)    |
+//            |                          |-- mailbox wake: ask again ------+
+//            v                          |-- OnCancel: CancelHold, or the wake
+//   reads done <------------------------+   (already on its way) drops the frame
+//            |
+//            +-- outbox written --> Finish --> OnDone: delete this
+//
+// Lifetime: the wake the mailbox keeps for a held frame captures `this`. It
+// cannot outlive the reactor, because Finish (so OnDone) needs hold_ == 0,
+// and a hold ends only in its wake (Unhold) or when CancelHold returns true
+// (then the wake never runs). The wake runs without the mailbox's lock
+// (Mailbox::HoldBeyondWindow), so the lock order stays mu_ -> mailbox.
 class FrameStreamReactor final : public StreamReactor {
  public:
   // A stream proven to come from `source_stage` of `job_id`.
@@ -82,15 +102,15 @@ class FrameStreamReactor final : public StreamReactor {
     Next next;
     {
       AnnotatedMutexLock lock(&mu_);
+      bool read = false;
       if (ok) {
-        HandleFrameLocked();
+        read = HandleOrHoldLocked();
       } else {
         reads_done_ = true;  // The peer closed its side, or the call was cancelled.
       }
-      next = NextLocked();
+      next = NextLocked(read);
     }
-    Run(next);  // May finish (and so delete `this`) only when !ok.
-    if (ok) StartRead(&frame_);
+    Run(next);
   }
 
   void OnWriteDone(bool ok) override {
@@ -103,7 +123,23 @@ class FrameStreamReactor final : public StreamReactor {
         write_failed_ = true;  // The stream is going away; nobody will read the rest.
         outbox_.clear();
       }
-      next = NextLocked();
+      next = NextLocked(/*read=*/false);
+    }
+    Run(next);
+  }
+
+  // A read in flight then ends with !ok; a held frame has no read in
+  // flight, so its hold is ended here (or by its wake, if already released).
+  void OnCancel() override {
+    Next next;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      cancelled_ = true;
+      if (hold_ != 0 && shared_->mailbox()->CancelHold(hold_)) {
+        hold_ = 0;
+        reads_done_ = true;  // The held frame goes: nobody would read a reply.
+      }
+      next = NextLocked(/*read=*/false);
     }
     Run(next);
   }
@@ -112,6 +148,7 @@ class FrameStreamReactor final : public StreamReactor {
     std::shared_ptr<StreamShared> shared = shared_;
     {
       AnnotatedMutexLock lock(&mu_);  // Orders every earlier reaction before the delete.
+      PT_CHECK(hold_ == 0) << "a stream finished while the mailbox held its frame";
     }
     delete this;
     shared->ReactorDone();
@@ -120,8 +157,50 @@ class FrameStreamReactor final : public StreamReactor {
  private:
   struct Next {
     const v1::FrameError* write = nullptr;
+    bool read = false;
     bool finish = false;
   };
+
+  // The mailbox's wake for the held frame (on the thread that moved the
+  // window): handle the frame now, or hold it again.
+  void Unhold() {
+    Next next;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      PT_CHECK(hold_ != 0);
+      hold_ = 0;
+      bool read = false;
+      if (cancelled_) {
+        reads_done_ = true;  // The held frame goes: nobody would read a reply.
+      } else {
+        read = HandleOrHoldLocked();
+      }
+      next = NextLocked(read);
+    }
+    Run(next);
+  }
+
+  // Handles frame_ unless the run-ahead window holds it back; returns
+  // whether to read the next frame.
+  bool HandleOrHoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (HoldLocked()) return false;
+    HandleFrameLocked();
+    return true;
+  }
+
+  // Holds frame_ when it starts a tensor of this stream's job that is beyond
+  // the mailbox's run-ahead window (the assembler checks it when its wake
+  // comes); anything else is handled, and refused if it must be, at once.
+  // Returns whether it is held.
+  bool HoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (cancelled_ || assembler_.in_progress() || frame_.offset() != 0 ||
+        !CheckBindingLocked().ok()) {
+      return false;
+    }
+    hold_ = shared_->mailbox()->HoldBeyondWindow(
+        MakeAddress(frame_.job_id(), frame_.iteration(), frame_.tensor()), [this] { Unhold(); });
+    return hold_ != 0;
+  }
 
   // Frames must be of the job and stage the stream proved it sends for.
   absl::Status CheckBindingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -157,22 +236,28 @@ class FrameStreamReactor final : public StreamReactor {
     outbox_.push_back(MakeFrameError(frame_, status));
   }
 
-  // Decides the next gRPC operation; marks it started.
-  Next NextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+  // Decides the next gRPC operations (`read`: start the next read); marks
+  // them started. Finish waits until reads are done, nothing is held and
+  // every error reply is written.
+  Next NextLocked(bool read) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     Next next;
+    next.read = read;
     if (writing_) return next;
     if (!outbox_.empty()) {
       writing_ = true;
       next.write = &outbox_.front();  // deque::push_back keeps it in place.
-    } else if (reads_done_ && !finished_) {
+    } else if (reads_done_ && hold_ == 0 && !finished_) {
       finished_ = true;
       next.finish = true;
     }
     return next;
   }
 
+  // A read and Finish never go together (Finish needs reads done), so
+  // nothing can delete `this` before the last operation here is started.
   void Run(const Next& next) {
     if (next.write != nullptr) StartWrite(next.write);
+    if (next.read) StartRead(&frame_);
     if (next.finish) Finish(grpc::Status::OK);  // Last: OnDone may follow at once.
   }
 
@@ -181,13 +266,18 @@ class FrameStreamReactor final : public StreamReactor {
   const std::string job_id_;
   const int source_stage_;
   AnnotatedMutex mu_;
-  v1::TensorFrame frame_;  // Filled by the read in flight; read under mu_.
+  // Filled by the read in flight; read under mu_. A held frame stays here
+  // (no read is in flight) until its wake.
+  v1::TensorFrame frame_;
   FrameAssembler assembler_ ABSL_GUARDED_BY(mu_);
   std::deque<v1::FrameError> outbox_ ABSL_GUARDED_BY(mu_);  // front() is being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // OnCancel ran.
+  // The mailbox's ticket for the held frame_; 0 when none is held.
+  int64_t hold_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Ends a stream at once with `status`, reading nothing; deletes itself.

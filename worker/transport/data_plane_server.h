@@ -16,16 +16,28 @@
 // stream is bound to its job and stage; a frame that names another is
 // rejected. Before the first frame of a tensor is buffered, the mailbox is
 // asked whether it would take it (Mailbox::Admit: bytes and run-ahead), so
-// a flood of far-future or oversized tensors is refused, not assembled.
+// an oversized tensor is refused, not assembled.
+//
+// Backpressure: a tensor beyond the mailbox's run-ahead window (its sender
+// runs more than MailboxLimits::run_ahead_iterations ahead of this stage,
+// which legal programs do) is not refused. Its first frame is held
+// (Mailbox::HoldBeyondWindow) and the stream is not read further until the
+// window reaches it; gRPC flow control then stalls the sender's stream and
+// its bounded send queue (GrpcTransportOptions::max_queued_bytes_per_peer)
+// makes the sending stage wait. The held frame is then handled, on the
+// thread whose Mailbox::Take moved the window, and reading resumes. A hold
+// also ends when the mailbox opens a job, drops or aborts the frame's job,
+// or shuts down (the frame is then handled, so refused if it must be), or
+// when the stream is cancelled (the frame is dropped and the stream ends).
 //
 // Per stream: frames are processed in the read reaction that delivered them
 // (a bounded copy into the tensor plus a Mailbox::Put, neither of which waits
 // on anything but a short mutex), and the next read starts after that, so a
 // stream holds at most one frame (<= 8 MiB) beyond the tensor being
-// assembled; gRPC flow control pushes back on the sender meanwhile. Error
-// replies are written one at a time; at most kMaxQueuedFrameErrors wait per
-// stream, more are logged and dropped (a peer that never reads them cannot
-// make the server grow).
+// assembled, held or not; gRPC flow control pushes back on the sender
+// meanwhile. Error replies are written one at a time; at most
+// kMaxQueuedFrameErrors wait per stream, more are logged and dropped (a peer
+// that never reads them cannot make the server grow).
 #ifndef PIPETRAIN_WORKER_TRANSPORT_DATA_PLANE_SERVER_H_
 #define PIPETRAIN_WORKER_TRANSPORT_DATA_PLANE_SERVER_H_
 
@@ -77,9 +89,9 @@ class DataPlaneServer {
   int port() const { return port_; }
   std::string address() const;
 
-  // Cancels every open stream, waits until their reactors are gone and
-  // stops serving. Idempotent; thread-safe. Tensors already in the mailbox
-  // stay there.
+  // Cancels every open stream (held ones included), waits until their
+  // reactors are gone and stops serving. Idempotent; thread-safe. Tensors
+  // already in the mailbox stay there.
   void Shutdown();
 
  private:

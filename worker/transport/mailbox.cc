@@ -1,25 +1,38 @@
 #include "worker/transport/mailbox.h"
 
-#include <algorithm>
+#include <iterator>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain {
 
 void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
-  AnnotatedMutexLock lock(&mu_);
-  open_job_ = job_id;
-  current_iteration_ = first_iteration;
-  aborted_jobs_.clear();
-  // What is left of earlier jobs (or plan versions) will never be taken.
-  for (auto it = tensors_.begin(); it != tensors_.end();) {
-    if (it->first.second.job_id == job_id) {
-      ++it;
-    } else {
-      bytes_ -= it->second.wire_bytes();
-      it = tensors_.erase(it);
+  Wakes wakes;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    open_job_ = job_id;
+    current_iteration_ = first_iteration;
+    aborted_jobs_.clear();
+    // What is left of earlier jobs (or plan versions) will never be taken.
+    for (auto it = tensors_.begin(); it != tensors_.end();) {
+      if (it->first.second.job_id == job_id) {
+        ++it;
+      } else {
+        bytes_ -= it->second.wire_bytes();
+        it = tensors_.erase(it);
+      }
     }
+    // Every hold is measured again: against another job (refused) or the
+    // new window.
+    wakes = ReleaseHoldsLocked([](const TensorAddress&) { return true; });
   }
+  RunWakes(std::move(wakes));
+}
+
+bool Mailbox::BeyondWindowLocked(const TensorAddress& address) const {
+  return address.job_id == open_job_ &&
+         address.iteration > current_iteration_ + limits_.run_ahead_iterations;
 }
 
 absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_bytes) const {
@@ -28,8 +41,7 @@ absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_byt
         absl::StrCat("tensor for job ", address.job_id.substr(0, 64), " but this worker runs ",
                      open_job_, "; refused"));
   }
-  if (address.job_id == open_job_ &&
-      address.iteration > current_iteration_ + limits_.run_ahead_iterations) {
+  if (BeyondWindowLocked(address)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "tensor for iteration ", address.iteration, " of job ", address.job_id,
         " is beyond the run-ahead window (this stage is at iteration ", current_iteration_,
@@ -48,6 +60,50 @@ absl::Status Mailbox::Admit(const TensorAddress& address, int64_t wire_bytes) co
   return AdmitLocked(address, wire_bytes);
 }
 
+int64_t Mailbox::HoldBeyondWindow(const TensorAddress& address, WindowWake wake) {
+  AnnotatedMutexLock lock(&mu_);
+  if (shut_down_ || aborted_jobs_.count(address.job_id) > 0 || !BeyondWindowLocked(address)) {
+    return 0;
+  }
+  const int64_t ticket = next_ticket_++;
+  holds_.emplace(ticket, Hold{address, std::move(wake)});
+  return ticket;
+}
+
+bool Mailbox::CancelHold(int64_t ticket) {
+  AnnotatedMutexLock lock(&mu_);
+  return holds_.erase(ticket) > 0;
+}
+
+size_t Mailbox::held() const {
+  AnnotatedMutexLock lock(&mu_);
+  return holds_.size();
+}
+
+bool Mailbox::AwaitHeld(size_t count, absl::Duration timeout) const {
+  AnnotatedMutexLock lock(&mu_);
+  auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return holds_.size() == count; };
+  return mu_.AwaitWithTimeout(reached, timeout);
+}
+
+Mailbox::Wakes Mailbox::ReleaseHoldsLocked(
+    const std::function<bool(const TensorAddress&)>& release) {
+  Wakes wakes;
+  for (auto it = holds_.begin(); it != holds_.end();) {
+    if (release(it->second.address)) {
+      wakes.push_back(std::move(it->second.wake));
+      it = holds_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return wakes;
+}
+
+void Mailbox::RunWakes(Wakes wakes) {
+  for (WindowWake& wake : wakes) wake();
+}
+
 absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, WireTensor wire) {
   AnnotatedMutexLock lock(&mu_);
   const int64_t wire_bytes = wire.wire_bytes();
@@ -63,10 +119,17 @@ absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, WireTe
 absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& address,
                                          absl::Duration timeout) {
   const Key key{source_stage, address};
-  AnnotatedMutexLock lock(&mu_);
-  if (address.job_id == open_job_) {
-    current_iteration_ = std::max(current_iteration_, address.iteration);
+  Wakes wakes;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (address.job_id == open_job_ && address.iteration > current_iteration_) {
+      current_iteration_ = address.iteration;
+      wakes = ReleaseHoldsLocked([this](const TensorAddress& held) ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                                     mu_) { return !BeyondWindowLocked(held); });
+    }
   }
+  RunWakes(std::move(wakes));  // Before waiting: what they let in may be what this Take wants.
+  AnnotatedMutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return shut_down_ || aborted_jobs_.count(address.job_id) > 0 || tensors_.count(key) > 0;
   };
@@ -90,8 +153,13 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
 }
 
 void Mailbox::Shutdown() {
-  AnnotatedMutexLock lock(&mu_);
-  shut_down_ = true;
+  Wakes wakes;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    shut_down_ = true;
+    wakes = ReleaseHoldsLocked([](const TensorAddress&) { return true; });
+  }
+  RunWakes(std::move(wakes));
 }
 
 void Mailbox::DropJobLocked(const std::string& job_id) {
@@ -106,14 +174,26 @@ void Mailbox::DropJobLocked(const std::string& job_id) {
 }
 
 void Mailbox::DropJob(const std::string& job_id) {
-  AnnotatedMutexLock lock(&mu_);
-  DropJobLocked(job_id);
+  Wakes wakes;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    DropJobLocked(job_id);
+    wakes =
+        ReleaseHoldsLocked([&job_id](const TensorAddress& held) { return held.job_id == job_id; });
+  }
+  RunWakes(std::move(wakes));
 }
 
 void Mailbox::AbortJob(const std::string& job_id) {
-  AnnotatedMutexLock lock(&mu_);
-  DropJobLocked(job_id);
-  aborted_jobs_.insert(job_id);
+  Wakes wakes;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    DropJobLocked(job_id);
+    aborted_jobs_.insert(job_id);
+    wakes =
+        ReleaseHoldsLocked([&job_id](const TensorAddress& held) { return held.job_id == job_id; });
+  }
+  RunWakes(std::move(wakes));
 }
 
 size_t Mailbox::size() const {

@@ -12,23 +12,42 @@
 // worker buffer without end:
 //   - bytes: at most MailboxLimits::max_bytes of tensors (their wire bytes)
 //     wait at once; a Put beyond it is RESOURCE_EXHAUSTED.
-//   - run-ahead: once a job is opened (OpenJob), a tensor of an iteration
-//     more than run_ahead_iterations past the job's current iteration (the
-//     first iteration, or the latest one a Take asked for) is
-//     RESOURCE_EXHAUSTED. Peers of a synchronous pipeline are never more
-//     than one iteration ahead, so this refuses only floods.
+//   - run-ahead window: once a job is opened (OpenJob), a tensor of an
+//     iteration more than run_ahead_iterations past the job's current
+//     iteration (the first iteration, or the latest one a Take asked for)
+//     is beyond the window. Put and Admit refuse it (RESOURCE_EXHAUSTED),
+//     but a receiver that can wait asks HoldBeyondWindow first and holds
+//     such a tensor back until the window reaches it: the data plane stops
+//     reading that peer's stream, so the peer's own bounded send queue
+//     makes it wait (backpressure). Legal programs do run further ahead
+//     than the window (e.g. a last stage that only runs a forward pass and
+//     sends nothing back), so for them the window paces the sender instead
+//     of failing the job.
 // Admit answers the same question before a tensor's frames are assembled,
 // so a refused tensor is never buffered at all.
+//
+// Held tensors and their wake-ups (HoldBeyondWindow):
+//
+//   HoldBeyondWindow --beyond--> held --Take moves the window over it,------> wake
+//          |                       |     OpenJob, DropJob/AbortJob of its job,  (once)
+//          | within (ticket 0)     |     Shutdown
+//          v                       +--CancelHold (true)--> forgotten, no wake
+//        Admit decides
+//
+// A wake runs after the mailbox's lock is released, on the thread of the
+// call that released it, so it may call the mailbox again.
 //
 // Thread-safe.
 #ifndef PIPETRAIN_WORKER_TRANSPORT_MAILBOX_H_
 #define PIPETRAIN_WORKER_TRANSPORT_MAILBOX_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "common/annotated_mutex.h"
@@ -50,7 +69,9 @@ class Mailbox {
   explicit Mailbox(MailboxLimits limits = {}) : limits_(limits) {}
 
   // The worker starts running `job_id` from `first_iteration`: the job's
-  // current iteration for the run-ahead window, and it is no longer aborted
+  // current iteration for the run-ahead window (every hold is woken, so a
+  // held tensor of another job is then refused and one of `job_id` is
+  // measured against the new window), and it is no longer aborted
   // (AbortJob); other jobs' abort marks and tensors are forgotten (their
   // runners are gone), so the mailbox keeps no state for old jobs, and from
   // now on a tensor of any other job is refused (FAILED_PRECONDITION):
@@ -59,22 +80,50 @@ class Mailbox {
   // the old plan can never be taken as one of the new.
   void OpenJob(const std::string& job_id, int64_t first_iteration);
   // OK when a tensor of `wire_bytes` for `address` would be accepted now;
-  // RESOURCE_EXHAUSTED naming the limit otherwise.
+  // RESOURCE_EXHAUSTED naming the limit (bytes, or the run-ahead window)
+  // or FAILED_PRECONDITION for another job than the open one otherwise.
   absl::Status Admit(const TensorAddress& address, int64_t wire_bytes) const;
+
+  // For a receiver that can wait instead of having a tensor refused as
+  // beyond the run-ahead window (DataPlaneServer). Returns 0 when the
+  // window does not hold a tensor of `address` back: it is within the
+  // window, of another job than the open one, of an aborted job, or the
+  // mailbox is shut down; Admit then decides as for any tensor, and `wake`
+  // is dropped. Otherwise keeps `wake` and returns its ticket (> 0).
+  // `wake` then runs exactly once, unless CancelHold(ticket) returns true
+  // first: when a Take moves the window over the tensor, or OpenJob,
+  // DropJob or AbortJob of its job, or Shutdown is called; on that call's
+  // thread, after the mailbox's lock is released (so it may call the
+  // mailbox, but must not block for long: it delays that call). A wake is
+  // no promise that the tensor is now within the window: ask again.
+  using WindowWake = std::function<void()>;
+  int64_t HoldBeyondWindow(const TensorAddress& address, WindowWake wake);
+  // Forgets the hold `ticket`: true when its wake will never run; false
+  // when it has run or is about to (it was released already).
+  bool CancelHold(int64_t ticket);
+  // How many tensors are held back now (one per waiting stream at most).
+  size_t held() const;
+  // Waits up to `timeout` until exactly `count` tensors are held; returns
+  // whether that happened. For tests and diagnostics.
+  bool AwaitHeld(size_t count, absl::Duration timeout) const;
   // Stores `wire` under (source_stage, address). FAILED_PRECONDITION naming
   // the source and tensor if that key is already waiting; RESOURCE_EXHAUSTED
   // as Admit.
   absl::Status Put(int source_stage, const TensorAddress& address, WireTensor wire);
   // Waits up to `timeout` for the key and removes it (see the file comment
-  // for DEADLINE_EXCEEDED and ABORTED).
+  // for DEADLINE_EXCEEDED and ABORTED). Asking for a later iteration of the
+  // open job moves the run-ahead window, which first wakes the holds it
+  // releases (on this thread).
   absl::StatusOr<WireTensor> Take(int source_stage, const TensorAddress& address,
                                   absl::Duration timeout);
-  // Wakes all waiters with ABORTED; later Takes fail at once.
+  // Wakes all waiters with ABORTED; later Takes fail at once. Wakes every
+  // hold (HoldBeyondWindow then holds nothing more).
   void Shutdown();
-  // Drops every tensor of `job_id` (e.g. after a cancel).
+  // Drops every tensor of `job_id` (e.g. after a cancel) and wakes its holds.
   void DropJob(const std::string& job_id);
   // DropJob, and every current or later Take for `job_id` fails with
-  // ABORTED: how a STOP interrupts a stage blocked in a receive.
+  // ABORTED: how a STOP interrupts a stage blocked in a receive. Its held
+  // tensors are woken and then no longer held (Admit refuses them).
   void AbortJob(const std::string& job_id);
   size_t size() const;
   // Wire bytes of the tensors waiting.
@@ -82,9 +131,21 @@ class Mailbox {
 
  private:
   using Key = std::pair<int, TensorAddress>;
+  struct Hold {
+    TensorAddress address;
+    WindowWake wake;
+  };
+  using Wakes = std::vector<WindowWake>;
+
+  bool BeyondWindowLocked(const TensorAddress& address) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status AdmitLocked(const TensorAddress& address, int64_t wire_bytes) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void DropJobLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the holds `release(address)` selects and returns their wakes,
+  // to be run by RunWakes once mu_ is released.
+  Wakes ReleaseHoldsLocked(const std::function<bool(const TensorAddress&)>& release)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void RunWakes(Wakes wakes);
 
   const MailboxLimits limits_;
   mutable AnnotatedMutex mu_;
@@ -95,6 +156,9 @@ class Mailbox {
   int64_t current_iteration_ ABSL_GUARDED_BY(mu_) = 0;
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
   std::set<std::string> aborted_jobs_ ABSL_GUARDED_BY(mu_);
+  // Tensors held back by the run-ahead window, by ticket.
+  std::map<int64_t, Hold> holds_ ABSL_GUARDED_BY(mu_);
+  int64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
 };
 
 }  // namespace pipetrain

@@ -1,6 +1,8 @@
 #include "worker/transport/mailbox.h"
 
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
@@ -184,6 +186,181 @@ TEST(MailboxTest, Put_BeyondRunAhead_RefusedWindowFollowsTakes) {
   now.iteration = 6;
   (void)mailbox.Take(0, now, absl::ZeroDuration());  // the stage reached iteration 6
   EXPECT_TRUE(mailbox.Put(0, far, WireTensor::Raw(Tensor::Zeros({1}))).ok());
+}
+
+TensorAddress AtIteration(int64_t iteration, const std::string& job_id = "j-1") {
+  TensorAddress address = Activation(job_id, 1);
+  address.iteration = iteration;
+  return address;
+}
+
+// A wake that records its calls and, to prove it runs without the mailbox's
+// lock, files `address` in the mailbox (a wake under the lock would deadlock).
+class FilingWake {
+ public:
+  FilingWake(Mailbox* mailbox, TensorAddress address)
+      : mailbox_(mailbox), address_(std::move(address)) {}
+  Mailbox::WindowWake Make() {
+    return [this] {
+      ++calls_;
+      put_ = mailbox_->Put(0, address_, WireTensor::Raw(Tensor::Zeros({1})));
+    };
+  }
+  int calls() const { return calls_; }
+  const absl::Status& put() const { return put_; }
+
+ private:
+  Mailbox* const mailbox_;
+  const TensorAddress address_;
+  int calls_ = 0;
+  absl::Status put_ = absl::UnknownError("not woken");
+};
+
+TEST(MailboxTest, HoldBeyondWindow_WithinWindowOtherJobOrNoJob_HoldsNothing) {
+  Mailbox unopened;
+  EXPECT_EQ(unopened.HoldBeyondWindow(AtIteration(100), [] { FAIL(); }), 0);
+  Mailbox mailbox;  // run-ahead 2
+  mailbox.OpenJob("j-1", 5);
+  EXPECT_EQ(mailbox.HoldBeyondWindow(AtIteration(7), [] { FAIL(); }), 0);
+  EXPECT_EQ(mailbox.HoldBeyondWindow(AtIteration(8, "j-0"), [] { FAIL(); }), 0);  // Admit refuses
+  EXPECT_EQ(mailbox.held(), 0u);
+  mailbox.OpenJob("j-1", 6);  // wakes nothing: nothing is held
+}
+
+TEST(MailboxTest, HoldBeyondWindow_TakeMovesWindowOverIt_WakesOnceOutsideTheLock) {
+  Mailbox mailbox;  // run-ahead 2
+  mailbox.OpenJob("j-1", 5);
+  FilingWake near(&mailbox, AtIteration(8));
+  FilingWake far(&mailbox, AtIteration(9));
+  EXPECT_GT(mailbox.HoldBeyondWindow(AtIteration(8), near.Make()), 0);
+  EXPECT_GT(mailbox.HoldBeyondWindow(AtIteration(9), far.Make()), 0);
+  EXPECT_EQ(mailbox.held(), 2u);
+  // Held, not refused; nothing is buffered meanwhile.
+  EXPECT_EQ(mailbox.size(), 0u);
+
+  (void)mailbox.Take(0, AtIteration(5), absl::ZeroDuration());  // the window does not move
+  EXPECT_EQ(near.calls(), 0);
+  (void)mailbox.Take(0, AtIteration(6), absl::ZeroDuration());  // it now ends at 8
+  EXPECT_EQ(near.calls(), 1);
+  EXPECT_TRUE(near.put().ok()) << near.put();
+  EXPECT_EQ(far.calls(), 0);
+  EXPECT_EQ(mailbox.held(), 1u);
+  EXPECT_TRUE(mailbox.Take(0, AtIteration(8), absl::ZeroDuration()).ok());
+
+  // A Take of the held iteration itself: the wake runs before it waits, so
+  // the Take finds what the wake filed.
+  absl::StatusOr<WireTensor> got = mailbox.Take(0, AtIteration(9), absl::ZeroDuration());
+  EXPECT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(far.calls(), 1);
+  EXPECT_EQ(mailbox.held(), 0u);
+}
+
+TEST(MailboxTest, HoldBeyondWindow_TakeOnAnotherThread_WakesTheHold) {
+  Mailbox mailbox;
+  mailbox.OpenJob("j-1", 0);
+  absl::Notification woken;
+  ASSERT_GT(mailbox.HoldBeyondWindow(AtIteration(3), [&] { woken.Notify(); }), 0);
+  std::thread stage([&] { (void)mailbox.Take(0, AtIteration(1), absl::ZeroDuration()); });
+  woken.WaitForNotification();
+  stage.join();
+  EXPECT_EQ(mailbox.held(), 0u);
+}
+
+TEST(MailboxTest, CancelHold_BeforeRelease_WakeNeverRunsAfterReleaseFalse) {
+  Mailbox mailbox;
+  mailbox.OpenJob("j-1", 0);
+  const int64_t cancelled = mailbox.HoldBeyondWindow(AtIteration(3), [] { FAIL(); });
+  ASSERT_GT(cancelled, 0);
+  EXPECT_TRUE(mailbox.CancelHold(cancelled));
+  EXPECT_FALSE(mailbox.CancelHold(cancelled));
+  EXPECT_EQ(mailbox.held(), 0u);
+
+  int calls = 0;
+  const int64_t released = mailbox.HoldBeyondWindow(AtIteration(3), [&] { ++calls; });
+  ASSERT_GT(released, 0);
+  EXPECT_NE(released, cancelled);
+  (void)mailbox.Take(0, AtIteration(1), absl::ZeroDuration());
+  EXPECT_EQ(calls, 1);
+  EXPECT_FALSE(mailbox.CancelHold(released));  // its wake has run
+}
+
+TEST(MailboxTest, AbortJob_WhileHeld_WakesAndNoLongerHoldsButStillRefuses) {
+  Mailbox mailbox;
+  mailbox.OpenJob("j-1", 0);
+  int calls = 0;
+  ASSERT_GT(mailbox.HoldBeyondWindow(AtIteration(3), [&] { ++calls; }), 0);
+  mailbox.AbortJob("j-1");
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(mailbox.held(), 0u);
+  // Asked again, it is not held: the job was stopped; Admit refuses it.
+  EXPECT_EQ(mailbox.HoldBeyondWindow(AtIteration(3), [] { FAIL(); }), 0);
+  absl::Status admitted = mailbox.Admit(AtIteration(3), 4);
+  EXPECT_EQ(admitted.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(admitted.message().find("beyond the run-ahead window (this stage is at iteration 0, "
+                                    "peers may be 2 ahead); refused"),
+            std::string::npos)
+      << admitted;
+}
+
+TEST(MailboxTest, DropJob_WakesOnlyThatJobsHolds) {
+  Mailbox mailbox;
+  mailbox.OpenJob("j-1", 0);
+  int calls = 0;
+  ASSERT_GT(mailbox.HoldBeyondWindow(AtIteration(3), [&] { ++calls; }), 0);
+  mailbox.DropJob("j-0");
+  EXPECT_EQ(calls, 0);
+  mailbox.DropJob("j-1");
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(mailbox.held(), 0u);
+}
+
+TEST(MailboxTest, OpenJob_WhileHeld_WakesAndMeasuresAgainstTheNewJob) {
+  Mailbox mailbox;
+  mailbox.OpenJob("j-1/1", 0);
+  int calls = 0;
+  ASSERT_GT(mailbox.HoldBeyondWindow(AtIteration(5, "j-1/1"), [&] { ++calls; }), 0);
+  mailbox.OpenJob("j-1/2", 4);  // a re-plan resumes at iteration 4
+  EXPECT_EQ(calls, 1);
+  // The old plan's tensor is refused as another job's...
+  EXPECT_EQ(mailbox.HoldBeyondWindow(AtIteration(5, "j-1/1"), [] { FAIL(); }), 0);
+  EXPECT_EQ(mailbox.Admit(AtIteration(5, "j-1/1"), 4).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // ...and the new plan's window starts at its first iteration.
+  EXPECT_EQ(mailbox.HoldBeyondWindow(AtIteration(6, "j-1/2"), [] { FAIL(); }), 0);
+  int new_calls = 0;
+  EXPECT_GT(mailbox.HoldBeyondWindow(AtIteration(7, "j-1/2"), [&] { ++new_calls; }), 0);
+  mailbox.Shutdown();
+  EXPECT_EQ(new_calls, 1);
+}
+
+TEST(MailboxTest, Shutdown_WhileHeld_WakesAndHoldsNothingMore) {
+  Mailbox mailbox;
+  mailbox.OpenJob("j-1", 0);
+  int calls = 0;
+  ASSERT_GT(mailbox.HoldBeyondWindow(AtIteration(3), [&] { ++calls; }), 0);
+  mailbox.Shutdown();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(mailbox.HoldBeyondWindow(AtIteration(3), [] { FAIL(); }), 0);
+  EXPECT_EQ(mailbox.held(), 0u);
+}
+
+TEST(MailboxTest, AwaitHeld_CountReachedOrTimeout) {
+  Mailbox mailbox;
+  mailbox.OpenJob("j-1", 0);
+  EXPECT_TRUE(mailbox.AwaitHeld(0, absl::ZeroDuration()));
+  EXPECT_FALSE(mailbox.AwaitHeld(1, absl::ZeroDuration()));
+  ASSERT_GT(mailbox.HoldBeyondWindow(AtIteration(3), [] {}), 0);
+  EXPECT_TRUE(mailbox.AwaitHeld(1, absl::ZeroDuration()));
+}
+
+TEST(MailboxTest, Put_WithinWindowBeyondByteLimit_NotHeldButRefused) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 8});
+  mailbox.OpenJob("j-1", 0);
+  EXPECT_EQ(mailbox.HoldBeyondWindow(AtIteration(2), [] { FAIL(); }), 0);
+  absl::Status full = mailbox.Admit(AtIteration(2), 12);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.message().find("the limit of 8 (--mailbox-limit); refused"), std::string::npos)
+      << full;
 }
 
 TEST(MailboxTest, OpenJob_RefusesOtherJobsAndDropsTheirTensors) {

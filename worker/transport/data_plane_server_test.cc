@@ -1,0 +1,251 @@
+// DataPlaneServer against a raw gRPC client on loopback: a stream whose
+// sender runs beyond the mailbox's run-ahead window is held (backpressure),
+// not refused, and every way a hold can end; the byte limit still refuses.
+// Every wait is on a condition (Mailbox::AwaitHeld, a Take, a stream read).
+#include "worker/transport/data_plane_server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "proto/pipetrain/v1/dataplane.grpc.pb.h"
+#include "worker/transport/data_plane_auth.h"
+#include "worker/transport/frame_codec.h"
+#include "worker/transport/mailbox.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr absl::Duration kPatience = absl::Seconds(60);  // Deadlines only; never waited out.
+constexpr char kJob[] = "j-1";
+constexpr char kSecret[] = "5ecre7-of-j-1";
+// The receiving stage is at this iteration; run-ahead 2 ends its window at 9.
+constexpr int64_t kStageIteration = 7;
+
+using FrameStream = grpc::ClientReaderWriter<v1::TensorFrame, v1::FrameError>;
+
+TensorAddress At(int64_t iteration, int unit) {
+  return {kJob, iteration, v1::ACTIVATION, /*micro_batch=*/0, unit};
+}
+
+// A raw tensor of `floats` values that tell `seed` apart.
+WireTensor Values(int64_t floats, float seed) {
+  Tensor t = Tensor::Zeros({floats});
+  for (int64_t i = 0; i < floats; ++i) t[i] = seed + static_cast<float>(i);
+  return WireTensor::Raw(std::move(t));
+}
+
+class DataPlaneServerTest : public ::testing::Test {
+ protected:
+  void StartServer(MailboxLimits limits = {}) {
+    mailbox_ = std::make_unique<Mailbox>(limits);
+    mailbox_->OpenJob(kJob, kStageIteration);
+    absl::StatusOr<std::unique_ptr<DataPlaneServer>> server =
+        DataPlaneServer::Start("127.0.0.1:0", mailbox_.get());
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    server_->SetJob(kJob, 2, kSecret);
+    stub_ = v1::DataPlane::NewStub(
+        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+    if (mailbox_ != nullptr) mailbox_->Shutdown();
+  }
+
+  // A stream proven as stage 0 of the job.
+  std::unique_ptr<FrameStream> Open(grpc::ClientContext& context) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + kPatience));
+    context.AddMetadata(kJobMetadataKey, kJob);
+    context.AddMetadata(kStageMetadataKey, "0");
+    context.AddMetadata(kProofMetadataKey, StreamProof(kSecret, kJob, 0));
+    return stub_->Stream(&context);
+  }
+
+  static void Write(FrameStream& stream, const TensorAddress& address, const WireTensor& wire) {
+    for (const v1::TensorFrame& frame : EncodeTensorFrames(0, address, wire)) {
+      ASSERT_TRUE(stream.Write(frame));
+    }
+  }
+
+  // What the stage does when it reaches `iteration`: a Take moves the window.
+  void StageReaches(int64_t iteration) {
+    EXPECT_EQ(mailbox_->Take(0, At(iteration, 99), absl::ZeroDuration()).status().code(),
+              absl::StatusCode::kDeadlineExceeded);
+  }
+
+  void ExpectTaken(const TensorAddress& address, const WireTensor& sent) {
+    absl::StatusOr<WireTensor> got = mailbox_->Take(0, address, kPatience);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->tensor.ToVector(), sent.tensor.ToVector()) << address.DebugString();
+  }
+
+  // The stream's next FrameError.
+  static std::string NextError(FrameStream& stream) {
+    v1::FrameError error;
+    if (!stream.Read(&error)) return "(the stream ended)";
+    return error.error();
+  }
+
+  std::unique_ptr<Mailbox> mailbox_;
+  std::unique_ptr<DataPlaneServer> server_;  // Destroyed before the mailbox.
+  std::unique_ptr<v1::DataPlane::Stub> stub_;
+};
+
+TEST_F(DataPlaneServerTest, Stream_SenderThreeIterationsAhead_HeldNotRefusedThenFiled) {
+  StartServer();
+  grpc::ClientContext context;
+  std::unique_ptr<FrameStream> stream = Open(context);
+  const WireTensor first = Values(4, 1.f);
+  const WireTensor second = Values(4, 2.f);
+  const WireTensor later = Values(4, 3.f);
+  Write(*stream, At(kStageIteration + 3, 1), first);
+  Write(*stream, At(kStageIteration + 3, 2), second);
+  Write(*stream, At(kStageIteration + 6, 1), later);
+
+  // The first is held and nothing is read behind it: the mailbox stays empty.
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+  EXPECT_EQ(mailbox_->size(), 0u);
+  EXPECT_EQ(mailbox_->bytes(), 0);
+
+  // One iteration on, the window reaches the first two. Taking them puts
+  // the stage at iteration 10, so the third (13) is held in turn.
+  StageReaches(kStageIteration + 1);
+  ExpectTaken(At(kStageIteration + 3, 1), first);
+  ExpectTaken(At(kStageIteration + 3, 2), second);
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+  EXPECT_EQ(mailbox_->size(), 0u);
+  StageReaches(kStageIteration + 4);
+  ExpectTaken(At(kStageIteration + 6, 1), later);
+
+  // Nothing was refused: the stream ends without a FrameError.
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_EQ(NextError(*stream), "(the stream ended)");
+  const grpc::Status finished = stream->Finish();
+  EXPECT_TRUE(finished.ok()) << finished.error_message();
+  EXPECT_EQ(mailbox_->held(), 0u);
+}
+
+// A Take of the held tensor itself moves the window and finds it at once.
+TEST_F(DataPlaneServerTest, Stream_TakeOfTheHeldTensor_ReceivesIt) {
+  StartServer();
+  grpc::ClientContext context;
+  std::unique_ptr<FrameStream> stream = Open(context);
+  const WireTensor sent = Values(3, 5.f);
+  Write(*stream, At(kStageIteration + 5, 1), sent);
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+  ExpectTaken(At(kStageIteration + 5, 1), sent);
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// The reactor must finish (no read is in flight to fail) and its hold must
+// go, so no later wake reaches a deleted reactor (ASan would see it).
+TEST_F(DataPlaneServerTest, Stream_ClientCancelsWhileHeld_StreamEndsAndHoldGoes) {
+  StartServer();
+  {
+    grpc::ClientContext context;
+    std::unique_ptr<FrameStream> stream = Open(context);
+    Write(*stream, At(kStageIteration + 3, 1), Values(4, 1.f));
+    ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+    context.TryCancel();
+    EXPECT_EQ(stream->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  }
+  ASSERT_TRUE(mailbox_->AwaitHeld(0, kPatience));
+  StageReaches(kStageIteration + 3);  // would wake the hold, had it stayed
+  EXPECT_EQ(mailbox_->size(), 0u);    // the held frame was dropped
+
+  // The server still serves, and shuts down (it waits for every reactor).
+  grpc::ClientContext context;
+  std::unique_ptr<FrameStream> stream = Open(context);
+  const WireTensor sent = Values(2, 8.f);
+  Write(*stream, At(kStageIteration + 3, 2), sent);
+  ExpectTaken(At(kStageIteration + 3, 2), sent);
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+  server_->Shutdown();
+}
+
+TEST_F(DataPlaneServerTest, Shutdown_WhileStreamHeld_CancelsItAndReturns) {
+  StartServer();
+  grpc::ClientContext context;
+  std::unique_ptr<FrameStream> stream = Open(context);
+  Write(*stream, At(kStageIteration + 3, 1), Values(4, 1.f));
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+  server_->Shutdown();
+  EXPECT_EQ(mailbox_->held(), 0u);
+  EXPECT_FALSE(stream->Finish().ok());
+  EXPECT_EQ(mailbox_->size(), 0u);
+}
+
+// Stopping the job ends the hold: the frame is handled, and refused as
+// before, so the sender learns of it instead of waiting.
+TEST_F(DataPlaneServerTest, Stream_JobAbortedWhileHeld_FrameRefusedStreamReadsOn) {
+  StartServer();
+  grpc::ClientContext context;
+  std::unique_ptr<FrameStream> stream = Open(context);
+  Write(*stream, At(kStageIteration + 3, 1), Values(4, 1.f));
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+  mailbox_->AbortJob(kJob);
+  EXPECT_NE(NextError(*stream).find("RESOURCE_EXHAUSTED: tensor for iteration 10 of job j-1 is "
+                                    "beyond the run-ahead window (this stage is at iteration 7, "
+                                    "peers may be 2 ahead); refused"),
+            std::string::npos);
+  EXPECT_EQ(mailbox_->held(), 0u);
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// A re-plan opens another data-plane job: a held frame of the old plan is
+// then refused as another job's.
+TEST_F(DataPlaneServerTest, Stream_NextPlanOpenedWhileHeld_FrameRefusedAsOtherJob) {
+  StartServer();
+  grpc::ClientContext context;
+  std::unique_ptr<FrameStream> stream = Open(context);
+  Write(*stream, At(kStageIteration + 3, 1), Values(4, 1.f));
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+  mailbox_->OpenJob("j-1/2", 0);
+  const std::string error = NextError(*stream);
+  EXPECT_NE(error.find("FAILED_PRECONDITION: tensor for job j-1 but this worker runs j-1/2"),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(mailbox_->held(), 0u);
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+// The byte limit is not a window: a tensor over it is refused at once, and
+// a held one is refused when the window reaches it. Nothing is buffered.
+TEST_F(DataPlaneServerTest, Stream_TensorsOverByteLimit_RefusedHeldOrNot) {
+  StartServer(MailboxLimits{.max_bytes = 1024});
+  grpc::ClientContext context;
+  std::unique_ptr<FrameStream> stream = Open(context);
+  const std::string full =
+      "RESOURCE_EXHAUSTED: mailbox full: 0 bytes wait and a tensor of 2048 bytes would pass the "
+      "limit of 1024 (--mailbox-limit); refused";
+  Write(*stream, At(kStageIteration, 1), Values(512, 1.f));  // 2048 bytes
+  std::string error = NextError(*stream);
+  EXPECT_NE(error.find(full), std::string::npos) << error;
+  EXPECT_EQ(mailbox_->held(), 0u);
+
+  Write(*stream, At(kStageIteration + 3, 2), Values(512, 2.f));
+  ASSERT_TRUE(mailbox_->AwaitHeld(1, kPatience));
+  StageReaches(kStageIteration + 1);
+  error = NextError(*stream);
+  EXPECT_NE(error.find(full), std::string::npos) << error;
+  EXPECT_EQ(mailbox_->bytes(), 0);
+
+  // Within the limit, the same stream still delivers.
+  const WireTensor small = Values(4, 3.f);
+  Write(*stream, At(kStageIteration + 1, 3), small);
+  ExpectTaken(At(kStageIteration + 1, 3), small);
+  ASSERT_TRUE(stream->WritesDone());
+  EXPECT_TRUE(stream->Finish().ok());
+}
+
+}  // namespace
+}  // namespace pipetrain

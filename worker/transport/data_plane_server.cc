@@ -68,17 +68,17 @@ class StreamShared {
 //
 // Reading, one frame at a time:
 //
-//            +------------------ handled; read the next ------------------+
-//            v                                                            |
-//   read in flight --frame--> beyond the run-ahead window? --no-----------+
-//            |                          | yes (first frame of a tensor)   |
-//            | !ok (peer closed,        v                                 |
-//            |  or cancelled)         held: no read (Mailbox::Hold...)    |
-//            |                          |-- mailbox wake: ask again ------+
-//            v                          |-- OnCancel: CancelHold, or the wake
-//   reads done <------------------------+   (already on its way) drops the frame
-//            |
-//            +-- outbox written --> Finish --> OnDone: delete this
+//   reading --frame--> the first frame of a tensor beyond the window?
+//     ^  ^                 | no: handle it         | yes
+//     |  +-----------------+                       v
+//     |                                 held: no read in flight
+//     +--- mailbox wake (still beyond: held again) -+
+//     |                                             | OnCancel: CancelHold, or the
+//     | !ok: peer closed, or cancelled              | wake already on its way;
+//     v                                             | the frame is dropped
+//   reads done <------------------------------------+
+//     |
+//     +--- error replies written ---> Finish ---> OnDone: delete this
 //
 // Lifetime: the wake the mailbox keeps for a held frame captures `this`. It
 // cannot outlive the reactor, because Finish (so OnDone) needs hold_ == 0,

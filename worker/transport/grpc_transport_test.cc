@@ -447,8 +447,8 @@ TEST_F(GrpcTransportTest, Send_ThreeIterationsAheadOfReceiver_HeldNotRefusedThen
   std::vector<std::pair<TensorAddress, Tensor>> sent;
   for (int i = 0; i < 4; ++i) {
     TensorAddress address = Address(v1::ACTIVATION, i, 4);
-    address.iteration = 10 + i / 2;                       // 10, 10, 11, 11
-    sent.emplace_back(address, Pattern({256, 1024}, i));  // 1 MiB
+    address.iteration = 10 + i / 2;  // 10, 10, 11, 11; 1 MiB each
+    sent.emplace_back(address, Pattern({256, 1024}, i));
     ASSERT_TRUE(transports_[0]->Send(1, address, sent.back().second).ok());
   }
   ASSERT_TRUE(mailboxes_[1]->AwaitHeld(1, kPatience));

@@ -28,12 +28,13 @@
 //
 // Held tensors and their wake-ups (HoldBeyondWindow):
 //
-//   HoldBeyondWindow --beyond--> held --Take moves the window over it,------> wake
-//          |                       |     OpenJob, DropJob/AbortJob of its job,  (once)
-//          | within (ticket 0)     |     Shutdown
-//          v                       +--CancelHold (true)--> forgotten, no wake
-//        Admit decides
+//   HoldBeyondWindow --beyond the window--> held --released--> wake runs once
+//         | otherwise: 0, nothing held        | CancelHold: true
+//         v                                   v
+//   Admit decides                        forgotten, no wake
 //
+// Released by: a Take that moves the window over it; OpenJob; DropJob or
+// AbortJob of its job; Shutdown.
 // A wake runs after the mailbox's lock is released, on the thread of the
 // call that released it, so it may call the mailbox again.
 //

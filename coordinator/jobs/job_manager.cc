@@ -626,9 +626,9 @@ bool JobManager::IsDrainedLocked(const std::string& worker_id) const {
 }
 
 bool JobManager::RequestBoundaryLocked(JobRecord& record, const std::string& reason) {
-  // Beyond every stage's progress: a stage learns the step at its next
-  // report, and no stage runs more than the mailbox's run-ahead (2
-  // iterations) ahead of the slowest.
+  // Beyond every stage's progress: `furthest` is the most advanced stage's
+  // last report, and a stage learns the step at its next report (one
+  // iteration later at most), so every stage learns it before passing it.
   int64_t furthest = record.job.progress().step();
   for (const StageProgress& s : record.stages) furthest = std::max(furthest, s.iterations_done);
   const int64_t step = furthest + 3;

@@ -477,6 +477,9 @@ absl::Status JobRunner::RunJob() {
       r.set_weights_digest(WeightsDigest(options_.backend, runtime->parameters()));
     if (val_loss.has_value() && replica_zero) r.set_val_loss(*val_loss);
     r.set_eval_seconds(eval_seconds);
+    // The job ends with the last report: a checkpoint still being written
+    // must be reported before it (ReportCheckpoint runs on the writer).
+    if (last && writer != nullptr) writer->Wait();
     absl::StatusOr<v1::ReportProgressResponse> reported = coordinator_->ReportProgress(r);
     if (!reported.ok()) return reported.status();
     if (last) {

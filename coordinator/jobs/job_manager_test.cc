@@ -173,7 +173,9 @@ TEST_F(JobManagerTest, DataParallel_CompressedStagesGetTheirRank) {
     EXPECT_EQ(plan.data_parallel_powersgd_rank(), 3);
     const std::vector<int> chosen(plan.data_parallel_compressed_stages().begin(),
                                   plan.data_parallel_compressed_stages().end());
-    if (!automatic) EXPECT_EQ(chosen, std::vector<int>{1});
+    if (!automatic) {
+      EXPECT_EQ(chosen, std::vector<int>{1});
+    }
     for (int g = 0; g < 4; ++g) {
       const bool compressed = std::find(chosen.begin(), chosen.end(), g % 2) != chosen.end();
       EXPECT_EQ(AssignmentOf(job.worker_ids(g)).data_parallel_powersgd_rank(), compressed ? 3 : 0)

@@ -71,7 +71,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   const int replica_micro_batches = c.micro_batches / replicas;
   auto programs =
       CompileBiPartitionPrograms(forward, backward, units, replica_micro_batches, schedule).value();
-  if (extras.fuse_embedding_sync) EXPECT_TRUE(FuseEmbeddingSync(backward, &programs).ok());
+  if (extras.fuse_embedding_sync) {
+    EXPECT_TRUE(FuseEmbeddingSync(backward, &programs).ok());
+  }
   const int per = c.batch_size / c.micro_batches;
   auto eval_programs =
       CompileEvalPrograms(forward, units, (c.eval_windows + per - 1) / per).value();

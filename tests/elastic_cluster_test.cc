@@ -26,6 +26,7 @@
 #include "tests/cluster_testing.h"
 #include "worker/data/corpus.h"
 #include "worker/model/weights_io.h"
+#include "worker/runtime/data_parallel_testing.h"
 #include "worker/train/local_trainer.h"
 
 namespace pipetrain {
@@ -245,6 +246,35 @@ TEST_F(ElasticClusterTest, TwoKillsInARow_EndsOnTwoWorkers) {
   EXPECT_EQ(job.worker_ids_size(), 2);
   EXPECT_EQ(job.progress().recoveries(), 2);
   EXPECT_EQ(job.plan_history_size(), 3);
+}
+
+// Data parallelism (2 replicas of 2 stages) and a lost replica worker: the
+// job re-plans with whole replicas, 2 of 1 stage on the 3 workers left,
+// resumes from replica 0's checkpoint and ends as train-local on the same
+// global batch, to 1e-5 (data_parallel_testing.h); SUCCEEDED also says the
+// replicas' final weights agreed bitwise (their digests).
+TEST_F(ElasticClusterTest, DataParallelReplicaWorkerKilled_RecoversWithWholeReplicas) {
+  Start("dp", 4);
+  v1::JobSpec spec = ElasticSpec(2, "uniform", "dp.safetensors");
+  spec.mutable_parallelism()->set_data(2);
+  const std::string id = testing::SubmitJob(*stub_, spec);
+  ASSERT_FALSE(KillAtStep(id, 12, 3).empty());  // replica 1's stage 1
+  const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
+  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 2);
+  EXPECT_EQ(job.progress().recoveries(), 1);
+  ASSERT_EQ(job.plan_history_size(), 2);
+  EXPECT_EQ(job.plan_history(1).worker_ids_size(), 2);
+  const Reference& ref = TrainLocally();
+  testing::ExpectLossesClose(std::vector<float>(job.progress().loss_history().begin(),
+                                                job.progress().loss_history().end()),
+                             ref.losses, "losses");
+  auto file = ReadSafetensors(job.weights_path());
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::map<std::string, std::vector<float>> weights;
+  for (const NamedTensor& t : file->tensors) weights[t.name] = t.tensor.ToVector();
+  testing::ExpectWeightsClose(weights, ref.weights, spec.model().d_model(), spec.training().lr(),
+                              kSteps, "weights");
 }
 
 TEST_F(ElasticClusterTest, HeadOwnerKilled_TiedEmbeddingRestored) {

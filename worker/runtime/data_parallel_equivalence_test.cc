@@ -114,11 +114,11 @@ TEST(DataParallelEquivalenceTest, FusedEmbeddingSync_BitwiseUnfused_OneCollectiv
       // Each owner: exchange + tied all-reduce + bucket, or fused + bucket.
       EXPECT_EQ(unfused.collectives.at("embedding_sync"), owners * steps);
       EXPECT_EQ(fused.collectives.at("embedding_sync"), owners * steps);
+      // One bucket per stage (these gradients fit one), plus the tied
+      // gradient's all-reduce on its two owners unfused.
       const int64_t stages = static_cast<int64_t>(plan.forward.size());
-      const int64_t with_units = stages;  // every stage of these plans owns backward units
-      EXPECT_EQ(unfused.collectives.at("data_parallel"),
-                (with_units + owners / replicas) * replicas * steps);
-      EXPECT_EQ(fused.collectives.at("data_parallel"), with_units * replicas * steps);
+      EXPECT_EQ(unfused.collectives.at("data_parallel"), (stages + 2) * replicas * steps);
+      EXPECT_EQ(fused.collectives.at("data_parallel"), stages * replicas * steps);
       int64_t unfused_total = 0, fused_total = 0;
       for (const auto& [purpose, n] : unfused.collectives) unfused_total += n;
       for (const auto& [purpose, n] : fused.collectives) fused_total += n;
@@ -155,11 +155,37 @@ TEST(DataParallelEquivalenceTest, SelectiveStageCompression_ReplicasAgreeTraffic
   EXPECT_NEAR(compressed.losses.back(), exact.losses.back(), 0.05 * exact.losses.back());
   EXPECT_LT(compressed.collective_bytes.at("data_parallel"),
             exact.collective_bytes.at("data_parallel"));
-  // Compressed collectives: every matrix of stage 0 but the tied wte
-  // (wpe, attention's c_attn and c_proj, the MLP's two) per replica and
-  // step, on top of the bucket.
+  // Per replica and step, stage 0 compressed: one bucket of its vectors and
+  // one PowerSGD all-reduce per matrix but the tied wte (wpe, attention's
+  // c_attn and c_proj, the MLP's two), against one bucket exact.
   EXPECT_EQ(compressed.collectives.at("data_parallel") - exact.collectives.at("data_parallel"),
             5 * 2 * testing::kIterations);
+}
+
+// Buckets of one unit each: every unit's gradients are all-reduced on the
+// background thread as soon as its last backward pass ends, overlapping
+// the lower units' backward passes. Still train-local's to 1e-5, replicas
+// bitwise equal (RunPipeline), one collective per unit and step.
+TEST(DataParallelEquivalenceTest, SmallBuckets_AllReduceOverlapsTheBackwardPass) {
+  const TrainConfig c = DataParallelConfig();
+  const Dataset data = MakeDataset();
+  const RunOutput local = RunLocal(c, data);
+  for (int stages : {1, 3}) {
+    SCOPED_TRACE(stages);
+    auto ranges = UniformPartition(NumUnits(c.model), stages);
+    ASSERT_TRUE(ranges.ok());
+    testing::PipelineExtras extras;
+    extras.replicas = 2;
+    extras.fuse_embedding_sync = true;
+    extras.dp_bucket_bytes = 1;
+    const RunOutput pipe =
+        RunPipeline(c, data, *ranges, *ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
+    ExpectMatchesLocal(c, pipe, local, "one-unit buckets");
+    // With one stage the tied gradient has one owner (nothing to fuse) and
+    // its own all-reduce.
+    EXPECT_EQ(pipe.collectives.at("data_parallel"),
+              int64_t{NumUnits(c.model) + (stages == 1 ? 1 : 0)} * 2 * testing::kIterations);
+  }
 }
 
 // The replicas' shares differ (a replica that trained alone on its share

@@ -102,6 +102,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
                      programs[s], absl::Seconds(30), eval_programs[s]};
     setup.replica = g / stages;
     setup.replicas = replicas;
+    if (extras.dp_bucket_bytes > 0) setup.data_parallel_bucket_bytes = extras.dp_bucket_bytes;
     for (int compressed : extras.dp_compressed_stages) {
       if (compressed == s) setup.data_parallel_powersgd_rank = extras.dp_powersgd_rank;
     }

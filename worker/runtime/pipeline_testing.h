@@ -55,6 +55,7 @@ struct PipelineExtras {
   // with PowerSGD of this rank (StageSetup).
   int dp_powersgd_rank = 0;
   std::vector<int> dp_compressed_stages;
+  int64_t dp_bucket_bytes = 0;  // > 0: StageSetup::data_parallel_bucket_bytes
   int iterations = kIterations;
 };
 

@@ -22,6 +22,8 @@ namespace {
 // of the data-parallel gradient all-reduces (one per parameter).
 constexpr int kGradClipTagBase = 1 << 20;
 constexpr int kDataParallelTagBase = 1 << 21;
+// Tags of the overlapped all-reduces, one per unit.
+constexpr int kOverlapTagBase = (1 << 21) + (1 << 19);
 // Tags of the loss stages' all-gather of the step's micro-batch losses and
 // of the fused embedding synchronization.
 constexpr int kLossGatherTag = 1 << 22;
@@ -219,6 +221,11 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
     if (mb >= 0) last[mb] = i;
   }
   for (const auto& [mb, i] : last) last_touch_[i].push_back(mb);
+  for (int i = 0; i < ins.size(); ++i) {
+    if (!ins[i].has_backward()) continue;
+    const v1::UnitRange& r = ins[i].backward().units();
+    for (int u = r.begin(); u < r.end(); ++u) final_backward_of_unit_[u] = i;
+  }
 }
 
 std::vector<Parameter*> StageRuntime::parameters() const {
@@ -348,6 +355,11 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   contexts_.clear(), losses_.clear();
   tied_received_ = Tensor();
   tied_reduced_ = false;
+  overlapped_units_.clear();
+  overlapped_stats_.clear();
+  bucket_.clear();
+  bucket_numel_ = 0;
+  buckets_queued_ = 0;
   // sends_ is idle here: every iteration and validation pass drains it.
   encoder_.BeginIteration();
   device_encoder_.BeginIteration();
@@ -362,6 +374,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
       AnnotatedMutexLock lock(&status_mu_);
       current_ = DescribeInstruction(in);
     }
+    current_instruction_ = i;
     absl::Status status = Execute(in, iteration, &result);
     if (status.ok()) status = setup_.backend->status();
     if (!status.ok()) {
@@ -588,6 +601,9 @@ absl::Status StageRuntime::Backward(const v1::Instruction::Backward& b) {
     }
     dy = unit->Backward(dy, batch, ctx->second);
     contexts_.erase(ctx);
+    if (final_backward_of_unit_[u] == current_instruction_ && OverlapsAllReduce()) {
+      RETURN_IF_ERROR(OverlapAllReduce(u));
+    }
   }
   if (b.units().begin() > 0) grads_out_[mb] = dy;
   return absl::OkStatus();
@@ -799,7 +815,79 @@ absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResul
   return absl::OkStatus();
 }
 
+bool StageRuntime::OverlapsAllReduce() const {
+  if (setup_.replicas < 2 || setup_.data_parallel_powersgd_rank > 0) return false;
+  for (const auto& [index, unit] : units_) {
+    for (const Parameter* p : unit->parameters()) {
+      if (p->grad.on_device()) return false;  // downloads belong to the interpreter's thread
+    }
+  }
+  return true;
+}
+
+absl::Status StageRuntime::OverlapAllReduce(int unit) {
+  // The gradients are final: nothing touches them again before the
+  // optimizer step drains all_reduces_ (the tied wte, which AddTied and the
+  // clipping read, stays out). Their host buffers are the backend's own.
+  overlapped_units_.insert(unit);
+  for (Parameter* p : units_.at(unit)->parameters()) {
+    if (p->name == "wte.weight") continue;
+    bucket_.push_back(p);
+    bucket_numel_ += p->grad.numel();
+  }
+  if (bucket_numel_ * 4 >= setup_.data_parallel_bucket_bytes) return FlushBucket();
+  return absl::OkStatus();
+}
+
+absl::Status StageRuntime::FlushBucket() {
+  if (bucket_numel_ == 0) return absl::OkStatus();
+  std::vector<Parameter*> params = std::move(bucket_);
+  const int64_t numel = bucket_numel_;
+  bucket_.clear();
+  bucket_numel_ = 0;
+  overlapped_stats_.push_back(std::make_unique<IterationResult::CollectiveStats>());
+  IterationResult::CollectiveStats* stats = overlapped_stats_.back().get();
+  std::vector<int> copies;
+  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(r * setup_.num_stages + setup_.stage);
+  const int64_t iteration = iteration_;
+  const int tag = kOverlapTagBase + buckets_queued_++;
+  return all_reduces_.Enqueue(
+      [this, params, numel, stats, copies, iteration, tag]() -> absl::Status {
+        Collectives collectives(
+            transport_, CollectiveGroup{copies, setup_.job_id},
+            CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
+        RETURN_IF_ERROR(collectives.status());
+        Tensor flat = Tensor::Zeros({numel});
+        int64_t offset = 0;
+        for (const Parameter* p : params) {
+          std::memcpy(flat.data() + offset, p->grad.data(), p->grad.size_bytes());
+          offset += p->grad.numel();
+        }
+        const auto start = Clock::now();
+        RETURN_IF_ERROR(collectives.AllReduce(iteration, tag, flat));
+        stats->count = 1;
+        stats->bytes = stats->wire_bytes = flat.size_bytes();
+        stats->seconds = std::chrono::duration<double>(Clock::now() - start).count();
+        offset = 0;
+        for (Parameter* p : params) {
+          std::memcpy(p->grad.data(), flat.data() + offset, p->grad.size_bytes());
+          offset += p->grad.numel();
+        }
+        return absl::OkStatus();
+      });
+}
+
 absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult* result) {
+  RETURN_IF_ERROR(FlushBucket());  // the last, partly filled bucket
+  RETURN_IF_ERROR(all_reduces_.Drain());
+  for (const auto& stats : overlapped_stats_) {
+    if (result == nullptr || stats->count == 0) continue;
+    IterationResult::CollectiveStats& total = result->collectives["data_parallel"];
+    total.count += stats->count;
+    total.bytes += stats->bytes;
+    total.wire_bytes += stats->wire_bytes;
+    total.seconds += stats->seconds;
+  }
   if (transport_ == nullptr) return Internal("data parallelism needs a transport");
   std::vector<int> copies;  // the replicas' copies of this stage, in replica order
   for (int r = 0; r < setup_.replicas; ++r) copies.push_back(r * setup_.num_stages + setup_.stage);
@@ -811,8 +899,12 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
   const int rank = setup_.data_parallel_powersgd_rank;
   std::vector<Parameter*> bucket, compressed;
   int64_t numel = 0;
+  std::set<const Parameter*> overlapped;
+  for (int u : overlapped_units_) {
+    for (const Parameter* p : units_.at(u)->parameters()) overlapped.insert(p);
+  }
   for (Parameter* p : parameters()) {
-    if (p == tied) continue;
+    if (p == tied || overlapped.count(p) > 0) continue;
     const Shape& shape = p->grad.shape();
     // PowerSGD pays where r (rows + cols) < rows * cols (Vogels et al.
     // leave vectors uncompressed too).

@@ -85,6 +85,12 @@ struct StageSetup {
   // the matrix); vectors and the tied embedding go uncompressed. Every
   // replica's copy of the stage must have the same value.
   int data_parallel_powersgd_rank = 0;
+  // Data parallelism without PowerSGD, on host gradients: gradients are
+  // all-reduced in buckets of about this many bytes, each launched (on a
+  // background thread) as soon as the backward pass has finished every
+  // unit in it, overlapping the rest of the backward; the last bucket at
+  // the optimizer step. Buckets amortise the per-collective latency.
+  int64_t data_parallel_bucket_bytes = int64_t{4} << 20;
   // The stages that hold backward units (ascending): with
   // train.grad_clip > 0 they exchange their parameters' squared gradient
   // sums before each optimizer step (worker/train/grad_clip.h). Empty:
@@ -202,11 +208,22 @@ class StageRuntime {
   // norm over every stage's (setup_.optimizer_stages exchange their sums;
   // grad_clip.h), and sets the learning rate of the step (lr_schedule.h).
   absl::Status PrepareOptimizerStep(int64_t iteration, IterationResult* result);
-  // Every gradient but the tied embedding's in one ring all-reduce over the
-  // replicas (one latency per stage, not per tensor), and the tied one,
-  // unless a fused sync reduced it already, in member order
-  // (collectives.h), so that fused and unfused agree bitwise.
+  // Waits for the overlapped all-reduces (OverlapAllReduce); then every
+  // gradient they did not cover but the tied embedding's in one ring
+  // all-reduce over the replicas, and the tied one, unless a fused sync
+  // reduced it already, in member order (collectives.h), so that fused and
+  // unfused agree bitwise.
   absl::Status AllReduceGradients(int64_t iteration, IterationResult* result);
+  // Whether unit u's gradients are all-reduced as soon as its last backward
+  // pass of the iteration ends, overlapping the rest of the backward: with
+  // data parallelism, host gradients and no PowerSGD.
+  bool OverlapsAllReduce() const;
+  // Adds unit u's final gradients (the tied wte left out) to the bucket,
+  // and queues the bucket when it is full (FlushBucket).
+  absl::Status OverlapAllReduce(int unit);
+  // Queues the bucket for a ring all-reduce on all_reduces_, which writes
+  // the sums back.
+  absl::Status FlushBucket();
   // Data parallelism, on the loss stage: every replica's micro-batch
   // losses, all-gathered over the replicas' loss stages, replace this
   // replica's share in `result` (the step's micro-batch order).
@@ -270,7 +287,24 @@ class StageRuntime {
   std::map<std::pair<int, std::string>, LinkStats> sent_stats_;
   // What LINK_PATH_DEVICE sends sent since the last drain (the interpreter's).
   std::map<std::pair<int, std::string>, LinkStats> device_sent_stats_;
-  // Last: destroyed first, so queued sends finish while what they use exists.
+  // Data parallelism, overlapped with the backward pass (CPU gradients, no
+  // PowerSGD): the program's last Backward instruction of each unit; the
+  // instruction running now; the units whose gradients this iteration went
+  // to all_reduces_ as soon as they were final (one bucket, one collective,
+  // per unit), with each one's stats, merged into the result at the drain.
+  std::map<int, int> final_backward_of_unit_;
+  int current_instruction_ = -1;
+  std::set<int> overlapped_units_;
+  std::vector<std::unique_ptr<IterationResult::CollectiveStats>> overlapped_stats_;
+  // The bucket being filled (final gradients not yet queued), and the
+  // number of buckets queued this iteration (their tags).
+  std::vector<Parameter*> bucket_;
+  int64_t bucket_numel_ = 0;
+  int buckets_queued_ = 0;
+  // Last: destroyed first, so queued sends finish while what they use
+  // exists; all_reduces_ (the overlapped all-reduces, in program order, on
+  // their own thread) likewise.
+  SendQueue all_reduces_;
   SendQueue sends_;
 };
 

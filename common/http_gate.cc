@@ -72,6 +72,7 @@ struct HttpGate::Connection {
   const int fd;
   State state = State::kReading;
   absl::Time deadline = absl::InfiniteFuture();  // of the current state
+  const absl::Time accepted = absl::Now();
   std::string in;  // kReading: every byte received so far
   HttpRequestFramer framer;
   std::string out;     // bytes still to write: "100 Continue", an answer
@@ -310,6 +311,8 @@ void HttpGate::Flush(Connection& connection) {
 
 void HttpGate::Reject(Connection& connection, int status, const std::string& code,
                       const std::string& message) {
+  if (options_.on_reject)
+    options_.on_reject(connection.in, status, absl::Now() - connection.accepted);
   std::string().swap(connection.in);
   Send(connection, SerializeClosingResponse(JsonError(status, code, message)));
   StartLingering(connection);

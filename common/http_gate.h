@@ -68,6 +68,11 @@ class HttpGate {
     absl::Duration request_timeout = absl::Seconds(10);   // accept to last body byte
     absl::Duration response_timeout = absl::Seconds(10);  // Respond to last byte written
     absl::Duration linger = absl::Seconds(2);
+    // Called on the gate's thread for each error answer the gate gives
+    // itself (the rejections above), with the bytes received so far (the
+    // request line, when it arrived), the status, and the time since the
+    // connection was accepted. Must be quick and must not block; unset: none.
+    std::function<void(absl::string_view received, int status, absl::Duration elapsed)> on_reject;
   };
   // Called on the gate's thread with each complete request. Must not block
   // (queue the request for another thread) and must not call Stop.

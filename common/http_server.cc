@@ -4,10 +4,13 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
+#include <regex>
 #include <utility>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/fixed_thread_pool.h"
 #include "common/http_gate.h"
@@ -33,6 +36,42 @@ void Apply(const HttpResponse& in, httplib::Response& out) {
   out.status = in.status;
   out.set_content(in.body, in.content_type.c_str());
 }
+
+// The standard methods (RFC 9110 and PATCH); anything else is reported as
+// "OTHER", so a client cannot mint metric labels.
+std::string BoundedMethod(absl::string_view method) {
+  static constexpr std::array<absl::string_view, 9> kKnown = {
+      "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH"};
+  for (absl::string_view known : kKnown) {
+    if (method == known) return std::string(known);
+  }
+  return "OTHER";
+}
+
+// The method and path (without the query) of a request line "GET /p?q HTTP/1.1";
+// empty when the bytes do not start with one.
+std::pair<std::string, std::string> MethodAndPath(absl::string_view request) {
+  const size_t line_end = request.find("\r\n");
+  const absl::string_view line = request.substr(0, line_end);
+  const size_t space = line.find(' ');
+  if (space == absl::string_view::npos) return {"", ""};
+  absl::string_view target = line.substr(space + 1);
+  target = target.substr(0, target.find(' '));
+  return {std::string(line.substr(0, space)), std::string(target.substr(0, target.find('?')))};
+}
+
+// The status of serialized response bytes ("HTTP/1.1 404 Not Found..."); 0
+// when there is none.
+int StatusOf(absl::string_view response) {
+  int status = 0;
+  if (!absl::StartsWith(response, "HTTP/") || response.size() < 12) return 0;
+  return absl::SimpleAtoi(response.substr(9, 3), &status) ? status : 0;
+}
+
+// The pattern of the route whose handler is running on this thread, set by
+// the route's adapter for HttpServer::Answer (which runs the handler
+// synchronously on the same thread).
+thread_local const std::string* t_matched_route = nullptr;
 
 // Runs each task at once on httplib's accept thread. The only task is
 // handing a socket to the gate, which never blocks, so no pool is needed.
@@ -127,6 +166,12 @@ class GatedServer : public httplib::Server {
 
 }  // namespace internal
 
+struct HttpServer::RouteEntry {
+  std::string method;
+  std::string pattern;
+  std::regex regex;
+};
+
 HttpServer::HttpServer() : HttpServer(Options{}) {}
 
 HttpServer::HttpServer(Options options)
@@ -188,8 +233,11 @@ void HttpServer::Post(const std::string& pattern, Handler handler) {
 
 void HttpServer::Route(const std::string& method, const std::string& pattern, Handler handler) {
   PT_CHECK(!started_) << "route " << method << " " << pattern << " registered after Start";
-  auto adapter = [handler = std::move(handler)](const httplib::Request& req,
-                                                httplib::Response& res) {
+  routes_.push_back({method, pattern, std::regex(pattern)});
+  auto adapter = [handler = std::move(handler),
+                  route = std::make_shared<const std::string>(pattern)](const httplib::Request& req,
+                                                                        httplib::Response& res) {
+    t_matched_route = route.get();
     Apply(handler(Translate(req)), res);
   };
   if (method == "GET") {
@@ -214,6 +262,12 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   gate.max_connections = options_.max_connections;
   gate.request_timeout = options_.request_timeout;
   gate.response_timeout = options_.response_timeout;
+  if (options_.on_response) {
+    gate.on_reject = [this](absl::string_view received, int status, absl::Duration elapsed) {
+      options_.on_response(BoundedMethod(MethodAndPath(received).first), kRejectedRoute, status,
+                           absl::ToDoubleSeconds(elapsed));
+    };
+  }
   absl::StatusOr<std::unique_ptr<HttpGate>> started =
       HttpGate::Start(gate, [this](GatedRequest request) { Dispatch(std::move(request)); });
   if (!started.ok()) return started.status();
@@ -235,7 +289,36 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
 void HttpServer::Dispatch(GatedRequest request) {
   // std::function needs a copyable task; the request is moved in, not copied.
   auto shared = std::make_shared<GatedRequest>(std::move(request));
-  handlers_->Post([this, shared] { gate_->Respond(shared->connection, server_->Handle(*shared)); });
+  handlers_->Post([this, shared] { gate_->Respond(shared->connection, Answer(*shared)); });
+}
+
+std::string HttpServer::Answer(const GatedRequest& request) {
+  const absl::Time start = absl::Now();
+  t_matched_route = nullptr;
+  std::string response = server_->Handle(request);
+  const std::string* matched = t_matched_route;
+  t_matched_route = nullptr;
+  if (!options_.on_response || response.empty()) return response;
+  const auto [method, path] = MethodAndPath(request.bytes);
+  const int status = StatusOf(response);
+  std::string route;
+  if (matched != nullptr) {
+    route = *matched;
+  } else if (status == 400) {
+    route = kRejectedRoute;  // httplib's parser refused it before routing
+  } else {
+    route = RouteOf(method, path);  // refused before its handler (401), or unrouted
+  }
+  options_.on_response(BoundedMethod(method), route, status,
+                       absl::ToDoubleSeconds(absl::Now() - start));
+  return response;
+}
+
+std::string HttpServer::RouteOf(const std::string& method, const std::string& path) const {
+  for (const RouteEntry& entry : routes_) {
+    if (entry.method == method && std::regex_match(path, entry.regex)) return entry.pattern;
+  }
+  return kUnmatchedRoute;
 }
 
 void HttpServer::Stop() {

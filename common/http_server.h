@@ -95,7 +95,32 @@ class HttpServer {
     absl::Duration response_timeout = absl::Seconds(10);
     // Threads that run handlers. Requires: >= 1.
     int handler_threads = 4;
+
+    // Observer, for request metrics: called once per answered request, after
+    // its response is complete and before it is written, with
+    //   method:  the request's method if it is a standard one ("GET",
+    //            "POST", "PUT", ...), else "OTHER" (also when no request
+    //            line arrived);
+    //   route:   the registered pattern the path matches (for a 401 too),
+    //            kUnmatchedRoute when none does (404), or kRejectedRoute
+    //            when the gate answered before the request was complete or
+    //            parsed (400 malformed, 408, 411, 413, 431, 503);
+    //   status:  the HTTP status sent;
+    //   seconds: handled requests: from the request being complete to its
+    //            response being ready (queueing included); gate answers: from
+    //            accepting the connection.
+    // Every label is drawn from a bounded set: clients cannot create new
+    // ones. Runs on a handler thread, or on the gate's thread for gate
+    // answers: it must be thread-safe, quick and must not block.
+    // Connections closed without an answer are not reported.
+    std::function<void(const std::string& method, const std::string& route, int status,
+                       double seconds)>
+        on_response;
   };
+  // The route label of requests that match no registered pattern.
+  static constexpr char kUnmatchedRoute[] = "unmatched";
+  // The route label of requests the gate answered itself.
+  static constexpr char kRejectedRoute[] = "rejected";
   using Handler = std::function<HttpResponse(const HttpRequest&)>;
 
   HttpServer();
@@ -129,12 +154,19 @@ class HttpServer {
   int port() const { return port_; }
 
  private:
+  struct RouteEntry;
   void Route(const std::string& method, const std::string& pattern, Handler handler);
   void InstallHooks();
   void Dispatch(GatedRequest request);  // on the gate's thread: queue for a handler
+  // Handles `request` on a handler thread; reports it to on_response.
+  std::string Answer(const GatedRequest& request);
+  // The first registered pattern for `method` matching `path`, else
+  // kUnmatchedRoute.
+  std::string RouteOf(const std::string& method, const std::string& path) const;
 
   const Options options_;
   std::unique_ptr<internal::GatedServer> server_;
+  std::vector<RouteEntry> routes_;             // in registration order; fixed from Start
   std::unique_ptr<FixedThreadPool> handlers_;  // from Start
   std::unique_ptr<HttpGate> gate_;             // from Start
   std::thread thread_;                         // httplib's accept loop

@@ -8,7 +8,10 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -417,6 +420,78 @@ TEST(HttpServer, Stop_SlowClientsConnected_ReturnsAndClosesThem) {
   ASSERT_TRUE(slow.ok()) << slow.status();
   server.Stop();  // a hang here fails the test by its timeout
   EXPECT_EQ((*slow)->AwaitAnsweredOrClosed(absl::Seconds(30)), 16);
+}
+
+// Records what HttpServer::Options::on_response reports.
+class ResponseLog {
+ public:
+  using Entry = std::tuple<std::string, std::string, int>;  // method, route, status
+
+  HttpServer::Options Observing(HttpServer::Options options = {}) {
+    options.on_response = [this](const std::string& method, const std::string& route, int status,
+                                 double seconds) {
+      EXPECT_GE(seconds, 0.0);
+      std::lock_guard<std::mutex> lock(mu_);
+      entries_.emplace_back(method, route, status);
+    };
+    return options;
+  }
+  std::vector<Entry> entries() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return entries_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<Entry> entries_;
+};
+
+constexpr char kThingRoute[] = R"(/things/([^/]+))";
+
+TEST(HttpServer, OnResponse_RoutedUnroutedAndHandlerErrors_ReportPatternAndStatus) {
+  ResponseLog log;
+  HttpServer server(log.Observing());
+  server.Get(kThingRoute, Echo);
+  server.Post("/bad", [](const HttpRequest&) { return JsonError(400, "INVALID_ARGUMENT", "x"); });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto client = ClientFor(*port);
+  ASSERT_TRUE(client->Get("/things/a1?x=1"));
+  ASSERT_TRUE(client->Get("/things/b2"));
+  ASSERT_TRUE(client->Post("/bad", "{}", "application/json"));
+  ASSERT_TRUE(client->Get("/nowhere/at/all"));
+  // Each is reported before its response is written: no waiting needed.
+  EXPECT_EQ(log.entries(), (std::vector<ResponseLog::Entry>{{"GET", kThingRoute, 200},
+                                                            {"GET", kThingRoute, 200},
+                                                            {"POST", "/bad", 400},
+                                                            {"GET", "unmatched", 404}}));
+}
+
+TEST(HttpServer, OnResponse_Unauthenticated_ReportsTheRouteWith401) {
+  ResponseLog log;
+  HttpServer server(log.Observing({.bearer_token = "s3cret"}));
+  server.Get(kThingRoute, Echo);
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  ASSERT_TRUE(ClientFor(*port)->Get("/things/a1"));
+  EXPECT_EQ(log.entries(), (std::vector<ResponseLog::Entry>{{"GET", kThingRoute, 401}}));
+}
+
+TEST(HttpServer, OnResponse_GateAndParserRejections_ReportRejectedRoute) {
+  ResponseLog log;
+  HttpServer server(log.Observing({.max_body_bytes = 10}));
+  server.Post("/echo", Echo);
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::Result result = ClientFor(*port)->Post("/echo", std::string(11, 'x'), "text/plain");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  ASSERT_EQ(result->status, 413);
+  RawConnection connection(*port, absl::Seconds(10));
+  ASSERT_TRUE(connection.connected());
+  ASSERT_TRUE(connection.Send("BREW /pot HTTP/1.1\r\n\r\n"));  // a method httplib refuses
+  ASSERT_EQ(StatusOf(connection.Read()), 400);
+  EXPECT_EQ(log.entries(), (std::vector<ResponseLog::Entry>{{"POST", "rejected", 413},
+                                                            {"OTHER", "rejected", 400}}));
 }
 
 TEST(JsonError, MessageWithQuotesAndInvalidUtf8_IsValidJson) {

@@ -1,6 +1,8 @@
 #include "common/flag_set.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -51,6 +53,48 @@ void FlagSet::Bool(const std::string& name, bool* target, const std::string& hel
              [target](const std::string& v) { return absl::SimpleAtob(v, target); }});
 }
 
+void FlagSet::Duration(const std::string& name, absl::Duration* target, const std::string& help) {
+  Add(name, {help, absl::FormatDuration(*target), false, [target](const std::string& v) {
+               absl::Duration parsed;
+               double seconds = 0;
+               if (absl::SimpleAtod(v, &seconds) && std::isfinite(seconds)) {
+                 parsed = absl::Seconds(seconds);
+               } else if (!absl::ParseDuration(v, &parsed)) {
+                 return false;
+               }
+               if (parsed < absl::ZeroDuration() || parsed == absl::InfiniteDuration()) {
+                 return false;
+               }
+               *target = parsed;
+               return true;
+             }});
+}
+
+void FlagSet::FromEnv(const std::string& name, const std::string& variable) {
+  auto it = flags_.find(name);
+  PT_CHECK(it != flags_.end()) << "FromEnv: no flag --" << name;
+  it->second.env = variable;
+}
+
+void FlagSet::AddVersionFlag() {
+  PT_CHECK(flags_.count("version") == 0) << "flag --version twice";
+  version_flag_ = true;
+}
+
+absl::Status FlagSet::ApplyEnvironment() {
+  for (const auto& [name, flag] : flags_) {  // IsSet() is true after, as for a flag
+    if (flag.env.empty() || set_.count(name) > 0) continue;
+    const char* value = std::getenv(flag.env.c_str());
+    if (value == nullptr || value[0] == '\0') continue;
+    if (!flag.parse(value)) {
+      return absl::InvalidArgumentError(absl::StrCat("$", flag.env, " (the default of --", name,
+                                                     "): cannot parse '", value, "'"));
+    }
+    set_.insert(name);
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FlagSet::Apply(const std::string& name, const std::string& value) {
   auto it = flags_.find(name);
   if (!it->second.parse(value)) {
@@ -65,6 +109,10 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {
       help_requested_ = true;
+      return absl::OkStatus();
+    }
+    if (version_flag_ && arg == "--version") {
+      version_requested_ = true;
       return absl::OkStatus();
     }
     if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
@@ -101,14 +149,24 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
     absl::Status status = Apply(name, value);
     if (!status.ok()) return status;
   }
-  return absl::OkStatus();
+  return ApplyEnvironment();
 }
 
 std::string FlagSet::Usage() const {
   std::string out = usage_line_ + "\n\nFlags:\n";
   for (const auto& [name, flag] : flags_) {
-    absl::StrAppend(&out, "  --", name, "  ", flag.help, " (default ", flag.default_text, ")\n");
+    absl::StrAppend(&out, "  --", name, "  ", flag.help, " (default ", flag.default_text,
+                    flag.env.empty() ? "" : absl::StrCat("; env $", flag.env), ")\n");
   }
+  if (version_flag_) absl::StrAppend(&out, "  --version  print the version and exit\n");
+  return out;
+}
+
+std::vector<FlagSet::Info> FlagSet::Describe() const {
+  std::vector<Info> out;
+  for (const auto& [name, flag] : flags_) out.push_back({name, flag.help, flag.is_bool, flag.env});
+  if (version_flag_) out.push_back({"version", "print the version and exit", true, ""});
+  std::sort(out.begin(), out.end(), [](const Info& a, const Info& b) { return a.name < b.name; });
   return out;
 }
 

@@ -1,5 +1,7 @@
 #include "common/flag_set.h"
 
+#include <stdlib.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -339,6 +341,134 @@ TEST(FlagSetUsageTest, Parse_EmptyFlagSet_RejectsAnyFlag) {
   absl::Status status = flags.Parse({"--anything"});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "unknown flag --anything (see --help)");
+}
+
+// Sets an environment variable for one test and removes it after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
+
+TEST(FlagSetEnvTest, Parse_EnvSetAndFlagAbsent_TakesEnv) {
+  ScopedEnv env("FLAG_SET_TEST_ADDR", "10.0.0.1:7070");
+  std::string address = "127.0.0.1:7070";
+  FlagSet flags("usage: x");
+  flags.String("address", &address, "where");
+  flags.FromEnv("address", "FLAG_SET_TEST_ADDR");
+  ASSERT_TRUE(flags.Parse({}).ok());
+  EXPECT_EQ(address, "10.0.0.1:7070");
+  EXPECT_TRUE(flags.IsSet("address"));
+}
+
+TEST(FlagSetEnvTest, Parse_EnvAndFlag_FlagWins) {
+  ScopedEnv env("FLAG_SET_TEST_ADDR", "10.0.0.1:7070");
+  std::string address;
+  FlagSet flags("usage: x");
+  flags.String("address", &address, "where");
+  flags.FromEnv("address", "FLAG_SET_TEST_ADDR");
+  ASSERT_TRUE(flags.Parse({"--address=h:1"}).ok());
+  EXPECT_EQ(address, "h:1");
+}
+
+TEST(FlagSetEnvTest, Parse_EnvEmptyOrUnset_KeepsDefault) {
+  ScopedEnv env("FLAG_SET_TEST_EMPTY", "");
+  std::string a = "default-a", b = "default-b";
+  FlagSet flags("usage: x");
+  flags.String("a", &a, "a");
+  flags.String("b", &b, "b");
+  flags.FromEnv("a", "FLAG_SET_TEST_EMPTY");
+  flags.FromEnv("b", "FLAG_SET_TEST_UNSET_VARIABLE");
+  ASSERT_TRUE(flags.Parse({}).ok());
+  EXPECT_EQ(a, "default-a");
+  EXPECT_EQ(b, "default-b");
+  EXPECT_FALSE(flags.IsSet("a"));
+}
+
+TEST(FlagSetEnvTest, Parse_EnvDoesNotParse_InvalidArgumentNamingVariable) {
+  ScopedEnv env("FLAG_SET_TEST_COUNT", "many");
+  int count = 1;
+  FlagSet flags("usage: x");
+  flags.Int("count", &count, "how many");
+  flags.FromEnv("count", "FLAG_SET_TEST_COUNT");
+  absl::Status status = flags.Parse({});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "$FLAG_SET_TEST_COUNT (the default of --count): cannot parse 'many'");
+  EXPECT_TRUE(flags.Parse({"--count=3"}).ok());  // the flag overrides a bad variable
+  EXPECT_EQ(count, 3);
+}
+
+TEST(FlagSetEnvTest, Usage_FlagWithEnv_NamesVariable) {
+  std::string address = "h:1";
+  FlagSet flags("usage: x");
+  flags.String("address", &address, "where");
+  flags.FromEnv("address", "ADDR");
+  EXPECT_EQ(flags.Usage(), "usage: x\n\nFlags:\n  --address  where (default \"h:1\"; env $ADDR)\n");
+}
+
+TEST(FlagSetDurationTest, Parse_UnitsAndPlainSeconds_SetDuration) {
+  absl::Duration timeout = absl::Seconds(10);
+  FlagSet flags("usage: x");
+  flags.Duration("timeout", &timeout, "deadline");
+  EXPECT_THAT(flags.Usage(), HasSubstr("--timeout  deadline (default 10s)"));
+  ASSERT_TRUE(flags.Parse({"--timeout=250ms"}).ok());
+  EXPECT_EQ(timeout, absl::Milliseconds(250));
+  ASSERT_TRUE(flags.Parse({"--timeout", "1.5"}).ok());
+  EXPECT_EQ(timeout, absl::Milliseconds(1500));
+  ASSERT_TRUE(flags.Parse({"--timeout=2m"}).ok());
+  EXPECT_EQ(timeout, absl::Minutes(2));
+}
+
+TEST(FlagSetDurationTest, Parse_NegativeInfiniteOrJunk_InvalidArgument) {
+  absl::Duration timeout = absl::Seconds(10);
+  FlagSet flags("usage: x");
+  flags.Duration("timeout", &timeout, "deadline");
+  for (const char* bad : {"-1s", "-2", "inf", "soon", "10 s"}) {
+    absl::Status status = flags.Parse({std::string("--timeout=") + bad});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_EQ(status.message(), std::string("--timeout: cannot parse '") + bad + "'");
+  }
+  EXPECT_EQ(timeout, absl::Seconds(10));
+}
+
+TEST(FlagSetVersionTest, Parse_Version_StopsAndSetsVersionRequested) {
+  std::string name;
+  FlagSet flags("usage: x");
+  flags.String("name", &name, "a name");
+  flags.AddVersionFlag();
+  ASSERT_TRUE(flags.Parse({"--version", "--unknown"}).ok());
+  EXPECT_TRUE(flags.version_requested());
+  EXPECT_FALSE(flags.help_requested());
+  EXPECT_THAT(flags.Usage(), HasSubstr("  --version  print the version and exit\n"));
+}
+
+TEST(FlagSetVersionTest, Parse_VersionNotAdded_UnknownFlag) {
+  FlagSet flags("usage: x");
+  EXPECT_EQ(flags.Parse({"--version"}).message(), "unknown flag --version (see --help)");
+}
+
+TEST(FlagSetDescribeTest, Describe_ListsEveryFlagSortedWithKindAndEnv) {
+  std::string address;
+  bool json = false;
+  int count = 0;
+  FlagSet flags("usage: x");
+  flags.String("zeta", &address, "an address");
+  flags.Bool("json", &json, "print JSON");
+  flags.Int("count", &count, "how many");
+  flags.FromEnv("zeta", "ZETA");
+  flags.AddVersionFlag();
+  std::vector<std::string> names;
+  for (const FlagSet::Info& info : flags.Describe()) names.push_back(info.name);
+  EXPECT_EQ(names, (std::vector<std::string>{"count", "json", "version", "zeta"}));
+  const std::vector<FlagSet::Info> infos = flags.Describe();
+  EXPECT_FALSE(infos[0].is_bool);
+  EXPECT_TRUE(infos[1].is_bool);
+  EXPECT_EQ(infos[1].help, "print JSON");
+  EXPECT_TRUE(infos[2].is_bool);
+  EXPECT_EQ(infos[3].env, "ZETA");
 }
 
 }  // namespace

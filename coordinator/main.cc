@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "common/build_info.h"
 #include "common/clock.h"
 #include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"
@@ -146,9 +147,13 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
              "before it resumes without them");
   set.String("ports-file", &flags.ports_file,
              "after binding, write {\"grpc_port\": N, \"http_port\": M} here (atomically)");
+  set.AddVersionFlag();
   RETURN_IF_ERROR(set.Parse(std::vector<std::string>(argv + 1, argv + argc)));
-  help = set.help_requested();
-  if (help) std::printf("%s", set.Usage().c_str());
+  help = set.help_requested() || set.version_requested();  // either way: print, exit 0
+  if (set.help_requested()) std::printf("%s", set.Usage().c_str());
+  if (set.version_requested()) {
+    std::printf("%s\n", VersionLine("pipetrain-coordinator").c_str());
+  }
   return absl::OkStatus();
 }
 

@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/build_info.h"
 #include "common/flag_set.h"
 #include "common/http_server.h"
 #include "common/logging.h"
@@ -108,8 +109,12 @@ int Run(const std::vector<std::string>& args) {
   flags.Double("drain-timeout-seconds", &f.drain_timeout_seconds,
                "on SIGTERM or SIGINT, how long to wait for a job with checkpoints to re-plan "
                "without this worker (no step redone) before leaving anyway; 0: leave at once");
+  flags.AddVersionFlag();
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
+  if (flags.version_requested()) {
+    return std::printf("%s\n", VersionLine("pipetrain-worker").c_str()), 0;
+  }
   if (parsed.ok() && f.threads < 1) parsed = absl::InvalidArgumentError("--threads must be >= 1");
   if (parsed.ok()) parsed = ParseLinkModel("--emulate-link", f.emulate_link).status();
   if (parsed.ok() && !(f.drain_timeout_seconds >= 0 && f.drain_timeout_seconds <= 86400)) {

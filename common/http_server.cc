@@ -314,6 +314,12 @@ std::string HttpServer::Answer(const GatedRequest& request) {
   return response;
 }
 
+std::vector<std::pair<std::string, std::string>> HttpServer::Routes() const {
+  std::vector<std::pair<std::string, std::string>> routes;
+  for (const RouteEntry& entry : routes_) routes.emplace_back(entry.method, entry.pattern);
+  return routes;
+}
+
 std::string HttpServer::RouteOf(const std::string& method, const std::string& path) const {
   for (const RouteEntry& entry : routes_) {
     if (entry.method == method && std::regex_match(path, entry.regex)) return entry.pattern;

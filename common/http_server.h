@@ -40,6 +40,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -152,6 +153,11 @@ class HttpServer {
 
   // The bound port after a successful Start, else 0.
   int port() const { return port_; }
+
+  // The registered routes, (method, pattern) in registration order: for
+  // metrics that create a series per route up front. Thread-safe once
+  // started (routes are fixed from then on).
+  std::vector<std::pair<std::string, std::string>> Routes() const;
 
  private:
   struct RouteEntry;

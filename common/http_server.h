@@ -26,7 +26,7 @@
 // "Connection: close". A POST without Content-Length has an empty body.
 //
 // Authentication: when Options::bearer_token is set, every route except the
-// public paths (/healthz, /metrics) requires "Authorization: Bearer <token>";
+// public paths (/healthz, /readyz, /metrics) requires "Authorization: Bearer <token>";
 // others get 401 {"code":"UNAUTHENTICATED","message":...}. Tokens travel in
 // clear text: bind to loopback or put a TLS proxy in front.
 #ifndef PIPETRAIN_COMMON_HTTP_SERVER_H_
@@ -75,7 +75,7 @@ class HttpServer {
     // Empty: no authentication.
     std::string bearer_token;
     // Paths served without a token (exact match), for probes and scrapers.
-    std::set<std::string> public_paths = {"/healthz", "/metrics"};
+    std::set<std::string> public_paths = {"/healthz", "/readyz", "/metrics"};
 
     // Bounds on what clients can hold (docs/api.md, "HTTP limits"). Worst
     // case memory is about max_connections * (max_header_bytes +

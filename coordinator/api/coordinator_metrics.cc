@@ -1,36 +1,31 @@
 #include "coordinator/api/coordinator_metrics.h"
 
 #include <cmath>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "google/protobuf/descriptor.h"
+#include "proto/pipetrain/v1/coordinator.grpc.pb.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain {
 namespace {
 
-// From 100 µs (a loopback round trip) to 10 s (a plan compiled in a handler).
-const prometheus::Histogram::BucketBoundaries& RpcBuckets() {
-  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
-      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-      0.05,   0.1,     0.25,   0.5,   1,      2.5,   5,    10};
-  return *buckets;
+// The methods of pipetrain.v1.Coordinator, read from the proto so that a
+// new method gets its series without an edit here.
+std::vector<std::string> CoordinatorMethods() {
+  const google::protobuf::ServiceDescriptor* service =
+      google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+          v1::Coordinator::service_full_name());
+  return service == nullptr ? std::vector<std::string>{} : GrpcRedMetrics::MethodsOf({service});
 }
 
-// The unary methods of pipetrain.v1.Coordinator, read from the proto so that
-// a new method gets its histogram without an edit here.
-std::vector<std::string> UnaryMethods() {
-  const google::protobuf::ServiceDescriptor* service =
-      v1::RegisterWorkerRequest::descriptor()->file()->FindServiceByName("Coordinator");
-  std::vector<std::string> names;
-  for (int i = 0; service != nullptr && i < service->method_count(); ++i) {
-    const google::protobuf::MethodDescriptor* method = service->method(i);
-    if (!method->client_streaming() && !method->server_streaming()) {
-      names.push_back(method->name());
-    }
-  }
-  return names;
+// An enum value's name without its enum's prefix, if the proto has one
+// ("WORKER_STATE_LOST" -> "LOST"), so that the labels do not depend on it.
+std::string StateLabel(const std::string& name, absl::string_view prefix) {
+  return std::string(absl::StripPrefix(name, prefix));
 }
 
 bool IsCountable(double seconds) { return std::isfinite(seconds) && seconds > 0; }
@@ -38,11 +33,21 @@ bool IsCountable(double seconds) { return std::isfinite(seconds) && seconds > 0;
 }  // namespace
 
 CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobManager* jobs)
-    : workers_(workers), jobs_(jobs), registry_(std::make_unique<prometheus::Registry>()) {
+    : workers_(workers),
+      jobs_(jobs),
+      registry_(std::make_unique<prometheus::Registry>()),
+      rpc_(*registry_, CoordinatorMethods()),
+      http_(*registry_),
+      exposition_({registry_.get(), &process_}) {
   workers_by_state_ = &prometheus::BuildGauge()
                            .Name("pipetrain_workers")
                            .Help("Registered workers per state (JOINING, READY, ASSIGNED, LOST, LEFT).")
                            .Register(*registry_);
+  worker_info_ = &prometheus::BuildGauge()
+                      .Name("pipetrain_worker_info")
+                      .Help("1 for each registered worker that has not left, labelled with the "
+                            "address of its /metrics (what it registered with)")
+                      .Register(*registry_);
   jobs_by_state_ = &prometheus::BuildGauge()
                         .Name("pipetrain_jobs")
                         .Help("Jobs per state (QUEUED ... CANCELLED).")
@@ -58,11 +63,12 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                              "(spec.training.eval_interval; 0 before its first evaluation).")
                        .Register(*registry_)
                        .Add({});
-  job_tokens_per_second_ = &prometheus::BuildGauge()
-                                .Name("pipetrain_job_tokens_per_second")
-                                .Help("Training throughput of the current job, tokens per second.")
-                                .Register(*registry_)
-                                .Add({});
+  job_tokens_ = &prometheus::BuildCounter()
+                     .Name("pipetrain_job_tokens_total")
+                     .Help("Tokens trained, over all jobs: batch_size * seq_len for each step "
+                           "completed (a step redone after a recovery counts once).")
+                     .Register(*registry_)
+                     .Add({});
   plan_predicted_seconds_ =
       &prometheus::BuildGauge()
            .Name("pipetrain_plan_predicted_iteration_seconds")
@@ -82,19 +88,13 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                     .Add({});
   stage_busy_ = &prometheus::BuildCounter()
                      .Name("pipetrain_stage_busy_seconds_total")
-                     .Help("Compute time reported by pipeline stage, seconds.")
+                     .Help("Compute time the workers of each pipeline stage reported, seconds.")
                      .Register(*registry_);
   stage_idle_ = &prometheus::BuildCounter()
                      .Name("pipetrain_stage_idle_seconds_total")
-                     .Help("Time pipeline stages waited on receives (the bubble), seconds.")
+                     .Help("Time the workers of each pipeline stage reported waiting on "
+                           "receives (the bubble), seconds.")
                      .Register(*registry_);
-  rpc_duration_ = &prometheus::BuildHistogram()
-                       .Name("pipetrain_rpc_duration_seconds")
-                       .Help("Time to handle a unary coordinator RPC, seconds.")
-                       .Register(*registry_);
-  for (const std::string& method : UnaryMethods()) {
-    rpc_by_method_[method] = &rpc_duration_->Add({{"method", method}}, RpcBuckets());
-  }
   rpc_refused_ = &prometheus::BuildCounter()
                       .Name("pipetrain_rpc_refused_total")
                       .Help(
@@ -148,6 +148,12 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                            .Help("Bytes of the unit files of complete checkpoints.")
                            .Register(*registry_)
                            .Add({});
+  {
+    // Steps of jobs loaded from the store were trained before this process:
+    // they are not counted again after a restart.
+    AnnotatedMutexLock lock(&refresh_mu_);
+    for (const v1::Job& job : jobs_->List()) steps_counted_[job.id()] = job.progress().step();
+  }
   Refresh();  // every state appears from the first scrape on
 }
 
@@ -172,21 +178,53 @@ JobEvents CoordinatorMetrics::Events() {
 }
 
 void CoordinatorMetrics::Refresh() {
-  for (const auto& [state, count] : workers_->CountByState()) {
-    workers_by_state_->Add({{"state", v1::WorkerState_Name(state)}}).Set(count);
+  const std::map<v1::WorkerState, int> workers = workers_->CountByState();
+  for (int s = v1::WorkerState_MIN + 1; s <= v1::WorkerState_MAX; ++s) {
+    const auto state = static_cast<v1::WorkerState>(s);
+    if (!v1::WorkerState_IsValid(s)) continue;
+    const auto it = workers.find(state);
+    workers_by_state_->Add({{"state", StateLabel(v1::WorkerState_Name(state), "WORKER_STATE_")}})
+        .Set(it == workers.end() ? 0 : it->second);
   }
-  const std::map<v1::JobState, int> jobs = jobs_->CountByState();
+  const std::map<v1::JobState, int> counts = jobs_->CountByState();
   for (int s = v1::JobState_MIN + 1; s <= v1::JobState_MAX; ++s) {
     const auto state = static_cast<v1::JobState>(s);
-    const auto it = jobs.find(state);
-    jobs_by_state_->Add({{"state", v1::JobState_Name(state)}})
-        .Set(it == jobs.end() ? 0 : it->second);
+    if (!v1::JobState_IsValid(s)) continue;
+    const auto it = counts.find(state);
+    jobs_by_state_->Add({{"state", StateLabel(v1::JobState_Name(state), "JOB_STATE_")}})
+        .Set(it == counts.end() ? 0 : it->second);
   }
-  RefreshCurrentJob();
+  const std::vector<v1::Job> jobs = jobs_->List();  // submission order
+  RefreshWorkers();
+  RefreshCurrentJob(jobs);
+  CountTokens(jobs);
 }
 
-void CoordinatorMetrics::RefreshCurrentJob() {
-  const std::vector<v1::Job> jobs = jobs_->List();  // submission order
+void CoordinatorMetrics::RefreshWorkers() {
+  std::set<std::string> present;
+  for (const v1::Worker& worker : workers_->List()) {
+    if (worker.state() != v1::LEFT && !worker.metrics_address().empty()) {
+      present.insert(worker.metrics_address());
+    }
+  }
+  AnnotatedMutexLock lock(&refresh_mu_);
+  for (auto it = worker_info_series_.begin(); it != worker_info_series_.end();) {
+    if (present.count(it->first) > 0) {
+      ++it;
+      continue;
+    }
+    worker_info_->Remove(it->second);
+    it = worker_info_series_.erase(it);
+  }
+  for (const std::string& address : present) {
+    if (worker_info_series_.count(address) > 0) continue;
+    prometheus::Gauge& gauge = worker_info_->Add({{"metrics_address", address}});
+    gauge.Set(1);
+    worker_info_series_[address] = &gauge;
+  }
+}
+
+void CoordinatorMetrics::RefreshCurrentJob(const std::vector<v1::Job>& jobs) {
   const v1::Job* current = nullptr;
   for (auto it = jobs.rbegin(); it != jobs.rend() && current == nullptr; ++it) {
     if (it->state() == v1::RUNNING) current = &*it;
@@ -197,7 +235,6 @@ void CoordinatorMetrics::RefreshCurrentJob() {
   if (current == nullptr) return;
   job_loss_->Set(current->progress().loss());
   job_val_loss_->Set(current->progress().val_loss());
-  job_tokens_per_second_->Set(current->progress().tokens_per_second());
   absl::StatusOr<v1::Plan> plan = jobs_->GetPlan(current->id());
   if (plan.ok()) {
     plan_predicted_seconds_->Set(plan->predicted_iteration_seconds());
@@ -205,14 +242,20 @@ void CoordinatorMetrics::RefreshCurrentJob() {
   }
 }
 
-void CoordinatorMetrics::ObserveRpc(absl::string_view method, double seconds) {
-  auto it = rpc_by_method_.find(method);
-  prometheus::Histogram& histogram =
-      it != rpc_by_method_.end()
-          ? *it->second
-          : rpc_duration_->Add({{"method", std::string(method)}}, RpcBuckets());
-  histogram.Observe(seconds);
+void CoordinatorMetrics::CountTokens(const std::vector<v1::Job>& jobs) {
+  AnnotatedMutexLock lock(&refresh_mu_);
+  for (const v1::Job& job : jobs) {
+    int64_t& counted = steps_counted_[job.id()];
+    const int64_t step = job.progress().step();
+    if (step <= counted) continue;  // none new, or redoing steps after a recovery
+    const double tokens_per_step =
+        double(job.spec().training().batch_size()) * job.spec().training().seq_len();
+    job_tokens_->Increment(tokens_per_step * double(step - counted));
+    counted = step;
+  }
 }
+
+void CoordinatorMetrics::ObserveRpc(absl::string_view, double) {}
 
 void CoordinatorMetrics::CountRefused(absl::string_view method, absl::StatusCode code) {
   if (code != absl::StatusCode::kUnauthenticated && code != absl::StatusCode::kPermissionDenied) {

@@ -2,38 +2,58 @@
 // the HTTP server exposes at /metrics.
 //
 //   pipetrain_workers{state}                      gauge    workers per WorkerState
+//   pipetrain_worker_info{metrics_address}        gauge    1 per worker not LEFT: where its
+//                                                          /metrics is (the dashboard's
+//                                                          $worker by $coordinator)
 //   pipetrain_jobs{state}                         gauge    jobs per JobState
 //   pipetrain_job_loss                            gauge    last step's mean loss (*)
 //   pipetrain_job_val_loss                        gauge    latest validation loss (*)
-//   pipetrain_job_tokens_per_second               gauge    training throughput (*)
+//   pipetrain_job_tokens_total                    counter  tokens trained, all jobs: each
+//                                                          step's batch_size * seq_len, once
+//                                                          (redone steps are not counted again)
 //   pipetrain_plan_predicted_iteration_seconds    gauge    the plan's simulated iteration time (*)
 //   pipetrain_plan_version                        gauge    the plan's version (*)
 //   pipetrain_job_steps_total                     counter  optimizer steps completed, all jobs
-//   pipetrain_stage_busy_seconds_total{stage}     counter  compute time reported per stage
-//   pipetrain_stage_idle_seconds_total{stage}     counter  time stages waited on receives
+//   pipetrain_stage_busy_seconds_total{stage}     counter  compute time the workers of a
+//                                                          pipeline stage reported
+//   pipetrain_stage_idle_seconds_total{stage}     counter  receive-wait time they reported (a
+//                                                          worker's own, unlabelled, is
+//                                                          pipetrain_worker_idle_seconds_total)
 //   pipetrain_job_recoveries_total{reason}        counter  jobs that went RECOVERING: worker_lost,
 //                                                          peer_failure, checkpoint_unusable
 //   pipetrain_job_recovery_seconds                histogram  loss detected to the first step
 //                                                          completed on the new plan
 //   pipetrain_job_steps_redone_total              counter  steps run again after recoveries
 //   pipetrain_checkpoints_total{result}           counter  checkpoints complete / stage writes
-//   failed pipetrain_checkpoint_write_seconds            histogram  a stage writing its unit files
+//                                                          failed
+//   pipetrain_checkpoint_write_seconds            histogram  a stage writing its unit files
 //   pipetrain_checkpoint_bytes_total              counter  bytes of complete checkpoints
-//   pipetrain_rpc_duration_seconds{method}        histogram  unary gRPC handling time
+//   pipetrain_rpc_requests_total{method,code}     counter    gRPC calls (common/metrics/
+//   pipetrain_rpc_duration_seconds{method,code}   histogram  grpc_red_metrics.h), through rpc()
 //   pipetrain_rpc_refused_total{method,code}      counter  calls refused before handling
 //                                                          (UNAUTHENTICATED, PERMISSION_DENIED)
+//   pipetrain_http_requests_total{method,route,code}            counter    REST and /metrics
+//   pipetrain_http_request_duration_seconds{method,route,code}  histogram  (http_red_metrics.h)
+//   process_cpu_seconds_total, process_resident_memory_bytes, ...  (process_collector.h)
 //
 // (*) of the "current" job: the most recently submitted RUNNING job, or, when
 // none runs, the most recently submitted job that completed a step (so the
 // final values of a finished job stay visible); 0 before any step.
 //
-// Labels are bounded: state and method come from the protos, stage is the
+// Labels are bounded: state and method come from the protos (state without
+// its enum's prefix: "LOST", "RUNNING"), stage is the
 // pipeline position "0", "1", ... capped at kMaxStageLabel ("63+" for stages
 // beyond; plans have at most 2 * n_layer + 2 stages). No job ids, steps or
-// micro-batches, which would grow without bound.
+// micro-batches, which would grow without bound. metrics_address grows with
+// the fleet only: a worker that leaves loses its series.
 //
-// Thread-safe: prometheus-cpp metrics are atomic, and Refresh only reads the
-// registry and job manager through their thread-safe methods.
+// Every series a label set is known for exists from the start, at zero: all
+// states, recovery reasons, checkpoint results, and the OK series of every
+// gRPC method of pipetrain.v1.Coordinator.
+//
+// Thread-safe: prometheus-cpp metrics are atomic, Refresh reads the registry
+// and job manager through their thread-safe methods and keeps its own
+// bookkeeping under a mutex.
 #ifndef PIPETRAIN_COORDINATOR_API_COORDINATOR_METRICS_H_
 #define PIPETRAIN_COORDINATOR_API_COORDINATOR_METRICS_H_
 
@@ -41,8 +61,15 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
+#include "common/annotated_mutex.h"
+#include "common/metrics/collectable_list.h"
+#include "common/metrics/grpc_red_metrics.h"
+#include "common/metrics/http_red_metrics.h"
+#include "common/metrics/process_collector.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/registry/worker_registry.h"
 #include "prometheus/counter.h"
@@ -63,14 +90,21 @@ class CoordinatorMetrics {
   CoordinatorMetrics(const CoordinatorMetrics&) = delete;
   CoordinatorMetrics& operator=(const CoordinatorMetrics&) = delete;
 
-  // What /metrics serves.
-  const prometheus::Registry* registry() const { return registry_.get(); }
+  // What /metrics serves: the registry and the process metrics.
+  const prometheus::Collectable* registry() const { return &exposition_; }
 
-  // Re-reads the gauges (workers, jobs, current job's loss, throughput and
-  // plan) from their sources. Called before each scrape.
+  // RED of the gRPC server: its interceptors go on the coordinator's
+  // ServerBuilder (GrpcRedMetrics::Interceptors).
+  GrpcRedMetrics& rpc() { return rpc_; }
+  // RED of the HTTP server: declare its routes, feed it every response.
+  HttpRedMetrics& http() { return http_; }
+
+  // Re-reads the gauges (workers, jobs, current job's loss and plan) and
+  // the tokens trained from their sources. Called before each scrape.
   void Refresh();
 
-  // One unary RPC of `method` (e.g. "SubmitJob") took `seconds`.
+  // Does nothing: every call is timed, with its status code, by rpc()'s
+  // interceptor. Kept for the gRPC service's calls until they go.
   void ObserveRpc(absl::string_view method, double seconds);
   // A call of `method` was refused with `code` by authentication (only
   // UNAUTHENTICATED and PERMISSION_DENIED are counted: the label stays
@@ -87,24 +121,30 @@ class CoordinatorMetrics {
   JobEvents Events();
 
  private:
-  void RefreshCurrentJob();
+  void RefreshWorkers();
+  void RefreshCurrentJob(const std::vector<v1::Job>& jobs);
+  void CountTokens(const std::vector<v1::Job>& jobs);
   static std::string StageLabel(int stage);
 
   const WorkerRegistry* const workers_;
   const JobManager* const jobs_;
   std::unique_ptr<prometheus::Registry> registry_;
+  GrpcRedMetrics rpc_;
+  HttpRedMetrics http_;
+  ProcessCollector process_;
+  CollectableList exposition_;
 
   prometheus::Family<prometheus::Gauge>* workers_by_state_;
+  prometheus::Family<prometheus::Gauge>* worker_info_;
   prometheus::Family<prometheus::Gauge>* jobs_by_state_;
   prometheus::Gauge* job_loss_;
   prometheus::Gauge* job_val_loss_;
-  prometheus::Gauge* job_tokens_per_second_;
+  prometheus::Counter* job_tokens_;
   prometheus::Gauge* plan_predicted_seconds_;
   prometheus::Gauge* plan_version_;
   prometheus::Counter* job_steps_;
   prometheus::Family<prometheus::Counter>* stage_busy_;
   prometheus::Family<prometheus::Counter>* stage_idle_;
-  prometheus::Family<prometheus::Histogram>* rpc_duration_;
   prometheus::Family<prometheus::Counter>* rpc_refused_;
   prometheus::Family<prometheus::Counter>* recoveries_;
   prometheus::Histogram* recovery_seconds_;
@@ -112,9 +152,13 @@ class CoordinatorMetrics {
   prometheus::Family<prometheus::Counter>* checkpoints_;
   prometheus::Histogram* checkpoint_write_seconds_;
   prometheus::Counter* checkpoint_bytes_;
-  // Histograms of the service's unary methods, created up front; filled in
-  // the constructor and read-only afterwards.
-  std::map<std::string, prometheus::Histogram*, std::less<>> rpc_by_method_;
+
+  AnnotatedMutex refresh_mu_;
+  // Per job id, the highest step whose tokens pipetrain_job_tokens_total
+  // holds.
+  std::map<std::string, int64_t> steps_counted_ ABSL_GUARDED_BY(refresh_mu_);
+  // The metrics addresses that have a pipetrain_worker_info series.
+  std::map<std::string, prometheus::Gauge*> worker_info_series_ ABSL_GUARDED_BY(refresh_mu_);
 };
 
 }  // namespace pipetrain

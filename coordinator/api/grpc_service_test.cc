@@ -40,6 +40,7 @@ class GrpcServiceTest : public ::testing::Test {
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     builder.RegisterService(&service_);
+    builder.experimental().SetInterceptorCreators(metrics_.rpc().Interceptors());
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(port, 0);
@@ -429,7 +430,9 @@ TEST_F(GrpcServiceTest, ReportProgress_StepWithLosses_UpdatesJobAndStageMetrics)
   EXPECT_TRUE(absl::StrContains(text, "pipetrain_job_loss 2.5\n"));
   EXPECT_TRUE(absl::StrContains(text, "\npipetrain_plan_version "));
   EXPECT_TRUE(absl::StrContains(
-      text, "pipetrain_rpc_duration_seconds_count{method=\"ReportProgress\"} 1\n"));
+      text,
+      "pipetrain_rpc_duration_seconds_count{code=\"OK\",method=\"/pipetrain.v1.Coordinator/"
+      "ReportProgress\"} 1\n"));
 }
 
 TEST_F(GrpcServiceTest, ReportProgress_StalePlanVersion_FailedPrecondition) {
@@ -523,25 +526,34 @@ TEST_F(GrpcServiceTest, UploadWeights_EmptyStream_InvalidArgument) {
             grpc::StatusCode::INVALID_ARGUMENT);
 }
 
-TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethod_RefusalsCountedApart) {
+TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethodAndCode_RefusalsCountedApart) {
   v1::RegisterWorkerResponse worker;
-  EXPECT_FALSE(Register("", &worker).ok());  // refused: counted, not timed
+  EXPECT_FALSE(Register("", &worker).ok());  // refused: counted as refused too
   EXPECT_TRUE(Register(kJoinToken, &worker).ok());
-  v1::RegisterWorkerRequest bad;  // handled and failed: timed
+  v1::RegisterWorkerRequest bad;  // handled and failed
   bad.set_join_token(kJoinToken);
   grpc::ClientContext context;
   SetDeadline(context);
   EXPECT_EQ(stub_->RegisterWorker(&context, bad, &worker).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   const std::string text = MetricsText();
+  const std::string method = "method=\"/pipetrain.v1.Coordinator/RegisterWorker\"";
   EXPECT_TRUE(absl::StrContains(
-      text, "pipetrain_rpc_duration_seconds_count{method=\"RegisterWorker\"} 2\n"))
+      text, "pipetrain_rpc_duration_seconds_count{code=\"OK\"," + method + "} 1\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(
+      text, "pipetrain_rpc_duration_seconds_count{code=\"INVALID_ARGUMENT\"," + method + "} 1\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(
+      text, "pipetrain_rpc_requests_total{code=\"UNAUTHENTICATED\"," + method + "} 1\n"))
       << text;
   EXPECT_TRUE(absl::StrContains(
       text, "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"RegisterWorker\"} 1\n"))
       << text;
   EXPECT_TRUE(absl::StrContains(
-      text, "pipetrain_rpc_duration_seconds_count{method=\"SubmitJob\"} 0\n"));
+      text,
+      "pipetrain_rpc_duration_seconds_count{code=\"OK\",method=\"/pipetrain.v1.Coordinator/"
+      "SubmitJob\"} 0\n"));
 }
 
 }  // namespace

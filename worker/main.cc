@@ -175,12 +175,12 @@ int Run(const std::vector<std::string>& args) {
   // has the other one).
   WorkerControlService control(&session,
                                [&f] { return SelectBackend(f.device, f.gemm, f.attention); });
-  auto server = DataPlaneServer::Start(f.listen, &mailbox, &control);
+  WorkerMetrics metrics;
+  auto server = DataPlaneServer::Start(f.listen, &mailbox, &control, metrics.rpc().Interceptors());
   if (!server.ok()) {
     PT_LOG(ERROR) << "data plane: " << server.status();
     return 1;
   }
-  WorkerMetrics metrics;
   HttpServer http;
   ServePrometheus(http, metrics.registry());
   http.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{\"status\":\"ok\"}"); });

@@ -2,17 +2,44 @@
 
 #include <string>
 
+#include "google/protobuf/descriptor.h"
+#include "proto/pipetrain/v1/dataplane.grpc.pb.h"
+#include "proto/pipetrain/v1/profile.grpc.pb.h"
+
 namespace pipetrain {
+namespace {
+
+// IterationResult::phase_seconds' and ::collectives' keys.
+constexpr const char* kPhases[] = {"forward", "backward", "recompute", "send",
+                                   "decode",  "optimizer", "tied"};
+constexpr const char* kPurposes[] = {"data_parallel", "embedding_sync", "grad_clip",
+                                     "loss_gather"};
+
+}  // namespace
+
+std::vector<std::string> WorkerMetrics::GrpcMethods() {
+  std::vector<const google::protobuf::ServiceDescriptor*> services;
+  for (const char* name : {v1::DataPlane::service_full_name(), v1::WorkerControl::service_full_name()}) {
+    const google::protobuf::ServiceDescriptor* service =
+        google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
+    if (service != nullptr) services.push_back(service);
+  }
+  return GrpcRedMetrics::MethodsOf(services);
+}
 
 WorkerMetrics::WorkerMetrics()
     : registry_(std::make_shared<prometheus::Registry>()),
+      rpc_(*registry_, GrpcMethods()),
+      http_(*registry_),
+      exposition_({registry_.get(), &process_}),
       compute_(prometheus::BuildCounter()
                    .Name("pipetrain_stage_compute_seconds_total")
                    .Help("Busy time of this worker's stage, by phase")
                    .Register(*registry_)),
       idle_(prometheus::BuildCounter()
-                .Name("pipetrain_stage_idle_seconds_total")
-                .Help("Time this worker's stage waited for tensors (the pipeline bubble)")
+                .Name("pipetrain_worker_idle_seconds_total")
+                .Help("Time this worker's stage waited for tensors (the pipeline bubble), "
+                      "seconds")
                 .Register(*registry_)
                 .Add({})),
       iterations_(prometheus::BuildCounter()
@@ -67,7 +94,15 @@ WorkerMetrics::WorkerMetrics()
                               .Name("pipetrain_collective_seconds_total")
                               .Help("Time this stage spent in collectives, by purpose (the "
                                     "embedding exchange's time is in send and idle instead)")
-                              .Register(*registry_)) {}
+                              .Register(*registry_)) {
+  for (const char* phase : kPhases) compute_.Add({{"phase", phase}});
+  for (const char* purpose : kPurposes) {
+    collectives_.Add({{"purpose", purpose}});
+    collective_bytes_.Add({{"purpose", purpose}, {"encoding", "raw"}});
+    collective_bytes_.Add({{"purpose", purpose}, {"encoding", "wire"}});
+    collective_seconds_.Add({{"purpose", purpose}});
+  }
+}
 
 void WorkerMetrics::Observe(const IterationResult& r) {
   for (const auto& [phase, seconds] : r.phase_seconds) {

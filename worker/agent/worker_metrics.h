@@ -3,7 +3,11 @@
 // stage index), kind (4 tensor kinds), encoding (raw | wire), op
 // (encode | decode).
 //   pipetrain_stage_compute_seconds_total{phase}   busy time by phase
-//   pipetrain_stage_idle_seconds_total             waiting in receives
+//   pipetrain_worker_idle_seconds_total            this worker's stage waiting
+//                                                  in receives (the coordinator's
+//                                                  per-stage sum of what workers
+//                                                  report is pipetrain_stage_idle_
+//                                                  seconds_total{stage})
 //   pipetrain_stage_iterations_total
 //   pipetrain_link_bytes_total{peer,kind,encoding} bytes sent: raw = fp32
 //                                                  size, wire = after the
@@ -23,12 +27,26 @@
 //   pipetrain_collective_bytes_total{purpose,encoding}  bytes they reduced:
 //                                                  raw = fp32, wire = sent
 //   pipetrain_collective_seconds_total{purpose}    time spent in them
+//   pipetrain_rpc_requests_total{method,code}      gRPC calls served (data plane,
+//   pipetrain_rpc_duration_seconds{method,code}    WorkerControl), through rpc()
+//   pipetrain_http_requests_total{method,route,code}, pipetrain_http_request_
+//                                                  duration_seconds: /metrics,
+//                                                  /healthz, through http()
+//   process_cpu_seconds_total, ...                 common/metrics/process_collector.h
+// The series of every phase and purpose exist from the start, at zero;
+// link series appear with their peers.
 // Thread-safe (prometheus-cpp metrics are).
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_
 
 #include <memory>
+#include <string>
+#include <vector>
 
+#include "common/metrics/collectable_list.h"
+#include "common/metrics/grpc_red_metrics.h"
+#include "common/metrics/http_red_metrics.h"
+#include "common/metrics/process_collector.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -39,12 +57,25 @@ namespace pipetrain {
 
 class WorkerMetrics {
  public:
+  // The full names of the gRPC methods a worker serves (pipetrain.v1
+  // DataPlane and WorkerControl): the known methods of rpc().
+  static std::vector<std::string> GrpcMethods();
+
   WorkerMetrics();
   void Observe(const IterationResult& result);
-  prometheus::Registry* registry() { return registry_.get(); }
+  // What /metrics serves: the registry and the process metrics.
+  const prometheus::Collectable* registry() const { return &exposition_; }
+  // RED of the data-plane gRPC server (its interceptors go on its builder)
+  // and of the metrics HTTP server.
+  GrpcRedMetrics& rpc() { return rpc_; }
+  HttpRedMetrics& http() { return http_; }
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
+  GrpcRedMetrics rpc_;
+  HttpRedMetrics http_;
+  ProcessCollector process_;
+  CollectableList exposition_;
   prometheus::Family<prometheus::Counter>& compute_;
   prometheus::Counter& idle_;
   prometheus::Counter& iterations_;

@@ -43,10 +43,12 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
+#include "grpcpp/support/server_interceptor.h"
 #include "worker/transport/mailbox.h"
 
 namespace grpc {
@@ -66,10 +68,12 @@ class DataPlaneServer {
   // Errors: INVALID_ARGUMENT if the address has no ":port"; UNAVAILABLE if
   // gRPC cannot bind it (in use, or not a local address). `control`, when
   // given, is served on the same port (the worker's WorkerControl service)
-  // and must outlive the server.
-  static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(const std::string& listen_address,
-                                                                Mailbox* mailbox,
-                                                                grpc::Service* control = nullptr);
+  // and must outlive the server. `interceptors` observe every call (the
+  // worker's RED metrics, common/metrics/grpc_red_metrics.h).
+  static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(
+      const std::string& listen_address, Mailbox* mailbox, grpc::Service* control = nullptr,
+      std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
+          interceptors = {});
 
   ~DataPlaneServer();  // Shutdown().
   DataPlaneServer(const DataPlaneServer&) = delete;

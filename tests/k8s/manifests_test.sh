@@ -1,37 +1,49 @@
 #!/usr/bin/env bash
-# deploy/k8s: `kubectl kustomize` renders every overlay offline, every
-# rendered object validates against the Kubernetes schemas
-# (validate_manifests.js, npm kubernetes-models), and a deliberately broken
-# manifest is rejected with the expected errors, so the check cannot pass
-# vacuously. Runs under Bazel (//tests/k8s:manifests_test) or directly:
+# deploy/k8s: `kubectl kustomize` renders every overlay offline; every
+# rendered object validates against the Kubernetes (and Prometheus Operator)
+# schemas (validate_manifests.js); every rendered pod passes Pod Security
+# "restricted", read-only root filesystems, no API token, no token on any
+# command line, the app.kubernetes.io labels and instance-scoped selectors
+# (check_policy.js); the PrometheusRule carries exactly the groups of
+# deploy/prometheus/alerts.yml (prometheus_rule.js). Broken copies are
+# rejected with the expected messages on every run, so no check can pass
+# vacuously: a schema-invalid manifest, pod templates breaking each
+# restricted control, tokens on command lines, a broken copy of the cpu-demo
+# overlay rendered by kustomize, and a second install that reuses the
+# instance label. Runs under Bazel (//tests/k8s:manifests_test) or directly:
 #   tests/k8s/manifests_test.sh
 set -u
 
 if [ -n "${TEST_SRCDIR:-}" ]; then
   R="$TEST_SRCDIR/$TEST_WORKSPACE"
   T="$TEST_TMPDIR"
-  # node_modules is not a Bazel input (thousands of files, installed by
-  # scripts/setup.sh): find it next to the real package.json.
-  VALIDATE_DIR="$(dirname "$(readlink -f "$R/tools/k8s-validate/package.json")")"
 else
   R="$(cd "$(dirname "$0")/../.." && pwd)"
   T="$(mktemp -d)"
   trap 'rm -rf "$T"' EXIT
-  VALIDATE_DIR="$R/tools/k8s-validate"
 fi
-MODULES="$VALIDATE_DIR/node_modules"
+# node_modules is not a Bazel input (thousands of files, installed by
+# scripts/setup.sh), and alerts.yml is not visible to this package: find both
+# in the source tree the runfiles link to.
+SRC="$(cd "$(dirname "$(readlink -f "$R/tests/k8s/check_policy.js")")/../.." && pwd)"
+MODULES="$SRC/tools/k8s-validate/node_modules"
+ALERTS="$R/deploy/prometheus/alerts.yml"
+[ -f "$ALERTS" ] || ALERTS="$SRC/deploy/prometheus/alerts.yml"
 VALIDATE="$R/tests/k8s/validate_manifests.js"
+POLICY="$R/tests/k8s/check_policy.js"
+TESTDATA="$R/tests/k8s/testdata"
 OVERLAYS="cpu-demo gpu"
 
 missing=""
-command -v kubectl > /dev/null || missing="$missing kubectl (Debian package kubernetes-client)"
+command -v kubectl > /dev/null || missing="$missing kubectl"
 command -v node > /dev/null || missing="$missing node (Debian package nodejs)"
-for package in kubernetes-models yaml; do
+for package in kubernetes-models @kubernetes-models/prometheus-operator yaml; do
   [ -f "$MODULES/$package/package.json" ] || missing="$missing $MODULES/$package"
 done
 if [ -n "$missing" ]; then
   echo "FAIL: missing:$missing"
-  echo "Run scripts/setup.sh (installs kubectl and node, and runs npm ci in tools/k8s-validate)."
+  echo "Run scripts/setup.sh (installs node and runs npm ci in tools/k8s-validate);"
+  echo "kubectl 1.21 or later (kustomize v4+) renders the manifests."
   exit 1
 fi
 
@@ -45,42 +57,209 @@ check() {
   fi
 }
 fails() { ! "$@"; }
-# Renders overlay $1 to $2; stderr (deprecation warnings of newer kubectl
-# versions) goes to the check's output. No -o: kubectl 1.20 lacks it.
-render() { kubectl kustomize "$T/k8s/overlays/$1" > "$2"; }
+# Renders overlay $1 to $2; stderr goes to the check's output.
+render() {
+  kubectl kustomize "$T/k8s/overlays/$1" > "$2" && return 0
+  echo "kubectl kustomize failed; the manifests need kustomize v4 or later" \
+    "(kubectl 1.21+): $(kubectl version --client 2>&1 | tr '\n' ' ')"
+  return 1
+}
 # Succeeds when FILE contains the fixed string TEXT.
 has() { grep -qF -- "$2" "$1"; }
+# Runs "node ARGS..." with its output in $T/run.txt, its exit code in $T/run.code.
+run_node() { node "$@" > "$T/run.txt" 2>&1; echo $? > "$T/run.code"; }
+# One check per LINE: FILE has it as a whole line. Usage: expect_lines FILE LINE...
+expect_lines() {
+  local file=$1; shift
+  for line in "$@"; do check "$(basename "$file"): $line" grep -qxF -- "$line" "$file"; done
+}
+# The probes of each container, "container probe kind port[ service]".
+probes() {
+  node -e '
+    const YAML = require(require.resolve("yaml", {paths: [process.argv[1]]}));
+    const text = require("fs").readFileSync(process.argv[2], "utf8");
+    for (const doc of YAML.parseAllDocuments(text)) {
+      const o = doc.toJS();
+      const spec = o && o.spec && o.spec.template && o.spec.template.spec;
+      for (const c of (spec && spec.containers) || []) {
+        for (const p of ["startupProbe", "livenessProbe", "readinessProbe"]) {
+          if (!c[p]) continue;
+          const kind = Object.keys(c[p]).find((k) => ["grpc", "httpGet", "tcpSocket", "exec"].includes(k));
+          const a = c[p][kind] || {};
+          console.log([c.name, p, kind, a.port, a.path || a.service || ""].join(" ").trim());
+        }
+      }
+    }' "$MODULES" "$1"
+}
+# The ingress rules of each NetworkPolicy, "policy: port <- peer peer...".
+ingress() {
+  node -e '
+    const YAML = require(require.resolve("yaml", {paths: [process.argv[1]]}));
+    const text = require("fs").readFileSync(process.argv[2], "utf8");
+    const c = "app.kubernetes.io/component";
+    for (const doc of YAML.parseAllDocuments(text)) {
+      const o = doc.toJS();
+      if (!o || o.kind !== "NetworkPolicy") continue;
+      const rules = o.spec.ingress || [];
+      if (rules.length === 0) console.log(`${o.metadata.name}: no ingress`);
+      for (const r of rules) {
+        const peers = (r.from || []).map((f) => f.namespaceSelector ?
+            `namespace(${f.namespaceSelector.matchLabels["kubernetes.io/metadata.name"]})` :
+            `pods(${f.podSelector.matchLabels[c]},${f.podSelector.matchLabels["app.kubernetes.io/instance"]})`);
+        for (const p of r.ports || []) console.log(`${o.metadata.name}: ${p.port} <- ${peers.join(" ")}`);
+      }
+    }' "$MODULES" "$1"
+}
 
 # kustomize refuses files whose real path leaves the kustomization root, and
 # Bazel's runfiles are symlinks into the source tree: render a real copy.
 mkdir -p "$T/k8s"
-cp -RL "$R/deploy/k8s/base" "$R/deploy/k8s/overlays" "$T/k8s/"
+cp -RL "$R/deploy/k8s/base" "$R/deploy/k8s/components" "$R/deploy/k8s/overlays" "$T/k8s/"
 
+# Current kustomize syntax only.
+check "no deprecated kustomize fields" fails grep -nE \
+  '^(bases|patchesStrategicMerge|patchesJson6902|commonLabels|vars):' \
+  "$T/k8s/base/kustomization.yaml" "$T/k8s/components/prometheus-operator/kustomization.yaml" \
+  "$T"/k8s/overlays/*/kustomization.yaml
+
+declare -A KINDS=(
+  [cpu-demo]="valid: ConfigMap 2, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, Service 2, ServiceAccount 1, StatefulSet 2"
+  [gpu]="valid: ConfigMap 2, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, PrometheusRule 1, Service 2, ServiceAccount 1, ServiceMonitor 2, StatefulSet 2"
+)
 for overlay in $OVERLAYS; do
   out="$T/$overlay.yaml"
   check "kubectl kustomize overlays/$overlay" render "$overlay" "$out"
   check "overlay $overlay validates" node "$VALIDATE" --modules "$MODULES" "$out"
   cp "$T/out.txt" "$T/$overlay.validation.txt"
-  echo "$overlay: $(tail -n 1 "$T/$overlay.validation.txt")"
-  check "overlay $overlay: coordinator, workers, Secret, submit Job" \
-    has "$T/$overlay.validation.txt" "valid: ConfigMap 2, Job 1, Secret 1, Service 2, StatefulSet 2"
+  echo "$overlay schemas: $(tail -n 1 "$T/$overlay.validation.txt")"
+  check "overlay $overlay: the expected objects" has "$T/$overlay.validation.txt" "${KINDS[$overlay]}"
+  check "overlay $overlay passes the policy check" node "$POLICY" --modules "$MODULES" "$out"
+  cp "$T/out.txt" "$T/$overlay.policy.txt"
+  echo "$overlay policy: $(tail -n 1 "$T/$overlay.policy.txt")"
+  check "overlay $overlay: 3 pod templates, 0 violations" has "$T/$overlay.policy.txt" \
+    "pod templates, 0 violations"
+  # Tokens: created by the operator, never rendered, never on a command line.
+  check "overlay $overlay renders no Secret" fails grep -qx 'kind: Secret' "$out"
+  check "overlay $overlay has no placeholder token" fails has "$out" "REPLACE-ME"
+  check "overlay $overlay passes tokens as files" has "$out" \
+    "--join-token-file=/etc/pipetrain/tokens/join-token"
+  probes "$out" > "$T/$overlay.probes.txt"
+  expect_lines "$T/$overlay.probes.txt" \
+    "coordinator startupProbe grpc 7070" "coordinator livenessProbe httpGet http /healthz" \
+    "coordinator readinessProbe grpc 7070" "worker startupProbe httpGet metrics /healthz" \
+    "worker livenessProbe httpGet metrics /healthz" "worker readinessProbe grpc 7100"
+  ingress "$out" > "$T/$overlay.ingress.txt"
+  check "overlay $overlay: 5 ingress rules" test "$(wc -l < "$T/$overlay.ingress.txt")" -eq 5
+  expect_lines "$T/$overlay.ingress.txt" \
+    "pipetrain-worker: data <- pods(worker,pipetrain) pods(coordinator,pipetrain)" \
+    "pipetrain-worker: metrics <- namespace(monitoring)" \
+    "pipetrain-coordinator: grpc <- pods(worker,pipetrain) pods(submit-sample-job,pipetrain)" \
+    "pipetrain-coordinator: http <- pods(submit-sample-job,pipetrain) namespace(monitoring)" \
+    "pipetrain-submit-sample: no ingress"
 done
 # What distinguishes the overlays.
 check "cpu-demo runs 4 workers" has "$T/cpu-demo.yaml" "replicas: 4"
 check "cpu-demo requests no GPU" fails has "$T/cpu-demo.yaml" "nvidia.com/gpu"
 check "gpu workers request a GPU" has "$T/gpu.yaml" "nvidia.com/gpu: 1"
+check "gpu workers tolerate the GPU taint" has "$T/gpu.yaml" "key: nvidia.com/gpu"
+check "PrometheusRule carries the groups of alerts.yml" node "$R/tests/k8s/prometheus_rule.js" \
+  --check --modules "$MODULES" --alerts "$ALERTS" \
+  --rule "$T/k8s/components/prometheus-operator/prometheusrule.yaml"
+echo "prometheus rule: $(tail -n 1 "$T/out.txt")"
 
-# The broken manifest: a string for replicas and a container without a name.
-BROKEN="$R/tests/k8s/testdata/broken_deployment.yaml"
+# A schema-invalid manifest: a string for replicas and a container without a name.
+BROKEN="$TESTDATA/broken_deployment.yaml"
 node "$VALIDATE" --modules "$MODULES" "$BROKEN" > "$T/broken.txt" 2>&1
 code=$?
-echo "broken manifest (exit $code):"; cat "$T/broken.txt"
+echo "schema-invalid manifest (exit $code):"; cat "$T/broken.txt"
 check "broken manifest exits 1" test "$code" -eq 1
 check "broken manifest: replicas type" has "$T/broken.txt" \
   "INVALID Deployment/broken (${BROKEN}, document 2): /spec/replicas: must be integer"
 check "broken manifest: container name" has "$T/broken.txt" \
   '/spec/template/spec/containers/0: must have required property "name"'
 check "broken manifest: the valid ConfigMap is not reported" fails has "$T/broken.txt" "ConfigMap/fine"
+
+# Pod templates that break each restricted control; a compliant Pod beside them.
+V="$TESTDATA/restricted_violations.yaml"
+run_node "$POLICY" --modules "$MODULES" "$V"
+echo "restricted violations (exit $(cat "$T/run.code")): $(tail -n 1 "$T/run.txt")"
+check "restricted violations exit 1" test "$(cat "$T/run.code")" -eq 1
+D="VIOLATION Deployment/escalating ($V, document 1):"
+S="VIOLATION DaemonSet/node-reader ($V, document 2):"
+expect_lines "$T/run.txt" \
+  "$D pod: host namespaces: hostNetwork must be unset or false" \
+  "$D pod: host namespaces: hostPID must be unset or false" \
+  "$D pod: sysctls: sysctl kernel.msgmax is not a safe sysctl" \
+  "$D pod: AppArmor: annotation container.apparmor.security.beta.kubernetes.io/app is \"unconfined\"; must be runtime/default or localhost/*" \
+  "$D pod: running as non-root user: securityContext.runAsUser must not be 0" \
+  "$D pod: seccomp: securityContext.seccompProfile.type is Unconfined; must be RuntimeDefault or Localhost" \
+  "$D container \"app\": privileged: securityContext.privileged must be unset or false" \
+  "$D container \"app\": /proc mount type: securityContext.procMount is Unmasked; must be Default" \
+  "$D container \"app\": privilege escalation: securityContext.allowPrivilegeEscalation must be false" \
+  "$D container \"app\": capabilities: securityContext.capabilities.drop must include ALL" \
+  "$D container \"app\": running as non-root: runAsNonRoot must be true in the pod or container securityContext" \
+  "$D container \"app\": host ports: port 8080 has hostPort 8080" \
+  "$D container \"app\": SELinux: securityContext.seLinuxOptions.type spc_t is not allowed" \
+  "$D container \"app\": read-only root filesystem: securityContext.readOnlyRootFilesystem must be true" \
+  "$D init container \"setup\": capabilities: securityContext.capabilities.add may hold only NET_BIND_SERVICE, not SYS_ADMIN" \
+  "$S pod: volume types: volume \"host\" has type hostPath; allowed: configMap, csi, downwardAPI, emptyDir, ephemeral, persistentVolumeClaim, projected, secret" \
+  "$S pod: service account token: automountServiceAccountToken must be false (pipetrain never calls the Kubernetes API)" \
+  "3 objects, 3 pod templates, 17 violations"
+check "the compliant Pod is not reported" fails has "$T/run.txt" "Pod/compliant"
+
+# Tokens on command lines, and a committed placeholder Secret.
+V="$TESTDATA/token_in_args.yaml"
+run_node "$POLICY" --modules "$MODULES" "$V"
+echo "tokens in args (exit $(cat "$T/run.code")): $(tail -n 1 "$T/run.txt")"
+check "tokens in args exit 1" test "$(cat "$T/run.code")" -eq 1
+J="VIOLATION Job/leaky ($V, document 2):"
+expect_lines "$T/run.txt" \
+  "VIOLATION Secret/committed-tokens ($V, document 1): data.join-token: placeholder token: holds REPLACE-ME; create the Secret outside the manifests (docs/operations.md)" \
+  "$J container \"expanded\": token on the command line: args[1] passes USER_TOKEN, which comes from a Secret" \
+  "$J container \"shell\": token on the command line: args[0] passes TOKEN, which comes from a Secret" \
+  "$J container \"literal\": token on the command line: args[0] passes a value with --join-token (use a -file flag and a mounted Secret)" \
+  "$J container \"literal\": token on the command line: args[1] passes a value with --user-token (use a -file flag and a mounted Secret)" \
+  "$J container \"literal\": token on the command line: args[3] passes a literal Bearer token" \
+  "$J container \"literal\": token on the command line: args[4] holds the value of Secret/committed-tokens key user-token" \
+  "$J container \"literal\": token on the command line: args[5] holds the placeholder REPLACE-ME" \
+  "$J container \"prefixed\": token on the command line: args[0] passes T_join-token, which comes from a Secret" \
+  "2 objects, 1 pod templates, 9 violations"
+check "the -file flag is not reported" fails has "$T/run.txt" "args[6]"
+
+# A broken copy of cpu-demo, rendered by kustomize like the real overlays.
+cp -RL "$TESTDATA/broken_overlay" "$T/k8s/overlays/broken"
+check "kubectl kustomize the broken copy" render broken "$T/broken-overlay.yaml"
+B="$T/broken-overlay.yaml"
+run_node "$POLICY" --modules "$MODULES" "$B"
+echo "broken copy of cpu-demo (exit $(cat "$T/run.code")):"; cat "$T/run.txt"
+check "broken copy exits 1" test "$(cat "$T/run.code")" -eq 1
+C="VIOLATION StatefulSet/pipetrain-coordinator ($B, document 6):"
+W="VIOLATION StatefulSet/pipetrain-worker ($B, document 7):"
+expect_lines "$T/run.txt" \
+  "$C pod: host namespaces: hostNetwork must be unset or false" \
+  "$C container \"coordinator\": seccomp: seccompProfile.type must be RuntimeDefault or Localhost in the pod or container securityContext" \
+  "$C container \"coordinator\": read-only root filesystem: securityContext.readOnlyRootFilesystem must be true" \
+  "$W container \"worker\": privileged: securityContext.privileged must be unset or false" \
+  "$W container \"worker\": privilege escalation: securityContext.allowPrivilegeEscalation must be false" \
+  "$W container \"worker\": token on the command line: args[7] passes JOIN_TOKEN, which comes from a Secret" \
+  "13 objects, 3 pod templates, 6 violations"
+
+# Two installs in one namespace: with their own instance label they share
+# nothing; with the same one, every selector picks both installs' pods.
+cp -RL "$TESTDATA/second_install" "$T/k8s/overlays/second"
+cp -RL "$TESTDATA/same_instance_install" "$T/k8s/overlays/same"
+check "kubectl kustomize a second install" render second "$T/second.yaml"
+check "kubectl kustomize a second install with the same instance" render same "$T/same.yaml"
+run_node "$POLICY" --modules "$MODULES" "$T/cpu-demo.yaml" "$T/second.yaml"
+echo "cpu-demo + a second install: $(tail -n 1 "$T/run.txt")"
+check "two installs share a namespace" test "$(cat "$T/run.code")" -eq 0
+check "two installs: 0 violations" has "$T/run.txt" "26 objects, 6 pod templates, 0 violations"
+run_node "$POLICY" --modules "$MODULES" "$T/cpu-demo.yaml" "$T/same.yaml"
+echo "cpu-demo + an install with the same instance (exit $(cat "$T/run.code")): $(tail -n 1 "$T/run.txt")"
+check "same instance label exits 1" test "$(cat "$T/run.code")" -eq 1
+expect_lines "$T/run.txt" \
+  "VIOLATION StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 7): spec.selector.matchLabels: selector: picks the worker pods of StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 7) and StatefulSet/other-pipetrain-worker ($T/same.yaml, document 7)" \
+  "VIOLATION Service/other-pipetrain-coordinator ($T/same.yaml, document 4): spec.selector: selector: picks the coordinator pods of StatefulSet/pipetrain-coordinator ($T/cpu-demo.yaml, document 6) and StatefulSet/other-pipetrain-coordinator ($T/same.yaml, document 6)"
 
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -507,9 +507,10 @@ int Serve(const Config& config, const sigset_t& signals) {
     PT_LOG(ERROR) << grpc_server.status().message();
     return 1;
   }
-  HttpServer http({.bearer_token = flags.user_token});
+  HttpServer http({.bearer_token = flags.user_token, .on_response = metrics.http().Observer()});
   RegisterRestRoutes(http, &registry, &jobs);
   ServePrometheus(http, metrics.registry(), [&metrics] { metrics.Refresh(); });
+  metrics.http().DeclareRoutes(http);
   absl::StatusOr<int> bound = http.Start(config.http_host, config.http_port);
   absl::Status ports = bound.ok() && !flags.ports_file.empty()
                            ? WritePortsFile(flags.ports_file, {{"grpc_port", grpc_port}, {"http_port", *bound}})

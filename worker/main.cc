@@ -181,9 +181,10 @@ int Run(const std::vector<std::string>& args) {
     PT_LOG(ERROR) << "data plane: " << server.status();
     return 1;
   }
-  HttpServer http;
+  HttpServer http({.on_response = metrics.http().Observer()});
   ServePrometheus(http, metrics.registry());
   http.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{\"status\":\"ok\"}"); });
+  metrics.http().DeclareRoutes(http);
   const size_t colon = f.metrics.rfind(':');
   int metrics_port = 0;
   if (colon == std::string::npos || !absl::SimpleAtoi(f.metrics.substr(colon + 1), &metrics_port)) {

@@ -88,6 +88,11 @@ std::vector<std::string> GrpcRedMetrics::MethodsOf(
   return names;
 }
 
+std::vector<std::string> GrpcRedMetrics::HealthAndReflectionMethods() {
+  return {"/grpc.health.v1.Health/Check", "/grpc.health.v1.Health/Watch",
+          "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo"};
+}
+
 std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
 GrpcRedMetrics::Interceptors() {
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> factories;

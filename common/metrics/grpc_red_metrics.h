@@ -56,6 +56,10 @@ class GrpcRedMetrics {
   // The full names of every method of `services`.
   static std::vector<std::string> MethodsOf(
       const std::vector<const google::protobuf::ServiceDescriptor*>& services);
+  // The methods gRPC's own health service (grpc.health.v1.Health) and server
+  // reflection (grpc.reflection.v1alpha, as libgrpc++_reflection 1.51
+  // serves it) add to a server (common/serving_health.h).
+  static std::vector<std::string> HealthAndReflectionMethods();
 
   // For ServerBuilder::experimental().SetInterceptorCreators: one factory
   // whose interceptors observe each call into this object.

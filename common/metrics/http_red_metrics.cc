@@ -34,6 +34,19 @@ void HttpRedMetrics::AddRoute(const std::string& method, const std::string& rout
   duration_.Add(labels, RequestLatencyBuckets());
 }
 
+void HttpRedMetrics::DeclareRoutes(const HttpServer& server) {
+  for (const auto& [method, route] : server.Routes()) AddRoute(method, route);
+  routes_.insert(HttpServer::kUnmatchedRoute);
+  routes_.insert(HttpServer::kRejectedRoute);
+}
+
+std::function<void(const std::string&, const std::string&, int, double)>
+HttpRedMetrics::Observer() {
+  return [this](const std::string& method, const std::string& route, int status, double seconds) {
+    Observe(method, route, status, seconds);
+  };
+}
+
 void HttpRedMetrics::Observe(absl::string_view method, absl::string_view route, int status,
                              double seconds) {
   const bool known_route = routes_.find(route) != routes_.end();

@@ -1,7 +1,9 @@
 #include "common/metrics/http_red_metrics.h"
 
+#include "common/http_server.h"
 #include "common/metrics/metrics_testing.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 
 namespace pipetrain {
 namespace {
@@ -45,6 +47,43 @@ TEST(HttpRedMetrics, Observe_KnownAndUnknownRoutes_UnknownCountedAsOther) {
   EXPECT_EQ(
       SeriesValue(registry, kRequests, {{"method", "other"}, {"route", "other"}, {"code", "404"}}),
       1.0);
+}
+
+TEST(HttpRedMetrics, DeclareRoutes_LiveServer_EveryAnswerCountedByRoutePattern) {
+  prometheus::Registry registry;
+  HttpRedMetrics red(registry);
+  HttpServer server({.bearer_token = "t", .on_response = red.Observer()});
+  server.Get(R"(/v1/jobs/([^/:]+))", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  red.DeclareRoutes(server);
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  EXPECT_EQ(
+      SeriesValue(registry, kRequests, {{"method", "GET"}, {"route", "/healthz"}, {"code", "200"}}),
+      0.0);
+
+  httplib::Client client("127.0.0.1", *port);
+  const httplib::Headers bearer = {{"Authorization", "Bearer t"}};
+  EXPECT_EQ(client.Get("/v1/jobs/job-1", bearer)->status, 200);
+  EXPECT_EQ(client.Get("/v1/jobs/job-2", bearer)->status, 200);
+  EXPECT_EQ(client.Get("/v1/jobs/job-3")->status, 401);
+  EXPECT_EQ(client.Get("/healthz")->status, 200);
+  EXPECT_EQ(client.Get("/nowhere", bearer)->status, 404);
+  server.Stop();
+
+  const std::string job = R"(/v1/jobs/([^/:]+))";
+  EXPECT_EQ(SeriesValue(registry, kRequests, {{"method", "GET"}, {"route", job}, {"code", "200"}}),
+            2.0);
+  EXPECT_EQ(SeriesValue(registry, kDuration, {{"method", "GET"}, {"route", job}, {"code", "200"}}),
+            2.0);
+  EXPECT_EQ(SeriesValue(registry, kRequests, {{"method", "GET"}, {"route", job}, {"code", "401"}}),
+            1.0);
+  EXPECT_EQ(
+      SeriesValue(registry, kRequests, {{"method", "GET"}, {"route", "/healthz"}, {"code", "200"}}),
+      1.0);
+  EXPECT_EQ(SeriesValue(registry, kRequests,
+                        {{"method", "GET"}, {"route", "unmatched"}, {"code", "404"}}),
+            1.0);
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
+#include "common/metrics/build_info_metric.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/pipetrain/v1/coordinator.grpc.pb.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
@@ -13,13 +14,18 @@
 namespace pipetrain {
 namespace {
 
-// The methods of pipetrain.v1.Coordinator, read from the proto so that a
-// new method gets its series without an edit here.
+// The methods the coordinator's gRPC server has: pipetrain.v1.Coordinator's,
+// read from the proto so that a new method gets its series without an edit
+// here, with health checking and reflection.
 std::vector<std::string> CoordinatorMethods() {
   const google::protobuf::ServiceDescriptor* service =
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
           v1::Coordinator::service_full_name());
-  return service == nullptr ? std::vector<std::string>{} : GrpcRedMetrics::MethodsOf({service});
+  std::vector<std::string> methods = GrpcRedMetrics::HealthAndReflectionMethods();
+  if (service != nullptr) {
+    for (std::string& method : GrpcRedMetrics::MethodsOf({service})) methods.push_back(method);
+  }
+  return methods;
 }
 
 // An enum value's name without its enum's prefix, if the proto has one
@@ -39,14 +45,17 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
       rpc_(*registry_, CoordinatorMethods()),
       http_(*registry_),
       exposition_({registry_.get(), &process_}) {
-  workers_by_state_ = &prometheus::BuildGauge()
-                           .Name("pipetrain_workers")
-                           .Help("Registered workers per state (JOINING, READY, ASSIGNED, LOST, LEFT).")
-                           .Register(*registry_);
+  AddBuildInfo(*registry_);
+  workers_by_state_ =
+      &prometheus::BuildGauge()
+           .Name("pipetrain_workers")
+           .Help("Registered workers per state (JOINING, READY, ASSIGNED, LOST, LEFT).")
+           .Register(*registry_);
   worker_info_ = &prometheus::BuildGauge()
                       .Name("pipetrain_worker_info")
-                      .Help("1 for each registered worker that has not left, labelled with the "
-                            "address of its /metrics (what it registered with)")
+                      .Help(
+                          "1 for each registered worker that has not left, labelled with the "
+                          "address of its /metrics (what it registered with)")
                       .Register(*registry_);
   jobs_by_state_ = &prometheus::BuildGauge()
                         .Name("pipetrain_jobs")
@@ -59,14 +68,16 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                    .Add({});
   job_val_loss_ = &prometheus::BuildGauge()
                        .Name("pipetrain_job_val_loss")
-                       .Help("The current job's latest validation loss "
-                             "(spec.training.eval_interval; 0 before its first evaluation).")
+                       .Help(
+                           "The current job's latest validation loss "
+                           "(spec.training.eval_interval; 0 before its first evaluation).")
                        .Register(*registry_)
                        .Add({});
   job_tokens_ = &prometheus::BuildCounter()
                      .Name("pipetrain_job_tokens_total")
-                     .Help("Tokens trained, over all jobs: batch_size * seq_len for each step "
-                           "completed (a step redone after a recovery counts once).")
+                     .Help(
+                         "Tokens trained, over all jobs: batch_size * seq_len for each step "
+                         "completed (a step redone after a recovery counts once).")
                      .Register(*registry_)
                      .Add({});
   plan_predicted_seconds_ =
@@ -77,8 +88,9 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
            .Add({});
   plan_version_ = &prometheus::BuildGauge()
                        .Name("pipetrain_plan_version")
-                       .Help("The current job's plan version (1 for its first plan; "
-                             "a re-plan would raise it).")
+                       .Help(
+                           "The current job's plan version (1 for its first plan; "
+                           "a re-plan would raise it).")
                        .Register(*registry_)
                        .Add({});
   job_steps_ = &prometheus::BuildCounter()
@@ -92,8 +104,9 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                      .Register(*registry_);
   stage_idle_ = &prometheus::BuildCounter()
                      .Name("pipetrain_stage_idle_seconds_total")
-                     .Help("Time the workers of each pipeline stage reported waiting on "
-                           "receives (the bubble), seconds.")
+                     .Help(
+                         "Time the workers of each pipeline stage reported waiting on "
+                         "receives (the bubble), seconds.")
                      .Register(*registry_);
   rpc_refused_ = &prometheus::BuildCounter()
                       .Name("pipetrain_rpc_refused_total")

@@ -34,6 +34,7 @@
 //                                                          (UNAUTHENTICATED, PERMISSION_DENIED)
 //   pipetrain_http_requests_total{method,route,code}            counter    REST and /metrics
 //   pipetrain_http_request_duration_seconds{method,route,code}  histogram  (http_red_metrics.h)
+//   pipetrain_build_info{version,commit}          gauge    1 (common/metrics/build_info_metric.h)
 //   process_cpu_seconds_total, process_resident_memory_bytes, ...  (process_collector.h)
 //
 // (*) of the "current" job: the most recently submitted RUNNING job, or, when
@@ -49,7 +50,7 @@
 //
 // Every series a label set is known for exists from the start, at zero: all
 // states, recovery reasons, checkpoint results, and the OK series of every
-// gRPC method of pipetrain.v1.Coordinator.
+// gRPC method of pipetrain.v1.Coordinator, health checking and reflection.
 //
 // Thread-safe: prometheus-cpp metrics are atomic, Refresh reads the registry
 // and job manager through their thread-safe methods and keeps its own

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/metrics/build_info_metric.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
@@ -10,21 +11,23 @@ namespace pipetrain {
 namespace {
 
 // IterationResult::phase_seconds' and ::collectives' keys.
-constexpr const char* kPhases[] = {"forward", "backward", "recompute", "send",
+constexpr const char* kPhases[] = {"forward", "backward",  "recompute", "send",
                                    "decode",  "optimizer", "tied"};
-constexpr const char* kPurposes[] = {"data_parallel", "embedding_sync", "grad_clip",
-                                     "loss_gather"};
+constexpr const char* kPurposes[] = {"data_parallel", "embedding_sync", "grad_clip", "loss_gather"};
 
 }  // namespace
 
 std::vector<std::string> WorkerMetrics::GrpcMethods() {
   std::vector<const google::protobuf::ServiceDescriptor*> services;
-  for (const char* name : {v1::DataPlane::service_full_name(), v1::WorkerControl::service_full_name()}) {
+  for (const char* name :
+       {v1::DataPlane::service_full_name(), v1::WorkerControl::service_full_name()}) {
     const google::protobuf::ServiceDescriptor* service =
         google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
     if (service != nullptr) services.push_back(service);
   }
-  return GrpcRedMetrics::MethodsOf(services);
+  std::vector<std::string> methods = GrpcRedMetrics::HealthAndReflectionMethods();
+  for (std::string& method : GrpcRedMetrics::MethodsOf(services)) methods.push_back(method);
+  return methods;
 }
 
 WorkerMetrics::WorkerMetrics()
@@ -95,6 +98,7 @@ WorkerMetrics::WorkerMetrics()
                               .Help("Time this stage spent in collectives, by purpose (the "
                                     "embedding exchange's time is in send and idle instead)")
                               .Register(*registry_)) {
+  AddBuildInfo(*registry_);
   for (const char* phase : kPhases) compute_.Add({{"phase", phase}});
   for (const char* purpose : kPurposes) {
     collectives_.Add({{"purpose", purpose}});

@@ -32,6 +32,7 @@
 //   pipetrain_http_requests_total{method,route,code}, pipetrain_http_request_
 //                                                  duration_seconds: /metrics,
 //                                                  /healthz, through http()
+//   pipetrain_build_info{version,commit}          gauge    1 (common/metrics/build_info_metric.h)
 //   process_cpu_seconds_total, ...                 common/metrics/process_collector.h
 // The series of every phase and purpose exist from the start, at zero;
 // link series appear with their peers.
@@ -58,7 +59,8 @@ namespace pipetrain {
 class WorkerMetrics {
  public:
   // The full names of the gRPC methods a worker serves (pipetrain.v1
-  // DataPlane and WorkerControl): the known methods of rpc().
+  // DataPlane and WorkerControl, health and reflection): the known methods
+  // of rpc().
   static std::vector<std::string> GrpcMethods();
 
   WorkerMetrics();

@@ -120,10 +120,15 @@ void SplitArgs(const std::vector<std::string>& args, std::vector<std::string>* w
   }
 }
 
-int RunExport(const std::vector<std::string>& args) {
-  std::string out;
+FlagSet ExportFlags(std::string& out) {
   FlagSet flags(kExportUsage);
   flags.String("out", &out, "the safetensors file to write (required)");
+  return flags;
+}
+
+int RunExport(const std::vector<std::string>& args) {
+  std::string out;
+  FlagSet flags = ExportFlags(out);
   std::vector<std::string> words, flag_args;
   SplitArgs(args, &words, &flag_args);
   absl::Status parsed = flags.Parse(flag_args);
@@ -190,6 +195,11 @@ absl::StatusOr<CheckpointExport> ExportCheckpoint(const CheckpointLocation& at,
   }
   result.bytes = st.st_size;
   return result;
+}
+
+std::vector<FlagSet::Info> CheckpointExportFlagInfo() {
+  std::string out;
+  return ExportFlags(out).Describe();
 }
 
 int RunCheckpoint(const std::vector<std::string>& args) {

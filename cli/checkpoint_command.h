@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/flag_set.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
 
 namespace pipetrain {
@@ -54,6 +55,9 @@ absl::StatusOr<CheckpointExport> ExportCheckpoint(const CheckpointLocation& at,
 // The `checkpoint` command: `args` are the words after "checkpoint". Returns
 // the exit code; messages go to stderr, the summary line to stdout.
 int RunCheckpoint(const std::vector<std::string>& args);
+
+// The flags of `checkpoint export`, described (for shell completion).
+std::vector<FlagSet::Info> CheckpointExportFlagInfo();
 
 }  // namespace pipetrain
 

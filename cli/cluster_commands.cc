@@ -19,6 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "cli/coordinator_client.h"
+#include "cli/exit_codes.h"
 #include "cli/job_spec_file.h"
 #include "cli/link_summary.h"
 #include "cli/local_cluster.h"
@@ -34,25 +35,39 @@
 namespace pipetrain {
 namespace {
 
+// The deadline of `up`'s calls to the cluster it started.
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 
 std::atomic<bool> g_interrupted{false};
 extern "C" void OnInterrupt(int) { g_interrupted.store(true); }
 
+// The flags of every command that calls a coordinator. The address and CA
+// may come from the environment (PIPETRAIN_COORDINATOR, PIPETRAIN_CA), the
+// user token from PIPETRAIN_TOKEN (UserTokenFrom); flags override them.
 struct Connection {
   std::string coordinator = "127.0.0.1:7070";
   std::string tls_ca, tls_cert, tls_key;
   std::string token_file;
+  absl::Duration timeout = absl::Seconds(10);
   void Bind(FlagSet& flags) {
     flags.String("coordinator", &coordinator,
                  "coordinator gRPC address, or a comma-separated list of highly available "
                  "coordinators (the leader is found)");
+    flags.FromEnv("coordinator", "PIPETRAIN_COORDINATOR");
     flags.String("tls-ca", &tls_ca, "PEM CA certificate for a TLS coordinator");
+    flags.FromEnv("tls-ca", "PIPETRAIN_CA");
     flags.String("tls-cert", &tls_cert,
                  "PEM client certificate for a coordinator that requires one (with --tls-key)");
     flags.String("tls-key", &tls_key, "PEM private key of --tls-cert");
-    flags.String("token-file", &token_file,
-                 "file holding the coordinator's user token (default: $PIPETRAIN_TOKEN)");
+    flags.String(
+        "token-file", &token_file,
+        "file holding the coordinator's user token; without it, $PIPETRAIN_TOKEN is the token");
+    flags.Duration("timeout", &timeout,
+                   "deadline of each call to the coordinator, e.g. 500ms, 30s, 2m");
+  }
+  absl::Status Check() const {
+    if (timeout > absl::ZeroDuration()) return absl::OkStatus();
+    return absl::InvalidArgumentError("--timeout must be > 0");
   }
   // A stub that sends the user token on every call.
   absl::StatusOr<std::unique_ptr<v1::Coordinator::Stub>> Connect() const {
@@ -65,15 +80,18 @@ struct Connection {
   }
 };
 
+// Prints the error with its code; the exit code says the code too (exit_codes.h).
 int Fail(const std::string& command, const absl::Status& status) {
   std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(), status.ToString().c_str());
-  return 1;
+  return ExitCodeFor(status.code());
 }
 
 // Parses flags plus `positional` required words (e.g. a job id). Returns -1
 // to continue, else the exit code.
+// `connection`, when given, is checked too.
 int ParseArgs(FlagSet& flags, std::vector<std::string> args, int positional,
-              std::vector<std::string>* words, const std::string& command) {
+              std::vector<std::string>* words, const std::string& command,
+              const Connection* connection = nullptr) {
   while (static_cast<int>(words->size()) < positional && !args.empty() &&
          args.front().rfind("--", 0) != 0) {
     words->push_back(args.front());
@@ -84,20 +102,31 @@ int ParseArgs(FlagSet& flags, std::vector<std::string> args, int positional,
   if (parsed.ok() && static_cast<int>(words->size()) < positional) {
     parsed = absl::InvalidArgumentError("missing argument (see --help)");
   }
+  if (parsed.ok() && connection != nullptr) parsed = connection->Check();
   if (!parsed.ok()) {
     std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(),
                  std::string(parsed.message()).c_str());
-    return 2;
+    return kExitUsage;
   }
   return -1;
 }
 
-std::string ToJson(const google::protobuf::Message& message) {
+// proto3 JSON (camelCase names). `all_fields`: zeros, empty lists and
+// default enums too, so that scripts see every field (--json).
+std::string ToJson(const google::protobuf::Message& message, bool all_fields = false) {
   std::string out;
   google::protobuf::util::JsonPrintOptions options;
   options.add_whitespace = true;
+  options.always_print_primitive_fields = all_fields;
   (void)google::protobuf::util::MessageToJsonString(message, &out, options);
   return out;
+}
+
+// The FlagSet of a command's options, described for completion.
+template <typename Options>
+std::vector<FlagSet::Info> Describe(FlagSet (*make)(Options&)) {
+  Options options;
+  return make(options).Describe();
 }
 
 // ---- up --------------------------------------------------------------------
@@ -275,7 +304,7 @@ struct StepTiming {
 };
 
 absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& id,
-                               StepTiming* timing = nullptr) {
+                               absl::Duration timeout, StepTiming* timing = nullptr) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   v1::Job job;
   int64_t last_step = -1, last_version = 0;
@@ -284,7 +313,7 @@ absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& i
   while (!g_interrupted.load()) {
     v1::GetJobRequest request;
     request.set_id(id);
-    grpc::Status s = stub.GetJob(WithDeadline(kRpcTimeout).get(), request, &job);
+    grpc::Status s = stub.GetJob(WithDeadline(timeout).get(), request, &job);
     if (!s.ok()) return ToAbsl(s);
     const int64_t step = job.progress().step(), steps = job.spec().training().steps();
     // Recoveries and re-plans are news: each on a line of its own.
@@ -324,13 +353,19 @@ absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& i
   return job;
 }
 
+FlagSet UpFlags(UpOptions& o) {
+  FlagSet flags(
+      "usage: pipetrain up [flags]\n"
+      "Starts a coordinator and workers on this machine and trains a GPT-2 model.");
+  BindUp(flags, o);
+  return flags;
+}
+
 }  // namespace
 
 int RunUp(const std::vector<std::string>& args) {
   UpOptions o;
-  FlagSet flags("usage: pipetrain up [flags]\n"
-                "Starts a coordinator and workers on this machine and trains a GPT-2 model.");
-  BindUp(flags, o);
+  FlagSet flags = UpFlags(o);
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 0, &words, "up"); code >= 0) return code;
   if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) {
@@ -373,7 +408,9 @@ int RunUp(const std::vector<std::string>& args) {
                                         valid.message()));
     }
   }
-  if (!valid.ok()) return std::fprintf(stderr, "pipetrain up: %s\n", valid.ToString().c_str()), 2;
+  if (!valid.ok()) {
+    return std::fprintf(stderr, "pipetrain up: %s\n", valid.ToString().c_str()), kExitUsage;
+  }
   auto coordinator = FindSiblingBinary("coordinator", "pipetrain-coordinator");
   auto worker = FindSiblingBinary("worker", "pipetrain-worker");
   if (!coordinator.ok()) return Fail("up", coordinator.status());
@@ -423,14 +460,14 @@ int RunUp(const std::vector<std::string>& args) {
                o.schedule.c_str(), static_cast<long long>(o.steps),
                (*cluster)->http_address().c_str());
   StepTiming timing;
-  absl::StatusOr<v1::Job> done = Follow(*stub, job.id(), &timing);
+  absl::StatusOr<v1::Job> done = Follow(*stub, job.id(), kRpcTimeout, &timing);
   if (!done.ok()) return Fail("up", done.status());
   if (g_interrupted.load()) {
     v1::CancelJobRequest cancel;
     cancel.set_id(job.id());
     (void)stub->CancelJob(WithDeadline(kRpcTimeout).get(), cancel, &job);
     std::fprintf(stderr, "interrupted; stopping the cluster\n");
-    return 130;
+    return kExitInterrupted;
   }
   const v1::Job& end = *done;
   std::printf("job %s %s after %lld steps, final loss %.4f", end.id().c_str(),
@@ -487,56 +524,91 @@ int RunUp(const std::vector<std::string>& args) {
                 (*cluster)->grpc_address().c_str(), (*cluster)->user_token_file().c_str());
     while (!g_interrupted.load()) absl::SleepFor(absl::Milliseconds(200));
   }
-  return end.state() == v1::SUCCEEDED ? 0 : 1;
+  return end.state() == v1::SUCCEEDED ? kExitOk : kExitJobNotSucceeded;
 }
 
-int RunSubmit(const std::vector<std::string>& args) {
+namespace {
+
+struct SubmitOptions {
   Connection c;
   bool follow = false;
+};
+
+FlagSet SubmitFlags(SubmitOptions& o) {
   FlagSet flags("usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow]\n"
                 "Submits a job spec (JSON or YAML; fields as in proto/pipetrain/v1/job.proto).");
-  c.Bind(flags);
-  flags.Bool("follow", &follow, "show progress until the job ends");
+  o.c.Bind(flags);
+  flags.Bool("follow", &o.follow, "show progress until the job ends");
+  return flags;
+}
+
+}  // namespace
+
+int RunSubmit(const std::vector<std::string>& args) {
+  SubmitOptions o;
+  FlagSet flags = SubmitFlags(o);
   std::vector<std::string> words;
-  if (int code = ParseArgs(flags, args, 1, &words, "submit"); code >= 0) return code;
+  if (int code = ParseArgs(flags, args, 1, &words, "submit", &o.c); code >= 0) return code;
+  // A spec that does not parse exits as the coordinator's refusal would
+  // (INVALID_ARGUMENT; NOT_FOUND for a missing file).
   auto spec = ReadJobSpecFile(words[0]);
-  if (!spec.ok()) return std::fprintf(stderr, "pipetrain submit: %s\n", spec.status().ToString().c_str()), 2;
-  auto stub = c.Connect();
+  if (!spec.ok()) return Fail("submit", spec.status());
+  auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("submit", stub.status());
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *spec;
   v1::Job job;
-  grpc::Status s = (*stub)->SubmitJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  grpc::Status s = (*stub)->SubmitJob(WithDeadline(o.c.timeout).get(), request, &job);
   if (!s.ok()) return Fail("submit", ToAbsl(s));
   std::printf("%s %s\n", job.id().c_str(), v1::JobState_Name(job.state()).c_str());
-  if (!follow) return 0;
+  if (!o.follow) return kExitOk;
   std::signal(SIGINT, OnInterrupt);
-  auto done = Follow(**stub, job.id());
+  auto done = Follow(**stub, job.id(), o.c.timeout);
   if (!done.ok()) return Fail("submit", done.status());
+  if (g_interrupted.load()) return kExitInterrupted;
   std::printf("%s %s %s\n", done->id().c_str(), v1::JobState_Name(done->state()).c_str(),
               done->reason().c_str());
-  return done->state() == v1::SUCCEEDED ? 0 : 1;
+  return done->state() == v1::SUCCEEDED ? kExitOk : kExitJobNotSucceeded;
 }
 
-int RunJobs(const std::vector<std::string>& args) {
+namespace {
+
+// The options of the listing commands (jobs, workers).
+struct ListOptions {
   Connection c;
-  FlagSet flags("usage: pipetrain jobs [--coordinator HOST:PORT]");
-  c.Bind(flags);
+  bool json = false;
+};
+
+FlagSet JobsFlags(ListOptions& o) {
+  FlagSet flags("usage: pipetrain jobs [--coordinator HOST:PORT] [--json]");
+  o.c.Bind(flags);
+  flags.Bool("json", &o.json, "print the jobs as JSON ({\"jobs\": [...]}, proto3 JSON names)");
+  return flags;
+}
+
+}  // namespace
+
+int RunJobs(const std::vector<std::string>& args) {
+  ListOptions o;
+  FlagSet flags = JobsFlags(o);
   std::vector<std::string> words;
-  if (int code = ParseArgs(flags, args, 0, &words, "jobs"); code >= 0) return code;
+  if (int code = ParseArgs(flags, args, 0, &words, "jobs", &o.c); code >= 0) return code;
   v1::ListJobsResponse response;
-  auto stub = c.Connect();
+  auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("jobs", stub.status());
-  grpc::Status s = (*stub)->ListJobs(WithDeadline(kRpcTimeout).get(), {}, &response);
+  grpc::Status s = (*stub)->ListJobs(WithDeadline(o.c.timeout).get(), {}, &response);
   if (!s.ok()) return Fail("jobs", ToAbsl(s));
+  if (o.json) return std::printf("%s", ToJson(response, true).c_str()), kExitOk;
   std::printf("%-8s %-10s %10s %10s  %s\n", "ID", "STATE", "STEP", "LOSS", "NAME");
   for (const v1::Job& j : response.jobs()) {
     std::printf("%-8s %-10s %10lld %10.4f  %s\n", j.id().c_str(),
                 v1::JobState_Name(j.state()).c_str(), static_cast<long long>(j.progress().step()),
                 j.progress().loss(), j.spec().name().c_str());
   }
-  return 0;
+  return kExitOk;
 }
+
+namespace {
 
 // The plan in a few lines: solver, prediction, and each stage's ranges.
 void PrintPlanSummary(const v1::Plan& plan) {
@@ -561,93 +633,148 @@ void PrintPlanSummary(const v1::Plan& plan) {
   }
 }
 
-int RunJob(const std::vector<std::string>& args) {
+struct JobOptions {
   Connection c;
   bool show_plan = false;
+  bool json = false;
   std::string timeline;
+};
+
+FlagSet JobFlags(JobOptions& o) {
   FlagSet flags(
-      "usage: pipetrain job ID [--coordinator HOST:PORT] [--plan] [--timeline FILE.svg]\n"
+      "usage: pipetrain job ID [--coordinator HOST:PORT] [--plan] [--timeline FILE.svg] [--json]\n"
       "  (prints the job as JSON; --plan adds its plan, --timeline writes the plan's "
       "simulated timeline)");
-  c.Bind(flags);
-  flags.Bool("plan", &show_plan, "also print the job's plan (solver, prediction, stages)");
-  flags.String("timeline", &timeline, "write the plan's simulated timeline (SVG) to this file");
+  o.c.Bind(flags);
+  flags.Bool("plan", &o.show_plan, "also print the job's plan (solver, prediction, stages)");
+  flags.String("timeline", &o.timeline, "write the plan's simulated timeline (SVG) to this file");
+  flags.Bool("json", &o.json,
+             "print JSON only, every field included: the job, or with --plan "
+             "{\"job\": ..., \"plan\": ...}");
+  return flags;
+}
+
+}  // namespace
+
+int RunJob(const std::vector<std::string>& args) {
+  JobOptions o;
+  FlagSet flags = JobFlags(o);
   std::vector<std::string> words;
-  if (int code = ParseArgs(flags, args, 1, &words, "job"); code >= 0) return code;
-  auto stub = c.Connect();
+  if (int code = ParseArgs(flags, args, 1, &words, "job", &o.c); code >= 0) return code;
+  auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("job", stub.status());
   v1::GetJobRequest request;
   request.set_id(words[0]);
   v1::Job job;
-  grpc::Status s = (*stub)->GetJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  grpc::Status s = (*stub)->GetJob(WithDeadline(o.c.timeout).get(), request, &job);
   if (!s.ok()) return Fail("job", ToAbsl(s));
-  std::printf("%s", ToJson(job).c_str());
-  if (!show_plan && timeline.empty()) return 0;
+  if (!o.show_plan && o.timeline.empty()) {
+    std::printf("%s", ToJson(job, o.json).c_str());
+    return kExitOk;
+  }
   v1::GetPlanRequest plan_request;
   plan_request.set_job_id(words[0]);
   v1::Plan plan;
-  s = (*stub)->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan);
+  s = (*stub)->GetPlan(WithDeadline(o.c.timeout).get(), plan_request, &plan);
   if (!s.ok()) return Fail("job", ToAbsl(s));
-  if (show_plan) PrintPlanSummary(plan);
-  if (!timeline.empty()) {
-    std::ofstream out(timeline, std::ios::binary);
+  if (o.json) {
+    std::printf("{\"job\": %s, \"plan\": %s}\n", ToJson(job, true).c_str(),
+                o.show_plan ? ToJson(plan, true).c_str() : "null");
+  } else {
+    std::printf("%s", ToJson(job).c_str());
+    if (o.show_plan) PrintPlanSummary(plan);
+  }
+  if (!o.timeline.empty()) {
+    std::ofstream out(o.timeline, std::ios::binary);
     out << plan.timeline_svg();
     out.close();
-    if (!out) return Fail("job", absl::PermissionDeniedError("cannot write " + timeline));
-    std::printf("timeline: %s\n", timeline.c_str());
+    if (!out) return Fail("job", absl::PermissionDeniedError("cannot write " + o.timeline));
+    // On stderr with --json, so that stdout stays one JSON document.
+    std::fprintf(o.json ? stderr : stdout, "timeline: %s\n", o.timeline.c_str());
   }
-  return 0;
+  return kExitOk;
 }
 
-int RunDrain(const std::vector<std::string>& args) {
+namespace {
+
+// The options of the commands that act on one job or worker (drain, cancel).
+struct ActOptions {
   Connection c;
+};
+
+FlagSet DrainFlags(ActOptions& o) {
   FlagSet flags(
       "usage: pipetrain drain WORKER [--coordinator HOST:PORT]\n"
       "  (takes a worker out of service: its job re-plans without it at the next step\n"
       "  boundary, redoing no step, and it gets no job until it registers again)");
-  c.Bind(flags);
+  o.c.Bind(flags);
+  return flags;
+}
+
+FlagSet CancelFlags(ActOptions& o) {
+  FlagSet flags("usage: pipetrain cancel ID [--coordinator HOST:PORT]");
+  o.c.Bind(flags);
+  return flags;
+}
+
+}  // namespace
+
+int RunDrain(const std::vector<std::string>& args) {
+  ActOptions o;
+  FlagSet flags = DrainFlags(o);
   std::vector<std::string> words;
-  if (int code = ParseArgs(flags, args, 1, &words, "drain"); code >= 0) return code;
+  if (int code = ParseArgs(flags, args, 1, &words, "drain", &o.c); code >= 0) return code;
   v1::DrainWorkerRequest request;
   request.set_worker_id(words[0]);
   v1::Worker worker;
-  auto stub = c.Connect();
+  auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("drain", stub.status());
-  grpc::Status s = (*stub)->DrainWorker(WithDeadline(kRpcTimeout).get(), request, &worker);
+  grpc::Status s = (*stub)->DrainWorker(WithDeadline(o.c.timeout).get(), request, &worker);
   if (!s.ok()) return Fail("drain", ToAbsl(s));
   std::printf("%s draining%s\n", worker.id().c_str(),
               worker.job_id().empty() ? "" : (" from job " + worker.job_id()).c_str());
-  return 0;
+  return kExitOk;
 }
 
 int RunCancel(const std::vector<std::string>& args) {
-  Connection c;
-  FlagSet flags("usage: pipetrain cancel ID [--coordinator HOST:PORT]");
-  c.Bind(flags);
+  ActOptions o;
+  FlagSet flags = CancelFlags(o);
   std::vector<std::string> words;
-  if (int code = ParseArgs(flags, args, 1, &words, "cancel"); code >= 0) return code;
+  if (int code = ParseArgs(flags, args, 1, &words, "cancel", &o.c); code >= 0) return code;
   v1::CancelJobRequest request;
   request.set_id(words[0]);
   v1::Job job;
-  auto stub = c.Connect();
+  auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("cancel", stub.status());
-  grpc::Status s = (*stub)->CancelJob(WithDeadline(kRpcTimeout).get(), request, &job);
+  grpc::Status s = (*stub)->CancelJob(WithDeadline(o.c.timeout).get(), request, &job);
   if (!s.ok()) return Fail("cancel", ToAbsl(s));
   std::printf("%s %s\n", job.id().c_str(), v1::JobState_Name(job.state()).c_str());
-  return 0;
+  return kExitOk;
 }
 
+namespace {
+
+FlagSet WorkersFlags(ListOptions& o) {
+  FlagSet flags("usage: pipetrain workers [--coordinator HOST:PORT] [--json]");
+  o.c.Bind(flags);
+  flags.Bool("json", &o.json,
+             "print the workers as JSON ({\"workers\": [...]}, proto3 JSON names)");
+  return flags;
+}
+
+}  // namespace
+
 int RunWorkers(const std::vector<std::string>& args) {
-  Connection c;
-  FlagSet flags("usage: pipetrain workers [--coordinator HOST:PORT]");
-  c.Bind(flags);
+  ListOptions o;
+  FlagSet flags = WorkersFlags(o);
   std::vector<std::string> words;
-  if (int code = ParseArgs(flags, args, 0, &words, "workers"); code >= 0) return code;
+  if (int code = ParseArgs(flags, args, 0, &words, "workers", &o.c); code >= 0) return code;
   v1::ListWorkersResponse response;
-  auto stub = c.Connect();
+  auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("workers", stub.status());
-  grpc::Status s = (*stub)->ListWorkers(WithDeadline(kRpcTimeout).get(), {}, &response);
+  grpc::Status s = (*stub)->ListWorkers(WithDeadline(o.c.timeout).get(), {}, &response);
   if (!s.ok()) return Fail("workers", ToAbsl(s));
+  if (o.json) return std::printf("%s", ToJson(response, true).c_str()), kExitOk;
   std::printf("%-6s %-9s %-22s %-24s %8s %-8s %s\n", "ID", "STATE", "DATA ADDRESS", "DEVICE",
               "GFLOP/s", "JOB", "DOING");
   for (const v1::Worker& w : response.workers()) {
@@ -658,7 +785,15 @@ int RunWorkers(const std::vector<std::string>& args) {
                 device.c_str(), w.device().measured_gflops(), w.job_id().c_str(),
                 w.current_instruction().c_str());
   }
-  return 0;
+  return kExitOk;
 }
+
+std::vector<FlagSet::Info> UpFlagInfo() { return Describe(UpFlags); }
+std::vector<FlagSet::Info> SubmitFlagInfo() { return Describe(SubmitFlags); }
+std::vector<FlagSet::Info> JobsFlagInfo() { return Describe(JobsFlags); }
+std::vector<FlagSet::Info> JobFlagInfo() { return Describe(JobFlags); }
+std::vector<FlagSet::Info> CancelFlagInfo() { return Describe(CancelFlags); }
+std::vector<FlagSet::Info> DrainFlagInfo() { return Describe(DrainFlags); }
+std::vector<FlagSet::Info> WorkersFlagInfo() { return Describe(WorkersFlags); }
 
 }  // namespace pipetrain

@@ -2,14 +2,21 @@
 //   up       start a coordinator and N workers here, train, show progress
 //   submit   send a job spec (JSON or YAML) to a coordinator
 //   jobs     list jobs;   job ID   one job as JSON;   cancel ID
+//   drain    take a worker out of service
 //   workers  list workers
-// Each returns the process exit code: 0 ok, 2 bad flags, 1 errors (the
-// coordinator's status is printed with its code), 130 interrupted.
+// The commands that call a coordinator take --coordinator, --tls-ca (or
+// $PIPETRAIN_COORDINATOR, $PIPETRAIN_CA), --token-file (or $PIPETRAIN_TOKEN)
+// and --timeout (each call's deadline); the listings (jobs, workers, job)
+// print JSON with --json. Each Run returns the process exit code of
+// cli/exit_codes.h: 0 ok, 2 bad command line, 64 + the status code of a
+// failed call, 1 a job that ended other than SUCCEEDED, 130 interrupted.
 #ifndef PIPETRAIN_CLI_CLUSTER_COMMANDS_H_
 #define PIPETRAIN_CLI_CLUSTER_COMMANDS_H_
 
 #include <string>
 #include <vector>
+
+#include "common/flag_set.h"
 
 namespace pipetrain {
 
@@ -20,6 +27,15 @@ int RunJob(const std::vector<std::string>& args);
 int RunCancel(const std::vector<std::string>& args);
 int RunDrain(const std::vector<std::string>& args);
 int RunWorkers(const std::vector<std::string>& args);
+
+// The flags each command's Run parses, described (for shell completion).
+std::vector<FlagSet::Info> UpFlagInfo();
+std::vector<FlagSet::Info> SubmitFlagInfo();
+std::vector<FlagSet::Info> JobsFlagInfo();
+std::vector<FlagSet::Info> JobFlagInfo();
+std::vector<FlagSet::Info> CancelFlagInfo();
+std::vector<FlagSet::Info> DrainFlagInfo();
+std::vector<FlagSet::Info> WorkersFlagInfo();
 
 }  // namespace pipetrain
 

@@ -268,10 +268,7 @@ int RunAccTfm(const PlanFlags& f) {
   return 0;
 }
 
-}  // namespace
-
-int RunPlan(const std::vector<std::string>& args) {
-  PlanFlags f;
+FlagSet PlanFlagSet(PlanFlags& f) {
   FlagSet flags(
       "usage: pipetrain plan (--profile P.json | --layers N [--d-model ...]) (--cluster C.json | "
       "--workers N "
@@ -306,6 +303,19 @@ int RunPlan(const std::vector<std::string>& args) {
   flags.Bool("json", &f.json, "print the plan as JSON");
   flags.String("svg", &f.svg, "write the simulated timeline as SVG to this file");
   flags.String("trace", &f.trace, "write the simulated timeline as Chrome trace JSON");
+  return flags;
+}
+
+}  // namespace
+
+std::vector<FlagSet::Info> PlanFlagInfo() {
+  PlanFlags f;
+  return PlanFlagSet(f).Describe();
+}
+
+int RunPlan(const std::vector<std::string>& args) {
+  PlanFlags f;
+  FlagSet flags = PlanFlagSet(f);
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
   if (parsed.ok() && f.profile.empty() == (f.layers <= 0)) {

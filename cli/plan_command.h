@@ -8,9 +8,14 @@
 #include <string>
 #include <vector>
 
+#include "common/flag_set.h"
+
 namespace pipetrain {
 
 int RunPlan(const std::vector<std::string>& args);
+
+// The flags RunPlan parses, described (for shell completion).
+std::vector<FlagSet::Info> PlanFlagInfo();
 
 }  // namespace pipetrain
 

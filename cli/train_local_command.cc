@@ -231,13 +231,24 @@ absl::Status Run(Options& o) {
   return absl::OkStatus();
 }
 
+FlagSet TrainLocalFlags(Options& options) {
+  FlagSet flags(
+      "usage: pipetrain train-local [flags]\n"
+      "Trains a GPT-2 model in this process (the reference for pipeline runs).");
+  BindFlags(flags, options);
+  return flags;
+}
+
 }  // namespace
+
+std::vector<FlagSet::Info> TrainLocalFlagInfo() {
+  Options options;
+  return TrainLocalFlags(options).Describe();
+}
 
 int RunTrainLocal(const std::vector<std::string>& args) {
   Options options;
-  FlagSet flags("usage: pipetrain train-local [flags]\n"
-                "Trains a GPT-2 model in this process (the reference for pipeline runs).");
-  BindFlags(flags, options);
+  FlagSet flags = TrainLocalFlags(options);
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) {
     std::printf("%s", flags.Usage().c_str());

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "common/flag_set.h"
+
 namespace pipetrain {
 
 // Runs the command with the words after "train-local". Returns the process
@@ -13,6 +15,9 @@ namespace pipetrain {
 // (bad data file, unreadable checkpoint, ...), 130 interrupted by SIGINT
 // (after writing --checkpoint if one was requested).
 int RunTrainLocal(const std::vector<std::string>& args);
+
+// The flags RunTrainLocal parses, described (for shell completion).
+std::vector<FlagSet::Info> TrainLocalFlagInfo();
 
 }  // namespace pipetrain
 

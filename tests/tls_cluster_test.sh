@@ -42,7 +42,7 @@ export PIPETRAIN_TOKEN=u  # the user token (the CLI also takes --token-file)
 out=$("$R/cli/pipetrain" submit "$T/job.json" --coordinator="$addr" --tls-ca="$T/cert.pem" --follow 2>/dev/null)
 check "job over TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -f2)" = SUCCEEDED
 "$R/cli/pipetrain" jobs --coordinator="$addr" > "$T/plain.out" 2>&1
-check "plaintext client refused" test $? -eq 1
+check "plaintext client refused (UNAVAILABLE: exit 78)" test $? -eq 78
 check "refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/plain.out"
 
 # Mutual TLS: a CA of our own signs the clients' certificate.
@@ -68,7 +68,7 @@ out=$("$R/cli/pipetrain" submit "$T/job.json" --coordinator="$maddr" --tls-ca="$
   --tls-cert="$T/client.pem" --tls-key="$T/client.key" --follow 2>/dev/null)
 check "job over mutual TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -f2)" = SUCCEEDED
 "$R/cli/pipetrain" jobs --coordinator="$maddr" --tls-ca="$T/cert.pem" > "$T/nocert.out" 2>&1
-check "client without a certificate refused" test $? -eq 1
+check "client without a certificate refused (UNAVAILABLE: exit 78)" test $? -eq 78
 check "its refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/nocert.out"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -290,12 +290,31 @@ WorkerRegistry::Options RegistryOptions(const Flags& flags) {
   return options;
 }
 
+// The placeholder earlier manifests committed for both tokens
+// ("REPLACE-ME-join-token"): public, so never a credential.
+constexpr absl::string_view kPlaceholderToken = "REPLACE-ME";
+
+// INVALID_ARGUMENT when the token of `flag` still is (or starts with) the
+// placeholder, naming how to create real ones.
+absl::Status RefusePlaceholder(absl::string_view flag, const std::string& token) {
+  if (!absl::StartsWithIgnoreCase(token, kPlaceholderToken)) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the ", flag, " is the published placeholder \"", kPlaceholderToken,
+      "...\", which anyone can read; generate real tokens and give them as files, e.g. on "
+      "Kubernetes: openssl rand -hex 32 > join-token; openssl rand -hex 32 > user-token; "
+      "kubectl create secret generic pipetrain-tokens --from-file=join-token "
+      "--from-file=user-token (docs/operations.md, \"Deploying on Kubernetes\")"));
+}
+
 // Resolves the join and user tokens; without --insecure both are required.
+// The placeholder is refused either way.
 absl::Status ConfigureTokens(Flags& flags) {
   ASSIGN_OR_RETURN(flags.join_token,
                    SecretFromFlags("join-token", flags.join_token, flags.join_token_file));
   ASSIGN_OR_RETURN(flags.user_token,
                    SecretFromFlags("user-token", flags.user_token, flags.user_token_file));
+  RETURN_IF_ERROR(RefusePlaceholder("join token", flags.join_token));
+  RETURN_IF_ERROR(RefusePlaceholder("user token", flags.user_token));
   if (flags.insecure) return absl::OkStatus();
   if (flags.join_token.empty()) {
     return absl::InvalidArgumentError(

@@ -1,6 +1,8 @@
 // pipetrain-coordinator: registers workers, plans and runs jobs (DESIGN.md
-// §2, §7). Serves gRPC (workers and the CLI) and HTTP (REST, /healthz,
-// /metrics); runs until SIGINT or SIGTERM, then shuts down cleanly (exit 0).
+// §2, §7). Serves gRPC (workers and the CLI; with grpc.health.v1 and server
+// reflection) and HTTP (REST, /healthz, /readyz, /metrics); runs until
+// SIGINT or SIGTERM, then reports not ready, waits --shutdown-delay-seconds
+// and shuts down cleanly (exit 0).
 //
 //   pipetrain-coordinator --join-token-file join.token --user-token-file user.token
 //       --grpc-address 127.0.0.1:0 --http-address 127.0.0.1:0 --ports-file /tmp/ports.json
@@ -37,6 +39,7 @@
 #include "common/logging.h"
 #include "common/ports_file.h"
 #include "common/secrets.h"
+#include "common/serving_health.h"
 #include "common/status_macros.h"
 #include "common/tls_credentials.h"
 #include "coordinator/api/caller_auth.h"
@@ -88,6 +91,7 @@ struct Flags {
   std::string etcd_prefix = "/pipetrain/";
   std::string advertise_address;
   double leader_lease_seconds = 5;
+  double shutdown_delay_seconds = 0;
 };
 
 // Flags and what is derived from them, validated.
@@ -145,6 +149,10 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
   set.Double("restart-grace-seconds", &flags.restart_grace_seconds,
              "after a restart, how long a running job waits for its workers to register again "
              "before it resumes without them");
+  set.Double("shutdown-delay-seconds", &flags.shutdown_delay_seconds,
+             "on SIGTERM or SIGINT, report not ready (gRPC health NOT_SERVING, /readyz 503) "
+             "and keep serving this long before shutting down, so load balancers and "
+             "Kubernetes stop sending calls first; a second signal ends the wait");
   set.String("ports-file", &flags.ports_file,
              "after binding, write {\"grpc_port\": N, \"http_port\": M} here (atomically)");
   set.AddVersionFlag();
@@ -185,11 +193,14 @@ std::string AddressWithPort(const std::string& grpc_address, int port) {
 
 // Highly available coordinators: serves refusals naming the leader
 // (FollowerService) until this coordinator wins the election, then frees
-// the port for the real service. Returns the port, or CANCELLED when a
+// the port for the real service. Its health service says NOT_SERVING (a
+// follower is not ready: it serves only refusals). Returns the port, or
+// CANCELLED when a
 // signal came first. Losing the leadership later ends the process (exit
 // code 5: its supervisor restarts it as a follower); the store's fenced
 // commits keep a deposed leader from writing meanwhile.
 absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& signals,
+                                      ServingHealth& health,
                                       std::unique_ptr<LeaderElection>* election,
                                       std::unique_ptr<FollowerService>* follower_service,
                                       std::unique_ptr<grpc::Server>* follower_server) {
@@ -213,6 +224,7 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
     return absl::UnavailableError(
         absl::StrCat("cannot serve gRPC on --grpc-address ", flags.grpc_address));
   }
+  health.Attach(server.get());
   if (!flags.ports_file.empty()) {
     RETURN_IF_ERROR(WritePortsFile(flags.ports_file, {{"grpc_port", port}, {"http_port", 0}}));
   }
@@ -251,6 +263,7 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
   const timespec tick{0, 50 * 1000 * 1000};
   while (!(*election)->IsLeader()) {
     if (sigtimedwait(&signals, nullptr, &tick) > 0) {
+      health.Detach();
       server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
       return absl::CancelledError("signal");
     }
@@ -400,6 +413,10 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
       return absl::InvalidArgumentError("--leader-lease-seconds must be in [2, 600]");
     }
   }
+  if (!(config.flags.shutdown_delay_seconds >= 0 &&
+        config.flags.shutdown_delay_seconds <= 3600)) {
+    return absl::InvalidArgumentError("--shutdown-delay-seconds must be in [0, 3600]");
+  }
   if (!(config.flags.restart_grace_seconds >= 0 && config.flags.restart_grace_seconds <= 86400)) {
     return absl::InvalidArgumentError("--restart-grace-seconds must be in [0, 86400]");
   }
@@ -433,6 +450,21 @@ int WaitForSignal(const sigset_t& signals) {
   return signal;
 }
 
+// After the first signal: not ready at once, then serving on for `delay`
+// (--shutdown-delay-seconds) or until a second signal, whichever is first.
+void DrainBeforeShutdown(const sigset_t& signals, int signal, ServingHealth& health,
+                         absl::Duration delay) {
+  const char* name = signal == SIGINT ? "SIGINT" : "SIGTERM";
+  health.Drain(absl::StrCat("draining: shutting down after ", name));
+  if (delay <= absl::ZeroDuration()) return;
+  PT_LOG(INFO) << "received " << name << "; not ready, serving on for "
+               << absl::FormatDuration(delay) << " (--shutdown-delay-seconds; signal again to "
+               << "stop now)";
+  const timespec wait = absl::ToTimespec(delay);
+  while (sigtimedwait(&signals, nullptr, &wait) < 0 && errno == EINTR) {
+  }
+}
+
 // Wires the managers and servers, serves until a signal, shuts down.
 int Serve(const Config& config, const sigset_t& signals) {
   const Flags& flags = config.flags;
@@ -443,9 +475,10 @@ int Serve(const Config& config, const sigset_t& signals) {
   std::unique_ptr<FollowerService> follower_service;
   std::unique_ptr<grpc::Server> follower_server;  // until the real service binds
   std::string grpc_address = flags.grpc_address;
+  ServingHealth health({"pipetrain.v1.Coordinator"}, "following: another coordinator leads");
   if (!flags.etcd_endpoints.empty()) {
-    absl::StatusOr<int> port =
-        FollowUntilLeader(config, signals, &election, &follower_service, &follower_server);
+    absl::StatusOr<int> port = FollowUntilLeader(config, signals, health, &election,
+                                                 &follower_service, &follower_server);
     if (port.status().code() == absl::StatusCode::kCancelled) return 0;
     if (!port.ok()) {
       PT_LOG(ERROR) << "--etcd-endpoints: " << port.status();
@@ -516,6 +549,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   if (follower_server != nullptr) {
     // The state is loaded: swap the refusals for the service, on the port
     // clients know (a moment without a listener; they retry).
+    health.Detach();
     follower_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     follower_server->Wait();
     follower_server.reset();
@@ -526,7 +560,11 @@ int Serve(const Config& config, const sigset_t& signals) {
     PT_LOG(ERROR) << grpc_server.status().message();
     return 1;
   }
+  // The state is loaded and gRPC serves: ready.
+  health.Attach(grpc_server->get());
+  health.SetReady();
   HttpServer http({.bearer_token = flags.user_token, .on_response = metrics.http().Observer()});
+  ServeHealthEndpoints(http, &health);
   RegisterRestRoutes(http, &registry, &jobs);
   ServePrometheus(http, metrics.registry(), [&metrics] { metrics.Refresh(); });
   metrics.http().DeclareRoutes(http);
@@ -549,8 +587,10 @@ int Serve(const Config& config, const sigset_t& signals) {
                << *bound << " (gRPC " << tls << ")";
 
   const int signal = WaitForSignal(signals);
+  DrainBeforeShutdown(signals, signal, health, absl::Seconds(flags.shutdown_delay_seconds));
   PT_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << "; shutting down";
   service.Shutdown();  // ends WatchAssignments streams, which never end by themselves
+  health.Detach();
   (*grpc_server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
   http.Stop();
   registry.Stop();
@@ -563,6 +603,7 @@ int Serve(const Config& config, const sigset_t& signals) {
 
 int main(int argc, char** argv) {
   const sigset_t signals = pipetrain::BlockShutdownSignals();  // before any thread starts
+  pipetrain::EnableGrpcHealthAndReflection();                   // before any gRPC server
   pipetrain::Config config;
   bool help = false;
   absl::Status configured = pipetrain::Configure(argc, argv, config, help);

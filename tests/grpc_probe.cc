@@ -36,7 +36,7 @@ class RawGrpcCall {
   }
   ~RawGrpcCall() {
     context_.TryCancel();
-    if (started_ && !finished_) Finish();
+    if (started_ && !finished_) Finish().IgnoreError();  // cancelled: its status says so
     queue_.Shutdown();
     void* tag;
     bool ok;

@@ -1,8 +1,12 @@
 // pipetrain-worker: joins a coordinator and runs the pipeline stages it is
-// assigned (DESIGN.md §2).
+// assigned (DESIGN.md §2). Its data-plane port also serves grpc.health.v1
+// (SERVING once registered with the coordinator, NOT_SERVING from a
+// shutdown signal on) and server reflection; its metrics port serves
+// /metrics, /healthz and /readyz.
 //
 //   pipetrain-worker --coordinator 127.0.0.1:7070 [--listen 127.0.0.1:0]
 //       [--join-token-file PATH] [--threads 1] [--ports-file PATH]
+#include <poll.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -24,6 +28,7 @@
 #include "common/logging.h"
 #include "common/ports_file.h"
 #include "common/secrets.h"
+#include "common/serving_health.h"
 #include "common/tls_credentials.h"
 #include "kernels/cpu/blas.h"
 #include "worker/agent/device_info.h"
@@ -38,13 +43,27 @@
 namespace pipetrain {
 namespace {
 
-int g_wake[2] = {-1, -1};  // self-pipe: a byte means "shut down"
-void Wake() {
-  const char byte = 1;
-  ssize_t ignored = write(g_wake[1], &byte, 1);
+// Self-pipe: a byte means "shut down"; kSignalled for SIGTERM or SIGINT
+// (drain first), kFailed when the worker cannot go on (stop at once).
+constexpr char kSignalled = 1, kFailed = 2;
+int g_wake[2] = {-1, -1};
+void Wake(char why) {
+  ssize_t ignored = write(g_wake[1], &why, 1);
   (void)ignored;
 }
-extern "C" void OnSignal(int) { Wake(); }  // write() is async-signal-safe
+extern "C" void OnSignal(int) { Wake(kSignalled); }  // write() is async-signal-safe
+
+// Blocks until a byte arrives or `timeout` passes; the byte, or 0.
+char AwaitWake(absl::Duration timeout) {
+  pollfd fd{g_wake[0], POLLIN, 0};
+  const int ms = timeout == absl::InfiniteDuration() ? -1 : absl::ToInt64Milliseconds(timeout);
+  int ready = 0;
+  while ((ready = poll(&fd, 1, ms)) < 0 && errno == EINTR) {
+  }
+  char byte = 0;
+  if (ready > 0 && read(g_wake[0], &byte, 1) != 1) byte = 0;
+  return byte;
+}
 
 struct Flags {
   std::string coordinator = "127.0.0.1:7070";
@@ -63,6 +82,7 @@ struct Flags {
   int threads = 1;
   double recv_timeout_seconds = 60;
   double drain_timeout_seconds = 60;
+  double shutdown_delay_seconds = 0;
   std::string emulate_link;
   std::string device = "auto", gemm = "fp32", attention = "reference";
 };
@@ -109,6 +129,10 @@ int Run(const std::vector<std::string>& args) {
   flags.Double("drain-timeout-seconds", &f.drain_timeout_seconds,
                "on SIGTERM or SIGINT, how long to wait for a job with checkpoints to re-plan "
                "without this worker (no step redone) before leaving anyway; 0: leave at once");
+  flags.Double("shutdown-delay-seconds", &f.shutdown_delay_seconds,
+               "on SIGTERM or SIGINT, report not ready (gRPC health NOT_SERVING, /readyz 503) "
+               "and keep serving this long before draining, so probes and peers see it first; "
+               "a second signal ends the wait");
   flags.AddVersionFlag();
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
@@ -119,6 +143,9 @@ int Run(const std::vector<std::string>& args) {
   if (parsed.ok()) parsed = ParseLinkModel("--emulate-link", f.emulate_link).status();
   if (parsed.ok() && !(f.drain_timeout_seconds >= 0 && f.drain_timeout_seconds <= 86400)) {
     parsed = absl::InvalidArgumentError("--drain-timeout-seconds must be in [0, 86400]");
+  }
+  if (parsed.ok() && !(f.shutdown_delay_seconds >= 0 && f.shutdown_delay_seconds <= 3600)) {
+    parsed = absl::InvalidArgumentError("--shutdown-delay-seconds must be in [0, 3600]");
   }
   if (parsed.ok() && !(f.recv_timeout_seconds > 0)) {
     parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
@@ -176,14 +203,19 @@ int Run(const std::vector<std::string>& args) {
   WorkerControlService control(&session,
                                [&f] { return SelectBackend(f.device, f.gemm, f.attention); });
   WorkerMetrics metrics;
+  EnableGrpcHealthAndReflection();  // before the data plane's server is built
   auto server = DataPlaneServer::Start(f.listen, &mailbox, &control, metrics.rpc().Interceptors());
   if (!server.ok()) {
     PT_LOG(ERROR) << "data plane: " << server.status();
     return 1;
   }
+  // Ready once registered with the coordinator, until draining.
+  ServingHealth health({"pipetrain.v1.DataPlane", "pipetrain.v1.WorkerControl"},
+                       "not registered with the coordinator yet");
+  health.Attach((*server)->grpc_server());
   HttpServer http({.on_response = metrics.http().Observer()});
   ServePrometheus(http, metrics.registry());
-  http.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{\"status\":\"ok\"}"); });
+  ServeHealthEndpoints(http, &health);
   metrics.http().DeclareRoutes(http);
   const size_t colon = f.metrics.rfind(':');
   int metrics_port = 0;
@@ -222,7 +254,7 @@ int Run(const std::vector<std::string>& args) {
                   << "; this worker stops (exit code 4) so that it restarts with a fresh "
                      "device context";
     device_failed.store(true);
-    Wake();
+    Wake(kFailed);
   };
   const std::optional<LinkModel> emulated_link =
       ParseLinkModel("--emulate-link", f.emulate_link).value_or(std::nullopt);
@@ -248,10 +280,21 @@ int Run(const std::vector<std::string>& args) {
   absl::Status started;
   std::thread starter([&] {
     started = agent.Start();
-    if (!started.ok()) Wake();
+    if (started.ok()) {
+      health.SetReady();
+    } else {
+      Wake(kFailed);
+    }
   });
-  char byte = 0;
-  while (read(g_wake[0], &byte, 1) < 0 && errno == EINTR) {
+  if (AwaitWake(absl::InfiniteDuration()) == kSignalled) {
+    health.Drain("draining: shutting down after a signal");
+    if (f.shutdown_delay_seconds > 0) {
+      PT_LOG(INFO) << "not ready; serving on for " << f.shutdown_delay_seconds
+                   << " s (--shutdown-delay-seconds; signal again to go on now)";
+      AwaitWake(absl::Seconds(f.shutdown_delay_seconds));
+    }
+  } else {
+    health.Drain("stopping: the worker cannot go on (see its log)");
   }
   if (!device_failed.load() && f.drain_timeout_seconds > 0) {
     absl::Status drained = agent.Drain(absl::Seconds(f.drain_timeout_seconds));
@@ -269,6 +312,7 @@ int Run(const std::vector<std::string>& args) {
     PT_LOG(INFO) << "shutting down";
   }
   http.Stop();
+  health.Detach();
   (*server)->Shutdown();
   return code;
 }

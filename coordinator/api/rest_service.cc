@@ -78,7 +78,6 @@ HttpResponse StatusResponse(const absl::Status& status) {
 }
 
 void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobManager* jobs) {
-  server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, R"({"status":"ok"})"); });
   server.Post("/v1/jobs", [jobs](const HttpRequest& r) { return SubmitJob(jobs, r); });
   server.Get("/v1/jobs", [jobs](const HttpRequest&) { return ListJobs(jobs); });
   server.Get(kJob, [jobs](const HttpRequest& r) { return Reply(jobs->Get(r.path_params[0])); });

@@ -9,7 +9,8 @@
 //   POST /v1/jobs/{id}:cancel     body ignored             -> Job
 //   GET  /v1/jobs/{id}/plan                                -> Plan
 //   GET  /v1/workers                                       -> ListWorkersResponse
-//   GET  /healthz                                          -> {"status":"ok"}
+//
+// /healthz and /readyz are the process's, not the API's (common/serving_health.h).
 //
 // POST /v1/jobs takes the JobSpec itself as the body (as grpc-gateway's
 // `body: "spec"` would), parsed strictly by JobSpecFromJson: unknown fields

@@ -194,12 +194,6 @@ TEST_F(RestServiceTest, ListWorkers_WorkerWithNcclId_IdNotListed) {
   EXPECT_EQ(list["workers"][0]["device"]["gpuIndex"], 3);
 }
 
-TEST_F(RestServiceTest, Healthz_ReturnsOk) {
-  auto [status, body] = Call("GET", "/healthz");
-  EXPECT_EQ(status, 200);
-  EXPECT_EQ(body, json({{"status", "ok"}}));
-}
-
 TEST_F(RestServiceTest, UnknownEndpoint_Returns404Json) {
   auto [status, error] = Call("GET", "/v1/jobs/job-1:cancel");  // cancel is POST
   EXPECT_EQ(status, 404);
@@ -235,8 +229,7 @@ TEST_F(RestServiceAuthTest, ListJobs_WithToken_Returns200) {
   EXPECT_EQ(status, 200);
 }
 
-TEST_F(RestServiceAuthTest, HealthzAndMetrics_WithoutToken_Return200) {
-  EXPECT_EQ(Call("GET", "/healthz").first, 200);
+TEST_F(RestServiceAuthTest, Metrics_WithoutToken_Returns200) {
   httplib::Result metrics = client_->Get("/metrics");
   ASSERT_TRUE(metrics);
   EXPECT_EQ(metrics->status, 200);

@@ -92,6 +92,8 @@ class DataPlaneServer {
   // returned as given, so peers need the machine's address instead.
   int port() const { return port_; }
   std::string address() const;
+  // The gRPC server (for its health service, common/serving_health.h).
+  grpc::Server* grpc_server() const { return server_.get(); }
 
   // Cancels every open stream (held ones included), waits until their
   // reactors are gone and stops serving. Idempotent; thread-safe. Tensors

@@ -1,0 +1,211 @@
+#!/bin/bash
+# The cluster commands' conventions through the real binaries (issue 23,
+# CLI): --version on all three binaries; --json on every listing (jobs,
+# workers, job) parsed as JSON; $PIPETRAIN_COORDINATOR, $PIPETRAIN_TOKEN and
+# $PIPETRAIN_CA taking effect, and flags overriding them; the exit code
+# table (cli/exit_codes.h: 64 + the status code); --timeout; the generated
+# completion scripts. A coordinator (and a TLS one) listen on port 0, read
+# back from ports files; every process started is killed on exit.
+set -u
+
+source "$(dirname "$0")/cli_test_lib.sh"
+R="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-pipetrain}"
+COORDINATOR="$R/coordinator/pipetrain-coordinator"
+WORKER="$R/worker/pipetrain-worker"
+CLI_OK_OUT="$OUT"
+unset PIPETRAIN_COORDINATOR PIPETRAIN_TOKEN PIPETRAIN_CA
+
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  wait 2>/dev/null
+}
+trap cleanup EXIT
+# Waits (bounded, polling an observable condition) for a non-empty file.
+await_file() { for _ in $(seq 1 600); do [[ -s "$1" ]] && return 0; sleep 0.05; done; return 1; }
+port_of() { sed -E "s/.*\"$2\": *([0-9]+).*/\1/" "$1"; }
+# check NAME PYTHON-EXPRESSION: the expression on the JSON in $OUT (as j).
+check() {
+  if python3 -c "import json,sys; j=json.load(open('$OUT')); sys.exit(0 if ($2) else 1)"; then
+    passed=$((passed + 1))
+  else
+    fail "$1" "JSON check failed: $2 on $(head -c 400 "$OUT" | tr -d '\n')"
+  fi
+}
+# ok NAME COMMAND...: the command succeeds.
+ok() {
+  local name=$1
+  shift
+  if "$@"; then passed=$((passed + 1)); else fail "$name" "'$*' failed"; fi
+}
+
+# --version: all three binaries, exit 0, one line with version, commit, date.
+version_re='^[a-z-]+ [0-9]+\.[0-9]+\.[0-9]+ \(commit ([0-9a-f]{7,40}|unknown), built ([0-9]{4}-[0-9]{2}-[0-9]{2}|unknown)\)$'
+for binary in "$BIN" "$COORDINATOR" "$WORKER"; do
+  name=$(basename "$binary")
+  "$binary" --version >"$OUT" 2>"$ERR"
+  rc=$?
+  if [[ $rc -ne 0 ]]; then
+    fail "version_$name" "exit $rc"
+  elif [[ $(wc -l <"$OUT") -ne 1 ]] || ! grep -qE "$version_re" "$OUT" ||
+    ! grep -q "^$name " "$OUT"; then
+    fail "version_$name" "stdout '$(cat "$OUT")' is not '$name X.Y.Z (commit C, built D)'"
+  else
+    passed=$((passed + 1))
+  fi
+done
+expect_exit version_command 0 "pipetrain " "(commit " -- version
+pipetrain_version=$(cat "$OUT")
+expect_exit version_flag_same 0 "$pipetrain_version" -- --version
+
+# A coordinator with a user token, and one worker registered with it.
+echo u-token >"$TMP/user.token"
+echo wrong >"$TMP/wrong.token"
+"$COORDINATOR" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
+  --ports-file="$TMP/c.ports" --join-token=j --user-token-file="$TMP/user.token" \
+  >"$TMP/coordinator.log" 2>&1 &
+pids+=($!)
+ok coordinator_up await_file "$TMP/c.ports"
+addr="127.0.0.1:$(port_of "$TMP/c.ports" grpc_port)"
+"$WORKER" --coordinator="$addr" --join-token=j --ports-file="$TMP/w.ports" \
+  >"$TMP/worker.log" 2>&1 &
+pids+=($!)
+ok worker_up await_file "$TMP/w.ports"
+registered() {
+  "$BIN" workers --json --coordinator="$addr" --token-file="$TMP/user.token" >"$OUT" 2>"$ERR" &&
+    python3 -c "import json; exit(0 if json.load(open('$OUT'))['workers'] else 1)"
+}
+await_registered() { for _ in $(seq 1 600); do registered && return 0; sleep 0.05; done; return 1; }
+ok worker_registered await_registered
+
+# Environment variables: the address and token from the environment.
+export PIPETRAIN_COORDINATOR="$addr" PIPETRAIN_TOKEN=u-token
+expect_exit env_workers_json 0 '"workers"' -- workers --json
+check workers_json 'len(j["workers"]) == 1 and j["workers"][0]["id"] != "" and j["workers"][0]["state"] == "READY"'
+expect_exit workers_table 0 "DATA ADDRESS" -- workers
+
+# A job that needs two stages waits QUEUED beside the one worker: jobs are
+# listed without training anything.
+cat >"$TMP/job.json" <<'JSON'
+{"name": "cli-test", "model": {"nLayer": 2, "nHead": 2, "dModel": 16},
+ "training": {"seqLen": 8, "batchSize": 2, "steps": 5},
+ "data": {"syntheticBytes": 5000}, "parallelism": {"stages": 2}}
+JSON
+expect_exit submit 0 "QUEUED" -- submit "$TMP/job.json"
+job_id=$(cut -d' ' -f1 "$OUT")
+expect_exit jobs_json 0 '"jobs"' -- jobs --json
+check jobs_json_lists_the_job "[x['id'] for x in j['jobs']] == ['$job_id'] and j['jobs'][0]['spec']['name'] == 'cli-test'"
+expect_exit jobs_table 0 "$job_id" "cli-test" -- jobs
+expect_exit job_json 0 "\"$job_id\"" -- job "$job_id" --json
+check job_json_is_the_job "j['id'] == '$job_id' and j['state'] == 'QUEUED'"
+# Flags override the environment.
+PIPETRAIN_COORDINATOR=127.0.0.1:1 expect_exit flag_beats_env_address 0 '"jobs"' -- \
+  jobs --json --coordinator="$addr"
+PIPETRAIN_TOKEN=wrong expect_exit flag_beats_env_token 0 '"jobs"' -- \
+  jobs --json --token-file="$TMP/user.token"
+
+# Exit codes: 64 + the status code of the failed call.
+PIPETRAIN_TOKEN=wrong expect_exit unauthenticated 80 "UNAUTHENTICATED" -- jobs
+unset PIPETRAIN_TOKEN
+expect_exit no_token_unauthenticated 80 "UNAUTHENTICATED" -- workers --json
+export PIPETRAIN_TOKEN=u-token
+expect_exit wrong_token_file_unauthenticated 80 "UNAUTHENTICATED" -- \
+  jobs --token-file="$TMP/wrong.token"
+expect_exit not_found_job 69 "NOT_FOUND" -- job no-such-job --json
+expect_exit not_found_cancel 69 "NOT_FOUND" -- cancel no-such-job
+expect_exit not_found_drain 69 "NOT_FOUND" -- drain no-such-worker
+sed 's/"nHead": 2/"nHead": 3/' "$TMP/job.json" >"$TMP/bad-heads.json"
+expect_exit invalid_spec 67 "INVALID_ARGUMENT" -- submit "$TMP/bad-heads.json"
+echo '{"model": {"nLayer": "two"}' >"$TMP/malformed.json"
+expect_exit malformed_spec 67 "INVALID_ARGUMENT" -- submit "$TMP/malformed.json"
+expect_exit missing_spec 69 "NOT_FOUND" -- submit "$TMP/no-such-file.json"
+expect_exit unavailable 78 "UNAVAILABLE" -- jobs --coordinator=127.0.0.1:1
+PIPETRAIN_COORDINATOR=127.0.0.1:1 expect_exit env_address_used 78 "UNAVAILABLE" -- workers
+expect_exit usage_unknown_flag 2 "unknown flag --no-such-flag" -- jobs --no-such-flag
+expect_exit usage_missing_id 2 "missing argument" -- job
+
+# --timeout: a listener that accepts connections and never answers. The
+# call fails DEADLINE_EXCEEDED after the given deadline, not the default 10 s.
+python3 -c '
+import socket, sys, time
+s = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(16)
+open(sys.argv[1] + ".tmp", "w").write(str(s.getsockname()[1]))
+__import__("os").rename(sys.argv[1] + ".tmp", sys.argv[1])
+time.sleep(600)' "$TMP/silent.port" &
+pids+=($!)
+ok silent_listener_up await_file "$TMP/silent.port"
+silent="127.0.0.1:$(cat "$TMP/silent.port")"
+start=$(date +%s%N)
+expect_exit timeout_deadline 68 "DEADLINE_EXCEEDED" -- jobs --coordinator="$silent" --timeout=300ms
+elapsed_ms=$((($(date +%s%N) - start) / 1000000))
+if [[ $elapsed_ms -lt 5000 ]]; then
+  passed=$((passed + 1))
+else
+  fail timeout_honoured "took ${elapsed_ms} ms with --timeout=300ms"
+fi
+expect_exit timeout_expired_at_once 68 "DEADLINE_EXCEEDED" -- jobs --timeout=1ns
+expect_exit timeout_seconds 0 '"jobs"' -- jobs --json --timeout=30
+expect_exit timeout_zero 2 "--timeout must be > 0" -- jobs --timeout=0
+expect_exit timeout_junk 2 "--timeout: cannot parse 'soon'" -- jobs --timeout=soon
+
+# $PIPETRAIN_CA: a TLS coordinator is reached with the CA from the
+# environment; --tls-ca overrides it; a missing CA file is named.
+if command -v openssl >/dev/null; then
+  openssl req -x509 -newkey rsa:2048 -nodes -keyout "$TMP/key.pem" -out "$TMP/cert.pem" -days 2 \
+    -subj "/CN=localhost" -addext "subjectAltName=DNS:localhost,IP:127.0.0.1" 2>/dev/null
+  "$COORDINATOR" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
+    --ports-file="$TMP/t.ports" --join-token=j --user-token-file="$TMP/user.token" \
+    --tls-cert="$TMP/cert.pem" --tls-key="$TMP/key.pem" >"$TMP/tls-coordinator.log" 2>&1 &
+  pids+=($!)
+  ok tls_coordinator_up await_file "$TMP/t.ports"
+  tls_addr="127.0.0.1:$(port_of "$TMP/t.ports" grpc_port)"
+  expect_exit tls_without_ca 78 "UNAVAILABLE" -- jobs --coordinator="$tls_addr"
+  PIPETRAIN_CA="$TMP/cert.pem" expect_exit env_ca_used 0 '"jobs": []' -- \
+    jobs --json --coordinator="$tls_addr"
+  check empty_jobs_json 'j == {"jobs": []}'
+  PIPETRAIN_CA="$TMP/cert.pem" expect_exit env_ca_for_plaintext_fails 78 "UNAVAILABLE" -- \
+    jobs --coordinator="$addr"
+  PIPETRAIN_CA="$TMP/cert.pem" expect_exit flag_beats_env_ca_plaintext 0 '"jobs"' -- \
+    jobs --json --coordinator="$addr" --tls-ca=
+  PIPETRAIN_CA="$TMP/no-such-ca.pem" expect_exit flag_beats_env_ca_tls 0 '"jobs": []' -- \
+    jobs --json --coordinator="$tls_addr" --tls-ca="$TMP/cert.pem"
+else
+  echo "openssl not found: the TLS cases of \$PIPETRAIN_CA are skipped" >&2
+fi
+PIPETRAIN_CA="$TMP/no-such-ca.pem" expect_exit env_ca_missing_file 69 "no-such-ca.pem" -- jobs
+
+# Completion: generated scripts that parse and name every command and each
+# command's flags (as its --help lists them).
+expect_exit completion_bash 0 "complete -o default -F _pipetrain pipetrain" -- completion bash
+cp "$OUT" "$TMP/completion.bash"
+ok bash_accepts_completion bash -n "$TMP/completion.bash"
+"$BIN" --help >"$TMP/help.txt"
+commands=$(sed -n '/^Commands/,/^$/p' "$TMP/help.txt" | awk 'NR > 1 && NF {print $1}')
+ok help_lists_commands test "$(echo "$commands" | wc -l)" -ge 12
+for c in $commands; do
+  if ! grep -qF "    '$c')" "$TMP/completion.bash"; then
+    fail "completion_has_$c" "the bash script has no case for '$c'"
+    continue
+  fi
+  passed=$((passed + 1))
+  "$BIN" "$c" --help >"$TMP/c-help.txt" 2>/dev/null
+  for flag in $(grep -oE '^  --[a-z0-9-]+' "$TMP/c-help.txt"); do
+    if ! sed -n "/^    '$c')/,/;;/p" "$TMP/completion.bash" | grep -q -- "$flag\\b"; then
+      fail "completion_$c$flag" "the bash script lacks $flag for '$c'"
+    fi
+  done
+done
+# The script completes: commands, then flags of the command.
+bash -c "source '$TMP/completion.bash'; COMP_WORDS=(pipetrain wor); COMP_CWORD=1; _pipetrain;
+  echo \"\${COMPREPLY[*]}\"; COMP_WORDS=(pipetrain workers --js); COMP_CWORD=2; _pipetrain;
+  echo \"\${COMPREPLY[*]}\"" >"$TMP/completed.txt"
+ok bash_completes_words test "$(cat "$TMP/completed.txt")" = "workers
+--json"
+expect_exit completion_zsh 0 "#compdef pipetrain" "compdef _pipetrain pipetrain" -- completion zsh
+if command -v zsh >/dev/null; then
+  cp "$OUT" "$TMP/completion.zsh"
+  ok zsh_accepts_completion zsh -n "$TMP/completion.zsh"
+fi
+expect_exit completion_unknown_shell 2 "usage: pipetrain completion bash|zsh" -- completion fish
+
+finish

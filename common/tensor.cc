@@ -51,6 +51,14 @@ Tensor Tensor::Zeros(const Shape& shape) {
   return t;
 }
 
+Tensor Tensor::Uninitialized(const Shape& shape) {
+  Tensor t;
+  t.shape_ = shape;
+  t.numel_ = NumElements(shape);
+  t.storage_ = Allocate(t.numel_);
+  return t;
+}
+
 Tensor Tensor::Filled(const Shape& shape, float value) {
   Tensor t;
   t.shape_ = shape;

@@ -35,6 +35,10 @@ class Tensor {
 
   // Zero-initialised tensor of `shape`. All dimensions must be >= 0.
   static Tensor Zeros(const Shape& shape);
+  // Contents unspecified, for a caller that writes every element before
+  // anything reads one (the data plane's receiver fills it from the
+  // network): saves Zeros' pass over memory that is overwritten anyway.
+  static Tensor Uninitialized(const Shape& shape);
   // Every element `value` (one pass over fresh memory, as Zeros).
   static Tensor Filled(const Shape& shape, float value);
   // Copies `values`; requires values.size() == NumElements(shape).
@@ -74,6 +78,10 @@ class Tensor {
   // Copies element values from `other`; requires equal numel.
   void CopyFrom(const Tensor& other);
   std::vector<float> ToVector() const;
+
+  // True when no other handle (views included) shares this tensor's
+  // storage, so whoever holds this one alone can read or write it.
+  bool sole_owner() const { return storage_ != nullptr && storage_.use_count() == 1; }
 
   bool SharesStorageWith(const Tensor& other) const {
     return storage_ != nullptr && storage_ == other.storage_;

@@ -130,13 +130,16 @@ void CodecSpecSeeds(const std::string& dir) {
 // --- data-plane frames
 
 // `frames` serialized as frame_fuzzer reads them, after its config byte
-// (num_stages 2, job "fuzz-job").
+// (num_stages 2, job "fuzz-job"): every other message arrives whole (cut
+// byte 0), the others in slices of 8 bytes (cut byte 7).
 std::string FrameInput(const std::vector<std::vector<v1::TensorFrame>>& tensors) {
   std::string out(1, '\x01');
+  int n = 0;
   for (const auto& frames : tensors) {
     for (const v1::TensorFrame& frame : frames) {
       const std::string bytes = frame.SerializeAsString();
       PT_CHECK(bytes.size() <= 0xffff) << "frame too large for a seed";
+      out += std::string(1, n++ % 2 == 0 ? '\0' : '\x07');
       out += Uint16(static_cast<uint16_t>(bytes.size())) + bytes;
     }
   }

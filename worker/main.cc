@@ -26,6 +26,7 @@
 #include "common/flag_set.h"
 #include "common/http_server.h"
 #include "common/logging.h"
+#include "common/malloc_tuning.h"
 #include "common/ports_file.h"
 #include "common/secrets.h"
 #include "common/serving_health.h"
@@ -322,5 +323,7 @@ int Run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   pipetrain::ConfigureBlasOrReexec(argv);
+  // Before any thread starts: large buffers reuse heap pages (malloc_tuning.h).
+  pipetrain::TuneMallocForLargeBuffers();
   return pipetrain::Run(std::vector<std::string>(argv + 1, argv + argc));
 }

@@ -75,10 +75,11 @@ absl::Status Collectives::SendRange(int64_t iteration, int tag, int to, const fl
   const int64_t chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
   for (int64_t off = begin; off < end; off += chunk) {
     const int64_t len = std::min(chunk, end - off);
-    Tensor piece = Tensor::Zeros({len});
+    Tensor piece = Tensor::Uninitialized({len});  // Filled next.
     std::memcpy(piece.data(), values + off, static_cast<size_t>(len) * sizeof(float));
-    absl::Status sent =
-        transport_->Send(group_.members[to], Address(iteration, tag, send_seq_[to]++), piece);
+    // A fresh copy the transport may send without copying it again.
+    absl::Status sent = transport_->SendOwned(
+        group_.members[to], Address(iteration, tag, send_seq_[to]++), std::move(piece));
     if (!sent.ok()) return Annotate(sent, Describe(tag));
   }
   return absl::OkStatus();

@@ -698,7 +698,8 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     absl::Status status = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(Tensor host, host_copy->Wait());
       ASSIGN_OR_RETURN(WireTensor wire, encoder_.Encode(s, host, &sent_stats_[link], scores));
-      return transport_->SendWire(GlobalStage(s.peer_stage()), address, wire);
+      host = Tensor();  // A raw wire's handle is then the copy's only one: no second copy.
+      return transport_->SendWireOwned(GlobalStage(s.peer_stage()), address, std::move(wire));
     }();
     return NameSend(status, s, address);
   });

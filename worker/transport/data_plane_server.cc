@@ -16,20 +16,31 @@
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_auth.h"
 #include "worker/transport/frame_codec.h"
+#include "worker/transport/frame_wire.h"
+#include "worker/transport/tensor_pool.h"
 
 namespace pipetrain {
 namespace {
 
-using StreamReactor = grpc::ServerBidiReactor<v1::TensorFrame, v1::FrameError>;
+// Frames arrive as raw bytes, parsed without protobuf copies (frame_wire.h);
+// replies are FrameError messages serialized by hand.
+using StreamReactor = grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>;
+
+grpc::ByteBuffer Serialized(const v1::FrameError& error) {
+  const grpc::Slice slice(error.SerializeAsString());
+  return grpc::ByteBuffer(&slice, 1);
+}
 
 // What the streams share: where tensors go, which job is accepted, and how
 // many reactors are still alive (Shutdown waits for none). Reactors hold it
 // by shared_ptr, so the last one to finish may outlive the server object.
 class StreamShared {
  public:
-  explicit StreamShared(Mailbox* mailbox) : mailbox_(mailbox) {}
+  explicit StreamShared(Mailbox* mailbox) : mailbox_(mailbox), pool_(TensorPool::Create()) {}
 
   Mailbox* mailbox() const { return mailbox_; }
+  // Received raw tensors' memory, recycled across streams (tensor_pool.h).
+  const std::shared_ptr<TensorPool>& pool() const { return pool_; }
 
   void SetJob(AcceptedJob job) {
     AnnotatedMutexLock lock(&mu_);
@@ -56,6 +67,7 @@ class StreamShared {
 
  private:
   Mailbox* const mailbox_;
+  const std::shared_ptr<TensorPool> pool_;
   mutable AnnotatedMutex mu_;
   AcceptedJob job_ ABSL_GUARDED_BY(mu_);
   int live_reactors_ ABSL_GUARDED_BY(mu_) = 0;
@@ -93,9 +105,11 @@ class FrameStreamReactor final : public StreamReactor {
       : shared_(std::move(shared)),
         peer_(std::move(peer)),
         job_id_(std::move(job_id)),
-        source_stage_(source_stage) {
+        source_stage_(source_stage),
+        assembler_(kDefaultMaxTensorBytes,
+                   [pool = shared_->pool()](const Shape& shape) { return pool->Take(shape); }) {
     shared_->ReactorStarted();
-    StartRead(&frame_);
+    StartRead(&incoming_);
   }
 
   void OnReadDone(bool ok) override {
@@ -104,7 +118,7 @@ class FrameStreamReactor final : public StreamReactor {
       AnnotatedMutexLock lock(&mu_);
       bool read = false;
       if (ok) {
-        read = HandleOrHoldLocked();
+        read = ParseLocked() ? HandleOrHoldLocked() : true;
       } else {
         reads_done_ = true;  // The peer closed its side, or the call was cancelled.
       }
@@ -156,10 +170,39 @@ class FrameStreamReactor final : public StreamReactor {
 
  private:
   struct Next {
-    const v1::FrameError* write = nullptr;
+    const grpc::ByteBuffer* write = nullptr;
     bool read = false;
     bool finish = false;
   };
+
+  // Splits incoming_ into frame_ (header and payload views into slices_);
+  // a malformed message is answered with an error and skipped. Returns
+  // whether frame_ holds a frame to handle.
+  bool ParseLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    slices_.clear();
+    std::vector<absl::string_view> pieces;
+    if (incoming_.Dump(&slices_).ok()) {
+      pieces.reserve(slices_.size());
+      for (const grpc::Slice& slice : slices_) {
+        pieces.emplace_back(reinterpret_cast<const char*>(slice.begin()), slice.size());
+      }
+    }
+    absl::StatusOr<FrameView> frame = ParseFrame(pieces);
+    if (frame.ok()) {
+      frame_ = *std::move(frame);
+      return true;
+    }
+    PT_LOG(WARNING) << "data plane: rejected a message from " << peer_ << ": " << frame.status();
+    ReplyLocked(v1::TensorFrame(), frame.status());
+    return false;
+  }
+
+  // Queues an error reply for `frame` (bounded, see kMaxQueuedFrameErrors).
+  void ReplyLocked(const v1::TensorFrame& frame, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (outbox_.size() >= static_cast<size_t>(kMaxQueuedFrameErrors) || write_failed_) return;
+    outbox_.push_back(Serialized(MakeFrameError(frame, status)));
+  }
 
   // The mailbox's wake for the held frame (on the thread that moved the
   // window): handle the frame now, or hold it again.
@@ -193,23 +236,25 @@ class FrameStreamReactor final : public StreamReactor {
   // comes); anything else is handled, and refused if it must be, at once.
   // Returns whether it is held.
   bool HoldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (cancelled_ || assembler_.in_progress() || frame_.offset() != 0 ||
+    const v1::TensorFrame& header = frame_.header;
+    if (cancelled_ || assembler_.in_progress() || header.offset() != 0 ||
         !CheckBindingLocked().ok()) {
       return false;
     }
     hold_ = shared_->mailbox()->HoldBeyondWindow(
-        MakeAddress(frame_.job_id(), frame_.iteration(), frame_.tensor()), [this] { Unhold(); });
+        MakeAddress(header.job_id(), header.iteration(), header.tensor()), [this] { Unhold(); });
     return hold_ != 0;
   }
 
   // Frames must be of the job and stage the stream proved it sends for.
   absl::Status CheckBindingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (frame_.job_id() == job_id_ && frame_.source_stage() == source_stage_) {
+    const v1::TensorFrame& header = frame_.header;
+    if (header.job_id() == job_id_ && header.source_stage() == source_stage_) {
       return absl::OkStatus();
     }
     return absl::PermissionDeniedError(absl::StrCat(
-        "frame for job \"", absl::CHexEscape(absl::string_view(frame_.job_id()).substr(0, 64)),
-        "\" stage ", frame_.source_stage(), " on a stream of job ", job_id_, " stage ",
+        "frame for job \"", absl::CHexEscape(absl::string_view(header.job_id()).substr(0, 64)),
+        "\" stage ", header.source_stage(), " on a stream of job ", job_id_, " stage ",
         source_stage_));
   }
 
@@ -232,8 +277,7 @@ class FrameStreamReactor final : public StreamReactor {
     }
     if (status.ok()) return;
     PT_LOG(WARNING) << "data plane: rejected a frame from " << peer_ << ": " << status;
-    if (outbox_.size() >= static_cast<size_t>(kMaxQueuedFrameErrors) || write_failed_) return;
-    outbox_.push_back(MakeFrameError(frame_, status));
+    ReplyLocked(frame_.header, status);
   }
 
   // Decides the next gRPC operations (`read`: start the next read); marks
@@ -257,7 +301,7 @@ class FrameStreamReactor final : public StreamReactor {
   // nothing can delete `this` before the last operation here is started.
   void Run(const Next& next) {
     if (next.write != nullptr) StartWrite(next.write);
-    if (next.read) StartRead(&frame_);
+    if (next.read) StartRead(&incoming_);
     if (next.finish) Finish(grpc::Status::OK);  // Last: OnDone may follow at once.
   }
 
@@ -266,11 +310,14 @@ class FrameStreamReactor final : public StreamReactor {
   const std::string job_id_;
   const int source_stage_;
   AnnotatedMutex mu_;
-  // Filled by the read in flight; read under mu_. A held frame stays here
-  // (no read is in flight) until its wake.
-  v1::TensorFrame frame_;
+  // Filled by the read in flight; then parsed under mu_ into frame_, whose
+  // payload views point into slices_. A held frame stays in them (no read
+  // is in flight) until its wake.
+  grpc::ByteBuffer incoming_;
+  std::vector<grpc::Slice> slices_ ABSL_GUARDED_BY(mu_);
+  FrameView frame_ ABSL_GUARDED_BY(mu_);
   FrameAssembler assembler_ ABSL_GUARDED_BY(mu_);
-  std::deque<v1::FrameError> outbox_ ABSL_GUARDED_BY(mu_);  // front() is being written
+  std::deque<grpc::ByteBuffer> outbox_ ABSL_GUARDED_BY(mu_);  // front() is being written
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool write_failed_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -300,7 +347,8 @@ std::string MetadataValue(const grpc::CallbackServerContext& context, const char
 
 }  // namespace
 
-class DataPlaneServer::Service final : public v1::DataPlane::CallbackService {
+class DataPlaneServer::Service final
+    : public v1::DataPlane::WithRawCallbackMethod_Stream<v1::DataPlane::Service> {
  public:
   explicit Service(Mailbox* mailbox) : shared_(std::make_shared<StreamShared>(mailbox)) {}
 

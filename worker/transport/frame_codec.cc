@@ -127,14 +127,13 @@ absl::Status CheckLayout(const v1::TensorFrame& frame, int64_t max_tensor_bytes)
   return absl::OkStatus();
 }
 
-// Is the payload the next piece of the tensor, inside it?
-absl::Status CheckRange(const v1::TensorFrame& frame, int64_t received) {
+// Is the payload (`size` bytes) the next piece of the tensor, inside it?
+absl::Status CheckRange(const v1::TensorFrame& frame, int64_t size, int64_t received) {
   if (frame.offset() != received) {
     return Invalid(frame, absl::StrCat("frame offset ", frame.offset(), " is not the ", received,
                                        " bytes received so far; a frame was lost, reordered or "
                                        "rejected"));
   }
-  const int64_t size = static_cast<int64_t>(frame.payload().size());
   if (size > frame.total_bytes() - frame.offset()) {
     return Invalid(frame, absl::StrCat("payload of ", size, " bytes at offset ", frame.offset(),
                                        " runs past total_bytes ", frame.total_bytes()));
@@ -144,7 +143,7 @@ absl::Status CheckRange(const v1::TensorFrame& frame, int64_t received) {
 
 }  // namespace
 
-std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAddress& address,
+std::vector<v1::TensorFrame> EncodeFrameHeaders(int source_stage, const TensorAddress& address,
                                                 const WireTensor& wire, int64_t max_frame_bytes) {
   PT_CHECK(wire.encoded() || !wire.tensor.is_null()) << "null tensor for " << address.DebugString();
   PT_CHECK(!wire.encoded() || !wire.payload.empty())
@@ -164,18 +163,35 @@ std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAd
   const int64_t total = wire.wire_bytes();
   header.set_total_bytes(total);
 
-  const char* bytes =
-      wire.encoded() ? wire.payload.data() : reinterpret_cast<const char*>(wire.tensor.data());
-  std::vector<v1::TensorFrame> frames;
-  frames.reserve(std::max<int64_t>(1, (total + max_frame_bytes - 1) / max_frame_bytes));
+  std::vector<v1::TensorFrame> headers;
+  headers.reserve(std::max<int64_t>(1, (total + max_frame_bytes - 1) / max_frame_bytes));
   int64_t offset = 0;
   do {  // An empty tensor still needs one frame to announce it.
-    const int64_t size = std::min(max_frame_bytes, total - offset);
-    frames.push_back(header);
-    frames.back().set_offset(offset);
-    frames.back().set_payload(bytes + offset, static_cast<size_t>(size));
-    offset += size;
+    headers.push_back(header);
+    headers.back().set_offset(offset);
+    offset += std::min(max_frame_bytes, total - offset);
   } while (offset < total);
+  return headers;
+}
+
+int64_t FramePayloadBytes(const std::vector<v1::TensorFrame>& headers, size_t i) {
+  const int64_t end = i + 1 < headers.size() ? headers[i + 1].offset() : headers[i].total_bytes();
+  return end - headers[i].offset();
+}
+
+const char* WireBytes(const WireTensor& wire) {
+  return wire.encoded() ? wire.payload.data() : reinterpret_cast<const char*>(wire.tensor.data());
+}
+
+std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAddress& address,
+                                                const WireTensor& wire, int64_t max_frame_bytes) {
+  std::vector<v1::TensorFrame> frames =
+      EncodeFrameHeaders(source_stage, address, wire, max_frame_bytes);
+  const char* bytes = WireBytes(wire);
+  for (size_t i = 0; i < frames.size(); ++i) {
+    frames[i].set_payload(bytes + frames[i].offset(),
+                          static_cast<size_t>(FramePayloadBytes(frames, i)));
+  }
   return frames;
 }
 
@@ -229,9 +245,23 @@ absl::Status FrameAssembler::CheckAgainstPartial(const v1::TensorFrame& frame,
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::Accept(const FrameView& frame,
+                                                                     const AcceptedJob& job,
+                                                                     const Admission& admit) {
+  return AcceptPieces(frame.header, frame.payload, frame.payload_bytes, job, admit);
+}
+
 absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::Accept(const v1::TensorFrame& frame,
                                                                      const AcceptedJob& job,
                                                                      const Admission& admit) {
+  const absl::string_view payload = frame.payload();
+  return AcceptPieces(frame, absl::MakeConstSpan(&payload, 1), static_cast<int64_t>(payload.size()),
+                      job, admit);
+}
+
+absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::AcceptPieces(
+    const v1::TensorFrame& frame, absl::Span<const absl::string_view> payload,
+    int64_t payload_bytes, const AcceptedJob& job, const Admission& admit) {
   const Identity id{frame.source_stage(), AddressOf(frame)};
   if (!partial_.has_value() && discarding_.has_value() && frame.offset() > 0 &&
       *discarding_ == id) {
@@ -240,7 +270,9 @@ absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::Accept(const v1::T
   absl::Status status = CheckRouting(frame, job);
   if (status.ok()) status = CheckLayout(frame, max_tensor_bytes_);
   if (status.ok() && partial_.has_value()) status = CheckAgainstPartial(frame, id);
-  if (status.ok()) status = CheckRange(frame, partial_.has_value() ? partial_->received : 0);
+  if (status.ok()) {
+    status = CheckRange(frame, payload_bytes, partial_.has_value() ? partial_->received : 0);
+  }
   if (status.ok() && !partial_.has_value() && admit) status = admit(id.address, frame.total_bytes());
   if (!status.ok()) {
     partial_.reset();
@@ -248,7 +280,7 @@ absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::Accept(const v1::T
     return status;
   }
   if (!partial_.has_value()) StartTensor(frame, id);
-  AppendPayload(frame);
+  AppendPayload(frame, payload, payload_bytes);
   if (partial_->received < partial_->total_bytes) return std::nullopt;
 
   Partial& p = *partial_;
@@ -264,7 +296,8 @@ absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::Accept(const v1::T
 void FrameAssembler::StartTensor(const v1::TensorFrame& frame, const Identity& id) {
   Partial p{id, frame.codec(), ShapeOf(frame), frame.total_bytes()};
   if (p.codec == kCodecRaw) {
-    p.tensor = Tensor::Zeros(p.shape);
+    // Every byte arrives before the tensor is handed on.
+    p.tensor = allocate_ ? allocate_(p.shape) : Tensor::Uninitialized(p.shape);
   } else {
     p.payload.reserve(static_cast<size_t>(p.total_bytes));  // Checked against the limit.
   }
@@ -273,15 +306,20 @@ void FrameAssembler::StartTensor(const v1::TensorFrame& frame, const Identity& i
 }
 
 // Requires a frame CheckRange accepted: it continues at `received`.
-void FrameAssembler::AppendPayload(const v1::TensorFrame& frame) {
+void FrameAssembler::AppendPayload(const v1::TensorFrame& frame,
+                                   absl::Span<const absl::string_view> payload,
+                                   int64_t payload_bytes) {
   Partial& p = *partial_;
-  if (p.codec == kCodecRaw) {
-    char* data = reinterpret_cast<char*>(p.tensor.data());
-    std::memcpy(data + frame.offset(), frame.payload().data(), frame.payload().size());
-  } else {
-    p.payload.append(frame.payload());
+  int64_t offset = frame.offset();
+  for (absl::string_view piece : payload) {
+    if (p.codec == kCodecRaw) {
+      std::memcpy(reinterpret_cast<char*>(p.tensor.data()) + offset, piece.data(), piece.size());
+    } else {
+      p.payload.append(piece.data(), piece.size());
+    }
+    offset += static_cast<int64_t>(piece.size());
   }
-  p.received += static_cast<int64_t>(frame.payload().size());
+  p.received += payload_bytes;
 }
 
 }  // namespace pipetrain

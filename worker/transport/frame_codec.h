@@ -27,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
 #include "proto/pipetrain/v1/dataplane.pb.h"
+#include "worker/transport/frame_wire.h"
 #include "worker/transport/transport.h"
 
 namespace pipetrain {
@@ -53,6 +54,16 @@ inline constexpr int64_t kDefaultMaxTensorBytes = int64_t{4} << 30;
 std::vector<v1::TensorFrame> EncodeTensorFrames(int source_stage, const TensorAddress& address,
                                                 const WireTensor& wire,
                                                 int64_t max_frame_bytes = kMaxFramePayloadBytes);
+
+// The frames' headers (payload empty, offset set) for the same split as
+// EncodeTensorFrames, and where their bytes come from: frame i carries
+// [offset, offset + size) of WireBytes(wire), with size =
+// FramePayloadBytes(headers, i). Same requirements as EncodeTensorFrames.
+std::vector<v1::TensorFrame> EncodeFrameHeaders(int source_stage, const TensorAddress& address,
+                                                const WireTensor& wire,
+                                                int64_t max_frame_bytes = kMaxFramePayloadBytes);
+int64_t FramePayloadBytes(const std::vector<v1::TensorFrame>& headers, size_t i);
+const char* WireBytes(const WireTensor& wire);
 
 // Whether `wire` can be framed and would pass a receiver's header checks:
 // INVALID_ARGUMENT naming `what` for a null raw tensor, or for an encoded one
@@ -99,8 +110,14 @@ v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& 
 // Not thread-safe: one stream's frames are handled one at a time.
 class FrameAssembler {
  public:
-  explicit FrameAssembler(int64_t max_tensor_bytes = kDefaultMaxTensorBytes)
-      : max_tensor_bytes_(max_tensor_bytes) {}
+  // Where raw tensors' memory comes from (contents may be left
+  // unspecified: the assembler writes every byte before handing a tensor
+  // on); null: Tensor::Uninitialized.
+  using Allocator = std::function<Tensor(const Shape&)>;
+
+  explicit FrameAssembler(int64_t max_tensor_bytes = kDefaultMaxTensorBytes,
+                          Allocator allocate = nullptr)
+      : max_tensor_bytes_(max_tensor_bytes), allocate_(std::move(allocate)) {}
 
   // Asked before the first frame of a tensor is buffered: (address, its
   // total_bytes) -> OK to take it, or the error to reject it with (which
@@ -110,6 +127,10 @@ class FrameAssembler {
   // Returns the tensor `frame` completes, nullopt while more frames are due
   // (or the frame was silently dropped, see above), INVALID_ARGUMENT when
   // the frame is rejected, or `admit`'s error for a tensor it refuses.
+  absl::StatusOr<std::optional<ReceivedTensor>> Accept(const FrameView& frame,
+                                                       const AcceptedJob& job,
+                                                       const Admission& admit = nullptr);
+  // The same for a frame parsed by protobuf (tests, the fuzzer).
   absl::StatusOr<std::optional<ReceivedTensor>> Accept(const v1::TensorFrame& frame,
                                                        const AcceptedJob& job,
                                                        const Admission& admit = nullptr);
@@ -136,11 +157,18 @@ class FrameAssembler {
     std::string payload;  // Encoded: appended to.
   };
 
+  // `frame`'s own payload field is ignored: the payload is `payload`, of
+  // `payload_bytes` in all.
+  absl::StatusOr<std::optional<ReceivedTensor>> AcceptPieces(
+      const v1::TensorFrame& frame, absl::Span<const absl::string_view> payload,
+      int64_t payload_bytes, const AcceptedJob& job, const Admission& admit);
   absl::Status CheckAgainstPartial(const v1::TensorFrame& frame, const Identity& id) const;
   void StartTensor(const v1::TensorFrame& frame, const Identity& id);
-  void AppendPayload(const v1::TensorFrame& frame);
+  void AppendPayload(const v1::TensorFrame& frame, absl::Span<const absl::string_view> payload,
+                     int64_t payload_bytes);
 
   int64_t max_tensor_bytes_;
+  Allocator allocate_;
   std::optional<Partial> partial_;
   std::optional<Identity> discarding_;
 };

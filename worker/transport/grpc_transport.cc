@@ -1,5 +1,6 @@
 #include "worker/transport/grpc_transport.h"
 
+#include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
 #include <deque>
@@ -11,11 +12,55 @@
 #include "common/logging.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_auth.h"
+#include "worker/transport/frame_wire.h"
 
 namespace pipetrain {
 namespace {
 
-using StreamReactor = grpc::ClientBidiReactor<v1::TensorFrame, v1::FrameError>;
+// Frames go out as ready-made bytes (frame_wire.h), replies come back as
+// protobuf messages.
+using FrameStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, v1::FrameError>;
+using StreamReactor = grpc::ClientBidiReactor<grpc::ByteBuffer, v1::FrameError>;
+
+// "/pipetrain.v1.DataPlane/Stream"; gRPC keeps a pointer to it for the call.
+const std::string& StreamMethod() {
+  static const std::string* const method =
+      new std::string(absl::StrCat("/", v1::DataPlane::service_full_name(), "/Stream"));
+  return *method;
+}
+
+// A payload slice that references the bytes of a WireTensor nobody else
+// holds; each slice keeps it alive until gRPC is done with the slice.
+grpc::Slice LentSlice(const std::shared_ptr<const WireTensor>& owner, const char* bytes,
+                      size_t size) {
+  auto* hold = new std::shared_ptr<const WireTensor>(owner);
+  return grpc::Slice(
+      const_cast<char*>(bytes), size,
+      [](void* p) { delete static_cast<std::shared_ptr<const WireTensor>*>(p); }, hold);
+}
+
+// The messages of `wire`'s frames: each the header's bytes, then its payload,
+// not copied when `owner` (the same tensor, taken over) is given, else
+// copied once straight into a gRPC slice. No protobuf copies either way.
+std::vector<grpc::ByteBuffer> EncodeFrameBuffers(int source_stage, const TensorAddress& address,
+                                                 const WireTensor& wire, int64_t max_frame_bytes,
+                                                 const std::shared_ptr<const WireTensor>& owner) {
+  const std::vector<v1::TensorFrame> headers =
+      EncodeFrameHeaders(source_stage, address, wire, max_frame_bytes);
+  const char* bytes = WireBytes(wire);
+  std::vector<grpc::ByteBuffer> frames;
+  frames.reserve(headers.size());
+  for (size_t i = 0; i < headers.size(); ++i) {
+    const int64_t size = FramePayloadBytes(headers, i);
+    const char* payload = bytes + headers[i].offset();
+    const grpc::Slice slices[2] = {grpc::Slice(EncodeFrameHeader(headers[i], size)),
+                                   owner != nullptr
+                                       ? LentSlice(owner, payload, static_cast<size_t>(size))
+                                       : grpc::Slice(payload, static_cast<size_t>(size))};
+    frames.emplace_back(slices, size > 0 ? 2 : 1);
+  }
+  return frames;
+}
 
 // One long-lived DataPlane/Stream to a peer.
 //
@@ -32,7 +77,7 @@ class FrameStream final : public StreamReactor {
   // Starts the call on `stub`'s channel.
   // Starts the call on `stub`'s channel, proving it comes from
   // `source_stage` of the credential's job (data_plane_auth.h).
-  static std::shared_ptr<FrameStream> Start(v1::DataPlane::Stub* stub, std::string peer_name,
+  static std::shared_ptr<FrameStream> Start(FrameStub* stub, std::string peer_name,
                                             const GrpcTransportOptions& options, int source_stage,
                                             std::function<void(const absl::Status&)> on_error) {
     std::shared_ptr<FrameStream> stream(
@@ -46,7 +91,8 @@ class FrameStream final : public StreamReactor {
             kProofMetadataKey, StreamProof(credential.secret, credential.job_id, source_stage));
       }
     }
-    stub->async()->Stream(&stream->context_, stream.get());
+    stub->PrepareBidiStreamingCall(&stream->context_, StreamMethod(), grpc::StubOptions(),
+                                   stream.get());
     stream->AddHold();
     stream->StartRead(&stream->incoming_);
     stream->StartCall();
@@ -55,10 +101,10 @@ class FrameStream final : public StreamReactor {
 
   // Queues one tensor's frames behind the earlier ones; waits for room
   // (see GrpcTransportOptions::max_queued_bytes_per_peer).
-  absl::Status Enqueue(std::vector<v1::TensorFrame> frames) {
+  absl::Status Enqueue(std::vector<grpc::ByteBuffer> frames) {
     int64_t bytes = 0;
-    for (const v1::TensorFrame& f : frames) bytes += static_cast<int64_t>(f.payload().size());
-    const v1::TensorFrame* write = nullptr;
+    for (const grpc::ByteBuffer& f : frames) bytes += static_cast<int64_t>(f.Length());
+    Write write;
     {
       AnnotatedMutexLock lock(&mu_);
       auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -78,11 +124,11 @@ class FrameStream final : public StreamReactor {
       if (broken_) {
         return absl::UnavailableError(absl::StrCat("the stream to ", peer_name_, " broke"));
       }
-      for (v1::TensorFrame& f : frames) queue_.push_back(std::move(f));
+      for (grpc::ByteBuffer& f : frames) queue_.push_back(std::move(f));
       queued_bytes_ += bytes;
       write = NextWriteLocked();
     }
-    if (write != nullptr) StartWrite(write);
+    if (write.frame != nullptr) StartWrite(write.frame, write.options);
     return absl::OkStatus();
   }
 
@@ -146,12 +192,12 @@ class FrameStream final : public StreamReactor {
   }
 
   void OnWriteDone(bool ok) override {
-    const v1::TensorFrame* write = nullptr;
+    Write write;
     bool now_broken = false;
     {
       AnnotatedMutexLock lock(&mu_);
       writing_ = false;
-      queued_bytes_ -= static_cast<int64_t>(queue_.front().payload().size());
+      queued_bytes_ -= static_cast<int64_t>(queue_.front().Length());
       queue_.pop_front();
       if (ok) {
         write = NextWriteLocked();
@@ -159,7 +205,7 @@ class FrameStream final : public StreamReactor {
         now_broken = MarkBrokenLocked();
       }
     }
-    if (write != nullptr) StartWrite(write);
+    if (write.frame != nullptr) StartWrite(write.frame, write.options);
     if (now_broken) ReportBroken("a write failed");
   }
 
@@ -200,10 +246,19 @@ class FrameStream final : public StreamReactor {
       : peer_name_(std::move(peer_name)), options_(options), on_error_(std::move(on_error)) {}
 
   // The front frame, if it should be written now; marks it in flight.
-  const v1::TensorFrame* NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ || queue_.empty() || broken_ || cancelled_) return nullptr;
+  // With more frames queued behind it, a write may wait in gRPC's buffer to
+  // go out with them in one system call (buffer_hint); the last one queued
+  // flushes. That saves a send per frame when small tensors queue up.
+  struct Write {
+    const grpc::ByteBuffer* frame = nullptr;
+    grpc::WriteOptions options;
+  };
+  Write NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (writing_ || queue_.empty() || broken_ || cancelled_) return {};
     writing_ = true;
-    return &queue_.front();  // deque::push_back keeps it in place.
+    Write write{&queue_.front()};  // deque::push_back keeps it in place.
+    if (queue_.size() > 1) write.options.set_buffer_hint();
+    return write;
   }
 
   // Drops what is unsent (even while closing, so Close stops waiting for
@@ -213,7 +268,7 @@ class FrameStream final : public StreamReactor {
     const bool news = !broken_ && !closing_;
     broken_ = true;
     while (queue_.size() > (writing_ ? 1u : 0u)) {  // gRPC still reads the one in flight.
-      queued_bytes_ -= static_cast<int64_t>(queue_.back().payload().size());
+      queued_bytes_ -= static_cast<int64_t>(queue_.back().Length());
       queue_.pop_back();
     }
     return news;
@@ -233,7 +288,7 @@ class FrameStream final : public StreamReactor {
   v1::FrameError incoming_;  // Filled by the read in flight.
 
   mutable AnnotatedMutex mu_;
-  std::deque<v1::TensorFrame> queue_ ABSL_GUARDED_BY(mu_);  // front() in flight if writing_
+  std::deque<grpc::ByteBuffer> queue_ ABSL_GUARDED_BY(mu_);  // front() in flight if writing_
   int64_t queued_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
@@ -263,7 +318,7 @@ class GrpcTransport::PeerLink {
         address_(std::move(address)),
         options_(options) {}
 
-  absl::Status Send(std::vector<v1::TensorFrame> frames) {
+  absl::Status Send(std::vector<grpc::ByteBuffer> frames) {
     AnnotatedMutexLock send_lock(&send_mu_);
     std::shared_ptr<FrameStream> stream;
     {
@@ -318,7 +373,7 @@ class GrpcTransport::PeerLink {
           peer_stage_, " is up and that the plan has its data-plane address"));
     }
     channel_ = std::move(channel);
-    stub_ = v1::DataPlane::NewStub(channel_);
+    stub_ = std::make_unique<FrameStub>(channel_);
     const int peer = peer_stage_;
     auto on_error = [peer, callback = options_.on_peer_error](const absl::Status& error) {
       if (callback) callback(peer, error);
@@ -359,7 +414,7 @@ class GrpcTransport::PeerLink {
 
   AnnotatedMutex send_mu_;  // Serialises Sends to this peer; held while connecting.
   std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(send_mu_);
-  std::unique_ptr<v1::DataPlane::Stub> stub_ ABSL_GUARDED_BY(send_mu_);
+  std::unique_ptr<FrameStub> stub_ ABSL_GUARDED_BY(send_mu_);
 
   AnnotatedMutex mu_;  // Never held while waiting, so Shutdown gets it at once.
   std::shared_ptr<FrameStream> stream_ ABSL_GUARDED_BY(mu_);
@@ -394,6 +449,20 @@ absl::Status GrpcTransport::CheckPeer(int peer_stage) const {
 
 absl::Status GrpcTransport::SendWire(int peer_stage, const TensorAddress& address,
                                      const WireTensor& wire) {
+  return SendFrames(peer_stage, address, wire, nullptr);
+}
+
+absl::Status GrpcTransport::SendWireOwned(int peer_stage, const TensorAddress& address,
+                                          WireTensor wire) {
+  const bool lend = wire.encoded() || wire.tensor.sole_owner();
+  if (!lend) return SendFrames(peer_stage, address, wire, nullptr);
+  auto owner = std::make_shared<const WireTensor>(std::move(wire));
+  return SendFrames(peer_stage, address, *owner, owner);
+}
+
+absl::Status GrpcTransport::SendFrames(int peer_stage, const TensorAddress& address,
+                                       const WireTensor& wire,
+                                       const std::shared_ptr<const WireTensor>& owner) {
   if (absl::Status s = CheckPeer(peer_stage); !s.ok()) return s;
   const std::string what = absl::StrCat(address.DebugString(), " to stage ", peer_stage);
   if (absl::Status s = CheckSendable(wire, what); !s.ok()) return s;
@@ -402,7 +471,7 @@ absl::Status GrpcTransport::SendWire(int peer_stage, const TensorAddress& addres
         absl::StrCat("transport shut down; not sending to stage ", peer_stage));
   }
   return links_[peer_stage]->Send(
-      EncodeTensorFrames(stage_, address, wire, options_.max_frame_bytes));
+      EncodeFrameBuffers(stage_, address, wire, options_.max_frame_bytes, owner));
 }
 
 absl::StatusOr<WireTensor> GrpcTransport::RecvWire(int peer_stage, const TensorAddress& address,

@@ -100,6 +100,11 @@ class GrpcTransport final : public Transport {
   // queue_wait_timeout; ABORTED after Shutdown.
   absl::Status SendWire(int peer_stage, const TensorAddress& address,
                         const WireTensor& wire) override;
+  // The same, but frames reference `wire`'s memory instead of a copy when
+  // it is not shared (Transport::SendWireOwned): the queue then holds the
+  // tensor itself until its frames are written.
+  absl::Status SendWireOwned(int peer_stage, const TensorAddress& address,
+                             WireTensor wire) override;
 
   // Mailbox::Take of `address` from `peer_stage`: the WireTensor as sent.
   // Errors: DEADLINE_EXCEEDED naming the peer (stage and address) and the
@@ -120,6 +125,9 @@ class GrpcTransport final : public Transport {
   class PeerLink;
 
   absl::Status CheckPeer(int peer_stage) const;
+  // `owner`, when given, is `wire` taken over: frames reference its bytes.
+  absl::Status SendFrames(int peer_stage, const TensorAddress& address, const WireTensor& wire,
+                          const std::shared_ptr<const WireTensor>& owner);
 
   const int stage_;
   const std::vector<std::string> peer_addresses_;

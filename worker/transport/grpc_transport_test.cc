@@ -196,6 +196,41 @@ TEST_F(GrpcTransportTest, SendWire_EncodedInSeveralFrames_ArrivesByteIdenticalAn
   EXPECT_EQ(peer_errors_.size(), 0u) << "no frame was rejected, no stream broke";
 }
 
+// SendWireOwned sends straight from a tensor nobody else holds (several
+// frames reference it until written); a tensor still shared with the caller
+// is copied, so the caller's later writes do not reach the wire.
+TEST_F(GrpcTransportTest, SendWireOwned_SoleOrSharedTensorAndPayload_ArriveAsSent) {
+  GrpcTransportOptions options = Options();
+  options.max_frame_bytes = 1000;  // Several frames per tensor.
+  std::unique_ptr<GrpcTransport> sender = MakeTransport(0, options);
+  const Tensor expected = Pattern({30, 100}, 11);
+  ASSERT_TRUE(sender->SendOwned(1, Address(v1::ACTIVATION, 0, 8), expected.Clone()).ok());
+
+  Tensor shared = expected.Clone();
+  const Tensor callers_handle = shared;
+  ASSERT_FALSE(shared.sole_owner());
+  ASSERT_TRUE(sender->SendOwned(1, Address(v1::ACTIVATION, 1, 8), std::move(shared)).ok());
+  Tensor writable = callers_handle;
+  writable.Fill(-1.0f);  // After the send returned: must not change what arrives.
+
+  const std::string payload(2500, 'p');
+  ASSERT_TRUE(sender
+                  ->SendWireOwned(1, Address(v1::ACTIVATION, 2, 8),
+                                  WireTensor::Encoded("fp16", payload, {1250}))
+                  .ok());
+  for (int mb = 0; mb < 2; ++mb) {
+    absl::StatusOr<Tensor> got = transports_[1]->Recv(0, Address(v1::ACTIVATION, mb, 8), kPatience);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(BitwiseEqual(*got, expected)) << "micro-batch " << mb;
+  }
+  absl::StatusOr<WireTensor> wire =
+      transports_[1]->RecvWire(0, Address(v1::ACTIVATION, 2, 8), kPatience);
+  ASSERT_TRUE(wire.ok()) << wire.status();
+  EXPECT_EQ(wire->payload, payload);
+  sender->Shutdown();
+  EXPECT_EQ(peer_errors_.size(), 0u) << "no frame was rejected, no stream broke";
+}
+
 TEST_F(GrpcTransportTest, SendWire_UnknownCodecOrEmptyPayload_InvalidArgumentNothingSent) {
   const absl::Status unknown = transports_[0]->SendWire(
       1, Address(v1::ACTIVATION, 0, 6), WireTensor::Encoded("zstd:level=3", "bytes", {2}));
@@ -272,6 +307,16 @@ TEST_F(GrpcTransportTest, Stream_MalformedFramesFromRawClient_FrameErrorsAndServ
     EXPECT_EQ(error.iteration(), 7);
     EXPECT_NE(error.error().find(fragment), std::string::npos) << error.error();
   }
+  // Bytes that are not a TensorFrame (a job id that is not UTF-8 fails the
+  // header's parse): an error without a tensor to name, the stream goes on.
+  v1::TensorFrame not_utf8 = good;
+  not_utf8.set_job_id("\xff\xfe");
+  ASSERT_TRUE(stream->Write(not_utf8));
+  v1::FrameError malformed;
+  ASSERT_TRUE(stream->Read(&malformed));
+  EXPECT_NE(malformed.error().find("malformed data-plane frame: its header fields do not parse"),
+            std::string::npos)
+      << malformed.error();
   // The same stream still carries a correct frame, and ends cleanly.
   ASSERT_TRUE(stream->Write(good));
   ASSERT_TRUE(stream->WritesDone());

@@ -113,7 +113,8 @@ void ShapedTransport::Run(int peer_stage, Link* link) {
     }
     const absl::Duration wait = next.handoff - absl::Now();
     if (wait > absl::ZeroDuration()) absl::SleepFor(wait);  // the emulated link's time
-    absl::Status sent = inner_->SendWire(peer_stage, next.address, next.wire);
+    // Its own copy (see SendWire): the inner transport need not copy again.
+    absl::Status sent = inner_->SendWireOwned(peer_stage, next.address, std::move(next.wire));
     AnnotatedMutexLock lock(&mu_);
     link->queued_bytes -= next.bytes;
     if (!sent.ok() && link->error.ok()) link->error = sent;

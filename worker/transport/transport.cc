@@ -96,6 +96,10 @@ absl::Status Transport::Send(int peer_stage, const TensorAddress& address, const
   return SendWire(peer_stage, address, WireTensor::Raw(tensor));
 }
 
+absl::Status Transport::SendOwned(int peer_stage, const TensorAddress& address, Tensor tensor) {
+  return SendWireOwned(peer_stage, address, WireTensor::Raw(std::move(tensor)));
+}
+
 absl::StatusOr<Tensor> Transport::Recv(int peer_stage, const TensorAddress& address,
                                        absl::Duration timeout) {
   ASSIGN_OR_RETURN(WireTensor wire, RecvWire(peer_stage, address, timeout));

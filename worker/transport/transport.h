@@ -91,6 +91,15 @@ class Transport {
   virtual absl::Status SendWire(int peer_stage, const TensorAddress& address,
                                 const WireTensor& wire) = 0;
 
+  // SendWire that takes `wire` over, so a transport may send straight from
+  // its memory instead of copying it first: an encoded payload always, a raw
+  // tensor when no other handle shares its storage (Tensor::sole_owner; a
+  // shared one is copied as SendWire does). This default copies.
+  virtual absl::Status SendWireOwned(int peer_stage, const TensorAddress& address,
+                                     WireTensor wire) {
+    return SendWire(peer_stage, address, wire);
+  }
+
   // Waits up to `timeout` for the tensor `address` from `peer_stage` and
   // removes it from the mailbox, as it was sent (raw or encoded).
   // DEADLINE_EXCEEDED names the peer and the tensor; ABORTED if the
@@ -100,6 +109,8 @@ class Transport {
 
   // SendWire of a raw fp32 tensor (any shape).
   absl::Status Send(int peer_stage, const TensorAddress& address, const Tensor& tensor);
+  // SendWireOwned of a raw fp32 tensor (any shape).
+  absl::Status SendOwned(int peer_stage, const TensorAddress& address, Tensor tensor);
 
   // RecvWire, then DecodeWireTensor: the tensor whatever its encoding.
   absl::StatusOr<Tensor> Recv(int peer_stage, const TensorAddress& address,

@@ -44,15 +44,19 @@ for t in "${TOOLS[@]}"; do
   if ! command -v "${t%%:*}" >/dev/null 2>&1; then missing+=("${t#*:}"); fi
 done
 
-# npm packages of tests/k8s/validate_manifests.js, pinned by
-# tools/k8s-validate/package-lock.json; installed again only when the lock
-# file is missing from the install or newer than it.
+# npm packages of tests/k8s/validate_manifests.js (tools/k8s-validate) and
+# tests/dashboard_schema_test.sh (tools/grafana-schema-check), each pinned
+# by its package-lock.json; installed again only when the lock file is
+# missing from the install or newer than it.
 npm_ci() {
-  local dir; dir="$(dirname "$0")/../tools/k8s-validate"
-  local installed="$dir/node_modules/.package-lock.json"
-  if [ ! -f "$installed" ] || [ "$dir/package-lock.json" -nt "$installed" ]; then
-    (cd "$dir" && npm ci --no-audit --no-fund)
-  fi
+  local dir
+  for dir in k8s-validate grafana-schema-check; do
+    dir="$(dirname "$0")/../tools/$dir"
+    local installed="$dir/node_modules/.package-lock.json"
+    if [ ! -f "$installed" ] || [ "$dir/package-lock.json" -nt "$installed" ]; then
+      (cd "$dir" && npm ci --no-audit --no-fund)
+    fi
+  done
 }
 
 if [ ${#missing[@]} -eq 0 ]; then

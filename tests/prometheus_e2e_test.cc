@@ -234,7 +234,7 @@ TEST(PrometheusE2eTest, ScrapesClusterDuringJob_LossAndEachWorkersIdleStored) {
   ASSERT_EQ(loss.size(), 1u) << loss.dump() << "\njob: " << testing::GetJob(*stub, id).DebugString();
   EXPECT_EQ(LabelValues(loss, "job"), std::set<std::string>{"pipetrain-coordinator"});
 
-  const std::string idle = "pipetrain_stage_idle_seconds_total{job=\"pipetrain-worker\"}";
+  const std::string idle = "pipetrain_worker_idle_seconds_total{job=\"pipetrain-worker\"}";
   const nlohmann::json idle_result = AwaitQuery(port, idle, [&](const nlohmann::json& r) {
     return LabelValues(r, "instance") == worker_targets;
   });

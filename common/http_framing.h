@@ -40,7 +40,9 @@ struct HttpRequestLimits {
 };
 
 // Why a request was refused before a handler saw it: the HTTP status and
-// the {"code", "message"} of its JSON error body. Messages name the limit.
+// the code (by name, e.g. "RESOURCE_EXHAUSTED") and message of its JSON
+// error body (google.rpc.Status, common/http_response.h). Messages name the
+// limit.
 struct HttpRejection {
   int status = 0;
   std::string code;

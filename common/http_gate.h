@@ -25,7 +25,7 @@
 // reads the answer instead of a connection reset. At most max_connections
 // connections linger; beyond, a connection is closed once answered.
 //
-// Error answers are JSON ({"code", "message"}, common/http_response.h):
+// Error answers are google.rpc.Status JSON (common/http_response.h):
 // the framing rejections (400, 411, 413, 431), 408 DEADLINE_EXCEEDED when
 // a request is not complete within request_timeout of its accept, and 503
 // UNAVAILABLE over max_connections. A response not written within

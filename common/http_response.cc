@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
+#include "common/rpc_status.h"
 
 namespace pipetrain {
 namespace {
@@ -32,10 +32,18 @@ HttpResponse JsonResponse(int status, std::string body) {
   return response;
 }
 
+HttpResponse JsonError(int status, const absl::Status& error) {
+  return JsonResponse(status, RpcStatusJson(error));
+}
+
 HttpResponse JsonError(int status, absl::string_view code, absl::string_view message) {
-  nlohmann::json body = {{"code", std::string(code)}, {"message", std::string(message)}};
-  // replace: invalid UTF-8 in a message (e.g. echoed input) must not throw.
-  return JsonResponse(status, body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+  absl::StatusCode named = absl::StatusCode::kUnknown;
+  for (int i = 1; i <= 16; ++i) {
+    if (absl::StatusCodeToString(static_cast<absl::StatusCode>(i)) == code) {
+      named = static_cast<absl::StatusCode>(i);
+    }
+  }
+  return JsonError(status, absl::Status(named, message));
 }
 
 std::string SerializeClosingResponse(const HttpResponse& response) {

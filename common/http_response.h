@@ -6,6 +6,7 @@
 
 #include <string>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace pipetrain {
@@ -18,8 +19,12 @@ struct HttpResponse {
 
 // `status` with `body` as application/json.
 HttpResponse JsonResponse(int status, std::string body);
-// The error body every endpoint uses: {"code": "<CODE>", "message": "..."},
-// e.g. code "INVALID_ARGUMENT". The message is JSON-escaped.
+// The error body every endpoint uses: google.rpc.Status as JSON,
+// {"code": 3, "message": "...", "details": [...]} (common/rpc_status.h: a
+// message "<field>: <why>" of INVALID_ARGUMENT adds a BadRequest detail).
+HttpResponse JsonError(int status, const absl::Status& error);
+// The same for the code named `code` ("INVALID_ARGUMENT"; UNKNOWN for a
+// name that is none).
 HttpResponse JsonError(int status, absl::string_view code, absl::string_view message);
 
 // `response` as HTTP/1.1 bytes on the wire, with Content-Length and

@@ -12,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/fixed_thread_pool.h"
 #include "common/http_gate.h"
 #include "common/logging.h"
@@ -208,10 +209,20 @@ void HttpServer::InstallHooks() {
     return httplib::Server::HandlerResponse::Handled;
   });
   // httplib calls this for every status >= 400; only fill in bodies that no
-  // handler wrote (unrouted paths, malformed requests).
-  const httplib::Server::HandlerWithResponse on_error = [](const httplib::Request& req,
-                                                          httplib::Response& res) {
+  // handler wrote (unrouted paths, wrong methods, malformed requests).
+  const httplib::Server::HandlerWithResponse on_error = [this](const httplib::Request& req,
+                                                               httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+    const std::string allowed = res.status == 404 ? AllowedMethods(req.path) : "";
+    if (!allowed.empty()) {
+      res.status = 405;
+      Apply(JsonError(405, "UNIMPLEMENTED",
+                      absl::StrCat("method ", req.method, " is not allowed on ", req.path,
+                                   "; allowed: ", allowed, " (see docs/api.md)")),
+            res);
+      res.set_header("Allow", allowed);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     const bool unrouted = res.status == 404;
     Apply(JsonError(res.status, unrouted ? "NOT_FOUND" : "INVALID_ARGUMENT",
                     unrouted ? absl::StrCat("no endpoint ", req.method, " ", req.path,
@@ -324,7 +335,20 @@ std::string HttpServer::RouteOf(const std::string& method, const std::string& pa
   for (const RouteEntry& entry : routes_) {
     if (entry.method == method && std::regex_match(path, entry.regex)) return entry.pattern;
   }
+  for (const RouteEntry& entry : routes_) {  // a wrong method on a known path (405)
+    if (std::regex_match(path, entry.regex)) return entry.pattern;
+  }
   return kUnmatchedRoute;
+}
+
+std::string HttpServer::AllowedMethods(const std::string& path) const {
+  std::set<std::string> methods;
+  for (const RouteEntry& entry : routes_) {
+    if (!std::regex_match(path, entry.regex)) continue;
+    methods.insert(entry.method);
+    if (entry.method == "GET") methods.insert("HEAD");  // httplib answers HEAD with GET's route
+  }
+  return absl::StrJoin(methods, ", ");
 }
 
 void HttpServer::Stop() {

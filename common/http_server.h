@@ -11,7 +11,8 @@
 //
 // Routes are regular expressions matched against the whole path (httplib's
 // std::regex); capture groups arrive as HttpRequest::path_params. A request
-// that matches no route gets 404 with a JSON error body. Handlers run on
+// whose path matches no route gets 404 with a JSON error body; one whose
+// path matches a route of other methods gets 405 with "Allow: <those>". Handlers run on
 // Options::handler_threads threads of the server's own, concurrently: they
 // must be thread-safe.
 //
@@ -27,7 +28,7 @@
 //
 // Authentication: when Options::bearer_token is set, every route except the
 // public paths (/healthz, /readyz, /metrics) requires "Authorization: Bearer <token>";
-// others get 401 {"code":"UNAUTHENTICATED","message":...}. Tokens travel in
+// others get 401 {"code":16,"message":...,"details":[]}. Tokens travel in
 // clear text: bind to loopback or put a TLS proxy in front.
 #ifndef PIPETRAIN_COMMON_HTTP_SERVER_H_
 #define PIPETRAIN_COMMON_HTTP_SERVER_H_
@@ -166,9 +167,12 @@ class HttpServer {
   void Dispatch(GatedRequest request);  // on the gate's thread: queue for a handler
   // Handles `request` on a handler thread; reports it to on_response.
   std::string Answer(const GatedRequest& request);
-  // The first registered pattern for `method` matching `path`, else
-  // kUnmatchedRoute.
+  // The first registered pattern for `method` matching `path`, else the
+  // first for another method (a 405), else kUnmatchedRoute.
   std::string RouteOf(const std::string& method, const std::string& path) const;
+  // The methods registered for `path`, for an Allow header ("GET, HEAD,
+  // POST"); empty when no route matches it.
+  std::string AllowedMethods(const std::string& path) const;
 
   const Options options_;
   std::unique_ptr<internal::GatedServer> server_;

@@ -144,7 +144,7 @@ TEST(HttpServer, Get_UnroutedPath_Returns404WithJsonError) {
   ASSERT_TRUE(result);
   EXPECT_EQ(result->status, 404);
   nlohmann::json body = nlohmann::json::parse(result->body);
-  EXPECT_EQ(body["code"], "NOT_FOUND");
+  EXPECT_EQ(body["code"], 5);
   EXPECT_TRUE(absl::StrContains(body["message"].get<std::string>(), "GET /nowhere"));
 }
 
@@ -157,7 +157,9 @@ TEST(HttpServer, HandlerError_KeepsHandlerBody) {
   ASSERT_TRUE(result);
   EXPECT_EQ(result->status, 400);
   EXPECT_EQ(nlohmann::json::parse(result->body),
-            nlohmann::json({{"code", "INVALID_ARGUMENT"}, {"message", "x: bad"}}));
+            nlohmann::json::parse(R"({"code": 3, "message": "x: bad", "details": [
+                {"@type": "type.googleapis.com/google.rpc.BadRequest",
+                 "fieldViolations": [{"field": "x", "description": "bad"}]}]})"));
 }
 
 class HttpServerAuthTest : public ::testing::Test {
@@ -181,7 +183,7 @@ TEST_F(HttpServerAuthTest, NoToken_Returns401NamingTheHeader) {
   EXPECT_EQ(result->status, 401);
   EXPECT_EQ(result->get_header_value("WWW-Authenticate"), "Bearer");
   nlohmann::json body = nlohmann::json::parse(result->body);
-  EXPECT_EQ(body["code"], "UNAUTHENTICATED");
+  EXPECT_EQ(body["code"], 16);
   EXPECT_TRUE(absl::StrContains(body["message"].get<std::string>(), "Authorization: Bearer"));
 }
 
@@ -297,9 +299,11 @@ TEST(HttpServer, Post_BodyOverDefaultLimit_Returns413NamingTheLimit) {
   ASSERT_TRUE(result) << httplib::to_string(result.error());
   EXPECT_EQ(result->status, 413);
   EXPECT_EQ(nlohmann::json::parse(result->body),
-            nlohmann::json({{"code", "RESOURCE_EXHAUSTED"},
-                            {"message", "request body of 1048577 bytes exceeds the limit of "
-                                        "1048576 bytes"}}));
+            nlohmann::json({{"code", 8},
+                            {"message",
+                             "request body of 1048577 bytes exceeds the limit of "
+                             "1048576 bytes"},
+                            {"details", nlohmann::json::array()}}));
   EXPECT_EQ(calls, 0);
 }
 
@@ -323,7 +327,7 @@ TEST(HttpServer, Get_HeadersOverLimit_Returns431) {
   ASSERT_TRUE(result) << httplib::to_string(result.error());
   EXPECT_EQ(result->status, 431);
   nlohmann::json body = nlohmann::json::parse(result->body);
-  EXPECT_EQ(body["code"], "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(body["code"], 8);
   EXPECT_TRUE(absl::StrContains(body["message"].get<std::string>(),
                                 "exceed the limit of 1024 bytes"))
       << body;
@@ -340,7 +344,7 @@ TEST(HttpServer, Post_ChunkedBody_Returns411) {
       "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
   const std::string response = connection.Read();
   ASSERT_EQ(StatusOf(response), 411) << response;
-  EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], "UNIMPLEMENTED");
+  EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], 12);
 }
 
 TEST(HttpServer, Read_MalformedRequestLine_Returns400WithJsonError) {
@@ -352,7 +356,7 @@ TEST(HttpServer, Read_MalformedRequestLine_Returns400WithJsonError) {
   ASSERT_TRUE(connection.Send("NOT AN HTTP REQUEST\r\n\r\n"));
   const std::string response = connection.Read();
   ASSERT_EQ(StatusOf(response), 400) << response;
-  EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], 3);
 }
 
 TEST(HttpServer, Post_ExpectContinue_ContinueThenResponse) {
@@ -385,9 +389,11 @@ TEST(HttpServer, Get_ConnectionsOverCap_Returns503AndKeepsTheOthers) {
   ASSERT_TRUE(result) << httplib::to_string(result.error());
   EXPECT_EQ(result->status, 503);
   EXPECT_EQ(nlohmann::json::parse(result->body),
-            nlohmann::json({{"code", "UNAVAILABLE"},
-                            {"message", "the server has the most open connections it accepts "
-                                        "(2); retry later"}}));
+            nlohmann::json({{"code", 14},
+                            {"message",
+                             "the server has the most open connections it accepts "
+                             "(2); retry later"},
+                            {"details", nlohmann::json::array()}}));
   EXPECT_EQ((*silent)->CountAnsweredOrClosed(), 0);
 }
 
@@ -405,9 +411,11 @@ TEST(HttpServer, Read_RequestIncompleteAtDeadline_Returns408AndCloses) {
   const std::string response = connection.Read();  // to the server's close
   ASSERT_EQ(StatusOf(response), 408) << response;
   EXPECT_EQ(nlohmann::json::parse(BodyOf(response)),
-            nlohmann::json({{"code", "DEADLINE_EXCEEDED"},
-                            {"message", "the request was not complete within the limit of "
-                                        "200ms after connecting"}}));
+            nlohmann::json({{"code", 4},
+                            {"message",
+                             "the request was not complete within the limit of "
+                             "200ms after connecting"},
+                            {"details", nlohmann::json::array()}}));
   // Trickling and silent ones alike.
   EXPECT_EQ((*slow)->AwaitAnsweredOrClosed(absl::Seconds(30)), 4);
 }
@@ -494,10 +502,35 @@ TEST(HttpServer, OnResponse_GateAndParserRejections_ReportRejectedRoute) {
                                                             {"OTHER", "rejected", 400}}));
 }
 
+TEST(HttpServer, Post_KnownPathWrongMethod_Returns405WithAllow) {
+  ResponseLog log;
+  HttpServer server(log.Observing());
+  server.Get(R"(/things/([^/:]+))", Echo);
+  server.Post(R"(/things/([^/:]+):poke)", Echo);
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  httplib::Result result = ClientFor(*port)->Post("/things/a1", "{}", "application/json");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 405);
+  EXPECT_EQ(result->get_header_value("Allow"), "GET, HEAD");
+  nlohmann::json body = nlohmann::json::parse(result->body);
+  EXPECT_EQ(body["code"], 12);  // UNIMPLEMENTED, as grpc-gateway answers 405
+  EXPECT_EQ(body["message"],
+            "method POST is not allowed on /things/a1; allowed: GET, HEAD (see "
+            "docs/api.md)");
+  result = ClientFor(*port)->Get("/things/a1:poke");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 405);
+  EXPECT_EQ(result->get_header_value("Allow"), "POST");
+  EXPECT_EQ(log.entries(),
+            (std::vector<ResponseLog::Entry>{{"POST", R"(/things/([^/:]+))", 405},
+                                             {"GET", R"(/things/([^/:]+):poke)", 405}}));
+}
+
 TEST(JsonError, MessageWithQuotesAndInvalidUtf8_IsValidJson) {
   HttpResponse response = JsonError(400, "INVALID_ARGUMENT", "bad \"x\" \xff");
   nlohmann::json body = nlohmann::json::parse(response.body);
-  EXPECT_EQ(body["code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(body["code"], 3);
   EXPECT_TRUE(absl::StartsWith(body["message"].get<std::string>(), "bad \"x\" "));
   EXPECT_EQ(response.status, 400);
 }

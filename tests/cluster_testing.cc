@@ -51,6 +51,7 @@ v1::Job GetJob(v1::Coordinator::Stub& stub, const std::string& id) {
   v1::GetJobRequest request;
   request.set_id(id);
   v1::Job job;
+  request.set_view(v1::JOB_VIEW_FULL);  // tests compare loss histories
   grpc::Status s = stub.GetJob(WithDeadline(absl::Seconds(10)).get(), request, &job);
   EXPECT_TRUE(s.ok()) << s.error_message();
   return job;

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "coordinator/api/grpc_status.h"
+#include "coordinator/api/list_pages.h"
 #include "coordinator/api/weights_upload.h"
 
 namespace pipetrain {
@@ -186,16 +187,16 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerCon
                                                          const v1::GetJobRequest* request,
                                                          v1::Job* response) {
   return Unary(context, "GetJob", UserCall(*context), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, jobs_->Get(request->id()));
+    ASSIGN_OR_RETURN(*response, GetJobInView(*jobs_, *request));
     return absl::OkStatus();
   });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerContext* context,
-                                                           const v1::ListJobsRequest*,
+                                                           const v1::ListJobsRequest* request,
                                                            v1::ListJobsResponse* response) {
-  return Unary(context, "ListJobs", UserCall(*context), [&] {
-    for (v1::Job& job : jobs_->List()) *response->add_jobs() = std::move(job);
+  return Unary(context, "ListJobs", UserCall(*context), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, ListJobsPage(*jobs_, *request));
     return absl::OkStatus();
   });
 }
@@ -209,11 +210,11 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServer
   });
 }
 
-grpc::ServerUnaryReactor* CoordinatorGrpcService::ListWorkers(
-    grpc::CallbackServerContext* context, const v1::ListWorkersRequest*,
-    v1::ListWorkersResponse* response) {
-  return Unary(context, "ListWorkers", UserCall(*context), [&] {
-    for (v1::Worker& worker : workers_->List()) *response->add_workers() = std::move(worker);
+grpc::ServerUnaryReactor* CoordinatorGrpcService::ListWorkers(grpc::CallbackServerContext* context,
+                                                              const v1::ListWorkersRequest* request,
+                                                              v1::ListWorkersResponse* response) {
+  return Unary(context, "ListWorkers", UserCall(*context), [&]() -> absl::Status {
+    ASSIGN_OR_RETURN(*response, ListWorkersPage(*workers_, *request));
     return absl::OkStatus();
   });
 }

@@ -10,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "common/clock.h"
 #include "common/grpc_credentials.h"
+#include "common/rpc_status.h"
 #include "coordinator/api/bad_specs_testing.h"
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/jobs/assignment_hub.h"
@@ -212,6 +213,13 @@ TEST_F(GrpcServiceTest, SubmitJob_MalformedSpecs_InvalidArgumentNamingTheField) 
     EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     EXPECT_TRUE(absl::StrContains(status.error_message(), bad.field))
         << status.error_message() << " does not name " << bad.field;
+    // The details say the same, as a google.rpc.BadRequest field violation.
+    absl::StatusOr<DecodedRpcStatus> details = DecodeRpcStatus(status.error_details());
+    ASSERT_TRUE(details.ok()) << details.status();
+    EXPECT_EQ(details->code, 3);
+    ASSERT_EQ(details->violations.size(), 1u) << status.error_message();
+    EXPECT_EQ(absl::StrCat(details->violations[0].field, ": ", details->violations[0].description),
+              status.error_message());
     ++checked;
   }
   EXPECT_EQ(checked, 11);
@@ -433,6 +441,60 @@ TEST_F(GrpcServiceTest, ReportProgress_StepWithLosses_UpdatesJobAndStageMetrics)
       text,
       "pipetrain_rpc_duration_seconds_count{code=\"OK\",method=\"/pipetrain.v1.Coordinator/"
       "ReportProgress\"} 1\n"));
+}
+
+TEST_F(GrpcServiceTest, GetJobAndListJobs_Views_LossHistoryOnlyInFull) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
+  v1::ReportProgressRequest report;
+  report.set_worker_id(worker.worker_id());
+  report.set_incarnation(worker.incarnation());
+  report.set_job_id(job.id());
+  report.set_plan_version(1);
+  report.add_micro_batch_losses(2.5f);
+  v1::ReportProgressResponse reported;
+  grpc::ClientContext report_context;
+  SetDeadline(report_context);
+  AddBearer(report_context, worker.session_token());
+  ASSERT_TRUE(raw_->ReportProgress(&report_context, report, &reported).ok());
+
+  for (v1::JobView view : {v1::JOB_VIEW_UNSPECIFIED, v1::JOB_VIEW_BASIC, v1::JOB_VIEW_FULL}) {
+    SCOPED_TRACE(v1::JobView_Name(view));
+    const int expected = view == v1::JOB_VIEW_FULL ? 1 : 0;
+    v1::GetJobRequest get;
+    get.set_id(job.id());
+    get.set_view(view);
+    v1::Job got;
+    grpc::ClientContext get_context;
+    SetDeadline(get_context);
+    ASSERT_TRUE(stub_->GetJob(&get_context, get, &got).ok());
+    EXPECT_EQ(got.progress().loss_history_size(), expected);
+    EXPECT_EQ(got.progress().loss(), 2.5f);  // in every view
+    v1::ListJobsRequest list;
+    list.set_view(view);
+    v1::ListJobsResponse listed;
+    grpc::ClientContext list_context;
+    SetDeadline(list_context);
+    ASSERT_TRUE(stub_->ListJobs(&list_context, list, &listed).ok());
+    ASSERT_EQ(listed.jobs_size(), 1);
+    EXPECT_EQ(listed.jobs(0).progress().loss_history_size(), expected);
+  }
+}
+
+TEST_F(GrpcServiceTest, ListJobs_NegativePageSize_InvalidArgumentWithFieldViolation) {
+  v1::ListJobsRequest request;
+  request.set_page_size(-1);
+  v1::ListJobsResponse response;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  grpc::Status status = stub_->ListJobs(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  absl::StatusOr<DecodedRpcStatus> details = DecodeRpcStatus(status.error_details());
+  ASSERT_TRUE(details.ok()) << details.status();
+  EXPECT_EQ(details->violations,
+            (std::vector<FieldViolation>{{"page_size", "must be in [0, 1000], got -1"}}));
 }
 
 TEST_F(GrpcServiceTest, ReportProgress_StalePlanVersion_FailedPrecondition) {

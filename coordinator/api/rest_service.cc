@@ -4,7 +4,9 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/api/list_pages.h"
 #include "google/protobuf/util/json_util.h"
 #include "spec/job_spec.h"
 
@@ -38,16 +40,64 @@ HttpResponse SubmitJob(JobManager* jobs, const HttpRequest& request) {
   return Reply(jobs->Submit(*spec));
 }
 
-HttpResponse ListJobs(const JobManager* jobs) {
-  v1::ListJobsResponse response;
-  for (v1::Job& job : jobs->List()) *response.add_jobs() = std::move(job);
-  return JsonOf(response);
+// The query parameter `name`, or "" when absent.
+std::string Query(const HttpRequest& request, const std::string& name) {
+  auto it = request.query.find(name);
+  return it == request.query.end() ? "" : it->second;
 }
 
-HttpResponse ListWorkers(const WorkerRegistry* workers) {
-  v1::ListWorkersResponse response;
-  for (v1::Worker& worker : workers->List()) *response.add_workers() = std::move(worker);
-  return JsonOf(response);
+// ?pageSize= and ?pageToken= into `request` (a List*Request). The bounds are
+// ListJobsPage's; here only the syntax.
+template <typename ListRequest>
+absl::Status ParsePaging(const HttpRequest& http, ListRequest& request) {
+  const std::string size = Query(http, "pageSize");
+  int32_t page_size = 0;
+  if (!size.empty() && !absl::SimpleAtoi(size, &page_size)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: ?pageSize= must be an integer in [0, ", kMaxPageSize, "], got \"",
+                     size.substr(0, 32), "\""));
+  }
+  request.set_page_size(page_size);
+  request.set_page_token(Query(http, "pageToken"));
+  return absl::OkStatus();
+}
+
+// ?view=: JOB_VIEW_BASIC or JOB_VIEW_FULL (or BASIC, FULL); absent: BASIC.
+absl::StatusOr<v1::JobView> ParseView(const HttpRequest& http) {
+  const std::string text = Query(http, "view");
+  v1::JobView view = v1::JOB_VIEW_UNSPECIFIED;
+  if (text.empty() || v1::JobView_Parse(text, &view) ||
+      v1::JobView_Parse(absl::StrCat("JOB_VIEW_", text), &view)) {
+    return view;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "view: ?view= must be JOB_VIEW_BASIC or JOB_VIEW_FULL, got \"", text.substr(0, 32), "\""));
+}
+
+HttpResponse GetJob(const JobManager* jobs, const HttpRequest& http) {
+  v1::GetJobRequest request;
+  request.set_id(http.path_params[0]);
+  absl::StatusOr<v1::JobView> view = ParseView(http);
+  if (!view.ok()) return StatusResponse(view.status());
+  request.set_view(*view);
+  return Reply(GetJobInView(*jobs, request));
+}
+
+HttpResponse ListJobs(const JobManager* jobs, const HttpRequest& http) {
+  v1::ListJobsRequest request;
+  absl::Status parsed = ParsePaging(http, request);
+  absl::StatusOr<v1::JobView> view = ParseView(http);
+  if (parsed.ok()) parsed = view.status();
+  if (!parsed.ok()) return StatusResponse(parsed);
+  request.set_view(*view);
+  return Reply(ListJobsPage(*jobs, request));
+}
+
+HttpResponse ListWorkers(const WorkerRegistry* workers, const HttpRequest& http) {
+  v1::ListWorkersRequest request;
+  absl::Status parsed = ParsePaging(http, request);
+  if (!parsed.ok()) return StatusResponse(parsed);
+  return Reply(ListWorkersPage(*workers, request));
 }
 
 }  // namespace
@@ -73,14 +123,13 @@ int HttpStatusForCode(absl::StatusCode code) {
 }
 
 HttpResponse StatusResponse(const absl::Status& status) {
-  return JsonError(HttpStatusForCode(status.code()), absl::StatusCodeToString(status.code()),
-                   status.message());
+  return JsonError(HttpStatusForCode(status.code()), status);
 }
 
 void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobManager* jobs) {
   server.Post("/v1/jobs", [jobs](const HttpRequest& r) { return SubmitJob(jobs, r); });
-  server.Get("/v1/jobs", [jobs](const HttpRequest&) { return ListJobs(jobs); });
-  server.Get(kJob, [jobs](const HttpRequest& r) { return Reply(jobs->Get(r.path_params[0])); });
+  server.Get("/v1/jobs", [jobs](const HttpRequest& r) { return ListJobs(jobs, r); });
+  server.Get(kJob, [jobs](const HttpRequest& r) { return GetJob(jobs, r); });
   server.Post(absl::StrCat(kJob, ":cancel"),
               [jobs](const HttpRequest& r) { return Reply(jobs->Cancel(r.path_params[0])); });
   server.Get(absl::StrCat(kJob, "/plan"),
@@ -94,7 +143,7 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
     response.content_type = "image/svg+xml";
     return response;
   });
-  server.Get("/v1/workers", [workers](const HttpRequest&) { return ListWorkers(workers); });
+  server.Get("/v1/workers", [workers](const HttpRequest& r) { return ListWorkers(workers, r); });
   server.Post(R"(/v1/workers/([^/:]+):drain)",
               [jobs](const HttpRequest& r) { return Reply(jobs->Drain(r.path_params[0])); });
 }

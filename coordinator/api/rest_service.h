@@ -4,11 +4,11 @@
 // (STYLE.md item 1); docs/api.md and docs/openapi.yaml describe it for users.
 //
 //   POST /v1/jobs                 body: a JobSpec          -> Job
-//   GET  /v1/jobs                                          -> ListJobsResponse
-//   GET  /v1/jobs/{id}                                     -> Job
+//   GET  /v1/jobs   ?pageSize= &pageToken= &view=          -> ListJobsResponse
+//   GET  /v1/jobs/{id}   ?view=                            -> Job
 //   POST /v1/jobs/{id}:cancel     body ignored             -> Job
 //   GET  /v1/jobs/{id}/plan                                -> Plan
-//   GET  /v1/workers                                       -> ListWorkersResponse
+//   GET  /v1/workers   ?pageSize= &pageToken=              -> ListWorkersResponse
 //
 // /healthz and /readyz are the process's, not the API's (common/serving_health.h).
 //
@@ -16,8 +16,13 @@
 // `body: "spec"` would), parsed strictly by JobSpecFromJson: unknown fields
 // and values of the wrong type are INVALID_ARGUMENT naming the field.
 //
-// Errors: {"code": "<google.rpc.Code name>", "message": "..."} with the HTTP
-// status of HttpStatusForCode (the google.rpc / grpc-gateway mapping).
+// Paging and views as the gRPC methods (coordinator/api/list_pages.h);
+// view is JOB_VIEW_BASIC (default: no progress.lossHistory) or JOB_VIEW_FULL.
+//
+// Errors: google.rpc.Status JSON, {"code": 3, "message": "...", "details":
+// [...]} (common/rpc_status.h; a BadRequest detail names the field), with
+// the HTTP status of HttpStatusForCode (the google.rpc / grpc-gateway
+// mapping). A known path with another method: 405 with an Allow header.
 //
 // Thread-safe: handlers only call the thread-safe registry and job manager.
 #ifndef PIPETRAIN_COORDINATOR_API_REST_SERVICE_H_

@@ -84,7 +84,7 @@ TEST_F(RestServiceTest, SubmitJob_MalformedSpecs_Return400NamingTheField) {
     SCOPED_TRACE(spec.name);
     auto [status, error] = Call("POST", "/v1/jobs", spec.json);
     EXPECT_EQ(status, 400);
-    EXPECT_EQ(error["code"], "INVALID_ARGUMENT");
+    EXPECT_EQ(error["code"], 3);
     ASSERT_TRUE(error["message"].is_string()) << error;
     EXPECT_TRUE(absl::StrContains(error["message"].get<std::string>(), spec.field))
         << error["message"] << " does not name " << spec.field;
@@ -95,13 +95,75 @@ TEST_F(RestServiceTest, SubmitJob_MalformedSpecs_Return400NamingTheField) {
 TEST_F(RestServiceTest, SubmitJob_EmptyBody_Returns400) {
   auto [status, error] = Call("POST", "/v1/jobs", "");
   EXPECT_EQ(status, 400);
-  EXPECT_EQ(error["code"], "INVALID_ARGUMENT");
+  EXPECT_EQ(error["code"], 3);
+}
+
+TEST_F(RestServiceTest, ListJobs_PageSize_FollowsNextPageTokenToTheEnd) {
+  for (int i = 0; i < 3; ++i) ASSERT_EQ(Call("POST", "/v1/jobs", ValidSpecJson()).first, 200);
+  auto [status, first] = Call("GET", "/v1/jobs?pageSize=2");
+  ASSERT_EQ(status, 200) << first;
+  ASSERT_EQ(first["jobs"].size(), 2u);
+  EXPECT_EQ(first["jobs"][0]["id"], "job-1");
+  EXPECT_EQ(first["jobs"][1]["id"], "job-2");
+  ASSERT_TRUE(first["nextPageToken"].is_string()) << first;
+  auto [status2, second] =
+      Call("GET", "/v1/jobs?pageSize=2&pageToken=" + first["nextPageToken"].get<std::string>());
+  ASSERT_EQ(status2, 200) << second;
+  ASSERT_EQ(second["jobs"].size(), 1u);
+  EXPECT_EQ(second["jobs"][0]["id"], "job-3");
+  EXPECT_FALSE(second.contains("nextPageToken")) << second;      // the last page
+  EXPECT_EQ(Call("GET", "/v1/jobs").second["jobs"].size(), 3u);  // default: 100 a page
+}
+
+TEST_F(RestServiceTest, ListJobs_BadPagingOrView_Returns400WithFieldViolation) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/v1/jobs?pageSize=-1", "page_size"},
+      {"/v1/jobs?pageSize=ten", "page_size"},
+      {"/v1/jobs?pageToken=bm90LWEtdG9rZW4", "page_token"},
+      {"/v1/jobs?pageToken=" + std::string(600, 'A'), "page_token"},
+      {"/v1/jobs?view=EVERYTHING", "view"},
+      {"/v1/jobs/job-1?view=ALL", "view"},
+      {"/v1/workers?pageSize=-5", "page_size"},
+  };
+  for (const auto& [path, field] : cases) {
+    SCOPED_TRACE(path.substr(0, 60));
+    auto [status, error] = Call("GET", path);
+    EXPECT_EQ(status, 400);
+    EXPECT_EQ(error["code"], 3);
+    ASSERT_EQ(error["details"].size(), 1u) << error;
+    EXPECT_EQ(error["details"][0]["@type"], "type.googleapis.com/google.rpc.BadRequest");
+    EXPECT_EQ(error["details"][0]["fieldViolations"][0]["field"], field) << error;
+  }
+}
+
+TEST_F(RestServiceTest, ListWorkers_PageSizeOne_PagesThroughBoth) {
+  for (const char* address : {"127.0.0.1:9001", "127.0.0.1:9002"}) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address(address);
+    ASSERT_TRUE(workers_.Register(request).ok());
+  }
+  auto [status, first] = Call("GET", "/v1/workers?pageSize=1");
+  ASSERT_EQ(status, 200) << first;
+  ASSERT_EQ(first["workers"].size(), 1u);
+  auto [status2, second] =
+      Call("GET", "/v1/workers?pageSize=1&pageToken=" + first["nextPageToken"].get<std::string>());
+  ASSERT_EQ(status2, 200) << second;
+  ASSERT_EQ(second["workers"].size(), 1u);
+  EXPECT_NE(first["workers"][0]["id"], second["workers"][0]["id"]);
+  EXPECT_FALSE(second.contains("nextPageToken"));
+}
+
+TEST_F(RestServiceTest, GetJob_ViewFull_Accepted) {
+  Call("POST", "/v1/jobs", ValidSpecJson());
+  EXPECT_EQ(Call("GET", "/v1/jobs/job-1?view=JOB_VIEW_FULL").first, 200);
+  EXPECT_EQ(Call("GET", "/v1/jobs/job-1?view=FULL").first, 200);
+  EXPECT_EQ(Call("GET", "/v1/jobs?view=JOB_VIEW_BASIC").first, 200);
 }
 
 TEST_F(RestServiceTest, GetJob_Unknown_Returns404) {
   auto [status, error] = Call("GET", "/v1/jobs/job-42");
   EXPECT_EQ(status, 404);
-  EXPECT_EQ(error["code"], "NOT_FOUND");
+  EXPECT_EQ(error["code"], 5);
   EXPECT_TRUE(absl::StrContains(error["message"].get<std::string>(), "job-42"));
 }
 
@@ -138,21 +200,21 @@ TEST_F(RestServiceTest, CancelJob_Queued_CancelledThenSecondCancelIs400) {
 
   auto [again, error] = Call("POST", "/v1/jobs/job-1:cancel");
   EXPECT_EQ(again, 400);  // FAILED_PRECONDITION, as grpc-gateway maps it
-  EXPECT_EQ(error["code"], "FAILED_PRECONDITION");
+  EXPECT_EQ(error["code"], 9);
   EXPECT_TRUE(absl::StrContains(error["message"].get<std::string>(), "already ended"));
 }
 
 TEST_F(RestServiceTest, CancelJob_Unknown_Returns404) {
   auto [status, error] = Call("POST", "/v1/jobs/job-7:cancel");
   EXPECT_EQ(status, 404);
-  EXPECT_EQ(error["code"], "NOT_FOUND");
+  EXPECT_EQ(error["code"], 5);
 }
 
 TEST_F(RestServiceTest, GetPlan_QueuedJob_Returns400FailedPrecondition) {
   Call("POST", "/v1/jobs", ValidSpecJson());
   auto [status, error] = Call("GET", "/v1/jobs/job-1/plan");
   EXPECT_EQ(status, 400);
-  EXPECT_EQ(error["code"], "FAILED_PRECONDITION");
+  EXPECT_EQ(error["code"], 9);
 }
 
 TEST_F(RestServiceTest, GetPlan_RunningJob_ReturnsPlan) {
@@ -195,9 +257,21 @@ TEST_F(RestServiceTest, ListWorkers_WorkerWithNcclId_IdNotListed) {
 }
 
 TEST_F(RestServiceTest, UnknownEndpoint_Returns404Json) {
-  auto [status, error] = Call("GET", "/v1/jobs/job-1:cancel");  // cancel is POST
+  auto [status, error] = Call("GET", "/v1/nothing/here");
   EXPECT_EQ(status, 404);
-  EXPECT_EQ(error["code"], "NOT_FOUND");
+  EXPECT_EQ(error["code"], 5);
+}
+
+TEST_F(RestServiceTest, KnownPathWrongMethod_Returns405WithAllow) {
+  httplib::Result result = client_->Get("/v1/jobs/job-1:cancel");  // cancel is POST
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 405);
+  EXPECT_EQ(result->get_header_value("Allow"), "POST");
+  result = client_->Post("/v1/workers", "{}", "application/json");
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 405);
+  EXPECT_EQ(result->get_header_value("Allow"), "GET, HEAD");
+  EXPECT_EQ(json::parse(result->body)["code"], 12);
 }
 
 TEST_F(RestServiceTest, Metrics_AfterRegistration_CountsTheWorker) {
@@ -220,7 +294,7 @@ class RestServiceAuthTest : public RestServiceTest {
 TEST_F(RestServiceAuthTest, ListJobs_WithoutToken_Returns401) {
   auto [status, error] = Call("GET", "/v1/jobs");
   EXPECT_EQ(status, 401);
-  EXPECT_EQ(error["code"], "UNAUTHENTICATED");
+  EXPECT_EQ(error["code"], 16);
 }
 
 TEST_F(RestServiceAuthTest, ListJobs_WithToken_Returns200) {

@@ -1,11 +1,12 @@
 #!/bin/bash
 # The cluster commands' conventions through the real binaries (issue 23,
 # CLI): --version on all three binaries; --json on every listing (jobs,
-# workers, job) parsed as JSON; $PIPETRAIN_COORDINATOR, $PIPETRAIN_TOKEN and
-# $PIPETRAIN_CA taking effect, and flags overriding them; the exit code
-# table (cli/exit_codes.h: 64 + the status code); --timeout; the generated
-# completion scripts. A coordinator (and a TLS one) listen on port 0, read
-# back from ports files; every process started is killed on exit.
+# workers, job) parsed as JSON, complete across pages; $PIPETRAIN_COORDINATOR,
+# $PIPETRAIN_TOKEN and $PIPETRAIN_CA taking effect, and flags overriding
+# them; the exit code table (cli/exit_codes.h: 64 + the status code);
+# --timeout; the generated completion scripts. A coordinator (and a TLS one)
+# listen on port 0, read back from ports files; every process started is
+# killed on exit.
 set -u
 
 source "$(dirname "$0")/cli_test_lib.sh"
@@ -95,6 +96,16 @@ expect_exit submit 0 "QUEUED" -- submit "$TMP/job.json"
 job_id=$(cut -d' ' -f1 "$OUT")
 expect_exit jobs_json 0 '"jobs"' -- jobs --json
 check jobs_json_lists_the_job "[x['id'] for x in j['jobs']] == ['$job_id'] and j['jobs'][0]['spec']['name'] == 'cli-test'"
+# Paged: one job per call, every page read (three jobs, in submission order).
+expect_exit submit_second 0 "QUEUED" -- submit "$TMP/job.json"
+second_id=$(cut -d' ' -f1 "$OUT")
+expect_exit submit_third 0 "QUEUED" -- submit "$TMP/job.json"
+third_id=$(cut -d' ' -f1 "$OUT")
+expect_exit jobs_json_paged 0 '"jobs"' -- jobs --json --page-size=1
+check jobs_json_every_page "[x['id'] for x in j['jobs']] == ['$job_id', '$second_id', '$third_id']"
+expect_exit workers_json_paged 0 '"workers"' -- workers --json --page-size=1
+check workers_json_every_page 'len(j["workers"]) == 1'
+expect_exit jobs_negative_page_size 67 "INVALID_ARGUMENT" -- jobs --page-size=-1
 expect_exit jobs_table 0 "$job_id" "cli-test" -- jobs
 expect_exit job_json 0 "\"$job_id\"" -- job "$job_id" --json
 check job_json_is_the_job "j['id'] == '$job_id' and j['state'] == 'QUEUED'"

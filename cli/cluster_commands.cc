@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <optional>
 
 #include "absl/strings/numbers.h"
@@ -120,6 +121,37 @@ std::string ToJson(const google::protobuf::Message& message, bool all_fields = f
   options.always_print_primitive_fields = all_fields;
   (void)google::protobuf::util::MessageToJsonString(message, &out, options);
   return out;
+}
+
+// `{"KEY": [item, ...]}`, each item as ToJson(item, true).
+template <typename Message>
+std::string ListJson(const std::string& key, const std::vector<Message>& items) {
+  std::string out = absl::StrCat("{\"", key, "\": [");
+  for (size_t i = 0; i < items.size(); ++i) {
+    std::string item = ToJson(items[i], true);
+    while (!item.empty() && item.back() == '\n') item.pop_back();
+    absl::StrAppend(&out, i == 0 ? "" : ", ", item);
+  }
+  absl::StrAppend(&out, "]}\n");
+  return out;
+}
+
+// Reads a paged list to its end: `page(token)` fetches the page at `token`
+// ("" the first) and returns its next_page_token ("" on the last page).
+// INTERNAL when the coordinator hands the same token back (the list would
+// never end).
+absl::Status ReadAllPages(
+    const std::function<absl::StatusOr<std::string>(const std::string&)>& page) {
+  std::string token;
+  do {
+    absl::StatusOr<std::string> next = page(token);
+    if (!next.ok()) return next.status();
+    if (!next->empty() && *next == token) {
+      return absl::InternalError("the coordinator returned the same page token twice");
+    }
+    token = *std::move(next);
+  } while (!token.empty());
+  return absl::OkStatus();
 }
 
 // The FlagSet of a command's options, described for completion.
@@ -469,6 +501,12 @@ int RunUp(const std::vector<std::string>& args) {
     std::fprintf(stderr, "interrupted; stopping the cluster\n");
     return kExitInterrupted;
   }
+  // The loss history comes only in the full view.
+  v1::GetJobRequest full_request;
+  full_request.set_id(job.id());
+  full_request.set_view(v1::JOB_VIEW_FULL);
+  grpc::Status got = stub->GetJob(WithDeadline(kRpcTimeout).get(), full_request, &*done);
+  if (!got.ok()) return Fail("up", ToAbsl(got));
   const v1::Job& end = *done;
   std::printf("job %s %s after %lld steps, final loss %.4f", end.id().c_str(),
               v1::JobState_Name(end.state()).c_str(),
@@ -577,12 +615,19 @@ namespace {
 struct ListOptions {
   Connection c;
   bool json = false;
+  int page_size = 0;
 };
+
+void BindPageSize(FlagSet& flags, ListOptions& o) {
+  flags.Int("page-size", &o.page_size,
+            "items per call (0: the coordinator's default); every page is read either way");
+}
 
 FlagSet JobsFlags(ListOptions& o) {
   FlagSet flags("usage: pipetrain jobs [--coordinator HOST:PORT] [--json]");
   o.c.Bind(flags);
   flags.Bool("json", &o.json, "print the jobs as JSON ({\"jobs\": [...]}, proto3 JSON names)");
+  BindPageSize(flags, o);
   return flags;
 }
 
@@ -593,14 +638,23 @@ int RunJobs(const std::vector<std::string>& args) {
   FlagSet flags = JobsFlags(o);
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 0, &words, "jobs", &o.c); code >= 0) return code;
-  v1::ListJobsResponse response;
   auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("jobs", stub.status());
-  grpc::Status s = (*stub)->ListJobs(WithDeadline(o.c.timeout).get(), {}, &response);
-  if (!s.ok()) return Fail("jobs", ToAbsl(s));
-  if (o.json) return std::printf("%s", ToJson(response, true).c_str()), kExitOk;
+  std::vector<v1::Job> jobs;
+  absl::Status listed = ReadAllPages([&](const std::string& token) -> absl::StatusOr<std::string> {
+    v1::ListJobsRequest request;
+    request.set_page_token(token);
+    request.set_page_size(o.page_size);
+    v1::ListJobsResponse page;
+    grpc::Status s = (*stub)->ListJobs(WithDeadline(o.c.timeout).get(), request, &page);
+    if (!s.ok()) return ToAbsl(s);
+    for (v1::Job& job : *page.mutable_jobs()) jobs.push_back(std::move(job));
+    return page.next_page_token();
+  });
+  if (!listed.ok()) return Fail("jobs", listed);
+  if (o.json) return std::printf("%s", ListJson("jobs", jobs).c_str()), kExitOk;
   std::printf("%-8s %-10s %10s %10s  %s\n", "ID", "STATE", "STEP", "LOSS", "NAME");
-  for (const v1::Job& j : response.jobs()) {
+  for (const v1::Job& j : jobs) {
     std::printf("%-8s %-10s %10lld %10.4f  %s\n", j.id().c_str(),
                 v1::JobState_Name(j.state()).c_str(), static_cast<long long>(j.progress().step()),
                 j.progress().loss(), j.spec().name().c_str());
@@ -637,6 +691,7 @@ struct JobOptions {
   Connection c;
   bool show_plan = false;
   bool json = false;
+  bool full = false;
   std::string timeline;
 };
 
@@ -648,6 +703,7 @@ FlagSet JobFlags(JobOptions& o) {
   o.c.Bind(flags);
   flags.Bool("plan", &o.show_plan, "also print the job's plan (solver, prediction, stages)");
   flags.String("timeline", &o.timeline, "write the plan's simulated timeline (SVG) to this file");
+  flags.Bool("full", &o.full, "include the loss history (progress.lossHistory; JOB_VIEW_FULL)");
   flags.Bool("json", &o.json,
              "print JSON only, every field included: the job, or with --plan "
              "{\"job\": ..., \"plan\": ...}");
@@ -665,6 +721,7 @@ int RunJob(const std::vector<std::string>& args) {
   if (!stub.ok()) return Fail("job", stub.status());
   v1::GetJobRequest request;
   request.set_id(words[0]);
+  if (o.full) request.set_view(v1::JOB_VIEW_FULL);
   v1::Job job;
   grpc::Status s = (*stub)->GetJob(WithDeadline(o.c.timeout).get(), request, &job);
   if (!s.ok()) return Fail("job", ToAbsl(s));
@@ -759,6 +816,7 @@ FlagSet WorkersFlags(ListOptions& o) {
   o.c.Bind(flags);
   flags.Bool("json", &o.json,
              "print the workers as JSON ({\"workers\": [...]}, proto3 JSON names)");
+  BindPageSize(flags, o);
   return flags;
 }
 
@@ -769,15 +827,24 @@ int RunWorkers(const std::vector<std::string>& args) {
   FlagSet flags = WorkersFlags(o);
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 0, &words, "workers", &o.c); code >= 0) return code;
-  v1::ListWorkersResponse response;
   auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("workers", stub.status());
-  grpc::Status s = (*stub)->ListWorkers(WithDeadline(o.c.timeout).get(), {}, &response);
-  if (!s.ok()) return Fail("workers", ToAbsl(s));
-  if (o.json) return std::printf("%s", ToJson(response, true).c_str()), kExitOk;
+  std::vector<v1::Worker> workers;
+  absl::Status listed = ReadAllPages([&](const std::string& token) -> absl::StatusOr<std::string> {
+    v1::ListWorkersRequest request;
+    request.set_page_token(token);
+    request.set_page_size(o.page_size);
+    v1::ListWorkersResponse page;
+    grpc::Status s = (*stub)->ListWorkers(WithDeadline(o.c.timeout).get(), request, &page);
+    if (!s.ok()) return ToAbsl(s);
+    for (v1::Worker& worker : *page.mutable_workers()) workers.push_back(std::move(worker));
+    return page.next_page_token();
+  });
+  if (!listed.ok()) return Fail("workers", listed);
+  if (o.json) return std::printf("%s", ListJson("workers", workers).c_str()), kExitOk;
   std::printf("%-6s %-9s %-22s %-24s %8s %-8s %s\n", "ID", "STATE", "DATA ADDRESS", "DEVICE",
               "GFLOP/s", "JOB", "DOING");
-  for (const v1::Worker& w : response.workers()) {
+  for (const v1::Worker& w : workers) {
     // The GPU's name, or "cpu" for a worker computing on its CPU.
     const std::string device = w.device().gpu_model().empty() ? "cpu" : w.device().gpu_model();
     std::printf("%-6s %-9s %-22s %-24s %8.0f %-8s %s\n", w.id().c_str(),

@@ -50,7 +50,7 @@ done
 # missing from the install or newer than it.
 npm_ci() {
   local dir
-  for dir in k8s-validate grafana-schema-check; do
+  for dir in k8s-validate grafana-schema-check openapi-check; do
     dir="$(dirname "$0")/../tools/$dir"
     local installed="$dir/node_modules/.package-lock.json"
     if [ ! -f "$installed" ] || [ "$dir/package-lock.json" -nt "$installed" ]; then

@@ -72,8 +72,12 @@ std::string ServingHealth::reason() const {
 void ServingHealth::PublishLocked() {
   if (server_ == nullptr) return;
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  health->SetServingStatus("", ready_);
+  // The server as a whole ("") is SERVING only once every service is, and
+  // NOT_SERVING before any of them: a client watching "" never sees it
+  // ahead of a service's status.
+  if (!ready_) health->SetServingStatus("", false);
   for (const std::string& service : services_) health->SetServingStatus(service, ready_);
+  if (ready_) health->SetServingStatus("", true);
 }
 
 void ServeHealthEndpoints(HttpServer& server, const ServingHealth* health) {

@@ -1,147 +1,333 @@
 // All-reduce over the gRPC data plane, nccl-tests style (issue 21): N
-// members in one process, each with its own data-plane server, mailbox and
-// GrpcTransport, talking over loopback (optionally through link emulation:
-// --emulate-link 1Gbit,0.5ms). Per size: the time of one all-reduce (the
-// slowest rank's mean over --iters), algbw = bytes / time, busbw = algbw *
-// 2 (N-1) / N (the bytes each link carries per second in a ring), and a
-// check that every rank holds the exact sum. Next to it, the point-to-point
-// rate of the same data plane (one GrpcTransport streaming 16 MiB tensors
-// to another) measured by the same program.
+// members, each its own process (default; --threads: threads of one
+// process) with its own data-plane server, mailbox and GrpcTransport,
+// talking over loopback (optionally through link emulation: --emulate-link
+// 1Gbit,0.5ms). Per size: the time of one all-reduce (the slowest rank's
+// mean over --iters), algbw = bytes / time, busbw = algbw * 2 (N-1) / N (the
+// bytes each link carries per second in a ring), and a check that every rank
+// holds the exact sum. Next to it, the point-to-point rate of the same data
+// plane (member 0 streaming 16 MiB tensors to member 1, at its best: handed
+// over without a copy) measured by the same program.
 //
-//   bazel run //worker/collectives:collective_benchmark -- --members 4 [--max-mib 256]
+// Processes: the parent forks the members before it touches gRPC, learns
+// their data-plane ports through pipes, hands every member the address
+// list, and collects each member's per-size results, one line each.
+//
+//   bazel run -c opt //worker/collectives:collective_benchmark -- --members 4 [--max-mib 256]
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
+#include <optional>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/flag_set.h"
+#include "common/malloc_tuning.h"
 #include "worker/agent/device_info.h"
 #include "worker/collectives/collectives.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/grpc_transport.h"
 #include "worker/transport/shaped_transport.h"
+#include "worker/transport/tensor_pool.h"
 
 namespace pipetrain {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
+constexpr int64_t kP2PBytes = int64_t{16} << 20;
+constexpr int kP2PCount = 16;
+constexpr absl::Duration kPatience = absl::Seconds(300);
+
 double Since(Clock::time_point a) {
   return std::chrono::duration<double>(Clock::now() - a).count();
 }
 
+struct Settings {
+  int members = 2;
+  int max_mib = 256;
+  int iters = 5;
+  std::optional<LinkModel> link;
+};
+
+std::vector<int64_t> Sizes(const Settings& s) {
+  std::vector<int64_t> sizes;
+  for (int64_t bytes = 4096; bytes <= (int64_t{s.max_mib} << 20); bytes *= 4) {
+    sizes.push_back(bytes);
+  }
+  return sizes;
+}
+
+// One member: its data-plane server (started first, to learn its port),
+// then its transport once every member's address is known.
 struct Member {
   Mailbox mailbox;
   std::unique_ptr<DataPlaneServer> server;
   std::unique_ptr<Transport> transport;
-};
 
-std::vector<std::unique_ptr<Member>> StartMembers(int n, const std::optional<LinkModel>& link) {
-  std::vector<std::unique_ptr<Member>> members;
-  std::vector<std::string> addresses;
-  for (int i = 0; i < n; ++i) {
-    auto m = std::make_unique<Member>();
-    m->server = DataPlaneServer::Start("127.0.0.1:0", &m->mailbox).value();
-    m->server->SetJob("bench", n, "");  // one process: no proof needed
-    addresses.push_back(m->server->address());
-    members.push_back(std::move(m));
+  void Start(int members) {
+    server = DataPlaneServer::Start("127.0.0.1:0", &mailbox).value();
+    server->SetJob("bench", members, "");  // loopback benchmark: no proof needed
   }
-  for (int i = 0; i < n; ++i) {
+  void Connect(int rank, const std::vector<std::string>& addresses,
+               const std::optional<LinkModel>& link) {
     GrpcTransportOptions options;
     options.credential = {"bench", ""};  // the servers hold no secret
-    std::unique_ptr<Transport> t(
-        new GrpcTransport(i, addresses, &members[i]->mailbox, std::move(options)));
-    if (link.has_value()) t.reset(new ShapedTransport(std::move(t), *link));
-    members[i]->transport = std::move(t);
+    transport.reset(new GrpcTransport(rank, addresses, &mailbox, std::move(options)));
+    if (link.has_value()) transport.reset(new ShapedTransport(std::move(transport), *link));
   }
-  return members;
+  void Stop() {
+    if (transport != nullptr) {
+      if (auto* grpc = dynamic_cast<GrpcTransport*>(transport.get())) grpc->Shutdown();
+      transport.reset();  // a ShapedTransport delivers its queue, then shuts down
+    }
+    server->Shutdown();
+    mailbox.Shutdown();
+  }
+};
+
+TensorAddress P2PAddress(int i) { return {"bench", 1000000 + i, v1::ACTIVATION, 0, 0}; }
+
+// Point-to-point, sender side (member 0 to member 1): tensors made before the
+// clock starts and handed over (SendOwned: no copy), from a pool so that
+// freeing them once sent is not timed; the clock stops at member 1's
+// one-value acknowledgement of the last one. GB/s of payload.
+double PointToPointSend(Transport& t) {
+  std::shared_ptr<TensorPool> pool =
+      TensorPool::Create({.max_cached_bytes = kP2PBytes * (kP2PCount + 1)});
+  std::vector<Tensor> outgoing;
+  for (int i = 0; i < kP2PCount; ++i) {
+    outgoing.push_back(pool->Take({kP2PBytes / 4}));
+    outgoing.back().Fill(1.0f);
+  }
+  const auto start = Clock::now();
+  for (int i = 0; i < kP2PCount; ++i) {
+    if (!t.SendOwned(1, P2PAddress(i), std::move(outgoing[i])).ok()) std::abort();
+  }
+  if (!t.Recv(1, P2PAddress(kP2PCount), kPatience).ok()) std::abort();
+  return double(kP2PBytes) * kP2PCount / Since(start) / 1e9;
 }
 
-// Point-to-point: member 0 streams `count` tensors of `bytes` to member 1.
-double PointToPointGBps(std::vector<std::unique_ptr<Member>>& m, int64_t bytes, int count) {
-  Tensor t = Tensor::Zeros({bytes / 4});
-  const auto start = Clock::now();
-  std::thread receiver([&] {
-    for (int i = 0; i < count; ++i) {
-      TensorAddress a{"bench", 1000000 + i, v1::ACTIVATION, 0, 0};
-      if (!m[1]->transport->Recv(0, a, absl::Seconds(120)).ok()) std::abort();
-    }
-  });
-  for (int i = 0; i < count; ++i) {
-    TensorAddress a{"bench", 1000000 + i, v1::ACTIVATION, 0, 0};
-    if (!m[0]->transport->Send(1, a, t).ok()) std::abort();
+void PointToPointReceive(Transport& t) {
+  for (int i = 0; i < kP2PCount; ++i) {
+    if (!t.Recv(0, P2PAddress(i), kPatience).ok()) std::abort();
   }
+  if (!t.Send(0, P2PAddress(kP2PCount), Tensor::Zeros({1})).ok()) std::abort();
+}
+
+struct SizeResult {
+  double seconds = 0;  // summed over the timed iterations
+  bool exact = true;
+};
+
+// Rank `rank`'s all-reduces: per size, one warm-up then `iters` timed ones.
+std::vector<SizeResult> RunMember(Transport& t, int rank, const Settings& s) {
+  std::vector<int> ranks(s.members);
+  for (int i = 0; i < s.members; ++i) ranks[i] = i;
+  Collectives c(&t, {ranks, "bench"});
+  std::vector<SizeResult> results;
+  int tag = 0;
+  for (int64_t bytes : Sizes(s)) {
+    const int64_t numel = bytes / 4;
+    // Exact in fp32: sum of (rank + 1) * 0.5 is a multiple of 0.5 far below 2^24.
+    Tensor data = Tensor::Filled({numel}, (rank + 1) * 0.5f);
+    const float want = 0.25f * s.members * (s.members + 1);
+    SizeResult result;
+    for (int i = 0; i <= s.iters; ++i) {
+      data.Fill((rank + 1) * 0.5f);
+      const auto start = Clock::now();
+      if (!c.AllReduce(/*iteration=*/0, tag++, data).ok()) std::abort();
+      if (i > 0) result.seconds += Since(start);
+      for (int64_t k = 0; k < numel; k += 997) result.exact = result.exact && data[k] == want;
+      result.exact = result.exact && data[numel - 1] == want;
+    }
+    results.push_back(result);
+  }
+  return results;
+}
+
+// --- the group as threads of this process ---------------------------------
+
+struct GroupResults {
+  double p2p = 0;
+  std::vector<std::vector<SizeResult>> by_rank;
+};
+
+GroupResults RunThreads(const Settings& s) {
+  std::vector<std::unique_ptr<Member>> members;
+  std::vector<std::string> addresses;
+  for (int r = 0; r < s.members; ++r) {
+    members.push_back(std::make_unique<Member>());
+    members.back()->Start(s.members);
+    addresses.push_back(members.back()->server->address());
+  }
+  for (int r = 0; r < s.members; ++r) members[r]->Connect(r, addresses, s.link);
+  GroupResults out;
+  std::thread receiver([&] { PointToPointReceive(*members[1]->transport); });
+  out.p2p = PointToPointSend(*members[0]->transport);
   receiver.join();
-  return double(bytes) * count / Since(start) / 1e9;
+  out.by_rank.resize(s.members);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < s.members; ++r) {
+    threads.emplace_back([&, r] { out.by_rank[r] = RunMember(*members[r]->transport, r, s); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (auto& m : members) m->Stop();
+  return out;
+}
+
+// --- the group as processes --------------------------------------------------
+
+// Line-oriented pipes between the parent and one child.
+struct Pipe {
+  FILE* in = nullptr;   // what the other side wrote
+  FILE* out = nullptr;  // to the other side
+};
+
+std::string ReadLine(FILE* in) {
+  std::string line;
+  for (int c = std::fgetc(in); c != EOF && c != '\n'; c = std::fgetc(in)) line.push_back(c);
+  return line;
+}
+
+// In the child: start, report the port, wait for the addresses, run, report
+// "p2p <GB/s>" (rank 0) and one "<seconds> <exact>" line per size.
+[[noreturn]] void ChildMain(int rank, const Settings& s, Pipe parent) {
+  Member m;
+  m.Start(s.members);
+  std::fprintf(parent.out, "%s\n", m.server->address().c_str());
+  std::fflush(parent.out);
+  const std::vector<std::string> addresses = absl::StrSplit(ReadLine(parent.in), ',');
+  m.Connect(rank, addresses, s.link);
+  if (rank == 0) std::fprintf(parent.out, "p2p %.6f\n", PointToPointSend(*m.transport));
+  if (rank == 1) PointToPointReceive(*m.transport);
+  for (const SizeResult& r : RunMember(*m.transport, rank, s)) {
+    std::fprintf(parent.out, "%.9f %d\n", r.seconds, r.exact ? 1 : 0);
+  }
+  std::fflush(parent.out);
+  // Every member's last all-reduce needs this one's sends, so once all
+  // report, nothing is in flight: the parent's "stop" ends the process.
+  (void)ReadLine(parent.in);
+  m.Stop();
+  std::_Exit(0);
+}
+
+GroupResults RunProcesses(const Settings& s) {
+  std::vector<Pipe> children;
+  std::vector<pid_t> pids;
+  for (int r = 0; r < s.members; ++r) {
+    int to_child[2], to_parent[2];
+    if (pipe(to_child) != 0 || pipe(to_parent) != 0) std::abort();
+    const pid_t pid = fork();
+    if (pid < 0) std::abort();
+    if (pid == 0) {
+      for (Pipe& p : children) {  // the earlier children's ends are not ours
+        std::fclose(p.in);
+        std::fclose(p.out);
+      }
+      close(to_child[1]);
+      close(to_parent[0]);
+      ChildMain(r, s, {fdopen(to_child[0], "r"), fdopen(to_parent[1], "w")});
+    }
+    close(to_child[0]);
+    close(to_parent[1]);
+    children.push_back({fdopen(to_parent[0], "r"), fdopen(to_child[1], "w")});
+    pids.push_back(pid);
+  }
+  std::vector<std::string> addresses;
+  for (Pipe& p : children) addresses.push_back(ReadLine(p.in));
+  const std::string list = absl::StrJoin(addresses, ",");
+  for (Pipe& p : children) {
+    std::fprintf(p.out, "%s\n", list.c_str());
+    std::fflush(p.out);
+  }
+  GroupResults out;
+  const std::string p2p = ReadLine(children[0].in);
+  if (!absl::SimpleAtod(absl::StripPrefix(p2p, "p2p "), &out.p2p)) std::abort();
+  const size_t sizes = Sizes(s).size();
+  out.by_rank.resize(s.members);
+  for (int r = 0; r < s.members; ++r) {
+    for (size_t i = 0; i < sizes; ++i) {
+      const std::vector<std::string> fields = absl::StrSplit(ReadLine(children[r].in), ' ');
+      SizeResult result;
+      if (fields.size() != 2 || !absl::SimpleAtod(fields[0], &result.seconds)) std::abort();
+      result.exact = fields[1] == "1";
+      out.by_rank[r].push_back(result);
+    }
+  }
+  for (Pipe& p : children) {
+    std::fprintf(p.out, "stop\n");
+    std::fflush(p.out);
+  }
+  for (pid_t pid : pids) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) std::abort();
+  }
+  return out;
 }
 
 int Run(const std::vector<std::string>& args) {
-  int members = 2, max_mib = 256, iters = 5;
+  Settings s;
   std::string emulate;
+  bool threads = false;
   FlagSet flags(
       "usage: collective_benchmark [--members N] [--max-mib 256] [--iters 5] "
-      "[--emulate-link BANDWIDTH,LATENCY]");
-  flags.Int("members", &members, "group size (threads with a data plane each)");
-  flags.Int("max-mib", &max_mib, "largest tensor, MiB (sizes from 4 KiB, x4 each)");
-  flags.Int("iters", &iters, "timed all-reduces per size (after one warm-up)");
+      "[--emulate-link BANDWIDTH,LATENCY] [--threads]");
+  flags.Int("members", &s.members, "group size (processes with a data plane each)");
+  flags.Int("max-mib", &s.max_mib, "largest tensor, MiB (sizes from 4 KiB, x4 each)");
+  flags.Int("iters", &s.iters, "timed all-reduces per size (after one warm-up)");
   flags.String("emulate-link", &emulate,
                "pace every send as over this link (see pipetrain-worker)");
+  flags.Bool("threads", &threads, "members as threads of one process instead of processes");
   const bool parsed = flags.Parse(args).ok();
   const absl::StatusOr<std::optional<LinkModel>> link = ParseLinkModel("--emulate-link", emulate);
-  if (!parsed || !link.ok() || members < 2 || iters < 1 || max_mib < 1) {
+  if (!parsed || !link.ok() || s.members < 2 || s.iters < 1 || s.max_mib < 1) {
     std::fprintf(stderr, "%s", flags.Usage().c_str());
     return 2;
   }
-  auto group = StartMembers(members, *link);
+  s.link = *link;
   std::printf(
-      "# all-reduce (sum, fp32) over the gRPC data plane: %d members, ring / recursive "
+      "# all-reduce (sum, fp32) over the gRPC data plane: %d members (%s), ring / recursive "
       "doubling; %s, %u hardware threads; links: %s\n",
-      members, CpuModelName().c_str(), std::thread::hardware_concurrency(),
-      emulate.empty() ? "loopback" : emulate.c_str());
-  const double p2p = PointToPointGBps(group, 16 << 20, 16);
-  std::printf("# point-to-point (one GrpcTransport stream, 16 MiB tensors): %.2f GB/s\n", p2p);
+      s.members, threads ? "threads of one process" : "one process each", CpuModelName().c_str(),
+      std::thread::hardware_concurrency(), emulate.empty() ? "loopback" : emulate.c_str());
+  std::fflush(stdout);  // before fork: children must not inherit buffered output
+  const GroupResults results = threads ? RunThreads(s) : RunProcesses(s);
+  const double p2p = results.p2p;
+  std::printf(
+      "# point-to-point (member 0 -> 1, one GrpcTransport stream, 16 MiB tensors handed "
+      "over): %.2f GB/s\n",
+      p2p);
   std::printf("%12s %10s %10s %10s %8s %7s\n", "size_B", "time_ms", "algbw_GBps", "busbw_GBps",
               "bus/p2p", "check");
-  std::vector<int> ranks(members);
-  for (int i = 0; i < members; ++i) ranks[i] = i;
-  int tag = 0;
   bool all_ok = true, goal = true;
-  for (int64_t bytes = 4096; bytes <= (int64_t{max_mib} << 20); bytes *= 4) {
-    const int64_t numel = bytes / 4;
-    std::vector<double> seconds(members, 0);
-    std::vector<bool> ok(members, true);
-    const int first_tag = tag;
-    tag += iters + 1;
-    std::vector<std::thread> threads;
-    for (int r = 0; r < members; ++r) {
-      threads.emplace_back([&, r] {
-        Collectives c(group[r]->transport.get(), {ranks, "bench"});
-        // Exact in fp32: sum of (rank + 1) * 0.5 is a multiple of 0.5 far
-        // below 2^24.
-        Tensor data = Tensor::Filled({numel}, (r + 1) * 0.5f);
-        const float want = 0.25f * members * (members + 1);
-        for (int i = 0; i <= iters; ++i) {
-          data.Fill((r + 1) * 0.5f);
-          const auto start = Clock::now();
-          if (!c.AllReduce(/*iteration=*/0, first_tag + i, data).ok()) std::abort();
-          if (i > 0) seconds[r] += Since(start);
-          for (int64_t k = 0; k < numel; k += 997) ok[r] = ok[r] && data.data()[k] == want;
-          ok[r] = ok[r] && data.data()[numel - 1] == want;
-        }
-      });
+  const std::vector<int64_t> sizes = Sizes(s);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    double slowest = 0;
+    bool row_ok = true;
+    for (const auto& rank : results.by_rank) {
+      slowest = std::max(slowest, rank[i].seconds);
+      row_ok = row_ok && rank[i].exact;
     }
-    for (std::thread& t : threads) t.join();
-    const double time = *std::max_element(seconds.begin(), seconds.end()) / iters;
+    const int64_t bytes = sizes[i];
+    const double time = slowest / s.iters;
     const double algbw = bytes / time / 1e9;
-    const double busbw = algbw * 2.0 * (members - 1) / members;
-    const bool row_ok = std::all_of(ok.begin(), ok.end(), [](bool b) { return b; });
+    const double busbw = algbw * 2.0 * (s.members - 1) / s.members;
     all_ok = all_ok && row_ok;
     if (bytes >= (16 << 20)) goal = goal && busbw >= 0.8 * p2p;
     std::printf("%12lld %10.3f %10.3f %10.3f %8.2f %7s\n", static_cast<long long>(bytes),
                 time * 1e3, algbw, busbw, busbw / p2p, row_ok ? "OK" : "WRONG");
-    std::fflush(stdout);
   }
   std::printf("# check: %s; goal busbw >= 0.8 x point-to-point from 16 MiB up: %s\n",
               all_ok ? "every rank exact" : "WRONG RESULTS", goal ? "met" : "not met");
@@ -152,5 +338,6 @@ int Run(const std::vector<std::string>& args) {
 }  // namespace pipetrain
 
 int main(int argc, char** argv) {
+  pipetrain::TuneMallocForLargeBuffers();  // As pipetrain-worker does.
   return pipetrain::Run(std::vector<std::string>(argv + 1, argv + argc));
 }

@@ -110,35 +110,57 @@ absl::Status Collectives::RecvRange(int64_t iteration, int tag, int from, float*
   return absl::OkStatus();
 }
 
-absl::Status Collectives::RingReduceScatter(int64_t iteration, int tag, float* values,
-                                            int64_t numel) {
+// The ring's steps as one pipeline of chunks. Reduce-scatter step s sends
+// segment r-s-1 (holding the sum of the s+1 members before this one) and
+// adds the left neighbour's segment r-s-2 into its own; after n-1 steps this
+// member holds the whole sum of segment r, summed in ring order from member
+// r+1. All-gather step s sends segment r-s (complete) and copies in segment
+// r-s-1. The segment received in one step is the one sent in the next (also
+// from the last reduce-scatter step, whose segment r is then complete, to
+// the first all-gather step), so each chunk is passed on as soon as it has
+// arrived and been added rather than after its whole segment, and every link
+// stays busy. Each neighbour sends and receives the same chunks in the same
+// order as step by step, and the additions are the same: the results are
+// bitwise those of the plain ring.
+absl::Status Collectives::Ring(int64_t iteration, int tag, float* values, int64_t numel,
+                               bool reduce_scatter, bool all_gather) {
   const int n = size();
   const auto bounds = SegmentBounds(numel, n);
   const int right = Mod(rank_ + 1, n), left = Mod(rank_ - 1, n);
-  // Step s: pass on segment r-s-1 (holding the sum of the s+1 members
-  // before this one), add into segment r-s-2. After n-1 steps this member
-  // holds the whole sum of segment r, summed in ring order from member r+1.
-  for (int s = 0; s + 1 < n; ++s) {
-    const auto& out = bounds[Mod(rank_ - s - 1, n)];
-    const auto& in = bounds[Mod(rank_ - s - 2, n)];
-    RETURN_IF_ERROR(SendRange(iteration, tag, right, values, out.first, out.second));
-    RETURN_IF_ERROR(RecvRange(iteration, tag, left, values, in.first, in.second, /*add=*/true));
+  struct Step {
+    int in_segment;
+    bool add;
+  };
+  std::vector<Step> steps;
+  if (reduce_scatter) {
+    for (int s = 0; s + 1 < n; ++s) steps.push_back({Mod(rank_ - s - 2, n), true});
+  }
+  if (all_gather) {
+    for (int s = 0; s + 1 < n; ++s) steps.push_back({Mod(rank_ - s - 1, n), false});
+  }
+  if (steps.empty()) return absl::OkStatus();
+  const auto& first = bounds[reduce_scatter ? Mod(rank_ - 1, n) : rank_];
+  RETURN_IF_ERROR(SendRange(iteration, tag, right, values, first.first, first.second));
+  const int64_t chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const auto [begin, end] = bounds[steps[k].in_segment];
+    const bool pass_on = k + 1 < steps.size();
+    for (int64_t off = begin; off < end; off += chunk) {  // the chunks SendRange makes
+      const int64_t stop = std::min(end, off + chunk);
+      RETURN_IF_ERROR(RecvRange(iteration, tag, left, values, off, stop, steps[k].add));
+      if (pass_on) RETURN_IF_ERROR(SendRange(iteration, tag, right, values, off, stop));
+    }
   }
   return absl::OkStatus();
 }
 
+absl::Status Collectives::RingReduceScatter(int64_t iteration, int tag, float* values,
+                                            int64_t numel) {
+  return Ring(iteration, tag, values, numel, /*reduce_scatter=*/true, /*all_gather=*/false);
+}
+
 absl::Status Collectives::RingAllGather(int64_t iteration, int tag, float* values, int64_t numel) {
-  const int n = size();
-  const auto bounds = SegmentBounds(numel, n);
-  const int right = Mod(rank_ + 1, n), left = Mod(rank_ - 1, n);
-  // Step s: pass on segment r-s (complete), copy in segment r-s-1.
-  for (int s = 0; s + 1 < n; ++s) {
-    const auto& out = bounds[Mod(rank_ - s, n)];
-    const auto& in = bounds[Mod(rank_ - s - 1, n)];
-    RETURN_IF_ERROR(SendRange(iteration, tag, right, values, out.first, out.second));
-    RETURN_IF_ERROR(RecvRange(iteration, tag, left, values, in.first, in.second, /*add=*/false));
-  }
-  return absl::OkStatus();
+  return Ring(iteration, tag, values, numel, /*reduce_scatter=*/false, /*all_gather=*/true);
 }
 
 absl::Status Collectives::RecursiveDoubling(int64_t iteration, int tag, float* values,
@@ -167,8 +189,8 @@ absl::Status Collectives::AllReduce(int64_t iteration, int tag, Tensor& data) {
   if (IsPowerOfTwo(size()) && data.size_bytes() < options_.small_bytes) {
     return RecursiveDoubling(iteration, tag, data.data(), data.numel());
   }
-  RETURN_IF_ERROR(RingReduceScatter(iteration, tag, data.data(), data.numel()));
-  return RingAllGather(iteration, tag, data.data(), data.numel());
+  return Ring(iteration, tag, data.data(), data.numel(), /*reduce_scatter=*/true,
+              /*all_gather=*/true);
 }
 
 void Collectives::MemberOrderTreeSum(const std::vector<std::vector<float>>& parts, int lo, int hi,

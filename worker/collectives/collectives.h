@@ -107,7 +107,10 @@ class Collectives {
   static std::vector<std::pair<int64_t, int64_t>> SegmentBounds(int64_t numel, int n);
 
  private:
-  // Ring phases on flat `values` (numel elements).
+  // Ring phases on flat `values` (numel elements): Ring runs the reduce-
+  // scatter, the all-gather or both as one pipeline of chunks.
+  absl::Status Ring(int64_t iteration, int tag, float* values, int64_t numel, bool reduce_scatter,
+                    bool all_gather);
   absl::Status RingReduceScatter(int64_t iteration, int tag, float* values, int64_t numel);
   absl::Status RingAllGather(int64_t iteration, int tag, float* values, int64_t numel);
   absl::Status RecursiveDoubling(int64_t iteration, int tag, float* values, int64_t numel);

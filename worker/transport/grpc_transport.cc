@@ -22,6 +22,10 @@ namespace {
 using FrameStub = grpc::TemplatedGenericStub<grpc::ByteBuffer, v1::FrameError>;
 using StreamReactor = grpc::ClientBidiReactor<grpc::ByteBuffer, v1::FrameError>;
 
+// Frames up to this size are written with buffer_hint when another small
+// frame follows (FrameStream::NextWriteLocked).
+constexpr size_t kCoalescedFrameBytes = 256 << 10;
+
 // "/pipetrain.v1.DataPlane/Stream"; gRPC keeps a pointer to it for the call.
 const std::string& StreamMethod() {
   static const std::string* const method =
@@ -246,9 +250,11 @@ class FrameStream final : public StreamReactor {
       : peer_name_(std::move(peer_name)), options_(options), on_error_(std::move(on_error)) {}
 
   // The front frame, if it should be written now; marks it in flight.
-  // With more frames queued behind it, a write may wait in gRPC's buffer to
-  // go out with them in one system call (buffer_hint); the last one queued
-  // flushes. That saves a send per frame when small tensors queue up.
+  // A small frame with another small one queued behind it may wait in
+  // gRPC's buffer to go out with it in one system call (buffer_hint); the
+  // next write without the hint flushes. That saves a send per frame when
+  // small tensors queue up; large frames go out at once, so the receiver
+  // starts on them while the next is written.
   struct Write {
     const grpc::ByteBuffer* frame = nullptr;
     grpc::WriteOptions options;
@@ -257,7 +263,10 @@ class FrameStream final : public StreamReactor {
     if (writing_ || queue_.empty() || broken_ || cancelled_) return {};
     writing_ = true;
     Write write{&queue_.front()};  // deque::push_back keeps it in place.
-    if (queue_.size() > 1) write.options.set_buffer_hint();
+    if (queue_.size() > 1 && queue_.front().Length() <= kCoalescedFrameBytes &&
+        queue_[1].Length() <= kCoalescedFrameBytes) {
+      write.options.set_buffer_hint();
+    }
     return write;
   }
 

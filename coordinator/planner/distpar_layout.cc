@@ -1,0 +1,322 @@
+#include "coordinator/planner/distpar_layout.h"
+
+#include <array>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr int kMaxBruteForceLayers = 8;
+
+// One row of the immediate-inference table (header): what a layout needs
+// and yields, forward and backward, and the property of its dW.
+struct LayoutRow {
+  Sbp x, w, y, dy, dx, dw;
+};
+
+LayoutRow RowOf(MatmulLayout layout) {
+  using S = Sbp;
+  switch (layout) {
+    case MatmulLayout::kData:
+      return {S::kSplitRows, S::kBroadcast, S::kSplitRows,
+              S::kSplitRows, S::kSplitRows, S::kPartial};
+    case MatmulLayout::kColumn:
+      return {S::kBroadcast,    S::kSplitColumns, S::kSplitColumns,
+              S::kSplitColumns, S::kPartial,      S::kSplitColumns};
+    case MatmulLayout::kRow:
+      return {S::kSplitColumns, S::kSplitRows,    S::kPartial,
+              S::kBroadcast,    S::kSplitColumns, S::kSplitRows};
+    case MatmulLayout::kReplicate:
+      break;
+  }
+  return {S::kBroadcast, S::kBroadcast, S::kBroadcast, S::kBroadcast, S::kBroadcast, S::kBroadcast};
+}
+
+bool Split(Sbp p) { return p == Sbp::kSplitRows || p == Sbp::kSplitColumns; }
+
+// Elements of a rows x cols tensor one device holds under `p`.
+double LocalElements(Sbp p, int64_t rows, int64_t cols, int n) {
+  const double all = static_cast<double>(rows) * static_cast<double>(cols);
+  return Split(p) ? all / n : all;
+}
+
+// A conversion's collective and the elements all devices send (header).
+std::pair<std::string, double> Convert(Sbp from, Sbp to, double elements, int n) {
+  if (from == to || to == Sbp::kPartial || from == Sbp::kBroadcast) return {"", 0.0};
+  if (from == Sbp::kPartial) {
+    if (to == Sbp::kBroadcast) return {"all-reduce", 2.0 * (n - 1) * elements};
+    return {"reduce-scatter", (n - 1) * elements};
+  }
+  if (to == Sbp::kBroadcast) return {"all-gather", (n - 1) * elements};
+  return {"all-to-all", (n - 1) * elements / n};  // S(0) <-> S(1)
+}
+
+bool Accepts(Joiner joiner, Sbp p) {
+  switch (joiner) {
+    case Joiner::kElementwise:
+    case Joiner::kAttention:
+      return p != Sbp::kPartial;
+    case Joiner::kRowwise:
+      return p == Sbp::kSplitRows || p == Sbp::kBroadcast;
+  }
+  return false;
+}
+
+// Backward through a joiner: the gradient takes the property of the
+// forward activation, or P where that is B (the backward of any operator is
+// linear in the incoming gradient, so partial sums pass through a device
+// that holds the whole activation).
+bool BackwardAccepts(Sbp forward, Sbp gradient) {
+  return gradient == forward || (forward == Sbp::kBroadcast && gradient == Sbp::kPartial);
+}
+
+// The conversions around one joiner, forward and backward, at least cost:
+// forward `from` (|from_elements|) -> p -> `to` (|to_elements|); backward
+// `grad_from` (|to_elements|) -> q -> `grad_to` (|from_elements|).
+struct Link {
+  double communication = 0;
+  std::vector<Conversion> conversions;
+};
+
+void Add(Link& link, const std::string& where, Sbp from, Sbp to, double elements, int n) {
+  auto [collective, sent] = Convert(from, to, elements, n);
+  if (sent == 0) return;
+  link.communication += sent;
+  link.conversions.push_back({where, from, to, collective, sent});
+}
+
+Link BestLink(Joiner joiner, Sbp from, double from_elements, Sbp to, double to_elements,
+              Sbp grad_from, Sbp grad_to, int n, const std::string& forward_where,
+              const std::string& backward_where) {
+  Link best;
+  best.communication = std::numeric_limits<double>::infinity();
+  // B first: of equal costs, one all-reduce beats a reduce-scatter plus an
+  // all-gather (the same elements, one collective fewer).
+  constexpr std::array<Sbp, 4> kOrder = {Sbp::kBroadcast, Sbp::kSplitRows, Sbp::kSplitColumns,
+                                         Sbp::kPartial};
+  for (Sbp p : kOrder) {
+    if (!Accepts(joiner, p)) continue;
+    for (Sbp q : kOrder) {
+      if (!BackwardAccepts(p, q)) continue;
+      Link link;
+      Add(link, forward_where, from, p, from_elements, n);
+      Add(link, forward_where, p, to, to_elements, n);
+      Add(link, backward_where, grad_from, q, to_elements, n);
+      Add(link, backward_where, q, grad_to, from_elements, n);
+      if (link.communication < best.communication) best = std::move(link);
+    }
+  }
+  return best;
+}
+
+double Elements(int64_t rows, int64_t cols) {
+  return static_cast<double>(rows) * static_cast<double>(cols);
+}
+
+// Computation and weight-gradient communication of one layer.
+void LayerTerms(const MatmulLayer& l, MatmulLayout layout, int n, double* computation, Link* sync) {
+  const LayoutRow r = RowOf(layout);
+  const double x = LocalElements(r.x, l.m, l.k, n), w = LocalElements(r.w, l.k, l.n, n),
+               y = LocalElements(r.y, l.m, l.n, n), dy = LocalElements(r.dy, l.m, l.n, n),
+               dx = LocalElements(r.dx, l.m, l.k, n), dw = LocalElements(r.dw, l.k, l.n, n);
+  *computation = (x + w + y) + (dy + w + dx) + (x + dy + dw);  // Y = XW, dX = dY W^T, dW = X^T dY
+  Add(*sync, absl::StrCat("dW of ", l.name), r.dw, r.w, Elements(l.k, l.n), n);
+}
+
+// Conversions between layer i and layer i + 1 (or the chain's end when i is
+// the last layer).
+Link PairLink(const LayoutProblem& p, size_t i, MatmulLayout a, MatmulLayout b) {
+  const MatmulLayer& l = p.layers[i];
+  const LayoutRow ra = RowOf(a);
+  const bool last = i + 1 == p.layers.size();
+  const Sbp to = last ? p.output : RowOf(b).x;
+  const Sbp grad_from = last ? p.output : RowOf(b).dx;
+  const double to_elements =
+      last ? Elements(l.m, l.n) : Elements(p.layers[i + 1].m, p.layers[i + 1].k);
+  return BestLink(l.after, ra.y, Elements(l.m, l.n), to, to_elements, grad_from, ra.dy, p.devices,
+                  absl::StrCat("after ", l.name, " (forward)"),
+                  absl::StrCat("into ", l.name, " (backward)"));
+}
+
+// The input's conversion into the first layer, and its gradient's back.
+Link StartLink(const LayoutProblem& p, MatmulLayout a) {
+  const MatmulLayer& l = p.layers[0];
+  const LayoutRow r = RowOf(a);
+  Link link;
+  Add(link, absl::StrCat("into ", l.name, " (forward)"), p.input, r.x, Elements(l.m, l.k),
+      p.devices);
+  Add(link, absl::StrCat("out of ", l.name, " (backward)"), r.dx, p.input, Elements(l.m, l.k),
+      p.devices);
+  return link;
+}
+
+absl::Status Validate(const LayoutProblem& p) {
+  if (p.layers.empty()) return absl::InvalidArgumentError("layout search: no layers");
+  for (const MatmulLayer& l : p.layers) {
+    if (l.m < 1 || l.k < 1 || l.n < 1) {
+      return absl::InvalidArgumentError(absl::StrCat("layout search: layer ", l.name,
+                                                     " has a non-positive dimension (", l.m, " x ",
+                                                     l.k, " x ", l.n, ")"));
+    }
+  }
+  if (p.devices < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout search: tensor-parallel group of ", p.devices, "; needs >= 2"));
+  }
+  if (!(p.beta >= 0) || !std::isfinite(p.beta)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout search: beta ", p.beta, " must be finite and >= 0"));
+  }
+  if (p.input == Sbp::kPartial || p.output == Sbp::kPartial) {
+    return absl::InvalidArgumentError(
+        "layout search: the chain's input and output cannot be partial sums (P)");
+  }
+  return absl::OkStatus();
+}
+
+MatmulLayout LayoutAt(int index) { return static_cast<MatmulLayout>(index); }
+
+}  // namespace
+
+std::string SbpName(Sbp sbp) {
+  switch (sbp) {
+    case Sbp::kSplitRows:
+      return "S(0)";
+    case Sbp::kSplitColumns:
+      return "S(1)";
+    case Sbp::kBroadcast:
+      return "B";
+    case Sbp::kPartial:
+      return "P";
+  }
+  return "?";
+}
+
+std::string MatmulLayoutName(MatmulLayout layout) {
+  switch (layout) {
+    case MatmulLayout::kData:
+      return "data";
+    case MatmulLayout::kColumn:
+      return "column";
+    case MatmulLayout::kRow:
+      return "row";
+    case MatmulLayout::kReplicate:
+      return "replicate";
+  }
+  return "?";
+}
+
+std::vector<MatmulLayer> GptBlockLayers(int64_t tokens, int64_t d_model) {
+  return {
+      {"qkv", tokens, d_model, 3 * d_model, Joiner::kAttention},
+      {"attention projection", tokens, d_model, d_model, Joiner::kRowwise},
+      {"fc", tokens, d_model, 4 * d_model, Joiner::kElementwise},
+      {"fc projection", tokens, 4 * d_model, d_model, Joiner::kRowwise},
+  };
+}
+
+LayoutScheme EvaluateLayouts(const LayoutProblem& problem,
+                             const std::vector<MatmulLayout>& layouts) {
+  PT_CHECK(Validate(problem).ok()) << Validate(problem);
+  PT_CHECK(layouts.size() == problem.layers.size()) << layouts.size();
+  LayoutScheme scheme;
+  scheme.layouts = layouts;
+  auto take = [&](Link link) {
+    scheme.communication += link.communication;
+    for (Conversion& c : link.conversions) scheme.conversions.push_back(std::move(c));
+  };
+  take(StartLink(problem, layouts[0]));
+  for (size_t i = 0; i < layouts.size(); ++i) {
+    double computation = 0;
+    Link sync;
+    LayerTerms(problem.layers[i], layouts[i], problem.devices, &computation, &sync);
+    scheme.computation += computation;
+    take(std::move(sync));
+    const MatmulLayout next = i + 1 < layouts.size() ? layouts[i + 1] : layouts[i];
+    take(PairLink(problem, i, layouts[i], next));
+  }
+  scheme.cost = scheme.computation + problem.beta * scheme.communication;
+  return scheme;
+}
+
+absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem) {
+  if (absl::Status s = Validate(problem); !s.ok()) return s;
+  const size_t layers = problem.layers.size();
+  // suffix[i][a]: the least cost of layers i.. given layer i runs layout a,
+  // counting layer i's own terms and every link after it.
+  std::vector<std::array<double, kMatmulLayouts>> suffix(layers);
+  auto own = [&](size_t i, int a) {
+    double computation = 0;
+    Link sync;
+    LayerTerms(problem.layers[i], LayoutAt(a), problem.devices, &computation, &sync);
+    return computation + problem.beta * sync.communication;
+  };
+  for (size_t i = layers; i-- > 0;) {
+    for (int a = 0; a < kMatmulLayouts; ++a) {
+      double best = std::numeric_limits<double>::infinity();
+      if (i + 1 == layers) {
+        best = problem.beta * PairLink(problem, i, LayoutAt(a), LayoutAt(a)).communication;
+      } else {
+        for (int b = 0; b < kMatmulLayouts; ++b) {
+          const double link = PairLink(problem, i, LayoutAt(a), LayoutAt(b)).communication;
+          best = std::min(best, problem.beta * link + suffix[i + 1][b]);
+        }
+      }
+      suffix[i][a] = own(i, a) + best;
+    }
+  }
+  // Forward, taking the first layout that reaches the optimum (ties: the
+  // earliest in MatmulLayout order).
+  std::vector<MatmulLayout> layouts;
+  double target = std::numeric_limits<double>::infinity();
+  for (int a = 0; a < kMatmulLayouts; ++a) {
+    target = std::min(target,
+                      problem.beta * StartLink(problem, LayoutAt(a)).communication + suffix[0][a]);
+  }
+  auto close = [](double x, double y) { return std::abs(x - y) <= 1e-9 * std::max(1.0, y); };
+  double remaining = target;
+  for (size_t i = 0; i < layers; ++i) {
+    for (int a = 0; a < kMatmulLayouts; ++a) {
+      const double enter =
+          i == 0
+              ? problem.beta * StartLink(problem, LayoutAt(a)).communication
+              : problem.beta * PairLink(problem, i - 1, layouts.back(), LayoutAt(a)).communication;
+      if (close(enter + suffix[i][a], remaining)) {
+        layouts.push_back(LayoutAt(a));
+        remaining -= enter + own(i, a);
+        break;
+      }
+    }
+    PT_CHECK(layouts.size() == i + 1) << "layout search lost its optimum at layer " << i;
+  }
+  return EvaluateLayouts(problem, layouts);
+}
+
+absl::StatusOr<LayoutScheme> SolveLayoutsBruteForce(const LayoutProblem& problem) {
+  if (absl::Status s = Validate(problem); !s.ok()) return s;
+  if (problem.layers.size() > kMaxBruteForceLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("brute force: at most ", kMaxBruteForceLayers,
+                                                   " layers, not ", problem.layers.size()));
+  }
+  std::vector<int> digits(problem.layers.size(), 0);
+  LayoutScheme best;
+  best.cost = std::numeric_limits<double>::infinity();
+  while (true) {
+    std::vector<MatmulLayout> layouts;
+    for (int d : digits) layouts.push_back(LayoutAt(d));
+    LayoutScheme scheme = EvaluateLayouts(problem, layouts);
+    if (scheme.cost < best.cost) best = std::move(scheme);
+    size_t i = digits.size();
+    while (i > 0 && digits[i - 1] == kMatmulLayouts - 1) digits[--i] = 0;
+    if (i == 0) break;
+    ++digits[i - 1];
+  }
+  return best;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,131 @@
+// DistPar's layout search for the linear layers of a tensor-parallel group
+// (distpar.txt §3.2-§3.4; issue 22 scope 5). Planner-side only: no job runs
+// a split layer yet.
+//
+// Distributed properties of a logical tensor on the group's n devices
+// (§3.2): S(0) split along rows, S(1) split along columns, B broadcast
+// (every device a full copy), P partial (every device a full-shaped tensor,
+// the logical one their sum).
+//
+// A matmul Y[m,n] = X[m,k] W[k,n] runs in one of these layouts, each an
+// entry of the immediate-inference table (§3.3): the properties of X and W
+// it needs and of Y it yields, and, for the backward pass, what dY it needs
+// and what dX it yields (dX = dY W^T, dW = X^T dY, inferred by the same
+// rules):
+//
+//   layout      X     W     Y   | dY    dX   | weight-gradient sync
+//   data        S(0)  B     S(0)| S(0)  S(0) | all-reduce of dW (P -> B)
+//   column      B     S(1)  S(1)| S(1)  P    | none
+//   row         S(1)  S(0)  P   | B     S(1) | none
+//   replicate   B     B     B   | B     B    | none (every device computes all)
+//
+// Between two layers sits the operator that joins them (attention core,
+// GELU, residual + LayerNorm). It accepts some properties and passes the
+// one it gets through; a producer's property that the next layer cannot
+// take is converted by a collective (§3.3, "intermediate primitives"), the
+// cheapest way through a property the joining operator accepts.
+//
+// Costs (§3.4). Computation: the elements of the inputs and outputs a
+// device holds, summed over the forward matmul and the two backward ones
+// (the paper's simplification: every layout runs the same kernels).
+// Communication: the elements all devices together send for each
+// conversion, with ring collectives on |T| elements:
+//   S(i) -> B   all-gather        (n-1)|T|
+//   P -> S(i)   reduce-scatter    (n-1)|T|
+//   P -> B      all-reduce        2(n-1)|T|
+//   S(0)<->S(1) all-to-all        (n-1)|T|/n
+//   B -> S(i), B -> P, S(i) -> P, and no change: 0 (a local slice, or
+//   zeros on all devices but one: the paper's "12P", Fig. 1b)
+// The chosen scheme minimises  computation + beta * communication  over
+// the whole chain: beta says how many computed elements one communicated
+// element is worth (§3.4 introduces it as the ratio of the two costs; its
+// best value depends on the model and the machine, §4.2).
+//
+// Not yet: the 3-D cube layout (3d-parallelism.txt) as a candidate where n
+// is a cube; pricing from measured link and compute speeds instead of
+// element counts; the simulator's tensor-parallel lanes.
+//
+// All functions are pure and thread-safe.
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_DISTPAR_LAYOUT_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_DISTPAR_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace pipetrain {
+
+enum class Sbp { kSplitRows, kSplitColumns, kBroadcast, kPartial };  // S(0), S(1), B, P
+std::string SbpName(Sbp sbp);                                        // "S(0)", "S(1)", "B", "P"
+
+enum class MatmulLayout { kData, kColumn, kRow, kReplicate };
+inline constexpr int kMatmulLayouts = 4;
+std::string MatmulLayoutName(MatmulLayout layout);  // "data", "column", "row", "replicate"
+
+// Which properties the operator after a layer accepts (and passes on).
+enum class Joiner {
+  kElementwise,  // GELU, dropout: any but P
+  kAttention,    // the attention core: S(0) (batch), S(1) (whole heads), B
+  kRowwise,      // residual + LayerNorm: S(0) or B (a row must be whole)
+};
+
+struct MatmulLayer {
+  std::string name;
+  int64_t m = 0;                    // rows of X and Y (tokens)
+  int64_t k = 0;                    // columns of X, rows of W
+  int64_t n = 0;                    // columns of W and Y
+  Joiner after = Joiner::kRowwise;  // the operator between this layer and the next
+};
+
+// The linear layers of one GPT-2 block (qkv, attention projection, MLP fc,
+// MLP projection) for `tokens` rows (micro-batch x sequence length).
+std::vector<MatmulLayer> GptBlockLayers(int64_t tokens, int64_t d_model);
+
+struct LayoutProblem {
+  std::vector<MatmulLayer> layers;
+  int devices = 2;    // n, the tensor-parallel group; >= 2
+  double beta = 1.0;  // weight of communication; >= 0
+  // The first layer's input arrives as, and the last layer's output (and
+  // the first layer's input gradient) must leave as:
+  Sbp input = Sbp::kBroadcast;
+  Sbp output = Sbp::kBroadcast;
+};
+
+// One conversion the scheme needs, for the plan printout.
+struct Conversion {
+  std::string where;  // e.g. "after fc (forward)", "dW of qkv"
+  Sbp from = Sbp::kBroadcast;
+  Sbp to = Sbp::kBroadcast;
+  std::string collective;  // "all-gather", "all-reduce", ...
+  double elements = 0;     // sent by all devices together
+};
+
+struct LayoutScheme {
+  std::vector<MatmulLayout> layouts;  // one per layer
+  double computation = 0;
+  double communication = 0;
+  double cost = 0;  // computation + beta * communication
+  std::vector<Conversion> conversions;
+};
+
+// The scheme of least cost, by dynamic programming over the chain (exact:
+// the cost is a sum of per-layer terms and terms of adjacent pairs). Ties go
+// to the lexicographically smallest layouts (in MatmulLayout order).
+// INVALID_ARGUMENT for no layers, a non-positive dimension, devices < 2,
+// beta < 0 or not finite, or an input/output property of P.
+absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem);
+
+// The cost of a given assignment (the same model), for tests and for
+// comparing fixed schemes (e.g. Megatron's column-row). Requires a valid
+// problem and one layout per layer (checked).
+LayoutScheme EvaluateLayouts(const LayoutProblem& problem,
+                             const std::vector<MatmulLayout>& layouts);
+
+// Every assignment tried; for tests on small chains (at most 8 layers).
+absl::StatusOr<LayoutScheme> SolveLayoutsBruteForce(const LayoutProblem& problem);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_DISTPAR_LAYOUT_H_

@@ -1,0 +1,128 @@
+#include "coordinator/planner/distpar_layout.h"
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_join.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+using L = MatmulLayout;
+
+std::string Names(const std::vector<MatmulLayout>& layouts) {
+  std::vector<std::string> names;
+  for (MatmulLayout l : layouts) names.push_back(MatmulLayoutName(l));
+  return absl::StrJoin(names, ",");
+}
+
+LayoutProblem GptBlock(int64_t tokens, int64_t d, int devices, double beta) {
+  LayoutProblem p;
+  p.layers = GptBlockLayers(tokens, d);
+  p.devices = devices;
+  p.beta = beta;
+  return p;
+}
+
+// Megatron's scheme (acctfm.txt Fig. 1: QKV and fc by columns, the
+// projections by rows) costs exactly one all-reduce of the block's
+// activations after each row-parallel layer forward and one before each
+// column-parallel layer backward: 4 of 2(n-1)|m x d| elements.
+TEST(DistParLayoutTest, Megatron_FourAllReducesOfTheActivations) {
+  const LayoutProblem p = GptBlock(/*tokens=*/512, /*d=*/256, /*devices=*/4, /*beta=*/1.0);
+  const LayoutScheme s = EvaluateLayouts(p, {L::kColumn, L::kRow, L::kColumn, L::kRow});
+  ASSERT_EQ(s.conversions.size(), 4u) << Names(s.layouts);
+  for (const Conversion& c : s.conversions) {
+    EXPECT_EQ(c.collective, "all-reduce") << c.where;
+    EXPECT_EQ(c.from, Sbp::kPartial) << c.where;
+    EXPECT_EQ(c.to, Sbp::kBroadcast) << c.where;
+    EXPECT_DOUBLE_EQ(c.elements, 2.0 * 3 * 512 * 256) << c.where;
+  }
+  EXPECT_DOUBLE_EQ(s.communication, 4 * 2.0 * 3 * 512 * 256);
+}
+
+// Data parallelism within the group: no activation traffic but the
+// block's input split and output gathered, and every weight gradient
+// all-reduced.
+TEST(DistParLayoutTest, DataEverywhere_GathersOutputAndAllReducesWeightGradients) {
+  const LayoutProblem p = GptBlock(512, 256, 2, 1.0);
+  const LayoutScheme s = EvaluateLayouts(p, {L::kData, L::kData, L::kData, L::kData});
+  double weights = 0;
+  for (const MatmulLayer& l : p.layers) weights += double(l.k) * l.n;
+  // dW all-reduces: 2(n-1) = 2 per weight element; the output all-gathered
+  // forward ((n-1)|Y|) and the input gradient all-gathered backward.
+  EXPECT_DOUBLE_EQ(s.communication, 2.0 * weights + 512.0 * 256 + 512.0 * 256);
+}
+
+TEST(DistParLayoutTest, ExtremeBetas_PickTheObviousSchemes) {
+  // Communication free: the least local elements. Priceless: no
+  // communication at all, which only replication achieves.
+  const LayoutScheme free = *SolveLayouts(GptBlock(4096, 64, 4, 0.0));
+  for (MatmulLayout l : free.layouts) EXPECT_NE(l, L::kReplicate) << Names(free.layouts);
+  const LayoutScheme priceless = *SolveLayouts(GptBlock(4096, 64, 4, 1e9));
+  EXPECT_EQ(Names(priceless.layouts), "replicate,replicate,replicate,replicate");
+  EXPECT_EQ(priceless.communication, 0);
+}
+
+TEST(DistParLayoutTest, LargeWeightsFewTokens_SplitsEveryWeight) {
+  // 16 tokens of a d = 2048 block on 4 devices: weights dwarf activations,
+  // so data parallelism (all-reduce of dW) and replication (every device
+  // holds and computes all weights) both lose to splitting the weights by
+  // columns or rows; how they chain is a matter of the small activations.
+  const LayoutProblem p = GptBlock(16, 2048, 4, 1.0);
+  const LayoutScheme s = *SolveLayouts(p);
+  for (MatmulLayout l : s.layouts) {
+    EXPECT_TRUE(l == L::kColumn || l == L::kRow) << Names(s.layouts);
+  }
+  EXPECT_LE(s.cost, EvaluateLayouts(p, {L::kColumn, L::kRow, L::kColumn, L::kRow}).cost);
+  EXPECT_LT(s.cost, 0.5 * EvaluateLayouts(p, {L::kData, L::kData, L::kData, L::kData}).cost);
+}
+
+TEST(DistParLayoutTest, ManyTokensSmallWeights_ChoosesDataParallel) {
+  // 65536 tokens of a d = 64 block: activations dwarf weights.
+  const LayoutScheme s = *SolveLayouts(GptBlock(65536, 64, 4, 1.0));
+  EXPECT_EQ(Names(s.layouts), "data,data,data,data");
+}
+
+TEST(DistParLayoutTest, Solve_RandomChains_MatchesBruteForce) {
+  std::mt19937 rng(20261128);
+  std::uniform_int_distribution<int> dim(1, 64), layers(1, 6), devices(2, 8), joiner(0, 2);
+  std::uniform_real_distribution<double> log_beta(-3, 3);
+  for (int trial = 0; trial < 300; ++trial) {
+    LayoutProblem p;
+    const int count = layers(rng);
+    for (int i = 0; i < count; ++i) {
+      p.layers.push_back({"l" + std::to_string(i), 8 * dim(rng), dim(rng), dim(rng),
+                          static_cast<Joiner>(joiner(rng))});
+    }
+    p.devices = devices(rng);
+    p.beta = std::pow(10.0, log_beta(rng));
+    p.input = rng() % 2 ? Sbp::kBroadcast : Sbp::kSplitRows;
+    p.output = rng() % 2 ? Sbp::kBroadcast : Sbp::kSplitRows;
+    const absl::StatusOr<LayoutScheme> dp = SolveLayouts(p);
+    const absl::StatusOr<LayoutScheme> brute = SolveLayoutsBruteForce(p);
+    ASSERT_TRUE(dp.ok() && brute.ok()) << dp.status() << brute.status();
+    EXPECT_NEAR(dp->cost, brute->cost, 1e-9 * brute->cost) << "trial " << trial;
+    EXPECT_DOUBLE_EQ(dp->cost, EvaluateLayouts(p, dp->layouts).cost);
+  }
+}
+
+TEST(DistParLayoutTest, BadProblems_InvalidArgument) {
+  LayoutProblem p = GptBlock(16, 64, 2, 1.0);
+  p.devices = 1;
+  EXPECT_EQ(SolveLayouts(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = GptBlock(16, 64, 2, -1.0);
+  EXPECT_EQ(SolveLayouts(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = GptBlock(16, 64, 2, 1.0);
+  p.layers[1].k = 0;
+  EXPECT_EQ(SolveLayouts(p).status().code(), absl::StatusCode::kInvalidArgument);
+  p = GptBlock(16, 64, 2, 1.0);
+  p.input = Sbp::kPartial;
+  EXPECT_EQ(SolveLayouts(p).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SolveLayouts(LayoutProblem{}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pipetrain

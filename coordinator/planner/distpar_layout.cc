@@ -31,6 +31,8 @@ LayoutRow RowOf(MatmulLayout layout) {
     case MatmulLayout::kRow:
       return {S::kSplitColumns, S::kSplitRows,    S::kPartial,
               S::kBroadcast,    S::kSplitColumns, S::kSplitRows};
+    case MatmulLayout::kCube:
+      return {S::kCube, S::kCube, S::kCube, S::kCube, S::kCube, S::kCube};
     case MatmulLayout::kReplicate:
       break;
   }
@@ -42,7 +44,7 @@ bool Split(Sbp p) { return p == Sbp::kSplitRows || p == Sbp::kSplitColumns; }
 // Elements of a rows x cols tensor one device holds under `p`.
 double LocalElements(Sbp p, int64_t rows, int64_t cols, int n) {
   const double all = static_cast<double>(rows) * static_cast<double>(cols);
-  return Split(p) ? all / n : all;
+  return Split(p) || p == Sbp::kCube ? all / n : all;
 }
 
 // A conversion's collective and the elements all devices send (header).
@@ -50,10 +52,10 @@ std::pair<std::string, double> Convert(Sbp from, Sbp to, double elements, int n)
   if (from == to || to == Sbp::kPartial || from == Sbp::kBroadcast) return {"", 0.0};
   if (from == Sbp::kPartial) {
     if (to == Sbp::kBroadcast) return {"all-reduce", 2.0 * (n - 1) * elements};
-    return {"reduce-scatter", (n - 1) * elements};
+    return {"reduce-scatter", (n - 1) * elements};  // to S(i) or C
   }
-  if (to == Sbp::kBroadcast) return {"all-gather", (n - 1) * elements};
-  return {"all-to-all", (n - 1) * elements / n};  // S(0) <-> S(1)
+  if (to == Sbp::kBroadcast) return {"all-gather", (n - 1) * elements};  // from S(i) or C
+  return {"all-to-all", (n - 1) * elements / n};                         // between S(0), S(1) and C
 }
 
 bool Accepts(Joiner joiner, Sbp p) {
@@ -61,8 +63,8 @@ bool Accepts(Joiner joiner, Sbp p) {
     case Joiner::kElementwise:
     case Joiner::kAttention:
       return p != Sbp::kPartial;
-    case Joiner::kRowwise:
-      return p == Sbp::kSplitRows || p == Sbp::kBroadcast;
+    case Joiner::kRowwise:  // C: the 3-D LayerNorm (3d-parallelism.txt section 3.3)
+      return p == Sbp::kSplitRows || p == Sbp::kBroadcast || p == Sbp::kCube;
   }
   return false;
 }
@@ -97,8 +99,8 @@ Link BestLink(Joiner joiner, Sbp from, double from_elements, Sbp to, double to_e
   best.communication = std::numeric_limits<double>::infinity();
   // B first: of equal costs, one all-reduce beats a reduce-scatter plus an
   // all-gather (the same elements, one collective fewer).
-  constexpr std::array<Sbp, 4> kOrder = {Sbp::kBroadcast, Sbp::kSplitRows, Sbp::kSplitColumns,
-                                         Sbp::kPartial};
+  constexpr std::array<Sbp, 5> kOrder = {Sbp::kBroadcast, Sbp::kSplitRows, Sbp::kSplitColumns,
+                                         Sbp::kCube, Sbp::kPartial};
   for (Sbp p : kOrder) {
     if (!Accepts(joiner, p)) continue;
     for (Sbp q : kOrder) {
@@ -124,7 +126,20 @@ void LayerTerms(const MatmulLayer& l, MatmulLayout layout, int n, double* comput
   const double x = LocalElements(r.x, l.m, l.k, n), w = LocalElements(r.w, l.k, l.n, n),
                y = LocalElements(r.y, l.m, l.n, n), dy = LocalElements(r.dy, l.m, l.n, n),
                dx = LocalElements(r.dx, l.m, l.k, n), dw = LocalElements(r.dw, l.k, l.n, n);
-  *computation = (x + w + y) + (dy + w + dx) + (x + dy + dw);  // Y = XW, dX = dY W^T, dW = X^T dY
+  if (layout == MatmulLayout::kCube) {
+    // Alg. 1 and 2: three products on operands gathered to 1/p^2 of each
+    // tensor, each gathering two operands and reduce-scattering the third.
+    const int p = CubeSide(n);
+    const double sizes = Elements(l.m, l.k) + Elements(l.k, l.n) + Elements(l.m, l.n);
+    *computation = n * 3 * sizes / p / p;
+    const double sent = 3 * (p - 1) * sizes;
+    sync->communication += sent;
+    sync->conversions.push_back({absl::StrCat(l.name, " (3-D products, forward and backward)"),
+                                 Sbp::kCube, Sbp::kCube, "all-gather + reduce-scatter", sent});
+    return;
+  }
+  // Y = XW, dX = dY W^T, dW = X^T dY, on each of the n devices.
+  *computation = n * ((x + w + y) + (dy + w + dx) + (x + dy + dw));
   Add(*sync, absl::StrCat("dW of ", l.name), r.dw, r.w, Elements(l.k, l.n), n);
 }
 
@@ -181,6 +196,11 @@ absl::Status Validate(const LayoutProblem& p) {
 
 MatmulLayout LayoutAt(int index) { return static_cast<MatmulLayout>(index); }
 
+// Whether `layout` may run on `devices` (the cube needs p^3 of them).
+bool Allowed(MatmulLayout layout, int devices) {
+  return layout != MatmulLayout::kCube || CubeSide(devices) > 0;
+}
+
 }  // namespace
 
 std::string SbpName(Sbp sbp) {
@@ -193,8 +213,17 @@ std::string SbpName(Sbp sbp) {
       return "B";
     case Sbp::kPartial:
       return "P";
+    case Sbp::kCube:
+      return "C";
   }
   return "?";
+}
+
+int CubeSide(int devices) {
+  for (int p = 2; p * p * p <= devices; ++p) {
+    if (p * p * p == devices) return p;
+  }
+  return 0;
 }
 
 std::string MatmulLayoutName(MatmulLayout layout) {
@@ -207,6 +236,8 @@ std::string MatmulLayoutName(MatmulLayout layout) {
       return "row";
     case MatmulLayout::kReplicate:
       return "replicate";
+    case MatmulLayout::kCube:
+      return "cube";
   }
   return "?";
 }
@@ -224,6 +255,9 @@ LayoutScheme EvaluateLayouts(const LayoutProblem& problem,
                              const std::vector<MatmulLayout>& layouts) {
   PT_CHECK(Validate(problem).ok()) << Validate(problem);
   PT_CHECK(layouts.size() == problem.layers.size()) << layouts.size();
+  for (MatmulLayout l : layouts) {
+    PT_CHECK(Allowed(l, problem.devices)) << "cube layout on " << problem.devices << " devices";
+  }
   LayoutScheme scheme;
   scheme.layouts = layouts;
   auto take = [&](Link link) {
@@ -259,10 +293,15 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem) {
   for (size_t i = layers; i-- > 0;) {
     for (int a = 0; a < kMatmulLayouts; ++a) {
       double best = std::numeric_limits<double>::infinity();
+      if (!Allowed(LayoutAt(a), problem.devices)) {
+        suffix[i][a] = best;
+        continue;
+      }
       if (i + 1 == layers) {
         best = problem.beta * PairLink(problem, i, LayoutAt(a), LayoutAt(a)).communication;
       } else {
         for (int b = 0; b < kMatmulLayouts; ++b) {
+          if (!Allowed(LayoutAt(b), problem.devices)) continue;
           const double link = PairLink(problem, i, LayoutAt(a), LayoutAt(b)).communication;
           best = std::min(best, problem.beta * link + suffix[i + 1][b]);
         }
@@ -275,6 +314,7 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem) {
   std::vector<MatmulLayout> layouts;
   double target = std::numeric_limits<double>::infinity();
   for (int a = 0; a < kMatmulLayouts; ++a) {
+    if (!Allowed(LayoutAt(a), problem.devices)) continue;
     target = std::min(target,
                       problem.beta * StartLink(problem, LayoutAt(a)).communication + suffix[0][a]);
   }
@@ -282,6 +322,7 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem) {
   double remaining = target;
   for (size_t i = 0; i < layers; ++i) {
     for (int a = 0; a < kMatmulLayouts; ++a) {
+      if (!Allowed(LayoutAt(a), problem.devices)) continue;
       const double enter =
           i == 0
               ? problem.beta * StartLink(problem, LayoutAt(a)).communication
@@ -308,9 +349,15 @@ absl::StatusOr<LayoutScheme> SolveLayoutsBruteForce(const LayoutProblem& problem
   best.cost = std::numeric_limits<double>::infinity();
   while (true) {
     std::vector<MatmulLayout> layouts;
-    for (int d : digits) layouts.push_back(LayoutAt(d));
-    LayoutScheme scheme = EvaluateLayouts(problem, layouts);
-    if (scheme.cost < best.cost) best = std::move(scheme);
+    bool allowed = true;
+    for (int d : digits) {
+      layouts.push_back(LayoutAt(d));
+      allowed = allowed && Allowed(LayoutAt(d), problem.devices);
+    }
+    if (allowed) {
+      LayoutScheme scheme = EvaluateLayouts(problem, layouts);
+      if (scheme.cost < best.cost) best = std::move(scheme);
+    }
     size_t i = digits.size();
     while (i > 0 && digits[i - 1] == kMatmulLayouts - 1) digits[--i] = 0;
     if (i == 0) break;

@@ -18,6 +18,18 @@
 //   column      B     S(1)  S(1)| S(1)  P    | none
 //   row         S(1)  S(0)  P   | B     S(1) | none
 //   replicate   B     B     B   | B     B    | none (every device computes all)
+//   cube        C     C     C   | C     C    | none (3-D, only where n = p^3)
+//
+// C is not one of DistPar's properties: it is the balanced block layout of
+// 3d-parallelism.txt (section 3.1, Fig. 4), each of the p^3 devices holding
+// 1/n of a tensor (A_ijl, B_lji). A cube matmul all-gathers its X and W
+// blocks along two axes of the cube (groups of p), multiplies, and
+// reduce-scatters Y along the third (Alg. 1): (p-1)(|X| + |W| + |Y|)
+// elements sent in all; its backward runs two such products (Alg. 2).
+// The output stays in blocks for the next cube layer (the direction swap
+// after each block's first linear layer is internal), and GELU, attention
+// and the 3-D LayerNorm work on blocks, so C passes every joiner.
+// Computation counts the gathered operands (|X|, |W|, |Y| over p^2).
 //
 // Between two layers sits the operator that joins them (attention core,
 // GELU, residual + LayerNorm). It accepts some properties and passes the
@@ -25,25 +37,30 @@
 // take is converted by a collective (§3.3, "intermediate primitives"), the
 // cheapest way through a property the joining operator accepts.
 //
-// Costs (§3.4). Computation: the elements of the inputs and outputs a
-// device holds, summed over the forward matmul and the two backward ones
-// (the paper's simplification: every layout runs the same kernels).
+// Costs (§3.4), both totals over the group, like the paper's communication.
+// Computation: the elements of the inputs and outputs the devices hold,
+// summed over the forward matmul and the two backward ones and over all n
+// devices (the paper's simplification: every layout runs the same kernels,
+// so work follows the operands' sizes; replication thus costs n times).
 // Communication: the elements all devices together send for each
 // conversion, with ring collectives on |T| elements:
 //   S(i) -> B   all-gather        (n-1)|T|
 //   P -> S(i)   reduce-scatter    (n-1)|T|
 //   P -> B      all-reduce        2(n-1)|T|
 //   S(0)<->S(1) all-to-all        (n-1)|T|/n
-//   B -> S(i), B -> P, S(i) -> P, and no change: 0 (a local slice, or
+//   S(i) <-> C  all-to-all        (n-1)|T|/n
+//   C -> B      all-gather        (n-1)|T|
+//   P -> C      reduce-scatter    (n-1)|T|
+//   from B, to P, and no change: 0 (a local slice, or
 //   zeros on all devices but one: the paper's "12P", Fig. 1b)
 // The chosen scheme minimises  computation + beta * communication  over
 // the whole chain: beta says how many computed elements one communicated
 // element is worth (§3.4 introduces it as the ratio of the two costs; its
 // best value depends on the model and the machine, §4.2).
 //
-// Not yet: the 3-D cube layout (3d-parallelism.txt) as a candidate where n
-// is a cube; pricing from measured link and compute speeds instead of
-// element counts; the simulator's tensor-parallel lanes.
+// Not yet: pricing from measured link and compute speeds instead of
+// element counts; the simulator's tensor-parallel lanes; a job that runs
+// the chosen layouts.
 //
 // All functions are pure and thread-safe.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_DISTPAR_LAYOUT_H_
@@ -57,12 +74,17 @@
 
 namespace pipetrain {
 
-enum class Sbp { kSplitRows, kSplitColumns, kBroadcast, kPartial };  // S(0), S(1), B, P
-std::string SbpName(Sbp sbp);                                        // "S(0)", "S(1)", "B", "P"
+// S(0), S(1), B, P, and the 3-D blocks C.
+enum class Sbp { kSplitRows, kSplitColumns, kBroadcast, kPartial, kCube };
+std::string SbpName(Sbp sbp);  // "S(0)", "S(1)", "B", "P", "C"
 
-enum class MatmulLayout { kData, kColumn, kRow, kReplicate };
-inline constexpr int kMatmulLayouts = 4;
-std::string MatmulLayoutName(MatmulLayout layout);  // "data", "column", "row", "replicate"
+enum class MatmulLayout { kData, kColumn, kRow, kReplicate, kCube };
+inline constexpr int kMatmulLayouts = 5;
+// "data", "column", "row", "replicate", "cube"
+std::string MatmulLayoutName(MatmulLayout layout);
+
+// p if devices == p^3 for an integer p >= 2, else 0 (no cube layout).
+int CubeSide(int devices);
 
 // Which properties the operator after a layer accepts (and passes on).
 enum class Joiner {

@@ -86,9 +86,41 @@ TEST(DistParLayoutTest, ManyTokensSmallWeights_ChoosesDataParallel) {
   EXPECT_EQ(Names(s.layouts), "data,data,data,data");
 }
 
+// 3-D (3d-parallelism.txt Alg. 1-2): on p^3 devices a cube matmul sends
+// (p-1)(|X| + |W| + |Y|) per product, three products per layer, and its
+// blocks pass from layer to layer without conversions.
+TEST(DistParLayoutTest, CubeEverywhere_OnlyTheProductsCommunicate) {
+  const LayoutProblem p = GptBlock(512, 256, 8, 1.0);
+  ASSERT_EQ(CubeSide(8), 2);
+  const LayoutScheme s = EvaluateLayouts(p, {L::kCube, L::kCube, L::kCube, L::kCube});
+  double expected = 0;
+  for (const MatmulLayer& l : p.layers) {
+    expected += 3 * (2 - 1) * (double(l.m) * l.k + double(l.k) * l.n + double(l.m) * l.n);
+  }
+  // The block's input arrives replicated (B -> C is a local slice) and
+  // its output is gathered (C -> B, (n-1)|Y|), its input gradient too.
+  expected += 2 * 7.0 * 512 * 256;
+  EXPECT_DOUBLE_EQ(s.communication, expected);
+}
+
+TEST(DistParLayoutTest, Cube_OnlyWhereTheGroupIsACube) {
+  EXPECT_EQ(CubeSide(8), 2);
+  EXPECT_EQ(CubeSide(27), 3);
+  EXPECT_EQ(CubeSide(4), 0);
+  EXPECT_EQ(CubeSide(16), 0);
+  // Large everything, 64 devices: the cube's O(1/p^2) traffic wins over
+  // every 1-D scheme; on 16 devices (not a cube) it is never chosen.
+  const LayoutScheme cube = *SolveLayouts(GptBlock(8192, 4096, 64, 1.0));
+  EXPECT_EQ(Names(cube.layouts), "cube,cube,cube,cube");
+  const LayoutScheme flat = *SolveLayouts(GptBlock(8192, 4096, 16, 1.0));
+  for (MatmulLayout l : flat.layouts) EXPECT_NE(l, L::kCube) << Names(flat.layouts);
+}
+
 TEST(DistParLayoutTest, Solve_RandomChains_MatchesBruteForce) {
   std::mt19937 rng(20261128);
-  std::uniform_int_distribution<int> dim(1, 64), layers(1, 6), devices(2, 8), joiner(0, 2);
+  std::uniform_int_distribution<int> dim(1, 64), layers(1, 6), joiner(0, 2);
+  const int kDevices[] = {2, 3, 4, 8, 16, 27};
+  std::uniform_int_distribution<int> devices_index(0, 5);
   std::uniform_real_distribution<double> log_beta(-3, 3);
   for (int trial = 0; trial < 300; ++trial) {
     LayoutProblem p;
@@ -97,7 +129,7 @@ TEST(DistParLayoutTest, Solve_RandomChains_MatchesBruteForce) {
       p.layers.push_back({"l" + std::to_string(i), 8 * dim(rng), dim(rng), dim(rng),
                           static_cast<Joiner>(joiner(rng))});
     }
-    p.devices = devices(rng);
+    p.devices = kDevices[devices_index(rng)];
     p.beta = std::pow(10.0, log_beta(rng));
     p.input = rng() % 2 ? Sbp::kBroadcast : Sbp::kSplitRows;
     p.output = rng() % 2 ? Sbp::kBroadcast : Sbp::kSplitRows;

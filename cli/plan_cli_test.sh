@@ -32,6 +32,15 @@ cat >"$TMP/paper.json" <<'JSON'
 JSON
 P=(--profile "$TMP/paper.json" --workers 3 --micro-batches 4)
 
+# --tensor T: DistPar's layout per linear layer of one block. 16 tokens of a
+# d_model 2048 block on 4 devices split every weight (column or row).
+expect_exit tensor_layouts 0 '"layout"' -- --tensor 4 --d-model 2048 --seq-len 16 --json
+check tensor_four_layers 'len(j["layers"]) == 4 and j["devices"] == 4'
+check tensor_weights_split 'all(l["layout"] in ("column", "row") for l in j["layers"])'
+check tensor_no_worse_than_megatron 'j["cost"] <= j["fixed_scheme_costs"]["megatron"]'
+expect_exit tensor_cube_text 0 'vs cube' -- --tensor 8
+expect_exit tensor_too_small 2 '--tensor must be a group of >= 2 devices' -- --tensor 1
+
 expect_exit paper_pipedream 0 '"solver": "pipedream"' -- "${P[@]}" --solver pipedream --json
 check pipedream_is_12 'j["bottleneck_seconds"] == 12'
 expect_exit paper_bipartition 0 '"solver": "bipartition"' -- "${P[@]}" --solver bipartition --json \

@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cli/acctfm_profile.h"
+#include "cli/tensor_layout_report.h"
 #include "common/flag_set.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/acctfm.h"
@@ -36,6 +37,9 @@ struct PlanFlags {
   // Data parallelism: "1" (none), a replica count D, or "auto".
   std::string data = "1";
   double distpar_beta = 1;
+  // Tensor parallelism: a group of this many devices (0: none). For now
+  // only DistPar's layout report of one block (tensor_layout_report.h).
+  int tensor = 0;
 };
 
 // --data: kAutoDataParallel for "auto", else an integer >= 1.
@@ -273,7 +277,8 @@ FlagSet PlanFlagSet(PlanFlags& f) {
       "usage: pipetrain plan (--profile P.json | --layers N [--d-model ...]) (--cluster C.json | "
       "--workers N "
       "--bandwidth-gbps X [--latency-us Y] [--memory-gib Z]) [--solver S] [--objective O] "
-      "[--micro-batches M] [--schedule 1f1b|gpipe] [--data D|auto [--distpar-beta B]] [--json] "
+      "[--micro-batches M] [--schedule 1f1b|gpipe] [--data D|auto [--distpar-beta B]] "
+      "[--tensor T] [--json] "
       "[--svg FILE] [--trace FILE]");
   flags.String("profile", &f.profile, "model profile JSON (docs/formats.md)");
   flags.Int("layers", &f.layers, "without --profile: plan a GPT-2 of this many layers from FLOPs");
@@ -300,6 +305,9 @@ FlagSet PlanFlagSet(PlanFlags& f) {
                "simulated step chosen)");
   flags.Double("distpar-beta", &f.distpar_beta,
                "weight of communication in DistPar's layout cost (distpar.txt 3.4)");
+  flags.Int("tensor", &f.tensor,
+            "tensor-parallel group T >= 2: print DistPar's layout per linear layer of one block "
+            "(the analytic model's --d-model, --seq-len, --micro-batch-size; planner output only)");
   flags.Bool("json", &f.json, "print the plan as JSON");
   flags.String("svg", &f.svg, "write the simulated timeline as SVG to this file");
   flags.String("trace", &f.trace, "write the simulated timeline as Chrome trace JSON");
@@ -318,6 +326,16 @@ int RunPlan(const std::vector<std::string>& args) {
   FlagSet flags = PlanFlagSet(f);
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
+  if (parsed.ok() && f.tensor != 0) {  // needs only the block's dimensions
+    absl::StatusOr<std::string> report = TensorLayoutReport(
+        {f.tensor, f.distpar_beta, int64_t{f.micro_batch_size} * f.seq_len, f.d_model}, f.json);
+    if (!report.ok()) {
+      std::fprintf(stderr, "pipetrain plan: %s\n", std::string(report.status().message()).c_str());
+      return 2;
+    }
+    std::printf("%s", report->c_str());
+    return 0;
+  }
   if (parsed.ok() && f.profile.empty() == (f.layers <= 0)) {
     parsed = absl::InvalidArgumentError("give --profile FILE or --layers N (an analytic GPT-2 profile)");
   }

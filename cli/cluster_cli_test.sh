@@ -82,7 +82,7 @@ ok worker_registered await_registered
 # Environment variables: the address and token from the environment.
 export PIPETRAIN_COORDINATOR="$addr" PIPETRAIN_TOKEN=u-token
 expect_exit env_workers_json 0 '"workers"' -- workers --json
-check workers_json 'len(j["workers"]) == 1 and j["workers"][0]["id"] != "" and j["workers"][0]["state"] == "READY"'
+check workers_json 'len(j["workers"]) == 1 and j["workers"][0]["id"] != "" and j["workers"][0]["state"] == "WORKER_STATE_READY"'
 expect_exit workers_table 0 "DATA ADDRESS" -- workers
 
 # A job that needs two stages waits QUEUED beside the one worker: jobs are
@@ -108,7 +108,7 @@ check workers_json_every_page 'len(j["workers"]) == 1'
 expect_exit jobs_negative_page_size 67 "INVALID_ARGUMENT" -- jobs --page-size=-1
 expect_exit jobs_table 0 "$job_id" "cli-test" -- jobs
 expect_exit job_json 0 "\"$job_id\"" -- job "$job_id" --json
-check job_json_is_the_job "j['id'] == '$job_id' and j['state'] == 'QUEUED'"
+check job_json_is_the_job "j['id'] == '$job_id' and j['state'] == 'JOB_STATE_QUEUED'"
 # Flags override the environment.
 PIPETRAIN_COORDINATOR=127.0.0.1:1 expect_exit flag_beats_env_address 0 '"jobs"' -- \
   jobs --json --coordinator="$addr"

@@ -25,6 +25,7 @@
 #include "cli/link_summary.h"
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
+#include "common/enum_names.h"
 #include "common/flag_set.h"
 #include "common/secrets.h"
 #include "common/tls_credentials.h"
@@ -71,7 +72,7 @@ struct Connection {
     return absl::InvalidArgumentError("--timeout must be > 0");
   }
   // A stub that sends the user token on every call.
-  absl::StatusOr<std::unique_ptr<v1::Coordinator::Stub>> Connect() const {
+  absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> Connect() const {
     absl::StatusOr<std::string> token = UserTokenFrom(token_file);
     if (!token.ok()) return token.status();
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
@@ -335,7 +336,7 @@ struct StepTiming {
   }
 };
 
-absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& id,
+absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::string& id,
                                absl::Duration timeout, StepTiming* timing = nullptr) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   v1::Job job;
@@ -349,7 +350,7 @@ absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& i
     if (!s.ok()) return ToAbsl(s);
     const int64_t step = job.progress().step(), steps = job.spec().training().steps();
     // Recoveries and re-plans are news: each on a line of its own.
-    if (job.state() == v1::RECOVERING && !said_recovering) {
+    if (job.state() == v1::JOB_STATE_RECOVERING && !said_recovering) {
       progress.Message(job.reason());
       said_recovering = true;
     }
@@ -365,7 +366,7 @@ absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& i
     }
     if (step != last_step && step > 0) {
       const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-      if (timing != nullptr && job.state() == v1::RUNNING && step >= (steps + 9) / 10) {
+      if (timing != nullptr && job.state() == v1::JOB_STATE_RUNNING && step >= (steps + 9) / 10) {
         if (timing->first_step < 0) timing->first_step = step, timing->first_time = absl::Now();
         timing->last_step = step, timing->last_time = absl::Now();
       }
@@ -375,8 +376,8 @@ absl::StatusOr<v1::Job> Follow(v1::Coordinator::Stub& stub, const std::string& i
                        elapsed / step * (steps - step), job.progress().recoveries()});
       last_step = step;
     }
-    if (job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
-        job.state() == v1::CANCELLED) {
+    if (job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
+        job.state() == v1::JOB_STATE_CANCELLED) {
       break;
     }
     absl::SleepFor(absl::Milliseconds(200));
@@ -509,8 +510,8 @@ int RunUp(const std::vector<std::string>& args) {
   if (!got.ok()) return Fail("up", ToAbsl(got));
   const v1::Job& end = *done;
   std::printf("job %s %s after %lld steps, final loss %.4f", end.id().c_str(),
-              v1::JobState_Name(end.state()).c_str(),
-              static_cast<long long>(end.progress().step()), end.progress().loss());
+              EnumShortName(end.state()).c_str(), static_cast<long long>(end.progress().step()),
+              end.progress().loss());
   // One step's loss is noisy; the mean of the last steps compares runs better.
   const auto& history = end.progress().loss_history();
   const int tail = std::min(history.size(), kLossTailSteps);
@@ -562,7 +563,7 @@ int RunUp(const std::vector<std::string>& args) {
                 (*cluster)->grpc_address().c_str(), (*cluster)->user_token_file().c_str());
     while (!g_interrupted.load()) absl::SleepFor(absl::Milliseconds(200));
   }
-  return end.state() == v1::SUCCEEDED ? kExitOk : kExitJobNotSucceeded;
+  return end.state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobNotSucceeded;
 }
 
 namespace {
@@ -598,15 +599,15 @@ int RunSubmit(const std::vector<std::string>& args) {
   v1::Job job;
   grpc::Status s = (*stub)->SubmitJob(WithDeadline(o.c.timeout).get(), request, &job);
   if (!s.ok()) return Fail("submit", ToAbsl(s));
-  std::printf("%s %s\n", job.id().c_str(), v1::JobState_Name(job.state()).c_str());
+  std::printf("%s %s\n", job.id().c_str(), EnumShortName(job.state()).c_str());
   if (!o.follow) return kExitOk;
   std::signal(SIGINT, OnInterrupt);
   auto done = Follow(**stub, job.id(), o.c.timeout);
   if (!done.ok()) return Fail("submit", done.status());
   if (g_interrupted.load()) return kExitInterrupted;
-  std::printf("%s %s %s\n", done->id().c_str(), v1::JobState_Name(done->state()).c_str(),
+  std::printf("%s %s %s\n", done->id().c_str(), EnumShortName(done->state()).c_str(),
               done->reason().c_str());
-  return done->state() == v1::SUCCEEDED ? kExitOk : kExitJobNotSucceeded;
+  return done->state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobNotSucceeded;
 }
 
 namespace {
@@ -655,9 +656,9 @@ int RunJobs(const std::vector<std::string>& args) {
   if (o.json) return std::printf("%s", ListJson("jobs", jobs).c_str()), kExitOk;
   std::printf("%-8s %-10s %10s %10s  %s\n", "ID", "STATE", "STEP", "LOSS", "NAME");
   for (const v1::Job& j : jobs) {
-    std::printf("%-8s %-10s %10lld %10.4f  %s\n", j.id().c_str(),
-                v1::JobState_Name(j.state()).c_str(), static_cast<long long>(j.progress().step()),
-                j.progress().loss(), j.spec().name().c_str());
+    std::printf("%-8s %-10s %10lld %10.4f  %s\n", j.id().c_str(), EnumShortName(j.state()).c_str(),
+                static_cast<long long>(j.progress().step()), j.progress().loss(),
+                j.spec().name().c_str());
   }
   return kExitOk;
 }
@@ -805,7 +806,7 @@ int RunCancel(const std::vector<std::string>& args) {
   if (!stub.ok()) return Fail("cancel", stub.status());
   grpc::Status s = (*stub)->CancelJob(WithDeadline(o.c.timeout).get(), request, &job);
   if (!s.ok()) return Fail("cancel", ToAbsl(s));
-  std::printf("%s %s\n", job.id().c_str(), v1::JobState_Name(job.state()).c_str());
+  std::printf("%s %s\n", job.id().c_str(), EnumShortName(job.state()).c_str());
   return kExitOk;
 }
 
@@ -848,9 +849,8 @@ int RunWorkers(const std::vector<std::string>& args) {
     // The GPU's name, or "cpu" for a worker computing on its CPU.
     const std::string device = w.device().gpu_model().empty() ? "cpu" : w.device().gpu_model();
     std::printf("%-6s %-9s %-22s %-24s %8.0f %-8s %s\n", w.id().c_str(),
-                v1::WorkerState_Name(w.state()).c_str(), w.data_address().c_str(),
-                device.c_str(), w.device().measured_gflops(), w.job_id().c_str(),
-                w.current_instruction().c_str());
+                EnumShortName(w.state()).c_str(), w.data_address().c_str(), device.c_str(),
+                w.device().measured_gflops(), w.job_id().c_str(), w.current_instruction().c_str());
   }
   return kExitOk;
 }

@@ -9,9 +9,9 @@
 
 namespace pipetrain {
 
-std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(const std::string& address,
-                                                          const std::string& tls_ca,
-                                                          const std::string& user_token) {
+std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(const std::string& address,
+                                                                 const std::string& tls_ca,
+                                                                 const std::string& user_token) {
   // A CA that cannot be read must not fall back to plaintext: TLS with the
   // system's roots then fails to verify our coordinator.
   return ConnectCoordinator(address,
@@ -20,13 +20,13 @@ std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(const std::string& add
                             user_token);
 }
 
-std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(
+std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
     const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
     const std::string& user_token) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(64 << 20);
   auto connect = [&](const std::string& one) {
-    return v1::Coordinator::NewStub(BearerChannel(one, credentials, args, user_token));
+    return v1::CoordinatorService::NewStub(BearerChannel(one, credentials, args, user_token));
   };
   absl::StatusOr<std::vector<std::string>> addresses =
       ParseCoordinatorAddresses("--coordinator", address);

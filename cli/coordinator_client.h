@@ -18,13 +18,13 @@ namespace pipetrain {
 // --user-token); empty: none. An unreadable CA file gives a channel that
 // cannot connect (the calls fail UNAVAILABLE); the CLI checks its flags with
 // ClientTlsCredentials first.
-std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(const std::string& address,
-                                                          const std::string& tls_ca,
-                                                          const std::string& user_token);
+std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(const std::string& address,
+                                                                 const std::string& tls_ca,
+                                                                 const std::string& user_token);
 // The same with credentials of the caller's (e.g. mutual TLS). `address`
 // may list several highly available coordinators ("a:7070,b:7070"): the
 // stub is then the leader's (a follower names it when asked).
-std::unique_ptr<v1::Coordinator::Stub> ConnectCoordinator(
+std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
     const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
     const std::string& user_token);
 

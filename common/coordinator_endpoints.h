@@ -10,7 +10,7 @@
 // channel. Thread-safe.
 //
 //   CoordinatorEndpoints endpoints(addresses, make_channel);
-//   auto stub = v1::Coordinator::NewStub(endpoints.channel());
+//   auto stub = v1::CoordinatorService::NewStub(endpoints.channel());
 //   grpc::Status s = stub->Heartbeat(&context, request, &response);
 //   if (!s.ok()) endpoints.Failed(s, context);   // next call: the leader
 #ifndef PIPETRAIN_COMMON_COORDINATOR_ENDPOINTS_H_

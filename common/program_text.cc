@@ -1,14 +1,14 @@
 #include "common/program_text.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
 
 namespace pipetrain {
 
 std::string DescribeInstruction(const v1::Instruction& in) {
   auto units = [](const v1::UnitRange& r) { return absl::StrCat("[", r.begin(), ", ", r.end(), ")"); };
   auto key = [](const v1::TensorKey& k) {
-    return absl::StrCat(v1::TensorKind_Name(k.kind()), " unit ", k.unit(), " mb ",
-                        k.micro_batch());
+    return absl::StrCat(EnumShortName(k.kind()), " unit ", k.unit(), " mb ", k.micro_batch());
   };
   switch (in.op_case()) {
     case v1::Instruction::kForward:

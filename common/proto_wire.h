@@ -4,7 +4,7 @@
 // google/rpc/{status,error_details}.proto, only libraries built from them.
 // Fields are written and read by their published numbers (see the users).
 //
-//   std::string bytes = WireString(1, "pipetrain.v1.Coordinator");
+//   std::string bytes = WireString(1, "pipetrain.v1.CoordinatorService");
 //   absl::StatusOr<WireFields> fields = ParseWireFields(response_bytes);
 //   int64_t status = fields->Varint(1);
 #ifndef PIPETRAIN_COMMON_PROTO_WIRE_H_

@@ -4,7 +4,7 @@
 // HTTP server.
 //
 //   EnableGrpcHealthAndReflection();   // main(), before any grpc::ServerBuilder
-//   ServingHealth health({"pipetrain.v1.Coordinator"}, "loading the state");
+//   ServingHealth health({"pipetrain.v1.CoordinatorService"}, "loading the state");
 //   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
 //   health.Attach(server.get());       // NOT_SERVING: "loading the state"
 //   ServeHealthEndpoints(http, &health);
@@ -48,7 +48,7 @@ void EnableGrpcHealthAndReflection();
 class ServingHealth {
  public:
   // `services`: the fully qualified names of the services whose status the
-  // health service reports (e.g. "pipetrain.v1.Coordinator"). Starts not
+  // health service reports (e.g. "pipetrain.v1.CoordinatorService"). Starts not
   // ready, because of `starting`.
   ServingHealth(std::vector<std::string> services, std::string starting);
 

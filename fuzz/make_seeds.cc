@@ -165,19 +165,19 @@ WireTensor Encoded(const std::string& spec, const Shape& shape) {
 }
 
 void FrameSeeds(const std::string& dir) {
-  const auto raw =
-      EncodeTensorFrames(0, Address(v1::ACTIVATION, 1, 2), WireTensor::Raw(Ramp({4, 8})),
-                         /*max_frame_bytes=*/48);
+  const auto raw = EncodeTensorFrames(0, Address(v1::TENSOR_KIND_ACTIVATION, 1, 2),
+                                      WireTensor::Raw(Ramp({4, 8})),
+                                      /*max_frame_bytes=*/48);
   WriteSeed(dir, "raw_in_three_frames", FrameInput({raw}));
-  const auto grad = EncodeTensorFrames(1, Address(v1::ACTIVATION_GRAD, 0, 3),
+  const auto grad = EncodeTensorFrames(1, Address(v1::TENSOR_KIND_ACTIVATION_GRAD, 0, 3),
                                        Encoded("piecewise:bits=3", {4, 8}), 16);
   WriteSeed(dir, "piecewise_in_frames", FrameInput({grad}));
-  const auto weights = EncodeTensorFrames(1, Address(v1::UNIT_WEIGHTS, -1, 0),
+  const auto weights = EncodeTensorFrames(1, Address(v1::TENSOR_KIND_UNIT_WEIGHTS, -1, 0),
                                           Encoded("token_topk:keep=0.5+fp16", {4, 8}));
-  const auto empty = EncodeTensorFrames(0, Address(v1::EVAL_ACTIVATION, 0, 1),
+  const auto empty = EncodeTensorFrames(0, Address(v1::TENSOR_KIND_EVAL_ACTIVATION, 0, 1),
                                         WireTensor::Raw(Tensor::Zeros({0, 8})));
   WriteSeed(dir, "three_tensors", FrameInput({raw, weights, empty}));
-  const auto powersgd = EncodeTensorFrames(0, Address(v1::TIED_EMBEDDING_GRAD, 0, 0),
+  const auto powersgd = EncodeTensorFrames(0, Address(v1::TENSOR_KIND_TIED_EMBEDDING_GRAD, 0, 0),
                                            Encoded("powersgd:rank=2", {6, 5}), 64);
   WriteSeed(dir, "powersgd_in_frames", FrameInput({powersgd}));
 }

@@ -85,7 +85,7 @@ void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, con
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   const std::string id = testing::SubmitJob(*stub, spec);
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   ASSERT_EQ(job.progress().loss_history_size(), 10);
   for (int i = 0; i < 10; ++i) {
     const float loss = job.progress().loss_history(i);

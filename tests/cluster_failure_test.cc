@@ -39,7 +39,7 @@ v1::JobSpec LongJob(int stages) {
 // The worker id `worker_id` and the index of the local process behind it
 // (workers register in start order, but do not rely on it: the node name
 // "local-<i>" says which); index -1 if it cannot be found.
-std::pair<std::string, int> WorkerProcessOf(v1::Coordinator::Stub& stub,
+std::pair<std::string, int> WorkerProcessOf(v1::CoordinatorService::Stub& stub,
                                             const std::string& worker_id) {
   v1::ListWorkersResponse workers;
   if (!stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) {
@@ -65,7 +65,7 @@ TEST(ClusterFailureTest, WorkerKilledMidJob_FailsJobNamingItAndFreesTheSurvivor)
   const std::string id = SubmitJob(*stub, LongJob(2));
   v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
                          [](const v1::Job& j) { return j.progress().step() >= 3; });
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   ASSERT_EQ(job.worker_ids_size(), 2);
   // Kill the process behind the job's second worker.
   const auto victim_process = WorkerProcessOf(*stub, job.worker_ids(1));
@@ -76,9 +76,9 @@ TEST(ClusterFailureTest, WorkerKilledMidJob_FailsJobNamingItAndFreesTheSurvivor)
   const absl::Time killed = absl::Now();
   cluster->worker(victim).Signal(SIGKILL);
   job = AwaitJob(*stub, id, absl::Seconds(kLease + 5),
-                 [](const v1::Job& j) { return j.state() != v1::RUNNING; });
+                 [](const v1::Job& j) { return j.state() != v1::JOB_STATE_RUNNING; });
   EXPECT_LE(absl::ToDoubleSeconds(absl::Now() - killed), kLease + 5);
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(job.reason().find(victim_id), std::string::npos) << job.reason();
   // The coordinator still serves, the survivor is READY again and the
   // victim LOST once its lease ran out. The job may have failed before that:
@@ -87,14 +87,16 @@ TEST(ClusterFailureTest, WorkerKilledMidJob_FailsJobNamingItAndFreesTheSurvivor)
   auto states_settled = [&] {
     if (!stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) return false;
     for (const v1::Worker& w : workers.workers()) {
-      if (w.state() != (w.id() == victim_id ? v1::LOST : v1::READY)) return false;
+      if (w.state() != (w.id() == victim_id ? v1::WORKER_STATE_LOST : v1::WORKER_STATE_READY))
+        return false;
     }
     return true;
   };
   const absl::Time deadline = killed + absl::Seconds(kLease + 5);
   while (!states_settled() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(50));
   for (const v1::Worker& w : workers.workers()) {
-    EXPECT_EQ(w.state(), w.id() == victim_id ? v1::LOST : v1::READY) << w.id();
+    EXPECT_EQ(w.state(), w.id() == victim_id ? v1::WORKER_STATE_LOST : v1::WORKER_STATE_READY)
+        << w.id();
   }
 }
 
@@ -107,7 +109,7 @@ TEST(ClusterFailureTest, WorkerTerminated_DeregistersLeftAndFailsItsJobNamingIt)
   const std::string id = SubmitJob(*stub, LongJob(2));
   v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
                          [](const v1::Job& j) { return j.progress().step() >= 2; });
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   const auto victim_process = WorkerProcessOf(*stub, job.worker_ids(1));
   const std::string victim_id = victim_process.first;
   const int victim = victim_process.second;
@@ -115,8 +117,8 @@ TEST(ClusterFailureTest, WorkerTerminated_DeregistersLeftAndFailsItsJobNamingIt)
   cluster->worker(victim).Signal(SIGTERM);
   EXPECT_EQ(cluster->worker(victim).Wait(absl::Seconds(20)), std::optional<int>(0));
   job = AwaitJob(*stub, id, absl::Seconds(20),
-                 [](const v1::Job& j) { return j.state() != v1::RUNNING; });
-  EXPECT_EQ(job.state(), v1::FAILED);
+                 [](const v1::Job& j) { return j.state() != v1::JOB_STATE_RUNNING; });
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(job.reason().find(victim_id), std::string::npos) << job.reason();
   v1::ListWorkersResponse workers;
   ASSERT_TRUE(stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok());
@@ -124,7 +126,7 @@ TEST(ClusterFailureTest, WorkerTerminated_DeregistersLeftAndFailsItsJobNamingIt)
   for (const v1::Worker& w : workers.workers()) {
     if (w.id() == victim_id) {
       ++victims_listed;
-      EXPECT_EQ(w.state(), v1::LEFT) << w.id();
+      EXPECT_EQ(w.state(), v1::WORKER_STATE_LEFT) << w.id();
     }
   }
   EXPECT_EQ(victims_listed, 1) << "the lost worker should stay listed, as LEFT";
@@ -139,16 +141,16 @@ TEST(ClusterFailureTest, StalledPeer_FailsJobWithDeadlineNamingPeerAndTensor) {
   const std::string id = SubmitJob(*stub, LongJob(2));
   v1::Job job = AwaitJob(*stub, id, absl::Seconds(60),
                          [](const v1::Job& j) { return j.progress().step() >= 3; });
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   const int stalled = WorkerProcessOf(*stub, job.worker_ids(1)).second;
   ASSERT_GE(stalled, 0);
   const absl::Time stopped = absl::Now();
   cluster->worker(stalled).Signal(SIGSTOP);
   job = AwaitJob(*stub, id, absl::Seconds(20),
-                 [](const v1::Job& j) { return j.state() != v1::RUNNING; });
+                 [](const v1::Job& j) { return j.state() != v1::JOB_STATE_RUNNING; });
   cluster->worker(stalled).Signal(SIGCONT);
   EXPECT_LE(absl::ToDoubleSeconds(absl::Now() - stopped), 2 + 5);
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(job.reason().find("DEADLINE_EXCEEDED"), std::string::npos) << job.reason();
   EXPECT_NE(job.reason().find("from stage 1"), std::string::npos) << job.reason();
   // Stage 0 waits on stage 1 for an activation gradient or, at the end of an

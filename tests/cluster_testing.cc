@@ -38,7 +38,7 @@ std::unique_ptr<LocalCluster> StartTestCluster(const std::string& subdir, int wo
   return cluster.ok() ? std::move(*cluster) : nullptr;
 }
 
-std::string SubmitJob(v1::Coordinator::Stub& stub, const v1::JobSpec& spec) {
+std::string SubmitJob(v1::CoordinatorService::Stub& stub, const v1::JobSpec& spec) {
   v1::SubmitJobRequest request;
   *request.mutable_spec() = spec;
   v1::Job job;
@@ -47,7 +47,7 @@ std::string SubmitJob(v1::Coordinator::Stub& stub, const v1::JobSpec& spec) {
   return job.id();
 }
 
-v1::Job GetJob(v1::Coordinator::Stub& stub, const std::string& id) {
+v1::Job GetJob(v1::CoordinatorService::Stub& stub, const std::string& id) {
   v1::GetJobRequest request;
   request.set_id(id);
   v1::Job job;
@@ -57,7 +57,7 @@ v1::Job GetJob(v1::Coordinator::Stub& stub, const std::string& id) {
   return job;
 }
 
-v1::Job AwaitJob(v1::Coordinator::Stub& stub, const std::string& id, absl::Duration timeout,
+v1::Job AwaitJob(v1::CoordinatorService::Stub& stub, const std::string& id, absl::Duration timeout,
                  const std::function<bool(const v1::Job&)>& done) {
   const absl::Time deadline = absl::Now() + timeout;
   v1::Job job = GetJob(stub, id);
@@ -69,8 +69,8 @@ v1::Job AwaitJob(v1::Coordinator::Stub& stub, const std::string& id, absl::Durat
 }
 
 bool Ended(const v1::Job& job) {
-  return job.state() == v1::SUCCEEDED || job.state() == v1::FAILED ||
-         job.state() == v1::CANCELLED;
+  return job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
+         job.state() == v1::JOB_STATE_CANCELLED;
 }
 
 int WorkerMetricsPort(const std::string& subdir, int worker) {

@@ -20,13 +20,13 @@ std::unique_ptr<LocalCluster> StartTestCluster(const std::string& subdir, int wo
                                                std::vector<std::string> worker_args = {});
 
 // SubmitJob; returns the new job's id ("" and a test failure on error).
-std::string SubmitJob(v1::Coordinator::Stub& stub, const v1::JobSpec& spec);
+std::string SubmitJob(v1::CoordinatorService::Stub& stub, const v1::JobSpec& spec);
 
-v1::Job GetJob(v1::Coordinator::Stub& stub, const std::string& id);
+v1::Job GetJob(v1::CoordinatorService::Stub& stub, const std::string& id);
 
 // Polls the job every 50 ms (a remote state, not synchronisation) until
 // `done(job)` or `timeout`; returns the last job seen.
-v1::Job AwaitJob(v1::Coordinator::Stub& stub, const std::string& id, absl::Duration timeout,
+v1::Job AwaitJob(v1::CoordinatorService::Stub& stub, const std::string& id, absl::Duration timeout,
                  const std::function<bool(const v1::Job&)>& done);
 
 bool Ended(const v1::Job& job);  // SUCCEEDED, FAILED or CANCELLED

@@ -82,13 +82,13 @@ class CompressionClusterTest : public ::testing::Test {
   }
 
   std::unique_ptr<LocalCluster> cluster_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
 };
 
 TEST_F(CompressionClusterTest, TokenTopKPlusPiecewise_AtLeast15xFewerActivationBytes) {
   v1::Job job;
   auto links = RunJob(Spec("token_topk:keep=0.5+piecewise:bits=3", "none", false, false), &job);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   const KindTotals& act = links["ACTIVATION"];
   // 3 boundaries x 4 micro-batches x 3 steps, each [2, 64, 128] fp32.
   EXPECT_EQ(act.compressed_tensors, 3 * kMicroBatches * kSteps);
@@ -109,7 +109,7 @@ TEST_F(CompressionClusterTest, TokenTopKPlusPiecewise_AtLeast15xFewerActivationB
 TEST_F(CompressionClusterTest, PowerSgdEpilogueOnly_CompressesExactlyTheCoolDownSends) {
   v1::Job job;
   auto links = RunJob(Spec("none", "powersgd:rank=4", true, true), &job);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   const KindTotals& grad = links["ACTIVATION_GRAD"];
   // 1F1B on 4 stages: stage s compresses its last P - s gradient sends,
   // 3 + 2 + 1 per step, of 3 x 4 gradient sends per step.

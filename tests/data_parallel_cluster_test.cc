@@ -102,7 +102,7 @@ void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, con
   const std::string id = testing::SubmitJob(*stub, spec);
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
   // SUCCEEDED also says the replicas' weight digests agreed.
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   const int replicas = spec.parallelism().data(), stages = spec.parallelism().stages();
   EXPECT_EQ(job.worker_ids_size(), replicas * stages);
   const std::vector<float> losses(job.progress().loss_history().begin(),
@@ -188,7 +188,7 @@ TEST_F(DataParallelClusterTest, FusedEmbeddingSync_BitwiseUnfused_OneCollectiveF
     const double before = CollectivesInMetrics();
     const std::string id = testing::SubmitJob(*stub, spec);
     jobs.push_back(testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended));
-    ASSERT_EQ(jobs.back().state(), v1::SUCCEEDED) << jobs.back().reason();
+    ASSERT_EQ(jobs.back().state(), v1::JOB_STATE_SUCCEEDED) << jobs.back().reason();
     collectives.push_back(CollectivesInMetrics() - before);
   }
   EXPECT_EQ(std::vector<float>(jobs[1].progress().loss_history().begin(),
@@ -226,7 +226,7 @@ TEST_F(DataParallelClusterTest, SelectiveStageCompression_ReplicasAgreeAndTrain)
   spec.mutable_compression()->mutable_data_parallel()->add_stages(1);
   const std::string id = testing::SubmitJob(*stub, spec);
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   ASSERT_EQ(job.progress().loss_history_size(), kSteps);
   const float last = job.progress().loss_history(kSteps - 1);
   EXPECT_NE(last, ref.losses.back());  // the codec bites

@@ -220,7 +220,7 @@ class DeviceGroupClusterTest : public ::testing::Test {
   std::string address_;
   Hubs hubs_;
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
 };
 
 TEST_F(DeviceGroupClusterTest, OneHostFourGpus_TrainsThroughTheGroupBitwise_IdsRenewed) {
@@ -231,7 +231,7 @@ TEST_F(DeviceGroupClusterTest, OneHostFourGpus_TrainsThroughTheGroupBitwise_IdsR
     SCOPED_TRACE(absl::StrCat("job ", job));
     const int64_t sent_before = hubs_.sent();
     const v1::Job done = RunJob(spec);
-    ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+    ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
     ASSERT_EQ(done.progress().loss_history_size(), spec.training().steps());
     for (int i = 0; i < spec.training().steps(); ++i) {
       EXPECT_EQ(done.progress().loss_history(i), local[i]) << "iteration " << i << " (bitwise)";

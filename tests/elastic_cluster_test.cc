@@ -85,7 +85,7 @@ const Reference& TrainLocally(int64_t steps = kSteps) {
 }
 
 // The local process index behind worker `id` (its node name "local-<i>").
-int ProcessOf(v1::Coordinator::Stub& stub, const std::string& id) {
+int ProcessOf(v1::CoordinatorService::Stub& stub, const std::string& id) {
   v1::ListWorkersResponse workers;
   if (!stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) return -1;
   for (const v1::Worker& w : workers.workers()) {
@@ -99,7 +99,7 @@ int ProcessOf(v1::Coordinator::Stub& stub, const std::string& id) {
 void ExpectEqualsTrainLocal(const v1::Job& job) {
   const int64_t steps = job.spec().training().steps();
   const Reference& ref = TrainLocally(steps);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   ASSERT_EQ(job.progress().loss_history_size(), steps);
   for (int i = 0; i < steps; ++i) {
     EXPECT_EQ(job.progress().loss_history(i), ref.losses[i]) << "step " << i << " (bitwise)";
@@ -128,10 +128,11 @@ class ElasticClusterTest : public ::testing::Test {
   // process of its stage `stage`; returns that worker's id.
   std::string KillAtStep(const std::string& id, int64_t step, int stage) {
     v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(120), [&](const v1::Job& j) {
-      return testing::Ended(j) || (j.state() == v1::RUNNING && j.progress().step() >= step);
+      return testing::Ended(j) ||
+             (j.state() == v1::JOB_STATE_RUNNING && j.progress().step() >= step);
     });
-    EXPECT_EQ(job.state(), v1::RUNNING) << job.reason();
-    if (job.state() != v1::RUNNING) return "";
+    EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+    if (job.state() != v1::JOB_STATE_RUNNING) return "";
     const std::string victim = job.worker_ids(std::min(stage, job.worker_ids_size() - 1));
     const int process = ProcessOf(*stub_, victim);
     EXPECT_GE(process, 0) << victim;
@@ -152,7 +153,7 @@ class ElasticClusterTest : public ::testing::Test {
                            std::getenv("TEST_TMPDIR"), subdir, id, step, unit);
   }
   std::unique_ptr<LocalCluster> cluster_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
 };
 
 bool Exists(const std::string& path) {
@@ -196,9 +197,9 @@ TEST_F(ElasticClusterTest, KilledWhileACheckpointIsWritten_PartialOneIgnored) {
   const std::string id =
       testing::SubmitJob(*stub_, ElasticSpec(4, "uniform", "partial.safetensors"));
   const v1::Job running = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
-    return testing::Ended(j) || j.state() == v1::RUNNING;
+    return testing::Ended(j) || j.state() == v1::JOB_STATE_RUNNING;
   });
-  ASSERT_EQ(running.state(), v1::RUNNING) << running.reason();
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
   // The victim runs the last stage, whose units include the head (unit 5).
   // As soon as a checkpoint's directory appears (its first file is being
   // written), freeze the victim; if its own file of that step is not there,
@@ -238,9 +239,9 @@ TEST_F(ElasticClusterTest, TwoKillsInARow_EndsOnTwoWorkers) {
   ASSERT_FALSE(KillAtStep(id, 12, 1).empty());
   // The second as soon as the first recovery runs.
   const v1::Job recovered = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
-    return testing::Ended(j) || (j.state() == v1::RUNNING && j.plan_version() == 2);
+    return testing::Ended(j) || (j.state() == v1::JOB_STATE_RUNNING && j.plan_version() == 2);
   });
-  ASSERT_EQ(recovered.state(), v1::RUNNING) << recovered.reason();
+  ASSERT_EQ(recovered.state(), v1::JOB_STATE_RUNNING) << recovered.reason();
   ASSERT_FALSE(KillAtStep(id, recovered.progress().step() + 2, 0).empty());
   const v1::Job job = Finish(id);
   EXPECT_EQ(job.worker_ids_size(), 2);
@@ -260,7 +261,7 @@ TEST_F(ElasticClusterTest, DataParallelReplicaWorkerKilled_RecoversWithWholeRepl
   const std::string id = testing::SubmitJob(*stub_, spec);
   ASSERT_FALSE(KillAtStep(id, 12, 3).empty());  // replica 1's stage 1
   const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(job.worker_ids_size(), 2);
   EXPECT_EQ(job.progress().recoveries(), 1);
   ASSERT_EQ(job.plan_history_size(), 2);
@@ -307,7 +308,7 @@ TEST_F(ElasticClusterTest, CorruptLatestCheckpoint_FallsBackToThePreviousOne) {
   v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(120), [](const v1::Job& j) {
     return testing::Ended(j) || j.progress().checkpoint_step() >= 15;
   });
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   // Flip a byte in the middle of unit 2's file of the latest checkpoint, then
   // kill a worker: the stage that loads unit 2 finds the checksum wrong.
   const int64_t latest = job.progress().checkpoint_step();
@@ -347,13 +348,13 @@ TEST_F(ElasticClusterTest, CoordinatorKilledAndRestarted_JobsWorkersAndHistoryBa
   short_spec.mutable_training()->set_steps(3);
   const std::string done_id = testing::SubmitJob(*stub_, short_spec);
   const v1::Job done = testing::AwaitJob(*stub_, done_id, absl::Seconds(60), testing::Ended);
-  ASSERT_EQ(done.state(), v1::SUCCEEDED) << done.reason();
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
   const std::string id =
       testing::SubmitJob(*stub_, ElasticSpec(4, "uniform", "restart.safetensors"));
   const v1::Job before = testing::AwaitJob(*stub_, id, absl::Seconds(120), [](const v1::Job& j) {
-    return testing::Ended(j) || (j.state() == v1::RUNNING && j.progress().step() >= 17);
+    return testing::Ended(j) || (j.state() == v1::JOB_STATE_RUNNING && j.progress().step() >= 17);
   });
-  ASSERT_EQ(before.state(), v1::RUNNING) << before.reason();
+  ASSERT_EQ(before.state(), v1::JOB_STATE_RUNNING) << before.reason();
   v1::ListWorkersResponse workers_before;
   ASSERT_TRUE(stub_->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers_before).ok());
 
@@ -361,7 +362,7 @@ TEST_F(ElasticClusterTest, CoordinatorKilledAndRestarted_JobsWorkersAndHistoryBa
   stub_ = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
   const v1::Job job = Finish(id);
   EXPECT_EQ(testing::GetJob(*stub_, done_id).progress().loss_history_size(), 3);
-  EXPECT_EQ(testing::GetJob(*stub_, done_id).state(), v1::SUCCEEDED);
+  EXPECT_EQ(testing::GetJob(*stub_, done_id).state(), v1::JOB_STATE_SUCCEEDED);
   bool resumed = false;
   for (const v1::PlanVersion& v : job.plan_history()) {
     resumed = resumed || absl::StrContains(v.reason(), "the coordinator restarted");
@@ -387,7 +388,7 @@ TEST_F(ElasticClusterTest, TwoWorkersJoinMidRun_JobGrowsToFour) {
   v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
     return testing::Ended(j) || j.progress().step() >= 8;
   });
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   ASSERT_TRUE(cluster_->AddWorker().ok());
   ASSERT_TRUE(cluster_->AddWorker().ok());
   job = Finish(id);
@@ -411,7 +412,7 @@ TEST_F(ElasticClusterTest, DrainedByUser_ReplannedWithoutItNoStepRedone) {
   v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
     return testing::Ended(j) || j.progress().step() >= 10;
   });
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   const std::string victim = job.worker_ids(1);
   v1::DrainWorkerRequest request;
   request.set_worker_id(victim);
@@ -431,7 +432,7 @@ TEST_F(ElasticClusterTest, DrainedByUser_ReplannedWithoutItNoStepRedone) {
   next.mutable_scheduling()->mutable_queue_timeout()->set_seconds(2);
   const v1::Job waited = testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, next),
                                            absl::Seconds(30), testing::Ended);
-  EXPECT_EQ(waited.state(), v1::FAILED) << "ran on the drained worker";
+  EXPECT_EQ(waited.state(), v1::JOB_STATE_FAILED) << "ran on the drained worker";
 }
 
 TEST_F(ElasticClusterTest, WorkerTerminated_DrainsBeforeLeavingNoStepRedone) {
@@ -442,7 +443,7 @@ TEST_F(ElasticClusterTest, WorkerTerminated_DrainsBeforeLeavingNoStepRedone) {
   v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
     return testing::Ended(j) || j.progress().step() >= 10;
   });
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   const std::string victim = job.worker_ids(2);
   const int process = ProcessOf(*stub_, victim);
   ASSERT_GE(process, 0);
@@ -468,7 +469,7 @@ TEST_F(ElasticClusterTest, InitFromACheckpointAndFromWeights_GoOnAsTrainLocalWou
   b.mutable_init()->set_from("checkpoints/" + job_a.id());
   const v1::Job job_b =
       testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, b), absl::Seconds(180), testing::Ended);
-  ASSERT_EQ(job_b.state(), v1::SUCCEEDED) << job_b.reason();
+  ASSERT_EQ(job_b.state(), v1::JOB_STATE_SUCCEEDED) << job_b.reason();
   const Reference& ref = TrainLocally(kSteps);
   ASSERT_EQ(job_b.progress().loss_history_start(), 10);
   ASSERT_EQ(job_b.progress().loss_history_size(), kSteps - 10);
@@ -487,7 +488,7 @@ TEST_F(ElasticClusterTest, InitFromACheckpointAndFromWeights_GoOnAsTrainLocalWou
   c.mutable_init()->set_from("init-a.safetensors");
   const v1::Job job_c =
       testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, c), absl::Seconds(180), testing::Ended);
-  ASSERT_EQ(job_c.state(), v1::SUCCEEDED) << job_c.reason();
+  ASSERT_EQ(job_c.state(), v1::JOB_STATE_SUCCEEDED) << job_c.reason();
   ResolvedJobSpec resolved = ResolveJobSpec(c).value();
   const CorpusSpec corpus{"", resolved.data_format, resolved.train.model.vocab_size,
                           resolved.synthetic_bytes, resolved.train.seed};
@@ -559,7 +560,7 @@ TEST(HighlyAvailableCoordinatorsTest, LeaderKilled_FollowerTakesOverWithinLeaseP
   v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), [](const v1::Job& j) {
     return testing::Ended(j) || j.progress().step() >= 12;
   });
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   // The follower refuses, naming the leader.
   const int leader = LeaderIndex(addresses, options.user_token);
   ASSERT_GE(leader, 0);

@@ -69,13 +69,14 @@ v1::JobSpec SmallJob(int steps, int stages = 2) {
 
 // Polls ListWorkers (a remote state) until `n` workers are READY; false
 // after a minute.
-bool AwaitReadyWorkers(v1::Coordinator::Stub& stub, int n) {
+bool AwaitReadyWorkers(v1::CoordinatorService::Stub& stub, int n) {
   const absl::Time deadline = absl::Now() + absl::Minutes(1);
   while (absl::Now() < deadline) {
     v1::ListWorkersResponse workers;
     if (stub.ListWorkers(Context().get(), {}, &workers).ok()) {
       int ready = 0;
-      for (const v1::Worker& w : workers.workers()) ready += w.state() == v1::READY ? 1 : 0;
+      for (const v1::Worker& w : workers.workers())
+        ready += w.state() == v1::WORKER_STATE_READY ? 1 : 0;
       if (ready >= n) return true;
     }
     absl::SleepFor(absl::Milliseconds(50));
@@ -94,7 +95,7 @@ struct FakeWorker {
   std::string id, session;
 };
 
-FakeWorker RegisterFake(v1::Coordinator::Stub& raw, int port) {
+FakeWorker RegisterFake(v1::CoordinatorService::Stub& raw, int port) {
   v1::RegisterWorkerRequest request;
   request.set_join_token("test-join-token");
   request.set_data_address(absl::StrCat("127.0.0.1:", port));
@@ -107,7 +108,7 @@ FakeWorker RegisterFake(v1::Coordinator::Stub& raw, int port) {
   return {response.worker_id(), response.session_token()};
 }
 
-void Beat(v1::Coordinator::Stub& raw, const FakeWorker& w) {
+void Beat(v1::CoordinatorService::Stub& raw, const FakeWorker& w) {
   v1::HeartbeatRequest beat;
   beat.set_worker_id(w.id);
   beat.set_incarnation(1);
@@ -119,7 +120,7 @@ TEST(HardeningClusterTest, SpecsAtAndBeyondEveryBound_CoordinatorStaysUp) {
   auto cluster = testing::StartTestCluster("bounds", /*workers=*/0);
   ASSERT_NE(cluster, nullptr);
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
-  auto raw = v1::Coordinator::NewStub(
+  auto raw = v1::CoordinatorService::NewStub(
       grpc::CreateChannel(cluster->grpc_address(), grpc::InsecureChannelCredentials()));
   const FakeWorker w1 = RegisterFake(*raw, 1), w2 = RegisterFake(*raw, 2);
   int planned = 0;
@@ -135,7 +136,7 @@ TEST(HardeningClusterTest, SpecsAtAndBeyondEveryBound_CoordinatorStaysUp) {
     // Planned at once when two workers suffice (it then RUNs, or FAILs when
     // it does not fit their 256 MiB); cancelled so the next one finds them.
     job = testing::GetJob(*stub, job.id());
-    if (job.state() != v1::QUEUED) ++planned;
+    if (job.state() != v1::JOB_STATE_QUEUED) ++planned;
     v1::CancelJobRequest cancel;
     cancel.set_id(job.id());
     (void)stub->CancelJob(Context().get(), cancel, &job);
@@ -165,7 +166,7 @@ TEST(HardeningClusterTest, SpecsAtAndBeyondEveryBound_CoordinatorStaysUp) {
   Beat(*raw, w1);
   Beat(*raw, w2);
   const std::string id = testing::SubmitJob(*stub, SmallJob(5));
-  ASSERT_EQ(testing::GetJob(*stub, id).state(), v1::RUNNING);
+  ASSERT_EQ(testing::GetJob(*stub, id).state(), v1::JOB_STATE_RUNNING);
   auto upload_context = Context(w1.session);
   v1::UploadWeightsResponse upload_response;
   auto writer = raw->UploadWeights(upload_context.get(), &upload_response);
@@ -193,7 +194,7 @@ TEST(HardeningClusterTest, CoordinatorKilledAndRestarted_NewJobUnharmed) {
   // The reference: the job on a fresh cluster.
   const v1::Job reference =
       testing::AwaitJob(*stub, testing::SubmitJob(*stub, SmallJob(8)), kJobTimeout, testing::Ended);
-  ASSERT_EQ(reference.state(), v1::SUCCEEDED) << reference.reason();
+  ASSERT_EQ(reference.state(), v1::JOB_STATE_SUCCEEDED) << reference.reason();
   // A long job is running (the workers hold its id) when the coordinator dies.
   const std::string running = testing::SubmitJob(*stub, SmallJob(100000));
   testing::AwaitJob(*stub, running, kJobTimeout,
@@ -205,7 +206,7 @@ TEST(HardeningClusterTest, CoordinatorKilledAndRestarted_NewJobUnharmed) {
   EXPECT_NE(id, reference.id());
   EXPECT_NE(id, running);
   const v1::Job job = testing::AwaitJob(*stub, id, kJobTimeout, testing::Ended);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(Losses(job), Losses(reference));  // bitwise: nothing of the old job leaked in
 }
 
@@ -220,12 +221,12 @@ TEST(HardeningClusterTest, JobNeedingMoreWorkers_DoesNotDelayOneThatFits_ThenTim
   const std::string small_id = testing::SubmitJob(*stub, SmallJob(5));
   // The small job started at once, behind the big one in the queue.
   const v1::Job small = testing::GetJob(*stub, small_id);
-  EXPECT_TRUE(small.state() == v1::RUNNING || small.state() == v1::SUCCEEDED)
+  EXPECT_TRUE(small.state() == v1::JOB_STATE_RUNNING || small.state() == v1::JOB_STATE_SUCCEEDED)
       << v1::JobState_Name(small.state()) << ": " << small.reason();
   EXPECT_EQ(testing::AwaitJob(*stub, small_id, kJobTimeout, testing::Ended).state(),
-            v1::SUCCEEDED);
+            v1::JOB_STATE_SUCCEEDED);
   const v1::Job failed = testing::AwaitJob(*stub, big_id, kJobTimeout, testing::Ended);
-  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed.reason(),
             "not placed within spec.scheduling.queue_timeout (3s): waiting for 3 READY workers "
             "(2 ready); add workers or ask for fewer stages");
@@ -237,11 +238,11 @@ TEST(HardeningClusterTest, StrangerOpensDataPlaneStreams_RefusedAndJobUnharmed) 
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   const v1::Job reference =
       testing::AwaitJob(*stub, testing::SubmitJob(*stub, SmallJob(20)), kJobTimeout, testing::Ended);
-  ASSERT_EQ(reference.state(), v1::SUCCEEDED) << reference.reason();
+  ASSERT_EQ(reference.state(), v1::JOB_STATE_SUCCEEDED) << reference.reason();
 
   const std::string id = testing::SubmitJob(*stub, SmallJob(20));
   const v1::Job running = testing::AwaitJob(
-      *stub, id, kJobTimeout, [](const v1::Job& j) { return j.state() == v1::RUNNING; });
+      *stub, id, kJobTimeout, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_RUNNING; });
   // The data plane names a job by id and plan version (DataPlaneJobId).
   const std::string data_job = absl::StrCat(id, "/", running.plan_version());
   int refused = 0;
@@ -250,8 +251,8 @@ TEST(HardeningClusterTest, StrangerOpensDataPlaneStreams_RefusedAndJobUnharmed) 
     absl::StatusOr<int> port =
         ReadPort(absl::StrCat(dir, "/worker-", worker, ".ports"), "data_port");
     ASSERT_TRUE(port.ok()) << port.status();
-    auto data = v1::DataPlane::NewStub(grpc::CreateChannel(
-        absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
+    auto data = v1::DataPlaneService::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", *port), grpc::InsecureChannelCredentials()));
     // What a stranger can know: the job id (ListJobs shows it), the stages,
     // the tensor keys; not the job's secret.
     const std::vector<std::string> proofs = {"", "0000",
@@ -264,7 +265,7 @@ TEST(HardeningClusterTest, StrangerOpensDataPlaneStreams_RefusedAndJobUnharmed) 
       auto stream = data->Stream(context.get());
       for (int it = 0; it < 20; ++it) {
         v1::TensorKey key;
-        key.set_kind(worker == 0 ? v1::ACTIVATION_GRAD : v1::ACTIVATION);
+        key.set_kind(worker == 0 ? v1::TENSOR_KIND_ACTIVATION_GRAD : v1::TENSOR_KIND_ACTIVATION);
         key.set_micro_batch(0);
         key.set_unit(3);
         TensorAddress address = MakeAddress(data_job, it, key);
@@ -284,7 +285,7 @@ TEST(HardeningClusterTest, StrangerOpensDataPlaneStreams_RefusedAndJobUnharmed) 
   }
   EXPECT_EQ(refused, 6);
   const v1::Job job = testing::AwaitJob(*stub, id, kJobTimeout, testing::Ended);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   EXPECT_EQ(Losses(job), Losses(reference));
 }
 

@@ -107,13 +107,15 @@ class HealthClusterTest : public ::testing::Test {
 
 TEST_F(HealthClusterTest, Check_BothProcesses_ServingPerService) {
   EXPECT_EQ(CheckHealth(coordinator_, "", kTimeout).value_or("error"), "SERVING");
-  EXPECT_EQ(CheckHealth(coordinator_, "pipetrain.v1.Coordinator", kTimeout).value_or("error"),
-            "SERVING");
+  EXPECT_EQ(
+      CheckHealth(coordinator_, "pipetrain.v1.CoordinatorService", kTimeout).value_or("error"),
+      "SERVING");
   EXPECT_EQ(HttpStatus(cluster_->http_port(), "/readyz"), 200);
   EXPECT_EQ(HttpStatus(cluster_->http_port(), "/healthz"), 200);
   // A worker is ready once registered.
   ASSERT_TRUE(AwaitServing(worker_, ""));
-  for (const char* service : {"pipetrain.v1.DataPlane", "pipetrain.v1.WorkerControl"}) {
+  for (const char* service :
+       {"pipetrain.v1.DataPlaneService", "pipetrain.v1.WorkerControlService"}) {
     EXPECT_EQ(CheckHealth(worker_, service, kTimeout).value_or("error"), "SERVING") << service;
   }
   EXPECT_EQ(HttpStatus(worker_http_port_, "/readyz"), 200);
@@ -123,20 +125,21 @@ TEST_F(HealthClusterTest, Reflection_BothProcesses_ListTheirServices) {
   EXPECT_EQ(
       Sorted(ListServices(coordinator_, kTimeout)),
       (std::vector<std::string>{"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
-                                "pipetrain.v1.Coordinator"}));
-  EXPECT_EQ(
-      Sorted(ListServices(worker_, kTimeout)),
-      (std::vector<std::string>{"grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
-                                "pipetrain.v1.DataPlane", "pipetrain.v1.WorkerControl"}));
+                                "pipetrain.v1.CoordinatorService"}));
+  EXPECT_EQ(Sorted(ListServices(worker_, kTimeout)),
+            (std::vector<std::string>{
+                "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection",
+                "pipetrain.v1.DataPlaneService", "pipetrain.v1.WorkerControlService"}));
 }
 
 TEST_F(HealthClusterTest, Sigterm_Worker_NotServingWhileDraining) {
   ASSERT_TRUE(AwaitServing(worker_, ""));
-  ExpectDrainsThenExits(cluster_->worker(0), worker_, "pipetrain.v1.DataPlane", worker_http_port_);
+  ExpectDrainsThenExits(cluster_->worker(0), worker_, "pipetrain.v1.DataPlaneService",
+                        worker_http_port_);
 }
 
 TEST_F(HealthClusterTest, Sigterm_Coordinator_NotServingWhileDraining) {
-  ExpectDrainsThenExits(cluster_->coordinator(), coordinator_, "pipetrain.v1.Coordinator",
+  ExpectDrainsThenExits(cluster_->coordinator(), coordinator_, "pipetrain.v1.CoordinatorService",
                         cluster_->http_port());
 }
 

@@ -317,7 +317,7 @@ class LiveClusterTest : public ::testing::Test {
     spec.mutable_compression()->set_backward("fp16");
     const std::string id = testing::SubmitJob(*stub, spec);
     const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
-    ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+    ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
 
     out.coordinator = testing::ScrapeMetrics(cluster->http_port());
     AddExposition(out.coordinator, out.exposition);

@@ -41,7 +41,7 @@ TEST(MetricsExpositionTest, CoordinatorAndWorkerMetrics_PassPromtool) {
   spec.mutable_parallelism()->set_stages(1);
   const std::string id = testing::SubmitJob(*stub, spec);
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
 
   const std::string coordinator = testing::ScrapeMetrics(cluster->http_port());
   EXPECT_NE(coordinator.find("pipetrain_workers{"), std::string::npos) << coordinator;

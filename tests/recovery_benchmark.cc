@@ -67,7 +67,7 @@ v1::JobSpec DemoSpec(int64_t steps, int checkpoint_interval) {
   return spec;
 }
 
-absl::StatusOr<v1::Job> GetJob(v1::Coordinator::Stub& stub, const std::string& id) {
+absl::StatusOr<v1::Job> GetJob(v1::CoordinatorService::Stub& stub, const std::string& id) {
   v1::GetJobRequest request;
   request.set_id(id);
   v1::Job job;
@@ -77,7 +77,7 @@ absl::StatusOr<v1::Job> GetJob(v1::Coordinator::Stub& stub, const std::string& i
 }
 
 // Polls until `done(job)` or `timeout`; the job last seen.
-absl::StatusOr<v1::Job> Await(v1::Coordinator::Stub& stub, const std::string& id,
+absl::StatusOr<v1::Job> Await(v1::CoordinatorService::Stub& stub, const std::string& id,
                               absl::Duration timeout,
                               const std::function<bool(const v1::Job&)>& done) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -85,7 +85,7 @@ absl::StatusOr<v1::Job> Await(v1::Coordinator::Stub& stub, const std::string& id
     absl::StatusOr<v1::Job> job = GetJob(stub, id);
     if (!job.ok()) return job;
     if (done(*job)) return job;
-    if (job->state() == v1::FAILED || job->state() == v1::CANCELLED) {
+    if (job->state() == v1::JOB_STATE_FAILED || job->state() == v1::JOB_STATE_CANCELLED) {
       return absl::AbortedError(absl::StrCat("job ended: ", job->reason()));
     }
     if (absl::Now() > deadline) return absl::DeadlineExceededError("timed out waiting");
@@ -93,7 +93,7 @@ absl::StatusOr<v1::Job> Await(v1::Coordinator::Stub& stub, const std::string& id
   }
 }
 
-int ProcessOf(v1::Coordinator::Stub& stub, const std::string& id) {
+int ProcessOf(v1::CoordinatorService::Stub& stub, const std::string& id) {
   v1::ListWorkersResponse workers;
   if (!stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok()) return -1;
   for (const v1::Worker& w : workers.workers()) {
@@ -148,7 +148,7 @@ int RunRecovery(const std::string& dir, int kills, uint64_t seed) {
   for (int k = 0; k < kills; ++k) {
     // Running on 4 workers again, then a random number of steps more.
     absl::StatusOr<v1::Job> running = Await(*stub, id, absl::Minutes(2), [](const v1::Job& j) {
-      return j.state() == v1::RUNNING && j.worker_ids_size() == 4;
+      return j.state() == v1::JOB_STATE_RUNNING && j.worker_ids_size() == 4;
     });
     if (!running.ok()) return std::fprintf(stderr, "%s\n", running.status().ToString().c_str()), 1;
     const int64_t target =
@@ -166,7 +166,7 @@ int RunRecovery(const std::string& dir, int kills, uint64_t seed) {
     (*cluster)->worker(process).Signal(SIGKILL);
     Kill r;
     absl::StatusOr<v1::Job> seen = Await(*stub, id, absl::Minutes(1), [](const v1::Job& j) {
-      return j.state() == v1::RECOVERING || j.progress().recoveries() > 0;
+      return j.state() == v1::JOB_STATE_RECOVERING || j.progress().recoveries() > 0;
     });
     if (!seen.ok()) return std::fprintf(stderr, "%s\n", seen.status().ToString().c_str()), 1;
     r.detection = absl::ToDoubleSeconds(absl::Now() - killed);
@@ -222,7 +222,7 @@ int RunRecovery(const std::string& dir, int kills, uint64_t seed) {
 
 // Mean seconds per step of a `steps`-step job (from the first step's end to
 // the last's, so start-up is left out), and its checkpoint bytes.
-absl::StatusOr<std::pair<double, int64_t>> TimeJob(v1::Coordinator::Stub& stub,
+absl::StatusOr<std::pair<double, int64_t>> TimeJob(v1::CoordinatorService::Stub& stub,
                                                    const std::string& dir, int64_t steps,
                                                    int interval) {
   v1::SubmitJobRequest submit;
@@ -237,7 +237,7 @@ absl::StatusOr<std::pair<double, int64_t>> TimeJob(v1::Coordinator::Stub& stub,
   const absl::Time start = absl::Now();
   const int64_t from = first.progress().step();
   ASSIGN_OR_RETURN(v1::Job done, Await(stub, job.id(), absl::Minutes(10), [](const v1::Job& j) {
-                     return j.state() == v1::SUCCEEDED;
+                     return j.state() == v1::JOB_STATE_SUCCEEDED;
                    }));
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   int64_t bytes = 0;

@@ -173,8 +173,9 @@ std::map<std::string, grpc::internal::RpcMethod::RpcType> MethodTypes() {
       {"/grpc.health.v1.Health/Watch", grpc::internal::RpcMethod::SERVER_STREAMING},
       {"/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
        grpc::internal::RpcMethod::BIDI_STREAMING}};
-  for (const char* name : {v1::Coordinator::service_full_name(), v1::DataPlane::service_full_name(),
-                           v1::WorkerControl::service_full_name()}) {
+  for (const char* name :
+       {v1::CoordinatorService::service_full_name(), v1::DataPlaneService::service_full_name(),
+        v1::WorkerControlService::service_full_name()}) {
     const google::protobuf::ServiceDescriptor* service =
         google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
     for (int i = 0; service != nullptr && i < service->method_count(); ++i) {
@@ -264,7 +265,7 @@ TEST(RedMetricsTest, ScriptedSession_EveryMethodAndRouteWithItsCode_PromtoolClea
   spec.mutable_parallelism()->set_stages(1);
   const std::string id = testing::SubmitJob(*stub, spec);
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Seconds(60), testing::Ended);
-  ASSERT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
 
   // Every gRPC method of both servers, with empty requests (mostly errors).
   const std::string worker_ports = absl::StrCat(std::getenv("TEST_TMPDIR"), "/red/worker-0.ports");
@@ -331,7 +332,7 @@ TEST(RedMetricsTest, ScriptedSession_EveryMethodAndRouteWithItsCode_PromtoolClea
   }
 
   // The codes the script caused on purpose.
-  const std::string coordinator_service = "/pipetrain.v1.Coordinator/";
+  const std::string coordinator_service = "/pipetrain.v1.CoordinatorService/";
   EXPECT_EQ(coordinator_rpc.codes.at(coordinator_service + "SubmitJob").count("OK"), 1u);
   EXPECT_EQ(coordinator_rpc.codes.at(coordinator_service + "GetJob").count("NOT_FOUND"), 1u);
   EXPECT_EQ(coordinator_rpc.codes.at(coordinator_service + "ListJobs").count("UNAUTHENTICATED"),

@@ -21,7 +21,7 @@ using ::pipetrain::testing::CheckHealth;
 using ::pipetrain::testing::HealthWatch;
 using ::pipetrain::testing::ListServices;
 
-constexpr char kService[] = "pipetrain.v1.DataPlane";
+constexpr char kService[] = "pipetrain.v1.DataPlaneService";
 constexpr absl::Duration kTimeout = absl::Seconds(10);
 
 class ServingHealthTest : public ::testing::Test {
@@ -57,7 +57,7 @@ class ServingHealthTest : public ::testing::Test {
     return result ? result->status : 0;
   }
 
-  v1::DataPlane::CallbackService service_;
+  v1::DataPlaneService::CallbackService service_;
   std::unique_ptr<grpc::Server> server_;
   std::shared_ptr<grpc::Channel> channel_;
   ServingHealth health_{{kService}, "starting"};

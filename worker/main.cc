@@ -211,7 +211,7 @@ int Run(const std::vector<std::string>& args) {
     return 1;
   }
   // Ready once registered with the coordinator, until draining.
-  ServingHealth health({"pipetrain.v1.DataPlane", "pipetrain.v1.WorkerControl"},
+  ServingHealth health({"pipetrain.v1.DataPlaneService", "pipetrain.v1.WorkerControlService"},
                        "not registered with the coordinator yet");
   health.Attach((*server)->grpc_server());
   HttpServer http({.on_response = metrics.http().Observer()});

@@ -6,7 +6,7 @@
 //   pipetrain_rpc_duration_seconds{method,code}   histogram  from the call's
 //                                                 start to its status
 //
-// method is the full gRPC method name ("/pipetrain.v1.Coordinator/SubmitJob");
+// method is the full gRPC method name ("/pipetrain.v1.CoordinatorService/SubmitJob");
 // code the status code's name ("OK", "INVALID_ARGUMENT", ...). Labels stay
 // bounded: a method not named at construction is counted as "other" (e.g. a
 // client calling a method nobody serves), and there are 17 codes. Every

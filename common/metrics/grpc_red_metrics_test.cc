@@ -113,13 +113,14 @@ TEST_F(GrpcRedMetricsTest, Interceptor_CallsEndingEachWay_CountedByMethodAndCode
 TEST(GrpcRedMetrics, MethodsOf_CoordinatorService_FullNamesOfEveryMethod) {
   const google::protobuf::ServiceDescriptor* service =
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-          v1::Coordinator::service_full_name());
+          v1::CoordinatorService::service_full_name());
   ASSERT_NE(service, nullptr);
   const std::vector<std::string> methods = GrpcRedMetrics::MethodsOf({service});
   EXPECT_EQ(methods.size(), static_cast<size_t>(service->method_count()));
-  EXPECT_NE(std::find(methods.begin(), methods.end(), "/pipetrain.v1.Coordinator/SubmitJob"),
+  EXPECT_NE(std::find(methods.begin(), methods.end(), "/pipetrain.v1.CoordinatorService/SubmitJob"),
             methods.end());
-  EXPECT_NE(std::find(methods.begin(), methods.end(), "/pipetrain.v1.Coordinator/WatchAssignments"),
+  EXPECT_NE(std::find(methods.begin(), methods.end(),
+                      "/pipetrain.v1.CoordinatorService/WatchAssignments"),
             methods.end());
 }
 

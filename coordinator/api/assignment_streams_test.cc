@@ -22,7 +22,7 @@ constexpr absl::Duration kWait = absl::Seconds(30);  // only a deadline: never w
 
 v1::Assignment RunAssignment(int64_t version) {
   v1::Assignment assignment;
-  assignment.set_action(v1::Assignment::RUN);
+  assignment.set_action(v1::Assignment::ACTION_RUN);
   assignment.set_job_id("job-1");
   assignment.set_plan_version(version);
   return assignment;

@@ -1,4 +1,4 @@
-// Every pipetrain.v1.Coordinator method and every REST endpoint, called as a
+// Every pipetrain.v1.CoordinatorService method and every REST endpoint, called as a
 // stranger would: without credentials, with a wrong one, and with a real
 // credential of the wrong role or of another worker. Each call must be
 // refused (UNAUTHENTICATED or PERMISSION_DENIED; HTTP 401) and change
@@ -68,8 +68,8 @@ class AuthTest : public ::testing::Test {
     builder.RegisterService(&service_);
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
-    stub_ = v1::Coordinator::NewStub(grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                                         grpc::InsecureChannelCredentials()));
+    stub_ = v1::CoordinatorService::NewStub(grpc::CreateChannel(
+        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
     RegisterRestRoutes(http_, &workers_, &jobs_);
     ServePrometheus(http_, metrics_.registry(), [this] { metrics_.Refresh(); });
     absl::StatusOr<int> http_port = http_.Start("127.0.0.1", 0);
@@ -83,7 +83,7 @@ class AuthTest : public ::testing::Test {
     v1::JobSpec spec = JobSpecFromJson(ValidSpecJson()).value();
     spec.mutable_output()->set_weights_path("weights.safetensors");
     job_ = jobs_.Submit(spec).value().id();
-    ASSERT_EQ(jobs_.Get(job_)->state(), v1::RUNNING);
+    ASSERT_EQ(jobs_.Get(job_)->state(), v1::JOB_STATE_RUNNING);
     ASSERT_EQ(jobs_.Get(job_)->worker_ids(0), "w-1");
   }
 
@@ -220,7 +220,7 @@ class AuthTest : public ::testing::Test {
   CoordinatorGrpcService service_{&workers_, &jobs_, &hub_, &metrics_, &auth_};
   HttpServer http_{HttpServer::Options{.bearer_token = kUserToken}};
   std::unique_ptr<grpc::Server> server_;
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::unique_ptr<httplib::Client> client_;
   v1::RegisterWorkerResponse one_, two_;
   std::string job_;

@@ -1,4 +1,4 @@
-// CallerAuth: who may call which pipetrain.v1.Coordinator method
+// CallerAuth: who may call which pipetrain.v1.CoordinatorService method
 // (docs/operations.md "Security"). Transport-free apart from reading the
 // "authorization" metadata value, which the caller passes in.
 //

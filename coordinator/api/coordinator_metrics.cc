@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
+#include "common/enum_names.h"
 #include "common/metrics/build_info_metric.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/pipetrain/v1/coordinator.grpc.pb.h"
@@ -14,24 +14,18 @@
 namespace pipetrain {
 namespace {
 
-// The methods the coordinator's gRPC server has: pipetrain.v1.Coordinator's,
+// The methods the coordinator's gRPC server has: pipetrain.v1.CoordinatorService's,
 // read from the proto so that a new method gets its series without an edit
 // here, with health checking and reflection.
 std::vector<std::string> CoordinatorMethods() {
   const google::protobuf::ServiceDescriptor* service =
       google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
-          v1::Coordinator::service_full_name());
+          v1::CoordinatorService::service_full_name());
   std::vector<std::string> methods = GrpcRedMetrics::HealthAndReflectionMethods();
   if (service != nullptr) {
     for (std::string& method : GrpcRedMetrics::MethodsOf({service})) methods.push_back(method);
   }
   return methods;
-}
-
-// An enum value's name without its enum's prefix, if the proto has one
-// ("WORKER_STATE_LOST" -> "LOST"), so that the labels do not depend on it.
-std::string StateLabel(const std::string& name, absl::string_view prefix) {
-  return std::string(absl::StripPrefix(name, prefix));
 }
 
 bool IsCountable(double seconds) { return std::isfinite(seconds) && seconds > 0; }
@@ -196,7 +190,7 @@ void CoordinatorMetrics::Refresh() {
     const auto state = static_cast<v1::WorkerState>(s);
     if (!v1::WorkerState_IsValid(s)) continue;
     const auto it = workers.find(state);
-    workers_by_state_->Add({{"state", StateLabel(v1::WorkerState_Name(state), "WORKER_STATE_")}})
+    workers_by_state_->Add({{"state", EnumShortName(state)}})
         .Set(it == workers.end() ? 0 : it->second);
   }
   const std::map<v1::JobState, int> counts = jobs_->CountByState();
@@ -204,8 +198,7 @@ void CoordinatorMetrics::Refresh() {
     const auto state = static_cast<v1::JobState>(s);
     if (!v1::JobState_IsValid(s)) continue;
     const auto it = counts.find(state);
-    jobs_by_state_->Add({{"state", StateLabel(v1::JobState_Name(state), "JOB_STATE_")}})
-        .Set(it == counts.end() ? 0 : it->second);
+    jobs_by_state_->Add({{"state", EnumShortName(state)}}).Set(it == counts.end() ? 0 : it->second);
   }
   const std::vector<v1::Job> jobs = jobs_->List();  // submission order
   RefreshWorkers();
@@ -216,7 +209,7 @@ void CoordinatorMetrics::Refresh() {
 void CoordinatorMetrics::RefreshWorkers() {
   std::set<std::string> present;
   for (const v1::Worker& worker : workers_->List()) {
-    if (worker.state() != v1::LEFT && !worker.metrics_address().empty()) {
+    if (worker.state() != v1::WORKER_STATE_LEFT && !worker.metrics_address().empty()) {
       present.insert(worker.metrics_address());
     }
   }
@@ -240,7 +233,7 @@ void CoordinatorMetrics::RefreshWorkers() {
 void CoordinatorMetrics::RefreshCurrentJob(const std::vector<v1::Job>& jobs) {
   const v1::Job* current = nullptr;
   for (auto it = jobs.rbegin(); it != jobs.rend() && current == nullptr; ++it) {
-    if (it->state() == v1::RUNNING) current = &*it;
+    if (it->state() == v1::JOB_STATE_RUNNING) current = &*it;
   }
   for (auto it = jobs.rbegin(); it != jobs.rend() && current == nullptr; ++it) {
     if (it->progress().step() > 0) current = &*it;

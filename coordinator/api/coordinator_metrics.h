@@ -50,7 +50,7 @@
 //
 // Every series a label set is known for exists from the start, at zero: all
 // states, recovery reasons, checkpoint results, and the OK series of every
-// gRPC method of pipetrain.v1.Coordinator, health checking and reflection.
+// gRPC method of pipetrain.v1.CoordinatorService, health checking and reflection.
 //
 // Thread-safe: prometheus-cpp metrics are atomic, Refresh reads the registry
 // and job manager through their thread-safe methods and keeps its own

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -115,10 +116,9 @@ absl::Status CoordinatorGrpcService::CheckWatcher(
         absl::StrCat("worker ", worker.id(), " incarnation ", request.incarnation(),
                      " is not current (", worker.incarnation(), "); register again"));
   }
-  if (worker.state() == v1::LOST || worker.state() == v1::LEFT) {
-    return absl::FailedPreconditionError(absl::StrCat("worker ", worker.id(), " is ",
-                                                      v1::WorkerState_Name(worker.state()),
-                                                      "; register again"));
+  if (worker.state() == v1::WORKER_STATE_LOST || worker.state() == v1::WORKER_STATE_LEFT) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker ", worker.id(), " is ", EnumShortName(worker.state()), "; register again"));
   }
   return absl::OkStatus();
 }

@@ -1,4 +1,4 @@
-// pipetrain.v1.Coordinator over gRPC's callback API: a translation layer
+// pipetrain.v1.CoordinatorService over gRPC's callback API: a translation layer
 // (STYLE.md item 1). Each method hands its request to WorkerRegistry or
 // JobManager and returns their absl::Status as the gRPC status with the same
 // code and message (see those headers for the codes each method returns).
@@ -48,7 +48,7 @@
 
 namespace pipetrain {
 
-class CoordinatorGrpcService final : public v1::Coordinator::CallbackService {
+class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
  public:
   // None owned; all must outlive the service. Requires non-null (checked).
   CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs, AssignmentHub* hub,

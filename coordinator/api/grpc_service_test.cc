@@ -46,10 +46,10 @@ class GrpcServiceTest : public ::testing::Test {
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(port, 0);
     const std::string address = "127.0.0.1:" + std::to_string(port);
-    stub_ = v1::Coordinator::NewStub(
+    stub_ = v1::CoordinatorService::NewStub(
         BearerChannel(address, grpc::InsecureChannelCredentials(), {}, kUserToken));
-    raw_ =
-        v1::Coordinator::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    raw_ = v1::CoordinatorService::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   }
 
   void TearDown() override {
@@ -108,8 +108,8 @@ class GrpcServiceTest : public ::testing::Test {
   std::unique_ptr<grpc::Server> server_;
   // Users call through stub_ (the user token on every call); workers through
   // raw_ with their session credential added per call.
-  std::unique_ptr<v1::Coordinator::Stub> stub_;
-  std::unique_ptr<v1::Coordinator::Stub> raw_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+  std::unique_ptr<v1::CoordinatorService::Stub> raw_;
 };
 
 TEST_F(GrpcServiceTest, RegisterWorker_WithoutJoinToken_Unauthenticated) {
@@ -159,7 +159,7 @@ TEST_F(GrpcServiceTest, DeregisterWorker_Registered_LeftAndIdempotent) {
     grpc::Status status = raw_->DeregisterWorker(&context, request, &response);
     EXPECT_TRUE(status.ok()) << "attempt " << attempt << ": " << status.error_message();
   }
-  EXPECT_EQ(workers_.Get(worker.worker_id())->state(), v1::LEFT);
+  EXPECT_EQ(workers_.Get(worker.worker_id())->state(), v1::WORKER_STATE_LEFT);
 }
 
 TEST_F(GrpcServiceTest, DeregisterWorker_UnknownOrOldIncarnation_Rejected) {
@@ -181,7 +181,7 @@ TEST_F(GrpcServiceTest, DeregisterWorker_UnknownOrOldIncarnation_Rejected) {
   AddBearer(unknown_context, worker.session_token());
   EXPECT_EQ(raw_->DeregisterWorker(&unknown_context, request, &response).error_code(),
             grpc::StatusCode::PERMISSION_DENIED);
-  EXPECT_EQ(workers_.Get(worker.worker_id())->state(), v1::READY);
+  EXPECT_EQ(workers_.Get(worker.worker_id())->state(), v1::WORKER_STATE_READY);
 }
 
 TEST_F(GrpcServiceTest, Heartbeat_SupersededSession_UnauthenticatedRegisterAgain) {
@@ -232,11 +232,11 @@ TEST_F(GrpcServiceTest, WatchAssignments_JobRunsThenIsCancelled_StreamsRunThenSt
 
   v1::Job job;
   ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
-  EXPECT_EQ(job.state(), v1::RUNNING);  // the worker was READY at submission
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);  // the worker was READY at submission
 
   v1::Assignment assignment;
   ASSERT_TRUE(stream->Read(&assignment));
-  EXPECT_EQ(assignment.action(), v1::Assignment::RUN);
+  EXPECT_EQ(assignment.action(), v1::Assignment::ACTION_RUN);
   EXPECT_EQ(assignment.job_id(), job.id());
   EXPECT_EQ(assignment.plan_version(), 1);
   EXPECT_EQ(assignment.stage(), 0);
@@ -249,10 +249,10 @@ TEST_F(GrpcServiceTest, WatchAssignments_JobRunsThenIsCancelled_StreamsRunThenSt
   grpc::ClientContext context;
   SetDeadline(context);
   ASSERT_TRUE(stub_->CancelJob(&context, cancel, &cancelled).ok());
-  EXPECT_EQ(cancelled.state(), v1::CANCELLED);
+  EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
 
   ASSERT_TRUE(stream->Read(&assignment));
-  EXPECT_EQ(assignment.action(), v1::Assignment::STOP);
+  EXPECT_EQ(assignment.action(), v1::Assignment::ACTION_STOP);
   EXPECT_EQ(assignment.job_id(), job.id());
 
   watch.TryCancel();
@@ -276,7 +276,7 @@ TEST_F(GrpcServiceTest, WatchAssignments_AfterJobStarted_SendsCurrentAssignmentF
       raw_->WatchAssignments(&watch, request);
   v1::Assignment assignment;
   ASSERT_TRUE(stream->Read(&assignment));
-  EXPECT_EQ(assignment.action(), v1::Assignment::RUN);
+  EXPECT_EQ(assignment.action(), v1::Assignment::ACTION_RUN);
   EXPECT_EQ(assignment.job_id(), job.id());
   watch.TryCancel();
   stream->Finish().IgnoreError();
@@ -359,7 +359,7 @@ TEST_F(GrpcServiceTest, ListWorkers_OneRegistered_ReturnsIt) {
   ASSERT_TRUE(stub_->ListWorkers(&context, v1::ListWorkersRequest(), &response).ok());
   ASSERT_EQ(response.workers_size(), 1);
   EXPECT_EQ(response.workers(0).id(), "w-1");
-  EXPECT_EQ(response.workers(0).state(), v1::READY);
+  EXPECT_EQ(response.workers(0).state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(response.workers(0).data_address(), "127.0.0.1:9001");
 }
 
@@ -399,7 +399,7 @@ TEST_F(GrpcServiceTest, GetJobAndListJobs_AfterSubmit_ReturnTheJob) {
   grpc::ClientContext get_context;
   SetDeadline(get_context);
   ASSERT_TRUE(stub_->GetJob(&get_context, get, &got).ok());
-  EXPECT_EQ(got.state(), v1::QUEUED);
+  EXPECT_EQ(got.state(), v1::JOB_STATE_QUEUED);
   v1::ListJobsResponse list;
   grpc::ClientContext list_context;
   SetDeadline(list_context);
@@ -439,7 +439,7 @@ TEST_F(GrpcServiceTest, ReportProgress_StepWithLosses_UpdatesJobAndStageMetrics)
   EXPECT_TRUE(absl::StrContains(text, "\npipetrain_plan_version "));
   EXPECT_TRUE(absl::StrContains(
       text,
-      "pipetrain_rpc_duration_seconds_count{code=\"OK\",method=\"/pipetrain.v1.Coordinator/"
+      "pipetrain_rpc_duration_seconds_count{code=\"OK\",method=\"/pipetrain.v1.CoordinatorService/"
       "ReportProgress\"} 1\n"));
 }
 
@@ -516,7 +516,7 @@ TEST_F(GrpcServiceTest, ReportProgress_StalePlanVersion_FailedPrecondition) {
 
 // Uploads `chunks` on one stream with credential `session` and returns the
 // call's status.
-grpc::Status Upload(v1::Coordinator::Stub& stub, const std::string& session,
+grpc::Status Upload(v1::CoordinatorService::Stub& stub, const std::string& session,
                     const std::vector<v1::WeightsChunk>& chunks) {
   grpc::ClientContext context;
   SetDeadline(context);
@@ -599,7 +599,7 @@ TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethodAndCode_RefusalsCounte
   EXPECT_EQ(stub_->RegisterWorker(&context, bad, &worker).error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
   const std::string text = MetricsText();
-  const std::string method = "method=\"/pipetrain.v1.Coordinator/RegisterWorker\"";
+  const std::string method = "method=\"/pipetrain.v1.CoordinatorService/RegisterWorker\"";
   EXPECT_TRUE(absl::StrContains(
       text, "pipetrain_rpc_duration_seconds_count{code=\"OK\"," + method + "} 1\n"))
       << text;
@@ -614,7 +614,7 @@ TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethodAndCode_RefusalsCounte
       << text;
   EXPECT_TRUE(absl::StrContains(
       text,
-      "pipetrain_rpc_duration_seconds_count{code=\"OK\",method=\"/pipetrain.v1.Coordinator/"
+      "pipetrain_rpc_duration_seconds_count{code=\"OK\",method=\"/pipetrain.v1.CoordinatorService/"
       "SubmitJob\"} 0\n"));
 }
 

@@ -70,7 +70,7 @@ TEST_F(RestServiceTest, SubmitJob_ValidSpec_ReturnsQueuedJobInCanonicalJson) {
   auto [status, job] = Call("POST", "/v1/jobs", ValidSpecJson());
   EXPECT_EQ(status, 200) << job;
   EXPECT_EQ(job["id"], "job-1");
-  EXPECT_EQ(job["state"], "QUEUED");
+  EXPECT_EQ(job["state"], "JOB_STATE_QUEUED");
   EXPECT_EQ(job["spec"]["model"]["nLayer"], 2);  // lowerCamel names
   EXPECT_EQ(job["spec"]["training"]["steps"], "10");  // int64 as a string
   EXPECT_EQ(job["spec"]["parallelism"]["solver"], "uniform");  // defaults resolved
@@ -172,7 +172,7 @@ TEST_F(RestServiceTest, GetJob_Submitted_ReturnsIt) {
   auto [status, job] = Call("GET", "/v1/jobs/job-1");
   EXPECT_EQ(status, 200);
   EXPECT_EQ(job["id"], "job-1");
-  EXPECT_EQ(job["state"], "QUEUED");
+  EXPECT_EQ(job["state"], "JOB_STATE_QUEUED");
 }
 
 TEST_F(RestServiceTest, ListJobs_Empty_ReturnsEmptyObject) {
@@ -195,7 +195,7 @@ TEST_F(RestServiceTest, CancelJob_Queued_CancelledThenSecondCancelIs400) {
   Call("POST", "/v1/jobs", ValidSpecJson());
   auto [status, job] = Call("POST", "/v1/jobs/job-1:cancel");
   EXPECT_EQ(status, 200);
-  EXPECT_EQ(job["state"], "CANCELLED");
+  EXPECT_EQ(job["state"], "JOB_STATE_CANCELLED");
   EXPECT_EQ(job["reason"], "cancelled by the user");
 
   auto [again, error] = Call("POST", "/v1/jobs/job-1:cancel");
@@ -220,7 +220,7 @@ TEST_F(RestServiceTest, GetPlan_QueuedJob_Returns400FailedPrecondition) {
 TEST_F(RestServiceTest, GetPlan_RunningJob_ReturnsPlan) {
   RegisterWorker();
   auto [submitted, job] = Call("POST", "/v1/jobs", ValidSpecJson());
-  ASSERT_EQ(job["state"], "RUNNING") << job;
+  ASSERT_EQ(job["state"], "JOB_STATE_RUNNING") << job;
   auto [status, plan] = Call("GET", "/v1/jobs/job-1/plan");
   EXPECT_EQ(status, 200);
   EXPECT_EQ(plan["jobId"], "job-1");
@@ -236,7 +236,7 @@ TEST_F(RestServiceTest, ListWorkers_OneRegistered_ReturnsIt) {
   ASSERT_EQ(list["workers"].size(), 1u) << list;
   EXPECT_EQ(list["workers"][0]["id"], "w-1");
   EXPECT_EQ(list["workers"][0]["incarnation"], "1");
-  EXPECT_EQ(list["workers"][0]["state"], "READY");
+  EXPECT_EQ(list["workers"][0]["state"], "WORKER_STATE_READY");
   EXPECT_EQ(list["workers"][0]["dataAddress"], "127.0.0.1:9001");
 }
 

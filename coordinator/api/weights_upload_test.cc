@@ -107,7 +107,7 @@ class WeightsUploadTest : public ::testing::Test {
     ASSERT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<v1::Job> job = jobs_.Submit(*spec);
     ASSERT_TRUE(job.ok()) << job.status();
-    ASSERT_EQ(job->state(), v1::RUNNING);
+    ASSERT_EQ(job->state(), v1::JOB_STATE_RUNNING);
     job_id_ = job->id();
   }
 
@@ -190,7 +190,7 @@ TEST_F(WeightsUploadTest, NoOrWrongCredential_FinishesUnauthenticatedBeforeReadi
     EXPECT_EQ(status->error_code(), grpc::StatusCode::UNAUTHENTICATED) << authorization;
     reactor->OnDone();
   }
-  EXPECT_EQ(jobs_.Get(job_id_)->state(), v1::RUNNING);
+  EXPECT_EQ(jobs_.Get(job_id_)->state(), v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(WeightsUploadTest, ChunkNamingAnotherWorker_FinishesPermissionDenied) {

@@ -15,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "common/confined_path.h"
+#include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -45,7 +46,7 @@ constexpr char kTiedEmbeddingName[] = "wte.weight";
 
 v1::Assignment StopAssignment(const std::string& job_id, int64_t version) {
   v1::Assignment a;
-  a.set_action(v1::Assignment::STOP);
+  a.set_action(v1::Assignment::ACTION_STOP);
   a.set_job_id(job_id);
   a.set_plan_version(version);
   return a;
@@ -96,7 +97,8 @@ void ConsumeDeviceGroupIds(const std::string& job_id, const DeviceLinkPlan& link
 }  // namespace
 
 bool IsTerminal(v1::JobState state) {
-  return state == v1::SUCCEEDED || state == v1::FAILED || state == v1::CANCELLED;
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
 }
 
 JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock,
@@ -149,7 +151,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   const std::string& solver = record.resolved.solver;
   const bool wants_measured = solver == kSolverBiPartition || solver == kSolverAuto;
   if (wants_measured && fetcher_ && record.profile_error.empty()) {
-    record.job.set_state(v1::PROFILING);
+    record.job.set_state(v1::JOB_STATE_PROFILING);
     record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
     TouchLocked(record);
     PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
@@ -187,8 +189,8 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
       record->profile_error = profile.status().ToString();
       PT_LOG(WARNING) << "job " << job_id << ": profiling failed: " << profile.status();
     }
-    if (record != nullptr && record->job.state() == v1::PROFILING) {
-      record->job.set_state(v1::QUEUED);
+    if (record != nullptr && record->job.state() == v1::JOB_STATE_PROFILING) {
+      record->job.set_state(v1::JOB_STATE_QUEUED);
       record->job.set_reason("profiled; waiting to be planned");
       TouchLocked(*record);
     }
@@ -265,7 +267,7 @@ absl::Status JobManager::Restore() {
     absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(record->job.spec());
     if (!resolved.ok()) {  // a spec this version no longer accepts
       if (!IsTerminal(record->job.state())) {
-        record->job.set_state(v1::FAILED);
+        record->job.set_state(v1::JOB_STATE_FAILED);
         record->job.set_reason(
             absl::StrCat("after a coordinator restart, the spec is no longer "
                          "valid: ",
@@ -300,18 +302,19 @@ absl::Status JobManager::Restore() {
       record->checkpoints->RestoreComplete({s.checkpoints().begin(), s.checkpoints().end()});
     }
     const v1::JobState state = record->job.state();
-    if (state == v1::PROFILING) {
-      record->job.set_state(v1::QUEUED);
-    } else if (state == v1::PLANNING || state == v1::RUNNING || state == v1::RECOVERING) {
+    if (state == v1::JOB_STATE_PROFILING) {
+      record->job.set_state(v1::JOB_STATE_QUEUED);
+    } else if (state == v1::JOB_STATE_PLANNING || state == v1::JOB_STATE_RUNNING ||
+               state == v1::JOB_STATE_RECOVERING) {
       if (record->checkpoints == nullptr || !record->profile.has_value()) {
-        record->job.set_state(v1::FAILED);
+        record->job.set_state(v1::JOB_STATE_FAILED);
         record->job.set_reason(
             "the coordinator restarted while the job ran, and the job has no checkpoints "
             "(spec.checkpoint) to resume from");
       } else {
         // As a recovery from the loss of every worker, which get the grace
         // period to come back.
-        record->job.set_state(v1::RECOVERING);
+        record->job.set_state(v1::JOB_STATE_RECOVERING);
         record->recovery_reason = "the coordinator restarted";
         record->job.set_reason("recovering: the coordinator restarted");
         record->recovery_started = now;
@@ -480,7 +483,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
       record->job.mutable_progress()->set_step(record->init_step);
       record->job.mutable_progress()->set_loss_history_start(record->init_step);
     }
-    record->job.set_state(v1::QUEUED);
+    record->job.set_state(v1::JOB_STATE_QUEUED);
     record->job.set_reason(
         absl::StrCat("waiting for ", resolved.stages * resolved.data_parallel, " READY workers"));
     SetTimestamp(clock_->Now(), record->job.mutable_create_time());
@@ -521,10 +524,10 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   if (IsTerminal(record->job.state())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " already ended (", v1::JobState_Name(record->job.state()), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " already ended (", EnumShortName(record->job.state()), ")"));
   }
-  EndLocked(*record, v1::CANCELLED, "cancelled by the user");
+  EndLocked(*record, v1::JOB_STATE_CANCELLED, "cancelled by the user");
   return record->job;
 }
 
@@ -533,8 +536,8 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   if (it->second->plan.version() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " has no plan yet (", v1::JobState_Name(it->second->job.state()), ")"));
+    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has no plan yet (",
+                                                      EnumShortName(it->second->job.state()), ")"));
   }
   return it->second->plan;
 }
@@ -546,14 +549,14 @@ void JobManager::ScheduleQueued() {
   std::set<std::string> reserved;
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
-    if (record.job.state() == v1::RECOVERING) TryReplanLocked(record, &reserved);
+    if (record.job.state() == v1::JOB_STATE_RECOVERING) TryReplanLocked(record, &reserved);
   }
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
     // A job being profiled is being placed: the worker it profiles on stays
     // READY meanwhile, so later jobs wait rather than take it.
-    if (record.job.state() == v1::PROFILING) return;
-    if (record.job.state() != v1::QUEUED) continue;
+    if (record.job.state() == v1::JOB_STATE_PROFILING) return;
+    if (record.job.state() != v1::JOB_STATE_QUEUED) continue;
     std::vector<std::string> ready = SpareWorkersLocked(reserved);
     const int need = record.resolved.stages * Replicas(record);
     if (static_cast<int>(ready.size()) < need) {
@@ -561,7 +564,7 @@ void JobManager::ScheduleQueued() {
           absl::StrCat("waiting for ", need, " READY workers (", ready.size(), " ready)");
       const absl::Duration waited = now - FromTimestamp(record.job.create_time());
       if (waited > record.resolved.queue_timeout) {
-        EndLocked(record, v1::FAILED,
+        EndLocked(record, v1::JOB_STATE_FAILED,
                   absl::StrCat("not placed within spec.scheduling.queue_timeout (",
                                absl::FormatDuration(record.resolved.queue_timeout), "): ", waiting,
                                "; add workers or ask for fewer stages"));
@@ -572,18 +575,18 @@ void JobManager::ScheduleQueued() {
     }
     ready.resize(need);
     absl::Status started = StartLocked(record, ready);
-    if (!started.ok()) EndLocked(record, v1::FAILED, std::string(started.message()));
-    if (record.job.state() == v1::PROFILING) return;  // later jobs wait for it
+    if (!started.ok()) EndLocked(record, v1::JOB_STATE_FAILED, std::string(started.message()));
+    if (record.job.state() == v1::JOB_STATE_PROFILING) return;  // later jobs wait for it
   }
   // Spare workers grow running elastic jobs, once no job waits for them.
   for (const std::string& id : order_) {
     const v1::JobState state = jobs_.at(id)->job.state();
-    if (state == v1::QUEUED || state == v1::PROFILING) return;
+    if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_PROFILING) return;
   }
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
-    if (record.job.state() != v1::RUNNING || record.checkpoints == nullptr || record.stop_at > 0 ||
-        record.job.worker_ids_size() >= MaxJobWorkers(record)) {
+    if (record.job.state() != v1::JOB_STATE_RUNNING || record.checkpoints == nullptr ||
+        record.stop_at > 0 || record.job.worker_ids_size() >= MaxJobWorkers(record)) {
       continue;
     }
     const std::vector<std::string> spare = SpareWorkersLocked(reserved);
@@ -643,7 +646,7 @@ bool JobManager::RequestBoundaryLocked(JobRecord& record, const std::string& rea
 
 void JobManager::MaybeReplanAtBoundaryLocked(JobRecord& record) {
   // The boundary's checkpoint complete, and its last step's loss in.
-  if (record.stop_at == 0 || record.job.state() != v1::RUNNING) return;
+  if (record.stop_at == 0 || record.job.state() != v1::JOB_STATE_RUNNING) return;
   const v1::ResumeFrom* latest = record.checkpoints->Latest();
   if (latest == nullptr || latest->step() != record.stop_at ||
       record.job.progress().step() < record.stop_at) {
@@ -664,7 +667,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
                                      record.job.worker_ids().end());
   std::set<std::string> reserved(old.begin(), old.end());
   for (const auto& [id, other] : jobs_) {
-    if (other->job.state() == v1::RECOVERING) {
+    if (other->job.state() == v1::JOB_STATE_RECOVERING) {
       reserved.insert(other->survivors.begin(), other->survivors.end());
     }
   }
@@ -683,7 +686,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
       PlaceLocked(record, chosen, &resume, absl::StrCat(reason, "; re-planned at step ", step));
   if (!placed.ok()) {
     return EndLocked(
-        record, v1::FAILED,
+        record, v1::JOB_STATE_FAILED,
         absl::StrCat("re-planning at step ", step, " (", reason, ") failed: ", placed.message()));
   }
   for (const std::string& w : old) {
@@ -717,9 +720,9 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
   }
   drained_[worker_id] = worker.incarnation();
   PT_LOG(INFO) << "draining " << worker_id;
-  if (record != nullptr && record->job.state() == v1::RUNNING && record->stop_at == 0) {
+  if (record != nullptr && record->job.state() == v1::JOB_STATE_RUNNING && record->stop_at == 0) {
     RequestBoundaryLocked(*record, absl::StrCat(worker_id, " drained"));
-  } else if (record != nullptr && record->job.state() == v1::RUNNING) {
+  } else if (record != nullptr && record->job.state() == v1::JOB_STATE_RUNNING) {
     record->boundary_reason += absl::StrCat("; ", worker_id, " drained");
   }
   return worker;
@@ -755,7 +758,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     addresses.push_back(worker.data_address());
     infos.push_back(worker);
   }
-  record.job.set_state(v1::PLANNING);
+  record.job.set_state(v1::JOB_STATE_PLANNING);
   ClusterSpec cluster;
   for (const v1::Worker& w : infos) {
     const double gflops = w.device().measured_gflops();
@@ -825,7 +828,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   for (size_t g = 0; g < workers.size(); ++g) {
     const int s = static_cast<int>(g) % stages;  // the replica's stage
     v1::Assignment a;
-    a.set_action(v1::Assignment::RUN);
+    a.set_action(v1::Assignment::ACTION_RUN);
     a.set_job_id(id);
     a.set_plan_version(record.plan.version());
     *a.mutable_spec() = record.resolved.spec;
@@ -867,7 +870,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   if (record.job.plan_history_size() > kMaxPlanHistory) {
     record.job.mutable_plan_history()->DeleteSubrange(0, 1);
   }
-  record.job.set_state(v1::RUNNING);
+  record.job.set_state(v1::JOB_STATE_RUNNING);
   record.job.set_plan_version(record.plan.version());
   record.job.set_reason("");
   record.last_step_time = clock_->Now();
@@ -881,19 +884,19 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
 
 void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
                                      const std::string& reason, const std::string& kind) {
-  if (record.job.state() == v1::RECOVERING) {  // another loss while waiting
+  if (record.job.state() == v1::JOB_STATE_RECOVERING) {  // another loss while waiting
     if (!lost.empty()) record.lost[lost] = IncarnationOf(lost);
     return;
   }
-  if (record.checkpoints == nullptr) return EndLocked(record, v1::FAILED, reason);
+  if (record.checkpoints == nullptr) return EndLocked(record, v1::JOB_STATE_FAILED, reason);
   if (record.recoveries_without_progress >= kMaxRecoveriesWithoutProgress) {
-    return EndLocked(record, v1::FAILED,
+    return EndLocked(record, v1::JOB_STATE_FAILED,
                      absl::StrCat("gave up after ", record.recoveries_without_progress,
                                   " recoveries without a new checkpoint; last: ", reason));
   }
   ++record.recoveries_without_progress;
   record.stop_at = 0;
-  record.job.set_state(v1::RECOVERING);
+  record.job.set_state(v1::JOB_STATE_RECOVERING);
   record.job.set_reason(absl::StrCat("recovering: ", reason));
   record.recovery_started = clock_->Now();
   record.recovery_reason = reason;
@@ -921,7 +924,8 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   for (const std::string& w : record.survivors) {
     if (IsLostLocked(record, w) || IsDrainedLocked(w)) continue;
     absl::StatusOr<v1::Worker> worker = registry_->Get(w);
-    const bool gone = !worker.ok() || worker->state() == v1::LOST || worker->state() == v1::LEFT;
+    const bool gone = !worker.ok() || worker->state() == v1::WORKER_STATE_LOST ||
+                      worker->state() == v1::WORKER_STATE_LEFT;
     if (gone && clock_->Now() < record.restart_grace_until) {
       waiting = true;  // after a restart: it may still register again
       continue;
@@ -930,7 +934,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     reserved->insert(w);
     if (FromTimestamp(worker->last_heartbeat()) <= record.recovery_started) {
       waiting = true;
-    } else if (worker->state() == v1::READY) {
+    } else if (worker->state() == v1::WORKER_STATE_READY) {
       alive.push_back(w);
     }
   }
@@ -955,7 +959,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     const std::string waiting_for = absl::StrCat("waiting for ", MinJobWorkers(record),
                                                  " READY workers (", chosen.size(), " ready)");
     if (now - record.recovery_started > record.resolved.queue_timeout) {
-      return EndLocked(record, v1::FAILED,
+      return EndLocked(record, v1::JOB_STATE_FAILED,
                        absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",
                                     waiting_for, "; after ", record.recovery_reason));
     }
@@ -988,7 +992,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
       PlaceLocked(record, chosen, resume != nullptr ? &resume_copy : nullptr, reason);
   if (!placed.ok()) {
     return EndLocked(
-        record, v1::FAILED,
+        record, v1::JOB_STATE_FAILED,
         absl::StrCat("re-planning after ", record.recovery_reason, " failed: ", placed.message()));
   }
   for (const std::string& w : chosen) reserved->insert(w);
@@ -1054,7 +1058,7 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   registry_->Release(record.job.id());
   record.weights.clear();
   PersistLocked(record).IgnoreError();  // logged
-  PT_LOG(INFO) << "job " << record.job.id() << " " << v1::JobState_Name(state)
+  PT_LOG(INFO) << "job " << record.job.id() << " " << EnumShortName(state)
                << (reason.empty() ? "" : ": " + reason);
 }
 
@@ -1063,8 +1067,8 @@ absl::StatusOr<JobManager::JobRecord*> JobManager::ForWorkerLocked(const std::st
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
   if (IsTerminal(record->job.state())) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job ", job_id, " already ended (", v1::JobState_Name(record->job.state()), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " already ended (", EnumShortName(record->job.state()), ")"));
   }
   if (record->stage_of.count(worker_id) == 0) {
     return absl::PermissionDeniedError(
@@ -1099,7 +1103,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     return response;
   }
   // The stopped plan's last words: its steps will be redone.
-  if (record->job.state() == v1::RECOVERING) return response;
+  if (record->job.state() == v1::JOB_STATE_RECOVERING) return response;
   if (!r.error().empty()) {
     // Errors name peers by stage; say which worker runs each stage.
     std::vector<std::string> stages;
@@ -1119,7 +1123,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     } else if (r.peer_failure()) {
       StartRecoveryLocked(*record, "", reason, "peer_failure");
     } else {
-      EndLocked(*record, v1::FAILED, reason);
+      EndLocked(*record, v1::JOB_STATE_FAILED, reason);
     }
     return response;
   }
@@ -1331,7 +1335,7 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
     const std::string& zero = record.stages[g % uploading].weights_digest;
     if (mine.empty() || mine != zero) {
       return EndLocked(
-          record, v1::FAILED,
+          record, v1::JOB_STATE_FAILED,
           absl::StrCat("data-parallel replicas diverged: stage ", g % uploading, " of replica ",
                        g / uploading, " (", record.job.worker_ids(g), ") ends with weights ",
                        mine.empty() ? "unreported" : mine.substr(0, 12), ", replica 0's (",
@@ -1342,22 +1346,24 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
     int64_t total = 0;
     for (const NamedTensor& t : record.weights) {
       if (record.weights_filled[t.name] < t.tensor.numel()) {
-        return EndLocked(record, v1::FAILED, absl::StrCat("incomplete upload of ", t.name));
+        return EndLocked(record, v1::JOB_STATE_FAILED,
+                         absl::StrCat("incomplete upload of ", t.name));
       }
       total += t.tensor.numel();
     }
     const int64_t expected = CountParameters(record.resolved.train.model);
     if (total != expected) {
-      return EndLocked(record, v1::FAILED, absl::StrCat("uploaded weights hold ", total,
-                                                        " values; the model has ", expected));
+      return EndLocked(
+          record, v1::JOB_STATE_FAILED,
+          absl::StrCat("uploaded weights hold ", total, " values; the model has ", expected));
     }
     absl::StatusOr<std::string> written = WriteWeightsLocked(record);
     if (!written.ok()) {
-      return EndLocked(record, v1::FAILED, std::string(written.status().message()));
+      return EndLocked(record, v1::JOB_STATE_FAILED, std::string(written.status().message()));
     }
     record.job.set_weights_path(*written);
   }
-  EndLocked(record, v1::SUCCEEDED, "");
+  EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
 }
 
 absl::StatusOr<std::string> JobManager::WriteWeightsLocked(JobRecord& record) {
@@ -1403,7 +1409,8 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr || IsTerminal(record->job.state())) return;
   // Only a worker of the job's current plan matters.
-  if (record->stage_of.count(worker_id) == 0 && record->job.state() != v1::RECOVERING) return;
+  if (record->stage_of.count(worker_id) == 0 && record->job.state() != v1::JOB_STATE_RECOVERING)
+    return;
   StartRecoveryLocked(*record, worker_id, reason, "worker_lost");
 }
 

@@ -102,7 +102,7 @@ namespace pipetrain {
 
 // Asks the worker whose data plane is at `data_address` to profile a model,
 // presenting the worker's `session_token` (WorkerRegistry::SessionToken),
-// which its WorkerControl service requires.
+// which its WorkerControlService requires.
 using ProfileFetcher = std::function<absl::StatusOr<v1::ModelProfile>(
     const std::string& data_address, const std::string& session_token,
     const v1::ProfileRequest& request)>;

@@ -184,7 +184,7 @@ TEST_F(JobManagerElasticTest, CheckpointReport_ForeignUnitOffIntervalOrBadChecks
   f->set_sha256(std::string(64, 'a'));
   f->set_file("../../etc/passwd");
   EXPECT_EQ(jobs_->ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(jobs_->Get(id).value().state(), v1::RUNNING);
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLatestCheckpoint) {
@@ -195,13 +195,13 @@ TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLates
   CheckpointAll(id, 5);
   registry_.MarkLost(w2, incarnations_[w2], "killed");
   v1::Job job = jobs_->Get(id).value();
-  EXPECT_EQ(job.state(), v1::RECOVERING);
-  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::STOP);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
   jobs_->ScheduleQueued();  // w1 has not answered yet
-  EXPECT_EQ(jobs_->Get(id).value().state(), v1::RECOVERING);
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
   HeartbeatAllAndSchedule({w1, w3});
   job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.plan_version(), 2);
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
             (std::vector<std::string>{w1, w3}));
@@ -259,7 +259,7 @@ TEST_F(JobManagerElasticTest, DataParallelWorkerLost_RecoversWithWholeReplicas) 
   registry_.MarkLost(w[3], incarnations_[w[3]], "killed");
   HeartbeatAllAndSchedule({w[0], w[1], w[2]});
   const v1::Job job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
             (std::vector<std::string>{w[0], w[1]}));
   const v1::Assignment a = AssignmentOf(w[1]);
@@ -268,7 +268,7 @@ TEST_F(JobManagerElasticTest, DataParallelWorkerLost_RecoversWithWholeReplicas) 
   EXPECT_EQ(a.num_stages(), 1);
   ASSERT_TRUE(a.has_resume());
   EXPECT_EQ(a.resume().step(), 5);
-  EXPECT_EQ(AssignmentOf(w[2]).action(), v1::Assignment::STOP);
+  EXPECT_EQ(AssignmentOf(w[2]).action(), v1::Assignment::ACTION_STOP);
 }
 
 TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromTheOneBefore) {
@@ -282,7 +282,7 @@ TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromThe
   const std::string w3 = AddWorker(7003);
   HeartbeatAllAndSchedule({w1, w3});
   const v1::Job job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.plan_history(1).start_step(), 5);
   EXPECT_EQ(job.progress().loss_history_size(), 5);
 }
@@ -295,7 +295,7 @@ TEST_F(JobManagerElasticTest, NoCheckpointYet_ResumesFromStepZero) {
   registry_.MarkLost(w1, incarnations_[w1], "killed");
   HeartbeatAllAndSchedule({w2});
   const v1::Job job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.worker_ids_size(), 1);  // min_workers 1: one stage
   EXPECT_EQ(job.progress().loss_history_size(), 0);
   EXPECT_FALSE(AssignmentOf(w2).has_resume());
@@ -320,10 +320,10 @@ TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
   r.set_error("DATA_LOSS: unit-0002.safetensors: SHA-256 differs from the one recorded");
   r.set_checkpoint_unusable(true);
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
-  EXPECT_EQ(jobs_->Get(id).value().state(), v1::RECOVERING);
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
   HeartbeatAllAndSchedule({w1, w3});
   const v1::Job job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.plan_history(2).start_step(), 5);
   EXPECT_TRUE(absl::StrContains(job.plan_history(2).reason(), "could not be loaded"));
   EXPECT_EQ(job.progress().checkpoint_step(), 5);
@@ -334,7 +334,7 @@ TEST_F(JobManagerElasticTest, ThreeRecoveriesWithoutANewCheckpoint_FailTheJob) {
   const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
   for (int round = 0; round < 3; ++round) {
     const v1::Job job = jobs_->Get(id).value();
-    ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+    ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
     v1::ReportProgressRequest r;
     r.set_worker_id(job.worker_ids(0));
     r.set_job_id(id);
@@ -353,7 +353,7 @@ TEST_F(JobManagerElasticTest, ThreeRecoveriesWithoutANewCheckpoint_FailTheJob) {
   r.set_peer_failure(true);
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   const v1::Job failed = jobs_->Get(id).value();
-  EXPECT_EQ(failed.state(), v1::FAILED);
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(failed.reason(), "gave up after 3 recoveries")) << failed.reason();
 }
 
@@ -366,7 +366,7 @@ TEST_F(JobManagerElasticTest, StageErrorNotFromThePeers_FailsEvenWithCheckpoints
   r.set_plan_version(1);
   r.set_error("INTERNAL: backward without its forward");
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
-  EXPECT_EQ(jobs_->Get(id).value().state(), v1::FAILED);
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_FAILED);
 }
 
 TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesOn) {
@@ -385,7 +385,7 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   const v1::Job job = jobs_->Get(id).value();
-  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(job.progress().checkpoint_step(), 0);
   EXPECT_EQ(failed, 1);
 }
@@ -395,7 +395,7 @@ TEST_F(JobManagerElasticTest, NoCheckpoints_WorkerLost_FailsAsBefore) {
   const std::string id = jobs_->Submit(ElasticSpec(2, 0)).value().id();
   registry_.MarkLost(w2, incarnations_[w2], "killed");
   const v1::Job job = jobs_->Get(id).value();
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(job.reason(), w2)) << job.reason();
 }
 
@@ -409,7 +409,7 @@ TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_Noth
   for (int64_t step = 5; step <= boundary; ++step) Step(id, step);
   CheckpointAll(id, boundary);
   const v1::Job job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.plan_version(), 2);
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
             (std::vector<std::string>{w1, w3}));
@@ -417,12 +417,12 @@ TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_Noth
   EXPECT_EQ(job.progress().recoveries(), 0);
   EXPECT_EQ(job.plan_history(1).start_step(), boundary);
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), w2 + " drained"));
-  EXPECT_EQ(AssignmentOf(w2).action(), v1::Assignment::STOP);
+  EXPECT_EQ(AssignmentOf(w2).action(), v1::Assignment::ACTION_STOP);
   EXPECT_EQ(AssignmentOf(w1).resume().step(), boundary);
   // Drained: no job for it.
-  EXPECT_EQ(registry_.Get(w2).value().state(), v1::READY);
+  EXPECT_EQ(registry_.Get(w2).value().state(), v1::WORKER_STATE_READY);
   const std::string next = jobs_->Submit(ElasticSpec(1, 0)).value().id();
-  EXPECT_EQ(jobs_->Get(next).value().state(), v1::QUEUED);
+  EXPECT_EQ(jobs_->Get(next).value().state(), v1::JOB_STATE_QUEUED);
 }
 
 TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChanges) {
@@ -453,12 +453,12 @@ TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers)
   for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
   CheckpointAll(id, boundary);
   const v1::Job job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.worker_ids_size(), 3);  // max_workers
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), w3 + " joined"))
       << job.plan_history(1).reason();
   EXPECT_EQ(job.progress().steps_redone(), 0);
-  EXPECT_EQ(registry_.Get(w4).value().state(), v1::READY);
+  EXPECT_EQ(registry_.Get(w4).value().state(), v1::WORKER_STATE_READY);
 }
 
 TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAgain) {
@@ -475,20 +475,20 @@ TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAga
   // A new coordinator on the same state (the registry as it restores: LOST).
   Reset(/*with_state=*/true);
   ASSERT_TRUE(jobs_->Restore().ok());
-  EXPECT_EQ(jobs_->Get(ended).value().state(), v1::CANCELLED);
+  EXPECT_EQ(jobs_->Get(ended).value().state(), v1::JOB_STATE_CANCELLED);
   v1::Job job = jobs_->Get(id).value();
-  EXPECT_EQ(job.state(), v1::RECOVERING);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
   EXPECT_GE(job.progress().loss_history_size(), 5);
   registry_.MarkLost(w1, incarnations_[w1], "coordinator restarted");
   registry_.MarkLost(w2, incarnations_[w2], "coordinator restarted");
   jobs_->ScheduleQueued();
-  EXPECT_EQ(jobs_->Get(id).value().state(), v1::RECOVERING);  // within the grace
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);  // within the grace
   clock_.Advance(absl::Milliseconds(10));
   AddWorker(7001);
   AddWorker(7002);  // both back, new incarnations
   jobs_->ScheduleQueued();
   job = jobs_->Get(id).value();
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.plan_version(), 2);
   EXPECT_EQ(job.progress().step(), 5);
   EXPECT_EQ(AssignmentOf(w1).resume().step(), 5);

@@ -123,7 +123,7 @@ TEST_F(JobManagerTest, DataParallel_PlacesReplicasOfTheSamePlan) {
   for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
   jobs_.ScheduleQueued();
   const v1::Job job = jobs_.Get(id).value();
-  ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()), w);
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_EQ(plan.data_parallel(), 2);
@@ -168,7 +168,7 @@ TEST_F(JobManagerTest, DataParallel_CompressedStagesGetTheirRank) {
     const std::string id = jobs_.Submit(spec).value().id();
     jobs_.ScheduleQueued();
     const v1::Job job = jobs_.Get(id).value();
-    ASSERT_EQ(job.state(), v1::RUNNING) << job.reason();
+    ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
     const v1::Plan plan = jobs_.GetPlan(id).value();
     EXPECT_EQ(plan.data_parallel_powersgd_rank(), 3);
     const std::vector<int> chosen(plan.data_parallel_compressed_stages().begin(),
@@ -224,7 +224,7 @@ TEST_F(JobManagerTest, DataParallel_ReplicaZeroReportsAndDivergedReplicasFailThe
     const std::string id = jobs_.Submit(spec).value().id();
     jobs_.ScheduleQueued();
     const v1::Job running = jobs_.Get(id).value();
-    ASSERT_EQ(running.state(), v1::RUNNING);
+    ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING);
     ASSERT_EQ(std::vector<std::string>(running.worker_ids().begin(), running.worker_ids().end()),
               (std::vector<std::string>{w0, w1}));
     v1::ReportProgressRequest checkpoint;
@@ -256,13 +256,13 @@ TEST_F(JobManagerTest, DataParallel_ReplicaZeroReportsAndDivergedReplicasFailThe
                                  job.progress().loss_history().end()),
               (std::vector<float>{1.5f, 1.5f, 1.5f}));
     if (diverge) {
-      EXPECT_EQ(job.state(), v1::FAILED);
+      EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
       EXPECT_TRUE(absl::StrContains(job.reason(),
                                     "data-parallel replicas diverged: stage 0 of "
                                     "replica 1"))
           << job.reason();
     } else {
-      EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+      EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
     }
   }
 }
@@ -270,24 +270,24 @@ TEST_F(JobManagerTest, DataParallel_ReplicaZeroReportsAndDivergedReplicasFailThe
 TEST_F(JobManagerTest, Submit_WaitsForWorkersThenRunsWithCompiledPrograms) {
   const std::string w1 = AddWorker(7001);
   v1::Job job = jobs_.Submit(SmallSpec(2)).value();
-  EXPECT_EQ(job.state(), v1::QUEUED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(job.reason(), "waiting for 2 READY workers (1 ready)");
   EXPECT_EQ(jobs_.GetPlan(job.id()).status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string w2 = AddWorker(7002);
   jobs_.ScheduleQueued();
   job = jobs_.Get(job.id()).value();
-  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
             (std::vector<std::string>{w1, w2}));
   v1::Plan plan = jobs_.GetPlan(job.id()).value();
   ASSERT_EQ(plan.stages_size(), 2);
   EXPECT_EQ(plan.stages(0).forward().end(), plan.stages(1).forward().begin());
   const v1::Assignment a2 = AssignmentOf(w2);
-  EXPECT_EQ(a2.action(), v1::Assignment::RUN);
+  EXPECT_EQ(a2.action(), v1::Assignment::ACTION_RUN);
   EXPECT_EQ(a2.stage(), 1);
   EXPECT_EQ(a2.peer_addresses(0), "127.0.0.1:7001");
   EXPECT_GT(a2.program().instructions_size(), 0);
-  EXPECT_EQ(registry_.Get(w1).value().state(), v1::ASSIGNED);
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_ASSIGNED);
 }
 
 TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
@@ -303,11 +303,11 @@ TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
   EXPECT_EQ(job.progress().loss_history_size(), 2);
   EXPECT_EQ(job.progress().tokens_per_second(), 4 * 8 / 2.0);
   Report(w1, id, 2, {}, true);
-  EXPECT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);  // w2 not finished yet
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);  // w2 not finished yet
   Report(w2, id, 2, {1.0f, 1.0f}, true);
-  EXPECT_EQ(jobs_.Get(id).value().state(), v1::SUCCEEDED);
-  EXPECT_EQ(registry_.Get(w1).value().state(), v1::READY);
-  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::STOP);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
 }
 
 TEST_F(JobManagerTest, EvalInterval_AssignmentsCarryEvalProgramsAndValLossIsReported) {
@@ -357,10 +357,10 @@ TEST_F(JobManagerTest, WorkerLost_FailsJobNamingTheWorkerAndFreesTheOthers) {
   clock_.Advance(absl::Seconds(3));
   EXPECT_EQ(registry_.CheckLeases(), 1);
   v1::Job job = jobs_.Get(id).value();
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(job.reason().find(w2), std::string::npos) << job.reason();
-  EXPECT_EQ(registry_.Get(w1).value().state(), v1::READY);
-  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::STOP);
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
 }
 
 TEST_F(JobManagerTest, ReadyBarrier_OpensWhenEveryStageIsReady) {
@@ -381,7 +381,7 @@ TEST_F(JobManagerTest, ReadyBarrier_OpensWhenEveryStageIsReady) {
 TEST_F(JobManagerTest, Cancel_EndsOnceThenIsFailedPrecondition) {
   AddWorker(7001);
   const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
-  EXPECT_EQ(jobs_.Cancel(id).value().state(), v1::CANCELLED);
+  EXPECT_EQ(jobs_.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(jobs_.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(jobs_.Cancel("job-99").status().code(), absl::StatusCode::kNotFound);
 }
@@ -432,10 +432,10 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   past.set_offset(1);  // one value beyond the end
   EXPECT_EQ(jobs_.AddWeightsChunk(past).code(), absl::StatusCode::kInvalidArgument);
   Report(w1, id, 2, {1.0f, 1.0f}, true);
-  EXPECT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);  // weights still missing
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);  // weights still missing
   ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
   v1::Job job = jobs_.Get(id).value();
-  EXPECT_EQ(job.state(), v1::SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   const std::string path = OutputDir() + "/out/final.safetensors";
   EXPECT_EQ(job.weights_path(), path);
   struct stat info;
@@ -455,7 +455,7 @@ TEST_F(JobManagerTest, Weights_UnknownForeignOrMisshapenChunk_RefusedBeforeAlloc
   v1::JobSpec spec = SmallSpec(2);  // uniform: stage 0 holds embed and attn_0
   spec.mutable_output()->set_weights_path("w.safetensors");
   const std::string id = jobs_.Submit(spec).value().id();
-  ASSERT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const GptConfig model = ResolveJobSpec(spec).value().train.model;
   v1::WeightsChunk absurd = WholeTensor(w1, id, {"wpe.weight", {1}});
   absurd.clear_shape();
@@ -477,7 +477,7 @@ TEST_F(JobManagerTest, Weights_UnknownForeignOrMisshapenChunk_RefusedBeforeAlloc
   // Both ends of the tied embedding may send wte.weight.
   EXPECT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, UnitParameterShapes(model, 0)[0])).ok());
   EXPECT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w2, id, UnitParameterShapes(model, 3)[2])).ok());
-  EXPECT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 
 // (device, wire) counts of a program's sends and receives; EXPECTs that
@@ -488,7 +488,8 @@ std::pair<int, int> DeviceAndWire(const v1::Program& program) {
     if (!in.has_send() && !in.has_recv()) continue;
     const v1::TensorKey& t = in.has_send() ? in.send().tensor() : in.recv().tensor();
     if ((in.has_send() ? in.send().path() : in.recv().path()) == v1::LINK_PATH_DEVICE) {
-      EXPECT_TRUE(t.kind() == v1::ACTIVATION || t.kind() == v1::ACTIVATION_GRAD);
+      EXPECT_TRUE(t.kind() == v1::TENSOR_KIND_ACTIVATION ||
+                  t.kind() == v1::TENSOR_KIND_ACTIVATION_GRAD);
       ++device;
     } else {
       ++wire;
@@ -509,7 +510,7 @@ TEST_F(JobManagerTest, ThreeGpusOnOneHost_AssignmentsCarryTheGroupAndDevicePaths
   spec.mutable_training()->set_eval_interval(2);
   spec.mutable_training()->set_eval_windows(3);
   const std::string id = jobs_.Submit(spec).value().id();
-  ASSERT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   // Stages 0 and 2 hold the tied embedding: its gradient goes by wire.
   const std::vector<std::pair<int, int>> expected = {{4, 2}, {8, 0}, {4, 2}};
   for (int s = 0; s < 3; ++s) {
@@ -536,7 +537,7 @@ TEST_F(JobManagerTest, ConsumedNcclId_NextJobHasNoGroupUntilAHeartbeatBringsAFre
   ASSERT_TRUE(jobs_.Cancel(id).ok());
 
   id = jobs_.Submit(SmallSpec(2)).value().id();
-  ASSERT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   for (const std::string& w : {w1, w2}) {
     const v1::Assignment a = AssignmentOf(w);
     EXPECT_EQ(a.job_id(), id);
@@ -609,14 +610,15 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   spec.mutable_parallelism()->set_solver("bipartition");
   const std::string id = jobs_.Submit(spec).value().id();
   v1::Job job = jobs_.Get(id).value();
-  EXPECT_EQ(job.state(), v1::PROFILING);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PROFILING);
   EXPECT_EQ(job.reason(), "profiling the model on " + w1);
-  EXPECT_EQ(registry_.Get(w1).value().state(), v1::READY);  // not taken while profiling
+  EXPECT_EQ(registry_.Get(w1).value().state(),
+            v1::WORKER_STATE_READY);  // not taken while profiling
   release.Notify();
   jobs_.AwaitProfiling();
   EXPECT_EQ(asked, "127.0.0.1:7001 T8 B2 session");
   job = jobs_.Get(id).value();
-  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_EQ(plan.solver(), "bipartition");
   EXPECT_TRUE(absl::StartsWith(plan.profile_source(), "measured on cpu: by " + w1 + " (cached)"))
@@ -625,7 +627,7 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   EXPECT_EQ(jobs_.profiles().size(), 1);
   // The same model again: the cache answers, no second profile.
   ASSERT_TRUE(jobs_.Cancel(id).ok());
-  EXPECT_EQ(jobs_.Get(jobs_.Submit(spec).value().id()).value().state(), v1::RUNNING);
+  EXPECT_EQ(jobs_.Get(jobs_.Submit(spec).value().id()).value().state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(calls, 1);
 }
 
@@ -640,7 +642,7 @@ TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
   spec.mutable_parallelism()->set_solver("auto");
   const std::string id = jobs_.Submit(spec).value().id();
   jobs_.AwaitProfiling();
-  EXPECT_EQ(jobs_.Get(id).value().state(), v1::RUNNING);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_TRUE(absl::StrContains(plan.profile_source(), "analytic: FLOPs at"));
   EXPECT_TRUE(absl::StrContains(plan.profile_source(), "profiling failed: UNAVAILABLE: worker gone"))
@@ -733,9 +735,9 @@ TEST_F(JobManagerTest, Schedule_BigJobWaiting_LaterJobThatFitsRunsFirst) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string big = jobs_.Submit(SmallSpec(3)).value().id();    // 3 workers: cannot place
   const std::string small = jobs_.Submit(SmallSpec(2)).value().id();  // fits the 2 READY
-  EXPECT_EQ(jobs_.Get(big)->state(), v1::QUEUED);
+  EXPECT_EQ(jobs_.Get(big)->state(), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(jobs_.Get(big)->reason(), "waiting for 3 READY workers (2 ready)");
-  EXPECT_EQ(jobs_.Get(small)->state(), v1::RUNNING);
+  EXPECT_EQ(jobs_.Get(small)->state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(jobs_.Get(small)->worker_ids(0), w1);
   EXPECT_EQ(jobs_.Get(small)->worker_ids(1), w2);
 }
@@ -747,11 +749,11 @@ TEST_F(JobManagerTest, Schedule_QueueTimeout_FailsWithReasonAtTheDeadlineNotBefo
   const std::string id = jobs_.Submit(spec).value().id();
   clock_.Advance(absl::Seconds(60));
   jobs_.ScheduleQueued();
-  EXPECT_EQ(jobs_.Get(id)->state(), v1::QUEUED);  // exactly the timeout: still waiting
+  EXPECT_EQ(jobs_.Get(id)->state(), v1::JOB_STATE_QUEUED);  // exactly the timeout: still waiting
   clock_.Advance(absl::Seconds(1));
   jobs_.ScheduleQueued();
   const v1::Job job = jobs_.Get(id).value();
-  EXPECT_EQ(job.state(), v1::FAILED);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(job.reason(),
             "not placed within spec.scheduling.queue_timeout (1m): waiting for 3 READY workers "
             "(1 ready); add workers or ask for fewer stages");
@@ -837,7 +839,7 @@ TEST_F(JobManagerTest, Progress_OutOfBoundsReports_InvalidArgumentJobUnchanged) 
   r.set_error(std::string(16385, 'e'));
   EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
   const v1::Job job = jobs_.Get(id).value();
-  EXPECT_EQ(job.state(), v1::RUNNING);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(job.progress().step(), 0);
 }
 

@@ -11,7 +11,7 @@ namespace pipetrain {
 ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout) {
   return [timeout](const std::string& address, const std::string& session_token,
                    const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
-    auto stub = v1::WorkerControl::NewStub(
+    auto stub = v1::WorkerControlService::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));

@@ -28,10 +28,10 @@ void MarkProgram(const v1::CompressionSpec& c, v1::Program* program) {
     send->clear_flush_residual();
     send->clear_epilogue();
     switch (send->tensor().kind()) {
-      case v1::ACTIVATION:
+      case v1::TENSOR_KIND_ACTIVATION:
         send->set_codec(forward);
         break;
-      case v1::ACTIVATION_GRAD: {
+      case v1::TENSOR_KIND_ACTIVATION_GRAD: {
         send->set_epilogue(i > last_forward);
         if (backward.empty() || (c.epilogue_only() && !send->epilogue())) break;
         send->set_codec(backward);

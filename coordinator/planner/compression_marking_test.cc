@@ -55,16 +55,16 @@ TEST(MarkCompression, ForwardAndBackward_CodecByKindTiedStaysRaw) {
   MarkCompression(Spec("piecewise:bits=3", "fp16", false, false), &programs);
   int activations = 0, grads = 0, tied = 0;
   for (const v1::Program& p : programs) {
-    for (const auto* s : Sends(p, v1::ACTIVATION)) {
+    for (const auto* s : Sends(p, v1::TENSOR_KIND_ACTIVATION)) {
       EXPECT_EQ(s->codec(), "piecewise:bits=3");
       ++activations;
     }
-    for (const auto* s : Sends(p, v1::ACTIVATION_GRAD)) {
+    for (const auto* s : Sends(p, v1::TENSOR_KIND_ACTIVATION_GRAD)) {
       EXPECT_EQ(s->codec(), "fp16");
       EXPECT_FALSE(s->error_feedback());
       ++grads;
     }
-    for (const auto* s : Sends(p, v1::TIED_EMBEDDING_GRAD)) {
+    for (const auto* s : Sends(p, v1::TENSOR_KIND_TIED_EMBEDDING_GRAD)) {
       EXPECT_EQ(s->codec(), "");
       ++tied;
     }
@@ -82,7 +82,8 @@ TEST(MarkCompression, OneFOneB_EpilogueIsTheCoolDown) {
     std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, m);
     MarkCompression(Spec("none", "powersgd:rank=4", false, true), &programs);
     for (int s = 1; s < 4; ++s) {
-      std::vector<const v1::Instruction::Send*> grads = Sends(programs[s], v1::ACTIVATION_GRAD);
+      std::vector<const v1::Instruction::Send*> grads =
+          Sends(programs[s], v1::TENSOR_KIND_ACTIVATION_GRAD);
       ASSERT_EQ(static_cast<int>(grads.size()), m);
       for (int i = 0; i < m; ++i) {
         const bool expect_epilogue = i >= m - (4 - s);
@@ -98,7 +99,7 @@ TEST(MarkCompression, GPipe_EveryBackwardSendIsEpilogue) {
   std::vector<v1::Program> programs = Compile(Schedule::kGPipe, 3);
   MarkCompression(Spec("none", "powersgd:rank=4", false, true), &programs);
   for (int s = 1; s < 4; ++s) {
-    for (const auto* g : Sends(programs[s], v1::ACTIVATION_GRAD)) {
+    for (const auto* g : Sends(programs[s], v1::TENSOR_KIND_ACTIVATION_GRAD)) {
       EXPECT_TRUE(g->epilogue());
       EXPECT_EQ(g->codec(), "powersgd:rank=4");
     }
@@ -109,7 +110,8 @@ TEST(MarkCompression, ErrorFeedback_FlushesOnTheLastSendOfEachLink) {
   std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, 4);
   MarkCompression(Spec("none", "powersgd:rank=4", true, false), &programs);
   for (int s = 1; s < 4; ++s) {
-    std::vector<const v1::Instruction::Send*> grads = Sends(programs[s], v1::ACTIVATION_GRAD);
+    std::vector<const v1::Instruction::Send*> grads =
+        Sends(programs[s], v1::TENSOR_KIND_ACTIVATION_GRAD);
     ASSERT_EQ(grads.size(), 4u);
     for (size_t i = 0; i < grads.size(); ++i) {
       EXPECT_TRUE(grads[i]->error_feedback());
@@ -133,7 +135,8 @@ TEST(MarkCompression, ErrorFeedbackWithEpilogueOnly_FlushesOnLastCompressedSend)
   std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, 4);
   MarkCompression(Spec("none", "powersgd:rank=4", true, true), &programs);
   for (int s = 1; s < 4; ++s) {
-    std::vector<const v1::Instruction::Send*> grads = Sends(programs[s], v1::ACTIVATION_GRAD);
+    std::vector<const v1::Instruction::Send*> grads =
+        Sends(programs[s], v1::TENSOR_KIND_ACTIVATION_GRAD);
     for (size_t i = 0; i < grads.size(); ++i) {
       EXPECT_EQ(grads[i]->error_feedback(), grads[i]->epilogue());
       EXPECT_EQ(grads[i]->flush_residual(), i + 1 == grads.size());
@@ -161,7 +164,8 @@ TEST(MarkCompression, BackwardOnlyWorker_AllItsGradSendsAreEpilogue) {
                                              kUnits, 3, Schedule::kOneFOneB)
                       .value();
   MarkCompression(Spec("none", "fp16", false, true), &programs);
-  std::vector<const v1::Instruction::Send*> grads = Sends(programs[1], v1::ACTIVATION_GRAD);
+  std::vector<const v1::Instruction::Send*> grads =
+      Sends(programs[1], v1::TENSOR_KIND_ACTIVATION_GRAD);
   ASSERT_EQ(grads.size(), 3u);
   for (const auto* g : grads) {
     EXPECT_TRUE(g->epilogue());

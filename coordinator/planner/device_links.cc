@@ -18,14 +18,15 @@ Key KeyOf(const v1::TensorKey& t) { return {t.kind(), t.micro_batch(), t.unit()}
 // Raw activations and their gradients; everything else stays on the wire.
 bool MayUseDevice(const v1::Instruction::Send& send) {
   const v1::TensorKind kind = send.tensor().kind();
-  return (kind == v1::ACTIVATION || kind == v1::ACTIVATION_GRAD) && send.codec().empty();
+  return (kind == v1::TENSOR_KIND_ACTIVATION || kind == v1::TENSOR_KIND_ACTIVATION_GRAD) &&
+         send.codec().empty();
 }
 
 void ResetPaths(std::vector<v1::Program>* programs) {
   for (v1::Program& program : *programs) {
     for (v1::Instruction& in : *program.mutable_instructions()) {
-      if (in.has_send()) in.mutable_send()->clear_path();
-      if (in.has_recv()) in.mutable_recv()->clear_path();
+      if (in.has_send()) in.mutable_send()->set_path(v1::LINK_PATH_WIRE);
+      if (in.has_recv()) in.mutable_recv()->set_path(v1::LINK_PATH_WIRE);
     }
   }
 }

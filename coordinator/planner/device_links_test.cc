@@ -50,7 +50,7 @@ std::vector<DeviceLinkMember> OneHost(int stages, const std::string& host = "h")
 }
 
 bool IsActivationKind(v1::TensorKind kind) {
-  return kind == v1::ACTIVATION || kind == v1::ACTIVATION_GRAD;
+  return kind == v1::TENSOR_KIND_ACTIVATION || kind == v1::TENSOR_KIND_ACTIVATION_GRAD;
 }
 
 // The program's sends and receives, each with " DEVICE" appended when it
@@ -217,8 +217,8 @@ TEST(PlanDeviceLinks, CompressedBackward_GradientsStayOnWireActivationsOnDevice)
   for (const v1::Program& p : programs) {
     for (const v1::Instruction& in : p.instructions()) {
       if (!in.has_send() && !in.has_recv()) continue;
-      EXPECT_EQ(PathOf(in),
-                TensorOf(in).kind() == v1::ACTIVATION ? v1::LINK_PATH_DEVICE : v1::LINK_PATH_WIRE)
+      EXPECT_EQ(PathOf(in), TensorOf(in).kind() == v1::TENSOR_KIND_ACTIVATION ? v1::LINK_PATH_DEVICE
+                                                                              : v1::LINK_PATH_WIRE)
           << DescribeInstruction(in);
     }
   }
@@ -233,7 +233,7 @@ TEST(PlanDeviceLinks, EpilogueOnlyCompression_SplitsAPairBetweenPaths) {
   for (int s = 1; s < 4; ++s) {
     int raw = 0, compressed = 0;
     for (const v1::Instruction& in : programs[s].instructions()) {
-      if (!in.has_send() || in.send().tensor().kind() != v1::ACTIVATION_GRAD) continue;
+      if (!in.has_send() || in.send().tensor().kind() != v1::TENSOR_KIND_ACTIVATION_GRAD) continue;
       const bool on_device = in.send().path() == v1::LINK_PATH_DEVICE;
       EXPECT_EQ(on_device, in.send().codec().empty()) << DescribeInstruction(in);
       (on_device ? raw : compressed)++;
@@ -242,7 +242,7 @@ TEST(PlanDeviceLinks, EpilogueOnlyCompression_SplitsAPairBetweenPaths) {
     EXPECT_EQ(raw, 6 - (4 - s)) << "stage " << s;
     // The receiver marks exactly the same micro-batches.
     for (const v1::Instruction& in : programs[s - 1].instructions()) {
-      if (!in.has_recv() || in.recv().tensor().kind() != v1::ACTIVATION_GRAD) continue;
+      if (!in.has_recv() || in.recv().tensor().kind() != v1::TENSOR_KIND_ACTIVATION_GRAD) continue;
       EXPECT_EQ(in.recv().path() == v1::LINK_PATH_DEVICE,
                 in.recv().tensor().micro_batch() < 6 - (4 - s))
           << DescribeInstruction(in);
@@ -387,7 +387,7 @@ TEST(PlanDeviceLinks, SenderSendsATensorTheReceiverNeverReceives_PairStaysOnWire
   auto* instructions = programs[1].mutable_instructions();
   for (int i = 0; i < instructions->size(); ++i) {
     const v1::Instruction& in = instructions->Get(i);
-    if (in.has_recv() && in.recv().tensor().kind() == v1::ACTIVATION &&
+    if (in.has_recv() && in.recv().tensor().kind() == v1::TENSOR_KIND_ACTIVATION &&
         in.recv().tensor().micro_batch() == 1) {
       instructions->DeleteSubrange(i, 1);
       break;

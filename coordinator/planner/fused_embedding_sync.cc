@@ -6,8 +6,8 @@ namespace pipetrain {
 namespace {
 
 bool IsTiedExchange(const v1::Instruction& in) {
-  return (in.has_send() && in.send().tensor().kind() == v1::TIED_EMBEDDING_GRAD) ||
-         (in.has_recv() && in.recv().tensor().kind() == v1::TIED_EMBEDDING_GRAD);
+  return (in.has_send() && in.send().tensor().kind() == v1::TENSOR_KIND_TIED_EMBEDDING_GRAD) ||
+         (in.has_recv() && in.recv().tensor().kind() == v1::TENSOR_KIND_TIED_EMBEDDING_GRAD);
 }
 
 // Removes the stage's exchange (one Send and one Recv) and marks its

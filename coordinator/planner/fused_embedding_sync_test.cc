@@ -9,8 +9,8 @@ namespace {
 int CountTied(const v1::Program& p) {
   int n = 0;
   for (const v1::Instruction& in : p.instructions()) {
-    n += (in.has_send() && in.send().tensor().kind() == v1::TIED_EMBEDDING_GRAD) ||
-         (in.has_recv() && in.recv().tensor().kind() == v1::TIED_EMBEDDING_GRAD);
+    n += (in.has_send() && in.send().tensor().kind() == v1::TENSOR_KIND_TIED_EMBEDDING_GRAD) ||
+         (in.has_recv() && in.recv().tensor().kind() == v1::TENSOR_KIND_TIED_EMBEDDING_GRAD);
   }
   return n;
 }

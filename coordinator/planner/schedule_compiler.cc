@@ -19,12 +19,14 @@ void AddSend(v1::Program* p, const v1::TensorKey& key, int peer) {
   auto* send = p->add_instructions()->mutable_send();
   *send->mutable_tensor() = key;
   send->set_peer_stage(peer);
+  send->set_path(v1::LINK_PATH_WIRE);  // device_links.h may move it to the device
 }
 
 void AddRecv(v1::Program* p, const v1::TensorKey& key, int peer) {
   auto* recv = p->add_instructions()->mutable_recv();
   *recv->mutable_tensor() = key;
   recv->set_peer_stage(peer);
+  recv->set_path(v1::LINK_PATH_WIRE);
 }
 
 // Who runs what: the forward owner fo[u] and backward owner bo[u] of each
@@ -79,36 +81,40 @@ class WorkerEmitter {
 
   void Forward(int k) {
     if (Empty(f_)) return;
-    if (f_.begin > 0) AddRecv(p_, Key(v1::ACTIVATION, k, f_.begin - 1), own_.fo[f_.begin - 1]);
+    if (f_.begin > 0)
+      AddRecv(p_, Key(v1::TENSOR_KIND_ACTIVATION, k, f_.begin - 1), own_.fo[f_.begin - 1]);
     auto* f = p_->add_instructions()->mutable_forward();
     *f->mutable_units() = ToUnitRange(f_);
     f->set_micro_batch(k);
-    if (f_.end <= last_unit_) AddSend(p_, Key(v1::ACTIVATION, k, f_.end - 1), own_.fo[f_.end]);
+    if (f_.end <= last_unit_)
+      AddSend(p_, Key(v1::TENSOR_KIND_ACTIVATION, k, f_.end - 1), own_.fo[f_.end]);
     // Inputs other workers need to recompute units whose forward ran here.
     // Never the tensor that worker gets as its forward input: a routed input
     // lies before F or after its end (RecomputeRuns), never at F.begin - 1.
     for (int other = 0; other < static_cast<int>(fwd_.size()); ++other) {
       const int unit = RoutedInputUnit(fwd_[other], bwd_[other]);
-      if (unit >= 0 && own_.fo[unit] == w_) AddSend(p_, Key(v1::ACTIVATION, k, unit), other);
+      if (unit >= 0 && own_.fo[unit] == w_)
+        AddSend(p_, Key(v1::TENSOR_KIND_ACTIVATION, k, unit), other);
     }
   }
 
   void Backward(int k) {
     if (Empty(b_)) return;
     const int routed = RoutedInputUnit(f_, b_);
-    if (routed >= 0) AddRecv(p_, Key(v1::ACTIVATION, k, routed), own_.fo[routed]);
+    if (routed >= 0) AddRecv(p_, Key(v1::TENSOR_KIND_ACTIVATION, k, routed), own_.fo[routed]);
     for (const Range& run : RecomputeRuns(f_, b_)) {
       auto* r = p_->add_instructions()->mutable_recompute();
       *r->mutable_units() = ToUnitRange(run);
       r->set_micro_batch(k);
     }
     if (b_.end <= last_unit_) {
-      AddRecv(p_, Key(v1::ACTIVATION_GRAD, k, b_.end), own_.bo[b_.end]);
+      AddRecv(p_, Key(v1::TENSOR_KIND_ACTIVATION_GRAD, k, b_.end), own_.bo[b_.end]);
     }
     auto* b = p_->add_instructions()->mutable_backward();
     *b->mutable_units() = ToUnitRange(b_);
     b->set_micro_batch(k);
-    if (b_.begin > 0) AddSend(p_, Key(v1::ACTIVATION_GRAD, k, b_.begin), own_.bo[b_.begin - 1]);
+    if (b_.begin > 0)
+      AddSend(p_, Key(v1::TENSOR_KIND_ACTIVATION_GRAD, k, b_.begin), own_.bo[b_.begin - 1]);
   }
 
   // The tied wte gradient: the backward owners of embed and head swap their
@@ -118,17 +124,17 @@ class WorkerEmitter {
     const int embed_owner = own_.bo[0], head_owner = own_.bo[last_unit_];
     if (embed_owner != head_owner && (w_ == embed_owner || w_ == head_owner)) {
       const int peer = w_ == embed_owner ? head_owner : embed_owner;
-      const v1::TensorKey key = Key(v1::TIED_EMBEDDING_GRAD, -1, 0);
+      const v1::TensorKey key = Key(v1::TENSOR_KIND_TIED_EMBEDDING_GRAD, -1, 0);
       AddSend(p_, key, peer);
       AddRecv(p_, key, peer);
     }
     if (w_ == embed_owner || w_ == head_owner) p_->add_instructions()->mutable_add_tied_gradient();
     if (!Empty(b_)) *p_->add_instructions()->mutable_optimizer_step()->mutable_units() = ToUnitRange(b_);
     for (int u = b_.begin; u < b_.end; ++u) {
-      if (own_.fo[u] != w_) AddSend(p_, Key(v1::UNIT_WEIGHTS, -1, u), own_.fo[u]);
+      if (own_.fo[u] != w_) AddSend(p_, Key(v1::TENSOR_KIND_UNIT_WEIGHTS, -1, u), own_.fo[u]);
     }
     for (int u = f_.begin; u < f_.end; ++u) {
-      if (own_.bo[u] != w_) AddRecv(p_, Key(v1::UNIT_WEIGHTS, -1, u), own_.bo[u]);
+      if (own_.bo[u] != w_) AddRecv(p_, Key(v1::TENSOR_KIND_UNIT_WEIGHTS, -1, u), own_.bo[u]);
     }
   }
 
@@ -271,12 +277,14 @@ absl::StatusOr<std::vector<v1::Program>> CompileEvalPrograms(const std::vector<R
     if (Empty(f)) continue;
     v1::Program* p = &programs[w];
     for (int k = 0; k < micro_batches; ++k) {
-      if (f.begin > 0) AddRecv(p, Key(v1::EVAL_ACTIVATION, k, f.begin - 1), owner[f.begin - 1]);
+      if (f.begin > 0)
+        AddRecv(p, Key(v1::TENSOR_KIND_EVAL_ACTIVATION, k, f.begin - 1), owner[f.begin - 1]);
       auto* fwd = p->add_instructions()->mutable_forward();
       *fwd->mutable_units() = ToUnitRange(f);
       fwd->set_micro_batch(k);
       fwd->set_validation(true);
-      if (f.end < num_units) AddSend(p, Key(v1::EVAL_ACTIVATION, k, f.end - 1), owner[f.end]);
+      if (f.end < num_units)
+        AddSend(p, Key(v1::TENSOR_KIND_EVAL_ACTIVATION, k, f.end - 1), owner[f.end]);
     }
   }
   return programs;

@@ -30,7 +30,8 @@
 // Recv UNIT_WEIGHTS(u) from bo(u) for u in F with bo(u) != w, so every
 // forward pass of the next iteration sees the updated weights. Sends never
 // block (they are buffered by the receiver's mailbox); the tests run every
-// small plan to completion to show these programs cannot deadlock.
+// small plan to completion to show these programs cannot deadlock. Every
+// Send and Recv is LINK_PATH_WIRE (device_links.h moves some to the device).
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_SCHEDULE_COMPILER_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_SCHEDULE_COMPILER_H_
 

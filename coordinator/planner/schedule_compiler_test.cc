@@ -286,6 +286,29 @@ TEST(CompileEvalProgramsTest, ThreeWorkersWithAForwardlessOne_ExactPrograms) {
                 "recv EVAL_ACTIVATION unit 1 mb 1 from stage 0", "validation forward [2, 4) mb 1"}));
 }
 
+// LINK_PATH_UNSPECIFIED is read as the wire, but the compiler says so: every
+// Send and Recv of the training, Bi-Partition and validation programs is
+// LINK_PATH_WIRE until device_links.h moves it.
+TEST(ScheduleCompilerTest, EverySendAndRecv_ExplicitlyOnTheWire) {
+  std::vector<std::vector<v1::Program>> compiled = {
+      CompilePrograms({{0, 2}, {2, 4}}, 4, 3, Schedule::kOneFOneB).value(),
+      CompileBiPartitionPrograms({{0, 3}, {3, 4}}, {{0, 1}, {1, 4}}, 4, 1, Schedule::kGPipe)
+          .value(),
+      CompileEvalPrograms({{0, 2}, {2, 2}, {2, 4}}, 4, 2).value()};
+  int transfers = 0;
+  for (const std::vector<v1::Program>& programs : compiled) {
+    for (const v1::Program& program : programs) {
+      for (const v1::Instruction& in : program.instructions()) {
+        if (!in.has_send() && !in.has_recv()) continue;
+        ++transfers;
+        EXPECT_EQ(in.has_send() ? in.send().path() : in.recv().path(), v1::LINK_PATH_WIRE)
+            << DescribeInstruction(in);
+      }
+    }
+  }
+  EXPECT_EQ(transfers, 16 + 14 + 4);
+}
+
 TEST(CompileEvalProgramsTest, BadRangesOrMicroBatches_InvalidArgument) {
   EXPECT_EQ(CompileEvalPrograms({{0, 2}, {3, 4}}, 4, 1).status().code(),
             absl::StatusCode::kInvalidArgument);

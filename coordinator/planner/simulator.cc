@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 #include "common/program_text.h"
 #include "common/status_macros.h"
 
@@ -80,12 +81,12 @@ const char* InstructionProblem(const v1::Instruction& in, int w, int workers, in
   };
   auto key_ok = [units](const v1::TensorKey& k) {
     switch (k.kind()) {
-      case v1::ACTIVATION:
-      case v1::UNIT_WEIGHTS:
+      case v1::TENSOR_KIND_ACTIVATION:
+      case v1::TENSOR_KIND_UNIT_WEIGHTS:
         return k.unit() >= 0 && k.unit() < units;
-      case v1::ACTIVATION_GRAD:
+      case v1::TENSOR_KIND_ACTIVATION_GRAD:
         return k.unit() >= 1 && k.unit() < units;
-      case v1::TIED_EMBEDDING_GRAD:
+      case v1::TENSOR_KIND_TIED_EMBEDDING_GRAD:
         return true;
       default:
         return false;
@@ -147,7 +148,7 @@ std::string RangeText(const v1::UnitRange& r) {
 }
 
 std::string KeyText(const v1::TensorKey& k) {
-  std::string text = absl::StrCat(v1::TensorKind_Name(k.kind()), " u", k.unit());
+  std::string text = absl::StrCat(EnumShortName(k.kind()), " u", k.unit());
   if (k.micro_batch() >= 0) absl::StrAppend(&text, " mb", k.micro_batch());
   return text;
 }
@@ -406,11 +407,11 @@ double AllReduceSeconds(int replicas, double bytes, const LinkParameters& link) 
 
 double TransferBytes(const v1::TensorKey& key, const SimulationCosts& costs) {
   switch (key.kind()) {
-    case v1::ACTIVATION:
+    case v1::TENSOR_KIND_ACTIVATION:
       return costs.units[key.unit()].activation_bytes;
-    case v1::ACTIVATION_GRAD:
+    case v1::TENSOR_KIND_ACTIVATION_GRAD:
       return costs.units[key.unit() - 1].activation_bytes;
-    case v1::UNIT_WEIGHTS:
+    case v1::TENSOR_KIND_UNIT_WEIGHTS:
       return costs.units[key.unit()].weight_bytes;
     default:
       return costs.tied_grad_bytes;

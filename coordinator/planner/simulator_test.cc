@@ -155,10 +155,10 @@ TEST(SimulatorTest, BalancedStagesZeroComm_BubbleIsTheory) {
 
 TEST(SimulatorTest, TwoSendsOnOneLink_SecondWaitsForFirst) {
   const std::vector<v1::Program> programs = {
-      Program({Send(v1::ACTIVATION, 0, 0, 1), Send(v1::ACTIVATION, 0, 1, 1),
-               Recv(v1::ACTIVATION, 0, 2, 1)}),
-      Program({Send(v1::ACTIVATION, 0, 2, 0), Recv(v1::ACTIVATION, 0, 1, 0),
-               Recv(v1::ACTIVATION, 0, 0, 0)}),
+      Program({Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1), Send(v1::TENSOR_KIND_ACTIVATION, 0, 1, 1),
+               Recv(v1::TENSOR_KIND_ACTIVATION, 0, 2, 1)}),
+      Program({Send(v1::TENSOR_KIND_ACTIVATION, 0, 2, 0), Recv(v1::TENSOR_KIND_ACTIVATION, 0, 1, 0),
+               Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0)}),
   };
   SimulationCosts costs = UniformCosts(1, 0, 0, 100, 2);
   costs.link = {100, 0.25};  // 1.25 s per transfer
@@ -174,8 +174,10 @@ TEST(SimulatorTest, TwoSendsOnOneLink_SecondWaitsForFirst) {
 
 TEST(SimulatorTest, LinkOverride_AppliesToThatDirectionOnly) {
   const std::vector<v1::Program> programs = {
-      Program({Send(v1::ACTIVATION, 0, 0, 1), Recv(v1::ACTIVATION, 0, 1, 1)}),
-      Program({Send(v1::ACTIVATION, 0, 1, 0), Recv(v1::ACTIVATION, 0, 0, 0)}),
+      Program(
+          {Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1), Recv(v1::TENSOR_KIND_ACTIVATION, 0, 1, 1)}),
+      Program(
+          {Send(v1::TENSOR_KIND_ACTIVATION, 0, 1, 0), Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0)}),
   };
   SimulationCosts costs = UniformCosts(1, 0, 0, 100, 2);
   costs.link = {100, 0};
@@ -188,8 +190,9 @@ TEST(SimulatorTest, LinkOverride_AppliesToThatDirectionOnly) {
 
 TEST(SimulatorTest, ComputeWhileSending_WorkerDoesNotWaitForItsSend) {
   const std::vector<v1::Program> programs = {
-      Program({Compute("F", 0, 1, 0), Send(v1::ACTIVATION, 0, 0, 1), Compute("F", 0, 1, 1)}),
-      Program({Recv(v1::ACTIVATION, 0, 0, 0)}),
+      Program({Compute("F", 0, 1, 0), Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1),
+               Compute("F", 0, 1, 1)}),
+      Program({Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0)}),
   };
   SimulationCosts costs = UniformCosts(1, 1, 0, 300, 2);
   costs.link.bandwidth_bytes_per_second = 100;  // 3 s transfer
@@ -223,12 +226,12 @@ TEST(SimulatorTest, WorkerSpeeds_ScaleComputeTimes) {
 // it recomputes unit 1 from x_1 and sends the updated weights back.
 TEST(SimulatorTest, RecomputeAndUnitWeights_HandComputedTimeline) {
   const std::vector<v1::Program> programs = {
-      Program({Compute("F", 0, 2, 0), Send(v1::ACTIVATION, 0, 0, 1),
-               Recv(v1::ACTIVATION_GRAD, 1, 0, 1), Compute("B", 0, 1, 0), Compute("Opt", 0, 1, -1),
-               Recv(v1::UNIT_WEIGHTS, 1, -1, 1)}),
-      Program({Recv(v1::ACTIVATION, 0, 0, 0), Compute("R", 1, 2, 0), Compute("B", 1, 2, 0),
-               Send(v1::ACTIVATION_GRAD, 1, 0, 0), Compute("Opt", 1, 2, -1),
-               Send(v1::UNIT_WEIGHTS, 1, -1, 0)}),
+      Program({Compute("F", 0, 2, 0), Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1),
+               Recv(v1::TENSOR_KIND_ACTIVATION_GRAD, 1, 0, 1), Compute("B", 0, 1, 0),
+               Compute("Opt", 0, 1, -1), Recv(v1::TENSOR_KIND_UNIT_WEIGHTS, 1, -1, 1)}),
+      Program({Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0), Compute("R", 1, 2, 0),
+               Compute("B", 1, 2, 0), Send(v1::TENSOR_KIND_ACTIVATION_GRAD, 1, 0, 0),
+               Compute("Opt", 1, 2, -1), Send(v1::TENSOR_KIND_UNIT_WEIGHTS, 1, -1, 0)}),
   };
   SimulationCosts costs;
   costs.units = {{1, 3, 100, 50}, {2, 4, 10, 200}};
@@ -249,7 +252,8 @@ TEST(SimulatorTest, RecomputeAndUnitWeights_HandComputedTimeline) {
   EXPECT_EQ(r.iteration_seconds, 14.5);
   EXPECT_EQ(r.busy_seconds, (std::vector<double>{6.5, 8}));
   for (const TimelineEvent& e : r.events) {
-    if (e.kind == TimelineEventKind::kSendTransfer && e.tensor_kind == v1::UNIT_WEIGHTS) {
+    if (e.kind == TimelineEventKind::kSendTransfer &&
+        e.tensor_kind == v1::TENSOR_KIND_UNIT_WEIGHTS) {
       EXPECT_EQ(e.bytes, 200);
       EXPECT_EQ(e.micro_batch, -1);
       EXPECT_EQ(e.peer, 0);
@@ -389,9 +393,10 @@ TEST(SimulatorTest, BadDataParallelCosts_InvalidArgument) {
 
 TEST(SimulatorTest, CrossedReceives_FailedPreconditionNamesEachStuckWorker) {
   const std::vector<v1::Program> programs = {
-      Program({Recv(v1::ACTIVATION, 0, 0, 1), Send(v1::ACTIVATION, 0, 1, 1)}),
       Program(
-          {Compute("F", 0, 1, 0), Recv(v1::ACTIVATION, 0, 1, 0), Send(v1::ACTIVATION, 0, 0, 0)}),
+          {Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1), Send(v1::TENSOR_KIND_ACTIVATION, 0, 1, 1)}),
+      Program({Compute("F", 0, 1, 0), Recv(v1::TENSOR_KIND_ACTIVATION, 0, 1, 0),
+               Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0)}),
   };
   auto r = SimulateIteration(programs, UniformCosts(1, 1, 1, 1, 2));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -404,7 +409,7 @@ TEST(SimulatorTest, CrossedReceives_FailedPreconditionNamesEachStuckWorker) {
 TEST(SimulatorTest, ReceiveNobodySends_FailedPrecondition) {
   const std::vector<v1::Program> programs = {
       Program({Compute("F", 0, 1, 0)}),
-      Program({Recv(v1::ACTIVATION, 0, 0, 0)}),
+      Program({Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0)}),
   };
   auto r = SimulateIteration(programs, UniformCosts(1, 1, 1, 1, 2));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -415,7 +420,7 @@ TEST(SimulatorTest, ReceiveNobodySends_FailedPrecondition) {
 
 TEST(SimulatorTest, SendNobodyReceives_FailedPrecondition) {
   const std::vector<v1::Program> programs = {
-      Program({Compute("F", 0, 1, 0), Send(v1::ACTIVATION, 0, 0, 1)}),
+      Program({Compute("F", 0, 1, 0), Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1)}),
       Program({}),
   };
   auto r = SimulateIteration(programs, UniformCosts(1, 1, 1, 1, 2));
@@ -433,10 +438,14 @@ TEST(SimulatorTest, BadPrograms_InvalidArgumentNamesInstruction) {
   const std::vector<Case> cases = {
       {Compute("F", 0, 3, 0), "worker 0 instruction 0 (forward [0, 3) mb 0): unit range"},
       {Compute("B", 2, 1, 0), "worker 0 instruction 0 (backward [2, 1) mb 0): unit range"},
-      {Send(v1::ACTIVATION, 0, 0, 2), "(send ACTIVATION unit 0 mb 0 to stage 2): unit range"},
-      {Send(v1::ACTIVATION, 0, 0, 0), "(send ACTIVATION unit 0 mb 0 to stage 0): unit range"},
-      {Recv(v1::ACTIVATION_GRAD, 0, 0, 1), "(recv ACTIVATION_GRAD unit 0 mb 0 from stage 1)"},
-      {Recv(v1::UNIT_WEIGHTS, 2, -1, 1), "(recv UNIT_WEIGHTS unit 2 mb -1 from stage 1)"},
+      {Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 2),
+       "(send ACTIVATION unit 0 mb 0 to stage 2): unit range"},
+      {Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0),
+       "(send ACTIVATION unit 0 mb 0 to stage 0): unit range"},
+      {Recv(v1::TENSOR_KIND_ACTIVATION_GRAD, 0, 0, 1),
+       "(recv ACTIVATION_GRAD unit 0 mb 0 from stage 1)"},
+      {Recv(v1::TENSOR_KIND_UNIT_WEIGHTS, 2, -1, 1),
+       "(recv UNIT_WEIGHTS unit 2 mb -1 from stage 1)"},
       {Recv(v1::TENSOR_KIND_UNSPECIFIED, 0, 0, 1), "TENSOR_KIND_UNSPECIFIED"},
       {v1::Instruction(), "worker 0 instruction 0 (empty instruction): has no op"},
   };
@@ -451,8 +460,10 @@ TEST(SimulatorTest, BadPrograms_InvalidArgumentNamesInstruction) {
 
 TEST(SimulatorTest, SameTensorSentTwice_InvalidArgument) {
   const std::vector<v1::Program> programs = {
-      Program({Send(v1::ACTIVATION, 0, 0, 1), Send(v1::ACTIVATION, 0, 0, 1)}),
-      Program({Recv(v1::ACTIVATION, 0, 0, 0), Recv(v1::ACTIVATION, 0, 0, 0)}),
+      Program(
+          {Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1), Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1)}),
+      Program(
+          {Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0), Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0)}),
   };
   auto r = SimulateIteration(programs, UniformCosts(1, 1, 1, 1, 2));
   ASSERT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/enum_names.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain {
@@ -59,7 +60,7 @@ nlohmann::json TraceEvent(const TimelineEvent& e) {
       {"micro_batch", e.micro_batch},
   };
   if (!IsCompute(e.kind)) {
-    args["tensor"] = v1::TensorKind_Name(e.tensor_kind);
+    args["tensor"] = EnumShortName(e.tensor_kind);
     args["peer"] = e.peer;
   }
   if (transfer || e.kind == TimelineEventKind::kAllReduce) args["bytes"] = e.bytes;
@@ -136,11 +137,11 @@ const char* FillOf(const TimelineEvent& e) {
       break;
   }
   switch (e.tensor_kind) {
-    case v1::ACTIVATION:
+    case v1::TENSOR_KIND_ACTIVATION:
       return "#2f5d8a";
-    case v1::ACTIVATION_GRAD:
+    case v1::TENSOR_KIND_ACTIVATION_GRAD:
       return "#c4661a";
-    case v1::UNIT_WEIGHTS:
+    case v1::TENSOR_KIND_UNIT_WEIGHTS:
       return "#3d7a36";
     default:
       return "#6b6b6b";
@@ -292,10 +293,10 @@ class SvgTimeline {
     probe.kind = TimelineEventKind::kSendTransfer;
     for (v1::TensorKind t : tensors) {
       probe.tensor_kind = t;
-      const std::string name = t == v1::ACTIVATION        ? "send activation"
-                               : t == v1::ACTIVATION_GRAD ? "send gradient"
-                               : t == v1::UNIT_WEIGHTS    ? "send weights"
-                                                          : "send tied grad";
+      const std::string name = t == v1::TENSOR_KIND_ACTIVATION        ? "send activation"
+                               : t == v1::TENSOR_KIND_ACTIVATION_GRAD ? "send gradient"
+                               : t == v1::TENSOR_KIND_UNIT_WEIGHTS    ? "send weights"
+                                                                      : "send tied grad";
       LegendItem(&x, FillOf(probe), kTransferRow, name);
     }
   }

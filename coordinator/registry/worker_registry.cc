@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -26,22 +27,23 @@ constexpr char kBadSession[] =
     "current (the coordinator restarted, or the worker registered again); register again";
 
 bool IsLive(v1::WorkerState state) {
-  return state == v1::JOINING || state == v1::READY || state == v1::ASSIGNED;
+  return state == v1::WORKER_STATE_JOINING || state == v1::WORKER_STATE_READY ||
+         state == v1::WORKER_STATE_ASSIGNED;
 }
 
 // The diagram in worker_registry.h, as a predicate.
 bool IsLegalTransition(v1::WorkerState from, v1::WorkerState to) {
   switch (to) {
-    case v1::JOINING:
+    case v1::WORKER_STATE_JOINING:
       return true;  // a new incarnation may start from any state
-    case v1::READY:
-      return from == v1::JOINING || from == v1::ASSIGNED;
-    case v1::ASSIGNED:
-      return from == v1::READY;
-    case v1::LOST:
+    case v1::WORKER_STATE_READY:
+      return from == v1::WORKER_STATE_JOINING || from == v1::WORKER_STATE_ASSIGNED;
+    case v1::WORKER_STATE_ASSIGNED:
+      return from == v1::WORKER_STATE_READY;
+    case v1::WORKER_STATE_LOST:
       return IsLive(from);
-    case v1::LEFT:
-      return from != v1::WORKER_STATE_UNSPECIFIED && from != v1::LEFT;
+    case v1::WORKER_STATE_LEFT:
+      return from != v1::WORKER_STATE_UNSPECIFIED && from != v1::WORKER_STATE_LEFT;
     default:
       return false;
   }
@@ -124,7 +126,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
     ASSIGN_OR_RETURN(Entry * found, EntryForAddressLocked(request.data_address()));
     Entry& entry = *found;
     const v1::Worker& old = entry.worker;
-    if (old.state() == v1::ASSIGNED) {
+    if (old.state() == v1::WORKER_STATE_ASSIGNED) {
       losses.push_back({old.id(), old.job_id(),
                         absl::StrCat(Describe(old), " registered again, superseding incarnation ",
                                      old.incarnation(), " that was running job ", old.job_id(),
@@ -232,9 +234,9 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   worker.clear_job_id();
   worker.clear_current_instruction();
   TouchLocked(entry, clock_->Now());
-  SetStateLocked(entry, v1::JOINING);
+  SetStateLocked(entry, v1::WORKER_STATE_JOINING);
   // Start-up profiling will happen in JOINING; until then, straight on.
-  SetStateLocked(entry, v1::READY);
+  SetStateLocked(entry, v1::WORKER_STATE_READY);
 }
 
 // ------------------------------------------------------ Heartbeat, Deregister
@@ -256,10 +258,10 @@ absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
   RETURN_IF_ERROR(CheckIncarnationLocked(*entry, request.incarnation()));
   const v1::WorkerState state = entry->worker.state();
   if (!IsLive(state)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Describe(entry->worker), " is ", v1::WorkerState_Name(state),
-                     state == v1::LOST ? " (its lease expired before this heartbeat arrived)" : "",
-                     "; re-register to start a new incarnation"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        Describe(entry->worker), " is ", EnumShortName(state),
+        state == v1::WORKER_STATE_LOST ? " (its lease expired before this heartbeat arrived)" : "",
+        "; re-register to start a new incarnation"));
   }
   TouchLocked(*entry, clock_->Now());
   entry->worker.set_current_instruction(request.current_instruction());
@@ -280,14 +282,14 @@ absl::Status WorkerRegistry::Deregister(const std::string& worker_id, int64_t in
     }
     RETURN_IF_ERROR(CheckIncarnationLocked(*entry, incarnation));
     const v1::Worker& worker = entry->worker;
-    if (worker.state() == v1::LEFT) return absl::OkStatus();
-    if (worker.state() == v1::ASSIGNED) {
+    if (worker.state() == v1::WORKER_STATE_LEFT) return absl::OkStatus();
+    if (worker.state() == v1::WORKER_STATE_ASSIGNED) {
       losses.push_back(
           {worker.id(), worker.job_id(),
            absl::StrCat(Describe(worker), " deregistered while running job ", worker.job_id(),
                         "; it was shut down; check who stopped it and its log")});
     }
-    SetStateLocked(*entry, v1::LEFT);
+    SetStateLocked(*entry, v1::WORKER_STATE_LEFT);
     listener = listener_;
   }
   Notify(listener, losses);
@@ -348,7 +350,7 @@ std::vector<std::string> WorkerRegistry::ReadyWorkers() const {
   AnnotatedMutexLock lock(&mu_);
   std::vector<std::string> ids;
   for (const auto& [number, entry] : workers_) {
-    if (entry.worker.state() == v1::READY) ids.push_back(entry.worker.id());
+    if (entry.worker.state() == v1::WORKER_STATE_READY) ids.push_back(entry.worker.id());
   }
   return ids;
 }
@@ -374,7 +376,7 @@ bool WorkerRegistry::ConsumeNcclUniqueId(const std::string& worker_id, const std
 std::map<v1::WorkerState, int> WorkerRegistry::CountByState() const {
   AnnotatedMutexLock lock(&mu_);
   std::map<v1::WorkerState, int> counts;
-  for (int state = v1::JOINING; state <= v1::LEFT; ++state) {
+  for (int state = v1::WORKER_STATE_JOINING; state <= v1::WORKER_STATE_LEFT; ++state) {
     counts[static_cast<v1::WorkerState>(state)] = counts_[state];
   }
   return counts;
@@ -382,7 +384,9 @@ std::map<v1::WorkerState, int> WorkerRegistry::CountByState() const {
 
 bool WorkerRegistry::AwaitReadyCount(int n, absl::Duration timeout) const {
   AnnotatedMutexLock lock(&mu_);
-  auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return counts_[v1::READY] >= n; };
+  auto enough = [this, n]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return counts_[v1::WORKER_STATE_READY] >= n;
+  };
   return mu_.AwaitWithTimeout(enough, timeout);
 }
 
@@ -395,7 +399,7 @@ absl::Status WorkerRegistry::Assign(const std::vector<std::string>& worker_ids,
   RETURN_IF_ERROR(CheckAssignableLocked(worker_ids));
   for (const std::string& id : worker_ids) {
     Entry* entry = FindLocked(id);
-    SetStateLocked(*entry, v1::ASSIGNED);
+    SetStateLocked(*entry, v1::WORKER_STATE_ASSIGNED);
     entry->worker.set_job_id(job_id);
   }
   return absl::OkStatus();
@@ -414,9 +418,9 @@ absl::Status WorkerRegistry::CheckAssignableLocked(
       return absl::NotFoundError(absl::StrCat("Assign: worker ", id, " is not registered"));
     }
     const v1::Worker& worker = entry->worker;
-    if (worker.state() != v1::READY) {
+    if (worker.state() != v1::WORKER_STATE_READY) {
       return absl::FailedPreconditionError(
-          absl::StrCat("Assign: ", Describe(worker), " is ", v1::WorkerState_Name(worker.state()),
+          absl::StrCat("Assign: ", Describe(worker), " is ", EnumShortName(worker.state()),
                        worker.job_id().empty() ? "" : absl::StrCat(" (job ", worker.job_id(), ")"),
                        ", not READY; no worker was assigned"));
     }
@@ -427,8 +431,9 @@ absl::Status WorkerRegistry::CheckAssignableLocked(
 void WorkerRegistry::Release(const std::string& job_id) {
   AnnotatedMutexLock lock(&mu_);
   for (auto& [number, entry] : workers_) {
-    if (entry.worker.state() != v1::ASSIGNED || entry.worker.job_id() != job_id) continue;
-    SetStateLocked(entry, v1::READY);
+    if (entry.worker.state() != v1::WORKER_STATE_ASSIGNED || entry.worker.job_id() != job_id)
+      continue;
+    SetStateLocked(entry, v1::WORKER_STATE_READY);
     entry.worker.clear_job_id();
   }
 }
@@ -458,8 +463,8 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers) {
     last_number_ = std::max(last_number_, number);
     // Known, not live: it must register again (its session died with the
     // old coordinator).
-    SetStateLocked(entry, v1::JOINING);
-    SetStateLocked(entry, v1::LOST);
+    SetStateLocked(entry, v1::WORKER_STATE_JOINING);
+    SetStateLocked(entry, v1::WORKER_STATE_LOST);
   }
 }
 
@@ -474,11 +479,11 @@ void WorkerRegistry::MarkLost(const std::string& worker_id, int64_t incarnation,
         !IsLive(entry->worker.state())) {
       return;
     }
-    if (entry->worker.state() == v1::ASSIGNED) {
+    if (entry->worker.state() == v1::WORKER_STATE_ASSIGNED) {
       losses.push_back({worker_id, entry->worker.job_id(),
                         absl::StrCat(Describe(entry->worker), " is gone: ", why)});
     }
-    SetStateLocked(*entry, v1::LOST);
+    SetStateLocked(*entry, v1::WORKER_STATE_LOST);
     listener = listener_;
   }
   Notify(listener, losses);
@@ -495,14 +500,14 @@ int WorkerRegistry::CheckLeases() {
       const v1::Worker& worker = entry.worker;
       const absl::Duration silent = now - entry.last_seen;
       if (!IsLive(worker.state()) || silent <= options_.lease) continue;
-      if (worker.state() == v1::ASSIGNED) {
+      if (worker.state() == v1::WORKER_STATE_ASSIGNED) {
         losses.push_back(
             {worker.id(), worker.job_id(),
              absl::StrCat(Describe(worker), " missed heartbeats for ", absl::FormatDuration(silent),
                           " (lease ", absl::FormatDuration(options_.lease),
                           "); it crashed or was preempted; check its log")});
       }
-      SetStateLocked(entry, v1::LOST);
+      SetStateLocked(entry, v1::WORKER_STATE_LOST);
       ++lost;
     }
     listener = listener_;
@@ -523,9 +528,8 @@ void WorkerRegistry::Notify(const LossListener& listener, const std::vector<Loss
 
 void WorkerRegistry::SetStateLocked(Entry& entry, v1::WorkerState to) {
   const v1::WorkerState from = entry.worker.state();
-  PT_CHECK(IsLegalTransition(from, to))
-      << entry.worker.id() << ": illegal transition " << v1::WorkerState_Name(from) << " -> "
-      << v1::WorkerState_Name(to);
+  PT_CHECK(IsLegalTransition(from, to)) << entry.worker.id() << ": illegal transition "
+                                        << EnumShortName(from) << " -> " << EnumShortName(to);
   if (from != v1::WORKER_STATE_UNSPECIFIED) --counts_[from];
   ++counts_[to];
   entry.worker.set_state(to);

@@ -157,7 +157,7 @@ TEST(WorkerRegistryTest, Register_RightToken_ReturnsIdIncarnationAndTimings) {
 
   const auto worker = registry.Get("w-1");
   ASSERT_TRUE(worker.ok()) << worker.status();
-  EXPECT_EQ(worker->state(), v1::READY);
+  EXPECT_EQ(worker->state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(worker->incarnation(), 1);
   EXPECT_EQ(worker->data_address(), "10.0.0.1:7001");
   EXPECT_EQ(worker->metrics_address(), "10.0.0.1:9100");
@@ -217,7 +217,7 @@ TEST(WorkerRegistryTest, Register_SameAddress_SameIdLargerIncarnation) {
   EXPECT_EQ(response->incarnation(), 2);
   ASSERT_EQ(registry.List().size(), 1);
   EXPECT_EQ(registry.List()[0].device().gpu_model(), "A100");
-  EXPECT_EQ(registry.List()[0].state(), v1::READY);
+  EXPECT_EQ(registry.List()[0].state(), v1::WORKER_STATE_READY);
 }
 
 // ---------------------------------------------------------------- Heartbeat
@@ -271,7 +271,7 @@ TEST(WorkerRegistryTest, Heartbeat_Live_RenewsLeaseAndStoresInstruction) {
   EXPECT_EQ(registry.CheckLeases(), 0);
   const auto worker = registry.Get("w-1");
   ASSERT_TRUE(worker.ok());
-  EXPECT_EQ(worker->state(), v1::READY);
+  EXPECT_EQ(worker->state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(worker->current_instruction(), "recv ACTIVATION mb 3 from stage 1");
   EXPECT_EQ(worker->last_heartbeat().seconds(), 1700000004);
   EXPECT_EQ(worker->last_heartbeat().nanos(), 500000000);
@@ -285,7 +285,7 @@ TEST(WorkerRegistryTest, CheckLeases_ExactlyAtLease_StillLive) {
   ASSERT_TRUE(registry.Register(Request(1)).ok());
   clock.Advance(absl::Seconds(5));
   EXPECT_EQ(registry.CheckLeases(), 0);
-  EXPECT_EQ(StateOf(registry, "w-1"), v1::READY);
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::WORKER_STATE_READY);
 }
 
 TEST(WorkerRegistryTest, CheckLeases_JustPastLease_LostOnce) {
@@ -294,7 +294,7 @@ TEST(WorkerRegistryTest, CheckLeases_JustPastLease_LostOnce) {
   ASSERT_TRUE(registry.Register(Request(1)).ok());
   clock.Advance(absl::Seconds(5) + absl::Nanoseconds(1));
   EXPECT_EQ(registry.CheckLeases(), 1);
-  EXPECT_EQ(StateOf(registry, "w-1"), v1::LOST);
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::WORKER_STATE_LOST);
   EXPECT_EQ(registry.CheckLeases(), 0);
 }
 
@@ -320,7 +320,7 @@ TEST(WorkerRegistryTest, Register_AfterLost_SameIdReadyWithNewIncarnation) {
   ASSERT_TRUE(response.ok());
   EXPECT_EQ(response->worker_id(), "w-1");
   EXPECT_EQ(response->incarnation(), 2);
-  EXPECT_EQ(StateOf(registry, "w-1"), v1::READY);
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::WORKER_STATE_READY);
   EXPECT_TRUE(registry.Heartbeat(Beat("w-1", 2)).ok());
 }
 
@@ -365,7 +365,7 @@ TEST(WorkerRegistryTest, Register_SupersedesAssigned_ListenerFiresForOldIncarnat
                                           "again, superseding incarnation 1"));
   const auto worker = registry.Get("w-1");
   ASSERT_TRUE(worker.ok());
-  EXPECT_EQ(worker->state(), v1::READY);
+  EXPECT_EQ(worker->state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(worker->job_id(), "");
 }
 
@@ -386,7 +386,7 @@ TEST(WorkerRegistryTest, Deregister_Ready_LeftAndHeartbeatRejected) {
   WorkerRegistry registry(MakeOptions(&clock));
   ASSERT_TRUE(registry.Register(Request(1)).ok());
   ASSERT_TRUE(registry.Deregister("w-1", 1).ok());
-  EXPECT_EQ(StateOf(registry, "w-1"), v1::LEFT);
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::WORKER_STATE_LEFT);
   EXPECT_TRUE(registry.Deregister("w-1", 1).ok());  // idempotent
   const absl::Status status = registry.Heartbeat(Beat("w-1", 1));
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
@@ -404,7 +404,7 @@ TEST(WorkerRegistryTest, Deregister_WrongWorkerOrIncarnation_Rejected) {
   const absl::Status status = registry.Deregister("w-1", 1);
   EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(status.message(), HasSubstr("incarnation 1 superseded by 2"));
-  EXPECT_EQ(StateOf(registry, "w-1"), v1::READY);
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::WORKER_STATE_READY);
 }
 
 TEST(WorkerRegistryTest, Deregister_Assigned_ListenerFires) {
@@ -432,8 +432,8 @@ TEST(WorkerRegistryTest, MarkLost_CurrentIncarnation_LostAtOnceListenerFiresHear
   ASSERT_TRUE(registry.Assign({"w-1"}, "job-7").ok());
   registry.MarkLost("w-1", 1, "its assignment stream closed");
   registry.MarkLost("w-2", 1, "its assignment stream closed");  // READY: lost, no job
-  EXPECT_EQ(registry.Get("w-1")->state(), v1::LOST);
-  EXPECT_EQ(registry.Get("w-2")->state(), v1::LOST);
+  EXPECT_EQ(registry.Get("w-1")->state(), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(registry.Get("w-2")->state(), v1::WORKER_STATE_LOST);
   const std::vector<LossRecorder::Loss> losses = recorder.losses();
   ASSERT_EQ(losses.size(), 1);
   EXPECT_EQ(losses[0].job_id, "job-7");
@@ -453,7 +453,7 @@ TEST(WorkerRegistryTest, MarkLost_OldIncarnationOrUnknown_ChangesNothing) {
   ASSERT_TRUE(registry.Register(Request(1)).ok());  // incarnation 2
   registry.MarkLost("w-1", 1, "an old stream closed");
   registry.MarkLost("w-9", 1, "never registered");
-  EXPECT_EQ(registry.Get("w-1")->state(), v1::READY);
+  EXPECT_EQ(registry.Get("w-1")->state(), v1::WORKER_STATE_READY);
   EXPECT_TRUE(recorder.losses().empty());
 }
 
@@ -479,7 +479,7 @@ TEST(WorkerRegistryTest, Restore_KnownWorkersLostUntilTheyRegisterAgainUnderThei
   WorkerRegistry after(options);
   after.Restore(restored);
   EXPECT_TRUE(after.ReadyWorkers().empty());
-  EXPECT_EQ(after.Get("w-2")->state(), v1::LOST);
+  EXPECT_EQ(after.Get("w-2")->state(), v1::WORKER_STATE_LOST);
   const auto again = after.Register(Request(2));
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again->worker_id(), "w-2");
@@ -509,7 +509,7 @@ TEST(WorkerRegistryTest, Assign_AllReady_AssignedWithJob) {
   EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-2"));
   const auto worker = registry.Get("w-3");
   ASSERT_TRUE(worker.ok());
-  EXPECT_EQ(worker->state(), v1::ASSIGNED);
+  EXPECT_EQ(worker->state(), v1::WORKER_STATE_ASSIGNED);
   EXPECT_EQ(worker->job_id(), "job-a");
 }
 
@@ -555,11 +555,11 @@ TEST(WorkerRegistryTest, Release_Job_AssignedBackToReadyLostStayLost) {
   registry.Release("job-a");
   const std::vector<v1::Worker> workers = registry.List();
   ASSERT_EQ(workers.size(), 3);
-  EXPECT_EQ(workers[0].state(), v1::READY);
+  EXPECT_EQ(workers[0].state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(workers[0].job_id(), "");
-  EXPECT_EQ(workers[1].state(), v1::LOST);
+  EXPECT_EQ(workers[1].state(), v1::WORKER_STATE_LOST);
   EXPECT_EQ(workers[1].job_id(), "job-a");
-  EXPECT_EQ(workers[2].state(), v1::ASSIGNED);
+  EXPECT_EQ(workers[2].state(), v1::WORKER_STATE_ASSIGNED);
   EXPECT_EQ(workers[2].job_id(), "job-b");
 }
 
@@ -577,8 +577,11 @@ TEST(WorkerRegistryTest, CountByState_MixedStates_EveryStateCounted) {
   clock.Advance(absl::Seconds(3));
   ASSERT_EQ(registry.CheckLeases(), 1);  // w-3
 
-  const std::map<v1::WorkerState, int> expected = {
-      {v1::JOINING, 0}, {v1::READY, 1}, {v1::ASSIGNED, 1}, {v1::LOST, 1}, {v1::LEFT, 1}};
+  const std::map<v1::WorkerState, int> expected = {{v1::WORKER_STATE_JOINING, 0},
+                                                   {v1::WORKER_STATE_READY, 1},
+                                                   {v1::WORKER_STATE_ASSIGNED, 1},
+                                                   {v1::WORKER_STATE_LOST, 1},
+                                                   {v1::WORKER_STATE_LEFT, 1}};
   EXPECT_EQ(registry.CountByState(), expected);
 }
 
@@ -755,7 +758,7 @@ TEST(WorkerRegistryTest, StalenessLoop_ClockAdvanced_MarksLostAndNotifies) {
   EXPECT_EQ(losses[0].job_id, "job-7");
   EXPECT_THAT(losses[0].reason,
               HasSubstr("worker w-1 (10.0.0.1:7001 on node-1) missed heartbeats"));
-  EXPECT_EQ(StateOf(registry, "w-1"), v1::LOST);
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::WORKER_STATE_LOST);
 }
 
 TEST(WorkerRegistryTest, StalenessLoop_StartStopRepeated_NoOpsAndRestarts) {
@@ -838,9 +841,9 @@ TEST(WorkerRegistryTest, Concurrency_MixedCallsWhileLoopRuns_ConsistentEnd) {
   ASSERT_EQ(workers.size(), kRegistrars * kWorkersEach);
   for (const v1::Worker& worker : workers) {
     EXPECT_EQ(worker.incarnation(), kRounds) << worker.id();
-    EXPECT_EQ(worker.state(), v1::READY) << worker.id();
+    EXPECT_EQ(worker.state(), v1::WORKER_STATE_READY) << worker.id();
   }
-  EXPECT_EQ(registry.CountByState()[v1::READY], kRegistrars * kWorkersEach);
+  EXPECT_EQ(registry.CountByState()[v1::WORKER_STATE_READY], kRegistrars * kWorkersEach);
   // Only re-registrations of assigned workers can have told the listener.
   for (const LossRecorder::Loss& loss : recorder.losses()) {
     EXPECT_THAT(loss.reason, HasSubstr("registered again")) << loss.reason;
@@ -933,8 +936,8 @@ TEST(WorkerRegistryCapacityTest, Full_EvictsOldestGoneElseResourceExhausted) {
   ASSERT_TRUE(third.ok()) << third.status();
   EXPECT_EQ(third->worker_id(), "w-3");  // ids are never reused
   EXPECT_EQ(registry.Get("w-1").status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(registry.CountByState()[v1::LEFT], 0);
-  EXPECT_EQ(registry.CountByState()[v1::READY], 2);
+  EXPECT_EQ(registry.CountByState()[v1::WORKER_STATE_LEFT], 0);
+  EXPECT_EQ(registry.CountByState()[v1::WORKER_STATE_READY], 2);
 }
 
 }  // namespace

@@ -25,7 +25,7 @@ TEST(CoordinatorStateTest, WorkersJobsAndProfiles_RoundTrip) {
   worker.set_id("w-3");
   worker.set_data_address("10.0.0.3:7001");
   worker.set_incarnation(4);
-  worker.set_state(v1::ASSIGNED);  // not kept: a restart starts from LOST
+  worker.set_state(v1::WORKER_STATE_ASSIGNED);  // not kept: a restart starts from LOST
   worker.set_job_id("job-1");
   worker.mutable_device()->set_cpu_model("test cpu");
   ASSERT_TRUE(state.SaveWorker(worker).ok());

@@ -203,7 +203,7 @@ async function scenario(document, coordinator, workerId) {
   const busyId = busy.json && busy.json.id;
   await until('the busy job to run', 120000, async () => {
     const r = await fetch(`${base}/v1/jobs/${busyId}`, { headers: { authorization: `Bearer ${TOKEN}` } });
-    return (await r.json()).state === 'RUNNING';
+    return (await r.json()).state === 'JOB_STATE_RUNNING';
   });
   await call('GET', `/v1/jobs/${busyId}/plan`, { expect: 200 });
   await call('GET', `/v1/jobs/${busyId}/timeline.svg`, { expect: 200 });
@@ -225,7 +225,7 @@ async function scenario(document, coordinator, workerId) {
   await until('the worker to be free', 60000, async () => {
     const r = await fetch(`${base}/v1/workers`, { headers: { authorization: `Bearer ${TOKEN}` } });
     const w = ((await r.json()).workers || []).find((x) => x.id === workerId);
-    return w && w.state === 'READY';
+    return w && w.state === 'WORKER_STATE_READY';
   });
   await call('POST', `/v1/workers/${workerId}:drain`, { expect: 200 });
 
@@ -314,7 +314,7 @@ async function main() {
   ], path.join(args.tmp, 'worker.log'));
   const workerId = await until('the worker to register', 60000, async () => {
     const r = await fetch(`${base}/v1/workers`, { headers: { authorization: `Bearer ${TOKEN}` } });
-    const w = ((await r.json()).workers || []).find((x) => x.state === 'READY');
+    const w = ((await r.json()).workers || []).find((x) => x.state === 'WORKER_STATE_READY');
     return w && w.id;
   });
 

@@ -70,7 +70,7 @@ class FakeLink : public CoordinatorLink {
 
 v1::Assignment Assignment(int stage, int steps, bool weights, Schedule schedule) {
   v1::Assignment a;
-  a.set_action(v1::Assignment::RUN);
+  a.set_action(v1::Assignment::ACTION_RUN);
   a.set_job_id("job-r");
   a.set_plan_version(1);
   v1::JobSpec* spec = a.mutable_spec();

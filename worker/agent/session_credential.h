@@ -1,7 +1,7 @@
 // SessionCredential: the worker's current session credential from the
 // coordinator (coordinator.proto RegisterWorkerResponse.session_token).
 // The agent sets it at every registration and attaches it to its calls; the
-// worker's WorkerControl service accepts a call only when the caller
+// worker's WorkerControlService accepts a call only when the caller
 // presents it, which only the coordinator (and this worker) can.
 // Thread-safe.
 #ifndef PIPETRAIN_WORKER_AGENT_SESSION_CREDENTIAL_H_

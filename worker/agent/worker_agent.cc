@@ -46,7 +46,7 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
     SetDeadline(&context, absl::Minutes(10));
     AddBearer(context, agent_->session_->Get());
     v1::UploadWeightsResponse response;
-    const std::unique_ptr<v1::Coordinator::Stub> stub = agent_->Stub();
+    const std::unique_ptr<v1::CoordinatorService::Stub> stub = agent_->Stub();
     auto writer = stub->UploadWeights(&context, &response);
     const std::string worker = agent_->worker_id();
     if (params.empty()) {  // a forward-only stage: name the stream, no tensors
@@ -199,8 +199,8 @@ absl::Status WorkerAgent::Start() {
   return absl::OkStatus();
 }
 
-std::unique_ptr<v1::Coordinator::Stub> WorkerAgent::Stub() {
-  return v1::Coordinator::NewStub(endpoints_->channel());
+std::unique_ptr<v1::CoordinatorService::Stub> WorkerAgent::Stub() {
+  return v1::CoordinatorService::NewStub(endpoints_->channel());
 }
 
 absl::Status WorkerAgent::Drain(absl::Duration timeout) {
@@ -345,7 +345,7 @@ void WorkerAgent::WatchLoop() {
       watch_context_ = &context;
     }
     AddBearer(context, session_->Get());
-    const std::unique_ptr<v1::Coordinator::Stub> stub = Stub();
+    const std::unique_ptr<v1::CoordinatorService::Stub> stub = Stub();
     auto reader = stub->WatchAssignments(&context, request);
     v1::Assignment assignment;
     while (reader->Read(&assignment)) {
@@ -371,16 +371,16 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
     AnnotatedMutexLock lock(&mu_);
     if (runner_ && runner_->assignment().job_id() == a.job_id() &&
         runner_->assignment().plan_version() == a.plan_version() &&
-        a.action() == v1::Assignment::RUN) {
+        a.action() == v1::Assignment::ACTION_RUN) {
       return;  // already running this plan (a re-sent assignment)
     }
-    if (a.action() == v1::Assignment::STOP &&
+    if (a.action() == v1::Assignment::ACTION_STOP &&
         (!runner_ || runner_->assignment().job_id() != a.job_id())) {
       return;  // nothing of that job runs here
     }
   }
   StopRunner();
-  if (a.action() != v1::Assignment::RUN) {
+  if (a.action() != v1::Assignment::ACTION_RUN) {
     PT_LOG(INFO) << "stopped job " << a.job_id();
     // A job that stops us may be recovering: it re-plans once it has heard
     // from each of its workers, so say at once that this one is alive.

@@ -119,7 +119,7 @@ class WorkerAgent {
   // The coordinators (one, or several that elect a leader) and a stub on
   // the current one, made per call: the leader may change between calls.
   std::unique_ptr<CoordinatorEndpoints> endpoints_;
-  std::unique_ptr<v1::Coordinator::Stub> Stub();
+  std::unique_ptr<v1::CoordinatorService::Stub> Stub();
   std::unique_ptr<GrpcLink> link_;
   v1::DeviceInfo device_;  // set in the constructor, but for nccl_unique_id
   SessionCredential own_session_;

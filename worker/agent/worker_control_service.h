@@ -31,7 +31,7 @@ namespace pipetrain {
 // Makes the backend one profile runs on.
 using ProfileBackendFactory = std::function<absl::StatusOr<SelectedBackend>()>;
 
-class WorkerControlService final : public v1::WorkerControl::Service {
+class WorkerControlService final : public v1::WorkerControlService::Service {
  public:
   // `session` is not owned and must outlive the service (non-null,
   // checked). The default `make_backend` profiles on the CPU.

@@ -20,7 +20,7 @@ constexpr const char* kPurposes[] = {"data_parallel", "embedding_sync", "grad_cl
 std::vector<std::string> WorkerMetrics::GrpcMethods() {
   std::vector<const google::protobuf::ServiceDescriptor*> services;
   for (const char* name :
-       {v1::DataPlane::service_full_name(), v1::WorkerControl::service_full_name()}) {
+       {v1::DataPlaneService::service_full_name(), v1::WorkerControlService::service_full_name()}) {
     const google::protobuf::ServiceDescriptor* service =
         google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(name);
     if (service != nullptr) services.push_back(service);

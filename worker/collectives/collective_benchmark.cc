@@ -96,7 +96,7 @@ struct Member {
   }
 };
 
-TensorAddress P2PAddress(int i) { return {"bench", 1000000 + i, v1::ACTIVATION, 0, 0}; }
+TensorAddress P2PAddress(int i) { return {"bench", 1000000 + i, v1::TENSOR_KIND_ACTIVATION, 0, 0}; }
 
 // Point-to-point, sender side (member 0 to member 1): tensors made before the
 // clock starts and handed over (SendOwned: no copy), from a pool so that

@@ -59,7 +59,7 @@ TensorAddress Collectives::Address(int64_t iteration, int tag, int seq) const {
   TensorAddress a;
   a.job_id = group_.job_id;
   a.iteration = iteration;
-  a.kind = v1::COLLECTIVE;
+  a.kind = v1::TENSOR_KIND_COLLECTIVE;
   a.micro_batch = seq;
   a.unit = tag;
   return a;

@@ -52,7 +52,7 @@ class StandInDevice : public ForwardingBackend {
 
 v1::Instruction::Send GradSend(const std::string& codec, int unit, bool feedback, bool flush) {
   v1::Instruction::Send s;
-  s.mutable_tensor()->set_kind(v1::ACTIVATION_GRAD);
+  s.mutable_tensor()->set_kind(v1::TENSOR_KIND_ACTIVATION_GRAD);
   s.mutable_tensor()->set_unit(unit);
   s.set_peer_stage(1);
   s.set_codec(codec);

@@ -17,7 +17,7 @@ using ::testing::HasSubstr;
 v1::Instruction::Send GradSend(const std::string& codec, bool feedback = false,
                                bool flush = false, int micro_batch = 0) {
   v1::Instruction::Send s;
-  s.mutable_tensor()->set_kind(v1::ACTIVATION_GRAD);
+  s.mutable_tensor()->set_kind(v1::TENSOR_KIND_ACTIVATION_GRAD);
   s.mutable_tensor()->set_unit(4);
   s.mutable_tensor()->set_micro_batch(micro_batch);
   s.set_peer_stage(1);
@@ -108,7 +108,7 @@ TEST(LinkCompressor, AbortedIteration_BeginIterationDropsTheResidual) {
 
 v1::Instruction::Send ActivationSend(const std::string& codec) {
   v1::Instruction::Send s;
-  s.mutable_tensor()->set_kind(v1::ACTIVATION);
+  s.mutable_tensor()->set_kind(v1::TENSOR_KIND_ACTIVATION);
   s.mutable_tensor()->set_unit(1);
   s.set_peer_stage(1);
   s.set_codec(codec);

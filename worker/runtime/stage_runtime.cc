@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 #include "common/program_text.h"
 #include "common/status_macros.h"
 #include "worker/collectives/collectives.h"
@@ -83,9 +84,9 @@ absl::Status CheckDevicePath(const v1::Instruction& in, bool have_channel) {
                       (in.has_recv() && in.recv().path() == v1::LINK_PATH_DEVICE);
   if (!device) return absl::OkStatus();
   const v1::TensorKind kind = in.has_send() ? in.send().tensor().kind() : in.recv().tensor().kind();
-  const char* wrong = !have_channel                          ? "the worker joined no device group"
+  const char* wrong = !have_channel ? "the worker joined no device group"
                       : in.has_send() && !in.send().codec().empty() ? "it is compressed"
-                      : kind == v1::UNIT_WEIGHTS             ? "UNIT_WEIGHTS are packed on the host"
+                      : kind == v1::TENSOR_KIND_UNIT_WEIGHTS ? "UNIT_WEIGHTS are packed on the host"
                                                              : nullptr;
   if (wrong == nullptr) return absl::OkStatus();
   return absl::InvalidArgumentError(
@@ -210,7 +211,7 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
     }
     if (in.has_send()) {
       mb = in.send().tensor().micro_batch();
-      if (in.send().tensor().kind() == v1::ACTIVATION) {
+      if (in.send().tensor().kind() == v1::TENSOR_KIND_ACTIVATION) {
         kept_outputs_.insert(in.send().tensor().unit());
         if (absl::StartsWith(in.send().codec(), "token_topk")) {
           scored_outputs_.insert(in.send().tensor().unit());
@@ -613,7 +614,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
   const v1::TensorKey& key = s.tensor();
   Tensor tensor;
   switch (key.kind()) {
-    case v1::ACTIVATION: {
+    case v1::TENSOR_KIND_ACTIVATION: {
       auto it = activations_.find({key.micro_batch(), key.unit()});
       if (it == activations_.end()) {
         return Internal(absl::StrCat("output of unit ", key.unit(), " for micro-batch ",
@@ -622,23 +623,23 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
       tensor = it->second;
       break;
     }
-    case v1::ACTIVATION_GRAD: {
+    case v1::TENSOR_KIND_ACTIVATION_GRAD: {
       ASSIGN_OR_RETURN(tensor, TakeFrom(grads_out_, key.micro_batch(), "gradient to send"));
       break;
     }
-    case v1::TIED_EMBEDDING_GRAD: {
+    case v1::TENSOR_KIND_TIED_EMBEDDING_GRAD: {
       Parameter* holder = TiedHolder();
       if (holder == nullptr) return Internal("no tied embedding on this stage");
       tensor = holder->grad;
       break;
     }
-    case v1::UNIT_WEIGHTS: {
+    case v1::TENSOR_KIND_UNIT_WEIGHTS: {
       Unit* unit = OwnedUnit(key.unit());
       if (unit == nullptr) return Internal(absl::StrCat("unit ", key.unit(), " is not owned here"));
       tensor = PackWeights(*unit);
       break;
     }
-    case v1::EVAL_ACTIVATION: {
+    case v1::TENSOR_KIND_EVAL_ACTIVATION: {
       auto it = eval_activations_.find({key.micro_batch(), key.unit()});
       if (it == eval_activations_.end()) {
         return Internal(absl::StrCat("validation output of unit ", key.unit(),
@@ -651,7 +652,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     default: return Internal("send of an unknown tensor kind");
   }
   std::vector<float> scores;  // token importance for token_topk, if recorded
-  if (key.kind() == v1::ACTIVATION) {
+  if (key.kind() == v1::TENSOR_KIND_ACTIVATION) {
     auto it = token_scores_.find({key.micro_batch(), key.unit()});
     if (it != token_scores_.end()) {
       scores = std::move(it->second);
@@ -659,7 +660,7 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     }
   }
   const TensorAddress address = MakeAddress(setup_.job_id, iteration, key);
-  const std::pair<int, std::string> link{s.peer_stage(), v1::TensorKind_Name(key.kind())};
+  const std::pair<int, std::string> link{s.peer_stage(), EnumShortName(key.kind())};
   if (s.path() == v1::LINK_PATH_DEVICE) {
     // Device to device, in program order (the peer receives in the same
     // order): queued here, behind the work that made the tensor.
@@ -723,20 +724,20 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   const v1::TensorKey& key = r.tensor();
   const TensorAddress address = MakeAddress(setup_.job_id, iteration, key);
   Unit* weights_of = nullptr;
-  if (key.kind() == v1::UNIT_WEIGHTS) {
+  if (key.kind() == v1::TENSOR_KIND_UNIT_WEIGHTS) {
     weights_of = OwnedUnit(key.unit());
     if (weights_of == nullptr) return Internal(absl::StrCat("unit ", key.unit(), " is not owned here"));
   }
   const GptConfig& m = setup_.train.model;
   const int per = setup_.train.batch_size / setup_.train.micro_batches;
   Shape expected{per, setup_.train.seq_len, m.d_model};
-  if (key.kind() == v1::TIED_EMBEDDING_GRAD) expected = {m.vocab_size, m.d_model};
-  if (key.kind() == v1::EVAL_ACTIVATION) {
+  if (key.kind() == v1::TENSOR_KIND_TIED_EMBEDDING_GRAD) expected = {m.vocab_size, m.d_model};
+  if (key.kind() == v1::TENSOR_KIND_EVAL_ACTIVATION) {
     expected = {EvalCount(key.micro_batch()), setup_.train.seq_len, m.d_model};
   }
   if (weights_of != nullptr) expected = {WeightCount(*weights_of)};
   const std::string what = absl::StrCat(address.DebugString(), " from stage ", r.peer_stage());
-  LinkStats& link = result->received[{r.peer_stage(), v1::TensorKind_Name(key.kind())}];
+  LinkStats& link = result->received[{r.peer_stage(), EnumShortName(key.kind())}];
   if (r.path() == v1::LINK_PATH_DEVICE) {
     absl::StatusOr<Tensor> t = setup_.device_channel->Recv(GlobalStage(r.peer_stage()), expected);
     if (!t.ok()) {
@@ -785,11 +786,21 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
 
 absl::Status StageRuntime::Store(const v1::TensorKey& key, Tensor t, Unit* weights_of) {
   switch (key.kind()) {
-    case v1::ACTIVATION: activations_[{key.micro_batch(), key.unit()}] = t; break;
-    case v1::ACTIVATION_GRAD: grads_in_[key.micro_batch()] = t; break;
-    case v1::TIED_EMBEDDING_GRAD: tied_received_ = t; break;
-    case v1::UNIT_WEIGHTS: UnpackWeights(t, weights_of); break;
-    case v1::EVAL_ACTIVATION: eval_activations_[{key.micro_batch(), key.unit()}] = t; break;
+    case v1::TENSOR_KIND_ACTIVATION:
+      activations_[{key.micro_batch(), key.unit()}] = t;
+      break;
+    case v1::TENSOR_KIND_ACTIVATION_GRAD:
+      grads_in_[key.micro_batch()] = t;
+      break;
+    case v1::TENSOR_KIND_TIED_EMBEDDING_GRAD:
+      tied_received_ = t;
+      break;
+    case v1::TENSOR_KIND_UNIT_WEIGHTS:
+      UnpackWeights(t, weights_of);
+      break;
+    case v1::TENSOR_KIND_EVAL_ACTIVATION:
+      eval_activations_[{key.micro_batch(), key.unit()}] = t;
+      break;
     default: return Internal("receive of an unknown tensor kind");
   }
   return absl::OkStatus();

@@ -86,7 +86,7 @@ TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums
   // What stage 0 sent for micro-batch 0.
   const WireTensor* sent = nullptr;
   for (const auto& [address, wire] : recorder->sent()) {
-    if (address.kind == v1::ACTIVATION && address.micro_batch == 0) sent = &wire;
+    if (address.kind == v1::TENSOR_KIND_ACTIVATION && address.micro_batch == 0) sent = &wire;
   }
   ASSERT_NE(sent, nullptr);
   ASSERT_EQ(sent->codec, "token_topk:keep=0.5");

@@ -208,8 +208,8 @@ TEST(DevicePathCreateTest, DevicePathWithoutChannel_InvalidArgument) {
   const Dataset data = MakeDataset();
   InProcessFabric fabric(2);
   auto transport = fabric.Connect(0);
-  auto runtime =
-      StageRuntime::Create(TwoStageSetup(OneSend(v1::ACTIVATION, "")), &data, transport.get());
+  auto runtime = StageRuntime::Create(TwoStageSetup(OneSend(v1::TENSOR_KIND_ACTIVATION, "")), &data,
+                                      transport.get());
   ASSERT_FALSE(runtime.ok());
   EXPECT_EQ(runtime.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(runtime.status().message(),
@@ -223,8 +223,9 @@ TEST(DevicePathCreateTest, CompressedOrWeightsOnTheDevicePath_InvalidArgument) {
   auto transport = fabric.Connect(0);
   RefusingChannel channel;
   for (const auto& [program, why] :
-       {std::pair<v1::Program, std::string>{OneSend(v1::ACTIVATION, "fp16"), "it is compressed"},
-        {OneSend(v1::UNIT_WEIGHTS, ""), "UNIT_WEIGHTS are packed on the host"}}) {
+       {std::pair<v1::Program, std::string>{OneSend(v1::TENSOR_KIND_ACTIVATION, "fp16"),
+                                            "it is compressed"},
+        {OneSend(v1::TENSOR_KIND_UNIT_WEIGHTS, ""), "UNIT_WEIGHTS are packed on the host"}}) {
     StageSetup setup = TwoStageSetup(program);
     setup.device_channel = &channel;
     auto runtime = StageRuntime::Create(setup, &data, transport.get());

@@ -47,7 +47,7 @@ v1::Instruction ForwardOf(int mb) {
 
 v1::Instruction SendOf(int mb) {
   v1::Instruction in;
-  in.mutable_send()->mutable_tensor()->set_kind(v1::ACTIVATION);
+  in.mutable_send()->mutable_tensor()->set_kind(v1::TENSOR_KIND_ACTIVATION);
   in.mutable_send()->mutable_tensor()->set_unit(1);
   in.mutable_send()->mutable_tensor()->set_micro_batch(mb);
   in.mutable_send()->set_peer_stage(1);

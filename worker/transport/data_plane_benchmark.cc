@@ -64,7 +64,7 @@ double Seconds(Clock::time_point a) {
 
 // --- plain: protobuf messages on a sync stream ---------------------------
 
-class ParseAndDropService final : public v1::DataPlane::Service {
+class ParseAndDropService final : public v1::DataPlaneService::Service {
  public:
   grpc::Status Stream(grpc::ServerContext*,
                       grpc::ServerReaderWriter<v1::FrameError, v1::TensorFrame>* stream) override {
@@ -78,7 +78,7 @@ class ParseAndDropService final : public v1::DataPlane::Service {
 double PlainGbps(const std::string& address, int64_t tensor_bytes, int count) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(kMaxFrameMessageBytes);
-  auto stub = v1::DataPlane::NewStub(
+  auto stub = v1::DataPlaneService::NewStub(
       grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
   std::string chunk(std::min<int64_t>(tensor_bytes, kMaxFramePayloadBytes), 'x');
   grpc::ClientContext context;
@@ -129,7 +129,7 @@ class DropReactor final : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc:
 // One stream at a time (the benchmark runs them one after another), so one
 // sink buffer serves all.
 class RawDropService final
-    : public v1::DataPlane::WithRawCallbackMethod_Stream<v1::DataPlane::Service> {
+    : public v1::DataPlaneService::WithRawCallbackMethod_Stream<v1::DataPlaneService::Service> {
  public:
   explicit RawDropService(bool copy) : sink_(copy ? int64_t{64} << 20 : 0, '\0') {}
   grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* Stream(
@@ -192,7 +192,8 @@ double TunedGbps(const std::string& address, const std::string& buffer, int64_t 
   const int64_t size = std::min(message_bytes, tensor_bytes);
   const grpc::Slice slice(buffer.data(), static_cast<size_t>(size), grpc::Slice::STATIC_SLICE);
   const int64_t messages = (tensor_bytes * count + size - 1) / size;
-  const std::string method = absl::StrCat("/", v1::DataPlane::service_full_name(), "/Stream");
+  const std::string method =
+      absl::StrCat("/", v1::DataPlaneService::service_full_name(), "/Stream");
   const auto start = Clock::now();
   RawWriter writer(&stub, method, grpc::ByteBuffer(&slice, 1), messages);
   writer.Wait();
@@ -212,7 +213,7 @@ double PipetrainGbps(GrpcTransport& sender, Mailbox& mailbox, TensorPool& pool,
   const auto start = Clock::now();
   std::thread receiver([&] {
     for (int i = 0; i < count; ++i) {
-      TensorAddress a{"bench", iteration_base + i, v1::ACTIVATION, 0, 0};
+      TensorAddress a{"bench", iteration_base + i, v1::TENSOR_KIND_ACTIVATION, 0, 0};
       absl::StatusOr<WireTensor> got = mailbox.Take(0, a, absl::Seconds(60));
       if (!got.ok()) std::abort();
       const Tensor& t = got->tensor;
@@ -221,7 +222,7 @@ double PipetrainGbps(GrpcTransport& sender, Mailbox& mailbox, TensorPool& pool,
     }
   });
   for (int i = 0; i < count; ++i) {
-    TensorAddress a{"bench", iteration_base + i, v1::ACTIVATION, 0, 0};
+    TensorAddress a{"bench", iteration_base + i, v1::TENSOR_KIND_ACTIVATION, 0, 0};
     if (!sender.SendOwned(1, a, std::move(outgoing[i])).ok()) std::abort();
   }
   receiver.join();

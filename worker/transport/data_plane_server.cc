@@ -43,10 +43,12 @@ class StreamShared {
   const std::shared_ptr<TensorPool>& pool() const { return pool_; }
 
   void SetJob(AcceptedJob job) {
+    auto shared = std::make_shared<const AcceptedJob>(std::move(job));
     AnnotatedMutexLock lock(&mu_);
-    job_ = std::move(job);
+    job_ = std::move(shared);
   }
-  AcceptedJob job() const {
+  // Shared and immutable, so a frame's check costs no copy of its strings.
+  std::shared_ptr<const AcceptedJob> job() const {
     AnnotatedMutexLock lock(&mu_);
     return job_;
   }
@@ -69,7 +71,8 @@ class StreamShared {
   Mailbox* const mailbox_;
   const std::shared_ptr<TensorPool> pool_;
   mutable AnnotatedMutex mu_;
-  AcceptedJob job_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<const AcceptedJob> job_ ABSL_GUARDED_BY(mu_) =
+      std::make_shared<const AcceptedJob>();
   int live_reactors_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -265,7 +268,7 @@ class FrameStreamReactor final : public StreamReactor {
       // The mailbox says up front whether it would take the tensor, so a
       // refused one is never buffered.
       Mailbox* mailbox = shared_->mailbox();
-      result = assembler_.Accept(frame_, shared_->job(),
+      result = assembler_.Accept(frame_, *shared_->job(),
                                  [mailbox](const TensorAddress& address, int64_t bytes) {
                                    return mailbox->Admit(address, bytes);
                                  });
@@ -348,12 +351,13 @@ std::string MetadataValue(const grpc::CallbackServerContext& context, const char
 }  // namespace
 
 class DataPlaneServer::Service final
-    : public v1::DataPlane::WithRawCallbackMethod_Stream<v1::DataPlane::Service> {
+    : public v1::DataPlaneService::WithRawCallbackMethod_Stream<v1::DataPlaneService::Service> {
  public:
   explicit Service(Mailbox* mailbox) : shared_(std::make_shared<StreamShared>(mailbox)) {}
 
   StreamReactor* Stream(grpc::CallbackServerContext* context) override {
-    const AcceptedJob job = shared_->job();
+    const std::shared_ptr<const AcceptedJob> accepted = shared_->job();
+    const AcceptedJob& job = *accepted;
     absl::StatusOr<int> stage = VerifyStreamOpen(
         job.job_id, job.num_stages, job.secret, MetadataValue(*context, kJobMetadataKey),
         MetadataValue(*context, kStageMetadataKey), MetadataValue(*context, kProofMetadataKey));

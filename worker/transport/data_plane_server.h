@@ -1,6 +1,6 @@
 // DataPlaneServer: the receiving end of the gRPC data plane (DESIGN.md §6).
 //
-// Serves pipetrain.v1.DataPlane/Stream with the callback API. Each incoming
+// Serves pipetrain.v1.DataPlaneService/Stream with the callback API. Each incoming
 // stream (one per sending worker) gets its own FrameAssembler; complete
 // WireTensors (raw or encoded, as sent; never decoded here) go into the
 // worker's Mailbox, where Transport::RecvWire finds them.
@@ -67,7 +67,7 @@ class DataPlaneServer {
   // bound exclusively (no SO_REUSEPORT), so a second server cannot share it.
   // Errors: INVALID_ARGUMENT if the address has no ":port"; UNAVAILABLE if
   // gRPC cannot bind it (in use, or not a local address). `control`, when
-  // given, is served on the same port (the worker's WorkerControl service)
+  // given, is served on the same port (the worker's WorkerControlService)
   // and must outlive the server. `interceptors` observe every call (the
   // worker's RED metrics, common/metrics/grpc_red_metrics.h).
   static absl::StatusOr<std::unique_ptr<DataPlaneServer>> Start(

@@ -28,7 +28,7 @@ constexpr int64_t kStageIteration = 7;
 using FrameStream = grpc::ClientReaderWriter<v1::TensorFrame, v1::FrameError>;
 
 TensorAddress At(int64_t iteration, int unit) {
-  return {kJob, iteration, v1::ACTIVATION, /*micro_batch=*/0, unit};
+  return {kJob, iteration, v1::TENSOR_KIND_ACTIVATION, /*micro_batch=*/0, unit};
 }
 
 // A raw tensor of `floats` values that tell `seed` apart.
@@ -48,7 +48,7 @@ class DataPlaneServerTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     server_->SetJob(kJob, 2, kSecret);
-    stub_ = v1::DataPlane::NewStub(
+    stub_ = v1::DataPlaneService::NewStub(
         grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
   }
 
@@ -93,7 +93,7 @@ class DataPlaneServerTest : public ::testing::Test {
 
   std::unique_ptr<Mailbox> mailbox_;
   std::unique_ptr<DataPlaneServer> server_;  // Destroyed before the mailbox.
-  std::unique_ptr<v1::DataPlane::Stub> stub_;
+  std::unique_ptr<v1::DataPlaneService::Stub> stub_;
 };
 
 TEST_F(DataPlaneServerTest, Stream_SenderThreeIterationsAhead_HeldNotRefusedThenFiled) {

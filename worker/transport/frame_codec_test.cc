@@ -16,7 +16,7 @@ constexpr int64_t kSmallFrame = 64;  // 16 floats per frame.
 const AcceptedJob kJob{"j-1", /*num_stages=*/2};
 
 TensorAddress Activation(int unit) {
-  return {"j-1", /*iteration=*/7, v1::ACTIVATION, /*micro_batch=*/1, unit};
+  return {"j-1", /*iteration=*/7, v1::TENSOR_KIND_ACTIVATION, /*micro_batch=*/1, unit};
 }
 
 // Distinct, awkward bit patterns (negative zero, NaN, denormal) per element.
@@ -70,7 +70,7 @@ TEST(FrameCodecTest, Encode_SmallerThanFrame_OneFrameWithFullHeader) {
   const v1::TensorFrame& f = frames[0];
   EXPECT_EQ(f.job_id(), "j-1");
   EXPECT_EQ(f.iteration(), 7);
-  EXPECT_EQ(f.tensor().kind(), v1::ACTIVATION);
+  EXPECT_EQ(f.tensor().kind(), v1::TENSOR_KIND_ACTIVATION);
   EXPECT_EQ(f.tensor().micro_batch(), 1);
   EXPECT_EQ(f.tensor().unit(), 3);
   EXPECT_EQ(f.source_stage(), 1);
@@ -474,7 +474,7 @@ TEST(FrameCodecTest, CheckSendable_BadWire_InvalidArgumentNamingIt) {
 TEST(FrameCodecTest, MakeFrameError_CopiesKeyIterationAndStatus) {
   v1::TensorFrame f = OneFrame(3, {2});
   v1::FrameError e = MakeFrameError(f, absl::InvalidArgumentError("bad"));
-  EXPECT_EQ(e.tensor().kind(), v1::ACTIVATION);
+  EXPECT_EQ(e.tensor().kind(), v1::TENSOR_KIND_ACTIVATION);
   EXPECT_EQ(e.tensor().unit(), 3);
   EXPECT_EQ(e.tensor().micro_batch(), 1);
   EXPECT_EQ(e.iteration(), 7);

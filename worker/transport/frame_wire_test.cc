@@ -12,7 +12,7 @@ v1::TensorFrame Header() {
   v1::TensorFrame header;
   header.set_job_id("job-1");
   header.set_iteration(7);
-  header.mutable_tensor()->set_kind(v1::ACTIVATION);
+  header.mutable_tensor()->set_kind(v1::TENSOR_KIND_ACTIVATION);
   header.mutable_tensor()->set_unit(3);
   header.mutable_tensor()->set_micro_batch(1);
   header.set_source_stage(2);

@@ -26,10 +26,10 @@ using StreamReactor = grpc::ClientBidiReactor<grpc::ByteBuffer, v1::FrameError>;
 // frame follows (FrameStream::NextWriteLocked).
 constexpr size_t kCoalescedFrameBytes = 256 << 10;
 
-// "/pipetrain.v1.DataPlane/Stream"; gRPC keeps a pointer to it for the call.
+// "/pipetrain.v1.DataPlaneService/Stream"; gRPC keeps a pointer to it for the call.
 const std::string& StreamMethod() {
   static const std::string* const method =
-      new std::string(absl::StrCat("/", v1::DataPlane::service_full_name(), "/Stream"));
+      new std::string(absl::StrCat("/", v1::DataPlaneService::service_full_name(), "/Stream"));
   return *method;
 }
 
@@ -473,8 +473,12 @@ absl::Status GrpcTransport::SendFrames(int peer_stage, const TensorAddress& addr
                                        const WireTensor& wire,
                                        const std::shared_ptr<const WireTensor>& owner) {
   if (absl::Status s = CheckPeer(peer_stage); !s.ok()) return s;
-  const std::string what = absl::StrCat(address.DebugString(), " to stage ", peer_stage);
-  if (absl::Status s = CheckSendable(wire, what); !s.ok()) return s;
+  // The description is built only for an encoded tensor (its checks can
+  // fail) or a null one: a raw send, the common case, skips the formatting.
+  if (wire.encoded() || wire.tensor.is_null()) {
+    const std::string what = absl::StrCat(address.DebugString(), " to stage ", peer_stage);
+    if (absl::Status s = CheckSendable(wire, what); !s.ok()) return s;
+  }
   if (shut_down_.load()) {
     return absl::AbortedError(
         absl::StrCat("transport shut down; not sending to stage ", peer_stage));

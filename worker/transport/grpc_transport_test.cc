@@ -142,13 +142,13 @@ class GrpcTransportTest : public ::testing::Test {
 TEST_F(GrpcTransportTest, Send_TenMiBAndSmallTensors_ArriveBitwiseEqual) {
   const Shape small_shapes[] = {{3}, {0}, {}, {5, 7}};
   for (int i = 0; i < 4; ++i) {
-    ExpectDelivered(Address(v1::ACTIVATION, i, 2), Pattern(small_shapes[i], i));
+    ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, i, 2), Pattern(small_shapes[i], i));
   }
   const Tensor big = Pattern({10, 1024, 256}, 99);  // 10 MiB: three frames.
   constexpr int kRounds = 5;
   const absl::Time start = absl::Now();
   for (int round = 0; round < kRounds; ++round) {
-    ExpectDelivered(Address(v1::ACTIVATION, 10 + round, 2), big);
+    ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 10 + round, 2), big);
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   std::cout << "[info] 10 MiB stage 0 -> stage 1 over loopback, Send to Recv, " << kRounds
@@ -156,7 +156,7 @@ TEST_F(GrpcTransportTest, Send_TenMiBAndSmallTensors_ArriveBitwiseEqual) {
             << " MiB/s\n";
 
   // And the other way, as gradients travel.
-  const TensorAddress grad = Address(v1::ACTIVATION_GRAD, 0, 2);
+  const TensorAddress grad = Address(v1::TENSOR_KIND_ACTIVATION_GRAD, 0, 2);
   ASSERT_TRUE(transports_[1]->Send(0, grad, big).ok());
   absl::StatusOr<Tensor> got = transports_[0]->Recv(1, grad, kPatience);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -176,18 +176,18 @@ TEST_F(GrpcTransportTest, SendWire_EncodedInSeveralFrames_ArrivesByteIdenticalAn
   ASSERT_GT(payload->size(), 3 * 64u);
   const WireTensor sent = WireTensor::Encoded("piecewise:bits=3", *payload, values.shape());
 
-  ASSERT_TRUE(sender->SendWire(1, Address(v1::ACTIVATION, 0, 5), sent).ok());
+  ASSERT_TRUE(sender->SendWire(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 5), sent).ok());
   absl::StatusOr<WireTensor> got =
-      transports_[1]->RecvWire(0, Address(v1::ACTIVATION, 0, 5), kPatience);
+      transports_[1]->RecvWire(0, Address(v1::TENSOR_KIND_ACTIVATION, 0, 5), kPatience);
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->codec, "piecewise:bits=3");
   EXPECT_EQ(got->shape, (Shape{16, 48}));
   EXPECT_TRUE(got->tensor.is_null());
   EXPECT_EQ(got->payload, *payload);  // Byte for byte.
 
-  ASSERT_TRUE(sender->SendWire(1, Address(v1::ACTIVATION, 1, 5), sent).ok());
+  ASSERT_TRUE(sender->SendWire(1, Address(v1::TENSOR_KIND_ACTIVATION, 1, 5), sent).ok());
   absl::StatusOr<Tensor> decoded =
-      transports_[1]->Recv(0, Address(v1::ACTIVATION, 1, 5), kPatience);
+      transports_[1]->Recv(0, Address(v1::TENSOR_KIND_ACTIVATION, 1, 5), kPatience);
   ASSERT_TRUE(decoded.ok()) << decoded.status();
   absl::StatusOr<Tensor> expected = (*codec)->Decode(*payload);
   ASSERT_TRUE(expected.ok()) << expected.status();
@@ -204,27 +204,30 @@ TEST_F(GrpcTransportTest, SendWireOwned_SoleOrSharedTensorAndPayload_ArriveAsSen
   options.max_frame_bytes = 1000;  // Several frames per tensor.
   std::unique_ptr<GrpcTransport> sender = MakeTransport(0, options);
   const Tensor expected = Pattern({30, 100}, 11);
-  ASSERT_TRUE(sender->SendOwned(1, Address(v1::ACTIVATION, 0, 8), expected.Clone()).ok());
+  ASSERT_TRUE(
+      sender->SendOwned(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 8), expected.Clone()).ok());
 
   Tensor shared = expected.Clone();
   const Tensor callers_handle = shared;
   ASSERT_FALSE(shared.sole_owner());
-  ASSERT_TRUE(sender->SendOwned(1, Address(v1::ACTIVATION, 1, 8), std::move(shared)).ok());
+  ASSERT_TRUE(
+      sender->SendOwned(1, Address(v1::TENSOR_KIND_ACTIVATION, 1, 8), std::move(shared)).ok());
   Tensor writable = callers_handle;
   writable.Fill(-1.0f);  // After the send returned: must not change what arrives.
 
   const std::string payload(2500, 'p');
   ASSERT_TRUE(sender
-                  ->SendWireOwned(1, Address(v1::ACTIVATION, 2, 8),
+                  ->SendWireOwned(1, Address(v1::TENSOR_KIND_ACTIVATION, 2, 8),
                                   WireTensor::Encoded("fp16", payload, {1250}))
                   .ok());
   for (int mb = 0; mb < 2; ++mb) {
-    absl::StatusOr<Tensor> got = transports_[1]->Recv(0, Address(v1::ACTIVATION, mb, 8), kPatience);
+    absl::StatusOr<Tensor> got =
+        transports_[1]->Recv(0, Address(v1::TENSOR_KIND_ACTIVATION, mb, 8), kPatience);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(BitwiseEqual(*got, expected)) << "micro-batch " << mb;
   }
   absl::StatusOr<WireTensor> wire =
-      transports_[1]->RecvWire(0, Address(v1::ACTIVATION, 2, 8), kPatience);
+      transports_[1]->RecvWire(0, Address(v1::TENSOR_KIND_ACTIVATION, 2, 8), kPatience);
   ASSERT_TRUE(wire.ok()) << wire.status();
   EXPECT_EQ(wire->payload, payload);
   sender->Shutdown();
@@ -232,19 +235,20 @@ TEST_F(GrpcTransportTest, SendWireOwned_SoleOrSharedTensorAndPayload_ArriveAsSen
 }
 
 TEST_F(GrpcTransportTest, SendWire_UnknownCodecOrEmptyPayload_InvalidArgumentNothingSent) {
-  const absl::Status unknown = transports_[0]->SendWire(
-      1, Address(v1::ACTIVATION, 0, 6), WireTensor::Encoded("zstd:level=3", "bytes", {2}));
+  const absl::Status unknown =
+      transports_[0]->SendWire(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 6),
+                               WireTensor::Encoded("zstd:level=3", "bytes", {2}));
   EXPECT_EQ(unknown.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(unknown,
                        "ACTIVATION of unit 6, micro-batch 0, iteration 7 (job j-1) to "
                        "stage 1: codec \"zstd:level=3\" is not a codec spec"))
       << unknown;
-  const absl::Status empty = transports_[0]->SendWire(1, Address(v1::ACTIVATION, 1, 6),
+  const absl::Status empty = transports_[0]->SendWire(1, Address(v1::TENSOR_KIND_ACTIVATION, 1, 6),
                                                       WireTensor::Encoded("fp16", "", {2}));
   EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(empty, "empty fp16 payload")) << empty;
   // The link is untouched: the next tensor goes through.
-  ExpectDelivered(Address(v1::ACTIVATION, 2, 6), Pattern({4}, 6));
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 2, 6), Pattern({4}, 6));
 }
 
 TEST_F(GrpcTransportTest, Send_ConcurrentThreadsToOnePeer_TensorsArriveIntact) {
@@ -256,7 +260,8 @@ TEST_F(GrpcTransportTest, Send_ConcurrentThreadsToOnePeer_TensorsArriveIntact) {
   auto send_all = [&](int thread) {
     for (int i = 0; i < kPerThread; ++i) {
       const uint32_t seed = 100 * thread + i;
-      absl::Status s = sender->Send(1, Address(v1::ACTIVATION, i, thread), Pattern(shape, seed));
+      absl::Status s =
+          sender->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, i, thread), Pattern(shape, seed));
       EXPECT_TRUE(s.ok()) << s;
     }
   };
@@ -266,7 +271,7 @@ TEST_F(GrpcTransportTest, Send_ConcurrentThreadsToOnePeer_TensorsArriveIntact) {
   for (int thread = 0; thread < 2; ++thread) {
     for (int i = 0; i < kPerThread; ++i) {
       absl::StatusOr<Tensor> got =
-          transports_[1]->Recv(0, Address(v1::ACTIVATION, i, thread), kPatience);
+          transports_[1]->Recv(0, Address(v1::TENSOR_KIND_ACTIVATION, i, thread), kPatience);
       ASSERT_TRUE(got.ok()) << got.status();
       EXPECT_TRUE(BitwiseEqual(*got, Pattern(shape, 100 * thread + i)));
     }
@@ -277,14 +282,14 @@ TEST_F(GrpcTransportTest, Send_ConcurrentThreadsToOnePeer_TensorsArriveIntact) {
 
 TEST_F(GrpcTransportTest, Stream_MalformedFramesFromRawClient_FrameErrorsAndServerKeepsWorking) {
   auto channel = grpc::CreateChannel(addresses_[1], grpc::InsecureChannelCredentials());
-  std::unique_ptr<v1::DataPlane::Stub> stub = v1::DataPlane::NewStub(channel);
+  std::unique_ptr<v1::DataPlaneService::Stub> stub = v1::DataPlaneService::NewStub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + kPatience));
   ProveStage0(context);
   auto stream = stub->Stream(&context);
 
-  const v1::TensorFrame good =
-      EncodeTensorFrames(0, Address(v1::ACTIVATION, 0, 4), WireTensor::Raw(Pattern({2, 2}, 1)))[0];
+  const v1::TensorFrame good = EncodeTensorFrames(0, Address(v1::TENSOR_KIND_ACTIVATION, 0, 4),
+                                                  WireTensor::Raw(Pattern({2, 2}, 1)))[0];
   v1::TensorFrame short_payload = good;
   short_payload.set_total_bytes(12);
   short_payload.set_payload(good.payload().substr(0, 12));
@@ -324,20 +329,23 @@ TEST_F(GrpcTransportTest, Stream_MalformedFramesFromRawClient_FrameErrorsAndServ
   EXPECT_FALSE(stream->Read(&none));
   grpc::Status finished = stream->Finish();
   EXPECT_TRUE(finished.ok()) << finished.error_message();
-  EXPECT_TRUE(transports_[1]->Recv(0, Address(v1::ACTIVATION, 0, 4), kPatience).ok());
+  EXPECT_TRUE(transports_[1]->Recv(0, Address(v1::TENSOR_KIND_ACTIVATION, 0, 4), kPatience).ok());
 
   // A new stream works too.
-  ExpectDelivered(Address(v1::ACTIVATION, 1, 4), Pattern({100}, 2));
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 1, 4), Pattern({100}, 2));
 }
 
 TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendInternalWithPeerText) {
-  ExpectDelivered(Address(v1::ACTIVATION, 0, 2), Pattern({8}, 0));  // the stream is open
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 0, 2),
+                  Pattern({8}, 0));  // the stream is open
   servers_[1]->SetJob("j-2", 2, kJobSecret);
-  ASSERT_TRUE(transports_[0]->Send(1, Address(v1::ACTIVATION, 0, 1), Pattern({8}, 1)).ok());
+  ASSERT_TRUE(
+      transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({8}, 1)).ok());
   const absl::Status reported = peer_errors_.WaitFor(absl::StatusCode::kInternal);
   EXPECT_TRUE(Contains(reported, "wrong job \"j-1\"; this worker runs job \"j-2\"")) << reported;
 
-  absl::Status next = transports_[0]->Send(1, Address(v1::ACTIVATION, 1, 1), Pattern({8}, 2));
+  absl::Status next =
+      transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 1, 1), Pattern({8}, 2));
   EXPECT_EQ(next.code(), absl::StatusCode::kInternal);
   EXPECT_TRUE(Contains(next, "stage 1 (" + addresses_[1] +
                                  ") rejected a tensor sent earlier: "
@@ -347,12 +355,12 @@ TEST_F(GrpcTransportTest, Send_PeerRejectsTensor_NextSendInternalWithPeerText) {
 
   // Reported once; the stream stayed open.
   servers_[1]->SetJob("j-1", 2, kJobSecret);
-  ExpectDelivered(Address(v1::ACTIVATION, 2, 1), Pattern({8}, 3));
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 2, 1), Pattern({8}, 3));
 }
 
 TEST_F(GrpcTransportTest, Recv_NeverSent_DeadlineExceededNamingPeerAndTensor) {
   absl::StatusOr<Tensor> got =
-      transports_[1]->Recv(0, Address(v1::ACTIVATION, 3, 9), absl::Milliseconds(200));
+      transports_[1]->Recv(0, Address(v1::TENSOR_KIND_ACTIVATION, 3, 9), absl::Milliseconds(200));
   EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_TRUE(Contains(got.status(),
                        "waited 200ms for ACTIVATION of unit 9, micro-batch 3, "
@@ -374,14 +382,14 @@ TEST_F(GrpcTransportTest, Send_NothingListensAtPeer_UnavailableNamingPeer) {
   GrpcTransportOptions options = Options();
   options.connect_timeout = absl::Milliseconds(300);
   GrpcTransport transport(0, {addresses_[0], dead_address}, mailboxes_[0].get(), options);
-  absl::Status sent = transport.Send(1, Address(v1::ACTIVATION, 0, 1), Pattern({4}, 1));
+  absl::Status sent = transport.Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({4}, 1));
   EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(sent, "cannot connect to stage 1 (" + dead_address + ") within 300ms"))
       << sent;
 }
 
 TEST_F(GrpcTransportTest, Send_PeerRestarted_OneUnavailableThenReconnects) {
-  ExpectDelivered(Address(v1::ACTIVATION, 0, 1), Pattern({8}, 1));
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({8}, 1));
   // The restarted server binds the same port again, as a restarted worker
   // with a fixed data-plane address would.
   const int port = servers_[1]->port();
@@ -389,7 +397,8 @@ TEST_F(GrpcTransportTest, Send_PeerRestarted_OneUnavailableThenReconnects) {
   const absl::Status broke = peer_errors_.WaitFor(absl::StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(broke, "the stream to stage 1 (" + addresses_[1] + ") broke")) << broke;
 
-  absl::Status sent = transports_[0]->Send(1, Address(v1::ACTIVATION, 1, 1), Pattern({8}, 2));
+  absl::Status sent =
+      transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 1, 1), Pattern({8}, 2));
   EXPECT_EQ(sent.code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(Contains(sent, "the stream to stage 1 (" + addresses_[1] + ") broke")) << sent;
 
@@ -398,34 +407,40 @@ TEST_F(GrpcTransportTest, Send_PeerRestarted_OneUnavailableThenReconnects) {
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   servers_[1] = *std::move(restarted);
   servers_[1]->SetJob("j-1", 2, kJobSecret);
-  ExpectDelivered(Address(v1::ACTIVATION, 2, 1), Pattern({8}, 3));
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 2, 1), Pattern({8}, 3));
 }
 
 TEST_F(GrpcTransportTest, Shutdown_RightAfterSend_DeliversQueuedTensorFirst) {
   const Tensor big = Pattern({3, 1024, 1024}, 5);  // 12 MiB.
-  ASSERT_TRUE(transports_[0]->Send(1, Address(v1::ACTIVATION, 0, 1), big).ok());
+  ASSERT_TRUE(transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), big).ok());
   transports_[0]->Shutdown();
   absl::StatusOr<Tensor> got =
-      transports_[1]->Recv(0, Address(v1::ACTIVATION, 0, 1), absl::ZeroDuration());
+      transports_[1]->Recv(0, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), absl::ZeroDuration());
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(BitwiseEqual(*got, big));
 }
 
 TEST_F(GrpcTransportTest, SendAndRecv_AfterShutdown_Aborted) {
   transports_[0]->Shutdown();
-  EXPECT_EQ(transports_[0]->Send(1, Address(v1::ACTIVATION, 0, 1), Pattern({1}, 1)).code(),
-            absl::StatusCode::kAborted);
-  EXPECT_EQ(transports_[0]->Recv(1, Address(v1::ACTIVATION, 0, 1), kPatience).status().code(),
-            absl::StatusCode::kAborted);
+  EXPECT_EQ(
+      transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({1}, 1)).code(),
+      absl::StatusCode::kAborted);
+  EXPECT_EQ(
+      transports_[0]->Recv(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), kPatience).status().code(),
+      absl::StatusCode::kAborted);
 }
 
 TEST_F(GrpcTransportTest, SendAndRecv_PeerOutsidePlanOrNullTensor_InvalidArgument) {
-  absl::Status sent = transports_[0]->Send(2, Address(v1::ACTIVATION, 0, 1), Pattern({1}, 1));
+  absl::Status sent =
+      transports_[0]->Send(2, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({1}, 1));
   EXPECT_EQ(sent.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Contains(sent, "peer stage 2 is outside [0, 2)")) << sent;
-  EXPECT_EQ(transports_[0]->Recv(-1, Address(v1::ACTIVATION, 0, 1), kPatience).status().code(),
+  EXPECT_EQ(transports_[0]
+                ->Recv(-1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), kPatience)
+                .status()
+                .code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(transports_[0]->Send(1, Address(v1::ACTIVATION, 0, 1), Tensor()).code(),
+  EXPECT_EQ(transports_[0]->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Tensor()).code(),
             absl::StatusCode::kInvalidArgument);
 }
 
@@ -455,9 +470,9 @@ TEST(DataPlaneServerTest, Start_PortAlreadyServed_UnavailableNotShared) {
 // traffic is unharmed.
 TEST_F(GrpcTransportTest, Stream_WithoutOrWithWrongProof_RefusedAndJobUnharmed) {
   auto channel = grpc::CreateChannel(addresses_[1], grpc::InsecureChannelCredentials());
-  std::unique_ptr<v1::DataPlane::Stub> stub = v1::DataPlane::NewStub(channel);
-  const v1::TensorFrame injected =
-      EncodeTensorFrames(0, Address(v1::ACTIVATION, 0, 4), WireTensor::Raw(Pattern({2, 2}, 9)))[0];
+  std::unique_ptr<v1::DataPlaneService::Stub> stub = v1::DataPlaneService::NewStub(channel);
+  const v1::TensorFrame injected = EncodeTensorFrames(0, Address(v1::TENSOR_KIND_ACTIVATION, 0, 4),
+                                                      WireTensor::Raw(Pattern({2, 2}, 9)))[0];
   for (const std::string how : {"none", "wrong secret", "other job"}) {
     SCOPED_TRACE(how);
     grpc::ClientContext context;
@@ -479,7 +494,8 @@ TEST_F(GrpcTransportTest, Stream_WithoutOrWithWrongProof_RefusedAndJobUnharmed) 
         << finished.error_message();
   }
   EXPECT_EQ(mailboxes_[1]->size(), 0u);                                // nothing was filed
-  ExpectDelivered(Address(v1::ACTIVATION, 0, 4), Pattern({2, 2}, 1));  // the real tensor
+  ExpectDelivered(Address(v1::TENSOR_KIND_ACTIVATION, 0, 4),
+                  Pattern({2, 2}, 1));  // the real tensor
 }
 
 // A stage may legally run more than the mailbox's run-ahead window ahead of
@@ -491,7 +507,7 @@ TEST_F(GrpcTransportTest, Send_ThreeIterationsAheadOfReceiver_HeldNotRefusedThen
   mailboxes_[1]->OpenJob("j-1", 7);  // the receiver is at iteration 7; its window ends at 9
   std::vector<std::pair<TensorAddress, Tensor>> sent;
   for (int i = 0; i < 4; ++i) {
-    TensorAddress address = Address(v1::ACTIVATION, i, 4);
+    TensorAddress address = Address(v1::TENSOR_KIND_ACTIVATION, i, 4);
     address.iteration = 10 + i / 2;  // 10, 10, 11, 11; 1 MiB each
     sent.emplace_back(address, Pattern({256, 1024}, i));
     ASSERT_TRUE(transports_[0]->Send(1, address, sent.back().second).ok());
@@ -501,7 +517,7 @@ TEST_F(GrpcTransportTest, Send_ThreeIterationsAheadOfReceiver_HeldNotRefusedThen
 
   // The receiver reaches iteration 8: the window now takes 10, and taking
   // a tensor of 10 puts the receiver there, so 11 follows.
-  TensorAddress now = Address(v1::ACTIVATION, 0, 0);
+  TensorAddress now = Address(v1::TENSOR_KIND_ACTIVATION, 0, 0);
   now.iteration = 8;
   EXPECT_EQ(transports_[1]->Recv(0, now, absl::ZeroDuration()).status().code(),
             absl::StatusCode::kDeadlineExceeded);
@@ -512,7 +528,7 @@ TEST_F(GrpcTransportTest, Send_ThreeIterationsAheadOfReceiver_HeldNotRefusedThen
     EXPECT_TRUE(BitwiseEqual(*got, tensor)) << address.DebugString();
   }
   EXPECT_EQ(peer_errors_.size(), 0u);
-  TensorAddress next = Address(v1::ACTIVATION, 0, 4);
+  TensorAddress next = Address(v1::TENSOR_KIND_ACTIVATION, 0, 4);
   next.iteration = 12;
   ExpectDelivered(next, Pattern({2, 2}, 9));  // no rejection waits for this Send either
   EXPECT_EQ(mailboxes_[1]->held(), 0u);

@@ -11,7 +11,7 @@ namespace pipetrain {
 namespace {
 
 TensorAddress Activation(const std::string& job_id, int unit) {
-  return {job_id, /*iteration=*/7, v1::ACTIVATION, /*micro_batch=*/1, unit};
+  return {job_id, /*iteration=*/7, v1::TENSOR_KIND_ACTIVATION, /*micro_batch=*/1, unit};
 }
 
 TEST(MailboxTest, Take_AfterPut_ReturnsTheTensorOnce) {

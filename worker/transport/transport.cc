@@ -3,6 +3,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
 #include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
 #include "kernels/compress/payload.h"
@@ -10,8 +11,8 @@
 namespace pipetrain {
 
 std::string TensorAddress::DebugString() const {
-  return absl::StrCat(v1::TensorKind_Name(kind), " of unit ", unit, ", micro-batch ",
-                      micro_batch, ", iteration ", iteration, " (job ", job_id, ")");
+  return absl::StrCat(EnumShortName(kind), " of unit ", unit, ", micro-batch ", micro_batch,
+                      ", iteration ", iteration, " (job ", job_id, ")");
 }
 
 bool TensorAddress::operator<(const TensorAddress& o) const {

@@ -18,7 +18,7 @@ namespace {
 constexpr absl::Duration kPatience = absl::Seconds(60);  // Deadlines only; never waited out.
 
 TensorAddress Activation(int unit) {
-  return {"j-1", /*iteration=*/7, v1::ACTIVATION, /*micro_batch=*/1, unit};
+  return {"j-1", /*iteration=*/7, v1::TENSOR_KIND_ACTIVATION, /*micro_batch=*/1, unit};
 }
 
 Tensor Wave(const Shape& shape) {

@@ -168,8 +168,10 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
 // Binds the gRPC server; `port` receives the bound port.
 absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
                                                         const std::string& address,
-                                                        grpc::Service* service, int& port) {
+                                                        grpc::Service* service, GrpcRedMetrics& red,
+                                                        int& port) {
   grpc::ServerBuilder builder;
+  builder.experimental().SetInterceptorCreators(red.Interceptors());
   builder.AddListeningPort(address, config.credentials, &port);
   // gRPC's default SO_REUSEPORT would let a second coordinator share the port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
@@ -475,7 +477,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   std::unique_ptr<FollowerService> follower_service;
   std::unique_ptr<grpc::Server> follower_server;  // until the real service binds
   std::string grpc_address = flags.grpc_address;
-  ServingHealth health({"pipetrain.v1.Coordinator"}, "following: another coordinator leads");
+  ServingHealth health({"pipetrain.v1.CoordinatorService"}, "following: another coordinator leads");
   if (!flags.etcd_endpoints.empty()) {
     absl::StatusOr<int> port = FollowUntilLeader(config, signals, health, &election,
                                                  &follower_service, &follower_server);
@@ -555,7 +557,7 @@ int Serve(const Config& config, const sigset_t& signals) {
     follower_server.reset();
   }
   absl::StatusOr<std::unique_ptr<grpc::Server>> grpc_server =
-      StartGrpc(config, grpc_address, &service, grpc_port);
+      StartGrpc(config, grpc_address, &service, metrics.rpc(), grpc_port);
   if (!grpc_server.ok()) {
     PT_LOG(ERROR) << grpc_server.status().message();
     return 1;

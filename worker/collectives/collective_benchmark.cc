@@ -86,11 +86,14 @@ struct Member {
     transport.reset(new GrpcTransport(rank, addresses, &mailbox, std::move(options)));
     if (link.has_value()) transport.reset(new ShapedTransport(std::move(transport), *link));
   }
-  void Stop() {
-    if (transport != nullptr) {
-      if (auto* grpc = dynamic_cast<GrpcTransport*>(transport.get())) grpc->Shutdown();
-      transport.reset();  // a ShapedTransport delivers its queue, then shuts down
-    }
+  // First every member's sending side (so no stream sees its peer vanish),
+  // then the receiving side.
+  void StopSending() {
+    if (transport == nullptr) return;
+    if (auto* grpc = dynamic_cast<GrpcTransport*>(transport.get())) grpc->Shutdown();
+    transport.reset();  // a ShapedTransport delivers its queue, then shuts down
+  }
+  void StopReceiving() {
     server->Shutdown();
     mailbox.Shutdown();
   }
@@ -182,7 +185,8 @@ GroupResults RunThreads(const Settings& s) {
     threads.emplace_back([&, r] { out.by_rank[r] = RunMember(*members[r]->transport, r, s); });
   }
   for (std::thread& t : threads) t.join();
-  for (auto& m : members) m->Stop();
+  for (auto& m : members) m->StopSending();
+  for (auto& m : members) m->StopReceiving();
   return out;
 }
 
@@ -216,9 +220,14 @@ std::string ReadLine(FILE* in) {
   }
   std::fflush(parent.out);
   // Every member's last all-reduce needs this one's sends, so once all
-  // report, nothing is in flight: the parent's "stop" ends the process.
+  // report, nothing is in flight. The parent's "stop" closes the sending
+  // side; its "exit", once every member has, the receiving side.
   (void)ReadLine(parent.in);
-  m.Stop();
+  m.StopSending();
+  std::fprintf(parent.out, "stopped\n");
+  std::fflush(parent.out);
+  (void)ReadLine(parent.in);
+  m.StopReceiving();
   std::_Exit(0);
 }
 
@@ -265,9 +274,14 @@ GroupResults RunProcesses(const Settings& s) {
       out.by_rank[r].push_back(result);
     }
   }
-  for (Pipe& p : children) {
-    std::fprintf(p.out, "stop\n");
-    std::fflush(p.out);
+  for (const char* command : {"stop", "exit"}) {
+    for (Pipe& p : children) {
+      std::fprintf(p.out, "%s\n", command);
+      std::fflush(p.out);
+    }
+    if (std::string(command) == "stop") {
+      for (Pipe& p : children) (void)ReadLine(p.in);  // "stopped"
+    }
   }
   for (pid_t pid : pids) {
     int status = 0;

@@ -55,8 +55,14 @@ copy_protos() {  # DIR [COMMIT]
   fi
 }
 
+# Every check runs on copies holding only proto/pipetrain and buf.yaml: in
+# the source tree, buf would also walk Bazel's convenience symlinks
+# (bazel-<directory name>, a different name in every clone) into external
+# protos that do not build on their own.
+copy_protos "$T/current"
+
 # 1. Lint.
-out=$(cd "$SRC" && "$BUF" lint 2>&1)
+out=$(cd "$T/current" && "$BUF" lint 2>&1)
 code=$?
 if [ $code -ne 0 ] || [ -n "$out" ]; then
   fail "buf lint (exit $code):"
@@ -91,7 +97,7 @@ else
     echo "SKIPPED: buf breaking: $base ($described) has no proto/pipetrain"
   else
     copy_protos "$T/baseline" "$base"
-    out=$(cd "$SRC" && "$BUF" breaking . --against "$T/baseline" 2>&1)
+    out=$(cd "$T/current" && "$BUF" breaking . --against "$T/baseline" 2>&1)
     code=$?
     if [ $code -ne 0 ]; then
       fail "buf breaking against $base ($described), exit $code:"
@@ -111,7 +117,7 @@ sed -i '0,/ = 1;/s// = 1000;/' "$T/renumbered/proto/pipetrain/v1/job.proto"
 if ! grep -q ' = 1000;' "$T/renumbered/proto/pipetrain/v1/job.proto"; then
   fail "could not renumber a field of job.proto in the copy (no \" = 1;\" left?)"
 else
-  out=$(cd "$T" && "$BUF" breaking renumbered --against "$SRC" 2>&1)
+  out=$(cd "$T" && "$BUF" breaking renumbered --against current 2>&1)
   code=$?
   if [ $code -ne 100 ] || ! grep -q 'job.proto:.*Previously present field "1"' <<< "$out"; then
     fail "buf breaking accepted a copy with a renumbered field (exit $code): $out"

@@ -13,6 +13,7 @@
 //
 // Exit codes: 0 after a signal, 1 when a server cannot start, 2 for bad flags.
 #include <grpcpp/grpcpp.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -433,15 +434,32 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   return SplitHostPort(config.flags.http_address, config.http_host, config.http_port);
 }
 
+pthread_t g_main_thread;
+
+// Runs only on a thread that did not block the signals: one started before
+// main (OpenBLAS starts its pool while the library loads). It passes the
+// signal on to the main thread, where it is blocked and WaitForSignal or
+// DrainBeforeShutdown takes it. Without it, such a thread would take the
+// default action and kill the process (a second SIGTERM during the drain
+// ended it with signal 15 in CI). pthread_kill is async-signal-safe.
+extern "C" void ForwardShutdownSignal(int signal) { pthread_kill(g_main_thread, signal); }
+
 // Blocks SIGINT and SIGTERM in this thread and (by inheritance) every thread
-// started afterwards, so WaitForSignal receives them synchronously: no
-// handler runs in a signal context.
+// started afterwards, so WaitForSignal receives them synchronously; threads
+// that already run forward them here (ForwardShutdownSignal).
 sigset_t BlockShutdownSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  g_main_thread = pthread_self();
+  struct sigaction forward {};
+  forward.sa_handler = ForwardShutdownSignal;
+  sigemptyset(&forward.sa_mask);
+  forward.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &forward, nullptr);
+  sigaction(SIGTERM, &forward, nullptr);
   return signals;
 }
 

@@ -7,35 +7,44 @@
 
 namespace pipetrain {
 
-AttentionUnit::AttentionUnit(const GptConfig& config, int layer, Backend* backend)
-    : Unit(absl::StrCat("attn_", layer), UnitKind::kAttention, backend), config_(config) {
+AttentionUnit::AttentionUnit(const GptConfig& config, int layer, Backend* backend,
+                             TensorParallelComm* tp)
+    : Unit(absl::StrCat("attn_", layer), UnitKind::kAttention, backend, tp), config_(config) {
+  using Split = ParameterShard::Split;
   const int64_t d = config.d_model;
   const std::string p = absl::StrCat("h.", layer, ".");
   const float residual_std = 0.02f / std::sqrt(2.0f * config.n_layer);
   ln_w_ = AddParameter(p + "ln_1.weight", {d}, ParamInit::kOnes, 0, false);
   ln_b_ = AddParameter(p + "ln_1.bias", {d}, ParamInit::kZeros, 0, false);
-  qkv_w_ = AddParameter(p + "attn.c_attn.weight", {d, 3 * d}, ParamInit::kNormal, 0.02f, true);
-  qkv_b_ = AddParameter(p + "attn.c_attn.bias", {3 * d}, ParamInit::kZeros, 0, false);
-  proj_w_ = AddParameter(p + "attn.c_proj.weight", {d, d}, ParamInit::kNormal, residual_std,
-                         true);
+  qkv_w_ = AddParameter(p + "attn.c_attn.weight", {d, 3 * d}, ParamInit::kNormal, 0.02f, true,
+                        Split::kColumns, 3);
+  qkv_b_ = AddParameter(p + "attn.c_attn.bias", {3 * d}, ParamInit::kZeros, 0, false,
+                        Split::kColumns, 3);
+  proj_w_ = AddParameter(p + "attn.c_proj.weight", {d, d}, ParamInit::kNormal, residual_std, true,
+                         Split::kRows);
   proj_b_ = AddParameter(p + "attn.c_proj.bias", {d}, ParamInit::kZeros, 0, false);
 }
 
 Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
-  const int B = batch.batch, T = batch.seq_len, d = config_.d_model, H = config_.n_head;
+  const int B = batch.batch, T = batch.seq_len, d = config_.d_model;
+  // This rank's heads and their width (all of them when whole).
+  const int H = config_.n_head / tp_size(), dl = d / tp_size();
   const int n = B * T;
   Tensor ln_out = backend()->Empty({B, T, d});
   Tensor mean = backend()->Empty({n}), rstd = backend()->Empty({n});
   backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
                    ln_out.data(), mean.data(), rstd.data());
-  Tensor qkv = backend()->Empty({B, T, 3 * d});
-  backend()->LinearForward(ln_out.data(), qkv_w_->value.data(), qkv_b_->value.data(), n, d, 3 * d,
-                qkv.data());
-  Tensor att = backend()->Empty({B, T, d});
+  Tensor qkv = backend()->Empty({B, T, 3 * dl});
+  backend()->LinearForward(ln_out.data(), qkv_w_->value.data(), qkv_b_->value.data(), n, d, 3 * dl,
+                           qkv.data());
+  Tensor att = backend()->Empty({B, T, dl});
   Tensor probs = backend()->Empty({B, H, T, T});
-  backend()->AttentionForward(qkv.data(), B, T, d, H, att.data(), probs.data());
+  backend()->AttentionForward(qkv.data(), B, T, dl, H, att.data(), probs.data());
   Tensor y = backend()->Empty({B, T, d});
-  backend()->LinearForward(att.data(), proj_w_->value.data(), proj_b_->value.data(), n, d, d, y.data());
+  // Row-parallel c_proj: rank 0 adds the bias, the group sums the parts.
+  backend()->LinearForward(att.data(), proj_w_->value.data(),
+                           tp_rank() == 0 ? proj_b_->value.data() : nullptr, n, dl, d, y.data());
+  TensorParallelSum(y);
   backend()->Add(y.data(), x.data(), y.numel(), y.data());
   ctx->saved = {x, ln_out, mean, rstd, qkv, probs, att};
   return y;
@@ -43,20 +52,23 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
 
 Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
                                const UnitContext& ctx) {
-  const int B = batch.batch, T = batch.seq_len, d = config_.d_model, H = config_.n_head;
+  const int B = batch.batch, T = batch.seq_len, d = config_.d_model;
+  const int H = config_.n_head / tp_size(), dl = d / tp_size();
   const int n = B * T;
   const auto& s = ctx.saved;
-  Tensor datt = backend()->Empty({B, T, d});
-  backend()->LinearBackward(s[kAttOut].data(), proj_w_->value.data(), dy.data(), n, d, d, datt.data(),
-                 proj_w_->grad.data(), proj_b_->grad.data());
-  Tensor dqkv = backend()->Empty({B, T, 3 * d});
+  Tensor datt = backend()->Empty({B, T, dl});
+  // dy is the same on every rank, so is the replicated bias's gradient.
+  backend()->LinearBackward(s[kAttOut].data(), proj_w_->value.data(), dy.data(), n, dl, d,
+                            datt.data(), proj_w_->grad.data(), proj_b_->grad.data());
+  Tensor dqkv = backend()->Empty({B, T, 3 * dl});
   // The CPU kernel's work space; a device backend keeps its own.
   Tensor scratch = backend()->kind() == BackendKind::kCpu ? backend()->Empty({T, T}) : Tensor();
-  backend()->AttentionBackward(s[kQkv].data(), s[kProbs].data(), datt.data(), B, T, d, H, dqkv.data(),
-                    scratch.is_null() ? nullptr : scratch.data());
+  backend()->AttentionBackward(s[kQkv].data(), s[kProbs].data(), datt.data(), B, T, dl, H,
+                               dqkv.data(), scratch.is_null() ? nullptr : scratch.data());
   Tensor dln = backend()->Empty({B, T, d});
-  backend()->LinearBackward(s[kLnOut].data(), qkv_w_->value.data(), dqkv.data(), n, d, 3 * d, dln.data(),
-                 qkv_w_->grad.data(), qkv_b_->grad.data());
+  backend()->LinearBackward(s[kLnOut].data(), qkv_w_->value.data(), dqkv.data(), n, d, 3 * dl,
+                            dln.data(), qkv_w_->grad.data(), qkv_b_->grad.data());
+  TensorParallelSum(dln);  // each rank's part of dL/d(ln_1 output)
   Tensor dx = backend()->Empty({B, T, d});
   backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
                     dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());

@@ -2,6 +2,10 @@
 // Parameters (Hugging Face names, Conv1D (in, out) layout):
 //   h.i.ln_1.weight/bias [d], h.i.attn.c_attn.weight [d, 3d] / bias [3d],
 //   h.i.attn.c_proj.weight [d, d] / bias [d].
+// Tensor-parallel (tensor_parallel.h): rank r of T holds heads [r H/T,
+// (r+1) H/T): c_attn's columns of those heads in q, k and v ([d, 3d/T]),
+// c_proj's rows of them ([d/T, d]); the output is all-reduced before the
+// residual, dL/d(ln_1 output) before the LayerNorm's backward.
 #ifndef PIPETRAIN_WORKER_MODEL_ATTENTION_UNIT_H_
 #define PIPETRAIN_WORKER_MODEL_ATTENTION_UNIT_H_
 
@@ -11,11 +15,13 @@ namespace pipetrain {
 
 class AttentionUnit : public Unit {
  public:
-  AttentionUnit(const GptConfig& config, int layer, Backend* backend);
+  AttentionUnit(const GptConfig& config, int layer, Backend* backend,
+                TensorParallelComm* tp = nullptr);
   Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) override;
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
   // An[b, t] = sum over heads h and queries q of probs[b, h, q, t]: how much
   // attention token t receives from the whole sequence (acctfm §4.3.1).
+  // A tensor-parallel rank sums its own heads only.
   std::vector<float> TokenImportance(const UnitContext& ctx) const override;
 
  private:

@@ -6,13 +6,15 @@
 
 namespace pipetrain {
 
-absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config,
-                                                           uint64_t seed, Backend* backend) {
+absl::StatusOr<std::unique_ptr<GptModel>> GptModel::Create(const GptConfig& config, uint64_t seed,
+                                                           Backend* backend,
+                                                           TensorParallelComm* tp) {
   RETURN_IF_ERROR(ValidateGptConfig(config));
   if (backend == nullptr) return absl::InvalidArgumentError("GptModel without a backend");
+  if (tp != nullptr) RETURN_IF_ERROR(ValidateTensorParallel(config, tp->size()));
   std::unique_ptr<GptModel> model(new GptModel(config, backend));
   for (int i = 0; i < NumUnits(config); ++i) {
-    model->units_.push_back(MakeUnit(config, i, backend));
+    model->units_.push_back(MakeUnit(config, i, backend, tp));
     InitializeParameters(model->units_.back().get(), seed);
   }
   // Tie the head's wte to embed's: both parameters view one value buffer,

@@ -20,9 +20,15 @@ class GptModel {
   // INVALID_ARGUMENT when the config is invalid. Parameters are initialised
   // from `seed` (see InitializeParameters) on `backend` (not null; it must
   // outlive the model). A device backend's errors show in its status().
-  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config,
-                                                          uint64_t seed,
-                                                          Backend* backend = CpuBackend());
+  // With `tp` (it must outlive the model), this model is rank tp->rank() of
+  // a tensor-parallel group: every unit is that rank's shard
+  // (tensor_parallel.h), the ranks run the same calls in the same order, and
+  // together they compute what the whole model does, within rounding;
+  // INVALID_ARGUMENT naming the field when tp->size() does not split the
+  // config.
+  static absl::StatusOr<std::unique_ptr<GptModel>> Create(const GptConfig& config, uint64_t seed,
+                                                          Backend* backend = CpuBackend(),
+                                                          TensorParallelComm* tp = nullptr);
 
   const GptConfig& config() const { return config_; }
   Backend* backend() const { return backend_; }

@@ -1,20 +1,26 @@
 #include "worker/model/head_unit.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "common/logging.h"
 #include "kernels/cpu/layernorm.h"
+#include "kernels/cpu/vocab_parallel.h"
 
 namespace pipetrain {
 
-HeadUnit::HeadUnit(const GptConfig& config, Backend* backend)
-    : Unit("head", UnitKind::kHead, backend), config_(config) {
+HeadUnit::HeadUnit(const GptConfig& config, Backend* backend, TensorParallelComm* tp)
+    : Unit("head", UnitKind::kHead, backend, tp), config_(config) {
   const int64_t d = config.d_model;
   ln_w_ = AddParameter("ln_f.weight", {d}, ParamInit::kOnes, 0, false);
   ln_b_ = AddParameter("ln_f.bias", {d}, ParamInit::kZeros, 0, false);
-  wte_ = AddParameter("wte.weight", {config.vocab_size, d}, ParamInit::kNormal, 0.02f, true);
+  wte_ = AddParameter("wte.weight", {config.vocab_size, d}, ParamInit::kNormal, 0.02f, true,
+                      ParameterShard::Split::kRows);
 }
 
 Tensor HeadUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
   const int n = batch.batch * batch.seq_len, d = config_.d_model, V = config_.vocab_size;
+  const int Vl = V / tp_size();  // this rank's vocabulary rows
   PT_CHECK(static_cast<int64_t>(batch.targets.size()) == n)
       << batch.targets.size() << " targets for " << n << " positions";
   for (int32_t t : batch.targets) PT_CHECK(t >= 0 && t < V) << "target " << t;
@@ -22,29 +28,69 @@ Tensor HeadUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* 
   Tensor mean = backend()->Empty({n}), rstd = backend()->Empty({n});
   backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
                    ln_out.data(), mean.data(), rstd.data());
-  // logits [n, V] = ln_out [n, d] * wte^T; then softmax in place into probs.
-  Tensor probs = backend()->Empty({n, V});
-  backend()->Sgemm(false, true, n, V, d, 1.0f, ln_out.data(), d, wte_->value.data(), d, 0.0f,
-        probs.data(), V);
-  float loss = backend()->SoftmaxCrossEntropyForward(probs.data(), batch.targets.data(), n, V,
-                                          probs.data());
+  // logits [n, Vl] = ln_out [n, d] * wte^T; then softmax in place into probs.
+  Tensor probs = backend()->Empty({n, Vl});
+  backend()->Sgemm(false, true, n, Vl, d, 1.0f, ln_out.data(), d, wte_->value.data(), d, 0.0f,
+                   probs.data(), Vl);
+  const float loss = tp_size() > 1 ? SplitVocabCrossEntropy(probs, batch)
+                                   : backend()->SoftmaxCrossEntropyForward(
+                                         probs.data(), batch.targets.data(), n, V, probs.data());
   ctx->saved = {x, ln_out, mean, rstd, probs};
   return Tensor::FromVector({1}, {loss});
 }
 
+float HeadUnit::SplitVocabCrossEntropy(Tensor& logits, const TokenBatch& batch) {
+  const int n = batch.batch * batch.seq_len, T = tp_size();
+  const int Vl = config_.vocab_size / T, begin = tp_rank() * Vl;
+  Tensor host = backend()->Download(logits);  // the tensor itself on the CPU
+  // Each row's maximum over the whole vocabulary: every rank's local maxima
+  // gathered by a sum in which each slot has one non-zero term (exact).
+  Tensor maxima = Tensor::Zeros({T, n});
+  VocabSliceRowMax(host.data(), n, Vl, maxima.data() + int64_t{tp_rank()} * n);
+  Tensor all_maxima = backend()->Upload(maxima);
+  TensorParallelSum(all_maxima);
+  maxima = backend()->Download(all_maxima);
+  std::vector<float> global_max(maxima.data(), maxima.data() + n);
+  for (int r = 1; r < T; ++r) {
+    for (int i = 0; i < n; ++i) global_max[i] = std::max(global_max[i], maxima[int64_t{r} * n + i]);
+  }
+  // Z = sum of exp(logit - M) over the ranks, and the target's logit - M
+  // (from the one rank that holds it), in one all-reduce of [2, n].
+  Tensor partials = Tensor::Zeros({2, n});
+  VocabSliceSoftmaxPartials(host.data(), batch.targets.data(), n, Vl, begin, global_max.data(),
+                            host.data(), partials.data(), partials.data() + n);
+  Tensor totals = backend()->Upload(partials);
+  TensorParallelSum(totals);
+  totals = backend()->Download(totals);
+  const float loss = VocabSliceSoftmaxFinish(totals.data(), totals.data() + n, n, Vl, host.data());
+  if (host.data() != logits.data()) backend()->CopyFromHost(host, &logits);
+  return loss;
+}
+
 Tensor HeadUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) {
   const int n = batch.batch * batch.seq_len, d = config_.d_model, V = config_.vocab_size;
+  const int Vl = V / tp_size();
   PT_CHECK(!dy.on_device() && dy.numel() == 1) << "head's dL/dloss must be a host [1] tensor";
   const auto& s = ctx.saved;
-  Tensor dlogits = backend()->Empty({n, V});
-  backend()->SoftmaxCrossEntropyBackward(s[kProbs].data(), batch.targets.data(), n, V, dy[0],
-                              dlogits.data());
-  // dln = dlogits * wte [n, d];  dwte += dlogits^T * ln_out [V, d].
+  Tensor dlogits;
+  if (tp_size() > 1) {
+    const Tensor probs = backend()->Download(s[kProbs]);
+    Tensor host = Tensor::Zeros({n, Vl});
+    VocabSliceCrossEntropyBackward(probs.data(), batch.targets.data(), n, Vl, tp_rank() * Vl, dy[0],
+                                   host.data());
+    dlogits = backend()->Upload(host);
+  } else {
+    dlogits = backend()->Empty({n, V});
+    backend()->SoftmaxCrossEntropyBackward(s[kProbs].data(), batch.targets.data(), n, V, dy[0],
+                                           dlogits.data());
+  }
+  // dln = dlogits * wte [n, d];  dwte += dlogits^T * ln_out [Vl, d].
   Tensor dln = backend()->Empty({n, d});
-  backend()->Sgemm(false, false, n, d, V, 1.0f, dlogits.data(), V, wte_->value.data(), d, 0.0f,
-        dln.data(), d);
-  backend()->Sgemm(true, false, V, d, n, 1.0f, dlogits.data(), V, s[kLnOut].data(), d, 1.0f,
-        wte_->grad.data(), d);
+  backend()->Sgemm(false, false, n, d, Vl, 1.0f, dlogits.data(), Vl, wte_->value.data(), d, 0.0f,
+                   dln.data(), d);
+  TensorParallelSum(dln);  // each rank's vocabulary part of dL/d(ln_f output)
+  backend()->Sgemm(true, false, Vl, d, n, 1.0f, dlogits.data(), Vl, s[kLnOut].data(), d, 1.0f,
+                   wte_->grad.data(), d);
   Tensor dx = backend()->Empty({batch.batch, batch.seq_len, d});
   backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
                     dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());

@@ -7,35 +7,40 @@
 
 namespace pipetrain {
 
-MlpUnit::MlpUnit(const GptConfig& config, int layer, Backend* backend)
-    : Unit(absl::StrCat("mlp_", layer), UnitKind::kMlp, backend), config_(config) {
+MlpUnit::MlpUnit(const GptConfig& config, int layer, Backend* backend, TensorParallelComm* tp)
+    : Unit(absl::StrCat("mlp_", layer), UnitKind::kMlp, backend, tp), config_(config) {
+  using Split = ParameterShard::Split;
   const int64_t d = config.d_model;
   const std::string p = absl::StrCat("h.", layer, ".");
   const float residual_std = 0.02f / std::sqrt(2.0f * config.n_layer);
   ln_w_ = AddParameter(p + "ln_2.weight", {d}, ParamInit::kOnes, 0, false);
   ln_b_ = AddParameter(p + "ln_2.bias", {d}, ParamInit::kZeros, 0, false);
-  fc_w_ = AddParameter(p + "mlp.c_fc.weight", {d, 4 * d}, ParamInit::kNormal, 0.02f, true);
-  fc_b_ = AddParameter(p + "mlp.c_fc.bias", {4 * d}, ParamInit::kZeros, 0, false);
-  proj_w_ = AddParameter(p + "mlp.c_proj.weight", {4 * d, d}, ParamInit::kNormal,
-                         residual_std, true);
+  fc_w_ = AddParameter(p + "mlp.c_fc.weight", {d, 4 * d}, ParamInit::kNormal, 0.02f, true,
+                       Split::kColumns);
+  fc_b_ = AddParameter(p + "mlp.c_fc.bias", {4 * d}, ParamInit::kZeros, 0, false, Split::kColumns);
+  proj_w_ = AddParameter(p + "mlp.c_proj.weight", {4 * d, d}, ParamInit::kNormal, residual_std,
+                         true, Split::kRows);
   proj_b_ = AddParameter(p + "mlp.c_proj.bias", {d}, ParamInit::kZeros, 0, false);
 }
 
 Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model;
+  const int h = 4 * d / tp_size();  // this rank's hidden width
   const int n = B * T;
   Tensor ln_out = backend()->Empty({B, T, d});
   Tensor mean = backend()->Empty({n}), rstd = backend()->Empty({n});
   backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
                    ln_out.data(), mean.data(), rstd.data());
-  Tensor fc = backend()->Empty({B, T, 4 * d});
-  backend()->LinearForward(ln_out.data(), fc_w_->value.data(), fc_b_->value.data(), n, d, 4 * d,
-                fc.data());
-  Tensor act = backend()->Empty({B, T, 4 * d});
+  Tensor fc = backend()->Empty({B, T, h});
+  backend()->LinearForward(ln_out.data(), fc_w_->value.data(), fc_b_->value.data(), n, d, h,
+                           fc.data());
+  Tensor act = backend()->Empty({B, T, h});
   backend()->GeluForward(fc.data(), fc.numel(), act.data());
   Tensor y = backend()->Empty({B, T, d});
-  backend()->LinearForward(act.data(), proj_w_->value.data(), proj_b_->value.data(), n, 4 * d, d,
-                y.data());
+  // Row-parallel c_proj: rank 0 adds the bias, the group sums the parts.
+  backend()->LinearForward(act.data(), proj_w_->value.data(),
+                           tp_rank() == 0 ? proj_b_->value.data() : nullptr, n, h, d, y.data());
+  TensorParallelSum(y);
   backend()->Add(y.data(), x.data(), y.numel(), y.data());
   ctx->saved = {x, ln_out, mean, rstd, fc, act};
   return y;
@@ -43,16 +48,18 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
 
 Tensor MlpUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) {
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model;
+  const int h = 4 * d / tp_size();
   const int n = B * T;
   const auto& s = ctx.saved;
-  Tensor dact = backend()->Empty({B, T, 4 * d});
-  backend()->LinearBackward(s[kGeluOut].data(), proj_w_->value.data(), dy.data(), n, 4 * d, d,
-                 dact.data(), proj_w_->grad.data(), proj_b_->grad.data());
+  Tensor dact = backend()->Empty({B, T, h});
+  backend()->LinearBackward(s[kGeluOut].data(), proj_w_->value.data(), dy.data(), n, h, d,
+                            dact.data(), proj_w_->grad.data(), proj_b_->grad.data());
   // GELU backward in place: dact becomes dL/d(fc output).
   backend()->GeluBackward(s[kFcOut].data(), dact.data(), dact.numel(), dact.data());
   Tensor dln = backend()->Empty({B, T, d});
-  backend()->LinearBackward(s[kLnOut].data(), fc_w_->value.data(), dact.data(), n, d, 4 * d, dln.data(),
-                 fc_w_->grad.data(), fc_b_->grad.data());
+  backend()->LinearBackward(s[kLnOut].data(), fc_w_->value.data(), dact.data(), n, d, h, dln.data(),
+                            fc_w_->grad.data(), fc_b_->grad.data());
+  TensorParallelSum(dln);  // each rank's part of dL/d(ln_2 output)
   Tensor dx = backend()->Empty({B, T, d});
   backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
                     dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());

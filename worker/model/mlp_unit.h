@@ -1,6 +1,10 @@
 // Unit "mlp_i": y = x + c_proj(GELU(c_fc(ln_2(x)))), hidden size 4d.
 // Parameters: h.i.ln_2.weight/bias [d], h.i.mlp.c_fc.weight [d, 4d] /
 // bias [4d], h.i.mlp.c_proj.weight [4d, d] / bias [d].
+// Tensor-parallel (tensor_parallel.h): rank r of T holds c_fc's columns
+// [r 4d/T, (r+1) 4d/T) and c_proj's matching rows; the output is
+// all-reduced before the residual, dL/d(ln_2 output) before the
+// LayerNorm's backward.
 #ifndef PIPETRAIN_WORKER_MODEL_MLP_UNIT_H_
 #define PIPETRAIN_WORKER_MODEL_MLP_UNIT_H_
 
@@ -10,7 +14,7 @@ namespace pipetrain {
 
 class MlpUnit : public Unit {
  public:
-  MlpUnit(const GptConfig& config, int layer, Backend* backend);
+  MlpUnit(const GptConfig& config, int layer, Backend* backend, TensorParallelComm* tp = nullptr);
   Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) override;
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
 

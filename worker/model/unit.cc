@@ -27,12 +27,21 @@ void Unit::ZeroGrads() {
   for (auto& p : params_) backend_->Fill(&p->grad, 0.0f);
 }
 
-Parameter* Unit::AddParameter(std::string name, const Shape& shape, ParamInit init,
-                              float init_std, bool is_matrix) {
+Parameter* Unit::AddParameter(std::string name, const Shape& shape, ParamInit init, float init_std,
+                              bool is_matrix, ParameterShard::Split split, int column_blocks) {
   auto p = std::make_unique<Parameter>();
   p->name = std::move(name);
-  p->value = backend_->Zeros(shape);
-  p->grad = backend_->Zeros(shape);
+  p->shard.rank = tp_rank();
+  p->shard.ranks = tp_size();
+  Shape local = shape;
+  if (tp_size() > 1 && split != ParameterShard::Split::kNone) {
+    p->shard.split = split;
+    p->shard.column_blocks = column_blocks;
+    p->shard.full_shape = shape;
+    local = ShardShape(p->shard);
+  }
+  p->value = backend_->Zeros(local);
+  p->grad = backend_->Zeros(local);
   p->init = init;
   p->init_std = init_std;
   p->is_matrix = is_matrix;
@@ -64,15 +73,24 @@ void AddTiedGradient(Backend* backend, Parameter* holder, const Tensor& other_pa
   backend->AddInPlace(holder->grad.data(), other_part.data(), other_part.numel());
 }
 
-std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index, Backend* backend) {
+std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index, Backend* backend,
+                               TensorParallelComm* tp) {
   PT_CHECK(ValidateGptConfig(config).ok()) << "invalid GptConfig";
   PT_CHECK(backend != nullptr) << "MakeUnit without a backend";
+  if (tp != nullptr) {
+    const absl::Status status = ValidateTensorParallel(config, tp->size());
+    PT_CHECK(status.ok()) << status;
+  }
   const int layer = UnitLayer(config, index);
   switch (UnitKindAt(config, index)) {
-    case UnitKind::kEmbed: return std::make_unique<EmbedUnit>(config, backend);
-    case UnitKind::kAttention: return std::make_unique<AttentionUnit>(config, layer, backend);
-    case UnitKind::kMlp: return std::make_unique<MlpUnit>(config, layer, backend);
-    case UnitKind::kHead: return std::make_unique<HeadUnit>(config, backend);
+    case UnitKind::kEmbed:
+      return std::make_unique<EmbedUnit>(config, backend, tp);
+    case UnitKind::kAttention:
+      return std::make_unique<AttentionUnit>(config, layer, backend, tp);
+    case UnitKind::kMlp:
+      return std::make_unique<MlpUnit>(config, layer, backend, tp);
+    case UnitKind::kHead:
+      return std::make_unique<HeadUnit>(config, backend, tp);
   }
   return nullptr;
 }
@@ -85,7 +103,14 @@ void InitializeParameters(Unit* unit, uint64_t seed) {
       case ParamInit::kZeros: host.Fill(0.0f); break;
       case ParamInit::kOnes: host.Fill(1.0f); break;
       case ParamInit::kNormal:
-        FillNormal(seed, HashName(p->name), 0.0f, p->init_std, host.data(), host.numel());
+        if (p->shard.sharded()) {
+          // The unsplit tensor's values, of which this rank keeps its part.
+          Tensor full = Tensor::Zeros(p->shard.full_shape);
+          FillNormal(seed, HashName(p->name), 0.0f, p->init_std, full.data(), full.numel());
+          host.CopyFrom(SliceShard(full, p->shard));
+        } else {
+          FillNormal(seed, HashName(p->name), 0.0f, p->init_std, host.data(), host.numel());
+        }
         break;
     }
     if (p->value.on_device()) backend->CopyFromHost(host, &p->value);

@@ -23,6 +23,7 @@
 #include "worker/model/backend.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/gpt_config.h"
+#include "worker/model/tensor_parallel.h"
 
 namespace pipetrain {
 
@@ -37,6 +38,9 @@ struct Parameter {
   // 2-D weight matrices (and the embeddings); weight decay applies to these
   // under the default "matrices only" policy.
   bool is_matrix = false;
+  // Tensor parallelism: how `value` is cut from the unsplit tensor `name`
+  // (kNone, ranks 1 outside a tensor-parallel group).
+  ParameterShard shard;
 };
 
 // Saved tensors of one forward pass, in a unit-specific slot order.
@@ -54,6 +58,10 @@ class Unit {
   UnitKind kind() const { return kind_; }
   // Where this unit's tensors live and its ops run (never null).
   Backend* backend() const { return backend_; }
+  // The tensor-parallel group this unit is a shard of; null when whole.
+  TensorParallelComm* tensor_parallel() const { return tp_; }
+  int tp_rank() const { return tp_ ? tp_->rank() : 0; }
+  int tp_size() const { return tp_ ? tp_->size() : 1; }
   // Parameters in a fixed order; pointers stay valid for the unit's life.
   std::vector<Parameter*> parameters();
   void ZeroGrads();
@@ -85,15 +93,26 @@ class Unit {
   }
 
  protected:
-  Unit(std::string name, UnitKind kind, Backend* backend)
-      : name_(std::move(name)), kind_(kind), backend_(backend) {}
-  Parameter* AddParameter(std::string name, const Shape& shape, ParamInit init,
-                          float init_std, bool is_matrix);
+  Unit(std::string name, UnitKind kind, Backend* backend, TensorParallelComm* tp = nullptr)
+      : name_(std::move(name)), kind_(kind), backend_(backend), tp_(tp) {}
+  // A parameter whose unsplit shape is `shape`. With a tensor-parallel
+  // group of two ranks or more, `split` (and `column_blocks`, see
+  // ParameterShard) says which part this rank holds, kNone a replica;
+  // without one the whole tensor, whatever `split` says.
+  Parameter* AddParameter(std::string name, const Shape& shape, ParamInit init, float init_std,
+                          bool is_matrix,
+                          ParameterShard::Split split = ParameterShard::Split::kNone,
+                          int column_blocks = 1);
+  // All-reduces `data` over the tensor-parallel group; nothing when whole.
+  void TensorParallelSum(Tensor& data) {
+    if (tp_ != nullptr) tp_->AllReduceSum(data);
+  }
 
  private:
   std::string name_;
   UnitKind kind_;
   Backend* backend_;
+  TensorParallelComm* tp_;
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 
@@ -116,8 +135,12 @@ void AddTiedGradient(Backend* backend, Parameter* holder, const Tensor& other_pa
 // Builds unit `index` of `config` with zeroed parameters on `backend`
 // (config must be valid; backend not null and outliving the unit). Call
 // InitializeParameters to fill them.
-std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index,
-                               Backend* backend = CpuBackend());
+//
+// With `tp` (not null; it must outlive the unit), the unit is rank
+// tp->rank() of a tensor-parallel group (tensor_parallel.h); requires
+// ValidateTensorParallel(config, tp->size()) to pass (CHECK).
+std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index, Backend* backend = CpuBackend(),
+                               TensorParallelComm* tp = nullptr);
 
 // Deterministic initialisation: each parameter's values are a pure function
 // of (seed, parameter name) via Philox, so any worker that builds a unit
@@ -125,6 +148,7 @@ std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index,
 // projections of each block (attn.c_proj, mlp.c_proj) use 0.02/sqrt(2L) as
 // in GPT-2; LayerNorm gains are 1; biases 0. Gradients are zeroed. Values
 // are made on the host and uploaded, so every backend starts bitwise equal.
+// A tensor-parallel shard gets its part of the unsplit tensor's values.
 void InitializeParameters(Unit* unit, uint64_t seed);
 
 }  // namespace pipetrain

@@ -1,5 +1,8 @@
 // What "equal to train-local" means under data parallelism (testonly),
-// shared by the in-process and the cross-process equivalence tests.
+// shared by the in-process and the cross-process equivalence tests; tensor
+// parallelism, whose row-parallel layers sum partial GEMMs in another order,
+// is held to the same definition (the key-bias argument below applies
+// unchanged).
 //
 // LocalTrainer adds each micro-batch's gradient into one float accumulator
 // in micro-batch order (g1 + g2 + g3 + g4), while each replica accumulates

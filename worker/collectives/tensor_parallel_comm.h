@@ -1,0 +1,59 @@
+// TensorParallelComm (worker/model/tensor_parallel.h) on Collectives: the
+// all-reduces of a tensor-parallel unit group run over the data plane as
+// deterministic ring / recursive-doubling all-reduces, so every rank gets
+// bitwise the same sum.
+//
+// Message addressing: the collectives of one step are told apart by a tag
+// that counts up from kTensorParallelTagBase, reset by BeginIteration: the
+// ranks run the same units in the same order, so the n-th all-reduce of a
+// step has the same tag on every rank. Tensors on a device backend cross
+// to the host and back (the CPU backend's are summed in place).
+//
+// Not thread-safe: the thread driving the units calls it.
+#ifndef PIPETRAIN_WORKER_COLLECTIVES_TENSOR_PARALLEL_COMM_H_
+#define PIPETRAIN_WORKER_COLLECTIVES_TENSOR_PARALLEL_COMM_H_
+
+#include <cstdint>
+
+#include "worker/collectives/collectives.h"
+#include "worker/model/backend.h"
+#include "worker/model/tensor_parallel.h"
+
+namespace pipetrain {
+
+// Tags at and above this are the tensor-parallel group's (below: the data-
+// parallel and loss collectives of stage_runtime.cc).
+inline constexpr int kTensorParallelTagBase = 1 << 23;
+
+class CollectivesTensorParallelComm : public TensorParallelComm {
+ public:
+  // `collectives` is the group in rank order (its rank() is this rank);
+  // `backend` the units'. Both must outlive this.
+  CollectivesTensorParallelComm(Collectives* collectives, Backend* backend)
+      : collectives_(collectives), backend_(backend), status_(collectives->status()) {}
+
+  // Starts step `iteration`'s collectives (tags from the base again).
+  void BeginIteration(int64_t iteration) {
+    iteration_ = iteration;
+    next_tag_ = kTensorParallelTagBase;
+  }
+
+  int rank() const override { return collectives_->rank(); }
+  int size() const override { return collectives_->size(); }
+  void AllReduceSum(Tensor& data) override;
+  absl::Status status() const override { return status_; }
+  // All-reduces run so far (for the metrics and tests).
+  int64_t all_reduces() const { return all_reduces_; }
+
+ private:
+  Collectives* const collectives_;
+  Backend* const backend_;
+  absl::Status status_;
+  int64_t iteration_ = 0;
+  int next_tag_ = kTensorParallelTagBase;
+  int64_t all_reduces_ = 0;
+};
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_COLLECTIVES_TENSOR_PARALLEL_COMM_H_

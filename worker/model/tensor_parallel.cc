@@ -1,0 +1,112 @@
+#include "worker/model/tensor_parallel.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace pipetrain {
+namespace {
+
+int64_t Product(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Copies between the full tensor and rank `shard.rank`'s part: src is the
+// full tensor and dst the part when to_part, the other way round otherwise.
+void CopyShard(const ParameterShard& shard, const float* src, float* dst, bool to_part) {
+  const int64_t numel = Product(shard.full_shape);
+  auto copy = [&](int64_t full_at, int64_t part_at, int64_t n) {
+    if (to_part) {
+      std::copy(src + full_at, src + full_at + n, dst + part_at);
+    } else {
+      std::copy(src + part_at, src + part_at + n, dst + full_at);
+    }
+  };
+  if (shard.split == ParameterShard::Split::kRows) {
+    const int64_t piece = numel / shard.ranks;
+    copy(shard.rank * piece, 0, piece);
+    return;
+  }
+  const int64_t cols = shard.full_shape.back(), rows = numel / cols;
+  const int64_t block = cols / shard.column_blocks, piece = block / shard.ranks;
+  const int64_t local_cols = piece * shard.column_blocks;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int b = 0; b < shard.column_blocks; ++b) {
+      copy(i * cols + b * block + shard.rank * piece, i * local_cols + b * piece, piece);
+    }
+  }
+}
+
+void CheckShard(const ParameterShard& shard) {
+  PT_CHECK(shard.sharded() && !shard.full_shape.empty() && shard.ranks >= 1 && shard.rank >= 0 &&
+           shard.rank < shard.ranks && shard.column_blocks >= 1)
+      << "bad ParameterShard";
+  if (shard.split == ParameterShard::Split::kRows) {
+    PT_CHECK(shard.full_shape.front() % shard.ranks == 0)
+        << shard.ranks << " ranks do not split " << shard.full_shape.front() << " rows";
+  } else {
+    PT_CHECK(shard.full_shape.back() % (shard.column_blocks * shard.ranks) == 0)
+        << shard.ranks << " ranks do not split " << shard.column_blocks << " blocks of "
+        << shard.full_shape.back() << " columns";
+  }
+}
+
+}  // namespace
+
+Shape ShardShape(const ParameterShard& shard) {
+  Shape shape = shard.full_shape;
+  if (shard.split == ParameterShard::Split::kColumns) shape.back() /= shard.ranks;
+  if (shard.split == ParameterShard::Split::kRows) shape.front() /= shard.ranks;
+  return shape;
+}
+
+absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel) {
+  const int t = tensor_parallel;
+  if (t < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("parallelism.tensor is ", t, "; must be >= 1"));
+  }
+  auto must_divide = [&](const char* field, int64_t value) -> absl::Status {
+    if (value % t == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("parallelism.tensor ", t, " does not divide ", field, " ", value));
+  };
+  absl::Status status = must_divide("model.n_head", config.n_head);
+  if (status.ok()) status = must_divide("model.d_model", config.d_model);
+  if (status.ok()) status = must_divide("4 x model.d_model (the MLP width)", 4 * config.d_model);
+  if (status.ok()) status = must_divide("model.vocab_size", config.vocab_size);
+  return status;
+}
+
+Tensor SliceShard(const Tensor& full, const ParameterShard& shard) {
+  CheckShard(shard);
+  PT_CHECK(!full.on_device() && full.numel() == Product(shard.full_shape))
+      << "SliceShard of a tensor of " << full.numel() << " elements";
+  Tensor part = Tensor::Zeros(ShardShape(shard));
+  CopyShard(shard, full.data(), part.data(), /*to_part=*/true);
+  return part;
+}
+
+absl::StatusOr<Tensor> GatherShards(const std::vector<Tensor>& parts, const ParameterShard& shard) {
+  CheckShard(shard);
+  if (static_cast<int>(parts.size()) != shard.ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(parts.size(), " shards for a tensor split ", shard.ranks, " ways"));
+  }
+  Tensor full = Tensor::Zeros(shard.full_shape);
+  const int64_t piece = full.numel() / shard.ranks;
+  for (int r = 0; r < shard.ranks; ++r) {
+    if (parts[r].on_device() || parts[r].numel() != piece) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "shard ", r, " has ", parts[r].numel(), " elements; expected ", piece, " on the host"));
+    }
+    ParameterShard at = shard;
+    at.rank = r;
+    CopyShard(at, parts[r].data(), full.data(), /*to_part=*/false);
+  }
+  return full;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,98 @@
+// 1-D (Megatron-style) tensor parallelism inside a unit (acctfm.txt §3.2,
+// Fig. 1; DESIGN.md §12): what a tensor-parallel unit needs besides its
+// backend.
+//
+// A group of T ranks runs the same unit on the same inputs; each rank holds
+// a shard of the unit's large matrices and all of its small parameters
+// (LayerNorm, the row-parallel layers' biases, wpe), which stay replicated:
+// every rank computes bitwise the same gradient for them, because every
+// value the ranks share comes out of an all-reduce that gives every rank
+// the same bits (TensorParallelComm's contract).
+//
+//   attention  c_attn by output columns, heads [r H/T, (r+1) H/T) on rank r
+//              (q, k and v each cut the same way); c_proj by input rows; one
+//              all-reduce of the output in forward, one of dL/d(ln_1 out)
+//              in backward.
+//   mlp        c_fc by output columns, c_proj by input rows; the same two
+//              all-reduces.
+//   embed      wte by vocabulary rows; the partial embeddings are summed
+//              (exact: kernels/cpu/vocab_parallel.h).
+//   head       the tied wte by vocabulary rows; cross-entropy over the split
+//              vocabulary without gathering the logits (three all-reduces
+//              of per-row values in forward, one of dL/d(ln_f out) in
+//              backward).
+// The row-parallel layers add their bias on rank 0 only, before the sum.
+//
+// Weights: a shard's initial values are cut from the unsplit parameter's
+// (InitializeParameters makes the full tensor from (seed, name) and keeps
+// this rank's part), so a tensor-parallel model starts as train-local's.
+// GatherShards reassembles the unsplit Hugging Face tensor for export.
+#ifndef PIPETRAIN_WORKER_MODEL_TENSOR_PARALLEL_H_
+#define PIPETRAIN_WORKER_MODEL_TENSOR_PARALLEL_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/tensor.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+
+// The tensor-parallel group a unit's ranks form, seen from one rank.
+class TensorParallelComm {
+ public:
+  virtual ~TensorParallelComm() = default;
+  virtual int rank() const = 0;  // 0 <= rank() < size()
+  virtual int size() const = 0;
+  // data <- the sum over the ranks of each rank's `data` (the same shape on
+  // every rank, a tensor of the unit's backend), bitwise the same on every
+  // rank. Every rank calls the same all-reduces with the same sizes in the
+  // same order. Errors stick, as a Backend's do: the first failure is kept
+  // in status(), `data` is then unspecified and later calls do nothing; the
+  // driver of the units checks status() after each step.
+  virtual void AllReduceSum(Tensor& data) = 0;
+  virtual absl::Status status() const = 0;
+};
+
+// How a Parameter's value is cut from the unsplit tensor.
+struct ParameterShard {
+  enum class Split {
+    kNone,     // the whole tensor (replicated when ranks > 1)
+    kColumns,  // the last dimension: each of `column_blocks` equal blocks of
+               // columns cut into `ranks` equal pieces, this rank's piece of
+               // every block concatenated (c_attn's q, k, v: 3 blocks)
+    kRows,     // the first dimension, in `ranks` equal pieces
+  };
+  Split split = Split::kNone;
+  int rank = 0;
+  int ranks = 1;
+  int column_blocks = 1;
+  Shape full_shape;  // the unsplit tensor's; empty for kNone
+
+  bool sharded() const { return split != Split::kNone; }
+  // Whether this copy's squares belong in a global gradient norm: every
+  // shard, and a replicated tensor on rank 0 only (counted once per group).
+  bool CountsTowardNorm() const { return sharded() || rank == 0; }
+};
+
+// INVALID_ARGUMENT naming the field unless T >= 1 splits `config` evenly:
+// T divides n_head (heads per rank), d_model, 4 d_model and vocab_size.
+absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel);
+
+// The shape of this rank's part of a sharded() tensor.
+Shape ShardShape(const ParameterShard& shard);
+
+// This rank's part of host tensor `full` (shape shard.full_shape), as a new
+// host tensor. Requires a valid shard of `full` (CHECK: programming error).
+Tensor SliceShard(const Tensor& full, const ParameterShard& shard);
+
+// The unsplit tensor from every rank's part: parts[r] is rank r's host
+// tensor, all cut by `shard` with rank r. INVALID_ARGUMENT when the parts
+// are not ranks' many or a part has the wrong element count.
+absl::StatusOr<Tensor> GatherShards(const std::vector<Tensor>& parts, const ParameterShard& shard);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_WORKER_MODEL_TENSOR_PARALLEL_H_

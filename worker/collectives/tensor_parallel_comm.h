@@ -32,10 +32,12 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   CollectivesTensorParallelComm(Collectives* collectives, Backend* backend)
       : collectives_(collectives), backend_(backend), status_(collectives->status()) {}
 
-  // Starts step `iteration`'s collectives (tags from the base again).
-  void BeginIteration(int64_t iteration) {
+  // Starts step `iteration`'s collectives (tags from the base again), or
+  // with `eval` those of the validation pass after step `iteration` (tags
+  // of their own, so that they never meet the step's).
+  void BeginIteration(int64_t iteration, bool eval = false) {
     iteration_ = iteration;
-    next_tag_ = kTensorParallelTagBase;
+    next_tag_ = kTensorParallelTagBase + (eval ? kEvalTagOffset : 0);
   }
 
   int rank() const override { return collectives_->rank(); }
@@ -46,6 +48,8 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   int64_t all_reduces() const { return all_reduces_; }
 
  private:
+  static constexpr int kEvalTagOffset = 1 << 22;
+
   Collectives* const collectives_;
   Backend* const backend_;
   absl::Status status_;

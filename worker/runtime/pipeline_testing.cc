@@ -64,9 +64,14 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
                       const std::vector<DeviceLinkMember>* device_members,
                       const PipelineExtras& extras) {
   const int replicas = extras.replicas;
+  const int tp = extras.tensor_parallel;
   const int iterations = extras.iterations;
   const int stages = static_cast<int>(forward.size());
-  const int total = replicas * stages;  // runtimes; runtime g is replica g / stages
+  // Runtimes, tensor rank innermost (StageSetup::GlobalWorker): runtime g
+  // is replica g / (stages tp), stage (g / tp) % stages, tensor rank g % tp.
+  const int total = replicas * stages * tp;
+  auto stage_of = [&](int g) { return (g / tp) % stages; };
+  EXPECT_TRUE(tp == 1 || device_members == nullptr) << "device groups with tensor parallelism";
   const int units = NumUnits(c.model);
   const int replica_micro_batches = c.micro_batches / replicas;
   auto programs =
@@ -84,24 +89,26 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   if (device_members != nullptr) {
     const DeviceLinkPlan plan = PlanDeviceLinks(*device_members, &programs);
     for (int g = 0; g < total; ++g) {
-      if (plan.group_of_stage[g % stages] < 0) continue;
+      if (plan.group_of_stage[stage_of(g)] < 0) continue;
       channels[g] = hub.ChannelFor(g);
       out.grouped_stages.push_back(g);
     }
   }
   auto backend_at = [&](int g) {
-    Backend* b = backend_of != nullptr ? backend_of(g % stages) : nullptr;
+    Backend* b = backend_of != nullptr ? backend_of(stage_of(g)) : nullptr;
     return b != nullptr ? b : CpuBackend();
   };
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   for (int g = 0; g < total; ++g) {
-    const int s = g % stages;
+    const int s = stage_of(g);
     transports.push_back(fabric.Connect(g));
     StageSetup setup{"job-eq", c, s, stages, ToUnitRange(forward[s]), ToUnitRange(backward[s]),
                      programs[s], absl::Seconds(30), eval_programs[s]};
-    setup.replica = g / stages;
+    setup.replica = g / (stages * tp);
     setup.replicas = replicas;
+    setup.tensor_rank = g % tp;
+    setup.tensor_parallel = tp;
     if (extras.dp_bucket_bytes > 0) setup.data_parallel_bucket_bytes = extras.dp_bucket_bytes;
     for (int compressed : extras.dp_compressed_stages) {
       if (compressed == s) setup.data_parallel_powersgd_rank = extras.dp_powersgd_rank;
@@ -156,32 +163,50 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     EXPECT_TRUE(errors[g].ok()) << "runtime " << g << ": " << errors[g];
   int loss_stage = 0;  // the forward owner of head reports the losses
   while (forward[loss_stage].end != units) ++loss_stage;
-  // Every replica's loss stage has the step's losses (all-gathered).
-  for (const IterationResult& r : results[loss_stage]) {
+  // Every replica's loss stage has the step's losses (all-gathered), on
+  // every tensor rank.
+  const int loss_runtime = loss_stage * tp;
+  for (const IterationResult& r : results[loss_runtime]) {
     EXPECT_EQ(r.micro_batch_losses.size(), static_cast<size_t>(c.micro_batches));
     double sum = 0.0;  // LocalTrainer's mean: double sum, divided, as float
     for (float l : r.micro_batch_losses) sum += l;
     out.losses.push_back(static_cast<float>(sum / c.micro_batches));
   }
-  for (int r = 1; r < replicas; ++r) {
-    const std::vector<IterationResult>& of = results[r * stages + loss_stage];
-    EXPECT_EQ(of.size(), results[loss_stage].size()) << "replica " << r;
-    for (size_t i = 0; i < std::min(of.size(), results[loss_stage].size()); ++i) {
-      EXPECT_EQ(of[i].micro_batch_losses, results[loss_stage][i].micro_batch_losses)
-          << "replica " << r << " step " << i;
+  for (int g = 0; g < total; ++g) {
+    if (g == loss_runtime || stage_of(g) != loss_stage) continue;
+    const std::vector<IterationResult>& of = results[g];
+    EXPECT_EQ(of.size(), results[loss_runtime].size()) << "runtime " << g;
+    for (size_t i = 0; i < std::min(of.size(), results[loss_runtime].size()); ++i) {
+      EXPECT_EQ(of[i].micro_batch_losses, results[loss_runtime][i].micro_batch_losses)
+          << "runtime " << g << " step " << i;
     }
   }
-  out.val_losses = val_losses[loss_stage];
+  out.val_losses = val_losses[loss_runtime];
   for (int g = 0; g < total; ++g) {
-    if (g % stages != loss_stage) {
+    if (stage_of(g) != loss_stage) {
       EXPECT_TRUE(val_losses[g].empty()) << "runtime " << g;
     } else {
-      EXPECT_EQ(val_losses[g], out.val_losses) << "replica " << g / stages << "'s validation";
+      EXPECT_EQ(val_losses[g], out.val_losses) << "runtime " << g << "'s validation";
     }
   }
   for (int g = 0; g < total; ++g) {
     for (Parameter* p : runtimes[g]->parameters()) {
-      std::vector<float> values = backend_at(g)->Download(p->value).ToVector();
+      Tensor value = backend_at(g)->Download(p->value);
+      if (p->shard.sharded()) {
+        // The unsplit tensor from the tensor ranks' shards, once per group.
+        if (g % tp != 0) continue;
+        std::vector<Tensor> parts;
+        for (int t = 0; t < tp; ++t) {
+          for (Parameter* q : runtimes[g + t]->parameters()) {
+            if (q->name == p->name) parts.push_back(backend_at(g + t)->Download(q->value));
+          }
+        }
+        absl::StatusOr<Tensor> full = GatherShards(parts, p->shard);
+        EXPECT_TRUE(full.ok()) << p->name << ": " << full.status();
+        if (!full.ok()) continue;
+        value = *full;
+      }
+      std::vector<float> values = value.ToVector();
       auto [it, inserted] = out.weights.emplace(p->name, values);
       if (!inserted) {
         EXPECT_EQ(it->second, values) << "copies of " << p->name << " (runtime " << g << ")";

@@ -57,6 +57,10 @@ struct PipelineExtras {
   std::vector<int> dp_compressed_stages;
   int64_t dp_bucket_bytes = 0;  // > 0: StageSetup::data_parallel_bucket_bytes
   int iterations = kIterations;
+  // Tensor parallelism: every stage split across this many runtimes
+  // (StageSetup::tensor_rank); the weights are gathered into the unsplit
+  // tensors, and every tensor rank must report the same losses.
+  int tensor_parallel = 1;
 };
 
 // The pipeline of forward/backward ranges, one StageRuntime per stage on its
@@ -70,8 +74,10 @@ struct PipelineExtras {
 // c.micro_batches / replicas micro-batches, and backend_of and
 // device_members index the replica's stage s. The losses are assembled in
 // the step's micro-batch order, and every copy of every weight, on every
-// replica, must agree bitwise. Failures are reported as test failures
-// (EXPECT). `extras` as PipelineExtras says.
+// replica, must agree bitwise. With extras.tensor_parallel T > 1 each
+// stage runs on T runtimes, tensor rank innermost (runtime (r * stages +
+// s) * T + t), and device_members must be null. Failures are reported as
+// test failures (EXPECT). `extras` as PipelineExtras says.
 RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vector<Range>& forward,
                       const std::vector<Range>& backward, Schedule schedule,
                       const std::function<Backend*(int stage)>& backend_of = nullptr,

@@ -22,6 +22,8 @@ namespace {
 // Tags of the gradient-clipping broadcasts (one per optimizer stage) and
 // of the data-parallel gradient all-reduces (one per parameter).
 constexpr int kGradClipTagBase = 1 << 20;
+// Tags of the tensor ranks' broadcasts of their norm shares (one per rank).
+constexpr int kGradClipTensorTagBase = (1 << 20) + (1 << 18);
 constexpr int kDataParallelTagBase = 1 << 21;
 // Tags of the overlapped all-reduces, one per unit.
 constexpr int kOverlapTagBase = (1 << 21) + (1 << 19);
@@ -157,8 +159,16 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
         absl::StrCat("training.micro_batches (", setup.train.micro_batches,
                      ") is not divisible by the ", setup.replicas, " data-parallel replicas"));
   }
-  if ((setup.num_stages > 1 || setup.replicas > 1) && transport == nullptr) {
-    return absl::InvalidArgumentError("a multi-stage or data-parallel program needs a transport");
+  if (setup.tensor_parallel < 1 || setup.tensor_rank < 0 ||
+      setup.tensor_rank >= setup.tensor_parallel) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor rank ", setup.tensor_rank, " of ",
+                                                   setup.tensor_parallel, " is not a rank"));
+  }
+  RETURN_IF_ERROR(ValidateTensorParallel(setup.train.model, setup.tensor_parallel));
+  if ((setup.num_stages > 1 || setup.replicas > 1 || setup.tensor_parallel > 1) &&
+      transport == nullptr) {
+    return absl::InvalidArgumentError(
+        "a multi-stage, data- or tensor-parallel program needs a transport");
   }
   for (const v1::Program* program : {&setup.program, &setup.eval_program}) {
     for (const v1::Instruction& in : program->instructions()) {
@@ -186,10 +196,22 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
       num_units_(NumUnits(setup.train.model)),
       optimizer_(setup.train.adam, setup.train.decay, setup.backend),
       device_encoder_(setup.backend) {
+  if (setup.tensor_parallel > 1) {
+    std::vector<int> members;  // this stage's tensor ranks, in rank order
+    for (int t = 0; t < setup.tensor_parallel; ++t) {
+      members.push_back((setup.replica * setup.num_stages + setup.stage) * setup.tensor_parallel +
+                        t);
+    }
+    tp_collectives_ = std::make_unique<Collectives>(
+        transport, CollectiveGroup{members, setup.job_id},
+        CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup.recv_timeout});
+    tp_comm_ =
+        std::make_unique<CollectivesTensorParallelComm>(tp_collectives_.get(), setup.backend);
+  }
   for (const v1::UnitRange& r : {setup.forward, setup.backward}) {
     for (int u = r.begin(); u < r.end(); ++u) {
       if (units_.count(u)) continue;
-      units_[u] = MakeUnit(setup.train.model, u, setup.backend);
+      units_[u] = MakeUnit(setup.train.model, u, setup.backend, tp_comm_.get());
       InitializeParameters(units_[u].get(), setup.train.seed);
     }
   }
@@ -266,6 +288,11 @@ StageSnapshot StageRuntime::Snapshot(int64_t step) const {
 }
 
 absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t optimizer_steps) {
+  if (setup_.tensor_parallel > 1) {
+    // Checkpoints hold unsplit tensors; cutting them into this rank's
+    // shards is not built yet.
+    return absl::UnimplementedError("restoring a tensor-parallel stage from a checkpoint");
+  }
   std::map<int, const UnitState*> by_unit;
   for (const UnitState& u : units) by_unit[u.unit] = &u;
   // Check everything first: all or nothing.
@@ -361,6 +388,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   bucket_.clear();
   bucket_numel_ = 0;
   buckets_queued_ = 0;
+  if (tp_comm_) tp_comm_->BeginIteration(iteration, /*eval=*/false);
   // sends_ is idle here: every iteration and validation pass drains it.
   encoder_.BeginIteration();
   device_encoder_.BeginIteration();
@@ -378,6 +406,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
     current_instruction_ = i;
     absl::Status status = Execute(in, iteration, &result);
     if (status.ok()) status = setup_.backend->status();
+    if (status.ok() && tp_comm_) status = tp_comm_->status();
     if (!status.ok()) {
       return WithFailedSends(
           absl::Status(status.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
@@ -544,6 +573,7 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
   eval_activations_.clear();
   eval_weighted_loss_ = 0;
   eval_has_loss_ = false;
+  if (tp_comm_) tp_comm_->BeginIteration(after_step, /*eval=*/true);
   IterationResult ignored;  // evaluation time is not an iteration's
   for (const v1::Instruction& in : instructions) {
     int mb = 0;
@@ -557,6 +587,7 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
     }
     absl::Status status = Execute(in, after_step, &ignored);
     if (status.ok()) status = setup_.backend->status();
+    if (status.ok() && tp_comm_) status = tp_comm_->status();
     if (!status.ok()) {
       return WithFailedSends(
           absl::Status(status.code(),
@@ -731,7 +762,9 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   const GptConfig& m = setup_.train.model;
   const int per = setup_.train.batch_size / setup_.train.micro_batches;
   Shape expected{per, setup_.train.seq_len, m.d_model};
-  if (key.kind() == v1::TENSOR_KIND_TIED_EMBEDDING_GRAD) expected = {m.vocab_size, m.d_model};
+  if (key.kind() == v1::TENSOR_KIND_TIED_EMBEDDING_GRAD) {
+    expected = {m.vocab_size / setup_.tensor_parallel, m.d_model};  // this rank's rows
+  }
   if (key.kind() == v1::TENSOR_KIND_EVAL_ACTIVATION) {
     expected = {EvalCount(key.micro_batch()), setup_.train.seq_len, m.d_model};
   }
@@ -813,7 +846,7 @@ absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResul
         absl::StrCat(result->micro_batch_losses.size(), " losses for ", share, " micro-batches"));
   }
   std::vector<int> copies;  // replica order: the gather is in the step's micro-batch order
-  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(r * setup_.num_stages + setup_.stage);
+  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
   Collectives collectives(transport_, CollectiveGroup{copies, setup_.job_id},
                           CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
   RETURN_IF_ERROR(collectives.status());
@@ -860,7 +893,7 @@ absl::Status StageRuntime::FlushBucket() {
   overlapped_stats_.push_back(std::make_unique<IterationResult::CollectiveStats>());
   IterationResult::CollectiveStats* stats = overlapped_stats_.back().get();
   std::vector<int> copies;
-  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(r * setup_.num_stages + setup_.stage);
+  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
   const int64_t iteration = iteration_;
   const int tag = kOverlapTagBase + buckets_queued_++;
   return all_reduces_.Enqueue(
@@ -902,7 +935,7 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
   }
   if (transport_ == nullptr) return Internal("data parallelism needs a transport");
   std::vector<int> copies;  // the replicas' copies of this stage, in replica order
-  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(r * setup_.num_stages + setup_.stage);
+  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
   Collectives collectives(
       transport_, CollectiveGroup{copies, setup_.job_id},
       CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
@@ -1008,6 +1041,7 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
       std::memcpy(slot + 1, &squares, sizeof(double));
     }
   }
+  if (tp_comm_) RETURN_IF_ERROR(SumTensorRankSquares(iteration, index, &mine, result));
   std::vector<Tensor> all = {mine};
   const std::vector<int>& group = setup_.optimizer_stages;
   if (group.size() > 1) {
@@ -1045,6 +1079,37 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
   return setup_.backend->status();
 }
 
+absl::Status StageRuntime::SumTensorRankSquares(
+    int64_t iteration, const std::map<std::pair<int, std::string>, int>& index, Tensor* mine,
+    IterationResult* result) {
+  // Every rank's slots (Broadcast copies bytes: the doubles arrive exactly).
+  std::vector<Tensor> ranks;
+  for (int root = 0; root < tp_collectives_->size(); ++root) {
+    Tensor buffer = root == tp_collectives_->rank() ? mine->Clone() : Tensor::Zeros(mine->shape());
+    const auto start = Clock::now();
+    RETURN_IF_ERROR(
+        tp_collectives_->Broadcast(iteration, kGradClipTensorTagBase + root, root, buffer));
+    CountCollective(result, "grad_clip", buffer.size_bytes(), start);
+    ranks.push_back(std::move(buffer));
+  }
+  // A shard's squares are its rank's share: the sum in rank order. A
+  // replica's are the same on every rank: rank 0's, counted once.
+  for (int u = setup_.backward.begin(); u < setup_.backward.end(); ++u) {
+    for (const Parameter* p : units_.at(u)->parameters()) {
+      auto it = index.find({u, p->name});
+      if (it == index.end()) continue;
+      double total = 0;
+      for (int r = 0; r < (p->shard.sharded() ? static_cast<int>(ranks.size()) : 1); ++r) {
+        double squares;
+        std::memcpy(&squares, ranks[r].data() + 3 * it->second + 1, sizeof(double));
+        total += squares;
+      }
+      std::memcpy(mine->data() + 3 * it->second + 1, &total, sizeof(double));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StageRuntime::AddTied(const v1::Instruction::AddTiedGradient& add, int64_t iteration,
                                    IterationResult* result) {
   Parameter* holder = TiedHolder();
@@ -1055,8 +1120,8 @@ absl::Status StageRuntime::AddTied(const v1::Instruction::AddTiedGradient& add, 
     // followed by the replicas' member-order all-reduce.
     std::vector<int> members;
     for (int r = 0; r < setup_.replicas; ++r) {
-      members.push_back(r * setup_.num_stages + add.embed_stage());
-      members.push_back(r * setup_.num_stages + add.head_stage());
+      members.push_back(GlobalWorker(r, add.embed_stage()));
+      members.push_back(GlobalWorker(r, add.head_stage()));
     }
     Collectives collectives(transport_, CollectiveGroup{members, setup_.job_id},
                             CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});

@@ -40,6 +40,7 @@
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/collectives/powersgd_all_reduce.h"
+#include "worker/collectives/tensor_parallel_comm.h"
 #include "worker/data/dataset.h"
 #include "worker/model/device_channel.h"
 #include "worker/model/unit.h"
@@ -78,6 +79,19 @@ struct StageSetup {
   // of this stage, so all replicas step alike.
   int replica = 0;
   int replicas = 1;
+  // Tensor parallelism (DESIGN.md §12; worker/model/tensor_parallel.h):
+  // this worker is rank `tensor_rank` of the `tensor_parallel` workers that
+  // split every unit of this stage (ValidateTensorParallel must pass). They
+  // run the same program; each unit's all-reduces run over their group. The
+  // transport numbers workers with the tensor rank innermost, (replica *
+  // num_stages + stage) * tensor_parallel + tensor_rank (GlobalWorker): a
+  // send or receive goes to the same tensor rank of the peer stage, and
+  // the data-parallel, tied-embedding and gradient-clipping collectives run
+  // among workers of this tensor rank (clipping first sums the ranks'
+  // shares of each norm). Every rank of the loss stage reports the same
+  // losses.
+  int tensor_rank = 0;
+  int tensor_parallel = 1;
   // Selective stage compression (Optimus-CC §7): > 0 compresses this
   // stage's data-parallel all-reduce with PowerSGD of this rank and error
   // feedback (worker/collectives/powersgd_all_reduce.h), matrix gradients
@@ -178,7 +192,9 @@ class StageRuntime {
   // `units`, and the AdamW moments of its backward units and the step count
   // to theirs; call before the first iteration. INVALID_ARGUMENT naming the
   // unit or tensor when one this stage needs is missing or mis-shaped
-  // (nothing is changed then).
+  // (nothing is changed then). UNIMPLEMENTED with tensor parallelism (a
+  // tensor-parallel stage's Snapshot holds its shards, not checkpointable
+  // tensors, yet).
   absl::Status Restore(const std::vector<UnitState>& units, int64_t optimizer_steps);
   // What the runtime is doing now, e.g. "recv ACTIVATION unit 3 mb 1 from stage 0".
   std::string current_instruction() const;
@@ -208,6 +224,13 @@ class StageRuntime {
   // norm over every stage's (setup_.optimizer_stages exchange their sums;
   // grad_clip.h), and sets the learning rate of the step (lr_schedule.h).
   absl::Status PrepareOptimizerStep(int64_t iteration, IterationResult* result);
+  // Tensor parallelism: replaces each squared-gradient sum in `mine` (slots
+  // as PrepareOptimizerStep lays them out, `index` by (unit, parameter))
+  // with the whole parameter's: the sum over the tensor ranks of a shard's,
+  // rank 0's of a replica. Every rank ends with bitwise the same slots.
+  absl::Status SumTensorRankSquares(int64_t iteration,
+                                    const std::map<std::pair<int, std::string>, int>& index,
+                                    Tensor* mine, IterationResult* result);
   // Waits for the overlapped all-reduces (OverlapAllReduce); then every
   // gradient they did not cover but the tied embedding's in one ring
   // all-reduce over the replicas, and the tied one, unless a fused sync
@@ -228,8 +251,12 @@ class StageRuntime {
   // losses, all-gathered over the replicas' loss stages, replace this
   // replica's share in `result` (the step's micro-batch order).
   absl::Status GatherReplicaLosses(int64_t iteration, IterationResult* result);
-  // The transport's number of this replica's stage `stage`.
-  int GlobalStage(int stage) const { return setup_.replica * setup_.num_stages + stage; }
+  // The transport's number of replica `replica`'s stage `stage` at this
+  // worker's tensor rank (StageSetup), and of this replica's.
+  int GlobalWorker(int replica, int stage) const {
+    return (replica * setup_.num_stages + stage) * setup_.tensor_parallel + setup_.tensor_rank;
+  }
+  int GlobalStage(int stage) const { return GlobalWorker(setup_.replica, stage); }
   Unit* OwnedUnit(int index);
   bool IsBackwardUnit(int index) const;
   TokenBatch BatchFor(int micro_batch) const;
@@ -244,6 +271,11 @@ class StageRuntime {
   const Dataset* dataset_;
   Transport* transport_;
   int num_units_ = 0;
+  // Tensor parallelism: this stage's group of tensor ranks and the units'
+  // view of it (null when tensor_parallel is 1). Before units_: they point
+  // at it.
+  std::unique_ptr<Collectives> tp_collectives_;
+  std::unique_ptr<CollectivesTensorParallelComm> tp_comm_;
   std::map<int, std::unique_ptr<Unit>> units_;  // by unit index
   AdamWOptimizer optimizer_;
   // Codecs and error feedback of this stage's links: encoder_ for sends

@@ -72,12 +72,12 @@ std::string ServingHealth::reason() const {
 void ServingHealth::PublishLocked() {
   if (server_ == nullptr) return;
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  // The server as a whole ("") is SERVING only once every service is, and
-  // NOT_SERVING before any of them: a client watching "" never sees it
-  // ahead of a service's status.
-  if (!ready_) health->SetServingStatus("", false);
+  // The server as a whole ("") changes last, in both directions: a client
+  // that saw "" change (to SERVING or to NOT_SERVING) finds every service
+  // changed already. (Setting "" first when draining let a client see ""
+  // NOT_SERVING and then a service still SERVING: a flaky health test.)
   for (const std::string& service : services_) health->SetServingStatus(service, ready_);
-  if (ready_) health->SetServingStatus("", true);
+  health->SetServingStatus("", ready_);
 }
 
 void ServeHealthEndpoints(HttpServer& server, const ServingHealth* health) {

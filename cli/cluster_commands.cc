@@ -185,6 +185,7 @@ constexpr int kLossTailSteps = 20;
 struct UpOptions {
   int workers = 4;
   int data_parallel = 1;
+  int tensor_parallel = 1;
   std::string out = "/tmp/pipetrain-up";
   bool keep_running = false;
   v1::JobSpec spec;
@@ -208,6 +209,10 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Int("data-parallel", &o.data_parallel,
         "replicas of the pipeline (spec.parallelism.data): --workers / D stages each, each "
         "replica training on --micro-batches / D of every step's micro-batches");
+  f.Int("tensor-parallel", &o.tensor_parallel,
+        "workers per stage (spec.parallelism.tensor, 1-D Megatron split of every unit): "
+        "--workers / (D x T) stages; T divides --heads, --d-model and the vocabulary; no "
+        "checkpoints with T > 1 yet");
   f.String("out", &o.out, "directory for logs, weights and ports files");
   f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
   f.Int("layers", &o.layers, "transformer blocks");
@@ -295,10 +300,13 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   t->set_eval_interval(o.eval_interval);
   if (!o.data.empty()) spec.mutable_data()->set_path(RealPathOf(o.data));
   if (o.data.empty()) spec.mutable_data()->set_synthetic_bytes(o.synthetic_bytes);
-  // Checked by RunUp: D divides the workers (ResolveJobSpec checks the rest).
+  // Checked by RunUp: D x T divides the workers (ResolveJobSpec checks the
+  // rest).
   const int replicas = std::max(1, o.data_parallel);
-  spec.mutable_parallelism()->set_stages(o.workers / replicas);
+  const int tensor = std::max(1, o.tensor_parallel);
+  spec.mutable_parallelism()->set_stages(o.workers / (replicas * tensor));
   spec.mutable_parallelism()->set_data(o.data_parallel);
+  spec.mutable_parallelism()->set_tensor(o.tensor_parallel);
   spec.mutable_parallelism()->set_solver(o.solver);
   spec.mutable_parallelism()->set_schedule(o.schedule);
   // Under the coordinator's --output-dir, which `up` sets to --out.
@@ -310,7 +318,9 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   c->set_epilogue_only(o.epilogue_only);
   c->mutable_data_parallel()->set_codec(o.dp_codec);
   if (o.dp_stages == "all") {
-    for (int s = 0; s < o.workers / replicas; ++s) c->mutable_data_parallel()->add_stages(s);
+    for (int s = 0; s < o.workers / (replicas * tensor); ++s) {
+      c->mutable_data_parallel()->add_stages(s);
+    }
   } else {
     // Checked by RunUp (DpStagesValid); ResolveJobSpec checks the range.
     for (absl::string_view part : absl::StrSplit(o.dp_stages, ',', absl::SkipEmpty())) {
@@ -318,7 +328,8 @@ v1::JobSpec UpSpec(const UpOptions& o) {
       if (absl::SimpleAtoi(part, &stage)) c->mutable_data_parallel()->add_stages(stage);
     }
   }
-  spec.mutable_checkpoint()->set_interval_steps(o.checkpoint_interval);
+  // Tensor-parallel shards are not checkpointable yet (job.proto).
+  spec.mutable_checkpoint()->set_interval_steps(tensor > 1 ? 0 : o.checkpoint_interval);
   return spec;
 }
 
@@ -409,6 +420,12 @@ int RunUp(const std::vector<std::string>& args) {
     valid = absl::InvalidArgumentError(
         absl::StrCat("--data-parallel ", o.data_parallel, " must be >= 1 and divide --workers ",
                      o.workers, " (each replica gets --workers / --data-parallel stages)"));
+  } else if (o.tensor_parallel < 1 || (o.workers / o.data_parallel) % o.tensor_parallel != 0) {
+    valid = absl::InvalidArgumentError(
+        absl::StrCat("--tensor-parallel ", o.tensor_parallel,
+                     " must be >= 1 and divide --workers / "
+                     "--data-parallel = ",
+                     o.workers / o.data_parallel, " (each stage gets --tensor-parallel workers)"));
   }
   if (valid.ok() && o.dp_stages != "all") {
     for (absl::string_view part : absl::StrSplit(o.dp_stages, ',', absl::SkipEmpty())) {
@@ -487,11 +504,11 @@ int RunUp(const std::vector<std::string>& args) {
   grpc::Status submitted = stub->SubmitJob(WithDeadline(kRpcTimeout).get(), request, &job);
   if (!submitted.ok()) return Fail("up", ToAbsl(submitted));
   std::fprintf(stderr,
-               "job %s: %d replica(s) of %d stages (%s, %s), %lld steps; metrics at "
-               "http://%s/metrics\n",
-               job.id().c_str(), o.data_parallel, o.workers / o.data_parallel, o.solver.c_str(),
-               o.schedule.c_str(), static_cast<long long>(o.steps),
-               (*cluster)->http_address().c_str());
+               "job %s: %d replica(s) of %d stages of %d worker(s) (%s, %s), %lld steps; metrics "
+               "at http://%s/metrics\n",
+               job.id().c_str(), o.data_parallel, o.workers / (o.data_parallel * o.tensor_parallel),
+               o.tensor_parallel, o.solver.c_str(), o.schedule.c_str(),
+               static_cast<long long>(o.steps), (*cluster)->http_address().c_str());
   StepTiming timing;
   absl::StatusOr<v1::Job> done = Follow(*stub, job.id(), kRpcTimeout, &timing);
   if (!done.ok()) return Fail("up", done.status());
@@ -541,7 +558,7 @@ int RunUp(const std::vector<std::string>& args) {
       std::printf("data-parallel all-reduce: powersgd rank %d on stages [%s] of %d\n",
                   plan.data_parallel_powersgd_rank(),
                   absl::StrJoin(plan.data_parallel_compressed_stages(), ",").c_str(),
-                  o.workers / o.data_parallel);
+                  o.workers / (o.data_parallel * o.tensor_parallel));
     }
     // The simulator's prediction next to what the steps took (validation
     // passes and checkpoints included when they ran).

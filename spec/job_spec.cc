@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -14,6 +15,7 @@
 #include "google/protobuf/util/json_util.h"
 #include "kernels/compress/codec_spec.h"
 #include "worker/model/gpt_config.h"
+#include "worker/model/tensor_parallel.h"
 #include "worker/train/adamw_optimizer.h"
 #include "worker/train/lr_schedule.h"
 
@@ -374,6 +376,48 @@ absl::Status ResolveDataParallel(v1::JobSpec* spec) {
   return absl::OkStatus();
 }
 
+// spec.parallelism.tensor: the split of every stage, and what does not
+// work with it yet.
+absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
+  v1::ParallelismSpec* p = spec->mutable_parallelism();
+  if (!p->has_tensor()) p->set_tensor(1);
+  RETURN_IF_ERROR(RequireInRange("spec.parallelism.tensor", p->tensor(), kMaxTensorParallel));
+  const v1::ModelSpec& m = spec->model();
+  GptConfig config;
+  config.vocab_size = m.vocab_size();
+  config.n_head = m.n_head();
+  config.d_model = m.d_model();
+  absl::Status splits = ValidateTensorParallel(config, p->tensor());
+  if (!splits.ok()) return Invalid("spec.parallelism.tensor", splits.message());
+  const int64_t workers = int64_t{p->data()} * p->stages() * p->tensor();
+  if (workers > kMaxStages) {
+    return Invalid("spec.parallelism.tensor",
+                   absl::StrCat(p->data(), " replicas x ", p->stages(), " stages x ", p->tensor(),
+                                " tensor ranks is ", workers, " workers; at most ", kMaxStages));
+  }
+  if (p->tensor() == 1) return absl::OkStatus();
+  // Not built with tensor parallelism yet: say so instead of running wrong.
+  auto not_yet = [&](absl::string_view field, absl::string_view why) {
+    return Invalid(field,
+                   absl::StrCat("not supported with spec.parallelism.tensor > 1 yet (", why, ")"));
+  };
+  if (spec->checkpoint().interval_steps() > 0) {
+    return not_yet("spec.checkpoint.interval_steps", "checkpoints of shards are not built");
+  }
+  if (!spec->init().from().empty()) {
+    return not_yet("spec.init.from", "loading weights into shards is not built");
+  }
+  for (const auto& [field, codec] :
+       {std::pair<const char*, const std::string*>{"spec.compression.forward",
+                                                   &spec->compression().forward()},
+        {"spec.compression.backward", &spec->compression().backward()}}) {
+    if (absl::StrContains(*codec, "token_topk")) {
+      return not_yet(field, "each tensor rank would rank the tokens by its own heads");
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Lexical only: the coordinator writes the file under its --output-dir
 // (JobManager checks the directory itself).
 absl::Status CheckOutput(const v1::OutputSpec& output) {
@@ -570,6 +614,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveDataParallelCompression(&out, &resolved.data_parallel_powersgd_rank));
   RETURN_IF_ERROR(ResolveScheduling(out.mutable_scheduling(), &resolved.queue_timeout));
   RETURN_IF_ERROR(ResolveElasticity(&out));
+  RETURN_IF_ERROR(ResolveTensorParallel(&out));
 
   resolved.train = DeriveTrainConfig(out);
   absl::Status backstop = ValidateTrainConfig(resolved.train);
@@ -578,6 +623,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   resolved.synthetic_bytes = out.data().synthetic_bytes();
   resolved.stages = out.parallelism().stages();
   resolved.data_parallel = out.parallelism().data();
+  resolved.tensor_parallel = out.parallelism().tensor();
   resolved.solver = out.parallelism().solver();
   resolved.objective = out.parallelism().objective();
   resolved.schedule = out.parallelism().schedule();

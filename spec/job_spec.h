@@ -52,6 +52,7 @@ inline constexpr int64_t kMaxSteps = 100000000;  // training.steps, training.eva
 inline constexpr int kMaxEvalWindows = 65536;    // training.eval_windows
 inline constexpr int64_t kMaxSyntheticBytes = int64_t{1} << 30;  // data.synthetic_bytes
 inline constexpr int kMaxStages = 1024;            // parallelism.stages (and <= units)
+inline constexpr int kMaxTensorParallel = 64;      // parallelism.tensor
 inline constexpr size_t kMaxCodecSpecBytes = 256;  // compression.forward, .backward
 // Derived: parameters of the whole model (the coordinator assembles the
 // final weights in memory) and tokens per optimizer step.
@@ -79,6 +80,7 @@ struct ResolvedJobSpec {
   int64_t synthetic_bytes = 0;                 // spec.data.synthetic_bytes (path empty)
   int stages = 0;                              // spec.parallelism.stages (per replica)
   int data_parallel = 1;                       // spec.parallelism.data: replicas
+  int tensor_parallel = 1;                     // spec.parallelism.tensor: ranks per stage
   // spec.compression.data_parallel's PowerSGD rank; 0: exact all-reduce.
   int data_parallel_powersgd_rank = 0;
   std::string solver;     // uniform | pipedream | bipartition | auto | manual
@@ -106,6 +108,12 @@ struct ResolvedJobSpec {
 // parallelism.fused_embedding_sync to true; data >= 1, data x
 // stages <= kMaxStages workers, and data divides training.micro_batches
 // (INVALID_ARGUMENT naming spec.training.micro_batches otherwise).
+//
+// Tensor parallelism: parallelism.tensor defaults to 1; 1 <= tensor <=
+// kMaxTensorParallel, tensor divides model.n_head, d_model and vocab_size,
+// data x stages x tensor <= kMaxStages workers; with tensor > 1 no
+// checkpoint.interval_steps, init.from or token_topk codec yet (each
+// INVALID_ARGUMENT naming its field).
 //
 // spec.compression.data_parallel: codec "none" (default, also for an empty
 // one; then no stages) or "powersgd:rank=R" with R in 1..1024 (default

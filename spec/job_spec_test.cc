@@ -153,6 +153,7 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   spec.mutable_parallelism()->set_objective("full");
   spec.mutable_parallelism()->set_data(1);
   spec.mutable_parallelism()->set_fused_embedding_sync(false);
+  spec.mutable_parallelism()->set_tensor(1);
   spec.mutable_output()->set_weights_path("runs/weights.safetensors");
   v1::CompressionSpec* c = spec.mutable_compression();
   c->set_forward("fp16");
@@ -472,6 +473,41 @@ TEST(ResolveJobSpec, DataParallel_BadValuesRejectedNamingTheField) {
   ExpectRejected(spec,
                  "spec.parallelism.data: 512 replicas x 3 stages is 1536 workers; at most "
                  "1024");
+}
+
+TEST(ResolveJobSpec, TensorParallel_DefaultsToOneAndIsKept) {
+  EXPECT_EQ(ResolveJobSpec(MinimalSpec()).value().tensor_parallel, 1);
+  EXPECT_EQ(ResolveJobSpec(MinimalSpec()).value().spec.parallelism().tensor(), 1);
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(2);
+  const ResolvedJobSpec resolved = ResolveJobSpec(spec).value();
+  EXPECT_EQ(resolved.tensor_parallel, 2);
+  EXPECT_EQ(resolved.stages, 2);
+}
+
+TEST(ResolveJobSpec, TensorParallel_BadValuesRejectedNamingTheField) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(0);
+  ExpectRejected(spec, "spec.parallelism.tensor: required, must be >= 1");
+  spec.mutable_parallelism()->set_tensor(65);
+  ExpectRejected(spec, "spec.parallelism.tensor: ");
+  spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(3);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor: tensor parallelism of 3 does not divide model.n_head");
+  spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(2);
+  spec.mutable_checkpoint()->set_interval_steps(10);
+  ExpectRejected(spec,
+                 "spec.checkpoint.interval_steps: not supported with spec.parallelism.tensor > 1");
+  spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(2);
+  spec.mutable_init()->set_from("w.safetensors");
+  ExpectRejected(spec, "spec.init.from: not supported with spec.parallelism.tensor > 1");
+  spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(2);
+  spec.mutable_compression()->set_backward("token_topk:keep=0.5");
+  ExpectRejected(spec, "spec.compression.backward: not supported with spec.parallelism.tensor > 1");
 }
 
 TEST(ResolveJobSpec, DataParallelCompression_DefaultNoneRankAndBadValuesNamed) {

@@ -23,12 +23,17 @@
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
 #include "tests/cluster_testing.h"
+#include "tests/parallel_cluster_testing.h"
 #include "worker/data/corpus.h"
 #include "worker/runtime/data_parallel_testing.h"
 #include "worker/train/local_trainer.h"
 
 namespace pipetrain {
 namespace {
+
+using testing::ExpectMatchesTrainLocal;
+using testing::Reference;
+using testing::TrainLocally;
 
 constexpr int kSteps = 10;
 
@@ -63,27 +68,6 @@ v1::JobSpec Spec(int replicas, int stages, const std::string& schedule,
   return spec;
 }
 
-struct Reference {
-  std::vector<float> losses;
-  float val_loss = 0;
-  std::map<std::string, std::vector<float>> weights;
-};
-
-// train-local on the same global batch (the spec without its replicas).
-Reference TrainLocally(const v1::JobSpec& spec) {
-  ResolvedJobSpec job = ResolveJobSpec(spec).value();
-  const CorpusSpec corpus{"", job.data_format, job.train.model.vocab_size, job.synthetic_bytes,
-                          job.train.seed};
-  Dataset data =
-      Dataset::Create(LoadCorpus(corpus).value(), job.train.seq_len, job.val_fraction).value();
-  auto trainer = LocalTrainer::Create(job.train, &data).value();
-  Reference ref;
-  for (int i = 0; i < job.train.steps; ++i) ref.losses.push_back(trainer->Step().value().loss);
-  ref.val_loss = trainer->Evaluate().value();
-  for (Parameter* p : trainer->model().parameters()) ref.weights[p->name] = p->value.ToVector();
-  return ref;
-}
-
 class DataParallelClusterTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() { cluster_ = testing::StartTestCluster("dp", 9).release(); }
@@ -95,32 +79,6 @@ class DataParallelClusterTest : public ::testing::Test {
 };
 
 LocalCluster* DataParallelClusterTest::cluster_ = nullptr;
-
-void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref) {
-  ASSERT_NE(cluster, nullptr);
-  auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
-  const std::string id = testing::SubmitJob(*stub, spec);
-  const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
-  // SUCCEEDED also says the replicas' weight digests agreed.
-  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
-  const int replicas = spec.parallelism().data(), stages = spec.parallelism().stages();
-  EXPECT_EQ(job.worker_ids_size(), replicas * stages);
-  const std::vector<float> losses(job.progress().loss_history().begin(),
-                                  job.progress().loss_history().end());
-  testing::ExpectLossesClose(losses, ref.losses, "losses");
-  EXPECT_EQ(job.progress().val_step(), kSteps);
-  testing::ExpectLossesClose({job.progress().val_loss()}, {ref.val_loss}, "validation loss");
-  auto file = ReadSafetensors(job.weights_path());
-  ASSERT_TRUE(file.ok()) << file.status();
-  std::map<std::string, std::vector<float>> weights;
-  for (const auto& [name, values] : ref.weights) {
-    const Tensor* t = file->Find(name);
-    if (t != nullptr) weights[name] = t->ToVector();
-  }
-  EXPECT_EQ(file->tensors.size(), ref.weights.size());
-  testing::ExpectWeightsClose(weights, ref.weights, spec.model().d_model(), spec.training().lr(),
-                              kSteps, "weights");
-}
 
 TEST_F(DataParallelClusterTest, ReplicasOfOneToThreeStages_MatchTrainLocal) {
   const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));

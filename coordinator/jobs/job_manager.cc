@@ -558,7 +558,7 @@ void JobManager::ScheduleQueued() {
     if (record.job.state() == v1::JOB_STATE_PROFILING) return;
     if (record.job.state() != v1::JOB_STATE_QUEUED) continue;
     std::vector<std::string> ready = SpareWorkersLocked(reserved);
-    const int need = record.resolved.stages * Replicas(record);
+    const int need = record.resolved.stages * WorkersPerStage(record);
     if (static_cast<int>(ready.size()) < need) {
       const std::string waiting =
           absl::StrCat("waiting for ", need, " READY workers (", ready.size(), " ready)");
@@ -592,7 +592,7 @@ void JobManager::ScheduleQueued() {
     const std::vector<std::string> spare = SpareWorkersLocked(reserved);
     if (spare.empty()) return;
     int want = std::min<int>(spare.size(), MaxJobWorkers(record) - record.job.worker_ids_size());
-    want -= want % Replicas(record);  // a stage more for every replica, or none
+    want -= want % WorkersPerStage(record);  // a stage more for every replica, or none
     if (want == 0) continue;
     const std::vector<std::string> joining(spare.begin(), spare.begin() + want);
     if (RequestBoundaryLocked(record, absl::StrCat(absl::StrJoin(joining, ", "), " joined"))) {
@@ -710,7 +710,7 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
     std::set<std::string> reserved;
     const int left =
         record->job.worker_ids_size() - 1 + static_cast<int>(SpareWorkersLocked(reserved).size());
-    if (left - left % Replicas(*record) < MinJobWorkers(*record)) {
+    if (left - left % WorkersPerStage(*record) < MinJobWorkers(*record)) {
       return absl::FailedPreconditionError(
           absl::StrCat("draining ", worker_id, " would leave job ", record->job.id(),
                        " fewer than its ", MinJobWorkers(*record),
@@ -789,26 +789,29 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   cluster.bandwidth_bytes_per_second = emulated ? bandwidth : kAssumedBandwidth;
   cluster.latency_seconds = emulated ? latency : kAssumedLatency;
   // A re-plan may use another number of stages (spec.elastic); the
-  // replicas stay (spec.parallelism.data), replica r's stage s on
-  // workers[r * stages + s].
+  // replicas (spec.parallelism.data) and tensor ranks (.tensor) stay,
+  // replica r's stage s, rank t on workers[(r * stages + s) * tensor + t].
   const int replicas = Replicas(record);
-  if (workers.empty() || workers.size() % replicas != 0) {
-    return absl::InternalError(
-        absl::StrCat(workers.size(), " workers for ", replicas, " data-parallel replicas"));
+  const int tensor = TensorRanks(record);
+  if (workers.empty() || workers.size() % (replicas * tensor) != 0) {
+    return absl::InternalError(absl::StrCat(workers.size(), " workers for ", replicas,
+                                            " data-parallel replicas of ", tensor,
+                                            " tensor ranks"));
   }
-  const int stages = static_cast<int>(workers.size()) / replicas;
+  const int stages = static_cast<int>(workers.size()) / (replicas * tensor);
   ResolvedJobSpec resolved = record.resolved;
   resolved.stages = stages;
   resolved.spec.mutable_parallelism()->set_stages(resolved.stages);
   const int64_t version = record.plan.version() + 1;
   ASSIGN_OR_RETURN(CompiledPlan compiled,
                    PlanJob(resolved, id, version, *record.profile, cluster, record.profile_source));
-  // Device links join one pipeline's stages on a host; the replicas share
-  // programs, so with data parallelism every link stays on the data plane
-  // (NCCL for the replicas' all-reduce is not there yet).
+  // Device links join one pipeline's stages on a host; the replicas and
+  // tensor ranks share programs, so with data or tensor parallelism every
+  // link stays on the data plane (NCCL for their collectives is not there
+  // yet).
   DeviceLinkPlan links;
   links.group_of_stage.assign(stages, -1);
-  if (replicas == 1) {
+  if (replicas == 1 && tensor == 1) {
     links = PlanDeviceLinks(DeviceLinkMembers(infos, *registry_), &compiled.programs);
   }
   RETURN_IF_ERROR(registry_->Assign(workers, id));
@@ -826,7 +829,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   // Only this plan's workers learn it: their streams prove it to each other.
   const std::string data_plane_secret = RandomToken();
   for (size_t g = 0; g < workers.size(); ++g) {
-    const int s = static_cast<int>(g) % stages;  // the replica's stage
+    const int s = static_cast<int>(g) / tensor % stages;  // the replica's stage
     v1::Assignment a;
     a.set_action(v1::Assignment::ACTION_RUN);
     a.set_job_id(id);
@@ -834,15 +837,17 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     *a.mutable_spec() = record.resolved.spec;
     a.set_stage(s);
     a.set_num_stages(stages);
-    a.set_replica(static_cast<int>(g) / stages);
+    a.set_replica(static_cast<int>(g) / (stages * tensor));
     a.set_replicas(replicas);
+    a.set_tensor_rank(static_cast<int>(g) % tensor);
+    a.set_tensor_parallel(tensor);
     for (int c : record.plan.data_parallel_compressed_stages()) {
       if (c == s) a.set_data_parallel_powersgd_rank(record.plan.data_parallel_powersgd_rank());
     }
     a.set_data_plane_secret(data_plane_secret);
     a.set_start_iteration(start_step);
     for (int t = 0; t < stages; ++t) {
-      const v1::UnitRange& b = record.plan.stages(t).backward();
+      const v1::UnitRange& b = record.plan.stages(t * tensor).backward();
       if (b.end() > b.begin()) a.add_optimizer_stages(t);
     }
     if (resume != nullptr) *a.mutable_resume() = *resume;
@@ -1090,8 +1095,10 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   const int stage_index = record->stage_of.at(r.worker_id());
   response.set_stop_after_step(record->stop_at);
   // Data parallelism: replica 0 speaks for all (the replicas hold the same
-  // weights, and its loss stage reports every replica's losses).
+  // weights, and its loss stage reports every replica's losses); tensor
+  // parallelism: rank 0 for its stage's ranks (they compute the same loss).
   const bool replica_zero = stage_index < StagesPerReplica(*record);
+  const bool speaks = replica_zero && stage_index % TensorRanks(*record) == 0;
   if (r.has_checkpoint()) {
     if (!replica_zero) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -1144,7 +1151,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   stage.idle_seconds += r.idle_seconds();
   stage.finished = stage.finished || r.finished();
   if (r.finished()) stage.weights_digest = r.weights_digest();
-  if (r.micro_batch_losses_size() > 0 && replica_zero) {
+  if (r.micro_batch_losses_size() > 0 && speaks) {
     double sum = 0.0;  // as LocalTrainer: double sum, divided, as float
     for (float l : r.micro_batch_losses()) sum += l;
     const float loss = static_cast<float>(sum / r.micro_batch_losses_size());
@@ -1185,7 +1192,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
       record->recovering_since.reset();
     }
   }
-  if (r.has_val_loss() && replica_zero) {
+  if (r.has_val_loss() && speaks) {
     v1::JobProgress* p = record->job.mutable_progress();
     p->set_val_loss(r.val_loss());
     p->set_val_step(r.iteration() + 1);
@@ -1231,24 +1238,33 @@ int JobManager::Replicas(const JobRecord& record) {
   return std::max(1, record.resolved.data_parallel);
 }
 
+int JobManager::TensorRanks(const JobRecord& record) {
+  return std::max(1, record.resolved.tensor_parallel);
+}
+
+int JobManager::WorkersPerStage(const JobRecord& record) {
+  return Replicas(record) * TensorRanks(record);
+}
+
 int JobManager::StagesPerReplica(const JobRecord& record) {
   return record.plan.stages_size() / std::max(1, record.plan.data_parallel());
 }
 
 int JobManager::MinJobWorkers(const JobRecord& record) {
-  return record.resolved.spec.elastic().min_workers() * Replicas(record);
+  return record.resolved.spec.elastic().min_workers() * WorkersPerStage(record);
 }
 
 int JobManager::MaxJobWorkers(const JobRecord& record) {
-  return record.resolved.spec.elastic().max_workers() * Replicas(record);
+  return record.resolved.spec.elastic().max_workers() * WorkersPerStage(record);
 }
 
 void JobManager::KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers) {
-  workers->resize(workers->size() - workers->size() % Replicas(record));
+  workers->resize(workers->size() - workers->size() % WorkersPerStage(record));
 }
 
 void JobManager::RecordWeightOwners(JobRecord& record, int stage) {
-  if (stage >= StagesPerReplica(record)) return;
+  // Replica 0's tensor rank 0 uploads its stage's gathered weights.
+  if (stage >= StagesPerReplica(record) || stage % TensorRanks(record) != 0) return;
   const v1::UnitRange& units = record.plan.stages(stage).backward();
   for (int u = units.begin(); u < units.end(); ++u) {
     for (ParameterShape& p : UnitParameterShapes(record.resolved.train.model, u)) {
@@ -1322,12 +1338,13 @@ absl::Status JobManager::FinishWeights(const std::string& worker_id, const std::
 
 void JobManager::MaybeCompleteLocked(JobRecord& record) {
   const bool want_weights = !record.resolved.spec.output().weights_path().empty();
-  // Only replica 0's stages upload (RecordWeightOwners).
+  // Only replica 0's stages upload, tensor rank 0 of each (RecordWeightOwners).
   const int uploading = StagesPerReplica(record);
   for (size_t g = 0; g < record.stages.size(); ++g) {
     const StageProgress& s = record.stages[g];
     if (!s.finished) return;
-    if (want_weights && static_cast<int>(g) < uploading && !s.weights_done) return;
+    const bool uploads = static_cast<int>(g) < uploading && g % TensorRanks(record) == 0;
+    if (want_weights && uploads && !s.weights_done) return;
   }
   // Replicas must end bitwise identical: each stage's copies agree.
   for (size_t g = uploading; g < record.stages.size(); ++g) {

@@ -363,17 +363,22 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills weight_owner from the plan's backward units of `stage` (replica
-  // 0's stages only: the other replicas hold the same weights and upload
-  // and checkpoint nothing).
+  // 0's stages only, tensor rank 0 of each: the other replicas hold the
+  // same weights and upload and checkpoint nothing; the other tensor ranks
+  // gather their shards to rank 0).
   static void RecordWeightOwners(JobRecord& record, int stage);
   // Data parallelism (spec.parallelism.data): the replicas, the stages of
   // one replica in the current plan, and the job's worker bounds (the
   // elastic bounds count one replica's stages).
   static int Replicas(const JobRecord& record);
+  // spec.parallelism.tensor (>= 1), and the workers at each stage position
+  // of a plan: replicas x tensor ranks.
+  static int TensorRanks(const JobRecord& record);
+  static int WorkersPerStage(const JobRecord& record);
   static int StagesPerReplica(const JobRecord& record);
   static int MinJobWorkers(const JobRecord& record);
   static int MaxJobWorkers(const JobRecord& record);
-  // Cuts `workers` to a multiple of the replicas (the last ones go).
+  // Cuts `workers` to a multiple of WorkersPerStage (the last ones go).
   static void KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers);
   static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
                                           const JobRecord& record);

@@ -134,6 +134,21 @@ absl::Status NoLayoutError(const std::vector<LayoutCandidate>& candidates, int w
 
 }  // namespace
 
+namespace {
+
+// Folds worker `w` into `into`, which stands for both: the names joined
+// by `separator`, the lower speed, the smaller memory (0 = unlimited: any
+// limit is smaller).
+void MergeIntoSlowest(const WorkerSpec& w, const char* separator, WorkerSpec* into) {
+  absl::StrAppend(&into->name, separator, w.name);
+  into->speed = std::min(into->speed, w.speed);
+  if (w.memory_bytes > 0 && (into->memory_bytes == 0 || w.memory_bytes < into->memory_bytes)) {
+    into->memory_bytes = w.memory_bytes;
+  }
+}
+
+}  // namespace
+
 ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel) {
   if (data_parallel <= 1) return cluster;
   const int p = static_cast<int>(cluster.workers.size()) / data_parallel;
@@ -143,15 +158,24 @@ ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel) {
   for (int s = 0; s < p; ++s) {
     WorkerSpec stage = cluster.workers[s];
     for (int r = 1; r < data_parallel; ++r) {
-      const WorkerSpec& w = cluster.workers[r * p + s];
-      absl::StrAppend(&stage.name, ",", w.name);
-      stage.speed = std::min(stage.speed, w.speed);
-      // 0 = unlimited: any limit is smaller.
-      if (w.memory_bytes > 0 && (stage.memory_bytes == 0 || w.memory_bytes < stage.memory_bytes)) {
-        stage.memory_bytes = w.memory_bytes;
-      }
+      MergeIntoSlowest(cluster.workers[r * p + s], ",", &stage);
     }
     out.workers.push_back(std::move(stage));
+  }
+  return out;
+}
+
+ClusterSpec TensorGroupCluster(const ClusterSpec& cluster, int tensor_parallel) {
+  if (tensor_parallel <= 1) return cluster;
+  ClusterSpec out;
+  out.bandwidth_bytes_per_second = cluster.bandwidth_bytes_per_second;
+  out.latency_seconds = cluster.latency_seconds;
+  for (size_t g = 0; g + tensor_parallel <= cluster.workers.size(); g += tensor_parallel) {
+    WorkerSpec group = cluster.workers[g];
+    for (int t = 1; t < tensor_parallel; ++t) {
+      MergeIntoSlowest(cluster.workers[g + t], "+", &group);
+    }
+    out.workers.push_back(std::move(group));
   }
   return out;
 }

@@ -111,6 +111,12 @@ absl::StatusOr<DataParallelLayout> PlanDataParallel(const ModelProfile& profile,
 // and the cluster's bandwidth and latency. D = 1 returns `cluster` as is.
 ClusterSpec ReplicaStageCluster(const ClusterSpec& cluster, int data_parallel);
 
+// Tensor parallelism: one entry per group of `tensor_parallel` consecutive
+// workers (a stage's tensor ranks), named by their names joined with "+",
+// with their minimum speed and memory as ReplicaStageCluster; T = 1 returns
+// `cluster` as is. Requires T >= 1 dividing cluster.workers.size().
+ClusterSpec TensorGroupCluster(const ClusterSpec& cluster, int tensor_parallel);
+
 // DistPar's cost (distpar.txt §3.4) of `plan` (one replica's programs,
 // plan.data_parallel replicas) on `profile`, with the paper's words mapped
 // to this system:

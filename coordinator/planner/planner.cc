@@ -62,9 +62,11 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
                                      const ClusterSpec& cluster,
                                      const std::string& profile_source) {
   const int replicas = std::max(1, r.data_parallel);
-  if (static_cast<int>(cluster.workers.size()) != r.stages * replicas) {
+  const int tensor = std::max(1, r.tensor_parallel);
+  if (static_cast<int>(cluster.workers.size()) != r.stages * replicas * tensor) {
     return absl::InvalidArgumentError(absl::StrCat(cluster.workers.size(), " workers for ",
-                                                   replicas, " replicas of ", r.stages, " stages"));
+                                                   replicas, " replicas of ", r.stages,
+                                                   " stages of ", tensor, " tensor ranks"));
   }
   if (r.train.micro_batches % replicas != 0) {
     return absl::InvalidArgumentError(
@@ -75,7 +77,8 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   // the least memory among the replicas' workers there, so the plan fits
   // and its prediction holds for the slowest replica (replicas wait for
   // each other in the gradient all-reduce).
-  const ClusterSpec replica = ReplicaStageCluster(cluster, replicas);
+  // Tensor parallelism: a stage's ranks plan as one worker (the slowest).
+  const ClusterSpec replica = ReplicaStageCluster(TensorGroupCluster(cluster, tensor), replicas);
   PlanOptions options;
   options.solver = r.solver;
   options.objective = r.objective;
@@ -111,6 +114,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_schedule(r.schedule);
   plan.set_micro_batches(options.micro_batches);
   plan.set_data_parallel(replicas);
+  plan.set_tensor_parallel(tensor);
   if (r.data_parallel_powersgd_rank > 0) {
     // Selective stage compression: the stages named, or those whose
     // all-reduce the simulation puts on the critical path.
@@ -129,7 +133,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   std::vector<std::string> names;  // the timeline's lanes: each stage's workers
   for (const WorkerSpec& w : replica.workers) names.push_back(w.name);
   for (size_t g = 0; g < cluster.workers.size(); ++g) {
-    const int s = static_cast<int>(g) % r.stages;
+    const int s = static_cast<int>(g) / tensor % r.stages;  // tensor rank innermost
     v1::PlanStage* stage = plan.add_stages();
     stage->set_worker_id(cluster.workers[g].name);
     *stage->mutable_forward() = ToUnitRange(solved.forward[s]);

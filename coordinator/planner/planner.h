@@ -47,14 +47,17 @@ inline constexpr int64_t kMaxStageMicroBatches = 16384;
 absl::Status CheckPlanningBudget(const ResolvedJobSpec& resolved);
 
 // Requires cluster.workers.size() == resolved.stages x
-// resolved.data_parallel, replica r's stage s at r * stages + s, named by
-// worker id. With data parallelism the replicas share one plan (solved for
-// the slowest speed and least memory at each stage position, compiled for
-// each replica's micro_batches / data_parallel micro-batches): `programs`
-// and `eval_programs` have one entry per stage of a replica, the plan's
-// stages list every replica's workers; `profile` describes the job's model at its micro-batch size
-// (measured or AnalyticProfile) and `profile_source` says which. Errors as
-// SolvePlan (INVALID_ARGUMENT, RESOURCE_EXHAUSTED when nothing fits).
+// resolved.data_parallel x resolved.tensor_parallel, replica r's stage s,
+// tensor rank t at (r * stages + s) * tensor_parallel + t, named by worker
+// id. A stage's tensor ranks are planned as one worker (TensorGroupCluster:
+// the slowest), and the plan's stages list each rank with the stage's
+// ranges; the prediction leaves the split and its all-reduces out. With data parallelism the
+// replicas share one plan (solved for the slowest speed and least memory at each stage position,
+// compiled for each replica's micro_batches / data_parallel micro-batches): `programs` and
+// `eval_programs` have one entry per stage of a replica, the plan's stages list every replica's
+// workers; `profile` describes the job's model at its micro-batch size (measured or
+// AnalyticProfile) and `profile_source` says which. Errors as SolvePlan (INVALID_ARGUMENT,
+// RESOURCE_EXHAUSTED when nothing fits).
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& resolved, const std::string& job_id,
                                      int64_t version, const ModelProfile& profile,
                                      const ClusterSpec& cluster,

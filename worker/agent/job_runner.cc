@@ -272,25 +272,32 @@ absl::Status JobRunner::RunJob() {
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, LoadCorpus(corpus));
   ASSIGN_OR_RETURN(Dataset dataset,
                    Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction));
-  // Data parallelism: the transport numbers every replica's stages
-  // (Assignment.replica); checked here, before anything is sized from it.
+  // Data and tensor parallelism: the transport numbers every worker of
+  // the job (Assignment.replica, .tensor_rank); checked here, before
+  // anything is sized from it.
   const int replicas = std::max(1, assignment_.replicas());
+  const int tensor = std::max(1, assignment_.tensor_parallel());
+  const int64_t workers = int64_t{replicas} * assignment_.num_stages() * tensor;
   if (assignment_.num_stages() < 1 || assignment_.replica() < 0 ||
       assignment_.replica() >= replicas || assignment_.stage() < 0 ||
-      assignment_.stage() >= assignment_.num_stages() ||
-      (assignment_.peer_addresses_size() > 0 &&
-       int64_t{replicas} * assignment_.num_stages() != assignment_.peer_addresses_size())) {
+      assignment_.stage() >= assignment_.num_stages() || assignment_.tensor_rank() < 0 ||
+      assignment_.tensor_rank() >= tensor ||
+      (assignment_.peer_addresses_size() > 0 && workers != assignment_.peer_addresses_size())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "assignment: stage ", assignment_.stage(), " of ", assignment_.num_stages(), ", replica ",
-        assignment_.replica(), " of ", replicas, ", with ", assignment_.peer_addresses_size(),
-        " peer addresses (want replicas x stages)"));
+        assignment_.replica(), " of ", replicas, ", tensor rank ", assignment_.tensor_rank(),
+        " of ", tensor, ", with ", assignment_.peer_addresses_size(),
+        " peer addresses (want replicas x stages x tensor ranks)"));
   }
   const bool replica_zero = assignment_.replica() == 0;
+  // Tensor rank 0 speaks for its stage's ranks (they compute the same losses).
+  const bool speaks = replica_zero && assignment_.tensor_rank() == 0;
   std::vector<std::string> peers(assignment_.peer_addresses().begin(),
                                  assignment_.peer_addresses().end());
-  std::unique_ptr<Transport> transport =
-      make_transport_(assignment_.replica() * assignment_.num_stages() + assignment_.stage(), peers,
-                      JobCredential{data_plane_job_, assignment_.data_plane_secret()});
+  std::unique_ptr<Transport> transport = make_transport_(
+      (assignment_.replica() * assignment_.num_stages() + assignment_.stage()) * tensor +
+          assignment_.tensor_rank(),
+      peers, JobCredential{data_plane_job_, assignment_.data_plane_secret()});
   StageSetup setup{data_plane_job_,
                    job.train,
                    assignment_.stage(),
@@ -305,6 +312,8 @@ absl::Status JobRunner::RunJob() {
                                 assignment_.optimizer_stages().end());
   setup.replica = assignment_.replica();
   setup.replicas = replicas;
+  setup.tensor_rank = assignment_.tensor_rank();
+  setup.tensor_parallel = tensor;
   // plan.proto: 0 (exact) or a PowerSGD rank, with replicas to reduce over.
   const int dp_rank = assignment_.data_parallel_powersgd_rank();
   if (dp_rank < 0 || dp_rank > 1024 || (dp_rank > 0 && replicas < 2)) {
@@ -394,12 +403,13 @@ absl::Status JobRunner::RunJob() {
   absl::Cleanup abort_unless_completed = [&] {
     if (!completed_.load() && device_channel != nullptr) device_channel->Abort();
   };
-  if (assignment_.num_stages() * replicas > 1 && !in_group) {
+  if (workers > 1 && !in_group) {
     RETURN_IF_ERROR(AwaitAllStagesReady());
   }
   const int64_t steps = job.train.steps;
   // Replica 0 speaks for all replicas (their weights are the same): it
-  // uploads, checkpoints and reports the losses.
+  // uploads, checkpoints and reports the losses; its tensor rank 0 for the
+  // stage's ranks, after they gathered their shards.
   const bool upload = !job.spec.output().weights_path().empty() && replica_zero;
   for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {
     absl::StatusOr<IterationResult> result = runtime->RunIteration(it);
@@ -454,10 +464,11 @@ absl::Status JobRunner::RunJob() {
       val_loss = *evaluated;
     }
     if (last && upload) {
-      std::vector<Parameter> host = HostParameterCopies(options_.backend, runtime->parameters());
-      absl::Status uploaded = options_.backend->status();
-      if (uploaded.ok()) {
-        uploaded = coordinator_->UploadWeights(assignment_.job_id(), ParameterPointers(host));
+      // Every tensor rank takes part in the gather; rank 0 uploads.
+      absl::StatusOr<std::vector<Parameter>> host = runtime->UnsplitParameterCopies(steps);
+      absl::Status uploaded = host.status();
+      if (uploaded.ok() && speaks) {
+        uploaded = coordinator_->UploadWeights(assignment_.job_id(), ParameterPointers(*host));
       }
       if (!uploaded.ok()) return uploaded;
     }
@@ -467,7 +478,7 @@ absl::Status JobRunner::RunJob() {
     r.set_job_id(assignment_.job_id());
     r.set_plan_version(assignment_.plan_version());
     r.set_iteration(it);
-    if (replica_zero) {
+    if (speaks) {
       for (float loss : result->micro_batch_losses) r.add_micro_batch_losses(loss);
     }
     r.set_busy_seconds(result->busy_seconds);
@@ -475,7 +486,7 @@ absl::Status JobRunner::RunJob() {
     r.set_finished(last);
     if (last && replicas > 1)
       r.set_weights_digest(WeightsDigest(options_.backend, runtime->parameters()));
-    if (val_loss.has_value() && replica_zero) r.set_val_loss(*val_loss);
+    if (val_loss.has_value() && speaks) r.set_val_loss(*val_loss);
     r.set_eval_seconds(eval_seconds);
     // The job ends with the last report: a checkpoint still being written
     // must be reported before it (ReportCheckpoint runs on the writer).

@@ -398,8 +398,10 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
                      "coordinator older than this worker?)";
     return;
   }
-  // Every replica's stages send here (the data-parallel all-reduce).
-  data_plane_->SetJob(DataPlaneJobId(a), a.num_stages() * std::max(1, a.replicas()),
+  // Every worker of the job may send here: every replica's stages (the
+  // data-parallel all-reduce), every tensor rank (the tensor-parallel ones).
+  data_plane_->SetJob(DataPlaneJobId(a),
+                      a.num_stages() * std::max(1, a.replicas()) * std::max(1, a.tensor_parallel()),
                       a.data_plane_secret());
   mailbox_->OpenJob(DataPlaneJobId(a), a.start_iteration());
   JobRunnerOptions runner_options;

@@ -66,12 +66,13 @@ Shape ShardShape(const ParameterShard& shard) {
 absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel) {
   const int t = tensor_parallel;
   if (t < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("parallelism.tensor is ", t, "; must be >= 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallelism of ", t, " workers; must be >= 1"));
   }
   auto must_divide = [&](const char* field, int64_t value) -> absl::Status {
     if (value % t == 0) return absl::OkStatus();
     return absl::InvalidArgumentError(
-        absl::StrCat("parallelism.tensor ", t, " does not divide ", field, " ", value));
+        absl::StrCat("tensor parallelism of ", t, " does not divide ", field, " ", value));
   };
   absl::Status status = must_divide("model.n_head", config.n_head);
   if (status.ok()) status = must_divide("model.d_model", config.d_model);

@@ -67,6 +67,7 @@ std::vector<Parameter> HostParameterCopies(Backend* backend,
     copy.name = p->name;
     copy.value = p->value.on_device() ? backend->Download(p->value) : p->value;
     copy.is_matrix = p->is_matrix;
+    copy.shard = p->shard;
     copies.push_back(std::move(copy));
   }
   return copies;

@@ -19,7 +19,7 @@ namespace pipetrain {
 // Parameter values (not gradients) under their names, sharing storage.
 std::vector<NamedTensor> ParameterValues(const std::vector<Parameter*>& params);
 
-// Host copies of `params`' values (name and value only; the values
+// Host copies of `params`' values (name, value, is_matrix and shard; the values
 // themselves, shared, when already on the host), for everything that reads
 // weights on the host (files, uploads). `backend` holds the parameters; a
 // device backend's copy errors show in its status().

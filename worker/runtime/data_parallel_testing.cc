@@ -14,11 +14,11 @@ bool EndsWith(const std::string& s, const std::string& suffix) {
          s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// max |a - b| <= kDataParallelRelative * max |b| over the entries outside
+// max |a - b| <= relative * max |b| over the entries outside
 // [noise_begin, noise_end), which are held to |a - b| <= noise_bound.
 void ExpectTensorClose(const std::vector<float>& got, const std::vector<float>& want,
-                       const std::string& what, size_t noise_begin, size_t noise_end,
-                       double noise_bound) {
+                       const std::string& what, double relative, size_t noise_begin,
+                       size_t noise_end, double noise_bound) {
   ASSERT_EQ(got.size(), want.size()) << what;
   double scale = 0, worst = 0;
   for (float w : want) scale = std::max(scale, double{std::fabs(w)});
@@ -30,7 +30,7 @@ void ExpectTensorClose(const std::vector<float>& got, const std::vector<float>& 
       worst = std::max(worst, diff);
     }
   }
-  EXPECT_LE(worst, kDataParallelRelative * scale)
+  EXPECT_LE(worst, relative * scale)
       << what << ": max difference " << worst << " against max magnitude " << scale;
 }
 
@@ -47,7 +47,7 @@ void ExpectLossesClose(const std::vector<float>& got, const std::vector<float>& 
 
 void ExpectWeightsClose(const std::map<std::string, std::vector<float>>& got,
                         const std::map<std::string, std::vector<float>>& want, int d_model,
-                        double max_lr, int steps, const std::string& what) {
+                        double max_lr, int steps, const std::string& what, double relative) {
   EXPECT_EQ(got.size(), want.size()) << what;
   const size_t d = d_model;
   for (const auto& [name, values] : want) {
@@ -57,9 +57,10 @@ void ExpectWeightsClose(const std::map<std::string, std::vector<float>>& got,
       continue;
     }
     if (EndsWith(name, "attn.c_attn.bias")) {
-      ExpectTensorClose(it->second, values, what + " " + name, d, 2 * d, 8.0 * max_lr * steps);
+      ExpectTensorClose(it->second, values, what + " " + name, relative, d, 2 * d,
+                        8.0 * max_lr * steps);
     } else {
-      ExpectTensorClose(it->second, values, what + " " + name, 0, 0, 0);
+      ExpectTensorClose(it->second, values, what + " " + name, relative, 0, 0, 0);
     }
   }
 }

@@ -35,16 +35,30 @@ namespace testing {
 
 inline constexpr double kDataParallelRelative = 1e-5;
 
+// Tensor parallelism changes the forward pass too (each row-parallel
+// layer's output is a sum of T partial GEMMs, the softmax's normaliser a sum
+// of T partial sums), so every gradient carries a rounding perturbation of
+// about 1e-7 of its tensor's largest entries, where data parallelism only
+// reorders a sum of gradients. AdamW divides each element's step by that
+// element's own gradient RMS: an element whose gradient is 1e-3 of its
+// tensor's largest takes the perturbation at 1e-4 of its step, and over 10
+// steps of lr 1e-3 weights of magnitude ~0.04 drift apart by up to ~2e-5 of
+// that magnitude (seen: 2.0e-5 on h.1.mlp.c_proj.weight, 2 workers per
+// stage). Tensor-parallel weights are held to 5e-5 of each tensor's largest
+// magnitude; their losses still to kDataParallelRelative.
+inline constexpr double kTensorParallelWeightsRelative = 5e-5;
+
 // Each loss within kDataParallelRelative of its reference (EXPECT).
 void ExpectLossesClose(const std::vector<float>& got, const std::vector<float>& want,
                        const std::string& what);
 
-// Every tensor of `want` present in `got` and within kDataParallelRelative
-// in the max norm, the key bias of a d_model-wide model within
-// 8 * max_lr * steps (EXPECT).
+// Every tensor of `want` present in `got` and within `relative` of its
+// largest magnitude in the max norm, the key bias of a d_model-wide model
+// within 8 * max_lr * steps (EXPECT).
 void ExpectWeightsClose(const std::map<std::string, std::vector<float>>& got,
                         const std::map<std::string, std::vector<float>>& want, int d_model,
-                        double max_lr, int steps, const std::string& what);
+                        double max_lr, int steps, const std::string& what,
+                        double relative = kDataParallelRelative);
 
 }  // namespace testing
 }  // namespace pipetrain

@@ -6,6 +6,7 @@
 #include "coordinator/planner/fused_embedding_sync.h"
 #include "gtest/gtest.h"
 #include "worker/data/synthetic_text.h"
+#include "worker/model/weights_io.h"
 #include "worker/runtime/in_process_device_channel.h"
 #include "worker/runtime/stage_runtime.h"
 #include "worker/train/local_trainer.h"
@@ -124,6 +125,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   std::vector<std::map<std::string, int64_t>> collectives(total), collective_bytes(total);
   std::vector<std::vector<float>> val_losses(total);
   std::vector<absl::Status> errors(total);
+  // Tensor parallelism: each runtime's weights gathered into unsplit tensors
+  // (a collective of its tensor ranks, so on the runtimes' threads).
+  std::vector<std::vector<Parameter>> unsplit(total);
   std::vector<std::thread> threads;
   for (int g = 0; g < total; ++g) {
     threads.emplace_back([&, g] {
@@ -146,6 +150,16 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
           fabric.Shutdown();
         } else if (val->has_value()) {
           val_losses[g].push_back(**val);
+        }
+      }
+      if (tp > 1 && errors[g].ok()) {
+        absl::StatusOr<std::vector<Parameter>> copies =
+            runtimes[g]->UnsplitParameterCopies(iterations);
+        if (copies.ok()) {
+          unsplit[g] = *std::move(copies);
+        } else {
+          errors[g] = copies.status();
+          fabric.Shutdown();
         }
       }
     });
@@ -190,26 +204,14 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     }
   }
   for (int g = 0; g < total; ++g) {
-    for (Parameter* p : runtimes[g]->parameters()) {
-      Tensor value = backend_at(g)->Download(p->value);
-      if (p->shard.sharded()) {
-        // The unsplit tensor from the tensor ranks' shards, once per group.
-        if (g % tp != 0) continue;
-        std::vector<Tensor> parts;
-        for (int t = 0; t < tp; ++t) {
-          for (Parameter* q : runtimes[g + t]->parameters()) {
-            if (q->name == p->name) parts.push_back(backend_at(g + t)->Download(q->value));
-          }
-        }
-        absl::StatusOr<Tensor> full = GatherShards(parts, p->shard);
-        EXPECT_TRUE(full.ok()) << p->name << ": " << full.status();
-        if (!full.ok()) continue;
-        value = *full;
-      }
-      std::vector<float> values = value.ToVector();
-      auto [it, inserted] = out.weights.emplace(p->name, values);
+    std::vector<Parameter> copies =
+        tp > 1 ? std::move(unsplit[g])
+               : HostParameterCopies(backend_at(g), runtimes[g]->parameters());
+    for (const Parameter& p : copies) {
+      std::vector<float> values = p.value.ToVector();
+      auto [it, inserted] = out.weights.emplace(p.name, values);
       if (!inserted) {
-        EXPECT_EQ(it->second, values) << "copies of " << p->name << " (runtime " << g << ")";
+        EXPECT_EQ(it->second, values) << "copies of " << p.name << " (runtime " << g << ")";
       }
     }
   }

@@ -13,6 +13,7 @@
 #include "common/program_text.h"
 #include "common/status_macros.h"
 #include "worker/collectives/collectives.h"
+#include "worker/model/weights_io.h"
 #include "worker/train/grad_clip.h"
 #include "worker/train/lr_schedule.h"
 
@@ -22,6 +23,9 @@ namespace {
 // Tags of the gradient-clipping broadcasts (one per optimizer stage) and
 // of the data-parallel gradient all-reduces (one per parameter).
 constexpr int kGradClipTagBase = 1 << 20;
+// Tags of the final all-gathers of tensor-parallel shards (one per
+// parameter), above the tensor-parallel units' and validation's tags.
+constexpr int kTensorParallelGatherTagBase = kTensorParallelTagBase + (1 << 22) + (1 << 21);
 // Tags of the tensor ranks' broadcasts of their norm shares (one per rank).
 constexpr int kGradClipTensorTagBase = (1 << 20) + (1 << 18);
 constexpr int kDataParallelTagBase = 1 << 21;
@@ -258,6 +262,30 @@ std::vector<Parameter*> StageRuntime::parameters() const {
     for (Parameter* p : units_.at(u)->parameters()) {
       if (seen.insert(p->name).second) out.push_back(p);
     }
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<Parameter>> StageRuntime::UnsplitParameterCopies(int64_t iteration) {
+  std::vector<Parameter> out = HostParameterCopies(setup_.backend, parameters());
+  RETURN_IF_ERROR(setup_.backend->status());
+  if (!tp_collectives_) return out;
+  int tag = kTensorParallelGatherTagBase;
+  for (Parameter& p : out) {
+    if (!p.shard.sharded()) continue;
+    // Every rank's shard, concatenated in rank order; then cut apart.
+    const int64_t piece = p.value.numel(), ranks = p.shard.ranks;
+    ASSIGN_OR_RETURN(Tensor all, tp_collectives_->AllGather(
+                                     iteration, tag++, p.value.Reshape({piece}), piece * ranks));
+    std::vector<Tensor> parts;
+    for (int64_t r = 0; r < ranks; ++r) {
+      Tensor part = Tensor::Zeros(p.value.shape());
+      std::copy(all.data() + r * piece, all.data() + (r + 1) * piece, part.data());
+      parts.push_back(std::move(part));
+    }
+    ASSIGN_OR_RETURN(p.value, GatherShards(parts, p.shard));
+    p.grad = Tensor();
+    p.shard = ParameterShard{};
   }
   return out;
 }

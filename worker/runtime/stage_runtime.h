@@ -182,6 +182,13 @@ class StageRuntime {
   // authoritative (for checkpoints and the final weights).
   std::vector<Parameter*> parameters() const;
   AdamWOptimizer& optimizer() { return optimizer_; }
+  // Host copies of parameters() as the unsplit model holds them (Hugging
+  // Face shapes): a tensor-parallel stage's shards gathered over its
+  // tensor ranks, a collective that every rank calls, after its last step
+  // (`iteration` numbers the messages: the step count). Without tensor
+  // parallelism, plain host copies. Errors: the collective's, or the
+  // backend's.
+  absl::StatusOr<std::vector<Parameter>> UnsplitParameterCopies(int64_t iteration);
 
   // Checkpoints (worker/checkpoint/unit_checkpoint.h). Snapshot: host
   // copies of every backward unit's parameters and AdamW moments, taken

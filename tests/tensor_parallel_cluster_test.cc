@@ -1,0 +1,164 @@
+// DESIGN.md §4 and §12 with tensor parallelism across processes: a
+// coordinator and 8 worker processes on loopback run jobs whose stages are
+// each split across T workers (spec.parallelism.tensor, Megatron's 1-D
+// layout), T in {2, 4} times P in {1, 2} stages, 1F1B and GPipe, a pinned
+// Bi-Partition plan, and D x P x T = 2 x 2 x 2, with gradient clipping by
+// the global norm and a warm-up + cosine schedule. Per-step losses (from
+// the coordinator), the validation loss and the exported weights (the
+// shards gathered into the unsplit Hugging Face tensors by each stage's
+// rank 0) must equal train-local's: losses within 1e-5 relative, weights
+// within 5e-5 of each tensor's largest magnitude. The row-parallel layers
+// and the split softmax sum the same terms in another order, and AdamW
+// amplifies that for small gradients (worker/runtime/data_parallel_testing.h
+// says why, and how the key bias is held). Bad input is refused naming the
+// field.
+#include <array>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "cli/coordinator_client.h"
+#include "gtest/gtest.h"
+#include "tests/cluster_testing.h"
+#include "tests/parallel_cluster_testing.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::ExpectMatchesTrainLocal;
+using testing::Reference;
+using testing::TrainLocally;
+
+constexpr int kSteps = 10;
+
+// 4 heads (split by 2 and 4), byte vocabulary (256), every step clipped,
+// warm-up then cosine decay; validation after the last step.
+v1::JobSpec Spec(int tensor, int stages, const std::string& schedule,
+                 const std::string& weights_path) {
+  v1::JobSpec spec;
+  spec.set_name("tensor-parallel");
+  spec.mutable_model()->set_n_layer(2);
+  spec.mutable_model()->set_n_head(4);
+  spec.mutable_model()->set_d_model(32);
+  auto* t = spec.mutable_training();
+  t->set_seq_len(16);
+  t->set_batch_size(8);
+  t->set_micro_batches(4);
+  t->set_steps(kSteps);
+  t->set_lr(1e-3f);
+  t->set_seed(7);
+  t->set_grad_clip(0.05f);
+  t->set_lr_schedule("cosine");
+  t->set_warmup_steps(3);
+  t->set_min_lr(1e-4f);
+  t->set_eval_interval(kSteps);
+  t->set_eval_windows(7);
+  spec.mutable_data()->set_synthetic_bytes(100000);
+  spec.mutable_parallelism()->set_stages(stages);
+  spec.mutable_parallelism()->set_tensor(tensor);
+  spec.mutable_parallelism()->set_solver("uniform");
+  spec.mutable_parallelism()->set_schedule(schedule);
+  spec.mutable_output()->set_weights_path(weights_path);
+  return spec;
+}
+
+class TensorParallelClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { cluster_ = testing::StartTestCluster("tp", 8).release(); }
+  static void TearDownTestSuite() {
+    delete cluster_;
+    cluster_ = nullptr;
+  }
+  static LocalCluster* cluster_;
+};
+
+LocalCluster* TensorParallelClusterTest::cluster_ = nullptr;
+
+TEST_F(TensorParallelClusterTest, TensorRanksTimesStages_MatchTrainLocal) {
+  const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
+  for (int tensor : {2, 4}) {
+    for (int stages : {1, 2}) {
+      for (const std::string schedule : {"1f1b", "gpipe"}) {
+        const std::string name = absl::StrCat("T", tensor, "P", stages, schedule);
+        SCOPED_TRACE(name);
+        ExpectMatchesTrainLocal(cluster_, Spec(tensor, stages, schedule, name + ".safetensors"),
+                                ref);
+      }
+    }
+  }
+}
+
+// A pinned Bi-Partition plan (solver manual; units 0 embed, 1 attn_0,
+// 2 mlp_0, 3 attn_1, 4 mlp_1, 5 head): the middle stage runs backward
+// passes only, recomputing its forward, each of its 2 tensor ranks on its
+// own shards; then D x P x T = 2 x 2 x 2.
+TEST_F(TensorParallelClusterTest, BiPartitionAndDataParallel_MatchTrainLocal) {
+  const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
+  {
+    SCOPED_TRACE("bi-partition T2 P3");
+    v1::JobSpec spec = Spec(2, 3, "1f1b", "bi.safetensors");
+    spec.mutable_parallelism()->set_solver("manual");
+    for (const std::array<int, 4>& r :
+         std::vector<std::array<int, 4>>{{0, 2, 0, 1}, {2, 2, 1, 4}, {2, 6, 4, 6}}) {
+      v1::ManualStage* stage = spec.mutable_parallelism()->add_manual_stages();
+      stage->set_forward_begin(r[0]);
+      stage->set_forward_end(r[1]);
+      stage->set_backward_begin(r[2]);
+      stage->set_backward_end(r[3]);
+    }
+    ExpectMatchesTrainLocal(cluster_, spec, ref);
+  }
+  {
+    SCOPED_TRACE("D2 P2 T2");
+    v1::JobSpec spec = Spec(2, 2, "1f1b", "dpt.safetensors");
+    spec.mutable_parallelism()->set_data(2);
+    ExpectMatchesTrainLocal(cluster_, spec, ref);
+  }
+}
+
+// Bad input: INVALID_ARGUMENT naming the field, before anything runs.
+TEST_F(TensorParallelClusterTest, BadInput_InvalidArgumentNamingTheField) {
+  ASSERT_NE(cluster_, nullptr);
+  auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
+  struct Case {
+    std::string what;
+    v1::JobSpec spec;
+    std::string field;  // the message starts with it
+    std::string mentions;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"3 ranks for 4 heads", Spec(3, 1, "1f1b", ""),
+                   "spec.parallelism.tensor: ", "model.n_head 4"});
+  v1::JobSpec vocab = Spec(4, 1, "1f1b", "");
+  vocab.mutable_model()->set_vocab_size(258);  // bytes fit; 4 ranks do not split it
+  cases.push_back(
+      {"4 ranks for 258 tokens", vocab, "spec.parallelism.tensor: ", "model.vocab_size 258"});
+  v1::JobSpec too_many = Spec(64, 17, "1f1b", "");
+  too_many.mutable_model()->set_n_head(64);
+  too_many.mutable_model()->set_d_model(128);
+  too_many.mutable_model()->set_n_layer(8);
+  cases.push_back({"17 x 64 workers", too_many, "spec.parallelism.tensor: ", "at most 1024"});
+  v1::JobSpec checkpoints = Spec(2, 1, "1f1b", "");
+  checkpoints.mutable_checkpoint()->set_interval_steps(5);
+  cases.push_back({"checkpoints", checkpoints, "spec.checkpoint.interval_steps: ", "tensor > 1"});
+  v1::JobSpec topk = Spec(2, 2, "1f1b", "");
+  topk.mutable_compression()->set_forward("token_topk:keep=0.5");
+  cases.push_back({"token top-k", topk, "spec.compression.forward: ", "tensor > 1"});
+  v1::JobSpec micro = Spec(2, 1, "1f1b", "");
+  micro.mutable_parallelism()->set_data(3);
+  cases.push_back({"micro-batches for 3 replicas", micro, "spec.training.micro_batches: ", ""});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    v1::SubmitJobRequest request;
+    *request.mutable_spec() = c.spec;
+    v1::Job job;
+    grpc::ClientContext context;
+    const grpc::Status status = stub->SubmitJob(&context, request, &job);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_EQ(status.error_message().rfind(c.field, 0), 0u) << status.error_message();
+    EXPECT_TRUE(absl::StrContains(status.error_message(), c.mentions)) << status.error_message();
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain

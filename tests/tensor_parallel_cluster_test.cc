@@ -16,7 +16,9 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "cli/coordinator_client.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_testing.h"
@@ -114,6 +116,41 @@ TEST_F(TensorParallelClusterTest, BiPartitionAndDataParallel_MatchTrainLocal) {
     spec.mutable_parallelism()->set_data(2);
     ExpectMatchesTrainLocal(cluster_, spec, ref);
   }
+}
+
+// pipetrain_collectives_total{purpose="tensor_parallel"} summed over the
+// cluster's 8 workers.
+double TensorParallelCollectivesInMetrics() {
+  double total = 0;
+  for (int w = 0; w < 8; ++w) {
+    const std::string text = testing::ScrapeMetrics(testing::WorkerMetricsPort("tp", w));
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (!absl::StartsWith(line, "pipetrain_collectives_total{") ||
+          !absl::StrContains(line, "purpose=\"tensor_parallel\"")) {
+        continue;
+      }
+      double value = 0;
+      EXPECT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) << line;
+      total += value;
+    }
+  }
+  return total;
+}
+
+// The units' all-reduces show in the workers' metrics: per micro-batch and
+// rank, 1 for embed, 2 per attention and MLP, 3 for the head (validation's
+// left out).
+TEST_F(TensorParallelClusterTest, AllReducesCountedInMetrics) {
+  ASSERT_NE(cluster_, nullptr);
+  auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
+  const v1::JobSpec spec = Spec(2, 2, "1f1b", "");
+  const double before = TensorParallelCollectivesInMetrics();
+  const std::string id = testing::SubmitJob(*stub, spec);
+  const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  const int per_micro_batch = 1 + 4 * spec.model().n_layer() + 3;
+  EXPECT_EQ(TensorParallelCollectivesInMetrics() - before,
+            2 * kSteps * spec.training().micro_batches() * per_micro_batch);
 }
 
 // Bad input: INVALID_ARGUMENT naming the field, before anything runs.

@@ -13,7 +13,8 @@ namespace {
 // IterationResult::phase_seconds' and ::collectives' keys.
 constexpr const char* kPhases[] = {"forward", "backward",  "recompute", "send",
                                    "decode",  "optimizer", "tied"};
-constexpr const char* kPurposes[] = {"data_parallel", "embedding_sync", "grad_clip", "loss_gather"};
+constexpr const char* kPurposes[] = {"data_parallel", "embedding_sync", "grad_clip", "loss_gather",
+                                     "tensor_parallel"};
 
 }  // namespace
 
@@ -85,7 +86,8 @@ WorkerMetrics::WorkerMetrics()
                        .Help("Collectives this stage took part in, by purpose: data_parallel "
                              "(gradient all-reduce over the replicas), embedding_sync (the "
                              "tied embedding's exchange, or its fused all-reduce), grad_clip, "
-                             "loss_gather")
+                             "loss_gather, tensor_parallel (the units' all-reduces over the "
+                             "stage's tensor ranks)")
                        .Register(*registry_)),
       collective_bytes_(prometheus::BuildCounter()
                             .Name("pipetrain_collective_bytes_total")

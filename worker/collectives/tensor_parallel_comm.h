@@ -44,8 +44,11 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   int size() const override { return collectives_->size(); }
   void AllReduceSum(Tensor& data) override;
   absl::Status status() const override { return status_; }
-  // All-reduces run so far (for the metrics and tests).
+  // All-reduces run so far, the fp32 bytes they reduced and the seconds
+  // they took (for the metrics and tests).
   int64_t all_reduces() const { return all_reduces_; }
+  int64_t bytes() const { return bytes_; }
+  double seconds() const { return seconds_; }
 
  private:
   static constexpr int kEvalTagOffset = 1 << 22;
@@ -56,6 +59,8 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   int64_t iteration_ = 0;
   int next_tag_ = kTensorParallelTagBase;
   int64_t all_reduces_ = 0;
+  int64_t bytes_ = 0;
+  double seconds_ = 0;
 };
 
 }  // namespace pipetrain

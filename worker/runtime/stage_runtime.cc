@@ -417,6 +417,9 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   bucket_numel_ = 0;
   buckets_queued_ = 0;
   if (tp_comm_) tp_comm_->BeginIteration(iteration, /*eval=*/false);
+  const int64_t tp_count = tp_comm_ ? tp_comm_->all_reduces() : 0;
+  const int64_t tp_bytes = tp_comm_ ? tp_comm_->bytes() : 0;
+  const double tp_seconds = tp_comm_ ? tp_comm_->seconds() : 0;
   // sends_ is idle here: every iteration and validation pass drains it.
   encoder_.BeginIteration();
   device_encoder_.BeginIteration();
@@ -448,6 +451,14 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   if (!sent.ok()) {
     return absl::Status(sent.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
                                                   iteration, ": ", sent.message()));
+  }
+  if (tp_comm_) {
+    // The units' all-reduces over this stage's tensor ranks.
+    IterationResult::CollectiveStats& stats = result.collectives["tensor_parallel"];
+    stats.count += tp_comm_->all_reduces() - tp_count;
+    stats.bytes += tp_comm_->bytes() - tp_bytes;
+    stats.wire_bytes += tp_comm_->bytes() - tp_bytes;
+    stats.seconds += tp_comm_->seconds() - tp_seconds;
   }
   for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);
   if (setup_.replicas > 1 && setup_.forward.end() == num_units_) {

@@ -138,7 +138,9 @@ struct IterationResult {
   // but the tied embedding's, and that one's), "embedding_sync" (the tied
   // embedding's exchange between its two owners, or the fused all-reduce
   // that replaces the exchange and its data-parallel all-reduce),
-  // "grad_clip" (the norms' broadcasts) and "loss_gather".
+  // "grad_clip" (the norms' broadcasts), "loss_gather" and
+  // "tensor_parallel" (the units' all-reduces over the stage's tensor
+  // ranks, with validation's left out).
   struct CollectiveStats {
     int64_t count = 0;
     int64_t bytes = 0;       // fp32 bytes of the tensors reduced or exchanged

@@ -63,8 +63,15 @@ TEST_P(TensorParallelEquivalenceTest, MatchesSingleProcess) {
   ASSERT_TRUE(ranges.ok()) << ranges.status();
   testing::PipelineExtras extras;
   extras.tensor_parallel = tensor;
-  ExpectMatchesLocal(c, RunPipeline(c, data, *ranges, *ranges, schedule, nullptr, nullptr, extras),
-                     local, "uniform");
+  const RunOutput uniform =
+      RunPipeline(c, data, *ranges, *ranges, schedule, nullptr, nullptr, extras);
+  ExpectMatchesLocal(c, uniform, local, "uniform");
+  // Per micro-batch, whatever the stages: embed 1 all-reduce, each
+  // attention and MLP 1 forward + 1 backward, the head 2 forward (row
+  // maxima, exp sums with target logits) + 1 backward; on every rank.
+  const int64_t per_micro_batch = 1 + 4 * c.model.n_layer + 3;
+  EXPECT_EQ(uniform.collectives.at("tensor_parallel"),
+            tensor * testing::kIterations * c.micro_batches * per_micro_batch);
   if (stages == 3) {
     // Bi-Partition: worker 1 runs backward passes only (all recomputed).
     const std::vector<Range> forward = {{0, 2}, {2, 2}, {2, 6}};

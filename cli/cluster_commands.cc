@@ -186,6 +186,7 @@ struct UpOptions {
   int workers = 4;
   int data_parallel = 1;
   int tensor_parallel = 1;
+  int tensor_partitions = 1;
   std::string out = "/tmp/pipetrain-up";
   bool keep_running = false;
   v1::JobSpec spec;
@@ -213,6 +214,9 @@ void BindUp(FlagSet& f, UpOptions& o) {
         "workers per stage (spec.parallelism.tensor, 1-D Megatron split of every unit): "
         "--workers / (D x T) stages; T divides --heads, --d-model and the vocabulary; no "
         "checkpoints with T > 1 yet");
+  f.Int("tensor-partitions", &o.tensor_partitions,
+        "with --tensor-parallel: AccTFM's partitions per micro-batch (1, 2 or 4), each "
+        "partition's all-reduce overlapping the next one's compute");
   f.String("out", &o.out, "directory for logs, weights and ports files");
   f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
   f.Int("layers", &o.layers, "transformer blocks");
@@ -307,6 +311,7 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   spec.mutable_parallelism()->set_stages(o.workers / (replicas * tensor));
   spec.mutable_parallelism()->set_data(o.data_parallel);
   spec.mutable_parallelism()->set_tensor(o.tensor_parallel);
+  spec.mutable_parallelism()->set_tensor_partitions(o.tensor_partitions);
   spec.mutable_parallelism()->set_solver(o.solver);
   spec.mutable_parallelism()->set_schedule(o.schedule);
   // Under the coordinator's --output-dir, which `up` sets to --out.

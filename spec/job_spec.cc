@@ -395,7 +395,19 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
                    absl::StrCat(p->data(), " replicas x ", p->stages(), " stages x ", p->tensor(),
                                 " tensor ranks is ", workers, " workers; at most ", kMaxStages));
   }
-  if (p->tensor() == 1) return absl::OkStatus();
+  if (!p->has_tensor_partitions()) p->set_tensor_partitions(1);
+  const int k = p->tensor_partitions();
+  if (k != 1 && k != 2 && k != 4) {
+    return Invalid("spec.parallelism.tensor_partitions",
+                   absl::StrCat("must be 1, 2 or 4, got ", k));
+  }
+  if (p->tensor() == 1) {
+    if (k != 1) {
+      return Invalid("spec.parallelism.tensor_partitions",
+                     "needs tensor parallelism (spec.parallelism.tensor > 1)");
+    }
+    return absl::OkStatus();
+  }
   // Not built with tensor parallelism yet: say so instead of running wrong.
   auto not_yet = [&](absl::string_view field, absl::string_view why) {
     return Invalid(field,

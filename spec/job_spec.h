@@ -111,7 +111,8 @@ struct ResolvedJobSpec {
 //
 // Tensor parallelism: parallelism.tensor defaults to 1; 1 <= tensor <=
 // kMaxTensorParallel, tensor divides model.n_head, d_model and vocab_size,
-// data x stages x tensor <= kMaxStages workers; with tensor > 1 no
+// data x stages x tensor <= kMaxStages workers; tensor_partitions 1
+// (default), 2 or 4, other than 1 only with tensor > 1; with tensor > 1 no
 // checkpoint.interval_steps, init.from or token_topk codec yet (each
 // INVALID_ARGUMENT naming its field).
 //

@@ -154,6 +154,7 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   spec.mutable_parallelism()->set_data(1);
   spec.mutable_parallelism()->set_fused_embedding_sync(false);
   spec.mutable_parallelism()->set_tensor(1);
+  spec.mutable_parallelism()->set_tensor_partitions(1);
   spec.mutable_output()->set_weights_path("runs/weights.safetensors");
   v1::CompressionSpec* c = spec.mutable_compression();
   c->set_forward("fp16");
@@ -508,6 +509,13 @@ TEST(ResolveJobSpec, TensorParallel_BadValuesRejectedNamingTheField) {
   spec.mutable_parallelism()->set_tensor(2);
   spec.mutable_compression()->set_backward("token_topk:keep=0.5");
   ExpectRejected(spec, "spec.compression.backward: not supported with spec.parallelism.tensor > 1");
+  spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor_partitions(2);
+  ExpectRejected(spec, "spec.parallelism.tensor_partitions: needs tensor parallelism");
+  spec.mutable_parallelism()->set_tensor(2);
+  EXPECT_EQ(ResolveJobSpec(spec).value().spec.parallelism().tensor_partitions(), 2);
+  spec.mutable_parallelism()->set_tensor_partitions(3);
+  ExpectRejected(spec, "spec.parallelism.tensor_partitions: must be 1, 2 or 4, got 3");
 }
 
 TEST(ResolveJobSpec, DataParallelCompression_DefaultNoneRankAndBadValuesNamed) {

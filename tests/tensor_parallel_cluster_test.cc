@@ -93,8 +93,8 @@ TEST_F(TensorParallelClusterTest, TensorRanksTimesStages_MatchTrainLocal) {
 // A pinned Bi-Partition plan (solver manual; units 0 embed, 1 attn_0,
 // 2 mlp_0, 3 attn_1, 4 mlp_1, 5 head): the middle stage runs backward
 // passes only, recomputing its forward, each of its 2 tensor ranks on its
-// own shards; then D x P x T = 2 x 2 x 2.
-TEST_F(TensorParallelClusterTest, BiPartitionAndDataParallel_MatchTrainLocal) {
+// own shards; AccTFM's partitioned all-reduces; then D x P x T = 2 x 2 x 2.
+TEST_F(TensorParallelClusterTest, BiPartitionPartitionsAndDataParallel_MatchTrainLocal) {
   const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
   {
     SCOPED_TRACE("bi-partition T2 P3");
@@ -108,6 +108,12 @@ TEST_F(TensorParallelClusterTest, BiPartitionAndDataParallel_MatchTrainLocal) {
       stage->set_backward_begin(r[2]);
       stage->set_backward_end(r[3]);
     }
+    ExpectMatchesTrainLocal(cluster_, spec, ref);
+  }
+  {
+    SCOPED_TRACE("T2 P2, 2 partitions");
+    v1::JobSpec spec = Spec(2, 2, "1f1b", "partitioned.safetensors");
+    spec.mutable_parallelism()->set_tensor_partitions(2);
     ExpectMatchesTrainLocal(cluster_, spec, ref);
   }
   {

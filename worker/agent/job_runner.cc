@@ -314,6 +314,7 @@ absl::Status JobRunner::RunJob() {
   setup.replicas = replicas;
   setup.tensor_rank = assignment_.tensor_rank();
   setup.tensor_parallel = tensor;
+  setup.tensor_partitions = std::max(1, job.spec.parallelism().tensor_partitions());
   // plan.proto: 0 (exact) or a PowerSGD rank, with replicas to reduce over.
   const int dp_rank = assignment_.data_parallel_powersgd_rank();
   if (dp_rank < 0 || dp_rank > 1024 || (dp_rank > 0 && replicas < 2)) {

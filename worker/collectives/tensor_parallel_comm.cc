@@ -3,15 +3,52 @@
 namespace pipetrain {
 
 void CollectivesTensorParallelComm::AllReduceSum(Tensor& data) {
-  if (!status_.ok()) return;
-  const absl::Time start = absl::Now();
+  WaitAllReduce(StartAllReduceSum(data));
+}
+
+int CollectivesTensorParallelComm::StartAllReduceSum(Tensor& data) {
+  const int ticket = next_ticket_++;
+  auto pending = std::make_unique<Pending>();
+  Pending* p = pending.get();
+  pending_[ticket] = std::move(pending);
+  if (!status_.ok()) {
+    p->status = status_;
+    p->done.Notify();
+    return ticket;
+  }
   ++all_reduces_;
   bytes_ += data.size_bytes();
+  p->target = data;
   // On the CPU backend `host` is `data` itself and the sum lands in place.
-  Tensor host = backend_->Download(data);
-  status_ = collectives_->AllReduce(iteration_, next_tag_++, host);
-  if (status_.ok() && host.data() != data.data()) backend_->CopyFromHost(host, &data);
-  seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
+  p->host = backend_->Download(data);
+  const int tag = next_tag_++;
+  executor_->Post([this, p, tag, iteration = iteration_] {
+    const absl::Time start = absl::Now();
+    if (failed_.load()) {
+      p->status = absl::AbortedError("an earlier tensor-parallel all-reduce failed");
+    } else {
+      p->status = collectives_->AllReduce(iteration, tag, p->host);
+      if (!p->status.ok()) failed_.store(true);
+    }
+    p->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    p->done.Notify();
+  });
+  return ticket;
+}
+
+void CollectivesTensorParallelComm::WaitAllReduce(int ticket) {
+  auto it = pending_.find(ticket);
+  if (it == pending_.end()) return;
+  Pending& p = *it->second;
+  p.done.WaitForNotification();
+  seconds_ += p.seconds;
+  if (!p.status.ok()) {
+    // The first failure sticks (an ABORTED follower only if nothing came first).
+    if (status_.ok()) status_ = p.status;
+  } else if (status_.ok() && p.host.data() != p.target.data()) {
+    backend_->CopyFromHost(p.host, &p.target);
+  }
+  pending_.erase(it);
 }
 
 }  // namespace pipetrain

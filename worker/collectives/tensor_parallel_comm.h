@@ -9,12 +9,23 @@
 // step has the same tag on every rank. Tensors on a device backend cross
 // to the host and back (the CPU backend's are summed in place).
 //
+// Overlap: StartAllReduceSum hands the sum to one background thread, which
+// runs the group's all-reduces in Start order (the Collectives object is
+// used by that thread only); the device copies stay on the caller's thread
+// (at Start and at Wait). After a failed all-reduce the later ones are
+// skipped; the error shows in status() once its ticket is waited for.
+//
 // Not thread-safe: the thread driving the units calls it.
 #ifndef PIPETRAIN_WORKER_COLLECTIVES_TENSOR_PARALLEL_COMM_H_
 #define PIPETRAIN_WORKER_COLLECTIVES_TENSOR_PARALLEL_COMM_H_
 
+#include <atomic>
 #include <cstdint>
+#include <map>
+#include <memory>
 
+#include "absl/synchronization/notification.h"
+#include "common/serial_executor.h"
 #include "worker/collectives/collectives.h"
 #include "worker/model/backend.h"
 #include "worker/model/tensor_parallel.h"
@@ -44,6 +55,8 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   int size() const override { return collectives_->size(); }
   void AllReduceSum(Tensor& data) override;
   absl::Status status() const override { return status_; }
+  int StartAllReduceSum(Tensor& data) override;
+  void WaitAllReduce(int ticket) override;
   // All-reduces run so far, the fp32 bytes they reduced and the seconds
   // they took (for the metrics and tests).
   int64_t all_reduces() const { return all_reduces_; }
@@ -53,6 +66,16 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
  private:
   static constexpr int kEvalTagOffset = 1 << 22;
 
+  // One started all-reduce: written by the background task until `done`,
+  // then read by the caller's Wait.
+  struct Pending {
+    Tensor target;  // the caller's tensor
+    Tensor host;    // its host copy (target itself on the CPU)
+    absl::Status status;
+    double seconds = 0;
+    absl::Notification done;
+  };
+
   Collectives* const collectives_;
   Backend* const backend_;
   absl::Status status_;
@@ -61,6 +84,11 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   int64_t all_reduces_ = 0;
   int64_t bytes_ = 0;
   double seconds_ = 0;
+  int next_ticket_ = 0;
+  std::map<int, std::unique_ptr<Pending>> pending_;  // by ticket
+  std::atomic<bool> failed_{false};                  // a background all-reduce failed
+  // Last: destroyed first, running what is queued while pending_ exists.
+  std::unique_ptr<SerialExecutor> executor_ = std::make_unique<SerialExecutor>();
 };
 
 }  // namespace pipetrain

@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "worker/collectives/tensor_parallel_comm.h"
 #include "worker/model/cpu_backend.h"
@@ -50,7 +51,7 @@ GptConfig Config() {
 
 TokenBatch Batch(int step) {
   TokenBatch b;
-  b.batch = 2;
+  b.batch = 4;  // splits into 1, 2 or 4 partitions
   b.seq_len = 8;
   for (int i = 0; i < b.batch * b.seq_len; ++i) {
     b.inputs.push_back((i * 37 + step * 11 + 5) % 64);
@@ -103,7 +104,9 @@ TrainRun Whole() {
   return run;
 }
 
-std::vector<TrainRun> TensorParallel(int ranks) {
+// `ranks` shards of the model, each attention and MLP unit in `partitions`
+// partitions (AccTFM §4.2) forward and backward.
+std::vector<TrainRun> TensorParallel(int ranks, int partitions = 1) {
   InProcessFabric fabric(ranks);
   std::vector<int> members(ranks);
   for (int r = 0; r < ranks; ++r) members[r] = r;
@@ -120,6 +123,9 @@ std::vector<TrainRun> TensorParallel(int ranks) {
       if (!model.ok()) {
         status[r] = model.status();
         return;
+      }
+      for (int u = 0; u < (*model)->num_units(); ++u) {
+        (*model)->unit(u).set_tensor_parallel_partitions(partitions, partitions);
       }
       status[r] = Train(
           **model, [&](int step) { comm.BeginIteration(step); }, &runs[r]);
@@ -162,12 +168,12 @@ void ExpectClose(const Tensor& a, const Tensor& b, double rel, const std::string
       << what << ": max difference " << diff << " at scale " << scale;
 }
 
-class TensorParallelModelTest : public ::testing::TestWithParam<int> {};
+class TensorParallelModelTest : public ::testing::TestWithParam<std::tuple<int, int>> {};
 
 TEST_P(TensorParallelModelTest, LossesGradientsAndWeights_EqualTheWholeModel) {
-  const int ranks = GetParam();
+  const auto [ranks, partitions] = GetParam();
   const TrainRun whole = Whole();
-  const std::vector<TrainRun> runs = TensorParallel(ranks);
+  const std::vector<TrainRun> runs = TensorParallel(ranks, partitions);
   ASSERT_EQ(runs[0].losses.size(), static_cast<size_t>(kSteps));
   for (int r = 1; r < ranks; ++r) {
     EXPECT_EQ(runs[r].losses, runs[0].losses) << "rank " << r << "'s losses";
@@ -183,7 +189,7 @@ TEST_P(TensorParallelModelTest, LossesGradientsAndWeights_EqualTheWholeModel) {
     const Tensor grad = Unsplit(runs, name, &TrainRun::first_grads);
     got[name] = Unsplit(runs, name, &TrainRun::final_weights).ToVector();
     want[name] = weights.ToVector();
-    if (ranks == 1) {
+    if (ranks == 1) {  // partitions do nothing in a group of one
       EXPECT_EQ(grad.ToVector(), whole.first_grads.at(name).ToVector()) << name;
       EXPECT_EQ(got[name], want[name]) << name;
     } else {
@@ -196,7 +202,23 @@ TEST_P(TensorParallelModelTest, LossesGradientsAndWeights_EqualTheWholeModel) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Ranks, TensorParallelModelTest, ::testing::Values(1, 2, 4));
+INSTANTIATE_TEST_SUITE_P(RanksAndPartitions, TensorParallelModelTest,
+                         ::testing::Combine(::testing::Values(1, 2, 4),
+                                            ::testing::Values(1, 2, 4)));
+
+// AccTFM's partitions change only the order of the weight gradients' sums
+// (each partition's rows added in turn): k = 1, 2 and 4 train alike. With 2
+// ranks every all-reduce adds two terms, which commute, and each op works on
+// whole samples, so the first step's loss is bitwise the same.
+TEST(TensorParallelModelTest, PartitionsOneTwoFour_SameLosses) {
+  const std::vector<TrainRun> one = TensorParallel(2, 1);
+  for (int partitions : {2, 4}) {
+    const std::vector<TrainRun> split = TensorParallel(2, partitions);
+    EXPECT_EQ(split[0].losses[0], one[0].losses[0]) << partitions << " partitions";
+    testing::ExpectLossesClose(split[0].losses, one[0].losses,
+                               absl::StrCat(partitions, " partitions"));
+  }
+}
 
 TEST(TensorParallelModelTest, RanksThatDoNotSplitTheHeads_InvalidArgumentNamingTheField) {
   InProcessFabric fabric(3);

@@ -32,19 +32,32 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
   const int n = B * T;
   Tensor ln_out = backend()->Empty({B, T, d});
   Tensor mean = backend()->Empty({n}), rstd = backend()->Empty({n});
-  backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
-                   ln_out.data(), mean.data(), rstd.data());
   Tensor qkv = backend()->Empty({B, T, 3 * dl});
-  backend()->LinearForward(ln_out.data(), qkv_w_->value.data(), qkv_b_->value.data(), n, d, 3 * dl,
-                           qkv.data());
   Tensor att = backend()->Empty({B, T, dl});
   Tensor probs = backend()->Empty({B, H, T, T});
-  backend()->AttentionForward(qkv.data(), B, T, dl, H, att.data(), probs.data());
   Tensor y = backend()->Empty({B, T, d});
-  // Row-parallel c_proj: rank 0 adds the bias, the group sums the parts.
-  backend()->LinearForward(att.data(), proj_w_->value.data(),
-                           tp_rank() == 0 ? proj_b_->value.data() : nullptr, n, dl, d, y.data());
-  TensorParallelSum(y);
+  // AccTFM's fine-grained pipeline (acctfm.txt §4.2): the samples in k
+  // partitions, partition j's all-reduce running while j + 1 computes.
+  // Every op works on whole samples, so a partition is a run of rows.
+  const int k = TensorParallelPartitions(B, /*forward=*/true);
+  const int b = B / k, rows = b * T;
+  for (int j = 0; j < k; ++j) {
+    const int64_t r = int64_t{j} * rows;  // the partition's first row
+    backend()->LayerNormForward(x.data() + r * d, ln_w_->value.data(), ln_b_->value.data(), rows, d,
+                                kLayerNormEps, ln_out.data() + r * d, mean.data() + r,
+                                rstd.data() + r);
+    backend()->LinearForward(ln_out.data() + r * d, qkv_w_->value.data(), qkv_b_->value.data(),
+                             rows, d, 3 * dl, qkv.data() + r * 3 * dl);
+    backend()->AttentionForward(qkv.data() + r * 3 * dl, b, T, dl, H, att.data() + r * dl,
+                                probs.data() + int64_t{j} * b * H * T * T);
+    // Row-parallel c_proj: rank 0 adds the bias, the group sums the parts.
+    backend()->LinearForward(att.data() + r * dl, proj_w_->value.data(),
+                             tp_rank() == 0 ? proj_b_->value.data() : nullptr, rows, dl, d,
+                             y.data() + r * d);
+    Tensor part = y.Slice(int64_t{j} * b, int64_t{j + 1} * b);
+    StartTensorParallelSum(part);
+  }
+  WaitTensorParallelSums();
   backend()->Add(y.data(), x.data(), y.numel(), y.data());
   ctx->saved = {x, ln_out, mean, rstd, qkv, probs, att};
   return y;
@@ -57,21 +70,34 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
   const int n = B * T;
   const auto& s = ctx.saved;
   Tensor datt = backend()->Empty({B, T, dl});
-  // dy is the same on every rank, so is the replicated bias's gradient.
-  backend()->LinearBackward(s[kAttOut].data(), proj_w_->value.data(), dy.data(), n, dl, d,
-                            datt.data(), proj_w_->grad.data(), proj_b_->grad.data());
   Tensor dqkv = backend()->Empty({B, T, 3 * dl});
+  Tensor dln = backend()->Empty({B, T, d});
   // The CPU kernel's work space; a device backend keeps its own.
   Tensor scratch = backend()->kind() == BackendKind::kCpu ? backend()->Empty({T, T}) : Tensor();
-  backend()->AttentionBackward(s[kQkv].data(), s[kProbs].data(), datt.data(), B, T, dl, H,
-                               dqkv.data(), scratch.is_null() ? nullptr : scratch.data());
-  Tensor dln = backend()->Empty({B, T, d});
-  backend()->LinearBackward(s[kLnOut].data(), qkv_w_->value.data(), dqkv.data(), n, d, 3 * dl,
-                            dln.data(), qkv_w_->grad.data(), qkv_b_->grad.data());
-  TensorParallelSum(dln);  // each rank's part of dL/d(ln_1 output)
+  // Partitions as in Forward; the weight gradients add up over them.
+  const int k = TensorParallelPartitions(B, /*forward=*/false);
+  const int b = B / k, rows = b * T;
+  for (int j = 0; j < k; ++j) {
+    const int64_t r = int64_t{j} * rows;
+    // dy is the same on every rank, so is the replicated bias's gradient.
+    backend()->LinearBackward(s[kAttOut].data() + r * dl, proj_w_->value.data(), dy.data() + r * d,
+                              rows, dl, d, datt.data() + r * dl, proj_w_->grad.data(),
+                              proj_b_->grad.data());
+    backend()->AttentionBackward(s[kQkv].data() + r * 3 * dl,
+                                 s[kProbs].data() + int64_t{j} * b * H * T * T,
+                                 datt.data() + r * dl, b, T, dl, H, dqkv.data() + r * 3 * dl,
+                                 scratch.is_null() ? nullptr : scratch.data());
+    backend()->LinearBackward(s[kLnOut].data() + r * d, qkv_w_->value.data(),
+                              dqkv.data() + r * 3 * dl, rows, d, 3 * dl, dln.data() + r * d,
+                              qkv_w_->grad.data(), qkv_b_->grad.data());
+    Tensor part = dln.Slice(int64_t{j} * b, int64_t{j + 1} * b);
+    StartTensorParallelSum(part);  // each rank's part of dL/d(ln_1 output)
+  }
+  WaitTensorParallelSums();
   Tensor dx = backend()->Empty({B, T, d});
-  backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
-                    dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());
+  backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(),
+                               s[kLnRstd].data(), dln.data(), n, d, dx.data(), ln_w_->grad.data(),
+                               ln_b_->grad.data());
   backend()->AddInPlace(dx.data(), dy.data(), dx.numel());  // the residual path
   return dx;
 }

@@ -29,18 +29,28 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
   const int n = B * T;
   Tensor ln_out = backend()->Empty({B, T, d});
   Tensor mean = backend()->Empty({n}), rstd = backend()->Empty({n});
-  backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
-                   ln_out.data(), mean.data(), rstd.data());
   Tensor fc = backend()->Empty({B, T, h});
-  backend()->LinearForward(ln_out.data(), fc_w_->value.data(), fc_b_->value.data(), n, d, h,
-                           fc.data());
   Tensor act = backend()->Empty({B, T, h});
-  backend()->GeluForward(fc.data(), fc.numel(), act.data());
   Tensor y = backend()->Empty({B, T, d});
-  // Row-parallel c_proj: rank 0 adds the bias, the group sums the parts.
-  backend()->LinearForward(act.data(), proj_w_->value.data(),
-                           tp_rank() == 0 ? proj_b_->value.data() : nullptr, n, h, d, y.data());
-  TensorParallelSum(y);
+  // AccTFM's fine-grained pipeline, as in AttentionUnit::Forward.
+  const int k = TensorParallelPartitions(B, /*forward=*/true);
+  const int rows = B / k * T;
+  for (int j = 0; j < k; ++j) {
+    const int64_t r = int64_t{j} * rows;  // the partition's first row
+    backend()->LayerNormForward(x.data() + r * d, ln_w_->value.data(), ln_b_->value.data(), rows, d,
+                                kLayerNormEps, ln_out.data() + r * d, mean.data() + r,
+                                rstd.data() + r);
+    backend()->LinearForward(ln_out.data() + r * d, fc_w_->value.data(), fc_b_->value.data(), rows,
+                             d, h, fc.data() + r * h);
+    backend()->GeluForward(fc.data() + r * h, int64_t{rows} * h, act.data() + r * h);
+    // Row-parallel c_proj: rank 0 adds the bias, the group sums the parts.
+    backend()->LinearForward(act.data() + r * h, proj_w_->value.data(),
+                             tp_rank() == 0 ? proj_b_->value.data() : nullptr, rows, h, d,
+                             y.data() + r * d);
+    Tensor part = y.Slice(int64_t{j} * (B / k), int64_t{j + 1} * (B / k));
+    StartTensorParallelSum(part);
+  }
+  WaitTensorParallelSums();
   backend()->Add(y.data(), x.data(), y.numel(), y.data());
   ctx->saved = {x, ln_out, mean, rstd, fc, act};
   return y;
@@ -52,17 +62,29 @@ Tensor MlpUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitCo
   const int n = B * T;
   const auto& s = ctx.saved;
   Tensor dact = backend()->Empty({B, T, h});
-  backend()->LinearBackward(s[kGeluOut].data(), proj_w_->value.data(), dy.data(), n, h, d,
-                            dact.data(), proj_w_->grad.data(), proj_b_->grad.data());
-  // GELU backward in place: dact becomes dL/d(fc output).
-  backend()->GeluBackward(s[kFcOut].data(), dact.data(), dact.numel(), dact.data());
   Tensor dln = backend()->Empty({B, T, d});
-  backend()->LinearBackward(s[kLnOut].data(), fc_w_->value.data(), dact.data(), n, d, h, dln.data(),
-                            fc_w_->grad.data(), fc_b_->grad.data());
-  TensorParallelSum(dln);  // each rank's part of dL/d(ln_2 output)
+  // Partitions as in Forward; the weight gradients add up over them.
+  const int k = TensorParallelPartitions(B, /*forward=*/false);
+  const int rows = B / k * T;
+  for (int j = 0; j < k; ++j) {
+    const int64_t r = int64_t{j} * rows;
+    backend()->LinearBackward(s[kGeluOut].data() + r * h, proj_w_->value.data(), dy.data() + r * d,
+                              rows, h, d, dact.data() + r * h, proj_w_->grad.data(),
+                              proj_b_->grad.data());
+    // GELU backward in place: dact becomes dL/d(fc output).
+    backend()->GeluBackward(s[kFcOut].data() + r * h, dact.data() + r * h, int64_t{rows} * h,
+                            dact.data() + r * h);
+    backend()->LinearBackward(s[kLnOut].data() + r * d, fc_w_->value.data(), dact.data() + r * h,
+                              rows, d, h, dln.data() + r * d, fc_w_->grad.data(),
+                              fc_b_->grad.data());
+    Tensor part = dln.Slice(int64_t{j} * (B / k), int64_t{j + 1} * (B / k));
+    StartTensorParallelSum(part);  // each rank's part of dL/d(ln_2 output)
+  }
+  WaitTensorParallelSums();
   Tensor dx = backend()->Empty({B, T, d});
-  backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
-                    dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());
+  backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(),
+                               s[kLnRstd].data(), dln.data(), n, d, dx.data(), ln_w_->grad.data(),
+                               ln_b_->grad.data());
   backend()->AddInPlace(dx.data(), dy.data(), dx.numel());
   return dx;
 }

@@ -54,6 +54,19 @@ class TensorParallelComm {
   // driver of the units checks status() after each step.
   virtual void AllReduceSum(Tensor& data) = 0;
   virtual absl::Status status() const = 0;
+
+  // The same all-reduce, overlapped with the caller's next work (AccTFM's
+  // fine-grained pipeline, acctfm.txt §4.2): Start queues the sum of `data`
+  // (which the caller must leave alone until the Wait) and returns a
+  // ticket; Wait(ticket) blocks until `data` holds the sum. All-reduces run
+  // one at a time in Start order, AllReduceSum's included (it waits for
+  // those started before it). Every ticket must be waited for, in any
+  // order, before the step ends. Default: the sum runs inside Start.
+  virtual int StartAllReduceSum(Tensor& data) {
+    AllReduceSum(data);
+    return 0;
+  }
+  virtual void WaitAllReduce(int /*ticket*/) {}
 };
 
 // How a Parameter's value is cut from the unsplit tensor.

@@ -1,5 +1,7 @@
 #include "worker/model/unit.h"
 
+#include <numeric>
+
 #include "common/logging.h"
 #include "common/philox.h"
 #include "kernels/cpu/elementwise.h"
@@ -25,6 +27,17 @@ std::vector<Parameter*> Unit::parameters() {
 
 void Unit::ZeroGrads() {
   for (auto& p : params_) backend_->Fill(&p->grad, 0.0f);
+}
+
+void Unit::set_tensor_parallel_partitions(int forward, int backward) {
+  PT_CHECK(forward >= 1 && backward >= 1) << "partitions " << forward << ", " << backward;
+  partitions_forward_ = forward;
+  partitions_backward_ = backward;
+}
+
+int Unit::TensorParallelPartitions(int samples, bool forward) const {
+  if (tp_size() < 2 || samples < 1) return 1;  // nothing to overlap
+  return std::gcd(forward ? partitions_forward_ : partitions_backward_, samples);
 }
 
 Parameter* Unit::AddParameter(std::string name, const Shape& shape, ParamInit init, float init_std,

@@ -62,6 +62,14 @@ class Unit {
   TensorParallelComm* tensor_parallel() const { return tp_; }
   int tp_rank() const { return tp_ ? tp_->rank() : 0; }
   int tp_size() const { return tp_ ? tp_->size() : 1; }
+  // AccTFM's fine-grained pipeline (acctfm.txt §4.2): a tensor-parallel
+  // attention or MLP unit splits each micro-batch along its samples into
+  // `forward` partitions in its forward pass and `backward` in its backward
+  // pass, each >= 1, and all-reduces partition j while it computes partition
+  // j + 1. A count that does not divide the micro-batch's samples is cut to
+  // their greatest common divisor; without a group of two ranks or more
+  // (or in other units) it does nothing. Default 1 and 1.
+  void set_tensor_parallel_partitions(int forward, int backward);
   // Parameters in a fixed order; pointers stay valid for the unit's life.
   std::vector<Parameter*> parameters();
   void ZeroGrads();
@@ -107,12 +115,26 @@ class Unit {
   void TensorParallelSum(Tensor& data) {
     if (tp_ != nullptr) tp_->AllReduceSum(data);
   }
+  // The partitions of a pass over `samples` samples (see
+  // set_tensor_parallel_partitions).
+  int TensorParallelPartitions(int samples, bool forward) const;
+  // Starts the all-reduce of `data` (TensorParallelComm::StartAllReduceSum)
+  // and remembers its ticket; WaitTensorParallelSums waits for all of them.
+  void StartTensorParallelSum(Tensor& data) {
+    if (tp_ != nullptr) tickets_.push_back(tp_->StartAllReduceSum(data));
+  }
+  void WaitTensorParallelSums() {
+    for (int ticket : tickets_) tp_->WaitAllReduce(ticket);
+    tickets_.clear();
+  }
 
  private:
   std::string name_;
   UnitKind kind_;
   Backend* backend_;
   TensorParallelComm* tp_;
+  int partitions_forward_ = 1, partitions_backward_ = 1;
+  std::vector<int> tickets_;  // started and not yet waited for
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 

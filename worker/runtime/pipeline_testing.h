@@ -61,6 +61,7 @@ struct PipelineExtras {
   // (StageSetup::tensor_rank); the weights are gathered into the unsplit
   // tensors, and every tensor rank must report the same losses.
   int tensor_parallel = 1;
+  int tensor_partitions = 1;  // StageSetup::tensor_partitions
 };
 
 // The pipeline of forward/backward ranges, one StageRuntime per stage on its

@@ -169,6 +169,11 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
                                                    setup.tensor_parallel, " is not a rank"));
   }
   RETURN_IF_ERROR(ValidateTensorParallel(setup.train.model, setup.tensor_parallel));
+  if (setup.tensor_partitions != 1 && setup.tensor_partitions != 2 &&
+      setup.tensor_partitions != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel partitions ", setup.tensor_partitions, "; want 1, 2 or 4"));
+  }
   if ((setup.num_stages > 1 || setup.replicas > 1 || setup.tensor_parallel > 1) &&
       transport == nullptr) {
     return absl::InvalidArgumentError(
@@ -216,6 +221,7 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
     for (int u = r.begin(); u < r.end(); ++u) {
       if (units_.count(u)) continue;
       units_[u] = MakeUnit(setup.train.model, u, setup.backend, tp_comm_.get());
+      units_[u]->set_tensor_parallel_partitions(setup.tensor_partitions, setup.tensor_partitions);
       InitializeParameters(units_[u].get(), setup.train.seed);
     }
   }

@@ -92,6 +92,10 @@ struct StageSetup {
   // losses.
   int tensor_rank = 0;
   int tensor_parallel = 1;
+  // AccTFM's fine-grained pipeline (Unit::set_tensor_parallel_partitions):
+  // each attention and MLP unit's micro-batch in this many partitions, in
+  // forward and in backward ({1, 2, 4}; with tensor_parallel > 1).
+  int tensor_partitions = 1;
   // Selective stage compression (Optimus-CC §7): > 0 compresses this
   // stage's data-parallel all-reduce with PowerSGD of this rank and error
   // feedback (worker/collectives/powersgd_all_reduce.h), matrix gradients

@@ -3,8 +3,9 @@
 // worker/model/tensor_parallel.h), T in {2, 4}, P in {1, 2, 3}, uniform and
 // Bi-Partition plans, 1F1B and GPipe, composed with D = 2 data-parallel
 // replicas, with gradient clipping by the global norm and a warm-up +
-// cosine schedule, must reproduce the single-process trainer, with the
-// shards gathered into the unsplit tensors.
+// cosine schedule, and with AccTFM's partitioned all-reduces, must
+// reproduce the single-process trainer, with the shards gathered into the
+// unsplit tensors.
 //
 // Not bitwise: the row-parallel layers sum T partial GEMMs, the
 // vocabulary-parallel softmax T partial sums, and the global norm T partial
@@ -79,6 +80,15 @@ TEST_P(TensorParallelEquivalenceTest, MatchesSingleProcess) {
     ExpectMatchesLocal(c,
                        RunPipeline(c, data, forward, backward, schedule, nullptr, nullptr, extras),
                        local, "bi-partition");
+  }
+  if (stages == 2) {
+    // AccTFM's fine-grained pipeline: micro-batches of 2 samples in 2
+    // partitions (4 is cut to 2), all-reduces overlapped with compute.
+    testing::PipelineExtras partitioned = extras;
+    partitioned.tensor_partitions = 4;
+    ExpectMatchesLocal(
+        c, RunPipeline(c, data, *ranges, *ranges, schedule, nullptr, nullptr, partitioned), local,
+        "partitioned");
   }
   if (stages == 2 && tensor == 2) {
     // D x P x T = 2 x 2 x 2: eight runtimes.

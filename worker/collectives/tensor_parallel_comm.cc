@@ -12,8 +12,9 @@ int CollectivesTensorParallelComm::StartAllReduceSum(Tensor& data) {
   Pending* p = pending.get();
   pending_[ticket] = std::move(pending);
   if (!status_.ok()) {
+    AnnotatedMutexLock lock(&mu_);
     p->status = status_;
-    p->done.Notify();
+    p->done = true;
     return ticket;
   }
   ++all_reduces_;
@@ -24,14 +25,15 @@ int CollectivesTensorParallelComm::StartAllReduceSum(Tensor& data) {
   const int tag = next_tag_++;
   executor_->Post([this, p, tag, iteration = iteration_] {
     const absl::Time start = absl::Now();
-    if (failed_.load()) {
-      p->status = absl::AbortedError("an earlier tensor-parallel all-reduce failed");
-    } else {
-      p->status = collectives_->AllReduce(iteration, tag, p->host);
-      if (!p->status.ok()) failed_.store(true);
+    absl::Status status = absl::AbortedError("an earlier tensor-parallel all-reduce failed");
+    if (!failed_.load()) {
+      status = collectives_->AllReduce(iteration, tag, p->host);
+      if (!status.ok()) failed_.store(true);
     }
+    AnnotatedMutexLock lock(&mu_);
+    p->status = std::move(status);
     p->seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    p->done.Notify();
+    p->done = true;
   });
   return ticket;
 }
@@ -40,7 +42,10 @@ void CollectivesTensorParallelComm::WaitAllReduce(int ticket) {
   auto it = pending_.find(ticket);
   if (it == pending_.end()) return;
   Pending& p = *it->second;
-  p.done.WaitForNotification();
+  {
+    AnnotatedMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout([&p] { return p.done; }, absl::InfiniteDuration());
+  }
   seconds_ += p.seconds;
   if (!p.status.ok()) {
     // The first failure sticks (an ABORTED follower only if nothing came first).

@@ -24,7 +24,7 @@
 #include <map>
 #include <memory>
 
-#include "absl/synchronization/notification.h"
+#include "common/annotated_mutex.h"
 #include "common/serial_executor.h"
 #include "worker/collectives/collectives.h"
 #include "worker/model/backend.h"
@@ -66,14 +66,16 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
  private:
   static constexpr int kEvalTagOffset = 1 << 22;
 
-  // One started all-reduce: written by the background task until `done`,
-  // then read by the caller's Wait.
+  // One started all-reduce. The background task sums `host` and then sets
+  // status, seconds and done under mu_; the caller's Wait reads them (and
+  // `host`) after seeing done under mu_, which orders the two threads (an
+  // AnnotatedMutex, so that ThreadSanitizer sees it too).
   struct Pending {
     Tensor target;  // the caller's tensor
     Tensor host;    // its host copy (target itself on the CPU)
     absl::Status status;
     double seconds = 0;
-    absl::Notification done;
+    bool done = false;
   };
 
   Collectives* const collectives_;
@@ -87,6 +89,7 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   int next_ticket_ = 0;
   std::map<int, std::unique_ptr<Pending>> pending_;  // by ticket
   std::atomic<bool> failed_{false};                  // a background all-reduce failed
+  AnnotatedMutex mu_;  // guards each Pending's status, seconds and done
   // Last: destroyed first, running what is queued while pending_ exists.
   std::unique_ptr<SerialExecutor> executor_ = std::make_unique<SerialExecutor>();
 };

@@ -216,7 +216,8 @@ void BindUp(FlagSet& f, UpOptions& o) {
         "checkpoints with T > 1 yet");
   f.Int("tensor-partitions", &o.tensor_partitions,
         "with --tensor-parallel: AccTFM's partitions per micro-batch (1, 2 or 4), each "
-        "partition's all-reduce overlapping the next one's compute");
+        "partition's all-reduce overlapping the next one's compute; 0: each layer's own, "
+        "from AccTFM's Alg. 1");
   f.String("out", &o.out, "directory for logs, weights and ports files");
   f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
   f.Int("layers", &o.layers, "transformer blocks");
@@ -564,6 +565,11 @@ int RunUp(const std::vector<std::string>& args) {
                   plan.data_parallel_powersgd_rank(),
                   absl::StrJoin(plan.data_parallel_compressed_stages(), ",").c_str(),
                   o.workers / (o.data_parallel * o.tensor_parallel));
+    }
+    if (plan.tensor_parallel() > 1) {
+      std::printf("tensor partitions per unit: forward [%s], backward [%s]\n",
+                  absl::StrJoin(plan.tensor_partitions_forward(), ",").c_str(),
+                  absl::StrJoin(plan.tensor_partitions_backward(), ",").c_str());
     }
     // The simulator's prediction next to what the steps took (validation
     // passes and checkpoints included when they ran).

@@ -397,9 +397,9 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
   }
   if (!p->has_tensor_partitions()) p->set_tensor_partitions(1);
   const int k = p->tensor_partitions();
-  if (k != 1 && k != 2 && k != 4) {
+  if (k != 0 && k != 1 && k != 2 && k != 4) {
     return Invalid("spec.parallelism.tensor_partitions",
-                   absl::StrCat("must be 1, 2 or 4, got ", k));
+                   absl::StrCat("must be 0 (Alg. 1 per layer), 1, 2 or 4, got ", k));
   }
   if (p->tensor() == 1) {
     if (k != 1) {
@@ -636,6 +636,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   resolved.stages = out.parallelism().stages();
   resolved.data_parallel = out.parallelism().data();
   resolved.tensor_parallel = out.parallelism().tensor();
+  resolved.tensor_partitions = out.parallelism().tensor_partitions();
   resolved.solver = out.parallelism().solver();
   resolved.objective = out.parallelism().objective();
   resolved.schedule = out.parallelism().schedule();

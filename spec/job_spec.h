@@ -81,6 +81,7 @@ struct ResolvedJobSpec {
   int stages = 0;                              // spec.parallelism.stages (per replica)
   int data_parallel = 1;                       // spec.parallelism.data: replicas
   int tensor_parallel = 1;                     // spec.parallelism.tensor: ranks per stage
+  int tensor_partitions = 1;  // spec.parallelism.tensor_partitions (0: Alg. 1 per layer)
   // spec.compression.data_parallel's PowerSGD rank; 0: exact all-reduce.
   int data_parallel_powersgd_rank = 0;
   std::string solver;     // uniform | pipedream | bipartition | auto | manual
@@ -112,7 +113,8 @@ struct ResolvedJobSpec {
 // Tensor parallelism: parallelism.tensor defaults to 1; 1 <= tensor <=
 // kMaxTensorParallel, tensor divides model.n_head, d_model and vocab_size,
 // data x stages x tensor <= kMaxStages workers; tensor_partitions 1
-// (default), 2 or 4, other than 1 only with tensor > 1; with tensor > 1 no
+// (default), 2, 4 or 0 (Alg. 1), other than 1 only with tensor > 1; with
+// tensor > 1 no
 // checkpoint.interval_steps, init.from or token_topk codec yet (each
 // INVALID_ARGUMENT naming its field).
 //

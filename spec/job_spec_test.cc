@@ -515,7 +515,10 @@ TEST(ResolveJobSpec, TensorParallel_BadValuesRejectedNamingTheField) {
   spec.mutable_parallelism()->set_tensor(2);
   EXPECT_EQ(ResolveJobSpec(spec).value().spec.parallelism().tensor_partitions(), 2);
   spec.mutable_parallelism()->set_tensor_partitions(3);
-  ExpectRejected(spec, "spec.parallelism.tensor_partitions: must be 1, 2 or 4, got 3");
+  ExpectRejected(
+      spec, "spec.parallelism.tensor_partitions: must be 0 (Alg. 1 per layer), 1, 2 or 4, got 3");
+  spec.mutable_parallelism()->set_tensor_partitions(0);
+  EXPECT_EQ(ResolveJobSpec(spec).value().tensor_partitions, 0);
 }
 
 TEST(ResolveJobSpec, DataParallelCompression_DefaultNoneRankAndBadValuesNamed) {

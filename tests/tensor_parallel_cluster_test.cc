@@ -117,6 +117,12 @@ TEST_F(TensorParallelClusterTest, BiPartitionPartitionsAndDataParallel_MatchTrai
     ExpectMatchesTrainLocal(cluster_, spec, ref);
   }
   {
+    SCOPED_TRACE("T2 P1, Alg. 1's partitions");
+    v1::JobSpec spec = Spec(2, 1, "1f1b", "alg1.safetensors");
+    spec.mutable_parallelism()->set_tensor_partitions(0);
+    ExpectMatchesTrainLocal(cluster_, spec, ref);
+  }
+  {
     SCOPED_TRACE("D2 P2 T2");
     v1::JobSpec spec = Spec(2, 2, "1f1b", "dpt.safetensors");
     spec.mutable_parallelism()->set_data(2);

@@ -841,6 +841,8 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     a.set_replicas(replicas);
     a.set_tensor_rank(static_cast<int>(g) % tensor);
     a.set_tensor_parallel(tensor);
+    *a.mutable_tensor_partitions_forward() = record.plan.tensor_partitions_forward();
+    *a.mutable_tensor_partitions_backward() = record.plan.tensor_partitions_backward();
     for (int c : record.plan.data_parallel_compressed_stages()) {
       if (c == s) a.set_data_parallel_powersgd_rank(record.plan.data_parallel_powersgd_rank());
     }

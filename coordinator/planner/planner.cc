@@ -10,6 +10,7 @@
 #include "coordinator/planner/schedule_compiler.h"
 #include "coordinator/planner/selective_compression.h"
 #include "coordinator/planner/solve_plan.h"
+#include "coordinator/planner/tensor_partitions.h"
 #include "coordinator/planner/timeline_render.h"
 
 namespace pipetrain {
@@ -115,6 +116,20 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_micro_batches(options.micro_batches);
   plan.set_data_parallel(replicas);
   plan.set_tensor_parallel(tensor);
+  if (tensor > 1) {
+    // AccTFM's partitions per unit: the job's count, or Alg. 1's choice.
+    std::vector<int> forward(profile.units.size(), std::max(1, r.tensor_partitions));
+    std::vector<int> backward = forward;
+    if (r.tensor_partitions == 0) {
+      ASSIGN_OR_RETURN(TensorPartitionPlan chosen,
+                       ChooseTensorPartitions(profile, tensor, cluster.bandwidth_bytes_per_second,
+                                              cluster.latency_seconds));
+      forward = chosen.forward;
+      backward = chosen.backward;
+    }
+    for (int k : forward) plan.add_tensor_partitions_forward(k);
+    for (int k : backward) plan.add_tensor_partitions_backward(k);
+  }
   if (r.data_parallel_powersgd_rank > 0) {
     // Selective stage compression: the stages named, or those whose
     // all-reduce the simulation puts on the critical path.

@@ -315,6 +315,11 @@ absl::Status JobRunner::RunJob() {
   setup.tensor_rank = assignment_.tensor_rank();
   setup.tensor_parallel = tensor;
   setup.tensor_partitions = std::max(1, job.spec.parallelism().tensor_partitions());
+  // Checked (length, values) by StageRuntime::Create.
+  setup.tensor_partitions_forward.assign(assignment_.tensor_partitions_forward().begin(),
+                                         assignment_.tensor_partitions_forward().end());
+  setup.tensor_partitions_backward.assign(assignment_.tensor_partitions_backward().begin(),
+                                          assignment_.tensor_partitions_backward().end());
   // plan.proto: 0 (exact) or a PowerSGD rank, with replicas to reduce over.
   const int dp_rank = assignment_.data_parallel_powersgd_rank();
   if (dp_rank < 0 || dp_rank > 1024 || (dp_rank > 0 && replicas < 2)) {

@@ -62,6 +62,7 @@ struct PipelineExtras {
   // tensors, and every tensor rank must report the same losses.
   int tensor_parallel = 1;
   int tensor_partitions = 1;  // StageSetup::tensor_partitions
+  std::vector<int> tensor_partitions_forward, tensor_partitions_backward;  // per unit
 };
 
 // The pipeline of forward/backward ranges, one StageRuntime per stage on its

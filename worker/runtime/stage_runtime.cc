@@ -174,6 +174,17 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
     return absl::InvalidArgumentError(
         absl::StrCat("tensor-parallel partitions ", setup.tensor_partitions, "; want 1, 2 or 4"));
   }
+  for (const std::vector<int>* per_unit :
+       {&setup.tensor_partitions_forward, &setup.tensor_partitions_backward}) {
+    if (per_unit->empty()) continue;
+    bool valid = static_cast<int>(per_unit->size()) == units;
+    for (int k : *per_unit) valid = valid && (k == 1 || k == 2 || k == 4);
+    if (!valid) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor-parallel partitions per unit [", absl::StrJoin(*per_unit, ", "),
+                       "] for a ", units, "-unit model; want one of 1, 2 or 4 per unit"));
+    }
+  }
   if ((setup.num_stages > 1 || setup.replicas > 1 || setup.tensor_parallel > 1) &&
       transport == nullptr) {
     return absl::InvalidArgumentError(
@@ -221,7 +232,11 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
     for (int u = r.begin(); u < r.end(); ++u) {
       if (units_.count(u)) continue;
       units_[u] = MakeUnit(setup.train.model, u, setup.backend, tp_comm_.get());
-      units_[u]->set_tensor_parallel_partitions(setup.tensor_partitions, setup.tensor_partitions);
+      units_[u]->set_tensor_parallel_partitions(
+          setup.tensor_partitions_forward.empty() ? setup.tensor_partitions
+                                                  : setup.tensor_partitions_forward[u],
+          setup.tensor_partitions_backward.empty() ? setup.tensor_partitions
+                                                   : setup.tensor_partitions_backward[u]);
       InitializeParameters(units_[u].get(), setup.train.seed);
     }
   }

@@ -96,6 +96,10 @@ struct StageSetup {
   // each attention and MLP unit's micro-batch in this many partitions, in
   // forward and in backward ({1, 2, 4}; with tensor_parallel > 1).
   int tensor_partitions = 1;
+  // Per unit (model order) instead, when not empty: AccTFM's Alg. 1 choice
+  // (plan.proto), forward and backward, each 1, 2 or 4.
+  std::vector<int> tensor_partitions_forward;
+  std::vector<int> tensor_partitions_backward;
   // Selective stage compression (Optimus-CC §7): > 0 compresses this
   // stage's data-parallel all-reduce with PowerSGD of this rank and error
   // feedback (worker/collectives/powersgd_all_reduce.h), matrix gradients

@@ -89,6 +89,13 @@ TEST_P(TensorParallelEquivalenceTest, MatchesSingleProcess) {
     ExpectMatchesLocal(
         c, RunPipeline(c, data, *ranges, *ranges, schedule, nullptr, nullptr, partitioned), local,
         "partitioned");
+    // Per layer and pass, as Alg. 1 chooses them (units embed, attn_0,
+    // mlp_0, attn_1, mlp_1, head; 4 is cut to 2 here).
+    partitioned.tensor_partitions_forward = {1, 2, 1, 4, 2, 1};
+    partitioned.tensor_partitions_backward = {1, 1, 4, 2, 1, 1};
+    ExpectMatchesLocal(
+        c, RunPipeline(c, data, *ranges, *ranges, schedule, nullptr, nullptr, partitioned), local,
+        "partitioned per layer");
   }
   if (stages == 2 && tensor == 2) {
     // D x P x T = 2 x 2 x 2: eight runtimes.

@@ -1,0 +1,42 @@
+// AccTFM's per-layer partition sizes for a tensor-parallel job
+// (acctfm.txt §4.2, Algorithm 1; spec.parallelism.tensor_partitions 0).
+//
+// Every attention and MLP unit is one of Alg. 1's layers. Its costs come
+// from the job's profile and link model:
+//   compute of one of K micro-partitions: the unit's profiled seconds per
+//     micro-batch / T / K (the split divides the unit's FLOPs by T; a
+//     partition does 1/K of the samples; no per-partition overhead is
+//     modelled),
+//   all-reduce of one micro-partition: eq. 3 for activation_bytes / K over
+//     a ring of T with alpha = the link's latency, beta = 1 / bandwidth.
+// SolveAccTfm then picks each layer's size, forward and backward (the
+// better of Alg. 1 and the best uniform size). Embed and head are not
+// partitioned (size 1).
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "coordinator/planner/acctfm.h"
+#include "coordinator/planner/profile.h"
+
+namespace pipetrain {
+
+struct TensorPartitionPlan {
+  // Per unit of the profile, in model order: 1, 2 or 4.
+  std::vector<int> forward;
+  std::vector<int> backward;
+  AccTfmSolution solution;  // over the attention and MLP units only
+};
+
+// INVALID_ARGUMENT when tensor < 2, the profile has no attention or MLP
+// unit (names "attn_*", "mlp_*"), or a cost is invalid (SolveAccTfm's
+// message). bandwidth 0 means unlimited.
+absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& profile, int tensor,
+                                                           double bandwidth_bytes_per_second,
+                                                           double latency_seconds);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_

@@ -1,0 +1,70 @@
+#include "coordinator/planner/tensor_partitions.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+// embed, attn_0, mlp_0, attn_1, mlp_1, head; every block unit `compute`
+// seconds forward, twice that backward, and `bytes` of output.
+ModelProfile Profile(double compute, double bytes) {
+  ModelProfile p;
+  p.micro_batch_size = 8;
+  for (const std::string name : {"embed", "attn_0", "mlp_0", "attn_1", "mlp_1", "head"}) {
+    UnitProfile u;
+    u.name = name;
+    u.fwd_seconds = compute;
+    u.bwd_seconds = 2 * compute;
+    u.activation_bytes = bytes;
+    p.units.push_back(u);
+  }
+  return p;
+}
+
+TEST(ChooseTensorPartitionsTest, NoCommunication_NothingToGain) {
+  // Unlimited bandwidth and no latency: every choice ends when the compute
+  // does (up to the rounding of t / K summed K times, on which Alg. 1 may
+  // break its ties either way); embed and head stay whole.
+  absl::StatusOr<TensorPartitionPlan> plan = ChooseTensorPartitions(Profile(0.01, 1e6), 2, 0, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_NEAR(plan->solution.forward.plan.seconds, 4 * 0.005, 1e-12);
+  EXPECT_NEAR(plan->solution.backward.plan.seconds, 4 * 0.01, 1e-12);
+  EXPECT_EQ(plan->forward.front(), 1);
+  EXPECT_EQ(plan->backward.back(), 1);
+}
+
+TEST(ChooseTensorPartitionsTest, BandwidthBound_PartitionsTheBlocksOnly_AndBeatsSizeOne) {
+  // 8 MB at 1 GB/s: an all-reduce of 8 ms against 5 ms of compute per rank.
+  absl::StatusOr<TensorPartitionPlan> plan =
+      ChooseTensorPartitions(Profile(0.01, 8e6), 2, 1e9, 1e-6);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->forward.front(), 1);  // embed
+  EXPECT_EQ(plan->forward.back(), 1);   // head
+  int partitioned = 0;
+  for (size_t u = 1; u + 1 < plan->forward.size(); ++u) partitioned += plan->forward[u] > 1;
+  EXPECT_GT(partitioned, 0);
+  EXPECT_LT(plan->solution.forward.plan.seconds, plan->solution.forward.uniform_seconds[0]);
+  EXPECT_LT(plan->solution.backward.plan.seconds, plan->solution.backward.uniform_seconds[0]);
+}
+
+TEST(ChooseTensorPartitionsTest, LatencyBound_StaysWhole) {
+  // Tiny messages over a 1 ms latency: every partition pays the latency again.
+  absl::StatusOr<TensorPartitionPlan> plan =
+      ChooseTensorPartitions(Profile(0.001, 1e3), 4, 1e10, 1e-3);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->forward, std::vector<int>(6, 1));
+}
+
+TEST(ChooseTensorPartitionsTest, BadInput_InvalidArgument) {
+  EXPECT_EQ(ChooseTensorPartitions(Profile(0.01, 1e6), 1, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ModelProfile no_blocks;
+  no_blocks.units.push_back(UnitProfile{"embed", 1, 1, 0, 0, 0});
+  EXPECT_EQ(ChooseTensorPartitions(no_blocks, 2, 0, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -90,7 +90,25 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     options.manual_forward.push_back({s.forward_begin(), s.forward_end()});
     options.manual_backward.push_back({s.backward_begin(), s.backward_end()});
   }
-  ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(profile, replica, options));
+  // Tensor parallelism: AccTFM's partitions per unit (the job's count, or
+  // Alg. 1's choice), then each unit's cost on one rank of its group.
+  std::vector<int> partitions_forward, partitions_backward;
+  ModelProfile planned = profile;
+  if (tensor > 1) {
+    partitions_forward.assign(profile.units.size(), std::max(1, r.tensor_partitions));
+    partitions_backward = partitions_forward;
+    if (r.tensor_partitions == 0) {
+      ASSIGN_OR_RETURN(TensorPartitionPlan chosen,
+                       ChooseTensorPartitions(profile, tensor, cluster.bandwidth_bytes_per_second,
+                                              cluster.latency_seconds));
+      partitions_forward = chosen.forward;
+      partitions_backward = chosen.backward;
+    }
+    ASSIGN_OR_RETURN(planned, TensorParallelUnitCosts(
+                                  profile, tensor, partitions_forward, partitions_backward,
+                                  cluster.bandwidth_bytes_per_second, cluster.latency_seconds));
+  }
+  ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   CompiledPlan out;
   out.programs = std::move(solved.programs);
   if (replicas > 1 && r.spec.parallelism().fused_embedding_sync()) {
@@ -116,20 +134,8 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_micro_batches(options.micro_batches);
   plan.set_data_parallel(replicas);
   plan.set_tensor_parallel(tensor);
-  if (tensor > 1) {
-    // AccTFM's partitions per unit: the job's count, or Alg. 1's choice.
-    std::vector<int> forward(profile.units.size(), std::max(1, r.tensor_partitions));
-    std::vector<int> backward = forward;
-    if (r.tensor_partitions == 0) {
-      ASSIGN_OR_RETURN(TensorPartitionPlan chosen,
-                       ChooseTensorPartitions(profile, tensor, cluster.bandwidth_bytes_per_second,
-                                              cluster.latency_seconds));
-      forward = chosen.forward;
-      backward = chosen.backward;
-    }
-    for (int k : forward) plan.add_tensor_partitions_forward(k);
-    for (int k : backward) plan.add_tensor_partitions_backward(k);
-  }
+  for (int k : partitions_forward) plan.add_tensor_partitions_forward(k);
+  for (int k : partitions_backward) plan.add_tensor_partitions_backward(k);
   if (r.data_parallel_powersgd_rank > 0) {
     // Selective stage compression: the stages named, or those whose
     // all-reduce the simulation puts on the critical path.

@@ -50,8 +50,10 @@ absl::Status CheckPlanningBudget(const ResolvedJobSpec& resolved);
 // resolved.data_parallel x resolved.tensor_parallel, replica r's stage s,
 // tensor rank t at (r * stages + s) * tensor_parallel + t, named by worker
 // id. A stage's tensor ranks are planned as one worker (TensorGroupCluster:
-// the slowest), and the plan's stages list each rank with the stage's
-// ranges; the prediction leaves the split and its all-reduces out. With data parallelism the
+// the slowest) whose units cost what one rank's do (TensorParallelUnitCosts,
+// with the job's AccTFM partitions, Alg. 1's when
+// resolved.tensor_partitions is 0), and the plan's stages list each rank
+// with the stage's ranges. With data parallelism the
 // replicas share one plan (solved for the slowest speed and least memory at each stage position,
 // compiled for each replica's micro_batches / data_parallel micro-batches): `programs` and
 // `eval_programs` have one entry per stage of a replica, the plan's stages list every replica's

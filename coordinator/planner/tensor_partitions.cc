@@ -6,6 +6,24 @@
 
 namespace pipetrain {
 
+namespace {
+
+AllReduceModel RingModel(int tensor, double bandwidth_bytes_per_second, double latency_seconds) {
+  AllReduceModel model;
+  model.alpha_seconds = latency_seconds;
+  model.beta_seconds_per_byte =
+      bandwidth_bytes_per_second > 0 ? 1.0 / bandwidth_bytes_per_second : 0.0;
+  model.group_size = tensor;
+  model.algorithm = AllReduceAlgorithm::kRing;
+  return model;
+}
+
+bool IsBlockUnit(const UnitProfile& unit) {
+  return absl::StartsWith(unit.name, "attn_") || absl::StartsWith(unit.name, "mlp_");
+}
+
+}  // namespace
+
 absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& profile, int tensor,
                                                            double bandwidth_bytes_per_second,
                                                            double latency_seconds) {
@@ -14,17 +32,11 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
         absl::StrCat("AccTFM partitions need a tensor-parallel group of 2 or more, got ", tensor));
   }
   AccTfmProblem problem;
-  AllReduceModel model;
-  model.alpha_seconds = latency_seconds;
-  model.beta_seconds_per_byte =
-      bandwidth_bytes_per_second > 0 ? 1.0 / bandwidth_bytes_per_second : 0.0;
-  model.group_size = tensor;
-  model.algorithm = AllReduceAlgorithm::kRing;
-  problem.allreduce = model;
+  problem.allreduce = RingModel(tensor, bandwidth_bytes_per_second, latency_seconds);
   std::vector<int> layer_units;  // the profile's index of each layer
   for (size_t u = 0; u < profile.units.size(); ++u) {
     const UnitProfile& unit = profile.units[u];
-    if (!absl::StartsWith(unit.name, "attn_") && !absl::StartsWith(unit.name, "mlp_")) continue;
+    if (!IsBlockUnit(unit)) continue;
     AccTfmLayer layer;
     for (int k : kAccTfmSizes) {
       layer.fwd_compute_seconds.push_back(unit.fwd_seconds / tensor / k);
@@ -44,6 +56,57 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
   for (size_t l = 0; l < layer_units.size(); ++l) {
     out.forward[layer_units[l]] = out.solution.forward.plan.partition_sizes[l];
     out.backward[layer_units[l]] = out.solution.backward.plan.partition_sizes[l];
+  }
+  return out;
+}
+
+absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile, int tensor,
+                                                     const std::vector<int>& forward,
+                                                     const std::vector<int>& backward,
+                                                     double bandwidth_bytes_per_second,
+                                                     double latency_seconds) {
+  if (tensor < 2 || forward.size() != profile.units.size() ||
+      backward.size() != profile.units.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor-parallel unit costs: ", tensor, " ranks, ", forward.size(), " and ",
+                     backward.size(), " partition counts for ", profile.units.size(), " units"));
+  }
+  const AllReduceModel model = RingModel(tensor, bandwidth_bytes_per_second, latency_seconds);
+  ModelProfile out = profile;
+  for (size_t u = 0; u < profile.units.size(); ++u) {
+    const UnitProfile& in = profile.units[u];
+    UnitProfile& unit = out.units[u];
+    unit.weight_bytes = in.weight_bytes / tensor;
+    if (IsBlockUnit(in)) {
+      // The unit alone in acctfm.h's timeline.
+      AccTfmProblem alone;
+      alone.allreduce = model;
+      AccTfmLayer layer;
+      for (int k : kAccTfmSizes) {
+        layer.fwd_compute_seconds.push_back(in.fwd_seconds / tensor / k);
+        layer.bwd_compute_seconds.push_back(in.bwd_seconds / tensor / k);
+      }
+      layer.output_bytes = in.activation_bytes;
+      alone.layers.push_back(layer);
+      ASSIGN_OR_RETURN(unit.fwd_seconds, EvaluateSizes(alone, AccTfmPass::kForward, {forward[u]}));
+      ASSIGN_OR_RETURN(unit.bwd_seconds,
+                       EvaluateSizes(alone, AccTfmPass::kBackward, {backward[u]}));
+      continue;
+    }
+    unit.fwd_seconds = in.fwd_seconds / tensor;
+    unit.bwd_seconds = in.bwd_seconds / tensor;
+    if (u == 0) {
+      ASSIGN_OR_RETURN(const double reduce, AllReduceSeconds(model, in.activation_bytes));
+      unit.fwd_seconds += reduce;
+    } else if (u + 1 == profile.units.size()) {
+      // The row maxima and the exp sums are a few floats a token: their
+      // latency only.
+      ASSIGN_OR_RETURN(const double small, AllReduceSeconds(model, 0));
+      ASSIGN_OR_RETURN(const double input,
+                       AllReduceSeconds(model, profile.units[u - 1].activation_bytes));
+      unit.fwd_seconds += 2 * small;
+      unit.bwd_seconds += input;
+    }
   }
   return out;
 }

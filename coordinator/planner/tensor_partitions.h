@@ -37,6 +37,27 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
                                                            double bandwidth_bytes_per_second,
                                                            double latency_seconds);
 
+// The profile as one rank of a tensor-parallel group of `tensor` sees it,
+// for the planner and the simulator (the group is planned as one worker):
+// per unit the compute / T plus the all-reduces the rank waits for, each
+// by eq. 3 over a ring of T on the link:
+//   attention, MLP: the timeline of acctfm.h for the unit alone with K =
+//     forward[u] (backward[u]) partitions: the all-reduce of partition j
+//     overlaps the compute of j + 1, the last one's is exposed;
+//   embed: forward + one all-reduce of its output; backward compute only;
+//   head: forward + two all-reduces of a few floats per token (their
+//     latency only);
+//     backward + one all-reduce of its input's size.
+// Weights are divided by T (the shards; replicated vectors are small);
+// activations and stashes are kept (the replicated tensors dominate). The
+// partition counts are not cut to the micro-batch's samples here.
+// INVALID_ARGUMENT when tensor < 2 or a vector is not one count per unit.
+absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile, int tensor,
+                                                     const std::vector<int>& forward,
+                                                     const std::vector<int>& backward,
+                                                     double bandwidth_bytes_per_second,
+                                                     double latency_seconds);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_

@@ -57,6 +57,27 @@ TEST(ChooseTensorPartitionsTest, LatencyBound_StaysWhole) {
   EXPECT_EQ(plan->forward, std::vector<int>(6, 1));
 }
 
+TEST(TensorParallelUnitCostsTest, BlocksOverlapTheirPartitions_EmbedAndHeadPayTheirAllReduces) {
+  // 1 GB/s, no latency, a group of 2: an all-reduce of m bytes takes m / 1e9
+  // (ring: 2 steps of m / 2). Blocks: 10 ms forward / 2 = 5 ms compute,
+  // 8 MB = 8 ms all-reduce.
+  const ModelProfile p = Profile(0.01, 8e6);
+  const std::vector<int> whole(6, 1), two = {1, 2, 2, 2, 2, 1};
+  absl::StatusOr<ModelProfile> k1 = TensorParallelUnitCosts(p, 2, whole, whole, 1e9, 0);
+  absl::StatusOr<ModelProfile> k2 = TensorParallelUnitCosts(p, 2, two, two, 1e9, 0);
+  ASSERT_TRUE(k1.ok() && k2.ok()) << k1.status() << k2.status();
+  EXPECT_NEAR(k1->units[1].fwd_seconds, 0.005 + 0.008, 1e-9);  // nothing overlaps
+  // Two halves: compute 2.5, reduce 4 (overlapping the second half's
+  // compute), compute 2.5, reduce 4: 2.5 + 4 + 4 = 10.5 ms.
+  EXPECT_NEAR(k2->units[1].fwd_seconds, 0.0105, 1e-9);
+  EXPECT_NEAR(k1->units[0].fwd_seconds, 0.005 + 0.008, 1e-9);  // embed's output
+  EXPECT_NEAR(k1->units[0].bwd_seconds, 0.01, 1e-9);
+  EXPECT_NEAR(k1->units[5].bwd_seconds, 0.01 + 0.008, 1e-9);  // the head's input gradient
+  EXPECT_NEAR(k1->units[5].fwd_seconds, 0.005, 1e-9);         // latency 0
+  EXPECT_EQ(TensorParallelUnitCosts(p, 2, {1}, whole, 1e9, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ChooseTensorPartitionsTest, BadInput_InvalidArgument) {
   EXPECT_EQ(ChooseTensorPartitions(Profile(0.01, 1e6), 1, 0, 0).status().code(),
             absl::StatusCode::kInvalidArgument);

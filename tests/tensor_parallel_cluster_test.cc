@@ -130,17 +130,15 @@ TEST_F(TensorParallelClusterTest, BiPartitionPartitionsAndDataParallel_MatchTrai
   }
 }
 
-// pipetrain_collectives_total{purpose="tensor_parallel"} summed over the
-// cluster's 8 workers.
-double TensorParallelCollectivesInMetrics() {
+// The sum over the cluster's 8 workers of the metric samples whose line
+// starts with `prefix` (name and labels, e.g.
+// pipetrain_collectives_total{purpose="tensor_parallel"}).
+double SumOverWorkers(const std::string& prefix) {
   double total = 0;
   for (int w = 0; w < 8; ++w) {
     const std::string text = testing::ScrapeMetrics(testing::WorkerMetricsPort("tp", w));
     for (absl::string_view line : absl::StrSplit(text, '\n')) {
-      if (!absl::StartsWith(line, "pipetrain_collectives_total{") ||
-          !absl::StrContains(line, "purpose=\"tensor_parallel\"")) {
-        continue;
-      }
+      if (!absl::StartsWith(line, prefix)) continue;
       double value = 0;
       EXPECT_TRUE(absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) << line;
       total += value;
@@ -156,13 +154,23 @@ TEST_F(TensorParallelClusterTest, AllReducesCountedInMetrics) {
   ASSERT_NE(cluster_, nullptr);
   auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
   const v1::JobSpec spec = Spec(2, 2, "1f1b", "");
-  const double before = TensorParallelCollectivesInMetrics();
+  const std::string count = "pipetrain_collectives_total{purpose=\"tensor_parallel\"}";
+  const std::string seconds = "pipetrain_collective_seconds_total{purpose=\"tensor_parallel\"}";
+  const std::string waited = "pipetrain_tensor_parallel_waited_seconds_total ";
+  const double before = SumOverWorkers(count);
+  const double seconds_before = SumOverWorkers(seconds), waited_before = SumOverWorkers(waited);
   const std::string id = testing::SubmitJob(*stub, spec);
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   const int per_micro_batch = 1 + 4 * spec.model().n_layer() + 3;
-  EXPECT_EQ(TensorParallelCollectivesInMetrics() - before,
+  EXPECT_EQ(SumOverWorkers(count) - before,
             2 * kSteps * spec.training().micro_batches() * per_micro_batch);
+  // Un-partitioned, the stages wait for every all-reduce: at least half of
+  // their time (waiting also counts a queued all-reduce's wait for the
+  // background thread, so it may exceed the all-reduces' own time).
+  const double spent = SumOverWorkers(seconds) - seconds_before;
+  EXPECT_GT(spent, 0);
+  EXPECT_GE(SumOverWorkers(waited) - waited_before, 0.5 * spent);
 }
 
 // Bad input: INVALID_ARGUMENT naming the field, before anything runs.

@@ -99,7 +99,17 @@ WorkerMetrics::WorkerMetrics()
                               .Name("pipetrain_collective_seconds_total")
                               .Help("Time this stage spent in collectives, by purpose (the "
                                     "embedding exchange's time is in send and idle instead)")
-                              .Register(*registry_)) {
+                              .Register(*registry_)),
+      tensor_parallel_waited_(
+          prometheus::BuildCounter()
+              .Name("pipetrain_tensor_parallel_waited_seconds_total")
+              .Help("Time the stage waited for its tensor-parallel all-reduces (from asking "
+                    "for each result until it was there, a queued one's wait for the "
+                    "background thread included); against "
+                    "pipetrain_collective_seconds_total{purpose=\"tensor_parallel\"}, what "
+                    "AccTFM's partitions did not hide")
+              .Register(*registry_)
+              .Add({})) {
   AddBuildInfo(*registry_);
   for (const char* phase : kPhases) compute_.Add({{"phase", phase}});
   for (const char* purpose : kPurposes) {
@@ -123,6 +133,7 @@ void WorkerMetrics::Observe(const IterationResult& r) {
     collective_bytes_.Add({{"purpose", purpose}, {"encoding", "wire"}})
         .Increment(static_cast<double>(stats.wire_bytes));
     collective_seconds_.Add({{"purpose", purpose}}).Increment(stats.seconds);
+    if (purpose == "tensor_parallel") tensor_parallel_waited_.Increment(stats.waited_seconds);
   }
   for (const auto& [key, link] : r.sent) {
     const std::string peer = std::to_string(key.first);

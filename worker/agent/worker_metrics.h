@@ -22,11 +22,13 @@
 //   pipetrain_stage_loss                           last micro-batch mean loss
 //                                                  (stage owning the head)
 //   pipetrain_collectives_total{purpose}           collectives this stage
-//                                                  took part in (purpose: 4
+//                                                  took part in (purpose: 5
 //                                                  values, IterationResult)
 //   pipetrain_collective_bytes_total{purpose,encoding}  bytes they reduced:
 //                                                  raw = fp32, wire = sent
 //   pipetrain_collective_seconds_total{purpose}    time spent in them
+//   pipetrain_tensor_parallel_waited_seconds_total time waited for the
+//                                                  tensor_parallel ones
 //   pipetrain_rpc_requests_total{method,code}      gRPC calls served (data plane,
 //   pipetrain_rpc_duration_seconds{method,code}    WorkerControl), through rpc()
 //   pipetrain_http_requests_total{method,route,code}, pipetrain_http_request_
@@ -90,6 +92,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& collectives_;
   prometheus::Family<prometheus::Counter>& collective_bytes_;
   prometheus::Family<prometheus::Counter>& collective_seconds_;
+  prometheus::Counter& tensor_parallel_waited_;
 };
 
 }  // namespace pipetrain

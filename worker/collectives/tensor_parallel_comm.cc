@@ -42,10 +42,12 @@ void CollectivesTensorParallelComm::WaitAllReduce(int ticket) {
   auto it = pending_.find(ticket);
   if (it == pending_.end()) return;
   Pending& p = *it->second;
+  const absl::Time start = absl::Now();
   {
     AnnotatedMutexLock lock(&mu_);
     mu_.AwaitWithTimeout([&p] { return p.done; }, absl::InfiniteDuration());
   }
+  waited_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
   seconds_ += p.seconds;
   if (!p.status.ok()) {
     // The first failure sticks (an ABORTED follower only if nothing came first).

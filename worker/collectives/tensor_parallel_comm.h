@@ -62,6 +62,11 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   int64_t all_reduces() const { return all_reduces_; }
   int64_t bytes() const { return bytes_; }
   double seconds() const { return seconds_; }
+  // The time the caller spent blocked in WaitAllReduce (and so in
+  // AllReduceSum): what the partitions did not hide behind compute. It
+  // includes a queued all-reduce's wait for the background thread, so it
+  // can exceed seconds().
+  double waited_seconds() const { return waited_seconds_; }
 
  private:
   static constexpr int kEvalTagOffset = 1 << 22;
@@ -86,6 +91,7 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   int64_t all_reduces_ = 0;
   int64_t bytes_ = 0;
   double seconds_ = 0;
+  double waited_seconds_ = 0;
   int next_ticket_ = 0;
   std::map<int, std::unique_ptr<Pending>> pending_;  // by ticket
   std::atomic<bool> failed_{false};                  // a background all-reduce failed

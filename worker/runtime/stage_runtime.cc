@@ -441,6 +441,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   const int64_t tp_count = tp_comm_ ? tp_comm_->all_reduces() : 0;
   const int64_t tp_bytes = tp_comm_ ? tp_comm_->bytes() : 0;
   const double tp_seconds = tp_comm_ ? tp_comm_->seconds() : 0;
+  const double tp_waited = tp_comm_ ? tp_comm_->waited_seconds() : 0;
   // sends_ is idle here: every iteration and validation pass drains it.
   encoder_.BeginIteration();
   device_encoder_.BeginIteration();
@@ -480,6 +481,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
     stats.bytes += tp_comm_->bytes() - tp_bytes;
     stats.wire_bytes += tp_comm_->bytes() - tp_bytes;
     stats.seconds += tp_comm_->seconds() - tp_seconds;
+    stats.waited_seconds += tp_comm_->waited_seconds() - tp_waited;
   }
   for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);
   if (setup_.replicas > 1 && setup_.forward.end() == num_units_) {

@@ -154,6 +154,9 @@ struct IterationResult {
     int64_t bytes = 0;       // fp32 bytes of the tensors reduced or exchanged
     int64_t wire_bytes = 0;  // what their messages carried: fewer with PowerSGD
     double seconds = 0;
+    // tensor_parallel only: the time the interpreter waited for them
+    // (CollectivesTensorParallelComm::waited_seconds).
+    double waited_seconds = 0;
   };
   std::map<std::string, CollectiveStats> collectives;
 };

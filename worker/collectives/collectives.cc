@@ -81,6 +81,7 @@ absl::Status Collectives::SendRange(int64_t iteration, int tag, int to, const fl
     absl::Status sent = transport_->SendOwned(
         group_.members[to], Address(iteration, tag, send_seq_[to]++), std::move(piece));
     if (!sent.ok()) return Annotate(sent, Describe(tag));
+    sent_bytes_ += len * static_cast<int64_t>(sizeof(float));
   }
   return absl::OkStatus();
 }

@@ -45,6 +45,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/tensor.h"
+#include "kernels/compress/codec.h"
 #include "worker/transport/transport.h"
 
 namespace pipetrain {
@@ -93,6 +94,36 @@ class Collectives {
   // data <- root's data (rank `root`), in place.
   absl::Status Broadcast(int64_t iteration, int tag, int root, Tensor& data);
 
+  // A lossy all-reduce whose messages carry `codec`'s payloads (AccTFM's
+  // compressed tensor-parallel sum, acctfm.txt §4.3.2): `data` is a host
+  // tensor of `rows` rows (numel divisible by rows), the same shape on every
+  // member. The rows split into size() segments (SegmentBounds over rows);
+  // every member encodes its segment s and sends it to member s, which
+  // decodes the size() contributions (its own encoded and decoded too, so
+  // every contribution passes the codec once) and sums them in member
+  // order (MemberOrderTreeSum); member s then encodes its summed segment and
+  // sends it to every member, and every member, s included, decodes it. So
+  // every member ends with bitwise the same `data`, the sum of quantized
+  // contributions quantized once more. Each phase sends (N-1)/N of the
+  // encoded tensor per member in one round, like the ring's two phases.
+  // Payloads are checked on receipt: an unencoded message, another codec, or
+  // a shape other than the segment's is INTERNAL naming the member (a peer
+  // that runs other collectives), a payload the codec rejects
+  // INVALID_ARGUMENT. Stats (may be null): this call's payload bytes sent,
+  // and the squared L2 norms of this member's contribution and of its
+  // coding error (decode(encode(x)) - x over all its segments).
+  struct EncodedStats {
+    int64_t sent_bytes = 0;
+    double norm_squared = 0;
+    double error_squared = 0;
+  };
+  absl::Status AllReduceEncoded(int64_t iteration, int tag, const Codec& codec, int64_t rows,
+                                Tensor& data, EncodedStats* stats = nullptr);
+
+  // Bytes of every message this member has sent so far, fp32 values and
+  // payloads (what crossed its links, for the wire-bytes metrics).
+  int64_t sent_bytes() const { return sent_bytes_; }
+
   // parts[lo] + ... + parts[hi - 1] element-wise, as a balanced tree: a
   // range of n > 1 splits after its first m values, m the largest power of
   // two below n, and each half is summed so; e.g. n = 4 gives
@@ -131,6 +162,7 @@ class Collectives {
   // Per collective call: the next sequence number of messages this member
   // sends to each member, and expects from each member.
   std::vector<int> send_seq_, recv_seq_;
+  int64_t sent_bytes_ = 0;
 };
 
 }  // namespace pipetrain

@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/compress/fp16_codec.h"
+#include "kernels/compress/piecewise_codec.h"
 #include "worker/transport/in_process_transport.h"
 
 namespace pipetrain {
@@ -223,6 +225,115 @@ TEST(CollectivesTest, MembersDisagreeOnTheSize_InternalNamingIt) {
                       s.message().find("same sizes") != std::string::npos);
   }
   EXPECT_TRUE(named) << status[0] << " / " << status[1];
+}
+
+// Members' inputs for the encoded all-reduce: `rows` x 16 values.
+std::vector<float> EncodedInput(int member, int64_t rows, bool integers) {
+  std::mt19937 random(2000 + member);
+  std::vector<float> out(static_cast<size_t>(rows * 16));
+  for (float& v : out) {
+    v = integers ? float(int(random() % 201) - 100)
+                 : std::uniform_real_distribution<float>(-3, 3)(random);
+  }
+  return out;
+}
+
+// fp16 carries small integers exactly, so the encoded all-reduce must give
+// the exact sum; and it must split 7 rows unevenly over 2-4 members.
+TEST(CollectivesTest, EncodedAllReduce_LosslessCodec_ExactSumOnEveryRank_BytesCounted) {
+  for (int n : {2, 3, 4}) {
+    const int64_t rows = 7;
+    std::unique_ptr<Codec> codec = MakeFp16Codec();
+    std::vector<std::vector<float>> results(n);
+    std::vector<Collectives::EncodedStats> stats(n);
+    std::vector<int64_t> counted(n);
+    const auto status = RunGroup(n, {}, [&](int r, Collectives& c) {
+      Tensor t = Tensor::FromVector({rows, 16}, EncodedInput(r, rows, true));
+      absl::Status s = c.AllReduceEncoded(2, 9, *codec, rows, t, &stats[r]);
+      results[r] = t.ToVector();
+      counted[r] = c.sent_bytes();
+      return s;
+    });
+    for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+    const auto bounds = Collectives::SegmentBounds(rows, n);
+    for (int r = 0; r < n; ++r) {
+      for (size_t i = 0; i < results[r].size(); ++i) {
+        float exact = 0;
+        for (int m = 0; m < n; ++m) exact += EncodedInput(m, rows, true)[i];
+        ASSERT_EQ(results[r][i], exact) << "n " << n << " rank " << r << " value " << i;
+      }
+      // Phase 1: every other member's segment once; phase 2: this member's
+      // summed segment to each of the n - 1 others.
+      int64_t expected = 0;
+      for (int s = 0; s < n; ++s) {
+        const int64_t bytes = codec->EncodedBytes({bounds[s].second - bounds[s].first, 16});
+        expected += s == r ? (n - 1) * bytes : bytes;
+      }
+      EXPECT_EQ(stats[r].sent_bytes, expected) << "n " << n << " rank " << r;
+      EXPECT_EQ(counted[r], expected);
+      EXPECT_EQ(stats[r].error_squared, 0.0);
+      double norm = 0;
+      for (float v : EncodedInput(r, rows, true)) norm += double(v) * v;
+      EXPECT_EQ(stats[r].norm_squared, norm);
+    }
+  }
+}
+
+// Piecewise quantization (acctfm eq. 6-12) with N clusters errs by at most
+// half the widest interval, U_{N-1} / 2 = M / (2N), per value it encodes: each
+// contribution once (M its member's largest magnitude) and the sum once more
+// (its largest magnitude at most the sum of the members' M). Every rank must
+// still hold bitwise the same result.
+TEST(CollectivesTest, EncodedAllReduce_Piecewise_WithinTheQuantizationBound_BitwiseEqual) {
+  const int n = 3, bits = 3;
+  const int64_t rows = 10;
+  std::unique_ptr<Codec> codec = *MakePiecewiseCodec(bits);
+  std::vector<std::vector<float>> results(n);
+  std::vector<Collectives::EncodedStats> stats(n);
+  const auto status = RunGroup(n, {}, [&](int r, Collectives& c) {
+    Tensor t = Tensor::FromVector({rows, 16}, EncodedInput(r, rows, false));
+    absl::Status s = c.AllReduceEncoded(2, 9, *codec, rows, t, &stats[r]);
+    results[r] = t.ToVector();
+    return s;
+  });
+  for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+  double max_sum = 0;
+  std::vector<float> max_of(n, 0);
+  for (int m = 0; m < n; ++m) {
+    for (float v : EncodedInput(m, rows, false)) max_of[m] = std::max(max_of[m], std::fabs(v));
+    max_sum += max_of[m];
+  }
+  const double bound = (max_sum + max_sum) / (2.0 * bits) * (1 + 1e-5);
+  double worst = 0;
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    double exact = 0;
+    for (int m = 0; m < n; ++m) exact += EncodedInput(m, rows, false)[i];
+    worst = std::max(worst, std::fabs(results[0][i] - exact));
+    for (int r = 1; r < n; ++r) ASSERT_EQ(results[r][i], results[0][i]) << r << " " << i;
+  }
+  EXPECT_LE(worst, bound);
+  EXPECT_GT(worst, 0.0);  // 4-bit codes do lose something
+  for (int r = 0; r < n; ++r) {
+    EXPECT_GT(stats[r].error_squared, 0.0);
+    EXPECT_LT(stats[r].error_squared, stats[r].norm_squared);
+  }
+}
+
+TEST(CollectivesTest, EncodedAllReduce_MembersDisagreeOnTheRows_InternalNamingIt) {
+  std::unique_ptr<Codec> codec = *MakePiecewiseCodec(3);
+  const auto status = RunGroup(2, {1 << 20, 0, absl::Seconds(5)}, [&](int r, Collectives& c) {
+    Tensor t = Tensor::Zeros({8, 4});
+    return c.AllReduceEncoded(1, 1, *codec, r == 0 ? 8 : 4, t);
+  });
+  for (const absl::Status& s : status) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+    EXPECT_NE(s.message().find("member"), std::string::npos) << s;
+  }
+  Tensor t = Tensor::Zeros({7});
+  InProcessFabric fabric(1);
+  std::unique_ptr<Transport> transport = fabric.Connect(0);
+  Collectives c(transport.get(), {{0}, "j"});
+  EXPECT_EQ(c.AllReduceEncoded(1, 1, *codec, 2, t).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

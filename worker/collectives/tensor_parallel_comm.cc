@@ -1,14 +1,65 @@
 #include "worker/collectives/tensor_parallel_comm.h"
 
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/compress/codec_spec.h"
+#include "kernels/compress/elem_topk_codec.h"
+
 namespace pipetrain {
+
+std::vector<uint8_t> KeepTopTokensPerSample(const std::vector<float>& scores, int seq_len,
+                                            double keep) {
+  std::vector<uint8_t> kept(scores.size(), 0);
+  const int64_t per_sample = TopKCount(keep, seq_len);
+  std::vector<int> order(static_cast<size_t>(seq_len));
+  for (size_t first = 0; first + seq_len <= scores.size(); first += seq_len) {
+    const float* s = scores.data() + first;
+    std::iota(order.begin(), order.end(), 0);
+    // Highest score first; equal scores by the lower token.
+    std::partial_sort(order.begin(), order.begin() + per_sample, order.end(),
+                      [s](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+    for (int64_t i = 0; i < per_sample; ++i) kept[first + order[i]] = 1;
+  }
+  return kept;
+}
+
+absl::StatusOr<TensorParallelCompression> MakeTensorParallelCompression(const std::string& spec,
+                                                                        const std::string& field) {
+  TensorParallelCompression compression;
+  if (spec.empty() || spec == kCodecNone) return compression;
+  absl::StatusOr<std::vector<CodecStage>> stages = ParseCodecSpec(spec);
+  if (!stages.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", stages.status().message()));
+  }
+  size_t inner = 0;
+  if ((*stages)[0].name == "token_topk") {
+    compression.keep = (*stages)[0].params.count("keep") ? (*stages)[0].params.at("keep") : 1.0;
+    inner = 1;
+  }
+  if (inner < stages->size()) {
+    const std::string& name = (*stages)[inner].name;
+    if (name != "piecewise" && name != "linear" && name != "fp16" && name != "bf16") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": \"", spec, "\" names ", name,
+          ", which a tensor-parallel all-reduce cannot carry (use token_topk, piecewise, linear, "
+          "fp16 or bf16, e.g. \"token_topk:keep=0.5+piecewise:bits=3\")"));
+    }
+    const size_t plus = spec.find('+');
+    ASSIGN_OR_RETURN(compression.codec, MakeCodec(inner == 0 ? spec : spec.substr(plus + 1)));
+  }
+  return compression;
+}
 
 void CollectivesTensorParallelComm::AllReduceSum(Tensor& data) {
   WaitAllReduce(StartAllReduceSum(data));
 }
 
-int CollectivesTensorParallelComm::StartAllReduceSum(Tensor& data) {
+int CollectivesTensorParallelComm::Queue(std::unique_ptr<Pending> pending, Tensor& data) {
   const int ticket = next_ticket_++;
-  auto pending = std::make_unique<Pending>();
   Pending* p = pending.get();
   pending_[ticket] = std::move(pending);
   if (!status_.ok()) {
@@ -22,20 +73,108 @@ int CollectivesTensorParallelComm::StartAllReduceSum(Tensor& data) {
   p->target = data;
   // On the CPU backend `host` is `data` itself and the sum lands in place.
   p->host = backend_->Download(data);
+  if (p->sparse && p->kept.empty()) p->score_tag = next_tag_++;
   const int tag = next_tag_++;
   executor_->Post([this, p, tag, iteration = iteration_] {
     const absl::Time start = absl::Now();
+    const int64_t sent_before = collectives_->sent_bytes();
     absl::Status status = absl::AbortedError("an earlier tensor-parallel all-reduce failed");
     if (!failed_.load()) {
-      status = collectives_->AllReduce(iteration, tag, p->host);
+      status = p->sparse ? SparseSum(p, iteration, tag)
+                         : collectives_->AllReduce(iteration, tag, p->host);
       if (!status.ok()) failed_.store(true);
     }
     AnnotatedMutexLock lock(&mu_);
     p->status = std::move(status);
     p->seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    p->wire_bytes = collectives_->sent_bytes() - sent_before;
     p->done = true;
   });
   return ticket;
+}
+
+int CollectivesTensorParallelComm::StartAllReduceSum(Tensor& data) {
+  return Queue(std::make_unique<Pending>(), data);
+}
+
+int CollectivesTensorParallelComm::StartTokenSparseSum(Tensor& data,
+                                                       std::vector<float> local_scores, int seq_len,
+                                                       std::vector<uint8_t>* kept) {
+  if (!compresses()) return TensorParallelComm::StartTokenSparseSum(data, {}, seq_len, kept);
+  auto p = std::make_unique<Pending>();
+  p->sparse = true;
+  p->scores = std::move(local_scores);
+  p->seq_len = seq_len;
+  p->kept_out = kept;
+  return Queue(std::move(p), data);
+}
+
+int CollectivesTensorParallelComm::StartMaskedSum(Tensor& data, std::vector<uint8_t> kept) {
+  if (!compresses()) return StartAllReduceSum(data);
+  auto p = std::make_unique<Pending>();
+  p->sparse = true;
+  p->kept = std::move(kept);
+  return Queue(std::move(p), data);
+}
+
+// acctfm.txt §4.3: the scores' all-reduce and the top-k choice (4.3.1) when
+// the rows are not given, then the kept rows' all-reduce through the codec
+// (4.3.2); the dropped rows become 0 on every rank.
+absl::Status CollectivesTensorParallelComm::SparseSum(Pending* p, int64_t iteration, int tag) {
+  Tensor& data = p->host;
+  const int64_t width = data.numel() == 0 ? 1 : data.shape().back();
+  const int64_t rows = data.numel() / width;
+  if (p->kept.empty()) {
+    if (p->seq_len < 1 || rows % p->seq_len != 0 ||
+        static_cast<int64_t>(p->scores.size()) != rows) {
+      return absl::InternalError(absl::StrCat("tensor-parallel token scores: ", p->scores.size(),
+                                              " scores for ", rows, " rows of ", p->seq_len,
+                                              " tokens per sample"));
+    }
+    Tensor scores = Tensor::FromVector({rows}, p->scores);
+    RETURN_IF_ERROR(collectives_->AllReduce(iteration, p->score_tag, scores));
+    p->kept = KeepTopTokensPerSample(scores.ToVector(), p->seq_len, compression_.keep);
+  } else if (static_cast<int64_t>(p->kept.size()) != rows) {
+    return absl::InternalError(absl::StrCat("tensor-parallel token mask of ", p->kept.size(),
+                                            " rows for a tensor of ", rows));
+  }
+  const int64_t kept_rows = std::count(p->kept.begin(), p->kept.end(), 1);
+  Tensor compact = Tensor::Uninitialized({std::max<int64_t>(kept_rows, 1), width});
+  float* values = data.data();
+  int64_t next = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = values + r * width;
+    if (p->kept[r]) {
+      std::memcpy(compact.data() + next++ * width, row, static_cast<size_t>(width) * sizeof(float));
+      continue;
+    }
+    for (int64_t i = 0; i < width; ++i) {
+      const double v = row[i];
+      p->norm_squared += v * v;
+      p->error_squared += v * v;  // a dropped row is all error
+      row[i] = 0;
+    }
+  }
+  if (kept_rows == 0) return absl::OkStatus();
+  if (compression_.codec != nullptr) {
+    Collectives::EncodedStats stats;
+    RETURN_IF_ERROR(collectives_->AllReduceEncoded(iteration, tag, *compression_.codec, kept_rows,
+                                                   compact, &stats));
+    p->norm_squared += stats.norm_squared;
+    p->error_squared += stats.error_squared;
+  } else {
+    for (int64_t i = 0; i < compact.numel(); ++i) {
+      p->norm_squared += static_cast<double>(compact.data()[i]) * compact.data()[i];
+    }
+    RETURN_IF_ERROR(collectives_->AllReduce(iteration, tag, compact));
+  }
+  next = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!p->kept[r]) continue;
+    std::memcpy(values + r * width, compact.data() + next++ * width,
+                static_cast<size_t>(width) * sizeof(float));
+  }
+  return absl::OkStatus();
 }
 
 void CollectivesTensorParallelComm::WaitAllReduce(int ticket) {
@@ -49,11 +188,17 @@ void CollectivesTensorParallelComm::WaitAllReduce(int ticket) {
   }
   waited_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
   seconds_ += p.seconds;
+  wire_bytes_ += p.wire_bytes;
+  norm_squared_ += p.norm_squared;
+  error_squared_ += p.error_squared;
   if (!p.status.ok()) {
     // The first failure sticks (an ABORTED follower only if nothing came first).
     if (status_.ok()) status_ = p.status;
-  } else if (status_.ok() && p.host.data() != p.target.data()) {
-    backend_->CopyFromHost(p.host, &p.target);
+  } else {
+    if (status_.ok() && p.host.data() != p.target.data()) {
+      backend_->CopyFromHost(p.host, &p.target);
+    }
+    if (p.kept_out != nullptr) *p.kept_out = std::move(p.kept);
   }
   pending_.erase(it);
 }

@@ -15,6 +15,14 @@
 // (at Start and at Wait). After a failed all-reduce the later ones are
 // skipped; the error shows in status() once its ticket is waited for.
 //
+// Hybrid compression (acctfm.txt §4.3, TensorParallelCompression): the
+// token-sparse sums all-reduce the token scores (fp32, B x T values), keep
+// each sample's top tokens, and all-reduce the kept rows with
+// Collectives::AllReduceEncoded (the codec's payloads on the wire), or as
+// fp32 without a codec; a dropped row is 0 on every rank. The statistics
+// count what this rank sent (wire_bytes) next to the fp32 size of what
+// was reduced (bytes), and the squared error compression made.
+//
 // Not thread-safe: the thread driving the units calls it.
 #ifndef PIPETRAIN_WORKER_COLLECTIVES_TENSOR_PARALLEL_COMM_H_
 #define PIPETRAIN_WORKER_COLLECTIVES_TENSOR_PARALLEL_COMM_H_
@@ -23,9 +31,12 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "common/annotated_mutex.h"
 #include "common/serial_executor.h"
+#include "kernels/compress/codec.h"
 #include "worker/collectives/collectives.h"
 #include "worker/model/backend.h"
 #include "worker/model/tensor_parallel.h"
@@ -36,12 +47,39 @@ namespace pipetrain {
 // parallel and loss collectives of stage_runtime.cc).
 inline constexpr int kTensorParallelTagBase = 1 << 23;
 
+// AccTFM's hybrid compression of a group's all-reduces (acctfm.txt §4.3):
+// token-level top-k keeping `keep` of each sample's tokens, the kept rows
+// encoded by `codec` (null: fp32). keep 1 and no codec: none.
+struct TensorParallelCompression {
+  double keep = 1;
+  std::unique_ptr<Codec> codec;
+  bool enabled() const { return keep < 1 || codec != nullptr; }
+};
+
+// The rows to keep (1) of `scores` (rows = samples x seq_len values, the
+// group's summed token importance), per sample the TopKCount(keep, seq_len)
+// of highest score, equal scores going to the lower row (acctfm.txt
+// §4.3.1). Requires seq_len >= 1 dividing scores.size() and 0 < keep <= 1.
+std::vector<uint8_t> KeepTopTokensPerSample(const std::vector<float>& scores, int seq_len,
+                                            double keep);
+
+// The spec of a tensor-parallel compression: "none", or a codec spec
+// (kernels/compress/codec_spec.h) of token_topk (with or without an inner
+// codec), piecewise, linear, fp16 or bf16. INVALID_ARGUMENT naming
+// `field` for any other.
+absl::StatusOr<TensorParallelCompression> MakeTensorParallelCompression(const std::string& spec,
+                                                                        const std::string& field);
+
 class CollectivesTensorParallelComm : public TensorParallelComm {
  public:
   // `collectives` is the group in rank order (its rank() is this rank);
   // `backend` the units'. Both must outlive this.
-  CollectivesTensorParallelComm(Collectives* collectives, Backend* backend)
-      : collectives_(collectives), backend_(backend), status_(collectives->status()) {}
+  CollectivesTensorParallelComm(Collectives* collectives, Backend* backend,
+                                TensorParallelCompression compression = {})
+      : collectives_(collectives),
+        backend_(backend),
+        compression_(std::move(compression)),
+        status_(collectives->status()) {}
 
   // Starts step `iteration`'s collectives (tags from the base again), or
   // with `eval` those of the validation pass after step `iteration` (tags
@@ -57,10 +95,22 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   absl::Status status() const override { return status_; }
   int StartAllReduceSum(Tensor& data) override;
   void WaitAllReduce(int ticket) override;
-  // All-reduces run so far, the fp32 bytes they reduced and the seconds
-  // they took (for the metrics and tests).
+  bool compresses() const override { return compression_.enabled(); }
+  int StartTokenSparseSum(Tensor& data, std::vector<float> local_scores, int seq_len,
+                          std::vector<uint8_t>* kept) override;
+  int StartMaskedSum(Tensor& data, std::vector<uint8_t> kept) override;
+  // All-reduces run so far, the fp32 bytes they reduced (whole tensors,
+  // dropped rows included), the bytes this rank's messages carried for them
+  // (payloads when compressed, the token scores' all-reduce included), and
+  // the seconds they took (for the metrics and tests).
   int64_t all_reduces() const { return all_reduces_; }
   int64_t bytes() const { return bytes_; }
+  int64_t wire_bytes() const { return wire_bytes_; }
+  // Of the compressed sums: the squared L2 norm of this rank's
+  // contributions and of what compression took from them (the dropped
+  // rows, and the codec's error on the kept ones).
+  double compressed_norm_squared() const { return norm_squared_; }
+  double compression_error_squared() const { return error_squared_; }
   double seconds() const { return seconds_; }
   // The time the caller spent blocked in WaitAllReduce (and so in
   // AllReduceSum): what the partitions did not hide behind compute. It
@@ -78,18 +128,38 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   struct Pending {
     Tensor target;  // the caller's tensor
     Tensor host;    // its host copy (target itself on the CPU)
+    // Token-sparse sums: the rows kept (given, or chosen from `scores`
+    // summed under `score_tag`) and where the caller wants them.
+    bool sparse = false;
+    std::vector<float> scores;
+    int seq_len = 0;
+    int score_tag = -1;
+    std::vector<uint8_t> kept;
+    std::vector<uint8_t>* kept_out = nullptr;
+    // Set by the background task:
     absl::Status status;
     double seconds = 0;
+    int64_t wire_bytes = 0;
+    double norm_squared = 0, error_squared = 0;
     bool done = false;
   };
 
+  // The part of Start* they share: queues `p` (its host copy made) under
+  // tag `tag`; returns its ticket.
+  int Queue(std::unique_ptr<Pending> pending, Tensor& data);
+  // Runs on the background thread: the token-sparse sum of p->host.
+  absl::Status SparseSum(Pending* p, int64_t iteration, int tag);
+
   Collectives* const collectives_;
   Backend* const backend_;
+  const TensorParallelCompression compression_;
   absl::Status status_;
   int64_t iteration_ = 0;
   int next_tag_ = kTensorParallelTagBase;
   int64_t all_reduces_ = 0;
   int64_t bytes_ = 0;
+  int64_t wire_bytes_ = 0;
+  double norm_squared_ = 0, error_squared_ = 0;
   double seconds_ = 0;
   double waited_seconds_ = 0;
   int next_ticket_ = 0;

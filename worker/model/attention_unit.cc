@@ -6,6 +6,25 @@
 #include "kernels/cpu/layernorm.h"
 
 namespace pipetrain {
+namespace {
+
+// An (acctfm.txt §4.3.1) of `samples` samples from host probs [samples, H,
+// T, T] (rows are queries): per sample and key token t, the sum over heads
+// and queries of probs[., h, q, t], in double.
+std::vector<float> AttentionColumnSums(const float* p, int64_t samples, int64_t H, int64_t T) {
+  std::vector<double> sums(samples * T, 0.0);
+  for (int64_t b = 0; b < samples; ++b) {
+    for (int64_t h = 0; h < H; ++h) {
+      for (int64_t q = 0; q < T; ++q) {
+        const float* row = p + ((b * H + h) * T + q) * T;
+        for (int64_t t = 0; t < T; ++t) sums[b * T + t] += row[t];
+      }
+    }
+  }
+  return std::vector<float>(sums.begin(), sums.end());
+}
+
+}  // namespace
 
 AttentionUnit::AttentionUnit(const GptConfig& config, int layer, Backend* backend,
                              TensorParallelComm* tp)
@@ -41,6 +60,8 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
   // Every op works on whole samples, so a partition is a run of rows.
   const int k = TensorParallelPartitions(B, /*forward=*/true);
   const int b = B / k, rows = b * T;
+  const bool compress = TensorParallelCompresses();
+  std::vector<std::vector<uint8_t>> kept(k);  // per partition, when compressing
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;  // the partition's first row
     backend()->LayerNormForward(x.data() + r * d, ln_w_->value.data(), ln_b_->value.data(), rows, d,
@@ -55,11 +76,18 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
                              tp_rank() == 0 ? proj_b_->value.data() : nullptr, rows, dl, d,
                              y.data() + r * d);
     Tensor part = y.Slice(int64_t{j} * b, int64_t{j + 1} * b);
-    StartTensorParallelSum(part);
+    if (compress) {
+      // This rank's An of the partition's samples; the group sums them.
+      const Tensor p = backend()->Download(probs.Slice(int64_t{j} * b, int64_t{j + 1} * b));
+      StartTensorParallelTokenSparseSum(part, AttentionColumnSums(p.data(), b, H, T), T, &kept[j]);
+    } else {
+      StartTensorParallelSum(part);
+    }
   }
   WaitTensorParallelSums();
   backend()->Add(y.data(), x.data(), y.numel(), y.data());
   ctx->saved = {x, ln_out, mean, rstd, qkv, probs, att};
+  if (compress) ctx->saved.push_back(KeptRowsTensor(kept));
   return y;
 }
 
@@ -77,12 +105,16 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
   // Partitions as in Forward; the weight gradients add up over them.
   const int k = TensorParallelPartitions(B, /*forward=*/false);
   const int b = B / k, rows = b * T;
+  // Compressed: the forward's dropped tokens had output 0, so their
+  // gradient stops here (the residual still carries dy).
+  const bool compress = TensorParallelCompresses() && s.size() > kKept;
+  const Tensor dy_kept = compress ? ZeroDroppedRows(dy, KeptRows(s[kKept], 0, n)) : dy;
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;
     // dy is the same on every rank, so is the replicated bias's gradient.
-    backend()->LinearBackward(s[kAttOut].data() + r * dl, proj_w_->value.data(), dy.data() + r * d,
-                              rows, dl, d, datt.data() + r * dl, proj_w_->grad.data(),
-                              proj_b_->grad.data());
+    backend()->LinearBackward(s[kAttOut].data() + r * dl, proj_w_->value.data(),
+                              dy_kept.data() + r * d, rows, dl, d, datt.data() + r * dl,
+                              proj_w_->grad.data(), proj_b_->grad.data());
     backend()->AttentionBackward(s[kQkv].data() + r * 3 * dl,
                                  s[kProbs].data() + int64_t{j} * b * H * T * T,
                                  datt.data() + r * dl, b, T, dl, H, dqkv.data() + r * 3 * dl,
@@ -91,7 +123,13 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
                               dqkv.data() + r * 3 * dl, rows, d, 3 * dl, dln.data() + r * d,
                               qkv_w_->grad.data(), qkv_b_->grad.data());
     Tensor part = dln.Slice(int64_t{j} * b, int64_t{j + 1} * b);
-    StartTensorParallelSum(part);  // each rank's part of dL/d(ln_1 output)
+    // Each rank's part of dL/d(ln_1 output); compressed, the forward's
+    // tokens only (acctfm.txt §4.3.1).
+    if (compress) {
+      StartTensorParallelMaskedSum(part, KeptRows(s[kKept], r, r + rows));
+    } else {
+      StartTensorParallelSum(part);
+    }
   }
   WaitTensorParallelSums();
   Tensor dx = backend()->Empty({B, T, d});
@@ -103,21 +141,10 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
 }
 
 std::vector<float> AttentionUnit::TokenImportance(const UnitContext& ctx) const {
-  if (ctx.saved.size() != kNumSlots) return {};
+  if (ctx.saved.size() < kNumSlots) return {};
   // [B, H, T, T], rows are queries; a host copy when on a device.
   const Tensor probs = backend()->Download(ctx.saved[kProbs]);
-  const int64_t B = probs.shape()[0], H = probs.shape()[1], T = probs.shape()[2];
-  std::vector<double> sums(B * T, 0.0);
-  const float* p = probs.data();
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < H; ++h) {
-      for (int64_t q = 0; q < T; ++q) {
-        const float* row = p + ((b * H + h) * T + q) * T;
-        for (int64_t t = 0; t < T; ++t) sums[b * T + t] += row[t];
-      }
-    }
-  }
-  return std::vector<float>(sums.begin(), sums.end());
+  return AttentionColumnSums(probs.data(), probs.shape()[0], probs.shape()[1], probs.shape()[2]);
 }
 
 }  // namespace pipetrain

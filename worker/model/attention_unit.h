@@ -5,7 +5,11 @@
 // Tensor-parallel (tensor_parallel.h): rank r of T holds heads [r H/T,
 // (r+1) H/T): c_attn's columns of those heads in q, k and v ([d, 3d/T]),
 // c_proj's rows of them ([d/T, d]); the output is all-reduced before the
-// residual, dL/d(ln_1 output) before the LayerNorm's backward.
+// residual, dL/d(ln_1 output) before the LayerNorm's backward. With the
+// group's hybrid compression (acctfm.txt §4.3) the output's all-reduce
+// keeps the tokens of highest An (TokenImportance, summed over the ranks)
+// and the others' outputs are 0 (the residual passes them on); the
+// backward sums the same tokens' gradients and drops the others'.
 #ifndef PIPETRAIN_WORKER_MODEL_ATTENTION_UNIT_H_
 #define PIPETRAIN_WORKER_MODEL_ATTENTION_UNIT_H_
 
@@ -26,7 +30,9 @@ class AttentionUnit : public Unit {
 
  private:
   // Slots of UnitContext::saved.
-  enum Slot { kX, kLnOut, kLnMean, kLnRstd, kQkv, kProbs, kAttOut, kNumSlots };
+  // kKept (the kept rows, Unit::KeptRowsTensor) only when the group
+  // compresses.
+  enum Slot { kX, kLnOut, kLnMean, kLnRstd, kQkv, kProbs, kAttOut, kNumSlots, kKept = kNumSlots };
   GptConfig config_;
   Parameter *ln_w_, *ln_b_, *qkv_w_, *qkv_b_, *proj_w_, *proj_b_;
 };

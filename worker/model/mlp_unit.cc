@@ -35,6 +35,8 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
   // AccTFM's fine-grained pipeline, as in AttentionUnit::Forward.
   const int k = TensorParallelPartitions(B, /*forward=*/true);
   const int rows = B / k * T;
+  const bool compress = TensorParallelCompresses();
+  std::vector<std::vector<uint8_t>> kept(k);  // per partition, when compressing
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;  // the partition's first row
     backend()->LayerNormForward(x.data() + r * d, ln_w_->value.data(), ln_b_->value.data(), rows, d,
@@ -48,11 +50,19 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
                              tp_rank() == 0 ? proj_b_->value.data() : nullptr, rows, h, d,
                              y.data() + r * d);
     Tensor part = y.Slice(int64_t{j} * (B / k), int64_t{j + 1} * (B / k));
-    StartTensorParallelSum(part);
+    if (compress) {
+      // The MLP has no attention matrix to rank tokens by (and its layer's
+      // attention may run on another stage): it ranks them by the squared
+      // norms of the ranks' partial outputs, summed over the group.
+      StartTensorParallelTokenSparseSum(part, RowSquaredNorms(part), T, &kept[j]);
+    } else {
+      StartTensorParallelSum(part);
+    }
   }
   WaitTensorParallelSums();
   backend()->Add(y.data(), x.data(), y.numel(), y.data());
   ctx->saved = {x, ln_out, mean, rstd, fc, act};
+  if (compress) ctx->saved.push_back(KeptRowsTensor(kept));
   return y;
 }
 
@@ -66,11 +76,14 @@ Tensor MlpUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitCo
   // Partitions as in Forward; the weight gradients add up over them.
   const int k = TensorParallelPartitions(B, /*forward=*/false);
   const int rows = B / k * T;
+  // Compressed: as in AttentionUnit::Backward.
+  const bool compress = TensorParallelCompresses() && s.size() > kKept;
+  const Tensor dy_kept = compress ? ZeroDroppedRows(dy, KeptRows(s[kKept], 0, n)) : dy;
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;
-    backend()->LinearBackward(s[kGeluOut].data() + r * h, proj_w_->value.data(), dy.data() + r * d,
-                              rows, h, d, dact.data() + r * h, proj_w_->grad.data(),
-                              proj_b_->grad.data());
+    backend()->LinearBackward(s[kGeluOut].data() + r * h, proj_w_->value.data(),
+                              dy_kept.data() + r * d, rows, h, d, dact.data() + r * h,
+                              proj_w_->grad.data(), proj_b_->grad.data());
     // GELU backward in place: dact becomes dL/d(fc output).
     backend()->GeluBackward(s[kFcOut].data() + r * h, dact.data() + r * h, int64_t{rows} * h,
                             dact.data() + r * h);
@@ -78,7 +91,12 @@ Tensor MlpUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitCo
                               rows, d, h, dln.data() + r * d, fc_w_->grad.data(),
                               fc_b_->grad.data());
     Tensor part = dln.Slice(int64_t{j} * (B / k), int64_t{j + 1} * (B / k));
-    StartTensorParallelSum(part);  // each rank's part of dL/d(ln_2 output)
+    // Each rank's part of dL/d(ln_2 output) (compressed: the kept tokens).
+    if (compress) {
+      StartTensorParallelMaskedSum(part, KeptRows(s[kKept], r, r + rows));
+    } else {
+      StartTensorParallelSum(part);
+    }
   }
   WaitTensorParallelSums();
   Tensor dx = backend()->Empty({B, T, d});

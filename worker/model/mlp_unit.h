@@ -4,7 +4,11 @@
 // Tensor-parallel (tensor_parallel.h): rank r of T holds c_fc's columns
 // [r 4d/T, (r+1) 4d/T) and c_proj's matching rows; the output is
 // all-reduced before the residual, dL/d(ln_2 output) before the
-// LayerNorm's backward.
+// LayerNorm's backward. With the group's hybrid compression (acctfm.txt
+// §4.3) only the tokens whose partial outputs have the largest squared
+// norms summed over the ranks are all-reduced (the paper ranks tokens by
+// attention, which an MLP does not have), the others' outputs are 0, and
+// the backward sums the same tokens' gradients.
 #ifndef PIPETRAIN_WORKER_MODEL_MLP_UNIT_H_
 #define PIPETRAIN_WORKER_MODEL_MLP_UNIT_H_
 
@@ -19,7 +23,9 @@ class MlpUnit : public Unit {
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
 
  private:
-  enum Slot { kX, kLnOut, kLnMean, kLnRstd, kFcOut, kGeluOut, kNumSlots };
+  // kKept (the kept rows, Unit::KeptRowsTensor) only when the group
+  // compresses.
+  enum Slot { kX, kLnOut, kLnMean, kLnRstd, kFcOut, kGeluOut, kNumSlots, kKept = kNumSlots };
   GptConfig config_;
   Parameter *ln_w_, *ln_b_, *fc_w_, *fc_b_, *proj_w_, *proj_b_;
 };

@@ -67,6 +67,34 @@ class TensorParallelComm {
     return 0;
   }
   virtual void WaitAllReduce(int /*ticket*/) {}
+
+  // AccTFM's hybrid compression (acctfm.txt §4.3; the job's
+  // spec.parallelism.tensor_compression): whether this group sparsifies by
+  // tokens and encodes the all-reduces of the row-parallel outputs and of
+  // the inputs' gradients. Units compute token scores only when it does.
+  virtual bool compresses() const { return false; }
+
+  // Started like StartAllReduceSum; `data` holds rows of its last dimension
+  // (rows = samples x seq_len, each row one token's values). Forward (§4.3.1): the
+  // group sums `local_scores` (this rank's importance of each row, rows
+  // values: an all-reduce of B x T numbers), every rank keeps in each
+  // sample the same TopKCount(keep, seq_len) rows of highest summed score,
+  // only those rows are all-reduced (encoded by the group's codec, §4.3.2)
+  // and the other rows of `data` become 0. `*kept` (which must stay alive)
+  // holds each row's kept flag (1 or 0) once WaitAllReduce(ticket) returns.
+  // A group that does not compress() sums all rows and keeps them all.
+  virtual int StartTokenSparseSum(Tensor& data, std::vector<float> /*local_scores*/,
+                                  int /*seq_len*/, std::vector<uint8_t>* kept) {
+    kept->assign(data.numel() == 0 ? 0 : static_cast<size_t>(data.numel() / data.shape().back()),
+                 1);
+    return StartAllReduceSum(data);
+  }
+  // The same sum over the rows `kept` names (one flag per row): the
+  // backward pass reuses its forward's choice (§4.3.1, last paragraph). A
+  // group that does not compress() sums all rows.
+  virtual int StartMaskedSum(Tensor& data, std::vector<uint8_t> /*kept*/) {
+    return StartAllReduceSum(data);
+  }
 };
 
 // How a Parameter's value is cut from the unsplit tensor.

@@ -1,5 +1,6 @@
 #include "worker/model/unit.h"
 
+#include <algorithm>
 #include <numeric>
 
 #include "common/logging.h"
@@ -38,6 +39,49 @@ void Unit::set_tensor_parallel_partitions(int forward, int backward) {
 int Unit::TensorParallelPartitions(int samples, bool forward) const {
   if (tp_size() < 2 || samples < 1) return 1;  // nothing to overlap
   return std::gcd(forward ? partitions_forward_ : partitions_backward_, samples);
+}
+
+Tensor Unit::KeptRowsTensor(const std::vector<std::vector<uint8_t>>& parts) {
+  std::vector<float> flags;
+  for (const std::vector<uint8_t>& part : parts)
+    flags.insert(flags.end(), part.begin(), part.end());
+  return Tensor::FromVector({static_cast<int64_t>(flags.size())}, flags);
+}
+
+std::vector<uint8_t> Unit::KeptRows(const Tensor& mask, int64_t begin, int64_t end) {
+  std::vector<uint8_t> kept;
+  kept.reserve(static_cast<size_t>(end - begin));
+  for (int64_t r = begin; r < end; ++r) kept.push_back(mask.data()[r] != 0 ? 1 : 0);
+  return kept;
+}
+
+Tensor Unit::ZeroDroppedRows(const Tensor& x, const std::vector<uint8_t>& kept) const {
+  Tensor host = x.on_device() ? backend_->Download(x) : x.Clone();
+  const int64_t width = host.numel() == 0 ? 1 : host.shape().back();
+  PT_CHECK(static_cast<int64_t>(kept.size()) * width == host.numel())
+      << name_ << ": a mask of " << kept.size() << " rows for " << host.numel() << " values";
+  for (size_t r = 0; r < kept.size(); ++r) {
+    if (!kept[r]) std::fill_n(host.data() + r * width, width, 0.0f);
+  }
+  if (!x.on_device()) return host;
+  Tensor out = backend_->Empty(x.shape());
+  backend_->CopyFromHost(host, &out);
+  return out;
+}
+
+std::vector<float> Unit::RowSquaredNorms(const Tensor& x) const {
+  const Tensor host = backend_->Download(x);
+  const int64_t width = host.numel() == 0 ? 1 : host.shape().back();
+  std::vector<float> norms(static_cast<size_t>(host.numel() / width));
+  for (size_t r = 0; r < norms.size(); ++r) {
+    double sum = 0;
+    for (int64_t i = 0; i < width; ++i) {
+      const double v = host.data()[r * width + i];
+      sum += v * v;
+    }
+    norms[r] = static_cast<float>(sum);
+  }
+  return norms;
 }
 
 Parameter* Unit::AddParameter(std::string name, const Shape& shape, ParamInit init, float init_std,

@@ -128,6 +128,30 @@ class Unit {
     tickets_.clear();
   }
 
+  // AccTFM's hybrid compression (acctfm.txt §4.3): whether the group
+  // compresses its sums, and the two sparse sums of TensorParallelComm,
+  // remembered like StartTensorParallelSum's (WaitTensorParallelSums).
+  // `kept` must stay alive until then. Only with a group.
+  bool TensorParallelCompresses() const { return tp_ != nullptr && tp_->compresses(); }
+  void StartTensorParallelTokenSparseSum(Tensor& data, std::vector<float> local_scores, int seq_len,
+                                         std::vector<uint8_t>* kept) {
+    tickets_.push_back(tp_->StartTokenSparseSum(data, std::move(local_scores), seq_len, kept));
+  }
+  void StartTensorParallelMaskedSum(Tensor& data, std::vector<uint8_t> kept) {
+    tickets_.push_back(tp_->StartMaskedSum(data, std::move(kept)));
+  }
+  // The kept flags of rows [begin, end) of a pass, kept in a unit's context
+  // as a host tensor of 0 / 1 (`mask`, from KeptRowsTensor).
+  static Tensor KeptRowsTensor(const std::vector<std::vector<uint8_t>>& parts);
+  static std::vector<uint8_t> KeptRows(const Tensor& mask, int64_t begin, int64_t end);
+  // A copy of backend tensor `x` (rows of its last dimension) whose rows
+  // not kept are 0: a dropped token's output was 0 in forward, so its
+  // gradient must not reach the weights (acctfm.txt §4.3.1).
+  Tensor ZeroDroppedRows(const Tensor& x, const std::vector<uint8_t>& kept) const;
+  // Each row's squared L2 norm (rows of the last dimension; host copy when
+  // on a device).
+  std::vector<float> RowSquaredNorms(const Tensor& x) const;
+
  private:
   std::string name_;
   UnitKind kind_;

@@ -1,0 +1,272 @@
+// AccTFM's hybrid compression of the tensor-parallel all-reduces
+// (acctfm.txt §4.3) on single units: T = 2 ranks, one thread each, their
+// all-reduces on Collectives over an in-process fabric, against the whole
+// unit of the same seed.
+//
+// What must hold: every rank ends with bitwise the same output; each sample
+// keeps TopKCount(keep, T) tokens; a dropped token's output is its input
+// (the residual) bitwise; a kept token's output is the whole unit's (with 2
+// ranks each all-reduce adds two terms, which commute, but the partial GEMMs
+// sum in another order than one GEMM: 1e-5 of the tensor's scale); and the
+// weights' gradients are the whole unit's for the upstream gradient with
+// the dropped tokens' rows zeroed (their outputs were constants), to 1e-4
+// of their scale as in tensor_parallel_model_test.
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/philox.h"
+#include "gtest/gtest.h"
+#include "kernels/compress/elem_topk_codec.h"
+#include "worker/collectives/tensor_parallel_comm.h"
+#include "worker/model/attention_unit.h"
+#include "worker/model/cpu_backend.h"
+#include "worker/model/mlp_unit.h"
+#include "worker/transport/in_process_transport.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr uint64_t kSeed = 77;
+constexpr int kRanks = 2;
+
+GptConfig Config(int d_model) {
+  GptConfig c;
+  c.vocab_size = 64;
+  c.max_seq_len = 16;
+  c.n_layer = 1;
+  c.n_head = 4;
+  c.d_model = d_model;
+  return c;
+}
+
+TokenBatch Batch() {
+  TokenBatch b;
+  b.batch = 4;
+  b.seq_len = 16;
+  b.inputs.assign(b.batch * b.seq_len, 0);
+  b.targets.assign(b.batch * b.seq_len, 0);
+  return b;
+}
+
+Tensor Random(const Shape& shape, uint64_t stream, float stddev) {
+  Tensor t = Tensor::Zeros(shape);
+  FillNormal(kSeed, stream, 0.0f, stddev, t.data(), t.numel());
+  return t;
+}
+
+std::unique_ptr<Unit> MakeLayerUnit(bool attention, int d_model, TensorParallelComm* tp) {
+  std::unique_ptr<Unit> unit;
+  if (attention) {
+    unit = std::make_unique<AttentionUnit>(Config(d_model), 0, CpuBackend(), tp);
+  } else {
+    unit = std::make_unique<MlpUnit>(Config(d_model), 0, CpuBackend(), tp);
+  }
+  InitializeParameters(unit.get(), kSeed);
+  return unit;
+}
+
+// One rank's (or the whole unit's) forward and backward.
+struct UnitRun {
+  Tensor y, dx;
+  std::vector<float> kept;  // the kept rows' flags (ranks only)
+  std::map<std::string, Tensor> grads;
+  std::map<std::string, ParameterShard> shards;
+  int64_t wire_bytes = 0;
+  double error_squared = 0, norm_squared = 0;
+};
+
+UnitRun RunUnit(Unit& unit, const Tensor& x, const Tensor& dy) {
+  UnitRun run;
+  UnitContext ctx;
+  unit.ZeroGrads();
+  run.y = unit.Forward(x, Batch(), &ctx);
+  run.dx = unit.Backward(dy, Batch(), ctx);
+  if (ctx.saved.size() > 6 + size_t{unit.kind() == UnitKind::kAttention}) {
+    run.kept = ctx.saved.back().ToVector();
+  }
+  for (Parameter* p : unit.parameters()) {
+    run.grads[p->name] = p->grad.Clone();
+    run.shards[p->name] = p->shard;
+  }
+  return run;
+}
+
+// The units of kRanks ranks compressing with `spec`, `partitions` AccTFM
+// partitions each.
+std::vector<UnitRun> RunRanks(bool attention, int d_model, const std::string& spec, int partitions,
+                              const Tensor& x, const Tensor& dy) {
+  InProcessFabric fabric(kRanks);
+  std::vector<UnitRun> runs(kRanks);
+  std::vector<absl::Status> status(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Transport> transport = fabric.Connect(r);
+      Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
+      absl::StatusOr<TensorParallelCompression> compression =
+          MakeTensorParallelCompression(spec, "tensor_compression");
+      if (!compression.ok()) {
+        status[r] = compression.status();
+        return;
+      }
+      CollectivesTensorParallelComm comm(&collectives, CpuBackend(), *std::move(compression));
+      comm.BeginIteration(0);
+      std::unique_ptr<Unit> unit = MakeLayerUnit(attention, d_model, &comm);
+      unit->set_tensor_parallel_partitions(partitions, partitions);
+      runs[r] = RunUnit(*unit, x, dy);
+      runs[r].wire_bytes = comm.wire_bytes();
+      runs[r].error_squared = comm.compression_error_squared();
+      runs[r].norm_squared = comm.compressed_norm_squared();
+      status[r] = comm.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+  return runs;
+}
+
+// max |a - b| <= rel * max |b|.
+void ExpectClose(const Tensor& a, const Tensor& b, double rel, const std::string& what) {
+  ASSERT_EQ(a.numel(), b.numel()) << what;
+  double scale = 0, diff = 0;
+  for (int64_t i = 0; i < b.numel(); ++i) {
+    scale = std::max(scale, double{std::abs(b[i])});
+    diff = std::max(diff, double{std::abs(a[i] - b[i])});
+  }
+  EXPECT_LE(diff, rel * scale + 1e-9)
+      << what << ": max difference " << diff << " at scale " << scale;
+}
+
+// `t` ([rows, d]) with the rows whose flag is 0 (zero_kept = false) or 1
+// (true) zeroed.
+Tensor ZeroRows(const Tensor& t, const std::vector<float>& kept, bool zero_kept) {
+  Tensor out = t.Clone();
+  const int64_t d = t.shape().back();
+  for (size_t r = 0; r < kept.size(); ++r) {
+    if ((kept[r] != 0) == zero_kept) std::fill_n(out.data() + r * d, d, 0.0f);
+  }
+  return out;
+}
+
+class TokenSparseTest : public ::testing::TestWithParam<std::tuple<bool, int>> {};
+
+// Keep 0.5 without quantization: the kept tokens' sums are exact (2 terms).
+TEST_P(TokenSparseTest, DroppedTokensPassTheResidual_KeptOnesEqualTheWholeUnit) {
+  const auto [attention, partitions] = GetParam();
+  const int d = 32;
+  const Tensor x = Random({4, 16, d}, 1, 1.0f), dy = Random({4, 16, d}, 2, 0.1f);
+  const std::vector<UnitRun> ranks =
+      RunRanks(attention, d, "token_topk:keep=0.5", partitions, x, dy);
+  ASSERT_EQ(ranks[0].kept.size(), 64u);
+  EXPECT_EQ(ranks[1].kept, ranks[0].kept);
+  EXPECT_EQ(ranks[1].y.ToVector(), ranks[0].y.ToVector()) << "ranks' outputs differ";
+  EXPECT_EQ(ranks[1].dx.ToVector(), ranks[0].dx.ToVector()) << "ranks' input gradients differ";
+  for (int b = 0; b < 4; ++b) {
+    int kept = 0;
+    for (int t = 0; t < 16; ++t) kept += ranks[0].kept[b * 16 + t] != 0;
+    EXPECT_EQ(kept, TopKCount(0.5, 16)) << "sample " << b;
+  }
+  // Dropped: y = x, bitwise. Kept: the whole unit's y.
+  std::unique_ptr<Unit> whole = MakeLayerUnit(attention, d, nullptr);
+  const Tensor dy_kept = ZeroRows(dy, ranks[0].kept, /*zero_kept=*/false);
+  const UnitRun reference = RunUnit(*whole, x, dy_kept);
+  EXPECT_EQ(ZeroRows(ranks[0].y, ranks[0].kept, true).ToVector(),
+            ZeroRows(x, ranks[0].kept, true).ToVector());
+  ExpectClose(ZeroRows(ranks[0].y, ranks[0].kept, false),
+              ZeroRows(reference.y, ranks[0].kept, false), 1e-5, "kept tokens' outputs");
+  if (attention) {
+    // The paper's choice: the tokens of highest An over all heads.
+    UnitContext ctx;
+    whole->Forward(x, Batch(), &ctx);
+    const std::vector<uint8_t> top = KeepTopTokensPerSample(whole->TokenImportance(ctx), 16, 0.5);
+    EXPECT_EQ(ranks[0].kept, std::vector<float>(top.begin(), top.end()));
+  }
+  // The weights' gradients (the two GEMMs'; the LayerNorm's see the dropped
+  // rows of the input gradient, which compression leaves out).
+  for (const auto& [name, grad] : reference.grads) {
+    if (name.find("ln_") != std::string::npos) continue;
+    const ParameterShard& shard = ranks[0].shards.at(name);
+    Tensor got = ranks[0].grads.at(name);
+    if (shard.sharded()) {
+      got = *GatherShards({ranks[0].grads.at(name), ranks[1].grads.at(name)}, shard);
+    }
+    ExpectClose(got, grad, 1e-4, name + " gradient");
+  }
+  if (!attention) {
+    // The MLP works token by token, so a dropped token's input gradient is
+    // exactly the residual's: dx = whole's for dy_kept + the dropped rows of dy.
+    Tensor want = reference.dx.Clone();
+    const Tensor dropped = ZeroRows(dy, ranks[0].kept, true);
+    for (int64_t i = 0; i < want.numel(); ++i) want.data()[i] += dropped[i];
+    ExpectClose(ranks[0].dx, want, 1e-4, "input gradient");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(UnitsAndPartitions, TokenSparseTest,
+                         ::testing::Combine(::testing::Bool(), ::testing::Values(1, 2)));
+
+// keep 0.5 and 4-bit piecewise codes (3 clusters and a sign bit, the
+// paper's "4-bit"): the ranks still agree bitwise, the codec's error shows
+// in the statistics, and the bytes this rank sent are at least 12 times
+// fewer than the fp32 all-reduces' (the goal; the token scores'
+// all-reduce counted in).
+TEST(HybridCompressionTest, KeepHalfPiecewise4Bit_RanksAgree_TwelveTimesFewerBytes) {
+  for (bool attention : {false, true}) {
+    const int d = 128;
+    const Tensor x = Random({4, 16, d}, 3, 1.0f), dy = Random({4, 16, d}, 4, 0.1f);
+    const std::vector<UnitRun> plain = RunRanks(attention, d, "none", 1, x, dy);
+    const std::vector<UnitRun> ranks =
+        RunRanks(attention, d, "token_topk:keep=0.5+piecewise:bits=3", 1, x, dy);
+    EXPECT_EQ(ranks[1].y.ToVector(), ranks[0].y.ToVector());
+    EXPECT_EQ(ranks[1].dx.ToVector(), ranks[0].dx.ToVector());
+    EXPECT_EQ(plain[0].error_squared, 0.0);
+    EXPECT_GT(ranks[0].error_squared, 0.0);
+    EXPECT_LT(ranks[0].error_squared, ranks[0].norm_squared);
+    // Two all-reduces of 64 x 128 fp32 values each.
+    EXPECT_EQ(plain[0].wire_bytes, 2 * 64 * 128 * 4);
+    EXPECT_GE(plain[0].wire_bytes, 12 * ranks[0].wire_bytes)
+        << (attention ? "attention" : "mlp") << ": " << ranks[0].wire_bytes << " bytes";
+    // The kept tokens' outputs stay near the uncompressed ones (the codec's
+    // own bound is collectives_test's): within a quarter of the branch's
+    // largest output.
+    const std::vector<float> kept = ranks[0].kept;
+    const Tensor got = ZeroRows(ranks[0].y, kept, false), want = ZeroRows(plain[0].y, kept, false);
+    double scale = 0, worst = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      scale = std::max(scale, double{std::abs(want[i] - x[i])});
+      worst = std::max(worst, double{std::abs(got[i] - want[i])});
+    }
+    EXPECT_GT(worst, 0.0);
+    EXPECT_LE(worst, 0.25 * scale) << (attention ? "attention" : "mlp");
+  }
+}
+
+TEST(HybridCompressionTest, Specs_NoneAndCodecsAccepted_OthersNamedInTheError) {
+  EXPECT_FALSE(MakeTensorParallelCompression("none", "f")->enabled());
+  EXPECT_FALSE(MakeTensorParallelCompression("", "f")->enabled());
+  EXPECT_TRUE(MakeTensorParallelCompression("piecewise:bits=3", "f")->enabled());
+  auto both = MakeTensorParallelCompression("token_topk:keep=0.25+linear:bits=8", "f");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->keep, 0.25);
+  EXPECT_NE(both->codec, nullptr);
+  for (const char* bad : {"powersgd:rank=2", "elem_topk:keep=0.1", "token_topk:keep=2", "zip"}) {
+    const auto got = MakeTensorParallelCompression(bad, "spec.parallelism.tensor_compression");
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(got.status().message().find("spec.parallelism.tensor_compression"), std::string::npos)
+        << got.status();
+  }
+}
+
+TEST(HybridCompressionTest, KeepTopTokensPerSample_TiesToTheLowerToken) {
+  EXPECT_EQ(KeepTopTokensPerSample({1, 3, 3, 0, 5, 5, 5, 5}, 4, 0.5),
+            (std::vector<uint8_t>{0, 1, 1, 0, 1, 1, 0, 0}));
+  EXPECT_EQ(KeepTopTokensPerSample({2, 1, 0}, 3, 0.1), (std::vector<uint8_t>{1, 0, 0}));
+}
+
+}  // namespace
+}  // namespace pipetrain

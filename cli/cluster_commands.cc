@@ -187,6 +187,7 @@ struct UpOptions {
   int data_parallel = 1;
   int tensor_parallel = 1;
   int tensor_partitions = 1;
+  std::string tensor_compression = "none";
   std::string out = "/tmp/pipetrain-up";
   bool keep_running = false;
   v1::JobSpec spec;
@@ -218,6 +219,10 @@ void BindUp(FlagSet& f, UpOptions& o) {
         "with --tensor-parallel: AccTFM's partitions per micro-batch (1, 2 or 4), each "
         "partition's all-reduce overlapping the next one's compute; 0: each layer's own, "
         "from AccTFM's Alg. 1");
+  f.String("tensor-compression", &o.tensor_compression,
+           "with --tensor-parallel: AccTFM's hybrid compression of the tensor-parallel "
+           "all-reduces (spec.parallelism.tensor_compression), e.g. "
+           "\"token_topk:keep=0.5+piecewise:bits=3\"; lossy; \"none\" (default) is exact");
   f.String("out", &o.out, "directory for logs, weights and ports files");
   f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
   f.Int("layers", &o.layers, "transformer blocks");
@@ -313,6 +318,7 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   spec.mutable_parallelism()->set_data(o.data_parallel);
   spec.mutable_parallelism()->set_tensor(o.tensor_parallel);
   spec.mutable_parallelism()->set_tensor_partitions(o.tensor_partitions);
+  spec.mutable_parallelism()->set_tensor_compression(o.tensor_compression);
   spec.mutable_parallelism()->set_solver(o.solver);
   spec.mutable_parallelism()->set_schedule(o.schedule);
   // Under the coordinator's --output-dir, which `up` sets to --out.

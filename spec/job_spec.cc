@@ -401,10 +401,20 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
     return Invalid("spec.parallelism.tensor_partitions",
                    absl::StrCat("must be 0 (Alg. 1 per layer), 1, 2 or 4, got ", k));
   }
+  // AccTFM's hybrid compression: bounded before it is parsed; normalised.
+  const char* kCompressionField = "spec.parallelism.tensor_compression";
+  RETURN_IF_ERROR(RequireMaxBytes(kCompressionField, p->tensor_compression(), kMaxCodecSpecBytes));
+  absl::StatusOr<TensorParallelCompression> compression =
+      MakeTensorParallelCompression(p->tensor_compression(), kCompressionField);
+  if (!compression.ok()) return compression.status();
+  if (!compression->enabled()) p->set_tensor_compression("none");
   if (p->tensor() == 1) {
     if (k != 1) {
       return Invalid("spec.parallelism.tensor_partitions",
                      "needs tensor parallelism (spec.parallelism.tensor > 1)");
+    }
+    if (compression->enabled()) {
+      return Invalid(kCompressionField, "needs tensor parallelism (spec.parallelism.tensor > 1)");
     }
     return absl::OkStatus();
   }
@@ -637,6 +647,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   resolved.data_parallel = out.parallelism().data();
   resolved.tensor_parallel = out.parallelism().tensor();
   resolved.tensor_partitions = out.parallelism().tensor_partitions();
+  resolved.tensor_compression = out.parallelism().tensor_compression();
   resolved.solver = out.parallelism().solver();
   resolved.objective = out.parallelism().objective();
   resolved.schedule = out.parallelism().schedule();

@@ -82,6 +82,7 @@ struct ResolvedJobSpec {
   int data_parallel = 1;                       // spec.parallelism.data: replicas
   int tensor_parallel = 1;                     // spec.parallelism.tensor: ranks per stage
   int tensor_partitions = 1;  // spec.parallelism.tensor_partitions (0: Alg. 1 per layer)
+  std::string tensor_compression = "none";  // spec.parallelism.tensor_compression
   // spec.compression.data_parallel's PowerSGD rank; 0: exact all-reduce.
   int data_parallel_powersgd_rank = 0;
   std::string solver;     // uniform | pipedream | bipartition | auto | manual
@@ -114,9 +115,11 @@ struct ResolvedJobSpec {
 // kMaxTensorParallel, tensor divides model.n_head, d_model and vocab_size,
 // data x stages x tensor <= kMaxStages workers; tensor_partitions 1
 // (default), 2, 4 or 0 (Alg. 1), other than 1 only with tensor > 1; with
-// tensor > 1 no
-// checkpoint.interval_steps, init.from or token_topk codec yet (each
-// INVALID_ARGUMENT naming its field).
+// tensor > 1 no checkpoint.interval_steps, init.from or token_topk codec
+// on the stages' links yet (each INVALID_ARGUMENT naming its field).
+// tensor_compression: "none" (default, also for "") or a spec
+// MakeTensorParallelCompression accepts, at most kMaxCodecSpecBytes, only
+// with tensor > 1.
 //
 // spec.compression.data_parallel: codec "none" (default, also for an empty
 // one; then no stages) or "powersgd:rank=R" with R in 1..1024 (default

@@ -155,6 +155,7 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   spec.mutable_parallelism()->set_fused_embedding_sync(false);
   spec.mutable_parallelism()->set_tensor(1);
   spec.mutable_parallelism()->set_tensor_partitions(1);
+  spec.mutable_parallelism()->set_tensor_compression("none");
   spec.mutable_output()->set_weights_path("runs/weights.safetensors");
   v1::CompressionSpec* c = spec.mutable_compression();
   c->set_forward("fp16");
@@ -519,6 +520,24 @@ TEST(ResolveJobSpec, TensorParallel_BadValuesRejectedNamingTheField) {
       spec, "spec.parallelism.tensor_partitions: must be 0 (Alg. 1 per layer), 1, 2 or 4, got 3");
   spec.mutable_parallelism()->set_tensor_partitions(0);
   EXPECT_EQ(ResolveJobSpec(spec).value().tensor_partitions, 0);
+}
+
+TEST(ResolveJobSpec, TensorCompression_DefaultNoneCodecsAcceptedBadOnesNamed) {
+  v1::JobSpec spec = MinimalSpec();
+  EXPECT_EQ(ResolveJobSpec(spec).value().tensor_compression, "none");
+  spec.mutable_parallelism()->set_tensor_compression("token_topk:keep=0.5+piecewise:bits=3");
+  ExpectRejected(spec, "spec.parallelism.tensor_compression: needs tensor parallelism");
+  spec.mutable_parallelism()->set_tensor(2);
+  EXPECT_EQ(ResolveJobSpec(spec).value().tensor_compression,
+            "token_topk:keep=0.5+piecewise:bits=3");
+  spec.mutable_parallelism()->set_tensor_compression("");
+  EXPECT_EQ(ResolveJobSpec(spec).value().tensor_compression, "none");
+  spec.mutable_parallelism()->set_tensor_compression("powersgd:rank=4");
+  ExpectRejected(spec, "spec.parallelism.tensor_compression: \"powersgd:rank=4\" names powersgd");
+  spec.mutable_parallelism()->set_tensor_compression("token_topk:keep=1.5");
+  ExpectRejected(spec, "spec.parallelism.tensor_compression: token_topk: keep");
+  spec.mutable_parallelism()->set_tensor_compression(std::string(300, 'x'));
+  ExpectRejected(spec, "spec.parallelism.tensor_compression: ");
 }
 
 TEST(ResolveJobSpec, DataParallelCompression_DefaultNoneRankAndBadValuesNamed) {

@@ -13,6 +13,8 @@
 // says why, and how the key bias is held). Bad input is refused naming the
 // field.
 #include <array>
+#include <cmath>
+#include <cstdio>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -173,6 +175,48 @@ TEST_F(TensorParallelClusterTest, AllReducesCountedInMetrics) {
   EXPECT_GE(SumOverWorkers(waited) - waited_before, 0.5 * spent);
 }
 
+// AccTFM's hybrid compression (acctfm.txt §4.3) with keep 0.5 and 4-bit
+// piecewise codes, T = 2 over 2 stages with 2 partitions: the job trains
+// (lossy, so not train-local's losses: a finite loss that falls), and the
+// workers' metrics count exactly the attention and MLP units' all-reduces
+// (2 per unit and micro-batch, forward and backward, each [2, 16, 128]
+// fp32) as compressed, at least 12 times fewer bytes sent than their fp32
+// size (the goal; the payloads' headers and the token scores'
+// all-reduce counted in), with a relative error between 0 and 1.
+TEST_F(TensorParallelClusterTest, HybridCompression_TwelveTimesFewerBytesJobTrains) {
+  ASSERT_NE(cluster_, nullptr);
+  auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
+  v1::JobSpec spec = Spec(2, 2, "1f1b", "");
+  spec.mutable_model()->set_d_model(128);
+  spec.mutable_parallelism()->set_tensor_partitions(2);
+  spec.mutable_parallelism()->set_tensor_compression("token_topk:keep=0.5+piecewise:bits=3");
+  const std::string raw = "pipetrain_tensor_parallel_compressed_bytes_total{encoding=\"raw\"}";
+  const std::string wire = "pipetrain_tensor_parallel_compressed_bytes_total{encoding=\"wire\"}";
+  const double raw_before = SumOverWorkers(raw), wire_before = SumOverWorkers(wire);
+  const std::string id = testing::SubmitJob(*stub, spec);
+  const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  ASSERT_EQ(job.progress().loss_history_size(), kSteps);
+  const double first = job.progress().loss_history(0);
+  const double last = job.progress().loss_history(kSteps - 1);
+  EXPECT_TRUE(std::isfinite(last));
+  EXPECT_LT(last, first);
+  const double raw_bytes = SumOverWorkers(raw) - raw_before;
+  const double wire_bytes = SumOverWorkers(wire) - wire_before;
+  const int micro_batch_samples = spec.training().batch_size() / spec.training().micro_batches();
+  const double tensor_bytes = micro_batch_samples * spec.training().seq_len() * 128 * 4.0;
+  // 4 stage ranks hold the 2 layers' 4 units: each all-reduce counted once
+  // per rank of its stage.
+  EXPECT_EQ(raw_bytes, 2 * 2 * 4 * kSteps * spec.training().micro_batches() * tensor_bytes);
+  EXPECT_GT(wire_bytes, 0);
+  EXPECT_GE(raw_bytes / wire_bytes, 12.0) << raw_bytes << " fp32 bytes, " << wire_bytes << " sent";
+  std::printf("compressed tensor-parallel all-reduces: %.0f fp32 bytes, %.0f sent (%.1fx)\n",
+              raw_bytes, wire_bytes, raw_bytes / wire_bytes);
+  const double error = SumOverWorkers("pipetrain_tensor_parallel_compression_error ");
+  EXPECT_GT(error, 0);
+  EXPECT_LT(error, 8);  // each of the 8 workers' below 1
+}
+
 // Bad input: INVALID_ARGUMENT naming the field, before anything runs.
 TEST_F(TensorParallelClusterTest, BadInput_InvalidArgumentNamingTheField) {
   ASSERT_NE(cluster_, nullptr);
@@ -198,6 +242,10 @@ TEST_F(TensorParallelClusterTest, BadInput_InvalidArgumentNamingTheField) {
   v1::JobSpec checkpoints = Spec(2, 1, "1f1b", "");
   checkpoints.mutable_checkpoint()->set_interval_steps(5);
   cases.push_back({"checkpoints", checkpoints, "spec.checkpoint.interval_steps: ", "tensor > 1"});
+  v1::JobSpec compression = Spec(2, 1, "1f1b", "");
+  compression.mutable_parallelism()->set_tensor_compression("elem_topk:keep=0.1");
+  cases.push_back({"element top-k on the all-reduce", compression,
+                   "spec.parallelism.tensor_compression: ", "elem_topk"});
   v1::JobSpec topk = Spec(2, 2, "1f1b", "");
   topk.mutable_compression()->set_forward("token_topk:keep=0.5");
   cases.push_back({"token top-k", topk, "spec.compression.forward: ", "tensor > 1"});

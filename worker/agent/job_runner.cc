@@ -315,6 +315,7 @@ absl::Status JobRunner::RunJob() {
   setup.tensor_rank = assignment_.tensor_rank();
   setup.tensor_parallel = tensor;
   setup.tensor_partitions = std::max(1, job.spec.parallelism().tensor_partitions());
+  setup.tensor_compression = job.spec.parallelism().tensor_compression();  // checked by Create
   // Checked (length, values) by StageRuntime::Create.
   setup.tensor_partitions_forward.assign(assignment_.tensor_partitions_forward().begin(),
                                          assignment_.tensor_partitions_forward().end());

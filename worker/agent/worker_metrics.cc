@@ -1,5 +1,6 @@
 #include "worker/agent/worker_metrics.h"
 
+#include <cmath>
 #include <string>
 
 #include "common/metrics/build_info_metric.h"
@@ -109,8 +110,26 @@ WorkerMetrics::WorkerMetrics()
                     "pipetrain_collective_seconds_total{purpose=\"tensor_parallel\"}, what "
                     "AccTFM's partitions did not hide")
               .Register(*registry_)
-              .Add({})) {
+              .Add({})),
+      tensor_parallel_error_(
+          prometheus::BuildGauge()
+              .Name("pipetrain_tensor_parallel_compression_error")
+              .Help("Relative L2 error AccTFM's hybrid compression made in this rank's "
+                    "contributions to its tensor-parallel all-reduces in the last iteration "
+                    "(dropped tokens and the codec's error over the values sent; 0 when exact)")
+              .Register(*registry_)
+              .Add({})),
+      tensor_parallel_compressed_bytes_(
+          prometheus::BuildCounter()
+              .Name("pipetrain_tensor_parallel_compressed_bytes_total")
+              .Help("Of the tensor-parallel all-reduces, those AccTFM's hybrid compression "
+                    "applies to (the attention and MLP units'): encoding raw: their fp32 size, "
+                    "wire: the bytes this rank sent for them (payloads and the token scores' "
+                    "all-reduce)")
+              .Register(*registry_)) {
   AddBuildInfo(*registry_);
+  tensor_parallel_compressed_bytes_.Add({{"encoding", "raw"}});
+  tensor_parallel_compressed_bytes_.Add({{"encoding", "wire"}});
   for (const char* phase : kPhases) compute_.Add({{"phase", phase}});
   for (const char* purpose : kPurposes) {
     collectives_.Add({{"purpose", purpose}});
@@ -133,7 +152,17 @@ void WorkerMetrics::Observe(const IterationResult& r) {
     collective_bytes_.Add({{"purpose", purpose}, {"encoding", "wire"}})
         .Increment(static_cast<double>(stats.wire_bytes));
     collective_seconds_.Add({{"purpose", purpose}}).Increment(stats.seconds);
-    if (purpose == "tensor_parallel") tensor_parallel_waited_.Increment(stats.waited_seconds);
+    if (purpose == "tensor_parallel") {
+      tensor_parallel_waited_.Increment(stats.waited_seconds);
+      tensor_parallel_error_.Set(
+          stats.compressed_norm_squared > 0
+              ? std::sqrt(stats.compression_error_squared / stats.compressed_norm_squared)
+              : 0.0);
+      tensor_parallel_compressed_bytes_.Add({{"encoding", "raw"}})
+          .Increment(static_cast<double>(stats.compressed_bytes));
+      tensor_parallel_compressed_bytes_.Add({{"encoding", "wire"}})
+          .Increment(static_cast<double>(stats.compressed_wire_bytes));
+    }
   }
   for (const auto& [key, link] : r.sent) {
     const std::string peer = std::to_string(key.first);

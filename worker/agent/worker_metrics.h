@@ -29,6 +29,13 @@
 //   pipetrain_collective_seconds_total{purpose}    time spent in them
 //   pipetrain_tensor_parallel_waited_seconds_total time waited for the
 //                                                  tensor_parallel ones
+//   pipetrain_tensor_parallel_compression_error    gauge: relative error of
+//                                                  the last iteration's
+//                                                  compressed tensor-parallel
+//                                                  contributions (AccTFM §4.3)
+//   pipetrain_tensor_parallel_compressed_bytes_total{encoding}  of those,
+//                                                  the compressed ones: raw =
+//                                                  fp32 size, wire = sent
 //   pipetrain_rpc_requests_total{method,code}      gRPC calls served (data plane,
 //   pipetrain_rpc_duration_seconds{method,code}    WorkerControl), through rpc()
 //   pipetrain_http_requests_total{method,route,code}, pipetrain_http_request_
@@ -93,6 +100,8 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>& collective_bytes_;
   prometheus::Family<prometheus::Counter>& collective_seconds_;
   prometheus::Counter& tensor_parallel_waited_;
+  prometheus::Gauge& tensor_parallel_error_;
+  prometheus::Family<prometheus::Counter>& tensor_parallel_compressed_bytes_;
 };
 
 }  // namespace pipetrain

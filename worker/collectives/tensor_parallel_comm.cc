@@ -6,7 +6,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "kernels/compress/codec_spec.h"
 #include "kernels/compress/elem_topk_codec.h"
 
 namespace pipetrain {
@@ -25,33 +24,6 @@ std::vector<uint8_t> KeepTopTokensPerSample(const std::vector<float>& scores, in
     for (int64_t i = 0; i < per_sample; ++i) kept[first + order[i]] = 1;
   }
   return kept;
-}
-
-absl::StatusOr<TensorParallelCompression> MakeTensorParallelCompression(const std::string& spec,
-                                                                        const std::string& field) {
-  TensorParallelCompression compression;
-  if (spec.empty() || spec == kCodecNone) return compression;
-  absl::StatusOr<std::vector<CodecStage>> stages = ParseCodecSpec(spec);
-  if (!stages.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(field, ": ", stages.status().message()));
-  }
-  size_t inner = 0;
-  if ((*stages)[0].name == "token_topk") {
-    compression.keep = (*stages)[0].params.count("keep") ? (*stages)[0].params.at("keep") : 1.0;
-    inner = 1;
-  }
-  if (inner < stages->size()) {
-    const std::string& name = (*stages)[inner].name;
-    if (name != "piecewise" && name != "linear" && name != "fp16" && name != "bf16") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": \"", spec, "\" names ", name,
-          ", which a tensor-parallel all-reduce cannot carry (use token_topk, piecewise, linear, "
-          "fp16 or bf16, e.g. \"token_topk:keep=0.5+piecewise:bits=3\")"));
-    }
-    const size_t plus = spec.find('+');
-    ASSIGN_OR_RETURN(compression.codec, MakeCodec(inner == 0 ? spec : spec.substr(plus + 1)));
-  }
-  return compression;
 }
 
 void CollectivesTensorParallelComm::AllReduceSum(Tensor& data) {
@@ -189,6 +161,10 @@ void CollectivesTensorParallelComm::WaitAllReduce(int ticket) {
   waited_seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
   seconds_ += p.seconds;
   wire_bytes_ += p.wire_bytes;
+  if (p.sparse) {
+    compressed_bytes_ += p.target.size_bytes();
+    compressed_wire_bytes_ += p.wire_bytes;
+  }
   norm_squared_ += p.norm_squared;
   error_squared_ += p.error_squared;
   if (!p.status.ok()) {

@@ -47,28 +47,12 @@ namespace pipetrain {
 // parallel and loss collectives of stage_runtime.cc).
 inline constexpr int kTensorParallelTagBase = 1 << 23;
 
-// AccTFM's hybrid compression of a group's all-reduces (acctfm.txt §4.3):
-// token-level top-k keeping `keep` of each sample's tokens, the kept rows
-// encoded by `codec` (null: fp32). keep 1 and no codec: none.
-struct TensorParallelCompression {
-  double keep = 1;
-  std::unique_ptr<Codec> codec;
-  bool enabled() const { return keep < 1 || codec != nullptr; }
-};
-
 // The rows to keep (1) of `scores` (rows = samples x seq_len values, the
 // group's summed token importance), per sample the TopKCount(keep, seq_len)
 // of highest score, equal scores going to the lower row (acctfm.txt
 // §4.3.1). Requires seq_len >= 1 dividing scores.size() and 0 < keep <= 1.
 std::vector<uint8_t> KeepTopTokensPerSample(const std::vector<float>& scores, int seq_len,
                                             double keep);
-
-// The spec of a tensor-parallel compression: "none", or a codec spec
-// (kernels/compress/codec_spec.h) of token_topk (with or without an inner
-// codec), piecewise, linear, fp16 or bf16. INVALID_ARGUMENT naming
-// `field` for any other.
-absl::StatusOr<TensorParallelCompression> MakeTensorParallelCompression(const std::string& spec,
-                                                                        const std::string& field);
 
 class CollectivesTensorParallelComm : public TensorParallelComm {
  public:
@@ -110,6 +94,9 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   // contributions and of what compression took from them (the dropped
   // rows, and the codec's error on the kept ones).
   double compressed_norm_squared() const { return norm_squared_; }
+  // Of the token-sparse sums only: their fp32 size and the bytes sent.
+  int64_t compressed_bytes() const { return compressed_bytes_; }
+  int64_t compressed_wire_bytes() const { return compressed_wire_bytes_; }
   double compression_error_squared() const { return error_squared_; }
   double seconds() const { return seconds_; }
   // The time the caller spent blocked in WaitAllReduce (and so in
@@ -160,6 +147,7 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
   int64_t bytes_ = 0;
   int64_t wire_bytes_ = 0;
   double norm_squared_ = 0, error_squared_ = 0;
+  int64_t compressed_bytes_ = 0, compressed_wire_bytes_ = 0;
   double seconds_ = 0;
   double waited_seconds_ = 0;
   int next_ticket_ = 0;

@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
+#include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
 namespace {
@@ -108,6 +110,33 @@ absl::StatusOr<Tensor> GatherShards(const std::vector<Tensor>& parts, const Para
     CopyShard(at, parts[r].data(), full.data(), /*to_part=*/false);
   }
   return full;
+}
+
+absl::StatusOr<TensorParallelCompression> MakeTensorParallelCompression(const std::string& spec,
+                                                                        const std::string& field) {
+  TensorParallelCompression compression;
+  if (spec.empty() || spec == kCodecNone) return compression;
+  absl::StatusOr<std::vector<CodecStage>> stages = ParseCodecSpec(spec);
+  if (!stages.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", stages.status().message()));
+  }
+  size_t inner = 0;
+  if ((*stages)[0].name == "token_topk") {
+    compression.keep = (*stages)[0].params.count("keep") ? (*stages)[0].params.at("keep") : 1.0;
+    inner = 1;
+  }
+  if (inner < stages->size()) {
+    const std::string& name = (*stages)[inner].name;
+    if (name != "piecewise" && name != "linear" && name != "fp16" && name != "bf16") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": \"", spec, "\" names ", name,
+          ", which a tensor-parallel all-reduce cannot carry (use token_topk, piecewise, linear, "
+          "fp16 or bf16, e.g. \"token_topk:keep=0.5+piecewise:bits=3\")"));
+    }
+    const size_t plus = spec.find('+');
+    ASSIGN_OR_RETURN(compression.codec, MakeCodec(inner == 0 ? spec : spec.substr(plus + 1)));
+  }
+  return compression;
 }
 
 }  // namespace pipetrain

@@ -31,11 +31,14 @@
 #define PIPETRAIN_WORKER_MODEL_TENSOR_PARALLEL_H_
 
 #include <cstdint>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
+#include "kernels/compress/codec.h"
 #include "worker/model/gpt_config.h"
 
 namespace pipetrain {
@@ -117,6 +120,22 @@ struct ParameterShard {
   // shard, and a replicated tensor on rank 0 only (counted once per group).
   bool CountsTowardNorm() const { return sharded() || rank == 0; }
 };
+
+// AccTFM's hybrid compression of a group's all-reduces (acctfm.txt §4.3):
+// token-level top-k keeping `keep` of each sample's tokens, the kept rows
+// encoded by `codec` (null: fp32). keep 1 and no codec: none.
+struct TensorParallelCompression {
+  double keep = 1;
+  std::unique_ptr<Codec> codec;
+  bool enabled() const { return keep < 1 || codec != nullptr; }
+};
+
+// The spec of a tensor-parallel compression: "none", or a codec spec
+// (kernels/compress/codec_spec.h) of token_topk (with or without an inner
+// codec), piecewise, linear, fp16 or bf16. INVALID_ARGUMENT naming
+// `field` for any other.
+absl::StatusOr<TensorParallelCompression> MakeTensorParallelCompression(const std::string& spec,
+                                                                        const std::string& field);
 
 // INVALID_ARGUMENT naming the field unless T >= 1 splits `config` evenly:
 // T divides n_head (heads per rank), d_model, 4 d_model and vocab_size.

@@ -174,6 +174,14 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
     return absl::InvalidArgumentError(
         absl::StrCat("tensor-parallel partitions ", setup.tensor_partitions, "; want 1, 2 or 4"));
   }
+  if (setup.tensor_compression.size() > 256) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor-parallel compression spec of ",
+                                                   setup.tensor_compression.size(),
+                                                   " bytes; at most 256"));
+  }
+  RETURN_IF_ERROR(
+      MakeTensorParallelCompression(setup.tensor_compression, "tensor-parallel compression")
+          .status());
   for (const std::vector<int>* per_unit :
        {&setup.tensor_partitions_forward, &setup.tensor_partitions_backward}) {
     if (per_unit->empty()) continue;
@@ -225,8 +233,10 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
     tp_collectives_ = std::make_unique<Collectives>(
         transport, CollectiveGroup{members, setup.job_id},
         CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup.recv_timeout});
-    tp_comm_ =
-        std::make_unique<CollectivesTensorParallelComm>(tp_collectives_.get(), setup.backend);
+    // Checked by Create.
+    tp_comm_ = std::make_unique<CollectivesTensorParallelComm>(
+        tp_collectives_.get(), setup.backend,
+        MakeTensorParallelCompression(setup.tensor_compression, "").value());
   }
   for (const v1::UnitRange& r : {setup.forward, setup.backward}) {
     for (int u = r.begin(); u < r.end(); ++u) {
@@ -442,6 +452,11 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   const int64_t tp_bytes = tp_comm_ ? tp_comm_->bytes() : 0;
   const double tp_seconds = tp_comm_ ? tp_comm_->seconds() : 0;
   const double tp_waited = tp_comm_ ? tp_comm_->waited_seconds() : 0;
+  const int64_t tp_wire = tp_comm_ ? tp_comm_->wire_bytes() : 0;
+  const double tp_norm = tp_comm_ ? tp_comm_->compressed_norm_squared() : 0;
+  const double tp_error = tp_comm_ ? tp_comm_->compression_error_squared() : 0;
+  const int64_t tp_compressed = tp_comm_ ? tp_comm_->compressed_bytes() : 0;
+  const int64_t tp_compressed_wire = tp_comm_ ? tp_comm_->compressed_wire_bytes() : 0;
   // sends_ is idle here: every iteration and validation pass drains it.
   encoder_.BeginIteration();
   device_encoder_.BeginIteration();
@@ -479,9 +494,13 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
     IterationResult::CollectiveStats& stats = result.collectives["tensor_parallel"];
     stats.count += tp_comm_->all_reduces() - tp_count;
     stats.bytes += tp_comm_->bytes() - tp_bytes;
-    stats.wire_bytes += tp_comm_->bytes() - tp_bytes;
+    stats.wire_bytes += tp_comm_->wire_bytes() - tp_wire;
     stats.seconds += tp_comm_->seconds() - tp_seconds;
     stats.waited_seconds += tp_comm_->waited_seconds() - tp_waited;
+    stats.compressed_norm_squared += tp_comm_->compressed_norm_squared() - tp_norm;
+    stats.compression_error_squared += tp_comm_->compression_error_squared() - tp_error;
+    stats.compressed_bytes += tp_comm_->compressed_bytes() - tp_compressed;
+    stats.compressed_wire_bytes += tp_comm_->compressed_wire_bytes() - tp_compressed_wire;
   }
   for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);
   if (setup_.replicas > 1 && setup_.forward.end() == num_units_) {

@@ -100,6 +100,10 @@ struct StageSetup {
   // (plan.proto), forward and backward, each 1, 2 or 4.
   std::vector<int> tensor_partitions_forward;
   std::vector<int> tensor_partitions_backward;
+  // AccTFM's hybrid compression of those all-reduces
+  // (spec.parallelism.tensor_compression, MakeTensorParallelCompression's
+  // specs, at most 256 bytes); "none" or "": exact.
+  std::string tensor_compression = "none";
   // Selective stage compression (Optimus-CC §7): > 0 compresses this
   // stage's data-parallel all-reduce with PowerSGD of this rank and error
   // feedback (worker/collectives/powersgd_all_reduce.h), matrix gradients
@@ -152,11 +156,22 @@ struct IterationResult {
   struct CollectiveStats {
     int64_t count = 0;
     int64_t bytes = 0;       // fp32 bytes of the tensors reduced or exchanged
-    int64_t wire_bytes = 0;  // what their messages carried: fewer with PowerSGD
+    // What their messages carried: fewer with PowerSGD (its factors'
+    // size); tensor_parallel: the bytes this rank sent (fp32 or payloads,
+    // with AccTFM's compression the token scores' all-reduce too).
+    int64_t wire_bytes = 0;
     double seconds = 0;
     // tensor_parallel only: the time the interpreter waited for them
-    // (CollectivesTensorParallelComm::waited_seconds).
+    // (CollectivesTensorParallelComm::waited_seconds), and, with hybrid
+    // compression, the squared norm of this rank's contributions and of
+    // what compression took from them (dropped tokens, codec error).
     double waited_seconds = 0;
+    double compressed_norm_squared = 0;
+    double compression_error_squared = 0;
+    // Of those the compressed (token-sparse) all-reduces: their fp32 size
+    // and the bytes this rank sent for them.
+    int64_t compressed_bytes = 0;
+    int64_t compressed_wire_bytes = 0;
   };
   std::map<std::string, CollectiveStats> collectives;
 };

@@ -1,6 +1,7 @@
 // DistPar's layout search for the linear layers of a tensor-parallel group
-// (distpar.txt §3.2-§3.4; issue 22 scope 5). Planner-side only: no job runs
-// a split layer yet.
+// (distpar.txt §3.2-§3.4; issue 22 scope 5). Planner-side only: jobs run
+// Megatron's column-row layout (spec.parallelism.tensor), whatever this
+// search chooses; executing its other choices is not built.
 //
 // Distributed properties of a logical tensor on the group's n devices
 // (§3.2): S(0) split along rows, S(1) split along columns, B broadcast

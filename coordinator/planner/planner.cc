@@ -95,18 +95,24 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   std::vector<int> partitions_forward, partitions_backward;
   ModelProfile planned = profile;
   if (tensor > 1) {
+    // AccTFM's hybrid compression shrinks the block units' all-reduces.
+    const int64_t tokens = int64_t{r.train.batch_size} / r.train.micro_batches * r.train.seq_len;
+    ASSIGN_OR_RETURN(
+        const double wire_fraction,
+        TensorParallelWireFraction(r.tensor_compression, tokens, r.train.model.d_model));
     partitions_forward.assign(profile.units.size(), std::max(1, r.tensor_partitions));
     partitions_backward = partitions_forward;
     if (r.tensor_partitions == 0) {
       ASSIGN_OR_RETURN(TensorPartitionPlan chosen,
                        ChooseTensorPartitions(profile, tensor, cluster.bandwidth_bytes_per_second,
-                                              cluster.latency_seconds));
+                                              cluster.latency_seconds, wire_fraction));
       partitions_forward = chosen.forward;
       partitions_backward = chosen.backward;
     }
-    ASSIGN_OR_RETURN(planned, TensorParallelUnitCosts(
-                                  profile, tensor, partitions_forward, partitions_backward,
-                                  cluster.bandwidth_bytes_per_second, cluster.latency_seconds));
+    ASSIGN_OR_RETURN(
+        planned, TensorParallelUnitCosts(profile, tensor, partitions_forward, partitions_backward,
+                                         cluster.bandwidth_bytes_per_second,
+                                         cluster.latency_seconds, wire_fraction));
   }
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   CompiledPlan out;

@@ -3,6 +3,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/model/tensor_parallel.h"
 
 namespace pipetrain {
 
@@ -24,9 +25,26 @@ bool IsBlockUnit(const UnitProfile& unit) {
 
 }  // namespace
 
+absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64_t tokens,
+                                                  int64_t d_model) {
+  ASSIGN_OR_RETURN(TensorParallelCompression compression,
+                   MakeTensorParallelCompression(spec, "spec.parallelism.tensor_compression"));
+  if (tokens < 1 || d_model < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a [", tokens, ", ", d_model, "] all-reduce has no bytes"));
+  }
+  const double fp32 = 4.0 * static_cast<double>(tokens) * static_cast<double>(d_model);
+  const double encoded =
+      compression.codec == nullptr
+          ? fp32
+          : static_cast<double>(compression.codec->EncodedBytes({tokens, d_model}));
+  return compression.keep * encoded / fp32;
+}
+
 absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& profile, int tensor,
                                                            double bandwidth_bytes_per_second,
-                                                           double latency_seconds) {
+                                                           double latency_seconds,
+                                                           double block_wire_fraction) {
   if (tensor < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("AccTFM partitions need a tensor-parallel group of 2 or more, got ", tensor));
@@ -42,7 +60,7 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
       layer.fwd_compute_seconds.push_back(unit.fwd_seconds / tensor / k);
       layer.bwd_compute_seconds.push_back(unit.bwd_seconds / tensor / k);
     }
-    layer.output_bytes = unit.activation_bytes;
+    layer.output_bytes = unit.activation_bytes * block_wire_fraction;
     problem.layers.push_back(std::move(layer));
     layer_units.push_back(static_cast<int>(u));
   }
@@ -64,7 +82,8 @@ absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile
                                                      const std::vector<int>& forward,
                                                      const std::vector<int>& backward,
                                                      double bandwidth_bytes_per_second,
-                                                     double latency_seconds) {
+                                                     double latency_seconds,
+                                                     double block_wire_fraction) {
   if (tensor < 2 || forward.size() != profile.units.size() ||
       backward.size() != profile.units.size()) {
     return absl::InvalidArgumentError(
@@ -86,7 +105,7 @@ absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile
         layer.fwd_compute_seconds.push_back(in.fwd_seconds / tensor / k);
         layer.bwd_compute_seconds.push_back(in.bwd_seconds / tensor / k);
       }
-      layer.output_bytes = in.activation_bytes;
+      layer.output_bytes = in.activation_bytes * block_wire_fraction;
       alone.layers.push_back(layer);
       ASSIGN_OR_RETURN(unit.fwd_seconds, EvaluateSizes(alone, AccTfmPass::kForward, {forward[u]}));
       ASSIGN_OR_RETURN(unit.bwd_seconds,

@@ -8,13 +8,18 @@
 //     partition does 1/K of the samples; no per-partition overhead is
 //     modelled),
 //   all-reduce of one micro-partition: eq. 3 for activation_bytes / K over
-//     a ring of T with alpha = the link's latency, beta = 1 / bandwidth.
+//     a ring of T with alpha = the link's latency, beta = 1 / bandwidth,
+//     the bytes times `block_wire_fraction` (what AccTFM's hybrid
+//     compression sends of the fp32 size, TensorParallelWireFraction; 1
+//     when exact; the token scores' small all-reduce is not modelled).
 // SolveAccTfm then picks each layer's size, forward and backward (the
 // better of Alg. 1 and the best uniform size). Embed and head are not
 // partitioned (size 1).
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_
 
+#include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -35,7 +40,15 @@ struct TensorPartitionPlan {
 // message). bandwidth 0 means unlimited.
 absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& profile, int tensor,
                                                            double bandwidth_bytes_per_second,
-                                                           double latency_seconds);
+                                                           double latency_seconds,
+                                                           double block_wire_fraction = 1.0);
+
+// The share of an attention or MLP all-reduce's fp32 bytes that
+// spec.parallelism.tensor_compression `spec` sends: keep x the codec's
+// encoded size of a [tokens, d_model] tensor / its fp32 size (headers
+// included); 1 for "none". INVALID_ARGUMENT for a spec jobs refuse.
+absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64_t tokens,
+                                                  int64_t d_model);
 
 // The profile as one rank of a tensor-parallel group of `tensor` sees it,
 // for the planner and the simulator (the group is planned as one worker):
@@ -43,7 +56,8 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
 // by eq. 3 over a ring of T on the link:
 //   attention, MLP: the timeline of acctfm.h for the unit alone with K =
 //     forward[u] (backward[u]) partitions: the all-reduce of partition j
-//     overlaps the compute of j + 1, the last one's is exposed;
+//     (its bytes times block_wire_fraction) overlaps the compute of j + 1,
+//     the last one's is exposed;
 //   embed: forward + one all-reduce of its output; backward compute only;
 //   head: forward + two all-reduces of a few floats per token (their
 //     latency only);
@@ -56,7 +70,8 @@ absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile
                                                      const std::vector<int>& forward,
                                                      const std::vector<int>& backward,
                                                      double bandwidth_bytes_per_second,
-                                                     double latency_seconds);
+                                                     double latency_seconds,
+                                                     double block_wire_fraction = 1.0);
 
 }  // namespace pipetrain
 

@@ -78,6 +78,32 @@ TEST(TensorParallelUnitCostsTest, BlocksOverlapTheirPartitions_EmbedAndHeadPayTh
             absl::StatusCode::kInvalidArgument);
 }
 
+// AccTFM's hybrid compression shrinks only the block units' all-reduces:
+// keep 0.5 and 4-bit piecewise codes send 1/16 of the fp32 bytes plus the
+// payloads' headers.
+TEST(TensorParallelUnitCostsTest, CompressedBlocks_PayTheirWireFraction) {
+  EXPECT_EQ(TensorParallelWireFraction("none", 512, 128).value(), 1.0);
+  const double fraction =
+      TensorParallelWireFraction("token_topk:keep=0.5+piecewise:bits=3", 512, 128).value();
+  EXPECT_GT(fraction, 1.0 / 16);
+  EXPECT_LT(fraction, 1.0 / 15);
+  EXPECT_NEAR(TensorParallelWireFraction("fp16", 512, 128).value(), 0.5, 1e-3);
+  EXPECT_EQ(TensorParallelWireFraction("powersgd:rank=2", 512, 128).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const ModelProfile p = Profile(0.01, 8e6);
+  const std::vector<int> whole(6, 1);
+  absl::StatusOr<ModelProfile> costs = TensorParallelUnitCosts(p, 2, whole, whole, 1e9, 0, 0.25);
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  EXPECT_NEAR(costs->units[1].fwd_seconds, 0.005 + 0.002, 1e-9);  // a quarter of 8 ms
+  EXPECT_NEAR(costs->units[0].fwd_seconds, 0.005 + 0.008, 1e-9);  // the embedding's stays
+  // Alg. 1 sees the smaller all-reduce: 2 ms against 5 ms of compute leaves
+  // little to hide, so it no longer partitions as with 8 ms.
+  absl::StatusOr<TensorPartitionPlan> plan = ChooseTensorPartitions(p, 2, 1e9, 0, 0.25);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_LT(plan->solution.forward.plan.seconds,
+            ChooseTensorPartitions(p, 2, 1e9, 0).value().solution.forward.plan.seconds);
+}
+
 TEST(ChooseTensorPartitionsTest, BadInput_InvalidArgument) {
   EXPECT_EQ(ChooseTensorPartitions(Profile(0.01, 1e6), 1, 0, 0).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -22,6 +22,20 @@ absl::StatusOr<std::map<std::string, KindTotals>> SumLinkMetrics(
         if (encoding->second == "wire") t.wire_bytes += s.value;
         continue;
       }
+      // AccTFM's compressed tensor-parallel all-reduces, a kind of their own.
+      if (s.name == "pipetrain_tensor_parallel_compressed_bytes_total") {
+        auto encoding = s.labels.find("encoding");
+        if (encoding == s.labels.end()) continue;
+        KindTotals& t = totals["collective:tensor_parallel_compressed"];
+        if (encoding->second == "raw") t.raw_bytes += s.value;
+        if (encoding->second == "wire") t.wire_bytes += s.value;
+        continue;
+      }
+      if (s.name == "pipetrain_tensor_parallel_compression_error") {
+        KindTotals& t = totals["collective:tensor_parallel_compressed"];
+        if (s.value > 0) t.error_sum += s.value, ++t.error_links;
+        continue;
+      }
       auto kind = s.labels.find("kind");
       if (kind == s.labels.end()) continue;
       KindTotals& t = totals[kind->second];

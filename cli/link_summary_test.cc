@@ -47,6 +47,21 @@ TEST(SumLinkMetrics, Collectives_AKindPerPurpose) {
             "  collective:grad_clip      2.00 MiB raw\n");
 }
 
+// AccTFM's compressed tensor-parallel all-reduces: their bytes and the
+// error of the workers that compressed (an exact worker's 0 is left out).
+TEST(SumLinkMetrics, CompressedTensorParallel_AKindWithItsError) {
+  const std::string a =
+      "pipetrain_tensor_parallel_compressed_bytes_total{encoding=\"raw\"} 1048576\n"
+      "pipetrain_tensor_parallel_compressed_bytes_total{encoding=\"wire\"} 65536\n"
+      "pipetrain_tensor_parallel_compression_error 0.5\n";
+  const std::string b = "pipetrain_tensor_parallel_compression_error 0\n";
+  auto totals = SumLinkMetrics({a, a, b});
+  ASSERT_TRUE(totals.ok()) << totals.status();
+  EXPECT_EQ(FormatLinkSummary(*totals),
+            "  collective:tensor_parallel_compressed      2.00 MiB raw -> 0.12 MiB wire (16.0x), "
+            "relative error 0.500\n");
+}
+
 TEST(SumLinkMetrics, NotPrometheusText_InvalidArgument) {
   EXPECT_EQ(SumLinkMetrics({"<html>"}).status().code(), absl::StatusCode::kInvalidArgument);
 }

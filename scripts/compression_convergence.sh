@@ -14,6 +14,9 @@
 #   bash scripts/compression_convergence.sh [steps] [seeds] [extra up flags]
 #   e.g. bash scripts/compression_convergence.sh 300 "1 2 3" "--micro-batches 8"
 #   ROWS=powersgd bash ...   only the rows whose name contains "powersgd"
+#   ROWS=tp bash scripts/compression_convergence.sh 300 "1 2 3" "--tensor-parallel 2"
+#                            AccTFM's compression of the tensor-parallel
+#                            all-reduces against exact tensor parallelism
 #   RANK=8 bash ...          PowerSGD rows at rank 8 (default 4)
 #
 # Needs -c opt builds of //cli:pipetrain, //coordinator:pipetrain-coordinator
@@ -50,12 +53,18 @@ rows=(
   # planner's critical stages against every stage.
   "dp powersgd:rank=$rank + EF, critical stages|--dp-codec powersgd:rank=$rank"
   "dp powersgd:rank=$rank + EF, every stage|--dp-codec powersgd:rank=$rank --dp-stages all"
+  # Tensor-parallel all-reduces (run with "--tensor-parallel 2" as the
+  # extra flags; ROWS=tp): AccTFM's hybrid compression, its parts alone and
+  # together (the paper's 50 % token sparsity and 4-bit codes).
+  "tp token_topk:keep=0.5|--tensor-compression token_topk:keep=0.5"
+  "tp piecewise:bits=3|--tensor-compression piecewise:bits=3"
+  "tp token_topk:keep=0.5+piecewise:bits=3|--tensor-compression token_topk:keep=0.5+piecewise:bits=3"
 )
 
 echo "pipetrain up --steps $steps $extra (defaults: 4 workers, 2 layers, d_model 128, seq 64, batch 16, 4 micro-batches, lr 1e-3); seeds $seeds; $(date -u +%F), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 echo
-echo "| compression | last-20-step loss per seed | mean | vs none | paired | final validation loss per seed | mean | vs none | paired | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error | DP all-reduce raw/wire |"
-echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+echo "| compression | last-20-step loss per seed | mean | vs none | paired | final validation loss per seed | mean | vs none | paired | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error | DP all-reduce raw/wire | TP all-reduce raw/wire, error |"
+echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 ratio() { awk -v k="$1" '$1==k && /wire/ {gsub(/[()x,]/,"",$9); print $9 "x"; f=1} END {if (!f) print "1x"}' "$2"; }
 base=""; vbase=""
 meanof() { printf '%s\n' "$@" | awk '/^[0-9.]+$/ {s += $1; n++} END {if (n) printf "%.4f", s / n; else print "-"}'; }
@@ -97,15 +106,18 @@ for row in "${rows[@]}"; do
   if [[ -z "$base" ]]; then base="$mean"; vbase="$vmean"; base_tails=("${tails[@]}"); base_vals=("${vals[@]}"); fi
   delta=$(versus "$mean" "$base"); vdelta=$(versus "$vmean" "$vbase")
   pdelta=$(paired "${base_tails[@]}" -- "${tails[@]}"); pvdelta=$(paired "${base_vals[@]}" -- "${vals[@]}")
-  err="-"; act="-"; grad="-"; dp="-"
+  err="-"; act="-"; grad="-"; dp="-"; tp="-"
   if [[ -n "$first" ]]; then
     err=$(awk '$1=="ACTIVATION_GRAD" && /error/ {print $NF}' "$first"); err="${err:--}"
     act=$(ratio ACTIVATION "$first"); grad=$(ratio ACTIVATION_GRAD "$first")
+    if grep -q "collective:tensor_parallel_compressed" "$first"; then
+      tp="$(ratio collective:tensor_parallel_compressed "$first"), $(awk '$1=="collective:tensor_parallel_compressed" {print $NF}' "$first")"
+    fi
     if grep -q "collective:data_parallel" "$first"; then
       dp="$(ratio collective:data_parallel "$first")"
       stages=$(sed -n 's/^data-parallel all-reduce: .* on stages \(\[[0-9,]*\]\).*/\1/p' "$first")
       [[ -n "$stages" ]] && dp="$dp on $stages"
     fi
   fi
-  echo "| $name | ${tails[*]} | $mean | $delta | $pdelta | ${vals[*]} | $vmean | $vdelta | $pvdelta | $act | $grad | $err | $dp |"
+  echo "| $name | ${tails[*]} | $mean | $delta | $pdelta | ${vals[*]} | $vmean | $vdelta | $pvdelta | $act | $grad | $err | $dp | $tp |"
 done

@@ -14,6 +14,44 @@
 namespace pipetrain {
 namespace testing {
 
+v1::JobSpec ParallelTestSpec(const ParallelTestJob& job) {
+  v1::JobSpec spec;
+  spec.set_name(job.name);
+  spec.mutable_model()->set_n_layer(2);
+  spec.mutable_model()->set_n_head(job.heads);
+  spec.mutable_model()->set_d_model(32);
+  auto* t = spec.mutable_training();
+  t->set_seq_len(16);
+  t->set_batch_size(job.batch);
+  t->set_micro_batches(job.micro_batches);
+  t->set_steps(kParallelTestSteps);
+  t->set_lr(1e-3f);
+  t->set_seed(job.seed);
+  t->set_grad_clip(0.05f);
+  t->set_lr_schedule("cosine");
+  t->set_warmup_steps(3);
+  t->set_min_lr(1e-4f);
+  t->set_eval_interval(kParallelTestSteps);
+  t->set_eval_windows(7);
+  spec.mutable_data()->set_synthetic_bytes(100000);
+  spec.mutable_parallelism()->set_stages(job.stages);
+  spec.mutable_parallelism()->set_solver("uniform");
+  spec.mutable_parallelism()->set_schedule(job.schedule);
+  spec.mutable_output()->set_weights_path(job.weights_path);
+  return spec;
+}
+
+LocalCluster* SharedClusterTest::cluster_ = nullptr;
+
+void SharedClusterTest::StartSharedCluster(const std::string& name, int workers) {
+  cluster_ = StartTestCluster(name, workers).release();
+}
+
+void SharedClusterTest::TearDownTestSuite() {
+  delete cluster_;
+  cluster_ = nullptr;
+}
+
 Reference TrainLocally(const v1::JobSpec& spec) {
   ResolvedJobSpec job = ResolveJobSpec(spec).value();
   const CorpusSpec corpus{"", job.data_format, job.train.model.vocab_size, job.synthetic_bytes,

@@ -33,50 +33,21 @@ using testing::ExpectMatchesTrainLocal;
 using testing::Reference;
 using testing::TrainLocally;
 
-constexpr int kSteps = 10;
+constexpr int kSteps = testing::kParallelTestSteps;
 
-// 4 heads (split by 2 and 4), byte vocabulary (256), every step clipped,
-// warm-up then cosine decay; validation after the last step.
+// 4 heads (split by 2 and 4), byte vocabulary (256).
 v1::JobSpec Spec(int tensor, int stages, const std::string& schedule,
                  const std::string& weights_path) {
-  v1::JobSpec spec;
-  spec.set_name("tensor-parallel");
-  spec.mutable_model()->set_n_layer(2);
-  spec.mutable_model()->set_n_head(4);
-  spec.mutable_model()->set_d_model(32);
-  auto* t = spec.mutable_training();
-  t->set_seq_len(16);
-  t->set_batch_size(8);
-  t->set_micro_batches(4);
-  t->set_steps(kSteps);
-  t->set_lr(1e-3f);
-  t->set_seed(7);
-  t->set_grad_clip(0.05f);
-  t->set_lr_schedule("cosine");
-  t->set_warmup_steps(3);
-  t->set_min_lr(1e-4f);
-  t->set_eval_interval(kSteps);
-  t->set_eval_windows(7);
-  spec.mutable_data()->set_synthetic_bytes(100000);
-  spec.mutable_parallelism()->set_stages(stages);
+  v1::JobSpec spec =
+      testing::ParallelTestSpec({"tensor-parallel", 4, 8, 4, 7, stages, schedule, weights_path});
   spec.mutable_parallelism()->set_tensor(tensor);
-  spec.mutable_parallelism()->set_solver("uniform");
-  spec.mutable_parallelism()->set_schedule(schedule);
-  spec.mutable_output()->set_weights_path(weights_path);
   return spec;
 }
 
-class TensorParallelClusterTest : public ::testing::Test {
+class TensorParallelClusterTest : public testing::SharedClusterTest {
  protected:
-  static void SetUpTestSuite() { cluster_ = testing::StartTestCluster("tp", 8).release(); }
-  static void TearDownTestSuite() {
-    delete cluster_;
-    cluster_ = nullptr;
-  }
-  static LocalCluster* cluster_;
+  static void SetUpTestSuite() { StartSharedCluster("tp", 8); }
 };
-
-LocalCluster* TensorParallelClusterTest::cluster_ = nullptr;
 
 TEST_F(TensorParallelClusterTest, TensorRanksTimesStages_MatchTrainLocal) {
   const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));

@@ -93,7 +93,7 @@ absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& reques
   std::string text = absl::StrFormat(
       "# tensor-parallel layouts of one GPT-2 block (DistPar, distpar.txt 3.2-3.4): %d devices, "
       "beta %g, %d tokens, d_model %d\n"
-      "# planner output only: no job splits a layer yet\n",
+      "# planner output only: jobs run Megatron's column-row layout (spec.parallelism.tensor)\n",
       request.devices, request.beta, request.tokens, request.d_model);
   absl::StrAppendFormat(&text, "%-22s %-20s %-10s\n", "LAYER", "M x K x N", "LAYOUT");
   for (size_t i = 0; i < problem.layers.size(); ++i) {

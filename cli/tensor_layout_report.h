@@ -2,8 +2,8 @@
 // GPT-2 block on a tensor-parallel group of T devices
 // (coordinator/planner/distpar_layout.h), with the conversions it needs and
 // its cost next to fixed schemes (Megatron's column-row, data, replicate,
-// and the 3-D cube where T is one). Planner output only: no job runs split
-// layers yet.
+// and the 3-D cube where T is one). Planner output only: jobs run Megatron's
+// column-row layout whatever the search chooses.
 #ifndef PIPETRAIN_CLI_TENSOR_LAYOUT_REPORT_H_
 #define PIPETRAIN_CLI_TENSOR_LAYOUT_REPORT_H_
 

@@ -94,6 +94,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   // Alg. 1's choice), then each unit's cost on one rank of its group.
   std::vector<int> partitions_forward, partitions_backward;
   ModelProfile planned = profile;
+  std::vector<TensorParallelUnitLanes> tensor_passes;  // for the timeline
   if (tensor > 1) {
     // AccTFM's hybrid compression shrinks the block units' all-reduces.
     const int64_t tokens = int64_t{r.train.batch_size} / r.train.micro_batches * r.train.seq_len;
@@ -113,8 +114,14 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
         planned, TensorParallelUnitCosts(profile, tensor, partitions_forward, partitions_backward,
                                          cluster.bandwidth_bytes_per_second,
                                          cluster.latency_seconds, wire_fraction));
+    ASSIGN_OR_RETURN(tensor_passes, TensorParallelUnitPasses(
+                                        profile, tensor, partitions_forward, partitions_backward,
+                                        cluster.bandwidth_bytes_per_second, cluster.latency_seconds,
+                                        wire_fraction));
   }
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
+  // The groups' all-reduces on their own lane of the timeline.
+  if (!tensor_passes.empty()) AddTensorParallelLanes(tensor_passes, &solved.simulation);
   CompiledPlan out;
   out.programs = std::move(solved.programs);
   if (replicas > 1 && r.spec.parallelism().fused_embedding_sync()) {

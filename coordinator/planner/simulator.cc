@@ -447,6 +447,8 @@ const char* TimelineEventKindName(TimelineEventKind kind) {
       return "recv-wait";
     case TimelineEventKind::kAllReduce:
       return "all-reduce";
+    case TimelineEventKind::kTensorParallelAllReduce:
+      return "tp-all-reduce";
   }
   return "unknown";
 }

@@ -128,10 +128,15 @@ enum class TimelineEventKind {
   kSendTransfer,  // a transfer on link (worker -> peer), not worker time
   kRecvWait,      // the worker idles in a receive (only waits > 0 are listed)
   kAllReduce,     // data-parallel gradient all-reduce before the optimizer step
+  // A tensor-parallel unit's all-reduce on its group's communication lane,
+  // overlapping the worker's compute (not worker time: the part it does not
+  // hide is inside the unit's cost). Added by AddTensorParallelLanes
+  // (tensor_parallel_lanes.h), never by SimulateIteration.
+  kTensorParallelAllReduce,
 };
 
 // "forward", "backward", "recompute", "optimizer", "send", "recv-wait",
-// "all-reduce".
+// "all-reduce", "tp-all-reduce".
 const char* TimelineEventKindName(TimelineEventKind kind);
 
 struct TimelineEvent {

@@ -78,12 +78,10 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
   return out;
 }
 
-absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile, int tensor,
-                                                     const std::vector<int>& forward,
-                                                     const std::vector<int>& backward,
-                                                     double bandwidth_bytes_per_second,
-                                                     double latency_seconds,
-                                                     double block_wire_fraction) {
+absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
+    const ModelProfile& profile, int tensor, const std::vector<int>& forward,
+    const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
+    double block_wire_fraction) {
   if (tensor < 2 || forward.size() != profile.units.size() ||
       backward.size() != profile.units.size()) {
     return absl::InvalidArgumentError(
@@ -91,41 +89,56 @@ absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile
                      backward.size(), " partition counts for ", profile.units.size(), " units"));
   }
   const AllReduceModel model = RingModel(tensor, bandwidth_bytes_per_second, latency_seconds);
-  ModelProfile out = profile;
+  std::vector<TensorParallelUnitLanes> out(profile.units.size());
   for (size_t u = 0; u < profile.units.size(); ++u) {
     const UnitProfile& in = profile.units[u];
-    UnitProfile& unit = out.units[u];
-    unit.weight_bytes = in.weight_bytes / tensor;
+    TensorParallelUnitLanes& lanes = out[u];
+    lanes.forward.compute_seconds = in.fwd_seconds / tensor;
+    lanes.backward.compute_seconds = in.bwd_seconds / tensor;
     if (IsBlockUnit(in)) {
-      // The unit alone in acctfm.h's timeline.
-      AccTfmProblem alone;
-      alone.allreduce = model;
-      AccTfmLayer layer;
-      for (int k : kAccTfmSizes) {
-        layer.fwd_compute_seconds.push_back(in.fwd_seconds / tensor / k);
-        layer.bwd_compute_seconds.push_back(in.bwd_seconds / tensor / k);
+      // acctfm.h's timeline for the unit alone: K partitions, each
+      // all-reducing 1/K of the output (or of its gradient).
+      for (auto [pass, k] : {std::pair<TensorParallelPass*, int>{&lanes.forward, forward[u]},
+                             {&lanes.backward, backward[u]}}) {
+        if (k != 1 && k != 2 && k != 4) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tensor-parallel unit costs: unit ", u, " has ", k, " partitions; want 1, 2 or 4"));
+        }
+        pass->partitions = k;
+        ASSIGN_OR_RETURN(pass->all_reduce_seconds,
+                         AllReduceSeconds(model, in.activation_bytes * block_wire_fraction / k));
       }
-      layer.output_bytes = in.activation_bytes * block_wire_fraction;
-      alone.layers.push_back(layer);
-      ASSIGN_OR_RETURN(unit.fwd_seconds, EvaluateSizes(alone, AccTfmPass::kForward, {forward[u]}));
-      ASSIGN_OR_RETURN(unit.bwd_seconds,
-                       EvaluateSizes(alone, AccTfmPass::kBackward, {backward[u]}));
-      continue;
-    }
-    unit.fwd_seconds = in.fwd_seconds / tensor;
-    unit.bwd_seconds = in.bwd_seconds / tensor;
-    if (u == 0) {
-      ASSIGN_OR_RETURN(const double reduce, AllReduceSeconds(model, in.activation_bytes));
-      unit.fwd_seconds += reduce;
+    } else if (u == 0) {
+      ASSIGN_OR_RETURN(lanes.forward.all_reduce_seconds,
+                       AllReduceSeconds(model, in.activation_bytes));
     } else if (u + 1 == profile.units.size()) {
       // The row maxima and the exp sums are a few floats a token: their
-      // latency only.
+      // latency only, twice.
       ASSIGN_OR_RETURN(const double small, AllReduceSeconds(model, 0));
-      ASSIGN_OR_RETURN(const double input,
+      lanes.forward.all_reduce_seconds = 2 * small;
+      ASSIGN_OR_RETURN(lanes.backward.all_reduce_seconds,
                        AllReduceSeconds(model, profile.units[u - 1].activation_bytes));
-      unit.fwd_seconds += 2 * small;
-      unit.bwd_seconds += input;
     }
+  }
+  return out;
+}
+
+absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile, int tensor,
+                                                     const std::vector<int>& forward,
+                                                     const std::vector<int>& backward,
+                                                     double bandwidth_bytes_per_second,
+                                                     double latency_seconds,
+                                                     double block_wire_fraction) {
+  ASSIGN_OR_RETURN(
+      const std::vector<TensorParallelUnitLanes> passes,
+      TensorParallelUnitPasses(profile, tensor, forward, backward, bandwidth_bytes_per_second,
+                               latency_seconds, block_wire_fraction));
+  ModelProfile out = profile;
+  for (size_t u = 0; u < profile.units.size(); ++u) {
+    UnitProfile& unit = out.units[u];
+    unit.weight_bytes = profile.units[u].weight_bytes / tensor;
+    unit.fwd_seconds = PassSeconds(passes[u].forward);
+    unit.bwd_seconds = PassSeconds(passes[u].backward);
   }
   return out;
 }

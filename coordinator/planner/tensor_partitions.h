@@ -25,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/planner/acctfm.h"
 #include "coordinator/planner/profile.h"
+#include "coordinator/planner/tensor_parallel_lanes.h"
 
 namespace pipetrain {
 
@@ -66,6 +67,15 @@ absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64
 // activations and stashes are kept (the replicated tensors dominate). The
 // partition counts are not cut to the micro-batch's samples here.
 // INVALID_ARGUMENT when tensor < 2 or a vector is not one count per unit.
+// The passes behind those costs, per unit (tensor_parallel_lanes.h), for
+// drawing the all-reduces on the simulated timeline; PassSeconds of each is
+// the cost above. The same arguments and errors, and INVALID_ARGUMENT for
+// a block unit's partition count other than 1, 2 or 4.
+absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
+    const ModelProfile& profile, int tensor, const std::vector<int>& forward,
+    const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
+    double block_wire_fraction = 1.0);
+
 absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile, int tensor,
                                                      const std::vector<int>& forward,
                                                      const std::vector<int>& backward,

@@ -24,8 +24,13 @@ std::string WorkerName(const std::vector<std::string>& names, int w) {
 // Worker time drawn as a box with a label: compute and the data-parallel
 // all-reduce (which occupies the worker like compute does).
 bool IsCompute(TimelineEventKind kind) {
-  return kind != TimelineEventKind::kSendTransfer && kind != TimelineEventKind::kRecvWait;
+  return kind != TimelineEventKind::kSendTransfer && kind != TimelineEventKind::kRecvWait &&
+         kind != TimelineEventKind::kTensorParallelAllReduce;
 }
+
+// The Chrome trace thread of a worker's tensor-parallel all-reduces (its
+// sends use 1 + peer).
+constexpr int kTensorParallelTid = 1 << 20;
 
 // The box label's prefix ("F3", "opt", "AR").
 const char* BoxLetter(TimelineEventKind kind) {
@@ -42,6 +47,7 @@ const char* BoxLetter(TimelineEventKind kind) {
       return "AR";
     case TimelineEventKind::kSendTransfer:
     case TimelineEventKind::kRecvWait:
+    case TimelineEventKind::kTensorParallelAllReduce:
       break;
   }
   return "";
@@ -59,7 +65,8 @@ nlohmann::json TraceEvent(const TimelineEvent& e) {
       {"units", absl::StrCat("[", e.units.begin, ",", e.units.end, ")")},
       {"micro_batch", e.micro_batch},
   };
-  if (!IsCompute(e.kind)) {
+  const bool tensor_parallel = e.kind == TimelineEventKind::kTensorParallelAllReduce;
+  if (!IsCompute(e.kind) && !tensor_parallel) {
     args["tensor"] = EnumShortName(e.tensor_kind);
     args["peer"] = e.peer;
   }
@@ -68,7 +75,9 @@ nlohmann::json TraceEvent(const TimelineEvent& e) {
           {"name", e.label},
           {"cat", TimelineEventKindName(e.kind)},
           {"pid", e.worker},
-          {"tid", transfer ? 1 + e.peer : 0},
+          {"tid", transfer          ? 1 + e.peer
+                  : tensor_parallel ? kTensorParallelTid
+                                    : 0},
           {"ts", e.start_seconds * 1e6},
           {"dur", (e.end_seconds - e.start_seconds) * 1e6},
           {"args", std::move(args)}};
@@ -80,9 +89,15 @@ std::string ChromeTraceJson(const SimulationResult& result,
                             const std::vector<std::string>& worker_names) {
   nlohmann::json events = nlohmann::json::array();
   std::set<std::pair<int, int>> links;
+  std::set<int> tensor_parallel;  // workers with a tensor-parallel lane
   for (const TimelineEvent& e : result.events) {
     events.push_back(TraceEvent(e));
     if (e.kind == TimelineEventKind::kSendTransfer) links.insert({e.worker, e.peer});
+    if (e.kind == TimelineEventKind::kTensorParallelAllReduce) tensor_parallel.insert(e.worker);
+  }
+  for (int w : tensor_parallel) {
+    events.push_back(
+        Metadata("thread_name", w, kTensorParallelTid, {{"name", "tensor-parallel all-reduce"}}));
   }
   for (int w = 0; w < WorkerCount(result); ++w) {
     events.push_back(Metadata("process_name", w, 0, {{"name", WorkerName(worker_names, w)}}));
@@ -112,6 +127,9 @@ constexpr double kLanesTop = 78;      // below the title and legend
 constexpr double kBoxHeight = 26;     // compute boxes
 constexpr double kTransferGap = 3;    // between boxes and transfer rows
 constexpr double kTransferRow = 5;    // height of one transfer row
+// The tensor-parallel all-reduce row, under the two transfer rows.
+constexpr double kTensorParallelTop = kBoxHeight + kTransferGap + 2 * (kTransferRow + 1);
+constexpr double kTensorParallelRow = 4;
 constexpr double kLanePitch = 54;     // lane to lane
 constexpr double kAxisHeight = 34;    // ticks, labels and the axis caption
 constexpr double kRightMargin = 28;   // room for the last tick label
@@ -133,6 +151,8 @@ const char* FillOf(const TimelineEvent& e) {
       return "#e15759";
     case TimelineEventKind::kRecvWait:
       return "url(#wait-hatch)";
+    case TimelineEventKind::kTensorParallelAllReduce:
+      return "#76b7b2";
     case TimelineEventKind::kSendTransfer:
       break;
   }
@@ -289,6 +309,10 @@ class SvgTimeline {
       probe.kind = TimelineEventKind::kRecvWait;
       LegendItem(&x, FillOf(probe), 14, "waiting in recv");
     }
+    if (kinds.count(TimelineEventKind::kTensorParallelAllReduce)) {
+      probe.kind = TimelineEventKind::kTensorParallelAllReduce;
+      LegendItem(&x, FillOf(probe), kTensorParallelRow, "tensor-parallel all-reduce");
+    }
     if (!options_.show_transfers) return;
     probe.kind = TimelineEventKind::kSendTransfer;
     for (v1::TensorKind t : tensors) {
@@ -350,7 +374,13 @@ class SvgTimeline {
       y += kBoxHeight + kTransferGap + (e.peer < e.worker ? kTransferRow + 1 : 0);
       h = kTransferRow;
     }
-    const char* stroke = e.kind == TimelineEventKind::kSendTransfer ? "none" : "#ffffff";
+    const bool thin = e.kind == TimelineEventKind::kSendTransfer ||
+                      e.kind == TimelineEventKind::kTensorParallelAllReduce;
+    if (e.kind == TimelineEventKind::kTensorParallelAllReduce) {
+      y += kTensorParallelTop;
+      h = kTensorParallelRow;
+    }
+    const char* stroke = thin ? "none" : "#ffffff";
     absl::StrAppend(
         &out_, "<rect x=\"", Fixed(x), "\" y=\"", Fixed(y), "\" width=\"", Fixed(w), "\" height=\"",
         Fixed(h), "\" fill=\"", FillOf(e), "\" stroke=\"", stroke,

@@ -24,6 +24,8 @@ namespace pipetrain {
 //    overlap).
 //  - tid 1 + peer, "send to <peer name>": transfers on link (worker -> peer);
 //    a link carries one transfer at a time, so these never overlap either.
+//  - tid 2^20, "tensor-parallel all-reduce": a tensor-parallel job's unit
+//    all-reduces (they run one at a time on the group's lane).
 //    One thread per link rather than flow events: every viewer shows them.
 //  - ts and dur in microseconds; name = the event's label ("F mb3 [2,5)");
 //    cat = TimelineEventKindName; args: units "[b,e)", micro_batch (-1 for
@@ -48,7 +50,8 @@ struct TimelineSvgOptions {
 // "B3" / "R3" micro-batch labels ("AR", "opt" for the per-iteration boxes)
 // where they fit, hatched recv waits, transfers as thin
 // bars under the lane coloured by tensor kind (sends to higher-numbered
-// workers on the upper row, to lower-numbered on the lower row), and a time
+// workers on the upper row, to lower-numbered on the lower row), a tensor-
+// parallel job's all-reduces as thin bars on a third row, and a time
 // axis with ticks labelled in µs, ms or s. Hovering a box shows its label and
 // times (<title> tooltips). Zero-length events are not drawn.
 std::string TimelineSvg(const SimulationResult& result,

@@ -1,0 +1,54 @@
+// The tensor-parallel all-reduces of a simulated iteration, drawn on their
+// own lane (issue 22 scope 5): where each unit's all-reduces run while the
+// rank computes, AccTFM's overlap made visible.
+//
+// The simulator charges each unit of a tensor-parallel job what one rank
+// spends on it (TensorParallelUnitCosts: its compute plus the all-reduce
+// time its partitions do not hide). A pass of a unit on one rank, at speed
+// 1, is the timeline of acctfm.h for that unit alone: K partitions of
+// compute c / K each, back to back; partition i's all-reduce (a seconds)
+// starts when its compute ends and the previous all-reduce is done:
+//   cp_i = i c / K,   cm_i = max(cp_i, cm_{i-1}) + a,   cm_0 = 0,
+// and the pass ends at cm_K (at c when it has no all-reduce). The
+// embedding's forward and the head's passes are one partition whose
+// all-reduce follows the compute (the head's forward: its two small
+// all-reduces as one).
+//
+// All functions are pure and thread-safe.
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARALLEL_LANES_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARALLEL_LANES_H_
+
+#include <vector>
+
+#include "coordinator/planner/simulator.h"
+
+namespace pipetrain {
+
+// One unit's pass on one rank, one micro-batch, at speed 1.
+struct TensorParallelPass {
+  double compute_seconds = 0;     // all partitions together
+  int partitions = 1;             // >= 1
+  double all_reduce_seconds = 0;  // each partition's; 0: no all-reduce
+};
+
+struct TensorParallelUnitLanes {
+  TensorParallelPass forward, backward;
+};
+
+// The pass's end, cm_K above: what the simulator charges for it.
+double PassSeconds(const TensorParallelPass& pass);
+
+// Adds a kTensorParallelAllReduce event for every all-reduce of the units
+// of every forward, recompute and backward event of `result` (recompute
+// runs the forward's all-reduces again), placed by the timeline above with
+// the unit passes laid end to end in the event's order (forward: units
+// ascending; backward: descending) and scaled to fit the event (the worker's
+// speed divides the whole pass in the simulation). lanes[u] describes unit
+// u; units beyond it or without all-reduces add nothing. Keeps the events
+// sorted by (worker, start, instruction).
+void AddTensorParallelLanes(const std::vector<TensorParallelUnitLanes>& lanes,
+                            SimulationResult* result);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARALLEL_LANES_H_

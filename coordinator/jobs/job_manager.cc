@@ -133,6 +133,13 @@ v1::ProfileRequest JobManager::ProfileRequestFor(const JobRecord& record) const 
   request.set_seq_len(record.resolved.train.seq_len);
   request.set_micro_batch_size(record.resolved.train.batch_size / record.resolved.train.micro_batches);
   request.set_seed(record.resolved.train.seed);
+  // AccTFM's Alg. 1 picks partitions from measured compute per partition
+  // size (acctfm.txt §4.2): time the units on halves and quarters too.
+  if (record.resolved.tensor_parallel > 1 && record.resolved.tensor_partitions == 0) {
+    for (int k : {2, 4}) {
+      if (request.micro_batch_size() % k == 0) request.add_partitions(k);
+    }
+  }
   return request;
 }
 

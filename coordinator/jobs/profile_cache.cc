@@ -6,9 +6,11 @@ namespace pipetrain {
 
 std::string ProfileKey(const v1::ProfileRequest& r, const std::string& device_kind) {
   const v1::ModelSpec& m = r.model();
-  return absl::StrCat("L", m.n_layer(), " H", m.n_head(), " D", m.d_model(), " V",
-                      m.vocab_size(), " P", m.max_seq_len(), " T", r.seq_len(), " B",
-                      r.micro_batch_size(), " @ ", device_kind);
+  std::string partitions;  // AccTFM's partition timings, when asked for
+  for (int k : r.partitions()) absl::StrAppend(&partitions, partitions.empty() ? " K" : ",", k);
+  return absl::StrCat("L", m.n_layer(), " H", m.n_head(), " D", m.d_model(), " V", m.vocab_size(),
+                      " P", m.max_seq_len(), " T", r.seq_len(), " B", r.micro_batch_size(),
+                      partitions, " @ ", device_kind);
 }
 
 ModelProfile FromProto(const v1::ModelProfile& p) {
@@ -17,6 +19,9 @@ ModelProfile FromProto(const v1::ModelProfile& p) {
   for (const v1::UnitProfile& u : p.units()) {
     out.units.push_back({u.name(), u.fwd_seconds(), u.bwd_seconds(), u.weight_bytes(),
                          u.activation_bytes(), u.stash_bytes()});
+    for (const v1::PartitionTiming& t : u.partitions()) {
+      out.units.back().partition_seconds[t.count()] = {t.fwd_seconds(), t.bwd_seconds()};
+    }
   }
   return out;
 }

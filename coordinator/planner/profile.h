@@ -15,6 +15,7 @@
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_PROFILE_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_PROFILE_H_
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,6 +28,10 @@ struct UnitProfile {
   std::string name;
   double fwd_seconds = 0, bwd_seconds = 0;  // per micro-batch
   double weight_bytes = 0, activation_bytes = 0, stash_bytes = 0;
+  // Measured passes of one of K micro-partitions, by K (2, 4), when the
+  // profile has them (v1::UnitProfile.partitions); AccTFM's Alg. 1 uses
+  // them instead of fwd_seconds / K.
+  std::map<int, std::pair<double, double>> partition_seconds;  // K -> {fwd, bwd}
 };
 
 struct ModelProfile {

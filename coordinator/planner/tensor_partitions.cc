@@ -23,6 +23,16 @@ bool IsBlockUnit(const UnitProfile& unit) {
   return absl::StartsWith(unit.name, "attn_") || absl::StartsWith(unit.name, "mlp_");
 }
 
+// One of K micro-partitions of the unit on one rank of `tensor`: measured
+// when the profile has K's timing, else the whole pass / K; either / T.
+double PartitionSeconds(const UnitProfile& unit, int k, bool forward, int tensor) {
+  auto it = unit.partition_seconds.find(k);
+  if (k > 1 && it != unit.partition_seconds.end()) {
+    return (forward ? it->second.first : it->second.second) / tensor;
+  }
+  return (forward ? unit.fwd_seconds : unit.bwd_seconds) / tensor / k;
+}
+
 }  // namespace
 
 absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64_t tokens,
@@ -57,8 +67,8 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
     if (!IsBlockUnit(unit)) continue;
     AccTfmLayer layer;
     for (int k : kAccTfmSizes) {
-      layer.fwd_compute_seconds.push_back(unit.fwd_seconds / tensor / k);
-      layer.bwd_compute_seconds.push_back(unit.bwd_seconds / tensor / k);
+      layer.fwd_compute_seconds.push_back(PartitionSeconds(unit, k, true, tensor));
+      layer.bwd_compute_seconds.push_back(PartitionSeconds(unit, k, false, tensor));
     }
     layer.output_bytes = unit.activation_bytes * block_wire_fraction;
     problem.layers.push_back(std::move(layer));
@@ -105,6 +115,7 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
               "tensor-parallel unit costs: unit ", u, " has ", k, " partitions; want 1, 2 or 4"));
         }
         pass->partitions = k;
+        pass->compute_seconds = k * PartitionSeconds(in, k, pass == &lanes.forward, tensor);
         ASSIGN_OR_RETURN(pass->all_reduce_seconds,
                          AllReduceSeconds(model, in.activation_bytes * block_wire_fraction / k));
       }

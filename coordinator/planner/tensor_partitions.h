@@ -3,10 +3,11 @@
 //
 // Every attention and MLP unit is one of Alg. 1's layers. Its costs come
 // from the job's profile and link model:
-//   compute of one of K micro-partitions: the unit's profiled seconds per
-//     micro-batch / T / K (the split divides the unit's FLOPs by T; a
-//     partition does 1/K of the samples; no per-partition overhead is
-//     modelled),
+//   compute of one of K micro-partitions: the unit's measured pass on
+//     micro_batch / K samples (UnitProfile::partition_seconds, which the
+//     coordinator asks the profiler for when tensor_partitions is 0) / T,
+//     or without it (analytic profiles) the whole pass / T / K (the split
+//     divides the unit's FLOPs by T; a partition does 1/K of the samples),
 //   all-reduce of one micro-partition: eq. 3 for activation_bytes / K over
 //     a ring of T with alpha = the link's latency, beta = 1 / bandwidth,
 //     the bytes times `block_wire_fraction` (what AccTFM's hybrid

@@ -104,6 +104,29 @@ TEST(TensorParallelUnitCostsTest, CompressedBlocks_PayTheirWireFraction) {
             ChooseTensorPartitions(p, 2, 1e9, 0).value().solution.forward.plan.seconds);
 }
 
+// Measured partition timings replace compute / K: a unit whose quarters
+// cost as much as its whole (a GEMM too small to use the machine) is not
+// split in four, however long its all-reduce.
+TEST(ChooseTensorPartitionsTest, MeasuredPartitionTimes_UsedInsteadOfComputeOverK) {
+  ModelProfile p = Profile(0.01, 8e6);
+  for (UnitProfile& u : p.units) {
+    u.partition_seconds[2] = {0.005, 0.010};  // halves as cheap as expected
+    u.partition_seconds[4] = {0.010, 0.020};  // quarters as dear as the whole
+  }
+  absl::StatusOr<TensorPartitionPlan> plan = ChooseTensorPartitions(p, 2, 1e9, 0);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  for (int k : plan->forward) EXPECT_NE(k, 4);
+  for (int k : plan->backward) EXPECT_NE(k, 4);
+  // The unit costs use them too: four quarters of 10 ms / 2 ranks.
+  const std::vector<int> four = {1, 4, 4, 4, 4, 1};
+  absl::StatusOr<std::vector<TensorParallelUnitLanes>> passes =
+      TensorParallelUnitPasses(p, 2, four, four, 1e9, 0);
+  ASSERT_TRUE(passes.ok()) << passes.status();
+  EXPECT_NEAR((*passes)[1].forward.compute_seconds, 4 * 0.005, 1e-12);
+  EXPECT_NEAR((*passes)[1].backward.compute_seconds, 4 * 0.010, 1e-12);
+  EXPECT_NEAR((*passes)[0].forward.compute_seconds, 0.005, 1e-12);  // embed: whole / 2
+}
+
 TEST(ChooseTensorPartitionsTest, BadInput_InvalidArgument) {
   EXPECT_EQ(ChooseTensorPartitions(Profile(0.01, 1e6), 1, 0, 0).status().code(),
             absl::StatusCode::kInvalidArgument);

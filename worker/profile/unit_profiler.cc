@@ -41,6 +41,7 @@ struct ResolvedRequest {
   int warmup = 0;
   int repetitions = 0;
   uint64_t seed = 0;
+  std::vector<int> partitions;  // AccTFM micro-partition counts to time too
 };
 
 absl::Status Invalid(absl::string_view field, absl::string_view why) {
@@ -103,7 +104,31 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::ProfileRequest& request) {
     return Invalid("repetitions", absl::StrCat("must be >= 1, got ", r.repetitions));
   }
   RETURN_IF_ERROR(CheckTensorSizes(r));
+  if (request.partitions_size() > 2) {
+    return Invalid("partitions",
+                   absl::StrCat(request.partitions_size(), " counts; at most 2 (of 2 and 4)"));
+  }
+  for (int k : request.partitions()) {
+    if ((k != 2 && k != 4) || r.micro_batch_size % k != 0 ||
+        std::count(r.partitions.begin(), r.partitions.end(), k) > 0) {
+      return Invalid("partitions",
+                     absl::StrCat(k, " is not 2 or 4, does not divide micro_batch_size ",
+                                  r.micro_batch_size, ", or is repeated"));
+    }
+    r.partitions.push_back(k);
+  }
   return r;
+}
+
+// The first `samples` samples of `batch`.
+TokenBatch FirstSamples(const TokenBatch& batch, int samples) {
+  TokenBatch out;
+  out.batch = samples;
+  out.seq_len = batch.seq_len;
+  const size_t n = static_cast<size_t>(samples) * batch.seq_len;
+  out.inputs.assign(batch.inputs.begin(), batch.inputs.begin() + n);
+  out.targets.assign(batch.targets.begin(), batch.targets.begin() + n);
+  return out;
 }
 
 // Row b is a stream of seq_len + 1 uniform tokens; inputs are its first
@@ -205,6 +230,27 @@ Tensor ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
   }
   out->set_fwd_seconds(Median(forward));
   out->set_bwd_seconds(Median(backward));
+  // One of K micro-partitions: the first micro_batch_size / K samples of the
+  // same input and output gradient (the head's loss gradient stays 1).
+  for (int k : r.partitions) {
+    const int samples = r.micro_batch_size / k;
+    const TokenBatch part = FirstSamples(batch, samples);
+    const Tensor part_input = input.is_null() ? input : input.Slice(0, samples);
+    const Tensor part_dy = unit->kind() == UnitKind::kHead ? dy : dy.Slice(0, samples);
+    UnitContext part_ctx;
+    unit->Forward(part_input, part, &part_ctx);
+    for (int i = 0; i < r.warmup; ++i) TimedPass(*unit, part_input, part, part_dy, &part_ctx);
+    std::vector<double> part_forward, part_backward;
+    for (int i = 0; i < r.repetitions; ++i) {
+      const auto [fwd, bwd] = TimedPass(*unit, part_input, part, part_dy, &part_ctx);
+      part_forward.push_back(fwd);
+      part_backward.push_back(bwd);
+    }
+    v1::PartitionTiming* timing = out->add_partitions();
+    timing->set_count(k);
+    timing->set_fwd_seconds(Median(part_forward));
+    timing->set_bwd_seconds(Median(part_backward));
+  }
   return output;
 }
 

@@ -37,6 +37,11 @@
 //                      embed has no input gradient. Temporaries that live only
 //                      inside a pass (e.g. head's [B·T, vocab] logit gradient)
 //                      are not counted, so the real peak can be higher.
+//   partitions         for each request.partitions K (2 or 4, dividing the
+//                      micro-batch; AccTFM's Alg. 1 wants measured compute
+//                      per partition size), one of K micro-partitions timed
+//                      the same way: the first micro_batch_size / K samples
+//                      of the same input and output gradient.
 // and of the ModelProfile: micro_batch_size, device_kind ("cpu:" + the CPU
 // model name, or "cuda:" + the GPU's name on a CUDA backend) and repetitions
 // (the resolved count).

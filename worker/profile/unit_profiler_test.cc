@@ -164,6 +164,28 @@ struct InvalidCase {
   const char* message_start;  // the field the error must name
 };
 
+// AccTFM's Alg. 1 wants measured compute per partition size: every unit
+// reports one timing per requested count, in order, each positive.
+TEST(ProfileUnitsTest, Partitions_TimedPerCountForEveryUnit) {
+  v1::ProfileRequest request = SmallRequest();
+  request.set_micro_batch_size(4);
+  request.add_partitions(4);
+  request.add_partitions(2);
+  auto profile = ProfileUnits(request);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  for (const v1::UnitProfile& unit : profile->units()) {
+    ASSERT_EQ(unit.partitions_size(), 2) << unit.name();
+    EXPECT_EQ(unit.partitions(0).count(), 4);
+    EXPECT_EQ(unit.partitions(1).count(), 2);
+    for (const v1::PartitionTiming& t : unit.partitions()) {
+      EXPECT_GT(t.fwd_seconds(), 0) << unit.name();
+      EXPECT_GT(t.bwd_seconds(), 0) << unit.name();
+    }
+  }
+  // Without the request, no timings.
+  EXPECT_EQ(ProfileUnits(SmallRequest())->units(0).partitions_size(), 0);
+}
+
 TEST(ProfileUnitsTest, InvalidRequest_InvalidArgumentNamingField) {
   const InvalidCase cases[] = {
       {"seq_len 0", [](v1::ProfileRequest* r) { r->set_seq_len(0); }, "request.seq_len: "},
@@ -199,6 +221,18 @@ TEST(ProfileUnitsTest, InvalidRequest_InvalidArgumentNamingField) {
          r->mutable_model()->set_n_layer(std::numeric_limits<int32_t>::max());
        },
        "request.model: n_layer 2147483647 exceeds 1048576"},
+      {"partitions 3", [](v1::ProfileRequest* r) { r->add_partitions(3); },
+       "request.partitions: 3 is not 2 or 4"},
+      {"partitions not dividing the micro-batch",
+       [](v1::ProfileRequest* r) { r->add_partitions(2); },
+       "request.partitions: 2 is not 2 or 4, does not divide micro_batch_size 3, or is repeated"},
+      {"partitions repeated",
+       [](v1::ProfileRequest* r) {
+         r->set_micro_batch_size(4);
+         r->add_partitions(2);
+         r->add_partitions(2);
+       },
+       "request.partitions: 2 is not 2 or 4, does not divide micro_batch_size 4, or is repeated"},
       {"huge model",
        [](v1::ProfileRequest* r) {
          r->mutable_model()->set_d_model(1 << 16);

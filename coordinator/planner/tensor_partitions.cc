@@ -85,6 +85,39 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
     out.forward[layer_units[l]] = out.solution.forward.plan.partition_sizes[l];
     out.backward[layer_units[l]] = out.solution.backward.plan.partition_sizes[l];
   }
+  // The runtime's timeline (each unit alone): the block units' passes
+  // summed, forward and backward apart.
+  const auto runtime_seconds =
+      [&](const std::vector<int>& forward,
+          const std::vector<int>& backward) -> absl::StatusOr<std::pair<double, double>> {
+    ASSIGN_OR_RETURN(
+        const std::vector<TensorParallelUnitLanes> passes,
+        TensorParallelUnitPasses(profile, tensor, forward, backward, bandwidth_bytes_per_second,
+                                 latency_seconds, block_wire_fraction));
+    std::pair<double, double> sum{0, 0};
+    for (int u : layer_units) {
+      sum.first += PassSeconds(passes[u].forward);
+      sum.second += PassSeconds(passes[u].backward);
+    }
+    return sum;
+  };
+  using PassTotals = std::pair<double, double>;  // forward, backward
+  ASSIGN_OR_RETURN(PassTotals best, runtime_seconds(out.forward, out.backward));
+  for (int k : kAccTfmSizes) {
+    std::vector<int> uniform(profile.units.size(), 1);
+    for (int u : layer_units) uniform[u] = k;
+    ASSIGN_OR_RETURN(const PassTotals seconds, runtime_seconds(uniform, uniform));
+    if (seconds.first < best.first) {
+      best.first = seconds.first;
+      out.forward = uniform;
+      out.forward_uniform_by_runtime = true;
+    }
+    if (seconds.second < best.second) {
+      best.second = seconds.second;
+      out.backward = uniform;
+      out.backward_uniform_by_runtime = true;
+    }
+  }
   return out;
 }
 

@@ -16,6 +16,15 @@
 // SolveAccTfm then picks each layer's size, forward and backward (the
 // better of Alg. 1 and the best uniform size). Embed and head are not
 // partitioned (size 1).
+//
+// Alg. 1's timeline lets a layer's first partition start once the previous
+// layer's matching partition is reduced; the runtime waits for a unit's
+// last all-reduce before the next unit starts (the overlap is inside each
+// unit). So the choice is checked against the runtime's own timeline, the
+// sum over the block units of each unit alone (TensorParallelUnitPasses):
+// where a uniform size is faster there, in a pass, that size is used for
+// the pass (forward_uniform_by_runtime / backward_uniform_by_runtime), so
+// the plan is never predicted slower than the best uniform size.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_
 
@@ -35,6 +44,11 @@ struct TensorPartitionPlan {
   std::vector<int> forward;
   std::vector<int> backward;
   AccTfmSolution solution;  // over the attention and MLP units only
+  // Whether a uniform size replaced the AccTFM solution in that pass
+  // because the runtime's timeline (each unit alone, TensorParallelUnitPasses)
+  // predicts it faster; see ChooseTensorPartitions.
+  bool forward_uniform_by_runtime = false;
+  bool backward_uniform_by_runtime = false;
 };
 
 // INVALID_ARGUMENT when tensor < 2, the profile has no attention or MLP

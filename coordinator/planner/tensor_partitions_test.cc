@@ -127,6 +127,45 @@ TEST(ChooseTensorPartitionsTest, MeasuredPartitionTimes_UsedInsteadOfComputeOver
   EXPECT_NEAR((*passes)[0].forward.compute_seconds, 0.005, 1e-12);  // embed: whole / 2
 }
 
+// The choice is never predicted slower than a uniform size on the
+// runtime's timeline (each unit alone), on random profiles and links.
+TEST(ChooseTensorPartitionsTest, NeverSlowerThanUniformOnTheRuntimeTimeline) {
+  for (int seed = 0; seed < 200; ++seed) {
+    ModelProfile p = Profile(0.01, 8e6);
+    uint32_t x = 2654435761u * (seed + 1);
+    auto next = [&x] {
+      x = x * 1664525u + 1013904223u;
+      return (x >> 8) / double{1 << 24};
+    };
+    for (UnitProfile& u : p.units) {
+      u.fwd_seconds = 0.002 + 0.02 * next();
+      u.bwd_seconds = u.fwd_seconds * (1.5 + next());
+      u.activation_bytes = 1e6 + 1.6e7 * next();
+      u.partition_seconds[2] = {u.fwd_seconds * (0.5 + 0.2 * next()),
+                                u.bwd_seconds * (0.5 + 0.2 * next())};
+      u.partition_seconds[4] = {u.fwd_seconds * (0.25 + 0.2 * next()),
+                                u.bwd_seconds * (0.25 + 0.2 * next())};
+    }
+    const double bandwidth = next() < 0.5 ? 1.25e8 : 1.25e9;
+    const double latency = next() < 0.5 ? 5e-4 : 5e-5;
+    absl::StatusOr<TensorPartitionPlan> plan = ChooseTensorPartitions(p, 2, bandwidth, latency);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const auto total = [&](const std::vector<int>& f, const std::vector<int>& b) {
+      absl::StatusOr<ModelProfile> c = TensorParallelUnitCosts(p, 2, f, b, bandwidth, latency);
+      double fwd = 0, bwd = 0;
+      for (const UnitProfile& u : c->units) fwd += u.fwd_seconds, bwd += u.bwd_seconds;
+      return std::make_pair(fwd, bwd);
+    };
+    const auto chosen = total(plan->forward, plan->backward);
+    for (int k : {1, 2, 4}) {
+      const std::vector<int> uniform = {1, k, k, k, k, 1};
+      const auto other = total(uniform, uniform);
+      EXPECT_LE(chosen.first, other.first * (1 + 1e-12)) << "seed " << seed << " k " << k;
+      EXPECT_LE(chosen.second, other.second * (1 + 1e-12)) << "seed " << seed << " k " << k;
+    }
+  }
+}
+
 TEST(ChooseTensorPartitionsTest, BadInput_InvalidArgument) {
   EXPECT_EQ(ChooseTensorPartitions(Profile(0.01, 1e6), 1, 0, 0).status().code(),
             absl::StatusCode::kInvalidArgument);

@@ -26,6 +26,7 @@
 #include "worker/model/attention_unit.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/mlp_unit.h"
+#include "worker/runtime/data_parallel_testing.h"
 #include "worker/transport/in_process_transport.h"
 
 namespace pipetrain {
@@ -130,18 +131,6 @@ std::vector<UnitRun> RunRanks(bool attention, int d_model, const std::string& sp
   return runs;
 }
 
-// max |a - b| <= rel * max |b|.
-void ExpectClose(const Tensor& a, const Tensor& b, double rel, const std::string& what) {
-  ASSERT_EQ(a.numel(), b.numel()) << what;
-  double scale = 0, diff = 0;
-  for (int64_t i = 0; i < b.numel(); ++i) {
-    scale = std::max(scale, double{std::abs(b[i])});
-    diff = std::max(diff, double{std::abs(a[i] - b[i])});
-  }
-  EXPECT_LE(diff, rel * scale + 1e-9)
-      << what << ": max difference " << diff << " at scale " << scale;
-}
-
 // `t` ([rows, d]) with the rows whose flag is 0 (zero_kept = false) or 1
 // (true) zeroed.
 Tensor ZeroRows(const Tensor& t, const std::vector<float>& kept, bool zero_kept) {
@@ -177,8 +166,9 @@ TEST_P(TokenSparseTest, DroppedTokensPassTheResidual_KeptOnesEqualTheWholeUnit) 
   const UnitRun reference = RunUnit(*whole, x, dy_kept);
   EXPECT_EQ(ZeroRows(ranks[0].y, ranks[0].kept, true).ToVector(),
             ZeroRows(x, ranks[0].kept, true).ToVector());
-  ExpectClose(ZeroRows(ranks[0].y, ranks[0].kept, false),
-              ZeroRows(reference.y, ranks[0].kept, false), 1e-5, "kept tokens' outputs");
+  testing::ExpectScaledClose(ZeroRows(ranks[0].y, ranks[0].kept, false).ToVector(),
+                             ZeroRows(reference.y, ranks[0].kept, false).ToVector(), 1e-5,
+                             "kept tokens' outputs");
   if (attention) {
     // The paper's choice: the tokens of highest An over all heads.
     UnitContext ctx;
@@ -195,7 +185,7 @@ TEST_P(TokenSparseTest, DroppedTokensPassTheResidual_KeptOnesEqualTheWholeUnit) 
     if (shard.sharded()) {
       got = *GatherShards({ranks[0].grads.at(name), ranks[1].grads.at(name)}, shard);
     }
-    ExpectClose(got, grad, 1e-4, name + " gradient");
+    testing::ExpectScaledClose(got.ToVector(), grad.ToVector(), 1e-4, name + " gradient");
   }
   if (!attention) {
     // The MLP works token by token, so a dropped token's input gradient is
@@ -203,7 +193,7 @@ TEST_P(TokenSparseTest, DroppedTokensPassTheResidual_KeptOnesEqualTheWholeUnit) 
     Tensor want = reference.dx.Clone();
     const Tensor dropped = ZeroRows(dy, ranks[0].kept, true);
     for (int64_t i = 0; i < want.numel(); ++i) want.data()[i] += dropped[i];
-    ExpectClose(ranks[0].dx, want, 1e-4, "input gradient");
+    testing::ExpectScaledClose(ranks[0].dx.ToVector(), want.ToVector(), 1e-4, "input gradient");
   }
 }
 

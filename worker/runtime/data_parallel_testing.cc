@@ -36,6 +36,18 @@ void ExpectTensorClose(const std::vector<float>& got, const std::vector<float>& 
 
 }  // namespace
 
+void ExpectScaledClose(const std::vector<float>& got, const std::vector<float>& want,
+                       double relative, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  double scale = 0, diff = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, std::fabs(double{want[i]}));
+    diff = std::max(diff, std::fabs(double{got[i]} - want[i]));
+  }
+  EXPECT_LE(diff, relative * scale + 1e-9)
+      << what << ": max difference " << diff << " at scale " << scale;
+}
+
 void ExpectLossesClose(const std::vector<float>& got, const std::vector<float>& want,
                        const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;

@@ -48,6 +48,11 @@ inline constexpr double kDataParallelRelative = 1e-5;
 // magnitude; their losses still to kDataParallelRelative.
 inline constexpr double kTensorParallelWeightsRelative = 5e-5;
 
+// max |got - want| <= relative * max |want| (+ 1e-9 for an all-zero
+// `want`), the same sizes (EXPECT; the message names `what`).
+void ExpectScaledClose(const std::vector<float>& got, const std::vector<float>& want,
+                       double relative, const std::string& what);
+
 // Each loss within kDataParallelRelative of its reference (EXPECT).
 void ExpectLossesClose(const std::vector<float>& got, const std::vector<float>& want,
                        const std::string& what);

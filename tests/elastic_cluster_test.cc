@@ -540,7 +540,10 @@ TEST(HighlyAvailableCoordinatorsTest, LeaderKilled_FollowerTakesOverWithinLeaseP
   options.coordinator_binary = FindSiblingBinary("coordinator", "pipetrain-coordinator").value();
   options.worker_binary = FindSiblingBinary("worker", "pipetrain-worker").value();
   options.workers = 4;
-  options.dir = std::string(std::getenv("TEST_TMPDIR")) + "/ha";
+  // The processes' logs stay with the test's outputs (a failed takeover is
+  // diagnosed from them).
+  const char* outputs = std::getenv("TEST_UNDECLARED_OUTPUTS_DIR");
+  options.dir = std::string(outputs != nullptr ? outputs : std::getenv("TEST_TMPDIR")) + "/ha";
   mkdir(options.dir.c_str(), 0700);
   options.join_token = "ha-join";
   options.user_token = "ha-user";

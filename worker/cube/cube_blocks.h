@@ -125,7 +125,8 @@ absl::Status CubeMlpForward(CubeComm& comm, const CubeDirection& direction,
 
 // Backward from dy = dL/dy (output block): dx (same size) is written, the
 // parameter gradient blocks are ADDED to (as the kernels accumulate over
-// micro-batches). ctx must come from the forward on the same input.
+// micro-batches). ctx must come from the forward on the same input; dx
+// must not overlap dy.
 absl::Status CubeAttentionBackward(CubeComm& comm, const CubeDirection& direction,
                                    const CubeBlockDims& dims, const CubeBlockParams& params,
                                    const CubeBlockContext& ctx, absl::Span<const float> dy,

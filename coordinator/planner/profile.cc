@@ -54,8 +54,9 @@ absl::StatusOr<json> Parse(const std::string& text) {
 }
 
 absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
-  if (auto s = OnlyKeys(u, where, {"name", "fwd_seconds", "bwd_seconds", "weight_bytes",
-                                   "activation_bytes", "stash_bytes"});
+  if (auto s = OnlyKeys(u, where,
+                        {"name", "fwd_seconds", "bwd_seconds", "weight_bytes", "activation_bytes",
+                         "stash_bytes", "partitions"});
       !s.ok()) {
     return s;
   }
@@ -67,6 +68,27 @@ absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
   ASSIGN_OR_RETURN(unit.weight_bytes, Number(u, "weight_bytes", where, false));
   ASSIGN_OR_RETURN(unit.activation_bytes, Number(u, "activation_bytes", where, false));
   ASSIGN_OR_RETURN(unit.stash_bytes, Number(u, "stash_bytes", where, false, false, 0));
+  // Optional: one of K micro-partitions' measured passes (K 2 or 4, once each).
+  if (u.contains("partitions")) {
+    const json& list = u["partitions"];
+    if (!list.is_array() || list.size() > 2) {
+      return Invalid(where + ".partitions", "must be a list of at most 2 entries");
+    }
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string at = absl::StrCat(where, ".partitions[", i, "]");
+      if (auto s = OnlyKeys(list[i], at, {"count", "fwd_seconds", "bwd_seconds"}); !s.ok()) {
+        return s;
+      }
+      const json& count = list[i].contains("count") ? list[i]["count"] : json();
+      if (!count.is_number_integer() || (count.get<int64_t>() != 2 && count.get<int64_t>() != 4) ||
+          unit.partition_seconds.count(count.get<int>()) > 0) {
+        return Invalid(at + ".count", "must be 2 or 4, each at most once");
+      }
+      ASSIGN_OR_RETURN(const double fwd, Number(list[i], "fwd_seconds", at, false));
+      ASSIGN_OR_RETURN(const double bwd, Number(list[i], "bwd_seconds", at, false));
+      unit.partition_seconds[count.get<int>()] = {fwd, bwd};
+    }
+  }
   return unit;
 }
 
@@ -129,9 +151,21 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
 std::string ProfileToJson(const ModelProfile& p) {
   json units = json::array();
   for (const UnitProfile& u : p.units) {
-    units.push_back({{"name", u.name}, {"fwd_seconds", u.fwd_seconds},
-                     {"bwd_seconds", u.bwd_seconds}, {"weight_bytes", u.weight_bytes},
-                     {"activation_bytes", u.activation_bytes}, {"stash_bytes", u.stash_bytes}});
+    json unit = {{"name", u.name},
+                 {"fwd_seconds", u.fwd_seconds},
+                 {"bwd_seconds", u.bwd_seconds},
+                 {"weight_bytes", u.weight_bytes},
+                 {"activation_bytes", u.activation_bytes},
+                 {"stash_bytes", u.stash_bytes}};
+    if (!u.partition_seconds.empty()) {
+      json partitions = json::array();
+      for (const auto& [count, seconds] : u.partition_seconds) {
+        partitions.push_back(
+            {{"count", count}, {"fwd_seconds", seconds.first}, {"bwd_seconds", seconds.second}});
+      }
+      unit["partitions"] = std::move(partitions);
+    }
+    units.push_back(std::move(unit));
   }
   return json{{"micro_batch_size", p.micro_batch_size}, {"units", units}}.dump(2);
 }

@@ -21,6 +21,13 @@ TEST(ProfileTest, ParseProfile_ReadsTheDocumentedFormatAndRoundTrips) {
   EXPECT_EQ(p.units[1].stash_bytes, 0);  // optional
   ModelProfile again = ParseProfileJson(ProfileToJson(p)).value();
   EXPECT_EQ(again.units[1].bwd_seconds, 0.004);
+  EXPECT_TRUE(again.units[1].partition_seconds.empty());
+  // AccTFM's measured partitions survive the round trip (a coordinator
+  // keeps a job's profile as this JSON across restarts).
+  p.units[1].partition_seconds[2] = {0.0011, 0.0021};
+  p.units[1].partition_seconds[4] = {0.0006, 0.0012};
+  again = ParseProfileJson(ProfileToJson(p)).value();
+  EXPECT_EQ(again.units[1].partition_seconds, p.units[1].partition_seconds);
 }
 
 TEST(ProfileTest, ParseCluster_DefaultsAndProblemConversion) {
@@ -80,6 +87,14 @@ TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
       {R"({"micro_batch_size": 4, "units": [{"name": "x", "fwd_seconds": 1, "bwd_seconds": 1,
           "weight_bytes": 0}]})",
        "units[0].activation_bytes: missing"},
+      {R"({"micro_batch_size": 4, "units": [{"name": "x", "fwd_seconds": 1, "bwd_seconds": 1,
+          "weight_bytes": 0, "activation_bytes": 0,
+          "partitions": [{"count": 3, "fwd_seconds": 1, "bwd_seconds": 1}]}]})",
+       "units[0].partitions[0].count: must be 2 or 4, each at most once"},
+      {R"({"micro_batch_size": 4, "units": [{"name": "x", "fwd_seconds": 1, "bwd_seconds": 1,
+          "weight_bytes": 0, "activation_bytes": 0,
+          "partitions": [{"count": 2, "fwd_seconds": -1, "bwd_seconds": 1}]}]})",
+       "units[0].partitions[0].fwd_seconds: must be a finite number >= 0"},
   };
   for (const auto& [json, message] : cases) {
     auto p = ParseProfileJson(json);

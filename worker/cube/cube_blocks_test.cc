@@ -41,19 +41,13 @@
 namespace pipetrain {
 namespace {
 
+using cube_test::Fabric;
 using cube_test::GatherAll;
+using cube_test::kPaper;
 using cube_test::Random;
 using cube_test::ScatterAll;
 
 constexpr double kTolerance = 5e-5;
-
-const CubeDirection kPaper{CubeAxis::kY, CubeAxis::kX, CubeAxis::kZ};
-
-std::unique_ptr<InProcessCubeFabric> Fabric(int p) {
-  auto fabric = InProcessCubeFabric::Create(p);
-  EXPECT_TRUE(fabric.ok()) << fabric.status();
-  return std::move(fabric).value();
-}
 
 // max |got - want| / max |want|.
 double RelativeError(const std::string& what, const std::vector<float>& got,

@@ -19,10 +19,9 @@
 namespace pipetrain {
 namespace {
 
+using cube_test::kPaper;
 using cube_test::Random;
 using cube_test::ScatterAll;
-
-const CubeDirection kPaper{CubeAxis::kY, CubeAxis::kX, CubeAxis::kZ};
 
 // Every rank's outputs of one linear forward + backward (with bias) and one
 // LayerNorm forward on the linear's output, by rank.

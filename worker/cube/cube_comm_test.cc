@@ -9,23 +9,15 @@
 
 #include "gtest/gtest.h"
 #include "worker/cube/cube_layout.h"
+#include "worker/cube/cube_test_util.h"
 #include "worker/cube/cube_testing.h"
 
 namespace pipetrain {
 namespace {
 
-const CubeDirection kPaper{CubeAxis::kY, CubeAxis::kX, CubeAxis::kZ};
-
-std::unique_ptr<InProcessCubeFabric> Fabric(int p) {
-  auto fabric = InProcessCubeFabric::Create(p);
-  EXPECT_TRUE(fabric.ok()) << fabric.status();
-  return std::move(fabric).value();
-}
-
-void ExpectAllOk(const std::vector<absl::Status>& status) {
-  for (size_t r = 0; r < status.size(); ++r) EXPECT_TRUE(status[r].ok()) << r << ": " << status[r];
-}
-
+using cube_test::ExpectAllOk;
+using cube_test::Fabric;
+using cube_test::kPaper;
 // A value that names its rank and position, exact in fp32.
 float Tagged(int rank, int64_t k) { return static_cast<float>(rank * 1000 + k); }
 

@@ -29,18 +29,12 @@ namespace pipetrain {
 namespace {
 
 using cube_test::ExpectWithin;
+using cube_test::Fabric;
 using cube_test::GatherAll;
+using cube_test::kPaper;
 using cube_test::kUnitRoundoff;
 using cube_test::Random;
 using cube_test::ScatterAll;
-
-const CubeDirection kPaper{CubeAxis::kY, CubeAxis::kX, CubeAxis::kZ};
-
-std::unique_ptr<InProcessCubeFabric> Fabric(int p) {
-  auto fabric = InProcessCubeFabric::Create(p);
-  EXPECT_TRUE(fabric.ok()) << fabric.status();
-  return std::move(fabric).value();
-}
 
 class CubeLayerNormTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 

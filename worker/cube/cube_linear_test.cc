@@ -25,13 +25,14 @@ namespace {
 
 using cube_test::Abs;
 using cube_test::AbsGemm;
+using cube_test::ExpectAllOk;
 using cube_test::ExpectWithin;
+using cube_test::Fabric;
 using cube_test::GatherAll;
+using cube_test::kPaper;
 using cube_test::kUnitRoundoff;
 using cube_test::Random;
 using cube_test::ScatterAll;
-
-const CubeDirection kPaper{CubeAxis::kY, CubeAxis::kX, CubeAxis::kZ};
 
 CubeDirection DirectionOf(int index) {
   switch (index) {
@@ -42,16 +43,6 @@ CubeDirection DirectionOf(int index) {
     default:
       return {CubeAxis::kX, CubeAxis::kZ, CubeAxis::kY};  // any permutation works
   }
-}
-
-std::unique_ptr<InProcessCubeFabric> Fabric(int p) {
-  auto fabric = InProcessCubeFabric::Create(p);
-  EXPECT_TRUE(fabric.ok()) << fabric.status();
-  return std::move(fabric).value();
-}
-
-void ExpectAllOk(const std::vector<absl::Status>& status) {
-  for (size_t r = 0; r < status.size(); ++r) EXPECT_TRUE(status[r].ok()) << r << ": " << status[r];
 }
 
 std::vector<double> Scaled(std::vector<double> v, double by) {

@@ -7,18 +7,36 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "worker/cube/cube_layout.h"
+#include "worker/cube/cube_testing.h"
 
 namespace pipetrain {
 namespace cube_test {
 
 // The unit roundoff of fp32.
 constexpr double kUnitRoundoff = 1.0 / (1 << 24);
+
+// Algorithm 1's direction as printed: input y, weight x, output z.
+inline const CubeDirection kPaper{CubeAxis::kY, CubeAxis::kX, CubeAxis::kZ};
+
+// An in-process cube of side p (EXPECTs it is created).
+inline std::unique_ptr<InProcessCubeFabric> Fabric(int p) {
+  auto fabric = InProcessCubeFabric::Create(p);
+  EXPECT_TRUE(fabric.ok()) << fabric.status();
+  return std::move(fabric).value();
+}
+
+// Every rank's status OK, the failing rank named.
+inline void ExpectAllOk(const std::vector<absl::Status>& status) {
+  for (size_t r = 0; r < status.size(); ++r) EXPECT_TRUE(status[r].ok()) << r << ": " << status[r];
+}
 
 // n values uniform in [offset - 1, offset + 1) from `seed`.
 inline std::vector<float> Random(int64_t n, uint32_t seed, float offset = 0.0f) {

@@ -110,14 +110,11 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
       partitions_forward = chosen.forward;
       partitions_backward = chosen.backward;
     }
-    ASSIGN_OR_RETURN(
-        planned, TensorParallelUnitCosts(profile, tensor, partitions_forward, partitions_backward,
-                                         cluster.bandwidth_bytes_per_second,
-                                         cluster.latency_seconds, wire_fraction));
     ASSIGN_OR_RETURN(tensor_passes, TensorParallelUnitPasses(
                                         profile, tensor, partitions_forward, partitions_backward,
                                         cluster.bandwidth_bytes_per_second, cluster.latency_seconds,
                                         wire_fraction));
+    planned = TensorParallelCostsOf(profile, tensor, tensor_passes);
   }
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   // The groups' all-reduces on their own lane of the timeline.

@@ -177,6 +177,11 @@ absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile
       const std::vector<TensorParallelUnitLanes> passes,
       TensorParallelUnitPasses(profile, tensor, forward, backward, bandwidth_bytes_per_second,
                                latency_seconds, block_wire_fraction));
+  return TensorParallelCostsOf(profile, tensor, passes);
+}
+
+ModelProfile TensorParallelCostsOf(const ModelProfile& profile, int tensor,
+                                   const std::vector<TensorParallelUnitLanes>& passes) {
   ModelProfile out = profile;
   for (size_t u = 0; u < profile.units.size(); ++u) {
     UnitProfile& unit = out.units[u];

@@ -98,6 +98,12 @@ absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile
                                                      double latency_seconds,
                                                      double block_wire_fraction = 1.0);
 
+// TensorParallelUnitCosts from passes TensorParallelUnitPasses computed (one
+// per unit of `profile`, checked by the caller): each unit's weights / T and
+// PassSeconds of its passes.
+ModelProfile TensorParallelCostsOf(const ModelProfile& profile, int tensor,
+                                   const std::vector<TensorParallelUnitLanes>& passes);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_

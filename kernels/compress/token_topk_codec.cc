@@ -25,8 +25,9 @@ absl::Status CheckRank(const Shape& shape) {
                    " has rank < 2; tokens are all but the last dimension, so it needs [.., T, d]"));
 }
 
-// Mask of the `kept` tokens with the highest score (ties: lower index).
-std::vector<bool> SelectTokens(const std::vector<double>& score, int64_t kept) {
+}  // namespace
+
+std::vector<bool> SelectTokens(absl::Span<const double> score, int64_t kept) {
   std::vector<int64_t> order(score.size());
   std::iota(order.begin(), order.end(), int64_t{0});
   auto before = [&score](int64_t a, int64_t b) {
@@ -37,6 +38,8 @@ std::vector<bool> SelectTokens(const std::vector<double>& score, int64_t kept) {
   for (int64_t i = 0; i < kept; ++i) mask[order[i]] = true;
   return mask;
 }
+
+namespace {
 
 // Reads the mask; fills the kept token indices (ascending).
 absl::Status ReadMask(ByteReader* r, int64_t tokens, int64_t kept,

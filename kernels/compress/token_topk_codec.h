@@ -75,6 +75,11 @@ class TokenTopKCodec : public Codec {
   std::unique_ptr<Codec> inner_;
 };
 
+// The mask of the `kept` (<= score.size()) tokens of highest score, equal
+// scores going to the lower index: the codec's selection, also AccTFM's
+// per-sample choice of the tensor-parallel all-reduce's tokens.
+std::vector<bool> SelectTokens(absl::Span<const double> score, int64_t kept);
+
 // INVALID_ARGUMENT naming `keep` unless 0 < keep <= 1.
 absl::StatusOr<std::unique_ptr<TokenTopKCodec>> MakeTokenTopKCodec(
     double keep, std::unique_ptr<Codec> inner = nullptr);

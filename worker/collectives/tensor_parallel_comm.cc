@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/compress/elem_topk_codec.h"
+#include "kernels/compress/token_topk_codec.h"
 
 namespace pipetrain {
 
@@ -14,14 +14,10 @@ std::vector<uint8_t> KeepTopTokensPerSample(const std::vector<float>& scores, in
                                             double keep) {
   std::vector<uint8_t> kept(scores.size(), 0);
   const int64_t per_sample = TopKCount(keep, seq_len);
-  std::vector<int> order(static_cast<size_t>(seq_len));
   for (size_t first = 0; first + seq_len <= scores.size(); first += seq_len) {
-    const float* s = scores.data() + first;
-    std::iota(order.begin(), order.end(), 0);
-    // Highest score first; equal scores by the lower token.
-    std::partial_sort(order.begin(), order.begin() + per_sample, order.end(),
-                      [s](int a, int b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
-    for (int64_t i = 0; i < per_sample; ++i) kept[first + order[i]] = 1;
+    const std::vector<double> sample(scores.begin() + first, scores.begin() + first + seq_len);
+    const std::vector<bool> mask = SelectTokens(sample, per_sample);
+    for (int t = 0; t < seq_len; ++t) kept[first + t] = mask[t] ? 1 : 0;
   }
   return kept;
 }

@@ -195,9 +195,10 @@ absl::Status Backward(Kind kind, CubeComm& comm, const CubeDirection& direction,
   return absl::OkStatus();
 }
 
-// full [rows, 3d] with its columns permuted (to_cube) or un-permuted.
-std::vector<float> PermuteColumns(const std::vector<float>& full, int64_t rows, int64_t d, int p,
-                                  bool to_cube) {
+}  // namespace
+
+std::vector<float> PermuteCubeAttentionColumns(const std::vector<float>& full, int64_t rows,
+                                               int64_t d, int p, bool to_cube) {
   const int64_t cols = 3 * d;
   std::vector<float> out(full.size());
   for (int64_t c = 0; c < cols; ++c) {
@@ -213,6 +214,8 @@ std::vector<float> PermuteColumns(const std::vector<float>& full, int64_t rows, 
   return out;
 }
 
+namespace {
+
 absl::StatusOr<CubeBlockTensors> Scatter(Kind kind, const CubeBlockTensors& full,
                                          const CubeBlockDims& dims, int p, const CubeCoord& coord,
                                          const CubeDirection& direction) {
@@ -227,9 +230,9 @@ absl::StatusOr<CubeBlockTensors> Scatter(Kind kind, const CubeBlockTensors& full
   RETURN_IF_ERROR(CheckSize(kind, "full out_bias", full.out_bias.size(), d));
   const bool permute = kind == Kind::kAttention;
   const std::vector<float> in_weight =
-      permute ? PermuteColumns(full.in_weight, d, d, p, true) : full.in_weight;
+      permute ? PermuteCubeAttentionColumns(full.in_weight, d, d, p, true) : full.in_weight;
   const std::vector<float> in_bias =
-      permute ? PermuteColumns(full.in_bias, 1, d, p, true) : full.in_bias;
+      permute ? PermuteCubeAttentionColumns(full.in_bias, 1, d, p, true) : full.in_bias;
   const CubeDirection swapped = direction.Swapped();
   CubeBlockTensors out;
   ASSIGN_OR_RETURN(out.ln_weight, ScatterCubeBlock(CubeOperand::kVector, full.ln_weight, 1, d, p,
@@ -281,8 +284,8 @@ absl::StatusOr<CubeBlockTensors> Gather(Kind kind, const std::vector<CubeBlockTe
                    GatherCubeBlocks(CubeOperand::kVector, field(&CubeBlockTensors::out_bias), 1, d,
                                     p, direction));
   if (kind == Kind::kAttention) {
-    out.in_weight = PermuteColumns(out.in_weight, d, d, p, false);
-    out.in_bias = PermuteColumns(out.in_bias, 1, d, p, false);
+    out.in_weight = PermuteCubeAttentionColumns(out.in_weight, d, d, p, false);
+    out.in_bias = PermuteCubeAttentionColumns(out.in_bias, 1, d, p, false);
   }
   return out;
 }

@@ -140,6 +140,11 @@ absl::Status CubeMlpBackward(CubeComm& comm, const CubeDirection& direction,
 // (0 <= column < 3 d_model) holds, per the permutation above.
 int64_t CubeAttentionPermutedColumn(int64_t column, int64_t d_model, int p);
 
+// `full` ([rows, 3 d_model], c_attn's weight or, with rows 1, its bias)
+// with its columns permuted into the cube's order (to_cube) or back.
+std::vector<float> PermuteCubeAttentionColumns(const std::vector<float>& full, int64_t rows,
+                                               int64_t d_model, int p, bool to_cube);
+
 // Rank `coord`'s blocks of a block's unsplit parameters `full` (Hugging
 // Face shapes: ln [d], in [d, K] / [K], out [K', d] / [d]); the attention
 // variant permutes c_attn's columns. INVALID_ARGUMENT for dims the block

@@ -65,8 +65,9 @@ CollectivesCubeComm::CollectivesCubeComm(Transport* transport, int p,
   }
 }
 
-void CollectivesCubeComm::SetIteration(int64_t iteration) {
+void CollectivesCubeComm::SetIteration(int64_t iteration, int tag_base) {
   iteration_ = iteration;
+  tag_base_ = tag_base;
   tags_ = {0, 0, 0};
 }
 
@@ -79,36 +80,44 @@ int64_t CollectivesCubeComm::sent_bytes() const {
 absl::Status CollectivesCubeComm::AllGather(CubeAxis axis, absl::Span<const float> segment,
                                             absl::Span<float> out) {
   RETURN_IF_ERROR(status_);
+  const absl::Time start = absl::Now();
   RETURN_IF_ERROR(CheckSize("AllGather", "out", out.size(), p_ * int64_t(segment.size())));
   ASSIGN_OR_RETURN(const Tensor all,
                    Group(axis).AllGather(iteration_, NextTag(axis), FromSpan(segment), out.size()));
   ToSpan(all, out);
+  Timed(start);
   return absl::OkStatus();
 }
 
 absl::Status CollectivesCubeComm::ReduceScatter(CubeAxis axis, absl::Span<const float> data,
                                                 absl::Span<float> out) {
   RETURN_IF_ERROR(status_);
+  const absl::Time start = absl::Now();
   RETURN_IF_ERROR(CheckSize("ReduceScatter", "data", data.size(), p_ * int64_t(out.size())));
   ASSIGN_OR_RETURN(const Tensor mine,
                    Group(axis).ReduceScatter(iteration_, NextTag(axis), FromSpan(data)));
   ToSpan(mine, out);
+  Timed(start);
   return absl::OkStatus();
 }
 
 absl::Status CollectivesCubeComm::AllReduce(CubeAxis axis, absl::Span<float> data) {
   RETURN_IF_ERROR(status_);
+  const absl::Time start = absl::Now();
   Tensor t = FromSpan(data);
   RETURN_IF_ERROR(Group(axis).AllReduce(iteration_, NextTag(axis), t));
   ToSpan(t, data);
+  Timed(start);
   return absl::OkStatus();
 }
 
 absl::Status CollectivesCubeComm::Broadcast(CubeAxis axis, int root, absl::Span<float> data) {
   RETURN_IF_ERROR(status_);
+  const absl::Time start = absl::Now();
   Tensor t = FromSpan(data);
   RETURN_IF_ERROR(Group(axis).Broadcast(iteration_, NextTag(axis), root, t));
   ToSpan(t, data);
+  Timed(start);
   return absl::OkStatus();
 }
 

@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "worker/collectives/collectives.h"
 #include "worker/cube/cube_comm.h"
 #include "worker/transport/transport.h"
@@ -43,10 +45,14 @@ class CollectivesCubeComm : public CubeComm {
 
   absl::Status status() const { return status_; }
   // The data-plane iteration the next collectives belong to; restarts the
-  // tags.
-  void SetIteration(int64_t iteration);
+  // tags at `tag_base` (>= 0; a caller whose other collectives share the
+  // transport keeps this comm's tags apart from theirs).
+  void SetIteration(int64_t iteration, int tag_base = 0);
   // Bytes this rank has sent, over all three groups.
   int64_t sent_bytes() const;
+  // Collectives run so far, and the seconds spent in them.
+  int64_t collectives() const { return collectives_; }
+  double seconds() const { return seconds_; }
 
   int p() const override { return p_; }
   CubeCoord coord() const override { return coord_; }
@@ -60,13 +66,21 @@ class CollectivesCubeComm : public CubeComm {
  private:
   // The group's Collectives and the next tag on `axis`.
   Collectives& Group(CubeAxis axis) { return *groups_[static_cast<int>(axis)]; }
-  int NextTag(CubeAxis axis) { return tags_[static_cast<int>(axis)]++; }
+  int NextTag(CubeAxis axis) {
+    ++collectives_;
+    return tag_base_ + tags_[static_cast<int>(axis)]++;
+  }
+  // Adds the seconds since `start` to seconds_.
+  void Timed(absl::Time start) { seconds_ += absl::ToDoubleSeconds(absl::Now() - start); }
 
   const int p_;
   CubeCoord coord_;
   absl::Status status_;
   int64_t iteration_ = 0;
+  int tag_base_ = 0;
   std::array<int, 3> tags_ = {0, 0, 0};
+  int64_t collectives_ = 0;
+  double seconds_ = 0;
   std::array<std::unique_ptr<Collectives>, 3> groups_;
 };
 

@@ -6,6 +6,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
+#include "worker/cube/cube_blocks.h"
 
 namespace pipetrain {
 namespace {
@@ -14,6 +15,12 @@ int64_t Product(const Shape& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
   return n;
+}
+
+// A cube shard's full tensor as the [rows, cols] matrix of cube_layout.h:
+// a vector is one row.
+int64_t CubeRows(const ParameterShard& shard) {
+  return shard.full_shape.size() == 1 ? 1 : shard.full_shape.front();
 }
 
 // Copies between the full tensor and rank `shard.rank`'s part: src is the
@@ -46,6 +53,17 @@ void CheckShard(const ParameterShard& shard) {
   PT_CHECK(shard.sharded() && !shard.full_shape.empty() && shard.ranks >= 1 && shard.rank >= 0 &&
            shard.rank < shard.ranks && shard.column_blocks >= 1)
       << "bad ParameterShard";
+  if (shard.split == ParameterShard::Split::kCube) {
+    PT_CHECK(shard.cube_p >= 2 && shard.ranks == shard.cube_p * shard.cube_p * shard.cube_p &&
+             shard.full_shape.size() <= 2)
+        << "bad cube ParameterShard";
+    PT_CHECK(CubeBlockOf(shard.cube_operand, CubeRows(shard), shard.full_shape.back(), shard.cube_p,
+                         CubeCoordOf(shard.rank, shard.cube_p), shard.cube_direction)
+                 .ok())
+        << "a cube of p = " << shard.cube_p << " does not split a tensor of "
+        << Product(shard.full_shape) << " elements";
+    return;
+  }
   if (shard.split == ParameterShard::Split::kRows) {
     PT_CHECK(shard.full_shape.front() % shard.ranks == 0)
         << shard.ranks << " ranks do not split " << shard.full_shape.front() << " rows";
@@ -59,6 +77,15 @@ void CheckShard(const ParameterShard& shard) {
 }  // namespace
 
 Shape ShardShape(const ParameterShard& shard) {
+  if (shard.split == ParameterShard::Split::kCube) {
+    CheckShard(shard);
+    const CubeBlock block =
+        CubeBlockOf(shard.cube_operand, CubeRows(shard), shard.full_shape.back(), shard.cube_p,
+                    CubeCoordOf(shard.rank, shard.cube_p), shard.cube_direction)
+            .value();
+    if (shard.full_shape.size() == 1) return {block.size()};
+    return {block.rows, block.cols};
+  }
   Shape shape = shard.full_shape;
   if (shard.split == ParameterShard::Split::kColumns) shape.back() /= shard.ranks;
   if (shard.split == ParameterShard::Split::kRows) shape.front() /= shard.ranks;
@@ -83,11 +110,61 @@ absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel
   return status;
 }
 
+int CubeEdge(int tensor_parallel) {
+  for (int p = 2; p * p * p <= tensor_parallel; ++p) {
+    if (p * p * p == tensor_parallel) return p;
+  }
+  return 0;
+}
+
+absl::Status ValidateCubeTensorParallel(const GptConfig& config, int tensor_parallel,
+                                        int64_t micro_batch_samples) {
+  const int p = CubeEdge(tensor_parallel);
+  if (p == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.parallelism.tensor: 3-D tensor parallelism needs p^3 workers (8, 27, ...) with p "
+        ">= 2, not ",
+        tensor_parallel));
+  }
+  auto must_divide = [&](const char* field, int64_t value, int64_t by,
+                         const char* what) -> absl::Status {
+    if (value % by == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("3-D tensor parallelism on a ", p, "x", p, "x",
+                                                   p, " cube needs ", what, " = ", by,
+                                                   " to divide ", field, " ", value));
+  };
+  absl::Status status = must_divide("model.n_head", config.n_head, p, "p");
+  if (status.ok()) status = must_divide("model.d_model", config.d_model, int64_t{p} * p, "p^2");
+  if (status.ok()) {
+    status = must_divide("model.vocab_size", config.vocab_size, int64_t{p} * p * p, "p^3");
+  }
+  if (status.ok()) {
+    status = must_divide(
+        "the samples of a micro-batch (training.batch_size / "
+        "(training.micro_batches x spec.parallelism.data))",
+        micro_batch_samples, int64_t{p} * p, "p^2");
+  }
+  return status;
+}
+
 Tensor SliceShard(const Tensor& full, const ParameterShard& shard) {
   CheckShard(shard);
   PT_CHECK(!full.on_device() && full.numel() == Product(shard.full_shape))
       << "SliceShard of a tensor of " << full.numel() << " elements";
   Tensor part = Tensor::Zeros(ShardShape(shard));
+  if (shard.split == ParameterShard::Split::kCube) {
+    const int64_t rows = CubeRows(shard), cols = shard.full_shape.back();
+    std::vector<float> values = full.ToVector();
+    if (shard.cube_attention_columns) {
+      values = PermuteCubeAttentionColumns(values, rows, cols / 3, shard.cube_p, true);
+    }
+    const std::vector<float> block =
+        ScatterCubeBlock(shard.cube_operand, values, rows, cols, shard.cube_p,
+                         CubeCoordOf(shard.rank, shard.cube_p), shard.cube_direction)
+            .value();  // checked by CheckShard
+    std::copy(block.begin(), block.end(), part.data());
+    return part;
+  }
   CopyShard(shard, full.data(), part.data(), /*to_part=*/true);
   return part;
 }
@@ -99,6 +176,24 @@ absl::StatusOr<Tensor> GatherShards(const std::vector<Tensor>& parts, const Para
         absl::StrCat(parts.size(), " shards for a tensor split ", shard.ranks, " ways"));
   }
   Tensor full = Tensor::Zeros(shard.full_shape);
+  if (shard.split == ParameterShard::Split::kCube) {
+    std::vector<std::vector<float>> blocks;
+    for (int r = 0; r < shard.ranks; ++r) {
+      if (parts[r].on_device()) {
+        return absl::InvalidArgumentError(absl::StrCat("shard ", r, " is not on the host"));
+      }
+      blocks.push_back(parts[r].numel() == 0 ? std::vector<float>() : parts[r].ToVector());
+    }
+    const int64_t rows = CubeRows(shard), cols = shard.full_shape.back();
+    ASSIGN_OR_RETURN(std::vector<float> values,
+                     GatherCubeBlocks(shard.cube_operand, blocks, rows, cols, shard.cube_p,
+                                      shard.cube_direction));
+    if (shard.cube_attention_columns) {
+      values = PermuteCubeAttentionColumns(values, rows, cols / 3, shard.cube_p, false);
+    }
+    std::copy(values.begin(), values.end(), full.data());
+    return full;
+  }
   const int64_t piece = full.numel() / shard.ranks;
   for (int r = 0; r < shard.ranks; ++r) {
     if (parts[r].on_device() || parts[r].numel() != piece) {

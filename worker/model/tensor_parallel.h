@@ -39,6 +39,8 @@
 #include "absl/status/statusor.h"
 #include "common/tensor.h"
 #include "kernels/compress/codec.h"
+#include "worker/cube/cube_comm.h"
+#include "worker/cube/cube_layout.h"
 #include "worker/model/gpt_config.h"
 
 namespace pipetrain {
@@ -108,12 +110,24 @@ struct ParameterShard {
                // columns cut into `ranks` equal pieces, this rank's piece of
                // every block concatenated (c_attn's q, k, v: 3 blocks)
     kRows,     // the first dimension, in `ranks` equal pieces
+    kCube,     // 3-D tensor parallelism: rank `rank` (CubeRankIndex) of a
+               // p^3 cube holds the block worker/cube/cube_layout.h gives
+               // `cube_operand` under `cube_direction` (a weight [N, K]
+               // as [N / p, K / p^2]; a vector [L] as L / p^2 values on
+               // the cube's diagonal, none elsewhere: a rank may hold an
+               // empty tensor); with cube_attention_columns the columns
+               // are c_attn's, permuted as worker/cube/cube_blocks.h says
   };
   Split split = Split::kNone;
   int rank = 0;
-  int ranks = 1;
+  int ranks = 1;  // kCube: p^3
   int column_blocks = 1;
   Shape full_shape;  // the unsplit tensor's; empty for kNone
+  // kCube only.
+  int cube_p = 0;
+  CubeOperand cube_operand = CubeOperand::kWeight;
+  CubeDirection cube_direction;
+  bool cube_attention_columns = false;
 
   bool sharded() const { return split != Split::kNone; }
   // Whether this copy's squares belong in a global gradient norm: every
@@ -141,6 +155,19 @@ absl::StatusOr<TensorParallelCompression> MakeTensorParallelCompression(const st
 // T divides n_head (heads per rank), d_model, 4 d_model and vocab_size.
 absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel);
 
+// INVALID_ARGUMENT naming the field unless a p x p x p cube (p >= 2) of
+// 3-D tensor parallelism (spec.parallelism.tensor_mode 3d,
+// worker/model/cube_units.h) splits `config` evenly: p divides n_head,
+// p^2 divides d_model, p^3 the vocabulary (the embedding and the head stay
+// 1-D, split by vocabulary over the p^3 ranks), and p^2 the samples of a
+// micro-batch (`micro_batch_samples`; each rank's rows are whole
+// sequences, so attention stays local). `tensor_parallel` is T = p^3; a T
+// that is not a cube of p >= 2 is refused too.
+absl::Status ValidateCubeTensorParallel(const GptConfig& config, int tensor_parallel,
+                                        int64_t micro_batch_samples);
+// p for T = p^3, or 0 when T is not the cube of an integer >= 2.
+int CubeEdge(int tensor_parallel);
+
 // The shape of this rank's part of a sharded() tensor.
 Shape ShardShape(const ParameterShard& shard);
 
@@ -150,7 +177,8 @@ Tensor SliceShard(const Tensor& full, const ParameterShard& shard);
 
 // The unsplit tensor from every rank's part: parts[r] is rank r's host
 // tensor, all cut by `shard` with rank r. INVALID_ARGUMENT when the parts
-// are not ranks' many or a part has the wrong element count.
+// are not ranks' many or a part has the wrong element count (kCube parts
+// differ in size: ShardShape of the shard with rank r).
 absl::StatusOr<Tensor> GatherShards(const std::vector<Tensor>& parts, const ParameterShard& shard);
 
 }  // namespace pipetrain

@@ -104,12 +104,20 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   for (int g = 0; g < total; ++g) {
     const int s = stage_of(g);
     transports.push_back(fabric.Connect(g));
-    StageSetup setup{"job-eq", c, s, stages, ToUnitRange(forward[s]), ToUnitRange(backward[s]),
-                     programs[s], absl::Seconds(30), eval_programs[s]};
+    StageSetup setup{"job-eq",
+                     c,
+                     s,
+                     stages,
+                     ToUnitRange(forward[s]),
+                     ToUnitRange(backward[s]),
+                     programs[s],
+                     absl::Seconds(30),
+                     eval_programs[s]};
     setup.replica = g / (stages * tp);
     setup.replicas = replicas;
     setup.tensor_rank = g % tp;
     setup.tensor_parallel = tp;
+    setup.tensor_mode = extras.tensor_mode;
     setup.tensor_partitions = extras.tensor_partitions;
     setup.tensor_partitions_forward = extras.tensor_partitions_forward;
     setup.tensor_partitions_backward = extras.tensor_partitions_backward;

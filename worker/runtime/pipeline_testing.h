@@ -61,7 +61,8 @@ struct PipelineExtras {
   // (StageSetup::tensor_rank); the weights are gathered into the unsplit
   // tensors, and every tensor rank must report the same losses.
   int tensor_parallel = 1;
-  int tensor_partitions = 1;  // StageSetup::tensor_partitions
+  std::string tensor_mode = "1d";  // StageSetup::tensor_mode ("3d": T = p^3)
+  int tensor_partitions = 1;       // StageSetup::tensor_partitions
   std::vector<int> tensor_partitions_forward, tensor_partitions_backward;  // per unit
 };
 

@@ -6,6 +6,7 @@
 #include <memory>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -29,6 +30,10 @@ constexpr int kTensorParallelGatherTagBase = kTensorParallelTagBase + (1 << 22) 
 // Tags of the tensor ranks' broadcasts of their norm shares (one per rank).
 constexpr int kGradClipTensorTagBase = (1 << 20) + (1 << 18);
 constexpr int kDataParallelTagBase = 1 << 21;
+// 3-D tensor parallelism's cube collectives (CollectivesCubeComm), and
+// those of a validation pass.
+constexpr int kCubeTagBase = 1 << 24;
+constexpr int kCubeEvalTagOffset = 1 << 22;
 // Tags of the overlapped all-reduces, one per unit.
 constexpr int kOverlapTagBase = (1 << 21) + (1 << 19);
 // Tags of the loss stages' all-gather of the step's micro-batch losses and
@@ -61,8 +66,8 @@ absl::Status Internal(const std::string& what) {
 // the cause: a peer that cannot be reached also sends nothing back).
 absl::Status WithFailedSends(absl::Status failed, const absl::Status& sends) {
   if (sends.ok()) return failed;
-  return absl::Status(failed.code(), absl::StrCat(failed.message(), "; also failed: ",
-                                                  sends.message()));
+  return absl::Status(failed.code(),
+                      absl::StrCat(failed.message(), "; also failed: ", sends.message()));
 }
 
 // `status` (if an error) prefixed with the send it belongs to.
@@ -135,11 +140,12 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
                                                                    Transport* transport) {
   RETURN_IF_ERROR(ValidateTrainConfig(setup.train));
   const int units = NumUnits(setup.train.model);
-  for (const auto& [what, r] : {std::pair<const char*, const v1::UnitRange&>{"forward", setup.forward},
-                                {"backward", setup.backward}}) {
+  for (const auto& [what, r] :
+       {std::pair<const char*, const v1::UnitRange&>{"forward", setup.forward},
+        {"backward", setup.backward}}) {
     if (r.begin() < 0 || r.begin() > r.end() || r.end() > units) {
-      return absl::InvalidArgumentError(absl::StrCat("stage ", setup.stage, "'s ", what,
-                                                     " units [", r.begin(), ", ", r.end(),
+      return absl::InvalidArgumentError(absl::StrCat("stage ", setup.stage, "'s ", what, " units [",
+                                                     r.begin(), ", ", r.end(),
                                                      ") are not within a ", units, "-unit model"));
     }
   }
@@ -168,7 +174,36 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
     return absl::InvalidArgumentError(absl::StrCat("tensor rank ", setup.tensor_rank, " of ",
                                                    setup.tensor_parallel, " is not a rank"));
   }
-  RETURN_IF_ERROR(ValidateTensorParallel(setup.train.model, setup.tensor_parallel));
+  if (setup.tensor_mode == "3d") {
+    if (setup.tensor_parallel == 1) {
+      return absl::InvalidArgumentError("tensor mode 3d with one tensor rank");
+    }
+    RETURN_IF_ERROR(ValidateCubeTensorParallel(
+        setup.train.model, setup.tensor_parallel,
+        setup.train.batch_size / std::max(1, setup.train.micro_batches)));
+    if (setup.backend->kind() != BackendKind::kCpu) {
+      return absl::InvalidArgumentError(
+          "3-D tensor parallelism runs on the CPU backend only (its CUDA path is not built)");
+    }
+    bool partitioned = setup.tensor_partitions != 1;
+    for (const std::vector<int>* per_unit :
+         {&setup.tensor_partitions_forward, &setup.tensor_partitions_backward}) {
+      for (int k : *per_unit) partitioned = partitioned || k != 1;
+    }
+    if (partitioned) {
+      return absl::InvalidArgumentError(
+          "AccTFM's tensor-parallel partitions with tensor mode 3d (not built for the cube)");
+    }
+    if (!setup.tensor_compression.empty() && setup.tensor_compression != "none") {
+      return absl::InvalidArgumentError(
+          "tensor-parallel compression with tensor mode 3d (not built for the cube)");
+    }
+  } else if (setup.tensor_mode == "1d") {
+    RETURN_IF_ERROR(ValidateTensorParallel(setup.train.model, setup.tensor_parallel));
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor mode \"", absl::CEscape(setup.tensor_mode.substr(0, 16)), "\"; want 1d or 3d"));
+  }
   if (setup.tensor_partitions != 1 && setup.tensor_partitions != 2 &&
       setup.tensor_partitions != 4) {
     return absl::InvalidArgumentError(
@@ -216,8 +251,7 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
   return std::unique_ptr<StageRuntime>(new StageRuntime(setup, dataset, transport));
 }
 
-StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
-                           Transport* transport)
+StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Transport* transport)
     : setup_(setup),
       dataset_(dataset),
       transport_(transport),
@@ -237,10 +271,23 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
     tp_comm_ = std::make_unique<CollectivesTensorParallelComm>(
         tp_collectives_.get(), setup.backend,
         MakeTensorParallelCompression(setup.tensor_compression, "").value());
+    if (setup.tensor_mode == "3d") {
+      cube_comm_ = std::make_unique<CollectivesCubeComm>(
+          transport, CubeEdge(setup.tensor_parallel), members, setup.job_id,
+          CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup.recv_timeout});
+      cube_group_ = std::make_unique<CubeUnitGroup>(cube_comm_.get());
+      cube_group_->Record(cube_comm_->status());
+    }
   }
   for (const v1::UnitRange& r : {setup.forward, setup.backward}) {
     for (int u = r.begin(); u < r.end(); ++u) {
       if (units_.count(u)) continue;
+      if (cube_group_) {
+        units_[u] = MakeCubeTensorParallelUnit(setup.train.model, u, setup.backend,
+                                               cube_group_.get(), tp_comm_.get());
+        InitializeParameters(units_[u].get(), setup.train.seed);
+        continue;
+      }
       units_[u] = MakeUnit(setup.train.model, u, setup.backend, tp_comm_.get());
       units_[u]->set_tensor_parallel_partitions(
           setup.tensor_partitions_forward.empty() ? setup.tensor_partitions
@@ -249,6 +296,21 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset,
                                                    : setup.tensor_partitions_backward[u]);
       InitializeParameters(units_[u].get(), setup.train.seed);
     }
+  }
+  // 3-D: a cube unit hands its next unit its block only when both run in
+  // this stage's forward and backward ranges (so the forward, the
+  // recompute and the backward chains agree); whatever leaves the stage or
+  // reaches the embedding or the head is full (cube_units.h).
+  auto in_both = [&](int u) {
+    return setup.forward.begin() <= u && u < setup.forward.end() && setup.backward.begin() <= u &&
+           u < setup.backward.end();
+  };
+  for (auto& [u, unit] : units_) {
+    auto* cube = dynamic_cast<CubeBlockUnit*>(unit.get());
+    auto next = units_.find(u + 1);
+    if (cube == nullptr || next == units_.end()) continue;
+    cube->set_output_full(!(in_both(u) && in_both(u + 1) &&
+                            dynamic_cast<CubeBlockUnit*>(next->second.get()) != nullptr));
   }
   // Holding both ends of the model: tie the values as GptModel does.
   if (units_.count(0) && units_.count(num_units_ - 1)) {
@@ -304,14 +366,26 @@ absl::StatusOr<std::vector<Parameter>> StageRuntime::UnsplitParameterCopies(int6
   int tag = kTensorParallelGatherTagBase;
   for (Parameter& p : out) {
     if (!p.shard.sharded()) continue;
-    // Every rank's shard, concatenated in rank order; then cut apart.
-    const int64_t piece = p.value.numel(), ranks = p.shard.ranks;
-    ASSIGN_OR_RETURN(Tensor all, tp_collectives_->AllGather(
-                                     iteration, tag++, p.value.Reshape({piece}), piece * ranks));
+    // Every rank's shard, padded to the largest (a cube's vectors are
+    // empty off its diagonal), concatenated in rank order; then cut apart.
+    const int ranks = p.shard.ranks;
+    std::vector<Shape> shapes;
+    int64_t piece = 0;
+    for (int r = 0; r < ranks; ++r) {
+      ParameterShard at = p.shard;
+      at.rank = r;
+      shapes.push_back(ShardShape(at));
+      int64_t numel = 1;
+      for (int64_t d : shapes.back()) numel *= d;
+      piece = std::max(piece, numel);
+    }
+    Tensor mine = Tensor::Zeros({piece});
+    std::copy(p.value.data(), p.value.data() + p.value.numel(), mine.data());
+    ASSIGN_OR_RETURN(Tensor all, tp_collectives_->AllGather(iteration, tag++, mine, piece * ranks));
     std::vector<Tensor> parts;
-    for (int64_t r = 0; r < ranks; ++r) {
-      Tensor part = Tensor::Zeros(p.value.shape());
-      std::copy(all.data() + r * piece, all.data() + (r + 1) * piece, part.data());
+    for (int r = 0; r < ranks; ++r) {
+      Tensor part = Tensor::Zeros(shapes[r]);
+      std::copy(all.data() + r * piece, all.data() + r * piece + part.numel(), part.data());
       parts.push_back(std::move(part));
     }
     ASSIGN_OR_RETURN(p.value, GatherShards(parts, p.shard));
@@ -431,7 +505,8 @@ Parameter* StageRuntime::TiedHolder() {
   // The copy whose gradient this stage computes: embed's when its backward
   // runs here, else head's.
   if (IsBackwardUnit(0)) return FindParameter(*units_.at(0), "wte.weight");
-  if (IsBackwardUnit(num_units_ - 1)) return FindParameter(*units_.at(num_units_ - 1), "wte.weight");
+  if (IsBackwardUnit(num_units_ - 1))
+    return FindParameter(*units_.at(num_units_ - 1), "wte.weight");
   return nullptr;
 }
 
@@ -448,6 +523,10 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   bucket_numel_ = 0;
   buckets_queued_ = 0;
   if (tp_comm_) tp_comm_->BeginIteration(iteration, /*eval=*/false);
+  if (cube_comm_) cube_comm_->SetIteration(iteration, kCubeTagBase);
+  const int64_t cube_count = cube_comm_ ? cube_comm_->collectives() : 0;
+  const int64_t cube_bytes = cube_comm_ ? cube_comm_->sent_bytes() : 0;
+  const double cube_seconds = cube_comm_ ? cube_comm_->seconds() : 0;
   const int64_t tp_count = tp_comm_ ? tp_comm_->all_reduces() : 0;
   const int64_t tp_bytes = tp_comm_ ? tp_comm_->bytes() : 0;
   const double tp_seconds = tp_comm_ ? tp_comm_->seconds() : 0;
@@ -475,19 +554,20 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
     absl::Status status = Execute(in, iteration, &result);
     if (status.ok()) status = setup_.backend->status();
     if (status.ok() && tp_comm_) status = tp_comm_->status();
+    if (status.ok() && cube_group_) status = cube_group_->status();
     if (!status.ok()) {
       return WithFailedSends(
-          absl::Status(status.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
-                                                   iteration, ", '", DescribeInstruction(in),
-                                                   "': ", status.message())),
+          absl::Status(status.code(),
+                       absl::StrCat("stage ", setup_.stage, ", iteration ", iteration, ", '",
+                                    DescribeInstruction(in), "': ", status.message())),
           DrainSends(nullptr));
     }
     ForgetMicroBatchesEndingAt(i);
   }
   absl::Status sent = DrainSends(&result);
   if (!sent.ok()) {
-    return absl::Status(sent.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
-                                                  iteration, ": ", sent.message()));
+    return absl::Status(sent.code(), absl::StrCat("stage ", setup_.stage, ", iteration ", iteration,
+                                                  ": ", sent.message()));
   }
   if (tp_comm_) {
     // The units' all-reduces over this stage's tensor ranks.
@@ -501,6 +581,18 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
     stats.compression_error_squared += tp_comm_->compression_error_squared() - tp_error;
     stats.compressed_bytes += tp_comm_->compressed_bytes() - tp_compressed;
     stats.compressed_wire_bytes += tp_comm_->compressed_wire_bytes() - tp_compressed_wire;
+    if (cube_comm_) {
+      // 3-D: the cube's collectives too (the 1-D ones are the embedding's
+      // and the head's). Exact fp32, so the bytes are the wire bytes, and
+      // they run on this thread, so all their time is waited.
+      const int64_t sent = cube_comm_->sent_bytes() - cube_bytes;
+      const double seconds = cube_comm_->seconds() - cube_seconds;
+      stats.count += cube_comm_->collectives() - cube_count;
+      stats.bytes += sent;
+      stats.wire_bytes += sent;
+      stats.seconds += seconds;
+      stats.waited_seconds += seconds;
+    }
   }
   for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);
   if (setup_.replicas > 1 && setup_.forward.end() == num_units_) {
@@ -538,8 +630,7 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
       phase = "send";
       status = Send(in.send(), iteration);
       break;
-    case v1::Instruction::kRecv:
-    {
+    case v1::Instruction::kRecv: {
       // Waiting is idle; decoding what arrived is work ("decode").
       const double decode_before = result->phase_seconds["decode"];
       status = Recv(in.recv(), iteration, result);
@@ -556,7 +647,8 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
       if (status.ok()) optimizer_.Step(parameters());
       phase = "optimizer";
       break;
-    case v1::Instruction::OP_NOT_SET: return Internal("empty instruction");
+    case v1::Instruction::OP_NOT_SET:
+      return Internal("empty instruction");
   }
   result->phase_seconds[phase] += SecondsSince(start);
   return status;
@@ -575,8 +667,8 @@ absl::Status StageRuntime::RunForward(const v1::UnitRange& units, int mb, bool r
   if (units.begin() > 0) {
     auto it = activations_.find({mb, units.begin() - 1});
     if (it == activations_.end()) {
-      return Internal(absl::StrCat("input of unit ", units.begin(), " for micro-batch ", mb,
-                                   " missing"));
+      return Internal(
+          absl::StrCat("input of unit ", units.begin(), " for micro-batch ", mb, " missing"));
     }
     x = it->second;
   }
@@ -617,8 +709,8 @@ absl::Status StageRuntime::EvalForward(const v1::Instruction::Forward& f) {
   if (units.begin() > 0) {
     auto it = eval_activations_.find({mb, units.begin() - 1});
     if (it == eval_activations_.end()) {
-      return Internal(absl::StrCat("validation input of unit ", units.begin(),
-                                   " for micro-batch ", mb, " missing"));
+      return Internal(absl::StrCat("validation input of unit ", units.begin(), " for micro-batch ",
+                                   mb, " missing"));
     }
     x = std::move(it->second);
     eval_activations_.erase(it);
@@ -655,6 +747,7 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
   eval_weighted_loss_ = 0;
   eval_has_loss_ = false;
   if (tp_comm_) tp_comm_->BeginIteration(after_step, /*eval=*/true);
+  if (cube_comm_) cube_comm_->SetIteration(after_step, kCubeTagBase + kCubeEvalTagOffset);
   IterationResult ignored;  // evaluation time is not an iteration's
   for (const v1::Instruction& in : instructions) {
     int mb = 0;
@@ -669,20 +762,20 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
     absl::Status status = Execute(in, after_step, &ignored);
     if (status.ok()) status = setup_.backend->status();
     if (status.ok() && tp_comm_) status = tp_comm_->status();
+    if (status.ok() && cube_group_) status = cube_group_->status();
     if (!status.ok()) {
       return WithFailedSends(
           absl::Status(status.code(),
-                       absl::StrCat("stage ", setup_.stage, ", validation after step ",
-                                    after_step, ", '", DescribeInstruction(in),
-                                    "': ", status.message())),
+                       absl::StrCat("stage ", setup_.stage, ", validation after step ", after_step,
+                                    ", '", DescribeInstruction(in), "': ", status.message())),
           DrainSends(nullptr));
     }
   }
   absl::Status sent = DrainSends(nullptr);
   if (!sent.ok()) {
-    return absl::Status(sent.code(), absl::StrCat("stage ", setup_.stage,
-                                                  ", validation after step ", after_step,
-                                                  ": ", sent.message()));
+    return absl::Status(sent.code(),
+                        absl::StrCat("stage ", setup_.stage, ", validation after step ", after_step,
+                                     ": ", sent.message()));
   }
   {
     AnnotatedMutexLock lock(&status_mu_);
@@ -754,14 +847,15 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     case v1::TENSOR_KIND_EVAL_ACTIVATION: {
       auto it = eval_activations_.find({key.micro_batch(), key.unit()});
       if (it == eval_activations_.end()) {
-        return Internal(absl::StrCat("validation output of unit ", key.unit(),
-                                     " for micro-batch ", key.micro_batch(), " missing"));
+        return Internal(absl::StrCat("validation output of unit ", key.unit(), " for micro-batch ",
+                                     key.micro_batch(), " missing"));
       }
       tensor = std::move(it->second);
       eval_activations_.erase(it);
       break;
     }
-    default: return Internal("send of an unknown tensor kind");
+    default:
+      return Internal("send of an unknown tensor kind");
   }
   std::vector<float> scores;  // token importance for token_topk, if recorded
   if (key.kind() == v1::TENSOR_KIND_ACTIVATION) {
@@ -791,12 +885,12 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
     if (payload.ok()) {
       const double seconds = SecondsSince(start);
       WireTensor wire = WireTensor::Encoded(s.codec(), *std::move(payload), tensor.shape());
-      return sends_.Enqueue([this, &s, link, wire = std::move(wire), seconds,
-                             address]() -> absl::Status {
-        CountTransfer(wire, seconds, &sent_stats_[link]);
-        return NameSend(transport_->SendWire(GlobalStage(s.peer_stage()), address, wire), s,
-                        address);
-      });
+      return sends_.Enqueue(
+          [this, &s, link, wire = std::move(wire), seconds, address]() -> absl::Status {
+            CountTransfer(wire, seconds, &sent_stats_[link]);
+            return NameSend(transport_->SendWire(GlobalStage(s.peer_stage()), address, wire), s,
+                            address);
+          });
     }
     if (payload.status().code() != absl::StatusCode::kUnimplemented) {
       return NameSend(payload.status(), s, address);
@@ -806,16 +900,16 @@ absl::Status StageRuntime::Send(const v1::Instruction::Send& s, int64_t iteratio
   // made the tensor, ahead of later writes to it), the rest runs on sends_.
   Backend* copier = tensor.on_device() ? setup_.backend : CpuBackend();
   std::shared_ptr<PendingDownload> host_copy = copier->StartDownload(tensor);
-  return sends_.Enqueue([this, &s, link, host_copy, scores = std::move(scores),
-                         address]() -> absl::Status {
-    absl::Status status = [&]() -> absl::Status {
-      ASSIGN_OR_RETURN(Tensor host, host_copy->Wait());
-      ASSIGN_OR_RETURN(WireTensor wire, encoder_.Encode(s, host, &sent_stats_[link], scores));
-      host = Tensor();  // A raw wire's handle is then the copy's only one: no second copy.
-      return transport_->SendWireOwned(GlobalStage(s.peer_stage()), address, std::move(wire));
-    }();
-    return NameSend(status, s, address);
-  });
+  return sends_.Enqueue(
+      [this, &s, link, host_copy, scores = std::move(scores), address]() -> absl::Status {
+        absl::Status status = [&]() -> absl::Status {
+          ASSIGN_OR_RETURN(Tensor host, host_copy->Wait());
+          ASSIGN_OR_RETURN(WireTensor wire, encoder_.Encode(s, host, &sent_stats_[link], scores));
+          host = Tensor();  // A raw wire's handle is then the copy's only one: no second copy.
+          return transport_->SendWireOwned(GlobalStage(s.peer_stage()), address, std::move(wire));
+        }();
+        return NameSend(status, s, address);
+      });
 }
 
 absl::Status StageRuntime::DrainSends(IterationResult* result) {
@@ -838,7 +932,8 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   Unit* weights_of = nullptr;
   if (key.kind() == v1::TENSOR_KIND_UNIT_WEIGHTS) {
     weights_of = OwnedUnit(key.unit());
-    if (weights_of == nullptr) return Internal(absl::StrCat("unit ", key.unit(), " is not owned here"));
+    if (weights_of == nullptr)
+      return Internal(absl::StrCat("unit ", key.unit(), " is not owned here"));
   }
   const GptConfig& m = setup_.train.model;
   const int per = setup_.train.batch_size / setup_.train.micro_batches;
@@ -915,7 +1010,8 @@ absl::Status StageRuntime::Store(const v1::TensorKey& key, Tensor t, Unit* weigh
     case v1::TENSOR_KIND_EVAL_ACTIVATION:
       eval_activations_[{key.micro_batch(), key.unit()}] = t;
       break;
-    default: return Internal("receive of an unknown tensor kind");
+    default:
+      return Internal("receive of an unknown tensor kind");
   }
   return absl::OkStatus();
 }

@@ -41,7 +41,9 @@
 #include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/collectives/powersgd_all_reduce.h"
 #include "worker/collectives/tensor_parallel_comm.h"
+#include "worker/cube/cube_comm_collectives.h"
 #include "worker/data/dataset.h"
+#include "worker/model/cube_units.h"
 #include "worker/model/device_channel.h"
 #include "worker/model/unit.h"
 #include "worker/runtime/device_link_encoder.h"
@@ -55,7 +57,7 @@ namespace pipetrain {
 
 struct StageSetup {
   std::string job_id;
-  TrainConfig train;       // model shape, batch, micro-batches, AdamW, seed
+  TrainConfig train;  // model shape, batch, micro-batches, AdamW, seed
   int stage = 0;
   int num_stages = 1;
   v1::UnitRange forward;   // units whose forward pass runs here
@@ -92,6 +94,13 @@ struct StageSetup {
   // losses.
   int tensor_rank = 0;
   int tensor_parallel = 1;
+  // spec.parallelism.tensor_mode: "1d" (above) or "3d": the T = p^3 ranks
+  // form a cube (tensor rank r is cube rank r, CubeRankIndex) and the
+  // attention and MLP units are 3-D (worker/model/cube_units.h), the
+  // embedding and the head 1-D over all T ranks; ValidateCubeTensorParallel
+  // replaces ValidateTensorParallel. CPU backend only, without AccTFM
+  // partitions or tensor compression (not built for the cube).
+  std::string tensor_mode = "1d";
   // AccTFM's fine-grained pipeline (Unit::set_tensor_parallel_partitions):
   // each attention and MLP unit's micro-batch in this many partitions, in
   // forward and in backward ({1, 2, 4}; with tensor_parallel > 1).
@@ -133,8 +142,8 @@ struct IterationResult {
   // Filled on the stage that owns head's forward pass: with data
   // parallelism, every replica's, in the step's micro-batch order.
   std::vector<float> micro_batch_losses;
-  double busy_seconds = 0;   // everything but waiting in receives
-  double idle_seconds = 0;   // waiting in receives (the pipeline bubble)
+  double busy_seconds = 0;  // everything but waiting in receives
+  double idle_seconds = 0;  // waiting in receives (the pipeline bubble)
   // Busy time of the interpreter by phase: "forward", "backward",
   // "recompute", "send" (starting each send's copy, a device encode, and
   // waiting at the iteration's end for sends still in the background; the
@@ -155,7 +164,7 @@ struct IterationResult {
   // ranks, with validation's left out).
   struct CollectiveStats {
     int64_t count = 0;
-    int64_t bytes = 0;       // fp32 bytes of the tensors reduced or exchanged
+    int64_t bytes = 0;  // fp32 bytes of the tensors reduced or exchanged
     // What their messages carried: fewer with PowerSGD (its factors'
     // size); tensor_parallel: the bytes this rank sent (fp32 or payloads,
     // with AccTFM's compression the token scores' all-reduce too).
@@ -311,6 +320,9 @@ class StageRuntime {
   // at it.
   std::unique_ptr<Collectives> tp_collectives_;
   std::unique_ptr<CollectivesTensorParallelComm> tp_comm_;
+  // tensor_mode 3d: the cube over the same ranks and its units' view.
+  std::unique_ptr<CollectivesCubeComm> cube_comm_;
+  std::unique_ptr<CubeUnitGroup> cube_group_;
   std::map<int, std::unique_ptr<Unit>> units_;  // by unit index
   AdamWOptimizer optimizer_;
   // Codecs and error feedback of this stage's links: encoder_ for sends
@@ -330,11 +342,11 @@ class StageRuntime {
   std::set<int> scored_outputs_;
   std::map<int, std::vector<int>> last_touch_;
   // State within an iteration, per (micro-batch, unit).
-  std::map<std::pair<int, int>, Tensor> activations_;  // outputs, own or received
+  std::map<std::pair<int, int>, Tensor> activations_;               // outputs, own or received
   std::map<std::pair<int, int>, std::vector<float>> token_scores_;  // of scored outputs
   std::map<std::pair<int, int>, UnitContext> contexts_;
-  std::map<int, Tensor> grads_in_;        // received dL/d(output of backward.end-1)
-  std::map<int, Tensor> grads_out_;       // dL/d(input of backward.begin) to send
+  std::map<int, Tensor> grads_in_;   // received dL/d(output of backward.end-1)
+  std::map<int, Tensor> grads_out_;  // dL/d(input of backward.begin) to send
   std::map<int, float> losses_;
   Tensor tied_received_;
   bool tied_reduced_ = false;  // a fused sync all-reduced wte this iteration

@@ -1,0 +1,231 @@
+#include "worker/model/cube_units.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "worker/cube/cube_blocks.h"
+#include "worker/cube/cube_layout.h"
+#include "worker/model/embed_unit.h"
+#include "worker/model/head_unit.h"
+
+namespace pipetrain {
+namespace {
+
+absl::Span<const float> Values(const Tensor& t) {
+  return absl::Span<const float>(t.data(), static_cast<size_t>(t.numel()));
+}
+absl::Span<float> Values(Tensor& t) {
+  return absl::Span<float>(t.data(), static_cast<size_t>(t.numel()));
+}
+absl::Span<float> Values(Parameter* p, bool grad) {
+  Tensor& t = grad ? p->grad : p->value;
+  return Values(t);
+}
+Tensor ToTensor(const std::vector<float>& values) {
+  return Tensor::FromVector({static_cast<int64_t>(values.size())}, values);
+}
+std::vector<float> ToVector(const Tensor& t) {
+  return t.numel() == 0 ? std::vector<float>() : t.ToVector();
+}
+
+}  // namespace
+
+CubeBlockUnit::CubeBlockUnit(const GptConfig& config, int index, Backend* backend,
+                             CubeUnitGroup* group)
+    : Unit(UnitKindAt(config, index) == UnitKind::kAttention
+               ? absl::StrCat("attn_", UnitLayer(config, index))
+               : absl::StrCat("mlp_", UnitLayer(config, index)),
+           UnitKindAt(config, index), backend),
+      config_(config),
+      group_(group) {
+  PT_CHECK(kind() == UnitKind::kAttention || kind() == UnitKind::kMlp)
+      << "a cube unit at index " << index << ", which is neither attention nor MLP";
+  PT_CHECK(backend == CpuBackend()) << "3-D tensor parallelism runs on the CPU backend only";
+  const int p = group->p();
+  const absl::Status valid = ValidateCubeTensorParallel(config, p * p * p, int64_t{p} * p);
+  PT_CHECK(valid.ok()) << valid;
+  const int64_t d = config.d_model;
+  const std::string prefix = absl::StrCat("h.", UnitLayer(config, index), ".");
+  const float residual_std = 0.02f / std::sqrt(2.0f * config.n_layer);
+  // The six parameters in the Units' order (cube_blocks.h "Parameters").
+  if (kind() == UnitKind::kAttention) {
+    ln_w_ = AddCubeParameter(prefix + "ln_1.weight", {d}, ParamInit::kOnes, 0, false,
+                             CubeOperand::kVector, false, false);
+    ln_b_ = AddCubeParameter(prefix + "ln_1.bias", {d}, ParamInit::kZeros, 0, false,
+                             CubeOperand::kVector, false, false);
+    in_w_ = AddCubeParameter(prefix + "attn.c_attn.weight", {d, 3 * d}, ParamInit::kNormal, 0.02f,
+                             true, CubeOperand::kWeight, false, true);
+    in_b_ = AddCubeParameter(prefix + "attn.c_attn.bias", {3 * d}, ParamInit::kZeros, 0, false,
+                             CubeOperand::kVector, true, true);
+    out_w_ = AddCubeParameter(prefix + "attn.c_proj.weight", {d, d}, ParamInit::kNormal,
+                              residual_std, true, CubeOperand::kWeight, true, false);
+    out_b_ = AddCubeParameter(prefix + "attn.c_proj.bias", {d}, ParamInit::kZeros, 0, false,
+                              CubeOperand::kVector, false, false);
+  } else {
+    ln_w_ = AddCubeParameter(prefix + "ln_2.weight", {d}, ParamInit::kOnes, 0, false,
+                             CubeOperand::kVector, false, false);
+    ln_b_ = AddCubeParameter(prefix + "ln_2.bias", {d}, ParamInit::kZeros, 0, false,
+                             CubeOperand::kVector, false, false);
+    in_w_ = AddCubeParameter(prefix + "mlp.c_fc.weight", {d, 4 * d}, ParamInit::kNormal, 0.02f,
+                             true, CubeOperand::kWeight, false, false);
+    in_b_ = AddCubeParameter(prefix + "mlp.c_fc.bias", {4 * d}, ParamInit::kZeros, 0, false,
+                             CubeOperand::kVector, true, false);
+    out_w_ = AddCubeParameter(prefix + "mlp.c_proj.weight", {4 * d, d}, ParamInit::kNormal,
+                              residual_std, true, CubeOperand::kWeight, true, false);
+    out_b_ = AddCubeParameter(prefix + "mlp.c_proj.bias", {d}, ParamInit::kZeros, 0, false,
+                              CubeOperand::kVector, false, false);
+  }
+}
+
+Parameter* CubeBlockUnit::AddCubeParameter(const std::string& name, const Shape& shape,
+                                           ParamInit init, float init_std, bool is_matrix,
+                                           CubeOperand operand, bool swapped,
+                                           bool attention_columns) {
+  ParameterShard shard;
+  shard.split = ParameterShard::Split::kCube;
+  shard.cube_p = group_->p();
+  shard.rank = CubeRankIndex(group_->comm().coord(), shard.cube_p);
+  shard.ranks = shard.cube_p * shard.cube_p * shard.cube_p;
+  shard.full_shape = shape;
+  shard.cube_operand = operand;
+  shard.cube_direction = swapped ? direction_.Swapped() : direction_;
+  shard.cube_attention_columns = attention_columns;
+  Parameter* p = AddParameter(name, ShardShape(shard), init, init_std, is_matrix);
+  p->shard = shard;
+  return p;
+}
+
+int64_t CubeBlockUnit::PaddedBatch(int64_t batch) const {
+  const int64_t square = int64_t{group_->p()} * group_->p();
+  return (batch + square - 1) / square * square;
+}
+
+Tensor CubeBlockUnit::CutBlock(const Tensor& x, int64_t batch, int64_t seq_len) {
+  const int p = group_->p();
+  const int64_t d = config_.d_model, padded = PaddedBatch(batch);
+  Tensor block = Tensor::Zeros({padded / (p * p), seq_len, d / p});
+  Tensor whole = x;
+  if (padded != batch) {
+    // Zero samples up to a multiple of p^2 (see PaddedBatch).
+    whole = Tensor::Zeros({padded, seq_len, d});
+    std::memcpy(whole.data(), x.data(), x.numel() * sizeof(float));
+  }
+  absl::StatusOr<std::vector<float>> cut =
+      ScatterCubeBlock(CubeOperand::kActivation, Values(whole), padded * seq_len, d, p,
+                       group_->comm().coord(), direction_);
+  group_->Record(cut.status());
+  if (cut.ok()) std::memcpy(block.data(), cut->data(), cut->size() * sizeof(float));
+  return block;
+}
+
+Tensor CubeBlockUnit::GatherFull(const Tensor& block, int64_t batch, int64_t seq_len) {
+  const int p = group_->p();
+  const int64_t d = config_.d_model, cols = d / p, padded = PaddedBatch(batch);
+  const int64_t rows = padded * seq_len / (p * p);  // the block's
+  Tensor full = Tensor::Zeros({padded, seq_len, d});
+  if (!group_->status().ok()) return full.Slice(0, batch);
+  CubeComm& comm = group_->comm();
+  // 1. Along the output axis: the p column blocks of this row block, as
+  //    [p][rows][d / p], interleaved into [rows][d].
+  std::vector<float> columns(static_cast<size_t>(p * rows * cols));
+  absl::Status status = comm.AllGather(direction_.output, Values(block), absl::MakeSpan(columns));
+  std::vector<float> row_block(static_cast<size_t>(rows * d));
+  for (int o = 0; o < p; ++o) {
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(&row_block[r * d + o * cols], &columns[(o * rows + r) * cols],
+                  cols * sizeof(float));
+    }
+  }
+  // 2. Along the input axis: row blocks w p + a, a = 0..p-1, are adjacent.
+  std::vector<float> rows_of_w(static_cast<size_t>(p * rows * d));
+  if (status.ok()) status = comm.AllGather(direction_.input, row_block, absl::MakeSpan(rows_of_w));
+  // 3. Along the weight axis: the p groups of p row blocks, in order.
+  if (status.ok()) status = comm.AllGather(direction_.weight, rows_of_w, Values(full));
+  group_->Record(status);
+  if (!status.ok()) full.Fill(0.0f);
+  return full.Slice(0, batch);  // without the padding samples
+}
+
+Tensor CubeBlockUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {
+  const int p = group_->p();
+  const int64_t B = batch.batch, T = batch.seq_len, d = config_.d_model;
+  const bool input_full = x.shape().back() == d;
+  Tensor x_block = input_full ? CutBlock(x, B, T) : x;
+  Tensor y = Tensor::Zeros({PaddedBatch(B) / (p * p), T, d / p});
+  CubeBlockContext c;
+  if (group_->status().ok()) {
+    const CubeBlockDims dims{PaddedBatch(B), T, d, config_.n_head};
+    const CubeBlockParams params{Values(ln_w_, false),  Values(ln_b_, false),
+                                 Values(in_w_, false),  Values(in_b_, false),
+                                 Values(out_w_, false), Values(out_b_, false)};
+    group_->Record(kind() == UnitKind::kAttention
+                       ? CubeAttentionForward(group_->comm(), direction_, dims, params,
+                                              Values(x_block), Values(y), &c)
+                       : CubeMlpForward(group_->comm(), direction_, dims, params, Values(x_block),
+                                        Values(y), &c));
+  }
+  ctx->saved = {x_block,
+                ToTensor(c.ln_out),
+                ToTensor(c.mean),
+                ToTensor(c.rstd),
+                ToTensor(c.hidden),
+                ToTensor(c.act),
+                ToTensor(c.probs),
+                Tensor::Filled({1}, input_full ? 1.0f : 0.0f)};
+  return output_full_ ? GatherFull(y, B, T) : y;
+}
+
+Tensor CubeBlockUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) {
+  const int p = group_->p();
+  const int64_t B = batch.batch, T = batch.seq_len, d = config_.d_model;
+  const auto& s = ctx.saved;
+  PT_CHECK(s.size() == kNumSlots) << name() << ": a context of " << s.size() << " tensors";
+  const Tensor dy_block = dy.shape().back() == d ? CutBlock(dy, B, T) : dy;
+  Tensor dx = Tensor::Zeros({PaddedBatch(B) / (p * p), T, d / p});
+  if (group_->status().ok()) {
+    CubeBlockContext c;
+    c.x = ToVector(s[kX]);
+    c.ln_out = ToVector(s[kLnOut]);
+    c.mean = ToVector(s[kMean]);
+    c.rstd = ToVector(s[kRstd]);
+    c.hidden = ToVector(s[kHidden]);
+    c.act = ToVector(s[kAct]);
+    c.probs = ToVector(s[kProbs]);
+    const CubeBlockDims dims{PaddedBatch(B), T, d, config_.n_head};
+    const CubeBlockParams params{Values(ln_w_, false),  Values(ln_b_, false),
+                                 Values(in_w_, false),  Values(in_b_, false),
+                                 Values(out_w_, false), Values(out_b_, false)};
+    const CubeBlockGrads grads{Values(ln_w_, true), Values(ln_b_, true),  Values(in_w_, true),
+                               Values(in_b_, true), Values(out_w_, true), Values(out_b_, true)};
+    group_->Record(kind() == UnitKind::kAttention
+                       ? CubeAttentionBackward(group_->comm(), direction_, dims, params, c,
+                                               Values(dy_block), Values(dx), grads)
+                       : CubeMlpBackward(group_->comm(), direction_, dims, params, c,
+                                         Values(dy_block), Values(dx), grads));
+  }
+  const bool input_full = s[kInputFull].data()[0] != 0.0f;
+  return input_full ? GatherFull(dx, B, T) : dx;
+}
+
+std::unique_ptr<Unit> MakeCubeTensorParallelUnit(const GptConfig& config, int index,
+                                                 Backend* backend, CubeUnitGroup* group,
+                                                 TensorParallelComm* tp) {
+  PT_CHECK(group != nullptr && tp != nullptr) << "a cube unit without its groups";
+  const int p = group->p();
+  PT_CHECK(tp->size() == p * p * p)
+      << "a 1-D group of " << tp->size() << " ranks for a cube of " << p << "^3";
+  switch (UnitKindAt(config, index)) {
+    case UnitKind::kEmbed:
+      return std::make_unique<EmbedUnit>(config, backend, tp);
+    case UnitKind::kHead:
+      return std::make_unique<HeadUnit>(config, backend, tp);
+    case UnitKind::kAttention:
+    case UnitKind::kMlp:
+      return std::make_unique<CubeBlockUnit>(config, index, backend, group);
+  }
+  return nullptr;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,103 @@
+// DESIGN.md §4 and §12 with 3-D tensor parallelism, in one process: every
+// stage's attention and MLP units split over a 2 x 2 x 2 cube of runtimes
+// (StageSetup::tensor_mode "3d", worker/model/cube_units.h; the embedding
+// and the head vocabulary-parallel over the same 8), alone and composed
+// with 2 pipeline stages (1F1B and GPipe, a Bi-Partition plan) and with
+// D = 2 replicas, with clipping and a warm-up + cosine schedule, must
+// reproduce the single-process trainer, the shards gathered into the
+// unsplit tensors.
+//
+// Not bitwise: a 3-D linear layer sums p partial products (the reduce-
+// scatter along its output axis), the 3-D LayerNorm p partial row sums,
+// the head p^3 partial softmax sums, and the global norm p^3 shares of
+// squares, each in another order than one process. These are the same
+// kinds of reordering as 1-D tensor parallelism's, so the results are held
+// to the same tolerances (data_parallel_testing.h): losses within 1e-5
+// relative, weights within kTensorParallelWeightsRelative. Every tensor
+// rank reports bitwise the same losses and every replica of a parameter is
+// bitwise the same (RunPipeline checks both).
+#include "coordinator/planner/partition.h"
+#include "coordinator/planner/schedule_compiler.h"
+#include "gtest/gtest.h"
+#include "worker/runtime/data_parallel_testing.h"
+#include "worker/runtime/pipeline_testing.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::MakeDataset;
+using testing::RunLocal;
+using testing::RunOutput;
+using testing::RunPipeline;
+using testing::SmallConfig;
+
+// 4 heads (2 per cube column), d_model 32 (p^2 = 4 divides it), vocabulary
+// 256 (p^3 = 8 divides it), micro-batches of 4 samples (p^2: each rank's
+// rows are whole sequences), clipping on every step, warm-up then cosine.
+TrainConfig CubeConfig() {
+  TrainConfig c = SmallConfig();
+  c.model.n_head = 4;
+  c.batch_size = 16;
+  c.micro_batches = 4;
+  c.grad_clip = 0.05f;
+  c.lr_schedule = LrSchedule::kCosine;
+  c.warmup_steps = 3;
+  c.min_lr = c.adam.lr / 10;
+  return c;
+}
+
+void ExpectMatchesLocal(const TrainConfig& c, const RunOutput& pipe, const RunOutput& local,
+                        const std::string& what) {
+  ASSERT_EQ(pipe.losses.size(), local.losses.size()) << what;
+  testing::ExpectLossesClose(pipe.losses, local.losses, what + " losses");
+  testing::ExpectLossesClose(pipe.val_losses, local.val_losses, what + " validation losses");
+  EXPECT_EQ(pipe.val_losses.size(), 3u) << what;  // after steps 4, 8 and 10
+  testing::ExpectWeightsClose(pipe.weights, local.weights, c.model.d_model, c.adam.lr,
+                              testing::kIterations, what, testing::kTensorParallelWeightsRelative);
+}
+
+class CubeEquivalenceTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};
+
+TEST_P(CubeEquivalenceTest, MatchesSingleProcess) {
+  const auto& [stages, schedule_name] = GetParam();
+  const TrainConfig c = CubeConfig();
+  const Dataset data = MakeDataset();
+  const RunOutput local = RunLocal(c, data);
+  const Schedule schedule = ParseSchedule(schedule_name).value();
+  auto ranges = UniformPartition(NumUnits(c.model), stages);
+  ASSERT_TRUE(ranges.ok()) << ranges.status();
+  testing::PipelineExtras extras;
+  extras.tensor_parallel = 8;
+  extras.tensor_mode = "3d";
+  const RunOutput uniform =
+      RunPipeline(c, data, *ranges, *ranges, schedule, nullptr, nullptr, extras);
+  ExpectMatchesLocal(c, uniform, local, "uniform");
+  EXPECT_GT(uniform.collectives.at("tensor_parallel"), 0);
+  if (stages == 2 && schedule_name == "1f1b") {
+    // Bi-Partition: stage 0 runs attn_0 and mlp_0 forward but recomputes
+    // and back-propagates only through attn_0; stage 1 the rest. Cube
+    // units hand over blocks inside a stage and full tensors across.
+    const std::vector<Range> forward = {{0, 3}, {3, 6}};
+    const std::vector<Range> backward = {{0, 2}, {2, 6}};
+    ExpectMatchesLocal(c,
+                       RunPipeline(c, data, forward, backward, schedule, nullptr, nullptr, extras),
+                       local, "bi-partition");
+    // D x P x T = 2 x 2 x 8: thirty-two runtimes.
+    testing::PipelineExtras replicated = extras;
+    replicated.replicas = 2;
+    ExpectMatchesLocal(
+        c, RunPipeline(c, data, *ranges, *ranges, schedule, nullptr, nullptr, replicated), local,
+        "data-parallel");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, CubeEquivalenceTest,
+                         ::testing::Combine(::testing::Values(1, 2),
+                                            ::testing::Values("1f1b", "gpipe")),
+                         [](const auto& info) {
+                           return "T8_P" + std::to_string(std::get<0>(info.param)) + "_" +
+                                  std::get<1>(info.param);
+                         });
+
+}  // namespace
+}  // namespace pipetrain

@@ -188,6 +188,7 @@ struct UpOptions {
   int tensor_parallel = 1;
   int tensor_partitions = 1;
   std::string tensor_compression = "none";
+  std::string tensor_mode = "1d";
   std::string out = "/tmp/pipetrain-up";
   bool keep_running = false;
   v1::JobSpec spec;
@@ -223,6 +224,10 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "with --tensor-parallel: AccTFM's hybrid compression of the tensor-parallel "
            "all-reduces (spec.parallelism.tensor_compression), e.g. "
            "\"token_topk:keep=0.5+piecewise:bits=3\"; lossy; \"none\" (default) is exact");
+  f.String("tensor-mode", &o.tensor_mode,
+           "with --tensor-parallel: 1d (Megatron's split, the default) or 3d (T = p^3 workers "
+           "per stage as a p x p x p cube of 3-D linear layers and LayerNorms; "
+           "spec.parallelism.tensor_mode)");
   f.String("out", &o.out, "directory for logs, weights and ports files");
   f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
   f.Int("layers", &o.layers, "transformer blocks");
@@ -319,6 +324,7 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   spec.mutable_parallelism()->set_tensor(o.tensor_parallel);
   spec.mutable_parallelism()->set_tensor_partitions(o.tensor_partitions);
   spec.mutable_parallelism()->set_tensor_compression(o.tensor_compression);
+  spec.mutable_parallelism()->set_tensor_mode(o.tensor_mode);
   spec.mutable_parallelism()->set_solver(o.solver);
   spec.mutable_parallelism()->set_schedule(o.schedule);
   // Under the coordinator's --output-dir, which `up` sets to --out.
@@ -453,16 +459,15 @@ int RunUp(const std::vector<std::string>& args) {
   const bool each_gpu = o.worker_device == "cuda:each";
   const int gpus = each_gpu ? VisibleCudaDevices() : 0;
   if (valid.ok() && each_gpu && gpus == 0) {
-    valid = absl::FailedPreconditionError(
-        absl::StrCat("--worker-device cuda:each: no CUDA device visible",
-                     BuiltWithCuda()
-                         ? ""
-                         : " (this binary was built without CUDA: rebuild with --config=cuda)"));
+    valid = absl::FailedPreconditionError(absl::StrCat(
+        "--worker-device cuda:each: no CUDA device visible",
+        BuiltWithCuda() ? ""
+                        : " (this binary was built without CUDA: rebuild with --config=cuda)"));
   }
   if (valid.ok()) {
     // The check is the workers' own; say which of up's flags it is about.
-    valid = ValidateDeviceFlags(each_gpu ? "cuda" : o.worker_device, o.worker_gemm,
-                                o.worker_attention);
+    valid =
+        ValidateDeviceFlags(each_gpu ? "cuda" : o.worker_device, o.worker_gemm, o.worker_attention);
     if (!valid.ok()) {
       valid = absl::Status(valid.code(),
                            absl::StrCat("--worker-device/--worker-gemm/--worker-attention (the "
@@ -608,8 +613,9 @@ struct SubmitOptions {
 };
 
 FlagSet SubmitFlags(SubmitOptions& o) {
-  FlagSet flags("usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow]\n"
-                "Submits a job spec (JSON or YAML; fields as in proto/pipetrain/v1/job.proto).");
+  FlagSet flags(
+      "usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow]\n"
+      "Submits a job spec (JSON or YAML; fields as in proto/pipetrain/v1/job.proto).");
   o.c.Bind(flags);
   flags.Bool("follow", &o.follow, "show progress until the job ends");
   return flags;
@@ -712,13 +718,11 @@ void PrintPlanSummary(const v1::Plan& plan) {
     std::printf("  candidate %-12s predicted %.4g s\n", solver.c_str(), seconds);
   }
   auto range = [](const v1::UnitRange& r) {
-    return r.begin() == r.end() ? std::string("-")
-                                : absl::StrCat(r.begin(), "..", r.end() - 1);
+    return r.begin() == r.end() ? std::string("-") : absl::StrCat(r.begin(), "..", r.end() - 1);
   };
   for (int s = 0; s < plan.stages_size(); ++s) {
-    std::printf("  stage %d %-8s forward %-8s backward %s\n", s,
-                plan.stages(s).worker_id().c_str(), range(plan.stages(s).forward()).c_str(),
-                range(plan.stages(s).backward()).c_str());
+    std::printf("  stage %d %-8s forward %-8s backward %s\n", s, plan.stages(s).worker_id().c_str(),
+                range(plan.stages(s).forward()).c_str(), range(plan.stages(s).backward()).c_str());
   }
 }
 

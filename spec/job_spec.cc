@@ -387,8 +387,22 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
   config.vocab_size = m.vocab_size();
   config.n_head = m.n_head();
   config.d_model = m.d_model();
-  absl::Status splits = ValidateTensorParallel(config, p->tensor());
-  if (!splits.ok()) return Invalid("spec.parallelism.tensor", splits.message());
+  const char* kModeField = "spec.parallelism.tensor_mode";
+  RETURN_IF_ERROR(RequireMaxBytes(kModeField, p->tensor_mode(), 16));
+  if (!p->has_tensor_mode() || p->tensor_mode().empty()) p->set_tensor_mode("1d");
+  if (p->tensor_mode() != "1d" && p->tensor_mode() != "3d") {
+    return Invalid(kModeField, absl::StrCat("must be \"1d\" or \"3d\", got \"",
+                                            absl::CEscape(p->tensor_mode()), "\""));
+  }
+  const bool cube = p->tensor_mode() == "3d";
+  if (cube) {
+    const int64_t samples = spec->training().batch_size() / spec->training().micro_batches();
+    absl::Status splits = ValidateCubeTensorParallel(config, p->tensor(), samples);
+    if (!splits.ok()) return Invalid("spec.parallelism.tensor", splits.message());
+  } else {
+    absl::Status splits = ValidateTensorParallel(config, p->tensor());
+    if (!splits.ok()) return Invalid("spec.parallelism.tensor", splits.message());
+  }
   const int64_t workers = int64_t{p->data()} * p->stages() * p->tensor();
   if (workers > kMaxStages) {
     return Invalid("spec.parallelism.tensor",
@@ -408,6 +422,15 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
       MakeTensorParallelCompression(p->tensor_compression(), kCompressionField);
   if (!compression.ok()) return compression.status();
   if (!compression->enabled()) p->set_tensor_compression("none");
+  if (cube && k != 1) {
+    return Invalid("spec.parallelism.tensor_partitions",
+                   "must be 1 with spec.parallelism.tensor_mode 3d (AccTFM's partitions are not "
+                   "built for the cube)");
+  }
+  if (cube && compression->enabled()) {
+    return Invalid(kCompressionField,
+                   "must be none with spec.parallelism.tensor_mode 3d (not built for the cube)");
+  }
   if (p->tensor() == 1) {
     if (k != 1) {
       return Invalid("spec.parallelism.tensor_partitions",
@@ -648,6 +671,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   resolved.tensor_parallel = out.parallelism().tensor();
   resolved.tensor_partitions = out.parallelism().tensor_partitions();
   resolved.tensor_compression = out.parallelism().tensor_compression();
+  resolved.tensor_mode = out.parallelism().tensor_mode();
   resolved.solver = out.parallelism().solver();
   resolved.objective = out.parallelism().objective();
   resolved.schedule = out.parallelism().schedule();

@@ -83,12 +83,13 @@ struct ResolvedJobSpec {
   int tensor_parallel = 1;                     // spec.parallelism.tensor: ranks per stage
   int tensor_partitions = 1;  // spec.parallelism.tensor_partitions (0: Alg. 1 per layer)
   std::string tensor_compression = "none";  // spec.parallelism.tensor_compression
+  std::string tensor_mode = "1d";           // spec.parallelism.tensor_mode: "1d" | "3d"
   // spec.compression.data_parallel's PowerSGD rank; 0: exact all-reduce.
   int data_parallel_powersgd_rank = 0;
-  std::string solver;     // uniform | pipedream | bipartition | auto | manual
-  std::string objective;  // paper | full
-  std::string schedule;                        // "1f1b" | "gpipe"
-  absl::Duration queue_timeout;                // spec.scheduling.queue_timeout
+  std::string solver;            // uniform | pipedream | bipartition | auto | manual
+  std::string objective;         // paper | full
+  std::string schedule;          // "1f1b" | "gpipe"
+  absl::Duration queue_timeout;  // spec.scheduling.queue_timeout
 };
 
 // Fills the defaults of job.proto and validates `spec`.
@@ -119,7 +120,11 @@ struct ResolvedJobSpec {
 // on the stages' links yet (each INVALID_ARGUMENT naming its field).
 // tensor_compression: "none" (default, also for "") or a spec
 // MakeTensorParallelCompression accepts, at most kMaxCodecSpecBytes, only
-// with tensor > 1.
+// with tensor > 1. tensor_mode: "1d" (default, also for "") or "3d"; 3d
+// replaces the divisibility rules by ValidateCubeTensorParallel's (tensor
+// = p^3, p | n_head, p^2 | d_model, p^3 | vocab_size, p^2 | the samples of
+// a micro-batch; named spec.parallelism.tensor) and needs
+// tensor_partitions 1 and tensor_compression none.
 //
 // spec.compression.data_parallel: codec "none" (default, also for an empty
 // one; then no stages) or "powersgd:rank=R" with R in 1..1024 (default

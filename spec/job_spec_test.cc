@@ -1,5 +1,4 @@
 #include "spec/job_spec.h"
-#include "spec/spec_bounds_testing.h"
 
 #include <sys/stat.h>
 
@@ -11,6 +10,7 @@
 #include "absl/strings/match.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
+#include "spec/spec_bounds_testing.h"
 #include "worker/data/token_file.h"
 
 namespace pipetrain {
@@ -156,6 +156,7 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   spec.mutable_parallelism()->set_tensor(1);
   spec.mutable_parallelism()->set_tensor_partitions(1);
   spec.mutable_parallelism()->set_tensor_compression("none");
+  spec.mutable_parallelism()->set_tensor_mode("1d");
   spec.mutable_output()->set_weights_path("runs/weights.safetensors");
   v1::CompressionSpec* c = spec.mutable_compression();
   c->set_forward("fp16");
@@ -520,6 +521,76 @@ TEST(ResolveJobSpec, TensorParallel_BadValuesRejectedNamingTheField) {
       spec, "spec.parallelism.tensor_partitions: must be 0 (Alg. 1 per layer), 1, 2 or 4, got 3");
   spec.mutable_parallelism()->set_tensor_partitions(0);
   EXPECT_EQ(ResolveJobSpec(spec).value().tensor_partitions, 0);
+}
+
+TEST(ResolveJobSpec, TensorMode_DefaultOneDThreeDNeedsACubeThatSplitsTheModel) {
+  v1::JobSpec spec = MinimalSpec();  // 2 heads, d_model 16, vocabulary 256, 4 samples
+  EXPECT_EQ(ResolveJobSpec(spec).value().tensor_mode, "1d");
+  EXPECT_EQ(ResolveJobSpec(spec).value().spec.parallelism().tensor_mode(), "1d");
+  spec.mutable_parallelism()->set_tensor(8);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  EXPECT_EQ(ResolveJobSpec(spec).value().tensor_mode, "3d");
+  // 1-D would need 8 to divide the 2 heads.
+  spec.mutable_parallelism()->set_tensor_mode("1d");
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor: tensor parallelism of 8 does not divide model.n_head");
+  spec.mutable_parallelism()->set_tensor_mode("2d");
+  ExpectRejected(spec, "spec.parallelism.tensor_mode: must be \"1d\" or \"3d\", got \"2d\"");
+  spec.mutable_parallelism()->set_tensor_mode(std::string(40, 'x'));
+  ExpectRejected(spec, "spec.parallelism.tensor_mode: ");
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  spec.mutable_parallelism()->set_tensor(4);  // not a cube
+  ExpectRejected(spec, "spec.parallelism.tensor: 3-D tensor parallelism needs p^3 workers");
+  spec.mutable_parallelism()->set_tensor(8);
+  spec.mutable_model()->set_n_head(1);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor: 3-D tensor parallelism on a 2x2x2 cube needs p = "
+                 "2 to divide model.n_head 1");
+  spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(8);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  spec.mutable_model()->set_d_model(18);
+  spec.mutable_model()->set_n_head(2);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor: 3-D tensor parallelism on a 2x2x2 cube needs "
+                 "p^2 = 4 to divide model.d_model 18");
+  spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(8);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  spec.mutable_model()->set_vocab_size(260);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor: 3-D tensor parallelism on a 2x2x2 cube needs "
+                 "p^3 = 8 to divide model.vocab_size 260");
+  spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(8);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  spec.mutable_training()->set_micro_batches(2);  // 2 samples each
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor: 3-D tensor parallelism on a 2x2x2 cube needs "
+                 "p^2 = 4 to divide the samples of a micro-batch");
+  spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(8);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  spec.mutable_parallelism()->set_tensor_partitions(2);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor_partitions: must be 1 with "
+                 "spec.parallelism.tensor_mode 3d");
+  spec.mutable_parallelism()->set_tensor_partitions(1);
+  spec.mutable_parallelism()->set_tensor_compression("piecewise:bits=4");
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor_compression: must be none with "
+                 "spec.parallelism.tensor_mode 3d");
+  // D x P x T above the workers' bound names the tensor field.
+  spec = MinimalSpec();
+  spec.mutable_parallelism()->set_tensor(64);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  spec.mutable_model()->set_n_head(4);
+  spec.mutable_model()->set_d_model(32);
+  spec.mutable_training()->set_batch_size(256);  // 16 samples per micro-batch
+  spec.mutable_parallelism()->set_stages(2);
+  spec.mutable_parallelism()->set_data(16);
+  spec.mutable_training()->set_micro_batches(16);
+  ExpectRejected(spec, "spec.parallelism.tensor: 16 replicas x 2 stages x 64 tensor ranks");
 }
 
 TEST(ResolveJobSpec, TensorCompression_DefaultNoneCodecsAcceptedBadOnesNamed) {

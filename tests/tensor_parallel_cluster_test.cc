@@ -11,7 +11,8 @@
 // and the split softmax sum the same terms in another order, and AdamW
 // amplifies that for small gradients (worker/runtime/data_parallel_testing.h
 // says why, and how the key bias is held). Bad input is refused naming the
-// field.
+// field. With tensor_mode 3d the 8 workers form one 2 x 2 x 2 cube of 3-D
+// linear layers and LayerNorms, and must match train-local the same way.
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -100,6 +101,27 @@ TEST_F(TensorParallelClusterTest, BiPartitionPartitionsAndDataParallel_MatchTrai
     v1::JobSpec spec = Spec(2, 2, "1f1b", "dpt.safetensors");
     spec.mutable_parallelism()->set_data(2);
     ExpectMatchesTrainLocal(cluster_, spec, ref);
+  }
+}
+
+// 3-D tensor parallelism (spec.parallelism.tensor_mode 3d): the 8 workers
+// as one 2 x 2 x 2 cube, 1F1B and GPipe, micro-batches of 4 samples (p^2);
+// the reference trains the same global batch. The same tolerances as 1-D
+// (worker/runtime/cube_equivalence_test.cc says why); the exported weights
+// are the cube blocks gathered into the unsplit tensors.
+TEST_F(TensorParallelClusterTest, Cube_TensorEight_MatchesTrainLocal) {
+  auto spec_of = [](int tensor, const std::string& schedule, const std::string& weights_path) {
+    v1::JobSpec spec =
+        testing::ParallelTestSpec({"tensor-parallel-3d", 4, 16, 4, 7, 1, schedule, weights_path});
+    spec.mutable_parallelism()->set_tensor(tensor);
+    if (tensor > 1) spec.mutable_parallelism()->set_tensor_mode("3d");
+    return spec;
+  };
+  const Reference ref = TrainLocally(spec_of(1, "1f1b", ""));
+  for (const std::string schedule : {"1f1b", "gpipe"}) {
+    SCOPED_TRACE("3d T8 " + schedule);
+    ExpectMatchesTrainLocal(cluster_, spec_of(8, schedule, "cube-" + schedule + ".safetensors"),
+                            ref);
   }
 }
 
@@ -220,6 +242,16 @@ TEST_F(TensorParallelClusterTest, BadInput_InvalidArgumentNamingTheField) {
   v1::JobSpec topk = Spec(2, 2, "1f1b", "");
   topk.mutable_compression()->set_forward("token_topk:keep=0.5");
   cases.push_back({"token top-k", topk, "spec.compression.forward: ", "tensor > 1"});
+  v1::JobSpec not_cube = Spec(4, 1, "1f1b", "");
+  not_cube.mutable_parallelism()->set_tensor_mode("3d");
+  cases.push_back({"3d on 4 ranks", not_cube, "spec.parallelism.tensor: ", "p^3 workers"});
+  v1::JobSpec cube_samples = Spec(8, 1, "1f1b", "");  // micro-batches of 2 samples
+  cube_samples.mutable_parallelism()->set_tensor_mode("3d");
+  cases.push_back({"3d on 2-sample micro-batches", cube_samples,
+                   "spec.parallelism.tensor: ", "the samples of a micro-batch"});
+  v1::JobSpec mode = Spec(2, 1, "1f1b", "");
+  mode.mutable_parallelism()->set_tensor_mode("2.5d");
+  cases.push_back({"tensor mode 2.5d", mode, "spec.parallelism.tensor_mode: ", "2.5d"});
   v1::JobSpec micro = Spec(2, 1, "1f1b", "");
   micro.mutable_parallelism()->set_data(3);
   cases.push_back({"micro-batches for 3 replicas", micro, "spec.training.micro_batches: ", ""});

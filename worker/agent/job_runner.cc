@@ -316,6 +316,9 @@ absl::Status JobRunner::RunJob() {
   setup.tensor_parallel = tensor;
   setup.tensor_partitions = std::max(1, job.spec.parallelism().tensor_partitions());
   setup.tensor_compression = job.spec.parallelism().tensor_compression();  // checked by Create
+  // "1d" or "3d", checked by Create; a spec from before the field is 1-D.
+  setup.tensor_mode =
+      job.spec.parallelism().tensor_mode().empty() ? "1d" : job.spec.parallelism().tensor_mode();
   // Checked (length, values) by StageRuntime::Create.
   setup.tensor_partitions_forward.assign(assignment_.tensor_partitions_forward().begin(),
                                          assignment_.tensor_partitions_forward().end());

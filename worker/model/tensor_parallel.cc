@@ -121,10 +121,10 @@ absl::Status ValidateCubeTensorParallel(const GptConfig& config, int tensor_para
                                         int64_t micro_batch_samples) {
   const int p = CubeEdge(tensor_parallel);
   if (p == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "spec.parallelism.tensor: 3-D tensor parallelism needs p^3 workers (8, 27, ...) with p "
-        ">= 2, not ",
-        tensor_parallel));
+    return absl::InvalidArgumentError(
+        absl::StrCat("3-D tensor parallelism needs p^3 workers (8, 27, ...) with p "
+                     ">= 2, not ",
+                     tensor_parallel));
   }
   auto must_divide = [&](const char* field, int64_t value, int64_t by,
                          const char* what) -> absl::Status {
@@ -141,7 +141,7 @@ absl::Status ValidateCubeTensorParallel(const GptConfig& config, int tensor_para
   if (status.ok()) {
     status = must_divide(
         "the samples of a micro-batch (training.batch_size / "
-        "(training.micro_batches x spec.parallelism.data))",
+        "training.micro_batches)",
         micro_batch_samples, int64_t{p} * p, "p^2");
   }
   return status;

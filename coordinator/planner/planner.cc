@@ -10,6 +10,7 @@
 #include "coordinator/planner/schedule_compiler.h"
 #include "coordinator/planner/selective_compression.h"
 #include "coordinator/planner/solve_plan.h"
+#include "coordinator/planner/tensor_cube_costs.h"
 #include "coordinator/planner/tensor_partitions.h"
 #include "coordinator/planner/timeline_render.h"
 
@@ -95,7 +96,19 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   std::vector<int> partitions_forward, partitions_backward;
   ModelProfile planned = profile;
   std::vector<TensorParallelUnitLanes> tensor_passes;  // for the timeline
-  if (tensor > 1) {
+  if (tensor > 1 && r.tensor_mode == "3d") {
+    // A p x p x p cube per stage: no AccTFM partitions and no compression
+    // (the spec refuses them), the cube's collectives fully exposed.
+    partitions_forward.assign(profile.units.size(), 1);
+    partitions_backward = partitions_forward;
+    const int64_t samples = int64_t{r.train.batch_size} / r.train.micro_batches;
+    ASSIGN_OR_RETURN(
+        tensor_passes,
+        CubeTensorParallelUnitPasses(profile, tensor, samples, r.train.seq_len,
+                                     r.train.model.d_model, r.train.model.n_head,
+                                     cluster.bandwidth_bytes_per_second, cluster.latency_seconds));
+    planned = TensorParallelCostsOf(profile, tensor, tensor_passes);
+  } else if (tensor > 1) {
     // AccTFM's hybrid compression shrinks the block units' all-reduces.
     const int64_t tokens = int64_t{r.train.batch_size} / r.train.micro_batches * r.train.seq_len;
     ASSIGN_OR_RETURN(
@@ -174,14 +187,15 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_predicted_iteration_seconds(solved.simulation.iteration_seconds);
   plan.set_bubble_fraction(solved.simulation.bubble_fraction);
   plan.set_solve_seconds(solved.solve_seconds);
-  plan.set_profile_source(absl::StrCat(
-      profile_source, "; links modelled at ", cluster.bandwidth_bytes_per_second / 1e9,
-      " GB/s and ", cluster.latency_seconds * 1e6, " us latency"));
+  plan.set_profile_source(absl::StrCat(profile_source, "; links modelled at ",
+                                       cluster.bandwidth_bytes_per_second / 1e9, " GB/s and ",
+                                       cluster.latency_seconds * 1e6, " us latency"));
   TimelineSvgOptions svg;
   svg.title = absl::StrCat("job ", job_id, ": ", solved.solver, " plan, predicted iteration");
   plan.set_timeline_svg(TimelineSvg(solved.simulation, names, svg));
   plan.set_chrome_trace_json(ChromeTraceJson(solved.simulation, names));
-  for (const auto& [solver, seconds] : solved.candidates) (*plan.mutable_candidates())[solver] = seconds;
+  for (const auto& [solver, seconds] : solved.candidates)
+    (*plan.mutable_candidates())[solver] = seconds;
   return out;
 }
 

@@ -72,6 +72,10 @@ std::string FormatLinkSummary(const std::map<std::string, KindTotals>& totals) {
       if (t.error_links > 0) {
         absl::StrAppendFormat(&out, ", relative error %.3f", t.error_sum / t.error_links);
       }
+    } else if (t.wire_bytes > t.raw_bytes) {
+      // An exact collective sends more than its tensors' size (a ring
+      // all-reduce 2 (n - 1) / n of it): what crossed the links.
+      absl::StrAppendFormat(&out, ", %.2f MiB sent", t.wire_bytes / kMiB);
     }
     if (t.device_bytes > 0) {
       absl::StrAppendFormat(&out, "; %.2f MiB device to device (NCCL)", t.device_bytes / kMiB);

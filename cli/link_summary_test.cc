@@ -38,13 +38,17 @@ TEST(SumLinkMetrics, Collectives_AKindPerPurpose) {
       "pipetrain_collective_bytes_total{encoding=\"raw\",purpose=\"data_parallel\"} 4194304\n"
       "pipetrain_collective_bytes_total{encoding=\"wire\",purpose=\"data_parallel\"} 524288\n"
       "pipetrain_collective_bytes_total{encoding=\"raw\",purpose=\"grad_clip\"} 1048576\n"
-      "pipetrain_collective_bytes_total{encoding=\"wire\",purpose=\"grad_clip\"} 1048576\n";
+      "pipetrain_collective_bytes_total{encoding=\"wire\",purpose=\"grad_clip\"} 1048576\n"
+      "pipetrain_collective_bytes_total{encoding=\"raw\",purpose=\"tensor_parallel\"} 1048576\n"
+      "pipetrain_collective_bytes_total{encoding=\"wire\",purpose=\"tensor_parallel\"} "
+      "1572864\n";
   auto totals = SumLinkMetrics({a, a});
   ASSERT_TRUE(totals.ok()) << totals.status();
   EXPECT_EQ(totals->at("collective:data_parallel").raw_bytes, 8388608);
   EXPECT_EQ(FormatLinkSummary(*totals),
             "  collective:data_parallel      8.00 MiB raw -> 1.00 MiB wire (8.0x)\n"
-            "  collective:grad_clip      2.00 MiB raw\n");
+            "  collective:grad_clip      2.00 MiB raw\n"
+            "  collective:tensor_parallel      2.00 MiB raw, 3.00 MiB sent\n");
 }
 
 // AccTFM's compressed tensor-parallel all-reduces: their bytes and the

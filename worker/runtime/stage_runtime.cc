@@ -525,7 +525,8 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   if (tp_comm_) tp_comm_->BeginIteration(iteration, /*eval=*/false);
   if (cube_comm_) cube_comm_->SetIteration(iteration, kCubeTagBase);
   const int64_t cube_count = cube_comm_ ? cube_comm_->collectives() : 0;
-  const int64_t cube_bytes = cube_comm_ ? cube_comm_->sent_bytes() : 0;
+  const int64_t cube_bytes = cube_comm_ ? cube_comm_->bytes() : 0;
+  const int64_t cube_sent = cube_comm_ ? cube_comm_->sent_bytes() : 0;
   const double cube_seconds = cube_comm_ ? cube_comm_->seconds() : 0;
   const int64_t tp_count = tp_comm_ ? tp_comm_->all_reduces() : 0;
   const int64_t tp_bytes = tp_comm_ ? tp_comm_->bytes() : 0;
@@ -583,13 +584,12 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
     stats.compressed_wire_bytes += tp_comm_->compressed_wire_bytes() - tp_compressed_wire;
     if (cube_comm_) {
       // 3-D: the cube's collectives too (the 1-D ones are the embedding's
-      // and the head's). Exact fp32, so the bytes are the wire bytes, and
-      // they run on this thread, so all their time is waited.
-      const int64_t sent = cube_comm_->sent_bytes() - cube_bytes;
+      // and the head's). They run on this thread, so all their time is
+      // waited.
       const double seconds = cube_comm_->seconds() - cube_seconds;
       stats.count += cube_comm_->collectives() - cube_count;
-      stats.bytes += sent;
-      stats.wire_bytes += sent;
+      stats.bytes += cube_comm_->bytes() - cube_bytes;
+      stats.wire_bytes += cube_comm_->sent_bytes() - cube_sent;
       stats.seconds += seconds;
       stats.waited_seconds += seconds;
     }

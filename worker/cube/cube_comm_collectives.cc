@@ -85,7 +85,7 @@ absl::Status CollectivesCubeComm::AllGather(CubeAxis axis, absl::Span<const floa
   ASSIGN_OR_RETURN(const Tensor all,
                    Group(axis).AllGather(iteration_, NextTag(axis), FromSpan(segment), out.size()));
   ToSpan(all, out);
-  Done(start, out.size());
+  Done(start);
   return absl::OkStatus();
 }
 
@@ -97,7 +97,7 @@ absl::Status CollectivesCubeComm::ReduceScatter(CubeAxis axis, absl::Span<const 
   ASSIGN_OR_RETURN(const Tensor mine,
                    Group(axis).ReduceScatter(iteration_, NextTag(axis), FromSpan(data)));
   ToSpan(mine, out);
-  Done(start, data.size());
+  Done(start);
   return absl::OkStatus();
 }
 
@@ -107,7 +107,7 @@ absl::Status CollectivesCubeComm::AllReduce(CubeAxis axis, absl::Span<float> dat
   Tensor t = FromSpan(data);
   RETURN_IF_ERROR(Group(axis).AllReduce(iteration_, NextTag(axis), t));
   ToSpan(t, data);
-  Done(start, data.size());
+  Done(start);
   return absl::OkStatus();
 }
 
@@ -117,7 +117,7 @@ absl::Status CollectivesCubeComm::Broadcast(CubeAxis axis, int root, absl::Span<
   Tensor t = FromSpan(data);
   RETURN_IF_ERROR(Group(axis).Broadcast(iteration_, NextTag(axis), root, t));
   ToSpan(t, data);
-  Done(start, data.size());
+  Done(start);
   return absl::OkStatus();
 }
 

@@ -50,12 +50,8 @@ class CollectivesCubeComm : public CubeComm {
   void SetIteration(int64_t iteration, int tag_base = 0);
   // Bytes this rank has sent, over all three groups.
   int64_t sent_bytes() const;
-  // Collectives run so far, the fp32 bytes of the buffers they reduced,
-  // gathered or broadcast (an all-gather's output, a reduce-scatter's
-  // input: as an all-reduce's tensor counts once), and the seconds spent
-  // in them.
+  // Collectives run so far, and the seconds spent in them.
   int64_t collectives() const { return collectives_; }
-  int64_t bytes() const { return bytes_; }
   double seconds() const { return seconds_; }
 
   int p() const override { return p_; }
@@ -74,11 +70,8 @@ class CollectivesCubeComm : public CubeComm {
     ++collectives_;
     return tag_base_ + tags_[static_cast<int>(axis)]++;
   }
-  // Adds the seconds since `start` to seconds_ and `values` floats to bytes_.
-  void Done(absl::Time start, size_t values) {
-    seconds_ += absl::ToDoubleSeconds(absl::Now() - start);
-    bytes_ += static_cast<int64_t>(values * sizeof(float));
-  }
+  // Adds the seconds since `start` to seconds_.
+  void Done(absl::Time start) { seconds_ += absl::ToDoubleSeconds(absl::Now() - start); }
 
   const int p_;
   CubeCoord coord_;
@@ -87,7 +80,6 @@ class CollectivesCubeComm : public CubeComm {
   int tag_base_ = 0;
   std::array<int, 3> tags_ = {0, 0, 0};
   int64_t collectives_ = 0;
-  int64_t bytes_ = 0;
   double seconds_ = 0;
   std::array<std::unique_ptr<Collectives>, 3> groups_;
 };

@@ -525,7 +525,6 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   if (tp_comm_) tp_comm_->BeginIteration(iteration, /*eval=*/false);
   if (cube_comm_) cube_comm_->SetIteration(iteration, kCubeTagBase);
   const int64_t cube_count = cube_comm_ ? cube_comm_->collectives() : 0;
-  const int64_t cube_bytes = cube_comm_ ? cube_comm_->bytes() : 0;
   const int64_t cube_sent = cube_comm_ ? cube_comm_->sent_bytes() : 0;
   const double cube_seconds = cube_comm_ ? cube_comm_->seconds() : 0;
   const int64_t tp_count = tp_comm_ ? tp_comm_->all_reduces() : 0;
@@ -584,12 +583,14 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
     stats.compressed_wire_bytes += tp_comm_->compressed_wire_bytes() - tp_compressed_wire;
     if (cube_comm_) {
       // 3-D: the cube's collectives too (the 1-D ones are the embedding's
-      // and the head's). They run on this thread, so all their time is
-      // waited.
+      // and the head's). Their all-gathers and reduce-scatters have no one
+      // tensor "reduced", so both byte counts are what this rank sent; and
+      // they run on this thread, so all their time is waited.
+      const int64_t sent = cube_comm_->sent_bytes() - cube_sent;
       const double seconds = cube_comm_->seconds() - cube_seconds;
       stats.count += cube_comm_->collectives() - cube_count;
-      stats.bytes += cube_comm_->bytes() - cube_bytes;
-      stats.wire_bytes += cube_comm_->sent_bytes() - cube_sent;
+      stats.bytes += sent;
+      stats.wire_bytes += sent;
       stats.seconds += seconds;
       stats.waited_seconds += seconds;
     }

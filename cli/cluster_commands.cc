@@ -189,6 +189,7 @@ struct UpOptions {
   int tensor_partitions = 1;
   std::string tensor_compression = "none";
   std::string tensor_mode = "1d";
+  int tensor_tune_steps = -1;  // -1: the spec's default
   std::string out = "/tmp/pipetrain-up";
   bool keep_running = false;
   v1::JobSpec spec;
@@ -224,6 +225,9 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "with --tensor-parallel: AccTFM's hybrid compression of the tensor-parallel "
            "all-reduces (spec.parallelism.tensor_compression), e.g. "
            "\"token_topk:keep=0.5+piecewise:bits=3\"; lossy; \"none\" (default) is exact");
+  f.Int("tensor-partitions-tune-steps", &o.tensor_tune_steps,
+        "with --tensor-partitions 0: steps each of Alg. 1's counts and uniform 1, 2 and 4 run "
+        "before each stage keeps the fastest measured (default 2; 0 keeps Alg. 1's)");
   f.String("tensor-mode", &o.tensor_mode,
            "with --tensor-parallel: 1d (Megatron's split, the default) or 3d (T = p^3 workers "
            "per stage as a p x p x p cube of 3-D linear layers and LayerNorms; "
@@ -275,22 +279,41 @@ void BindUp(FlagSet& f, UpOptions& o) {
 
 // What crossed the links, from the workers' own metrics; a worker that
 // cannot be scraped is said, not hidden.
-void PrintLinkSummary(LocalCluster& cluster) {
+// Every worker's metrics page, or an empty vector (and a line on stderr).
+std::vector<std::string> WorkerMetricsPages(LocalCluster& cluster, const char* what) {
   std::vector<std::string> pages;
   for (int i = 0; i < cluster.num_workers(); ++i) {
     absl::StatusOr<int> port = cluster.worker_metrics_port(i);
     if (!port.ok()) {
-      std::fprintf(stderr, "link summary: %s\n", std::string(port.status().message()).c_str());
-      return;
+      std::fprintf(stderr, "%s: %s\n", what, std::string(port.status().message()).c_str());
+      return {};
     }
     httplib::Client client("127.0.0.1", *port);
     auto response = client.Get("/metrics");
     if (!response || response->status != 200) {
-      std::fprintf(stderr, "link summary: cannot read worker %d's metrics\n", i);
-      return;
+      std::fprintf(stderr, "%s: cannot read worker %d's metrics\n", what, i);
+      return {};
     }
     pages.push_back(response->body);
   }
+  return pages;
+}
+
+// The partition counts the workers kept after measuring (tensor_partitions
+// 0 with tuning), when they report any.
+void PrintTunedPartitions(LocalCluster& cluster) {
+  const std::vector<std::string> pages = WorkerMetricsPages(cluster, "tuned partitions");
+  absl::StatusOr<std::string> tuned = FormatTunedPartitions(pages);
+  if (!tuned.ok()) {
+    std::fprintf(stderr, "tuned partitions: %s\n", std::string(tuned.status().message()).c_str());
+    return;
+  }
+  if (!tuned->empty()) std::printf("tensor partitions kept by measurement: %s\n", tuned->c_str());
+}
+
+void PrintLinkSummary(LocalCluster& cluster) {
+  const std::vector<std::string> pages = WorkerMetricsPages(cluster, "link summary");
+  if (pages.empty()) return;
   absl::StatusOr<std::map<std::string, KindTotals>> totals = SumLinkMetrics(pages);
   if (!totals.ok()) {
     std::fprintf(stderr, "link summary: %s\n", std::string(totals.status().message()).c_str());
@@ -325,6 +348,9 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   spec.mutable_parallelism()->set_tensor_partitions(o.tensor_partitions);
   spec.mutable_parallelism()->set_tensor_compression(o.tensor_compression);
   spec.mutable_parallelism()->set_tensor_mode(o.tensor_mode);
+  if (o.tensor_tune_steps >= 0) {
+    spec.mutable_parallelism()->set_tensor_partitions_tune_steps(o.tensor_tune_steps);
+  }
   spec.mutable_parallelism()->set_solver(o.solver);
   spec.mutable_parallelism()->set_schedule(o.schedule);
   // Under the coordinator's --output-dir, which `up` sets to --out.
@@ -581,6 +607,7 @@ int RunUp(const std::vector<std::string>& args) {
       std::printf("tensor partitions per unit: forward [%s], backward [%s]\n",
                   absl::StrJoin(plan.tensor_partitions_forward(), ",").c_str(),
                   absl::StrJoin(plan.tensor_partitions_backward(), ",").c_str());
+      PrintTunedPartitions(**cluster);
     }
     // The simulator's prediction next to what the steps took (validation
     // passes and checkpoints included when they ran).

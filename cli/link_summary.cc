@@ -1,6 +1,12 @@
 #include "cli/link_summary.h"
 
+#include <set>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/prometheus_text.h"
 #include "common/status_macros.h"
 
@@ -83,6 +89,36 @@ std::string FormatLinkSummary(const std::map<std::string, KindTotals>& totals) {
     out += "\n";
   }
   return out;
+}
+
+absl::StatusOr<std::string> FormatTunedPartitions(const std::vector<std::string>& pages) {
+  // (layer, 0 attention / 1 MLP) -> name and the counts seen per pass.
+  struct Seen {
+    std::string name;
+    std::set<int> forward, backward;
+  };
+  std::map<std::pair<int, int>, Seen> units;
+  for (const std::string& page : pages) {
+    ASSIGN_OR_RETURN(std::vector<MetricSample> samples, ParsePrometheusText(page));
+    for (const MetricSample& s : samples) {
+      if (s.name != "pipetrain_tensor_parallel_partitions") continue;
+      auto unit = s.labels.find("unit");
+      auto pass = s.labels.find("pass");
+      if (unit == s.labels.end() || pass == s.labels.end()) continue;
+      const bool attention = absl::StartsWith(unit->second, "attn_");
+      int layer = 0;
+      if (!absl::SimpleAtoi(unit->second.substr(unit->second.find('_') + 1), &layer)) continue;
+      Seen& seen = units[{layer, attention ? 0 : 1}];
+      seen.name = unit->second;
+      (pass->second == "forward" ? seen.forward : seen.backward).insert(static_cast<int>(s.value));
+    }
+  }
+  std::vector<std::string> parts;
+  for (const auto& [key, seen] : units) {
+    parts.push_back(absl::StrCat(seen.name, " ", absl::StrJoin(seen.forward, "|"), "/",
+                                 absl::StrJoin(seen.backward, "|")));
+  }
+  return absl::StrJoin(parts, ", ");
 }
 
 }  // namespace pipetrain

@@ -18,7 +18,7 @@ struct KindTotals {
   double wire_bytes = 0;
   double compressed_tensors = 0;
   double device_bytes = 0;  // of wire_bytes: device to device (NCCL)
-  double error_sum = 0;  // of the workers' pipetrain_link_compression_error
+  double error_sum = 0;     // of the workers' pipetrain_link_compression_error
   int error_links = 0;
 };
 
@@ -32,6 +32,13 @@ absl::StatusOr<std::map<std::string, KindTotals>> SumLinkMetrics(
 //   "  ACTIVATION        12.00 MiB raw -> 0.75 MiB wire (16.0x), error 0.071"
 // ("raw" alone when nothing of that kind was compressed).
 std::string FormatLinkSummary(const std::map<std::string, KindTotals>& totals);
+
+// The AccTFM partition counts the workers report
+// (pipetrain_tensor_parallel_partitions{unit,pass}, with measured tuning),
+// as "attn_0 4/2, mlp_0 2/2" (forward/backward) in model order; units whose
+// workers disagree (replicas tune apart) list each value, "2|4". Empty when
+// no worker reports any. INVALID_ARGUMENT for a page that does not parse.
+absl::StatusOr<std::string> FormatTunedPartitions(const std::vector<std::string>& pages);
 
 }  // namespace pipetrain
 

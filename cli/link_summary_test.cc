@@ -70,5 +70,20 @@ TEST(SumLinkMetrics, NotPrometheusText_InvalidArgument) {
   EXPECT_EQ(SumLinkMetrics({"<html>"}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(FormatTunedPartitions, ModelOrderForwardSlashBackwardDisagreementsListed) {
+  const std::string a =
+      "pipetrain_tensor_parallel_partitions{pass=\"forward\",unit=\"mlp_0\"} 2\n"
+      "pipetrain_tensor_parallel_partitions{pass=\"backward\",unit=\"mlp_0\"} 1\n"
+      "pipetrain_tensor_parallel_partitions{pass=\"forward\",unit=\"attn_10\"} 4\n"
+      "pipetrain_tensor_parallel_partitions{pass=\"backward\",unit=\"attn_10\"} 4\n"
+      "pipetrain_tensor_parallel_partitions{pass=\"forward\",unit=\"attn_0\"} 4\n"
+      "pipetrain_tensor_parallel_partitions{pass=\"backward\",unit=\"attn_0\"} 2\n";
+  const std::string b =
+      "pipetrain_tensor_parallel_partitions{pass=\"forward\",unit=\"mlp_0\"} 4\n"
+      "pipetrain_tensor_parallel_partitions{pass=\"backward\",unit=\"mlp_0\"} 1\n";
+  EXPECT_EQ(FormatTunedPartitions({a, b}).value(), "attn_0 4/2, mlp_0 2|4/1, attn_10 4/4");
+  EXPECT_EQ(FormatTunedPartitions({"pipetrain_iterations_total 3\n"}).value(), "");
+}
+
 }  // namespace
 }  // namespace pipetrain

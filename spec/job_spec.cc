@@ -422,6 +422,19 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
       MakeTensorParallelCompression(p->tensor_compression(), kCompressionField);
   if (!compression.ok()) return compression.status();
   if (!compression->enabled()) p->set_tensor_compression("none");
+  const char* kTuneField = "spec.parallelism.tensor_partitions_tune_steps";
+  if (!p->has_tensor_partitions_tune_steps()) {
+    p->set_tensor_partitions_tune_steps(k == 0 && p->tensor() > 1 ? 2 : 0);
+  }
+  if (p->tensor_partitions_tune_steps() < 0 || p->tensor_partitions_tune_steps() > 16) {
+    return Invalid(kTuneField,
+                   absl::StrCat("must be 0..16, got ", p->tensor_partitions_tune_steps()));
+  }
+  if (p->tensor_partitions_tune_steps() > 0 && (k != 0 || p->tensor() == 1)) {
+    return Invalid(kTuneField,
+                   "needs spec.parallelism.tensor_partitions 0 (Alg. 1 per layer) and "
+                   "spec.parallelism.tensor > 1");
+  }
   if (cube && k != 1) {
     return Invalid("spec.parallelism.tensor_partitions",
                    "must be 1 with spec.parallelism.tensor_mode 3d (AccTFM's partitions are not "
@@ -672,6 +685,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   resolved.tensor_partitions = out.parallelism().tensor_partitions();
   resolved.tensor_compression = out.parallelism().tensor_compression();
   resolved.tensor_mode = out.parallelism().tensor_mode();
+  resolved.tensor_partitions_tune_steps = out.parallelism().tensor_partitions_tune_steps();
   resolved.solver = out.parallelism().solver();
   resolved.objective = out.parallelism().objective();
   resolved.schedule = out.parallelism().schedule();

@@ -84,6 +84,7 @@ struct ResolvedJobSpec {
   int tensor_partitions = 1;  // spec.parallelism.tensor_partitions (0: Alg. 1 per layer)
   std::string tensor_compression = "none";  // spec.parallelism.tensor_compression
   std::string tensor_mode = "1d";           // spec.parallelism.tensor_mode: "1d" | "3d"
+  int tensor_partitions_tune_steps = 0;     // spec.parallelism.tensor_partitions_tune_steps
   // spec.compression.data_parallel's PowerSGD rank; 0: exact all-reduce.
   int data_parallel_powersgd_rank = 0;
   std::string solver;            // uniform | pipedream | bipartition | auto | manual
@@ -125,6 +126,8 @@ struct ResolvedJobSpec {
 // = p^3, p | n_head, p^2 | d_model, p^3 | vocab_size, p^2 | the samples of
 // a micro-batch; named spec.parallelism.tensor) and needs
 // tensor_partitions 1 and tensor_compression none.
+// tensor_partitions_tune_steps: 0..16, default 2 with tensor_partitions 0
+// and tensor > 1, else 0; non-zero only there.
 //
 // spec.compression.data_parallel: codec "none" (default, also for an empty
 // one; then no stages) or "powersgd:rank=R" with R in 1..1024 (default

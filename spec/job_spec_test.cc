@@ -157,6 +157,7 @@ v1::JobSpec FullSpec(const std::string& data_path) {
   spec.mutable_parallelism()->set_tensor_partitions(1);
   spec.mutable_parallelism()->set_tensor_compression("none");
   spec.mutable_parallelism()->set_tensor_mode("1d");
+  spec.mutable_parallelism()->set_tensor_partitions_tune_steps(0);
   spec.mutable_output()->set_weights_path("runs/weights.safetensors");
   v1::CompressionSpec* c = spec.mutable_compression();
   c->set_forward("fp16");
@@ -521,6 +522,21 @@ TEST(ResolveJobSpec, TensorParallel_BadValuesRejectedNamingTheField) {
       spec, "spec.parallelism.tensor_partitions: must be 0 (Alg. 1 per layer), 1, 2 or 4, got 3");
   spec.mutable_parallelism()->set_tensor_partitions(0);
   EXPECT_EQ(ResolveJobSpec(spec).value().tensor_partitions, 0);
+  // Alg. 1's counts are checked by measurement for 2 steps each by default.
+  EXPECT_EQ(ResolveJobSpec(spec).value().tensor_partitions_tune_steps, 2);
+  spec.mutable_parallelism()->set_tensor_partitions_tune_steps(0);
+  EXPECT_EQ(ResolveJobSpec(spec).value().tensor_partitions_tune_steps, 0);
+  spec.mutable_parallelism()->set_tensor_partitions_tune_steps(17);
+  ExpectRejected(spec, "spec.parallelism.tensor_partitions_tune_steps: must be 0..16, got 17");
+  spec.mutable_parallelism()->set_tensor_partitions_tune_steps(-1);
+  ExpectRejected(spec, "spec.parallelism.tensor_partitions_tune_steps: must be 0..16");
+  spec.mutable_parallelism()->set_tensor_partitions_tune_steps(3);
+  spec.mutable_parallelism()->set_tensor_partitions(2);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor_partitions_tune_steps: needs "
+                 "spec.parallelism.tensor_partitions 0");
+  spec.mutable_parallelism()->clear_tensor_partitions_tune_steps();
+  EXPECT_EQ(ResolveJobSpec(spec).value().tensor_partitions_tune_steps, 0);
 }
 
 TEST(ResolveJobSpec, TensorMode_DefaultOneDThreeDNeedsACubeThatSplitsTheModel) {

@@ -316,6 +316,8 @@ absl::Status JobRunner::RunJob() {
   setup.tensor_parallel = tensor;
   setup.tensor_partitions = std::max(1, job.spec.parallelism().tensor_partitions());
   setup.tensor_compression = job.spec.parallelism().tensor_compression();  // checked by Create
+  // Checked (0..16, only with per-unit partitions) by Create.
+  setup.tensor_partition_tune_steps = job.spec.parallelism().tensor_partitions_tune_steps();
   // "1d" or "3d", checked by Create; a spec from before the field is 1-D.
   setup.tensor_mode =
       job.spec.parallelism().tensor_mode().empty() ? "1d" : job.spec.parallelism().tensor_mode();

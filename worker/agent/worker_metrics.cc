@@ -126,6 +126,14 @@ WorkerMetrics::WorkerMetrics()
                     "applies to (the attention and MLP units'): encoding raw: their fp32 size, "
                     "wire: the bytes this rank sent for them (payloads and the token scores' "
                     "all-reduce)")
+              .Register(*registry_)),
+      tensor_parallel_partitions_(
+          prometheus::BuildGauge()
+              .Name("pipetrain_tensor_parallel_partitions")
+              .Help("With spec.parallelism.tensor_partitions 0 and measured tuning: the "
+                    "AccTFM partition count each attention and MLP unit of this stage ran in "
+                    "the last iteration, by unit and pass (forward, backward); after the "
+                    "tuning steps, the counts kept")
               .Register(*registry_)) {
   AddBuildInfo(*registry_);
   tensor_parallel_compressed_bytes_.Add({{"encoding", "raw"}});
@@ -145,6 +153,10 @@ void WorkerMetrics::Observe(const IterationResult& r) {
   }
   idle_.Increment(r.idle_seconds);
   iterations_.Increment();
+  for (const auto& [unit, counts] : r.tensor_partitions) {
+    tensor_parallel_partitions_.Add({{"unit", unit}, {"pass", "forward"}}).Set(counts.first);
+    tensor_parallel_partitions_.Add({{"unit", unit}, {"pass", "backward"}}).Set(counts.second);
+  }
   for (const auto& [purpose, stats] : r.collectives) {
     collectives_.Add({{"purpose", purpose}}).Increment(static_cast<double>(stats.count));
     collective_bytes_.Add({{"purpose", purpose}, {"encoding", "raw"}})

@@ -36,6 +36,10 @@
 //   pipetrain_tensor_parallel_compressed_bytes_total{encoding}  of those,
 //                                                  the compressed ones: raw =
 //                                                  fp32 size, wire = sent
+//   pipetrain_tensor_parallel_partitions{unit,pass}  gauge: AccTFM partition
+//                                                  count the unit ran last
+//                                                  iteration, with measured
+//                                                  tuning (tensor_partitions 0)
 //   pipetrain_rpc_requests_total{method,code}      gRPC calls served (data plane,
 //   pipetrain_rpc_duration_seconds{method,code}    WorkerControl), through rpc()
 //   pipetrain_http_requests_total{method,route,code}, pipetrain_http_request_
@@ -102,6 +106,7 @@ class WorkerMetrics {
   prometheus::Counter& tensor_parallel_waited_;
   prometheus::Gauge& tensor_parallel_error_;
   prometheus::Family<prometheus::Counter>& tensor_parallel_compressed_bytes_;
+  prometheus::Family<prometheus::Gauge>& tensor_parallel_partitions_;
 };
 
 }  // namespace pipetrain

@@ -64,6 +64,7 @@ struct PipelineExtras {
   std::string tensor_mode = "1d";  // StageSetup::tensor_mode ("3d": T = p^3)
   int tensor_partitions = 1;       // StageSetup::tensor_partitions
   std::vector<int> tensor_partitions_forward, tensor_partitions_backward;  // per unit
+  int tensor_partition_tune_steps = 0;  // StageSetup::tensor_partition_tune_steps
 };
 
 // The pipeline of forward/backward ranges, one StageRuntime per stage on its

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/enum_names.h"
+#include "common/logging.h"
 #include "common/program_text.h"
 #include "common/status_macros.h"
 #include "worker/collectives/collectives.h"
@@ -33,6 +34,8 @@ constexpr int kDataParallelTagBase = 1 << 21;
 // 3-D tensor parallelism's cube collectives (CollectivesCubeComm), and
 // those of a validation pass.
 constexpr int kCubeTagBase = 1 << 24;
+// The tensor ranks' sum of their partition tunings (PartitionTuner), once.
+constexpr int kTensorParallelTuneTag = kTensorParallelTagBase + (1 << 22) + (1 << 20);
 constexpr int kCubeEvalTagOffset = 1 << 22;
 // Tags of the overlapped all-reduces, one per unit.
 constexpr int kOverlapTagBase = (1 << 21) + (1 << 19);
@@ -174,6 +177,15 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
     return absl::InvalidArgumentError(absl::StrCat("tensor rank ", setup.tensor_rank, " of ",
                                                    setup.tensor_parallel, " is not a rank"));
   }
+  if (setup.tensor_partition_tune_steps < 0 || setup.tensor_partition_tune_steps > 16 ||
+      (setup.tensor_partition_tune_steps > 0 &&
+       (setup.tensor_parallel < 2 || setup.tensor_mode != "1d" ||
+        setup.tensor_partitions_forward.empty() || setup.tensor_partitions_backward.empty()))) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor-partition tuning of ", setup.tensor_partition_tune_steps,
+        " steps per candidate; want 0, or 1..16 with 1-D tensor parallelism and per-unit "
+        "partitions"));
+  }
   if (setup.tensor_mode == "3d") {
     if (setup.tensor_parallel == 1) {
       return absl::InvalidArgumentError("tensor mode 3d with one tensor rank");
@@ -297,6 +309,16 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
       InitializeParameters(units_[u].get(), setup.train.seed);
     }
   }
+  if (setup.tensor_partition_tune_steps > 0) {
+    std::vector<bool> block_units;
+    for (int u = 0; u < num_units_; ++u) {
+      const UnitKind kind = UnitKindAt(setup.train.model, u);
+      block_units.push_back(kind == UnitKind::kAttention || kind == UnitKind::kMlp);
+    }
+    tuner_ = std::make_unique<PartitionTuner>(
+        PartitionCandidate{setup.tensor_partitions_forward, setup.tensor_partitions_backward},
+        block_units, setup.tensor_partition_tune_steps);
+  }
   // 3-D: a cube unit hands its next unit its block only when both run in
   // this stage's forward and backward ranges (so the forward, the
   // recompute and the backward chains agree); whatever leaves the stage or
@@ -346,6 +368,41 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
     const v1::UnitRange& r = ins[i].backward().units();
     for (int u = r.begin(); u < r.end(); ++u) final_backward_of_unit_[u] = i;
   }
+}
+
+absl::Status StageRuntime::TunePartitions(int64_t iteration, IterationResult* result) {
+  const int64_t i = tuned_iterations_++;
+  const PartitionCandidate& ran = tuner_->CandidateFor(i);
+  for (const auto& [u, unit] : units_) {
+    if (unit->kind() == UnitKind::kAttention || unit->kind() == UnitKind::kMlp) {
+      result->tensor_partitions[unit->name()] = {ran.forward[u], ran.backward[u]};
+    }
+  }
+  // The stage's compute, with the all-reduce time its units waited for.
+  double compute = 0;
+  for (const char* phase : {"forward", "backward", "recompute"}) {
+    auto it = result->phase_seconds.find(phase);
+    if (it != result->phase_seconds.end()) compute += it->second;
+  }
+  tuner_->Record(i, compute);
+  if (!tuner_->DecidesAfter(i)) return absl::OkStatus();
+  // Every rank decides from the group's sums, so all keep the same counts.
+  const std::vector<double>& mine = tuner_->totals();
+  Tensor totals = Tensor::Zeros({static_cast<int64_t>(mine.size())});
+  for (size_t c = 0; c < mine.size(); ++c) totals.data()[c] = static_cast<float>(mine[c]);
+  RETURN_IF_ERROR(tp_collectives_->AllReduce(iteration, kTensorParallelTuneTag, totals));
+  const std::vector<float> summed = totals.ToVector();
+  const int chosen = tuner_->Decide(std::vector<double>(summed.begin(), summed.end()));
+  std::string measured;
+  for (size_t c = 0; c < summed.size(); ++c) {
+    absl::StrAppend(&measured, c == 0 ? "" : "; ", tuner_->candidates()[c].ToString(), ": ",
+                    absl::SixDigits(summed[c]), " s");
+  }
+  PT_LOG(INFO) << "stage " << setup_.stage << ": tensor partitions measured over "
+               << setup_.tensor_partition_tune_steps << " steps each (compute seconds summed over "
+               << setup_.tensor_parallel << " ranks): " << measured << "; keeping "
+               << tuner_->candidates()[chosen].ToString();
+  return absl::OkStatus();
 }
 
 std::vector<Parameter*> StageRuntime::parameters() const {
@@ -524,6 +581,11 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   buckets_queued_ = 0;
   if (tp_comm_) tp_comm_->BeginIteration(iteration, /*eval=*/false);
   if (cube_comm_) cube_comm_->SetIteration(iteration, kCubeTagBase);
+  if (tuner_) {
+    const PartitionCandidate& c = tuner_->CandidateFor(tuned_iterations_);
+    for (auto& [u, unit] : units_)
+      unit->set_tensor_parallel_partitions(c.forward[u], c.backward[u]);
+  }
   const int64_t cube_count = cube_comm_ ? cube_comm_->collectives() : 0;
   const int64_t cube_sent = cube_comm_ ? cube_comm_->sent_bytes() : 0;
   const double cube_seconds = cube_comm_ ? cube_comm_->seconds() : 0;
@@ -593,6 +655,13 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
       stats.wire_bytes += sent;
       stats.seconds += seconds;
       stats.waited_seconds += seconds;
+    }
+  }
+  if (tuner_) {
+    absl::Status tuned = TunePartitions(iteration, &result);
+    if (!tuned.ok()) {
+      return absl::Status(tuned.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",
+                                                     iteration, ": ", tuned.message()));
     }
   }
   for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);

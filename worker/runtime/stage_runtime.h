@@ -48,6 +48,7 @@
 #include "worker/model/unit.h"
 #include "worker/runtime/device_link_encoder.h"
 #include "worker/runtime/link_compressor.h"
+#include "worker/runtime/partition_tuner.h"
 #include "worker/runtime/send_queue.h"
 #include "worker/train/adamw_optimizer.h"
 #include "worker/train/train_config.h"
@@ -109,6 +110,11 @@ struct StageSetup {
   // (plan.proto), forward and backward, each 1, 2 or 4.
   std::vector<int> tensor_partitions_forward;
   std::vector<int> tensor_partitions_backward;
+  // > 0 with the per-unit counts above (Alg. 1's, spec.parallelism
+  // .tensor_partitions 0): measure them against uniform 1, 2 and 4 for this
+  // many steps each and keep the fastest (worker/runtime/partition_tuner.h;
+  // 1-D only, at most 16). 0: keep the plan's counts.
+  int tensor_partition_tune_steps = 0;
   // AccTFM's hybrid compression of those all-reduces
   // (spec.parallelism.tensor_compression, MakeTensorParallelCompression's
   // specs, at most 256 bytes); "none" or "": exact.
@@ -183,6 +189,10 @@ struct IterationResult {
     int64_t compressed_wire_bytes = 0;
   };
   std::map<std::string, CollectiveStats> collectives;
+  // With tensor_partition_tune_steps: the partition counts this iteration
+  // ran, by this stage's attention and MLP unit names, forward and
+  // backward.
+  std::map<std::string, std::pair<int, int>> tensor_partitions;
 };
 
 class StageRuntime {
@@ -309,6 +319,10 @@ class StageRuntime {
   // of units.begin; keeps contexts of backward units (all of them when
   // `keep_all_contexts`) and stores outputs the program uses later.
   absl::Status RunForward(const v1::UnitRange& units, int mb, bool recompute);
+  // The partition tuner's bookkeeping at the end of an iteration: records
+  // its compute time and, after the last measured one, sums the group's
+  // totals and keeps the fastest candidate.
+  absl::Status TunePartitions(int64_t iteration, IterationResult* result);
   void ForgetMicroBatchesEndingAt(int instruction);
 
   StageSetup setup_;
@@ -323,6 +337,10 @@ class StageRuntime {
   // tensor_mode 3d: the cube over the same ranks and its units' view.
   std::unique_ptr<CollectivesCubeComm> cube_comm_;
   std::unique_ptr<CubeUnitGroup> cube_group_;
+  // tensor_partition_tune_steps > 0: the candidates' schedule and choice,
+  // over this runtime's iterations (tuned_iterations_ counts them).
+  std::unique_ptr<PartitionTuner> tuner_;
+  int64_t tuned_iterations_ = 0;
   std::map<int, std::unique_ptr<Unit>> units_;  // by unit index
   AdamWOptimizer optimizer_;
   // Codecs and error feedback of this stage's links: encoder_ for sends

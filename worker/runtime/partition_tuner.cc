@@ -1,0 +1,64 @@
+#include "worker/runtime/partition_tuner.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+
+namespace pipetrain {
+
+std::string PartitionCandidate::ToString() const {
+  return absl::StrCat("forward [", absl::StrJoin(forward, ","), "] backward [",
+                      absl::StrJoin(backward, ","), "]");
+}
+
+PartitionTuner::PartitionTuner(PartitionCandidate planned, const std::vector<bool>& block_units,
+                               int steps_per_candidate)
+    : steps_(steps_per_candidate) {
+  PT_CHECK(steps_ >= 1 && planned.forward.size() == block_units.size() &&
+           planned.backward.size() == block_units.size())
+      << "PartitionTuner: bad arguments";
+  candidates_.push_back(std::move(planned));
+  for (int k : {1, 2, 4}) {
+    PartitionCandidate uniform;
+    for (bool block : block_units) {
+      uniform.forward.push_back(block ? k : 1);
+      uniform.backward.push_back(block ? k : 1);
+    }
+    bool seen = false;
+    for (const PartitionCandidate& c : candidates_) seen = seen || c == uniform;
+    if (!seen) candidates_.push_back(std::move(uniform));
+  }
+  totals_.assign(candidates_.size(), 0.0);
+}
+
+int64_t PartitionTuner::tuning_iterations() const {
+  return 1 + static_cast<int64_t>(candidates_.size()) * steps_;
+}
+
+const PartitionCandidate& PartitionTuner::CandidateFor(int64_t i) const {
+  if (decided()) return candidates_[chosen_];
+  if (i < 1) return candidates_[0];
+  const int64_t c = (i - 1) / steps_;
+  return candidates_[c < static_cast<int64_t>(candidates_.size()) ? c : 0];
+}
+
+void PartitionTuner::Record(int64_t i, double compute_seconds) {
+  if (decided() || i < 1 || i >= tuning_iterations()) return;
+  totals_[(i - 1) / steps_] += compute_seconds;
+}
+
+bool PartitionTuner::DecidesAfter(int64_t i) const {
+  return !decided() && i == tuning_iterations() - 1;
+}
+
+int PartitionTuner::Decide(const std::vector<double>& group_totals) {
+  PT_CHECK(group_totals.size() == candidates_.size()) << "PartitionTuner::Decide: wrong size";
+  int best = 0;
+  for (size_t c = 1; c < group_totals.size(); ++c) {
+    if (group_totals[c] < group_totals[best]) best = static_cast<int>(c);
+  }
+  chosen_ = best;
+  return best;
+}
+
+}  // namespace pipetrain

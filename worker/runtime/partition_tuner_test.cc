@@ -1,0 +1,55 @@
+#include "worker/runtime/partition_tuner.h"
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+// embed, attn_0, mlp_0, head.
+const std::vector<bool> kBlocks = {false, true, true, false};
+
+TEST(PartitionTuner, Candidates_PlanFirstThenUniformWithoutDuplicates) {
+  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 2);
+  ASSERT_EQ(tuner.candidates().size(), 4u);
+  EXPECT_EQ(tuner.candidates()[0].forward, (std::vector<int>{1, 2, 4, 1}));
+  EXPECT_EQ(tuner.candidates()[1].forward, (std::vector<int>{1, 1, 1, 1}));
+  EXPECT_EQ(tuner.candidates()[3].backward, (std::vector<int>{1, 4, 4, 1}));
+  EXPECT_EQ(tuner.tuning_iterations(), 9);
+  // A plan that is uniform 2 already: three candidates.
+  PartitionTuner same({{1, 2, 2, 1}, {1, 2, 2, 1}}, kBlocks, 1);
+  EXPECT_EQ(same.candidates().size(), 3u);
+}
+
+TEST(PartitionTuner, Schedule_WarmUpThenEachCandidateThenTheFastest) {
+  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 2);
+  // Iteration 0 (warm-up) and 1-2 run the plan, 3-4 uniform 1, 5-6
+  // uniform 2, 7-8 uniform 4.
+  EXPECT_EQ(&tuner.CandidateFor(0), &tuner.candidates()[0]);
+  EXPECT_EQ(&tuner.CandidateFor(2), &tuner.candidates()[0]);
+  EXPECT_EQ(&tuner.CandidateFor(3), &tuner.candidates()[1]);
+  EXPECT_EQ(&tuner.CandidateFor(8), &tuner.candidates()[3]);
+  const std::vector<double> seconds = {9, 1.0, 1.1, 0.9, 0.9, 0.7, 0.8, 0.75, 0.7};
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_EQ(tuner.DecidesAfter(i), i == 8) << i;
+    tuner.Record(i, seconds[i]);  // the warm-up's 9 s is not recorded
+  }
+  EXPECT_NEAR(tuner.totals()[0], 2.1, 1e-12);
+  EXPECT_NEAR(tuner.totals()[2], 1.5, 1e-12);
+  EXPECT_NEAR(tuner.totals()[3], 1.45, 1e-12);
+  // The group's sums decide, not this rank's alone.
+  EXPECT_EQ(tuner.Decide({4.0, 3.6, 3.0, 3.1}), 2);
+  EXPECT_TRUE(tuner.decided());
+  EXPECT_EQ(&tuner.CandidateFor(9), &tuner.candidates()[2]);
+  EXPECT_EQ(&tuner.CandidateFor(1000), &tuner.candidates()[2]);
+  EXPECT_FALSE(tuner.DecidesAfter(8));
+  tuner.Record(9, 100);  // after the decision: ignored
+  EXPECT_NEAR(tuner.totals()[2], 1.5, 1e-12);
+}
+
+TEST(PartitionTuner, Decide_TiesGoToThePlan) {
+  PartitionTuner tuner({{1, 2, 4, 1}, {1, 4, 2, 1}}, kBlocks, 1);
+  EXPECT_EQ(tuner.Decide({1.0, 1.0, 2.0, 1.0}), 0);
+}
+
+}  // namespace
+}  // namespace pipetrain

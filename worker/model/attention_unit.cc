@@ -62,8 +62,10 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
   const int b = B / k, rows = b * T;
   const bool compress = TensorParallelCompresses();
   std::vector<std::vector<uint8_t>> kept(k);  // per partition, when compressing
+  const bool stream = TakeStreamOutput();     // AccTFM across units (unit.h)
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;  // the partition's first row
+    ResolveInputRows(r, r + rows);
     backend()->LayerNormForward(x.data() + r * d, ln_w_->value.data(), ln_b_->value.data(), rows, d,
                                 kLayerNormEps, ln_out.data() + r * d, mean.data() + r,
                                 rstd.data() + r);
@@ -82,17 +84,25 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
       StartTensorParallelTokenSparseSum(part, AttentionColumnSums(p.data(), b, H, T), T, &kept[j]);
     } else {
       StartTensorParallelSum(part);
+      if (stream) {
+        // The residual of these rows once their sum is there.
+        AddPendingOutputRows(r, r + rows, [this, x, y, r, rows, d]() mutable {
+          backend()->Add(y.data() + r * d, x.data() + r * d, int64_t{rows} * d, y.data() + r * d);
+        });
+      }
     }
   }
-  WaitTensorParallelSums();
-  backend()->Add(y.data(), x.data(), y.numel(), y.data());
+  ResolveAllInput();
+  if (!stream) {
+    WaitTensorParallelSums();
+    backend()->Add(y.data(), x.data(), y.numel(), y.data());
+  }
   ctx->saved = {x, ln_out, mean, rstd, qkv, probs, att};
   if (compress) ctx->saved.push_back(KeptRowsTensor(kept));
   return y;
 }
 
-Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
-                               const UnitContext& ctx) {
+Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) {
   const int B = batch.batch, T = batch.seq_len, d = config_.d_model;
   const int H = config_.n_head / tp_size(), dl = d / tp_size();
   const int n = B * T;
@@ -109,8 +119,11 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
   // gradient stops here (the residual still carries dy).
   const bool compress = TensorParallelCompresses() && s.size() > kKept;
   const Tensor dy_kept = compress ? ZeroDroppedRows(dy, KeptRows(s[kKept], 0, n)) : dy;
+  const bool stream = TakeStreamOutput();
+  Tensor dx = backend()->Empty({B, T, d});
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;
+    ResolveInputRows(r, r + rows);  // dy's rows
     // dy is the same on every rank, so is the replicated bias's gradient.
     backend()->LinearBackward(s[kAttOut].data() + r * dl, proj_w_->value.data(),
                               dy_kept.data() + r * d, rows, dl, d, datt.data() + r * dl,
@@ -129,10 +142,25 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch,
       StartTensorParallelMaskedSum(part, KeptRows(s[kKept], r, r + rows));
     } else {
       StartTensorParallelSum(part);
+      if (stream) {
+        // Once these rows of dL/d(ln output) are summed: the LayerNorm's
+        // backward over them (adding to its gradients) and the residual.
+        AddPendingOutputRows(
+            r, r + rows,
+            [this, x = s[kX], mean = s[kLnMean], rstd = s[kLnRstd], dln, dx, dy, r, rows,
+             d]() mutable {
+              backend()->LayerNormBackward(x.data() + r * d, ln_w_->value.data(), mean.data() + r,
+                                           rstd.data() + r, dln.data() + r * d, rows, d,
+                                           dx.data() + r * d, ln_w_->grad.data(),
+                                           ln_b_->grad.data());
+              backend()->AddInPlace(dx.data() + r * d, dy.data() + r * d, int64_t{rows} * d);
+            });
+      }
     }
   }
+  ResolveAllInput();
+  if (stream) return dx;
   WaitTensorParallelSums();
-  Tensor dx = backend()->Empty({B, T, d});
   backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(),
                                s[kLnRstd].data(), dln.data(), n, d, dx.data(), ln_w_->grad.data(),
                                ln_b_->grad.data());

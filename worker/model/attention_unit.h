@@ -23,6 +23,8 @@ class AttentionUnit : public Unit {
                 TensorParallelComm* tp = nullptr);
   Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) override;
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
+  // Partitioned all-reduces stream into the next unit (Unit::set_stream_output).
+  bool streams_tensor_parallel() const override { return true; }
   // An[b, t] = sum over heads h and queries q of probs[b, h, q, t]: how much
   // attention token t receives from the whole sequence (acctfm §4.3.1).
   // A tensor-parallel rank sums its own heads only.

@@ -21,6 +21,8 @@ class MlpUnit : public Unit {
   MlpUnit(const GptConfig& config, int layer, Backend* backend, TensorParallelComm* tp = nullptr);
   Tensor Forward(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) override;
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
+  // Partitioned all-reduces stream into the next unit (Unit::set_stream_output).
+  bool streams_tensor_parallel() const override { return true; }
 
  private:
   // kKept (the kept rows, Unit::KeptRowsTensor) only when the group

@@ -84,6 +84,38 @@ std::vector<float> Unit::RowSquaredNorms(const Tensor& x) const {
   return norms;
 }
 
+bool Unit::TakeStreamOutput() {
+  const bool stream = stream_output_ && tp_ != nullptr && tp_->size() > 1 && !tp_->compresses() &&
+                      streams_tensor_parallel();
+  stream_output_ = false;
+  return stream;
+}
+
+void Unit::AddPendingOutputRows(int64_t begin, int64_t end, std::function<void()> finish) {
+  PT_CHECK(!tickets_.empty()) << name_ << ": pending rows without an all-reduce";
+  pending_out_.push_back({begin, end, tickets_.back(), tp_, std::move(finish), false});
+  tickets_.pop_back();
+}
+
+void Unit::PassPendingTo(Unit* next) {
+  PT_CHECK(next->pending_in_.empty()) << next->name_ << " still holds pending input rows";
+  next->pending_in_ = std::move(pending_out_);
+  pending_out_.clear();
+}
+
+void Unit::ResolveInputRows(int64_t begin, int64_t end) {
+  bool all_done = true;
+  for (PendingRows& p : pending_in_) {
+    if (!p.done && p.begin < end && begin < p.end) {
+      p.comm->WaitAllReduce(p.ticket);
+      p.finish();
+      p.done = true;
+    }
+    all_done = all_done && p.done;
+  }
+  if (all_done) pending_in_.clear();
+}
+
 Parameter* Unit::AddParameter(std::string name, const Shape& shape, ParamInit init, float init_std,
                               bool is_matrix, ParameterShard::Split split, int column_blocks) {
   auto p = std::make_unique<Parameter>();
@@ -157,8 +189,12 @@ void InitializeParameters(Unit* unit, uint64_t seed) {
   for (Parameter* p : unit->parameters()) {
     Tensor host = p->value.on_device() ? Tensor::Zeros(p->value.shape()) : p->value;
     switch (p->init) {
-      case ParamInit::kZeros: host.Fill(0.0f); break;
-      case ParamInit::kOnes: host.Fill(1.0f); break;
+      case ParamInit::kZeros:
+        host.Fill(0.0f);
+        break;
+      case ParamInit::kOnes:
+        host.Fill(1.0f);
+        break;
       case ParamInit::kNormal:
         if (p->shard.sharded()) {
           // The unsplit tensor's values, of which this rank keeps its part.

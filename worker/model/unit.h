@@ -14,6 +14,8 @@
 #ifndef PIPETRAIN_WORKER_MODEL_UNIT_H_
 #define PIPETRAIN_WORKER_MODEL_UNIT_H_
 
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,7 +34,7 @@ enum class ParamInit { kZeros, kOnes, kNormal };
 struct Parameter {
   std::string name;  // Hugging Face GPT-2 name, e.g. "h.0.attn.c_attn.weight"
   Tensor value;
-  Tensor grad;       // same shape; backward passes ACCUMULATE into it
+  Tensor grad;  // same shape; backward passes ACCUMULATE into it
   ParamInit init = ParamInit::kZeros;
   float init_std = 0.0f;  // for kNormal
   // 2-D weight matrices (and the embeddings); weight decay applies to these
@@ -70,6 +72,24 @@ class Unit {
   // their greatest common divisor; without a group of two ranks or more
   // (or in other units) it does nothing. Default 1 and 1.
   void set_tensor_parallel_partitions(int forward, int backward);
+  // AccTFM's pipeline across units (acctfm.txt §4.2, Fig. 6: partition j
+  // of layer i + 1 starts once partition j of layer i is reduced). A unit
+  // that streams_tensor_parallel() and is told set_stream_output(true)
+  // before a Forward or Backward returns its output (the forward's y, the
+  // backward's dx) without waiting for its partitions' all-reduces: the
+  // rows of each partition are pending until their all-reduce is waited
+  // for and finished (the forward adds the residual, the backward runs the
+  // LayerNorm's backward, which also adds to its gradients, and the
+  // residual). PassPendingTo(next) hands them to the unit that reads that
+  // output next, which resolves each partition's rows as it first reads
+  // them (its partitions may be cut differently: the paper's SplitOrMerge)
+  // and all of them before it returns. Until then the output tensor must
+  // not be read elsewhere, and in backward this unit's LayerNorm
+  // gradients are not final. The flag applies to the next call only.
+  virtual bool streams_tensor_parallel() const { return false; }
+  void set_stream_output(bool stream) { stream_output_ = stream; }
+  void PassPendingTo(Unit* next);
+
   // Parameters in a fixed order; pointers stay valid for the unit's life.
   std::vector<Parameter*> parameters();
   void ZeroGrads();
@@ -84,8 +104,7 @@ class Unit {
   // tensor holding dL/dloss, e.g. 1/micro_batches). Accumulates parameter
   // gradients and returns dL/dx [B, T, d_model] (embed returns a null
   // tensor). ctx must come from Forward or Recompute on the same x and batch.
-  virtual Tensor Backward(const Tensor& dy, const TokenBatch& batch,
-                          const UnitContext& ctx) = 0;
+  virtual Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) = 0;
 
   // Token importance for token-level top-k compression of this unit's
   // output (acctfm §4.3.1), one score per token in [B, T] order, from the
@@ -152,6 +171,20 @@ class Unit {
   // on a device).
   std::vector<float> RowSquaredNorms(const Tensor& x) const;
 
+  // Streaming (see set_stream_output). Whether this call streams (and
+  // clears the flag for the next one): only with a group of two ranks or
+  // more that does not compress.
+  bool TakeStreamOutput();
+  // Registers rows [begin, end) of this call's output as pending on the
+  // last all-reduce started (StartTensorParallelSum), finished by `finish`
+  // once it is waited for; the caller then returns without
+  // WaitTensorParallelSums (the tickets move to the pending rows).
+  void AddPendingOutputRows(int64_t begin, int64_t end, std::function<void()> finish);
+  // Waits for and finishes the handed-over input rows that overlap
+  // [begin, end), in the order they were registered; ResolveAllInput all.
+  void ResolveInputRows(int64_t begin, int64_t end);
+  void ResolveAllInput() { ResolveInputRows(0, INT64_MAX); }
+
  private:
   std::string name_;
   UnitKind kind_;
@@ -159,6 +192,16 @@ class Unit {
   TensorParallelComm* tp_;
   int partitions_forward_ = 1, partitions_backward_ = 1;
   std::vector<int> tickets_;  // started and not yet waited for
+  bool stream_output_ = false;
+  struct PendingRows {
+    int64_t begin = 0, end = 0;
+    int ticket = 0;
+    TensorParallelComm* comm = nullptr;
+    std::function<void()> finish;
+    bool done = false;
+  };
+  std::vector<PendingRows> pending_out_;  // this call's output's
+  std::vector<PendingRows> pending_in_;   // handed over by the producer
   std::vector<std::unique_ptr<Parameter>> params_;
 };
 

@@ -749,7 +749,15 @@ absl::Status StageRuntime::RunForward(const v1::UnitRange& units, int mb, bool r
     UnitContext scratch;
     // Saved tensors are kept only where this unit's backward pass runs.
     UnitContext* ctx = IsBackwardUnit(u) ? &contexts_[{mb, u}] : &scratch;
+    // AccTFM across units: a tensor-parallel block hands its partitions'
+    // pending all-reduces to the next block of this range (Unit::
+    // set_stream_output), which waits for each as it reaches its rows.
+    Unit* next = u + 1 < units.end() ? OwnedUnit(u + 1) : nullptr;
+    const bool stream =
+        next != nullptr && unit->streams_tensor_parallel() && next->streams_tensor_parallel();
+    unit->set_stream_output(stream);
     x = unit->Forward(x, batch, ctx);
+    if (stream) unit->PassPendingTo(next);
     if (recompute) continue;
     if (scored_outputs_.count(u)) token_scores_[{mb, u}] = unit->TokenImportance(*ctx);
     if (u == num_units_ - 1) {
@@ -869,16 +877,34 @@ absl::Status StageRuntime::Backward(const v1::Instruction::Backward& b) {
     ASSIGN_OR_RETURN(dy, TakeFrom(grads_in_, mb, "output gradient"));
   }
   const TokenBatch batch = BatchFor(mb);
+  // A streamed unit's LayerNorm gradients are final only once the next
+  // unit's Backward has resolved its rows: its overlapped data-parallel
+  // all-reduce waits until then.
+  int deferred_all_reduce = -1;
   for (int u = b.units().end() - 1; u >= b.units().begin(); --u) {
     Unit* unit = OwnedUnit(u);
     auto ctx = contexts_.find({mb, u});
     if (unit == nullptr || ctx == contexts_.end()) {
       return Internal(absl::StrCat("no forward or recompute of unit ", u, " for micro-batch ", mb));
     }
+    // AccTFM across units, as in RunForward, towards the model's start.
+    Unit* next = u - 1 >= b.units().begin() ? OwnedUnit(u - 1) : nullptr;
+    const bool stream =
+        next != nullptr && unit->streams_tensor_parallel() && next->streams_tensor_parallel();
+    unit->set_stream_output(stream);
     dy = unit->Backward(dy, batch, ctx->second);
+    if (stream) unit->PassPendingTo(next);
     contexts_.erase(ctx);
+    if (deferred_all_reduce >= 0) {
+      RETURN_IF_ERROR(OverlapAllReduce(deferred_all_reduce));
+      deferred_all_reduce = -1;
+    }
     if (final_backward_of_unit_[u] == current_instruction_ && OverlapsAllReduce()) {
-      RETURN_IF_ERROR(OverlapAllReduce(u));
+      if (stream) {
+        deferred_all_reduce = u;
+      } else {
+        RETURN_IF_ERROR(OverlapAllReduce(u));
+      }
     }
   }
   if (b.units().begin() > 0) grads_out_[mb] = dy;

@@ -111,6 +111,14 @@ TEST_P(TensorParallelEquivalenceTest, MatchesSingleProcess) {
     ExpectMatchesLocal(c,
                        RunPipeline(c, data, *ranges, *ranges, schedule, nullptr, nullptr, extras),
                        local, "data-parallel");
+    // Each unit's data-parallel all-reduce started as soon as its backward
+    // is final, with 2 partitions streamed across units: a streamed unit's
+    // LayerNorm gradients are final only after the next unit's backward.
+    extras.dp_bucket_bytes = 1;
+    extras.tensor_partitions = 2;
+    ExpectMatchesLocal(c,
+                       RunPipeline(c, data, *ranges, *ranges, schedule, nullptr, nullptr, extras),
+                       local, "data-parallel, all-reduce per unit, partitions streamed");
   }
 }
 

@@ -26,6 +26,7 @@ std::vector<std::pair<double, double>> AllReduceIntervals(const TensorParallelPa
 }  // namespace
 
 double PassSeconds(const TensorParallelPass& pass) {
+  if (pass.charged_seconds >= 0) return pass.charged_seconds;
   const std::vector<std::pair<double, double>> reduces = AllReduceIntervals(pass);
   return reduces.empty() ? pass.compute_seconds : reduces.back().second;
 }

@@ -29,13 +29,18 @@ struct TensorParallelPass {
   double compute_seconds = 0;     // all partitions together
   int partitions = 1;             // >= 1
   double all_reduce_seconds = 0;  // each partition's; 0: no all-reduce
+  // >= 0: what the simulator charges instead of the unit-alone timeline's
+  // end (a block unit whose partitions stream into its neighbours',
+  // tensor_partitions.h); the lane is still drawn from the fields above.
+  double charged_seconds = -1;
 };
 
 struct TensorParallelUnitLanes {
   TensorParallelPass forward, backward;
 };
 
-// The pass's end, cm_K above: what the simulator charges for it.
+// The pass's end, cm_K above, or charged_seconds when set: what the
+// simulator charges for it.
 double PassSeconds(const TensorParallelPass& pass);
 
 // Adds a kTensorParallelAllReduce event for every all-reduce of the units

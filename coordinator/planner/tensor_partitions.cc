@@ -33,6 +33,62 @@ double PartitionSeconds(const UnitProfile& unit, int k, bool forward, int tensor
   return (forward ? unit.fwd_seconds : unit.bwd_seconds) / tensor / k;
 }
 
+// Alg. 1's problem over the profile's attention and MLP units (model
+// order; their profile indices in *layer_units), all-reduce seconds per
+// size from eq. 3 on the ring of `tensor`.
+absl::StatusOr<AccTfmProblem> BlockUnitsProblem(const ModelProfile& profile, int tensor,
+                                                double bandwidth_bytes_per_second,
+                                                double latency_seconds, double block_wire_fraction,
+                                                std::vector<int>* layer_units) {
+  const AllReduceModel model = RingModel(tensor, bandwidth_bytes_per_second, latency_seconds);
+  AccTfmProblem problem;
+  layer_units->clear();
+  for (size_t u = 0; u < profile.units.size(); ++u) {
+    const UnitProfile& unit = profile.units[u];
+    if (!IsBlockUnit(unit)) continue;
+    AccTfmLayer layer;
+    for (int k : kAccTfmSizes) {
+      layer.fwd_compute_seconds.push_back(PartitionSeconds(unit, k, true, tensor));
+      layer.bwd_compute_seconds.push_back(PartitionSeconds(unit, k, false, tensor));
+      ASSIGN_OR_RETURN(const double seconds,
+                       AllReduceSeconds(model, unit.activation_bytes * block_wire_fraction / k));
+      layer.allreduce_seconds.push_back(seconds);
+    }
+    problem.layers.push_back(std::move(layer));
+    layer_units->push_back(static_cast<int>(u));
+  }
+  return problem;
+}
+
+// The runtime streams a block unit's partitions into the next block unit
+// (Unit::set_stream_output), so a run of block units is Alg. 1's timeline
+// (acctfm.h EvaluateSizes) as a whole. Each unit is charged its share:
+// the end of the timeline through it minus the end through the one before
+// (forward in model order, backward from the last unit), so the charges
+// of a run add up to its timeline. `sizes[l]` per layer of `problem`.
+absl::StatusOr<std::vector<double>> StreamedCharges(const AccTfmProblem& problem, AccTfmPass pass,
+                                                    const std::vector<int>& sizes) {
+  const size_t n = problem.layers.size();
+  std::vector<double> charges(n, 0.0);
+  double before = 0;
+  for (size_t i = 0; i < n; ++i) {
+    // Forward: layers [0, l]; backward: layers [l, n), l from the last.
+    const size_t l = pass == AccTfmPass::kForward ? i : n - 1 - i;
+    AccTfmProblem part;
+    std::vector<int> part_sizes;
+    const size_t begin = pass == AccTfmPass::kForward ? 0 : l;
+    const size_t end = pass == AccTfmPass::kForward ? l + 1 : n;
+    for (size_t j = begin; j < end; ++j) {
+      part.layers.push_back(problem.layers[j]);
+      part_sizes.push_back(sizes[j]);
+    }
+    ASSIGN_OR_RETURN(const double through, EvaluateSizes(part, pass, part_sizes));
+    charges[l] = through - before;
+    before = through;
+  }
+  return charges;
+}
+
 }  // namespace
 
 absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64_t tokens,
@@ -59,21 +115,10 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
     return absl::InvalidArgumentError(
         absl::StrCat("AccTFM partitions need a tensor-parallel group of 2 or more, got ", tensor));
   }
-  AccTfmProblem problem;
-  problem.allreduce = RingModel(tensor, bandwidth_bytes_per_second, latency_seconds);
   std::vector<int> layer_units;  // the profile's index of each layer
-  for (size_t u = 0; u < profile.units.size(); ++u) {
-    const UnitProfile& unit = profile.units[u];
-    if (!IsBlockUnit(unit)) continue;
-    AccTfmLayer layer;
-    for (int k : kAccTfmSizes) {
-      layer.fwd_compute_seconds.push_back(PartitionSeconds(unit, k, true, tensor));
-      layer.bwd_compute_seconds.push_back(PartitionSeconds(unit, k, false, tensor));
-    }
-    layer.output_bytes = unit.activation_bytes * block_wire_fraction;
-    problem.layers.push_back(std::move(layer));
-    layer_units.push_back(static_cast<int>(u));
-  }
+  ASSIGN_OR_RETURN(const AccTfmProblem problem,
+                   BlockUnitsProblem(profile, tensor, bandwidth_bytes_per_second, latency_seconds,
+                                     block_wire_fraction, &layer_units));
   if (problem.layers.empty()) {
     return absl::InvalidArgumentError("the profile has no attention or MLP unit to partition");
   }
@@ -85,7 +130,9 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
     out.forward[layer_units[l]] = out.solution.forward.plan.partition_sizes[l];
     out.backward[layer_units[l]] = out.solution.backward.plan.partition_sizes[l];
   }
-  // The runtime's timeline (each unit alone): the block units' passes
+  // The runtime's timeline (TensorParallelUnitPasses: the block units'
+  // streamed charges, which add up to Alg. 1's timeline where every block
+  // unit shares a stage with its neighbours): the block units' passes
   // summed, forward and backward apart.
   const auto runtime_seconds =
       [&](const std::vector<int>& forward,
@@ -163,6 +210,26 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
       ASSIGN_OR_RETURN(lanes.backward.all_reduce_seconds,
                        AllReduceSeconds(model, profile.units[u - 1].activation_bytes));
     }
+  }
+  // The block units stream into each other: charge each its share of the
+  // run's timeline instead of its timeline alone.
+  std::vector<int> layer_units;
+  ASSIGN_OR_RETURN(const AccTfmProblem problem,
+                   BlockUnitsProblem(profile, tensor, bandwidth_bytes_per_second, latency_seconds,
+                                     block_wire_fraction, &layer_units));
+  if (problem.layers.empty()) return out;
+  std::vector<int> forward_sizes, backward_sizes;
+  for (int u : layer_units) {
+    forward_sizes.push_back(forward[u]);
+    backward_sizes.push_back(backward[u]);
+  }
+  ASSIGN_OR_RETURN(const std::vector<double> forward_charges,
+                   StreamedCharges(problem, AccTfmPass::kForward, forward_sizes));
+  ASSIGN_OR_RETURN(const std::vector<double> backward_charges,
+                   StreamedCharges(problem, AccTfmPass::kBackward, backward_sizes));
+  for (size_t l = 0; l < layer_units.size(); ++l) {
+    out[layer_units[l]].forward.charged_seconds = forward_charges[l];
+    out[layer_units[l]].backward.charged_seconds = backward_charges[l];
   }
   return out;
 }

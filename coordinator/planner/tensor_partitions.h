@@ -18,13 +18,15 @@
 // partitioned (size 1).
 //
 // Alg. 1's timeline lets a layer's first partition start once the previous
-// layer's matching partition is reduced; the runtime waits for a unit's
-// last all-reduce before the next unit starts (the overlap is inside each
-// unit). So the choice is checked against the runtime's own timeline, the
-// sum over the block units of each unit alone (TensorParallelUnitPasses):
-// where a uniform size is faster there, in a pass, that size is used for
-// the pass (forward_uniform_by_runtime / backward_uniform_by_runtime), so
-// the plan is never predicted slower than the best uniform size.
+// layer's matching partition is reduced, and so does the runtime between
+// the attention and MLP units of a stage (Unit::set_stream_output). The
+// choice is checked against the runtime's timeline as the simulator costs
+// it (TensorParallelUnitPasses, which charges each block unit its share of
+// that streamed timeline): where a uniform size is faster there, in a pass,
+// that size is used for the pass (forward_uniform_by_runtime /
+// backward_uniform_by_runtime), so the plan is never predicted slower than
+// the best uniform size. At run time, tensor_partitions_tune_steps then
+// checks the choice by measurement (worker/runtime/partition_tuner.h).
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_TENSOR_PARTITIONS_H_
 
@@ -70,10 +72,18 @@ absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64
 // for the planner and the simulator (the group is planned as one worker):
 // per unit the compute / T plus the all-reduces the rank waits for, each
 // by eq. 3 over a ring of T on the link:
-//   attention, MLP: the timeline of acctfm.h for the unit alone with K =
-//     forward[u] (backward[u]) partitions: the all-reduce of partition j
-//     (its bytes times block_wire_fraction) overlaps the compute of j + 1,
-//     the last one's is exposed;
+//   attention, MLP: K = forward[u] (backward[u]) partitions, the all-reduce
+//     of partition j (its bytes times block_wire_fraction) overlapping the
+//     compute of j + 1 and, as the runtime streams partitions from one
+//     block unit into the next, the next unit's first partitions: all block
+//     units together are acctfm.h's timeline (EvaluateSizes), and each is
+//     charged the end of that timeline through it minus the end through
+//     the unit before (backward: from the last unit), its
+//     TensorParallelPass::charged_seconds. This assumes every block unit
+//     shares a stage with its neighbours; at a stage cut the runtime waits
+//     for the last unit's all-reduces, which the charges leave out (an
+//     under-estimate of at most one partition's all-reduce per cut and
+//     pass). The lane fields still describe the unit alone, for drawing;
 //   embed: forward + one all-reduce of its output; backward compute only;
 //   head: forward + two all-reduces of a few floats per token (their
 //     latency only);

@@ -76,6 +76,33 @@ TEST(TensorParallelUnitCostsTest, BlocksOverlapTheirPartitions_EmbedAndHeadPayTh
   EXPECT_NEAR(k1->units[5].fwd_seconds, 0.005, 1e-9);         // latency 0
   EXPECT_EQ(TensorParallelUnitCosts(p, 2, {1}, whole, 1e9, 0).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // Streamed into mlp_0 (the runtime's AccTFM across units): its first half
+  // waits for attn_0's first sum (6.5 ms) and computes while attn_0's second
+  // sum runs; its sums end at 14.5 and 18.5 ms. Charged 18.5 - 10.5 = 8 ms,
+  // not the 10.5 of the unit alone; with whole micro-batches nothing
+  // overlaps across units either.
+  EXPECT_NEAR(k2->units[2].fwd_seconds, 0.008, 1e-9);
+  EXPECT_NEAR(k1->units[2].fwd_seconds, 0.013, 1e-9);
+  // The charges of the four block units add up to Alg. 1's timeline of
+  // the run, in both passes.
+  AccTfmProblem problem;
+  for (int l = 0; l < 4; ++l) {
+    AccTfmLayer layer;
+    for (int k : kAccTfmSizes) {
+      layer.fwd_compute_seconds.push_back(0.005 / k);
+      layer.bwd_compute_seconds.push_back(0.01 / k);
+      layer.allreduce_seconds.push_back(0.008 / k);
+    }
+    problem.layers.push_back(layer);
+  }
+  const std::vector<int> mixed = {1, 4, 1, 2, 4, 1};
+  absl::StatusOr<ModelProfile> costs = TensorParallelUnitCosts(p, 2, mixed, two, 1e9, 0);
+  ASSERT_TRUE(costs.ok()) << costs.status();
+  double forward = 0, backward = 0;
+  for (int u = 1; u <= 4; ++u) forward += costs->units[u].fwd_seconds;
+  for (int u = 1; u <= 4; ++u) backward += costs->units[u].bwd_seconds;
+  EXPECT_NEAR(forward, EvaluateSizes(problem, AccTfmPass::kForward, {4, 1, 2, 4}).value(), 1e-12);
+  EXPECT_NEAR(backward, EvaluateSizes(problem, AccTfmPass::kBackward, {2, 2, 2, 2}).value(), 1e-12);
 }
 
 // AccTFM's hybrid compression shrinks only the block units' all-reduces:
@@ -128,7 +155,8 @@ TEST(ChooseTensorPartitionsTest, MeasuredPartitionTimes_UsedInsteadOfComputeOver
 }
 
 // The choice is never predicted slower than a uniform size on the
-// runtime's timeline (each unit alone), on random profiles and links.
+// runtime's timeline (the block units streamed into each other), on random
+// profiles and links.
 TEST(ChooseTensorPartitionsTest, NeverSlowerThanUniformOnTheRuntimeTimeline) {
   for (int seed = 0; seed < 200; ++seed) {
     ModelProfile p = Profile(0.01, 8e6);

@@ -299,9 +299,10 @@ std::vector<std::string> WorkerMetricsPages(LocalCluster& cluster, const char* w
   return pages;
 }
 
-// The partition counts the workers kept after measuring (tensor_partitions
-// 0 with tuning), when they report any.
-void PrintTunedPartitions(LocalCluster& cluster) {
+// From the workers' metrics: the partition counts they kept after measuring
+// (tensor_partitions 0 with tuning), when they report any, and how much of
+// the tensor-parallel all-reduce time their compute hid.
+void PrintTensorParallelSummary(LocalCluster& cluster) {
   const std::vector<std::string> pages = WorkerMetricsPages(cluster, "tuned partitions");
   absl::StatusOr<std::string> tuned = FormatTunedPartitions(pages);
   if (!tuned.ok()) {
@@ -309,6 +310,10 @@ void PrintTunedPartitions(LocalCluster& cluster) {
     return;
   }
   if (!tuned->empty()) std::printf("tensor partitions kept by measurement: %s\n", tuned->c_str());
+  absl::StatusOr<std::string> overlap = FormatTensorParallelOverlap(pages);
+  if (overlap.ok() && !overlap->empty()) {
+    std::printf("tensor-parallel %s (summed over the workers)\n", overlap->c_str());
+  }
 }
 
 void PrintLinkSummary(LocalCluster& cluster) {
@@ -607,7 +612,7 @@ int RunUp(const std::vector<std::string>& args) {
       std::printf("tensor partitions per unit: forward [%s], backward [%s]\n",
                   absl::StrJoin(plan.tensor_partitions_forward(), ",").c_str(),
                   absl::StrJoin(plan.tensor_partitions_backward(), ",").c_str());
-      PrintTunedPartitions(**cluster);
+      PrintTensorParallelSummary(**cluster);
     }
     // The simulator's prediction next to what the steps took (validation
     // passes and checkpoints included when they ran).

@@ -1,5 +1,6 @@
 #include "cli/link_summary.h"
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -119,6 +120,28 @@ absl::StatusOr<std::string> FormatTunedPartitions(const std::vector<std::string>
                                  absl::StrJoin(seen.backward, "|")));
   }
   return absl::StrJoin(parts, ", ");
+}
+
+absl::StatusOr<std::string> FormatTensorParallelOverlap(const std::vector<std::string>& pages) {
+  double all_reduce = 0, waited = 0;
+  for (const std::string& page : pages) {
+    ASSIGN_OR_RETURN(std::vector<MetricSample> samples, ParsePrometheusText(page));
+    for (const MetricSample& s : samples) {
+      if (s.name == "pipetrain_collective_seconds_total") {
+        auto purpose = s.labels.find("purpose");
+        if (purpose != s.labels.end() && purpose->second == "tensor_parallel")
+          all_reduce += s.value;
+      } else if (s.name == "pipetrain_tensor_parallel_waited_seconds_total") {
+        waited += s.value;
+      }
+    }
+  }
+  if (all_reduce <= 0) return std::string();
+  // Waiting also counts a queued all-reduce's wait for the background
+  // thread, so it can exceed the all-reduce time: then nothing is hidden.
+  const double hidden = std::max(0.0, 1 - waited / all_reduce);
+  return absl::StrFormat("all-reduces %.1f s, waited %.1f s: %.0f %% hidden behind compute",
+                         all_reduce, waited, 100 * hidden);
 }
 
 }  // namespace pipetrain

@@ -85,5 +85,25 @@ TEST(FormatTunedPartitions, ModelOrderForwardSlashBackwardDisagreementsListed) {
   EXPECT_EQ(FormatTunedPartitions({"pipetrain_iterations_total 3\n"}).value(), "");
 }
 
+TEST(FormatTensorParallelOverlap, AllReduceTimeAgainstWaitedSummedOverWorkers) {
+  const std::string a =
+      "pipetrain_collective_seconds_total{purpose=\"tensor_parallel\"} 6\n"
+      "pipetrain_collective_seconds_total{purpose=\"data_parallel\"} 100\n"
+      "pipetrain_tensor_parallel_waited_seconds_total 1\n";
+  const std::string b =
+      "pipetrain_collective_seconds_total{purpose=\"tensor_parallel\"} 4\n"
+      "pipetrain_tensor_parallel_waited_seconds_total 2.5\n";
+  EXPECT_EQ(FormatTensorParallelOverlap({a, b}).value(),
+            "all-reduces 10.0 s, waited 3.5 s: 65 % hidden behind compute");
+  // Waiting longer than the all-reduces took (a queued one's wait for the
+  // background thread) hides nothing.
+  EXPECT_EQ(FormatTensorParallelOverlap({"pipetrain_collective_seconds_total{purpose=\""
+                                         "tensor_parallel\"} 1\n"
+                                         "pipetrain_tensor_parallel_waited_seconds_total 2\n"})
+                .value(),
+            "all-reduces 1.0 s, waited 2.0 s: 0 % hidden behind compute");
+  EXPECT_EQ(FormatTensorParallelOverlap({"pipetrain_iterations_total 3\n"}).value(), "");
+}
+
 }  // namespace
 }  // namespace pipetrain

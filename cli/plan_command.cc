@@ -36,7 +36,7 @@ struct PlanFlags {
   bool json = false;
   // Data parallelism: "1" (none), a replica count D, or "auto".
   std::string data = "1";
-  double distpar_beta = 1;
+  double distpar_beta = kCalibratedBeta;  // 1 where nothing calibrates it
   // Tensor parallelism: a group of this many devices (0: none). For now
   // only DistPar's layout report of one block (tensor_layout_report.h).
   int tensor = 0;
@@ -205,11 +205,11 @@ void PrintPlan(const SolvedPlan& plan, const ClusterSpec& cluster, const ModelPr
         d, stages, dp.cluster->workers.size(), replicas.c_str(), dp.micro_batches, per_replica,
         d - 1, dp.cluster->bandwidth_bytes_per_second, dp.cluster->latency_seconds);
   }
-  std::printf("solver %s (objective %s): bottleneck %.6g s, predicted iteration %.6g s, "
-              "bubble %.1f %%, solved in %.3g s\n",
-              plan.solver.c_str(), plan.objective.c_str(), plan.bottleneck_seconds,
-              plan.simulation.iteration_seconds, 100 * plan.simulation.bubble_fraction,
-              plan.solve_seconds);
+  std::printf(
+      "solver %s (objective %s): bottleneck %.6g s, predicted iteration %.6g s, "
+      "bubble %.1f %%, solved in %.3g s\n",
+      plan.solver.c_str(), plan.objective.c_str(), plan.bottleneck_seconds,
+      plan.simulation.iteration_seconds, 100 * plan.simulation.bubble_fraction, plan.solve_seconds);
   for (const auto& [solver, seconds] : plan.candidates) {
     std::printf("  candidate %-12s predicted %.6g s\n", solver.c_str(), seconds);
   }
@@ -257,7 +257,8 @@ absl::StatusOr<ModelProfile> LoadProfile(const PlanFlags& f) {
 
 int RunAccTfm(const PlanFlags& f) {
   auto text = ReadFile(f.profile, "profile");
-  if (!text.ok()) return std::fprintf(stderr, "pipetrain plan: %s\n", text.status().ToString().c_str()), 1;
+  if (!text.ok())
+    return std::fprintf(stderr, "pipetrain plan: %s\n", text.status().ToString().c_str()), 1;
   absl::StatusOr<AccTfmProblem> problem = ParseAccTfmProfileJson(*text);
   if (!problem.ok()) {
     return std::fprintf(stderr, "pipetrain plan: %s: %s\n", f.profile.c_str(),
@@ -304,7 +305,9 @@ FlagSet PlanFlagSet(PlanFlags& f) {
                "divides the workers and --micro-batches) or auto (every such layout, the fastest "
                "simulated step chosen)");
   flags.Double("distpar-beta", &f.distpar_beta,
-               "weight of communication in DistPar's layout cost (distpar.txt 3.4)");
+               "weight of communication in DistPar's layout cost (distpar.txt 3.4); default: "
+               "with --tensor and --bandwidth-gbps, calibrated from --gflops and the bandwidth "
+               "(CalibratedBeta), else 1");
   flags.Int("tensor", &f.tensor,
             "tensor-parallel group T >= 2: print DistPar's layout per linear layer of one block "
             "(the analytic model's --d-model, --seq-len, --micro-batch-size; planner output only)");
@@ -327,8 +330,10 @@ int RunPlan(const std::vector<std::string>& args) {
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
   if (parsed.ok() && f.tensor != 0) {  // needs only the block's dimensions
-    absl::StatusOr<std::string> report = TensorLayoutReport(
-        {f.tensor, f.distpar_beta, int64_t{f.micro_batch_size} * f.seq_len, f.d_model}, f.json);
+    absl::StatusOr<std::string> report =
+        TensorLayoutReport({f.tensor, f.distpar_beta, int64_t{f.micro_batch_size} * f.seq_len,
+                            f.d_model, f.gflops, f.bandwidth_gbps},
+                           f.json);
     if (!report.ok()) {
       std::fprintf(stderr, "pipetrain plan: %s\n", std::string(report.status().message()).c_str());
       return 2;
@@ -337,7 +342,8 @@ int RunPlan(const std::vector<std::string>& args) {
     return 0;
   }
   if (parsed.ok() && f.profile.empty() == (f.layers <= 0)) {
-    parsed = absl::InvalidArgumentError("give --profile FILE or --layers N (an analytic GPT-2 profile)");
+    parsed =
+        absl::InvalidArgumentError("give --profile FILE or --layers N (an analytic GPT-2 profile)");
   }
   if (parsed.ok() && f.profile.empty() && f.solver == "acctfm") {
     parsed = absl::InvalidArgumentError("--solver acctfm needs --profile (its own format)");
@@ -349,8 +355,8 @@ int RunPlan(const std::vector<std::string>& args) {
     parsed = absl::InvalidArgumentError("give either --cluster or --workers N (N >= 1)");
   }
   if (parsed.ok() && (f.bandwidth_gbps < 0 || f.latency_us < 0 || f.memory_gib < 0)) {
-    parsed = absl::InvalidArgumentError(
-        "--bandwidth-gbps, --latency-us and --memory-gib must be >= 0");
+    parsed =
+        absl::InvalidArgumentError("--bandwidth-gbps, --latency-us and --memory-gib must be >= 0");
   }
   absl::StatusOr<Schedule> schedule = ParseSchedule(f.schedule);
   if (parsed.ok() && !schedule.ok()) parsed = schedule.status();
@@ -388,6 +394,8 @@ int RunPlan(const std::vector<std::string>& args) {
   LayoutOptions options;
   options.data_parallel = *data;
   options.micro_batches = f.micro_batches;
+  // The data-parallel layout's beta is not calibrated: 1 unless given.
+  if (f.distpar_beta == kCalibratedBeta) f.distpar_beta = 1;
   options.distpar_beta = f.distpar_beta;
   options.plan.solver = f.solver;
   options.plan.objective = f.objective;
@@ -408,10 +416,12 @@ int RunPlan(const std::vector<std::string>& args) {
                                names.size(), " stages, ", f.micro_batches / plan->data_parallel,
                                " of ", f.micro_batches, " micro-batches per replica, ", f.schedule);
     }
-    if (auto s = WriteFile(f.svg, TimelineSvg(plan->simulation, names, svg)); !s.ok()) return fail(s);
+    if (auto s = WriteFile(f.svg, TimelineSvg(plan->simulation, names, svg)); !s.ok())
+      return fail(s);
   }
   if (!f.trace.empty()) {
-    if (auto s = WriteFile(f.trace, ChromeTraceJson(plan->simulation, names)); !s.ok()) return fail(s);
+    if (auto s = WriteFile(f.trace, ChromeTraceJson(plan->simulation, names)); !s.ok())
+      return fail(s);
   }
   return 0;
 }

@@ -1,5 +1,6 @@
 #include "cli/tensor_layout_report.h"
 
+#include <cmath>
 #include <utility>
 #include <vector>
 
@@ -44,20 +45,37 @@ absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& reques
     return absl::InvalidArgumentError(
         "--seq-len, --micro-batch-size and --d-model must be >= 1 for --tensor");
   }
-  if (!(request.beta >= 0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--distpar-beta must be >= 0, got ", request.beta));
-  }
   LayoutProblem problem;
   problem.layers = GptBlockLayers(request.tokens, request.d_model);
   problem.devices = request.devices;
   problem.beta = request.beta;
+  std::string beta_source;  // how a calibrated beta was derived
+  if (!(request.beta >= 0) && request.beta != kCalibratedBeta) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--distpar-beta must be >= 0, got ", request.beta));
+  }
+  if (request.beta == kCalibratedBeta) {
+    problem.beta = 1;
+    if (request.bandwidth_gbps > 0) {
+      absl::StatusOr<double> calibrated =
+          CalibratedBeta(problem.layers, request.gflops * 1e9, request.bandwidth_gbps * 1e9 / 8);
+      if (!calibrated.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--gflops and --bandwidth-gbps: ", calibrated.status().message()));
+      }
+      problem.beta = *calibrated;
+      beta_source = absl::StrFormat(" (calibrated: %g GFLOP/s, %g Gbit/s)", request.gflops,
+                                    request.bandwidth_gbps);
+    }
+  }
+  TensorLayoutRequest used = request;
+  used.beta = problem.beta;
   absl::StatusOr<LayoutScheme> best = SolveLayouts(problem);
   if (!best.ok()) return best.status();
 
   if (json) {
     ordered_json out = {{"devices", request.devices},
-                        {"beta", request.beta},
+                        {"beta", used.beta},
                         {"tokens", request.tokens},
                         {"d_model", request.d_model}};
     ordered_json layers = ordered_json::array();
@@ -92,9 +110,9 @@ absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& reques
 
   std::string text = absl::StrFormat(
       "# tensor-parallel layouts of one GPT-2 block (DistPar, distpar.txt 3.2-3.4): %d devices, "
-      "beta %g, %d tokens, d_model %d\n"
+      "beta %g%s, %d tokens, d_model %d\n"
       "# planner output only: jobs run Megatron's column-row layout (spec.parallelism.tensor)\n",
-      request.devices, request.beta, request.tokens, request.d_model);
+      request.devices, used.beta, beta_source, request.tokens, request.d_model);
   absl::StrAppendFormat(&text, "%-22s %-20s %-10s\n", "LAYER", "M x K x N", "LAYOUT");
   for (size_t i = 0; i < problem.layers.size(); ++i) {
     const MatmulLayer& l = problem.layers[i];
@@ -109,7 +127,7 @@ absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& reques
                           SbpName(c.to), c.collective, c.elements);
   }
   absl::StrAppendFormat(&text, "cost: computation %.4g + %g x communication %.4g = %.4g\n",
-                        best->computation, request.beta, best->communication, best->cost);
+                        best->computation, used.beta, best->communication, best->cost);
   for (const auto& [name, layouts] : FixedSchemes(request.devices)) {
     const LayoutScheme fixed = EvaluateLayouts(problem, layouts);
     absl::StrAppendFormat(&text, "  vs %-10s (%s): %.4g (%+.1f%%)\n", name, Joined(layouts),

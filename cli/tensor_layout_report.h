@@ -14,15 +14,25 @@
 
 namespace pipetrain {
 
+// TensorLayoutRequest::beta's "derive it from the machine" (the plan
+// command's default for --distpar-beta).
+inline constexpr double kCalibratedBeta = -1;
+
 struct TensorLayoutRequest {
-  int devices = 2;        // T >= 2
-  double beta = 1;        // DistPar's weight of communication, >= 0
+  int devices = 2;  // T >= 2
+  // DistPar's weight of communication, >= 0; kCalibratedBeta:
+  // CalibratedBeta from gflops and bandwidth_gbps when the bandwidth is
+  // given, else 1.
+  double beta = 1;
   int64_t tokens = 1024;  // micro-batch size x sequence length
   int64_t d_model = 768;
+  double gflops = 100;        // the devices' GEMM rate, for a calibrated beta
+  double bandwidth_gbps = 0;  // the link's, in Gbit/s; 0: not given
 };
 
 // The report as text (json = false) or JSON. INVALID_ARGUMENT naming the
-// flag for T < 2, beta < 0, or non-positive dimensions.
+// flag for T < 2, beta < 0 (other than kCalibratedBeta), non-positive
+// dimensions, or a calibration from a non-positive GEMM rate.
 absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& request, bool json);
 
 }  // namespace pipetrain

@@ -242,6 +242,30 @@ std::string MatmulLayoutName(MatmulLayout layout) {
   return "?";
 }
 
+absl::StatusOr<double> CalibratedBeta(const std::vector<MatmulLayer>& layers,
+                                      double flops_per_second, double bandwidth_bytes_per_second) {
+  if (!(flops_per_second > 0) || !std::isfinite(flops_per_second) ||
+      !(bandwidth_bytes_per_second > 0) || !std::isfinite(bandwidth_bytes_per_second)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a calibrated beta needs a positive GEMM rate and link bandwidth, got ",
+                     flops_per_second, " FLOP/s and ", bandwidth_bytes_per_second, " bytes/s"));
+  }
+  if (layers.empty()) return absl::InvalidArgumentError("a calibrated beta needs layers");
+  double flops = 0, elements = 0;
+  for (const MatmulLayer& l : layers) {
+    if (l.m < 1 || l.k < 1 || l.n < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", l.name, " has a non-positive dimension"));
+    }
+    const double m = static_cast<double>(l.m), k = static_cast<double>(l.k),
+                 n = static_cast<double>(l.n);
+    flops += 2 * m * k * n;
+    elements += m * k + k * n + m * n;
+  }
+  const double flops_per_element = flops / elements;
+  return 4 * flops_per_second / (bandwidth_bytes_per_second * flops_per_element);
+}
+
 std::vector<MatmulLayer> GptBlockLayers(int64_t tokens, int64_t d_model) {
   return {
       {"qkv", tokens, d_model, 3 * d_model, Joiner::kAttention},

@@ -59,9 +59,10 @@
 // element is worth (§3.4 introduces it as the ratio of the two costs; its
 // best value depends on the model and the machine, §4.2).
 //
-// Not yet: pricing from measured link and compute speeds instead of
-// element counts; the simulator's tensor-parallel lanes; a job that runs
-// the chosen layouts.
+// beta from the machine: CalibratedBeta below turns a device's GEMM rate
+// and its link's bandwidth into the beta that makes the cost proportional
+// to time. Not yet: a job that runs the chosen layouts (jobs run one
+// layout for every block: 1-D column-row or the 3-D cube).
 //
 // All functions are pure and thread-safe.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_DISTPAR_LAYOUT_H_
@@ -145,6 +146,20 @@ absl::StatusOr<LayoutScheme> SolveLayouts(const LayoutProblem& problem);
 // problem and one layout per layer (checked).
 LayoutScheme EvaluateLayouts(const LayoutProblem& problem,
                              const std::vector<MatmulLayout>& layouts);
+
+// beta for a machine (distpar.txt §3.4 leaves its value to the user): the
+// seconds one communicated element takes (4 bytes over the link's
+// `bandwidth_bytes_per_second`) over the seconds one computed element
+// stands for. The cost model counts a matmul product's work by its
+// operands' elements, mk + kn + mn, while it takes 2 mkn FLOPs; so one
+// computed element of `layers` is sum(2 mkn) / sum(mk + kn + mn) FLOPs at
+// `flops_per_second`. Both costs are totals over the group, shared alike
+// by its devices and their links, so the group size cancels:
+//   beta = 4 flops_per_second / (bandwidth x FLOPs per computed element).
+// INVALID_ARGUMENT for no layers, a non-positive dimension, or a rate or
+// bandwidth that is not positive and finite.
+absl::StatusOr<double> CalibratedBeta(const std::vector<MatmulLayer>& layers,
+                                      double flops_per_second, double bandwidth_bytes_per_second);
 
 // Every assignment tried; for tests on small chains (at most 8 layers).
 absl::StatusOr<LayoutScheme> SolveLayoutsBruteForce(const LayoutProblem& problem);

@@ -156,5 +156,30 @@ TEST(DistParLayoutTest, BadProblems_InvalidArgument) {
   EXPECT_EQ(SolveLayouts(LayoutProblem{}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// beta from the machine: one [1024, 768] x [768, 2304] product is 2 x 1024
+// x 768 x 2304 FLOPs over 1024 x 768 + 768 x 2304 + 1024 x 2304 elements
+// (737.28 FLOPs each); at 100 GFLOP/s and 10 Gbit/s (1.25e9 bytes/s)
+// an element sent costs 3.2 ns, one computed 7.37 ns: beta 0.434.
+// Ten times the bandwidth, a tenth of beta; twice the rate, twice.
+TEST(CalibratedBetaTest, RatioOfSecondsPerCommunicatedAndComputedElement) {
+  const std::vector<MatmulLayer> one = {{"qkv", 1024, 768, 2304, Joiner::kAttention}};
+  const double per_element =
+      2.0 * 1024 * 768 * 2304 / (1024.0 * 768 + 768.0 * 2304 + 1024.0 * 2304);
+  const double beta = CalibratedBeta(one, 1e11, 1.25e9).value();
+  EXPECT_NEAR(beta, 4 * 1e11 / (1.25e9 * per_element), 1e-12);
+  EXPECT_NEAR(beta, 0.434, 1e-3);
+  EXPECT_NEAR(CalibratedBeta(one, 1e11, 1.25e10).value(), beta / 10, 1e-12);
+  EXPECT_NEAR(CalibratedBeta(one, 2e11, 1.25e9).value(), 2 * beta, 1e-12);
+  // A GPT-2 block averages its four products by their FLOPs and elements.
+  const double block = CalibratedBeta(GptBlockLayers(1024, 768), 1e11, 1.25e9).value();
+  EXPECT_GT(block, 0.3);
+  EXPECT_LT(block, 0.6);
+  EXPECT_EQ(CalibratedBeta(one, 0, 1e9).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CalibratedBeta(one, 1e11, -1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CalibratedBeta({}, 1e11, 1e9).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CalibratedBeta({{"bad", 0, 1, 1, Joiner::kRowwise}}, 1e11, 1e9).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -84,12 +84,7 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
       StartTensorParallelTokenSparseSum(part, AttentionColumnSums(p.data(), b, H, T), T, &kept[j]);
     } else {
       StartTensorParallelSum(part);
-      if (stream) {
-        // The residual of these rows once their sum is there.
-        AddPendingOutputRows(r, r + rows, [this, x, y, r, rows, d]() mutable {
-          backend()->Add(y.data() + r * d, x.data() + r * d, int64_t{rows} * d, y.data() + r * d);
-        });
-      }
+      if (stream) AddPendingResidualRows(x, y, r, rows, d);  // the residual, once summed
     }
   }
   ResolveAllInput();
@@ -144,17 +139,9 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch, const 
       StartTensorParallelSum(part);
       if (stream) {
         // Once these rows of dL/d(ln output) are summed: the LayerNorm's
-        // backward over them (adding to its gradients) and the residual.
-        AddPendingOutputRows(
-            r, r + rows,
-            [this, x = s[kX], mean = s[kLnMean], rstd = s[kLnRstd], dln, dx, dy, r, rows,
-             d]() mutable {
-              backend()->LayerNormBackward(x.data() + r * d, ln_w_->value.data(), mean.data() + r,
-                                           rstd.data() + r, dln.data() + r * d, rows, d,
-                                           dx.data() + r * d, ln_w_->grad.data(),
-                                           ln_b_->grad.data());
-              backend()->AddInPlace(dx.data() + r * d, dy.data() + r * d, int64_t{rows} * d);
-            });
+        // backward over them and the residual.
+        AddPendingLayerNormBackwardRows(s[kX], s[kLnMean], s[kLnRstd], dln, dx, dy, ln_w_, ln_b_, r,
+                                        rows, d);
       }
     }
   }

@@ -97,6 +97,26 @@ void Unit::AddPendingOutputRows(int64_t begin, int64_t end, std::function<void()
   tickets_.pop_back();
 }
 
+void Unit::AddPendingResidualRows(Tensor x, Tensor y, int64_t row, int64_t rows, int64_t width) {
+  AddPendingOutputRows(row, row + rows, [this, x, y, row, rows, width]() mutable {
+    backend_->Add(y.data() + row * width, x.data() + row * width, rows * width,
+                  y.data() + row * width);
+  });
+}
+
+void Unit::AddPendingLayerNormBackwardRows(Tensor x, Tensor mean, Tensor rstd, Tensor dln,
+                                           Tensor dx, Tensor dy, Parameter* ln_w, Parameter* ln_b,
+                                           int64_t row, int64_t rows, int64_t width) {
+  AddPendingOutputRows(
+      row, row + rows, [this, x, mean, rstd, dln, dx, dy, ln_w, ln_b, row, rows, width]() mutable {
+        backend_->LayerNormBackward(x.data() + row * width, ln_w->value.data(), mean.data() + row,
+                                    rstd.data() + row, dln.data() + row * width,
+                                    static_cast<int>(rows), static_cast<int>(width),
+                                    dx.data() + row * width, ln_w->grad.data(), ln_b->grad.data());
+        backend_->AddInPlace(dx.data() + row * width, dy.data() + row * width, rows * width);
+      });
+}
+
 void Unit::PassPendingTo(Unit* next) {
   PT_CHECK(next->pending_in_.empty()) << next->name_ << " still holds pending input rows";
   next->pending_in_ = std::move(pending_out_);

@@ -180,6 +180,17 @@ class Unit {
   // once it is waited for; the caller then returns without
   // WaitTensorParallelSums (the tickets move to the pending rows).
   void AddPendingOutputRows(int64_t begin, int64_t end, std::function<void()> finish);
+  // The two kinds of pending rows the residual blocks (attention, MLP)
+  // stream, on the last all-reduce started, rows [row, row + rows) of
+  // `width` values: forward, y's rows += x's once summed (the residual);
+  // backward, once dln's rows are summed, the LayerNorm's backward over
+  // them into dx (adding to ln_w's and ln_b's gradients; mean and rstd of
+  // its forward on x) and dx += dy (the residual path). The tensors are
+  // kept alive by the pending rows.
+  void AddPendingResidualRows(Tensor x, Tensor y, int64_t row, int64_t rows, int64_t width);
+  void AddPendingLayerNormBackwardRows(Tensor x, Tensor mean, Tensor rstd, Tensor dln, Tensor dx,
+                                       Tensor dy, Parameter* ln_w, Parameter* ln_b, int64_t row,
+                                       int64_t rows, int64_t width);
   // Waits for and finishes the handed-over input rows that overlap
   // [begin, end), in the order they were registered; ResolveAllInput all.
   void ResolveInputRows(int64_t begin, int64_t end);

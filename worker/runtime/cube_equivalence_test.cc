@@ -35,25 +35,16 @@ using testing::SmallConfig;
 // 256 (p^3 = 8 divides it), micro-batches of 4 samples (p^2: each rank's
 // rows are whole sequences), clipping on every step, warm-up then cosine.
 TrainConfig CubeConfig() {
-  TrainConfig c = SmallConfig();
+  TrainConfig c = testing::WithClippingAndCosine(SmallConfig());
   c.model.n_head = 4;
   c.batch_size = 16;
   c.micro_batches = 4;
-  c.grad_clip = 0.05f;
-  c.lr_schedule = LrSchedule::kCosine;
-  c.warmup_steps = 3;
-  c.min_lr = c.adam.lr / 10;
   return c;
 }
 
 void ExpectMatchesLocal(const TrainConfig& c, const RunOutput& pipe, const RunOutput& local,
                         const std::string& what) {
-  ASSERT_EQ(pipe.losses.size(), local.losses.size()) << what;
-  testing::ExpectLossesClose(pipe.losses, local.losses, what + " losses");
-  testing::ExpectLossesClose(pipe.val_losses, local.val_losses, what + " validation losses");
-  EXPECT_EQ(pipe.val_losses.size(), 3u) << what;  // after steps 4, 8 and 10
-  testing::ExpectWeightsClose(pipe.weights, local.weights, c.model.d_model, c.adam.lr,
-                              testing::kIterations, what, testing::kTensorParallelWeightsRelative);
+  testing::ExpectRunMatchesLocal(c, pipe, local, what, testing::kTensorParallelWeightsRelative);
 }
 
 class CubeEquivalenceTest : public ::testing::TestWithParam<std::tuple<int, std::string>> {};

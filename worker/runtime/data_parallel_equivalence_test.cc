@@ -28,23 +28,15 @@ using testing::SmallConfig;
 // 6 micro-batches of 2 sequences: divisible by 2 and 3 replicas. Clipping
 // is on every step; warm-up then cosine decay.
 TrainConfig DataParallelConfig() {
-  TrainConfig c = SmallConfig();
+  TrainConfig c = testing::WithClippingAndCosine(SmallConfig());
   c.batch_size = 12;
   c.micro_batches = 6;
-  c.grad_clip = 0.05f;
-  c.lr_schedule = LrSchedule::kCosine;
-  c.warmup_steps = 3;
-  c.min_lr = c.adam.lr / 10;
   return c;
 }
 
 void ExpectMatchesLocal(const TrainConfig& c, const RunOutput& pipe, const RunOutput& local,
                         const std::string& what) {
-  testing::ExpectLossesClose(pipe.losses, local.losses, what + " losses");
-  testing::ExpectLossesClose(pipe.val_losses, local.val_losses, what + " validation losses");
-  EXPECT_EQ(pipe.val_losses.size(), 3u) << what;  // after steps 4, 8 and 10
-  testing::ExpectWeightsClose(pipe.weights, local.weights, c.model.d_model, c.adam.lr,
-                              testing::kIterations, what);
+  testing::ExpectRunMatchesLocal(c, pipe, local, what, testing::kDataParallelRelative);
 }
 
 class DataParallelEquivalenceTest

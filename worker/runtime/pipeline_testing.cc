@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "worker/data/synthetic_text.h"
 #include "worker/model/weights_io.h"
+#include "worker/runtime/data_parallel_testing.h"
 #include "worker/runtime/in_process_device_channel.h"
 #include "worker/runtime/stage_runtime.h"
 #include "worker/train/local_trainer.h"
@@ -29,6 +30,24 @@ TrainConfig SmallConfig() {
   c.eval_interval = 4;
   c.eval_windows = 7;
   return c;
+}
+
+TrainConfig WithClippingAndCosine(TrainConfig c) {
+  c.grad_clip = 0.05f;
+  c.lr_schedule = LrSchedule::kCosine;
+  c.warmup_steps = 3;
+  c.min_lr = c.adam.lr / 10;
+  return c;
+}
+
+void ExpectRunMatchesLocal(const TrainConfig& c, const RunOutput& pipe, const RunOutput& local,
+                           const std::string& what, double weights_relative) {
+  ASSERT_EQ(pipe.losses.size(), local.losses.size()) << what;
+  ExpectLossesClose(pipe.losses, local.losses, what + " losses");
+  ExpectLossesClose(pipe.val_losses, local.val_losses, what + " validation losses");
+  EXPECT_EQ(pipe.val_losses.size(), 3u) << what;  // after steps 4, 8 and 10
+  ExpectWeightsClose(pipe.weights, local.weights, c.model.d_model, c.adam.lr, kIterations, what,
+                     weights_relative);
 }
 
 Dataset MakeDataset() {

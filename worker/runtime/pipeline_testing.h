@@ -28,6 +28,10 @@ constexpr int kIterations = 10;
 TrainConfig SmallConfig();
 // Generated English text, seq 16, 10% validation.
 Dataset MakeDataset();
+// `c` as the parallel equivalence tests train it: gradients clipped on
+// every step (global norm 0.05), 3 warm-up steps then cosine decay to
+// lr / 10.
+TrainConfig WithClippingAndCosine(TrainConfig c);
 
 struct RunOutput {
   std::vector<float> losses;
@@ -42,6 +46,14 @@ struct RunOutput {
   std::map<std::string, int64_t> collectives;
   std::map<std::string, int64_t> collective_bytes;  // wire bytes
 };
+
+// Expects `pipe` to equal `local` as data_parallel_testing.h defines it:
+// losses and validation losses (3 passes, after steps 4, 8 and 10) within
+// kDataParallelRelative, weights within `weights_relative` of each
+// tensor's largest magnitude (the key bias to Adam's bound). `what` names
+// the run in failures.
+void ExpectRunMatchesLocal(const TrainConfig& c, const RunOutput& pipe, const RunOutput& local,
+                           const std::string& what, double weights_relative);
 
 // LocalTrainer on `backend` for `iterations` steps.
 RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend = CpuBackend(),

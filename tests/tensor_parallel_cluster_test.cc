@@ -12,7 +12,8 @@
 // amplifies that for small gradients (worker/runtime/data_parallel_testing.h
 // says why, and how the key bias is held). Bad input is refused naming the
 // field. With tensor_mode 3d the 8 workers form one 2 x 2 x 2 cube of 3-D
-// linear layers and LayerNorms, and must match train-local the same way.
+// linear layers and LayerNorms, and 16 workers two cubes as two pipeline
+// stages, and must match train-local the same way.
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -123,6 +124,27 @@ TEST_F(TensorParallelClusterTest, Cube_TensorEight_MatchesTrainLocal) {
     ExpectMatchesTrainLocal(cluster_, spec_of(8, schedule, "cube-" + schedule + ".safetensors"),
                             ref);
   }
+}
+
+// 16 workers: the 2 x 2 x 2 cube composed with 2 pipeline stages across
+// processes (stage s's eight ranks form its cube; activations and
+// gradients cross stages as full tensors, all-gathered out of each cube),
+// 1F1B, against train-local of the same global batch.
+class CubePipelineClusterTest : public testing::SharedClusterTest {
+ protected:
+  static void SetUpTestSuite() { StartSharedCluster("tp-cube", 16); }
+};
+
+TEST_F(CubePipelineClusterTest, CubeOverTwoStages_MatchesTrainLocal) {
+  auto spec_of = [](int tensor, int stages, const std::string& weights_path) {
+    v1::JobSpec spec = testing::ParallelTestSpec(
+        {"tensor-parallel-3d", 4, 16, 4, 7, stages, "1f1b", weights_path});
+    spec.mutable_parallelism()->set_tensor(tensor);
+    if (tensor > 1) spec.mutable_parallelism()->set_tensor_mode("3d");
+    return spec;
+  };
+  const Reference ref = TrainLocally(spec_of(1, 1, ""));
+  ExpectMatchesTrainLocal(cluster_, spec_of(8, 2, "cube-p2.safetensors"), ref);
 }
 
 // The sum over the cluster's 8 workers of the metric samples whose line

@@ -34,49 +34,43 @@ std::vector<float> ToVector(const Tensor& t) {
 
 CubeBlockUnit::CubeBlockUnit(const GptConfig& config, int index, Backend* backend,
                              CubeUnitGroup* group)
-    : Unit(UnitKindAt(config, index) == UnitKind::kAttention
-               ? absl::StrCat("attn_", UnitLayer(config, index))
-               : absl::StrCat("mlp_", UnitLayer(config, index)),
-           UnitKindAt(config, index), backend),
+    : Unit(UnitName(config, index), UnitKindAt(config, index), backend),
       config_(config),
       group_(group) {
-  PT_CHECK(kind() == UnitKind::kAttention || kind() == UnitKind::kMlp)
+  PT_CHECK(IsBlockUnitKind(kind()))
       << "a cube unit at index " << index << ", which is neither attention nor MLP";
   PT_CHECK(backend == CpuBackend()) << "3-D tensor parallelism runs on the CPU backend only";
   const int p = group->p();
   const absl::Status valid = ValidateCubeTensorParallel(config, p * p * p, int64_t{p} * p);
   PT_CHECK(valid.ok()) << valid;
   const int64_t d = config.d_model;
-  const std::string prefix = absl::StrCat("h.", UnitLayer(config, index), ".");
   const float residual_std = 0.02f / std::sqrt(2.0f * config.n_layer);
-  // The six parameters in the Units' order (cube_blocks.h "Parameters").
-  if (kind() == UnitKind::kAttention) {
-    ln_w_ = AddCubeParameter(prefix + "ln_1.weight", {d}, ParamInit::kOnes, 0, false,
-                             CubeOperand::kVector, false, false);
-    ln_b_ = AddCubeParameter(prefix + "ln_1.bias", {d}, ParamInit::kZeros, 0, false,
-                             CubeOperand::kVector, false, false);
-    in_w_ = AddCubeParameter(prefix + "attn.c_attn.weight", {d, 3 * d}, ParamInit::kNormal, 0.02f,
-                             true, CubeOperand::kWeight, false, true);
-    in_b_ = AddCubeParameter(prefix + "attn.c_attn.bias", {3 * d}, ParamInit::kZeros, 0, false,
-                             CubeOperand::kVector, true, true);
-    out_w_ = AddCubeParameter(prefix + "attn.c_proj.weight", {d, d}, ParamInit::kNormal,
-                              residual_std, true, CubeOperand::kWeight, true, false);
-    out_b_ = AddCubeParameter(prefix + "attn.c_proj.bias", {d}, ParamInit::kZeros, 0, false,
-                              CubeOperand::kVector, false, false);
-  } else {
-    ln_w_ = AddCubeParameter(prefix + "ln_2.weight", {d}, ParamInit::kOnes, 0, false,
-                             CubeOperand::kVector, false, false);
-    ln_b_ = AddCubeParameter(prefix + "ln_2.bias", {d}, ParamInit::kZeros, 0, false,
-                             CubeOperand::kVector, false, false);
-    in_w_ = AddCubeParameter(prefix + "mlp.c_fc.weight", {d, 4 * d}, ParamInit::kNormal, 0.02f,
-                             true, CubeOperand::kWeight, false, false);
-    in_b_ = AddCubeParameter(prefix + "mlp.c_fc.bias", {4 * d}, ParamInit::kZeros, 0, false,
-                             CubeOperand::kVector, true, false);
-    out_w_ = AddCubeParameter(prefix + "mlp.c_proj.weight", {4 * d, d}, ParamInit::kNormal,
-                              residual_std, true, CubeOperand::kWeight, true, false);
-    out_b_ = AddCubeParameter(prefix + "mlp.c_proj.bias", {d}, ParamInit::kZeros, 0, false,
-                              CubeOperand::kVector, false, false);
-  }
+  // The six parameters in the Units' order (cube_blocks.h "Parameters"):
+  // the blocks differ in their names, the first linear's width K (3d, 4d)
+  // and c_attn's permuted columns.
+  const bool attention = kind() == UnitKind::kAttention;
+  const std::string prefix = absl::StrCat("h.", UnitLayer(config, index), ".");
+  const std::string ln = prefix + (attention ? "ln_1" : "ln_2");
+  const std::string in = prefix + (attention ? "attn.c_attn" : "mlp.c_fc");
+  const std::string out = prefix + (attention ? "attn.c_proj" : "mlp.c_proj");
+  const int64_t k = attention ? 3 * d : 4 * d;
+  ln_w_ = AddCubeParameter(ln + ".weight", {d}, ParamInit::kOnes, 0, false, CubeOperand::kVector,
+                           false, false);
+  ln_b_ = AddCubeParameter(ln + ".bias", {d}, ParamInit::kZeros, 0, false, CubeOperand::kVector,
+                           false, false);
+  in_w_ = AddCubeParameter(in + ".weight", {d, k}, ParamInit::kNormal, 0.02f, true,
+                           CubeOperand::kWeight, false, attention);
+  in_b_ = AddCubeParameter(in + ".bias", {k}, ParamInit::kZeros, 0, false, CubeOperand::kVector,
+                           true, attention);
+  out_w_ = AddCubeParameter(out + ".weight", {attention ? d : k, d}, ParamInit::kNormal,
+                            residual_std, true, CubeOperand::kWeight, true, false);
+  out_b_ = AddCubeParameter(out + ".bias", {d}, ParamInit::kZeros, 0, false, CubeOperand::kVector,
+                            false, false);
+}
+
+CubeBlockParams CubeBlockUnit::Params() {
+  return {Values(ln_w_, false), Values(ln_b_, false),  Values(in_w_, false),
+          Values(in_b_, false), Values(out_w_, false), Values(out_b_, false)};
 }
 
 Parameter* CubeBlockUnit::AddCubeParameter(const std::string& name, const Shape& shape,
@@ -157,9 +151,7 @@ Tensor CubeBlockUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
   CubeBlockContext c;
   if (group_->status().ok()) {
     const CubeBlockDims dims{PaddedBatch(B), T, d, config_.n_head};
-    const CubeBlockParams params{Values(ln_w_, false),  Values(ln_b_, false),
-                                 Values(in_w_, false),  Values(in_b_, false),
-                                 Values(out_w_, false), Values(out_b_, false)};
+    const CubeBlockParams params = Params();
     group_->Record(kind() == UnitKind::kAttention
                        ? CubeAttentionForward(group_->comm(), direction_, dims, params,
                                               Values(x_block), Values(y), &c)
@@ -194,9 +186,7 @@ Tensor CubeBlockUnit::Backward(const Tensor& dy, const TokenBatch& batch, const 
     c.act = ToVector(s[kAct]);
     c.probs = ToVector(s[kProbs]);
     const CubeBlockDims dims{PaddedBatch(B), T, d, config_.n_head};
-    const CubeBlockParams params{Values(ln_w_, false),  Values(ln_b_, false),
-                                 Values(in_w_, false),  Values(in_b_, false),
-                                 Values(out_w_, false), Values(out_b_, false)};
+    const CubeBlockParams params = Params();
     const CubeBlockGrads grads{Values(ln_w_, true), Values(ln_b_, true),  Values(in_w_, true),
                                Values(in_b_, true), Values(out_w_, true), Values(out_b_, true)};
     group_->Record(kind() == UnitKind::kAttention

@@ -38,6 +38,7 @@
 #include <memory>
 
 #include "absl/status/status.h"
+#include "worker/cube/cube_blocks.h"
 #include "worker/cube/cube_comm.h"
 #include "worker/model/unit.h"
 
@@ -87,6 +88,8 @@ class CubeBlockUnit : public Unit {
   // tensor holding 1 or 0).
   enum Slot { kX, kLnOut, kMean, kRstd, kHidden, kAct, kProbs, kInputFull, kNumSlots };
 
+  // The six parameters' values, for the cube_blocks.h calls.
+  CubeBlockParams Params();
   Parameter* AddCubeParameter(const std::string& name, const Shape& shape, ParamInit init,
                               float init_std, bool is_matrix, CubeOperand operand, bool swapped,
                               bool attention_columns);

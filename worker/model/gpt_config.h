@@ -30,6 +30,10 @@ struct GptConfig {
 absl::Status ValidateGptConfig(const GptConfig& config);
 
 enum class UnitKind { kEmbed, kAttention, kMlp, kHead };
+// Attention and MLP: the units of a transformer block.
+inline bool IsBlockUnitKind(UnitKind kind) {
+  return kind == UnitKind::kAttention || kind == UnitKind::kMlp;
+}
 
 int NumUnits(const GptConfig& config);
 // Requires 0 <= index < NumUnits(config).

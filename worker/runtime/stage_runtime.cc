@@ -312,8 +312,7 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
   if (setup.tensor_partition_tune_steps > 0) {
     std::vector<bool> block_units;
     for (int u = 0; u < num_units_; ++u) {
-      const UnitKind kind = UnitKindAt(setup.train.model, u);
-      block_units.push_back(kind == UnitKind::kAttention || kind == UnitKind::kMlp);
+      block_units.push_back(IsBlockUnitKind(UnitKindAt(setup.train.model, u)));
     }
     tuner_ = std::make_unique<PartitionTuner>(
         PartitionCandidate{setup.tensor_partitions_forward, setup.tensor_partitions_backward},
@@ -374,7 +373,7 @@ absl::Status StageRuntime::TunePartitions(int64_t iteration, IterationResult* re
   const int64_t i = tuned_iterations_++;
   const PartitionCandidate& ran = tuner_->CandidateFor(i);
   for (const auto& [u, unit] : units_) {
-    if (unit->kind() == UnitKind::kAttention || unit->kind() == UnitKind::kMlp) {
+    if (IsBlockUnitKind(unit->kind())) {
       result->tensor_partitions[unit->name()] = {ran.forward[u], ran.backward[u]};
     }
   }

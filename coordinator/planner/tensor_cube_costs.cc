@@ -14,10 +14,6 @@
 namespace pipetrain {
 namespace {
 
-bool IsBlockUnit(const UnitProfile& unit) {
-  return absl::StartsWith(unit.name, "attn_") || absl::StartsWith(unit.name, "mlp_");
-}
-
 // Collectives one pass issues, by kind. Ring steps: an all-gather or a
 // reduce-scatter over an axis of p takes p - 1, an all-reduce 2 (p - 1)
 // (reduce-scatter then all-gather; eq. 3's c1 for the ring, as the 1-D
@@ -127,17 +123,17 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> CubeTensorParallelUnitPasse
   const int units = static_cast<int>(profile.units.size());
   for (int u = 0; u < units; ++u) {
     const UnitProfile& in = profile.units[u];
-    if (!IsBlockUnit(in)) continue;
+    if (!IsTensorParallelBlockUnit(in)) continue;
     const CubeBlockSentFloats& sent = absl::StartsWith(in.name, "attn_") ? attention : mlp;
     TensorParallelUnitLanes& lanes = out[u];
     lanes.forward = {in.fwd_seconds / tensor, 1, seconds(sent.forward, kBlockForward)};
     lanes.backward = {in.bwd_seconds / tensor, 1, seconds(sent.backward, kBlockBackward)};
     // The full activation leaves the cube after the last unit of a run of
     // cube units, and its gradient after the first (see the header).
-    if (u + 1 == units || !IsBlockUnit(profile.units[u + 1])) {
+    if (u + 1 == units || !IsTensorParallelBlockUnit(profile.units[u + 1])) {
       lanes.forward.all_reduce_seconds += seconds(gather_floats, kGatherFull);
     }
-    if (u == 0 || !IsBlockUnit(profile.units[u - 1])) {
+    if (u == 0 || !IsTensorParallelBlockUnit(profile.units[u - 1])) {
       lanes.backward.all_reduce_seconds += seconds(gather_floats, kGatherFull);
     }
   }

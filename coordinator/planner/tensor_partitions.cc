@@ -19,10 +19,6 @@ AllReduceModel RingModel(int tensor, double bandwidth_bytes_per_second, double l
   return model;
 }
 
-bool IsBlockUnit(const UnitProfile& unit) {
-  return absl::StartsWith(unit.name, "attn_") || absl::StartsWith(unit.name, "mlp_");
-}
-
 // One of K micro-partitions of the unit on one rank of `tensor`: measured
 // when the profile has K's timing, else the whole pass / K; either / T.
 double PartitionSeconds(const UnitProfile& unit, int k, bool forward, int tensor) {
@@ -45,7 +41,7 @@ absl::StatusOr<AccTfmProblem> BlockUnitsProblem(const ModelProfile& profile, int
   layer_units->clear();
   for (size_t u = 0; u < profile.units.size(); ++u) {
     const UnitProfile& unit = profile.units[u];
-    if (!IsBlockUnit(unit)) continue;
+    if (!IsTensorParallelBlockUnit(unit)) continue;
     AccTfmLayer layer;
     for (int k : kAccTfmSizes) {
       layer.fwd_compute_seconds.push_back(PartitionSeconds(unit, k, true, tensor));
@@ -90,6 +86,10 @@ absl::StatusOr<std::vector<double>> StreamedCharges(const AccTfmProblem& problem
 }
 
 }  // namespace
+
+bool IsTensorParallelBlockUnit(const UnitProfile& unit) {
+  return absl::StartsWith(unit.name, "attn_") || absl::StartsWith(unit.name, "mlp_");
+}
 
 absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64_t tokens,
                                                   int64_t d_model) {
@@ -185,7 +185,7 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
     TensorParallelUnitLanes& lanes = out[u];
     lanes.forward.compute_seconds = in.fwd_seconds / tensor;
     lanes.backward.compute_seconds = in.bwd_seconds / tensor;
-    if (IsBlockUnit(in)) {
+    if (IsTensorParallelBlockUnit(in)) {
       // acctfm.h's timeline for the unit alone: K partitions, each
       // all-reducing 1/K of the output (or of its gradient).
       for (auto [pass, k] : {std::pair<TensorParallelPass*, int>{&lanes.forward, forward[u]},

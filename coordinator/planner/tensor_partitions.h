@@ -61,6 +61,10 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
                                                            double latency_seconds,
                                                            double block_wire_fraction = 1.0);
 
+// Whether a profile's unit is an attention or MLP unit ("attn_*",
+// "mlp_*"), the units tensor parallelism splits and partitions.
+bool IsTensorParallelBlockUnit(const UnitProfile& unit);
+
 // The share of an attention or MLP all-reduce's fp32 bytes that
 // spec.parallelism.tensor_compression `spec` sends: keep x the codec's
 // encoded size of a [tokens, d_model] tensor / its fp32 size (headers

@@ -215,8 +215,7 @@ void BindUp(FlagSet& f, UpOptions& o) {
         "replica training on --micro-batches / D of every step's micro-batches");
   f.Int("tensor-parallel", &o.tensor_parallel,
         "workers per stage (spec.parallelism.tensor, 1-D Megatron split of every unit): "
-        "--workers / (D x T) stages; T divides --heads, --d-model and the vocabulary; no "
-        "checkpoints with T > 1 yet");
+        "--workers / (D x T) stages; T divides --heads, --d-model and the vocabulary");
   f.Int("tensor-partitions", &o.tensor_partitions,
         "with --tensor-parallel: AccTFM's partitions per micro-batch (1, 2 or 4), each "
         "partition's all-reduce overlapping the next one's compute; 0: each layer's own, "
@@ -377,8 +376,7 @@ v1::JobSpec UpSpec(const UpOptions& o) {
       if (absl::SimpleAtoi(part, &stage)) c->mutable_data_parallel()->add_stages(stage);
     }
   }
-  // Tensor-parallel shards are not checkpointable yet (job.proto).
-  spec.mutable_checkpoint()->set_interval_steps(tensor > 1 ? 0 : o.checkpoint_interval);
+  spec.mutable_checkpoint()->set_interval_steps(o.checkpoint_interval);
   return spec;
 }
 

@@ -459,12 +459,6 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
     return Invalid(field,
                    absl::StrCat("not supported with spec.parallelism.tensor > 1 yet (", why, ")"));
   };
-  if (spec->checkpoint().interval_steps() > 0) {
-    return not_yet("spec.checkpoint.interval_steps", "checkpoints of shards are not built");
-  }
-  if (!spec->init().from().empty()) {
-    return not_yet("spec.init.from", "loading weights into shards is not built");
-  }
   for (const auto& [field, codec] :
        {std::pair<const char*, const std::string*>{"spec.compression.forward",
                                                    &spec->compression().forward()},

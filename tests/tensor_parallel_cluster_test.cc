@@ -254,9 +254,6 @@ TEST_F(TensorParallelClusterTest, BadInput_InvalidArgumentNamingTheField) {
   too_many.mutable_model()->set_d_model(128);
   too_many.mutable_model()->set_n_layer(8);
   cases.push_back({"17 x 64 workers", too_many, "spec.parallelism.tensor: ", "at most 1024"});
-  v1::JobSpec checkpoints = Spec(2, 1, "1f1b", "");
-  checkpoints.mutable_checkpoint()->set_interval_steps(5);
-  cases.push_back({"checkpoints", checkpoints, "spec.checkpoint.interval_steps: ", "tensor > 1"});
   v1::JobSpec compression = Spec(2, 1, "1f1b", "");
   compression.mutable_parallelism()->set_tensor_compression("elem_topk:keep=0.1");
   cases.push_back({"element top-k on the all-reduce", compression,

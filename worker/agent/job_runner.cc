@@ -527,7 +527,13 @@ absl::Status JobRunner::RunJob() {
     const bool owns_units =
         assignment_.backward_units().end() > assignment_.backward_units().begin() && replica_zero;
     if (writer != nullptr && owns_units && (step % checkpoints.interval_steps() == 0 || boundary)) {
-      writer->Submit(runtime->Snapshot(step));
+      // Every tensor rank takes part in gathering the shards; rank 0 writes.
+      absl::StatusOr<StageSnapshot> snapshot = runtime->Snapshot(step);
+      if (!snapshot.ok()) {
+        if (!stop_.load()) ReportError(snapshot.status());
+        return snapshot.status();
+      }
+      if (assignment_.tensor_rank() == 0) writer->Submit(*std::move(snapshot));
     }
     if (boundary) {
       if (writer != nullptr) writer->Wait();

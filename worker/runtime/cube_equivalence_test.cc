@@ -90,5 +90,39 @@ INSTANTIATE_TEST_SUITE_P(Layouts, CubeEquivalenceTest,
                                   std::get<1>(info.param);
                          });
 
+// Checkpoints of cube stages: Snapshot gathers the cube blocks (c_attn's
+// column permutation undone) and their moments into the unsplit tensors.
+// Resumed on the cube the run goes on bitwise; on a 1-D layout it matches
+// train-local as above.
+TEST(CubeCheckpointTest, ResumesBitwiseOnTheCubeAndOnOneDimension) {
+  const TrainConfig c = CubeConfig();
+  const Dataset data = MakeDataset();
+  const RunOutput local = RunLocal(c, data);
+  const std::vector<Range> one = {{0, NumUnits(c.model)}};
+  const std::vector<Range> two = UniformPartition(NumUnits(c.model), 2).value();
+  constexpr int kStep = 6;
+  testing::PipelineExtras cube;
+  cube.tensor_parallel = 8;
+  cube.tensor_mode = "3d";
+  cube.snapshot_after = kStep;
+  const RunOutput whole =
+      RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, cube);
+  ExpectMatchesLocal(c, whole, local, "cube, uninterrupted");
+  ASSERT_EQ(whole.checkpoint.units.size(), static_cast<size_t>(NumUnits(c.model)));
+
+  cube.snapshot_after = 0;
+  cube.resume = &whole.checkpoint;
+  testing::ExpectResumedMatches(
+      c, RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, cube), whole, kStep,
+      "cube resumed on the cube", /*weights_relative=*/0);
+
+  testing::PipelineExtras flat;
+  flat.tensor_parallel = 2;
+  flat.resume = &whole.checkpoint;
+  testing::ExpectResumedMatches(
+      c, RunPipeline(c, data, two, two, Schedule::kGPipe, nullptr, nullptr, flat), local, kStep,
+      "cube resumed on T2 P2", testing::kTensorParallelWeightsRelative);
+}
+
 }  // namespace
 }  // namespace pipetrain

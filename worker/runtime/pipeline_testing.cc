@@ -1,6 +1,7 @@
 #include "worker/runtime/pipeline_testing.h"
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
 #include "coordinator/planner/fused_embedding_sync.h"
@@ -47,6 +48,28 @@ void ExpectRunMatchesLocal(const TrainConfig& c, const RunOutput& pipe, const Ru
   ExpectLossesClose(pipe.val_losses, local.val_losses, what + " validation losses");
   EXPECT_EQ(pipe.val_losses.size(), 3u) << what;  // after steps 4, 8 and 10
   ExpectWeightsClose(pipe.weights, local.weights, c.model.d_model, c.adam.lr, kIterations, what,
+                     weights_relative);
+}
+
+void ExpectResumedMatches(const TrainConfig& c, const RunOutput& resumed, const RunOutput& whole,
+                          int step, const std::string& what, double weights_relative) {
+  ASSERT_LE(step, static_cast<int>(whole.losses.size())) << what;
+  const std::vector<float> losses(whole.losses.begin() + step, whole.losses.end());
+  // The validation passes after `step` (every eval_interval steps and last).
+  const size_t passes_before = step / c.eval_interval;
+  ASSERT_LE(passes_before, whole.val_losses.size()) << what;
+  const std::vector<float> val_losses(whole.val_losses.begin() + passes_before,
+                                      whole.val_losses.end());
+  if (weights_relative == 0) {
+    EXPECT_EQ(resumed.losses, losses) << what;
+    EXPECT_EQ(resumed.val_losses, val_losses) << what;
+    EXPECT_EQ(resumed.weights, whole.weights) << what;
+    return;
+  }
+  ASSERT_EQ(resumed.losses.size(), losses.size()) << what;
+  ExpectLossesClose(resumed.losses, losses, what + " losses");
+  ExpectLossesClose(resumed.val_losses, val_losses, what + " validation losses");
+  ExpectWeightsClose(resumed.weights, whole.weights, c.model.d_model, c.adam.lr, kIterations, what,
                      weights_relative);
 }
 
@@ -152,6 +175,23 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     setup.device_channel = channels[g].get();
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[g].get()).value());
   }
+  const int64_t first = extras.resume != nullptr ? extras.resume->step : 0;
+  if (extras.resume != nullptr) {
+    for (int g = 0; g < total; ++g) {
+      const int s = stage_of(g);
+      std::vector<UnitState> held;
+      for (int u = 0; u < units; ++u) {
+        const bool holds = (forward[s].begin <= u && u < forward[s].end) ||
+                           (backward[s].begin <= u && u < backward[s].end);
+        if (!holds) continue;
+        auto it = extras.resume->units.find(u);
+        if (it != extras.resume->units.end()) held.push_back(it->second);
+      }
+      EXPECT_TRUE(runtimes[g]->Restore(held, extras.resume->optimizer_steps).ok())
+          << "runtime " << g;
+    }
+  }
+  std::vector<std::optional<StageSnapshot>> snapshots(total);
   std::vector<std::vector<IterationResult>> results(total);
   std::vector<std::map<std::string, int64_t>> collectives(total), collective_bytes(total);
   std::vector<std::vector<float>> val_losses(total);
@@ -162,7 +202,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   std::vector<std::thread> threads;
   for (int g = 0; g < total; ++g) {
     threads.emplace_back([&, g] {
-      for (int i = 0; i < iterations && errors[g].ok(); ++i) {
+      for (int i = first; i < iterations && errors[g].ok(); ++i) {
         auto r = runtimes[g]->RunIteration(i);
         if (!r.ok()) {
           errors[g] = r.status();
@@ -174,13 +214,25 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
           collective_bytes[g][purpose] += stats.wire_bytes;
         }
         results[g].push_back(*r);
-        if (!EvaluatesAfter(c, i + 1, iterations)) continue;
-        auto val = runtimes[g]->RunEval(i + 1);
-        if (!val.ok()) {
-          errors[g] = val.status();
-          fabric.Shutdown();
-        } else if (val->has_value()) {
-          val_losses[g].push_back(**val);
+        if (EvaluatesAfter(c, i + 1, iterations)) {
+          auto val = runtimes[g]->RunEval(i + 1);
+          if (!val.ok()) {
+            errors[g] = val.status();
+            fabric.Shutdown();
+          } else if (val->has_value()) {
+            val_losses[g].push_back(**val);
+          }
+        }
+        const int s = stage_of(g);
+        if (i + 1 == extras.snapshot_after && g < stages * tp &&
+            backward[s].end > backward[s].begin && errors[g].ok()) {
+          absl::StatusOr<StageSnapshot> snapshot = runtimes[g]->Snapshot(i + 1);
+          if (snapshot.ok()) {
+            snapshots[g] = *std::move(snapshot);
+          } else {
+            errors[g] = snapshot.status();
+            fabric.Shutdown();
+          }
         }
       }
       if (tp > 1 && errors[g].ok()) {
@@ -200,6 +252,28 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     for (const auto& [purpose, count] : collectives[g]) out.collectives[purpose] += count;
     for (const auto& [purpose, bytes] : collective_bytes[g]) {
       out.collective_bytes[purpose] += bytes;
+    }
+  }
+  for (int g = 0; g < total; ++g) {
+    if (!snapshots[g].has_value()) continue;
+    out.checkpoint.step = snapshots[g]->step;
+    out.checkpoint.optimizer_steps = snapshots[g]->optimizer_steps;
+    for (UnitState& state : snapshots[g]->units) {
+      auto [it, inserted] = out.checkpoint.units.emplace(state.unit, state);
+      if (inserted) continue;
+      // Another tensor rank's copy of the same stage: bitwise the same.
+      if (it->second.values.size() != state.values.size() ||
+          it->second.m.size() != state.m.size()) {
+        ADD_FAILURE() << "unit " << state.unit << ": runtime " << g << "'s snapshot differs";
+        continue;
+      }
+      for (size_t i = 0; i < state.values.size(); ++i) {
+        EXPECT_EQ(it->second.values[i].tensor.ToVector(), state.values[i].tensor.ToVector())
+            << state.values[i].name << " (runtime " << g << ")";
+        if (i >= state.m.size()) continue;
+        EXPECT_EQ(it->second.m[i].tensor.ToVector(), state.m[i].tensor.ToVector());
+        EXPECT_EQ(it->second.v[i].tensor.ToVector(), state.v[i].tensor.ToVector());
+      }
     }
   }
   out.device_tensors = hub.sent();

@@ -13,6 +13,7 @@
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
+#include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/data/dataset.h"
 #include "worker/model/backend.h"
 #include "worker/model/cpu_backend.h"
@@ -33,6 +34,14 @@ Dataset MakeDataset();
 // lr / 10.
 TrainConfig WithClippingAndCosine(TrainConfig c);
 
+// A checkpoint of a whole pipeline: every backward unit's Snapshot (the
+// unsplit tensors and moments) by unit, after `step` steps.
+struct PipelineCheckpoint {
+  int64_t step = 0;
+  int64_t optimizer_steps = 0;
+  std::map<int, UnitState> units;
+};
+
 struct RunOutput {
   std::vector<float> losses;
   std::vector<float> val_losses;
@@ -45,6 +54,7 @@ struct RunOutput {
   // (IterationResult::collectives).
   std::map<std::string, int64_t> collectives;
   std::map<std::string, int64_t> collective_bytes;  // wire bytes
+  PipelineCheckpoint checkpoint;                    // with PipelineExtras::snapshot_after
 };
 
 // Expects `pipe` to equal `local` as data_parallel_testing.h defines it:
@@ -54,6 +64,14 @@ struct RunOutput {
 // the run in failures.
 void ExpectRunMatchesLocal(const TrainConfig& c, const RunOutput& pipe, const RunOutput& local,
                            const std::string& what, double weights_relative);
+
+// `resumed`, a run from a checkpoint after `step` steps (PipelineExtras::
+// resume), against `whole`, a run of all kIterations steps: its losses and
+// validation losses must be whole's after `step`, and its final weights
+// whole's; bitwise when `weights_relative` is 0, else as
+// ExpectRunMatchesLocal.
+void ExpectResumedMatches(const TrainConfig& c, const RunOutput& resumed, const RunOutput& whole,
+                          int step, const std::string& what, double weights_relative);
 
 // LocalTrainer on `backend` for `iterations` steps.
 RunOutput RunLocal(const TrainConfig& c, const Dataset& data, Backend* backend = CpuBackend(),
@@ -77,6 +95,14 @@ struct PipelineExtras {
   int tensor_partitions = 1;       // StageSetup::tensor_partitions
   std::vector<int> tensor_partitions_forward, tensor_partitions_backward;  // per unit
   int tensor_partition_tune_steps = 0;  // StageSetup::tensor_partition_tune_steps
+  // > 0: after this many steps every runtime of replica 0 that owns units
+  // takes a Snapshot (its tensor ranks gather theirs, and every rank's copy
+  // must agree bitwise); RunOutput::checkpoint holds them.
+  int snapshot_after = 0;
+  // Non-null: every runtime first Restores the units it holds from it, and
+  // the run trains steps resume->step .. iterations - 1 (losses and
+  // validation passes of those only).
+  const PipelineCheckpoint* resume = nullptr;
 };
 
 // The pipeline of forward/backward ranges, one StageRuntime per stage on its

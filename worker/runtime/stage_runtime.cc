@@ -15,6 +15,7 @@
 #include "common/program_text.h"
 #include "common/status_macros.h"
 #include "worker/collectives/collectives.h"
+#include "worker/model/tensor_parallel.h"
 #include "worker/model/weights_io.h"
 #include "worker/train/grad_clip.h"
 #include "worker/train/lr_schedule.h"
@@ -28,6 +29,9 @@ constexpr int kGradClipTagBase = 1 << 20;
 // Tags of the final all-gathers of tensor-parallel shards (one per
 // parameter), above the tensor-parallel units' and validation's tags.
 constexpr int kTensorParallelGatherTagBase = kTensorParallelTagBase + (1 << 22) + (1 << 21);
+// Tags of a checkpoint's all-gathers of shards and their moments (three per
+// parameter), above the final ones.
+constexpr int kTensorParallelCheckpointTagBase = kTensorParallelGatherTagBase + (1 << 20);
 // Tags of the tensor ranks' broadcasts of their norm shares (one per rank).
 constexpr int kGradClipTensorTagBase = (1 << 20) + (1 << 18);
 constexpr int kDataParallelTagBase = 1 << 21;
@@ -415,6 +419,31 @@ std::vector<Parameter*> StageRuntime::parameters() const {
   return out;
 }
 
+absl::StatusOr<Tensor> StageRuntime::GatherUnsplit(int64_t iteration, int tag, const Tensor& mine,
+                                                   const ParameterShard& shard) {
+  const int ranks = shard.ranks;
+  std::vector<Shape> shapes;
+  int64_t piece = 0;
+  for (int r = 0; r < ranks; ++r) {
+    ParameterShard at = shard;
+    at.rank = r;
+    shapes.push_back(ShardShape(at));
+    int64_t numel = 1;
+    for (int64_t d : shapes.back()) numel *= d;
+    piece = std::max(piece, numel);
+  }
+  Tensor padded = Tensor::Zeros({piece});
+  std::copy(mine.data(), mine.data() + mine.numel(), padded.data());
+  ASSIGN_OR_RETURN(Tensor all, tp_collectives_->AllGather(iteration, tag, padded, piece * ranks));
+  std::vector<Tensor> parts;
+  for (int r = 0; r < ranks; ++r) {
+    Tensor part = Tensor::Zeros(shapes[r]);
+    std::copy(all.data() + r * piece, all.data() + r * piece + part.numel(), part.data());
+    parts.push_back(std::move(part));
+  }
+  return GatherShards(parts, shard);
+}
+
 absl::StatusOr<std::vector<Parameter>> StageRuntime::UnsplitParameterCopies(int64_t iteration) {
   std::vector<Parameter> out = HostParameterCopies(setup_.backend, parameters());
   RETURN_IF_ERROR(setup_.backend->status());
@@ -422,39 +451,26 @@ absl::StatusOr<std::vector<Parameter>> StageRuntime::UnsplitParameterCopies(int6
   int tag = kTensorParallelGatherTagBase;
   for (Parameter& p : out) {
     if (!p.shard.sharded()) continue;
-    // Every rank's shard, padded to the largest (a cube's vectors are
-    // empty off its diagonal), concatenated in rank order; then cut apart.
-    const int ranks = p.shard.ranks;
-    std::vector<Shape> shapes;
-    int64_t piece = 0;
-    for (int r = 0; r < ranks; ++r) {
-      ParameterShard at = p.shard;
-      at.rank = r;
-      shapes.push_back(ShardShape(at));
-      int64_t numel = 1;
-      for (int64_t d : shapes.back()) numel *= d;
-      piece = std::max(piece, numel);
-    }
-    Tensor mine = Tensor::Zeros({piece});
-    std::copy(p.value.data(), p.value.data() + p.value.numel(), mine.data());
-    ASSIGN_OR_RETURN(Tensor all, tp_collectives_->AllGather(iteration, tag++, mine, piece * ranks));
-    std::vector<Tensor> parts;
-    for (int r = 0; r < ranks; ++r) {
-      Tensor part = Tensor::Zeros(shapes[r]);
-      std::copy(all.data() + r * piece, all.data() + r * piece + part.numel(), part.data());
-      parts.push_back(std::move(part));
-    }
-    ASSIGN_OR_RETURN(p.value, GatherShards(parts, p.shard));
+    ASSIGN_OR_RETURN(p.value, GatherUnsplit(iteration, tag++, p.value, p.shard));
     p.grad = Tensor();
     p.shard = ParameterShard{};
   }
   return out;
 }
 
-StageSnapshot StageRuntime::Snapshot(int64_t step) const {
+absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
   // A private host copy: the CPU backend's tensors are the host's.
   auto host_copy = [this](const Tensor& t) {
     return t.on_device() ? setup_.backend->Download(t) : t.Clone();
+  };
+  // Tensor parallelism: a split tensor's shards gathered into the unsplit
+  // one, three tags per parameter (value, m, v), in the same order on every
+  // rank (the units' parameter lists are the same).
+  int tag = kTensorParallelCheckpointTagBase;
+  auto unsplit = [&](const Tensor& t, const ParameterShard& shard) -> absl::StatusOr<Tensor> {
+    const int at = tag++;
+    if (!tp_collectives_ || !shard.sharded()) return host_copy(t);
+    return GatherUnsplit(step, at, host_copy(t), shard);
   };
   StageSnapshot snapshot;
   snapshot.step = step;
@@ -464,29 +480,37 @@ StageSnapshot StageRuntime::Snapshot(int64_t step) const {
     UnitState state;
     state.unit = u;
     for (const Parameter* p : units_.at(u)->parameters()) {
-      state.values.push_back({p->name, host_copy(p->value)});
+      ASSIGN_OR_RETURN(Tensor value, unsplit(p->value, p->shard));
+      state.values.push_back({p->name, std::move(value)});
       auto m = moments.find(p->name);
-      if (m == moments.end()) continue;  // before the first step
-      state.m.push_back({p->name, host_copy(m->second.m)});
-      state.v.push_back({p->name, host_copy(m->second.v)});
+      // Before the first step every rank has none (the same steps taken).
+      if (m == moments.end()) {
+        tag += 2;
+        continue;
+      }
+      ASSIGN_OR_RETURN(Tensor m_value, unsplit(m->second.m, p->shard));
+      ASSIGN_OR_RETURN(Tensor v_value, unsplit(m->second.v, p->shard));
+      state.m.push_back({p->name, std::move(m_value)});
+      state.v.push_back({p->name, std::move(v_value)});
     }
     if (state.m.size() != state.values.size()) state.m.clear(), state.v.clear();
     snapshot.units.push_back(std::move(state));
   }
+  RETURN_IF_ERROR(setup_.backend->status());
   return snapshot;
 }
 
 absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t optimizer_steps) {
-  if (setup_.tensor_parallel > 1) {
-    // Checkpoints hold unsplit tensors; cutting them into this rank's
-    // shards is not built yet.
-    return absl::UnimplementedError("restoring a tensor-parallel stage from a checkpoint");
-  }
   std::map<int, const UnitState*> by_unit;
   for (const UnitState& u : units) by_unit[u.unit] = &u;
   // Check everything first: all or nothing.
+  // A split tensor's checkpoint is the unsplit one: this rank keeps its
+  // shard, as the initialisation cut it (SliceShard).
+  auto mine = [](const Tensor& full, const ParameterShard& shard) {
+    return shard.sharded() ? SliceShard(full, shard) : full.Clone();
+  };
   struct Copy {
-    const Tensor* from;
+    Tensor from;
     Tensor* to;
   };
   std::vector<Copy> copies;
@@ -510,23 +534,33 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
     }
     for (size_t i = 0; i < params.size(); ++i) {
       const NamedTensor& v = state.values[i];
-      if (v.name != params[i]->name || v.tensor.shape() != params[i]->value.shape()) {
+      const ParameterShard& shard = params[i]->shard;
+      const Shape& unsplit = shard.sharded() ? shard.full_shape : params[i]->value.shape();
+      if (v.name != params[i]->name || v.tensor.shape() != unsplit) {
         return absl::InvalidArgumentError(absl::StrCat("restore: unit ", index, " tensor ", i,
                                                        " is ", v.name, " ",
                                                        ShapeToString(v.tensor.shape())));
       }
-      copies.push_back({&v.tensor, &params[i]->value});
       if (backward && optimizer_steps > 0) {
-        moments[v.name] = {setup_.backend->Upload(state.m[i].tensor.Clone()),
-                           setup_.backend->Upload(state.v[i].tensor.Clone())};
+        for (const std::vector<NamedTensor>* moment : {&state.m, &state.v}) {
+          const NamedTensor& t = (*moment)[i];
+          if (t.name != v.name || t.tensor.shape() != unsplit) {
+            return absl::InvalidArgumentError(absl::StrCat("restore: unit ", index, " moment of ",
+                                                           v.name, " is ", t.name, " ",
+                                                           ShapeToString(t.tensor.shape())));
+          }
+        }
+        moments[v.name] = {setup_.backend->Upload(mine(state.m[i].tensor, shard)),
+                           setup_.backend->Upload(mine(state.v[i].tensor, shard))};
       }
+      copies.push_back({mine(v.tensor, shard), &params[i]->value});
     }
   }
   for (const Copy& c : copies) {
     if (c.to->on_device()) {
-      setup_.backend->CopyFromHost(*c.from, c.to);
+      setup_.backend->CopyFromHost(c.from, c.to);
     } else {
-      c.to->CopyFrom(*c.from);
+      c.to->CopyFrom(c.from);
     }
   }
   optimizer_.moments() = std::move(moments);

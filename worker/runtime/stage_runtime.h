@@ -240,15 +240,20 @@ class StageRuntime {
   // Checkpoints (worker/checkpoint/unit_checkpoint.h). Snapshot: host
   // copies of every backward unit's parameters and AdamW moments, taken
   // between iterations (the copies are the caller's: training goes on while
-  // they are written), labelled `step`.
-  StageSnapshot Snapshot(int64_t step) const;
+  // they are written), labelled `step`. They are the unsplit model's
+  // tensors (Hugging Face shapes) whatever the layout, so a checkpoint
+  // resumes on any other: a tensor-parallel stage gathers its shards and
+  // their moments over its tensor ranks, a collective that every rank of
+  // the group calls after the same step (each gets the whole snapshot).
+  // Errors: the collective's, or the backend's.
+  absl::StatusOr<StageSnapshot> Snapshot(int64_t step);
   // Sets every unit this stage holds (forward and backward) to the values in
-  // `units`, and the AdamW moments of its backward units and the step count
-  // to theirs; call before the first iteration. INVALID_ARGUMENT naming the
-  // unit or tensor when one this stage needs is missing or mis-shaped
-  // (nothing is changed then). UNIMPLEMENTED with tensor parallelism (a
-  // tensor-parallel stage's Snapshot holds its shards, not checkpointable
-  // tensors, yet).
+  // `units` (unsplit tensors, as Snapshot gives them), and the AdamW moments
+  // of its backward units and the step count to theirs; call before the
+  // first iteration. A tensor-parallel rank keeps its shard of each split
+  // tensor and of its moments (SliceShard, as the initialisation cuts
+  // them). INVALID_ARGUMENT naming the unit or tensor when one this stage
+  // needs is missing or mis-shaped (nothing is changed then).
   absl::Status Restore(const std::vector<UnitState>& units, int64_t optimizer_steps);
   // What the runtime is doing now, e.g. "recv ACTIVATION unit 3 mb 1 from stage 0".
   std::string current_instruction() const;
@@ -315,6 +320,12 @@ class StageRuntime {
   bool IsBackwardUnit(int index) const;
   TokenBatch BatchFor(int micro_batch) const;
   Parameter* TiedHolder();  // the wte Parameter whose gradient this stage sends
+  // The unsplit tensor of which `mine` (host) is this rank's part cut by
+  // `shard`: every tensor rank's part all-gathered (message (iteration,
+  // tag)), padded to the largest part (a cube's vectors are empty off its
+  // diagonal), then reassembled by GatherShards. A collective of the group.
+  absl::StatusOr<Tensor> GatherUnsplit(int64_t iteration, int tag, const Tensor& mine,
+                                       const ParameterShard& shard);
   // Runs the forward pass of `units` on micro-batch mb from the stored input
   // of units.begin; keeps contexts of backward units (all of them when
   // `keep_all_contexts`) and stores outputs the program uses later.

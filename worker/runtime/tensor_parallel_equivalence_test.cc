@@ -122,5 +122,62 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelEquivalenceTest,
                                   std::get<2>(info.param);
                          });
 
+// Checkpoints of tensor-parallel stages (Snapshot gathers the shards and
+// their AdamW moments into the unsplit tensors; Restore cuts each rank's
+// back): resumed on its own layout a run goes on bitwise as if never
+// stopped (gathering and cutting only copy), and a checkpoint is the
+// unsplit model's, so it resumes on any other layout too, there held to
+// the tolerances above against train-local.
+TEST(TensorParallelCheckpointTest, ResumesBitwiseOnItsLayoutAndOnOthers) {
+  const TrainConfig c = TensorParallelConfig();
+  const Dataset data = MakeDataset();
+  const RunOutput local = RunLocal(c, data);
+  const Schedule schedule = Schedule::kOneFOneB;
+  const std::vector<Range> two = UniformPartition(NumUnits(c.model), 2).value();
+  const std::vector<Range> one = {{0, NumUnits(c.model)}};
+  const std::vector<Range> three = UniformPartition(NumUnits(c.model), 3).value();
+  constexpr int kStep = 5;
+
+  testing::PipelineExtras t2;
+  t2.tensor_parallel = 2;
+  t2.snapshot_after = kStep;
+  const RunOutput whole = RunPipeline(c, data, two, two, schedule, nullptr, nullptr, t2);
+  ExpectMatchesLocal(c, whole, local, "T2 P2, uninterrupted");
+  ASSERT_EQ(whole.checkpoint.step, kStep);
+  ASSERT_EQ(whole.checkpoint.optimizer_steps, kStep);
+  ASSERT_EQ(whole.checkpoint.units.size(), static_cast<size_t>(NumUnits(c.model)));
+  for (const auto& [unit, state] : whole.checkpoint.units) {
+    EXPECT_EQ(state.m.size(), state.values.size()) << "unit " << unit << " has its moments";
+  }
+
+  t2.snapshot_after = 0;
+  t2.resume = &whole.checkpoint;
+  testing::ExpectResumedMatches(c, RunPipeline(c, data, two, two, schedule, nullptr, nullptr, t2),
+                                whole, kStep, "T2 P2 resumed on T2 P2", /*weights_relative=*/0);
+
+  testing::PipelineExtras other;
+  other.resume = &whole.checkpoint;
+  testing::ExpectResumedMatches(
+      c, RunPipeline(c, data, three, three, schedule, nullptr, nullptr, other), local, kStep,
+      "T2 P2 resumed on T1 P3", testing::kTensorParallelWeightsRelative);
+  other.tensor_parallel = 4;
+  testing::ExpectResumedMatches(
+      c, RunPipeline(c, data, one, one, schedule, nullptr, nullptr, other), local, kStep,
+      "T2 P2 resumed on T4 P1", testing::kTensorParallelWeightsRelative);
+
+  // A plain pipeline's checkpoint (unsplit tensors all along) cut into
+  // shards of 2 ranks, 2 partitions per micro-batch.
+  testing::PipelineExtras plain;
+  plain.snapshot_after = kStep;
+  const RunOutput untouched = RunPipeline(c, data, two, two, schedule, nullptr, nullptr, plain);
+  testing::PipelineExtras split;
+  split.tensor_parallel = 2;
+  split.tensor_partitions = 2;
+  split.resume = &untouched.checkpoint;
+  testing::ExpectResumedMatches(
+      c, RunPipeline(c, data, three, three, schedule, nullptr, nullptr, split), local, kStep,
+      "T1 P2 resumed on T2 P3", testing::kTensorParallelWeightsRelative);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -54,6 +54,22 @@ v1::Assignment StopAssignment(const std::string& job_id, int64_t version) {
 
 // The job's stages as device-link members: each worker's host, GPU and
 // current NCCL id (the registry keeps it out of v1::Worker).
+// The GEMM rate `w`'s cores reach: on the CPU, the best start-up probe of
+// the workers in `workers` on w's host (they compute on the same cores; a
+// probe taken while others probed too measures that contention, which the
+// planner models itself, coordinator/planner/host_sharing.h); on a GPU,
+// w's own.
+double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w) {
+  double best = w.device().measured_gflops();
+  if (!w.device().gpu_model().empty() || w.device().hostname().empty()) return best;
+  for (const v1::Worker& other : workers) {
+    if (other.device().hostname() == w.device().hostname() && other.device().gpu_model().empty()) {
+      best = std::max(best, other.device().measured_gflops());
+    }
+  }
+  return best;
+}
+
 std::vector<DeviceLinkMember> DeviceLinkMembers(const std::vector<v1::Worker>& workers,
                                                 const WorkerRegistry& registry) {
   std::vector<DeviceLinkMember> members;
@@ -152,7 +168,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   if (std::optional<v1::ModelProfile> cached = profiles_.Get(key)) {
     *profile = FromProto(*cached);
     *source = absl::StrCat("measured on ", kind, " by ", workers[0].id(), " (cached)");
-    *reference_gflops = workers[0].device().measured_gflops();
+    *reference_gflops = HostGflops(workers, workers[0]);
     return true;
   }
   const std::string& solver = record.resolved.solver;
@@ -768,7 +784,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   record.job.set_state(v1::JOB_STATE_PLANNING);
   ClusterSpec cluster;
   for (const v1::Worker& w : infos) {
-    const double gflops = w.device().measured_gflops();
+    const double gflops = HostGflops(infos, w);
     const double reference = record.reference_gflops;
     const double speed = gflops > 0 && reference > 0 ? gflops / reference : 1.0;
     // What the worker may use (its cgroup or --memory-limit), not the
@@ -776,7 +792,13 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     const int64_t host = w.device().memory_limit_bytes() > 0 ? w.device().memory_limit_bytes()
                                                              : w.device().memory_bytes();
     const double memory = w.device().gpu_model().empty() ? host : w.device().gpu_memory_bytes();
-    cluster.workers.push_back({w.id(), speed, static_cast<double>(memory)});
+    WorkerSpec spec{w.id(), speed, static_cast<double>(memory)};
+    // Which workers share a host's cores (host_sharing.h); bounded at
+    // registration (registration_limits.h).
+    spec.host = w.device().hostname();
+    spec.host_cores = w.device().cpu_cores();
+    spec.compute_threads = w.device().compute_threads();
+    cluster.workers.push_back(spec);
   }
   // Workers that emulate their links (--emulate-link) say so: plan with
   // the slowest; otherwise with the assumed network.

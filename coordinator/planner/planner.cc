@@ -7,6 +7,7 @@
 #include "coordinator/planner/compression_marking.h"
 #include "coordinator/planner/data_parallel_layout.h"
 #include "coordinator/planner/fused_embedding_sync.h"
+#include "coordinator/planner/host_sharing.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "coordinator/planner/selective_compression.h"
 #include "coordinator/planner/solve_plan.h"
@@ -91,43 +92,49 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     options.manual_forward.push_back({s.forward_begin(), s.forward_end()});
     options.manual_backward.push_back({s.backward_begin(), s.backward_end()});
   }
+  // Workers of a stage position compute in lockstep: where they share too
+  // few cores, their compute takes longer than the profile measured alone
+  // (host_sharing.h). Their collectives' waits are not stretched, so this
+  // comes before the tensor-parallel costs add them.
+  const ComputeStretch stretch = LockstepComputeStretch(cluster, replicas, r.stages, tensor);
+  const ModelProfile computed = StretchCompute(profile, stretch.factor);
   // Tensor parallelism: AccTFM's partitions per unit (the job's count, or
   // Alg. 1's choice), then each unit's cost on one rank of its group.
   std::vector<int> partitions_forward, partitions_backward;
-  ModelProfile planned = profile;
+  ModelProfile planned = computed;
   std::vector<TensorParallelUnitLanes> tensor_passes;  // for the timeline
   if (tensor > 1 && r.tensor_mode == "3d") {
     // A p x p x p cube per stage: no AccTFM partitions and no compression
     // (the spec refuses them), the cube's collectives fully exposed.
-    partitions_forward.assign(profile.units.size(), 1);
+    partitions_forward.assign(computed.units.size(), 1);
     partitions_backward = partitions_forward;
     const int64_t samples = int64_t{r.train.batch_size} / r.train.micro_batches;
     ASSIGN_OR_RETURN(
         tensor_passes,
-        CubeTensorParallelUnitPasses(profile, tensor, samples, r.train.seq_len,
+        CubeTensorParallelUnitPasses(computed, tensor, samples, r.train.seq_len,
                                      r.train.model.d_model, r.train.model.n_head,
                                      cluster.bandwidth_bytes_per_second, cluster.latency_seconds));
-    planned = TensorParallelCostsOf(profile, tensor, tensor_passes);
+    planned = TensorParallelCostsOf(computed, tensor, tensor_passes);
   } else if (tensor > 1) {
     // AccTFM's hybrid compression shrinks the block units' all-reduces.
     const int64_t tokens = int64_t{r.train.batch_size} / r.train.micro_batches * r.train.seq_len;
     ASSIGN_OR_RETURN(
         const double wire_fraction,
         TensorParallelWireFraction(r.tensor_compression, tokens, r.train.model.d_model));
-    partitions_forward.assign(profile.units.size(), std::max(1, r.tensor_partitions));
+    partitions_forward.assign(computed.units.size(), std::max(1, r.tensor_partitions));
     partitions_backward = partitions_forward;
     if (r.tensor_partitions == 0) {
       ASSIGN_OR_RETURN(TensorPartitionPlan chosen,
-                       ChooseTensorPartitions(profile, tensor, cluster.bandwidth_bytes_per_second,
+                       ChooseTensorPartitions(computed, tensor, cluster.bandwidth_bytes_per_second,
                                               cluster.latency_seconds, wire_fraction));
       partitions_forward = chosen.forward;
       partitions_backward = chosen.backward;
     }
     ASSIGN_OR_RETURN(tensor_passes, TensorParallelUnitPasses(
-                                        profile, tensor, partitions_forward, partitions_backward,
+                                        computed, tensor, partitions_forward, partitions_backward,
                                         cluster.bandwidth_bytes_per_second, cluster.latency_seconds,
                                         wire_fraction));
-    planned = TensorParallelCostsOf(profile, tensor, tensor_passes);
+    planned = TensorParallelCostsOf(computed, tensor, tensor_passes);
   }
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   // The groups' all-reduces on their own lane of the timeline.
@@ -187,9 +194,9 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_predicted_iteration_seconds(solved.simulation.iteration_seconds);
   plan.set_bubble_fraction(solved.simulation.bubble_fraction);
   plan.set_solve_seconds(solved.solve_seconds);
-  plan.set_profile_source(absl::StrCat(profile_source, "; links modelled at ",
-                                       cluster.bandwidth_bytes_per_second / 1e9, " GB/s and ",
-                                       cluster.latency_seconds * 1e6, " us latency"));
+  plan.set_profile_source(absl::StrCat(
+      profile_source, "; links modelled at ", cluster.bandwidth_bytes_per_second / 1e9,
+      " GB/s and ", cluster.latency_seconds * 1e6, " us latency", DescribeComputeStretch(stretch)));
   TimelineSvgOptions svg;
   svg.title = absl::StrCat("job ", job_id, ": ", solved.solver, " plan, predicted iteration");
   plan.set_timeline_svg(TimelineSvg(solved.simulation, names, svg));

@@ -41,8 +41,14 @@ struct ModelProfile {
 
 struct WorkerSpec {
   std::string name;
-  double speed = 1.0;        // relative compute speed (> 0)
-  double memory_bytes = 0;   // 0: unlimited
+  double speed = 1.0;       // relative compute speed (> 0)
+  double memory_bytes = 0;  // 0: unlimited
+  // The host whose CPU cores the worker computes on, its cores, and the
+  // threads the worker computes with (host_sharing.h); 0: not known or not
+  // on the CPU (a GPU), no sharing modelled.
+  std::string host;
+  int host_cores = 0;
+  int compute_threads = 0;
 };
 
 struct ClusterSpec {

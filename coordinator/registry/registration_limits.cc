@@ -35,6 +35,8 @@ absl::Status CheckDevice(const v1::DeviceInfo& d) {
       CheckLength(absl::StrCat(kDevice, "nccl_unique_id"), d.nccl_unique_id(), kMaxNcclIdBytes));
   RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "cpu_cores"), d.cpu_cores(), kMaxCpuCores));
   RETURN_IF_ERROR(
+      CheckRange(absl::StrCat(kDevice, "compute_threads"), d.compute_threads(), kMaxCpuCores));
+  RETURN_IF_ERROR(
       CheckRange(absl::StrCat(kDevice, "gpu_sm_count"), d.gpu_sm_count(), kMaxCpuCores));
   RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "gpu_index"), d.gpu_index(), kMaxCpuCores));
   RETURN_IF_ERROR(

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "kernels/cpu/blas.h"
 #include "worker/model/gemm_probe.h"
 
 namespace pipetrain {
@@ -103,6 +104,7 @@ v1::DeviceInfo CollectDeviceInfo(Backend* backend) {
   info.set_gpu_sm_count(facts.sm_count);
   info.set_gpu_pci_bus_id(facts.pci_bus_id);
   const bool gpu = backend->kind() != BackendKind::kCpu;
+  if (!gpu) info.set_compute_threads(BlasThreads());
   info.set_measured_gflops(MeasureGemmGflops(backend, gpu ? 4096 : 384, 3));
   return info;
 }

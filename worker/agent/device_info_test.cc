@@ -7,6 +7,7 @@
 #include <string>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/blas.h"
 
 namespace pipetrain {
 namespace {
@@ -19,6 +20,7 @@ TEST(DeviceInfoTest, CollectDeviceInfo_CpuBackend_NoGpuFieldsAndMeasuredGemm) {
   EXPECT_EQ(info.gpu_sm_count(), 0);
   EXPECT_EQ(info.gpu_pci_bus_id(), "");
   EXPECT_GT(info.cpu_cores(), 0);
+  EXPECT_EQ(info.compute_threads(), BlasThreads());  // on the CPU: its BLAS threads
   EXPECT_GT(info.memory_bytes(), 0);
   EXPECT_GT(info.memory_limit_bytes(), 0);
   EXPECT_LE(info.memory_limit_bytes(), info.memory_bytes());

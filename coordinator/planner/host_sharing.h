@@ -1,0 +1,52 @@
+// Workers that share a host's CPU cores (DESIGN.md §12; the planner's model
+// of what a profile measured alone does not know).
+//
+// A profile is measured by one worker with the host to itself. In a job,
+// the workers at one stage position, its T tensor ranks and its D
+// replicas, run the same program on the same micro-batch at the same time
+// (their collectives keep them in lockstep), so they also compute at the
+// same time. Where those workers' compute threads on one host outnumber
+// its cores, each gets cores / threads of a core's time while they
+// compute (processor sharing), and their compute takes threads / cores as
+// long as the profile says. Their waits for collectives and transfers
+// leave the cores free and are not stretched. Workers of different stage
+// positions compute at different times of the step (the pipeline's
+// schedule) and are not counted against each other: where several
+// pipeline stages share too few cores, the prediction stays low (the
+// simulator does not model that contention yet).
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_HOST_SHARING_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_HOST_SHARING_H_
+
+#include <string>
+
+#include "coordinator/planner/profile.h"
+
+namespace pipetrain {
+
+struct ComputeStretch {
+  double factor = 1;  // >= 1: how much longer a stage's compute takes
+  std::string host;   // the host that sets it (factor > 1 only)
+  int threads = 0;    // the lockstep compute threads there
+  int cores = 0;      // and its cores
+};
+
+// The largest stretch over the stage positions s (workers (r * stages + s)
+// * tensor + t for every replica r and tensor rank t) and hosts h: the sum
+// of compute_threads of position s's workers on h over h's host_cores,
+// at least 1. Workers with host_cores or compute_threads 0 (not known, or
+// computing on a GPU) count for nothing. Requires cluster.workers.size() ==
+// replicas * stages * tensor, all >= 1 (else factor 1).
+ComputeStretch LockstepComputeStretch(const ClusterSpec& cluster, int replicas, int stages,
+                                      int tensor);
+
+// `profile` with every unit's compute times (fwd_seconds, bwd_seconds and
+// partition_seconds) times `factor`; sizes unchanged.
+ModelProfile StretchCompute(const ModelProfile& profile, double factor);
+
+// "; compute x2.00: 4 lockstep compute threads share the 2 cores of host
+// H", or "" for a factor of 1: what the plan's profile_source appends.
+std::string DescribeComputeStretch(const ComputeStretch& stretch);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_HOST_SHARING_H_

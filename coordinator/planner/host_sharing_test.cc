@@ -1,0 +1,93 @@
+#include "coordinator/planner/host_sharing.h"
+
+#include <functional>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+// `n` workers on hosts named by `host_of(i)` with `cores` cores each,
+// computing with `threads` threads.
+ClusterSpec Cluster(int n, const std::function<std::string(int)>& host_of, int cores,
+                    int threads = 1) {
+  ClusterSpec cluster;
+  for (int i = 0; i < n; ++i) {
+    WorkerSpec w;
+    w.name = "w" + std::to_string(i);
+    w.host = host_of(i);
+    w.host_cores = cores;
+    w.compute_threads = threads;
+    cluster.workers.push_back(w);
+  }
+  return cluster;
+}
+
+std::string OneHost(int) { return "a"; }
+
+TEST(LockstepComputeStretch, FourTensorRanksOnTwoCores_Twice) {
+  const ComputeStretch s = LockstepComputeStretch(Cluster(4, OneHost, 2), 1, 1, 4);
+  EXPECT_DOUBLE_EQ(s.factor, 2.0);
+  EXPECT_EQ(s.host, "a");
+  EXPECT_EQ(s.threads, 4);
+  EXPECT_EQ(s.cores, 2);
+  EXPECT_EQ(DescribeComputeStretch(s),
+            "; compute x2.00: 4 lockstep compute threads share the 2 cores of a");
+}
+
+TEST(LockstepComputeStretch, RanksOnHostsOfTheirOwn_None) {
+  const ComputeStretch s =
+      LockstepComputeStretch(Cluster(
+                                 4, [](int i) { return std::to_string(i); }, 2),
+                             1, 1, 4);
+  EXPECT_DOUBLE_EQ(s.factor, 1.0);
+  EXPECT_EQ(DescribeComputeStretch(s), "");
+}
+
+TEST(LockstepComputeStretch, StagesAreNotCountedAgainstEachOther) {
+  // 2 stages of 2 ranks on one 2-core host: each position's 2 threads fit.
+  EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(4, OneHost, 2), 1, 2, 2).factor, 1.0);
+  // 2 replicas of 1 stage of 2 ranks: 4 threads at the one position.
+  EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(4, OneHost, 2), 2, 1, 2).factor, 2.0);
+}
+
+TEST(LockstepComputeStretch, WorstHostAndPositionSetIt) {
+  // Replica r's stage s, rank t at (r * 2 + s) * 2 + t; stage 1's ranks of
+  // both replicas (workers 2, 3, 6, 7) on host "b" with 1 core, threads 2.
+  auto host_of = [](int i) { return (i / 2) % 2 == 1 ? "b" : "a"; };
+  ClusterSpec cluster = Cluster(8, host_of, 8, 2);
+  for (int i : {2, 3, 6, 7}) cluster.workers[i].host_cores = 1;
+  const ComputeStretch s = LockstepComputeStretch(cluster, 2, 2, 2);
+  EXPECT_DOUBLE_EQ(s.factor, 8.0);
+  EXPECT_EQ(s.host, "b");
+}
+
+TEST(LockstepComputeStretch, UnknownCoresOrGpuWorkersOrBadShape_None) {
+  EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(4, OneHost, 0), 1, 1, 4).factor, 1.0);
+  EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(4, OneHost, 2, 0), 1, 1, 4).factor, 1.0);
+  EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(3, OneHost, 1), 1, 1, 4).factor, 1.0);
+  EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(4, OneHost, 1), 0, 1, 4).factor, 1.0);
+}
+
+TEST(StretchCompute, ComputeTimesScaledSizesKept) {
+  ModelProfile p;
+  UnitProfile u;
+  u.name = "attn_0";
+  u.fwd_seconds = 1;
+  u.bwd_seconds = 2;
+  u.weight_bytes = 10;
+  u.activation_bytes = 20;
+  u.partition_seconds[2] = {0.5, 1.5};
+  p.units.push_back(u);
+  const ModelProfile q = StretchCompute(p, 3);
+  EXPECT_DOUBLE_EQ(q.units[0].fwd_seconds, 3);
+  EXPECT_DOUBLE_EQ(q.units[0].bwd_seconds, 6);
+  EXPECT_DOUBLE_EQ(q.units[0].partition_seconds.at(2).first, 1.5);
+  EXPECT_DOUBLE_EQ(q.units[0].partition_seconds.at(2).second, 4.5);
+  EXPECT_DOUBLE_EQ(q.units[0].weight_bytes, 10);
+  EXPECT_DOUBLE_EQ(q.units[0].activation_bytes, 20);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -1,0 +1,92 @@
+// PlanJob's model of workers that share a host's cores (host_sharing.h):
+// a stage's tensor ranks compute in lockstep, so on a host with fewer
+// cores than their threads their compute stretches; their collectives'
+// waits do not.
+#include "coordinator/planner/planner.h"
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "coordinator/planner/solve_plan.h"
+#include "gtest/gtest.h"
+#include "spec/job_spec.h"
+
+namespace pipetrain {
+namespace {
+
+ResolvedJobSpec TensorParallelJob(int tensor) {
+  v1::JobSpec spec;
+  spec.set_name("shared-cores");
+  spec.mutable_model()->set_n_layer(2);
+  spec.mutable_model()->set_n_head(4);
+  spec.mutable_model()->set_d_model(128);
+  spec.mutable_training()->set_seq_len(64);
+  spec.mutable_training()->set_batch_size(8);
+  spec.mutable_training()->set_micro_batches(2);
+  spec.mutable_training()->set_steps(10);
+  spec.mutable_data()->set_synthetic_bytes(100000);
+  spec.mutable_parallelism()->set_stages(1);
+  spec.mutable_parallelism()->set_tensor(tensor);
+  spec.mutable_parallelism()->set_solver("uniform");
+  return ResolveJobSpec(spec).value();
+}
+
+// `tensor` workers with 1 compute thread each, on one host of `cores`
+// cores or (cores 0) each on a host of its own with 8.
+ClusterSpec Workers(int tensor, int cores, double bandwidth, double latency) {
+  ClusterSpec cluster;
+  cluster.bandwidth_bytes_per_second = bandwidth;
+  cluster.latency_seconds = latency;
+  for (int i = 0; i < tensor; ++i) {
+    WorkerSpec w;
+    w.name = "w" + std::to_string(i);
+    w.host = cores > 0 ? "shared" : w.name;
+    w.host_cores = cores > 0 ? cores : 8;
+    w.compute_threads = 1;
+    cluster.workers.push_back(w);
+  }
+  return cluster;
+}
+
+double Predicted(int tensor, int cores, double bandwidth, double latency, std::string* source) {
+  const ResolvedJobSpec job = TensorParallelJob(tensor);
+  const ModelProfile profile = AnalyticProfile(
+      job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+  absl::StatusOr<CompiledPlan> plan =
+      PlanJob(job, "job", 1, profile, Workers(tensor, cores, bandwidth, latency), "analytic");
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return 0;
+  if (source != nullptr) *source = plan->plan.profile_source();
+  return plan->plan.predicted_iteration_seconds();
+}
+
+TEST(PlanJobSharedCores, FourRanksOnTwoCores_ComputeTwiceAsLong) {
+  // Unlimited links: the step is compute (and the optimizer step, which
+  // the profile does not time), so sharing 2 cores about doubles it.
+  std::string source;
+  const double alone = Predicted(4, 0, 0, 0, &source);
+  EXPECT_FALSE(absl::StrContains(source, "compute x")) << source;
+  const double shared = Predicted(4, 2, 0, 0, &source);
+  EXPECT_TRUE(absl::StrContains(source,
+                                "compute x2.00: 4 lockstep compute threads share the 2 "
+                                "cores of shared"))
+      << source;
+  EXPECT_GT(shared, 1.9 * alone);
+  EXPECT_LE(shared, 2.0 * alone + 1e-12);
+  // 4 cores for 4 ranks: nothing shared.
+  EXPECT_DOUBLE_EQ(Predicted(4, 4, 0, 0, nullptr), alone);
+}
+
+TEST(PlanJobSharedCores, CollectiveWaitsAreNotStretched) {
+  // A slow link: the step is mostly the all-reduces, which sharing the
+  // cores leaves as they are; the step grows by the compute only.
+  const double compute_alone = Predicted(4, 0, 0, 0, nullptr);
+  const double compute_shared = Predicted(4, 2, 0, 0, nullptr);
+  const double alone = Predicted(4, 0, 1.25e8, 5e-4, nullptr);
+  const double shared = Predicted(4, 2, 1.25e8, 5e-4, nullptr);
+  EXPECT_GT(alone, 3 * compute_alone);  // the link dominates
+  EXPECT_NEAR(shared - alone, compute_shared - compute_alone, 1e-9 + 1e-6 * alone);
+}
+
+}  // namespace
+}  // namespace pipetrain

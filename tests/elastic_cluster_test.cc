@@ -84,6 +84,26 @@ const Reference& TrainLocally(int64_t steps = kSteps) {
   return (*cache)[steps] = *ref;
 }
 
+// train-local's per-step losses for `spec`, started from the Hugging Face
+// weights at `weights_path` with fresh AdamW state (spec.init.from).
+std::vector<float> LocalLossesFrom(const v1::JobSpec& spec, const std::string& weights_path) {
+  ResolvedJobSpec resolved = ResolveJobSpec(spec).value();
+  const CorpusSpec corpus{"", resolved.data_format, resolved.train.model.vocab_size,
+                          resolved.synthetic_bytes, resolved.train.seed};
+  Dataset data =
+      Dataset::Create(LoadCorpus(corpus).value(), resolved.train.seq_len, resolved.val_fraction)
+          .value();
+  auto trainer = LocalTrainer::Create(resolved.train, &data).value();
+  std::vector<float> losses;
+  absl::Status loaded = LoadWeights(weights_path, trainer->model().parameters());
+  EXPECT_TRUE(loaded.ok()) << loaded;
+  if (!loaded.ok()) return losses;
+  for (int64_t i = 0; i < resolved.train.steps; ++i) {
+    losses.push_back(trainer->Step().value().loss);
+  }
+  return losses;
+}
+
 // The local process index behind worker `id` (its node name "local-<i>").
 int ProcessOf(v1::CoordinatorService::Stub& stub, const std::string& id) {
   v1::ListWorkersResponse workers;
@@ -331,19 +351,9 @@ TEST_F(ElasticClusterTest, TensorRankKilled_ResumesFromGatheredShardsBitwise) {
   const v1::Job started = testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, from),
                                             absl::Seconds(180), testing::Ended);
   ASSERT_EQ(started.state(), v1::JOB_STATE_SUCCEEDED) << started.reason();
-  ResolvedJobSpec resolved = ResolveJobSpec(from).value();
-  const CorpusSpec corpus{"", resolved.data_format, resolved.train.model.vocab_size,
-                          resolved.synthetic_bytes, resolved.train.seed};
-  Dataset data =
-      Dataset::Create(LoadCorpus(corpus).value(), resolved.train.seq_len, resolved.val_fraction)
-          .value();
-  auto trainer = LocalTrainer::Create(resolved.train, &data).value();
-  ASSERT_TRUE(LoadWeights(job.weights_path(), trainer->model().parameters()).ok());
-  std::vector<float> local;
-  for (int i = 0; i < kSteps; ++i) local.push_back(trainer->Step().value().loss);
   testing::ExpectLossesClose(std::vector<float>(started.progress().loss_history().begin(),
                                                 started.progress().loss_history().end()),
-                             local, "losses from the weights");
+                             LocalLossesFrom(from, job.weights_path()), "losses from the weights");
 }
 
 TEST_F(ElasticClusterTest, HeadOwnerKilled_TiedEmbeddingRestored) {
@@ -557,17 +567,11 @@ TEST_F(ElasticClusterTest, InitFromACheckpointAndFromWeights_GoOnAsTrainLocalWou
   const v1::Job job_c =
       testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, c), absl::Seconds(180), testing::Ended);
   ASSERT_EQ(job_c.state(), v1::JOB_STATE_SUCCEEDED) << job_c.reason();
-  ResolvedJobSpec resolved = ResolveJobSpec(c).value();
-  const CorpusSpec corpus{"", resolved.data_format, resolved.train.model.vocab_size,
-                          resolved.synthetic_bytes, resolved.train.seed};
-  Dataset data =
-      Dataset::Create(LoadCorpus(corpus).value(), resolved.train.seq_len, resolved.val_fraction)
-          .value();
-  auto trainer = LocalTrainer::Create(resolved.train, &data).value();
-  ASSERT_TRUE(LoadWeights(job_a.weights_path(), trainer->model().parameters()).ok());
+  const std::vector<float> local = LocalLossesFrom(c, job_a.weights_path());
   ASSERT_EQ(job_c.progress().loss_history_size(), kSteps);
+  ASSERT_EQ(local.size(), static_cast<size_t>(kSteps));
   for (int i = 0; i < kSteps; ++i) {
-    EXPECT_EQ(job_c.progress().loss_history(i), trainer->Step().value().loss) << "step " << i;
+    EXPECT_EQ(job_c.progress().loss_history(i), local[i]) << "step " << i;
   }
 
   // Refused at submit, nothing started: another model's checkpoint, a

@@ -508,7 +508,7 @@ TEST(ResolveJobSpec, TensorParallel_BadValuesRejectedNamingTheField) {
   spec = MinimalSpec();
   spec.mutable_parallelism()->set_tensor(2);
   spec.mutable_compression()->set_backward("token_topk:keep=0.5");
-  ExpectRejected(spec, "spec.compression.backward: not supported with spec.parallelism.tensor > 1");
+  EXPECT_TRUE(ResolveJobSpec(spec).ok());  // the ranks sum their token scores
   spec = MinimalSpec();
   spec.mutable_parallelism()->set_tensor_partitions(2);
   ExpectRejected(spec, "spec.parallelism.tensor_partitions: needs tensor parallelism");
@@ -592,6 +592,11 @@ TEST(ResolveJobSpec, TensorMode_DefaultOneDThreeDNeedsACubeThatSplitsTheModel) {
   spec.mutable_parallelism()->set_tensor_compression("piecewise:bits=4");
   ExpectRejected(spec,
                  "spec.parallelism.tensor_compression: must be none with "
+                 "spec.parallelism.tensor_mode 3d");
+  spec.mutable_parallelism()->set_tensor_compression("none");
+  spec.mutable_compression()->set_forward("token_topk:keep=0.5");
+  ExpectRejected(spec,
+                 "spec.compression.forward: token_topk is not built with "
                  "spec.parallelism.tensor_mode 3d");
   // D x P x T above the workers' bound names the tensor field.
   spec = MinimalSpec();

@@ -137,6 +137,45 @@ std::vector<TrainRun> TensorParallel(int ranks, int partitions = 1) {
   return runs;
 }
 
+// Token top-k's scores (Unit::TokenImportance) of attn_0 with the heads
+// split over 2 and 4 ranks: every rank returns the unsplit layer's An (its
+// heads' column sums, summed over the group), within float rounding.
+TEST(TensorParallelModelTest, AttentionTokenImportance_TheWholeLayersOnEveryRank) {
+  const TokenBatch batch = Batch(0);
+  auto scores_of = [&](GptModel& model) {
+    UnitContext embed_ctx, attn_ctx;
+    const Tensor x = model.unit(0).Forward(Tensor(), batch, &embed_ctx);
+    model.unit(1).Forward(x, batch, &attn_ctx);
+    return model.unit(1).TokenImportance(attn_ctx);
+  };
+  std::unique_ptr<GptModel> unsplit = GptModel::Create(Config(), kSeed, CpuBackend()).value();
+  const std::vector<float> want = scores_of(*unsplit);
+  ASSERT_EQ(want.size(), static_cast<size_t>(batch.batch * batch.seq_len));
+  for (int ranks : {2, 4}) {
+    InProcessFabric fabric(ranks);
+    std::vector<int> members(ranks);
+    for (int r = 0; r < ranks; ++r) members[r] = r;
+    std::vector<std::vector<float>> got(ranks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < ranks; ++r) {
+      threads.emplace_back([&, r] {
+        std::unique_ptr<Transport> transport = fabric.Connect(r);
+        Collectives collectives(transport.get(), CollectiveGroup{members, "tp"});
+        CollectivesTensorParallelComm comm(&collectives, CpuBackend());
+        comm.BeginIteration(0);
+        std::unique_ptr<GptModel> model =
+            GptModel::Create(Config(), kSeed, CpuBackend(), &comm).value();
+        got[r] = scores_of(*model);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < ranks; ++r) {
+      testing::ExpectScaledClose(got[r], want, 1e-6,
+                                 absl::StrCat("rank ", r, " of ", ranks, "'s scores"));
+    }
+  }
+}
+
 // The unsplit tensor `name` of `field` (first_grads or final_weights) from
 // the ranks' runs: gathered when sharded; rank 0's replica otherwise, after
 // checking every rank's replica is bitwise the same.

@@ -159,7 +159,14 @@ std::vector<float> AttentionUnit::TokenImportance(const UnitContext& ctx) const 
   if (ctx.saved.size() < kNumSlots) return {};
   // [B, H, T, T], rows are queries; a host copy when on a device.
   const Tensor probs = backend()->Download(ctx.saved[kProbs]);
-  return AttentionColumnSums(probs.data(), probs.shape()[0], probs.shape()[1], probs.shape()[2]);
+  std::vector<float> sums =
+      AttentionColumnSums(probs.data(), probs.shape()[0], probs.shape()[1], probs.shape()[2]);
+  TensorParallelComm* tp = tensor_parallel();
+  if (tp == nullptr) return sums;
+  // A rank's heads only: the group's sum is the whole layer's An.
+  Tensor summed = Tensor::FromVector({static_cast<int64_t>(sums.size())}, sums);
+  tp->AllReduceSum(summed);
+  return summed.ToVector();
 }
 
 }  // namespace pipetrain

@@ -4,6 +4,7 @@
 #include <optional>
 #include <thread>
 
+#include "coordinator/planner/compression_marking.h"
 #include "coordinator/planner/fused_embedding_sync.h"
 #include "gtest/gtest.h"
 #include "worker/data/synthetic_text.h"
@@ -121,6 +122,12 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
       CompileBiPartitionPrograms(forward, backward, units, replica_micro_batches, schedule).value();
   if (extras.fuse_embedding_sync) {
     EXPECT_TRUE(FuseEmbeddingSync(backward, &programs).ok());
+  }
+  if (!extras.forward_codec.empty() || !extras.backward_codec.empty()) {
+    v1::CompressionSpec compression;
+    compression.set_forward(extras.forward_codec.empty() ? "none" : extras.forward_codec);
+    compression.set_backward(extras.backward_codec.empty() ? "none" : extras.backward_codec);
+    MarkCompression(compression, &programs);
   }
   const int per = c.batch_size / c.micro_batches;
   auto eval_programs =

@@ -95,6 +95,9 @@ struct PipelineExtras {
   int tensor_partitions = 1;       // StageSetup::tensor_partitions
   std::vector<int> tensor_partitions_forward, tensor_partitions_backward;  // per unit
   int tensor_partition_tune_steps = 0;  // StageSetup::tensor_partition_tune_steps
+  // The stages' links compressed as spec.compression says (MarkCompression,
+  // as the coordinator marks the programs); empty: none.
+  std::string forward_codec, backward_codec;
   // > 0: after this many steps every runtime of replica 0 that owns units
   // takes a Snapshot (its tensor ranks gather theirs, and every rank's copy
   // must agree bitwise); RunOutput::checkpoint holds them.

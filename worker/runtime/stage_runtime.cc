@@ -792,6 +792,8 @@ absl::Status StageRuntime::RunForward(const v1::UnitRange& units, int mb, bool r
     x = unit->Forward(x, batch, ctx);
     if (stream) unit->PassPendingTo(next);
     if (recompute) continue;
+    // A collective of the tensor ranks (Unit::TokenImportance): all rank
+    // the tokens alike, so each sends its next-stage peer the same tensor.
     if (scored_outputs_.count(u)) token_scores_[{mb, u}] = unit->TokenImportance(*ctx);
     if (u == num_units_ - 1) {
       losses_[mb] = x[0];

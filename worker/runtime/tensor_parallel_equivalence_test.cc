@@ -122,6 +122,37 @@ INSTANTIATE_TEST_SUITE_P(Layouts, TensorParallelEquivalenceTest,
                                   std::get<2>(info.param);
                          });
 
+// Optimus-CC's token top-k on the stages' links with 1-D tensor
+// parallelism: the ranks rank the tokens by the group's summed attention
+// column sums (AttentionUnit::TokenImportance, checked against the unsplit
+// layer's in tensor_parallel_model_test), so all keep the same tokens and
+// send their next-stage peers the same tensor (RunPipeline checks that every
+// rank reports the same losses and every weight copy agrees), and the job
+// trains as the same compression without tensor parallelism, within the
+// tolerances above. (In this small model's first steps An is dominated by
+// position, the causal mask's doing, so a rank ranking by its own heads
+// would mostly pick the same tokens: the score sums are held to the
+// unsplit layer's directly, there.)
+TEST(TensorParallelLinkCompressionTest, TokenTopKRanksByTheGroupsScores) {
+  const TrainConfig c = TensorParallelConfig();
+  const Dataset data = MakeDataset();
+  // Stage 0 ends with attn_0, whose An ranks the tokens it sends (an MLP
+  // unit's output is ranked by its rows' norms, the same on every rank).
+  const std::vector<Range> two = {{0, 2}, {2, NumUnits(c.model)}};
+  testing::PipelineExtras extras;
+  extras.forward_codec = "token_topk:keep=0.5";
+  extras.backward_codec = "token_topk:keep=0.5";
+  const RunOutput lossy =
+      RunPipeline(c, data, two, two, Schedule::kOneFOneB, nullptr, nullptr, extras);
+  EXPECT_NE(lossy.losses, RunLocal(c, data).losses) << "the links were not compressed";
+  for (int tensor : {2, 4}) {
+    extras.tensor_parallel = tensor;
+    ExpectMatchesLocal(
+        c, RunPipeline(c, data, two, two, Schedule::kOneFOneB, nullptr, nullptr, extras), lossy,
+        "token top-k links, T" + std::to_string(tensor));
+  }
+}
+
 // Checkpoints of tensor-parallel stages (Snapshot gathers the shards and
 // their AdamW moments into the unsplit tensors; Restore cuts each rank's
 // back): resumed on its own layout a run goes on bitwise as if never

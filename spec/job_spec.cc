@@ -335,8 +335,9 @@ absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
                                 absl::StrJoin({kSolverUniform, kSolverPipeDream, kSolverBiPartition,
                                                kSolverAuto, kSolverManual},
                                               ", "),
-                                " (acctfm sizes tensor-parallel groups, which jobs do not have "
-                                "yet; use `pipetrain plan --solver acctfm`)"));
+                                " (acctfm is not a pipeline solver: for AccTFM's per-layer "
+                                "partitions of a tensor-parallel job set "
+                                "spec.parallelism.tensor_partitions to 0)"));
   }
   if (!parallelism->has_objective()) parallelism->set_objective(kObjectivePaper);
   if (parallelism->objective() != kObjectivePaper && parallelism->objective() != kObjectiveFull) {

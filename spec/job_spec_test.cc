@@ -393,6 +393,9 @@ TEST(ResolveJobSpec, UnknownSolver_Rejected) {
   ExpectRejected(spec,
                  "spec.parallelism.solver: unknown solver \"acctfm\"; accepted: uniform, "
                  "pipedream, bipartition, auto, manual");
+  // AccTFM sizes a tensor-parallel group's partitions: the message says how.
+  EXPECT_TRUE(absl::StrContains(ResolveJobSpec(spec).status().message(),
+                                "set spec.parallelism.tensor_partitions to 0"));
 }
 
 TEST(ResolveJobSpec, BiPartitionAndObjective_Accepted) {

@@ -11,15 +11,17 @@
 // long as the profile says. Their waits for collectives and transfers
 // leave the cores free and are not stretched. Workers of different stage
 // positions compute at different times of the step (the pipeline's
-// schedule) and are not counted against each other: where several
-// pipeline stages share too few cores, the prediction stays low (the
-// simulator does not model that contention yet).
+// schedule), but not always apart: SimulateWithSharedCores adds what
+// positions on one host take from each other where their compute overlaps
+// in the simulated step.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_HOST_SHARING_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_HOST_SHARING_H_
 
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "coordinator/planner/profile.h"
+#include "coordinator/planner/simulator.h"
 
 namespace pipetrain {
 
@@ -38,6 +40,30 @@ struct ComputeStretch {
 // replicas * stages * tensor, all >= 1 (else factor 1).
 ComputeStretch LockstepComputeStretch(const ClusterSpec& cluster, int replicas, int stages,
                                       int tensor);
+
+// Contention between the stage positions of one host, in the mean: runs
+// SimulateIteration(programs, costs), where programs[s] is stage position s
+// (one replica's programs; `cluster` lists every worker as
+// LockstepComputeStretch's), and then again with each position's speed
+// divided by its extra stretch, until no stretch moves by more than 1 %
+// (damped; at most 12 rounds). A position's stretch is, over its compute
+// (forward, backward, recompute and optimizer events), the mean number of
+// compute threads busy on its host (its own and those of every position
+// whose compute overlaps it, weighted by the overlap) over the host's
+// cores, at least 1; the extra stretch is that over `lockstep` (what the
+// profile already carries), at least 1. `compute_share` in (0, 1] is the
+// part of the units' costs that is compute (tensor parallelism adds the
+// all-reduces a rank waits for, which leave the cores free): only that
+// part of a position's busy time counts as threads on the cores, and only
+// that part stretches. With no shared host the first simulation is
+// returned as it is. `*largest_extra` (optional) gets the largest extra
+// stretch of the last round. Errors: SimulateIteration's.
+absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::Program>& programs,
+                                                         SimulationCosts costs,
+                                                         const ClusterSpec& cluster, int replicas,
+                                                         int stages, int tensor, double lockstep,
+                                                         double compute_share = 1,
+                                                         double* largest_extra = nullptr);
 
 // `profile` with every unit's compute times (fwd_seconds, bwd_seconds and
 // partition_seconds) times `factor`; sizes unchanged.

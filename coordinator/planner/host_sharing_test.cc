@@ -3,6 +3,8 @@
 #include <functional>
 #include <string>
 
+#include "coordinator/planner/partition.h"
+#include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -68,6 +70,76 @@ TEST(LockstepComputeStretch, UnknownCoresOrGpuWorkersOrBadShape_None) {
   EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(4, OneHost, 2, 0), 1, 1, 4).factor, 1.0);
   EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(3, OneHost, 1), 1, 1, 4).factor, 1.0);
   EXPECT_DOUBLE_EQ(LockstepComputeStretch(Cluster(4, OneHost, 1), 0, 1, 4).factor, 1.0);
+}
+
+// A 2-stage 1F1B pipeline of 4 units (1 ms forward, 2 ms backward each) and
+// 8 micro-batches on workers `cluster` (2 of them, 1 per position).
+struct Pipeline {
+  std::vector<v1::Program> programs;
+  SimulationCosts costs;
+};
+Pipeline TwoStages() {
+  Pipeline p;
+  const std::vector<Range> ranges = {{0, 2}, {2, 4}};
+  p.programs = CompileBiPartitionPrograms(ranges, ranges, 4, 8, Schedule::kOneFOneB).value();
+  for (int u = 0; u < 4; ++u) p.costs.units.push_back({1e-3, 2e-3, 1e3, 1e3});
+  p.costs.worker_speeds = {1, 1};
+  return p;
+}
+
+TEST(SimulateWithSharedCores, PositionsOnOneCoreTakeFromEachOther) {
+  const Pipeline p = TwoStages();
+  const double alone = SimulateIteration(p.programs, p.costs).value().iteration_seconds;
+  // Hosts of their own, or 2 cores for the 2: the plain simulation.
+  double extra = 0;
+  EXPECT_DOUBLE_EQ(SimulateWithSharedCores(p.programs, p.costs,
+                                           Cluster(
+                                               2, [](int i) { return std::to_string(i); }, 1),
+                                           1, 2, 1, 1.0, 1.0, &extra)
+                       .value()
+                       .iteration_seconds,
+                   alone);
+  EXPECT_DOUBLE_EQ(extra, 1.0);
+  EXPECT_DOUBLE_EQ(SimulateWithSharedCores(p.programs, p.costs, Cluster(2, OneHost, 2), 1, 2, 1,
+                                           1.0, 1.0, &extra)
+                       .value()
+                       .iteration_seconds,
+                   alone);
+  // One core for both: where their compute overlaps (1F1B's steady phase)
+  // each runs at about half speed, never slower than that.
+  const double shared = SimulateWithSharedCores(p.programs, p.costs, Cluster(2, OneHost, 1), 1, 2,
+                                                1, 1.0, 1.0, &extra)
+                            .value()
+                            .iteration_seconds;
+  EXPECT_GT(extra, 1.3);
+  EXPECT_LE(extra, 2.0);
+  EXPECT_GT(shared, 1.3 * alone);
+  EXPECT_LE(shared, 2.0 * alone + 1e-12);
+  // A lockstep stretch the profile already carries is not charged twice.
+  EXPECT_DOUBLE_EQ(SimulateWithSharedCores(p.programs, p.costs, Cluster(2, OneHost, 1), 1, 2, 1,
+                                           2.0, 1.0, &extra)
+                       .value()
+                       .iteration_seconds,
+                   alone);
+}
+
+TEST(SimulateWithSharedCores, OnlyTheComputeShareStretches) {
+  // Half of every unit's cost waited for (tensor-parallel all-reduces):
+  // the positions take less from each other, and less of it stretches.
+  const Pipeline p = TwoStages();
+  const double alone = SimulateIteration(p.programs, p.costs).value().iteration_seconds;
+  double all = 0, half = 0;
+  const double computing =
+      SimulateWithSharedCores(p.programs, p.costs, Cluster(2, OneHost, 1), 1, 2, 1, 1.0, 1.0, &all)
+          .value()
+          .iteration_seconds;
+  const double waiting =
+      SimulateWithSharedCores(p.programs, p.costs, Cluster(2, OneHost, 1), 1, 2, 1, 1.0, 0.5, &half)
+          .value()
+          .iteration_seconds;
+  EXPECT_GT(waiting, alone);
+  EXPECT_LT(waiting, computing);
+  EXPECT_LT(half, all);
 }
 
 TEST(StretchCompute, ComputeTimesScaledSizesKept) {

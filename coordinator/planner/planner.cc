@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/compression_marking.h"
 #include "coordinator/planner/data_parallel_layout.h"
@@ -137,6 +138,28 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     planned = TensorParallelCostsOf(computed, tensor, tensor_passes);
   }
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
+  // Stage positions on one host's cores also take from each other where
+  // their compute overlaps (host_sharing.h): the prediction and the
+  // timeline come from that simulation (the solver's choice does not).
+  double overlap_stretch = 1;
+  {
+    SimulationCosts costs =
+        SimulationCostsFromProfile(planned, replica, TiedGradientBytes(planned));
+    costs.data_parallel = replicas;
+    // The share of the units' costs that is compute (the rest: tensor-
+    // parallel all-reduces waited for).
+    double compute = 0, total = 0;
+    for (size_t u = 0; u < planned.units.size(); ++u) {
+      compute += (computed.units[u].fwd_seconds + computed.units[u].bwd_seconds) / tensor;
+      total += planned.units[u].fwd_seconds + planned.units[u].bwd_seconds;
+    }
+    const double compute_share = total > 0 ? std::min(1.0, compute / total) : 1.0;
+    ASSIGN_OR_RETURN(
+        solved.simulation,
+        SimulateWithSharedCores(solved.programs, costs, cluster, replicas, r.stages, tensor,
+                                stretch.factor, compute_share, &overlap_stretch));
+    solved.all_reduce_seconds = solved.simulation.all_reduce_seconds;
+  }
   // The groups' all-reduces on their own lane of the timeline.
   if (!tensor_passes.empty()) AddTensorParallelLanes(tensor_passes, &solved.simulation);
   CompiledPlan out;
@@ -196,7 +219,11 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_solve_seconds(solved.solve_seconds);
   plan.set_profile_source(absl::StrCat(
       profile_source, "; links modelled at ", cluster.bandwidth_bytes_per_second / 1e9,
-      " GB/s and ", cluster.latency_seconds * 1e6, " us latency", DescribeComputeStretch(stretch)));
+      " GB/s and ", cluster.latency_seconds * 1e6, " us latency", DescribeComputeStretch(stretch),
+      overlap_stretch > 1.005
+          ? absl::StrFormat("; stages computing at once on shared cores: up to x%.2f",
+                            overlap_stretch)
+          : ""));
   TimelineSvgOptions svg;
   svg.title = absl::StrCat("job ", job_id, ": ", solved.solver, " plan, predicted iteration");
   plan.set_timeline_svg(TimelineSvg(solved.simulation, names, svg));

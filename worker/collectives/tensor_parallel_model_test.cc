@@ -104,13 +104,15 @@ TrainRun Whole() {
   return run;
 }
 
-// `ranks` shards of the model, each attention and MLP unit in `partitions`
-// partitions (AccTFM §4.2) forward and backward.
-std::vector<TrainRun> TensorParallel(int ranks, int partitions = 1) {
+// Runs `rank(r, model, comm)` on `ranks` threads, each with rank r's shards
+// of the model (seed kSeed) over a group of the ranks on an in-process
+// fabric; EXPECTs every rank's returned status, and its comm's, to be OK.
+void OnRanks(
+    int ranks,
+    const std::function<absl::Status(int, GptModel&, CollectivesTensorParallelComm&)>& rank) {
   InProcessFabric fabric(ranks);
   std::vector<int> members(ranks);
   for (int r = 0; r < ranks; ++r) members[r] = r;
-  std::vector<TrainRun> runs(ranks);
   std::vector<absl::Status> status(ranks);
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
@@ -120,20 +122,25 @@ std::vector<TrainRun> TensorParallel(int ranks, int partitions = 1) {
       CollectivesTensorParallelComm comm(&collectives, CpuBackend());
       absl::StatusOr<std::unique_ptr<GptModel>> model =
           GptModel::Create(Config(), kSeed, CpuBackend(), &comm);
-      if (!model.ok()) {
-        status[r] = model.status();
-        return;
-      }
-      for (int u = 0; u < (*model)->num_units(); ++u) {
-        (*model)->unit(u).set_tensor_parallel_partitions(partitions, partitions);
-      }
-      status[r] = Train(
-          **model, [&](int step) { comm.BeginIteration(step); }, &runs[r]);
+      status[r] = model.ok() ? rank(r, **model, comm) : model.status();
       if (status[r].ok()) status[r] = comm.status();
     });
   }
   for (std::thread& t : threads) t.join();
   for (int r = 0; r < ranks; ++r) EXPECT_TRUE(status[r].ok()) << "rank " << r << ": " << status[r];
+}
+
+// `ranks` shards of the model, each attention and MLP unit in `partitions`
+// partitions (AccTFM §4.2) forward and backward.
+std::vector<TrainRun> TensorParallel(int ranks, int partitions = 1) {
+  std::vector<TrainRun> runs(ranks);
+  OnRanks(ranks, [&](int r, GptModel& model, CollectivesTensorParallelComm& comm) {
+    for (int u = 0; u < model.num_units(); ++u) {
+      model.unit(u).set_tensor_parallel_partitions(partitions, partitions);
+    }
+    return Train(
+        model, [&](int step) { comm.BeginIteration(step); }, &runs[r]);
+  });
   return runs;
 }
 
@@ -152,23 +159,12 @@ TEST(TensorParallelModelTest, AttentionTokenImportance_TheWholeLayersOnEveryRank
   const std::vector<float> want = scores_of(*unsplit);
   ASSERT_EQ(want.size(), static_cast<size_t>(batch.batch * batch.seq_len));
   for (int ranks : {2, 4}) {
-    InProcessFabric fabric(ranks);
-    std::vector<int> members(ranks);
-    for (int r = 0; r < ranks; ++r) members[r] = r;
     std::vector<std::vector<float>> got(ranks);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < ranks; ++r) {
-      threads.emplace_back([&, r] {
-        std::unique_ptr<Transport> transport = fabric.Connect(r);
-        Collectives collectives(transport.get(), CollectiveGroup{members, "tp"});
-        CollectivesTensorParallelComm comm(&collectives, CpuBackend());
-        comm.BeginIteration(0);
-        std::unique_ptr<GptModel> model =
-            GptModel::Create(Config(), kSeed, CpuBackend(), &comm).value();
-        got[r] = scores_of(*model);
-      });
-    }
-    for (std::thread& t : threads) t.join();
+    OnRanks(ranks, [&](int r, GptModel& model, CollectivesTensorParallelComm& comm) {
+      comm.BeginIteration(0);
+      got[r] = scores_of(model);
+      return absl::OkStatus();
+    });
     for (int r = 0; r < ranks; ++r) {
       testing::ExpectScaledClose(got[r], want, 1e-6,
                                  absl::StrCat("rank ", r, " of ", ranks, "'s scores"));

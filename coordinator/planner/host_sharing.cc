@@ -10,32 +10,6 @@
 
 namespace pipetrain {
 
-ComputeStretch LockstepComputeStretch(const ClusterSpec& cluster, int replicas, int stages,
-                                      int tensor) {
-  ComputeStretch worst;
-  if (replicas < 1 || stages < 1 || tensor < 1 ||
-      cluster.workers.size() != static_cast<size_t>(replicas) * stages * tensor) {
-    return worst;
-  }
-  for (int s = 0; s < stages; ++s) {
-    std::map<std::string, int> threads;  // position s's compute threads per host
-    std::map<std::string, int> cores;
-    for (int r = 0; r < replicas; ++r) {
-      for (int t = 0; t < tensor; ++t) {
-        const WorkerSpec& w = cluster.workers[(static_cast<size_t>(r) * stages + s) * tensor + t];
-        if (w.host_cores <= 0 || w.compute_threads <= 0) continue;
-        threads[w.host] += w.compute_threads;
-        cores[w.host] = w.host_cores;
-      }
-    }
-    for (const auto& [host, n] : threads) {
-      const double factor = static_cast<double>(n) / cores[host];
-      if (factor > worst.factor) worst = {factor, host, n, cores[host]};
-    }
-  }
-  return worst;
-}
-
 namespace {
 
 // Position s's compute threads per host (hosts with known cores only).
@@ -79,7 +53,27 @@ double Overlap(const std::vector<std::pair<double, double>>& a,
   return total;
 }
 
+// Whether `cluster` holds one worker per (replica, stage position, rank).
+bool Shaped(const ClusterSpec& cluster, int replicas, int stages, int tensor) {
+  return replicas >= 1 && stages >= 1 && tensor >= 1 &&
+         cluster.workers.size() == static_cast<size_t>(replicas) * stages * tensor;
+}
+
 }  // namespace
+
+ComputeStretch LockstepComputeStretch(const ClusterSpec& cluster, int replicas, int stages,
+                                      int tensor) {
+  ComputeStretch worst;
+  if (!Shaped(cluster, replicas, stages, tensor)) return worst;
+  std::map<std::string, int> cores;
+  for (const auto& by_host : ThreadsByPosition(cluster, replicas, stages, tensor, &cores)) {
+    for (const auto& [host, n] : by_host) {
+      const double factor = static_cast<double>(n) / cores[host];
+      if (factor > worst.factor) worst = {factor, host, n, cores[host]};
+    }
+  }
+  return worst;
+}
 
 absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::Program>& programs,
                                                          SimulationCosts costs,
@@ -90,8 +84,8 @@ absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::P
   const double c = std::clamp(compute_share, 1e-6, 1.0);
   if (largest_extra != nullptr) *largest_extra = 1;
   absl::StatusOr<SimulationResult> result = SimulateIteration(programs, costs);
-  if (!result.ok() || replicas < 1 || tensor < 1 || stages != static_cast<int>(programs.size()) ||
-      cluster.workers.size() != static_cast<size_t>(replicas) * stages * tensor) {
+  if (!result.ok() || stages != static_cast<int>(programs.size()) ||
+      !Shaped(cluster, replicas, stages, tensor)) {
     return result;
   }
   std::map<std::string, int> cores;

@@ -52,8 +52,6 @@ v1::Assignment StopAssignment(const std::string& job_id, int64_t version) {
   return a;
 }
 
-// The job's stages as device-link members: each worker's host, GPU and
-// current NCCL id (the registry keeps it out of v1::Worker).
 // The GEMM rate `w`'s cores reach: on the CPU, the best start-up probe of
 // the workers in `workers` on w's host (they compute on the same cores; a
 // probe taken while others probed too measures that contention, which the
@@ -70,6 +68,8 @@ double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w) {
   return best;
 }
 
+// The job's stages as device-link members: each worker's host, GPU and
+// current NCCL id (the registry keeps it out of v1::Worker).
 std::vector<DeviceLinkMember> DeviceLinkMembers(const std::vector<v1::Worker>& workers,
                                                 const WorkerRegistry& registry) {
   std::vector<DeviceLinkMember> members;

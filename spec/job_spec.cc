@@ -459,8 +459,8 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
        {std::pair<const char*, const std::string*>{"spec.compression.forward",
                                                    &spec->compression().forward()},
         {"spec.compression.backward", &spec->compression().backward()}}) {
-    // 1-D ranks sum their heads' token scores first (stage_runtime.cc);
-    // the cube's attention computes none.
+    // 1-D ranks sum their heads' token scores first
+    // (AttentionUnit::TokenImportance); the cube's attention computes none.
     if (cube && absl::StrContains(*codec, "token_topk")) {
       return Invalid(field, "token_topk is not built with spec.parallelism.tensor_mode 3d");
     }

@@ -12,7 +12,12 @@ namespace pipetrain {
 
 // A fetcher whose calls fail with DEADLINE_EXCEEDED after `timeout`; other
 // errors are the worker's (INVALID_ARGUMENT for a bad request) or
-// UNAVAILABLE when it cannot be reached.
+// UNAVAILABLE when it cannot be reached. UNAUTHENTICATED is asked again
+// (up to kProfileSessionRetries times, 50 ms, 100 ms, ... apart, within
+// `timeout`): a worker learns its session from RegisterWorker's response,
+// and a job planned at once on a worker that just registered can ask before
+// that response has been read. Then the worker's error is returned.
+inline constexpr int kProfileSessionRetries = 4;
 ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout);
 
 }  // namespace pipetrain

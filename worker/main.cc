@@ -36,6 +36,7 @@
 #include "worker/agent/worker_agent.h"
 #include "worker/agent/worker_control_service.h"
 #include "worker/agent/worker_metrics.h"
+#include "worker/collectives/data_plane_probe.h"
 #include "worker/model/backend_select.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/grpc_transport.h"
@@ -238,6 +239,24 @@ int Run(const std::vector<std::string>& args) {
     }
   }
   WorkerAgentOptions options;
+  {
+    // The data plane's own cost per message, for the planner's link model
+    // (data_plane_probe.h). A worker that cannot reach itself still runs;
+    // the planner then models its links without it.
+    const std::string listen_host = (*server)->address().substr(0, (*server)->address().rfind(':'));
+    const std::string self_host =
+        listen_host == "[::]" ? "[::1]" : (listen_host == "0.0.0.0" ? "127.0.0.1" : listen_host);
+    absl::StatusOr<DataPlaneCost> cost = ProbeDataPlane(
+        server->get(), &mailbox, absl::StrCat(self_host, ":", (*server)->port()));
+    if (cost.ok()) {
+      PT_LOG(INFO) << "data plane on this host: " << DescribeDataPlaneCost(*cost);
+      options.data_plane_overhead_seconds = cost->overhead_seconds;
+      options.data_plane_bytes_per_second = cost->bytes_per_second;
+    } else {
+      PT_LOG(WARNING) << "could not time the data plane (" << cost.status()
+                      << "); the planner models this worker's links without its cost";
+    }
+  }
   options.coordinator_address = f.coordinator;
   options.credentials = credentials;
   options.join_token = f.join_token;

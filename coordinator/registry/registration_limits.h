@@ -30,6 +30,9 @@ inline constexpr size_t kMaxNcclIdBytes = 128;
 inline constexpr int64_t kMaxCpuCores = 1 << 16;
 inline constexpr int64_t kMaxMemoryBytes = int64_t{1} << 50;  // 1 PiB
 inline constexpr double kMaxGflops = 1e9;
+// The data plane's measured cost per message (DeviceInfo.data_plane_*).
+inline constexpr double kMaxDataPlaneOverheadSeconds = 1;
+inline constexpr double kMaxDataPlaneBytesPerSecond = 1e13;
 
 // INVALID_ARGUMENT naming the field ("RegisterWorkerRequest.device.cpu_model:
 // 300 bytes exceeds the limit of 256") for any field out of bounds. The

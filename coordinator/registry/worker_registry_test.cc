@@ -1,6 +1,7 @@
 #include "coordinator/registry/worker_registry.h"
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <mutex>
 #include <string>
@@ -914,6 +915,14 @@ TEST(WorkerRegistryBoundsTest, OversizeField_InvalidArgumentNamingIt) {
   request.mutable_device()->set_measured_gflops(-1);
   EXPECT_THAT(registry.Register(request).status().message(),
               HasSubstr("measured_gflops: -1 is outside"));
+  request = Request(1);
+  request.mutable_device()->set_data_plane_overhead_seconds(2);
+  EXPECT_THAT(registry.Register(request).status().message(),
+              HasSubstr("data_plane_overhead_seconds: 2 is outside [0, 1]"));
+  request = Request(1);
+  request.mutable_device()->set_data_plane_bytes_per_second(NAN);
+  EXPECT_THAT(registry.Register(request).status().message(),
+              HasSubstr("data_plane_bytes_per_second: nan is outside"));
   EXPECT_THAT(registry.List(), IsEmpty());
   ASSERT_TRUE(registry.Register(Request(1)).ok());
   EXPECT_THAT(registry.Heartbeat(Beat("w-1", 1, std::string(257, 'i'))).message(),

@@ -107,6 +107,8 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
   device_.set_gpu_index(options_.backend->device_facts().index);
   device_.set_link_bandwidth_bytes_per_second(options_.emulated_bandwidth_bytes_per_second);
   device_.set_link_latency_seconds(options_.emulated_latency_seconds);
+  device_.set_data_plane_overhead_seconds(options_.data_plane_overhead_seconds);
+  device_.set_data_plane_bytes_per_second(options_.data_plane_bytes_per_second);
   absl::StatusOr<std::string> group_id = options_.backend->NewDeviceGroupId();
   if (group_id.ok()) {
     AnnotatedMutexLock lock(&mu_);

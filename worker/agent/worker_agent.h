@@ -66,6 +66,10 @@ struct WorkerAgentOptions {
   // --emulate-link, reported in DeviceInfo for the planner; 0: none.
   double emulated_bandwidth_bytes_per_second = 0;
   double emulated_latency_seconds = 0;
+  // The data plane's cost per message measured at start-up
+  // (worker/transport/data_plane_probe.h); 0: not measured.
+  double data_plane_overhead_seconds = 0;
+  double data_plane_bytes_per_second = 0;
   // JobRunnerOptions::data_roots for every job (the --data-root flag).
   std::vector<std::string> data_roots;
   // JobRunnerOptions::checkpoint_root (the --checkpoint-root flag).

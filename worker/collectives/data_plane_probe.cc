@@ -1,0 +1,117 @@
+#include "worker/collectives/data_plane_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/secrets.h"
+#include "common/status_macros.h"
+#include "common/tensor.h"
+#include "worker/collectives/collectives.h"
+#include "worker/transport/grpc_transport.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr int kWarmUps = 2;  // connect, first allocations
+constexpr int kRounds = 12;  // each one all-reduce of either size
+constexpr double kOverheadFloorSeconds = 1e-6;
+
+// Both members all-reduce a tensor of 2 * step_bytes (member 1 on its own
+// thread); the seconds until both are done, over the two steps.
+absl::StatusOr<double> StepSeconds(Collectives& first, Collectives& second, int64_t step_bytes,
+                                   int64_t iteration) {
+  const Shape shape{2 * step_bytes / static_cast<int64_t>(sizeof(float))};
+  Tensor a = Tensor::Filled(shape, 1.0f), b = Tensor::Filled(shape, 2.0f);
+  absl::Status second_status;
+  const auto start = std::chrono::steady_clock::now();
+  std::thread other([&] { second_status = second.AllReduce(iteration, 0, b); });
+  absl::Status first_status = first.AllReduce(iteration, 0, a);
+  other.join();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  RETURN_IF_ERROR(first_status);
+  RETURN_IF_ERROR(second_status);
+  if (a[0] != 3.0f || b[shape[0] - 1] != 3.0f) {
+    return absl::InternalError("the data plane probe's all-reduce summed wrong");
+  }
+  return seconds / 2;
+}
+
+}  // namespace
+
+absl::StatusOr<DataPlaneCost> FitDataPlaneCost(int64_t small_bytes, double small_seconds,
+                                               int64_t large_bytes, double large_seconds) {
+  if (!(small_bytes > 0 && small_bytes < large_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("probe sizes must satisfy 0 < ", small_bytes, " < ", large_bytes));
+  }
+  if (!(small_seconds > 0 && std::isfinite(small_seconds) && large_seconds > 0 &&
+        std::isfinite(large_seconds))) {
+    return absl::InvalidArgumentError(absl::StrCat("probe times must be positive and finite, got ",
+                                                   small_seconds, " and ", large_seconds));
+  }
+  DataPlaneCost cost;
+  cost.bytes_per_second =
+      large_seconds > small_seconds
+          ? static_cast<double>(large_bytes - small_bytes) / (large_seconds - small_seconds)
+          : static_cast<double>(large_bytes) / large_seconds;
+  cost.overhead_seconds =
+      std::max(kOverheadFloorSeconds,
+               small_seconds - static_cast<double>(small_bytes) / cost.bytes_per_second);
+  return cost;
+}
+
+absl::StatusOr<DataPlaneCost> ProbeDataPlane(DataPlaneServer* server, Mailbox* mailbox,
+                                             const std::string& self_address) {
+  // A job nobody else can prove (the secret never leaves this process).
+  const JobCredential credential{absl::StrCat("data-plane-probe-", RandomHex(8)), RandomToken()};
+  server->SetJob(credential.job_id, 2, credential.secret);
+  GrpcTransportOptions options;
+  options.credential = credential;
+  options.connect_timeout = absl::Seconds(5);
+  CollectiveOptions ring;
+  ring.small_bytes = 0;  // the ring at every size, as the planner models it
+  ring.timeout = absl::Seconds(10);
+  absl::StatusOr<DataPlaneCost> cost = [&]() -> absl::StatusOr<DataPlaneCost> {
+    GrpcTransport t0(0, {self_address, self_address}, mailbox, options);
+    GrpcTransport t1(1, {self_address, self_address}, mailbox, options);
+    Collectives first(&t0, {{0, 1}, credential.job_id}, ring);
+    Collectives second(&t1, {{0, 1}, credential.job_id}, ring);
+    RETURN_IF_ERROR(first.status());
+    RETURN_IF_ERROR(second.status());
+    int64_t iteration = 0;
+    for (int i = 0; i < kWarmUps; ++i) {
+      RETURN_IF_ERROR(StepSeconds(first, second, kDataPlaneProbeLargeBytes, iteration++).status());
+    }
+    // The fastest of each size, the sizes alternating so that both see the
+    // same conditions: workers started together probe at once (and beside
+    // each other's GEMM probes).
+    double small = std::numeric_limits<double>::infinity(), large = small;
+    for (int i = 0; i < kRounds; ++i) {
+      ASSIGN_OR_RETURN(const double s,
+                       StepSeconds(first, second, kDataPlaneProbeSmallBytes, iteration++));
+      ASSIGN_OR_RETURN(const double l,
+                       StepSeconds(first, second, kDataPlaneProbeLargeBytes, iteration++));
+      small = std::min(small, s);
+      large = std::min(large, l);
+    }
+    t0.Shutdown();
+    t1.Shutdown();
+    return FitDataPlaneCost(kDataPlaneProbeSmallBytes, small, kDataPlaneProbeLargeBytes, large);
+  }();
+  server->ClearJob();
+  mailbox->DropJob(credential.job_id);
+  return cost;
+}
+
+std::string DescribeDataPlaneCost(const DataPlaneCost& cost) {
+  return absl::StrFormat("%.3g ms + %.3g GB/s per message (timed as ring steps)",
+                         cost.overhead_seconds * 1e3, cost.bytes_per_second / 1e9);
+}
+
+}  // namespace pipetrain

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -66,6 +67,35 @@ double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w) {
     }
   }
   return best;
+}
+
+// The data plane's cost per message for the planner's links: each host's
+// best measurement (its workers probe at once at start-up and slow each
+// other, as HostGflops says), then the slowest host's. Workers that did
+// not measure (0) are left out; none measured: zeros (not modelled).
+struct DataPlaneCost {
+  double overhead_seconds = 0, bytes_per_second = 0;
+};
+DataPlaneCost SlowestHostDataPlane(const std::vector<v1::Worker>& workers) {
+  std::map<std::string, DataPlaneCost> best;  // by host
+  for (const v1::Worker& w : workers) {
+    const double o = w.device().data_plane_overhead_seconds();
+    const double rate = w.device().data_plane_bytes_per_second();
+    if (!(o > 0) || !(rate > 0)) continue;
+    auto [it, fresh] = best.try_emplace(w.device().hostname(), DataPlaneCost{o, rate});
+    if (!fresh) {
+      it->second.overhead_seconds = std::min(it->second.overhead_seconds, o);
+      it->second.bytes_per_second = std::max(it->second.bytes_per_second, rate);
+    }
+  }
+  DataPlaneCost slowest;
+  for (const auto& [host, cost] : best) {
+    slowest.overhead_seconds = std::max(slowest.overhead_seconds, cost.overhead_seconds);
+    slowest.bytes_per_second = slowest.bytes_per_second == 0
+                                   ? cost.bytes_per_second
+                                   : std::min(slowest.bytes_per_second, cost.bytes_per_second);
+  }
+  return slowest;
 }
 
 // The job's stages as device-link members: each worker's host, GPU and
@@ -817,6 +847,10 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   }
   cluster.bandwidth_bytes_per_second = emulated ? bandwidth : kAssumedBandwidth;
   cluster.latency_seconds = emulated ? latency : kAssumedLatency;
+  cluster.links_emulated = emulated;
+  const DataPlaneCost data_plane = SlowestHostDataPlane(infos);
+  cluster.data_plane_overhead_seconds = data_plane.overhead_seconds;
+  cluster.data_plane_bytes_per_second = data_plane.bytes_per_second;
   // A re-plan may use another number of stages (spec.elastic); the
   // replicas (spec.parallelism.data) and tensor ranks (.tensor) stay,
   // replica r's stage s, rank t on workers[(r * stages + s) * tensor + t].

@@ -212,6 +212,46 @@ TEST_F(JobManagerTest, EmulatedLinks_PlannedWithTheSlowest) {
       << jobs_.GetPlan(id3).value().profile_source();
 }
 
+// Workers report their data plane's cost per message; the plan adds each
+// host's best, then the slowest host's, to its links and predicts a longer
+// step than with free messages.
+TEST_F(JobManagerTest, DataPlaneCost_HostsBestThenSlowestHostAddedToTheLinks) {
+  auto add = [this](int port, const std::string& host, double overhead, double rate) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    request.mutable_device()->set_hostname(host);
+    request.mutable_device()->set_link_bandwidth_bytes_per_second(1.25e8);
+    request.mutable_device()->set_link_latency_seconds(0.0005);
+    request.mutable_device()->set_data_plane_overhead_seconds(overhead);
+    request.mutable_device()->set_data_plane_bytes_per_second(rate);
+    return registry_.Register(request).value().worker_id();
+  };
+  // Not measured: none modelled.
+  const std::vector<std::string> unmeasured = {add(7401, "a", 0, 0), add(7402, "a", 0, 0),
+                                               add(7406, "b", 0, 0)};
+  const std::string free_id = jobs_.Submit(SmallSpec(3)).value().id();
+  jobs_.ScheduleQueued();
+  const v1::Plan free_plan = jobs_.GetPlan(free_id).value();
+  EXPECT_FALSE(absl::StrContains(free_plan.profile_source(), "data plane"))
+      << free_plan.profile_source();
+  ASSERT_TRUE(jobs_.Cancel(free_id).ok());
+  for (const std::string& w : unmeasured) ASSERT_TRUE(registry_.Deregister(w, 1).ok());
+  // Host a: 0.2 ms / 1 GB/s and 0.1 ms / 0.5 GB/s -> 0.1 ms / 1 GB/s.
+  // Host b: 0.15 ms / 2 GB/s. The slowest: 0.15 ms and 1 GB/s.
+  add(7403, "a", 2e-4, 1e9);
+  add(7404, "a", 1e-4, 5e8);
+  add(7405, "b", 1.5e-4, 2e9);
+  const std::string id = jobs_.Submit(SmallSpec(3)).value().id();
+  jobs_.ScheduleQueued();
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_TRUE(absl::StrContains(plan.profile_source(), "data plane 0.15 ms + 1 GB/s per message"))
+      << plan.profile_source();
+  EXPECT_TRUE(absl::StrContains(plan.profile_source(), "links modelled at 0.125 GB/s"))
+      << plan.profile_source();
+  EXPECT_GT(plan.predicted_iteration_seconds(), free_plan.predicted_iteration_seconds());
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+}
+
 // Replica 0 speaks for all: other replicas' losses are not recorded, they
 // may not checkpoint, and the job succeeds only when every replica's
 // weight digest equals replica 0's.

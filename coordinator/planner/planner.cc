@@ -8,6 +8,7 @@
 #include "coordinator/planner/compression_marking.h"
 #include "coordinator/planner/data_parallel_layout.h"
 #include "coordinator/planner/fused_embedding_sync.h"
+#include "coordinator/planner/data_plane_cost.h"
 #include "coordinator/planner/host_sharing.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "coordinator/planner/selective_compression.h"
@@ -63,10 +64,18 @@ absl::Status CheckPlanningBudget(const ResolvedJobSpec& r) {
 
 absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string& job_id,
                                      int64_t version, const ModelProfile& profile,
-                                     const ClusterSpec& cluster,
+                                     const ClusterSpec& measured_cluster,
                                      const std::string& profile_source) {
   const int replicas = std::max(1, r.data_parallel);
   const int tensor = std::max(1, r.tensor_parallel);
+  // Workers of a stage position compute in lockstep: where they share too
+  // few cores, their compute takes longer than the profile measured alone
+  // (host_sharing.h), and so does the data plane's work beside it: the
+  // links the plan models carry that cost (data_plane_cost.h).
+  const ComputeStretch stretch =
+      LockstepComputeStretch(measured_cluster, replicas, r.stages, tensor);
+  ClusterSpec cluster = measured_cluster;
+  AddDataPlaneCost(stretch.factor, &cluster);
   if (static_cast<int>(cluster.workers.size()) != r.stages * replicas * tensor) {
     return absl::InvalidArgumentError(absl::StrCat(cluster.workers.size(), " workers for ",
                                                    replicas, " replicas of ", r.stages,
@@ -93,11 +102,9 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     options.manual_forward.push_back({s.forward_begin(), s.forward_end()});
     options.manual_backward.push_back({s.backward_begin(), s.backward_end()});
   }
-  // Workers of a stage position compute in lockstep: where they share too
-  // few cores, their compute takes longer than the profile measured alone
-  // (host_sharing.h). Their collectives' waits are not stretched, so this
+  // The lockstep stretch applies to compute only: the collectives' waits
+  // are not stretched (their data plane's share is in the link), so this
   // comes before the tensor-parallel costs add them.
-  const ComputeStretch stretch = LockstepComputeStretch(cluster, replicas, r.stages, tensor);
   const ModelProfile computed = StretchCompute(profile, stretch.factor);
   // Tensor parallelism: AccTFM's partitions per unit (the job's count, or
   // Alg. 1's choice), then each unit's cost on one rank of its group.
@@ -218,8 +225,9 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_bubble_fraction(solved.simulation.bubble_fraction);
   plan.set_solve_seconds(solved.solve_seconds);
   plan.set_profile_source(absl::StrCat(
-      profile_source, "; links modelled at ", cluster.bandwidth_bytes_per_second / 1e9,
-      " GB/s and ", cluster.latency_seconds * 1e6, " us latency", DescribeComputeStretch(stretch),
+      profile_source, "; links modelled at ", measured_cluster.bandwidth_bytes_per_second / 1e9,
+      " GB/s and ", measured_cluster.latency_seconds * 1e6, " us latency",
+      DescribeDataPlaneCost(measured_cluster, stretch.factor), DescribeComputeStretch(stretch),
       overlap_stretch > 1.005
           ? absl::StrFormat("; stages computing at once on shared cores: up to x%.2f",
                             overlap_stretch)

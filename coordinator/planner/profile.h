@@ -55,6 +55,14 @@ struct ClusterSpec {
   std::vector<WorkerSpec> workers;
   double bandwidth_bytes_per_second = 0;  // 0: unlimited
   double latency_seconds = 0;
+  // The data plane's own cost per message beyond the link (measured by the
+  // workers, worker/transport/data_plane_probe.h; 0: not known), and
+  // whether the link above is emulated (store-and-forward before that
+  // cost) or a real network (the copy overlaps the wire). The planner adds
+  // it to the link with data_plane_cost.h's AddDataPlaneCost.
+  double data_plane_overhead_seconds = 0;
+  double data_plane_bytes_per_second = 0;
+  bool links_emulated = false;
 };
 
 absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& json);

@@ -69,33 +69,30 @@ double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w) {
   return best;
 }
 
-// The data plane's cost per message for the planner's links: each host's
-// best measurement (its workers probe at once at start-up and slow each
-// other, as HostGflops says), then the slowest host's. Workers that did
-// not measure (0) are left out; none measured: zeros (not modelled).
-struct DataPlaneCost {
-  double overhead_seconds = 0, bytes_per_second = 0;
-};
-DataPlaneCost SlowestHostDataPlane(const std::vector<v1::Worker>& workers) {
-  std::map<std::string, DataPlaneCost> best;  // by host
+// The data plane's cost per message for the planner's links
+// (cluster->data_plane_*): each host's best measurement (its workers probe
+// at once at start-up and slow each other, as HostGflops says), then the
+// slowest host's. Workers that did not measure (0) are left out; none
+// measured: zeros (not modelled).
+void SetSlowestHostDataPlane(const std::vector<v1::Worker>& workers, ClusterSpec* cluster) {
+  std::map<std::string, std::pair<double, double>> best;  // host -> {overhead, rate}
   for (const v1::Worker& w : workers) {
     const double o = w.device().data_plane_overhead_seconds();
     const double rate = w.device().data_plane_bytes_per_second();
     if (!(o > 0) || !(rate > 0)) continue;
-    auto [it, fresh] = best.try_emplace(w.device().hostname(), DataPlaneCost{o, rate});
+    auto [it, fresh] = best.try_emplace(w.device().hostname(), o, rate);
     if (!fresh) {
-      it->second.overhead_seconds = std::min(it->second.overhead_seconds, o);
-      it->second.bytes_per_second = std::max(it->second.bytes_per_second, rate);
+      it->second.first = std::min(it->second.first, o);
+      it->second.second = std::max(it->second.second, rate);
     }
   }
-  DataPlaneCost slowest;
+  double overhead = 0, rate = 0;
   for (const auto& [host, cost] : best) {
-    slowest.overhead_seconds = std::max(slowest.overhead_seconds, cost.overhead_seconds);
-    slowest.bytes_per_second = slowest.bytes_per_second == 0
-                                   ? cost.bytes_per_second
-                                   : std::min(slowest.bytes_per_second, cost.bytes_per_second);
+    overhead = std::max(overhead, cost.first);
+    rate = rate == 0 ? cost.second : std::min(rate, cost.second);
   }
-  return slowest;
+  cluster->data_plane_overhead_seconds = overhead;
+  cluster->data_plane_bytes_per_second = rate;
 }
 
 // The job's stages as device-link members: each worker's host, GPU and
@@ -848,9 +845,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   cluster.bandwidth_bytes_per_second = emulated ? bandwidth : kAssumedBandwidth;
   cluster.latency_seconds = emulated ? latency : kAssumedLatency;
   cluster.links_emulated = emulated;
-  const DataPlaneCost data_plane = SlowestHostDataPlane(infos);
-  cluster.data_plane_overhead_seconds = data_plane.overhead_seconds;
-  cluster.data_plane_bytes_per_second = data_plane.bytes_per_second;
+  SetSlowestHostDataPlane(infos, &cluster);
   // A re-plan may use another number of stages (spec.elastic); the
   // replicas (spec.parallelism.data) and tensor ranks (.tensor) stay,
   // replica r's stage s, rank t on workers[(r * stages + s) * tensor + t].

@@ -14,6 +14,7 @@
 #include "common/status_macros.h"
 #include "coordinator/planner/acctfm.h"
 #include "coordinator/planner/data_parallel_layout.h"
+#include "coordinator/planner/data_plane_cost.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/timeline_render.h"
@@ -76,6 +77,9 @@ absl::StatusOr<ClusterSpec> ClusterFrom(const PlanFlags& f) {
     if (!cluster.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(f.cluster, ": ", cluster.status().message()));
     }
+    // The file's data-plane cost on its links, as jobs plan them; the file
+    // has no hosts, so unstretched (data_plane_cost.h).
+    AddDataPlaneCost(1, &*cluster);
     return cluster;
   }
   ClusterSpec cluster;

@@ -123,7 +123,10 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
   auto parsed = Parse(text);
   if (!parsed.ok()) return parsed.status();
   const json& j = *parsed;
-  if (auto s = OnlyKeys(j, "", {"workers", "bandwidth_bytes_per_second", "latency_seconds"});
+  if (auto s = OnlyKeys(j, "",
+                        {"workers", "bandwidth_bytes_per_second", "latency_seconds",
+                         "links_emulated", "data_plane_overhead_seconds",
+                         "data_plane_bytes_per_second"});
       !s.ok()) {
     return s;
   }
@@ -131,6 +134,24 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
   ASSIGN_OR_RETURN(cluster.bandwidth_bytes_per_second,
             Number(j, "bandwidth_bytes_per_second", "", false, false, 0));
   ASSIGN_OR_RETURN(cluster.latency_seconds, Number(j, "latency_seconds", "", false, false, 0));
+  if (j.contains("links_emulated")) {
+    if (!j["links_emulated"].is_boolean()) {
+      return Invalid("links_emulated", "must be true or false");
+    }
+    cluster.links_emulated = j["links_emulated"].get<bool>();
+  }
+  // The data plane's cost per message (DeviceInfo.data_plane_*, as a
+  // worker logs it at start-up); the bounds are the registration's.
+  ASSIGN_OR_RETURN(cluster.data_plane_overhead_seconds,
+                   Number(j, "data_plane_overhead_seconds", "", false, false, 0));
+  ASSIGN_OR_RETURN(cluster.data_plane_bytes_per_second,
+                   Number(j, "data_plane_bytes_per_second", "", false, false, 0));
+  if (cluster.data_plane_overhead_seconds > 1) {
+    return Invalid("data_plane_overhead_seconds", "must be at most 1");
+  }
+  if (cluster.data_plane_bytes_per_second > 1e13) {
+    return Invalid("data_plane_bytes_per_second", "must be at most 1e13");
+  }
   if (!j.contains("workers") || !j["workers"].is_array() || j["workers"].empty()) {
     return Invalid("workers", "must be a non-empty list");
   }
@@ -175,10 +196,15 @@ std::string ClusterToJson(const ClusterSpec& c) {
   for (const WorkerSpec& w : c.workers) {
     workers.push_back({{"name", w.name}, {"speed", w.speed}, {"memory_bytes", w.memory_bytes}});
   }
-  return json{{"workers", workers},
+  json out = {{"workers", workers},
               {"bandwidth_bytes_per_second", c.bandwidth_bytes_per_second},
-              {"latency_seconds", c.latency_seconds}}
-      .dump(2);
+              {"latency_seconds", c.latency_seconds}};
+  if (c.links_emulated) out["links_emulated"] = true;
+  if (c.data_plane_overhead_seconds > 0 || c.data_plane_bytes_per_second > 0) {
+    out["data_plane_overhead_seconds"] = c.data_plane_overhead_seconds;
+    out["data_plane_bytes_per_second"] = c.data_plane_bytes_per_second;
+  }
+  return out.dump(2);
 }
 
 BiPartitionProblem MakeBiPartitionProblem(const ModelProfile& profile, const ClusterSpec& cluster) {

@@ -32,7 +32,8 @@ TEST(ProfileTest, ParseProfile_ReadsTheDocumentedFormatAndRoundTrips) {
 
 TEST(ProfileTest, ParseCluster_DefaultsAndProblemConversion) {
   ClusterSpec c = ParseClusterJson(R"({"workers": [{"name": "a", "speed": 2},
-      {"memory_bytes": 1024}], "bandwidth_bytes_per_second": 1.25e9})").value();
+      {"memory_bytes": 1024}], "bandwidth_bytes_per_second": 1.25e9})")
+                      .value();
   ASSERT_EQ(c.workers.size(), 2u);
   EXPECT_EQ(c.workers[1].name, "w1");
   EXPECT_EQ(c.workers[1].speed, 1.0);
@@ -107,6 +108,34 @@ TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
             "workers: must be a non-empty list");
   EXPECT_EQ(ParseClusterJson(R"({"workers": [{"cores": 8}]})").status().message(),
             "workers[0].cores: unknown field");
+  EXPECT_EQ(ParseClusterJson(R"({"workers": [{}], "links_emulated": 1})").status().message(),
+            "links_emulated: must be true or false");
+  EXPECT_EQ(
+      ParseClusterJson(R"({"workers": [{}], "data_plane_overhead_seconds": 2})").status().message(),
+      "data_plane_overhead_seconds: must be at most 1");
+  EXPECT_EQ(ParseClusterJson(R"({"workers": [{}], "data_plane_bytes_per_second": -1})")
+                .status()
+                .message(),
+            "data_plane_bytes_per_second: must be a finite number >= 0");
+}
+
+TEST(ProfileTest, ParseCluster_DataPlaneCostRoundTrips) {
+  const ClusterSpec c = ParseClusterJson(R"({"workers": [{}], "links_emulated": true,
+      "bandwidth_bytes_per_second": 1.25e8, "data_plane_overhead_seconds": 1.3e-4,
+      "data_plane_bytes_per_second": 1.3e9})")
+                            .value();
+  EXPECT_TRUE(c.links_emulated);
+  EXPECT_EQ(c.data_plane_overhead_seconds, 1.3e-4);
+  EXPECT_EQ(c.data_plane_bytes_per_second, 1.3e9);
+  const ClusterSpec again = ParseClusterJson(ClusterToJson(c)).value();
+  EXPECT_TRUE(again.links_emulated);
+  EXPECT_EQ(again.data_plane_overhead_seconds, 1.3e-4);
+  EXPECT_EQ(again.data_plane_bytes_per_second, 1.3e9);
+  // Absent: not emulated, not measured.
+  const ClusterSpec plain = ParseClusterJson(R"({"workers": [{}]})").value();
+  EXPECT_FALSE(plain.links_emulated);
+  EXPECT_EQ(plain.data_plane_overhead_seconds, 0);
+  EXPECT_EQ(ClusterToJson(plain).find("data_plane"), std::string::npos);
 }
 
 }  // namespace

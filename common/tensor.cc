@@ -15,13 +15,8 @@ constexpr size_t kAlignment = 64;
 
 // numel floats, uninitialised.
 std::shared_ptr<float> Allocate(int64_t numel) {
-  size_t bytes = static_cast<size_t>(numel) * sizeof(float);
-  // posix_memalign takes the exact size (aligned_alloc wants a multiple of
-  // the alignment), so AddressSanitizer sees an overrun by even one element.
-  void* p = nullptr;
-  int error = posix_memalign(&p, kAlignment, bytes == 0 ? 1 : bytes);
-  PT_CHECK(error == 0) << "out of memory allocating " << bytes << " bytes";
-  return std::shared_ptr<float>(static_cast<float*>(p), [](float* q) { std::free(q); });
+  return std::shared_ptr<float>(AllocateAlignedHost(numel * static_cast<int64_t>(sizeof(float))),
+                                [](float* q) { std::free(q); });
 }
 
 std::shared_ptr<float> AllocateZeroed(int64_t numel) {
@@ -31,6 +26,16 @@ std::shared_ptr<float> AllocateZeroed(int64_t numel) {
 }
 
 }  // namespace
+
+float* AllocateAlignedHost(int64_t bytes) {
+  // posix_memalign takes the exact size (aligned_alloc wants a multiple of
+  // the alignment), so AddressSanitizer sees an overrun by even one element.
+  void* p = nullptr;
+  const int error =
+      posix_memalign(&p, kAlignment, bytes <= 0 ? size_t{1} : static_cast<size_t>(bytes));
+  PT_CHECK(error == 0) << "out of memory allocating " << bytes << " bytes";
+  return static_cast<float*>(p);
+}
 
 int64_t NumElements(const Shape& shape) {
   int64_t n = 1;

@@ -29,6 +29,13 @@ using Shape = std::vector<int64_t>;
 int64_t NumElements(const Shape& shape);
 std::string ShapeToString(const Shape& shape);  // "[2, 3]"
 
+// Uninitialised host memory of `bytes` (at least one byte is allocated for
+// 0), aligned to 64 bytes as every Tensor's own storage is; free it with
+// std::free. The exact size is allocated, so AddressSanitizer sees an
+// overrun by even one element. Aborts when out of memory. For pools that
+// hand out Tensor::OnHost storage (worker/transport/tensor_pool.h).
+float* AllocateAlignedHost(int64_t bytes);
+
 class Tensor {
  public:
   Tensor() = default;  // Null tensor: numel() == 0, is_null() == true.

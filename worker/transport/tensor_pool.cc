@@ -3,20 +3,9 @@
 #include <cstdlib>
 
 #include "common/logging.h"
+#include "common/tensor.h"
 
 namespace pipetrain {
-namespace {
-
-constexpr size_t kAlignment = 64;  // As Tensor's own allocations (common/tensor.cc).
-
-float* Allocate(int64_t bytes) {
-  void* p = nullptr;
-  const int error = posix_memalign(&p, kAlignment, static_cast<size_t>(bytes));
-  PT_CHECK(error == 0) << "out of memory allocating " << bytes << " bytes";
-  return static_cast<float*>(p);
-}
-
-}  // namespace
 
 std::shared_ptr<TensorPool> TensorPool::Create(Options options) {
   PT_CHECK(options.min_bytes >= 1 && options.max_cached_bytes >= 0);
@@ -41,7 +30,7 @@ Tensor TensorPool::Take(const Shape& shape) {
       break;
     }
   }
-  if (data == nullptr) data = Allocate(bytes);
+  if (data == nullptr) data = AllocateAlignedHost(bytes);
   std::shared_ptr<TensorPool> self = shared_from_this();
   return Tensor::OnHost(
       shape, std::shared_ptr<float>(data, [self, bytes](float* p) { self->Give(p, bytes); }));

@@ -1,5 +1,6 @@
 #include "cli/coordinator_client.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "common/coordinator_endpoints.h"
@@ -35,7 +36,10 @@ std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
   // naming it; any other answer (even NOT_FOUND for this empty id) comes
   // from the leader; a coordinator that does not answer is skipped. During
   // a takeover none may answer for a moment: rounds repeat for up to 10 s.
+  // As CoordinatorEndpoints does: after a named leader that does not answer
+  // comes the address after it in the list, not the one that named it.
   std::string candidate = addresses->front();
+  size_t at = 0;  // where the round robin stands in *addresses
   const absl::Time give_up = absl::Now() + absl::Seconds(10);
   for (size_t tries = 0; absl::Now() < give_up; ++tries) {
     auto stub = connect(candidate);
@@ -48,9 +52,14 @@ std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
       return stub;
     }
     const std::string leader = LeaderHint(*context);
-    candidate = !leader.empty() && leader != candidate
-                    ? leader
-                    : (*addresses)[(tries + 1) % addresses->size()];
+    if (!leader.empty() && leader != candidate) {
+      const auto listed = std::find(addresses->begin(), addresses->end(), leader);
+      if (listed != addresses->end()) at = listed - addresses->begin();
+      candidate = leader;
+    } else {
+      at = (at + 1) % addresses->size();
+      candidate = (*addresses)[at];
+    }
     if ((tries + 1) % addresses->size() == 0) absl::SleepFor(absl::Milliseconds(200));
   }
   return connect(candidate);  // none answered: its calls will say so

@@ -1,5 +1,7 @@
 #include "common/coordinator_endpoints.h"
 
+#include <algorithm>
+
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -47,17 +49,26 @@ std::string CoordinatorEndpoints::current() const {
   return current_;
 }
 
-void CoordinatorEndpoints::Failed(const grpc::Status& status, const grpc::ClientContext& context) {
-  if (status.error_code() != grpc::StatusCode::UNAVAILABLE || addresses_.size() < 2) return;
-  const std::string leader = LeaderHint(context);
-  AnnotatedMutexLock lock(&mu_);
-  if (!leader.empty()) {
-    if (leader != current_) SwitchToLocked(leader);
+void CoordinatorEndpoints::Failed(const grpc::Status& status, const grpc::ClientContext& context,
+                                  const std::shared_ptr<grpc::Channel>& used) {
+  const grpc::StatusCode code = status.error_code();
+  if (addresses_.size() < 2 ||
+      (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED)) {
     return;
   }
-  const std::string next = addresses_[next_ % addresses_.size()];
-  next_ = (next_ + 1) % addresses_.size();
-  SwitchToLocked(next);
+  const std::string leader = LeaderHint(context);
+  AnnotatedMutexLock lock(&mu_);
+  if (used != channel_) return;  // another call has moved on already
+  if (!leader.empty() && leader != current_) {
+    // A listed leader puts the round robin there, so that if it is dead
+    // too the next try is the address after it (not back to this one).
+    const auto listed = std::find(addresses_.begin(), addresses_.end(), leader);
+    if (listed != addresses_.end()) position_ = listed - addresses_.begin();
+    SwitchToLocked(leader);
+    return;
+  }
+  position_ = (position_ + 1) % addresses_.size();
+  SwitchToLocked(addresses_[position_]);
 }
 
 void CoordinatorEndpoints::SwitchToLocked(const std::string& address) {

@@ -10,9 +10,10 @@
 // channel. Thread-safe.
 //
 //   CoordinatorEndpoints endpoints(addresses, make_channel);
-//   auto stub = v1::CoordinatorService::NewStub(endpoints.channel());
+//   std::shared_ptr<grpc::Channel> channel = endpoints.channel();
+//   auto stub = v1::CoordinatorService::NewStub(channel);
 //   grpc::Status s = stub->Heartbeat(&context, request, &response);
-//   if (!s.ok()) endpoints.Failed(s, context);   // next call: the leader
+//   if (!s.ok()) endpoints.Failed(s, context, channel);  // next call: the leader
 #ifndef PIPETRAIN_COMMON_COORDINATOR_ENDPOINTS_H_
 #define PIPETRAIN_COMMON_COORDINATOR_ENDPOINTS_H_
 
@@ -47,13 +48,20 @@ class CoordinatorEndpoints {
   // `addresses` non-empty.
   CoordinatorEndpoints(std::vector<std::string> addresses, ChannelFactory make_channel);
 
-  // The channel to the coordinator believed to lead.
+  // The channel to the coordinator believed to lead; hand it back to
+  // Failed with a failed call's outcome.
   std::shared_ptr<grpc::Channel> channel();
   std::string current() const;
-  // A call on channel() failed with `status`: UNAVAILABLE moves to the
-  // leader it named, or else to the next address. Other codes change
-  // nothing (the coordinator answered).
-  void Failed(const grpc::Status& status, const grpc::ClientContext& context);
+  // A call on `used` (an earlier channel()) failed with `status`.
+  // UNAVAILABLE (a follower's refusal, or nobody listening) and
+  // DEADLINE_EXCEEDED (nobody answering) move to the leader the refusal
+  // named, or else to the address after the current one in the list.
+  // Other codes change nothing: the coordinator answered. Nor does a
+  // failure on a channel that is no longer the current one: several
+  // threads see one coordinator die, the first moves on, and the others
+  // moving again would send them all back to the dead one.
+  void Failed(const grpc::Status& status, const grpc::ClientContext& context,
+              const std::shared_ptr<grpc::Channel>& used);
 
  private:
   void SwitchToLocked(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -62,7 +70,9 @@ class CoordinatorEndpoints {
   const ChannelFactory make_channel_;
   mutable AnnotatedMutex mu_;
   std::string current_ ABSL_GUARDED_BY(mu_);
-  size_t next_ ABSL_GUARDED_BY(mu_) = 1;  // the address tried after current_
+  // Where the round robin stands: the index of current_ in addresses_, or
+  // of the last listed address tried when current_ came from a hint.
+  size_t position_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
 };
 

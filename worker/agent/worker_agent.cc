@@ -34,8 +34,9 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
     SetDeadline(&context, agent_->options_.rpc_timeout);
     AddBearer(context, agent_->session_->Get());
     v1::ReportProgressResponse response;
-    const grpc::Status s = agent_->Stub()->ReportProgress(&context, request, &response);
-    if (!s.ok()) agent_->endpoints_->Failed(s, context);
+    const CoordinatorStub coordinator = agent_->Stub();
+    const grpc::Status s = coordinator.stub->ReportProgress(&context, request, &response);
+    if (!s.ok()) agent_->endpoints_->Failed(s, context, coordinator.channel);
     if (!s.ok()) return FromGrpc(s);
     return response;
   }
@@ -46,8 +47,8 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
     SetDeadline(&context, absl::Minutes(10));
     AddBearer(context, agent_->session_->Get());
     v1::UploadWeightsResponse response;
-    const std::unique_ptr<v1::CoordinatorService::Stub> stub = agent_->Stub();
-    auto writer = stub->UploadWeights(&context, &response);
+    const CoordinatorStub coordinator = agent_->Stub();
+    auto writer = coordinator.stub->UploadWeights(&context, &response);
     const std::string worker = agent_->worker_id();
     if (params.empty()) {  // a forward-only stage: name the stream, no tensors
       v1::WeightsChunk chunk;
@@ -172,8 +173,9 @@ absl::Status WorkerAgent::RegisterWithRetry() {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
     v1::RegisterWorkerResponse response;
-    const grpc::Status s = Stub()->RegisterWorker(&context, request, &response);
-    if (!s.ok()) endpoints_->Failed(s, context);
+    const CoordinatorStub coordinator = Stub();
+    const grpc::Status s = coordinator.stub->RegisterWorker(&context, request, &response);
+    if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
     if (s.ok()) {
       AnnotatedMutexLock lock(&mu_);
       worker_id_ = response.worker_id();
@@ -201,8 +203,11 @@ absl::Status WorkerAgent::Start() {
   return absl::OkStatus();
 }
 
-std::unique_ptr<v1::CoordinatorService::Stub> WorkerAgent::Stub() {
-  return v1::CoordinatorService::NewStub(endpoints_->channel());
+WorkerAgent::CoordinatorStub WorkerAgent::Stub() {
+  CoordinatorStub out;
+  out.channel = endpoints_->channel();
+  out.stub = v1::CoordinatorService::NewStub(out.channel);
+  return out;
 }
 
 absl::Status WorkerAgent::Drain(absl::Duration timeout) {
@@ -216,7 +221,7 @@ absl::Status WorkerAgent::Drain(absl::Duration timeout) {
   SetDeadline(&context, options_.rpc_timeout);
   AddBearer(context, session_->Get());
   v1::Worker response;
-  const grpc::Status s = Stub()->DrainWorker(&context, request, &response);
+  const grpc::Status s = Stub().stub->DrainWorker(&context, request, &response);
   if (!s.ok()) {
     return absl::Status(
         static_cast<absl::StatusCode>(s.error_code()),
@@ -267,7 +272,7 @@ void WorkerAgent::Deregister() {
   SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(2)));
   AddBearer(context, session_->Get());
   v1::DeregisterWorkerResponse response;
-  const grpc::Status s = Stub()->DeregisterWorker(&context, request, &response);
+  const grpc::Status s = Stub().stub->DeregisterWorker(&context, request, &response);
   if (s.ok()) {
     PT_LOG(INFO) << "deregistered " << request.worker_id();
   } else {
@@ -304,8 +309,9 @@ void WorkerAgent::HeartbeatLoop() {
     SetDeadline(&context, options_.rpc_timeout);
     AddBearer(context, session_->Get());
     v1::HeartbeatResponse response;
-    const grpc::Status s = Stub()->Heartbeat(&context, request, &response);
-    if (!s.ok()) endpoints_->Failed(s, context);
+    const CoordinatorStub coordinator = Stub();
+    const grpc::Status s = coordinator.stub->Heartbeat(&context, request, &response);
+    if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
     if (s.error_code() == grpc::StatusCode::NOT_FOUND ||
         s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ||
         s.error_code() == grpc::StatusCode::UNAUTHENTICATED) {
@@ -347,15 +353,15 @@ void WorkerAgent::WatchLoop() {
       watch_context_ = &context;
     }
     AddBearer(context, session_->Get());
-    const std::unique_ptr<v1::CoordinatorService::Stub> stub = Stub();
-    auto reader = stub->WatchAssignments(&context, request);
+    const CoordinatorStub coordinator = Stub();
+    auto reader = coordinator.stub->WatchAssignments(&context, request);
     v1::Assignment assignment;
     while (reader->Read(&assignment)) {
       backoff.Reset();
       Handle(assignment);
     }
     const grpc::Status s = reader->Finish();
-    if (!s.ok()) endpoints_->Failed(s, context);
+    if (!s.ok()) endpoints_->Failed(s, context, coordinator.channel);
     {
       AnnotatedMutexLock lock(&mu_);
       watch_context_ = nullptr;

@@ -50,7 +50,7 @@ struct WorkerAgentOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: insecure
   std::string join_token;
   std::string node_name;
-  std::string metrics_address;         // advertised, may be empty
+  std::string metrics_address;  // advertised, may be empty
   absl::Duration rpc_timeout = absl::Seconds(10);
   absl::Duration recv_timeout = absl::Seconds(60);
   BackoffOptions backoff;
@@ -122,8 +122,14 @@ class WorkerAgent {
   IterationObserver observer_;
   // The coordinators (one, or several that elect a leader) and a stub on
   // the current one, made per call: the leader may change between calls.
+  // A failed call hands `channel` back to endpoints_->Failed, which moves
+  // on only if no other call has already.
   std::unique_ptr<CoordinatorEndpoints> endpoints_;
-  std::unique_ptr<v1::CoordinatorService::Stub> Stub();
+  struct CoordinatorStub {
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::CoordinatorService::Stub> stub;
+  };
+  CoordinatorStub Stub();
   std::unique_ptr<GrpcLink> link_;
   v1::DeviceInfo device_;  // set in the constructor, but for nccl_unique_id
   SessionCredential own_session_;

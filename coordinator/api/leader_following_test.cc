@@ -1,0 +1,142 @@
+// How a client of highly available coordinators follows the leader
+// (common/coordinator_endpoints.h) when coordinators refuse (FollowerService)
+// or are dead, over real gRPC on loopback.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "common/coordinator_endpoints.h"
+#include "coordinator/api/follower_service.h"
+
+namespace pipetrain {
+namespace {
+
+// A FollowerService on a loopback port of its own, naming `leader`.
+class Follower {
+ public:
+  explicit Follower(std::string leader) : service_([leader] { return leader; }) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterCallbackGenericService(&service_);
+    server_ = builder.BuildAndStart();
+  }
+  ~Follower() { server_->Shutdown(); }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+
+ private:
+  FollowerService service_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// An address nobody listens on: a port the kernel handed out, then closed.
+std::string DeadAddress() {
+  Follower gone("");
+  return gone.address();
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
+  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+}
+
+// One unary call of any method on `channel`; its status and context, which
+// Failed reads (a refusal's leader hint).
+struct Outcome {
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientContext> context = std::make_unique<grpc::ClientContext>();
+};
+
+Outcome Call(const std::shared_ptr<grpc::Channel>& channel) {
+  Outcome out;
+  out.context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::GenericStub stub(channel);
+  grpc::Slice empty("");  // an empty GetJobRequest
+  grpc::ByteBuffer request(&empty, 1), response;
+  absl::Notification done;
+  stub.UnaryCall(out.context.get(), "/pipetrain.v1.CoordinatorService/GetJob", {}, &request,
+                 &response, [&](grpc::Status s) {
+                   out.status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  return out;
+}
+
+TEST(LeaderFollowingTest, ARefusalNamingTheLeaderIsFollowed) {
+  const std::string leader = DeadAddress();  // only its name matters here
+  Follower follower(leader);
+  CoordinatorEndpoints endpoints({follower.address(), leader}, MakeChannel);
+  std::shared_ptr<grpc::Channel> channel = endpoints.channel();
+  Outcome refused = Call(channel);
+  ASSERT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(LeaderHint(*refused.context), leader);
+  endpoints.Failed(refused.status, *refused.context, channel);
+  EXPECT_EQ(endpoints.current(), leader);
+}
+
+// The bug this guards against: the heartbeat and the assignment stream both
+// saw the leader die; the first moved to the follower, the second moved on
+// again, back to the dead leader, and in lockstep they kept doing so.
+TEST(LeaderFollowingTest, SeveralCallsFailingOnTheSameDeadCoordinatorMoveOnOnce) {
+  const std::string dead = DeadAddress();
+  Follower follower(dead);
+  CoordinatorEndpoints endpoints({dead, follower.address()}, MakeChannel);
+  std::shared_ptr<grpc::Channel> channel = endpoints.channel();
+  Outcome heartbeat = Call(channel);
+  Outcome watch = Call(channel);
+  ASSERT_EQ(heartbeat.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  ASSERT_EQ(watch.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  endpoints.Failed(heartbeat.status, *heartbeat.context, channel);
+  EXPECT_EQ(endpoints.current(), follower.address());
+  endpoints.Failed(watch.status, *watch.context, channel);  // stale: ignored
+  EXPECT_EQ(endpoints.current(), follower.address());
+}
+
+// A follower names a leader that has died (its lease has not run out yet):
+// the dead one's failure goes on to the address after it in the list, so a
+// third coordinator, the one that takes over, is reached.
+TEST(LeaderFollowingTest, TheRoundRobinGoesOnFromAHintedDeadLeader) {
+  const std::string dead = DeadAddress();
+  Follower stale(dead);
+  const std::string third = DeadAddress();
+  CoordinatorEndpoints endpoints({stale.address(), dead, third}, MakeChannel);
+  std::vector<std::string> visited = {endpoints.current()};
+  for (int i = 0; i < 3; ++i) {
+    std::shared_ptr<grpc::Channel> channel = endpoints.channel();
+    Outcome failed = Call(channel);
+    ASSERT_EQ(failed.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    endpoints.Failed(failed.status, *failed.context, channel);
+    visited.push_back(endpoints.current());
+  }
+  EXPECT_EQ(visited, (std::vector<std::string>{stale.address(), dead, third, stale.address()}));
+}
+
+TEST(LeaderFollowingTest, AnAnswerThatIsNotARefusalChangesNothing) {
+  const std::string dead = DeadAddress();
+  Follower follower(dead);
+  CoordinatorEndpoints endpoints({follower.address(), dead}, MakeChannel);
+  std::shared_ptr<grpc::Channel> channel = endpoints.channel();
+  grpc::ClientContext context;
+  endpoints.Failed(grpc::Status(grpc::StatusCode::NOT_FOUND, "no such job"), context, channel);
+  endpoints.Failed(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "bad token"), context, channel);
+  EXPECT_EQ(endpoints.current(), follower.address());
+}
+
+TEST(LeaderFollowingTest, OneAddressIsAPlainChannel) {
+  const std::string dead = DeadAddress();
+  CoordinatorEndpoints endpoints({dead}, MakeChannel);
+  std::shared_ptr<grpc::Channel> channel = endpoints.channel();
+  Outcome failed = Call(channel);
+  endpoints.Failed(failed.status, *failed.context, channel);
+  EXPECT_EQ(endpoints.current(), dead);
+  EXPECT_EQ(endpoints.channel(), channel);
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -68,8 +68,16 @@ struct Connection {
                    "deadline of each call to the coordinator, e.g. 500ms, 30s, 2m");
   }
   absl::Status Check() const {
-    if (timeout > absl::ZeroDuration()) return absl::OkStatus();
-    return absl::InvalidArgumentError("--timeout must be > 0");
+    if (timeout <= absl::ZeroDuration()) {
+      return absl::InvalidArgumentError("--timeout must be > 0");
+    }
+    // gRPC keeps deadlines in whole milliseconds, rounded up: a shorter one
+    // would not be the deadline the user asked for.
+    if (timeout < absl::Milliseconds(1)) {
+      return absl::InvalidArgumentError(
+          "--timeout must be at least 1ms (gRPC deadlines have millisecond resolution)");
+    }
+    return absl::OkStatus();
   }
   // A stub that sends the user token on every call.
   absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> Connect() const {

@@ -22,6 +22,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/annotated_mutex.h"
 #include "common/build_info.h"
 #include "common/flag_set.h"
 #include "common/http_server.h"
@@ -276,6 +277,16 @@ int Run(const std::vector<std::string>& args) {
     device_failed.store(true);
     Wake(kFailed);
   };
+  // Set before Wake(kFailed) (the main thread reads it after waking).
+  absl::Status registration_refused;
+  AnnotatedMutex refused_mu;
+  options.on_registration_refused = [&](const absl::Status& status) {
+    {
+      AnnotatedMutexLock lock(&refused_mu);
+      registration_refused = status;
+    }
+    Wake(kFailed);
+  };
   const std::optional<LinkModel> emulated_link =
       ParseLinkModel("--emulate-link", f.emulate_link).value_or(std::nullopt);
   if (emulated_link.has_value()) {
@@ -323,6 +334,11 @@ int Run(const std::vector<std::string>& args) {
   agent.Stop();
   starter.join();
   int code = 0;
+  {
+    AnnotatedMutexLock lock(&refused_mu);
+    // A later registration's refusal: as a refused first one.
+    if (started.ok() && !registration_refused.ok()) started = registration_refused;
+  }
   if (device_failed.load()) {
     code = 4;
   } else if (!started.ok() && started.code() != absl::StatusCode::kCancelled) {

@@ -319,7 +319,15 @@ void WorkerAgent::HeartbeatLoop() {
       PT_LOG(WARNING) << "coordinator dropped this worker (" << s.error_message()
                       << "); registering again";
       StopRunner();
-      if (!RegisterWithRetry().ok()) return;
+      const absl::Status registered = RegisterWithRetry();
+      if (!registered.ok()) {
+        if (registered.code() == absl::StatusCode::kUnauthenticated) {
+          PT_LOG(ERROR) << "the coordinator refused this worker's registration: " << registered
+                        << "; no more heartbeats";
+          if (options_.on_registration_refused) options_.on_registration_refused(registered);
+        }
+        return;  // refused, or stopped while retrying
+      }
       AnnotatedMutexLock lock(&mu_);
       if (watch_context_ != nullptr) watch_context_->TryCancel();  // reopen as the new one
     } else if (!s.ok()) {

@@ -6,7 +6,9 @@
 //    current instruction; if the coordinator no longer knows this
 //    incarnation (NOT_FOUND / FAILED_PRECONDITION, or UNAUTHENTICATED: its
 //    session credential died with a coordinator restart) the agent stops
-//    its job and registers again;
+//    its job and registers again; if that registration is refused
+//    (UNAUTHENTICATED: the join token is no longer accepted) nothing more
+//    can be done, and options.on_registration_refused says so;
 //  - watches assignments (server stream, reopened with backoff when it
 //    breaks): RUN starts a JobRunner (replacing one of another job or plan
 //    version), STOP stops the runner of that job.
@@ -59,6 +61,12 @@ struct WorkerAgentOptions {
   Backend* backend = CpuBackend();
   // JobRunnerOptions::on_backend_failure for every job.
   std::function<void(const absl::Status&)> on_backend_failure;
+  // Registering again after the coordinator dropped this worker was
+  // refused (UNAUTHENTICATED, with the coordinator's message): the agent
+  // sends no more heartbeats, so the process should end (and its
+  // supervisor restart it with a valid token). Called once, from the
+  // heartbeat thread; may be null.
+  std::function<void(const absl::Status&)> on_registration_refused;
   // --memory-limit: caps DeviceInfo.memory_limit_bytes (what the
   // coordinator plans against) below physical memory and the cgroup's
   // limit. 0: no cap of its own.

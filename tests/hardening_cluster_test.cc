@@ -166,7 +166,12 @@ TEST(HardeningClusterTest, SpecsAtAndBeyondEveryBound_CoordinatorStaysUp) {
   Beat(*raw, w1);
   Beat(*raw, w2);
   const std::string id = testing::SubmitJob(*stub, SmallJob(5));
-  ASSERT_EQ(testing::GetJob(*stub, id).state(), v1::JOB_STATE_RUNNING);
+  // After profiling (which fails on these fake workers: the analytic
+  // profile then plans it).
+  const v1::Job placed = testing::AwaitJob(*stub, id, kJobTimeout, [](const v1::Job& j) {
+    return j.state() == v1::JOB_STATE_RUNNING || testing::Ended(j);
+  });
+  ASSERT_EQ(placed.state(), v1::JOB_STATE_RUNNING) << placed.reason();
   auto upload_context = Context(w1.session);
   v1::UploadWeightsResponse upload_response;
   auto writer = raw->UploadWeights(upload_context.get(), &upload_response);
@@ -216,19 +221,25 @@ TEST(HardeningClusterTest, JobNeedingMoreWorkers_DoesNotDelayOneThatFits_ThenTim
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   ASSERT_TRUE(AwaitReadyWorkers(*stub, 2));
   v1::JobSpec big = SmallJob(5, /*stages=*/3);
-  big.mutable_scheduling()->mutable_queue_timeout()->set_seconds(3);
+  // Long enough for the small job's profiling on a loaded machine.
+  big.mutable_scheduling()->mutable_queue_timeout()->set_seconds(8);
   const std::string big_id = testing::SubmitJob(*stub, big);
   const std::string small_id = testing::SubmitJob(*stub, SmallJob(5));
-  // The small job started at once, behind the big one in the queue.
-  const v1::Job small = testing::GetJob(*stub, small_id);
+  // The small job starts (once profiled) while the big one still waits in
+  // the queue ahead of it: it is not held behind it.
+  const v1::Job small = testing::AwaitJob(*stub, small_id, kJobTimeout, [](const v1::Job& j) {
+    return j.state() == v1::JOB_STATE_RUNNING || testing::Ended(j);
+  });
+  const v1::Job waiting = testing::GetJob(*stub, big_id);
   EXPECT_TRUE(small.state() == v1::JOB_STATE_RUNNING || small.state() == v1::JOB_STATE_SUCCEEDED)
       << v1::JobState_Name(small.state()) << ": " << small.reason();
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED) << waiting.reason();
   EXPECT_EQ(testing::AwaitJob(*stub, small_id, kJobTimeout, testing::Ended).state(),
             v1::JOB_STATE_SUCCEEDED);
   const v1::Job failed = testing::AwaitJob(*stub, big_id, kJobTimeout, testing::Ended);
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(failed.reason(),
-            "not placed within spec.scheduling.queue_timeout (3s): waiting for 3 READY workers "
+            "not placed within spec.scheduling.queue_timeout (8s): waiting for 3 READY workers "
             "(2 ready); add workers or ask for fewer stages");
 }
 

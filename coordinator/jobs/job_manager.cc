@@ -198,9 +198,11 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
     *reference_gflops = HostGflops(workers, workers[0]);
     return true;
   }
-  const std::string& solver = record.resolved.solver;
-  const bool wants_measured = solver == kSolverBiPartition || solver == kSolverAuto;
-  if (wants_measured && fetcher_ && record.profile_error.empty()) {
+  // Every solver: those that cut by cost need it, and every plan's
+  // prediction (what users compare their step time with) is only as good as
+  // its costs; the analytic profile left small models' non-GEMM work out
+  // (the demo was predicted at a third of its measured step).
+  if (fetcher_ && record.profile_error.empty()) {
     record.job.set_state(v1::JOB_STATE_PROFILING);
     record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
     TouchLocked(record);

@@ -17,13 +17,13 @@
 // model with the job's solver (planner.h) on a profile of the model,
 // compiles one program per stage and publishes an Assignment per worker to
 // the AssignmentHub. The profile is the measured one cached for (model,
-// device kind of the first chosen worker) when there is one; otherwise, for
-// solvers bipartition and auto, with a profile fetcher set, the job goes
-// QUEUED -> PROFILING while the first chosen worker profiles the model
+// device kind of the first chosen worker) when there is one; otherwise,
+// with a profile fetcher set (every solver), the job goes QUEUED ->
+// PROFILING while the first chosen worker profiles the model
 // (WorkerControl.Profile, outside the lock), and back to QUEUED to be
-// planned with it; in every other case (uniform, pipedream, manual, or the
-// fetch failed) it is the AnalyticProfile at the workers' measured GEMM
-// rate, and the plan's profile_source says so. Worker speeds are their
+// planned with it; without a fetcher, or when the fetch failed, it is the
+// AnalyticProfile at the workers' measured GEMM rate, and the plan's
+// profile_source says so. Worker speeds are their
 // measured GFLOP/s relative to the profiled (or fastest) worker; links are
 // modelled at kAssumedBandwidth and kAssumedLatency (not measured yet).
 // Stages whose workers share a hostname, hold distinct GPUs and reported an

@@ -671,6 +671,26 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   EXPECT_EQ(calls, 1);
 }
 
+// The uniform split needs no costs, but its prediction does: measured too.
+TEST_F(JobManagerTest, UniformJob_IsProfiledToo) {
+  int calls = 0;
+  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
+                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+    ++calls;
+    return FakeProfile();
+  });
+  const std::string w1 = AddWorker(7001);
+  AddWorker(7002);
+  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();  // solver uniform
+  jobs_.AwaitProfiling();
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_EQ(plan.solver(), "uniform");
+  EXPECT_TRUE(absl::StartsWith(plan.profile_source(), "measured on cpu: by " + w1))
+      << plan.profile_source();
+}
+
 TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
   jobs_.SetProfileFetcher([](const std::string&, const std::string&,
                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
@@ -685,7 +705,8 @@ TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_TRUE(absl::StrContains(plan.profile_source(), "analytic: FLOPs at"));
-  EXPECT_TRUE(absl::StrContains(plan.profile_source(), "profiling failed: UNAVAILABLE: worker gone"))
+  EXPECT_TRUE(
+      absl::StrContains(plan.profile_source(), "profiling failed: UNAVAILABLE: worker gone"))
       << plan.profile_source();
   EXPECT_EQ(plan.candidates_size(), 3);
 }

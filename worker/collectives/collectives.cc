@@ -272,6 +272,35 @@ absl::StatusOr<Tensor> Collectives::AllGather(int64_t iteration, int tag, const 
   return all;
 }
 
+absl::StatusOr<Tensor> Collectives::Gather(int64_t iteration, int tag, int root,
+                                           const Tensor& segment, int64_t total) {
+  RETURN_IF_ERROR(status_);
+  if (root < 0 || root >= size()) {
+    return absl::InvalidArgumentError(absl::StrCat(Describe(tag), ": no rank ", root));
+  }
+  std::fill(send_seq_.begin(), send_seq_.end(), 0);
+  std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
+  const std::vector<std::pair<int64_t, int64_t>> bounds = SegmentBounds(total, size());
+  const auto [begin, end] = bounds[rank_];
+  if (segment.numel() != end - begin) {
+    return absl::InvalidArgumentError(absl::StrCat(Describe(tag), ": segment of ", segment.numel(),
+                                                   " values; rank ", rank_, " of ", total,
+                                                   " holds ", end - begin));
+  }
+  if (rank_ != root) {
+    RETURN_IF_ERROR(SendRange(iteration, tag, root, segment.data(), 0, end - begin));
+    return Tensor();
+  }
+  Tensor all = Tensor::Uninitialized({total});  // every segment is copied in below
+  std::memcpy(all.data() + begin, segment.data(), static_cast<size_t>(end - begin) * sizeof(float));
+  for (int m = 0; m < size(); ++m) {
+    if (m == root) continue;
+    RETURN_IF_ERROR(RecvRange(iteration, tag, m, all.data(), bounds[m].first, bounds[m].second,
+                              /*add=*/false));
+  }
+  return all;
+}
+
 absl::Status Collectives::Broadcast(int64_t iteration, int tag, int root, Tensor& data) {
   RETURN_IF_ERROR(status_);
   if (root < 0 || root >= size()) {

@@ -13,6 +13,7 @@
 //                      two: log2 N exchanges of the whole tensor, fewer
 //                      latencies than the ring's 2 (N-1).
 //   broadcast          the root sends to every member (star).
+//   gather             every member sends to the root (star).
 //   member-order tree  AllReduceInMemberOrder: each member sends segment k
 //                      straight to member k (the ring's volume, (N-1)/N of
 //                      the data per member, in one round), which sums the
@@ -91,6 +92,13 @@ class Collectives {
   // order into a flat tensor of `total` elements.
   absl::StatusOr<Tensor> AllGather(int64_t iteration, int tag, const Tensor& segment,
                                    int64_t total);
+  // Every member's `segment` (as AllGather's) sent to rank `root` only,
+  // which gets them concatenated in rank order (`total` elements); the other
+  // members get an empty Tensor. (N-1)/N of the data crosses into the root
+  // and nothing else moves: for what only one member needs (a checkpoint's
+  // unsplit tensors), where AllGather would give each member all of it.
+  absl::StatusOr<Tensor> Gather(int64_t iteration, int tag, int root, const Tensor& segment,
+                                int64_t total);
   // data <- root's data (rank `root`), in place.
   absl::Status Broadcast(int64_t iteration, int tag, int root, Tensor& data);
 

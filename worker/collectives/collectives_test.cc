@@ -128,6 +128,47 @@ TEST(CollectivesTest, ReduceScatterThenAllGather_EqualsAllReduce) {
   }
 }
 
+// Gather gives the root what AllGather gives everyone (uneven segments,
+// many chunks, every root), and the others an empty tensor; only the root
+// receives, so only the others send.
+TEST(CollectivesTest, Gather_RootGetsWhatAllGatherGivesOthersNothing) {
+  constexpr int n = 4;
+  constexpr int64_t numel = 1003;  // segments of 251, 251, 251, 250
+  const CollectiveOptions options{256, 0, absl::Seconds(30)};
+  const auto bounds = Collectives::SegmentBounds(numel, n);
+  auto segment_of = [&](int r) {
+    const std::vector<float> all = Input(0, numel);
+    return Tensor::FromVector(
+        {bounds[r].second - bounds[r].first},
+        std::vector<float>(all.begin() + bounds[r].first, all.begin() + bounds[r].second));
+  };
+  for (int root = 0; root < n; ++root) {
+    std::vector<std::vector<float>> got(n);
+    std::vector<int64_t> sent(n);
+    const auto status = RunGroup(n, options, [&](int r, Collectives& c) -> absl::Status {
+      absl::StatusOr<Tensor> all = c.Gather(7, 1, root, segment_of(r), numel);
+      if (!all.ok()) return all.status();
+      got[r] = all->numel() > 0 ? all->ToVector() : std::vector<float>();
+      sent[r] = c.sent_bytes();
+      return absl::OkStatus();
+    });
+    for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+    for (int r = 0; r < n; ++r) {
+      if (r == root) {
+        EXPECT_EQ(got[r], Input(0, numel)) << "root " << root;
+        EXPECT_EQ(sent[r], 0) << "root " << root;
+      } else {
+        EXPECT_TRUE(got[r].empty()) << "rank " << r << ", root " << root;
+        EXPECT_EQ(sent[r], (bounds[r].second - bounds[r].first) * 4) << "rank " << r;
+      }
+    }
+  }
+  const auto refused = RunGroup(2, options, [&](int, Collectives& c) {
+    return c.Gather(7, 1, /*root=*/2, Tensor::Zeros({1}), 2).status();
+  });
+  for (const absl::Status& s : refused) EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+}
+
 // AllReduceInMemberOrder over [a0, b0, a1, b1, ...] equals, bit for bit,
 // adding each pair and then reducing the pairs the same way over D
 // members: the property fused embedding synchronization rests on. Checked

@@ -263,6 +263,11 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   }
   for (int g = 0; g < total; ++g) {
     if (!snapshots[g].has_value()) continue;
+    // Tensor rank 0 gathers the stage's snapshot; the other ranks only send.
+    if (g % tp != 0) {
+      EXPECT_TRUE(snapshots[g]->units.empty()) << "runtime " << g << " kept a snapshot";
+      continue;
+    }
     out.checkpoint.step = snapshots[g]->step;
     out.checkpoint.optimizer_steps = snapshots[g]->optimizer_steps;
     for (UnitState& state : snapshots[g]->units) {
@@ -319,6 +324,11 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     std::vector<Parameter> copies =
         tp > 1 ? std::move(unsplit[g])
                : HostParameterCopies(backend_at(g), runtimes[g]->parameters());
+    // Only tensor rank 0 ends with the unsplit weights.
+    if (tp > 1 && g % tp != 0) {
+      EXPECT_TRUE(copies.empty()) << "runtime " << g << " kept unsplit weights";
+      continue;
+    }
     for (const Parameter& p : copies) {
       std::vector<float> values = p.value.ToVector();
       auto [it, inserted] = out.weights.emplace(p.name, values);

@@ -434,7 +434,9 @@ absl::StatusOr<Tensor> StageRuntime::GatherUnsplit(int64_t iteration, int tag, c
   }
   Tensor padded = Tensor::Zeros({piece});
   std::copy(mine.data(), mine.data() + mine.numel(), padded.data());
-  ASSIGN_OR_RETURN(Tensor all, tp_collectives_->AllGather(iteration, tag, padded, piece * ranks));
+  ASSIGN_OR_RETURN(Tensor all,
+                   tp_collectives_->Gather(iteration, tag, /*root=*/0, padded, piece * ranks));
+  if (tp_collectives_->rank() != 0) return Tensor();
   std::vector<Tensor> parts;
   for (int r = 0; r < ranks; ++r) {
     Tensor part = Tensor::Zeros(shapes[r]);
@@ -455,6 +457,7 @@ absl::StatusOr<std::vector<Parameter>> StageRuntime::UnsplitParameterCopies(int6
     p.grad = Tensor();
     p.shard = ParameterShard{};
   }
+  if (tp_collectives_->rank() != 0) out.clear();  // rank 0 has them all
   return out;
 }
 
@@ -467,9 +470,11 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
   // one, three tags per parameter (value, m, v), in the same order on every
   // rank (the units' parameter lists are the same).
   int tag = kTensorParallelCheckpointTagBase;
+  // Only rank 0 keeps what it gathers and copies; the others send.
+  const bool keeps = !tp_collectives_ || tp_collectives_->rank() == 0;
   auto unsplit = [&](const Tensor& t, const ParameterShard& shard) -> absl::StatusOr<Tensor> {
     const int at = tag++;
-    if (!tp_collectives_ || !shard.sharded()) return host_copy(t);
+    if (!tp_collectives_ || !shard.sharded()) return keeps ? host_copy(t) : Tensor();
     return GatherUnsplit(step, at, host_copy(t), shard);
   };
   StageSnapshot snapshot;
@@ -494,7 +499,7 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
       state.v.push_back({p->name, std::move(v_value)});
     }
     if (state.m.size() != state.values.size()) state.m.clear(), state.v.clear();
-    snapshot.units.push_back(std::move(state));
+    if (keeps) snapshot.units.push_back(std::move(state));
   }
   RETURN_IF_ERROR(setup_.backend->status());
   return snapshot;

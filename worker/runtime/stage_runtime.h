@@ -230,11 +230,12 @@ class StageRuntime {
   std::vector<Parameter*> parameters() const;
   AdamWOptimizer& optimizer() { return optimizer_; }
   // Host copies of parameters() as the unsplit model holds them (Hugging
-  // Face shapes): a tensor-parallel stage's shards gathered over its
-  // tensor ranks, a collective that every rank calls, after its last step
-  // (`iteration` numbers the messages: the step count). Without tensor
-  // parallelism, plain host copies. Errors: the collective's, or the
-  // backend's.
+  // Face shapes): a tensor-parallel stage's shards gathered to its tensor
+  // rank 0, a collective that every rank calls, after its last step
+  // (`iteration` numbers the messages: the step count); the other ranks
+  // send their shards and get an empty list (only rank 0 uploads). Without
+  // tensor parallelism, plain host copies. Errors: the collective's, or
+  // the backend's.
   absl::StatusOr<std::vector<Parameter>> UnsplitParameterCopies(int64_t iteration);
 
   // Checkpoints (worker/checkpoint/unit_checkpoint.h). Snapshot: host
@@ -243,8 +244,10 @@ class StageRuntime {
   // they are written), labelled `step`. They are the unsplit model's
   // tensors (Hugging Face shapes) whatever the layout, so a checkpoint
   // resumes on any other: a tensor-parallel stage gathers its shards and
-  // their moments over its tensor ranks, a collective that every rank of
-  // the group calls after the same step (each gets the whole snapshot).
+  // their moments to its tensor rank 0, a collective that every rank of
+  // the group calls after the same step; rank 0 gets the whole snapshot
+  // (and writes it), the others send their shards and get a snapshot with
+  // no units: no rank but the writer holds a copy of the whole stage.
   // Errors: the collective's, or the backend's.
   absl::StatusOr<StageSnapshot> Snapshot(int64_t step);
   // Sets every unit this stage holds (forward and backward) to the values in
@@ -321,9 +324,10 @@ class StageRuntime {
   TokenBatch BatchFor(int micro_batch) const;
   Parameter* TiedHolder();  // the wte Parameter whose gradient this stage sends
   // The unsplit tensor of which `mine` (host) is this rank's part cut by
-  // `shard`: every tensor rank's part all-gathered (message (iteration,
-  // tag)), padded to the largest part (a cube's vectors are empty off its
-  // diagonal), then reassembled by GatherShards. A collective of the group.
+  // `shard`, on tensor rank 0: every rank's part gathered there (message
+  // (iteration, tag)), padded to the largest part (a cube's vectors are
+  // empty off its diagonal), then reassembled by GatherShards. A collective
+  // of the group; the other ranks get an empty Tensor.
   absl::StatusOr<Tensor> GatherUnsplit(int64_t iteration, int tag, const Tensor& mine,
                                        const ParameterShard& shard);
   // Runs the forward pass of `units` on micro-batch mb from the stored input

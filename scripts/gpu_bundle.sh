@@ -5,7 +5,8 @@
 # packages:
 #   gpu-bundle/bin/   every CUDA test binary (scripts/cuda_targets.sh), the
 #                     pipetrain CLI, coordinator and worker, the training-
-#                     step benchmark; built -c opt --config=cuda with our own
+#                     step and collective benchmarks; built -c opt
+#                     --config=cuda with our own
 #                     code linked in statically
 #   gpu-bundle/lib/   the Debian shared libraries they need (Abseil, gRPC,
 #                     protobuf, OpenBLAS, GoogleTest, ...), not glibc,
@@ -13,7 +14,7 @@
 #   gpu-bundle/run.sh scripts/gpu_run.sh
 # and gpu-bundle.tar.gz of it all (what travels; gzip, which every machine
 # unpacks). On the GPU machine (run.sh's header says more):
-#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh OUTDIR [quick|bench|sanitize]
+#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh OUTDIR [quick|bench|sanitize|collectives]
 # gpu-bundle/BUILD_INFO says which commit it was built from (run.sh puts it
 # at the top of its summary): rebuild after every change you want measured.
 #
@@ -24,7 +25,7 @@ source scripts/cuda_targets.sh
 flags=(--config=cuda -c opt --dynamic_mode=off)
 tests=$(bazel query "tests(set(${CUDA_TARGETS[*]}))" 2>/dev/null)
 binaries=(//cli:pipetrain //coordinator:pipetrain-coordinator //worker:pipetrain-worker
-  //worker/train:train_step_benchmark)
+  //worker/train:train_step_benchmark //worker/collectives:collective_benchmark)
 echo "building $(echo "$tests" | wc -l) test binaries and ${#binaries[@]} programs (--config=cuda -c opt)" >&2
 # shellcheck disable=SC2086
 bazel build "${flags[@]}" $tests "${binaries[@]}"

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # The CUDA issue's GPU checks, run on a GPU machine from the bundle that
 # scripts/gpu_bundle.sh builds (no Bazel needed there):
-#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh OUTDIR [quick|bench|sanitize]
+#   tar xzf gpu-bundle.tar.gz && bash gpu-bundle/run.sh OUTDIR [quick|bench|sanitize|collectives]
 # OUTDIR must be new or empty. Writes into it: machine.txt (nvidia-smi, CUDA
 # libraries), one log per test binary, the train-local and pipeline
 # comparisons, the benchmark tables, and summary.txt with one line per
 # check; then packs it all as OUTDIR.tgz beside it. Modes: none runs
 # everything; "quick" skips the GPT-2 124M benchmarks; "bench" runs only
 # them; "sanitize" runs only the kernel tests under compute-sanitizer
-# (memcheck, racecheck, synccheck), when the machine has it. Each step has a
+# (memcheck, racecheck, synccheck), when the machine has it; "collectives"
+# runs only the data-parallel issue's collective benchmark on the machine's
+# CPU cores (the development VM's 2 vCPUs bound it). Each step has a
 # time limit, so one that hangs costs minutes, not the call, and the whole
 # run stops starting steps RUN_BUDGET_S seconds (default 540) after it
 # began: a step that would not fit is cut to the time left or noted as
@@ -24,11 +26,11 @@
 #   [ -f /tmp/r1.tgz ] || tar czf /tmp/r1.tgz -C /tmp r1; cp /tmp/r1.tgz /tmp/r1/summary.txt $OUT/
 set -uo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-out=${1:?usage: run.sh OUTDIR [quick|bench|sanitize]}
+out=${1:?usage: run.sh OUTDIR [quick|bench|sanitize|collectives]}
 mode=${2:-}
 case "$mode" in
-  ""|quick|bench|sanitize) ;;
-  *) echo "mode must be quick, bench or sanitize, not $mode" >&2; exit 2 ;;
+  ""|quick|bench|sanitize|collectives) ;;
+  *) echo "mode must be quick, bench, sanitize or collectives, not $mode" >&2; exit 2 ;;
 esac
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -106,6 +108,36 @@ if [[ "$mode" == sanitize ]]; then
       done
     done
   fi
+  finish
+fi
+
+# The data-parallel issue's all-reduce over the gRPC data plane, nccl-tests
+# style (worker/collectives/collective_benchmark.cc): the ring against one
+# point-to-point stream, loopback with 2, 4 and 8 member processes, and
+# under emulated 1 and 10 Gbit/s links with 2 and 4; its goal lines say
+# whether busbw reached 0.8 x point-to-point and 0.9 x the emulated link
+# from 16 MiB up. CPU only: no GPU is used.
+if [[ "$mode" == collectives ]]; then
+  note "cpu: $(nproc) hardware threads; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
+  mkdir -p "$out/collectives"
+  collective() {  # collective NAME FLAGS...
+    local name=$1
+    shift
+    local lim log="$out/collectives/$name.txt"
+    lim=$(budget 120) || { out_of_time "collectives_$name"; return; }
+    timeout -k 5 "$lim" "$bin/collective_benchmark" "$@" >"$log" 2>&1
+    check "collectives_$name" $? "$(grep '^# goal\|^# check' "$log" | sed 's/^# //' | tr '\n' ' ')"
+  }
+  for n in 2 4 8; do
+    collective "loopback_n$n" --members "$n" --max-mib "${COLLECTIVE_MAX_MIB:-256}" --iters 2
+  done
+  for link in 1Gbit,0.5ms 10Gbit,0.05ms; do
+    for n in 2 4; do
+      collective "${link%%,*}_n$n" --members "$n" --max-mib "${COLLECTIVE_LINK_MAX_MIB:-64}" \
+        --iters 2 --emulate-link "$link"
+    done
+  done
+  cat "$out"/collectives/*.txt
   finish
 fi
 

@@ -7,9 +7,7 @@ set -u
 D="$TEST_SRCDIR/$TEST_WORKSPACE/deploy/prometheus"
 OPERATIONS="$TEST_SRCDIR/$TEST_WORKSPACE/docs/operations.md"
 T="$TEST_TMPDIR"
-pass=0 fail=0
-check() { local name=$1; shift; if "$@" > "$T/out.txt" 2>&1; then pass=$((pass + 1)); else fail=$((fail + 1)); echo "FAIL: $name"; cat "$T/out.txt"; fi; }
-fails() { ! "$@"; }
+source "$TEST_SRCDIR/$TEST_WORKSPACE/tests/check_lib.sh"  # check, fails, has, report
 # Succeeds when `promtool check rules FILE` fails with a message matching PATTERN.
 rejects() { ! promtool check rules "$1" > "$T/rejected.txt" 2>&1 && grep -q "$2" "$T/rejected.txt"; }
 
@@ -43,5 +41,4 @@ for anchor in $(sed -n 's/.*runbook_url: "docs\/operations.md#\([^"]*\)".*/\1/p'
 done
 check "a made-up anchor is not found" fails grep -qx -- "pipetrainmadeupalert" "$T/anchors.txt"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report

@@ -35,17 +35,7 @@ if [ -n "$missing" ]; then
   exit 1
 fi
 
-pass=0 fail=0
-check() {
-  local name=$1; shift
-  if "$@" > "$T/out.txt" 2>&1; then
-    pass=$((pass + 1))
-  else
-    fail=$((fail + 1)); echo "FAIL: $name"; cat "$T/out.txt"
-  fi
-}
-fails() { ! "$@"; }
-has() { grep -qF -- "$2" "$1"; }
+source "$R/tests/check_lib.sh"  # check, fails, has, report
 
 # Type-checks dashboard JSON file $1 (shown as $2 in messages); tsc's output
 # goes to stdout with "dashboard.ts(L,C)" turned into "$2:L:C".
@@ -94,5 +84,4 @@ check "broken dashboard: legend displayMode sidebar" has "$T/broken.txt" \
   "$BROKEN:25:33: error TS2322: Type '\"sidebar\"' is not assignable to type '\"list\" | \"hidden\" | \"table\"'."
 check "broken dashboard: the valid fields are not reported" fails has "$T/broken.txt" "$BROKEN:5:"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report

@@ -47,16 +47,7 @@ if [ -n "$missing" ]; then
   exit 1
 fi
 
-pass=0 fail=0
-check() {
-  local name=$1; shift
-  if "$@" > "$T/out.txt" 2>&1; then
-    pass=$((pass + 1))
-  else
-    fail=$((fail + 1)); echo "FAIL: $name"; cat "$T/out.txt"
-  fi
-}
-fails() { ! "$@"; }
+source "$R/tests/check_lib.sh"  # check, fails, has, report
 # Renders overlay $1 to $2; stderr goes to the check's output.
 render() {
   kubectl kustomize "$T/k8s/overlays/$1" > "$2" && return 0
@@ -64,8 +55,6 @@ render() {
     "(kubectl 1.21+): $(kubectl version --client 2>&1 | tr '\n' ' ')"
   return 1
 }
-# Succeeds when FILE contains the fixed string TEXT.
-has() { grep -qF -- "$2" "$1"; }
 # Runs "node ARGS..." with its output in $T/run.txt, its exit code in $T/run.code.
 run_node() { node "$@" > "$T/run.txt" 2>&1; echo $? > "$T/run.code"; }
 # One check per LINE: FILE has it as a whole line. Usage: expect_lines FILE LINE...
@@ -261,5 +250,4 @@ expect_lines "$T/run.txt" \
   "VIOLATION StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 7): spec.selector.matchLabels: selector: picks the worker pods of StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 7) and StatefulSet/other-pipetrain-worker ($T/same.yaml, document 7)" \
   "VIOLATION Service/other-pipetrain-coordinator ($T/same.yaml, document 4): spec.selector: selector: picks the coordinator pods of StatefulSet/pipetrain-coordinator ($T/cpu-demo.yaml, document 6) and StatefulSet/other-pipetrain-coordinator ($T/same.yaml, document 6)"
 
-echo "$pass passed, $fail failed"
-[ "$fail" -eq 0 ]
+report

@@ -4,6 +4,8 @@
 #include <string>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
@@ -52,6 +54,30 @@ void MarkProgram(const v1::CompressionSpec& c, v1::Program* program) {
 
 void MarkCompression(const v1::CompressionSpec& compression, std::vector<v1::Program>* programs) {
   for (v1::Program& program : *programs) MarkProgram(compression, &program);
+}
+
+absl::StatusOr<std::map<std::string, double>> LinkCodecWireFractions(
+    const v1::CompressionSpec& compression, int64_t micro_batch_size, int64_t seq_len,
+    int64_t d_model) {
+  if (micro_batch_size < 1 || seq_len < 1 || d_model < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("an activation [", micro_batch_size, ", ",
+                                                   seq_len, ", ", d_model, "] has no bytes"));
+  }
+  const Shape shape = {micro_batch_size, seq_len, d_model};
+  const double fp32 = 4.0 * static_cast<double>(micro_batch_size) * static_cast<double>(seq_len) *
+                      static_cast<double>(d_model);
+  std::map<std::string, double> out;
+  for (const std::string& spec : {compression.forward(), compression.backward()}) {
+    if (spec.empty() || spec == kCodecNone || out.count(spec) > 0) continue;
+    ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(spec));
+    const int64_t encoded = codec->EncodedBytes(shape);
+    if (encoded < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(spec, " cannot encode an activation of ", fp32, " bytes"));
+    }
+    out[spec] = static_cast<double>(encoded) / fp32;
+  }
+  return out;
 }
 
 }  // namespace pipetrain

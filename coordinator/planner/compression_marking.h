@@ -29,14 +29,28 @@
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_COMPRESSION_MARKING_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_COMPRESSION_MARKING_H_
 
+#include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "proto/pipetrain/v1/job.pb.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 
 namespace pipetrain {
 
 void MarkCompression(const v1::CompressionSpec& compression, std::vector<v1::Program>* programs);
+
+// For the simulator (SimulationCosts::codec_wire_fraction): per codec spec
+// of `compression` (forward and backward, "none" skipped), the codec's
+// encoded size of an activation [micro_batch_size, seq_len, d_model] over
+// its fp32 size, headers included (Codec::EncodedBytes, the size the
+// worker sends). Requires positive dimensions and valid specs, as a
+// resolved job spec has (INVALID_ARGUMENT otherwise).
+absl::StatusOr<std::map<std::string, double>> LinkCodecWireFractions(
+    const v1::CompressionSpec& compression, int64_t micro_batch_size, int64_t seq_len,
+    int64_t d_model);
 
 }  // namespace pipetrain
 

@@ -7,6 +7,7 @@
 #include "common/program_text.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
+#include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
 namespace {
@@ -171,6 +172,22 @@ TEST(MarkCompression, BackwardOnlyWorker_AllItsGradSendsAreEpilogue) {
     EXPECT_TRUE(g->epilogue());
     EXPECT_EQ(g->codec(), "fp16");
   }
+}
+
+TEST(LinkCodecWireFractions, EachCodecsEncodedSizeOverFp32NoneSkipped) {
+  const auto fractions =
+      LinkCodecWireFractions(Spec("piecewise:bits=3", "fp16", false, false), 2, 64, 128);
+  ASSERT_TRUE(fractions.ok()) << fractions.status();
+  const double fp32 = 4.0 * 2 * 64 * 128;
+  EXPECT_EQ(fractions->size(), 2u);
+  EXPECT_EQ(fractions->at("piecewise:bits=3"),
+            MakeCodec("piecewise:bits=3").value()->EncodedBytes({2, 64, 128}) / fp32);
+  EXPECT_EQ(fractions->at("fp16"), MakeCodec("fp16").value()->EncodedBytes({2, 64, 128}) / fp32);
+  EXPECT_GT(fractions->at("fp16"), 0.5);  // half, plus the payload's header
+  EXPECT_LT(fractions->at("fp16"), 0.51);
+  EXPECT_TRUE(LinkCodecWireFractions(Spec("none", "none", false, false), 2, 64, 128)->empty());
+  EXPECT_EQ(LinkCodecWireFractions(Spec("fp16", "none", false, false), 0, 64, 128).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

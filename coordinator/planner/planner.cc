@@ -147,12 +147,20 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   // Stage positions on one host's cores also take from each other where
   // their compute overlaps (host_sharing.h): the prediction and the
-  // timeline come from that simulation (the solver's choice does not).
+  // timeline come from that simulation (the solver's choice does not). It
+  // runs the programs as workers get them, with spec.compression's codecs
+  // on their sends (their bytes shrunk by each codec's wire fraction).
   double overlap_stretch = 1;
   {
     SimulationCosts costs =
         SimulationCostsFromProfile(planned, replica, TiedGradientBytes(planned));
     costs.data_parallel = replicas;
+    ASSIGN_OR_RETURN(
+        costs.codec_wire_fraction,
+        LinkCodecWireFractions(r.spec.compression(), r.train.batch_size / r.train.micro_batches,
+                               r.train.seq_len, r.train.model.d_model));
+    std::vector<v1::Program> compressed = solved.programs;
+    MarkCompression(r.spec.compression(), &compressed);
     // The share of the units' costs that is compute (the rest: tensor-
     // parallel all-reduces waited for).
     double compute = 0, total = 0;
@@ -161,10 +169,9 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
       total += planned.units[u].fwd_seconds + planned.units[u].bwd_seconds;
     }
     const double compute_share = total > 0 ? std::min(1.0, compute / total) : 1.0;
-    ASSIGN_OR_RETURN(
-        solved.simulation,
-        SimulateWithSharedCores(solved.programs, costs, cluster, replicas, r.stages, tensor,
-                                stretch.factor, compute_share, &overlap_stretch));
+    ASSIGN_OR_RETURN(solved.simulation,
+                     SimulateWithSharedCores(compressed, costs, cluster, replicas, r.stages, tensor,
+                                             stretch.factor, compute_share, &overlap_stretch));
     solved.all_reduce_seconds = solved.simulation.all_reduce_seconds;
   }
   // The groups' all-reduces on their own lane of the timeline.

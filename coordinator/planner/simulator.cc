@@ -263,7 +263,11 @@ class Simulator {
     const int peer = send.peer_stage();
     auto it = costs_.link_overrides.find({w, peer});
     const LinkParameters& link = it == costs_.link_overrides.end() ? costs_.link : it->second;
-    const double bytes = TransferBytes(send.tensor(), costs_);
+    double bytes = TransferBytes(send.tensor(), costs_);
+    if (!send.codec().empty()) {
+      auto fraction = costs_.codec_wire_fraction.find(send.codec());
+      if (fraction != costs_.codec_wire_fraction.end()) bytes *= fraction->second;
+    }
     double& link_free = link_free_[{w, peer}];
     const double start = std::max(clock_[w], link_free);
     const double wire =

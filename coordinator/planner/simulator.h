@@ -36,6 +36,7 @@
 //      ACTIVATION_GRAD unit u     activation_bytes[u-1] (gradient of u's input)
 //      TIED_EMBEDDING_GRAD        tied_grad_bytes
 //      UNIT_WEIGHTS unit u        weight_bytes[u]
+//    times codec_wire_fraction[codec] for a Send that names a codec.
 //  - Recv(key, peer) waits (idle) until the transfer of `key` from `peer` to
 //    w has arrived; if it arrived earlier, there is no wait. Sends and
 //    receives match by (source, destination, key).
@@ -92,6 +93,12 @@ struct SimulationCosts {
   // a stage.
   int data_parallel = 1;
   LinkParameters replica_link;
+  // Link compression (compression_marking.h): a Send whose instruction
+  // names a codec carries this share of TransferBytes (the codec's encoded
+  // size of the tensor over its fp32 size; LinkCodecWireFractions). Codecs
+  // not listed, and raw sends, carry all of it. Encoding and decoding time
+  // is not modelled.
+  std::map<std::string, double> codec_wire_fraction;
 };
 
 // The bytes one worker all-reduces before OptimizerStep(units): the sum of

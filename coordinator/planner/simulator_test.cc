@@ -172,6 +172,28 @@ TEST(SimulatorTest, TwoSendsOnOneLink_SecondWaitsForFirst) {
   EXPECT_EQ(r.iteration_seconds, 2.5);
 }
 
+// A send naming a codec carries its wire fraction of the bytes; one whose
+// codec has no fraction listed, and a raw one, carry all of them.
+TEST(SimulatorTest, CodecWireFraction_ShrinksThatSendsTransferOnly) {
+  v1::Instruction compressed = Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1);
+  compressed.mutable_send()->set_codec("piecewise:bits=3");
+  v1::Instruction unlisted = Send(v1::TENSOR_KIND_ACTIVATION, 0, 1, 1);
+  unlisted.mutable_send()->set_codec("fp16");
+  const std::vector<v1::Program> programs = {
+      Program({compressed, unlisted, Send(v1::TENSOR_KIND_ACTIVATION, 0, 2, 1)}),
+      Program({Recv(v1::TENSOR_KIND_ACTIVATION, 0, 0, 0), Recv(v1::TENSOR_KIND_ACTIVATION, 0, 1, 0),
+               Recv(v1::TENSOR_KIND_ACTIVATION, 0, 2, 0)}),
+  };
+  SimulationCosts costs = UniformCosts(1, 0, 0, 100, 2);
+  costs.link = {100, 0.25};  // raw: 1.25 s per transfer
+  costs.codec_wire_fraction = {{"piecewise:bits=3", 0.25}};
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{"send ACTIVATION u0 mb0 to 1@0-0.5",
+                                                      "send ACTIVATION u0 mb1 to 1@0.5-1.75",
+                                                      "send ACTIVATION u0 mb2 to 1@1.75-3"}));
+  EXPECT_EQ(r.iteration_seconds, 3);
+}
+
 TEST(SimulatorTest, LinkOverride_AppliesToThatDirectionOnly) {
   const std::vector<v1::Program> programs = {
       Program(

@@ -151,6 +151,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   // runs the programs as workers get them, with spec.compression's codecs
   // on their sends (their bytes shrunk by each codec's wire fraction).
   double overlap_stretch = 1;
+  std::vector<int> dp_compressed_stages;  // selective stage compression's
   {
     SimulationCosts costs =
         SimulationCostsFromProfile(planned, replica, TiedGradientBytes(planned));
@@ -172,6 +173,27 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     ASSIGN_OR_RETURN(solved.simulation,
                      SimulateWithSharedCores(compressed, costs, cluster, replicas, r.stages, tensor,
                                              stretch.factor, compute_share, &overlap_stretch));
+    if (r.data_parallel_powersgd_rank > 0) {
+      // Selective stage compression: the stages named, or those whose
+      // all-reduce the simulation puts on the critical path; then the
+      // prediction with their all-reduces' bytes shrunk to PowerSGD's.
+      const std::vector<double> fractions =
+          PowerSgdByteFractions(r.train.model, solved.backward, r.data_parallel_powersgd_rank);
+      for (int s : r.spec.compression().data_parallel().stages()) {
+        if (s < r.stages) dp_compressed_stages.push_back(s);  // a re-plan onto fewer drops the rest
+      }
+      if (r.spec.compression().data_parallel().stages().empty()) {
+        dp_compressed_stages = ChooseCompressedStages(solved.simulation, fractions);
+      }
+      if (!dp_compressed_stages.empty()) {
+        costs.all_reduce_byte_fraction.assign(r.stages, 1.0);
+        for (int s : dp_compressed_stages) costs.all_reduce_byte_fraction[s] = fractions[s];
+        ASSIGN_OR_RETURN(
+            solved.simulation,
+            SimulateWithSharedCores(compressed, costs, cluster, replicas, r.stages, tensor,
+                                    stretch.factor, compute_share, &overlap_stretch));
+      }
+    }
     solved.all_reduce_seconds = solved.simulation.all_reduce_seconds;
   }
   // The groups' all-reduces on their own lane of the timeline.
@@ -204,18 +226,7 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   for (int k : partitions_forward) plan.add_tensor_partitions_forward(k);
   for (int k : partitions_backward) plan.add_tensor_partitions_backward(k);
   if (r.data_parallel_powersgd_rank > 0) {
-    // Selective stage compression: the stages named, or those whose
-    // all-reduce the simulation puts on the critical path.
-    std::vector<int> stages;
-    for (int s : r.spec.compression().data_parallel().stages()) {
-      if (s < r.stages) stages.push_back(s);  // a re-plan onto fewer stages drops the rest
-    }
-    if (r.spec.compression().data_parallel().stages().empty()) {
-      stages = ChooseCompressedStages(
-          solved.simulation,
-          PowerSgdByteFractions(r.train.model, solved.backward, r.data_parallel_powersgd_rank));
-    }
-    for (int s : stages) plan.add_data_parallel_compressed_stages(s);
+    for (int s : dp_compressed_stages) plan.add_data_parallel_compressed_stages(s);
     plan.set_data_parallel_powersgd_rank(r.data_parallel_powersgd_rank);
   }
   std::vector<std::string> names;  // the timeline's lanes: each stage's workers

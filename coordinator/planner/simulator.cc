@@ -62,6 +62,21 @@ absl::Status ValidateCosts(const SimulationCosts& costs, int workers) {
     return absl::InvalidArgumentError(
         "replica_link must be finite and non-negative (bandwidth may be <= 0 for infinite)");
   }
+  // Shares of bytes sent: positive (a codec's headers may outweigh a tiny
+  // tensor), and at most 1 for PowerSGD (it sends a matrix whole when its
+  // factors would be larger).
+  for (const auto& [codec, fraction] : costs.codec_wire_fraction) {
+    if (!(fraction > 0) || !std::isfinite(fraction)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("codec_wire_fraction of ", codec, " = ", fraction, "; must be > 0"));
+    }
+  }
+  for (double fraction : costs.all_reduce_byte_fraction) {
+    if (!(fraction > 0 && fraction <= 1)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("all_reduce_byte_fraction ", fraction, "; must be in (0, 1]"));
+    }
+  }
   for (const auto& [link, params] : costs.link_overrides) {
     const auto [src, dst] = link;
     if (src < 0 || src >= workers || dst < 0 || dst >= workers || src == dst ||
@@ -235,7 +250,10 @@ class Simulator {
   // (header: the model). Nothing without replicas or without units.
   void AllReduce(int w, const v1::UnitRange& r) {
     if (costs_.data_parallel <= 1 || r.begin() >= r.end()) return;
-    const double bytes = AllReduceBytes(Range{r.begin(), r.end()}, costs_);
+    double bytes = AllReduceBytes(Range{r.begin(), r.end()}, costs_);
+    if (w < static_cast<int>(costs_.all_reduce_byte_fraction.size())) {
+      bytes *= costs_.all_reduce_byte_fraction[w];
+    }
     const double seconds = AllReduceSeconds(costs_.data_parallel, bytes, costs_.replica_link);
     TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduce, clock_[w], clock_[w] + seconds);
     e.units = Range{r.begin(), r.end()};

@@ -17,7 +17,8 @@
 //    units first all-reduces the stage's gradients with the D-1 other
 //    replicas' copies of the stage (a ring: reduce-scatter + all-gather over
 //    costs.replica_link), then steps. The all-reduce takes
-//      AllReduceSeconds(D, AllReduceBytes(units), replica_link)
+//      AllReduceSeconds(D, AllReduceBytes(units) * all_reduce_byte_fraction[w],
+//                       replica_link)
 //        = 2(D-1) * latency + 2(D-1)/D * bytes / bandwidth
 //    (bandwidth <= 0: the bytes term is 0), the latency-bandwidth model
 //    T = alpha*c1 + beta*c2*m of acctfm.txt eq. 3 with the ring's c1 = 2(D-1)
@@ -99,6 +100,12 @@ struct SimulationCosts {
   // not listed, and raw sends, carry all of it. Encoding and decoding time
   // is not modelled.
   std::map<std::string, double> codec_wire_fraction;
+  // Selective stage compression (selective_compression.h): per program,
+  // the share of its data-parallel all-reduce's bytes that go on the wire
+  // (PowerSgdByteFractions for a compressed stage); missing entries: 1.
+  // Only the bytes shrink: PowerSGD's second all-reduce round and its
+  // orthogonalisation are not modelled.
+  std::vector<double> all_reduce_byte_fraction;
 };
 
 // The bytes one worker all-reduces before OptimizerStep(units): the sum of

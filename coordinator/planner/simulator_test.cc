@@ -315,6 +315,29 @@ TEST(SimulatorTest, AllReduce_OneStage_ClosedFormBeforeOptimizer) {
   EXPECT_EQ(e.peer, -1);
 }
 
+// Selective stage compression: a worker's all_reduce_byte_fraction scales
+// the bytes term of its all-reduce (not the latency term).
+TEST(SimulatorTest, AllReduceByteFraction_ScalesThatWorkersBytes) {
+  const std::vector<v1::Program> programs = {
+      Program({Compute("F", 0, 2, 0), Compute("B", 0, 2, 0), Compute("Opt", 0, 2, -1)})};
+  SimulationCosts costs;
+  costs.units = {{1, 2, 0, 1000}, {1, 2, 0, 3000}};
+  costs.worker_speeds = {2};
+  costs.data_parallel = 4;
+  costs.replica_link = {1000, 0.5};         // 3 s of latency + 1.5 x bytes / 1000 B/s
+  costs.all_reduce_byte_fraction = {0.25};  // 1000 of the 4000 bytes: 3 + 1.5 s
+  const SimulationResult r = SimulateIteration(programs, costs).value();
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{"F mb0 [0,2)@0-1", "B mb0 [0,2)@1-3",
+                                      "AllReduce [0,2) x4 replicas@3-7.5", "Opt [0,2)@7.5-7.5"}));
+  EXPECT_EQ(r.events[2].bytes, 1000);
+  costs.all_reduce_byte_fraction = {1.5};
+  EXPECT_EQ(SimulateIteration(programs, costs).status().code(), absl::StatusCode::kInvalidArgument);
+  costs.all_reduce_byte_fraction = {};
+  costs.codec_wire_fraction = {{"fp16", 0}};
+  EXPECT_EQ(SimulateIteration(programs, costs).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SimulatorTest, AllReduce_TwoStages_EachStageItsOwnGradientBytes) {
   auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 2, Schedule::kGPipe).value();
   SimulationCosts costs = UniformCosts(4, 1, 2, 100, 2);

@@ -15,20 +15,26 @@
 namespace pipetrain {
 namespace {
 
-ResolvedJobSpec TensorParallelJob(int tensor) {
+// A 2-layer, d_model 128 job of 8 sequences of 64 tokens, solver uniform.
+v1::JobSpec SmallSpec(int stages, int micro_batches) {
   v1::JobSpec spec;
-  spec.set_name("shared-cores");
+  spec.set_name("planner-test");
   spec.mutable_model()->set_n_layer(2);
   spec.mutable_model()->set_n_head(4);
   spec.mutable_model()->set_d_model(128);
   spec.mutable_training()->set_seq_len(64);
   spec.mutable_training()->set_batch_size(8);
-  spec.mutable_training()->set_micro_batches(2);
+  spec.mutable_training()->set_micro_batches(micro_batches);
   spec.mutable_training()->set_steps(10);
   spec.mutable_data()->set_synthetic_bytes(100000);
-  spec.mutable_parallelism()->set_stages(1);
-  spec.mutable_parallelism()->set_tensor(tensor);
+  spec.mutable_parallelism()->set_stages(stages);
   spec.mutable_parallelism()->set_solver("uniform");
+  return spec;
+}
+
+ResolvedJobSpec TensorParallelJob(int tensor) {
+  v1::JobSpec spec = SmallSpec(1, 2);
+  spec.mutable_parallelism()->set_tensor(tensor);
   return ResolveJobSpec(spec).value();
 }
 
@@ -89,43 +95,35 @@ TEST(PlanJobSharedCores, CollectiveWaitsAreNotStretched) {
   EXPECT_NEAR(shared - alone, compute_shared - compute_alone, 1e-9 + 1e-6 * alone);
 }
 
+// `spec` planned on its analytic profile over two workers on 1 MB/s links,
+// where transfers and all-reduces dwarf the compute (a raw activation's
+// transfer takes 65 ms).
+absl::StatusOr<CompiledPlan> PlanOnSlowLinks(const v1::JobSpec& spec) {
+  const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  const ModelProfile profile = AnalyticProfile(
+      job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+  return PlanJob(job, "job", 1, profile, Workers(2, 0, 1e6, 1e-4), "analytic");
+}
+
 // spec.compression's codecs shrink the stages' sends in the prediction as
 // they do on the wire (simulator_test checks the bytes per send): on a slow
 // link, a 2-stage pipeline whose activations and gradients go as piecewise
 // 3-bit (under a fifth of the fp32 bytes) is predicted well under half as
 // long as the raw one.
 TEST(PlanJobCompression, CompressedSendsShortenThePrediction) {
-  v1::JobSpec spec;
-  spec.set_name("compressed");
-  spec.mutable_model()->set_n_layer(2);
-  spec.mutable_model()->set_n_head(4);
-  spec.mutable_model()->set_d_model(128);
-  spec.mutable_training()->set_seq_len(64);
-  spec.mutable_training()->set_batch_size(8);
-  spec.mutable_training()->set_micro_batches(4);
-  spec.mutable_training()->set_steps(10);
-  spec.mutable_data()->set_synthetic_bytes(100000);
-  spec.mutable_parallelism()->set_stages(2);
-  spec.mutable_parallelism()->set_solver("uniform");
-  auto predict = [&](const v1::JobSpec& s) {
-    const ResolvedJobSpec job = ResolveJobSpec(s).value();
-    const ModelProfile profile = AnalyticProfile(
-        job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
-    // 1 MB/s: a raw activation's transfer (65 ms) dwarfs its compute.
-    absl::StatusOr<CompiledPlan> plan =
-        PlanJob(job, "job", 1, profile, Workers(2, 0, 1e6, 1e-4), "analytic");
-    EXPECT_TRUE(plan.ok()) << plan.status();
-    return plan.ok() ? plan->plan.predicted_iteration_seconds() : 0.0;
-  };
-  const double raw = predict(spec);
+  v1::JobSpec spec = SmallSpec(2, 4);
+  absl::StatusOr<CompiledPlan> raw = PlanOnSlowLinks(spec);
   spec.mutable_compression()->set_forward("piecewise:bits=3");
   spec.mutable_compression()->set_backward("piecewise:bits=3");
-  const double compressed = predict(spec);
+  absl::StatusOr<CompiledPlan> compressed = PlanOnSlowLinks(spec);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  ASSERT_TRUE(compressed.ok()) << compressed.status();
   const double fraction =
       LinkCodecWireFractions(spec.compression(), 2, 64, 128)->at("piecewise:bits=3");
   EXPECT_LT(fraction, 0.2);
-  EXPECT_GT(compressed, 0);
-  EXPECT_LT(compressed, 0.5 * raw);
+  EXPECT_GT(compressed->plan.predicted_iteration_seconds(), 0);
+  EXPECT_LT(compressed->plan.predicted_iteration_seconds(),
+            0.5 * raw->plan.predicted_iteration_seconds());
 }
 
 // Selective stage compression in the prediction: with D = 2 on a slow
@@ -133,30 +131,12 @@ TEST(PlanJobCompression, CompressedSendsShortenThePrediction) {
 // step (the planner's choice) is predicted shorter than the exact
 // all-reduce, and that stage is the one the plan names.
 TEST(PlanJobCompression, DataParallelPowerSgdShortensThePrediction) {
-  v1::JobSpec spec;
-  spec.set_name("dp-compressed");
-  spec.mutable_model()->set_n_layer(2);
-  spec.mutable_model()->set_n_head(4);
-  spec.mutable_model()->set_d_model(128);
-  spec.mutable_training()->set_seq_len(64);
-  spec.mutable_training()->set_batch_size(8);
-  spec.mutable_training()->set_micro_batches(4);
-  spec.mutable_training()->set_steps(10);
-  spec.mutable_data()->set_synthetic_bytes(100000);
-  spec.mutable_parallelism()->set_stages(1);
+  v1::JobSpec spec = SmallSpec(1, 4);
   spec.mutable_parallelism()->set_data(2);
-  spec.mutable_parallelism()->set_solver("uniform");
-  auto plan_of = [&](const v1::JobSpec& s) {
-    const ResolvedJobSpec job = ResolveJobSpec(s).value();
-    const ModelProfile profile = AnalyticProfile(
-        job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
-    // 1 MB/s: the gradients' all-reduce dominates the step.
-    return PlanJob(job, "job", 1, profile, Workers(2, 0, 1e6, 1e-4), "analytic");
-  };
-  absl::StatusOr<CompiledPlan> exact = plan_of(spec);
-  ASSERT_TRUE(exact.ok()) << exact.status();
+  absl::StatusOr<CompiledPlan> exact = PlanOnSlowLinks(spec);
   spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=1");
-  absl::StatusOr<CompiledPlan> compressed = plan_of(spec);
+  absl::StatusOr<CompiledPlan> compressed = PlanOnSlowLinks(spec);
+  ASSERT_TRUE(exact.ok()) << exact.status();
   ASSERT_TRUE(compressed.ok()) << compressed.status();
   EXPECT_EQ(compressed->plan.data_parallel_compressed_stages_size(), 1);
   EXPECT_LT(compressed->plan.predicted_iteration_seconds(),

@@ -255,17 +255,21 @@ absl::StatusOr<Tensor> Collectives::ReduceScatter(int64_t iteration, int tag, co
   return mine;
 }
 
+absl::Status Collectives::CheckSegment(int tag, const Tensor& segment, int64_t holds,
+                                       int64_t total) const {
+  if (segment.numel() == holds) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(Describe(tag), ": segment of ", segment.numel(),
+                                                 " values; rank ", rank_, " of ", total, " holds ",
+                                                 holds));
+}
+
 absl::StatusOr<Tensor> Collectives::AllGather(int64_t iteration, int tag, const Tensor& segment,
                                               int64_t total) {
   RETURN_IF_ERROR(status_);
   std::fill(send_seq_.begin(), send_seq_.end(), 0);
   std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
   const auto [begin, end] = SegmentBounds(total, size())[rank_];
-  if (segment.numel() != end - begin) {
-    return absl::InvalidArgumentError(absl::StrCat(Describe(tag), ": segment of ", segment.numel(),
-                                                   " values; rank ", rank_, " of ", total,
-                                                   " holds ", end - begin));
-  }
+  RETURN_IF_ERROR(CheckSegment(tag, segment, end - begin, total));
   Tensor all = Tensor::Zeros({total});
   std::memcpy(all.data() + begin, segment.data(), static_cast<size_t>(end - begin) * sizeof(float));
   RETURN_IF_ERROR(RingAllGather(iteration, tag, all.data(), total));
@@ -282,11 +286,7 @@ absl::StatusOr<Tensor> Collectives::Gather(int64_t iteration, int tag, int root,
   std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
   const std::vector<std::pair<int64_t, int64_t>> bounds = SegmentBounds(total, size());
   const auto [begin, end] = bounds[rank_];
-  if (segment.numel() != end - begin) {
-    return absl::InvalidArgumentError(absl::StrCat(Describe(tag), ": segment of ", segment.numel(),
-                                                   " values; rank ", rank_, " of ", total,
-                                                   " holds ", end - begin));
-  }
+  RETURN_IF_ERROR(CheckSegment(tag, segment, end - begin, total));
   if (rank_ != root) {
     RETURN_IF_ERROR(SendRange(iteration, tag, root, segment.data(), 0, end - begin));
     return Tensor();

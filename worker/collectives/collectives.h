@@ -159,6 +159,9 @@ class Collectives {
                          int64_t end);
   absl::Status RecvRange(int64_t iteration, int tag, int from, float* values, int64_t begin,
                          int64_t end, bool add);
+  // INVALID_ARGUMENT unless `segment` has the `holds` values this rank's
+  // segment of `total` has (AllGather, Gather).
+  absl::Status CheckSegment(int tag, const Tensor& segment, int64_t holds, int64_t total) const;
   TensorAddress Address(int64_t iteration, int tag, int seq) const;
   std::string Describe(int tag) const;
 

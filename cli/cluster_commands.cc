@@ -218,9 +218,11 @@ struct UpOptions {
 
 void BindUp(FlagSet& f, UpOptions& o) {
   f.Int("workers", &o.workers, "worker processes to start");
-  f.Int("data-parallel", &o.data_parallel,
-        "replicas of the pipeline (spec.parallelism.data): --workers / D stages each, each "
-        "replica training on --micro-batches / D of every step's micro-batches");
+  f.CountOrAuto("data-parallel", &o.data_parallel,
+                "replicas of the pipeline (spec.parallelism.data): --workers / D stages each, "
+                "each replica training on --micro-batches / D of every step's micro-batches; "
+                "auto: the planner tries every D dividing --workers and --micro-batches on the "
+                "job's measured profile and keeps the fastest simulated step");
   f.Int("tensor-parallel", &o.tensor_parallel,
         "workers per stage (spec.parallelism.tensor, 1-D Megatron split of every unit): "
         "--workers / (D x T) stages; T divides --heads, --d-model and the vocabulary");
@@ -354,8 +356,12 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   // rest).
   const int replicas = std::max(1, o.data_parallel);
   const int tensor = std::max(1, o.tensor_parallel);
-  spec.mutable_parallelism()->set_stages(o.workers / (replicas * tensor));
   spec.mutable_parallelism()->set_data(o.data_parallel);
+  if (o.data_parallel == kDataParallelAuto) {
+    spec.mutable_parallelism()->set_workers(o.workers);  // the planner sets the stages
+  } else {
+    spec.mutable_parallelism()->set_stages(o.workers / (replicas * tensor));
+  }
   spec.mutable_parallelism()->set_tensor(o.tensor_parallel);
   spec.mutable_parallelism()->set_tensor_partitions(o.tensor_partitions);
   spec.mutable_parallelism()->set_tensor_compression(o.tensor_compression);
@@ -471,7 +477,10 @@ int RunUp(const std::vector<std::string>& args) {
     return Fail("up", absl::NotFoundError("cannot create --out directory " + o.out));
   }
   absl::Status valid = absl::OkStatus();
-  if (o.data_parallel < 1 || o.workers < 1 || o.workers % o.data_parallel != 0) {
+  if (o.data_parallel == kDataParallelAuto) {
+    // The spec's checks name the fields (spec.parallelism.tensor, ...).
+    if (o.workers < 1) valid = absl::InvalidArgumentError("--workers must be >= 1");
+  } else if (o.data_parallel < 1 || o.workers < 1 || o.workers % o.data_parallel != 0) {
     valid = absl::InvalidArgumentError(
         absl::StrCat("--data-parallel ", o.data_parallel, " must be >= 1 and divide --workers ",
                      o.workers, " (each replica gets --workers / --data-parallel stages)"));
@@ -557,11 +566,14 @@ int RunUp(const std::vector<std::string>& args) {
   v1::Job job;
   grpc::Status submitted = stub->SubmitJob(WithDeadline(kRpcTimeout).get(), request, &job);
   if (!submitted.ok()) return Fail("up", ToAbsl(submitted));
-  std::fprintf(stderr,
-               "job %s: %d replica(s) of %d stages of %d worker(s) (%s, %s), %lld steps; metrics "
-               "at http://%s/metrics\n",
-               job.id().c_str(), o.data_parallel, o.workers / (o.data_parallel * o.tensor_parallel),
-               o.tensor_parallel, o.solver.c_str(), o.schedule.c_str(),
+  const std::string layout =
+      o.data_parallel == kDataParallelAuto
+          ? absl::StrCat(o.workers, " workers, the layout chosen by the planner")
+          : absl::StrCat(o.data_parallel, " replica(s) of ",
+                         o.workers / (o.data_parallel * o.tensor_parallel), " stages of ",
+                         o.tensor_parallel, " worker(s)");
+  std::fprintf(stderr, "job %s: %s (%s, %s), %lld steps; metrics at http://%s/metrics\n",
+               job.id().c_str(), layout.c_str(), o.solver.c_str(), o.schedule.c_str(),
                static_cast<long long>(o.steps), (*cluster)->http_address().c_str());
   StepTiming timing;
   absl::StatusOr<v1::Job> done = Follow(*stub, job.id(), kRpcTimeout, &timing);
@@ -603,6 +615,13 @@ int RunUp(const std::vector<std::string>& args) {
     if (!losses) return Fail("up", absl::InternalError("cannot write --loss-log " + o.loss_log));
   }
   if (!end.weights_path().empty()) std::printf("weights: %s\n", end.weights_path().c_str());
+  if (o.data_parallel == kDataParallelAuto && end.plan_history_size() > 0) {
+    // The first plan's reason: "initial plan; 2 replicas x 3 stages chosen by ...".
+    const std::string& reason = end.plan_history(0).reason();
+    const size_t choice = reason.find("; ");
+    std::printf("layout: %s\n",
+                reason.substr(choice == std::string::npos ? 0 : choice + 2).c_str());
+  }
   v1::GetPlanRequest plan_request;
   plan_request.set_job_id(end.id());
   v1::Plan plan;
@@ -612,7 +631,7 @@ int RunUp(const std::vector<std::string>& args) {
       std::printf("data-parallel all-reduce: powersgd rank %d on stages [%s] of %d\n",
                   plan.data_parallel_powersgd_rank(),
                   absl::StrJoin(plan.data_parallel_compressed_stages(), ",").c_str(),
-                  o.workers / (o.data_parallel * o.tensor_parallel));
+                  end.spec().parallelism().stages());
     }
     if (plan.tensor_parallel() > 1) {
       std::printf("tensor partitions per unit: forward [%s], backward [%s]\n",

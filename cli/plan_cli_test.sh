@@ -99,8 +99,8 @@ expect_exit data_not_dividing_micro_batches 1 "INVALID_ARGUMENT" \
   "${DP[@]}" --micro-batches 6 --data 4
 expect_exit data_auto_nothing_fits 1 "RESOURCE_EXHAUSTED" "no data-parallel layout of the 2 workers" "1 x 2: no plan fits" "2 x 1: no plan fits" -- \
   --profile "$TMP/heavy.json" --cluster "$TMP/small.json" --data auto
-expect_exit data_zero 2 "--data must be a replica count >= 1 or auto, got '0'" -- "${DP[@]}" --data 0
-expect_exit data_word 2 "--data must be a replica count >= 1 or auto, got 'many'" -- "${DP[@]}" --data many
+expect_exit data_zero 2 "--data: cannot parse '0' (want a count >= 1 or auto)" -- "${DP[@]}" --data 0
+expect_exit data_word 2 "--data: cannot parse 'many' (want a count >= 1 or auto)" -- "${DP[@]}" --data many
 
 # Bad input: exit 1 with the file and field named.
 echo '{"micro_batch_size": 1, "units": [{"name": "x", "fwd_seconds": -1, "bwd_seconds": 1, "weight_bytes": 0, "activation_bytes": 0, "stash_bytes": 0}]}' >"$TMP/negative.json"

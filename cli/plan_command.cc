@@ -35,24 +35,13 @@ struct PlanFlags {
   int workers = 0, micro_batches = 4;
   double bandwidth_gbps = 0, latency_us = 0, memory_gib = 0;
   bool json = false;
-  // Data parallelism: "1" (none), a replica count D, or "auto".
-  std::string data = "1";
+  // Data parallelism: 1 (none), a replica count D, or kAutoDataParallel.
+  int data = 1;
   double distpar_beta = kCalibratedBeta;  // 1 where nothing calibrates it
   // Tensor parallelism: a group of this many devices (0: none). For now
   // only DistPar's layout report of one block (tensor_layout_report.h).
   int tensor = 0;
 };
-
-// --data: kAutoDataParallel for "auto", else an integer >= 1.
-absl::StatusOr<int> ParseData(const std::string& text) {
-  if (text == "auto") return kAutoDataParallel;
-  int d = 0;
-  if (!absl::SimpleAtoi(text, &d) || d < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--data must be a replica count >= 1 or auto, got '", text, "'"));
-  }
-  return d;
-}
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
@@ -304,10 +293,11 @@ FlagSet PlanFlagSet(PlanFlags& f) {
   flags.Int("micro-batches", &f.micro_batches,
             "micro-batches per iteration (step), over all data-parallel replicas");
   flags.String("schedule", &f.schedule, "1f1b | gpipe");
-  flags.String("data", &f.data,
-               "data-parallel replicas D (the workers form D replicas of workers/D stages; D "
-               "divides the workers and --micro-batches) or auto (every such layout, the fastest "
-               "simulated step chosen)");
+  flags.CountOrAuto(
+      "data", &f.data,
+      "data-parallel replicas D (the workers form D replicas of workers/D stages; D "
+      "divides the workers and --micro-batches) or auto (every such layout, the fastest "
+      "simulated step chosen)");
   flags.Double("distpar-beta", &f.distpar_beta,
                "weight of communication in DistPar's layout cost (distpar.txt 3.4); default: "
                "with --tensor and --bandwidth-gbps, calibrated from --gflops and the bandwidth "
@@ -364,9 +354,8 @@ int RunPlan(const std::vector<std::string>& args) {
   }
   absl::StatusOr<Schedule> schedule = ParseSchedule(f.schedule);
   if (parsed.ok() && !schedule.ok()) parsed = schedule.status();
-  absl::StatusOr<int> data = ParseData(f.data);
-  if (parsed.ok() && !data.ok()) parsed = data.status();
-  if (parsed.ok() && f.solver == "acctfm" && *data != 1) {
+  static_assert(kAutoDataParallel == 0, "--data auto parses as 0 (FlagSet::CountOrAuto)");
+  if (parsed.ok() && f.solver == "acctfm" && f.data != 1) {
     parsed = absl::InvalidArgumentError("--data applies to pipeline plans, not --solver acctfm");
   }
   if (!parsed.ok()) {
@@ -396,7 +385,7 @@ int RunPlan(const std::vector<std::string>& args) {
   // Every plan goes through the layout planner: with D = 1 it is SolvePlan
   // on the cluster as given (data_parallel_layout.h).
   LayoutOptions options;
-  options.data_parallel = *data;
+  options.data_parallel = f.data;
   options.micro_batches = f.micro_batches;
   // The data-parallel layout's beta is not calibrated: 1 unless given.
   if (f.distpar_beta == kCalibratedBeta) f.distpar_beta = 1;
@@ -407,7 +396,7 @@ int RunPlan(const std::vector<std::string>& args) {
   absl::StatusOr<DataParallelLayout> layout = PlanDataParallel(*profile, *cluster, options);
   if (!layout.ok()) return fail(layout.status());
   const SolvedPlan* plan = &layout->plan;
-  const DataParallelView dp{*data != 1, &*layout, &*cluster, f.micro_batches, f.distpar_beta};
+  const DataParallelView dp{f.data != 1, &*layout, &*cluster, f.micro_batches, f.distpar_beta};
   PrintPlan(*plan, layout->stage_cluster, *profile, f.json, dp);
   std::vector<std::string> names;  // one lane per stage (its replicas' workers)
   for (const WorkerSpec& w : layout->stage_cluster.workers) names.push_back(w.name);

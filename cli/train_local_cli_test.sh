@@ -109,6 +109,9 @@ expect_exit up_each_gpu_without_cuda 2 "--worker-device cuda:each: no CUDA devic
   "built without CUDA" -- up --out "$TMP/up-each" --worker-device cuda:each
 expect_exit up_worker_device_bogus 2 "--worker-device/--worker-gemm" "got 'gpu'" -- \
   up --out "$TMP/up-bogus" --worker-device gpu
+# --data-parallel takes a replica count or auto (the planner's choice), not 0.
+expect_exit up_data_parallel_zero 2 "--data-parallel: cannot parse '0' (want a count >= 1 or auto)" -- \
+  up --out "$TMP/up-dp0" --data-parallel 0
 # GEMM attention is a CUDA backend's: refused for CPU workers and train-local.
 expect_exit up_worker_attention_on_cpu 2 "--worker-attention" "needs a CUDA device" -- \
   up --out "$TMP/up-attention" --worker-device cpu --worker-attention gemm

@@ -14,6 +14,10 @@ void FlagSet::Add(const std::string& name, Flag flag) {
   PT_CHECK(flags_.emplace(name, std::move(flag)).second) << "flag --" << name << " twice";
 }
 
+std::string FlagSet::Expected(const Flag& flag) {
+  return flag.expected.empty() ? "" : absl::StrCat(" (want ", flag.expected, ")");
+}
+
 void FlagSet::String(const std::string& name, std::string* target, const std::string& help) {
   Add(name, {help, "\"" + *target + "\"", false, [target](const std::string& v) {
                *target = v;
@@ -24,6 +28,21 @@ void FlagSet::String(const std::string& name, std::string* target, const std::st
 void FlagSet::Int(const std::string& name, int* target, const std::string& help) {
   Add(name, {help, absl::StrCat(*target), false,
              [target](const std::string& v) { return absl::SimpleAtoi(v, target); }});
+}
+
+void FlagSet::CountOrAuto(const std::string& name, int* target, const std::string& help) {
+  Add(name, {help, *target == 0 ? "auto" : absl::StrCat(*target), false,
+             [target](const std::string& v) {
+               if (v == "auto") {
+                 *target = 0;
+                 return true;
+               }
+               int count = 0;
+               if (!absl::SimpleAtoi(v, &count) || count < 1) return false;
+               *target = count;
+               return true;
+             },
+             "", "a count >= 1 or auto"});
 }
 
 void FlagSet::Int64(const std::string& name, int64_t* target, const std::string& help) {
@@ -88,7 +107,8 @@ absl::Status FlagSet::ApplyEnvironment() {
     if (value == nullptr || value[0] == '\0') continue;
     if (!flag.parse(value)) {
       return absl::InvalidArgumentError(absl::StrCat("$", flag.env, " (the default of --", name,
-                                                     "): cannot parse '", value, "'"));
+                                                     "): cannot parse '", value, "'",
+                                                     Expected(flag)));
     }
     set_.insert(name);
   }
@@ -98,7 +118,8 @@ absl::Status FlagSet::ApplyEnvironment() {
 absl::Status FlagSet::Apply(const std::string& name, const std::string& value) {
   auto it = flags_.find(name);
   if (!it->second.parse(value)) {
-    return absl::InvalidArgumentError(absl::StrCat("--", name, ": cannot parse '", value, "'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", name, ": cannot parse '", value, "'", Expected(it->second)));
   }
   set_.insert(name);
   return absl::OkStatus();

@@ -29,6 +29,10 @@ class FlagSet {
   // Bind a flag to `target`; its current value is the default shown in help.
   void String(const std::string& name, std::string* target, const std::string& help);
   void Int(const std::string& name, int* target, const std::string& help);
+  // A count >= 1, or "auto", stored as 0 (the spec's "the planner chooses",
+  // e.g. spec.parallelism.data); 0 and negative numbers do not parse, and
+  // the error says what would.
+  void CountOrAuto(const std::string& name, int* target, const std::string& help);
   void Int64(const std::string& name, int64_t* target, const std::string& help);
   void Uint64(const std::string& name, uint64_t* target, const std::string& help);
   void Float(const std::string& name, float* target, const std::string& help);
@@ -77,8 +81,11 @@ class FlagSet {
     bool is_bool = false;
     std::function<bool(const std::string&)> parse;  // false: bad value
     std::string env;
+    std::string expected;  // what a good value is, for the parse error; empty: the type's
   };
   void Add(const std::string& name, Flag flag);
+  // " (want <expected>)" for a parse error, or "" when the flag names none.
+  static std::string Expected(const Flag& flag);
   absl::Status Apply(const std::string& name, const std::string& value);
   absl::Status ApplyEnvironment();
 

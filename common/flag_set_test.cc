@@ -69,6 +69,29 @@ TEST_F(FlagSetTest, Parse_EqualsForm_SetsEveryType) {
   EXPECT_EQ(frac_, 0.125);
 }
 
+TEST(FlagSetCountOrAuto, ACountOrAutoAsZero_NothingElse) {
+  int replicas = 1;
+  FlagSet flags("usage: tool [flags]");
+  flags.CountOrAuto("data", &replicas, "replicas or auto");
+  EXPECT_TRUE(flags.Parse({"--data=3"}).ok());
+  EXPECT_EQ(replicas, 3);
+  EXPECT_TRUE(flags.Parse({"--data", "auto"}).ok());
+  EXPECT_EQ(replicas, 0);
+  for (const std::string bad : {"0", "-2", "Auto", "2x", ""}) {
+    SCOPED_TRACE(bad);
+    replicas = 5;
+    const absl::Status status = flags.Parse({"--data=" + bad});
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(status.message()),
+                HasSubstr("--data: cannot parse '" + bad + "' (want a count >= 1 or auto)"));
+    EXPECT_EQ(replicas, 5);
+  }
+  FlagSet shown("usage: tool [flags]");
+  int automatic = 0;
+  shown.CountOrAuto("data", &automatic, "replicas or auto");
+  EXPECT_THAT(shown.Usage(), HasSubstr("auto"));
+}
+
 TEST_F(FlagSetTest, Parse_SpaceForm_SetsEveryType) {
   ASSERT_TRUE(Parse({"--name", "abc", "--count", "12", "--steps", "3", "--seed", "42", "--lr",
                      "1e-4", "--frac", "0.75"})

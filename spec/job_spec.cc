@@ -1,5 +1,6 @@
 #include "spec/job_spec.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <set>
@@ -638,7 +639,108 @@ TrainConfig DeriveTrainConfig(const v1::JobSpec& spec) {
   return config;
 }
 
+// spec.parallelism.data 0 (auto): what needs a known D is refused; the
+// rest is resolved as the first layout's spec, then marked auto again.
+absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
+  const v1::ParallelismSpec& p = spec.parallelism();
+  if (!p.has_workers()) {
+    return Invalid("spec.parallelism.workers",
+                   "required with spec.parallelism.data 0 (auto): the job's workers, which the "
+                   "planner splits into replicas of stages");
+  }
+  RETURN_IF_ERROR(RequireInRange("spec.parallelism.workers", p.workers(), kMaxStages));
+  if (p.stages() != 0) {
+    return Invalid("spec.parallelism.stages",
+                   "is chosen by the planner with spec.parallelism.data 0 (auto): leave it unset "
+                   "(spec.parallelism.workers counts the job's workers)");
+  }
+  if (p.has_tensor() && p.tensor() != 1) {
+    return Invalid("spec.parallelism.tensor",
+                   "must be 1 with spec.parallelism.data 0 (auto): the layout search covers "
+                   "data x stages only");
+  }
+  if (p.solver() == kSolverManual) {
+    return Invalid("spec.parallelism.solver",
+                   "manual pins every stage's units, so the planner cannot choose the stages: not "
+                   "with spec.parallelism.data 0 (auto)");
+  }
+  const v1::DataParallelCompressionSpec& dp = spec.compression().data_parallel();
+  if (!(dp.codec().empty() || dp.codec() == "none") || dp.stages_size() > 0) {
+    return Invalid("spec.compression.data_parallel",
+                   "needs a known number of replicas: not with spec.parallelism.data 0 (auto)");
+  }
+  if (spec.elastic().has_min_workers() || spec.elastic().has_max_workers()) {
+    return Invalid("spec.elastic",
+                   "min_workers and max_workers count one replica's stages, which "
+                   "spec.parallelism.data 0 (auto) leaves to the planner: leave them unset "
+                   "(defaults 1 and the chosen stages)");
+  }
+  // The units and micro-batches, resolved as the layouts' specs will be.
+  v1::JobSpec sized = spec;
+  RETURN_IF_ERROR(ResolveModel(sized.mutable_model()));
+  RETURN_IF_ERROR(ResolveTrainingSizes(sized.mutable_training()));
+  const int units = 2 * sized.model().n_layer() + 2;
+  const int micro_batches = sized.training().micro_batches();
+  const std::vector<int> degrees = DataParallelDegrees(p.workers(), micro_batches, units);
+  if (degrees.empty()) {
+    return Invalid("spec.parallelism.workers",
+                   absl::StrCat("no layout of ", p.workers(),
+                                " workers: the replicas D must divide both the workers and "
+                                "spec.training.micro_batches ",
+                                micro_batches, ", with workers / D stages at most the model's ",
+                                units, " units"));
+  }
+  v1::JobSpec first = spec;
+  first.mutable_parallelism()->set_data(degrees[0]);
+  first.mutable_parallelism()->set_stages(p.workers() / degrees[0]);
+  first.mutable_parallelism()->clear_workers();
+  ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(first));
+  v1::ParallelismSpec* out = resolved.spec.mutable_parallelism();
+  out->set_data(kDataParallelAuto);
+  out->set_stages(0);
+  out->set_workers(p.workers());
+  resolved.spec.mutable_elastic()->clear_min_workers();
+  resolved.spec.mutable_elastic()->clear_max_workers();
+  resolved.stages = 0;
+  resolved.data_parallel = kDataParallelAuto;
+  resolved.layout_workers = p.workers();
+  return resolved;
+}
+
 }  // namespace
+
+int JobWorkers(const ResolvedJobSpec& resolved) {
+  if (resolved.data_parallel == kDataParallelAuto) return resolved.layout_workers;
+  return resolved.data_parallel * resolved.stages * resolved.tensor_parallel;
+}
+
+std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units) {
+  std::vector<int> degrees;
+  for (int d = 1; d <= workers; ++d) {
+    if (workers % d == 0 && micro_batches % d == 0 && workers / d <= units) degrees.push_back(d);
+  }
+  return degrees;
+}
+
+absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec& auto_spec,
+                                                          int data_parallel) {
+  if (auto_spec.data_parallel != kDataParallelAuto) {
+    return Invalid("spec.parallelism.data", "the job's replicas are already chosen");
+  }
+  const int workers = auto_spec.layout_workers;
+  const std::vector<int> degrees = DataParallelDegrees(workers, auto_spec.train.micro_batches,
+                                                       2 * auto_spec.train.model.n_layer + 2);
+  if (std::find(degrees.begin(), degrees.end(), data_parallel) == degrees.end()) {
+    return Invalid("spec.parallelism.data",
+                   absl::StrCat(data_parallel, " replicas is not a layout of ", workers,
+                                " workers (accepted: ", absl::StrJoin(degrees, ", "), ")"));
+  }
+  v1::JobSpec spec = auto_spec.spec;
+  spec.mutable_parallelism()->set_data(data_parallel);
+  spec.mutable_parallelism()->set_stages(workers / data_parallel);
+  spec.mutable_parallelism()->clear_workers();
+  return ResolveJobSpec(spec);
+}
 
 absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   if (!spec.has_model()) return Invalid("spec.model", "required (n_layer, n_head, d_model)");
@@ -647,6 +749,14 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   }
   if (!spec.has_parallelism()) return Invalid("spec.parallelism", "required (stages)");
   RETURN_IF_ERROR(RequireMaxBytes("spec.name", spec.name(), kMaxJobNameBytes));
+  if (spec.parallelism().has_data() && spec.parallelism().data() == kDataParallelAuto) {
+    return ResolveAutoLayout(spec);
+  }
+  if (spec.parallelism().has_workers()) {
+    return Invalid("spec.parallelism.workers",
+                   "only with spec.parallelism.data 0 (auto); otherwise the job's workers are "
+                   "data x stages x tensor");
+  }
   ResolvedJobSpec resolved;
   resolved.spec = spec;
   v1::JobSpec& out = resolved.spec;

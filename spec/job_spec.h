@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -67,6 +68,10 @@ inline constexpr int kMaxCheckpointInterval = 1000000;
 inline constexpr int kDefaultCheckpointKeep = 2;
 inline constexpr int kMaxCheckpointKeep = 100;
 
+// spec.parallelism.data's "auto": the planner chooses D for
+// spec.parallelism.workers (ResolveDataParallelLayout below).
+inline constexpr int kDataParallelAuto = 0;
+
 // A JobSpec with every default filled in, plus the configs derived from it.
 struct ResolvedJobSpec {
   // Defaults made explicit: has_* is true for every optional field, and data
@@ -80,7 +85,10 @@ struct ResolvedJobSpec {
   int64_t synthetic_bytes = 0;                 // spec.data.synthetic_bytes (path empty)
   int stages = 0;                              // spec.parallelism.stages (per replica)
   int data_parallel = 1;                       // spec.parallelism.data: replicas
-  int tensor_parallel = 1;                     // spec.parallelism.tensor: ranks per stage
+  // spec.parallelism.workers with data kDataParallelAuto (then stages is 0
+  // until ResolveDataParallelLayout picks D); 0 otherwise.
+  int layout_workers = 0;
+  int tensor_parallel = 1;    // spec.parallelism.tensor: ranks per stage
   int tensor_partitions = 1;  // spec.parallelism.tensor_partitions (0: Alg. 1 per layer)
   std::string tensor_compression = "none";  // spec.parallelism.tensor_compression
   std::string tensor_mode = "1d";           // spec.parallelism.tensor_mode: "1d" | "3d"
@@ -112,6 +120,16 @@ struct ResolvedJobSpec {
 // parallelism.fused_embedding_sync to true; data >= 1, data x
 // stages <= kMaxStages workers, and data divides training.micro_batches
 // (INVALID_ARGUMENT naming spec.training.micro_batches otherwise).
+//
+// Data parallelism "auto" (data 0): parallelism.workers N in 1..kMaxStages
+// is required, stages must be unset (0), and tensor 1, a solver other than
+// manual, no compression.data_parallel codec and no elastic bounds; at
+// least one D in DataParallelDegrees (INVALID_ARGUMENT naming
+// spec.parallelism.workers otherwise). The rest is checked as for the
+// first candidate D. The result keeps data 0, stages 0, workers N and the
+// elastic bounds unset (resolving it again gives the same spec), with
+// data_parallel kDataParallelAuto, stages 0 and layout_workers N.
+// parallelism.workers with any other data is INVALID_ARGUMENT.
 //
 // Tensor parallelism: parallelism.tensor defaults to 1; 1 <= tensor <=
 // kMaxTensorParallel, tensor divides model.n_head, d_model and vocab_size,
@@ -169,6 +187,24 @@ struct ResolvedJobSpec {
 // "spec.training.micro_batches: 3 must divide spec.training.batch_size 8".
 // The first violation found is reported.
 absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec);
+
+// The workers a job is placed on: layout_workers with data
+// kDataParallelAuto, else data_parallel x stages x tensor_parallel.
+int JobWorkers(const ResolvedJobSpec& resolved);
+
+// The data-parallel degrees a job of `workers` workers may take, ascending:
+// D divides workers and micro_batches, and workers / D stages are at most
+// `units` (a stage holds a unit at least). Empty when none does.
+std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units);
+
+// An auto job's spec (data kDataParallelAuto, as ResolveJobSpec returns it)
+// with D replicas of layout_workers / D stages: data D, stages set, workers
+// cleared, and the elastic bounds at their defaults (1 and the stages);
+// everything else as in `auto_spec`. Requires auto_spec.data_parallel ==
+// kDataParallelAuto. INVALID_ARGUMENT when D is not one of
+// DataParallelDegrees, or ResolveJobSpec refuses the result.
+absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec& auto_spec,
+                                                          int data_parallel);
 
 // Parses a JobSpec from proto3 canonical JSON; lowerCamel ("nLayer") and
 // original ("n_layer") field names are both accepted, as are the strings

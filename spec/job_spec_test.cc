@@ -464,7 +464,7 @@ TEST(ResolveJobSpec, DataParallel_DefaultsToOneAndIsKept) {
 
 TEST(ResolveJobSpec, DataParallel_BadValuesRejectedNamingTheField) {
   v1::JobSpec spec = MinimalSpec();
-  spec.mutable_parallelism()->set_data(0);
+  spec.mutable_parallelism()->set_data(-1);
   ExpectRejected(spec, "spec.parallelism.data: required, must be >= 1");
   spec = MinimalSpec();  // 4 micro-batches cannot be shared by 3 replicas
   spec.mutable_training()->set_micro_batches(4);
@@ -480,6 +480,103 @@ TEST(ResolveJobSpec, DataParallel_BadValuesRejectedNamingTheField) {
   ExpectRejected(spec,
                  "spec.parallelism.data: 512 replicas x 3 stages is 1536 workers; at most "
                  "1024");
+}
+
+// MinimalSpec (2 layers: 6 units) as data 0 (auto) over `workers` workers.
+v1::JobSpec AutoLayoutSpec(int workers, int micro_batches) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_batch_size(4 * micro_batches);
+  spec.mutable_training()->set_micro_batches(micro_batches);
+  spec.mutable_parallelism()->set_stages(0);
+  spec.mutable_parallelism()->set_data(kDataParallelAuto);
+  spec.mutable_parallelism()->set_workers(workers);
+  return spec;
+}
+
+TEST(DataParallelDegrees, DividesWorkersAndMicroBatchesWithAStagePerUnitAtMost) {
+  EXPECT_EQ(DataParallelDegrees(4, 4, 6), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(DataParallelDegrees(4, 2, 6), (std::vector<int>{1, 2}));
+  EXPECT_EQ(DataParallelDegrees(12, 4, 6), (std::vector<int>{2, 4}));  // 12 stages > 6 units
+  EXPECT_EQ(DataParallelDegrees(7, 2, 6), std::vector<int>{});
+  EXPECT_EQ(DataParallelDegrees(1, 1, 4), std::vector<int>{1});
+}
+
+TEST(ResolveJobSpec, DataParallelAuto_KeptAutoAndResolvingAgainGivesTheSameSpec) {
+  const ResolvedJobSpec resolved = ResolveJobSpec(AutoLayoutSpec(4, 4)).value();
+  EXPECT_EQ(resolved.data_parallel, kDataParallelAuto);
+  EXPECT_EQ(resolved.layout_workers, 4);
+  EXPECT_EQ(resolved.stages, 0);
+  const v1::ParallelismSpec& p = resolved.spec.parallelism();
+  EXPECT_TRUE(p.has_data());
+  EXPECT_EQ(p.data(), 0);
+  EXPECT_EQ(p.stages(), 0);
+  EXPECT_EQ(p.workers(), 4);
+  EXPECT_EQ(p.solver(), "uniform");  // the other defaults are filled in
+  EXPECT_FALSE(resolved.spec.elastic().has_min_workers());
+  EXPECT_FALSE(resolved.spec.elastic().has_max_workers());
+  // What the coordinator stores resolves to itself after a restart.
+  const ResolvedJobSpec again = ResolveJobSpec(resolved.spec).value();
+  EXPECT_EQ(again.spec.SerializeAsString(), resolved.spec.SerializeAsString());
+  EXPECT_EQ(again.layout_workers, 4);
+  EXPECT_EQ(JobWorkers(resolved), 4);
+  v1::JobSpec named = MinimalSpec();  // 2 stages
+  named.mutable_training()->set_micro_batches(4);
+  named.mutable_parallelism()->set_data(2);
+  named.mutable_parallelism()->set_tensor(2);
+  EXPECT_EQ(JobWorkers(ResolveJobSpec(named).value()), 8);
+}
+
+TEST(ResolveDataParallelLayout, GivesTheChosenLayoutsSpecWithElasticDefaults) {
+  const ResolvedJobSpec automatic = ResolveJobSpec(AutoLayoutSpec(4, 4)).value();
+  const ResolvedJobSpec two = ResolveDataParallelLayout(automatic, 2).value();
+  EXPECT_EQ(two.data_parallel, 2);
+  EXPECT_EQ(two.stages, 2);
+  EXPECT_EQ(two.layout_workers, 0);
+  EXPECT_EQ(two.spec.parallelism().data(), 2);
+  EXPECT_EQ(two.spec.parallelism().stages(), 2);
+  EXPECT_FALSE(two.spec.parallelism().has_workers());
+  EXPECT_EQ(two.spec.elastic().min_workers(), 1);
+  EXPECT_EQ(two.spec.elastic().max_workers(), 2);
+  EXPECT_EQ(two.train.micro_batches, 4);
+  const ResolvedJobSpec four = ResolveDataParallelLayout(automatic, 4).value();
+  EXPECT_EQ(four.stages, 1);
+  absl::StatusOr<ResolvedJobSpec> three = ResolveDataParallelLayout(automatic, 3);
+  ASSERT_EQ(three.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(three.status().message(),
+            "spec.parallelism.data: 3 replicas is not a layout of 4 workers (accepted: 1, 2, 4)");
+  EXPECT_EQ(ResolveDataParallelLayout(two, 2).status().code(),
+            absl::StatusCode::kInvalidArgument);  // already chosen
+}
+
+TEST(ResolveJobSpec, DataParallelAuto_WhatNeedsAKnownLayoutIsRefusedNamingTheField) {
+  v1::JobSpec spec = AutoLayoutSpec(4, 4);
+  spec.mutable_parallelism()->clear_workers();
+  ExpectRejected(spec, "spec.parallelism.workers: required with spec.parallelism.data 0 (auto)");
+  spec = AutoLayoutSpec(4, 4);
+  spec.mutable_parallelism()->set_stages(2);
+  ExpectRejected(spec, "spec.parallelism.stages: is chosen by the planner");
+  spec = AutoLayoutSpec(4, 4);
+  spec.mutable_parallelism()->set_tensor(2);
+  ExpectRejected(spec, "spec.parallelism.tensor: must be 1 with spec.parallelism.data 0");
+  spec = AutoLayoutSpec(4, 4);
+  spec.mutable_parallelism()->set_solver("manual");
+  ExpectRejected(spec, "spec.parallelism.solver: manual pins");
+  spec = AutoLayoutSpec(4, 4);
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=2");
+  ExpectRejected(spec, "spec.compression.data_parallel: needs a known number of replicas");
+  spec = AutoLayoutSpec(4, 4);
+  spec.mutable_elastic()->set_max_workers(4);
+  ExpectRejected(spec, "spec.elastic: min_workers and max_workers count one replica's stages");
+  ExpectRejected(AutoLayoutSpec(7, 2),
+                 "spec.parallelism.workers: no layout of 7 workers: the replicas D must divide "
+                 "both the workers and spec.training.micro_batches 2, with workers / D stages at "
+                 "most the model's 6 units");
+  spec = AutoLayoutSpec(4, 4);  // the rest is checked as for a layout
+  spec.mutable_training()->set_lr(-1);
+  ExpectRejected(spec, "spec.training.lr");
+  spec = MinimalSpec();  // workers belong to auto only
+  spec.mutable_parallelism()->set_workers(2);
+  ExpectRejected(spec, "spec.parallelism.workers: only with spec.parallelism.data 0 (auto)");
 }
 
 TEST(ResolveJobSpec, TensorParallel_DefaultsToOneAndIsKept) {
@@ -786,7 +883,7 @@ namespace {
 // accepted, one beyond it is rejected naming the field and the limit.
 TEST(ResolveJobSpecBounds, EveryBound_AtIsAcceptedBeyondIsRejected) {
   const std::vector<SpecBound> bounds = SpecBounds();
-  EXPECT_EQ(bounds.size(), 16u);
+  EXPECT_EQ(bounds.size(), 17u);
   for (const SpecBound& b : bounds) {
     SCOPED_TRACE(b.field);
     absl::StatusOr<ResolvedJobSpec> ok = ResolveJobSpec(b.At());

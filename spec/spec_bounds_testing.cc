@@ -84,6 +84,15 @@ std::vector<SpecBound> SpecBounds() {
          s.mutable_parallelism()->set_data(v);
        },
        kMaxStages, "spec.parallelism.data: 1025 exceeds the limit of 1024"},
+      {"spec.parallelism.workers",
+       [](v1::JobSpec& s, int64_t v) {  // data 0 (auto): 1024 workers as 256 x 4 and up
+         s.mutable_parallelism()->set_stages(0);
+         s.mutable_training()->set_batch_size(1024);
+         s.mutable_training()->set_micro_batches(1024);
+         s.mutable_parallelism()->set_data(0);
+         s.mutable_parallelism()->set_workers(v);
+       },
+       kMaxStages, "spec.parallelism.workers: 1025 exceeds the limit of 1024"},
       {"spec.parallelism.stages",
        [](v1::JobSpec& s, int64_t v) {
          s.mutable_model()->set_n_layer(kMaxLayers);  // 514 units

@@ -86,6 +86,27 @@ TEST_F(DataParallelClusterTest, BiPartitionPlanReplicated_MatchesTrainLocal) {
   }
 }
 
+// spec.parallelism.data 0 (auto) on 6 of the workers: the planner picks
+// one of 1 x 6, 2 x 3, 3 x 2 and 6 x 1 (whichever its simulation finds
+// fastest on this host), the job names it in its spec and plan history,
+// and it trains as train-local does.
+TEST_F(DataParallelClusterTest, AutoLayout_ChosenByThePlannerAndMatchesTrainLocal) {
+  const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
+  v1::JobSpec spec = Spec(0, 0, "1f1b", "auto.safetensors");
+  spec.mutable_parallelism()->set_workers(6);
+  v1::Job job;
+  ExpectMatchesTrainLocal(cluster_, spec, ref, &job);
+  const v1::ParallelismSpec& chosen = job.spec().parallelism();
+  EXPECT_GE(chosen.data(), 1);
+  EXPECT_EQ(chosen.data() * chosen.stages(), 6);
+  ASSERT_GE(job.plan_history_size(), 1);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(0).reason(),
+                                absl::StrCat(chosen.data(), " replicas x ", chosen.stages(),
+                                             " stages chosen by spec.parallelism.data 0 (auto); "
+                                             "predicted s/step: 1 x 6 ")))
+      << job.plan_history(0).reason();
+}
+
 // pipetrain_collectives_total summed over purposes and the cluster's 9
 // workers.
 double CollectivesInMetrics() {

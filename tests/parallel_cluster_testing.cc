@@ -66,15 +66,20 @@ Reference TrainLocally(const v1::JobSpec& spec) {
   return ref;
 }
 
-void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref) {
+void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref,
+                             v1::Job* ended) {
   ASSERT_NE(cluster, nullptr);
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   const std::string id = SubmitJob(*stub, spec);
   const v1::Job job = AwaitJob(*stub, id, absl::Minutes(5), Ended);
+  if (ended != nullptr) *ended = job;
   // SUCCEEDED also says the replicas' weight digests agreed.
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   const v1::ParallelismSpec& p = spec.parallelism();
-  EXPECT_EQ(job.worker_ids_size(), std::max(1, p.data()) * p.stages() * std::max(1, p.tensor()));
+  EXPECT_EQ(job.worker_ids_size(),
+            p.has_data() && p.data() == 0
+                ? p.workers()
+                : std::max(1, p.data()) * p.stages() * std::max(1, p.tensor()));
   const std::vector<float> losses(job.progress().loss_history().begin(),
                                   job.progress().loss_history().end());
   ExpectLossesClose(losses, ref.losses, "losses");

@@ -62,8 +62,11 @@ Reference TrainLocally(const v1::JobSpec& spec);
 // Submits `spec` to `cluster` and expects it to SUCCEED on data x stages x
 // tensor workers with a validation pass after the last step, its losses,
 // validation loss and exported weights (spec.output.weights_path) within
-// data_parallel_testing.h's tolerance of `ref` (EXPECT/ASSERT).
-void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref);
+// data_parallel_testing.h's tolerance of `ref` (EXPECT/ASSERT); with
+// data 0 (auto), on parallelism.workers workers. The ended job is left in
+// `ended` when given.
+void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref,
+                             v1::Job* ended = nullptr);
 
 }  // namespace testing
 }  // namespace pipetrain

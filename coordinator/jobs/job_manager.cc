@@ -21,6 +21,7 @@
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/device_links.h"
+#include "coordinator/planner/job_layout.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/solve_plan.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
@@ -536,8 +537,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
       record->job.mutable_progress()->set_loss_history_start(record->init_step);
     }
     record->job.set_state(v1::JOB_STATE_QUEUED);
-    record->job.set_reason(
-        absl::StrCat("waiting for ", resolved.stages * resolved.data_parallel, " READY workers"));
+    record->job.set_reason(absl::StrCat("waiting for ", JobWorkers(resolved), " READY workers"));
     SetTimestamp(clock_->Now(), record->job.mutable_create_time());
     TouchLocked(*record);
     record->resolved = std::move(resolved);
@@ -610,7 +610,7 @@ void JobManager::ScheduleQueued() {
     if (record.job.state() == v1::JOB_STATE_PROFILING) return;
     if (record.job.state() != v1::JOB_STATE_QUEUED) continue;
     std::vector<std::string> ready = SpareWorkersLocked(reserved);
-    const int need = record.resolved.stages * WorkersPerStage(record);
+    const int need = JobWorkers(record.resolved);
     if (static_cast<int>(ready.size()) < need) {
       const std::string waiting =
           absl::StrCat("waiting for ", need, " READY workers (", ready.size(), " ready)");
@@ -848,6 +848,21 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   cluster.latency_seconds = emulated ? latency : kAssumedLatency;
   cluster.links_emulated = emulated;
   SetSlowestHostDataPlane(infos, &cluster);
+  const int64_t version = record.plan.version() + 1;
+  // spec.parallelism.data 0 (auto): the layout is chosen now, on these
+  // workers and the job's profile, and the job is from then on as if it
+  // had named it (its spec shows the choice; re-plans keep it).
+  std::optional<CompiledPlan> chosen;
+  std::string placed_reason = reason;
+  if (record.resolved.data_parallel == kDataParallelAuto) {
+    ASSIGN_OR_RETURN(ChosenJobLayout choice,
+                     ChooseJobLayout(record.resolved, id, version, *record.profile, cluster,
+                                     record.profile_source));
+    placed_reason = absl::StrCat(reason, "; ", DescribeLayoutChoice(choice));
+    record.resolved = std::move(choice.resolved);
+    *record.job.mutable_spec() = record.resolved.spec;
+    chosen = std::move(choice.compiled);
+  }
   // A re-plan may use another number of stages (spec.elastic); the
   // replicas (spec.parallelism.data) and tensor ranks (.tensor) stay,
   // replica r's stage s, rank t on workers[(r * stages + s) * tensor + t].
@@ -862,9 +877,13 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   ResolvedJobSpec resolved = record.resolved;
   resolved.stages = stages;
   resolved.spec.mutable_parallelism()->set_stages(resolved.stages);
-  const int64_t version = record.plan.version() + 1;
-  ASSIGN_OR_RETURN(CompiledPlan compiled,
-                   PlanJob(resolved, id, version, *record.profile, cluster, record.profile_source));
+  CompiledPlan compiled;
+  if (chosen.has_value()) {
+    compiled = *std::move(chosen);
+  } else {
+    ASSIGN_OR_RETURN(
+        compiled, PlanJob(resolved, id, version, *record.profile, cluster, record.profile_source));
+  }
   // Device links join one pipeline's stages on a host; the replicas and
   // tensor ranks share programs, so with data or tensor parallelism every
   // link stays on the data plane (NCCL for their collectives is not there
@@ -930,7 +949,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   }
   v1::PlanVersion* history = record.job.add_plan_history();
   history->set_version(version);
-  history->set_reason(reason);
+  history->set_reason(placed_reason);
   history->set_start_step(start_step);
   for (const std::string& w : workers) history->add_worker_ids(w);
   SetTimestamp(clock_->Now(), history->mutable_time());
@@ -944,7 +963,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   TouchLocked(record);
   PersistLocked(record).IgnoreError();  // logged
   PT_LOG(INFO) << "job " << id << " running on " << absl::StrJoin(workers, ", ") << " (plan "
-               << version << ": " << reason << (start_step > 0 ? ", from step " : "")
+               << version << ": " << placed_reason << (start_step > 0 ? ", from step " : "")
                << (start_step > 0 ? absl::StrCat(start_step) : "") << ")";
   return absl::OkStatus();
 }

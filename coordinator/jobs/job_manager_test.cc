@@ -152,6 +152,57 @@ TEST_F(JobManagerTest, DataParallel_PlacesReplicasOfTheSamePlan) {
   }
   EXPECT_EQ(forwards, 1);
 }
+// spec.parallelism.data 0 (auto) over 4 workers: the layout is chosen when
+// the job is placed, from every layout's simulated step (1 MB/s links make
+// all-reducing the model far costlier than the pipeline's activations, so
+// one 4-stage pipeline wins); the job's spec then names it, and the plan
+// history says what each layout predicted.
+TEST_F(JobManagerTest, DataParallelAuto_LayoutChosenWhenPlacedThenAsIfNamed) {
+  v1::JobSpec spec = SmallSpec(0);
+  spec.mutable_training()->set_micro_batches(4);
+  spec.mutable_parallelism()->set_data(0);
+  spec.mutable_parallelism()->set_workers(4);
+  const std::string id = jobs_.Submit(spec).value().id();
+  v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.reason(), "waiting for 4 READY workers (0 ready)");
+  EXPECT_EQ(job.spec().parallelism().data(), 0);
+  EXPECT_EQ(job.spec().parallelism().workers(), 4);
+  std::vector<std::string> w;
+  for (int k = 0; k < 4; ++k) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(7801 + k));
+    request.mutable_device()->set_link_bandwidth_bytes_per_second(1e6);
+    request.mutable_device()->set_link_latency_seconds(1e-4);
+    w.push_back(registry_.Register(request).value().worker_id());
+  }
+  jobs_.ScheduleQueued();
+  job = jobs_.Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.spec().parallelism().data(), 1);
+  EXPECT_EQ(job.spec().parallelism().stages(), 4);
+  EXPECT_FALSE(job.spec().parallelism().has_workers());
+  EXPECT_EQ(job.spec().elastic().max_workers(), 4);
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_EQ(plan.data_parallel(), 1);
+  EXPECT_EQ(plan.stages_size(), 4);
+  EXPECT_EQ(plan.version(), 1);
+  ASSERT_EQ(job.plan_history_size(), 1);
+  const std::string& reason = job.plan_history(0).reason();
+  EXPECT_TRUE(absl::StartsWith(reason,
+                               "initial plan; 1 replicas x 4 stages chosen by "
+                               "spec.parallelism.data 0 (auto); predicted s/step: 1 x 4 "))
+      << reason;
+  EXPECT_TRUE(absl::StrContains(reason, ", 2 x 2 ")) << reason;
+  EXPECT_TRUE(absl::StrContains(reason, ", 4 x 1 ")) << reason;
+  for (int g = 0; g < 4; ++g) {
+    const v1::Assignment a = AssignmentOf(w[g]);
+    EXPECT_EQ(a.replicas(), 1);
+    EXPECT_EQ(a.num_stages(), 4);
+    EXPECT_EQ(a.stage(), g);
+    EXPECT_EQ(a.spec().parallelism().data(), 1);
+  }
+}
+
 
 // Selective stage compression: the named stage's workers, in every
 // replica, get the PowerSGD rank; the others all-reduce exactly. Auto

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/simulator.h"
+#include "spec/job_spec.h"
 
 namespace pipetrain {
 namespace {
@@ -61,11 +62,9 @@ absl::Status ValidateOptions(const ClusterSpec& cluster, const LayoutOptions& op
 // exactly as many stages as the caller gave ranges.
 std::vector<int> AutoReplicaCounts(int workers, int units, const LayoutOptions& options) {
   std::vector<int> out;
-  for (int d = 1; d <= workers; ++d) {
-    const int p = workers / d;
-    if (workers % d != 0 || options.micro_batches % d != 0 || p > units) continue;
+  for (int d : DataParallelDegrees(workers, options.micro_batches, units)) {
     if (options.plan.solver == "manual" &&
-        p != static_cast<int>(options.plan.manual_forward.size())) {
+        workers / d != static_cast<int>(options.plan.manual_forward.size())) {
       continue;
     }
     out.push_back(d);

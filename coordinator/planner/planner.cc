@@ -32,6 +32,19 @@ int EvalMicroBatches(const ResolvedJobSpec& r) {
 
 PlanningWork EstimatePlanningWork(const ResolvedJobSpec& r) {
   const double units = 2.0 * r.train.model.n_layer + 2;
+  if (r.data_parallel == kDataParallelAuto) {  // every layout is planned
+    PlanningWork total;
+    for (int d :
+         DataParallelDegrees(r.layout_workers, r.train.micro_batches, static_cast<int>(units))) {
+      ResolvedJobSpec layout = r;
+      layout.data_parallel = d;
+      layout.stages = r.layout_workers / d;
+      const PlanningWork work = EstimatePlanningWork(layout);
+      total.solver_steps += work.solver_steps;
+      total.stage_micro_batches = std::max(total.stage_micro_batches, work.stage_micro_batches);
+    }
+    return total;
+  }
   const double stages = r.stages;
   PlanningWork work;
   const bool bipartition = r.solver == kSolverBiPartition || r.solver == kSolverAuto;
@@ -45,18 +58,22 @@ PlanningWork EstimatePlanningWork(const ResolvedJobSpec& r) {
 
 absl::Status CheckPlanningBudget(const ResolvedJobSpec& r) {
   const PlanningWork work = EstimatePlanningWork(r);
+  const std::string stages =
+      r.data_parallel == kDataParallelAuto
+          ? absl::StrCat("the layouts of ", r.layout_workers, " workers (spec.parallelism.data 0)")
+          : absl::StrCat(r.stages, " stages");
   if (work.solver_steps > kMaxSolverSteps) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("spec.parallelism: solver ", r.solver, " for ", r.stages, " stages of ",
+        absl::StrCat("spec.parallelism: solver ", r.solver, " for ", stages, " of ",
                      2 * r.train.model.n_layer + 2, " units needs about ", work.solver_steps,
                      " steps, above the coordinator's planning budget of ", kMaxSolverSteps,
                      "; use solver pipedream or uniform, or fewer stages"));
   }
   if (work.stage_micro_batches > kMaxStageMicroBatches) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "spec.training.micro_batches: ", r.stages, " stages x (", r.train.micro_batches,
-        " micro-batches + ", EvalMicroBatches(r), " validation micro-batches) = ",
-        work.stage_micro_batches, " exceeds the planning budget of ", kMaxStageMicroBatches,
+        "spec.training.micro_batches: ", stages, " x (", r.train.micro_batches, " micro-batches + ",
+        EvalMicroBatches(r), " validation micro-batches) = ", work.stage_micro_batches,
+        " exceeds the planning budget of ", kMaxStageMicroBatches,
         "; use fewer (larger) micro-batches or validation windows"));
   }
   return absl::OkStatus();

@@ -1,0 +1,75 @@
+#include "coordinator/planner/job_layout.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace pipetrain {
+
+absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec,
+                                                const std::string& job_id, int64_t version,
+                                                const ModelProfile& profile,
+                                                const ClusterSpec& cluster,
+                                                const std::string& profile_source) {
+  const int workers = auto_spec.layout_workers;
+  if (auto_spec.data_parallel != kDataParallelAuto ||
+      static_cast<int>(cluster.workers.size()) != workers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("choosing a layout needs a job with spec.parallelism.data 0 and its ", workers,
+                     " workers; got data ", auto_spec.data_parallel, " and ",
+                     cluster.workers.size(), " workers"));
+  }
+  ChosenJobLayout best;
+  std::vector<LayoutTrial> trials;
+  bool found = false;
+  for (int d : DataParallelDegrees(workers, auto_spec.train.micro_batches,
+                                   2 * auto_spec.train.model.n_layer + 2)) {
+    LayoutTrial trial;
+    trial.data_parallel = d;
+    trial.stages = workers / d;
+    absl::StatusOr<ResolvedJobSpec> layout = ResolveDataParallelLayout(auto_spec, d);
+    absl::StatusOr<CompiledPlan> compiled =
+        layout.ok() ? PlanJob(*layout, job_id, version, profile, cluster, profile_source)
+                    : absl::StatusOr<CompiledPlan>(layout.status());
+    trial.status = compiled.status();
+    if (compiled.ok()) {
+      trial.predicted_step_seconds = compiled->plan.predicted_iteration_seconds();
+      if (!found ||
+          trial.predicted_step_seconds < best.compiled.plan.predicted_iteration_seconds()) {
+        found = true;
+        best.resolved = *std::move(layout);
+        best.compiled = *std::move(compiled);
+      }
+    }
+    trials.push_back(std::move(trial));
+  }
+  if (!found) {
+    std::vector<std::string> reasons;
+    for (const LayoutTrial& t : trials) {
+      reasons.push_back(absl::StrCat(t.data_parallel, " x ", t.stages, ": ", t.status.message()));
+    }
+    const absl::StatusCode code =
+        trials.empty() ? absl::StatusCode::kInvalidArgument : trials[0].status.code();
+    return absl::Status(code, absl::StrCat("no layout of ", workers,
+                                           " workers has a plan: ", absl::StrJoin(reasons, "; ")));
+  }
+  best.trials = std::move(trials);
+  return best;
+}
+
+std::string DescribeLayoutChoice(const ChosenJobLayout& choice) {
+  std::vector<std::string> trials;
+  for (const LayoutTrial& t : choice.trials) {
+    trials.push_back(absl::StrCat(
+        t.data_parallel, " x ", t.stages, " ",
+        t.status.ok() ? absl::StrFormat("%.4f", t.predicted_step_seconds)
+                      : absl::StrCat("no plan (", absl::StatusCodeToString(t.status.code()), ")")));
+  }
+  return absl::StrCat(choice.resolved.data_parallel, " replicas x ", choice.resolved.stages,
+                      " stages chosen by spec.parallelism.data 0 (auto); predicted s/step: ",
+                      absl::StrJoin(trials, ", "));
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,65 @@
+// A job with spec.parallelism.data 0 (auto) chooses its data-parallel
+// layout here, once its profile is measured on its workers: every layout
+// of its N workers as D replicas of N / D stages (DataParallelDegrees) is
+// planned exactly as a job that named D would be (PlanJob: the solver, the
+// schedule, the links, the workers sharing a host's cores, the gradient
+// all-reduce), and the layout whose simulated step is the shortest is kept
+// (issue 21 scope 6: "auto picks the layout with the lowest simulated step
+// time"). `pipetrain plan --data auto` searches the same layouts on a
+// cluster file (data_parallel_layout.h) and prints DistPar's cost beside
+// each; a job compares the simulated steps only.
+//
+// Thread-safety: a pure function; call it from any thread.
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_JOB_LAYOUT_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_JOB_LAYOUT_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/planner/planner.h"
+#include "coordinator/planner/profile.h"
+#include "spec/job_spec.h"
+
+namespace pipetrain {
+
+struct LayoutTrial {
+  int data_parallel = 1;  // D
+  int stages = 1;         // N / D
+  // OK, or why the layout has no plan (PlanJob's error: typically
+  // RESOURCE_EXHAUSTED, a stage over its worker's memory).
+  absl::Status status;
+  double predicted_step_seconds = 0;  // the plan's simulated step; when OK
+};
+
+struct ChosenJobLayout {
+  ResolvedJobSpec resolved;         // the kept layout's spec (ResolveDataParallelLayout)
+  CompiledPlan compiled;            // and its plan (PlanJob)
+  std::vector<LayoutTrial> trials;  // every layout planned, ascending D
+};
+
+// Plans every layout of `auto_spec` (data_parallel == kDataParallelAuto,
+// layout_workers == cluster.workers.size()) and returns the one with the
+// lowest predicted step; ties go to the smaller D (less gradient traffic
+// for the same predicted time). Deterministic: the choice depends only on
+// the inputs. The other arguments are PlanJob's, which gives the plan its
+// version and job id.
+// Errors: INVALID_ARGUMENT when auto_spec is not auto or the cluster's
+// size is not its workers; when no layout has a plan, the first layout's
+// error code with every layout's reason in the message ("no layout of 4
+// workers has a plan: 1 x 4: ...; 2 x 2: ...").
+absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec,
+                                                const std::string& job_id, int64_t version,
+                                                const ModelProfile& profile,
+                                                const ClusterSpec& cluster,
+                                                const std::string& profile_source);
+
+// One line for the plan history and the log, e.g. "2 replicas x 2 stages
+// chosen by spec.parallelism.data 0 (auto); predicted s/step: 1 x 4 0.2100,
+// 2 x 2 0.1530, 4 x 1 no plan (RESOURCE_EXHAUSTED)".
+std::string DescribeLayoutChoice(const ChosenJobLayout& choice);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_JOB_LAYOUT_H_

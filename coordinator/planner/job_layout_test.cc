@@ -1,0 +1,179 @@
+// ChooseJobLayout against brute force: every layout planned on its own as
+// a job naming its D, the choice the fastest of them; the choice follows
+// the links (data parallelism on fast ones, the pipeline on slow ones);
+// layouts without a plan are listed with their reason.
+#include "coordinator/planner/job_layout.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "coordinator/planner/solve_plan.h"
+#include "gtest/gtest.h"
+#include "spec/job_spec.h"
+
+namespace pipetrain {
+namespace {
+
+// A 2-layer (6-unit), d_model 128 job of 8 sequences of 64 tokens in 4
+// micro-batches over `workers` workers, data 0 (auto).
+v1::JobSpec AutoSpec(int workers) {
+  v1::JobSpec spec;
+  spec.set_name("job-layout-test");
+  spec.mutable_model()->set_n_layer(2);
+  spec.mutable_model()->set_n_head(4);
+  spec.mutable_model()->set_d_model(128);
+  spec.mutable_training()->set_seq_len(64);
+  spec.mutable_training()->set_batch_size(8);
+  spec.mutable_training()->set_micro_batches(4);
+  spec.mutable_training()->set_steps(10);
+  spec.mutable_data()->set_synthetic_bytes(100000);
+  spec.mutable_parallelism()->set_solver("pipedream");
+  spec.mutable_parallelism()->set_data(kDataParallelAuto);
+  spec.mutable_parallelism()->set_workers(workers);
+  return spec;
+}
+
+// `n` workers, each on a host of its own with 8 cores, `memory` bytes each
+// (0: unlimited).
+ClusterSpec Workers(int n, double bandwidth, double latency, double memory) {
+  ClusterSpec cluster;
+  cluster.bandwidth_bytes_per_second = bandwidth;
+  cluster.latency_seconds = latency;
+  for (int i = 0; i < n; ++i) {
+    WorkerSpec w;
+    w.name = "w" + std::to_string(i);
+    w.host = w.name;
+    w.host_cores = 8;
+    w.compute_threads = 1;
+    w.memory_bytes = memory;
+    cluster.workers.push_back(w);
+  }
+  return cluster;
+}
+
+ModelProfile ProfileOf(const ResolvedJobSpec& job) {
+  return AnalyticProfile(job.train.model, job.train.seq_len,
+                         job.train.batch_size / job.train.micro_batches, 1e10);
+}
+
+// Chooses a layout for `workers` workers on `cluster` and checks it against
+// each layout planned as its own job: the same predictions, and the choice
+// the lowest of them (ties: the smaller D). Returns the chosen D.
+int ChosenAgainstBruteForce(int workers, const ClusterSpec& cluster) {
+  const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(workers)).value();
+  const ModelProfile profile = ProfileOf(automatic);
+  absl::StatusOr<ChosenJobLayout> choice =
+      ChooseJobLayout(automatic, "job", 1, profile, cluster, "analytic");
+  EXPECT_TRUE(choice.ok()) << choice.status();
+  if (!choice.ok()) return 0;
+  int best = 0;
+  double best_seconds = 0;
+  size_t trial = 0;
+  for (int d = 1; d <= workers; ++d) {
+    if (workers % d != 0 || 4 % d != 0 || workers / d > 6) continue;
+    v1::JobSpec spec = AutoSpec(workers);
+    spec.mutable_parallelism()->clear_workers();
+    spec.mutable_parallelism()->set_data(d);
+    spec.mutable_parallelism()->set_stages(workers / d);
+    absl::StatusOr<CompiledPlan> own =
+        PlanJob(ResolveJobSpec(spec).value(), "job", 1, profile, cluster, "analytic");
+    EXPECT_TRUE(own.ok()) << own.status();
+    if (!own.ok()) return 0;
+    const double seconds = own->plan.predicted_iteration_seconds();
+    EXPECT_LT(trial, choice->trials.size());
+    if (trial >= choice->trials.size()) return 0;
+    EXPECT_EQ(choice->trials[trial].data_parallel, d);
+    EXPECT_EQ(choice->trials[trial].stages, workers / d);
+    EXPECT_EQ(choice->trials[trial].predicted_step_seconds, seconds);
+    ++trial;
+    if (best == 0 || seconds < best_seconds) {
+      best = d;
+      best_seconds = seconds;
+    }
+  }
+  EXPECT_EQ(trial, choice->trials.size());
+  EXPECT_EQ(choice->resolved.data_parallel, best);
+  EXPECT_EQ(choice->resolved.stages, workers / best);
+  EXPECT_EQ(choice->resolved.spec.parallelism().data(), best);
+  EXPECT_EQ(choice->compiled.plan.data_parallel(), best);
+  EXPECT_EQ(choice->compiled.plan.predicted_iteration_seconds(), best_seconds);
+  EXPECT_EQ(choice->compiled.plan.stages_size(), workers);
+  return best;
+}
+
+TEST(ChooseJobLayout, FastLinks_AllReplicasSlowLinks_ThePipeline) {
+  // 10 GB/s: the all-reduce is cheap and every stage boundary a bubble, so
+  // 4 replicas of the whole model win. 1 MB/s: all-reducing the model
+  // (~0.5 M parameters, seconds) costs far more than the pipeline's
+  // activations (256 KB, a quarter second), so one pipeline wins.
+  EXPECT_EQ(ChosenAgainstBruteForce(4, Workers(4, 1e10, 1e-6, 0)), 4);
+  EXPECT_EQ(ChosenAgainstBruteForce(4, Workers(4, 1e6, 1e-4, 0)), 1);
+  EXPECT_GT(ChosenAgainstBruteForce(6, Workers(6, 1e8, 1e-4, 0)), 0);  // 1 x 6 or 2 x 3
+  EXPECT_EQ(ChosenAgainstBruteForce(1, Workers(1, 1e8, 1e-4, 0)), 1);
+}
+
+TEST(ChooseJobLayout, LayoutsThatDoNotFitAreListedAndSkipped) {
+  const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(4)).value();
+  const ModelProfile profile = ProfileOf(automatic);
+  // What one worker needs for the whole model (bipartition.h's memory: the
+  // weights, their gradient and two AdamW moments, and one micro-batch's
+  // stash in flight); 3/4 of it per worker fits the 4-stage pipeline, not
+  // a whole replica on one worker.
+  double model_bytes = 0;
+  for (const UnitProfile& u : profile.units) model_bytes += 4 * u.weight_bytes + u.stash_bytes;
+  absl::StatusOr<ChosenJobLayout> choice = ChooseJobLayout(
+      automatic, "job", 1, profile, Workers(4, 1e10, 1e-6, 0.75 * model_bytes), "analytic");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  ASSERT_EQ(choice->trials.size(), 3u);  // D = 1, 2, 4
+  EXPECT_TRUE(choice->trials[0].status.ok()) << choice->trials[0].status;
+  EXPECT_EQ(choice->trials[2].status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(choice->resolved.data_parallel, 4);
+  const std::string line = DescribeLayoutChoice(*choice);
+  EXPECT_TRUE(absl::StartsWith(line, absl::StrCat(choice->resolved.data_parallel, " replicas x ")))
+      << line;
+  EXPECT_TRUE(absl::StrContains(line, "4 x 1 no plan (RESOURCE_EXHAUSTED)")) << line;
+
+  // Nothing fits: every layout's reason, under the first one's code.
+  absl::StatusOr<ChosenJobLayout> none = ChooseJobLayout(
+      automatic, "job", 1, profile, Workers(4, 1e10, 1e-6, 0.01 * model_bytes), "analytic");
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(
+      absl::StartsWith(none.status().message(), "no layout of 4 workers has a plan: 1 x 4: "))
+      << none.status();
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "; 2 x 2: ")) << none.status();
+  EXPECT_TRUE(absl::StrContains(none.status().message(), "; 4 x 1: ")) << none.status();
+}
+
+// The submit-time budget of an auto job is every layout's planning work.
+TEST(ChooseJobLayout, PlanningWorkIsEveryLayoutsWork) {
+  const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(4)).value();
+  double steps = 0;
+  int64_t micro_batches = 0;
+  for (int d : {1, 2, 4}) {
+    const PlanningWork work = EstimatePlanningWork(ResolveDataParallelLayout(automatic, d).value());
+    steps += work.solver_steps;
+    micro_batches = std::max(micro_batches, work.stage_micro_batches);
+  }
+  const PlanningWork work = EstimatePlanningWork(automatic);
+  EXPECT_GT(work.solver_steps, 0);
+  EXPECT_DOUBLE_EQ(work.solver_steps, steps);
+  EXPECT_EQ(work.stage_micro_batches, micro_batches);
+}
+
+TEST(ChooseJobLayout, RefusesAJobThatNamedItsLayoutOrTheWrongWorkers) {
+  const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(4)).value();
+  const ModelProfile profile = ProfileOf(automatic);
+  EXPECT_EQ(ChooseJobLayout(automatic, "job", 1, profile, Workers(3, 1e9, 1e-4, 0), "analytic")
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  const ResolvedJobSpec named = ResolveDataParallelLayout(automatic, 2).value();
+  EXPECT_EQ(ChooseJobLayout(named, "job", 1, profile, Workers(4, 1e9, 1e-4, 0), "analytic")
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace pipetrain

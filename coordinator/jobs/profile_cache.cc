@@ -19,6 +19,7 @@ ModelProfile FromProto(const v1::ModelProfile& p) {
   for (const v1::UnitProfile& u : p.units()) {
     out.units.push_back({u.name(), u.fwd_seconds(), u.bwd_seconds(), u.weight_bytes(),
                          u.activation_bytes(), u.stash_bytes()});
+    out.units.back().optimizer_seconds = u.optimizer_seconds();
     for (const v1::PartitionTiming& t : u.partitions()) {
       out.units.back().partition_seconds[t.count()] = {t.fwd_seconds(), t.bwd_seconds()};
     }

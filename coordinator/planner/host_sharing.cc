@@ -150,6 +150,7 @@ ModelProfile StretchCompute(const ModelProfile& profile, double factor) {
   for (UnitProfile& u : out.units) {
     u.fwd_seconds *= factor;
     u.bwd_seconds *= factor;
+    u.optimizer_seconds *= factor;
     for (auto& [count, seconds] : u.partition_seconds) {
       seconds.first *= factor;
       seconds.second *= factor;

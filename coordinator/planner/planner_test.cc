@@ -69,7 +69,7 @@ double Predicted(int tensor, int cores, double bandwidth, double latency, std::s
 
 TEST(PlanJobSharedCores, FourRanksOnTwoCores_ComputeTwiceAsLong) {
   // Unlimited links: the step is compute (and the optimizer step, which
-  // the profile does not time), so sharing 2 cores about doubles it.
+  // an analytic profile does not time), so sharing 2 cores about doubles it.
   std::string source;
   const double alone = Predicted(4, 0, 0, 0, &source);
   EXPECT_FALSE(absl::StrContains(source, "compute x")) << source;

@@ -28,6 +28,9 @@ struct UnitProfile {
   std::string name;
   double fwd_seconds = 0, bwd_seconds = 0;  // per micro-batch
   double weight_bytes = 0, activation_bytes = 0, stash_bytes = 0;
+  // One optimizer (AdamW) step over the unit's parameters, when the profile
+  // timed it; 0: not timed (the simulator then charges none).
+  double optimizer_seconds = 0;
   // Measured passes of one of K micro-partitions, by K (2, 4), when the
   // profile has them (v1::UnitProfile.partitions); AccTFM's Alg. 1 uses
   // them instead of fwd_seconds / K.

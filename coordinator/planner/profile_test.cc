@@ -28,6 +28,18 @@ TEST(ProfileTest, ParseProfile_ReadsTheDocumentedFormatAndRoundTrips) {
   p.units[1].partition_seconds[4] = {0.0006, 0.0012};
   again = ParseProfileJson(ProfileToJson(p)).value();
   EXPECT_EQ(again.units[1].partition_seconds, p.units[1].partition_seconds);
+  // The timed optimizer step too (optional: 0 when absent).
+  EXPECT_EQ(p.units[0].optimizer_seconds, 0);
+  p.units[0].optimizer_seconds = 0.0007;
+  again = ParseProfileJson(ProfileToJson(p)).value();
+  EXPECT_EQ(again.units[0].optimizer_seconds, 0.0007);
+  EXPECT_EQ(again.units[1].optimizer_seconds, 0);
+  absl::StatusOr<ModelProfile> negative = ParseProfileJson(
+      R"({"micro_batch_size": 1, "units": [{"name": "embed", "fwd_seconds": 1,
+          "bwd_seconds": 1, "weight_bytes": 4, "activation_bytes": 4,
+          "optimizer_seconds": -1}]})");
+  EXPECT_EQ(negative.status().message(),
+            "units[0].optimizer_seconds: must be a finite number >= 0");
 }
 
 TEST(ProfileTest, ParseCluster_DefaultsAndProblemConversion) {

@@ -443,9 +443,15 @@ double TransferBytes(const v1::TensorKey& key, const SimulationCosts& costs) {
 SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const ClusterSpec& cluster,
                                            double tied_grad_bytes) {
   SimulationCosts costs;
+  double optimizer_seconds = 0, weight_bytes = 0;
   for (const UnitProfile& u : profile.units) {
     costs.units.push_back({u.fwd_seconds, u.bwd_seconds, u.activation_bytes, u.weight_bytes});
+    optimizer_seconds += u.optimizer_seconds;
+    weight_bytes += u.weight_bytes;
   }
+  // AdamW does the same work per element whatever the unit: the profile's
+  // timed steps as one rate per weight byte.
+  if (weight_bytes > 0) costs.optimizer_seconds_per_byte = optimizer_seconds / weight_bytes;
   for (const WorkerSpec& w : cluster.workers) costs.worker_speeds.push_back(w.speed);
   costs.link = {cluster.bandwidth_bytes_per_second, cluster.latency_seconds};
   costs.replica_link = costs.link;

@@ -131,6 +131,9 @@ double TransferBytes(const v1::TensorKey& key, const SimulationCosts& costs);
 // cluster entry, one link setting for all links and for replica_link). The
 // profile has no tied gradient size, so the caller passes it (the token
 // embedding's bytes). data_parallel stays 1 for the caller to set.
+// optimizer_seconds_per_byte is the profile's timed optimizer steps over its
+// weight bytes (sum optimizer_seconds / sum weight_bytes; 0 when the profile
+// did not time them, as an analytic one does not).
 SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const ClusterSpec& cluster,
                                            double tied_grad_bytes);
 

@@ -153,6 +153,27 @@ TEST(SimulatorTest, BalancedStagesZeroComm_BubbleIsTheory) {
   }
 }
 
+// A profile's timed optimizer steps become one rate per weight byte, so a
+// stage's OptimizerStep costs what its units' steps were timed at (AdamW's
+// work per element is the same in every unit).
+TEST(SimulatorTest, ProfileOptimizerSteps_ChargedPerWeightByte) {
+  ModelProfile profile;
+  profile.units = {{"embed", 1, 2, 100, 10, 0}, {"head", 1, 2, 300, 4, 0}};
+  profile.units[0].optimizer_seconds = 0.001;
+  profile.units[1].optimizer_seconds = 0.003;
+  ClusterSpec cluster;
+  cluster.workers = {{"w0", 1, 0}};
+  const SimulationCosts costs = SimulationCostsFromProfile(profile, cluster, 0);
+  EXPECT_DOUBLE_EQ(costs.optimizer_seconds_per_byte, 0.004 / 400);
+  absl::StatusOr<SimulationResult> r =
+      SimulateIteration({Program({Compute("O", 0, 2, -1)})}, costs);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_NEAR(r->iteration_seconds, 0.004, 1e-12);
+  // Not timed (an analytic profile): no optimizer cost, as before.
+  profile.units[0].optimizer_seconds = profile.units[1].optimizer_seconds = 0;
+  EXPECT_EQ(SimulationCostsFromProfile(profile, cluster, 0).optimizer_seconds_per_byte, 0);
+}
+
 TEST(SimulatorTest, TwoSendsOnOneLink_SecondWaitsForFirst) {
   const std::vector<v1::Program> programs = {
       Program({Send(v1::TENSOR_KIND_ACTIVATION, 0, 0, 1), Send(v1::TENSOR_KIND_ACTIVATION, 0, 1, 1),

@@ -253,6 +253,7 @@ ModelProfile TensorParallelCostsOf(const ModelProfile& profile, int tensor,
   for (size_t u = 0; u < profile.units.size(); ++u) {
     UnitProfile& unit = out.units[u];
     unit.weight_bytes = profile.units[u].weight_bytes / tensor;
+    unit.optimizer_seconds = profile.units[u].optimizer_seconds / tensor;  // its shard's
     unit.fwd_seconds = PassSeconds(passes[u].forward);
     unit.bwd_seconds = PassSeconds(passes[u].backward);
   }

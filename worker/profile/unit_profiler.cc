@@ -20,6 +20,7 @@
 #include "worker/data/dataset.h"
 #include "worker/model/gpt_config.h"
 #include "worker/model/unit.h"
+#include "worker/train/adamw_optimizer.h"
 
 namespace pipetrain {
 namespace {
@@ -205,6 +206,18 @@ std::pair<double, double> TimedPass(Unit& unit, const Tensor& input, const Token
           std::chrono::duration<double>(t2 - t1).count()};
 }
 
+// One AdamW step over the unit's parameters (from the gradients the timed
+// passes accumulated), to the end of its queued device work.
+double TimedOptimizerStep(Unit& unit, AdamWOptimizer& optimizer) {
+  using Clock = std::chrono::steady_clock;
+  Backend* backend = unit.backend();
+  backend->Synchronize();
+  const Clock::time_point t0 = Clock::now();
+  optimizer.Step(unit.parameters());
+  backend->Synchronize();
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
 // Profiles unit `index` on `input` (null for embed) and returns its output,
 // the next unit's input. The unit is freed before returning.
 Tensor ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
@@ -230,6 +243,17 @@ Tensor ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
   }
   out->set_fwd_seconds(Median(forward));
   out->set_bwd_seconds(Median(backward));
+  // The unit's share of the optimizer step, as the runtime takes it (the
+  // default hyperparameters and decay policy: AdamW's work per element
+  // does not depend on their values). The first step allocates the moments.
+  {
+    AdamWOptimizer optimizer(AdamWConfig{}, DecayPolicy::kMatricesOnly, backend);
+    optimizer.Step(unit->parameters());
+    for (int i = 0; i < r.warmup; ++i) TimedOptimizerStep(*unit, optimizer);
+    std::vector<double> steps;
+    for (int i = 0; i < r.repetitions; ++i) steps.push_back(TimedOptimizerStep(*unit, optimizer));
+    out->set_optimizer_seconds(Median(steps));
+  }
   // One of K micro-partitions: the first micro_batch_size / K samples of the
   // same input and output gradient (the head's loss gradient stays 1).
   for (int k : r.partitions) {
@@ -297,6 +321,7 @@ std::string ProfileToFileJson(const v1::ModelProfile& profile) {
                      {"bwd_seconds", u.bwd_seconds()},
                      {"weight_bytes", ByteCount(u.weight_bytes())},
                      {"activation_bytes", ByteCount(u.activation_bytes())},
+    if (u.optimizer_seconds() > 0) units.back()["optimizer_seconds"] = u.optimizer_seconds();
                      {"stash_bytes", ByteCount(u.stash_bytes())}});
   }
   const ordered_json file = {{"micro_batch_size", profile.micro_batch_size()},

@@ -37,6 +37,10 @@
 //                      embed has no input gradient. Temporaries that live only
 //                      inside a pass (e.g. head's [B·T, vocab] logit gradient)
 //                      are not counted, so the real peak can be higher.
+//   optimizer_seconds  the MEDIAN of `repetitions` timed AdamW steps over
+//                      the unit's parameters (default hyperparameters and
+//                      decay policy; moments allocated by an untimed first
+//                      step, then `warmup` untimed ones), on `backend`.
 //   partitions         for each request.partitions K (2 or 4, dividing the
 //                      micro-batch; AccTFM's Alg. 1 wants measured compute
 //                      per partition size), one of K micro-partitions timed

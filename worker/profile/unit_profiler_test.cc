@@ -95,6 +95,7 @@ TEST(ProfileUnitsTest, SmallModel_TimesArePositive) {
   for (const v1::UnitProfile& u : profile->units()) {
     EXPECT_GT(u.fwd_seconds(), 0) << u.name();
     EXPECT_GT(u.bwd_seconds(), 0) << u.name();
+    EXPECT_GT(u.optimizer_seconds(), 0) << u.name();  // every unit has parameters
   }
 }
 
@@ -266,7 +267,7 @@ TEST(ProfileToFileJsonTest, Profile_WritesTheFileFormatKeysInDocumentedOrder) {
   for (const auto& [key, value] : file["units"][0].items()) unit_keys.push_back(key);
   EXPECT_EQ(unit_keys,
             (std::vector<std::string>{"name", "fwd_seconds", "bwd_seconds", "weight_bytes",
-                                      "activation_bytes", "stash_bytes"}));
+                                      "activation_bytes", "stash_bytes", "optimizer_seconds"}));
   const auto& head = file["units"][5];
   EXPECT_EQ(head["name"], "head");
   ASSERT_TRUE(head["activation_bytes"].is_number_integer()) << head.dump();
@@ -286,6 +287,7 @@ TEST(ProfileToFileJsonTest, FractionalBytes_WrittenAsFloatingNumber) {
   EXPECT_EQ(file["units"][0]["weight_bytes"].get<double>(), 1.5);
   EXPECT_EQ(file["units"][0]["fwd_seconds"].get<double>(), 0.25);
   EXPECT_EQ(file["units"][0]["stash_bytes"].get<int64_t>(), 0);
+  EXPECT_FALSE(file["units"][0].contains("optimizer_seconds"));  // not timed: left out
 }
 
 TEST(ProfileToFileJsonTest, Profile_ParsesWithThePlannerReader) {

@@ -152,6 +152,7 @@ TEST_F(JobManagerTest, DataParallel_PlacesReplicasOfTheSamePlan) {
   }
   EXPECT_EQ(forwards, 1);
 }
+
 // spec.parallelism.data 0 (auto) over 4 workers: the layout is chosen when
 // the job is placed, from every layout's simulated step (1 MB/s links make
 // all-reducing the model far costlier than the pipeline's activations, so
@@ -202,7 +203,6 @@ TEST_F(JobManagerTest, DataParallelAuto_LayoutChosenWhenPlacedThenAsIfNamed) {
     EXPECT_EQ(a.spec().parallelism().data(), 1);
   }
 }
-
 
 // Selective stage compression: the named stage's workers, in every
 // replica, get the PowerSGD rank; the others all-reduce exactly. Auto

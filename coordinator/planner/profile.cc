@@ -68,9 +68,9 @@ absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
   ASSIGN_OR_RETURN(unit.weight_bytes, Number(u, "weight_bytes", where, false));
   ASSIGN_OR_RETURN(unit.activation_bytes, Number(u, "activation_bytes", where, false));
   ASSIGN_OR_RETURN(unit.stash_bytes, Number(u, "stash_bytes", where, false, false, 0));
+  ASSIGN_OR_RETURN(unit.optimizer_seconds, Number(u, "optimizer_seconds", where, false, false, 0));
   // Optional: one of K micro-partitions' measured passes (K 2 or 4, once each).
   if (u.contains("partitions")) {
-  ASSIGN_OR_RETURN(unit.optimizer_seconds, Number(u, "optimizer_seconds", where, false, false, 0));
     const json& list = u["partitions"];
     if (!list.is_array() || list.size() > 2) {
       return Invalid(where + ".partitions", "must be a list of at most 2 entries");
@@ -179,9 +179,9 @@ std::string ProfileToJson(const ModelProfile& p) {
                  {"weight_bytes", u.weight_bytes},
                  {"activation_bytes", u.activation_bytes},
                  {"stash_bytes", u.stash_bytes}};
+    if (u.optimizer_seconds > 0) unit["optimizer_seconds"] = u.optimizer_seconds;
     if (!u.partition_seconds.empty()) {
       json partitions = json::array();
-    if (u.optimizer_seconds > 0) unit["optimizer_seconds"] = u.optimizer_seconds;
       for (const auto& [count, seconds] : u.partition_seconds) {
         partitions.push_back(
             {{"count", count}, {"fwd_seconds", seconds.first}, {"bwd_seconds", seconds.second}});

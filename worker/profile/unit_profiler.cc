@@ -321,8 +321,8 @@ std::string ProfileToFileJson(const v1::ModelProfile& profile) {
                      {"bwd_seconds", u.bwd_seconds()},
                      {"weight_bytes", ByteCount(u.weight_bytes())},
                      {"activation_bytes", ByteCount(u.activation_bytes())},
-    if (u.optimizer_seconds() > 0) units.back()["optimizer_seconds"] = u.optimizer_seconds();
                      {"stash_bytes", ByteCount(u.stash_bytes())}});
+    if (u.optimizer_seconds() > 0) units.back()["optimizer_seconds"] = u.optimizer_seconds();
   }
   const ordered_json file = {{"micro_batch_size", profile.micro_batch_size()},
                              {"units", std::move(units)}};

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "coordinator/planner/cluster_testing.h"
 #include "coordinator/planner/solve_plan.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
@@ -32,24 +33,6 @@ v1::JobSpec AutoSpec(int workers) {
   spec.mutable_parallelism()->set_data(kDataParallelAuto);
   spec.mutable_parallelism()->set_workers(workers);
   return spec;
-}
-
-// `n` workers, each on a host of its own with 8 cores, `memory` bytes each
-// (0: unlimited).
-ClusterSpec Workers(int n, double bandwidth, double latency, double memory) {
-  ClusterSpec cluster;
-  cluster.bandwidth_bytes_per_second = bandwidth;
-  cluster.latency_seconds = latency;
-  for (int i = 0; i < n; ++i) {
-    WorkerSpec w;
-    w.name = "w" + std::to_string(i);
-    w.host = w.name;
-    w.host_cores = 8;
-    w.compute_threads = 1;
-    w.memory_bytes = memory;
-    cluster.workers.push_back(w);
-  }
-  return cluster;
 }
 
 ModelProfile ProfileOf(const ResolvedJobSpec& job) {
@@ -107,10 +90,10 @@ TEST(ChooseJobLayout, FastLinks_AllReplicasSlowLinks_ThePipeline) {
   // 4 replicas of the whole model win. 1 MB/s: all-reducing the model
   // (~0.5 M parameters, seconds) costs far more than the pipeline's
   // activations (256 KB, a quarter second), so one pipeline wins.
-  EXPECT_EQ(ChosenAgainstBruteForce(4, Workers(4, 1e10, 1e-6, 0)), 4);
-  EXPECT_EQ(ChosenAgainstBruteForce(4, Workers(4, 1e6, 1e-4, 0)), 1);
-  EXPECT_GT(ChosenAgainstBruteForce(6, Workers(6, 1e8, 1e-4, 0)), 0);  // 1 x 6 or 2 x 3
-  EXPECT_EQ(ChosenAgainstBruteForce(1, Workers(1, 1e8, 1e-4, 0)), 1);
+  EXPECT_EQ(ChosenAgainstBruteForce(4, testing::TestCluster(4, 1e10, 1e-6)), 4);
+  EXPECT_EQ(ChosenAgainstBruteForce(4, testing::TestCluster(4, 1e6, 1e-4)), 1);
+  EXPECT_GT(ChosenAgainstBruteForce(6, testing::TestCluster(6, 1e8, 1e-4)), 0);  // 1 x 6 or 2 x 3
+  EXPECT_EQ(ChosenAgainstBruteForce(1, testing::TestCluster(1, 1e8, 1e-4)), 1);
 }
 
 TEST(ChooseJobLayout, LayoutsThatDoNotFitAreListedAndSkipped) {
@@ -122,8 +105,9 @@ TEST(ChooseJobLayout, LayoutsThatDoNotFitAreListedAndSkipped) {
   // a whole replica on one worker.
   double model_bytes = 0;
   for (const UnitProfile& u : profile.units) model_bytes += 4 * u.weight_bytes + u.stash_bytes;
-  absl::StatusOr<ChosenJobLayout> choice = ChooseJobLayout(
-      automatic, "job", 1, profile, Workers(4, 1e10, 1e-6, 0.75 * model_bytes), "analytic");
+  absl::StatusOr<ChosenJobLayout> choice =
+      ChooseJobLayout(automatic, "job", 1, profile,
+                      testing::TestCluster(4, 1e10, 1e-6, 0, 0.75 * model_bytes), "analytic");
   ASSERT_TRUE(choice.ok()) << choice.status();
   ASSERT_EQ(choice->trials.size(), 3u);  // D = 1, 2, 4
   EXPECT_TRUE(choice->trials[0].status.ok()) << choice->trials[0].status;
@@ -135,8 +119,9 @@ TEST(ChooseJobLayout, LayoutsThatDoNotFitAreListedAndSkipped) {
   EXPECT_TRUE(absl::StrContains(line, "4 x 1 no plan (RESOURCE_EXHAUSTED)")) << line;
 
   // Nothing fits: every layout's reason, under the first one's code.
-  absl::StatusOr<ChosenJobLayout> none = ChooseJobLayout(
-      automatic, "job", 1, profile, Workers(4, 1e10, 1e-6, 0.01 * model_bytes), "analytic");
+  absl::StatusOr<ChosenJobLayout> none =
+      ChooseJobLayout(automatic, "job", 1, profile,
+                      testing::TestCluster(4, 1e10, 1e-6, 0, 0.01 * model_bytes), "analytic");
   ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(
       absl::StartsWith(none.status().message(), "no layout of 4 workers has a plan: 1 x 4: "))
@@ -164,15 +149,17 @@ TEST(ChooseJobLayout, PlanningWorkIsEveryLayoutsWork) {
 TEST(ChooseJobLayout, RefusesAJobThatNamedItsLayoutOrTheWrongWorkers) {
   const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(4)).value();
   const ModelProfile profile = ProfileOf(automatic);
-  EXPECT_EQ(ChooseJobLayout(automatic, "job", 1, profile, Workers(3, 1e9, 1e-4, 0), "analytic")
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ChooseJobLayout(automatic, "job", 1, profile, testing::TestCluster(3, 1e9, 1e-4), "analytic")
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
   const ResolvedJobSpec named = ResolveDataParallelLayout(automatic, 2).value();
-  EXPECT_EQ(ChooseJobLayout(named, "job", 1, profile, Workers(4, 1e9, 1e-4, 0), "analytic")
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(
+      ChooseJobLayout(named, "job", 1, profile, testing::TestCluster(4, 1e9, 1e-4), "analytic")
+          .status()
+          .code(),
+      absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

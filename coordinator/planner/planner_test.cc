@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/strings/match.h"
+#include "coordinator/planner/cluster_testing.h"
 #include "coordinator/planner/compression_marking.h"
 #include "coordinator/planner/solve_plan.h"
 #include "gtest/gtest.h"
@@ -38,29 +39,12 @@ ResolvedJobSpec TensorParallelJob(int tensor) {
   return ResolveJobSpec(spec).value();
 }
 
-// `tensor` workers with 1 compute thread each, on one host of `cores`
-// cores or (cores 0) each on a host of its own with 8.
-ClusterSpec Workers(int tensor, int cores, double bandwidth, double latency) {
-  ClusterSpec cluster;
-  cluster.bandwidth_bytes_per_second = bandwidth;
-  cluster.latency_seconds = latency;
-  for (int i = 0; i < tensor; ++i) {
-    WorkerSpec w;
-    w.name = "w" + std::to_string(i);
-    w.host = cores > 0 ? "shared" : w.name;
-    w.host_cores = cores > 0 ? cores : 8;
-    w.compute_threads = 1;
-    cluster.workers.push_back(w);
-  }
-  return cluster;
-}
-
 double Predicted(int tensor, int cores, double bandwidth, double latency, std::string* source) {
   const ResolvedJobSpec job = TensorParallelJob(tensor);
   const ModelProfile profile = AnalyticProfile(
       job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
-  absl::StatusOr<CompiledPlan> plan =
-      PlanJob(job, "job", 1, profile, Workers(tensor, cores, bandwidth, latency), "analytic");
+  absl::StatusOr<CompiledPlan> plan = PlanJob(
+      job, "job", 1, profile, testing::TestCluster(tensor, bandwidth, latency, cores), "analytic");
   EXPECT_TRUE(plan.ok()) << plan.status();
   if (!plan.ok()) return 0;
   if (source != nullptr) *source = plan->plan.profile_source();
@@ -102,7 +86,7 @@ absl::StatusOr<CompiledPlan> PlanOnSlowLinks(const v1::JobSpec& spec) {
   const ResolvedJobSpec job = ResolveJobSpec(spec).value();
   const ModelProfile profile = AnalyticProfile(
       job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
-  return PlanJob(job, "job", 1, profile, Workers(2, 0, 1e6, 1e-4), "analytic");
+  return PlanJob(job, "job", 1, profile, testing::TestCluster(2, 1e6, 1e-4), "analytic");
 }
 
 // spec.compression's codecs shrink the stages' sends in the prediction as

@@ -722,6 +722,17 @@ std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units) 
   return degrees;
 }
 
+absl::StatusOr<ResolvedJobSpec> ResolveAsAutoLayout(const v1::JobSpec& spec, int workers) {
+  v1::JobSpec automatic = spec;
+  v1::ParallelismSpec* p = automatic.mutable_parallelism();
+  p->set_data(kDataParallelAuto);
+  p->set_stages(0);
+  p->set_workers(workers);
+  automatic.mutable_elastic()->clear_min_workers();
+  automatic.mutable_elastic()->clear_max_workers();
+  return ResolveJobSpec(automatic);
+}
+
 absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec& auto_spec,
                                                           int data_parallel) {
   if (auto_spec.data_parallel != kDataParallelAuto) {

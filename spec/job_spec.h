@@ -197,6 +197,12 @@ int JobWorkers(const ResolvedJobSpec& resolved);
 // `units` (a stage holds a unit at least). Empty when none does.
 std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units);
 
+// `spec` (a resolved spec, auto or naming its layout) as data 0 (auto) over
+// `workers` workers: data 0, stages unset, workers set, the elastic bounds
+// cleared, then ResolveJobSpec; its errors (e.g. no layout of that many
+// workers) pass through.
+absl::StatusOr<ResolvedJobSpec> ResolveAsAutoLayout(const v1::JobSpec& spec, int workers);
+
 // An auto job's spec (data kDataParallelAuto, as ResolveJobSpec returns it)
 // with D replicas of layout_workers / D stages: data D, stages set, workers
 // cleared, and the elastic bounds at their defaults (1 and the stages);

@@ -548,6 +548,23 @@ TEST(ResolveDataParallelLayout, GivesTheChosenLayoutsSpecWithElasticDefaults) {
             absl::StatusCode::kInvalidArgument);  // already chosen
 }
 
+TEST(ResolveAsAutoLayout, AChosenLayoutsSpecBackToAutoOverOtherWorkers) {
+  const ResolvedJobSpec automatic = ResolveJobSpec(AutoLayoutSpec(4, 4)).value();
+  const ResolvedJobSpec two = ResolveDataParallelLayout(automatic, 2).value();
+  const ResolvedJobSpec three = ResolveAsAutoLayout(two.spec, 3).value();
+  EXPECT_EQ(three.data_parallel, kDataParallelAuto);
+  EXPECT_EQ(three.layout_workers, 3);
+  EXPECT_EQ(three.stages, 0);
+  EXPECT_FALSE(three.spec.elastic().has_max_workers());
+  // Back over the original 4: the spec the job was submitted with.
+  EXPECT_EQ(ResolveAsAutoLayout(two.spec, 4).value().spec.SerializeAsString(),
+            automatic.spec.SerializeAsString());
+  // 6 units and 4 micro-batches: 5 workers fit 1 x 5; 7 fit nothing.
+  EXPECT_EQ(ResolveAsAutoLayout(two.spec, 5).value().layout_workers, 5);
+  EXPECT_TRUE(absl::StartsWith(ResolveAsAutoLayout(two.spec, 7).status().message(),
+                               "spec.parallelism.workers: no layout of 7 workers"));
+}
+
 TEST(ResolveJobSpec, DataParallelAuto_WhatNeedsAKnownLayoutIsRefusedNamingTheField) {
   v1::JobSpec spec = AutoLayoutSpec(4, 4);
   spec.mutable_parallelism()->clear_workers();

@@ -298,6 +298,41 @@ TEST_F(ElasticClusterTest, DataParallelReplicaWorkerKilled_RecoversWithWholeRepl
                               kSteps, "weights");
 }
 
+// spec.parallelism.data 0 (auto) on 4 workers: whatever layout the job
+// chose, a killed worker leaves 3, and with 4 micro-batches a job naming
+// its replicas could only wait for a fourth (or drop a whole replica);
+// this one chooses again, goes on as one 3-stage pipeline from its last
+// checkpoint and ends as train-local does.
+TEST_F(ElasticClusterTest, AutoLayoutWorkerKilled_LayoutChosenAgainOnTheRest) {
+  Start("auto", 4);
+  v1::JobSpec spec = ElasticSpec(0, "uniform", "auto.safetensors");
+  spec.mutable_parallelism()->set_data(0);
+  spec.mutable_parallelism()->set_workers(4);
+  const std::string id = testing::SubmitJob(*stub_, spec);
+  ASSERT_FALSE(KillAtStep(id, 12, 3).empty());
+  const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 3);
+  EXPECT_EQ(job.spec().parallelism().data(), 1);
+  EXPECT_EQ(job.spec().parallelism().stages(), 3);
+  ASSERT_EQ(job.plan_history_size(), 2);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(0).reason(), "chosen by spec.parallelism.data 0"))
+      << job.plan_history(0).reason();
+  EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(),
+                                "1 replicas x 3 stages chosen by spec.parallelism.data 0 (auto)"))
+      << job.plan_history(1).reason();
+  const Reference& ref = TrainLocally();
+  testing::ExpectLossesClose(std::vector<float>(job.progress().loss_history().begin(),
+                                                job.progress().loss_history().end()),
+                             ref.losses, "losses");
+  auto file = ReadSafetensors(job.weights_path());
+  ASSERT_TRUE(file.ok()) << file.status();
+  std::map<std::string, std::vector<float>> weights;
+  for (const NamedTensor& t : file->tensors) weights[t.name] = t.tensor.ToVector();
+  testing::ExpectWeightsClose(weights, ref.weights, spec.model().d_model(), spec.training().lr(),
+                              kSteps, "weights");
+}
+
 // Tensor parallelism (T = 2, 2 stages): the stages' rank 0 write the
 // checkpoints their ranks gathered (unsplit tensors and moments); one rank
 // of stage 1 is killed; the job re-plans on whole tensor groups (2 of the 3

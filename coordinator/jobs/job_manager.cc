@@ -286,6 +286,7 @@ absl::Status JobManager::PersistLocked(JobRecord& record, bool wait) {
   if (record.init_checkpoint.has_value())
     *stored.mutable_init_checkpoint() = *record.init_checkpoint;
   stored.set_init_weights(record.init_weights);
+  stored.set_auto_layout_workers(record.auto_layout_workers);
   record.last_persisted = clock_->Now();
   auto save = [state = options_.state](const store::StoredJob& job) {
     absl::Status saved = state->SaveJob(job);
@@ -348,6 +349,9 @@ absl::Status JobManager::Restore() {
       record->init_step = s.init_checkpoint().step();
     }
     record->init_weights = s.init_weights();
+    record->auto_layout_workers = record->resolved.data_parallel == kDataParallelAuto
+                                      ? record->resolved.layout_workers
+                                      : s.auto_layout_workers();
     const v1::CheckpointSpec& checkpoint = record->resolved.spec.checkpoint();
     if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
       record->checkpoints = std::make_unique<CheckpointCatalog>(
@@ -538,6 +542,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     }
     record->job.set_state(v1::JOB_STATE_QUEUED);
     record->job.set_reason(absl::StrCat("waiting for ", JobWorkers(resolved), " READY workers"));
+    record->auto_layout_workers = resolved.layout_workers;
     SetTimestamp(clock_->Now(), record->job.mutable_create_time());
     TouchLocked(*record);
     record->resolved = std::move(resolved);
@@ -644,7 +649,7 @@ void JobManager::ScheduleQueued() {
     const std::vector<std::string> spare = SpareWorkersLocked(reserved);
     if (spare.empty()) return;
     int want = std::min<int>(spare.size(), MaxJobWorkers(record) - record.job.worker_ids_size());
-    want -= want % WorkersPerStage(record);  // a stage more for every replica, or none
+    want -= want % WorkerStep(record);  // a stage more for every replica, or none
     if (want == 0) continue;
     const std::vector<std::string> joining(spare.begin(), spare.begin() + want);
     if (RequestBoundaryLocked(record, absl::StrCat(absl::StrJoin(joining, ", "), " joined"))) {
@@ -762,7 +767,7 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
     std::set<std::string> reserved;
     const int left =
         record->job.worker_ids_size() - 1 + static_cast<int>(SpareWorkersLocked(reserved).size());
-    if (left - left % WorkersPerStage(*record) < MinJobWorkers(*record)) {
+    if (left - left % WorkerStep(*record) < MinJobWorkers(*record)) {
       return absl::FailedPreconditionError(
           absl::StrCat("draining ", worker_id, " would leave job ", record->job.id(),
                        " fewer than its ", MinJobWorkers(*record),
@@ -850,13 +855,15 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   SetSlowestHostDataPlane(infos, &cluster);
   const int64_t version = record.plan.version() + 1;
   // spec.parallelism.data 0 (auto): the layout is chosen now, on these
-  // workers and the job's profile, and the job is from then on as if it
-  // had named it (its spec shows the choice; re-plans keep it).
+  // workers and the job's profile, and until the next plan the job is as
+  // if it had named it (its spec shows the choice).
   std::optional<CompiledPlan> chosen;
   std::string placed_reason = reason;
-  if (record.resolved.data_parallel == kDataParallelAuto) {
+  if (record.auto_layout_workers > 0) {
+    ASSIGN_OR_RETURN(const ResolvedJobSpec automatic,
+                     ResolveAsAutoLayout(record.resolved.spec, static_cast<int>(workers.size())));
     ASSIGN_OR_RETURN(ChosenJobLayout choice,
-                     ChooseJobLayout(record.resolved, id, version, *record.profile, cluster,
+                     ChooseJobLayout(automatic, id, version, *record.profile, cluster,
                                      record.profile_source));
     placed_reason = absl::StrCat(reason, "; ", DescribeLayoutChoice(choice));
     record.resolved = std::move(choice.resolved);
@@ -1332,15 +1339,30 @@ int JobManager::StagesPerReplica(const JobRecord& record) {
 }
 
 int JobManager::MinJobWorkers(const JobRecord& record) {
+  if (record.auto_layout_workers > 0) return 1;
   return record.resolved.spec.elastic().min_workers() * WorkersPerStage(record);
 }
 
 int JobManager::MaxJobWorkers(const JobRecord& record) {
+  if (record.auto_layout_workers > 0) return record.auto_layout_workers;
   return record.resolved.spec.elastic().max_workers() * WorkersPerStage(record);
 }
 
+int JobManager::WorkerStep(const JobRecord& record) {
+  return record.auto_layout_workers > 0 ? 1 : WorkersPerStage(record);
+}
+
 void JobManager::KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers) {
-  workers->resize(workers->size() - workers->size() % WorkersPerStage(record));
+  if (record.auto_layout_workers == 0) {
+    workers->resize(workers->size() - workers->size() % WorkersPerStage(record));
+    return;
+  }
+  const int units = 2 * record.resolved.train.model.n_layer + 2;
+  while (!workers->empty() && DataParallelDegrees(static_cast<int>(workers->size()),
+                                                  record.resolved.train.micro_batches, units)
+                                  .empty()) {
+    workers->pop_back();
+  }
 }
 
 void JobManager::RecordWeightOwners(JobRecord& record, int stage) {

@@ -297,6 +297,11 @@ class JobManager {
     // workers to register again.
     absl::Time restart_grace_until;
     absl::Time last_persisted;
+    // A job submitted with spec.parallelism.data 0 (auto): its
+    // spec.parallelism.workers. Every plan, re-plans after a loss or a
+    // join included, chooses the layout again for the workers it gets, 1
+    // to this many (ChooseJobLayout); 0 for a job that named its layout.
+    int auto_layout_workers = 0;
     // spec.init.from, resolved at submit: the checkpoint the job starts from
     // (its step is init_step), or a weights file (step 0).
     std::optional<v1::ResumeFrom> init_checkpoint;
@@ -376,9 +381,15 @@ class JobManager {
   static int TensorRanks(const JobRecord& record);
   static int WorkersPerStage(const JobRecord& record);
   static int StagesPerReplica(const JobRecord& record);
+  // An auto layout's bounds are 1 and its spec.parallelism.workers.
   static int MinJobWorkers(const JobRecord& record);
   static int MaxJobWorkers(const JobRecord& record);
-  // Cuts `workers` to a multiple of WorkersPerStage (the last ones go).
+  // The steps a job's worker count moves in: WorkersPerStage (a stage more
+  // or less in every replica), or 1 for an auto layout.
+  static int WorkerStep(const JobRecord& record);
+  // Cuts `workers` to a multiple of WorkersPerStage (the last ones go); for
+  // an auto layout, to the largest count that has a layout
+  // (DataParallelDegrees).
   static void KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers);
   static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
                                           const JobRecord& record);

@@ -440,6 +440,88 @@ TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChan
   EXPECT_EQ(jobs_->Drain("w-99").status().code(), absl::StatusCode::kNotFound);
 }
 
+// spec.parallelism.data 0 (auto) on 4 workers with fast links: 4 replicas
+// of the whole model. Losing one leaves 3, which no 4-replica layout fits;
+// the job chooses again (3 workers and 4 micro-batches: one 3-stage
+// pipeline), resumes from its checkpoint, and after a coordinator restart
+// still chooses its layout when it re-plans.
+TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorkersLeft) {
+  Reset(/*with_state=*/true);
+  v1::JobSpec spec = ElasticSpec(0, 5);
+  spec.mutable_training()->set_micro_batches(4);
+  spec.mutable_parallelism()->set_data(0);
+  spec.mutable_parallelism()->set_workers(4);
+  std::vector<std::string> w;
+  for (int k = 0; k < 4; ++k) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(7001 + k));
+    request.mutable_device()->set_link_bandwidth_bytes_per_second(1e10);
+    request.mutable_device()->set_link_latency_seconds(1e-6);
+    auto response = registry_.Register(request).value();
+    incarnations_[response.worker_id()] = response.incarnation();
+    w.push_back(response.worker_id());
+  }
+  const std::string id = jobs_->Submit(spec).value().id();
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.spec().parallelism().data(), 4) << job.plan_history(0).reason();
+  // Every replica's last stage reports the step's losses; replica 0's
+  // stages write the checkpoints.
+  auto step = [&](int64_t s) {
+    const v1::Job now = jobs_->Get(id).value();
+    for (const std::string& worker : now.worker_ids()) {
+      const v1::Assignment a = AssignmentOf(worker);
+      v1::ReportProgressRequest r;
+      r.set_worker_id(worker);
+      r.set_job_id(id);
+      r.set_plan_version(now.plan_version());
+      r.set_iteration(s - 1);
+      if (a.stage() == a.num_stages() - 1) {
+        for (int m = 0; m < 4; ++m) r.add_micro_batch_losses(float(s));
+      }
+      ASSERT_TRUE(jobs_->ReportProgress(r).ok()) << worker;
+    }
+  };
+  for (int64_t s = 1; s <= 5; ++s) step(s);
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+
+  registry_.MarkLost(w[3], incarnations_[w[3]], "killed");
+  HeartbeatAllAndSchedule({w[0], w[1], w[2]});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 3);
+  EXPECT_EQ(job.spec().parallelism().data(), 1);
+  EXPECT_EQ(job.spec().parallelism().stages(), 3);
+  ASSERT_EQ(job.plan_history_size(), 2);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(),
+                                "1 replicas x 3 stages chosen by spec.parallelism.data 0 (auto); "
+                                "predicted s/step: 1 x 3 "))
+      << job.plan_history(1).reason();
+  EXPECT_EQ(AssignmentOf(w[2]).num_stages(), 3);
+  EXPECT_EQ(AssignmentOf(w[2]).resume().step(), 5);
+  step(6);
+
+  // A new coordinator on the same state: the job re-plans as auto again.
+  jobs_->FlushIo();
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  for (int k = 0; k < 3; ++k) registry_.MarkLost(w[k], incarnations_[w[k]], "restarted");
+  clock_.Advance(absl::Milliseconds(10));
+  for (int k = 0; k < 2; ++k) AddWorker(7001 + k);  // two come back
+  clock_.Advance(absl::Minutes(10));                // the third never does
+  jobs_->ScheduleQueued();
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 2);
+  EXPECT_EQ(job.spec().parallelism().data() * job.spec().parallelism().stages(), 2);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(job.plan_history_size() - 1).reason(),
+                                "chosen by spec.parallelism.data 0 (auto); predicted s/step: "
+                                "1 x 2 "))
+      << job.plan_history(job.plan_history_size() - 1).reason();
+}
+
 TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = ElasticSpec(2, 5);

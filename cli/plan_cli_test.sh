@@ -89,6 +89,22 @@ check data_auto_chosen_is_fastest 'min(j["layouts"], key=lambda l: (l["step_seco
 check data_auto_distpar 'all(l["distpar_cost"] == l["distpar_computation"] + l["distpar_communication"] and l["distpar_computation"] > 0 for l in j["layouts"])'
 expect_exit data_auto_table 0 "DISTPAR_COST" "STEP_S" "CHOSEN" "ties to the smaller D" -- \
   "${DP[@]}" --micro-batches 8 --data auto
+# The same 4 workers on one host of 2 cores, one compute thread each (as
+# workers register): 4 replicas compute 4 threads on 2 cores, so that
+# layout's compute takes twice as long, as a job would plan it.
+cat >"$TMP/shared.json" <<'JSON'
+{"workers": [{"name": "w0", "host": "vm", "host_cores": 2, "compute_threads": 1},
+             {"name": "w1", "host": "vm", "host_cores": 2, "compute_threads": 1},
+             {"name": "w2", "host": "vm", "host_cores": 2, "compute_threads": 1},
+             {"name": "w3", "host": "vm", "host_cores": 2, "compute_threads": 1}],
+ "bandwidth_bytes_per_second": 12500, "latency_seconds": 1e-3}
+JSON
+expect_exit data_auto_shared_host 0 "4 x 1: compute x2.00, its replicas' threads sharing a host's cores" -- \
+  --profile "$TMP/dp.json" --cluster "$TMP/shared.json" --micro-batches 8 --data auto
+expect_exit data_auto_shared_host_json 0 '"compute_stretch"' -- \
+  --profile "$TMP/dp.json" --cluster "$TMP/shared.json" --micro-batches 8 --data auto --json
+check data_auto_shared_host_stretch '[l["compute_stretch"] for l in j["layouts"]] == [1, 1, 2]'
+
 # Six micro-batches over 4 workers: only D = 1 and 2 are layouts.
 expect_exit data_auto_divides_micro_batches 0 '"layouts"' -- "${DP[@]}" --micro-batches 6 --data auto --json
 check data_auto_skips_4 '[l["data"] for l in j["layouts"]] == [1, 2]'

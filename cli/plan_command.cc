@@ -14,7 +14,6 @@
 #include "common/status_macros.h"
 #include "coordinator/planner/acctfm.h"
 #include "coordinator/planner/data_parallel_layout.h"
-#include "coordinator/planner/data_plane_cost.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/timeline_render.h"
@@ -66,9 +65,8 @@ absl::StatusOr<ClusterSpec> ClusterFrom(const PlanFlags& f) {
     if (!cluster.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(f.cluster, ": ", cluster.status().message()));
     }
-    // The file's data-plane cost on its links, as jobs plan them; the file
-    // has no hosts, so unstretched (data_plane_cost.h).
-    AddDataPlaneCost(1, &*cluster);
+    // The file's data-plane cost goes onto its links in the layout planner,
+    // stretched where its workers share a host's cores, as jobs plan them.
     return cluster;
   }
   ClusterSpec cluster;
@@ -111,6 +109,7 @@ ordered_json LayoutsJson(const DataParallelLayout& layout) {
       row["distpar_cost"] = c.distpar.total;
       row["step_seconds"] = c.step_seconds;
       row["max_all_reduce_seconds"] = c.max_all_reduce_seconds;
+      row["compute_stretch"] = c.compute_stretch;
     } else {
       row["error"] = c.status.ToString();
     }
@@ -141,6 +140,14 @@ void PrintLayouts(const DataParallelView& dp) {
     std::printf("%4d %4d %14.6g %14.6g %14.6g %12.6g %14.6g %6s\n", c.data_parallel, c.stages,
                 c.distpar.computation, c.distpar.communication, c.distpar.total, c.step_seconds,
                 c.max_all_reduce_seconds, static_cast<int>(i) == layout.chosen ? "*" : "");
+  }
+  // The cluster file's hosts (host, host_cores, compute_threads), as jobs
+  // are planned: say where they changed a layout's compute.
+  for (const LayoutCandidate& c : layout.candidates) {
+    if (c.status.ok() && c.compute_stretch > 1) {
+      std::printf("%d x %d: compute x%.2f, its replicas' threads sharing a host's cores\n",
+                  c.data_parallel, c.stages, c.compute_stretch);
+    }
   }
 }
 

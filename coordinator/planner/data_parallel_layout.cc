@@ -8,6 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "coordinator/planner/data_plane_cost.h"
+#include "coordinator/planner/host_sharing.h"
 #include "coordinator/planner/simulator.h"
 #include "spec/job_spec.h"
 
@@ -79,12 +81,21 @@ struct Solved {
   ClusterSpec stage_cluster;
 };
 
-Solved SolveLayout(const ModelProfile& profile, const ClusterSpec& cluster, int d,
+Solved SolveLayout(const ModelProfile& measured, const ClusterSpec& given, int d,
                    const LayoutOptions& options) {
   Solved out;
-  const int n = static_cast<int>(cluster.workers.size());
+  const int n = static_cast<int>(given.workers.size());
+  const int p = n / d;
   out.candidate.data_parallel = d;
-  out.candidate.stages = n / d;
+  out.candidate.stages = p;
+  // As a job is planned (planner.cc): a stage position's replicas compute
+  // in lockstep, stretched where their threads outnumber a host's cores,
+  // and so is the data plane's work on the links (host_sharing.h,
+  // data_plane_cost.h); nothing changes for workers without a host.
+  const ComputeStretch stretch = LockstepComputeStretch(given, d, p, 1);
+  ClusterSpec cluster = given;
+  AddDataPlaneCost(stretch.factor, &cluster);
+  const ModelProfile profile = StretchCompute(measured, stretch.factor);
   out.stage_cluster = ReplicaStageCluster(cluster, d);
   PlanOptions plan_options = options.plan;
   plan_options.micro_batches = options.micro_batches / d;
@@ -95,6 +106,20 @@ Solved SolveLayout(const ModelProfile& profile, const ClusterSpec& cluster, int 
     return out;
   }
   out.plan = *std::move(plan);
+  // Stage positions on one host also take cores from each other where
+  // their compute overlaps: the prediction comes from that simulation.
+  SimulationCosts costs =
+      SimulationCostsFromProfile(profile, out.stage_cluster, TiedGradientBytes(profile));
+  costs.data_parallel = d;
+  absl::StatusOr<SimulationResult> shared = SimulateWithSharedCores(
+      out.plan.programs, costs, cluster, d, p, 1, stretch.factor, 1, nullptr);
+  if (!shared.ok()) {
+    out.candidate.status = shared.status();
+    return out;
+  }
+  out.plan.simulation = *std::move(shared);
+  out.plan.all_reduce_seconds = out.plan.simulation.all_reduce_seconds;
+  out.candidate.compute_stretch = stretch.factor;
   out.candidate.distpar = DistParLayoutCost(out.plan, profile, options.distpar_beta);
   out.candidate.step_seconds = out.plan.simulation.iteration_seconds;
   for (double s : out.plan.all_reduce_seconds) {

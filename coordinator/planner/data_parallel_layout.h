@@ -64,6 +64,9 @@ struct LayoutCandidate {
   DistParCost distpar;                // valid when status is OK
   double step_seconds = 0;            // simulated step (iteration) time; valid when OK
   double max_all_reduce_seconds = 0;  // the slowest stage's all-reduce; valid when OK
+  // How much longer a stage's compute takes because its replicas share a
+  // host's cores (LockstepComputeStretch; 1 when the cluster names no hosts).
+  double compute_stretch = 1;
 };
 
 struct DataParallelLayout {
@@ -80,6 +83,13 @@ struct DataParallelLayout {
   SolvedPlan plan;
 };
 
+// Workers that name a host and its cores (WorkerSpec::host, host_cores,
+// compute_threads) are planned as a job's are (planner.h): each layout's
+// lockstep compute stretch on the profile and on the data plane's cost
+// (the cluster's data_plane_* folded into its links here, AddDataPlaneCost),
+// and its step simulated with the positions sharing cores
+// (SimulateWithSharedCores).
+//
 // Plans `cluster` (N = cluster.workers.size() >= 1 workers) as D replicas of
 // N / D stages for one D (options.data_parallel >= 1) or every D
 // (kAutoDataParallel), and picks the layout with the lowest simulated step

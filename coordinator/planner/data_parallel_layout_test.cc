@@ -242,6 +242,46 @@ TEST(PlanDataParallelTest, Auto_AllReduceCostDecidesTheLayout) {
   EXPECT_EQ(layout.stage_workers, (std::vector<std::vector<int>>{{0, 1}}));
 }
 
+// Workers that name their host are planned as a job's are: 4 replicas of
+// one stage on one host of 2 cores compute 4 threads on 2 cores, twice as
+// long; 2 replicas of 2 stages keep the lockstep within the cores, but
+// their two positions overlap and take cores from each other, so their
+// step grows too, by less.
+TEST(PlanDataParallelTest, SharedHost_ComputeStretchedAsJobsAre) {
+  ModelProfile profile;  // no weights: no all-reduce to blur the compute
+  profile.units = {{"embed", 1, 2, 0, 400, 0}, {"head", 3, 4, 0, 40, 0}};
+  LayoutOptions options;
+  options.data_parallel = kAutoDataParallel;
+  options.micro_batches = 4;
+  options.plan.solver = "uniform";
+  const ClusterSpec alone = Identical(4, 0, 0);
+  ClusterSpec shared = alone;
+  for (WorkerSpec& w : shared.workers) {
+    w.host = "vm";
+    w.host_cores = 2;
+    w.compute_threads = 1;
+  }
+  const DataParallelLayout apart = PlanDataParallel(profile, alone, options).value();
+  const DataParallelLayout together = PlanDataParallel(profile, shared, options).value();
+  ASSERT_EQ(apart.candidates.size(), 2u);  // 2 x 2 and 4 x 1 (2 units)
+  ASSERT_EQ(together.candidates.size(), 2u);
+  EXPECT_EQ(apart.candidates[1].data_parallel, 4);
+  EXPECT_EQ(apart.candidates[1].compute_stretch, 1);
+  EXPECT_DOUBLE_EQ(apart.candidates[1].step_seconds, 10);  // F 1+3, B 2+4
+  EXPECT_EQ(together.candidates[1].compute_stretch, 2);
+  EXPECT_DOUBLE_EQ(together.candidates[1].step_seconds, 20);
+  EXPECT_EQ(together.candidates[0].compute_stretch, 1);
+  EXPECT_GT(together.candidates[0].step_seconds, apart.candidates[0].step_seconds);
+  EXPECT_LT(together.candidates[0].step_seconds, 2 * apart.candidates[0].step_seconds);
+  // The choice is the lowest of the stretched steps.
+  EXPECT_EQ(apart.candidates[apart.chosen].data_parallel, 4);
+  EXPECT_DOUBLE_EQ(
+      together.candidates[together.chosen].step_seconds,
+      std::min(together.candidates[0].step_seconds, together.candidates[1].step_seconds));
+  EXPECT_DOUBLE_EQ(together.plan.simulation.iteration_seconds,
+                   together.candidates[together.chosen].step_seconds);
+}
+
 TEST(PlanDataParallelTest, Auto_TieGoesToSmallerD) {
   ModelProfile free;
   free.units = {{"embed", 0, 0, 0, 0, 0}, {"head", 0, 0, 0, 0, 0}};

@@ -47,6 +47,16 @@ absl::StatusOr<double> Number(const json& object, const std::string& key,
   return d;
 }
 
+// An optional whole number in [0, limit] (0 when absent).
+absl::StatusOr<int> Count(const json& object, const std::string& key, const std::string& where,
+                          int limit) {
+  ASSIGN_OR_RETURN(const double value, Number(object, key, where, false, false, 0));
+  if (value != std::floor(value) || value > limit) {
+    return Invalid(where + "." + key, absl::StrCat("must be a whole number in [0, ", limit, "]"));
+  }
+  return static_cast<int>(value);
+}
+
 absl::StatusOr<json> Parse(const std::string& text) {
   json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) return absl::InvalidArgumentError("not valid JSON");
@@ -159,12 +169,27 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
   for (size_t i = 0; i < j["workers"].size(); ++i) {
     const json& w = j["workers"][i];
     const std::string where = absl::StrCat("workers[", i, "]");
-    if (auto s = OnlyKeys(w, where, {"name", "speed", "memory_bytes"}); !s.ok()) return s;
+    if (auto s = OnlyKeys(w, where,
+                          {"name", "speed", "memory_bytes", "host", "host_cores",
+                           "compute_threads"});
+        !s.ok()) {
+      return s;
+    }
     WorkerSpec worker;
     worker.name = w.contains("name") && w["name"].is_string() ? w["name"].get<std::string>()
                                                               : absl::StrCat("w", i);
     ASSIGN_OR_RETURN(worker.speed, Number(w, "speed", where, true, false, 1.0));
     ASSIGN_OR_RETURN(worker.memory_bytes, Number(w, "memory_bytes", where, false, false, 0));
+    // The host whose cores it computes on, as workers register it (the
+    // registration's bounds: a DNS name's length, 65536 cores or threads).
+    if (w.contains("host")) {
+      if (!w["host"].is_string() || w["host"].get<std::string>().size() > 253) {
+        return Invalid(where + ".host", "must be a string of at most 253 bytes");
+      }
+      worker.host = w["host"].get<std::string>();
+    }
+    ASSIGN_OR_RETURN(worker.host_cores, Count(w, "host_cores", where, 65536));
+    ASSIGN_OR_RETURN(worker.compute_threads, Count(w, "compute_threads", where, 65536));
     cluster.workers.push_back(worker);
   }
   return cluster;
@@ -196,7 +221,11 @@ std::string ProfileToJson(const ModelProfile& p) {
 std::string ClusterToJson(const ClusterSpec& c) {
   json workers = json::array();
   for (const WorkerSpec& w : c.workers) {
-    workers.push_back({{"name", w.name}, {"speed", w.speed}, {"memory_bytes", w.memory_bytes}});
+    json worker = {{"name", w.name}, {"speed", w.speed}, {"memory_bytes", w.memory_bytes}};
+    if (!w.host.empty()) worker["host"] = w.host;
+    if (w.host_cores > 0) worker["host_cores"] = w.host_cores;
+    if (w.compute_threads > 0) worker["compute_threads"] = w.compute_threads;
+    workers.push_back(std::move(worker));
   }
   json out = {{"workers", workers},
               {"bandwidth_bytes_per_second", c.bandwidth_bytes_per_second},

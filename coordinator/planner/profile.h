@@ -7,6 +7,7 @@
 //            "stash_bytes": 262144}, ...]}
 // cluster:  {"workers": [{"name": "w0", "speed": 1.0,
 //            "memory_bytes": 17179869184}, ...],
+//            (optional per worker: "host", "host_cores", "compute_threads"),
 //            "bandwidth_bytes_per_second": 1.25e9, "latency_seconds": 5e-5}
 //
 // Workers sit in the pipeline in file order. Parsing rejects unknown keys,

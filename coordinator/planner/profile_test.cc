@@ -131,6 +131,28 @@ TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
             "data_plane_bytes_per_second: must be a finite number >= 0");
 }
 
+TEST(ProfileTest, ParseCluster_HostsRoundTripAndAreBounded) {
+  ClusterSpec c = ParseClusterJson(R"({"workers": [
+      {"name": "a", "host": "vm", "host_cores": 2, "compute_threads": 1},
+      {"name": "b"}]})")
+                      .value();
+  EXPECT_EQ(c.workers[0].host, "vm");
+  EXPECT_EQ(c.workers[0].host_cores, 2);
+  EXPECT_EQ(c.workers[0].compute_threads, 1);
+  EXPECT_EQ(c.workers[1].host, "");  // not known: no sharing modelled
+  EXPECT_EQ(c.workers[1].host_cores, 0);
+  const ClusterSpec again = ParseClusterJson(ClusterToJson(c)).value();
+  EXPECT_EQ(again.workers[0].host, "vm");
+  EXPECT_EQ(again.workers[0].host_cores, 2);
+  EXPECT_EQ(again.workers[0].compute_threads, 1);
+  EXPECT_EQ(ParseClusterJson(R"({"workers": [{"host_cores": 1.5}]})").status().message(),
+            "workers[0].host_cores: must be a whole number in [0, 65536]");
+  EXPECT_EQ(ParseClusterJson(R"({"workers": [{"compute_threads": 70000}]})").status().message(),
+            "workers[0].compute_threads: must be a whole number in [0, 65536]");
+  EXPECT_EQ(ParseClusterJson(R"({"workers": [{"host": 3}]})").status().message(),
+            "workers[0].host: must be a string of at most 253 bytes");
+}
+
 TEST(ProfileTest, ParseCluster_DataPlaneCostRoundTrips) {
   const ClusterSpec c = ParseClusterJson(R"({"workers": [{}], "links_emulated": true,
       "bandwidth_bytes_per_second": 1.25e8, "data_plane_overhead_seconds": 1.3e-4,

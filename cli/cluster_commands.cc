@@ -270,7 +270,8 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Bool("error-feedback", &o.error_feedback, "lazy error propagation on the backward codec");
   f.String("dp-codec", &o.dp_codec,
            "codec of the data-parallel all-reduce (with --data-parallel): none | powersgd:rank=R "
-           "(with error feedback; Optimus-CC's selective stage compression)");
+           "| a quantizer (fp16, bf16, linear:bits=N, piecewise:bits=N), with error feedback "
+           "(Optimus-CC's selective stage compression)");
   f.String("dp-stages", &o.dp_stages,
            "stages whose all-reduce --dp-codec compresses: comma-separated, \"all\", or empty "
            "for the planner's choice (the stages on the simulated critical path)");
@@ -628,8 +629,11 @@ int RunUp(const std::vector<std::string>& args) {
   if (stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan).ok()) {
     if (o.dp_codec != kCodecNone) {
       // Which stages the planner compressed (its choice unless --dp-stages named them).
-      std::printf("data-parallel all-reduce: powersgd rank %d on stages [%s] of %d\n",
-                  plan.data_parallel_powersgd_rank(),
+      const std::string codec =
+          plan.data_parallel_quantizer().empty()
+              ? absl::StrCat("powersgd rank ", plan.data_parallel_powersgd_rank())
+              : plan.data_parallel_quantizer();
+      std::printf("data-parallel all-reduce: %s on stages [%s] of %d\n", codec.c_str(),
                   absl::StrJoin(plan.data_parallel_compressed_stages(), ",").c_str(),
                   end.spec().parallelism().stages());
     }

@@ -511,9 +511,10 @@ absl::Status ResolveCompression(v1::CompressionSpec* c) {
 
 // spec.compression.data_parallel: "none" or "powersgd:rank=R" (R <= 1024),
 // on stages of a replica, with data-parallel replicas to compress for.
-absl::Status ResolveDataParallelCompression(v1::JobSpec* spec, int* rank) {
+absl::Status ResolveDataParallelCompression(v1::JobSpec* spec, int* rank, std::string* quantizer) {
   v1::DataParallelCompressionSpec* c = spec->mutable_compression()->mutable_data_parallel();
   *rank = 0;
+  quantizer->clear();
   if (c->codec().empty()) c->set_codec(kCodecNone);
   RETURN_IF_ERROR(
       RequireMaxBytes("spec.compression.data_parallel.codec", c->codec(), kMaxCodecSpecBytes));
@@ -528,18 +529,26 @@ absl::Status ResolveDataParallelCompression(v1::JobSpec* spec, int* rank) {
   if (!parsed.ok()) {
     return Invalid("spec.compression.data_parallel.codec", parsed.status().message());
   }
+  // PowerSGD's factors add up across replicas; a quantizer's payloads are
+  // decoded before they are summed (Collectives::AllReduceEncoded). Top-k
+  // codecs select by row, which a flat gradient does not have.
   if (parsed->size() != 1 || (*parsed)[0].name != "powersgd") {
-    return Invalid("spec.compression.data_parallel.codec",
-                   absl::StrCat("\"", Echo(c->codec()),
-                                "\": only powersgd:rank=R compresses an all-reduce (its factors "
-                                "add up across replicas)"));
+    absl::StatusOr<std::unique_ptr<Codec>> codec = MakeQuantizer(c->codec());
+    if (!codec.ok()) {
+      return Invalid("spec.compression.data_parallel.codec",
+                     absl::StrCat(codec.status().message(),
+                                  "; an all-reduce compresses with powersgd:rank=R or one of "
+                                  "these quantizers"));
+    }
+    *quantizer = (*codec)->name();
+  } else {
+    const double r = (*parsed)[0].params.count("rank") ? (*parsed)[0].params.at("rank") : 4;
+    if (r < 1 || r > 1024) {
+      return Invalid("spec.compression.data_parallel.codec",
+                     absl::StrCat("powersgd: rank ", r, " is out of range 1..1024"));
+    }
+    *rank = static_cast<int>(r);
   }
-  const double r = (*parsed)[0].params.count("rank") ? (*parsed)[0].params.at("rank") : 4;
-  if (r < 1 || r > 1024) {
-    return Invalid("spec.compression.data_parallel.codec",
-                   absl::StrCat("powersgd: rank ", r, " is out of range 1..1024"));
-  }
-  *rank = static_cast<int>(r);
   if (spec->parallelism().data() < 2) {
     return Invalid("spec.compression.data_parallel",
                    "needs data-parallel replicas (spec.parallelism.data >= 2)");
@@ -782,7 +791,8 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckEvalHasData(out));
   RETURN_IF_ERROR(CheckOutput(out.output()));
   RETURN_IF_ERROR(ResolveCompression(out.mutable_compression()));
-  RETURN_IF_ERROR(ResolveDataParallelCompression(&out, &resolved.data_parallel_powersgd_rank));
+  RETURN_IF_ERROR(ResolveDataParallelCompression(&out, &resolved.data_parallel_powersgd_rank,
+                                                 &resolved.data_parallel_quantizer));
   RETURN_IF_ERROR(ResolveScheduling(out.mutable_scheduling(), &resolved.queue_timeout));
   RETURN_IF_ERROR(ResolveElasticity(&out));
   RETURN_IF_ERROR(ResolveTensorParallel(&out));

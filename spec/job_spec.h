@@ -93,8 +93,11 @@ struct ResolvedJobSpec {
   std::string tensor_compression = "none";  // spec.parallelism.tensor_compression
   std::string tensor_mode = "1d";           // spec.parallelism.tensor_mode: "1d" | "3d"
   int tensor_partitions_tune_steps = 0;     // spec.parallelism.tensor_partitions_tune_steps
-  // spec.compression.data_parallel's PowerSGD rank; 0: exact all-reduce.
+  // spec.compression.data_parallel's PowerSGD rank, or its quantizer (a
+  // codec spec: fp16, bf16, linear:bits=N, piecewise:bits=N); 0 and empty:
+  // exact all-reduce. At most one of the two is set.
   int data_parallel_powersgd_rank = 0;
+  std::string data_parallel_quantizer;
   std::string solver;            // uniform | pipedream | bipartition | auto | manual
   std::string objective;         // paper | full
   std::string schedule;          // "1f1b" | "gpipe"
@@ -148,8 +151,9 @@ struct ResolvedJobSpec {
 // and tensor > 1, else 0; non-zero only there.
 //
 // spec.compression.data_parallel: codec "none" (default, also for an empty
-// one; then no stages) or "powersgd:rank=R" with R in 1..1024 (default
-// rank 4), only with data >= 2; its stages distinct and below
+// one; then no stages), "powersgd:rank=R" with R in 1..1024 (default
+// rank 4), or one quantizer ("fp16", "bf16", "linear:bits=N",
+// "piecewise:bits=N", as MakeCodec accepts it), only with data >= 2; its stages distinct and below
 // parallelism.stages (empty: auto, chosen by the planner).
 //
 // Elasticity: min_workers in [1, stages], max_workers in [stages, units]

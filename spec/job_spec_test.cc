@@ -755,8 +755,20 @@ TEST(ResolveJobSpec, DataParallelCompression_DefaultNoneRankAndBadValuesNamed) {
   spec.mutable_compression()->mutable_data_parallel()->add_stages(0);
   EXPECT_EQ(ResolveJobSpec(spec).value().data_parallel_powersgd_rank, 2);
   v1::JobSpec bad = spec;
-  bad.mutable_compression()->mutable_data_parallel()->set_codec("fp16");
-  ExpectRejected(bad, "spec.compression.data_parallel.codec: \"fp16\": only powersgd");
+  bad.mutable_compression()->mutable_data_parallel()->set_codec("token_topk:keep=0.5");
+  ExpectRejected(bad,
+                 "spec.compression.data_parallel.codec: \"token_topk:keep=0.5\" is not one "
+                 "quantizer (fp16, bf16, linear:bits=N, piecewise:bits=N); an all-reduce "
+                 "compresses with powersgd:rank=R or one of these quantizers");
+  bad.mutable_compression()->mutable_data_parallel()->set_codec("fp16+piecewise:bits=3");
+  ExpectRejected(bad, "spec.compression.data_parallel.codec: ");
+  // A quantizer: kept as the codec's own spec, no rank.
+  v1::JobSpec quantized = spec;
+  quantized.mutable_compression()->mutable_data_parallel()->set_codec("piecewise:bits=3");
+  const ResolvedJobSpec q = ResolveJobSpec(quantized).value();
+  EXPECT_EQ(q.data_parallel_quantizer, "piecewise:bits=3");
+  EXPECT_EQ(q.data_parallel_powersgd_rank, 0);
+  EXPECT_EQ(ResolveJobSpec(spec).value().data_parallel_quantizer, "");
   bad = spec;
   bad.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=2000");
   ExpectRejected(bad, "spec.compression.data_parallel.codec: powersgd: rank 2000");

@@ -166,21 +166,26 @@ TEST_F(DataParallelClusterTest, FusedEmbeddingSync_BitwiseUnfused_OneCollectiveF
 // feedback on the stages the planner picks. The replicas still end
 // bitwise identical (the job SUCCEEDED: their weight digests agreed), and
 // the run trains like the exact one.
+// PowerSGD, and a quantizer, on stages 0 and 1 of 3: the job SUCCEEDS (so
+// the replicas' final weights agreed bit for bit) and trains alike.
 TEST_F(DataParallelClusterTest, SelectiveStageCompression_ReplicasAgreeAndTrain) {
   ASSERT_NE(cluster_, nullptr);
   const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
   auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
-  v1::JobSpec spec = Spec(2, 3, "1f1b", "compressed.safetensors");
-  spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=2");
-  spec.mutable_compression()->mutable_data_parallel()->add_stages(0);
-  spec.mutable_compression()->mutable_data_parallel()->add_stages(1);
-  const std::string id = testing::SubmitJob(*stub, spec);
-  const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
-  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
-  ASSERT_EQ(job.progress().loss_history_size(), kSteps);
-  const float last = job.progress().loss_history(kSteps - 1);
-  EXPECT_NE(last, ref.losses.back());  // the codec bites
-  EXPECT_NEAR(last, ref.losses.back(), 0.05 * ref.losses.back());
+  for (const std::string codec : {"powersgd:rank=2", "linear:bits=8"}) {
+    SCOPED_TRACE(codec);
+    v1::JobSpec spec = Spec(2, 3, "1f1b", "compressed.safetensors");
+    spec.mutable_compression()->mutable_data_parallel()->set_codec(codec);
+    spec.mutable_compression()->mutable_data_parallel()->add_stages(0);
+    spec.mutable_compression()->mutable_data_parallel()->add_stages(1);
+    const std::string id = testing::SubmitJob(*stub, spec);
+    const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
+    ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+    ASSERT_EQ(job.progress().loss_history_size(), kSteps);
+    const float last = job.progress().loss_history(kSteps - 1);
+    EXPECT_NE(last, ref.losses.back());  // the codec bites
+    EXPECT_NEAR(last, ref.losses.back(), 0.05 * ref.losses.back());
+  }
 }
 
 // Bad input: the field is named.

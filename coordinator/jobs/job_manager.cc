@@ -930,7 +930,9 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     *a.mutable_tensor_partitions_forward() = record.plan.tensor_partitions_forward();
     *a.mutable_tensor_partitions_backward() = record.plan.tensor_partitions_backward();
     for (int c : record.plan.data_parallel_compressed_stages()) {
-      if (c == s) a.set_data_parallel_powersgd_rank(record.plan.data_parallel_powersgd_rank());
+      if (c != s) continue;
+      a.set_data_parallel_powersgd_rank(record.plan.data_parallel_powersgd_rank());
+      a.set_data_parallel_quantizer(record.plan.data_parallel_quantizer());
     }
     a.set_data_plane_secret(data_plane_secret);
     a.set_start_iteration(start_step);

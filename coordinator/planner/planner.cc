@@ -15,6 +15,7 @@
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/tensor_cube_costs.h"
 #include "coordinator/planner/tensor_partitions.h"
+#include "kernels/compress/codec_spec.h"
 #include "coordinator/planner/timeline_render.h"
 
 namespace pipetrain {
@@ -190,12 +191,19 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     ASSIGN_OR_RETURN(solved.simulation,
                      SimulateWithSharedCores(compressed, costs, cluster, replicas, r.stages, tensor,
                                              stretch.factor, compute_share, &overlap_stretch));
-    if (r.data_parallel_powersgd_rank > 0) {
+    if (r.data_parallel_powersgd_rank > 0 || !r.data_parallel_quantizer.empty()) {
       // Selective stage compression: the stages named, or those whose
       // all-reduce the simulation puts on the critical path; then the
-      // prediction with their all-reduces' bytes shrunk to PowerSGD's.
-      const std::vector<double> fractions =
-          PowerSgdByteFractions(r.train.model, solved.backward, r.data_parallel_powersgd_rank);
+      // prediction with their all-reduces' bytes shrunk to PowerSGD's or
+      // the quantizer's.
+      std::vector<double> fractions;
+      if (r.data_parallel_powersgd_rank > 0) {
+        fractions =
+            PowerSgdByteFractions(r.train.model, solved.backward, r.data_parallel_powersgd_rank);
+      } else {
+        ASSIGN_OR_RETURN(const std::unique_ptr<Codec> codec, MakeCodec(r.data_parallel_quantizer));
+        fractions = QuantizerByteFractions(r.train.model, solved.backward, *codec);
+      }
       for (int s : r.spec.compression().data_parallel().stages()) {
         if (s < r.stages) dp_compressed_stages.push_back(s);  // a re-plan onto fewer drops the rest
       }
@@ -242,9 +250,10 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_tensor_parallel(tensor);
   for (int k : partitions_forward) plan.add_tensor_partitions_forward(k);
   for (int k : partitions_backward) plan.add_tensor_partitions_backward(k);
-  if (r.data_parallel_powersgd_rank > 0) {
+  if (r.data_parallel_powersgd_rank > 0 || !r.data_parallel_quantizer.empty()) {
     for (int s : dp_compressed_stages) plan.add_data_parallel_compressed_stages(s);
     plan.set_data_parallel_powersgd_rank(r.data_parallel_powersgd_rank);
+    plan.set_data_parallel_quantizer(r.data_parallel_quantizer);
   }
   std::vector<std::string> names;  // the timeline's lanes: each stage's workers
   for (const WorkerSpec& w : replica.workers) names.push_back(w.name);

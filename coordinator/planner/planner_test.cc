@@ -127,5 +127,23 @@ TEST(PlanJobCompression, DataParallelPowerSgdShortensThePrediction) {
             0.5 * exact->plan.predicted_iteration_seconds());
 }
 
+// The same with a quantizer on the data-parallel all-reduce: piecewise
+// 3-bit sends about a fifth of the fp32 bytes of every gradient but the
+// tied embedding's; the plan names the stage and the quantizer, no rank.
+TEST(PlanJobCompression, DataParallelQuantizerShortensThePrediction) {
+  v1::JobSpec spec = SmallSpec(1, 4);
+  spec.mutable_parallelism()->set_data(2);
+  absl::StatusOr<CompiledPlan> exact = PlanOnSlowLinks(spec);
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("piecewise:bits=3");
+  absl::StatusOr<CompiledPlan> compressed = PlanOnSlowLinks(spec);
+  ASSERT_TRUE(exact.ok()) << exact.status();
+  ASSERT_TRUE(compressed.ok()) << compressed.status();
+  EXPECT_EQ(compressed->plan.data_parallel_compressed_stages_size(), 1);
+  EXPECT_EQ(compressed->plan.data_parallel_quantizer(), "piecewise:bits=3");
+  EXPECT_EQ(compressed->plan.data_parallel_powersgd_rank(), 0);
+  EXPECT_LT(compressed->plan.predicted_iteration_seconds(),
+            0.6 * exact->plan.predicted_iteration_seconds());
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -29,6 +29,30 @@ std::vector<double> PowerSgdByteFractions(const GptConfig& model,
   return out;
 }
 
+std::vector<double> QuantizerByteFractions(const GptConfig& model,
+                                           const std::vector<Range>& backward, const Codec& codec) {
+  std::vector<double> out;
+  for (const Range& r : backward) {
+    int64_t tied = 0, other = 0;
+    std::map<std::string, bool> seen;  // the stage's copy of a tied name counts once
+    for (int u = r.begin; u < r.end; ++u) {
+      for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+        if (seen[p.name]) continue;
+        seen[p.name] = true;
+        int64_t numel = 1;
+        for (int64_t d : p.shape) numel *= d;
+        (p.name == "wte.weight" ? tied : other) += numel;
+      }
+    }
+    const double raw = 4.0 * static_cast<double>(tied + other);
+    const double sent =
+        4.0 * static_cast<double>(tied) +
+        (other > 0 ? static_cast<double>(codec.EncodedBytes(Shape{other, 1})) : 0.0);
+    out.push_back(raw > 0 ? sent / raw : 1.0);
+  }
+  return out;
+}
+
 std::vector<int> ChooseCompressedStages(const SimulationResult& simulation,
                                         const std::vector<double>& fractions) {
   // Each worker's end of the iteration, and its all-reduce's length. What

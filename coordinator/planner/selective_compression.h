@@ -12,6 +12,7 @@
 
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/simulator.h"
+#include "kernels/compress/codec.h"
 #include "worker/model/gpt_config.h"
 
 namespace pipetrain {
@@ -23,6 +24,14 @@ namespace pipetrain {
 // that is fewer, everything else whole. 1 for a stage without gradients.
 std::vector<double> PowerSgdByteFractions(const GptConfig& model,
                                           const std::vector<Range>& backward, int rank);
+
+// The same for a quantizer carrying the all-reduce
+// (StageSetup::data_parallel_quantizer): every gradient but the tied wte
+// (exact) goes as one flat tensor through `codec`, so a stage sends
+// EncodedBytes([n, 1]) for its n other values. 1 for a stage without
+// gradients.
+std::vector<double> QuantizerByteFractions(const GptConfig& model,
+                                           const std::vector<Range>& backward, const Codec& codec);
 
 // The stages to compress, ascending: greedily, while the worker that ends
 // the iteration last has an uncompressed all-reduce, compress it: its

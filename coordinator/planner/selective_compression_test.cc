@@ -3,6 +3,7 @@
 #include <random>
 
 #include "gtest/gtest.h"
+#include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
 namespace {
@@ -95,6 +96,24 @@ TEST(PowerSgdByteFractions, MatricesShrinkVectorsAndWteDoNot) {
   EXPECT_LT(f[1], 0.05);  // attention + MLP matrices at rank 4
   EXPECT_GT(f[1], 0.0);
   EXPECT_EQ(PowerSgdByteFractions(model, {{2, 2}}, 4)[0], 1.0);  // no gradients
+}
+
+// bf16 halves every value but the tied wte's, which goes exact: a stage
+// without the embedding sends exactly half, embed's stage (wte 256 x 256
+// exact, wpe 64 x 256 halved) (65536 + 8192) / 81920 of its bytes.
+TEST(QuantizerByteFractions, HalvedButTheTiedEmbedding) {
+  GptConfig model;
+  model.n_layer = 2;
+  model.n_head = 4;
+  model.d_model = 256;
+  model.vocab_size = 256;
+  model.max_seq_len = 64;
+  const std::unique_ptr<Codec> bf16 = MakeCodec("bf16").value();
+  const std::vector<double> f = QuantizerByteFractions(model, {{0, 1}, {1, 3}, {2, 2}}, *bf16);
+  ASSERT_EQ(f.size(), 3u);
+  EXPECT_NEAR(f[0], (65536.0 + 8192.0) / 81920.0, 1e-3);
+  EXPECT_NEAR(f[1], 0.5, 1e-3);
+  EXPECT_EQ(f[2], 1.0);  // no gradients
 }
 
 }  // namespace

@@ -39,6 +39,12 @@ absl::StatusOr<std::vector<CodecStage>> ParseCodecSpec(const std::string& spec);
 // Builds the codec a valid spec names.
 absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec);
 
+// A quantizer alone: one stage of fp16, bf16, linear or piecewise (what
+// can carry a flat sum whose payloads are decoded before they are added,
+// Collectives::AllReduceEncoded). INVALID_ARGUMENT for any other spec,
+// saying what is accepted.
+absl::StatusOr<std::unique_ptr<Codec>> MakeQuantizer(const std::string& spec);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_COMPRESS_CODEC_SPEC_H_

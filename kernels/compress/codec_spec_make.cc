@@ -40,4 +40,16 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeCodec(const std::string& spec) {
   return MakeStage(stages[0], std::move(inner));
 }
 
+absl::StatusOr<std::unique_ptr<Codec>> MakeQuantizer(const std::string& spec) {
+  ASSIGN_OR_RETURN(std::vector<CodecStage> stages, ParseCodecSpec(spec));
+  const std::string& kind = stages[0].name;
+  if (stages.size() != 1 ||
+      (kind != "fp16" && kind != "bf16" && kind != "linear" && kind != "piecewise")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", spec.substr(0, 64),
+                     "\" is not one quantizer (fp16, bf16, linear:bits=N, piecewise:bits=N)"));
+  }
+  return MakeStage(stages[0], nullptr);
+}
+
 }  // namespace pipetrain

@@ -101,5 +101,22 @@ TEST(MakeCodec, EveryCodec_DecodeShapeOverflowingBeforeItsZero_InvalidArgument) 
   }
 }
 
+TEST(MakeQuantizer, OneQuantizerOnly) {
+  for (const std::string spec : {"fp16", "bf16", "linear:bits=8", "piecewise:bits=3"}) {
+    absl::StatusOr<std::unique_ptr<Codec>> codec = MakeQuantizer(spec);
+    ASSERT_TRUE(codec.ok()) << spec << ": " << codec.status();
+    EXPECT_EQ((*codec)->name(), spec);
+  }
+  for (const std::string spec : {"powersgd:rank=4", "token_topk:keep=0.5", "elem_topk:keep=0.1",
+                                 "token_topk:keep=0.5+piecewise:bits=3"}) {
+    absl::StatusOr<std::unique_ptr<Codec>> codec = MakeQuantizer(spec);
+    EXPECT_EQ(codec.status().code(), absl::StatusCode::kInvalidArgument) << spec;
+    EXPECT_NE(std::string(codec.status().message()).find("is not one quantizer"),
+              std::string::npos)
+        << codec.status();
+  }
+  EXPECT_EQ(MakeQuantizer("linear:bits=99").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pipetrain

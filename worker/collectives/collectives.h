@@ -120,13 +120,18 @@ class Collectives {
   // INVALID_ARGUMENT. Stats (may be null): this call's payload bytes sent,
   // and the squared L2 norms of this member's contribution and of its
   // coding error (decode(encode(x)) - x over all its segments).
+  // `coding_error` (may be null) gets, element by element, this member's
+  // contribution minus what the codec let through of it (x -
+  // decode(encode(x)), segment by segment as sent): the residual error
+  // feedback adds to the next contribution. Its shape is data's.
   struct EncodedStats {
     int64_t sent_bytes = 0;
     double norm_squared = 0;
     double error_squared = 0;
   };
   absl::Status AllReduceEncoded(int64_t iteration, int tag, const Codec& codec, int64_t rows,
-                                Tensor& data, EncodedStats* stats = nullptr);
+                                Tensor& data, EncodedStats* stats = nullptr,
+                                Tensor* coding_error = nullptr);
 
   // Bytes of every message this member has sent so far, fp32 values and
   // payloads (what crossed its links, for the wire-bytes metrics).

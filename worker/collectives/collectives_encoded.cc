@@ -43,7 +43,8 @@ absl::StatusOr<T> Annotated(absl::StatusOr<T> value, const std::string& what) {
 }  // namespace
 
 absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Codec& codec,
-                                           int64_t rows, Tensor& data, EncodedStats* stats) {
+                                           int64_t rows, Tensor& data, EncodedStats* stats,
+                                           Tensor* coding_error) {
   RETURN_IF_ERROR(status_);
   if (data.on_device()) {
     return absl::InvalidArgumentError(Describe(tag) + ": the tensor is on a device");
@@ -92,6 +93,7 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
 
   // Phase 1: every member's segment s to member s, encoded; this member's
   // own segment through the codec as well.
+  if (coding_error != nullptr) *coding_error = Tensor::Zeros(data.shape());
   Tensor own_contribution;
   for (int k = 0; k < n; ++k) {
     const int to = (rank_ + k) % n;
@@ -102,6 +104,12 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     ASSIGN_OR_RETURN(Tensor decoded, Annotated(codec.Decode(payload), Describe(tag)));
     local.norm_squared += SquaredNorm(segment.data(), segment.numel());
     local.error_squared += SquaredDistance(segment.data(), decoded.data(), segment.numel());
+    if (coding_error != nullptr) {
+      float* error = coding_error->data() + bounds[to].first * width;
+      for (int64_t i = 0; i < segment.numel(); ++i) {
+        error[i] = segment.data()[i] - decoded.data()[i];
+      }
+    }
     if (to == rank_) {
       own_contribution = std::move(decoded);
     } else {

@@ -173,7 +173,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     setup.tensor_partition_tune_steps = extras.tensor_partition_tune_steps;
     if (extras.dp_bucket_bytes > 0) setup.data_parallel_bucket_bytes = extras.dp_bucket_bytes;
     for (int compressed : extras.dp_compressed_stages) {
-      if (compressed == s) setup.data_parallel_powersgd_rank = extras.dp_powersgd_rank;
+      if (compressed != s) continue;
+      setup.data_parallel_powersgd_rank = extras.dp_powersgd_rank;
+      setup.data_parallel_quantizer = extras.dp_quantizer;
     }
     for (int t = 0; t < stages; ++t) {
       if (backward[t].end > backward[t].begin) setup.optimizer_stages.push_back(t);

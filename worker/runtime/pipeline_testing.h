@@ -84,6 +84,7 @@ struct PipelineExtras {
   // Selective stage compression: these stages' data-parallel all-reduce
   // with PowerSGD of this rank (StageSetup).
   int dp_powersgd_rank = 0;
+  std::string dp_quantizer;  // or this quantizer (StageSetup::data_parallel_quantizer)
   std::vector<int> dp_compressed_stages;
   int64_t dp_bucket_bytes = 0;  // > 0: StageSetup::data_parallel_bucket_bytes
   int iterations = kIterations;

@@ -14,6 +14,7 @@
 #include "common/logging.h"
 #include "common/program_text.h"
 #include "common/status_macros.h"
+#include "kernels/compress/codec_spec.h"
 #include "worker/collectives/collectives.h"
 #include "worker/model/tensor_parallel.h"
 #include "worker/model/weights_io.h"
@@ -233,6 +234,22 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
   RETURN_IF_ERROR(
       MakeTensorParallelCompression(setup.tensor_compression, "tensor-parallel compression")
           .status());
+  if (!setup.data_parallel_quantizer.empty()) {
+    if (setup.data_parallel_quantizer.size() > 256 || setup.replicas < 2 ||
+        setup.data_parallel_powersgd_rank > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data-parallel quantizer of ", setup.data_parallel_quantizer.size(),
+                       " bytes with ", setup.replicas, " replicas and PowerSGD rank ",
+                       setup.data_parallel_powersgd_rank,
+                       "; want at most 256 bytes, 2 replicas or more, and no rank"));
+    }
+    absl::StatusOr<std::unique_ptr<Codec>> quantizer =
+        MakeQuantizer(setup.data_parallel_quantizer);
+    if (!quantizer.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("data-parallel quantizer: ", quantizer.status().message()));
+    }
+  }
   for (const std::vector<int>* per_unit :
        {&setup.tensor_partitions_forward, &setup.tensor_partitions_backward}) {
     if (per_unit->empty()) continue;
@@ -274,6 +291,10 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
       num_units_(NumUnits(setup.train.model)),
       optimizer_(setup.train.adam, setup.train.decay, setup.backend),
       device_encoder_(setup.backend) {
+  // Checked by Create.
+  if (!setup.data_parallel_quantizer.empty()) {
+    dp_quantizer_ = MakeQuantizer(setup.data_parallel_quantizer).value();
+  }
   if (setup.tensor_parallel > 1) {
     std::vector<int> members;  // this stage's tensor ranks, in rank order
     for (int t = 0; t < setup.tensor_parallel; ++t) {
@@ -1174,7 +1195,9 @@ absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResul
 }
 
 bool StageRuntime::OverlapsAllReduce() const {
-  if (setup_.replicas < 2 || setup_.data_parallel_powersgd_rank > 0) return false;
+  if (setup_.replicas < 2 || setup_.data_parallel_powersgd_rank > 0 || dp_quantizer_ != nullptr) {
+    return false;  // compressed: the whole stage at the optimizer step
+  }
   for (const auto& [index, unit] : units_) {
     for (const Parameter* p : unit->parameters()) {
       if (p->grad.on_device()) return false;  // downloads belong to the interpreter's thread
@@ -1300,8 +1323,19 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
       offset += g.numel();
     }
     const auto start = Clock::now();
-    RETURN_IF_ERROR(collectives.AllReduce(iteration, kDataParallelTagBase, flat));
-    CountCollective(result, "data_parallel", flat.size_bytes(), start);
+    if (dp_quantizer_ != nullptr) {
+      // Error feedback: what the codec dropped of last step's contribution
+      // goes with this one (every replica's residual is its own).
+      if (dp_residual_.numel() != numel) dp_residual_ = Tensor::Zeros({numel});
+      for (int64_t i = 0; i < numel; ++i) flat.data()[i] += dp_residual_.data()[i];
+      Collectives::EncodedStats stats;
+      RETURN_IF_ERROR(collectives.AllReduceEncoded(iteration, kDataParallelTagBase, *dp_quantizer_,
+                                                   numel, flat, &stats, &dp_residual_));
+      CountCollective(result, "data_parallel", flat.size_bytes(), start, stats.sent_bytes);
+    } else {
+      RETURN_IF_ERROR(collectives.AllReduce(iteration, kDataParallelTagBase, flat));
+      CountCollective(result, "data_parallel", flat.size_bytes(), start);
+    }
     offset = 0;
     for (Parameter* p : bucket) {
       const int64_t n = p->grad.numel();

@@ -37,6 +37,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
+#include "kernels/compress/codec.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/collectives/powersgd_all_reduce.h"
@@ -126,6 +127,14 @@ struct StageSetup {
   // the matrix); vectors and the tied embedding go uncompressed. Every
   // replica's copy of the stage must have the same value.
   int data_parallel_powersgd_rank = 0;
+  // Or a quantizer for it (MakeQuantizer's specs: fp16, bf16,
+  // linear:bits=N, piecewise:bits=N; at most 256 bytes): every gradient
+  // but the tied embedding goes as one flat tensor through
+  // Collectives::AllReduceEncoded at the optimizer step, with error
+  // feedback (what the codec dropped of this replica's contribution is
+  // added to its next one). Not with a PowerSGD rank; the same on every
+  // replica's copy of the stage.
+  std::string data_parallel_quantizer;
   // Data parallelism without PowerSGD, on host gradients: gradients are
   // all-reduced in buckets of about this many bytes, each launched (on a
   // background thread) as soon as the backward pass has finished every
@@ -386,6 +395,10 @@ class StageRuntime {
   // Selective stage compression: each compressed gradient's warm start and
   // error-feedback residual, by parameter name (kept across iterations).
   std::map<std::string, PowerSgdAllReduceState> powersgd_;
+  // setup_.data_parallel_quantizer's codec (null: none) and its error
+  // feedback's residual over the flat gradient (empty until the first step).
+  std::unique_ptr<Codec> dp_quantizer_;
+  Tensor dp_residual_;
   // State within one RunEval: windows evaluated, EVAL_ACTIVATION tensors by
   // (micro-batch, unit), and the window-weighted loss sum on the head stage.
   int64_t eval_windows_ = 0;

@@ -38,6 +38,48 @@ class RecordingTransport : public Transport {
   std::vector<std::pair<TensorAddress, WireTensor>> sent_;  // one thread sends
 };
 
+// A data-parallel quantizer from the assignment is checked before use: a
+// spec that is not one quantizer, one without replicas to reduce over, or
+// one beside a PowerSGD rank is INVALID_ARGUMENT, not a crash.
+TEST(StageRuntimeCompression, DataParallelQuantizer_BadSetupsRefused) {
+  TrainConfig c;
+  c.model.n_layer = 1;
+  c.model.n_head = 2;
+  c.model.d_model = 16;
+  c.model.max_seq_len = 8;
+  c.seq_len = 8;
+  c.batch_size = 4;
+  c.micro_batches = 2;
+  const std::string text = GenerateEnglishText(5, 20000);
+  const Dataset data =
+      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 8, 0.1).value();
+  const std::vector<Range> ranges = {{0, 4}};
+  auto programs = CompilePrograms(ranges, 4, 1, Schedule::kOneFOneB).value();
+  InProcessFabric fabric(2);
+  std::unique_ptr<Transport> transport = fabric.Connect(0);
+  StageSetup setup{
+      "job-q",          c, 0, 1, ToUnitRange(ranges[0]), ToUnitRange(ranges[0]), programs[0],
+      absl::Seconds(30)};
+  setup.replicas = 2;
+  setup.data_parallel_quantizer = "bf16";
+  EXPECT_TRUE(StageRuntime::Create(setup, &data, transport.get()).ok());
+  for (const std::string bad :
+       std::vector<std::string>{"token_topk:keep=0.5", "powersgd:rank=2", std::string(300, 'x')}) {
+    setup.data_parallel_quantizer = bad;
+    EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << bad.substr(0, 20);
+  }
+  setup.data_parallel_quantizer = "bf16";
+  setup.data_parallel_powersgd_rank = 2;
+  EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  setup.data_parallel_powersgd_rank = 0;
+  setup.replicas = 1;
+  EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums) {
   TrainConfig c;
   c.model.n_layer = 2;
@@ -67,8 +109,9 @@ TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums
   transports.push_back(fabric.Connect(1));
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   for (int s = 0; s < 2; ++s) {
-    StageSetup setup{"job-tk", c, s, 2, ToUnitRange(ranges[s]), ToUnitRange(ranges[s]),
-                     programs[s], absl::Seconds(30)};
+    StageSetup setup{
+        "job-tk",         c, s, 2, ToUnitRange(ranges[s]), ToUnitRange(ranges[s]), programs[s],
+        absl::Seconds(30)};
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }
   std::vector<absl::Status> errors(2);

@@ -57,9 +57,8 @@ TEST(StageRuntimeCompression, DataParallelQuantizer_BadSetupsRefused) {
   auto programs = CompilePrograms(ranges, 4, 1, Schedule::kOneFOneB).value();
   InProcessFabric fabric(2);
   std::unique_ptr<Transport> transport = fabric.Connect(0);
-  StageSetup setup{
-      "job-q",          c, 0, 1, ToUnitRange(ranges[0]), ToUnitRange(ranges[0]), programs[0],
-      absl::Seconds(30)};
+  StageSetup setup{"job-q", c, 0, 1, ToUnitRange(ranges[0]), ToUnitRange(ranges[0]),
+                   programs[0], absl::Seconds(30)};
   setup.replicas = 2;
   setup.data_parallel_quantizer = "bf16";
   EXPECT_TRUE(StageRuntime::Create(setup, &data, transport.get()).ok());
@@ -109,9 +108,8 @@ TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums
   transports.push_back(fabric.Connect(1));
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
   for (int s = 0; s < 2; ++s) {
-    StageSetup setup{
-        "job-tk",         c, s, 2, ToUnitRange(ranges[s]), ToUnitRange(ranges[s]), programs[s],
-        absl::Seconds(30)};
+    StageSetup setup{"job-tk", c, s, 2, ToUnitRange(ranges[s]), ToUnitRange(ranges[s]),
+                     programs[s], absl::Seconds(30)};
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }
   std::vector<absl::Status> errors(2);

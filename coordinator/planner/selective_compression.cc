@@ -2,27 +2,46 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <string>
 
 namespace pipetrain {
+
+namespace {
+
+// The parameters a stage holding units `r` all-reduces, each once (the
+// head's copy of the tied wte and embed's are one tensor there).
+std::vector<ParameterShape> StageParameters(const GptConfig& model, const Range& r) {
+  std::vector<ParameterShape> out;
+  std::set<std::string> seen;
+  for (int u = r.begin; u < r.end; ++u) {
+    for (ParameterShape& p : UnitParameterShapes(model, u)) {
+      if (seen.insert(p.name).second) out.push_back(std::move(p));
+    }
+  }
+  return out;
+}
+
+double Elements(const ParameterShape& p) {
+  double numel = 1;
+  for (int64_t d : p.shape) numel *= static_cast<double>(d);
+  return numel;
+}
+
+}  // namespace
 
 std::vector<double> PowerSgdByteFractions(const GptConfig& model,
                                           const std::vector<Range>& backward, int rank) {
   std::vector<double> out;
   for (const Range& r : backward) {
     double raw = 0, sent = 0;
-    std::map<std::string, bool> seen;  // the stage's copy of a tied name counts once
-    for (int u = r.begin; u < r.end; ++u) {
-      for (const ParameterShape& p : UnitParameterShapes(model, u)) {
-        if (seen[p.name]) continue;
-        seen[p.name] = true;
-        double numel = 1;
-        for (int64_t d : p.shape) numel *= static_cast<double>(d);
-        raw += numel;
-        const bool matrix = p.shape.size() == 2 && p.name != "wte.weight";
-        const double factors =
-            matrix ? double(rank) * static_cast<double>(p.shape[0] + p.shape[1]) : numel;
-        sent += std::min(numel, factors);
-      }
+    for (const ParameterShape& p : StageParameters(model, r)) {
+      const double numel = Elements(p);
+      raw += numel;
+      const bool matrix = p.shape.size() == 2 && p.name != "wte.weight";
+      const double factors =
+          matrix ? double(rank) * static_cast<double>(p.shape[0] + p.shape[1]) : numel;
+      sent += std::min(numel, factors);
     }
     out.push_back(raw > 0 ? sent / raw : 1.0);
   }
@@ -34,15 +53,8 @@ std::vector<double> QuantizerByteFractions(const GptConfig& model,
   std::vector<double> out;
   for (const Range& r : backward) {
     int64_t tied = 0, other = 0;
-    std::map<std::string, bool> seen;  // the stage's copy of a tied name counts once
-    for (int u = r.begin; u < r.end; ++u) {
-      for (const ParameterShape& p : UnitParameterShapes(model, u)) {
-        if (seen[p.name]) continue;
-        seen[p.name] = true;
-        int64_t numel = 1;
-        for (int64_t d : p.shape) numel *= d;
-        (p.name == "wte.weight" ? tied : other) += numel;
-      }
+    for (const ParameterShape& p : StageParameters(model, r)) {
+      (p.name == "wte.weight" ? tied : other) += static_cast<int64_t>(Elements(p));
     }
     const double raw = 4.0 * static_cast<double>(tied + other);
     const double sent =

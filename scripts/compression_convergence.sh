@@ -14,6 +14,8 @@
 #   bash scripts/compression_convergence.sh [steps] [seeds] [extra up flags]
 #   e.g. bash scripts/compression_convergence.sh 300 "1 2 3" "--micro-batches 8"
 #   ROWS=powersgd bash ...   only the rows whose name contains "powersgd"
+#   ROWS=quantizer bash scripts/compression_convergence.sh 300 "1 2 3" "--data-parallel 2 --workers 6"
+#                            the quantizers on the data-parallel all-reduce
 #   ROWS=tp bash scripts/compression_convergence.sh 300 "1 2 3" "--tensor-parallel 2"
 #                            AccTFM's compression of the tensor-parallel
 #                            all-reduces against exact tensor parallelism
@@ -53,6 +55,11 @@ rows=(
   # planner's critical stages against every stage.
   "dp powersgd:rank=$rank + EF, critical stages|--dp-codec powersgd:rank=$rank"
   "dp powersgd:rank=$rank + EF, every stage|--dp-codec powersgd:rank=$rank --dp-stages all"
+  # The quantizers on the data-parallel all-reduce (ROWS=quantizer).
+  "dp quantizer bf16 + EF, critical stages|--dp-codec bf16"
+  "dp quantizer bf16 + EF, every stage|--dp-codec bf16 --dp-stages all"
+  "dp quantizer piecewise:bits=8 + EF, critical stages|--dp-codec piecewise:bits=8"
+  "dp quantizer piecewise:bits=8 + EF, every stage|--dp-codec piecewise:bits=8 --dp-stages all"
   # Tensor-parallel all-reduces (run with "--tensor-parallel 2" as the
   # extra flags; ROWS=tp): AccTFM's hybrid compression, its parts alone and
   # together (the paper's 50 % token sparsity and 4-bit codes).

@@ -81,15 +81,22 @@ TEST(ChooseCompressedStages, RandomTimelines_OptimalStepTime) {
   }
 }
 
-// GPT-2-like shapes: rank 4 sends a few percent of a block's matrices; the
-// embedding stage keeps wte whole.
-TEST(PowerSgdByteFractions, MatricesShrinkVectorsAndWteDoNot) {
+// 2 layers of d_model 256, a vocabulary of 256 (wte 256 x 256), 64
+// positions (wpe 64 x 256).
+GptConfig SmallGpt() {
   GptConfig model;
   model.n_layer = 2;
   model.n_head = 4;
   model.d_model = 256;
   model.vocab_size = 256;
   model.max_seq_len = 64;
+  return model;
+}
+
+// GPT-2-like shapes: rank 4 sends a few percent of a block's matrices; the
+// embedding stage keeps wte whole.
+TEST(PowerSgdByteFractions, MatricesShrinkVectorsAndWteDoNot) {
+  const GptConfig model = SmallGpt();
   const std::vector<double> f = PowerSgdByteFractions(model, {{0, 1}, {1, 3}, {3, 6}}, 4);
   ASSERT_EQ(f.size(), 3u);
   EXPECT_GT(f[0], 0.75);  // wte (256 x 256) whole, wpe compressed
@@ -102,12 +109,7 @@ TEST(PowerSgdByteFractions, MatricesShrinkVectorsAndWteDoNot) {
 // without the embedding sends exactly half, embed's stage (wte 256 x 256
 // exact, wpe 64 x 256 halved) (65536 + 8192) / 81920 of its bytes.
 TEST(QuantizerByteFractions, HalvedButTheTiedEmbedding) {
-  GptConfig model;
-  model.n_layer = 2;
-  model.n_head = 4;
-  model.d_model = 256;
-  model.vocab_size = 256;
-  model.max_seq_len = 64;
+  const GptConfig model = SmallGpt();
   const std::unique_ptr<Codec> bf16 = MakeCodec("bf16").value();
   const std::vector<double> f = QuantizerByteFractions(model, {{0, 1}, {1, 3}, {2, 2}}, *bf16);
   ASSERT_EQ(f.size(), 3u);

@@ -334,15 +334,9 @@ absl::Status JobRunner::RunJob() {
                      " replicas; want 0, or 1..1024 with 2 replicas or more"));
   }
   setup.data_parallel_powersgd_rank = dp_rank;
-  // Or a quantizer: bounded, then parsed by StageRuntime::Create.
-  const std::string& quantizer = assignment_.data_parallel_quantizer();
-  if (quantizer.size() > 256 || (!quantizer.empty() && (replicas < 2 || dp_rank > 0))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("assignment: data_parallel_quantizer of ", quantizer.size(), " bytes with ",
-                     replicas, " replicas and PowerSGD rank ", dp_rank,
-                     "; want at most 256 bytes, 2 replicas or more, and no rank"));
-  }
-  setup.data_parallel_quantizer = quantizer;
+  // Or a quantizer: bounded and parsed by StageRuntime::Create, which
+  // refuses it beside a rank or without replicas.
+  setup.data_parallel_quantizer = assignment_.data_parallel_quantizer();
   // Declared before the runtime, which uses it, so it is destroyed after.
   std::unique_ptr<DeviceChannel> device_channel;
   const bool in_group = assignment_.device_group().stages_size() > 0;

@@ -832,6 +832,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     spec.host = w.device().hostname();
     spec.host_cores = w.device().cpu_cores();
     spec.compute_threads = w.device().compute_threads();
+    spec.gpu = !w.device().gpu_model().empty();
     cluster.workers.push_back(spec);
   }
   // Workers that emulate their links (--emulate-link) say so: plan with

@@ -456,7 +456,7 @@ TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorker
     v1::RegisterWorkerRequest request;
     request.set_data_address("127.0.0.1:" + std::to_string(7001 + k));
     request.mutable_device()->set_link_bandwidth_bytes_per_second(1e10);
-    request.mutable_device()->set_link_latency_seconds(1e-6);
+    request.mutable_device()->set_link_latency_seconds(0);
     auto response = registry_.Register(request).value();
     incarnations_[response.worker_id()] = response.incarnation();
     w.push_back(response.worker_id());

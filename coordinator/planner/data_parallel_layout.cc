@@ -169,6 +169,9 @@ void MergeIntoSlowest(const WorkerSpec& w, const char* separator, WorkerSpec* in
   if (w.memory_bytes > 0 && (into->memory_bytes == 0 || w.memory_bytes < into->memory_bytes)) {
     into->memory_bytes = w.memory_bytes;
   }
+  // A collective runs at its last member's pace: one GPU among them, which
+  // all-reduces at the step, keeps the others from overlapping.
+  into->gpu = into->gpu || w.gpu;
 }
 
 }  // namespace

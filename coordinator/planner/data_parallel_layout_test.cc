@@ -95,6 +95,29 @@ TEST(SolvePlanTest, DataParallelThree_TwoStages_SameProgramsPlusAllReduce) {
   EXPECT_GT(plan.simulation.iteration_seconds, alone.simulation.iteration_seconds);
 }
 
+// Overlap: the block's 8 MiB gradient is final 6 s into the iteration
+// (forward 3 s, head's backward 1 s, the block's 2 s) and all-reduces in
+// 1 s while embed's 10 s backward goes on; the step is left with the tied
+// wte (100 B). A GPU worker, whose gradients stay on the device, all-reduces
+// all of it at the step instead (WorkerSpec::gpu, simulator.h).
+TEST(SolvePlanTest, DataParallel_CpuOverlapsBucketsGpuAllReducesAtTheStep) {
+  const double block = 8 << 20;
+  ModelProfile profile;
+  profile.units = {
+      {"embed", 1, 10, 100, 4, 0}, {"block", 1, 2, block, 4, 0}, {"head", 1, 1, 100, 4, 0}};
+  PlanOptions options;
+  options.solver = "uniform";
+  options.data_parallel = 2;
+  ClusterSpec cluster = Identical(1, block, 0);  // 2(2-1)/2 x 8 MiB at 8 MiB/s: 1 s
+  const SolvedPlan cpu = SolvePlan(profile, cluster, options).value();
+  EXPECT_DOUBLE_EQ(cpu.simulation.iteration_seconds, 16 + 100 / block);
+  EXPECT_DOUBLE_EQ(cpu.all_reduce_seconds[0], 100 / block);
+  cluster.workers[0].gpu = true;
+  const SolvedPlan gpu = SolvePlan(profile, cluster, options).value();
+  EXPECT_DOUBLE_EQ(gpu.simulation.iteration_seconds, 17 + 100 / block);
+  EXPECT_DOUBLE_EQ(gpu.all_reduce_seconds[0], 1 + 100 / block);
+}
+
 TEST(ReplicaStageClusterTest, SlowestSpeedSmallestLimitedMemory) {
   const ClusterSpec cluster =
       Cluster({{"a", 1, 0}, {"b", 2, 100}, {"c", 0.5, 50}, {"d", 3, 0}}, 7, 0.5);
@@ -113,6 +136,11 @@ TEST(ReplicaStageClusterTest, SlowestSpeedSmallestLimitedMemory) {
   EXPECT_EQ(four.workers[0].name, "a,b,c,d");
   EXPECT_EQ(four.workers[0].speed, 0.5);
   EXPECT_EQ(four.workers[0].memory_bytes, 50);
+  EXPECT_FALSE(four.workers[0].gpu);
+  ClusterSpec mixed = cluster;
+  mixed.workers[2].gpu = true;  // one GPU keeps its position's collective at the step
+  EXPECT_EQ(ReplicaStageCluster(mixed, 2).workers[0].gpu, true);
+  EXPECT_EQ(ReplicaStageCluster(mixed, 2).workers[1].gpu, false);
   const ClusterSpec one = ReplicaStageCluster(cluster, 1);
   ASSERT_EQ(one.workers.size(), 4u);
   EXPECT_EQ(one.workers[3].name, "d");

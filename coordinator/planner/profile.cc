@@ -171,7 +171,7 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
     const std::string where = absl::StrCat("workers[", i, "]");
     if (auto s = OnlyKeys(w, where,
                           {"name", "speed", "memory_bytes", "host", "host_cores",
-                           "compute_threads"});
+                           "compute_threads", "gpu"});
         !s.ok()) {
       return s;
     }
@@ -190,6 +190,10 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
     }
     ASSIGN_OR_RETURN(worker.host_cores, Count(w, "host_cores", where, 65536));
     ASSIGN_OR_RETURN(worker.compute_threads, Count(w, "compute_threads", where, 65536));
+    if (w.contains("gpu")) {
+      if (!w["gpu"].is_boolean()) return Invalid(where + ".gpu", "must be true or false");
+      worker.gpu = w["gpu"].get<bool>();
+    }
     cluster.workers.push_back(worker);
   }
   return cluster;
@@ -225,6 +229,7 @@ std::string ClusterToJson(const ClusterSpec& c) {
     if (!w.host.empty()) worker["host"] = w.host;
     if (w.host_cores > 0) worker["host_cores"] = w.host_cores;
     if (w.compute_threads > 0) worker["compute_threads"] = w.compute_threads;
+    if (w.gpu) worker["gpu"] = true;
     workers.push_back(std::move(worker));
   }
   json out = {{"workers", workers},

@@ -53,6 +53,10 @@ struct WorkerSpec {
   std::string host;
   int host_cores = 0;
   int compute_threads = 0;
+  // Computes on a GPU: its gradients stay in device memory, and the runtime
+  // all-reduces them at the optimizer step instead of overlapping the
+  // backward pass (simulator.h).
+  bool gpu = false;
 };
 
 struct ClusterSpec {

@@ -134,7 +134,7 @@ TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
 TEST(ProfileTest, ParseCluster_HostsRoundTripAndAreBounded) {
   ClusterSpec c = ParseClusterJson(R"({"workers": [
       {"name": "a", "host": "vm", "host_cores": 2, "compute_threads": 1},
-      {"name": "b"}]})")
+      {"name": "b", "gpu": true}]})")
                       .value();
   EXPECT_EQ(c.workers[0].host, "vm");
   EXPECT_EQ(c.workers[0].host_cores, 2);
@@ -145,6 +145,10 @@ TEST(ProfileTest, ParseCluster_HostsRoundTripAndAreBounded) {
   EXPECT_EQ(again.workers[0].host, "vm");
   EXPECT_EQ(again.workers[0].host_cores, 2);
   EXPECT_EQ(again.workers[0].compute_threads, 1);
+  EXPECT_FALSE(again.workers[0].gpu);
+  EXPECT_TRUE(again.workers[1].gpu);
+  EXPECT_EQ(ParseClusterJson(R"({"workers": [{"gpu": 1}]})").status().message(),
+            "workers[0].gpu: must be true or false");
   EXPECT_EQ(ParseClusterJson(R"({"workers": [{"host_cores": 1.5}]})").status().message(),
             "workers[0].host_cores: must be a whole number in [0, 65536]");
   EXPECT_EQ(ParseClusterJson(R"({"workers": [{"compute_threads": 70000}]})").status().message(),

@@ -67,14 +67,24 @@ std::vector<double> QuantizerByteFractions(const GptConfig& model,
 
 std::vector<int> ChooseCompressedStages(const SimulationResult& simulation,
                                         const std::vector<double>& fractions) {
-  // Each worker's end of the iteration, and its all-reduce's length. What
-  // follows the all-reduce on a worker (the optimizer step, weight syncs)
-  // moves earlier by as much as compression shortens it.
-  std::map<int, double> end, all_reduce;
+  // Each worker's end of the iteration; the all-reduce time it spends at
+  // the step (exposed: all of it, or with overlapped buckets the wait for
+  // them and what went at the step); and the length of all its
+  // all-reduces (buckets included, waits not). A compressed stage
+  // all-reduces everything at the step (compressed all-reduces do not
+  // overlap: simulator.h), taking `fraction` of the whole, so what follows
+  // on the worker (the optimizer step, weight syncs) moves earlier by
+  // exposed - fraction * whole: for an overlapped stage that may be
+  // nothing, or a loss.
+  std::map<int, double> end, all_reduce, whole;
   for (const TimelineEvent& e : simulation.events) {
     end[e.worker] = std::max(end[e.worker], e.end_seconds);
-    if (e.kind == TimelineEventKind::kAllReduce) {
-      all_reduce[e.worker] += e.end_seconds - e.start_seconds;
+    const double seconds = e.end_seconds - e.start_seconds;
+    if (e.kind == TimelineEventKind::kAllReduce || e.kind == TimelineEventKind::kAllReduceWait) {
+      all_reduce[e.worker] += seconds;
+    }
+    if (e.kind == TimelineEventKind::kAllReduce || e.kind == TimelineEventKind::kAllReduceBucket) {
+      whole[e.worker] += seconds;
     }
   }
   std::vector<int> chosen;
@@ -88,7 +98,7 @@ std::vector<int> ChooseCompressedStages(const SimulationResult& simulation,
       break;  // the step ends with work compression cannot shorten
     }
     const double fraction = w < static_cast<int>(fractions.size()) ? fractions[w] : 1.0;
-    const double saved = (1 - fraction) * all_reduce[w];
+    const double saved = all_reduce[w] - fraction * whole[w];
     if (!(saved > 0)) break;
     last->second -= saved;
     chosen.push_back(w);

@@ -35,9 +35,12 @@ std::vector<double> QuantizerByteFractions(const GptConfig& model,
 
 // The stages to compress, ascending: greedily, while the worker that ends
 // the iteration last has an uncompressed all-reduce, compress it: its
-// end moves earlier by (1 - fraction) of its all-reduce's simulated length
-// (what follows the all-reduce there, the optimizer step and weight
-// syncs, moves with it). Stops when the last worker has no all-reduce, is
+// end moves earlier by its all-reduce's simulated time at the step less
+// `fraction` of all its all-reduces' length (a compressed all-reduce runs
+// whole at the step; an exact one may overlap the backward pass in
+// buckets, simulator.h, and then compressing it can gain little or lose);
+// what follows the all-reduce there, the optimizer step and weight syncs,
+// moves with it. Stops when the last worker has no all-reduce, is
 // compressed already, or would gain nothing; so the result reaches the
 // least step time any set of stages reaches under this model.
 std::vector<int> ChooseCompressedStages(const SimulationResult& simulation,

@@ -44,6 +44,22 @@ TEST(ChooseCompressedStages, TheLatestUntilComputationBounds) {
   EXPECT_TRUE(ChooseCompressedStages(sim, {1.0, 0.25, 0.25}).empty());
 }
 
+// An overlapped stage: its buckets (3.5 s on the lane) hide behind the
+// backward, and it spends 0.5 s at the step (0.2 s waiting for the lane,
+// 0.3 s on the tied wte). Compressed, it would all-reduce everything at the
+// step: a quarter of the 3.8 s is 0.95 s, more than the 0.5 s now, so it is
+// not chosen; a tenth (0.38 s) gains 0.12 s.
+TEST(ChooseCompressedStages, OverlappedStageOnlyWhenCompressingBeatsTheWait) {
+  SimulationResult sim;
+  sim.events = {Event(0, TimelineEventKind::kBackward, 0, 10),
+                Event(0, TimelineEventKind::kAllReduceBucket, 6, 9.5),
+                Event(0, TimelineEventKind::kAllReduceWait, 10, 10.2),
+                Event(0, TimelineEventKind::kAllReduce, 10.2, 10.5),
+                Event(0, TimelineEventKind::kOptimizer, 10.5, 11)};
+  EXPECT_TRUE(ChooseCompressedStages(sim, {0.25}).empty());
+  EXPECT_EQ(ChooseCompressedStages(sim, {0.1}), (std::vector<int>{0}));
+}
+
 // Against brute force on random timelines (a worker's end moves with its
 // all-reduce): the choice reaches the least step time of any subset.
 TEST(ChooseCompressedStages, RandomTimelines_OptimalStepTime) {

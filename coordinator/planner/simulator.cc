@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/data_parallel_buckets.h"
 #include "common/enum_names.h"
 #include "common/program_text.h"
 #include "common/status_macros.h"
@@ -70,6 +71,11 @@ absl::Status ValidateCosts(const SimulationCosts& costs, int workers) {
       return absl::InvalidArgumentError(
           absl::StrCat("codec_wire_fraction of ", codec, " = ", fraction, "; must be > 0"));
     }
+  }
+  if (BadNumber(costs.all_reduce_bucket_bytes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("all_reduce_bucket_bytes = ", costs.all_reduce_bucket_bytes,
+                     "; must be finite and >= 0 (0: no overlap)"));
   }
   for (double fraction : costs.all_reduce_byte_fraction) {
     if (!(fraction > 0 && fraction <= 1)) {
@@ -177,7 +183,21 @@ class Simulator {
         clock_(programs.size(), 0.0),
         busy_(programs.size(), 0.0),
         all_reduce_(programs.size(), 0.0),
-        pc_(programs.size(), 0) {}
+        pc_(programs.size(), 0),
+        lanes_(programs.size()) {
+    // Where each unit's gradient is final: its last Backward on the worker.
+    for (size_t w = 0; w < programs.size(); ++w) {
+      Lane& lane = lanes_[w];
+      lane.final_backward.assign(costs.units.size(), -1);
+      for (int i = 0; i < programs[w].instructions_size(); ++i) {
+        const v1::Instruction& in = programs[w].instructions(i);
+        if (!in.has_backward()) continue;
+        for (int u = in.backward().units().begin(); u < in.backward().units().end(); ++u) {
+          lane.final_backward[u] = i;
+        }
+      }
+    }
+  }
 
   absl::StatusOr<SimulationResult> Run() {
     for (int w = 0; w < static_cast<int>(programs_.size()); ++w) ready_.push({0.0, w});
@@ -201,10 +221,13 @@ class Simulator {
       case v1::Instruction::kForward:
         Compute(w, TimelineEventKind::kForward, in.forward().units(), in.forward().micro_batch());
         break;
-      case v1::Instruction::kBackward:
+      case v1::Instruction::kBackward: {
+        const double start = clock_[w];
         Compute(w, TimelineEventKind::kBackward, in.backward().units(),
                 in.backward().micro_batch());
+        if (Overlaps(w)) FillBuckets(w, in.backward().units(), start);
         break;
+      }
       case v1::Instruction::kRecompute:
         Compute(w, TimelineEventKind::kRecompute, in.recompute().units(),
                 in.recompute().micro_batch());
@@ -246,11 +269,83 @@ class Simulator {
     return sum;
   }
 
+  // Whether worker w's all-reduce overlaps its backward passes in buckets
+  // (header: the model).
+  bool Overlaps(int w) const {
+    if (costs_.data_parallel <= 1 || costs_.all_reduce_bucket_bytes <= 0) return false;
+    if (w < static_cast<int>(costs_.all_reduce_overlaps.size()) && !costs_.all_reduce_overlaps[w]) {
+      return false;
+    }
+    return w >= static_cast<int>(costs_.all_reduce_byte_fraction.size()) ||
+           costs_.all_reduce_byte_fraction[w] == 1;
+  }
+
+  // The bytes unit u adds to a bucket: its gradients but the tied wte,
+  // which the runtime all-reduces at the step (or fuses with the other
+  // owner's: AddTiedGradient).
+  double BucketBytes(int u) const {
+    double bytes = costs_.units[u].weight_bytes;
+    const int last = static_cast<int>(costs_.units.size()) - 1;
+    if (last >= 1 && (u == 0 || u == last)) bytes -= std::min(costs_.tied_grad_bytes, bytes);
+    return bytes;
+  }
+
+  // Backward(r) of worker w began at `start`: the units whose gradients it
+  // makes final join the bucket as each finishes (from the last unit down,
+  // as the runtime runs them); a full bucket goes to the lane.
+  void FillBuckets(int w, const v1::UnitRange& r, double start) {
+    Lane& lane = lanes_[w];
+    double t = start;
+    for (int u = r.end() - 1; u >= r.begin(); --u) {
+      t += costs_.units[u].bwd_seconds / costs_.worker_speeds[w];
+      if (lane.final_backward[u] != pc_[w]) continue;
+      const double bytes = BucketBytes(u);
+      if (bytes <= 0) continue;  // nothing to carry (the runtime skips it too)
+      lane.pending_bytes += bytes;
+      lane.bucketed_bytes += bytes;
+      lane.pending_begin = u;
+      if (lane.pending_end < 0) lane.pending_end = u + 1;
+      if (lane.pending_bytes >= costs_.all_reduce_bucket_bytes) LaunchBucket(w, t);
+    }
+  }
+
+  // The pending bucket's all-reduce on w's lane, issued at time `t`.
+  void LaunchBucket(int w, double t) {
+    Lane& lane = lanes_[w];
+    if (lane.pending_end < 0) return;
+    const double seconds =
+        AllReduceSeconds(costs_.data_parallel, lane.pending_bytes, costs_.replica_link);
+    const double start = std::max(t, lane.free);
+    TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduceBucket, start, start + seconds);
+    e.units = Range{lane.pending_begin, lane.pending_end};
+    e.bytes = lane.pending_bytes;
+    e.label = absl::StrCat("AllReduce bucket [", lane.pending_begin, ",", lane.pending_end, ") x",
+                           costs_.data_parallel, " replicas");
+    lane.free = start + seconds;
+    lane.pending_bytes = 0;
+    lane.pending_begin = lane.pending_end = -1;
+  }
+
   // The data-parallel gradient all-reduce that precedes OptimizerStep(r)
-  // (header: the model). Nothing without replicas or without units.
+  // (header: the model): with overlap, the last bucket and the wait for
+  // the lane, then what no bucket carried. Nothing without replicas or
+  // without units.
   void AllReduce(int w, const v1::UnitRange& r) {
     if (costs_.data_parallel <= 1 || r.begin() >= r.end()) return;
     double bytes = AllReduceBytes(Range{r.begin(), r.end()}, costs_);
+    if (Overlaps(w)) {
+      Lane& lane = lanes_[w];
+      LaunchBucket(w, clock_[w]);
+      bytes = std::max(0.0, bytes - lane.bucketed_bytes);
+      if (lane.free > clock_[w]) {
+        TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduceWait, clock_[w], lane.free);
+        e.units = Range{r.begin(), r.end()};
+        e.label = absl::StrCat("wait for the AllReduce buckets of ", RangeText(r));
+        all_reduce_[w] += lane.free - clock_[w];
+        clock_[w] = lane.free;
+      }
+      if (bytes <= 0) return;
+    }
     if (w < static_cast<int>(costs_.all_reduce_byte_fraction.size())) {
       bytes *= costs_.all_reduce_byte_fraction[w];
     }
@@ -393,6 +488,15 @@ class Simulator {
   const SimulationCosts& costs_;
   std::vector<double> clock_, busy_, all_reduce_;
   std::vector<int> pc_;
+  // Each worker's all-reduce lane (overlap; header: the model).
+  struct Lane {
+    std::vector<int> final_backward;           // per unit: its last Backward's index, or -1
+    double free = 0;                           // when the lane's last bucket ends
+    double pending_bytes = 0;                  // the bucket being filled
+    int pending_begin = -1, pending_end = -1;  // its units (-1: empty)
+    double bucketed_bytes = 0;                 // every bucket's bytes, sent or pending
+  };
+  std::vector<Lane> lanes_;
   // Min-heap of (clock, worker): the earliest worker runs next; ties by index.
   std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>>
       ready_;
@@ -456,6 +560,8 @@ SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const Cl
   costs.link = {cluster.bandwidth_bytes_per_second, cluster.latency_seconds};
   costs.replica_link = costs.link;
   costs.tied_grad_bytes = tied_grad_bytes;
+  costs.all_reduce_bucket_bytes = static_cast<double>(kDataParallelBucketBytes);
+  for (const WorkerSpec& w : cluster.workers) costs.all_reduce_overlaps.push_back(!w.gpu);
   return costs;
 }
 
@@ -475,6 +581,10 @@ const char* TimelineEventKindName(TimelineEventKind kind) {
       return "recv-wait";
     case TimelineEventKind::kAllReduce:
       return "all-reduce";
+    case TimelineEventKind::kAllReduceBucket:
+      return "all-reduce-bucket";
+    case TimelineEventKind::kAllReduceWait:
+      return "all-reduce-wait";
     case TimelineEventKind::kTensorParallelAllReduce:
       return "tp-all-reduce";
   }

@@ -26,7 +26,25 @@
 //    the step at the same time (same programs, same speeds), so the one
 //    simulated replica waits for nobody else. D = 1: no all-reduce, nothing
 //    changes. The all-reduce occupies the worker (it is not overlapped with
-//    compute: the runtime runs it inside the OptimizerStep instruction).
+//    compute) unless it overlaps as below.
+//  - Overlap (StageRuntime::OverlapAllReduce), when D > 1,
+//    all_reduce_bucket_bytes > 0, all_reduce_overlaps[w] (missing: true)
+//    and all_reduce_byte_fraction[w] is 1 (compressed all-reduces run at
+//    the step, as the runtime's do): inside a Backward(units) instruction
+//    the units finish one after another from the last, each after its
+//    bwd_seconds / speed[w]; when a unit's last Backward on w finishes, its
+//    gradient (weight_bytes less the tied wte, tied_grad_bytes, for the
+//    first and the last unit of the model) joins w's bucket, and once the
+//    bucket holds >= all_reduce_bucket_bytes it is all-reduced on w's
+//    all-reduce lane: AllReduceSeconds(D, bucket bytes, replica_link),
+//    starting when the lane is free (one collective at a time, in order),
+//    while w goes on computing (a kAllReduceBucket event, not worker time).
+//    OptimizerStep(units) then sends the last, partly filled bucket, waits
+//    until the lane is free (a kAllReduceWait event: worker time), and
+//    all-reduces what no bucket carried (the tied wte, units whose
+//    backward ran elsewhere) as above before stepping. The lane does not
+//    slow the worker's compute (on a CPU it shares the cores; under
+//    emulated links it mostly waits for the pacing).
 //  - Send(key, peer) takes no worker time: the worker goes on at once while
 //    the transfer is in flight. The transfer goes on link (w -> peer); each
 //    directed link carries one transfer at a time, FIFO in issue order (only
@@ -106,6 +124,13 @@ struct SimulationCosts {
   // Only the bytes shrink: PowerSGD's second all-reduce round and its
   // orthogonalisation are not modelled.
   std::vector<double> all_reduce_byte_fraction;
+  // Overlap (the model above): the bucket size (>= 0; 0: no overlap, every
+  // all-reduce at the step), and per program whether its worker overlaps
+  // (false: its gradients are on a GPU, which the runtime all-reduces at
+  // the step; missing entries: true). SimulationCostsFromProfile sets both
+  // (kDataParallelBucketBytes, and false where the cluster's worker is a GPU).
+  double all_reduce_bucket_bytes = 0;
+  std::vector<bool> all_reduce_overlaps;
 };
 
 // The bytes one worker all-reduces before OptimizerStep(units): the sum of
@@ -133,7 +158,9 @@ double TransferBytes(const v1::TensorKey& key, const SimulationCosts& costs);
 // embedding's bytes). data_parallel stays 1 for the caller to set.
 // optimizer_seconds_per_byte is the profile's timed optimizer steps over its
 // weight bytes (sum optimizer_seconds / sum weight_bytes; 0 when the profile
-// did not time them, as an analytic one does not).
+// did not time them, as an analytic one does not). The all-reduce overlaps
+// in buckets of kDataParallelBucketBytes (common/data_parallel_buckets.h)
+// on every worker but a GPU (WorkerSpec::gpu).
 SimulationCosts SimulationCostsFromProfile(const ModelProfile& profile, const ClusterSpec& cluster,
                                            double tied_grad_bytes);
 
@@ -145,6 +172,12 @@ enum class TimelineEventKind {
   kSendTransfer,  // a transfer on link (worker -> peer), not worker time
   kRecvWait,      // the worker idles in a receive (only waits > 0 are listed)
   kAllReduce,     // data-parallel gradient all-reduce before the optimizer step
+  // One bucket of the data-parallel all-reduce on the worker's all-reduce
+  // lane, overlapping its backward passes (not worker time).
+  kAllReduceBucket,
+  // The worker waits at the optimizer step for its buckets (worker time,
+  // counted as all-reduce time).
+  kAllReduceWait,
   // A tensor-parallel unit's all-reduce on its group's communication lane,
   // overlapping the worker's compute (not worker time: the part it does not
   // hide is inside the unit's cost). Added by AddTensorParallelLanes
@@ -153,7 +186,7 @@ enum class TimelineEventKind {
 };
 
 // "forward", "backward", "recompute", "optimizer", "send", "recv-wait",
-// "all-reduce", "tp-all-reduce".
+// "all-reduce", "all-reduce-bucket", "all-reduce-wait", "tp-all-reduce".
 const char* TimelineEventKindName(TimelineEventKind kind);
 
 struct TimelineEvent {
@@ -166,18 +199,18 @@ struct TimelineEvent {
                          // tensor key's unit as [u, u+1)
   int peer = -1;         // transfers: destination; waits: source; else -1
   v1::TensorKind tensor_kind = v1::TENSOR_KIND_UNSPECIFIED;  // transfers, waits
-  double bytes = 0;  // transfers; all-reduce: the worker's gradient bytes
-  int instruction = 0;                                       // index in programs[worker]
-  std::string label;  // e.g. "F mb3 [2,5)", "send ACTIVATION u4 mb3 to 2",
-                      // "AllReduce [2,5) x2 replicas"
+  double bytes = 0;     // transfers; all-reduce, bucket: the gradient bytes
+  int instruction = 0;  // index in programs[worker]
+  std::string label;    // e.g. "F mb3 [2,5)", "send ACTIVATION u4 mb3 to 2",
+                        // "AllReduce [2,5) x2 replicas"
 };
 
 struct SimulationResult {
   double iteration_seconds = 0;
-  std::vector<double> busy_seconds;  // per worker
+  std::vector<double> busy_seconds;        // per worker
   std::vector<double> all_reduce_seconds;  // per worker; all 0 without data parallelism
   std::vector<double> idle_seconds;        // per worker, iteration_seconds - busy - all_reduce
-  double bubble_fraction = 0;        // 0 when iteration_seconds == 0
+  double bubble_fraction = 0;              // 0 when iteration_seconds == 0
   // Sorted by (worker, start, instruction); transfers are listed under their
   // sender.
   std::vector<TimelineEvent> events;

@@ -359,6 +359,92 @@ TEST(SimulatorTest, AllReduceByteFraction_ScalesThatWorkersBytes) {
   EXPECT_EQ(SimulateIteration(programs, costs).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Overlap: units 1 and 2 carry 1000 B of gradient each; embed and head
+// 100 B, all of it the tied wte (all-reduced at the step). Two
+// micro-batches: only the second's backward makes the gradients final.
+SimulationCosts OverlapCosts() {
+  SimulationCosts costs;
+  costs.units = {{0.5, 1, 0, 100}, {0.5, 2, 0, 1000}, {0.5, 2, 0, 1000}, {0.5, 1, 0, 100}};
+  costs.tied_grad_bytes = 100;
+  costs.worker_speeds = {1};
+  costs.data_parallel = 2;
+  costs.replica_link = {1000, 0};  // a 1000 B bucket: 1 s
+  costs.all_reduce_bucket_bytes = 1000;
+  return costs;
+}
+
+const std::vector<v1::Program>& OverlapPrograms() {
+  static const auto* const programs = new std::vector<v1::Program>{
+      Program({Compute("F", 0, 4, 0), Compute("F", 0, 4, 1), Compute("B", 0, 4, 0),
+               Compute("B", 0, 4, 1), Compute("Opt", 0, 4, -1)})};
+  return *programs;
+}
+
+// B mb1 runs 10-16: unit 2 finishes at 13 and unit 1 at 15, each filling a
+// bucket that the lane all-reduces while the backward goes on; at the step
+// only the tied wte is left (0.1 s).
+TEST(SimulatorTest, Overlap_BucketsAllReduceDuringTheLastBackward) {
+  const SimulationResult r = SimulateIteration(OverlapPrograms(), OverlapCosts()).value();
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{
+                                "F mb0 [0,4)@0-2", "F mb1 [0,4)@2-4", "B mb0 [0,4)@4-10",
+                                "B mb1 [0,4)@10-16", "AllReduce bucket [2,3) x2 replicas@13-14",
+                                "AllReduce bucket [1,2) x2 replicas@15-16",
+                                "AllReduce [0,4) x2 replicas@16-16.1", "Opt [0,4)@16.1-16.1"}));
+  EXPECT_EQ(r.events[4].kind, TimelineEventKind::kAllReduceBucket);
+  EXPECT_STREQ(TimelineEventKindName(r.events[4].kind), "all-reduce-bucket");
+  EXPECT_EQ(r.events[4].bytes, 1000);
+  EXPECT_EQ(r.events[6].bytes, 100);
+  EXPECT_DOUBLE_EQ(r.iteration_seconds, 16.1);
+  // Only the step's part is the worker's: the buckets ran beside compute.
+  EXPECT_DOUBLE_EQ(r.all_reduce_seconds[0], 0.1);
+  EXPECT_DOUBLE_EQ(r.busy_seconds[0], 16);
+}
+
+// A slower link: the second bucket queues behind the first (one collective
+// at a time), and the step waits for the lane before the tied wte.
+TEST(SimulatorTest, Overlap_BucketsQueueAndTheStepWaitsForThem) {
+  SimulationCosts costs = OverlapCosts();
+  costs.replica_link = {250, 0};  // a bucket: 4 s; the tied wte: 0.4 s
+  const SimulationResult r = SimulateIteration(OverlapPrograms(), costs).value();
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{
+                                "F mb0 [0,4)@0-2", "F mb1 [0,4)@2-4", "B mb0 [0,4)@4-10",
+                                "B mb1 [0,4)@10-16", "AllReduce bucket [2,3) x2 replicas@13-17",
+                                "wait for the AllReduce buckets of [0,4)@16-21",
+                                "AllReduce bucket [1,2) x2 replicas@17-21",
+                                "AllReduce [0,4) x2 replicas@21-21.4", "Opt [0,4)@21.4-21.4"}));
+  EXPECT_EQ(r.events[5].kind, TimelineEventKind::kAllReduceWait);
+  EXPECT_STREQ(TimelineEventKindName(r.events[5].kind), "all-reduce-wait");
+  EXPECT_DOUBLE_EQ(r.all_reduce_seconds[0], 5.4);
+  EXPECT_NEAR(r.idle_seconds[0], 0, 1e-12);  // the wait is all-reduce time, not bubble
+}
+
+// A bucket larger than the gradients fills only at the step; a GPU worker,
+// a compressed stage and a size of 0 all-reduce everything at the step: each
+// is the model without overlap, 2100 B (wte once) after the backward.
+TEST(SimulatorTest, Overlap_AtTheStepWhenNotOverlapping) {
+  SimulationCosts costs = OverlapCosts();
+  costs.all_reduce_bucket_bytes = 0;
+  const SimulationResult plain = SimulateIteration(OverlapPrograms(), costs).value();
+  EXPECT_EQ(Timeline(plain, 0).back(), "Opt [0,4)@18.1-18.1");
+  EXPECT_DOUBLE_EQ(plain.all_reduce_seconds[0], 2.1);
+  costs.all_reduce_bucket_bytes = 1e6;  // the last bucket is sent at the step, then the wte
+  SimulationResult r = SimulateIteration(OverlapPrograms(), costs).value();
+  EXPECT_DOUBLE_EQ(r.iteration_seconds, plain.iteration_seconds);
+  EXPECT_EQ(Timeline(r, 0)[4], "AllReduce bucket [1,3) x2 replicas@16-18");
+  costs.all_reduce_bucket_bytes = 1000;
+  costs.all_reduce_overlaps = {false};  // a GPU
+  r = SimulateIteration(OverlapPrograms(), costs).value();
+  EXPECT_EQ(Timeline(r, 0), Timeline(plain, 0));
+  costs.all_reduce_overlaps = {};
+  costs.all_reduce_byte_fraction = {0.5};  // compressed: 1050 B at the step
+  r = SimulateIteration(OverlapPrograms(), costs).value();
+  EXPECT_EQ(Timeline(r, 0).back(), "Opt [0,4)@17.05-17.05");
+  costs.all_reduce_byte_fraction = {};
+  costs.all_reduce_bucket_bytes = -1;
+  EXPECT_EQ(SimulateIteration(OverlapPrograms(), costs).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SimulatorTest, AllReduce_TwoStages_EachStageItsOwnGradientBytes) {
   auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 2, Schedule::kGPipe).value();
   SimulationCosts costs = UniformCosts(4, 1, 2, 100, 2);

@@ -21,16 +21,24 @@ std::string WorkerName(const std::vector<std::string>& names, int w) {
   return absl::StrCat("worker ", w);
 }
 
-// Worker time drawn as a box with a label: compute and the data-parallel
-// all-reduce (which occupies the worker like compute does).
-bool IsCompute(TimelineEventKind kind) {
-  return kind != TimelineEventKind::kSendTransfer && kind != TimelineEventKind::kRecvWait &&
-         kind != TimelineEventKind::kTensorParallelAllReduce;
+// A collective on a lane of its own beside the worker's compute: a
+// tensor-parallel all-reduce, or a bucket of the data-parallel one.
+bool OnCollectiveLane(TimelineEventKind kind) {
+  return kind == TimelineEventKind::kTensorParallelAllReduce ||
+         kind == TimelineEventKind::kAllReduceBucket;
 }
 
-// The Chrome trace thread of a worker's tensor-parallel all-reduces (its
-// sends use 1 + peer).
+// Worker time drawn as a box with a label: compute and the data-parallel
+// all-reduce at the step (which occupies the worker like compute does).
+bool IsCompute(TimelineEventKind kind) {
+  return kind != TimelineEventKind::kSendTransfer && kind != TimelineEventKind::kRecvWait &&
+         !OnCollectiveLane(kind);
+}
+
+// The Chrome trace threads of a worker's tensor-parallel all-reduces and
+// data-parallel buckets (its sends use 1 + peer).
 constexpr int kTensorParallelTid = 1 << 20;
+constexpr int kDataParallelBucketTid = kTensorParallelTid + 1;
 
 // The box label's prefix ("F3", "opt", "AR").
 const char* BoxLetter(TimelineEventKind kind) {
@@ -44,10 +52,12 @@ const char* BoxLetter(TimelineEventKind kind) {
     case TimelineEventKind::kOptimizer:
       return "opt";
     case TimelineEventKind::kAllReduce:
+    case TimelineEventKind::kAllReduceWait:
       return "AR";
     case TimelineEventKind::kSendTransfer:
     case TimelineEventKind::kRecvWait:
     case TimelineEventKind::kTensorParallelAllReduce:
+    case TimelineEventKind::kAllReduceBucket:
       break;
   }
   return "";
@@ -66,17 +76,19 @@ nlohmann::json TraceEvent(const TimelineEvent& e) {
       {"micro_batch", e.micro_batch},
   };
   const bool tensor_parallel = e.kind == TimelineEventKind::kTensorParallelAllReduce;
-  if (!IsCompute(e.kind) && !tensor_parallel) {
+  const bool bucket = e.kind == TimelineEventKind::kAllReduceBucket;
+  if (!IsCompute(e.kind) && !OnCollectiveLane(e.kind)) {
     args["tensor"] = EnumShortName(e.tensor_kind);
     args["peer"] = e.peer;
   }
-  if (transfer || e.kind == TimelineEventKind::kAllReduce) args["bytes"] = e.bytes;
+  if (transfer || bucket || e.kind == TimelineEventKind::kAllReduce) args["bytes"] = e.bytes;
   return {{"ph", "X"},
           {"name", e.label},
           {"cat", TimelineEventKindName(e.kind)},
           {"pid", e.worker},
           {"tid", transfer          ? 1 + e.peer
                   : tensor_parallel ? kTensorParallelTid
+                  : bucket          ? kDataParallelBucketTid
                                     : 0},
           {"ts", e.start_seconds * 1e6},
           {"dur", (e.end_seconds - e.start_seconds) * 1e6},
@@ -89,15 +101,20 @@ std::string ChromeTraceJson(const SimulationResult& result,
                             const std::vector<std::string>& worker_names) {
   nlohmann::json events = nlohmann::json::array();
   std::set<std::pair<int, int>> links;
-  std::set<int> tensor_parallel;  // workers with a tensor-parallel lane
+  std::set<int> tensor_parallel, buckets;  // workers with a collective lane
   for (const TimelineEvent& e : result.events) {
     events.push_back(TraceEvent(e));
     if (e.kind == TimelineEventKind::kSendTransfer) links.insert({e.worker, e.peer});
     if (e.kind == TimelineEventKind::kTensorParallelAllReduce) tensor_parallel.insert(e.worker);
+    if (e.kind == TimelineEventKind::kAllReduceBucket) buckets.insert(e.worker);
   }
   for (int w : tensor_parallel) {
     events.push_back(
         Metadata("thread_name", w, kTensorParallelTid, {{"name", "tensor-parallel all-reduce"}}));
+  }
+  for (int w : buckets) {
+    events.push_back(Metadata("thread_name", w, kDataParallelBucketTid,
+                              {{"name", "data-parallel all-reduce buckets"}}));
   }
   for (int w = 0; w < WorkerCount(result); ++w) {
     events.push_back(Metadata("process_name", w, 0, {{"name", WorkerName(worker_names, w)}}));
@@ -148,11 +165,14 @@ const char* FillOf(const TimelineEvent& e) {
     case TimelineEventKind::kOptimizer:
       return "#59a14f";
     case TimelineEventKind::kAllReduce:
+    case TimelineEventKind::kAllReduceWait:
       return "#e15759";
     case TimelineEventKind::kRecvWait:
       return "url(#wait-hatch)";
     case TimelineEventKind::kTensorParallelAllReduce:
       return "#76b7b2";
+    case TimelineEventKind::kAllReduceBucket:
+      return "#ff9d9a";
     case TimelineEventKind::kSendTransfer:
       break;
   }
@@ -295,6 +315,8 @@ class SvgTimeline {
       kinds.insert(e.kind);
       if (e.kind == TimelineEventKind::kSendTransfer) tensors.insert(e.tensor_kind);
     }
+    // The wait for the buckets is drawn as the all-reduce it waits for.
+    if (kinds.count(TimelineEventKind::kAllReduceWait)) kinds.insert(TimelineEventKind::kAllReduce);
     double x = 12;
     TimelineEvent probe;
     for (TimelineEventKind k :
@@ -312,6 +334,10 @@ class SvgTimeline {
     if (kinds.count(TimelineEventKind::kTensorParallelAllReduce)) {
       probe.kind = TimelineEventKind::kTensorParallelAllReduce;
       LegendItem(&x, FillOf(probe), kTensorParallelRow, "tensor-parallel all-reduce");
+    }
+    if (kinds.count(TimelineEventKind::kAllReduceBucket)) {
+      probe.kind = TimelineEventKind::kAllReduceBucket;
+      LegendItem(&x, FillOf(probe), kTensorParallelRow, "all-reduce bucket (overlapped)");
     }
     if (!options_.show_transfers) return;
     probe.kind = TimelineEventKind::kSendTransfer;
@@ -374,9 +400,8 @@ class SvgTimeline {
       y += kBoxHeight + kTransferGap + (e.peer < e.worker ? kTransferRow + 1 : 0);
       h = kTransferRow;
     }
-    const bool thin = e.kind == TimelineEventKind::kSendTransfer ||
-                      e.kind == TimelineEventKind::kTensorParallelAllReduce;
-    if (e.kind == TimelineEventKind::kTensorParallelAllReduce) {
+    const bool thin = e.kind == TimelineEventKind::kSendTransfer || OnCollectiveLane(e.kind);
+    if (OnCollectiveLane(e.kind)) {
       y += kTensorParallelTop;
       h = kTensorParallelRow;
     }

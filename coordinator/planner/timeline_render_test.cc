@@ -225,6 +225,42 @@ TEST(TimelineRenderTest, AllReduce_OnComputeThreadWithBytesAndLegend) {
   EXPECT_EQ(Count(TimelineSvg(TwoStageOneFOneB(), {}), ">all-reduce<"), 0);
 }
 
+// Overlapped buckets run beside compute: a thin row under the worker's
+// lane and a thread of their own in the trace, with a legend entry; the
+// step's wait for them is an "AR" box like the all-reduce it waits for.
+TEST(TimelineRenderTest, AllReduceBuckets_OnTheirOwnRowAndThread) {
+  auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 3, Schedule::kOneFOneB).value();
+  SimulationCosts costs;
+  costs.units.assign(4, UnitSimulationCost{1, 2, 100, 1000});
+  costs.worker_speeds = {1, 1};
+  costs.link.bandwidth_bytes_per_second = 100;
+  costs.data_parallel = 2;
+  costs.replica_link = {100, 0};  // a 1000 B bucket: 10 s, longer than what follows it
+  costs.all_reduce_bucket_bytes = 1000;
+  const SimulationResult result = SimulateIteration(programs, costs).value();
+  const auto trace = nlohmann::json::parse(ChromeTraceJson(result, {}));
+  int buckets = 0, waits = 0;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") != "X") continue;
+    if (e.at("cat") == "all-reduce-bucket") {
+      ++buckets;
+      EXPECT_NE(e.at("tid"), 0);
+      EXPECT_EQ(e.at("args").at("bytes"), 1000);
+    }
+    if (e.at("cat") == "all-reduce-wait") {
+      ++waits;
+      EXPECT_EQ(e.at("tid"), 0);
+    }
+  }
+  EXPECT_EQ(buckets, 4);  // two units per stage
+  EXPECT_EQ(waits, 2);
+  const std::string svg = TimelineSvg(result, {});
+  EXPECT_EQ(CheckBalancedXml(svg), "");
+  EXPECT_EQ(Count(svg, ">all-reduce bucket (overlapped)<"), 1);
+  EXPECT_EQ(Count(svg, ">all-reduce<"), 1);
+  EXPECT_EQ(Count(svg, ">AR<"), 2);
+}
+
 // Writes the documentation example (see the top of this file).
 TEST(TimelineRenderTest, Example_FourWorkerOneFOneB_WritesSvgAndTrace) {
   const SimulationResult result = FourWorkerExample();

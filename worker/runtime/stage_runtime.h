@@ -37,6 +37,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
+#include "common/data_parallel_buckets.h"
 #include "kernels/compress/codec.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/checkpoint/unit_checkpoint.h"
@@ -139,8 +140,9 @@ struct StageSetup {
   // all-reduced in buckets of about this many bytes, each launched (on a
   // background thread) as soon as the backward pass has finished every
   // unit in it, overlapping the rest of the backward; the last bucket at
-  // the optimizer step. Buckets amortise the per-collective latency.
-  int64_t data_parallel_bucket_bytes = int64_t{4} << 20;
+  // the optimizer step. Buckets amortise the per-collective latency. The
+  // planner's simulator predicts the default's (data_parallel_buckets.h).
+  int64_t data_parallel_bucket_bytes = kDataParallelBucketBytes;
   // The stages that hold backward units (ascending): with
   // train.grad_clip > 0 they exchange their parameters' squared gradient
   // sums before each optimizer step (worker/train/grad_clip.h). Empty:

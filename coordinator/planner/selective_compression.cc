@@ -5,6 +5,8 @@
 #include <set>
 #include <string>
 
+#include "common/status_macros.h"
+
 namespace pipetrain {
 
 namespace {
@@ -36,11 +38,11 @@ std::vector<double> PowerSgdByteFractions(const GptConfig& model,
   for (const Range& r : backward) {
     double raw = 0, sent = 0;
     for (const ParameterShape& p : StageParameters(model, r)) {
+      if (p.name == "wte.weight") continue;  // exact, not in the fraction
       const double numel = Elements(p);
       raw += numel;
-      const bool matrix = p.shape.size() == 2 && p.name != "wte.weight";
       const double factors =
-          matrix ? double(rank) * static_cast<double>(p.shape[0] + p.shape[1]) : numel;
+          p.shape.size() == 2 ? double(rank) * static_cast<double>(p.shape[0] + p.shape[1]) : numel;
       sent += std::min(numel, factors);
     }
     out.push_back(raw > 0 ? sent / raw : 1.0);
@@ -52,59 +54,55 @@ std::vector<double> QuantizerByteFractions(const GptConfig& model,
                                            const std::vector<Range>& backward, const Codec& codec) {
   std::vector<double> out;
   for (const Range& r : backward) {
-    int64_t tied = 0, other = 0;
+    int64_t values = 0;
     for (const ParameterShape& p : StageParameters(model, r)) {
-      (p.name == "wte.weight" ? tied : other) += static_cast<int64_t>(Elements(p));
+      if (p.name != "wte.weight") values += static_cast<int64_t>(Elements(p));
     }
-    const double raw = 4.0 * static_cast<double>(tied + other);
-    const double sent =
-        4.0 * static_cast<double>(tied) +
-        (other > 0 ? static_cast<double>(codec.EncodedBytes(Shape{other, 1})) : 0.0);
-    out.push_back(raw > 0 ? sent / raw : 1.0);
+    out.push_back(values > 0 ? static_cast<double>(codec.EncodedBytes(Shape{values, 1})) /
+                                   (4.0 * static_cast<double>(values))
+                             : 1.0);
   }
   return out;
 }
 
-std::vector<int> ChooseCompressedStages(const SimulationResult& simulation,
-                                        const std::vector<double>& fractions) {
-  // Each worker's end of the iteration; the all-reduce time it spends at
-  // the step (exposed: all of it, or with overlapped buckets the wait for
-  // them and what went at the step); and the length of all its
-  // all-reduces (buckets included, waits not). A compressed stage
-  // all-reduces everything at the step (compressed all-reduces do not
-  // overlap: simulator.h), taking `fraction` of the whole, so what follows
-  // on the worker (the optimizer step, weight syncs) moves earlier by
-  // exposed - fraction * whole: for an overlapped stage that may be
-  // nothing, or a loss.
-  std::map<int, double> end, all_reduce, whole;
-  for (const TimelineEvent& e : simulation.events) {
-    end[e.worker] = std::max(end[e.worker], e.end_seconds);
-    const double seconds = e.end_seconds - e.start_seconds;
-    if (e.kind == TimelineEventKind::kAllReduce || e.kind == TimelineEventKind::kAllReduceWait) {
-      all_reduce[e.worker] += seconds;
+absl::StatusOr<CompressedStages> ChooseCompressedStages(const CompressedStepSimulator& simulate,
+                                                        const std::vector<double>& fractions) {
+  CompressedStages out;
+  ASSIGN_OR_RETURN(out.simulation, simulate(out.stages));
+  while (true) {
+    std::map<int, double> end;
+    std::set<int> all_reducing;
+    for (const TimelineEvent& e : out.simulation.events) {
+      end[e.worker] = std::max(end[e.worker], e.end_seconds);
+      if (e.kind == TimelineEventKind::kAllReduce || e.kind == TimelineEventKind::kAllReduceWait ||
+          e.kind == TimelineEventKind::kAllReduceBucket) {
+        all_reducing.insert(e.worker);
+      }
     }
-    if (e.kind == TimelineEventKind::kAllReduce || e.kind == TimelineEventKind::kAllReduceBucket) {
-      whole[e.worker] += seconds;
-    }
-  }
-  std::vector<int> chosen;
-  while (!end.empty()) {
+    if (end.empty()) break;
     auto last = end.begin();
     for (auto it = end.begin(); it != end.end(); ++it) {
       if (it->second > last->second) last = it;
     }
     const int w = last->first;
-    if (all_reduce.count(w) == 0 || std::find(chosen.begin(), chosen.end(), w) != chosen.end()) {
+    const double fraction = w < static_cast<int>(fractions.size()) ? fractions[w] : 1.0;
+    if (all_reducing.count(w) == 0 || !(fraction < 1) ||
+        std::find(out.stages.begin(), out.stages.end(), w) != out.stages.end()) {
       break;  // the step ends with work compression cannot shorten
     }
-    const double fraction = w < static_cast<int>(fractions.size()) ? fractions[w] : 1.0;
-    const double saved = all_reduce[w] - fraction * whole[w];
-    if (!(saved > 0)) break;
-    last->second -= saved;
-    chosen.push_back(w);
+    std::vector<int> trial = out.stages;
+    trial.push_back(w);
+    std::sort(trial.begin(), trial.end());
+    ASSIGN_OR_RETURN(SimulationResult next, simulate(trial));
+    double next_end = 0;
+    for (const TimelineEvent& e : next.events) {
+      if (e.worker == w) next_end = std::max(next_end, e.end_seconds);
+    }
+    if (!(next_end < last->second)) break;  // its all-reduce was hidden already
+    out.stages = std::move(trial);
+    out.simulation = std::move(next);
   }
-  std::sort(chosen.begin(), chosen.end());
-  return chosen;
+  return out;
 }
 
 }  // namespace pipetrain

@@ -8,8 +8,10 @@
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_SELECTIVE_COMPRESSION_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_SELECTIVE_COMPRESSION_H_
 
+#include <functional>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/simulator.h"
 #include "kernels/compress/codec.h"
@@ -18,33 +20,46 @@
 namespace pipetrain {
 
 // Per stage (backward ranges of one replica): the share of its
-// data-parallel bytes that PowerSGD of `rank` sends, as the runtime
-// compresses (StageSetup::data_parallel_powersgd_rank): a 2-D gradient
-// [rows, cols] other than the tied wte goes as r (rows + cols) values when
-// that is fewer, everything else whole. 1 for a stage without gradients.
+// data-parallel gradient bytes other than the tied wte's (which always go
+// exact) that PowerSGD of `rank` sends, as the runtime compresses
+// (StageSetup::data_parallel_powersgd_rank): a 2-D gradient [rows, cols]
+// goes as r (rows + cols) values when that is fewer, everything else
+// whole (SimulationCosts::all_reduce_byte_fraction). 1 for a stage without
+// such gradients.
 std::vector<double> PowerSgdByteFractions(const GptConfig& model,
                                           const std::vector<Range>& backward, int rank);
 
 // The same for a quantizer carrying the all-reduce
 // (StageSetup::data_parallel_quantizer): every gradient but the tied wte
-// (exact) goes as one flat tensor through `codec`, so a stage sends
-// EncodedBytes([n, 1]) for its n other values. 1 for a stage without
-// gradients.
+// goes through `codec` in flat tensors (one per bucket), counted as one
+// of EncodedBytes([n, 1]) for the stage's n values (a bucket's header more
+// or less). 1 for a stage without such gradients.
 std::vector<double> QuantizerByteFractions(const GptConfig& model,
                                            const std::vector<Range>& backward, const Codec& codec);
 
-// The stages to compress, ascending: greedily, while the worker that ends
-// the iteration last has an uncompressed all-reduce, compress it: its
-// end moves earlier by its all-reduce's simulated time at the step less
-// `fraction` of all its all-reduces' length (a compressed all-reduce runs
-// whole at the step; an exact one may overlap the backward pass in
-// buckets, simulator.h, and then compressing it can gain little or lose);
-// what follows the all-reduce there, the optimizer step and weight syncs,
-// moves with it. Stops when the last worker has no all-reduce, is
-// compressed already, or would gain nothing; so the result reaches the
-// least step time any set of stages reaches under this model.
-std::vector<int> ChooseCompressedStages(const SimulationResult& simulation,
-                                        const std::vector<double>& fractions);
+// Simulates the step with `compressed` (ascending stage indices) sending
+// their data-parallel all-reduce through the codec, the others exact.
+using CompressedStepSimulator =
+    std::function<absl::StatusOr<SimulationResult>(const std::vector<int>& compressed)>;
+
+struct CompressedStages {
+  std::vector<int> stages;      // ascending
+  SimulationResult simulation;  // the step with them compressed
+};
+
+// The stages to compress: greedily, while the worker that ends the
+// simulated step last (ties: the lower index) has a data-parallel
+// all-reduce (at the step or in overlapped buckets), is not compressed yet
+// and has fraction[w] < 1 (missing: 1), simulate the step with it
+// compressed too and keep it if its own end moved earlier; otherwise stop.
+// A compressed all-reduce sends fewer bytes and overlaps as an exact one
+// does (simulator.h), so compressing a stage whose buckets already hide
+// behind the backward pass gains nothing and is not chosen. When each
+// worker's end depends only on its own stage's compression (the
+// simulator's all-reduce touches no other worker), the result reaches the
+// least step time of any set of stages. Errors: `simulate`'s.
+absl::StatusOr<CompressedStages> ChooseCompressedStages(const CompressedStepSimulator& simulate,
+                                                        const std::vector<double>& fractions);
 
 }  // namespace pipetrain
 

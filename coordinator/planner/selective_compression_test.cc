@@ -1,7 +1,9 @@
 #include "coordinator/planner/selective_compression.h"
 
+#include <algorithm>
 #include <random>
 
+#include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/codec_spec.h"
 
@@ -17,47 +19,105 @@ TimelineEvent Event(int worker, TimelineEventKind kind, double start, double end
   return e;
 }
 
+// A synthetic step: worker w computes until ends[w], then (lengths[w] >
+// 0) all-reduces for lengths[w], shrunk to fractions[w] of it when
+// compressed, then steps for `after` s. Counts its calls in *calls.
+struct SyntheticStage {
+  double compute_end = 0;
+  double all_reduce = 0;  // 0: none (no gradients)
+  double after = 0;
+};
+
+CompressedStepSimulator Synthetic(const std::vector<SyntheticStage>& stages,
+                                  const std::vector<double>& fractions, int* calls = nullptr) {
+  return [=](const std::vector<int>& compressed) -> absl::StatusOr<SimulationResult> {
+    if (calls != nullptr) ++*calls;
+    SimulationResult sim;
+    for (int w = 0; w < static_cast<int>(stages.size()); ++w) {
+      const SyntheticStage& s = stages[w];
+      const bool shrunk = std::find(compressed.begin(), compressed.end(), w) != compressed.end();
+      const double length = s.all_reduce * (shrunk ? fractions[w] : 1.0);
+      sim.events.push_back(Event(w, TimelineEventKind::kBackward, 0, s.compute_end));
+      if (s.all_reduce > 0) {
+        sim.events.push_back(
+            Event(w, TimelineEventKind::kAllReduce, s.compute_end, s.compute_end + length));
+      }
+      const double end = s.compute_end + (s.all_reduce > 0 ? length : 0);
+      sim.events.push_back(Event(w, TimelineEventKind::kOptimizer, end, end + s.after));
+      sim.iteration_seconds = std::max(sim.iteration_seconds, end + s.after);
+    }
+    return sim;
+  };
+}
+
+std::vector<int> Choose(const std::vector<SyntheticStage>& stages,
+                        const std::vector<double>& fractions) {
+  return ChooseCompressedStages(Synthetic(stages, fractions), fractions).value().stages;
+}
+
 // 1F1B-like: stage 0's backward ends last; its all-reduce and optimizer
 // step end the step.
 TEST(ChooseCompressedStages, TheLatestUntilComputationBounds) {
-  SimulationResult sim;
-  sim.events = {Event(0, TimelineEventKind::kBackward, 0, 10),
-                Event(1, TimelineEventKind::kBackward, 0, 8),
-                Event(2, TimelineEventKind::kBackward, 0, 6),
-                Event(0, TimelineEventKind::kAllReduce, 10, 14),
-                Event(1, TimelineEventKind::kAllReduce, 8, 12),
-                Event(2, TimelineEventKind::kAllReduce, 6, 10),
-                Event(0, TimelineEventKind::kOptimizer, 14, 15),
-                Event(1, TimelineEventKind::kOptimizer, 12, 13),
-                Event(2, TimelineEventKind::kOptimizer, 10, 11)};
+  std::vector<SyntheticStage> stages = {{10, 4, 1}, {8, 4, 1}, {6, 4, 1}};
   // A quarter: stage 0 ends at 12, stage 1's 13 is then last, compressed
   // to 10; stage 0's 12 ends the step, compressed already.
-  EXPECT_EQ(ChooseCompressedStages(sim, {0.25, 0.25, 0.25}), (std::vector<int>{0, 1}));
+  EXPECT_EQ(Choose(stages, {0.25, 0.25, 0.25}), (std::vector<int>{0, 1}));
+  const CompressedStages chosen =
+      ChooseCompressedStages(Synthetic(stages, {0.25, 0.25, 0.25}), {0.25, 0.25, 0.25}).value();
+  EXPECT_EQ(chosen.simulation.iteration_seconds, 12);  // the step with both compressed
   // Barely compressible: stage 0 at 14.6 stays last.
-  EXPECT_EQ(ChooseCompressedStages(sim, {0.9, 0.9, 0.9}), (std::vector<int>{0}));
+  EXPECT_EQ(Choose(stages, {0.9, 0.9, 0.9}), (std::vector<int>{0}));
   // A stage without gradients (forward passes only) busy until 20 bounds
-  // the step: nothing to gain.
-  sim.events.push_back(Event(3, TimelineEventKind::kForward, 15, 20));
-  EXPECT_TRUE(ChooseCompressedStages(sim, {0.25, 0.25, 0.25}).empty());
+  // the step: nothing to gain, and nothing simulated beyond the first step.
+  stages.push_back({20, 0, 0});
+  int calls = 0;
+  EXPECT_TRUE(ChooseCompressedStages(Synthetic(stages, {0.25, 0.25, 0.25, 1}, &calls),
+                                     {0.25, 0.25, 0.25, 1})
+                  .value()
+                  .stages.empty());
+  EXPECT_EQ(calls, 1);
   // Incompressible stages are not chosen.
-  sim.events.pop_back();
-  EXPECT_TRUE(ChooseCompressedStages(sim, {1.0, 0.25, 0.25}).empty());
+  stages.pop_back();
+  EXPECT_TRUE(Choose(stages, {1.0, 0.25, 0.25}).empty());
+  // The simulator's errors come back.
+  EXPECT_EQ(ChooseCompressedStages(
+                [](const std::vector<int>&) -> absl::StatusOr<SimulationResult> {
+                  return absl::InternalError("boom");
+                },
+                {0.5})
+                .status()
+                .message(),
+            "boom");
 }
 
-// An overlapped stage: its buckets (3.5 s on the lane) hide behind the
-// backward, and it spends 0.5 s at the step (0.2 s waiting for the lane,
-// 0.3 s on the tied wte). Compressed, it would all-reduce everything at the
-// step: a quarter of the 3.8 s is 0.95 s, more than the 0.5 s now, so it is
-// not chosen; a tenth (0.38 s) gains 0.12 s.
-TEST(ChooseCompressedStages, OverlappedStageOnlyWhenCompressingBeatsTheWait) {
-  SimulationResult sim;
-  sim.events = {Event(0, TimelineEventKind::kBackward, 0, 10),
-                Event(0, TimelineEventKind::kAllReduceBucket, 6, 9.5),
-                Event(0, TimelineEventKind::kAllReduceWait, 10, 10.2),
-                Event(0, TimelineEventKind::kAllReduce, 10.2, 10.5),
-                Event(0, TimelineEventKind::kOptimizer, 10.5, 11)};
-  EXPECT_TRUE(ChooseCompressedStages(sim, {0.25}).empty());
-  EXPECT_EQ(ChooseCompressedStages(sim, {0.1}), (std::vector<int>{0}));
+// With the real simulator: one stage whose 2000 B of block gradients go in
+// two overlapped buckets during the last backward. On a 1000 B/s link they
+// end before the step, which only all-reduces the tied wte: compressing
+// would buy nothing, so nothing is chosen. On a 250 B/s link the step
+// waits 5 s for them: compressed to a tenth, they hide, and the stage is
+// chosen.
+TEST(ChooseCompressedStages, OverlappedStageOnlyWhenItsAllReduceIsExposed) {
+  const std::vector<v1::Program> programs =
+      CompilePrograms({{0, 4}}, 4, 1, Schedule::kGPipe).value();
+  SimulationCosts costs;
+  costs.units = {{0.5, 1, 0, 100}, {0.5, 2, 0, 1000}, {0.5, 2, 0, 1000}, {0.5, 1, 0, 100}};
+  costs.tied_grad_bytes = 100;
+  costs.worker_speeds = {1};
+  costs.data_parallel = 2;
+  costs.all_reduce_bucket_bytes = 1000;
+  auto simulate = [&](const std::vector<int>& stages) {
+    SimulationCosts trial = costs;
+    trial.all_reduce_byte_fraction = {stages.empty() ? 1.0 : 0.1};
+    return SimulateIteration(programs, trial);
+  };
+  costs.replica_link = {1000, 0};
+  CompressedStages chosen = ChooseCompressedStages(simulate, {0.1}).value();
+  EXPECT_TRUE(chosen.stages.empty());
+  EXPECT_DOUBLE_EQ(chosen.simulation.iteration_seconds, 8 + 0.1);
+  costs.replica_link = {250, 0};
+  chosen = ChooseCompressedStages(simulate, {0.1}).value();
+  EXPECT_EQ(chosen.stages, (std::vector<int>{0}));
+  EXPECT_DOUBLE_EQ(chosen.simulation.iteration_seconds, 8 + 0.4);
 }
 
 // Against brute force on random timelines (a worker's end moves with its
@@ -67,33 +127,29 @@ TEST(ChooseCompressedStages, RandomTimelines_OptimalStepTime) {
   std::uniform_real_distribution<double> u(0, 10);
   for (int trial = 0; trial < 300; ++trial) {
     const int n = 1 + trial % 5;
-    SimulationResult sim;
-    std::vector<double> fractions, ends, lengths;
+    std::vector<SyntheticStage> stages;
+    std::vector<double> fractions;
     for (int w = 0; w < n; ++w) {
       const double start = u(random), length = u(random), after = u(random) / 5;
       const bool has_all_reduce = random() % 4 != 0;
-      sim.events.push_back(Event(w, TimelineEventKind::kBackward, 0, start));
-      if (has_all_reduce) {
-        sim.events.push_back(Event(w, TimelineEventKind::kAllReduce, start, start + length));
-      }
-      const double opt_start = start + (has_all_reduce ? length : 0);
-      sim.events.push_back(Event(w, TimelineEventKind::kOptimizer, opt_start, opt_start + after));
-      ends.push_back(opt_start + after);
-      lengths.push_back(has_all_reduce ? length : 0);
+      stages.push_back({start, has_all_reduce ? length : 0, after});
       fractions.push_back(std::uniform_real_distribution<double>(0.05, 1.0)(random));
     }
+    const CompressedStepSimulator simulate = Synthetic(stages, fractions);
     auto step_of = [&](unsigned mask) {
-      double step = 0;
+      std::vector<int> compressed;
       for (int w = 0; w < n; ++w) {
-        step = std::max(step, ends[w] - ((mask >> w & 1) ? (1 - fractions[w]) * lengths[w] : 0));
+        if (mask >> w & 1) compressed.push_back(w);
       }
-      return step;
+      return simulate(compressed).value().iteration_seconds;
     };
     double best = step_of(0);
     for (unsigned mask = 0; mask < (1u << n); ++mask) best = std::min(best, step_of(mask));
-    unsigned chosen = 0;
-    for (int w : ChooseCompressedStages(sim, fractions)) chosen |= 1u << w;
-    EXPECT_DOUBLE_EQ(step_of(chosen), best) << "trial " << trial;
+    const CompressedStages chosen = ChooseCompressedStages(simulate, fractions).value();
+    unsigned mask = 0;
+    for (int w : chosen.stages) mask |= 1u << w;
+    EXPECT_DOUBLE_EQ(step_of(mask), best) << "trial " << trial;
+    EXPECT_EQ(chosen.simulation.iteration_seconds, step_of(mask)) << "trial " << trial;
   }
 }
 
@@ -109,27 +165,28 @@ GptConfig SmallGpt() {
   return model;
 }
 
-// GPT-2-like shapes: rank 4 sends a few percent of a block's matrices; the
-// embedding stage keeps wte whole.
+// GPT-2-like shapes: rank 4 sends a few percent of a block's matrices;
+// the tied wte is outside the fraction (it goes whole), so the embedding
+// stage's is wpe's alone.
 TEST(PowerSgdByteFractions, MatricesShrinkVectorsAndWteDoNot) {
   const GptConfig model = SmallGpt();
   const std::vector<double> f = PowerSgdByteFractions(model, {{0, 1}, {1, 3}, {3, 6}}, 4);
   ASSERT_EQ(f.size(), 3u);
-  EXPECT_GT(f[0], 0.75);  // wte (256 x 256) whole, wpe compressed
-  EXPECT_LT(f[1], 0.05);  // attention + MLP matrices at rank 4
+  EXPECT_EQ(f[0], 4.0 * (64 + 256) / (64 * 256));  // wpe (64 x 256) at rank 4
+  EXPECT_LT(f[1], 0.05);                           // attention + MLP matrices at rank 4
   EXPECT_GT(f[1], 0.0);
   EXPECT_EQ(PowerSgdByteFractions(model, {{2, 2}}, 4)[0], 1.0);  // no gradients
 }
 
-// bf16 halves every value but the tied wte's, which goes exact: a stage
-// without the embedding sends exactly half, embed's stage (wte 256 x 256
-// exact, wpe 64 x 256 halved) (65536 + 8192) / 81920 of its bytes.
+// bf16 halves every value but the tied wte's, which goes exact and is
+// outside the fraction: every stage sends half of the rest (embed's: wpe,
+// 64 x 256), a payload header more.
 TEST(QuantizerByteFractions, HalvedButTheTiedEmbedding) {
   const GptConfig model = SmallGpt();
   const std::unique_ptr<Codec> bf16 = MakeCodec("bf16").value();
   const std::vector<double> f = QuantizerByteFractions(model, {{0, 1}, {1, 3}, {2, 2}}, *bf16);
   ASSERT_EQ(f.size(), 3u);
-  EXPECT_NEAR(f[0], (65536.0 + 8192.0) / 81920.0, 1e-3);
+  EXPECT_NEAR(f[0], 0.5, 1e-3);
   EXPECT_NEAR(f[1], 0.5, 1e-3);
   EXPECT_EQ(f[2], 1.0);  // no gradients
 }

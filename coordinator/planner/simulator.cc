@@ -273,11 +273,16 @@ class Simulator {
   // (header: the model).
   bool Overlaps(int w) const {
     if (costs_.data_parallel <= 1 || costs_.all_reduce_bucket_bytes <= 0) return false;
-    if (w < static_cast<int>(costs_.all_reduce_overlaps.size()) && !costs_.all_reduce_overlaps[w]) {
-      return false;
-    }
-    return w >= static_cast<int>(costs_.all_reduce_byte_fraction.size()) ||
-           costs_.all_reduce_byte_fraction[w] == 1;
+    return w >= static_cast<int>(costs_.all_reduce_overlaps.size()) ||
+           costs_.all_reduce_overlaps[w];
+  }
+
+  // The share of w's gradient bytes but the tied wte's that its
+  // all-reduce sends (header: all_reduce_byte_fraction).
+  double ByteFraction(int w) const {
+    return w < static_cast<int>(costs_.all_reduce_byte_fraction.size())
+               ? costs_.all_reduce_byte_fraction[w]
+               : 1.0;
   }
 
   // The bytes unit u adds to a bucket: its gradients but the tied wte,
@@ -313,12 +318,12 @@ class Simulator {
   void LaunchBucket(int w, double t) {
     Lane& lane = lanes_[w];
     if (lane.pending_end < 0) return;
-    const double seconds =
-        AllReduceSeconds(costs_.data_parallel, lane.pending_bytes, costs_.replica_link);
+    const double bytes = lane.pending_bytes * ByteFraction(w);
+    const double seconds = AllReduceSeconds(costs_.data_parallel, bytes, costs_.replica_link);
     const double start = std::max(t, lane.free);
     TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduceBucket, start, start + seconds);
     e.units = Range{lane.pending_begin, lane.pending_end};
-    e.bytes = lane.pending_bytes;
+    e.bytes = bytes;
     e.label = absl::StrCat("AllReduce bucket [", lane.pending_begin, ",", lane.pending_end, ") x",
                            costs_.data_parallel, " replicas");
     lane.free = start + seconds;
@@ -332,11 +337,16 @@ class Simulator {
   // without units.
   void AllReduce(int w, const v1::UnitRange& r) {
     if (costs_.data_parallel <= 1 || r.begin() >= r.end()) return;
-    double bytes = AllReduceBytes(Range{r.begin(), r.end()}, costs_);
+    // The tied wte's bytes here (exact), and the others'.
+    const double all = AllReduceBytes(Range{r.begin(), r.end()}, costs_);
+    double others = 0;
+    for (int u = r.begin(); u < r.end(); ++u) others += BucketBytes(u);
+    others = std::min(others, all);
+    const double tied = all - others;
     if (Overlaps(w)) {
       Lane& lane = lanes_[w];
       LaunchBucket(w, clock_[w]);
-      bytes = std::max(0.0, bytes - lane.bucketed_bytes);
+      others = std::max(0.0, others - lane.bucketed_bytes);
       if (lane.free > clock_[w]) {
         TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduceWait, clock_[w], lane.free);
         e.units = Range{r.begin(), r.end()};
@@ -344,11 +354,9 @@ class Simulator {
         all_reduce_[w] += lane.free - clock_[w];
         clock_[w] = lane.free;
       }
-      if (bytes <= 0) return;
+      if (tied + others <= 0) return;
     }
-    if (w < static_cast<int>(costs_.all_reduce_byte_fraction.size())) {
-      bytes *= costs_.all_reduce_byte_fraction[w];
-    }
+    const double bytes = tied + others * ByteFraction(w);
     const double seconds = AllReduceSeconds(costs_.data_parallel, bytes, costs_.replica_link);
     TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduce, clock_[w], clock_[w] + seconds);
     e.units = Range{r.begin(), r.end()};

@@ -16,9 +16,11 @@
 //    replica's speed). With D > 1 an OptimizerStep(units) with non-empty
 //    units first all-reduces the stage's gradients with the D-1 other
 //    replicas' copies of the stage (a ring: reduce-scatter + all-gather over
-//    costs.replica_link), then steps. The all-reduce takes
-//      AllReduceSeconds(D, AllReduceBytes(units) * all_reduce_byte_fraction[w],
-//                       replica_link)
+//    costs.replica_link), then steps. Of AllReduceBytes(units), the tied
+//    wte's (tied_grad_bytes if the units hold the first or the last unit of
+//    the model) go whole and the rest times all_reduce_byte_fraction[w]
+//    (selective compression); the all-reduce of those b bytes takes
+//      AllReduceSeconds(D, b, replica_link)
 //        = 2(D-1) * latency + 2(D-1)/D * bytes / bandwidth
 //    (bandwidth <= 0: the bytes term is 0), the latency-bandwidth model
 //    T = alpha*c1 + beta*c2*m of acctfm.txt eq. 3 with the ring's c1 = 2(D-1)
@@ -28,15 +30,15 @@
 //    changes. The all-reduce occupies the worker (it is not overlapped with
 //    compute) unless it overlaps as below.
 //  - Overlap (StageRuntime::OverlapAllReduce), when D > 1,
-//    all_reduce_bucket_bytes > 0, all_reduce_overlaps[w] (missing: true)
-//    and all_reduce_byte_fraction[w] is 1 (compressed all-reduces run at
-//    the step, as the runtime's do): inside a Backward(units) instruction
+//    all_reduce_bucket_bytes > 0 and all_reduce_overlaps[w] (missing:
+//    true), exact or compressed alike: inside a Backward(units) instruction
 //    the units finish one after another from the last, each after its
 //    bwd_seconds / speed[w]; when a unit's last Backward on w finishes, its
 //    gradient (weight_bytes less the tied wte, tied_grad_bytes, for the
 //    first and the last unit of the model) joins w's bucket, and once the
 //    bucket holds >= all_reduce_bucket_bytes it is all-reduced on w's
-//    all-reduce lane: AllReduceSeconds(D, bucket bytes, replica_link),
+//    all-reduce lane: AllReduceSeconds(D, bucket bytes x
+//    all_reduce_byte_fraction[w], replica_link),
 //    starting when the lane is free (one collective at a time, in order),
 //    while w goes on computing (a kAllReduceBucket event, not worker time).
 //    OptimizerStep(units) then sends the last, partly filled bucket, waits
@@ -119,10 +121,11 @@ struct SimulationCosts {
   // is not modelled.
   std::map<std::string, double> codec_wire_fraction;
   // Selective stage compression (selective_compression.h): per program,
-  // the share of its data-parallel all-reduce's bytes that go on the wire
-  // (PowerSgdByteFractions for a compressed stage); missing entries: 1.
+  // the share of its data-parallel gradient bytes other than the tied
+  // wte's that go on the wire (PowerSgdByteFractions or
+  // QuantizerByteFractions for a compressed stage); missing entries: 1.
   // Only the bytes shrink: PowerSGD's second all-reduce round and its
-  // orthogonalisation are not modelled.
+  // orthogonalisation, and a codec's encoding time, are not modelled.
   std::vector<double> all_reduce_byte_fraction;
   // Overlap (the model above): the bucket size (>= 0; 0: no overlap, every
   // all-reduce at the step), and per program whether its worker overlaps

@@ -418,9 +418,10 @@ TEST(SimulatorTest, Overlap_BucketsQueueAndTheStepWaitsForThem) {
   EXPECT_NEAR(r.idle_seconds[0], 0, 1e-12);  // the wait is all-reduce time, not bubble
 }
 
-// A bucket larger than the gradients fills only at the step; a GPU worker,
-// a compressed stage and a size of 0 all-reduce everything at the step: each
-// is the model without overlap, 2100 B (wte once) after the backward.
+// A bucket larger than the gradients fills only at the step; a GPU worker
+// and a size of 0 all-reduce everything at the step: each is the model
+// without overlap, 2100 B (wte once) after the backward. A compressed stage
+// overlaps as an exact one, its buckets shrunk (the tied wte exact).
 TEST(SimulatorTest, Overlap_AtTheStepWhenNotOverlapping) {
   SimulationCosts costs = OverlapCosts();
   costs.all_reduce_bucket_bytes = 0;
@@ -435,10 +436,17 @@ TEST(SimulatorTest, Overlap_AtTheStepWhenNotOverlapping) {
   costs.all_reduce_overlaps = {false};  // a GPU
   r = SimulateIteration(OverlapPrograms(), costs).value();
   EXPECT_EQ(Timeline(r, 0), Timeline(plain, 0));
-  costs.all_reduce_overlaps = {};
-  costs.all_reduce_byte_fraction = {0.5};  // compressed: 1050 B at the step
+  costs.all_reduce_byte_fraction = {0.5};  // at the step: 100 B of wte + 1000 B of the rest
   r = SimulateIteration(OverlapPrograms(), costs).value();
-  EXPECT_EQ(Timeline(r, 0).back(), "Opt [0,4)@17.05-17.05");
+  EXPECT_EQ(Timeline(r, 0).back(), "Opt [0,4)@17.1-17.1");
+  costs.all_reduce_overlaps = {};  // two 500 B buckets, 0.5 s each, then the wte
+  r = SimulateIteration(OverlapPrograms(), costs).value();
+  EXPECT_EQ(Timeline(r, 0), (std::vector<std::string>{
+                                "F mb0 [0,4)@0-2", "F mb1 [0,4)@2-4", "B mb0 [0,4)@4-10",
+                                "B mb1 [0,4)@10-16", "AllReduce bucket [2,3) x2 replicas@13-13.5",
+                                "AllReduce bucket [1,2) x2 replicas@15-15.5",
+                                "AllReduce [0,4) x2 replicas@16-16.1", "Opt [0,4)@16.1-16.1"}));
+  EXPECT_EQ(r.events[4].bytes, 500);
   costs.all_reduce_byte_fraction = {};
   costs.all_reduce_bucket_bytes = -1;
   EXPECT_EQ(SimulateIteration(OverlapPrograms(), costs).status().code(),

@@ -213,6 +213,44 @@ TEST(DataParallelEquivalenceTest, SmallBuckets_AllReduceOverlapsTheBackwardPass)
   }
 }
 
+// Compressed all-reduces overlap the backward pass too: in one-unit
+// buckets, a quantizer (each bucket its own flat tensor and residual) and
+// PowerSGD (each matrix its own pair of collectives inside its unit's
+// bucket) train alike with the replicas bitwise equal (RunPipeline), and
+// they run one bucket per unit as the exact all-reduce does. PowerSGD
+// all-reduces each matrix of stage 0 on its own (wpe, c_attn, c_proj and
+// the MLP's two) and the rest of each bucket as one: two collectives more
+// for each of the two block units, none for embed, whose bucket is wpe
+// alone.
+TEST(DataParallelEquivalenceTest, SmallBuckets_CompressedAllReducesOverlapToo) {
+  TrainConfig c = DataParallelConfig();
+  c.model.d_model = 64;  // matrices where rank 2 pays
+  const Dataset data = MakeDataset();
+  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
+  testing::PipelineExtras exact_extras;
+  exact_extras.replicas = 2;
+  exact_extras.dp_bucket_bytes = 1;
+  const RunOutput exact =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, exact_extras);
+  // One bucket per unit and the tied wte on each of its owners.
+  EXPECT_EQ(exact.collectives.at("data_parallel"), (6 + 2) * 2 * testing::kIterations);
+  testing::PipelineExtras quantized = exact_extras;
+  quantized.dp_quantizer = "bf16";
+  quantized.dp_compressed_stages = {0, 1};
+  const RunOutput bf16 =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, quantized);
+  ExpectCompressedTrainsAlike(bf16, exact, 0.02, 0.7);
+  EXPECT_EQ(bf16.collectives.at("data_parallel"), exact.collectives.at("data_parallel"));
+  testing::PipelineExtras powersgd = exact_extras;
+  powersgd.dp_powersgd_rank = 2;
+  powersgd.dp_compressed_stages = {0};
+  const RunOutput low_rank =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, powersgd);
+  ExpectCompressedTrainsAlike(low_rank, exact, 0.05, 1.0);
+  EXPECT_EQ(low_rank.collectives.at("data_parallel") - exact.collectives.at("data_parallel"),
+            4 * 2 * testing::kIterations);
+}
+
 // The replicas' shares differ (a replica that trained alone on its share
 // would not match): one replica's run is not the global batch's run.
 TEST(DataParallelEquivalenceTest, OneReplicaAloneDoesNotMatch) {

@@ -42,7 +42,8 @@ constexpr int kCubeTagBase = 1 << 24;
 // The tensor ranks' sum of their partition tunings (PartitionTuner), once.
 constexpr int kTensorParallelTuneTag = kTensorParallelTagBase + (1 << 22) + (1 << 20);
 constexpr int kCubeEvalTagOffset = 1 << 22;
-// Tags of the overlapped all-reduces, one per unit.
+// Tags of the overlapped all-reduces (GroupTags of each bucket, in order;
+// the step's group takes them from kDataParallelTagBase + 2 below this).
 constexpr int kOverlapTagBase = (1 << 21) + (1 << 19);
 // Tags of the loss stages' all-gather of the step's micro-batch losses and
 // of the fused embedding synchronization.
@@ -634,10 +635,11 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   tied_received_ = Tensor();
   tied_reduced_ = false;
   overlapped_units_.clear();
-  overlapped_stats_.clear();
+  group_stats_.clear();
   bucket_.clear();
   bucket_numel_ = 0;
   buckets_queued_ = 0;
+  overlap_tags_used_ = 0;
   if (tp_comm_) tp_comm_->BeginIteration(iteration, /*eval=*/false);
   if (cube_comm_) cube_comm_->SetIteration(iteration, kCubeTagBase);
   if (tuner_) {
@@ -1195,9 +1197,7 @@ absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResul
 }
 
 bool StageRuntime::OverlapsAllReduce() const {
-  if (setup_.replicas < 2 || setup_.data_parallel_powersgd_rank > 0 || dp_quantizer_ != nullptr) {
-    return false;  // compressed: the whole stage at the optimizer step
-  }
+  if (setup_.replicas < 2) return false;
   for (const auto& [index, unit] : units_) {
     for (const Parameter* p : unit->parameters()) {
       if (p->grad.on_device()) return false;  // downloads belong to the interpreter's thread
@@ -1223,52 +1223,117 @@ absl::Status StageRuntime::OverlapAllReduce(int unit) {
 absl::Status StageRuntime::FlushBucket() {
   if (bucket_numel_ == 0) return absl::OkStatus();
   std::vector<Parameter*> params = std::move(bucket_);
-  const int64_t numel = bucket_numel_;
   bucket_.clear();
   bucket_numel_ = 0;
-  overlapped_stats_.push_back(std::make_unique<IterationResult::CollectiveStats>());
-  IterationResult::CollectiveStats* stats = overlapped_stats_.back().get();
+  group_stats_.push_back(std::make_unique<IterationResult::CollectiveStats>());
+  IterationResult::CollectiveStats* stats = group_stats_.back().get();
   std::vector<int> copies;
   for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
   const int64_t iteration = iteration_;
-  const int tag = kOverlapTagBase + buckets_queued_++;
+  // Every replica fills the same buckets in the same order (same program),
+  // so the tags and the residual's slot agree across them.
+  const int tag = kOverlapTagBase + overlap_tags_used_;
+  overlap_tags_used_ += GroupTags(params);
+  const int bucket = buckets_queued_++;
   return all_reduces_.Enqueue(
-      [this, params, numel, stats, copies, iteration, tag]() -> absl::Status {
+      [this, params, stats, copies, iteration, tag, bucket]() -> absl::Status {
         Collectives collectives(
             transport_, CollectiveGroup{copies, setup_.job_id},
             CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
         RETURN_IF_ERROR(collectives.status());
-        Tensor flat = Tensor::Zeros({numel});
-        int64_t offset = 0;
-        for (const Parameter* p : params) {
-          std::memcpy(flat.data() + offset, p->grad.data(), p->grad.size_bytes());
-          offset += p->grad.numel();
-        }
-        const auto start = Clock::now();
-        RETURN_IF_ERROR(collectives.AllReduce(iteration, tag, flat));
-        stats->count = 1;
-        stats->bytes = stats->wire_bytes = flat.size_bytes();
-        stats->seconds = std::chrono::duration<double>(Clock::now() - start).count();
-        offset = 0;
-        for (Parameter* p : params) {
-          std::memcpy(p->grad.data(), flat.data() + offset, p->grad.size_bytes());
-          offset += p->grad.numel();
-        }
-        return absl::OkStatus();
+        // The residuals are this thread's alone: the interpreter never
+        // touches them.
+        return AllReduceGroup(collectives, iteration, tag, params, &dp_bucket_residuals_[bucket],
+                              stats);
       });
+}
+
+bool StageRuntime::PowerSgdPays(const Parameter& p) const {
+  // PowerSGD pays where r (rows + cols) < rows * cols (Vogels et al.
+  // leave vectors uncompressed too).
+  const int rank = setup_.data_parallel_powersgd_rank;
+  const Shape& shape = p.grad.shape();
+  return rank > 0 && shape.size() == 2 && int64_t{rank} * (shape[0] + shape[1]) < p.grad.numel();
+}
+
+int StageRuntime::GroupTags(const std::vector<Parameter*>& params) const {
+  int tags = 1;  // the flat tensor's
+  for (const Parameter* p : params) tags += PowerSgdPays(*p) ? 2 : 0;
+  return tags;
+}
+
+absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
+                                          const std::vector<Parameter*>& params, Tensor* residual,
+                                          IterationResult::CollectiveStats* stats) {
+  auto host = [this](const Tensor& t) { return t.on_device() ? setup_.backend->Download(t) : t; };
+  auto count = [stats](int64_t bytes, int64_t wire_bytes, Clock::time_point start) {
+    ++stats->count;
+    stats->bytes += bytes;
+    stats->wire_bytes += wire_bytes;
+    stats->seconds += SecondsSince(start);
+  };
+  const int rank = setup_.data_parallel_powersgd_rank;
+  std::vector<Parameter*> flat_params;
+  int64_t numel = 0;
+  for (Parameter* p : params) {
+    if (!PowerSgdPays(*p)) {
+      flat_params.push_back(p);
+      numel += p->grad.numel();
+      continue;
+    }
+    Tensor g = host(p->grad).Clone();
+    const int64_t rows = p->grad.shape()[0], cols = p->grad.shape()[1];
+    const auto start = Clock::now();
+    RETURN_IF_ERROR(PowerSgdAllReduce(collectives, iteration, tag, rank, rows, cols,
+                                      /*error_feedback=*/true, g, &powersgd_[p->name]));
+    tag += 2;
+    // What crossed: P [rows, r] and Q [cols, r], all-reduced.
+    count(g.size_bytes(), int64_t{rank} * (rows + cols) * 4, start);
+    if (p->grad.on_device()) {
+      setup_.backend->CopyFromHost(g, &p->grad);
+    } else {
+      std::memcpy(p->grad.data(), g.data(), g.size_bytes());
+    }
+  }
+  if (numel == 0) return absl::OkStatus();
+  Tensor flat = Tensor::Zeros({numel});
+  int64_t offset = 0;
+  for (const Parameter* p : flat_params) {
+    const Tensor g = host(p->grad);
+    std::memcpy(flat.data() + offset, g.data(), g.size_bytes());
+    offset += g.numel();
+  }
+  const auto start = Clock::now();
+  if (dp_quantizer_ != nullptr) {
+    // Error feedback: what the codec dropped of last step's contribution
+    // goes with this one (every replica's residual is its own).
+    if (residual->numel() != numel) *residual = Tensor::Zeros({numel});
+    for (int64_t i = 0; i < numel; ++i) flat.data()[i] += residual->data()[i];
+    Collectives::EncodedStats encoded;
+    RETURN_IF_ERROR(collectives.AllReduceEncoded(iteration, tag, *dp_quantizer_, numel, flat,
+                                                 &encoded, residual));
+    count(flat.size_bytes(), encoded.sent_bytes, start);
+  } else {
+    RETURN_IF_ERROR(collectives.AllReduce(iteration, tag, flat));
+    count(flat.size_bytes(), flat.size_bytes(), start);
+  }
+  offset = 0;
+  for (Parameter* p : flat_params) {
+    const int64_t n = p->grad.numel();
+    if (p->grad.on_device()) {
+      setup_.backend->CopyFromHost(flat.Slice(offset, offset + n).Reshape(p->grad.shape()),
+                                   &p->grad);
+    } else {
+      std::memcpy(p->grad.data(), flat.data() + offset, static_cast<size_t>(n) * sizeof(float));
+    }
+    offset += n;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult* result) {
   RETURN_IF_ERROR(FlushBucket());  // the last, partly filled bucket
   RETURN_IF_ERROR(all_reduces_.Drain());
-  for (const auto& stats : overlapped_stats_) {
-    if (result == nullptr || stats->count == 0) continue;
-    IterationResult::CollectiveStats& total = result->collectives["data_parallel"];
-    total.count += stats->count;
-    total.bytes += stats->bytes;
-    total.wire_bytes += stats->wire_bytes;
-    total.seconds += stats->seconds;
-  }
   if (transport_ == nullptr) return Internal("data parallelism needs a transport");
   std::vector<int> copies;  // the replicas' copies of this stage, in replica order
   for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
@@ -1277,77 +1342,26 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
       CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
   RETURN_IF_ERROR(collectives.status());
   Parameter* tied = TiedHolder();
-  const int rank = setup_.data_parallel_powersgd_rank;
-  std::vector<Parameter*> bucket, compressed;
-  int64_t numel = 0;
   std::set<const Parameter*> overlapped;
   for (int u : overlapped_units_) {
     for (const Parameter* p : units_.at(u)->parameters()) overlapped.insert(p);
   }
+  std::vector<Parameter*> rest;  // what no bucket carried
   for (Parameter* p : parameters()) {
-    if (p == tied || overlapped.count(p) > 0) continue;
-    const Shape& shape = p->grad.shape();
-    // PowerSGD pays where r (rows + cols) < rows * cols (Vogels et al.
-    // leave vectors uncompressed too).
-    if (rank > 0 && shape.size() == 2 && int64_t{rank} * (shape[0] + shape[1]) < p->grad.numel()) {
-      compressed.push_back(p);
-      continue;
-    }
-    bucket.push_back(p);
-    numel += p->grad.numel();
+    if (p != tied && overlapped.count(p) == 0) rest.push_back(p);
+  }
+  group_stats_.push_back(std::make_unique<IterationResult::CollectiveStats>());
+  RETURN_IF_ERROR(AllReduceGroup(collectives, iteration, kDataParallelTagBase + 2, rest,
+                                 &dp_residual_, group_stats_.back().get()));
+  for (const auto& stats : group_stats_) {
+    if (result == nullptr || stats->count == 0) continue;
+    IterationResult::CollectiveStats& total = result->collectives["data_parallel"];
+    total.count += stats->count;
+    total.bytes += stats->bytes;
+    total.wire_bytes += stats->wire_bytes;
+    total.seconds += stats->seconds;
   }
   auto host = [this](const Tensor& t) { return t.on_device() ? setup_.backend->Download(t) : t; };
-  int tag = kDataParallelTagBase + 2;  // two tags per compressed gradient
-  for (Parameter* p : compressed) {
-    Tensor g = host(p->grad).Clone();
-    const int64_t rows = p->grad.shape()[0], cols = p->grad.shape()[1];
-    const auto start = Clock::now();
-    RETURN_IF_ERROR(PowerSgdAllReduce(collectives, iteration, tag, rank, rows, cols,
-                                      /*error_feedback=*/true, g, &powersgd_[p->name]));
-    tag += 2;
-    // What crossed: P [rows, r] and Q [cols, r], all-reduced.
-    CountCollective(result, "data_parallel", g.size_bytes(), start,
-                    int64_t{rank} * (rows + cols) * 4);
-    if (p->grad.on_device()) {
-      setup_.backend->CopyFromHost(g, &p->grad);
-    } else {
-      std::memcpy(p->grad.data(), g.data(), g.size_bytes());
-    }
-  }
-  if (numel > 0) {
-    Tensor flat = Tensor::Zeros({numel});
-    int64_t offset = 0;
-    for (Parameter* p : bucket) {
-      const Tensor g = host(p->grad);
-      std::memcpy(flat.data() + offset, g.data(), g.size_bytes());
-      offset += g.numel();
-    }
-    const auto start = Clock::now();
-    if (dp_quantizer_ != nullptr) {
-      // Error feedback: what the codec dropped of last step's contribution
-      // goes with this one (every replica's residual is its own).
-      if (dp_residual_.numel() != numel) dp_residual_ = Tensor::Zeros({numel});
-      for (int64_t i = 0; i < numel; ++i) flat.data()[i] += dp_residual_.data()[i];
-      Collectives::EncodedStats stats;
-      RETURN_IF_ERROR(collectives.AllReduceEncoded(iteration, kDataParallelTagBase, *dp_quantizer_,
-                                                   numel, flat, &stats, &dp_residual_));
-      CountCollective(result, "data_parallel", flat.size_bytes(), start, stats.sent_bytes);
-    } else {
-      RETURN_IF_ERROR(collectives.AllReduce(iteration, kDataParallelTagBase, flat));
-      CountCollective(result, "data_parallel", flat.size_bytes(), start);
-    }
-    offset = 0;
-    for (Parameter* p : bucket) {
-      const int64_t n = p->grad.numel();
-      if (p->grad.on_device()) {
-        setup_.backend->CopyFromHost(flat.Slice(offset, offset + n).Reshape(p->grad.shape()),
-                                     &p->grad);
-      } else {
-        std::memcpy(p->grad.data(), flat.data() + offset, static_cast<size_t>(n) * sizeof(float));
-      }
-      offset += n;
-    }
-  }
   if (tied != nullptr && !tied_reduced_) {
     Tensor g = host(tied->grad);
     const auto start = Clock::now();

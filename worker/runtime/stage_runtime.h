@@ -130,13 +130,12 @@ struct StageSetup {
   int data_parallel_powersgd_rank = 0;
   // Or a quantizer for it (MakeQuantizer's specs: fp16, bf16,
   // linear:bits=N, piecewise:bits=N; at most 256 bytes): every gradient
-  // but the tied embedding goes as one flat tensor through
-  // Collectives::AllReduceEncoded at the optimizer step, with error
-  // feedback (what the codec dropped of this replica's contribution is
-  // added to its next one). Not with a PowerSGD rank; the same on every
-  // replica's copy of the stage.
+  // but the tied embedding goes through Collectives::AllReduceEncoded, a
+  // flat tensor per bucket (below), with error feedback (what the codec
+  // dropped of this replica's contribution is added to its next one). Not
+  // with a PowerSGD rank; the same on every replica's copy of the stage.
   std::string data_parallel_quantizer;
-  // Data parallelism without PowerSGD, on host gradients: gradients are
+  // Data parallelism on host gradients (exact or compressed): gradients are
   // all-reduced in buckets of about this many bytes, each launched (on a
   // background thread) as soon as the backward pass has finished every
   // unit in it, overlapping the rest of the backward; the last bucket at
@@ -305,21 +304,39 @@ class StageRuntime {
                                     const std::map<std::pair<int, std::string>, int>& index,
                                     Tensor* mine, IterationResult* result);
   // Waits for the overlapped all-reduces (OverlapAllReduce); then every
-  // gradient they did not cover but the tied embedding's in one ring
-  // all-reduce over the replicas, and the tied one, unless a fused sync
-  // reduced it already, in member order (collectives.h), so that fused and
-  // unfused agree bitwise.
+  // gradient they did not cover but the tied embedding's as one group
+  // (AllReduceGroup) over the replicas, and the tied one, unless a fused
+  // sync reduced it already, in member order (collectives.h), so that
+  // fused and unfused agree bitwise.
   absl::Status AllReduceGradients(int64_t iteration, IterationResult* result);
   // Whether unit u's gradients are all-reduced as soon as its last backward
   // pass of the iteration ends, overlapping the rest of the backward: with
-  // data parallelism, host gradients and no PowerSGD.
+  // data parallelism and host gradients, exact or compressed.
   bool OverlapsAllReduce() const;
   // Adds unit u's final gradients (the tied wte left out) to the bucket,
   // and queues the bucket when it is full (FlushBucket).
   absl::Status OverlapAllReduce(int unit);
-  // Queues the bucket for a ring all-reduce on all_reduces_, which writes
-  // the sums back.
+  // Queues the bucket for AllReduceGroup on all_reduces_ (its tags from
+  // kOverlapTagBase on, its quantizer residual dp_bucket_residuals_'s slot
+  // of the bucket's number).
   absl::Status FlushBucket();
+  // Whether selective stage compression sends p's gradient through
+  // PowerSGD (a rank is set and the factors are smaller than the matrix).
+  bool PowerSgdPays(const Parameter& p) const;
+  // The message tags AllReduceGroup uses for `params`: two per PowerSGD
+  // matrix and one for the rest.
+  int GroupTags(const std::vector<Parameter*>& params) const;
+  // Sums `params`' gradients over the replicas' copies of this stage, with
+  // tags from `tag` on (GroupTags of them): each matrix PowerSgdPays for
+  // through PowerSgdAllReduce with error feedback (powersgd_), then the
+  // rest as one flat tensor, exactly or through dp_quantizer_ with error
+  // feedback in `residual` (resized to the flat tensor on first use).
+  // Gradients on the device go down and back up. Adds each collective to
+  // `stats`. Every replica calls it with the same parameters in the same
+  // order.
+  absl::Status AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
+                              const std::vector<Parameter*>& params, Tensor* residual,
+                              IterationResult::CollectiveStats* stats);
   // Data parallelism, on the loss stage: every replica's micro-batch
   // losses, all-gathered over the replicas' loss stages, replace this
   // replica's share in `result` (the step's micro-batch order).
@@ -398,9 +415,13 @@ class StageRuntime {
   // error-feedback residual, by parameter name (kept across iterations).
   std::map<std::string, PowerSgdAllReduceState> powersgd_;
   // setup_.data_parallel_quantizer's codec (null: none) and its error
-  // feedback's residual over the flat gradient (empty until the first step).
+  // feedback's residuals (empty until the first step): over the flat
+  // gradient all-reduced at the step, and over each overlapped bucket, by
+  // the bucket's number in the iteration (the same gradients every step;
+  // only all_reduces_' thread touches these).
   std::unique_ptr<Codec> dp_quantizer_;
   Tensor dp_residual_;
+  std::map<int, Tensor> dp_bucket_residuals_;
   // State within one RunEval: windows evaluated, EVAL_ACTIVATION tensors by
   // (micro-batch, unit), and the window-weighted loss sum on the head stage.
   int64_t eval_windows_ = 0;
@@ -414,20 +435,22 @@ class StageRuntime {
   std::map<std::pair<int, std::string>, LinkStats> sent_stats_;
   // What LINK_PATH_DEVICE sends sent since the last drain (the interpreter's).
   std::map<std::pair<int, std::string>, LinkStats> device_sent_stats_;
-  // Data parallelism, overlapped with the backward pass (CPU gradients, no
-  // PowerSGD): the program's last Backward instruction of each unit; the
-  // instruction running now; the units whose gradients this iteration went
-  // to all_reduces_ as soon as they were final (one bucket, one collective,
-  // per unit), with each one's stats, merged into the result at the drain.
+  // Data parallelism, overlapped with the backward pass (CPU gradients):
+  // the program's last Backward instruction of each unit; the instruction
+  // running now; the units whose gradients this iteration went to
+  // all_reduces_ as soon as they were final (in buckets); each group's
+  // stats (the buckets', then the step's), merged into the result at the
+  // step.
   std::map<int, int> final_backward_of_unit_;
   int current_instruction_ = -1;
   std::set<int> overlapped_units_;
-  std::vector<std::unique_ptr<IterationResult::CollectiveStats>> overlapped_stats_;
-  // The bucket being filled (final gradients not yet queued), and the
-  // number of buckets queued this iteration (their tags).
+  std::vector<std::unique_ptr<IterationResult::CollectiveStats>> group_stats_;
+  // The bucket being filled (final gradients not yet queued), the number
+  // of buckets queued this iteration, and the tags they took.
   std::vector<Parameter*> bucket_;
   int64_t bucket_numel_ = 0;
   int buckets_queued_ = 0;
+  int overlap_tags_used_ = 0;
   // Last: destroyed first, so queued sends finish while what they use
   // exists; all_reduces_ (the overlapped all-reduces, in program order, on
   // their own thread) likewise.

@@ -481,6 +481,11 @@ int RunUp(const std::vector<std::string>& args) {
   if (o.data_parallel == kDataParallelAuto) {
     // The spec's checks name the fields (spec.parallelism.tensor, ...).
     if (o.workers < 1) valid = absl::InvalidArgumentError("--workers must be >= 1");
+    if (!o.dp_stages.empty()) {
+      valid = absl::InvalidArgumentError(
+          "--dp-stages names stages of a known layout: leave it empty with --data-parallel auto "
+          "(the planner picks the stages to compress in the layout it chooses)");
+    }
   } else if (o.data_parallel < 1 || o.workers < 1 || o.workers % o.data_parallel != 0) {
     valid = absl::InvalidArgumentError(
         absl::StrCat("--data-parallel ", o.data_parallel, " must be >= 1 and divide --workers ",

@@ -674,9 +674,10 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
                    "with spec.parallelism.data 0 (auto)");
   }
   const v1::DataParallelCompressionSpec& dp = spec.compression().data_parallel();
-  if (!(dp.codec().empty() || dp.codec() == "none") || dp.stages_size() > 0) {
-    return Invalid("spec.compression.data_parallel",
-                   "needs a known number of replicas: not with spec.parallelism.data 0 (auto)");
+  if (dp.stages_size() > 0) {
+    return Invalid("spec.compression.data_parallel.stages",
+                   "name stages of a known layout: leave them empty with spec.parallelism.data 0 "
+                   "(auto), and the planner picks them in the layout it chooses");
   }
   if (spec.elastic().has_min_workers() || spec.elastic().has_max_workers()) {
     return Invalid("spec.elastic",
@@ -699,11 +700,32 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
                                 micro_batches, ", with workers / D stages at most the model's ",
                                 units, " units"));
   }
-  v1::JobSpec first = spec;
-  first.mutable_parallelism()->set_data(degrees[0]);
-  first.mutable_parallelism()->set_stages(p.workers() / degrees[0]);
-  first.mutable_parallelism()->clear_workers();
-  ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(first));
+  // The rest is checked as the first layout's spec; the data-parallel
+  // codec, which a layout of one replica drops, as the first layout's with
+  // replicas (ResolveDataParallelLayout).
+  auto layout = [&](int d) {
+    v1::JobSpec one = spec;
+    one.mutable_parallelism()->set_data(d);
+    one.mutable_parallelism()->set_stages(p.workers() / d);
+    one.mutable_parallelism()->clear_workers();
+    if (d == 1) one.mutable_compression()->clear_data_parallel();
+    return one;
+  };
+  ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(layout(degrees[0])));
+  if (!dp.codec().empty() && dp.codec() != kCodecNone) {
+    auto replicated = std::find_if(degrees.begin(), degrees.end(), [](int d) { return d >= 2; });
+    if (replicated == degrees.end()) {
+      return Invalid(
+          "spec.compression.data_parallel.codec",
+          absl::StrCat("compresses the replicas' all-reduce, but every layout of ", p.workers(),
+                       " workers has one replica (2 replicas or more "
+                       "must divide the workers and spec.training.micro_batches ",
+                       micro_batches, ")"));
+    }
+    ASSIGN_OR_RETURN(const ResolvedJobSpec with_codec, ResolveJobSpec(layout(*replicated)));
+    *resolved.spec.mutable_compression()->mutable_data_parallel() =
+        with_codec.spec.compression().data_parallel();
+  }
   v1::ParallelismSpec* out = resolved.spec.mutable_parallelism();
   out->set_data(kDataParallelAuto);
   out->set_stages(0);
@@ -731,8 +753,19 @@ std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units) 
   return degrees;
 }
 
-absl::StatusOr<ResolvedJobSpec> ResolveAsAutoLayout(const v1::JobSpec& spec, int workers) {
+absl::StatusOr<ResolvedJobSpec> ResolveAsAutoLayout(
+    const v1::JobSpec& spec, int workers,
+    const v1::DataParallelCompressionSpec& data_parallel_compression) {
   v1::JobSpec automatic = spec;
+  // The codec, unless no layout of these workers has replicas to
+  // compress (a job going on after losses is not refused for it).
+  const std::vector<int> degrees =
+      DataParallelDegrees(workers, spec.training().micro_batches(), 2 * spec.model().n_layer() + 2);
+  automatic.mutable_compression()->clear_data_parallel();
+  if (!degrees.empty() && degrees.back() >= 2) {
+    *automatic.mutable_compression()->mutable_data_parallel() = data_parallel_compression;
+    automatic.mutable_compression()->mutable_data_parallel()->clear_stages();
+  }
   v1::ParallelismSpec* p = automatic.mutable_parallelism();
   p->set_data(kDataParallelAuto);
   p->set_stages(0);
@@ -759,6 +792,8 @@ absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec&
   spec.mutable_parallelism()->set_data(data_parallel);
   spec.mutable_parallelism()->set_stages(workers / data_parallel);
   spec.mutable_parallelism()->clear_workers();
+  // One replica has no all-reduce to compress.
+  if (data_parallel == 1) spec.mutable_compression()->clear_data_parallel();
   return ResolveJobSpec(spec);
 }
 

@@ -126,12 +126,16 @@ struct ResolvedJobSpec {
 //
 // Data parallelism "auto" (data 0): parallelism.workers N in 1..kMaxStages
 // is required, stages must be unset (0), and tensor 1, a solver other than
-// manual, no compression.data_parallel codec and no elastic bounds; at
-// least one D in DataParallelDegrees (INVALID_ARGUMENT naming
+// manual, no compression.data_parallel stages (its codec is allowed: the
+// planner picks the stages of the layout it chooses) and no elastic
+// bounds; at least one D in DataParallelDegrees (INVALID_ARGUMENT naming
 // spec.parallelism.workers otherwise). The rest is checked as for the
-// first candidate D. The result keeps data 0, stages 0, workers N and the
-// elastic bounds unset (resolving it again gives the same spec), with
-// data_parallel kDataParallelAuto, stages 0 and layout_workers N.
+// first candidate D; a data-parallel codec as for the first D >= 2
+// (INVALID_ARGUMENT naming spec.compression.data_parallel.codec when
+// there is none). The result keeps data 0, stages 0, workers N, the codec
+// and the elastic bounds unset (resolving it again gives the same spec),
+// with data_parallel kDataParallelAuto, stages 0 and layout_workers N (and
+// no data_parallel_powersgd_rank or quantizer: those come with a layout).
 // parallelism.workers with any other data is INVALID_ARGUMENT.
 //
 // Tensor parallelism: parallelism.tensor defaults to 1; 1 <= tensor <=
@@ -203,13 +207,20 @@ std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units);
 
 // `spec` (a resolved spec, auto or naming its layout) as data 0 (auto) over
 // `workers` workers: data 0, stages unset, workers set, the elastic bounds
-// cleared, then ResolveJobSpec; its errors (e.g. no layout of that many
-// workers) pass through.
-absl::StatusOr<ResolvedJobSpec> ResolveAsAutoLayout(const v1::JobSpec& spec, int workers);
+// cleared, compression.data_parallel set to `data_parallel_compression`
+// without stages (the submitted auto spec's, which a layout of one replica
+// drops) if some layout of `workers` has replicas, else cleared (so a job
+// left with workers for one replica goes on), then ResolveJobSpec; its
+// errors (e.g. no layout of that many workers) pass through. `spec`'s
+// training and model sizes must be resolved.
+absl::StatusOr<ResolvedJobSpec> ResolveAsAutoLayout(
+    const v1::JobSpec& spec, int workers,
+    const v1::DataParallelCompressionSpec& data_parallel_compression = {});
 
 // An auto job's spec (data kDataParallelAuto, as ResolveJobSpec returns it)
 // with D replicas of layout_workers / D stages: data D, stages set, workers
 // cleared, and the elastic bounds at their defaults (1 and the stages);
+// compression.data_parallel cleared when D is 1 (nothing to all-reduce);
 // everything else as in `auto_spec`. Requires auto_spec.data_parallel ==
 // kDataParallelAuto. INVALID_ARGUMENT when D is not one of
 // DataParallelDegrees, or ResolveJobSpec refuses the result.

@@ -565,6 +565,44 @@ TEST(ResolveAsAutoLayout, AChosenLayoutsSpecBackToAutoOverOtherWorkers) {
                                "spec.parallelism.workers: no layout of 7 workers"));
 }
 
+// A data-parallel codec with auto: kept in the auto spec (resolving again
+// gives the same spec), taken by every layout with replicas, where the
+// planner picks its stages, and dropped by the layout of one replica; a
+// re-choice gets it back from what the job was submitted with.
+TEST(ResolveJobSpec, DataParallelAuto_CodecKeptForTheLayoutsWithReplicas) {
+  v1::JobSpec spec = AutoLayoutSpec(4, 4);
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("bf16");
+  const ResolvedJobSpec automatic = ResolveJobSpec(spec).value();
+  const v1::DataParallelCompressionSpec& dp = automatic.spec.compression().data_parallel();
+  EXPECT_EQ(dp.codec(), "bf16");
+  EXPECT_EQ(dp.stages_size(), 0);
+  EXPECT_EQ(automatic.data_parallel_quantizer, "");  // comes with a layout
+  EXPECT_EQ(ResolveJobSpec(automatic.spec).value().spec.SerializeAsString(),
+            automatic.spec.SerializeAsString());
+  const ResolvedJobSpec two = ResolveDataParallelLayout(automatic, 2).value();
+  EXPECT_EQ(two.data_parallel_quantizer, "bf16");
+  EXPECT_EQ(two.spec.compression().data_parallel().codec(), "bf16");
+  const ResolvedJobSpec one = ResolveDataParallelLayout(automatic, 1).value();
+  EXPECT_EQ(one.data_parallel_quantizer, "");
+  EXPECT_EQ(one.spec.compression().data_parallel().codec(), "none");
+  // From the one-replica layout back to auto: without the submitted
+  // compression the codec is gone, with it the spec is the submitted one.
+  EXPECT_EQ(ResolveAsAutoLayout(one.spec, 4).value().spec.compression().data_parallel().codec(),
+            "none");
+  EXPECT_EQ(ResolveAsAutoLayout(one.spec, 4, dp).value().spec.SerializeAsString(),
+            automatic.spec.SerializeAsString());
+  // 3 workers and 4 micro-batches: only 1 x 3; the codec waits (not an error).
+  const ResolvedJobSpec three = ResolveAsAutoLayout(one.spec, 3, dp).value();
+  EXPECT_EQ(three.spec.compression().data_parallel().codec(), "none");
+  EXPECT_EQ(three.layout_workers, 3);
+  v1::JobSpec powersgd = AutoLayoutSpec(4, 4);
+  powersgd.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=2");
+  EXPECT_EQ(ResolveDataParallelLayout(ResolveJobSpec(powersgd).value(), 4)
+                .value()
+                .data_parallel_powersgd_rank,
+            2);
+}
+
 TEST(ResolveJobSpec, DataParallelAuto_WhatNeedsAKnownLayoutIsRefusedNamingTheField) {
   v1::JobSpec spec = AutoLayoutSpec(4, 4);
   spec.mutable_parallelism()->clear_workers();
@@ -580,7 +618,17 @@ TEST(ResolveJobSpec, DataParallelAuto_WhatNeedsAKnownLayoutIsRefusedNamingTheFie
   ExpectRejected(spec, "spec.parallelism.solver: manual pins");
   spec = AutoLayoutSpec(4, 4);
   spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=2");
-  ExpectRejected(spec, "spec.compression.data_parallel: needs a known number of replicas");
+  spec.mutable_compression()->mutable_data_parallel()->add_stages(0);
+  ExpectRejected(spec, "spec.compression.data_parallel.stages: name stages of a known layout");
+  spec = AutoLayoutSpec(4, 4);
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("bf17");
+  ExpectRejected(spec, "spec.compression.data_parallel.codec");
+  // 3 workers and 2 micro-batches: only 1 x 3, nothing to compress.
+  spec = AutoLayoutSpec(3, 2);
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("bf16");
+  ExpectRejected(spec,
+                 "spec.compression.data_parallel.codec: compresses the replicas' all-reduce, but "
+                 "every layout of 3 workers has one replica");
   spec = AutoLayoutSpec(4, 4);
   spec.mutable_elastic()->set_max_workers(4);
   ExpectRejected(spec, "spec.elastic: min_workers and max_workers count one replica's stages");

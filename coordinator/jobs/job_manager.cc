@@ -287,6 +287,7 @@ absl::Status JobManager::PersistLocked(JobRecord& record, bool wait) {
     *stored.mutable_init_checkpoint() = *record.init_checkpoint;
   stored.set_init_weights(record.init_weights);
   stored.set_auto_layout_workers(record.auto_layout_workers);
+  *stored.mutable_auto_layout_data_parallel_compression() = record.auto_layout_compression;
   record.last_persisted = clock_->Now();
   auto save = [state = options_.state](const store::StoredJob& job) {
     absl::Status saved = state->SaveJob(job);
@@ -352,6 +353,9 @@ absl::Status JobManager::Restore() {
     record->auto_layout_workers = record->resolved.data_parallel == kDataParallelAuto
                                       ? record->resolved.layout_workers
                                       : s.auto_layout_workers();
+    record->auto_layout_compression = record->resolved.data_parallel == kDataParallelAuto
+                                          ? record->resolved.spec.compression().data_parallel()
+                                          : s.auto_layout_data_parallel_compression();
     const v1::CheckpointSpec& checkpoint = record->resolved.spec.checkpoint();
     if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
       record->checkpoints = std::make_unique<CheckpointCatalog>(
@@ -543,6 +547,9 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     record->job.set_state(v1::JOB_STATE_QUEUED);
     record->job.set_reason(absl::StrCat("waiting for ", JobWorkers(resolved), " READY workers"));
     record->auto_layout_workers = resolved.layout_workers;
+    if (resolved.data_parallel == kDataParallelAuto) {
+      record->auto_layout_compression = resolved.spec.compression().data_parallel();
+    }
     SetTimestamp(clock_->Now(), record->job.mutable_create_time());
     TouchLocked(*record);
     record->resolved = std::move(resolved);
@@ -862,7 +869,8 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   std::string placed_reason = reason;
   if (record.auto_layout_workers > 0) {
     ASSIGN_OR_RETURN(const ResolvedJobSpec automatic,
-                     ResolveAsAutoLayout(record.resolved.spec, static_cast<int>(workers.size())));
+                     ResolveAsAutoLayout(record.resolved.spec, static_cast<int>(workers.size()),
+                                         record.auto_layout_compression));
     ASSIGN_OR_RETURN(ChosenJobLayout choice,
                      ChooseJobLayout(automatic, id, version, *record.profile, cluster,
                                      record.profile_source));

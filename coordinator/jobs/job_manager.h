@@ -302,6 +302,9 @@ class JobManager {
     // join included, chooses the layout again for the workers it gets, 1
     // to this many (ChooseJobLayout); 0 for a job that named its layout.
     int auto_layout_workers = 0;
+    // Its spec.compression.data_parallel as submitted: the layout chosen
+    // may drop it (one replica), the next choice takes it again.
+    v1::DataParallelCompressionSpec auto_layout_compression;
     // spec.init.from, resolved at submit: the checkpoint the job starts from
     // (its step is init_step), or a weights file (step 0).
     std::optional<v1::ResumeFrom> init_checkpoint;

@@ -444,13 +444,16 @@ TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChan
 // of the whole model. Losing one leaves 3, which no 4-replica layout fits;
 // the job chooses again (3 workers and 4 micro-batches: one 3-stage
 // pipeline), resumes from its checkpoint, and after a coordinator restart
-// still chooses its layout when it re-plans.
+// still chooses its layout when it re-plans. Its data-parallel codec goes
+// with the layouts that have replicas: dropped by the pipeline, back
+// (from the stored job) when two replicas are chosen after the restart.
 TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorkersLeft) {
   Reset(/*with_state=*/true);
   v1::JobSpec spec = ElasticSpec(0, 5);
   spec.mutable_training()->set_micro_batches(4);
   spec.mutable_parallelism()->set_data(0);
   spec.mutable_parallelism()->set_workers(4);
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("bf16");
   std::vector<std::string> w;
   for (int k = 0; k < 4; ++k) {
     v1::RegisterWorkerRequest request;
@@ -465,6 +468,8 @@ TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorker
   v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   ASSERT_EQ(job.spec().parallelism().data(), 4) << job.plan_history(0).reason();
+  EXPECT_EQ(job.spec().compression().data_parallel().codec(), "bf16");
+  EXPECT_EQ(AssignmentOf(w[0]).data_parallel_quantizer(), "bf16");
   // Every replica's last stage reports the step's losses; replica 0's
   // stages write the checkpoints.
   auto step = [&](int64_t s) {
@@ -493,6 +498,7 @@ TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorker
   EXPECT_EQ(job.worker_ids_size(), 3);
   EXPECT_EQ(job.spec().parallelism().data(), 1);
   EXPECT_EQ(job.spec().parallelism().stages(), 3);
+  EXPECT_EQ(job.spec().compression().data_parallel().codec(), "none");  // nothing to all-reduce
   ASSERT_EQ(job.plan_history_size(), 2);
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(),
                                 "1 replicas x 3 stages chosen by spec.parallelism.data 0 (auto); "
@@ -515,7 +521,9 @@ TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorker
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.worker_ids_size(), 2);
-  EXPECT_EQ(job.spec().parallelism().data() * job.spec().parallelism().stages(), 2);
+  EXPECT_EQ(job.spec().parallelism().data(), 2);  // fast links: replicas, as at the start
+  EXPECT_EQ(job.spec().parallelism().stages(), 1);
+  EXPECT_EQ(job.spec().compression().data_parallel().codec(), "bf16");
   EXPECT_TRUE(absl::StrContains(job.plan_history(job.plan_history_size() - 1).reason(),
                                 "chosen by spec.parallelism.data 0 (auto); predicted s/step: "
                                 "1 x 2 "))

@@ -194,19 +194,34 @@ absl::Status Collectives::AllReduce(int64_t iteration, int tag, Tensor& data) {
               /*all_gather=*/true);
 }
 
-void Collectives::MemberOrderTreeSum(const std::vector<std::vector<float>>& parts, int lo, int hi,
-                                     std::vector<float>* out) {
+void Collectives::MemberOrderTreeSum(const std::vector<const float*>& parts, int64_t length, int lo,
+                                     int hi, float* out) {
   const int n = hi - lo;
   if (n == 1) {
-    *out = parts[lo];
+    std::copy(parts[lo], parts[lo] + length, out);
+    return;
+  }
+  if (n == 2) {  // as the general case below, without the copies
+    const float* a = parts[lo];
+    const float* b = parts[lo + 1];
+    for (int64_t i = 0; i < length; ++i) out[i] = a[i] + b[i];
     return;
   }
   int m = 1;
   while (2 * m < n) m *= 2;  // the largest power of two below n
-  std::vector<float> right;
-  MemberOrderTreeSum(parts, lo, lo + m, out);
-  MemberOrderTreeSum(parts, lo + m, hi, &right);
-  for (size_t i = 0; i < out->size(); ++i) (*out)[i] += right[i];
+  std::vector<float> right(static_cast<size_t>(length));
+  MemberOrderTreeSum(parts, length, lo, lo + m, out);
+  MemberOrderTreeSum(parts, length, lo + m, hi, right.data());
+  for (int64_t i = 0; i < length; ++i) out[i] += right[i];
+}
+
+void Collectives::MemberOrderTreeSum(const std::vector<std::vector<float>>& parts, int lo, int hi,
+                                     std::vector<float>* out) {
+  std::vector<const float*> pointers;
+  for (const std::vector<float>& part : parts) pointers.push_back(part.data());
+  const int64_t length = static_cast<int64_t>(parts[lo].size());
+  out->resize(static_cast<size_t>(length));
+  MemberOrderTreeSum(pointers, length, lo, hi, out->data());
 }
 
 absl::Status Collectives::AllReduceInMemberOrder(int64_t iteration, int tag, Tensor& data) {

@@ -117,9 +117,10 @@ class Collectives {
   // Payloads are checked on receipt: an unencoded message, another codec, or
   // a shape other than the segment's is INTERNAL naming the member (a peer
   // that runs other collectives), a payload the codec rejects
-  // INVALID_ARGUMENT. Stats (may be null): this call's payload bytes sent,
-  // and the squared L2 norms of this member's contribution and of its
-  // coding error (decode(encode(x)) - x over all its segments).
+  // INVALID_ARGUMENT. Stats (may be null, which spares two passes over the
+  // data): this call's payload bytes sent, and the squared L2 norms of this
+  // member's contribution and of its coding error (decode(encode(x)) - x
+  // over all its segments).
   // `coding_error` (may be null) gets, element by element, this member's
   // contribution minus what the codec let through of it (x -
   // decode(encode(x)), segment by segment as sent): the residual error
@@ -146,6 +147,10 @@ class Collectives {
   // result (parts' length).
   static void MemberOrderTreeSum(const std::vector<std::vector<float>>& parts, int lo, int hi,
                                  std::vector<float>* out);
+  // The same over `length` values at each of parts[lo, hi), into `out`
+  // (which overlaps none of them), without copying them first.
+  static void MemberOrderTreeSum(const std::vector<const float*>& parts, int64_t length, int lo,
+                                 int hi, float* out);
 
   // Element ranges [begin, end) of the N segments of `numel` elements.
   static std::vector<std::pair<int64_t, int64_t>> SegmentBounds(int64_t numel, int n);

@@ -10,14 +10,6 @@
 namespace pipetrain {
 namespace {
 
-// Rows [begin, end) of `data` ([rows, width] row-major) as a new tensor.
-Tensor CopyRows(const Tensor& data, int64_t width, int64_t begin, int64_t end) {
-  Tensor rows = Tensor::Uninitialized({end - begin, width});  // Filled next.
-  std::memcpy(rows.data(), data.data() + begin * width,
-              static_cast<size_t>((end - begin) * width) * sizeof(float));
-  return rows;
-}
-
 double SquaredNorm(const float* x, int64_t n) {
   double sum = 0;
   for (int64_t i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
@@ -94,16 +86,21 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   // Phase 1: every member's segment s to member s, encoded; this member's
   // own segment through the codec as well.
   if (coding_error != nullptr) *coding_error = Tensor::Zeros(data.shape());
+  // Segments are views of `data` (rows [begin, end) of [rows, width]), read
+  // before phase 2 writes it.
+  const Tensor matrix = data.Reshape({rows, width});
   Tensor own_contribution;
   for (int k = 0; k < n; ++k) {
     const int to = (rank_ + k) % n;
-    const Tensor segment = CopyRows(data, width, bounds[to].first, bounds[to].second);
+    const Tensor segment = matrix.Slice(bounds[to].first, bounds[to].second);
     ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(segment, nullptr), Describe(tag)));
     // This member's coding error: its payloads decoded here as the
     // receiver will decode them.
     ASSIGN_OR_RETURN(Tensor decoded, Annotated(codec.Decode(payload), Describe(tag)));
-    local.norm_squared += SquaredNorm(segment.data(), segment.numel());
-    local.error_squared += SquaredDistance(segment.data(), decoded.data(), segment.numel());
+    if (stats != nullptr) {  // only who asks pays for the two passes
+      local.norm_squared += SquaredNorm(segment.data(), segment.numel());
+      local.error_squared += SquaredDistance(segment.data(), decoded.data(), segment.numel());
+    }
     if (coding_error != nullptr) {
       float* error = coding_error->data() + bounds[to].first * width;
       for (int64_t i = 0; i < segment.numel(); ++i) {
@@ -116,24 +113,28 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       RETURN_IF_ERROR(send(to, std::move(payload), segment_shape(to)));
     }
   }
-  // This member's segment: the decoded contributions, summed in member order.
+  // This member's segment: the decoded contributions, summed in member
+  // order straight from where they were decoded.
   const int64_t mine = own_contribution.numel();
-  std::vector<std::vector<float>> copies(n);
+  std::vector<Tensor> contributions(n);
+  std::vector<const float*> parts(n);
   for (int m = 0; m < n; ++m) {
-    Tensor got;
     if (m == rank_) {
-      got = own_contribution;
+      contributions[m] = own_contribution;
     } else {
-      ASSIGN_OR_RETURN(got, receive(m, rank_));
+      ASSIGN_OR_RETURN(contributions[m], receive(m, rank_));
     }
-    copies[m].assign(got.data(), got.data() + mine);
+    if (contributions[m].numel() != mine) {
+      return absl::InternalError(absl::StrCat(Describe(tag), ": member ", m, " sent ",
+                                              contributions[m].numel(), " values where ", mine,
+                                              " were due"));
+    }
+    parts[m] = contributions[m].data();
   }
-  std::vector<float> sum;
-  MemberOrderTreeSum(copies, 0, n, &sum);
   // Phase 2: the summed segment, encoded, to every member; every member
   // (this one too) keeps the decoded payload, so all hold the same bits.
   Tensor summed = Tensor::Uninitialized(segment_shape(rank_));  // Filled next.
-  std::copy(sum.begin(), sum.end(), summed.data());
+  MemberOrderTreeSum(parts, mine, 0, n, summed.data());
   ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(summed, nullptr), Describe(tag)));
   for (int k = 1; k < n; ++k) {
     RETURN_IF_ERROR(send((rank_ + k) % n, payload, segment_shape(rank_)));

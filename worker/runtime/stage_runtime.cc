@@ -1309,10 +1309,12 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
     // goes with this one (every replica's residual is its own).
     if (residual->numel() != numel) *residual = Tensor::Zeros({numel});
     for (int64_t i = 0; i < numel; ++i) flat.data()[i] += residual->data()[i];
-    Collectives::EncodedStats encoded;
+    // What it sent, from the member's running count (no stats: their
+    // norms would cost two passes over the gradients).
+    const int64_t sent_before = collectives.sent_bytes();
     RETURN_IF_ERROR(collectives.AllReduceEncoded(iteration, tag, *dp_quantizer_, numel, flat,
-                                                 &encoded, residual));
-    count(flat.size_bytes(), encoded.sent_bytes, start);
+                                                 /*stats=*/nullptr, residual));
+    count(flat.size_bytes(), collectives.sent_bytes() - sent_before, start);
   } else {
     RETURN_IF_ERROR(collectives.AllReduce(iteration, tag, flat));
     count(flat.size_bytes(), flat.size_bytes(), start);

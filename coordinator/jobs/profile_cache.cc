@@ -24,6 +24,9 @@ ModelProfile FromProto(const v1::ModelProfile& p) {
       out.units.back().partition_seconds[t.count()] = {t.fwd_seconds(), t.bwd_seconds()};
     }
   }
+  for (const v1::CodecTiming& c : p.codecs()) {
+    out.codec_all_reduce_seconds_per_byte[c.codec()] = c.all_reduce_seconds_per_byte();
+  }
   return out;
 }
 

@@ -26,6 +26,15 @@ TEST(ProfileKeyTest, PartitionsAskedFor_PartOfTheKey) {
       << ProfileKey(with, "cpu:x");
 }
 
+TEST(FromProtoTest, CodecTimings_KeptByName) {
+  v1::ModelProfile p;
+  v1::CodecTiming* c = p.add_codecs();
+  c->set_codec("bf16");
+  c->set_all_reduce_seconds_per_byte(1e-9);
+  const ModelProfile got = FromProto(p);
+  EXPECT_EQ(got.codec_all_reduce_seconds_per_byte, (std::map<std::string, double>{{"bf16", 1e-9}}));
+}
+
 TEST(FromProtoTest, PartitionTimings_KeptByCount) {
   v1::ModelProfile p;
   p.set_micro_batch_size(4);

@@ -32,7 +32,8 @@ std::vector<std::map<std::string, int>> ThreadsByPosition(const ClusterSpec& clu
 
 bool IsCompute(TimelineEventKind kind) {
   return kind == TimelineEventKind::kForward || kind == TimelineEventKind::kBackward ||
-         kind == TimelineEventKind::kRecompute || kind == TimelineEventKind::kOptimizer;
+         kind == TimelineEventKind::kRecompute || kind == TimelineEventKind::kOptimizer ||
+         kind == TimelineEventKind::kAllReduceCpu;
 }
 
 // Seconds that two sorted lists of disjoint intervals overlap.
@@ -143,6 +144,25 @@ absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::P
   }
   if (largest_extra != nullptr) *largest_extra = *std::max_element(extra.begin(), extra.end());
   return result;
+}
+
+std::vector<bool> PositionsWithoutSpareCore(const ClusterSpec& cluster, int replicas, int stages,
+                                            int tensor) {
+  std::vector<bool> out(std::max(stages, 0), false);
+  if (!Shaped(cluster, replicas, stages, tensor)) return out;
+  std::map<std::string, int> cores;
+  const std::vector<std::map<std::string, int>> threads =
+      ThreadsByPosition(cluster, replicas, stages, tensor, &cores);
+  std::map<std::string, int> total;  // compute threads on each host
+  for (const auto& by_host : threads) {
+    for (const auto& [host, n] : by_host) total[host] += n;
+  }
+  for (int s = 0; s < stages; ++s) {
+    for (const auto& [host, n] : threads[s]) {
+      if (total[host] >= cores[host]) out[s] = true;
+    }
+  }
+  return out;
 }
 
 ModelProfile StretchCompute(const ModelProfile& profile, double factor) {

@@ -69,6 +69,14 @@ absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::P
 // partition_seconds) times `factor`; sizes unchanged.
 ModelProfile StretchCompute(const ModelProfile& profile, double factor);
 
+// Per stage position: whether some host its workers compute on has no core
+// beyond the compute threads of all the workers on it (a thread of the
+// position's own, such as a compressed all-reduce's coding, then takes
+// from compute). False where the hosts' cores or threads are not known, or
+// the cluster is not shaped as replicas x stages x tensor.
+std::vector<bool> PositionsWithoutSpareCore(const ClusterSpec& cluster, int replicas, int stages,
+                                            int tensor);
+
 // "; compute x2.00: 4 lockstep compute threads share the 2 cores of host
 // H", or "" for a factor of 1: what the plan's profile_source appends.
 std::string DescribeComputeStretch(const ComputeStretch& stretch);

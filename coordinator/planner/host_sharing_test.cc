@@ -142,6 +142,22 @@ TEST(SimulateWithSharedCores, OnlyTheComputeShareStretches) {
   EXPECT_LT(half, all);
 }
 
+// A host whose cores all compute leaves none for a position's own threads
+// (a compressed all-reduce's coding): 2 single-threaded workers on 2 cores
+// do; on 3 cores, or with unknown cores, they do not.
+TEST(PositionsWithoutSpareCore, HostsWhoseCoresAllCompute) {
+  EXPECT_EQ(PositionsWithoutSpareCore(Cluster(2, OneHost, 2), 2, 1, 1), (std::vector<bool>{true}));
+  EXPECT_EQ(PositionsWithoutSpareCore(Cluster(2, OneHost, 3), 2, 1, 1), (std::vector<bool>{false}));
+  EXPECT_EQ(PositionsWithoutSpareCore(Cluster(2, OneHost, 0), 2, 1, 1), (std::vector<bool>{false}));
+  // Two positions on hosts of their own (2 cores, 1 thread each): spare
+  // cores; both on host a: none. A cluster of another shape: not known.
+  ClusterSpec two = Cluster(2, [](int i) { return i == 0 ? "a" : "b"; }, 2);
+  EXPECT_EQ(PositionsWithoutSpareCore(two, 1, 2, 1), (std::vector<bool>{false, false}));
+  two.workers[1].host = "a";
+  EXPECT_EQ(PositionsWithoutSpareCore(two, 1, 2, 1), (std::vector<bool>{true, true}));
+  EXPECT_EQ(PositionsWithoutSpareCore(two, 1, 3, 1), (std::vector<bool>{false, false, false}));
+}
+
 TEST(StretchCompute, ComputeTimesScaledSizesKept) {
   ModelProfile p;
   UnitProfile u;

@@ -204,10 +204,24 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
         ASSIGN_OR_RETURN(const std::unique_ptr<Codec> codec, MakeCodec(r.data_parallel_quantizer));
         fractions = QuantizerByteFractions(r.train.model, solved.backward, *codec);
       }
+      // A quantizer's own CPU time per byte, as the profile measured it
+      // (PowerSGD's is not measured), on the lane and, where the host has
+      // no core to spare, taken from compute (simulator.h).
+      const double cpu_per_byte =
+          r.data_parallel_quantizer.empty()
+              ? 0.0
+              : QuantizedAllReduceSecondsPerByte(profile, r.data_parallel_quantizer);
+      const std::vector<bool> no_spare_core =
+          PositionsWithoutSpareCore(cluster, replicas, r.stages, tensor);
       auto simulate = [&](const std::vector<int>& stages) {
         SimulationCosts trial = costs;
         trial.all_reduce_byte_fraction.assign(r.stages, 1.0);
-        for (int s : stages) trial.all_reduce_byte_fraction[s] = fractions[s];
+        trial.all_reduce_cpu_seconds_per_byte.assign(r.stages, 0.0);
+        trial.all_reduce_cpu_shared = no_spare_core;
+        for (int s : stages) {
+          trial.all_reduce_byte_fraction[s] = fractions[s];
+          trial.all_reduce_cpu_seconds_per_byte[s] = cpu_per_byte;
+        }
         return SimulateWithSharedCores(compressed, trial, cluster, replicas, r.stages, tensor,
                                        stretch.factor, compute_share, &overlap_stretch);
       };

@@ -145,5 +145,38 @@ TEST(PlanJobCompression, DataParallelQuantizerShortensThePrediction) {
             0.6 * exact->plan.predicted_iteration_seconds());
 }
 
+// The quantized all-reduce's own CPU time, from the profile, for a model
+// of several 4 MiB buckets: on hosts of their own (8 cores, 1 thread each)
+// it lengthens only the buckets, which overlap the backward pass; with both
+// replicas on a 2-core host it takes from compute too, at least its whole
+// CPU time (every gradient but the tied wte, per byte).
+TEST(PlanJobCompression, DataParallelQuantizerCpuTimeFromTheProfile) {
+  v1::JobSpec spec = SmallSpec(1, 4);
+  spec.mutable_model()->set_n_layer(4);
+  spec.mutable_model()->set_d_model(512);  // 12.6 M block parameters, 50 MB
+  spec.mutable_parallelism()->set_data(2);
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("piecewise:bits=3");
+  spec.mutable_compression()->mutable_data_parallel()->add_stages(0);
+  const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  ModelProfile profile = AnalyticProfile(job.train.model, job.train.seq_len,
+                                         job.train.batch_size / job.train.micro_batches, 1e10);
+  auto predicted = [&](int shared_host_cores) {
+    absl::StatusOr<CompiledPlan> plan = PlanJob(
+        job, "job", 1, profile, testing::TestCluster(2, 1e9, 1e-5, shared_host_cores), "analytic");
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    return plan.ok() ? plan->plan.predicted_iteration_seconds() : 0.0;
+  };
+  const double unmeasured = predicted(0);
+  profile.codec_all_reduce_seconds_per_byte["piecewise:bits=8"] = 1e-6;  // the family's entry
+  double coded_bytes = 0;  // every unit's gradient but the tied wte's, once
+  for (const UnitProfile& u : profile.units) coded_bytes += u.weight_bytes;
+  coded_bytes -= 2 * TiedGradientBytes(profile);
+  const double own_hosts = predicted(0);
+  const double shared = predicted(2);
+  EXPECT_GE(own_hosts, unmeasured);
+  EXPECT_LT(own_hosts, unmeasured + coded_bytes * 1e-6);  // partly hidden
+  EXPECT_GE(shared, unmeasured + coded_bytes * 1e-6 * 0.999);
+}
+
 }  // namespace
 }  // namespace pipetrain

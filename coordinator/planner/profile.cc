@@ -9,6 +9,9 @@
 #include "nlohmann/json.hpp"
 
 namespace pipetrain {
+
+// A profile's codec timings at most (the profiler writes four).
+constexpr size_t kMaxProfileCodecs = 16;
 namespace {
 
 using nlohmann::json;
@@ -109,7 +112,7 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
   auto parsed = Parse(text);
   if (!parsed.ok()) return parsed.status();
   const json& j = *parsed;
-  if (auto s = OnlyKeys(j, "", {"micro_batch_size", "units"}); !s.ok()) return s;
+  if (auto s = OnlyKeys(j, "", {"micro_batch_size", "units", "codecs"}); !s.ok()) return s;
   ModelProfile profile;
   double mbs = 0;
   ASSIGN_OR_RETURN(mbs, Number(j, "micro_batch_size", "", true));
@@ -127,7 +130,40 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
     if (!unit.ok()) return unit.status();
     profile.units.push_back(*unit);
   }
+  if (j.contains("codecs")) {
+    const json& codecs = j["codecs"];
+    if (!codecs.is_array() || codecs.size() > kMaxProfileCodecs) {
+      return Invalid("codecs", absl::StrCat("must be a list of at most ", kMaxProfileCodecs,
+                                            " entries"));
+    }
+    for (size_t i = 0; i < codecs.size(); ++i) {
+      const std::string at = absl::StrCat("codecs[", i, "]");
+      if (auto s = OnlyKeys(codecs[i], at, {"codec", "all_reduce_seconds_per_byte"}); !s.ok()) {
+        return s;
+      }
+      const json& name = codecs[i].contains("codec") ? codecs[i]["codec"] : json();
+      if (!name.is_string() || name.get<std::string>().empty() ||
+          name.get<std::string>().size() > 64 ||
+          profile.codec_all_reduce_seconds_per_byte.count(name.get<std::string>()) > 0) {
+        return Invalid(at + ".codec", "must be a name of 1 to 64 bytes, each at most once");
+      }
+      ASSIGN_OR_RETURN(const double seconds,
+                       Number(codecs[i], "all_reduce_seconds_per_byte", at, false));
+      if (seconds > 1e-3) {
+        return Invalid(at + ".all_reduce_seconds_per_byte", "must be at most 1e-3");
+      }
+      profile.codec_all_reduce_seconds_per_byte[name.get<std::string>()] = seconds;
+    }
+  }
   return profile;
+}
+
+double QuantizedAllReduceSecondsPerByte(const ModelProfile& profile, const std::string& quantizer) {
+  const auto& costs = profile.codec_all_reduce_seconds_per_byte;
+  if (auto it = costs.find(quantizer); it != costs.end()) return it->second;
+  const std::string family = quantizer.substr(0, quantizer.find(':'));
+  if (auto it = costs.find(family + ":bits=8"); it != costs.end()) return it->second;
+  return 0;
 }
 
 absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
@@ -219,7 +255,15 @@ std::string ProfileToJson(const ModelProfile& p) {
     }
     units.push_back(std::move(unit));
   }
-  return json{{"micro_batch_size", p.micro_batch_size}, {"units", units}}.dump(2);
+  json out = {{"micro_batch_size", p.micro_batch_size}, {"units", units}};
+  if (!p.codec_all_reduce_seconds_per_byte.empty()) {
+    json codecs = json::array();
+    for (const auto& [codec, seconds] : p.codec_all_reduce_seconds_per_byte) {
+      codecs.push_back({{"codec", codec}, {"all_reduce_seconds_per_byte", seconds}});
+    }
+    out["codecs"] = std::move(codecs);
+  }
+  return out.dump(2);
 }
 
 std::string ClusterToJson(const ClusterSpec& c) {

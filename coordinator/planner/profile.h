@@ -41,7 +41,18 @@ struct UnitProfile {
 struct ModelProfile {
   int micro_batch_size = 1;
   std::vector<UnitProfile> units;
+  // The CPU seconds of a quantized data-parallel all-reduce per fp32 byte of
+  // a member's tensor, by quantizer name ("bf16", "piecewise:bits=8"), as
+  // the profile measured them (v1::CodecTiming); empty: not measured, not
+  // modelled (QuantizedAllReduceSecondsPerByte).
+  std::map<std::string, double> codec_all_reduce_seconds_per_byte;
 };
+
+// A profile's measured cost per byte of the quantized all-reduce through
+// `quantizer` (a MakeQuantizer name): its own entry, else its family's
+// 8-bit one ("linear:bits=4" -> "linear:bits=8"; the cost per byte hardly
+// depends on the width), else 0 (not measured).
+double QuantizedAllReduceSecondsPerByte(const ModelProfile& profile, const std::string& quantizer);
 
 struct WorkerSpec {
   std::string name;

@@ -1,5 +1,6 @@
 #include "coordinator/planner/profile.h"
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/planner/bipartition.h"
 #include "gtest/gtest.h"
 
@@ -40,6 +41,38 @@ TEST(ProfileTest, ParseProfile_ReadsTheDocumentedFormatAndRoundTrips) {
           "optimizer_seconds": -1}]})");
   EXPECT_EQ(negative.status().message(),
             "units[0].optimizer_seconds: must be a finite number >= 0");
+}
+
+// The quantized all-reduce's measured cost: round trip, bounds, and the
+// lookup by quantizer (another width: its family's 8-bit entry).
+TEST(ProfileTest, ParseProfile_CodecTimingsRoundTripAndAreBounded) {
+  ModelProfile p = ParseProfileJson(kProfile).value();
+  EXPECT_TRUE(p.codec_all_reduce_seconds_per_byte.empty());
+  EXPECT_EQ(QuantizedAllReduceSecondsPerByte(p, "bf16"), 0);  // not measured
+  p.codec_all_reduce_seconds_per_byte = {{"bf16", 1e-9}, {"piecewise:bits=8", 5e-9}};
+  const ModelProfile again = ParseProfileJson(ProfileToJson(p)).value();
+  EXPECT_EQ(again.codec_all_reduce_seconds_per_byte, p.codec_all_reduce_seconds_per_byte);
+  EXPECT_EQ(QuantizedAllReduceSecondsPerByte(again, "bf16"), 1e-9);
+  EXPECT_EQ(QuantizedAllReduceSecondsPerByte(again, "piecewise:bits=3"), 5e-9);
+  EXPECT_EQ(QuantizedAllReduceSecondsPerByte(again, "linear:bits=8"), 0);
+  const std::string units =
+      R"("units": [{"name": "embed", "fwd_seconds": 1, "bwd_seconds": 1, "weight_bytes": 4,
+          "activation_bytes": 4}])";
+  auto parse = [&](const std::string& codecs) -> std::string {
+    return std::string(ParseProfileJson(absl::StrCat(R"({"micro_batch_size": 1, )", units,
+                                                     R"(, "codecs": )", codecs, "}"))
+                           .status()
+                           .message());
+  };
+  EXPECT_EQ(parse(R"([{"codec": "bf16", "all_reduce_seconds_per_byte": -1}])"),
+            "codecs[0].all_reduce_seconds_per_byte: must be a finite number >= 0");
+  EXPECT_EQ(parse(R"([{"codec": "bf16", "all_reduce_seconds_per_byte": 0.5}])"),
+            "codecs[0].all_reduce_seconds_per_byte: must be at most 1e-3");
+  EXPECT_EQ(parse(R"([{"codec": "bf16", "all_reduce_seconds_per_byte": 0},
+                      {"codec": "bf16", "all_reduce_seconds_per_byte": 0}])"),
+            "codecs[1].codec: must be a name of 1 to 64 bytes, each at most once");
+  EXPECT_EQ(parse(R"([{"codec": "bf16", "seconds": 0}])"), "codecs[0].seconds: unknown field");
+  EXPECT_EQ(parse(R"({"codec": "bf16"})"), "codecs: must be a list of at most 16 entries");
 }
 
 TEST(ProfileTest, ParseCluster_DefaultsAndProblemConversion) {

@@ -77,6 +77,12 @@ absl::Status ValidateCosts(const SimulationCosts& costs, int workers) {
         absl::StrCat("all_reduce_bucket_bytes = ", costs.all_reduce_bucket_bytes,
                      "; must be finite and >= 0 (0: no overlap)"));
   }
+  for (double seconds : costs.all_reduce_cpu_seconds_per_byte) {
+    if (BadNumber(seconds)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("all_reduce_cpu_seconds_per_byte ", seconds, "; must be finite and >= 0"));
+    }
+  }
   for (double fraction : costs.all_reduce_byte_fraction) {
     if (!(fraction > 0 && fraction <= 1)) {
       return absl::InvalidArgumentError(
@@ -285,6 +291,18 @@ class Simulator {
                : 1.0;
   }
 
+  // The CPU seconds of w's compressed all-reduce of `bytes` gradient bytes
+  // (header: all_reduce_cpu_seconds_per_byte).
+  double CpuSeconds(int w, double bytes) const {
+    return w < static_cast<int>(costs_.all_reduce_cpu_seconds_per_byte.size())
+               ? bytes * costs_.all_reduce_cpu_seconds_per_byte[w]
+               : 0.0;
+  }
+  bool CpuShared(int w) const {
+    return w < static_cast<int>(costs_.all_reduce_cpu_shared.size()) &&
+           costs_.all_reduce_cpu_shared[w];
+  }
+
   // The bytes unit u adds to a bucket: its gradients but the tied wte,
   // which the runtime all-reduces at the step (or fuses with the other
   // owner's: AddTiedGradient).
@@ -319,7 +337,9 @@ class Simulator {
     Lane& lane = lanes_[w];
     if (lane.pending_end < 0) return;
     const double bytes = lane.pending_bytes * ByteFraction(w);
-    const double seconds = AllReduceSeconds(costs_.data_parallel, bytes, costs_.replica_link);
+    const double cpu = CpuSeconds(w, lane.pending_bytes);
+    if (CpuShared(w)) lane.cpu_on_compute += cpu;
+    const double seconds = AllReduceSeconds(costs_.data_parallel, bytes, costs_.replica_link) + cpu;
     const double start = std::max(t, lane.free);
     TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduceBucket, start, start + seconds);
     e.units = Range{lane.pending_begin, lane.pending_end};
@@ -347,6 +367,16 @@ class Simulator {
       Lane& lane = lanes_[w];
       LaunchBucket(w, clock_[w]);
       others = std::max(0.0, others - lane.bucketed_bytes);
+      if (lane.cpu_on_compute > 0) {
+        // What the buckets' coding took from compute, as if it had run here.
+        TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduceCpu, clock_[w],
+                                    clock_[w] + lane.cpu_on_compute);
+        e.units = Range{r.begin(), r.end()};
+        e.label = absl::StrCat("all-reduce coding of ", RangeText(r), " on the worker's cores");
+        clock_[w] += lane.cpu_on_compute;
+        busy_[w] += lane.cpu_on_compute;
+        lane.cpu_on_compute = 0;
+      }
       if (lane.free > clock_[w]) {
         TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduceWait, clock_[w], lane.free);
         e.units = Range{r.begin(), r.end()};
@@ -357,7 +387,8 @@ class Simulator {
       if (tied + others <= 0) return;
     }
     const double bytes = tied + others * ByteFraction(w);
-    const double seconds = AllReduceSeconds(costs_.data_parallel, bytes, costs_.replica_link);
+    const double seconds =
+        AllReduceSeconds(costs_.data_parallel, bytes, costs_.replica_link) + CpuSeconds(w, others);
     TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduce, clock_[w], clock_[w] + seconds);
     e.units = Range{r.begin(), r.end()};
     e.bytes = bytes;
@@ -503,6 +534,7 @@ class Simulator {
     double pending_bytes = 0;                  // the bucket being filled
     int pending_begin = -1, pending_end = -1;  // its units (-1: empty)
     double bucketed_bytes = 0;                 // every bucket's bytes, sent or pending
+    double cpu_on_compute = 0;                 // the buckets' coding time owed to compute
   };
   std::vector<Lane> lanes_;
   // Min-heap of (clock, worker): the earliest worker runs next; ties by index.
@@ -593,6 +625,8 @@ const char* TimelineEventKindName(TimelineEventKind kind) {
       return "all-reduce-bucket";
     case TimelineEventKind::kAllReduceWait:
       return "all-reduce-wait";
+    case TimelineEventKind::kAllReduceCpu:
+      return "all-reduce-cpu";
     case TimelineEventKind::kTensorParallelAllReduce:
       return "tp-all-reduce";
   }

@@ -38,7 +38,8 @@
 //    first and the last unit of the model) joins w's bucket, and once the
 //    bucket holds >= all_reduce_bucket_bytes it is all-reduced on w's
 //    all-reduce lane: AllReduceSeconds(D, bucket bytes x
-//    all_reduce_byte_fraction[w], replica_link),
+//    all_reduce_byte_fraction[w], replica_link) + bucket bytes x
+//    all_reduce_cpu_seconds_per_byte[w] (a compressed stage's coding),
 //    starting when the lane is free (one collective at a time, in order),
 //    while w goes on computing (a kAllReduceBucket event, not worker time).
 //    OptimizerStep(units) then sends the last, partly filled bucket, waits
@@ -134,6 +135,16 @@ struct SimulationCosts {
   // (kDataParallelBucketBytes, and false where the cluster's worker is a GPU).
   double all_reduce_bucket_bytes = 0;
   std::vector<bool> all_reduce_overlaps;
+  // A compressed all-reduce's own CPU time (coding, summing, copying;
+  // ModelProfile's QuantizedAllReduceSecondsPerByte), per program, in
+  // seconds per byte of its gradients other than the tied wte's (missing
+  // or 0: not modelled): each bucket, and what the step all-reduces, takes
+  // that much longer. With all_reduce_cpu_shared[w] (missing: false) the
+  // worker's host has no core to spare, so a bucket's CPU time also
+  // delays its compute: charged as worker time (kAllReduceCpu) at the
+  // step, before the wait for the lane.
+  std::vector<double> all_reduce_cpu_seconds_per_byte;
+  std::vector<bool> all_reduce_cpu_shared;
 };
 
 // The bytes one worker all-reduces before OptimizerStep(units): the sum of
@@ -181,6 +192,10 @@ enum class TimelineEventKind {
   // The worker waits at the optimizer step for its buckets (worker time,
   // counted as all-reduce time).
   kAllReduceWait,
+  // The CPU time its compressed buckets took from the worker's compute on
+  // a host without a spare core, charged at the step (worker time, counted
+  // as busy).
+  kAllReduceCpu,
   // A tensor-parallel unit's all-reduce on its group's communication lane,
   // overlapping the worker's compute (not worker time: the part it does not
   // hide is inside the unit's cost). Added by AddTensorParallelLanes
@@ -189,7 +204,8 @@ enum class TimelineEventKind {
 };
 
 // "forward", "backward", "recompute", "optimizer", "send", "recv-wait",
-// "all-reduce", "all-reduce-bucket", "all-reduce-wait", "tp-all-reduce".
+// "all-reduce", "all-reduce-bucket", "all-reduce-wait", "all-reduce-cpu",
+// "tp-all-reduce".
 const char* TimelineEventKindName(TimelineEventKind kind);
 
 struct TimelineEvent {

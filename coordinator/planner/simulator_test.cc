@@ -453,6 +453,45 @@ TEST(SimulatorTest, Overlap_AtTheStepWhenNotOverlapping) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A compressed all-reduce's own CPU time (1 ms per byte here: a 1000 B
+// bucket codes for 1 s beside its 1 s on the link). With a spare core it
+// only lengthens the lane: the buckets end at 15 and 17, the step waits
+// until 17. On a host without one it also takes from compute, charged at
+// the step (2 s of kAllReduceCpu, worker time, busy), by when the lane is
+// done. The tied wte, not compressed, codes nothing.
+TEST(SimulatorTest, Overlap_CompressedAllReducesCpuTime) {
+  SimulationCosts costs = OverlapCosts();
+  costs.all_reduce_cpu_seconds_per_byte = {1e-3};
+  SimulationResult r = SimulateIteration(OverlapPrograms(), costs).value();
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{"F mb0 [0,4)@0-2", "F mb1 [0,4)@2-4", "B mb0 [0,4)@4-10",
+                                      "B mb1 [0,4)@10-16",
+                                      "AllReduce bucket [2,3) x2 replicas@13-15",
+                                      "AllReduce bucket [1,2) x2 replicas@15-17",
+                                      "wait for the AllReduce buckets of [0,4)@16-17",
+                                      "AllReduce [0,4) x2 replicas@17-17.1", "Opt [0,4)@17.1-17.1"}));
+  costs.all_reduce_cpu_shared = {true};
+  r = SimulateIteration(OverlapPrograms(), costs).value();
+  EXPECT_EQ(Timeline(r, 0),
+            (std::vector<std::string>{"F mb0 [0,4)@0-2", "F mb1 [0,4)@2-4", "B mb0 [0,4)@4-10",
+                                      "B mb1 [0,4)@10-16",
+                                      "AllReduce bucket [2,3) x2 replicas@13-15",
+                                      "AllReduce bucket [1,2) x2 replicas@15-17",
+                                      "all-reduce coding of [0,4) on the worker's cores@16-18",
+                                      "AllReduce [0,4) x2 replicas@18-18.1", "Opt [0,4)@18.1-18.1"}));
+  EXPECT_EQ(r.events[6].kind, TimelineEventKind::kAllReduceCpu);
+  EXPECT_STREQ(TimelineEventKindName(r.events[6].kind), "all-reduce-cpu");
+  EXPECT_DOUBLE_EQ(r.busy_seconds[0], 16 + 2);
+  EXPECT_DOUBLE_EQ(r.all_reduce_seconds[0], 0.1);
+  // At the step (no overlap), the 2000 B of blocks code for 2 s there.
+  costs.all_reduce_bucket_bytes = 0;
+  EXPECT_EQ(Timeline(SimulateIteration(OverlapPrograms(), costs).value(), 0).back(),
+            "Opt [0,4)@20.1-20.1");
+  costs.all_reduce_cpu_seconds_per_byte = {-1};
+  EXPECT_EQ(SimulateIteration(OverlapPrograms(), costs).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SimulatorTest, AllReduce_TwoStages_EachStageItsOwnGradientBytes) {
   auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 2, Schedule::kGPipe).value();
   SimulationCosts costs = UniformCosts(4, 1, 2, 100, 2);

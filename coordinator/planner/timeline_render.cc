@@ -54,6 +54,8 @@ const char* BoxLetter(TimelineEventKind kind) {
     case TimelineEventKind::kAllReduce:
     case TimelineEventKind::kAllReduceWait:
       return "AR";
+    case TimelineEventKind::kAllReduceCpu:
+      return "cod";
     case TimelineEventKind::kSendTransfer:
     case TimelineEventKind::kRecvWait:
     case TimelineEventKind::kTensorParallelAllReduce:
@@ -167,6 +169,8 @@ const char* FillOf(const TimelineEvent& e) {
     case TimelineEventKind::kAllReduce:
     case TimelineEventKind::kAllReduceWait:
       return "#e15759";
+    case TimelineEventKind::kAllReduceCpu:
+      return "#9c755f";
     case TimelineEventKind::kRecvWait:
       return "url(#wait-hatch)";
     case TimelineEventKind::kTensorParallelAllReduce:
@@ -319,9 +323,9 @@ class SvgTimeline {
     if (kinds.count(TimelineEventKind::kAllReduceWait)) kinds.insert(TimelineEventKind::kAllReduce);
     double x = 12;
     TimelineEvent probe;
-    for (TimelineEventKind k :
-         {TimelineEventKind::kForward, TimelineEventKind::kBackward, TimelineEventKind::kRecompute,
-          TimelineEventKind::kAllReduce, TimelineEventKind::kOptimizer}) {
+    for (TimelineEventKind k : {TimelineEventKind::kForward, TimelineEventKind::kBackward,
+                                TimelineEventKind::kRecompute, TimelineEventKind::kAllReduce,
+                                TimelineEventKind::kAllReduceCpu, TimelineEventKind::kOptimizer}) {
       probe.kind = k;
       if (k == TimelineEventKind::kForward || k == TimelineEventKind::kBackward || kinds.count(k)) {
         LegendItem(&x, FillOf(probe), 14, TimelineEventKindName(k));

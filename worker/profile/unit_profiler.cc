@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -15,12 +16,15 @@
 #include "common/philox.h"
 #include "common/status_macros.h"
 #include "common/tensor.h"
+#include "kernels/compress/codec_spec.h"
 #include "nlohmann/json.hpp"
 #include "worker/agent/device_info.h"
+#include "worker/collectives/collectives.h"
 #include "worker/data/dataset.h"
 #include "worker/model/gpt_config.h"
 #include "worker/model/unit.h"
 #include "worker/train/adamw_optimizer.h"
+#include "worker/transport/in_process_transport.h"
 
 namespace pipetrain {
 namespace {
@@ -288,6 +292,50 @@ nlohmann::ordered_json ByteCount(double bytes) {
   return bytes;
 }
 
+// Times Collectives::AllReduceEncoded through quantizer `name` as a
+// compressed data-parallel stage runs it (a flat tensor, its coding error
+// kept), between two members on threads of this process over an
+// in-process fabric, kCodecTimingElements values each: member 0's median
+// over `repetitions` runs after `warmup`, per fp32 byte, into `out`.
+absl::Status TimeQuantizedAllReduce(const std::string& name, const ResolvedRequest& r,
+                                    v1::CodecTiming* out) {
+  using Clock = std::chrono::steady_clock;
+  ASSIGN_OR_RETURN(const std::unique_ptr<Codec> codec, MakeQuantizer(name));
+  InProcessFabric fabric(2);
+  CollectiveOptions options;
+  options.timeout = absl::Seconds(60);
+  std::vector<double> seconds;
+  absl::Status status[2];
+  auto member = [&](int rank) {
+    std::unique_ptr<Transport> transport = fabric.Connect(rank);
+    Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "profile"}, options);
+    Tensor values = Tensor::Zeros({kCodecTimingElements});
+    FillNormal(r.seed, HashName(absl::StrCat("profile.codec.", rank)), 0.0f, 1e-3f, values.data(),
+               values.numel());
+    status[rank] = collectives.status();
+    for (int run = 0; status[rank].ok() && run < r.warmup + r.repetitions; ++run) {
+      Tensor data = values.Clone();
+      Tensor coding_error;
+      const Clock::time_point start = Clock::now();
+      status[rank] = collectives.AllReduceEncoded(run, /*tag=*/0, *codec, data.numel(), data,
+                                                  nullptr, &coding_error);
+      if (rank == 0 && run >= r.warmup) {
+        seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+      }
+    }
+    if (!status[rank].ok()) fabric.Shutdown();  // the other member waits no longer
+  };
+  std::thread other(member, 1);
+  member(0);
+  other.join();
+  RETURN_IF_ERROR(status[0]);
+  RETURN_IF_ERROR(status[1]);
+  out->set_codec(codec->name());
+  out->set_all_reduce_seconds_per_byte(Median(seconds) /
+                                       static_cast<double>(kCodecTimingElements * 4));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
@@ -308,6 +356,9 @@ absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
     activation = ProfileUnit(r, i, batch, activation, backend, profile.add_units());
   }
   RETURN_IF_ERROR(backend->status());
+  for (const char* name : kProfiledQuantizers) {
+    RETURN_IF_ERROR(TimeQuantizedAllReduce(name, r, profile.add_codecs()));
+  }
   return profile;
 }
 
@@ -324,8 +375,16 @@ std::string ProfileToFileJson(const v1::ModelProfile& profile) {
                      {"stash_bytes", ByteCount(u.stash_bytes())}});
     if (u.optimizer_seconds() > 0) units.back()["optimizer_seconds"] = u.optimizer_seconds();
   }
-  const ordered_json file = {{"micro_batch_size", profile.micro_batch_size()},
-                             {"units", std::move(units)}};
+  ordered_json file = {{"micro_batch_size", profile.micro_batch_size()},
+                       {"units", std::move(units)}};
+  if (profile.codecs_size() > 0) {
+    ordered_json codecs = ordered_json::array();
+    for (const v1::CodecTiming& c : profile.codecs()) {
+      codecs.push_back(
+          {{"codec", c.codec()}, {"all_reduce_seconds_per_byte", c.all_reduce_seconds_per_byte()}});
+    }
+    file["codecs"] = std::move(codecs);
+  }
   return file.dump(2, ' ', /*ensure_ascii=*/false, ordered_json::error_handler_t::replace) + "\n";
 }
 

@@ -47,8 +47,13 @@
 //                      the same way: the first micro_batch_size / K samples
 //                      of the same input and output gradient.
 // and of the ModelProfile: micro_batch_size, device_kind ("cpu:" + the CPU
-// model name, or "cuda:" + the GPU's name on a CUDA backend) and repetitions
-// (the resolved count).
+// model name, or "cuda:" + the GPU's name on a CUDA backend), repetitions
+// (the resolved count) and codecs: for each of kProfiledQuantizers, the
+// median time of Collectives::AllReduceEncoded through it between two
+// members on threads of this process (in-process transport, coding error
+// kept, as a compressed data-parallel stage runs it) on the host CPU (where
+// gradients are coded whatever the backend), over `warmup` untimed and
+// `repetitions` timed runs, per fp32 byte of a member's tensor.
 //
 // Units run on `backend` (the CPU by default); each timed pass ends with
 // Backend::Synchronize, so a GPU's times include its queued work. On the
@@ -61,6 +66,7 @@
 #ifndef PIPETRAIN_WORKER_PROFILE_UNIT_PROFILER_H_
 #define PIPETRAIN_WORKER_PROFILE_UNIT_PROFILER_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -77,6 +83,13 @@ namespace pipetrain {
 // first-touch page faults and cold caches out of the medians.
 inline constexpr int kDefaultProfileWarmup = 2;
 inline constexpr int kDefaultProfileRepetitions = 5;
+
+// The quantizers a profile times (ModelProfile.codecs): the data-parallel
+// all-reduce through each, two members of kCodecTimingElements N(0, 1e-3)
+// values (a 1 MiB bucket); other bit widths cost about the same per byte.
+inline constexpr const char* kProfiledQuantizers[] = {"fp16", "bf16", "linear:bits=8",
+                                                      "piecewise:bits=8"};
+inline constexpr int64_t kCodecTimingElements = int64_t{1} << 18;
 
 // Called before each unit is profiled, with its pipeline index and name, so a
 // caller can show progress on a long profile. Runs on the calling thread.

@@ -97,6 +97,15 @@ TEST(ProfileUnitsTest, SmallModel_TimesArePositive) {
     EXPECT_GT(u.bwd_seconds(), 0) << u.name();
     EXPECT_GT(u.optimizer_seconds(), 0) << u.name();  // every unit has parameters
   }
+  // The data-parallel all-reduce through each quantizer, by its name.
+  std::vector<std::string> codecs;
+  for (const v1::CodecTiming& c : profile->codecs()) {
+    codecs.push_back(c.codec());
+    EXPECT_GT(c.all_reduce_seconds_per_byte(), 0) << c.codec();
+    EXPECT_LT(c.all_reduce_seconds_per_byte(), 1e-6) << c.codec();  // 1 MB/s would be absurd
+  }
+  EXPECT_EQ(codecs, (std::vector<std::string>(std::begin(kProfiledQuantizers),
+                                              std::end(kProfiledQuantizers))));
 }
 
 TEST(ProfileUnitsTest, SmallModel_BytesMatchAnalyticSizes) {
@@ -261,7 +270,10 @@ TEST(ProfileToFileJsonTest, Profile_WritesTheFileFormatKeysInDocumentedOrder) {
   const auto file = nlohmann::ordered_json::parse(ProfileToFileJson(*profile));
   std::vector<std::string> top, unit_keys;
   for (const auto& [key, value] : file.items()) top.push_back(key);
-  EXPECT_EQ(top, (std::vector<std::string>{"micro_batch_size", "units"}));
+  EXPECT_EQ(top, (std::vector<std::string>{"micro_batch_size", "units", "codecs"}));
+  ASSERT_EQ(file["codecs"].size(), 4u);
+  EXPECT_EQ(file["codecs"][1]["codec"], "bf16");
+  EXPECT_GT(file["codecs"][1]["all_reduce_seconds_per_byte"].get<double>(), 0);
   EXPECT_EQ(file["micro_batch_size"], kBatch);
   ASSERT_EQ(file["units"].size(), 6u);
   for (const auto& [key, value] : file["units"][0].items()) unit_keys.push_back(key);

@@ -199,15 +199,23 @@ TEST(TimelineRenderTest, TimelineSvg_OptionsOff_NoTransfersOrWaits) {
 
 // Data-parallel all-reduces are worker time: on the compute thread, drawn
 // as "AR" boxes with their own legend entry.
-TEST(TimelineRenderTest, AllReduce_OnComputeThreadWithBytesAndLegend) {
+// TwoStageOneFOneB's programs and units (1000 gradient bytes each), as two
+// replicas over `replica_link`, their all-reduce in buckets of
+// `bucket_bytes` (0: at the step).
+SimulationResult TwoReplicas(const LinkParameters& replica_link, double bucket_bytes) {
   auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 3, Schedule::kOneFOneB).value();
   SimulationCosts costs;
   costs.units.assign(4, UnitSimulationCost{1, 2, 100, 1000});
   costs.worker_speeds = {1, 1};
   costs.link.bandwidth_bytes_per_second = 100;
   costs.data_parallel = 2;
-  costs.replica_link = {1000, 0};  // 2000 B: 2 s per stage
-  const SimulationResult result = SimulateIteration(programs, costs).value();
+  costs.replica_link = replica_link;
+  costs.all_reduce_bucket_bytes = bucket_bytes;
+  return SimulateIteration(programs, costs).value();
+}
+
+TEST(TimelineRenderTest, AllReduce_OnComputeThreadWithBytesAndLegend) {
+  const SimulationResult result = TwoReplicas({1000, 0}, 0);  // 2000 B: 2 s per stage
   const auto trace = nlohmann::json::parse(ChromeTraceJson(result, {}));
   int all_reduces = 0;
   for (const auto& e : trace.at("traceEvents")) {
@@ -229,15 +237,8 @@ TEST(TimelineRenderTest, AllReduce_OnComputeThreadWithBytesAndLegend) {
 // lane and a thread of their own in the trace, with a legend entry; the
 // step's wait for them is an "AR" box like the all-reduce it waits for.
 TEST(TimelineRenderTest, AllReduceBuckets_OnTheirOwnRowAndThread) {
-  auto programs = CompilePrograms({{0, 2}, {2, 4}}, 4, 3, Schedule::kOneFOneB).value();
-  SimulationCosts costs;
-  costs.units.assign(4, UnitSimulationCost{1, 2, 100, 1000});
-  costs.worker_speeds = {1, 1};
-  costs.link.bandwidth_bytes_per_second = 100;
-  costs.data_parallel = 2;
-  costs.replica_link = {100, 0};  // a 1000 B bucket: 10 s, longer than what follows it
-  costs.all_reduce_bucket_bytes = 1000;
-  const SimulationResult result = SimulateIteration(programs, costs).value();
+  // A 1000 B bucket: 10 s, longer than what follows it.
+  const SimulationResult result = TwoReplicas({100, 0}, 1000);
   const auto trace = nlohmann::json::parse(ChromeTraceJson(result, {}));
   int buckets = 0, waits = 0;
   for (const auto& e : trace.at("traceEvents")) {

@@ -162,29 +162,42 @@ TEST_F(DataParallelClusterTest, FusedEmbeddingSync_BitwiseUnfused_OneCollectiveF
       << "unfused " << collectives[0] << ", fused " << collectives[1];
 }
 
-// Selective stage compression across processes: PowerSGD with error
-// feedback on the stages the planner picks. The replicas still end
-// bitwise identical (the job SUCCEEDED: their weight digests agreed), and
-// the run trains like the exact one.
-// PowerSGD, and a quantizer, on stages 0 and 1 of 3: the job SUCCEEDS (so
-// the replicas' final weights agreed bit for bit) and trains alike.
+// Selective stage compression across processes, with error feedback:
+// PowerSGD, and a quantizer, on stages 0 and 1 of 3, and bf16 in a layout
+// the planner chooses (data 0 over 6 workers, the stages its choice too).
+// Each job SUCCEEDS (so the replicas' final weights agreed bit for bit)
+// and trains alike.
 TEST_F(DataParallelClusterTest, SelectiveStageCompression_ReplicasAgreeAndTrain) {
   ASSERT_NE(cluster_, nullptr);
   const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
   auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
-  for (const std::string codec : {"powersgd:rank=2", "linear:bits=8"}) {
+  for (const std::string codec : {"powersgd:rank=2", "linear:bits=8", "auto bf16"}) {
     SCOPED_TRACE(codec);
     v1::JobSpec spec = Spec(2, 3, "1f1b", "compressed.safetensors");
-    spec.mutable_compression()->mutable_data_parallel()->set_codec(codec);
-    spec.mutable_compression()->mutable_data_parallel()->add_stages(0);
-    spec.mutable_compression()->mutable_data_parallel()->add_stages(1);
+    v1::DataParallelCompressionSpec* dp = spec.mutable_compression()->mutable_data_parallel();
+    if (codec == "auto bf16") {
+      spec = Spec(0, 0, "1f1b", "compressed.safetensors");
+      spec.mutable_parallelism()->set_workers(6);
+      spec.mutable_compression()->mutable_data_parallel()->set_codec("bf16");
+    } else {
+      dp->set_codec(codec);
+      dp->add_stages(0);
+      dp->add_stages(1);
+    }
     const std::string id = testing::SubmitJob(*stub, spec);
     const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
     ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
     ASSERT_EQ(job.progress().loss_history_size(), kSteps);
     const float last = job.progress().loss_history(kSteps - 1);
-    EXPECT_NE(last, ref.losses.back());  // the codec bites
     EXPECT_NEAR(last, ref.losses.back(), 0.05 * ref.losses.back());
+    if (codec != "auto bf16") {
+      EXPECT_NE(last, ref.losses.back());  // the codec bites
+      continue;
+    }
+    // The layout chosen keeps the codec where it has replicas.
+    const int replicas = job.spec().parallelism().data();
+    EXPECT_EQ(replicas * job.spec().parallelism().stages(), 6);
+    EXPECT_EQ(job.spec().compression().data_parallel().codec(), replicas > 1 ? "bf16" : "none");
   }
 }
 

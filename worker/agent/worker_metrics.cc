@@ -12,8 +12,8 @@ namespace pipetrain {
 namespace {
 
 // IterationResult::phase_seconds' and ::collectives' keys.
-constexpr const char* kPhases[] = {"forward", "backward",  "recompute", "send",
-                                   "decode",  "optimizer", "tied"};
+constexpr const char* kPhases[] = {"forward", "backward",  "recompute",  "send",
+                                   "decode",  "optimizer", "all_reduce", "tied"};
 constexpr const char* kPurposes[] = {"data_parallel", "embedding_sync", "grad_clip", "loss_gather",
                                      "tensor_parallel"};
 

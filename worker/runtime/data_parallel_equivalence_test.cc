@@ -210,6 +210,14 @@ TEST(DataParallelEquivalenceTest, SmallBuckets_AllReduceOverlapsTheBackwardPass)
     // its own all-reduce.
     EXPECT_EQ(pipe.collectives.at("data_parallel"),
               int64_t{NumUnits(c.model) + (stages == 1 ? 1 : 0)} * 2 * testing::kIterations);
+    // The step's share of the all-reduce is a phase of its own, apart from
+    // the optimizer's.
+    EXPECT_GT(pipe.phase_seconds.at("all_reduce"), 0);
+    EXPECT_GT(pipe.phase_seconds.at("optimizer"), 0);
+    const RunOutput alone =
+        RunPipeline(c, data, *ranges, *ranges, Schedule::kOneFOneB, nullptr, nullptr, {});
+    EXPECT_EQ(alone.phase_seconds.count("all_reduce"), 0u);  // no replicas, no all-reduce
+    EXPECT_GT(alone.phase_seconds.at("optimizer"), 0);
   }
 }
 

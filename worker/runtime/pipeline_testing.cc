@@ -203,6 +203,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   std::vector<std::optional<StageSnapshot>> snapshots(total);
   std::vector<std::vector<IterationResult>> results(total);
   std::vector<std::map<std::string, int64_t>> collectives(total), collective_bytes(total);
+  std::vector<std::map<std::string, double>> phase_seconds(total);
   std::vector<std::vector<float>> val_losses(total);
   std::vector<absl::Status> errors(total);
   // Tensor parallelism: each runtime's weights gathered into unsplit tensors
@@ -222,6 +223,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
           collectives[g][purpose] += stats.count;
           collective_bytes[g][purpose] += stats.wire_bytes;
         }
+        for (const auto& [phase, seconds] : r->phase_seconds) phase_seconds[g][phase] += seconds;
         results[g].push_back(*r);
         if (EvaluatesAfter(c, i + 1, iterations)) {
           auto val = runtimes[g]->RunEval(i + 1);
@@ -262,6 +264,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     for (const auto& [purpose, bytes] : collective_bytes[g]) {
       out.collective_bytes[purpose] += bytes;
     }
+    for (const auto& [phase, seconds] : phase_seconds[g]) out.phase_seconds[phase] += seconds;
   }
   for (int g = 0; g < total; ++g) {
     if (!snapshots[g].has_value()) continue;

@@ -55,6 +55,9 @@ struct RunOutput {
   std::map<std::string, int64_t> collectives;
   std::map<std::string, int64_t> collective_bytes;  // wire bytes
   PipelineCheckpoint checkpoint;                    // with PipelineExtras::snapshot_after
+  // Busy seconds of every runtime over the whole run, by phase
+  // (IterationResult::phase_seconds).
+  std::map<std::string, double> phase_seconds;
 };
 
 // Expects `pipe` to equal `local` as data_parallel_testing.h defines it:

@@ -773,11 +773,21 @@ absl::Status StageRuntime::Execute(const v1::Instruction& in, int64_t iteration,
       phase = "tied";
       status = AddTied(in.add_tied_gradient(), iteration, result);
       break;
-    case v1::Instruction::kOptimizerStep:
+    case v1::Instruction::kOptimizerStep: {
+      // Its all-reduce phase (PrepareOptimizerStep's, with replicas) is
+      // not the optimizer's; read without adding the phase to a result
+      // that has none.
+      auto all_reduce = [result] {
+        auto it = result->phase_seconds.find("all_reduce");
+        return it == result->phase_seconds.end() ? 0.0 : it->second;
+      };
+      const double all_reduce_before = all_reduce();
       status = PrepareOptimizerStep(iteration, result);
       if (status.ok()) optimizer_.Step(parameters());
-      phase = "optimizer";
-      break;
+      result->phase_seconds["optimizer"] +=
+          SecondsSince(start) - (all_reduce() - all_reduce_before);
+      return status;
+    }
     case v1::Instruction::OP_NOT_SET:
       return Internal("empty instruction");
   }
@@ -1377,7 +1387,14 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
 absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResult* result) {
   const TrainConfig& train = setup_.train;
   optimizer_.set_lr(LearningRate(train, optimizer_.steps_taken()));
-  if (setup_.replicas > 1) RETURN_IF_ERROR(AllReduceGradients(iteration, result));
+  if (setup_.replicas > 1) {
+    // The all-reduce's time at the step (the wait for the overlapped
+    // buckets, then the rest): its own phase, not the optimizer's.
+    const auto start = Clock::now();
+    const absl::Status reduced = AllReduceGradients(iteration, result);
+    if (result != nullptr) result->phase_seconds["all_reduce"] += SecondsSince(start);
+    RETURN_IF_ERROR(reduced);
+  }
   if (!(train.grad_clip > 0)) return absl::OkStatus();
   // Every parameter of the model in GptModel::parameters() order (the
   // head's tied copy of wte left out), and its squared-gradient sum: this

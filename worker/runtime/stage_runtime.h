@@ -164,7 +164,10 @@ struct IterationResult {
   // "recompute", "send" (starting each send's copy, a device encode, and
   // waiting at the iteration's end for sends still in the background; the
   // host encoding runs on the send thread and is in `sent`'s codec time),
-  // "decode", "optimizer", "tied".
+  // "decode", "optimizer" (clipping, the schedule and AdamW), "all_reduce"
+  // (with replicas: the data-parallel all-reduce's time at the step, the
+  // wait for the buckets that overlapped the backward pass included; what
+  // they hid is not here), "tied".
   std::map<std::string, double> phase_seconds;
   // What crossed each link, by (peer stage, tensor kind name): sends (with
   // encode time and sampled compression error) and receives (decode time).

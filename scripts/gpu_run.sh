@@ -116,7 +116,9 @@ fi
 # point-to-point stream, loopback with 2, 4 and 8 member processes, and
 # under emulated 1 and 10 Gbit/s links with 2 and 4; its goal lines say
 # whether busbw reached 0.8 x point-to-point and 0.9 x the emulated link
-# from 16 MiB up. CPU only: no GPU is used.
+# from 16 MiB up. Then, as time allows, the bf16-compressed all-reduce
+# (--codec bf16, AllReduceEncoded) with 2 and 4 members. CPU only: no GPU
+# is used.
 if [[ "$mode" == collectives ]]; then
   note "cpu: $(nproc) hardware threads; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   mkdir -p "$out/collectives"
@@ -136,6 +138,10 @@ if [[ "$mode" == collectives ]]; then
       collective "${link%%,*}_n$n" --members "$n" --max-mib "${COLLECTIVE_LINK_MAX_MIB:-64}" \
         --iters 2 --emulate-link "$link"
     done
+  done
+  for n in 2 4; do
+    collective "bf16_n$n" --members "$n" --max-mib "${COLLECTIVE_LINK_MAX_MIB:-64}" --iters 2 \
+      --codec bf16
   done
   cat "$out"/collectives/*.txt
   finish

@@ -204,12 +204,12 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
         ASSIGN_OR_RETURN(const std::unique_ptr<Codec> codec, MakeCodec(r.data_parallel_quantizer));
         fractions = QuantizerByteFractions(r.train.model, solved.backward, *codec);
       }
-      // A quantizer's own CPU time per byte, as the profile measured it
-      // (PowerSGD's is not measured), on the lane and, where the host has
-      // no core to spare, taken from compute (simulator.h).
+      // The codec's own CPU time per byte, as the profile measured it, on
+      // the lane and, where the host has no core to spare, taken from
+      // compute (simulator.h).
       const double cpu_per_byte =
           r.data_parallel_quantizer.empty()
-              ? 0.0
+              ? PowerSgdAllReduceSecondsPerByte(profile, r.data_parallel_powersgd_rank)
               : QuantizedAllReduceSecondsPerByte(profile, r.data_parallel_quantizer);
       const std::vector<bool> no_spare_core =
           PositionsWithoutSpareCore(cluster, replicas, r.stages, tensor);

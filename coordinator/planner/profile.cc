@@ -166,6 +166,13 @@ double QuantizedAllReduceSecondsPerByte(const ModelProfile& profile, const std::
   return 0;
 }
 
+double PowerSgdAllReduceSecondsPerByte(const ModelProfile& profile, int rank) {
+  const auto& costs = profile.codec_all_reduce_seconds_per_byte;
+  auto one = costs.find("powersgd:rank=1"), eight = costs.find("powersgd:rank=8");
+  if (one == costs.end() || eight == costs.end()) return 0;
+  return std::max(0.0, one->second + (eight->second - one->second) * (rank - 1) / 7.0);
+}
+
 absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
   auto parsed = Parse(text);
   if (!parsed.ok()) return parsed.status();

@@ -54,6 +54,11 @@ struct ModelProfile {
 // depends on the width), else 0 (not measured).
 double QuantizedAllReduceSecondsPerByte(const ModelProfile& profile, const std::string& quantizer);
 
+// The same for PowerSGD of `rank`: the line through the profile's
+// "powersgd:rank=1" and "powersgd:rank=8" entries (its GEMMs grow with the
+// rank, its error feedback does not), at least 0; 0 when either is missing.
+double PowerSgdAllReduceSecondsPerByte(const ModelProfile& profile, int rank);
+
 struct WorkerSpec {
   std::string name;
   double speed = 1.0;       // relative compute speed (> 0)

@@ -55,6 +55,12 @@ TEST(ProfileTest, ParseProfile_CodecTimingsRoundTripAndAreBounded) {
   EXPECT_EQ(QuantizedAllReduceSecondsPerByte(again, "bf16"), 1e-9);
   EXPECT_EQ(QuantizedAllReduceSecondsPerByte(again, "piecewise:bits=3"), 5e-9);
   EXPECT_EQ(QuantizedAllReduceSecondsPerByte(again, "linear:bits=8"), 0);
+  // PowerSGD: the line through ranks 1 and 8.
+  EXPECT_EQ(PowerSgdAllReduceSecondsPerByte(again, 4), 0);  // not measured
+  p.codec_all_reduce_seconds_per_byte["powersgd:rank=1"] = 1e-9;
+  p.codec_all_reduce_seconds_per_byte["powersgd:rank=8"] = 8e-9;
+  EXPECT_DOUBLE_EQ(PowerSgdAllReduceSecondsPerByte(p, 4), 4e-9);
+  EXPECT_DOUBLE_EQ(PowerSgdAllReduceSecondsPerByte(p, 15), 15e-9);
   const std::string units =
       R"("units": [{"name": "embed", "fwd_seconds": 1, "bwd_seconds": 1, "weight_bytes": 4,
           "activation_bytes": 4}])";

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <thread>
@@ -20,6 +21,7 @@
 #include "nlohmann/json.hpp"
 #include "worker/agent/device_info.h"
 #include "worker/collectives/collectives.h"
+#include "worker/collectives/powersgd_all_reduce.h"
 #include "worker/data/dataset.h"
 #include "worker/model/gpt_config.h"
 #include "worker/model/unit.h"
@@ -292,15 +294,15 @@ nlohmann::ordered_json ByteCount(double bytes) {
   return bytes;
 }
 
-// Times Collectives::AllReduceEncoded through quantizer `name` as a
-// compressed data-parallel stage runs it (a flat tensor, its coding error
-// kept), between two members on threads of this process over an
-// in-process fabric, kCodecTimingElements values each: member 0's median
-// over `repetitions` runs after `warmup`, per fp32 byte, into `out`.
-absl::Status TimeQuantizedAllReduce(const std::string& name, const ResolvedRequest& r,
-                                    v1::CodecTiming* out) {
+// Times `reduce`, one data-parallel all-reduce of a member's `data`
+// (kCodecTimingElements N(0, 1e-3) values, fresh each run), between two
+// members on threads of this process over an in-process fabric: member 0's
+// median over `repetitions` runs after `warmup`, per fp32 byte, into `out`
+// as `name`.
+using MemberReduce = std::function<absl::Status(Collectives&, int run, int member, Tensor& data)>;
+absl::Status TimeTwoMemberAllReduce(const std::string& name, const ResolvedRequest& r,
+                                    const MemberReduce& reduce, v1::CodecTiming* out) {
   using Clock = std::chrono::steady_clock;
-  ASSIGN_OR_RETURN(const std::unique_ptr<Codec> codec, MakeQuantizer(name));
   InProcessFabric fabric(2);
   CollectiveOptions options;
   options.timeout = absl::Seconds(60);
@@ -315,10 +317,8 @@ absl::Status TimeQuantizedAllReduce(const std::string& name, const ResolvedReque
     status[rank] = collectives.status();
     for (int run = 0; status[rank].ok() && run < r.warmup + r.repetitions; ++run) {
       Tensor data = values.Clone();
-      Tensor coding_error;
       const Clock::time_point start = Clock::now();
-      status[rank] = collectives.AllReduceEncoded(run, /*tag=*/0, *codec, data.numel(), data,
-                                                  nullptr, &coding_error);
+      status[rank] = reduce(collectives, run, rank, data);
       if (rank == 0 && run >= r.warmup) {
         seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
       }
@@ -330,10 +330,40 @@ absl::Status TimeQuantizedAllReduce(const std::string& name, const ResolvedReque
   other.join();
   RETURN_IF_ERROR(status[0]);
   RETURN_IF_ERROR(status[1]);
-  out->set_codec(codec->name());
+  out->set_codec(name);
   out->set_all_reduce_seconds_per_byte(Median(seconds) /
                                        static_cast<double>(kCodecTimingElements * 4));
   return absl::OkStatus();
+}
+
+// Collectives::AllReduceEncoded through quantizer `name` as a compressed
+// data-parallel stage runs it (a flat tensor, its coding error kept).
+absl::Status TimeQuantizedAllReduce(const std::string& name, const ResolvedRequest& r,
+                                    v1::CodecTiming* out) {
+  ASSIGN_OR_RETURN(const std::unique_ptr<Codec> codec, MakeQuantizer(name));
+  return TimeTwoMemberAllReduce(
+      codec->name(), r,
+      [&codec](Collectives& collectives, int run, int, Tensor& data) {
+        Tensor coding_error;
+        return collectives.AllReduceEncoded(run, /*tag=*/0, *codec, data.numel(), data, nullptr,
+                                            &coding_error);
+      },
+      out);
+}
+
+// PowerSgdAllReduce of rank `rank` with error feedback on a
+// kPowerSgdTimingRows-row matrix, its warm start and residual kept from run
+// to run, as a compressed stage runs it on each matrix.
+absl::Status TimePowerSgdAllReduce(int rank, const ResolvedRequest& r, v1::CodecTiming* out) {
+  PowerSgdAllReduceState states[2];
+  const int64_t rows = kPowerSgdTimingRows, cols = kCodecTimingElements / kPowerSgdTimingRows;
+  return TimeTwoMemberAllReduce(
+      absl::StrCat("powersgd:rank=", rank), r,
+      [&states, rank, rows, cols](Collectives& collectives, int run, int member, Tensor& data) {
+        return PowerSgdAllReduce(collectives, run, /*tag=*/0, rank, rows, cols,
+                                 /*error_feedback=*/true, data, &states[member]);
+      },
+      out);
 }
 
 }  // namespace
@@ -358,6 +388,9 @@ absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
   RETURN_IF_ERROR(backend->status());
   for (const char* name : kProfiledQuantizers) {
     RETURN_IF_ERROR(TimeQuantizedAllReduce(name, r, profile.add_codecs()));
+  }
+  for (int rank : kProfiledPowerSgdRanks) {
+    RETURN_IF_ERROR(TimePowerSgdAllReduce(rank, r, profile.add_codecs()));
   }
   return profile;
 }

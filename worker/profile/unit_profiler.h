@@ -53,7 +53,9 @@
 // members on threads of this process (in-process transport, coding error
 // kept, as a compressed data-parallel stage runs it) on the host CPU (where
 // gradients are coded whatever the backend), over `warmup` untimed and
-// `repetitions` timed runs, per fp32 byte of a member's tensor.
+// `repetitions` timed runs, per fp32 byte of a member's tensor; and the
+// same for PowerSgdAllReduce (error feedback, warm start kept) at each of
+// kProfiledPowerSgdRanks on a [kPowerSgdTimingRows, 512] matrix.
 //
 // Units run on `backend` (the CPU by default); each timed pass ends with
 // Backend::Synchronize, so a GPU's times include its queued work. On the
@@ -90,6 +92,11 @@ inline constexpr int kDefaultProfileRepetitions = 5;
 inline constexpr const char* kProfiledQuantizers[] = {"fp16", "bf16", "linear:bits=8",
                                                       "piecewise:bits=8"};
 inline constexpr int64_t kCodecTimingElements = int64_t{1} << 18;
+// PowerSGD's timed ranks (ModelProfile.codecs "powersgd:rank=R"), on a
+// matrix of kPowerSgdTimingRows rows of the same values: two, so that the
+// planner can take its cost at any rank as a line through them.
+inline constexpr int kProfiledPowerSgdRanks[] = {1, 8};
+inline constexpr int64_t kPowerSgdTimingRows = 512;
 
 // Called before each unit is profiled, with its pipeline index and name, so a
 // caller can show progress on a long profile. Runs on the calling thread.

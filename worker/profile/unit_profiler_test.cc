@@ -104,8 +104,10 @@ TEST(ProfileUnitsTest, SmallModel_TimesArePositive) {
     EXPECT_GT(c.all_reduce_seconds_per_byte(), 0) << c.codec();
     EXPECT_LT(c.all_reduce_seconds_per_byte(), 1e-6) << c.codec();  // 1 MB/s would be absurd
   }
-  EXPECT_EQ(codecs, (std::vector<std::string>(std::begin(kProfiledQuantizers),
-                                              std::end(kProfiledQuantizers))));
+  std::vector<std::string> profiled(std::begin(kProfiledQuantizers), std::end(kProfiledQuantizers));
+  for (int rank : kProfiledPowerSgdRanks)
+    profiled.push_back("powersgd:rank=" + std::to_string(rank));
+  EXPECT_EQ(codecs, profiled);
 }
 
 TEST(ProfileUnitsTest, SmallModel_BytesMatchAnalyticSizes) {
@@ -271,7 +273,7 @@ TEST(ProfileToFileJsonTest, Profile_WritesTheFileFormatKeysInDocumentedOrder) {
   std::vector<std::string> top, unit_keys;
   for (const auto& [key, value] : file.items()) top.push_back(key);
   EXPECT_EQ(top, (std::vector<std::string>{"micro_batch_size", "units", "codecs"}));
-  ASSERT_EQ(file["codecs"].size(), 4u);
+  ASSERT_EQ(file["codecs"].size(), 6u);
   EXPECT_EQ(file["codecs"][1]["codec"], "bf16");
   EXPECT_GT(file["codecs"][1]["all_reduce_seconds_per_byte"].get<double>(), 0);
   EXPECT_EQ(file["micro_batch_size"], kBatch);

@@ -12,6 +12,7 @@
 #include "kernels/compress/token_topk_codec.h"
 #include "worker/data/synthetic_text.h"
 #include "worker/model/unit.h"
+#include "worker/runtime/pipeline_testing.h"
 #include "worker/runtime/stage_runtime.h"
 #include "worker/transport/in_process_transport.h"
 
@@ -42,19 +43,10 @@ class RecordingTransport : public Transport {
 // spec that is not one quantizer, one without replicas to reduce over, or
 // one beside a PowerSGD rank is INVALID_ARGUMENT, not a crash.
 TEST(StageRuntimeCompression, DataParallelQuantizer_BadSetupsRefused) {
-  TrainConfig c;
-  c.model.n_layer = 1;
-  c.model.n_head = 2;
-  c.model.d_model = 16;
-  c.model.max_seq_len = 8;
-  c.seq_len = 8;
-  c.batch_size = 4;
-  c.micro_batches = 2;
-  const std::string text = GenerateEnglishText(5, 20000);
-  const Dataset data =
-      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 8, 0.1).value();
-  const std::vector<Range> ranges = {{0, 4}};
-  auto programs = CompilePrograms(ranges, 4, 1, Schedule::kOneFOneB).value();
+  const TrainConfig c = testing::SmallConfig();
+  const Dataset data = testing::MakeDataset();
+  const std::vector<Range> ranges = {{0, 6}};
+  auto programs = CompilePrograms(ranges, 6, 1, Schedule::kOneFOneB).value();
   InProcessFabric fabric(2);
   std::unique_ptr<Transport> transport = fabric.Connect(0);
   StageSetup setup{"job-q", c, 0, 1, ToUnitRange(ranges[0]), ToUnitRange(ranges[0]),

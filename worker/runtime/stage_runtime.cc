@@ -1258,6 +1258,10 @@ absl::Status StageRuntime::FlushBucket() {
       });
 }
 
+Tensor StageRuntime::OnHost(const Tensor& t) const {
+  return t.on_device() ? setup_.backend->Download(t) : t;
+}
+
 bool StageRuntime::PowerSgdPays(const Parameter& p) const {
   // PowerSGD pays where r (rows + cols) < rows * cols (Vogels et al.
   // leave vectors uncompressed too).
@@ -1275,7 +1279,6 @@ int StageRuntime::GroupTags(const std::vector<Parameter*>& params) const {
 absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
                                           const std::vector<Parameter*>& params, Tensor* residual,
                                           IterationResult::CollectiveStats* stats) {
-  auto host = [this](const Tensor& t) { return t.on_device() ? setup_.backend->Download(t) : t; };
   auto count = [stats](int64_t bytes, int64_t wire_bytes, Clock::time_point start) {
     ++stats->count;
     stats->bytes += bytes;
@@ -1291,7 +1294,7 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
       numel += p->grad.numel();
       continue;
     }
-    Tensor g = host(p->grad).Clone();
+    Tensor g = OnHost(p->grad).Clone();
     const int64_t rows = p->grad.shape()[0], cols = p->grad.shape()[1];
     const auto start = Clock::now();
     RETURN_IF_ERROR(PowerSgdAllReduce(collectives, iteration, tag, rank, rows, cols,
@@ -1309,7 +1312,7 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
   Tensor flat = Tensor::Zeros({numel});
   int64_t offset = 0;
   for (const Parameter* p : flat_params) {
-    const Tensor g = host(p->grad);
+    const Tensor g = OnHost(p->grad);
     std::memcpy(flat.data() + offset, g.data(), g.size_bytes());
     offset += g.numel();
   }
@@ -1373,9 +1376,8 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
     total.wire_bytes += stats->wire_bytes;
     total.seconds += stats->seconds;
   }
-  auto host = [this](const Tensor& t) { return t.on_device() ? setup_.backend->Download(t) : t; };
   if (tied != nullptr && !tied_reduced_) {
-    Tensor g = host(tied->grad);
+    Tensor g = OnHost(tied->grad);
     const auto start = Clock::now();
     RETURN_IF_ERROR(collectives.AllReduceInMemberOrder(iteration, kDataParallelTagBase + 1, g));
     CountCollective(result, "data_parallel", g.size_bytes(), start);
@@ -1506,7 +1508,7 @@ absl::Status StageRuntime::AddTied(const v1::Instruction::AddTiedGradient& add, 
     Collectives collectives(transport_, CollectiveGroup{members, setup_.job_id},
                             CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
     RETURN_IF_ERROR(collectives.status());
-    Tensor g = holder->grad.on_device() ? setup_.backend->Download(holder->grad) : holder->grad;
+    Tensor g = OnHost(holder->grad);
     const auto start = Clock::now();
     RETURN_IF_ERROR(collectives.AllReduceInMemberOrder(iteration, kEmbeddingSyncTag, g));
     CountCollective(result, "embedding_sync", g.size_bytes(), start);

@@ -323,6 +323,9 @@ class StageRuntime {
   // kOverlapTagBase on, its quantizer residual dp_bucket_residuals_'s slot
   // of the bucket's number).
   absl::Status FlushBucket();
+  // `t` itself on the host, or a host copy of it on a device (the
+  // collectives work on host tensors).
+  Tensor OnHost(const Tensor& t) const;
   // Whether selective stage compression sends p's gradient through
   // PowerSGD (a rank is set and the factors are smaller than the matrix).
   bool PowerSgdPays(const Parameter& p) const;

@@ -282,7 +282,7 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "on GPUs of their own exchange tensors over NCCL)");
   f.String("worker-gemm", &o.worker_gemm, "the workers' --gemm on CUDA: fp32 | tf32 | bf16");
   f.String("worker-attention", &o.worker_attention,
-           "the workers' --attention on CUDA: reference | gemm");
+           "the workers' --attention on CUDA: reference | gemm | flash");
   f.String("loss-log", &o.loss_log,
            "write every step's loss here, one per line at full float precision");
 }

@@ -77,7 +77,8 @@ void BindFlags(FlagSet& f, Options& o) {
            "cpu | cuda | cuda:N | auto (CUDA when built with it and a GPU is visible)");
   f.String("gemm", &o.gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
   f.String("attention", &o.attention,
-           "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs)");
+           "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs) | "
+           "flash (fused, bf16 tensor cores)");
   f.String("init-from", &o.init_from, "start from these safetensors weights (HF GPT-2 names)");
   f.String("resume", &o.resume, "continue from this training checkpoint");
   f.String("save", &o.save, "write final weights here (safetensors)");

@@ -97,7 +97,7 @@ if [[ "$mode" == sanitize ]]; then
     note "NOT RUN compute_sanitizer: not on this machine"
   else
     mkdir -p "$out/sanitizer"
-    for name in attention attention_gemm linear layernorm cross_entropy embedding gelu adamw \
+    for name in attention attention_gemm flash_attention linear layernorm cross_entropy embedding gelu adamw \
       elementwise quantize token_topk half_codec powersgd; do
       for tool in memcheck racecheck synccheck; do
         log="$out/sanitizer/${name}_$tool.log"
@@ -248,6 +248,29 @@ rc=$?
 check train_local_cuda_gemm_attention_vs_cpu "$rc" "$(cat "$out/train_gemm_attention_compare.txt")"
 else out_of_time train_local_cuda_gemm_attention_vs_cpu; fi
 
+# 2c. Flash attention (--attention flash, bf16 tensor cores in every GEMM
+# mode) with bf16 GEMMs, twice: within 2e-2 of the CPU run of 2 (bf16
+# rounding, as cuda_backend_test's bf16 cases) and bitwise run to run.
+if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
+  note "NOT RUN train_local_cuda_flash_attention_vs_cpu: no 20-step CPU reference from step 2"
+  failed=1
+elif lim=$(budget 150); then
+timeout -k 5 "$lim" bash -c '
+  rc=0
+  for run in 1 2; do
+    "$1" train-local "${@:3}" --device cuda --gemm bf16 --attention flash \
+      --log "$2/train_cuda_flash$run.jsonl" >"$2/train_cuda_flash$run.txt" 2>&1 || rc=1
+  done
+  exit $rc' _ "$bin/pipetrain" "$out" "${model[@]}"
+flash_rc=$?
+compare_loss_logs "$out/train_cuda_flash1.jsonl" "$out/train_cpu.jsonl" 2e-2 \
+  "cuda bf16 flash attention - cpu" "$out/train_cuda_flash2.jsonl" \
+  >"$out/train_flash_attention_compare.txt" 2>&1
+rc=$?
+[[ $flash_rc -ne 0 ]] && rc=1
+check train_local_cuda_flash_attention_vs_cpu "$rc" "$(cat "$out/train_flash_attention_compare.txt")"
+else out_of_time train_local_cuda_flash_attention_vs_cpu; fi
+
 # 3. The 2-worker pipeline (two worker processes sharing the GPU) against
 # single-process GPU training (one worker process holding every unit; the
 # same job spec, so the same data, seed and optimizer), 1e-5 relative.
@@ -349,11 +372,14 @@ if [[ "$mode" != quick ]]; then
   # bf16 tensor-core GEMMs (--gemm bf16, fp32 tensors; H100 SXM dense BF16
   # peak 989.4 TFLOP/s).
   bench bf16 bf16 989.4
-  # Attention through cuBLAS batched GEMMs (--attention gemm; its parity
-  # tests are attention_gemm_test and cuda_backend_test's GemmAttention
-  # cases), in the two tensor-core modes.
-  bench tf32_gemm_attention tf32 494.7 --attention gemm
+  # Flash attention (--attention flash; its parity tests are
+  # flash_attention_test and cuda_backend_test's FlashAttention cases),
+  # then attention through cuBLAS batched GEMMs (--attention gemm;
+  # attention_gemm_test, the GemmAttention cases) in the two tensor-core
+  # modes; in this order, so the bf16 rows come first if time runs short.
+  bench bf16_flash_attention bf16 989.4 --attention flash
   bench bf16_gemm_attention bf16 989.4 --attention gemm
+  bench tf32_gemm_attention tf32 494.7 --attention gemm
   cat "$out"/bench_*.txt
 fi
 finish

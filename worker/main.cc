@@ -122,7 +122,8 @@ int Run(const std::vector<std::string>& args) {
                "auto (CUDA when built with it and a GPU is visible) | cpu | cuda | cuda:N");
   flags.String("gemm", &f.gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
   flags.String("attention", &f.attention,
-               "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs)");
+               "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs) | "
+               "flash (fused, bf16 tensor cores)");
   flags.Double("recv-timeout-seconds", &f.recv_timeout_seconds,
                "how long a stage waits for a tensor before failing the job");
   flags.String("emulate-link", &f.emulate_link,

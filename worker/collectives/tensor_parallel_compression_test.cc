@@ -172,6 +172,7 @@ TEST_P(TokenSparseTest, DroppedTokensPassTheResidual_KeptOnesEqualTheWholeUnit) 
   if (attention) {
     // The paper's choice: the tokens of highest An over all heads.
     UnitContext ctx;
+    whole->KeepTokenImportance();
     whole->Forward(x, Batch(), &ctx);
     const std::vector<uint8_t> top = KeepTopTokensPerSample(whole->TokenImportance(ctx), 16, 0.5);
     EXPECT_EQ(ranks[0].kept, std::vector<float>(top.begin(), top.end()));

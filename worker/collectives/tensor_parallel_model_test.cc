@@ -152,6 +152,7 @@ TEST(TensorParallelModelTest, AttentionTokenImportance_TheWholeLayersOnEveryRank
   auto scores_of = [&](GptModel& model) {
     UnitContext embed_ctx, attn_ctx;
     const Tensor x = model.unit(0).Forward(Tensor(), batch, &embed_ctx);
+    model.unit(1).KeepTokenImportance();
     model.unit(1).Forward(x, batch, &attn_ctx);
     return model.unit(1).TokenImportance(attn_ctx);
   };

@@ -53,14 +53,21 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
   Tensor mean = backend()->Empty({n}), rstd = backend()->Empty({n});
   Tensor qkv = backend()->Empty({B, T, 3 * dl});
   Tensor att = backend()->Empty({B, T, dl});
-  Tensor probs = backend()->Empty({B, H, T, T});
-  Tensor y = backend()->Empty({B, T, d});
   // AccTFM's fine-grained pipeline (acctfm.txt §4.2): the samples in k
   // partitions, partition j's all-reduce running while j + 1 computes.
   // Every op works on whole samples, so a partition is a run of rows.
   const int k = TensorParallelPartitions(B, /*forward=*/true);
   const int b = B / k, rows = b * T;
   const bool compress = TensorParallelCompresses();
+  // The probabilities [B, H, T, T] when An is read (compressing, or
+  // TokenImportance asked for), else what the backend's attention keeps
+  // (Backend::AttentionSavedFloats), [B, per sample].
+  const bool probabilities = compress || keep_probabilities_;
+  Tensor saved = probabilities ? backend()->Empty({B, H, T, T})
+                               : backend()->Empty({B, backend()->AttentionSavedFloats(
+                                                          1, T, dl, H, /*probabilities=*/false)});
+  const int64_t saved_per_part = backend()->AttentionSavedFloats(b, T, dl, H, probabilities);
+  Tensor y = backend()->Empty({B, T, d});
   std::vector<std::vector<uint8_t>> kept(k);  // per partition, when compressing
   const bool stream = TakeStreamOutput();     // AccTFM across units (unit.h)
   for (int j = 0; j < k; ++j) {
@@ -71,8 +78,8 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
                                 rstd.data() + r);
     backend()->LinearForward(ln_out.data() + r * d, qkv_w_->value.data(), qkv_b_->value.data(),
                              rows, d, 3 * dl, qkv.data() + r * 3 * dl);
-    backend()->AttentionForward(qkv.data() + r * 3 * dl, b, T, dl, H, att.data() + r * dl,
-                                probs.data() + int64_t{j} * b * H * T * T);
+    backend()->AttentionForward(qkv.data() + r * 3 * dl, b, T, dl, H, probabilities,
+                                att.data() + r * dl, saved.data() + j * saved_per_part);
     // Row-parallel c_proj: rank 0 adds the bias, the group sums the parts.
     backend()->LinearForward(att.data() + r * dl, proj_w_->value.data(),
                              tp_rank() == 0 ? proj_b_->value.data() : nullptr, rows, dl, d,
@@ -80,7 +87,7 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
     Tensor part = y.Slice(int64_t{j} * b, int64_t{j + 1} * b);
     if (compress) {
       // This rank's An of the partition's samples; the group sums them.
-      const Tensor p = backend()->Download(probs.Slice(int64_t{j} * b, int64_t{j + 1} * b));
+      const Tensor p = backend()->Download(saved.Slice(int64_t{j} * b, int64_t{j + 1} * b));
       StartTensorParallelTokenSparseSum(part, AttentionColumnSums(p.data(), b, H, T), T, &kept[j]);
     } else {
       StartTensorParallelSum(part);
@@ -92,7 +99,7 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
     WaitTensorParallelSums();
     backend()->Add(y.data(), x.data(), y.numel(), y.data());
   }
-  ctx->saved = {x, ln_out, mean, rstd, qkv, probs, att};
+  ctx->saved = {x, ln_out, mean, rstd, qkv, saved, att};
   if (compress) ctx->saved.push_back(KeptRowsTensor(kept));
   return y;
 }
@@ -115,6 +122,9 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch, const 
   const bool compress = TensorParallelCompresses() && s.size() > kKept;
   const Tensor dy_kept = compress ? ZeroDroppedRows(dy, KeptRows(s[kKept], 0, n)) : dy;
   const bool stream = TakeStreamOutput();
+  // As Forward chose (a [B, H, T, T] tensor holds the probabilities).
+  const bool probabilities = s[kProbs].shape().size() == 4;
+  const int64_t saved_per_part = backend()->AttentionSavedFloats(b, T, dl, H, probabilities);
   Tensor dx = backend()->Empty({B, T, d});
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;
@@ -123,8 +133,8 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch, const 
     backend()->LinearBackward(s[kAttOut].data() + r * dl, proj_w_->value.data(),
                               dy_kept.data() + r * d, rows, dl, d, datt.data() + r * dl,
                               proj_w_->grad.data(), proj_b_->grad.data());
-    backend()->AttentionBackward(s[kQkv].data() + r * 3 * dl,
-                                 s[kProbs].data() + int64_t{j} * b * H * T * T,
+    backend()->AttentionBackward(s[kQkv].data() + r * 3 * dl, s[kAttOut].data() + r * dl,
+                                 s[kProbs].data() + j * saved_per_part, probabilities,
                                  datt.data() + r * dl, b, T, dl, H, dqkv.data() + r * 3 * dl,
                                  scratch.is_null() ? nullptr : scratch.data());
     backend()->LinearBackward(s[kLnOut].data() + r * d, qkv_w_->value.data(),
@@ -156,7 +166,8 @@ Tensor AttentionUnit::Backward(const Tensor& dy, const TokenBatch& batch, const 
 }
 
 std::vector<float> AttentionUnit::TokenImportance(const UnitContext& ctx) const {
-  if (ctx.saved.size() < kNumSlots) return {};
+  // Without KeepTokenImportance, Forward may have kept no probabilities.
+  if (ctx.saved.size() < kNumSlots || ctx.saved[kProbs].shape().size() != 4) return {};
   // [B, H, T, T], rows are queries; a host copy when on a device.
   const Tensor probs = backend()->Download(ctx.saved[kProbs]);
   std::vector<float> sums =

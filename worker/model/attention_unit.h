@@ -29,6 +29,7 @@ class AttentionUnit : public Unit {
   // attention token t receives from the whole sequence (acctfm §4.3.1).
   // A tensor-parallel rank sums its own heads only.
   std::vector<float> TokenImportance(const UnitContext& ctx) const override;
+  void KeepTokenImportance() override { keep_probabilities_ = true; }
 
  private:
   // Slots of UnitContext::saved.
@@ -37,6 +38,7 @@ class AttentionUnit : public Unit {
   enum Slot { kX, kLnOut, kLnMean, kLnRstd, kQkv, kProbs, kAttOut, kNumSlots, kKept = kNumSlots };
   GptConfig config_;
   Parameter *ln_w_, *ln_b_, *qkv_w_, *qkv_b_, *proj_w_, *proj_b_;
+  bool keep_probabilities_ = false;  // KeepTokenImportance
 };
 
 }  // namespace pipetrain

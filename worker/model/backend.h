@@ -210,12 +210,26 @@ class Backend {
   virtual void Add(const float* a, const float* b, int64_t n, float* out) = 0;
   virtual void AddInPlace(float* acc, const float* x, int64_t n) = 0;
   virtual void Subtract(const float* a, const float* b, int64_t n, float* out) = 0;
+  // What AttentionForward keeps for AttentionBackward (its `saved`), in
+  // floats. With `probabilities`, the attention probabilities [batch,
+  // heads, seq_len, seq_len], for a caller that reads them
+  // (AttentionUnit::TokenImportance, AccTFM's compression); without, what
+  // the backend's attention needs: the same by default, each row's
+  // log-sum-exp [batch, heads, seq_len] for a flash-style one
+  // (cuda_backend.h AttentionImpl::kFlash). Linear in batch. Pass the same
+  // `probabilities` to AttentionForward and AttentionBackward.
+  virtual int64_t AttentionSavedFloats(int batch, int seq_len, int /*c*/, int heads,
+                                       bool /*probabilities*/) const {
+    return int64_t{batch} * heads * seq_len * seq_len;
+  }
   virtual void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads,
-                                float* out, float* probs) = 0;
-  // `scratch` holds seq_len * seq_len floats: the CPU kernel's work space
-  // (a device backend uses one of its own and may be passed null).
-  virtual void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
-                                 int seq_len, int c, int heads, float* dqkv, float* scratch) = 0;
+                                bool probabilities, float* out, float* saved) = 0;
+  // `out` is AttentionForward's output, `saved` what it kept. `scratch`
+  // holds seq_len * seq_len floats: the CPU kernel's work space (a device
+  // backend uses one of its own and may be passed null).
+  virtual void AttentionBackward(const float* qkv, const float* out, const float* saved,
+                                 bool probabilities, const float* dout, int batch, int seq_len,
+                                 int c, int heads, float* dqkv, float* scratch) = 0;
   // `host_tokens`: batch * seq_len ids in [0, vocab), on the host.
   virtual void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe,
                                 int batch, int seq_len, int c, int vocab, float* out) = 0;

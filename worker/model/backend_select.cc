@@ -29,9 +29,9 @@ absl::Status ReducedPrecisionOnCpu(const std::string& gemm) {
       absl::StrCat("--gemm ", gemm, " needs a CUDA device; the CPU backend computes in fp32"));
 }
 
-absl::Status GemmAttentionOnCpu() {
-  return absl::InvalidArgumentError(
-      "--attention gemm needs a CUDA device; the CPU backend has one attention");
+absl::Status DeviceAttentionOnCpu(const std::string& attention) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--attention ", attention, " needs a CUDA device; the CPU backend has one attention"));
 }
 
 absl::StatusOr<SelectedBackend> Cuda(int device, const std::string& gemm,
@@ -52,9 +52,9 @@ int VisibleCudaDevices() { return cuda_hooks::DeviceCount().value_or(0); }
 
 absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm,
                                  const std::string& attention) {
-  if (attention != "reference" && attention != "gemm") {
+  if (attention != "reference" && attention != "gemm" && attention != "flash") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--attention must be reference or gemm, got '", attention, "'"));
+        absl::StrCat("--attention must be reference, gemm or flash, got '", attention, "'"));
   }
   if (gemm != "fp32" && gemm != "tf32" && gemm != "bf16") {
     return absl::InvalidArgumentError(
@@ -65,7 +65,7 @@ absl::Status ValidateDeviceFlags(const std::string& device, const std::string& g
         absl::StrCat("--device must be auto, cpu, cuda or cuda:N (N >= 0), got '", device, "'"));
   }
   if (device == "cpu" && gemm != "fp32") return ReducedPrecisionOnCpu(gemm);
-  if (device == "cpu" && attention == "gemm") return GemmAttentionOnCpu();
+  if (device == "cpu" && attention != "reference") return DeviceAttentionOnCpu(attention);
   return absl::OkStatus();
 }
 
@@ -79,7 +79,7 @@ absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device, const s
     if (count > 0) return Cuda(0, gemm, attention);
   }
   if (gemm != "fp32") return ReducedPrecisionOnCpu(gemm);
-  if (attention == "gemm") return GemmAttentionOnCpu();
+  if (attention != "reference") return DeviceAttentionOnCpu(attention);
   SelectedBackend selected;
   selected.backend = CpuBackend();
   return selected;

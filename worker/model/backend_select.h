@@ -11,9 +11,9 @@
 // the parity checks against the CPU use; tf32 and bf16 are the tensor-core
 // modes, kernels/cuda/linear.h); the CPU backend always computes in fp32, so
 // tf32 or bf16 with a CPU device is INVALID_ARGUMENT rather than silently
-// ignored. --attention reference|gemm picks how CUDA computes attention
-// (cuda_backend.h AttentionImpl; reference is the default); gemm with a CPU
-// device is INVALID_ARGUMENT likewise. Thread-safe.
+// ignored. --attention reference|gemm|flash picks how CUDA computes
+// attention (cuda_backend.h AttentionImpl; reference is the default); gemm
+// or flash with a CPU device is INVALID_ARGUMENT likewise. Thread-safe.
 #ifndef PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_
 #define PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_
 

@@ -54,15 +54,19 @@ TEST(BackendSelectTest, UnknownGemm_InvalidArgument) {
 }
 
 TEST(BackendSelectTest, UnknownOrCpuGemmAttention_InvalidArgument) {
-  absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "fp32", "flash");
+  absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "fp32", "fused");
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.status().message().find("reference or gemm, got 'flash'"), std::string::npos)
+  EXPECT_NE(s.status().message().find("reference, gemm or flash, got 'fused'"), std::string::npos)
       << s.status();
-  s = SelectBackend("cpu", "fp32", "gemm");
-  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.status().message().find("--attention gemm needs a CUDA device"), std::string::npos)
-      << s.status();
+  for (const std::string attention : {"gemm", "flash"}) {
+    s = SelectBackend("cpu", "fp32", attention);
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("--attention " + attention + " needs a CUDA device"),
+              std::string::npos)
+        << s.status();
+  }
   EXPECT_TRUE(ValidateDeviceFlags("cuda", "tf32", "gemm").ok());
+  EXPECT_TRUE(ValidateDeviceFlags("cuda", "bf16", "flash").ok());
   EXPECT_TRUE(SelectBackend("cpu", "fp32", "reference").ok());
 }
 

@@ -121,15 +121,17 @@ class CpuBackendImpl final : public Backend {
   void Subtract(const float* a, const float* b, int64_t n, float* out) override {
     Timed("subtract", [&] { ::pipetrain::Subtract(a, b, n, out); });
   }
-  void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
-                        float* probs) override {
+  // Always keeps the probabilities (the default AttentionSavedFloats).
+  void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads,
+                        bool /*probabilities*/, float* out, float* saved) override {
     Timed("attention_forward",
-          [&] { ::pipetrain::AttentionForward(qkv, batch, seq_len, c, heads, out, probs); });
+          [&] { ::pipetrain::AttentionForward(qkv, batch, seq_len, c, heads, out, saved); });
   }
-  void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
-                         int seq_len, int c, int heads, float* dqkv, float* scratch) override {
+  void AttentionBackward(const float* qkv, const float* /*out*/, const float* saved,
+                         bool /*probabilities*/, const float* dout, int batch, int seq_len, int c,
+                         int heads, float* dqkv, float* scratch) override {
     Timed("attention_backward", [&] {
-      ::pipetrain::AttentionBackward(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch);
+      ::pipetrain::AttentionBackward(qkv, saved, dout, batch, seq_len, c, heads, dqkv, scratch);
     });
   }
   void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe, int batch,

@@ -29,6 +29,7 @@
 #include "kernels/cuda/device_allocator.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gelu.h"
 #include "kernels/cuda/half_codec.h"
 #include "kernels/cuda/layernorm.h"
@@ -181,7 +182,10 @@ class CudaBackendImpl final : public Backend {
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string Describe() const override {
     return absl::StrCat("cuda:", device_, " (", facts_.name, "), ", GemmModeName(cublas_.mode()),
-                        " GEMMs", attention_ == AttentionImpl::kGemm ? ", GEMM attention" : "");
+                        " GEMMs",
+                        attention_ == AttentionImpl::kGemm    ? ", GEMM attention"
+                        : attention_ == AttentionImpl::kFlash ? ", flash attention"
+                                                              : "");
   }
   absl::Status status() const override { return status_; }
   DeviceFacts device_facts() const override { return facts_; }
@@ -242,26 +246,50 @@ class CudaBackendImpl final : public Backend {
   void Subtract(const float* a, const float* b, int64_t n, float* out) override {
     Run("subtract", [&] { return SubtractCuda(a, b, n, out, stream_); });
   }
-  void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
-                        float* probs) override {
+  // kFlash keeps each row's log-sum-exp, unless the caller reads the
+  // probabilities or the heads are too wide for its tiles; then kGemm's.
+  bool UsesFlash(int seq_len, int c, int heads, bool probabilities) const {
+    return attention_ == AttentionImpl::kFlash && !probabilities &&
+           FlashAttentionSupports(seq_len, c, heads);
+  }
+  int64_t AttentionSavedFloats(int batch, int seq_len, int c, int heads,
+                               bool probabilities) const override {
+    const int64_t rows = int64_t{batch} * heads * seq_len;
+    return UsesFlash(seq_len, c, heads, probabilities) ? rows : rows * seq_len;
+  }
+  void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads,
+                        bool probabilities, float* out, float* saved) override {
     Run("attention_forward", [&] {
-      return attention_ == AttentionImpl::kGemm
-                 ? AttentionGemmForwardCuda(cublas_, qkv, batch, seq_len, c, heads, out, probs)
-                 : AttentionForwardCuda(qkv, batch, seq_len, c, heads, out, probs, stream_);
+      if (UsesFlash(seq_len, c, heads, probabilities)) {
+        return FlashAttentionForwardCuda(qkv, batch, seq_len, c, heads, out, saved, stream_);
+      }
+      return attention_ != AttentionImpl::kReference
+                 ? AttentionGemmForwardCuda(cublas_, qkv, batch, seq_len, c, heads, out, saved)
+                 : AttentionForwardCuda(qkv, batch, seq_len, c, heads, out, saved, stream_);
     });
   }
   // The caller's `scratch` is the CPU kernel's seq_len^2 floats; the GPU
   // kernels keep dS for every (batch, head) at once, so they get a block of
-  // batch * heads * seq_len^2 floats from the cache instead.
-  void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
-                         int seq_len, int c, int heads, float* dqkv, float* /*scratch*/) override {
+  // batch * heads * seq_len^2 floats from the cache instead (flash: D,
+  // batch * heads * seq_len floats).
+  void AttentionBackward(const float* qkv, const float* out, const float* saved, bool probabilities,
+                         const float* dout, int batch, int seq_len, int c, int heads, float* dqkv,
+                         float* /*scratch*/) override {
     if (!status_.ok() || batch == 0) return;  // a negative one: the kernels' error
+    if (UsesFlash(seq_len, c, heads, probabilities)) {
+      Tensor row_dots = Allocate({int64_t{batch} * heads, seq_len}, /*zero=*/false);
+      Run("attention_backward", [&] {
+        return FlashAttentionBackwardCuda(qkv, out, saved, dout, batch, seq_len, c, heads, dqkv,
+                                          row_dots.data(), stream_);
+      });
+      return;
+    }
     Tensor ds = Allocate({int64_t{batch} * heads, seq_len, seq_len}, /*zero=*/false);
     Run("attention_backward", [&] {
-      return attention_ == AttentionImpl::kGemm
-                 ? AttentionGemmBackwardCuda(cublas_, qkv, probs, dout, batch, seq_len, c, heads,
+      return attention_ != AttentionImpl::kReference
+                 ? AttentionGemmBackwardCuda(cublas_, qkv, saved, dout, batch, seq_len, c, heads,
                                              dqkv, ds.data())
-                 : AttentionBackwardCuda(qkv, probs, dout, batch, seq_len, c, heads, dqkv,
+                 : AttentionBackwardCuda(qkv, saved, dout, batch, seq_len, c, heads, dqkv,
                                          ds.data(), stream_);
     });
   }

@@ -35,10 +35,14 @@ namespace pipetrain {
 // How the backend computes attention: kReference, the row kernels of
 // kernels/cuda/attention.h (checked against the CPU), or kGemm, cuBLAS
 // batched GEMMs around softmax row kernels (kernels/cuda/attention_gemm.h;
-// in the GEMM mode, so on tensor cores for tf32 and bf16). kGemm is the
-// faster one by design; it becomes the default once its parity test has
-// passed on a GPU.
-enum class AttentionImpl { kReference, kGemm };
+// in the GEMM mode, so on tensor cores for tf32 and bf16), or kFlash, the
+// fused kernels of kernels/cuda/flash_attention.h (bf16 tensor cores in
+// every GEMM mode; no seq_len x seq_len matrices kept; kGemm's kernels
+// where the caller reads the probabilities or a head is wider than 128).
+// kGemm is the faster of the first two by design and becomes the default
+// once its parity test has passed on a GPU; kFlash is written for the bf16
+// mode's speed and has not run on a GPU yet.
+enum class AttentionImpl { kReference, kGemm, kFlash };
 
 // A backend on CUDA device `device` with `mode` GEMMs. INVALID_ARGUMENT if
 // device < 0; NOT_FOUND if there is no such device (e.g. none at all; the

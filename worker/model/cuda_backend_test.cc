@@ -157,11 +157,74 @@ TEST_F(CudaBackendTest, EveryUnit_Tf32_GemmAttention_MatchesCpuBackend) {
   ExpectUnitsMatch(GemmMode::kTf32, 1e-2f, AttentionImpl::kGemm);
 }
 
+// Flash attention (flash_attention.h) rounds attention's products' inputs
+// to bf16 in every GEMM mode, so its units get the bf16 mode's tolerance
+// in fp32 mode too.
+TEST_F(CudaBackendTest, EveryUnit_Fp32_FlashAttention_MatchesCpuBackend) {
+  ExpectUnitsMatch(GemmMode::kFp32, 5e-2f, AttentionImpl::kFlash);
+}
+
+TEST_F(CudaBackendTest, EveryUnit_Bf16_FlashAttention_MatchesCpuBackend) {
+  ExpectUnitsMatch(GemmMode::kBf16, 5e-2f, AttentionImpl::kFlash);
+}
+
+// What flash keeps: each row's log-sum-exp, unless the caller reads the
+// probabilities or a head is wider than its tiles.
+TEST_F(CudaBackendTest, FlashAttention_SavesRowStatisticsOnly) {
+  absl::StatusOr<std::unique_ptr<Backend>> flash =
+      CreateCudaBackend(0, GemmMode::kBf16, AttentionImpl::kFlash);
+  absl::StatusOr<std::unique_ptr<Backend>> gemm =
+      CreateCudaBackend(0, GemmMode::kBf16, AttentionImpl::kGemm);
+  ASSERT_TRUE(flash.ok() && gemm.ok());
+  EXPECT_EQ((*flash)->AttentionSavedFloats(2, 1024, 768, 12, false), 2 * 12 * 1024);
+  EXPECT_EQ((*flash)->AttentionSavedFloats(2, 1024, 768, 12, true), 2 * 12 * 1024 * 1024);
+  EXPECT_EQ((*flash)->AttentionSavedFloats(1, 8, 512, 2, false), 2 * 8 * 8);  // head_dim 256
+  EXPECT_EQ((*gemm)->AttentionSavedFloats(2, 1024, 768, 12, false), 2 * 12 * 1024 * 1024);
+  EXPECT_NE((*flash)->Describe().find("flash attention"), std::string::npos)
+      << (*flash)->Describe();
+}
+
+// Asked for token importance, a flash backend keeps the probabilities
+// (kGemm's kernels) and the scores match the CPU's.
+TEST_F(CudaBackendTest, FlashAttention_TokenImportanceKeepsProbabilities) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda =
+      CreateCudaBackend(0, GemmMode::kFp32, AttentionImpl::kFlash);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  const GptConfig config = SmallConfig();
+  const TokenBatch batch = Batch(config, 2, 33, 5);
+  auto scores = [&](Backend* backend) {
+    std::unique_ptr<Unit> attn = MakeUnit(config, 1, backend);  // attn_0
+    InitializeParameters(attn.get(), 7);
+    attn->KeepTokenImportance();
+    UnitContext ctx;
+    attn->Forward(backend->Upload(Normal({2, 33, config.d_model}, 3)), batch, &ctx);
+    return attn->TokenImportance(ctx);
+  };
+  const std::vector<float> want = scores(CpuBackend());
+  ASSERT_EQ(want.size(), 2u * 33);
+  EXPECT_TRUE(Close("An", scores(cuda->get()), want, 1e-4f));
+}
+
 TEST_F(CudaBackendTest, EveryUnit_TwoRuns_BitwiseEqual) {
   absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   const GptConfig config = SmallConfig();
   const TokenBatch batch = Batch(config, 2, 17, 3);
+  for (int index = 0; index < NumUnits(config); ++index) {
+    const UnitRun a = RunUnit(config, index, cuda->get(), batch);
+    const UnitRun b = RunUnit(config, index, cuda->get(), batch);
+    EXPECT_EQ(a.y, b.y) << UnitName(config, index);
+    EXPECT_EQ(a.dx, b.dx) << UnitName(config, index);
+    EXPECT_EQ(a.grads, b.grads) << UnitName(config, index);
+  }
+}
+
+TEST_F(CudaBackendTest, EveryUnit_FlashAttention_TwoRuns_BitwiseEqual) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda =
+      CreateCudaBackend(0, GemmMode::kBf16, AttentionImpl::kFlash);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  const GptConfig config = SmallConfig();
+  const TokenBatch batch = Batch(config, 2, 33, 3);
   for (int index = 0; index < NumUnits(config); ++index) {
     const UnitRun a = RunUnit(config, index, cuda->get(), batch);
     const UnitRun b = RunUnit(config, index, cuda->get(), batch);

@@ -16,7 +16,9 @@ absl::StatusOr<std::unique_ptr<Backend>> Create(int device, const std::string& g
                         : gemm == "bf16" ? GemmMode::kBf16
                                          : GemmMode::kFp32;
   return CreateCudaBackend(device, mode,
-                           attention == "gemm" ? AttentionImpl::kGemm : AttentionImpl::kReference);
+                           attention == "gemm"    ? AttentionImpl::kGemm
+                           : attention == "flash" ? AttentionImpl::kFlash
+                                                  : AttentionImpl::kReference);
 }
 
 }  // namespace cuda_hooks

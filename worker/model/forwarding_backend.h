@@ -89,13 +89,19 @@ class ForwardingBackend : public Backend {
   void Subtract(const float* a, const float* b, int64_t n, float* out) override {
     inner_->Subtract(a, b, n, out);
   }
-  void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,
-                        float* probs) override {
-    inner_->AttentionForward(qkv, batch, seq_len, c, heads, out, probs);
+  int64_t AttentionSavedFloats(int batch, int seq_len, int c, int heads,
+                               bool probabilities) const override {
+    return inner_->AttentionSavedFloats(batch, seq_len, c, heads, probabilities);
   }
-  void AttentionBackward(const float* qkv, const float* probs, const float* dout, int batch,
-                         int seq_len, int c, int heads, float* dqkv, float* scratch) override {
-    inner_->AttentionBackward(qkv, probs, dout, batch, seq_len, c, heads, dqkv, scratch);
+  void AttentionForward(const float* qkv, int batch, int seq_len, int c, int heads,
+                        bool probabilities, float* out, float* saved) override {
+    inner_->AttentionForward(qkv, batch, seq_len, c, heads, probabilities, out, saved);
+  }
+  void AttentionBackward(const float* qkv, const float* out, const float* saved, bool probabilities,
+                         const float* dout, int batch, int seq_len, int c, int heads, float* dqkv,
+                         float* scratch) override {
+    inner_->AttentionBackward(qkv, out, saved, probabilities, dout, batch, seq_len, c, heads, dqkv,
+                              scratch);
   }
   void EmbeddingForward(const int32_t* host_tokens, const float* wte, const float* wpe, int batch,
                         int seq_len, int c, int vocab, float* out) override {

@@ -115,6 +115,12 @@ class Unit {
   // unit and micro-batch (so all ranks keep the same tokens).
   virtual std::vector<float> TokenImportance(const UnitContext& ctx) const { return {}; }
 
+  // Asks every later Forward to keep what TokenImportance reads
+  // (AttentionUnit: the attention probabilities, which a flash-style
+  // backend otherwise does not keep; TokenImportance returns {} for a
+  // context made without them). Call before the unit's first Forward.
+  virtual void KeepTokenImportance() {}
+
   // Rebuilds ctx from x for a backward pass without a stash; bitwise the
   // same context as Forward produced.
   void Recompute(const Tensor& x, const TokenBatch& batch, UnitContext* ctx) {

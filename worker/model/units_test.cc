@@ -137,6 +137,7 @@ TEST(UnitTest, TokenImportance_AttentionColumnSumsOthersNone) {
   for (int i = 0; i < NumUnits(c); ++i) {
     auto unit = MakeUnit(c, i);
     RandomizeParameters(unit.get(), 3);
+    unit->KeepTokenImportance();
     UnitContext ctx;
     unit->Forward(RandomTensor({B, T, c.d_model}, 8), batch, &ctx);
     const std::vector<float> scores = unit->TokenImportance(ctx);
@@ -155,6 +156,43 @@ TEST(UnitTest, TokenImportance_AttentionColumnSumsOthersNone) {
       EXPECT_GE(scores[b * T], c.n_head - 1e-5) << unit->name();
     }
   }
+}
+
+// Without KeepTokenImportance the context need not hold the probabilities
+// (a flash-style backend keeps only each row's log-sum-exp), so
+// TokenImportance has none; the unit's outputs and gradients are the same
+// either way.
+TEST(UnitTest, TokenImportance_NoneUnlessKept_SameGradients) {
+  const GptConfig c = TinyConfig();
+  const int B = 2, T = 5;
+  const TokenBatch batch = RandomBatch(c, B, T, 9);
+  const Tensor x = RandomTensor({B, T, c.d_model}, 8);
+  const Tensor dy = RandomTensor({B, T, c.d_model}, 10);
+  struct Run {
+    std::vector<float> y, dx, grads, scores;
+  };
+  auto run = [&](bool keep) {
+    auto unit = MakeUnit(c, 1);  // attn_0
+    RandomizeParameters(unit.get(), 3);
+    if (keep) unit->KeepTokenImportance();
+    UnitContext ctx;
+    Run r;
+    r.y = unit->Forward(x, batch, &ctx).ToVector();
+    r.scores = unit->TokenImportance(ctx);
+    unit->ZeroGrads();
+    r.dx = unit->Backward(dy, batch, ctx).ToVector();
+    for (Parameter* p : unit->parameters()) {
+      const std::vector<float> g = p->grad.ToVector();
+      r.grads.insert(r.grads.end(), g.begin(), g.end());
+    }
+    return r;
+  };
+  const Run kept = run(true), plain = run(false);
+  EXPECT_EQ(kept.scores.size(), static_cast<size_t>(B * T));
+  EXPECT_TRUE(plain.scores.empty());
+  EXPECT_EQ(kept.y, plain.y);
+  EXPECT_EQ(kept.dx, plain.dx);
+  EXPECT_EQ(kept.grads, plain.grads);
 }
 
 TEST(UnitTest, InitializeParameters_IsAPureFunctionOfSeedAndName) {

@@ -387,6 +387,9 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
     if (in.has_recv()) mb = in.recv().tensor().micro_batch();
     if (mb >= 0) last[mb] = i;
   }
+  for (int u : scored_outputs_) {
+    if (units_.count(u)) units_[u]->KeepTokenImportance();
+  }
   for (const auto& [mb, i] : last) last_touch_[i].push_back(mb);
   for (int i = 0; i < ins.size(); ++i) {
     if (!ins[i].has_backward()) continue;

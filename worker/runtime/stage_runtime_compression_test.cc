@@ -128,6 +128,7 @@ TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums
   auto embed = MakeUnit(c.model, 0), attn = MakeUnit(c.model, 1);
   InitializeParameters(embed.get(), c.seed);
   InitializeParameters(attn.get(), c.seed);
+  attn->KeepTokenImportance();  // as the runtime does for a token_topk send
   const TokenBatch batch = data.TrainBatch(c.seed, 0, 0, c.batch_size / c.micro_batches);
   UnitContext embed_ctx, attn_ctx;
   const Tensor x = attn->Forward(embed->Forward(Tensor(), batch, &embed_ctx), batch, &attn_ctx);

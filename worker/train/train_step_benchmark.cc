@@ -160,7 +160,8 @@ int Run(const std::vector<std::string>& args) {
   flags.String("device", &device, "cpu | cuda | cuda:N | auto");
   flags.String("gemm", &gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
   flags.String("attention", &attention,
-               "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs)");
+               "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs) | "
+               "flash (fused, bf16 tensor cores)");
   flags.Double("peak-tflops", &peak_tflops, "the device's peak for MFU (0: no MFU column)");
   flags.String("json", &json_path, "also write the results as JSON here");
   absl::Status parsed = flags.Parse(args);

@@ -27,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "worker/collectives/tensor_parallel_comm.h"
 #include "worker/model/cpu_backend.h"
+#include "worker/model/flash_cpu_testing.h"
 #include "worker/model/gpt_model.h"
 #include "worker/runtime/data_parallel_testing.h"
 #include "worker/train/adamw_optimizer.h"
@@ -109,7 +110,8 @@ TrainRun Whole() {
 // fabric; EXPECTs every rank's returned status, and its comm's, to be OK.
 void OnRanks(
     int ranks,
-    const std::function<absl::Status(int, GptModel&, CollectivesTensorParallelComm&)>& rank) {
+    const std::function<absl::Status(int, GptModel&, CollectivesTensorParallelComm&)>& rank,
+    Backend* backend = CpuBackend()) {
   InProcessFabric fabric(ranks);
   std::vector<int> members(ranks);
   for (int r = 0; r < ranks; ++r) members[r] = r;
@@ -119,9 +121,9 @@ void OnRanks(
     threads.emplace_back([&, r] {
       std::unique_ptr<Transport> transport = fabric.Connect(r);
       Collectives collectives(transport.get(), CollectiveGroup{members, "tp"});
-      CollectivesTensorParallelComm comm(&collectives, CpuBackend());
+      CollectivesTensorParallelComm comm(&collectives, backend);
       absl::StatusOr<std::unique_ptr<GptModel>> model =
-          GptModel::Create(Config(), kSeed, CpuBackend(), &comm);
+          GptModel::Create(Config(), kSeed, backend, &comm);
       status[r] = model.ok() ? rank(r, **model, comm) : model.status();
       if (status[r].ok()) status[r] = comm.status();
     });
@@ -132,15 +134,19 @@ void OnRanks(
 
 // `ranks` shards of the model, each attention and MLP unit in `partitions`
 // partitions (AccTFM §4.2) forward and backward.
-std::vector<TrainRun> TensorParallel(int ranks, int partitions = 1) {
+std::vector<TrainRun> TensorParallel(int ranks, int partitions = 1,
+                                     Backend* backend = CpuBackend()) {
   std::vector<TrainRun> runs(ranks);
-  OnRanks(ranks, [&](int r, GptModel& model, CollectivesTensorParallelComm& comm) {
-    for (int u = 0; u < model.num_units(); ++u) {
-      model.unit(u).set_tensor_parallel_partitions(partitions, partitions);
-    }
-    return Train(
-        model, [&](int step) { comm.BeginIteration(step); }, &runs[r]);
-  });
+  OnRanks(
+      ranks,
+      [&](int r, GptModel& model, CollectivesTensorParallelComm& comm) {
+        for (int u = 0; u < model.num_units(); ++u) {
+          model.unit(u).set_tensor_parallel_partitions(partitions, partitions);
+        }
+        return Train(
+            model, [&](int step) { comm.BeginIteration(step); }, &runs[r]);
+      },
+      backend);
   return runs;
 }
 
@@ -239,6 +245,26 @@ TEST(TensorParallelModelTest, PartitionsOneTwoFour_SameLosses) {
   const std::vector<TrainRun> one = TensorParallel(2, 1);
   for (int partitions : {2, 4}) {
     const std::vector<TrainRun> split = TensorParallel(2, partitions);
+    EXPECT_EQ(split[0].losses[0], one[0].losses[0]) << partitions << " partitions";
+    testing::ExpectLossesClose(split[0].losses, one[0].losses,
+                               absl::StrCat(partitions, " partitions"));
+  }
+}
+
+// With flash attention's contract (FlashOnCpu: each row's log-sum-exp
+// kept, per partition at its own offset), partitions train alike as above,
+// and within the twin's bf16 rounding of the CPU backend's run.
+TEST(TensorParallelModelTest, FlashStyleBackend_PartitionsTrainAlike) {
+  FlashOnCpu flash;
+  const std::vector<TrainRun> one = TensorParallel(2, 1, &flash);
+  const std::vector<TrainRun> cpu = TensorParallel(2, 1);
+  ASSERT_EQ(one[0].losses.size(), cpu[0].losses.size());
+  for (size_t step = 0; step < cpu[0].losses.size(); ++step) {
+    EXPECT_NEAR(one[0].losses[step], cpu[0].losses[step], 1e-2 * cpu[0].losses[step]) << step;
+  }
+  EXPECT_NE(one[0].losses, cpu[0].losses) << "bitwise equal, so the twin did not run";
+  for (int partitions : {2, 4}) {
+    const std::vector<TrainRun> split = TensorParallel(2, partitions, &flash);
     EXPECT_EQ(split[0].losses[0], one[0].losses[0]) << partitions << " partitions";
     testing::ExpectLossesClose(split[0].losses, one[0].losses,
                                absl::StrCat(partitions, " partitions"));

@@ -1,11 +1,15 @@
 // Finite-difference gradient checks of every unit kind, plus the unit
 // contracts the pipeline relies on (recompute, deterministic init, names).
+#include <algorithm>
+#include <cmath>
 #include <memory>
 #include <set>
 
 #include "common/philox.h"
 #include "common/testing/gradient_check.h"
 #include "gtest/gtest.h"
+#include "worker/model/cpu_backend.h"
+#include "worker/model/flash_cpu_testing.h"
 #include "worker/model/gpt_model.h"
 #include "worker/model/unit.h"
 
@@ -193,6 +197,67 @@ TEST(UnitTest, TokenImportance_NoneUnlessKept_SameGradients) {
   EXPECT_EQ(kept.y, plain.y);
   EXPECT_EQ(kept.dx, plain.dx);
   EXPECT_EQ(kept.grads, plain.grads);
+}
+
+// A backend with flash attention's contract (FlashOnCpu: each row's
+// log-sum-exp kept, the GPU kernels' CPU twin computing) gives the
+// attention units' outputs and gradients within its bf16 rounding, over
+// key tiles and a partial one (T = 70), and keeps B * H * T floats; asked
+// for token importance it keeps the probabilities and computes exactly as
+// the CPU backend.
+TEST(UnitTest, FlashStyleBackend_KeepsRowStatisticsAndMatches) {
+  GptConfig c;
+  c.vocab_size = 11;
+  c.max_seq_len = 70;
+  c.n_layer = 1;
+  c.n_head = 2;
+  c.d_model = 32;
+  const int B = 2, T = 70;
+  const TokenBatch batch = RandomBatch(c, B, T, 9);
+  const Tensor x = RandomTensor({B, T, c.d_model}, 8);
+  const Tensor dy = RandomTensor({B, T, c.d_model}, 10);
+  struct Run {
+    std::vector<float> y, dx, grads;
+    int64_t saved_floats = 0;
+  };
+  auto run = [&](Backend* backend, bool keep) {
+    auto unit = MakeUnit(c, 1, backend);  // attn_0
+    RandomizeParameters(unit.get(), 3);
+    if (keep) unit->KeepTokenImportance();
+    UnitContext ctx;
+    Run r;
+    r.y = unit->Forward(x, batch, &ctx).ToVector();
+    r.saved_floats = ctx.saved[5].numel();  // AttentionUnit's kProbs slot
+    unit->ZeroGrads();
+    r.dx = unit->Backward(dy, batch, ctx).ToVector();
+    for (Parameter* p : unit->parameters()) {
+      const std::vector<float> g = p->grad.ToVector();
+      r.grads.insert(r.grads.end(), g.begin(), g.end());
+    }
+    return r;
+  };
+  FlashOnCpu flash;
+  const Run cpu = run(CpuBackend(), false), fast = run(&flash, false);
+  EXPECT_EQ(cpu.saved_floats, int64_t{B} * c.n_head * T * T);
+  EXPECT_EQ(fast.saved_floats, int64_t{B} * c.n_head * T);
+  // Relative to each tensor's largest value, as cuda_backend_test's bf16
+  // cases; a wrong tile, mask or offset is off by far more.
+  auto close = [](const std::vector<float>& got, const std::vector<float>& want, const char* what) {
+    ASSERT_EQ(got.size(), want.size()) << what;
+    float scale = 0, worst = 0;
+    for (float v : want) scale = std::max(scale, std::fabs(v));
+    for (size_t i = 0; i < want.size(); ++i) worst = std::max(worst, std::fabs(got[i] - want[i]));
+    EXPECT_LE(worst, 5e-2f * scale) << what;
+    EXPECT_GT(worst, 0.0f) << what << ": bitwise equal, so the twin did not run";
+  };
+  close(fast.y, cpu.y, "y");
+  close(fast.dx, cpu.dx, "dx");
+  close(fast.grads, cpu.grads, "gradients");
+  const Run kept = run(&flash, true);
+  EXPECT_EQ(kept.saved_floats, int64_t{B} * c.n_head * T * T);
+  EXPECT_EQ(kept.y, cpu.y);
+  EXPECT_EQ(kept.dx, cpu.dx);
+  EXPECT_EQ(kept.grads, cpu.grads);
 }
 
 TEST(UnitTest, InitializeParameters_IsAPureFunctionOfSeedAndName) {

@@ -23,6 +23,17 @@ struct AdamWConfig {
 void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
                  const AdamWConfig& config, bool apply_decay);
 
+// One tensor of a step over many (Backend::AdamWUpdateAll): AdamWUpdate's
+// arguments, n floats each.
+struct AdamWTensor {
+  float* param;
+  const float* grad;
+  float* m;
+  float* v;
+  int64_t n;
+  bool apply_decay;
+};
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_CPU_ADAMW_H_

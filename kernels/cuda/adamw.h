@@ -6,7 +6,8 @@
 //   p <- p - lr * (m / (1 - beta1^step)) / (sqrt(v / (1 - beta2^step)) + eps)
 // `step` is the 1-based count of updates including this one; the bias
 // corrections are computed on the host in double, as on the CPU.
-// Kernels/cuda/adamw_test.cc checks it against the CPU version.
+// Kernels/cuda/adamw_test.cc checks it against the CPU version. Not yet run
+// on a GPU.
 //
 // param, grad, m, v are device pointers to n floats each, pairwise
 // non-overlapping. One thread per element (grid-stride), so the result does
@@ -30,6 +31,18 @@ namespace pipetrain {
 absl::Status AdamWUpdateCuda(float* param, const float* grad, float* m, float* v, int64_t n,
                              int64_t step, const AdamWConfig& config, bool apply_decay,
                              cudaStream_t stream = nullptr);
+
+// Tensors per launch of AdamWUpdateAllCuda (their pointers travel in the
+// kernel's arguments, which CUDA caps at 4 KiB).
+inline constexpr int kAdamWTensorsPerLaunch = 48;
+
+// AdamWUpdateCuda of every tensor (the GPU issue's multi-tensor step): one
+// launch per kAdamWTensorsPerLaunch tensors. AdamWUpdateCuda is this with
+// one tensor (the same kernel), so the results are bitwise its. Errors as
+// AdamWUpdateCuda's, INVALID_ARGUMENT naming the tensor's index for a
+// negative count, all checked before anything is launched.
+absl::Status AdamWUpdateAllCuda(const AdamWTensor* tensors, int count, int64_t step,
+                                const AdamWConfig& config, cudaStream_t stream = nullptr);
 
 }  // namespace pipetrain
 

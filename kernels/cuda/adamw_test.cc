@@ -132,7 +132,65 @@ TEST_F(AdamWCudaTest, AdamWUpdateCuda_LateStepWithHistory_MatchesCpu) {
   state.ExpectMatches("step 100000");
 }
 
+// The multi-tensor step: 100 tensors (three launches; empty, one-element,
+// partial-block and multi-block ones; decay on some) update bitwise as
+// each alone does, and as the CPU within the parity bounds.
+TEST_F(AdamWCudaTest, AdamWUpdateAllCuda_ManyTensors_BitwiseEachAlone) {
+  constexpr int kTensors = 100;
+  std::vector<AdamWState> all(kTensors), alone(kTensors);
+  std::vector<DeviceBuffer<float>> grads;
+  std::vector<std::vector<float>> host_grads;
+  std::vector<AdamWTensor> tensors;
+  for (int i = 0; i < kTensors; ++i) {
+    const int64_t n = i % 10 == 0 ? 0 : (i * 997) % 5000 + (i % 7 == 0 ? 1 : 300);
+    all[i].param = RandomNormal(60 + i, n, 0.0f, 0.5f);
+    all[i].m.assign(n, 0.0f);
+    all[i].v.assign(n, 0.0f);
+    alone[i] = AdamWState{all[i].param, all[i].m, all[i].v, {}, {}, {}};
+    ASSERT_TRUE(all[i].Upload().ok() && alone[i].Upload().ok());
+    host_grads.push_back(RandomNormal(200 + i, n, 0.0f, 1.0f));
+    absl::StatusOr<DeviceBuffer<float>> g = DeviceBuffer<float>::FromHost(host_grads.back());
+    ASSERT_TRUE(g.ok()) << g.status();
+    grads.push_back(*std::move(g));
+  }
+  for (int i = 0; i < kTensors; ++i) {
+    tensors.push_back({all[i].param_d.data(), grads[i].data(), all[i].m_d.data(), all[i].v_d.data(),
+                       static_cast<int64_t>(all[i].param.size()), i % 3 != 0});
+  }
+  for (int64_t step = 1; step <= 2; ++step) {
+    const absl::Status run =
+        AdamWUpdateAllCuda(tensors.data(), kTensors, step, TestConfig(), nullptr);
+    ASSERT_TRUE(run.ok()) << run;
+    for (int i = 0; i < kTensors; ++i) {
+      const int64_t n = static_cast<int64_t>(alone[i].param.size());
+      ASSERT_TRUE(AdamWUpdateCuda(alone[i].param_d.data(), grads[i].data(), alone[i].m_d.data(),
+                                  alone[i].v_d.data(), n, step, TestConfig(), i % 3 != 0)
+                      .ok());
+      AdamWUpdate(all[i].param.data(), host_grads[i].data(), all[i].m.data(), all[i].v.data(), n,
+                  step, TestConfig(), i % 3 != 0);
+    }
+  }
+  for (int i = 0; i < kTensors; ++i) {
+    EXPECT_EQ(all[i].param_d.ToHost().value(), alone[i].param_d.ToHost().value()) << i;
+    EXPECT_EQ(all[i].m_d.ToHost().value(), alone[i].m_d.ToHost().value()) << i;
+    EXPECT_EQ(all[i].v_d.ToHost().value(), alone[i].v_d.ToHost().value()) << i;
+    all[i].ExpectMatches("tensor " + std::to_string(i));
+  }
+}
+
 // Argument checks happen before any CUDA call, so these run without a GPU.
+TEST(AdamWCudaArgumentsTest, AdamWUpdateAllCuda_BadTensor_InvalidArgumentNamingIt) {
+  std::vector<AdamWTensor> tensors(5, AdamWTensor{nullptr, nullptr, nullptr, nullptr, 0, true});
+  tensors[3].n = -2;
+  const absl::Status status = AdamWUpdateAllCuda(tensors.data(), 5, 1, AdamWConfig(), nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("tensor 3 of 5: AdamWUpdateCuda: element count -2"),
+            std::string::npos)
+      << status;
+  EXPECT_TRUE(AdamWUpdateAllCuda(tensors.data(), 3, 1, AdamWConfig(), nullptr).ok());  // all empty
+  EXPECT_TRUE(AdamWUpdateAllCuda(nullptr, 0, 1, AdamWConfig(), nullptr).ok());
+}
+
 TEST(AdamWCudaArgumentsTest, AdamWUpdateCuda_NegativeSize_InvalidArgument) {
   const absl::Status status =
       AdamWUpdateCuda(nullptr, nullptr, nullptr, nullptr, -3, 1, AdamWConfig(), true);

@@ -244,6 +244,15 @@ class Backend {
   // One AdamW update of n values (step >= 1), as kernels/cpu/adamw.h.
   virtual void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
                            int64_t step, const AdamWConfig& config, bool apply_decay) = 0;
+  // AdamWUpdate of every tensor, bitwise the same results; a device
+  // backend takes them in few launches (the CUDA backend: one per 48
+  // tensors), not one each. The default calls AdamWUpdate in turn.
+  virtual void AdamWUpdateAll(const std::vector<AdamWTensor>& tensors, int64_t step,
+                              const AdamWConfig& config) {
+    for (const AdamWTensor& t : tensors) {
+      AdamWUpdate(t.param, t.grad, t.m, t.v, t.n, step, config, t.apply_decay);
+    }
+  }
   // Row-major C = alpha op(A) op(B) + beta C, as kernels/cpu/blas.h Sgemm.
   virtual void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                      int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;

@@ -332,6 +332,13 @@ class CudaBackendImpl final : public Backend {
     Run("adamw",
         [&] { return AdamWUpdateCuda(param, grad, m, v, n, step, config, apply_decay, stream_); });
   }
+  void AdamWUpdateAll(const std::vector<AdamWTensor>& tensors, int64_t step,
+                      const AdamWConfig& config) override {
+    Run("adamw", [&] {
+      return AdamWUpdateAllCuda(tensors.data(), static_cast<int>(tensors.size()), step, config,
+                                stream_);
+    });
+  }
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
              const float* b, int ldb, float beta, float* c, int ldc) override {
     Run("sgemm", [&] {

@@ -123,6 +123,10 @@ class ForwardingBackend : public Backend {
                    const AdamWConfig& config, bool apply_decay) override {
     inner_->AdamWUpdate(param, grad, m, v, n, step, config, apply_decay);
   }
+  void AdamWUpdateAll(const std::vector<AdamWTensor>& tensors, int64_t step,
+                      const AdamWConfig& config) override {
+    inner_->AdamWUpdateAll(tensors, step, config);
+  }
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
              const float* b, int ldb, float beta, float* c, int ldc) override {
     inner_->Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -18,6 +18,8 @@ absl::Status ParseDecayPolicy(const std::string& text, DecayPolicy* out) {
 
 void AdamWOptimizer::Step(const std::vector<Parameter*>& params) {
   ++steps_taken_;
+  std::vector<AdamWTensor> tensors;
+  tensors.reserve(params.size());
   for (Parameter* p : params) {
     auto it = moments_.find(p->name);
     if (it == moments_.end()) {
@@ -27,9 +29,11 @@ void AdamWOptimizer::Step(const std::vector<Parameter*>& params) {
                .first;
     }
     const bool decay = decay_ == DecayPolicy::kAll || p->is_matrix;
-    backend_->AdamWUpdate(p->value.data(), p->grad.data(), it->second.m.data(), it->second.v.data(),
-                p->value.numel(), steps_taken_, config_, decay);
+    tensors.push_back({p->value.data(), p->grad.data(), it->second.m.data(), it->second.v.data(),
+                       p->value.numel(), decay});
   }
+  // All at once: on a GPU a few launches instead of one per tensor.
+  backend_->AdamWUpdateAll(tensors, steps_taken_, config_);
 }
 
 }  // namespace pipetrain

@@ -7,7 +7,10 @@
 // bytes each link carries per second in a ring), and a check that every rank
 // holds the exact sum. Next to it, the point-to-point rate of the same data
 // plane (member 0 streaming 16 MiB tensors to member 1, at its best: handed
-// over without a copy) measured by the same program. With --codec Q (a
+// over without a copy) measured by the same program, and the rate of the
+// same streams when every member sends to the next at once (the ring's
+// traffic without the all-reduce: what the links, or one host's cores,
+// carry when all are busy). With --codec Q (a
 // quantizer: fp16, bf16, linear:bits=N, piecewise:bits=N) the all-reduce is
 // Collectives::AllReduceEncoded with each member's coding error kept, as a
 // data-parallel stage compressed by Q runs it; sizes and bandwidths stay
@@ -64,7 +67,8 @@ struct Settings {
   int max_mib = 256;
   int iters = 5;
   std::optional<LinkModel> link;
-  std::string codec;  // empty: exact
+  std::string codec;     // empty: exact
+  int chunk_kib = 1024;  // CollectiveOptions::chunk_bytes
 };
 
 std::vector<int64_t> Sizes(const Settings& s) {
@@ -135,6 +139,62 @@ void PointToPointReceive(Transport& t) {
   if (!t.Send(0, P2PAddress(kP2PCount), Tensor::Zeros({1})).ok()) std::abort();
 }
 
+// The ring's traffic with nothing added: every member streams kP2PCount
+// 16 MiB tensors to the next one, (rank + 1) % members, while it receives
+// the previous one's, all at once (after a one-value all-reduce as a
+// barrier). This is what the links carry per direction when all of them
+// are busy; on one host, what its cores let them carry (one lone stream,
+// PointToPointSend, may have the cores to itself). Per round of
+// kStreamRounds, GB/s of payload of this member's incoming stream: the
+// bytes over the time to its last receipt. (Where members outnumber cores
+// the streams share them unevenly, and a round's slowest stream varies a
+// lot: the caller takes the best round.)
+constexpr int kStreamRounds = 3;
+
+std::vector<double> ConcurrentStreams(Transport& t, int rank, int members) {
+  std::vector<int> ranks(members);
+  for (int i = 0; i < members; ++i) ranks[i] = i;
+  Collectives barrier(&t, {ranks, "bench"});
+  std::shared_ptr<TensorPool> pool =
+      TensorPool::Create({.max_cached_bytes = kP2PBytes * (kP2PCount + 1)});
+  const int next = (rank + 1) % members, previous = (rank + members - 1) % members;
+  std::vector<double> rates;
+  for (int round = 0; round < kStreamRounds; ++round) {
+    std::vector<Tensor> outgoing;
+    for (int i = 0; i < kP2PCount; ++i) {
+      outgoing.push_back(pool->Take({kP2PBytes / 4}));
+      outgoing.back().Fill(1.0f);
+    }
+    Tensor one = Tensor::Zeros({1});
+    // Iterations of their own: RunMember's all-reduces are iteration 0.
+    if (!barrier.AllReduce(/*iteration=*/(1 << 20) + round, /*tag=*/0, one).ok()) std::abort();
+    auto address = [&](int i) {
+      return TensorAddress{"bench", 2000000 + round * kP2PCount + i, v1::TENSOR_KIND_ACTIVATION, 0,
+                           0};
+    };
+    const auto start = Clock::now();
+    for (int i = 0; i < kP2PCount; ++i) {
+      if (!t.SendOwned(next, address(i), std::move(outgoing[i])).ok()) std::abort();
+    }
+    for (int i = 0; i < kP2PCount; ++i) {
+      if (!t.Recv(previous, address(i), kPatience).ok()) std::abort();
+    }
+    rates.push_back(double(kP2PBytes) * kP2PCount / Since(start) / 1e9);
+  }
+  return rates;
+}
+
+// The best round's slowest stream, from each member's ConcurrentStreams.
+double BestRoundsSlowestStream(const std::vector<std::vector<double>>& by_member) {
+  double best = 0;
+  for (int round = 0; round < kStreamRounds; ++round) {
+    double slowest = INFINITY;
+    for (const std::vector<double>& rates : by_member) slowest = std::min(slowest, rates[round]);
+    best = std::max(best, slowest);
+  }
+  return best;
+}
+
 struct SizeResult {
   double seconds = 0;  // summed over the timed iterations
   bool exact = true;
@@ -144,7 +204,9 @@ struct SizeResult {
 std::vector<SizeResult> RunMember(Transport& t, int rank, const Settings& s) {
   std::vector<int> ranks(s.members);
   for (int i = 0; i < s.members; ++i) ranks[i] = i;
-  Collectives c(&t, {ranks, "bench"});
+  CollectiveOptions options;
+  options.chunk_bytes = int64_t{s.chunk_kib} << 10;
+  Collectives c(&t, {ranks, "bench"}, options);
   std::unique_ptr<Codec> codec;
   if (!s.codec.empty()) codec = MakeQuantizer(s.codec).value();  // checked by Run
   std::vector<SizeResult> results;
@@ -182,6 +244,7 @@ std::vector<SizeResult> RunMember(Transport& t, int rank, const Settings& s) {
 
 struct GroupResults {
   double p2p = 0;
+  double streams = 0;  // BestRoundsSlowestStream
   std::vector<std::vector<SizeResult>> by_rank;
 };
 
@@ -198,6 +261,14 @@ GroupResults RunThreads(const Settings& s) {
   std::thread receiver([&] { PointToPointReceive(*members[1]->transport); });
   out.p2p = PointToPointSend(*members[0]->transport);
   receiver.join();
+  std::vector<std::vector<double>> streams(s.members);
+  std::vector<std::thread> streamers;
+  for (int r = 0; r < s.members; ++r) {
+    streamers.emplace_back(
+        [&, r] { streams[r] = ConcurrentStreams(*members[r]->transport, r, s.members); });
+  }
+  for (std::thread& t : streamers) t.join();
+  out.streams = BestRoundsSlowestStream(streams);
   out.by_rank.resize(s.members);
   std::vector<std::thread> threads;
   for (int r = 0; r < s.members; ++r) {
@@ -224,7 +295,8 @@ std::string ReadLine(FILE* in) {
 }
 
 // In the child: start, report the port, wait for the addresses, run, report
-// "p2p <GB/s>" (rank 0) and one "<seconds> <exact>" line per size.
+// "p2p <GB/s>" (rank 0), "streams <GB/s>" and one "<seconds> <exact>" line
+// per size.
 [[noreturn]] void ChildMain(int rank, const Settings& s, Pipe parent) {
   Member m;
   m.Start(s.members);
@@ -234,6 +306,8 @@ std::string ReadLine(FILE* in) {
   m.Connect(rank, addresses, s.link);
   if (rank == 0) std::fprintf(parent.out, "p2p %.6f\n", PointToPointSend(*m.transport));
   if (rank == 1) PointToPointReceive(*m.transport);
+  std::fprintf(parent.out, "streams %s\n",
+               absl::StrJoin(ConcurrentStreams(*m.transport, rank, s.members), " ").c_str());
   for (const SizeResult& r : RunMember(*m.transport, rank, s)) {
     std::fprintf(parent.out, "%.9f %d\n", r.seconds, r.exact ? 1 : 0);
   }
@@ -282,6 +356,18 @@ GroupResults RunProcesses(const Settings& s) {
   GroupResults out;
   const std::string p2p = ReadLine(children[0].in);
   if (!absl::SimpleAtod(absl::StripPrefix(p2p, "p2p "), &out.p2p)) std::abort();
+  std::vector<std::vector<double>> streams;
+  for (Pipe& p : children) {
+    streams.emplace_back();
+    const std::string line = ReadLine(p.in);
+    for (absl::string_view field : absl::StrSplit(absl::StripPrefix(line, "streams "), ' ')) {
+      double rate = 0;
+      if (!absl::SimpleAtod(field, &rate)) std::abort();
+      streams.back().push_back(rate);
+    }
+    if (streams.back().size() != kStreamRounds) std::abort();
+  }
+  out.streams = BestRoundsSlowestStream(streams);
   const size_t sizes = Sizes(s).size();
   out.by_rank.resize(s.members);
   for (int r = 0; r < s.members; ++r) {
@@ -322,6 +408,7 @@ int Run(const std::vector<std::string>& args) {
   flags.Int("iters", &s.iters, "timed all-reduces per size (after one warm-up)");
   flags.String("emulate-link", &emulate,
                "pace every send as over this link (see pipetrain-worker)");
+  flags.Int("chunk-kib", &s.chunk_kib, "the ring's message size, KiB (CollectiveOptions)");
   flags.Bool("threads", &threads, "members as threads of one process instead of processes");
   flags.String("codec", &s.codec,
                "a quantizer (fp16, bf16, linear:bits=N, piecewise:bits=N): the compressed "
@@ -329,7 +416,8 @@ int Run(const std::vector<std::string>& args) {
   const bool parsed = flags.Parse(args).ok();
   const absl::StatusOr<std::optional<LinkModel>> link = ParseLinkModel("--emulate-link", emulate);
   const bool codec_ok = s.codec.empty() || MakeQuantizer(s.codec).ok();
-  if (!parsed || !link.ok() || !codec_ok || s.members < 2 || s.iters < 1 || s.max_mib < 1) {
+  if (!parsed || !link.ok() || !codec_ok || s.members < 2 || s.iters < 1 || s.max_mib < 1 ||
+      s.chunk_kib < 1) {
     std::fprintf(stderr, "%s", flags.Usage().c_str());
     return 2;
   }
@@ -349,8 +437,13 @@ int Run(const std::vector<std::string>& args) {
       "# point-to-point (member 0 -> 1, one GrpcTransport stream, 16 MiB tensors handed "
       "over): %.2f GB/s\n",
       p2p);
-  std::printf("%12s %10s %10s %10s %8s %7s\n", "size_B", "time_ms", "algbw_GBps", "busbw_GBps",
-              "bus/p2p", "check");
+  const double streams = results.streams;
+  std::printf(
+      "# concurrent streams (every member to the next at once, the ring's traffic without "
+      "the all-reduce; slowest stream of the best of %d rounds): %.2f GB/s\n",
+      kStreamRounds, streams);
+  std::printf("%12s %10s %10s %10s %8s %12s %7s\n", "size_B", "time_ms", "algbw_GBps", "busbw_GBps",
+              "bus/p2p", "bus/streams", "check");
   // The goals, judged only on the sizes they name (from 16 MiB):
   // busbw >= 0.8 x point-to-point, and under emulation >= 0.9 x the link.
   constexpr int64_t kGoalFromBytes = int64_t{16} << 20;
@@ -375,8 +468,8 @@ int Run(const std::vector<std::string>& args) {
         link_goal = link_goal && busbw >= 0.9 * s.link->bandwidth_bytes_per_second / 1e9;
       }
     }
-    std::printf("%12lld %10.3f %10.3f %10.3f %8.2f %7s\n", static_cast<long long>(bytes),
-                time * 1e3, algbw, busbw, busbw / p2p, row_ok ? "OK" : "WRONG");
+    std::printf("%12lld %10.3f %10.3f %10.3f %8.2f %12.2f %7s\n", static_cast<long long>(bytes),
+                time * 1e3, algbw, busbw, busbw / p2p, busbw / streams, row_ok ? "OK" : "WRONG");
   }
   auto verdict = [&](bool met) {
     return !goal_measured ? "not measured (no size from 16 MiB: raise --max-mib)"

@@ -86,21 +86,26 @@ absl::Status Collectives::SendRange(int64_t iteration, int tag, int to, const fl
   return absl::OkStatus();
 }
 
+absl::StatusOr<Tensor> Collectives::RecvChunk(int64_t iteration, int tag, int from, int64_t len) {
+  absl::StatusOr<Tensor> got = transport_->Recv(
+      group_.members[from], Address(iteration, tag, recv_seq_[from]++), options_.timeout);
+  if (!got.ok()) return Annotate(got.status(), Describe(tag));
+  if (got->on_device() || got->numel() != len) {
+    return absl::InternalError(absl::StrCat(Describe(tag), ": member ", from, " sent ",
+                                            got->numel(), " values where ", len,
+                                            " were due (do all members run the same "
+                                            "collectives with the same sizes?)"));
+  }
+  return got;
+}
+
 absl::Status Collectives::RecvRange(int64_t iteration, int tag, int from, float* values,
                                     int64_t begin, int64_t end, bool add) {
   const int64_t chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
   for (int64_t off = begin; off < end; off += chunk) {
     const int64_t len = std::min(chunk, end - off);
-    absl::StatusOr<Tensor> got = transport_->Recv(
-        group_.members[from], Address(iteration, tag, recv_seq_[from]++), options_.timeout);
-    if (!got.ok()) return Annotate(got.status(), Describe(tag));
-    if (got->on_device() || got->numel() != len) {
-      return absl::InternalError(absl::StrCat(Describe(tag), ": member ", from, " sent ",
-                                              got->numel(), " values where ", len,
-                                              " were due (do all members run the same "
-                                              "collectives with the same sizes?)"));
-    }
-    const float* in = got->data();
+    ASSIGN_OR_RETURN(Tensor got, RecvChunk(iteration, tag, from, len));
+    const float* in = got.data();
     float* out = values + off;
     if (add) {
       for (int64_t i = 0; i < len; ++i) out[i] += in[i];
@@ -108,6 +113,33 @@ absl::Status Collectives::RecvRange(int64_t iteration, int tag, int from, float*
       std::memcpy(out, in, static_cast<size_t>(len) * sizeof(float));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status Collectives::RecvChunkAndPassOn(int64_t iteration, int tag, int from, int to,
+                                             float* values, int64_t begin, int64_t end, bool add,
+                                             bool pass_on) {
+  const int64_t len = end - begin;
+  ASSIGN_OR_RETURN(Tensor got, RecvChunk(iteration, tag, from, len));
+  float* in = got.data();
+  float* out = values + begin;
+  // Only a tensor no one else holds may be written and handed over (a
+  // transport's own copy; a shared one could be read elsewhere).
+  const bool forward_received = pass_on && got.sole_owner();
+  if (add && forward_received) {
+    // out + in, as RecvRange adds (IEEE addition commutes: the same bits).
+    for (int64_t i = 0; i < len; ++i) in[i] = out[i] = out[i] + in[i];
+  } else if (add) {
+    for (int64_t i = 0; i < len; ++i) out[i] += in[i];
+  } else {
+    std::memcpy(out, in, static_cast<size_t>(len) * sizeof(float));
+  }
+  if (!pass_on) return absl::OkStatus();
+  if (!forward_received) return SendRange(iteration, tag, to, values, begin, end);
+  absl::Status sent = transport_->SendOwned(
+      group_.members[to], Address(iteration, tag, send_seq_[to]++), std::move(got));
+  if (!sent.ok()) return Annotate(sent, Describe(tag));
+  sent_bytes_ += len * static_cast<int64_t>(sizeof(float));
   return absl::OkStatus();
 }
 
@@ -148,8 +180,8 @@ absl::Status Collectives::Ring(int64_t iteration, int tag, float* values, int64_
     const bool pass_on = k + 1 < steps.size();
     for (int64_t off = begin; off < end; off += chunk) {  // the chunks SendRange makes
       const int64_t stop = std::min(end, off + chunk);
-      RETURN_IF_ERROR(RecvRange(iteration, tag, left, values, off, stop, steps[k].add));
-      if (pass_on) RETURN_IF_ERROR(SendRange(iteration, tag, right, values, off, stop));
+      RETURN_IF_ERROR(RecvChunkAndPassOn(iteration, tag, left, right, values, off, stop,
+                                         steps[k].add, pass_on));
     }
   }
   return absl::OkStatus();

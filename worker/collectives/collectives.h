@@ -169,6 +169,16 @@ class Collectives {
                          int64_t end);
   absl::Status RecvRange(int64_t iteration, int tag, int from, float* values, int64_t begin,
                          int64_t end, bool add);
+  // One message of `len` values from member `from`; INTERNAL if it holds
+  // another count or lies on a device.
+  absl::StatusOr<Tensor> RecvChunk(int64_t iteration, int tag, int from, int64_t len);
+  // The ring's step for one chunk, values[begin, end): receives it from
+  // `from`, adds (`add`) or copies it into `values`, and with `pass_on`
+  // sends the result to `to` as SendRange would, in the received tensor
+  // itself where this holds its only handle (the sum written to both in
+  // one pass): no copy, no allocation.
+  absl::Status RecvChunkAndPassOn(int64_t iteration, int tag, int from, int to, float* values,
+                                  int64_t begin, int64_t end, bool add, bool pass_on);
   // INVALID_ARGUMENT unless `segment` has the `holds` values this rank's
   // segment of `total` has (AllGather, Gather).
   absl::Status CheckSegment(int tag, const Tensor& segment, int64_t holds, int64_t total) const;

@@ -103,6 +103,67 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{6, 5000, 1 << 20, 1 << 20},  // not a power of two: ring
                       Case{1, 10, 1 << 20, 0}));        // one member: unchanged
 
+// A transport that keeps a handle to every tensor it receives (so the
+// receiver is not its only holder) and a snapshot of its values.
+class HoldingTransport : public Transport {
+ public:
+  explicit HoldingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
+    return inner_->SendWire(peer, address, wire);
+  }
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    absl::StatusOr<WireTensor> got = inner_->RecvWire(peer, address, timeout);
+    if (got.ok() && !got->encoded()) {
+      held.push_back(got->tensor);
+      snapshots.push_back(got->tensor.ToVector());
+    }
+    return got;
+  }
+  std::vector<Tensor> held;
+  std::vector<std::vector<float>> snapshots;
+
+ private:
+  std::unique_ptr<Transport> inner_;
+};
+
+// The ring passes a received chunk on in place only when it holds the
+// tensor's only handle: held elsewhere, the chunk is left as it came and
+// the result is bitwise the same.
+TEST(CollectivesTest, Ring_ReceivedTensorsHeldElsewhere_LeftAsTheyCame) {
+  constexpr int kMembers = 3;
+  constexpr int64_t kNumel = 3000;
+  const CollectiveOptions options{/*chunk_bytes=*/1024, /*small_bytes=*/0, absl::Seconds(30)};
+  const auto want = AllReduceResults(kMembers, kNumel, options);
+  InProcessFabric fabric(kMembers);
+  std::vector<std::vector<float>> got(kMembers);
+  std::vector<std::unique_ptr<HoldingTransport>> transports;
+  for (int r = 0; r < kMembers; ++r) {
+    transports.push_back(std::make_unique<HoldingTransport>(fabric.Connect(r)));
+  }
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> status(kMembers);
+  for (int r = 0; r < kMembers; ++r) {
+    threads.emplace_back([&, r] {
+      Collectives c(transports[r].get(), CollectiveGroup{{0, 1, 2}, "j"}, options);
+      Tensor t = Tensor::FromVector({kNumel}, Input(r, kNumel));
+      status[r] = c.AllReduce(/*iteration=*/3, /*tag=*/1, t);
+      got[r] = t.ToVector();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kMembers; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_EQ(got[r], want[r]) << "rank " << r;
+    ASSERT_FALSE(transports[r]->held.empty());
+    for (size_t i = 0; i < transports[r]->held.size(); ++i) {
+      EXPECT_EQ(transports[r]->held[i].ToVector(), transports[r]->snapshots[i])
+          << "rank " << r << " message " << i;
+    }
+  }
+}
+
 TEST(CollectivesTest, ReduceScatterThenAllGather_EqualsAllReduce) {
   constexpr int n = 3;
   constexpr int64_t numel = 1001;

@@ -13,13 +13,26 @@ constexpr float kCubic = 0.044715f;
 
 // tanhf (not the -use_fast_math approximation) keeps the result within a
 // few ulp of the CPU reference; see gelu_test.cc for the tolerance.
+__device__ __forceinline__ float Gelu(float v) {
+  const float t = tanhf(kSqrt2OverPi * (v + kCubic * v * v * v));
+  return 0.5f * v * (1.0f + t);
+}
+
 __global__ void GeluForwardKernel(const float* x, int64_t n, float* y) {
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    const float v = x[i];
-    const float t = tanhf(kSqrt2OverPi * (v + kCubic * v * v * v));
-    y[i] = 0.5f * v * (1.0f + t);
+    y[i] = Gelu(x[i]);
+  }
+}
+
+__global__ void BiasGeluForwardKernel(const float* b, int64_t total, int c, float* y, float* g) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    const float v = y[i] + b[i % c];
+    y[i] = v;
+    g[i] = Gelu(v);
   }
 }
 
@@ -41,6 +54,20 @@ absl::Status GeluForwardCuda(const float* x, int64_t n, float* y, cudaStream_t s
   if (!valid.ok() || n == 0) return valid;
   GeluForwardKernel<<<ElementwiseBlocks(n), kElementwiseThreads, 0, stream>>>(x, n, y);
   CUDA_CHECK_LAUNCH("GeluForwardKernel");
+  return absl::OkStatus();
+}
+
+absl::Status BiasGeluForwardCuda(const float* b, int n, int c, float* y, float* g,
+                                 cudaStream_t stream) {
+  if (n < 0 || c < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("BiasGeluForwardCuda: shape [", n, ", ", c,
+                                                   "] needs n >= 0 rows and c >= 1 columns"));
+  }
+  if (n == 0) return absl::OkStatus();
+  const int64_t total = static_cast<int64_t>(n) * c;
+  BiasGeluForwardKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(b, total, c,
+                                                                                      y, g);
+  CUDA_CHECK_LAUNCH("BiasGeluForwardKernel");
   return absl::OkStatus();
 }
 

@@ -25,6 +25,15 @@ absl::Status GeluForwardCuda(const float* x, int64_t n, float* y, cudaStream_t s
 absl::Status GeluBackwardCuda(const float* x, const float* dy, int64_t n, float* dx,
                               cudaStream_t stream = nullptr);
 
+// The GPU issue's fused bias + GELU, for a linear layer's output computed
+// without its bias: y[i][j] += b[j] (in place, the add LinearForward does)
+// and g[i][j] = gelu(y[i][j]) in one pass over y [n, c] (rows of c);
+// GeluForwardCuda's formula, so g is bitwise what it gives for the new y.
+// b holds c floats; g must not overlap y or b. INVALID_ARGUMENT if n < 0 or
+// c < 1; n == 0 launches nothing.
+absl::Status BiasGeluForwardCuda(const float* b, int n, int c, float* y, float* g,
+                                 cudaStream_t stream = nullptr);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_CUDA_GELU_H_

@@ -109,7 +109,39 @@ TEST_F(GeluCudaTest, GeluForwardCuda_TwoRuns_BitwiseEqual) {
   EXPECT_EQ(*first, *second);
 }
 
+// The fused bias + GELU: y gets exactly y + b (one float add), and g is
+// bitwise GeluForwardCuda of that y, and within the parity bound of the
+// CPU's; 77 columns, so rows straddle blocks.
+TEST_F(GeluCudaTest, BiasGeluForwardCuda_EqualsBiasThenGelu) {
+  constexpr int kRows = 301, kCols = 77;
+  const std::vector<float> y0 = RandomNormal(5, int64_t{kRows} * kCols, 0.0f, 3.0f);
+  const std::vector<float> b = RandomNormal(6, kCols, 0.0f, 1.0f);
+  std::vector<float> biased(y0.size()), want(y0.size());
+  for (size_t i = 0; i < y0.size(); ++i) biased[i] = y0[i] + b[i % kCols];
+  GeluForward(biased.data(), static_cast<int64_t>(biased.size()), want.data());
+  auto y = DeviceBuffer<float>::FromHost(y0);
+  auto b_dev = DeviceBuffer<float>::FromHost(b);
+  auto g = DeviceBuffer<float>::Create(static_cast<int64_t>(y0.size()));
+  auto unfused = DeviceBuffer<float>::Create(static_cast<int64_t>(y0.size()));
+  ASSERT_TRUE(y.ok() && b_dev.ok() && g.ok() && unfused.ok());
+  ASSERT_TRUE(BiasGeluForwardCuda(b_dev->data(), kRows, kCols, y->data(), g->data()).ok());
+  ASSERT_TRUE(GeluForwardCuda(y->data(), static_cast<int64_t>(y0.size()), unfused->data()).ok());
+  EXPECT_EQ(y->ToHost().value(), biased);
+  EXPECT_EQ(g->ToHost().value(), unfused->ToHost().value());
+  EXPECT_TRUE(AllClose("bias + gelu g", g->ToHost().value(), want, kForwardAtol, kRtol));
+}
+
 // Argument checks happen before any CUDA call, so these run without a GPU.
+TEST(GeluCudaArgumentsTest, BiasGeluForwardCuda_BadShape_InvalidArgument) {
+  EXPECT_EQ(BiasGeluForwardCuda(nullptr, -1, 4, nullptr, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  const absl::Status status = BiasGeluForwardCuda(nullptr, 3, 0, nullptr, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("BiasGeluForwardCuda: shape [3, 0]"), std::string::npos)
+      << status;
+  EXPECT_TRUE(BiasGeluForwardCuda(nullptr, 0, 4, nullptr, nullptr).ok());
+}
+
 TEST(GeluCudaArgumentsTest, GeluForwardCuda_NegativeSize_InvalidArgument) {
   const absl::Status status = GeluForwardCuda(nullptr, -1, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);

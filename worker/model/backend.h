@@ -206,6 +206,15 @@ class Backend {
   virtual void LinearBackward(const float* x, const float* w, const float* dy, int n, int in,
                               int out, float* dx, float* dw, float* db) = 0;
   virtual void GeluForward(const float* x, int64_t n, float* y) = 0;
+  // LinearForward into y [n, out], then GeluForward of y into g: the MLP's
+  // first layer. A device backend adds the bias in the GELU's pass (the GPU
+  // issue's fused bias + GELU); the default calls the two (so a
+  // ForwardingBackend's overrides of them still see each call).
+  virtual void LinearGeluForward(const float* x, const float* w, const float* b, int n, int in,
+                                 int out, float* y, float* g) {
+    LinearForward(x, w, b, n, in, out, y);
+    GeluForward(y, int64_t{n} * out, g);
+  }
   virtual void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) = 0;
   virtual void Add(const float* a, const float* b, int64_t n, float* out) = 0;
   virtual void AddInPlace(float* acc, const float* x, int64_t n) = 0;

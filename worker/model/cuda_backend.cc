@@ -231,6 +231,14 @@ class CudaBackendImpl final : public Backend {
     Run("linear_backward",
         [&] { return LinearBackwardCuda(cublas_, x, w, dy, n, in, out, dx, dw, db); });
   }
+  // The GEMM without its bias, then the bias added in the GELU's pass: one
+  // pass over y fewer than LinearForward and GeluForward.
+  void LinearGeluForward(const float* x, const float* w, const float* b, int n, int in, int out,
+                         float* y, float* g) override {
+    if (b == nullptr) return Backend::LinearGeluForward(x, w, b, n, in, out, y, g);
+    Run("linear_forward", [&] { return LinearForwardCuda(cublas_, x, w, nullptr, n, in, out, y); });
+    Run("bias_gelu_forward", [&] { return BiasGeluForwardCuda(b, n, out, y, g, stream_); });
+  }
   void GeluForward(const float* x, int64_t n, float* y) override {
     Run("gelu_forward", [&] { return GeluForwardCuda(x, n, y, stream_); });
   }

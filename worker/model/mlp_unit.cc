@@ -44,9 +44,9 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
     backend()->LayerNormForward(x.data() + r * d, ln_w_->value.data(), ln_b_->value.data(), rows, d,
                                 kLayerNormEps, ln_out.data() + r * d, mean.data() + r,
                                 rstd.data() + r);
-    backend()->LinearForward(ln_out.data() + r * d, fc_w_->value.data(), fc_b_->value.data(), rows,
-                             d, h, fc.data() + r * h);
-    backend()->GeluForward(fc.data() + r * h, int64_t{rows} * h, act.data() + r * h);
+    // c_fc and its GELU (fused on a GPU).
+    backend()->LinearGeluForward(ln_out.data() + r * d, fc_w_->value.data(), fc_b_->value.data(),
+                                 rows, d, h, fc.data() + r * h, act.data() + r * h);
     // Row-parallel c_proj: rank 0 adds the bias, the group sums the parts.
     backend()->LinearForward(act.data() + r * h, proj_w_->value.data(),
                              tp_rank() == 0 ? proj_b_->value.data() : nullptr, rows, h, d,

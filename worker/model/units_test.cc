@@ -162,6 +162,32 @@ TEST(UnitTest, TokenImportance_AttentionColumnSumsOthersNone) {
   }
 }
 
+// attn_0 (parameters at O(1), seed 3) on `backend`: forward, its token
+// importance, backward of dy; KeepTokenImportance first with `keep`.
+struct AttentionRun {
+  std::vector<float> y, dx, grads, scores;
+  int64_t saved_floats = 0;  // what the context keeps for the attention
+};
+
+AttentionRun RunAttention(const GptConfig& c, Backend* backend, bool keep, const Tensor& x,
+                          const Tensor& dy, const TokenBatch& batch) {
+  auto unit = MakeUnit(c, 1, backend);  // attn_0
+  RandomizeParameters(unit.get(), 3);
+  if (keep) unit->KeepTokenImportance();
+  UnitContext ctx;
+  AttentionRun r;
+  r.y = unit->Forward(x, batch, &ctx).ToVector();
+  r.saved_floats = ctx.saved[5].numel();  // AttentionUnit's kProbs slot
+  r.scores = unit->TokenImportance(ctx);
+  unit->ZeroGrads();
+  r.dx = unit->Backward(dy, batch, ctx).ToVector();
+  for (Parameter* p : unit->parameters()) {
+    const std::vector<float> g = p->grad.ToVector();
+    r.grads.insert(r.grads.end(), g.begin(), g.end());
+  }
+  return r;
+}
+
 // Without KeepTokenImportance the context need not hold the probabilities
 // (a flash-style backend keeps only each row's log-sum-exp), so
 // TokenImportance has none; the unit's outputs and gradients are the same
@@ -172,26 +198,8 @@ TEST(UnitTest, TokenImportance_NoneUnlessKept_SameGradients) {
   const TokenBatch batch = RandomBatch(c, B, T, 9);
   const Tensor x = RandomTensor({B, T, c.d_model}, 8);
   const Tensor dy = RandomTensor({B, T, c.d_model}, 10);
-  struct Run {
-    std::vector<float> y, dx, grads, scores;
-  };
-  auto run = [&](bool keep) {
-    auto unit = MakeUnit(c, 1);  // attn_0
-    RandomizeParameters(unit.get(), 3);
-    if (keep) unit->KeepTokenImportance();
-    UnitContext ctx;
-    Run r;
-    r.y = unit->Forward(x, batch, &ctx).ToVector();
-    r.scores = unit->TokenImportance(ctx);
-    unit->ZeroGrads();
-    r.dx = unit->Backward(dy, batch, ctx).ToVector();
-    for (Parameter* p : unit->parameters()) {
-      const std::vector<float> g = p->grad.ToVector();
-      r.grads.insert(r.grads.end(), g.begin(), g.end());
-    }
-    return r;
-  };
-  const Run kept = run(true), plain = run(false);
+  const AttentionRun kept = RunAttention(c, CpuBackend(), true, x, dy, batch);
+  const AttentionRun plain = RunAttention(c, CpuBackend(), false, x, dy, batch);
   EXPECT_EQ(kept.scores.size(), static_cast<size_t>(B * T));
   EXPECT_TRUE(plain.scores.empty());
   EXPECT_EQ(kept.y, plain.y);
@@ -216,28 +224,9 @@ TEST(UnitTest, FlashStyleBackend_KeepsRowStatisticsAndMatches) {
   const TokenBatch batch = RandomBatch(c, B, T, 9);
   const Tensor x = RandomTensor({B, T, c.d_model}, 8);
   const Tensor dy = RandomTensor({B, T, c.d_model}, 10);
-  struct Run {
-    std::vector<float> y, dx, grads;
-    int64_t saved_floats = 0;
-  };
-  auto run = [&](Backend* backend, bool keep) {
-    auto unit = MakeUnit(c, 1, backend);  // attn_0
-    RandomizeParameters(unit.get(), 3);
-    if (keep) unit->KeepTokenImportance();
-    UnitContext ctx;
-    Run r;
-    r.y = unit->Forward(x, batch, &ctx).ToVector();
-    r.saved_floats = ctx.saved[5].numel();  // AttentionUnit's kProbs slot
-    unit->ZeroGrads();
-    r.dx = unit->Backward(dy, batch, ctx).ToVector();
-    for (Parameter* p : unit->parameters()) {
-      const std::vector<float> g = p->grad.ToVector();
-      r.grads.insert(r.grads.end(), g.begin(), g.end());
-    }
-    return r;
-  };
   FlashOnCpu flash;
-  const Run cpu = run(CpuBackend(), false), fast = run(&flash, false);
+  const AttentionRun cpu = RunAttention(c, CpuBackend(), false, x, dy, batch);
+  const AttentionRun fast = RunAttention(c, &flash, false, x, dy, batch);
   EXPECT_EQ(cpu.saved_floats, int64_t{B} * c.n_head * T * T);
   EXPECT_EQ(fast.saved_floats, int64_t{B} * c.n_head * T);
   // Relative to each tensor's largest value, as cuda_backend_test's bf16
@@ -253,7 +242,7 @@ TEST(UnitTest, FlashStyleBackend_KeepsRowStatisticsAndMatches) {
   close(fast.y, cpu.y, "y");
   close(fast.dx, cpu.dx, "dx");
   close(fast.grads, cpu.grads, "gradients");
-  const Run kept = run(&flash, true);
+  const AttentionRun kept = RunAttention(c, &flash, true, x, dy, batch);
   EXPECT_EQ(kept.saved_floats, int64_t{B} * c.n_head * T * T);
   EXPECT_EQ(kept.y, cpu.y);
   EXPECT_EQ(kept.dx, cpu.dx);

@@ -205,11 +205,12 @@ TEST_F(CudaBackendTest, FlashAttention_TokenImportanceKeepsProbabilities) {
   EXPECT_TRUE(Close("An", scores(cuda->get()), want, 1e-4f));
 }
 
-TEST_F(CudaBackendTest, EveryUnit_TwoRuns_BitwiseEqual) {
-  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
+// Every unit twice on one backend, seq_len `seq_len`: bitwise the same.
+void ExpectUnitsRepeatBitwise(GemmMode mode, AttentionImpl attention, int seq_len) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, mode, attention);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   const GptConfig config = SmallConfig();
-  const TokenBatch batch = Batch(config, 2, 17, 3);
+  const TokenBatch batch = Batch(config, 2, seq_len, 3);
   for (int index = 0; index < NumUnits(config); ++index) {
     const UnitRun a = RunUnit(config, index, cuda->get(), batch);
     const UnitRun b = RunUnit(config, index, cuda->get(), batch);
@@ -219,19 +220,12 @@ TEST_F(CudaBackendTest, EveryUnit_TwoRuns_BitwiseEqual) {
   }
 }
 
+TEST_F(CudaBackendTest, EveryUnit_TwoRuns_BitwiseEqual) {
+  ExpectUnitsRepeatBitwise(GemmMode::kFp32, AttentionImpl::kReference, 17);
+}
+
 TEST_F(CudaBackendTest, EveryUnit_FlashAttention_TwoRuns_BitwiseEqual) {
-  absl::StatusOr<std::unique_ptr<Backend>> cuda =
-      CreateCudaBackend(0, GemmMode::kBf16, AttentionImpl::kFlash);
-  ASSERT_TRUE(cuda.ok()) << cuda.status();
-  const GptConfig config = SmallConfig();
-  const TokenBatch batch = Batch(config, 2, 33, 3);
-  for (int index = 0; index < NumUnits(config); ++index) {
-    const UnitRun a = RunUnit(config, index, cuda->get(), batch);
-    const UnitRun b = RunUnit(config, index, cuda->get(), batch);
-    EXPECT_EQ(a.y, b.y) << UnitName(config, index);
-    EXPECT_EQ(a.dx, b.dx) << UnitName(config, index);
-    EXPECT_EQ(a.grads, b.grads) << UnitName(config, index);
-  }
+  ExpectUnitsRepeatBitwise(GemmMode::kBf16, AttentionImpl::kFlash, 33);
 }
 
 TEST_F(CudaBackendTest, Describe_NamesDeviceAndMode) {

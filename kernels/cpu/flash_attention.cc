@@ -3,8 +3,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
+
+#include "kernels/compress/fp16_codec.h"
 
 namespace pipetrain {
 namespace {
@@ -41,12 +42,10 @@ float Scale(int hd) { return 1.0f / std::sqrt(static_cast<float>(hd)); }  // as 
 }  // namespace
 
 float RoundToBf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  u += 0x7fffu + ((u >> 16) & 1u);
-  u &= 0xffff0000u;
-  std::memcpy(&x, &u, sizeof(u));
-  return x;
+  // The bf16 codec's rounding (kernels/compress/fp16_codec.h).
+  uint16_t bits = 0;
+  if (!FloatToBf16(x, &bits)) return std::copysign(INFINITY, x);  // beyond bf16's range
+  return Bf16ToFloat(bits);
 }
 
 void FlashAttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,

@@ -37,7 +37,8 @@ inline constexpr float kFlashGradAtol = 2e-2f;  // dq, dk, dv
 inline constexpr float kFlashLseAtol = 4e-3f;   // against the log-sum-exp in double
 inline constexpr float kFlashRtol = 1e-2f;      // out, dq, dk, dv
 
-// x rounded to the nearest bf16 (ties to even), as a float; finite x.
+// x rounded to the nearest bf16 (ties to even), as a float; finite x (one
+// beyond bf16's range gives the infinity of its sign).
 float RoundToBf16(float x);
 
 void FlashAttentionForward(const float* qkv, int batch, int seq_len, int c, int heads, float* out,

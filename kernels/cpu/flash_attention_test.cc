@@ -141,6 +141,8 @@ TEST(FlashAttentionTwinTest, RoundToBf16_NearestEven) {
   EXPECT_EQ(RoundToBf16(1.0f + 3 * std::ldexp(1.0f, -8)), 1.0f + std::ldexp(1.0f, -6));
   EXPECT_EQ(RoundToBf16(1.0f + std::ldexp(1.0f, -7)), 1.0f + std::ldexp(1.0f, -7));
   EXPECT_EQ(RoundToBf16(-2.5f), -2.5f);
+  EXPECT_EQ(RoundToBf16(3.4e38f), INFINITY);  // beyond bf16's largest finite value
+  EXPECT_EQ(RoundToBf16(-3.4e38f), -INFINITY);
 }
 
 }  // namespace

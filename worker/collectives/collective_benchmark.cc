@@ -112,18 +112,29 @@ struct Member {
 
 TensorAddress P2PAddress(int i) { return {"bench", 1000000 + i, v1::TENSOR_KIND_ACTIVATION, 0, 0}; }
 
+// A pool for one stream's tensors, so that freeing them once sent is not
+// timed, and kP2PCount tensors of kP2PBytes from it, made before a clock
+// starts.
+std::shared_ptr<TensorPool> StreamPool() {
+  return TensorPool::Create({.max_cached_bytes = kP2PBytes * (kP2PCount + 1)});
+}
+
+std::vector<Tensor> StreamTensors(TensorPool& pool) {
+  std::vector<Tensor> outgoing;
+  for (int i = 0; i < kP2PCount; ++i) {
+    outgoing.push_back(pool.Take({kP2PBytes / 4}));
+    outgoing.back().Fill(1.0f);
+  }
+  return outgoing;
+}
+
 // Point-to-point, sender side (member 0 to member 1): tensors made before the
 // clock starts and handed over (SendOwned: no copy), from a pool so that
 // freeing them once sent is not timed; the clock stops at member 1's
 // one-value acknowledgement of the last one. GB/s of payload.
 double PointToPointSend(Transport& t) {
-  std::shared_ptr<TensorPool> pool =
-      TensorPool::Create({.max_cached_bytes = kP2PBytes * (kP2PCount + 1)});
-  std::vector<Tensor> outgoing;
-  for (int i = 0; i < kP2PCount; ++i) {
-    outgoing.push_back(pool->Take({kP2PBytes / 4}));
-    outgoing.back().Fill(1.0f);
-  }
+  std::shared_ptr<TensorPool> pool = StreamPool();
+  std::vector<Tensor> outgoing = StreamTensors(*pool);
   const auto start = Clock::now();
   for (int i = 0; i < kP2PCount; ++i) {
     if (!t.SendOwned(1, P2PAddress(i), std::move(outgoing[i])).ok()) std::abort();
@@ -155,16 +166,11 @@ std::vector<double> ConcurrentStreams(Transport& t, int rank, int members) {
   std::vector<int> ranks(members);
   for (int i = 0; i < members; ++i) ranks[i] = i;
   Collectives barrier(&t, {ranks, "bench"});
-  std::shared_ptr<TensorPool> pool =
-      TensorPool::Create({.max_cached_bytes = kP2PBytes * (kP2PCount + 1)});
+  std::shared_ptr<TensorPool> pool = StreamPool();
   const int next = (rank + 1) % members, previous = (rank + members - 1) % members;
   std::vector<double> rates;
   for (int round = 0; round < kStreamRounds; ++round) {
-    std::vector<Tensor> outgoing;
-    for (int i = 0; i < kP2PCount; ++i) {
-      outgoing.push_back(pool->Take({kP2PBytes / 4}));
-      outgoing.back().Fill(1.0f);
-    }
+    std::vector<Tensor> outgoing = StreamTensors(*pool);
     Tensor one = Tensor::Zeros({1});
     // Iterations of their own: RunMember's all-reduces are iteration 0.
     if (!barrier.AllReduce(/*iteration=*/(1 << 20) + round, /*tag=*/0, one).ok()) std::abort();

@@ -197,7 +197,10 @@ struct UpOptions {
   int tensor_partitions = 1;
   std::string tensor_compression = "none";
   std::string tensor_mode = "1d";
-  int tensor_tune_steps = -1;  // -1: the spec's default
+  // What help shows as the default: the spec's when --tensor-partitions is
+  // 0; the spec's own default (0 for other counts) applies unless given.
+  int tensor_tune_steps = 2;
+  bool tensor_tune_steps_given = false;
   std::string out = "/tmp/pipetrain-up";
   bool keep_running = false;
   v1::JobSpec spec;
@@ -236,7 +239,7 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "\"token_topk:keep=0.5+piecewise:bits=3\"; lossy; \"none\" (default) is exact");
   f.Int("tensor-partitions-tune-steps", &o.tensor_tune_steps,
         "with --tensor-partitions 0: steps each of Alg. 1's counts and uniform 1, 2 and 4 run "
-        "before each stage keeps the fastest measured (default 2; 0 keeps Alg. 1's)");
+        "before each stage keeps the fastest measured; 0 keeps Alg. 1's");
   f.String("tensor-mode", &o.tensor_mode,
            "with --tensor-parallel: 1d (Megatron's split, the default) or 3d (T = p^3 workers "
            "per stage as a p x p x p cube of 3-D linear layers and LayerNorms; "
@@ -367,7 +370,7 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   spec.mutable_parallelism()->set_tensor_partitions(o.tensor_partitions);
   spec.mutable_parallelism()->set_tensor_compression(o.tensor_compression);
   spec.mutable_parallelism()->set_tensor_mode(o.tensor_mode);
-  if (o.tensor_tune_steps >= 0) {
+  if (o.tensor_tune_steps_given) {
     spec.mutable_parallelism()->set_tensor_partitions_tune_steps(o.tensor_tune_steps);
   }
   spec.mutable_parallelism()->set_solver(o.solver);
@@ -474,6 +477,7 @@ int RunUp(const std::vector<std::string>& args) {
   FlagSet flags = UpFlags(o);
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 0, &words, "up"); code >= 0) return code;
+  o.tensor_tune_steps_given = flags.IsSet("tensor-partitions-tune-steps");
   if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) {
     return Fail("up", absl::NotFoundError("cannot create --out directory " + o.out));
   }

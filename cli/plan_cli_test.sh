@@ -91,6 +91,9 @@ check data_auto_chosen_is_fastest 'min(j["layouts"], key=lambda l: (l["step_seco
 check data_auto_distpar 'all(l["distpar_cost"] == l["distpar_computation"] + l["distpar_communication"] and l["distpar_computation"] > 0 for l in j["layouts"])'
 expect_exit data_auto_table 0 "DISTPAR_COST" "STEP_S" "CHOSEN" "ties to the smaller D" -- \
   "${DP[@]}" --micro-batches 8 --data auto
+# Bandwidth 0 is the cluster format's "unlimited", said so (not "0 B/s").
+expect_exit data_unlimited_link 0 "over the cluster's link (unlimited bandwidth" -- \
+  "${P[@]}" --micro-batches 3 --data 3
 # The same 4 workers on one host of 2 cores, one compute thread each (as
 # workers register): 4 replicas compute 4 threads on 2 cores, so that
 # layout's compute takes twice as long, as a job would plan it.
@@ -136,6 +139,8 @@ expect_exit both_clusters 2 "give either --cluster or --workers" -- --profile "$
   --workers 2 --cluster "$TMP/small.json"
 expect_exit bad_schedule 2 "unknown schedule 'zb'" -- "${P[@]}" --schedule zb
 expect_exit negative_bandwidth 2 "must be >= 0" -- "${P[@]}" --bandwidth-gbps -1
+# -1 is the flag's "calibrate" sentinel, but only while unset.
+expect_exit negative_beta 2 "--distpar-beta must be >= 0, got -1" -- "${P[@]}" --data auto --distpar-beta -1
 
 # AccTFM: its own profile format (cli/acctfm_profile.h).
 cat >"$TMP/acctfm.json" <<'JSON'

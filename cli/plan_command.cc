@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "cli/acctfm_profile.h"
 #include "cli/tensor_layout_report.h"
 #include "common/flag_set.h"
@@ -197,13 +198,17 @@ void PrintPlan(const SolvedPlan& plan, const ClusterSpec& cluster, const ModelPr
       absl::StrAppend(&replicas, w % stages == 0 ? (w ? "] [" : "[") : " ",
                       dp.cluster->workers[w].name);
     }
+    // A bandwidth of 0 is the cluster format's "unlimited" (docs/formats.md).
+    const double rate = dp.cluster->bandwidth_bytes_per_second;
+    const std::string link_rate =
+        rate > 0 ? absl::StrFormat("%.6g B/s", rate) : std::string("unlimited bandwidth");
     std::printf(
         "data parallel: %d replicas x %zu stages on %zu workers, replicas %s]; %d micro-batches "
         "per step, %d per replica; before each optimizer step every stage sums its gradients "
         "with the same stage of the %d other replica(s) by a ring all-reduce over the cluster's "
-        "link (%.6g B/s, %.6g s latency; acctfm.txt eq. 3)\n",
+        "link (%s, %.6g s latency; acctfm.txt eq. 3)\n",
         d, stages, dp.cluster->workers.size(), replicas.c_str(), dp.micro_batches, per_replica,
-        d - 1, dp.cluster->bandwidth_bytes_per_second, dp.cluster->latency_seconds);
+        d - 1, link_rate.c_str(), dp.cluster->latency_seconds);
   }
   std::printf(
       "solver %s (objective %s): bottleneck %.6g s, predicted iteration %.6g s, "
@@ -306,9 +311,10 @@ FlagSet PlanFlagSet(PlanFlags& f) {
       "divides the workers and --micro-batches) or auto (every such layout, the fastest "
       "simulated step chosen)");
   flags.Double("distpar-beta", &f.distpar_beta,
-               "weight of communication in DistPar's layout cost (distpar.txt 3.4); default: "
-               "with --tensor and --bandwidth-gbps, calibrated from --gflops and the bandwidth "
-               "(CalibratedBeta), else 1");
+               "weight of communication in DistPar's layout cost (distpar.txt 3.4), >= 0");
+  flags.DefaultText("distpar-beta",
+                    "with --tensor and --bandwidth-gbps, calibrated from --gflops and the "
+                    "bandwidth (CalibratedBeta), else 1");
   flags.Int("tensor", &f.tensor,
             "tensor-parallel group T >= 2: print DistPar's layout per linear layer of one block "
             "(the analytic model's --d-model, --seq-len, --micro-batch-size; planner output only)");
@@ -330,6 +336,11 @@ int RunPlan(const std::vector<std::string>& args) {
   FlagSet flags = PlanFlagSet(f);
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
+  // Unset, the variable holds kCalibratedBeta: a value given must be a beta.
+  if (parsed.ok() && flags.IsSet("distpar-beta") && !(f.distpar_beta >= 0)) {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("--distpar-beta must be >= 0, got ", f.distpar_beta));
+  }
   if (parsed.ok() && f.tensor != 0) {  // needs only the block's dimensions
     absl::StatusOr<std::string> report =
         TensorLayoutReport({f.tensor, f.distpar_beta, int64_t{f.micro_batch_size} * f.seq_len,

@@ -95,6 +95,12 @@ void FlagSet::FromEnv(const std::string& name, const std::string& variable) {
   it->second.env = variable;
 }
 
+void FlagSet::DefaultText(const std::string& name, const std::string& text) {
+  auto it = flags_.find(name);
+  PT_CHECK(it != flags_.end()) << "DefaultText: no flag --" << name;
+  it->second.default_text = text;
+}
+
 void FlagSet::AddVersionFlag() {
   PT_CHECK(flags_.count("version") == 0) << "flag --version twice";
   version_flag_ = true;

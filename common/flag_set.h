@@ -47,6 +47,11 @@ class FlagSet {
   // command line. Requires: `name` is bound.
   void FromEnv(const std::string& name, const std::string& variable);
 
+  // Help shows `text` as the default of bound flag `name` instead of its
+  // variable's value: for a flag whose variable starts at a sentinel meaning
+  // "decided later" (e.g. "calibrated"). Requires: `name` is bound.
+  void DefaultText(const std::string& name, const std::string& text);
+
   // Adds --version: Parse stops at it and sets version_requested(); the
   // caller prints VersionLine() (common/build_info.h) and exits 0.
   void AddVersionFlag();

@@ -359,6 +359,17 @@ TEST(FlagSetUsageTest, Usage_SmallFloatDefault_ShownReadably) {
   EXPECT_EQ(flags.Usage(), "usage: x\n\nFlags:\n  --lr  learning rate (default 0.0003)\n");
 }
 
+TEST(FlagSetUsageTest, DefaultText_ShownInsteadOfTheSentinelValue) {
+  double beta = -1;  // a sentinel: "decided later"
+  FlagSet flags("usage: x");
+  flags.Double("beta", &beta, "a weight");
+  flags.DefaultText("beta", "calibrated");
+  EXPECT_EQ(flags.Usage(), "usage: x\n\nFlags:\n  --beta  a weight (default calibrated)\n");
+  ASSERT_TRUE(flags.Parse({}).ok());
+  EXPECT_EQ(beta, -1);  // the variable keeps its value
+  EXPECT_FALSE(flags.IsSet("beta"));
+}
+
 TEST(FlagSetUsageTest, Parse_EmptyFlagSet_RejectsAnyFlag) {
   FlagSet flags("usage: x");
   absl::Status status = flags.Parse({"--anything"});

@@ -729,7 +729,12 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
     }
   }
   for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);
-  if (setup_.replicas > 1 && setup_.forward.end() == num_units_) {
+  // The stage that runs head's forward pass has the losses. A stage with no
+  // forward pass (Bi-Partition can leave the last one none) has an empty
+  // range ending at num_units_ too.
+  const bool runs_head_forward =
+      setup_.forward.begin() < setup_.forward.end() && setup_.forward.end() == num_units_;
+  if (setup_.replicas > 1 && runs_head_forward) {
     absl::Status gathered = GatherReplicaLosses(iteration, &result);
     if (!gathered.ok()) {
       return absl::Status(gathered.code(), absl::StrCat("stage ", setup_.stage, ", iteration ",

@@ -642,9 +642,12 @@ int RunUp(const std::vector<std::string>& args) {
           plan.data_parallel_quantizer().empty()
               ? absl::StrCat("powersgd rank ", plan.data_parallel_powersgd_rank())
               : plan.data_parallel_quantizer();
+      // The last plan's stages per replica: a recovery may have re-planned
+      // on fewer than the spec's (plan.proto: D x P x T entries).
+      const int stages = plan.stages_size() / std::max(1, plan.data_parallel()) /
+                         std::max(1, plan.tensor_parallel());
       std::printf("data-parallel all-reduce: %s on stages [%s] of %d\n", codec.c_str(),
-                  absl::StrJoin(plan.data_parallel_compressed_stages(), ",").c_str(),
-                  end.spec().parallelism().stages());
+                  absl::StrJoin(plan.data_parallel_compressed_stages(), ",").c_str(), stages);
     }
     if (plan.tensor_parallel() > 1) {
       std::printf("tensor partitions per unit: forward [%s], backward [%s]\n",

@@ -110,6 +110,12 @@ expect_exit data_auto_shared_host_json 0 '"compute_stretch"' -- \
   --profile "$TMP/dp.json" --cluster "$TMP/shared.json" --micro-batches 8 --data auto --json
 check data_auto_shared_host_stretch '[l["compute_stretch"] for l in j["layouts"]] == [1, 1, 2]'
 
+# Weights so heavy that any all-reduce costs more than the pipeline: auto
+# keeps one replica and says there is nothing to all-reduce.
+sed 's/"weight_bytes": 60/"weight_bytes": 6000000/' "$TMP/dp.json" >"$TMP/dp_heavy.json"
+expect_exit data_auto_one_replica 0 "1 replica of 4 stages on 4 workers (pipeline only: no gradient all-reduce)" -- \
+  --profile "$TMP/dp_heavy.json" --workers 4 --bandwidth-gbps 0.0001 --latency-us 1000 --micro-batches 8 --data auto
+
 # Six micro-batches over 4 workers: only D = 1 and 2 are layouts.
 expect_exit data_auto_divides_micro_batches 0 '"layouts"' -- "${DP[@]}" --micro-batches 6 --data auto --json
 check data_auto_skips_4 '[l["data"] for l in j["layouts"]] == [1, 2]'

@@ -202,13 +202,20 @@ void PrintPlan(const SolvedPlan& plan, const ClusterSpec& cluster, const ModelPr
     const double rate = dp.cluster->bandwidth_bytes_per_second;
     const std::string link_rate =
         rate > 0 ? absl::StrFormat("%.6g B/s", rate) : std::string("unlimited bandwidth");
-    std::printf(
-        "data parallel: %d replicas x %zu stages on %zu workers, replicas %s]; %d micro-batches "
-        "per step, %d per replica; before each optimizer step every stage sums its gradients "
-        "with the same stage of the %d other replica(s) by a ring all-reduce over the cluster's "
-        "link (%s, %.6g s latency; acctfm.txt eq. 3)\n",
-        d, stages, dp.cluster->workers.size(), replicas.c_str(), dp.micro_batches, per_replica,
-        d - 1, link_rate.c_str(), dp.cluster->latency_seconds);
+    if (d == 1) {  // auto chose no replicas: nothing to all-reduce
+      std::printf(
+          "data parallel: 1 replica of %zu stages on %zu workers (pipeline only: no gradient "
+          "all-reduce); %d micro-batches per step\n",
+          stages, dp.cluster->workers.size(), dp.micro_batches);
+    } else {
+      std::printf(
+          "data parallel: %d replicas x %zu stages on %zu workers, replicas %s]; %d "
+          "micro-batches per step, %d per replica; before each optimizer step every stage sums "
+          "its gradients with the same stage of the %d other replica(s) by a ring all-reduce "
+          "over the cluster's link (%s, %.6g s latency; acctfm.txt eq. 3)\n",
+          d, stages, dp.cluster->workers.size(), replicas.c_str(), dp.micro_batches, per_replica,
+          d - 1, link_rate.c_str(), dp.cluster->latency_seconds);
+    }
   }
   std::printf(
       "solver %s (objective %s): bottleneck %.6g s, predicted iteration %.6g s, "

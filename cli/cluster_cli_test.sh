@@ -107,6 +107,16 @@ expect_exit workers_json_paged 0 '"workers"' -- workers --json --page-size=1
 check workers_json_every_page 'len(j["workers"]) == 1'
 expect_exit jobs_negative_page_size 67 "INVALID_ARGUMENT" -- jobs --page-size=-1
 expect_exit jobs_table 0 "$job_id" "cli-test" -- jobs
+# Columns line up under their headers however long the ids are.
+if python3 -c "
+import sys
+lines = open('$OUT').read().splitlines()
+col = lines[0].index('STATE')
+sys.exit(0 if len(lines) == 4 and all(l[col:].startswith('QUEUED') for l in lines[1:]) else 1)"; then
+  passed=$((passed + 1))
+else
+  fail jobs_table_aligned "STATE column misaligned: $(cat "$OUT")"
+fi
 expect_exit job_json 0 "\"$job_id\"" -- job "$job_id" --json
 check job_json_is_the_job "j['id'] == '$job_id' and j['state'] == 'JOB_STATE_QUEUED'"
 # Flags override the environment.

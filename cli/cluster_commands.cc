@@ -673,6 +673,7 @@ int RunUp(const std::vector<std::string>& args) {
   if (o.keep_running && !g_interrupted.load()) {
     std::printf("cluster running: --coordinator %s --token-file %s (Ctrl-C to stop)\n",
                 (*cluster)->grpc_address().c_str(), (*cluster)->user_token_file().c_str());
+    std::fflush(stdout);  // the summary too, when stdout is a file or a pipe
     while (!g_interrupted.load()) absl::SleepFor(absl::Milliseconds(200));
   }
   return end.state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobNotSucceeded;
@@ -714,6 +715,7 @@ int RunSubmit(const std::vector<std::string>& args) {
   if (!s.ok()) return Fail("submit", ToAbsl(s));
   std::printf("%s %s\n", job.id().c_str(), EnumShortName(job.state()).c_str());
   if (!o.follow) return kExitOk;
+  std::fflush(stdout);  // before the progress (stderr), when stdout is a pipe
   std::signal(SIGINT, OnInterrupt);
   auto done = Follow(**stub, job.id(), o.c.timeout);
   if (!done.ok()) return Fail("submit", done.status());
@@ -767,11 +769,13 @@ int RunJobs(const std::vector<std::string>& args) {
   });
   if (!listed.ok()) return Fail("jobs", listed);
   if (o.json) return std::printf("%s", ListJson("jobs", jobs).c_str()), kExitOk;
-  std::printf("%-8s %-10s %10s %10s  %s\n", "ID", "STATE", "STEP", "LOSS", "NAME");
+  int id_width = 2;  // the column fits the longest id ("job-mx1au5pb-1")
+  for (const v1::Job& j : jobs) id_width = std::max(id_width, static_cast<int>(j.id().size()));
+  std::printf("%-*s %-10s %10s %10s  %s\n", id_width, "ID", "STATE", "STEP", "LOSS", "NAME");
   for (const v1::Job& j : jobs) {
-    std::printf("%-8s %-10s %10lld %10.4f  %s\n", j.id().c_str(), EnumShortName(j.state()).c_str(),
-                static_cast<long long>(j.progress().step()), j.progress().loss(),
-                j.spec().name().c_str());
+    std::printf("%-*s %-10s %10lld %10.4f  %s\n", id_width, j.id().c_str(),
+                EnumShortName(j.state()).c_str(), static_cast<long long>(j.progress().step()),
+                j.progress().loss(), j.spec().name().c_str());
   }
   return kExitOk;
 }
@@ -954,14 +958,21 @@ int RunWorkers(const std::vector<std::string>& args) {
   });
   if (!listed.ok()) return Fail("workers", listed);
   if (o.json) return std::printf("%s", ListJson("workers", workers).c_str()), kExitOk;
-  std::printf("%-6s %-9s %-22s %-24s %8s %-8s %s\n", "ID", "STATE", "DATA ADDRESS", "DEVICE",
-              "GFLOP/s", "JOB", "DOING");
+  // The id and job columns fit their longest entries.
+  int id_width = 6, job_width = 8;
+  for (const v1::Worker& w : workers) {
+    id_width = std::max(id_width, static_cast<int>(w.id().size()));
+    job_width = std::max(job_width, static_cast<int>(w.job_id().size()));
+  }
+  std::printf("%-*s %-9s %-22s %-24s %8s %-*s %s\n", id_width, "ID", "STATE", "DATA ADDRESS",
+              "DEVICE", "GFLOP/s", job_width, "JOB", "DOING");
   for (const v1::Worker& w : workers) {
     // The GPU's name, or "cpu" for a worker computing on its CPU.
     const std::string device = w.device().gpu_model().empty() ? "cpu" : w.device().gpu_model();
-    std::printf("%-6s %-9s %-22s %-24s %8.0f %-8s %s\n", w.id().c_str(),
+    std::printf("%-*s %-9s %-22s %-24s %8.0f %-*s %s\n", id_width, w.id().c_str(),
                 EnumShortName(w.state()).c_str(), w.data_address().c_str(), device.c_str(),
-                w.device().measured_gflops(), w.job_id().c_str(), w.current_instruction().c_str());
+                w.device().measured_gflops(), job_width, w.job_id().c_str(),
+                w.current_instruction().c_str());
   }
   return kExitOk;
 }

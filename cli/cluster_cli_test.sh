@@ -4,7 +4,8 @@
 # workers, job) parsed as JSON, complete across pages; $PIPETRAIN_COORDINATOR,
 # $PIPETRAIN_TOKEN and $PIPETRAIN_CA taking effect, and flags overriding
 # them; the exit code table (cli/exit_codes.h: 64 + the status code);
-# --timeout; the generated completion scripts. A coordinator (and a TLS one)
+# --timeout; the generated completion scripts; `up`'s processes end with it
+# (a closed stdout, and SIGKILL). A coordinator (and a TLS one)
 # listen on port 0, read back from ports files; every process started is
 # killed on exit.
 set -u
@@ -170,6 +171,36 @@ expect_exit timeout_below_resolution 2 "--timeout must be at least 1ms" -- jobs 
 expect_exit timeout_seconds 0 '"jobs"' -- jobs --json --timeout=30
 expect_exit timeout_zero 2 "--timeout must be > 0" -- jobs --timeout=0
 expect_exit timeout_junk 2 "--timeout: cannot parse 'soon'" -- jobs --timeout=soon
+
+# `up` and the processes it starts end together. Each run trains "forever"
+# (100000 steps), so only the event under test ends it.
+# processes_of DIR: how many processes name DIR in their command line.
+processes_of() { pgrep -f -- "--ports-file=$1/" | wc -l; }
+# ended DIR: waits (bounded, polling) until none is left.
+ended() { for _ in $(seq 1 600); do [[ $(processes_of "$1") -eq 0 ]] && return 0; sleep 0.05; done; return 1; }
+UP=(up --workers 2 --steps 100000 --checkpoint-interval 0 --eval-interval 0)
+# A closed stdout (`up | head`) ends the run as Ctrl-C does: the cluster is
+# stopped before up exits, so nothing is left once the pipeline returns.
+"$BIN" "${UP[@]}" --out "$TMP/up-pipe" 2>&1 | head -c 1 >/dev/null
+if [[ -s "$TMP/up-pipe/coordinator.ports" && $(processes_of "$TMP/up-pipe") -eq 0 ]]; then
+  passed=$((passed + 1))
+else
+  fail up_stdout_closed "$(processes_of "$TMP/up-pipe") processes left: $(pgrep -af -- "$TMP/up-pipe/")"
+  pkill -KILL -f -- "--ports-file=$TMP/up-pipe/"
+fi
+# Killed outright, up cleans nothing up: the kernel sends its children
+# SIGTERM (SpawnOptions::exit_with_parent), and they end.
+"$BIN" "${UP[@]}" --out "$TMP/up-kill" >"$TMP/up-kill.out" 2>&1 &
+up_pid=$!
+pids+=("$up_pid")
+ok up_started await_file "$TMP/up-kill/worker-1.ports"
+kill -KILL "$up_pid"
+if ended "$TMP/up-kill"; then
+  passed=$((passed + 1))
+else
+  fail up_killed "its processes outlived it: $(pgrep -af -- "$TMP/up-kill/")"
+  pkill -KILL -f -- "--ports-file=$TMP/up-kill/"
+fi
 
 # $PIPETRAIN_CA: a TLS coordinator is reached with the CA from the
 # environment; --tls-ca overrides it; a missing CA file is named.

@@ -540,11 +540,16 @@ int RunUp(const std::vector<std::string>& args) {
   if (!worker.ok()) return Fail("up", worker.status());
   std::signal(SIGINT, OnInterrupt);
   std::signal(SIGTERM, OnInterrupt);
+  // A closed stdout (`pipetrain up | head`) ends the run as Ctrl-C does,
+  // with the cluster stopped, rather than killing this process outright.
+  std::signal(SIGPIPE, OnInterrupt);
   LocalClusterOptions cluster_options;
   cluster_options.coordinator_binary = *coordinator;
   cluster_options.worker_binary = *worker;
   cluster_options.workers = o.workers;
   cluster_options.dir = o.out;
+  // Killed outright (SIGKILL), `up` cannot stop them: the kernel does.
+  cluster_options.exit_with_parent = true;
   // Fresh tokens each time: only the processes `up` starts, and whoever can
   // read its --out directory (the token files are mode 0600), get in.
   cluster_options.join_token = RandomToken();

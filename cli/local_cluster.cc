@@ -50,6 +50,12 @@ absl::StatusOr<std::vector<std::string>> TokenFlags(const LocalClusterOptions& o
   return flags;
 }
 
+SpawnOptions SpawnOptionsOf(const LocalClusterOptions& options) {
+  SpawnOptions spawn;
+  spawn.exit_with_parent = options.exit_with_parent;
+  return spawn;
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> FindSiblingBinary(const std::string& package, const std::string& name) {
@@ -80,7 +86,7 @@ absl::Status LocalCluster::StartCoordinator(int grpc_port, int http_port) {
   ASSIGN_OR_RETURN(std::vector<std::string> tokens, TokenFlags(options_, true));
   argv.insert(argv.end(), tokens.begin(), tokens.end());
   argv.insert(argv.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
-  ASSIGN_OR_RETURN(Subprocess coordinator, Subprocess::Spawn(argv, coordinator_log()));
+  ASSIGN_OR_RETURN(Subprocess coordinator, Subprocess::Spawn(argv, coordinator_log(), SpawnOptionsOf(options_)));
   coordinator_ = std::make_unique<Subprocess>(std::move(coordinator));
   absl::Status ready =
       WaitForFile(ports, options_.start_timeout, coordinator_.get(), coordinator_log());
@@ -122,7 +128,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      "--http-address=127.0.0.1:0", "--ports-file=" + ports};
     argv.insert(argv.end(), tokens.begin(), tokens.end());
     argv.insert(argv.end(), options.coordinator_args.begin(), options.coordinator_args.end());
-    ASSIGN_OR_RETURN(Subprocess standby, Subprocess::Spawn(argv, cluster->standby_log(i)));
+    ASSIGN_OR_RETURN(Subprocess standby, Subprocess::Spawn(argv, cluster->standby_log(i), SpawnOptionsOf(options)));
     cluster->standbys_.push_back(std::move(standby));
     absl::Status ready = WaitForFile(ports, options.start_timeout, &cluster->standbys_.back(),
                                      cluster->standby_log(i));
@@ -151,7 +157,7 @@ absl::Status LocalCluster::SpawnWorker(int i) {
     const std::vector<std::string>& own = options_.per_worker_args[i];
     wargv.insert(wargv.end(), own.begin(), own.end());
   }
-  ASSIGN_OR_RETURN(Subprocess worker, Subprocess::Spawn(wargv, worker_log(i)));
+  ASSIGN_OR_RETURN(Subprocess worker, Subprocess::Spawn(wargv, worker_log(i), SpawnOptionsOf(options_)));
   workers_.push_back(std::move(worker));
   return absl::OkStatus();
 }

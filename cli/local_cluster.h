@@ -36,6 +36,10 @@ struct LocalClusterOptions {
   // same flags (which must then name an etcd: --etcd-endpoints), started
   // after the first; the workers are given every coordinator's address.
   int standby_coordinators = 0;
+  // Every process started is told to end when this one does, even killed
+  // (subprocess.h, SpawnOptions::exit_with_parent): call Start, AddWorker
+  // and KillAndRestartCoordinator from a thread that outlives the cluster.
+  bool exit_with_parent = false;
 };
 
 class LocalCluster {

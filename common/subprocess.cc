@@ -3,16 +3,21 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <string>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 extern char** environ;
@@ -42,10 +47,36 @@ std::string LastLine(const std::string& path) {
   return newline == std::string::npos ? tail : tail.substr(newline + 1);
 }
 
+// This process's environment with kExitWithParentVariable set to our pid
+// (any value it had replaced).
+std::vector<std::string> EnvironmentNamingThisParent() {
+  const std::string prefix = absl::StrCat(kExitWithParentVariable, "=");
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    if (!absl::StartsWith(*e, prefix)) env.emplace_back(*e);
+  }
+  env.push_back(absl::StrCat(prefix, getpid()));
+  return env;
+}
+
 }  // namespace
 
+void ExitWithParentIfAsked() {
+  const char* value = std::getenv(kExitWithParentVariable);
+  pid_t parent = 0;
+  if (value == nullptr || !absl::SimpleAtoi(value, &parent) || parent <= 1) return;
+  prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // The parent may have died before the call above: then no signal comes.
+  if (getppid() != parent) {
+    std::fprintf(stderr, "exiting: the process that started this one (pid %d) is gone\n",
+                 static_cast<int>(parent));
+    std::_Exit(1);
+  }
+}
+
 absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& argv,
-                                             const std::string& log_path) {
+                                             const std::string& log_path,
+                                             const SpawnOptions& options) {
   if (argv.empty() || access(argv[0].c_str(), X_OK) != 0) {
     return absl::NotFoundError(
         absl::StrCat("cannot execute ", argv.empty() ? "(nothing)" : argv[0]));
@@ -58,8 +89,16 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& arg
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
+  std::vector<std::string> env_strings;
+  std::vector<char*> env;
+  if (options.exit_with_parent) {
+    env_strings = EnvironmentNamingThisParent();
+    for (std::string& e : env_strings) env.push_back(e.data());
+    env.push_back(nullptr);
+  }
   pid_t pid = -1;
-  const int error = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(), environ);
+  const int error = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(),
+                                options.exit_with_parent ? env.data() : environ);
   posix_spawn_file_actions_destroy(&actions);
   if (error != 0) {
     return absl::InternalError(absl::StrCat("spawn ", argv[0], ": ", std::strerror(error)));

@@ -3,10 +3,12 @@
 // Subprocess::Spawn starts a program (posix_spawn, no shell) with its
 // stdout/stderr appended to a log file. The owner cleans up: the destructor
 // (and Terminate) sends SIGTERM, waits up to a grace period, then SIGKILL
-// and reaps, so no child outlives the object that started it. (A parent
-// killed with SIGKILL cannot clean up; children then see their coordinator
-// vanish and exit on their own where they watch for it.) Not thread-safe
-// per object.
+// and reaps, so no child outlives the object that started it. A parent
+// killed with SIGKILL (or by a signal it does not handle) cannot clean up:
+// a child spawned with SpawnOptions::exit_with_parent, whose program calls
+// ExitWithParentIfAsked first thing, is then sent SIGTERM by the kernel
+// (PR_SET_PDEATHSIG); others must notice on their own (workers watch their
+// coordinator; a coordinator watches nothing). Not thread-safe per object.
 #ifndef PIPETRAIN_COMMON_SUBPROCESS_H_
 #define PIPETRAIN_COMMON_SUBPROCESS_H_
 
@@ -21,12 +23,34 @@
 
 namespace pipetrain {
 
+// The environment variable through which a child learns that it must not
+// outlive its parent: the parent's pid.
+inline constexpr char kExitWithParentVariable[] = "PIPETRAIN_EXIT_WITH_PARENT";
+
+struct SpawnOptions {
+  // Puts kExitWithParentVariable (this process's pid) in the child's
+  // environment, for ExitWithParentIfAsked. Linux ties the parent-death
+  // signal to the spawning THREAD: spawn from one that outlives the child
+  // (e.g. main), or the child is sent SIGTERM when that thread ends.
+  bool exit_with_parent = false;
+};
+
+// The child's side of SpawnOptions::exit_with_parent; call it first thing
+// in main, before any thread starts. When kExitWithParentVariable names a
+// pid, asks the kernel to send this process SIGTERM when its parent dies
+// (PR_SET_PDEATHSIG; the setting survives exec), and exits at once (status
+// 1, saying so on stderr) if the parent has died already (getppid() is no
+// longer that pid). Does nothing without the variable, or if its value is
+// not a pid.
+void ExitWithParentIfAsked();
+
 class Subprocess {
  public:
   // argv[0] is the program path. NOT_FOUND if it does not exist; INTERNAL if
   // spawning fails (with strerror).
   static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
-                                          const std::string& log_path);
+                                          const std::string& log_path,
+                                          const SpawnOptions& options = {});
   Subprocess(Subprocess&& other) noexcept;
   Subprocess& operator=(Subprocess&& other) noexcept;
   ~Subprocess();  // Terminate(absl::Seconds(5)) if still running

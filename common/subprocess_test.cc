@@ -1,7 +1,14 @@
 #include "common/subprocess.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
@@ -43,6 +50,82 @@ TEST(WaitForFileTest, NoWriter_TimesOutNamingThePath) {
   absl::Status status = WaitForFile(TempPath("absent"), absl::Milliseconds(50));
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "absent")) << status;
+}
+
+// The helper program (exit_with_parent_testing_main.cc), from the runfiles.
+std::string Helper() {
+  return std::string(std::getenv("TEST_SRCDIR")) + "/pipetrain/common/exit_with_parent_testing";
+}
+
+// Whether process `pid` has ended: no /proc entry, or a zombie waiting for
+// whoever adopted it to reap it.
+bool Ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  if (!stat) return true;
+  std::string line;
+  std::getline(stat, line);
+  const size_t close = line.rfind(')');  // "pid (name) S ..."
+  return close != std::string::npos && close + 2 < line.size() && line[close + 2] == 'Z';
+}
+
+// Polls (every 10 ms, as WaitForFile) until `pid` has ended or `timeout`.
+bool EndsWithin(pid_t pid, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!Ended(pid)) {
+    if (absl::Now() > deadline) return false;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
+
+// Runs the helper as a parent of one child, kills the parent with SIGKILL
+// (no clean-up possible) and returns the orphaned child's pid.
+pid_t OrphanAChild(const std::string& name, bool plain) {
+  const std::string pidfile = TempPath(name + ".pid");
+  std::vector<std::string> argv = {Helper(), "parent", pidfile};
+  if (plain) argv.push_back("plain");
+  auto parent = Subprocess::Spawn(argv, TempPath(name + ".log"));
+  EXPECT_TRUE(parent.ok()) << parent.status();
+  if (!parent.ok()) return -1;
+  EXPECT_TRUE(WaitForFile(pidfile, absl::Seconds(60), &*parent).ok());
+  std::ifstream in(pidfile);
+  pid_t child = -1;
+  in >> child;
+  parent->Signal(SIGKILL);
+  EXPECT_TRUE(parent->Wait(absl::Seconds(30)).has_value());
+  return child;
+}
+
+TEST(ExitWithParentTest, ParentKilled_ChildEndsToo) {
+  const pid_t child = OrphanAChild("asked", /*plain=*/false);
+  ASSERT_GT(child, 0);
+  EXPECT_TRUE(EndsWithin(child, absl::Seconds(30))) << "child " << child << " outlived its parent";
+  if (!Ended(child)) kill(child, SIGKILL);
+}
+
+// Without the option the orphan lives on: what the option is for.
+TEST(ExitWithParentTest, NotAsked_ChildOutlivesItsParent) {
+  const pid_t child = OrphanAChild("plain", /*plain=*/true);
+  ASSERT_GT(child, 0);
+  EXPECT_FALSE(Ended(child));
+  kill(child, SIGKILL);
+  EXPECT_TRUE(EndsWithin(child, absl::Seconds(30)));
+}
+
+// A child whose parent died before it could ask for the signal exits by
+// itself: here the variable names a pid that is not its parent.
+TEST(ExitWithParentTest, ParentAlreadyGone_ChildExitsAtOnceSayingSo) {
+  const std::string log = TempPath("gone.log");
+  setenv(kExitWithParentVariable, "999999999", /*overwrite=*/1);
+  auto child = Subprocess::Spawn({Helper(), "child", TempPath("gone.pid")}, log);
+  unsetenv(kExitWithParentVariable);
+  ASSERT_TRUE(child.ok()) << child.status();
+  const std::optional<int> status = child->Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << *status;
+  std::stringstream text;
+  text << std::ifstream(log).rdbuf();
+  EXPECT_TRUE(absl::StrContains(text.str(), "(pid 999999999) is gone")) << text.str();
 }
 
 }  // namespace

@@ -42,6 +42,7 @@
 #include "common/secrets.h"
 #include "common/serving_health.h"
 #include "common/status_macros.h"
+#include "common/subprocess.h"
 #include "common/tls_credentials.h"
 #include "coordinator/api/caller_auth.h"
 #include "coordinator/api/coordinator_metrics.h"
@@ -622,6 +623,8 @@ int Serve(const Config& config, const sigset_t& signals) {
 }  // namespace pipetrain
 
 int main(int argc, char** argv) {
+  // Started by `pipetrain up`: SIGTERM (a clean shutdown) if it dies.
+  pipetrain::ExitWithParentIfAsked();
   const sigset_t signals = pipetrain::BlockShutdownSignals();  // before any thread starts
   pipetrain::EnableGrpcHealthAndReflection();                   // before any gRPC server
   pipetrain::Config config;

@@ -31,6 +31,7 @@
 #include "common/ports_file.h"
 #include "common/secrets.h"
 #include "common/serving_health.h"
+#include "common/subprocess.h"
 #include "common/tls_credentials.h"
 #include "kernels/cpu/blas.h"
 #include "worker/agent/device_info.h"
@@ -358,6 +359,8 @@ int Run(const std::vector<std::string>& args) {
 }  // namespace pipetrain
 
 int main(int argc, char** argv) {
+  // Started by `pipetrain up`: SIGTERM (leave, as on a drain) if it dies.
+  pipetrain::ExitWithParentIfAsked();
   pipetrain::ConfigureBlasOrReexec(argv);
   // Before any thread starts: large buffers reuse heap pages (malloc_tuning.h).
   pipetrain::TuneMallocForLargeBuffers();

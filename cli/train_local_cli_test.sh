@@ -98,6 +98,16 @@ expect_exit init_from_not_safetensors 1 "$TMP/not.safetensors" "not a safetensor
 expect_exit resume_missing 1 "NOT_FOUND" "$TMP/missing.ckpt" -- \
   train-local "${TINY[@]}" --resume "$TMP/missing.ckpt"
 
+# A learning rate that blows the weights up: the run stops at the first
+# non-finite loss, exit 1, and writes no --checkpoint of the broken weights.
+expect_exit diverged 1 "training diverged: the loss of step" "is nan" -- \
+  train-local "${TINY[@]}" --lr 1e30 --steps 20 --checkpoint "$TMP/diverged.ckpt"
+if [[ -e "$TMP/diverged.ckpt" ]]; then
+  fail diverged_no_checkpoint "a diverged run wrote its --checkpoint"
+else
+  passed=$((passed + 1))
+fi
+
 # This test runs the plain build (no --config=cuda): --device cuda says how
 # to get CUDA, and auto trains on the CPU.
 expect_exit cuda_without_cuda_build 1 "built without CUDA" "--config=cuda" -- \

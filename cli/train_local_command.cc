@@ -22,6 +22,7 @@
 #include "worker/model/backend_select.h"
 #include "worker/model/weights_io.h"
 #include "worker/train/checkpoint.h"
+#include "worker/train/divergence.h"
 #include "worker/train/local_trainer.h"
 #include "worker/train/lr_schedule.h"
 
@@ -161,6 +162,11 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
     const auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(const StepResult r, trainer.Step());
     const auto t1 = std::chrono::steady_clock::now();
+    // A diverged run stops (the same check the coordinator makes of jobs).
+    if (absl::Status finite = CheckLossFinite(r.step, r.loss); !finite.ok()) {
+      progress.Finish();
+      return finite;
+    }
     const double step_seconds = std::chrono::duration<double>(t1 - t0).count();
     std::optional<float> val;
     if (c.eval_interval > 0 && (r.step % c.eval_interval == 0 || r.step == c.steps)) {
@@ -217,8 +223,12 @@ absl::Status Run(Options& o) {
                o.train.batch_size, o.train.seq_len, o.train.micro_batches,
                backend.backend->Describe().c_str(), BlasCoreName().c_str(), BlasThreads());
   absl::StatusOr<std::optional<float>> trained = Train(o, *trainer);
-  // Write what was asked for even after an interrupt: nothing is lost.
-  if (!o.checkpoint.empty()) RETURN_IF_ERROR(SaveCheckpoint(o.checkpoint, *trainer));
+  // Write what was asked for even after an interrupt: nothing is lost. Not
+  // after a failure (a diverged run's weights would overwrite the last good
+  // --checkpoint-interval one).
+  if (!o.checkpoint.empty() && trained.ok()) {
+    RETURN_IF_ERROR(SaveCheckpoint(o.checkpoint, *trainer));
+  }
   RETURN_IF_ERROR(trained.status());
   if (!o.save.empty()) RETURN_IF_ERROR(SaveFinalWeights(o.save, trainer->model()));
   std::printf("final: step %lld", static_cast<long long>(trainer->step()));

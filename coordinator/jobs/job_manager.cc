@@ -26,6 +26,7 @@
 #include "coordinator/planner/solve_plan.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
 #include "worker/model/gpt_config.h"
+#include "worker/train/divergence.h"
 
 namespace pipetrain {
 namespace {
@@ -1257,6 +1258,11 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     v1::JobProgress* p = record->job.mutable_progress();
     p->set_step(r.iteration() + 1);
     p->set_loss(loss);
+    // As train-local: a diverged job stops here rather than train on NaNs.
+    if (absl::Status finite = CheckLossFinite(r.iteration() + 1, loss); !finite.ok()) {
+      EndLocked(*record, v1::JOB_STATE_FAILED, std::string(finite.message()));
+      return response;
+    }
     p->add_loss_history(loss);
     if (p->loss_history_size() > kMaxLossHistory) {
       const int drop = p->loss_history_size() - kMaxLossHistory;

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <limits>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -397,6 +398,22 @@ TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);  // w2 not finished yet
   Report(w2, id, 2, {1.0f, 1.0f}, true);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
+}
+
+// A step whose mean loss is NaN ends the job FAILED, saying which step
+// (worker/train/divergence.h, as train-local stops), and frees its workers.
+TEST_F(JobManagerTest, Progress_NanLoss_FailsTheJobNamingTheStep) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  Report(w2, id, 0, {2.0f, 3.0f}, false);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  Report(w2, id, 1, {1.0f, std::numeric_limits<float>::quiet_NaN()}, false);
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "training diverged: the loss of step 2 is nan"))
+      << job.reason();
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
 }

@@ -20,6 +20,7 @@
 #include "common/logging.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
+#include "coordinator/jobs/memory_budget.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/job_layout.h"
 #include "coordinator/planner/planner.h"
@@ -825,16 +826,23 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   }
   record.job.set_state(v1::JOB_STATE_PLANNING);
   ClusterSpec cluster;
-  for (const v1::Worker& w : infos) {
+  // What each worker may use (its cgroup or --memory-limit; GPU workers
+  // hold the model in device memory), a host's RAM or a GPU shared by the
+  // workers that draw on it.
+  std::string shared_memory;
+  const std::vector<double> memory = PlanMemoryBudgets(infos, &shared_memory);
+  // A plan refused for memory: "has N bytes" is then a share; say of what.
+  auto say_shares = [&shared_memory](absl::Status s) {
+    if (s.code() != absl::StatusCode::kResourceExhausted || shared_memory.empty()) return s;
+    return absl::ResourceExhaustedError(
+        absl::StrCat(s.message(), " (memory per worker: ", shared_memory, ")"));
+  };
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const v1::Worker& w = infos[i];
     const double gflops = HostGflops(infos, w);
     const double reference = record.reference_gflops;
     const double speed = gflops > 0 && reference > 0 ? gflops / reference : 1.0;
-    // What the worker may use (its cgroup or --memory-limit), not the
-    // host's RAM; GPU workers hold the model in device memory.
-    const int64_t host = w.device().memory_limit_bytes() > 0 ? w.device().memory_limit_bytes()
-                                                             : w.device().memory_bytes();
-    const double memory = w.device().gpu_model().empty() ? host : w.device().gpu_memory_bytes();
-    WorkerSpec spec{w.id(), speed, static_cast<double>(memory)};
+    WorkerSpec spec{w.id(), speed, memory[i]};
     // Which workers share a host's cores (host_sharing.h); bounded at
     // registration (registration_limits.h).
     spec.host = w.device().hostname();
@@ -872,9 +880,10 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     ASSIGN_OR_RETURN(const ResolvedJobSpec automatic,
                      ResolveAsAutoLayout(record.resolved.spec, static_cast<int>(workers.size()),
                                          record.auto_layout_compression));
-    ASSIGN_OR_RETURN(ChosenJobLayout choice,
-                     ChooseJobLayout(automatic, id, version, *record.profile, cluster,
-                                     record.profile_source));
+    absl::StatusOr<ChosenJobLayout> chose =
+        ChooseJobLayout(automatic, id, version, *record.profile, cluster, record.profile_source);
+    if (!chose.ok()) return say_shares(chose.status());
+    ChosenJobLayout choice = *std::move(chose);
     placed_reason = absl::StrCat(reason, "; ", DescribeLayoutChoice(choice));
     record.resolved = std::move(choice.resolved);
     *record.job.mutable_spec() = record.resolved.spec;
@@ -898,8 +907,10 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   if (chosen.has_value()) {
     compiled = *std::move(chosen);
   } else {
-    ASSIGN_OR_RETURN(
-        compiled, PlanJob(resolved, id, version, *record.profile, cluster, record.profile_source));
+    absl::StatusOr<CompiledPlan> planned =
+        PlanJob(resolved, id, version, *record.profile, cluster, record.profile_source);
+    if (!planned.ok()) return say_shares(planned.status());
+    compiled = *std::move(planned);
   }
   // Device links join one pipeline's stages on a host; the replicas and
   // tensor ranks share programs, so with data or tensor parallelism every

@@ -68,6 +68,17 @@ class JobManagerTest : public ::testing::Test {
     return registry_.Register(request).value().worker_id();
   }
 
+  // A CPU worker on `host` whose memory is bounded by the host's `ram`
+  // only (no limit of its own), as `pipetrain up` starts them.
+  std::string AddCpuWorker(int port, const std::string& host, int64_t ram) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    request.mutable_device()->set_hostname(host);
+    request.mutable_device()->set_memory_bytes(ram);
+    request.mutable_device()->set_memory_limit_bytes(ram);
+    return registry_.Register(request).value().worker_id();
+  }
+
   // A worker on `host` computing on GPU `gpu`, with NCCL id `nccl_id`.
   std::string AddGpuWorker(int port, const std::string& host, int gpu,
                            const std::string& nccl_id) {
@@ -416,6 +427,31 @@ TEST_F(JobManagerTest, Progress_NanLoss_FailsTheJobNamingTheStep) {
       << job.reason();
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
+}
+
+// Two workers reporting the same host's RAM share it (memory_budget.h):
+// a plan that fits each stage into the whole RAM, but not into half of it,
+// is refused naming the memory, rather than started to run out of it; the
+// same two workers on hosts of their own get the plan (the next test).
+TEST_F(JobManagerTest, WorkersSharingAHostsRam_PlannedWithTheirShare) {
+  constexpr int64_t kRam = 150000;  // a stage of SmallSpec(2) needs about 100 kB
+  AddCpuWorker(7001, "vm", kRam);
+  AddCpuWorker(7002, "vm", kRam);
+  const std::string shared = jobs_.Submit(SmallSpec(2)).value().id();
+  const v1::Job refused = jobs_.Get(shared).value();
+  EXPECT_EQ(refused.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(refused.reason(),
+                                "bytes but has 75000 (memory per worker: "
+                                "host vm's RAM shared by 2 workers)"))
+      << refused.reason();
+}
+
+TEST_F(JobManagerTest, WorkersOnHostsOfTheirOwn_KeepTheirWholeRam) {
+  constexpr int64_t kRam = 150000;  // as above
+  AddCpuWorker(7001, "a", kRam);
+  AddCpuWorker(7002, "b", kRam);
+  const std::string apart = jobs_.Submit(SmallSpec(2)).value().id();
+  EXPECT_EQ(jobs_.Get(apart).value().state(), v1::JOB_STATE_RUNNING);
 }
 
 TEST_F(JobManagerTest, EvalInterval_AssignmentsCarryEvalProgramsAndValLossIsReported) {

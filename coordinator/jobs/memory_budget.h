@@ -1,0 +1,43 @@
+// How much memory the planner may give each worker of a plan: what the
+// worker reported it may use, divided among the plan's workers that draw
+// on the same memory.
+//
+// Every worker reports the memory it may use (DeviceInfo): a CPU worker
+// the least of its host's RAM, its cgroup's limit and its --memory-limit;
+// a GPU worker its GPU's memory. Where that bound is the host's RAM
+// itself (no limit of the process's own below it) or the GPU's memory,
+// every such worker of the host (or GPU) reports the same whole amount.
+// Taken at its word, a plan of four CPU workers on one 24 GiB host may
+// give each 24 GiB, and the host runs out of memory once training starts
+// instead of the plan being refused. So those workers share it: each gets
+// the whole divided by how many of this plan's workers draw on it.
+//
+// Thread-safety: a pure function.
+#ifndef PIPETRAIN_COORDINATOR_JOBS_MEMORY_BUDGET_H_
+#define PIPETRAIN_COORDINATOR_JOBS_MEMORY_BUDGET_H_
+
+#include <string>
+#include <vector>
+
+#include "proto/pipetrain/v1/coordinator.pb.h"
+
+namespace pipetrain {
+
+// One budget per worker, in order (bytes; 0: unlimited, as WorkerSpec's
+// memory_bytes):
+//  - GPU workers (gpu_model set): gpu_memory_bytes, shared by the plan's
+//    workers on the same GPU (same hostname and gpu_pci_bus_id, or
+//    gpu_index when no bus id is reported);
+//  - CPU workers: memory_limit_bytes when reported, else memory_bytes. A
+//    limit below memory_bytes is the process's own and is not shared; at
+//    (or above) it, the host's RAM is, by the plan's CPU workers with the
+//    same hostname that rely on it.
+// Workers that report no hostname share nothing (nothing says where they
+// run). `shared` (may be null) gets what was divided, for messages, e.g.
+// "host vm's RAM shared by 4 workers"; empty when nothing was.
+std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers,
+                                      std::string* shared = nullptr);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_JOBS_MEMORY_BUDGET_H_

@@ -1,0 +1,84 @@
+#include "coordinator/jobs/memory_budget.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+v1::Worker CpuWorker(const std::string& host, int64_t ram, int64_t limit) {
+  v1::Worker w;
+  w.mutable_device()->set_hostname(host);
+  w.mutable_device()->set_memory_bytes(ram);
+  w.mutable_device()->set_memory_limit_bytes(limit);
+  return w;
+}
+
+v1::Worker GpuWorker(const std::string& host, const std::string& bus, int index, int64_t memory) {
+  v1::Worker w;
+  w.mutable_device()->set_hostname(host);
+  w.mutable_device()->set_memory_bytes(64 * kGiB);
+  w.mutable_device()->set_gpu_model("GPU");
+  w.mutable_device()->set_gpu_memory_bytes(memory);
+  w.mutable_device()->set_gpu_pci_bus_id(bus);
+  w.mutable_device()->set_gpu_index(index);
+  return w;
+}
+
+// Four workers on one 24 GiB host with no limits of their own (what
+// `pipetrain up` starts): a quarter each; a fifth on another host keeps its
+// whole RAM.
+TEST(PlanMemoryBudgetsTest, CpuWorkersOnOneHost_ShareItsRam) {
+  std::vector<v1::Worker> w(4, CpuWorker("vm", 24 * kGiB, 24 * kGiB));
+  w.push_back(CpuWorker("other", 16 * kGiB, 16 * kGiB));
+  std::string shared;
+  EXPECT_EQ(PlanMemoryBudgets(w, &shared),
+            (std::vector<double>{6.0 * kGiB, 6.0 * kGiB, 6.0 * kGiB, 6.0 * kGiB, 16.0 * kGiB}));
+  EXPECT_EQ(shared, "host vm's RAM shared by 4 workers");
+}
+
+// A cgroup or --memory-limit below the RAM is the process's own: not
+// divided. A worker without one beside them shares the RAM with no one.
+TEST(PlanMemoryBudgetsTest, OwnLimitsBelowTheRam_NotShared) {
+  const std::vector<v1::Worker> w = {CpuWorker("node", 64 * kGiB, 8 * kGiB),
+                                     CpuWorker("node", 64 * kGiB, 8 * kGiB),
+                                     CpuWorker("node", 64 * kGiB, 0)};
+  EXPECT_EQ(PlanMemoryBudgets(w), (std::vector<double>{8.0 * kGiB, 8.0 * kGiB, 64.0 * kGiB}));
+}
+
+// Without a hostname nothing says where a worker runs: each keeps its own.
+TEST(PlanMemoryBudgetsTest, NoHostname_NothingShared) {
+  const std::vector<v1::Worker> w(2, CpuWorker("", 24 * kGiB, 0));
+  std::string shared = "stale";
+  EXPECT_EQ(PlanMemoryBudgets(w, &shared), (std::vector<double>{24.0 * kGiB, 24.0 * kGiB}));
+  EXPECT_EQ(shared, "");
+}
+
+// GPU workers share their GPU's memory with the plan's other workers on the
+// same GPU (by bus id, else by index), not with other GPUs of the host.
+TEST(PlanMemoryBudgetsTest, GpuWorkers_ShareOneGpuOnly) {
+  const std::vector<v1::Worker> w = {GpuWorker("box", "0000:3B:00.0", 0, 80 * kGiB),
+                                     GpuWorker("box", "0000:3B:00.0", 0, 80 * kGiB),
+                                     GpuWorker("box", "0000:86:00.0", 1, 80 * kGiB),
+                                     GpuWorker("box", "", 2, 40 * kGiB),
+                                     GpuWorker("box", "", 2, 40 * kGiB)};
+  std::string shared;
+  EXPECT_EQ(PlanMemoryBudgets(w, &shared),
+            (std::vector<double>{40.0 * kGiB, 40.0 * kGiB, 80.0 * kGiB, 20.0 * kGiB, 20.0 * kGiB}));
+  EXPECT_EQ(shared,
+            "GPU #2 of host box shared by 2 workers, GPU 0000:3B:00.0 of host box shared by 2 "
+            "workers");
+}
+
+// Unreported memory (0) stays "unlimited".
+TEST(PlanMemoryBudgetsTest, Unreported_StaysUnlimited) {
+  const std::vector<v1::Worker> w(3, CpuWorker("vm", 0, 0));
+  EXPECT_EQ(PlanMemoryBudgets(w), (std::vector<double>{0, 0, 0}));
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -125,6 +125,10 @@ expect_exit up_data_parallel_zero 2 "--data-parallel: cannot parse '0' (want a c
 # GEMM attention is a CUDA backend's: refused for CPU workers and train-local.
 expect_exit up_worker_attention_on_cpu 2 "--worker-attention" "needs a CUDA device" -- \
   up --out "$TMP/up-attention" --worker-device cpu --worker-attention gemm
+# auto is the CPU where up sees no GPU (this build has no CUDA): refused
+# before any worker starts, saying why.
+expect_exit up_worker_flash_auto_cpu 2 "--worker-device auto is the CPU here" \
+  "--attention flash needs a CUDA device" -- up --out "$TMP/up-flash" --worker-attention flash
 expect_exit attention_on_cpu 2 "--attention gemm needs a CUDA device" -- \
   train-local "${TINY[@]}" --attention gemm
 

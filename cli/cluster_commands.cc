@@ -978,10 +978,12 @@ int RunWorkers(const std::vector<std::string>& args) {
   for (const v1::Worker& w : workers) {
     // The GPU's name, or "cpu" for a worker computing on its CPU.
     const std::string device = w.device().gpu_model().empty() ? "cpu" : w.device().gpu_model();
+    // A drained worker gets no job however READY it looks: say so.
+    const std::string doing =
+        w.drained() ? absl::StrCat("drained; ", w.current_instruction()) : w.current_instruction();
     std::printf("%-*s %-9s %-22s %-24s %8.0f %-*s %s\n", id_width, w.id().c_str(),
                 EnumShortName(w.state()).c_str(), w.data_address().c_str(), device.c_str(),
-                w.device().measured_gflops(), job_width, w.job_id().c_str(),
-                w.current_instruction().c_str());
+                w.device().measured_gflops(), job_width, w.job_id().c_str(), doing.c_str());
   }
   return kExitOk;
 }

@@ -214,7 +214,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListWorkers(grpc::CallbackServ
                                                               const v1::ListWorkersRequest* request,
                                                               v1::ListWorkersResponse* response) {
   return Unary(context, "ListWorkers", UserCall(*context), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, ListWorkersPage(*workers_, *request));
+    ASSIGN_OR_RETURN(*response, ListWorkersPage(*workers_, *jobs_, *request));
     return absl::OkStatus();
   });
 }

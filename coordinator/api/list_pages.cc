@@ -108,6 +108,7 @@ absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
 }
 
 absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const WorkerRegistry& workers,
+                                                        const JobManager& jobs,
                                                         const v1::ListWorkersRequest& request) {
   ASSIGN_OR_RETURN(const int size, PageSize(request.page_size()));
   ASSIGN_OR_RETURN(const PageStart start, ParseToken("workers", request.page_token()));
@@ -116,7 +117,10 @@ absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const WorkerRegistry& wo
   v1::ListWorkersResponse response;
   response.set_next_page_token(Slice(
       all, "workers", start, size, [](const v1::Worker& w) { return w.id(); }, page));
-  for (v1::Worker& worker : page) *response.add_workers() = std::move(worker);
+  for (v1::Worker& worker : page) {
+    worker.set_drained(jobs.IsDrained(worker));
+    *response.add_workers() = std::move(worker);
+  }
   return response;
 }
 

@@ -29,7 +29,9 @@ inline constexpr size_t kMaxPageTokenBytes = 512;
 // an unknown view.
 absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
                                                   const v1::ListJobsRequest& request);
+// Each worker's `drained` is the job manager's (JobManager::IsDrained).
 absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const WorkerRegistry& workers,
+                                                        const JobManager& jobs,
                                                         const v1::ListWorkersRequest& request);
 
 // GetJob with its view: NOT_FOUND for an unknown id; INVALID_ARGUMENT for an

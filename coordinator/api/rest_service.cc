@@ -93,11 +93,12 @@ HttpResponse ListJobs(const JobManager* jobs, const HttpRequest& http) {
   return Reply(ListJobsPage(*jobs, request));
 }
 
-HttpResponse ListWorkers(const WorkerRegistry* workers, const HttpRequest& http) {
+HttpResponse ListWorkers(const WorkerRegistry* workers, const JobManager* jobs,
+                         const HttpRequest& http) {
   v1::ListWorkersRequest request;
   absl::Status parsed = ParsePaging(http, request);
   if (!parsed.ok()) return StatusResponse(parsed);
-  return Reply(ListWorkersPage(*workers, request));
+  return Reply(ListWorkersPage(*workers, *jobs, request));
 }
 
 }  // namespace
@@ -143,7 +144,8 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
     response.content_type = "image/svg+xml";
     return response;
   });
-  server.Get("/v1/workers", [workers](const HttpRequest& r) { return ListWorkers(workers, r); });
+  server.Get("/v1/workers",
+             [workers, jobs](const HttpRequest& r) { return ListWorkers(workers, jobs, r); });
   server.Post(R"(/v1/workers/([^/:]+):drain)",
               [jobs](const HttpRequest& r) { return Reply(jobs->Drain(r.path_params[0])); });
 }

@@ -238,6 +238,20 @@ TEST_F(RestServiceTest, ListWorkers_OneRegistered_ReturnsIt) {
   EXPECT_EQ(list["workers"][0]["incarnation"], "1");
   EXPECT_EQ(list["workers"][0]["state"], "WORKER_STATE_READY");
   EXPECT_EQ(list["workers"][0]["dataAddress"], "127.0.0.1:9001");
+  EXPECT_FALSE(list["workers"][0].contains("drained")) << list;  // false: absent
+}
+
+// A drained worker stays READY but gets no job: the listing says drained.
+TEST_F(RestServiceTest, ListWorkers_AfterDrain_DrainedTrue) {
+  RegisterWorker();
+  auto [drain_status, drained] = Call("POST", "/v1/workers/w-1:drain");
+  EXPECT_EQ(drain_status, 200) << drained;
+  EXPECT_EQ(drained["drained"], true) << drained;
+  auto [status, list] = Call("GET", "/v1/workers");
+  EXPECT_EQ(status, 200);
+  ASSERT_EQ(list["workers"].size(), 1u) << list;
+  EXPECT_EQ(list["workers"][0]["state"], "WORKER_STATE_READY");
+  EXPECT_EQ(list["workers"][0]["drained"], true) << list;
 }
 
 // The NCCL unique id lets its holder join the worker's NCCL bootstrap; it

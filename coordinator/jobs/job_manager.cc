@@ -762,6 +762,12 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   }
 }
 
+bool JobManager::IsDrained(const v1::Worker& worker) const {
+  AnnotatedMutexLock lock(&mu_);
+  auto it = drained_.find(worker.id());
+  return it != drained_.end() && it->second == worker.incarnation();
+}
+
 absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
   AnnotatedMutexLock lock(&mu_);
   ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(worker_id));
@@ -791,6 +797,7 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
   } else if (record != nullptr && record->job.state() == v1::JOB_STATE_RUNNING) {
     record->boundary_reason += absl::StrCat("; ", worker_id, " drained");
   }
+  worker.set_drained(true);
   return worker;
 }
 

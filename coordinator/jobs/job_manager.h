@@ -228,6 +228,8 @@ class JobManager {
   // checkpoints, or would be left with fewer than spec.elastic.min_workers
   // stages and no spare READY worker to take its place. Idempotent.
   absl::StatusOr<v1::Worker> Drain(const std::string& worker_id);
+  // Whether `worker` (its id and incarnation) has been drained.
+  bool IsDrained(const v1::Worker& worker) const;
 
   // Registry loss listener: fails `job_id` with `reason`.
   void OnWorkerLost(const std::string& worker_id, const std::string& job_id,

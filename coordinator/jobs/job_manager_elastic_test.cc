@@ -403,7 +403,10 @@ TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_Noth
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
   const std::string id = jobs_->Submit(ElasticSpec(3, 5)).value().id();
   for (int step = 1; step <= 3; ++step) Step(id, step);
-  ASSERT_TRUE(jobs_->Drain(w2).ok());
+  EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w2).value()));
+  const absl::StatusOr<v1::Worker> drained = jobs_->Drain(w2);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_TRUE(drained->drained());
   const int64_t boundary = Step(id, 4).stop_after_step();
   ASSERT_GT(boundary, 4);
   for (int64_t step = 5; step <= boundary; ++step) Step(id, step);
@@ -419,8 +422,10 @@ TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_Noth
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), w2 + " drained"));
   EXPECT_EQ(AssignmentOf(w2).action(), v1::Assignment::ACTION_STOP);
   EXPECT_EQ(AssignmentOf(w1).resume().step(), boundary);
-  // Drained: no job for it.
+  // Drained: no job for it, though READY, and listed as drained.
   EXPECT_EQ(registry_.Get(w2).value().state(), v1::WORKER_STATE_READY);
+  EXPECT_TRUE(jobs_->IsDrained(registry_.Get(w2).value()));
+  EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w1).value()));
   const std::string next = jobs_->Submit(ElasticSpec(1, 0)).value().id();
   EXPECT_EQ(jobs_->Get(next).value().state(), v1::JOB_STATE_QUEUED);
 }

@@ -186,6 +186,10 @@ int Run(const std::vector<std::string>& args) {
     return 2;
   }
   SetBlasThreads(f.threads);
+  if (BlasThreads() != f.threads) {  // OpenBLAS caps it at its build's maximum
+    PT_LOG(WARNING) << "--threads " << f.threads << ": OpenBLAS runs " << BlasThreads()
+                    << " threads, its most";
+  }
   // Before the first CUDA call (SelectBackend's): stages may link over NCCL.
   if (f.device != "cpu") PreferEagerCudaModuleLoading();
   absl::StatusOr<SelectedBackend> backend = SelectBackend(f.device, f.gemm, f.attention);

@@ -290,54 +290,75 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "write every step's loss here, one per line at full float precision");
 }
 
-// What crossed the links, from the workers' own metrics; a worker that
-// cannot be scraped is said, not hidden.
-// Every worker's metrics page, or an empty vector (and a line on stderr).
-std::vector<std::string> WorkerMetricsPages(LocalCluster& cluster, const char* what) {
+// The metrics pages of the workers that can be read, and which cannot
+// (e.g. killed during the run): summaries of the first say so, not hide it.
+struct WorkerPages {
   std::vector<std::string> pages;
-  for (int i = 0; i < cluster.num_workers(); ++i) {
-    absl::StatusOr<int> port = cluster.worker_metrics_port(i);
-    if (!port.ok()) {
-      std::fprintf(stderr, "%s: %s\n", what, std::string(port.status().message()).c_str());
-      return {};
-    }
-    httplib::Client client("127.0.0.1", *port);
-    auto response = client.Get("/metrics");
-    if (!response || response->status != 200) {
-      std::fprintf(stderr, "%s: cannot read worker %d's metrics\n", what, i);
-      return {};
-    }
-    pages.push_back(response->body);
+  std::vector<std::string> unread;  // "worker-3 (exited)", "worker-1" (as their logs)
+  // "" when every worker was read, else " (3 of 4 workers; not read: ...)".
+  std::string Caveat(int workers) const {
+    if (unread.empty()) return "";
+    return absl::StrCat(" (", pages.size(), " of ", workers,
+                        " workers; not read: ", absl::StrJoin(unread, ", "), ")");
   }
-  return pages;
+};
+
+WorkerPages WorkerMetricsPages(LocalCluster& cluster) {
+  WorkerPages out;
+  for (int i = 0; i < cluster.num_workers(); ++i) {
+    const bool exited = cluster.worker(i).Poll().has_value();
+    absl::StatusOr<int> port = cluster.worker_metrics_port(i);
+    if (port.ok() && !exited) {
+      httplib::Client client("127.0.0.1", *port);
+      auto response = client.Get("/metrics");
+      if (response && response->status == 200) {
+        out.pages.push_back(response->body);
+        continue;
+      }
+    }
+    out.unread.push_back(absl::StrCat("worker-", i, exited ? " (exited)" : ""));  // its log name
+  }
+  return out;
 }
 
 // From the workers' metrics: the partition counts they kept after measuring
 // (tensor_partitions 0 with tuning), when they report any, and how much of
 // the tensor-parallel all-reduce time their compute hid.
 void PrintTensorParallelSummary(LocalCluster& cluster) {
-  const std::vector<std::string> pages = WorkerMetricsPages(cluster, "tuned partitions");
+  const WorkerPages read = WorkerMetricsPages(cluster);
+  const std::vector<std::string>& pages = read.pages;
+  if (pages.empty()) return;
   absl::StatusOr<std::string> tuned = FormatTunedPartitions(pages);
   if (!tuned.ok()) {
     std::fprintf(stderr, "tuned partitions: %s\n", std::string(tuned.status().message()).c_str());
     return;
   }
-  if (!tuned->empty()) std::printf("tensor partitions kept by measurement: %s\n", tuned->c_str());
+  const std::string caveat = read.Caveat(cluster.num_workers());
+  if (!tuned->empty()) {
+    std::printf("tensor partitions kept by measurement: %s%s\n", tuned->c_str(), caveat.c_str());
+  }
   absl::StatusOr<std::string> overlap = FormatTensorParallelOverlap(pages);
   if (overlap.ok() && !overlap->empty()) {
-    std::printf("tensor-parallel %s (summed over the workers)\n", overlap->c_str());
+    std::printf("tensor-parallel %s (summed over the workers%s)\n", overlap->c_str(),
+                caveat.c_str());
   }
 }
 
 void PrintLinkSummary(LocalCluster& cluster) {
-  const std::vector<std::string> pages = WorkerMetricsPages(cluster, "link summary");
-  if (pages.empty()) return;
-  absl::StatusOr<std::map<std::string, KindTotals>> totals = SumLinkMetrics(pages);
+  const WorkerPages read = WorkerMetricsPages(cluster);
+  if (read.pages.empty()) {
+    std::fprintf(stderr, "link summary: no worker's metrics could be read\n");
+    return;
+  }
+  absl::StatusOr<std::map<std::string, KindTotals>> totals = SumLinkMetrics(read.pages);
   if (!totals.ok()) {
     std::fprintf(stderr, "link summary: %s\n", std::string(totals.status().message()).c_str());
     return;
   }
-  std::printf("links (bytes sent by all workers):\n%s", FormatLinkSummary(*totals).c_str());
+  const std::string who = read.unread.empty() ? std::string("all workers")
+                                              : absl::StrCat("the workers still up",
+                                                             read.Caveat(cluster.num_workers()));
+  std::printf("links (bytes sent by %s):\n%s", who.c_str(), FormatLinkSummary(*totals).c_str());
 }
 
 v1::JobSpec UpSpec(const UpOptions& o) {

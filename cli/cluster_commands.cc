@@ -422,7 +422,8 @@ v1::JobSpec UpSpec(const UpOptions& o) {
 // Polls the job until it ends (or Ctrl-C), drawing progress. Returns the last Job.
 // When the steps went by, as Follow saw them (polling every 200 ms): the
 // first sighting at or past a tenth of the steps (start-up, profiling and
-// the first steps' warm-up left out) and the last one.
+// the first steps' warm-up left out) and the last one, of the job's last
+// plan (a re-plan starts them again: the prediction is that plan's).
 struct StepTiming {
   absl::Time first_time, last_time;
   int64_t first_step = -1, last_step = -1;
@@ -457,6 +458,8 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
         progress.Message(absl::StrFormat(
             "plan %d on %d workers (%s), from step %d: %s", v.version(), v.worker_ids_size(),
             absl::StrJoin(v.worker_ids(), ", "), v.start_step(), v.reason()));
+        // The step time compared with the prediction is the new plan's.
+        if (timing != nullptr) *timing = StepTiming();
       }
       last_version = job.plan_version();
       said_recovering = false;

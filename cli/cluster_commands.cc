@@ -222,10 +222,11 @@ struct UpOptions {
 void BindUp(FlagSet& f, UpOptions& o) {
   f.Int("workers", &o.workers, "worker processes to start");
   f.CountOrAuto("data-parallel", &o.data_parallel,
-                "replicas of the pipeline (spec.parallelism.data): --workers / D stages each, "
-                "each replica training on --micro-batches / D of every step's micro-batches; "
-                "auto: the planner tries every D dividing --workers and --micro-batches on the "
-                "job's measured profile and keeps the fastest simulated step");
+                "replicas of the pipeline (spec.parallelism.data): --workers / (D x T) stages "
+                "each, each replica training on --micro-batches / D of every step's "
+                "micro-batches; auto: the planner tries every D dividing --workers / T and "
+                "--micro-batches on the job's measured profile and keeps the fastest simulated "
+                "step (T = --tensor-parallel)");
   f.Int("tensor-parallel", &o.tensor_parallel,
         "workers per stage (spec.parallelism.tensor, 1-D Megatron split of every unit): "
         "--workers / (D x T) stages; T divides --heads, --d-model and the vocabulary");

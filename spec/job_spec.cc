@@ -663,10 +663,13 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
                    "is chosen by the planner with spec.parallelism.data 0 (auto): leave it unset "
                    "(spec.parallelism.workers counts the job's workers)");
   }
-  if (p.has_tensor() && p.tensor() != 1) {
-    return Invalid("spec.parallelism.tensor",
-                   "must be 1 with spec.parallelism.data 0 (auto): the layout search covers "
-                   "data x stages only");
+  // The search covers data x stages; the tensor ranks per stage are fixed.
+  const int tensor = p.has_tensor() ? p.tensor() : 1;
+  RETURN_IF_ERROR(RequireInRange("spec.parallelism.tensor", tensor, kMaxTensorParallel));
+  if (p.workers() % tensor != 0) {
+    return Invalid("spec.parallelism.workers",
+                   absl::StrCat(p.workers(), " is not a multiple of spec.parallelism.tensor ",
+                                tensor, ": every stage takes ", tensor, " workers"));
   }
   if (p.solver() == kSolverManual) {
     return Invalid("spec.parallelism.solver",
@@ -691,14 +694,16 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveTrainingSizes(sized.mutable_training()));
   const int units = 2 * sized.model().n_layer() + 2;
   const int micro_batches = sized.training().micro_batches();
-  const std::vector<int> degrees = DataParallelDegrees(p.workers(), micro_batches, units);
+  const std::vector<int> degrees = DataParallelDegrees(p.workers(), micro_batches, units, tensor);
   if (degrees.empty()) {
-    return Invalid("spec.parallelism.workers",
-                   absl::StrCat("no layout of ", p.workers(),
-                                " workers: the replicas D must divide both the workers and "
-                                "spec.training.micro_batches ",
-                                micro_batches, ", with workers / D stages at most the model's ",
-                                units, " units"));
+    return Invalid(
+        "spec.parallelism.workers",
+        absl::StrCat("no layout of ", p.workers(), " workers",
+                     tensor > 1 ? absl::StrCat(" in groups of ", tensor, " tensor ranks") : "",
+                     ": the replicas D must divide both the ", tensor > 1 ? "groups" : "workers",
+                     " and spec.training.micro_batches ", micro_batches, ", with ",
+                     tensor > 1 ? "groups" : "workers", " / D stages at most the model's ", units,
+                     " units"));
   }
   // The rest is checked as the first layout's spec; the data-parallel
   // codec, which a layout of one replica drops, as the first layout's with
@@ -706,7 +711,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
   auto layout = [&](int d) {
     v1::JobSpec one = spec;
     one.mutable_parallelism()->set_data(d);
-    one.mutable_parallelism()->set_stages(p.workers() / d);
+    one.mutable_parallelism()->set_stages(p.workers() / (d * tensor));
     one.mutable_parallelism()->clear_workers();
     if (d == 1) one.mutable_compression()->clear_data_parallel();
     return one;
@@ -745,10 +750,12 @@ int JobWorkers(const ResolvedJobSpec& resolved) {
   return resolved.data_parallel * resolved.stages * resolved.tensor_parallel;
 }
 
-std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units) {
+std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units, int tensor) {
   std::vector<int> degrees;
-  for (int d = 1; d <= workers; ++d) {
-    if (workers % d == 0 && micro_batches % d == 0 && workers / d <= units) degrees.push_back(d);
+  if (tensor < 1 || workers % tensor != 0) return degrees;
+  const int groups = workers / tensor;  // one per stage of one replica's
+  for (int d = 1; d <= groups; ++d) {
+    if (groups % d == 0 && micro_batches % d == 0 && groups / d <= units) degrees.push_back(d);
   }
   return degrees;
 }
@@ -759,8 +766,9 @@ absl::StatusOr<ResolvedJobSpec> ResolveAsAutoLayout(
   v1::JobSpec automatic = spec;
   // The codec, unless no layout of these workers has replicas to
   // compress (a job going on after losses is not refused for it).
-  const std::vector<int> degrees =
-      DataParallelDegrees(workers, spec.training().micro_batches(), 2 * spec.model().n_layer() + 2);
+  const int tensor = spec.parallelism().has_tensor() ? spec.parallelism().tensor() : 1;
+  const std::vector<int> degrees = DataParallelDegrees(workers, spec.training().micro_batches(),
+                                                       2 * spec.model().n_layer() + 2, tensor);
   automatic.mutable_compression()->clear_data_parallel();
   if (!degrees.empty() && degrees.back() >= 2) {
     *automatic.mutable_compression()->mutable_data_parallel() = data_parallel_compression;
@@ -781,8 +789,9 @@ absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec&
     return Invalid("spec.parallelism.data", "the job's replicas are already chosen");
   }
   const int workers = auto_spec.layout_workers;
-  const std::vector<int> degrees = DataParallelDegrees(workers, auto_spec.train.micro_batches,
-                                                       2 * auto_spec.train.model.n_layer + 2);
+  const int tensor = auto_spec.tensor_parallel;
+  const std::vector<int> degrees = DataParallelDegrees(
+      workers, auto_spec.train.micro_batches, 2 * auto_spec.train.model.n_layer + 2, tensor);
   if (std::find(degrees.begin(), degrees.end(), data_parallel) == degrees.end()) {
     return Invalid("spec.parallelism.data",
                    absl::StrCat(data_parallel, " replicas is not a layout of ", workers,
@@ -790,7 +799,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec&
   }
   v1::JobSpec spec = auto_spec.spec;
   spec.mutable_parallelism()->set_data(data_parallel);
-  spec.mutable_parallelism()->set_stages(workers / data_parallel);
+  spec.mutable_parallelism()->set_stages(workers / (data_parallel * tensor));
   spec.mutable_parallelism()->clear_workers();
   // One replica has no all-reduce to compress.
   if (data_parallel == 1) spec.mutable_compression()->clear_data_parallel();

@@ -125,11 +125,12 @@ struct ResolvedJobSpec {
 // (INVALID_ARGUMENT naming spec.training.micro_batches otherwise).
 //
 // Data parallelism "auto" (data 0): parallelism.workers N in 1..kMaxStages
-// is required, stages must be unset (0), and tensor 1, a solver other than
-// manual, no compression.data_parallel stages (its codec is allowed: the
-// planner picks the stages of the layout it chooses) and no elastic
-// bounds; at least one D in DataParallelDegrees (INVALID_ARGUMENT naming
-// spec.parallelism.workers otherwise). The rest is checked as for the
+// is required, stages must be unset (0), tensor T (default 1) must divide
+// N (each layout is D replicas of N / (D x T) stages of T ranks), and a
+// solver other than manual, no compression.data_parallel stages (its codec
+// is allowed: the planner picks the stages of the layout it chooses) and no
+// elastic bounds; at least one D in DataParallelDegrees (INVALID_ARGUMENT
+// naming spec.parallelism.workers otherwise). The rest is checked as for the
 // first candidate D; a data-parallel codec as for the first D >= 2
 // (INVALID_ARGUMENT naming spec.compression.data_parallel.codec when
 // there is none). The result keeps data 0, stages 0, workers N, the codec
@@ -200,10 +201,12 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec);
 // kDataParallelAuto, else data_parallel x stages x tensor_parallel.
 int JobWorkers(const ResolvedJobSpec& resolved);
 
-// The data-parallel degrees a job of `workers` workers may take, ascending:
-// D divides workers and micro_batches, and workers / D stages are at most
-// `units` (a stage holds a unit at least). Empty when none does.
-std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units);
+// The data-parallel degrees a job of `workers` workers, each stage on
+// `tensor` of them (spec.parallelism.tensor), may take, ascending: D
+// divides workers / tensor and micro_batches, and workers / (D x tensor)
+// stages are at most `units` (a stage holds a unit at least). Empty when
+// none does, or when tensor does not divide workers.
+std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units, int tensor = 1);
 
 // `spec` (a resolved spec, auto or naming its layout) as data 0 (auto) over
 // `workers` workers: data 0, stages unset, workers set, the elastic bounds

@@ -499,6 +499,11 @@ TEST(DataParallelDegrees, DividesWorkersAndMicroBatchesWithAStagePerUnitAtMost) 
   EXPECT_EQ(DataParallelDegrees(12, 4, 6), (std::vector<int>{2, 4}));  // 12 stages > 6 units
   EXPECT_EQ(DataParallelDegrees(7, 2, 6), std::vector<int>{});
   EXPECT_EQ(DataParallelDegrees(1, 1, 4), std::vector<int>{1});
+  // Stages of T tensor ranks: the replicas divide the groups of T.
+  EXPECT_EQ(DataParallelDegrees(8, 4, 6, 2), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(DataParallelDegrees(8, 4, 6, 8), std::vector<int>{1});
+  EXPECT_EQ(DataParallelDegrees(24, 6, 2, 4), (std::vector<int>{3, 6}));  // 6 groups, 2 units
+  EXPECT_EQ(DataParallelDegrees(6, 4, 6, 4), std::vector<int>{});         // 4 does not divide 6
 }
 
 TEST(ResolveJobSpec, DataParallelAuto_KeptAutoAndResolvingAgainGivesTheSameSpec) {
@@ -546,6 +551,42 @@ TEST(ResolveDataParallelLayout, GivesTheChosenLayoutsSpecWithElasticDefaults) {
             "spec.parallelism.data: 3 replicas is not a layout of 4 workers (accepted: 1, 2, 4)");
   EXPECT_EQ(ResolveDataParallelLayout(two, 2).status().code(),
             absl::StatusCode::kInvalidArgument);  // already chosen
+}
+
+// Tensor ranks with an auto layout: the search covers replicas x stages,
+// every stage keeping the spec's T ranks.
+TEST(ResolveJobSpec, DataParallelAuto_WithTensorRanks_LayoutsOfGroupsOfT) {
+  v1::JobSpec spec = AutoLayoutSpec(8, 4);
+  spec.mutable_parallelism()->set_tensor(2);
+  const ResolvedJobSpec automatic = ResolveJobSpec(spec).value();
+  EXPECT_EQ(automatic.data_parallel, kDataParallelAuto);
+  EXPECT_EQ(automatic.layout_workers, 8);
+  EXPECT_EQ(automatic.tensor_parallel, 2);
+  EXPECT_EQ(JobWorkers(automatic), 8);
+  EXPECT_EQ(ResolveJobSpec(automatic.spec).value().spec.SerializeAsString(),
+            automatic.spec.SerializeAsString());
+  const ResolvedJobSpec two = ResolveDataParallelLayout(automatic, 2).value();
+  EXPECT_EQ(two.data_parallel, 2);
+  EXPECT_EQ(two.stages, 2);
+  EXPECT_EQ(two.tensor_parallel, 2);
+  EXPECT_EQ(JobWorkers(two), 8);
+  EXPECT_EQ(ResolveDataParallelLayout(automatic, 4).value().stages, 1);
+  EXPECT_EQ(ResolveDataParallelLayout(automatic, 1).value().stages, 4);
+  EXPECT_EQ(ResolveDataParallelLayout(automatic, 8).status().message(),
+            "spec.parallelism.data: 8 replicas is not a layout of 8 workers (accepted: 1, 2, 4)");
+  // Over other workers (a recovery): whole groups of 2 only.
+  EXPECT_EQ(ResolveAsAutoLayout(two.spec, 6).value().layout_workers, 6);
+  EXPECT_TRUE(absl::StartsWith(ResolveAsAutoLayout(two.spec, 5).status().message(),
+                               "spec.parallelism.workers: 5 is not a multiple of "
+                               "spec.parallelism.tensor 2"));
+  // No layout: 14 workers are 7 groups, which neither 4 micro-batches nor
+  // 6 units allow.
+  spec = AutoLayoutSpec(14, 4);
+  spec.mutable_parallelism()->set_tensor(2);
+  ExpectRejected(spec,
+                 "spec.parallelism.workers: no layout of 14 workers in groups of 2 tensor ranks: "
+                 "the replicas D must divide both the groups and spec.training.micro_batches 4, "
+                 "with groups / D stages at most the model's 6 units");
 }
 
 TEST(ResolveAsAutoLayout, AChosenLayoutsSpecBackToAutoOverOtherWorkers) {
@@ -610,9 +651,14 @@ TEST(ResolveJobSpec, DataParallelAuto_WhatNeedsAKnownLayoutIsRefusedNamingTheFie
   spec = AutoLayoutSpec(4, 4);
   spec.mutable_parallelism()->set_stages(2);
   ExpectRejected(spec, "spec.parallelism.stages: is chosen by the planner");
-  spec = AutoLayoutSpec(4, 4);
+  spec = AutoLayoutSpec(3, 4);
   spec.mutable_parallelism()->set_tensor(2);
-  ExpectRejected(spec, "spec.parallelism.tensor: must be 1 with spec.parallelism.data 0");
+  ExpectRejected(spec,
+                 "spec.parallelism.workers: 3 is not a multiple of spec.parallelism.tensor 2: "
+                 "every stage takes 2 workers");
+  spec = AutoLayoutSpec(4, 4);
+  spec.mutable_parallelism()->set_tensor(65);
+  ExpectRejected(spec, "spec.parallelism.tensor");
   spec = AutoLayoutSpec(4, 4);
   spec.mutable_parallelism()->set_solver("manual");
   ExpectRejected(spec, "spec.parallelism.solver: manual pins");

@@ -325,7 +325,7 @@ TEST_F(ElasticClusterTest, AutoLayoutWorkerKilled_LayoutChosenAgainOnTheRest) {
   EXPECT_TRUE(absl::StrContains(job.plan_history(0).reason(), "chosen by spec.parallelism.data 0"))
       << job.plan_history(0).reason();
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(),
-                                "1 replicas x 3 stages chosen by spec.parallelism.data 0 (auto)"))
+                                "1 replica x 3 stages chosen by spec.parallelism.data 0 (auto)"))
       << job.plan_history(1).reason();
   ExpectCloseToTrainLocal(job);
 }

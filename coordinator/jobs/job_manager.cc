@@ -1374,7 +1374,7 @@ int JobManager::StagesPerReplica(const JobRecord& record) {
 }
 
 int JobManager::MinJobWorkers(const JobRecord& record) {
-  if (record.auto_layout_workers > 0) return 1;
+  if (record.auto_layout_workers > 0) return TensorRanks(record);  // one stage
   return record.resolved.spec.elastic().min_workers() * WorkersPerStage(record);
 }
 
@@ -1384,7 +1384,8 @@ int JobManager::MaxJobWorkers(const JobRecord& record) {
 }
 
 int JobManager::WorkerStep(const JobRecord& record) {
-  return record.auto_layout_workers > 0 ? 1 : WorkersPerStage(record);
+  // An auto layout re-chooses its replicas, but every stage keeps its ranks.
+  return record.auto_layout_workers > 0 ? TensorRanks(record) : WorkersPerStage(record);
 }
 
 void JobManager::KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers) {
@@ -1393,10 +1394,13 @@ void JobManager::KeepWholeReplicas(const JobRecord& record, std::vector<std::str
     return;
   }
   const int units = 2 * record.resolved.train.model.n_layer + 2;
+  const int tensor = TensorRanks(record);
+  workers->resize(workers->size() - workers->size() % tensor);
   while (!workers->empty() && DataParallelDegrees(static_cast<int>(workers->size()),
-                                                  record.resolved.train.micro_batches, units)
+                                                  record.resolved.train.micro_batches, units,
+                                                  tensor)
                                   .empty()) {
-    workers->pop_back();
+    workers->resize(workers->size() - tensor);
   }
 }
 

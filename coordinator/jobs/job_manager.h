@@ -386,15 +386,17 @@ class JobManager {
   static int TensorRanks(const JobRecord& record);
   static int WorkersPerStage(const JobRecord& record);
   static int StagesPerReplica(const JobRecord& record);
-  // An auto layout's bounds are 1 and its spec.parallelism.workers.
+  // An auto layout's bounds are one stage's tensor ranks and its
+  // spec.parallelism.workers.
   static int MinJobWorkers(const JobRecord& record);
   static int MaxJobWorkers(const JobRecord& record);
   // The steps a job's worker count moves in: WorkersPerStage (a stage more
-  // or less in every replica), or 1 for an auto layout.
+  // or less in every replica), or for an auto layout its tensor ranks (a
+  // stage more or less; the replicas are chosen again).
   static int WorkerStep(const JobRecord& record);
   // Cuts `workers` to a multiple of WorkersPerStage (the last ones go); for
-  // an auto layout, to the largest count that has a layout
-  // (DataParallelDegrees).
+  // an auto layout, to the largest multiple of its tensor ranks that has a
+  // layout (DataParallelDegrees).
   static void KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers);
   static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
                                           const JobRecord& record);

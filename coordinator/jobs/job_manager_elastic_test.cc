@@ -506,7 +506,7 @@ TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorker
   EXPECT_EQ(job.spec().compression().data_parallel().codec(), "none");  // nothing to all-reduce
   ASSERT_EQ(job.plan_history_size(), 2);
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(),
-                                "1 replicas x 3 stages chosen by spec.parallelism.data 0 (auto); "
+                                "1 replica x 3 stages chosen by spec.parallelism.data 0 (auto); "
                                 "predicted s/step: 1 x 3 "))
       << job.plan_history(1).reason();
   EXPECT_EQ(AssignmentOf(w[2]).num_stages(), 3);
@@ -533,6 +533,57 @@ TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorker
                                 "chosen by spec.parallelism.data 0 (auto); predicted s/step: "
                                 "1 x 2 "))
       << job.plan_history(job.plan_history_size() - 1).reason();
+}
+
+// An auto layout with 2 tensor ranks per stage on 4 workers: losing one
+// leaves 3, of which only 2 make whole stages; the job chooses again among
+// the layouts of that one group (1 replica x 1 stage of 2 ranks) and
+// resumes from its checkpoint. The fourth worker waits as a spare.
+TEST_F(JobManagerElasticTest, AutoLayoutWithTensorRanks_WorkerLost_WholeStagesKept) {
+  v1::JobSpec spec = ElasticSpec(0, 5);
+  spec.mutable_parallelism()->set_data(0);
+  spec.mutable_parallelism()->set_workers(4);
+  spec.mutable_parallelism()->set_tensor(2);
+  std::vector<std::string> w;
+  for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
+  const std::string id = jobs_->Submit(spec).value().id();
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 4);
+  EXPECT_EQ(job.spec().parallelism().tensor(), 2);
+  EXPECT_EQ(job.spec().parallelism().data() * job.spec().parallelism().stages(), 2);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(0).reason(), "of 2 tensor ranks chosen by"))
+      << job.plan_history(0).reason();
+  // Every last stage's workers report the losses (replica 0's tensor rank
+  // 0 speaks); replica 0's rank 0 writes its stage's checkpoint.
+  for (int64_t s = 1; s <= 5; ++s) {
+    for (const std::string& worker : job.worker_ids()) {
+      const v1::Assignment a = AssignmentOf(worker);
+      v1::ReportProgressRequest r;
+      r.set_worker_id(worker);
+      r.set_job_id(id);
+      r.set_plan_version(job.plan_version());
+      r.set_iteration(s - 1);
+      if (a.stage() == a.num_stages() - 1) {
+        for (int m = 0; m < 2; ++m) r.add_micro_batch_losses(float(s));
+      }
+      ASSERT_TRUE(jobs_->ReportProgress(r).ok()) << worker;
+    }
+  }
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
+  ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+
+  registry_.MarkLost(w[3], incarnations_[w[3]], "killed");
+  HeartbeatAllAndSchedule({w[0], w[1], w[2]});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 2);
+  EXPECT_EQ(job.spec().parallelism().data(), 1);
+  EXPECT_EQ(job.spec().parallelism().stages(), 1);
+  EXPECT_EQ(job.spec().parallelism().tensor(), 2);
+  for (const std::string& worker : job.worker_ids()) {
+    EXPECT_EQ(AssignmentOf(worker).resume().step(), 5) << worker;
+  }
 }
 
 TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers) {

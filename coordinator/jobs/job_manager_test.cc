@@ -202,7 +202,7 @@ TEST_F(JobManagerTest, DataParallelAuto_LayoutChosenWhenPlacedThenAsIfNamed) {
   ASSERT_EQ(job.plan_history_size(), 1);
   const std::string& reason = job.plan_history(0).reason();
   EXPECT_TRUE(absl::StartsWith(reason,
-                               "initial plan; 1 replicas x 4 stages chosen by "
+                               "initial plan; 1 replica x 4 stages chosen by "
                                "spec.parallelism.data 0 (auto); predicted s/step: 1 x 4 "))
       << reason;
   EXPECT_TRUE(absl::StrContains(reason, ", 2 x 2 ")) << reason;

@@ -1,5 +1,6 @@
 #include "coordinator/planner/job_layout.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,11 +25,12 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
   ChosenJobLayout best;
   std::vector<LayoutTrial> trials;
   bool found = false;
+  const int tensor = std::max(1, auto_spec.tensor_parallel);
   for (int d : DataParallelDegrees(workers, auto_spec.train.micro_batches,
-                                   2 * auto_spec.train.model.n_layer + 2)) {
+                                   2 * auto_spec.train.model.n_layer + 2, tensor)) {
     LayoutTrial trial;
     trial.data_parallel = d;
-    trial.stages = workers / d;
+    trial.stages = workers / (d * tensor);
     absl::StatusOr<ResolvedJobSpec> layout = ResolveDataParallelLayout(auto_spec, d);
     absl::StatusOr<CompiledPlan> compiled =
         layout.ok() ? PlanJob(*layout, job_id, version, profile, cluster, profile_source)
@@ -67,9 +69,13 @@ std::string DescribeLayoutChoice(const ChosenJobLayout& choice) {
         t.status.ok() ? absl::StrFormat("%.4f", t.predicted_step_seconds)
                       : absl::StrCat("no plan (", absl::StatusCodeToString(t.status.code()), ")")));
   }
-  return absl::StrCat(choice.resolved.data_parallel, " replicas x ", choice.resolved.stages,
-                      " stages chosen by spec.parallelism.data 0 (auto); predicted s/step: ",
-                      absl::StrJoin(trials, ", "));
+  const int tensor = choice.resolved.tensor_parallel;
+  const int replicas = choice.resolved.data_parallel;
+  return absl::StrCat(
+      replicas, replicas == 1 ? " replica" : " replicas", " x ", choice.resolved.stages,
+      choice.resolved.stages == 1 ? " stage" : " stages",
+      tensor > 1 ? absl::StrCat(" of ", tensor, " tensor ranks") : "",
+      " chosen by spec.parallelism.data 0 (auto); predicted s/step: ", absl::StrJoin(trials, ", "));
 }
 
 }  // namespace pipetrain

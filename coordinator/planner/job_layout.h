@@ -1,7 +1,8 @@
 // A job with spec.parallelism.data 0 (auto) chooses its data-parallel
 // layout here, once its profile is measured on its workers: every layout
-// of its N workers as D replicas of N / D stages (DataParallelDegrees) is
-// planned exactly as a job that named D would be (PlanJob: the solver, the
+// of its N workers as D replicas of N / (D x T) stages, each stage on the
+// spec's T tensor ranks (DataParallelDegrees), is planned exactly as a job
+// that named D would be (PlanJob: the solver, the
 // schedule, the links, the workers sharing a host's cores, the gradient
 // all-reduce), and the layout whose simulated step is the shortest is kept
 // (issue 21 scope 6: "auto picks the layout with the lowest simulated step
@@ -26,7 +27,7 @@ namespace pipetrain {
 
 struct LayoutTrial {
   int data_parallel = 1;  // D
-  int stages = 1;         // N / D
+  int stages = 1;         // N / (D x T)
   // OK, or why the layout has no plan (PlanJob's error: typically
   // RESOURCE_EXHAUSTED, a stage over its worker's memory).
   absl::Status status;
@@ -57,7 +58,8 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
 
 // One line for the plan history and the log, e.g. "2 replicas x 2 stages
 // chosen by spec.parallelism.data 0 (auto); predicted s/step: 1 x 4 0.2100,
-// 2 x 2 0.1530, 4 x 1 no plan (RESOURCE_EXHAUSTED)".
+// 2 x 2 0.1530, 4 x 1 no plan (RESOURCE_EXHAUSTED)" ("2 replicas x 2
+// stages of 2 tensor ranks chosen ..." with T > 1; the trials are D x P).
 std::string DescribeLayoutChoice(const ChosenJobLayout& choice);
 
 }  // namespace pipetrain

@@ -18,8 +18,8 @@ namespace {
 
 // A 2-layer (6-unit), d_model 128 job of 8 sequences of 64 tokens in 4
 // micro-batches over `workers` workers, data 0 (auto), its data-parallel
-// all-reduce through `dp_codec`.
-v1::JobSpec AutoSpec(int workers, const std::string& dp_codec = "none") {
+// all-reduce through `dp_codec`, each stage on `tensor` tensor ranks.
+v1::JobSpec AutoSpec(int workers, const std::string& dp_codec = "none", int tensor = 1) {
   v1::JobSpec spec;
   spec.set_name("job-layout-test");
   spec.mutable_model()->set_n_layer(2);
@@ -34,6 +34,7 @@ v1::JobSpec AutoSpec(int workers, const std::string& dp_codec = "none") {
   spec.mutable_parallelism()->set_data(kDataParallelAuto);
   spec.mutable_parallelism()->set_workers(workers);
   spec.mutable_compression()->mutable_data_parallel()->set_codec(dp_codec);
+  spec.mutable_parallelism()->set_tensor(tensor);
   return spec;
 }
 
@@ -45,10 +46,11 @@ ModelProfile ProfileOf(const ResolvedJobSpec& job) {
 // Chooses a layout for `workers` workers on `cluster` and checks it against
 // each layout planned as its own job (with `dp_codec` where it has
 // replicas): the same predictions, and the choice the lowest of them (ties:
-// the smaller D). Returns the chosen D.
+// the smaller D). With `tensor` ranks per stage, the layouts are D
+// replicas of the workers / tensor groups. Returns the chosen D.
 int ChosenAgainstBruteForce(int workers, const ClusterSpec& cluster,
-                            const std::string& dp_codec = "none") {
-  const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(workers, dp_codec)).value();
+                            const std::string& dp_codec = "none", int tensor = 1) {
+  const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(workers, dp_codec, tensor)).value();
   const ModelProfile profile = ProfileOf(automatic);
   absl::StatusOr<ChosenJobLayout> choice =
       ChooseJobLayout(automatic, "job", 1, profile, cluster, "analytic");
@@ -57,12 +59,13 @@ int ChosenAgainstBruteForce(int workers, const ClusterSpec& cluster,
   int best = 0;
   double best_seconds = 0;
   size_t trial = 0;
-  for (int d = 1; d <= workers; ++d) {
-    if (workers % d != 0 || 4 % d != 0 || workers / d > 6) continue;
-    v1::JobSpec spec = AutoSpec(workers, d > 1 ? dp_codec : "none");
+  const int groups = workers / tensor;
+  for (int d = 1; d <= groups; ++d) {
+    if (groups % d != 0 || 4 % d != 0 || groups / d > 6) continue;
+    v1::JobSpec spec = AutoSpec(workers, d > 1 ? dp_codec : "none", tensor);
     spec.mutable_parallelism()->clear_workers();
     spec.mutable_parallelism()->set_data(d);
-    spec.mutable_parallelism()->set_stages(workers / d);
+    spec.mutable_parallelism()->set_stages(groups / d);
     absl::StatusOr<CompiledPlan> own =
         PlanJob(ResolveJobSpec(spec).value(), "job", 1, profile, cluster, "analytic");
     EXPECT_TRUE(own.ok()) << own.status();
@@ -71,7 +74,7 @@ int ChosenAgainstBruteForce(int workers, const ClusterSpec& cluster,
     EXPECT_LT(trial, choice->trials.size());
     if (trial >= choice->trials.size()) return 0;
     EXPECT_EQ(choice->trials[trial].data_parallel, d);
-    EXPECT_EQ(choice->trials[trial].stages, workers / d);
+    EXPECT_EQ(choice->trials[trial].stages, groups / d);
     EXPECT_EQ(choice->trials[trial].predicted_step_seconds, seconds);
     ++trial;
     if (best == 0 || seconds < best_seconds) {
@@ -81,7 +84,9 @@ int ChosenAgainstBruteForce(int workers, const ClusterSpec& cluster,
   }
   EXPECT_EQ(trial, choice->trials.size());
   EXPECT_EQ(choice->resolved.data_parallel, best);
-  EXPECT_EQ(choice->resolved.stages, workers / best);
+  EXPECT_EQ(choice->resolved.stages, groups / best);
+  EXPECT_EQ(choice->resolved.tensor_parallel, tensor);
+  EXPECT_EQ(choice->compiled.plan.tensor_parallel(), tensor);
   EXPECT_EQ(choice->resolved.spec.parallelism().data(), best);
   EXPECT_EQ(choice->compiled.plan.data_parallel(), best);
   EXPECT_EQ(choice->compiled.plan.predicted_iteration_seconds(), best_seconds);
@@ -101,6 +106,24 @@ TEST(ChooseJobLayout, FastLinks_AllReplicasSlowLinks_ThePipeline) {
   EXPECT_EQ(ChosenAgainstBruteForce(4, testing::TestCluster(4, 1e6, 1e-4)), 1);
   EXPECT_GT(ChosenAgainstBruteForce(6, testing::TestCluster(6, 1e8, 1e-4)), 0);  // 1 x 6 or 2 x 3
   EXPECT_EQ(ChosenAgainstBruteForce(1, testing::TestCluster(1, 1e8, 1e-4)), 1);
+}
+
+// Stages of 2 tensor ranks: 8 workers are 4 groups, laid out as 1 x 4,
+// 2 x 2 or 4 x 1 groups, each planned as the job naming it would be. On
+// fast links the replicas win as without tensor ranks; on slow ones every
+// layout pays the ranks' all-reduces, and the brute force decides. The
+// line says the ranks.
+TEST(ChooseJobLayout, TensorRanks_LayoutsOfTheGroups) {
+  EXPECT_EQ(ChosenAgainstBruteForce(8, testing::TestCluster(8, 1e10, 1e-6), "none", 2), 4);
+  EXPECT_GT(ChosenAgainstBruteForce(8, testing::TestCluster(8, 1e6, 1e-4), "none", 2), 0);
+  const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(8, "none", 2)).value();
+  absl::StatusOr<ChosenJobLayout> choice = ChooseJobLayout(
+      automatic, "job", 1, ProfileOf(automatic), testing::TestCluster(8, 1e10, 1e-6), "analytic");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_TRUE(absl::StartsWith(DescribeLayoutChoice(*choice),
+                               "4 replicas x 1 stage of 2 tensor ranks chosen by "
+                               "spec.parallelism.data 0 (auto); predicted s/step: 1 x 4 "))
+      << DescribeLayoutChoice(*choice);
 }
 
 // A data-parallel codec takes part in the choice: each layout with

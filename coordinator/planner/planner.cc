@@ -35,11 +35,12 @@ PlanningWork EstimatePlanningWork(const ResolvedJobSpec& r) {
   const double units = 2.0 * r.train.model.n_layer + 2;
   if (r.data_parallel == kDataParallelAuto) {  // every layout is planned
     PlanningWork total;
-    for (int d :
-         DataParallelDegrees(r.layout_workers, r.train.micro_batches, static_cast<int>(units))) {
+    const int tensor = std::max(1, r.tensor_parallel);
+    for (int d : DataParallelDegrees(r.layout_workers, r.train.micro_batches,
+                                     static_cast<int>(units), tensor)) {
       ResolvedJobSpec layout = r;
       layout.data_parallel = d;
-      layout.stages = r.layout_workers / d;
+      layout.stages = r.layout_workers / (d * tensor);
       const PlanningWork work = EstimatePlanningWork(layout);
       total.solver_steps += work.solver_steps;
       total.stage_micro_batches = std::max(total.stage_micro_batches, work.stage_micro_batches);

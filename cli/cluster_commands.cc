@@ -660,11 +660,15 @@ int RunUp(const std::vector<std::string>& args) {
   }
   if (!end.weights_path().empty()) std::printf("weights: %s\n", end.weights_path().c_str());
   if (o.data_parallel == kDataParallelAuto && end.plan_history_size() > 0) {
-    // The first plan's reason: "initial plan; 2 replicas x 3 stages chosen by ...".
-    const std::string& reason = end.plan_history(0).reason();
-    const size_t choice = reason.find("; ");
-    std::printf("layout: %s\n",
-                reason.substr(choice == std::string::npos ? 0 : choice + 2).c_str());
+    // The last plan's choice, the part of its reason from the layout on:
+    // "initial plan; 2 replicas x 3 stages chosen by ...", or after a
+    // recovery "worker w-3 ... is gone ...; 1 replica x 3 stages chosen by ...".
+    const std::string& reason = end.plan_history(end.plan_history_size() - 1).reason();
+    const size_t chosen = reason.find(" chosen by ");
+    const size_t start =
+        chosen == std::string::npos ? std::string::npos : reason.rfind("; ", chosen);
+    std::printf("layout%s: %s\n", end.plan_history_size() > 1 ? " (last plan)" : "",
+                reason.substr(start == std::string::npos ? 0 : start + 2).c_str());
   }
   v1::GetPlanRequest plan_request;
   plan_request.set_job_id(end.id());

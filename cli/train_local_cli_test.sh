@@ -190,5 +190,9 @@ done
 expect_exit resume_to_5 0 "resumed from $TMP/c.ckpt at step 3" -- \
   "${RUN[@]}" --steps 5 --resume "$TMP/c.ckpt"
 check_log resume_log_5_lines 5
+# --steps counts from the start: a checkpoint already there trains nothing,
+# and says so.
+expect_exit resume_past_steps 0 "nothing to train: the checkpoint is at step 5, and --steps 4" -- \
+  "${RUN[@]}" --steps 4 --resume "$TMP/c.ckpt"
 
 finish

@@ -214,6 +214,12 @@ absl::Status Run(Options& o) {
     RETURN_IF_ERROR(RestoreCheckpoint(o.resume, trainer.get()));
     std::fprintf(stderr, "resumed from %s at step %lld\n", o.resume.c_str(),
                  static_cast<long long>(trainer->step()));
+    if (trainer->step() >= o.train.steps) {
+      std::fprintf(stderr,
+                   "nothing to train: the checkpoint is at step %lld, and --steps %lld counts "
+                   "from the start (ask for more steps to go on)\n",
+                   static_cast<long long>(trainer->step()), static_cast<long long>(o.train.steps));
+    }
   }
   std::fprintf(stderr,
                "model: %d layers, %d heads, d_model %d, vocab %d, %lld parameters; "

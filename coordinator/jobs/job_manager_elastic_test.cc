@@ -100,6 +100,27 @@ class JobManagerElasticTest : public ::testing::Test {
     return last;
   }
 
+  // Every worker of the job reports step `step`, those of each replica's
+  // last stage (every tensor rank) with `micro_batches` losses: the
+  // coordinator keeps replica 0's rank 0's. For layouts with replicas or
+  // tensor ranks, where Step's "the last worker has the losses" is wrong.
+  void StepEveryWorker(const std::string& id, int64_t step, int micro_batches) {
+    const v1::Job job = jobs_->Get(id).value();
+    for (const std::string& worker : job.worker_ids()) {
+      const v1::Assignment a = AssignmentOf(worker);
+      v1::ReportProgressRequest r;
+      r.set_worker_id(worker);
+      r.set_job_id(id);
+      r.set_plan_version(job.plan_version());
+      r.set_iteration(step - 1);
+      if (a.stage() == a.num_stages() - 1) {
+        for (int m = 0; m < micro_batches; ++m) r.add_micro_batch_losses(float(step));
+      }
+      auto response = jobs_->ReportProgress(r);
+      EXPECT_TRUE(response.ok()) << worker << ": " << response.status();
+    }
+  }
+
   // Stage `s` reports its units of checkpoint `step`.
   absl::Status Checkpoint(const std::string& id, int s, int64_t step) {
     const v1::Job job = jobs_->Get(id).value();
@@ -475,23 +496,8 @@ TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorker
   ASSERT_EQ(job.spec().parallelism().data(), 4) << job.plan_history(0).reason();
   EXPECT_EQ(job.spec().compression().data_parallel().codec(), "bf16");
   EXPECT_EQ(AssignmentOf(w[0]).data_parallel_quantizer(), "bf16");
-  // Every replica's last stage reports the step's losses; replica 0's
-  // stages write the checkpoints.
-  auto step = [&](int64_t s) {
-    const v1::Job now = jobs_->Get(id).value();
-    for (const std::string& worker : now.worker_ids()) {
-      const v1::Assignment a = AssignmentOf(worker);
-      v1::ReportProgressRequest r;
-      r.set_worker_id(worker);
-      r.set_job_id(id);
-      r.set_plan_version(now.plan_version());
-      r.set_iteration(s - 1);
-      if (a.stage() == a.num_stages() - 1) {
-        for (int m = 0; m < 4; ++m) r.add_micro_batch_losses(float(s));
-      }
-      ASSERT_TRUE(jobs_->ReportProgress(r).ok()) << worker;
-    }
-  };
+  // Replica 0's stages write the checkpoints.
+  auto step = [&](int64_t s) { StepEveryWorker(id, s, 4); };
   for (int64_t s = 1; s <= 5; ++s) step(s);
   ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
   EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
@@ -554,22 +560,8 @@ TEST_F(JobManagerElasticTest, AutoLayoutWithTensorRanks_WorkerLost_WholeStagesKe
   EXPECT_EQ(job.spec().parallelism().data() * job.spec().parallelism().stages(), 2);
   EXPECT_TRUE(absl::StrContains(job.plan_history(0).reason(), "of 2 tensor ranks chosen by"))
       << job.plan_history(0).reason();
-  // Every last stage's workers report the losses (replica 0's tensor rank
-  // 0 speaks); replica 0's rank 0 writes its stage's checkpoint.
-  for (int64_t s = 1; s <= 5; ++s) {
-    for (const std::string& worker : job.worker_ids()) {
-      const v1::Assignment a = AssignmentOf(worker);
-      v1::ReportProgressRequest r;
-      r.set_worker_id(worker);
-      r.set_job_id(id);
-      r.set_plan_version(job.plan_version());
-      r.set_iteration(s - 1);
-      if (a.stage() == a.num_stages() - 1) {
-        for (int m = 0; m < 2; ++m) r.add_micro_batch_losses(float(s));
-      }
-      ASSERT_TRUE(jobs_->ReportProgress(r).ok()) << worker;
-    }
-  }
+  // Replica 0's rank 0 writes its stage's checkpoint.
+  for (int64_t s = 1; s <= 5; ++s) StepEveryWorker(id, s, 2);
   ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
   ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
 

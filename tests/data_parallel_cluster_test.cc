@@ -100,10 +100,10 @@ TEST_F(DataParallelClusterTest, AutoLayout_ChosenByThePlannerAndMatchesTrainLoca
   EXPECT_GE(chosen.data(), 1);
   EXPECT_EQ(chosen.data() * chosen.stages(), 6);
   ASSERT_GE(job.plan_history_size(), 1);
-  EXPECT_TRUE(absl::StrContains(job.plan_history(0).reason(),
-                                absl::StrCat(chosen.data(), " replicas x ", chosen.stages(),
-                                             " stages chosen by spec.parallelism.data 0 (auto); "
-                                             "predicted s/step: 1 x 6 ")))
+  EXPECT_TRUE(absl::StrContains(
+      job.plan_history(0).reason(),
+      absl::StrCat(testing::LayoutWords(chosen.data(), chosen.stages()),
+                   " chosen by spec.parallelism.data 0 (auto); predicted s/step: 1 x 6 ")))
       << job.plan_history(0).reason();
 }
 

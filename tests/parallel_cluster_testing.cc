@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "cli/coordinator_client.h"
 #include "common/safetensors.h"
 #include "gtest/gtest.h"
@@ -96,6 +97,11 @@ void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, con
   ExpectWeightsClose(weights, ref.weights, spec.model().d_model(), spec.training().lr(),
                      static_cast<int>(spec.training().steps()), "weights",
                      p.tensor() > 1 ? kTensorParallelWeightsRelative : kDataParallelRelative);
+}
+
+std::string LayoutWords(int replicas, int stages) {
+  return absl::StrCat(replicas, replicas == 1 ? " replica x " : " replicas x ", stages,
+                      stages == 1 ? " stage" : " stages");
 }
 
 }  // namespace testing

@@ -68,6 +68,11 @@ Reference TrainLocally(const v1::JobSpec& spec);
 void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref,
                              v1::Job* ended = nullptr);
 
+// How an auto layout's plan history names D replicas of P stages:
+// "2 replicas x 3 stages", "1 replica x 6 stages", "6 replicas x 1 stage"
+// (coordinator/planner/job_layout.h, DescribeLayoutChoice).
+std::string LayoutWords(int replicas, int stages);
+
 }  // namespace testing
 }  // namespace pipetrain
 

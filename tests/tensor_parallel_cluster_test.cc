@@ -2,7 +2,8 @@
 // coordinator and 8 worker processes on loopback run jobs whose stages are
 // each split across T workers (spec.parallelism.tensor, Megatron's 1-D
 // layout), T in {2, 4} times P in {1, 2} stages, 1F1B and GPipe, a pinned
-// Bi-Partition plan, and D x P x T = 2 x 2 x 2, with gradient clipping by
+// Bi-Partition plan, D x P x T = 2 x 2 x 2, and an auto layout of stages of
+// 2 ranks (spec.parallelism.data 0), with gradient clipping by
 // the global norm and a warm-up + cosine schedule. Per-step losses (from
 // the coordinator), the validation loss and the exported weights (the
 // shards gathered into the unsplit Hugging Face tensors by each stage's
@@ -103,6 +104,29 @@ TEST_F(TensorParallelClusterTest, BiPartitionPartitionsAndDataParallel_MatchTrai
     spec.mutable_parallelism()->set_data(2);
     ExpectMatchesTrainLocal(cluster_, spec, ref);
   }
+}
+
+// spec.parallelism.data 0 (auto) with 2 tensor ranks per stage on the 8
+// workers: the planner lays out their 4 groups as 1 x 4, 2 x 2 or 4 x 1
+// stages of 2 ranks (whichever its simulation finds fastest here), and the
+// job trains as train-local does.
+TEST_F(TensorParallelClusterTest, AutoLayoutOfTensorStages_MatchesTrainLocal) {
+  const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
+  v1::JobSpec spec = Spec(2, 0, "1f1b", "auto.safetensors");
+  spec.mutable_parallelism()->set_data(0);
+  spec.mutable_parallelism()->set_workers(8);
+  v1::Job job;
+  ExpectMatchesTrainLocal(cluster_, spec, ref, &job);
+  const v1::ParallelismSpec& chosen = job.spec().parallelism();
+  EXPECT_EQ(chosen.tensor(), 2);
+  EXPECT_EQ(chosen.data() * chosen.stages(), 4);
+  ASSERT_GE(job.plan_history_size(), 1);
+  EXPECT_TRUE(
+      absl::StrContains(job.plan_history(0).reason(),
+                        absl::StrCat(testing::LayoutWords(chosen.data(), chosen.stages()),
+                                     " of 2 tensor ranks chosen by spec.parallelism.data 0 (auto); "
+                                     "predicted s/step: 1 x 4 ")))
+      << job.plan_history(0).reason();
 }
 
 // 3-D tensor parallelism (spec.parallelism.tensor_mode 3d): the 8 workers

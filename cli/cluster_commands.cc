@@ -207,6 +207,10 @@ struct UpOptions {
   int layers = 2, heads = 4, d_model = 128, seq_len = 64, batch = 16, micro = 4;
   int64_t steps = 800, synthetic_bytes = 1'000'000;
   float lr = 1e-3f;
+  // spec.training's clipping and schedule (train-local's flags).
+  float grad_clip = 0, min_lr = 0;
+  std::string lr_schedule = "constant";
+  int64_t warmup_steps = 0;
   uint64_t seed = 1;
   std::string data, solver = "uniform", schedule = "1f1b";
   std::string forward_codec = "none", backward_codec = "none";
@@ -262,6 +266,12 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "pace the workers' sends as over links of BANDWIDTH,LATENCY, e.g. 1Gbit,0.5ms "
            "(loopback standing in for a network); empty: loopback as it is");
   f.Float("lr", &o.lr, "AdamW learning rate");
+  f.Float("grad-clip", &o.grad_clip,
+          "clip gradients to this global L2 norm over every stage and replica; 0 = off");
+  f.String("lr-schedule", &o.lr_schedule,
+           "constant | cosine (from --lr after warm-up down to --min-lr at the last step)");
+  f.Int64("warmup-steps", &o.warmup_steps, "linear learning-rate warm-up steps");
+  f.Float("min-lr", &o.min_lr, "the cosine schedule's floor");
   f.Uint64("seed", &o.seed, "seed for initialisation and data order");
   f.String("data", &o.data, "training corpus; empty = generated English text");
   f.Int64("synthetic-bytes", &o.synthetic_bytes, "size of the generated corpus");
@@ -374,6 +384,10 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   t->set_micro_batches(o.micro);
   t->set_steps(o.steps);
   t->set_lr(o.lr);
+  t->set_grad_clip(o.grad_clip);
+  t->set_lr_schedule(o.lr_schedule);
+  t->set_warmup_steps(o.warmup_steps);
+  t->set_min_lr(o.min_lr);
   t->set_seed(o.seed);
   t->set_eval_interval(o.eval_interval);
   if (!o.data.empty()) spec.mutable_data()->set_path(RealPathOf(o.data));

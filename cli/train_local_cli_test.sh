@@ -125,6 +125,12 @@ expect_exit up_data_parallel_zero 2 "--data-parallel: cannot parse '0' (want a c
 # GEMM attention is a CUDA backend's: refused for CPU workers and train-local.
 expect_exit up_worker_attention_on_cpu 2 "--worker-attention" "needs a CUDA device" -- \
   up --out "$TMP/up-attention" --worker-device cpu --worker-attention gemm
+# up's clipping and schedule flags go to spec.training, checked before
+# anything starts.
+expect_exit up_lr_schedule_bad 2 "spec.training.lr_schedule: unknown schedule \"linear\"" -- \
+  up --out "$TMP/up-schedule" --lr-schedule linear
+expect_exit up_warmup_too_long 2 "spec.training.warmup_steps: must be in [0, spec.training.steps 10]" -- \
+  up --out "$TMP/up-warmup" --steps 10 --warmup-steps 11
 # auto is the CPU where up sees no GPU (this build has no CUDA): refused
 # before any worker starts, saying why.
 expect_exit up_worker_flash_auto_cpu 2 "--worker-device auto is the CPU here" \

@@ -231,9 +231,11 @@ void BindUp(FlagSet& f, UpOptions& o) {
                 "micro-batches; auto: the planner tries every D dividing --workers / T and "
                 "--micro-batches on the job's measured profile and keeps the fastest simulated "
                 "step (T = --tensor-parallel)");
-  f.Int("tensor-parallel", &o.tensor_parallel,
-        "workers per stage (spec.parallelism.tensor, 1-D Megatron split of every unit): "
-        "--workers / (D x T) stages; T divides --heads, --d-model and the vocabulary");
+  f.CountOrAuto("tensor-parallel", &o.tensor_parallel,
+                "workers per stage (spec.parallelism.tensor, 1-D Megatron split of every unit): "
+                "--workers / (D x T) stages; T divides --heads, --d-model and the vocabulary; "
+                "auto (with --data-parallel auto): the planner tries every such T dividing "
+                "--workers as well");
   f.Int("tensor-partitions", &o.tensor_partitions,
         "with --tensor-parallel: AccTFM's partitions per micro-batch (1, 2 or 4), each "
         "partition's all-reduce overlapping the next one's compute; 0: each layer's own, "
@@ -521,7 +523,11 @@ int RunUp(const std::vector<std::string>& args) {
     return Fail("up", absl::NotFoundError("cannot create --out directory " + o.out));
   }
   absl::Status valid = absl::OkStatus();
-  if (o.data_parallel == kDataParallelAuto) {
+  if (o.tensor_parallel == kTensorParallelAuto && o.data_parallel != kDataParallelAuto) {
+    valid = absl::InvalidArgumentError(
+        "--tensor-parallel auto needs --data-parallel auto: the planner then chooses the whole "
+        "layout of --workers (replicas, stages and tensor ranks)");
+  } else if (o.data_parallel == kDataParallelAuto) {
     // The spec's checks name the fields (spec.parallelism.tensor, ...).
     if (o.workers < 1) valid = absl::InvalidArgumentError("--workers must be >= 1");
     if (!o.dp_stages.empty()) {

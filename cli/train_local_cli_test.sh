@@ -122,6 +122,11 @@ expect_exit up_worker_device_bogus 2 "--worker-device/--worker-gemm" "got 'gpu'"
 # --data-parallel takes a replica count or auto (the planner's choice), not 0.
 expect_exit up_data_parallel_zero 2 "--data-parallel: cannot parse '0' (want a count >= 1 or auto)" -- \
   up --out "$TMP/up-dp0" --data-parallel 0
+# --tensor-parallel auto searches T within an auto layout only.
+expect_exit up_tensor_auto_needs_data_auto 2 "--tensor-parallel auto needs --data-parallel auto" -- \
+  up --out "$TMP/up-tp-auto" --tensor-parallel auto
+expect_exit up_tensor_parallel_zero 2 "--tensor-parallel: cannot parse '0'" -- \
+  up --out "$TMP/up-tp0" --tensor-parallel 0
 # GEMM attention is a CUDA backend's: refused for CPU workers and train-local.
 expect_exit up_worker_attention_on_cpu 2 "--worker-attention" "needs a CUDA device" -- \
   up --out "$TMP/up-attention" --worker-device cpu --worker-attention gemm

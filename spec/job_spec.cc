@@ -383,6 +383,11 @@ absl::Status ResolveDataParallel(v1::JobSpec* spec) {
 absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
   v1::ParallelismSpec* p = spec->mutable_parallelism();
   if (!p->has_tensor()) p->set_tensor(1);
+  if (p->tensor() == kTensorParallelAuto) {
+    return Invalid("spec.parallelism.tensor",
+                   "0 (auto) only with spec.parallelism.data 0 (auto), where the planner chooses "
+                   "the whole layout of spec.parallelism.workers");
+  }
   RETURN_IF_ERROR(RequireInRange("spec.parallelism.tensor", p->tensor(), kMaxTensorParallel));
   const v1::ModelSpec& m = spec->model();
   GptConfig config;
@@ -650,6 +655,43 @@ TrainConfig DeriveTrainConfig(const v1::JobSpec& spec) {
 
 // spec.parallelism.data 0 (auto): what needs a known D is refused; the
 // rest is resolved as the first layout's spec, then marked auto again.
+// spec.parallelism.tensor as a submitted spec means it: unset is 1.
+int SpecTensor(const v1::ParallelismSpec& p) { return p.has_tensor() ? p.tensor() : 1; }
+
+// Whether `spec` sets a field that only a stage of tensor ranks takes.
+const char* TensorRankFieldSet(const v1::ParallelismSpec& p) {
+  if (p.has_tensor_partitions() && p.tensor_partitions() != 1) {
+    return "spec.parallelism.tensor_partitions";
+  }
+  if (!p.tensor_compression().empty() && p.tensor_compression() != "none") {
+    return "spec.parallelism.tensor_compression";
+  }
+  if (p.has_tensor_partitions_tune_steps() && p.tensor_partitions_tune_steps() != 0) {
+    return "spec.parallelism.tensor_partitions_tune_steps";
+  }
+  return nullptr;
+}
+
+// An auto spec (data 0) as one of its layouts (ResolveDataParallelLayout's
+// contract): a layout of one replica has no all-reduce to compress, and
+// one of one rank per stage of a spec searching T takes no tensor fields.
+v1::JobSpec LayoutSpec(const v1::JobSpec& auto_spec, const LayoutDegrees& layout) {
+  v1::JobSpec one = auto_spec;
+  v1::ParallelismSpec* p = one.mutable_parallelism();
+  const bool searches_tensor = SpecTensor(*p) == kTensorParallelAuto;
+  p->set_data(layout.data_parallel);
+  p->set_stages(layout.stages);
+  p->set_tensor(layout.tensor_parallel);
+  p->clear_workers();
+  if (layout.data_parallel == 1) one.mutable_compression()->clear_data_parallel();
+  if (layout.tensor_parallel == 1 && searches_tensor) {
+    p->clear_tensor_partitions();
+    p->clear_tensor_compression();
+    p->clear_tensor_partitions_tune_steps();
+  }
+  return one;
+}
+
 absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
   const v1::ParallelismSpec& p = spec.parallelism();
   if (!p.has_workers()) {
@@ -663,13 +705,17 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
                    "is chosen by the planner with spec.parallelism.data 0 (auto): leave it unset "
                    "(spec.parallelism.workers counts the job's workers)");
   }
-  // The search covers data x stages; the tensor ranks per stage are fixed.
-  const int tensor = p.has_tensor() ? p.tensor() : 1;
-  RETURN_IF_ERROR(RequireInRange("spec.parallelism.tensor", tensor, kMaxTensorParallel));
-  if (p.workers() % tensor != 0) {
-    return Invalid("spec.parallelism.workers",
-                   absl::StrCat(p.workers(), " is not a multiple of spec.parallelism.tensor ",
-                                tensor, ": every stage takes ", tensor, " workers"));
+  // The search covers data x stages, and the tensor ranks per stage too
+  // with tensor 0 (auto).
+  const int tensor = SpecTensor(p);
+  const bool searches_tensor = tensor == kTensorParallelAuto;
+  if (!searches_tensor) {
+    RETURN_IF_ERROR(RequireInRange("spec.parallelism.tensor", tensor, kMaxTensorParallel));
+    if (p.workers() % tensor != 0) {
+      return Invalid("spec.parallelism.workers",
+                     absl::StrCat(p.workers(), " is not a multiple of spec.parallelism.tensor ",
+                                  tensor, ": every stage takes ", tensor, " workers"));
+    }
   }
   if (p.solver() == kSolverManual) {
     return Invalid("spec.parallelism.solver",
@@ -688,38 +734,42 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
                    "spec.parallelism.data 0 (auto) leaves to the planner: leave them unset "
                    "(defaults 1 and the chosen stages)");
   }
-  // The units and micro-batches, resolved as the layouts' specs will be.
+  RETURN_IF_ERROR(RequireMaxBytes("spec.parallelism.tensor_mode", p.tensor_mode(), 16));
+  // The units, micro-batches and vocabulary, resolved as the layouts'
+  // specs will be.
   v1::JobSpec sized = spec;
   RETURN_IF_ERROR(ResolveModel(sized.mutable_model()));
   RETURN_IF_ERROR(ResolveTrainingSizes(sized.mutable_training()));
   const int units = 2 * sized.model().n_layer() + 2;
   const int micro_batches = sized.training().micro_batches();
-  const std::vector<int> degrees = DataParallelDegrees(p.workers(), micro_batches, units, tensor);
-  if (degrees.empty()) {
+  const std::vector<LayoutDegrees> layouts = AutoLayoutDegrees(sized, p.workers());
+  if (layouts.empty()) {
+    const std::string groups = tensor == 1 ? "workers" : "groups";
     return Invalid(
         "spec.parallelism.workers",
-        absl::StrCat("no layout of ", p.workers(), " workers",
-                     tensor > 1 ? absl::StrCat(" in groups of ", tensor, " tensor ranks") : "",
-                     ": the replicas D must divide both the ", tensor > 1 ? "groups" : "workers",
-                     " and spec.training.micro_batches ", micro_batches, ", with ",
-                     tensor > 1 ? "groups" : "workers", " / D stages at most the model's ", units,
-                     " units"));
+        searches_tensor
+            ? absl::StrCat("no layout of ", p.workers(),
+                           " workers: the tensor ranks T must divide the workers and split the "
+                           "model (spec.parallelism.tensor), and the replicas D both the "
+                           "workers / T and spec.training.micro_batches ",
+                           micro_batches, ", with workers / (D x T) stages at most the model's ",
+                           units, " units")
+            : absl::StrCat(
+                  "no layout of ", p.workers(), " workers",
+                  tensor > 1 ? absl::StrCat(" in groups of ", tensor, " tensor ranks") : "",
+                  ": the replicas D must divide both the ", groups,
+                  " and spec.training.micro_batches ", micro_batches, ", with ", groups,
+                  " / D stages at most the model's ", units, " units"));
   }
   // The rest is checked as the first layout's spec; the data-parallel
   // codec, which a layout of one replica drops, as the first layout's with
-  // replicas (ResolveDataParallelLayout).
-  auto layout = [&](int d) {
-    v1::JobSpec one = spec;
-    one.mutable_parallelism()->set_data(d);
-    one.mutable_parallelism()->set_stages(p.workers() / (d * tensor));
-    one.mutable_parallelism()->clear_workers();
-    if (d == 1) one.mutable_compression()->clear_data_parallel();
-    return one;
-  };
-  ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(layout(degrees[0])));
+  // replicas, and the tensor fields, which a layout of one rank per stage
+  // drops, as the first's with tensor ranks (ResolveDataParallelLayout).
+  ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(LayoutSpec(spec, layouts[0])));
   if (!dp.codec().empty() && dp.codec() != kCodecNone) {
-    auto replicated = std::find_if(degrees.begin(), degrees.end(), [](int d) { return d >= 2; });
-    if (replicated == degrees.end()) {
+    auto replicated = std::find_if(layouts.begin(), layouts.end(),
+                                   [](const LayoutDegrees& l) { return l.data_parallel >= 2; });
+    if (replicated == layouts.end()) {
       return Invalid(
           "spec.compression.data_parallel.codec",
           absl::StrCat("compresses the replicas' all-reduce, but every layout of ", p.workers(),
@@ -727,11 +777,32 @@ absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
                        "must divide the workers and spec.training.micro_batches ",
                        micro_batches, ")"));
     }
-    ASSIGN_OR_RETURN(const ResolvedJobSpec with_codec, ResolveJobSpec(layout(*replicated)));
+    ASSIGN_OR_RETURN(const ResolvedJobSpec with_codec,
+                     ResolveJobSpec(LayoutSpec(spec, *replicated)));
     *resolved.spec.mutable_compression()->mutable_data_parallel() =
         with_codec.spec.compression().data_parallel();
   }
   v1::ParallelismSpec* out = resolved.spec.mutable_parallelism();
+  if (searches_tensor) {
+    auto ranked = std::find_if(layouts.begin(), layouts.end(),
+                               [](const LayoutDegrees& l) { return l.tensor_parallel >= 2; });
+    if (const char* field = TensorRankFieldSet(p); field != nullptr && ranked == layouts.end()) {
+      return Invalid(field, absl::StrCat("applies to stages of tensor ranks, but every layout of ",
+                                         p.workers(), " workers has one rank per stage"));
+    }
+    if (ranked != layouts.end()) {
+      ASSIGN_OR_RETURN(const ResolvedJobSpec with_ranks, ResolveJobSpec(LayoutSpec(spec, *ranked)));
+      const v1::ParallelismSpec& r = with_ranks.spec.parallelism();
+      out->set_tensor_partitions(r.tensor_partitions());
+      out->set_tensor_compression(r.tensor_compression());
+      out->set_tensor_partitions_tune_steps(r.tensor_partitions_tune_steps());
+      resolved.tensor_partitions = with_ranks.tensor_partitions;
+      resolved.tensor_compression = with_ranks.tensor_compression;
+      resolved.tensor_partitions_tune_steps = with_ranks.tensor_partitions_tune_steps;
+    }
+    out->set_tensor(kTensorParallelAuto);
+    resolved.tensor_parallel = kTensorParallelAuto;
+  }
   out->set_data(kDataParallelAuto);
   out->set_stages(0);
   out->set_workers(p.workers());
@@ -760,21 +831,66 @@ std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units, 
   return degrees;
 }
 
+std::vector<LayoutDegrees> AutoLayoutDegrees(const v1::JobSpec& spec, int workers) {
+  const v1::ParallelismSpec& p = spec.parallelism();
+  const int units = 2 * spec.model().n_layer() + 2;
+  const int micro_batches = spec.training().micro_batches();
+  std::vector<int> tensors;
+  if (SpecTensor(p) != kTensorParallelAuto) {
+    tensors.push_back(SpecTensor(p));
+  } else if (micro_batches >= 1) {
+    GptConfig config;
+    config.vocab_size = spec.model().vocab_size();
+    config.n_head = spec.model().n_head();
+    config.d_model = spec.model().d_model();
+    const int64_t samples = spec.training().batch_size() / micro_batches;
+    for (int t = 1; t <= std::min(workers, kMaxTensorParallel); ++t) {
+      if (workers % t != 0) continue;
+      const absl::Status splits = p.tensor_mode() == "3d"
+                                      ? ValidateCubeTensorParallel(config, t, samples)
+                                      : ValidateTensorParallel(config, t);
+      if (splits.ok()) tensors.push_back(t);
+    }
+  }
+  std::vector<LayoutDegrees> layouts;
+  for (int t : tensors) {
+    for (int d : DataParallelDegrees(workers, micro_batches, units, t)) {
+      layouts.push_back(LayoutDegrees{d, workers / (d * t), t});
+    }
+  }
+  return layouts;
+}
+
 absl::StatusOr<ResolvedJobSpec> ResolveAsAutoLayout(
     const v1::JobSpec& spec, int workers,
-    const v1::DataParallelCompressionSpec& data_parallel_compression) {
+    const v1::DataParallelCompressionSpec& data_parallel_compression,
+    const v1::ParallelismSpec* submitted_parallelism) {
   v1::JobSpec automatic = spec;
+  v1::ParallelismSpec* p = automatic.mutable_parallelism();
+  if (submitted_parallelism != nullptr) {
+    p->set_tensor(SpecTensor(*submitted_parallelism));
+    p->set_tensor_partitions(submitted_parallelism->tensor_partitions());
+    p->set_tensor_compression(submitted_parallelism->tensor_compression());
+    p->set_tensor_mode(submitted_parallelism->tensor_mode());
+    p->set_tensor_partitions_tune_steps(submitted_parallelism->tensor_partitions_tune_steps());
+  }
+  const std::vector<LayoutDegrees> layouts = AutoLayoutDegrees(automatic, workers);
   // The codec, unless no layout of these workers has replicas to
-  // compress (a job going on after losses is not refused for it).
-  const int tensor = spec.parallelism().has_tensor() ? spec.parallelism().tensor() : 1;
-  const std::vector<int> degrees = DataParallelDegrees(workers, spec.training().micro_batches(),
-                                                       2 * spec.model().n_layer() + 2, tensor);
+  // compress (a job going on after losses is not refused for it); the
+  // tensor fields alike, unless no layout has tensor ranks to apply them.
   automatic.mutable_compression()->clear_data_parallel();
-  if (!degrees.empty() && degrees.back() >= 2) {
+  if (std::any_of(layouts.begin(), layouts.end(),
+                  [](const LayoutDegrees& l) { return l.data_parallel >= 2; })) {
     *automatic.mutable_compression()->mutable_data_parallel() = data_parallel_compression;
     automatic.mutable_compression()->mutable_data_parallel()->clear_stages();
   }
-  v1::ParallelismSpec* p = automatic.mutable_parallelism();
+  if (SpecTensor(*p) == kTensorParallelAuto &&
+      std::none_of(layouts.begin(), layouts.end(),
+                   [](const LayoutDegrees& l) { return l.tensor_parallel >= 2; })) {
+    p->clear_tensor_partitions();
+    p->clear_tensor_compression();
+    p->clear_tensor_partitions_tune_steps();
+  }
   p->set_data(kDataParallelAuto);
   p->set_stages(0);
   p->set_workers(workers);
@@ -784,9 +900,34 @@ absl::StatusOr<ResolvedJobSpec> ResolveAsAutoLayout(
 }
 
 absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec& auto_spec,
+                                                          const LayoutDegrees& layout) {
+  if (auto_spec.data_parallel != kDataParallelAuto) {
+    return Invalid("spec.parallelism.data", "the job's replicas are already chosen");
+  }
+  const int workers = auto_spec.layout_workers;
+  const std::vector<LayoutDegrees> layouts = AutoLayoutDegrees(auto_spec.spec, workers);
+  if (std::find(layouts.begin(), layouts.end(), layout) == layouts.end()) {
+    std::vector<std::string> accepted;
+    for (const LayoutDegrees& l : layouts) {
+      accepted.push_back(absl::StrCat(l.data_parallel, " x ", l.stages, " x ", l.tensor_parallel));
+    }
+    return Invalid(
+        "spec.parallelism.data",
+        absl::StrCat(layout.data_parallel, " replicas x ", layout.stages, " stages x ",
+                     layout.tensor_parallel, " tensor ranks is not a layout of ", workers,
+                     " workers (accepted: ", absl::StrJoin(accepted, ", "), ")"));
+  }
+  return ResolveJobSpec(LayoutSpec(auto_spec.spec, layout));
+}
+
+absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec& auto_spec,
                                                           int data_parallel) {
   if (auto_spec.data_parallel != kDataParallelAuto) {
     return Invalid("spec.parallelism.data", "the job's replicas are already chosen");
+  }
+  if (auto_spec.tensor_parallel == kTensorParallelAuto) {
+    return Invalid("spec.parallelism.tensor",
+                   "0 (auto): the layout names its tensor ranks too (LayoutDegrees)");
   }
   const int workers = auto_spec.layout_workers;
   const int tensor = auto_spec.tensor_parallel;
@@ -797,13 +938,8 @@ absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec&
                    absl::StrCat(data_parallel, " replicas is not a layout of ", workers,
                                 " workers (accepted: ", absl::StrJoin(degrees, ", "), ")"));
   }
-  v1::JobSpec spec = auto_spec.spec;
-  spec.mutable_parallelism()->set_data(data_parallel);
-  spec.mutable_parallelism()->set_stages(workers / (data_parallel * tensor));
-  spec.mutable_parallelism()->clear_workers();
-  // One replica has no all-reduce to compress.
-  if (data_parallel == 1) spec.mutable_compression()->clear_data_parallel();
-  return ResolveJobSpec(spec);
+  return ResolveDataParallelLayout(
+      auto_spec, LayoutDegrees{data_parallel, workers / (data_parallel * tensor), tensor});
 }
 
 absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {

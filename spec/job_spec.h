@@ -71,6 +71,9 @@ inline constexpr int kMaxCheckpointKeep = 100;
 // spec.parallelism.data's "auto": the planner chooses D for
 // spec.parallelism.workers (ResolveDataParallelLayout below).
 inline constexpr int kDataParallelAuto = 0;
+// spec.parallelism.tensor's "auto" (with data auto only): the planner
+// chooses T too (AutoLayoutDegrees below).
+inline constexpr int kTensorParallelAuto = 0;
 
 // A JobSpec with every default filled in, plus the configs derived from it.
 struct ResolvedJobSpec {
@@ -88,7 +91,9 @@ struct ResolvedJobSpec {
   // spec.parallelism.workers with data kDataParallelAuto (then stages is 0
   // until ResolveDataParallelLayout picks D); 0 otherwise.
   int layout_workers = 0;
-  int tensor_parallel = 1;    // spec.parallelism.tensor: ranks per stage
+  // spec.parallelism.tensor: ranks per stage; kTensorParallelAuto with
+  // data kDataParallelAuto and tensor 0 (until a layout is chosen).
+  int tensor_parallel = 1;
   int tensor_partitions = 1;  // spec.parallelism.tensor_partitions (0: Alg. 1 per layer)
   std::string tensor_compression = "none";  // spec.parallelism.tensor_compression
   std::string tensor_mode = "1d";           // spec.parallelism.tensor_mode: "1d" | "3d"
@@ -129,15 +134,22 @@ struct ResolvedJobSpec {
 // N (each layout is D replicas of N / (D x T) stages of T ranks), and a
 // solver other than manual, no compression.data_parallel stages (its codec
 // is allowed: the planner picks the stages of the layout it chooses) and no
-// elastic bounds; at least one D in DataParallelDegrees (INVALID_ARGUMENT
-// naming spec.parallelism.workers otherwise). The rest is checked as for the
-// first candidate D; a data-parallel codec as for the first D >= 2
-// (INVALID_ARGUMENT naming spec.compression.data_parallel.codec when
-// there is none). The result keeps data 0, stages 0, workers N, the codec
-// and the elastic bounds unset (resolving it again gives the same spec),
-// with data_parallel kDataParallelAuto, stages 0 and layout_workers N (and
-// no data_parallel_powersgd_rank or quantizer: those come with a layout).
-// parallelism.workers with any other data is INVALID_ARGUMENT.
+// elastic bounds; at least one layout in AutoLayoutDegrees (INVALID_ARGUMENT
+// naming spec.parallelism.workers otherwise). tensor 0 (kTensorParallelAuto,
+// only with data 0) searches T as well: every T of AutoLayoutDegrees.
+// The rest is checked as for the first layout; a data-parallel codec as for
+// the first with D >= 2 (INVALID_ARGUMENT naming
+// spec.compression.data_parallel.codec when there is none); with tensor 0,
+// tensor_partitions other than 1, a tensor_compression or
+// tensor_partitions_tune_steps as for the first with T >= 2
+// (INVALID_ARGUMENT naming the field when there is none; layouts of one
+// rank per stage drop them). The result keeps data 0, stages 0, workers N,
+// tensor as given, the codec and the elastic bounds unset (resolving it
+// again gives the same spec), with data_parallel kDataParallelAuto,
+// stages 0, layout_workers N and tensor_parallel T or kTensorParallelAuto
+// (and no data_parallel_powersgd_rank or quantizer: those come with a
+// layout). parallelism.workers, or tensor 0, with any other data is
+// INVALID_ARGUMENT.
 //
 // Tensor parallelism: parallelism.tensor defaults to 1; 1 <= tensor <=
 // kMaxTensorParallel, tensor divides model.n_head, d_model and vocab_size,
@@ -208,6 +220,28 @@ int JobWorkers(const ResolvedJobSpec& resolved);
 // none does, or when tensor does not divide workers.
 std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units, int tensor = 1);
 
+// One layout of an auto job's workers: D replicas of `stages` stages, each
+// on T tensor ranks (D x stages x T workers).
+struct LayoutDegrees {
+  int data_parallel = 1;    // D
+  int stages = 1;           // per replica
+  int tensor_parallel = 1;  // T
+  bool operator==(const LayoutDegrees& o) const {
+    return data_parallel == o.data_parallel && stages == o.stages &&
+           tensor_parallel == o.tensor_parallel;
+  }
+};
+
+// The layouts an auto job (data 0) may take on `workers` workers, ascending
+// T, then D: T is spec.parallelism.tensor (default 1), or with tensor 0
+// (kTensorParallelAuto) every T in 1..kMaxTensorParallel that divides the
+// workers and splits the model in spec.parallelism.tensor_mode (1d:
+// ValidateTensorParallel; 3d: ValidateCubeTensorParallel with the samples
+// of a micro-batch); for each T, every D of DataParallelDegrees. `spec`'s
+// model and training sizes must be resolved (vocab_size, micro_batches).
+// Empty when there is none.
+std::vector<LayoutDegrees> AutoLayoutDegrees(const v1::JobSpec& spec, int workers);
+
 // `spec` (a resolved spec, auto or naming its layout) as data 0 (auto) over
 // `workers` workers: data 0, stages unset, workers set, the elastic bounds
 // cleared, compression.data_parallel set to `data_parallel_compression`
@@ -216,17 +250,32 @@ std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units, 
 // left with workers for one replica goes on), then ResolveJobSpec; its
 // errors (e.g. no layout of that many workers) pass through. `spec`'s
 // training and model sizes must be resolved.
+// `submitted_parallelism`, when given, is the submitted auto spec's
+// resolved parallelism: its tensor fields (tensor, tensor_partitions,
+// tensor_compression, tensor_mode, tensor_partitions_tune_steps) replace
+// spec's, which name the chosen layout's T, so a job submitted with tensor
+// 0 searches T again; with tensor 0 they are cleared to their defaults
+// when no layout of `workers` has T >= 2 (a job left with too few workers
+// for tensor ranks goes on).
 absl::StatusOr<ResolvedJobSpec> ResolveAsAutoLayout(
     const v1::JobSpec& spec, int workers,
-    const v1::DataParallelCompressionSpec& data_parallel_compression = {});
+    const v1::DataParallelCompressionSpec& data_parallel_compression = {},
+    const v1::ParallelismSpec* submitted_parallelism = nullptr);
 
 // An auto job's spec (data kDataParallelAuto, as ResolveJobSpec returns it)
-// with D replicas of layout_workers / D stages: data D, stages set, workers
-// cleared, and the elastic bounds at their defaults (1 and the stages);
-// compression.data_parallel cleared when D is 1 (nothing to all-reduce);
-// everything else as in `auto_spec`. Requires auto_spec.data_parallel ==
-// kDataParallelAuto. INVALID_ARGUMENT when D is not one of
-// DataParallelDegrees, or ResolveJobSpec refuses the result.
+// as `layout`: data D, stages and tensor T set, workers cleared, and the
+// elastic bounds at their defaults (1 and the stages);
+// compression.data_parallel cleared when D is 1 (nothing to all-reduce),
+// and with T = 1 the tensor fields at their defaults (tensor_partitions 1,
+// tensor_compression none, tensor_partitions_tune_steps 0; only a spec
+// searching T has others then); everything else as in `auto_spec`.
+// Requires auto_spec.data_parallel == kDataParallelAuto. INVALID_ARGUMENT
+// when `layout` is not one of AutoLayoutDegrees, or ResolveJobSpec refuses
+// the result.
+absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec& auto_spec,
+                                                          const LayoutDegrees& layout);
+// The same with the spec's own T (spec.parallelism.tensor not 0): D
+// replicas of layout_workers / (D x T) stages.
 absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec& auto_spec,
                                                           int data_parallel);
 

@@ -589,6 +589,136 @@ TEST(ResolveJobSpec, DataParallelAuto_WithTensorRanks_LayoutsOfGroupsOfT) {
                  "with groups / D stages at most the model's 6 units");
 }
 
+// AutoLayoutSpec with 4 heads (T may be 1, 2 or 4) searching T too.
+v1::JobSpec TensorAutoSpec(int workers, int micro_batches) {
+  v1::JobSpec spec = AutoLayoutSpec(workers, micro_batches);
+  spec.mutable_model()->set_n_head(4);
+  spec.mutable_parallelism()->set_tensor(kTensorParallelAuto);
+  return spec;
+}
+
+std::vector<LayoutDegrees> LayoutsOf(const v1::JobSpec& spec, int workers) {
+  return AutoLayoutDegrees(ResolveJobSpec(spec).value().spec, workers);
+}
+
+TEST(AutoLayoutDegrees, TheSpecsTOrEveryTThatSplitsTheModelThenEveryD) {
+  using L = LayoutDegrees;
+  // T fixed (the spec's): DataParallelDegrees' D.
+  v1::JobSpec spec = AutoLayoutSpec(4, 4);
+  EXPECT_EQ(LayoutsOf(spec, 4), (std::vector<L>{{1, 4, 1}, {2, 2, 1}, {4, 1, 1}}));
+  spec.mutable_model()->set_n_head(4);
+  spec.mutable_parallelism()->set_tensor(2);
+  EXPECT_EQ(LayoutsOf(spec, 4), (std::vector<L>{{1, 2, 2}, {2, 1, 2}}));
+  // T searched: every T dividing the workers and the 4 heads, ascending,
+  // then D; 2 micro-batches allow D of 1 and 2 only.
+  EXPECT_EQ(LayoutsOf(TensorAutoSpec(4, 2), 4),
+            (std::vector<L>{{1, 4, 1}, {2, 2, 1}, {1, 2, 2}, {2, 1, 2}, {1, 1, 4}}));
+  EXPECT_EQ(LayoutsOf(TensorAutoSpec(4, 2), 3), (std::vector<L>{{1, 3, 1}}));  // 3 splits no head
+  EXPECT_EQ(LayoutsOf(TensorAutoSpec(4, 2), 1), (std::vector<L>{{1, 1, 1}}));
+  // 16 workers: T 1 gives 16 stages > 6 units unless D >= 4, which 2
+  // micro-batches refuse; T 8 and 16 split no 4 heads.
+  EXPECT_EQ(LayoutsOf(TensorAutoSpec(16, 2), 16),
+            (std::vector<L>{{2, 4, 2}, {1, 4, 4}, {2, 2, 4}}));
+  // The 3-D cube: T = p^3 only (p 2: 2 | heads, 4 | d_model 16, 8 | the
+  // vocabulary 256, 4 | the 4 samples of a micro-batch).
+  spec = TensorAutoSpec(8, 1);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  EXPECT_EQ(LayoutsOf(spec, 8), (std::vector<L>{{1, 1, 8}}));
+  EXPECT_EQ(LayoutsOf(spec, 16), (std::vector<L>{{1, 2, 8}}));
+}
+
+// Tensor 0 with data 0: T is searched as well; the spec stays auto in
+// both, and each layout names its T.
+TEST(ResolveJobSpec, TensorAuto_KeptAutoAndEachLayoutNamesItsT) {
+  const ResolvedJobSpec automatic = ResolveJobSpec(TensorAutoSpec(4, 2)).value();
+  EXPECT_EQ(automatic.tensor_parallel, kTensorParallelAuto);
+  EXPECT_TRUE(automatic.spec.parallelism().has_tensor());
+  EXPECT_EQ(automatic.spec.parallelism().tensor(), 0);
+  EXPECT_EQ(automatic.spec.parallelism().tensor_partitions(), 1);
+  EXPECT_EQ(JobWorkers(automatic), 4);
+  EXPECT_EQ(ResolveJobSpec(automatic.spec).value().spec.SerializeAsString(),
+            automatic.spec.SerializeAsString());
+  const ResolvedJobSpec ranks =
+      ResolveDataParallelLayout(automatic, LayoutDegrees{1, 2, 2}).value();
+  EXPECT_EQ(ranks.tensor_parallel, 2);
+  EXPECT_EQ(ranks.stages, 2);
+  EXPECT_EQ(ranks.data_parallel, 1);
+  EXPECT_EQ(JobWorkers(ranks), 4);
+  const ResolvedJobSpec replicas =
+      ResolveDataParallelLayout(automatic, LayoutDegrees{2, 2, 1}).value();
+  EXPECT_EQ(replicas.tensor_parallel, 1);
+  EXPECT_EQ(replicas.data_parallel, 2);
+  EXPECT_EQ(ResolveDataParallelLayout(automatic, LayoutDegrees{1, 1, 3}).status().message(),
+            "spec.parallelism.data: 1 replicas x 1 stages x 3 tensor ranks is not a layout of 4 "
+            "workers (accepted: 1 x 4 x 1, 2 x 2 x 1, 1 x 2 x 2, 2 x 1 x 2, 1 x 1 x 4)");
+  // The D-only form needs a T to keep.
+  EXPECT_EQ(ResolveDataParallelLayout(automatic, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Back to auto over other workers with the submitted parallelism: T is
+  // searched again.
+  const v1::ParallelismSpec submitted = automatic.spec.parallelism();
+  EXPECT_EQ(ResolveAsAutoLayout(ranks.spec, 4, {}, &submitted).value().spec.SerializeAsString(),
+            automatic.spec.SerializeAsString());
+  EXPECT_EQ(ResolveAsAutoLayout(ranks.spec, 3, {}, &submitted).value().tensor_parallel,
+            kTensorParallelAuto);
+  // Without it, the chosen T stays: 3 workers are no multiple of 2.
+  EXPECT_TRUE(absl::StartsWith(ResolveAsAutoLayout(ranks.spec, 3).status().message(),
+                               "spec.parallelism.workers: 3 is not a multiple of "
+                               "spec.parallelism.tensor 2"));
+}
+
+// The tensor fields with T searched: kept in the auto spec and by the
+// layouts with tensor ranks, dropped by those of one rank per stage, and
+// refused naming the field when no layout has tensor ranks.
+TEST(ResolveJobSpec, TensorAuto_TensorFieldsGoToTheLayoutsWithTensorRanks) {
+  v1::JobSpec spec = TensorAutoSpec(4, 2);
+  spec.mutable_parallelism()->set_tensor_partitions(0);
+  spec.mutable_parallelism()->set_tensor_compression("piecewise:bits=4");
+  const ResolvedJobSpec automatic = ResolveJobSpec(spec).value();
+  const v1::ParallelismSpec& p = automatic.spec.parallelism();
+  EXPECT_EQ(p.tensor_partitions(), 0);
+  EXPECT_EQ(p.tensor_partitions_tune_steps(), 2);  // the default with partitions 0
+  EXPECT_EQ(p.tensor_compression(), "piecewise:bits=4");
+  EXPECT_EQ(automatic.tensor_partitions, 0);
+  EXPECT_EQ(ResolveJobSpec(automatic.spec).value().spec.SerializeAsString(),
+            automatic.spec.SerializeAsString());
+  const ResolvedJobSpec ranks =
+      ResolveDataParallelLayout(automatic, LayoutDegrees{1, 2, 2}).value();
+  EXPECT_EQ(ranks.tensor_partitions, 0);
+  EXPECT_EQ(ranks.tensor_partitions_tune_steps, 2);
+  EXPECT_EQ(ranks.tensor_compression, "piecewise:bits=4");
+  const ResolvedJobSpec one = ResolveDataParallelLayout(automatic, LayoutDegrees{1, 4, 1}).value();
+  EXPECT_EQ(one.tensor_partitions, 1);
+  EXPECT_EQ(one.tensor_partitions_tune_steps, 0);
+  EXPECT_EQ(one.tensor_compression, "none");
+  // From the one-rank layout back to auto: the submitted fields return.
+  const v1::ParallelismSpec submitted = automatic.spec.parallelism();
+  EXPECT_EQ(ResolveAsAutoLayout(one.spec, 4, {}, &submitted).value().spec.SerializeAsString(),
+            automatic.spec.SerializeAsString());
+  // 3 workers have no layout with tensor ranks: the fields wait (a job
+  // going on after a loss is not refused for them).
+  const ResolvedJobSpec three = ResolveAsAutoLayout(one.spec, 3, {}, &submitted).value();
+  EXPECT_EQ(three.spec.parallelism().tensor_partitions(), 1);
+  EXPECT_EQ(three.spec.parallelism().tensor_compression(), "none");
+  // Submitted so: refused.
+  spec = TensorAutoSpec(3, 1);
+  spec.mutable_parallelism()->set_tensor_partitions(2);
+  ExpectRejected(spec,
+                 "spec.parallelism.tensor_partitions: applies to stages of tensor ranks, but "
+                 "every layout of 3 workers has one rank per stage");
+  spec = TensorAutoSpec(3, 1);
+  spec.mutable_parallelism()->set_tensor_compression("piecewise:bits=4");
+  ExpectRejected(spec, "spec.parallelism.tensor_compression: applies to stages of tensor ranks");
+  // A bad value is named as with a known T.
+  spec = TensorAutoSpec(4, 2);
+  spec.mutable_parallelism()->set_tensor_partitions(3);
+  ExpectRejected(spec, "spec.parallelism.tensor_partitions: must be 0");
+  // No layout at all: 7 workers of 2 micro-batches split no head.
+  ExpectRejected(TensorAutoSpec(7, 2),
+                 "spec.parallelism.workers: no layout of 7 workers: the "
+                 "tensor ranks T must divide the workers");
+}
+
 TEST(ResolveAsAutoLayout, AChosenLayoutsSpecBackToAutoOverOtherWorkers) {
   const ResolvedJobSpec automatic = ResolveJobSpec(AutoLayoutSpec(4, 4)).value();
   const ResolvedJobSpec two = ResolveDataParallelLayout(automatic, 2).value();
@@ -702,7 +832,9 @@ TEST(ResolveJobSpec, TensorParallel_DefaultsToOneAndIsKept) {
 
 TEST(ResolveJobSpec, TensorParallel_BadValuesRejectedNamingTheField) {
   v1::JobSpec spec = MinimalSpec();
-  spec.mutable_parallelism()->set_tensor(0);
+  spec.mutable_parallelism()->set_tensor(0);  // auto: with data auto only
+  ExpectRejected(spec, "spec.parallelism.tensor: 0 (auto) only with spec.parallelism.data 0");
+  spec.mutable_parallelism()->set_tensor(-1);
   ExpectRejected(spec, "spec.parallelism.tensor: required, must be >= 1");
   spec.mutable_parallelism()->set_tensor(65);
   ExpectRejected(spec, "spec.parallelism.tensor: ");

@@ -181,7 +181,11 @@ v1::ProfileRequest JobManager::ProfileRequestFor(const JobRecord& record) const 
   request.set_seed(record.resolved.train.seed);
   // AccTFM's Alg. 1 picks partitions from measured compute per partition
   // size (acctfm.txt §4.2): time the units on halves and quarters too.
-  if (record.resolved.tensor_parallel > 1 && record.resolved.tensor_partitions == 0) {
+  // An auto layout profiles for every T it may choose.
+  const v1::ParallelismSpec& p = record.auto_layout_workers > 0
+                                     ? record.auto_layout_parallelism
+                                     : record.resolved.spec.parallelism();
+  if ((p.tensor() > 1 || p.tensor() == kTensorParallelAuto) && p.tensor_partitions() == 0) {
     for (int k : {2, 4}) {
       if (request.micro_batch_size() % k == 0) request.add_partitions(k);
     }
@@ -290,6 +294,9 @@ absl::Status JobManager::PersistLocked(JobRecord& record, bool wait) {
   stored.set_init_weights(record.init_weights);
   stored.set_auto_layout_workers(record.auto_layout_workers);
   *stored.mutable_auto_layout_data_parallel_compression() = record.auto_layout_compression;
+  if (record.auto_layout_workers > 0) {
+    *stored.mutable_auto_layout_parallelism() = record.auto_layout_parallelism;
+  }
   record.last_persisted = clock_->Now();
   auto save = [state = options_.state](const store::StoredJob& job) {
     absl::Status saved = state->SaveJob(job);
@@ -358,6 +365,11 @@ absl::Status JobManager::Restore() {
     record->auto_layout_compression = record->resolved.data_parallel == kDataParallelAuto
                                           ? record->resolved.spec.compression().data_parallel()
                                           : s.auto_layout_data_parallel_compression();
+    // A job stored before tensor 0 existed has none: its T was fixed.
+    record->auto_layout_parallelism =
+        record->resolved.data_parallel != kDataParallelAuto && s.has_auto_layout_parallelism()
+            ? s.auto_layout_parallelism()
+            : record->resolved.spec.parallelism();
     const v1::CheckpointSpec& checkpoint = record->resolved.spec.checkpoint();
     if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
       record->checkpoints = std::make_unique<CheckpointCatalog>(
@@ -551,6 +563,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     record->auto_layout_workers = resolved.layout_workers;
     if (resolved.data_parallel == kDataParallelAuto) {
       record->auto_layout_compression = resolved.spec.compression().data_parallel();
+      record->auto_layout_parallelism = resolved.spec.parallelism();
     }
     SetTimestamp(clock_->Now(), record->job.mutable_create_time());
     TouchLocked(*record);
@@ -884,9 +897,10 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   std::optional<CompiledPlan> chosen;
   std::string placed_reason = reason;
   if (record.auto_layout_workers > 0) {
-    ASSIGN_OR_RETURN(const ResolvedJobSpec automatic,
-                     ResolveAsAutoLayout(record.resolved.spec, static_cast<int>(workers.size()),
-                                         record.auto_layout_compression));
+    ASSIGN_OR_RETURN(
+        const ResolvedJobSpec automatic,
+        ResolveAsAutoLayout(record.resolved.spec, static_cast<int>(workers.size()),
+                            record.auto_layout_compression, &record.auto_layout_parallelism));
     absl::StatusOr<ChosenJobLayout> chose =
         ChooseJobLayout(automatic, id, version, *record.profile, cluster, record.profile_source);
     if (!chose.ok()) return say_shares(chose.status());
@@ -1373,7 +1387,30 @@ int JobManager::StagesPerReplica(const JobRecord& record) {
   return record.plan.stages_size() / std::max(1, record.plan.data_parallel());
 }
 
+bool JobManager::SearchesTensorRanks(const JobRecord& record) {
+  return record.auto_layout_workers > 0 && record.auto_layout_parallelism.has_tensor() &&
+         record.auto_layout_parallelism.tensor() == kTensorParallelAuto;
+}
+
+v1::JobSpec JobManager::AutoLayoutSpec(const JobRecord& record) {
+  v1::JobSpec spec = record.resolved.spec;
+  if (record.auto_layout_parallelism.has_tensor()) {
+    v1::ParallelismSpec* p = spec.mutable_parallelism();
+    const v1::ParallelismSpec& submitted = record.auto_layout_parallelism;
+    p->set_tensor(submitted.tensor());
+    p->set_tensor_mode(submitted.tensor_mode());
+  }
+  return spec;
+}
+
 int JobManager::MinJobWorkers(const JobRecord& record) {
+  if (SearchesTensorRanks(record)) {
+    const v1::JobSpec spec = AutoLayoutSpec(record);
+    for (int n = 1; n < record.auto_layout_workers; ++n) {
+      if (!AutoLayoutDegrees(spec, n).empty()) return n;
+    }
+    return record.auto_layout_workers;
+  }
   if (record.auto_layout_workers > 0) return TensorRanks(record);  // one stage
   return record.resolved.spec.elastic().min_workers() * WorkersPerStage(record);
 }
@@ -1384,7 +1421,9 @@ int JobManager::MaxJobWorkers(const JobRecord& record) {
 }
 
 int JobManager::WorkerStep(const JobRecord& record) {
-  // An auto layout re-chooses its replicas, but every stage keeps its ranks.
+  // An auto layout re-chooses its replicas, but every stage keeps its ranks
+  // unless it chooses them too.
+  if (SearchesTensorRanks(record)) return 1;
   return record.auto_layout_workers > 0 ? TensorRanks(record) : WorkersPerStage(record);
 }
 
@@ -1393,14 +1432,11 @@ void JobManager::KeepWholeReplicas(const JobRecord& record, std::vector<std::str
     workers->resize(workers->size() - workers->size() % WorkersPerStage(record));
     return;
   }
-  const int units = 2 * record.resolved.train.model.n_layer + 2;
-  const int tensor = TensorRanks(record);
-  workers->resize(workers->size() - workers->size() % tensor);
-  while (!workers->empty() && DataParallelDegrees(static_cast<int>(workers->size()),
-                                                  record.resolved.train.micro_batches, units,
-                                                  tensor)
-                                  .empty()) {
-    workers->resize(workers->size() - tensor);
+  const v1::JobSpec spec = AutoLayoutSpec(record);
+  const int step = WorkerStep(record);
+  workers->resize(workers->size() - workers->size() % step);
+  while (!workers->empty() && AutoLayoutDegrees(spec, static_cast<int>(workers->size())).empty()) {
+    workers->resize(workers->size() - step);
   }
 }
 

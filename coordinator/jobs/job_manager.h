@@ -307,6 +307,10 @@ class JobManager {
     // Its spec.compression.data_parallel as submitted: the layout chosen
     // may drop it (one replica), the next choice takes it again.
     v1::DataParallelCompressionSpec auto_layout_compression;
+    // Its spec.parallelism as submitted (resolved): with tensor 0 (auto)
+    // the layout chosen names its T and may drop the tensor fields (one
+    // rank per stage); the next choice searches T again with them.
+    v1::ParallelismSpec auto_layout_parallelism;
     // spec.init.from, resolved at submit: the checkpoint the job starts from
     // (its step is init_step), or a weights file (step 0).
     std::optional<v1::ResumeFrom> init_checkpoint;
@@ -386,17 +390,24 @@ class JobManager {
   static int TensorRanks(const JobRecord& record);
   static int WorkersPerStage(const JobRecord& record);
   static int StagesPerReplica(const JobRecord& record);
-  // An auto layout's bounds are one stage's tensor ranks and its
-  // spec.parallelism.workers.
+  // Whether the job was submitted with data 0 and tensor 0 (auto): every
+  // plan chooses its tensor ranks too.
+  static bool SearchesTensorRanks(const JobRecord& record);
+  // The spec its layouts are chosen from: the current spec with the tensor
+  // fields as submitted (auto_layout_parallelism).
+  static v1::JobSpec AutoLayoutSpec(const JobRecord& record);
+  // An auto layout's bounds are one stage's tensor ranks (searching T: the
+  // fewest workers with a layout) and its spec.parallelism.workers.
   static int MinJobWorkers(const JobRecord& record);
   static int MaxJobWorkers(const JobRecord& record);
   // The steps a job's worker count moves in: WorkersPerStage (a stage more
   // or less in every replica), or for an auto layout its tensor ranks (a
-  // stage more or less; the replicas are chosen again).
+  // stage more or less; the replicas are chosen again), 1 when it searches
+  // T as well.
   static int WorkerStep(const JobRecord& record);
   // Cuts `workers` to a multiple of WorkersPerStage (the last ones go); for
-  // an auto layout, to the largest multiple of its tensor ranks that has a
-  // layout (DataParallelDegrees).
+  // an auto layout, to the largest multiple of WorkerStep that has a
+  // layout (AutoLayoutDegrees).
   static void KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers);
   static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
                                           const JobRecord& record);

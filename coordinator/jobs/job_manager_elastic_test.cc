@@ -578,6 +578,78 @@ TEST_F(JobManagerElasticTest, AutoLayoutWithTensorRanks_WorkerLost_WholeStagesKe
   }
 }
 
+// Tensor 0 with data 0: every plan searches the tensor ranks too. On 4
+// workers the layouts include stages of 2 ranks (2 heads); losing one
+// leaves 3 workers, whose only layout is one pipeline of single ranks, so
+// the spec's tensor_partitions waits; after a coordinator restart over the
+// stored state, the 4 workers back, T is searched again with it.
+TEST_F(JobManagerElasticTest, TensorRanksSearched_WorkerLost_AnyCountGoesOnAndTIsSearchedAgain) {
+  Reset(/*with_state=*/true);
+  v1::JobSpec spec = ElasticSpec(0, 5);
+  spec.mutable_parallelism()->set_data(0);
+  spec.mutable_parallelism()->set_tensor(0);
+  spec.mutable_parallelism()->set_workers(4);
+  spec.mutable_parallelism()->set_tensor_partitions(2);
+  std::vector<std::string> w;
+  for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
+  const std::string id = jobs_->Submit(spec).value().id();
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 4);
+  auto tensor_fields_follow_t = [](const v1::Job& j) {
+    const v1::ParallelismSpec& p = j.spec().parallelism();
+    EXPECT_EQ(p.data() * p.stages() * p.tensor(), j.worker_ids_size());
+    EXPECT_EQ(p.tensor_partitions(), p.tensor() > 1 ? 2 : 1) << p.tensor();
+  };
+  tensor_fields_follow_t(job);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(0).reason(),
+                                "chosen by spec.parallelism.data 0 and tensor 0 (auto); predicted "
+                                "s/step (replicas x stages x tensor ranks): 1 x 4 x 1 "))
+      << job.plan_history(0).reason();
+  EXPECT_TRUE(absl::StrContains(job.plan_history(0).reason(), ", 1 x 2 x 2 "))
+      << job.plan_history(0).reason();
+  for (int64_t s = 1; s <= 5; ++s) StepEveryWorker(id, s, 2);
+  for (int g = 0; g < job.worker_ids_size(); ++g) {  // replica 0's rank 0s write it
+    const v1::Assignment a = AssignmentOf(job.worker_ids(g));
+    if (a.replica() == 0 && a.tensor_rank() == 0) {
+      ASSERT_TRUE(Checkpoint(id, g, 5).ok());
+    }
+  }
+  ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+
+  registry_.MarkLost(w[3], incarnations_[w[3]], "killed");
+  HeartbeatAllAndSchedule({w[0], w[1], w[2]});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 3);  // all of them: T 1 takes any count
+  EXPECT_EQ(job.spec().parallelism().tensor(), 1);
+  EXPECT_EQ(job.spec().parallelism().stages(), 3);
+  tensor_fields_follow_t(job);
+  EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(),
+                                "1 replica x 3 stages of 1 tensor rank chosen by "
+                                "spec.parallelism.data 0 and tensor 0 (auto)"))
+      << job.plan_history(1).reason();
+  for (const std::string& worker : job.worker_ids()) {
+    EXPECT_EQ(AssignmentOf(worker).resume().step(), 5) << worker;
+  }
+  StepEveryWorker(id, 6, 2);
+
+  jobs_->FlushIo();
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  for (int k = 0; k < 3; ++k) registry_.MarkLost(w[k], incarnations_[w[k]], "restarted");
+  clock_.Advance(absl::Milliseconds(10));
+  for (int k = 0; k < 4; ++k) AddWorker(7001 + k);
+  jobs_->ScheduleQueued();
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  const std::string last = job.plan_history(job.plan_history_size() - 1).reason();
+  EXPECT_TRUE(absl::StrContains(last, "and tensor 0 (auto)")) << last;
+  EXPECT_TRUE(absl::StrContains(last, ", 1 x 2 x 2 ")) << last;
+  tensor_fields_follow_t(job);
+}
+
 TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = ElasticSpec(2, 5);

@@ -8,6 +8,15 @@
 #include "absl/strings/str_join.h"
 
 namespace pipetrain {
+namespace {
+
+// "D x P", or "D x P x T" when T was searched.
+std::string TrialName(const LayoutTrial& t, bool searched_tensor) {
+  return searched_tensor ? absl::StrCat(t.data_parallel, " x ", t.stages, " x ", t.tensor_parallel)
+                         : absl::StrCat(t.data_parallel, " x ", t.stages);
+}
+
+}  // namespace
 
 absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec,
                                                 const std::string& job_id, int64_t version,
@@ -22,16 +31,16 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
                      " workers; got data ", auto_spec.data_parallel, " and ",
                      cluster.workers.size(), " workers"));
   }
+  const bool searched_tensor = auto_spec.tensor_parallel == kTensorParallelAuto;
   ChosenJobLayout best;
   std::vector<LayoutTrial> trials;
   bool found = false;
-  const int tensor = std::max(1, auto_spec.tensor_parallel);
-  for (int d : DataParallelDegrees(workers, auto_spec.train.micro_batches,
-                                   2 * auto_spec.train.model.n_layer + 2, tensor)) {
+  for (const LayoutDegrees& degrees : AutoLayoutDegrees(auto_spec.spec, workers)) {
     LayoutTrial trial;
-    trial.data_parallel = d;
-    trial.stages = workers / (d * tensor);
-    absl::StatusOr<ResolvedJobSpec> layout = ResolveDataParallelLayout(auto_spec, d);
+    trial.data_parallel = degrees.data_parallel;
+    trial.stages = degrees.stages;
+    trial.tensor_parallel = degrees.tensor_parallel;
+    absl::StatusOr<ResolvedJobSpec> layout = ResolveDataParallelLayout(auto_spec, degrees);
     absl::StatusOr<CompiledPlan> compiled =
         layout.ok() ? PlanJob(*layout, job_id, version, profile, cluster, profile_source)
                     : absl::StatusOr<CompiledPlan>(layout.status());
@@ -50,7 +59,7 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
   if (!found) {
     std::vector<std::string> reasons;
     for (const LayoutTrial& t : trials) {
-      reasons.push_back(absl::StrCat(t.data_parallel, " x ", t.stages, ": ", t.status.message()));
+      reasons.push_back(absl::StrCat(TrialName(t, searched_tensor), ": ", t.status.message()));
     }
     const absl::StatusCode code =
         trials.empty() ? absl::StatusCode::kInvalidArgument : trials[0].status.code();
@@ -58,6 +67,7 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
                                            " workers has a plan: ", absl::StrJoin(reasons, "; ")));
   }
   best.trials = std::move(trials);
+  best.searched_tensor = searched_tensor;
   return best;
 }
 
@@ -65,17 +75,23 @@ std::string DescribeLayoutChoice(const ChosenJobLayout& choice) {
   std::vector<std::string> trials;
   for (const LayoutTrial& t : choice.trials) {
     trials.push_back(absl::StrCat(
-        t.data_parallel, " x ", t.stages, " ",
+        TrialName(t, choice.searched_tensor), " ",
         t.status.ok() ? absl::StrFormat("%.4f", t.predicted_step_seconds)
                       : absl::StrCat("no plan (", absl::StatusCodeToString(t.status.code()), ")")));
   }
   const int tensor = choice.resolved.tensor_parallel;
   const int replicas = choice.resolved.data_parallel;
-  return absl::StrCat(
-      replicas, replicas == 1 ? " replica" : " replicas", " x ", choice.resolved.stages,
-      choice.resolved.stages == 1 ? " stage" : " stages",
-      tensor > 1 ? absl::StrCat(" of ", tensor, " tensor ranks") : "",
-      " chosen by spec.parallelism.data 0 (auto); predicted s/step: ", absl::StrJoin(trials, ", "));
+  std::string ranks;  // the stages' tensor ranks, where there are or T was chosen
+  if (tensor > 1) ranks = absl::StrCat(" of ", tensor, " tensor ranks");
+  if (tensor == 1 && choice.searched_tensor) ranks = " of 1 tensor rank";
+  const char* searched = choice.searched_tensor
+                             ? " and tensor 0 (auto); predicted s/step (replicas x stages x "
+                               "tensor ranks): "
+                             : " (auto); predicted s/step: ";
+  return absl::StrCat(replicas, replicas == 1 ? " replica" : " replicas", " x ",
+                      choice.resolved.stages, choice.resolved.stages == 1 ? " stage" : " stages",
+                      ranks, " chosen by spec.parallelism.data 0", searched,
+                      absl::StrJoin(trials, ", "));
 }
 
 }  // namespace pipetrain

@@ -1,14 +1,17 @@
-// A job with spec.parallelism.data 0 (auto) chooses its data-parallel
-// layout here, once its profile is measured on its workers: every layout
-// of its N workers as D replicas of N / (D x T) stages, each stage on the
-// spec's T tensor ranks (DataParallelDegrees), is planned exactly as a job
-// that named D would be (PlanJob: the solver, the
-// schedule, the links, the workers sharing a host's cores, the gradient
-// all-reduce), and the layout whose simulated step is the shortest is kept
-// (issue 21 scope 6: "auto picks the layout with the lowest simulated step
-// time"). `pipetrain plan --data auto` searches the same layouts on a
-// cluster file (data_parallel_layout.h) and prints DistPar's cost beside
-// each; a job compares the simulated steps only.
+// A job with spec.parallelism.data 0 (auto) chooses its layout here, once
+// its profile is measured on its workers: every layout of its N workers as
+// D replicas of N / (D x T) stages, each stage on T tensor ranks
+// (AutoLayoutDegrees: T is the spec's, or every T that splits the model
+// with spec.parallelism.tensor 0), is planned exactly as a job that named
+// it would be (PlanJob: the solver, the schedule, the links, the workers
+// sharing a host's cores, the gradient and tensor-parallel all-reduces),
+// and the layout whose simulated step is the shortest is kept (issue 21
+// scope 6: "auto picks the layout with the lowest simulated step time";
+// DistPar's search over the data, tensor and pipeline axes, distpar.txt
+// §3, scored by the simulator rather than its cost function).
+// `pipetrain plan --data auto` searches D on a cluster file
+// (data_parallel_layout.h) and prints DistPar's cost beside each; a job
+// compares the simulated steps only.
 //
 // Thread-safety: a pure function; call it from any thread.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_JOB_LAYOUT_H_
@@ -26,8 +29,9 @@
 namespace pipetrain {
 
 struct LayoutTrial {
-  int data_parallel = 1;  // D
-  int stages = 1;         // N / (D x T)
+  int data_parallel = 1;    // D
+  int stages = 1;           // N / (D x T)
+  int tensor_parallel = 1;  // T
   // OK, or why the layout has no plan (PlanJob's error: typically
   // RESOURCE_EXHAUSTED, a stage over its worker's memory).
   absl::Status status;
@@ -37,13 +41,15 @@ struct LayoutTrial {
 struct ChosenJobLayout {
   ResolvedJobSpec resolved;         // the kept layout's spec (ResolveDataParallelLayout)
   CompiledPlan compiled;            // and its plan (PlanJob)
-  std::vector<LayoutTrial> trials;  // every layout planned, ascending D
+  std::vector<LayoutTrial> trials;  // every layout planned, ascending T, then D
+  bool searched_tensor = false;     // the auto spec had tensor 0: T was chosen too
 };
 
 // Plans every layout of `auto_spec` (data_parallel == kDataParallelAuto,
 // layout_workers == cluster.workers.size()) and returns the one with the
-// lowest predicted step; ties go to the smaller D (less gradient traffic
-// for the same predicted time). Deterministic: the choice depends only on
+// lowest predicted step; ties go to the smaller T, then the smaller D
+// (less tensor-parallel, then gradient, traffic for the same predicted
+// time). Deterministic: the choice depends only on
 // the inputs. The other arguments are PlanJob's, which gives the plan its
 // version and job id.
 // Errors: INVALID_ARGUMENT when auto_spec is not auto or the cluster's
@@ -60,6 +66,9 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
 // chosen by spec.parallelism.data 0 (auto); predicted s/step: 1 x 4 0.2100,
 // 2 x 2 0.1530, 4 x 1 no plan (RESOURCE_EXHAUSTED)" ("2 replicas x 2
 // stages of 2 tensor ranks chosen ..." with T > 1; the trials are D x P).
+// When T was searched (tensor 0), the trials are D x P x T and the line
+// ends "... chosen by spec.parallelism.data 0 and tensor 0 (auto);
+// predicted s/step (replicas x stages x tensor ranks): 1 x 4 x 1 0.2100, ...".
 std::string DescribeLayoutChoice(const ChosenJobLayout& choice);
 
 }  // namespace pipetrain

@@ -46,54 +46,68 @@ ModelProfile ProfileOf(const ResolvedJobSpec& job) {
 // Chooses a layout for `workers` workers on `cluster` and checks it against
 // each layout planned as its own job (with `dp_codec` where it has
 // replicas): the same predictions, and the choice the lowest of them (ties:
-// the smaller D). With `tensor` ranks per stage, the layouts are D
-// replicas of the workers / tensor groups. Returns the chosen D.
+// the smaller T, then the smaller D). With `tensor` ranks per stage, the
+// layouts are D replicas of the workers / tensor groups; with tensor 0
+// (searched), those of every T dividing the workers and the 4 heads.
+// Returns the chosen D, and its T in `chosen_tensor` when given.
 int ChosenAgainstBruteForce(int workers, const ClusterSpec& cluster,
-                            const std::string& dp_codec = "none", int tensor = 1) {
+                            const std::string& dp_codec = "none", int tensor = 1,
+                            int* chosen_tensor = nullptr) {
   const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(workers, dp_codec, tensor)).value();
   const ModelProfile profile = ProfileOf(automatic);
   absl::StatusOr<ChosenJobLayout> choice =
       ChooseJobLayout(automatic, "job", 1, profile, cluster, "analytic");
   EXPECT_TRUE(choice.ok()) << choice.status();
   if (!choice.ok()) return 0;
-  int best = 0;
+  int best = 0, best_tensor = 0;
   double best_seconds = 0;
   size_t trial = 0;
-  const int groups = workers / tensor;
-  for (int d = 1; d <= groups; ++d) {
-    if (groups % d != 0 || 4 % d != 0 || groups / d > 6) continue;
-    v1::JobSpec spec = AutoSpec(workers, d > 1 ? dp_codec : "none", tensor);
-    spec.mutable_parallelism()->clear_workers();
-    spec.mutable_parallelism()->set_data(d);
-    spec.mutable_parallelism()->set_stages(groups / d);
-    absl::StatusOr<CompiledPlan> own =
-        PlanJob(ResolveJobSpec(spec).value(), "job", 1, profile, cluster, "analytic");
-    EXPECT_TRUE(own.ok()) << own.status();
-    if (!own.ok()) return 0;
-    const double seconds = own->plan.predicted_iteration_seconds();
-    EXPECT_LT(trial, choice->trials.size());
-    if (trial >= choice->trials.size()) return 0;
-    EXPECT_EQ(choice->trials[trial].data_parallel, d);
-    EXPECT_EQ(choice->trials[trial].stages, groups / d);
-    EXPECT_EQ(choice->trials[trial].predicted_step_seconds, seconds);
-    ++trial;
-    if (best == 0 || seconds < best_seconds) {
-      best = d;
-      best_seconds = seconds;
+  std::vector<int> tensors;
+  for (int t = 1; t <= workers; ++t) {
+    if ((tensor == 0 || t == tensor) && workers % t == 0 && 4 % t == 0) tensors.push_back(t);
+  }
+  for (int t : tensors) {
+    const int groups = workers / t;
+    for (int d = 1; d <= groups; ++d) {
+      if (groups % d != 0 || 4 % d != 0 || groups / d > 6) continue;
+      v1::JobSpec spec = AutoSpec(workers, d > 1 ? dp_codec : "none", t);
+      spec.mutable_parallelism()->clear_workers();
+      spec.mutable_parallelism()->set_data(d);
+      spec.mutable_parallelism()->set_stages(groups / d);
+      absl::StatusOr<CompiledPlan> own =
+          PlanJob(ResolveJobSpec(spec).value(), "job", 1, profile, cluster, "analytic");
+      EXPECT_TRUE(own.ok()) << own.status();
+      if (!own.ok()) return 0;
+      const double seconds = own->plan.predicted_iteration_seconds();
+      EXPECT_LT(trial, choice->trials.size());
+      if (trial >= choice->trials.size()) return 0;
+      EXPECT_EQ(choice->trials[trial].data_parallel, d);
+      EXPECT_EQ(choice->trials[trial].stages, groups / d);
+      EXPECT_EQ(choice->trials[trial].tensor_parallel, t);
+      EXPECT_EQ(choice->trials[trial].predicted_step_seconds, seconds);
+      ++trial;
+      if (best == 0 || seconds < best_seconds) {
+        best = d;
+        best_tensor = t;
+        best_seconds = seconds;
+      }
     }
   }
   EXPECT_EQ(trial, choice->trials.size());
+  EXPECT_EQ(choice->searched_tensor, tensor == 0);
   EXPECT_EQ(choice->resolved.data_parallel, best);
-  EXPECT_EQ(choice->resolved.stages, groups / best);
-  EXPECT_EQ(choice->resolved.tensor_parallel, tensor);
-  EXPECT_EQ(choice->compiled.plan.tensor_parallel(), tensor);
+  EXPECT_EQ(choice->resolved.stages, workers / (best * best_tensor));
+  EXPECT_EQ(choice->resolved.tensor_parallel, best_tensor);
+  EXPECT_EQ(choice->compiled.plan.tensor_parallel(), best_tensor);
   EXPECT_EQ(choice->resolved.spec.parallelism().data(), best);
+  EXPECT_EQ(choice->resolved.spec.parallelism().tensor(), best_tensor);
   EXPECT_EQ(choice->compiled.plan.data_parallel(), best);
   EXPECT_EQ(choice->compiled.plan.predicted_iteration_seconds(), best_seconds);
   EXPECT_EQ(choice->compiled.plan.stages_size(), workers);
   if (best > 1 && dp_codec != "none") {
     EXPECT_EQ(choice->resolved.spec.compression().data_parallel().codec(), dp_codec);
   }
+  if (chosen_tensor != nullptr) *chosen_tensor = best_tensor;
   return best;
 }
 
@@ -124,6 +138,35 @@ TEST(ChooseJobLayout, TensorRanks_LayoutsOfTheGroups) {
                                "4 replicas x 1 stage of 2 tensor ranks chosen by "
                                "spec.parallelism.data 0 (auto); predicted s/step: 1 x 4 "))
       << DescribeLayoutChoice(*choice);
+}
+
+// Tensor 0 searches T as well: the 4 heads allow T 1, 2 and 4, and every
+// (T, D) is planned as the job naming it would be. On 1 MB/s links the
+// tensor ranks' all-reduces, two per block each way, cost far more than
+// the pipeline's activations, so one pipeline of single ranks wins; on
+// fast links and other counts the brute force decides (at 10 GB/s,
+// 4 x 1 x 1 and 2 x 1 x 2 predict within 0.1 ms of each other). The line
+// lists D x P x T.
+TEST(ChooseJobLayout, TensorSearched_EveryTAndDAgainstBruteForce) {
+  int tensor = 0;
+  EXPECT_EQ(ChosenAgainstBruteForce(4, testing::TestCluster(4, 1e6, 1e-4), "none", 0, &tensor), 1);
+  EXPECT_EQ(tensor, 1);
+  EXPECT_GT(ChosenAgainstBruteForce(4, testing::TestCluster(4, 1e10, 1e-6), "none", 0), 0);
+  EXPECT_GT(ChosenAgainstBruteForce(8, testing::TestCluster(8, 1e8, 1e-4), "none", 0), 0);
+  EXPECT_GT(ChosenAgainstBruteForce(3, testing::TestCluster(3, 1e8, 1e-4), "none", 0), 0);
+  EXPECT_GT(ChosenAgainstBruteForce(8, testing::TestCluster(8, 3e7, 1e-4), "powersgd:rank=1", 0),
+            0);
+  const ResolvedJobSpec automatic = ResolveJobSpec(AutoSpec(4, "none", 0)).value();
+  absl::StatusOr<ChosenJobLayout> choice = ChooseJobLayout(
+      automatic, "job", 1, ProfileOf(automatic), testing::TestCluster(4, 1e6, 1e-4), "analytic");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  const std::string line = DescribeLayoutChoice(*choice);
+  EXPECT_TRUE(absl::StartsWith(line,
+                               "1 replica x 4 stages of 1 tensor rank chosen by "
+                               "spec.parallelism.data 0 and tensor 0 (auto); predicted s/step "
+                               "(replicas x stages x tensor ranks): 1 x 4 x 1 "))
+      << line;
+  EXPECT_TRUE(absl::StrContains(line, ", 1 x 1 x 4 ")) << line;
 }
 
 // A data-parallel codec takes part in the choice: each layout with
@@ -186,6 +229,14 @@ TEST(ChooseJobLayout, PlanningWorkIsEveryLayoutsWork) {
   EXPECT_GT(work.solver_steps, 0);
   EXPECT_DOUBLE_EQ(work.solver_steps, steps);
   EXPECT_EQ(work.stage_micro_batches, micro_batches);
+  // Searching T: the layouts of every T too (1 x 2 and 2 x 1 of 2 ranks,
+  // 1 x 1 of 4).
+  const ResolvedJobSpec searched = ResolveJobSpec(AutoSpec(4, "none", 0)).value();
+  for (const LayoutDegrees& l :
+       {LayoutDegrees{1, 2, 2}, LayoutDegrees{2, 1, 2}, LayoutDegrees{1, 1, 4}}) {
+    steps += EstimatePlanningWork(ResolveDataParallelLayout(searched, l).value()).solver_steps;
+  }
+  EXPECT_DOUBLE_EQ(EstimatePlanningWork(searched).solver_steps, steps);
 }
 
 TEST(ChooseJobLayout, RefusesAJobThatNamedItsLayoutOrTheWrongWorkers) {

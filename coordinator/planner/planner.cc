@@ -35,12 +35,11 @@ PlanningWork EstimatePlanningWork(const ResolvedJobSpec& r) {
   const double units = 2.0 * r.train.model.n_layer + 2;
   if (r.data_parallel == kDataParallelAuto) {  // every layout is planned
     PlanningWork total;
-    const int tensor = std::max(1, r.tensor_parallel);
-    for (int d : DataParallelDegrees(r.layout_workers, r.train.micro_batches,
-                                     static_cast<int>(units), tensor)) {
+    for (const LayoutDegrees& degrees : AutoLayoutDegrees(r.spec, r.layout_workers)) {
       ResolvedJobSpec layout = r;
-      layout.data_parallel = d;
-      layout.stages = r.layout_workers / (d * tensor);
+      layout.data_parallel = degrees.data_parallel;
+      layout.stages = degrees.stages;
+      layout.tensor_parallel = degrees.tensor_parallel;
       const PlanningWork work = EstimatePlanningWork(layout);
       total.solver_steps += work.solver_steps;
       total.stage_micro_batches = std::max(total.stage_micro_batches, work.stage_micro_batches);

@@ -2,8 +2,9 @@
 // coordinator and 8 worker processes on loopback run jobs whose stages are
 // each split across T workers (spec.parallelism.tensor, Megatron's 1-D
 // layout), T in {2, 4} times P in {1, 2} stages, 1F1B and GPipe, a pinned
-// Bi-Partition plan, D x P x T = 2 x 2 x 2, and an auto layout of stages of
-// 2 ranks (spec.parallelism.data 0), with gradient clipping by
+// Bi-Partition plan, D x P x T = 2 x 2 x 2, and auto layouts of stages of
+// 2 ranks (spec.parallelism.data 0) and of every T (tensor 0 too), with
+// gradient clipping by
 // the global norm and a warm-up + cosine schedule. Per-step losses (from
 // the coordinator), the validation loss and the exported weights (the
 // shards gathered into the unsplit Hugging Face tensors by each stage's
@@ -127,6 +128,28 @@ TEST_F(TensorParallelClusterTest, AutoLayoutOfTensorStages_MatchesTrainLocal) {
                                      " of 2 tensor ranks chosen by spec.parallelism.data 0 (auto); "
                                      "predicted s/step: 1 x 4 ")))
       << job.plan_history(0).reason();
+}
+
+// spec.parallelism.tensor 0 as well: the planner searches T in {1, 2, 4}
+// (the 4 heads split by each) with every D for the 8 workers, keeps
+// whichever layout its simulation finds fastest here, and the job trains
+// as train-local does.
+TEST_F(TensorParallelClusterTest, AutoLayoutSearchingTensorRanks_MatchesTrainLocal) {
+  const Reference ref = TrainLocally(Spec(1, 1, "1f1b", ""));
+  v1::JobSpec spec = Spec(0, 0, "1f1b", "auto-tensor.safetensors");
+  spec.mutable_parallelism()->set_data(0);
+  spec.mutable_parallelism()->set_workers(8);
+  v1::Job job;
+  ExpectMatchesTrainLocal(cluster_, spec, ref, &job);
+  const v1::ParallelismSpec& chosen = job.spec().parallelism();
+  EXPECT_EQ(chosen.data() * chosen.stages() * chosen.tensor(), 8);
+  ASSERT_GE(job.plan_history_size(), 1);
+  const std::string& reason = job.plan_history(0).reason();
+  EXPECT_TRUE(absl::StrContains(reason,
+                                " chosen by spec.parallelism.data 0 and tensor 0 (auto); predicted "
+                                "s/step (replicas x stages x tensor ranks): 2 x 4 x 1 "))
+      << reason;
+  EXPECT_TRUE(absl::StrContains(reason, ", 1 x 2 x 4 ")) << reason;
 }
 
 // 3-D tensor parallelism (spec.parallelism.tensor_mode 3d): the 8 workers

@@ -114,6 +114,14 @@ class Collectives {
   // every member ends with bitwise the same `data`, the sum of quantized
   // contributions quantized once more. Each phase sends (N-1)/N of the
   // encoded tensor per member in one round, like the ring's two phases.
+  // Segments travel in chunks of whole rows, at most chunk_bytes of fp32
+  // each (one row at least; every member cuts the same ones), each encoded
+  // on its own (a quantizer with a per-payload range scales each chunk by
+  // its own): all of this member's chunks are encoded and sent first, then
+  // member s sums, encodes and sends on chunk c as soon as every member's
+  // chunk c has arrived, so the two phases overlap on the links rather
+  // than the second waiting for the whole first. Empty segments send
+  // nothing.
   // Payloads are checked on receipt: an unencoded message, another codec, or
   // a shape other than the segment's is INTERNAL naming the member (a peer
   // that runs other collectives), a payload the codec rejects

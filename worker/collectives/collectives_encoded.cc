@@ -52,8 +52,21 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
   const int64_t width = data.numel() / rows;
   const std::string spec = codec.name();
   const auto bounds = SegmentBounds(rows, n);
-  const auto segment_shape = [&](int s) {
-    return Shape{bounds[s].second - bounds[s].first, width};
+  // Each segment goes in chunks of whole rows, at most chunk_bytes of fp32
+  // each (one row at least), so that a chunk travels while the next is
+  // coded and a member sums and sends on its first chunks while the rest
+  // are in flight. Every member cuts the same chunks from the shapes.
+  const int64_t chunk_rows = std::max<int64_t>(1, options_.chunk_bytes / (4 * width));
+  const auto chunks_of = [&](int s) {
+    return (bounds[s].second - bounds[s].first + chunk_rows - 1) / chunk_rows;
+  };
+  const auto chunk_range = [&](int s, int64_t c) {  // rows [first, second) of data
+    const int64_t begin = bounds[s].first + c * chunk_rows;
+    return std::pair<int64_t, int64_t>{begin, std::min(bounds[s].second, begin + chunk_rows)};
+  };
+  const auto chunk_shape = [&](int s, int64_t c) {
+    const auto [begin, end] = chunk_range(s, c);
+    return Shape{end - begin, width};
   };
   // One payload to `to` (its message sequence advances as SendRange's).
   const auto send = [&](int to, std::string payload, const Shape& shape) -> absl::Status {
@@ -65,90 +78,96 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     if (sent.ok()) return sent;
     return absl::Status(sent.code(), absl::StrCat(Describe(tag), ": ", sent.message()));
   };
-  // The payload of segment `s` from member `from`, decoded.
-  const auto receive = [&](int from, int s) -> absl::StatusOr<Tensor> {
+  // The next payload from member `from`, due with `shape`, decoded.
+  const auto receive = [&](int from, const Shape& shape) -> absl::StatusOr<Tensor> {
     ASSIGN_OR_RETURN(WireTensor wire,
                      Annotated(transport_->RecvWire(group_.members[from],
                                                     Address(iteration, tag, recv_seq_[from]++),
                                                     options_.timeout),
                                Describe(tag)));
-    if (!wire.encoded() || wire.codec != spec || wire.shape != segment_shape(s)) {
-      return absl::InternalError(
-          absl::StrCat(Describe(tag), ": member ", from, " sent ",
-                       wire.encoded() ? wire.codec : std::string("raw fp32"), " ",
-                       ShapeToString(wire.decoded_shape()), " where ", spec, " ",
-                       ShapeToString(segment_shape(s)),
-                       " was due (do all members run the same collectives with the same sizes?)"));
+    if (!wire.encoded() || wire.codec != spec || wire.shape != shape) {
+      return absl::InternalError(absl::StrCat(
+          Describe(tag), ": member ", from, " sent ",
+          wire.encoded() ? wire.codec : std::string("raw fp32"), " ",
+          ShapeToString(wire.decoded_shape()), " where ", spec, " ", ShapeToString(shape),
+          " was due (do all members run the same collectives with the same sizes?)"));
     }
     return DecodeWireTensorWith(codec, wire, Describe(tag));
   };
 
-  // Phase 1: every member's segment s to member s, encoded; this member's
-  // own segment through the codec as well.
+  // Phase 1: every member's segment s to member s, encoded chunk by chunk
+  // (chunk c to every member before chunk c + 1); this member's own
+  // segment through the codec as well. All of it is encoded before phase 2
+  // writes `data`.
   if (coding_error != nullptr) *coding_error = Tensor::Zeros(data.shape());
-  // Segments are views of `data` (rows [begin, end) of [rows, width]), read
-  // before phase 2 writes it.
+  // Chunks are views of `data` (rows [begin, end) of [rows, width]).
   const Tensor matrix = data.Reshape({rows, width});
-  Tensor own_contribution;
-  for (int k = 0; k < n; ++k) {
-    const int to = (rank_ + k) % n;
-    const Tensor segment = matrix.Slice(bounds[to].first, bounds[to].second);
-    ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(segment, nullptr), Describe(tag)));
-    // This member's coding error: its payloads decoded here as the
-    // receiver will decode them.
-    ASSIGN_OR_RETURN(Tensor decoded, Annotated(codec.Decode(payload), Describe(tag)));
-    if (stats != nullptr) {  // only who asks pays for the two passes
-      local.norm_squared += SquaredNorm(segment.data(), segment.numel());
-      local.error_squared += SquaredDistance(segment.data(), decoded.data(), segment.numel());
-    }
-    if (coding_error != nullptr) {
-      float* error = coding_error->data() + bounds[to].first * width;
-      for (int64_t i = 0; i < segment.numel(); ++i) {
-        error[i] = segment.data()[i] - decoded.data()[i];
+  int64_t most_chunks = 0;
+  for (int s = 0; s < n; ++s) most_chunks = std::max(most_chunks, chunks_of(s));
+  std::vector<Tensor> own_contribution(static_cast<size_t>(chunks_of(rank_)));
+  for (int64_t c = 0; c < most_chunks; ++c) {
+    for (int k = 0; k < n; ++k) {
+      const int to = (rank_ + k) % n;
+      if (c >= chunks_of(to)) continue;
+      const auto [begin, end] = chunk_range(to, c);
+      const Tensor chunk = matrix.Slice(begin, end);
+      ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(chunk, nullptr), Describe(tag)));
+      // This member's coding error: its payloads decoded here as the
+      // receiver will decode them.
+      ASSIGN_OR_RETURN(Tensor decoded, Annotated(codec.Decode(payload), Describe(tag)));
+      if (stats != nullptr) {  // only who asks pays for the two passes
+        local.norm_squared += SquaredNorm(chunk.data(), chunk.numel());
+        local.error_squared += SquaredDistance(chunk.data(), decoded.data(), chunk.numel());
+      }
+      if (coding_error != nullptr) {
+        float* error = coding_error->data() + begin * width;
+        for (int64_t i = 0; i < chunk.numel(); ++i) error[i] = chunk.data()[i] - decoded.data()[i];
+      }
+      if (to == rank_) {
+        own_contribution[static_cast<size_t>(c)] = std::move(decoded);
+      } else {
+        RETURN_IF_ERROR(send(to, std::move(payload), chunk_shape(to, c)));
       }
     }
-    if (to == rank_) {
-      own_contribution = std::move(decoded);
-    } else {
-      RETURN_IF_ERROR(send(to, std::move(payload), segment_shape(to)));
-    }
   }
-  // This member's segment: the decoded contributions, summed in member
-  // order straight from where they were decoded.
-  const int64_t mine = own_contribution.numel();
-  std::vector<Tensor> contributions(n);
-  std::vector<const float*> parts(n);
-  for (int m = 0; m < n; ++m) {
-    if (m == rank_) {
-      contributions[m] = own_contribution;
-    } else {
-      ASSIGN_OR_RETURN(contributions[m], receive(m, rank_));
+  // Phase 2, chunk by chunk as the contributions arrive: this member's
+  // chunk, the decoded contributions summed in member order straight from
+  // where they were decoded, encoded to every member; every member (this
+  // one too) keeps the decoded payload, so all hold the same bits.
+  for (int64_t c = 0; c < chunks_of(rank_); ++c) {
+    const Shape shape = chunk_shape(rank_, c);
+    const int64_t length = shape[0] * width;
+    std::vector<Tensor> contributions(n);
+    std::vector<const float*> parts(n);
+    for (int m = 0; m < n; ++m) {
+      if (m == rank_) {
+        contributions[m] = std::move(own_contribution[static_cast<size_t>(c)]);
+      } else {
+        ASSIGN_OR_RETURN(contributions[m], receive(m, shape));
+      }
+      if (contributions[m].numel() != length) {
+        return absl::InternalError(absl::StrCat(Describe(tag), ": member ", m, " sent ",
+                                                contributions[m].numel(), " values where ", length,
+                                                " were due"));
+      }
+      parts[m] = contributions[m].data();
     }
-    if (contributions[m].numel() != mine) {
-      return absl::InternalError(absl::StrCat(Describe(tag), ": member ", m, " sent ",
-                                              contributions[m].numel(), " values where ", mine,
-                                              " were due"));
-    }
-    parts[m] = contributions[m].data();
+    Tensor summed = Tensor::Uninitialized(shape);  // Filled next.
+    MemberOrderTreeSum(parts, length, 0, n, summed.data());
+    ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(summed, nullptr), Describe(tag)));
+    for (int k = 1; k < n; ++k) RETURN_IF_ERROR(send((rank_ + k) % n, payload, shape));
+    ASSIGN_OR_RETURN(const Tensor mine, Annotated(codec.Decode(payload), Describe(tag)));
+    std::memcpy(data.data() + chunk_range(rank_, c).first * width, mine.data(),
+                static_cast<size_t>(length) * sizeof(float));
   }
-  // Phase 2: the summed segment, encoded, to every member; every member
-  // (this one too) keeps the decoded payload, so all hold the same bits.
-  Tensor summed = Tensor::Uninitialized(segment_shape(rank_));  // Filled next.
-  MemberOrderTreeSum(parts, mine, 0, n, summed.data());
-  ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(summed, nullptr), Describe(tag)));
+  // The other members' summed chunks.
   for (int k = 1; k < n; ++k) {
-    RETURN_IF_ERROR(send((rank_ + k) % n, payload, segment_shape(rank_)));
-  }
-  for (int k = 0; k < n; ++k) {
     const int s = (rank_ + k) % n;
-    Tensor segment;
-    if (s == rank_) {
-      ASSIGN_OR_RETURN(segment, Annotated(codec.Decode(payload), Describe(tag)));
-    } else {
-      ASSIGN_OR_RETURN(segment, receive(s, s));
+    for (int64_t c = 0; c < chunks_of(s); ++c) {
+      ASSIGN_OR_RETURN(const Tensor segment, receive(s, chunk_shape(s, c)));
+      std::memcpy(data.data() + chunk_range(s, c).first * width, segment.data(),
+                  static_cast<size_t>(segment.numel()) * sizeof(float));
     }
-    std::memcpy(data.data() + bounds[s].first * width, segment.data(),
-                static_cast<size_t>(segment.numel()) * sizeof(float));
   }
   if (stats != nullptr) *stats = local;
   return absl::OkStatus();

@@ -421,6 +421,94 @@ TEST(CollectivesTest, EncodedAllReduce_Piecewise_WithinTheQuantizationBound_Bitw
   }
 }
 
+// Segments go in chunks of whole rows (chunk_bytes of fp32 at most): with
+// chunks of 3 rows of 16 values, 37 rows make several chunks per segment
+// on 2-4 members, and 2 rows on 3 members leave one segment empty. fp16
+// carries the integers exactly, so every rank holds the exact sum, and the
+// bytes are the chunks' payloads. Piecewise codes each chunk by its own
+// range, within the same bound as a whole segment (a chunk's largest
+// magnitude is at most its segment's), bitwise equal on every rank.
+TEST(CollectivesTest, EncodedAllReduce_InChunks_ExactWithFp16PiecewiseWithinItsBound) {
+  const CollectiveOptions chunked{/*chunk_bytes=*/3 * 16 * 4, 0, absl::Seconds(10)};
+  for (int n : {2, 3, 4}) {
+    for (int64_t rows : {int64_t{37}, int64_t{2}}) {
+      std::unique_ptr<Codec> codec = MakeFp16Codec();
+      std::vector<std::vector<float>> results(n);
+      std::vector<Collectives::EncodedStats> stats(n);
+      const auto status = RunGroup(n, chunked, [&](int r, Collectives& c) {
+        Tensor t = Tensor::FromVector({rows, 16}, EncodedInput(r, rows, true));
+        absl::Status s = c.AllReduceEncoded(2, 9, *codec, rows, t, &stats[r]);
+        results[r] = t.ToVector();
+        return s;
+      });
+      for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+      const auto bounds = Collectives::SegmentBounds(rows, n);
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < results[r].size(); ++i) {
+          float exact = 0;
+          for (int m = 0; m < n; ++m) exact += EncodedInput(m, rows, true)[i];
+          ASSERT_EQ(results[r][i], exact) << "n " << n << " rows " << rows << " rank " << r;
+        }
+        // Phase 1: every other member's segment once; phase 2: this
+        // member's summed segment to each of the n - 1 others; chunk by
+        // chunk, 3 rows at most each.
+        int64_t expected = 0;
+        for (int s = 0; s < n; ++s) {
+          for (int64_t b = bounds[s].first; b < bounds[s].second; b += 3) {
+            const int64_t bytes =
+                codec->EncodedBytes({std::min<int64_t>(3, bounds[s].second - b), 16});
+            expected += s == r ? (n - 1) * bytes : bytes;
+          }
+        }
+        EXPECT_EQ(stats[r].sent_bytes, expected) << "n " << n << " rows " << rows << " rank " << r;
+      }
+    }
+  }
+  const int n = 3, bits = 3;
+  const int64_t rows = 37;
+  std::unique_ptr<Codec> piecewise = *MakePiecewiseCodec(bits);
+  std::vector<std::vector<float>> results(n);
+  std::vector<Collectives::EncodedStats> stats(n);
+  const auto status = RunGroup(n, chunked, [&](int r, Collectives& c) {
+    Tensor t = Tensor::FromVector({rows, 16}, EncodedInput(r, rows, false));
+    absl::Status s = c.AllReduceEncoded(2, 9, *piecewise, rows, t, &stats[r]);
+    results[r] = t.ToVector();
+    return s;
+  });
+  for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+  // Each chunk's payload has its own header (the cluster boundaries), so
+  // the bytes tell the chunks from one payload per segment.
+  const auto bounds = Collectives::SegmentBounds(rows, n);
+  int64_t chunks_bytes = 0, segment_bytes = 0;
+  for (int64_t b = bounds[0].first; b < bounds[0].second; b += 3) {
+    chunks_bytes += piecewise->EncodedBytes({std::min<int64_t>(3, bounds[0].second - b), 16});
+  }
+  segment_bytes = piecewise->EncodedBytes({bounds[0].second - bounds[0].first, 16});
+  ASSERT_GT(chunks_bytes, segment_bytes);
+  int64_t expected = 0;  // rank 0: its own segment to the 2 others, one segment each of theirs
+  for (int s = 0; s < n; ++s) {
+    for (int64_t b = bounds[s].first; b < bounds[s].second; b += 3) {
+      const int64_t bytes =
+          piecewise->EncodedBytes({std::min<int64_t>(3, bounds[s].second - b), 16});
+      expected += s == 0 ? (n - 1) * bytes : bytes;
+    }
+  }
+  EXPECT_EQ(stats[0].sent_bytes, expected);
+  double max_sum = 0;
+  for (int m = 0; m < n; ++m) {
+    float max_of = 0;
+    for (float v : EncodedInput(m, rows, false)) max_of = std::max(max_of, std::fabs(v));
+    max_sum += max_of;
+  }
+  const double bound = (max_sum + max_sum) / (2.0 * bits) * (1 + 1e-5);
+  for (size_t i = 0; i < results[0].size(); ++i) {
+    double exact = 0;
+    for (int m = 0; m < n; ++m) exact += EncodedInput(m, rows, false)[i];
+    EXPECT_LE(std::fabs(results[0][i] - exact), bound) << i;
+    for (int r = 1; r < n; ++r) ASSERT_EQ(results[r][i], results[0][i]) << r << " " << i;
+  }
+}
+
 TEST(CollectivesTest, EncodedAllReduce_MembersDisagreeOnTheRows_InternalNamingIt) {
   std::unique_ptr<Codec> codec = *MakePiecewiseCodec(3);
   const auto status = RunGroup(2, {1 << 20, 0, absl::Seconds(5)}, [&](int r, Collectives& c) {

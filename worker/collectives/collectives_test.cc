@@ -340,44 +340,62 @@ std::vector<float> EncodedInput(int member, int64_t rows, bool integers) {
   return out;
 }
 
-// fp16 carries small integers exactly, so the encoded all-reduce must give
-// the exact sum; and it must split 7 rows unevenly over 2-4 members.
-TEST(CollectivesTest, EncodedAllReduce_LosslessCodec_ExactSumOnEveryRank_BytesCounted) {
-  for (int n : {2, 3, 4}) {
-    const int64_t rows = 7;
-    std::unique_ptr<Codec> codec = MakeFp16Codec();
-    std::vector<std::vector<float>> results(n);
-    std::vector<Collectives::EncodedStats> stats(n);
-    std::vector<int64_t> counted(n);
-    const auto status = RunGroup(n, {}, [&](int r, Collectives& c) {
-      Tensor t = Tensor::FromVector({rows, 16}, EncodedInput(r, rows, true));
-      absl::Status s = c.AllReduceEncoded(2, 9, *codec, rows, t, &stats[r]);
-      results[r] = t.ToVector();
-      counted[r] = c.sent_bytes();
-      return s;
-    });
-    for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
-    const auto bounds = Collectives::SegmentBounds(rows, n);
-    for (int r = 0; r < n; ++r) {
-      for (size_t i = 0; i < results[r].size(); ++i) {
-        float exact = 0;
-        for (int m = 0; m < n; ++m) exact += EncodedInput(m, rows, true)[i];
-        ASSERT_EQ(results[r][i], exact) << "n " << n << " rank " << r << " value " << i;
-      }
-      // Phase 1: every other member's segment once; phase 2: this member's
-      // summed segment to each of the n - 1 others.
-      int64_t expected = 0;
-      for (int s = 0; s < n; ++s) {
-        const int64_t bytes = codec->EncodedBytes({bounds[s].second - bounds[s].first, 16});
-        expected += s == r ? (n - 1) * bytes : bytes;
-      }
-      EXPECT_EQ(stats[r].sent_bytes, expected) << "n " << n << " rank " << r;
-      EXPECT_EQ(counted[r], expected);
-      EXPECT_EQ(stats[r].error_squared, 0.0);
-      double norm = 0;
-      for (float v : EncodedInput(r, rows, true)) norm += double(v) * v;
-      EXPECT_EQ(stats[r].norm_squared, norm);
+// Every member's EncodedInput (rows x 16) through AllReduceEncoded on n
+// members with `options`: each member's result, stats and sent_bytes().
+struct EncodedRun {
+  std::vector<std::vector<float>> results;
+  std::vector<Collectives::EncodedStats> stats;
+  std::vector<int64_t> counted;
+};
+
+EncodedRun RunEncoded(int n, int64_t rows, bool integers, const Codec& codec,
+                      const CollectiveOptions& options) {
+  EncodedRun run{std::vector<std::vector<float>>(n), std::vector<Collectives::EncodedStats>(n),
+                 std::vector<int64_t>(n)};
+  const auto status = RunGroup(n, options, [&](int r, Collectives& c) {
+    Tensor t = Tensor::FromVector({rows, 16}, EncodedInput(r, rows, integers));
+    absl::Status s = c.AllReduceEncoded(2, 9, codec, rows, t, &run.stats[r]);
+    run.results[r] = t.ToVector();
+    run.counted[r] = c.sent_bytes();
+    return s;
+  });
+  for (const absl::Status& s : status) EXPECT_TRUE(s.ok()) << s;
+  return run;
+}
+
+// The payload bytes member r sends: phase 1, every other member's segment
+// once; phase 2, its own summed segment to each of the n - 1 others; each
+// segment in chunks of at most `chunk_rows` rows of 16 values.
+int64_t ExpectedEncodedBytes(const Codec& codec, int64_t rows, int n, int r, int64_t chunk_rows) {
+  const auto bounds = Collectives::SegmentBounds(rows, n);
+  int64_t expected = 0;
+  for (int s = 0; s < n; ++s) {
+    for (int64_t b = bounds[s].first; b < bounds[s].second; b += chunk_rows) {
+      const int64_t bytes =
+          codec.EncodedBytes({std::min<int64_t>(chunk_rows, bounds[s].second - b), 16});
+      expected += s == r ? (n - 1) * bytes : bytes;
     }
+  }
+  return expected;
+}
+
+// Checks an fp16 run of small integers: the exact sum on every rank, the
+// bytes sent (chunks of `chunk_rows`), no coding error.
+void ExpectExactFp16Sums(const EncodedRun& run, const Codec& codec, int n, int64_t rows,
+                         int64_t chunk_rows) {
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < run.results[r].size(); ++i) {
+      float exact = 0;
+      for (int m = 0; m < n; ++m) exact += EncodedInput(m, rows, true)[i];
+      ASSERT_EQ(run.results[r][i], exact) << "n " << n << " rows " << rows << " rank " << r;
+    }
+    const int64_t expected = ExpectedEncodedBytes(codec, rows, n, r, chunk_rows);
+    EXPECT_EQ(run.stats[r].sent_bytes, expected) << "n " << n << " rows " << rows << " rank " << r;
+    EXPECT_EQ(run.counted[r], expected);
+    EXPECT_EQ(run.stats[r].error_squared, 0.0);
+    double norm = 0;
+    for (float v : EncodedInput(r, rows, true)) norm += double(v) * v;
+    EXPECT_EQ(run.stats[r].norm_squared, norm);
   }
 }
 
@@ -385,40 +403,43 @@ TEST(CollectivesTest, EncodedAllReduce_LosslessCodec_ExactSumOnEveryRank_BytesCo
 // half the widest interval, U_{N-1} / 2 = M / (2N), per value it encodes: each
 // contribution once (M its member's largest magnitude) and the sum once more
 // (its largest magnitude at most the sum of the members' M). Every rank must
-// still hold bitwise the same result.
-TEST(CollectivesTest, EncodedAllReduce_Piecewise_WithinTheQuantizationBound_BitwiseEqual) {
-  const int n = 3, bits = 3;
-  const int64_t rows = 10;
-  std::unique_ptr<Codec> codec = *MakePiecewiseCodec(bits);
-  std::vector<std::vector<float>> results(n);
-  std::vector<Collectives::EncodedStats> stats(n);
-  const auto status = RunGroup(n, {}, [&](int r, Collectives& c) {
-    Tensor t = Tensor::FromVector({rows, 16}, EncodedInput(r, rows, false));
-    absl::Status s = c.AllReduceEncoded(2, 9, *codec, rows, t, &stats[r]);
-    results[r] = t.ToVector();
-    return s;
-  });
-  for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+// still hold bitwise the same result. Returns the largest error.
+double ExpectPiecewiseWithinBound(const EncodedRun& run, int n, int64_t rows, int bits) {
   double max_sum = 0;
-  std::vector<float> max_of(n, 0);
   for (int m = 0; m < n; ++m) {
-    for (float v : EncodedInput(m, rows, false)) max_of[m] = std::max(max_of[m], std::fabs(v));
-    max_sum += max_of[m];
+    float max_of = 0;
+    for (float v : EncodedInput(m, rows, false)) max_of = std::max(max_of, std::fabs(v));
+    max_sum += max_of;
   }
   const double bound = (max_sum + max_sum) / (2.0 * bits) * (1 + 1e-5);
   double worst = 0;
-  for (size_t i = 0; i < results[0].size(); ++i) {
+  for (size_t i = 0; i < run.results[0].size(); ++i) {
     double exact = 0;
     for (int m = 0; m < n; ++m) exact += EncodedInput(m, rows, false)[i];
-    worst = std::max(worst, std::fabs(results[0][i] - exact));
-    for (int r = 1; r < n; ++r) ASSERT_EQ(results[r][i], results[0][i]) << r << " " << i;
+    worst = std::max(worst, std::fabs(run.results[0][i] - exact));
+    for (int r = 1; r < n; ++r) EXPECT_EQ(run.results[r][i], run.results[0][i]) << r << " " << i;
   }
   EXPECT_LE(worst, bound);
-  EXPECT_GT(worst, 0.0);  // 4-bit codes do lose something
   for (int r = 0; r < n; ++r) {
-    EXPECT_GT(stats[r].error_squared, 0.0);
-    EXPECT_LT(stats[r].error_squared, stats[r].norm_squared);
+    EXPECT_GT(run.stats[r].error_squared, 0.0);
+    EXPECT_LT(run.stats[r].error_squared, run.stats[r].norm_squared);
   }
+  return worst;
+}
+
+// fp16 carries small integers exactly, so the encoded all-reduce must give
+// the exact sum; and it must split 7 rows unevenly over 2-4 members.
+TEST(CollectivesTest, EncodedAllReduce_LosslessCodec_ExactSumOnEveryRank_BytesCounted) {
+  std::unique_ptr<Codec> codec = MakeFp16Codec();
+  for (int n : {2, 3, 4}) {
+    ExpectExactFp16Sums(RunEncoded(n, 7, true, *codec, {}), *codec, n, 7, /*chunk_rows=*/7);
+  }
+}
+
+TEST(CollectivesTest, EncodedAllReduce_Piecewise_WithinTheQuantizationBound_BitwiseEqual) {
+  std::unique_ptr<Codec> codec = *MakePiecewiseCodec(3);
+  const double worst = ExpectPiecewiseWithinBound(RunEncoded(3, 10, false, *codec, {}), 3, 10, 3);
+  EXPECT_GT(worst, 0.0);  // 3-bit codes do lose something
 }
 
 // Segments go in chunks of whole rows (chunk_bytes of fp32 at most): with
@@ -430,83 +451,21 @@ TEST(CollectivesTest, EncodedAllReduce_Piecewise_WithinTheQuantizationBound_Bitw
 // magnitude is at most its segment's), bitwise equal on every rank.
 TEST(CollectivesTest, EncodedAllReduce_InChunks_ExactWithFp16PiecewiseWithinItsBound) {
   const CollectiveOptions chunked{/*chunk_bytes=*/3 * 16 * 4, 0, absl::Seconds(10)};
+  std::unique_ptr<Codec> fp16 = MakeFp16Codec();
   for (int n : {2, 3, 4}) {
     for (int64_t rows : {int64_t{37}, int64_t{2}}) {
-      std::unique_ptr<Codec> codec = MakeFp16Codec();
-      std::vector<std::vector<float>> results(n);
-      std::vector<Collectives::EncodedStats> stats(n);
-      const auto status = RunGroup(n, chunked, [&](int r, Collectives& c) {
-        Tensor t = Tensor::FromVector({rows, 16}, EncodedInput(r, rows, true));
-        absl::Status s = c.AllReduceEncoded(2, 9, *codec, rows, t, &stats[r]);
-        results[r] = t.ToVector();
-        return s;
-      });
-      for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
-      const auto bounds = Collectives::SegmentBounds(rows, n);
-      for (int r = 0; r < n; ++r) {
-        for (size_t i = 0; i < results[r].size(); ++i) {
-          float exact = 0;
-          for (int m = 0; m < n; ++m) exact += EncodedInput(m, rows, true)[i];
-          ASSERT_EQ(results[r][i], exact) << "n " << n << " rows " << rows << " rank " << r;
-        }
-        // Phase 1: every other member's segment once; phase 2: this
-        // member's summed segment to each of the n - 1 others; chunk by
-        // chunk, 3 rows at most each.
-        int64_t expected = 0;
-        for (int s = 0; s < n; ++s) {
-          for (int64_t b = bounds[s].first; b < bounds[s].second; b += 3) {
-            const int64_t bytes =
-                codec->EncodedBytes({std::min<int64_t>(3, bounds[s].second - b), 16});
-            expected += s == r ? (n - 1) * bytes : bytes;
-          }
-        }
-        EXPECT_EQ(stats[r].sent_bytes, expected) << "n " << n << " rows " << rows << " rank " << r;
-      }
+      ExpectExactFp16Sums(RunEncoded(n, rows, true, *fp16, chunked), *fp16, n, rows,
+                          /*chunk_rows=*/3);
     }
   }
-  const int n = 3, bits = 3;
-  const int64_t rows = 37;
-  std::unique_ptr<Codec> piecewise = *MakePiecewiseCodec(bits);
-  std::vector<std::vector<float>> results(n);
-  std::vector<Collectives::EncodedStats> stats(n);
-  const auto status = RunGroup(n, chunked, [&](int r, Collectives& c) {
-    Tensor t = Tensor::FromVector({rows, 16}, EncodedInput(r, rows, false));
-    absl::Status s = c.AllReduceEncoded(2, 9, *piecewise, rows, t, &stats[r]);
-    results[r] = t.ToVector();
-    return s;
-  });
-  for (const absl::Status& s : status) ASSERT_TRUE(s.ok()) << s;
+  std::unique_ptr<Codec> piecewise = *MakePiecewiseCodec(3);
+  const EncodedRun run = RunEncoded(3, 37, false, *piecewise, chunked);
+  ExpectPiecewiseWithinBound(run, 3, 37, 3);
   // Each chunk's payload has its own header (the cluster boundaries), so
   // the bytes tell the chunks from one payload per segment.
-  const auto bounds = Collectives::SegmentBounds(rows, n);
-  int64_t chunks_bytes = 0, segment_bytes = 0;
-  for (int64_t b = bounds[0].first; b < bounds[0].second; b += 3) {
-    chunks_bytes += piecewise->EncodedBytes({std::min<int64_t>(3, bounds[0].second - b), 16});
-  }
-  segment_bytes = piecewise->EncodedBytes({bounds[0].second - bounds[0].first, 16});
-  ASSERT_GT(chunks_bytes, segment_bytes);
-  int64_t expected = 0;  // rank 0: its own segment to the 2 others, one segment each of theirs
-  for (int s = 0; s < n; ++s) {
-    for (int64_t b = bounds[s].first; b < bounds[s].second; b += 3) {
-      const int64_t bytes =
-          piecewise->EncodedBytes({std::min<int64_t>(3, bounds[s].second - b), 16});
-      expected += s == 0 ? (n - 1) * bytes : bytes;
-    }
-  }
-  EXPECT_EQ(stats[0].sent_bytes, expected);
-  double max_sum = 0;
-  for (int m = 0; m < n; ++m) {
-    float max_of = 0;
-    for (float v : EncodedInput(m, rows, false)) max_of = std::max(max_of, std::fabs(v));
-    max_sum += max_of;
-  }
-  const double bound = (max_sum + max_sum) / (2.0 * bits) * (1 + 1e-5);
-  for (size_t i = 0; i < results[0].size(); ++i) {
-    double exact = 0;
-    for (int m = 0; m < n; ++m) exact += EncodedInput(m, rows, false)[i];
-    EXPECT_LE(std::fabs(results[0][i] - exact), bound) << i;
-    for (int r = 1; r < n; ++r) ASSERT_EQ(results[r][i], results[0][i]) << r << " " << i;
-  }
+  ASSERT_GT(ExpectedEncodedBytes(*piecewise, 37, 3, 0, 3),
+            ExpectedEncodedBytes(*piecewise, 37, 3, 0, 37));
+  EXPECT_EQ(run.stats[0].sent_bytes, ExpectedEncodedBytes(*piecewise, 37, 3, 0, 3));
 }
 
 TEST(CollectivesTest, EncodedAllReduce_MembersDisagreeOnTheRows_InternalNamingIt) {

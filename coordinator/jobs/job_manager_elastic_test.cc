@@ -35,6 +35,16 @@ v1::JobSpec ElasticSpec(int stages, int interval, int64_t steps = 100) {
   return spec;
 }
 
+// ElasticSpec with checkpoints every 5 steps as data 0 (auto) over
+// `workers` workers, each stage on `tensor` ranks (0: searched too).
+v1::JobSpec AutoLayoutSpec(int workers, int tensor) {
+  v1::JobSpec spec = ElasticSpec(0, 5);
+  spec.mutable_parallelism()->set_data(0);
+  spec.mutable_parallelism()->set_workers(workers);
+  spec.mutable_parallelism()->set_tensor(tensor);
+  return spec;
+}
+
 std::string OutputDir() { return std::getenv("TEST_TMPDIR"); }
 
 class JobManagerElasticTest : public ::testing::Test {
@@ -475,10 +485,8 @@ TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChan
 // (from the stored job) when two replicas are chosen after the restart.
 TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorkersLeft) {
   Reset(/*with_state=*/true);
-  v1::JobSpec spec = ElasticSpec(0, 5);
+  v1::JobSpec spec = AutoLayoutSpec(4, 1);
   spec.mutable_training()->set_micro_batches(4);
-  spec.mutable_parallelism()->set_data(0);
-  spec.mutable_parallelism()->set_workers(4);
   spec.mutable_compression()->mutable_data_parallel()->set_codec("bf16");
   std::vector<std::string> w;
   for (int k = 0; k < 4; ++k) {
@@ -546,10 +554,7 @@ TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorker
 // the layouts of that one group (1 replica x 1 stage of 2 ranks) and
 // resumes from its checkpoint. The fourth worker waits as a spare.
 TEST_F(JobManagerElasticTest, AutoLayoutWithTensorRanks_WorkerLost_WholeStagesKept) {
-  v1::JobSpec spec = ElasticSpec(0, 5);
-  spec.mutable_parallelism()->set_data(0);
-  spec.mutable_parallelism()->set_workers(4);
-  spec.mutable_parallelism()->set_tensor(2);
+  const v1::JobSpec spec = AutoLayoutSpec(4, 2);
   std::vector<std::string> w;
   for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
   const std::string id = jobs_->Submit(spec).value().id();
@@ -585,10 +590,7 @@ TEST_F(JobManagerElasticTest, AutoLayoutWithTensorRanks_WorkerLost_WholeStagesKe
 // stored state, the 4 workers back, T is searched again with it.
 TEST_F(JobManagerElasticTest, TensorRanksSearched_WorkerLost_AnyCountGoesOnAndTIsSearchedAgain) {
   Reset(/*with_state=*/true);
-  v1::JobSpec spec = ElasticSpec(0, 5);
-  spec.mutable_parallelism()->set_data(0);
-  spec.mutable_parallelism()->set_tensor(0);
-  spec.mutable_parallelism()->set_workers(4);
+  v1::JobSpec spec = AutoLayoutSpec(4, 0);
   spec.mutable_parallelism()->set_tensor_partitions(2);
   std::vector<std::string> w;
   for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));

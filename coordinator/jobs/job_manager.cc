@@ -795,12 +795,17 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
     std::set<std::string> reserved;
     const int left =
         record->job.worker_ids_size() - 1 + static_cast<int>(SpareWorkersLocked(reserved).size());
-    if (left - left % WorkerStep(*record) < MinJobWorkers(*record)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("draining ", worker_id, " would leave job ", record->job.id(),
-                       " fewer than its ", MinJobWorkers(*record),
-                       " workers (spec.elastic.min_workers x spec.parallelism.data); "
-                       "add a worker first"));
+    // As many as the re-plan could use (whole stages, a count with a layout).
+    std::vector<std::string> usable(static_cast<size_t>(std::max(0, left)));
+    KeepWholeReplicas(*record, &usable);
+    if (static_cast<int>(usable.size()) < MinJobWorkers(*record)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "draining ", worker_id, " would leave job ", record->job.id(), " fewer than its ",
+          MinJobWorkers(*record), " workers (",
+          record->auto_layout_workers > 0
+              ? "the fewest with a layout of spec.parallelism.workers"
+              : "spec.elastic.min_workers x spec.parallelism.data",
+          "); add a worker first"));
     }
   }
   drained_[worker_id] = worker.incarnation();

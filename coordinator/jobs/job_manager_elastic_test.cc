@@ -476,6 +476,25 @@ TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChan
   EXPECT_EQ(jobs_->Drain("w-99").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Draining an auto layout's worker: allowed while the rest still has a
+// layout. With 2 tensor ranks per stage, one worker left has none (refused,
+// saying so); searching T, one worker is a layout (1 x 1 x 1).
+TEST_F(JobManagerElasticTest, Drain_AutoLayout_AllowedWhileTheRestHasALayout) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string fixed = jobs_->Submit(AutoLayoutSpec(2, 2)).value().id();
+  ASSERT_EQ(jobs_->Get(fixed).value().state(), v1::JOB_STATE_RUNNING);
+  const absl::Status refused = jobs_->Drain(w1).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "fewer than its 2 workers (the fewest with a layout of "
+                                "spec.parallelism.workers)"))
+      << refused;
+  ASSERT_TRUE(jobs_->Cancel(fixed).ok());
+  const std::string searched = jobs_->Submit(AutoLayoutSpec(2, 0)).value().id();
+  ASSERT_EQ(jobs_->Get(searched).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(jobs_->Drain(w1).ok());
+}
+
 // spec.parallelism.data 0 (auto) on 4 workers with fast links: 4 replicas
 // of the whole model. Losing one leaves 3, which no 4-replica layout fits;
 // the job chooses again (3 workers and 4 micro-batches: one 3-stage

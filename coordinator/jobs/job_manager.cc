@@ -802,9 +802,8 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
       return absl::FailedPreconditionError(absl::StrCat(
           "draining ", worker_id, " would leave job ", record->job.id(), " fewer than its ",
           MinJobWorkers(*record), " workers (",
-          record->auto_layout_workers > 0
-              ? "the fewest with a layout of spec.parallelism.workers"
-              : "spec.elastic.min_workers x spec.parallelism.data",
+          record->auto_layout_workers > 0 ? "the fewest with a layout of spec.parallelism.workers"
+                                          : "spec.elastic.min_workers x spec.parallelism.data",
           "); add a worker first"));
     }
   }

@@ -831,6 +831,18 @@ std::vector<int> DataParallelDegrees(int workers, int micro_batches, int units, 
   return degrees;
 }
 
+absl::Status TensorSplitStatus(const v1::JobSpec& spec, int tensor_parallel) {
+  GptConfig config;
+  config.vocab_size = spec.model().vocab_size();
+  config.n_head = spec.model().n_head();
+  config.d_model = spec.model().d_model();
+  const int micro_batches = std::max(1, spec.training().micro_batches());
+  const int64_t samples = spec.training().batch_size() / micro_batches;
+  return spec.parallelism().tensor_mode() == "3d"
+             ? ValidateCubeTensorParallel(config, tensor_parallel, samples)
+             : ValidateTensorParallel(config, tensor_parallel);
+}
+
 std::vector<LayoutDegrees> AutoLayoutDegrees(const v1::JobSpec& spec, int workers) {
   const v1::ParallelismSpec& p = spec.parallelism();
   const int units = 2 * spec.model().n_layer() + 2;
@@ -839,17 +851,8 @@ std::vector<LayoutDegrees> AutoLayoutDegrees(const v1::JobSpec& spec, int worker
   if (SpecTensor(p) != kTensorParallelAuto) {
     tensors.push_back(SpecTensor(p));
   } else if (micro_batches >= 1) {
-    GptConfig config;
-    config.vocab_size = spec.model().vocab_size();
-    config.n_head = spec.model().n_head();
-    config.d_model = spec.model().d_model();
-    const int64_t samples = spec.training().batch_size() / micro_batches;
     for (int t = 1; t <= std::min(workers, kMaxTensorParallel); ++t) {
-      if (workers % t != 0) continue;
-      const absl::Status splits = p.tensor_mode() == "3d"
-                                      ? ValidateCubeTensorParallel(config, t, samples)
-                                      : ValidateTensorParallel(config, t);
-      if (splits.ok()) tensors.push_back(t);
+      if (workers % t == 0 && TensorSplitStatus(spec, t).ok()) tensors.push_back(t);
     }
   }
   std::vector<LayoutDegrees> layouts;

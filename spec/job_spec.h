@@ -242,6 +242,13 @@ struct LayoutDegrees {
 // Empty when there is none.
 std::vector<LayoutDegrees> AutoLayoutDegrees(const v1::JobSpec& spec, int workers);
 
+// Whether `tensor_parallel` ranks split `spec`'s model in its
+// parallelism.tensor_mode, as AutoLayoutDegrees asks: OK, or
+// ValidateTensorParallel's (1d) or ValidateCubeTensorParallel's (3d)
+// INVALID_ARGUMENT saying what does not divide. `spec`'s model and
+// training sizes must be resolved.
+absl::Status TensorSplitStatus(const v1::JobSpec& spec, int tensor_parallel);
+
 // `spec` (a resolved spec, auto or naming its layout) as data 0 (auto) over
 // `workers` workers: data 0, stages unset, workers set, the elastic bounds
 // cleared, compression.data_parallel set to `data_parallel_compression`

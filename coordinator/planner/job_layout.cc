@@ -68,6 +68,12 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
   }
   best.trials = std::move(trials);
   best.searched_tensor = searched_tensor;
+  for (int t = 2; searched_tensor && t <= std::min(workers, kMaxTensorParallel); ++t) {
+    const absl::Status splits = TensorSplitStatus(auto_spec.spec, t);
+    if (workers % t == 0 && !splits.ok()) {
+      best.tensor_not_tried.push_back(absl::StrCat("T ", t, " (", splits.message(), ")"));
+    }
+  }
   return best;
 }
 
@@ -88,10 +94,13 @@ std::string DescribeLayoutChoice(const ChosenJobLayout& choice) {
                              ? " and tensor 0 (auto); predicted s/step (replicas x stages x "
                                "tensor ranks): "
                              : " (auto); predicted s/step: ";
-  return absl::StrCat(replicas, replicas == 1 ? " replica" : " replicas", " x ",
-                      choice.resolved.stages, choice.resolved.stages == 1 ? " stage" : " stages",
-                      ranks, " chosen by spec.parallelism.data 0", searched,
-                      absl::StrJoin(trials, ", "));
+  return absl::StrCat(
+      replicas, replicas == 1 ? " replica" : " replicas", " x ", choice.resolved.stages,
+      choice.resolved.stages == 1 ? " stage" : " stages", ranks,
+      " chosen by spec.parallelism.data 0", searched, absl::StrJoin(trials, ", "),
+      choice.tensor_not_tried.empty()
+          ? ""
+          : absl::StrCat("; not tried: ", absl::StrJoin(choice.tensor_not_tried, ", ")));
 }
 
 }  // namespace pipetrain

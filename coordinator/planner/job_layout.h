@@ -43,6 +43,10 @@ struct ChosenJobLayout {
   CompiledPlan compiled;            // and its plan (PlanJob)
   std::vector<LayoutTrial> trials;  // every layout planned, ascending T, then D
   bool searched_tensor = false;     // the auto spec had tensor 0: T was chosen too
+  // Searching T: the T >= 2 dividing the workers that split no layout, each
+  // with why ("T 2 (tensor parallelism of 2 does not divide
+  // model.vocab_size 50257 ...)"), so a choice of single ranks says why.
+  std::vector<std::string> tensor_not_tried;
 };
 
 // Plans every layout of `auto_spec` (data_parallel == kDataParallelAuto,
@@ -68,7 +72,8 @@ absl::StatusOr<ChosenJobLayout> ChooseJobLayout(const ResolvedJobSpec& auto_spec
 // stages of 2 tensor ranks chosen ..." with T > 1; the trials are D x P).
 // When T was searched (tensor 0), the trials are D x P x T and the line
 // ends "... chosen by spec.parallelism.data 0 and tensor 0 (auto);
-// predicted s/step (replicas x stages x tensor ranks): 1 x 4 x 1 0.2100, ...".
+// predicted s/step (replicas x stages x tensor ranks): 1 x 4 x 1 0.2100,
+// ...", then "; not tried: T 2 (why), ..." for tensor_not_tried.
 std::string DescribeLayoutChoice(const ChosenJobLayout& choice);
 
 }  // namespace pipetrain

@@ -169,6 +169,31 @@ TEST(ChooseJobLayout, TensorSearched_EveryTAndDAgainstBruteForce) {
   EXPECT_TRUE(absl::StrContains(line, ", 1 x 1 x 4 ")) << line;
 }
 
+// Searching T over a vocabulary of 258 (2 x 129): T 4 splits no layout,
+// and the line says why, with the way out, after the trials.
+TEST(ChooseJobLayout, TensorSearched_TheTNotTriedAndWhy) {
+  v1::JobSpec spec = AutoSpec(4, "none", 0);
+  spec.mutable_model()->set_vocab_size(258);
+  const ResolvedJobSpec automatic = ResolveJobSpec(spec).value();
+  absl::StatusOr<ChosenJobLayout> choice = ChooseJobLayout(
+      automatic, "job", 1, ProfileOf(automatic), testing::TestCluster(4, 1e6, 1e-4), "analytic");
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  for (const LayoutTrial& t : choice->trials) EXPECT_LE(t.tensor_parallel, 2);
+  EXPECT_EQ(choice->tensor_not_tried,
+            std::vector<std::string>{"T 4 (tensor parallelism of 4 does not divide "
+                                     "model.vocab_size 258 (pad it to a multiple of 4, e.g. 260; "
+                                     "the data's token ids stay valid))"});
+  const std::string line = DescribeLayoutChoice(*choice);
+  EXPECT_TRUE(absl::EndsWith(line, "; not tried: " + choice->tensor_not_tried[0])) << line;
+  // Not searching T, nothing is listed.
+  spec.mutable_parallelism()->set_tensor(2);
+  const ResolvedJobSpec fixed = ResolveJobSpec(spec).value();
+  absl::StatusOr<ChosenJobLayout> fixed_choice = ChooseJobLayout(
+      fixed, "job", 1, ProfileOf(fixed), testing::TestCluster(4, 1e6, 1e-4), "analytic");
+  ASSERT_TRUE(fixed_choice.ok()) << fixed_choice.status();
+  EXPECT_TRUE(fixed_choice->tensor_not_tried.empty());
+}
+
 // A data-parallel codec takes part in the choice: each layout with
 // replicas is planned with it (its stages picked by the planner). On 30 MB/s
 // links the exact all-reduce of the ~0.5 M parameters makes the pipeline

@@ -106,8 +106,13 @@ absl::Status ValidateTensorParallel(const GptConfig& config, int tensor_parallel
   absl::Status status = must_divide("model.n_head", config.n_head);
   if (status.ok()) status = must_divide("model.d_model", config.d_model);
   if (status.ok()) status = must_divide("4 x model.d_model (the MLP width)", 4 * config.d_model);
-  if (status.ok()) status = must_divide("model.vocab_size", config.vocab_size);
-  return status;
+  if (!status.ok() || config.vocab_size % t == 0) return status;
+  // The vocabulary: the usual way out (Megatron pads it too) keeps every
+  // token id valid.
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor parallelism of ", t, " does not divide model.vocab_size ",
+                   config.vocab_size, " (pad it to a multiple of ", t, ", e.g. ",
+                   (config.vocab_size + t - 1) / t * t, "; the data's token ids stay valid)"));
 }
 
 int CubeEdge(int tensor_parallel) {

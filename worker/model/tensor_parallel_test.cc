@@ -97,8 +97,14 @@ TEST(TensorParallelTest, Validate_NamesTheFieldThatDoesNotSplit) {
   config.n_head = 8;
   config.vocab_size = 250;
   absl::Status vocab = ValidateTensorParallel(config, 4);
-  EXPECT_NE(vocab.message().find("model.vocab_size"), std::string::npos) << vocab;
+  EXPECT_EQ(vocab.message(),
+            "tensor parallelism of 4 does not divide model.vocab_size 250 (pad it to a multiple "
+            "of 4, e.g. 252; the data's token ids stay valid)");
   EXPECT_EQ(ValidateTensorParallel(config, 0).code(), absl::StatusCode::kInvalidArgument);
+  // The heads come first, and their message has no padding hint.
+  config.n_head = 6;
+  EXPECT_EQ(ValidateTensorParallel(config, 4).message(),
+            "tensor parallelism of 4 does not divide model.n_head 6");
 }
 
 }  // namespace

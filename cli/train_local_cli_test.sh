@@ -95,6 +95,16 @@ printf 'these are not safetensors bytes at all, just some text\n' >"$TMP/not.saf
 expect_exit init_from_not_safetensors 1 "$TMP/not.safetensors" "not a safetensors file" -- \
   train-local "${TINY[@]}" --init-from "$TMP/not.safetensors"
 
+# Weights of a 256-token vocabulary start a model whose vocabulary is
+# padded (for tensor ranks) to 258: the file's rows, then zeros. A file
+# with more rows than the model is refused, naming both shapes.
+expect_exit save_for_padding 0 -- train-local "${TINY[@]}" --save "$TMP/v256.safetensors"
+expect_exit init_from_padded_vocab 0 -- \
+  train-local "${TINY[@]}" --vocab 258 --init-from "$TMP/v256.safetensors"
+expect_exit save_padded 0 -- train-local "${TINY[@]}" --vocab 258 --save "$TMP/v258.safetensors"
+expect_exit init_from_larger_vocab 1 "tensor 'wte.weight' has shape [258, 32] but the model expects [256, 32]" -- \
+  train-local "${TINY[@]}" --init-from "$TMP/v258.safetensors"
+
 expect_exit resume_missing 1 "NOT_FOUND" "$TMP/missing.ckpt" -- \
   train-local "${TINY[@]}" --resume "$TMP/missing.ckpt"
 

@@ -386,6 +386,19 @@ TEST_F(ElasticClusterTest, TensorRankKilled_ResumesFromGatheredShardsBitwise) {
   testing::ExpectLossesClose(std::vector<float>(started.progress().loss_history().begin(),
                                                 started.progress().loss_history().end()),
                              LocalLossesFrom(from, job.weights_path()), "losses from the weights");
+
+  // The same weights into a vocabulary padded to 258 (as Megatron pads
+  // GPT-2's 50257 to 50304 for its tensor ranks): the file's 256 rows,
+  // then zero rows; as train-local loading the file into the padded model.
+  v1::JobSpec padded = from;
+  padded.mutable_model()->set_vocab_size(258);
+  const v1::Job padded_run = testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, padded),
+                                               absl::Seconds(180), testing::Ended);
+  ASSERT_EQ(padded_run.state(), v1::JOB_STATE_SUCCEEDED) << padded_run.reason();
+  testing::ExpectLossesClose(std::vector<float>(padded_run.progress().loss_history().begin(),
+                                                padded_run.progress().loss_history().end()),
+                             LocalLossesFrom(padded, job.weights_path()),
+                             "losses from the weights, vocabulary padded");
 }
 
 TEST_F(ElasticClusterTest, HeadOwnerKilled_TiedEmbeddingRestored) {

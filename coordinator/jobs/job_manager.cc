@@ -478,7 +478,9 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
       for (const ParameterShape& p : UnitParameterShapes(model, u)) {
         const Tensor* t = contents->Find(p.name);
         if (t == nullptr) t = contents->Find("transformer." + p.name);
-        if (t == nullptr || t->shape() != Shape(p.shape.begin(), p.shape.end())) {
+        // A padded vocabulary takes the file's rows (gpt_config.h).
+        if (t == nullptr ||
+            !CheckFitsParameter(p.name, Shape(p.shape.begin(), p.shape.end()), t->shape()).ok()) {
           return absl::InvalidArgumentError(absl::StrCat(
               "spec.init.from: ", from,
               (t == nullptr ? " has no tensor " : " has another shape of "), p.name,

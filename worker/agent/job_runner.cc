@@ -209,7 +209,13 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
       if (t == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor ", p.name));
       }
-      state.values.push_back({p.name, *t});
+      // A padded vocabulary takes the file's rows (weights_io.h).
+      absl::StatusOr<Tensor> fitted =
+          FitToParameter(p.name, Shape(p.shape.begin(), p.shape.end()), *t);
+      if (!fitted.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": ", fitted.status().message()));
+      }
+      state.values.push_back({p.name, *std::move(fitted)});
     }
     states.push_back(std::move(state));
   }

@@ -1,6 +1,7 @@
 #include "worker/model/gpt_config.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 
 namespace pipetrain {
@@ -83,6 +84,17 @@ std::vector<ParameterShape> UnitParameterShapes(const GptConfig& c, int index) {
       return {{"ln_f.weight", {d}}, {"ln_f.bias", {d}}, {"wte.weight", {vocab, d}}};
   }
   return {};
+}
+
+absl::Status CheckFitsParameter(const std::string& name, const std::vector<int64_t>& want,
+                                const std::vector<int64_t>& found) {
+  if (found == want) return absl::OkStatus();
+  const bool padded_vocabulary = name == kTokenEmbeddingName && want.size() == 2 &&
+                                 found.size() == 2 && found[1] == want[1] && found[0] < want[0];
+  if (padded_vocabulary) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", name, "' has shape [", absl::StrJoin(found, ", "),
+                   "] but the model expects [", absl::StrJoin(want, ", "), "]"));
 }
 
 }  // namespace pipetrain

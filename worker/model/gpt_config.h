@@ -58,6 +58,19 @@ struct ParameterShape {
 // NumUnits(config).
 std::vector<ParameterShape> UnitParameterShapes(const GptConfig& config, int index);
 
+// The token embedding, whose rows a padded vocabulary adds to.
+inline constexpr char kTokenEmbeddingName[] = "wte.weight";
+
+// Whether a weights file's tensor of shape `found` can fill parameter
+// `name` of shape `want`: OK when the shapes are equal, and for
+// kTokenEmbeddingName also when only its rows differ and the model has more
+// (a vocabulary padded to a multiple of the tensor ranks, as Megatron pads
+// it: Hugging Face's 50257 rows into 50304; FitToParameter in weights_io.h
+// fills the rest with zeros); else INVALID_ARGUMENT "tensor 'NAME' has
+// shape [..] but the model expects [..]".
+absl::Status CheckFitsParameter(const std::string& name, const std::vector<int64_t>& want,
+                                const std::vector<int64_t>& found);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_WORKER_MODEL_GPT_CONFIG_H_

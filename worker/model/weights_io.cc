@@ -1,18 +1,29 @@
 #include "worker/model/weights_io.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "worker/model/gpt_config.h"
 
 namespace pipetrain {
 namespace {
 
-const Tensor* FindWithOptionalPrefix(const SafetensorsContents& contents,
-                                     const std::string& name) {
+const Tensor* FindWithOptionalPrefix(const SafetensorsContents& contents, const std::string& name) {
   const Tensor* t = contents.Find(name);
   return t != nullptr ? t : contents.Find("transformer." + name);
 }
 
 }  // namespace
+
+absl::StatusOr<Tensor> FitToParameter(const std::string& name, const Shape& want,
+                                      const Tensor& found) {
+  RETURN_IF_ERROR(CheckFitsParameter(name, want, found.shape()));
+  if (found.shape() == want) return found;
+  Tensor padded = Tensor::Zeros(want);
+  std::memcpy(padded.data(), found.data(), static_cast<size_t>(found.size_bytes()));
+  return padded;
+}
 
 std::vector<NamedTensor> ParameterValues(const std::vector<Parameter*>& params) {
   std::vector<NamedTensor> out;
@@ -28,24 +39,22 @@ absl::Status SaveWeights(const std::string& path, const std::vector<Parameter*>&
 
 absl::Status ImportWeights(const SafetensorsContents& contents,
                            const std::vector<Parameter*>& params) {
-  std::vector<const Tensor*> sources;
+  std::vector<Tensor> sources;
   sources.reserve(params.size());
   for (const Parameter* p : params) {
     const Tensor* src = FindWithOptionalPrefix(contents, p->name);
     if (src == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("missing tensor '", p->name, "' (shape ",
-                       ShapeToString(p->value.shape()), ")"));
+      return absl::InvalidArgumentError(absl::StrCat("missing tensor '", p->name, "' (shape ",
+                                                     ShapeToString(p->value.shape()), ")"));
     }
-    if (src->shape() != p->value.shape()) {
+    absl::StatusOr<Tensor> fitted = FitToParameter(p->name, p->value.shape(), *src);
+    if (!fitted.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "tensor '", p->name, "' has shape ", ShapeToString(src->shape()),
-          " but the model expects ", ShapeToString(p->value.shape()),
-          "; check --layers/--heads/--d-model/--vocab/--block-size"));
+          fitted.status().message(), "; check --layers/--heads/--d-model/--vocab/--block-size"));
     }
-    sources.push_back(src);
+    sources.push_back(*std::move(fitted));
   }
-  for (size_t i = 0; i < params.size(); ++i) params[i]->value.CopyFrom(*sources[i]);
+  for (size_t i = 0; i < params.size(); ++i) params[i]->value.CopyFrom(sources[i]);
   return absl::OkStatus();
 }
 

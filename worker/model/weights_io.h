@@ -32,12 +32,21 @@ std::vector<Parameter*> ParameterPointers(std::vector<Parameter>& params);
 absl::Status SaveWeights(const std::string& path, const std::vector<Parameter*>& params,
                          const SafetensorsMetadata& metadata = {});
 
+// `found` as parameter `name` of shape `want`, when CheckFitsParameter
+// (gpt_config.h) allows it: `found` itself, or for a padded vocabulary a
+// new tensor of its rows followed by zero rows (padded token ids never
+// occur in the data; through the tied head a zero row gives them logit 0,
+// which training lowers). Its errors otherwise.
+absl::StatusOr<Tensor> FitToParameter(const std::string& name, const Shape& want,
+                                      const Tensor& found);
+
 // Copies tensors from `contents` into `params`, all or nothing: every
 // parameter is checked before any is written. Names may carry Hugging Face's
 // "transformer." prefix. Extra tensors are ignored (HF files also hold the
 // causal-mask buffers h.N.attn.bias/masked_bias and the tied lm_head.weight).
+// A padded vocabulary takes the file's rows (FitToParameter).
 // Errors (INVALID_ARGUMENT, naming the tensor): a parameter missing from the
-// file; a shape different from the model's (both shapes in the message).
+// file; a shape that does not fit the model's (both shapes in the message).
 absl::Status ImportWeights(const SafetensorsContents& contents,
                            const std::vector<Parameter*>& params);
 

@@ -89,6 +89,39 @@ TEST(WeightsIoTest, Load_WrongShape_NamesTensorAndBothShapes) {
       << status;
 }
 
+// A vocabulary padded for tensor ranks (Megatron's way: 50257 -> 50304)
+// takes a file of the unpadded one: its rows first, zeros after; every
+// other tensor as it is. Only the token embedding, and only more rows.
+TEST(WeightsIoTest, Load_PaddedVocabulary_TakesTheFilesRowsThenZeros) {
+  auto source = GptModel::Create(SmallConfig(), 1).value();  // vocab 13
+  const std::string path = TempPath("unpadded.safetensors");
+  ASSERT_TRUE(SaveWeights(path, source->parameters()).ok());
+  GptConfig padded = SmallConfig();
+  padded.vocab_size = 16;
+  auto target = GptModel::Create(padded, 2).value();
+  ASSERT_TRUE(LoadWeights(path, target->parameters()).ok());
+  const std::vector<float> file_rows = source->FindParameter("wte.weight")->value.ToVector();
+  const std::vector<float> wte = target->FindParameter("wte.weight")->value.ToVector();
+  ASSERT_EQ(wte.size(), 16u * 8);
+  EXPECT_EQ(std::vector<float>(wte.begin(), wte.begin() + 13 * 8), file_rows);
+  EXPECT_EQ(std::vector<float>(wte.begin() + 13 * 8, wte.end()), std::vector<float>(3 * 8, 0.0f));
+  for (Parameter* p : target->parameters()) {
+    if (p->name == "wte.weight") continue;
+    EXPECT_EQ(p->value.ToVector(), source->FindParameter(p->name)->value.ToVector()) << p->name;
+  }
+  // Fewer rows than the file, another width, or another tensor: refused.
+  GptConfig smaller = SmallConfig();
+  smaller.vocab_size = 12;
+  auto small = GptModel::Create(smaller, 2).value();
+  EXPECT_EQ(LoadWeights(path, small->parameters()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckFitsParameter("wte.weight", {16, 8}, {13, 8}).ok());
+  EXPECT_TRUE(CheckFitsParameter("wte.weight", {13, 8}, {13, 8}).ok());
+  EXPECT_EQ(CheckFitsParameter("wte.weight", {16, 8}, {13, 4}).message(),
+            "tensor 'wte.weight' has shape [13, 4] but the model expects [16, 8]");
+  EXPECT_FALSE(CheckFitsParameter("wpe.weight", {9, 8}, {7, 8}).ok());
+  EXPECT_FALSE(CheckFitsParameter("wte.weight", {16}, {13}).ok());
+}
+
 TEST(WeightsIoTest, Load_MissingFile_IsNotFound) {
   auto target = GptModel::Create(SmallConfig(), 2).value();
   absl::Status status = LoadWeights(TempPath("nope.safetensors"), target->parameters());

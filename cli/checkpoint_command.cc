@@ -18,6 +18,7 @@
 #include "common/status_macros.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
 #include "worker/checkpoint/unit_checkpoint.h"
+#include "worker/model/gpt_config.h"
 
 namespace pipetrain {
 namespace {
@@ -28,7 +29,7 @@ constexpr char kUsage[] =
     "  export DIR --out FILE   write a job checkpoint as Hugging Face GPT-2 safetensors\n";
 
 constexpr char kExportUsage[] =
-    "usage: pipetrain checkpoint export DIR --out FILE\n\n"
+    "usage: pipetrain checkpoint export DIR --out FILE [--vocab N]\n\n"
     "Writes the weights of a job checkpoint as one Hugging Face GPT-2 safetensors file\n"
     "(the tensors `pipetrain train-local --save` writes). DIR is a checkpoint's\n"
     "step-NNNNNNNN directory (manifest.json and unit-NNNN.safetensors files), or a job's\n"
@@ -107,7 +108,8 @@ absl::StatusOr<std::vector<UnitState>> ReadCheckpoint(const CheckpointLocation& 
   return ReadUnits(at, *manifest);
 }
 
-// `args` split into DIR words and flag words (--out takes the next word).
+// `args` split into DIR words and flag words (--out and --vocab take the
+// next word).
 void SplitArgs(const std::vector<std::string>& args, std::vector<std::string>* words,
                std::vector<std::string>* flags) {
   for (size_t i = 0; i < args.size(); ++i) {
@@ -116,19 +118,25 @@ void SplitArgs(const std::vector<std::string>& args, std::vector<std::string>* w
       continue;
     }
     flags->push_back(args[i]);
-    if (args[i] == "--out" && i + 1 < args.size()) flags->push_back(args[++i]);
+    if ((args[i] == "--out" || args[i] == "--vocab") && i + 1 < args.size()) {
+      flags->push_back(args[++i]);
+    }
   }
 }
 
-FlagSet ExportFlags(std::string& out) {
+FlagSet ExportFlags(std::string& out, int64_t& vocab) {
   FlagSet flags(kExportUsage);
   flags.String("out", &out, "the safetensors file to write (required)");
+  flags.Int64("vocab", &vocab,
+              "keep the token embedding's first N rows: a vocabulary padded for tensor ranks "
+              "back to the tokenizer's (e.g. 50257); 0 keeps them all");
   return flags;
 }
 
 int RunExport(const std::vector<std::string>& args) {
   std::string out;
-  FlagSet flags = ExportFlags(out);
+  int64_t vocab = 0;
+  FlagSet flags = ExportFlags(out, vocab);
   std::vector<std::string> words, flag_args;
   SplitArgs(args, &words, &flag_args);
   absl::Status parsed = flags.Parse(flag_args);
@@ -140,6 +148,7 @@ int RunExport(const std::vector<std::string>& args) {
                                                            words.size(), " words (see --help)"));
   }
   if (parsed.ok() && out.empty()) parsed = absl::InvalidArgumentError("--out FILE is required");
+  if (parsed.ok() && vocab < 0) parsed = absl::InvalidArgumentError("--vocab must be >= 0");
   if (!parsed.ok()) {
     std::fprintf(stderr, "pipetrain checkpoint export: %s\n",
                  std::string(parsed.message()).c_str());
@@ -151,7 +160,7 @@ int RunExport(const std::vector<std::string>& args) {
                  at->path().c_str(), words[0].c_str());
   }
   absl::StatusOr<CheckpointExport> done =
-      at.ok() ? ExportCheckpoint(*at, out) : absl::StatusOr<CheckpointExport>(at.status());
+      at.ok() ? ExportCheckpoint(*at, out, vocab) : absl::StatusOr<CheckpointExport>(at.status());
   if (!done.ok()) {
     std::fprintf(stderr, "pipetrain checkpoint export: %s\n", done.status().ToString().c_str());
     return 1;
@@ -159,17 +168,20 @@ int RunExport(const std::vector<std::string>& args) {
   for (const std::string& warning : done->warnings) {
     std::fprintf(stderr, "warning: %s\n", warning.c_str());
   }
-  std::printf("exported step %lld of job %s: %lld tensors, %lld parameters, %lld bytes to %s\n",
+  std::printf("exported step %lld of job %s: %lld tensors, %lld parameters, %lld bytes to %s%s\n",
               static_cast<long long>(done->step), done->job_id.c_str(),
               static_cast<long long>(done->tensors), static_cast<long long>(done->parameters),
-              static_cast<long long>(done->bytes), out.c_str());
+              static_cast<long long>(done->bytes), out.c_str(),
+              done->cut_rows > 0
+                  ? absl::StrCat(" (", done->cut_rows, " padded vocabulary rows left out)").c_str()
+                  : "");
   return 0;
 }
 
 }  // namespace
 
 absl::StatusOr<CheckpointExport> ExportCheckpoint(const CheckpointLocation& at,
-                                                  const std::string& out) {
+                                                  const std::string& out, int64_t vocab) {
   CheckpointManifest manifest;
   absl::StatusOr<std::vector<UnitState>> units = ReadCheckpoint(at, &manifest);
   if (!units.ok() && at.newest_of_job) {
@@ -185,7 +197,17 @@ absl::StatusOr<CheckpointExport> ExportCheckpoint(const CheckpointLocation& at,
   if (std::string warning = TiedCopyWarning(*units); !warning.empty()) {
     result.warnings.push_back(std::move(warning));
   }
-  const std::vector<NamedTensor> tensors = HfTensors(*units);
+  std::vector<NamedTensor> tensors = HfTensors(*units);
+  for (NamedTensor& t : tensors) {
+    if (vocab == 0 || t.name != kTokenEmbeddingName) continue;
+    const int64_t rows = t.tensor.shape()[0];
+    if (vocab > rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--vocab ", vocab, " exceeds the checkpoint's vocabulary of ", rows, " rows"));
+    }
+    result.cut_rows = rows - vocab;
+    t.tensor = t.tensor.Slice(0, vocab).Clone();
+  }
   RETURN_IF_ERROR(WriteSafetensors(out, tensors));
   result.tensors = static_cast<int64_t>(tensors.size());
   for (const NamedTensor& t : tensors) result.parameters += t.tensor.numel();
@@ -199,7 +221,8 @@ absl::StatusOr<CheckpointExport> ExportCheckpoint(const CheckpointLocation& at,
 
 std::vector<FlagSet::Info> CheckpointExportFlagInfo() {
   std::string out;
-  return ExportFlags(out).Describe();
+  int64_t vocab = 0;
+  return ExportFlags(out, vocab).Describe();
 }
 
 int RunCheckpoint(const std::vector<std::string>& args) {

@@ -38,6 +38,7 @@ struct CheckpointExport {
   int64_t tensors = 0;     // written to the output
   int64_t parameters = 0;  // elements of those tensors
   int64_t bytes = 0;       // size of the output file
+  int64_t cut_rows = 0;    // the token embedding's rows left out (the vocabulary's padding)
   // Oddities that did not stop the export (e.g. the head's tied wte copy
   // differing from the embedding's), one line each.
   std::vector<std::string> warnings;
@@ -48,9 +49,13 @@ struct CheckpointExport {
 // ReadUnitCheckpoint (NOT_FOUND, DATA_LOSS, FAILED_PRECONDITION), each
 // naming the file; from WriteSafetensors for `out`. When `at.newest_of_job`,
 // the message adds how to export an older checkpoint. Nothing is written to
-// `out` unless every unit verified.
+// `out` unless every unit verified. `vocab` > 0 keeps the token
+// embedding's first `vocab` rows (a vocabulary padded for tensor ranks
+// back to the tokenizer's, e.g. 50304 -> 50257, as Hugging Face's GPT-2
+// config expects); INVALID_ARGUMENT when it exceeds the checkpoint's
+// vocabulary. 0 keeps every row.
 absl::StatusOr<CheckpointExport> ExportCheckpoint(const CheckpointLocation& at,
-                                                  const std::string& out);
+                                                  const std::string& out, int64_t vocab = 0);
 
 // The `checkpoint` command: `args` are the words after "checkpoint". Returns
 // the exit code; messages go to stderr, the summary line to stdout.

@@ -177,6 +177,42 @@ TEST_F(CheckpointExportTest, ExportCheckpoint_StepDir_WritesEachParameterOnceBit
   EXPECT_EQ(ListDir(out_dir_), std::vector<std::string>{"model.safetensors"});
 }
 
+// --vocab N keeps the token embedding's first N rows (a vocabulary padded
+// for tensor ranks back to the tokenizer's); every other tensor as it was.
+TEST_F(CheckpointExportTest, ExportCheckpoint_Vocab_CutsThePaddedRowsOnly) {
+  const StageSnapshot snapshot = MakeSnapshot(10);
+  WriteCheckpoint(snapshot);
+  const int64_t rows = TinyModel().vocab_size;
+  absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(StepPath(10));
+  ASSERT_TRUE(at.ok()) << at.status();
+  absl::StatusOr<CheckpointExport> done = ExportCheckpoint(*at, out_, rows - 3);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->cut_rows, 3);
+  absl::StatusOr<SafetensorsContents> file = ReadSafetensors(out_);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const Tensor& wte = snapshot.units[0].values[0].tensor;
+  EXPECT_TRUE(SameBits(*file->Find("wte.weight"), wte.Slice(0, rows - 3).Clone()));
+  for (const UnitState& unit : snapshot.units) {
+    for (const NamedTensor& t : unit.values) {
+      if (t.name != "wte.weight") EXPECT_TRUE(SameBits(*file->Find(t.name), t.tensor)) << t.name;
+    }
+  }
+  EXPECT_EQ(done->parameters, CountParameters(TinyModel()) - 3 * TinyModel().d_model);
+  // The whole vocabulary is the same as none; more than it is refused.
+  EXPECT_EQ(ExportCheckpoint(*at, out_, rows).value().cut_rows, 0);
+  EXPECT_EQ(ExportCheckpoint(*at, out_, rows + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  testing::internal::CaptureStdout();
+  EXPECT_EQ(
+      RunCheckpoint({"export", StepPath(10), "--out", out_, "--vocab", std::to_string(rows - 3)}),
+      0);
+  EXPECT_NE(testing::internal::GetCapturedStdout().find("(3 padded vocabulary rows left out)"),
+            std::string::npos);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCheckpoint({"export", StepPath(10), "--out", out_, "--vocab", "-1"}), 2);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("--vocab must be >= 0"), std::string::npos);
+}
+
 TEST_F(CheckpointExportTest, RunCheckpoint_JobDir_ExportsNewestStepWithManifest) {
   WriteCheckpoint(MakeSnapshot(5));
   const StageSnapshot newest = MakeSnapshot(10);

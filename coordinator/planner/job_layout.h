@@ -43,7 +43,8 @@ struct ChosenJobLayout {
   CompiledPlan compiled;            // and its plan (PlanJob)
   std::vector<LayoutTrial> trials;  // every layout planned, ascending T, then D
   bool searched_tensor = false;     // the auto spec had tensor 0: T was chosen too
-  // Searching T: the T >= 2 dividing the workers that split no layout, each
+  // Searching T: the T >= 2 dividing the workers (with tensor_mode 3d, the
+  // cubes p^3 among them) that split no layout, each
   // with why ("T 2 (tensor parallelism of 2 does not divide
   // model.vocab_size 50257 ...)"), so a choice of single ranks says why.
   std::vector<std::string> tensor_not_tried;

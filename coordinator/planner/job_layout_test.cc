@@ -185,6 +185,22 @@ TEST(ChooseJobLayout, TensorSearched_TheTNotTriedAndWhy) {
                                      "the data's token ids stay valid))"});
   const std::string line = DescribeLayoutChoice(*choice);
   EXPECT_TRUE(absl::EndsWith(line, "; not tried: " + choice->tensor_not_tried[0])) << line;
+  // The cube takes p^3 ranks: of 8 workers' divisors only 8 is a candidate,
+  // and it splits the 4 heads and 128 wide model (p 2) but not 258 tokens.
+  v1::JobSpec cube = AutoSpec(8, "none", 0);
+  cube.mutable_parallelism()->set_tensor_mode("3d");
+  cube.mutable_training()->set_micro_batches(2);  // 4 samples each: p^2
+  cube.mutable_model()->set_vocab_size(258);
+  EXPECT_TRUE(absl::StartsWith(ResolveJobSpec(cube).status().message(),
+                               "spec.parallelism.workers: no layout of 8 workers"))
+      << ResolveJobSpec(cube).status();
+  cube.mutable_model()->set_vocab_size(256);
+  const ResolvedJobSpec cube_ok = ResolveJobSpec(cube).value();
+  absl::StatusOr<ChosenJobLayout> cube_choice = ChooseJobLayout(
+      cube_ok, "job", 1, ProfileOf(cube_ok), testing::TestCluster(8, 1e9, 1e-5), "analytic");
+  ASSERT_TRUE(cube_choice.ok()) << cube_choice.status();
+  EXPECT_EQ(cube_choice->resolved.tensor_parallel, 8);
+  EXPECT_TRUE(cube_choice->tensor_not_tried.empty());  // 2 and 4 are no cubes
   // Not searching T, nothing is listed.
   spec.mutable_parallelism()->set_tensor(2);
   const ResolvedJobSpec fixed = ResolveJobSpec(spec).value();

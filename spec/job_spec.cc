@@ -653,8 +653,6 @@ TrainConfig DeriveTrainConfig(const v1::JobSpec& spec) {
   return config;
 }
 
-// spec.parallelism.data 0 (auto): what needs a known D is refused; the
-// rest is resolved as the first layout's spec, then marked auto again.
 // spec.parallelism.tensor as a submitted spec means it: unset is 1.
 int SpecTensor(const v1::ParallelismSpec& p) { return p.has_tensor() ? p.tensor() : 1; }
 
@@ -692,6 +690,8 @@ v1::JobSpec LayoutSpec(const v1::JobSpec& auto_spec, const LayoutDegrees& layout
   return one;
 }
 
+// spec.parallelism.data 0 (auto): what needs a known D is refused; the
+// rest is resolved as the first layout's spec, then marked auto again.
 absl::StatusOr<ResolvedJobSpec> ResolveAutoLayout(const v1::JobSpec& spec) {
   const v1::ParallelismSpec& p = spec.parallelism();
   if (!p.has_workers()) {

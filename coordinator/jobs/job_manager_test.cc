@@ -775,6 +775,37 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   EXPECT_EQ(calls, 1);
 }
 
+// An auto layout that searches T with tensor_partitions 0 may choose
+// stages of 2 ranks, whose AccTFM Alg. 1 needs the units timed on halves
+// of a micro-batch: the profile asks for them before any T is chosen
+// (micro-batches of 2 samples: halves, no quarters). With partitions 1 it
+// does not.
+TEST_F(JobManagerTest, AutoLayoutSearchingT_ProfilesThePartitionsAlgOneNeeds) {
+  std::vector<std::vector<int>> asked;
+  jobs_.SetProfileFetcher(
+      [&](const std::string&, const std::string&,
+          const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
+        asked.emplace_back(request.partitions().begin(), request.partitions().end());
+        return FakeProfile();
+      });
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(0);
+  spec.mutable_parallelism()->set_data(0);
+  spec.mutable_parallelism()->set_tensor(0);
+  spec.mutable_parallelism()->set_workers(2);
+  spec.mutable_parallelism()->set_tensor_partitions(0);
+  const std::string id = jobs_.Submit(spec).value().id();
+  jobs_.AwaitProfiling();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+  spec.mutable_parallelism()->set_tensor_partitions(1);
+  const std::string plain = jobs_.Submit(spec).value().id();
+  jobs_.AwaitProfiling();
+  ASSERT_EQ(jobs_.Get(plain).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(asked, (std::vector<std::vector<int>>{{2}, {}}));
+}
+
 // The uniform split needs no costs, but its prediction does: measured too.
 TEST_F(JobManagerTest, UniformJob_IsProfiledToo) {
   int calls = 0;

@@ -129,6 +129,27 @@ expect_exit data_auto_nothing_fits 1 "RESOURCE_EXHAUSTED" "no data-parallel layo
 expect_exit data_zero 2 "--data: cannot parse '0' (want a count >= 1 or auto)" -- "${DP[@]}" --data 0
 expect_exit data_word 2 "--data: cannot parse 'many' (want a count >= 1 or auto)" -- "${DP[@]}" --data many
 
+# --tensor-parallel auto: the layouts of the workers as a job with
+# parallelism.data 0 and tensor 0 searches them (job_layout.h), T among
+# the divisors of the 4 heads; the choice is the fastest simulated step.
+TP=(--layers 2 --heads 4 --d-model 128 --vocab 256 --seq-len 64 --micro-batch-size 4 --workers 4
+    --bandwidth-gbps 10 --data auto)
+expect_exit tensor_search 0 "chosen by spec.parallelism.data 0 and tensor 0 (auto)" ", 1 x 1 x 4 " \
+  "chosen: " -- "${TP[@]}" --tensor-parallel auto
+expect_exit tensor_search_json 0 '"layouts"' -- "${TP[@]}" --tensor-parallel auto --json
+check tensor_search_every_t 'sorted({l["tensor"] for l in j["layouts"]}) == [1, 2, 4]'
+check tensor_search_fastest 'j["predicted_step_seconds"] == min(l["step_seconds"] for l in j["layouts"])'
+expect_exit tensor_search_fixed_t_json 0 '"layouts"' -- "${TP[@]}" --tensor-parallel 2 --json
+check tensor_search_fixed_t '{l["tensor"] for l in j["layouts"]} == {2} and j["not_tried"] == []'
+# GPT-2's vocabulary splits over no T: the line says so, and how to pad it.
+expect_exit tensor_search_gpt2_vocab 0 "not tried: T 2 (tensor parallelism of 2 does not divide model.vocab_size 50257 (pad it to a multiple of 2" -- \
+  "${TP[@]}" --vocab 50257 --tensor-parallel auto
+expect_exit tensor_search_needs_data_auto 2 "--tensor-parallel needs --data auto and --layers N" -- \
+  --layers 2 --workers 4 --tensor-parallel auto
+expect_exit tensor_search_not_with_tensor 2 "give one" -- "${TP[@]}" --tensor 2 --tensor-parallel 2
+expect_exit tensor_search_no_layout 1 "spec.parallelism.workers: no layout of 7 workers" "spec.* are the flags here" -- \
+  --layers 2 --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 7 --data auto --tensor-parallel auto
+
 # Bad input: exit 1 with the file and field named.
 echo '{"micro_batch_size": 1, "units": [{"name": "x", "fwd_seconds": -1, "bwd_seconds": 1, "weight_bytes": 0, "activation_bytes": 0, "stash_bytes": 0}]}' >"$TMP/negative.json"
 expect_exit negative_cost 1 "negative.json" "units[0].fwd_seconds" -- --profile "$TMP/negative.json" --workers 1

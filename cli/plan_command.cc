@@ -15,10 +15,12 @@
 #include "common/status_macros.h"
 #include "coordinator/planner/acctfm.h"
 #include "coordinator/planner/data_parallel_layout.h"
+#include "coordinator/planner/job_layout.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/timeline_render.h"
 #include "nlohmann/json.hpp"
+#include "spec/job_spec.h"
 
 namespace pipetrain {
 namespace {
@@ -41,6 +43,9 @@ struct PlanFlags {
   // Tensor parallelism: a group of this many devices (0: none). For now
   // only DistPar's layout report of one block (tensor_layout_report.h).
   int tensor = 0;
+  // The job's layout search (job_layout.h) with stages of this many tensor
+  // ranks, or kTensorParallelAuto: every T as well; 1: not used.
+  int tensor_parallel = 1;
 };
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& what) {
@@ -285,13 +290,93 @@ int RunAccTfm(const PlanFlags& f) {
   return 0;
 }
 
+// The job a `--data auto --tensor-parallel` search plans: the analytic
+// model's shape, --micro-batches of --micro-batch-size sequences, the
+// solver, objective and schedule, data 0 over the cluster's workers and
+// tensor T (0: auto).
+v1::JobSpec SearchSpec(const PlanFlags& f, int workers) {
+  v1::JobSpec spec;
+  spec.set_name("plan");
+  v1::ModelSpec* m = spec.mutable_model();
+  m->set_n_layer(f.layers);
+  m->set_n_head(f.heads);
+  m->set_d_model(f.d_model);
+  m->set_vocab_size(f.vocab);
+  m->set_max_seq_len(f.seq_len);
+  v1::TrainingSpec* t = spec.mutable_training();
+  t->set_seq_len(f.seq_len);
+  t->set_batch_size(int64_t{f.micro_batch_size} * f.micro_batches);
+  t->set_micro_batches(f.micro_batches);
+  t->set_steps(1);
+  v1::ParallelismSpec* p = spec.mutable_parallelism();
+  p->set_data(kDataParallelAuto);
+  p->set_workers(workers);
+  p->set_tensor(f.tensor_parallel);
+  p->set_solver(f.solver);
+  p->set_objective(f.objective);
+  p->set_schedule(f.schedule);
+  return spec;
+}
+
+// --data auto --tensor-parallel T|auto: the layouts of the cluster's
+// workers planned as the coordinator plans a job's (ChooseJobLayout), the
+// chosen one and each one's simulated step. False (after saying why on
+// stderr) when the spec or the search fails.
+bool PrintJobLayoutSearch(const PlanFlags& f, const ModelProfile& profile,
+                          const ClusterSpec& cluster) {
+  const int workers = static_cast<int>(cluster.workers.size());
+  absl::StatusOr<ResolvedJobSpec> automatic = ResolveJobSpec(SearchSpec(f, workers));
+  absl::StatusOr<ChosenJobLayout> choice =
+      automatic.ok() ? ChooseJobLayout(*automatic, "plan", 1, profile, cluster, "analytic")
+                     : absl::StatusOr<ChosenJobLayout>(automatic.status());
+  if (!choice.ok()) {
+    std::fprintf(stderr,
+                 "pipetrain plan: %s\n  (spec.* are the flags here: model.* --layers, --heads, "
+                 "--d-model, --vocab; parallelism.workers the workers; training.micro_batches "
+                 "--micro-batches)\n",
+                 choice.status().ToString().c_str());
+    return false;
+  }
+  const v1::Plan& plan = choice->compiled.plan;
+  if (f.json) {
+    ordered_json j;
+    j["data_parallel"] = choice->resolved.data_parallel;
+    j["stages"] = choice->resolved.stages;
+    j["tensor_parallel"] = choice->resolved.tensor_parallel;
+    j["predicted_step_seconds"] = plan.predicted_iteration_seconds();
+    j["layouts"] = ordered_json::array();
+    for (const LayoutTrial& t : choice->trials) {
+      ordered_json l;
+      l["data"] = t.data_parallel;
+      l["stages"] = t.stages;
+      l["tensor"] = t.tensor_parallel;
+      if (t.status.ok()) {
+        l["step_seconds"] = t.predicted_step_seconds;
+      } else {
+        l["error"] = std::string(t.status.message());
+      }
+      j["layouts"].push_back(l);
+    }
+    j["not_tried"] = choice->tensor_not_tried;
+    std::printf("%s\n", j.dump(2).c_str());
+    return true;
+  }
+  std::printf("%s\n", DescribeLayoutChoice(*choice).c_str());
+  std::printf(
+      "chosen: %d x %d x %d (replicas x stages x tensor ranks), solver %s, predicted "
+      "%.4f s per step\n",
+      choice->resolved.data_parallel, choice->resolved.stages, choice->resolved.tensor_parallel,
+      plan.solver().c_str(), plan.predicted_iteration_seconds());
+  return true;
+}
+
 FlagSet PlanFlagSet(PlanFlags& f) {
   FlagSet flags(
       "usage: pipetrain plan (--profile P.json | --layers N [--d-model ...]) (--cluster C.json | "
       "--workers N "
       "--bandwidth-gbps X [--latency-us Y] [--memory-gib Z]) [--solver S] [--objective O] "
       "[--micro-batches M] [--schedule 1f1b|gpipe] [--data D|auto [--distpar-beta B]] "
-      "[--tensor T] [--json] "
+      "[--tensor T] [--tensor-parallel T|auto] [--json] "
       "[--svg FILE] [--trace FILE]");
   flags.String("profile", &f.profile, "model profile JSON (docs/formats.md)");
   flags.Int("layers", &f.layers, "without --profile: plan a GPT-2 of this many layers from FLOPs");
@@ -325,6 +410,11 @@ FlagSet PlanFlagSet(PlanFlags& f) {
   flags.Int("tensor", &f.tensor,
             "tensor-parallel group T >= 2: print DistPar's layout per linear layer of one block "
             "(the analytic model's --d-model, --seq-len, --micro-batch-size; planner output only)");
+  flags.CountOrAuto(
+      "tensor-parallel", &f.tensor_parallel,
+      "with --data auto and --layers: search the layouts of the workers as a job with "
+      "spec.parallelism.tensor T does (each stage on T ranks), or auto as one with tensor 0 "
+      "(every T that splits the model as well), and print each layout's simulated step");
   flags.Bool("json", &f.json, "print the plan as JSON");
   flags.String("svg", &f.svg, "write the simulated timeline as SVG to this file");
   flags.String("trace", &f.trace, "write the simulated timeline as Chrome trace JSON");
@@ -347,6 +437,17 @@ int RunPlan(const std::vector<std::string>& args) {
   if (parsed.ok() && flags.IsSet("distpar-beta") && !(f.distpar_beta >= 0)) {
     parsed = absl::InvalidArgumentError(
         absl::StrCat("--distpar-beta must be >= 0, got ", f.distpar_beta));
+  }
+  if (parsed.ok() && f.tensor != 0 && f.tensor_parallel != 1) {
+    parsed = absl::InvalidArgumentError(
+        "--tensor (DistPar's layout of one block) and --tensor-parallel (the layout search of "
+        "a job's workers) answer different questions: give one");
+  }
+  if (parsed.ok() && f.tensor_parallel != 1 &&
+      (f.data != kAutoDataParallel || f.layers <= 0 || !f.profile.empty())) {
+    parsed = absl::InvalidArgumentError(
+        "--tensor-parallel needs --data auto and --layers N (the model's heads, width and "
+        "vocabulary decide which T split it; not --profile)");
   }
   if (parsed.ok() && f.tensor != 0) {  // needs only the block's dimensions
     absl::StatusOr<std::string> report =
@@ -407,6 +508,9 @@ int RunPlan(const std::vector<std::string>& args) {
   }
   absl::StatusOr<ClusterSpec> cluster = ClusterFrom(f);
   if (!cluster.ok()) return fail(cluster.status());
+  if (f.tensor_parallel != 1) {
+    return PrintJobLayoutSearch(f, *profile, *cluster) ? 0 : 1;
+  }
   // Every plan goes through the layout planner: with D = 1 it is SolvePlan
   // on the cluster as given (data_parallel_layout.h).
   LayoutOptions options;

@@ -151,9 +151,15 @@ class JobManagerElasticTest : public ::testing::Test {
     return jobs_->ReportProgress(r).status();
   }
 
+  // Every writer of checkpoint `step`: the workers of replica 0 at tensor
+  // rank 0 (in a plain pipeline, every stage).
   void CheckpointAll(const std::string& id, int64_t step) {
-    const int stages = jobs_->Get(id).value().worker_ids_size();
-    for (int s = 0; s < stages; ++s) ASSERT_TRUE(Checkpoint(id, s, step).ok());
+    const v1::Job job = jobs_->Get(id).value();
+    for (int g = 0; g < job.worker_ids_size(); ++g) {
+      const v1::Assignment a = AssignmentOf(job.worker_ids(g));
+      if (a.replica() != 0 || a.tensor_rank() != 0) continue;
+      ASSERT_TRUE(Checkpoint(id, g, step).ok());
+    }
   }
 
   // The survivors answer (heartbeat), then the job is scheduled.
@@ -630,12 +636,7 @@ TEST_F(JobManagerElasticTest, TensorRanksSearched_WorkerLost_AnyCountGoesOnAndTI
   EXPECT_TRUE(absl::StrContains(job.plan_history(0).reason(), ", 1 x 2 x 2 "))
       << job.plan_history(0).reason();
   for (int64_t s = 1; s <= 5; ++s) StepEveryWorker(id, s, 2);
-  for (int g = 0; g < job.worker_ids_size(); ++g) {  // replica 0's rank 0s write it
-    const v1::Assignment a = AssignmentOf(job.worker_ids(g));
-    if (a.replica() == 0 && a.tensor_rank() == 0) {
-      ASSERT_TRUE(Checkpoint(id, g, 5).ok());
-    }
-  }
+  CheckpointAll(id, 5);
   ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
 
   registry_.MarkLost(w[3], incarnations_[w[3]], "killed");

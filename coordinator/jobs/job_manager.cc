@@ -798,9 +798,7 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
     const int left =
         record->job.worker_ids_size() - 1 + static_cast<int>(SpareWorkersLocked(reserved).size());
     // As many as the re-plan could use (whole stages, a count with a layout).
-    std::vector<std::string> usable(static_cast<size_t>(std::max(0, left)));
-    KeepWholeReplicas(*record, &usable);
-    if (static_cast<int>(usable.size()) < MinJobWorkers(*record)) {
+    if (UsableWorkers(*record, std::max(0, left)) < MinJobWorkers(*record)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "draining ", worker_id, " would leave job ", record->job.id(), " fewer than its ",
           MinJobWorkers(*record), " workers (",
@@ -1433,17 +1431,17 @@ int JobManager::WorkerStep(const JobRecord& record) {
   return record.auto_layout_workers > 0 ? TensorRanks(record) : WorkersPerStage(record);
 }
 
-void JobManager::KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers) {
-  if (record.auto_layout_workers == 0) {
-    workers->resize(workers->size() - workers->size() % WorkersPerStage(record));
-    return;
-  }
+int JobManager::UsableWorkers(const JobRecord& record, int workers) {
+  if (record.auto_layout_workers == 0) return workers - workers % WorkersPerStage(record);
   const v1::JobSpec spec = AutoLayoutSpec(record);
   const int step = WorkerStep(record);
-  workers->resize(workers->size() - workers->size() % step);
-  while (!workers->empty() && AutoLayoutDegrees(spec, static_cast<int>(workers->size())).empty()) {
-    workers->resize(workers->size() - step);
-  }
+  int usable = workers - workers % step;
+  while (usable > 0 && AutoLayoutDegrees(spec, usable).empty()) usable -= step;
+  return usable;
+}
+
+void JobManager::KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers) {
+  workers->resize(UsableWorkers(record, static_cast<int>(workers->size())));
 }
 
 void JobManager::RecordWeightOwners(JobRecord& record, int stage) {

@@ -405,9 +405,11 @@ class JobManager {
   // stage more or less; the replicas are chosen again), 1 when it searches
   // T as well.
   static int WorkerStep(const JobRecord& record);
-  // Cuts `workers` to a multiple of WorkersPerStage (the last ones go); for
-  // an auto layout, to the largest multiple of WorkerStep that has a
-  // layout (AutoLayoutDegrees).
+  // How many of `workers` (>= 0) a plan can use: the largest multiple of
+  // WorkersPerStage; for an auto layout, the largest multiple of
+  // WorkerStep that has a layout (AutoLayoutDegrees); 0 when none.
+  static int UsableWorkers(const JobRecord& record, int workers);
+  // Cuts `workers` to UsableWorkers of them (the last ones go).
   static void KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers);
   static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
                                           const JobRecord& record);

@@ -304,6 +304,50 @@ TEST_F(ElasticClusterTest, DataParallelReplicaWorkerKilled_RecoversWithWholeRepl
   ExpectCloseToTrainLocal(job);
 }
 
+// Compressed data-parallel gradients (PowerSGD with error feedback, 2
+// replicas of 1 stage on 3 workers): replica 1's worker is killed, the
+// spare takes its place, and every worker restores its replica's residuals
+// and PowerSGD's warm starts from the checkpoint, which replica 0 wrote
+// with both replicas' (worker/checkpoint/unit_checkpoint.h). So the job
+// ends bitwise as an uninterrupted one: per-step losses and final weights.
+TEST_F(ElasticClusterTest, CompressedReplicaWorkerKilled_ErrorFeedbackRestoredBitwise) {
+  Start("dp-compressed", 3);
+  auto compressed = [](const std::string& weights) {
+    v1::JobSpec spec = ElasticSpec(1, "uniform", weights);
+    spec.mutable_parallelism()->set_data(2);
+    spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=4");
+    spec.mutable_compression()->mutable_data_parallel()->add_stages(0);
+    return spec;
+  };
+  const v1::Job reference =
+      testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, compressed("dpc-whole.safetensors")),
+                        absl::Seconds(180), testing::Ended);
+  ASSERT_EQ(reference.state(), v1::JOB_STATE_SUCCEEDED) << reference.reason();
+
+  const std::string id = testing::SubmitJob(*stub_, compressed("dpc.safetensors"));
+  ASSERT_FALSE(KillAtStep(id, 12, 1).empty());  // replica 1's worker
+  const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.progress().recoveries(), 1);
+  ASSERT_EQ(job.plan_history_size(), 2);
+  EXPECT_EQ(job.plan_history(1).worker_ids_size(), 2);
+  EXPECT_GT(job.plan_history(1).start_step(), 0);
+  EXPECT_EQ(std::vector<float>(job.progress().loss_history().begin(),
+                               job.progress().loss_history().end()),
+            std::vector<float>(reference.progress().loss_history().begin(),
+                               reference.progress().loss_history().end()));
+  auto want = ReadSafetensors(reference.weights_path());
+  auto got = ReadSafetensors(job.weights_path());
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->tensors.size(), want->tensors.size());
+  for (const NamedTensor& t : want->tensors) {
+    const Tensor* mine = got->Find(t.name);
+    ASSERT_NE(mine, nullptr) << t.name;
+    EXPECT_EQ(mine->ToVector(), t.tensor.ToVector()) << t.name << " (bitwise)";
+  }
+}
+
 // spec.parallelism.data 0 (auto) on 4 workers: whatever layout the job
 // chose, a killed worker leaves 3, and with 4 micro-batches a job naming
 // its replicas could only wait for a fourth (or drop a whole replica);

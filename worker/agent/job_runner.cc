@@ -533,16 +533,19 @@ absl::Status JobRunner::RunJob() {
       return passed;
     }
     const bool boundary = stop_after == step;
-    const bool owns_units =
-        assignment_.backward_units().end() > assignment_.backward_units().begin() && replica_zero;
-    if (writer != nullptr && owns_units && (step % checkpoints.interval_steps() == 0 || boundary)) {
-      // Every tensor rank takes part in gathering the shards; rank 0 writes.
+    // Every tensor rank takes part in gathering the shards, and with
+    // compressed data-parallel gradients every replica in gathering its
+    // error feedback; replica 0's tensor rank 0 writes.
+    const bool snapshots =
+        assignment_.backward_units().end() > assignment_.backward_units().begin() &&
+        (replica_zero || runtime->SnapshotsEveryReplica());
+    if (writer != nullptr && snapshots && (step % checkpoints.interval_steps() == 0 || boundary)) {
       absl::StatusOr<StageSnapshot> snapshot = runtime->Snapshot(step);
       if (!snapshot.ok()) {
         if (!stop_.load()) ReportError(snapshot.status());
         return snapshot.status();
       }
-      if (assignment_.tensor_rank() == 0) writer->Submit(*std::move(snapshot));
+      if (replica_zero && assignment_.tensor_rank() == 0) writer->Submit(*std::move(snapshot));
     }
     if (boundary) {
       if (writer != nullptr) writer->Wait();

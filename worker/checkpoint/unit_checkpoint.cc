@@ -21,6 +21,11 @@ constexpr char kFormat[] = "pipetrain-unit-checkpoint";
 constexpr char kVersion[] = "1";
 constexpr char kMomentM[] = "optimizer.m.";
 constexpr char kMomentV[] = "optimizer.v.";
+constexpr char kFeedback[] = "feedback.";  // + "<replica>.<name>"
+constexpr char kWarmQ[] = "powersgd.q.";
+constexpr char kFeedbackReplicas[] = "feedback_replicas";
+// PowerSGD's rank bound (spec.compression.data_parallel.codec).
+constexpr int64_t kMaxWarmQRank = 1024;
 // A unit file is read whole to check its checksum; no unit of a model within
 // the spec bounds comes near this, a corrupt size field might.
 constexpr int64_t kMaxUnitFileBytes = int64_t{64} << 30;
@@ -97,9 +102,18 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
       tensors.push_back({kMomentM + unit.m[i].name, unit.m[i].tensor});
       tensors.push_back({kMomentV + unit.v[i].name, unit.v[i].tensor});
     }
-    RETURN_IF_ERROR(WriteSafetensorsAt(
-        parent.dir.get(), parent.name, tensors,
-        MetadataFor(identity, unit.unit, snapshot.step, snapshot.optimizer_steps), 0600));
+    SafetensorsMetadata metadata =
+        MetadataFor(identity, unit.unit, snapshot.step, snapshot.optimizer_steps);
+    if (!unit.feedback.empty()) {
+      metadata[kFeedbackReplicas] = absl::StrCat(unit.feedback.size());
+      for (size_t r = 0; r < unit.feedback.size(); ++r) {
+        for (const NamedTensor& e : unit.feedback[r]) {
+          tensors.push_back({absl::StrCat(kFeedback, r, ".", e.name), e.tensor});
+        }
+      }
+    }
+    for (const NamedTensor& q : unit.warm_q) tensors.push_back({kWarmQ + q.name, q.tensor});
+    RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600));
     // Checksummed as written to disk (read back from the page cache).
     ASSIGN_OR_RETURN(std::string bytes, ReadAt(parent.dir.get(), parent.name, path));
     v1::UnitFile file;
@@ -188,11 +202,41 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
   };
   UnitState state;
   state.unit = expected.unit();
+  // Error feedback: written only after a step, by a job that compressed.
+  int64_t replicas = 0;
+  const std::string replicas_text = Get(meta, kFeedbackReplicas);
+  if (with_moments && steps > 0 && !replicas_text.empty()) {
+    if (!absl::SimpleAtoi(replicas_text, &replicas) || replicas < 1 ||
+        replicas > kMaxFeedbackReplicas) {
+      return absl::DataLossError(absl::StrCat(path, ": bad ", kFeedbackReplicas, " \"",
+                                              replicas_text.substr(0, 32), "\" (1..",
+                                              kMaxFeedbackReplicas, ")"));
+    }
+    state.feedback.resize(static_cast<size_t>(replicas));
+  }
   for (const ParameterShape& p : UnitParameterShapes(identity.model, expected.unit())) {
     RETURN_IF_ERROR(find(p.name, p.shape, &state.values, p.name));
     if (with_moments && steps > 0) {
       RETURN_IF_ERROR(find(p.name, p.shape, &state.m, kMomentM + p.name));
       RETURN_IF_ERROR(find(p.name, p.shape, &state.v, kMomentV + p.name));
+    }
+    if (replicas == 0) continue;
+    // Every replica's residual of a compressed parameter, or none.
+    if (contents.Find(absl::StrCat(kFeedback, 0, ".", p.name)) != nullptr) {
+      for (int64_t r = 0; r < replicas; ++r) {
+        RETURN_IF_ERROR(find(p.name, p.shape, &state.feedback[static_cast<size_t>(r)],
+                             absl::StrCat(kFeedback, r, ".", p.name)));
+      }
+    }
+    if (const Tensor* q = contents.Find(kWarmQ + p.name); q != nullptr) {
+      const Shape& shape = q->shape();
+      if (p.shape.size() != 2 || shape.size() != 2 || shape[0] != p.shape[1] || shape[1] < 1 ||
+          shape[1] > kMaxWarmQRank) {
+        return absl::DataLossError(absl::StrCat(path, ": tensor ", kWarmQ, p.name, " is ",
+                                                ShapeToString(shape), "; expected [",
+                                                p.shape.back(), ", rank <= ", kMaxWarmQRank, "]"));
+      }
+      state.warm_q.push_back({p.name, *q});
     }
   }
   return state;

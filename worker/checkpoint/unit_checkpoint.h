@@ -10,6 +10,14 @@
 // "optimizer.m.<name>" / "optimizer.v.<name>", and in __metadata__:
 // format=pipetrain-unit-checkpoint, version=1, job_id, unit, step (optimizer
 // steps the weights have taken), optimizer_steps, seed and the model shape.
+// A unit whose data-parallel gradients go compressed (selective stage
+// compression, spec.compression.data_parallel) also holds the error
+// feedback not yet sent: "feedback.<r>.<name>", replica r's residual of
+// each compressed parameter (unsplit), with feedback_replicas=D in the
+// metadata, and PowerSGD's warm starts "powersgd.q.<name>" of the
+// parameters one rank holds whole. So a compressed job resumed on its own
+// layout goes on exactly as one that never stopped, and on another layout
+// no feedback is lost (StageRuntime::Restore folds the replicas).
 // Because a file holds one unit whatever the plan was, a checkpoint loads
 // under any other plan: a re-plan needs no resharding.
 //
@@ -43,7 +51,18 @@ struct UnitState {
   // AdamW moments, in the order of `values`; empty when not wanted (a
   // forward-only unit being loaded) or not yet created (before step 1).
   std::vector<NamedTensor> m, v;
+  // Selective stage compression's state, of the parameters that have it
+  // (in the order of `values`): feedback[r] holds replica r's error-feedback
+  // residuals (unsplit), for every replica of the job that wrote it;
+  // warm_q PowerSGD's warm starts Q [cols, rank] (the same on every
+  // replica). Both empty when the unit's gradients go uncompressed.
+  std::vector<std::vector<NamedTensor>> feedback;
+  std::vector<NamedTensor> warm_q;
 };
+
+// The most replicas a checkpoint's feedback may name (kMaxStages, the
+// bound of spec.parallelism.data).
+inline constexpr int kMaxFeedbackReplicas = 1024;
 
 // What a stage's checkpoint after `step` optimizer steps holds.
 struct StageSnapshot {
@@ -83,8 +102,12 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
 // corrupt), its metadata names this format, unit and step
 // (DATA_LOSS), the model shape and seed are `identity`'s
 // (FAILED_PRECONDITION: a checkpoint of another model), and every parameter
-// of the unit is there with its shape (DATA_LOSS), with its moments when
-// `with_moments`. Every message names the file. `*optimizer_steps` (may be
+// of the unit is there with its shape (DATA_LOSS), with its moments and
+// its error feedback when `with_moments` (feedback_replicas in
+// 1..kMaxFeedbackReplicas, every replica's residual of a parameter there
+// with the parameter's shape, a warm start Q of the parameter's columns
+// and at most 1024 columns of rank, else DATA_LOSS). Every message names
+// the file. `*optimizer_steps` (may be
 // null) gets the file's optimizer step count.
 absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::ResumeFrom& from,
                                              const v1::UnitFile& expected,

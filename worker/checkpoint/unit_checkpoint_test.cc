@@ -88,6 +88,85 @@ TEST_F(UnitCheckpointTest, RoundTripsValuesMomentsAndSteps) {
   EXPECT_EQ(st.st_mode & 0777, 0600);
 }
 
+// Unit 1 (attention) of TinyModel with error feedback of `replicas`
+// replicas on its two matrices and PowerSGD's warm start of c_attn's.
+UnitState WithFeedback(int replicas) {
+  UnitState state = MakeUnit(1, 1, true);
+  state.feedback.resize(static_cast<size_t>(replicas));
+  for (int r = 0; r < replicas; ++r) {
+    for (const NamedTensor& v : state.values) {
+      if (v.tensor.shape().size() != 2) continue;
+      state.feedback[static_cast<size_t>(r)].push_back(
+          {v.name, Tensor::Filled(v.tensor.shape(), 0.5f + static_cast<float>(r))});
+    }
+  }
+  state.warm_q.push_back({"h.0.attn.c_attn.weight", Tensor::Filled({24, 2}, 3.0f)});
+  return state;
+}
+
+TEST_F(UnitCheckpointTest, RoundTripsEveryReplicasErrorFeedbackAndWarmStarts) {
+  const UnitState want = WithFeedback(3);
+  ASSERT_EQ(want.feedback[0].size(), 2u);  // c_attn and c_proj
+  absl::StatusOr<std::vector<v1::UnitFile>> files =
+      WriteStageCheckpoint(root_, "fb", StageSnapshot{5, 5, {want}}, id_);
+  ASSERT_TRUE(files.ok()) << files.status();
+  v1::ResumeFrom from;
+  from.set_step(5);
+  from.set_dir(absl::StrCat("fb/", StepDirName(5)));
+  absl::StatusOr<UnitState> read = ReadUnitCheckpoint(root_, from, (*files)[0], id_, true, nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->feedback.size(), 3u);
+  for (size_t r = 0; r < 3; ++r) {
+    ASSERT_EQ(read->feedback[r].size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(read->feedback[r][i].name, want.feedback[r][i].name);
+      EXPECT_EQ(read->feedback[r][i].tensor.ToVector(), want.feedback[r][i].tensor.ToVector());
+    }
+  }
+  ASSERT_EQ(read->warm_q.size(), 1u);
+  EXPECT_EQ(read->warm_q[0].tensor.ToVector(), want.warm_q[0].tensor.ToVector());
+  // Loading weights only (a forward unit) leaves the feedback out.
+  read = ReadUnitCheckpoint(root_, from, (*files)[0], id_, /*with_moments=*/false, nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->feedback.empty());
+  EXPECT_TRUE(read->warm_q.empty());
+}
+
+// A replica's residual missing, too many replicas, a warm start of another
+// shape: DATA_LOSS naming the file and the tensor.
+TEST_F(UnitCheckpointTest, InconsistentErrorFeedback_IsDataLoss) {
+  struct Case {
+    std::string what;
+    UnitState state;
+    std::string expected;
+  };
+  std::vector<Case> cases;
+  UnitState missing = WithFeedback(2);
+  missing.feedback[1].pop_back();
+  cases.push_back({"missing", missing, "feedback.1.h.0.attn.c_proj.weight is missing"});
+  UnitState too_many = MakeUnit(1, 1, true);
+  too_many.feedback.resize(kMaxFeedbackReplicas + 1);
+  cases.push_back({"too many", too_many, "bad feedback_replicas \"1025\""});
+  UnitState bad_q = WithFeedback(1);
+  bad_q.warm_q[0].tensor = Tensor::Filled({8, 2}, 1.0f);
+  cases.push_back({"bad q", bad_q, "powersgd.q.h.0.attn.c_attn.weight is [8, 2]"});
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const std::string dir = "bad-" + std::to_string(&c - cases.data());
+    absl::StatusOr<std::vector<v1::UnitFile>> files =
+        WriteStageCheckpoint(root_, dir, StageSnapshot{5, 5, {c.state}}, id_);
+    ASSERT_TRUE(files.ok()) << files.status();
+    v1::ResumeFrom from;
+    from.set_step(5);
+    from.set_dir(absl::StrCat(dir, "/", StepDirName(5)));
+    absl::StatusOr<UnitState> read =
+        ReadUnitCheckpoint(root_, from, (*files)[0], id_, true, nullptr);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+    EXPECT_NE(read.status().message().find(c.expected), std::string::npos) << read.status();
+    EXPECT_NE(read.status().message().find("unit-0001"), std::string::npos) << read.status();
+  }
+}
+
 TEST_F(UnitCheckpointTest, TruncatedFile_IsDataLoss) {
   const v1::ResumeFrom from = WriteAll();
   ASSERT_EQ(truncate(PathOf(from, 1).c_str(), from.units(1).bytes() - 10), 0);

@@ -235,7 +235,10 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
           }
         }
         const int s = stage_of(g);
-        if (i + 1 == extras.snapshot_after && g < stages * tp &&
+        // Replica 0's runtimes, and with compressed data-parallel
+        // gradients every replica's (their error feedback goes to replica 0).
+        if (i + 1 == extras.snapshot_after &&
+            (g < stages * tp || runtimes[g]->SnapshotsEveryReplica()) &&
             backward[s].end > backward[s].begin && errors[g].ok()) {
           absl::StatusOr<StageSnapshot> snapshot = runtimes[g]->Snapshot(i + 1);
           if (snapshot.ok()) {
@@ -268,8 +271,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   }
   for (int g = 0; g < total; ++g) {
     if (!snapshots[g].has_value()) continue;
-    // Tensor rank 0 gathers the stage's snapshot; the other ranks only send.
-    if (g % tp != 0) {
+    // Tensor rank 0 of replica 0 gathers the stage's snapshot; the other
+    // ranks only send.
+    if (g % tp != 0 || g >= stages * tp) {
       EXPECT_TRUE(snapshots[g]->units.empty()) << "runtime " << g << " kept a snapshot";
       continue;
     }

@@ -104,7 +104,9 @@ struct PipelineExtras {
   std::string forward_codec, backward_codec;
   // > 0: after this many steps every runtime of replica 0 that owns units
   // takes a Snapshot (its tensor ranks gather theirs, and every rank's copy
-  // must agree bitwise); RunOutput::checkpoint holds them.
+  // must agree bitwise), and with compressed data-parallel gradients the
+  // other replicas' runtimes too (they send their error feedback and keep
+  // nothing); RunOutput::checkpoint holds them.
   int snapshot_after = 0;
   // Non-null: every runtime first Restores the units it holds from it, and
   // the run trains steps resume->step .. iterations - 1 (losses and

@@ -49,6 +49,8 @@ constexpr int kOverlapTagBase = (1 << 21) + (1 << 19);
 // of the fused embedding synchronization.
 constexpr int kLossGatherTag = 1 << 22;
 constexpr int kEmbeddingSyncTag = (1 << 22) + 1;
+// The tag of a checkpoint's gather of the replicas' error feedback.
+constexpr int kFeedbackCheckpointTag = (1 << 22) + 2;
 
 using Clock = std::chrono::steady_clock;
 
@@ -505,6 +507,21 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
   StageSnapshot snapshot;
   snapshot.step = step;
   snapshot.optimizer_steps = optimizer_.steps_taken();
+  // The replicas' error feedback first: the other replicas take part in
+  // nothing else.
+  const std::vector<const Parameter*> held = FeedbackParameters();
+  // Replica 0: by replica, `held` concatenated; and each one's offset.
+  std::vector<Tensor> feedback;
+  std::map<const Parameter*, int64_t> held_at;
+  if (SnapshotsEveryReplica()) {
+    ASSIGN_OR_RETURN(feedback, GatherReplicaFeedback(step, held));
+    if (setup_.replica != 0) return snapshot;
+    int64_t offset = 0;
+    for (const Parameter* p : held) {
+      held_at[p] = offset;
+      offset += p->value.numel();
+    }
+  }
   const auto& moments = optimizer_.moments();
   for (int u = setup_.backward.begin(); u < setup_.backward.end(); ++u) {
     UnitState state;
@@ -523,11 +540,122 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
       state.m.push_back({p->name, std::move(m_value)});
       state.v.push_back({p->name, std::move(v_value)});
     }
+    // Then the residuals, replica by replica, one tag per (parameter,
+    // replica), and the warm starts of tensors held whole.
+    for (const Parameter* p : units_.at(u)->parameters()) {
+      auto at = held_at.find(p);
+      if (at == held_at.end()) continue;
+      state.feedback.resize(feedback.size());
+      for (size_t r = 0; r < feedback.size(); ++r) {
+        const Tensor mine =
+            feedback[r].Slice(at->second, at->second + p->value.numel()).Reshape(p->value.shape());
+        ASSIGN_OR_RETURN(Tensor residual, unsplit(mine, p->shard));
+        state.feedback[r].push_back({p->name, std::move(residual)});
+      }
+      const Tensor& q = dp_feedback_.at(p->name).q;
+      if (!p->shard.sharded() && q.numel() > 0) state.warm_q.push_back({p->name, q.Clone()});
+    }
     if (state.m.size() != state.values.size()) state.m.clear(), state.v.clear();
     if (keeps) snapshot.units.push_back(std::move(state));
   }
   RETURN_IF_ERROR(setup_.backend->status());
   return snapshot;
+}
+
+bool StageRuntime::SnapshotsEveryReplica() const {
+  return setup_.replicas > 1 &&
+         (dp_quantizer_ != nullptr || setup_.data_parallel_powersgd_rank > 0);
+}
+
+std::vector<const Parameter*> StageRuntime::FeedbackParameters() const {
+  std::vector<const Parameter*> held;
+  for (const Parameter* p : parameters()) {
+    auto e = dp_feedback_.find(p->name);
+    if (e != dp_feedback_.end() && e->second.residual.numel() == p->value.numel()) {
+      held.push_back(p);
+    }
+  }
+  return held;
+}
+
+absl::StatusOr<std::vector<Tensor>> StageRuntime::GatherReplicaFeedback(
+    int64_t step, const std::vector<const Parameter*>& held) {
+  if (transport_ == nullptr) return Internal("data parallelism needs a transport");
+  int64_t numel = 0;
+  for (const Parameter* p : held) numel += p->value.numel();
+  Tensor mine = Tensor::Zeros({numel});
+  int64_t offset = 0;
+  for (const Parameter* p : held) {
+    const Tensor& e = dp_feedback_.at(p->name).residual;
+    std::memcpy(mine.data() + offset, e.data(), e.size_bytes());
+    offset += e.numel();
+  }
+  std::vector<int> copies;
+  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
+  Collectives collectives(
+      transport_, CollectiveGroup{copies, setup_.job_id},
+      CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
+  RETURN_IF_ERROR(collectives.status());
+  ASSIGN_OR_RETURN(Tensor all, collectives.Gather(step, kFeedbackCheckpointTag, /*root=*/0, mine,
+                                                  numel * setup_.replicas));
+  std::vector<Tensor> by_replica;
+  if (setup_.replica != 0) return by_replica;
+  for (int r = 0; r < setup_.replicas; ++r) {
+    by_replica.push_back(all.Slice(r * numel, (r + 1) * numel).Clone());
+  }
+  return by_replica;
+}
+
+void StageRuntime::AddRestoredFeedback() {
+  for (Parameter* p : parameters()) {
+    auto e = dp_feedback_.find(p->name);
+    if (e == dp_feedback_.end() || e->second.residual.numel() != p->grad.numel()) continue;
+    Tensor g = OnHost(p->grad);  // the gradient itself on the host
+    float* x = g.data();
+    const float* add = e->second.residual.data();
+    for (int64_t i = 0; i < g.numel(); ++i) x[i] += add[i];
+    if (p->grad.on_device()) setup_.backend->CopyFromHost(g, &p->grad);
+  }
+  dp_feedback_.clear();
+}
+
+absl::Status StageRuntime::RestoreFeedback(
+    int index, const UnitState& state, const std::vector<Parameter*>& params,
+    std::map<std::string, PowerSgdAllReduceState>* out) const {
+  std::map<std::string, const Parameter*> by_name;
+  for (const Parameter* p : params) by_name[p->name] = p;
+  auto unsplit_shape = [](const Parameter& p) {
+    return p.shard.sharded() ? p.shard.full_shape : p.value.shape();
+  };
+  for (size_t r = 0; r < state.feedback.size(); ++r) {
+    // This replica's share: the replicas r = replica mod replicas.
+    if (static_cast<int>(r % static_cast<size_t>(setup_.replicas)) != setup_.replica) continue;
+    for (const NamedTensor& e : state.feedback[r]) {
+      auto p = by_name.find(e.name);
+      if (p == by_name.end() || e.tensor.shape() != unsplit_shape(*p->second)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("restore: unit ", index, " error feedback of replica ", r, " for ", e.name,
+                         " is ", ShapeToString(e.tensor.shape())));
+      }
+      const Parameter& param = *p->second;
+      const Tensor part =
+          param.shard.sharded() ? SliceShard(e.tensor, param.shard) : e.tensor.Clone();
+      Tensor& residual = (*out)[e.name].residual;
+      if (residual.numel() == 0) {
+        residual = part;
+        continue;
+      }
+      float* x = residual.data();
+      for (int64_t i = 0; i < part.numel(); ++i) x[i] += part.data()[i];
+    }
+  }
+  for (const NamedTensor& q : state.warm_q) {
+    auto p = by_name.find(q.name);
+    // A warm start of another shape (another rank, a split matrix) is no
+    // start: PowerSGD draws its fixed one instead.
+    if (p != by_name.end() && !p->second->shard.sharded()) (*out)[q.name].q = q.tensor.Clone();
+  }
+  return absl::OkStatus();
 }
 
 absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t optimizer_steps) {
@@ -545,6 +673,7 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
   };
   std::vector<Copy> copies;
   std::map<std::string, AdamWMoments> moments;
+  std::map<std::string, PowerSgdAllReduceState> feedback;
   for (const auto& [index, unit] : units_) {
     auto found = by_unit.find(index);
     if (found == by_unit.end()) {
@@ -585,6 +714,7 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
       }
       copies.push_back({mine(v.tensor, shard), &params[i]->value});
     }
+    if (backward) RETURN_IF_ERROR(RestoreFeedback(index, state, params, &feedback));
   }
   for (const Copy& c : copies) {
     if (c.to->on_device()) {
@@ -595,6 +725,7 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
   }
   optimizer_.moments() = std::move(moments);
   optimizer_.set_steps_taken(optimizer_steps);
+  dp_feedback_ = std::move(feedback);
   return setup_.backend->status();
 }
 
@@ -1259,10 +1390,9 @@ absl::Status StageRuntime::FlushBucket() {
             transport_, CollectiveGroup{copies, setup_.job_id},
             CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
         RETURN_IF_ERROR(collectives.status());
-        // The residuals are this thread's alone: the interpreter never
-        // touches them.
-        return AllReduceGroup(collectives, iteration, tag, params, &dp_bucket_residuals_[bucket],
-                              stats);
+        // The bucket's residuals are this thread's alone: the interpreter
+        // touches none of them before it drains.
+        return AllReduceGroup(collectives, iteration, tag, params, stats);
       });
 }
 
@@ -1285,7 +1415,7 @@ int StageRuntime::GroupTags(const std::vector<Parameter*>& params) const {
 }
 
 absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
-                                          const std::vector<Parameter*>& params, Tensor* residual,
+                                          const std::vector<Parameter*>& params,
                                           IterationResult::CollectiveStats* stats) {
   auto count = [stats](int64_t bytes, int64_t wire_bytes, Clock::time_point start) {
     ++stats->count;
@@ -1306,7 +1436,7 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
     const int64_t rows = p->grad.shape()[0], cols = p->grad.shape()[1];
     const auto start = Clock::now();
     RETURN_IF_ERROR(PowerSgdAllReduce(collectives, iteration, tag, rank, rows, cols,
-                                      /*error_feedback=*/true, g, &powersgd_[p->name]));
+                                      /*error_feedback=*/true, g, &dp_feedback_[p->name]));
     tag += 2;
     // What crossed: P [rows, r] and Q [cols, r], all-reduced.
     count(g.size_bytes(), int64_t{rank} * (rows + cols) * 4, start);
@@ -1326,17 +1456,44 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
   }
   const auto start = Clock::now();
   if (dp_quantizer_ != nullptr) {
-    // Error feedback: what the codec dropped of last step's contribution
-    // goes with this one (every replica's residual is its own).
-    if (residual->numel() != numel) *residual = Tensor::Zeros({numel});
-    for (int64_t i = 0; i < numel; ++i) flat.data()[i] += residual->data()[i];
+    // Error feedback: what the codec dropped of each gradient's last
+    // contribution goes with this one (every replica's residual is its
+    // own). Before the first step, + 0 as the residual (the same bits).
+    offset = 0;
+    for (const Parameter* p : flat_params) {
+      const Tensor& e = dp_feedback_[p->name].residual;
+      float* x = flat.data() + offset;
+      const int64_t n = p->grad.numel();
+      for (int64_t i = 0; i < n; ++i) x[i] += e.numel() == n ? e.data()[i] : 0.0f;
+      offset += n;
+    }
     // What it sent, from the member's running count (no stats: their
     // norms would cost two passes over the gradients).
     const int64_t sent_before = collectives.sent_bytes();
+    Tensor dropped;
     RETURN_IF_ERROR(collectives.AllReduceEncoded(iteration, tag, *dp_quantizer_, numel, flat,
-                                                 /*stats=*/nullptr, residual));
+                                                 /*stats=*/nullptr, &dropped));
     count(flat.size_bytes(), collectives.sent_bytes() - sent_before, start);
+    offset = 0;
+    for (const Parameter* p : flat_params) {
+      const int64_t n = p->grad.numel();
+      dp_feedback_[p->name].residual =
+          dropped.Slice(offset, offset + n).Clone().Reshape(p->grad.shape());
+      offset += n;
+    }
   } else {
+    // Residuals a checkpoint restored where this stage sends exactly.
+    offset = 0;
+    for (const Parameter* p : flat_params) {
+      auto pending = dp_feedback_.find(p->name);
+      const int64_t n = p->grad.numel();
+      if (pending != dp_feedback_.end() && pending->second.residual.numel() == n) {
+        float* x = flat.data() + offset;
+        for (int64_t i = 0; i < n; ++i) x[i] += pending->second.residual.data()[i];
+      }
+      if (pending != dp_feedback_.end()) dp_feedback_.erase(pending);
+      offset += n;
+    }
     RETURN_IF_ERROR(collectives.AllReduce(iteration, tag, flat));
     count(flat.size_bytes(), flat.size_bytes(), start);
   }
@@ -1375,7 +1532,7 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
   }
   group_stats_.push_back(std::make_unique<IterationResult::CollectiveStats>());
   RETURN_IF_ERROR(AllReduceGroup(collectives, iteration, kDataParallelTagBase + 2, rest,
-                                 &dp_residual_, group_stats_.back().get()));
+                                 group_stats_.back().get()));
   for (const auto& stats : group_stats_) {
     if (result == nullptr || stats->count == 0) continue;
     IterationResult::CollectiveStats& total = result->collectives["data_parallel"];
@@ -1397,6 +1554,7 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
 absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResult* result) {
   const TrainConfig& train = setup_.train;
   optimizer_.set_lr(LearningRate(train, optimizer_.steps_taken()));
+  if (setup_.replicas == 1 && !dp_feedback_.empty()) AddRestoredFeedback();
   if (setup_.replicas > 1) {
     // The all-reduce's time at the step (the wait for the overlapped
     // buckets, then the rest): its own phase, not the optimizer's.

@@ -261,15 +261,27 @@ class StageRuntime {
   // the group calls after the same step; rank 0 gets the whole snapshot
   // (and writes it), the others send their shards and get a snapshot with
   // no units: no rank but the writer holds a copy of the whole stage.
-  // Errors: the collective's, or the backend's.
+  // With compressed data-parallel gradients (SnapshotsEveryReplica), every
+  // replica calls it: each sends its error feedback (its residuals per
+  // parameter) to replica 0 first, whose snapshot holds them all
+  // (UnitState::feedback) with PowerSGD's warm starts; the others get a
+  // snapshot with no units. Errors: the collective's, or the backend's.
   absl::StatusOr<StageSnapshot> Snapshot(int64_t step);
+  // Whether every replica of this stage must call Snapshot, not only
+  // replica 0: it has replicas and compresses their all-reduce.
+  bool SnapshotsEveryReplica() const;
   // Sets every unit this stage holds (forward and backward) to the values in
   // `units` (unsplit tensors, as Snapshot gives them), and the AdamW moments
   // of its backward units and the step count to theirs; call before the
   // first iteration. A tensor-parallel rank keeps its shard of each split
   // tensor and of its moments (SliceShard, as the initialisation cuts
   // them). INVALID_ARGUMENT naming the unit or tensor when one this stage
-  // needs is missing or mis-shaped (nothing is changed then).
+  // needs is missing or mis-shaped (nothing is changed then). Error
+  // feedback in `units` (UnitState::feedback, of D replicas) goes to this
+  // stage's replica r as the sum over the replicas i = r mod replicas, in
+  // the order of i: on the same layout each replica gets its own back
+  // (bitwise the state of a run that never stopped), on another the total
+  // is kept; PowerSGD's warm starts too when their shape fits.
   absl::Status Restore(const std::vector<UnitState>& units, int64_t optimizer_steps);
   // What the runtime is doing now, e.g. "recv ACTIVATION unit 3 mb 1 from stage 0".
   std::string current_instruction() const;
@@ -320,8 +332,7 @@ class StageRuntime {
   // and queues the bucket when it is full (FlushBucket).
   absl::Status OverlapAllReduce(int unit);
   // Queues the bucket for AllReduceGroup on all_reduces_ (its tags from
-  // kOverlapTagBase on, its quantizer residual dp_bucket_residuals_'s slot
-  // of the bucket's number).
+  // kOverlapTagBase on).
   absl::Status FlushBucket();
   // `t` itself on the host, or a host copy of it on a device (the
   // collectives work on host tensors).
@@ -334,15 +345,33 @@ class StageRuntime {
   int GroupTags(const std::vector<Parameter*>& params) const;
   // Sums `params`' gradients over the replicas' copies of this stage, with
   // tags from `tag` on (GroupTags of them): each matrix PowerSgdPays for
-  // through PowerSgdAllReduce with error feedback (powersgd_), then the
-  // rest as one flat tensor, exactly or through dp_quantizer_ with error
-  // feedback in `residual` (resized to the flat tensor on first use).
-  // Gradients on the device go down and back up. Adds each collective to
-  // `stats`. Every replica calls it with the same parameters in the same
-  // order.
+  // through PowerSgdAllReduce with error feedback, then the rest as one
+  // flat tensor, exactly or through dp_quantizer_ with error feedback (both
+  // in dp_feedback_). Gradients on the device go down and back up. Adds
+  // each collective to `stats`. Every replica calls it with the same
+  // parameters in the same order.
   absl::Status AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
-                              const std::vector<Parameter*>& params, Tensor* residual,
+                              const std::vector<Parameter*>& params,
                               IterationResult::CollectiveStats* stats);
+  // The backward units' parameters (each once) that have error feedback
+  // (dp_feedback_), in parameters() order: the same on every replica.
+  std::vector<const Parameter*> FeedbackParameters() const;
+  // Every replica's residuals of `held` (FeedbackParameters), concatenated,
+  // gathered to replica 0 (a collective of this stage's replicas at this
+  // tensor rank, message (step, kFeedbackCheckpointTag)): replica 0 gets
+  // one tensor per replica, the others none.
+  absl::StatusOr<std::vector<Tensor>> GatherReplicaFeedback(
+      int64_t step, const std::vector<const Parameter*>& held);
+  // Restore's part for unit `index`'s error feedback: state.feedback's
+  // replicas folded into this replica's residuals (Restore's rule), cut to
+  // this rank's shards, and the warm starts of tensors held whole, into
+  // `out`. INVALID_ARGUMENT naming the tensor when one is mis-shaped.
+  absl::Status RestoreFeedback(int index, const UnitState& state,
+                               const std::vector<Parameter*>& params,
+                               std::map<std::string, PowerSgdAllReduceState>* out) const;
+  // One replica (a re-plan left no other): the residuals a checkpoint
+  // restored go into this step's gradients, once.
+  void AddRestoredFeedback();
   // Data parallelism, on the loss stage: every replica's micro-batch
   // losses, all-gathered over the replicas' loss stages, replace this
   // replica's share in `result` (the step's micro-batch order).
@@ -417,17 +446,16 @@ class StageRuntime {
   std::map<int, float> losses_;
   Tensor tied_received_;
   bool tied_reduced_ = false;  // a fused sync all-reduced wte this iteration
-  // Selective stage compression: each compressed gradient's warm start and
-  // error-feedback residual, by parameter name (kept across iterations).
-  std::map<std::string, PowerSgdAllReduceState> powersgd_;
-  // setup_.data_parallel_quantizer's codec (null: none) and its error
-  // feedback's residuals (empty until the first step): over the flat
-  // gradient all-reduced at the step, and over each overlapped bucket, by
-  // the bucket's number in the iteration (the same gradients every step;
-  // only all_reduces_' thread touches these).
+  // Selective stage compression's state across iterations, by parameter
+  // name: PowerSGD's warm start Q, and the error feedback's residual (this
+  // replica's, in the gradient's shape) of PowerSGD or of
+  // setup_.data_parallel_quantizer's codec (dp_quantizer_; null: none).
+  // Entries of the parameters one bucket carries are touched only by
+  // all_reduces_' thread until it drains. A residual restored from a
+  // checkpoint where this stage no longer compresses is added to the exact
+  // all-reduce once, then dropped (nothing sent is lost).
+  std::map<std::string, PowerSgdAllReduceState> dp_feedback_;
   std::unique_ptr<Codec> dp_quantizer_;
-  Tensor dp_residual_;
-  std::map<int, Tensor> dp_bucket_residuals_;
   // State within one RunEval: windows evaluated, EVAL_ACTIVATION tensors by
   // (micro-batch, unit), and the window-weighted loss sum on the head stage.
   int64_t eval_windows_ = 0;

@@ -1,0 +1,171 @@
+// Checkpoints of compressed data-parallel jobs (selective stage
+// compression's error feedback, StageRuntime::Snapshot and Restore), in
+// one process:
+//  - a checkpoint holds every replica's residual of every compressed
+//    gradient, and PowerSGD's warm starts;
+//  - resumed on its own layout, the job goes on bitwise as the run that
+//    never stopped (without the feedback it would not: checked too);
+//  - resumed on another number of replicas, the replicas' residuals are
+//    folded (Restore's rule), the replicas still agree bitwise, and the
+//    feedback reaches the gradients once.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "coordinator/planner/partition.h"
+#include "gtest/gtest.h"
+#include "worker/runtime/data_parallel_testing.h"
+#include "worker/runtime/pipeline_testing.h"
+
+namespace pipetrain {
+namespace {
+
+using testing::MakeDataset;
+using testing::PipelineCheckpoint;
+using testing::PipelineExtras;
+using testing::RunOutput;
+using testing::RunPipeline;
+
+constexpr int kStep = 5;
+
+// 6 micro-batches of 2 sequences (2 or 3 replicas), d_model 64 so that
+// PowerSGD of rank 2 pays on the matrices.
+TrainConfig CompressedConfig() {
+  TrainConfig c = testing::WithClippingAndCosine(testing::SmallConfig());
+  c.batch_size = 12;
+  c.micro_batches = 6;
+  c.model.d_model = 64;
+  return c;
+}
+
+// The checkpoint without its error feedback (as checkpoints were before).
+PipelineCheckpoint WithoutFeedback(PipelineCheckpoint checkpoint) {
+  for (auto& [unit, state] : checkpoint.units) state.feedback.clear(), state.warm_q.clear();
+  return checkpoint;
+}
+
+struct Compression {
+  std::string name;
+  int powersgd_rank = 0;
+  std::string quantizer;
+  std::vector<int> stages;
+  int64_t bucket_bytes = 0;
+};
+
+void PrintTo(const Compression& compression, std::ostream* os) { *os << compression.name; }
+
+class DataParallelCheckpointTest : public ::testing::TestWithParam<Compression> {};
+
+TEST_P(DataParallelCheckpointTest, ResumesBitwiseOnItsLayoutWithEveryReplicasFeedback) {
+  const Compression& compression = GetParam();
+  const TrainConfig c = CompressedConfig();
+  const Dataset data = MakeDataset();
+  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
+  PipelineExtras extras;
+  extras.replicas = 2;
+  extras.dp_powersgd_rank = compression.powersgd_rank;
+  extras.dp_quantizer = compression.quantizer;
+  extras.dp_compressed_stages = compression.stages;
+  extras.dp_bucket_bytes = compression.bucket_bytes;
+  extras.snapshot_after = kStep;
+  const RunOutput whole =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
+  ASSERT_EQ(whole.checkpoint.step, kStep);
+  ASSERT_EQ(whole.checkpoint.units.size(), 6u);
+
+  // Every unit of a compressed stage holds both replicas' residuals of the
+  // same parameters, not all zero; PowerSGD also its warm starts.
+  int compressed_units = 0;
+  for (const auto& [unit, state] : whole.checkpoint.units) {
+    const int stage = unit < 3 ? 0 : 1;
+    const bool compressed =
+        std::count(compression.stages.begin(), compression.stages.end(), stage) > 0;
+    SCOPED_TRACE(unit);
+    if (!compressed) {
+      EXPECT_TRUE(state.feedback.empty());
+      continue;
+    }
+    ++compressed_units;
+    ASSERT_EQ(state.feedback.size(), 2u);
+    ASSERT_FALSE(state.feedback[0].empty());
+    ASSERT_EQ(state.feedback[1].size(), state.feedback[0].size());
+    double magnitude = 0;
+    for (size_t i = 0; i < state.feedback[0].size(); ++i) {
+      EXPECT_EQ(state.feedback[1][i].name, state.feedback[0][i].name);
+      EXPECT_EQ(state.feedback[1][i].tensor.shape(), state.feedback[0][i].tensor.shape());
+      for (float x : state.feedback[0][i].tensor.ToVector()) magnitude += std::abs(x);
+    }
+    EXPECT_GT(magnitude, 0) << "replica 0's residuals are all zero";
+    if (compression.powersgd_rank > 0 && unit > 0) EXPECT_FALSE(state.warm_q.empty());
+  }
+  EXPECT_EQ(compressed_units, 3 * static_cast<int>(compression.stages.size()));
+
+  PipelineExtras resume = extras;
+  resume.snapshot_after = 0;
+  resume.resume = &whole.checkpoint;
+  testing::ExpectResumedMatches(
+      c, RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, resume), whole,
+      kStep, "resumed with its feedback", /*weights_relative=*/0);
+
+  // What the feedback is worth: without it the resumed run leaves the
+  // uninterrupted one.
+  const PipelineCheckpoint stripped = WithoutFeedback(whole.checkpoint);
+  resume.resume = &stripped;
+  const RunOutput forgot =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, resume);
+  EXPECT_NE(forgot.weights, whole.weights);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Codecs, DataParallelCheckpointTest,
+    ::testing::Values(Compression{"PowerSgdStage0", 2, "", {0}, 0},
+                      Compression{"Bf16BothStages", 0, "bf16", {0, 1}, 0},
+                      Compression{"Linear8OneUnitBuckets", 0, "linear:bits=8", {0, 1}, 1}),
+    [](const auto& info) { return info.param.name; });
+
+// Another number of replicas: 2 -> 3 (replica r gets old replica r's
+// residuals, replica 2 none) and 2 -> 1 (the one replica gets their sum,
+// added to its first step's gradients once, with no all-reduce to carry
+// it). The replicas still agree bitwise (RunPipeline checks), and the
+// feedback changes the run against the stripped checkpoint's.
+TEST(DataParallelCheckpointFoldTest, OtherReplicaCountsKeepTheFeedback) {
+  const TrainConfig c = CompressedConfig();
+  const Dataset data = MakeDataset();
+  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
+  PipelineExtras extras;
+  extras.replicas = 2;
+  extras.dp_quantizer = "linear:bits=8";
+  extras.dp_compressed_stages = {0, 1};
+  extras.snapshot_after = kStep;
+  const RunOutput whole =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
+  const PipelineCheckpoint stripped = WithoutFeedback(whole.checkpoint);
+
+  for (int replicas : {3, 1}) {
+    SCOPED_TRACE(replicas);
+    PipelineExtras other;
+    other.replicas = replicas;
+    if (replicas > 1) {
+      other.dp_quantizer = extras.dp_quantizer;
+      other.dp_compressed_stages = extras.dp_compressed_stages;
+    }
+    other.resume = &whole.checkpoint;
+    const RunOutput folded =
+        RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, other);
+    ASSERT_EQ(folded.losses.size(), static_cast<size_t>(testing::kIterations - kStep));
+    other.resume = &stripped;
+    const RunOutput forgot =
+        RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, other);
+    // The step after the checkpoint computes the same losses (the weights
+    // are the checkpoint's); the update after it differs.
+    EXPECT_EQ(folded.losses.front(), forgot.losses.front());
+    EXPECT_NE(folded.losses.back(), forgot.losses.back());
+    EXPECT_NE(folded.weights, forgot.weights);
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -5,6 +5,8 @@
 //    gradient, and PowerSGD's warm starts;
 //  - resumed on its own layout, the job goes on bitwise as the run that
 //    never stopped (without the feedback it would not: checked too);
+//  - with tensor ranks, the residuals of shards are unsplit in the
+//    checkpoint and cut back out on resuming;
 //  - resumed on another number of replicas, the replicas' residuals are
 //    folded (Restore's rule), the replicas still agree bitwise, and the
 //    feedback reaches the gradients once.
@@ -125,6 +127,47 @@ INSTANTIATE_TEST_SUITE_P(
                       Compression{"Bf16BothStages", 0, "bf16", {0, 1}, 0},
                       Compression{"Linear8OneUnitBuckets", 0, "linear:bits=8", {0, 1}, 1}),
     [](const auto& info) { return info.param.name; });
+
+// With tensor ranks (2 replicas of 1 stage of 2 ranks, bf16 on the
+// replicas' all-reduce): each rank's residuals of its shards go to replica
+// 0 and are unsplit there as the moments are; resumed on the layout, each
+// rank cuts its own back out, bitwise; resumed on one rank per stage, the
+// unsplit residuals are the ranks' shards side by side.
+TEST(DataParallelCheckpointTensorTest, ShardsResidualsUnsplitAndCutBack) {
+  const TrainConfig c = CompressedConfig();
+  const Dataset data = MakeDataset();
+  const std::vector<Range> one = {{0, NumUnits(c.model)}};
+  PipelineExtras extras;
+  extras.replicas = 2;
+  extras.tensor_parallel = 2;
+  extras.dp_quantizer = "bf16";
+  extras.dp_compressed_stages = {0};
+  extras.snapshot_after = kStep;
+  const RunOutput whole =
+      RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, extras);
+  ASSERT_EQ(whole.checkpoint.units.size(), static_cast<size_t>(NumUnits(c.model)));
+  const UnitState& attention = whole.checkpoint.units.at(1);
+  ASSERT_EQ(attention.feedback.size(), 2u);
+  bool unsplit = false;
+  for (size_t i = 0; i < attention.feedback[0].size(); ++i) {
+    const NamedTensor& e = attention.feedback[0][i];
+    if (e.name != "h.0.attn.c_attn.weight") continue;
+    EXPECT_EQ(e.tensor.shape(), (Shape{c.model.d_model, 3 * c.model.d_model}));
+    unsplit = true;
+  }
+  EXPECT_TRUE(unsplit) << "no residual of c_attn";
+
+  PipelineExtras resume = extras;
+  resume.snapshot_after = 0;
+  resume.resume = &whole.checkpoint;
+  testing::ExpectResumedMatches(
+      c, RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, resume), whole,
+      kStep, "T2 D2 resumed on T2 D2", /*weights_relative=*/0);
+  resume.tensor_parallel = 1;
+  const RunOutput ranks_gone =
+      RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, resume);
+  EXPECT_EQ(ranks_gone.losses.size(), static_cast<size_t>(testing::kIterations - kStep));
+}
 
 // Another number of replicas: 2 -> 3 (replica r gets old replica r's
 // residuals, replica 2 none) and 2 -> 1 (the one replica gets their sum,

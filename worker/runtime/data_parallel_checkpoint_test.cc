@@ -128,6 +128,47 @@ INSTANTIATE_TEST_SUITE_P(
                       Compression{"Linear8OneUnitBuckets", 0, "linear:bits=8", {0, 1}, 1}),
     [](const auto& info) { return info.param.name; });
 
+// More replicas than StageSetup::max_feedback_replicas (here 1, with 2):
+// the checkpoint holds their sum instead, bitwise the two replicas'
+// residuals added (what the default keeps separately); resumed on 2
+// replicas, replica 0 takes it all.
+TEST(DataParallelCheckpointSumTest, BeyondTheBoundOnlyTheSumIsKept) {
+  const TrainConfig c = CompressedConfig();
+  const Dataset data = MakeDataset();
+  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
+  PipelineExtras extras;
+  extras.replicas = 2;
+  extras.dp_quantizer = "bf16";
+  extras.dp_compressed_stages = {0, 1};
+  extras.snapshot_after = kStep;
+  const RunOutput each =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
+  extras.max_feedback_replicas = 1;
+  const RunOutput summed =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
+  EXPECT_EQ(summed.losses, each.losses);  // the bound changes checkpoints only
+  for (const auto& [unit, state] : summed.checkpoint.units) {
+    SCOPED_TRACE(unit);
+    const UnitState& separate = each.checkpoint.units.at(unit);
+    ASSERT_EQ(state.feedback.size(), 1u);
+    ASSERT_EQ(separate.feedback.size(), 2u);
+    ASSERT_EQ(state.feedback[0].size(), separate.feedback[0].size());
+    for (size_t i = 0; i < state.feedback[0].size(); ++i) {
+      std::vector<float> sum = separate.feedback[0][i].tensor.ToVector();
+      const std::vector<float> other = separate.feedback[1][i].tensor.ToVector();
+      for (size_t k = 0; k < sum.size(); ++k) sum[k] += other[k];
+      EXPECT_EQ(state.feedback[0][i].tensor.ToVector(), sum) << state.feedback[0][i].name;
+    }
+  }
+  PipelineExtras resume = extras;
+  resume.snapshot_after = 0;
+  resume.resume = &summed.checkpoint;
+  const RunOutput resumed =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, resume);
+  ASSERT_EQ(resumed.losses.size(), static_cast<size_t>(testing::kIterations - kStep));
+  EXPECT_EQ(resumed.losses.front(), each.losses[kStep]);  // the checkpoint's weights
+}
+
 // With tensor ranks (2 replicas of 1 stage of 2 ranks, bf16 on the
 // replicas' all-reduce): each rank's residuals of its shards go to replica
 // 0 and are unsplit there as the moments are; resumed on the layout, each

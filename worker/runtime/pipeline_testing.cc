@@ -172,6 +172,9 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     setup.tensor_partitions_backward = extras.tensor_partitions_backward;
     setup.tensor_partition_tune_steps = extras.tensor_partition_tune_steps;
     if (extras.dp_bucket_bytes > 0) setup.data_parallel_bucket_bytes = extras.dp_bucket_bytes;
+    if (extras.max_feedback_replicas > 0) {
+      setup.max_feedback_replicas = extras.max_feedback_replicas;
+    }
     for (int compressed : extras.dp_compressed_stages) {
       if (compressed != s) continue;
       setup.data_parallel_powersgd_rank = extras.dp_powersgd_rank;

@@ -90,6 +90,7 @@ struct PipelineExtras {
   std::string dp_quantizer;  // or this quantizer (StageSetup::data_parallel_quantizer)
   std::vector<int> dp_compressed_stages;
   int64_t dp_bucket_bytes = 0;  // > 0: StageSetup::data_parallel_bucket_bytes
+  int max_feedback_replicas = 0;  // > 0: StageSetup::max_feedback_replicas
   int iterations = kIterations;
   // Tensor parallelism: every stage split across this many runtimes
   // (StageSetup::tensor_rank); the weights are gathered into the unsplit

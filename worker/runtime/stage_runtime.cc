@@ -237,6 +237,11 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
   RETURN_IF_ERROR(
       MakeTensorParallelCompression(setup.tensor_compression, "tensor-parallel compression")
           .status());
+  if (setup.max_feedback_replicas < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("error feedback of at most ",
+                                                   setup.max_feedback_replicas,
+                                                   " replicas per checkpoint; want 1 or more"));
+  }
   if (!setup.data_parallel_quantizer.empty()) {
     if (setup.data_parallel_quantizer.size() > 256 || setup.replicas < 2 ||
         setup.data_parallel_powersgd_rank > 0) {
@@ -596,9 +601,14 @@ absl::StatusOr<std::vector<Tensor>> StageRuntime::GatherReplicaFeedback(
       transport_, CollectiveGroup{copies, setup_.job_id},
       CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
   RETURN_IF_ERROR(collectives.status());
+  std::vector<Tensor> by_replica;
+  if (setup_.replicas > setup_.max_feedback_replicas) {
+    RETURN_IF_ERROR(collectives.AllReduceInMemberOrder(step, kFeedbackCheckpointTag, mine));
+    if (setup_.replica == 0) by_replica.push_back(std::move(mine));
+    return by_replica;
+  }
   ASSIGN_OR_RETURN(Tensor all, collectives.Gather(step, kFeedbackCheckpointTag, /*root=*/0, mine,
                                                   numel * setup_.replicas));
-  std::vector<Tensor> by_replica;
   if (setup_.replica != 0) return by_replica;
   for (int r = 0; r < setup_.replicas; ++r) {
     by_replica.push_back(all.Slice(r * numel, (r + 1) * numel).Clone());

@@ -58,6 +58,10 @@
 
 namespace pipetrain {
 
+// StageSetup::max_feedback_replicas' default: up to 8 replicas' residuals
+// in a checkpoint (8 x the compressed gradients at most).
+inline constexpr int kMaxFeedbackReplicasKept = 8;
+
 struct StageSetup {
   std::string job_id;
   TrainConfig train;  // model shape, batch, micro-batches, AdamW, seed
@@ -142,6 +146,13 @@ struct StageSetup {
   // the optimizer step. Buckets amortise the per-collective latency. The
   // planner's simulator predicts the default's (data_parallel_buckets.h).
   int64_t data_parallel_bucket_bytes = kDataParallelBucketBytes;
+  // Checkpoints of a compressed all-reduce (Snapshot): with at most this
+  // many replicas each one's error feedback is kept (a resume on the same
+  // layout is bitwise); with more, only their sum, so that neither the
+  // writer's memory nor the checkpoint grows past this many copies of the
+  // compressed gradients (no feedback is lost; the resume is not bitwise).
+  // The same on every replica.
+  int max_feedback_replicas = kMaxFeedbackReplicasKept;
   // The stages that hold backward units (ascending): with
   // train.grad_clip > 0 they exchange their parameters' squared gradient
   // sums before each optimizer step (worker/train/grad_clip.h). Empty:
@@ -359,7 +370,9 @@ class StageRuntime {
   // Every replica's residuals of `held` (FeedbackParameters), concatenated,
   // gathered to replica 0 (a collective of this stage's replicas at this
   // tensor rank, message (step, kFeedbackCheckpointTag)): replica 0 gets
-  // one tensor per replica, the others none.
+  // one tensor per replica, the others none. With more replicas than
+  // setup_.max_feedback_replicas, their sum in member order instead (one
+  // tensor, an all-reduce).
   absl::StatusOr<std::vector<Tensor>> GatherReplicaFeedback(
       int64_t step, const std::vector<const Parameter*>& held);
   // Restore's part for unit `index`'s error feedback: state.feedback's

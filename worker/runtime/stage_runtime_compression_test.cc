@@ -41,7 +41,8 @@ class RecordingTransport : public Transport {
 
 // A data-parallel quantizer from the assignment is checked before use: a
 // spec that is not one quantizer, one without replicas to reduce over, or
-// one beside a PowerSGD rank is INVALID_ARGUMENT, not a crash.
+// one beside a PowerSGD rank is INVALID_ARGUMENT, not a crash; so is a
+// checkpoint bound of no replica's feedback.
 TEST(StageRuntimeCompression, DataParallelQuantizer_BadSetupsRefused) {
   const TrainConfig c = testing::SmallConfig();
   const Dataset data = testing::MakeDataset();
@@ -66,6 +67,10 @@ TEST(StageRuntimeCompression, DataParallelQuantizer_BadSetupsRefused) {
   EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
             absl::StatusCode::kInvalidArgument);
   setup.data_parallel_powersgd_rank = 0;
+  setup.max_feedback_replicas = 0;  // a checkpoint could keep no feedback
+  EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  setup.max_feedback_replicas = kMaxFeedbackReplicasKept;
   setup.replicas = 1;
   EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
             absl::StatusCode::kInvalidArgument);

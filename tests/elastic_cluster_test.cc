@@ -149,6 +149,20 @@ void ExpectCloseToTrainLocal(const v1::Job& job) {
                               job.spec().training().lr(), kSteps, "weights");
 }
 
+// `job`'s final weights are bitwise `reference`'s, tensor by tensor.
+void ExpectSameWeights(const v1::Job& job, const v1::Job& reference) {
+  auto want = ReadSafetensors(reference.weights_path());
+  auto got = ReadSafetensors(job.weights_path());
+  ASSERT_TRUE(want.ok()) << want.status();
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->tensors.size(), want->tensors.size());
+  for (const NamedTensor& t : want->tensors) {
+    const Tensor* mine = got->Find(t.name);
+    ASSERT_NE(mine, nullptr) << t.name;
+    EXPECT_EQ(mine->ToVector(), t.tensor.ToVector()) << t.name << " (bitwise)";
+  }
+}
+
 class ElasticClusterTest : public ::testing::Test {
  protected:
   void Start(const std::string& subdir, int workers,
@@ -181,6 +195,26 @@ class ElasticClusterTest : public ::testing::Test {
   v1::Job Finish(const std::string& id) {
     const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
     ExpectEqualsTrainLocal(job);
+    return job;
+  }
+  // Kills job `id`'s worker of `stage` (KillAtStep) at step 12, waits for
+  // the end, and expects one recovery onto a plan of 2 workers from a
+  // checkpoint, and bitwise `reference`'s losses and final weights.
+  v1::Job KillOnceAndExpectBitwise(const std::string& id, int stage, const v1::Job& reference) {
+    EXPECT_FALSE(KillAtStep(id, 12, stage).empty());
+    const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
+    EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+    EXPECT_EQ(job.progress().recoveries(), 1);
+    EXPECT_EQ(job.plan_history_size(), 2);
+    if (job.plan_history_size() == 2) {
+      EXPECT_EQ(job.plan_history(1).worker_ids_size(), 2);
+      EXPECT_GT(job.plan_history(1).start_step(), 0);
+    }
+    EXPECT_EQ(std::vector<float>(job.progress().loss_history().begin(),
+                                 job.progress().loss_history().end()),
+              std::vector<float>(reference.progress().loss_history().begin(),
+                                 reference.progress().loss_history().end()));
+    ExpectSameWeights(job, reference);
     return job;
   }
   std::string CheckpointFile(const std::string& subdir, const std::string& id, int step, int unit) {
@@ -324,28 +358,8 @@ TEST_F(ElasticClusterTest, CompressedReplicaWorkerKilled_ErrorFeedbackRestoredBi
                         absl::Seconds(180), testing::Ended);
   ASSERT_EQ(reference.state(), v1::JOB_STATE_SUCCEEDED) << reference.reason();
 
-  const std::string id = testing::SubmitJob(*stub_, compressed("dpc.safetensors"));
-  ASSERT_FALSE(KillAtStep(id, 12, 1).empty());  // replica 1's worker
-  const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
-  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
-  EXPECT_EQ(job.progress().recoveries(), 1);
-  ASSERT_EQ(job.plan_history_size(), 2);
-  EXPECT_EQ(job.plan_history(1).worker_ids_size(), 2);
-  EXPECT_GT(job.plan_history(1).start_step(), 0);
-  EXPECT_EQ(std::vector<float>(job.progress().loss_history().begin(),
-                               job.progress().loss_history().end()),
-            std::vector<float>(reference.progress().loss_history().begin(),
-                               reference.progress().loss_history().end()));
-  auto want = ReadSafetensors(reference.weights_path());
-  auto got = ReadSafetensors(job.weights_path());
-  ASSERT_TRUE(want.ok()) << want.status();
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->tensors.size(), want->tensors.size());
-  for (const NamedTensor& t : want->tensors) {
-    const Tensor* mine = got->Find(t.name);
-    ASSERT_NE(mine, nullptr) << t.name;
-    EXPECT_EQ(mine->ToVector(), t.tensor.ToVector()) << t.name << " (bitwise)";
-  }
+  // Replica 1's worker.
+  KillOnceAndExpectBitwise(testing::SubmitJob(*stub_, compressed("dpc.safetensors")), 1, reference);
 }
 
 // spec.parallelism.data 0 (auto) on 4 workers: whatever layout the job
@@ -396,27 +410,8 @@ TEST_F(ElasticClusterTest, TensorRankKilled_ResumesFromGatheredShardsBitwise) {
 
   v1::JobSpec spec = ElasticSpec(2, "uniform", "tp.safetensors");
   spec.mutable_parallelism()->set_tensor(2);
-  const std::string id = testing::SubmitJob(*stub_, spec);
-  ASSERT_FALSE(KillAtStep(id, 12, 3).empty());  // stage 1's rank 1
-  const v1::Job job = testing::AwaitJob(*stub_, id, absl::Seconds(180), testing::Ended);
-  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
-  EXPECT_EQ(job.progress().recoveries(), 1);
-  ASSERT_EQ(job.plan_history_size(), 2);
-  EXPECT_EQ(job.plan_history(1).worker_ids_size(), 2);
-  EXPECT_GT(job.plan_history(1).start_step(), 0);
-  EXPECT_EQ(std::vector<float>(job.progress().loss_history().begin(),
-                               job.progress().loss_history().end()),
-            losses);
-  auto want = ReadSafetensors(reference.weights_path());
-  auto got = ReadSafetensors(job.weights_path());
-  ASSERT_TRUE(want.ok()) << want.status();
-  ASSERT_TRUE(got.ok()) << got.status();
-  ASSERT_EQ(got->tensors.size(), want->tensors.size());
-  for (const NamedTensor& t : want->tensors) {
-    const Tensor* mine = got->Find(t.name);
-    ASSERT_NE(mine, nullptr) << t.name;
-    EXPECT_EQ(mine->ToVector(), t.tensor.ToVector()) << t.name << " (bitwise)";
-  }
+  // Stage 1's rank 1.
+  const v1::Job job = KillOnceAndExpectBitwise(testing::SubmitJob(*stub_, spec), 3, reference);
 
   // spec.init.from with tensor parallelism: the final weights (Hugging Face
   // names, unsplit) cut into 2 ranks' shards, fresh AdamW state; as

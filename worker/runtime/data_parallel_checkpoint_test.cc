@@ -43,6 +43,17 @@ TrainConfig CompressedConfig() {
   return c;
 }
 
+// 2 replicas of `ranges`, both stages' all-reduce through `quantizer`, a
+// snapshot after kStep steps.
+PipelineExtras QuantizedReplicas(const std::string& quantizer) {
+  PipelineExtras extras;
+  extras.replicas = 2;
+  extras.dp_quantizer = quantizer;
+  extras.dp_compressed_stages = {0, 1};
+  extras.snapshot_after = kStep;
+  return extras;
+}
+
 // The checkpoint without its error feedback (as checkpoints were before).
 PipelineCheckpoint WithoutFeedback(PipelineCheckpoint checkpoint) {
   for (auto& [unit, state] : checkpoint.units) state.feedback.clear(), state.warm_q.clear();
@@ -136,11 +147,7 @@ TEST(DataParallelCheckpointSumTest, BeyondTheBoundOnlyTheSumIsKept) {
   const TrainConfig c = CompressedConfig();
   const Dataset data = MakeDataset();
   const std::vector<Range> ranges = {{0, 3}, {3, 6}};
-  PipelineExtras extras;
-  extras.replicas = 2;
-  extras.dp_quantizer = "bf16";
-  extras.dp_compressed_stages = {0, 1};
-  extras.snapshot_after = kStep;
+  PipelineExtras extras = QuantizedReplicas("bf16");
   const RunOutput each =
       RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
   extras.max_feedback_replicas = 1;
@@ -219,11 +226,7 @@ TEST(DataParallelCheckpointFoldTest, OtherReplicaCountsKeepTheFeedback) {
   const TrainConfig c = CompressedConfig();
   const Dataset data = MakeDataset();
   const std::vector<Range> ranges = {{0, 3}, {3, 6}};
-  PipelineExtras extras;
-  extras.replicas = 2;
-  extras.dp_quantizer = "linear:bits=8";
-  extras.dp_compressed_stages = {0, 1};
-  extras.snapshot_after = kStep;
+  PipelineExtras extras = QuantizedReplicas("linear:bits=8");
   const RunOutput whole =
       RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
   const PipelineCheckpoint stripped = WithoutFeedback(whole.checkpoint);

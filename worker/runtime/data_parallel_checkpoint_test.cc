@@ -176,45 +176,60 @@ TEST(DataParallelCheckpointSumTest, BeyondTheBoundOnlyTheSumIsKept) {
   EXPECT_EQ(resumed.losses.front(), each.losses[kStep]);  // the checkpoint's weights
 }
 
-// With tensor ranks (2 replicas of 1 stage of 2 ranks, bf16 on the
-// replicas' all-reduce): each rank's residuals of its shards go to replica
-// 0 and are unsplit there as the moments are; resumed on the layout, each
-// rank cuts its own back out, bitwise; resumed on one rank per stage, the
-// unsplit residuals are the ranks' shards side by side.
+// With tensor ranks (2 replicas of 1 stage, bf16 on the replicas'
+// all-reduce), 1-D (2 ranks) and 3-D (a 2 x 2 x 2 cube): each rank's
+// residuals of its shards go to replica 0 and are unsplit there as the
+// moments are; resumed on the layout, each rank cuts its own back out,
+// bitwise; resumed on one rank per stage, the unsplit residuals are the
+// ranks' shards side by side.
 TEST(DataParallelCheckpointTensorTest, ShardsResidualsUnsplitAndCutBack) {
-  const TrainConfig c = CompressedConfig();
-  const Dataset data = MakeDataset();
-  const std::vector<Range> one = {{0, NumUnits(c.model)}};
-  PipelineExtras extras;
-  extras.replicas = 2;
-  extras.tensor_parallel = 2;
-  extras.dp_quantizer = "bf16";
-  extras.dp_compressed_stages = {0};
-  extras.snapshot_after = kStep;
-  const RunOutput whole =
-      RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, extras);
-  ASSERT_EQ(whole.checkpoint.units.size(), static_cast<size_t>(NumUnits(c.model)));
-  const UnitState& attention = whole.checkpoint.units.at(1);
-  ASSERT_EQ(attention.feedback.size(), 2u);
-  bool unsplit = false;
-  for (size_t i = 0; i < attention.feedback[0].size(); ++i) {
-    const NamedTensor& e = attention.feedback[0][i];
-    if (e.name != "h.0.attn.c_attn.weight") continue;
-    EXPECT_EQ(e.tensor.shape(), (Shape{c.model.d_model, 3 * c.model.d_model}));
-    unsplit = true;
-  }
-  EXPECT_TRUE(unsplit) << "no residual of c_attn";
+  for (const std::string mode : {"1d", "3d"}) {
+    SCOPED_TRACE(mode);
+    TrainConfig c = CompressedConfig();
+    PipelineExtras extras;
+    extras.tensor_mode = mode;
+    extras.tensor_parallel = 2;
+    if (mode == "3d") {
+      // The cube's rules (cube_equivalence_test): p^2 = 4 divides d_model
+      // and each micro-batch's sequences, 2 heads per cube column.
+      c.model.d_model = 32;
+      c.model.n_head = 4;
+      c.batch_size = 16;
+      c.micro_batches = 4;
+      extras.tensor_parallel = 8;
+    }
+    const Dataset data = MakeDataset();
+    const std::vector<Range> one = {{0, NumUnits(c.model)}};
+    extras.replicas = 2;
+    extras.dp_quantizer = "bf16";
+    extras.dp_compressed_stages = {0};
+    extras.snapshot_after = kStep;
+    const RunOutput whole =
+        RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, extras);
+    ASSERT_EQ(whole.checkpoint.units.size(), static_cast<size_t>(NumUnits(c.model)));
+    const UnitState& attention = whole.checkpoint.units.at(1);
+    ASSERT_EQ(attention.feedback.size(), 2u);
+    bool unsplit = false;
+    for (size_t i = 0; i < attention.feedback[0].size(); ++i) {
+      const NamedTensor& e = attention.feedback[0][i];
+      if (e.name != "h.0.attn.c_attn.weight") continue;
+      EXPECT_EQ(e.tensor.shape(), (Shape{c.model.d_model, 3 * c.model.d_model}));
+      unsplit = true;
+    }
+    EXPECT_TRUE(unsplit) << "no residual of c_attn";
 
-  PipelineExtras resume = extras;
-  resume.snapshot_after = 0;
-  resume.resume = &whole.checkpoint;
-  testing::ExpectResumedMatches(
-      c, RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, resume), whole,
-      kStep, "T2 D2 resumed on T2 D2", /*weights_relative=*/0);
-  resume.tensor_parallel = 1;
-  const RunOutput ranks_gone =
-      RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, resume);
-  EXPECT_EQ(ranks_gone.losses.size(), static_cast<size_t>(testing::kIterations - kStep));
+    PipelineExtras resume = extras;
+    resume.snapshot_after = 0;
+    resume.resume = &whole.checkpoint;
+    testing::ExpectResumedMatches(
+        c, RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, resume), whole,
+        kStep, "resumed on its layout", /*weights_relative=*/0);
+    resume.tensor_parallel = 1;
+    resume.tensor_mode = "1d";
+    const RunOutput ranks_gone =
+        RunPipeline(c, data, one, one, Schedule::kOneFOneB, nullptr, nullptr, resume);
+    EXPECT_EQ(ranks_gone.losses.size(), static_cast<size_t>(testing::kIterations - kStep));
+  }
 }
 
 // Another number of replicas: 2 -> 3 (replica r gets old replica r's

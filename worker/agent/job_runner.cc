@@ -185,8 +185,16 @@ absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdenti
   }
   absl::Status restored = runtime.Restore(states, std::max<int64_t>(optimizer_steps, 0));
   if (!restored.ok()) return absl::DataLossError(restored.message());
+  size_t feedback_replicas = 0;  // of a compressed all-reduce (unit_checkpoint.h)
+  for (const UnitState& s : states) {
+    feedback_replicas = std::max(feedback_replicas, s.feedback.size());
+  }
   PT_LOG(INFO) << "job " << assignment_.job_id() << " stage " << assignment_.stage() << ": loaded "
-               << states.size() << " units from " << from.dir();
+               << states.size() << " units from " << from.dir()
+               << (feedback_replicas > 0
+                       ? absl::StrCat(", with the error feedback of ", feedback_replicas,
+                                      feedback_replicas == 1 ? " replica" : " replicas")
+                       : "");
   return absl::OkStatus();
 }
 

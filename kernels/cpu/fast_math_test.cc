@@ -26,8 +26,10 @@ using Loop = void (*)(const float* x, int64_t n, float* y);
     for (int64_t i = 0; i < n; ++i) y[i] = FastTanh(x[i]);                   \
   }
 
-PT_FAST_MATH_LOOPS(Avx512, __attribute__((target("arch=skylake-avx512"))))
-PT_FAST_MATH_LOOPS(Avx2, __attribute__((target("arch=haswell"))))
+// The clones' instruction sets (target("arch=...") would not inline the
+// always-inline FastExp, which the kernels' target_clones do).
+PT_FAST_MATH_LOOPS(Avx512, __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"))))
+PT_FAST_MATH_LOOPS(Avx2, __attribute__((target("avx2,fma"))))
 PT_FAST_MATH_LOOPS(Default, )
 #undef PT_FAST_MATH_LOOPS
 

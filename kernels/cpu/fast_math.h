@@ -10,8 +10,11 @@
 // (PT_TARGET_CLONES, "arch=skylake-avx512" ...), and GCC does not inline a
 // function of another arch into one of them on its own, so the AVX-512 and
 // AVX2 clones called FastExp once per element, unvectorised: the GELU took
-// a third of a CPU step's GEMM time (fast_math_test checks the clones'
-// code).
+// a third of a CPU step's GEMM time (docs/benchmarks.md, "The element-wise
+// kernels' AVX-512 and AVX2 code"). The AVX2 clones also need
+// -fno-trapping-math (KERNEL_COPTS in kernels/cpu/BUILD) to if-convert
+// FastExp's clamp. fast_math_test checks the accuracy of each vectorised
+// form.
 #ifndef PIPETRAIN_KERNELS_CPU_FAST_MATH_H_
 #define PIPETRAIN_KERNELS_CPU_FAST_MATH_H_
 

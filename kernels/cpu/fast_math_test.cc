@@ -130,6 +130,20 @@ TEST(FastExpTest, NanInput_GivesNan) {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   EXPECT_TRUE(std::isnan(FastExp(nan)));
   EXPECT_TRUE(std::isnan(FastTanh(nan)));
+  // Also in every vectorised form (the clamp must not turn NaN into a
+  // bound), among ordinary values and at each lane position.
+  std::vector<float> x(67, 0.5f);
+  for (size_t i = 0; i < x.size(); i += 5) x[i] = nan;
+  std::vector<float> y(x.size());
+  for (const Variant& variant : Variants()) {
+    if (!variant.supported) continue;
+    for (Loop loop : {variant.exp, variant.tanh}) {
+      loop(x.data(), static_cast<int64_t>(x.size()), y.data());
+      for (size_t i = 0; i < x.size(); ++i) {
+        EXPECT_EQ(std::isnan(y[i]), std::isnan(x[i])) << variant.name << " at " << i;
+      }
+    }
+  }
 }
 
 TEST(FastTanhTest, DenseSweep_AbsoluteErrorBelow3e7) {

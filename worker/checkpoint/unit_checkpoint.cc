@@ -23,6 +23,10 @@ constexpr char kMomentM[] = "optimizer.m.";
 constexpr char kMomentV[] = "optimizer.v.";
 constexpr char kFeedback[] = "feedback.";  // + "<replica>.<name>"
 constexpr char kWarmQ[] = "powersgd.q.";
+constexpr char kWarmQRanks[] = "powersgd.q.ranks.";
+// The most tensor ranks a per-rank warm start may have (kMaxStages, which
+// bounds every parallelism degree of a spec).
+constexpr int64_t kMaxWarmQRanks = 1024;
 constexpr char kFeedbackReplicas[] = "feedback_replicas";
 // PowerSGD's rank bound (spec.compression.data_parallel.codec).
 constexpr int64_t kMaxWarmQRank = 1024;
@@ -113,6 +117,9 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
       }
     }
     for (const NamedTensor& q : unit.warm_q) tensors.push_back({kWarmQ + q.name, q.tensor});
+    for (const NamedTensor& q : unit.warm_q_ranks) {
+      tensors.push_back({kWarmQRanks + q.name, q.tensor});
+    }
     RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600));
     // Checksummed as written to disk (read back from the page cache).
     ASSIGN_OR_RETURN(std::string bytes, ReadAt(parent.dir.get(), parent.name, path));
@@ -237,6 +244,16 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
                                                 p.shape.back(), ", rank <= ", kMaxWarmQRank, "]"));
       }
       state.warm_q.push_back({p.name, *q});
+    }
+    if (const Tensor* q = contents.Find(kWarmQRanks + p.name); q != nullptr) {
+      const Shape& shape = q->shape();
+      if (p.shape.size() != 2 || shape.size() != 3 || shape[0] < 2 || shape[0] > kMaxWarmQRanks ||
+          shape[1] < 1 || shape[1] > p.shape[1] || shape[2] < 1 || shape[2] > kMaxWarmQRank) {
+        return absl::DataLossError(absl::StrCat(
+            path, ": tensor ", kWarmQRanks, p.name, " is ", ShapeToString(shape), "; expected [2..",
+            kMaxWarmQRanks, " ranks, rows <= ", p.shape.back(), ", rank <= ", kMaxWarmQRank, "]"));
+      }
+      state.warm_q_ranks.push_back({p.name, *q});
     }
   }
   return state;

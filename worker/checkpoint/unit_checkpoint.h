@@ -14,10 +14,11 @@
 // compression, spec.compression.data_parallel) also holds the error
 // feedback not yet sent: "feedback.<r>.<name>", replica r's residual of
 // each compressed parameter (unsplit), with feedback_replicas=D in the
-// metadata, and PowerSGD's warm starts "powersgd.q.<name>" of the
-// parameters one rank holds whole. So a compressed job resumed on its own
-// layout goes on exactly as one that never stopped, and on another layout
-// no feedback is lost (StageRuntime::Restore folds the replicas).
+// metadata, and PowerSGD's warm starts: "powersgd.q.<name>" of the
+// parameters one rank holds whole, "powersgd.q.ranks.<name>" (every tensor
+// rank's) of those split across ranks. So a compressed job resumed on its
+// own layout goes on exactly as one that never stopped, and on another
+// layout no feedback is lost (StageRuntime::Restore folds the replicas).
 // Because a file holds one unit whatever the plan was, a checkpoint loads
 // under any other plan: a re-plan needs no resharding.
 //
@@ -55,9 +56,13 @@ struct UnitState {
   // (in the order of `values`): feedback[r] holds replica r's error-feedback
   // residuals (unsplit), for every replica of the job that wrote it;
   // warm_q PowerSGD's warm starts Q [cols, rank] (the same on every
-  // replica). Both empty when the unit's gradients go uncompressed.
+  // replica) of matrices one rank held whole, warm_q_ranks those of
+  // matrices split across T tensor ranks: [T, rows, rank], rank t's Q
+  // [cols of its shard, rank] in the first rows of block t (zeros after).
+  // All empty when the unit's gradients go uncompressed.
   std::vector<std::vector<NamedTensor>> feedback;
   std::vector<NamedTensor> warm_q;
+  std::vector<NamedTensor> warm_q_ranks;
 };
 
 // The most replicas a checkpoint's feedback may name (kMaxStages, the
@@ -106,8 +111,9 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
 // its error feedback when `with_moments` (feedback_replicas in
 // 1..kMaxFeedbackReplicas, every replica's residual of a parameter there
 // with the parameter's shape, a warm start Q of the parameter's columns
-// and at most 1024 columns of rank, else DATA_LOSS). Every message names
-// the file. `*optimizer_steps` (may be
+// and at most 1024 columns of rank, per-rank ones of 2..1024 ranks and at
+// most the parameter's columns of rows, else DATA_LOSS). Every message
+// names the file. `*optimizer_steps` (may be
 // null) gets the file's optimizer step count.
 absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::ResumeFrom& from,
                                              const v1::UnitFile& expected,

@@ -101,6 +101,8 @@ UnitState WithFeedback(int replicas) {
     }
   }
   state.warm_q.push_back({"h.0.attn.c_attn.weight", Tensor::Filled({24, 2}, 3.0f)});
+  // c_proj split by rows over 2 ranks: each rank's Q has all 8 columns.
+  state.warm_q_ranks.push_back({"h.0.attn.c_proj.weight", Tensor::Filled({2, 8, 2}, 4.0f)});
   return state;
 }
 
@@ -125,15 +127,19 @@ TEST_F(UnitCheckpointTest, RoundTripsEveryReplicasErrorFeedbackAndWarmStarts) {
   }
   ASSERT_EQ(read->warm_q.size(), 1u);
   EXPECT_EQ(read->warm_q[0].tensor.ToVector(), want.warm_q[0].tensor.ToVector());
+  ASSERT_EQ(read->warm_q_ranks.size(), 1u);
+  EXPECT_EQ(read->warm_q_ranks[0].tensor.shape(), (Shape{2, 8, 2}));
+  EXPECT_EQ(read->warm_q_ranks[0].tensor.ToVector(), want.warm_q_ranks[0].tensor.ToVector());
   // Loading weights only (a forward unit) leaves the feedback out.
   read = ReadUnitCheckpoint(root_, from, (*files)[0], id_, /*with_moments=*/false, nullptr);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_TRUE(read->feedback.empty());
   EXPECT_TRUE(read->warm_q.empty());
+  EXPECT_TRUE(read->warm_q_ranks.empty());
 }
 
 // A replica's residual missing, too many replicas, a warm start of another
-// shape: DATA_LOSS naming the file and the tensor.
+// shape (whole or per rank): DATA_LOSS naming the file and the tensor.
 TEST_F(UnitCheckpointTest, InconsistentErrorFeedback_IsDataLoss) {
   struct Case {
     std::string what;
@@ -150,6 +156,10 @@ TEST_F(UnitCheckpointTest, InconsistentErrorFeedback_IsDataLoss) {
   UnitState bad_q = WithFeedback(1);
   bad_q.warm_q[0].tensor = Tensor::Filled({8, 2}, 1.0f);
   cases.push_back({"bad q", bad_q, "powersgd.q.h.0.attn.c_attn.weight is [8, 2]"});
+  UnitState bad_ranks = WithFeedback(1);
+  bad_ranks.warm_q_ranks[0].tensor = Tensor::Filled({2, 9, 2}, 1.0f);  // rows > its 8 columns
+  cases.push_back(
+      {"bad ranks q", bad_ranks, "powersgd.q.ranks.h.0.attn.c_proj.weight is [2, 9, 2]"});
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     const std::string dir = "bad-" + std::to_string(&c - cases.data());

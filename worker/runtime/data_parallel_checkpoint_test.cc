@@ -6,7 +6,8 @@
 //  - resumed on its own layout, the job goes on bitwise as the run that
 //    never stopped (without the feedback it would not: checked too);
 //  - with tensor ranks, the residuals of shards are unsplit in the
-//    checkpoint and cut back out on resuming;
+//    checkpoint and cut back out on resuming, PowerSGD's warm starts kept
+//    per rank;
 //  - resumed on another number of replicas, the replicas' residuals are
 //    folded (Restore's rule), the replicas still agree bitwise, and the
 //    feedback reaches the gradients once.
@@ -15,6 +16,7 @@
 #include <map>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "coordinator/planner/partition.h"
@@ -176,15 +178,18 @@ TEST(DataParallelCheckpointSumTest, BeyondTheBoundOnlyTheSumIsKept) {
   EXPECT_EQ(resumed.losses.front(), each.losses[kStep]);  // the checkpoint's weights
 }
 
-// With tensor ranks (2 replicas of 1 stage, bf16 on the replicas'
-// all-reduce), 1-D (2 ranks) and 3-D (a 2 x 2 x 2 cube): each rank's
-// residuals of its shards go to replica 0 and are unsplit there as the
-// moments are; resumed on the layout, each rank cuts its own back out,
+// With tensor ranks (2 replicas of 1 stage), 1-D (2 ranks) and 3-D (a
+// 2 x 2 x 2 cube), bf16 or PowerSGD on the replicas' all-reduce: each
+// rank's residuals of its shards go to replica 0 and are unsplit there as
+// the moments are, and PowerSGD's warm starts of split matrices are kept
+// per rank; resumed on the layout, each rank cuts its own back out,
 // bitwise; resumed on one rank per stage, the unsplit residuals are the
-// ranks' shards side by side.
+// ranks' shards side by side (and the warm starts of split matrices no
+// start).
 TEST(DataParallelCheckpointTensorTest, ShardsResidualsUnsplitAndCutBack) {
-  for (const std::string mode : {"1d", "3d"}) {
-    SCOPED_TRACE(mode);
+  for (const auto& [mode, codec] : std::vector<std::pair<std::string, std::string>>{
+           {"1d", "bf16"}, {"3d", "bf16"}, {"1d", "powersgd"}, {"3d", "powersgd"}}) {
+    SCOPED_TRACE(mode + " " + codec);
     TrainConfig c = CompressedConfig();
     PipelineExtras extras;
     extras.tensor_mode = mode;
@@ -201,7 +206,11 @@ TEST(DataParallelCheckpointTensorTest, ShardsResidualsUnsplitAndCutBack) {
     const Dataset data = MakeDataset();
     const std::vector<Range> one = {{0, NumUnits(c.model)}};
     extras.replicas = 2;
-    extras.dp_quantizer = "bf16";
+    if (codec == "powersgd") {
+      extras.dp_powersgd_rank = 2;
+    } else {
+      extras.dp_quantizer = codec;
+    }
     extras.dp_compressed_stages = {0};
     extras.snapshot_after = kStep;
     const RunOutput whole =

@@ -558,13 +558,38 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
         state.feedback[r].push_back({p->name, std::move(residual)});
       }
       const Tensor& q = dp_feedback_.at(p->name).q;
-      if (!p->shard.sharded() && q.numel() > 0) state.warm_q.push_back({p->name, q.Clone()});
+      if (q.numel() == 0) continue;
+      if (!p->shard.sharded()) {
+        state.warm_q.push_back({p->name, q.Clone()});
+        continue;
+      }
+      ASSIGN_OR_RETURN(Tensor ranks_q, GatherWarmStarts(step, tag++, q, p->shard));
+      if (keeps) state.warm_q_ranks.push_back({p->name, std::move(ranks_q)});
     }
     if (state.m.size() != state.values.size()) state.m.clear(), state.v.clear();
     if (keeps) snapshot.units.push_back(std::move(state));
   }
   RETURN_IF_ERROR(setup_.backend->status());
   return snapshot;
+}
+
+absl::StatusOr<Tensor> StageRuntime::GatherWarmStarts(int64_t step, int tag, const Tensor& q,
+                                                      const ParameterShard& shard) {
+  // Each rank's Q has its shard's columns of rows; blocks as long as the
+  // longest, zeros after a shorter one.
+  const int64_t rank = q.shape()[1];
+  int64_t rows = 0;
+  for (int t = 0; t < shard.ranks; ++t) {
+    ParameterShard at = shard;
+    at.rank = t;
+    rows = std::max(rows, ShardShape(at).back());
+  }
+  Tensor padded = Tensor::Zeros({rows * rank});
+  std::copy(q.data(), q.data() + q.numel(), padded.data());
+  ASSIGN_OR_RETURN(Tensor all, tp_collectives_->Gather(step, tag, /*root=*/0, padded,
+                                                       rows * rank * shard.ranks));
+  if (tp_collectives_->rank() != 0) return Tensor();
+  return all.Reshape({shard.ranks, rows, rank});
 }
 
 bool StageRuntime::SnapshotsEveryReplica() const {
@@ -659,11 +684,25 @@ absl::Status StageRuntime::RestoreFeedback(
       for (int64_t i = 0; i < part.numel(); ++i) x[i] += part.data()[i];
     }
   }
+  // Warm starts: a whole matrix's, or this rank's block of a split one's
+  // when the checkpoint has as many ranks. Any other (another shape) is no
+  // start: PowerSGD draws its fixed one instead (PowerSgdStartQ).
   for (const NamedTensor& q : state.warm_q) {
     auto p = by_name.find(q.name);
-    // A warm start of another shape (another rank, a split matrix) is no
-    // start: PowerSGD draws its fixed one instead.
     if (p != by_name.end() && !p->second->shard.sharded()) (*out)[q.name].q = q.tensor.Clone();
+  }
+  for (const NamedTensor& q : state.warm_q_ranks) {
+    auto p = by_name.find(q.name);
+    if (p == by_name.end() || !p->second->shard.sharded()) continue;
+    const ParameterShard& shard = p->second->shard;
+    const Shape& shape = q.tensor.shape();  // [ranks, rows, rank]
+    const int64_t cols = p->second->value.shape().back();
+    if (shape[0] != shard.ranks || cols > shape[1]) continue;
+    const int64_t block = shape[1] * shape[2];
+    (*out)[q.name].q = q.tensor.Reshape({shape[0] * block})
+                           .Slice(shard.rank * block, shard.rank * block + cols * shape[2])
+                           .Clone()
+                           .Reshape({cols, shape[2]});
   }
   return absl::OkStatus();
 }

@@ -364,6 +364,12 @@ class StageRuntime {
   absl::Status AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
                               const std::vector<Parameter*>& params,
                               IterationResult::CollectiveStats* stats);
+  // PowerSGD's warm start `q` [cols, rank] of a matrix split by `shard`,
+  // every tensor rank's gathered to rank 0 (message (step, tag)) as
+  // UnitState::warm_q_ranks holds them; the other ranks get an empty
+  // Tensor. A collective of the tensor ranks.
+  absl::StatusOr<Tensor> GatherWarmStarts(int64_t step, int tag, const Tensor& q,
+                                          const ParameterShard& shard);
   // The backward units' parameters (each once) that have error feedback
   // (dp_feedback_), in parameters() order: the same on every replica.
   std::vector<const Parameter*> FeedbackParameters() const;

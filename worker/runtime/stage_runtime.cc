@@ -54,6 +54,16 @@ constexpr int kFeedbackCheckpointTag = (1 << 22) + 2;
 
 using Clock = std::chrono::steady_clock;
 
+// A checkpoint holds unsplit tensors (Snapshot): the shape of `p`'s there,
+// and this rank's part of one, cut as the initialisation cuts it
+// (SliceShard); a copy when `shard` splits nothing.
+const Shape& UnsplitShape(const Parameter& p) {
+  return p.shard.sharded() ? p.shard.full_shape : p.value.shape();
+}
+Tensor ThisRanksPart(const Tensor& full, const ParameterShard& shard) {
+  return shard.sharded() ? SliceShard(full, shard) : full.Clone();
+}
+
 // Adds one collective to result->collectives[purpose].
 void CountCollective(IterationResult* result, const char* purpose, int64_t bytes,
                      Clock::time_point start, int64_t wire_bytes = -1) {
@@ -659,22 +669,17 @@ absl::Status StageRuntime::RestoreFeedback(
     std::map<std::string, PowerSgdAllReduceState>* out) const {
   std::map<std::string, const Parameter*> by_name;
   for (const Parameter* p : params) by_name[p->name] = p;
-  auto unsplit_shape = [](const Parameter& p) {
-    return p.shard.sharded() ? p.shard.full_shape : p.value.shape();
-  };
   for (size_t r = 0; r < state.feedback.size(); ++r) {
     // This replica's share: the replicas r = replica mod replicas.
     if (static_cast<int>(r % static_cast<size_t>(setup_.replicas)) != setup_.replica) continue;
     for (const NamedTensor& e : state.feedback[r]) {
       auto p = by_name.find(e.name);
-      if (p == by_name.end() || e.tensor.shape() != unsplit_shape(*p->second)) {
+      if (p == by_name.end() || e.tensor.shape() != UnsplitShape(*p->second)) {
         return absl::InvalidArgumentError(
             absl::StrCat("restore: unit ", index, " error feedback of replica ", r, " for ", e.name,
                          " is ", ShapeToString(e.tensor.shape())));
       }
-      const Parameter& param = *p->second;
-      const Tensor part =
-          param.shard.sharded() ? SliceShard(e.tensor, param.shard) : e.tensor.Clone();
+      const Tensor part = ThisRanksPart(e.tensor, p->second->shard);
       Tensor& residual = (*out)[e.name].residual;
       if (residual.numel() == 0) {
         residual = part;
@@ -710,12 +715,8 @@ absl::Status StageRuntime::RestoreFeedback(
 absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t optimizer_steps) {
   std::map<int, const UnitState*> by_unit;
   for (const UnitState& u : units) by_unit[u.unit] = &u;
-  // Check everything first: all or nothing.
-  // A split tensor's checkpoint is the unsplit one: this rank keeps its
-  // shard, as the initialisation cut it (SliceShard).
-  auto mine = [](const Tensor& full, const ParameterShard& shard) {
-    return shard.sharded() ? SliceShard(full, shard) : full.Clone();
-  };
+  // Check everything first: all or nothing. A split tensor's checkpoint is
+  // the unsplit one: this rank keeps its shard (ThisRanksPart).
   struct Copy {
     Tensor from;
     Tensor* to;
@@ -743,7 +744,7 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
     for (size_t i = 0; i < params.size(); ++i) {
       const NamedTensor& v = state.values[i];
       const ParameterShard& shard = params[i]->shard;
-      const Shape& unsplit = shard.sharded() ? shard.full_shape : params[i]->value.shape();
+      const Shape& unsplit = UnsplitShape(*params[i]);
       if (v.name != params[i]->name || v.tensor.shape() != unsplit) {
         return absl::InvalidArgumentError(absl::StrCat("restore: unit ", index, " tensor ", i,
                                                        " is ", v.name, " ",
@@ -758,10 +759,10 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
                                                            ShapeToString(t.tensor.shape())));
           }
         }
-        moments[v.name] = {setup_.backend->Upload(mine(state.m[i].tensor, shard)),
-                           setup_.backend->Upload(mine(state.v[i].tensor, shard))};
+        moments[v.name] = {setup_.backend->Upload(ThisRanksPart(state.m[i].tensor, shard)),
+                           setup_.backend->Upload(ThisRanksPart(state.v[i].tensor, shard))};
       }
-      copies.push_back({mine(v.tensor, shard), &params[i]->value});
+      copies.push_back({ThisRanksPart(v.tensor, shard), &params[i]->value});
     }
     if (backward) RETURN_IF_ERROR(RestoreFeedback(index, state, params, &feedback));
   }

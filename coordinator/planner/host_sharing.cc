@@ -36,22 +36,20 @@ bool IsCompute(TimelineEventKind kind) {
          kind == TimelineEventKind::kAllReduceCpu;
 }
 
-// Seconds that two sorted lists of disjoint intervals overlap.
-double Overlap(const std::vector<std::pair<double, double>>& a,
-               const std::vector<std::pair<double, double>>& b) {
-  double total = 0;
-  size_t i = 0, j = 0;
-  while (i < a.size() && j < b.size()) {
-    const double lo = std::max(a[i].first, b[j].first);
-    const double hi = std::min(a[i].second, b[j].second);
-    if (hi > lo) total += hi - lo;
-    if (a[i].second < b[j].second) {
-      ++i;
-    } else {
-      ++j;
+// Position s's workers per host whose cores are known (any device: every
+// worker's data plane runs on its host's CPU).
+std::vector<std::map<std::string, int>> WorkersByPosition(const ClusterSpec& cluster, int replicas,
+                                                          int stages, int tensor) {
+  std::vector<std::map<std::string, int>> workers(stages);
+  for (int s = 0; s < stages; ++s) {
+    for (int r = 0; r < replicas; ++r) {
+      for (int t = 0; t < tensor; ++t) {
+        const WorkerSpec& w = cluster.workers[(static_cast<size_t>(r) * stages + s) * tensor + t];
+        if (w.host_cores > 0) ++workers[s][w.host];
+      }
     }
   }
-  return total;
+  return workers;
 }
 
 // Whether `cluster` holds one worker per (replica, stage position, rank).
@@ -76,6 +74,45 @@ ComputeStretch LockstepComputeStretch(const ClusterSpec& cluster, int replicas, 
   return worst;
 }
 
+double MeanSharingStretch(const std::vector<std::pair<double, double>>& busy, double own,
+                          const std::vector<CpuDemand>& others, int cores) {
+  if (cores <= 0) return 1;
+  // A sweep over every interval's ends: between two of them the demand is
+  // constant, and inside > 0 while the position computes.
+  struct Edge {
+    double t;
+    double threads;  // demand that starts (> 0) or ends (< 0) here
+    int inside;      // +1 / -1 at the position's own intervals' ends
+  };
+  std::vector<Edge> edges;
+  edges.reserve(2 * (busy.size() + others.size()));
+  for (const auto& [lo, hi] : busy) {
+    if (hi <= lo) continue;
+    edges.push_back({lo, 0, 1});
+    edges.push_back({hi, 0, -1});
+  }
+  for (const CpuDemand& d : others) {
+    if (d.end_seconds <= d.start_seconds || d.threads <= 0) continue;
+    edges.push_back({d.start_seconds, d.threads, 0});
+    edges.push_back({d.end_seconds, -d.threads, 0});
+  }
+  std::sort(edges.begin(), edges.end(), [](const Edge& a, const Edge& b) { return a.t < b.t; });
+  double level = 0, weighted = 0, total = 0;
+  int inside = 0;
+  for (size_t i = 0; i < edges.size();) {
+    const double t = edges[i].t;
+    for (; i < edges.size() && edges[i].t == t; ++i) {
+      level += edges[i].threads;
+      inside += edges[i].inside;
+    }
+    if (i == edges.size() || inside <= 0) continue;
+    const double span = edges[i].t - t;
+    total += span;
+    weighted += span * std::max(1.0, (own + std::max(0.0, level)) / cores);
+  }
+  return total > 0 ? weighted / total : 1;
+}
+
 absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::Program>& programs,
                                                          SimulationCosts costs,
                                                          const ClusterSpec& cluster, int replicas,
@@ -92,45 +129,80 @@ absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::P
   std::map<std::string, int> cores;
   const std::vector<std::map<std::string, int>> threads =
       ThreadsByPosition(cluster, replicas, stages, tensor, &cores);
-  // Only hosts that more than one position computes on can add anything.
-  std::map<std::string, int> positions_on;
-  for (const auto& by_host : threads) {
-    for (const auto& [host, n] : by_host) ++positions_on[host];
+  // The data plane's work (data_plane_cost.h) runs on a thread of each
+  // worker of a position beside its compute: counted where it is known.
+  const double overhead = cluster.data_plane_overhead_seconds;
+  const double rate = cluster.data_plane_bytes_per_second;
+  const bool data_plane_known = overhead > 0 && rate > 0;
+  const std::vector<std::map<std::string, int>> senders =
+      data_plane_known ? WorkersByPosition(cluster, replicas, stages, tensor)
+                       : std::vector<std::map<std::string, int>>(stages);
+  // Only hosts that more threads than cores may want can stretch anything.
+  std::map<std::string, int> wanted_threads;
+  for (int s = 0; s < stages; ++s) {
+    for (const auto& [host, n] : threads[s]) wanted_threads[host] += n;
+    for (const auto& [host, n] : senders[s]) wanted_threads[host] += n;
   }
   bool shared = false;
-  for (const auto& [host, n] : positions_on) shared = shared || n > 1;
+  for (const auto& [host, n] : wanted_threads) {
+    auto known = cores.find(host);
+    shared = shared || (known != cores.end() && n > known->second);
+  }
   if (!shared) return result;
+  const double step_lockstep = std::max(1.0, lockstep);
   const std::vector<double> base_speeds = costs.worker_speeds;
   std::vector<double> extra(stages, 1.0);
   constexpr int kRounds = 12;
   for (int round = 0; round < kRounds; ++round) {
     std::vector<std::vector<std::pair<double, double>>> busy(stages);
+    // Each position's data-plane work: the last CPU seconds of its
+    // transfers (an emulated link's wait comes first; on a real one the
+    // copy is most of a CPU-bound transfer's time).
+    std::vector<std::vector<std::pair<double, double>>> data_plane(stages);
     for (const TimelineEvent& e : result->events) {
-      if (IsCompute(e.kind) && e.end_seconds > e.start_seconds) {
+      if (e.end_seconds <= e.start_seconds || e.worker < 0 || e.worker >= stages) continue;
+      if (IsCompute(e.kind)) {
         busy[e.worker].push_back({e.start_seconds, e.end_seconds});
+        continue;
       }
+      if (!data_plane_known) continue;
+      double cpu = 0;
+      if (e.kind == TimelineEventKind::kSendTransfer) {
+        cpu = overhead + e.bytes / rate;
+      } else if ((e.kind == TimelineEventKind::kAllReduceBucket ||
+                  e.kind == TimelineEventKind::kAllReduce) &&
+                 replicas > 1) {
+        // The ring's 2 (D - 1) messages of bytes / D (simulator.cc's
+        // AllReduceSeconds).
+        cpu = 2.0 * (replicas - 1) * (overhead + e.bytes / replicas / rate);
+      }
+      cpu = std::min(cpu * step_lockstep, e.end_seconds - e.start_seconds);
+      if (cpu > 0) data_plane[e.worker].push_back({e.end_seconds - cpu, e.end_seconds});
     }
-    std::vector<double> busy_seconds(stages, 0);
-    for (int s = 0; s < stages; ++s) {
-      std::sort(busy[s].begin(), busy[s].end());
-      for (const auto& [lo, hi] : busy[s]) busy_seconds[s] += hi - lo;
-    }
+    for (int s = 0; s < stages; ++s) std::sort(busy[s].begin(), busy[s].end());
     double moved = 0;
     for (int s = 0; s < stages; ++s) {
-      if (busy_seconds[s] <= 0) continue;
+      if (busy[s].empty()) continue;
       double stretch = 1;
       for (const auto& [host, own] : threads[s]) {
-        double demand = own;
+        // What else wants this host's cores: the other positions' compute
+        // (c of their busy time is compute) and every position's data plane.
+        std::vector<CpuDemand> others;
         for (int o = 0; o < stages; ++o) {
-          auto there = threads[o].find(host);
-          if (o == s || there == threads[o].end()) continue;
-          // Over s's compute (c of its busy time), o computes c of the
-          // overlap's (both spread evenly: the mean field).
-          demand += there->second * c * Overlap(busy[s], busy[o]) / busy_seconds[s];
+          auto computing = threads[o].find(host);
+          if (o != s && computing != threads[o].end()) {
+            for (const auto& [lo, hi] : busy[o]) others.push_back({lo, hi, computing->second * c});
+          }
+          auto sending = senders[o].find(host);
+          if (sending != senders[o].end()) {
+            for (const auto& [lo, hi] : data_plane[o]) {
+              others.push_back({lo, hi, 1.0 * sending->second});
+            }
+          }
         }
-        stretch = std::max(stretch, demand / cores[host]);
+        stretch = std::max(stretch, MeanSharingStretch(busy[s], own, others, cores[host]));
       }
-      const double wanted = std::max(1.0, stretch / std::max(1.0, lockstep));
+      const double wanted = std::max(1.0, stretch / step_lockstep);
       const double next = 0.5 * (extra[s] + wanted);  // damped
       moved = std::max(moved, std::abs(next - extra[s]) / extra[s]);
       extra[s] = next;

@@ -13,11 +13,14 @@
 // positions compute at different times of the step (the pipeline's
 // schedule), but not always apart: SimulateWithSharedCores adds what
 // positions on one host take from each other where their compute overlaps
-// in the simulated step.
+// in the simulated step, and what the workers' data planes take from it
+// while they move messages.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_HOST_SHARING_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_HOST_SHARING_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/planner/profile.h"
@@ -41,23 +44,52 @@ struct ComputeStretch {
 ComputeStretch LockstepComputeStretch(const ClusterSpec& cluster, int replicas, int stages,
                                       int tensor);
 
-// Contention between the stage positions of one host, in the mean: runs
-// SimulateIteration(programs, costs), where programs[s] is stage position s
-// (one replica's programs; `cluster` lists every worker as
+// Threads that want a host's cores over [start_seconds, end_seconds).
+struct CpuDemand {
+  double start_seconds = 0;
+  double end_seconds = 0;
+  double threads = 0;
+};
+
+// Processor sharing resolved in time: the mean, over a position's compute
+// intervals `busy` (sorted, disjoint), of max(1, (own + others(t)) /
+// cores), where others(t) is the sum of the threads of the demands that
+// cover t. (The mean of the ratio, not the ratio of the means: a position
+// that computes beside 3 others half the time and alone the rest is slowed
+// by 2 x 0.5 + 1 x 0.5 = 1.5 on 2 cores, where the mean demand, 2.5 / 2,
+// says 1.25.) 1 when `busy` is empty or cores <= 0.
+double MeanSharingStretch(const std::vector<std::pair<double, double>>& busy, double own,
+                          const std::vector<CpuDemand>& others, int cores);
+
+// Contention between the stage positions of one host, and with the data
+// plane: runs SimulateIteration(programs, costs), where programs[s] is
+// stage position s (one replica's programs; `cluster` lists every worker as
 // LockstepComputeStretch's), and then again with each position's speed
 // divided by its extra stretch, until no stretch moves by more than 1 %
-// (damped; at most 12 rounds). A position's stretch is, over its compute
-// (forward, backward, recompute and optimizer events), the mean number of
-// compute threads busy on its host (its own and those of every position
-// whose compute overlaps it, weighted by the overlap) over the host's
-// cores, at least 1; the extra stretch is that over `lockstep` (what the
-// profile already carries), at least 1. `compute_share` in (0, 1] is the
-// part of the units' costs that is compute (tensor parallelism adds the
-// all-reduces a rank waits for, which leave the cores free): only that
-// part of a position's busy time counts as threads on the cores, and only
-// that part stretches. With no shared host the first simulation is
-// returned as it is. `*largest_extra` (optional) gets the largest extra
-// stretch of the last round. Errors: SimulateIteration's.
+// (damped; at most 12 rounds). A position's stretch is the largest, over
+// the hosts it computes on, of MeanSharingStretch over its compute
+// (forward, backward, recompute and optimizer events), with own = its
+// compute threads there (every replica and rank) and as others:
+//   - every other position's compute threads on that host over its
+//     compute, times `compute_share` (below);
+//   - the data plane's work (cluster.data_plane_*, data_plane_cost.h) of
+//     every position with workers on that host, one thread per worker, over
+//     the last lockstep x (overhead + bytes / rate) seconds of each of its
+//     transfers (capped at the transfer; an emulated link's wait comes
+//     first), and of each all-reduce (bucket) for its ring's 2 (D - 1)
+//     messages of bytes / D. The work is counted on the sender's host
+//     only: on loopback (both ends on the host) the probe measured the two
+//     ends' work as one thread's; across hosts the receiver's part is not
+//     counted. Not counted where the cluster's data-plane cost is unknown.
+// The extra stretch is that over `lockstep` (what the profile already
+// carries), at least 1. `compute_share` in (0, 1] is the part of the units'
+// costs that is compute (tensor parallelism adds the all-reduces a rank
+// waits for, which leave the cores free): only that part of a position's
+// busy time counts as threads on the cores, and only that part stretches.
+// Where no host has more threads that may want it (compute threads and
+// data-plane workers) than cores, the first simulation is returned as it
+// is. `*largest_extra` (optional) gets the largest extra stretch of the
+// last round. Errors: SimulateIteration's.
 absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::Program>& programs,
                                                          SimulationCosts costs,
                                                          const ClusterSpec& cluster, int replicas,

@@ -142,6 +142,68 @@ TEST(SimulateWithSharedCores, OnlyTheComputeShareStretches) {
   EXPECT_LT(half, all);
 }
 
+TEST(MeanSharingStretch, TheMeanOfTheRatioOverTheOwnComputeOnly) {
+  // Header's example: beside 3 threads half the time, alone the rest, on 2
+  // cores: 2 x 0.5 + 1 x 0.5 (the mean demand, 2.5 / 2, would say 1.25).
+  EXPECT_DOUBLE_EQ(MeanSharingStretch({{0, 2}}, 1, {{0, 1, 3}}, 2), 1.5);
+  // Demand outside the position's compute costs it nothing; demands that
+  // cover one moment add up; a weight may be fractional.
+  EXPECT_DOUBLE_EQ(MeanSharingStretch({{0, 1}}, 1, {{1, 5, 9}, {-3, 0, 9}}, 1), 1.0);
+  EXPECT_DOUBLE_EQ(MeanSharingStretch({{0, 1}}, 1, {{0, 1, 1}, {0.5, 1, 2}}, 1), 0.5 * 2 + 0.5 * 4);
+  EXPECT_DOUBLE_EQ(MeanSharingStretch({{0, 4}}, 2, {{0, 4, 0.5}}, 1), 2.5);
+  // Two compute intervals with a gap: only their 2 seconds are averaged.
+  EXPECT_DOUBLE_EQ(MeanSharingStretch({{0, 1}, {3, 4}}, 1, {{0, 4, 1}}, 1), 2.0);
+  EXPECT_DOUBLE_EQ(MeanSharingStretch({{0, 1}, {3, 4}}, 1, {{2, 3.5, 3}}, 2),
+                   (1.0 + 0.5 * 2 + 0.5 * 1) / 2);
+  // Nothing to average, or no cores known: 1.
+  EXPECT_DOUBLE_EQ(MeanSharingStretch({}, 4, {{0, 1, 4}}, 1), 1.0);
+  EXPECT_DOUBLE_EQ(MeanSharingStretch({{0, 1}}, 4, {{0, 1, 4}}, 0), 1.0);
+  EXPECT_DOUBLE_EQ(MeanSharingStretch({{1, 1}}, 4, {{0, 2, 4}}, 1), 1.0);
+}
+
+TEST(SimulateWithSharedCores, TheDataPlaneTakesFromComputeOnItsHost) {
+  // Transfers of 1 MB over a 1 GB/s link (1 ms each) whose data plane
+  // works 0.1 ms + 0.5 ms of them on the sender's host.
+  Pipeline p = TwoStages();
+  for (UnitSimulationCost& u : p.costs.units) u.activation_bytes = 1e6;
+  p.costs.link = {1e9, 0};
+  const double alone = SimulateIteration(p.programs, p.costs).value().iteration_seconds;
+  ClusterSpec own_hosts = Cluster(2, [](int i) { return std::to_string(i); }, 1);
+  auto simulate = [&](const ClusterSpec& cluster, double lockstep, double* extra) {
+    return SimulateWithSharedCores(p.programs, p.costs, cluster, 1, 2, 1, lockstep, 1.0, extra)
+        .value()
+        .iteration_seconds;
+  };
+  // The data plane's cost not known: each worker's one thread has its core.
+  double extra = 0;
+  EXPECT_DOUBLE_EQ(simulate(own_hosts, 1, &extra), alone);
+  EXPECT_DOUBLE_EQ(extra, 1.0);
+  // Known: each worker's sends take their core from its compute while
+  // they run (never more than half of it).
+  own_hosts.data_plane_overhead_seconds = 1e-4;
+  own_hosts.data_plane_bytes_per_second = 2e9;
+  const double sending = simulate(own_hosts, 1, &extra);
+  EXPECT_GT(extra, 1.01);
+  EXPECT_LE(extra, 2.0);
+  EXPECT_GT(sending, alone);
+  EXPECT_LE(sending, 2.0 * alone + 1e-12);
+  // A second core leaves both threads theirs.
+  ClusterSpec two_cores = Cluster(2, [](int i) { return std::to_string(i); }, 2);
+  two_cores.data_plane_overhead_seconds = 1e-4;
+  two_cores.data_plane_bytes_per_second = 2e9;
+  EXPECT_DOUBLE_EQ(simulate(two_cores, 1, &extra), alone);
+  EXPECT_DOUBLE_EQ(extra, 1.0);
+  // Both workers on one core: their compute and both data planes share
+  // it, a slower step than either alone.
+  ClusterSpec one_core = Cluster(2, OneHost, 1);
+  one_core.data_plane_overhead_seconds = 1e-4;
+  one_core.data_plane_bytes_per_second = 2e9;
+  const double one = simulate(one_core, 1, &extra);
+  ClusterSpec one_core_unknown = Cluster(2, OneHost, 1);
+  EXPECT_GT(one, simulate(one_core_unknown, 1, nullptr));
+  EXPECT_GT(one, sending);
+}
+
 // A host whose cores all compute leaves none for a position's own threads
 // (a compressed all-reduce's coding): 2 single-threaded workers on 2 cores
 // do; on 3 cores, or with unknown cores, they do not.

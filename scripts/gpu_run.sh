@@ -150,7 +150,7 @@ fi
 if [[ "$mode" != bench ]]; then
 # Empty allocations filled with NaN on CUDA (worker/model/cuda_backend.h):
 # an op leaving part of its output unwritten shows in every comparison.
-export PIPETRAIN_CUDA_POISON_EMPTY=1
+export PIPETRAIN_POISON_EMPTY=1
 
 # 1. Every CUDA test binary: kernel parity (every op and codec), units on
 # both backends, the trainer and a 2-stage pipeline on CUDA, NCCL.
@@ -347,7 +347,7 @@ else
   note "NOT RUN pipeline_2_workers_nccl: $gpus GPU(s); a device group needs two"
 fi
 
-unset PIPETRAIN_CUDA_POISON_EMPTY  # the benchmarks measure without it
+unset PIPETRAIN_POISON_EMPTY  # the benchmarks measure without it
 fi  # mode != bench
 
 # 4. Benchmarks: GPT-2 124M training tokens/s and MFU in fp32, TF32 and bf16

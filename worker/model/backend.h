@@ -39,6 +39,7 @@
 #define PIPETRAIN_WORKER_MODEL_BACKEND_H_
 
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -87,6 +88,14 @@ class PendingDownload {
   virtual absl::StatusOr<Tensor> Wait() = 0;
 };
 
+// Whether backends fill Empty's tensors with NaN: PIPETRAIN_POISON_EMPTY=1
+// in the environment (.bazelrc sets it for every `bazel test`, and the
+// workers a test starts inherit it; jobs and benchmarks run without it).
+inline bool PoisonEmptyRequested() {
+  const char* value = std::getenv("PIPETRAIN_POISON_EMPTY");
+  return value != nullptr && std::string(value) == "1";
+}
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -112,10 +121,11 @@ class Backend {
   // unspecified: for an op's output that the op writes entirely (the
   // outputs of every op below except the gradients they accumulate into:
   // LayerNorm's and Linear's dw, db, the embedding's dwte, dwpe, AddInPlace's
-  // acc, and Sgemm's C when beta != 0). A device backend skips the fill
-  // (GPT-2's activations are gigabytes per step); the CPU backend fills
-  // NaN, so that a unit reading an element no op wrote shows in every CPU
-  // test. Default: Zeros.
+  // acc, and Sgemm's C when beta != 0). Backends skip the fill (it was 6 %
+  // of a CPU stage's time, and GPT-2's activations are gigabytes per step)
+  // unless PoisonEmptyRequested() when they are made: then they fill NaN,
+  // so that a unit reading an element no op wrote fails the test.
+  // Default: Zeros.
   virtual Tensor Empty(const Shape& shape) { return Zeros(shape); }
   // This backend's copy of host tensor `host` (CPU: `host` itself, shared).
   virtual Tensor Upload(const Tensor& host) = 0;

@@ -69,7 +69,10 @@ class CpuBackendImpl final : public Backend {
   }
   Tensor Empty(const Shape& shape) override {
     Tensor t;
-    Timed("empty", [&] { t = Tensor::Filled(shape, std::numeric_limits<float>::quiet_NaN()); });
+    Timed("empty", [&] {
+      t = poison_empty_ ? Tensor::Filled(shape, std::numeric_limits<float>::quiet_NaN())
+                        : Tensor::Uninitialized(shape);
+    });
     return t;
   }
   Tensor Upload(const Tensor& host) override { return host; }
@@ -173,6 +176,7 @@ class CpuBackendImpl final : public Backend {
 
  private:
   std::atomic<bool> timing_{false};
+  const bool poison_empty_ = PoisonEmptyRequested();  // Empty fills NaN (backend.h)
   AnnotatedMutex mu_;
   OpTimes times_ ABSL_GUARDED_BY(mu_);
 };

@@ -1,7 +1,9 @@
 // The CPU backend's own behaviour beyond the ops (which are the kernels/cpu
-// functions, tested there): op timing.
+// functions, tested there): op timing and Empty's NaN in tests.
 #include "worker/model/cpu_backend.h"
 
+#include <cmath>
+#include <cstdint>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -10,6 +12,16 @@
 
 namespace pipetrain {
 namespace {
+
+// Every `bazel test` runs with PIPETRAIN_POISON_EMPTY=1 (.bazelrc), so
+// Empty's tensors are NaN in every CPU test: a unit that reads an element
+// no op wrote fails there.
+TEST(CpuBackendTest, Empty_NaNUnderBazelTest) {
+  ASSERT_TRUE(PoisonEmptyRequested()) << "PIPETRAIN_POISON_EMPTY=1 missing from the test's env";
+  const Tensor t = CpuBackend()->Empty({3, 17});
+  ASSERT_EQ(t.numel(), 51);
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_TRUE(std::isnan(t.data()[i])) << i;
+}
 
 TEST(CpuBackendTest, OpTiming_OffByDefault_OnCountsEachCall) {
   Backend* b = CpuBackend();

@@ -148,11 +148,6 @@ class StreamDownload final : public PendingDownload {
   absl::Status status_;
 };
 
-bool PoisonEmptyRequested() {
-  const char* value = std::getenv("PIPETRAIN_CUDA_POISON_EMPTY");
-  return value != nullptr && std::string(value) == "1";
-}
-
 class CudaBackendImpl final : public Backend {
  public:
   CudaBackendImpl(const CudaDeviceInfo& info, cudaStream_t stream, CublasHandle cublas,
@@ -425,7 +420,7 @@ class CudaBackendImpl final : public Backend {
   cudaStream_t stream_;
   CublasHandle cublas_;
   const AttentionImpl attention_;
-  // PIPETRAIN_CUDA_POISON_EMPTY (cuda_backend.h): Empty fills NaN.
+  // PIPETRAIN_POISON_EMPTY (backend.h): Empty fills NaN.
   const bool poison_empty_;
   std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>(device_);
   absl::Status status_;

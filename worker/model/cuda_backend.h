@@ -17,10 +17,10 @@
 // kept and returned by status(); later ops return at once.
 //
 // Empty (backend.h) leaves device memory as it was, so a unit reading an
-// element no op wrote would read stale numbers, not a NaN as on the CPU.
-// With PIPETRAIN_CUDA_POISON_EMPTY=1 in the environment when the backend
-// is made, Empty fills NaN (one memset more): the GPU parity tests set it,
-// so that an op leaving part of its output unwritten fails them.
+// element no op wrote would read stale numbers. With
+// PIPETRAIN_POISON_EMPTY=1 in the environment when the backend is made,
+// Empty fills NaN (one memset more): the GPU parity tests set it, so that
+// an op leaving part of its output unwritten fails them.
 #ifndef PIPETRAIN_WORKER_MODEL_CUDA_BACKEND_H_
 #define PIPETRAIN_WORKER_MODEL_CUDA_BACKEND_H_
 

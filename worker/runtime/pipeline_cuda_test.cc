@@ -28,7 +28,7 @@ namespace {
 // Empty allocations filled with NaN on CUDA (cuda_backend.h), set before any
 // backend is made: an op that leaves part of its output unwritten fails.
 const bool kPoisonEmpty = [] {
-  setenv("PIPETRAIN_CUDA_POISON_EMPTY", "1", /*overwrite=*/1);
+  setenv("PIPETRAIN_POISON_EMPTY", "1", /*overwrite=*/1);
   return true;
 }();
 

@@ -179,6 +179,11 @@ processes_of() { pgrep -f -- "--ports-file=$1/" | wc -l; }
 # ended DIR: waits (bounded, polling) until none is left.
 ended() { for _ in $(seq 1 600); do [[ $(processes_of "$1") -eq 0 ]] && return 0; sleep 0.05; done; return 1; }
 UP=(up --workers 2 --steps 100000 --checkpoint-interval 0 --eval-interval 0)
+# Bad flags are refused before anything starts, naming the flag.
+expect_exit up_no_workers 2 "--workers must be >= 1, got 0" -- up --workers 0 --out "$TMP/up-bad"
+expect_exit up_bad_emulated_link 2 '--emulate-link "0Gbit,1ms": bandwidth must be a positive' -- \
+  up --workers 2 --emulate-link 0Gbit,1ms --out "$TMP/up-bad"
+ok up_bad_started_nothing test ! -e "$TMP/up-bad/coordinator.ports"
 # A closed stdout (`up | head`) ends the run as Ctrl-C does: the cluster is
 # stopped before up exits, so nothing is left once the pipeline returns.
 "$BIN" "${UP[@]}" --out "$TMP/up-pipe" 2>&1 | head -c 1 >/dev/null

@@ -33,6 +33,7 @@
 #include "httplib.h"
 #include "spec/job_spec.h"
 #include "worker/model/backend_select.h"
+#include "worker/transport/shaped_transport.h"
 
 namespace pipetrain {
 namespace {
@@ -523,13 +524,14 @@ int RunUp(const std::vector<std::string>& args) {
     return Fail("up", absl::NotFoundError("cannot create --out directory " + o.out));
   }
   absl::Status valid = absl::OkStatus();
-  if (o.tensor_parallel == kTensorParallelAuto && o.data_parallel != kDataParallelAuto) {
+  if (o.workers < 1) {
+    valid = absl::InvalidArgumentError(absl::StrCat("--workers must be >= 1, got ", o.workers));
+  } else if (o.tensor_parallel == kTensorParallelAuto && o.data_parallel != kDataParallelAuto) {
     valid = absl::InvalidArgumentError(
         "--tensor-parallel auto needs --data-parallel auto: the planner then chooses the whole "
         "layout of --workers (replicas, stages and tensor ranks)");
   } else if (o.data_parallel == kDataParallelAuto) {
     // The spec's checks name the fields (spec.parallelism.tensor, ...).
-    if (o.workers < 1) valid = absl::InvalidArgumentError("--workers must be >= 1");
     if (!o.dp_stages.empty()) {
       valid = absl::InvalidArgumentError(
           "--dp-stages names stages of a known layout: leave it empty with --data-parallel auto "
@@ -556,6 +558,8 @@ int RunUp(const std::vector<std::string>& args) {
       }
     }
   }
+  // The workers would refuse a bad --emulate-link, one by one after starting.
+  if (valid.ok()) valid = ParseLinkModel("--emulate-link", o.emulate_link).status();
   if (valid.ok()) valid = ResolveJobSpec(UpSpec(o)).status();
   const bool each_gpu = o.worker_device == "cuda:each";
   const int gpus = each_gpu ? VisibleCudaDevices() : 0;

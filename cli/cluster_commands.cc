@@ -25,6 +25,7 @@
 #include "cli/link_summary.h"
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
+#include "cli/stage_times.h"
 #include "common/enum_names.h"
 #include "common/flag_set.h"
 #include "common/secrets.h"
@@ -728,6 +729,8 @@ int RunUp(const std::vector<std::string>& args) {
           100 * (plan.predicted_iteration_seconds() / timing.SecondsPerStep() - 1),
           plan.profile_source().c_str());
     }
+    // Where the step went, worker by worker (the whole run's mean).
+    std::printf("%s", FormatStageTimes(end, plan).c_str());
   }
   PrintLinkSummary(**cluster);
   std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),

@@ -45,6 +45,9 @@ void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
 // A worker's error text becomes the job's reason, which every GetJob returns.
 constexpr size_t kMaxReportedErrorBytes = 16384;
 
+// ReportProgressRequest.busy_seconds and idle_seconds: one step's, at most.
+constexpr double kMaxReportedStepSeconds = 1e6;
+
 // The token embedding, which the head ties to (its stage holds a copy).
 constexpr char kTiedEmbeddingName[] = "wte.weight";
 
@@ -957,6 +960,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   record.weights.clear();
   record.weights_filled.clear();
   record.job.clear_worker_ids();
+  record.job.mutable_progress()->clear_stage_times();
   const int64_t start_step = resume != nullptr ? resume->step() : 0;
   // Only this plan's workers learn it: their streams prove it to each other.
   const std::string data_plane_secret = RandomToken();
@@ -999,6 +1003,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     record.stage_of[workers[g]] = static_cast<int>(g);
     RecordWeightOwners(record, static_cast<int>(g));
     record.job.add_worker_ids(workers[g]);
+    record.job.mutable_progress()->add_stage_times()->set_worker_id(workers[g]);
     record.assignments.push_back(a);
     hub_->Set(workers[g], std::move(a));
   }
@@ -1283,8 +1288,12 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     return response;
   }
   stage.iterations_done = std::max(stage.iterations_done, r.iteration() + 1);
-  stage.busy_seconds += r.busy_seconds();
-  stage.idle_seconds += r.idle_seconds();
+  if (stage_index < record->job.progress().stage_times_size()) {
+    v1::StageTime* time = record->job.mutable_progress()->mutable_stage_times(stage_index);
+    time->set_steps(time->steps() + 1);
+    time->set_busy_seconds(time->busy_seconds() + r.busy_seconds());
+    time->set_idle_seconds(time->idle_seconds() + r.idle_seconds());
+  }
   stage.finished = stage.finished || r.finished();
   if (r.finished()) stage.weights_digest = r.weights_digest();
   if (r.micro_batch_losses_size() > 0 && speaks) {
@@ -1468,6 +1477,15 @@ absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,
     return absl::InvalidArgumentError(absl::StrCat("ReportProgressRequest.iteration: ",
                                                    r.iteration(), " is outside the job's [0, ",
                                                    record.resolved.train.steps, ")"));
+  }
+  for (const auto& [field, seconds] :
+       {std::pair<const char*, double>{"busy_seconds", r.busy_seconds()},
+        std::pair<const char*, double>{"idle_seconds", r.idle_seconds()}}) {
+    if (!(seconds >= 0 && seconds <= kMaxReportedStepSeconds)) {
+      return absl::InvalidArgumentError(absl::StrCat("ReportProgressRequest.", field, ": ",
+                                                     seconds, " is outside [0, ",
+                                                     kMaxReportedStepSeconds, "]"));
+    }
   }
   if (r.weights_digest().size() > 64) {
     return absl::InvalidArgumentError(

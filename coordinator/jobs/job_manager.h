@@ -258,7 +258,6 @@ class JobManager {
     bool finished = false;
     bool weights_done = false;
     std::string weights_digest;  // with data parallelism, sent with `finished`
-    double busy_seconds = 0, idle_seconds = 0;
   };
   struct JobRecord {
     v1::Job job;

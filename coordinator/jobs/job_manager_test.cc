@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <limits>
@@ -411,6 +412,56 @@ TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
+}
+
+// Each worker's reported compute and receive-wait time adds up per worker
+// of the current plan (Job.progress.stage_times, in stage order), next to
+// the plan's predicted time of its stage; values out of bounds are refused.
+TEST_F(JobManagerTest, Progress_StageTimesSumEachWorkersReports) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  v1::Job job = jobs_.Get(id).value();
+  ASSERT_EQ(job.progress().stage_times_size(), 2);
+  EXPECT_EQ(job.progress().stage_times(0).worker_id(), job.worker_ids(0));
+  EXPECT_EQ(job.progress().stage_times(1).worker_id(), job.worker_ids(1));
+  EXPECT_EQ(job.progress().stage_times(0).steps(), 0);
+  v1::ReportProgressRequest r;
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  for (int64_t step = 0; step < 3; ++step) {
+    for (const std::string& w : {w1, w2}) {
+      r.set_worker_id(w);
+      r.set_iteration(step);
+      r.set_busy_seconds(w == job.worker_ids(0) ? 0.25 : 0.5);
+      r.set_idle_seconds(0.125);
+      ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+    }
+  }
+  job = jobs_.Get(id).value();
+  EXPECT_EQ(job.progress().stage_times(0).steps(), 3);
+  EXPECT_DOUBLE_EQ(job.progress().stage_times(0).busy_seconds(), 0.75);
+  EXPECT_DOUBLE_EQ(job.progress().stage_times(1).busy_seconds(), 1.5);
+  EXPECT_DOUBLE_EQ(job.progress().stage_times(1).idle_seconds(), 0.375);
+  // The plan predicts each stage's share of its simulated step.
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  for (const v1::PlanStage& s : plan.stages()) {
+    EXPECT_GT(s.predicted_busy_seconds(), 0);
+    EXPECT_GE(s.predicted_idle_seconds(), 0);
+    EXPECT_LE(s.predicted_busy_seconds() + s.predicted_idle_seconds(),
+              plan.predicted_iteration_seconds() * (1 + 1e-12));
+  }
+  // Bounds (coordinator.proto): finite, 0 to 1e6 seconds.
+  for (double bad : {-1.0, 2e6, std::nan("")}) {
+    r.set_busy_seconds(bad);
+    absl::StatusOr<v1::ReportProgressResponse> refused = jobs_.ReportProgress(r);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), "busy_seconds")) << refused.status();
+    r.set_busy_seconds(0);
+    r.set_idle_seconds(bad);
+    EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    r.set_idle_seconds(0);
+  }
+  EXPECT_EQ(jobs_.Get(id).value().progress().stage_times(1).steps(), 3);
 }
 
 // A step whose mean loss is NaN ends the job FAILED, saying which step

@@ -281,6 +281,12 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     stage->set_worker_id(cluster.workers[g].name);
     *stage->mutable_forward() = ToUnitRange(solved.forward[s]);
     *stage->mutable_backward() = ToUnitRange(solved.backward[s]);
+    const SimulationResult& sim = solved.simulation;
+    if (static_cast<size_t>(s) < sim.busy_seconds.size() &&
+        static_cast<size_t>(s) < sim.idle_seconds.size()) {
+      stage->set_predicted_busy_seconds(sim.busy_seconds[s]);
+      stage->set_predicted_idle_seconds(sim.idle_seconds[s]);
+    }
   }
   plan.set_bottleneck_seconds(solved.bottleneck_seconds);
   plan.set_predicted_iteration_seconds(solved.simulation.iteration_seconds);

@@ -1,0 +1,44 @@
+#include "cli/stage_times.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace pipetrain {
+
+namespace {
+
+// "28.5 ms [18.7]", or "- [18.7]" without a measured step.
+std::string Cell(double measured_seconds, int64_t steps, double predicted_seconds) {
+  const std::string measured =
+      steps > 0 ? absl::StrFormat("%.1f ms", 1e3 * measured_seconds / steps) : std::string("-");
+  return absl::StrFormat("%s [%.1f]", measured, 1e3 * predicted_seconds);
+}
+
+}  // namespace
+
+std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan) {
+  const auto& times = job.progress().stage_times();
+  if (times.empty() || times.size() != plan.stages_size()) return "";
+  const int tensor = std::max(1, plan.tensor_parallel());
+  const int replicas = std::max(1, plan.data_parallel());
+  const int stages = std::max(1, plan.stages_size() / (tensor * replicas));
+  std::string out = "per step (measured, predicted in brackets): compute, waiting\n";
+  const int rows = std::min(times.size(), kMaxStageTimeRows);
+  for (int g = 0; g < rows; ++g) {
+    const v1::StageTime& t = times[g];
+    const v1::PlanStage& p = plan.stages(g);
+    if (t.worker_id() != p.worker_id()) return "";  // another plan's workers
+    std::string where = absl::StrCat("stage ", g / tensor % stages);
+    if (replicas > 1) absl::StrAppend(&where, ", replica ", g / (tensor * stages));
+    if (tensor > 1) absl::StrAppend(&where, ", rank ", g % tensor);
+    absl::StrAppendFormat(&out, "  %-6s %-24s %-18s %s\n", t.worker_id(), where,
+                          Cell(t.busy_seconds(), t.steps(), p.predicted_busy_seconds()),
+                          Cell(t.idle_seconds(), t.steps(), p.predicted_idle_seconds()));
+  }
+  if (times.size() > rows) absl::StrAppend(&out, "  ... and ", times.size() - rows, " more\n");
+  return out;
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,30 @@
+// The per-worker table `pipetrain up` prints after a job: each worker's
+// measured compute and receive-wait time per step (Job.progress's
+// stage_times) next to what the plan's simulation predicted for its stage
+// position (Plan.stages' predicted_busy_seconds, predicted_idle_seconds),
+// so that a user sees which stage set the step time and where the
+// prediction went wrong.
+#ifndef PIPETRAIN_CLI_STAGE_TIMES_H_
+#define PIPETRAIN_CLI_STAGE_TIMES_H_
+
+#include <string>
+
+#include "proto/pipetrain/v1/job.pb.h"
+#include "proto/pipetrain/v1/plan.pb.h"
+
+namespace pipetrain {
+
+// At most this many workers are listed (then "... and N more").
+inline constexpr int kMaxStageTimeRows = 32;
+
+// A header line and one line per worker of the current plan, e.g.
+//   "per step (measured, predicted in brackets): compute, waiting\n"
+//   "  w-2  stage 1            28.5 ms [18.7]    7.7 ms [4.3]\n"
+// with ", replica r" and ", rank t" where the plan has replicas or tensor
+// ranks, and "-" where a worker reported no step yet. Empty when the job
+// has no stage times or they do not match the plan (a re-plan since).
+std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_CLI_STAGE_TIMES_H_

@@ -457,6 +457,11 @@ TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_Noth
   EXPECT_EQ(job.progress().recoveries(), 0);
   EXPECT_EQ(job.plan_history(1).start_step(), boundary);
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), w2 + " drained"));
+  // Stage times start afresh with the new plan's workers.
+  ASSERT_EQ(job.progress().stage_times_size(), 2);
+  EXPECT_EQ(job.progress().stage_times(0).worker_id(), w1);
+  EXPECT_EQ(job.progress().stage_times(1).worker_id(), w3);
+  EXPECT_EQ(job.progress().stage_times(0).steps(), 0);
   EXPECT_EQ(AssignmentOf(w2).action(), v1::Assignment::ACTION_STOP);
   EXPECT_EQ(AssignmentOf(w1).resume().step(), boundary);
   // Drained: no job for it, though READY, and listed as drained.

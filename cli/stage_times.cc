@@ -24,7 +24,7 @@ std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan) {
   const int tensor = std::max(1, plan.tensor_parallel());
   const int replicas = std::max(1, plan.data_parallel());
   const int stages = std::max(1, plan.stages_size() / (tensor * replicas));
-  std::string out = "per step (measured, predicted in brackets): compute, waiting\n";
+  std::string out = "per step, measured [predicted]: busy, waiting in receives\n";
   const int rows = std::min(times.size(), kMaxStageTimeRows);
   for (int g = 0; g < rows; ++g) {
     const v1::StageTime& t = times[g];

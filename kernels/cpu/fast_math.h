@@ -7,14 +7,15 @@
 // FastExp below 4e-7 on [-87, 88]; absolute error of FastTanh below 3e-7.
 //
 // Always inlined: the kernels that call them are compiled per target
-// (PT_TARGET_CLONES, "arch=skylake-avx512" ...), and GCC does not inline a
-// function of another arch into one of them on its own, so the AVX-512 and
-// AVX2 clones called FastExp once per element, unvectorised: the GELU took
-// a third of a CPU step's GEMM time (docs/benchmarks.md, "The element-wise
-// kernels' AVX-512 and AVX2 code"). The AVX2 clones also need
-// -fno-trapping-math (KERNEL_COPTS in kernels/cpu/BUILD) to if-convert
-// FastExp's clamp. fast_math_test checks the accuracy of each vectorised
-// form.
+// (PT_TARGET_CLONES: the x86-64-v4 and -v3 ISA levels and the baseline),
+// and GCC does not inline a function of another target into one of them
+// on its own, so the AVX-512 and AVX2 clones called FastExp once per
+// element, unvectorised (docs/benchmarks.md, "The element-wise kernels'
+// AVX-512 and AVX2 code"). The clones also need -fno-trapping-math
+// (KERNEL_COPTS in kernels/cpu/BUILD) to if-convert FastExp's clamp, and
+// -ffp-contract=off to round as the baseline does. fast_math_test checks
+// the accuracy of each vectorised form, and that each is bitwise the
+// scalar code.
 #ifndef PIPETRAIN_KERNELS_CPU_FAST_MATH_H_
 #define PIPETRAIN_KERNELS_CPU_FAST_MATH_H_
 

@@ -3,8 +3,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -13,9 +15,11 @@ namespace pipetrain {
 namespace {
 
 // The kernels call FastExp/FastTanh inside target_clones loops, where GCC
-// vectorises them and, for the AVX2 and AVX-512 clones, may contract a*b+c
-// into FMAs, which changes the rounding. The sweeps below run each of those
-// compilations that this CPU can execute, plus plain scalar calls.
+// vectorises them per instruction set. The sweeps below run each of those
+// compilations that this CPU can execute, plus plain scalar calls. With
+// -ffp-contract=off (KERNEL_COPTS) no clone contracts a*b+c into an FMA, so
+// all of them round alike: every clone computes bitwise what the scalar
+// code does, and a job's workers agree whichever clone their CPUs pick.
 using Loop = void (*)(const float* x, int64_t n, float* y);
 
 #define PT_FAST_MATH_LOOPS(suffix, attribute)                                \
@@ -163,6 +167,35 @@ TEST(FastTanhTest, DenseSweep_AbsoluteErrorBelow3e7) {
     }
     RecordProperty(std::string("max_absolute_error_") + variant.name, Format(worst));
     EXPECT_LT(worst, 3e-7) << variant.name << ": worst at x = " << worst_x;
+  }
+}
+
+// Bitwise the scalar code's values in every vectorised form (no FMA
+// contraction, no reassociation), over both functions' working ranges.
+TEST(FastMathTest, EveryVectorisedForm_BitwiseTheScalarCode) {
+  const std::vector<float> exp_x = Sweep(-87.0, 88.0, kSweepPoints);
+  const std::vector<float> tanh_x = Sweep(-20.0, 20.0, kSweepPoints);
+  const int64_t n = static_cast<int64_t>(exp_x.size());
+  std::vector<float> exp_scalar(n), tanh_scalar(n), y(n);
+  ScalarExpLoop(exp_x.data(), n, exp_scalar.data());
+  ScalarTanhLoop(tanh_x.data(), n, tanh_scalar.data());
+  for (const Variant& variant : Variants()) {
+    if (!variant.supported) continue;
+    for (const auto& [loop, x, scalar] :
+         {std::tuple<Loop, const std::vector<float>*, const std::vector<float>*>{
+              variant.exp, &exp_x, &exp_scalar},
+          {variant.tanh, &tanh_x, &tanh_scalar}}) {
+      loop(x->data(), n, y.data());
+      int64_t differing = 0, first = -1;
+      for (int64_t i = 0; i < n; ++i) {
+        if (std::memcmp(&y[i], &(*scalar)[i], sizeof(float)) != 0) {
+          if (first < 0) first = i;
+          ++differing;
+        }
+      }
+      EXPECT_EQ(differing, 0) << variant.name << (loop == variant.exp ? " exp" : " tanh")
+                              << ": first at x = " << (first >= 0 ? (*x)[first] : 0.0f);
+    }
   }
 }
 

@@ -3,8 +3,13 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cpu/target_clones.h"
+
 namespace pipetrain {
 
+// Per target (target_clones.h): the normalising loops vectorise; the sums
+// stay in order (no reassociation), so every clone gives the same bits.
+PT_TARGET_CLONES
 void LayerNormForward(const float* x, const float* w, const float* b, int n, int c, float eps,
                       float* y, float* mean, float* rstd) {
   for (int i = 0; i < n; ++i) {
@@ -29,6 +34,7 @@ void LayerNormForward(const float* x, const float* w, const float* b, int n, int
 
 // dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, the
 // derivative of the normalisation through both the mean and the variance.
+PT_TARGET_CLONES
 void LayerNormBackward(const float* x, const float* w, const float* mean, const float* rstd,
                        const float* dy, int n, int c, float* dx, float* dw, float* db) {
   for (int i = 0; i < n; ++i) {

@@ -1,5 +1,6 @@
 #include "coordinator/api/coordinator_metrics.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <vector>
@@ -87,6 +88,18 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                            "a re-plan would raise it).")
                        .Register(*registry_)
                        .Add({});
+  plan_stage_busy_ = &prometheus::BuildGauge()
+                          .Name("pipetrain_plan_predicted_stage_busy_seconds")
+                          .Help(
+                              "The current job's plan: the simulated step's compute time of "
+                              "each worker's stage position, by the worker's stage index.")
+                          .Register(*registry_);
+  plan_stage_idle_ = &prometheus::BuildGauge()
+                          .Name("pipetrain_plan_predicted_stage_idle_seconds")
+                          .Help(
+                              "The current job's plan: the simulated step's idle time of each "
+                              "worker's stage position (waiting for input or the step's end).")
+                          .Register(*registry_);
   job_steps_ = &prometheus::BuildCounter()
                     .Name("pipetrain_job_steps_total")
                     .Help("Optimizer steps completed, over all jobs.")
@@ -245,6 +258,21 @@ void CoordinatorMetrics::RefreshCurrentJob(const std::vector<v1::Job>& jobs) {
   if (plan.ok()) {
     plan_predicted_seconds_->Set(plan->predicted_iteration_seconds());
     plan_version_->Set(static_cast<double>(plan->version()));
+    // Per stage (the stage label as pipetrain_stage_busy_seconds_total's);
+    // beyond the label cap a gauge could not tell the stages apart.
+    const int shown = std::min(plan->stages_size(), kMaxStageLabel);
+    AnnotatedMutexLock lock(&refresh_mu_);
+    for (int g = 0; g < shown; ++g) {
+      const prometheus::Labels labels = {{"stage", StageLabel(g)}};
+      plan_stage_busy_->Add(labels).Set(plan->stages(g).predicted_busy_seconds());
+      plan_stage_idle_->Add(labels).Set(plan->stages(g).predicted_idle_seconds());
+    }
+    for (int g = shown; g < predicted_stages_shown_; ++g) {
+      const prometheus::Labels labels = {{"stage", StageLabel(g)}};
+      plan_stage_busy_->Remove(&plan_stage_busy_->Add(labels));
+      plan_stage_idle_->Remove(&plan_stage_idle_->Add(labels));
+    }
+    predicted_stages_shown_ = shown;
   }
 }
 

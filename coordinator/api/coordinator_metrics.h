@@ -13,6 +13,10 @@
 //                                                          (redone steps are not counted again)
 //   pipetrain_plan_predicted_iteration_seconds    gauge    the plan's simulated iteration time (*)
 //   pipetrain_plan_version                        gauge    the plan's version (*)
+//   pipetrain_plan_predicted_stage_busy_seconds{stage}  gauge  the simulated step of each
+//   pipetrain_plan_predicted_stage_idle_seconds{stage}  gauge  worker's stage position: its
+//                                                          compute and its idle time
+//                                                          (Plan.stages; stages 0-62 (*))
 //   pipetrain_job_steps_total                     counter  optimizer steps completed, all jobs
 //   pipetrain_stage_busy_seconds_total{stage}     counter  compute time the workers of a
 //                                                          pipeline stage reported
@@ -143,6 +147,8 @@ class CoordinatorMetrics {
   prometheus::Counter* job_tokens_;
   prometheus::Gauge* plan_predicted_seconds_;
   prometheus::Gauge* plan_version_;
+  prometheus::Family<prometheus::Gauge>* plan_stage_busy_;
+  prometheus::Family<prometheus::Gauge>* plan_stage_idle_;
   prometheus::Counter* job_steps_;
   prometheus::Family<prometheus::Counter>* stage_busy_;
   prometheus::Family<prometheus::Counter>* stage_idle_;
@@ -160,6 +166,9 @@ class CoordinatorMetrics {
   std::map<std::string, int64_t> steps_counted_ ABSL_GUARDED_BY(refresh_mu_);
   // The metrics addresses that have a pipetrain_worker_info series.
   std::map<std::string, prometheus::Gauge*> worker_info_series_ ABSL_GUARDED_BY(refresh_mu_);
+  // How many stages have pipetrain_plan_predicted_stage_* series (a plan
+  // with fewer stages removes the rest).
+  int predicted_stages_shown_ ABSL_GUARDED_BY(refresh_mu_) = 0;
 };
 
 }  // namespace pipetrain

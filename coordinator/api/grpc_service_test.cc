@@ -441,6 +441,22 @@ TEST_F(GrpcServiceTest, ReportProgress_StepWithLosses_UpdatesJobAndStageMetrics)
       text,
       "pipetrain_rpc_duration_seconds_count{code=\"OK\",method=\"/pipetrain.v1.CoordinatorService/"
       "ReportProgress\"} 1\n"));
+  // The plan's predicted share of the step of each stage, beside the
+  // measured one above.
+  const v1::Plan plan = jobs_.GetPlan(job.id()).value();
+  ASSERT_EQ(plan.stages_size(), 1);
+  ASSERT_GT(plan.stages(0).predicted_busy_seconds(), 0);
+  for (const auto& [name, predicted] :
+       {std::pair<std::string, double>{"pipetrain_plan_predicted_stage_busy_seconds",
+                                       plan.stages(0).predicted_busy_seconds()},
+        std::pair<std::string, double>{"pipetrain_plan_predicted_stage_idle_seconds",
+                                       plan.stages(0).predicted_idle_seconds()}}) {
+    const std::string series = name + "{stage=\"0\"} ";
+    const size_t at = text.find(series);
+    ASSERT_NE(at, std::string::npos) << series << " missing in\n" << text;
+    EXPECT_NEAR(std::stod(text.substr(at + series.size())), predicted, 1e-12 + 1e-9 * predicted)
+        << name;
+  }
 }
 
 TEST_F(GrpcServiceTest, GetJobAndListJobs_Views_LossHistoryOnlyInFull) {

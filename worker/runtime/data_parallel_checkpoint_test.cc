@@ -114,7 +114,9 @@ TEST_P(DataParallelCheckpointTest, ResumesBitwiseOnItsLayoutWithEveryReplicasFee
       for (float x : state.feedback[0][i].tensor.ToVector()) magnitude += std::abs(x);
     }
     EXPECT_GT(magnitude, 0) << "replica 0's residuals are all zero";
-    if (compression.powersgd_rank > 0 && unit > 0) EXPECT_FALSE(state.warm_q.empty());
+    if (compression.powersgd_rank > 0 && unit > 0) {
+      EXPECT_FALSE(state.warm_q.empty());
+    }
   }
   EXPECT_EQ(compressed_units, 3 * static_cast<int>(compression.stages.size()));
 

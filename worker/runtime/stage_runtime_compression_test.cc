@@ -55,7 +55,7 @@ TEST(StageRuntimeCompression, DataParallelQuantizer_BadSetupsRefused) {
   setup.replicas = 2;
   setup.data_parallel_quantizer = "bf16";
   EXPECT_TRUE(StageRuntime::Create(setup, &data, transport.get()).ok());
-  for (const std::string bad :
+  for (const std::string& bad :
        std::vector<std::string>{"token_topk:keep=0.5", "powersgd:rank=2", std::string(300, 'x')}) {
     setup.data_parallel_quantizer = bad;
     EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),

@@ -1,6 +1,8 @@
 #include "cli/stage_times.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -26,15 +28,20 @@ std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan) {
   const int stages = std::max(1, plan.stages_size() / (tensor * replicas));
   std::string out = "per step, measured [predicted]: busy, waiting in receives\n";
   const int rows = std::min(times.size(), kMaxStageTimeRows);
+  std::vector<std::string> where(rows);
+  size_t width = 0;
+  for (int g = 0; g < rows; ++g) {
+    if (times[g].worker_id() != plan.stages(g).worker_id()) return "";  // another plan's workers
+    where[g] = absl::StrCat("stage ", g / tensor % stages);
+    if (replicas > 1) absl::StrAppend(&where[g], ", replica ", g / (tensor * stages));
+    if (tensor > 1) absl::StrAppend(&where[g], ", rank ", g % tensor);
+    width = std::max(width, where[g].size());
+  }
   for (int g = 0; g < rows; ++g) {
     const v1::StageTime& t = times[g];
     const v1::PlanStage& p = plan.stages(g);
-    if (t.worker_id() != p.worker_id()) return "";  // another plan's workers
-    std::string where = absl::StrCat("stage ", g / tensor % stages);
-    if (replicas > 1) absl::StrAppend(&where, ", replica ", g / (tensor * stages));
-    if (tensor > 1) absl::StrAppend(&where, ", rank ", g % tensor);
-    absl::StrAppendFormat(&out, "  %-6s %-24s %-18s %s\n", t.worker_id(), where,
-                          Cell(t.busy_seconds(), t.steps(), p.predicted_busy_seconds()),
+    absl::StrAppendFormat(&out, "  %-6s %-*s  %-18s %s\n", t.worker_id(), static_cast<int>(width),
+                          where[g], Cell(t.busy_seconds(), t.steps(), p.predicted_busy_seconds()),
                           Cell(t.idle_seconds(), t.steps(), p.predicted_idle_seconds()));
   }
   if (times.size() > rows) absl::StrAppend(&out, "  ... and ", times.size() - rows, " more\n");

@@ -19,13 +19,12 @@ inline constexpr int kMaxStageTimeRows = 32;
 
 // A header line and one line per worker of the current plan, e.g.
 //   "per step, measured [predicted]: busy, waiting in receives\n"
-//   "  w-2  stage 1            28.5 ms [18.7]    7.7 ms [4.3]\n"
+//   "  w-2    stage 1  28.5 ms [18.7]     7.7 ms [4.3]\n"
 // with ", replica r" and ", rank t" where the plan has replicas or tensor
-// ranks, and "-" where a worker reported no step yet. Busy is everything
-// but waiting in receives (StageTime): computing, and also handing sends
-// over and waiting for the last ones at the step's end, which the
-// simulation's compute does not count. Empty when the job
-// has no stage times or they do not match the plan (a re-plan since).
+// ranks (the column as wide as its longest entry), and "-" where a worker reported no step yet.
+// Busy is everything but waiting in receives (StageTime): computing, and also handing sends over
+// and waiting for the last ones at the step's end, which the simulation's compute does not count.
+// Empty when the job has no stage times or they do not match the plan (a re-plan since).
 std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan);
 
 }  // namespace pipetrain

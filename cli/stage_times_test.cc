@@ -37,17 +37,18 @@ TEST(FormatStageTimes, MeasuredPerStepNextToPredicted) {
   const JobAndPlan j = Make(2, 10);
   EXPECT_EQ(FormatStageTimes(j.job, j.plan),
             "per step, measured [predicted]: busy, waiting in receives\n"
-            "  w-1    stage 0                  1.0 ms [0.5]       2.0 ms [1.0]\n"
-            "  w-2    stage 1                  2.0 ms [0.5]       2.0 ms [1.0]\n");
+            "  w-1    stage 0  1.0 ms [0.5]       2.0 ms [1.0]\n"
+            "  w-2    stage 1  2.0 ms [0.5]       2.0 ms [1.0]\n");
 }
 
 TEST(FormatStageTimes, ReplicasAndRanksNamed) {
   // 2 replicas x 2 stages x 2 ranks: rank innermost, then stage, replica.
   const JobAndPlan j = Make(8, 1, 2, 2);
   const std::string text = FormatStageTimes(j.job, j.plan);
-  EXPECT_NE(text.find("w-1    stage 0, replica 0, rank 0 "), std::string::npos) << text;
-  EXPECT_NE(text.find("w-4    stage 1, replica 0, rank 1 "), std::string::npos) << text;
-  EXPECT_NE(text.find("w-7    stage 1, replica 1, rank 0 "), std::string::npos) << text;
+  EXPECT_NE(text.find("w-1    stage 0, replica 0, rank 0  1.0 ms [0.5]"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("w-4    stage 1, replica 0, rank 1  "), std::string::npos) << text;
+  EXPECT_NE(text.find("w-7    stage 1, replica 1, rank 0  "), std::string::npos) << text;
 }
 
 TEST(FormatStageTimes, NoStepYet_ADash) {

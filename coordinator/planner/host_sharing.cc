@@ -12,44 +12,50 @@ namespace pipetrain {
 
 namespace {
 
-// Position s's compute threads per host (hosts with known cores only).
-std::vector<std::map<std::string, int>> ThreadsByPosition(const ClusterSpec& cluster, int replicas,
-                                                          int stages, int tensor,
-                                                          std::map<std::string, int>* cores) {
-  std::vector<std::map<std::string, int>> threads(stages);
+// Per stage position s (workers (r * stages + s) * tensor + t for every
+// replica r and tensor rank t) and host with known cores: the sum of
+// count(w) over s's workers there; workers counting 0 are left out.
+// `cores` (optional) gets those hosts' cores.
+template <typename Count>
+std::vector<std::map<std::string, int>> SumByPosition(const ClusterSpec& cluster, int replicas,
+                                                      int stages, int tensor, Count count,
+                                                      std::map<std::string, int>* cores) {
+  std::vector<std::map<std::string, int>> sums(stages);
   for (int s = 0; s < stages; ++s) {
     for (int r = 0; r < replicas; ++r) {
       for (int t = 0; t < tensor; ++t) {
         const WorkerSpec& w = cluster.workers[(static_cast<size_t>(r) * stages + s) * tensor + t];
-        if (w.host_cores <= 0 || w.compute_threads <= 0) continue;
-        threads[s][w.host] += w.compute_threads;
-        (*cores)[w.host] = w.host_cores;
+        const int n = count(w);
+        if (w.host_cores <= 0 || n <= 0) continue;
+        sums[s][w.host] += n;
+        if (cores != nullptr) (*cores)[w.host] = w.host_cores;
       }
     }
   }
-  return threads;
+  return sums;
 }
 
-bool IsCompute(TimelineEventKind kind) {
-  return kind == TimelineEventKind::kForward || kind == TimelineEventKind::kBackward ||
-         kind == TimelineEventKind::kRecompute || kind == TimelineEventKind::kOptimizer ||
-         kind == TimelineEventKind::kAllReduceCpu;
+// Position s's compute threads per host (hosts with known cores only).
+std::vector<std::map<std::string, int>> ThreadsByPosition(const ClusterSpec& cluster, int replicas,
+                                                          int stages, int tensor,
+                                                          std::map<std::string, int>* cores) {
+  return SumByPosition(
+      cluster, replicas, stages, tensor, [](const WorkerSpec& w) { return w.compute_threads; },
+      cores);
 }
 
 // Position s's workers per host whose cores are known (any device: every
 // worker's data plane runs on its host's CPU).
 std::vector<std::map<std::string, int>> WorkersByPosition(const ClusterSpec& cluster, int replicas,
                                                           int stages, int tensor) {
-  std::vector<std::map<std::string, int>> workers(stages);
-  for (int s = 0; s < stages; ++s) {
-    for (int r = 0; r < replicas; ++r) {
-      for (int t = 0; t < tensor; ++t) {
-        const WorkerSpec& w = cluster.workers[(static_cast<size_t>(r) * stages + s) * tensor + t];
-        if (w.host_cores > 0) ++workers[s][w.host];
-      }
-    }
-  }
-  return workers;
+  return SumByPosition(
+      cluster, replicas, stages, tensor, [](const WorkerSpec&) { return 1; }, nullptr);
+}
+
+bool IsCompute(TimelineEventKind kind) {
+  return kind == TimelineEventKind::kForward || kind == TimelineEventKind::kBackward ||
+         kind == TimelineEventKind::kRecompute || kind == TimelineEventKind::kOptimizer ||
+         kind == TimelineEventKind::kAllReduceCpu;
 }
 
 // Whether `cluster` holds one worker per (replica, stage position, rank).

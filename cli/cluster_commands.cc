@@ -21,11 +21,11 @@
 #include "absl/strings/str_split.h"
 #include "cli/coordinator_client.h"
 #include "cli/exit_codes.h"
+#include "cli/job_report.h"
 #include "cli/job_spec_file.h"
 #include "cli/link_summary.h"
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
-#include "cli/stage_times.h"
 #include "common/enum_names.h"
 #include "common/flag_set.h"
 #include "common/secrets.h"
@@ -188,9 +188,6 @@ std::string DataRootOf(const std::string& path) {
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : real.substr(0, slash);
 }
-
-// Steps averaged for the smoothed final loss `up` prints.
-constexpr int kLossTailSteps = 20;
 
 struct UpOptions {
   int workers = 4;
@@ -438,21 +435,8 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   return spec;
 }
 
-// Polls the job until it ends (or Ctrl-C), drawing progress. Returns the last Job.
-// When the steps went by, as Follow saw them (polling every 200 ms): the
-// first sighting at or past a tenth of the steps (start-up, profiling and
-// the first steps' warm-up left out) and the last one, of the job's last
-// plan (a re-plan starts them again: the prediction is that plan's).
-struct StepTiming {
-  absl::Time first_time, last_time;
-  int64_t first_step = -1, last_step = -1;
-  // Seconds per step between the two sightings; 0 when too few steps.
-  double SecondsPerStep() const {
-    if (first_step < 0 || last_step <= first_step) return 0;
-    return absl::ToDoubleSeconds(last_time - first_time) / double(last_step - first_step);
-  }
-};
-
+// Polls the job until it ends (or Ctrl-C), drawing progress. Returns the last
+// Job. `timing`, when given, gets the step sightings of the job's last plan.
 absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::string& id,
                                absl::Duration timeout, StepTiming* timing = nullptr) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
@@ -485,9 +469,8 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
     }
     if (step != last_step && step > 0) {
       const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-      if (timing != nullptr && job.state() == v1::JOB_STATE_RUNNING && step >= (steps + 9) / 10) {
-        if (timing->first_step < 0) timing->first_step = step, timing->first_time = absl::Now();
-        timing->last_step = step, timing->last_time = absl::Now();
+      if (timing != nullptr && job.state() == v1::JOB_STATE_RUNNING) {
+        timing->Saw(step, steps, absl::Now());
       }
       std::optional<float> val;
       if (job.progress().val_step() == step) val = job.progress().val_loss();
@@ -661,76 +644,18 @@ int RunUp(const std::vector<std::string>& args) {
   grpc::Status got = stub->GetJob(WithDeadline(kRpcTimeout).get(), full_request, &*done);
   if (!got.ok()) return Fail("up", ToAbsl(got));
   const v1::Job& end = *done;
-  std::printf("job %s %s after %lld steps, final loss %.4f", end.id().c_str(),
-              EnumShortName(end.state()).c_str(), static_cast<long long>(end.progress().step()),
-              end.progress().loss());
-  // One step's loss is noisy; the mean of the last steps compares runs better.
-  const auto& history = end.progress().loss_history();
-  const int tail = std::min(history.size(), kLossTailSteps);
-  if (tail > 1) {
-    double sum = 0;
-    for (int i = history.size() - tail; i < history.size(); ++i) sum += history[i];
-    std::printf(" (mean of the last %d steps %.4f)", tail, sum / tail);
-  }
-  std::printf("\n");
-  if (end.progress().val_step() > 0) {
-    std::printf("validation loss %.4f after step %lld\n", end.progress().val_loss(),
-                static_cast<long long>(end.progress().val_step()));
-  }
-  if (!end.reason().empty()) std::printf("reason: %s\n", end.reason().c_str());
+  std::printf("%s", FormatJobOutcome(end).c_str());
   if (!o.loss_log.empty()) {
     std::ofstream losses(o.loss_log);
-    for (float loss : history) losses << absl::StrFormat("%.9g\n", loss);
+    for (float loss : end.progress().loss_history()) losses << absl::StrFormat("%.9g\n", loss);
     if (!losses) return Fail("up", absl::InternalError("cannot write --loss-log " + o.loss_log));
-  }
-  if (!end.weights_path().empty()) std::printf("weights: %s\n", end.weights_path().c_str());
-  if (o.data_parallel == kDataParallelAuto && end.plan_history_size() > 0) {
-    // The last plan's choice, the part of its reason from the layout on:
-    // "initial plan; 2 replicas x 3 stages chosen by ...", or after a
-    // recovery "worker w-3 ... is gone ...; 1 replica x 3 stages chosen by ...".
-    const std::string& reason = end.plan_history(end.plan_history_size() - 1).reason();
-    const size_t chosen = reason.find(" chosen by ");
-    const size_t start =
-        chosen == std::string::npos ? std::string::npos : reason.rfind("; ", chosen);
-    std::printf("layout%s: %s\n", end.plan_history_size() > 1 ? " (last plan)" : "",
-                reason.substr(start == std::string::npos ? 0 : start + 2).c_str());
   }
   v1::GetPlanRequest plan_request;
   plan_request.set_job_id(end.id());
   v1::Plan plan;
   if (stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan).ok()) {
-    if (o.dp_codec != kCodecNone) {
-      // Which stages the planner compressed (its choice unless --dp-stages named them).
-      const std::string codec =
-          plan.data_parallel_quantizer().empty()
-              ? absl::StrCat("powersgd rank ", plan.data_parallel_powersgd_rank())
-              : plan.data_parallel_quantizer();
-      // The last plan's stages per replica: a recovery may have re-planned
-      // on fewer than the spec's (plan.proto: D x P x T entries).
-      const int stages = plan.stages_size() / std::max(1, plan.data_parallel()) /
-                         std::max(1, plan.tensor_parallel());
-      std::printf("data-parallel all-reduce: %s on stages [%s] of %d\n", codec.c_str(),
-                  absl::StrJoin(plan.data_parallel_compressed_stages(), ",").c_str(), stages);
-    }
-    if (plan.tensor_parallel() > 1) {
-      std::printf("tensor partitions per unit: forward [%s], backward [%s]\n",
-                  absl::StrJoin(plan.tensor_partitions_forward(), ",").c_str(),
-                  absl::StrJoin(plan.tensor_partitions_backward(), ",").c_str());
-      PrintTensorParallelSummary(**cluster);
-    }
-    // The simulator's prediction next to what the steps took (validation
-    // passes and checkpoints included when they ran).
-    if (timing.SecondsPerStep() > 0 && plan.predicted_iteration_seconds() > 0) {
-      std::printf(
-          "step time: measured %.4f s (steps %lld-%lld), predicted %.4f s by the plan's "
-          "simulation (%+.0f%%; %s)\n",
-          timing.SecondsPerStep(), static_cast<long long>(timing.first_step),
-          static_cast<long long>(timing.last_step), plan.predicted_iteration_seconds(),
-          100 * (plan.predicted_iteration_seconds() / timing.SecondsPerStep() - 1),
-          plan.profile_source().c_str());
-    }
-    // Where the step went, worker by worker (the whole run's mean).
-    std::printf("%s", FormatStageTimes(end, plan).c_str());
+    std::printf("%s", FormatPlanReport(end, plan, timing).c_str());
+    if (plan.tensor_parallel() > 1) PrintTensorParallelSummary(**cluster);
   }
   PrintLinkSummary(**cluster);
   std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),
@@ -756,7 +681,8 @@ FlagSet SubmitFlags(SubmitOptions& o) {
       "usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow]\n"
       "Submits a job spec (JSON or YAML; fields as in proto/pipetrain/v1/job.proto).");
   o.c.Bind(flags);
-  flags.Bool("follow", &o.follow, "show progress until the job ends");
+  flags.Bool("follow", &o.follow,
+             "show progress until the job ends, then what `up` reports (both on stderr)");
   return flags;
 }
 
@@ -782,9 +708,27 @@ int RunSubmit(const std::vector<std::string>& args) {
   if (!o.follow) return kExitOk;
   std::fflush(stdout);  // before the progress (stderr), when stdout is a pipe
   std::signal(SIGINT, OnInterrupt);
-  auto done = Follow(**stub, job.id(), o.c.timeout);
+  StepTiming timing;
+  auto done = Follow(**stub, job.id(), o.c.timeout, &timing);
   if (!done.ok()) return Fail("submit", done.status());
   if (g_interrupted.load()) return kExitInterrupted;
+  // The report `up` prints, on stderr with the progress: stdout keeps its
+  // two lines (the id and state at submission and at the end) for scripts.
+  // A call failing here costs only the report.
+  v1::GetJobRequest full_request;
+  full_request.set_id(job.id());
+  full_request.set_view(v1::JOB_VIEW_FULL);
+  v1::Job full;
+  if ((*stub)->GetJob(WithDeadline(o.c.timeout).get(), full_request, &full).ok()) {
+    std::string report = FormatJobOutcome(full);
+    v1::GetPlanRequest plan_request;
+    plan_request.set_job_id(job.id());
+    v1::Plan plan;
+    if ((*stub)->GetPlan(WithDeadline(o.c.timeout).get(), plan_request, &plan).ok()) {
+      report += FormatPlanReport(full, plan, timing);
+    }
+    std::fprintf(stderr, "%s", report.c_str());
+  }
   std::printf("%s %s %s\n", done->id().c_str(), EnumShortName(done->state()).c_str(),
               done->reason().c_str());
   return done->state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobNotSucceeded;

@@ -39,8 +39,11 @@ cat > "$T/job.json" <<'JSON'
  "data": {"syntheticBytes": 5000}, "parallelism": {"stages": 1}}
 JSON
 export PIPETRAIN_TOKEN=u  # the user token (the CLI also takes --token-file)
-out=$("$R/cli/pipetrain" submit "$T/job.json" --coordinator="$addr" --tls-ca="$T/cert.pem" --follow 2>/dev/null)
+out=$("$R/cli/pipetrain" submit "$T/job.json" --coordinator="$addr" --tls-ca="$T/cert.pem" --follow 2>"$T/follow.err")
 check "job over TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -f2)" = SUCCEEDED
+# The report `up` prints goes to stderr with the progress.
+check "--follow reports the final loss" grep -q "SUCCEEDED after 5 steps, final loss" "$T/follow.err"
+check "--follow reports each worker's step" grep -q "per step, measured \[predicted\]" "$T/follow.err"
 "$R/cli/pipetrain" jobs --coordinator="$addr" > "$T/plain.out" 2>&1
 check "plaintext client refused (UNAVAILABLE: exit 78)" test $? -eq 78
 check "refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/plain.out"

@@ -1,0 +1,103 @@
+#include "cli/job_report.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "cli/stage_times.h"
+#include "common/enum_names.h"
+#include "kernels/compress/codec_spec.h"
+
+namespace pipetrain {
+
+void StepTiming::Saw(int64_t step, int64_t steps, absl::Time now) {
+  if (step < (steps + 9) / 10) return;
+  if (first_step < 0) first_step = step, first_time = now;
+  last_step = step, last_time = now;
+}
+
+double StepTiming::SecondsPerStep() const {
+  if (first_step < 0 || last_step <= first_step) return 0;
+  return absl::ToDoubleSeconds(last_time - first_time) / double(last_step - first_step);
+}
+
+std::string FormatJobOutcome(const v1::Job& end) {
+  std::string out =
+      absl::StrFormat("job %s %s after %d steps, final loss %.4f", end.id(),
+                      EnumShortName(end.state()), end.progress().step(), end.progress().loss());
+  // One step's loss is noisy; the mean of the last steps compares runs better.
+  const auto& history = end.progress().loss_history();
+  const int tail = std::min(history.size(), kLossTailSteps);
+  if (tail > 1) {
+    double sum = 0;
+    for (int i = history.size() - tail; i < history.size(); ++i) sum += history[i];
+    absl::StrAppendFormat(&out, " (mean of the last %d steps %.4f)", tail, sum / tail);
+  }
+  out += "\n";
+  if (end.progress().val_step() > 0) {
+    absl::StrAppendFormat(&out, "validation loss %.4f after step %d\n", end.progress().val_loss(),
+                          end.progress().val_step());
+  }
+  if (!end.reason().empty()) absl::StrAppend(&out, "reason: ", end.reason(), "\n");
+  if (!end.weights_path().empty()) absl::StrAppend(&out, "weights: ", end.weights_path(), "\n");
+  return out;
+}
+
+std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const StepTiming& timing) {
+  std::string out;
+  if (end.plan_history_size() > 0) {
+    // An auto layout's choice, the part of the last plan's reason from the
+    // layout on: "initial plan; 2 replicas x 3 stages chosen by ...", or
+    // after a recovery "worker w-3 ... is gone ...; 1 replica x 3 stages
+    // chosen by ...". Other plans' reasons name no choice.
+    const std::string& reason = end.plan_history(end.plan_history_size() - 1).reason();
+    const size_t chosen = reason.find(" chosen by ");
+    if (chosen != std::string::npos) {
+      const size_t start = reason.rfind("; ", chosen);
+      absl::StrAppend(&out, "layout", end.plan_history_size() > 1 ? " (last plan)" : "", ": ",
+                      reason.substr(start == std::string::npos ? 0 : start + 2), "\n");
+    }
+  }
+  const std::string& dp_codec = end.spec().compression().data_parallel().codec();
+  if (!dp_codec.empty() && dp_codec != kCodecNone) {
+    if (plan.data_parallel() > 1) {
+      // Which stages went compressed (the planner's choice unless the spec
+      // named them), of the last plan's stages per replica: a recovery may
+      // have re-planned on fewer than the spec's (plan.proto: D x P x T
+      // entries).
+      const std::string codec =
+          plan.data_parallel_quantizer().empty()
+              ? absl::StrCat("powersgd rank ", plan.data_parallel_powersgd_rank())
+              : plan.data_parallel_quantizer();
+      const int stages =
+          plan.stages_size() / plan.data_parallel() / std::max(1, plan.tensor_parallel());
+      absl::StrAppend(&out, "data-parallel all-reduce: ", codec, " on stages [",
+                      absl::StrJoin(plan.data_parallel_compressed_stages(), ","), "] of ", stages,
+                      "\n");
+    } else {
+      out += "data-parallel all-reduce: none (the plan has one replica)\n";
+    }
+  }
+  if (plan.tensor_parallel() > 1) {
+    absl::StrAppend(&out, "tensor partitions per unit: forward [",
+                    absl::StrJoin(plan.tensor_partitions_forward(), ","), "], backward [",
+                    absl::StrJoin(plan.tensor_partitions_backward(), ","), "]\n");
+  }
+  // The simulator's prediction next to what the steps took (validation
+  // passes and checkpoints included when they ran).
+  const double measured = timing.SecondsPerStep();
+  if (measured > 0 && plan.predicted_iteration_seconds() > 0) {
+    absl::StrAppendFormat(
+        &out,
+        "step time: measured %.4f s (steps %d-%d), predicted %.4f s by the plan's simulation "
+        "(%+.0f%%; %s)\n",
+        measured, timing.first_step, timing.last_step, plan.predicted_iteration_seconds(),
+        100 * (plan.predicted_iteration_seconds() / measured - 1), plan.profile_source());
+  }
+  // Where the step went, worker by worker (the whole run's mean).
+  out += FormatStageTimes(end, plan);
+  return out;
+}
+
+}  // namespace pipetrain

@@ -58,7 +58,7 @@ using ::testing::HasSubstr;
 using ::testing::Pair;
 using KeyValues = StoreContractTest::KeyValues;
 
-// The cases of store_test.cc's StoreTest.
+// The cases.
 TEST_P(StoreContractTest, Get_MissingKey_ReturnsNullopt) {
   EXPECT_EQ(MustGet("jobs/none"), std::nullopt);
 }

@@ -5,8 +5,8 @@
 //                            ::testing::Values(StoreBackend{"Etcd", OpenEtcd}),
 //                            StoreBackendName);
 //
-// The cases (store_contract_testing.cc) are those of store_test.cc, which
-// predates this file and keeps its own copy for MemoryStore and SqliteStore.
+// The cases are in store_contract_testing.cc; store_test.cc runs them on
+// MemoryStore and SqliteStore.
 #ifndef PIPETRAIN_COORDINATOR_STORE_STORE_CONTRACT_TESTING_H_
 #define PIPETRAIN_COORDINATOR_STORE_STORE_CONTRACT_TESTING_H_
 

@@ -7,10 +7,12 @@
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "common/build_info.h"
+#include "common/malloc_tuning.h"
 #include "kernels/cpu/blas.h"
 
 int main(int argc, char** argv) {
   pipetrain::ConfigureBlasOrReexec(argv);
+  pipetrain::TuneMallocForLargeBuffers();  // As pipetrain-worker does: malloc_tuning.h.
   const std::string usage = pipetrain::UsageText();
   if (argc < 2) {
     std::fprintf(stderr, "%s", usage.c_str());

@@ -46,6 +46,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/flag_set.h"
+#include "common/malloc_tuning.h"
 #include "common/philox.h"
 #include "common/tensor.h"
 #include "kernels/compress/codec.h"
@@ -352,5 +353,6 @@ int Run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   pipetrain::ConfigureBlasOrReexec(argv);
+  pipetrain::TuneMallocForLargeBuffers();  // As pipetrain-worker does: malloc_tuning.h.
   return pipetrain::Run(std::vector<std::string>(argv + 1, argv + argc));
 }

@@ -33,6 +33,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/malloc_tuning.h"
 #include "common/tensor.h"
 #include "kernels/cpu/blas.h"
 #include "worker/collectives/collectives.h"
@@ -342,6 +343,7 @@ int Run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   pipetrain::ConfigureBlasOrReexec(argv);
+  pipetrain::TuneMallocForLargeBuffers();  // As pipetrain-worker does: malloc_tuning.h.
   pipetrain::SetBlasThreads(1);
   return pipetrain::Run(argc, argv);
 }

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "common/flag_set.h"
+#include "common/malloc_tuning.h"
 #include "kernels/cpu/blas.h"
 #include "worker/profile/unit_profiler.h"
 
@@ -120,5 +121,6 @@ int Run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   pipetrain::ConfigureBlasOrReexec(argv);
+  pipetrain::TuneMallocForLargeBuffers();  // As pipetrain-worker does: malloc_tuning.h.
   return pipetrain::Run(std::vector<std::string>(argv + 1, argv + argc));
 }

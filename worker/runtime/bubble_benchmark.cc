@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "common/flag_set.h"
+#include "common/malloc_tuning.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "kernels/cpu/blas.h"
@@ -124,5 +125,6 @@ int Run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   pipetrain::ConfigureBlasOrReexec(argv);
+  pipetrain::TuneMallocForLargeBuffers();  // As pipetrain-worker does: malloc_tuning.h.
   return pipetrain::Run(std::vector<std::string>(argv + 1, argv + argc));
 }

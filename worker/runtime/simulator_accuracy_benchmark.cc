@@ -25,6 +25,7 @@
 #include <thread>
 
 #include "common/flag_set.h"
+#include "common/malloc_tuning.h"
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/planner/solve_plan.h"
 #include "kernels/cpu/blas.h"
@@ -223,5 +224,6 @@ int Run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   pipetrain::ConfigureBlasOrReexec(argv);
+  pipetrain::TuneMallocForLargeBuffers();  // As pipetrain-worker does: malloc_tuning.h.
   return pipetrain::Run(std::vector<std::string>(argv + 1, argv + argc));
 }

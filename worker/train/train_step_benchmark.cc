@@ -33,6 +33,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/flag_set.h"
+#include "common/malloc_tuning.h"
 #include "common/philox.h"
 #include "kernels/cpu/blas.h"
 #include "nlohmann/json.hpp"
@@ -247,5 +248,6 @@ int Run(const std::vector<std::string>& args) {
 
 int main(int argc, char** argv) {
   pipetrain::ConfigureBlasOrReexec(argv);
+  pipetrain::TuneMallocForLargeBuffers();  // As pipetrain-worker does: malloc_tuning.h.
   return pipetrain::Run(std::vector<std::string>(argv + 1, argv + argc));
 }

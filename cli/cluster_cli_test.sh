@@ -183,6 +183,8 @@ UP=(up --workers 2 --steps 100000 --checkpoint-interval 0 --eval-interval 0)
 expect_exit up_no_workers 2 "--workers must be >= 1, got 0" -- up --workers 0 --out "$TMP/up-bad"
 expect_exit up_bad_emulated_link 2 '--emulate-link "0Gbit,1ms": bandwidth must be a positive' -- \
   up --workers 2 --emulate-link 0Gbit,1ms --out "$TMP/up-bad"
+expect_exit up_missing_data 2 "--data $TMP/no-such-corpus.txt: No such file or directory" -- \
+  up --workers 2 --data "$TMP/no-such-corpus.txt" --out "$TMP/up-bad"
 ok up_bad_started_nothing test ! -e "$TMP/up-bad/coordinator.ports"
 # A closed stdout (`up | head`) ends the run as Ctrl-C does: the cluster is
 # stopped before up exits, so nothing is left once the pipeline returns.

@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <optional>
@@ -544,6 +545,10 @@ int RunUp(const std::vector<std::string>& args) {
   }
   // The workers would refuse a bad --emulate-link, one by one after starting.
   if (valid.ok()) valid = ParseLinkModel("--emulate-link", o.emulate_link).status();
+  // And the job a corpus this process cannot read (it runs them here).
+  if (valid.ok() && !o.data.empty() && access(o.data.c_str(), R_OK) != 0) {
+    valid = absl::NotFoundError(absl::StrCat("--data ", o.data, ": ", std::strerror(errno)));
+  }
   if (valid.ok()) valid = ResolveJobSpec(UpSpec(o)).status();
   const bool each_gpu = o.worker_device == "cuda:each";
   const int gpus = each_gpu ? VisibleCudaDevices() : 0;

@@ -120,6 +120,10 @@ else
 fi
 expect_exit job_json 0 "\"$job_id\"" -- job "$job_id" --json
 check job_json_is_the_job "j['id'] == '$job_id' and j['state'] == 'JOB_STATE_QUEUED'"
+# The report of a job with no plan yet: its state and why it waits.
+expect_exit job_report_queued 0 "job $job_id QUEUED, no step yet" "reason: waiting for 2 READY" \
+  -- job "$job_id" --report
+expect_exit job_report_not_json 2 "--report prints text on its own" -- job "$job_id" --report --json
 # Flags override the environment.
 PIPETRAIN_COORDINATOR=127.0.0.1:1 expect_exit flag_beats_env_address 0 '"jobs"' -- \
   jobs --json --coordinator="$addr"

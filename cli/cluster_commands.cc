@@ -820,6 +820,7 @@ void PrintPlanSummary(const v1::Plan& plan) {
 struct JobOptions {
   Connection c;
   bool show_plan = false;
+  bool report = false;
   bool json = false;
   bool full = false;
   std::string timeline;
@@ -828,10 +829,14 @@ struct JobOptions {
 FlagSet JobFlags(JobOptions& o) {
   FlagSet flags(
       "usage: pipetrain job ID [--coordinator HOST:PORT] [--plan] [--timeline FILE.svg] [--json]\n"
+      "       pipetrain job ID --report\n"
       "  (prints the job as JSON; --plan adds its plan, --timeline writes the plan's "
-      "simulated timeline)");
+      "simulated timeline; --report prints what `up` reports at a job's end instead)");
   o.c.Bind(flags);
   flags.Bool("plan", &o.show_plan, "also print the job's plan (solver, prediction, stages)");
+  flags.Bool("report", &o.report,
+             "print how the job went, as `up` does at its end (loss, step time measured by the "
+             "workers next to the prediction, each worker's busy and waiting time), not JSON");
   flags.String("timeline", &o.timeline, "write the plan's simulated timeline (SVG) to this file");
   flags.Bool("full", &o.full, "include the loss history (progress.lossHistory; JOB_VIEW_FULL)");
   flags.Bool("json", &o.json,
@@ -847,15 +852,21 @@ int RunJob(const std::vector<std::string>& args) {
   FlagSet flags = JobFlags(o);
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 1, &words, "job", &o.c); code >= 0) return code;
+  if (o.report && (o.json || o.show_plan || o.full || !o.timeline.empty())) {
+    std::fprintf(stderr,
+                 "pipetrain job: --report prints text on its own: drop --json, --plan, "
+                 "--full and --timeline\n");
+    return kExitUsage;
+  }
   auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("job", stub.status());
   v1::GetJobRequest request;
   request.set_id(words[0]);
-  if (o.full) request.set_view(v1::JOB_VIEW_FULL);
+  if (o.full || o.report) request.set_view(v1::JOB_VIEW_FULL);
   v1::Job job;
   grpc::Status s = (*stub)->GetJob(WithDeadline(o.c.timeout).get(), request, &job);
   if (!s.ok()) return Fail("job", ToAbsl(s));
-  if (!o.show_plan && o.timeline.empty()) {
+  if (!o.show_plan && o.timeline.empty() && !o.report) {
     std::printf("%s", ToJson(job, o.json).c_str());
     return kExitOk;
   }
@@ -863,6 +874,15 @@ int RunJob(const std::vector<std::string>& args) {
   plan_request.set_job_id(words[0]);
   v1::Plan plan;
   s = (*stub)->GetPlan(WithDeadline(o.c.timeout).get(), plan_request, &plan);
+  if (o.report) {
+    // A job not yet planned (queued) has no plan: its outcome alone.
+    if (!s.ok() && s.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
+      return Fail("job", ToAbsl(s));
+    }
+    std::printf("%s%s", FormatJobOutcome(job).c_str(),
+                s.ok() ? FormatPlanReport(job, plan, StepTiming()).c_str() : "");
+    return kExitOk;
+  }
   if (!s.ok()) return Fail("job", ToAbsl(s));
   if (o.json) {
     std::printf("{\"job\": %s, \"plan\": %s}\n", ToJson(job, true).c_str(),

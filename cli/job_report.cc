@@ -23,9 +23,19 @@ double StepTiming::SecondsPerStep() const {
 }
 
 std::string FormatJobOutcome(const v1::Job& end) {
-  std::string out =
-      absl::StrFormat("job %s %s after %d steps, final loss %.4f", end.id(),
-                      EnumShortName(end.state()), end.progress().step(), end.progress().loss());
+  const v1::JobState state = end.state();
+  const bool ended = state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+                     state == v1::JOB_STATE_CANCELLED;
+  const int64_t step = end.progress().step();
+  std::string out = absl::StrFormat("job %s %s", end.id(), EnumShortName(state));
+  if (step == 0) {
+    out += ", no step yet";
+  } else if (ended) {
+    absl::StrAppendFormat(&out, " after %d steps, final loss %.4f", step, end.progress().loss());
+  } else {
+    absl::StrAppendFormat(&out, " at step %d of %d, loss %.4f", step, end.spec().training().steps(),
+                          end.progress().loss());
+  }
   // One step's loss is noisy; the mean of the last steps compares runs better.
   const auto& history = end.progress().loss_history();
   const int tail = std::min(history.size(), kLossTailSteps);
@@ -85,14 +95,21 @@ std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const Ste
                     absl::StrJoin(plan.tensor_partitions_backward(), ","), "]\n");
   }
   // The simulator's prediction next to what the steps took (validation
-  // passes and checkpoints included when they ran).
-  const double measured = timing.SecondsPerStep();
+  // passes and checkpoints included when they ran): as the client saw them
+  // go by, else as the workers timed them.
+  double measured = timing.SecondsPerStep();
+  std::string which;
+  if (measured > 0) {
+    which = absl::StrFormat("steps %d-%d", timing.first_step, timing.last_step);
+  } else if ((measured = WorkersStepSeconds(end, plan)) > 0) {
+    which = "the workers' mean over this plan's steps";
+  }
   if (measured > 0 && plan.predicted_iteration_seconds() > 0) {
     absl::StrAppendFormat(
         &out,
-        "step time: measured %.4f s (steps %d-%d), predicted %.4f s by the plan's simulation "
+        "step time: measured %.4f s (%s), predicted %.4f s by the plan's simulation "
         "(%+.0f%%; %s)\n",
-        measured, timing.first_step, timing.last_step, plan.predicted_iteration_seconds(),
+        measured, which, plan.predicted_iteration_seconds(),
         100 * (plan.predicted_iteration_seconds() / measured - 1), plan.profile_source());
   }
   // Where the step went, worker by worker (the whole run's mean).

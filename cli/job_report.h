@@ -34,7 +34,9 @@ struct StepTiming {
   double SecondsPerStep() const;
 };
 
-// "job ID SUCCEEDED after N steps, final loss L (mean of the last 20 steps M)\n",
+// "job ID SUCCEEDED after N steps, final loss L (mean of the last 20 steps M)\n"
+// (a job still going: "job ID RUNNING at step N of S, loss L ..."; before
+// its first step "job ID QUEUED, no step yet"),
 // then "validation loss ..." when the job validated, "reason: ..." when it
 // has one, and "weights: PATH" when it wrote them. `end` should be a
 // JOB_VIEW_FULL Job (the mean needs the loss history; left out without it).
@@ -46,8 +48,9 @@ std::string FormatJobOutcome(const v1::Job& end);
 //   "data-parallel all-reduce: powersgd rank 4 on stages [0] of 2",
 //   "tensor partitions per unit: forward [...], backward [...]",
 //   "step time: measured 0.0310 s (steps 80-799), predicted 0.0285 s by
-//     the plan's simulation (-8%; <profile source>)" (when `timing` has
-//     two sightings and the plan a prediction),
+//     the plan's simulation (-8%; <profile source>)" (when the plan has a
+//     prediction: measured by `timing` when it has two sightings, else by
+//     the workers' stage times, WorkersStepSeconds in stage_times.h),
 // then FormatStageTimes' table.
 std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const StepTiming& timing);
 

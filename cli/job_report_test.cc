@@ -42,6 +42,21 @@ TEST(FormatJobOutcome, ValidationReasonAndWeightsWhenThere) {
             "weights: /out/w.safetensors\n");
 }
 
+TEST(FormatJobOutcome, StillGoingOrNotStarted) {
+  v1::Job job = SucceededJob(30);
+  job.set_state(v1::JOB_STATE_RUNNING);
+  job.mutable_spec()->mutable_training()->set_steps(100);
+  EXPECT_EQ(
+      FormatJobOutcome(job).rfind("job job-1 RUNNING at step 30 of 100, loss 2.5000 (mean", 0), 0u)
+      << FormatJobOutcome(job);
+  v1::Job queued;
+  queued.set_id("job-2");
+  queued.set_state(v1::JOB_STATE_QUEUED);
+  queued.set_reason("waiting for 2 READY workers (1 ready)");
+  EXPECT_EQ(FormatJobOutcome(queued),
+            "job job-2 QUEUED, no step yet\nreason: waiting for 2 READY workers (1 ready)\n");
+}
+
 TEST(StepTiming, FromATenthOfTheStepsOn) {
   StepTiming timing;
   const absl::Time t0 = absl::UnixEpoch();
@@ -70,6 +85,27 @@ TEST(FormatPlanReport, StepTimeNextToThePrediction) {
   EXPECT_EQ(FormatPlanReport(job, plan, StepTiming()), "");
   plan.set_predicted_iteration_seconds(0);
   EXPECT_EQ(FormatPlanReport(job, plan, timing), "");
+}
+
+TEST(FormatPlanReport, WithoutSightings_TheWorkersStepTime) {
+  v1::Job job = SucceededJob(10);
+  v1::Plan plan;
+  plan.set_predicted_iteration_seconds(0.05);
+  plan.set_profile_source("analytic");
+  for (const char* id : {"w-1", "w-2"}) {
+    v1::StageTime* t = job.mutable_progress()->add_stage_times();
+    t->set_worker_id(id);
+    t->set_steps(10);
+    t->set_busy_seconds(0.3);
+    t->set_idle_seconds(id[2] == '1' ? 0.1 : 0.2);  // w-2: 0.05 s a step, the slower
+    plan.add_stages()->set_worker_id(id);
+  }
+  const std::string text = FormatPlanReport(job, plan, StepTiming());
+  EXPECT_EQ(text.rfind("step time: measured 0.0500 s (the workers' mean over this plan's steps), "
+                       "predicted 0.0500 s by the plan's simulation (+0%; analytic)\n",
+                       0),
+            0u)
+      << text;
 }
 
 TEST(FormatPlanReport, AutoLayoutFromTheLastPlansReason) {

@@ -18,11 +18,31 @@ std::string Cell(double measured_seconds, int64_t steps, double predicted_second
   return absl::StrFormat("%s [%.1f]", measured, 1e3 * predicted_seconds);
 }
 
+// Whether the job's stage times are those of `plan`'s workers, in its order.
+bool TimesMatchPlan(const v1::Job& job, const v1::Plan& plan) {
+  const auto& times = job.progress().stage_times();
+  if (times.empty() || times.size() != plan.stages_size()) return false;
+  for (int g = 0; g < times.size(); ++g) {
+    if (times[g].worker_id() != plan.stages(g).worker_id()) return false;  // another plan's
+  }
+  return true;
+}
+
 }  // namespace
 
+double WorkersStepSeconds(const v1::Job& job, const v1::Plan& plan) {
+  if (!TimesMatchPlan(job, plan)) return 0;
+  double slowest = 0;
+  for (const v1::StageTime& t : job.progress().stage_times()) {
+    if (t.steps() == 0) continue;
+    slowest = std::max(slowest, (t.busy_seconds() + t.idle_seconds()) / t.steps());
+  }
+  return slowest;
+}
+
 std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan) {
+  if (!TimesMatchPlan(job, plan)) return "";
   const auto& times = job.progress().stage_times();
-  if (times.empty() || times.size() != plan.stages_size()) return "";
   const int tensor = std::max(1, plan.tensor_parallel());
   const int replicas = std::max(1, plan.data_parallel());
   const int stages = std::max(1, plan.stages_size() / (tensor * replicas));
@@ -31,7 +51,6 @@ std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan) {
   std::vector<std::string> where(rows);
   size_t width = 0;
   for (int g = 0; g < rows; ++g) {
-    if (times[g].worker_id() != plan.stages(g).worker_id()) return "";  // another plan's workers
     where[g] = absl::StrCat("stage ", g / tensor % stages);
     if (replicas > 1) absl::StrAppend(&where[g], ", replica ", g / (tensor * stages));
     if (tensor > 1) absl::StrAppend(&where[g], ", rank ", g % tensor);

@@ -27,6 +27,12 @@ inline constexpr int kMaxStageTimeRows = 32;
 // Empty when the job has no stage times or they do not match the plan (a re-plan since).
 std::string FormatStageTimes(const v1::Job& job, const v1::Plan& plan);
 
+// The step time the workers measured on the current plan: the largest of
+// their (busy + idle) / steps (a step's wall time on each worker; they run
+// in lockstep), over the plan's steps so far, its first ones included. 0
+// when no worker has a step yet or the stage times are another plan's.
+double WorkersStepSeconds(const v1::Job& job, const v1::Plan& plan);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_CLI_STAGE_TIMES_H_

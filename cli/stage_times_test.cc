@@ -67,6 +67,16 @@ TEST(FormatStageTimes, NothingOrAnotherPlan_Empty) {
   EXPECT_EQ(FormatStageTimes(j.job, j.plan), "");
 }
 
+TEST(WorkersStepSeconds, TheSlowestWorkersBusyPlusIdlePerStep) {
+  JobAndPlan j = Make(3, 4);  // worker g: (g + 1) + 2 ms a step
+  EXPECT_DOUBLE_EQ(WorkersStepSeconds(j.job, j.plan), 5e-3);
+  j.job.mutable_progress()->mutable_stage_times(2)->set_steps(0);  // no step yet: not counted
+  EXPECT_DOUBLE_EQ(WorkersStepSeconds(j.job, j.plan), 4e-3);
+  j.plan.mutable_stages(0)->set_worker_id("w-9");  // a re-plan since
+  EXPECT_EQ(WorkersStepSeconds(j.job, j.plan), 0);
+  EXPECT_EQ(WorkersStepSeconds(v1::Job(), v1::Plan()), 0);
+}
+
 TEST(FormatStageTimes, ManyWorkers_Capped) {
   const JobAndPlan j = Make(kMaxStageTimeRows + 3, 1);
   const std::string text = FormatStageTimes(j.job, j.plan);

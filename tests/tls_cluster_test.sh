@@ -44,6 +44,11 @@ check "job over TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -f2)" = 
 # The report `up` prints goes to stderr with the progress.
 check "--follow reports the final loss" grep -q "SUCCEEDED after 5 steps, final loss" "$T/follow.err"
 check "--follow reports each worker's step" grep -q "per step, measured \[predicted\]" "$T/follow.err"
+job_id=$(echo "$out" | tail -1 | cut -d' ' -f1)
+"$R/cli/pipetrain" job "$job_id" --report --coordinator="$addr" --tls-ca="$T/cert.pem" \
+  >"$T/report.out" 2>&1
+check "job --report: the outcome" grep -q "job $job_id SUCCEEDED after 5 steps, final loss" "$T/report.out"
+check "job --report: the workers' step time" grep -q "step time: measured .* (the workers' mean" "$T/report.out"
 "$R/cli/pipetrain" jobs --coordinator="$addr" > "$T/plain.out" 2>&1
 check "plaintext client refused (UNAVAILABLE: exit 78)" test $? -eq 78
 check "refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/plain.out"

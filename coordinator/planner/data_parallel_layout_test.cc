@@ -57,8 +57,8 @@ TEST(SolvePlanTest, DataParallelBelowOne_InvalidArgument) {
 }
 
 // One stage, two replicas, one micro-batch each: F 1+3, B 2+4, then the
-// all-reduce of embed + head less the shared wte (1600 B, counted once):
-// 2(2-1) x 0.125 s + 2(2-1)/2 x 1600 B / 1000 B/s = 0.25 + 1.6 s.
+// all-reduce of embed + head less the shared wte (1600 B, counted once), one
+// exchange for two replicas: 0.125 s + 1600 B / 1000 B/s = 0.125 + 1.6 s.
 TEST(SolvePlanTest, DataParallelTwo_OneStage_ClosedForm) {
   PlanOptions options;
   options.solver = "uniform";
@@ -66,8 +66,8 @@ TEST(SolvePlanTest, DataParallelTwo_OneStage_ClosedForm) {
   const SolvedPlan plan = SolvePlan(TwoUnits(), Identical(1, 1000, 0.125), options).value();
   EXPECT_EQ(plan.data_parallel, 2);
   ASSERT_EQ(plan.all_reduce_seconds.size(), 1u);
-  EXPECT_DOUBLE_EQ(plan.all_reduce_seconds[0], 0.25 + 1.6);
-  EXPECT_DOUBLE_EQ(plan.simulation.iteration_seconds, 10 + 1.85);
+  EXPECT_DOUBLE_EQ(plan.all_reduce_seconds[0], 0.125 + 1.6);
+  EXPECT_DOUBLE_EQ(plan.simulation.iteration_seconds, 10 + 1.725);
   options.data_parallel = 1;
   const SolvedPlan alone = SolvePlan(TwoUnits(), Identical(1, 1000, 0.125), options).value();
   EXPECT_EQ(alone.all_reduce_seconds, (std::vector<double>{0}));
@@ -194,7 +194,8 @@ TEST(PlanDataParallelTest, ExplicitD_PlansOneReplicaWithItsShareOfMicroBatches) 
   EXPECT_EQ(layout.plan.programs.size(), 2u);
   EXPECT_EQ(MaxMicroBatch(layout.plan.programs), 3);  // 8 / 2 = 4 per replica
   EXPECT_EQ(layout.candidates[0].step_seconds, layout.plan.simulation.iteration_seconds);
-  EXPECT_DOUBLE_EQ(layout.candidates[0].max_all_reduce_seconds, 2e-3 + 1600 / 1e6);
+  // The head's stage: one exchange of its 1600 B.
+  EXPECT_DOUBLE_EQ(layout.candidates[0].max_all_reduce_seconds, 1e-3 + 1600 / 1e6);
   EXPECT_EQ(layout.candidates[0].distpar.total, DistParLayoutCost(layout.plan, profile, 1).total);
 }
 

@@ -178,9 +178,10 @@ absl::StatusOr<SimulationResult> SimulateWithSharedCores(const std::vector<v1::P
       } else if ((e.kind == TimelineEventKind::kAllReduceBucket ||
                   e.kind == TimelineEventKind::kAllReduce) &&
                  replicas > 1) {
-        // The ring's 2 (D - 1) messages of bytes / D (simulator.cc's
-        // AllReduceSeconds).
-        cpu = 2.0 * (replicas - 1) * (overhead + e.bytes / replicas / rate);
+        // The all-reduce's messages (simulator.h's AllReduceMessagesFor:
+        // the ring's 2 (D - 1) of bytes / D, one exchange for 2).
+        const AllReduceMessages messages = AllReduceMessagesFor(replicas);
+        cpu = messages.count * (overhead + e.bytes * messages.fraction / rate);
       }
       cpu = std::min(cpu * step_lockstep, e.end_seconds - e.start_seconds);
       if (cpu > 0) data_plane[e.worker].push_back({e.end_seconds - cpu, e.end_seconds});

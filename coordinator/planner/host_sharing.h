@@ -76,8 +76,9 @@ double MeanSharingStretch(const std::vector<std::pair<double, double>>& busy, do
 //     every position with workers on that host, one thread per worker, over
 //     the last lockstep x (overhead + bytes / rate) seconds of each of its
 //     transfers (capped at the transfer; an emulated link's wait comes
-//     first), and of each all-reduce (bucket) for its ring's 2 (D - 1)
-//     messages of bytes / D. The work is counted on the sender's host
+//     first), and of each all-reduce (bucket) for its messages
+//     (AllReduceMessagesFor: the ring's 2 (D - 1) of bytes / D, one of
+//     bytes for D = 2). The work is counted on the sender's host
 //     only: on loopback (both ends on the host) the probe measured the two
 //     ends' work as one thread's; across hosts the receiver's part is not
 //     counted. Not counted where the cluster's data-plane cost is unknown.

@@ -565,10 +565,18 @@ double AllReduceSeconds(int replicas, double bytes, const LinkParameters& link) 
   // acctfm.txt eq. 3, T = alpha*c1 + beta*c2*m, for a ring of D = replicas:
   // D-1 reduce-scatter and D-1 all-gather steps (c1 = 2(D-1)), each moving
   // m/D bytes per device (c2 = 2(D-1)/D); alpha = latency, beta = 1/bandwidth.
-  const double d = replicas;
+  // For D = 2 one exchange: c1 = 1, c2 = 1.
   const double wire =
       link.bandwidth_bytes_per_second > 0 ? bytes / link.bandwidth_bytes_per_second : 0;
-  return 2 * (d - 1) * link.latency_seconds + 2 * (d - 1) / d * wire;
+  const AllReduceMessages messages = AllReduceMessagesFor(replicas);
+  return messages.count * (link.latency_seconds + messages.fraction * wire);
+}
+
+AllReduceMessages AllReduceMessagesFor(int replicas) {
+  if (replicas <= 1) return {};
+  // Two members exchange the whole tensor once (Collectives::AllReduce).
+  if (replicas == 2) return {1, 1.0};
+  return {2 * (replicas - 1), 1.0 / replicas};
 }
 
 double TransferBytes(const v1::TensorKey& key, const SimulationCosts& costs) {

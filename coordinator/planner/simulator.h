@@ -24,7 +24,9 @@
 //        = 2(D-1) * latency + 2(D-1)/D * bytes / bandwidth
 //    (bandwidth <= 0: the bytes term is 0), the latency-bandwidth model
 //    T = alpha*c1 + beta*c2*m of acctfm.txt eq. 3 with the ring's c1 = 2(D-1)
-//    steps and c2 = 2(D-1)/D of the message per device. The replicas reach
+//    steps and c2 = 2(D-1)/D of the message per device; for D = 2 one
+//    exchange (c1 = 1, c2 = 1), as Collectives::AllReduce runs two
+//    members. The replicas reach
 //    the step at the same time (same programs, same speeds), so the one
 //    simulated replica waits for nobody else. D = 1: no all-reduce, nothing
 //    changes. The all-reduce occupies the worker (it is not overlapped with
@@ -156,11 +158,26 @@ struct SimulationCosts {
 // Requires 0 <= begin <= end <= costs.units.size().
 double AllReduceBytes(const Range& units, const SimulationCosts& costs);
 
-// Seconds of a ring all-reduce of `bytes` over `replicas` copies (acctfm.txt
-// eq. 3 with c1 = 2(D-1), c2 = 2(D-1)/D; see the model above): 0 for
-// replicas <= 1, else 2(D-1) * link.latency_seconds + 2(D-1)/D * bytes /
-// link.bandwidth_bytes_per_second (that term 0 for bandwidth <= 0).
+// Seconds of an all-reduce of `bytes` over `replicas` copies as
+// Collectives::AllReduce runs it (acctfm.txt eq. 3; see the model above):
+// 0 for replicas <= 1; for 2 one exchange, link.latency_seconds + bytes /
+// link.bandwidth_bytes_per_second; else the ring's 2(D-1) *
+// link.latency_seconds + 2(D-1)/D * bytes / link.bandwidth_bytes_per_second
+// (the bytes term 0 for bandwidth <= 0). A quantized all-reduce
+// (AllReduceEncoded) takes the ring's two rounds also for 2 replicas: one
+// latency more than this counts.
 double AllReduceSeconds(int replicas, double bytes, const LinkParameters& link);
+
+// The messages each member sends in an exact all-reduce over `replicas`
+// copies as Collectives::AllReduce runs it (eq. 3's c1), each `fraction` of
+// the tensor: none for replicas <= 1, one of all of it for 2 (one
+// exchange), else the ring's 2(D-1) of 1/D. AllReduceSeconds and the data
+// plane's CPU demand (host_sharing.h) count these.
+struct AllReduceMessages {
+  int count = 0;
+  double fraction = 0;
+};
+AllReduceMessages AllReduceMessagesFor(int replicas);
 
 // The bytes a Send of `key` carries (the table in the model above).
 // Requires: the key's unit valid for costs.units as InstructionProblem checks.

@@ -500,7 +500,7 @@ TEST(SimulatorTest, AllReduce_TwoStages_EachStageItsOwnGradientBytes) {
   for (int u = 0; u < 4; ++u) costs.units[u].weight_bytes = 100 * (u + 1);  // 300 B, 700 B
   costs.optimizer_seconds_per_byte = 0.01;                                  // 3 s, 7 s
   costs.data_parallel = 2;
-  costs.replica_link = {100, 0.25};  // 2 x 0.25 s + 1 x bytes / 100: 3.5 s, 7.5 s
+  costs.replica_link = {100, 0.5};  // one exchange: 0.5 s + bytes / 100: 3.5 s, 7.5 s
   const SimulationResult r = SimulateIteration(programs, costs).value();
   const std::vector<std::string> w0 = Timeline(r, 0), w1 = Timeline(r, 1);
   ASSERT_GE(w0.size(), 2u);
@@ -536,10 +536,11 @@ TEST(SimulatorTest, DataParallelOne_AddsNothing) {
   EXPECT_EQ(b.idle_seconds, a.idle_seconds);
   EXPECT_EQ(b.all_reduce_seconds, (std::vector<double>{0, 0}));
   EXPECT_EQ(b.bubble_fraction, a.bubble_fraction);
-  // The same link with two replicas does cost: 2 x 100 s + 2000 B / 1 B/s.
+  // The same link with two replicas does cost: 100 s + 2000 B / 1 B/s (one
+  // exchange).
   one.data_parallel = 2;
   EXPECT_EQ(SimulateIteration(programs, one).value().all_reduce_seconds,
-            (std::vector<double>{2200, 2200}));
+            (std::vector<double>{2100, 2100}));
 }
 
 TEST(SimulatorTest, AllReduce_NoBackwardUnits_NoAllReduce) {
@@ -555,11 +556,21 @@ TEST(SimulatorTest, AllReduce_NoBackwardUnits_NoAllReduce) {
 
 TEST(SimulatorTest, AllReduceSeconds_ClosedForm) {
   EXPECT_EQ(AllReduceSeconds(1, 1e9, {1, 1}), 0);
-  EXPECT_EQ(AllReduceSeconds(2, 800, {100, 0}), 8);     // 2(1)/2 x 8 s
+  EXPECT_EQ(AllReduceSeconds(2, 800, {100, 0}), 8);     // all of it once: 8 s
+  EXPECT_EQ(AllReduceSeconds(2, 800, {100, 0.5}), 8.5);  // + one latency (one exchange)
+  EXPECT_EQ(AllReduceSeconds(3, 900, {100, 0.5}), 14);   // 2(2)/3 x 9 s + 2(2) x 0.5 s
   EXPECT_EQ(AllReduceSeconds(4, 800, {100, 0}), 12);    // 2(3)/4 x 8 s
   EXPECT_EQ(AllReduceSeconds(4, 800, {100, 0.5}), 15);  // + 2(3) x 0.5 s
   EXPECT_EQ(AllReduceSeconds(4, 800, {0, 0.5}), 3);     // infinite bandwidth: latency only
   EXPECT_EQ(AllReduceSeconds(4, 800, {-1, 0.5}), 3);
+}
+
+TEST(SimulatorTest, AllReduceMessagesFor_OneExchangeForTwoElseTheRing) {
+  EXPECT_EQ(AllReduceMessagesFor(1).count, 0);
+  EXPECT_EQ(AllReduceMessagesFor(2).count, 1);
+  EXPECT_EQ(AllReduceMessagesFor(2).fraction, 1.0);
+  EXPECT_EQ(AllReduceMessagesFor(4).count, 6);
+  EXPECT_EQ(AllReduceMessagesFor(4).fraction, 0.25);
 }
 
 TEST(SimulatorTest, AllReduceBytes_TiedEmbeddingCountedOnceWhenBothOnOneStage) {

@@ -17,13 +17,16 @@ namespace {
 // Collectives one pass issues, by kind. Ring steps: an all-gather or a
 // reduce-scatter over an axis of p takes p - 1, an all-reduce 2 (p - 1)
 // (reduce-scatter then all-gather; eq. 3's c1 for the ring, as the 1-D
-// costs count it); a broadcast is the root's star (Collectives::Broadcast):
-// every member waits for one message, so one step (the root's p - 1 sends
-// are in the byte count).
+// costs count it), or one exchange when p = 2 (Collectives::AllReduce); a
+// broadcast is the root's star (Collectives::Broadcast): every member
+// waits for one message, so one step (the root's p - 1 sends are in the
+// byte count).
 struct CollectiveCount {
   int broadcasts = 0, all_gathers = 0, reduce_scatters = 0, all_reduces = 0;
   int64_t Steps(int p) const {
-    return broadcasts + int64_t{all_gathers + reduce_scatters + 2 * all_reduces} * (p - 1);
+    const int64_t all_reduce_steps = p == 2 ? 1 : 2 * (p - 1);
+    return broadcasts + int64_t{all_gathers + reduce_scatters} * (p - 1) +
+           all_reduces * all_reduce_steps;
   }
 };
 

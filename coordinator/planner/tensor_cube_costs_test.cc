@@ -150,10 +150,10 @@ TEST(CubeTensorParallelUnitPassesTest, EmbedAndHead_EqualThe1dCosts) {
 }
 
 TEST(CubeTensorParallelUnitPassesTest, UnlimitedBandwidth_LatencyOnly) {
-  // Bandwidth 0: bytes are free (as for RingModel / AllReduceSeconds); each
-  // collective step costs the latency. Steps per block pass, by kind:
+  // Bandwidth 0: bytes are free (as for RuntimeModel / AllReduceSeconds);
+  // each collective step costs the latency. Steps per block pass, by kind:
   //   forward:  4 broadcasts (1 step), 8 all-gathers and 2 reduce-scatters
-  //             (p - 1), 2 all-reduces (2 (p - 1));
+  //             (p - 1), 2 all-reduces (2 (p - 1); one exchange for p = 2);
   //   backward: 1 broadcast, 7 all-gathers, 8 reduce-scatters, 5 all-reduces;
   //   a gather of the full activation: 3 all-gathers.
   const double alpha = 1e-5;
@@ -162,8 +162,9 @@ TEST(CubeTensorParallelUnitPassesTest, UnlimitedBandwidth_LatencyOnly) {
     absl::StatusOr<std::vector<TensorParallelUnitLanes>> passes = Passes(s, 0, alpha);
     ASSERT_TRUE(passes.ok()) << passes.status();
     const int q = s.p - 1;
-    const double forward = 4 + 8 * q + 2 * q + 2 * 2 * q;
-    const double backward = 1 + 7 * q + 8 * q + 5 * 2 * q;
+    const int all_reduce = s.p == 2 ? 1 : 2 * q;
+    const double forward = 4 + 8 * q + 2 * q + 2 * all_reduce;
+    const double backward = 1 + 7 * q + 8 * q + 5 * all_reduce;
     const double gather = 3 * q;
     const std::vector<TensorParallelUnitLanes>& l = *passes;
     EXPECT_NEAR(l[2].forward.all_reduce_seconds, alpha * forward, 1e-15);

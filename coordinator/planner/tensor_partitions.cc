@@ -9,13 +9,18 @@ namespace pipetrain {
 
 namespace {
 
-AllReduceModel RingModel(int tensor, double bandwidth_bytes_per_second, double latency_seconds) {
+// Eq. 3 for the group's all-reduce as Collectives::AllReduce runs it: the
+// ring, or for two ranks one exchange (recursive doubling's c1 = c2 = 1).
+// A sum compressed with a codec (AllReduceEncoded) takes the ring's two
+// rounds also for two ranks: one latency more than counted here.
+AllReduceModel RuntimeModel(int tensor, double bandwidth_bytes_per_second, double latency_seconds) {
   AllReduceModel model;
   model.alpha_seconds = latency_seconds;
   model.beta_seconds_per_byte =
       bandwidth_bytes_per_second > 0 ? 1.0 / bandwidth_bytes_per_second : 0.0;
   model.group_size = tensor;
-  model.algorithm = AllReduceAlgorithm::kRing;
+  model.algorithm =
+      tensor == 2 ? AllReduceAlgorithm::kRecursiveDoubling : AllReduceAlgorithm::kRing;
   return model;
 }
 
@@ -31,12 +36,12 @@ double PartitionSeconds(const UnitProfile& unit, int k, bool forward, int tensor
 
 // Alg. 1's problem over the profile's attention and MLP units (model
 // order; their profile indices in *layer_units), all-reduce seconds per
-// size from eq. 3 on the ring of `tensor`.
+// size from eq. 3 (RuntimeModel).
 absl::StatusOr<AccTfmProblem> BlockUnitsProblem(const ModelProfile& profile, int tensor,
                                                 double bandwidth_bytes_per_second,
                                                 double latency_seconds, double block_wire_fraction,
                                                 std::vector<int>* layer_units) {
-  const AllReduceModel model = RingModel(tensor, bandwidth_bytes_per_second, latency_seconds);
+  const AllReduceModel model = RuntimeModel(tensor, bandwidth_bytes_per_second, latency_seconds);
   AccTfmProblem problem;
   layer_units->clear();
   for (size_t u = 0; u < profile.units.size(); ++u) {
@@ -178,7 +183,7 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
         absl::StrCat("tensor-parallel unit costs: ", tensor, " ranks, ", forward.size(), " and ",
                      backward.size(), " partition counts for ", profile.units.size(), " units"));
   }
-  const AllReduceModel model = RingModel(tensor, bandwidth_bytes_per_second, latency_seconds);
+  const AllReduceModel model = RuntimeModel(tensor, bandwidth_bytes_per_second, latency_seconds);
   std::vector<TensorParallelUnitLanes> out(profile.units.size());
   for (size_t u = 0; u < profile.units.size(); ++u) {
     const UnitProfile& in = profile.units[u];

@@ -9,7 +9,9 @@
 //     or without it (analytic profiles) the whole pass / T / K (the split
 //     divides the unit's FLOPs by T; a partition does 1/K of the samples),
 //   all-reduce of one micro-partition: eq. 3 for activation_bytes / K over
-//     a ring of T with alpha = the link's latency, beta = 1 / bandwidth,
+//     a ring of T (T = 2: one exchange, c1 = c2 = 1, as
+//     Collectives::AllReduce runs two ranks; a codec's two rounds there
+//     are counted as one) with alpha = the link's latency, beta = 1 / bandwidth,
 //     the bytes times `block_wire_fraction` (what AccTFM's hybrid
 //     compression sends of the fp32 size, TensorParallelWireFraction; 1
 //     when exact; the token scores' small all-reduce is not modelled).
@@ -75,7 +77,7 @@ absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64
 // The profile as one rank of a tensor-parallel group of `tensor` sees it,
 // for the planner and the simulator (the group is planned as one worker):
 // per unit the compute / T plus the all-reduces the rank waits for, each
-// by eq. 3 over a ring of T on the link:
+// by eq. 3 over a ring of T on the link (T = 2: one exchange):
 //   attention, MLP: K = forward[u] (backward[u]) partitions, the all-reduce
 //     of partition j (its bytes times block_wire_fraction) overlapping the
 //     compute of j + 1 and, as the runtime streams partitions from one

@@ -200,13 +200,13 @@ absl::Status Collectives::RecursiveDoubling(int64_t iteration, int tag, float* v
                                             int64_t numel) {
   // Round d: exchange with the member d away and add. Both of a pair add
   // the same two partial sums (addition commutes), so they agree bitwise,
-  // and after log2 n rounds every member holds the same total.
-  std::vector<float> theirs(static_cast<size_t>(numel));
+  // and after log2 n rounds every member holds the same total. SendRange
+  // copies each chunk before it goes, so the partner's chunks are added in
+  // place as they arrive.
   for (int d = 1; d < size(); d <<= 1) {
     const int partner = rank_ ^ d;
     RETURN_IF_ERROR(SendRange(iteration, tag, partner, values, 0, numel));
-    RETURN_IF_ERROR(RecvRange(iteration, tag, partner, theirs.data(), 0, numel, /*add=*/false));
-    for (int64_t i = 0; i < numel; ++i) values[i] += theirs[static_cast<size_t>(i)];
+    RETURN_IF_ERROR(RecvRange(iteration, tag, partner, values, 0, numel, /*add=*/true));
   }
   return absl::OkStatus();
 }
@@ -219,7 +219,11 @@ absl::Status Collectives::AllReduce(int64_t iteration, int tag, Tensor& data) {
   std::fill(send_seq_.begin(), send_seq_.end(), 0);
   std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
   if (size() == 1 || data.numel() == 0) return absl::OkStatus();
-  if (IsPowerOfTwo(size()) && data.size_bytes() < options_.small_bytes) {
+  // Two members: one exchange at any size. It moves what the ring moves
+  // (the whole tensor each way) in one round instead of two, a latency
+  // less, and sums alike: the ring's segments are x0 + x1 and x1 + x0,
+  // bitwise equal.
+  if (size() == 2 || (IsPowerOfTwo(size()) && data.size_bytes() < options_.small_bytes)) {
     return RecursiveDoubling(iteration, tag, data.data(), data.numel());
   }
   return Ring(iteration, tag, data.data(), data.numel(), /*reduce_scatter=*/true,

@@ -11,7 +11,12 @@
 //                      data crosses each link, the bandwidth optimum.
 //   recursive doubling for tensors below small_bytes when N is a power of
 //                      two: log2 N exchanges of the whole tensor, fewer
-//                      latencies than the ring's 2 (N-1).
+//                      latencies than the ring's 2 (N-1); and for two
+//                      members at any size: one exchange moves what the
+//                      ring's two rounds move, a latency less, and sums
+//                      alike (the ring's segments are x0 + x1 and x1 + x0,
+//                      bitwise equal). Chunked as the ring, each chunk
+//                      added as it arrives.
 //   broadcast          the root sends to every member (star).
 //   gather             every member sends to the root (star).
 //   member-order tree  AllReduceInMemberOrder: each member sends segment k
@@ -60,7 +65,9 @@ struct CollectiveGroup {
 
 struct CollectiveOptions {
   int64_t chunk_bytes = int64_t{1} << 20;   // ring messages at most this large
-  int64_t small_bytes = int64_t{64} << 10;  // recursive doubling below this
+  // Recursive doubling below this (two members: at any size, which sums
+  // bitwise as the ring does, so 0 still means the ring's sums).
+  int64_t small_bytes = int64_t{64} << 10;
   absl::Duration timeout = absl::Seconds(60);
 };
 

@@ -94,7 +94,7 @@ TEST_P(AllReduceTest, EveryRankBitwiseEqual_CloseToTheExactSum_SameRunAfterRun) 
 
 INSTANTIATE_TEST_SUITE_P(
     RingAndRecursiveDoubling, AllReduceTest,
-    ::testing::Values(Case{2, 1000, 1 << 20, 0},        // ring, one chunk per segment
+    ::testing::Values(Case{2, 1000, 1 << 20, 0},        // two members: one exchange
                       Case{3, 100003, 4096, 0},         // ring, uneven segments, many chunks
                       Case{4, 7, 1 << 20, 0},           // ring, fewer elements than... almost
                       Case{5, 3, 16, 0},                // ring, some segments empty
@@ -102,6 +102,21 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{8, 513, 64, 1 << 20},        // recursive doubling, chunked
                       Case{6, 5000, 1 << 20, 1 << 20},  // not a power of two: ring
                       Case{1, 10, 1 << 20, 0}));        // one member: unchanged
+
+// Two members exchange once at any size, chunked, each adding the other's
+// chunks as they arrive: every element is the one IEEE sum x0 + x1 (the
+// same bits as the ring's x0 + x1 and x1 + x0), on both members.
+TEST(CollectivesTest, TwoMembers_EveryElementTheTwoTermSum) {
+  constexpr int64_t kNumel = 100003;  // 25 chunks of 4 KiB, the last short
+  const CollectiveOptions options{/*chunk_bytes=*/16384, /*small_bytes=*/0, absl::Seconds(30)};
+  const auto got = AllReduceResults(2, kNumel, options);
+  const std::vector<float> a = Input(0, kNumel), b = Input(1, kNumel);
+  for (int r = 0; r < 2; ++r) {
+    for (int64_t i = 0; i < kNumel; ++i) {
+      ASSERT_EQ(got[r][i], a[i] + b[i]) << "member " << r << " element " << i;
+    }
+  }
+}
 
 // A transport that keeps a handle to every tensor it receives (so the
 // receiver is not its only holder) and a snapshot of its values.

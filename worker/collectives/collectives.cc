@@ -269,6 +269,9 @@ absl::Status Collectives::AllReduceInMemberOrder(int64_t iteration, int tag, Ten
   std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
   const int n = size();
   if (n == 1 || data.numel() == 0) return absl::OkStatus();
+  // Two members: one exchange, as AllReduce; x0 + x1 (= x1 + x0) is the
+  // two-member tree sum, bitwise.
+  if (n == 2) return RecursiveDoubling(iteration, tag, data.data(), data.numel());
   const auto bounds = SegmentBounds(data.numel(), n);
   // Every member's segment k goes to member k, in one round (sends do not
   // wait for their receives).

@@ -23,7 +23,8 @@
 //                      straight to member k (the ring's volume, (N-1)/N of
 //                      the data per member, in one round), which sums the
 //                      N copies as a balanced tree in member order, then a
-//                      ring all-gather. The sum's shape depends only on the
+//                      ring all-gather; two members exchange once, as
+//                      AllReduce. The sum's shape depends only on the
 //                      member order (MemberOrderTreeSum), so reductions
 //                      over nested groups can be made bitwise equal.
 //

@@ -181,4 +181,26 @@ check acctfm_fields 'all(k in j for k in ["forward","backward","uniform"]) and s
 sed 's/"fwd_seconds": \[4, 2.2, 1.2\], //' "$TMP/acctfm.json" >"$TMP/acctfm_bad.json"
 expect_exit acctfm_missing_field 1 "layers[0].fwd_seconds: missing" -- --profile "$TMP/acctfm_bad.json" --solver acctfm
 
+# --attention flash: the analytic profile's attention stash keeps B x H x T
+# row statistics, not the B x H x T x T probabilities (solve_plan.h).
+A=(--layers 2 --workers 1 --seq-len 256 --micro-batch-size 4)
+expect_exit attention_reference 0 '"stages"' -- "${A[@]}" --json --write-profile "$TMP/probs.json"
+expect_exit attention_flash 0 '"stages"' -- "${A[@]}" --attention flash --json \
+  --write-profile "$TMP/flash.json"
+if python3 -c "
+import json, sys
+p = json.load(open('$TMP/probs.json'))['units']; f = json.load(open('$TMP/flash.json'))['units']
+rows = 4 * 12 * 256  # batch x heads x tokens
+ok = all((pu['stash_bytes'] - fu['stash_bytes'] == 4 * rows * 255) == pu['name'].startswith('attn_')
+         for pu, fu in zip(p, f))
+sys.exit(0 if ok else 1)"; then
+  passed=$((passed + 1))
+else
+  fail attention_flash_stash "attention stash not B x H x T floats with --attention flash"
+fi
+expect_exit attention_unknown 2 '--attention "bogus": want reference, gemm or flash' -- \
+  "${A[@]}" --attention bogus
+expect_exit attention_with_profile 2 "--attention shapes the analytic profile" -- \
+  "${P[@]}" --attention flash
+
 finish

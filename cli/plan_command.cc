@@ -33,6 +33,9 @@ struct PlanFlags {
   // Without --profile: an analytic GPT-2 profile (solve_plan.h AnalyticProfile).
   int layers = 0, d_model = 768, heads = 12, vocab = 50257, seq_len = 1024, micro_batch_size = 1;
   double gflops = 100;
+  // The workers' attention (worker --attention): flash keeps no T x T
+  // probabilities (AnalyticProfile's flash_attention).
+  std::string attention = "reference";
   std::string svg, trace;
   int workers = 0, micro_batches = 4;
   double bandwidth_gbps = 0, latency_us = 0, memory_gib = 0;
@@ -262,7 +265,8 @@ absl::StatusOr<ModelProfile> LoadProfile(const PlanFlags& f) {
     if (f.seq_len < 1 || f.micro_batch_size < 1) {
       return absl::InvalidArgumentError("--seq-len and --micro-batch-size must be >= 1");
     }
-    return AnalyticProfile(config, f.seq_len, f.micro_batch_size, f.gflops * 1e9);
+    return AnalyticProfile(config, f.seq_len, f.micro_batch_size, f.gflops * 1e9,
+                           /*flash_attention=*/f.attention == "flash");
   }
   ASSIGN_OR_RETURN(std::string text, ReadFile(f.profile, "profile"));
   absl::StatusOr<ModelProfile> profile = ParseProfileJson(text);
@@ -386,6 +390,9 @@ FlagSet PlanFlagSet(PlanFlags& f) {
   flags.Int("seq-len", &f.seq_len, "analytic profile: tokens per sequence");
   flags.Int("micro-batch-size", &f.micro_batch_size, "analytic profile: sequences per micro-batch");
   flags.Double("gflops", &f.gflops, "analytic profile: the workers' GEMM rate at speed 1");
+  flags.String("attention", &f.attention,
+               "analytic profile: the workers' --attention, reference | gemm | flash (flash "
+               "keeps no T x T probabilities and recomputes the scores in backward)");
   flags.String("write-profile", &f.write_profile, "also write the profile used as JSON");
   flags.String("cluster", &f.cluster, "cluster JSON (docs/formats.md); or --workers etc.");
   flags.Int("workers", &f.workers, "number of identical workers (without --cluster)");
@@ -470,6 +477,16 @@ int RunPlan(const std::vector<std::string>& args) {
   }
   if (parsed.ok() && f.layers > 0 && f.gflops <= 0) {
     parsed = absl::InvalidArgumentError("--gflops must be > 0");
+  }
+  if (parsed.ok() && f.attention != "reference" && f.attention != "gemm" &&
+      f.attention != "flash") {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("--attention \"", f.attention, "\": want reference, gemm or flash"));
+  }
+  if (parsed.ok() && !f.profile.empty() && f.attention != "reference") {
+    parsed = absl::InvalidArgumentError(
+        "--attention shapes the analytic profile (--layers); a --profile was measured with its "
+        "workers' own");
   }
   if (parsed.ok() && f.solver != "acctfm" && f.cluster.empty() == (f.workers <= 0)) {
     parsed = absl::InvalidArgumentError("give either --cluster or --workers N (N >= 1)");

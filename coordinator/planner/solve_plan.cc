@@ -50,10 +50,10 @@ absl::StatusOr<BiPartitionPlan> ScoreFixedPlan(const BiPartitionProblem& problem
   const BiPartitionCosts costs(problem);
   for (size_t w = 0; w < forward.size(); ++w) {
     if (!costs.Fits(static_cast<int>(w), forward[w], backward[w])) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "worker ", cluster.workers[w].name, " would need ",
-          costs.Memory(static_cast<int>(w), forward[w], backward[w]), " bytes but has ",
-          cluster.workers[w].memory_bytes));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("worker ", cluster.workers[w].name, " would need ",
+                       costs.Memory(static_cast<int>(w), forward[w], backward[w]),
+                       " bytes but has ", cluster.workers[w].memory_bytes));
     }
   }
   BiPartitionPlan plan{std::move(forward), std::move(backward), 0};
@@ -63,8 +63,7 @@ absl::StatusOr<BiPartitionPlan> ScoreFixedPlan(const BiPartitionProblem& problem
 
 absl::StatusOr<BiPartitionPlan> RunSolver(const std::string& solver,
                                           const BiPartitionProblem& problem,
-                                          const ModelProfile& profile,
-                                          const ClusterSpec& cluster,
+                                          const ModelProfile& profile, const ClusterSpec& cluster,
                                           const PlanOptions& options) {
   const int units = static_cast<int>(profile.units.size());
   const int workers = static_cast<int>(cluster.workers.size());
@@ -85,7 +84,8 @@ absl::StatusOr<BiPartitionPlan> RunSolver(const std::string& solver,
   } else if (solver == "pipedream") {
     // Equal cuts, speed-aware (partition.h): Bi-Partition's honest baseline.
     std::vector<UnitCost> costs;
-    for (const UnitProfile& u : profile.units) costs.push_back({u.name, u.fwd_seconds, u.bwd_seconds});
+    for (const UnitProfile& u : profile.units)
+      costs.push_back({u.name, u.fwd_seconds, u.bwd_seconds});
     ASSIGN_OR_RETURN(ranges,
                      SpeedAwarePipeDreamPartition(costs, problem.speeds, problem.activation_bytes,
                                                   problem.bandwidth));
@@ -110,12 +110,13 @@ absl::StatusOr<SolvedPlan> SolveOne(const std::string& solver, const BiPartition
   out.bottleneck_seconds = plan.bottleneck;
   const BiPartitionCosts costs(problem);
   for (size_t w = 0; w < plan.forward.size(); ++w) {
-    out.memory_bytes.push_back(costs.Memory(static_cast<int>(w), plan.forward[w], plan.backward[w]));
+    out.memory_bytes.push_back(
+        costs.Memory(static_cast<int>(w), plan.forward[w], plan.backward[w]));
   }
   const int units = static_cast<int>(profile.units.size());
-  ASSIGN_OR_RETURN(out.programs, CompileBiPartitionPrograms(plan.forward, plan.backward, units,
-                                                            options.micro_batches,
-                                                            options.schedule));
+  ASSIGN_OR_RETURN(out.programs,
+                   CompileBiPartitionPrograms(plan.forward, plan.backward, units,
+                                              options.micro_batches, options.schedule));
   // The replicas' all-reduce crosses the cluster's one link setting
   // (SimulationCostsFromProfile copies it into replica_link).
   SimulationCosts sim_costs =
@@ -165,7 +166,7 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
 }
 
 ModelProfile AnalyticProfile(const GptConfig& config, int seq_len, int micro_batch_size,
-                             double flops_per_second) {
+                             double flops_per_second, bool flash_attention) {
   const std::vector<UnitCost> flops = AnalyticUnitCosts(config, seq_len, micro_batch_size);
   const double bt = double(seq_len) * micro_batch_size;
   const double d = config.d_model, v = config.vocab_size;
@@ -179,11 +180,22 @@ ModelProfile AnalyticProfile(const GptConfig& config, int seq_len, int micro_bat
     u.activation_bytes = 4 * bt * d;
     double weights = 0, stash = 0;  // in floats; stash mirrors each unit's saved tensors
     switch (UnitKindAt(config, i)) {
-      case UnitKind::kEmbed: weights = (v + config.max_seq_len) * d; break;
-      case UnitKind::kAttention:
-        weights = 2 * d + (3 * d * d + 3 * d) + (d * d + d);
-        stash = bt * (6 * d + 2) + double(micro_batch_size) * config.n_head * seq_len * seq_len;
+      case UnitKind::kEmbed:
+        weights = (v + config.max_seq_len) * d;
         break;
+      case UnitKind::kAttention: {
+        weights = 2 * d + (3 * d * d + 3 * d) + (d * d + d);
+        // Per head and row: the softmax's probabilities, or a flash
+        // kernel's one statistic (whose backward recomputes QK^T). The
+        // CUDA kernel takes heads of at most 128 dims
+        // (kernels/cuda/flash_attention.h kFlashAttentionMaxHeadDim); the
+        // backend keeps the probabilities of wider ones.
+        const bool flash = flash_attention && config.d_model / config.n_head <= 128;
+        const double rows = double(micro_batch_size) * config.n_head * seq_len;
+        stash = bt * (6 * d + 2) + (flash ? rows : rows * seq_len);
+        if (flash) u.bwd_seconds += 2 * bt * seq_len * d / flops_per_second;
+        break;
+      }
       case UnitKind::kMlp:
         weights = 2 * d + (4 * d * d + 4 * d) + (4 * d * d + d);
         stash = bt * (10 * d + 2);

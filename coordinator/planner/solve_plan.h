@@ -88,8 +88,14 @@ double TiedGradientBytes(const ModelProfile& profile);
 // FLOPs / flops_per_second (> 0), bytes from the model's tensor shapes
 // (activation B·T·d floats, the head's a 4-byte loss; stash = the saved
 // tensors' analytic size). For planning before any worker has profiled.
+// `flash_attention`: the attention units as a fused, flash-style kernel
+// runs them (the CUDA backend's --attention flash): their stash keeps B·H·T
+// row statistics (Backend::AttentionSavedFloats) instead of the B·H·T²
+// probabilities, and their backward recomputes the scores QK^T (2·B·T²·d
+// FLOPs more); heads wider than the kernel takes (128 dims) are costed as
+// the backend runs them, with probabilities.
 ModelProfile AnalyticProfile(const GptConfig& config, int seq_len, int micro_batch_size,
-                             double flops_per_second);
+                             double flops_per_second, bool flash_attention = false);
 
 }  // namespace pipetrain
 

@@ -362,6 +362,28 @@ TEST_F(ElasticClusterTest, CompressedReplicaWorkerKilled_ErrorFeedbackRestoredBi
   KillOnceAndExpectBitwise(testing::SubmitJob(*stub_, compressed("dpc.safetensors")), 1, reference);
 }
 
+// PowerSGD on the pipeline's links both ways (2 stages on 3 workers): the
+// worker of stage 1 is killed, the spare takes its place, and each stage
+// restores its links' warm starts from its first unit's file
+// (worker/checkpoint/unit_checkpoint.h). So the job ends bitwise as an
+// uninterrupted one; without them the links would restart from PowerSGD's
+// fixed Q and the losses after the checkpoint would differ.
+TEST_F(ElasticClusterTest, CompressedLinksWorkerKilled_WarmStartsRestoredBitwise) {
+  Start("links", 3);
+  auto compressed = [](const std::string& weights) {
+    v1::JobSpec spec = ElasticSpec(2, "uniform", weights);
+    spec.mutable_compression()->set_forward("powersgd:rank=4");
+    spec.mutable_compression()->set_backward("powersgd:rank=4");
+    return spec;
+  };
+  const v1::Job reference =
+      testing::AwaitJob(*stub_, testing::SubmitJob(*stub_, compressed("links-whole.safetensors")),
+                        absl::Seconds(180), testing::Ended);
+  ASSERT_EQ(reference.state(), v1::JOB_STATE_SUCCEEDED) << reference.reason();
+  KillOnceAndExpectBitwise(testing::SubmitJob(*stub_, compressed("links.safetensors")), 1,
+                           reference);
+}
+
 // spec.parallelism.data 0 (auto) on 4 workers: whatever layout the job
 // chose, a killed worker leaves 3, and with 4 micro-batches a job naming
 // its replicas could only wait for a fourth (or drop a whole replica);

@@ -5,11 +5,14 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstring>
 #include <map>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/confined_path.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -28,6 +31,11 @@ constexpr char kWarmQRanks[] = "powersgd.q.ranks.";
 // bounds every parallelism degree of a spec).
 constexpr int64_t kMaxWarmQRanks = 1024;
 constexpr char kFeedbackReplicas[] = "feedback_replicas";
+constexpr char kLinkWarmQ[] = "link.q.";  // + "<replica>.<peer>.<kind>.<unit>"
+// The most peer stages a link may name (kMaxStages) and the largest rank of
+// a link's PowerSGD (kernels/compress/powersgd_codec.h).
+constexpr int64_t kMaxLinkPeers = 1024;
+constexpr int64_t kMaxLinkWarmQRank = 65536;
 // PowerSGD's rank bound (spec.compression.data_parallel.codec).
 constexpr int64_t kMaxWarmQRank = 1024;
 // A unit file is read whole to check its checksum; no unit of a model within
@@ -83,6 +91,32 @@ std::string Get(const SafetensorsMetadata& metadata, const std::string& key) {
   return it == metadata.end() ? "" : it->second;
 }
 
+std::string LinkWarmQName(const LinkWarmStart& link) {
+  return absl::StrCat(kLinkWarmQ, link.replica, ".", link.peer, ".", link.kind, ".", link.unit);
+}
+
+// A stored link warm start (its name after kLinkWarmQ, and the tensor),
+// checked against the bounds ReadUnitCheckpoint documents.
+absl::StatusOr<LinkWarmStart> ParseLinkWarmStart(absl::string_view key, const Tensor& q,
+                                                 const GptConfig& model, const std::string& path) {
+  const std::vector<std::string> parts = absl::StrSplit(key, '.');
+  std::vector<int64_t> n(parts.size());
+  bool ok = parts.size() == 4;
+  for (size_t i = 0; ok && i < parts.size(); ++i) ok = absl::SimpleAtoi(parts[i], &n[i]);
+  ok = ok && n[0] >= 0 && n[0] < kMaxFeedbackReplicas && n[1] >= 0 && n[1] < kMaxLinkPeers &&
+       v1::TensorKind_IsValid(static_cast<int>(n[2])) && n[3] >= 0 && n[3] < NumUnits(model);
+  const Shape& shape = q.shape();
+  if (!ok || shape.size() != 2 || shape[0] < 1 || shape[0] > model.d_model || shape[1] < 1 ||
+      shape[1] > kMaxLinkWarmQRank) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": tensor ", kLinkWarmQ, key.substr(0, 64), " ", ShapeToString(shape),
+                     " is no link warm start (replica.peer.kind.unit within bounds, [1..",
+                     model.d_model, ", 1..", kMaxLinkWarmQRank, "])"));
+  }
+  return LinkWarmStart{static_cast<int>(n[0]), static_cast<int>(n[1]), static_cast<int>(n[2]),
+                       static_cast<int>(n[3]), q};
+}
+
 }  // namespace
 
 std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
@@ -119,6 +153,9 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
     for (const NamedTensor& q : unit.warm_q) tensors.push_back({kWarmQ + q.name, q.tensor});
     for (const NamedTensor& q : unit.warm_q_ranks) {
       tensors.push_back({kWarmQRanks + q.name, q.tensor});
+    }
+    for (const LinkWarmStart& link : unit.link_warm_q) {
+      tensors.push_back({LinkWarmQName(link), link.q});
     }
     RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, tensors, metadata, 0600));
     // Checksummed as written to disk (read back from the page cache).
@@ -254,6 +291,17 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
             kMaxWarmQRanks, " ranks, rows <= ", p.shape.back(), ", rank <= ", kMaxWarmQRank, "]"));
       }
       state.warm_q_ranks.push_back({p.name, *q});
+    }
+  }
+  // The pipeline links' warm starts, in the owned units of a job that
+  // compressed its links with PowerSGD.
+  if (with_moments && steps > 0) {
+    for (const NamedTensor& t : contents.tensors) {
+      if (!absl::StartsWith(t.name, kLinkWarmQ)) continue;
+      ASSIGN_OR_RETURN(LinkWarmStart link,
+                       ParseLinkWarmStart(absl::string_view(t.name).substr(strlen(kLinkWarmQ)),
+                                          t.tensor, identity.model, path));
+      state.link_warm_q.push_back(std::move(link));
     }
   }
   return state;

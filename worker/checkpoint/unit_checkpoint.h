@@ -19,6 +19,11 @@
 // rank's) of those split across ranks. So a compressed job resumed on its
 // own layout goes on exactly as one that never stopped, and on another
 // layout no feedback is lost (StageRuntime::Restore folds the replicas).
+// A stage whose pipeline links go through PowerSGD
+// (spec.compression.forward/backward) keeps each link's warm start in the
+// file of its first backward unit: "link.q.<replica>.<peer>.<kind>.<unit>",
+// [cols, rank], replica r's Q of its sends to stage <peer> of tensor kind
+// <kind> (v1::TensorKind's number) of unit <unit> (LinkCompressor's key).
 // Because a file holds one unit whatever the plan was, a checkpoint loads
 // under any other plan: a re-plan needs no resharding.
 //
@@ -45,6 +50,17 @@
 
 namespace pipetrain {
 
+// PowerSGD's warm start of one compressed pipeline link of one replica:
+// its sends to stage `peer` (of its replica) of tensor kind `kind`
+// (v1::TensorKind) of unit `unit`, the key LinkCompressor keeps it by.
+struct LinkWarmStart {
+  int replica = 0;
+  int peer = 0;
+  int kind = 0;
+  int unit = 0;
+  Tensor q;  // [cols, rank] on the host
+};
+
 // One unit's state on the host.
 struct UnitState {
   int unit = 0;
@@ -63,6 +79,9 @@ struct UnitState {
   std::vector<std::vector<NamedTensor>> feedback;
   std::vector<NamedTensor> warm_q;
   std::vector<NamedTensor> warm_q_ranks;
+  // The pipeline links' PowerSGD warm starts of the stage that wrote this
+  // unit as its first backward one, every replica's; empty otherwise.
+  std::vector<LinkWarmStart> link_warm_q;
 };
 
 // The most replicas a checkpoint's feedback may name (kMaxStages, the
@@ -112,7 +131,10 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
 // 1..kMaxFeedbackReplicas, every replica's residual of a parameter there
 // with the parameter's shape, a warm start Q of the parameter's columns
 // and at most 1024 columns of rank, per-rank ones of 2..1024 ranks and at
-// most the parameter's columns of rows, else DATA_LOSS). Every message
+// most the parameter's columns of rows, a link's warm start named with a
+// replica below kMaxFeedbackReplicas, a peer below 1024, a known tensor
+// kind and a unit of the model, [1..d_model, 1..65536], else DATA_LOSS).
+// Every message
 // names the file. `*optimizer_steps` (may be
 // null) gets the file's optimizer step count.
 absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::ResumeFrom& from,

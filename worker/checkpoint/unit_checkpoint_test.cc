@@ -177,6 +177,85 @@ TEST_F(UnitCheckpointTest, InconsistentErrorFeedback_IsDataLoss) {
   }
 }
 
+// Unit 1 with two replicas' warm starts of two pipeline links (PowerSGD
+// of rank 2 on [.., d_model 8] tensors): kind 1 (ACTIVATION) of unit 1 to
+// stage 1 and kind 2 (ACTIVATION_GRAD) of unit 1 to stage 0.
+UnitState WithLinks() {
+  UnitState state = MakeUnit(1, 1, true);
+  for (int r = 0; r < 2; ++r) {
+    state.link_warm_q.push_back({r, 1, 1, 1, Tensor::Filled({8, 2}, 1.0f + r)});
+    state.link_warm_q.push_back({r, 0, 2, 1, Tensor::Filled({8, 2}, 3.0f + r)});
+  }
+  return state;
+}
+
+TEST_F(UnitCheckpointTest, RoundTripsEveryReplicasLinkWarmStarts) {
+  const UnitState want = WithLinks();
+  absl::StatusOr<std::vector<v1::UnitFile>> files =
+      WriteStageCheckpoint(root_, "links", StageSnapshot{5, 5, {want}}, id_);
+  ASSERT_TRUE(files.ok()) << files.status();
+  v1::ResumeFrom from;
+  from.set_step(5);
+  from.set_dir(absl::StrCat("links/", StepDirName(5)));
+  absl::StatusOr<UnitState> read = ReadUnitCheckpoint(root_, from, (*files)[0], id_, true, nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->link_warm_q.size(), 4u);
+  for (const LinkWarmStart& w : want.link_warm_q) {
+    bool found = false;
+    for (const LinkWarmStart& r : read->link_warm_q) {
+      if (r.replica != w.replica || r.peer != w.peer || r.kind != w.kind || r.unit != w.unit) {
+        continue;
+      }
+      found = true;
+      EXPECT_EQ(r.q.shape(), w.q.shape());
+      EXPECT_EQ(r.q.ToVector(), w.q.ToVector());
+    }
+    EXPECT_TRUE(found) << "replica " << w.replica << " peer " << w.peer << " kind " << w.kind;
+  }
+  // Loading weights only (a forward unit) leaves them out.
+  read = ReadUnitCheckpoint(root_, from, (*files)[0], id_, /*with_moments=*/false, nullptr);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_TRUE(read->link_warm_q.empty());
+}
+
+// A link warm start wider than d_model, of an unknown tensor kind, of a
+// unit the model lacks, a peer or replica out of bounds: DATA_LOSS naming
+// the file and the tensor.
+TEST_F(UnitCheckpointTest, LinkWarmStartOutOfBounds_IsDataLoss) {
+  struct Case {
+    std::string what;
+    LinkWarmStart link;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"wide", {0, 1, 1, 1, Tensor::Filled({9, 2}, 1.0f)}, "link.q.0.1.1.1 [9, 2]"},
+      {"one-dimensional", {0, 1, 1, 1, Tensor::Filled({8}, 1.0f)}, "link.q.0.1.1.1 [8]"},
+      {"kind", {0, 1, 99, 1, Tensor::Filled({8, 2}, 1.0f)}, "link.q.0.1.99.1"},
+      {"unit", {0, 1, 1, 4, Tensor::Filled({8, 2}, 1.0f)}, "link.q.0.1.1.4"},
+      {"peer", {0, 1024, 1, 1, Tensor::Filled({8, 2}, 1.0f)}, "link.q.0.1024.1.1"},
+      {"replica",
+       {kMaxFeedbackReplicas, 1, 1, 1, Tensor::Filled({8, 2}, 1.0f)},
+       "link.q.1024.1.1.1"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    UnitState state = MakeUnit(1, 1, true);
+    state.link_warm_q.push_back(c.link);
+    const std::string dir = "bad-link-" + c.what;
+    absl::StatusOr<std::vector<v1::UnitFile>> files =
+        WriteStageCheckpoint(root_, dir, StageSnapshot{5, 5, {state}}, id_);
+    ASSERT_TRUE(files.ok()) << files.status();
+    v1::ResumeFrom from;
+    from.set_step(5);
+    from.set_dir(absl::StrCat(dir, "/", StepDirName(5)));
+    absl::StatusOr<UnitState> read =
+        ReadUnitCheckpoint(root_, from, (*files)[0], id_, true, nullptr);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+    EXPECT_NE(read.status().message().find(c.expected), std::string::npos) << read.status();
+    EXPECT_NE(read.status().message().find("unit-0001"), std::string::npos) << read.status();
+  }
+}
+
 TEST_F(UnitCheckpointTest, TruncatedFile_IsDataLoss) {
   const v1::ResumeFrom from = WriteAll();
   ASSERT_EQ(truncate(PathOf(from, 1).c_str(), from.units(1).bytes() - 10), 0);

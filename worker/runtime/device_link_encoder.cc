@@ -11,6 +11,20 @@ void DeviceLinkEncoder::BeginIteration() {
   for (auto& [key, link] : links_) link.residual = Tensor();
 }
 
+std::map<DeviceLinkEncoder::LinkKey, Tensor> DeviceLinkEncoder::WarmStarts() const {
+  std::map<LinkKey, Tensor> out;
+  for (const auto& [key, link] : links_) {
+    const Tensor& q = link.codec.powersgd_q;
+    if (link.path != Path::kDevice || q.is_null()) continue;
+    out[key] = q.on_device() ? backend_->Download(q) : q.Clone();
+  }
+  return out;
+}
+
+void DeviceLinkEncoder::SetWarmStart(const LinkKey& link, const Tensor& q) {
+  links_[link].codec.powersgd_q = backend_->Upload(q);
+}
+
 absl::StatusOr<std::string> DeviceLinkEncoder::Encode(const v1::Instruction::Send& send,
                                                       const Tensor& x,
                                                       absl::Span<const float> scores) {

@@ -47,8 +47,18 @@ namespace pipetrain {
 
 class DeviceLinkEncoder {
  public:
+  using LinkKey = std::tuple<int, int, int>;  // peer stage, tensor kind, unit
+
   // `backend` computes the stage's tensors and must outlive this.
   explicit DeviceLinkEncoder(Backend* backend) : backend_(backend) {}
+
+  // PowerSGD's warm start Q of every link on the device path that has one,
+  // copied to the host (Backend::Download), by link.
+  std::map<LinkKey, Tensor> WarmStarts() const;
+  // Makes host tensor `q` (uploaded) the warm start of `link` should its
+  // sends take the device path; the host path keeps its own
+  // (LinkCompressor::SetWarmStart).
+  void SetWarmStart(const LinkKey& link, const Tensor& q);
 
   // Drops every residual (keeps codec states and the links' paths). Call
   // before an iteration's first send.
@@ -67,7 +77,6 @@ class DeviceLinkEncoder {
                                      absl::Span<const float> scores);
 
  private:
-  using LinkKey = std::tuple<int, int, int>;  // peer, kind, unit
   // Undecided until the link's first send has been answered.
   enum class Path { kUndecided, kDevice, kHost };
   struct LinkState {

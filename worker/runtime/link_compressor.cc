@@ -69,6 +69,18 @@ void LinkCompressor::BeginIteration() {
   for (auto& [key, link] : links_) link.feedback.Flush();
 }
 
+std::map<LinkCompressor::LinkKey, Tensor> LinkCompressor::WarmStarts() const {
+  std::map<LinkKey, Tensor> out;
+  for (const auto& [key, link] : links_) {
+    if (!link.codec.powersgd_q.is_null()) out[key] = link.codec.powersgd_q.Clone();
+  }
+  return out;
+}
+
+void LinkCompressor::SetWarmStart(const LinkKey& link, Tensor q) {
+  links_[link].codec.powersgd_q = std::move(q);
+}
+
 absl::StatusOr<const Codec*> LinkCompressor::CodecFor(const std::string& spec) {
   auto it = codecs_.find(spec);
   if (it != codecs_.end()) return it->second.get();

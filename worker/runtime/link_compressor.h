@@ -12,7 +12,8 @@
 // previous iteration was aborted midway (a completed one flushes every
 // residual at its flush_residual send), so no residual crosses an optimizer
 // step. PowerSGD's warm-started Q is kept across iterations (it is a
-// starting point for the power iteration, not an error term).
+// starting point for the power iteration, not an error term), and so it is
+// what a checkpoint keeps of a link (WarmStarts, SetWarmStart).
 //
 // Error sampling: the relative error ||x - x^|| / ||x|| of a compressed send
 // is measured on error-feedback sends (where decoding is needed anyway) and
@@ -71,7 +72,16 @@ void AddLinkStats(const LinkStats& from, LinkStats* to);
 
 class LinkCompressor {
  public:
+  using LinkKey = std::tuple<int, int, int>;  // peer stage, tensor kind, unit
+
   void BeginIteration();
+
+  // PowerSGD's warm start Q of every link that has one (host tensors, the
+  // compressor's own copies), by link.
+  std::map<LinkKey, Tensor> WarmStarts() const;
+  // Makes `q` the warm start of `link`'s next encoding (PowerSgdStartQ
+  // takes it when its shape fits the tensor, else draws the fixed start).
+  void SetWarmStart(const LinkKey& link, Tensor q);
 
   // Encodes `x` for `send` (raw when send.codec() is empty). `scores`, when
   // non-empty, are token importances (one per token of x's [B, T]) that a
@@ -89,7 +99,6 @@ class LinkCompressor {
                                 LinkStats* stats);
 
  private:
-  using LinkKey = std::tuple<int, int, int>;  // peer, kind, unit
   struct LinkState {
     CodecState codec;
     ErrorFeedback feedback;

@@ -49,8 +49,19 @@ constexpr int kOverlapTagBase = (1 << 21) + (1 << 19);
 // of the fused embedding synchronization.
 constexpr int kLossGatherTag = 1 << 22;
 constexpr int kEmbeddingSyncTag = (1 << 22) + 1;
-// The tag of a checkpoint's gather of the replicas' error feedback.
+// The tag of a checkpoint's gather of the replicas' error feedback, and of
+// their pipeline links' PowerSGD warm starts.
 constexpr int kFeedbackCheckpointTag = (1 << 22) + 2;
+constexpr int kLinkWarmStartCheckpointTag = (1 << 22) + 3;
+
+// Whether `program` sends a tensor through PowerSGD (a codec spec naming
+// it, alone or after token_topk): its links keep warm starts across steps.
+bool SendsThroughPowerSgd(const v1::Program& program) {
+  for (const v1::Instruction& i : program.instructions()) {
+    if (i.has_send() && absl::StrContains(i.send().codec(), "powersgd")) return true;
+  }
+  return false;
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -308,7 +319,8 @@ StageRuntime::StageRuntime(const StageSetup& setup, const Dataset* dataset, Tran
       transport_(transport),
       num_units_(NumUnits(setup.train.model)),
       optimizer_(setup.train.adam, setup.train.decay, setup.backend),
-      device_encoder_(setup.backend) {
+      device_encoder_(setup.backend),
+      links_through_powersgd_(SendsThroughPowerSgd(setup.program)) {
   // Checked by Create.
   if (!setup.data_parallel_quantizer.empty()) {
     dp_quantizer_ = MakeQuantizer(setup.data_parallel_quantizer).value();
@@ -528,15 +540,19 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
   // Replica 0: by replica, `held` concatenated; and each one's offset.
   std::vector<Tensor> feedback;
   std::map<const Parameter*, int64_t> held_at;
-  if (SnapshotsEveryReplica()) {
+  const bool dp_feedback = dp_quantizer_ != nullptr || setup_.data_parallel_powersgd_rank > 0;
+  if (SnapshotsEveryReplica() && dp_feedback) {
     ASSIGN_OR_RETURN(feedback, GatherReplicaFeedback(step, held));
-    if (setup_.replica != 0) return snapshot;
     int64_t offset = 0;
     for (const Parameter* p : held) {
       held_at[p] = offset;
       offset += p->value.numel();
     }
   }
+  // The pipeline links' warm starts (every replica's), for the file of the
+  // first backward unit.
+  ASSIGN_OR_RETURN(std::vector<LinkWarmStart> links, LinkWarmStarts(step));
+  if (SnapshotsEveryReplica() && setup_.replica != 0) return snapshot;
   const auto& moments = optimizer_.moments();
   for (int u = setup_.backward.begin(); u < setup_.backward.end(); ++u) {
     UnitState state;
@@ -577,6 +593,7 @@ absl::StatusOr<StageSnapshot> StageRuntime::Snapshot(int64_t step) {
       if (keeps) state.warm_q_ranks.push_back({p->name, std::move(ranks_q)});
     }
     if (state.m.size() != state.values.size()) state.m.clear(), state.v.clear();
+    if (u == setup_.backward.begin()) state.link_warm_q = std::move(links);
     if (keeps) snapshot.units.push_back(std::move(state));
   }
   RETURN_IF_ERROR(setup_.backend->status());
@@ -603,8 +620,52 @@ absl::StatusOr<Tensor> StageRuntime::GatherWarmStarts(int64_t step, int tag, con
 }
 
 bool StageRuntime::SnapshotsEveryReplica() const {
-  return setup_.replicas > 1 &&
-         (dp_quantizer_ != nullptr || setup_.data_parallel_powersgd_rank > 0);
+  return setup_.replicas > 1 && (dp_quantizer_ != nullptr ||
+                                 setup_.data_parallel_powersgd_rank > 0 || links_through_powersgd_);
+}
+
+absl::StatusOr<std::vector<LinkWarmStart>> StageRuntime::LinkWarmStarts(int64_t step) {
+  std::vector<LinkWarmStart> out;
+  // Tensor ranks: rank 0's (see the header); the others take no part.
+  if (!links_through_powersgd_ || (tp_collectives_ && tp_collectives_->rank() != 0)) return out;
+  // This replica's, the device path's where a link took it.
+  std::map<LinkCompressor::LinkKey, Tensor> mine = encoder_.WarmStarts();
+  for (auto& [key, q] : device_encoder_.WarmStarts()) mine[key] = std::move(q);
+  int64_t numel = 0;
+  for (const auto& [key, q] : mine) numel += q.numel();
+  Tensor flat = Tensor::Zeros({numel});
+  int64_t offset = 0;
+  for (const auto& [key, q] : mine) {
+    std::memcpy(flat.data() + offset, q.data(), q.size_bytes());
+    offset += q.numel();
+  }
+  // Replica `replica`'s warm starts from `values`, cut as `mine`.
+  const auto add = [&out, &mine](int replica, const float* values) {
+    for (const auto& [key, q] : mine) {
+      Tensor copy = Tensor::Zeros(q.shape());
+      std::memcpy(copy.data(), values, q.size_bytes());
+      values += q.numel();
+      out.push_back({replica, std::get<0>(key), std::get<1>(key), std::get<2>(key), copy});
+    }
+  };
+  if (!SnapshotsEveryReplica()) {
+    add(setup_.replica, flat.data());
+    return out;
+  }
+  // Every replica's, gathered to replica 0: the same links and shapes on
+  // each (the same program), so replica 0 cuts them by its own.
+  if (transport_ == nullptr) return Internal("data parallelism needs a transport");
+  std::vector<int> copies;
+  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
+  Collectives collectives(
+      transport_, CollectiveGroup{copies, setup_.job_id},
+      CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
+  RETURN_IF_ERROR(collectives.status());
+  ASSIGN_OR_RETURN(Tensor all, collectives.Gather(step, kLinkWarmStartCheckpointTag, /*root=*/0,
+                                                  flat, numel * setup_.replicas));
+  if (setup_.replica != 0) return out;
+  for (int r = 0; r < setup_.replicas; ++r) add(r, all.data() + r * numel);
+  return out;
 }
 
 std::vector<const Parameter*> StageRuntime::FeedbackParameters() const {
@@ -724,6 +785,7 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
   std::vector<Copy> copies;
   std::map<std::string, AdamWMoments> moments;
   std::map<std::string, PowerSgdAllReduceState> feedback;
+  std::vector<const LinkWarmStart*> links;  // in the backward units' files
   for (const auto& [index, unit] : units_) {
     auto found = by_unit.find(index);
     if (found == by_unit.end()) {
@@ -765,6 +827,9 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
       copies.push_back({ThisRanksPart(v.tensor, shard), &params[i]->value});
     }
     if (backward) RETURN_IF_ERROR(RestoreFeedback(index, state, params, &feedback));
+    if (backward) {
+      for (const LinkWarmStart& link : state.link_warm_q) links.push_back(&link);
+    }
   }
   for (const Copy& c : copies) {
     if (c.to->on_device()) {
@@ -776,6 +841,16 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
   optimizer_.moments() = std::move(moments);
   optimizer_.set_steps_taken(optimizer_steps);
   dp_feedback_ = std::move(feedback);
+  // The links' warm starts of replica r mod (the checkpoint's replicas): on
+  // the same layout each link gets its own back.
+  int replicas = 0;
+  for (const LinkWarmStart* link : links) replicas = std::max(replicas, link->replica + 1);
+  for (const LinkWarmStart* link : links) {
+    if (link->replica != setup_.replica % replicas) continue;
+    const LinkCompressor::LinkKey key{link->peer, link->kind, link->unit};
+    encoder_.SetWarmStart(key, link->q.Clone());
+    device_encoder_.SetWarmStart(key, link->q.Clone());
+  }
   return setup_.backend->status();
 }
 

@@ -276,10 +276,18 @@ class StageRuntime {
   // replica calls it: each sends its error feedback (its residuals per
   // parameter) to replica 0 first, whose snapshot holds them all
   // (UnitState::feedback) with PowerSGD's warm starts; the others get a
-  // snapshot with no units. Errors: the collective's, or the backend's.
+  // snapshot with no units. A stage whose sends go through PowerSGD keeps
+  // its links' warm starts in its first backward unit's state
+  // (UnitState::link_warm_q), every replica's, gathered to replica 0 as the
+  // feedback is; with tensor ranks, rank 0's (1-D ranks send the same
+  // replicated tensors, so their warm starts agree; a 3-D cube's ranks send
+  // blocks of their own, whose warm starts are not kept: Restore gives
+  // them rank 0's). A stage with no backward unit has no file to keep them
+  // in. Errors: the collective's, or the backend's.
   absl::StatusOr<StageSnapshot> Snapshot(int64_t step);
   // Whether every replica of this stage must call Snapshot, not only
-  // replica 0: it has replicas and compresses their all-reduce.
+  // replica 0: it has replicas and compresses their all-reduce, or sends
+  // through PowerSGD.
   bool SnapshotsEveryReplica() const;
   // Sets every unit this stage holds (forward and backward) to the values in
   // `units` (unsplit tensors, as Snapshot gives them), and the AdamW moments
@@ -292,7 +300,11 @@ class StageRuntime {
   // stage's replica r as the sum over the replicas i = r mod replicas, in
   // the order of i: on the same layout each replica gets its own back
   // (bitwise the state of a run that never stopped), on another the total
-  // is kept; PowerSGD's warm starts too when their shape fits.
+  // is kept; PowerSGD's warm starts too when their shape fits. The links'
+  // warm starts in the backward units' states (UnitState::link_warm_q) of
+  // the checkpoint's replica r mod its replicas go to this replica r's
+  // links of the same key (peer stage, tensor kind, unit), where a link's
+  // first send takes one whose shape fits.
   absl::Status Restore(const std::vector<UnitState>& units, int64_t optimizer_steps);
   // What the runtime is doing now, e.g. "recv ACTIVATION unit 3 mb 1 from stage 0".
   std::string current_instruction() const;
@@ -373,6 +385,12 @@ class StageRuntime {
   // The backward units' parameters (each once) that have error feedback
   // (dp_feedback_), in parameters() order: the same on every replica.
   std::vector<const Parameter*> FeedbackParameters() const;
+  // This stage's pipeline links' PowerSGD warm starts for a checkpoint
+  // (Snapshot): nothing without PowerSGD sends or on a tensor rank other
+  // than 0; with SnapshotsEveryReplica every replica's, gathered to replica
+  // 0 (a collective of this stage's replicas, message (step,
+  // kLinkWarmStartCheckpointTag)), the others get none; else this one's.
+  absl::StatusOr<std::vector<LinkWarmStart>> LinkWarmStarts(int64_t step);
   // Every replica's residuals of `held` (FeedbackParameters), concatenated,
   // gathered to replica 0 (a collective of this stage's replicas at this
   // tensor rank, message (step, kFeedbackCheckpointTag)): replica 0 gets
@@ -447,6 +465,9 @@ class StageRuntime {
   LinkCompressor decoder_;
   // Sends the backend encodes on its device (the interpreter's thread).
   DeviceLinkEncoder device_encoder_;
+  // Whether the program sends a tensor through PowerSGD (whose links keep
+  // warm starts that checkpoints save).
+  bool links_through_powersgd_ = false;
   int64_t iteration_ = 0;
   // Program facts, computed once: units whose outputs the program reads
   // after the forward pass (sends, recompute inputs), and per instruction

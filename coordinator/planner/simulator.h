@@ -164,8 +164,7 @@ double AllReduceBytes(const Range& units, const SimulationCosts& costs);
 // link.bandwidth_bytes_per_second; else the ring's 2(D-1) *
 // link.latency_seconds + 2(D-1)/D * bytes / link.bandwidth_bytes_per_second
 // (the bytes term 0 for bandwidth <= 0). A quantized all-reduce
-// (AllReduceEncoded) takes the ring's two rounds also for 2 replicas: one
-// latency more than this counts.
+// (AllReduceEncoded) runs so too.
 double AllReduceSeconds(int replicas, double bytes, const LinkParameters& link);
 
 // The messages each member sends in an exact all-reduce over `replicas`

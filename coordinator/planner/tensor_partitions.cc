@@ -9,10 +9,9 @@ namespace pipetrain {
 
 namespace {
 
-// Eq. 3 for the group's all-reduce as Collectives::AllReduce runs it: the
-// ring, or for two ranks one exchange (recursive doubling's c1 = c2 = 1).
-// A sum compressed with a codec (AllReduceEncoded) takes the ring's two
-// rounds also for two ranks: one latency more than counted here.
+// Eq. 3 for the group's all-reduce as Collectives::AllReduce (and
+// AllReduceEncoded, compressed) runs it: the ring, or for two ranks one
+// exchange (recursive doubling's c1 = c2 = 1).
 AllReduceModel RuntimeModel(int tensor, double bandwidth_bytes_per_second, double latency_seconds) {
   AllReduceModel model;
   model.alpha_seconds = latency_seconds;

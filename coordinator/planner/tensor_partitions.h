@@ -10,8 +10,8 @@
 //     divides the unit's FLOPs by T; a partition does 1/K of the samples),
 //   all-reduce of one micro-partition: eq. 3 for activation_bytes / K over
 //     a ring of T (T = 2: one exchange, c1 = c2 = 1, as
-//     Collectives::AllReduce runs two ranks; a codec's two rounds there
-//     are counted as one) with alpha = the link's latency, beta = 1 / bandwidth,
+//     Collectives::AllReduce and AllReduceEncoded run two ranks) with
+//     alpha = the link's latency, beta = 1 / bandwidth,
 //     the bytes times `block_wire_fraction` (what AccTFM's hybrid
 //     compression sends of the fp32 size, TensorParallelWireFraction; 1
 //     when exact; the token scores' small all-reduce is not modelled).

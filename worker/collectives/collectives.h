@@ -130,13 +130,19 @@ class Collectives {
   // chunk c has arrived, so the two phases overlap on the links rather
   // than the second waiting for the whole first. Empty segments send
   // nothing.
+  // Two members exchange once instead, as AccTFM's recursive doubling does
+  // (acctfm.txt §5 runs its compressed all-reduce so): each encodes its
+  // whole tensor in chunks of whole rows (cut as above, over all rows) and
+  // sends them, and both sum the two decoded contributions in member order
+  // (x0^ + x1^, the same bits on both): the sum of the quantized
+  // contributions, not quantized again, in one round of the same bytes.
   // Payloads are checked on receipt: an unencoded message, another codec, or
   // a shape other than the segment's is INTERNAL naming the member (a peer
   // that runs other collectives), a payload the codec rejects
   // INVALID_ARGUMENT. Stats (may be null, which spares two passes over the
   // data): this call's payload bytes sent, and the squared L2 norms of this
   // member's contribution and of its coding error (decode(encode(x)) - x
-  // over all its segments).
+  // over all its segments, or chunks).
   // `coding_error` (may be null) gets, element by element, this member's
   // contribution minus what the codec let through of it (x -
   // decode(encode(x)), segment by segment as sent): the residual error

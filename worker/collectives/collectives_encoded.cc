@@ -95,13 +95,60 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     return DecodeWireTensorWith(codec, wire, Describe(tag));
   };
 
+  // This member's chunk of rows [begin, end): encoded, its coding error
+  // counted (decoded here as the receiver will decode it); the decoded
+  // chunk returned with the payload.
+  const auto encode = [&](const Tensor& chunk,
+                          int64_t begin) -> absl::StatusOr<std::pair<std::string, Tensor>> {
+    ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(chunk, nullptr), Describe(tag)));
+    ASSIGN_OR_RETURN(Tensor decoded, Annotated(codec.Decode(payload), Describe(tag)));
+    if (stats != nullptr) {  // only who asks pays for the two passes
+      local.norm_squared += SquaredNorm(chunk.data(), chunk.numel());
+      local.error_squared += SquaredDistance(chunk.data(), decoded.data(), chunk.numel());
+    }
+    if (coding_error != nullptr) {
+      float* error = coding_error->data() + begin * width;
+      for (int64_t i = 0; i < chunk.numel(); ++i) error[i] = chunk.data()[i] - decoded.data()[i];
+    }
+    return std::make_pair(std::move(payload), std::move(decoded));
+  };
+  if (coding_error != nullptr) *coding_error = Tensor::Zeros(data.shape());
+  // Chunks are views of `data` (rows [begin, end) of [rows, width]).
+  const Tensor matrix = data.Reshape({rows, width});
+
+  if (n == 2) {
+    // One exchange: every chunk of the whole tensor to the other member,
+    // then each chunk summed from the two decoded contributions.
+    const int other = 1 - rank_;
+    std::vector<Tensor> own;
+    for (int64_t begin = 0; begin < rows; begin += chunk_rows) {
+      const int64_t end = std::min(rows, begin + chunk_rows);
+      ASSIGN_OR_RETURN(auto coded, encode(matrix.Slice(begin, end), begin));
+      RETURN_IF_ERROR(send(other, std::move(coded.first), Shape{end - begin, width}));
+      own.push_back(std::move(coded.second));
+    }
+    for (int64_t begin = 0, c = 0; begin < rows; begin += chunk_rows, ++c) {
+      const int64_t end = std::min(rows, begin + chunk_rows);
+      ASSIGN_OR_RETURN(const Tensor theirs, receive(other, Shape{end - begin, width}));
+      const Tensor& mine = own[static_cast<size_t>(c)];
+      if (theirs.numel() != mine.numel()) {
+        return absl::InternalError(absl::StrCat(Describe(tag), ": member ", other, " sent ",
+                                                theirs.numel(), " values where ", mine.numel(),
+                                                " were due"));
+      }
+      const float* parts[2] = {rank_ == 0 ? mine.data() : theirs.data(),
+                               rank_ == 0 ? theirs.data() : mine.data()};
+      float* out = data.data() + begin * width;
+      for (int64_t i = 0; i < mine.numel(); ++i) out[i] = parts[0][i] + parts[1][i];
+    }
+    if (stats != nullptr) *stats = local;
+    return absl::OkStatus();
+  }
+
   // Phase 1: every member's segment s to member s, encoded chunk by chunk
   // (chunk c to every member before chunk c + 1); this member's own
   // segment through the codec as well. All of it is encoded before phase 2
   // writes `data`.
-  if (coding_error != nullptr) *coding_error = Tensor::Zeros(data.shape());
-  // Chunks are views of `data` (rows [begin, end) of [rows, width]).
-  const Tensor matrix = data.Reshape({rows, width});
   int64_t most_chunks = 0;
   for (int s = 0; s < n; ++s) most_chunks = std::max(most_chunks, chunks_of(s));
   std::vector<Tensor> own_contribution(static_cast<size_t>(chunks_of(rank_)));
@@ -110,23 +157,11 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
       const int to = (rank_ + k) % n;
       if (c >= chunks_of(to)) continue;
       const auto [begin, end] = chunk_range(to, c);
-      const Tensor chunk = matrix.Slice(begin, end);
-      ASSIGN_OR_RETURN(std::string payload, Annotated(codec.Encode(chunk, nullptr), Describe(tag)));
-      // This member's coding error: its payloads decoded here as the
-      // receiver will decode them.
-      ASSIGN_OR_RETURN(Tensor decoded, Annotated(codec.Decode(payload), Describe(tag)));
-      if (stats != nullptr) {  // only who asks pays for the two passes
-        local.norm_squared += SquaredNorm(chunk.data(), chunk.numel());
-        local.error_squared += SquaredDistance(chunk.data(), decoded.data(), chunk.numel());
-      }
-      if (coding_error != nullptr) {
-        float* error = coding_error->data() + begin * width;
-        for (int64_t i = 0; i < chunk.numel(); ++i) error[i] = chunk.data()[i] - decoded.data()[i];
-      }
+      ASSIGN_OR_RETURN(auto coded, encode(matrix.Slice(begin, end), begin));
       if (to == rank_) {
-        own_contribution[static_cast<size_t>(c)] = std::move(decoded);
+        own_contribution[static_cast<size_t>(c)] = std::move(coded.second);
       } else {
-        RETURN_IF_ERROR(send(to, std::move(payload), chunk_shape(to, c)));
+        RETURN_IF_ERROR(send(to, std::move(coded.first), chunk_shape(to, c)));
       }
     }
   }

@@ -380,10 +380,17 @@ EncodedRun RunEncoded(int n, int64_t rows, bool integers, const Codec& codec,
 
 // The payload bytes member r sends: phase 1, every other member's segment
 // once; phase 2, its own summed segment to each of the n - 1 others; each
-// segment in chunks of at most `chunk_rows` rows of 16 values.
+// segment in chunks of at most `chunk_rows` rows of 16 values. Two members
+// exchange: each sends its whole tensor once, in such chunks.
 int64_t ExpectedEncodedBytes(const Codec& codec, int64_t rows, int n, int r, int64_t chunk_rows) {
-  const auto bounds = Collectives::SegmentBounds(rows, n);
   int64_t expected = 0;
+  if (n == 2) {
+    for (int64_t b = 0; b < rows; b += chunk_rows) {
+      expected += codec.EncodedBytes({std::min<int64_t>(chunk_rows, rows - b), 16});
+    }
+    return expected;
+  }
+  const auto bounds = Collectives::SegmentBounds(rows, n);
   for (int s = 0; s < n; ++s) {
     for (int64_t b = bounds[s].first; b < bounds[s].second; b += chunk_rows) {
       const int64_t bytes =
@@ -448,6 +455,25 @@ TEST(CollectivesTest, EncodedAllReduce_LosslessCodec_ExactSumOnEveryRank_BytesCo
   std::unique_ptr<Codec> codec = MakeFp16Codec();
   for (int n : {2, 3, 4}) {
     ExpectExactFp16Sums(RunEncoded(n, 7, true, *codec, {}), *codec, n, 7, /*chunk_rows=*/7);
+  }
+}
+
+// Two members exchange once: each ends with its contribution and the
+// other's, each through the codec once, summed in member order, and not
+// quantized again (AccTFM's recursive doubling).
+TEST(CollectivesTest, EncodedAllReduce_TwoMembers_TheSumOfTheQuantizedContributions) {
+  std::unique_ptr<Codec> codec = *MakePiecewiseCodec(3);
+  const EncodedRun run = RunEncoded(2, 10, false, *codec, {});
+  std::vector<std::vector<float>> through(2);
+  for (int m = 0; m < 2; ++m) {
+    const Tensor x = Tensor::FromVector({10, 16}, EncodedInput(m, 10, false));
+    through[m] = (*codec->Decode(*codec->Encode(x, nullptr))).ToVector();
+  }
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(run.results[r].size(), through[0].size());
+    for (size_t i = 0; i < through[0].size(); ++i) {
+      ASSERT_EQ(run.results[r][i], through[0][i] + through[1][i]) << "rank " << r << " " << i;
+    }
   }
 }
 

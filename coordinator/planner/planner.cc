@@ -147,19 +147,22 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     ASSIGN_OR_RETURN(
         const double wire_fraction,
         TensorParallelWireFraction(r.tensor_compression, tokens, r.train.model.d_model));
+    // And its coding takes CPU time, as the profile measured the codec.
+    ASSIGN_OR_RETURN(const double coding,
+                     TensorParallelCodingSecondsPerByte(r.tensor_compression, profile));
     partitions_forward.assign(computed.units.size(), std::max(1, r.tensor_partitions));
     partitions_backward = partitions_forward;
     if (r.tensor_partitions == 0) {
       ASSIGN_OR_RETURN(TensorPartitionPlan chosen,
                        ChooseTensorPartitions(computed, tensor, cluster.bandwidth_bytes_per_second,
-                                              cluster.latency_seconds, wire_fraction));
+                                              cluster.latency_seconds, wire_fraction, coding));
       partitions_forward = chosen.forward;
       partitions_backward = chosen.backward;
     }
     ASSIGN_OR_RETURN(tensor_passes, TensorParallelUnitPasses(
                                         computed, tensor, partitions_forward, partitions_backward,
                                         cluster.bandwidth_bytes_per_second, cluster.latency_seconds,
-                                        wire_fraction));
+                                        wire_fraction, coding));
     planned = TensorParallelCostsOf(computed, tensor, tensor_passes);
   }
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));

@@ -39,6 +39,7 @@ double PartitionSeconds(const UnitProfile& unit, int k, bool forward, int tensor
 absl::StatusOr<AccTfmProblem> BlockUnitsProblem(const ModelProfile& profile, int tensor,
                                                 double bandwidth_bytes_per_second,
                                                 double latency_seconds, double block_wire_fraction,
+                                                double block_coding_seconds_per_byte,
                                                 std::vector<int>* layer_units) {
   const AllReduceModel model = RuntimeModel(tensor, bandwidth_bytes_per_second, latency_seconds);
   AccTfmProblem problem;
@@ -52,7 +53,8 @@ absl::StatusOr<AccTfmProblem> BlockUnitsProblem(const ModelProfile& profile, int
       layer.bwd_compute_seconds.push_back(PartitionSeconds(unit, k, false, tensor));
       ASSIGN_OR_RETURN(const double seconds,
                        AllReduceSeconds(model, unit.activation_bytes * block_wire_fraction / k));
-      layer.allreduce_seconds.push_back(seconds);
+      layer.allreduce_seconds.push_back(seconds +
+                                        block_coding_seconds_per_byte * unit.activation_bytes / k);
     }
     problem.layers.push_back(std::move(layer));
     layer_units->push_back(static_cast<int>(u));
@@ -111,18 +113,28 @@ absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64
   return compression.keep * encoded / fp32;
 }
 
+absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spec,
+                                                          const ModelProfile& profile) {
+  ASSIGN_OR_RETURN(TensorParallelCompression compression,
+                   MakeTensorParallelCompression(spec, "spec.parallelism.tensor_compression"));
+  if (compression.codec == nullptr) return 0.0;
+  return compression.keep * QuantizedAllReduceSecondsPerByte(profile, compression.codec->name());
+}
+
 absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& profile, int tensor,
                                                            double bandwidth_bytes_per_second,
                                                            double latency_seconds,
-                                                           double block_wire_fraction) {
+                                                           double block_wire_fraction,
+                                                           double block_coding_seconds_per_byte) {
   if (tensor < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("AccTFM partitions need a tensor-parallel group of 2 or more, got ", tensor));
   }
   std::vector<int> layer_units;  // the profile's index of each layer
-  ASSIGN_OR_RETURN(const AccTfmProblem problem,
-                   BlockUnitsProblem(profile, tensor, bandwidth_bytes_per_second, latency_seconds,
-                                     block_wire_fraction, &layer_units));
+  ASSIGN_OR_RETURN(
+      const AccTfmProblem problem,
+      BlockUnitsProblem(profile, tensor, bandwidth_bytes_per_second, latency_seconds,
+                        block_wire_fraction, block_coding_seconds_per_byte, &layer_units));
   if (problem.layers.empty()) {
     return absl::InvalidArgumentError("the profile has no attention or MLP unit to partition");
   }
@@ -141,10 +153,10 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
   const auto runtime_seconds =
       [&](const std::vector<int>& forward,
           const std::vector<int>& backward) -> absl::StatusOr<std::pair<double, double>> {
-    ASSIGN_OR_RETURN(
-        const std::vector<TensorParallelUnitLanes> passes,
-        TensorParallelUnitPasses(profile, tensor, forward, backward, bandwidth_bytes_per_second,
-                                 latency_seconds, block_wire_fraction));
+    ASSIGN_OR_RETURN(const std::vector<TensorParallelUnitLanes> passes,
+                     TensorParallelUnitPasses(profile, tensor, forward, backward,
+                                              bandwidth_bytes_per_second, latency_seconds,
+                                              block_wire_fraction, block_coding_seconds_per_byte));
     std::pair<double, double> sum{0, 0};
     for (int u : layer_units) {
       sum.first += PassSeconds(passes[u].forward);
@@ -175,7 +187,7 @@ absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& p
 absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
     const ModelProfile& profile, int tensor, const std::vector<int>& forward,
     const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
-    double block_wire_fraction) {
+    double block_wire_fraction, double block_coding_seconds_per_byte) {
   if (tensor < 2 || forward.size() != profile.units.size() ||
       backward.size() != profile.units.size()) {
     return absl::InvalidArgumentError(
@@ -202,6 +214,7 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
         pass->compute_seconds = k * PartitionSeconds(in, k, pass == &lanes.forward, tensor);
         ASSIGN_OR_RETURN(pass->all_reduce_seconds,
                          AllReduceSeconds(model, in.activation_bytes * block_wire_fraction / k));
+        pass->all_reduce_seconds += block_coding_seconds_per_byte * in.activation_bytes / k;
       }
     } else if (u == 0) {
       ASSIGN_OR_RETURN(lanes.forward.all_reduce_seconds,
@@ -218,9 +231,10 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
   // The block units stream into each other: charge each its share of the
   // run's timeline instead of its timeline alone.
   std::vector<int> layer_units;
-  ASSIGN_OR_RETURN(const AccTfmProblem problem,
-                   BlockUnitsProblem(profile, tensor, bandwidth_bytes_per_second, latency_seconds,
-                                     block_wire_fraction, &layer_units));
+  ASSIGN_OR_RETURN(
+      const AccTfmProblem problem,
+      BlockUnitsProblem(profile, tensor, bandwidth_bytes_per_second, latency_seconds,
+                        block_wire_fraction, block_coding_seconds_per_byte, &layer_units));
   if (problem.layers.empty()) return out;
   std::vector<int> forward_sizes, backward_sizes;
   for (int u : layer_units) {
@@ -238,16 +252,14 @@ absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
   return out;
 }
 
-absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile, int tensor,
-                                                     const std::vector<int>& forward,
-                                                     const std::vector<int>& backward,
-                                                     double bandwidth_bytes_per_second,
-                                                     double latency_seconds,
-                                                     double block_wire_fraction) {
-  ASSIGN_OR_RETURN(
-      const std::vector<TensorParallelUnitLanes> passes,
-      TensorParallelUnitPasses(profile, tensor, forward, backward, bandwidth_bytes_per_second,
-                               latency_seconds, block_wire_fraction));
+absl::StatusOr<ModelProfile> TensorParallelUnitCosts(
+    const ModelProfile& profile, int tensor, const std::vector<int>& forward,
+    const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
+    double block_wire_fraction, double block_coding_seconds_per_byte) {
+  ASSIGN_OR_RETURN(const std::vector<TensorParallelUnitLanes> passes,
+                   TensorParallelUnitPasses(profile, tensor, forward, backward,
+                                            bandwidth_bytes_per_second, latency_seconds,
+                                            block_wire_fraction, block_coding_seconds_per_byte));
   return TensorParallelCostsOf(profile, tensor, passes);
 }
 

@@ -58,10 +58,10 @@ struct TensorPartitionPlan {
 // INVALID_ARGUMENT when tensor < 2, the profile has no attention or MLP
 // unit (names "attn_*", "mlp_*"), or a cost is invalid (SolveAccTfm's
 // message). bandwidth 0 means unlimited.
-absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(const ModelProfile& profile, int tensor,
-                                                           double bandwidth_bytes_per_second,
-                                                           double latency_seconds,
-                                                           double block_wire_fraction = 1.0);
+absl::StatusOr<TensorPartitionPlan> ChooseTensorPartitions(
+    const ModelProfile& profile, int tensor, double bandwidth_bytes_per_second,
+    double latency_seconds, double block_wire_fraction = 1.0,
+    double block_coding_seconds_per_byte = 0.0);
 
 // Whether a profile's unit is an attention or MLP unit ("attn_*",
 // "mlp_*"), the units tensor parallelism splits and partitions.
@@ -74,12 +74,24 @@ bool IsTensorParallelBlockUnit(const UnitProfile& unit);
 absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64_t tokens,
                                                   int64_t d_model);
 
+// The CPU seconds AccTFM's hybrid compression `spec` spends coding an
+// attention or MLP all-reduce, per fp32 byte of the whole tensor: keep x
+// the profile's measured cost per byte of AllReduceEncoded through the
+// spec's codec (QuantizedAllReduceSecondsPerByte: its family's 8-bit one
+// when not measured itself); 0 without a codec (token top-k alone sums
+// the kept rows exactly) or without the profile's timings. The
+// all-reduces the costs below count end that much later. INVALID_ARGUMENT
+// for a spec jobs refuse.
+absl::StatusOr<double> TensorParallelCodingSecondsPerByte(const std::string& spec,
+                                                          const ModelProfile& profile);
+
 // The profile as one rank of a tensor-parallel group of `tensor` sees it,
 // for the planner and the simulator (the group is planned as one worker):
 // per unit the compute / T plus the all-reduces the rank waits for, each
 // by eq. 3 over a ring of T on the link (T = 2: one exchange):
 //   attention, MLP: K = forward[u] (backward[u]) partitions, the all-reduce
-//     of partition j (its bytes times block_wire_fraction) overlapping the
+//     of partition j (its bytes times block_wire_fraction, and its bytes
+//     times block_coding_seconds_per_byte of coding) overlapping the
 //     compute of j + 1 and, as the runtime streams partitions from one
 //     block unit into the next, the next unit's first partitions: all block
 //     units together are acctfm.h's timeline (EvaluateSizes), and each is
@@ -105,14 +117,12 @@ absl::StatusOr<double> TensorParallelWireFraction(const std::string& spec, int64
 absl::StatusOr<std::vector<TensorParallelUnitLanes>> TensorParallelUnitPasses(
     const ModelProfile& profile, int tensor, const std::vector<int>& forward,
     const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
-    double block_wire_fraction = 1.0);
+    double block_wire_fraction = 1.0, double block_coding_seconds_per_byte = 0.0);
 
-absl::StatusOr<ModelProfile> TensorParallelUnitCosts(const ModelProfile& profile, int tensor,
-                                                     const std::vector<int>& forward,
-                                                     const std::vector<int>& backward,
-                                                     double bandwidth_bytes_per_second,
-                                                     double latency_seconds,
-                                                     double block_wire_fraction = 1.0);
+absl::StatusOr<ModelProfile> TensorParallelUnitCosts(
+    const ModelProfile& profile, int tensor, const std::vector<int>& forward,
+    const std::vector<int>& backward, double bandwidth_bytes_per_second, double latency_seconds,
+    double block_wire_fraction = 1.0, double block_coding_seconds_per_byte = 0.0);
 
 // TensorParallelUnitCosts from passes TensorParallelUnitPasses computed (one
 // per unit of `profile`, checked by the caller): each unit's weights / T and

@@ -131,6 +131,42 @@ TEST(TensorParallelUnitCostsTest, CompressedBlocks_PayTheirWireFraction) {
             ChooseTensorPartitions(p, 2, 1e9, 0).value().solution.forward.plan.seconds);
 }
 
+// The hybrid compression's coding: keep x the profile's measured cost per
+// byte of the codec (its family's 8-bit entry for piecewise:bits=4), added
+// to each block all-reduce for its bytes; none without a codec or timings.
+TEST(TensorParallelUnitCostsTest, CompressedBlocks_PayTheirCoding) {
+  ModelProfile p = Profile(0.01, 8e6);
+  EXPECT_EQ(TensorParallelCodingSecondsPerByte("token_topk:keep=0.5+piecewise:bits=4", p).value(),
+            0.0);  // not measured
+  p.codec_all_reduce_seconds_per_byte["piecewise:bits=8"] = 2e-9;
+  EXPECT_DOUBLE_EQ(
+      TensorParallelCodingSecondsPerByte("token_topk:keep=0.5+piecewise:bits=4", p).value(), 1e-9);
+  EXPECT_DOUBLE_EQ(TensorParallelCodingSecondsPerByte("piecewise:bits=3", p).value(), 2e-9);
+  EXPECT_EQ(TensorParallelCodingSecondsPerByte("token_topk:keep=0.5", p).value(), 0.0);
+  EXPECT_EQ(TensorParallelCodingSecondsPerByte("none", p).value(), 0.0);
+  EXPECT_EQ(TensorParallelCodingSecondsPerByte("powersgd:rank=2", p).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // 1e-9 s per byte of 8 MB: 8 ms more on each block all-reduce (halved
+  // per partition with 2), none on the embedding's and the head's.
+  const std::vector<int> whole(6, 1), halves = {1, 2, 2, 2, 2, 1};
+  const auto passes = [&](double coding, const std::vector<int>& k) {
+    return TensorParallelUnitPasses(p, 2, k, k, 1e9, 0, 0.25, coding).value();
+  };
+  const auto plain = passes(0, whole), coded = passes(1e-9, whole);
+  EXPECT_NEAR(coded[1].forward.all_reduce_seconds - plain[1].forward.all_reduce_seconds, 0.008,
+              1e-12);
+  EXPECT_NEAR(coded[2].backward.all_reduce_seconds - plain[2].backward.all_reduce_seconds, 0.008,
+              1e-12);
+  EXPECT_EQ(coded[0].forward.all_reduce_seconds, plain[0].forward.all_reduce_seconds);
+  EXPECT_EQ(coded[5].backward.all_reduce_seconds, plain[5].backward.all_reduce_seconds);
+  EXPECT_NEAR(passes(1e-9, halves)[1].forward.all_reduce_seconds -
+                  passes(0, halves)[1].forward.all_reduce_seconds,
+              0.004, 1e-12);
+  // Alg. 1 sees the coding too.
+  EXPECT_GT(ChooseTensorPartitions(p, 2, 1e9, 0, 0.25, 1e-9).value().solution.forward.plan.seconds,
+            ChooseTensorPartitions(p, 2, 1e9, 0, 0.25).value().solution.forward.plan.seconds);
+}
+
 // Measured partition timings replace compute / K: a unit whose quarters
 // cost as much as its whole (a GEMM too small to use the machine) is not
 // split in four, however long its all-reduce.

@@ -655,10 +655,8 @@ absl::StatusOr<std::vector<LinkWarmStart>> StageRuntime::LinkWarmStarts(int64_t 
   // Every replica's, gathered to replica 0: the same links and shapes on
   // each (the same program), so replica 0 cuts them by its own.
   if (transport_ == nullptr) return Internal("data parallelism needs a transport");
-  std::vector<int> copies;
-  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
   Collectives collectives(
-      transport_, CollectiveGroup{copies, setup_.job_id},
+      transport_, ReplicaGroup(),
       CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
   RETURN_IF_ERROR(collectives.status());
   ASSIGN_OR_RETURN(Tensor all, collectives.Gather(step, kLinkWarmStartCheckpointTag, /*root=*/0,
@@ -666,6 +664,12 @@ absl::StatusOr<std::vector<LinkWarmStart>> StageRuntime::LinkWarmStarts(int64_t 
   if (setup_.replica != 0) return out;
   for (int r = 0; r < setup_.replicas; ++r) add(r, all.data() + r * numel);
   return out;
+}
+
+CollectiveGroup StageRuntime::ReplicaGroup() const {
+  CollectiveGroup group{{}, setup_.job_id};
+  for (int r = 0; r < setup_.replicas; ++r) group.members.push_back(GlobalWorker(r, setup_.stage));
+  return group;
 }
 
 std::vector<const Parameter*> StageRuntime::FeedbackParameters() const {
@@ -691,10 +695,8 @@ absl::StatusOr<std::vector<Tensor>> StageRuntime::GatherReplicaFeedback(
     std::memcpy(mine.data() + offset, e.data(), e.size_bytes());
     offset += e.numel();
   }
-  std::vector<int> copies;
-  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
   Collectives collectives(
-      transport_, CollectiveGroup{copies, setup_.job_id},
+      transport_, ReplicaGroup(),
       CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
   RETURN_IF_ERROR(collectives.status());
   std::vector<Tensor> by_replica;
@@ -1455,9 +1457,8 @@ absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResul
     return Internal(
         absl::StrCat(result->micro_batch_losses.size(), " losses for ", share, " micro-batches"));
   }
-  std::vector<int> copies;  // replica order: the gather is in the step's micro-batch order
-  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
-  Collectives collectives(transport_, CollectiveGroup{copies, setup_.job_id},
+  // Replica order: the gather is in the step's micro-batch order.
+  Collectives collectives(transport_, ReplicaGroup(),
                           CollectiveOptions{int64_t{1} << 20, 0, setup_.recv_timeout});
   RETURN_IF_ERROR(collectives.status());
   const auto start = Clock::now();
@@ -1501,8 +1502,7 @@ absl::Status StageRuntime::FlushBucket() {
   bucket_numel_ = 0;
   group_stats_.push_back(std::make_unique<IterationResult::CollectiveStats>());
   IterationResult::CollectiveStats* stats = group_stats_.back().get();
-  std::vector<int> copies;
-  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
+  const CollectiveGroup replicas = ReplicaGroup();
   const int64_t iteration = iteration_;
   // Every replica fills the same buckets in the same order (same program),
   // so the tags and the residual's slot agree across them.
@@ -1510,9 +1510,9 @@ absl::Status StageRuntime::FlushBucket() {
   overlap_tags_used_ += GroupTags(params);
   const int bucket = buckets_queued_++;
   return all_reduces_.Enqueue(
-      [this, params, stats, copies, iteration, tag, bucket]() -> absl::Status {
+      [this, params, stats, replicas, iteration, tag, bucket]() -> absl::Status {
         Collectives collectives(
-            transport_, CollectiveGroup{copies, setup_.job_id},
+            transport_, replicas,
             CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
         RETURN_IF_ERROR(collectives.status());
         // The bucket's residuals are this thread's alone: the interpreter
@@ -1640,10 +1640,8 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
   RETURN_IF_ERROR(FlushBucket());  // the last, partly filled bucket
   RETURN_IF_ERROR(all_reduces_.Drain());
   if (transport_ == nullptr) return Internal("data parallelism needs a transport");
-  std::vector<int> copies;  // the replicas' copies of this stage, in replica order
-  for (int r = 0; r < setup_.replicas; ++r) copies.push_back(GlobalWorker(r, setup_.stage));
   Collectives collectives(
-      transport_, CollectiveGroup{copies, setup_.job_id},
+      transport_, ReplicaGroup(),
       CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
   RETURN_IF_ERROR(collectives.status());
   Parameter* tied = TiedHolder();

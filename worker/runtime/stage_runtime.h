@@ -382,6 +382,9 @@ class StageRuntime {
   // Tensor. A collective of the tensor ranks.
   absl::StatusOr<Tensor> GatherWarmStarts(int64_t step, int tag, const Tensor& q,
                                           const ParameterShard& shard);
+  // This stage's copies in every replica (at this tensor rank), in replica
+  // order: the group of the data-parallel collectives.
+  CollectiveGroup ReplicaGroup() const;
   // The backward units' parameters (each once) that have error feedback
   // (dp_feedback_), in parameters() order: the same on every replica.
   std::vector<const Parameter*> FeedbackParameters() const;

@@ -65,6 +65,20 @@ bool SendsThroughPowerSgd(const v1::Program& program) {
 
 using Clock = std::chrono::steady_clock;
 
+// `parts`' values one after another (host tensors), as one flat tensor: what
+// a checkpoint's gather over the replicas sends.
+Tensor Concatenated(const std::vector<const Tensor*>& parts) {
+  int64_t numel = 0;
+  for (const Tensor* t : parts) numel += t->numel();
+  Tensor flat = Tensor::Zeros({numel});
+  int64_t offset = 0;
+  for (const Tensor* t : parts) {
+    std::memcpy(flat.data() + offset, t->data(), t->size_bytes());
+    offset += t->numel();
+  }
+  return flat;
+}
+
 // A checkpoint holds unsplit tensors (Snapshot): the shape of `p`'s there,
 // and this rank's part of one, cut as the initialisation cuts it
 // (SliceShard); a copy when `shard` splits nothing.
@@ -631,30 +645,19 @@ absl::StatusOr<std::vector<LinkWarmStart>> StageRuntime::LinkWarmStarts(int64_t 
   // This replica's, the device path's where a link took it.
   std::map<LinkCompressor::LinkKey, Tensor> mine = encoder_.WarmStarts();
   for (auto& [key, q] : device_encoder_.WarmStarts()) mine[key] = std::move(q);
-  int64_t numel = 0;
-  for (const auto& [key, q] : mine) numel += q.numel();
-  Tensor flat = Tensor::Zeros({numel});
-  int64_t offset = 0;
-  for (const auto& [key, q] : mine) {
-    std::memcpy(flat.data() + offset, q.data(), q.size_bytes());
-    offset += q.numel();
-  }
-  // Replica `replica`'s warm starts from `values`, cut as `mine`.
-  const auto add = [&out, &mine](int replica, const float* values) {
-    for (const auto& [key, q] : mine) {
-      Tensor copy = Tensor::Zeros(q.shape());
-      std::memcpy(copy.data(), values, q.size_bytes());
-      values += q.numel();
-      out.push_back({replica, std::get<0>(key), std::get<1>(key), std::get<2>(key), copy});
-    }
-  };
   if (!SnapshotsEveryReplica()) {
-    add(setup_.replica, flat.data());
+    for (auto& [key, q] : mine) {
+      out.push_back({setup_.replica, std::get<0>(key), std::get<1>(key), std::get<2>(key), q});
+    }
     return out;
   }
   // Every replica's, gathered to replica 0: the same links and shapes on
   // each (the same program), so replica 0 cuts them by its own.
   if (transport_ == nullptr) return Internal("data parallelism needs a transport");
+  std::vector<const Tensor*> parts;
+  for (const auto& [key, q] : mine) parts.push_back(&q);
+  const Tensor flat = Concatenated(parts);
+  const int64_t numel = flat.numel();
   Collectives collectives(
       transport_, ReplicaGroup(),
       CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
@@ -662,7 +665,15 @@ absl::StatusOr<std::vector<LinkWarmStart>> StageRuntime::LinkWarmStarts(int64_t 
   ASSIGN_OR_RETURN(Tensor all, collectives.Gather(step, kLinkWarmStartCheckpointTag, /*root=*/0,
                                                   flat, numel * setup_.replicas));
   if (setup_.replica != 0) return out;
-  for (int r = 0; r < setup_.replicas; ++r) add(r, all.data() + r * numel);
+  for (int r = 0; r < setup_.replicas; ++r) {
+    const float* values = all.data() + r * numel;
+    for (const auto& [key, q] : mine) {
+      Tensor copy = Tensor::Zeros(q.shape());
+      std::memcpy(copy.data(), values, q.size_bytes());
+      values += q.numel();
+      out.push_back({r, std::get<0>(key), std::get<1>(key), std::get<2>(key), copy});
+    }
+  }
   return out;
 }
 
@@ -686,15 +697,10 @@ std::vector<const Parameter*> StageRuntime::FeedbackParameters() const {
 absl::StatusOr<std::vector<Tensor>> StageRuntime::GatherReplicaFeedback(
     int64_t step, const std::vector<const Parameter*>& held) {
   if (transport_ == nullptr) return Internal("data parallelism needs a transport");
-  int64_t numel = 0;
-  for (const Parameter* p : held) numel += p->value.numel();
-  Tensor mine = Tensor::Zeros({numel});
-  int64_t offset = 0;
-  for (const Parameter* p : held) {
-    const Tensor& e = dp_feedback_.at(p->name).residual;
-    std::memcpy(mine.data() + offset, e.data(), e.size_bytes());
-    offset += e.numel();
-  }
+  std::vector<const Tensor*> residuals;
+  for (const Parameter* p : held) residuals.push_back(&dp_feedback_.at(p->name).residual);
+  Tensor mine = Concatenated(residuals);
+  const int64_t numel = mine.numel();
   Collectives collectives(
       transport_, ReplicaGroup(),
       CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
@@ -828,8 +834,8 @@ absl::Status StageRuntime::Restore(const std::vector<UnitState>& units, int64_t 
       }
       copies.push_back({ThisRanksPart(v.tensor, shard), &params[i]->value});
     }
-    if (backward) RETURN_IF_ERROR(RestoreFeedback(index, state, params, &feedback));
     if (backward) {
+      RETURN_IF_ERROR(RestoreFeedback(index, state, params, &feedback));
       for (const LinkWarmStart& link : state.link_warm_q) links.push_back(&link);
     }
   }

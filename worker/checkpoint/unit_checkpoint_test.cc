@@ -41,19 +41,25 @@ class UnitCheckpointTest : public ::testing::Test {
     mkdir(root_.c_str(), 0700);
     id_ = {"job-t-1", TinyModel(), 7};
   }
-  // Writes units 0..3 (the whole tiny model) at step 5 and returns the
-  // checkpoint as the coordinator would record it.
-  v1::ResumeFrom WriteAll() {
-    StageSnapshot snapshot{5, 5, {}};
-    for (int u = 0; u < NumUnits(TinyModel()); ++u) snapshot.units.push_back(MakeUnit(u, u, true));
+  // Writes `units` at step 5 under `dir` and returns the checkpoint as the
+  // coordinator would record it.
+  v1::ResumeFrom Write(const std::vector<UnitState>& units, const std::string& dir) {
     absl::StatusOr<std::vector<v1::UnitFile>> files =
-        WriteStageCheckpoint(root_, "ck/job-t-1", snapshot, id_);
+        WriteStageCheckpoint(root_, dir, StageSnapshot{5, 5, units}, id_);
     EXPECT_TRUE(files.ok()) << files.status();
     v1::ResumeFrom from;
     from.set_step(5);
-    from.set_dir(absl::StrCat("ck/job-t-1/", StepDirName(5)));
-    for (const v1::UnitFile& f : *files) *from.add_units() = f;
+    from.set_dir(absl::StrCat(dir, "/", StepDirName(5)));
+    if (files.ok()) {
+      for (const v1::UnitFile& f : *files) *from.add_units() = f;
+    }
     return from;
+  }
+  // Units 0..3 (the whole tiny model), as Write.
+  v1::ResumeFrom WriteAll() {
+    std::vector<UnitState> units;
+    for (int u = 0; u < NumUnits(TinyModel()); ++u) units.push_back(MakeUnit(u, u, true));
+    return Write(units, "ck/job-t-1");
   }
   std::string PathOf(const v1::ResumeFrom& from, int unit) {
     return absl::StrCat(root_, "/", from.dir(), "/", from.units(unit).file());
@@ -109,13 +115,10 @@ UnitState WithFeedback(int replicas) {
 TEST_F(UnitCheckpointTest, RoundTripsEveryReplicasErrorFeedbackAndWarmStarts) {
   const UnitState want = WithFeedback(3);
   ASSERT_EQ(want.feedback[0].size(), 2u);  // c_attn and c_proj
-  absl::StatusOr<std::vector<v1::UnitFile>> files =
-      WriteStageCheckpoint(root_, "fb", StageSnapshot{5, 5, {want}}, id_);
-  ASSERT_TRUE(files.ok()) << files.status();
-  v1::ResumeFrom from;
-  from.set_step(5);
-  from.set_dir(absl::StrCat("fb/", StepDirName(5)));
-  absl::StatusOr<UnitState> read = ReadUnitCheckpoint(root_, from, (*files)[0], id_, true, nullptr);
+  const v1::ResumeFrom from = Write({want}, "fb");
+  ASSERT_EQ(from.units_size(), 1);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr);
   ASSERT_TRUE(read.ok()) << read.status();
   ASSERT_EQ(read->feedback.size(), 3u);
   for (size_t r = 0; r < 3; ++r) {
@@ -131,7 +134,7 @@ TEST_F(UnitCheckpointTest, RoundTripsEveryReplicasErrorFeedbackAndWarmStarts) {
   EXPECT_EQ(read->warm_q_ranks[0].tensor.shape(), (Shape{2, 8, 2}));
   EXPECT_EQ(read->warm_q_ranks[0].tensor.ToVector(), want.warm_q_ranks[0].tensor.ToVector());
   // Loading weights only (a forward unit) leaves the feedback out.
-  read = ReadUnitCheckpoint(root_, from, (*files)[0], id_, /*with_moments=*/false, nullptr);
+  read = ReadUnitCheckpoint(root_, from, from.units(0), id_, /*with_moments=*/false, nullptr);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_TRUE(read->feedback.empty());
   EXPECT_TRUE(read->warm_q.empty());
@@ -163,14 +166,10 @@ TEST_F(UnitCheckpointTest, InconsistentErrorFeedback_IsDataLoss) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     const std::string dir = "bad-" + std::to_string(&c - cases.data());
-    absl::StatusOr<std::vector<v1::UnitFile>> files =
-        WriteStageCheckpoint(root_, dir, StageSnapshot{5, 5, {c.state}}, id_);
-    ASSERT_TRUE(files.ok()) << files.status();
-    v1::ResumeFrom from;
-    from.set_step(5);
-    from.set_dir(absl::StrCat(dir, "/", StepDirName(5)));
+    const v1::ResumeFrom from = Write({c.state}, dir);
+    ASSERT_EQ(from.units_size(), 1);
     absl::StatusOr<UnitState> read =
-        ReadUnitCheckpoint(root_, from, (*files)[0], id_, true, nullptr);
+        ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr);
     EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
     EXPECT_NE(read.status().message().find(c.expected), std::string::npos) << read.status();
     EXPECT_NE(read.status().message().find("unit-0001"), std::string::npos) << read.status();
@@ -191,13 +190,10 @@ UnitState WithLinks() {
 
 TEST_F(UnitCheckpointTest, RoundTripsEveryReplicasLinkWarmStarts) {
   const UnitState want = WithLinks();
-  absl::StatusOr<std::vector<v1::UnitFile>> files =
-      WriteStageCheckpoint(root_, "links", StageSnapshot{5, 5, {want}}, id_);
-  ASSERT_TRUE(files.ok()) << files.status();
-  v1::ResumeFrom from;
-  from.set_step(5);
-  from.set_dir(absl::StrCat("links/", StepDirName(5)));
-  absl::StatusOr<UnitState> read = ReadUnitCheckpoint(root_, from, (*files)[0], id_, true, nullptr);
+  const v1::ResumeFrom from = Write({want}, "links");
+  ASSERT_EQ(from.units_size(), 1);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr);
   ASSERT_TRUE(read.ok()) << read.status();
   ASSERT_EQ(read->link_warm_q.size(), 4u);
   for (const LinkWarmStart& w : want.link_warm_q) {
@@ -213,7 +209,7 @@ TEST_F(UnitCheckpointTest, RoundTripsEveryReplicasLinkWarmStarts) {
     EXPECT_TRUE(found) << "replica " << w.replica << " peer " << w.peer << " kind " << w.kind;
   }
   // Loading weights only (a forward unit) leaves them out.
-  read = ReadUnitCheckpoint(root_, from, (*files)[0], id_, /*with_moments=*/false, nullptr);
+  read = ReadUnitCheckpoint(root_, from, from.units(0), id_, /*with_moments=*/false, nullptr);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_TRUE(read->link_warm_q.empty());
 }
@@ -242,14 +238,10 @@ TEST_F(UnitCheckpointTest, LinkWarmStartOutOfBounds_IsDataLoss) {
     UnitState state = MakeUnit(1, 1, true);
     state.link_warm_q.push_back(c.link);
     const std::string dir = "bad-link-" + c.what;
-    absl::StatusOr<std::vector<v1::UnitFile>> files =
-        WriteStageCheckpoint(root_, dir, StageSnapshot{5, 5, {state}}, id_);
-    ASSERT_TRUE(files.ok()) << files.status();
-    v1::ResumeFrom from;
-    from.set_step(5);
-    from.set_dir(absl::StrCat(dir, "/", StepDirName(5)));
+    const v1::ResumeFrom from = Write({state}, dir);
+    ASSERT_EQ(from.units_size(), 1);
     absl::StatusOr<UnitState> read =
-        ReadUnitCheckpoint(root_, from, (*files)[0], id_, true, nullptr);
+        ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr);
     EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
     EXPECT_NE(read.status().message().find(c.expected), std::string::npos) << read.status();
     EXPECT_NE(read.status().message().find("unit-0001"), std::string::npos) << read.status();

@@ -61,15 +61,30 @@ absl::StatusOr<std::map<std::string, KindTotals>> SumLinkMetrics(
       }
     }
   }
+  // An unfused tied-embedding exchange counts twice in the metrics: as the
+  // owners' TIED_EMBEDDING_GRAD sends and as their embedding_sync
+  // "collective" (worker_metrics.cc), with the same bytes. Listed once, as
+  // the link; what is left under the collective is the fused all-reduce's.
+  if (auto link = totals.find("TIED_EMBEDDING_GRAD"); link != totals.end()) {
+    if (auto sync = totals.find("collective:embedding_sync"); sync != totals.end()) {
+      sync->second.raw_bytes = std::max(0.0, sync->second.raw_bytes - link->second.raw_bytes);
+      sync->second.wire_bytes = std::max(0.0, sync->second.wire_bytes - link->second.wire_bytes);
+    }
+  }
   return totals;
 }
 
 std::string FormatLinkSummary(const std::map<std::string, KindTotals>& totals) {
   constexpr double kMiB = 1 << 20;
+  size_t width = 20;  // the kinds' column, as wide as the longest name listed
+  for (const auto& [kind, t] : totals) {
+    if (t.raw_bytes > 0) width = std::max(width, kind.size());
+  }
   std::string out;
   for (const auto& [kind, t] : totals) {
     if (t.raw_bytes <= 0) continue;
-    absl::StrAppendFormat(&out, "  %-20s %9.2f MiB raw", kind, t.raw_bytes / kMiB);
+    absl::StrAppendFormat(&out, "  %-*s %9.2f MiB raw", static_cast<int>(width), kind,
+                          t.raw_bytes / kMiB);
     // Collectives have no tensor count; a smaller wire size says compressed.
     const bool compressed =
         t.compressed_tensors > 0 || (t.wire_bytes > 0 && t.wire_bytes < t.raw_bytes);

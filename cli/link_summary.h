@@ -23,12 +23,16 @@ struct KindTotals {
 };
 
 // Sums over all pages (one per worker) by tensor kind, and the collectives
-// (pipetrain_collective_bytes_total) as kinds "collective:<purpose>".
+// (pipetrain_collective_bytes_total) as kinds "collective:<purpose>"; the
+// unfused tied-embedding exchange, which the workers count both as
+// TIED_EMBEDDING_GRAD sends and as an embedding_sync collective, only
+// under TIED_EMBEDDING_GRAD.
 // INVALID_ARGUMENT for a page that is not Prometheus text.
 absl::StatusOr<std::map<std::string, KindTotals>> SumLinkMetrics(
     const std::vector<std::string>& pages);
 
-// One line per kind with traffic, e.g.
+// One line per kind with traffic, the kinds in a column as wide as the
+// longest (at least 20), e.g.
 //   "  ACTIVATION        12.00 MiB raw -> 0.75 MiB wire (16.0x), error 0.071"
 // ("raw" alone when nothing of that kind was compressed).
 std::string FormatLinkSummary(const std::map<std::string, KindTotals>& totals);

@@ -46,9 +46,33 @@ TEST(SumLinkMetrics, Collectives_AKindPerPurpose) {
   ASSERT_TRUE(totals.ok()) << totals.status();
   EXPECT_EQ(totals->at("collective:data_parallel").raw_bytes, 8388608);
   EXPECT_EQ(FormatLinkSummary(*totals),
-            "  collective:data_parallel      8.00 MiB raw -> 1.00 MiB wire (8.0x)\n"
-            "  collective:grad_clip      2.00 MiB raw\n"
+            "  collective:data_parallel        8.00 MiB raw -> 1.00 MiB wire (8.0x)\n"
+            "  collective:grad_clip            2.00 MiB raw\n"
             "  collective:tensor_parallel      2.00 MiB raw, 3.00 MiB sent\n");
+}
+
+// The owners of an unfused tied embedding count their exchange as
+// TIED_EMBEDDING_GRAD sends and as an embedding_sync collective: listed
+// once. A fused all-reduce (no such sends) keeps its collective line.
+TEST(SumLinkMetrics, UnfusedEmbeddingExchange_ListedOnceAsItsLink) {
+  const std::string owner =
+      "pipetrain_link_bytes_total{encoding=\"raw\",kind=\"TIED_EMBEDDING_GRAD\",peer=\"3\"} "
+      "1048576\n"
+      "pipetrain_link_bytes_total{encoding=\"wire\",kind=\"TIED_EMBEDDING_GRAD\",peer=\"3\"} "
+      "1048576\n"
+      "pipetrain_collective_bytes_total{encoding=\"raw\",purpose=\"embedding_sync\"} 1048576\n"
+      "pipetrain_collective_bytes_total{encoding=\"wire\",purpose=\"embedding_sync\"} 1048576\n";
+  auto unfused = SumLinkMetrics({owner, owner});
+  ASSERT_TRUE(unfused.ok()) << unfused.status();
+  EXPECT_EQ(FormatLinkSummary(*unfused), "  TIED_EMBEDDING_GRAD       2.00 MiB raw\n");
+
+  const std::string fused_owner =
+      "pipetrain_collective_bytes_total{encoding=\"raw\",purpose=\"embedding_sync\"} 1048576\n"
+      "pipetrain_collective_bytes_total{encoding=\"wire\",purpose=\"embedding_sync\"} 1572864\n";
+  auto fused = SumLinkMetrics({fused_owner, fused_owner});
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  EXPECT_EQ(FormatLinkSummary(*fused),
+            "  collective:embedding_sync      2.00 MiB raw, 3.00 MiB sent\n");
 }
 
 // AccTFM's compressed tensor-parallel all-reduces: their bytes and the

@@ -21,12 +21,18 @@ constexpr int kWarmUps = 2;  // connect, first allocations
 constexpr int kRounds = 12;  // each one all-reduce of either size
 constexpr double kOverheadFloorSeconds = 1e-6;
 
-// Both members all-reduce a tensor of 2 * step_bytes (member 1 on its own
-// thread); the seconds until both are done, over the two steps.
+// Both members all-reduce a tensor of step_bytes (member 1 on its own
+// thread): with two members that is one exchange of the whole tensor each
+// way (Collectives::AllReduce), the one step the cost model times. The
+// seconds until both are done; INTERNAL when a member sent other than
+// step_bytes, so that a change of the two-member algorithm cannot skew the
+// fit unnoticed (it did once: when two members still ran the ring, the
+// probe all-reduced 2 * step_bytes and halved the time).
 absl::StatusOr<double> StepSeconds(Collectives& first, Collectives& second, int64_t step_bytes,
                                    int64_t iteration) {
-  const Shape shape{2 * step_bytes / static_cast<int64_t>(sizeof(float))};
+  const Shape shape{step_bytes / static_cast<int64_t>(sizeof(float))};
   Tensor a = Tensor::Filled(shape, 1.0f), b = Tensor::Filled(shape, 2.0f);
+  const int64_t first_sent = first.sent_bytes(), second_sent = second.sent_bytes();
   absl::Status second_status;
   const auto start = std::chrono::steady_clock::now();
   std::thread other([&] { second_status = second.AllReduce(iteration, 0, b); });
@@ -39,7 +45,14 @@ absl::StatusOr<double> StepSeconds(Collectives& first, Collectives& second, int6
   if (a[0] != 3.0f || b[shape[0] - 1] != 3.0f) {
     return absl::InternalError("the data plane probe's all-reduce summed wrong");
   }
-  return seconds / 2;
+  if (first.sent_bytes() - first_sent != step_bytes ||
+      second.sent_bytes() - second_sent != step_bytes) {
+    return absl::InternalError(absl::StrCat("the data plane probe's all-reduce of ", step_bytes,
+                                            " bytes was not one exchange: the members sent ",
+                                            first.sent_bytes() - first_sent, " and ",
+                                            second.sent_bytes() - second_sent, " bytes"));
+  }
+  return seconds;
 }
 
 }  // namespace
@@ -74,14 +87,13 @@ absl::StatusOr<DataPlaneCost> ProbeDataPlane(DataPlaneServer* server, Mailbox* m
   GrpcTransportOptions options;
   options.credential = credential;
   options.connect_timeout = absl::Seconds(5);
-  CollectiveOptions ring;
-  ring.small_bytes = 0;  // the ring at every size, as the planner models it
-  ring.timeout = absl::Seconds(10);
+  CollectiveOptions exchange;
+  exchange.timeout = absl::Seconds(10);
   absl::StatusOr<DataPlaneCost> cost = [&]() -> absl::StatusOr<DataPlaneCost> {
     GrpcTransport t0(0, {self_address, self_address}, mailbox, options);
     GrpcTransport t1(1, {self_address, self_address}, mailbox, options);
-    Collectives first(&t0, {{0, 1}, credential.job_id}, ring);
-    Collectives second(&t1, {{0, 1}, credential.job_id}, ring);
+    Collectives first(&t0, {{0, 1}, credential.job_id}, exchange);
+    Collectives second(&t1, {{0, 1}, credential.job_id}, exchange);
     RETURN_IF_ERROR(first.status());
     RETURN_IF_ERROR(second.status());
     int64_t iteration = 0;
@@ -110,7 +122,7 @@ absl::StatusOr<DataPlaneCost> ProbeDataPlane(DataPlaneServer* server, Mailbox* m
 }
 
 std::string DescribeDataPlaneCost(const DataPlaneCost& cost) {
-  return absl::StrFormat("%.3g ms + %.3g GB/s per message (timed as ring steps)",
+  return absl::StrFormat("%.3g ms + %.3g GB/s per message (timed as collective steps)",
                          cost.overhead_seconds * 1e3, cost.bytes_per_second / 1e9);
 }
 

@@ -12,10 +12,10 @@
 //
 //   t(b) = overhead_seconds + b / bytes_per_second
 //
-// and measured as a collective runs it: two members of a ring, in this
-// process, each its own GrpcTransport to this worker's data plane over
-// loopback, all-reduce a tensor of 2b (one reduce-scatter and one
-// all-gather step of b each), for two sizes (b = kDataPlaneProbeSmallBytes,
+// and measured as a collective runs it: two members in this process, each
+// its own GrpcTransport to this worker's data plane over loopback,
+// all-reduce a tensor of b bytes, which two members do in one exchange of
+// b each way (one step), for two sizes (b = kDataPlaneProbeSmallBytes,
 // kDataPlaneProbeLargeBytes). The fastest of a dozen all-reduces of each
 // size gives the cost with the host's cores free (contention only ever
 // adds time; the planner stretches the cost where cores are shared). The
@@ -38,7 +38,7 @@ struct DataPlaneCost {
   double bytes_per_second = 0;  // > 0
 };
 
-// Bytes one step moves each way (the all-reduced tensors are twice that).
+// Bytes one step moves each way (the size of the all-reduced tensors).
 inline constexpr int64_t kDataPlaneProbeSmallBytes = int64_t{4} << 10;
 inline constexpr int64_t kDataPlaneProbeLargeBytes = int64_t{1} << 20;
 
@@ -59,7 +59,7 @@ absl::StatusOr<DataPlaneCost> FitDataPlaneCost(int64_t small_bytes, double small
 absl::StatusOr<DataPlaneCost> ProbeDataPlane(DataPlaneServer* server, Mailbox* mailbox,
                                              const std::string& self_address);
 
-// "0.11 ms + 1.5 GB/s per message (timed as ring steps)".
+// "0.11 ms + 1.5 GB/s per message (timed as collective steps)".
 std::string DescribeDataPlaneCost(const DataPlaneCost& cost);
 
 }  // namespace pipetrain

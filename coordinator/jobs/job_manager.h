@@ -25,7 +25,9 @@
 // AnalyticProfile at the workers' measured GEMM rate, and the plan's
 // profile_source says so. Worker speeds are their
 // measured GFLOP/s relative to the profiled (or fastest) worker; links are
-// modelled at kAssumedBandwidth and kAssumedLatency (not measured yet).
+// modelled at kAssumedBandwidth and kAssumedLatency (the network is not
+// measured), or as the workers emulate them, plus the data plane's own
+// cost per message that the workers measured (data_plane_cost.h).
 // Stages whose workers share a hostname, hold distinct GPUs and reported an
 // NCCL unique id get a device group (device_links.h): the raw activation
 // transfers between them go LINK_PATH_DEVICE where send and receive orders

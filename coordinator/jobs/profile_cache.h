@@ -1,7 +1,9 @@
 // ProfileCache: measured model profiles kept by the coordinator per (model
 // shape, sequence length, micro-batch size, device kind), so a model is
-// profiled once per kind of device (the Planner issue, scope 1). In memory:
-// a restarted coordinator profiles again. Thread-safe.
+// profiled once per kind of device (the Planner issue, scope 1). In memory;
+// with durable state the JobManager also saves each profile it puts here
+// and loads them back at start-up (CoordinatorState::SaveProfile), so a
+// restarted coordinator does not profile again. Thread-safe.
 #ifndef PIPETRAIN_COORDINATOR_JOBS_PROFILE_CACHE_H_
 #define PIPETRAIN_COORDINATOR_JOBS_PROFILE_CACHE_H_
 

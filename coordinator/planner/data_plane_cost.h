@@ -1,6 +1,6 @@
 // The links the planner models, with the data plane's own cost per message
 // added (DeviceInfo.data_plane_*, measured by each worker at start-up:
-// worker/transport/data_plane_probe.h).
+// worker/collectives/data_plane_probe.h).
 //
 // A message of b bytes over a link of latency L and bandwidth W takes
 // L + b / W on the wire; the data plane adds o + b / R of its own work

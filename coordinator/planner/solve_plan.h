@@ -14,8 +14,10 @@
 // Every plan is scored with the bipartition objective (bottleneck_seconds,
 // comparable across solvers), compiled by the schedule compiler and run
 // through the simulator, whose iteration time is the plan's prediction.
-// uniform and pipedream ignore worker speeds when choosing cuts (they are
-// the baselines) but are simulated with them. Memory per worker follows
+// uniform ignores worker speeds when choosing cuts (the baseline), and
+// pipedream weighs each stage's compute by its worker's speed with equal
+// forward and backward cuts (SpeedAwarePipeDreamPartition); all are
+// simulated with the speeds. Memory per worker follows
 // bipartition.h's formula; a uniform, pipedream or manual plan over a
 // worker's memory is RESOURCE_EXHAUSTED naming the worker.
 //

@@ -1,7 +1,7 @@
 // DeviceLinkEncoder: the device half of a stage's send compression
 // (DESIGN.md §6). Where the backend has a device twin of a send's codec
 // (Backend::EncodeOnDevice: the CUDA backend for linear, piecewise,
-// token_topk and powersgd), the send is encoded where its tensor lives and
+// token_topk, powersgd, fp16 and bf16), the send is encoded where its tensor lives and
 // only the payload crosses to the host. It keeps per link what
 // LinkCompressor (link_compressor.h) keeps for the host path, on the device:
 //  - the codec state (PowerSGD's warm-started Q), across iterations;

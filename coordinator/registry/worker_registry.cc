@@ -11,6 +11,7 @@
 #include "absl/strings/strip.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
+#include "common/proto_time.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/registry/registration_limits.h"
@@ -54,15 +55,6 @@ std::string Describe(const v1::Worker& worker) {
   std::string where = worker.data_address();
   if (!worker.node_name().empty()) absl::StrAppend(&where, " on ", worker.node_name());
   return absl::StrCat("worker ", worker.id(), " (", where, ")");
-}
-
-google::protobuf::Timestamp ToTimestamp(absl::Time time) {
-  const int64_t seconds = absl::ToUnixSeconds(time);  // rounds down
-  google::protobuf::Timestamp timestamp;
-  timestamp.set_seconds(seconds);
-  timestamp.set_nanos(
-      static_cast<int32_t>(absl::ToInt64Nanoseconds(time - absl::FromUnixSeconds(seconds))));
-  return timestamp;
 }
 
 }  // namespace
@@ -458,7 +450,7 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers) {
     entry.worker.clear_job_id();
     entry.worker.clear_current_instruction();
     entry.last_seen = now;
-    *entry.worker.mutable_last_heartbeat() = ToTimestamp(now);
+    *entry.worker.mutable_last_heartbeat() = ToProtoTimestamp(now);
     number_by_address_[w.data_address()] = number;
     last_number_ = std::max(last_number_, number);
     // Known, not live: it must register again (its session died with the
@@ -537,7 +529,7 @@ void WorkerRegistry::SetStateLocked(Entry& entry, v1::WorkerState to) {
 
 void WorkerRegistry::TouchLocked(Entry& entry, absl::Time now) {
   entry.last_seen = now;
-  *entry.worker.mutable_last_heartbeat() = ToTimestamp(now);
+  *entry.worker.mutable_last_heartbeat() = ToProtoTimestamp(now);
 }
 
 // ---------------------------------------------------------- Staleness loop

@@ -170,16 +170,6 @@ absl::Status ValidatePrograms(const std::vector<v1::Program>& programs, int unit
   return absl::OkStatus();
 }
 
-std::string RangeText(const v1::UnitRange& r) {
-  return absl::StrCat("[", r.begin(), ",", r.end(), ")");
-}
-
-std::string KeyText(const v1::TensorKey& k) {
-  std::string text = absl::StrCat(EnumShortName(k.kind()), " u", k.unit());
-  if (k.micro_batch() >= 0) absl::StrAppend(&text, " mb", k.micro_batch());
-  return text;
-}
-
 // The state of one simulated iteration; see the header for the model.
 class Simulator {
  public:
@@ -372,7 +362,7 @@ class Simulator {
         TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduceCpu, clock_[w],
                                     clock_[w] + lane.cpu_on_compute);
         e.units = Range{r.begin(), r.end()};
-        e.label = absl::StrCat("all-reduce coding of ", RangeText(r), " on the worker's cores");
+        e.label = absl::StrCat("all-reduce coding of ", UnitRangeText(r), " on the worker's cores");
         clock_[w] += lane.cpu_on_compute;
         busy_[w] += lane.cpu_on_compute;
         lane.cpu_on_compute = 0;
@@ -380,7 +370,7 @@ class Simulator {
       if (lane.free > clock_[w]) {
         TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduceWait, clock_[w], lane.free);
         e.units = Range{r.begin(), r.end()};
-        e.label = absl::StrCat("wait for the AllReduce buckets of ", RangeText(r));
+        e.label = absl::StrCat("wait for the AllReduce buckets of ", UnitRangeText(r));
         all_reduce_[w] += lane.free - clock_[w];
         clock_[w] = lane.free;
       }
@@ -392,7 +382,7 @@ class Simulator {
     TimelineEvent& e = AddEvent(w, TimelineEventKind::kAllReduce, clock_[w], clock_[w] + seconds);
     e.units = Range{r.begin(), r.end()};
     e.bytes = bytes;
-    e.label = absl::StrCat("AllReduce ", RangeText(r), " x", costs_.data_parallel, " replicas");
+    e.label = absl::StrCat("AllReduce ", UnitRangeText(r), " x", costs_.data_parallel, " replicas");
     clock_[w] += seconds;
     all_reduce_[w] += seconds;
   }
@@ -403,10 +393,10 @@ class Simulator {
     e.micro_batch = micro_batch;
     e.units = Range{r.begin(), r.end()};
     static const char* const kLetters[] = {"F", "B", "R", "Opt"};
-    e.label =
-        kind == TimelineEventKind::kOptimizer
-            ? absl::StrCat("Opt ", RangeText(r))
-            : absl::StrCat(kLetters[static_cast<int>(kind)], " mb", micro_batch, " ", RangeText(r));
+    e.label = kind == TimelineEventKind::kOptimizer
+                  ? absl::StrCat("Opt ", UnitRangeText(r))
+                  : absl::StrCat(kLetters[static_cast<int>(kind)], " mb", micro_batch, " ",
+                                 UnitRangeText(r));
     clock_[w] += seconds;
     busy_[w] += seconds;
   }
@@ -428,7 +418,7 @@ class Simulator {
     TimelineEvent& e = AddEvent(w, TimelineEventKind::kSendTransfer, start, link_free);
     DescribeTransfer(send.tensor(), peer, &e);
     e.bytes = bytes;
-    e.label = absl::StrCat("send ", KeyText(send.tensor()), " to ", peer);
+    e.label = absl::StrCat("send ", TensorKeyText(send.tensor()), " to ", peer);
     const MessageKey key = KeyOf(w, peer, send.tensor());
     in_flight_[key] = InFlight{link_free, pc_[w]};
     auto parked = parked_.find(key);
@@ -451,7 +441,7 @@ class Simulator {
     if (arrival > clock_[w]) {
       TimelineEvent& e = AddEvent(w, TimelineEventKind::kRecvWait, clock_[w], arrival);
       DescribeTransfer(recv.tensor(), recv.peer_stage(), &e);
-      e.label = absl::StrCat("wait ", KeyText(recv.tensor()), " from ", recv.peer_stage());
+      e.label = absl::StrCat("wait ", TensorKeyText(recv.tensor()), " from ", recv.peer_stage());
       clock_[w] = arrival;
     }
     return true;
@@ -647,6 +637,16 @@ absl::StatusOr<SimulationResult> SimulateIteration(const std::vector<v1::Program
   RETURN_IF_ERROR(ValidateCosts(costs, workers));
   RETURN_IF_ERROR(ValidatePrograms(programs, static_cast<int>(costs.units.size())));
   return Simulator(programs, costs).Run();
+}
+
+std::string UnitRangeText(const v1::UnitRange& r) {
+  return absl::StrCat("[", r.begin(), ",", r.end(), ")");
+}
+
+std::string TensorKeyText(const v1::TensorKey& k) {
+  std::string text = absl::StrCat(EnumShortName(k.kind()), " u", k.unit());
+  if (k.micro_batch() >= 0) absl::StrAppend(&text, " mb", k.micro_batch());
+  return text;
 }
 
 }  // namespace pipetrain

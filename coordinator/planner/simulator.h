@@ -240,6 +240,11 @@ struct TimelineEvent {
                         // "AllReduce [2,5) x2 replicas"
 };
 
+// The labels' pieces: "[2,5)" for units 2 to 4, "ACTIVATION u4 mb3" for a
+// tensor key (no "mb" for per-iteration tensors).
+std::string UnitRangeText(const v1::UnitRange& r);
+std::string TensorKeyText(const v1::TensorKey& k);
+
 struct SimulationResult {
   double iteration_seconds = 0;
   std::vector<double> busy_seconds;        // per worker

@@ -299,7 +299,7 @@ class SvgTimeline {
 
   void Title() {
     Text(12, 26,
-         absl::StrFormat("%s — iteration %s, bubble %.1f%%", options_.title,
+         absl::StrFormat("%s — %s %s, bubble %.1f%%", options_.title, options_.span_name,
                          FormatDuration(result_.iteration_seconds), 100 * result_.bubble_fraction),
          "font-size=\"17\" font-weight=\"bold\" fill=\"#222222\"");
   }

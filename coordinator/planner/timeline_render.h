@@ -38,13 +38,16 @@ std::string ChromeTraceJson(const SimulationResult& result,
 
 struct TimelineSvgOptions {
   std::string title = "Pipeline timeline";
+  // What result.iteration_seconds is called in the title line.
+  std::string span_name = "iteration";
   int width_px = 1400;         // of the whole image; at least 400 is used
   bool show_transfers = true;  // thin bars under each lane
   bool show_waits = true;      // hatched boxes where a worker waits in a recv
 };
 
 // A self-contained SVG document (no scripts, fonts or external references):
-// a title line with the iteration time and bubble fraction, a legend, one
+// a title line with the iteration time (options.span_name) and bubble
+// fraction, a legend, one
 // lane per worker with its name and busy share, compute boxes coloured by
 // kind (forward, backward, recompute, all-reduce, optimizer) with "F3" /
 // "B3" / "R3" micro-batch labels ("AR", "opt" for the per-iteration boxes)

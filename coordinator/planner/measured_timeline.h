@@ -1,0 +1,48 @@
+// The workers' measured timeline of one training step: their StepTraces
+// (plan.proto; when each instruction of a worker's program ran) turned
+// into the simulator's result type, so that timeline_render.h draws the
+// measurement exactly as it draws the prediction (Plan.measured_timeline_svg
+// beside Plan.timeline_svg).
+//
+// Lanes line up by the workers' wall clocks at the step's start
+// (StepTrace.start_time): exact for workers on one host, off by the hosts'
+// clock offsets otherwise. Drawn: forward, backward and recompute passes,
+// optimizer steps, the waits in receives and for the data-parallel
+// all-reduce, and the tied embedding's sync. Not drawn: transfers (a
+// send's time on the wire is not measured, only its hand-off) and the
+// decoding after a receive's wait.
+//
+// Thread-safety: pure functions.
+#ifndef PIPETRAIN_COORDINATOR_PLANNER_MEASURED_TIMELINE_H_
+#define PIPETRAIN_COORDINATOR_PLANNER_MEASURED_TIMELINE_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/planner/simulator.h"
+#include "proto/pipetrain/v1/plan.pb.h"
+
+namespace pipetrain {
+
+// The most seconds a trace may span (as ReportProgressRequest's times).
+inline constexpr double kMaxTracedStepSeconds = 1e6;
+
+// Checks a worker's trace of `iteration` against its program, as
+// ReportProgressRequest.trace documents: INVALID_ARGUMENT naming the field
+// otherwise (e.g. "ReportProgressRequest.trace.instructions[3].end_seconds").
+absl::Status CheckStepTrace(const v1::StepTrace& trace, int64_t iteration,
+                            const v1::Program& program);
+
+// One lane per worker: programs[w] ran as traces[w] says (both the same
+// size, each trace checked by CheckStepTrace). Time 0 is the earliest
+// start_time; iteration_seconds the last worker's end. busy_seconds[w] is
+// the worker's step less its waits in receives and for the all-reduce,
+// all_reduce_seconds[w] the latter; idle what is left of the iteration.
+// INVALID_ARGUMENT when the sizes differ or there is no worker.
+absl::StatusOr<SimulationResult> MeasuredTimeline(const std::vector<const v1::Program*>& programs,
+                                                  const std::vector<const v1::StepTrace*>& traces);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_PLANNER_MEASURED_TIMELINE_H_

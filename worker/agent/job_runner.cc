@@ -15,6 +15,7 @@
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "spec/job_spec.h"
+#include "worker/agent/step_tracing.h"
 #include "worker/checkpoint/checkpoint_writer.h"
 #include "worker/data/corpus.h"
 #include "worker/model/gpt_config.h"
@@ -441,7 +442,9 @@ absl::Status JobRunner::RunJob() {
   // stage's ranks, after they gathered their shards.
   const bool upload = !job.spec.output().weights_path().empty() && replica_zero;
   for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {
-    absl::StatusOr<IterationResult> result = runtime->RunIteration(it);
+    v1::StepTrace trace;
+    const bool traced = IsTracedStep(it, assignment_.start_iteration(), steps);
+    absl::StatusOr<IterationResult> result = runtime->RunIteration(it, traced ? &trace : nullptr);
     if (result.ok() && in_group) {
       std::unique_ptr<PendingDownload> done = options_.backend->StartDownload(marker);
       if (previous_iteration_done != nullptr) {
@@ -512,6 +515,7 @@ absl::Status JobRunner::RunJob() {
     }
     r.set_busy_seconds(result->busy_seconds);
     r.set_idle_seconds(result->idle_seconds);
+    if (traced) *r.mutable_trace() = std::move(trace);
     r.set_finished(last);
     if (last && replicas > 1)
       r.set_weights_digest(WeightsDigest(options_.backend, runtime->parameters()));

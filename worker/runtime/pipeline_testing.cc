@@ -150,8 +150,11 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   };
   std::vector<std::unique_ptr<Transport>> transports;
   std::vector<std::unique_ptr<StageRuntime>> runtimes;
+  std::vector<v1::StepTrace> traces(total);
+  std::vector<v1::Program> runtime_programs;
   for (int g = 0; g < total; ++g) {
     const int s = stage_of(g);
+    runtime_programs.push_back(programs[s]);
     transports.push_back(fabric.Connect(g));
     StageSetup setup{"job-eq",
                      c,
@@ -216,7 +219,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
   for (int g = 0; g < total; ++g) {
     threads.emplace_back([&, g] {
       for (int i = first; i < iterations && errors[g].ok(); ++i) {
-        auto r = runtimes[g]->RunIteration(i);
+        auto r = runtimes[g]->RunIteration(i, i == extras.traced_iteration ? &traces[g] : nullptr);
         if (!r.ok()) {
           errors[g] = r.status();
           fabric.Shutdown();  // wake the other stages instead of letting them time out
@@ -265,6 +268,10 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     });
   }
   for (auto& t : threads) t.join();
+  if (extras.traced_iteration >= 0) {
+    out.traces = std::move(traces);
+    out.programs = std::move(runtime_programs);
+  }
   for (int g = 0; g < total; ++g) {
     for (const auto& [purpose, count] : collectives[g]) out.collectives[purpose] += count;
     for (const auto& [purpose, bytes] : collective_bytes[g]) {

@@ -58,6 +58,10 @@ struct RunOutput {
   // Busy seconds of every runtime over the whole run, by phase
   // (IterationResult::phase_seconds).
   std::map<std::string, double> phase_seconds;
+  // With PipelineExtras::traced_iteration: every runtime's trace of it and
+  // the program it ran, by runtime.
+  std::vector<v1::StepTrace> traces;
+  std::vector<v1::Program> programs;
 };
 
 // Expects `pipe` to equal `local` as data_parallel_testing.h defines it:
@@ -113,6 +117,9 @@ struct PipelineExtras {
   // the run trains steps resume->step .. iterations - 1 (losses and
   // validation passes of those only).
   const PipelineCheckpoint* resume = nullptr;
+  // >= 0: every runtime traces this iteration (RunIteration's trace);
+  // RunOutput::traces holds them.
+  int64_t traced_iteration = -1;
 };
 
 // The pipeline of forward/backward ranges, one StageRuntime per stage on its

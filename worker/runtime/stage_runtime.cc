@@ -13,6 +13,7 @@
 #include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/program_text.h"
+#include "common/proto_time.h"
 #include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
 #include "worker/collectives/collectives.h"
@@ -102,6 +103,14 @@ void CountCollective(IterationResult* result, const char* purpose, int64_t bytes
 
 double SecondsSince(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// A result's time spent waiting so far: in receives, and for the
+// data-parallel all-reduce at the optimizer step (read without adding the
+// phase to a result that has none).
+double WaitedSeconds(const IterationResult& result) {
+  auto it = result.phase_seconds.find("all_reduce");
+  return result.idle_seconds + (it == result.phase_seconds.end() ? 0.0 : it->second);
 }
 
 absl::Status Internal(const std::string& what) {
@@ -894,7 +903,8 @@ Parameter* StageRuntime::TiedHolder() {
   return nullptr;
 }
 
-absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
+absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
+                                                           v1::StepTrace* trace) {
   iteration_ = iteration;
   for (auto& [index, unit] : units_) unit->ZeroGrads();
   activations_.clear(), grads_in_.clear(), grads_out_.clear(), token_scores_.clear();
@@ -932,6 +942,11 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
   sent_stats_.clear();
   IterationResult result;
   result.iteration = iteration;
+  if (trace != nullptr) {
+    trace->Clear();
+    trace->set_iteration(iteration);
+    *trace->mutable_start_time() = ToProtoTimestamp(absl::Now());
+  }
   const auto start = Clock::now();
   const auto& instructions = setup_.program.instructions();
   for (int i = 0; i < instructions.size(); ++i) {
@@ -941,7 +956,19 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
       current_ = DescribeInstruction(in);
     }
     current_instruction_ = i;
+    // What the instruction waited for: a receive's idle time, an optimizer
+    // step's data-parallel all-reduce (Execute adds them to the result).
+    const double began = trace != nullptr ? SecondsSince(start) : 0;
+    const double waited_before = WaitedSeconds(result);
     absl::Status status = Execute(in, iteration, &result);
+    if (trace != nullptr) {
+      v1::InstructionTiming* timing = trace->add_instructions();
+      timing->set_instruction(i);
+      timing->set_start_seconds(began);
+      timing->set_end_seconds(std::max(began, SecondsSince(start)));
+      timing->set_waited_seconds(
+          std::clamp(WaitedSeconds(result) - waited_before, 0.0, timing->end_seconds() - began));
+    }
     if (status.ok()) status = setup_.backend->status();
     if (status.ok() && tp_comm_) status = tp_comm_->status();
     if (status.ok() && cube_group_) status = cube_group_->status();
@@ -1006,6 +1033,11 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration) {
     }
   }
   result.busy_seconds = SecondsSince(start) - result.idle_seconds;
+  if (trace != nullptr) {
+    const double last_end =
+        trace->instructions().empty() ? 0.0 : trace->instructions().rbegin()->end_seconds();
+    trace->set_seconds(std::max(last_end, SecondsSince(start)));
+  }
   AnnotatedMutexLock lock(&status_mu_);
   current_ = "idle";
   return result;

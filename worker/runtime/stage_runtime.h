@@ -233,7 +233,11 @@ class StageRuntime {
   // Runs the program once for `iteration`. Errors carry the failing
   // instruction: DEADLINE_EXCEEDED from a receive names the peer and tensor;
   // INTERNAL for program errors (e.g. a backward without its forward).
-  absl::StatusOr<IterationResult> RunIteration(int64_t iteration);
+  // With `trace` (may be null), on success it holds when each instruction
+  // ran (plan.proto StepTrace: the wall clock at the start, then seconds
+  // of a monotonic clock; a receive's wait and an optimizer step's
+  // data-parallel all-reduce as waited_seconds).
+  absl::StatusOr<IterationResult> RunIteration(int64_t iteration, v1::StepTrace* trace = nullptr);
 
   // Runs the validation program once, after `after_step` optimizer steps
   // (the tensors' iteration field): the forward pass of this stage's forward

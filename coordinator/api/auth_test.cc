@@ -308,6 +308,7 @@ TEST_F(AuthTest, EveryRestEndpoint_BadCredentials_401AndNothingChanges) {
       {"POST", "/v1/jobs/" + id + ":cancel"},
       {"GET", "/v1/jobs/" + id + "/plan"},
       {"GET", "/v1/jobs/" + id + "/timeline.svg"},
+      {"GET", "/v1/jobs/" + id + "/measured-timeline.svg"},
       {"GET", "/v1/workers"},
       {"POST", "/v1/workers/w-1:drain"},
   };

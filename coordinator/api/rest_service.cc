@@ -144,6 +144,21 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
     response.content_type = "image/svg+xml";
     return response;
   });
+  // The workers' measured timeline of a traced step, once there is one.
+  server.Get(absl::StrCat(kJob, "/measured-timeline.svg"), [jobs](const HttpRequest& r) {
+    absl::StatusOr<v1::Plan> plan = jobs->GetPlan(r.path_params[0]);
+    if (!plan.ok()) return StatusResponse(plan.status());
+    if (plan->measured_timeline_svg().empty()) {
+      return StatusResponse(absl::FailedPreconditionError(
+          absl::StrCat("job ", r.path_params[0],
+                       " has no measured step yet: its workers trace the plan's 11th step (or its "
+                       "last), then every 100th")));
+    }
+    HttpResponse response;
+    response.body = plan->measured_timeline_svg();
+    response.content_type = "image/svg+xml";
+    return response;
+  });
   server.Get("/v1/workers",
              [workers, jobs](const HttpRequest& r) { return ListWorkers(workers, jobs, r); });
   server.Post(R"(/v1/workers/([^/:]+):drain)",

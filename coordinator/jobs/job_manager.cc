@@ -18,29 +18,22 @@
 #include "common/confined_path.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
+#include "common/proto_time.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/memory_budget.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/job_layout.h"
+#include "coordinator/planner/measured_timeline.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/solve_plan.h"
+#include "coordinator/planner/timeline_render.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
 #include "worker/model/gpt_config.h"
 #include "worker/train/divergence.h"
 
 namespace pipetrain {
 namespace {
-
-absl::Time FromTimestamp(const google::protobuf::Timestamp& t) {
-  return absl::FromUnixSeconds(t.seconds()) + absl::Nanoseconds(t.nanos());
-}
-
-void SetTimestamp(absl::Time t, google::protobuf::Timestamp* out) {
-  const int64_t nanos = absl::ToUnixNanos(t);
-  out->set_seconds(nanos / 1000000000);
-  out->set_nanos(static_cast<int32_t>(nanos % 1000000000));
-}
 
 // A worker's error text becomes the job's reason, which every GetJob returns.
 constexpr size_t kMaxReportedErrorBytes = 16384;
@@ -277,7 +270,7 @@ JobManager::JobRecord* JobManager::FindLocked(const std::string& job_id) {
 }
 
 void JobManager::TouchLocked(JobRecord& record) {
-  SetTimestamp(clock_->Now(), record.job.mutable_update_time());
+  *record.job.mutable_update_time() = ToProtoTimestamp(clock_->Now());
 }
 
 absl::Status JobManager::PersistLocked(JobRecord& record, bool wait) {
@@ -321,7 +314,7 @@ absl::Status JobManager::Restore() {
   for (const auto& [key, profile] : profiles) profiles_.Put(key, profile);
   ASSIGN_OR_RETURN(std::vector<store::StoredJob> stored, options_.state->LoadJobs());
   std::sort(stored.begin(), stored.end(), [](const store::StoredJob& a, const store::StoredJob& b) {
-    return FromTimestamp(a.job().create_time()) < FromTimestamp(b.job().create_time());
+    return FromProtoTimestamp(a.job().create_time()) < FromProtoTimestamp(b.job().create_time());
   });
   AnnotatedMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
@@ -570,7 +563,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
       record->auto_layout_compression = resolved.spec.compression().data_parallel();
       record->auto_layout_parallelism = resolved.spec.parallelism();
     }
-    SetTimestamp(clock_->Now(), record->job.mutable_create_time());
+    *record->job.mutable_create_time() = ToProtoTimestamp(clock_->Now());
     TouchLocked(*record);
     record->resolved = std::move(resolved);
     absl::Status saved = PersistLocked(*record, /*wait=*/true);
@@ -623,7 +616,46 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
     return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has no plan yet (",
                                                       EnumShortName(it->second->job.state()), ")"));
   }
-  return it->second->plan;
+  v1::Plan plan = it->second->plan;
+  AddMeasuredTimeline(*it->second, &plan);
+  return plan;
+}
+
+void JobManager::AddTraceLocked(JobRecord& record, int stage_index, const v1::StepTrace& trace) {
+  // Stages report a traced step in any order, and may be a traced step
+  // apart: a trace older than the one being collected is dropped.
+  JobRecord::TracedStep& tracing = record.tracing;
+  if (trace.iteration() < tracing.iteration) return;
+  if (trace.iteration() > tracing.iteration) tracing = JobRecord::TracedStep{trace.iteration(), {}};
+  tracing.by_stage[stage_index] = trace;
+  if (tracing.by_stage.size() == record.assignments.size()) record.traced = tracing;
+}
+
+void JobManager::AddMeasuredTimeline(const JobRecord& record, v1::Plan* plan) {
+  if (record.traced.iteration < 0) return;
+  std::vector<const v1::Program*> programs;
+  std::vector<const v1::StepTrace*> traces;
+  std::vector<std::string> names;
+  for (const auto& [stage, trace] : record.traced.by_stage) {
+    programs.push_back(&record.assignments[stage].program());
+    traces.push_back(&trace);
+    names.push_back(record.job.worker_ids(stage));
+  }
+  absl::StatusOr<SimulationResult> measured = MeasuredTimeline(programs, traces);
+  if (!measured.ok()) {  // checked as they came: a bug
+    PT_LOG(WARNING) << "job " << record.job.id() << ": no measured timeline: " << measured.status();
+    return;
+  }
+  TimelineSvgOptions svg;
+  // Lanes start where each worker began the step: a worker done early with
+  // the step before begins this one early, so steps overlap across workers
+  // and the span is more than the step time.
+  svg.title = absl::StrCat("job ", record.job.id(), ": measured step ", record.traced.iteration + 1,
+                           " (workers' clocks)");
+  svg.span_name = "first start to last end";
+  plan->set_measured_step(record.traced.iteration);
+  plan->set_measured_timeline_svg(TimelineSvg(*measured, names, svg));
+  plan->set_measured_chrome_trace_json(ChromeTraceJson(*measured, names));
 }
 
 void JobManager::ScheduleQueued() {
@@ -646,7 +678,7 @@ void JobManager::ScheduleQueued() {
     if (static_cast<int>(ready.size()) < need) {
       const std::string waiting =
           absl::StrCat("waiting for ", need, " READY workers (", ready.size(), " ready)");
-      const absl::Duration waited = now - FromTimestamp(record.job.create_time());
+      const absl::Duration waited = now - FromProtoTimestamp(record.job.create_time());
       if (waited > record.resolved.queue_timeout) {
         EndLocked(record, v1::JOB_STATE_FAILED,
                   absl::StrCat("not placed within spec.scheduling.queue_timeout (",
@@ -953,6 +985,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   ConsumeDeviceGroupIds(id, links, infos, registry_);
   record.plan = compiled.plan;
   record.stages.assign(workers.size(), StageProgress{});
+  record.traced = record.tracing = JobRecord::TracedStep{};
   record.assignments.clear();
   record.stage_of.clear();
   record.weight_owner.clear();
@@ -1012,7 +1045,7 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   history->set_reason(placed_reason);
   history->set_start_step(start_step);
   for (const std::string& w : workers) history->add_worker_ids(w);
-  SetTimestamp(clock_->Now(), history->mutable_time());
+  *history->mutable_time() = ToProtoTimestamp(clock_->Now());
   if (record.job.plan_history_size() > kMaxPlanHistory) {
     record.job.mutable_plan_history()->DeleteSubrange(0, 1);
   }
@@ -1078,7 +1111,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     }
     if (gone) continue;
     reserved->insert(w);
-    if (FromTimestamp(worker->last_heartbeat()) <= record.recovery_started) {
+    if (FromProtoTimestamp(worker->last_heartbeat()) <= record.recovery_started) {
       waiting = true;
     } else if (worker->state() == v1::WORKER_STATE_READY) {
       alive.push_back(w);
@@ -1234,6 +1267,10 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   }
   RETURN_IF_ERROR(CheckProgressBounds(r, *record));
   const int stage_index = record->stage_of.at(r.worker_id());
+  if (r.has_trace()) {
+    RETURN_IF_ERROR(
+        CheckStepTrace(r.trace(), r.iteration(), record->assignments[stage_index].program()));
+  }
   response.set_stop_after_step(record->stop_at);
   // Data parallelism: replica 0 speaks for all (the replicas hold the same
   // weights, and its loss stage reports every replica's losses); tensor
@@ -1288,6 +1325,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     return response;
   }
   stage.iterations_done = std::max(stage.iterations_done, r.iteration() + 1);
+  if (r.has_trace()) AddTraceLocked(*record, stage_index, r.trace());
   if (stage_index < record->job.progress().stage_times_size()) {
     v1::StageTime* time = record->job.mutable_progress()->mutable_stage_times(stage_index);
     time->set_steps(time->steps() + 1);
@@ -1601,7 +1639,7 @@ void JobManager::PruneLocked() {
   std::vector<std::string> kept;
   for (const std::string& id : order_) {
     const v1::Job& job = jobs_.at(id)->job;
-    const absl::Time ended_at = FromTimestamp(job.update_time());
+    const absl::Time ended_at = FromProtoTimestamp(job.update_time());
     const bool prune =
         IsTerminal(job.state()) && (ended > options_.max_ended_jobs || ended_at < oldest_kept);
     if (prune) {

@@ -272,6 +272,14 @@ class JobManager {
     std::set<int> tied_embedding_stages;  // stages holding wte.weight
     std::vector<StageProgress> stages;
     absl::Time last_step_time;
+    // The workers' traces (ReportProgressRequest.trace, by stage index) of
+    // the latest step every worker of the plan traced, and of the traced
+    // step being reported; a new plan starts them afresh.
+    struct TracedStep {
+      int64_t iteration = -1;
+      std::map<int, v1::StepTrace> by_stage;
+    };
+    TracedStep traced, tracing;
     std::vector<NamedTensor> weights;        // assembled uploads, stage order
     std::map<std::string, int64_t> weights_filled;  // name -> elements received
     std::string profile_error;  // why the measured profile could not be had
@@ -414,6 +422,11 @@ class JobManager {
   static void KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers);
   static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
                                           const JobRecord& record);
+  // Keeps a worker's trace of a traced step (record.tracing), and the
+  // step as record.traced once every worker of the plan sent it.
+  static void AddTraceLocked(JobRecord& record, int stage_index, const v1::StepTrace& trace);
+  // Plan.measured_* from record.traced, when there is one.
+  static void AddMeasuredTimeline(const JobRecord& record, v1::Plan* plan);
   absl::Status CheckWeightsChunkLocked(const JobRecord& record, const v1::WeightsChunk& chunk) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the spec's files may go and come from (options_); see Submit.

@@ -464,6 +464,68 @@ TEST_F(JobManagerTest, Progress_StageTimesSumEachWorkersReports) {
   EXPECT_EQ(jobs_.Get(id).value().progress().stage_times(1).steps(), 3);
 }
 
+// Traced steps (ReportProgressRequest.trace): the plan shows the measured
+// timeline once every worker sent the same step, keeps it while the next
+// traced step is being collected, refuses a trace that does not fit the
+// worker's program, and a new plan starts afresh.
+TEST_F(JobManagerTest, Progress_TracesOfEveryWorker_BecomeTheMeasuredTimeline) {
+  AddWorker(7001), AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_training()->set_steps(300);
+  const std::string id = jobs_.Submit(spec).value().id();
+  const v1::Job job = jobs_.Get(id).value();
+  auto report = [&](int stage, int64_t iteration, int32_t nanos) {
+    const std::string& w = job.worker_ids(stage);
+    v1::ReportProgressRequest r;
+    r.set_worker_id(w);
+    r.set_job_id(id);
+    r.set_plan_version(1);
+    r.set_iteration(iteration);
+    v1::StepTrace* trace = r.mutable_trace();
+    trace->set_iteration(iteration);
+    trace->mutable_start_time()->set_seconds(1800000000);
+    trace->mutable_start_time()->set_nanos(nanos);
+    const int n = AssignmentOf(w).program().instructions_size();
+    trace->set_seconds(0.001 * n);
+    for (int i = 0; i < n; ++i) {
+      v1::InstructionTiming* t = trace->add_instructions();
+      t->set_instruction(i);
+      t->set_start_seconds(0.001 * i);
+      t->set_end_seconds(0.001 * (i + 1));
+    }
+    return r;
+  };
+  ASSERT_TRUE(jobs_.ReportProgress(report(0, 10, 0)).ok());
+  EXPECT_TRUE(jobs_.GetPlan(id).value().measured_timeline_svg().empty());  // one of two
+  ASSERT_TRUE(jobs_.ReportProgress(report(1, 10, 2000000)).ok());
+  v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_EQ(plan.measured_step(), 10);
+  EXPECT_TRUE(absl::StrContains(plan.measured_timeline_svg(), "measured step 11"));
+  EXPECT_TRUE(absl::StrContains(plan.measured_timeline_svg(), job.worker_ids(1)));
+  EXPECT_TRUE(absl::StrContains(plan.measured_chrome_trace_json(), "traceEvents"));
+  // The next traced step, half reported, leaves step 11's in place; an
+  // older one arriving late changes nothing.
+  ASSERT_TRUE(jobs_.ReportProgress(report(1, 110, 0)).ok());
+  ASSERT_TRUE(jobs_.ReportProgress(report(0, 10, 0)).ok());
+  EXPECT_EQ(jobs_.GetPlan(id).value().measured_step(), 10);
+  ASSERT_TRUE(jobs_.ReportProgress(report(0, 110, 0)).ok());
+  EXPECT_EQ(jobs_.GetPlan(id).value().measured_step(), 110);
+
+  // A trace that does not fit: INVALID_ARGUMENT naming the field.
+  v1::ReportProgressRequest bad = report(0, 210, 0);
+  bad.mutable_trace()->mutable_instructions(0)->set_instruction(
+      AssignmentOf(job.worker_ids(0)).program().instructions_size());
+  absl::StatusOr<v1::ReportProgressResponse> refused = jobs_.ReportProgress(bad);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(refused.status().message(),
+                                "ReportProgressRequest.trace.instructions[0].instruction"))
+      << refused.status();
+  bad = report(0, 210, 0);
+  bad.mutable_trace()->set_iteration(209);
+  EXPECT_TRUE(absl::StrContains(jobs_.ReportProgress(bad).status().message(),
+                                "ReportProgressRequest.trace.iteration"));
+}
+
 // A step whose mean loss is NaN ends the job FAILED, saying which step
 // (worker/train/divergence.h, as train-local stops), and frees its workers.
 TEST_F(JobManagerTest, Progress_NanLoss_FailsTheJobNamingTheStep) {

@@ -205,13 +205,24 @@ async function scenario(document, coordinator, workerId) {
     const r = await fetch(`${base}/v1/jobs/${busyId}`, { headers: { authorization: `Bearer ${TOKEN}` } });
     return (await r.json()).state === 'JOB_STATE_RUNNING';
   });
-  await call('GET', `/v1/jobs/${busyId}/plan`, { expect: 200 });
+  // Its plan with a measured step (the 11th), so the measured fields are
+  // validated too.
+  await until('a measured step of the busy job', 120000, async () => {
+    const r = await fetch(`${base}/v1/jobs/${busyId}/measured-timeline.svg`,
+                          { headers: { authorization: `Bearer ${TOKEN}` } });
+    return r.status === 200;
+  });
+  const plan = await call('GET', `/v1/jobs/${busyId}/plan`, { expect: 200 });
+  if (!plan.json || !plan.json.measuredTimelineSvg) fail('the busy job\'s plan has no measured timeline');
   await call('GET', `/v1/jobs/${busyId}/timeline.svg`, { expect: 200 });
+  await call('GET', `/v1/jobs/${busyId}/measured-timeline.svg`, { expect: 200 });
   const unplacedId = unplaced.json && unplaced.json.id;
   await call('GET', `/v1/jobs/${unplacedId}/plan`, { expect: 400 });
   await call('GET', `/v1/jobs/${unplacedId}/timeline.svg`, { expect: 400 });
+  await call('GET', `/v1/jobs/${unplacedId}/measured-timeline.svg`, { expect: 400 });
   await call('GET', '/v1/jobs/job-none/plan', { expect: 404 });
   await call('GET', '/v1/jobs/job-none/timeline.svg', { expect: 404 });
+  await call('GET', '/v1/jobs/job-none/measured-timeline.svg', { expect: 404 });
 
   // Drains: refused while its job has no checkpoints; unknown; then idle.
   await call('POST', `/v1/workers/${workerId}:drain`, { expect: 400 });

@@ -190,6 +190,11 @@ expect_exit up_bad_emulated_link 2 '--emulate-link "0Gbit,1ms": bandwidth must b
 expect_exit up_missing_data 2 "--data $TMP/no-such-corpus.txt: No such file or directory" -- \
   up --workers 2 --data "$TMP/no-such-corpus.txt" --out "$TMP/up-bad"
 ok up_bad_started_nothing test ! -e "$TMP/up-bad/coordinator.ports"
+# A run to its end leaves the plan's predicted step and the workers'
+# measured one (a 3-step plan traces its last) as SVG beside its logs.
+expect_exit up_timelines 0 "timelines: predicted $TMP/up-short/timeline-predicted.svg, measured (step 3) $TMP/up-short/timeline-measured.svg" -- \
+  up --workers 1 --steps 3 --checkpoint-interval 0 --eval-interval 0 --out "$TMP/up-short"
+ok up_measured_timeline grep -q "measured step 3 (workers" "$TMP/up-short/timeline-measured.svg"
 # A closed stdout (`up | head`) ends the run as Ctrl-C does: the cluster is
 # stopped before up exits, so nothing is left once the pipeline returns.
 "$BIN" "${UP[@]}" --out "$TMP/up-pipe" 2>&1 | head -c 1 >/dev/null

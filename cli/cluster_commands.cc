@@ -14,6 +14,7 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -497,6 +498,30 @@ FlagSet UpFlags(UpOptions& o) {
   return flags;
 }
 
+// The plan's predicted step and the workers' measured one, as SVG files in
+// `dir` for a browser, side by side; a file that cannot be written is
+// reported and skipped (the job's outcome is printed already).
+void WriteTimelines(const v1::Plan& plan, const std::string& dir) {
+  std::vector<std::string> written;
+  for (const auto& [name, svg, what] :
+       {std::tuple<const char*, const std::string&, std::string>{"timeline-predicted.svg",
+                                                                 plan.timeline_svg(), "predicted"},
+        {"timeline-measured.svg", plan.measured_timeline_svg(),
+         absl::StrCat("measured (step ", plan.measured_step() + 1, ")")}}) {
+    if (svg.empty()) continue;
+    const std::string path = absl::StrCat(dir, "/", name);
+    std::ofstream out(path, std::ios::binary);
+    out << svg;
+    out.close();
+    if (out) {
+      written.push_back(absl::StrCat(what, " ", path));
+    } else {
+      std::fprintf(stderr, "pipetrain up: cannot write %s\n", path.c_str());
+    }
+  }
+  if (!written.empty()) std::printf("timelines: %s\n", absl::StrJoin(written, ", ").c_str());
+}
+
 }  // namespace
 
 int RunUp(const std::vector<std::string>& args) {
@@ -661,6 +686,7 @@ int RunUp(const std::vector<std::string>& args) {
   if (stub->GetPlan(WithDeadline(kRpcTimeout).get(), plan_request, &plan).ok()) {
     std::printf("%s", FormatPlanReport(end, plan, timing).c_str());
     if (plan.tensor_parallel() > 1) PrintTensorParallelSummary(**cluster);
+    WriteTimelines(plan, o.out);
   }
   PrintLinkSummary(**cluster);
   std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),
@@ -824,20 +850,26 @@ struct JobOptions {
   bool json = false;
   bool full = false;
   std::string timeline;
+  std::string measured_timeline;
 };
 
 FlagSet JobFlags(JobOptions& o) {
   FlagSet flags(
-      "usage: pipetrain job ID [--coordinator HOST:PORT] [--plan] [--timeline FILE.svg] [--json]\n"
+      "usage: pipetrain job ID [--coordinator HOST:PORT] [--plan] [--timeline FILE.svg]\n"
+      "                        [--measured-timeline FILE.svg] [--json]\n"
       "       pipetrain job ID --report\n"
       "  (prints the job as JSON; --plan adds its plan, --timeline writes the plan's "
-      "simulated timeline; --report prints what `up` reports at a job's end instead)");
+      "simulated timeline, --measured-timeline the workers' measured one; --report prints "
+      "what `up` reports at a job's end instead)");
   o.c.Bind(flags);
   flags.Bool("plan", &o.show_plan, "also print the job's plan (solver, prediction, stages)");
   flags.Bool("report", &o.report,
              "print how the job went, as `up` does at its end (loss, step time measured by the "
              "workers next to the prediction, each worker's busy and waiting time), not JSON");
   flags.String("timeline", &o.timeline, "write the plan's simulated timeline (SVG) to this file");
+  flags.String("measured-timeline", &o.measured_timeline,
+               "write the workers' measured timeline of a step (SVG; the plan's 11th step, then "
+               "every 100th) to this file");
   flags.Bool("full", &o.full, "include the loss history (progress.lossHistory; JOB_VIEW_FULL)");
   flags.Bool("json", &o.json,
              "print JSON only, every field included: the job, or with --plan "
@@ -852,10 +884,11 @@ int RunJob(const std::vector<std::string>& args) {
   FlagSet flags = JobFlags(o);
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 1, &words, "job", &o.c); code >= 0) return code;
-  if (o.report && (o.json || o.show_plan || o.full || !o.timeline.empty())) {
+  if (o.report &&
+      (o.json || o.show_plan || o.full || !o.timeline.empty() || !o.measured_timeline.empty())) {
     std::fprintf(stderr,
                  "pipetrain job: --report prints text on its own: drop --json, --plan, "
-                 "--full and --timeline\n");
+                 "--full, --timeline and --measured-timeline\n");
     return kExitUsage;
   }
   auto stub = o.c.Connect();
@@ -866,7 +899,7 @@ int RunJob(const std::vector<std::string>& args) {
   v1::Job job;
   grpc::Status s = (*stub)->GetJob(WithDeadline(o.c.timeout).get(), request, &job);
   if (!s.ok()) return Fail("job", ToAbsl(s));
-  if (!o.show_plan && o.timeline.empty() && !o.report) {
+  if (!o.show_plan && o.timeline.empty() && o.measured_timeline.empty() && !o.report) {
     std::printf("%s", ToJson(job, o.json).c_str());
     return kExitOk;
   }
@@ -884,6 +917,12 @@ int RunJob(const std::vector<std::string>& args) {
     return kExitOk;
   }
   if (!s.ok()) return Fail("job", ToAbsl(s));
+  if (!o.measured_timeline.empty() && plan.measured_timeline_svg().empty()) {
+    return Fail("job", absl::FailedPreconditionError(
+                           absl::StrCat("job ", job.id(),
+                                        " has no measured step yet: its workers trace the "
+                                        "plan's 11th step (or its last), then every 100th")));
+  }
   if (o.json) {
     std::printf("{\"job\": %s, \"plan\": %s}\n", ToJson(job, true).c_str(),
                 o.show_plan ? ToJson(plan, true).c_str() : "null");
@@ -891,13 +930,17 @@ int RunJob(const std::vector<std::string>& args) {
     std::printf("%s", ToJson(job).c_str());
     if (o.show_plan) PrintPlanSummary(plan);
   }
-  if (!o.timeline.empty()) {
-    std::ofstream out(o.timeline, std::ios::binary);
-    out << plan.timeline_svg();
+  for (const auto& [path, svg, what] :
+       {std::tuple<const std::string&, const std::string&, const char*>{
+            o.timeline, plan.timeline_svg(), "timeline"},
+        {o.measured_timeline, plan.measured_timeline_svg(), "measured timeline"}}) {
+    if (path.empty()) continue;
+    std::ofstream out(path, std::ios::binary);
+    out << svg;
     out.close();
-    if (!out) return Fail("job", absl::PermissionDeniedError("cannot write " + o.timeline));
+    if (!out) return Fail("job", absl::PermissionDeniedError("cannot write " + path));
     // On stderr with --json, so that stdout stays one JSON document.
-    std::fprintf(o.json ? stderr : stdout, "timeline: %s\n", o.timeline.c_str());
+    std::fprintf(o.json ? stderr : stdout, "%s: %s\n", what, path.c_str());
   }
   return kExitOk;
 }

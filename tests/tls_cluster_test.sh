@@ -49,6 +49,11 @@ job_id=$(echo "$out" | tail -1 | cut -d' ' -f1)
   >"$T/report.out" 2>&1
 check "job --report: the outcome" grep -q "job $job_id SUCCEEDED after 5 steps, final loss" "$T/report.out"
 check "job --report: the workers' step time" grep -q "step time: measured .* (the workers' mean" "$T/report.out"
+# The workers traced the 5-step plan's last step: its measured timeline.
+"$R/cli/pipetrain" job "$job_id" --measured-timeline "$T/measured.svg" --coordinator="$addr" \
+  --tls-ca="$T/cert.pem" >"$T/measured.out" 2>&1
+check "job --measured-timeline: written" grep -q "measured timeline: $T/measured.svg" "$T/measured.out"
+check "job --measured-timeline: the workers' step 5" grep -q "measured step 5 (workers" "$T/measured.svg"
 "$R/cli/pipetrain" jobs --coordinator="$addr" > "$T/plain.out" 2>&1
 check "plaintext client refused (UNAVAILABLE: exit 78)" test $? -eq 78
 check "refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/plain.out"

@@ -609,15 +609,20 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
 }
 
 absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
-  AnnotatedMutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
-  if (it->second->plan.version() == 0) {
-    return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " has no plan yet (",
-                                                      EnumShortName(it->second->job.state()), ")"));
+  v1::Plan plan;
+  MeasuredStepCopy measured;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+    if (it->second->plan.version() == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job ", job_id, " has no plan yet (", EnumShortName(it->second->job.state()), ")"));
+    }
+    plan = it->second->plan;
+    measured = CopyMeasuredStep(*it->second);
   }
-  v1::Plan plan = it->second->plan;
-  AddMeasuredTimeline(*it->second, &plan);
+  AddMeasuredTimeline(measured, &plan);
   return plan;
 }
 
@@ -631,31 +636,42 @@ void JobManager::AddTraceLocked(JobRecord& record, int stage_index, const v1::St
   if (tracing.by_stage.size() == record.assignments.size()) record.traced = tracing;
 }
 
-void JobManager::AddMeasuredTimeline(const JobRecord& record, v1::Plan* plan) {
-  if (record.traced.iteration < 0) return;
+JobManager::MeasuredStepCopy JobManager::CopyMeasuredStep(const JobRecord& record) {
+  MeasuredStepCopy copy;
+  if (record.traced.iteration < 0) return copy;
+  copy.job_id = record.job.id();
+  copy.iteration = record.traced.iteration;
+  for (const auto& [stage, trace] : record.traced.by_stage) {
+    copy.programs.push_back(record.assignments[stage].program());
+    copy.traces.push_back(trace);
+    copy.names.push_back(record.job.worker_ids(stage));
+  }
+  return copy;
+}
+
+void JobManager::AddMeasuredTimeline(const MeasuredStepCopy& step, v1::Plan* plan) {
+  if (step.iteration < 0) return;
   std::vector<const v1::Program*> programs;
   std::vector<const v1::StepTrace*> traces;
-  std::vector<std::string> names;
-  for (const auto& [stage, trace] : record.traced.by_stage) {
-    programs.push_back(&record.assignments[stage].program());
-    traces.push_back(&trace);
-    names.push_back(record.job.worker_ids(stage));
+  for (size_t w = 0; w < step.programs.size(); ++w) {
+    programs.push_back(&step.programs[w]);
+    traces.push_back(&step.traces[w]);
   }
   absl::StatusOr<SimulationResult> measured = MeasuredTimeline(programs, traces);
   if (!measured.ok()) {  // checked as they came: a bug
-    PT_LOG(WARNING) << "job " << record.job.id() << ": no measured timeline: " << measured.status();
+    PT_LOG(WARNING) << "job " << step.job_id << ": no measured timeline: " << measured.status();
     return;
   }
   TimelineSvgOptions svg;
   // Lanes start where each worker began the step: a worker done early with
   // the step before begins this one early, so steps overlap across workers
   // and the span is more than the step time.
-  svg.title = absl::StrCat("job ", record.job.id(), ": measured step ", record.traced.iteration + 1,
+  svg.title = absl::StrCat("job ", step.job_id, ": measured step ", step.iteration + 1,
                            " (workers' clocks)");
   svg.span_name = "first start to last end";
-  plan->set_measured_step(record.traced.iteration);
-  plan->set_measured_timeline_svg(TimelineSvg(*measured, names, svg));
-  plan->set_measured_chrome_trace_json(ChromeTraceJson(*measured, names));
+  plan->set_measured_step(step.iteration);
+  plan->set_measured_timeline_svg(TimelineSvg(*measured, step.names, svg));
+  plan->set_measured_chrome_trace_json(ChromeTraceJson(*measured, step.names));
 }
 
 void JobManager::ScheduleQueued() {

@@ -205,7 +205,8 @@ class JobManager {
   std::vector<v1::Job> List() const;
   // NOT_FOUND; FAILED_PRECONDITION when the job already ended.
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
-  // NOT_FOUND; FAILED_PRECONDITION while the job is not planned yet.
+  // NOT_FOUND; FAILED_PRECONDITION while the job is not planned yet. The
+  // measured timeline (Plan.measured_*) is drawn after the lock is let go.
   absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id) const;
 
   // From workers. NOT_FOUND (unknown job); PERMISSION_DENIED (the worker is
@@ -425,8 +426,18 @@ class JobManager {
   // Keeps a worker's trace of a traced step (record.tracing), and the
   // step as record.traced once every worker of the plan sent it.
   static void AddTraceLocked(JobRecord& record, int stage_index, const v1::StepTrace& trace);
-  // Plan.measured_* from record.traced, when there is one.
-  static void AddMeasuredTimeline(const JobRecord& record, v1::Plan* plan);
+  // A traced step's programs, traces and worker names, copied out of a
+  // record so that drawing it (AddMeasuredTimeline) needs no lock.
+  struct MeasuredStepCopy {
+    std::string job_id;
+    int64_t iteration = -1;  // -1: none
+    std::vector<v1::Program> programs;
+    std::vector<v1::StepTrace> traces;
+    std::vector<std::string> names;
+  };
+  static MeasuredStepCopy CopyMeasuredStep(const JobRecord& record);
+  // Plan.measured_* from the copy, when it holds a step.
+  static void AddMeasuredTimeline(const MeasuredStepCopy& step, v1::Plan* plan);
   absl::Status CheckWeightsChunkLocked(const JobRecord& record, const v1::WeightsChunk& chunk) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Where the spec's files may go and come from (options_); see Submit.

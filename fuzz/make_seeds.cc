@@ -14,9 +14,11 @@
 #include "common/logging.h"
 #include "common/safetensors.h"
 #include "common/tensor.h"
+#include "coordinator/planner/schedule_compiler.h"
 #include "fuzz/codec_specs.h"
 #include "kernels/compress/codec_spec.h"
 #include "proto/pipetrain/v1/dataplane.pb.h"
+#include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/data/token_file.h"
 #include "worker/transport/frame_codec.h"
 #include "worker/transport/transport.h"
@@ -238,6 +240,41 @@ void PlannerSeeds(const std::string& dir) {
             "3" + Uint16(static_cast<uint16_t>(profile.size())) + profile + cluster);
 }
 
+// step_trace_fuzzer: both workers' traces of step 10 of the target's
+// programs, every instruction timed one after the other (0.1 ms each,
+// receives half waiting, the second worker 2 ms later); and the same
+// with the first worker's last instructions left out.
+void StepTraceSeeds(const std::string& dir) {
+  const std::vector<v1::Program> programs =
+      CompilePrograms({Range{0, 3}, Range{3, 6}}, 6, 4, Schedule::kOneFOneB).value();
+  std::string traces[2];
+  std::string shortened;
+  for (int w = 0; w < 2; ++w) {
+    v1::StepTrace trace;
+    trace.set_iteration(10);
+    trace.mutable_start_time()->set_seconds(1800000000);
+    trace.mutable_start_time()->set_nanos(w * 2000000);
+    const int n = programs[w].instructions_size();
+    trace.set_seconds(1e-4 * n);
+    for (int i = 0; i < n; ++i) {
+      v1::InstructionTiming* t = trace.add_instructions();
+      t->set_instruction(i);
+      t->set_start_seconds(1e-4 * i);
+      t->set_end_seconds(1e-4 * (i + 1));
+      if (programs[w].instructions(i).has_recv()) t->set_waited_seconds(5e-5);
+    }
+    traces[w] = trace.SerializeAsString();
+    if (w == 0) {
+      trace.mutable_instructions()->DeleteSubrange(n / 2, n - n / 2);
+      shortened = trace.SerializeAsString();
+    }
+  }
+  WriteSeed(dir, "two_workers",
+            Uint16(static_cast<uint16_t>(traces[0].size())) + traces[0] + traces[1]);
+  WriteSeed(dir, "first_half_timed",
+            Uint16(static_cast<uint16_t>(shortened.size())) + shortened + traces[1]);
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -254,5 +291,6 @@ int main(int argc, char** argv) {
   FrameSeeds(root + "/frame_fuzzer");
   TokenFileSeeds(root + "/token_file_fuzzer");
   PlannerSeeds(root + "/planner_json_fuzzer");
+  StepTraceSeeds(root + "/step_trace_fuzzer");
   return 0;
 }

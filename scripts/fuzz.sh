@@ -24,6 +24,7 @@ TARGETS=(
   codec_spec_fuzzer
   token_file_fuzzer
   planner_json_fuzzer
+  step_trace_fuzzer
 )
 
 seconds="${1:-600}"

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "cli/pass_times.h"
 #include "cli/stage_times.h"
 #include "common/enum_names.h"
 #include "kernels/compress/codec_spec.h"
@@ -112,8 +113,10 @@ std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const Ste
         measured, which, plan.predicted_iteration_seconds(),
         100 * (plan.predicted_iteration_seconds() / measured - 1), plan.profile_source());
   }
-  // Where the step went, worker by worker (the whole run's mean).
+  // Where the step went, worker by worker (the whole run's mean), then in
+  // the workers' traced step, pass by pass.
   out += FormatStageTimes(end, plan);
+  out += FormatPassTimes(plan);
   return out;
 }
 

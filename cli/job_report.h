@@ -51,7 +51,7 @@ std::string FormatJobOutcome(const v1::Job& end);
 //     the plan's simulation (-8%; <profile source>)" (when the plan has a
 //     prediction: measured by `timing` when it has two sightings, else by
 //     the workers' stage times, WorkersStepSeconds in stage_times.h),
-// then FormatStageTimes' table.
+// then FormatStageTimes' table and FormatPassTimes' (pass_times.h).
 std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const StepTiming& timing);
 
 }  // namespace pipetrain

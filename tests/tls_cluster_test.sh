@@ -44,6 +44,8 @@ check "job over TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -f2)" = 
 # The report `up` prints goes to stderr with the progress.
 check "--follow reports the final loss" grep -q "SUCCEEDED after 5 steps, final loss" "$T/follow.err"
 check "--follow reports each worker's step" grep -q "per step, measured \[predicted\]" "$T/follow.err"
+check "--follow reports the traced step's passes" \
+  grep -q "passes in step 5 as the workers measured it \[predicted\]" "$T/follow.err"
 job_id=$(echo "$out" | tail -1 | cut -d' ' -f1)
 "$R/cli/pipetrain" job "$job_id" --report --coordinator="$addr" --tls-ca="$T/cert.pem" \
   >"$T/report.out" 2>&1

@@ -16,9 +16,12 @@ namespace pipetrain {
 // A header line and one line per measured worker (at most
 // kMaxPassTimeRows, then "... and N more"), milliseconds in the step:
 //   "passes in step 711 as the workers measured it [predicted], ms: forward,
-//    backward, optimizer, waiting\n" (one line)
-//   "  w-2       6.18 [6.39]      13.97 [11.06]      0.23 [0.12]       8.71 [6.60]\n"
-// forward and backward include recomputes under backward; waiting is
+//    backward, optimizer, sends, waiting\n" (one line)
+//   "  w-2       6.18 [6.39]      13.97 [11.06]      0.23 [0.12]       2.80 [-]
+//          8.71 [6.60]\n" (one line)
+// forward and backward include recomputes under backward; sends is the
+// hand-off of each send to the data plane (no prediction: the simulation
+// counts it in the data plane's CPU demand, off the lane); waiting is
 // the receives' waits and the data-parallel all-reduce's inside the step
 // (so not the idle time at a step's end that stage_times.h's predicted
 // waiting counts). A worker the

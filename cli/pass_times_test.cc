@@ -48,14 +48,18 @@ TEST(FormatPassTimes, MeasuredNextToPredictedPerWorkerAndKind) {
   plan.set_measured_chrome_trace_json(Trace(
       {Name(0, "w-2"), Name(1, "w-1"), Name(2, "w-3"), Event(0, 0, "forward", 1540),
        Event(0, 0, "backward", 3000), Event(0, 0, "recompute", 490), Event(0, 0, "optimizer", 230),
-       Event(0, 0, "all-reduce-wait", 1000), Event(1, 0, "forward", 620),
-       Event(1, 0, "recv-wait", 250), Event(1, 0, "recv-wait", 250), Event(2, 0, "forward", 10)}));
+       Event(0, 0, "all-reduce-wait", 1000), Event(0, 0, "send-handoff", 150),
+       Event(0, 0, "send-handoff", 200), Event(1, 0, "forward", 620), Event(1, 0, "recv-wait", 250),
+       Event(1, 0, "recv-wait", 250), Event(2, 0, "forward", 10)}));
   EXPECT_EQ(FormatPassTimes(plan),
             "passes in step 111 as the workers measured it [predicted], ms: forward, backward, "
-            "optimizer, waiting\n"
-            "  w-1       0.62 [0.60]       0.00 [1.00]       0.00 [0.00]       0.50 [0.30]\n"
-            "  w-2       1.54 [1.50]       3.49 [2.50]       0.23 [0.10]       1.00 [0.00]\n"
-            "  w-3       0.01 [-]          0.00 [-]          0.00 [-]          0.00 [-]\n");
+            "optimizer, sends, waiting\n"
+            "  w-1       0.62 [0.60]       0.00 [1.00]       0.00 [0.00]       0.00 [-]          "
+            "0.50 [0.30]\n"
+            "  w-2       1.54 [1.50]       3.49 [2.50]       0.23 [0.10]       0.35 [-]          "
+            "1.00 [0.00]\n"
+            "  w-3       0.01 [-]          0.00 [-]          0.00 [-]          0.00 [-]          "
+            "0.00 [-]\n");
 }
 
 TEST(FormatPassTimes, EmptyWithoutAMeasuredStepOrAReadableTrace) {

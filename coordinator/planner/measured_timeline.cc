@@ -166,13 +166,25 @@ absl::StatusOr<SimulationResult> MeasuredTimeline(const std::vector<const v1::Pr
           break;
         }
         case v1::Instruction::kAddTiedGradient: {
-          if (end <= start) break;
+          // Fused, an all-reduce over the owners of every replica; unfused,
+          // an addition of what the exchange brought (busy, not drawn).
+          if (end <= start || !in.add_tied_gradient().fused()) break;
           TimelineEvent* e = add(TimelineEventKind::kAllReduce, start, end, t.instruction());
-          e->label = in.add_tied_gradient().fused() ? "fused embedding sync (all-reduce)"
-                                                    : "tied embedding gradient added";
+          e->label = "fused embedding sync (all-reduce)";
           break;
         }
-        case v1::Instruction::kSend:  // its hand-off only; the wire is not measured
+        case v1::Instruction::kSend: {  // its hand-off; the wire is not measured
+          if (end <= start) break;
+          const v1::Instruction::Send& send = in.send();
+          TimelineEvent* e = add(TimelineEventKind::kSendHandoff, start, end, t.instruction());
+          e->peer = send.peer_stage();
+          e->tensor_kind = send.tensor().kind();
+          e->micro_batch = send.tensor().micro_batch();
+          e->units = Range{send.tensor().unit(), send.tensor().unit() + 1};
+          e->label =
+              absl::StrCat("hand over ", TensorKeyText(send.tensor()), " to ", send.peer_stage());
+          break;
+        }
         case v1::Instruction::OP_NOT_SET:
           break;
       }

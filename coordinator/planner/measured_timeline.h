@@ -8,9 +8,10 @@
 // (StepTrace.start_time): exact for workers on one host, off by the hosts'
 // clock offsets otherwise. Drawn: forward, backward and recompute passes,
 // optimizer steps, the waits in receives and for the data-parallel
-// all-reduce, and the tied embedding's sync. Not drawn: transfers (a
-// send's time on the wire is not measured, only its hand-off) and the
-// decoding after a receive's wait.
+// all-reduce, the fused embedding sync, and the sends' hand-offs to the
+// data plane (kSendHandoff). Not drawn: transfers (a send returns once
+// queued, so its time on the wire is not measured) and the decoding after
+// a receive's wait.
 //
 // Thread-safety: pure functions.
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_MEASURED_TIMELINE_H_

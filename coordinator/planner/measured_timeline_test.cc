@@ -92,28 +92,54 @@ TEST(MeasuredTimeline, LanesAlignedByWallClockWithComputeAndWaits) {
   EXPECT_DOUBLE_EQ(r->idle_seconds[0], 0.003);
   EXPECT_NEAR(r->idle_seconds[1], 0.013 - 0.007 - 0.001, 1e-15);
 
-  ASSERT_EQ(r->events.size(), 6u);  // F, Opt; wait, F, all-reduce wait, Opt
+  ASSERT_EQ(r->events.size(), 7u);  // F, send, Opt; wait, F, all-reduce wait, Opt
   const TimelineEvent& forward0 = r->events[0];
   EXPECT_EQ(forward0.kind, TimelineEventKind::kForward);
   EXPECT_EQ(forward0.label, "F mb0 [0,2)");
-  EXPECT_EQ(r->events[1].kind, TimelineEventKind::kOptimizer);
-  const TimelineEvent& wait = r->events[2];
+  const TimelineEvent& handoff = r->events[1];
+  EXPECT_EQ(handoff.kind, TimelineEventKind::kSendHandoff);
+  EXPECT_DOUBLE_EQ(handoff.start_seconds, 0.005);
+  EXPECT_DOUBLE_EQ(handoff.end_seconds, 0.0052);
+  EXPECT_EQ(handoff.peer, 1);
+  EXPECT_EQ(handoff.label, "hand over ACTIVATION u1 mb0 to 1");
+  EXPECT_EQ(r->events[2].kind, TimelineEventKind::kOptimizer);
+  const TimelineEvent& wait = r->events[3];
   EXPECT_EQ(wait.worker, 1);
   EXPECT_EQ(wait.kind, TimelineEventKind::kRecvWait);
   EXPECT_DOUBLE_EQ(wait.start_seconds, 0.001);
   EXPECT_DOUBLE_EQ(wait.end_seconds, 0.005);
   EXPECT_EQ(wait.peer, 0);
   EXPECT_EQ(wait.label, "wait ACTIVATION u1 mb0 from 0");
-  EXPECT_EQ(r->events[3].label, "F mb0 [2,4)");
-  EXPECT_DOUBLE_EQ(r->events[3].start_seconds, 0.0055);
-  EXPECT_EQ(r->events[4].kind, TimelineEventKind::kAllReduceWait);
-  EXPECT_DOUBLE_EQ(r->events[4].end_seconds, 0.0115);
-  EXPECT_EQ(r->events[5].kind, TimelineEventKind::kOptimizer);
-  EXPECT_DOUBLE_EQ(r->events[5].start_seconds, 0.0115);
+  EXPECT_EQ(r->events[4].label, "F mb0 [2,4)");
+  EXPECT_DOUBLE_EQ(r->events[4].start_seconds, 0.0055);
+  EXPECT_EQ(r->events[5].kind, TimelineEventKind::kAllReduceWait);
+  EXPECT_DOUBLE_EQ(r->events[5].end_seconds, 0.0115);
+  EXPECT_EQ(r->events[6].kind, TimelineEventKind::kOptimizer);
+  EXPECT_DOUBLE_EQ(r->events[6].start_seconds, 0.0115);
 
   const std::string svg = TimelineSvg(*r, {"w-1", "w-2"});
   EXPECT_NE(svg.find("F mb0 [2,4)"), std::string::npos);
+  EXPECT_NE(svg.find("hand over ACTIVATION u1 mb0 to 1"), std::string::npos);
+  EXPECT_NE(svg.find("send-handoff"), std::string::npos);  // in the legend
   EXPECT_NE(svg.find("w-2"), std::string::npos);
+}
+
+// The tied embedding: its fused sync is an all-reduce on the lane; the
+// unfused addition is busy time but not drawn.
+TEST(MeasuredTimeline, FusedEmbeddingSyncDrawnAsAllReduceUnfusedAddNot) {
+  v1::Program program;
+  program.add_instructions()->mutable_add_tied_gradient()->set_fused(true);
+  program.add_instructions()->mutable_add_tied_gradient();
+  v1::StepTrace trace = Trace(1000, 0, 0.004);
+  Time(&trace, 0, 0.0, 0.003);
+  Time(&trace, 1, 0.003, 0.004);
+  ASSERT_TRUE(CheckStepTrace(trace, 10, program).ok());
+  absl::StatusOr<SimulationResult> r = MeasuredTimeline({&program}, {&trace});
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->events.size(), 1u);
+  EXPECT_EQ(r->events[0].kind, TimelineEventKind::kAllReduce);
+  EXPECT_EQ(r->events[0].label, "fused embedding sync (all-reduce)");
+  EXPECT_DOUBLE_EQ(r->busy_seconds[0], 0.004);
 }
 
 TEST(MeasuredTimeline, NeedsOneTracePerProgram) {

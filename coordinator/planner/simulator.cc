@@ -627,6 +627,8 @@ const char* TimelineEventKindName(TimelineEventKind kind) {
       return "all-reduce-cpu";
     case TimelineEventKind::kTensorParallelAllReduce:
       return "tp-all-reduce";
+    case TimelineEventKind::kSendHandoff:
+      return "send-handoff";
   }
   return "unknown";
 }

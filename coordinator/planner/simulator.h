@@ -217,11 +217,16 @@ enum class TimelineEventKind {
   // hide is inside the unit's cost). Added by AddTensorParallelLanes
   // (tensor_parallel_lanes.h), never by SimulateIteration.
   kTensorParallelAllReduce,
+  // The worker hands a send over to its data plane (the tensor's copy, a
+  // device encode, the queueing): worker time. Measured timelines only
+  // (measured_timeline.h): the simulation counts that work in the data
+  // plane's CPU demand, not on the worker's lane.
+  kSendHandoff,
 };
 
 // "forward", "backward", "recompute", "optimizer", "send", "recv-wait",
 // "all-reduce", "all-reduce-bucket", "all-reduce-wait", "all-reduce-cpu",
-// "tp-all-reduce".
+// "tp-all-reduce", "send-handoff".
 const char* TimelineEventKindName(TimelineEventKind kind);
 
 struct TimelineEvent {

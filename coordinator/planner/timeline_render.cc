@@ -56,6 +56,8 @@ const char* BoxLetter(TimelineEventKind kind) {
       return "AR";
     case TimelineEventKind::kAllReduceCpu:
       return "cod";
+    case TimelineEventKind::kSendHandoff:
+      return "s";
     case TimelineEventKind::kSendTransfer:
     case TimelineEventKind::kRecvWait:
     case TimelineEventKind::kTensorParallelAllReduce:
@@ -177,6 +179,8 @@ const char* FillOf(const TimelineEvent& e) {
       return "#76b7b2";
     case TimelineEventKind::kAllReduceBucket:
       return "#ff9d9a";
+    case TimelineEventKind::kSendHandoff:
+      return "#bab0ac";
     case TimelineEventKind::kSendTransfer:
       break;
   }
@@ -323,9 +327,10 @@ class SvgTimeline {
     if (kinds.count(TimelineEventKind::kAllReduceWait)) kinds.insert(TimelineEventKind::kAllReduce);
     double x = 12;
     TimelineEvent probe;
-    for (TimelineEventKind k : {TimelineEventKind::kForward, TimelineEventKind::kBackward,
-                                TimelineEventKind::kRecompute, TimelineEventKind::kAllReduce,
-                                TimelineEventKind::kAllReduceCpu, TimelineEventKind::kOptimizer}) {
+    for (TimelineEventKind k :
+         {TimelineEventKind::kForward, TimelineEventKind::kBackward, TimelineEventKind::kRecompute,
+          TimelineEventKind::kAllReduce, TimelineEventKind::kAllReduceCpu,
+          TimelineEventKind::kOptimizer, TimelineEventKind::kSendHandoff}) {
       probe.kind = k;
       if (k == TimelineEventKind::kForward || k == TimelineEventKind::kBackward || kinds.count(k)) {
         LegendItem(&x, FillOf(probe), 14, TimelineEventKindName(k));

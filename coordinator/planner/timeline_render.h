@@ -19,9 +19,9 @@ namespace pipetrain {
 // Chrome trace event format ({"traceEvents": [...]}, complete "X" events):
 //  - pid = worker index, named by a process_name metadata event and sorted
 //    by index (process_sort_index).
-//  - tid 0, "compute": forward, backward, recompute, all-reduce, optimizer
-//    and recv-wait events (a worker does one thing at a time, so they never
-//    overlap).
+//  - tid 0, "compute": forward, backward, recompute, all-reduce, optimizer,
+//    recv-wait and (measured timelines) send-handoff events (a worker does
+//    one thing at a time, so they never overlap).
 //  - tid 1 + peer, "send to <peer name>": transfers on link (worker -> peer);
 //    a link carries one transfer at a time, so these never overlap either.
 //  - tid 2^20, "tensor-parallel all-reduce": a tensor-parallel job's unit
@@ -49,7 +49,8 @@ struct TimelineSvgOptions {
 // a title line with the iteration time (options.span_name) and bubble
 // fraction, a legend, one
 // lane per worker with its name and busy share, compute boxes coloured by
-// kind (forward, backward, recompute, all-reduce, optimizer) with "F3" /
+// kind (forward, backward, recompute, all-reduce, optimizer; a measured
+// timeline's send hand-offs) with "F3" /
 // "B3" / "R3" micro-batch labels ("AR", "opt" for the per-iteration boxes)
 // where they fit, hatched recv waits, transfers as thin
 // bars under the lane coloured by tensor kind (sends to higher-numbered

@@ -6,7 +6,6 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/time.h"
 
 namespace pipetrain {
 namespace {

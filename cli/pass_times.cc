@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain {
@@ -57,7 +58,15 @@ std::optional<std::map<std::string, Sums>> SumByWorker(const std::string& text) 
     }
   }
   std::map<std::string, Sums> by_name;
-  for (const auto& [pid, name] : names) by_name[name] = sums[pid];
+  for (const auto& [pid, name] : names) {
+    by_name[name] = sums[pid];
+    // The prediction draws one lane per stage position, named by all its
+    // workers ("w-1,w-3": the position's replicas or tensor ranks).
+    if (name.find(',') == std::string::npos) continue;
+    for (absl::string_view worker : absl::StrSplit(name, ',')) {
+      by_name.emplace(std::string(worker), sums[pid]);
+    }
+  }
   return by_name;
 }
 

@@ -24,9 +24,10 @@ namespace pipetrain {
 // counts it in the data plane's CPU demand, off the lane); waiting is
 // the receives' waits and the data-parallel all-reduce's inside the step
 // (so not the idle time at a step's end that stage_times.h's predicted
-// waiting counts). A worker the
-// prediction does not draw (a replica other than the first, whose lanes
-// it leaves out) has "[-]". Empty without a measured step, or when either
+// waiting counts). The prediction draws one lane per stage position,
+// named by all the workers there ("w-1,w-3": its replicas, or its tensor
+// ranks), so each of them is shown that lane's figures; a worker on no
+// predicted lane has "[-]". Empty without a measured step, or when either
 // trace does not parse as timeline_render.h writes them.
 std::string FormatPassTimes(const v1::Plan& plan);
 

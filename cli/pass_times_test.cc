@@ -62,6 +62,21 @@ TEST(FormatPassTimes, MeasuredNextToPredictedPerWorkerAndKind) {
             "0.00 [-]\n");
 }
 
+// With replicas the prediction's lane of a stage position is named by all
+// its workers; each of them is compared with it.
+TEST(FormatPassTimes, ReplicasShareTheirPositionsPredictedLane) {
+  v1::Plan plan;
+  for (const char* w : {"w-1", "w-2", "w-3", "w-4"}) plan.add_stages()->set_worker_id(w);
+  plan.set_chrome_trace_json(Trace({Name(0, "w-1,w-3"), Name(1, "w-2,w-4"),
+                                    Event(0, 0, "forward", 1000), Event(1, 0, "forward", 2000)}));
+  plan.set_measured_chrome_trace_json(Trace(
+      {Name(0, "w-1"), Name(1, "w-2"), Name(2, "w-3"), Name(3, "w-4"), Event(0, 0, "forward", 1100),
+       Event(1, 0, "forward", 2100), Event(2, 0, "forward", 1200), Event(3, 0, "forward", 2200)}));
+  const std::string text = FormatPassTimes(plan);
+  EXPECT_NE(text.find("  w-3       1.20 [1.00]"), std::string::npos) << text;
+  EXPECT_NE(text.find("  w-4       2.20 [2.00]"), std::string::npos) << text;
+}
+
 TEST(FormatPassTimes, EmptyWithoutAMeasuredStepOrAReadableTrace) {
   v1::Plan plan = TwoWorkerPlan();
   EXPECT_EQ(FormatPassTimes(plan), "");

@@ -641,7 +641,14 @@ JobManager::MeasuredStepCopy JobManager::CopyMeasuredStep(const JobRecord& recor
   if (record.traced.iteration < 0) return copy;
   copy.job_id = record.job.id();
   copy.iteration = record.traced.iteration;
+  copy.workers = static_cast<int>(record.traced.by_stage.size());
+  std::vector<int> timings;
   for (const auto& [stage, trace] : record.traced.by_stage) {
+    timings.push_back(trace.instructions_size());
+  }
+  const int lanes = LeadingLanesWithin(timings, kMaxMeasuredTimelineTimings);
+  for (const auto& [stage, trace] : record.traced.by_stage) {
+    if (static_cast<int>(copy.traces.size()) == lanes) break;
     copy.programs.push_back(record.assignments[stage].program());
     copy.traces.push_back(trace);
     copy.names.push_back(record.job.worker_ids(stage));
@@ -668,6 +675,10 @@ void JobManager::AddMeasuredTimeline(const MeasuredStepCopy& step, v1::Plan* pla
   // and the span is more than the step time.
   svg.title = absl::StrCat("job ", step.job_id, ": measured step ", step.iteration + 1,
                            " (workers' clocks)");
+  if (static_cast<int>(step.traces.size()) < step.workers) {
+    absl::StrAppend(&svg.title, ", its first ", step.traces.size(), " of ", step.workers,
+                    " workers");
+  }
   svg.span_name = "first start to last end";
   plan->set_measured_step(step.iteration);
   plan->set_measured_timeline_svg(TimelineSvg(*measured, step.names, svg));

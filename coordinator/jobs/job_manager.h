@@ -427,10 +427,12 @@ class JobManager {
   // step as record.traced once every worker of the plan sent it.
   static void AddTraceLocked(JobRecord& record, int stage_index, const v1::StepTrace& trace);
   // A traced step's programs, traces and worker names, copied out of a
-  // record so that drawing it (AddMeasuredTimeline) needs no lock.
+  // record so that drawing it (AddMeasuredTimeline) needs no lock: the
+  // first workers' whose timings fit kMaxMeasuredTimelineTimings.
   struct MeasuredStepCopy {
     std::string job_id;
     int64_t iteration = -1;  // -1: none
+    int workers = 0;         // of the plan, drawn or not
     std::vector<v1::Program> programs;
     std::vector<v1::StepTrace> traces;
     std::vector<std::string> names;

@@ -79,6 +79,17 @@ absl::Status CheckStepTrace(const v1::StepTrace& trace, int64_t iteration,
   return absl::OkStatus();
 }
 
+int LeadingLanesWithin(const std::vector<int>& timings, int64_t max_timings) {
+  int64_t sum = 0;
+  int lanes = 0;
+  for (int t : timings) {
+    sum += t;
+    if (sum > max_timings && lanes > 0) break;
+    ++lanes;
+  }
+  return lanes;
+}
+
 absl::StatusOr<SimulationResult> MeasuredTimeline(const std::vector<const v1::Program*>& programs,
                                                   const std::vector<const v1::StepTrace*>& traces) {
   if (programs.empty() || programs.size() != traces.size()) {

@@ -35,6 +35,18 @@ inline constexpr double kMaxTracedStepSeconds = 1e6;
 absl::Status CheckStepTrace(const v1::StepTrace& trace, int64_t iteration,
                             const v1::Program& program);
 
+// The most instruction timings a measured timeline draws: at about 250
+// bytes of SVG and 200 of Chrome trace each, a plan's reply stays near
+// 25 MB, within the CLI's 64 MiB (coordinator_client.cc). A job whose
+// workers' programs hold more is drawn for its first workers only.
+inline constexpr int64_t kMaxMeasuredTimelineTimings = 50000;
+
+// How many of the leading lanes fit: the largest k such that the first k
+// of `timings` (instruction timings per worker, in lane order) sum to at
+// most `max_timings`; at least 1 when there is a lane, so that a job is
+// never drawn with none.
+int LeadingLanesWithin(const std::vector<int>& timings, int64_t max_timings);
+
 // One lane per worker: programs[w] ran as traces[w] says (both the same
 // size, each trace checked by CheckStepTrace). Time 0 is the earliest
 // start_time; iteration_seconds the last worker's end. busy_seconds[w] is

@@ -142,6 +142,16 @@ TEST(MeasuredTimeline, FusedEmbeddingSyncDrawnAsAllReduceUnfusedAddNot) {
   EXPECT_DOUBLE_EQ(r->busy_seconds[0], 0.004);
 }
 
+TEST(LeadingLanesWithin, AsManyLeadingLanesAsFitButAlwaysOne) {
+  EXPECT_EQ(LeadingLanesWithin({}, 10), 0);
+  EXPECT_EQ(LeadingLanesWithin({3, 3, 3}, 10), 3);
+  EXPECT_EQ(LeadingLanesWithin({3, 3, 3}, 9), 3);
+  EXPECT_EQ(LeadingLanesWithin({3, 3, 3}, 8), 2);
+  EXPECT_EQ(LeadingLanesWithin({3, 3, 3}, 5), 1);
+  EXPECT_EQ(LeadingLanesWithin({20, 1}, 10), 1);  // the first lane even when too long
+  EXPECT_EQ(LeadingLanesWithin({1, 20, 1}, 10), 1);
+}
+
 TEST(MeasuredTimeline, NeedsOneTracePerProgram) {
   const v1::Program first = FirstStage();
   const v1::StepTrace t0 = Trace(1000, 0, 0.01);

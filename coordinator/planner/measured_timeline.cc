@@ -31,6 +31,15 @@ double SecondsBetween(const google::protobuf::Timestamp& a, const google::protob
   return static_cast<double>(a.seconds() - b.seconds()) + 1e-9 * (a.nanos() - b.nanos());
 }
 
+// A send's or receive's tensor and peer on its event, as the simulator
+// describes its transfers and waits.
+void DescribeTensor(const v1::TensorKey& key, int peer, TimelineEvent* e) {
+  e->peer = peer;
+  e->tensor_kind = key.kind();
+  e->micro_batch = key.micro_batch();
+  e->units = Range{key.unit(), key.unit() + 1};
+}
+
 }  // namespace
 
 absl::Status CheckStepTrace(const v1::StepTrace& trace, int64_t iteration,
@@ -166,10 +175,7 @@ absl::StatusOr<SimulationResult> MeasuredTimeline(const std::vector<const v1::Pr
           const v1::Instruction::Recv& recv = in.recv();
           TimelineEvent* e =
               add(TimelineEventKind::kRecvWait, start, start + waited, t.instruction());
-          e->peer = recv.peer_stage();
-          e->tensor_kind = recv.tensor().kind();
-          e->micro_batch = recv.tensor().micro_batch();
-          e->units = Range{recv.tensor().unit(), recv.tensor().unit() + 1};
+          DescribeTensor(recv.tensor(), recv.peer_stage(), e);
           e->label =
               absl::StrCat("wait ", TensorKeyText(recv.tensor()), " from ", recv.peer_stage());
           received += waited;
@@ -187,10 +193,7 @@ absl::StatusOr<SimulationResult> MeasuredTimeline(const std::vector<const v1::Pr
           if (end <= start) break;
           const v1::Instruction::Send& send = in.send();
           TimelineEvent* e = add(TimelineEventKind::kSendHandoff, start, end, t.instruction());
-          e->peer = send.peer_stage();
-          e->tensor_kind = send.tensor().kind();
-          e->micro_batch = send.tensor().micro_batch();
-          e->units = Range{send.tensor().unit(), send.tensor().unit() + 1};
+          DescribeTensor(send.tensor(), send.peer_stage(), e);
           e->label =
               absl::StrCat("hand over ", TensorKeyText(send.tensor()), " to ", send.peer_stage());
           break;

@@ -252,7 +252,7 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "with --tensor-parallel: 1d (Megatron's split, the default) or 3d (T = p^3 workers "
            "per stage as a p x p x p cube of 3-D linear layers and LayerNorms; "
            "spec.parallelism.tensor_mode)");
-  f.String("out", &o.out, "directory for logs, weights and ports files");
+  f.String("out", &o.out, "directory for logs, weights, ports files and the timelines (SVG)");
   f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
   f.Int("layers", &o.layers, "transformer blocks");
   f.Int("heads", &o.heads, "attention heads");

@@ -55,6 +55,17 @@ class UnitCheckpointTest : public ::testing::Test {
     }
     return from;
   }
+  // Writes the one unit `state` (unit 1) under `dir`, then expects reading
+  // it back to be DATA_LOSS naming `expected` and the file.
+  void ExpectRefused(const UnitState& state, const std::string& dir, const std::string& expected) {
+    const v1::ResumeFrom from = Write({state}, dir);
+    ASSERT_EQ(from.units_size(), 1);
+    absl::StatusOr<UnitState> read =
+        ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+    EXPECT_NE(read.status().message().find(expected), std::string::npos) << read.status();
+    EXPECT_NE(read.status().message().find("unit-0001"), std::string::npos) << read.status();
+  }
   // Units 0..3 (the whole tiny model), as Write.
   v1::ResumeFrom WriteAll() {
     std::vector<UnitState> units;
@@ -165,14 +176,7 @@ TEST_F(UnitCheckpointTest, InconsistentErrorFeedback_IsDataLoss) {
       {"bad ranks q", bad_ranks, "powersgd.q.ranks.h.0.attn.c_proj.weight is [2, 9, 2]"});
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
-    const std::string dir = "bad-" + std::to_string(&c - cases.data());
-    const v1::ResumeFrom from = Write({c.state}, dir);
-    ASSERT_EQ(from.units_size(), 1);
-    absl::StatusOr<UnitState> read =
-        ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr);
-    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
-    EXPECT_NE(read.status().message().find(c.expected), std::string::npos) << read.status();
-    EXPECT_NE(read.status().message().find("unit-0001"), std::string::npos) << read.status();
+    ExpectRefused(c.state, "bad-" + std::to_string(&c - cases.data()), c.expected);
   }
 }
 
@@ -237,14 +241,7 @@ TEST_F(UnitCheckpointTest, LinkWarmStartOutOfBounds_IsDataLoss) {
     SCOPED_TRACE(c.what);
     UnitState state = MakeUnit(1, 1, true);
     state.link_warm_q.push_back(c.link);
-    const std::string dir = "bad-link-" + c.what;
-    const v1::ResumeFrom from = Write({state}, dir);
-    ASSERT_EQ(from.units_size(), 1);
-    absl::StatusOr<UnitState> read =
-        ReadUnitCheckpoint(root_, from, from.units(0), id_, true, nullptr);
-    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
-    EXPECT_NE(read.status().message().find(c.expected), std::string::npos) << read.status();
-    EXPECT_NE(read.status().message().find("unit-0001"), std::string::npos) << read.status();
+    ExpectRefused(state, "bad-link-" + c.what, c.expected);
   }
 }
 

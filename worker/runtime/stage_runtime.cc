@@ -959,7 +959,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
     // What the instruction waited for: a receive's idle time, an optimizer
     // step's data-parallel all-reduce (Execute adds them to the result).
     const double began = trace != nullptr ? SecondsSince(start) : 0;
-    const double waited_before = WaitedSeconds(result);
+    const double waited_before = trace != nullptr ? WaitedSeconds(result) : 0;
     absl::Status status = Execute(in, iteration, &result);
     if (trace != nullptr) {
       v1::InstructionTiming* timing = trace->add_instructions();

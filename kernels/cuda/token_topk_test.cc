@@ -10,13 +10,16 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/elem_topk_codec.h"
+#include "kernels/compress/linear_codec.h"
 #include "kernels/compress/payload.h"
 #include "kernels/compress/token_topk_codec.h"
 #include "kernels/cuda/device_buffer.h"
@@ -239,6 +242,41 @@ TEST(TokenTopKCudaArgumentsTest, PayloadOfEmptyTensor_InvalidArgument_GoesToTheH
     EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument) << decoded.status();
     EXPECT_NE(decoded.status().message().find("decode it on the host"), std::string::npos)
         << decoded.status();
+  }
+}
+
+// A bad inner payload (a peer's bytes) is refused before anything reaches
+// the device, with the CPU Decode's error: its magic, and a shape other
+// than the kept rows' (announcing more values than the kept rows hold).
+TEST(TokenTopKCudaArgumentsTest, BadInnerPayload_SameErrorAsCpu_BeforeCudaCalls) {
+  absl::StatusOr<std::unique_ptr<Codec>> linear = MakeLinearCodec(8);
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  absl::StatusOr<std::unique_ptr<TokenTopKCodec>> codec =
+      MakeTokenTopKCodec(0.5, std::move(*linear));
+  ASSERT_TRUE(codec.ok()) << codec.status();
+  const Shape shape = {6, 4};
+  absl::StatusOr<std::string> payload =
+      (*codec)->Encode(Tensor::FromVector(shape, RandomNormal(17, 24, 0.0f, 1.0f)), nullptr);
+  ASSERT_TRUE(payload.ok()) << payload.status();
+  // The body ends with the inner payload: header "PTC1", id, rank 2, dims.
+  // 3 of 6 tokens kept: bits, step, then 3 x 4 codes of one byte.
+  const int64_t inner_bytes = HeaderBytes(2) + 1 + 4 + 3 * 4;
+  ASSERT_GT(static_cast<int64_t>(payload->size()), inner_bytes);
+  const size_t inner_at = payload->size() - static_cast<size_t>(inner_bytes);
+  ASSERT_EQ(payload->substr(inner_at, 4), "PTC1");
+
+  std::string bad_magic = *payload;
+  bad_magic[inner_at] = 'X';
+  std::string bad_shape = *payload;
+  bad_shape[inner_at + 6] = 4;  // dims[0]: 4 kept rows instead of 3
+  for (const std::string& bad : {bad_magic, bad_shape}) {
+    absl::StatusOr<Tensor> cpu = (*codec)->Decode(bad);
+    ASSERT_EQ(cpu.status().code(), absl::StatusCode::kInvalidArgument) << cpu.status();
+    TokenTopKInner inner;
+    inner.kind = TokenTopKInner::Kind::kLinear;
+    inner.bits = 8;
+    absl::StatusOr<Shape> gpu = TokenTopKDecodeCuda(bad, 0.5, inner, nullptr, 24, nullptr);
+    EXPECT_EQ(gpu.status(), cpu.status());
   }
 }
 

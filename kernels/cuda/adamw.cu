@@ -36,8 +36,8 @@ static_assert(sizeof(AdamWBatch) + 64 <= 4096, "kernel arguments are capped at 4
 // Grid (blocks per tensor, tensors): block row y updates tensor y, grid
 // stride. The CPU loop body, term for term and in the same order. sqrtf and
 // '/' are IEEE-rounded (nvcc's defaults without -use_fast_math); nvcc may
-// contract multiply-adds into FMAs, and so may GCC on the CPU side (see
-// adamw_test.cc).
+// contract multiply-adds into FMAs, which the CPU reference never does (it
+// is built with -ffp-contract=off; see adamw_test.cc).
 __global__ void AdamWKernel(AdamWBatch batch, AdamWScalars s) {
   const int t = blockIdx.y;
   float* param = batch.param[t];

@@ -3,9 +3,9 @@
 // Tolerance |gpu - cpu| <= kAtol + kRtol * |cpu| on param, m and v, in fp32.
 // Both sides do the same operations in the same order on the same scalars
 // (bias corrections in double on the host, division and sqrt IEEE-rounded),
-// so they differ only where a compiler fuses a multiply-add into an FMA:
-// nvcc does by default, and GCC does too in its AVX2/AVX-512 clones (it
-// contracts in C++ even with -std=c++17), in places neither promises. A
+// so they differ only where nvcc fuses a multiply-add into an FMA, which it
+// does by default in places it does not promise (the CPU reference never
+// does: kernels/cpu builds with -ffp-contract=off). A
 // fused or unfused multiply-add differs by at most 1 ulp of its larger term,
 // and m = beta1 m + (1 - beta1) g can cancel, so errors are absolute near
 // zero. Measured on the CPU on these inputs (x86-64, GCC 12), the reference

@@ -39,7 +39,14 @@ CudaStream::~CudaStream() { Destroy(); }
 // The error is dropped: a destructor cannot report it, and a failure here
 // (after a device fault) shows at the next checked call.
 void CudaStream::Destroy() {
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  // Waits for the queued work first: scratch blocks are cached by the
+  // stream's handle (stream_scratch.h), and a new stream may get the same
+  // handle while this one's kernels still use them. A fault is not
+  // reported here; it was or will be by a call on the stream.
+  if (stream_ != nullptr) {
+    cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);
+  }
   stream_ = nullptr;
 }
 

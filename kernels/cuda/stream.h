@@ -40,7 +40,7 @@ class CudaStream {
   CudaStream& operator=(const CudaStream&) = delete;
   CudaStream(CudaStream&& other) noexcept;
   CudaStream& operator=(CudaStream&& other) noexcept;
-  ~CudaStream();  // cudaStreamDestroy: pending work still completes
+  ~CudaStream();  // waits for the queued work, then cudaStreamDestroy
 
   bool valid() const { return stream_ != nullptr; }
   cudaStream_t get() const { return stream_; }

@@ -67,21 +67,18 @@ const Reference& TrainLocally(int64_t steps = kSteps) {
   static std::map<int64_t, Reference>* cache = new std::map<int64_t, Reference>;
   auto found = cache->find(steps);
   if (found != cache->end()) return found->second;
-  const Reference* ref = [steps] {
-    v1::JobSpec spec = ElasticSpec(1, "uniform", "");
-    spec.mutable_training()->set_steps(steps);
-    ResolvedJobSpec job = ResolveJobSpec(spec).value();
-    const CorpusSpec corpus{"", job.data_format, job.train.model.vocab_size, job.synthetic_bytes,
-                            job.train.seed};
-    Dataset data =
-        Dataset::Create(LoadCorpus(corpus).value(), job.train.seq_len, job.val_fraction).value();
-    auto trainer = LocalTrainer::Create(job.train, &data).value();
-    auto* r = new Reference;
-    for (int i = 0; i < job.train.steps; ++i) r->losses.push_back(trainer->Step().value().loss);
-    for (Parameter* p : trainer->model().parameters()) r->weights[p->name] = p->value.ToVector();
-    return r;
-  }();
-  return (*cache)[steps] = *ref;
+  v1::JobSpec spec = ElasticSpec(1, "uniform", "");
+  spec.mutable_training()->set_steps(steps);
+  ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  const CorpusSpec corpus{"", job.data_format, job.train.model.vocab_size, job.synthetic_bytes,
+                          job.train.seed};
+  Dataset data =
+      Dataset::Create(LoadCorpus(corpus).value(), job.train.seq_len, job.val_fraction).value();
+  auto trainer = LocalTrainer::Create(job.train, &data).value();
+  Reference& ref = (*cache)[steps];  // in the cache, not a copy of a leaked one
+  for (int i = 0; i < job.train.steps; ++i) ref.losses.push_back(trainer->Step().value().loss);
+  for (Parameter* p : trainer->model().parameters()) ref.weights[p->name] = p->value.ToVector();
+  return ref;
 }
 
 // train-local's per-step losses for `spec`, started from the Hugging Face

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/fixed_thread_pool.h"
+#include "common/http_framing.h"
 #include "common/http_gate.h"
 #include "common/logging.h"
 #include "common/secrets.h"
@@ -315,14 +316,40 @@ std::string HttpServer::Answer(const GatedRequest& request) {
   std::string route;
   if (matched != nullptr) {
     route = *matched;
-  } else if (status == 400) {
-    route = kRejectedRoute;  // httplib's parser refused it before routing
+  } else if (status == 400 || status == 414 || status == 416) {
+    // httplib's parser refused it before routing (malformed, a request
+    // line over its 8 KiB, a bad Range). Not matched against the routes:
+    // a path of up to the gate's 16 KiB would take std::regex's recursion
+    // deep into the stack.
+    route = kRejectedRoute;
   } else {
     route = RouteOf(method, path);  // refused before its handler (401), or unrouted
   }
   options_.on_response(BoundedMethod(method), route, status,
                        absl::ToDoubleSeconds(absl::Now() - start));
   return response;
+}
+
+std::string HttpServer::AnswerRequestBytes(absl::string_view received) {
+  HttpRequestFramer framer({options_.max_header_bytes, options_.max_body_bytes});
+  switch (framer.Update(received)) {
+    case HttpRequestFramer::Progress::kNeedMore:
+      return "";
+    case HttpRequestFramer::Progress::kRejected: {
+      const HttpRejection& why = framer.rejection();
+      if (options_.on_response) {  // as the gate's on_reject reports it
+        options_.on_response(BoundedMethod(MethodAndPath(received).first), kRejectedRoute,
+                             why.status, 0);
+      }
+      return SerializeClosingResponse(JsonError(why.status, why.code, why.message));
+    }
+    case HttpRequestFramer::Progress::kComplete:
+      break;
+  }
+  GatedRequest request;
+  request.bytes = std::string(received.substr(0, framer.request_bytes()));
+  request.remote_ip = request.local_ip = "127.0.0.1";
+  return Answer(request);
 }
 
 std::vector<std::pair<std::string, std::string>> HttpServer::Routes() const {

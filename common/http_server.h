@@ -46,6 +46,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/http_response.h"  // HttpResponse, JsonResponse, JsonError
 
@@ -105,8 +106,9 @@ class HttpServer {
     //            line arrived);
     //   route:   the registered pattern the path matches (for a 401 too),
     //            kUnmatchedRoute when none does (404), or kRejectedRoute
-    //            when the gate answered before the request was complete or
-    //            parsed (400 malformed, 408, 411, 413, 431, 503);
+    //            when the gate or httplib's parser answered before the
+    //            request was routed (400 malformed, 408, 411, 413, 414 a
+    //            request line over 8 KiB, 416 a malformed Range, 431, 503);
     //   status:  the HTTP status sent;
     //   seconds: handled requests: from the request being complete to its
     //            response being ready (queueing included); gate answers: from
@@ -154,6 +156,17 @@ class HttpServer {
 
   // The bound port after a successful Start, else 0.
   int port() const { return port_; }
+
+  // The bytes this server would write to a connection that sent exactly
+  // `received` and then waited, without sockets or threads, for fuzzing
+  // (fuzz/rest_fuzzer.cc) and tests: the framing's rejection answer
+  // (common/http_framing.h), or a complete request's answer from the
+  // routes as a handler thread gives it (on_response is called as for a
+  // served request), or "" for a request not complete yet (a connection
+  // would be answered 408 at its timeout). Bytes past a complete request
+  // are ignored, as a connection's are. Callable before Start and while
+  // serving, from any thread; not after Stop.
+  std::string AnswerRequestBytes(absl::string_view received);
 
   // The registered routes, (method, pattern) in registration order: for
   // metrics that create a series per route up front. Thread-safe once

@@ -15,6 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/slow_http_clients.h"
 #include "gtest/gtest.h"
@@ -525,6 +526,67 @@ TEST(HttpServer, Post_KnownPathWrongMethod_Returns405WithAllow) {
   EXPECT_EQ(log.entries(),
             (std::vector<ResponseLog::Entry>{{"POST", R"(/things/([^/:]+))", 405},
                                              {"GET", R"(/things/([^/:]+):poke)", 405}}));
+}
+
+// The socket-free entry point the REST fuzzer drives answers byte for byte
+// as a served connection does: routed, unrouted, unauthenticated, refused
+// by the framing and by httplib's parser; and waits for the rest of an
+// incomplete request.
+TEST(HttpServer, AnswerRequestBytes_SameBytesAsAServedConnection) {
+  ResponseLog log;
+  HttpServer server(log.Observing({.bearer_token = "s3cret", .max_body_bytes = 10}));
+  server.Get(kThingRoute, Echo);
+  server.Post("/echo", Echo);
+  const std::vector<std::string> requests = {
+      "GET /things/a1?x=1 HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nAuthorization: Bearer s3cret\r\nContent-Length: 3\r\n\r\nabc",
+      "GET /things/a1 HTTP/1.1\r\n\r\n",
+      "GET /nowhere HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nContent-Length: 11\r\n\r\n",
+      "BREW /pot HTTP/1.1\r\n\r\n",
+  };
+  std::vector<std::string> answered;
+  for (const std::string& request : requests) {
+    answered.push_back(server.AnswerRequestBytes(request));
+    EXPECT_NE(StatusOf(answered.back()), 0) << answered.back();
+  }
+  EXPECT_EQ(server.AnswerRequestBytes("GET /things/a1 HTTP/1.1\r\n"), "");
+  EXPECT_EQ(server.AnswerRequestBytes(requests[1] + "trailing bytes"), answered[1]);
+  EXPECT_EQ(log.entries(), (std::vector<ResponseLog::Entry>{{"GET", kThingRoute, 200},
+                                                            {"POST", "/echo", 200},
+                                                            {"GET", kThingRoute, 401},
+                                                            {"GET", "unmatched", 404},
+                                                            {"POST", "rejected", 413},
+                                                            {"OTHER", "rejected", 400},
+                                                            {"POST", "/echo", 200}}));
+
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  for (size_t i = 0; i < requests.size(); ++i) {
+    SCOPED_TRACE(requests[i]);
+    RawConnection connection(*port, absl::Seconds(10));
+    ASSERT_TRUE(connection.connected());
+    ASSERT_TRUE(connection.Send(requests[i]));
+    EXPECT_EQ(connection.Read(), answered[i]);
+  }
+}
+
+// httplib answers a request line over its 8 KiB with 414 and a longer
+// header line with 400, before routing; both are reported as rejected, not
+// matched against the routes.
+TEST(HttpServer, OnResponse_LinesOverHttplibsEightKiB_RefusedAndReportedRejected) {
+  ResponseLog log;
+  HttpServer server(log.Observing());
+  server.Get(kThingRoute, Echo);
+  const std::string response = server.AnswerRequestBytes(
+      absl::StrCat("GET /things/", std::string(12000, 'a'), " HTTP/1.1\r\n\r\n"));
+  EXPECT_EQ(StatusOf(response), 414) << response;
+  // A header line over httplib's 8 KiB (within the gate's 16 KiB): 400.
+  const std::string long_header = server.AnswerRequestBytes(
+      absl::StrCat("GET /things/a HTTP/1.1\r\nX-Long: ", std::string(9000, 'b'), "\r\n\r\n"));
+  EXPECT_EQ(StatusOf(long_header), 400) << long_header;
+  EXPECT_EQ(log.entries(),
+            (std::vector<ResponseLog::Entry>{{"GET", "rejected", 414}, {"GET", "rejected", 400}}));
 }
 
 TEST(JsonError, MessageWithQuotesAndInvalidUtf8_IsValidJson) {

@@ -275,6 +275,61 @@ void StepTraceSeeds(const std::string& dir) {
             Uint16(static_cast<uint16_t>(shortened.size())) + shortened + traces[1]);
 }
 
+// --- REST requests (rest_fuzzer.cc: uint16-length-prefixed requests, the
+// last one the rest; its server's token)
+
+constexpr char kRestToken[] = "fuzz-token-5b1d2a7c9e3f4061";
+
+std::string HttpRequestBytes(const std::string& method, const std::string& target,
+                             const std::string& body, bool with_token) {
+  std::string head = absl::StrCat(method, " ", target, " HTTP/1.1\r\nHost: coordinator\r\n");
+  if (with_token) absl::StrAppend(&head, "Authorization: Bearer ", kRestToken, "\r\n");
+  if (method == "POST") {
+    absl::StrAppend(&head, "Content-Type: application/json\r\nContent-Length: ", body.size(),
+                    "\r\n");
+  }
+  return absl::StrCat(head, "\r\n", body);
+}
+
+std::string RequestSequence(const std::vector<std::string>& requests) {
+  std::string out;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i + 1 < requests.size()) out += Uint16(static_cast<uint16_t>(requests[i].size()));
+    out += requests[i];
+  }
+  return out;
+}
+
+void RestSeeds(const std::string& dir) {
+  const std::string spec =
+      R"({"name": "seed", "model": {"nLayer": 4, "nHead": 2, "dModel": 64},)"
+      R"( "training": {"seqLen": 32, "batchSize": 8, "microBatches": 4, "steps": 20},)"
+      R"( "parallelism": {"stages": 2}})";
+  const std::string submit = HttpRequestBytes("POST", "/v1/jobs", spec, true);
+  WriteSeed(dir, "submit_then_reads",
+            RequestSequence({submit,
+                             HttpRequestBytes("GET", "/v1/jobs/job-1?view=JOB_VIEW_FULL", "", true),
+                             HttpRequestBytes("GET", "/v1/jobs?pageSize=1", "", true),
+                             HttpRequestBytes("POST", "/v1/jobs/job-1:cancel", "", true)}));
+  WriteSeed(
+      dir, "plan_and_timelines",
+      RequestSequence({submit, HttpRequestBytes("GET", "/v1/jobs/job-1/plan", "", true),
+                       HttpRequestBytes("GET", "/v1/jobs/job-1/timeline.svg", "", true),
+                       HttpRequestBytes("GET", "/v1/jobs/job-1/measured-timeline.svg", "", true)}));
+  WriteSeed(dir, "workers_metrics_and_no_token",
+            RequestSequence({HttpRequestBytes("GET", "/v1/workers?pageSize=2", "", true),
+                             HttpRequestBytes("POST", "/v1/workers/w-1:drain", "", true),
+                             HttpRequestBytes("GET", "/metrics", "", false),
+                             HttpRequestBytes("POST", "/v1/jobs", spec, false)}));
+  WriteSeed(
+      dir, "refused_bodies",
+      RequestSequence({HttpRequestBytes("POST", "/v1/jobs", R"({"model": {"nLayer": "x"}})", true),
+                       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
+                       "POST /v1/jobs HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n",
+                       "GET /v1/jobs/%6aob-1 HTTP/1.1\r\nRange: bytes=0-1,2-3\r\n"
+                       "Expect: 100-continue\r\n\r\n"}));
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -292,5 +347,6 @@ int main(int argc, char** argv) {
   TokenFileSeeds(root + "/token_file_fuzzer");
   PlannerSeeds(root + "/planner_json_fuzzer");
   StepTraceSeeds(root + "/step_trace_fuzzer");
+  RestSeeds(root + "/rest_fuzzer");
   return 0;
 }

@@ -25,6 +25,7 @@ TARGETS=(
   token_file_fuzzer
   planner_json_fuzzer
   step_trace_fuzzer
+  rest_fuzzer
 )
 
 seconds="${1:-600}"

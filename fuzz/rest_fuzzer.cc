@@ -1,0 +1,85 @@
+// The REST API as any client reaches it (coordinator/api/rest_service.h):
+// raw HTTP request bytes through the server's framing, httplib's parser,
+// the bearer-token check, routing and the handlers, over a real worker
+// registry, job manager and metrics on a fake clock, without sockets
+// (HttpServer::AnswerRequestBytes). Each input starts from a fresh
+// coordinator, so that a crash replays from its input alone.
+//
+// Input: up to kMaxRequests requests, each uint16-length-prefixed but the
+// last, which is the rest; they run in order against the same coordinator
+// (a submit, then reads of what it made). The server's token is kToken.
+//
+// Checks beyond the sanitizers, for each request:
+//  - a complete request is answered with a status line "HTTP/1.1 NNN"
+//    (100 <= NNN < 600); one not complete yet gets nothing;
+//  - authentication: a 2xx answer to a request that does not carry the
+//    token is the only public route's (/metrics, Prometheus text): no REST
+//    method answers a caller without the token.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/string_view.h"
+#include "common/clock.h"
+#include "common/http_server.h"
+#include "common/logging.h"
+#include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/api/rest_service.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/registry/worker_registry.h"
+#include "fuzz/fuzz_input.h"
+
+namespace {
+
+constexpr int kMaxRequests = 4;
+constexpr char kToken[] = "fuzz-token-5b1d2a7c9e3f4061";
+
+// The status of a response ("HTTP/1.1 404 Not Found..."), or 0.
+int StatusOf(absl::string_view response) {
+  int status = 0;
+  if (!absl::StartsWith(response, "HTTP/1.1 ") || response.size() < 12 ||
+      !absl::SimpleAtoi(response.substr(9, 3), &status)) {
+    return 0;
+  }
+  return status;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace pipetrain;
+  static const bool quiet = [] {
+    SetMinLogSeverity(LogSeverity::kError);  // a job's every step is logged
+    return true;
+  }();
+  (void)quiet;
+  FakeClock clock;
+  WorkerRegistry workers{WorkerRegistry::Options{.clock = &clock}};
+  AssignmentHub hub;
+  JobManager jobs{&workers, &hub, &clock};
+  CoordinatorMetrics metrics{&workers, &jobs};
+  HttpServer server(HttpServer::Options{.bearer_token = kToken});
+  RegisterRestRoutes(server, &workers, &jobs);
+  ServePrometheus(server, metrics.registry(), [&metrics] { metrics.Refresh(); });
+
+  FuzzInput in(data, size);
+  for (int i = 0; i < kMaxRequests && !in.empty(); ++i) {
+    const std::string_view piece = i + 1 < kMaxRequests ? in.LengthPrefixed() : in.Rest();
+    const absl::string_view request(piece.data(), piece.size());
+    const std::string response = server.AnswerRequestBytes(request);
+    if (response.empty()) continue;  // not complete: a connection would wait
+    const int status = StatusOf(response);
+    if (status < 100 || status >= 600) __builtin_trap();
+    const bool has_token = absl::StrContains(request, kToken);
+    const absl::string_view head = absl::string_view(response).substr(0, response.find("\r\n\r\n"));
+    if (status >= 200 && status < 300 && !has_token &&
+        !absl::StrContains(head, "Content-Type: text/plain; version=0.0.4")) {
+      __builtin_trap();  // a REST method answered without the token
+    }
+  }
+  return 0;
+}

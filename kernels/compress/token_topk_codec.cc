@@ -80,6 +80,27 @@ void WriteTokenTopKPrefix(const Shape& shape, double keep, int64_t kept,
   bits.Finish();
 }
 
+absl::StatusOr<absl::string_view> TokenTopKInnerPayload(absl::string_view body, int64_t kept,
+                                                        int64_t d) {
+  ByteReader r(body);
+  int64_t length = 0;
+  if (!r.I64(&length) || length != r.remaining()) {
+    return absl::InvalidArgumentError("token_topk: inner payload length does not match the body");
+  }
+  const absl::string_view inner = body.substr(8);
+  absl::StatusOr<Shape> announced = PeekPayloadShape(inner);
+  if (!announced.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_topk: inner payload: ", announced.status().message()));
+  }
+  if (*announced != Shape{kept, d}) {
+    return absl::InvalidArgumentError(absl::StrCat("token_topk: inner payload has shape ",
+                                                   ShapeToString(*announced), ", expected ",
+                                                   ShapeToString({kept, d})));
+  }
+  return inner;
+}
+
 absl::StatusOr<TokenTopKPrefix> ReadTokenTopKPrefix(ByteReader* r, double keep) {
   TokenTopKPrefix prefix;
   ASSIGN_OR_RETURN(prefix.shape, ReadHeader(CodecId::kTokenTopK, r));
@@ -209,23 +230,7 @@ absl::StatusOr<Tensor> TokenTopKCodec::DecodeValues(absl::string_view body, int6
     r.F32s(values.data(), values.numel());  // The length was checked above.
     RETURN_IF_ERROR(CheckFinite(values, "token_topk decode"));
   } else {
-    int64_t length = 0;
-    if (!r.I64(&length) || length != r.remaining()) {
-      return absl::InvalidArgumentError("token_topk: inner payload length does not match the body");
-    }
-    // The inner payload's shape is checked before it is decoded (and so
-    // allocated): it could announce a far larger tensor than this one.
-    const absl::string_view inner = body.substr(8);
-    absl::StatusOr<Shape> inner_shape = PeekPayloadShape(inner);
-    if (!inner_shape.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token_topk: inner payload: ", inner_shape.status().message()));
-    }
-    if (*inner_shape != Shape{kept, d}) {
-      return absl::InvalidArgumentError(absl::StrCat("token_topk: inner payload has shape ",
-                                                     ShapeToString(*inner_shape), ", expected ",
-                                                     ShapeToString({kept, d})));
-    }
+    ASSIGN_OR_RETURN(const absl::string_view inner, TokenTopKInnerPayload(body, kept, d));
     ASSIGN_OR_RETURN(values, inner_->Decode(inner));
     if (values.shape() != Shape{kept, d}) {
       return absl::InvalidArgumentError(absl::StrCat("token_topk: inner payload has shape ",

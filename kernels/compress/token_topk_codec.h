@@ -97,6 +97,13 @@ struct TokenTopKPrefix {
 // Reads them for a codec of `keep`, leaving `r` at the body; Decode's
 // errors for them.
 absl::StatusOr<TokenTopKPrefix> ReadTokenTopKPrefix(ByteReader* r, double keep);
+// The body after the prefix of a payload with an inner codec: its length
+// (int64) and then the inner payload, whose header must announce
+// [kept, d]; returns the inner payload (a view into `body`), checked before
+// it is decoded (and so allocated: it could announce a far larger tensor).
+// Decode's INVALID_ARGUMENT errors for them.
+absl::StatusOr<absl::string_view> TokenTopKInnerPayload(absl::string_view body, int64_t kept,
+                                                        int64_t d);
 // OK, or Encode's INVALID_ARGUMENT for a tensor of rank < 2.
 absl::Status CheckTokenTopKRank(const Shape& shape);
 // OK, or EncodeWithScores' INVALID_ARGUMENT for `scores` of a tensor of

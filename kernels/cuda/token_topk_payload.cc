@@ -104,9 +104,9 @@ absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep
   const int64_t kept = static_cast<int64_t>(prefix.kept_tokens.size());
   absl::string_view body;
   r.Bytes(r.remaining(), &body);
-  // The body is checked before anything is allocated on the device. An
-  // inner payload's shape is checked before it is decoded, as the CPU
-  // Decode does, so that both report the same error for a bad one.
+  // The body is checked before anything is allocated on the device, an
+  // inner payload as the CPU Decode checks it, so that both report the
+  // same error for a bad one.
   absl::string_view inner_payload;
   if (inner.kind == TokenTopKInner::Kind::kRaw) {
     if (static_cast<int64_t>(body.size()) != 4 * kept * d) {
@@ -114,22 +114,7 @@ absl::StatusOr<Shape> TokenTopKDecodeCuda(absl::string_view payload, double keep
           absl::StrCat("token_topk: body is ", body.size(), " bytes, expected ", 4 * kept * d));
     }
   } else {
-    ByteReader lengths(body);
-    int64_t length = 0;
-    if (!lengths.I64(&length) || length != lengths.remaining()) {
-      return absl::InvalidArgumentError("token_topk: inner payload length does not match the body");
-    }
-    inner_payload = body.substr(8);
-    absl::StatusOr<Shape> announced = PeekPayloadShape(inner_payload);
-    if (!announced.ok()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("token_topk: inner payload: ", announced.status().message()));
-    }
-    if (*announced != Shape{kept, d}) {
-      return absl::InvalidArgumentError(absl::StrCat("token_topk: inner payload has shape ",
-                                                     ShapeToString(*announced), ", expected ",
-                                                     ShapeToString({kept, d})));
-    }
+    ASSIGN_OR_RETURN(inner_payload, TokenTopKInnerPayload(body, kept, d));
   }
   ASSIGN_OR_RETURN(StreamScratch rows_block, Scratch<float>(kept * d, stream));
   float* rows = rows_block.as<float>();

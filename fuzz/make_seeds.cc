@@ -328,6 +328,20 @@ void RestSeeds(const std::string& dir) {
                        "POST /v1/jobs HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n",
                        "GET /v1/jobs/%6aob-1 HTTP/1.1\r\nRange: bytes=0-1,2-3\r\n"
                        "Expect: 100-continue\r\n\r\n"}));
+  // Lines near httplib's 8 KiB limits, without and with the token: it
+  // also raises libFuzzer's default input size limit to this seed's, so
+  // that long requests are explored.
+  const std::string long_id(8100, 'a');
+  std::string escaped_id;
+  for (int i = 0; i < 2700; ++i) escaped_id += "%61";
+  std::string ranges = "bytes=0-0";
+  for (int i = 0; i < 2000; ++i) ranges += ",0-0";
+  WriteSeed(
+      dir, "long_lines",
+      RequestSequence({HttpRequestBytes("GET", "/v1/jobs/" + long_id, "", false),
+                       HttpRequestBytes("GET", "/v1/jobs/" + long_id, "", true),
+                       HttpRequestBytes("POST", "/v1/jobs/" + escaped_id + ":cancel", "", true),
+                       "GET /v1/workers HTTP/1.1\r\nRange: " + ranges + "\r\n\r\n"}));
 }
 
 }  // namespace

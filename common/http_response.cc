@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/rpc_status.h"
 
@@ -51,6 +53,12 @@ std::string SerializeClosingResponse(const HttpResponse& response) {
                       "\r\nContent-Type: ", response.content_type,
                       "\r\nContent-Length: ", response.body.size(),
                       "\r\nConnection: close\r\n\r\n", response.body);
+}
+
+int HttpStatusOf(absl::string_view response) {
+  int status = 0;
+  if (!absl::StartsWith(response, "HTTP/") || response.size() < 12) return 0;
+  return absl::SimpleAtoi(response.substr(9, 3), &status) ? status : 0;
 }
 
 }  // namespace pipetrain

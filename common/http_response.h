@@ -32,6 +32,10 @@ HttpResponse JsonError(int status, absl::string_view code, absl::string_view mes
 // the server gives before any handler runs (limits, timeouts).
 std::string SerializeClosingResponse(const HttpResponse& response);
 
+// The status of serialized response bytes ("HTTP/1.1 404 Not Found..."); 0
+// when they hold none.
+int HttpStatusOf(absl::string_view response);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COMMON_HTTP_RESPONSE_H_

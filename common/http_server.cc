@@ -9,8 +9,6 @@
 #include <regex>
 #include <utility>
 
-#include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/fixed_thread_pool.h"
@@ -60,14 +58,6 @@ std::pair<std::string, std::string> MethodAndPath(absl::string_view request) {
   absl::string_view target = line.substr(space + 1);
   target = target.substr(0, target.find(' '));
   return {std::string(line.substr(0, space)), std::string(target.substr(0, target.find('?')))};
-}
-
-// The status of serialized response bytes ("HTTP/1.1 404 Not Found..."); 0
-// when there is none.
-int StatusOf(absl::string_view response) {
-  int status = 0;
-  if (!absl::StartsWith(response, "HTTP/") || response.size() < 12) return 0;
-  return absl::SimpleAtoi(response.substr(9, 3), &status) ? status : 0;
 }
 
 // The pattern of the route whose handler is running on this thread, set by
@@ -312,7 +302,7 @@ std::string HttpServer::Answer(const GatedRequest& request) {
   t_matched_route = nullptr;
   if (!options_.on_response || response.empty()) return response;
   const auto [method, path] = MethodAndPath(request.bytes);
-  const int status = StatusOf(response);
+  const int status = HttpStatusOf(response);
   std::string route;
   if (matched != nullptr) {
     route = *matched;

@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/slow_http_clients.h"
@@ -84,16 +83,6 @@ class RawConnection {
   bool connected_ = false;
   std::string received_;
 };
-
-// The status of a raw HTTP/1.1 response ("HTTP/1.1 413 ..."), or 0.
-int StatusOf(absl::string_view response) {
-  int status = 0;
-  if (!absl::StartsWith(response, "HTTP/1.1 ") || response.size() < 12 ||
-      !absl::SimpleAtoi(response.substr(9, 3), &status)) {
-    return 0;
-  }
-  return status;
-}
 
 // The body after the last head in `response` (after any "100 Continue").
 std::string BodyOf(absl::string_view response) {
@@ -279,7 +268,7 @@ TEST(HttpServer, Post_NoBodyNoContentLength_ReachesHandlerAtOnceWithEmptyBody) {
   ASSERT_TRUE(connection.connected());
   ASSERT_TRUE(connection.Send("POST /v1/jobs/job-1:cancel HTTP/1.1\r\nHost: x\r\n\r\n"));
   const std::string response = connection.Read();
-  ASSERT_EQ(StatusOf(response), 200) << response;
+  ASSERT_EQ(HttpStatusOf(response), 200) << response;
   EXPECT_TRUE(absl::StrContains(response, "Connection: close")) << response;
   nlohmann::json body = nlohmann::json::parse(BodyOf(response));
   EXPECT_EQ(body["body"], "");
@@ -344,7 +333,7 @@ TEST(HttpServer, Post_ChunkedBody_Returns411) {
   ASSERT_TRUE(connection.Send(
       "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
   const std::string response = connection.Read();
-  ASSERT_EQ(StatusOf(response), 411) << response;
+  ASSERT_EQ(HttpStatusOf(response), 411) << response;
   EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], 12);
 }
 
@@ -356,7 +345,7 @@ TEST(HttpServer, Read_MalformedRequestLine_Returns400WithJsonError) {
   ASSERT_TRUE(connection.connected());
   ASSERT_TRUE(connection.Send("NOT AN HTTP REQUEST\r\n\r\n"));
   const std::string response = connection.Read();
-  ASSERT_EQ(StatusOf(response), 400) << response;
+  ASSERT_EQ(HttpStatusOf(response), 400) << response;
   EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], 3);
 }
 
@@ -373,7 +362,7 @@ TEST(HttpServer, Post_ExpectContinue_ContinueThenResponse) {
   ASSERT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
   ASSERT_TRUE(connection.Send("{\"x\":1}"));
   const std::string response = connection.Read().substr(interim.size());
-  ASSERT_EQ(StatusOf(response), 200) << response;
+  ASSERT_EQ(HttpStatusOf(response), 200) << response;
   EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["body"], "{\"x\":1}");
 }
 
@@ -410,7 +399,7 @@ TEST(HttpServer, Read_RequestIncompleteAtDeadline_Returns408AndCloses) {
   ASSERT_TRUE(connection.Send("GET /healthz HTTP/1.1\r\n"));  // never finished
 
   const std::string response = connection.Read();  // to the server's close
-  ASSERT_EQ(StatusOf(response), 408) << response;
+  ASSERT_EQ(HttpStatusOf(response), 408) << response;
   EXPECT_EQ(nlohmann::json::parse(BodyOf(response)),
             nlohmann::json({{"code", 4},
                             {"message",
@@ -498,7 +487,7 @@ TEST(HttpServer, OnResponse_GateAndParserRejections_ReportRejectedRoute) {
   RawConnection connection(*port, absl::Seconds(10));
   ASSERT_TRUE(connection.connected());
   ASSERT_TRUE(connection.Send("BREW /pot HTTP/1.1\r\n\r\n"));  // a method httplib refuses
-  ASSERT_EQ(StatusOf(connection.Read()), 400);
+  ASSERT_EQ(HttpStatusOf(connection.Read()), 400);
   EXPECT_EQ(log.entries(), (std::vector<ResponseLog::Entry>{{"POST", "rejected", 413},
                                                             {"OTHER", "rejected", 400}}));
 }
@@ -548,7 +537,7 @@ TEST(HttpServer, AnswerRequestBytes_SameBytesAsAServedConnection) {
   std::vector<std::string> answered;
   for (const std::string& request : requests) {
     answered.push_back(server.AnswerRequestBytes(request));
-    EXPECT_NE(StatusOf(answered.back()), 0) << answered.back();
+    EXPECT_NE(HttpStatusOf(answered.back()), 0) << answered.back();
   }
   EXPECT_EQ(server.AnswerRequestBytes("GET /things/a1 HTTP/1.1\r\n"), "");
   EXPECT_EQ(server.AnswerRequestBytes(requests[1] + "trailing bytes"), answered[1]);
@@ -580,11 +569,11 @@ TEST(HttpServer, OnResponse_LinesOverHttplibsEightKiB_RefusedAndReportedRejected
   server.Get(kThingRoute, Echo);
   const std::string response = server.AnswerRequestBytes(
       absl::StrCat("GET /things/", std::string(12000, 'a'), " HTTP/1.1\r\n\r\n"));
-  EXPECT_EQ(StatusOf(response), 414) << response;
+  EXPECT_EQ(HttpStatusOf(response), 414) << response;
   // A header line over httplib's 8 KiB (within the gate's 16 KiB): 400.
   const std::string long_header = server.AnswerRequestBytes(
       absl::StrCat("GET /things/a HTTP/1.1\r\nX-Long: ", std::string(9000, 'b'), "\r\n\r\n"));
-  EXPECT_EQ(StatusOf(long_header), 400) << long_header;
+  EXPECT_EQ(HttpStatusOf(long_header), 400) << long_header;
   EXPECT_EQ(log.entries(),
             (std::vector<ResponseLog::Entry>{{"GET", "rejected", 414}, {"GET", "rejected", 400}}));
 }

@@ -21,7 +21,6 @@
 #include <string_view>
 
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/string_view.h"
 #include "common/clock.h"
 #include "common/http_server.h"
@@ -37,16 +36,6 @@ namespace {
 
 constexpr int kMaxRequests = 4;
 constexpr char kToken[] = "fuzz-token-5b1d2a7c9e3f4061";
-
-// The status of a response ("HTTP/1.1 404 Not Found..."), or 0.
-int StatusOf(absl::string_view response) {
-  int status = 0;
-  if (!absl::StartsWith(response, "HTTP/1.1 ") || response.size() < 12 ||
-      !absl::SimpleAtoi(response.substr(9, 3), &status)) {
-    return 0;
-  }
-  return status;
-}
 
 }  // namespace
 
@@ -72,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const absl::string_view request(piece.data(), piece.size());
     const std::string response = server.AnswerRequestBytes(request);
     if (response.empty()) continue;  // not complete: a connection would wait
-    const int status = StatusOf(response);
+    const int status = HttpStatusOf(response);
     if (status < 100 || status >= 600) __builtin_trap();
     const bool has_token = absl::StrContains(request, kToken);
     const absl::string_view head = absl::string_view(response).substr(0, response.find("\r\n\r\n"));

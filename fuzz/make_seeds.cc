@@ -6,6 +6,7 @@
 // Deterministic: the same build writes the same bytes.
 #include <cstdint>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "coordinator/planner/schedule_compiler.h"
 #include "fuzz/codec_specs.h"
 #include "kernels/compress/codec_spec.h"
+#include "proto/pipetrain/v1/coordinator.pb.h"
 #include "proto/pipetrain/v1/dataplane.pb.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "worker/data/token_file.h"
@@ -344,6 +346,57 @@ void RestSeeds(const std::string& dir) {
                        "GET /v1/workers HTTP/1.1\r\nRange: " + ranges + "\r\n\r\n"}));
 }
 
+// --- worker registry operations (worker_registry_fuzzer.cc: an operation
+// byte, then what it needs)
+
+std::string RegisterOp(const std::string& address, bool with_token) {
+  v1::RegisterWorkerRequest request;
+  request.set_data_address(address);
+  request.set_node_name("node-a");
+  request.mutable_device()->set_cpu_model("AMD EPYC");
+  request.mutable_device()->set_cpu_cores(2);
+  const std::string bytes = request.SerializeAsString();
+  return std::string(1, static_cast<char>(with_token ? 8 : 0)) +
+         Uint16(static_cast<uint16_t>(bytes.size())) + bytes;
+}
+
+std::string HeartbeatOp(const std::string& id, int64_t incarnation) {
+  v1::HeartbeatRequest request;
+  request.set_worker_id(id);
+  request.set_incarnation(incarnation);
+  request.set_current_instruction("FORWARD unit 1 micro-batch 0");
+  const std::string bytes = request.SerializeAsString();
+  return std::string(1, 1) + Uint16(static_cast<uint16_t>(bytes.size())) + bytes;
+}
+
+std::string Op(int op, std::initializer_list<int> bytes) {
+  std::string out(1, static_cast<char>(op));
+  for (int b : bytes) out.push_back(static_cast<char>(b));
+  return out;
+}
+
+void WorkerRegistrySeeds(const std::string& dir) {
+  // Two workers join, one heartbeats, both are assigned, one re-registers
+  // (a new incarnation), leases run out, one deregisters.
+  WriteSeed(dir, "join_assign_reregister_expire",
+            RegisterOp("10.0.0.1:9001", true) + RegisterOp("10.0.0.2:9001", true) +
+                HeartbeatOp("w-1", 1) + Op(4, {1, 2}) + RegisterOp("10.0.0.1:9001", true) +
+                Op(3, {30}) + Op(12, {}) + Op(2, {2, 1}) + Op(7, {1}));
+  // A registration without the token, a malformed heartbeat, a lost worker
+  // and a forged session token.
+  WriteSeed(dir, "refused_and_lost",
+            RegisterOp("10.0.0.3:9001", false) + RegisterOp("10.0.0.3:9001", true) +
+                HeartbeatOp("", 0) + HeartbeatOp("w-1", 7) + Op(5, {1, 1}) + Op(6, {}) +
+                Uint16(15) + "v1.w-1.1.forged");
+  // More addresses than the registry holds: eviction of the departed.
+  std::string many;
+  for (int i = 0; i < 9; ++i) {
+    many += RegisterOp(absl::StrCat("10.0.1.", i, ":9001"), true);
+    if (i % 3 == 2) many += Op(2, {i, 1});
+  }
+  WriteSeed(dir, "more_workers_than_room", many);
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -362,5 +415,6 @@ int main(int argc, char** argv) {
   PlannerSeeds(root + "/planner_json_fuzzer");
   StepTraceSeeds(root + "/step_trace_fuzzer");
   RestSeeds(root + "/rest_fuzzer");
+  WorkerRegistrySeeds(root + "/worker_registry_fuzzer");
   return 0;
 }

@@ -26,6 +26,7 @@ TARGETS=(
   planner_json_fuzzer
   step_trace_fuzzer
   rest_fuzzer
+  worker_registry_fuzzer
 )
 
 seconds="${1:-600}"

@@ -397,6 +397,58 @@ void WorkerRegistrySeeds(const std::string& dir) {
   WriteSeed(dir, "more_workers_than_room", many);
 }
 
+// --- job manager operations (job_manager_fuzzer.cc: an operation byte,
+// then what it needs; bit 3 addresses a request from the job's worker,
+// bit 4 picks the second one)
+
+std::string ProgressOp(int worker, const v1::ReportProgressRequest& request) {
+  const std::string bytes = request.SerializeAsString();
+  return std::string(1, static_cast<char>(8 | (worker << 4))) +
+         Uint16(static_cast<uint16_t>(bytes.size())) + bytes;
+}
+
+std::string ProgressOp(int worker, int64_t iteration, bool last_stage) {
+  v1::ReportProgressRequest request;
+  request.set_iteration(iteration);
+  if (last_stage) {
+    request.add_micro_batch_losses(5.5f);
+    request.add_micro_batch_losses(5.25f);
+  }
+  request.set_busy_seconds(0.01);
+  request.set_idle_seconds(0.002);
+  return ProgressOp(worker, request);
+}
+
+void JobManagerSeeds(const std::string& dir) {
+  v1::ReportProgressRequest ready;
+  ready.set_ready(true);
+  std::string run = ProgressOp(0, ready) + ProgressOp(1, ready);
+  for (int64_t it = 0; it < 3; ++it) run += ProgressOp(0, it, false) + ProgressOp(1, it, true);
+  v1::WeightsChunk chunk;
+  chunk.set_tensor_name("wte.weight");
+  chunk.add_shape(256);
+  chunk.add_shape(16);
+  for (int i = 0; i < 16; ++i) chunk.add_values(0.01f * i);
+  const std::string chunk_bytes = chunk.SerializeAsString();
+  run += std::string(1, 9) + Uint16(static_cast<uint16_t>(chunk_bytes.size())) + chunk_bytes;
+  run += std::string(1, 10) + std::string(1, 26);  // both workers finish their weights
+  v1::ReportProgressRequest finished;
+  finished.set_iteration(2);
+  finished.set_finished(true);
+  finished.set_weights_digest("digest");
+  run += ProgressOp(0, finished) + ProgressOp(1, finished);
+  WriteSeed(dir, "ready_steps_finish_weights", run);
+
+  v1::ReportProgressRequest failed;
+  failed.set_iteration(1);
+  failed.set_error("worker w-2: CUDA error");
+  failed.set_peer_failure(true);
+  WriteSeed(dir, "lost_drained_failed_cancelled",
+            ProgressOp(0, ready) + std::string(1, 11) + std::string(1, 12) + std::string(1, 7) +
+                std::string(1, 60) + ProgressOp(1, failed) + std::string(1, 13) +
+                std::string(1, 14) + ProgressOp(0, 1, false));
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -416,5 +468,6 @@ int main(int argc, char** argv) {
   StepTraceSeeds(root + "/step_trace_fuzzer");
   RestSeeds(root + "/rest_fuzzer");
   WorkerRegistrySeeds(root + "/worker_registry_fuzzer");
+  JobManagerSeeds(root + "/job_manager_fuzzer");
   return 0;
 }

@@ -27,6 +27,7 @@ TARGETS=(
   step_trace_fuzzer
   rest_fuzzer
   worker_registry_fuzzer
+  job_manager_fuzzer
 )
 
 seconds="${1:-600}"

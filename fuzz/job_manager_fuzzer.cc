@@ -1,0 +1,150 @@
+// The job manager's side of what running workers send
+// (coordinator/jobs/job_manager.h): ReportProgress, the weights upload
+// (AddWeightsChunk, FinishWeights), interleaved with what users and the
+// coordinator do meanwhile (Drain, Cancel, a worker lost, time passing and
+// rescheduling, reading the job and its plan). Each input starts a fresh
+// registry of two workers and a job of two stages, planned and running at
+// once (analytic profile: no fetcher, so no worker is dialled), on a fake
+// clock.
+//
+// Input: operations until it ends (at most kMaxOperations), each a byte
+// choosing one (its low 3 bits) and what it needs:
+//   0 ReportProgress: a serialized ReportProgressRequest (uint16-length-
+//     prefixed); bit 3 of the byte addresses it from the job's worker
+//     (bit 4 picks which) with the job's id, the current plan version and
+//     the worker's incarnation, so that inputs reach past those checks
+//   1 AddWeightsChunk: a serialized WeightsChunk (uint16-length-prefixed);
+//     bit 3 addresses it as above
+//   2 FinishWeights of the job's worker (bit 3 picks which)
+//   3 Drain that worker
+//   4 the worker lost (OnWorkerLost)
+//   5 Cancel the job
+//   6 Get and GetPlan of the job
+//   7 time passes (a byte, in seconds), then ScheduleQueued
+//
+// Checks beyond the sanitizers: the job can always be read back (Get), and
+// a job that ended stays ended, whatever its workers send.
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "common/clock.h"
+#include "common/logging.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/registry/worker_registry.h"
+#include "fuzz/fuzz_input.h"
+#include "proto/pipetrain/v1/coordinator.pb.h"
+
+namespace {
+
+constexpr int kMaxOperations = 32;
+
+pipetrain::v1::JobSpec TwoStageSpec() {
+  pipetrain::v1::JobSpec spec;
+  spec.set_name("fuzz");
+  spec.mutable_model()->set_n_layer(1);
+  spec.mutable_model()->set_n_head(2);
+  spec.mutable_model()->set_d_model(16);
+  spec.mutable_training()->set_seq_len(8);
+  spec.mutable_training()->set_batch_size(4);
+  spec.mutable_training()->set_micro_batches(2);
+  spec.mutable_training()->set_steps(3);
+  spec.mutable_data()->set_synthetic_bytes(5000);
+  spec.mutable_parallelism()->set_stages(2);
+  return spec;
+}
+
+bool Ended(pipetrain::v1::JobState state) {
+  return state == pipetrain::v1::JOB_STATE_SUCCEEDED || state == pipetrain::v1::JOB_STATE_FAILED ||
+         state == pipetrain::v1::JOB_STATE_CANCELLED;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace pipetrain;
+  static const bool quiet = [] {
+    SetMinLogSeverity(LogSeverity::kError);  // every job event is logged
+    return true;
+  }();
+  (void)quiet;
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  JobManager jobs(&registry, &hub, &clock);
+  for (const char* address : {"10.0.0.1:9001", "10.0.0.2:9001"}) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address(address);
+    if (!registry.Register(request).ok()) __builtin_trap();
+  }
+  absl::StatusOr<v1::Job> submitted = jobs.Submit(TwoStageSpec());
+  if (!submitted.ok()) __builtin_trap();
+  const std::string job_id = submitted->id();
+  bool ended = false;
+
+  FuzzInput in(data, size);
+  for (int op = 0; op < kMaxOperations && !in.empty(); ++op) {
+    const uint8_t choice = in.Byte();
+    absl::StatusOr<v1::Job> job = jobs.Get(job_id);
+    if (!job.ok()) __builtin_trap();
+    // The job's worker the operation names, and its incarnation.
+    std::string worker = job->worker_ids_size() > 0
+                             ? job->worker_ids(((choice >> 4) & 1) % job->worker_ids_size())
+                             : "w-1";
+    absl::StatusOr<v1::Worker> entry = registry.Get(worker);
+    const int64_t incarnation = entry.ok() ? entry->incarnation() : 1;
+    const bool addressed = choice & 8;
+    switch (choice & 7) {
+      case 0: {
+        const std::string_view bytes = in.LengthPrefixed();
+        v1::ReportProgressRequest request;
+        if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
+        if (addressed) {
+          request.set_worker_id(worker);
+          request.set_incarnation(incarnation);
+          request.set_job_id(job_id);
+          request.set_plan_version(job->plan_version());
+        }
+        (void)jobs.ReportProgress(request);
+        break;
+      }
+      case 1: {
+        const std::string_view bytes = in.LengthPrefixed();
+        v1::WeightsChunk chunk;
+        if (!chunk.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
+        if (addressed) {
+          chunk.set_worker_id(worker);
+          chunk.set_job_id(job_id);
+        }
+        (void)jobs.AddWeightsChunk(chunk);
+        break;
+      }
+      case 2:
+        (void)jobs.FinishWeights(worker, job_id);
+        break;
+      case 3:
+        (void)jobs.Drain(worker);
+        break;
+      case 4:
+        jobs.OnWorkerLost(worker, job_id, "lost by the fuzzer");
+        break;
+      case 5:
+        (void)jobs.Cancel(job_id);
+        break;
+      case 6:
+        (void)jobs.GetPlan(job_id);
+        break;
+      case 7:
+        clock.Advance(absl::Seconds(in.Byte()));
+        jobs.ScheduleQueued();
+        break;
+    }
+    absl::StatusOr<v1::Job> after = jobs.Get(job_id);
+    if (!after.ok()) __builtin_trap();
+    if (ended && !Ended(after->state())) __builtin_trap();  // an ended job came back
+    ended = Ended(after->state());
+  }
+  return 0;
+}

@@ -45,6 +45,14 @@ class FuzzInput {
   // Everything not read yet.
   std::string_view Rest() { return Take(rest_.size()); }
 
+  // A length-prefixed piece parsed into `message` (a protobuf message);
+  // false when the bytes are not one.
+  template <typename Message>
+  bool ParseLengthPrefixed(Message& message) {
+    const std::string_view bytes = LengthPrefixed();
+    return message.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()));
+  }
+
  private:
   std::string_view rest_;
 };

@@ -27,7 +27,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
-#include <string_view>
+#include <utility>
 
 #include "common/clock.h"
 #include "common/logging.h"
@@ -82,38 +82,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<v1::Job> submitted = jobs.Submit(TwoStageSpec());
   if (!submitted.ok()) __builtin_trap();
   const std::string job_id = submitted->id();
+  v1::Job job = *submitted;  // as read after the last operation
   bool ended = false;
 
   FuzzInput in(data, size);
   for (int op = 0; op < kMaxOperations && !in.empty(); ++op) {
     const uint8_t choice = in.Byte();
-    absl::StatusOr<v1::Job> job = jobs.Get(job_id);
-    if (!job.ok()) __builtin_trap();
     // The job's worker the operation names, and its incarnation.
-    std::string worker = job->worker_ids_size() > 0
-                             ? job->worker_ids(((choice >> 4) & 1) % job->worker_ids_size())
-                             : "w-1";
+    const std::string worker = job.worker_ids_size() > 0
+                                   ? job.worker_ids(((choice >> 4) & 1) % job.worker_ids_size())
+                                   : "w-1";
     absl::StatusOr<v1::Worker> entry = registry.Get(worker);
     const int64_t incarnation = entry.ok() ? entry->incarnation() : 1;
     const bool addressed = choice & 8;
     switch (choice & 7) {
       case 0: {
-        const std::string_view bytes = in.LengthPrefixed();
         v1::ReportProgressRequest request;
-        if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
+        if (!in.ParseLengthPrefixed(request)) break;
         if (addressed) {
           request.set_worker_id(worker);
           request.set_incarnation(incarnation);
           request.set_job_id(job_id);
-          request.set_plan_version(job->plan_version());
+          request.set_plan_version(job.plan_version());
         }
         (void)jobs.ReportProgress(request);
         break;
       }
       case 1: {
-        const std::string_view bytes = in.LengthPrefixed();
         v1::WeightsChunk chunk;
-        if (!chunk.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
+        if (!in.ParseLengthPrefixed(chunk)) break;
         if (addressed) {
           chunk.set_worker_id(worker);
           chunk.set_job_id(job_id);
@@ -145,6 +142,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!after.ok()) __builtin_trap();
     if (ended && !Ended(after->state())) __builtin_trap();  // an ended job came back
     ended = Ended(after->state());
+    job = *std::move(after);
   }
   return 0;
 }

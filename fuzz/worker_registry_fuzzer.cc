@@ -63,9 +63,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const uint8_t choice = in.Byte();
     switch (choice & 7) {
       case 0: {
-        const std::string_view bytes = in.LengthPrefixed();
         v1::RegisterWorkerRequest request;
-        if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
+        if (!in.ParseLengthPrefixed(request)) break;
         if (choice & 8) request.set_join_token(kJoinToken);
         absl::StatusOr<v1::RegisterWorkerResponse> admitted = registry.Register(request);
         if (request.join_token() != kJoinToken &&
@@ -78,9 +77,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         break;
       }
       case 1: {
-        const std::string_view bytes = in.LengthPrefixed();
         v1::HeartbeatRequest request;
-        if (!request.ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) break;
+        if (!in.ParseLengthPrefixed(request)) break;
         (void)registry.Heartbeat(request);
         break;
       }

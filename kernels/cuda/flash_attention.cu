@@ -214,6 +214,10 @@ __global__ void __launch_bounds__(kThreads)
         sum += __bfloat162float(p);  // l sums what P v uses: out stays a convex mix
       }
       sum = WarpSum(sum);
+      // Every lane has read row_max[row] (m_old) before lane 0 replaces it:
+      // a shuffle orders no memory, and compute-sanitizer's racecheck
+      // reported this read/write pair on an H200 without the barrier.
+      __syncwarp();
       if (lane == 0) {
         const float rescale = expf(m_old - m_new);  // 0 on the first tile
         row_rescale[row] = rescale;

@@ -315,6 +315,15 @@ absl::StatusOr<NcclComm> NcclComm::Split(int color, int key, const NcclJoinLimit
     // The split runs as a job of this communicator: waiting for it is
     // polling this one (`part` is set once it is done).
     RETURN_IF_ERROR(Finish(started, "ncclCommSplit", limits));
+    // On a non-blocking parent NCCL 2.28 answers ncclSuccess while the job
+    // still runs (ncclCommSplit passes on its own result, not the group's
+    // ncclInProgress), so `part` may still be null here: wait for the
+    // parent's state whatever the call returned. Seen on an H200: a null
+    // part taken for "no color", and the job writing into the freed slot.
+    if (!blocking_) {
+      RETURN_IF_ERROR(
+          nccl_internal::AwaitNccl([this] { return AsyncState(comm_); }, limits, "ncclCommSplit"));
+    }
     if (part == nullptr) return absl::OkStatus();
     return nccl_internal::AwaitNccl([&part] { return AsyncState(part); }, limits, "ncclCommSplit");
   });

@@ -220,7 +220,7 @@ struct UpOptions {
   int eval_interval = 100;
   int checkpoint_interval = 100;
   std::string emulate_link;
-  std::string worker_device = "auto", worker_gemm = "fp32", worker_attention = "reference";
+  std::string worker_device = "auto", worker_gemm = "fp32", worker_attention = "auto";
   std::string loss_log;
 };
 
@@ -299,7 +299,7 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "on GPUs of their own exchange tensors over NCCL)");
   f.String("worker-gemm", &o.worker_gemm, "the workers' --gemm on CUDA: fp32 | tf32 | bf16");
   f.String("worker-attention", &o.worker_attention,
-           "the workers' --attention on CUDA: reference | gemm | flash");
+           "the workers' --attention on CUDA: auto (gemm) | reference | gemm | flash");
   f.String("loss-log", &o.loss_log,
            "write every step's loss here, one per line at full float precision");
 }

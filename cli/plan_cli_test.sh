@@ -198,7 +198,7 @@ sys.exit(0 if ok else 1)"; then
 else
   fail attention_flash_stash "attention stash not B x H x T floats with --attention flash"
 fi
-expect_exit attention_unknown 2 '--attention "bogus": want reference, gemm or flash' -- \
+expect_exit attention_unknown 2 '--attention "bogus": want auto, reference, gemm or flash' -- \
   "${A[@]}" --attention bogus
 expect_exit attention_with_profile 2 "--attention shapes the analytic profile" -- \
   "${P[@]}" --attention flash

@@ -35,7 +35,7 @@ struct PlanFlags {
   double gflops = 100;
   // The workers' attention (worker --attention): flash keeps no T x T
   // probabilities (AnalyticProfile's flash_attention).
-  std::string attention = "reference";
+  std::string attention = "auto";  // the workers' default: T x T kept, as reference
   std::string svg, trace;
   int workers = 0, micro_batches = 4;
   double bandwidth_gbps = 0, latency_us = 0, memory_gib = 0;
@@ -391,7 +391,7 @@ FlagSet PlanFlagSet(PlanFlags& f) {
   flags.Int("micro-batch-size", &f.micro_batch_size, "analytic profile: sequences per micro-batch");
   flags.Double("gflops", &f.gflops, "analytic profile: the workers' GEMM rate at speed 1");
   flags.String("attention", &f.attention,
-               "analytic profile: the workers' --attention, reference | gemm | flash (flash "
+               "analytic profile: the workers' --attention, auto | reference | gemm | flash (flash "
                "keeps no T x T probabilities and recomputes the scores in backward)");
   flags.String("write-profile", &f.write_profile, "also write the profile used as JSON");
   flags.String("cluster", &f.cluster, "cluster JSON (docs/formats.md); or --workers etc.");
@@ -478,12 +478,12 @@ int RunPlan(const std::vector<std::string>& args) {
   if (parsed.ok() && f.layers > 0 && f.gflops <= 0) {
     parsed = absl::InvalidArgumentError("--gflops must be > 0");
   }
-  if (parsed.ok() && f.attention != "reference" && f.attention != "gemm" &&
+  if (parsed.ok() && f.attention != "auto" && f.attention != "reference" && f.attention != "gemm" &&
       f.attention != "flash") {
     parsed = absl::InvalidArgumentError(
-        absl::StrCat("--attention \"", f.attention, "\": want reference, gemm or flash"));
+        absl::StrCat("--attention \"", f.attention, "\": want auto, reference, gemm or flash"));
   }
-  if (parsed.ok() && !f.profile.empty() && f.attention != "reference") {
+  if (parsed.ok() && !f.profile.empty() && f.attention != "auto") {
     parsed = absl::InvalidArgumentError(
         "--attention shapes the analytic profile (--layers); a --profile was measured with its "
         "workers' own");

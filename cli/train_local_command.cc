@@ -40,7 +40,7 @@ struct Options {
   double val_fraction = 0.1;
   int block_size = 0;  // 0: same as seq_len
   std::string init_from, resume, save, checkpoint, log;
-  std::string device = "cpu", gemm = "fp32", attention = "reference";
+  std::string device = "cpu", gemm = "fp32", attention = "auto";
   int64_t checkpoint_interval = 0;
 };
 
@@ -77,9 +77,7 @@ void BindFlags(FlagSet& f, Options& o) {
   f.String("device", &o.device,
            "cpu | cuda | cuda:N | auto (CUDA when built with it and a GPU is visible)");
   f.String("gemm", &o.gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
-  f.String("attention", &o.attention,
-           "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs) | "
-           "flash (fused, bf16 tensor cores)");
+  f.String("attention", &o.attention, kAttentionFlagHelp);
   f.String("init-from", &o.init_from, "start from these safetensors weights (HF GPT-2 names)");
   f.String("resume", &o.resume, "continue from this training checkpoint");
   f.String("save", &o.save, "write final weights here (safetensors)");

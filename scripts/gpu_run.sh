@@ -210,7 +210,8 @@ sys.exit(0 if ok else 1)
 PY
 }
 
-# 2. train-local on CUDA against the CPU, 20 steps in fp32 GEMM mode, and
+# 2. train-local on CUDA against the CPU, 20 steps in fp32 GEMM mode with
+# the default attention (auto: the cuBLAS GEMM attention on CUDA), and
 # twice on CUDA (bitwise: the logs print floats at round-trip precision).
 model=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batches 4
   --steps 20 --eval-interval 0 --threads 8)
@@ -232,21 +233,23 @@ rc=$?
 check train_local_cuda_vs_cpu "$rc" "$(cat "$out/train_compare.txt")"
 else out_of_time train_local_cuda_vs_cpu; fi
 
-# 2b. The same on CUDA with attention through cuBLAS batched GEMMs
-# (--attention gemm, the candidate default), against the CPU run of 2.
+# 2b. The same on CUDA with the reference attention's row kernels
+# (--attention reference, the default before 2026-11-29), against the CPU
+# run of 2.
 if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
-  note "NOT RUN train_local_cuda_gemm_attention_vs_cpu: no 20-step CPU reference from step 2"
+  note "NOT RUN train_local_cuda_reference_attention_vs_cpu: no 20-step CPU reference from step 2"
   failed=1
 elif lim=$(budget 150); then
-timeout -k 5 "$lim" "$bin/pipetrain" train-local "${model[@]}" --device cuda --attention gemm \
-  --log "$out/train_cuda_gemm_attention.jsonl" >"$out/train_cuda_gemm_attention.txt" 2>&1
-gemm_rc=$?
-compare_loss_logs "$out/train_cuda_gemm_attention.jsonl" "$out/train_cpu.jsonl" 1e-4 \
-  "cuda gemm attention - cpu" >"$out/train_gemm_attention_compare.txt" 2>&1
+timeout -k 5 "$lim" "$bin/pipetrain" train-local "${model[@]}" --device cuda --attention reference \
+  --log "$out/train_cuda_reference_attention.jsonl" >"$out/train_cuda_reference_attention.txt" 2>&1
+reference_rc=$?
+compare_loss_logs "$out/train_cuda_reference_attention.jsonl" "$out/train_cpu.jsonl" 1e-4 \
+  "cuda reference attention - cpu" >"$out/train_reference_attention_compare.txt" 2>&1
 rc=$?
-[[ $gemm_rc -ne 0 ]] && rc=1
-check train_local_cuda_gemm_attention_vs_cpu "$rc" "$(cat "$out/train_gemm_attention_compare.txt")"
-else out_of_time train_local_cuda_gemm_attention_vs_cpu; fi
+[[ $reference_rc -ne 0 ]] && rc=1
+check train_local_cuda_reference_attention_vs_cpu "$rc" \
+  "$(cat "$out/train_reference_attention_compare.txt")"
+else out_of_time train_local_cuda_reference_attention_vs_cpu; fi
 
 # 2c. Flash attention (--attention flash, bf16 tensor cores in every GEMM
 # mode) with bf16 GEMMs, twice: within 2e-2 of the CPU run of 2 (bf16
@@ -367,19 +370,17 @@ if [[ "$mode" != quick ]]; then
       --peak-tflops "$peak" "$@" --json "$out/bench_$name.json" >"$out/bench_$name.txt" 2>&1
     check "gpt2_124m_${name}_benchmark" $? "$(grep -E '^ +[0-9]' "$out/bench_$name.txt" | tail -1)"
   }
-  bench fp32 fp32 67
-  bench tf32 tf32 494.7
-  # bf16 tensor-core GEMMs (--gemm bf16, fp32 tensors; H100 SXM dense BF16
-  # peak 989.4 TFLOP/s).
+  # The default attention (auto: cuBLAS batched GEMMs on CUDA). bf16 first,
+  # so the issue's row comes first if time runs short; bf16 tensor-core
+  # GEMMs (--gemm bf16; H100/H200 SXM dense BF16 peak 989.4 TFLOP/s).
   bench bf16 bf16 989.4
+  bench tf32 tf32 494.7
+  bench fp32 fp32 67
   # Flash attention (--attention flash; its parity tests are
   # flash_attention_test and cuda_backend_test's FlashAttention cases),
-  # then attention through cuBLAS batched GEMMs (--attention gemm;
-  # attention_gemm_test, the GemmAttention cases) in the two tensor-core
-  # modes; in this order, so the bf16 rows come first if time runs short.
+  # then the reference row kernels once (8.8x slower a step on an H200).
   bench bf16_flash_attention bf16 989.4 --attention flash
-  bench bf16_gemm_attention bf16 989.4 --attention gemm
-  bench tf32_gemm_attention tf32 494.7 --attention gemm
+  bench bf16_reference_attention bf16 989.4 --attention reference
   cat "$out"/bench_*.txt
 fi
 finish

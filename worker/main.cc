@@ -88,7 +88,7 @@ struct Flags {
   double drain_timeout_seconds = 60;
   double shutdown_delay_seconds = 0;
   std::string emulate_link;
-  std::string device = "auto", gemm = "fp32", attention = "reference";
+  std::string device = "auto", gemm = "fp32", attention = "auto";
 };
 
 int Run(const std::vector<std::string>& args) {
@@ -122,9 +122,7 @@ int Run(const std::vector<std::string>& args) {
   flags.String("device", &f.device,
                "auto (CUDA when built with it and a GPU is visible) | cpu | cuda | cuda:N");
   flags.String("gemm", &f.gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
-  flags.String("attention", &f.attention,
-               "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs) | "
-               "flash (fused, bf16 tensor cores)");
+  flags.String("attention", &f.attention, kAttentionFlagHelp);
   flags.Double("recv-timeout-seconds", &f.recv_timeout_seconds,
                "how long a stage waits for a tensor before failing the job");
   flags.String("emulate-link", &f.emulate_link,

@@ -34,10 +34,16 @@ absl::Status DeviceAttentionOnCpu(const std::string& attention) {
       "--attention ", attention, " needs a CUDA device; the CPU backend has one attention"));
 }
 
+// Whether the CPU backend can honour `attention`: it has one attention,
+// which "auto" and "reference" both name.
+bool OnCpu(const std::string& attention) { return attention == "auto" || attention == "reference"; }
+
 absl::StatusOr<SelectedBackend> Cuda(int device, const std::string& gemm,
                                      const std::string& attention) {
   SelectedBackend selected;
-  ASSIGN_OR_RETURN(selected.owned, cuda_hooks::Create(device, gemm, attention));
+  // auto is the GEMM attention on CUDA (backend_select.h says why).
+  ASSIGN_OR_RETURN(selected.owned,
+                   cuda_hooks::Create(device, gemm, attention == "auto" ? "gemm" : attention));
   selected.backend = selected.owned.get();
   return selected;
 }
@@ -52,9 +58,10 @@ int VisibleCudaDevices() { return cuda_hooks::DeviceCount().value_or(0); }
 
 absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm,
                                  const std::string& attention) {
-  if (attention != "reference" && attention != "gemm" && attention != "flash") {
+  if (attention != "auto" && attention != "reference" && attention != "gemm" &&
+      attention != "flash") {
     return absl::InvalidArgumentError(
-        absl::StrCat("--attention must be reference, gemm or flash, got '", attention, "'"));
+        absl::StrCat("--attention must be auto, reference, gemm or flash, got '", attention, "'"));
   }
   if (gemm != "fp32" && gemm != "tf32" && gemm != "bf16") {
     return absl::InvalidArgumentError(
@@ -65,7 +72,7 @@ absl::Status ValidateDeviceFlags(const std::string& device, const std::string& g
         absl::StrCat("--device must be auto, cpu, cuda or cuda:N (N >= 0), got '", device, "'"));
   }
   if (device == "cpu" && gemm != "fp32") return ReducedPrecisionOnCpu(gemm);
-  if (device == "cpu" && attention != "reference") return DeviceAttentionOnCpu(attention);
+  if (device == "cpu" && !OnCpu(attention)) return DeviceAttentionOnCpu(attention);
   return absl::OkStatus();
 }
 
@@ -79,7 +86,7 @@ absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device, const s
     if (count > 0) return Cuda(0, gemm, attention);
   }
   if (gemm != "fp32") return ReducedPrecisionOnCpu(gemm);
-  if (attention != "reference") return DeviceAttentionOnCpu(attention);
+  if (!OnCpu(attention)) return DeviceAttentionOnCpu(attention);
   SelectedBackend selected;
   selected.backend = CpuBackend();
   return selected;

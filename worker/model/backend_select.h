@@ -11,8 +11,11 @@
 // the parity checks against the CPU use; tf32 and bf16 are the tensor-core
 // modes, kernels/cuda/linear.h); the CPU backend always computes in fp32, so
 // tf32 or bf16 with a CPU device is INVALID_ARGUMENT rather than silently
-// ignored. --attention reference|gemm|flash picks how CUDA computes
-// attention (cuda_backend.h AttentionImpl; reference is the default); gemm
+// ignored. --attention auto|reference|gemm|flash picks how CUDA computes
+// attention (cuda_backend.h AttentionImpl). auto, the default, is gemm on
+// CUDA (its parity and determinism shown on an H200, 8.8x the reference
+// kernels' GPT-2 124M step there; docs/benchmarks.md) and the CPU's one
+// attention on the CPU; gemm
 // or flash with a CPU device is INVALID_ARGUMENT likewise. Thread-safe.
 #ifndef PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_
 #define PIPETRAIN_WORKER_MODEL_BACKEND_SELECT_H_
@@ -24,6 +27,11 @@
 #include "worker/model/backend.h"
 
 namespace pipetrain {
+
+// The --attention flag's help, the same for every program that takes it.
+inline constexpr char kAttentionFlagHelp[] =
+    "attention on CUDA: auto (gemm on CUDA; the CPU's own on the CPU) | reference (row "
+    "kernels) | gemm (cuBLAS batched GEMMs) | flash (fused, bf16 tensor cores)";
 
 // Whether this binary contains the CUDA backend.
 bool BuiltWithCuda();
@@ -54,15 +62,14 @@ struct SelectedBackend {
 // for an unknown device or gemm value (the message lists the accepted ones)
 // or tf32/bf16 with --device cpu.
 absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm,
-                                 const std::string& attention = "reference");
+                                 const std::string& attention = "auto");
 
 // ValidateDeviceFlags' errors, and INVALID_ARGUMENT for tf32/bf16 when auto
 // resolves to the CPU; FAILED_PRECONDITION for cuda in a
 // binary built without CUDA; NOT_FOUND for a CUDA device that is not
 // visible; INTERNAL for CUDA setup failures.
-absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device,
-                                              const std::string& gemm,
-                                              const std::string& attention = "reference");
+absl::StatusOr<SelectedBackend> SelectBackend(const std::string& device, const std::string& gemm,
+                                              const std::string& attention = "auto");
 
 }  // namespace pipetrain
 

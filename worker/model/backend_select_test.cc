@@ -56,7 +56,8 @@ TEST(BackendSelectTest, UnknownGemm_InvalidArgument) {
 TEST(BackendSelectTest, UnknownOrCpuGemmAttention_InvalidArgument) {
   absl::StatusOr<SelectedBackend> s = SelectBackend("cpu", "fp32", "fused");
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.status().message().find("reference, gemm or flash, got 'fused'"), std::string::npos)
+  EXPECT_NE(s.status().message().find("auto, reference, gemm or flash, got 'fused'"),
+            std::string::npos)
       << s.status();
   for (const std::string attention : {"gemm", "flash"}) {
     s = SelectBackend("cpu", "fp32", attention);
@@ -68,6 +69,19 @@ TEST(BackendSelectTest, UnknownOrCpuGemmAttention_InvalidArgument) {
   EXPECT_TRUE(ValidateDeviceFlags("cuda", "tf32", "gemm").ok());
   EXPECT_TRUE(ValidateDeviceFlags("cuda", "bf16", "flash").ok());
   EXPECT_TRUE(SelectBackend("cpu", "fp32", "reference").ok());
+}
+
+// auto, the default, is the CPU's one attention on the CPU (and gemm on
+// CUDA, which needs a GPU to show: cuda_backend_test, scripts/gpu_run.sh).
+TEST(BackendSelectTest, AutoAttention_DefaultAndAcceptedOnCpu) {
+  EXPECT_TRUE(ValidateDeviceFlags("cpu", "fp32", "auto").ok());
+  EXPECT_TRUE(ValidateDeviceFlags("cuda", "bf16", "auto").ok());
+  for (const std::string device : {"cpu", "auto"}) {
+    if (device == "auto" && BuiltWithCuda() && VisibleCudaDevices() > 0) continue;  // a GPU
+    absl::StatusOr<SelectedBackend> s = SelectBackend(device, "fp32", "auto");
+    ASSERT_TRUE(s.ok()) << s.status();
+    EXPECT_EQ(s->backend->kind(), BackendKind::kCpu);
+  }
 }
 
 TEST(BackendSelectTest, ReducedPrecisionOnCpu_InvalidArgument) {

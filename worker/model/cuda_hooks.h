@@ -18,8 +18,8 @@ bool Available();
 // Visible CUDA devices; 0 without CUDA or without a device/driver.
 absl::StatusOr<int> DeviceCount();
 // CreateCudaBackend (cuda_backend.h) with the GEMM mode named "fp32",
-// "tf32" or "bf16" and the attention named "reference" or "gemm" (both
-// validated by the caller); FAILED_PRECONDITION without CUDA.
+// "tf32" or "bf16" and the attention named "reference", "gemm" or "flash"
+// (both validated by the caller; "auto" resolved by it); FAILED_PRECONDITION without CUDA.
 absl::StatusOr<std::unique_ptr<Backend>> Create(int device, const std::string& gemm,
                                                 const std::string& attention);
 

@@ -147,7 +147,7 @@ int Run(const std::vector<std::string>& args) {
   int steps = 3, threads = 1, sgemm_n = 0;
   double peak_tflops = 0;
   std::string batches_text = "1,2,4,8", json_path, device = "cpu", gemm = "fp32";
-  std::string attention = "reference";
+  std::string attention = "auto";
   FlagSet flags("usage: train_step_benchmark [flags]");
   flags.Int("layers", &config.n_layer, "transformer blocks");
   flags.Int("d-model", &config.d_model, "embedding width");
@@ -160,9 +160,7 @@ int Run(const std::vector<std::string>& args) {
   flags.Int("sgemm-n", &sgemm_n, "size of the square GEMM reference (0: 2048 CPU, 8192 GPU)");
   flags.String("device", &device, "cpu | cuda | cuda:N | auto");
   flags.String("gemm", &gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
-  flags.String("attention", &attention,
-               "attention on CUDA: reference (row kernels) | gemm (cuBLAS batched GEMMs) | "
-               "flash (fused, bf16 tensor cores)");
+  flags.String("attention", &attention, kAttentionFlagHelp);
   flags.Double("peak-tflops", &peak_tflops, "the device's peak for MFU (0: no MFU column)");
   flags.String("json", &json_path, "also write the results as JSON here");
   absl::Status parsed = flags.Parse(args);

@@ -5,8 +5,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/bf16_round.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/linear_bias.h"
+#include "kernels/cuda/stream_scratch.h"
 
 // cuBLAS is column-major and the project is row-major. A row-major matrix
 // M [r, c] occupies the same memory as the column-major M^T [c, r] with
@@ -21,21 +24,52 @@ cublasMath_t MathMode(GemmMode mode) {
   return mode == GemmMode::kTf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_DEFAULT_MATH;
 }
 
-// One fp32 GEMM (column-major, cuBLAS's arguments) in the handle's mode:
-// cublasSgemm for fp32 and TF32 (the handle's math mode decides), and
-// cublasGemmEx with bf16 tensor-core compute for bf16.
-cublasStatus_t Gemm(const CublasHandle& h, cublasOperation_t trans_a, cublasOperation_t trans_b,
-                    int m, int n, int k, const float* alpha, const float* a, int lda,
-                    const float* b, int ldb, const float* beta, float* c, int ldc) {
-  if (h.mode() != GemmMode::kBf16) {
-    return cublasSgemm(h.get(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-  return cublasGemmEx(h.get(), trans_a, trans_b, m, n, k, alpha, a, CUDA_R_32F, lda, b,
-                      CUDA_R_32F, ldb, beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F_FAST_16BF,
-                      CUBLAS_GEMM_DEFAULT);
+// How many elements a GEMM operand's stored matrix spans from its first:
+// `rows` x `cols` column-major with leading dimension `ld` (cuBLAS's view).
+int64_t Span(int rows, int cols, int ld) {
+  return rows == 0 || cols == 0 ? 0 : int64_t{cols - 1} * ld + rows;
 }
 
-// `batch` of Gemm's products at once (strides in floats).
+// A bf16 copy of x[0, span) in scratch on `stream`, laid out as x (so the
+// operand's leading dimension still holds). The scratch may go once the
+// GEMM that reads it is queued on the same stream (stream_scratch.h).
+absl::StatusOr<StreamScratch> Bf16Copy(const float* x, int64_t span, cudaStream_t stream) {
+  ASSIGN_OR_RETURN(StreamScratch copy,
+                   StreamScratch::Create(static_cast<size_t>(span) * sizeof(uint16_t), stream));
+  RETURN_IF_ERROR(RoundToBf16Cuda(x, span, copy.as<uint16_t>(), stream));
+  return copy;
+}
+
+// One fp32 GEMM (column-major, cuBLAS's arguments) in the handle's mode:
+// cublasSgemm for fp32 and TF32 (the handle's math mode decides); for bf16
+// both operands rounded to bf16 copies first (bf16_round.h), then
+// cublasGemmEx on them with fp32 accumulation into the fp32 C. cuBLAS's own
+// narrowing (CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands) ran at the
+// speed of TF32 on an H200, half of what bf16 operands reach.
+absl::Status Gemm(const CublasHandle& h, cublasOperation_t trans_a, cublasOperation_t trans_b,
+                  int m, int n, int k, const float* alpha, const float* a, int lda, const float* b,
+                  int ldb, const float* beta, float* c, int ldc) {
+  if (h.mode() != GemmMode::kBf16) {
+    CUBLAS_RETURN_IF_ERROR(
+        cublasSgemm(h.get(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+    return absl::OkStatus();
+  }
+  // op(A) is m x k, stored as m x k (OP_N) or k x m (OP_T); op(B), k x n,
+  // likewise.
+  const int64_t span_a = trans_a == CUBLAS_OP_N ? Span(m, k, lda) : Span(k, m, lda);
+  const int64_t span_b = trans_b == CUBLAS_OP_N ? Span(k, n, ldb) : Span(n, k, ldb);
+  ASSIGN_OR_RETURN(StreamScratch a16, Bf16Copy(a, span_a, h.stream()));
+  ASSIGN_OR_RETURN(StreamScratch b16, Bf16Copy(b, span_b, h.stream()));
+  CUBLAS_RETURN_IF_ERROR(cublasGemmEx(h.get(), trans_a, trans_b, m, n, k, alpha, a16.get(),
+                                      CUDA_R_16BF, lda, b16.get(), CUDA_R_16BF, ldb, beta, c,
+                                      CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return absl::OkStatus();
+}
+
+// `batch` of Gemm's products at once (strides in floats). bf16 keeps
+// cuBLAS's own narrowing here: the batched products are attention's
+// (attention_gemm.h), whose operands are slices of wider rows, so a
+// rounded copy would convert the whole rows for every call.
 cublasStatus_t GemmBatched(const CublasHandle& h, cublasOperation_t trans_a,
                            cublasOperation_t trans_b, int m, int n, int k, const float* alpha,
                            const float* a, int lda, int64_t stride_a, const float* b, int ldb,
@@ -149,8 +183,8 @@ absl::Status LinearForwardCuda(const CublasHandle& handle, const float* x, const
   const float alpha = 1.0f;
   // Row-major y [n, out] = x [n, in] W [in, out]  <=>  column-major
   // y^T [out, n] = W^T [out, in] x^T [in, n]: no transposes, m = out.
-  CUBLAS_RETURN_IF_ERROR(Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, out, n, in, &alpha, w, out, x, in,
-                              &beta, y, out));
+  RETURN_IF_ERROR(
+      Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, out, n, in, &alpha, w, out, x, in, &beta, y, out));
   return absl::OkStatus();
 }
 
@@ -169,14 +203,14 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
     // Row-major dx [n, in] = dy [n, out] W^T  <=>  column-major
     // dx^T [in, n] = W [in, out] dy^T [out, n]; the stored W is the
     // column-major W^T [out, in] (ld out), hence OP_T on it.
-    CUBLAS_RETURN_IF_ERROR(Gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, in, n, out, &one, w, out, dy,
-                                out, &zero, dx, in));
+    RETURN_IF_ERROR(
+        Gemm(handle, CUBLAS_OP_T, CUBLAS_OP_N, in, n, out, &one, w, out, dy, out, &zero, dx, in));
   }
   // Row-major dW [in, out] += x^T [in, n] dy [n, out]  <=>  column-major
   // dW^T [out, in] += dy^T [out, n] x [n, in]; the stored x is the
   // column-major x^T [in, n] (ld in), hence OP_T on it. beta = 1 accumulates.
-  CUBLAS_RETURN_IF_ERROR(Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, out, in, n, &one, dy, out, x, in,
-                              &one, dw, out));
+  RETURN_IF_ERROR(
+      Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, out, in, n, &one, dy, out, x, in, &one, dw, out));
   if (db != nullptr) return AddColumnSumsCuda(dy, n, out, db, handle.stream());
   return absl::OkStatus();
 }
@@ -216,10 +250,8 @@ absl::Status SgemmStridedBatchedCuda(const CublasHandle& handle, bool trans_a, b
   // operands, keep each one's transpose flag.
   const float alpha_value = alpha, beta_value = beta;
   if (batch == 1) {
-    CUBLAS_RETURN_IF_ERROR(Gemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha_value, b, ldb,
-                                a, lda, &beta_value, c, ldc));
-    return absl::OkStatus();
+    return Gemm(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n,
+                m, k, &alpha_value, b, ldb, a, lda, &beta_value, c, ldc);
   }
   CUBLAS_RETURN_IF_ERROR(GemmBatched(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha_value,

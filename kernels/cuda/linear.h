@@ -13,11 +13,14 @@
 //   kTf32: CUBLAS_TF32_TENSOR_OP_MATH, inputs reduced to TF32 (10-bit
 //          mantissa) on the tensor cores, fp32 accumulation; faster, with
 //          relative error about 2^-11 per input.
-//   kBf16: cublasGemmEx with CUBLAS_COMPUTE_32F_FAST_16BF: fp32 tensors in
-//          and out, inputs reduced to bf16 (7-bit mantissa) on the tensor
-//          cores, fp32 accumulation; fastest (H100: ~2x TF32's peak), with
-//          relative error about 2^-8 per input. Only the GEMMs of this file
-//          use it; other cuBLAS calls on a bf16 handle (PowerSGD) run fp32.
+//   kBf16: fp32 tensors in and out; each GEMM rounds its two operands to
+//          bf16 copies (7-bit mantissa, to nearest even; bf16_round.h) in
+//          stream scratch and multiplies those with cublasGemmEx on the
+//          tensor cores, accumulating in fp32 (CUBLAS_COMPUTE_32F); relative
+//          error at most 2^-8 per input. The batched products (attention)
+//          let cuBLAS narrow fp32 operands itself
+//          (CUBLAS_COMPUTE_32F_FAST_16BF). Only the GEMMs of this file use
+//          the mode; other cuBLAS calls on a bf16 handle (PowerSGD) run fp32.
 // The bias kernels run in fp32 in every mode.
 //
 // Determinism: cuBLAS gives bitwise-equal results run to run on the same GPU

@@ -40,18 +40,33 @@ absl::StatusOr<StreamScratch> Bf16Copy(const float* x, int64_t span, cudaStream_
   return copy;
 }
 
+// Whether every row of the three matrices starts 16-byte aligned (a
+// leading dimension that is a multiple of 8 elements), as the tensor cores'
+// fast bf16 kernels want.
+bool RowsAligned(int lda, int ldb, int ldc) { return lda % 8 == 0 && ldb % 8 == 0 && ldc % 8 == 0; }
+
 // One fp32 GEMM (column-major, cuBLAS's arguments) in the handle's mode:
 // cublasSgemm for fp32 and TF32 (the handle's math mode decides); for bf16
 // both operands rounded to bf16 copies first (bf16_round.h), then
-// cublasGemmEx on them with fp32 accumulation into the fp32 C. cuBLAS's own
-// narrowing (CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands) ran at the
-// speed of TF32 on an H200, half of what bf16 operands reach.
+// cublasGemmEx on them with fp32 accumulation into the fp32 C. Measured on
+// an H200 (docs/benchmarks.md): cuBLAS's own narrowing
+// (CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands) ran an 8192^3 product at
+// 355 TFLOP/s, bf16 copies at 591, and the GPT-2 layers' GEMMs took 16 ms a
+// step instead of 20; but the tied LM head's three products (leading
+// dimension 50257, the vocabulary) took 17.6 ms instead of 15.1, so
+// unaligned rows keep cuBLAS's narrowing.
 absl::Status Gemm(const CublasHandle& h, cublasOperation_t trans_a, cublasOperation_t trans_b,
                   int m, int n, int k, const float* alpha, const float* a, int lda, const float* b,
                   int ldb, const float* beta, float* c, int ldc) {
   if (h.mode() != GemmMode::kBf16) {
     CUBLAS_RETURN_IF_ERROR(
         cublasSgemm(h.get(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
+    return absl::OkStatus();
+  }
+  if (!RowsAligned(lda, ldb, ldc)) {
+    CUBLAS_RETURN_IF_ERROR(cublasGemmEx(h.get(), trans_a, trans_b, m, n, k, alpha, a, CUDA_R_32F,
+                                        lda, b, CUDA_R_32F, ldb, beta, c, CUDA_R_32F, ldc,
+                                        CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
     return absl::OkStatus();
   }
   // op(A) is m x k, stored as m x k (OP_N) or k x m (OP_T); op(B), k x n,

@@ -18,6 +18,8 @@
 //          stream scratch and multiplies those with cublasGemmEx on the
 //          tensor cores, accumulating in fp32 (CUBLAS_COMPUTE_32F); relative
 //          error at most 2^-8 per input. The batched products (attention)
+//          and products whose rows are not 16-byte aligned (a leading
+//          dimension not a multiple of 8, e.g. the LM head's vocabulary)
 //          let cuBLAS narrow fp32 operands itself
 //          (CUBLAS_COMPUTE_32F_FAST_16BF). Only the GEMMs of this file use
 //          the mode; other cuBLAS calls on a bf16 handle (PowerSGD) run fp32.

@@ -24,6 +24,14 @@ namespace pipetrain {
 // launch fails.
 absl::Status RoundToBf16Cuda(const float* x, int64_t n, uint16_t* y, cudaStream_t stream);
 
+// The same over `lines` lines of `length` elements each, line i of x at
+// x + i * x_stride and of y at y + i * y_stride (strides >= length): how a
+// matrix is copied into another leading dimension, e.g. padded so that
+// every line starts 16-byte aligned. INVALID_ARGUMENT for a negative count
+// or a stride below `length`; nothing is launched when lines or length is 0.
+absl::Status RoundToBf16StridedCuda(const float* x, int64_t lines, int64_t length, int64_t x_stride,
+                                    uint16_t* y, int64_t y_stride, cudaStream_t stream);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_CUDA_BF16_ROUND_H_

@@ -98,10 +98,40 @@ TEST_F(Bf16RoundEdgeTest, TiesOverflowZerosSpecials) {
   EXPECT_NE(got[10] & 0x007f, 0);
 }
 
+// Lines copied into a wider stride (as a padded leading dimension): each
+// line's elements rounded as the CPU does, the padding left as it was.
+TEST_F(Bf16RoundEdgeTest, Strided_EachLineRounded_PaddingUntouched) {
+  const int64_t lines = 70000, length = 3, x_stride = 5, y_stride = 8;  // lines > grid's y limit
+  const std::vector<float> x = RandomNormal(9, lines * x_stride, 0.0f, 3.0f);
+  auto x_dev = DeviceBuffer<float>::FromHost(x);
+  ASSERT_TRUE(x_dev.ok()) << x_dev.status();
+  const std::vector<uint16_t> sentinel(lines * y_stride, 0xabcd);
+  auto y_dev = DeviceBuffer<uint16_t>::FromHost(sentinel);
+  ASSERT_TRUE(y_dev.ok()) << y_dev.status();
+  ASSERT_TRUE(RoundToBf16StridedCuda(x_dev->data(), lines, length, x_stride, y_dev->data(),
+                                     y_stride, nullptr)
+                  .ok());
+  auto y = y_dev->ToHost();
+  ASSERT_TRUE(y.ok()) << y.status();
+  int64_t mismatches = 0;
+  for (int64_t line = 0; line < lines; ++line) {
+    for (int64_t i = 0; i < y_stride; ++i) {
+      const uint16_t want = i < length ? CpuBits(x[line * x_stride + i]) : uint16_t{0xabcd};
+      if ((*y)[line * y_stride + i] != want) ++mismatches;
+    }
+  }
+  EXPECT_EQ(mismatches, 0);
+}
+
 TEST(Bf16RoundArgumentsTest, NegativeCount_InvalidArgument_ZeroLaunchesNothing) {
   EXPECT_EQ(RoundToBf16Cuda(nullptr, -1, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(RoundToBf16Cuda(nullptr, 0, nullptr, nullptr).ok());
+  EXPECT_EQ(RoundToBf16StridedCuda(nullptr, 2, 4, 3, nullptr, 4, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);  // a stride below the length
+  EXPECT_EQ(RoundToBf16StridedCuda(nullptr, -1, 4, 4, nullptr, 4, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(RoundToBf16StridedCuda(nullptr, 0, 4, 4, nullptr, 4, nullptr).ok());
 }
 
 }  // namespace

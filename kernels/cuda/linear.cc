@@ -1,6 +1,7 @@
 #include "kernels/cuda/linear.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <initializer_list>
 #include <utility>
 
@@ -30,31 +31,59 @@ int64_t Span(int rows, int cols, int ld) {
   return rows == 0 || cols == 0 ? 0 : int64_t{cols - 1} * ld + rows;
 }
 
-// A bf16 copy of x[0, span) in scratch on `stream`, laid out as x (so the
-// operand's leading dimension still holds). The scratch may go once the
-// GEMM that reads it is queued on the same stream (stream_scratch.h).
-absl::StatusOr<StreamScratch> Bf16Copy(const float* x, int64_t span, cudaStream_t stream) {
-  ASSIGN_OR_RETURN(StreamScratch copy,
-                   StreamScratch::Create(static_cast<size_t>(span) * sizeof(uint16_t), stream));
-  RETURN_IF_ERROR(RoundToBf16Cuda(x, span, copy.as<uint16_t>(), stream));
-  return copy;
+// Whether a leading dimension starts every row (cuBLAS's column) 16-byte
+// aligned for both bf16 and fp32 elements, as the tensor cores' fast
+// kernels want.
+bool Aligned(int ld) { return ld % 8 == 0; }
+
+int PaddedLd(int rows) { return std::max(8, (rows + 7) / 8 * 8); }
+
+// A GEMM operand as cuBLAS reads it: its stored matrix (rows x cols,
+// column-major, leading dimension ld) and where it lives.
+struct Operand {
+  const void* data;
+  int ld;
+  StreamScratch scratch;  // owns a bf16 copy when data points into it
+};
+
+// A bf16 copy of the stored rows x cols matrix at x (leading dimension ld)
+// in scratch on `stream`: laid out as x (leading dimension ld, all `Span`
+// elements rounded) or, with `pad` and an unaligned ld, with the leading
+// dimension PaddedLd(rows). The scratch may go once the GEMM that reads it
+// is queued on the same stream (stream_scratch.h).
+absl::StatusOr<Operand> Bf16Copy(const float* x, int rows, int cols, int ld, bool pad,
+                                 cudaStream_t stream) {
+  Operand out{nullptr, ld, {}};
+  if (pad && !Aligned(ld)) {
+    out.ld = PaddedLd(rows);
+    ASSIGN_OR_RETURN(
+        out.scratch,
+        StreamScratch::Create(static_cast<size_t>(out.ld) * cols * sizeof(uint16_t), stream));
+    RETURN_IF_ERROR(
+        RoundToBf16StridedCuda(x, cols, rows, ld, out.scratch.as<uint16_t>(), out.ld, stream));
+  } else {
+    const int64_t span = Span(rows, cols, ld);
+    ASSIGN_OR_RETURN(out.scratch,
+                     StreamScratch::Create(static_cast<size_t>(span) * sizeof(uint16_t), stream));
+    RETURN_IF_ERROR(RoundToBf16Cuda(x, span, out.scratch.as<uint16_t>(), stream));
+  }
+  out.data = out.scratch.get();
+  return out;
 }
 
-// Whether every row of the three matrices starts 16-byte aligned (a
-// leading dimension that is a multiple of 8 elements), as the tensor cores'
-// fast bf16 kernels want.
-bool RowsAligned(int lda, int ldb, int ldc) { return lda % 8 == 0 && ldb % 8 == 0 && ldc % 8 == 0; }
+// cublasGemmEx on bf16 operands with fp32 accumulation into the fp32 C.
+cublasStatus_t GemmOnCopies(const CublasHandle& h, cublasOperation_t trans_a,
+                            cublasOperation_t trans_b, int m, int n, int k, const float* alpha,
+                            const Operand& a, const Operand& b, const float* beta, float* c,
+                            int ldc) {
+  return cublasGemmEx(h.get(), trans_a, trans_b, m, n, k, alpha, a.data, CUDA_R_16BF, a.ld, b.data,
+                      CUDA_R_16BF, b.ld, beta, c, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F,
+                      CUBLAS_GEMM_DEFAULT);
+}
 
 // One fp32 GEMM (column-major, cuBLAS's arguments) in the handle's mode:
 // cublasSgemm for fp32 and TF32 (the handle's math mode decides); for bf16
-// both operands rounded to bf16 copies first (bf16_round.h), then
-// cublasGemmEx on them with fp32 accumulation into the fp32 C. Measured on
-// an H200 (docs/benchmarks.md): cuBLAS's own narrowing
-// (CUBLAS_COMPUTE_32F_FAST_16BF on fp32 operands) ran an 8192^3 product at
-// 355 TFLOP/s, bf16 copies at 591, and the GPT-2 layers' GEMMs took 16 ms a
-// step instead of 20; but the tied LM head's three products (leading
-// dimension 50257, the vocabulary) took 17.6 ms instead of 15.1, so
-// unaligned rows keep cuBLAS's narrowing.
+// as the handle's Bf16Operands says (linear.h).
 absl::Status Gemm(const CublasHandle& h, cublasOperation_t trans_a, cublasOperation_t trans_b,
                   int m, int n, int k, const float* alpha, const float* a, int lda, const float* b,
                   int ldb, const float* beta, float* c, int ldc) {
@@ -63,28 +92,50 @@ absl::Status Gemm(const CublasHandle& h, cublasOperation_t trans_a, cublasOperat
         cublasSgemm(h.get(), trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc));
     return absl::OkStatus();
   }
-  if (!RowsAligned(lda, ldb, ldc)) {
+  const Bf16Operands how = h.bf16_operands();
+  if (how == Bf16Operands::kCublasNarrows ||
+      (how == Bf16Operands::kAlignedCopies && !(Aligned(lda) && Aligned(ldb) && Aligned(ldc)))) {
     CUBLAS_RETURN_IF_ERROR(cublasGemmEx(h.get(), trans_a, trans_b, m, n, k, alpha, a, CUDA_R_32F,
                                         lda, b, CUDA_R_32F, ldb, beta, c, CUDA_R_32F, ldc,
                                         CUBLAS_COMPUTE_32F_FAST_16BF, CUBLAS_GEMM_DEFAULT));
     return absl::OkStatus();
   }
+  const bool pad = how == Bf16Operands::kPaddedCopies;
+  const cudaStream_t stream = h.stream();
   // op(A) is m x k, stored as m x k (OP_N) or k x m (OP_T); op(B), k x n,
   // likewise.
-  const int64_t span_a = trans_a == CUBLAS_OP_N ? Span(m, k, lda) : Span(k, m, lda);
-  const int64_t span_b = trans_b == CUBLAS_OP_N ? Span(k, n, ldb) : Span(n, k, ldb);
-  ASSIGN_OR_RETURN(StreamScratch a16, Bf16Copy(a, span_a, h.stream()));
-  ASSIGN_OR_RETURN(StreamScratch b16, Bf16Copy(b, span_b, h.stream()));
-  CUBLAS_RETURN_IF_ERROR(cublasGemmEx(h.get(), trans_a, trans_b, m, n, k, alpha, a16.get(),
-                                      CUDA_R_16BF, lda, b16.get(), CUDA_R_16BF, ldb, beta, c,
-                                      CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  const bool a_plain = trans_a == CUBLAS_OP_N, b_plain = trans_b == CUBLAS_OP_N;
+  ASSIGN_OR_RETURN(Operand a16, Bf16Copy(a, a_plain ? m : k, a_plain ? k : m, lda, pad, stream));
+  ASSIGN_OR_RETURN(Operand b16, Bf16Copy(b, b_plain ? k : n, b_plain ? n : k, ldb, pad, stream));
+  if (!pad || Aligned(ldc)) {
+    CUBLAS_RETURN_IF_ERROR(
+        GemmOnCopies(h, trans_a, trans_b, m, n, k, alpha, a16, b16, beta, c, ldc));
+    return absl::OkStatus();
+  }
+  // C (m x n, leading dimension ldc) through an aligned scratch copy.
+  const int padded_ldc = PaddedLd(m);
+  ASSIGN_OR_RETURN(
+      StreamScratch c32,
+      StreamScratch::Create(static_cast<size_t>(padded_ldc) * n * sizeof(float), stream));
+  const size_t row_bytes = static_cast<size_t>(m) * sizeof(float);
+  if (*beta != 0.0f) {
+    CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(c32.get(), padded_ldc * sizeof(float), c,
+                                           ldc * sizeof(float), row_bytes, n,
+                                           cudaMemcpyDeviceToDevice, stream));
+  }
+  CUBLAS_RETURN_IF_ERROR(GemmOnCopies(h, trans_a, trans_b, m, n, k, alpha, a16, b16, beta,
+                                      c32.as<float>(), padded_ldc));
+  CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(c, ldc * sizeof(float), c32.get(),
+                                         padded_ldc * sizeof(float), row_bytes, n,
+                                         cudaMemcpyDeviceToDevice, stream));
   return absl::OkStatus();
 }
 
 // `batch` of Gemm's products at once (strides in floats). bf16 keeps
-// cuBLAS's own narrowing here: the batched products are attention's
-// (attention_gemm.h), whose operands are slices of wider rows, so a
-// rounded copy would convert the whole rows for every call.
+// cuBLAS's own narrowing here whatever the handle's Bf16Operands: the
+// batched products are attention's (attention_gemm.h), whose operands are
+// slices of wider rows, so a rounded copy would convert the whole rows for
+// every call.
 cublasStatus_t GemmBatched(const CublasHandle& h, cublasOperation_t trans_a,
                            cublasOperation_t trans_b, int m, int n, int k, const float* alpha,
                            const float* a, int lda, int64_t stride_a, const float* b, int ldb,
@@ -138,8 +189,41 @@ const char* GemmModeName(GemmMode mode) {
   return "?";
 }
 
+const char* Bf16OperandsName(Bf16Operands operands) {
+  switch (operands) {
+    case Bf16Operands::kCublasNarrows:
+      return "cublas";
+    case Bf16Operands::kAlignedCopies:
+      return "aligned-copies";
+    case Bf16Operands::kCopies:
+      return "copies";
+    case Bf16Operands::kPaddedCopies:
+      return "padded-copies";
+  }
+  return "?";
+}
+
+absl::StatusOr<Bf16Operands> ParseBf16Operands(const std::string& name) {
+  for (Bf16Operands operands : {Bf16Operands::kCublasNarrows, Bf16Operands::kAlignedCopies,
+                                Bf16Operands::kCopies, Bf16Operands::kPaddedCopies}) {
+    if (name == Bf16OperandsName(operands)) return operands;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "bf16 operands \"", name, "\": want cublas, aligned-copies, copies or padded-copies"));
+}
+
 absl::StatusOr<CublasHandle> CublasHandle::Create(GemmMode mode, cudaStream_t stream) {
+  Bf16Operands operands = Bf16Operands::kAlignedCopies;
+  if (const char* named = std::getenv("PIPETRAIN_BF16_OPERANDS"); named != nullptr) {
+    absl::StatusOr<Bf16Operands> parsed = ParseBf16Operands(named);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PIPETRAIN_BF16_OPERANDS: ", parsed.status().message()));
+    }
+    operands = *parsed;
+  }
   CublasHandle handle;
+  handle.bf16_operands_ = operands;
   CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle.handle_));
   handle.mode_ = mode;
   CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(handle.handle_, MathMode(mode)));
@@ -151,7 +235,8 @@ absl::StatusOr<CublasHandle> CublasHandle::Create(GemmMode mode, cudaStream_t st
 CublasHandle::CublasHandle(CublasHandle&& other) noexcept
     : handle_(std::exchange(other.handle_, nullptr)),
       mode_(other.mode_),
-      stream_(std::exchange(other.stream_, nullptr)) {}
+      stream_(std::exchange(other.stream_, nullptr)),
+      bf16_operands_(other.bf16_operands_) {}
 
 CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
   if (this != &other) {
@@ -159,6 +244,7 @@ CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
     handle_ = std::exchange(other.handle_, nullptr);
     mode_ = other.mode_;
     stream_ = std::exchange(other.stream_, nullptr);
+    bf16_operands_ = other.bf16_operands_;
   }
   return *this;
 }

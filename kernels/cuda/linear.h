@@ -13,15 +13,10 @@
 //   kTf32: CUBLAS_TF32_TENSOR_OP_MATH, inputs reduced to TF32 (10-bit
 //          mantissa) on the tensor cores, fp32 accumulation; faster, with
 //          relative error about 2^-11 per input.
-//   kBf16: fp32 tensors in and out; each GEMM rounds its two operands to
-//          bf16 copies (7-bit mantissa, to nearest even; bf16_round.h) in
-//          stream scratch and multiplies those with cublasGemmEx on the
-//          tensor cores, accumulating in fp32 (CUBLAS_COMPUTE_32F); relative
-//          error at most 2^-8 per input. The batched products (attention)
-//          and products whose rows are not 16-byte aligned (a leading
-//          dimension not a multiple of 8, e.g. the LM head's vocabulary)
-//          let cuBLAS narrow fp32 operands itself
-//          (CUBLAS_COMPUTE_32F_FAST_16BF). Only the GEMMs of this file use
+//   kBf16: fp32 tensors in and out, inputs reduced to bf16 (7-bit
+//          mantissa) on the tensor cores, fp32 accumulation; relative error
+//          at most 2^-7 per input. How the operands reach cuBLAS is the
+//          handle's Bf16Operands (below). Only the GEMMs of this file use
 //          the mode; other cuBLAS calls on a bf16 handle (PowerSGD) run fp32.
 // The bias kernels run in fp32 in every mode.
 //
@@ -32,8 +27,10 @@
 #define PIPETRAIN_KERNELS_CUDA_LINEAR_H_
 
 #include <cublas_v2.h>
-#include <cstdint>
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -45,6 +42,35 @@ enum class GemmMode { kFp32, kTf32, kBf16 };
 // "fp32", "tf32" or "bf16", for logs and test names.
 const char* GemmModeName(GemmMode mode);
 
+// How a kBf16 handle's single GEMMs feed the tensor cores (batched ones,
+// attention's, always use kCublasNarrows: their operands are slices of
+// wider rows). Measured on an H200 (docs/benchmarks.md): an 8192^3 product
+// ran at 355 TFLOP/s with kCublasNarrows and 591 with bf16 copies; in the
+// GPT-2 124M step copies made the layers' GEMMs faster (19.7 -> 15.9 ms)
+// and the LM head's, whose rows are 50257 floats, slower (15.1 -> 17.6 ms).
+enum class Bf16Operands {
+  // "cublas": fp32 operands, narrowed by cuBLAS
+  // (CUBLAS_COMPUTE_32F_FAST_16BF).
+  kCublasNarrows,
+  // "aligned-copies", the default: where every matrix's rows start 16-byte
+  // aligned (leading dimensions multiples of 8), both operands rounded to
+  // bf16 copies (to nearest even, bf16_round.h) in stream scratch and
+  // multiplied with cublasGemmEx (CUBLAS_COMPUTE_32F); else kCublasNarrows.
+  kAlignedCopies,
+  // "copies": bf16 copies whatever the alignment.
+  kCopies,
+  // "padded-copies": bf16 copies whose leading dimensions are padded to
+  // multiples of 8, and an unaligned C computed in padded scratch and
+  // copied back (its old values copied in first when beta != 0).
+  kPaddedCopies,
+};
+
+// The names above, for logs and PIPETRAIN_BF16_OPERANDS.
+const char* Bf16OperandsName(Bf16Operands operands);
+
+// The value named `name`; INVALID_ARGUMENT listing the names otherwise.
+absl::StatusOr<Bf16Operands> ParseBf16Operands(const std::string& name);
+
 // Owns one cuBLAS handle bound to a stream and a GemmMode.
 //
 // Thread-compatible: use a handle from one host thread at a time (cuBLAS
@@ -55,8 +81,11 @@ const char* GemmModeName(GemmMode mode);
 class CublasHandle {
  public:
   // A handle whose GEMMs run on `stream` (nullptr: the legacy default
-  // stream) in `mode`. INTERNAL if cublasCreate or the stream/math-mode
-  // setup fails (e.g. no CUDA device, or the driver is missing).
+  // stream) in `mode`, with the Bf16Operands named by the environment
+  // variable PIPETRAIN_BF16_OPERANDS (a benchmarking knob) or
+  // kAlignedCopies. INTERNAL if cublasCreate or the stream/math-mode setup
+  // fails (e.g. no CUDA device, or the driver is missing); INVALID_ARGUMENT
+  // for an unknown PIPETRAIN_BF16_OPERANDS.
   static absl::StatusOr<CublasHandle> Create(GemmMode mode, cudaStream_t stream = nullptr);
 
   CublasHandle() = default;
@@ -70,6 +99,8 @@ class CublasHandle {
   cublasHandle_t get() const { return handle_; }
   GemmMode mode() const { return mode_; }
   cudaStream_t stream() const { return stream_; }
+  Bf16Operands bf16_operands() const { return bf16_operands_; }
+  void set_bf16_operands(Bf16Operands operands) { bf16_operands_ = operands; }
 
   // Moves later GEMMs and bias kernels to `stream`. FAILED_PRECONDITION if
   // empty; INTERNAL if cublasSetStream fails.
@@ -81,6 +112,7 @@ class CublasHandle {
   cublasHandle_t handle_ = nullptr;
   GemmMode mode_ = GemmMode::kFp32;
   cudaStream_t stream_ = nullptr;
+  Bf16Operands bf16_operands_ = Bf16Operands::kAlignedCopies;
 };
 
 // y = x W (+ b when b is non-null). Requires n >= 0, in >= 1, out >= 1, and

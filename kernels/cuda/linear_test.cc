@@ -26,6 +26,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -325,6 +326,31 @@ TEST(LinearCudaArgumentsTest, CublasHandleSetStream_Empty_FailedPrecondition) {
   EXPECT_NE(status.message().find("CublasHandle::SetStream"), std::string::npos) << status;
 }
 
+TEST(LinearCudaArgumentsTest, Bf16Operands_NamesParseBack_UnknownListsThem) {
+  for (Bf16Operands how : {Bf16Operands::kCublasNarrows, Bf16Operands::kAlignedCopies,
+                           Bf16Operands::kCopies, Bf16Operands::kPaddedCopies}) {
+    absl::StatusOr<Bf16Operands> parsed = ParseBf16Operands(Bf16OperandsName(how));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, how);
+  }
+  absl::StatusOr<Bf16Operands> bad = ParseBf16Operands("fast");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("cublas, aligned-copies, copies or padded-copies"),
+            std::string::npos)
+      << bad.status();
+}
+
+// The environment's choice is read before any CUDA call, so a bad one is
+// refused on a machine without a GPU too.
+TEST(LinearCudaArgumentsTest, CublasHandleCreate_UnknownEnvironmentChoice_InvalidArgument) {
+  ASSERT_EQ(setenv("PIPETRAIN_BF16_OPERANDS", "fast", 1), 0);
+  absl::StatusOr<CublasHandle> handle = CublasHandle::Create(GemmMode::kBf16);
+  unsetenv("PIPETRAIN_BF16_OPERANDS");
+  EXPECT_EQ(handle.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(handle.status().message().find("PIPETRAIN_BF16_OPERANDS"), std::string::npos)
+      << handle.status();
+}
+
 TEST(LinearCudaArgumentsTest, GemmModeName_EachMode_ShortName) {
   EXPECT_STREQ(GemmModeName(GemmMode::kFp32), "fp32");
   EXPECT_STREQ(GemmModeName(GemmMode::kTf32), "tf32");
@@ -360,6 +386,48 @@ TEST_F(LinearCudaTest, SgemmCuda_AllTransposes_MatchesCpu) {
       const Tolerance tol = GemmTolerance(GemmMode::kFp32, k, alpha, beta);
       EXPECT_TRUE(AllClose(absl::StrCat("sgemm ta=", ta, " tb=", tb), *got, want, tol.atol,
                            tol.rtol));
+    }
+  }
+}
+
+// bf16 mode, every Bf16Operands, all transposes, with leading dimensions
+// that are multiples of 8 (pad 0 with these sizes: 40, 136, 72) and ones
+// that are not (pad 3): each path of linear.cc's Gemm, padded C with beta
+// != 0 included, against the CPU at bf16 tolerances.
+TEST_F(LinearCudaTest, SgemmCuda_Bf16EveryOperandsChoice_MatchesCpu) {
+  const int m = 40, n = 136, k = 72;
+  const float alpha = 0.5f, beta = 2.0f;
+  for (Bf16Operands how : {Bf16Operands::kCublasNarrows, Bf16Operands::kAlignedCopies,
+                           Bf16Operands::kCopies, Bf16Operands::kPaddedCopies}) {
+    for (int pad : {0, 3}) {
+      for (bool ta : {false, true}) {
+        for (bool tb : {false, true}) {
+          const int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+          const std::vector<float> a = RandomNormal(70, int64_t{ta ? k : m} * lda, 0.0f, 1.0f);
+          const std::vector<float> b = RandomNormal(71, int64_t{tb ? n : k} * ldb, 0.0f, 1.0f);
+          std::vector<float> c = RandomNormal(72, int64_t{m} * ldc, 0.0f, 1.0f);
+          std::vector<float> want = c;
+          Sgemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
+          auto handle = CublasHandle::Create(GemmMode::kBf16);
+          ASSERT_TRUE(handle.ok()) << handle.status();
+          handle->set_bf16_operands(how);
+          auto da = DeviceBuffer<float>::FromHost(a);
+          auto db = DeviceBuffer<float>::FromHost(b);
+          auto dc = DeviceBuffer<float>::FromHost(c);
+          ASSERT_TRUE(da.ok() && db.ok() && dc.ok());
+          ASSERT_TRUE(SgemmCuda(*handle, ta, tb, m, n, k, alpha, da->data(), lda, db->data(), ldb,
+                                beta, dc->data(), ldc)
+                          .ok());
+          auto got = dc->ToHost();
+          ASSERT_TRUE(got.ok()) << got.status();
+          // Every element, the padding between rows included: padded-copies
+          // copies C's rows back, and nothing else may change.
+          const Tolerance tol = GemmTolerance(GemmMode::kBf16, k, alpha, beta);
+          EXPECT_TRUE(
+              AllClose(absl::StrCat(Bf16OperandsName(how), " pad=", pad, " ta=", ta, " tb=", tb),
+                       *got, want, tol.atol, tol.rtol));
+        }
+      }
     }
   }
 }

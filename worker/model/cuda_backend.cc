@@ -178,6 +178,9 @@ class CudaBackendImpl final : public Backend {
   std::string Describe() const override {
     return absl::StrCat("cuda:", device_, " (", facts_.name, "), ", GemmModeName(cublas_.mode()),
                         " GEMMs",
+                        cublas_.mode() == GemmMode::kBf16
+                            ? absl::StrCat(" (", Bf16OperandsName(cublas_.bf16_operands()), ")")
+                            : "",
                         attention_ == AttentionImpl::kGemm    ? ", GEMM attention"
                         : attention_ == AttentionImpl::kFlash ? ", flash attention"
                                                               : "");

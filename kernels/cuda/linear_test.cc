@@ -357,75 +357,60 @@ TEST(LinearCudaArgumentsTest, GemmModeName_EachMode_ShortName) {
   EXPECT_STREQ(GemmModeName(GemmMode::kBf16), "bf16");
 }
 
+// One SgemmCuda on `handle` against the CPU Sgemm: m x n x k with alpha
+// 0.5 and beta 2 onto C, each matrix's rows `pad` floats wider than they
+// need be. Compares every element of C, the padding between rows included
+// (nothing there may change). `what` names the case in a failure.
+void ExpectSgemmMatchesCpu(const CublasHandle& handle, int m, int n, int k, bool ta, bool tb,
+                           int pad, uint64_t seed, const std::string& what) {
+  const float alpha = 0.5f, beta = 2.0f;
+  const int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
+  const std::vector<float> a = RandomNormal(seed, int64_t{ta ? k : m} * lda, 0.0f, 1.0f);
+  const std::vector<float> b = RandomNormal(seed + 1, int64_t{tb ? n : k} * ldb, 0.0f, 1.0f);
+  const std::vector<float> c = RandomNormal(seed + 2, int64_t{m} * ldc, 0.0f, 1.0f);
+  std::vector<float> want = c;
+  Sgemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
+  auto da = DeviceBuffer<float>::FromHost(a);
+  auto db = DeviceBuffer<float>::FromHost(b);
+  auto dc = DeviceBuffer<float>::FromHost(c);
+  ASSERT_TRUE(da.ok() && db.ok() && dc.ok());
+  const absl::Status run = SgemmCuda(handle, ta, tb, m, n, k, alpha, da->data(), lda, db->data(),
+                                     ldb, beta, dc->data(), ldc);
+  ASSERT_TRUE(run.ok()) << what << ": " << run;
+  auto got = dc->ToHost();
+  ASSERT_TRUE(got.ok()) << got.status();
+  // Products of N(0, 1) terms (std 1 each, alpha 0.5) onto beta * N(0, 1).
+  const Tolerance tol = GemmTolerance(handle.mode(), k, alpha, beta);
+  EXPECT_TRUE(AllClose(absl::StrCat(what, " ta=", ta, " tb=", tb), *got, want, tol.atol, tol.rtol));
+}
+
 // SgemmCuda against the CPU Sgemm for each transpose combination, with
 // alpha, beta and strides wider than the rows (the head's three GEMMs use
 // (F, T), (F, F) and (T, F)). m, n, k are off any tile size.
 TEST_F(LinearCudaTest, SgemmCuda_AllTransposes_MatchesCpu) {
-  const int m = 37, n = 129, k = 70, pad = 3;
-  const float alpha = 0.5f, beta = 2.0f;
+  auto handle = CublasHandle::Create(GemmMode::kFp32);
+  ASSERT_TRUE(handle.ok()) << handle.status();
   for (bool ta : {false, true}) {
-    for (bool tb : {false, true}) {
-      const int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
-      const std::vector<float> a = RandomNormal(60, int64_t{ta ? k : m} * lda, 0.0f, 1.0f);
-      const std::vector<float> b = RandomNormal(61, int64_t{tb ? n : k} * ldb, 0.0f, 1.0f);
-      std::vector<float> c = RandomNormal(62, int64_t{m} * ldc, 0.0f, 1.0f);
-      std::vector<float> want = c;
-      Sgemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
-      auto handle = CublasHandle::Create(GemmMode::kFp32);
-      ASSERT_TRUE(handle.ok()) << handle.status();
-      auto da = DeviceBuffer<float>::FromHost(a);
-      auto db = DeviceBuffer<float>::FromHost(b);
-      auto dc = DeviceBuffer<float>::FromHost(c);
-      ASSERT_TRUE(da.ok() && db.ok() && dc.ok());
-      ASSERT_TRUE(SgemmCuda(*handle, ta, tb, m, n, k, alpha, da->data(), lda, db->data(), ldb,
-                            beta, dc->data(), ldc)
-                      .ok());
-      auto got = dc->ToHost();
-      ASSERT_TRUE(got.ok()) << got.status();
-      // Products of N(0, 1) terms (std 1 each, alpha 0.5) onto beta * N(0, 1).
-      const Tolerance tol = GemmTolerance(GemmMode::kFp32, k, alpha, beta);
-      EXPECT_TRUE(AllClose(absl::StrCat("sgemm ta=", ta, " tb=", tb), *got, want, tol.atol,
-                           tol.rtol));
-    }
+    for (bool tb : {false, true})
+      ExpectSgemmMatchesCpu(*handle, 37, 129, 70, ta, tb, 3, 60, "fp32");
   }
 }
 
 // bf16 mode, every Bf16Operands, all transposes, with leading dimensions
-// that are multiples of 8 (pad 0 with these sizes: 40, 136, 72) and ones
-// that are not (pad 3): each path of linear.cc's Gemm, padded C with beta
-// != 0 included, against the CPU at bf16 tolerances.
+// that are multiples of 8 (pad 0 with m, n, k = 40, 136, 72) and ones that
+// are not (pad 3): each path of linear.cc's Gemm, padded C with beta != 0
+// included, against the CPU at bf16 tolerances.
 TEST_F(LinearCudaTest, SgemmCuda_Bf16EveryOperandsChoice_MatchesCpu) {
-  const int m = 40, n = 136, k = 72;
-  const float alpha = 0.5f, beta = 2.0f;
+  auto handle = CublasHandle::Create(GemmMode::kBf16);
+  ASSERT_TRUE(handle.ok()) << handle.status();
   for (Bf16Operands how : {Bf16Operands::kCublasNarrows, Bf16Operands::kAlignedCopies,
                            Bf16Operands::kCopies, Bf16Operands::kPaddedCopies}) {
+    handle->set_bf16_operands(how);
     for (int pad : {0, 3}) {
       for (bool ta : {false, true}) {
         for (bool tb : {false, true}) {
-          const int lda = (ta ? m : k) + pad, ldb = (tb ? k : n) + pad, ldc = n + pad;
-          const std::vector<float> a = RandomNormal(70, int64_t{ta ? k : m} * lda, 0.0f, 1.0f);
-          const std::vector<float> b = RandomNormal(71, int64_t{tb ? n : k} * ldb, 0.0f, 1.0f);
-          std::vector<float> c = RandomNormal(72, int64_t{m} * ldc, 0.0f, 1.0f);
-          std::vector<float> want = c;
-          Sgemm(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, want.data(), ldc);
-          auto handle = CublasHandle::Create(GemmMode::kBf16);
-          ASSERT_TRUE(handle.ok()) << handle.status();
-          handle->set_bf16_operands(how);
-          auto da = DeviceBuffer<float>::FromHost(a);
-          auto db = DeviceBuffer<float>::FromHost(b);
-          auto dc = DeviceBuffer<float>::FromHost(c);
-          ASSERT_TRUE(da.ok() && db.ok() && dc.ok());
-          ASSERT_TRUE(SgemmCuda(*handle, ta, tb, m, n, k, alpha, da->data(), lda, db->data(), ldb,
-                                beta, dc->data(), ldc)
-                          .ok());
-          auto got = dc->ToHost();
-          ASSERT_TRUE(got.ok()) << got.status();
-          // Every element, the padding between rows included: padded-copies
-          // copies C's rows back, and nothing else may change.
-          const Tolerance tol = GemmTolerance(GemmMode::kBf16, k, alpha, beta);
-          EXPECT_TRUE(
-              AllClose(absl::StrCat(Bf16OperandsName(how), " pad=", pad, " ta=", ta, " tb=", tb),
-                       *got, want, tol.atol, tol.rtol));
+          ExpectSgemmMatchesCpu(*handle, 40, 136, 72, ta, tb, pad, 70,
+                                absl::StrCat(Bf16OperandsName(how), " pad=", pad));
         }
       }
     }

@@ -343,9 +343,16 @@ TEST(LinearCudaArgumentsTest, Bf16Operands_NamesParseBack_UnknownListsThem) {
 // The environment's choice is read before any CUDA call, so a bad one is
 // refused on a machine without a GPU too.
 TEST(LinearCudaArgumentsTest, CublasHandleCreate_UnknownEnvironmentChoice_InvalidArgument) {
+  const char* before = std::getenv("PIPETRAIN_BF16_OPERANDS");
+  const std::string saved = before == nullptr ? "" : before;
   ASSERT_EQ(setenv("PIPETRAIN_BF16_OPERANDS", "fast", 1), 0);
   absl::StatusOr<CublasHandle> handle = CublasHandle::Create(GemmMode::kBf16);
-  unsetenv("PIPETRAIN_BF16_OPERANDS");
+  // Put back what the run was given: the other cases honour it.
+  if (before == nullptr) {
+    unsetenv("PIPETRAIN_BF16_OPERANDS");
+  } else {
+    setenv("PIPETRAIN_BF16_OPERANDS", saved.c_str(), 1);
+  }
   EXPECT_EQ(handle.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(handle.status().message().find("PIPETRAIN_BF16_OPERANDS"), std::string::npos)
       << handle.status();

@@ -5,7 +5,7 @@
 # packages:
 #   gpu-bundle/bin/   every CUDA test binary (scripts/cuda_targets.sh), the
 #                     pipetrain CLI, coordinator and worker, the training-
-#                     step and collective benchmarks; built -c opt
+#                     step, collective and NCCL all-reduce benchmarks; built -c opt
 #                     --config=cuda with our own
 #                     code linked in statically
 #   gpu-bundle/lib/   the Debian shared libraries they need (Abseil, gRPC,
@@ -25,7 +25,8 @@ source scripts/cuda_targets.sh
 flags=(--config=cuda -c opt --dynamic_mode=off)
 tests=$(bazel query "tests(set(${CUDA_TARGETS[*]}))" 2>/dev/null)
 binaries=(//cli:pipetrain //coordinator:pipetrain-coordinator //worker:pipetrain-worker
-  //worker/train:train_step_benchmark //worker/collectives:collective_benchmark)
+  //worker/train:train_step_benchmark //worker/collectives:collective_benchmark
+  //kernels/cuda:nccl_all_reduce_benchmark)
 echo "building $(echo "$tests" | wc -l) test binaries and ${#binaries[@]} programs (--config=cuda -c opt)" >&2
 # shellcheck disable=SC2086
 bazel build "${flags[@]}" $tests "${binaries[@]}"

@@ -117,8 +117,10 @@ fi
 # under emulated 1 and 10 Gbit/s links with 2 and 4; its goal lines say
 # whether busbw reached 0.8 x point-to-point and 0.9 x the emulated link
 # from 16 MiB up. Then, as time allows, the bf16-compressed all-reduce
-# (--codec bf16, AllReduceEncoded) with 2 and 4 members. CPU only: no GPU
-# is used.
+# (--codec bf16, AllReduceEncoded) with 2 and 4 members. The ring runs on
+# the CPU; then NCCL's all-reduce over the machine's GPUs in the same
+# columns (kernels/cuda/nccl_all_reduce_benchmark.cc; with one GPU a local
+# copy, busbw 0).
 if [[ "$mode" == collectives ]]; then
   note "cpu: $(nproc) hardware threads; $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
   mkdir -p "$out/collectives"
@@ -133,6 +135,12 @@ if [[ "$mode" == collectives ]]; then
   for n in 2 4 8; do
     collective "loopback_n$n" --members "$n" --max-mib "${COLLECTIVE_MAX_MIB:-256}" --iters 2
   done
+  if lim=$(budget 120); then
+    timeout -k 5 "$lim" "$bin/nccl_all_reduce_benchmark" --max-mib "${COLLECTIVE_MAX_MIB:-256}" \
+      >"$out/collectives/nccl.txt" 2>&1
+    check collectives_nccl $? "$(grep '^# all-reduce\|^# check' "$out/collectives/nccl.txt" |
+      sed 's/^# //' | tr '\n' ' ')"
+  else out_of_time collectives_nccl; fi
   for link in 1Gbit,0.5ms 10Gbit,0.05ms; do
     for n in 2 4; do
       collective "${link%%,*}_n$n" --members "$n" --max-mib "${COLLECTIVE_LINK_MAX_MIB:-64}" \

@@ -14,6 +14,10 @@ bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 
+// RingChunk's bounds (collectives.h says why).
+constexpr int64_t kRingChunksPerSegment = 4;
+constexpr int64_t kMinRingChunkBytes = int64_t{256} << 10;
+
 absl::Status Annotate(const absl::Status& status, const std::string& what) {
   if (status.ok()) return status;
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
@@ -70,9 +74,16 @@ std::string Collectives::Describe(int tag) const {
                       "] (rank ", rank_, ")");
 }
 
+int64_t Collectives::RingChunk(int64_t segment) const {
+  const int64_t most = std::max<int64_t>(1, options_.chunk_bytes / 4);
+  const int64_t least = std::min(most, kMinRingChunkBytes / 4);
+  const int64_t even = (segment + kRingChunksPerSegment - 1) / kRingChunksPerSegment;
+  return std::clamp(even, least, most);
+}
+
 absl::Status Collectives::SendRange(int64_t iteration, int tag, int to, const float* values,
-                                    int64_t begin, int64_t end) {
-  const int64_t chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
+                                    int64_t begin, int64_t end, int64_t chunk) {
+  if (chunk <= 0) chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
   for (int64_t off = begin; off < end; off += chunk) {
     const int64_t len = std::min(chunk, end - off);
     Tensor piece = Tensor::Uninitialized({len});  // Filled next.
@@ -173,8 +184,9 @@ absl::Status Collectives::Ring(int64_t iteration, int tag, float* values, int64_
   }
   if (steps.empty()) return absl::OkStatus();
   const auto& first = bounds[reduce_scatter ? Mod(rank_ - 1, n) : rank_];
-  RETURN_IF_ERROR(SendRange(iteration, tag, right, values, first.first, first.second));
-  const int64_t chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
+  // Segment 0 is the longest (SegmentBounds); every member cuts the same.
+  const int64_t chunk = RingChunk(bounds[0].second - bounds[0].first);
+  RETURN_IF_ERROR(SendRange(iteration, tag, right, values, first.first, first.second, chunk));
   for (size_t k = 0; k < steps.size(); ++k) {
     const auto [begin, end] = bounds[steps[k].in_segment];
     const bool pass_on = k + 1 < steps.size();

@@ -65,7 +65,9 @@ struct CollectiveGroup {
 };
 
 struct CollectiveOptions {
-  int64_t chunk_bytes = int64_t{1} << 20;   // ring messages at most this large
+  // Messages at most this large (the ring's smaller for small tensors:
+  // Collectives::RingChunk).
+  int64_t chunk_bytes = int64_t{1} << 20;
   // Recursive doubling below this (two members: at any size, which sums
   // bitwise as the ring does, so 0 still means the ring's sums).
   int64_t small_bytes = int64_t{64} << 10;
@@ -185,10 +187,22 @@ class Collectives {
   absl::Status RingReduceScatter(int64_t iteration, int tag, float* values, int64_t numel);
   absl::Status RingAllGather(int64_t iteration, int tag, float* values, int64_t numel);
   absl::Status RecursiveDoubling(int64_t iteration, int tag, float* values, int64_t numel);
-  // Sends values[begin, end) to member `to` in chunks; receives the same
-  // range from member `from`, and adds (`add`) or copies it into `values`.
+  // Elements per message of a ring whose largest segment has `segment`
+  // elements: at most chunk_bytes, and small enough that the segment goes
+  // as kRingChunksPerSegment messages, but not below kMinRingChunkBytes.
+  // Why: a chunk is added and passed on only once it has arrived whole, so
+  // a segment sent as one message leaves each link idle while the next
+  // member waits for all of it, once per step. 4 members all-reducing a
+  // 4 MiB bucket (the data-parallel stages' size) under an emulated 2.5
+  // Gbit/s link on the 2-vCPU VM: 0.69 of the link with 1 MiB messages,
+  // 0.87 with 256 KiB; the floor keeps loopback, where each message costs
+  // CPU, as it was (docs/benchmarks.md). The sums do not depend on it.
+  int64_t RingChunk(int64_t segment) const;
+  // Sends values[begin, end) to member `to` in chunks of `chunk` elements
+  // (0: chunk_bytes' worth); receives the same range from member `from`, and
+  // adds (`add`) or copies it into `values`.
   absl::Status SendRange(int64_t iteration, int tag, int to, const float* values, int64_t begin,
-                         int64_t end);
+                         int64_t end, int64_t chunk = 0);
   absl::Status RecvRange(int64_t iteration, int tag, int from, float* values, int64_t begin,
                          int64_t end, bool add);
   // One message of `len` values from member `from`; INTERNAL if it holds

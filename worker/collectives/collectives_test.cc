@@ -101,7 +101,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{4, 1000, 1 << 20, 1 << 20},  // recursive doubling
                       Case{8, 513, 64, 1 << 20},        // recursive doubling, chunked
                       Case{6, 5000, 1 << 20, 1 << 20},  // not a power of two: ring
-                      Case{1, 10, 1 << 20, 0}));        // one member: unchanged
+                      // ring with default messages: segments of 500,001 and
+                      // 500,000 floats go as RingChunk's 125,001-float
+                      // messages (under 1 MiB), the last one shorter
+                      Case{4, 2000003, 1 << 20, 0},
+                      Case{1, 10, 1 << 20, 0}));  // one member: unchanged
 
 // Two members exchange once at any size, chunked, each adding the other's
 // chunks as they arrive: every element is the one IEEE sum x0 + x1 (the

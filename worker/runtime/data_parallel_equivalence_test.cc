@@ -10,6 +10,7 @@
 // and 9.7e-7 for a weight tensor. The replicas agree with each other
 // bitwise because the collectives reduce in one fixed order
 // (worker/collectives/collectives.h); RunPipeline checks that.
+#include "absl/strings/str_cat.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
@@ -268,6 +269,60 @@ TEST(DataParallelEquivalenceTest, SmallBuckets_CompressedAllReducesOverlapToo) {
   ExpectCompressedTrainsAlike(low_rank, exact, 0.05, 1.0);
   EXPECT_EQ(low_rank.collectives.at("data_parallel") - exact.collectives.at("data_parallel"),
             4 * 2 * testing::kIterations);
+}
+
+// The exact all-reduce on replica device collectives (plan.proto
+// ReplicaDeviceGroup: NCCL between the GPUs of a host; here the in-process
+// stand-in, which sums in member order): one and several stages, a
+// Bi-Partition plan, 1F1B and GPipe, the default buckets and one-unit
+// buckets queued as each unit's last backward ends. Train-local's to 1e-5
+// with the replicas bitwise equal (RunPipeline), the same collectives as
+// the gRPC path, every one but the tied embedding's a device sum; with two
+// replicas bitwise the gRPC path's results (a + b in either order).
+TEST(DataParallelEquivalenceTest, ReplicaDeviceCollectives_MatchLocalAndTheGrpcPath) {
+  const TrainConfig c = DataParallelConfig();
+  const Dataset data = MakeDataset();
+  const RunOutput local = RunLocal(c, data);
+  struct Layout {
+    int replicas;
+    std::vector<Range> forward, backward;
+    int64_t bucket_bytes;  // 0: the default
+    Schedule schedule;
+    int tied_owners;  // stages whose backward holds embed or head
+  };
+  const std::vector<Layout> layouts = {
+      {2, {{0, 6}}, {{0, 6}}, 0, Schedule::kOneFOneB, 1},
+      {3, {{0, 3}, {3, 6}}, {{0, 3}, {3, 6}}, 1, Schedule::kGPipe, 2},
+      {2, {{0, 2}, {2, 2}, {2, 6}}, {{0, 1}, {1, 4}, {4, 6}}, 1, Schedule::kOneFOneB, 2},
+      {3, {{0, 2}, {2, 2}, {2, 6}}, {{0, 1}, {1, 4}, {4, 6}}, 0, Schedule::kGPipe, 2},
+  };
+  for (const Layout& layout : layouts) {
+    const std::string what = absl::StrCat(layout.replicas, " replicas of ", layout.forward.size(),
+                                          " stages, buckets ", layout.bucket_bytes);
+    SCOPED_TRACE(what);
+    testing::PipelineExtras grpc;
+    grpc.replicas = layout.replicas;
+    grpc.dp_bucket_bytes = layout.bucket_bytes;
+    testing::PipelineExtras device = grpc;
+    device.replica_device_collectives = true;
+    const RunOutput on_device = RunPipeline(c, data, layout.forward, layout.backward,
+                                            layout.schedule, nullptr, nullptr, device);
+    const RunOutput on_wire = RunPipeline(c, data, layout.forward, layout.backward, layout.schedule,
+                                          nullptr, nullptr, grpc);
+    ExpectMatchesLocal(c, on_device, local, what);
+    const int64_t all_reduces = on_device.collectives.at("data_parallel");
+    EXPECT_EQ(all_reduces, on_wire.collectives.at("data_parallel"));
+    EXPECT_EQ(on_wire.device_sums, 0);
+    // Each device sum counted once per replica; the tied embedding's
+    // all-reduce stays on the gRPC collectives.
+    EXPECT_EQ(on_device.device_sums * layout.replicas +
+                  int64_t{layout.tied_owners} * layout.replicas * testing::kIterations,
+              all_reduces);
+    if (layout.replicas == 2) {
+      EXPECT_EQ(on_device.losses, on_wire.losses);
+      EXPECT_EQ(on_device.weights, on_wire.weights);
+    }
+  }
 }
 
 // The replicas' shares differ (a replica that trained alone on its share

@@ -1,6 +1,7 @@
 #include "worker/runtime/pipeline_testing.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <thread>
 
@@ -11,6 +12,7 @@
 #include "worker/model/weights_io.h"
 #include "worker/runtime/data_parallel_testing.h"
 #include "worker/runtime/in_process_device_channel.h"
+#include "worker/runtime/in_process_device_collective.h"
 #include "worker/runtime/stage_runtime.h"
 #include "worker/train/local_trainer.h"
 #include "worker/transport/in_process_transport.h"
@@ -144,6 +146,27 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
       out.grouped_stages.push_back(g);
     }
   }
+  // One hub per (stage, tensor rank) of the replicas, for exact stages.
+  std::map<int, std::unique_ptr<InProcessCollectiveHub>> replica_hubs;
+  std::vector<std::unique_ptr<DeviceCollective>> replica_collectives(total);
+  if (extras.replica_device_collectives && replicas > 1) {
+    for (int g = 0; g < total; ++g) {
+      const auto& compressed = extras.dp_compressed_stages;
+      const bool exact =
+          std::find(compressed.begin(), compressed.end(), stage_of(g)) == compressed.end();
+      if (!exact) continue;
+      std::unique_ptr<InProcessCollectiveHub>& hub = replica_hubs[g % (stages * tp)];
+      if (hub == nullptr) {
+        hub = std::make_unique<InProcessCollectiveHub>(replicas, absl::Seconds(30));
+      }
+      replica_collectives[g] = hub->CollectiveFor(g / (stages * tp));
+    }
+  }
+  // A failed runtime wakes the others instead of letting them time out.
+  auto shut_down = [&] {
+    fabric.Shutdown();
+    for (auto& [position, hub] : replica_hubs) hub->Abort();
+  };
   auto backend_at = [&](int g) {
     Backend* b = backend_of != nullptr ? backend_of(stage_of(g)) : nullptr;
     return b != nullptr ? b : CpuBackend();
@@ -188,6 +211,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     }
     setup.backend = backend_at(g);
     setup.device_channel = channels[g].get();
+    setup.device_collective = replica_collectives[g].get();
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[g].get()).value());
   }
   const int64_t first = extras.resume != nullptr ? extras.resume->step : 0;
@@ -222,7 +246,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
         auto r = runtimes[g]->RunIteration(i, i == extras.traced_iteration ? &traces[g] : nullptr);
         if (!r.ok()) {
           errors[g] = r.status();
-          fabric.Shutdown();  // wake the other stages instead of letting them time out
+          shut_down();
           break;
         }
         for (const auto& [purpose, stats] : r->collectives) {
@@ -235,7 +259,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
           auto val = runtimes[g]->RunEval(i + 1);
           if (!val.ok()) {
             errors[g] = val.status();
-            fabric.Shutdown();
+            shut_down();
           } else if (val->has_value()) {
             val_losses[g].push_back(**val);
           }
@@ -251,7 +275,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
             snapshots[g] = *std::move(snapshot);
           } else {
             errors[g] = snapshot.status();
-            fabric.Shutdown();
+            shut_down();
           }
         }
       }
@@ -262,7 +286,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
           unsplit[g] = *std::move(copies);
         } else {
           errors[g] = copies.status();
-          fabric.Shutdown();
+          shut_down();
         }
       }
     });
@@ -308,6 +332,7 @@ RunOutput RunPipeline(const TrainConfig& c, const Dataset& data, const std::vect
     }
   }
   out.device_tensors = hub.sent();
+  for (const auto& [position, replica_hub] : replica_hubs) out.device_sums += replica_hub->sums();
   EXPECT_EQ(hub.in_flight(), 0) << "device tensors sent and never received";
   for (int g = 0; g < total; ++g)
     EXPECT_TRUE(errors[g].ok()) << "runtime " << g << ": " << errors[g];

@@ -50,6 +50,9 @@ struct RunOutput {
   // stages in a device group.
   int64_t device_tensors = 0;
   std::vector<int> grouped_stages;
+  // With replica_device_collectives: the sums the hubs carried (once per
+  // sum, not per member).
+  int64_t device_sums = 0;
   // Collectives of every runtime over the whole run, by purpose
   // (IterationResult::collectives).
   std::map<std::string, int64_t> collectives;
@@ -120,6 +123,11 @@ struct PipelineExtras {
   // >= 0: every runtime traces this iteration (RunIteration's trace);
   // RunOutput::traces holds them.
   int64_t traced_iteration = -1;
+  // With replicas > 1: each stage (at each tensor rank) not in
+  // dp_compressed_stages sums its gradients through a collective of one
+  // InProcessCollectiveHub of its replicas (StageSetup::device_collective),
+  // as the GPUs of a ReplicaDeviceGroup would.
+  bool replica_device_collectives = false;
 };
 
 // The pipeline of forward/backward ranges, one StageRuntime per stage on its

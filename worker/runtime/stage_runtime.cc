@@ -286,6 +286,15 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
                                                    setup.max_feedback_replicas,
                                                    " replicas per checkpoint; want 1 or more"));
   }
+  if (setup.device_collective != nullptr &&
+      (setup.replicas < 2 || setup.data_parallel_powersgd_rank > 0 ||
+       !setup.data_parallel_quantizer.empty())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a replica device collective with ", setup.replicas,
+                     " replicas, PowerSGD rank ", setup.data_parallel_powersgd_rank,
+                     setup.data_parallel_quantizer.empty() ? "" : " and a quantizer",
+                     "; it sums exactly over 2 replicas or more"));
+  }
   if (!setup.data_parallel_quantizer.empty()) {
     if (setup.data_parallel_quantizer.size() > 256 || setup.replicas < 2 ||
         setup.data_parallel_powersgd_rank > 0) {
@@ -1511,6 +1520,7 @@ absl::Status StageRuntime::GatherReplicaLosses(int64_t iteration, IterationResul
 
 bool StageRuntime::OverlapsAllReduce() const {
   if (setup_.replicas < 2) return false;
+  if (setup_.device_collective != nullptr) return true;  // queued on this thread
   for (const auto& [index, unit] : units_) {
     for (const Parameter* p : unit->parameters()) {
       if (p->grad.on_device()) return false;  // downloads belong to the interpreter's thread
@@ -1540,6 +1550,8 @@ absl::Status StageRuntime::FlushBucket() {
   bucket_numel_ = 0;
   group_stats_.push_back(std::make_unique<IterationResult::CollectiveStats>());
   IterationResult::CollectiveStats* stats = group_stats_.back().get();
+  // On the device the sum is only queued: no thread needed.
+  if (setup_.device_collective != nullptr) return DeviceAllReduceGroup(params, stats);
   const CollectiveGroup replicas = ReplicaGroup();
   const int64_t iteration = iteration_;
   // Every replica fills the same buckets in the same order (same program),
@@ -1674,6 +1686,42 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
   return absl::OkStatus();
 }
 
+absl::Status StageRuntime::DeviceAllReduceGroup(const std::vector<Parameter*>& params,
+                                                IterationResult::CollectiveStats* stats) {
+  std::vector<Tensor*> grads;
+  int64_t bytes = 0;
+  for (Parameter* p : params) {
+    // A residual a checkpoint restored where this stage sends exactly goes
+    // into this step's gradient, once (the host branch's rule).
+    auto pending = dp_feedback_.find(p->name);
+    if (pending != dp_feedback_.end()) {
+      const Tensor& e = pending->second.residual;
+      if (e.numel() == p->grad.numel()) {
+        Tensor g = OnHost(p->grad).Clone();
+        for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] += e.data()[i];
+        if (p->grad.on_device()) {
+          setup_.backend->CopyFromHost(g, &p->grad);
+        } else {
+          std::memcpy(p->grad.data(), g.data(), g.size_bytes());
+        }
+      }
+      dp_feedback_.erase(pending);
+    }
+    grads.push_back(&p->grad);
+    bytes += p->grad.size_bytes();
+  }
+  if (grads.empty()) return absl::OkStatus();
+  const auto start = Clock::now();
+  RETURN_IF_ERROR(setup_.device_collective->AllReduceSum(grads));
+  // The time to queue it (the stand-in's: the whole sum); what crossed is
+  // counted as fp32, as the exact host branch counts it.
+  ++stats->count;
+  stats->bytes += bytes;
+  stats->wire_bytes += bytes;
+  stats->seconds += SecondsSince(start);
+  return absl::OkStatus();
+}
+
 absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult* result) {
   RETURN_IF_ERROR(FlushBucket());  // the last, partly filled bucket
   RETURN_IF_ERROR(all_reduces_.Drain());
@@ -1692,8 +1740,12 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
     if (p != tied && overlapped.count(p) == 0) rest.push_back(p);
   }
   group_stats_.push_back(std::make_unique<IterationResult::CollectiveStats>());
-  RETURN_IF_ERROR(AllReduceGroup(collectives, iteration, kDataParallelTagBase + 2, rest,
-                                 group_stats_.back().get()));
+  if (setup_.device_collective != nullptr) {
+    RETURN_IF_ERROR(DeviceAllReduceGroup(rest, group_stats_.back().get()));
+  } else {
+    RETURN_IF_ERROR(AllReduceGroup(collectives, iteration, kDataParallelTagBase + 2, rest,
+                                   group_stats_.back().get()));
+  }
   for (const auto& stats : group_stats_) {
     if (result == nullptr || stats->count == 0) continue;
     IterationResult::CollectiveStats& total = result->collectives["data_parallel"];
@@ -1709,6 +1761,8 @@ absl::Status StageRuntime::AllReduceGradients(int64_t iteration, IterationResult
     CountCollective(result, "data_parallel", g.size_bytes(), start);
     if (tied->grad.on_device()) setup_.backend->CopyFromHost(g, &tied->grad);
   }
+  // The optimizer step, queued next, reads the device sums.
+  if (setup_.device_collective != nullptr) RETURN_IF_ERROR(setup_.device_collective->AwaitSums());
   return setup_.backend->status();
 }
 

@@ -47,6 +47,7 @@
 #include "worker/data/dataset.h"
 #include "worker/model/cube_units.h"
 #include "worker/model/device_channel.h"
+#include "worker/model/device_collective.h"
 #include "worker/model/unit.h"
 #include "worker/runtime/device_link_encoder.h"
 #include "worker/runtime/link_compressor.h"
@@ -162,6 +163,16 @@ struct StageSetup {
   // carries the program's LINK_PATH_DEVICE sends and receives device to
   // device (worker/model/device_channel.h); null when the program has none.
   DeviceChannel* device_channel = nullptr;
+  // Data parallelism between GPUs of one host (plan.proto
+  // ReplicaDeviceGroup): the collective of this stage's replicas (not
+  // owned; outlives the runtime) that sums its gradients on the device,
+  // each bucket queued from the interpreter's thread as soon as it is full
+  // and running beside the rest of the backward pass
+  // (worker/model/device_collective.h). Only for an exact all-reduce (no
+  // PowerSGD rank, no quantizer); the tied embedding's sum and every other
+  // reduction stay on the gRPC collectives. Null: the gRPC collectives
+  // carry the gradients.
+  DeviceCollective* device_collective = nullptr;
 };
 
 struct IterationResult {
@@ -353,7 +364,8 @@ class StageRuntime {
   absl::Status AllReduceGradients(int64_t iteration, IterationResult* result);
   // Whether unit u's gradients are all-reduced as soon as its last backward
   // pass of the iteration ends, overlapping the rest of the backward: with
-  // data parallelism and host gradients, exact or compressed.
+  // data parallelism on host gradients, exact or compressed (on the
+  // all-reduce thread), or on a device collective (queued on the device).
   bool OverlapsAllReduce() const;
   // Adds unit u's final gradients (the tied wte left out) to the bucket,
   // and queues the bucket when it is full (FlushBucket).
@@ -380,6 +392,12 @@ class StageRuntime {
   absl::Status AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
                               const std::vector<Parameter*>& params,
                               IterationResult::CollectiveStats* stats);
+  // AllReduceGroup on setup_.device_collective: queues the sum of
+  // `params`' gradients over the replicas (a restored residual folded in
+  // first, as AllReduceGroup's exact branch does) and counts it in `stats`;
+  // AllReduceGradients orders the optimizer step after it (AwaitSums).
+  absl::Status DeviceAllReduceGroup(const std::vector<Parameter*>& params,
+                                    IterationResult::CollectiveStats* stats);
   // PowerSGD's warm start `q` [cols, rank] of a matrix split by `shard`,
   // every tensor rank's gathered to rank 0 (message (step, tag)) as
   // UnitState::warm_q_ranks holds them; the other ranks get an empty

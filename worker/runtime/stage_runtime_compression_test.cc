@@ -12,6 +12,7 @@
 #include "kernels/compress/token_topk_codec.h"
 #include "worker/data/synthetic_text.h"
 #include "worker/model/unit.h"
+#include "worker/runtime/in_process_device_collective.h"
 #include "worker/runtime/pipeline_testing.h"
 #include "worker/runtime/stage_runtime.h"
 #include "worker/transport/in_process_transport.h"
@@ -71,6 +72,37 @@ TEST(StageRuntimeCompression, DataParallelQuantizer_BadSetupsRefused) {
   EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
             absl::StatusCode::kInvalidArgument);
   setup.max_feedback_replicas = kMaxFeedbackReplicasKept;
+  setup.replicas = 1;
+  EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A replica device collective sums exactly: beside a PowerSGD rank or a
+// quantizer, or without replicas, it is INVALID_ARGUMENT (the coordinator
+// forms no group for a compressed stage; an assignment that says otherwise
+// is refused, not trained wrongly).
+TEST(StageRuntimeCompression, ReplicaDeviceCollective_OnlyForExactAllReduce) {
+  const TrainConfig c = testing::SmallConfig();
+  const Dataset data = testing::MakeDataset();
+  const std::vector<Range> ranges = {{0, 6}};
+  auto programs = CompilePrograms(ranges, 6, 1, Schedule::kOneFOneB).value();
+  InProcessFabric fabric(2);
+  std::unique_ptr<Transport> transport = fabric.Connect(0);
+  InProcessCollectiveHub hub(2);
+  std::unique_ptr<DeviceCollective> collective = hub.CollectiveFor(0);
+  StageSetup setup{"job-q", c, 0, 1, ToUnitRange(ranges[0]), ToUnitRange(ranges[0]),
+                   programs[0], absl::Seconds(30)};
+  setup.replicas = 2;
+  setup.device_collective = collective.get();
+  EXPECT_TRUE(StageRuntime::Create(setup, &data, transport.get()).ok());
+  setup.data_parallel_quantizer = "bf16";
+  EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  setup.data_parallel_quantizer.clear();
+  setup.data_parallel_powersgd_rank = 2;
+  EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  setup.data_parallel_powersgd_rank = 0;
   setup.replicas = 1;
   EXPECT_EQ(StageRuntime::Create(setup, &data, transport.get()).status().code(),
             absl::StatusCode::kInvalidArgument);

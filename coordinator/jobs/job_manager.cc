@@ -26,6 +26,7 @@
 #include "coordinator/planner/job_layout.h"
 #include "coordinator/planner/measured_timeline.h"
 #include "coordinator/planner/planner.h"
+#include "coordinator/planner/replica_device_groups.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/timeline_render.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
@@ -133,6 +134,24 @@ void ConsumeDeviceGroupIds(const std::string& job_id, const DeviceLinkPlan& link
   for (const auto& [from, to] : links.order_differs) {
     PT_LOG(INFO) << "job " << job_id << ": stage " << from << " -> " << to
                  << " stays on the wire: the receiver takes the tensors in another order";
+  }
+}
+
+// As ConsumeDeviceGroupIds, for the replica groups (each carries replica
+// 0's id of its position).
+void ConsumeReplicaGroupIds(const std::string& job_id, const ReplicaDeviceGroupPlan& plan,
+                            const std::vector<v1::Worker>& workers, WorkerRegistry* registry) {
+  for (const ReplicaDeviceGroupPlan::Group& g : plan.groups) {
+    const v1::Worker& owner = workers[g.id_owner];
+    if (!registry->ConsumeNcclUniqueId(owner.id(), g.group.nccl_unique_id())) {
+      PT_LOG(WARNING) << "job " << job_id << ": " << owner.id()
+                      << " replaced its NCCL id while the job was planned; the group uses the "
+                         "one it had";
+    }
+    PT_LOG(INFO) << "job " << job_id << ": stage " << g.stage << " (tensor rank " << g.tensor_rank
+                 << ") sums its gradients over its " << g.group.replicas_size()
+                 << " replicas with NCCL on host " << owner.device().hostname() << " (NCCL id from "
+                 << owner.id() << ")";
   }
 }
 
@@ -1001,15 +1020,22 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   }
   // Device links join one pipeline's stages on a host; the replicas and
   // tensor ranks share programs, so with data or tensor parallelism every
-  // link stays on the data plane (NCCL for their collectives is not there
-  // yet).
+  // link stays on the data plane (the programs' sends and receives would
+  // need a group per replica).
   DeviceLinkPlan links;
   links.group_of_stage.assign(stages, -1);
   if (replicas == 1 && tensor == 1) {
     links = PlanDeviceLinks(DeviceLinkMembers(infos, *registry_), &compiled.programs);
   }
+  // The replicas of a stage on the GPUs of one host sum its gradients with
+  // NCCL (exact stages only).
+  const ReplicaDeviceGroupPlan replica_groups =
+      PlanReplicaDeviceGroups(DeviceLinkMembers(infos, *registry_), replicas, stages, tensor,
+                              {compiled.plan.data_parallel_compressed_stages().begin(),
+                               compiled.plan.data_parallel_compressed_stages().end()});
   RETURN_IF_ERROR(registry_->Assign(workers, id));
   ConsumeDeviceGroupIds(id, links, infos, registry_);
+  ConsumeReplicaGroupIds(id, replica_groups, infos, registry_);
   record.plan = compiled.plan;
   record.stages.assign(workers.size(), StageProgress{});
   record.traced = record.tracing = JobRecord::TracedStep{};
@@ -1059,6 +1085,10 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     if (!compiled.eval_programs.empty()) *a.mutable_eval_program() = compiled.eval_programs[s];
     if (links.group_of_stage[s] >= 0) {
       *a.mutable_device_group() = links.groups[links.group_of_stage[s]].group;
+    }
+    if (replica_groups.group_of_worker[g] >= 0) {
+      *a.mutable_replica_device_group() =
+          replica_groups.groups[replica_groups.group_of_worker[g]].group;
     }
     record.stage_of[workers[g]] = static_cast<int>(g);
     RecordWeightOwners(record, static_cast<int>(g));

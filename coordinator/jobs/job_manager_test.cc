@@ -819,12 +819,65 @@ TEST_F(JobManagerTest, ConsumedNcclId_NextJobHasNoGroupUntilAHeartbeatBringsAFre
   EXPECT_EQ(registry_.NcclUniqueId(w2).value(), "id-2");
 }
 
+// Data parallelism on four GPUs of one host: each exact stage's two
+// replicas get a replica device group carrying replica 0's id (used up),
+// the pipeline links stay on the wire (no device group with replicas), and
+// a compressed stage's replicas keep the gRPC collectives.
+TEST_F(JobManagerTest, DataParallelOnOneHost_ExactStagesGetReplicaDeviceGroups) {
+  std::vector<std::string> w;
+  for (int k = 0; k < 4; ++k) {
+    w.push_back(AddGpuWorker(7301 + k, "gpu-host", k, absl::StrCat("id-", k)));
+  }
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_data(2);
+  std::string id = jobs_.Submit(spec).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  for (int g = 0; g < 4; ++g) {
+    SCOPED_TRACE(g);
+    const v1::Assignment a = AssignmentOf(w[g]);  // replica g / 2's stage g % 2
+    ASSERT_TRUE(a.has_replica_device_group());
+    EXPECT_EQ(a.replica_device_group().nccl_unique_id(), absl::StrCat("id-", g % 2));
+    EXPECT_EQ(std::vector<int>(a.replica_device_group().replicas().begin(),
+                               a.replica_device_group().replicas().end()),
+              (std::vector<int>{0, 1}));
+    EXPECT_FALSE(a.has_device_group());
+    EXPECT_EQ(DeviceAndWire(a.program()).first, 0);
+  }
+  // Replica 0's ids are used up; replica 1's are still there.
+  EXPECT_EQ(registry_.NcclUniqueId(w[0]).value(), "");
+  EXPECT_EQ(registry_.NcclUniqueId(w[1]).value(), "");
+  EXPECT_EQ(registry_.NcclUniqueId(w[2]).value(), "id-2");
+  EXPECT_EQ(registry_.NcclUniqueId(w[3]).value(), "id-3");
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+
+  // Fresh ids for replica 0's workers; stage 1 compressed.
+  for (int g = 0; g < 2; ++g) {
+    v1::HeartbeatRequest beat;
+    beat.set_worker_id(w[g]);
+    beat.set_incarnation(1);
+    beat.set_nccl_unique_id(absl::StrCat("id-", g, "b"));
+    ASSERT_TRUE(registry_.Heartbeat(beat).ok());
+  }
+  spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=3");
+  spec.mutable_compression()->mutable_data_parallel()->add_stages(1);
+  id = jobs_.Submit(spec).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const v1::Job job = jobs_.Get(id).value();
+  for (int g = 0; g < 4; ++g) {
+    SCOPED_TRACE(g);
+    const v1::Assignment a = AssignmentOf(job.worker_ids(g));
+    EXPECT_EQ(a.has_replica_device_group(), a.stage() == 0);
+    EXPECT_EQ(a.data_parallel_powersgd_rank(), a.stage() == 1 ? 3 : 0);
+  }
+}
+
 TEST_F(JobManagerTest, WorkersWithoutNcclIds_NoGroupAndEveryTransferOnTheWire) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   jobs_.Submit(SmallSpec(2)).value();
   for (const std::string& w : {w1, w2}) {
     const v1::Assignment a = AssignmentOf(w);
     EXPECT_FALSE(a.has_device_group()) << w;
+    EXPECT_FALSE(a.has_replica_device_group()) << w;
     const auto [device, wire] = DeviceAndWire(a.program());
     EXPECT_EQ(device, 0) << w;
     EXPECT_GT(wire, 0) << w;

@@ -1,0 +1,50 @@
+#include "coordinator/planner/replica_device_groups.h"
+
+#include <algorithm>
+
+#include "common/logging.h"
+
+namespace pipetrain {
+
+ReplicaDeviceGroupPlan PlanReplicaDeviceGroups(const std::vector<DeviceLinkMember>& members,
+                                               int replicas, int stages, int tensor,
+                                               const std::vector<int>& compressed_stages) {
+  PT_CHECK(replicas >= 1 && stages >= 1 && tensor >= 1 &&
+           members.size() == static_cast<size_t>(replicas) * stages * tensor)
+      << members.size() << " members for " << replicas << " x " << stages << " x " << tensor;
+  ReplicaDeviceGroupPlan plan;
+  plan.group_of_worker.assign(members.size(), -1);
+  if (replicas < 2) return plan;
+  for (int s = 0; s < stages; ++s) {
+    const bool exact =
+        std::find(compressed_stages.begin(), compressed_stages.end(), s) == compressed_stages.end();
+    if (!exact) continue;
+    for (int t = 0; t < tensor; ++t) {
+      std::vector<int> workers;  // replica r's at this position
+      for (int r = 0; r < replicas; ++r) workers.push_back((r * stages + s) * tensor + t);
+      bool joinable = true;
+      for (size_t i = 0; i < workers.size() && joinable; ++i) {
+        const DeviceLinkMember& m = members[workers[i]];
+        joinable =
+            !m.host.empty() && !m.nccl_unique_id.empty() && m.host == members[workers[0]].host;
+        for (size_t j = 0; j < i && joinable; ++j) {
+          joinable = !SameGpu(members[workers[j]], m);
+        }
+      }
+      if (!joinable) continue;
+      ReplicaDeviceGroupPlan::Group group;
+      group.stage = s;
+      group.tensor_rank = t;
+      group.id_owner = workers[0];
+      group.group.set_nccl_unique_id(members[workers[0]].nccl_unique_id);
+      for (int r = 0; r < replicas; ++r) {
+        group.group.add_replicas(r);
+        plan.group_of_worker[workers[r]] = static_cast<int>(plan.groups.size());
+      }
+      plan.groups.push_back(std::move(group));
+    }
+  }
+  return plan;
+}
+
+}  // namespace pipetrain

@@ -367,6 +367,29 @@ else
   note "NOT RUN pipeline_2_workers_nccl: $gpus GPU(s); a device group needs two"
 fi
 
+# 3d. Data parallelism over NCCL: two replicas of the whole model, a GPU
+# each, whose coordinator puts them in a replica device group (their
+# gradients summed by ncclAllReduce), against the 1-worker job of 3, 1e-5
+# relative (the replicas' partial sums are added in another order). Needs
+# two GPUs, as 3c.
+if [[ $gpus -ge 2 ]] && ! lim=$(budget 180); then
+  out_of_time data_parallel_2_replicas_nccl
+elif [[ $gpus -ge 2 ]]; then
+  timeout -k 10 "$lim" "$bin/pipetrain" up --workers 2 --data-parallel 2 "${job[@]}" \
+    --worker-device cuda:each --loss-log "$out/updp_losses.txt" --out "$out/updp" \
+    >"$out/updp.txt" 2>&1
+  up_rc=$?
+  compare_loss_logs "$out/updp_losses.txt" "$out/up_1_losses.txt" 1e-5 \
+    "NCCL 2 replicas - 1 worker" >"$out/nccl_dp_compare.txt" 2>&1
+  rc=$?
+  [[ $up_rc -ne 0 ]] && rc=1
+  grep -h "gradient sums run on the device" "$out"/updp/worker*.log >>"$out/nccl_dp_compare.txt" \
+    2>/dev/null || rc=1
+  check data_parallel_2_replicas_nccl "$rc" "$(head -1 "$out/nccl_dp_compare.txt")"
+else
+  note "NOT RUN data_parallel_2_replicas_nccl: $gpus GPU(s); a replica device group needs two"
+fi
+
 unset PIPETRAIN_POISON_EMPTY  # the benchmarks measure without it
 fi  # mode != bench
 

@@ -9,6 +9,7 @@
 // channels bitwise like single-process training, and the worker whose id
 // was used reports a fresh one, which the next job's group carries.
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <memory>
 #include <string>
@@ -21,6 +22,7 @@
 #include "cli/coordinator_client.h"
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
+#include "common/status_macros.h"
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/api/grpc_service.h"
 #include "coordinator/jobs/assignment_hub.h"
@@ -34,6 +36,7 @@
 #include "worker/model/cpu_backend.h"
 #include "worker/model/forwarding_backend.h"
 #include "worker/runtime/in_process_device_channel.h"
+#include "worker/runtime/in_process_device_collective.h"
 #include "worker/train/local_trainer.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/grpc_transport.h"
@@ -71,10 +74,29 @@ class Hubs {
     for (const auto& [id, hub] : hubs_) n += hub->in_flight();
     return n;
   }
+  // The replica groups' collectives: one hub per id too.
+  InProcessCollectiveHub* CollectiveFor(const std::string& id, int members) {
+    AnnotatedMutexLock lock(&mu_);
+    auto& hub = collectives_[id];
+    if (hub == nullptr) hub = std::make_unique<InProcessCollectiveHub>(members, absl::Seconds(30));
+    return hub.get();
+  }
+  // Over every replica group: the sums, and the groups.
+  int64_t sums() const {
+    AnnotatedMutexLock lock(&mu_);
+    int64_t n = 0;
+    for (const auto& [id, hub] : collectives_) n += hub->sums();
+    return n;
+  }
+  size_t replica_groups() const {
+    AnnotatedMutexLock lock(&mu_);
+    return collectives_.size();
+  }
 
  private:
   mutable AnnotatedMutex mu_;
   std::map<std::string, std::unique_ptr<InProcessDeviceHub>> hubs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<InProcessCollectiveHub>> collectives_ ABSL_GUARDED_BY(mu_);
 };
 
 // The CPU backend posing as GPU `index` that can join device groups.
@@ -100,9 +122,21 @@ class FakeGpu : public ForwardingBackend {
     return hubs_->For(group.id)->ChannelFor(stage);
   }
 
+  absl::StatusOr<std::unique_ptr<DeviceCollective>> JoinDeviceCollective(
+      const DeviceCollectiveSpec& spec) override {
+    RETURN_IF_ERROR(CheckDeviceCollectiveSpec(spec));
+    AnnotatedMutexLock lock(&mu_);
+    collective_joins_.push_back(spec);
+    return hubs_->CollectiveFor(spec.id, spec.members)->CollectiveFor(spec.rank);
+  }
+
   std::vector<Join> joins() const {
     AnnotatedMutexLock lock(&mu_);
     return joins_;
+  }
+  std::vector<DeviceCollectiveSpec> collective_joins() const {
+    AnnotatedMutexLock lock(&mu_);
+    return collective_joins_;
   }
 
  private:
@@ -111,6 +145,7 @@ class FakeGpu : public ForwardingBackend {
   mutable AnnotatedMutex mu_;
   int ids_made_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Join> joins_ ABSL_GUARDED_BY(mu_);
+  std::vector<DeviceCollectiveSpec> collective_joins_ ABSL_GUARDED_BY(mu_);
 };
 
 v1::JobSpec Spec() {
@@ -278,6 +313,43 @@ TEST_F(DeviceGroupClusterTest, OneHostFourGpus_TrainsThroughTheGroupBitwise_IdsR
       if (!all_have_ids) absl::SleepFor(absl::Milliseconds(20));  // polls a remote state
     }
     ASSERT_TRUE(all_have_ids) << "a worker never reported a fresh NCCL id";
+  }
+}
+
+// Data parallelism on the same four GPUs: two replicas of two stages. Each
+// stage's replicas form a replica device group (replica 0's worker's id)
+// and sum their gradients through it; the pipeline links stay on the wire.
+// The losses are train-local's to 1e-5 (data_parallel_testing.h: the
+// replicas' partial sums are added in another order), the ids used up.
+TEST_F(DeviceGroupClusterTest, TwoReplicasOnOneHost_SumGradientsThroughReplicaGroups) {
+  v1::JobSpec spec = Spec();
+  spec.mutable_parallelism()->set_stages(2);
+  spec.mutable_parallelism()->set_data(2);
+  const std::vector<float> local = LocalLosses(spec);
+  const v1::Job done = RunJob(spec);
+  ASSERT_EQ(done.state(), v1::JOB_STATE_SUCCEEDED) << done.reason();
+  ASSERT_EQ(done.progress().loss_history_size(), spec.training().steps());
+  for (int i = 0; i < spec.training().steps(); ++i) {
+    EXPECT_NEAR(done.progress().loss_history(i), local[i], 1e-5 * std::abs(local[i]))
+        << "iteration " << i;
+  }
+  EXPECT_EQ(hubs_.sent(), 0);  // no device links with replicas
+  EXPECT_EQ(hubs_.replica_groups(), 2u);
+  // At least one sum per stage and step (the buckets of a tiny model).
+  EXPECT_GE(hubs_.sums(), int64_t{2} * spec.training().steps());
+  std::map<std::string, std::vector<int>> ranks_by_id;
+  for (auto& w : workers_) {
+    EXPECT_TRUE(w->gpu.joins().empty());
+    const std::vector<DeviceCollectiveSpec> joins = w->gpu.collective_joins();
+    ASSERT_EQ(joins.size(), 1u);
+    EXPECT_EQ(joins[0].members, 2);
+    ranks_by_id[joins[0].id].push_back(joins[0].rank);
+  }
+  ASSERT_EQ(ranks_by_id.size(), 2u);
+  for (auto& [id, ranks] : ranks_by_id) {
+    std::sort(ranks.begin(), ranks.end());
+    EXPECT_EQ(ranks, (std::vector<int>{0, 1})) << id;
+    EXPECT_EQ(OwnerOfCurrentId(id), -1) << id << " was not used up";
   }
 }
 

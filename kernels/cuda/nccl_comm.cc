@@ -117,6 +117,25 @@ absl::Status PollWithinLimits(const std::function<absl::StatusOr<bool>()>& poll,
   }
 }
 
+absl::Status AwaitCudaStreams(const std::vector<cudaStream_t>& streams,
+                              const NcclJoinLimits& limits, const std::string& what) {
+  return PollWithinLimits(
+      [&]() -> absl::StatusOr<bool> {
+        bool done = true;
+        for (cudaStream_t stream : streams) {
+          const cudaError_t state = cudaStreamQuery(stream);
+          if (state == cudaErrorNotReady) {
+            cudaGetLastError();  // not an error (CudaEvent::Query clears it too)
+            done = false;
+          } else {
+            CUDA_RETURN_IF_ERROR(state);
+          }
+        }
+        return done;
+      },
+      limits, what, "not done");
+}
+
 namespace nccl_internal {
 
 absl::Status CheckBuffer(const char* op, const char* name, const void* buffer, int64_t count) {
@@ -374,14 +393,14 @@ NcclComm& NcclComm::operator=(NcclComm&& other) noexcept {
 NcclComm::~NcclComm() { Destroy().IgnoreError(); }
 
 absl::Status NcclComm::AllReduceSum(const float* send, float* recv, int64_t count,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, const NcclJoinLimits& limits) {
   RETURN_IF_ERROR(nccl_internal::CheckBuffer("NcclComm::AllReduceSum", "send", send, count));
   RETURN_IF_ERROR(nccl_internal::CheckBuffer("NcclComm::AllReduceSum", "recv", recv, count));
   if (!valid()) return EmptyCommError("AllReduceSum");
   return OnDevice(device_, [&]() -> absl::Status {
     return Finish(
         ncclAllReduce(send, recv, static_cast<size_t>(count), ncclFloat32, ncclSum, comm_, stream),
-        "ncclAllReduce");
+        "ncclAllReduce", limits);
   });
 }
 

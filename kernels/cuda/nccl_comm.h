@@ -144,6 +144,14 @@ absl::Status PollWithinLimits(const std::function<absl::StatusOr<bool>()>& poll,
                               const NcclJoinLimits& limits, const std::string& what,
                               const std::string& pending);
 
+// Polls every stream of `streams` (PollWithinLimits) until its queued work
+// is done: OK, or DEADLINE_EXCEEDED / CANCELLED as `limits` say, INTERNAL
+// for a CUDA error. `what` names the wait. Device channels and collectives
+// drain their NCCL streams with it (a transfer whose peer never comes has
+// no timeout of its own).
+absl::Status AwaitCudaStreams(const std::vector<cudaStream_t>& streams,
+                              const NcclJoinLimits& limits, const std::string& what);
+
 // One rank's membership of an NCCL communicator. Move-only RAII: destruction
 // (or Destroy) calls ncclCommDestroy, Abort calls ncclCommAbort.
 //
@@ -213,7 +221,10 @@ class NcclComm {
   // topology); with one or two ranks every order gives the same floats.
   // INVALID_ARGUMENT if count < 0 or a pointer is null while count > 0;
   // FAILED_PRECONDITION if empty; INTERNAL if NCCL fails.
-  absl::Status AllReduceSum(const float* send, float* recv, int64_t count, cudaStream_t stream);
+  // On a non-blocking communicator NCCL may answer "in progress": `limits`
+  // bound that wait as Send's do.
+  absl::Status AllReduceSum(const float* send, float* recv, int64_t count, cudaStream_t stream,
+                            const NcclJoinLimits& limits = {});
 
   // Sends send[0, count) to rank `peer` on `stream` (ncclSend); the peer
   // must post a Recv of the same count from this rank. peer == rank() is

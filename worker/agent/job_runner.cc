@@ -63,6 +63,7 @@ void JobRunner::Stop() {
     // A completed job's sends may still be on their way to its peers.
     AnnotatedMutexLock lock(&mu_);
     if (device_channel_ != nullptr && !completed_.load()) device_channel_->Abort();
+    if (replica_collective_ != nullptr && !completed_.load()) replica_collective_->Abort();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -150,6 +151,41 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> JobRunner::JoinDeviceGroup() {
   PT_LOG(INFO) << what << ": joined; " << device_sends << " sends and " << device_recvs
                << " receives per iteration go device to device";
   return channel;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceCollective>> JobRunner::JoinReplicaGroup() {
+  const v1::ReplicaDeviceGroup& proto = assignment_.replica_device_group();
+  // The runtime's sums cover every replica: a group of fewer would train
+  // the others' gradients wrongly.
+  const int replicas = assignment_.replicas();
+  bool every = proto.replicas_size() == replicas;
+  for (int r = 0; every && r < replicas; ++r) every = proto.replicas(r) == r;
+  if (!every) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment: replica_device_group lists ",
+                                                   proto.replicas_size(), " replicas; want 0 .. ",
+                                                   replicas - 1, " in order"));
+  }
+  DeviceCollectiveSpec spec;
+  spec.id = proto.nccl_unique_id();
+  spec.members = replicas;
+  spec.rank = assignment_.replica();
+  // As JoinDeviceGroup: as long as for a tensor, not past a stop, and at
+  // the end as long for the last sums.
+  spec.join_deadline = absl::Now() + options_.recv_timeout;
+  spec.join_cancelled = [this] { return stop_.load(); };
+  spec.drain_timeout = options_.recv_timeout;
+  const std::string what =
+      absl::StrCat("stage ", assignment_.stage(), " of replica ", assignment_.replica(),
+                   " joining its ", replicas, " replicas' device group");
+  PT_LOG(INFO) << what << " on " << options_.backend->Describe();
+  absl::StatusOr<std::unique_ptr<DeviceCollective>> collective =
+      options_.backend->JoinDeviceCollective(spec);
+  if (!collective.ok()) {
+    return absl::Status(collective.status().code(),
+                        absl::StrCat(what, ": ", collective.status().message()));
+  }
+  PT_LOG(INFO) << what << ": joined; its exact gradient sums run on the device";
+  return collective;
 }
 
 absl::Status JobRunner::LoadResume(StageRuntime& runtime, const CheckpointIdentity& identity) {
@@ -367,10 +403,26 @@ absl::Status JobRunner::RunJob() {
     // A Stop() that came during the join missed the channel.
     if (stop_.load()) device_channel_->Abort();
   }
-  absl::Cleanup forget_channel = [&] {  // before device_channel dies
+  // Declared before the runtime too.
+  std::unique_ptr<DeviceCollective> replica_collective;
+  const bool in_replica_group = assignment_.has_replica_device_group();
+  if (in_replica_group) {
+    // As for a device group: the start barrier first, then the join.
+    if (!in_group) RETURN_IF_ERROR(AwaitAllStagesReady());
+    ASSIGN_OR_RETURN(replica_collective, JoinReplicaGroup());
+    setup.device_collective = replica_collective.get();
+    AnnotatedMutexLock lock(&mu_);
+    replica_collective_ = replica_collective.get();
+    if (stop_.load()) replica_collective_->Abort();
+  }
+  absl::Cleanup forget_channel = [&] {  // before device_channel and replica_collective die
     AnnotatedMutexLock lock(&mu_);
     device_channel_ = nullptr;
+    replica_collective_ = nullptr;
   };
+  // Device work that waits for peers: the host must not run far ahead of
+  // it, and a job that ends early aborts it (below).
+  const bool on_device_links = in_group || in_replica_group;
   ASSIGN_OR_RETURN(std::unique_ptr<StageRuntime> runtime,
                    StageRuntime::Create(setup, &dataset, transport.get()));
   {
@@ -426,14 +478,15 @@ absl::Status JobRunner::RunJob() {
   // abort ends the link kernels the device may be waiting on). Declared
   // before the abort below, so that on a failure the channel is aborted
   // before the pending marker's teardown waits for the device.
-  const Tensor marker = in_group ? options_.backend->Zeros({1}) : Tensor();
+  const Tensor marker = on_device_links ? options_.backend->Zeros({1}) : Tensor();
   std::unique_ptr<PendingDownload> previous_iteration_done;
   // Unless every step ran, peers may never match what the device has
   // queued: abort before the runtime's teardown waits on the device.
   absl::Cleanup abort_unless_completed = [&] {
     if (!completed_.load() && device_channel != nullptr) device_channel->Abort();
+    if (!completed_.load() && replica_collective != nullptr) replica_collective->Abort();
   };
-  if (workers > 1 && !in_group) {
+  if (workers > 1 && !on_device_links) {
     RETURN_IF_ERROR(AwaitAllStagesReady());
   }
   const int64_t steps = job.train.steps;
@@ -445,7 +498,7 @@ absl::Status JobRunner::RunJob() {
     v1::StepTrace trace;
     const bool traced = IsTracedStep(it, assignment_.start_iteration(), steps);
     absl::StatusOr<IterationResult> result = runtime->RunIteration(it, traced ? &trace : nullptr);
-    if (result.ok() && in_group) {
+    if (result.ok() && on_device_links) {
       std::unique_ptr<PendingDownload> done = options_.backend->StartDownload(marker);
       if (previous_iteration_done != nullptr) {
         absl::StatusOr<Tensor> waited = previous_iteration_done->Wait();
@@ -474,6 +527,20 @@ absl::Status JobRunner::RunJob() {
         if (stop_.load()) break;
         flushed = absl::Status(flushed.code(),
                                absl::StrCat("device group: the last step's transfers did not "
+                                            "complete: ",
+                                            flushed.message()));
+        ReportError(flushed);
+        return flushed;
+      }
+    }
+    if (last && in_replica_group) {
+      // The same for the last gradient sums.
+      absl::Status flushed =
+          replica_collective->Flush(options_.recv_timeout, [this] { return stop_.load(); });
+      if (!flushed.ok()) {
+        if (stop_.load()) break;
+        flushed = absl::Status(flushed.code(),
+                               absl::StrCat("replica device group: the last step's sums did not "
                                             "complete: ",
                                             flushed.message()));
         ReportError(flushed);

@@ -4,7 +4,9 @@
 // waits at the start barrier until every stage of the job is ready (so no
 // tensor reaches a worker that has not taken its assignment yet; a stage in
 // a device group passes the barrier first and then joins the group, whose
-// NCCL set-up waits for every member: Backend::JoinDeviceGroup), then runs
+// NCCL set-up waits for every member: Backend::JoinDeviceGroup; so does a
+// stage whose replicas sum its gradients with NCCL: a replica device group,
+// Backend::JoinDeviceCollective), then runs
 // iterations start_iteration .. steps-1, reporting each to the
 // coordinator; after the last one it uploads the stage's weights (when the
 // job asks for a weights file) and reports finished. Any error is reported
@@ -12,9 +14,10 @@
 // peer_failure when it came from the data plane, so that a job with
 // checkpoints recovers). Stop()
 // aborts receives at once (Mailbox::AbortJob, and the device group's
-// channel, unless every step has run) and joins. A job that ends early
-// (failed or stopped) aborts its device channel before anything waits on
-// the device, as its peers may never send what a queued receive waits for.
+// channel and replica collective, unless every step has run) and joins. A
+// job that ends early (failed or stopped) aborts them before anything waits
+// on the device, as its peers may never send what a queued receive or sum
+// waits for.
 //
 // Checkpoints (spec.checkpoint): an assignment with `resume` first loads
 // every unit the stage holds from that checkpoint (a file that is missing,
@@ -113,6 +116,10 @@ class JobRunner {
   // The assignment's device group's channel, from the backend
   // (Backend::JoinDeviceGroup); its error prefixed with the group.
   absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup();
+  // The assignment's replica device group's collective, from the backend
+  // (Backend::JoinDeviceCollective); INVALID_ARGUMENT unless the group
+  // lists every replica in order; errors prefixed with the group.
+  absl::StatusOr<std::unique_ptr<DeviceCollective>> JoinReplicaGroup();
   // Reports the job's failure; `peer_failure` / `checkpoint_unusable` as in
   // ReportProgressRequest.
   void ReportError(const absl::Status& status, bool checkpoint_unusable = false);
@@ -140,6 +147,8 @@ class JobRunner {
   // The device group's channel while the job holds one: Stop() aborts it,
   // since the job thread may be waiting on the device for a dead peer.
   DeviceChannel* device_channel_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The same for the replica device group's collective.
+  DeviceCollective* replica_collective_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread thread_;
 };
 

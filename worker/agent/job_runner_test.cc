@@ -9,6 +9,7 @@
 #include <set>
 #include <thread>
 
+#include "common/status_macros.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
@@ -16,6 +17,7 @@
 #include "worker/model/cpu_backend.h"
 #include "worker/model/forwarding_backend.h"
 #include "worker/runtime/in_process_device_channel.h"
+#include "worker/runtime/in_process_device_collective.h"
 #include "worker/transport/in_process_transport.h"
 
 namespace pipetrain {
@@ -458,6 +460,128 @@ TEST(JobRunnerTest, FailedJob_AbortsItsDeviceChannel) {
   ASSERT_FALSE(link.reports().empty());
   EXPECT_NE(link.reports()[0].error().find("device lost"), std::string::npos)
       << link.reports()[0].error();
+}
+
+// --- Replica device groups: the CPU posing as GPUs, collectives of an
+// in-process hub.
+
+// Counts the Abort and Flush calls of the collective it wraps.
+class CountingCollective : public DeviceCollective {
+ public:
+  CountingCollective(std::unique_ptr<DeviceCollective> inner, std::atomic<int>* aborts,
+                     std::atomic<int>* flushes)
+      : inner_(std::move(inner)), aborts_(aborts), flushes_(flushes) {}
+  absl::Status AllReduceSum(const std::vector<Tensor*>& tensors) override {
+    return inner_->AllReduceSum(tensors);
+  }
+  absl::Status AwaitSums() override { return inner_->AwaitSums(); }
+  absl::Status Flush(absl::Duration timeout, const std::function<bool()>& cancelled) override {
+    flushes_->fetch_add(1);
+    return inner_->Flush(timeout, cancelled);
+  }
+  void Abort() override {
+    aborts_->fetch_add(1);
+    inner_->Abort();
+  }
+
+ private:
+  std::unique_ptr<DeviceCollective> inner_;
+  std::atomic<int>* aborts_;
+  std::atomic<int>* flushes_;
+};
+
+class ReplicaCpu : public ForwardingBackend {
+ public:
+  explicit ReplicaCpu(InProcessCollectiveHub* hub) : ForwardingBackend(CpuBackend()), hub_(hub) {}
+  absl::StatusOr<std::unique_ptr<DeviceCollective>> JoinDeviceCollective(
+      const DeviceCollectiveSpec& spec) override {
+    RETURN_IF_ERROR(CheckDeviceCollectiveSpec(spec));
+    return std::unique_ptr<DeviceCollective>(
+        new CountingCollective(hub_->CollectiveFor(spec.rank), &aborts, &flushes));
+  }
+  std::atomic<int> aborts{0};
+  std::atomic<int> flushes{0};
+
+ private:
+  InProcessCollectiveHub* hub_;
+};
+
+// Replica `replica` of 2 of a one-stage job whose replicas sum their
+// gradients in a replica device group listing `listed` replicas.
+v1::Assignment ReplicaAssignment(int replica, int listed) {
+  v1::Assignment a = Assignment(0, 2, false, Schedule::kOneFOneB);
+  a.mutable_spec()->mutable_parallelism()->set_stages(1);
+  a.mutable_spec()->mutable_parallelism()->set_data(2);
+  a.set_num_stages(1);
+  a.set_replica(replica);
+  a.set_replicas(2);
+  a.mutable_backward_units()->set_begin(0);
+  a.mutable_backward_units()->set_end(4);
+  *a.mutable_forward_units() = a.backward_units();
+  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 1, Schedule::kOneFOneB).value()[0];
+  a.add_optimizer_stages(0);
+  a.mutable_replica_device_group()->set_nccl_unique_id("id-0");
+  for (int r = 0; r < listed; ++r) a.mutable_replica_device_group()->add_replicas(r);
+  return a;
+}
+
+// Two replicas, each joining the group and running to the end.
+struct ReplicaJob {
+  InProcessFabric fabric{2};
+  InProcessCollectiveHub hub{2, absl::Seconds(30)};
+  FakeLink link;
+  std::vector<std::unique_ptr<ReplicaCpu>> backends;
+
+  ReplicaJob() {
+    for (int r = 0; r < 2; ++r) backends.push_back(std::make_unique<ReplicaCpu>(&hub));
+  }
+  void Run(int listed) {
+    std::vector<std::unique_ptr<JobRunner>> runners;
+    for (int r = 0; r < 2; ++r) {
+      JobRunnerOptions options{"w" + std::to_string(r), 1};
+      options.backend = backends[r].get();
+      runners.push_back(std::make_unique<JobRunner>(
+          ReplicaAssignment(r, listed), &fabric.mailbox(r),
+          [this](int st, const std::vector<std::string>&, const JobCredential&) {
+            return fabric.Connect(st);
+          },
+          &link, options));
+    }
+    for (auto& r : runners) r->Start();
+    for (auto& r : runners) {
+      while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
+    }
+    for (auto& r : runners) r->Stop();
+  }
+};
+
+// Both replicas sum their gradients through the group's collective (one
+// sum per step: the model's one bucket), flush it once after the last step
+// and never abort it; the steps' losses are reported as usual.
+TEST(JobRunnerTest, ReplicaGroup_SumsThroughTheCollectiveAndNeverAborts) {
+  ReplicaJob job;
+  job.Run(/*listed=*/2);
+  for (const auto& r : job.link.reports()) EXPECT_TRUE(r.error().empty()) << r.error();
+  EXPECT_EQ(job.link.reports().size(), 4u);
+  EXPECT_EQ(job.hub.sums(), 2);
+  for (const auto& backend : job.backends) {
+    EXPECT_EQ(backend->flushes.load(), 1);
+    EXPECT_EQ(backend->aborts.load(), 0);
+  }
+}
+
+// A group that leaves a replica out would sum only some replicas'
+// gradients: refused as the job's error before any step.
+TEST(JobRunnerTest, ReplicaGroup_NotEveryReplica_ReportedAsTheJobsError) {
+  ReplicaJob job;
+  job.Run(/*listed=*/1);
+  ASSERT_FALSE(job.link.reports().empty());
+  for (const auto& r : job.link.reports()) {
+    EXPECT_NE(r.error().find("replica_device_group lists 1 replicas; want 0 .. 1"),
+              std::string::npos)
+        << r.error();
+  }
+  EXPECT_EQ(job.hub.sums(), 0);
 }
 
 }  // namespace

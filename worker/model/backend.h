@@ -53,6 +53,7 @@
 #include "kernels/compress/codec.h"
 #include "kernels/cpu/adamw.h"
 #include "worker/model/device_channel.h"
+#include "worker/model/device_collective.h"
 
 namespace pipetrain {
 
@@ -201,6 +202,17 @@ class Backend {
   // the device or NCCL fails.
   virtual absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup(
       const DeviceGroupSpec& /*group*/, int /*stage*/) {
+    return absl::UnimplementedError(absl::StrCat(Describe(), " cannot join device groups"));
+  }
+  // Joins the replica group `spec` (plan.proto ReplicaDeviceGroup;
+  // CheckDeviceCollectiveSpec's rules; spec.id as NewDeviceGroupId makes
+  // them) and returns its collective, whose sums run on this backend's
+  // device, ordered with its ops (device_collective.h). Blocks until every
+  // member has joined, or the join deadline (DEADLINE_EXCEEDED) or cancel
+  // check (CANCELLED) ends the wait. The backend must outlive the
+  // collective. Errors as JoinDeviceGroup.
+  virtual absl::StatusOr<std::unique_ptr<DeviceCollective>> JoinDeviceCollective(
+      const DeviceCollectiveSpec& /*spec*/) {
     return absl::UnimplementedError(absl::StrCat(Describe(), " cannot join device groups"));
   }
 

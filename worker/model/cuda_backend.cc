@@ -38,6 +38,7 @@
 #include "kernels/cuda/quantize.h"
 #include "kernels/cuda/token_topk_payload.h"
 #include "worker/model/nccl_device_channel.h"
+#include "worker/model/nccl_device_collective.h"
 
 namespace pipetrain {
 namespace {
@@ -207,6 +208,8 @@ class CudaBackendImpl final : public Backend {
   absl::StatusOr<std::string> NewDeviceGroupId() override;
   absl::StatusOr<std::unique_ptr<DeviceChannel>> JoinDeviceGroup(const DeviceGroupSpec& group,
                                                                  int stage) override;
+  absl::StatusOr<std::unique_ptr<DeviceCollective>> JoinDeviceCollective(
+      const DeviceCollectiveSpec& spec) override;
   void CopyFromHost(const Tensor& host, Tensor* dst) override;
   void Fill(Tensor* t, float value) override;
 
@@ -646,6 +649,16 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> CudaBackendImpl::JoinDeviceGroup(
   // this stream's order (nccl_device_channel.h).
   return CreateNcclDeviceChannel(group, stage, device_, stream_,
                                  [this](const Shape& shape) { return Allocate(shape, false); });
+}
+
+absl::StatusOr<std::unique_ptr<DeviceCollective>> CudaBackendImpl::JoinDeviceCollective(
+    const DeviceCollectiveSpec& spec) {
+  RETURN_IF_ERROR(status_);
+  RETURN_IF_ERROR(CheckNcclForDeviceGroups());
+  // Flat blocks of several gradients come from this backend's cache, in
+  // this stream's order (nccl_device_collective.h).
+  return CreateNcclDeviceCollective(spec, device_, stream_,
+                                    [this](const Shape& shape) { return Allocate(shape, false); });
 }
 
 absl::StatusOr<std::string> CudaBackendImpl::EncodeOnDevice(const Tensor& t,

@@ -52,6 +52,10 @@ class ForwardingBackend : public Backend {
                                                                  int stage) override {
     return inner_->JoinDeviceGroup(group, stage);
   }
+  absl::StatusOr<std::unique_ptr<DeviceCollective>> JoinDeviceCollective(
+      const DeviceCollectiveSpec& spec) override {
+    return inner_->JoinDeviceCollective(spec);
+  }
   absl::StatusOr<std::string> EncodeOnDevice(const Tensor& t, const std::string& spec,
                                              absl::Span<const float> scores,
                                              CodecState* state) override {

@@ -34,28 +34,6 @@ struct InFlight {
   CudaEvent sent;
 };
 
-// Polls every stream of `streams` until its queued work is done: OK, or
-// DEADLINE_EXCEEDED past `limits`' deadline, CANCELLED when its check says
-// so, INTERNAL for a CUDA error. `what` names the wait.
-absl::Status AwaitStreams(const std::vector<cudaStream_t>& streams, const NcclJoinLimits& limits,
-                          const std::string& what) {
-  return PollWithinLimits(
-      [&]() -> absl::StatusOr<bool> {
-        bool done = true;
-        for (cudaStream_t stream : streams) {
-          const cudaError_t state = cudaStreamQuery(stream);
-          if (state == cudaErrorNotReady) {
-            cudaGetLastError();  // not an error (CudaEvent::Query clears it too)
-            done = false;
-          } else {
-            CUDA_RETURN_IF_ERROR(state);
-          }
-        }
-        return done;
-      },
-      limits, what, "not done");
-}
-
 class NcclDeviceChannel final : public DeviceChannel {
  public:
   NcclDeviceChannel(int stage, int device, cudaStream_t compute,
@@ -76,7 +54,7 @@ class NcclDeviceChannel final : public DeviceChannel {
     // drain_timeout_ the links are aborted, which ends their kernels.
     cudaSetDevice(device_);
     const absl::Status drained =
-        AwaitStreams(Streams(), NcclJoinLimits{absl::Now() + drain_timeout_, nullptr},
+        AwaitCudaStreams(Streams(), NcclJoinLimits{absl::Now() + drain_timeout_, nullptr},
                      "device channel teardown");
     if (!drained.ok()) Abort();
     ForEachEnd([](LinkEnd& end) { end.stream.Synchronize().IgnoreError(); });
@@ -94,7 +72,7 @@ class NcclDeviceChannel final : public DeviceChannel {
     limits.cancelled = [this, &cancelled] {
       return aborted_.load() || (cancelled != nullptr && cancelled());
     };
-    const absl::Status drained = AwaitStreams(Streams(), limits, "device channel flush");
+    const absl::Status drained = AwaitCudaStreams(Streams(), limits, "device channel flush");
     RETURN_IF_ERROR(CheckNotAborted());
     return drained;
   }
@@ -275,7 +253,7 @@ absl::Status WarmUpLinks(const DeviceGroupSpec& group, int stage, std::map<int, 
       streams.push_back(end.stream.get());
     }
   }
-  return AwaitStreams(streams, limits, "device group warm-up exchange");
+  return AwaitCudaStreams(streams, limits, "device group warm-up exchange");
 }
 
 }  // namespace

@@ -210,6 +210,8 @@ struct IterationResult {
     // size); tensor_parallel: the bytes this rank sent (fp32 or payloads,
     // with AccTFM's compression the token scores' all-reduce too).
     int64_t wire_bytes = 0;
+    // data_parallel on a replica device collective: the time to queue its
+    // sums (they run on the device, beside the backward pass).
     double seconds = 0;
     // tensor_parallel only: the time the interpreter waited for them
     // (CollectivesTensorParallelComm::waited_seconds), and, with hybrid

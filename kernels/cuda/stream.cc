@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace pipetrain {
@@ -109,6 +110,12 @@ absl::StatusOr<bool> CudaEvent::Query() const {
   }
   CUDA_RETURN_IF_ERROR(error);
   return true;
+}
+
+absl::Status StreamWaitsFor(cudaStream_t later, cudaStream_t earlier) {
+  ASSIGN_OR_RETURN(CudaEvent ready, CudaEvent::Create());
+  RETURN_IF_ERROR(ready.Record(earlier));
+  return ready.StreamWait(later);
 }
 
 }  // namespace pipetrain

@@ -103,6 +103,12 @@ class CudaEvent {
   cudaEvent_t event_ = nullptr;
 };
 
+// Makes the work queued on `later` from now on wait for the work queued on
+// `earlier` so far (an event recorded there), without blocking the host:
+// how NCCL's streams wait for the compute stream's writes. INTERNAL if
+// CUDA fails.
+absl::Status StreamWaitsFor(cudaStream_t later, cudaStream_t earlier);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_CUDA_STREAM_H_

@@ -55,7 +55,7 @@ class NcclDeviceChannel final : public DeviceChannel {
     cudaSetDevice(device_);
     const absl::Status drained =
         AwaitCudaStreams(Streams(), NcclJoinLimits{absl::Now() + drain_timeout_, nullptr},
-                     "device channel teardown");
+                         "device channel teardown");
     if (!drained.ok()) Abort();
     ForEachEnd([](LinkEnd& end) { end.stream.Synchronize().IgnoreError(); });
     in_flight_.clear();
@@ -98,7 +98,7 @@ class NcclDeviceChannel final : public DeviceChannel {
     ASSIGN_OR_RETURN(LinkEnd * end, Find(sends_to_, peer_stage, "to"));
     RETURN_IF_ERROR(Prune());
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
-    RETURN_IF_ERROR(StreamWaitsForCompute(end->stream.get()));
+    RETURN_IF_ERROR(StreamWaitsFor(end->stream.get(), compute_));
     // From here NCCL may have queued a read of t even if a call below
     // fails (a launch that gave up waiting, an event that could not be
     // made): t is then kept until teardown, which waits for the streams.
@@ -130,7 +130,7 @@ class NcclDeviceChannel final : public DeviceChannel {
     ASSIGN_OR_RETURN(LinkEnd * end, Find(receives_from_, peer_stage, "from"));
     // The block's earlier users ran on the compute stream: the receive
     // waits for them before it overwrites it.
-    RETURN_IF_ERROR(StreamWaitsForCompute(end->stream.get()));
+    RETURN_IF_ERROR(StreamWaitsFor(end->stream.get(), compute_));
     const absl::Status queued =
         end->comm.Recv(t.data(), t.numel(), end->peer_rank, end->stream.get(), UntilAborted());
     if (!queued.ok()) {
@@ -183,12 +183,6 @@ class NcclDeviceChannel final : public DeviceChannel {
                                                      peer_stage));
     }
     return &it->second;
-  }
-
-  absl::Status StreamWaitsForCompute(cudaStream_t stream) {
-    ASSIGN_OR_RETURN(CudaEvent ready, CudaEvent::Create());
-    RETURN_IF_ERROR(ready.Record(compute_));
-    return ready.StreamWait(stream);
   }
 
   // Drops the sent tensors whose sends have completed (links progress

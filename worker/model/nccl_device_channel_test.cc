@@ -19,42 +19,15 @@
 #include "kernels/cuda/parity_testing.h"
 #include "worker/model/backend_select.h"
 #include "worker/model/cuda_backend.h"
+#include "worker/model/two_gpu_testing.h"
 
 namespace pipetrain {
 namespace {
-
-// As the worker's main: before CUDA initialises (static initialisation
-// runs before gtest's main), so that no kernel loads lazily while a link
-// waits for its peer (backend_select.h).
-const bool kEagerModules = [] {
-  PreferEagerCudaModuleLoading();
-  return true;
-}();
 
 using testing::AllClose;
 using testing::RandomNormal;
 
 class NcclDeviceChannelTest : public testing::CudaTest {};
-
-#define SKIP_UNLESS_TWO_GPUS()                                                                   \
-  do {                                                                                           \
-    const int devices = CudaDeviceCount().value_or(0);                                           \
-    if (devices < 2) {                                                                           \
-      GTEST_SKIP() << devices                                                                    \
-                   << " GPU(s): a two-rank group needs two (NCCL refuses two ranks on one GPU)"; \
-    }                                                                                            \
-  } while (false)
-
-// Runs body(stage) for stages 0 and 1 on a thread each and returns their
-// results.
-template <typename Body>
-std::vector<absl::Status> OnBothStages(Body body) {
-  std::vector<absl::Status> errors(2);
-  std::thread other([&] { errors[1] = body(1); });
-  errors[0] = body(0);
-  other.join();
-  return errors;
-}
 
 TEST_F(NcclDeviceChannelTest, JoinDeviceGroup_BadStagesOrId_InvalidArgumentBeforeNccl) {
   auto backend = CreateCudaBackend(0, GemmMode::kFp32);
@@ -132,7 +105,7 @@ TEST_F(NcclDeviceChannelTest, TwoGpus_BothSendFirst_NoDeadlock) {
   const std::string id = NcclUniqueId::Create().value().ToBytes();
   std::vector<std::vector<float>> received(2);
   auto values = [&](int stage) { return RandomNormal(7 + stage, NumElements(shape), 0.0f, 1.0f); };
-  const std::vector<absl::Status> errors = OnBothStages([&](int stage) -> absl::Status {
+  const std::vector<absl::Status> errors = testing::OnBothRanks([&](int stage) -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCudaBackend(stage, GemmMode::kFp32));
     ASSIGN_OR_RETURN(std::unique_ptr<DeviceChannel> channel,
                      backend->JoinDeviceGroup({id, {0, 1}, {{0, 1}, {1, 0}}}, stage));
@@ -157,7 +130,7 @@ TEST_F(NcclDeviceChannelTest, TwoGpus_AbortEndsAReceiveThatNeverCompletes) {
   SKIP_UNLESS_TWO_GPUS();
   const Shape shape{4, 64};
   const std::string id = NcclUniqueId::Create().value().ToBytes();
-  const std::vector<absl::Status> errors = OnBothStages([&](int stage) -> absl::Status {
+  const std::vector<absl::Status> errors = testing::OnBothRanks([&](int stage) -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCudaBackend(stage, GemmMode::kFp32));
     DeviceGroupSpec group{id, {0, 1}, {{0, 1}}};
     group.drain_timeout = absl::Seconds(30);

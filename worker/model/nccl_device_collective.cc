@@ -75,7 +75,7 @@ class NcclDeviceCollective final : public DeviceCollective {
     }
     absl::MutexLock lock(&mu_);
     RETURN_IF_ERROR(CheckNotAborted());
-    RETURN_IF_ERROR(StreamWaitsForCompute());
+    RETURN_IF_ERROR(StreamWaitsFor(stream_.get(), compute_));
     float* buffer = tensors.size() > 1 ? flat.data() : tensors[0]->data();
     // From the first copy on the stream may touch the tensors and the block
     // even if a call below fails: the block is then kept until teardown.
@@ -137,12 +137,6 @@ class NcclDeviceCollective final : public DeviceCollective {
     if (!aborted_.load()) return absl::OkStatus();
     return absl::AbortedError(
         absl::StrCat("replica collective of member ", rank_, " was aborted (the job stopped)"));
-  }
-
-  absl::Status StreamWaitsForCompute() {
-    ASSIGN_OR_RETURN(CudaEvent ready, CudaEvent::Create());
-    RETURN_IF_ERROR(ready.Record(compute_));
-    return ready.StreamWait(stream_.get());
   }
 
   // The tensors into the flat block, or back out of it, on the sum's

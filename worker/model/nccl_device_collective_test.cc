@@ -19,40 +19,15 @@
 #include "kernels/cuda/parity_testing.h"
 #include "worker/model/backend_select.h"
 #include "worker/model/cuda_backend.h"
+#include "worker/model/two_gpu_testing.h"
 
 namespace pipetrain {
 namespace {
-
-// As the worker's main (backend_select.h): no kernel loads lazily while a
-// sum waits for its peer.
-const bool kEagerModules = [] {
-  PreferEagerCudaModuleLoading();
-  return true;
-}();
 
 using testing::AllClose;
 using testing::RandomNormal;
 
 class NcclDeviceCollectiveTest : public testing::CudaTest {};
-
-#define SKIP_UNLESS_TWO_GPUS()                                                                   \
-  do {                                                                                           \
-    const int devices = CudaDeviceCount().value_or(0);                                           \
-    if (devices < 2) {                                                                           \
-      GTEST_SKIP() << devices                                                                    \
-                   << " GPU(s): a two-rank group needs two (NCCL refuses two ranks on one GPU)"; \
-    }                                                                                            \
-  } while (false)
-
-// Runs body(rank) for ranks 0 and 1 on a thread each.
-template <typename Body>
-std::vector<absl::Status> OnBothMembers(Body body) {
-  std::vector<absl::Status> errors(2);
-  std::thread other([&] { errors[1] = body(1); });
-  errors[0] = body(0);
-  other.join();
-  return errors;
-}
 
 TEST_F(NcclDeviceCollectiveTest, JoinDeviceCollective_BadSpecOrId_InvalidArgumentBeforeNccl) {
   auto backend = CreateCudaBackend(0, GemmMode::kFp32);
@@ -82,7 +57,7 @@ TEST_F(NcclDeviceCollectiveTest, TwoGpus_SumsExactlyOnEveryMember) {
     return RandomNormal(1000 * rank + 10 * round + k, NumElements(shapes[k]), 0.0f, 1.0f);
   };
   std::vector<std::vector<std::vector<float>>> got(2);  // [rank][round * 3 + k]
-  const std::vector<absl::Status> errors = OnBothMembers([&](int rank) -> absl::Status {
+  const std::vector<absl::Status> errors = testing::OnBothRanks([&](int rank) -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCudaBackend(rank, GemmMode::kFp32));
     DeviceCollectiveSpec spec{id, 2, rank};
     spec.drain_timeout = absl::Seconds(30);
@@ -122,7 +97,7 @@ TEST_F(NcclDeviceCollectiveTest, TwoGpus_SumsExactlyOnEveryMember) {
 TEST_F(NcclDeviceCollectiveTest, TwoGpus_AbortEndsASumThatNeverCompletes) {
   SKIP_UNLESS_TWO_GPUS();
   const std::string id = NcclUniqueId::Create().value().ToBytes();
-  const std::vector<absl::Status> errors = OnBothMembers([&](int rank) -> absl::Status {
+  const std::vector<absl::Status> errors = testing::OnBothRanks([&](int rank) -> absl::Status {
     ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCudaBackend(rank, GemmMode::kFp32));
     DeviceCollectiveSpec spec{id, 2, rank};
     spec.drain_timeout = absl::Seconds(30);

@@ -351,6 +351,18 @@ TEST_F(DeviceGroupClusterTest, TwoReplicasOnOneHost_SumGradientsThroughReplicaGr
     EXPECT_EQ(ranks, (std::vector<int>{0, 1})) << id;
     EXPECT_EQ(OwnerOfCurrentId(id), -1) << id << " was not used up";
   }
+  // The owners report fresh ids with a heartbeat (every 50 ms), so a next
+  // job can group again.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  bool all_have_ids = false;
+  while (!all_have_ids && absl::Now() < deadline) {
+    all_have_ids = true;
+    for (auto& w : workers_) {
+      all_have_ids &= !registry_.NcclUniqueId(w->agent->worker_id()).value_or("").empty();
+    }
+    if (!all_have_ids) absl::SleepFor(absl::Milliseconds(20));  // polls a remote state
+  }
+  EXPECT_TRUE(all_have_ids) << "a replica group's id owner never reported a fresh NCCL id";
 }
 
 }  // namespace

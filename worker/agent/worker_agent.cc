@@ -423,7 +423,10 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   JobRunnerOptions runner_options;
   {
     AnnotatedMutexLock lock(&mu_);
-    if (!group_id_.empty() && a.device_group().nccl_unique_id() == group_id_) {
+    // Either kind of group uses the id up (a device group's, or a replica
+    // device group's: coordinator/planner/replica_device_groups.h).
+    if (!group_id_.empty() && (a.device_group().nccl_unique_id() == group_id_ ||
+                               a.replica_device_group().nccl_unique_id() == group_id_)) {
       group_id_used_ = true;
     }
     runner_options.worker_id = worker_id_;

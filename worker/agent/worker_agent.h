@@ -21,8 +21,9 @@
 //
 // Device groups: a worker whose backend can join NCCL groups reports a
 // fresh communicator id at registration (DeviceInfo.nccl_unique_id, with
-// its GPU's index). When an assignment's device group carries that id, the
-// coordinator has used it up: the next heartbeat brings a new one.
+// its GPU's index). When an assignment's device group or replica device
+// group carries that id, the coordinator has used it up: the next
+// heartbeat brings a new one.
 // Thread-safe.
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_AGENT_H_

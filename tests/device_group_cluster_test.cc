@@ -7,11 +7,14 @@
 // coordinator forms the group and marks device links, hands one worker's id
 // to all members and uses it up, the agents join and train through the
 // channels bitwise like single-process training, and the worker whose id
-// was used reports a fresh one, which the next job's group carries.
+// was used reports a fresh one, which the next job's group carries. With
+// two replicas, the replica device groups too: their collectives come from
+// in-process hubs (InProcessCollectiveHub), one per id.
 #include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -317,11 +320,12 @@ TEST_F(DeviceGroupClusterTest, OneHostFourGpus_TrainsThroughTheGroupBitwise_IdsR
 }
 
 // Data parallelism on the same four GPUs: two replicas of two stages. Each
-// stage's replicas form a replica device group (replica 0's worker's id)
-// and sum their gradients through it; the pipeline links stay on the wire.
-// The losses are train-local's to 1e-5 (data_parallel_testing.h: the
-// replicas' partial sums are added in another order), the ids used up.
-TEST_F(DeviceGroupClusterTest, TwoReplicasOnOneHost_SumGradientsThroughReplicaGroups) {
+// replica's stages form a device group (activations GPU to GPU) and each
+// stage's replicas a replica device group (gradient sums), four groups
+// with four different ids, all used up. The losses are train-local's to
+// 1e-5 (data_parallel_testing.h: the replicas' partial sums are added in
+// another order).
+TEST_F(DeviceGroupClusterTest, TwoReplicasOnOneHost_DeviceAndReplicaGroups) {
   v1::JobSpec spec = Spec();
   spec.mutable_parallelism()->set_stages(2);
   spec.mutable_parallelism()->set_data(2);
@@ -333,24 +337,34 @@ TEST_F(DeviceGroupClusterTest, TwoReplicasOnOneHost_SumGradientsThroughReplicaGr
     EXPECT_NEAR(done.progress().loss_history(i), local[i], 1e-5 * std::abs(local[i]))
         << "iteration " << i;
   }
-  EXPECT_EQ(hubs_.sent(), 0);  // no device links with replicas
+  // Per replica and step, 2 micro-batches across the one boundary, an
+  // activation and a gradient each.
+  EXPECT_EQ(hubs_.sent(), int64_t{2} * 2 * 2 * spec.training().steps());
+  EXPECT_EQ(hubs_.in_flight(), 0);
   EXPECT_EQ(hubs_.replica_groups(), 2u);
   // At least one sum per stage and step (the buckets of a tiny model).
   EXPECT_GE(hubs_.sums(), int64_t{2} * spec.training().steps());
   std::map<std::string, std::vector<int>> ranks_by_id;
+  std::set<std::string> ids;
   for (auto& w : workers_) {
-    EXPECT_TRUE(w->gpu.joins().empty());
-    const std::vector<DeviceCollectiveSpec> joins = w->gpu.collective_joins();
+    const std::vector<Join> joins = w->gpu.joins();
     ASSERT_EQ(joins.size(), 1u);
-    EXPECT_EQ(joins[0].members, 2);
-    ranks_by_id[joins[0].id].push_back(joins[0].rank);
+    const int first = joins[0].stage / 2 * 2;  // members numbered by worker
+    EXPECT_EQ(joins[0].group.stages, (std::vector<int>{first, first + 1}));
+    ids.insert(joins[0].group.id);
+    const std::vector<DeviceCollectiveSpec> collective_joins = w->gpu.collective_joins();
+    ASSERT_EQ(collective_joins.size(), 1u);
+    EXPECT_EQ(collective_joins[0].members, 2);
+    ranks_by_id[collective_joins[0].id].push_back(collective_joins[0].rank);
+    ids.insert(collective_joins[0].id);
   }
+  EXPECT_EQ(ids.size(), 4u) << "two groups share an NCCL id";
   ASSERT_EQ(ranks_by_id.size(), 2u);
   for (auto& [id, ranks] : ranks_by_id) {
     std::sort(ranks.begin(), ranks.end());
     EXPECT_EQ(ranks, (std::vector<int>{0, 1})) << id;
-    EXPECT_EQ(OwnerOfCurrentId(id), -1) << id << " was not used up";
   }
+  for (const std::string& id : ids) EXPECT_EQ(OwnerOfCurrentId(id), -1) << id << " not used up";
   // The owners report fresh ids with a heartbeat (every 50 ms), so a next
   // job can group again.
   const absl::Time deadline = absl::Now() + absl::Seconds(30);

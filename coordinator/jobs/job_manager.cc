@@ -1018,21 +1018,31 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     if (!planned.ok()) return say_shares(planned.status());
     compiled = *std::move(planned);
   }
-  // Device links join one pipeline's stages on a host; the replicas and
-  // tensor ranks share programs, so with data or tensor parallelism every
-  // link stays on the data plane (the programs' sends and receives would
-  // need a group per replica).
+  // Device links join a pipeline's stages on a host, each replica's its
+  // own groups over the programs the replicas share; the tensor ranks
+  // share programs too, so with tensor parallelism every link stays on the
+  // data plane (their sends and receives would need a group per rank).
+  const std::vector<DeviceLinkMember> members = DeviceLinkMembers(infos, *registry_);
   DeviceLinkPlan links;
-  links.group_of_stage.assign(stages, -1);
-  if (replicas == 1 && tensor == 1) {
-    links = PlanDeviceLinks(DeviceLinkMembers(infos, *registry_), &compiled.programs);
+  links.group_of_stage.assign(workers.size(), -1);
+  if (tensor == 1) {
+    ReplicatedDeviceLinkPlan planned =
+        PlanReplicatedDeviceLinks(members, replicas, &compiled.programs);
+    if (planned.replicas_differ) {
+      PT_LOG(INFO) << "job " << id << ": every link stays on the wire: the replicas' workers "
+                   << "would mark the shared programs' device links differently";
+    }
+    links = std::move(planned.links);
   }
   // The replicas of a stage on the GPUs of one host sum its gradients with
-  // NCCL (exact stages only).
+  // NCCL (exact stages only), with ids the device groups left free.
+  std::vector<bool> id_taken(workers.size(), false);
+  for (const DeviceLinkGroup& g : links.groups) id_taken[g.id_owner_stage] = true;
   const ReplicaDeviceGroupPlan replica_groups =
-      PlanReplicaDeviceGroups(DeviceLinkMembers(infos, *registry_), replicas, stages, tensor,
+      PlanReplicaDeviceGroups(members, replicas, stages, tensor,
                               {compiled.plan.data_parallel_compressed_stages().begin(),
-                               compiled.plan.data_parallel_compressed_stages().end()});
+                               compiled.plan.data_parallel_compressed_stages().end()},
+                              id_taken);
   RETURN_IF_ERROR(registry_->Assign(workers, id));
   ConsumeDeviceGroupIds(id, links, infos, registry_);
   ConsumeReplicaGroupIds(id, replica_groups, infos, registry_);
@@ -1083,8 +1093,8 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
     for (const std::string& address : addresses) a.add_peer_addresses(address);
     *a.mutable_program() = compiled.programs[s];
     if (!compiled.eval_programs.empty()) *a.mutable_eval_program() = compiled.eval_programs[s];
-    if (links.group_of_stage[s] >= 0) {
-      *a.mutable_device_group() = links.groups[links.group_of_stage[s]].group;
+    if (links.group_of_stage[g] >= 0) {
+      *a.mutable_device_group() = links.groups[links.group_of_stage[g]].group;
     }
     if (replica_groups.group_of_worker[g] >= 0) {
       *a.mutable_replica_device_group() =

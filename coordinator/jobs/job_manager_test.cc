@@ -819,11 +819,13 @@ TEST_F(JobManagerTest, ConsumedNcclId_NextJobHasNoGroupUntilAHeartbeatBringsAFre
   EXPECT_EQ(registry_.NcclUniqueId(w2).value(), "id-2");
 }
 
-// Data parallelism on four GPUs of one host: each exact stage's two
-// replicas get a replica device group carrying replica 0's id (used up),
-// the pipeline links stay on the wire (no device group with replicas), and
-// a compressed stage's replicas keep the gRPC collectives.
-TEST_F(JobManagerTest, DataParallelOnOneHost_ExactStagesGetReplicaDeviceGroups) {
+// Data parallelism on four GPUs of one host: each replica's two stages
+// form a device group (their activations GPU to GPU; members numbered by
+// worker), and each exact stage's two replicas a replica device group;
+// the four groups carry four different ids (replica 1's device group takes
+// its second member's, so stage 0's replica group can take worker 2's),
+// all used up. A compressed stage's replicas keep the gRPC collectives.
+TEST_F(JobManagerTest, DataParallelOnOneHost_DeviceAndReplicaGroupsWithDistinctIds) {
   std::vector<std::string> w;
   for (int k = 0; k < 4; ++k) {
     w.push_back(AddGpuWorker(7301 + k, "gpu-host", k, absl::StrCat("id-", k)));
@@ -832,26 +834,28 @@ TEST_F(JobManagerTest, DataParallelOnOneHost_ExactStagesGetReplicaDeviceGroups) 
   spec.mutable_parallelism()->set_data(2);
   std::string id = jobs_.Submit(spec).value().id();
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const std::vector<std::string> device_ids = {"id-0", "id-0", "id-3", "id-3"};
+  const std::vector<std::string> replica_ids = {"id-2", "id-1", "id-2", "id-1"};
   for (int g = 0; g < 4; ++g) {
     SCOPED_TRACE(g);
     const v1::Assignment a = AssignmentOf(w[g]);  // replica g / 2's stage g % 2
+    const int first = g / 2 * 2;                  // the replica's first worker
+    EXPECT_EQ(GroupStages(a), (std::vector<int>{first, first + 1}));
+    EXPECT_EQ(a.device_group().nccl_unique_id(), device_ids[g]);
+    // 2 micro-batches over 2 replicas: one each, an activation and a
+    // gradient, each sent by one side and received by the other.
+    EXPECT_EQ(DeviceAndWire(a.program()).first, 2);
     ASSERT_TRUE(a.has_replica_device_group());
-    EXPECT_EQ(a.replica_device_group().nccl_unique_id(), absl::StrCat("id-", g % 2));
+    EXPECT_EQ(a.replica_device_group().nccl_unique_id(), replica_ids[g]);
     EXPECT_EQ(std::vector<int>(a.replica_device_group().replicas().begin(),
                                a.replica_device_group().replicas().end()),
               (std::vector<int>{0, 1}));
-    EXPECT_FALSE(a.has_device_group());
-    EXPECT_EQ(DeviceAndWire(a.program()).first, 0);
   }
-  // Replica 0's ids are used up; replica 1's are still there.
-  EXPECT_EQ(registry_.NcclUniqueId(w[0]).value(), "");
-  EXPECT_EQ(registry_.NcclUniqueId(w[1]).value(), "");
-  EXPECT_EQ(registry_.NcclUniqueId(w[2]).value(), "id-2");
-  EXPECT_EQ(registry_.NcclUniqueId(w[3]).value(), "id-3");
+  for (int g = 0; g < 4; ++g) EXPECT_EQ(registry_.NcclUniqueId(w[g]).value(), "") << g;
   ASSERT_TRUE(jobs_.Cancel(id).ok());
 
-  // Fresh ids for replica 0's workers; stage 1 compressed.
-  for (int g = 0; g < 2; ++g) {
+  // Fresh ids; stage 1 compressed.
+  for (int g = 0; g < 4; ++g) {
     v1::HeartbeatRequest beat;
     beat.set_worker_id(w[g]);
     beat.set_incarnation(1);

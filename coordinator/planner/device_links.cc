@@ -138,4 +138,59 @@ DeviceLinkPlan PlanDeviceLinks(const std::vector<DeviceLinkMember>& members,
   return plan;
 }
 
+ReplicatedDeviceLinkPlan PlanReplicatedDeviceLinks(const std::vector<DeviceLinkMember>& members,
+                                                   int replicas,
+                                                   std::vector<v1::Program>* programs) {
+  const int stages = static_cast<int>(programs->size());
+  PT_CHECK(replicas >= 1 && members.size() == static_cast<size_t>(replicas) * stages)
+      << members.size() << " members for " << replicas << " replicas of " << stages << " stages";
+  ReplicatedDeviceLinkPlan out;
+  if (replicas == 1) {
+    out.links = PlanDeviceLinks(members, programs);
+    return out;
+  }
+  std::vector<v1::Program> marked;  // replica 0's marks, which every replica must share
+  out.links.group_of_stage.assign(members.size(), -1);
+  for (int r = 0; r < replicas && !out.replicas_differ; ++r) {
+    std::vector<v1::Program> copy = *programs;
+    const DeviceLinkPlan plan =
+        PlanDeviceLinks({members.begin() + r * stages, members.begin() + (r + 1) * stages}, &copy);
+    if (r == 0) {
+      marked = std::move(copy);
+    } else {
+      for (int s = 0; s < stages && !out.replicas_differ; ++s) {
+        out.replicas_differ = copy[s].SerializeAsString() != marked[s].SerializeAsString();
+      }
+    }
+    const int offset = r * stages;
+    for (const DeviceLinkGroup& g : plan.groups) {
+      DeviceLinkGroup global;
+      for (int s : g.group.stages()) {
+        global.group.add_stages(s + offset);
+        out.links.group_of_stage[s + offset] = static_cast<int>(out.links.groups.size());
+      }
+      for (const v1::DeviceLink& link : g.group.links()) {
+        v1::DeviceLink* l = global.group.add_links();
+        l->set_from_stage(link.from_stage() + offset);
+        l->set_to_stage(link.to_stage() + offset);
+      }
+      global.id_owner_stage = global.group.stages(r % global.group.stages_size());
+      global.group.set_nccl_unique_id(members[global.id_owner_stage].nccl_unique_id);
+      out.links.groups.push_back(std::move(global));
+    }
+    for (const auto& [from, to] : plan.order_differs) {
+      out.links.order_differs.push_back({from + offset, to + offset});
+    }
+  }
+  if (out.replicas_differ) {
+    // Every path back on the wire (no member is eligible).
+    PlanDeviceLinks(std::vector<DeviceLinkMember>(stages), programs);
+    out.links.groups.clear();
+    out.links.group_of_stage.assign(members.size(), -1);
+    return out;
+  }
+  *programs = std::move(marked);
+  return out;
+}
+
 }  // namespace pipetrain

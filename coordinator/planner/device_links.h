@@ -72,7 +72,9 @@ bool SameGpu(const DeviceLinkMember& a, const DeviceLinkMember& b);
 
 struct DeviceLinkGroup {
   v1::DeviceGroup group;    // stages ascending; the owner's id
-  int id_owner_stage = -1;  // == group.stages(0): the stage whose id it carries
+  // The stage whose id it carries: group.stages(0) (but see
+  // PlanReplicatedDeviceLinks).
+  int id_owner_stage = -1;
 };
 
 struct DeviceLinkPlan {
@@ -85,6 +87,30 @@ struct DeviceLinkPlan {
 
 DeviceLinkPlan PlanDeviceLinks(const std::vector<DeviceLinkMember>& members,
                                std::vector<v1::Program>* programs);
+
+// Device links of a data-parallel job: `replicas` pipelines of
+// programs->size() stages share the programs (worker g = r * stages + s is
+// replica r's stage s; members lists every worker so). Each replica's
+// stages are planned as PlanDeviceLinks plans one pipeline, with its own
+// workers; the marks go into the shared programs only when every replica
+// marks them alike (otherwise every path stays on the wire, and
+// replicas_differ says so). The returned groups then number members by
+// worker (stages and links + r * stages; group_of_stage has one entry per
+// worker), each replica's groups its own communicators with ids of their
+// own. With replicas > 1, replica r's group takes its id from its member
+// stages[r mod size] instead of its lowest (id_owner_stage says which),
+// so that the replicas' groups draw their ids from different stage
+// positions and each position keeps ids free for its replica device group
+// (replica_device_groups.h). replicas == 1 is PlanDeviceLinks.
+// Requires replicas >= 1 and members.size() == replicas * programs->size()
+// (checked: aborts otherwise).
+struct ReplicatedDeviceLinkPlan {
+  DeviceLinkPlan links;
+  bool replicas_differ = false;
+};
+ReplicatedDeviceLinkPlan PlanReplicatedDeviceLinks(const std::vector<DeviceLinkMember>& members,
+                                                   int replicas,
+                                                   std::vector<v1::Program>* programs);
 
 }  // namespace pipetrain
 

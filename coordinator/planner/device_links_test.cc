@@ -428,6 +428,64 @@ TEST(PlanDeviceLinks, RunTwice_SameResultAndStaleMarksCleared) {
   }
 }
 
+// Two replicas of 3 stages on one host, GPUs 0-5 (worker g = r * 3 + s):
+// each replica's stages form a group of their own, numbered by worker, and
+// the shared programs carry the marks both replicas agree on. Replica 1's
+// group takes its id from its second member, so that stage position 0
+// keeps a free id (worker 3's) for a replica device group.
+TEST(PlanReplicatedDeviceLinks, TwoReplicasOnOneHost_AGroupPerReplicaByWorker) {
+  std::vector<v1::Program> programs = Compile(3, Schedule::kOneFOneB, 4);
+  std::vector<v1::Program> one_replica = programs;
+  PlanDeviceLinks(OneHost(3), &one_replica);
+  const ReplicatedDeviceLinkPlan plan = PlanReplicatedDeviceLinks(OneHost(6), 2, &programs);
+  EXPECT_FALSE(plan.replicas_differ);
+  ASSERT_EQ(plan.links.groups.size(), 2u);
+  EXPECT_EQ(Stages(plan.links.groups[0].group), (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(Stages(plan.links.groups[1].group), (std::vector<int>{3, 4, 5}));
+  EXPECT_EQ(plan.links.groups[0].id_owner_stage, 0);
+  EXPECT_EQ(plan.links.groups[0].group.nccl_unique_id(), "id-0");
+  EXPECT_EQ(plan.links.groups[1].id_owner_stage, 4);
+  EXPECT_EQ(plan.links.groups[1].group.nccl_unique_id(), "id-4");
+  EXPECT_EQ(plan.links.group_of_stage, (std::vector<int>{0, 0, 0, 1, 1, 1}));
+  OrderedPairs links;
+  for (const v1::DeviceLink& l : plan.links.groups[1].group.links()) {
+    links.push_back({l.from_stage(), l.to_stage()});
+  }
+  EXPECT_EQ(links, (OrderedPairs{{3, 4}, {4, 3}, {4, 5}, {5, 4}}));
+  for (int s = 0; s < 3; ++s) {
+    EXPECT_EQ(Transfers(programs[s]), Transfers(one_replica[s])) << "stage " << s;
+  }
+  EXPECT_EQ(DeviceAndWire(programs[1], 0), std::make_pair(8, 0));
+}
+
+// Replica 1's stages 1 and 2 on another host: replica 0 would put the link
+// 1 <-> 2 on the device and replica 1 could not, so the shared programs
+// keep every path on the wire and no group forms.
+TEST(PlanReplicatedDeviceLinks, ReplicasThatWouldMarkDifferently_AllOnTheWire) {
+  std::vector<v1::Program> programs = Compile(3, Schedule::kOneFOneB, 4);
+  std::vector<DeviceLinkMember> members = OneHost(6);
+  members[5].host = "other";
+  members[5].nccl_unique_id = "id-other";
+  const ReplicatedDeviceLinkPlan plan = PlanReplicatedDeviceLinks(members, 2, &programs);
+  EXPECT_TRUE(plan.replicas_differ);
+  EXPECT_TRUE(plan.links.groups.empty());
+  EXPECT_EQ(plan.links.group_of_stage, std::vector<int>(6, -1));
+  for (const v1::Program& p : programs) EXPECT_EQ(DeviceAndWire(p).first, 0);
+}
+
+// One replica is PlanDeviceLinks, owner and all.
+TEST(PlanReplicatedDeviceLinks, OneReplica_IsPlanDeviceLinks) {
+  std::vector<v1::Program> programs = Compile(3, Schedule::kGPipe, 4);
+  std::vector<v1::Program> plain = programs;
+  const DeviceLinkPlan want = PlanDeviceLinks(OneHost(3), &plain);
+  const ReplicatedDeviceLinkPlan got = PlanReplicatedDeviceLinks(OneHost(3), 1, &programs);
+  ASSERT_EQ(got.links.groups.size(), want.groups.size());
+  EXPECT_EQ(got.links.groups[0].group.SerializeAsString(),
+            want.groups[0].group.SerializeAsString());
+  EXPECT_EQ(got.links.group_of_stage, want.group_of_stage);
+  for (int s = 0; s < 3; ++s) EXPECT_EQ(Transfers(programs[s]), Transfers(plain[s]));
+}
+
 TEST(PlanDeviceLinksDeathTest, MembersAndProgramsDiffer_Aborts) {
   std::vector<v1::Program> programs = Compile(2, Schedule::kGPipe, 1);
   EXPECT_DEATH(PlanDeviceLinks(OneHost(3), &programs), "3 members for 2 programs");

@@ -8,10 +8,13 @@ namespace pipetrain {
 
 ReplicaDeviceGroupPlan PlanReplicaDeviceGroups(const std::vector<DeviceLinkMember>& members,
                                                int replicas, int stages, int tensor,
-                                               const std::vector<int>& compressed_stages) {
+                                               const std::vector<int>& compressed_stages,
+                                               const std::vector<bool>& id_taken) {
   PT_CHECK(replicas >= 1 && stages >= 1 && tensor >= 1 &&
-           members.size() == static_cast<size_t>(replicas) * stages * tensor)
-      << members.size() << " members for " << replicas << " x " << stages << " x " << tensor;
+           members.size() == static_cast<size_t>(replicas) * stages * tensor &&
+           (id_taken.empty() || id_taken.size() == members.size()))
+      << members.size() << " members for " << replicas << " x " << stages << " x " << tensor << ", "
+      << id_taken.size() << " id marks";
   ReplicaDeviceGroupPlan plan;
   plan.group_of_worker.assign(members.size(), -1);
   if (replicas < 2) return plan;
@@ -32,11 +35,14 @@ ReplicaDeviceGroupPlan PlanReplicaDeviceGroups(const std::vector<DeviceLinkMembe
         }
       }
       if (!joinable) continue;
+      auto free_id = [&](int w) { return id_taken.empty() || !id_taken[w]; };
+      const auto owner = std::find_if(workers.begin(), workers.end(), free_id);
+      if (owner == workers.end()) continue;  // every member's id serves a device group
       ReplicaDeviceGroupPlan::Group group;
       group.stage = s;
       group.tensor_rank = t;
-      group.id_owner = workers[0];
-      group.group.set_nccl_unique_id(members[workers[0]].nccl_unique_id);
+      group.id_owner = *owner;
+      group.group.set_nccl_unique_id(members[*owner].nccl_unique_id);
       for (int r = 0; r < replicas; ++r) {
         group.group.add_replicas(r);
         plan.group_of_worker[workers[r]] = static_cast<int>(plan.groups.size());

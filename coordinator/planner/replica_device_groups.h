@@ -15,15 +15,17 @@
 // Otherwise the whole position stays on the gRPC collectives: a group of
 // some replicas only would need a two-level all-reduce (NCCL inside the
 // host, gRPC between hosts), which is not built. The group lists replicas
-// 0 .. replicas - 1 and carries the id of replica 0's worker, the id
-// owner; the owner's id is used up (the caller must not hand it to
-// another group; the worker reports a fresh one, coordinator.proto
-// HeartbeatRequest). Each worker holds one position, so no id serves two
-// groups.
+// 0 .. replicas - 1 and carries the id of its lowest replica whose
+// worker's id is not in `id_taken` (per worker; empty: none taken, e.g.
+// by device groups: device_links.h), the id owner; a position whose every
+// member's id is taken stays on the gRPC collectives. The owner's id is
+// used up (the caller must not hand it to another group; the worker
+// reports a fresh one, coordinator.proto HeartbeatRequest). Each worker
+// holds one position, so no id serves two replica groups.
 //
 // Pure and thread-compatible. Requires members.size() == replicas * stages
-// * tensor, all three >= 1 (checked: aborts otherwise; the job manager
-// places the workers so).
+// * tensor, all three >= 1, and id_taken empty or of members' size
+// (checked: aborts otherwise; the job manager places the workers so).
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_REPLICA_DEVICE_GROUPS_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_REPLICA_DEVICE_GROUPS_H_
 
@@ -47,7 +49,8 @@ struct ReplicaDeviceGroupPlan {
 
 ReplicaDeviceGroupPlan PlanReplicaDeviceGroups(const std::vector<DeviceLinkMember>& members,
                                                int replicas, int stages, int tensor,
-                                               const std::vector<int>& compressed_stages);
+                                               const std::vector<int>& compressed_stages,
+                                               const std::vector<bool>& id_taken = {});
 
 }  // namespace pipetrain
 

@@ -68,6 +68,24 @@ TEST(ReplicaDeviceGroupsTest, PositionsThatCannotJoinStayOnGrpc) {
   EXPECT_TRUE(PlanReplicaDeviceGroups(no_host, 2, 2, 1, {}).groups.empty());
 }
 
+// Ids that device groups use (device_links.h): a position takes its
+// lowest replica whose id is free, and stays on gRPC when none is.
+TEST(ReplicaDeviceGroupsTest, IdsTakenByDeviceGroupsAreNotUsedAgain) {
+  const std::vector<DeviceLinkMember> members = {Gpu("a", 0), Gpu("a", 1), Gpu("a", 2),
+                                                 Gpu("a", 3)};
+  // Workers 0 and 3 own the two replicas' device groups.
+  const ReplicaDeviceGroupPlan plan =
+      PlanReplicaDeviceGroups(members, 2, 2, 1, {}, {true, false, false, true});
+  ASSERT_EQ(plan.groups.size(), 2u);
+  EXPECT_EQ(plan.groups[0].id_owner, 2);  // stage 0: replica 1's
+  EXPECT_EQ(plan.groups[0].group.nccl_unique_id(), members[2].nccl_unique_id);
+  EXPECT_EQ(plan.groups[1].id_owner, 1);  // stage 1: replica 0's
+  // Both of stage 0's ids taken: only stage 1 groups.
+  EXPECT_EQ(
+      PlanReplicaDeviceGroups(members, 2, 2, 1, {}, {true, false, true, false}).group_of_worker,
+      (std::vector<int>{-1, 0, -1, 0}));
+}
+
 // Tensor ranks innermost: worker (r * stages + s) * tensor + t; each
 // (stage, rank) position is a group of its own.
 TEST(ReplicaDeviceGroupsTest, TensorRanksFormPositionsOfTheirOwn) {
@@ -85,7 +103,8 @@ TEST(ReplicaDeviceGroupsTest, TensorRanksFormPositionsOfTheirOwn) {
 // grouped exactly when its stage is exact, every member has a host and an
 // id, all share the first's host, and no two hold one GPU (equal addresses
 // when both have one, else equal ordinals); a group lists every replica
-// and carries replica 0's id.
+// and carries the id of its lowest replica whose id no device group took
+// (a position with none stays apart).
 TEST(ReplicaDeviceGroupsTest, RandomClustersFollowTheRules) {
   std::mt19937 rng(21);
   int grouped = 0, kept_apart = 0;
@@ -104,8 +123,10 @@ TEST(ReplicaDeviceGroupsTest, RandomClustersFollowTheRules) {
     for (int s = 0; s < stages; ++s) {
       if (rng() % 4 == 0) compressed.push_back(s);
     }
+    std::vector<bool> taken(members.size());
+    for (size_t w = 0; w < taken.size(); ++w) taken[w] = rng() % 5 == 0;
     const ReplicaDeviceGroupPlan plan =
-        PlanReplicaDeviceGroups(members, replicas, stages, tensor, compressed);
+        PlanReplicaDeviceGroups(members, replicas, stages, tensor, compressed, taken);
     for (int s = 0; s < stages; ++s) {
       for (int t = 0; t < tensor; ++t) {
         auto worker = [&](int r) { return (r * stages + s) * tensor + t; };
@@ -123,6 +144,11 @@ TEST(ReplicaDeviceGroupsTest, RandomClustersFollowTheRules) {
             want = want && !one_gpu;
           }
         }
+        int owner = -1;  // the lowest replica's worker with a free id
+        for (int r = 0; r < replicas && owner < 0; ++r) {
+          if (!taken[worker(r)]) owner = worker(r);
+        }
+        want = want && owner >= 0;
         const int group = plan.group_of_worker[worker(0)];
         ASSERT_EQ(group >= 0, want) << "instance " << instance << ", stage " << s << ", rank " << t;
         for (int r = 0; r < replicas; ++r) ASSERT_EQ(plan.group_of_worker[worker(r)], group);
@@ -134,8 +160,8 @@ TEST(ReplicaDeviceGroupsTest, RandomClustersFollowTheRules) {
         const ReplicaDeviceGroupPlan::Group& g = plan.groups[group];
         EXPECT_EQ(g.stage, s);
         EXPECT_EQ(g.tensor_rank, t);
-        EXPECT_EQ(g.id_owner, worker(0));
-        EXPECT_EQ(g.group.nccl_unique_id(), members[worker(0)].nccl_unique_id);
+        EXPECT_EQ(g.id_owner, owner);
+        EXPECT_EQ(g.group.nccl_unique_id(), members[owner].nccl_unique_id);
         EXPECT_EQ(g.group.replicas_size(), replicas);
         for (int r = 0; r < replicas; ++r) EXPECT_EQ(g.group.replicas(r), r);
       }

@@ -24,6 +24,13 @@
 namespace pipetrain {
 namespace {
 
+// This worker's index among the job's (replica, stage, tensor rank
+// innermost): its transport's stage and its device group member.
+int GlobalWorkerIndex(const v1::Assignment& a) {
+  return (a.replica() * a.num_stages() + a.stage()) * std::max(1, a.tensor_parallel()) +
+         a.tensor_rank();
+}
+
 // Errors of the data plane: a peer that went away or stopped answering. A
 // job with checkpoints recovers from them (the peer is probably gone);
 // anything else (a bad program, a device error) fails it.
@@ -139,11 +146,14 @@ absl::StatusOr<std::unique_ptr<DeviceChannel>> JobRunner::JoinDeviceGroup() {
     device_sends += in.has_send() && in.send().path() == v1::LINK_PATH_DEVICE;
     device_recvs += in.has_recv() && in.recv().path() == v1::LINK_PATH_DEVICE;
   }
-  const std::string what = absl::StrCat("stage ", assignment_.stage(), " joining device group [",
+  // Members are numbered by worker (with replicas, replica r's stage s is
+  // r * num_stages + s), as the runtime addresses the channel's peers.
+  const int member = GlobalWorkerIndex(assignment_);
+  const std::string what = absl::StrCat("stage ", member, " joining device group [",
                                         absl::StrJoin(group.stages, ", "), "]");
   PT_LOG(INFO) << what << " on " << options_.backend->Describe();
   absl::StatusOr<std::unique_ptr<DeviceChannel>> channel =
-      options_.backend->JoinDeviceGroup(group, assignment_.stage());
+      options_.backend->JoinDeviceGroup(group, member);
   if (!channel.ok()) {
     return absl::Status(channel.status().code(),
                         absl::StrCat(what, ": ", channel.status().message()));
@@ -345,10 +355,9 @@ absl::Status JobRunner::RunJob() {
   const bool speaks = replica_zero && assignment_.tensor_rank() == 0;
   std::vector<std::string> peers(assignment_.peer_addresses().begin(),
                                  assignment_.peer_addresses().end());
-  std::unique_ptr<Transport> transport = make_transport_(
-      (assignment_.replica() * assignment_.num_stages() + assignment_.stage()) * tensor +
-          assignment_.tensor_rank(),
-      peers, JobCredential{data_plane_job_, assignment_.data_plane_secret()});
+  std::unique_ptr<Transport> transport =
+      make_transport_(GlobalWorkerIndex(assignment_), peers,
+                      JobCredential{data_plane_job_, assignment_.data_plane_secret()});
   StageSetup setup{data_plane_job_,
                    job.train,
                    assignment_.stage(),

@@ -11,6 +11,7 @@
 // bitwise because the collectives reduce in one fixed order
 // (worker/collectives/collectives.h); RunPipeline checks that.
 #include "absl/strings/str_cat.h"
+#include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
@@ -323,6 +324,35 @@ TEST(DataParallelEquivalenceTest, ReplicaDeviceCollectives_MatchLocalAndTheGrpcP
       EXPECT_EQ(on_device.weights, on_wire.weights);
     }
   }
+}
+
+// Both device paths at once, as on a host whose GPUs hold two replicas of
+// a 3-stage pipeline: each replica's activations and gradients through
+// device channels (its own group), each stage's gradients through its
+// replicas' device collective. Train-local's to 1e-5, and bitwise the run
+// with every tensor on the wire (two replicas: a + b in either order).
+TEST(DataParallelEquivalenceTest, DeviceLinksAndReplicaCollectives_MatchTheWire) {
+  const TrainConfig c = DataParallelConfig();
+  const Dataset data = MakeDataset();
+  const RunOutput local = RunLocal(c, data);
+  auto ranges = UniformPartition(NumUnits(c.model), 3);
+  ASSERT_TRUE(ranges.ok());
+  std::vector<DeviceLinkMember> members;
+  for (int s = 0; s < 3; ++s) members.push_back({"h", s, absl::StrCat("id-", s)});
+  testing::PipelineExtras extras;
+  extras.replicas = 2;
+  extras.dp_bucket_bytes = 1;
+  const RunOutput wire =
+      RunPipeline(c, data, *ranges, *ranges, Schedule::kOneFOneB, nullptr, nullptr, extras);
+  extras.replica_device_collectives = true;
+  const RunOutput device =
+      RunPipeline(c, data, *ranges, *ranges, Schedule::kOneFOneB, nullptr, &members, extras);
+  ExpectMatchesLocal(c, device, local, "device links and replica collectives");
+  EXPECT_GT(device.device_tensors, 0);
+  EXPECT_GT(device.device_sums, 0);
+  EXPECT_EQ(device.grouped_stages.size(), 6u);  // every worker of both replicas
+  EXPECT_EQ(device.losses, wire.losses);
+  EXPECT_EQ(device.weights, wire.weights);
 }
 
 // The replicas' shares differ (a replica that trained alone on its share

@@ -1,6 +1,5 @@
 #include "worker/model/nccl_device_channel.h"
 
-#include <atomic>
 #include <deque>
 #include <map>
 #include <string>
@@ -16,6 +15,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "kernels/cuda/stream.h"
+#include "worker/model/nccl_abort_flag.h"
 
 namespace pipetrain {
 namespace {
@@ -44,6 +44,7 @@ class NcclDeviceChannel final : public DeviceChannel {
         compute_(compute),
         allocate_(std::move(allocate)),
         drain_timeout_(drain_timeout),
+        aborted_(absl::StrCat("device channel of stage ", stage)),
         sends_to_(std::move(sends_to)),
         receives_from_(std::move(receives_from)) {}
 
@@ -53,10 +54,7 @@ class NcclDeviceChannel final : public DeviceChannel {
     // with one of our sends unmatched would make that wait endless: past
     // drain_timeout_ the links are aborted, which ends their kernels.
     cudaSetDevice(device_);
-    const absl::Status drained =
-        AwaitCudaStreams(Streams(), NcclJoinLimits{absl::Now() + drain_timeout_, nullptr},
-                         "device channel teardown");
-    if (!drained.ok()) Abort();
+    if (!DrainNcclStreams(Streams(), drain_timeout_, "device channel teardown")) Abort();
     ForEachEnd([](LinkEnd& end) { end.stream.Synchronize().IgnoreError(); });
     in_flight_.clear();
     kept_until_teardown_.clear();
@@ -66,22 +64,14 @@ class NcclDeviceChannel final : public DeviceChannel {
   absl::Status Flush(absl::Duration timeout, const std::function<bool()>& cancelled) override {
     // Without mu_ (Abort must not wait behind a flush); the streams outlive
     // an abort, which makes their kernels end.
-    RETURN_IF_ERROR(CheckNotAborted());
-    NcclJoinLimits limits;
-    limits.deadline = absl::Now() + timeout;
-    limits.cancelled = [this, &cancelled] {
-      return aborted_.load() || (cancelled != nullptr && cancelled());
-    };
-    const absl::Status drained = AwaitCudaStreams(Streams(), limits, "device channel flush");
-    RETURN_IF_ERROR(CheckNotAborted());
-    return drained;
+    return aborted_.Flush(Streams(), timeout, cancelled, "device channel flush");
   }
 
   void Abort() override {
     // First the flag: a Send or Recv waiting inside NCCL under mu_ sees it
     // and returns, so the lock below cannot wait for a peer. A second
     // caller waits (on mu_) until the first has aborted everything.
-    const bool again = aborted_.exchange(true);
+    const bool again = aborted_.Set();
     absl::MutexLock lock(&mu_);
     if (again) return;
     // ncclCommAbort frees a communicator: no NCCL call of the job thread
@@ -94,7 +84,7 @@ class NcclDeviceChannel final : public DeviceChannel {
 
   absl::Status Send(int peer_stage, const Tensor& t) override {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckNotAborted());
+    RETURN_IF_ERROR(aborted_.Check());
     ASSIGN_OR_RETURN(LinkEnd * end, Find(sends_to_, peer_stage, "to"));
     RETURN_IF_ERROR(Prune());
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
@@ -103,7 +93,7 @@ class NcclDeviceChannel final : public DeviceChannel {
     // fails (a launch that gave up waiting, an event that could not be
     // made): t is then kept until teardown, which waits for the streams.
     absl::Status queued =
-        end->comm.Send(t.data(), t.numel(), end->peer_rank, end->stream.get(), UntilAborted());
+        end->comm.Send(t.data(), t.numel(), end->peer_rank, end->stream.get(), aborted_.UntilSet());
     absl::StatusOr<CudaEvent> sent = queued.ok() ? CudaEvent::Create() : queued;
     if (sent.ok()) queued = sent->Record(end->stream.get());
     if (!sent.ok() || !queued.ok()) {
@@ -126,13 +116,13 @@ class NcclDeviceChannel final : public DeviceChannel {
                                               ShapeToString(shape), " from stage ", peer_stage));
     }
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckNotAborted());
+    RETURN_IF_ERROR(aborted_.Check());
     ASSIGN_OR_RETURN(LinkEnd * end, Find(receives_from_, peer_stage, "from"));
     // The block's earlier users ran on the compute stream: the receive
     // waits for them before it overwrites it.
     RETURN_IF_ERROR(StreamWaitsFor(end->stream.get(), compute_));
     const absl::Status queued =
-        end->comm.Recv(t.data(), t.numel(), end->peer_rank, end->stream.get(), UntilAborted());
+        end->comm.Recv(t.data(), t.numel(), end->peer_rank, end->stream.get(), aborted_.UntilSet());
     if (!queued.ok()) {
       // NCCL may have queued a write into t: not back to the cache before
       // teardown, which waits for the streams.
@@ -163,18 +153,6 @@ class NcclDeviceChannel final : public DeviceChannel {
     return streams;
   }
 
-  // For the links' NCCL calls: NCCL may answer "in progress" (a
-  // non-blocking communicator); the wait ends when the channel is aborted.
-  NcclJoinLimits UntilAborted() {
-    return NcclJoinLimits{absl::InfiniteFuture(), [this] { return aborted_.load(); }};
-  }
-
-  absl::Status CheckNotAborted() const {
-    if (!aborted_.load()) return absl::OkStatus();
-    return absl::AbortedError(
-        absl::StrCat("device channel of stage ", stage_, " was aborted (the job stopped)"));
-  }
-
   absl::StatusOr<LinkEnd*> Find(std::map<int, LinkEnd>& ends, int peer_stage, const char* dir) {
     auto it = ends.find(peer_stage);
     if (it == ends.end()) {
@@ -200,6 +178,9 @@ class NcclDeviceChannel final : public DeviceChannel {
   const cudaStream_t compute_;
   const std::function<Tensor(const Shape&)> allocate_;
   const absl::Duration drain_timeout_;
+  // The links' NCCL calls wait out "in progress" until it is set (they
+  // hold mu_, which Abort takes after setting it).
+  NcclAbortFlag aborted_;
   // The job thread's Send and Recv against Abort from another thread: the
   // links' communicators (in the maps' LinkEnds) are used and aborted under
   // it. The maps themselves never change after construction.
@@ -209,7 +190,6 @@ class NcclDeviceChannel final : public DeviceChannel {
   std::deque<InFlight> in_flight_;        // the job thread's
   // Tensors of a failed Send or Recv that NCCL may still read or write.
   std::vector<Tensor> kept_until_teardown_;  // the job thread's
-  std::atomic<bool> aborted_{false};
 };
 
 // Every end's communicator and the group's, aborted together (see

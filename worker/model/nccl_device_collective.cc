@@ -1,6 +1,5 @@
 #include "worker/model/nccl_device_collective.h"
 
-#include <atomic>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +13,7 @@
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "kernels/cuda/stream.h"
+#include "worker/model/nccl_abort_flag.h"
 
 namespace pipetrain {
 namespace {
@@ -35,6 +35,7 @@ class NcclDeviceCollective final : public DeviceCollective {
         compute_(compute),
         allocate_(std::move(allocate)),
         drain_timeout_(drain_timeout),
+        aborted_(absl::StrCat("replica collective of member ", rank)),
         comm_(std::move(comm)),
         stream_(std::move(stream)) {}
 
@@ -43,10 +44,9 @@ class NcclDeviceCollective final : public DeviceCollective {
     // for them (a member that stopped with a sum unmatched never ends it:
     // past drain_timeout_ the communicator is aborted, ending its kernels).
     cudaSetDevice(device_);
-    const absl::Status drained =
-        AwaitCudaStreams({stream_.get()}, NcclJoinLimits{absl::Now() + drain_timeout_, nullptr},
-                         "replica collective teardown");
-    if (!drained.ok()) Abort();
+    if (!DrainNcclStreams({stream_.get()}, drain_timeout_, "replica collective teardown")) {
+      Abort();
+    }
     stream_.Synchronize().IgnoreError();
     pending_.clear();
     kept_until_teardown_.clear();
@@ -61,7 +61,7 @@ class NcclDeviceCollective final : public DeviceCollective {
       }
       total += t->numel();
     }
-    if (total == 0) return CheckNotAborted();
+    if (total == 0) return aborted_.Check();
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     // The block is taken before mu_ (an allocation may wait for the whole
     // device, and Abort must never wait behind it; nccl_device_channel.cc).
@@ -74,14 +74,14 @@ class NcclDeviceCollective final : public DeviceCollective {
       }
     }
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckNotAborted());
+    RETURN_IF_ERROR(aborted_.Check());
     RETURN_IF_ERROR(StreamWaitsFor(stream_.get(), compute_));
     float* buffer = tensors.size() > 1 ? flat.data() : tensors[0]->data();
     // From the first copy on the stream may touch the tensors and the block
     // even if a call below fails: the block is then kept until teardown.
     absl::Status queued = Copy(tensors, buffer, /*into_flat=*/true);
     if (queued.ok())
-      queued = comm_.AllReduceSum(buffer, buffer, total, stream_.get(), UntilAborted());
+      queued = comm_.AllReduceSum(buffer, buffer, total, stream_.get(), aborted_.UntilSet());
     if (queued.ok()) queued = Copy(tensors, buffer, /*into_flat=*/false);
     absl::StatusOr<CudaEvent> done = queued.ok() ? CudaEvent::Create() : queued;
     if (done.ok()) queued = done->Record(stream_.get());
@@ -95,7 +95,7 @@ class NcclDeviceCollective final : public DeviceCollective {
 
   absl::Status AwaitSums() override {
     absl::MutexLock lock(&mu_);
-    RETURN_IF_ERROR(CheckNotAborted());
+    RETURN_IF_ERROR(aborted_.Check());
     CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     for (Pending& p : pending_) RETURN_IF_ERROR(p.done.StreamWait(compute_));
     // The compute stream now waits for every sum: its later work may reuse
@@ -107,38 +107,19 @@ class NcclDeviceCollective final : public DeviceCollective {
   absl::Status Flush(absl::Duration timeout, const std::function<bool()>& cancelled) override {
     // Without mu_ (Abort must not wait behind a flush); the stream outlives
     // an abort, which makes its kernels end.
-    RETURN_IF_ERROR(CheckNotAborted());
-    NcclJoinLimits limits;
-    limits.deadline = absl::Now() + timeout;
-    limits.cancelled = [this, &cancelled] {
-      return aborted_.load() || (cancelled != nullptr && cancelled());
-    };
-    const absl::Status drained =
-        AwaitCudaStreams({stream_.get()}, limits, "replica collective flush");
-    RETURN_IF_ERROR(CheckNotAborted());
-    return drained;
+    return aborted_.Flush({stream_.get()}, timeout, cancelled, "replica collective flush");
   }
 
   void Abort() override {
     // The flag first: a sum waiting inside NCCL under mu_ sees it and
     // returns, so the lock below cannot wait for a peer.
-    const bool again = aborted_.exchange(true);
+    const bool again = aborted_.Set();
     absl::MutexLock lock(&mu_);
     if (again) return;
     NcclComm::AbortAll({&comm_});
   }
 
  private:
-  NcclJoinLimits UntilAborted() {
-    return NcclJoinLimits{absl::InfiniteFuture(), [this] { return aborted_.load(); }};
-  }
-
-  absl::Status CheckNotAborted() const {
-    if (!aborted_.load()) return absl::OkStatus();
-    return absl::AbortedError(
-        absl::StrCat("replica collective of member ", rank_, " was aborted (the job stopped)"));
-  }
-
   // The tensors into the flat block, or back out of it, on the sum's
   // stream; nothing for one tensor (summed in place).
   absl::Status Copy(const std::vector<Tensor*>& tensors, float* flat, bool into_flat) {
@@ -160,6 +141,7 @@ class NcclDeviceCollective final : public DeviceCollective {
   const cudaStream_t compute_;
   const std::function<Tensor(const Shape&)> allocate_;
   const absl::Duration drain_timeout_;
+  NcclAbortFlag aborted_;  // set first by Abort, which then takes mu_
   // The job thread's calls against Abort from another thread: the
   // communicator is used and aborted under it.
   absl::Mutex mu_;
@@ -167,7 +149,6 @@ class NcclDeviceCollective final : public DeviceCollective {
   CudaStream stream_;
   std::vector<Pending> pending_;             // the job thread's
   std::vector<Tensor> kept_until_teardown_;  // blocks a failed sum may still use
-  std::atomic<bool> aborted_{false};
 };
 
 }  // namespace

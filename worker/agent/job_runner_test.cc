@@ -325,6 +325,29 @@ v1::Assignment GroupAssignment(int stage, int steps) {
   return a;
 }
 
+// Runs one runner per assignment of `assignments`, worker k on backends[k]
+// and fabric's mailbox k, to the end, then stops them.
+template <typename BackendPtr>
+void RunToTheEnd(const std::vector<v1::Assignment>& assignments,
+                 const std::vector<BackendPtr>& backends, InProcessFabric& fabric, FakeLink& link) {
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (size_t k = 0; k < assignments.size(); ++k) {
+    JobRunnerOptions options{"w" + std::to_string(k), 1};
+    options.backend = backends[k].get();
+    runners.push_back(std::make_unique<JobRunner>(
+        assignments[k], &fabric.mailbox(static_cast<int>(k)),
+        [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
+          return fabric.Connect(st);
+        },
+        &link, options));
+  }
+  for (auto& r : runners) r->Start();
+  for (auto& r : runners) {
+    while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
+  }
+  for (auto& r : runners) r->Stop();
+}
+
 // Two stages of a 2-step job in one device group, each on its GroupedCpu
 // (set their fields before Run), run to the end and stopped.
 struct GroupedJob {
@@ -337,22 +360,7 @@ struct GroupedJob {
     for (int s = 0; s < 2; ++s) backends.push_back(std::make_unique<GroupedCpu>(&hub));
   }
   void Run() {
-    std::vector<std::unique_ptr<JobRunner>> runners;
-    for (int s = 0; s < 2; ++s) {
-      JobRunnerOptions options{"w" + std::to_string(s), 1};
-      options.backend = backends[s].get();
-      runners.push_back(std::make_unique<JobRunner>(
-          GroupAssignment(s, 2), &fabric.mailbox(s),
-          [this](int st, const std::vector<std::string>&, const JobCredential&) {
-            return fabric.Connect(st);
-          },
-          &link, options));
-    }
-    for (auto& r : runners) r->Start();
-    for (auto& r : runners) {
-      while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
-    }
-    for (auto& r : runners) r->Stop();
+    RunToTheEnd({GroupAssignment(0, 2), GroupAssignment(1, 2)}, backends, fabric, link);
   }
 };
 
@@ -536,22 +544,8 @@ struct ReplicaJob {
     for (int r = 0; r < 2; ++r) backends.push_back(std::make_unique<ReplicaCpu>(&hub));
   }
   void Run(int listed) {
-    std::vector<std::unique_ptr<JobRunner>> runners;
-    for (int r = 0; r < 2; ++r) {
-      JobRunnerOptions options{"w" + std::to_string(r), 1};
-      options.backend = backends[r].get();
-      runners.push_back(std::make_unique<JobRunner>(
-          ReplicaAssignment(r, listed), &fabric.mailbox(r),
-          [this](int st, const std::vector<std::string>&, const JobCredential&) {
-            return fabric.Connect(st);
-          },
-          &link, options));
-    }
-    for (auto& r : runners) r->Start();
-    for (auto& r : runners) {
-      while (!r->finished()) std::this_thread::yield();  // bounded: 2 tiny steps
-    }
-    for (auto& r : runners) r->Stop();
+    RunToTheEnd({ReplicaAssignment(0, listed), ReplicaAssignment(1, listed)}, backends, fabric,
+                link);
   }
 };
 

@@ -390,6 +390,29 @@ else
   note "NOT RUN data_parallel_2_replicas_nccl: $gpus GPU(s); a replica device group needs two"
 fi
 
+# 3e. Both at once: two replicas of two stages on four GPUs, each
+# replica's activations through its own device group and each stage's
+# gradients through its replica device group, against the 1-worker job of
+# 3, 1e-5 relative. Needs four GPUs.
+if [[ $gpus -ge 4 ]] && ! lim=$(budget 180); then
+  out_of_time data_parallel_2x2_nccl
+elif [[ $gpus -ge 4 ]]; then
+  timeout -k 10 "$lim" "$bin/pipetrain" up --workers 4 --data-parallel 2 "${job[@]}" \
+    --worker-device cuda:each --loss-log "$out/updp4_losses.txt" --out "$out/updp4" \
+    >"$out/updp4.txt" 2>&1
+  up_rc=$?
+  compare_loss_logs "$out/updp4_losses.txt" "$out/up_1_losses.txt" 1e-5 \
+    "NCCL 2 replicas x 2 stages - 1 worker" >"$out/nccl_dp4_compare.txt" 2>&1
+  rc=$?
+  [[ $up_rc -ne 0 ]] && rc=1
+  for said in "go device to device" "gradient sums run on the device"; do
+    grep -h "$said" "$out"/updp4/worker*.log >>"$out/nccl_dp4_compare.txt" 2>/dev/null || rc=1
+  done
+  check data_parallel_2x2_nccl "$rc" "$(head -1 "$out/nccl_dp4_compare.txt")"
+else
+  note "NOT RUN data_parallel_2x2_nccl: $gpus GPU(s); needs four"
+fi
+
 unset PIPETRAIN_POISON_EMPTY  # the benchmarks measure without it
 fi  # mode != bench
 

@@ -79,8 +79,11 @@ class DeviceChannel {
 // A device group as its members join it (plan.proto DeviceGroup), and how
 // long a member waits for the others to join.
 struct DeviceGroupSpec {
-  std::string id;                          // the communicator id's bytes
-  std::vector<int> stages;                 // ascending; rank r is stages[r]
+  std::string id;  // the communicator id's bytes
+  // Ascending; rank r is stages[r]. Numbered as the runtime addresses
+  // peers: by worker (with replicas, replica r's stage s is r * num_stages
+  // + s; the stage itself with one replica).
+  std::vector<int> stages;
   std::vector<std::pair<int, int>> links;  // (from, to) stages, in the group's order
   // The join gives up with DEADLINE_EXCEEDED after this, and with
   // CANCELLED once join_cancelled (asked while waiting; may be null) says so.

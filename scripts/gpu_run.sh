@@ -347,71 +347,44 @@ compressed_job pipeline_compressed_cuda "ACTIVATION .*(8.0x)" \
 compressed_job pipeline_powersgd_ef_cuda "ACTIVATION_GRAD .*wire" \
   --backward-codec powersgd:rank=4 --error-feedback --epilogue-only
 
-# 3c. NCCL between GPUs: the 2-worker job with a GPU per worker
-# (--worker-device cuda:each), whose coordinator puts both stages in one
-# device group, against the 1-worker job of 3, 1e-5 relative. Needs two
-# GPUs: NCCL refuses two ranks on one.
-if [[ $gpus -ge 2 ]] && ! lim=$(budget 180); then
-  out_of_time pipeline_2_workers_nccl
-elif [[ $gpus -ge 2 ]]; then
-  timeout -k 10 "$lim" "$bin/pipetrain" up --workers 2 "${job[@]}" --worker-device cuda:each \
-    --loss-log "$out/upn_losses.txt" --out "$out/upn" >"$out/upn.txt" 2>&1
+# 3c-3e. NCCL between GPUs: `up` jobs with a GPU per worker
+# (--worker-device cuda:each) against the 1-worker job of 3, 1e-5 relative
+# (data parallelism adds the replicas' partial sums in another order).
+# NCCL refuses two ranks on one GPU, so each needs a GPU per worker.
+#   nccl_job NAME GPUS LABEL 'SAID[|SAID...]' UP_FLAGS...: every SAID must
+#   appear in the workers' logs (the NCCL paths were taken).
+nccl_job() {
+  local name=$1 need=$2 label=$3 said=$4 rc up_rc pattern patterns
+  shift 4
+  if [[ $gpus -lt $need ]]; then
+    note "NOT RUN $name: $gpus GPU(s); needs $need"
+    return
+  fi
+  lim=$(budget 180) || { out_of_time "$name"; return; }
+  timeout -k 10 "$lim" "$bin/pipetrain" up "$@" "${job[@]}" --worker-device cuda:each \
+    --loss-log "$out/${name}_losses.txt" --out "$out/$name" >"$out/$name.txt" 2>&1
   up_rc=$?
-  compare_loss_logs "$out/upn_losses.txt" "$out/up_1_losses.txt" 1e-5 "NCCL 2 workers - 1 worker" \
-    >"$out/nccl_compare.txt" 2>&1
+  compare_loss_logs "$out/${name}_losses.txt" "$out/up_1_losses.txt" 1e-5 "$label" \
+    >"$out/${name}_compare.txt" 2>&1
   rc=$?
   [[ $up_rc -ne 0 ]] && rc=1
-  grep -h "go device to device" "$out"/upn/worker*.log >>"$out/nccl_compare.txt" 2>/dev/null || rc=1
-  check pipeline_2_workers_nccl "$rc" "$(head -1 "$out/nccl_compare.txt")"
-else
-  note "NOT RUN pipeline_2_workers_nccl: $gpus GPU(s); a device group needs two"
-fi
-
-# 3d. Data parallelism over NCCL: two replicas of the whole model, a GPU
-# each, whose coordinator puts them in a replica device group (their
-# gradients summed by ncclAllReduce), against the 1-worker job of 3, 1e-5
-# relative (the replicas' partial sums are added in another order). Needs
-# two GPUs, as 3c.
-if [[ $gpus -ge 2 ]] && ! lim=$(budget 180); then
-  out_of_time data_parallel_2_replicas_nccl
-elif [[ $gpus -ge 2 ]]; then
-  timeout -k 10 "$lim" "$bin/pipetrain" up --workers 2 --data-parallel 2 "${job[@]}" \
-    --worker-device cuda:each --loss-log "$out/updp_losses.txt" --out "$out/updp" \
-    >"$out/updp.txt" 2>&1
-  up_rc=$?
-  compare_loss_logs "$out/updp_losses.txt" "$out/up_1_losses.txt" 1e-5 \
-    "NCCL 2 replicas - 1 worker" >"$out/nccl_dp_compare.txt" 2>&1
-  rc=$?
-  [[ $up_rc -ne 0 ]] && rc=1
-  grep -h "gradient sums run on the device" "$out"/updp/worker*.log >>"$out/nccl_dp_compare.txt" \
-    2>/dev/null || rc=1
-  check data_parallel_2_replicas_nccl "$rc" "$(head -1 "$out/nccl_dp_compare.txt")"
-else
-  note "NOT RUN data_parallel_2_replicas_nccl: $gpus GPU(s); a replica device group needs two"
-fi
-
-# 3e. Both at once: two replicas of two stages on four GPUs, each
-# replica's activations through its own device group and each stage's
-# gradients through its replica device group, against the 1-worker job of
-# 3, 1e-5 relative. Needs four GPUs.
-if [[ $gpus -ge 4 ]] && ! lim=$(budget 180); then
-  out_of_time data_parallel_2x2_nccl
-elif [[ $gpus -ge 4 ]]; then
-  timeout -k 10 "$lim" "$bin/pipetrain" up --workers 4 --data-parallel 2 "${job[@]}" \
-    --worker-device cuda:each --loss-log "$out/updp4_losses.txt" --out "$out/updp4" \
-    >"$out/updp4.txt" 2>&1
-  up_rc=$?
-  compare_loss_logs "$out/updp4_losses.txt" "$out/up_1_losses.txt" 1e-5 \
-    "NCCL 2 replicas x 2 stages - 1 worker" >"$out/nccl_dp4_compare.txt" 2>&1
-  rc=$?
-  [[ $up_rc -ne 0 ]] && rc=1
-  for said in "go device to device" "gradient sums run on the device"; do
-    grep -h "$said" "$out"/updp4/worker*.log >>"$out/nccl_dp4_compare.txt" 2>/dev/null || rc=1
+  IFS='|' read -ra patterns <<<"$said"
+  for pattern in "${patterns[@]}"; do
+    grep -h "$pattern" "$out/$name"/worker*.log >>"$out/${name}_compare.txt" 2>/dev/null || rc=1
   done
-  check data_parallel_2x2_nccl "$rc" "$(head -1 "$out/nccl_dp4_compare.txt")"
-else
-  note "NOT RUN data_parallel_2x2_nccl: $gpus GPU(s); needs four"
-fi
+  check "$name" "$rc" "$(head -1 "$out/${name}_compare.txt")"
+}
+# 3c. Both stages in one device group (activations GPU to GPU).
+nccl_job pipeline_2_workers_nccl 2 "NCCL 2 workers - 1 worker" "go device to device" --workers 2
+# 3d. Two replicas of the whole model in a replica device group (their
+# gradients summed by ncclAllReduce).
+nccl_job data_parallel_2_replicas_nccl 2 "NCCL 2 replicas - 1 worker" \
+  "gradient sums run on the device" --workers 2 --data-parallel 2
+# 3e. Both at once: two replicas of two stages, each replica's activations
+# through its own device group and each stage's gradients through its
+# replica device group.
+nccl_job data_parallel_2x2_nccl 4 "NCCL 2 replicas x 2 stages - 1 worker" \
+  "go device to device|gradient sums run on the device" --workers 4 --data-parallel 2
 
 unset PIPETRAIN_POISON_EMPTY  # the benchmarks measure without it
 fi  # mode != bench

@@ -183,8 +183,7 @@ ReplicatedDeviceLinkPlan PlanReplicatedDeviceLinks(const std::vector<DeviceLinkM
     }
   }
   if (out.replicas_differ) {
-    // Every path back on the wire (no member is eligible).
-    PlanDeviceLinks(std::vector<DeviceLinkMember>(stages), programs);
+    ResetPaths(programs);  // every path back on the wire
     out.links.groups.clear();
     out.links.group_of_stage.assign(members.size(), -1);
     return out;

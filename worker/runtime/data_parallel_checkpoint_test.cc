@@ -10,7 +10,9 @@
 //    per rank;
 //  - resumed on another number of replicas, the replicas' residuals are
 //    folded (Restore's rule), the replicas still agree bitwise, and the
-//    feedback reaches the gradients once.
+//    feedback reaches the gradients once;
+//  - resumed uncompressed, the residuals go into the exact all-reduce once,
+//    on the gRPC collectives and on replica device collectives alike.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -278,6 +280,38 @@ TEST(DataParallelCheckpointFoldTest, OtherReplicaCountsKeepTheFeedback) {
     EXPECT_NE(folded.losses.back(), forgot.losses.back());
     EXPECT_NE(folded.weights, forgot.weights);
   }
+}
+
+// The same 2 replicas resumed uncompressed: each replica's restored
+// residuals go into its first step's gradients once, before the exact
+// all-reduce, on the gRPC collectives and on replica device collectives
+// alike (bitwise: two replicas add in either order), and change the run
+// against the stripped checkpoint's.
+TEST(DataParallelCheckpointFoldTest, ExactResumeFoldsTheFeedbackOnEitherPath) {
+  const TrainConfig c = CompressedConfig();
+  const Dataset data = MakeDataset();
+  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
+  const RunOutput whole = RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr,
+                                      nullptr, QuantizedReplicas("linear:bits=8"));
+  const PipelineCheckpoint stripped = WithoutFeedback(whole.checkpoint);
+  PipelineExtras exact;
+  exact.replicas = 2;
+  exact.resume = &whole.checkpoint;
+  const RunOutput grpc =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, exact);
+  ASSERT_EQ(grpc.losses.size(), static_cast<size_t>(testing::kIterations - kStep));
+  exact.replica_device_collectives = true;
+  const RunOutput device =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, exact);
+  EXPECT_GT(device.device_sums, 0);
+  EXPECT_EQ(device.losses, grpc.losses);
+  EXPECT_EQ(device.weights, grpc.weights);
+  exact.resume = &stripped;
+  const RunOutput forgot =
+      RunPipeline(c, data, ranges, ranges, Schedule::kOneFOneB, nullptr, nullptr, exact);
+  EXPECT_EQ(device.losses.front(), forgot.losses.front());
+  EXPECT_NE(device.losses.back(), forgot.losses.back());
+  EXPECT_NE(device.weights, forgot.weights);
 }
 
 }  // namespace

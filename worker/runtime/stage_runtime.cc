@@ -1660,14 +1660,10 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
     // Residuals a checkpoint restored where this stage sends exactly.
     offset = 0;
     for (const Parameter* p : flat_params) {
-      auto pending = dp_feedback_.find(p->name);
-      const int64_t n = p->grad.numel();
-      if (pending != dp_feedback_.end() && pending->second.residual.numel() == n) {
-        float* x = flat.data() + offset;
-        for (int64_t i = 0; i < n; ++i) x[i] += pending->second.residual.data()[i];
-      }
-      if (pending != dp_feedback_.end()) dp_feedback_.erase(pending);
-      offset += n;
+      const Tensor e = TakeRestoredResidual(*p);
+      float* x = flat.data() + offset;
+      for (int64_t i = 0; i < e.numel(); ++i) x[i] += e.data()[i];
+      offset += p->grad.numel();
     }
     RETURN_IF_ERROR(collectives.AllReduce(iteration, tag, flat));
     count(flat.size_bytes(), flat.size_bytes(), start);
@@ -1686,26 +1682,28 @@ absl::Status StageRuntime::AllReduceGroup(Collectives& collectives, int64_t iter
   return absl::OkStatus();
 }
 
+Tensor StageRuntime::TakeRestoredResidual(const Parameter& p) {
+  auto pending = dp_feedback_.find(p.name);
+  if (pending == dp_feedback_.end()) return Tensor();
+  Tensor e = pending->second.residual;
+  dp_feedback_.erase(pending);
+  return e.numel() == p.grad.numel() ? e : Tensor();
+}
+
 absl::Status StageRuntime::DeviceAllReduceGroup(const std::vector<Parameter*>& params,
                                                 IterationResult::CollectiveStats* stats) {
   std::vector<Tensor*> grads;
   int64_t bytes = 0;
   for (Parameter* p : params) {
-    // A residual a checkpoint restored where this stage sends exactly goes
-    // into this step's gradient, once (the host branch's rule).
-    auto pending = dp_feedback_.find(p->name);
-    if (pending != dp_feedback_.end()) {
-      const Tensor& e = pending->second.residual;
-      if (e.numel() == p->grad.numel()) {
-        Tensor g = OnHost(p->grad).Clone();
-        for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] += e.data()[i];
-        if (p->grad.on_device()) {
-          setup_.backend->CopyFromHost(g, &p->grad);
-        } else {
-          std::memcpy(p->grad.data(), g.data(), g.size_bytes());
-        }
+    const Tensor e = TakeRestoredResidual(*p);
+    if (e.numel() > 0) {
+      Tensor g = OnHost(p->grad).Clone();
+      for (int64_t i = 0; i < g.numel(); ++i) g.data()[i] += e.data()[i];
+      if (p->grad.on_device()) {
+        setup_.backend->CopyFromHost(g, &p->grad);
+      } else {
+        std::memcpy(p->grad.data(), g.data(), g.size_bytes());
       }
-      dp_feedback_.erase(pending);
     }
     grads.push_back(&p->grad);
     bytes += p->grad.size_bytes();

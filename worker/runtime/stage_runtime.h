@@ -394,6 +394,10 @@ class StageRuntime {
   absl::Status AllReduceGroup(Collectives& collectives, int64_t iteration, int tag,
                               const std::vector<Parameter*>& params,
                               IterationResult::CollectiveStats* stats);
+  // Where this stage sums exactly: the residual a checkpoint restored for
+  // p's error feedback (Restore), to go into this step's gradient once, so
+  // forgotten here; empty when there is none (or of another size, dropped).
+  Tensor TakeRestoredResidual(const Parameter& p);
   // AllReduceGroup on setup_.device_collective: queues the sum of
   // `params`' gradients over the replicas (a restored residual folded in
   // first, as AllReduceGroup's exact branch does) and counts it in `stats`;

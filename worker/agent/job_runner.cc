@@ -526,32 +526,25 @@ absl::Status JobRunner::RunJob() {
     if (stop_.load()) break;
     if (observer_) observer_(*result);
     const bool last = it + 1 == steps;
-    if (last && in_group) {
-      // Every device transfer done before the stage says it finished: a
-      // peer that never takes a send fails the job here, with an error,
-      // instead of the channel's teardown aborting it unseen.
-      absl::Status flushed =
-          device_channel->Flush(options_.recv_timeout, [this] { return stop_.load(); });
-      if (!flushed.ok()) {
-        if (stop_.load()) break;
-        flushed = absl::Status(flushed.code(),
-                               absl::StrCat("device group: the last step's transfers did not "
-                                            "complete: ",
-                                            flushed.message()));
-        ReportError(flushed);
-        return flushed;
+    if (last && on_device_links) {
+      // Every device transfer and sum done before the stage says it
+      // finished: a peer that never takes a send or joins a sum fails the
+      // job here, with an error, instead of the teardown aborting it unseen.
+      const auto stopped = [this] { return stop_.load(); };
+      const auto said = [](const absl::Status& s, const char* what) {
+        return s.ok() ? s : absl::Status(s.code(), absl::StrCat(what, s.message()));
+      };
+      absl::Status flushed = absl::OkStatus();
+      if (device_channel != nullptr) {
+        flushed = said(device_channel->Flush(options_.recv_timeout, stopped),
+                       "device group: the last step's transfers did not complete: ");
       }
-    }
-    if (last && in_replica_group) {
-      // The same for the last gradient sums.
-      absl::Status flushed =
-          replica_collective->Flush(options_.recv_timeout, [this] { return stop_.load(); });
+      if (flushed.ok() && replica_collective != nullptr) {
+        flushed = said(replica_collective->Flush(options_.recv_timeout, stopped),
+                       "replica device group: the last step's sums did not complete: ");
+      }
       if (!flushed.ok()) {
         if (stop_.load()) break;
-        flushed = absl::Status(flushed.code(),
-                               absl::StrCat("replica device group: the last step's sums did not "
-                                            "complete: ",
-                                            flushed.message()));
         ReportError(flushed);
         return flushed;
       }

@@ -108,18 +108,24 @@ std::vector<DeviceLinkMember> DeviceLinkMembers(const std::vector<v1::Worker>& w
   return members;
 }
 
-// Uses up each group's id (it must reach one group only; the worker reports
-// a fresh one once its assignment carries it) and logs the groups and the
+// Uses up a group's NCCL id, `owner`'s (it must reach one group only; the
+// worker reports a fresh one once its assignment carries it).
+void ConsumeGroupId(const std::string& job_id, const v1::Worker& owner, const std::string& id,
+                    WorkerRegistry* registry) {
+  if (!registry->ConsumeNcclUniqueId(owner.id(), id)) {
+    PT_LOG(WARNING) << "job " << job_id << ": " << owner.id()
+                    << " replaced its NCCL id while the job was planned; the group uses the "
+                       "one it had";
+  }
+}
+
+// Uses up each group's id (ConsumeGroupId) and logs the groups and the
 // links that stayed on the wire for their order.
 void ConsumeDeviceGroupIds(const std::string& job_id, const DeviceLinkPlan& links,
                            const std::vector<v1::Worker>& workers, WorkerRegistry* registry) {
   for (const DeviceLinkGroup& g : links.groups) {
     const v1::Worker& owner = workers[g.id_owner_stage];
-    if (!registry->ConsumeNcclUniqueId(owner.id(), g.group.nccl_unique_id())) {
-      PT_LOG(WARNING) << "job " << job_id << ": " << owner.id()
-                      << " replaced its NCCL id while the job was planned; the group uses the "
-                         "one it had";
-    }
+    ConsumeGroupId(job_id, owner, g.group.nccl_unique_id(), registry);
     std::vector<std::string> gpus;  // PCI addresses, or ordinals from older workers
     for (int s : g.group.stages()) {
       const v1::DeviceInfo& device = workers[s].device();
@@ -137,17 +143,13 @@ void ConsumeDeviceGroupIds(const std::string& job_id, const DeviceLinkPlan& link
   }
 }
 
-// As ConsumeDeviceGroupIds, for the replica groups (each carries replica
-// 0's id of its position).
+// As ConsumeDeviceGroupIds, for the replica groups (each carries the id of
+// one of its members, replica_device_groups.h).
 void ConsumeReplicaGroupIds(const std::string& job_id, const ReplicaDeviceGroupPlan& plan,
                             const std::vector<v1::Worker>& workers, WorkerRegistry* registry) {
   for (const ReplicaDeviceGroupPlan::Group& g : plan.groups) {
     const v1::Worker& owner = workers[g.id_owner];
-    if (!registry->ConsumeNcclUniqueId(owner.id(), g.group.nccl_unique_id())) {
-      PT_LOG(WARNING) << "job " << job_id << ": " << owner.id()
-                      << " replaced its NCCL id while the job was planned; the group uses the "
-                         "one it had";
-    }
+    ConsumeGroupId(job_id, owner, g.group.nccl_unique_id(), registry);
     PT_LOG(INFO) << "job " << job_id << ": stage " << g.stage << " (tensor rank " << g.tensor_rank
                  << ") sums its gradients over its " << g.group.replicas_size()
                  << " replicas with NCCL on host " << owner.device().hostname() << " (NCCL id from "

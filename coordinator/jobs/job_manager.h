@@ -33,11 +33,12 @@
 // transfers between them go LINK_PATH_DEVICE where send and receive orders
 // agree, Assignment.device_group carries the group to its members, and the
 // id each group uses is consumed in the registry (the worker reports a fresh
-// one by heartbeat). With data parallelism, the replicas of an exactly
-// all-reduced stage that share a host and hold distinct GPUs with ids get a
-// replica device group instead (replica_device_groups.h;
-// Assignment.replica_device_group): they sum their gradients with NCCL, and
-// replica 0's id is consumed the same way. Progress comes from
+// one by heartbeat). With data parallelism, each replica's stages are
+// grouped so too, and the replicas of an exactly all-reduced stage that
+// share a host and hold distinct GPUs with ids get a replica device group
+// (replica_device_groups.h; Assignment.replica_device_group): they sum
+// their gradients with NCCL, with a member's id no device group took,
+// consumed the same way. Progress comes from
 // ReportProgress: the stage owning
 // the head reports micro-batch losses, whose mean (double sum / m, as
 // LocalTrainer computes it) is the step's loss. When every stage reports

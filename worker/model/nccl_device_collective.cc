@@ -80,8 +80,9 @@ class NcclDeviceCollective final : public DeviceCollective {
     // From the first copy on the stream may touch the tensors and the block
     // even if a call below fails: the block is then kept until teardown.
     absl::Status queued = Copy(tensors, buffer, /*into_flat=*/true);
-    if (queued.ok())
+    if (queued.ok()) {
       queued = comm_.AllReduceSum(buffer, buffer, total, stream_.get(), aborted_.UntilSet());
+    }
     if (queued.ok()) queued = Copy(tensors, buffer, /*into_flat=*/false);
     absl::StatusOr<CudaEvent> done = queued.ok() ? CudaEvent::Create() : queued;
     if (done.ok()) queued = done->Record(stream_.get());

@@ -26,13 +26,13 @@ float SoftmaxRow(const float* x, int vocab, float* p) {
 }  // namespace
 
 float SoftmaxCrossEntropyForward(const float* logits, const int32_t* targets, int n, int vocab,
-                                 float* probs) {
+                                 int ld, float* probs) {
   double total = 0.0;
   for (int i = 0; i < n; ++i) {
-    const float* x = logits + static_cast<int64_t>(i) * vocab;
+    const float* x = logits + static_cast<int64_t>(i) * ld;
     // Read the target logit first: probs may alias logits.
     const float target_logit = x[targets[i]];
-    float lse = SoftmaxRow(x, vocab, probs + static_cast<int64_t>(i) * vocab);
+    float lse = SoftmaxRow(x, vocab, probs + static_cast<int64_t>(i) * ld);
     // -log p[target] = logsumexp - x[target]: exact even when p underflows.
     total += static_cast<double>(lse) - target_logit;
   }
@@ -40,11 +40,11 @@ float SoftmaxCrossEntropyForward(const float* logits, const int32_t* targets, in
 }
 
 void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, int n, int vocab,
-                                 float dloss, float* dlogits) {
+                                 int ld, float dloss, float* dlogits) {
   const float scale = dloss / n;
   for (int i = 0; i < n; ++i) {
-    const float* p = probs + static_cast<int64_t>(i) * vocab;
-    float* d = dlogits + static_cast<int64_t>(i) * vocab;
+    const float* p = probs + static_cast<int64_t>(i) * ld;
+    float* d = dlogits + static_cast<int64_t>(i) * ld;
     for (int j = 0; j < vocab; ++j) d[j] = p[j] * scale;
     d[targets[i]] -= scale;
   }

@@ -6,6 +6,10 @@
 // alias logits (softmax in place).
 // Backward: dlogits = (probs - onehot(targets)) * dloss / n, the gradient of
 // dloss * mean_loss; it may alias probs (computed in place).
+// Every matrix has row stride `ld` >= vocab (row i starts at i * ld; the
+// ld - vocab floats after each row are neither read nor written), so that
+// a device backend can keep the logits' rows aligned (Backend::
+// LogitsRowStride); ld == vocab is the packed layout.
 #ifndef PIPETRAIN_KERNELS_CPU_CROSS_ENTROPY_H_
 #define PIPETRAIN_KERNELS_CPU_CROSS_ENTROPY_H_
 
@@ -14,10 +18,10 @@
 namespace pipetrain {
 
 float SoftmaxCrossEntropyForward(const float* logits, const int32_t* targets, int n, int vocab,
-                                 float* probs);
+                                 int ld, float* probs);
 
 void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* targets, int n, int vocab,
-                                 float dloss, float* dlogits);
+                                 int ld, float dloss, float* dlogits);
 
 }  // namespace pipetrain
 

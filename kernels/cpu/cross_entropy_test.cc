@@ -46,7 +46,8 @@ struct CrossEntropyCase {
   Tensor probs = Tensor::Zeros({kRows, kVocab});
 
   double Forward() {
-    return SoftmaxCrossEntropyForward(logits.data(), targets.data(), kRows, kVocab, probs.data());
+    return SoftmaxCrossEntropyForward(logits.data(), targets.data(), kRows, kVocab, kVocab,
+                                      probs.data());
   }
 };
 
@@ -91,7 +92,7 @@ TEST(SoftmaxCrossEntropyBackwardTest, HalfDloss_MatchesFiniteDifferences) {
   auto loss = [&] { return kDloss * c.Forward(); };
   c.Forward();
   Tensor dlogits = Tensor::Zeros(c.logits.shape());
-  SoftmaxCrossEntropyBackward(c.probs.data(), c.targets.data(), kRows, kVocab, kDloss,
+  SoftmaxCrossEntropyBackward(c.probs.data(), c.targets.data(), kRows, kVocab, kVocab, kDloss,
                               dlogits.data());
   testing::GradCheckOptions options;
   options.max_elements = kRows * kVocab;  // All 44.
@@ -103,9 +104,9 @@ TEST(SoftmaxCrossEntropyBackwardTest, InPlaceOverProbs_SameAsSeparateOutput) {
   CrossEntropyCase c;
   c.Forward();
   Tensor separate = Tensor::Zeros(c.probs.shape());
-  SoftmaxCrossEntropyBackward(c.probs.data(), c.targets.data(), kRows, kVocab, 0.5f,
+  SoftmaxCrossEntropyBackward(c.probs.data(), c.targets.data(), kRows, kVocab, kVocab, 0.5f,
                               separate.data());
-  SoftmaxCrossEntropyBackward(c.probs.data(), c.targets.data(), kRows, kVocab, 0.5f,
+  SoftmaxCrossEntropyBackward(c.probs.data(), c.targets.data(), kRows, kVocab, kVocab, 0.5f,
                               c.probs.data());
   EXPECT_EQ(c.probs.ToVector(), separate.ToVector());
   // Each row of (p - onehot) sums to zero.
@@ -113,6 +114,41 @@ TEST(SoftmaxCrossEntropyBackwardTest, InPlaceOverProbs_SameAsSeparateOutput) {
     double sum = 0.0;
     for (int j = 0; j < kVocab; ++j) sum += separate[i * kVocab + j];
     EXPECT_NEAR(sum, 0.0, 1e-7) << "row " << i;
+  }
+}
+
+TEST(SoftmaxCrossEntropyTest, PaddedRows_SameValuesAndPaddingUntouched) {
+  // Rows of stride 16 > vocab 11: the same loss, probabilities and
+  // gradients bitwise as the packed layout, and the 5 floats after each
+  // row neither read (NaN there changes nothing) nor written.
+  constexpr int kLd = 16;
+  CrossEntropyCase c;
+  const float packed_loss = c.Forward();
+  Tensor packed_dlogits = Tensor::Zeros(c.logits.shape());
+  SoftmaxCrossEntropyBackward(c.probs.data(), c.targets.data(), kRows, kVocab, kVocab, 0.5f,
+                              packed_dlogits.data());
+
+  Tensor logits = Tensor::Filled({kRows, kLd}, NAN);
+  for (int i = 0; i < kRows; ++i) {
+    for (int j = 0; j < kVocab; ++j) logits[i * kLd + j] = c.logits[i * kVocab + j];
+  }
+  Tensor probs = Tensor::Filled({kRows, kLd}, -7.0f);
+  const float loss =
+      SoftmaxCrossEntropyForward(logits.data(), c.targets.data(), kRows, kVocab, kLd, probs.data());
+  Tensor dlogits = Tensor::Filled({kRows, kLd}, -9.0f);
+  SoftmaxCrossEntropyBackward(probs.data(), c.targets.data(), kRows, kVocab, kLd, 0.5f,
+                              dlogits.data());
+  EXPECT_EQ(loss, packed_loss);
+  for (int i = 0; i < kRows; ++i) {
+    for (int j = 0; j < kLd; ++j) {
+      if (j < kVocab) {
+        EXPECT_EQ(probs[i * kLd + j], c.probs[i * kVocab + j]) << i << "," << j;
+        EXPECT_EQ(dlogits[i * kLd + j], packed_dlogits[i * kVocab + j]) << i << "," << j;
+      } else {
+        EXPECT_EQ(probs[i * kLd + j], -7.0f) << i << "," << j;
+        EXPECT_EQ(dlogits[i * kLd + j], -9.0f) << i << "," << j;
+      }
+    }
   }
 }
 

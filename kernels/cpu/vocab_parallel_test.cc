@@ -83,10 +83,10 @@ TEST_P(VocabParallelTest, CrossEntropy_SplitEqualsUnsplitWithinRounding) {
   const std::vector<int32_t> targets = {0, 28, 14, 3, 27, 9};
 
   Tensor want_probs = Tensor::Zeros(logits.shape());
-  const float want_loss =
-      SoftmaxCrossEntropyForward(logits.data(), targets.data(), kRows, kVocab, want_probs.data());
+  const float want_loss = SoftmaxCrossEntropyForward(logits.data(), targets.data(), kRows, kVocab,
+                                                     kVocab, want_probs.data());
   Tensor want_dlogits = Tensor::Zeros(logits.shape());
-  SoftmaxCrossEntropyBackward(want_probs.data(), targets.data(), kRows, kVocab, kDloss,
+  SoftmaxCrossEntropyBackward(want_probs.data(), targets.data(), kRows, kVocab, kVocab, kDloss,
                               want_dlogits.data());
 
   const std::vector<Split> splits = SplitVocab(kVocab, ranks);

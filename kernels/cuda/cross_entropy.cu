@@ -11,7 +11,8 @@ namespace pipetrain {
 namespace {
 
 // One block per row. GPT-2's vocabulary (50257) gives each of 512 threads
-// about 98 logits; a row is read three times, from L2 after the first.
+// about 98 logits; a row is read twice (an online max-and-sum pass, then
+// the probabilities), the second time partly from L2.
 constexpr int kRowThreads = 512;
 // The single block that averages the row losses (a power of two: the tree
 // below halves it).
@@ -21,33 +22,47 @@ using cuda_reduce::BlockReduce;
 using cuda_reduce::MaxOp;
 using cuda_reduce::SumOp;
 
-// Softmax of one row and its loss logsumexp - x[target], as the CPU computes
-// them: max first (so expf never overflows), then the sum of exponentials,
-// then the normalised probabilities. expf (not the -use_fast_math __expf)
-// stays within 2 ulp; the exponentials are recomputed in the last pass
-// rather than stored, so that probs may alias logits.
-__global__ void SoftmaxCrossEntropyRowKernel(const float* logits, const int32_t* targets,
-                                             int vocab, float* probs, float* row_losses) {
+// Softmax of one row (stride ld) and its loss logsumexp - x[target]. The
+// first pass keeps, per thread, the running maximum m of its logits and
+// the sum s of exp(x - m), rescaling s by exp(m_old - m_new) when m grows
+// (the online softmax normaliser of Milakov and Gimelshein, 2018); the
+// block then takes the maximum M of the threads' m and sums their
+// s * exp(m - M). So the row is read once for its normaliser instead of
+// twice (max, then sum) as the CPU does; the sum rounds differently from
+// the CPU's, within the parity tests' tolerances. expf (not the
+// -use_fast_math __expf) stays within 2 ulp; the exponentials are
+// recomputed in the last pass rather than stored, so that probs may alias
+// logits.
+__global__ void SoftmaxCrossEntropyRowKernel(const float* logits, const int32_t* targets, int vocab,
+                                             int64_t ld, float* probs, float* row_losses) {
   __shared__ float scratch[33];
   const int64_t row = blockIdx.x;
-  const float* x = logits + row * vocab;
-  float* p = probs + row * vocab;
+  const float* x = logits + row * ld;
+  float* p = probs + row * ld;
   const int32_t target = targets[row];
   const bool valid = target >= 0 && target < vocab;
   // Read before any thread writes p (probs may alias logits): the barriers
   // in BlockReduce order this read before the last pass.
   const float target_logit = threadIdx.x == 0 && valid ? x[target] : 0.0f;
-  float m = -INFINITY;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) m = fmaxf(m, x[j]);
-  m = BlockReduce(m, -INFINITY, scratch, MaxOp());
-  float s = 0.0f;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) s += expf(x[j] - m);
+  float m = -INFINITY, s = 0.0f;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
+    const float v = x[j];
+    if (v > m) {
+      s = s * expf(m - v) + 1.0f;  // expf(-inf) = 0 for the first logit
+      m = v;
+    } else if (v != -INFINITY) {  // exp(-inf - -inf) would be NaN; NaN still adds NaN
+      s += expf(v - m);
+    }
+  }
+  const float row_max = BlockReduce(m, -INFINITY, scratch, MaxOp());
+  // A thread with no logits (vocab < blockDim.x) adds nothing.
+  s = m == -INFINITY ? 0.0f : s * expf(m - row_max);
   s = BlockReduce(s, 0.0f, scratch, SumOp());
   const float inv = 1.0f / s;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) p[j] = expf(x[j] - m) * inv;
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x) p[j] = expf(x[j] - row_max) * inv;
   if (threadIdx.x == 0) {
     // -log p[target] = logsumexp - x[target]: exact even when p underflows.
-    const float lse = m + logf(s);
+    const float lse = row_max + logf(s);
     row_losses[row] =
         valid ? static_cast<float>(static_cast<double>(lse) - target_logit) : NAN;
   }
@@ -74,10 +89,11 @@ __global__ void MeanLossKernel(const float* row_losses, int n, float* loss) {
 // product rounded on its own (no FMA with the subtraction), as the CPU
 // computes it, so both sides round identically.
 __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int32_t* targets,
-                                                  int vocab, float scale, float* dlogits) {
+                                                  int vocab, int64_t ld, float scale,
+                                                  float* dlogits) {
   const int64_t row = blockIdx.x;
-  const float* p = probs + row * vocab;
-  float* d = dlogits + row * vocab;
+  const float* p = probs + row * ld;
+  float* d = dlogits + row * ld;
   const int32_t target = targets[row];
   const bool valid = target >= 0 && target < vocab;
   for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
@@ -87,21 +103,23 @@ __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int3
   }
 }
 
-absl::Status CheckShape(const char* op, int n, int vocab) {
-  if (n >= 1 && vocab >= 1) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(
-      op, ": shape [", n, ", ", vocab, "] needs n >= 1 positions and vocab >= 1 classes"));
+absl::Status CheckShape(const char* op, int n, int vocab, int ld) {
+  if (n >= 1 && vocab >= 1 && ld >= vocab) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(op, ": shape [", n, ", ", vocab,
+                                                 "] with row stride ", ld,
+                                                 " needs n >= 1 positions, vocab >= 1 classes "
+                                                 "and a row stride >= vocab"));
 }
 
 }  // namespace
 
 absl::Status SoftmaxCrossEntropyForwardCuda(const float* logits, const int32_t* targets, int n,
-                                            int vocab, float* probs, float* row_losses,
+                                            int vocab, int ld, float* probs, float* row_losses,
                                             float* loss, cudaStream_t stream) {
-  absl::Status valid = CheckShape("SoftmaxCrossEntropyForwardCuda", n, vocab);
+  absl::Status valid = CheckShape("SoftmaxCrossEntropyForwardCuda", n, vocab, ld);
   if (!valid.ok()) return valid;
-  SoftmaxCrossEntropyRowKernel<<<n, kRowThreads, 0, stream>>>(logits, targets, vocab, probs,
-                                                               row_losses);
+  SoftmaxCrossEntropyRowKernel<<<n, kRowThreads, 0, stream>>>(logits, targets, vocab, ld, probs,
+                                                              row_losses);
   CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyRowKernel");
   MeanLossKernel<<<1, kMeanThreads, 0, stream>>>(row_losses, n, loss);
   CUDA_CHECK_LAUNCH("MeanLossKernel");
@@ -109,14 +127,14 @@ absl::Status SoftmaxCrossEntropyForwardCuda(const float* logits, const int32_t* 
 }
 
 absl::Status SoftmaxCrossEntropyBackwardCuda(const float* probs, const int32_t* targets, int n,
-                                             int vocab, float dloss, float* dlogits,
+                                             int vocab, int ld, float dloss, float* dlogits,
                                              cudaStream_t stream) {
-  absl::Status valid = CheckShape("SoftmaxCrossEntropyBackwardCuda", n, vocab);
+  absl::Status valid = CheckShape("SoftmaxCrossEntropyBackwardCuda", n, vocab, ld);
   if (!valid.ok()) return valid;
   // The CPU's scale, computed the same way (float division on the host).
   const float scale = dloss / n;
-  SoftmaxCrossEntropyBackwardKernel<<<n, kRowThreads, 0, stream>>>(probs, targets, vocab, scale,
-                                                                    dlogits);
+  SoftmaxCrossEntropyBackwardKernel<<<n, kRowThreads, 0, stream>>>(probs, targets, vocab, ld, scale,
+                                                                   dlogits);
   CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardKernel");
   return absl::OkStatus();
 }

@@ -1,12 +1,14 @@
 // Fused softmax + cross-entropy on the GPU, the CUDA twin of
-// kernels/cpu/cross_entropy.h (same formulas):
+// kernels/cpu/cross_entropy.h (same formulas; the forward's normaliser is
+// summed online, in one read of the row, so it rounds differently):
 //   probs[i, :]    = softmax(logits[i, :])          (max subtracted first)
 //   row_losses[i]  = logsumexp(logits[i, :]) - logits[i, targets[i]]
 //   *loss          = (1/n) sum_i row_losses[i]      (summed in double)
 //   dlogits[i, :]  = (probs[i, :] - onehot(targets[i])) * dloss / n
 //
-// All pointers are device pointers: logits, probs, dlogits hold n * vocab
-// floats (row-major [n, vocab]); targets holds n int32; row_losses holds n
+// All pointers are device pointers: logits, probs, dlogits hold n rows of
+// vocab floats, row i at i * ld (ld >= vocab; the floats between rows are
+// neither read nor written); targets holds n int32; row_losses holds n
 // floats (kept so the mean is reduced in a fixed order, and useful as
 // per-position losses); loss is one float, left on the device so that the
 // forward does not synchronise (copy it when the value is needed).
@@ -21,8 +23,8 @@
 //
 // Work is queued on `stream`; these return before it finishes. Results are
 // bitwise deterministic run to run (fixed reduction order, no atomics).
-// INVALID_ARGUMENT if n < 1 (the mean over no positions is undefined) or
-// vocab < 1; INTERNAL if a launch fails. Thread-safe (no state).
+// INVALID_ARGUMENT if n < 1 (the mean over no positions is undefined),
+// vocab < 1 or ld < vocab; INTERNAL if a launch fails. Thread-safe (no state).
 #ifndef PIPETRAIN_KERNELS_CUDA_CROSS_ENTROPY_H_
 #define PIPETRAIN_KERNELS_CUDA_CROSS_ENTROPY_H_
 
@@ -35,12 +37,12 @@
 namespace pipetrain {
 
 absl::Status SoftmaxCrossEntropyForwardCuda(const float* logits, const int32_t* targets, int n,
-                                            int vocab, float* probs, float* row_losses,
+                                            int vocab, int ld, float* probs, float* row_losses,
                                             float* loss, cudaStream_t stream = nullptr);
 
 // dloss is the upstream gradient of the mean loss (1 for a plain loss).
 absl::Status SoftmaxCrossEntropyBackwardCuda(const float* probs, const int32_t* targets, int n,
-                                             int vocab, float dloss, float* dlogits,
+                                             int vocab, int ld, float dloss, float* dlogits,
                                              cudaStream_t stream = nullptr);
 
 }  // namespace pipetrain

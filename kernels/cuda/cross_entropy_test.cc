@@ -5,6 +5,9 @@
 // from the CPU in three ways: expf (<= 2 ulp) against FastExp (< 4e-7
 // relative), the row sum of exponentials in a tree of 512 per-thread
 // partial sums against the CPU's left-to-right sum, and log of that sum.
+// (Since the forward's sums became online, each thread's partial sum is
+// also rescaled by expf(m_old - m_new) when its maximum grows, a few times
+// a row on random logits: a few more ulp, far inside the bounds below.)
 // Measured against a double-precision softmax on these inputs (no GPU was
 // available when these bounds were written, so the GPU side was measured by
 // a float emulation of the kernels' operation order on the CPU):
@@ -20,6 +23,7 @@
 // fl(fl(p * scale) - scale) with the same scale and no FMA (see the kernel).
 #include "kernels/cuda/cross_entropy.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -78,12 +82,12 @@ CpuForward RunCpuForward(const std::vector<float>& logits, const std::vector<int
   CpuForward cpu;
   cpu.probs.resize(logits.size());
   cpu.loss =
-      SoftmaxCrossEntropyForward(logits.data(), targets.data(), n, vocab, cpu.probs.data());
+      SoftmaxCrossEntropyForward(logits.data(), targets.data(), n, vocab, vocab, cpu.probs.data());
   std::vector<float> row_probs(vocab);
   for (int i = 0; i < n; ++i) {
-    cpu.row_losses.push_back(SoftmaxCrossEntropyForward(
-        logits.data() + static_cast<int64_t>(i) * vocab, &targets[i], 1, vocab,
-        row_probs.data()));
+    cpu.row_losses.push_back(
+        SoftmaxCrossEntropyForward(logits.data() + static_cast<int64_t>(i) * vocab, &targets[i], 1,
+                                   vocab, vocab, row_probs.data()));
   }
   return cpu;
 }
@@ -106,7 +110,7 @@ void RunGpuForward(const std::vector<float>& logits, const std::vector<int32_t>&
   ASSERT_TRUE(logits_d.ok() && targets_d.ok() && probs_d.ok() && rows_d.ok() && loss_d.ok());
   float* probs = in_place ? logits_d->data() : probs_d->data();
   const absl::Status run = SoftmaxCrossEntropyForwardCuda(
-      logits_d->data(), targets_d->data(), n, vocab, probs, rows_d->data(), loss_d->data());
+      logits_d->data(), targets_d->data(), n, vocab, vocab, probs, rows_d->data(), loss_d->data());
   ASSERT_TRUE(run.ok()) << run;
   auto probs_got = (in_place ? *logits_d : *probs_d).ToHost();
   auto rows_got = rows_d->ToHost();
@@ -124,8 +128,8 @@ void RunGpuBackward(const std::vector<float>& probs, const std::vector<int32_t>&
   auto dlogits_d = DeviceBuffer<float>::Create(in_place ? 0 : probs.size());
   ASSERT_TRUE(probs_d.ok() && targets_d.ok() && dlogits_d.ok());
   DeviceBuffer<float>& out = in_place ? *probs_d : *dlogits_d;
-  const absl::Status run = SoftmaxCrossEntropyBackwardCuda(
-      probs_d->data(), targets_d->data(), n, vocab, dloss, out.data());
+  const absl::Status run = SoftmaxCrossEntropyBackwardCuda(probs_d->data(), targets_d->data(), n,
+                                                           vocab, vocab, dloss, out.data());
   ASSERT_TRUE(run.ok()) << run;
   auto got = out.ToHost();
   ASSERT_TRUE(got.ok()) << got.status();
@@ -184,7 +188,7 @@ TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyBackwardCuda_Shapes_MatchesCpuEx
     const CpuForward cpu = RunCpuForward(logits, targets, s.n, s.vocab);
     constexpr float kDloss = 0.75f;
     std::vector<float> want(cpu.probs.size());
-    SoftmaxCrossEntropyBackward(cpu.probs.data(), targets.data(), s.n, s.vocab, kDloss,
+    SoftmaxCrossEntropyBackward(cpu.probs.data(), targets.data(), s.n, s.vocab, s.vocab, kDloss,
                                 want.data());
     std::vector<float> got;
     ASSERT_NO_FATAL_FAILURE(
@@ -199,7 +203,8 @@ TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyBackwardCuda_InPlace_MatchesCpuE
   const std::vector<int32_t> targets = Targets(kN, kVocab);
   const CpuForward cpu = RunCpuForward(logits, targets, kN, kVocab);
   std::vector<float> want(cpu.probs.size());
-  SoftmaxCrossEntropyBackward(cpu.probs.data(), targets.data(), kN, kVocab, 1.0f, want.data());
+  SoftmaxCrossEntropyBackward(cpu.probs.data(), targets.data(), kN, kVocab, kVocab, 1.0f,
+                              want.data());
   std::vector<float> got;
   ASSERT_NO_FATAL_FAILURE(RunGpuBackward(cpu.probs, targets, kN, kVocab, 1.0f, true, &got));
   EXPECT_TRUE(AllClose("in-place dlogits", got, want, kGradAtol, kGradRtol));
@@ -243,10 +248,97 @@ TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyCuda_TwoRuns_BitwiseEqual) {
   EXPECT_EQ(grads[0], grads[1]);
 }
 
+// Rows of stride ld > vocab (Backend::LogitsRowStride: GPT-2's 50257 padded
+// to 50304, and an odd width padded by 3): bitwise the packed layout's
+// results, with the floats after each row untouched by both kernels and
+// ignored (NaN there changes nothing).
+TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyCuda_PaddedRows_SameAsPackedAndPaddingUntouched) {
+  const struct { int n, vocab, ld; } cases[] = {{6, 50257, 50304}, {9, 13, 16}};
+  constexpr float kDloss = 0.5f;
+  for (const auto& c : cases) {
+    SCOPED_TRACE(Name({c.n, c.vocab}, "padded") + " to " + std::to_string(c.ld));
+    const std::vector<float> logits = RandomNormal(50, int64_t{c.n} * c.vocab, 0.0f, 2.0f);
+    const std::vector<int32_t> targets = Targets(c.n, c.vocab);
+    GpuForward packed;
+    ASSERT_NO_FATAL_FAILURE(RunGpuForward(logits, targets, c.n, c.vocab, false, &packed));
+    std::vector<float> packed_grad;
+    ASSERT_NO_FATAL_FAILURE(
+        RunGpuBackward(packed.probs, targets, c.n, c.vocab, kDloss, false, &packed_grad));
+
+    std::vector<float> padded(static_cast<size_t>(c.n) * c.ld, NAN);
+    for (int i = 0; i < c.n; ++i) {
+      std::copy_n(logits.begin() + int64_t{i} * c.vocab, c.vocab,
+                  padded.begin() + int64_t{i} * c.ld);
+    }
+    auto logits_d = DeviceBuffer<float>::FromHost(padded);
+    auto targets_d = DeviceBuffer<int32_t>::FromHost(targets);
+    auto probs_d = DeviceBuffer<float>::FromHost(std::vector<float>(padded.size(), -7.0f));
+    auto grad_d = DeviceBuffer<float>::FromHost(std::vector<float>(padded.size(), -9.0f));
+    auto rows_d = DeviceBuffer<float>::Create(c.n);
+    auto loss_d = DeviceBuffer<float>::Create(1);
+    ASSERT_TRUE(logits_d.ok() && targets_d.ok() && probs_d.ok() && grad_d.ok() && rows_d.ok() &&
+                loss_d.ok());
+    ASSERT_TRUE(SoftmaxCrossEntropyForwardCuda(logits_d->data(), targets_d->data(), c.n, c.vocab,
+                                               c.ld, probs_d->data(), rows_d->data(),
+                                               loss_d->data())
+                    .ok());
+    ASSERT_TRUE(SoftmaxCrossEntropyBackwardCuda(probs_d->data(), targets_d->data(), c.n, c.vocab,
+                                                c.ld, kDloss, grad_d->data())
+                    .ok());
+    auto probs = probs_d->ToHost();
+    auto grad = grad_d->ToHost();
+    auto rows = rows_d->ToHost();
+    float loss = 0.0f;
+    ASSERT_TRUE(probs.ok() && grad.ok() && rows.ok() && loss_d->CopyToHost(&loss, 1).ok());
+    EXPECT_EQ(loss, packed.loss);
+    EXPECT_EQ(*rows, packed.row_losses);
+    int mismatches = 0;
+    for (int i = 0; i < c.n; ++i) {
+      for (int j = 0; j < c.ld; ++j) {
+        const size_t at = static_cast<size_t>(i) * c.ld + j;
+        const size_t packed_at = static_cast<size_t>(i) * c.vocab + j;
+        const bool ok = j < c.vocab ? (*probs)[at] == packed.probs[packed_at] &&
+                                          (*grad)[at] == packed_grad[packed_at]
+                                    : (*probs)[at] == -7.0f && (*grad)[at] == -9.0f;
+        if (!ok && ++mismatches <= 5) ADD_FAILURE() << "row " << i << ", column " << j;
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
+  }
+}
+
+// Masked logits (-inf, as a causal or padding mask writes them) take no
+// part in the normaliser: the online sum must not turn exp(-inf - -inf)
+// into NaN when a thread's first logit is -inf.
+TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyForwardCuda_MinusInfinityLogits_MatchesCpu) {
+  constexpr int kN = 3, kVocab = 2000;
+  std::vector<float> logits = RandomNormal(60, int64_t{kN} * kVocab, 0.0f, 2.0f);
+  for (int i = 0; i < kN; ++i) {
+    for (int j = i; j < kVocab; j += 3) logits[int64_t{i} * kVocab + j] = -INFINITY;
+  }
+  std::vector<int32_t> targets = {1, 2, 3};  // never masked: (j - i) % 3 != 0
+  const CpuForward cpu = RunCpuForward(logits, targets, kN, kVocab);
+  GpuForward gpu;
+  ASSERT_NO_FATAL_FAILURE(RunGpuForward(logits, targets, kN, kVocab, false, &gpu));
+  ASSERT_TRUE(std::isfinite(gpu.loss));
+  EXPECT_TRUE(AllClose("masked probs", gpu.probs, cpu.probs, kProbsAtol, kProbsRtol));
+  EXPECT_TRUE(AllClose("masked loss", {gpu.loss}, {cpu.loss}, kLossAtol, kLossRtol));
+}
+
 // Shape checks happen before any CUDA call, so these run without a GPU.
+TEST(CrossEntropyCudaArgumentsTest, SoftmaxCrossEntropyCuda_StrideBelowVocab_InvalidArgument) {
+  const absl::Status forward =
+      SoftmaxCrossEntropyForwardCuda(nullptr, nullptr, 2, 10, 9, nullptr, nullptr, nullptr);
+  EXPECT_EQ(forward.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(forward.message().find("row stride 9"), std::string::npos) << forward;
+  const absl::Status backward =
+      SoftmaxCrossEntropyBackwardCuda(nullptr, nullptr, 2, 10, 9, 1.0f, nullptr);
+  EXPECT_EQ(backward.code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CrossEntropyCudaArgumentsTest, SoftmaxCrossEntropyForwardCuda_ZeroRows_InvalidArgument) {
   const absl::Status status =
-      SoftmaxCrossEntropyForwardCuda(nullptr, nullptr, 0, 10, nullptr, nullptr, nullptr);
+      SoftmaxCrossEntropyForwardCuda(nullptr, nullptr, 0, 10, 10, nullptr, nullptr, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("SoftmaxCrossEntropyForwardCuda: shape [0, 10]"),
             std::string::npos)
@@ -255,7 +347,7 @@ TEST(CrossEntropyCudaArgumentsTest, SoftmaxCrossEntropyForwardCuda_ZeroRows_Inva
 
 TEST(CrossEntropyCudaArgumentsTest, SoftmaxCrossEntropyBackwardCuda_ZeroVocab_InvalidArgument) {
   const absl::Status status =
-      SoftmaxCrossEntropyBackwardCuda(nullptr, nullptr, 4, 0, 1.0f, nullptr);
+      SoftmaxCrossEntropyBackwardCuda(nullptr, nullptr, 4, 0, 0, 1.0f, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("SoftmaxCrossEntropyBackwardCuda: shape [4, 0]"),
             std::string::npos)

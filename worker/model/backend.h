@@ -266,12 +266,20 @@ class Backend {
                                 int batch, int seq_len, int c, int vocab, float* out) = 0;
   virtual void EmbeddingBackward(const int32_t* host_tokens, const float* dout, int batch,
                                  int seq_len, int c, int vocab, float* dwte, float* dwpe) = 0;
+  // The row stride (>= vocab) in which HeadUnit keeps the [n, vocab]
+  // logits, probabilities and their gradient. The CPU packs them (vocab).
+  // The CUDA backend pads each row to a multiple of 64 floats: the LM
+  // head's GEMMs then have 16-byte aligned rows, which cuBLAS's bf16
+  // tensor-core path needs (kernels/cuda/linear.h; GPT-2's 50257 gives
+  // 50304). The padding is never read or written.
+  virtual int LogitsRowStride(int vocab) const { return vocab; }
   // Overwrites logits with the softmax probabilities (probs may be logits)
   // and returns the mean cross-entropy on the host (a device backend waits).
+  // Rows have stride ld >= vocab (kernels/cpu/cross_entropy.h).
   virtual float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
-                                           int vocab, float* probs) = 0;
+                                           int vocab, int ld, float* probs) = 0;
   virtual void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
-                                           int vocab, float dloss, float* dlogits) = 0;
+                                           int vocab, int ld, float dloss, float* dlogits) = 0;
   // One AdamW update of n values (step >= 1), as kernels/cpu/adamw.h.
   virtual void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n,
                            int64_t step, const AdamWConfig& config, bool apply_decay) = 0;

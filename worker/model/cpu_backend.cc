@@ -149,17 +149,17 @@ class CpuBackendImpl final : public Backend {
     });
   }
   float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
-                                   int vocab, float* probs) override {
+                                   int vocab, int ld, float* probs) override {
     float loss = 0;
     Timed("cross_entropy_forward", [&] {
-      loss = ::pipetrain::SoftmaxCrossEntropyForward(logits, host_targets, n, vocab, probs);
+      loss = ::pipetrain::SoftmaxCrossEntropyForward(logits, host_targets, n, vocab, ld, probs);
     });
     return loss;
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
-                                   int vocab, float dloss, float* dlogits) override {
+                                   int vocab, int ld, float dloss, float* dlogits) override {
     Timed("cross_entropy_backward", [&] {
-      ::pipetrain::SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, dloss, dlogits);
+      ::pipetrain::SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, ld, dloss, dlogits);
     });
   }
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,

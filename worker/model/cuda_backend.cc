@@ -326,13 +326,22 @@ class CudaBackendImpl final : public Backend {
                                    stream_);
     });
   }
+  // Rows padded to 64 floats (256 bytes): 16-byte aligned for the LM
+  // head's bf16 GEMMs (kernels/cuda/linear.h sends unaligned ones to
+  // cuBLAS's slower narrowing), and whole 128-byte lines for the
+  // cross-entropy rows.
+  int LogitsRowStride(int vocab) const override {
+    constexpr int kRowAlign = 64;
+    const int64_t padded = (int64_t{vocab} + kRowAlign - 1) / kRowAlign * kRowAlign;
+    return padded <= std::numeric_limits<int>::max() ? static_cast<int>(padded) : vocab;
+  }
   float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
-                                   int vocab, float* probs) override;
+                                   int vocab, int ld, float* probs) override;
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
-                                   int vocab, float dloss, float* dlogits) override {
+                                   int vocab, int ld, float dloss, float* dlogits) override {
     const Tensor targets = UploadIds(host_targets, n);
     Run("cross_entropy_backward", [&] {
-      return SoftmaxCrossEntropyBackwardCuda(probs, Ids(targets), n, vocab, dloss, dlogits,
+      return SoftmaxCrossEntropyBackwardCuda(probs, Ids(targets), n, vocab, ld, dloss, dlogits,
                                              stream_);
     });
   }
@@ -750,7 +759,7 @@ void CudaBackendImpl::Fill(Tensor* t, float value) {
 }
 
 float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets,
-                                                  int n, int vocab, float* probs) {
+                                                  int n, int vocab, int ld, float* probs) {
   float loss = 0.0f;
   const Tensor targets = UploadIds(host_targets, n);
   // From the stream-ordered cache, not a buffer of our own that grows with
@@ -759,7 +768,7 @@ float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits, const int
   Tensor row_losses = Allocate({n}, /*zero=*/false);
   Tensor device_loss = Allocate({1}, /*zero=*/false);
   Run("cross_entropy_forward", [&]() -> absl::Status {
-    RETURN_IF_ERROR(SoftmaxCrossEntropyForwardCuda(logits, Ids(targets), n, vocab, probs,
+    RETURN_IF_ERROR(SoftmaxCrossEntropyForwardCuda(logits, Ids(targets), n, vocab, ld, probs,
                                                    row_losses.data(), device_loss.data(), stream_));
     CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(&loss, device_loss.data(), sizeof(float), cudaMemcpyDeviceToHost, stream_));

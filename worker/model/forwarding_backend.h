@@ -115,13 +115,14 @@ class ForwardingBackend : public Backend {
                          int c, int vocab, float* dwte, float* dwpe) override {
     inner_->EmbeddingBackward(host_tokens, dout, batch, seq_len, c, vocab, dwte, dwpe);
   }
+  int LogitsRowStride(int vocab) const override { return inner_->LogitsRowStride(vocab); }
   float SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets, int n,
-                                   int vocab, float* probs) override {
-    return inner_->SoftmaxCrossEntropyForward(logits, host_targets, n, vocab, probs);
+                                   int vocab, int ld, float* probs) override {
+    return inner_->SoftmaxCrossEntropyForward(logits, host_targets, n, vocab, ld, probs);
   }
   void SoftmaxCrossEntropyBackward(const float* probs, const int32_t* host_targets, int n,
-                                   int vocab, float dloss, float* dlogits) override {
-    inner_->SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, dloss, dlogits);
+                                   int vocab, int ld, float dloss, float* dlogits) override {
+    inner_->SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, ld, dloss, dlogits);
   }
   void AdamWUpdate(float* param, const float* grad, float* m, float* v, int64_t n, int64_t step,
                    const AdamWConfig& config, bool apply_decay) override {

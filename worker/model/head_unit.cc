@@ -28,15 +28,24 @@ Tensor HeadUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* 
   Tensor mean = backend()->Empty({n}), rstd = backend()->Empty({n});
   backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
                    ln_out.data(), mean.data(), rstd.data());
-  // logits [n, Vl] = ln_out [n, d] * wte^T; then softmax in place into probs.
-  Tensor probs = backend()->Empty({n, Vl});
+  // logits [n, Vl] = ln_out [n, d] * wte^T, rows of stride ld; then
+  // softmax in place into probs. The split vocabulary's host steps take
+  // packed rows.
+  const int ld = LogitsLd();
+  Tensor probs = backend()->Empty({n, ld});
   backend()->Sgemm(false, true, n, Vl, d, 1.0f, ln_out.data(), d, wte_->value.data(), d, 0.0f,
-                   probs.data(), Vl);
-  const float loss = tp_size() > 1 ? SplitVocabCrossEntropy(probs, batch)
-                                   : backend()->SoftmaxCrossEntropyForward(
-                                         probs.data(), batch.targets.data(), n, V, probs.data());
+                   probs.data(), ld);
+  const float loss = tp_size() > 1
+                         ? SplitVocabCrossEntropy(probs, batch)
+                         : backend()->SoftmaxCrossEntropyForward(probs.data(), batch.targets.data(),
+                                                                 n, V, ld, probs.data());
   ctx->saved = {x, ln_out, mean, rstd, probs};
   return Tensor::FromVector({1}, {loss});
+}
+
+int HeadUnit::LogitsLd() const {
+  const int local_vocab = config_.vocab_size / tp_size();
+  return tp_size() > 1 ? local_vocab : backend()->LogitsRowStride(local_vocab);
 }
 
 float HeadUnit::SplitVocabCrossEntropy(Tensor& logits, const TokenBatch& batch) {
@@ -72,6 +81,7 @@ Tensor HeadUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitC
   const int Vl = V / tp_size();
   PT_CHECK(!dy.on_device() && dy.numel() == 1) << "head's dL/dloss must be a host [1] tensor";
   const auto& s = ctx.saved;
+  const int ld = LogitsLd();
   Tensor dlogits;
   if (tp_size() > 1) {
     const Tensor probs = backend()->Download(s[kProbs]);
@@ -80,16 +90,16 @@ Tensor HeadUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitC
                                    host.data());
     dlogits = backend()->Upload(host);
   } else {
-    dlogits = backend()->Empty({n, V});
-    backend()->SoftmaxCrossEntropyBackward(s[kProbs].data(), batch.targets.data(), n, V, dy[0],
+    dlogits = backend()->Empty({n, ld});
+    backend()->SoftmaxCrossEntropyBackward(s[kProbs].data(), batch.targets.data(), n, V, ld, dy[0],
                                            dlogits.data());
   }
   // dln = dlogits * wte [n, d];  dwte += dlogits^T * ln_out [Vl, d].
   Tensor dln = backend()->Empty({n, d});
-  backend()->Sgemm(false, false, n, d, Vl, 1.0f, dlogits.data(), Vl, wte_->value.data(), d, 0.0f,
+  backend()->Sgemm(false, false, n, d, Vl, 1.0f, dlogits.data(), ld, wte_->value.data(), d, 0.0f,
                    dln.data(), d);
   TensorParallelSum(dln);  // each rank's vocabulary part of dL/d(ln_f output)
-  backend()->Sgemm(true, false, Vl, d, n, 1.0f, dlogits.data(), Vl, s[kLnOut].data(), d, 1.0f,
+  backend()->Sgemm(true, false, Vl, d, n, 1.0f, dlogits.data(), ld, s[kLnOut].data(), d, 1.0f,
                    wte_->grad.data(), d);
   Tensor dx = backend()->Empty({batch.batch, batch.seq_len, d});
   backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),

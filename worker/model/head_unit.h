@@ -24,6 +24,10 @@ class HeadUnit : public Unit {
 
  private:
   enum Slot { kX, kLnOut, kLnMean, kLnRstd, kProbs, kNumSlots };
+  // The row stride of the logits, probabilities and their gradient: the
+  // backend's (Backend::LogitsRowStride), or packed for a split vocabulary
+  // (its softmax steps run on the host over packed rows).
+  int LogitsLd() const;
   // The tensor-parallel cross-entropy of local logits [n, V/T], which it
   // turns into probabilities in place; returns the mean loss.
   float SplitVocabCrossEntropy(Tensor& logits, const TokenBatch& batch);

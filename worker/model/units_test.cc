@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/flash_cpu_testing.h"
+#include "worker/model/forwarding_backend.h"
 #include "worker/model/gpt_model.h"
 #include "worker/model/unit.h"
 
@@ -112,6 +113,54 @@ TEST(UnitGradientTest, Head_MatchesFiniteDifferences) {
   auto unit = MakeUnit(TinyConfig(), NumUnits(TinyConfig()) - 1);
   ASSERT_EQ(unit->name(), "head");
   CheckUnitGradients(unit.get(), true, true);
+}
+
+// The CPU backend with the logits' rows padded (Backend::LogitsRowStride)
+// as the CUDA backend pads them, and Empty's tensors filled with NaN, so a
+// read of the padding would show.
+class PaddedLogitsCpu : public ForwardingBackend {
+ public:
+  PaddedLogitsCpu() : ForwardingBackend(CpuBackend()) {}
+  int LogitsRowStride(int vocab) const override { return vocab + 5; }
+  Tensor Empty(const Shape& shape) override { return Tensor::Filled(shape, NAN); }
+};
+
+// The head with padded logit rows: bitwise the packed head's loss, input
+// gradient and parameter gradients, and it keeps [n, vocab + 5] floats.
+TEST(UnitTest, Head_PaddedLogitRows_SameLossAndGradientsBitwise) {
+  const GptConfig c = TinyConfig();
+  const int B = 2, T = 5;
+  const TokenBatch batch = RandomBatch(c, B, T, 21);
+  const Tensor x = RandomTensor({B, T, c.d_model}, 22);
+  const Tensor dloss = Tensor::FromVector({1}, {0.75f});
+  PaddedLogitsCpu padded;
+  struct Run {
+    std::vector<float> loss, dx, grads;
+    int64_t kept_logits = 0;
+  };
+  auto run = [&](Backend* backend) {
+    auto head = MakeUnit(c, NumUnits(c) - 1, backend);
+    RandomizeParameters(head.get(), 100);
+    UnitContext ctx;
+    Run r;
+    r.loss = head->Forward(x, batch, &ctx).ToVector();
+    r.kept_logits = ctx.saved.back().numel();
+    head->ZeroGrads();
+    r.dx = head->Backward(dloss, batch, ctx).ToVector();
+    for (Parameter* p : head->parameters()) {
+      const std::vector<float> g = p->grad.ToVector();
+      r.grads.insert(r.grads.end(), g.begin(), g.end());
+    }
+    return r;
+  };
+  const Run packed = run(CpuBackend());
+  const Run wide = run(&padded);
+  EXPECT_EQ(packed.kept_logits, int64_t{B} * T * c.vocab_size);
+  EXPECT_EQ(wide.kept_logits, int64_t{B} * T * (c.vocab_size + 5));
+  ASSERT_TRUE(std::isfinite(wide.loss[0]));
+  EXPECT_EQ(wide.loss, packed.loss);
+  EXPECT_EQ(wide.dx, packed.dx);
+  EXPECT_EQ(wide.grads, packed.grads);
 }
 
 TEST(UnitTest, Recompute_RebuildsTheSameContextBitwise) {

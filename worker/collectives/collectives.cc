@@ -15,7 +15,7 @@ bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 
 // RingChunk's bounds (collectives.h says why).
-constexpr int64_t kRingChunksPerSegment = 4;
+constexpr int64_t kRingChunksPerSegment = 16;
 constexpr int64_t kMinRingChunkBytes = int64_t{256} << 10;
 
 absl::Status Annotate(const absl::Status& status, const std::string& what) {

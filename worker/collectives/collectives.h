@@ -192,11 +192,15 @@ class Collectives {
   // as kRingChunksPerSegment messages, but not below kMinRingChunkBytes.
   // Why: a chunk is added and passed on only once it has arrived whole, so
   // a segment sent as one message leaves each link idle while the next
-  // member waits for all of it, once per step. 4 members all-reducing a
+  // member waits for all of it, once per step: the ring's pipeline fills
+  // and drains in about one chunk's time per step, a fraction of about
+  // 1 / kRingChunksPerSegment of the transfer. 4 members all-reducing a
   // 4 MiB bucket (the data-parallel stages' size) under an emulated 2.5
   // Gbit/s link on the 2-vCPU VM: 0.69 of the link with 1 MiB messages,
-  // 0.87 with 256 KiB; the floor keeps loopback, where each message costs
-  // CPU, as it was (docs/benchmarks.md). The sums do not depend on it.
+  // 0.87 with 256 KiB. 16 MiB under an emulated 10 Gbit/s link on 16
+  // cores: 0.90 with 1 MiB (4 a segment), 0.94 with 256 KiB (16). The
+  // floor keeps loopback, where each message costs CPU, as it was
+  // (docs/benchmarks.md). The sums do not depend on it.
   int64_t RingChunk(int64_t segment) const;
   // Sends values[begin, end) to member `to` in chunks of `chunk` elements
   // (0: chunk_bytes' worth); receives the same range from member `from`, and

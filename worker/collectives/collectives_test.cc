@@ -102,8 +102,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{8, 513, 64, 1 << 20},        // recursive doubling, chunked
                       Case{6, 5000, 1 << 20, 1 << 20},  // not a power of two: ring
                       // ring with default messages: segments of 500,001 and
-                      // 500,000 floats go as RingChunk's 125,001-float
-                      // messages (under 1 MiB), the last one shorter
+                      // 500,000 floats go as RingChunk's 65,536-float
+                      // messages (its 256 KiB floor), the last one shorter
                       Case{4, 2000003, 1 << 20, 0},
                       Case{1, 10, 1 << 20, 0}));  // one member: unchanged
 

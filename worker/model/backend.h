@@ -292,6 +292,23 @@ class Backend {
       AdamWUpdate(t.param, t.grad, t.m, t.v, t.n, step, config, t.apply_decay);
     }
   }
+  // The tied LM head's products (HeadUnit), logits and dlogits in rows of
+  // stride ld >= vocab (LogitsRowStride):
+  //   forward   logits[n, :vocab] = x[n, d] wte[vocab, d]^T
+  //   backward  dx[n, d] = dlogits[n, :vocab] wte;  dwte += dlogits^T x
+  // These defaults are the three Sgemm calls. The CUDA backend runs them
+  // over ld classes (kernels/cuda/lm_head.h): it writes the logits'
+  // padding columns and overwrites dlogits' with zeros; no caller reads
+  // them.
+  virtual void LmHeadForward(const float* x, const float* wte, int n, int d, int vocab, int ld,
+                             float* logits) {
+    Sgemm(false, true, n, vocab, d, 1.0f, x, d, wte, d, 0.0f, logits, ld);
+  }
+  virtual void LmHeadBackward(const float* x, const float* wte, float* dlogits, int n, int d,
+                              int vocab, int ld, float* dx, float* dwte) {
+    Sgemm(false, false, n, d, vocab, 1.0f, dlogits, ld, wte, d, 0.0f, dx, d);
+    Sgemm(true, false, vocab, d, n, 1.0f, dlogits, ld, x, d, 1.0f, dwte, d);
+  }
   // Row-major C = alpha op(A) op(B) + beta C, as kernels/cpu/blas.h Sgemm.
   virtual void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                      int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;

@@ -33,6 +33,7 @@
 #include "kernels/cuda/gelu.h"
 #include "kernels/cuda/half_codec.h"
 #include "kernels/cuda/layernorm.h"
+#include "kernels/cuda/lm_head.h"
 #include "kernels/cuda/nccl_comm.h"
 #include "kernels/cuda/powersgd_payload.h"
 #include "kernels/cuda/quantize.h"
@@ -356,6 +357,16 @@ class CudaBackendImpl final : public Backend {
       return AdamWUpdateAllCuda(tensors.data(), static_cast<int>(tensors.size()), step, config,
                                 stream_);
     });
+  }
+  void LmHeadForward(const float* x, const float* wte, int n, int d, int vocab, int ld,
+                     float* logits) override {
+    Run("lm_head_forward",
+        [&] { return LmHeadForwardCuda(cublas_, x, wte, n, d, vocab, ld, logits); });
+  }
+  void LmHeadBackward(const float* x, const float* wte, float* dlogits, int n, int d, int vocab,
+                      int ld, float* dx, float* dwte) override {
+    Run("lm_head_backward",
+        [&] { return LmHeadBackwardCuda(cublas_, x, wte, dlogits, n, d, vocab, ld, dx, dwte); });
   }
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
              const float* b, int ldb, float beta, float* c, int ldc) override {

@@ -132,6 +132,14 @@ class ForwardingBackend : public Backend {
                       const AdamWConfig& config) override {
     inner_->AdamWUpdateAll(tensors, step, config);
   }
+  void LmHeadForward(const float* x, const float* wte, int n, int d, int vocab, int ld,
+                     float* logits) override {
+    inner_->LmHeadForward(x, wte, n, d, vocab, ld, logits);
+  }
+  void LmHeadBackward(const float* x, const float* wte, float* dlogits, int n, int d, int vocab,
+                      int ld, float* dx, float* dwte) override {
+    inner_->LmHeadBackward(x, wte, dlogits, n, d, vocab, ld, dx, dwte);
+  }
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
              const float* b, int ldb, float beta, float* c, int ldc) override {
     inner_->Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

@@ -33,8 +33,7 @@ Tensor HeadUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* 
   // packed rows.
   const int ld = LogitsLd();
   Tensor probs = backend()->Empty({n, ld});
-  backend()->Sgemm(false, true, n, Vl, d, 1.0f, ln_out.data(), d, wte_->value.data(), d, 0.0f,
-                   probs.data(), ld);
+  backend()->LmHeadForward(ln_out.data(), wte_->value.data(), n, d, Vl, ld, probs.data());
   const float loss = tp_size() > 1
                          ? SplitVocabCrossEntropy(probs, batch)
                          : backend()->SoftmaxCrossEntropyForward(probs.data(), batch.targets.data(),
@@ -96,11 +95,9 @@ Tensor HeadUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitC
   }
   // dln = dlogits * wte [n, d];  dwte += dlogits^T * ln_out [Vl, d].
   Tensor dln = backend()->Empty({n, d});
-  backend()->Sgemm(false, false, n, d, Vl, 1.0f, dlogits.data(), ld, wte_->value.data(), d, 0.0f,
-                   dln.data(), d);
+  backend()->LmHeadBackward(s[kLnOut].data(), wte_->value.data(), dlogits.data(), n, d, Vl, ld,
+                            dln.data(), wte_->grad.data());
   TensorParallelSum(dln);  // each rank's vocabulary part of dL/d(ln_f output)
-  backend()->Sgemm(true, false, Vl, d, n, 1.0f, dlogits.data(), ld, s[kLnOut].data(), d, 1.0f,
-                   wte_->grad.data(), d);
   Tensor dx = backend()->Empty({batch.batch, batch.seq_len, d});
   backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),
                     dln.data(), n, d, dx.data(), ln_w_->grad.data(), ln_b_->grad.data());

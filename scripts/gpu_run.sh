@@ -270,26 +270,34 @@ else out_of_time train_local_cuda_reference_attention_vs_cpu; fi
 
 # 2c. Flash attention (--attention flash, bf16 tensor cores in every GEMM
 # mode) with bf16 GEMMs, twice: within 2e-2 of the CPU run of 2 (bf16
-# rounding, as cuda_backend_test's bf16 cases) and bitwise run to run.
+# rounding, as cuda_backend_test's bf16 cases) and bitwise run to run; once
+# with each kernel (PIPETRAIN_FLASH_KERNEL, flash_attention.h): the WMMA
+# kernels (the default; check name without a suffix) and the mma.sync ones.
+for kernel in wmma mma; do
+name=train_local_cuda_flash${kernel/#wmma/}_attention_vs_cpu
+name=${name/flashmma/flash_mma}
+tag=${kernel/#wmma/}
 if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
-  note "NOT RUN train_local_cuda_flash_attention_vs_cpu: no 20-step CPU reference from step 2"
+  note "NOT RUN $name: no 20-step CPU reference from step 2"
   failed=1
 elif lim=$(budget 150); then
 timeout -k 5 "$lim" bash -c '
   rc=0
   for run in 1 2; do
-    "$1" train-local "${@:3}" --device cuda --gemm bf16 --attention flash \
-      --log "$2/train_cuda_flash$run.jsonl" >"$2/train_cuda_flash$run.txt" 2>&1 || rc=1
+    PIPETRAIN_FLASH_KERNEL=$4 "$1" train-local "${@:5}" --device cuda --gemm bf16 \
+      --attention flash --log "$2/train_cuda_flash$3$run.jsonl" \
+      >"$2/train_cuda_flash$3$run.txt" 2>&1 || rc=1
   done
-  exit $rc' _ "$bin/pipetrain" "$out" "${model[@]}"
+  exit $rc' _ "$bin/pipetrain" "$out" "$tag" "$kernel" "${model[@]}"
 flash_rc=$?
-compare_loss_logs "$out/train_cuda_flash1.jsonl" "$out/train_cpu.jsonl" 2e-2 \
-  "cuda bf16 flash attention - cpu" "$out/train_cuda_flash2.jsonl" \
-  >"$out/train_flash_attention_compare.txt" 2>&1
+compare_loss_logs "$out/train_cuda_flash${tag}1.jsonl" "$out/train_cpu.jsonl" 2e-2 \
+  "cuda bf16 flash attention ($kernel) - cpu" "$out/train_cuda_flash${tag}2.jsonl" \
+  >"$out/train_flash${tag}_attention_compare.txt" 2>&1
 rc=$?
 [[ $flash_rc -ne 0 ]] && rc=1
-check train_local_cuda_flash_attention_vs_cpu "$rc" "$(cat "$out/train_flash_attention_compare.txt")"
-else out_of_time train_local_cuda_flash_attention_vs_cpu; fi
+check "$name" "$rc" "$(cat "$out/train_flash${tag}_attention_compare.txt")"
+else out_of_time "$name"; fi
+done
 
 # 3. The 2-worker pipeline (two worker processes sharing the GPU) against
 # single-process GPU training (one worker process holding every unit; the
@@ -402,8 +410,10 @@ if [[ "$mode" != quick ]]; then
     shift 3
     local lim
     lim=$(budget 200) || { out_of_time "gpt2_124m_${name}_benchmark"; return; }
-    # $operands, when set, picks the bf16 mode's operands (kernels/cuda/linear.h).
+    # $operands, when set, picks the bf16 mode's operands (kernels/cuda/linear.h);
+    # $flash the flash attention's kernels (kernels/cuda/flash_attention.h).
     timeout -k 5 "$lim" env ${operands:+PIPETRAIN_BF16_OPERANDS=$operands} \
+      ${flash:+PIPETRAIN_FLASH_KERNEL=$flash} \
       "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm "$gemm" \
       --peak-tflops "$peak" "$@" --json "$out/bench_$name.json" >"$out/bench_$name.txt" 2>&1
     check "gpt2_124m_${name}_benchmark" $? "$(grep -E '^ +[0-9]' "$out/bench_$name.txt" | tail -1)"
@@ -411,24 +421,25 @@ if [[ "$mode" != quick ]]; then
   # The default attention (auto: cuBLAS batched GEMMs on CUDA). bf16 first,
   # so the issue's row comes first if time runs short; bf16 tensor-core
   # GEMMs (--gemm bf16; H100/H200 SXM dense BF16 peak 989.4 TFLOP/s).
-  operands=
+  operands= flash=
   bench bf16 bf16 989.4
-  # The LM head's rows (50257 floats) are not 16-byte aligned, so the
-  # default sends its products to cuBLAS's own narrowing; padded copies are
-  # the candidate for them.
-  operands=padded-copies
-  bench bf16_padded_copies bf16 989.4
-  operands=
+  # Flash attention (--attention flash; its parity tests are
+  # flash_attention_test and cuda_backend_test's FlashAttention cases):
+  # the mma.sync kernels, the candidate to replace the GEMM attention, then
+  # the WMMA ones.
+  flash=mma
+  bench bf16_flash_mma_attention bf16 989.4 --attention flash
+  flash=
+  bench bf16_flash_attention bf16 989.4 --attention flash
   bench tf32 tf32 494.7
   bench fp32 fp32 67
-  # Flash attention (--attention flash; its parity tests are
-  # flash_attention_test and cuda_backend_test's FlashAttention cases),
-  # then the reference row kernels once (8.8x slower a step on an H200).
-  bench bf16_flash_attention bf16 989.4 --attention flash
-  bench bf16_reference_attention bf16 989.4 --attention reference
-  # The other two bf16 operand choices, for the record.
-  for operands in copies cublas; do bench "bf16_$operands" bf16 989.4; done
+  # The bf16 operand choices besides the default (the LM head's products
+  # run over a padded vocabulary since 8ecb4ca, so padded copies should no
+  # longer matter), then the reference row kernels once (8.8x slower a
+  # step on an H200).
+  for operands in padded-copies copies cublas; do bench "bf16_${operands//-/_}" bf16 989.4; done
   operands=
+  bench bf16_reference_attention bf16 989.4 --attention reference
   cat "$out"/bench_*.txt
 fi
 finish

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 
@@ -17,6 +19,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/flash_attention.h"
+#include "kernels/cuda/flash_attention_mma.h"
 
 namespace pipetrain {
 namespace {
@@ -446,7 +449,7 @@ absl::Status Forward(const float* qkv, int batch, int seq_len, int c, int heads,
 template <int kHdp>
 absl::Status Backward(const float* qkv, const float* out, const float* lse, const float* dout,
                       int batch, int seq_len, int c, int heads, float* dqkv, float* row_dots,
-                      cudaStream_t stream) {
+                      cudaStream_t stream, FlashKernel kernel) {
   const int hd = c / heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
   const int64_t rows = int64_t{batch} * heads * seq_len;
@@ -455,6 +458,9 @@ absl::Status Backward(const float* qkv, const float* out, const float* lse, cons
   RowDotsKernel<<<static_cast<unsigned>(dot_blocks), kDotThreads, 0, stream>>>(
       out, dout, rows, seq_len, c, heads, hd, row_dots);
   CUDA_CHECK_LAUNCH("RowDotsKernel");
+  if (kernel == FlashKernel::kMma) {
+    return FlashMmaGradients(qkv, dout, lse, row_dots, batch, seq_len, c, heads, dqkv, stream);
+  }
   const int tiles = Tiles(seq_len);
   const size_t shared = BackwardSharedBytes<kHdp>();
   RETURN_IF_ERROR(Launch("FlashKeyGradKernel", FlashKeyGradKernel<kHdp>, shared, batch * heads,
@@ -495,10 +501,28 @@ bool FlashAttentionSupports(int seq_len, int c, int heads) {
          c / heads <= kFlashAttentionMaxHeadDim && Tiles(seq_len) <= kMaxTiles;
 }
 
+const char* FlashKernelName(FlashKernel kernel) {
+  return kernel == FlashKernel::kMma ? "mma" : "wmma";
+}
+
+absl::StatusOr<FlashKernel> FlashKernelFromEnvironment() {
+  const char* named = std::getenv("PIPETRAIN_FLASH_KERNEL");
+  if (named == nullptr) return FlashKernel::kWmma;
+  for (FlashKernel kernel : {FlashKernel::kWmma, FlashKernel::kMma}) {
+    if (std::strcmp(named, FlashKernelName(kernel)) == 0) return kernel;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("PIPETRAIN_FLASH_KERNEL: \"", named, "\" is neither \"wmma\" nor \"mma\""));
+}
+
 absl::Status FlashAttentionForwardCuda(const float* qkv, int batch, int seq_len, int c, int heads,
-                                       float* out, float* lse, cudaStream_t stream) {
+                                       float* out, float* lse, cudaStream_t stream,
+                                       FlashKernel kernel) {
   absl::Status valid = CheckShape("FlashAttentionForwardCuda", batch, seq_len, c, heads);
   if (!valid.ok() || batch == 0) return valid;
+  if (kernel == FlashKernel::kMma) {
+    return FlashMmaForward(qkv, batch, seq_len, c, heads, out, lse, stream);
+  }
   return WithPaddedHeadDim(c / heads, [&](auto hdp) {
     return Forward<decltype(hdp)::value>(qkv, batch, seq_len, c, heads, out, lse, stream);
   });
@@ -506,12 +530,13 @@ absl::Status FlashAttentionForwardCuda(const float* qkv, int batch, int seq_len,
 
 absl::Status FlashAttentionBackwardCuda(const float* qkv, const float* out, const float* lse,
                                         const float* dout, int batch, int seq_len, int c, int heads,
-                                        float* dqkv, float* row_dots, cudaStream_t stream) {
+                                        float* dqkv, float* row_dots, cudaStream_t stream,
+                                        FlashKernel kernel) {
   absl::Status valid = CheckShape("FlashAttentionBackwardCuda", batch, seq_len, c, heads);
   if (!valid.ok() || batch == 0) return valid;
   return WithPaddedHeadDim(c / heads, [&](auto hdp) {
     return Backward<decltype(hdp)::value>(qkv, out, lse, dout, batch, seq_len, c, heads, dqkv,
-                                          row_dots, stream);
+                                          row_dots, stream, kernel);
   });
 }
 

@@ -30,7 +30,13 @@
 // gives the bounds). head_dim up to kFlashAttentionMaxHeadDim; others go
 // through attention_gemm.h.
 //
-// Not yet run on a GPU: written and compiled without one (sm_90).
+// Two implementations (FlashKernel): kWmma, WMMA fragments with every
+// score tile staged in shared memory (run on an H200: parity passes, and
+// slower than the GEMM attention, docs/benchmarks.md); kMma
+// (flash_attention_mma.cu), mma.sync with the scores, probabilities and
+// accumulators in registers, as FlashAttention-2 keeps them; written
+// without a GPU and not yet run on one. Both compute the formulas above
+// with the same roundings.
 //
 // All pointers are device pointers; outputs must not overlap inputs or
 // each other. Work is queued on `stream`; these return before it finishes.
@@ -45,8 +51,19 @@
 #include <cuda_runtime_api.h>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 
 namespace pipetrain {
+
+enum class FlashKernel { kWmma, kMma };
+
+// "wmma" or "mma", for logs and PIPETRAIN_FLASH_KERNEL.
+const char* FlashKernelName(FlashKernel kernel);
+
+// The kernel named by the environment variable PIPETRAIN_FLASH_KERNEL (a
+// benchmarking knob: "wmma" or "mma"), kWmma when it is unset;
+// INVALID_ARGUMENT naming the choices otherwise.
+absl::StatusOr<FlashKernel> FlashKernelFromEnvironment();
 
 // The widest head the kernels take (their tiles live in shared memory).
 inline constexpr int kFlashAttentionMaxHeadDim = 128;
@@ -56,13 +73,15 @@ bool FlashAttentionSupports(int seq_len, int c, int heads);
 
 // out [batch, seq_len, c]; lse [batch, heads, seq_len].
 absl::Status FlashAttentionForwardCuda(const float* qkv, int batch, int seq_len, int c, int heads,
-                                       float* out, float* lse, cudaStream_t stream);
+                                       float* out, float* lse, cudaStream_t stream,
+                                       FlashKernel kernel = FlashKernel::kWmma);
 
 // Writes all of dqkv [batch, seq_len, 3c] from qkv, the forward's out and
 // lse, and dout [batch, seq_len, c].
 absl::Status FlashAttentionBackwardCuda(const float* qkv, const float* out, const float* lse,
                                         const float* dout, int batch, int seq_len, int c, int heads,
-                                        float* dqkv, float* row_dots, cudaStream_t stream);
+                                        float* dqkv, float* row_dots, cudaStream_t stream,
+                                        FlashKernel kernel = FlashKernel::kWmma);
 
 }  // namespace pipetrain
 

@@ -12,11 +12,14 @@
 // shows up as errors of order 0.1-1, well above these bounds, and every
 // output starts as NaN, so an element never written fails too. The CPU
 // twin (kernels/cpu/flash_attention.h) meets these bounds with about 2x to
-// spare at every shape here. Not yet run on a GPU.
+// spare at every shape here. Every case runs both kernels (FlashKernel);
+// the kWmma ones have passed on an H200, the kMma ones not yet run on a
+// GPU.
 #include "kernels/cuda/flash_attention.h"
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -92,7 +95,8 @@ struct GpuResult {
   std::vector<float> out, lse, dqkv;
 };
 
-GpuResult RunGpu(const Shape& s, const std::vector<float>& qkv, const std::vector<float>& dout) {
+GpuResult RunGpu(FlashKernel kernel, const Shape& s, const std::vector<float>& qkv,
+                 const std::vector<float>& dout) {
   GpuResult r;
   const int64_t rows = int64_t{s.batch} * s.heads * s.seq_len;
   auto qkv_d = DeviceBuffer<float>::FromHost(qkv);
@@ -106,11 +110,11 @@ GpuResult RunGpu(const Shape& s, const std::vector<float>& qkv, const std::vecto
   EXPECT_TRUE(ready);
   if (!ready) return r;
   absl::Status run = FlashAttentionForwardCuda(qkv_d->data(), s.batch, s.seq_len, s.c, s.heads,
-                                               out_d->data(), lse_d->data(), nullptr);
+                                               out_d->data(), lse_d->data(), nullptr, kernel);
   EXPECT_TRUE(run.ok()) << run;
   run = FlashAttentionBackwardCuda(qkv_d->data(), out_d->data(), lse_d->data(), dout_d->data(),
                                    s.batch, s.seq_len, s.c, s.heads, dqkv_d->data(), dots_d->data(),
-                                   nullptr);
+                                   nullptr, kernel);
   EXPECT_TRUE(run.ok()) << run;
   r.out = out_d->ToHost().value_or(std::vector<float>{});
   r.lse = lse_d->ToHost().value_or(std::vector<float>{});
@@ -130,15 +134,17 @@ std::vector<Shape> FlashShapes() {
   return shapes;
 }
 
-class FlashAttentionCudaTest : public testing::CudaTest {};
+// Each case runs both kernels (FlashKernel) against the same references.
+class FlashAttentionCudaTest : public testing::CudaTest,
+                               public ::testing::WithParamInterface<FlashKernel> {};
 
-TEST_F(FlashAttentionCudaTest, ForwardAndBackward_Shapes_MatchCpuOnBf16Inputs) {
+TEST_P(FlashAttentionCudaTest, ForwardAndBackward_Shapes_MatchCpuOnBf16Inputs) {
   for (const Shape& s : FlashShapes()) {
     SCOPED_TRACE(s.Name(""));
     const std::vector<float> qkv = Bf16Normal(80, s.qkv_size());
     const std::vector<float> dout = Bf16Normal(81, s.out_size());
     const CpuResult want = RunCpu(s, qkv, dout);
-    const GpuResult got = RunGpu(s, qkv, dout);
+    const GpuResult got = RunGpu(GetParam(), s, qkv, dout);
     EXPECT_TRUE(AllClose(s.Name("out"), got.out, want.out, kOutAtol, kRtol));
     EXPECT_TRUE(AllClose(s.Name("lse"), got.lse, want.lse, kLseAtol, 0.0f));
     EXPECT_TRUE(AllClose(s.Name("dqkv"), got.dqkv, want.dqkv, kGradAtol, kRtol));
@@ -156,15 +162,48 @@ TEST_F(FlashAttentionCudaTest, ForwardAndBackward_Shapes_MatchCpuOnBf16Inputs) {
   }
 }
 
-TEST_F(FlashAttentionCudaTest, TwoRuns_BitwiseEqual) {
+TEST_P(FlashAttentionCudaTest, TwoRuns_BitwiseEqual) {
   const Shape s = {2, 129, 96, 4};
   const std::vector<float> qkv = Bf16Normal(82, s.qkv_size());
   const std::vector<float> dout = Bf16Normal(83, s.out_size());
-  const GpuResult first = RunGpu(s, qkv, dout);
-  const GpuResult second = RunGpu(s, qkv, dout);
+  const GpuResult first = RunGpu(GetParam(), s, qkv, dout);
+  const GpuResult second = RunGpu(GetParam(), s, qkv, dout);
   EXPECT_EQ(first.out, second.out);
   EXPECT_EQ(first.lse, second.lse);
   EXPECT_EQ(first.dqkv, second.dqkv);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kernels, FlashAttentionCudaTest,
+                         ::testing::Values(FlashKernel::kWmma, FlashKernel::kMma),
+                         [](const ::testing::TestParamInfo<FlashKernel>& info) {
+                           return std::string(FlashKernelName(info.param));
+                         });
+
+// PIPETRAIN_FLASH_KERNEL: unset is wmma, the two names parse, others are
+// INVALID_ARGUMENT naming the variable. No GPU needed.
+TEST(FlashAttentionCudaArgumentsTest, FlashKernelFromEnvironment_NamesAndDefault) {
+  const char* before = std::getenv("PIPETRAIN_FLASH_KERNEL");
+  const std::string saved = before != nullptr ? before : "";
+  unsetenv("PIPETRAIN_FLASH_KERNEL");
+  auto unset = FlashKernelFromEnvironment();
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(*unset, FlashKernel::kWmma);
+  for (FlashKernel kernel : {FlashKernel::kWmma, FlashKernel::kMma}) {
+    ASSERT_EQ(setenv("PIPETRAIN_FLASH_KERNEL", FlashKernelName(kernel), 1), 0);
+    auto named = FlashKernelFromEnvironment();
+    ASSERT_TRUE(named.ok()) << named.status();
+    EXPECT_EQ(*named, kernel);
+  }
+  ASSERT_EQ(setenv("PIPETRAIN_FLASH_KERNEL", "fast", 1), 0);
+  auto bad = FlashKernelFromEnvironment();
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("PIPETRAIN_FLASH_KERNEL"), std::string::npos)
+      << bad.status();
+  if (before != nullptr) {
+    setenv("PIPETRAIN_FLASH_KERNEL", saved.c_str(), 1);
+  } else {
+    unsetenv("PIPETRAIN_FLASH_KERNEL");
+  }
 }
 
 // Argument checks before any CUDA call: run without a GPU.
@@ -182,6 +221,14 @@ TEST(FlashAttentionCudaArgumentsTest, BadShapes_InvalidArgument) {
   EXPECT_EQ(FlashAttentionForwardCuda(nullptr, -1, 4, 8, 2, nullptr, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(FlashAttentionForwardCuda(nullptr, 0, 4, 8, 2, nullptr, nullptr, nullptr).ok());
+  // The kMma kernels' entry points check the same shapes first.
+  EXPECT_EQ(
+      FlashAttentionForwardCuda(nullptr, 1, 4, 10, 3, nullptr, nullptr, nullptr, FlashKernel::kMma)
+          .code(),
+      absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(FlashAttentionBackwardCuda(nullptr, nullptr, nullptr, nullptr, 0, 4, 8, 2, nullptr,
+                                         nullptr, nullptr, FlashKernel::kMma)
+                  .ok());
   EXPECT_TRUE(FlashAttentionSupports(1024, 768, 12));
   EXPECT_TRUE(FlashAttentionSupports(1, 256, 2));
   EXPECT_FALSE(FlashAttentionSupports(1024, 1600, 12));  // c % heads

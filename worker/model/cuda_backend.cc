@@ -153,12 +153,13 @@ class StreamDownload final : public PendingDownload {
 class CudaBackendImpl final : public Backend {
  public:
   CudaBackendImpl(const CudaDeviceInfo& info, cudaStream_t stream, CublasHandle cublas,
-                  AttentionImpl attention)
+                  AttentionImpl attention, FlashKernel flash_kernel)
       : device_(info.index),
         facts_{info.name, info.total_memory_bytes, info.sm_count, info.index, info.pci_bus_id},
         stream_(stream),
         cublas_(std::move(cublas)),
         attention_(attention),
+        flash_kernel_(flash_kernel),
         poison_empty_(PoisonEmptyRequested()) {}
   ~CudaBackendImpl() override {
     // The destroying thread's current device may be another one.
@@ -178,14 +179,15 @@ class CudaBackendImpl final : public Backend {
 
   BackendKind kind() const override { return BackendKind::kCuda; }
   std::string Describe() const override {
-    return absl::StrCat("cuda:", device_, " (", facts_.name, "), ", GemmModeName(cublas_.mode()),
-                        " GEMMs",
-                        cublas_.mode() == GemmMode::kBf16
-                            ? absl::StrCat(" (", Bf16OperandsName(cublas_.bf16_operands()), ")")
-                            : "",
-                        attention_ == AttentionImpl::kGemm    ? ", GEMM attention"
-                        : attention_ == AttentionImpl::kFlash ? ", flash attention"
-                                                              : "");
+    return absl::StrCat(
+        "cuda:", device_, " (", facts_.name, "), ", GemmModeName(cublas_.mode()), " GEMMs",
+        cublas_.mode() == GemmMode::kBf16
+            ? absl::StrCat(" (", Bf16OperandsName(cublas_.bf16_operands()), ")")
+            : "",
+        attention_ == AttentionImpl::kGemm ? ", GEMM attention"
+        : attention_ == AttentionImpl::kFlash
+            ? absl::StrCat(", flash attention (", FlashKernelName(flash_kernel_), ")")
+            : "");
   }
   absl::Status status() const override { return status_; }
   DeviceFacts device_facts() const override { return facts_; }
@@ -271,7 +273,8 @@ class CudaBackendImpl final : public Backend {
                         bool probabilities, float* out, float* saved) override {
     Run("attention_forward", [&] {
       if (UsesFlash(seq_len, c, heads, probabilities)) {
-        return FlashAttentionForwardCuda(qkv, batch, seq_len, c, heads, out, saved, stream_);
+        return FlashAttentionForwardCuda(qkv, batch, seq_len, c, heads, out, saved, stream_,
+                                         flash_kernel_);
       }
       return attention_ != AttentionImpl::kReference
                  ? AttentionGemmForwardCuda(cublas_, qkv, batch, seq_len, c, heads, out, saved)
@@ -290,7 +293,7 @@ class CudaBackendImpl final : public Backend {
       Tensor row_dots = Allocate({int64_t{batch} * heads, seq_len}, /*zero=*/false);
       Run("attention_backward", [&] {
         return FlashAttentionBackwardCuda(qkv, out, saved, dout, batch, seq_len, c, heads, dqkv,
-                                          row_dots.data(), stream_);
+                                          row_dots.data(), stream_, flash_kernel_);
       });
       return;
     }
@@ -446,6 +449,8 @@ class CudaBackendImpl final : public Backend {
   cudaStream_t stream_;
   CublasHandle cublas_;
   const AttentionImpl attention_;
+  // kFlash's kernels (flash_attention.h; PIPETRAIN_FLASH_KERNEL).
+  const FlashKernel flash_kernel_;
   // PIPETRAIN_POISON_EMPTY (backend.h): Empty fills NaN.
   const bool poison_empty_;
   std::shared_ptr<DeviceMemory> memory_ = std::make_shared<DeviceMemory>(device_);
@@ -794,6 +799,8 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, GemmMode 
                                                            AttentionImpl attention) {
   absl::StatusOr<CudaDeviceInfo> info = GetCudaDeviceInfo(device);
   if (!info.ok()) return info.status();
+  const absl::StatusOr<FlashKernel> flash_kernel = FlashKernelFromEnvironment();
+  if (!flash_kernel.ok()) return flash_kernel.status();
   CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   cudaStream_t stream = nullptr;
   CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -803,7 +810,7 @@ absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(int device, GemmMode 
     return cublas.status();
   }
   return std::unique_ptr<Backend>(
-      new CudaBackendImpl(*info, stream, *std::move(cublas), attention));
+      new CudaBackendImpl(*info, stream, *std::move(cublas), attention, *flash_kernel));
 }
 
 }  // namespace pipetrain

@@ -42,13 +42,15 @@ namespace pipetrain {
 // All three passed their parity tests on an H200 (2026-11-29,
 // docs/gpu-results/). kGemm is what --attention auto (the flags' default,
 // backend_select.h) picks: a GPT-2 124M step there took 65 ms with it, 575
-// ms with kReference and 75 ms with kFlash (bf16 GEMMs, batch 8).
+// ms with kReference and 75 ms with kFlash (bf16 GEMMs, batch 8). kFlash
+// runs the kernels PIPETRAIN_FLASH_KERNEL names ("wmma", the default, or
+// "mma", not yet run on a GPU; flash_attention.h).
 enum class AttentionImpl { kReference, kGemm, kFlash };
 
 // A backend on CUDA device `device` with `mode` GEMMs. INVALID_ARGUMENT if
-// device < 0; NOT_FOUND if there is no such device (e.g. none at all; the
-// message names the index and the device count); INTERNAL if CUDA or cuBLAS
-// setup fails.
+// device < 0 or PIPETRAIN_FLASH_KERNEL names no kernel; NOT_FOUND if there is no such device (e.g.
+// none at all; the message names the index and the device count); INTERNAL if CUDA or cuBLAS setup
+// fails.
 absl::StatusOr<std::unique_ptr<Backend>> CreateCudaBackend(
     int device, GemmMode mode, AttentionImpl attention = AttentionImpl::kReference);
 

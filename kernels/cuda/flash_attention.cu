@@ -13,13 +13,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-#include <type_traits>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/flash_attention_mma.h"
+#include "kernels/cuda/flash_attention_tiles.cuh"
 
 namespace pipetrain {
 namespace {
@@ -27,10 +27,18 @@ namespace {
 namespace wmma = nvcuda::wmma;
 using Bf16 = __nv_bfloat16;
 
-constexpr int kTile = 64;  // queries per query tile, keys per key tile
-constexpr int kFrag = 16;  // WMMA's bf16 fragment: 16 x 16, k = 16
-constexpr int kWarps = kTile / kFrag;
-constexpr int kThreads = 32 * kWarps;
+using flash_tiles::HeadSlices;
+using flash_tiles::kThreads;
+using flash_tiles::kTile;
+using flash_tiles::kWarps;
+using flash_tiles::Launch;
+using flash_tiles::LoadRowStats;
+using flash_tiles::Slices;
+using flash_tiles::Tiles;
+using flash_tiles::WithPaddedHeadDim;
+
+constexpr int kFrag = 16;  // WMMA's bf16 fragment: 16 x 16, k = 16 (a warp's 16 rows)
+static_assert(kFrag == flash_tiles::kWarpRows);
 constexpr int kMaxTiles = 65535;  // gridDim.y
 
 // Row strides in elements. WMMA wants a multiple of 8 (bf16) or 4 (float)
@@ -69,13 +77,6 @@ __device__ void LoadTile(const float* base, int64_t row_stride, int row0, int se
     const int r = i / kHdp, d = i % kHdp, t = row0 + r;
     const float v = (t < seq_len && d < hd) ? base[int64_t{t} * row_stride + d] : 0.0f;
     tile[r * Ld<kHdp>::kBf16 + d] = __float2bfloat16_rn(v);
-  }
-}
-
-// stats[r] = row[row0 + r] (0 past seq_len), for a tile's 64 rows.
-__device__ void LoadRowStats(const float* row, int row0, int seq_len, float* stats) {
-  for (int r = threadIdx.x; r < kTile; r += kThreads) {
-    stats[r] = row0 + r < seq_len ? row[row0 + r] : 0.0f;
   }
 }
 
@@ -132,20 +133,6 @@ __device__ void WarpStoreRows(FragAcc (&acc)[kHdp / kFrag], float* stage, float*
     const int r = i / kHdp, d = i % kHdp, t = row0 + r;
     if (t < seq_len && d < hd) dst[int64_t{t} * row_stride + d] = stage[r * ldf + d];
   }
-}
-
-// Where a (batch, head)'s slices start: q at column h * hd of qkv's rows,
-// k at c + h * hd, v at 2c + h * hd; out, dout at h * hd.
-struct HeadSlices {
-  int64_t qkv_offset;  // q's first element
-  int64_t out_offset;  // out's / dout's first element
-  int64_t stats_offset;
-};
-
-__device__ HeadSlices Slices(int bh, int seq_len, int c, int heads, int hd) {
-  const int b = bh / heads, h = bh % heads;
-  return {int64_t{b} * seq_len * 3 * c + int64_t{h} * hd,
-          int64_t{b} * seq_len * c + int64_t{h} * hd, int64_t{bh} * seq_len};
 }
 
 template <int kHdp>
@@ -407,8 +394,6 @@ __global__ void __launch_bounds__(kThreads)
   WarpStoreRows<kHdp>(dq, sh.scores, dqkv + at.qkv_offset, width, q0 + rows0, seq_len, hd, lane);
 }
 
-int Tiles(int seq_len) { return (seq_len + kTile - 1) / kTile; }
-
 absl::Status CheckShape(const char* op, int batch, int seq_len, int c, int heads) {
   if (batch < 0 || !FlashAttentionSupports(seq_len, c, heads)) {
     return absl::InvalidArgumentError(
@@ -421,19 +406,6 @@ absl::Status CheckShape(const char* op, int batch, int seq_len, int c, int heads
     return absl::InvalidArgumentError(absl::StrCat(op, ": batch * heads = ", int64_t{batch} * heads,
                                                    " exceeds the 2^31 - 1 grid limit"));
   }
-  return absl::OkStatus();
-}
-
-// Sets the kernel's dynamic shared memory limit (above the default 48 KiB
-// for wide heads), then launches it on grid (batch * heads, tiles).
-template <typename Kernel, typename... Args>
-absl::Status Launch(const char* name, Kernel kernel, size_t shared_bytes, int batch_heads,
-                    int tiles, cudaStream_t stream, Args... args) {
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(shared_bytes)));
-  kernel<<<dim3(static_cast<unsigned>(batch_heads), static_cast<unsigned>(tiles)), kThreads,
-           shared_bytes, stream>>>(args...);
-  CUDA_CHECK_LAUNCH(name);
   return absl::OkStatus();
 }
 
@@ -468,30 +440,6 @@ absl::Status Backward(const float* qkv, const float* out, const float* lse, cons
                          tiles, dqkv));
   return Launch("FlashQueryGradKernel", FlashQueryGradKernel<kHdp>, shared, batch * heads, tiles,
                 stream, qkv, dout, lse, row_dots, seq_len, c, heads, hd, scale, dqkv);
-}
-
-// run(std::integral_constant<int, P>{}) for head_dim hd (<= 128) padded to
-// P, a fragment multiple: the kernels' instantiation for it.
-template <typename Run>
-absl::Status WithPaddedHeadDim(int hd, Run run) {
-  switch ((hd + kFrag - 1) / kFrag * kFrag) {
-    case 16:
-      return run(std::integral_constant<int, 16>{});
-    case 32:
-      return run(std::integral_constant<int, 32>{});
-    case 48:
-      return run(std::integral_constant<int, 48>{});
-    case 64:
-      return run(std::integral_constant<int, 64>{});
-    case 80:
-      return run(std::integral_constant<int, 80>{});
-    case 96:
-      return run(std::integral_constant<int, 96>{});
-    case 112:
-      return run(std::integral_constant<int, 112>{});
-    default:
-      return run(std::integral_constant<int, 128>{});
-  }
 }
 
 }  // namespace

@@ -38,21 +38,27 @@
 
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/flash_attention_mma.h"
+#include "kernels/cuda/flash_attention_tiles.cuh"
 
 namespace pipetrain {
 namespace {
 
 using Bf16 = __nv_bfloat16;
 
-constexpr int kTile = 64;      // queries or keys a tile
-constexpr int kWarpRows = 16;  // mma's M: a warp's rows of a tile
-constexpr int kWarps = kTile / kWarpRows;
-constexpr int kThreads = 32 * kWarps;
+using flash_tiles::HeadSlices;
+using flash_tiles::kThreads;
+using flash_tiles::kTile;
+using flash_tiles::kWarpRows;
+using flash_tiles::Launch;
+using flash_tiles::LoadRowStats;
+using flash_tiles::Slices;
+using flash_tiles::Tiles;
+using flash_tiles::WithPaddedHeadDim;
+
 constexpr int kTileBlocks = kTile / 8;  // n8 blocks across a 64-wide tile
 constexpr int kTileSteps = kTile / 16;  // k16 steps along a 64-long tile
 constexpr int kLdCols = kTile + 8;      // row stride of a transposed tile [kHdp][64]
@@ -109,6 +115,43 @@ __device__ __forceinline__ void PackA(const float (&c)[kTileBlocks][4], int step
   a[3] = Pack(c[2 * step + 1][2], c[2 * step + 1][3]);
 }
 
+// s = a b^T for one warp: the 16 rows of a by the 64 rows of b (both
+// row-major bf16 tiles of stride kLdRows, kHdp columns), as n8 blocks of
+// accumulators.
+template <int kHdp>
+__device__ __forceinline__ void ScoreTile(const Bf16* a, const Bf16* b, int g, int t,
+                                          float (&s)[kTileBlocks][4]) {
+  constexpr int ld = kLdRows<kHdp>;
+  for (auto& block : s) {
+    for (float& v : block) v = 0.0f;
+  }
+  for (int kk = 0; kk < kHdp / 16; ++kk) {
+    uint32_t fa[4];
+    LoadA(a, ld, kk * 16, g, t, fa);
+    for (int j = 0; j < kTileBlocks; ++j) {
+      uint32_t b0, b1;
+      LoadB(b, ld, j * 8, kk * 16, g, t, b0, b1);
+      Mma(s[j], fa, b0, b1);
+    }
+  }
+}
+
+// acc += p m for one warp: p, 16 x 64 accumulators (ScoreTile's layout),
+// rounded to bf16; m [64][kHdp] given transposed as cols [kHdp][kLdCols].
+template <int kHdp>
+__device__ __forceinline__ void AccumulateTile(const float (&p)[kTileBlocks][4], const Bf16* cols,
+                                               int g, int t, float (&acc)[kHdp / 8][4]) {
+  for (int step = 0; step < kTileSteps; ++step) {
+    uint32_t a[4];
+    PackA(p, step, a);
+    for (int nb = 0; nb < kHdp / 8; ++nb) {
+      uint32_t b0, b1;
+      LoadB(cols, kLdCols, nb * 8, step * 16, g, t, b0, b1);
+      Mma(acc[nb], a, b0, b1);
+    }
+  }
+}
+
 // op over the 4 lanes of a quad (a row's lanes), the same on each.
 __device__ __forceinline__ float QuadMax(float v) {
   v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -133,27 +176,6 @@ __device__ void LoadTile(const float* base, int64_t row_stride, int row0, int se
     if (rows != nullptr) rows[r * kLdRows<kHdp> + d] = v;
     if (cols != nullptr) cols[d * kLdCols + r] = v;
   }
-}
-
-// stats[r] = row[row0 + r] (0 past seq_len).
-__device__ void LoadRowStats(const float* row, int row0, int seq_len, float* stats) {
-  for (int r = threadIdx.x; r < kTile; r += kThreads) {
-    stats[r] = row0 + r < seq_len ? row[row0 + r] : 0.0f;
-  }
-}
-
-// Where a (batch, head)'s slices start: q at column h * hd of qkv's rows,
-// k at c + h * hd, v at 2c + h * hd; out, dout at h * hd; lse, D rows.
-struct HeadSlices {
-  int64_t qkv_offset;
-  int64_t out_offset;
-  int64_t stats_offset;
-};
-
-__device__ HeadSlices Slices(int bh, int seq_len, int c, int heads, int hd) {
-  const int b = bh / heads, h = bh % heads;
-  return {int64_t{b} * seq_len * 3 * c + int64_t{h} * hd,
-          int64_t{b} * seq_len * c + int64_t{h} * hd, int64_t{bh} * seq_len};
 }
 
 // Writes a warp's 16 x kHdp accumulators acc[kHdp / 8][4] (rows `token`
@@ -215,20 +237,8 @@ __global__ void __launch_bounds__(kThreads)
     LoadTile<kHdp>(qkv + at.qkv_offset + c, width, k0, seq_len, hd, k_rows, nullptr);
     LoadTile<kHdp>(qkv + at.qkv_offset + 2 * int64_t{c}, width, k0, seq_len, hd, nullptr, v_cols);
     __syncthreads();
-    // S = q k^T: 16 queries x 64 keys.
     float s[kTileBlocks][4];
-    for (auto& block : s) {
-      for (float& v : block) v = 0.0f;
-    }
-    for (int kk = 0; kk < kHdp / 16; ++kk) {
-      uint32_t a[4];
-      LoadA(q_rows + rows0 * ld, ld, kk * 16, g, t, a);
-      for (int j = 0; j < kTileBlocks; ++j) {
-        uint32_t b0, b1;
-        LoadB(k_rows, ld, j * 8, kk * 16, g, t, b0, b1);
-        Mma(s[j], a, b0, b1);
-      }
-    }
+    ScoreTile<kHdp>(q_rows + rows0 * ld, k_rows, g, t, s);  // S = q k^T: 16 queries x 64 keys
     // Scale, mask and the rows' new maxima.
     float tile_max[2] = {-INFINITY, -INFINITY};
     for (int j = 0; j < kTileBlocks; ++j) {
@@ -260,16 +270,7 @@ __global__ void __launch_bounds__(kThreads)
     for (auto& block : o) {
       for (int e = 0; e < 4; ++e) block[e] *= rescale[e / 2];
     }
-    // O += P v: the probabilities as A fragments, v^T's rows as B.
-    for (int step = 0; step < kTileSteps; ++step) {
-      uint32_t a[4];
-      PackA(s, step, a);
-      for (int nb = 0; nb < kHdp / 8; ++nb) {
-        uint32_t b0, b1;
-        LoadB(v_cols, kLdCols, nb * 8, step * 16, g, t, b0, b1);
-        Mma(o[nb], a, b0, b1);
-      }
-    }
+    AccumulateTile<kHdp>(s, v_cols, g, t, o);  // O += P v
   }
   StoreRows<kHdp>(o, query, l, out + at.out_offset, c, seq_len, hd, t);
   if (t == 0) {
@@ -326,21 +327,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     // S^T = k q^T and dP^T = v dout^T: 16 keys x 64 queries.
     float st[kTileBlocks][4], dpt[kTileBlocks][4];
-    for (int j = 0; j < kTileBlocks; ++j) {
-      for (int e = 0; e < 4; ++e) st[j][e] = dpt[j][e] = 0.0f;
-    }
-    for (int kk = 0; kk < kHdp / 16; ++kk) {
-      uint32_t ka[4], va[4];
-      LoadA(k_rows + rows0 * ld, ld, kk * 16, g, t, ka);
-      LoadA(v_rows + rows0 * ld, ld, kk * 16, g, t, va);
-      for (int j = 0; j < kTileBlocks; ++j) {
-        uint32_t b0, b1;
-        LoadB(q_rows, ld, j * 8, kk * 16, g, t, b0, b1);
-        Mma(st[j], ka, b0, b1);
-        LoadB(dout_rows, ld, j * 8, kk * 16, g, t, b0, b1);
-        Mma(dpt[j], va, b0, b1);
-      }
-    }
+    ScoreTile<kHdp>(k_rows + rows0 * ld, q_rows, g, t, st);
+    ScoreTile<kHdp>(v_rows + rows0 * ld, dout_rows, g, t, dpt);
     // P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) scale where
     // key <= query < seq_len, else 0.
     for (int j = 0; j < kTileBlocks; ++j) {
@@ -355,19 +343,8 @@ __global__ void __launch_bounds__(kThreads)
         dpt[j][e] = ds;
       }
     }
-    // dv += P^T dout and dk += dS^T q, over the tile's queries in k16 steps.
-    for (int step = 0; step < kTileSteps; ++step) {
-      uint32_t pa[4], dsa[4];
-      PackA(st, step, pa);
-      PackA(dpt, step, dsa);
-      for (int nb = 0; nb < kHdp / 8; ++nb) {
-        uint32_t b0, b1;
-        LoadB(dout_cols, kLdCols, nb * 8, step * 16, g, t, b0, b1);
-        Mma(dv[nb], pa, b0, b1);
-        LoadB(q_cols, kLdCols, nb * 8, step * 16, g, t, b0, b1);
-        Mma(dk[nb], dsa, b0, b1);
-      }
-    }
+    AccumulateTile<kHdp>(st, dout_cols, g, t, dv);  // dv += P^T dout
+    AccumulateTile<kHdp>(dpt, q_cols, g, t, dk);    // dk += dS^T q
   }
   const float one[2] = {1.0f, 1.0f};
   StoreRows<kHdp>(dk, key, one, dqkv + at.qkv_offset + c, width, seq_len, hd, t);
@@ -419,21 +396,8 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     // S = q k^T and dP = dout v^T: 16 queries x 64 keys.
     float s[kTileBlocks][4], dp[kTileBlocks][4];
-    for (int j = 0; j < kTileBlocks; ++j) {
-      for (int e = 0; e < 4; ++e) s[j][e] = dp[j][e] = 0.0f;
-    }
-    for (int kk = 0; kk < kHdp / 16; ++kk) {
-      uint32_t qa[4], da[4];
-      LoadA(q_rows + rows0 * ld, ld, kk * 16, g, t, qa);
-      LoadA(dout_rows + rows0 * ld, ld, kk * 16, g, t, da);
-      for (int j = 0; j < kTileBlocks; ++j) {
-        uint32_t b0, b1;
-        LoadB(k_rows, ld, j * 8, kk * 16, g, t, b0, b1);
-        Mma(s[j], qa, b0, b1);
-        LoadB(v_rows, ld, j * 8, kk * 16, g, t, b0, b1);
-        Mma(dp[j], da, b0, b1);
-      }
-    }
+    ScoreTile<kHdp>(q_rows + rows0 * ld, k_rows, g, t, s);
+    ScoreTile<kHdp>(dout_rows + rows0 * ld, v_rows, g, t, dp);
     // dS = P (dP - D) scale where key <= query < seq_len, else 0.
     for (int j = 0; j < kTileBlocks; ++j) {
       for (int e = 0; e < 4; ++e) {
@@ -446,58 +410,10 @@ __global__ void __launch_bounds__(kThreads)
         dp[j][e] = ds;
       }
     }
-    // dq += dS k, over the tile's keys in k16 steps.
-    for (int step = 0; step < kTileSteps; ++step) {
-      uint32_t a[4];
-      PackA(dp, step, a);
-      for (int nb = 0; nb < kHdp / 8; ++nb) {
-        uint32_t b0, b1;
-        LoadB(k_cols, kLdCols, nb * 8, step * 16, g, t, b0, b1);
-        Mma(dq[nb], a, b0, b1);
-      }
-    }
+    AccumulateTile<kHdp>(dp, k_cols, g, t, dq);  // dq += dS k
   }
   const float one[2] = {1.0f, 1.0f};
   StoreRows<kHdp>(dq, query, one, dqkv + at.qkv_offset, width, seq_len, hd, t);
-}
-
-int Tiles(int seq_len) { return (seq_len + kTile - 1) / kTile; }
-
-// Sets the kernel's dynamic shared memory limit (above the default 48 KiB
-// for wide heads), then launches it on grid (batch * heads, tiles).
-template <typename Kernel, typename... Args>
-absl::Status Launch(const char* name, Kernel kernel, size_t shared_bytes, int batch_heads,
-                    int tiles, cudaStream_t stream, Args... args) {
-  CUDA_RETURN_IF_ERROR(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                            static_cast<int>(shared_bytes)));
-  kernel<<<dim3(static_cast<unsigned>(batch_heads), static_cast<unsigned>(tiles)), kThreads,
-           shared_bytes, stream>>>(args...);
-  CUDA_CHECK_LAUNCH(name);
-  return absl::OkStatus();
-}
-
-// run(std::integral_constant<int, P>{}) for head_dim hd (<= 128) padded to
-// P, a multiple of mma's k16: the kernels' instantiation for it.
-template <typename Run>
-absl::Status WithPaddedHeadDim(int hd, Run run) {
-  switch ((hd + 15) / 16 * 16) {
-    case 16:
-      return run(std::integral_constant<int, 16>{});
-    case 32:
-      return run(std::integral_constant<int, 32>{});
-    case 48:
-      return run(std::integral_constant<int, 48>{});
-    case 64:
-      return run(std::integral_constant<int, 64>{});
-    case 80:
-      return run(std::integral_constant<int, 80>{});
-    case 96:
-      return run(std::integral_constant<int, 96>{});
-    case 112:
-      return run(std::integral_constant<int, 112>{});
-    default:
-      return run(std::integral_constant<int, 128>{});
-  }
 }
 
 float Scale(int hd) { return 1.0f / std::sqrt(static_cast<float>(hd)); }  // as the CPU

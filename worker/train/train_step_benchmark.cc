@@ -40,6 +40,7 @@
 #include "worker/model/backend_select.h"
 #include "worker/model/gemm_probe.h"
 #include "worker/model/gpt_model.h"
+#include "worker/model/model_gemm_probe.h"
 #include "worker/train/adamw_optimizer.h"
 
 namespace pipetrain {
@@ -231,6 +232,28 @@ int Run(const std::vector<std::string>& args) {
                             {"ok", r.ok}});
   }
   all_ok = PrintOpTable(*model, opt, batches.back(), config.max_seq_len) && all_ok;
+  if (gpu) {
+    // Each of the step's GEMM shapes alone (model_gemm_probe.h).
+    const int tokens = batches.back() * config.max_seq_len;
+    constexpr int kGemmReps = 5;
+    const std::vector<ModelGemmTiming> gemms = MeasureModelGemms(b, config, tokens, kGemmReps);
+    std::printf(
+        "# the model's GEMMs at batch %d, each alone (fastest of %d), through the ops the units "
+        "call\n",
+        batches.back(), kGemmReps);
+    std::printf("%-20s %-34s %9s %10s %12s\n", "product", "shape", "ms", "TFLOP/s", "vs_sgemm_%");
+    if (gemms.empty()) {
+      std::printf("# FAILED: the backend failed: %s\n", b->status().ToString().c_str());
+      all_ok = false;
+    }
+    for (const ModelGemmTiming& g : gemms) {
+      const double tflops = g.flops / g.seconds / 1e12;
+      std::printf("%-20s %-34s %9.3f %10.1f %12.1f\n", g.name.c_str(), g.shape.c_str(),
+                  g.seconds * 1e3, tflops, tflops * 1e3 / sgemm * 100);
+      json["gemms"].push_back(
+          {{"name", g.name}, {"shape", g.shape}, {"seconds", g.seconds}, {"flops", g.flops}});
+    }
+  }
   if (gpu) {
     std::printf("# %s: every step finished with a finite loss\n", all_ok ? "OK" : "FAILED");
   } else {

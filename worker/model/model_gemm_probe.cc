@@ -1,0 +1,87 @@
+#include "worker/model/model_gemm_probe.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "common/philox.h"
+
+namespace pipetrain {
+namespace {
+
+// A device (or host) tensor of N(0, 1) values on `backend`.
+Tensor RandomOn(Backend* backend, const Shape& shape, uint64_t stream) {
+  Tensor host = Tensor::Zeros(shape);
+  FillNormal(7, stream, 0, 1, host.data(), host.numel());
+  return backend->Upload(host);
+}
+
+// The fastest of `reps` calls of `op`, each to the backend's Synchronize,
+// after one untimed call.
+double FastestSeconds(Backend* backend, int reps, const std::function<void()>& op) {
+  op();
+  backend->Synchronize();
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    op();
+    backend->Synchronize();
+    best = std::min(best,
+                    std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return best;
+}
+
+}  // namespace
+
+std::vector<ModelGemmTiming> MeasureModelGemms(Backend* backend, const GptConfig& config,
+                                               int tokens, int reps) {
+  const int n = tokens, d = config.d_model, V = config.vocab_size;
+  const int ld = backend->LogitsRowStride(V);
+  std::vector<ModelGemmTiming> rows;
+  struct Layer {
+    const char* name;
+    int in, out;
+  };
+  const Layer layers[] = {{"attn.c_attn", d, 3 * d},
+                          {"attn.c_proj", d, d},
+                          {"mlp.c_fc", d, 4 * d},
+                          {"mlp.c_proj", 4 * d, d}};
+  const int widest = 4 * d;
+  const Tensor x = RandomOn(backend, {n, widest}, 1), dy = RandomOn(backend, {n, widest}, 2);
+  const Tensor w = RandomOn(backend, {widest, widest}, 3), b = RandomOn(backend, {widest}, 4);
+  Tensor y = backend->Empty({n, widest}), dx = backend->Empty({n, widest});
+  Tensor dw = backend->Zeros({widest, widest}), db = backend->Zeros({widest});
+  for (const Layer& l : layers) {
+    const std::string shape = absl::StrCat(n, " x ", l.in, " -> ", l.out);
+    const double flops = 2.0 * n * l.in * l.out;
+    rows.push_back(
+        {absl::StrCat(l.name, " forward"), shape, flops, FastestSeconds(backend, reps, [&] {
+           backend->LinearForward(x.data(), w.data(), b.data(), n, l.in, l.out, y.data());
+         })});
+    rows.push_back(
+        {absl::StrCat(l.name, " backward"), shape, 2 * flops, FastestSeconds(backend, reps, [&] {
+           backend->LinearBackward(x.data(), w.data(), dy.data(), n, l.in, l.out, dx.data(),
+                                   dw.data(), db.data());
+         })});
+  }
+  const Tensor wte = RandomOn(backend, {V, d}, 5);
+  Tensor dwte = backend->Zeros({V, d});
+  Tensor logits = backend->Empty({n, ld});
+  Tensor dlogits = RandomOn(backend, {n, ld}, 6);
+  const std::string head_shape = absl::StrCat(n, " x ", d, " -> ", V, " (rows of ", ld, ")");
+  const double head_flops = 2.0 * n * d * V;
+  rows.push_back({"lm_head forward", head_shape, head_flops, FastestSeconds(backend, reps, [&] {
+                    backend->LmHeadForward(x.data(), wte.data(), n, d, V, ld, logits.data());
+                  })});
+  rows.push_back(
+      {"lm_head backward", head_shape, 2 * head_flops, FastestSeconds(backend, reps, [&] {
+         backend->LmHeadBackward(x.data(), wte.data(), dlogits.data(), n, d, V, ld, y.data(),
+                                 dwte.data());
+       })});
+  if (!backend->status().ok()) return {};
+  return rows;
+}
+
+}  // namespace pipetrain

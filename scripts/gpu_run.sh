@@ -97,8 +97,9 @@ if [[ "$mode" == sanitize ]]; then
     note "NOT RUN compute_sanitizer: not on this machine"
   else
     mkdir -p "$out/sanitizer"
-    for name in attention attention_gemm flash_attention linear layernorm cross_entropy embedding gelu adamw \
-      elementwise quantize token_topk half_codec powersgd; do
+    # The kernels changed last first, in case the budget runs out.
+    for name in flash_attention lm_head cross_entropy bf16_round attention attention_gemm linear \
+      layernorm embedding gelu adamw elementwise quantize token_topk half_codec powersgd; do
       for tool in memcheck racecheck synccheck; do
         log="$out/sanitizer/${name}_$tool.log"
         lim=$(budget 150) || { out_of_time "sanitizer_${tool}_$name"; continue; }

@@ -268,10 +268,11 @@ class Backend {
                                  int seq_len, int c, int vocab, float* dwte, float* dwpe) = 0;
   // The row stride (>= vocab) in which HeadUnit keeps the [n, vocab]
   // logits, probabilities and their gradient. The CPU packs them (vocab).
-  // The CUDA backend pads each row to a multiple of 64 floats: the LM
-  // head's GEMMs then have 16-byte aligned rows, which cuBLAS's bf16
-  // tensor-core path needs (kernels/cuda/linear.h; GPT-2's 50257 gives
-  // 50304). The padding is never read or written.
+  // The CUDA backend pads each row to a multiple of 64 floats (GPT-2's
+  // 50257 gives 50304): the LM head's products then run over the padded
+  // width on aligned rows, which cuBLAS's bf16 tensor-core kernels need
+  // (LmHeadForward below, kernels/cuda/lm_head.h). The cross-entropy
+  // never reads or writes the padding.
   virtual int LogitsRowStride(int vocab) const { return vocab; }
   // Overwrites logits with the softmax probabilities (probs may be logits)
   // and returns the mean cross-entropy on the host (a device backend waits).

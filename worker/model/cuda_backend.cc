@@ -330,10 +330,10 @@ class CudaBackendImpl final : public Backend {
                                    stream_);
     });
   }
-  // Rows padded to 64 floats (256 bytes): 16-byte aligned for the LM
-  // head's bf16 GEMMs (kernels/cuda/linear.h sends unaligned ones to
-  // cuBLAS's slower narrowing), and whole 128-byte lines for the
-  // cross-entropy rows.
+  // Rows padded to 64 floats (256 bytes): the LM head's products run over
+  // the padded width on 16-byte aligned rows (kernels/cuda/lm_head.h; an
+  // odd vocabulary kept cuBLAS off its fast bf16 kernels), and the
+  // cross-entropy's rows start on 128-byte lines.
   int LogitsRowStride(int vocab) const override {
     constexpr int kRowAlign = 64;
     const int64_t padded = (int64_t{vocab} + kRowAlign - 1) / kRowAlign * kRowAlign;

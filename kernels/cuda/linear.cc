@@ -81,6 +81,21 @@ cublasStatus_t GemmOnCopies(const CublasHandle& h, cublasOperation_t trans_a,
                       CUBLAS_GEMM_DEFAULT);
 }
 
+// Whether Gemm multiplies unpadded bf16 copies of operands with these
+// leading dimensions (kAlignedCopies on aligned ones, or kCopies): then a
+// caller making several products of one operand may round it once and
+// call GemmOnCopies itself, with bitwise Gemm's results.
+bool UsesPlainCopies(const CublasHandle& h, std::initializer_list<int> lds) {
+  if (h.mode() != GemmMode::kBf16) return false;
+  const Bf16Operands how = h.bf16_operands();
+  if (how == Bf16Operands::kCopies) return true;
+  if (how != Bf16Operands::kAlignedCopies) return false;
+  for (int ld : lds) {
+    if (!Aligned(ld)) return false;
+  }
+  return true;
+}
+
 // One fp32 GEMM (column-major, cuBLAS's arguments) in the handle's mode:
 // cublasSgemm for fp32 and TF32 (the handle's math mode decides); for bf16
 // as the handle's Bf16Operands says (linear.h).
@@ -300,6 +315,24 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
 
   const float one = 1.0f;
   const float zero = 0.0f;
+  if (UsesPlainCopies(handle, {out, in})) {
+    // Both products read dy: round it to bf16 once, not once per product
+    // (the same copies and GEMMs as the general path below, so the same
+    // bits). Column-major views as below: dy^T [out, n], W^T [out, in],
+    // x^T [in, n], each stored with the leading dimension its rows give.
+    const cudaStream_t stream = handle.stream();
+    ASSIGN_OR_RETURN(Operand dy16, Bf16Copy(dy, out, n, out, /*pad=*/false, stream));
+    if (dx != nullptr) {
+      ASSIGN_OR_RETURN(Operand w16, Bf16Copy(w, out, in, out, /*pad=*/false, stream));
+      CUBLAS_RETURN_IF_ERROR(GemmOnCopies(handle, CUBLAS_OP_T, CUBLAS_OP_N, in, n, out, &one, w16,
+                                          dy16, &zero, dx, in));
+    }
+    ASSIGN_OR_RETURN(Operand x16, Bf16Copy(x, in, n, in, /*pad=*/false, stream));
+    CUBLAS_RETURN_IF_ERROR(
+        GemmOnCopies(handle, CUBLAS_OP_N, CUBLAS_OP_T, out, in, n, &one, dy16, x16, &one, dw, out));
+    if (db != nullptr) return AddColumnSumsCuda(dy, n, out, db, stream);
+    return absl::OkStatus();
+  }
   if (dx != nullptr) {
     // Row-major dx [n, in] = dy [n, out] W^T  <=>  column-major
     // dx^T [in, n] = W [in, out] dy^T [out, n]; the stored W is the

@@ -195,6 +195,45 @@ TEST_F(LinearCudaTest, LinearForwardBackwardCuda_TwoRuns_BitwiseEqual) {
   }
 }
 
+// In bf16 with plain copies LinearBackwardCuda rounds dy once for both of
+// its products; the results must be bitwise those of the two products
+// made one by one through SgemmCuda (which round dy each), with and
+// without aligned rows (the latter through cuBLAS's narrowing under
+// kAlignedCopies).
+TEST_F(LinearCudaTest, LinearBackwardCuda_Bf16_BitwiseItsTwoSgemmProducts) {
+  for (Bf16Operands how : {Bf16Operands::kAlignedCopies, Bf16Operands::kCopies}) {
+    for (const Shape& s : {Shape{130, 768, 3072}, Shape{33, 40, 7}}) {
+      SCOPED_TRACE(absl::StrCat(Bf16OperandsName(how), " n=", s.n, " in=", s.in, " out=", s.out));
+      const LinearData d = MakeData(s, 60);
+      auto handle = CublasHandle::Create(GemmMode::kBf16);
+      ASSERT_TRUE(handle.ok()) << handle.status();
+      handle->set_bf16_operands(how);
+      auto x = DeviceBuffer<float>::FromHost(d.x);
+      auto w = DeviceBuffer<float>::FromHost(d.w);
+      auto dy = DeviceBuffer<float>::FromHost(d.dy);
+      auto dw1 = DeviceBuffer<float>::FromHost(d.dw);
+      auto dw2 = DeviceBuffer<float>::FromHost(d.dw);
+      auto dx1 = DeviceBuffer<float>::Create(int64_t{s.n} * s.in);
+      auto dx2 = DeviceBuffer<float>::Create(int64_t{s.n} * s.in);
+      ASSERT_TRUE(x.ok() && w.ok() && dy.ok() && dw1.ok() && dw2.ok() && dx1.ok() && dx2.ok());
+      ASSERT_TRUE(LinearBackwardCuda(*handle, x->data(), w->data(), dy->data(), s.n, s.in, s.out,
+                                     dx1->data(), dw1->data(), nullptr)
+                      .ok());
+      ASSERT_TRUE(SgemmCuda(*handle, false, true, s.n, s.in, s.out, 1.0f, dy->data(), s.out,
+                            w->data(), s.out, 0.0f, dx2->data(), s.in)
+                      .ok());
+      ASSERT_TRUE(SgemmCuda(*handle, true, false, s.in, s.out, s.n, 1.0f, x->data(), s.in,
+                            dy->data(), s.out, 1.0f, dw2->data(), s.out)
+                      .ok());
+      auto got_dx = dx1->ToHost(), want_dx = dx2->ToHost();
+      auto got_dw = dw1->ToHost(), want_dw = dw2->ToHost();
+      ASSERT_TRUE(got_dx.ok() && want_dx.ok() && got_dw.ok() && want_dw.ok());
+      EXPECT_EQ(*got_dx, *want_dx);
+      EXPECT_EQ(*got_dw, *want_dw);
+    }
+  }
+}
+
 TEST_F(LinearCudaTest, CublasHandleCreate_EachMode_SetsMathModeAndStream) {
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);

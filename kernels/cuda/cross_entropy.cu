@@ -1,10 +1,11 @@
-#include "kernels/cuda/cross_entropy.h"
+#include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/block_reduce.cuh"
+#include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cuda_status.h"
 
 namespace pipetrain {
@@ -103,6 +104,27 @@ __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int3
   }
 }
 
+// The same values rounded to bf16 (nearest even, as RoundToBf16Cuda), and
+// +0 in the ld - vocab padding columns.
+__global__ void SoftmaxCrossEntropyBackwardBf16Kernel(const float* probs, const int32_t* targets,
+                                                      int vocab, int64_t ld, float scale,
+                                                      uint16_t* dlogits) {
+  const int64_t row = blockIdx.x;
+  const float* p = probs + row * ld;
+  uint16_t* d = dlogits + row * ld;
+  const int32_t target = targets[row];
+  const bool valid = target >= 0 && target < vocab;
+  for (int j = threadIdx.x; j < ld; j += blockDim.x) {
+    float g = 0.0f;
+    if (j < vocab) {
+      g = __fmul_rn(p[j], scale);
+      if (j == target) g -= scale;
+      if (!valid) g = NAN;
+    }
+    d[j] = __bfloat16_as_ushort(__float2bfloat16_rn(g));
+  }
+}
+
 absl::Status CheckShape(const char* op, int n, int vocab, int ld) {
   if (n >= 1 && vocab >= 1 && ld >= vocab) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(op, ": shape [", n, ", ", vocab,
@@ -136,6 +158,18 @@ absl::Status SoftmaxCrossEntropyBackwardCuda(const float* probs, const int32_t* 
   SoftmaxCrossEntropyBackwardKernel<<<n, kRowThreads, 0, stream>>>(probs, targets, vocab, ld, scale,
                                                                    dlogits);
   CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardKernel");
+  return absl::OkStatus();
+}
+
+absl::Status SoftmaxCrossEntropyBackwardBf16Cuda(const float* probs, const int32_t* targets, int n,
+                                                 int vocab, int ld, float dloss, uint16_t* dlogits,
+                                                 cudaStream_t stream) {
+  absl::Status valid = CheckShape("SoftmaxCrossEntropyBackwardBf16Cuda", n, vocab, ld);
+  if (!valid.ok()) return valid;
+  const float scale = dloss / n;  // as SoftmaxCrossEntropyBackwardCuda
+  SoftmaxCrossEntropyBackwardBf16Kernel<<<n, kRowThreads, 0, stream>>>(probs, targets, vocab, ld,
+                                                                       scale, dlogits);
+  CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardBf16Kernel");
   return absl::OkStatus();
 }
 

@@ -45,6 +45,14 @@ absl::Status SoftmaxCrossEntropyBackwardCuda(const float* probs, const int32_t* 
                                              int vocab, int ld, float dloss, float* dlogits,
                                              cudaStream_t stream = nullptr);
 
+// SoftmaxCrossEntropyBackwardCuda's dlogits rounded to bf16 (their bits;
+// nearest even, bitwise RoundToBf16Cuda of the fp32 values), with +0 in
+// each row's ld - vocab padding columns: the LM head's bf16 products read
+// it without an fp32 dlogits or a copy per product (lm_head.h).
+absl::Status SoftmaxCrossEntropyBackwardBf16Cuda(const float* probs, const int32_t* targets, int n,
+                                                 int vocab, int ld, float dloss, uint16_t* dlogits,
+                                                 cudaStream_t stream = nullptr);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_CUDA_CROSS_ENTROPY_H_

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/cross_entropy.h"
+#include "kernels/cpu/flash_attention.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/parity_testing.h"
 
@@ -300,6 +302,52 @@ TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyCuda_PaddedRows_SameAsPackedAndP
         const bool ok = j < c.vocab ? (*probs)[at] == packed.probs[packed_at] &&
                                           (*grad)[at] == packed_grad[packed_at]
                                     : (*probs)[at] == -7.0f && (*grad)[at] == -9.0f;
+        if (!ok && ++mismatches <= 5) ADD_FAILURE() << "row " << i << ", column " << j;
+      }
+    }
+    EXPECT_EQ(mismatches, 0);
+  }
+}
+
+// The bf16 backward: each value bitwise the fp32 backward's rounded to
+// nearest even (RoundToBf16, the CPU's), +0 in the padding, over padded
+// and unpadded rows, and NaN in a row whose target is out of range.
+TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyBackwardBf16Cuda_IsTheFp32BackwardRounded) {
+  const struct { int n, vocab, ld; } cases[] = {{6, 50257, 50304}, {9, 13, 13}, {5, 1000, 1024}};
+  for (const auto& c : cases) {
+    SCOPED_TRACE(Name({c.n, c.vocab}, "bf16 backward") + " ld " + std::to_string(c.ld));
+    std::vector<float> probs = RandomNormal(70, int64_t{c.n} * c.ld, 0.0f, 0.01f);
+    std::vector<int32_t> targets = Targets(c.n, c.vocab);
+    targets[1] = c.vocab;  // out of range: NaN row
+    auto probs_d = DeviceBuffer<float>::FromHost(probs);
+    auto targets_d = DeviceBuffer<int32_t>::FromHost(targets);
+    auto fp32_d = DeviceBuffer<float>::FromHost(std::vector<float>(probs.size(), 0.0f));
+    auto bf16_d = DeviceBuffer<uint16_t>::FromHost(std::vector<uint16_t>(probs.size(), 0x1234));
+    ASSERT_TRUE(probs_d.ok() && targets_d.ok() && fp32_d.ok() && bf16_d.ok());
+    ASSERT_TRUE(SoftmaxCrossEntropyBackwardCuda(probs_d->data(), targets_d->data(), c.n, c.vocab,
+                                                c.ld, 0.75f, fp32_d->data())
+                    .ok());
+    ASSERT_TRUE(SoftmaxCrossEntropyBackwardBf16Cuda(probs_d->data(), targets_d->data(), c.n,
+                                                    c.vocab, c.ld, 0.75f, bf16_d->data())
+                    .ok());
+    auto fp32 = fp32_d->ToHost();
+    auto bf16 = bf16_d->ToHost();
+    ASSERT_TRUE(fp32.ok() && bf16.ok());
+    int mismatches = 0;
+    for (int i = 0; i < c.n; ++i) {
+      for (int j = 0; j < c.ld; ++j) {
+        const size_t at = static_cast<size_t>(i) * c.ld + j;
+        const uint32_t bits = uint32_t{(*bf16)[at]} << 16;
+        float got;
+        std::memcpy(&got, &bits, sizeof(got));
+        bool ok;
+        if (j >= c.vocab) {
+          ok = bits == 0;
+        } else if (i == 1) {
+          ok = std::isnan(got);
+        } else {
+          ok = got == RoundToBf16((*fp32)[at]);
+        }
         if (!ok && ++mismatches <= 5) ADD_FAILURE() << "row " << i << ", column " << j;
       }
     }

@@ -81,21 +81,6 @@ cublasStatus_t GemmOnCopies(const CublasHandle& h, cublasOperation_t trans_a,
                       CUBLAS_GEMM_DEFAULT);
 }
 
-// Whether Gemm multiplies unpadded bf16 copies of operands with these
-// leading dimensions (kAlignedCopies on aligned ones, or kCopies): then a
-// caller making several products of one operand may round it once and
-// call GemmOnCopies itself, with bitwise Gemm's results.
-bool UsesPlainCopies(const CublasHandle& h, std::initializer_list<int> lds) {
-  if (h.mode() != GemmMode::kBf16) return false;
-  const Bf16Operands how = h.bf16_operands();
-  if (how == Bf16Operands::kCopies) return true;
-  if (how != Bf16Operands::kAlignedCopies) return false;
-  for (int ld : lds) {
-    if (!Aligned(ld)) return false;
-  }
-  return true;
-}
-
 // One fp32 GEMM (column-major, cuBLAS's arguments) in the handle's mode:
 // cublasSgemm for fp32 and TF32 (the handle's math mode decides); for bf16
 // as the handle's Bf16Operands says (linear.h).
@@ -315,7 +300,7 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
 
   const float one = 1.0f;
   const float zero = 0.0f;
-  if (UsesPlainCopies(handle, {out, in})) {
+  if (MultipliesBf16Copies(handle, {out, in})) {
     // Both products read dy: round it to bf16 once, not once per product
     // (the same copies and GEMMs as the general path below, so the same
     // bits). Column-major views as below: dy^T [out, n], W^T [out, in],
@@ -346,6 +331,39 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
   RETURN_IF_ERROR(
       Gemm(handle, CUBLAS_OP_N, CUBLAS_OP_T, out, in, n, &one, dy, out, x, in, &one, dw, out));
   if (db != nullptr) return AddColumnSumsCuda(dy, n, out, db, handle.stream());
+  return absl::OkStatus();
+}
+
+bool MultipliesBf16Copies(const CublasHandle& handle, std::initializer_list<int> strides) {
+  if (handle.mode() != GemmMode::kBf16) return false;
+  const Bf16Operands how = handle.bf16_operands();
+  if (how == Bf16Operands::kCopies) return true;
+  if (how != Bf16Operands::kAlignedCopies) return false;
+  for (int stride : strides) {
+    if (!Aligned(stride)) return false;
+  }
+  return true;
+}
+
+absl::Status SgemmBf16Cuda(const CublasHandle& handle, bool trans_a, bool trans_b, int m, int n,
+                           int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
+                           int ldb, float beta, float* c, int ldc) {
+  constexpr const char* kOp = "SgemmBf16Cuda";
+  const int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_cols) || ldb < std::max(1, b_cols) ||
+      ldc < std::max(1, n)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": m=", m, " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc));
+  }
+  absl::Status valid = CheckPointers(kOp, int64_t{m} * n, {{"c", c}});
+  if (valid.ok() && k > 0) valid = CheckPointers(kOp, int64_t{m} * n, {{"a", a}, {"b", b}});
+  if (valid.ok()) valid = CheckHandle(kOp, handle);
+  if (!valid.ok() || m == 0 || n == 0) return valid;
+  // Row-major to column-major as SgemmStridedBatchedCuda: swap the operands.
+  const Operand a16{a, lda, {}}, b16{b, ldb, {}};
+  CUBLAS_RETURN_IF_ERROR(GemmOnCopies(handle, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                      trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, n, m, k, &alpha, b16,
+                                      a16, &beta, c, ldc));
   return absl::OkStatus();
 }
 

@@ -30,6 +30,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "absl/status/status.h"
@@ -143,6 +144,21 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
 absl::Status SgemmCuda(const CublasHandle& handle, bool trans_a, bool trans_b, int m, int n,
                        int k, float alpha, const float* a, int lda, const float* b, int ldb,
                        float beta, float* c, int ldc);
+
+// Whether the handle's bf16 products of operands with these row strides
+// multiply unpadded bf16 copies of them (GemmMode::kBf16 with
+// kAlignedCopies and every stride a multiple of 8, or with kCopies). Then
+// SgemmBf16Cuda on operands the caller rounded itself (bf16_round.h)
+// gives bitwise SgemmCuda's results, so an operand used in several
+// products can be rounded once.
+bool MultipliesBf16Copies(const CublasHandle& handle, std::initializer_list<int> strides);
+
+// Row-major C = alpha op(A) op(B) + beta C as SgemmCuda, on A and B given
+// as bf16 bits (e.g. from RoundToBf16Cuda), with fp32 accumulation into
+// the fp32 C whatever the handle's GemmMode. Errors as SgemmCuda.
+absl::Status SgemmBf16Cuda(const CublasHandle& handle, bool trans_a, bool trans_b, int m, int n,
+                           int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
+                           int ldb, float beta, float* c, int ldc);
 
 // `batch` such products, C_i = alpha op(A_i) op(B_i) + beta C_i with
 // X_i = x + i * stride_x (strides in floats, >= 0), each as SgemmCuda

@@ -10,6 +10,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/bf16_round.h"
+#include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/stream_scratch.h"
@@ -93,6 +95,52 @@ absl::Status LmHeadBackwardCuda(const CublasHandle& handle, const float* x, cons
   // weights by then.
   RETURN_IF_ERROR(SgemmCuda(handle, true, false, ld, d, n, 1.0f, dlogits, ld, x, d, 0.0f,
                             padded.as<float>(), d));
+  return AddInPlaceCuda(dwte, padded.as<float>(), int64_t{vocab} * d, stream);
+}
+
+absl::Status LmHeadLossBackwardCuda(const CublasHandle& handle, const float* probs,
+                                    const int32_t* targets, float dloss, const float* x,
+                                    const float* wte, int n, int d, int vocab, int ld, float* dx,
+                                    float* dwte) {
+  constexpr const char* kOp = "LmHeadLossBackwardCuda";
+  RETURN_IF_ERROR(CheckArguments(kOp, n, d, vocab, ld,
+                                 {{"probs", probs},
+                                  {"targets", targets},
+                                  {"x", x},
+                                  {"wte", wte},
+                                  {"dx", dx},
+                                  {"dwte", dwte}}));
+  if (n == 0) return absl::OkStatus();
+  if (handle.empty())
+    return absl::FailedPreconditionError(absl::StrCat(kOp, ": empty cuBLAS handle"));
+  if (!MultipliesBf16Copies(handle, {ld, d})) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kOp, ": the handle's products (", GemmModeName(handle.mode()),
+                     ") do not multiply bf16 copies at row strides ", ld, " and ", d));
+  }
+  const cudaStream_t stream = handle.stream();
+  const size_t bf16 = sizeof(uint16_t);
+  ASSIGN_OR_RETURN(StreamScratch dlogits,
+                   StreamScratch::Create(static_cast<size_t>(n) * ld * bf16, stream));
+  RETURN_IF_ERROR(SoftmaxCrossEntropyBackwardBf16Cuda(probs, targets, n, vocab, ld, dloss,
+                                                      dlogits.as<uint16_t>(), stream));
+  // wte rounded, with ld - vocab zero rows (+0 in bf16 is all zero bits).
+  ASSIGN_OR_RETURN(StreamScratch wte16,
+                   StreamScratch::Create(static_cast<size_t>(ld) * d * bf16, stream));
+  RETURN_IF_ERROR(RoundToBf16Cuda(wte, int64_t{vocab} * d, wte16.as<uint16_t>(), stream));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(wte16.as<uint16_t>() + static_cast<size_t>(vocab) * d, 0,
+                                       static_cast<size_t>(ld - vocab) * d * bf16, stream));
+  ASSIGN_OR_RETURN(StreamScratch x16,
+                   StreamScratch::Create(static_cast<size_t>(n) * d * bf16, stream));
+  RETURN_IF_ERROR(RoundToBf16Cuda(x, int64_t{n} * d, x16.as<uint16_t>(), stream));
+  RETURN_IF_ERROR(SgemmBf16Cuda(handle, false, false, n, d, ld, 1.0f, dlogits.as<uint16_t>(), ld,
+                                wte16.as<uint16_t>(), d, 0.0f, dx, d));
+  // The padded weight gradient in scratch, its first vocab rows then added
+  // into dwte, as LmHeadBackwardCuda does.
+  ASSIGN_OR_RETURN(StreamScratch padded,
+                   StreamScratch::Create(static_cast<size_t>(ld) * d * sizeof(float), stream));
+  RETURN_IF_ERROR(SgemmBf16Cuda(handle, true, false, ld, d, n, 1.0f, dlogits.as<uint16_t>(), ld,
+                                x16.as<uint16_t>(), d, 0.0f, padded.as<float>(), d));
   return AddInPlaceCuda(dwte, padded.as<float>(), int64_t{vocab} * d, stream);
 }
 

@@ -33,6 +33,8 @@
 #ifndef PIPETRAIN_KERNELS_CUDA_LM_HEAD_H_
 #define PIPETRAIN_KERNELS_CUDA_LM_HEAD_H_
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 #include "kernels/cuda/linear.h"
 
@@ -44,6 +46,22 @@ absl::Status LmHeadForwardCuda(const CublasHandle& handle, const float* x, const
 absl::Status LmHeadBackwardCuda(const CublasHandle& handle, const float* x, const float* wte,
                                 float* dlogits, int n, int d, int vocab, int ld, float* dx,
                                 float* dwte);
+
+// The cross-entropy's backward and LmHeadBackwardCuda in one, for a handle
+// whose bf16 products multiply copies at these strides
+// (MultipliesBf16Copies(handle, {ld, d}), linear.h): dlogits =
+// (probs - onehot(targets)) dloss / n is written straight in bf16
+// (cross_entropy.h's SoftmaxCrossEntropyBackwardBf16Cuda), so there is no
+// fp32 dlogits [n, ld] and no bf16 copy of it per product; wte and x are
+// rounded once. Bitwise the results of SoftmaxCrossEntropyBackwardCuda
+// then LmHeadBackwardCuda (same roundings, same GEMMs). probs [n, ld]
+// (stride ld), targets: n int32 on the device. Errors as
+// LmHeadBackwardCuda, and INVALID_ARGUMENT for a handle that does not
+// multiply copies at these strides.
+absl::Status LmHeadLossBackwardCuda(const CublasHandle& handle, const float* probs,
+                                    const int32_t* targets, float dloss, const float* x,
+                                    const float* wte, int n, int d, int vocab, int ld, float* dx,
+                                    float* dwte);
 
 }  // namespace pipetrain
 

@@ -6,6 +6,8 @@
 // padded class that is read where it should add zero shows.
 #include "kernels/cuda/lm_head.h"
 
+#include <cuda_runtime_api.h>
+
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -15,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm_tolerance_testing.h"
 #include "kernels/cuda/parity_testing.h"
@@ -165,6 +168,63 @@ TEST_F(LmHeadCudaTest, TwoRuns_BitwiseEqual) {
   EXPECT_EQ(runs[0].dwte, runs[1].dwte);
 }
 
+// The fused cross-entropy + LM head backward in bf16 (plain or aligned
+// copies) against the cross-entropy's fp32 backward followed by
+// LmHeadBackwardCuda: bitwise equal dx and dwte; a handle whose products
+// do not multiply copies is INVALID_ARGUMENT.
+TEST_F(LmHeadCudaTest, LossBackward_Bf16_BitwiseTheTwoSteps) {
+  const Shape shapes[] = {{8, 64, 50257, 50304}, {33, 40, 1001, 1024}};
+  constexpr float kDloss = 0.5f;
+  for (Bf16Operands how : {Bf16Operands::kAlignedCopies, Bf16Operands::kCopies}) {
+    for (const Shape& s : shapes) {
+      SCOPED_TRACE(Name(s, GemmMode::kBf16) + " " + Bf16OperandsName(how));
+      const Data d(s);
+      std::vector<float> probs = RandomNormal(9, int64_t{s.n} * s.ld, 0.0f, 0.01f);
+      std::vector<int32_t> targets(s.n);
+      for (int i = 0; i < s.n; ++i) targets[i] = (i * 7919 + 3) % s.vocab;
+      auto handle = CublasHandle::Create(GemmMode::kBf16);
+      ASSERT_TRUE(handle.ok()) << handle.status();
+      handle->set_bf16_operands(how);
+      auto x = DeviceBuffer<float>::FromHost(d.x);
+      auto wte = DeviceBuffer<float>::FromHost(d.wte);
+      auto probs_d = DeviceBuffer<float>::FromHost(probs);
+      auto targets_d = DeviceBuffer<int32_t>::FromHost(targets);
+      auto dlogits = DeviceBuffer<float>::Create(int64_t{s.n} * s.ld);
+      auto dwte1 = DeviceBuffer<float>::FromHost(d.dwte);
+      auto dwte2 = DeviceBuffer<float>::FromHost(d.dwte);
+      auto dx1 = DeviceBuffer<float>::Create(int64_t{s.n} * s.d);
+      auto dx2 = DeviceBuffer<float>::Create(int64_t{s.n} * s.d);
+      ASSERT_TRUE(x.ok() && wte.ok() && probs_d.ok() && targets_d.ok() && dlogits.ok() &&
+                  dwte1.ok() && dwte2.ok() && dx1.ok() && dx2.ok());
+      const absl::Status fused =
+          LmHeadLossBackwardCuda(*handle, probs_d->data(), targets_d->data(), kDloss, x->data(),
+                                 wte->data(), s.n, s.d, s.vocab, s.ld, dx1->data(), dwte1->data());
+      ASSERT_TRUE(fused.ok()) << fused;
+      ASSERT_TRUE(SoftmaxCrossEntropyBackwardCuda(probs_d->data(), targets_d->data(), s.n, s.vocab,
+                                                  s.ld, kDloss, dlogits->data(), handle->stream())
+                      .ok());
+      const absl::Status steps =
+          LmHeadBackwardCuda(*handle, x->data(), wte->data(), dlogits->data(), s.n, s.d, s.vocab,
+                             s.ld, dx2->data(), dwte2->data());
+      ASSERT_TRUE(steps.ok()) << steps;
+      auto got_dx = dx1->ToHost(), want_dx = dx2->ToHost();
+      auto got_dwte = dwte1->ToHost(), want_dwte = dwte2->ToHost();
+      ASSERT_TRUE(got_dx.ok() && want_dx.ok() && got_dwte.ok() && want_dwte.ok());
+      EXPECT_EQ(*got_dx, *want_dx);
+      EXPECT_EQ(*got_dwte, *want_dwte);
+    }
+  }
+  auto fp32 = CublasHandle::Create(GemmMode::kFp32);
+  ASSERT_TRUE(fp32.ok()) << fp32.status();
+  float* dummy = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dummy), sizeof(float) * 64), cudaSuccess);
+  const absl::Status refused =
+      LmHeadLossBackwardCuda(*fp32, dummy, reinterpret_cast<const int32_t*>(dummy), 1.0f, dummy,
+                             dummy, 2, 8, 10, 16, dummy, dummy);
+  cudaFree(dummy);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+}
+
 // Argument checks happen before any CUDA call, so these run without a GPU.
 TEST(LmHeadCudaArgumentsTest, StrideBelowVocabOrNullPointer_InvalidArgument) {
   float dummy = 0.0f;
@@ -178,6 +238,13 @@ TEST(LmHeadCudaArgumentsTest, StrideBelowVocabOrNullPointer_InvalidArgument) {
   EXPECT_NE(null_dx.message().find("dx is null"), std::string::npos) << null_dx;
   const absl::Status no_handle = LmHeadForwardCuda(empty, &dummy, &dummy, 2, 4, 10, 16, &dummy);
   EXPECT_EQ(no_handle.code(), absl::StatusCode::kFailedPrecondition) << no_handle;
+  const int32_t target = 0;
+  const absl::Status fused_narrow = LmHeadLossBackwardCuda(empty, &dummy, &target, 1.0f, &dummy,
+                                                           &dummy, 2, 4, 10, 9, &dummy, &dummy);
+  EXPECT_EQ(fused_narrow.code(), absl::StatusCode::kInvalidArgument) << fused_narrow;
+  const absl::Status fused_no_handle = LmHeadLossBackwardCuda(empty, &dummy, &target, 1.0f, &dummy,
+                                                              &dummy, 2, 4, 10, 16, &dummy, &dummy);
+  EXPECT_EQ(fused_no_handle.code(), absl::StatusCode::kFailedPrecondition) << fused_no_handle;
 }
 
 }  // namespace

@@ -310,6 +310,19 @@ class Backend {
     Sgemm(false, false, n, d, vocab, 1.0f, dlogits, ld, wte, d, 0.0f, dx, d);
     Sgemm(true, false, vocab, d, n, 1.0f, dlogits, ld, x, d, 1.0f, dwte, d);
   }
+  // The head's backward from its probabilities [n, ld]: dlogits =
+  // (probs - onehot(targets)) dloss / n (SoftmaxCrossEntropyBackward), then
+  // LmHeadBackward. This default makes the fp32 dlogits and calls the two
+  // (so a ForwardingBackend's overrides of them still see each call). The
+  // CUDA backend with bf16 products on copies writes dlogits straight in
+  // bf16 for them (kernels/cuda/lm_head.h): bitwise the same results.
+  virtual void LmHeadLossBackward(const float* probs, const int32_t* host_targets, float dloss,
+                                  const float* x, const float* wte, int n, int d, int vocab, int ld,
+                                  float* dx, float* dwte) {
+    Tensor dlogits = Empty({n, ld});
+    SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, ld, dloss, dlogits.data());
+    LmHeadBackward(x, wte, dlogits.data(), n, d, vocab, ld, dx, dwte);
+  }
   // Row-major C = alpha op(A) op(B) + beta C, as kernels/cpu/blas.h Sgemm.
   virtual void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a,
                      int lda, const float* b, int ldb, float beta, float* c, int ldc) = 0;

@@ -371,6 +371,19 @@ class CudaBackendImpl final : public Backend {
     Run("lm_head_backward",
         [&] { return LmHeadBackwardCuda(cublas_, x, wte, dlogits, n, d, vocab, ld, dx, dwte); });
   }
+  void LmHeadLossBackward(const float* probs, const int32_t* host_targets, float dloss,
+                          const float* x, const float* wte, int n, int d, int vocab, int ld,
+                          float* dx, float* dwte) override {
+    if (!MultipliesBf16Copies(cublas_, {ld, d})) {
+      Backend::LmHeadLossBackward(probs, host_targets, dloss, x, wte, n, d, vocab, ld, dx, dwte);
+      return;
+    }
+    const Tensor targets = UploadIds(host_targets, n);
+    Run("lm_head_loss_backward", [&] {
+      return LmHeadLossBackwardCuda(cublas_, probs, Ids(targets), dloss, x, wte, n, d, vocab, ld,
+                                    dx, dwte);
+    });
+  }
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
              const float* b, int ldb, float beta, float* c, int ldc) override {
     Run("sgemm", [&] {

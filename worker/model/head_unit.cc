@@ -81,22 +81,20 @@ Tensor HeadUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitC
   PT_CHECK(!dy.on_device() && dy.numel() == 1) << "head's dL/dloss must be a host [1] tensor";
   const auto& s = ctx.saved;
   const int ld = LogitsLd();
-  Tensor dlogits;
+  // dln = dlogits * wte [n, d];  dwte += dlogits^T * ln_out [Vl, d].
+  Tensor dln = backend()->Empty({n, d});
   if (tp_size() > 1) {
     const Tensor probs = backend()->Download(s[kProbs]);
     Tensor host = Tensor::Zeros({n, Vl});
     VocabSliceCrossEntropyBackward(probs.data(), batch.targets.data(), n, Vl, tp_rank() * Vl, dy[0],
                                    host.data());
-    dlogits = backend()->Upload(host);
+    Tensor dlogits = backend()->Upload(host);
+    backend()->LmHeadBackward(s[kLnOut].data(), wte_->value.data(), dlogits.data(), n, d, Vl, ld,
+                              dln.data(), wte_->grad.data());
   } else {
-    dlogits = backend()->Empty({n, ld});
-    backend()->SoftmaxCrossEntropyBackward(s[kProbs].data(), batch.targets.data(), n, V, ld, dy[0],
-                                           dlogits.data());
+    backend()->LmHeadLossBackward(s[kProbs].data(), batch.targets.data(), dy[0], s[kLnOut].data(),
+                                  wte_->value.data(), n, d, V, ld, dln.data(), wte_->grad.data());
   }
-  // dln = dlogits * wte [n, d];  dwte += dlogits^T * ln_out [Vl, d].
-  Tensor dln = backend()->Empty({n, d});
-  backend()->LmHeadBackward(s[kLnOut].data(), wte_->value.data(), dlogits.data(), n, d, Vl, ld,
-                            dln.data(), wte_->grad.data());
   TensorParallelSum(dln);  // each rank's vocabulary part of dL/d(ln_f output)
   Tensor dx = backend()->Empty({batch.batch, batch.seq_len, d});
   backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(), s[kLnRstd].data(),

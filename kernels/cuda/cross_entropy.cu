@@ -86,9 +86,16 @@ __global__ void MeanLossKernel(const float* row_losses, int n, float* loss) {
   if (threadIdx.x == 0) *loss = static_cast<float>(partial[0] / n);
 }
 
-// dlogits = probs * scale, minus scale at the target. __fmul_rn keeps the
+// Column j's dlogits from its probability p: p * scale, minus scale at the
+// target (NaN for a row whose target is out of range). __fmul_rn keeps the
 // product rounded on its own (no FMA with the subtraction), as the CPU
 // computes it, so both sides round identically.
+__device__ __forceinline__ float Gradient(float p, int j, int32_t target, bool valid, float scale) {
+  float g = __fmul_rn(p, scale);
+  if (j == target) g -= scale;
+  return valid ? g : NAN;
+}
+
 __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int32_t* targets,
                                                   int vocab, int64_t ld, float scale,
                                                   float* dlogits) {
@@ -97,11 +104,8 @@ __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int3
   float* d = dlogits + row * ld;
   const int32_t target = targets[row];
   const bool valid = target >= 0 && target < vocab;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) {
-    float g = __fmul_rn(p[j], scale);
-    if (j == target) g -= scale;
-    d[j] = valid ? g : NAN;
-  }
+  for (int j = threadIdx.x; j < vocab; j += blockDim.x)
+    d[j] = Gradient(p[j], j, target, valid, scale);
 }
 
 // The same values rounded to bf16 (nearest even, as RoundToBf16Cuda), and
@@ -115,12 +119,7 @@ __global__ void SoftmaxCrossEntropyBackwardBf16Kernel(const float* probs, const 
   const int32_t target = targets[row];
   const bool valid = target >= 0 && target < vocab;
   for (int j = threadIdx.x; j < ld; j += blockDim.x) {
-    float g = 0.0f;
-    if (j < vocab) {
-      g = __fmul_rn(p[j], scale);
-      if (j == target) g -= scale;
-      if (!valid) g = NAN;
-    }
+    const float g = j < vocab ? Gradient(p[j], j, target, valid, scale) : 0.0f;
     d[j] = __bfloat16_as_ushort(__float2bfloat16_rn(g));
   }
 }

@@ -178,6 +178,31 @@ absl::Status CheckHandle(const char* op, const CublasHandle& handle) {
                    "create it with CublasHandle::Create"));
 }
 
+// A row-major product's sizes: m, n, k >= 0 and row strides at least the
+// stored rows' widths (SgemmCuda's, SgemmStridedBatchedCuda's and
+// SgemmBf16Cuda's first check).
+absl::Status CheckGemmSizes(const char* op, bool trans_a, bool trans_b, int m, int n, int k,
+                            int lda, int ldb, int ldc) {
+  // Row widths of the three matrices as stored.
+  const int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
+  if (m >= 0 && n >= 0 && k >= 0 && lda >= std::max(1, a_cols) && ldb >= std::max(1, b_cols) &&
+      ldc >= std::max(1, n)) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": m=", m, " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc));
+}
+
+// Their pointers for `outputs` output elements (c whenever there is one; a
+// and b too when k > 0), then the handle (the same functions' last check).
+absl::Status CheckGemmOperands(const char* op, const CublasHandle& handle, int64_t outputs, int k,
+                               const void* a, const void* b, const void* c) {
+  absl::Status valid = CheckPointers(op, outputs, {{"c", c}});
+  if (valid.ok() && k > 0) valid = CheckPointers(op, outputs, {{"a", a}, {"b", b}});
+  if (valid.ok()) valid = CheckHandle(op, handle);
+  return valid;
+}
+
 }  // namespace
 
 const char* GemmModeName(GemmMode mode) {
@@ -349,15 +374,8 @@ absl::Status SgemmBf16Cuda(const CublasHandle& handle, bool trans_a, bool trans_
                            int k, float alpha, const uint16_t* a, int lda, const uint16_t* b,
                            int ldb, float beta, float* c, int ldc) {
   constexpr const char* kOp = "SgemmBf16Cuda";
-  const int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_cols) || ldb < std::max(1, b_cols) ||
-      ldc < std::max(1, n)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": m=", m, " n=", n, " k=", k, " lda=", lda, " ldb=", ldb, " ldc=", ldc));
-  }
-  absl::Status valid = CheckPointers(kOp, int64_t{m} * n, {{"c", c}});
-  if (valid.ok() && k > 0) valid = CheckPointers(kOp, int64_t{m} * n, {{"a", a}, {"b", b}});
-  if (valid.ok()) valid = CheckHandle(kOp, handle);
+  RETURN_IF_ERROR(CheckGemmSizes(kOp, trans_a, trans_b, m, n, k, lda, ldb, ldc));
+  absl::Status valid = CheckGemmOperands(kOp, handle, int64_t{m} * n, k, a, b, c);
   if (!valid.ok() || m == 0 || n == 0) return valid;
   // Row-major to column-major as SgemmStridedBatchedCuda: swap the operands.
   const Operand a16{a, lda, {}}, b16{b, ldb, {}};
@@ -381,21 +399,13 @@ absl::Status SgemmStridedBatchedCuda(const CublasHandle& handle, bool trans_a, b
   const char* op = batch == 1 && stride_a == 0 && stride_b == 0 && stride_c == 0
                        ? "SgemmCuda"
                        : "SgemmStridedBatchedCuda";
-  // Row widths of the three matrices as stored.
-  const int a_cols = trans_a ? m : k, b_cols = trans_b ? k : n;
-  if (m < 0 || n < 0 || k < 0 || lda < std::max(1, a_cols) || ldb < std::max(1, b_cols) ||
-      ldc < std::max(1, n)) {
-    return absl::InvalidArgumentError(absl::StrCat(op, ": m=", m, " n=", n, " k=", k, " lda=",
-                                                   lda, " ldb=", ldb, " ldc=", ldc));
-  }
+  RETURN_IF_ERROR(CheckGemmSizes(op, trans_a, trans_b, m, n, k, lda, ldb, ldc));
   if (batch < 0 || stride_a < 0 || stride_b < 0 || stride_c < 0) {
     return absl::InvalidArgumentError(absl::StrCat(op, ": batch=", batch, " strides ", stride_a,
                                                    ", ", stride_b, ", ", stride_c,
                                                    " must not be negative"));
   }
-  absl::Status valid = CheckPointers(op, int64_t{m} * n * batch, {{"c", c}});
-  if (valid.ok() && k > 0) valid = CheckPointers(op, int64_t{m} * n * batch, {{"a", a}, {"b", b}});
-  if (valid.ok()) valid = CheckHandle(op, handle);
+  absl::Status valid = CheckGemmOperands(op, handle, int64_t{m} * n * batch, k, a, b, c);
   if (!valid.ok() || m == 0 || n == 0 || batch == 0) return valid;
   // A row-major matrix is its transpose in column-major order, so row-major
   // C = op(A) op(B) is column-major C^T [n, m] = op(B)^T op(A)^T: swap the

@@ -293,6 +293,37 @@ class Backend {
       AdamWUpdate(t.param, t.grad, t.m, t.v, t.n, step, config, t.apply_decay);
     }
   }
+  // Gradient clipping's two passes (worker/train/grad_clip.h).
+  // Each tensor's sum of squares in double, on the host. This default (the
+  // CPU's) sums each tensor in element order, through Download; the CUDA
+  // backend sums on the device in a fixed tree (kernels/cuda/grad_norm.h:
+  // the same bits run to run, within rounding of this order's double) and
+  // waits once for all of them.
+  virtual std::vector<double> SumsOfSquares(const std::vector<const Tensor*>& tensors) {
+    std::vector<double> sums;
+    for (const Tensor* t : tensors) {
+      const Tensor host = t->on_device() ? Download(*t) : *t;
+      double sum = 0;
+      for (int64_t i = 0; i < host.numel(); ++i) sum += double(host[i]) * double(host[i]);
+      sums.push_back(sum);
+    }
+    return sums;
+  }
+  // Every element of each tensor multiplied by scale, in place: one
+  // rounded product each, so every backend gives the same bits. This
+  // default goes through the host for a device tensor; the CUDA backend
+  // scales on the device.
+  virtual void ScaleInPlace(const std::vector<Tensor*>& tensors, float scale) {
+    for (Tensor* t : tensors) {
+      if (!t->on_device()) {
+        for (int64_t i = 0; i < t->numel(); ++i) t->data()[i] *= scale;
+        continue;
+      }
+      Tensor host = Download(*t);
+      for (int64_t i = 0; i < host.numel(); ++i) host.data()[i] *= scale;
+      CopyFromHost(host, t);
+    }
+  }
   // The tied LM head's products (HeadUnit), logits and dlogits in rows of
   // stride ld >= vocab (LogitsRowStride):
   //   forward   logits[n, :vocab] = x[n, d] wte[vocab, d]^T

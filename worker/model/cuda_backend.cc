@@ -31,6 +31,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/flash_attention.h"
 #include "kernels/cuda/gelu.h"
+#include "kernels/cuda/grad_norm.h"
 #include "kernels/cuda/half_codec.h"
 #include "kernels/cuda/layernorm.h"
 #include "kernels/cuda/lm_head.h"
@@ -361,6 +362,8 @@ class CudaBackendImpl final : public Backend {
                                 stream_);
     });
   }
+  std::vector<double> SumsOfSquares(const std::vector<const Tensor*>& tensors) override;
+  void ScaleInPlace(const std::vector<Tensor*>& tensors, float scale) override;
   void LmHeadForward(const float* x, const float* wte, int n, int d, int vocab, int ld,
                      float* logits) override {
     Run("lm_head_forward",
@@ -785,6 +788,44 @@ void CudaBackendImpl::Fill(Tensor* t, float value) {
   }
   // Rare (LayerNorm gains at init go through CopyFromHost): a host copy.
   CopyFromHost(Tensor::FromVector(t->shape(), std::vector<float>(t->numel(), value)), t);
+}
+
+std::vector<double> CudaBackendImpl::SumsOfSquares(const std::vector<const Tensor*>& tensors) {
+  // NaN until the sums arrive: a failed backend's caller sees no number.
+  std::vector<double> sums(tensors.size(), std::numeric_limits<double>::quiet_NaN());
+  if (tensors.empty()) return sums;
+  std::vector<const float*> data;
+  std::vector<int64_t> counts;
+  for (const Tensor* t : tensors) {
+    PT_CHECK(t->on_device() || t->numel() == 0) << "SumsOfSquares of a host tensor";
+    data.push_back(t->data());
+    counts.push_back(t->numel());
+  }
+  // The doubles in a block of the stream-ordered cache (two floats each),
+  // copied to the host in one wait.
+  Tensor device_sums = Allocate({2 * static_cast<int64_t>(tensors.size())}, /*zero=*/false);
+  Run("sums_of_squares", [&]() -> absl::Status {
+    RETURN_IF_ERROR(SumsOfSquaresCuda(data.data(), counts.data(), static_cast<int>(data.size()),
+                                      reinterpret_cast<double*>(device_sums.data()), stream_));
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sums.data(), device_sums.data(),
+                                         sums.size() * sizeof(double), cudaMemcpyDeviceToHost,
+                                         stream_));
+    return SynchronizeStream();
+  });
+  return sums;
+}
+
+void CudaBackendImpl::ScaleInPlace(const std::vector<Tensor*>& tensors, float scale) {
+  std::vector<float*> data;
+  std::vector<int64_t> counts;
+  for (Tensor* t : tensors) {
+    PT_CHECK(t->on_device() || t->numel() == 0) << "ScaleInPlace of a host tensor";
+    data.push_back(t->data());
+    counts.push_back(t->numel());
+  }
+  Run("scale", [&] {
+    return ScaleAllCuda(data.data(), counts.data(), static_cast<int>(data.size()), scale, stream_);
+  });
 }
 
 float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets,

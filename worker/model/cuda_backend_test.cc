@@ -266,6 +266,45 @@ TEST_F(CudaBackendTest, OpTiming_UnitForward_TimesEachOp) {
   EXPECT_TRUE(b->TakeOpTimes().empty());
 }
 
+// Gradient clipping's passes on the device: the sums against the CPU
+// backend's element-order doubles (within 1e-10 relative: only the order
+// differs; kernels/cuda/grad_norm_test.cc says why), an empty tensor's 0,
+// and the scaling bitwise the CPU's, each timed as one op.
+TEST_F(CudaBackendTest, SumsOfSquaresAndScale_MatchCpuBackend_OneOpEach) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  Backend* b = cuda->get();
+  std::vector<Tensor> host = {Normal({3, 1000, 7}, 31), Normal({0}, 32), Normal({300001}, 33)};
+  std::vector<Tensor> device;
+  for (const Tensor& t : host) device.push_back(b->Upload(t));
+  std::vector<const Tensor*> host_view, device_view;
+  std::vector<Tensor*> host_out, device_out;
+  for (size_t i = 0; i < host.size(); ++i) {
+    host_view.push_back(&host[i]);
+    device_view.push_back(&device[i]);
+    host_out.push_back(&host[i]);
+    device_out.push_back(&device[i]);
+  }
+  b->SetOpTiming(true);
+  const std::vector<double> got = b->SumsOfSquares(device_view);
+  b->ScaleInPlace(device_out, 0.8125f);
+  b->SetOpTiming(false);
+  ASSERT_TRUE(b->status().ok()) << b->status();
+  const std::vector<double> want = CpuBackend()->SumsOfSquares(host_view);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(got[i], want[i], 1e-10 * want[i]) << "tensor " << i;
+  }
+  EXPECT_EQ(got[1], 0.0);
+  CpuBackend()->ScaleInPlace(host_out, 0.8125f);
+  for (size_t i = 0; i < host.size(); ++i) {
+    EXPECT_EQ(Host(b, device[i]), host[i].ToVector()) << "tensor " << i;
+  }
+  const OpTimes times = b->TakeOpTimes();
+  EXPECT_EQ(times.at("sums_of_squares").calls, 1);
+  EXPECT_EQ(times.at("scale").calls, 1);
+}
+
 // StartDownload queues the copy behind earlier work and ahead of later work:
 // the copy holds the value at the call (a later in-place add does not reach
 // it), another thread may wait for it, and an empty tensor copies to empty.

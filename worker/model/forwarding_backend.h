@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "worker/model/backend.h"
 
@@ -131,6 +132,12 @@ class ForwardingBackend : public Backend {
   void AdamWUpdateAll(const std::vector<AdamWTensor>& tensors, int64_t step,
                       const AdamWConfig& config) override {
     inner_->AdamWUpdateAll(tensors, step, config);
+  }
+  std::vector<double> SumsOfSquares(const std::vector<const Tensor*>& tensors) override {
+    return inner_->SumsOfSquares(tensors);
+  }
+  void ScaleInPlace(const std::vector<Tensor*>& tensors, float scale) override {
+    inner_->ScaleInPlace(tensors, scale);
   }
   void LmHeadForward(const float* x, const float* wte, int n, int d, int vocab, int ld,
                      float* logits) override {

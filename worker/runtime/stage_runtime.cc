@@ -1792,15 +1792,22 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
   }
   const int64_t slots = 3 * static_cast<int64_t>(order.size());
   Tensor mine = Tensor::Zeros({slots});
+  std::vector<const Parameter*> own;
+  std::vector<int> own_slots;
   for (int u = setup_.backward.begin(); u < setup_.backward.end(); ++u) {
     for (const Parameter* p : units_.at(u)->parameters()) {
       auto it = index.find({u, p->name});
       if (it == index.end()) continue;  // the head's tied copy
-      const double squares = ParameterSquares(setup_.backend, *p);
-      float* slot = mine.data() + 3 * it->second;
-      slot[0] = 1.0f;
-      std::memcpy(slot + 1, &squares, sizeof(double));
+      own.push_back(p);
+      own_slots.push_back(it->second);
     }
+  }
+  // One backend call: a device backend waits once, not once per parameter.
+  const std::vector<double> own_squares = ParametersSquares(setup_.backend, own);
+  for (size_t k = 0; k < own.size(); ++k) {
+    float* slot = mine.data() + 3 * own_slots[k];
+    slot[0] = 1.0f;
+    std::memcpy(slot + 1, &own_squares[k], sizeof(double));
   }
   if (tp_comm_) RETURN_IF_ERROR(SumTensorRankSquares(iteration, index, &mine, result));
   std::vector<Tensor> all = {mine};

@@ -5,11 +5,15 @@
 namespace pipetrain {
 
 double ParameterSquares(Backend* backend, const Parameter& p) {
-  const Tensor grad = p.grad.on_device() ? backend->Download(p.grad) : p.grad;
-  const float* g = grad.data();
-  double sum = 0;
-  for (int64_t i = 0; i < grad.numel(); ++i) sum += double(g[i]) * double(g[i]);
-  return sum;
+  return backend->SumsOfSquares({&p.grad}).at(0);
+}
+
+std::vector<double> ParametersSquares(Backend* backend,
+                                      const std::vector<const Parameter*>& params) {
+  std::vector<const Tensor*> grads;
+  grads.reserve(params.size());
+  for (const Parameter* p : params) grads.push_back(&p->grad);
+  return backend->SumsOfSquares(grads);
 }
 
 float ClipScale(double total_squares, float max_norm) {
@@ -20,17 +24,21 @@ float ClipScale(double total_squares, float max_norm) {
 
 void ScaleGradients(Backend* backend, const std::vector<Parameter*>& params, float scale) {
   if (scale == 1.0f) return;
-  for (Parameter* p : params) {
-    if (p->grad.on_device()) {
-      Tensor host = backend->Download(p->grad);
-      float* g = host.data();
-      for (int64_t i = 0; i < host.numel(); ++i) g[i] *= scale;
-      backend->CopyFromHost(host, &p->grad);
-    } else {
-      float* g = p->grad.data();
-      for (int64_t i = 0; i < p->grad.numel(); ++i) g[i] *= scale;
-    }
-  }
+  std::vector<Tensor*> grads;
+  grads.reserve(params.size());
+  for (Parameter* p : params) grads.push_back(&p->grad);
+  backend->ScaleInPlace(grads, scale);
+}
+
+float ClipGradientsByGlobalNorm(Backend* backend, const std::vector<Parameter*>& params,
+                                float max_norm) {
+  if (!(max_norm > 0)) return 1.0f;
+  double total = 0;
+  for (double squares : ParametersSquares(backend, {params.begin(), params.end()}))
+    total += squares;
+  const float scale = ClipScale(total, max_norm);
+  ScaleGradients(backend, params, scale);
+  return scale;
 }
 
 }  // namespace pipetrain

@@ -45,12 +45,8 @@ absl::StatusOr<StepResult> LocalTrainer::Step() {
   // No optimizer step (nor its step count) on a failed device's garbage.
   RETURN_IF_ERROR(model_->backend()->status());
   const std::vector<Parameter*> params = model_->parameters();
-  if (config_.grad_clip > 0) {
-    // In parameter order, each parameter's squares alone (grad_clip.h).
-    double total = 0;
-    for (const Parameter* p : params) total += ParameterSquares(model_->backend(), *p);
-    ScaleGradients(model_->backend(), params, ClipScale(total, config_.grad_clip));
-  }
+  // In parameter order, each parameter's squares alone (grad_clip.h).
+  ClipGradientsByGlobalNorm(model_->backend(), params, config_.grad_clip);
   optimizer_.set_lr(LearningRate(config_, optimizer_.steps_taken()));
   optimizer_.Step(params);
   RETURN_IF_ERROR(model_->backend()->status());

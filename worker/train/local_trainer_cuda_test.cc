@@ -39,8 +39,9 @@ Dataset MakeDataset(int seq_len) {
 }
 
 // Shapes off the kernels' block sizes (T = 33, d = 96, 3 heads).
-TrainConfig Config() {
+TrainConfig Config(float grad_clip = 0) {
   TrainConfig c;
+  c.grad_clip = grad_clip;
   c.model.n_layer = 2;
   c.model.n_head = 3;
   c.model.d_model = 96;
@@ -58,9 +59,9 @@ struct TrainRun {
   float val_loss = 0;
 };
 
-TrainRun Train(Backend* backend, int steps) {
+TrainRun Train(Backend* backend, int steps, float grad_clip = 0) {
   Dataset data = MakeDataset(33);
-  auto trainer = LocalTrainer::Create(Config(), &data, backend);
+  auto trainer = LocalTrainer::Create(Config(grad_clip), &data, backend);
   EXPECT_TRUE(trainer.ok()) << trainer.status();
   TrainRun run;
   if (!trainer.ok()) return run;
@@ -91,6 +92,31 @@ TEST_F(LocalTrainerCudaTest, TwentySteps_Fp32_LossesMatchCpuWithin1e4Relative) {
   }
   EXPECT_LE(std::fabs(got.val_loss - want.val_loss) / want.val_loss, 1e-4f)
       << "validation: cuda " << got.val_loss << " cpu " << want.val_loss;
+}
+
+// Clipping by the global norm on the device (kernels/cuda/grad_norm.h):
+// the norm's sum runs in another order than the CPU's, in double, so the
+// losses stay within the same 1e-4. A norm of 0.05 clips every step, as the
+// CPU run without clipping shows by differing.
+TEST_F(LocalTrainerCudaTest, TwentySteps_Fp32_Clipped_LossesMatchCpuWithin1e4Relative) {
+  auto cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  constexpr float kClip = 0.05f;
+  const TrainRun want = Train(CpuBackend(), 20, kClip);
+  const TrainRun unclipped = Train(CpuBackend(), 20);
+  const TrainRun got = Train(cuda->get(), 20, kClip);
+  ASSERT_EQ(got.losses.size(), 20u);
+  ASSERT_EQ(want.losses.size(), 20u);
+  EXPECT_NE(want.losses.back(), unclipped.losses.back()) << "the norm never clipped";
+  for (int i = 0; i < 20; ++i) {
+    const float rel = std::fabs(got.losses[i] - want.losses[i]) / std::fabs(want.losses[i]);
+    EXPECT_LE(rel, 1e-4f) << "step " << i + 1 << ": cuda " << got.losses[i] << " cpu "
+                          << want.losses[i];
+  }
+  // Bitwise run to run, as without clipping.
+  auto again = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(Train(again->get(), 20, kClip).losses, got.losses);
 }
 
 // A checkpoint taken on the GPU and restored into a fresh GPU trainer

@@ -4,6 +4,7 @@
 
 #include "gtest/gtest.h"
 #include "worker/model/cpu_backend.h"
+#include "worker/model/forwarding_backend.h"
 #include "worker/train/grad_clip.h"
 
 namespace pipetrain {
@@ -60,6 +61,48 @@ TEST(GradClipTest, ScaleOnlyAboveTheNorm_SquaresInDouble) {
   EXPECT_FLOAT_EQ(a.grad.data()[0], 3.0f * scale);
   EXPECT_FLOAT_EQ(b.grad.data()[0], 4.0f * scale);
   EXPECT_EQ(ClipScale(total, 0.0f), 1.0f);  // off
+}
+
+// Counts the clipping passes' backend calls: a device backend waits once
+// per SumsOfSquares call, so clipping must make one for all parameters.
+class CountingBackend : public ForwardingBackend {
+ public:
+  CountingBackend() : ForwardingBackend(CpuBackend()) {}
+  std::vector<double> SumsOfSquares(const std::vector<const Tensor*>& tensors) override {
+    ++sums_calls;
+    return inner()->SumsOfSquares(tensors);
+  }
+  void ScaleInPlace(const std::vector<Tensor*>& tensors, float scale) override {
+    ++scale_calls;
+    inner()->ScaleInPlace(tensors, scale);
+  }
+  int sums_calls = 0, scale_calls = 0;
+};
+
+TEST(GradClipTest, ClipByGlobalNorm_OneSumsCallInParameterOrder_ThenOneScale) {
+  Parameter a, b, c;
+  a.grad = Tensor::FromVector({2}, {3.0f, 0.0f});
+  b.grad = Tensor::FromVector({1}, {4.0f});
+  c.grad = Tensor::FromVector({0}, {});
+  CountingBackend backend;
+  EXPECT_EQ(ParametersSquares(&backend, {&a, &b, &c}), (std::vector<double>{9.0, 16.0, 0.0}));
+  EXPECT_EQ(backend.sums_calls, 1);
+
+  backend.sums_calls = 0;
+  const float scale = ClipGradientsByGlobalNorm(&backend, {&a, &b, &c}, 1.0f);
+  EXPECT_EQ(scale, ClipScale(25.0, 1.0f));
+  EXPECT_EQ(backend.sums_calls, 1);
+  EXPECT_EQ(backend.scale_calls, 1);
+  EXPECT_EQ(a.grad.data()[0], 3.0f * scale);
+  EXPECT_EQ(b.grad.data()[0], 4.0f * scale);
+
+  // Below the norm, or off: no scaling call, gradients untouched.
+  backend.sums_calls = backend.scale_calls = 0;
+  EXPECT_EQ(ClipGradientsByGlobalNorm(&backend, {&a, &b}, 10.0f), 1.0f);
+  EXPECT_EQ(backend.scale_calls, 0);
+  EXPECT_EQ(ClipGradientsByGlobalNorm(&backend, {&a, &b}, 0.0f), 1.0f);
+  EXPECT_EQ(backend.sums_calls, 1);  // off: not even the sums
+  EXPECT_EQ(b.grad.data()[0], 4.0f * scale);
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 // finite (the GPU figures are measurements, not goals).
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -42,6 +43,7 @@
 #include "worker/model/gpt_model.h"
 #include "worker/model/model_gemm_probe.h"
 #include "worker/train/adamw_optimizer.h"
+#include "worker/train/grad_clip.h"
 
 namespace pipetrain {
 namespace {
@@ -73,13 +75,16 @@ struct Row {
   bool ok = false;
 };
 
-// One full training step (forward, backward, AdamW) waited to the end of its
-// queued device work; returns {loss, wall seconds}.
-std::pair<float, double> TimedStep(GptModel& model, AdamWOptimizer& opt, const TokenBatch& tokens) {
+// One full training step (forward, backward, clipping by the global norm
+// when grad_clip > 0, AdamW) waited to the end of its queued device work;
+// returns {loss, wall seconds}.
+std::pair<float, double> TimedStep(GptModel& model, AdamWOptimizer& opt, const TokenBatch& tokens,
+                                   float grad_clip) {
   const auto t0 = Clock::now();
   model.ZeroGrads();
   const float loss = model.ForwardBackward(tokens, 1.0f);
   model.ReduceTiedGradients();
+  ClipGradientsByGlobalNorm(model.backend(), model.parameters(), grad_clip);
   opt.Step(model.parameters());
   model.backend()->Synchronize();
   return {loss, Seconds(t0, Clock::now())};
@@ -88,13 +93,13 @@ std::pair<float, double> TimedStep(GptModel& model, AdamWOptimizer& opt, const T
 // Median wall time of `steps` full training steps after one warm-up (each
 // timed to the end of its queued device work).
 Row MeasureStep(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len, int steps,
-                double sgemm_gflops, bool gpu) {
+                double sgemm_gflops, bool gpu, float grad_clip) {
   TokenBatch tokens = RandomTokens(model.config(), batch, seq_len);
   std::vector<double> times;
   Row row{batch};
   for (int s = 0; s < steps + 1; ++s) {
     double seconds = 0;
-    std::tie(row.loss, seconds) = TimedStep(model, opt, tokens);
+    std::tie(row.loss, seconds) = TimedStep(model, opt, tokens, grad_clip);
     if (s > 0) times.push_back(seconds);
   }
   std::sort(times.begin(), times.end());
@@ -111,13 +116,13 @@ Row MeasureStep(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len, in
 // and share of the step (the per-kernel table).
 // Prints the per-op table of one step; false if the backend failed in it
 // (the table is then not printed: its times would be garbage).
-bool PrintOpTable(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len) {
+bool PrintOpTable(GptModel& model, AdamWOptimizer& opt, int batch, int seq_len, float grad_clip) {
   Backend* b = model.backend();
   TokenBatch tokens = RandomTokens(model.config(), batch, seq_len);
   b->Synchronize();
   b->TakeOpTimes();  // drop anything timed before
   b->SetOpTiming(true);
-  const double step = TimedStep(model, opt, tokens).second;
+  const double step = TimedStep(model, opt, tokens, grad_clip).second;
   b->SetOpTiming(false);
   const OpTimes times = b->TakeOpTimes();
   if (!b->status().ok()) {
@@ -147,6 +152,7 @@ int Run(const std::vector<std::string>& args) {
   config.max_seq_len = 256;
   int steps = 3, threads = 1, sgemm_n = 0;
   double peak_tflops = 0;
+  float grad_clip = 0;
   std::string batches_text = "1,2,4,8", json_path, device = "cpu", gemm = "fp32";
   std::string attention = "auto";
   FlagSet flags("usage: train_step_benchmark [flags]");
@@ -163,6 +169,9 @@ int Run(const std::vector<std::string>& args) {
   flags.String("gemm", &gemm, "GEMM mode on CUDA: fp32 | tf32 | bf16");
   flags.String("attention", &attention, kAttentionFlagHelp);
   flags.Double("peak-tflops", &peak_tflops, "the device's peak for MFU (0: no MFU column)");
+  flags.Float("grad-clip", &grad_clip,
+              "clip gradients to this global norm each step, as GPT-2 training does with 1.0 "
+              "(0: no clipping)");
   flags.String("json", &json_path, "also write the results as JSON here");
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
@@ -176,6 +185,9 @@ int Run(const std::vector<std::string>& args) {
   if (parsed.ok()) parsed = ValidateGptConfig(config);
   if (parsed.ok()) parsed = ValidateDeviceFlags(device, gemm, attention);
   if (parsed.ok() && peak_tflops < 0) parsed = absl::InvalidArgumentError("--peak-tflops < 0");
+  if (parsed.ok() && !(grad_clip >= 0 && std::isfinite(grad_clip))) {
+    parsed = absl::InvalidArgumentError("--grad-clip must be >= 0 and finite");
+  }
   if (!parsed.ok()) return std::fprintf(stderr, "%s\n", parsed.ToString().c_str()), 2;
   absl::StatusOr<SelectedBackend> backend = SelectBackend(device, gemm, attention);
   if (!backend.ok()) return std::fprintf(stderr, "%s\n", backend.status().ToString().c_str()), 1;
@@ -207,16 +219,22 @@ int Run(const std::vector<std::string>& args) {
                 BlasCoreName().c_str(), threads, sgemm_n, sgemm_n, sgemm_n, sgemm);
   }
   if (peak_tflops > 0) std::printf("# MFU = GFLOP/s / %.1f TFLOP/s (--peak-tflops)\n", peak_tflops);
+  if (grad_clip > 0) {
+    std::printf("# each step clips the gradients to global norm %g (--grad-clip)\n", grad_clip);
+  } else {
+    std::printf("# no gradient clipping (--grad-clip 0)\n");
+  }
   std::printf("# FLOPs/token = 6*N_matmul + 12*L*d*T = %.3e\n",
               FlopsPerToken(config, config.max_seq_len));
   std::printf("%6s %8s %10s %12s %10s %12s %8s %8s %6s\n", "batch", "tokens", "step_ms", "tokens/s",
               "GFLOP/s", "vs_sgemm_%", "MFU_%", "loss", "check");
-  nlohmann::json json = {{"sgemm_gflops", sgemm},       {"threads", threads},
-                         {"blas_core", BlasCoreName()}, {"device", b->Describe()},
-                         {"peak_tflops", peak_tflops},  {"rows", nlohmann::json::array()}};
+  nlohmann::json json = {{"sgemm_gflops", sgemm},          {"threads", threads},
+                         {"blas_core", BlasCoreName()},    {"device", b->Describe()},
+                         {"peak_tflops", peak_tflops},     {"grad_clip", grad_clip},
+                         {"rows", nlohmann::json::array()}};
   bool all_ok = true;
   for (int batch : batches) {
-    Row r = MeasureStep(*model, opt, batch, config.max_seq_len, steps, sgemm, gpu);
+    Row r = MeasureStep(*model, opt, batch, config.max_seq_len, steps, sgemm, gpu, grad_clip);
     all_ok = all_ok && r.ok;
     const double mfu = peak_tflops > 0 ? r.gflops / (peak_tflops * 1e3) : 0;
     std::printf("%6d %8d %10.1f %12.0f %10.1f %12.1f %8s %8.4f %6s\n", batch,
@@ -231,7 +249,7 @@ int Run(const std::vector<std::string>& args) {
                             {"mfu", mfu},
                             {"ok", r.ok}});
   }
-  all_ok = PrintOpTable(*model, opt, batches.back(), config.max_seq_len) && all_ok;
+  all_ok = PrintOpTable(*model, opt, batches.back(), config.max_seq_len, grad_clip) && all_ok;
   if (gpu) {
     // Each of the step's GEMM shapes alone (model_gemm_probe.h).
     const int tokens = batches.back() * config.max_seq_len;

@@ -1,0 +1,63 @@
+// Gradient clipping by the global norm on the GPU: the two passes over the
+// gradients that worker/train/grad_clip.h makes, without copying them to
+// the host (which cost a download of every gradient for the norm and a
+// download and upload for the scaling: about 1.5 GB of PCIe traffic and a
+// serial host loop per step for GPT-2 124M).
+//   SumsOfSquaresCuda  sums[i] = sum_j double(x_i[j])^2, for each tensor i
+//   ScaleAllCuda       x_i[j] = x_i[j] * scale, for each tensor i
+//
+// The sums are in double, as the CPU's (grad_clip.h), but in a fixed tree
+// rather than element order: tensor i's elements are split over
+// SquaresBlocks(n_i) blocks by a grid stride, each block's squares are
+// summed by a halving tree, and the block partials by a second halving
+// tree. The order depends only on n_i, so a tensor's sum is bitwise the
+// same run to run, on any GPU and in any batch of tensors; it differs from
+// the CPU's element-order sum only in the last bits of the double.
+// ScaleAllCuda's products are single IEEE multiplications, bitwise the
+// host's x * scale.
+//
+// Pointers are device pointers: tensors[i] to counts[i] floats (null only
+// when counts[i] == 0); sums to `count` doubles. The tensor tables
+// themselves are host arrays. Work is queued on `stream`; these return
+// before it finishes (copy the sums to the host to read them). Scratch for
+// the block partials comes from the stream's cache (stream_scratch.h),
+// kMaxSquaresBlocks doubles per tensor. INVALID_ARGUMENT for count < 0, a
+// negative count or a null tensor with elements (naming its index), all
+// checked before anything is launched; RESOURCE_EXHAUSTED when the scratch
+// does not fit; INTERNAL if a launch fails. count == 0 does nothing; a
+// tensor of no elements sums to 0. Thread-safe (no state).
+#ifndef PIPETRAIN_KERNELS_CUDA_GRAD_NORM_H_
+#define PIPETRAIN_KERNELS_CUDA_GRAD_NORM_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace pipetrain {
+
+// Threads per block of both passes, and the most blocks one tensor's sum
+// is split over (the second tree's width: a power of two, at most the
+// threads per block).
+inline constexpr int kSquaresThreads = 256;
+inline constexpr int kMaxSquaresBlocks = 256;
+
+// Blocks that sum a tensor of n elements: one per 4 x kSquaresThreads
+// elements, at least 1, at most kMaxSquaresBlocks. A function of n alone,
+// which is what makes a tensor's sum independent of its batch.
+inline int SquaresBlocks(int64_t n) {
+  const int64_t per_block = int64_t{4} * kSquaresThreads;
+  const int64_t blocks = (n + per_block - 1) / per_block;
+  return blocks < 1 ? 1 : blocks > kMaxSquaresBlocks ? kMaxSquaresBlocks : static_cast<int>(blocks);
+}
+
+absl::Status SumsOfSquaresCuda(const float* const* tensors, const int64_t* counts, int count,
+                               double* sums, cudaStream_t stream = nullptr);
+
+absl::Status ScaleAllCuda(float* const* tensors, const int64_t* counts, int count, float scale,
+                          cudaStream_t stream = nullptr);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_KERNELS_CUDA_GRAD_NORM_H_

@@ -34,12 +34,26 @@ using cuda_reduce::SumOp;
 // -use_fast_math __expf) stays within 2 ulp; the exponentials are
 // recomputed in the last pass rather than stored, so that probs may alias
 // logits.
+// Column j's dlogits from its probability p: p * scale, minus scale at the
+// target (NaN for a row whose target is out of range). __fmul_rn keeps the
+// product rounded on its own (no FMA with the subtraction), as the CPU
+// computes it, so both sides round identically.
+__device__ __forceinline__ float Gradient(float p, int j, int32_t target, bool valid, float scale) {
+  float g = __fmul_rn(p, scale);
+  if (j == target) g -= scale;
+  return valid ? g : NAN;
+}
+
+// kBf16Gradient: instead of the probabilities, the last pass writes the
+// mean loss's gradient (p - onehot(target)) * scale, rounded to bf16, into
+// `gradient` (a buffer of its own), and +0 into each row's padding.
+template <bool kBf16Gradient>
 __global__ void SoftmaxCrossEntropyRowKernel(const float* logits, const int32_t* targets, int vocab,
-                                             int64_t ld, float* probs, float* row_losses) {
+                                             int64_t ld, float* probs, float scale,
+                                             uint16_t* gradient, float* row_losses) {
   __shared__ float scratch[33];
   const int64_t row = blockIdx.x;
   const float* x = logits + row * ld;
-  float* p = probs + row * ld;
   const int32_t target = targets[row];
   const bool valid = target >= 0 && target < vocab;
   // Read before any thread writes p (probs may alias logits): the barriers
@@ -60,7 +74,19 @@ __global__ void SoftmaxCrossEntropyRowKernel(const float* logits, const int32_t*
   s = m == -INFINITY ? 0.0f : s * expf(m - row_max);
   s = BlockReduce(s, 0.0f, scratch, SumOp());
   const float inv = 1.0f / s;
-  for (int j = threadIdx.x; j < vocab; j += blockDim.x) p[j] = expf(x[j] - row_max) * inv;
+  if constexpr (kBf16Gradient) {
+    uint16_t* g = gradient + row * ld;
+    for (int j = threadIdx.x; j < ld; j += blockDim.x) {
+      // The probability exactly as the fp32 pass stores it, then the
+      // backward's Gradient: bitwise the two passes' values, rounded.
+      const float v =
+          j < vocab ? Gradient(expf(x[j] - row_max) * inv, j, target, valid, scale) : 0.0f;
+      g[j] = __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    }
+  } else {
+    float* p = probs + row * ld;
+    for (int j = threadIdx.x; j < vocab; j += blockDim.x) p[j] = expf(x[j] - row_max) * inv;
+  }
   if (threadIdx.x == 0) {
     // -log p[target] = logsumexp - x[target]: exact even when p underflows.
     const float lse = row_max + logf(s);
@@ -86,16 +112,6 @@ __global__ void MeanLossKernel(const float* row_losses, int n, float* loss) {
   if (threadIdx.x == 0) *loss = static_cast<float>(partial[0] / n);
 }
 
-// Column j's dlogits from its probability p: p * scale, minus scale at the
-// target (NaN for a row whose target is out of range). __fmul_rn keeps the
-// product rounded on its own (no FMA with the subtraction), as the CPU
-// computes it, so both sides round identically.
-__device__ __forceinline__ float Gradient(float p, int j, int32_t target, bool valid, float scale) {
-  float g = __fmul_rn(p, scale);
-  if (j == target) g -= scale;
-  return valid ? g : NAN;
-}
-
 __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int32_t* targets,
                                                   int vocab, int64_t ld, float scale,
                                                   float* dlogits) {
@@ -106,22 +122,6 @@ __global__ void SoftmaxCrossEntropyBackwardKernel(const float* probs, const int3
   const bool valid = target >= 0 && target < vocab;
   for (int j = threadIdx.x; j < vocab; j += blockDim.x)
     d[j] = Gradient(p[j], j, target, valid, scale);
-}
-
-// The same values rounded to bf16 (nearest even, as RoundToBf16Cuda), and
-// +0 in the ld - vocab padding columns.
-__global__ void SoftmaxCrossEntropyBackwardBf16Kernel(const float* probs, const int32_t* targets,
-                                                      int vocab, int64_t ld, float scale,
-                                                      uint16_t* dlogits) {
-  const int64_t row = blockIdx.x;
-  const float* p = probs + row * ld;
-  uint16_t* d = dlogits + row * ld;
-  const int32_t target = targets[row];
-  const bool valid = target >= 0 && target < vocab;
-  for (int j = threadIdx.x; j < ld; j += blockDim.x) {
-    const float g = j < vocab ? Gradient(p[j], j, target, valid, scale) : 0.0f;
-    d[j] = __bfloat16_as_ushort(__float2bfloat16_rn(g));
-  }
 }
 
 absl::Status CheckShape(const char* op, int n, int vocab, int ld) {
@@ -139,8 +139,8 @@ absl::Status SoftmaxCrossEntropyForwardCuda(const float* logits, const int32_t* 
                                             float* loss, cudaStream_t stream) {
   absl::Status valid = CheckShape("SoftmaxCrossEntropyForwardCuda", n, vocab, ld);
   if (!valid.ok()) return valid;
-  SoftmaxCrossEntropyRowKernel<<<n, kRowThreads, 0, stream>>>(logits, targets, vocab, ld, probs,
-                                                              row_losses);
+  SoftmaxCrossEntropyRowKernel<false>
+      <<<n, kRowThreads, 0, stream>>>(logits, targets, vocab, ld, probs, 0.0f, nullptr, row_losses);
   CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyRowKernel");
   MeanLossKernel<<<1, kMeanThreads, 0, stream>>>(row_losses, n, loss);
   CUDA_CHECK_LAUNCH("MeanLossKernel");
@@ -160,15 +160,19 @@ absl::Status SoftmaxCrossEntropyBackwardCuda(const float* probs, const int32_t* 
   return absl::OkStatus();
 }
 
-absl::Status SoftmaxCrossEntropyBackwardBf16Cuda(const float* probs, const int32_t* targets, int n,
-                                                 int vocab, int ld, float dloss, uint16_t* dlogits,
-                                                 cudaStream_t stream) {
-  absl::Status valid = CheckShape("SoftmaxCrossEntropyBackwardBf16Cuda", n, vocab, ld);
+absl::Status SoftmaxCrossEntropyForwardBf16GradientCuda(const float* logits, const int32_t* targets,
+                                                        int n, int vocab, int ld,
+                                                        uint16_t* gradient, float* row_losses,
+                                                        float* loss, cudaStream_t stream) {
+  absl::Status valid = CheckShape("SoftmaxCrossEntropyForwardBf16GradientCuda", n, vocab, ld);
   if (!valid.ok()) return valid;
-  const float scale = dloss / n;  // as SoftmaxCrossEntropyBackwardCuda
-  SoftmaxCrossEntropyBackwardBf16Kernel<<<n, kRowThreads, 0, stream>>>(probs, targets, vocab, ld,
-                                                                       scale, dlogits);
-  CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyBackwardBf16Kernel");
+  // SoftmaxCrossEntropyBackwardCuda's scale for dloss = 1.
+  const float scale = 1.0f / n;
+  SoftmaxCrossEntropyRowKernel<true><<<n, kRowThreads, 0, stream>>>(
+      logits, targets, vocab, ld, nullptr, scale, gradient, row_losses);
+  CUDA_CHECK_LAUNCH("SoftmaxCrossEntropyRowKernel");
+  MeanLossKernel<<<1, kMeanThreads, 0, stream>>>(row_losses, n, loss);
+  CUDA_CHECK_LAUNCH("MeanLossKernel");
   return absl::OkStatus();
 }
 

@@ -45,13 +45,21 @@ absl::Status SoftmaxCrossEntropyBackwardCuda(const float* probs, const int32_t* 
                                              int vocab, int ld, float dloss, float* dlogits,
                                              cudaStream_t stream = nullptr);
 
-// SoftmaxCrossEntropyBackwardCuda's dlogits rounded to bf16 (their bits;
-// nearest even, bitwise RoundToBf16Cuda of the fp32 values), with +0 in
-// each row's ld - vocab padding columns: the LM head's bf16 products read
-// it without an fp32 dlogits or a copy per product (lm_head.h).
-absl::Status SoftmaxCrossEntropyBackwardBf16Cuda(const float* probs, const int32_t* targets, int n,
-                                                 int vocab, int ld, float dloss, uint16_t* dlogits,
-                                                 cudaStream_t stream = nullptr);
+// The forward and the backward for dloss = 1 in one pass, for the LM
+// head's bf16 products (lm_head.h's LmHeadBackwardBf16Cuda scales by the
+// real dloss): row_losses and loss as SoftmaxCrossEntropyForwardCuda's
+// (bitwise), and instead of the probabilities
+//   gradient[i, :] = (probs[i, :] - onehot(targets[i])) / n
+// rounded to bf16 (their bits; nearest even), bitwise
+// SoftmaxCrossEntropyBackwardCuda's dlogits for dloss = 1 rounded as
+// RoundToBf16Cuda does, with +0 in each row's ld - vocab padding columns.
+// So the head keeps [n, ld] bf16 instead of fp32 probabilities, and its
+// backward has no cross-entropy pass: llm.c fuses the two the same way.
+// gradient must not overlap logits. Errors as the forward's.
+absl::Status SoftmaxCrossEntropyForwardBf16GradientCuda(const float* logits, const int32_t* targets,
+                                                        int n, int vocab, int ld,
+                                                        uint16_t* gradient, float* row_losses,
+                                                        float* loss, cudaStream_t stream = nullptr);
 
 }  // namespace pipetrain
 

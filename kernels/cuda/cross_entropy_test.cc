@@ -309,26 +309,36 @@ TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyCuda_PaddedRows_SameAsPackedAndP
   }
 }
 
-// The bf16 backward: each value bitwise the fp32 backward's rounded to
-// nearest even (RoundToBf16, the CPU's), +0 in the padding, over padded
-// and unpadded rows, and NaN in a row whose target is out of range.
-TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyBackwardBf16Cuda_IsTheFp32BackwardRounded) {
+// The forward with the bf16 gradient: the row losses and the loss bitwise
+// the fp32 forward's; each gradient value bitwise the fp32 backward's for
+// dloss = 1 (from the fp32 forward's probabilities) rounded to nearest even
+// (RoundToBf16, the CPU's); +0 in the padding; NaN in a row whose target
+// is out of range; over padded and unpadded rows.
+TEST_F(CrossEntropyCudaTest, ForwardBf16Gradient_IsTheFp32PassesRounded) {
   const struct { int n, vocab, ld; } cases[] = {{6, 50257, 50304}, {9, 13, 13}, {5, 1000, 1024}};
   for (const auto& c : cases) {
-    SCOPED_TRACE(Name({c.n, c.vocab}, "bf16 backward") + " ld " + std::to_string(c.ld));
-    std::vector<float> probs = RandomNormal(70, int64_t{c.n} * c.ld, 0.0f, 0.01f);
+    SCOPED_TRACE(Name({c.n, c.vocab}, "bf16 gradient") + " ld " + std::to_string(c.ld));
+    const std::vector<float> logits = RandomNormal(70, int64_t{c.n} * c.ld, 0.0f, 3.0f);
     std::vector<int32_t> targets = Targets(c.n, c.vocab);
     targets[1] = c.vocab;  // out of range: NaN row
-    auto probs_d = DeviceBuffer<float>::FromHost(probs);
+    auto logits_d = DeviceBuffer<float>::FromHost(logits);
     auto targets_d = DeviceBuffer<int32_t>::FromHost(targets);
-    auto fp32_d = DeviceBuffer<float>::FromHost(std::vector<float>(probs.size(), 0.0f));
-    auto bf16_d = DeviceBuffer<uint16_t>::FromHost(std::vector<uint16_t>(probs.size(), 0x1234));
-    ASSERT_TRUE(probs_d.ok() && targets_d.ok() && fp32_d.ok() && bf16_d.ok());
-    ASSERT_TRUE(SoftmaxCrossEntropyBackwardCuda(probs_d->data(), targets_d->data(), c.n, c.vocab,
-                                                c.ld, 0.75f, fp32_d->data())
+    auto probs_d = DeviceBuffer<float>::FromHost(std::vector<float>(logits.size(), 0.0f));
+    auto fp32_d = DeviceBuffer<float>::FromHost(std::vector<float>(logits.size(), 0.0f));
+    auto bf16_d = DeviceBuffer<uint16_t>::FromHost(std::vector<uint16_t>(logits.size(), 0x1234));
+    auto rows1 = DeviceBuffer<float>::Create(c.n), rows2 = DeviceBuffer<float>::Create(c.n);
+    auto loss1 = DeviceBuffer<float>::Create(1), loss2 = DeviceBuffer<float>::Create(1);
+    ASSERT_TRUE(logits_d.ok() && targets_d.ok() && probs_d.ok() && fp32_d.ok() && bf16_d.ok() &&
+                rows1.ok() && rows2.ok() && loss1.ok() && loss2.ok());
+    ASSERT_TRUE(SoftmaxCrossEntropyForwardCuda(logits_d->data(), targets_d->data(), c.n, c.vocab,
+                                               c.ld, probs_d->data(), rows1->data(), loss1->data())
                     .ok());
-    ASSERT_TRUE(SoftmaxCrossEntropyBackwardBf16Cuda(probs_d->data(), targets_d->data(), c.n,
-                                                    c.vocab, c.ld, 0.75f, bf16_d->data())
+    ASSERT_TRUE(SoftmaxCrossEntropyBackwardCuda(probs_d->data(), targets_d->data(), c.n, c.vocab,
+                                                c.ld, 1.0f, fp32_d->data())
+                    .ok());
+    ASSERT_TRUE(SoftmaxCrossEntropyForwardBf16GradientCuda(logits_d->data(), targets_d->data(), c.n,
+                                                           c.vocab, c.ld, bf16_d->data(),
+                                                           rows2->data(), loss2->data())
                     .ok());
     auto fp32 = fp32_d->ToHost();
     auto bf16 = bf16_d->ToHost();
@@ -352,6 +362,16 @@ TEST_F(CrossEntropyCudaTest, SoftmaxCrossEntropyBackwardBf16Cuda_IsTheFp32Backwa
       }
     }
     EXPECT_EQ(mismatches, 0);
+    auto want_rows = rows1->ToHost(), got_rows = rows2->ToHost();
+    auto want_loss = loss1->ToHost(), got_loss = loss2->ToHost();
+    ASSERT_TRUE(want_rows.ok() && got_rows.ok() && want_loss.ok() && got_loss.ok());
+    // NaN != NaN: compare the row losses' bits.
+    ASSERT_EQ(got_rows->size(), want_rows->size());
+    for (int i = 0; i < c.n; ++i) {
+      EXPECT_EQ(std::memcmp(&(*got_rows)[i], &(*want_rows)[i], sizeof(float)), 0) << "row " << i;
+    }
+    EXPECT_TRUE(std::isnan((*got_loss)[0]));  // the out-of-range row's NaN reaches the mean
+    EXPECT_TRUE(std::isnan((*want_loss)[0]));
   }
 }
 
@@ -382,6 +402,10 @@ TEST(CrossEntropyCudaArgumentsTest, SoftmaxCrossEntropyCuda_StrideBelowVocab_Inv
   const absl::Status backward =
       SoftmaxCrossEntropyBackwardCuda(nullptr, nullptr, 2, 10, 9, 1.0f, nullptr);
   EXPECT_EQ(backward.code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status fused = SoftmaxCrossEntropyForwardBf16GradientCuda(nullptr, nullptr, 2, 10, 9,
+                                                                        nullptr, nullptr, nullptr);
+  EXPECT_EQ(fused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(fused.message().find("row stride 9"), std::string::npos) << fused;
 }
 
 TEST(CrossEntropyCudaArgumentsTest, SoftmaxCrossEntropyForwardCuda_ZeroRows_InvalidArgument) {

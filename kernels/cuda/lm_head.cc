@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/bf16_round.h"
-#include "kernels/cuda/cross_entropy.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/elementwise.h"
 #include "kernels/cuda/stream_scratch.h"
@@ -98,18 +97,13 @@ absl::Status LmHeadBackwardCuda(const CublasHandle& handle, const float* x, cons
   return AddInPlaceCuda(dwte, padded.as<float>(), int64_t{vocab} * d, stream);
 }
 
-absl::Status LmHeadLossBackwardCuda(const CublasHandle& handle, const float* probs,
-                                    const int32_t* targets, float dloss, const float* x,
-                                    const float* wte, int n, int d, int vocab, int ld, float* dx,
-                                    float* dwte) {
-  constexpr const char* kOp = "LmHeadLossBackwardCuda";
-  RETURN_IF_ERROR(CheckArguments(kOp, n, d, vocab, ld,
-                                 {{"probs", probs},
-                                  {"targets", targets},
-                                  {"x", x},
-                                  {"wte", wte},
-                                  {"dx", dx},
-                                  {"dwte", dwte}}));
+absl::Status LmHeadBackwardBf16Cuda(const CublasHandle& handle, const uint16_t* gradient,
+                                    float dloss, const float* x, const float* wte, int n, int d,
+                                    int vocab, int ld, float* dx, float* dwte) {
+  constexpr const char* kOp = "LmHeadBackwardBf16Cuda";
+  RETURN_IF_ERROR(
+      CheckArguments(kOp, n, d, vocab, ld,
+                     {{"gradient", gradient}, {"x", x}, {"wte", wte}, {"dx", dx}, {"dwte", dwte}}));
   if (n == 0) return absl::OkStatus();
   if (handle.empty())
     return absl::FailedPreconditionError(absl::StrCat(kOp, ": empty cuBLAS handle"));
@@ -120,10 +114,6 @@ absl::Status LmHeadLossBackwardCuda(const CublasHandle& handle, const float* pro
   }
   const cudaStream_t stream = handle.stream();
   const size_t bf16 = sizeof(uint16_t);
-  ASSIGN_OR_RETURN(StreamScratch dlogits,
-                   StreamScratch::Create(static_cast<size_t>(n) * ld * bf16, stream));
-  RETURN_IF_ERROR(SoftmaxCrossEntropyBackwardBf16Cuda(probs, targets, n, vocab, ld, dloss,
-                                                      dlogits.as<uint16_t>(), stream));
   // wte rounded, with ld - vocab zero rows (+0 in bf16 is all zero bits).
   ASSIGN_OR_RETURN(StreamScratch wte16,
                    StreamScratch::Create(static_cast<size_t>(ld) * d * bf16, stream));
@@ -133,13 +123,14 @@ absl::Status LmHeadLossBackwardCuda(const CublasHandle& handle, const float* pro
   ASSIGN_OR_RETURN(StreamScratch x16,
                    StreamScratch::Create(static_cast<size_t>(n) * d * bf16, stream));
   RETURN_IF_ERROR(RoundToBf16Cuda(x, int64_t{n} * d, x16.as<uint16_t>(), stream));
-  RETURN_IF_ERROR(SgemmBf16Cuda(handle, false, false, n, d, ld, 1.0f, dlogits.as<uint16_t>(), ld,
+  // dloss as the products' alpha: the gradient is that of the mean loss.
+  RETURN_IF_ERROR(SgemmBf16Cuda(handle, false, false, n, d, ld, dloss, gradient, ld,
                                 wte16.as<uint16_t>(), d, 0.0f, dx, d));
   // The padded weight gradient in scratch, its first vocab rows then added
   // into dwte, as LmHeadBackwardCuda does.
   ASSIGN_OR_RETURN(StreamScratch padded,
                    StreamScratch::Create(static_cast<size_t>(ld) * d * sizeof(float), stream));
-  RETURN_IF_ERROR(SgemmBf16Cuda(handle, true, false, ld, d, n, 1.0f, dlogits.as<uint16_t>(), ld,
+  RETURN_IF_ERROR(SgemmBf16Cuda(handle, true, false, ld, d, n, dloss, gradient, ld,
                                 x16.as<uint16_t>(), d, 0.0f, padded.as<float>(), d));
   return AddInPlaceCuda(dwte, padded.as<float>(), int64_t{vocab} * d, stream);
 }

@@ -47,21 +47,24 @@ absl::Status LmHeadBackwardCuda(const CublasHandle& handle, const float* x, cons
                                 float* dlogits, int n, int d, int vocab, int ld, float* dx,
                                 float* dwte);
 
-// The cross-entropy's backward and LmHeadBackwardCuda in one, for a handle
-// whose bf16 products multiply copies at these strides
-// (MultipliesBf16Copies(handle, {ld, d}), linear.h): dlogits =
-// (probs - onehot(targets)) dloss / n is written straight in bf16
-// (cross_entropy.h's SoftmaxCrossEntropyBackwardBf16Cuda), so there is no
-// fp32 dlogits [n, ld] and no bf16 copy of it per product; wte and x are
-// rounded once. Bitwise the results of SoftmaxCrossEntropyBackwardCuda
-// then LmHeadBackwardCuda (same roundings, same GEMMs). probs [n, ld]
-// (stride ld), targets: n int32 on the device. Errors as
-// LmHeadBackwardCuda, and INVALID_ARGUMENT for a handle that does not
-// multiply copies at these strides.
-absl::Status LmHeadLossBackwardCuda(const CublasHandle& handle, const float* probs,
-                                    const int32_t* targets, float dloss, const float* x,
-                                    const float* wte, int n, int d, int vocab, int ld, float* dx,
-                                    float* dwte);
+// LmHeadBackwardCuda's products from the mean loss's gradient already in
+// bf16, as the cross-entropy's forward writes it for the head
+// (cross_entropy.h's SoftmaxCrossEntropyForwardBf16GradientCuda: rows of
+// stride ld, +0 in the padding), for a handle whose bf16 products multiply
+// copies at these strides (MultipliesBf16Copies(handle, {ld, d}),
+// linear.h); dloss is the products' alpha:
+//   dx = dloss gradient wte;  dwte += dloss gradient^T x
+// No fp32 dlogits [n, ld] and no bf16 copy of it per product; wte and x
+// are rounded once. For dloss = 1, bitwise the cross-entropy's fp32
+// backward followed by LmHeadBackwardCuda (same roundings, same GEMMs);
+// for other dloss the gradient is rounded before the scaling rather than
+// after (bitwise too when dloss is a power of two, short of subnormals).
+// gradient [n, ld] bf16 on the device. Errors as LmHeadBackwardCuda, and
+// INVALID_ARGUMENT for a handle that does not multiply copies at these
+// strides.
+absl::Status LmHeadBackwardBf16Cuda(const CublasHandle& handle, const uint16_t* gradient,
+                                    float dloss, const float* x, const float* wte, int n, int d,
+                                    int vocab, int ld, float* dx, float* dwte);
 
 }  // namespace pipetrain
 

@@ -168,50 +168,87 @@ TEST_F(LmHeadCudaTest, TwoRuns_BitwiseEqual) {
   EXPECT_EQ(runs[0].dwte, runs[1].dwte);
 }
 
-// The fused cross-entropy + LM head backward in bf16 (plain or aligned
-// copies) against the cross-entropy's fp32 backward followed by
-// LmHeadBackwardCuda: bitwise equal dx and dwte; a handle whose products
-// do not multiply copies is INVALID_ARGUMENT.
-TEST_F(LmHeadCudaTest, LossBackward_Bf16_BitwiseTheTwoSteps) {
+// The head's bf16 path against its fp32 passes, in bf16 mode (plain or
+// aligned copies): the cross-entropy's forward writing the bf16 gradient,
+// then LmHeadBackwardBf16Cuda with dloss = 1, gives bitwise the dx and
+// dwte of the fp32 forward, the fp32 backward and LmHeadBackwardCuda. With
+// dloss = 1/3 (the products' alpha) the results are dloss = 1's times 1/3,
+// within 1e-6 relative (one rounding of the scaling). A handle whose
+// products do not multiply copies is INVALID_ARGUMENT.
+TEST_F(LmHeadCudaTest, Bf16GradientBackward_BitwiseTheFp32Passes) {
   const Shape shapes[] = {{8, 64, 50257, 50304}, {33, 40, 1001, 1024}};
-  constexpr float kDloss = 0.5f;
   for (Bf16Operands how : {Bf16Operands::kAlignedCopies, Bf16Operands::kCopies}) {
     for (const Shape& s : shapes) {
       SCOPED_TRACE(Name(s, GemmMode::kBf16) + " " + Bf16OperandsName(how));
       const Data d(s);
-      std::vector<float> probs = RandomNormal(9, int64_t{s.n} * s.ld, 0.0f, 0.01f);
+      const std::vector<float> logits = RandomNormal(9, int64_t{s.n} * s.ld, 0.0f, 2.0f);
       std::vector<int32_t> targets(s.n);
       for (int i = 0; i < s.n; ++i) targets[i] = (i * 7919 + 3) % s.vocab;
       auto handle = CublasHandle::Create(GemmMode::kBf16);
       ASSERT_TRUE(handle.ok()) << handle.status();
       handle->set_bf16_operands(how);
+      const cudaStream_t stream = handle->stream();
       auto x = DeviceBuffer<float>::FromHost(d.x);
       auto wte = DeviceBuffer<float>::FromHost(d.wte);
-      auto probs_d = DeviceBuffer<float>::FromHost(probs);
+      auto logits_d = DeviceBuffer<float>::FromHost(logits);
       auto targets_d = DeviceBuffer<int32_t>::FromHost(targets);
+      auto gradient = DeviceBuffer<uint16_t>::Create(int64_t{s.n} * s.ld);
+      auto probs = DeviceBuffer<float>::Create(int64_t{s.n} * s.ld);
       auto dlogits = DeviceBuffer<float>::Create(int64_t{s.n} * s.ld);
+      auto rows = DeviceBuffer<float>::Create(s.n);
+      auto loss = DeviceBuffer<float>::Create(1);
+      const std::vector<float> zeros(d.dwte.size(), 0.0f);
       auto dwte1 = DeviceBuffer<float>::FromHost(d.dwte);
       auto dwte2 = DeviceBuffer<float>::FromHost(d.dwte);
+      auto dwte_third = DeviceBuffer<float>::FromHost(zeros);
+      auto dwte_one = DeviceBuffer<float>::FromHost(zeros);
       auto dx1 = DeviceBuffer<float>::Create(int64_t{s.n} * s.d);
       auto dx2 = DeviceBuffer<float>::Create(int64_t{s.n} * s.d);
-      ASSERT_TRUE(x.ok() && wte.ok() && probs_d.ok() && targets_d.ok() && dlogits.ok() &&
-                  dwte1.ok() && dwte2.ok() && dx1.ok() && dx2.ok());
-      const absl::Status fused =
-          LmHeadLossBackwardCuda(*handle, probs_d->data(), targets_d->data(), kDloss, x->data(),
-                                 wte->data(), s.n, s.d, s.vocab, s.ld, dx1->data(), dwte1->data());
-      ASSERT_TRUE(fused.ok()) << fused;
-      ASSERT_TRUE(SoftmaxCrossEntropyBackwardCuda(probs_d->data(), targets_d->data(), s.n, s.vocab,
-                                                  s.ld, kDloss, dlogits->data(), handle->stream())
+      auto dx_third = DeviceBuffer<float>::Create(int64_t{s.n} * s.d);
+      ASSERT_TRUE(x.ok() && wte.ok() && logits_d.ok() && targets_d.ok() && gradient.ok() &&
+                  probs.ok() && dlogits.ok() && rows.ok() && loss.ok() && dwte1.ok() &&
+                  dwte2.ok() && dwte_third.ok() && dwte_one.ok() && dx1.ok() && dx2.ok() &&
+                  dx_third.ok());
+      // The bf16 path.
+      ASSERT_TRUE(SoftmaxCrossEntropyForwardBf16GradientCuda(logits_d->data(), targets_d->data(),
+                                                             s.n, s.vocab, s.ld, gradient->data(),
+                                                             rows->data(), loss->data(), stream)
                       .ok());
-      const absl::Status steps =
-          LmHeadBackwardCuda(*handle, x->data(), wte->data(), dlogits->data(), s.n, s.d, s.vocab,
-                             s.ld, dx2->data(), dwte2->data());
-      ASSERT_TRUE(steps.ok()) << steps;
+      absl::Status run =
+          LmHeadBackwardBf16Cuda(*handle, gradient->data(), 1.0f, x->data(), wte->data(), s.n, s.d,
+                                 s.vocab, s.ld, dx1->data(), dwte1->data());
+      ASSERT_TRUE(run.ok()) << run;
+      // The fp32 passes.
+      ASSERT_TRUE(SoftmaxCrossEntropyForwardCuda(logits_d->data(), targets_d->data(), s.n, s.vocab,
+                                                 s.ld, probs->data(), rows->data(), loss->data(),
+                                                 stream)
+                      .ok());
+      ASSERT_TRUE(SoftmaxCrossEntropyBackwardCuda(probs->data(), targets_d->data(), s.n, s.vocab,
+                                                  s.ld, 1.0f, dlogits->data(), stream)
+                      .ok());
+      run = LmHeadBackwardCuda(*handle, x->data(), wte->data(), dlogits->data(), s.n, s.d, s.vocab,
+                               s.ld, dx2->data(), dwte2->data());
+      ASSERT_TRUE(run.ok()) << run;
       auto got_dx = dx1->ToHost(), want_dx = dx2->ToHost();
       auto got_dwte = dwte1->ToHost(), want_dwte = dwte2->ToHost();
       ASSERT_TRUE(got_dx.ok() && want_dx.ok() && got_dwte.ok() && want_dwte.ok());
       EXPECT_EQ(*got_dx, *want_dx);
       EXPECT_EQ(*got_dwte, *want_dwte);
+      // dloss = 1/3 as alpha, against dloss = 1 scaled on the host.
+      const float third = 1.0f / 3.0f;
+      run = LmHeadBackwardBf16Cuda(*handle, gradient->data(), third, x->data(), wte->data(), s.n,
+                                   s.d, s.vocab, s.ld, dx_third->data(), dwte_third->data());
+      ASSERT_TRUE(run.ok()) << run;
+      run = LmHeadBackwardBf16Cuda(*handle, gradient->data(), 1.0f, x->data(), wte->data(), s.n,
+                                   s.d, s.vocab, s.ld, dx2->data(), dwte_one->data());
+      ASSERT_TRUE(run.ok()) << run;
+      auto dx_scaled = dx_third->ToHost(), dx_one = dx2->ToHost();
+      auto dwte_scaled = dwte_third->ToHost(), dwte_unit = dwte_one->ToHost();
+      ASSERT_TRUE(dx_scaled.ok() && dx_one.ok() && dwte_scaled.ok() && dwte_unit.ok());
+      for (float& v : *dx_one) v *= third;
+      for (float& v : *dwte_unit) v *= third;
+      EXPECT_TRUE(AllClose("dx, dloss 1/3", *dx_scaled, *dx_one, 1e-30f, 1e-6f));
+      EXPECT_TRUE(AllClose("dwte, dloss 1/3", *dwte_scaled, *dwte_unit, 1e-30f, 1e-6f));
     }
   }
   auto fp32 = CublasHandle::Create(GemmMode::kFp32);
@@ -219,8 +256,8 @@ TEST_F(LmHeadCudaTest, LossBackward_Bf16_BitwiseTheTwoSteps) {
   float* dummy = nullptr;
   ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&dummy), sizeof(float) * 64), cudaSuccess);
   const absl::Status refused =
-      LmHeadLossBackwardCuda(*fp32, dummy, reinterpret_cast<const int32_t*>(dummy), 1.0f, dummy,
-                             dummy, 2, 8, 10, 16, dummy, dummy);
+      LmHeadBackwardBf16Cuda(*fp32, reinterpret_cast<const uint16_t*>(dummy), 1.0f, dummy, dummy, 2,
+                             8, 10, 16, dummy, dummy);
   cudaFree(dummy);
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
 }
@@ -238,13 +275,13 @@ TEST(LmHeadCudaArgumentsTest, StrideBelowVocabOrNullPointer_InvalidArgument) {
   EXPECT_NE(null_dx.message().find("dx is null"), std::string::npos) << null_dx;
   const absl::Status no_handle = LmHeadForwardCuda(empty, &dummy, &dummy, 2, 4, 10, 16, &dummy);
   EXPECT_EQ(no_handle.code(), absl::StatusCode::kFailedPrecondition) << no_handle;
-  const int32_t target = 0;
-  const absl::Status fused_narrow = LmHeadLossBackwardCuda(empty, &dummy, &target, 1.0f, &dummy,
-                                                           &dummy, 2, 4, 10, 9, &dummy, &dummy);
-  EXPECT_EQ(fused_narrow.code(), absl::StatusCode::kInvalidArgument) << fused_narrow;
-  const absl::Status fused_no_handle = LmHeadLossBackwardCuda(empty, &dummy, &target, 1.0f, &dummy,
-                                                              &dummy, 2, 4, 10, 16, &dummy, &dummy);
-  EXPECT_EQ(fused_no_handle.code(), absl::StatusCode::kFailedPrecondition) << fused_no_handle;
+  const uint16_t gradient = 0;
+  const absl::Status bf16_narrow =
+      LmHeadBackwardBf16Cuda(empty, &gradient, 1.0f, &dummy, &dummy, 2, 4, 10, 9, &dummy, &dummy);
+  EXPECT_EQ(bf16_narrow.code(), absl::StatusCode::kInvalidArgument) << bf16_narrow;
+  const absl::Status bf16_no_handle =
+      LmHeadBackwardBf16Cuda(empty, &gradient, 1.0f, &dummy, &dummy, 2, 4, 10, 16, &dummy, &dummy);
+  EXPECT_EQ(bf16_no_handle.code(), absl::StatusCode::kFailedPrecondition) << bf16_no_handle;
 }
 
 }  // namespace

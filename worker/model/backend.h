@@ -341,17 +341,34 @@ class Backend {
     Sgemm(false, false, n, d, vocab, 1.0f, dlogits, ld, wte, d, 0.0f, dx, d);
     Sgemm(true, false, vocab, d, n, 1.0f, dlogits, ld, x, d, 1.0f, dwte, d);
   }
-  // The head's backward from its probabilities [n, ld]: dlogits =
+  // The head's loss and what its backward keeps (HeadUnit): the mean
+  // cross-entropy of logits [n, ld] (LmHeadForward's, d the products'
+  // inner width), returned on the host (a device backend waits), and in
+  // *saved the tensor LmHeadLossBackward takes. The pair is one contract:
+  // a backend that overrides one overrides both. This default overwrites
+  // the logits with the probabilities (SoftmaxCrossEntropyForward) and
+  // saves them. The CUDA backend with bf16 products on copies saves the
+  // mean loss's gradient in bf16 instead (half the bytes, and no
+  // cross-entropy pass in the backward: kernels/cuda/cross_entropy.h).
+  virtual float HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d, int vocab,
+                                int ld, Tensor* saved) {
+    (void)d;
+    const float loss =
+        SoftmaxCrossEntropyForward(logits.data(), host_targets, n, vocab, ld, logits.data());
+    *saved = std::move(logits);
+    return loss;
+  }
+  // The head's backward from HeadLossForward's saved tensor: dlogits =
   // (probs - onehot(targets)) dloss / n (SoftmaxCrossEntropyBackward), then
   // LmHeadBackward. This default makes the fp32 dlogits and calls the two
   // (so a ForwardingBackend's overrides of them still see each call). The
-  // CUDA backend with bf16 products on copies writes dlogits straight in
-  // bf16 for them (kernels/cuda/lm_head.h): bitwise the same results.
-  virtual void LmHeadLossBackward(const float* probs, const int32_t* host_targets, float dloss,
+  // CUDA backend with bf16 products on copies multiplies its saved bf16
+  // gradient with dloss as the products' alpha (kernels/cuda/lm_head.h).
+  virtual void LmHeadLossBackward(const Tensor& saved, const int32_t* host_targets, float dloss,
                                   const float* x, const float* wte, int n, int d, int vocab, int ld,
                                   float* dx, float* dwte) {
     Tensor dlogits = Empty({n, ld});
-    SoftmaxCrossEntropyBackward(probs, host_targets, n, vocab, ld, dloss, dlogits.data());
+    SoftmaxCrossEntropyBackward(saved.data(), host_targets, n, vocab, ld, dloss, dlogits.data());
     LmHeadBackward(x, wte, dlogits.data(), n, d, vocab, ld, dx, dwte);
   }
   // Row-major C = alpha op(A) op(B) + beta C, as kernels/cpu/blas.h Sgemm.

@@ -374,17 +374,20 @@ class CudaBackendImpl final : public Backend {
     Run("lm_head_backward",
         [&] { return LmHeadBackwardCuda(cublas_, x, wte, dlogits, n, d, vocab, ld, dx, dwte); });
   }
-  void LmHeadLossBackward(const float* probs, const int32_t* host_targets, float dloss,
+  float HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d, int vocab, int ld,
+                        Tensor* saved) override;
+  void LmHeadLossBackward(const Tensor& saved, const int32_t* host_targets, float dloss,
                           const float* x, const float* wte, int n, int d, int vocab, int ld,
                           float* dx, float* dwte) override {
-    if (!MultipliesBf16Copies(cublas_, {ld, d})) {
-      Backend::LmHeadLossBackward(probs, host_targets, dloss, x, wte, n, d, vocab, ld, dx, dwte);
+    if (!SavesBf16LossGradient(d, ld)) {
+      Backend::LmHeadLossBackward(saved, host_targets, dloss, x, wte, n, d, vocab, ld, dx, dwte);
       return;
     }
-    const Tensor targets = UploadIds(host_targets, n);
+    PT_CHECK(saved.numel() == int64_t{n} * ld / 2)
+        << "the head's bf16 gradient has " << saved.numel() << " floats";
     Run("lm_head_loss_backward", [&] {
-      return LmHeadLossBackwardCuda(cublas_, probs, Ids(targets), dloss, x, wte, n, d, vocab, ld,
-                                    dx, dwte);
+      return LmHeadBackwardBf16Cuda(cublas_, reinterpret_cast<const uint16_t*>(saved.data()), dloss,
+                                    x, wte, n, d, vocab, ld, dx, dwte);
     });
   }
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
@@ -454,6 +457,14 @@ class CudaBackendImpl final : public Backend {
   Tensor UploadIds(const int32_t* host, int64_t n);
   static const int32_t* Ids(const Tensor& t) { return reinterpret_cast<const int32_t*>(t.data()); }
   absl::Status SynchronizeStream();
+  // Copies the device float to *host and waits for the stream.
+  absl::Status ReadScalar(const Tensor& device, float* host);
+  // Whether HeadLossForward keeps the head's loss gradient in bf16 (as
+  // pairs in floats): when the bf16 products multiply copies at the head's
+  // strides (lm_head.h's LmHeadBackwardBf16Cuda needs it) and ld is even.
+  bool SavesBf16LossGradient(int d, int ld) const {
+    return ld % 2 == 0 && MultipliesBf16Copies(cublas_, {ld, d});
+  }
   // A tensor of `shape` from the cache, zero-filled if `zero` (else
   // uninitialised); with null storage after an error (backend.h).
   Tensor Allocate(const Shape& shape, bool zero);
@@ -507,6 +518,12 @@ OpTimes CudaBackendImpl::TakeOpTimes() {
   }
   pending_.clear();
   return times;
+}
+
+absl::Status CudaBackendImpl::ReadScalar(const Tensor& device, float* host) {
+  CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(host, device.data(), sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  return SynchronizeStream();
 }
 
 absl::Status CudaBackendImpl::SynchronizeStream() {
@@ -840,10 +857,30 @@ float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits, const int
   Run("cross_entropy_forward", [&]() -> absl::Status {
     RETURN_IF_ERROR(SoftmaxCrossEntropyForwardCuda(logits, Ids(targets), n, vocab, ld, probs,
                                                    row_losses.data(), device_loss.data(), stream_));
-    CUDA_RETURN_IF_ERROR(
-        cudaMemcpyAsync(&loss, device_loss.data(), sizeof(float), cudaMemcpyDeviceToHost, stream_));
-    return SynchronizeStream();
+    return ReadScalar(device_loss, &loss);
   });
+  return loss;
+}
+
+float CudaBackendImpl::HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d,
+                                       int vocab, int ld, Tensor* saved) {
+  if (!SavesBf16LossGradient(d, ld)) {
+    return Backend::HeadLossForward(std::move(logits), host_targets, n, d, vocab, ld, saved);
+  }
+  float loss = 0.0f;
+  const Tensor targets = UploadIds(host_targets, n);
+  // [n, ld] bf16 as pairs in floats; the fp32 logits go back to the cache
+  // on return (stream order keeps them until the kernel has read them).
+  Tensor gradient = Allocate({n, ld / 2}, /*zero=*/false);
+  Tensor row_losses = Allocate({n}, /*zero=*/false);
+  Tensor device_loss = Allocate({1}, /*zero=*/false);
+  Run("cross_entropy_forward", [&]() -> absl::Status {
+    RETURN_IF_ERROR(SoftmaxCrossEntropyForwardBf16GradientCuda(
+        logits.data(), Ids(targets), n, vocab, ld, reinterpret_cast<uint16_t*>(gradient.data()),
+        row_losses.data(), device_loss.data(), stream_));
+    return ReadScalar(device_loss, &loss);
+  });
+  *saved = std::move(gradient);
   return loss;
 }
 

@@ -147,6 +147,9 @@ class ForwardingBackend : public Backend {
                       int ld, float* dx, float* dwte) override {
     inner_->LmHeadBackward(x, wte, dlogits, n, d, vocab, ld, dx, dwte);
   }
+  // HeadLossForward and LmHeadLossBackward are left to their defaults, a
+  // pair that calls the forwarded ops above (so the inner backend's own
+  // pair, which keeps a state of its own, is never half used).
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
              const float* b, int ldb, float beta, float* c, int ldc) override {
     inner_->Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

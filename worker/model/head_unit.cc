@@ -32,13 +32,20 @@ Tensor HeadUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* 
   // softmax in place into probs. The split vocabulary's host steps take
   // packed rows.
   const int ld = LogitsLd();
-  Tensor probs = backend()->Empty({n, ld});
-  backend()->LmHeadForward(ln_out.data(), wte_->value.data(), n, d, Vl, ld, probs.data());
-  const float loss = tp_size() > 1
-                         ? SplitVocabCrossEntropy(probs, batch)
-                         : backend()->SoftmaxCrossEntropyForward(probs.data(), batch.targets.data(),
-                                                                 n, V, ld, probs.data());
-  ctx->saved = {x, ln_out, mean, rstd, probs};
+  Tensor logits = backend()->Empty({n, ld});
+  backend()->LmHeadForward(ln_out.data(), wte_->value.data(), n, d, Vl, ld, logits.data());
+  // What the backward reads: the probabilities, or the backend's own form
+  // of the loss's gradient (Backend::HeadLossForward).
+  Tensor loss_state;
+  float loss;
+  if (tp_size() > 1) {
+    loss = SplitVocabCrossEntropy(logits, batch);
+    loss_state = std::move(logits);
+  } else {
+    loss = backend()->HeadLossForward(std::move(logits), batch.targets.data(), n, d, V, ld,
+                                      &loss_state);
+  }
+  ctx->saved = {x, ln_out, mean, rstd, loss_state};
   return Tensor::FromVector({1}, {loss});
 }
 
@@ -84,7 +91,7 @@ Tensor HeadUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitC
   // dln = dlogits * wte [n, d];  dwte += dlogits^T * ln_out [Vl, d].
   Tensor dln = backend()->Empty({n, d});
   if (tp_size() > 1) {
-    const Tensor probs = backend()->Download(s[kProbs]);
+    const Tensor probs = backend()->Download(s[kLossState]);
     Tensor host = Tensor::Zeros({n, Vl});
     VocabSliceCrossEntropyBackward(probs.data(), batch.targets.data(), n, Vl, tp_rank() * Vl, dy[0],
                                    host.data());
@@ -92,7 +99,7 @@ Tensor HeadUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitC
     backend()->LmHeadBackward(s[kLnOut].data(), wte_->value.data(), dlogits.data(), n, d, Vl, ld,
                               dln.data(), wte_->grad.data());
   } else {
-    backend()->LmHeadLossBackward(s[kProbs].data(), batch.targets.data(), dy[0], s[kLnOut].data(),
+    backend()->LmHeadLossBackward(s[kLossState], batch.targets.data(), dy[0], s[kLnOut].data(),
                                   wte_->value.data(), n, d, V, ld, dln.data(), wte_->grad.data());
   }
   TensorParallelSum(dln);  // each rank's vocabulary part of dL/d(ln_f output)

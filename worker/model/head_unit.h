@@ -23,7 +23,10 @@ class HeadUnit : public Unit {
   Tensor Backward(const Tensor& dy, const TokenBatch& batch, const UnitContext& ctx) override;
 
  private:
-  enum Slot { kX, kLnOut, kLnMean, kLnRstd, kProbs, kNumSlots };
+  // kLossState: what the backward reads of the loss, from
+  // Backend::HeadLossForward (the probabilities, or a device backend's bf16
+  // gradient), or the split vocabulary's probabilities.
+  enum Slot { kX, kLnOut, kLnMean, kLnRstd, kLossState, kNumSlots };
   // The row stride of the logits, probabilities and their gradient: the
   // backend's (Backend::LogitsRowStride), or packed for a split vocabulary
   // (its softmax steps run on the host over packed rows).

@@ -163,6 +163,63 @@ TEST(UnitTest, Head_PaddedLogitRows_SameLossAndGradientsBitwise) {
   EXPECT_EQ(wide.grads, packed.grads);
 }
 
+// A backend whose loss state is its own (as the CUDA backend's bf16
+// gradient is): the state HeadLossForward saves is a tensor of another
+// shape, and LmHeadLossBackward must be handed that very tensor.
+class OwnLossStateCpu : public ForwardingBackend {
+ public:
+  OwnLossStateCpu() : ForwardingBackend(CpuBackend()) {}
+  float HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d, int vocab, int ld,
+                        Tensor* saved) override {
+    Tensor probs;
+    const float loss = ForwardingBackend::HeadLossForward(std::move(logits), host_targets, n, d,
+                                                          vocab, ld, &probs);
+    // The probabilities behind a row of 3 marker floats.
+    std::vector<float> state = {-1.0f, -2.0f, -3.0f};
+    const std::vector<float> p = probs.ToVector();
+    state.insert(state.end(), p.begin(), p.end());
+    *saved = Tensor::FromVector({static_cast<int64_t>(state.size())}, state);
+    saved_data = saved->data();
+    return loss;
+  }
+  void LmHeadLossBackward(const Tensor& saved, const int32_t* host_targets, float dloss,
+                          const float* x, const float* wte, int n, int d, int vocab, int ld,
+                          float* dx, float* dwte) override {
+    handed_its_state = saved.data() == saved_data && saved[0] == -1.0f;
+    const Tensor probs = Tensor::FromVector(
+        {n, ld}, std::vector<float>(saved.data() + 3, saved.data() + saved.numel()));
+    ForwardingBackend::LmHeadLossBackward(probs, host_targets, dloss, x, wte, n, d, vocab, ld, dx,
+                                          dwte);
+  }
+  const float* saved_data = nullptr;
+  bool handed_its_state = false;
+};
+
+TEST(UnitTest, Head_BackendsOwnLossState_HandedBackUnchanged) {
+  const GptConfig c = TinyConfig();
+  const TokenBatch batch = RandomBatch(c, 2, 5, 31);
+  const Tensor x = RandomTensor({2, 5, c.d_model}, 32);
+  const Tensor dloss = Tensor::FromVector({1}, {0.5f});
+  auto run = [&](Backend* backend) {
+    auto head = MakeUnit(c, NumUnits(c) - 1, backend);
+    RandomizeParameters(head.get(), 33);
+    UnitContext ctx;
+    std::vector<float> out = head->Forward(x, batch, &ctx).ToVector();
+    head->ZeroGrads();
+    const std::vector<float> dx = head->Backward(dloss, batch, ctx).ToVector();
+    out.insert(out.end(), dx.begin(), dx.end());
+    for (Parameter* p : head->parameters()) {
+      const std::vector<float> g = p->grad.ToVector();
+      out.insert(out.end(), g.begin(), g.end());
+    }
+    return out;
+  };
+  OwnLossStateCpu own;
+  const std::vector<float> got = run(&own);
+  EXPECT_TRUE(own.handed_its_state);
+  EXPECT_EQ(got, run(CpuBackend()));
+}
+
 TEST(UnitTest, Recompute_RebuildsTheSameContextBitwise) {
   const GptConfig c = TinyConfig();
   const TokenBatch batch = RandomBatch(c, 2, 5, 9);

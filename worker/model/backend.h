@@ -12,8 +12,9 @@
 // the backend's device; token and target arrays (int32) are on the HOST
 // (TokenBatch keeps them there), and a device backend copies them over.
 // Units take their input and return their output on the backend's device,
-// except the head's loss and its dL/dloss, which are [1] host tensors (one
-// float crosses; see HeadUnit).
+// except the head's dL/dloss, a [1] host tensor, and the head's loss, a [1]
+// tensor that a device backend leaves on the device until it is read (one
+// float crosses; see HeadUnit and LossValue in unit.h).
 //
 // Errors: the CPU ops cannot fail. A device backend's ops can (a launch, a
 // copy, out of memory); the first error sticks (status() returns it), later
@@ -343,20 +344,21 @@ class Backend {
   }
   // The head's loss and what its backward keeps (HeadUnit): the mean
   // cross-entropy of logits [n, ld] (LmHeadForward's, d the products'
-  // inner width), returned on the host (a device backend waits), and in
-  // *saved the tensor LmHeadLossBackward takes. The pair is one contract:
+  // inner width) as a [1] tensor on this backend's device (a device backend
+  // does not wait for it), and in *saved the tensor LmHeadLossBackward
+  // takes. The pair is one contract:
   // a backend that overrides one overrides both. This default overwrites
   // the logits with the probabilities (SoftmaxCrossEntropyForward) and
   // saves them. The CUDA backend with bf16 products on copies saves the
   // mean loss's gradient in bf16 instead (half the bytes, and no
   // cross-entropy pass in the backward: kernels/cuda/cross_entropy.h).
-  virtual float HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d, int vocab,
-                                int ld, Tensor* saved) {
+  virtual Tensor HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d,
+                                 int vocab, int ld, Tensor* saved) {
     (void)d;
     const float loss =
         SoftmaxCrossEntropyForward(logits.data(), host_targets, n, vocab, ld, logits.data());
     *saved = std::move(logits);
-    return loss;
+    return Tensor::FromVector({1}, {loss});
   }
   // The head's backward from HeadLossForward's saved tensor: dlogits =
   // (probs - onehot(targets)) dloss / n (SoftmaxCrossEntropyBackward), then

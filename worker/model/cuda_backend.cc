@@ -374,8 +374,8 @@ class CudaBackendImpl final : public Backend {
     Run("lm_head_backward",
         [&] { return LmHeadBackwardCuda(cublas_, x, wte, dlogits, n, d, vocab, ld, dx, dwte); });
   }
-  float HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d, int vocab, int ld,
-                        Tensor* saved) override;
+  Tensor HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d, int vocab,
+                         int ld, Tensor* saved) override;
   void LmHeadLossBackward(const Tensor& saved, const int32_t* host_targets, float dloss,
                           const float* x, const float* wte, int n, int d, int vocab, int ld,
                           float* dx, float* dwte) override {
@@ -862,23 +862,28 @@ float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits, const int
   return loss;
 }
 
-float CudaBackendImpl::HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d,
-                                       int vocab, int ld, Tensor* saved) {
-  if (!SavesBf16LossGradient(d, ld)) {
-    return Backend::HeadLossForward(std::move(logits), host_targets, n, d, vocab, ld, saved);
-  }
-  float loss = 0.0f;
+Tensor CudaBackendImpl::HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d,
+                                        int vocab, int ld, Tensor* saved) {
   const Tensor targets = UploadIds(host_targets, n);
+  Tensor row_losses = Allocate({n}, /*zero=*/false);
+  // Left on the device: the host reads it when it needs the number
+  // (LossValue), not in the middle of the step.
+  Tensor loss = Allocate({1}, /*zero=*/false);
+  if (!SavesBf16LossGradient(d, ld)) {
+    Run("cross_entropy_forward", [&] {
+      return SoftmaxCrossEntropyForwardCuda(logits.data(), Ids(targets), n, vocab, ld,
+                                            logits.data(), row_losses.data(), loss.data(), stream_);
+    });
+    *saved = std::move(logits);  // now the probabilities
+    return loss;
+  }
   // [n, ld] bf16 as pairs in floats; the fp32 logits go back to the cache
   // on return (stream order keeps them until the kernel has read them).
   Tensor gradient = Allocate({n, ld / 2}, /*zero=*/false);
-  Tensor row_losses = Allocate({n}, /*zero=*/false);
-  Tensor device_loss = Allocate({1}, /*zero=*/false);
-  Run("cross_entropy_forward", [&]() -> absl::Status {
-    RETURN_IF_ERROR(SoftmaxCrossEntropyForwardBf16GradientCuda(
-        logits.data(), Ids(targets), n, vocab, ld, reinterpret_cast<uint16_t*>(gradient.data()),
-        row_losses.data(), device_loss.data(), stream_));
-    return ReadScalar(device_loss, &loss);
+  Run("cross_entropy_forward", [&] {
+    return SoftmaxCrossEntropyForwardBf16GradientCuda(logits.data(), Ids(targets), n, vocab, ld,
+                                                      reinterpret_cast<uint16_t*>(gradient.data()),
+                                                      row_losses.data(), loss.data(), stream_);
   });
   *saved = std::move(gradient);
   return loss;

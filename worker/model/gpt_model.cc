@@ -54,10 +54,14 @@ void GptModel::ReduceTiedGradients() {
 }
 
 float GptModel::ForwardBackward(const TokenBatch& batch, float loss_scale) {
+  return LossValue(backend_, ForwardBackwardDeferred(batch, loss_scale));
+}
+
+Tensor GptModel::ForwardBackwardDeferred(const TokenBatch& batch, float loss_scale) {
   std::vector<UnitContext> contexts(units_.size());
   Tensor x;
   for (size_t i = 0; i < units_.size(); ++i) x = units_[i]->Forward(x, batch, &contexts[i]);
-  const float loss = x[0];
+  const Tensor loss = x;
   Tensor dy = Tensor::FromVector({1}, {loss_scale});
   for (size_t i = units_.size(); i-- > 0;) {
     dy = units_[i]->Backward(dy, batch, contexts[i]);
@@ -70,7 +74,7 @@ float GptModel::Loss(const TokenBatch& batch) {
   UnitContext ctx;
   Tensor x;
   for (auto& unit : units_) x = unit->Forward(x, batch, &ctx);
-  return x[0];
+  return LossValue(backend_, x);
 }
 
 }  // namespace pipetrain

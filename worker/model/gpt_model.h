@@ -48,6 +48,10 @@ class GptModel {
   // The tied embedding's two gradient parts stay separate until
   // ReduceTiedGradients. Returns the micro-batch's mean loss.
   float ForwardBackward(const TokenBatch& batch, float loss_scale);
+  // ForwardBackward without waiting for the loss: it stays a [1] tensor on
+  // the backend's device (LossValue in unit.h reads it), so a device
+  // backend queues the whole step with no host synchronisation.
+  Tensor ForwardBackwardDeferred(const TokenBatch& batch, float loss_scale);
   // wte.grad = (embedding part) + (head part); call once after the last
   // micro-batch, before the optimizer step.
   void ReduceTiedGradients();

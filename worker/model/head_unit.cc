@@ -36,17 +36,16 @@ Tensor HeadUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* 
   backend()->LmHeadForward(ln_out.data(), wte_->value.data(), n, d, Vl, ld, logits.data());
   // What the backward reads: the probabilities, or the backend's own form
   // of the loss's gradient (Backend::HeadLossForward).
-  Tensor loss_state;
-  float loss;
+  Tensor loss_state, loss;
   if (tp_size() > 1) {
-    loss = SplitVocabCrossEntropy(logits, batch);
+    loss = Tensor::FromVector({1}, {SplitVocabCrossEntropy(logits, batch)});
     loss_state = std::move(logits);
   } else {
     loss = backend()->HeadLossForward(std::move(logits), batch.targets.data(), n, d, V, ld,
                                       &loss_state);
   }
   ctx->saved = {x, ln_out, mean, rstd, loss_state};
-  return Tensor::FromVector({1}, {loss});
+  return loss;
 }
 
 int HeadUnit::LogitsLd() const {

@@ -8,7 +8,10 @@
 //
 // Backends: a unit's parameters, contexts, inputs and outputs live on its
 // Backend's device and its ops run there (backend.h); MakeUnit's default is
-// the CPU backend. The head's loss and dL/dloss are host [1] tensors.
+// the CPU backend. The head's loss is a [1] tensor on its backend's device
+// (a device backend does not wait for it; read it with LossValue), or on
+// the host (the CPU backend, a split vocabulary); dL/dloss is a host [1]
+// tensor.
 //
 // Not thread-safe: one thread drives a unit at a time.
 #ifndef PIPETRAIN_WORKER_MODEL_UNIT_H_
@@ -258,6 +261,13 @@ std::unique_ptr<Unit> MakeUnit(const GptConfig& config, int index, Backend* back
 // are made on the host and uploaded, so every backend starts bitwise equal.
 // A tensor-parallel shard gets its part of the unsplit tensor's values.
 void InitializeParameters(Unit* unit, uint64_t seed);
+
+// The value of a head's loss tensor (Unit contract above): downloaded from
+// the backend's device (a device backend waits for the work queued before
+// it), or read on the host.
+inline float LossValue(Backend* backend, const Tensor& loss) {
+  return loss.on_device() ? backend->Download(loss)[0] : loss[0];
+}
 
 }  // namespace pipetrain
 

@@ -169,11 +169,11 @@ TEST(UnitTest, Head_PaddedLogitRows_SameLossAndGradientsBitwise) {
 class OwnLossStateCpu : public ForwardingBackend {
  public:
   OwnLossStateCpu() : ForwardingBackend(CpuBackend()) {}
-  float HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d, int vocab, int ld,
-                        Tensor* saved) override {
+  Tensor HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d, int vocab,
+                         int ld, Tensor* saved) override {
     Tensor probs;
-    const float loss = ForwardingBackend::HeadLossForward(std::move(logits), host_targets, n, d,
-                                                          vocab, ld, &probs);
+    Tensor loss = ForwardingBackend::HeadLossForward(std::move(logits), host_targets, n, d, vocab,
+                                                     ld, &probs);
     // The probabilities behind a row of 3 marker floats.
     std::vector<float> state = {-1.0f, -2.0f, -3.0f};
     const std::vector<float> p = probs.ToVector();

@@ -1028,7 +1028,9 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
                                                      iteration, ": ", tuned.message()));
     }
   }
-  for (const auto& [mb, loss] : losses_) result.micro_batch_losses.push_back(loss);
+  for (const auto& [mb, loss] : losses_) {
+    result.micro_batch_losses.push_back(LossValue(setup_.backend, loss));
+  }
   // The stage that runs head's forward pass has the losses. A stage with no
   // forward pass (Bi-Partition can leave the last one none) has an empty
   // range ending at num_units_ too.
@@ -1147,7 +1149,7 @@ absl::Status StageRuntime::RunForward(const v1::UnitRange& units, int mb, bool r
     // the tokens alike, so each sends its next-stage peer the same tensor.
     if (scored_outputs_.count(u)) token_scores_[{mb, u}] = unit->TokenImportance(*ctx);
     if (u == num_units_ - 1) {
-      losses_[mb] = x[0];
+      losses_[mb] = x;
     } else if (kept_outputs_.count(u)) {
       activations_[{mb, u}] = x;
     }
@@ -1191,7 +1193,7 @@ absl::Status StageRuntime::EvalForward(const v1::Instruction::Forward& f) {
   if (units.end() == num_units_) {
     // As LocalTrainer::Evaluate: each micro-batch's mean loss weighted by
     // its windows, summed in double in micro-batch order.
-    eval_weighted_loss_ += static_cast<double>(x[0]) * count;
+    eval_weighted_loss_ += static_cast<double>(LossValue(setup_.backend, x)) * count;
     eval_has_loss_ = true;
   } else {
     eval_activations_[{mb, units.end() - 1}] = x;

@@ -514,7 +514,9 @@ class StageRuntime {
   std::map<std::pair<int, int>, UnitContext> contexts_;
   std::map<int, Tensor> grads_in_;   // received dL/d(output of backward.end-1)
   std::map<int, Tensor> grads_out_;  // dL/d(input of backward.begin) to send
-  std::map<int, float> losses_;
+  // The head's loss of each micro-batch, left where the backend put it
+  // (unit.h): read once the iteration's work is queued, not per pass.
+  std::map<int, Tensor> losses_;
   Tensor tied_received_;
   bool tied_reduced_ = false;  // a fused sync all-reduced wte this iteration
   // Selective stage compression's state across iterations, by parameter

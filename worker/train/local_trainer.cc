@@ -35,11 +35,13 @@ absl::StatusOr<StepResult> LocalTrainer::Step() {
   const int micro = config_.micro_batches;
   const int per_micro = config_.batch_size / micro;
   model_->ZeroGrads();
-  double loss_sum = 0.0;
+  // Read at the step's end: a device backend queues the micro-batches
+  // without waiting for each loss.
+  std::vector<Tensor> losses;
   for (int k = 0; k < micro; ++k) {
     TokenBatch batch = dataset_->TrainBatch(config_.seed, iteration, int64_t{k} * per_micro,
                                             per_micro);
-    loss_sum += model_->ForwardBackward(batch, 1.0f / micro);
+    losses.push_back(model_->ForwardBackwardDeferred(batch, 1.0f / micro));
   }
   model_->ReduceTiedGradients();
   // No optimizer step (nor its step count) on a failed device's garbage.
@@ -49,6 +51,8 @@ absl::StatusOr<StepResult> LocalTrainer::Step() {
   ClipGradientsByGlobalNorm(model_->backend(), params, config_.grad_clip);
   optimizer_.set_lr(LearningRate(config_, optimizer_.steps_taken()));
   optimizer_.Step(params);
+  double loss_sum = 0.0;  // in micro-batch order
+  for (const Tensor& loss : losses) loss_sum += LossValue(model_->backend(), loss);
   RETURN_IF_ERROR(model_->backend()->status());
   return StepResult{step(), static_cast<float>(loss_sum / micro)};
 }

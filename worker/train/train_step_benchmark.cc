@@ -82,12 +82,13 @@ std::pair<float, double> TimedStep(GptModel& model, AdamWOptimizer& opt, const T
                                    float grad_clip) {
   const auto t0 = Clock::now();
   model.ZeroGrads();
-  const float loss = model.ForwardBackward(tokens, 1.0f);
+  const Tensor loss = model.ForwardBackwardDeferred(tokens, 1.0f);
   model.ReduceTiedGradients();
   ClipGradientsByGlobalNorm(model.backend(), model.parameters(), grad_clip);
   opt.Step(model.parameters());
   model.backend()->Synchronize();
-  return {loss, Seconds(t0, Clock::now())};
+  const double seconds = Seconds(t0, Clock::now());
+  return {LossValue(model.backend(), loss), seconds};
 }
 
 // Median wall time of `steps` full training steps after one warm-up (each

@@ -432,7 +432,7 @@ if [[ "$mode" != quick ]]; then
   bench bf16_flash_mma_attention bf16 989.4 --attention flash
   flash=
   # GPT-2's clipping to global norm 1 each step, as llm.c's step does: the
-  # norm and the scaling on the device (kernels/cuda/grad_norm.h).
+  # norm and the scaling on the device (kernels/cuda/multi_tensor.h).
   bench bf16_grad_clip bf16 989.4 --grad-clip 1
   bench bf16_flash_attention bf16 989.4 --attention flash
   bench tf32 tf32 494.7

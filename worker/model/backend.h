@@ -294,10 +294,15 @@ class Backend {
       AdamWUpdate(t.param, t.grad, t.m, t.v, t.n, step, config, t.apply_decay);
     }
   }
+  // Fill(t, 0) of each tensor; a device backend zeroes them in few
+  // launches (the CUDA backend: one per 64 tensors), not one each.
+  virtual void ZeroAll(const std::vector<Tensor*>& tensors) {
+    for (Tensor* t : tensors) Fill(t, 0.0f);
+  }
   // Gradient clipping's two passes (worker/train/grad_clip.h).
   // Each tensor's sum of squares in double, on the host. This default (the
   // CPU's) sums each tensor in element order, through Download; the CUDA
-  // backend sums on the device in a fixed tree (kernels/cuda/grad_norm.h:
+  // backend sums on the device in a fixed tree (kernels/cuda/multi_tensor.h:
   // the same bits run to run, within rounding of this order's double) and
   // waits once for all of them.
   virtual std::vector<double> SumsOfSquares(const std::vector<const Tensor*>& tensors) {

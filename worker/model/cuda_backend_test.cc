@@ -269,7 +269,7 @@ TEST_F(CudaBackendTest, OpTiming_UnitForward_TimesEachOp) {
 
 // Gradient clipping's passes on the device: the sums against the CPU
 // backend's element-order doubles (within 1e-10 relative: only the order
-// differs; kernels/cuda/grad_norm_test.cc says why), an empty tensor's 0,
+// differs; kernels/cuda/multi_tensor_test.cc says why), an empty tensor's 0,
 // and the scaling bitwise the CPU's, each timed as one op.
 TEST_F(CudaBackendTest, SumsOfSquaresAndScale_MatchCpuBackend_OneOpEach) {
   absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
@@ -304,6 +304,30 @@ TEST_F(CudaBackendTest, SumsOfSquaresAndScale_MatchCpuBackend_OneOpEach) {
   const OpTimes times = b->TakeOpTimes();
   EXPECT_EQ(times.at("sums_of_squares").calls, 1);
   EXPECT_EQ(times.at("scale").calls, 1);
+}
+
+// A unit's ZeroGrads is one multi-tensor launch (op "fill" once), and
+// every gradient reads back as zeros.
+TEST_F(CudaBackendTest, ZeroGrads_OneFillForTheUnit_AllZero) {
+  absl::StatusOr<std::unique_ptr<Backend>> cuda = CreateCudaBackend(0, GemmMode::kFp32);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  Backend* b = cuda->get();
+  const GptConfig config = SmallConfig();
+  std::unique_ptr<Unit> mlp = MakeUnit(config, 2, b);  // mlp_0
+  InitializeParameters(mlp.get(), 3);
+  for (Parameter* p : mlp->parameters())
+    b->AddInPlace(p->grad.data(), p->value.data(), p->grad.numel());
+  b->Synchronize();
+  b->TakeOpTimes();
+  b->SetOpTiming(true);
+  mlp->ZeroGrads();
+  b->SetOpTiming(false);
+  const OpTimes times = b->TakeOpTimes();
+  ASSERT_TRUE(b->status().ok()) << b->status();
+  EXPECT_EQ(times.at("fill").calls, 1);
+  for (Parameter* p : mlp->parameters()) {
+    EXPECT_EQ(Host(b, p->grad), std::vector<float>(p->grad.numel(), 0.0f)) << p->name;
+  }
 }
 
 // StartDownload queues the copy behind earlier work and ahead of later work:

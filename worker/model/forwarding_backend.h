@@ -133,6 +133,7 @@ class ForwardingBackend : public Backend {
                       const AdamWConfig& config) override {
     inner_->AdamWUpdateAll(tensors, step, config);
   }
+  void ZeroAll(const std::vector<Tensor*>& tensors) override { inner_->ZeroAll(tensors); }
   std::vector<double> SumsOfSquares(const std::vector<const Tensor*>& tensors) override {
     return inner_->SumsOfSquares(tensors);
   }

@@ -27,7 +27,9 @@ std::vector<Parameter*> Unit::parameters() {
 }
 
 void Unit::ZeroGrads() {
-  for (auto& p : params_) backend_->Fill(&p->grad, 0.0f);
+  std::vector<Tensor*> grads;
+  for (auto& p : params_) grads.push_back(&p->grad);
+  backend_->ZeroAll(grads);  // one call: a device backend's few launches
 }
 
 void Unit::set_tensor_parallel_partitions(int forward, int backward) {

@@ -220,6 +220,33 @@ TEST(UnitTest, Head_BackendsOwnLossState_HandedBackUnchanged) {
   EXPECT_EQ(got, run(CpuBackend()));
 }
 
+// ZeroGrads hands the backend all of a unit's gradients in one ZeroAll
+// call (a device backend's few launches, not a fill each).
+class CountingZeroAll : public ForwardingBackend {
+ public:
+  CountingZeroAll() : ForwardingBackend(CpuBackend()) {}
+  void ZeroAll(const std::vector<Tensor*>& tensors) override {
+    ++calls;
+    tensors_zeroed += static_cast<int>(tensors.size());
+    inner()->ZeroAll(tensors);
+  }
+  int calls = 0, tensors_zeroed = 0;
+};
+
+TEST(UnitTest, ZeroGrads_OneZeroAllCallPerUnit) {
+  const GptConfig c = TinyConfig();
+  CountingZeroAll backend;
+  auto mlp = MakeUnit(c, 2, &backend);  // mlp_0
+  RandomizeParameters(mlp.get(), 5);
+  for (Parameter* p : mlp->parameters()) p->grad.Fill(3.0f);
+  mlp->ZeroGrads();
+  EXPECT_EQ(backend.calls, 1);
+  EXPECT_EQ(backend.tensors_zeroed, static_cast<int>(mlp->parameters().size()));
+  for (Parameter* p : mlp->parameters()) {
+    EXPECT_EQ(p->grad.ToVector(), std::vector<float>(p->grad.numel(), 0.0f)) << p->name;
+  }
+}
+
 TEST(UnitTest, Recompute_RebuildsTheSameContextBitwise) {
   const GptConfig c = TinyConfig();
   const TokenBatch batch = RandomBatch(c, 2, 5, 9);

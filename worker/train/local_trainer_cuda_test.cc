@@ -95,7 +95,7 @@ TEST_F(LocalTrainerCudaTest, TwentySteps_Fp32_LossesMatchCpuWithin1e4Relative) {
       << "validation: cuda " << got.val_loss << " cpu " << want.val_loss;
 }
 
-// Clipping by the global norm on the device (kernels/cuda/grad_norm.h):
+// Clipping by the global norm on the device (kernels/cuda/multi_tensor.h):
 // the norm's sum runs in another order than the CPU's, in double, so the
 // losses stay within the same 1e-4. A norm of 0.05 clips every step, as the
 // CPU run without clipping shows by differing.

@@ -1,5 +1,5 @@
-// The global-norm clipping's GPU passes (grad_norm.h) against the host's
-// arithmetic in worker/train/grad_clip.h.
+// The multi-tensor passes (multi_tensor.h): clipping's against the host's
+// arithmetic in worker/train/grad_clip.h, and zeroing.
 //
 // Tolerances: the sums of squares are compared with the element-order
 // double sum within 1e-10 relative. Both are double sums of the same
@@ -8,7 +8,9 @@
 // the worst case; about 1e-13 in practice). Leaving out one element of the
 // largest tensor would change its sum by about 3e-7 relative. The scaling
 // is bitwise: one IEEE product per element on both sides.
-#include "kernels/cuda/grad_norm.h"
+#include "kernels/cuda/multi_tensor.h"
+
+#include <cuda_runtime_api.h>
 
 #include <cmath>
 #include <cstdint>
@@ -72,12 +74,12 @@ std::vector<double> DeviceSums(const DeviceTensors& t) {
   return *host;
 }
 
-class GradNormCudaTest : public testing::CudaTest {};
+class MultiTensorCudaTest : public testing::CudaTest {};
 
 // Sizes around the block (256 threads, 1024 elements a block), the block
 // cap (256 blocks: 262,144 elements) and past it (grid-stride steps), an
 // empty tensor, and 70 tensors (two launches of 64).
-TEST_F(GradNormCudaTest, SumsOfSquares_ManySizes_MatchHostDoubleSums) {
+TEST_F(MultiTensorCudaTest, SumsOfSquares_ManySizes_MatchHostDoubleSums) {
   std::vector<int64_t> sizes = {1, 0, 31, 255, 256, 1000, 1024, 1025, 262144, 262145, 3 << 20};
   while (sizes.size() < 70) sizes.push_back(97 * int64_t(sizes.size()) + 5);
   const DeviceTensors t = MakeTensors(sizes, 11);
@@ -91,7 +93,7 @@ TEST_F(GradNormCudaTest, SumsOfSquares_ManySizes_MatchHostDoubleSums) {
 
 // A tensor's sum depends on its size alone: alone or in a batch, first or
 // last, run after run, the same bits.
-TEST_F(GradNormCudaTest, SumsOfSquares_SameBitsAloneInABatchAndRunToRun) {
+TEST_F(MultiTensorCudaTest, SumsOfSquares_SameBitsAloneInABatchAndRunToRun) {
   const std::vector<int64_t> sizes = {262145, 77, 5000, 1 << 20};
   const DeviceTensors all = MakeTensors(sizes, 21);
   const std::vector<double> batch = DeviceSums(all);
@@ -106,7 +108,7 @@ TEST_F(GradNormCudaTest, SumsOfSquares_SameBitsAloneInABatchAndRunToRun) {
   }
 }
 
-TEST_F(GradNormCudaTest, ScaleAll_MatchesHostProductsBitwise) {
+TEST_F(MultiTensorCudaTest, ScaleAll_MatchesHostProductsBitwise) {
   std::vector<int64_t> sizes = {1, 0, 255, 1025, 262145};
   while (sizes.size() < 66) sizes.push_back(13 * int64_t(sizes.size()));
   DeviceTensors t = MakeTensors(sizes, 31);
@@ -124,8 +126,32 @@ TEST_F(GradNormCudaTest, ScaleAll_MatchesHostProductsBitwise) {
   }
 }
 
+// Every element of 70 tensors (two launches) becomes +0, NaN and -0 too;
+// an empty tensor is skipped.
+TEST_F(MultiTensorCudaTest, ZeroAll_EveryElementPositiveZero) {
+  std::vector<int64_t> sizes = {1, 0, 255, 1025, 262145};
+  while (sizes.size() < 70) sizes.push_back(7 * int64_t(sizes.size()) + 1);
+  DeviceTensors t = MakeTensors(sizes, 41);
+  const float specials[] = {NAN, -0.0f, INFINITY};
+  for (size_t k = 0; k < 3; ++k) {
+    ASSERT_EQ(cudaMemcpy(t.pointers[2] + k, &specials[k], sizeof(float), cudaMemcpyHostToDevice),
+              cudaSuccess);
+  }
+  const absl::Status run =
+      ZeroAllCuda(t.pointers.data(), t.counts.data(), static_cast<int>(sizes.size()));
+  ASSERT_TRUE(run.ok()) << run;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) continue;
+    auto got = t.device[i].ToHost();
+    ASSERT_TRUE(got.ok()) << got.status();
+    int64_t not_zero = 0;
+    for (float v : *got) not_zero += (v != 0.0f || std::signbit(v)) ? 1 : 0;
+    EXPECT_EQ(not_zero, 0) << "tensor " << i << " of " << sizes[i];
+  }
+}
+
 // Checked before any CUDA call, so these run without a GPU too.
-TEST(GradNormCudaNoDeviceTest, BadTables_InvalidArgumentBeforeAnyCudaCall) {
+TEST(MultiTensorCudaNoDeviceTest, BadTables_InvalidArgumentBeforeAnyCudaCall) {
   double* sums = nullptr;  // never reached
   const float* none[2] = {nullptr, nullptr};
   const int64_t negative[2] = {0, -1};
@@ -146,6 +172,9 @@ TEST(GradNormCudaNoDeviceTest, BadTables_InvalidArgumentBeforeAnyCudaCall) {
   float* writable[2] = {nullptr, nullptr};
   s = ScaleAllCuda(writable, counts, 2, 0.5f);
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = ZeroAllCuda(writable, negative, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(ZeroAllCuda(writable, empty, 2).ok());
   EXPECT_TRUE(ScaleAllCuda(writable, empty, 2, 0.5f).ok());  // no elements: no launch
 }
 

@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cuda/cuda_status.h"
-#include "kernels/cuda/grad_norm.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/multi_tensor.h"
 #include "kernels/cuda/stream_scratch.h"
 
 namespace pipetrain {
@@ -89,6 +89,18 @@ __global__ void ScaleKernel(TensorBatch<float*> batch, float scale) {
   }
 }
 
+// Grid (blocks, tensors of the batch), grid stride over each tensor.
+__global__ void ZeroKernel(TensorBatch<float*> batch) {
+  const int t = blockIdx.y;
+  float* x = batch.data[t];
+  const int64_t n = batch.n[t];
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    x[i] = 0.0f;
+  }
+}
+
 template <typename Pointer>
 absl::Status CheckTensors(const char* op, Pointer const* tensors, const int64_t* counts,
                           int count) {
@@ -160,6 +172,21 @@ absl::Status ScaleAllCuda(float* const* tensors, const int64_t* counts, int coun
     ScaleKernel<<<dim3(ElementwiseBlocks(largest), in_batch), kElementwiseThreads, 0, stream>>>(
         batch, scale);
     CUDA_CHECK_LAUNCH("ScaleKernel");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ZeroAllCuda(float* const* tensors, const int64_t* counts, int count,
+                         cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckTensors("ZeroAllCuda", tensors, counts, count));
+  for (int first = 0; first < count; first += kTensorsPerLaunch) {
+    TensorBatch<float*> batch{};
+    int64_t largest = 0;
+    const int in_batch = FillBatch(tensors, counts, count, first, &batch, &largest);
+    if (largest == 0) continue;
+    ZeroKernel<<<dim3(ElementwiseBlocks(largest), in_batch), kElementwiseThreads, 0, stream>>>(
+        batch);
+    CUDA_CHECK_LAUNCH("ZeroKernel");
   }
   return absl::OkStatus();
 }

@@ -63,14 +63,19 @@ __global__ void LayerNormForwardKernel(const float* x, const float* w, const flo
   }
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w.
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, plus
+// residual[row] when it is not null: one rounded addition after the rounded
+// gradient (__fadd_rn: nvcc may not fuse it with the product), so bitwise
+// the gradient followed by AddInPlaceCuda.
 __global__ void LayerNormInputGradKernel(const float* x, const float* w, const float* mean,
-                                         const float* rstd, const float* dy, int c, float* dx) {
+                                         const float* rstd, const float* dy, const float* residual,
+                                         int c, float* dx) {
   __shared__ float scratch[33];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * c;
   const float* dyr = dy + row * c;
   float* dxr = dx + row * c;
+  const float* res = residual != nullptr ? residual + row * c : nullptr;
   const float m = mean[row];
   const float r = rstd[row];
   float g_sum = 0.0f;
@@ -89,7 +94,8 @@ __global__ void LayerNormInputGradKernel(const float* x, const float* w, const f
     // does: for c == 1 a fused g would leave rstd (~316) times g's rounding
     // error in dx, where the CPU has 0.
     const float g = __fmul_rn(dyr[j], w[j]);
-    dxr[j] = r * (g - g_mean - xhat * gx_mean);
+    const float v = r * (g - g_mean - xhat * gx_mean);
+    dxr[j] = res != nullptr ? __fadd_rn(v, res[j]) : v;
   }
 }
 
@@ -129,9 +135,17 @@ absl::Status LayerNormForwardCuda(const float* x, const float* w, const float* b
 absl::Status LayerNormBackwardCuda(const float* x, const float* w, const float* mean,
                                    const float* rstd, const float* dy, int n, int c, float* dx,
                                    float* dw, float* db, cudaStream_t stream) {
-  absl::Status valid = CheckShape("LayerNormBackwardCuda", n, c);
+  return LayerNormBackwardResidualCuda(x, w, mean, rstd, dy, nullptr, n, c, dx, dw, db, stream);
+}
+
+absl::Status LayerNormBackwardResidualCuda(const float* x, const float* w, const float* mean,
+                                           const float* rstd, const float* dy,
+                                           const float* residual, int n, int c, float* dx,
+                                           float* dw, float* db, cudaStream_t stream) {
+  absl::Status valid = CheckShape(
+      residual != nullptr ? "LayerNormBackwardResidualCuda" : "LayerNormBackwardCuda", n, c);
   if (!valid.ok() || n == 0) return valid;
-  LayerNormInputGradKernel<<<n, kRowThreads, 0, stream>>>(x, w, mean, rstd, dy, c, dx);
+  LayerNormInputGradKernel<<<n, kRowThreads, 0, stream>>>(x, w, mean, rstd, dy, residual, c, dx);
   CUDA_CHECK_LAUNCH("LayerNormInputGradKernel");
   return column_sums::ColumnSums<2>(ParamGradTerms{x, mean, rstd, dy, c}, n, c, dw, db, stream,
                                     "LayerNorm parameter gradient sums");

@@ -31,6 +31,19 @@ absl::Status LayerNormBackwardCuda(const float* x, const float* w, const float* 
                                    const float* rstd, const float* dy, int n, int c, float* dx,
                                    float* dw, float* db, cudaStream_t stream = nullptr);
 
+// The backward fused with the residual connection around the LayerNorm's
+// block (the GPU issue's residual + LayerNorm kernel): dx = the LayerNorm's
+// input gradient + residual (n * c floats, the block's output gradient that
+// the skip path passes on), in the same pass; dw and db as above. Bitwise
+// LayerNormBackwardCuda followed by AddInPlaceCuda(dx, residual) (one
+// rounded addition per element, not fused with the product before it),
+// without that second pass over three tensors. residual must not overlap
+// dx. A null residual is LayerNormBackwardCuda. Errors as above.
+absl::Status LayerNormBackwardResidualCuda(const float* x, const float* w, const float* mean,
+                                           const float* rstd, const float* dy,
+                                           const float* residual, int n, int c, float* dx,
+                                           float* dw, float* db, cudaStream_t stream = nullptr);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_KERNELS_CUDA_LAYERNORM_H_

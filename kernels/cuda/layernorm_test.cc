@@ -157,6 +157,54 @@ TEST_F(LayerNormCudaTest, LayerNormBackwardCuda_TwoRuns_BitwiseEqual) {
   EXPECT_EQ(runs[0], runs[1]);
 }
 
+// The backward fused with the residual: dx bitwise the plain backward's
+// plus the residual (one float addition each, done here on the host), dw
+// and db bitwise the plain backward's, at every shape.
+TEST_F(LayerNormCudaTest, LayerNormBackwardResidualCuda_BitwiseBackwardThenAdd) {
+  for (const Shape& s : kShapes) {
+    const int64_t nc = static_cast<int64_t>(s.n) * s.c;
+    const std::vector<float> residual = RandomNormal(44, nc, 0.0f, 3.0f);
+    auto x = DeviceBuffer<float>::FromHost(RandomNormal(40, nc, 0.5f, 1.0f));
+    auto w = DeviceBuffer<float>::FromHost(RandomNormal(41, s.c, 1.0f, 0.2f));
+    auto b = DeviceBuffer<float>::FromHost(RandomNormal(42, s.c, 0.0f, 0.2f));
+    auto dy = DeviceBuffer<float>::FromHost(RandomNormal(43, nc, 0.0f, 1.0f));
+    auto res = DeviceBuffer<float>::FromHost(residual);
+    auto y = DeviceBuffer<float>::Create(nc);
+    auto mean = DeviceBuffer<float>::Create(s.n);
+    auto rstd = DeviceBuffer<float>::Create(s.n);
+    ASSERT_TRUE(x.ok() && w.ok() && b.ok() && dy.ok() && res.ok() && y.ok() && mean.ok() &&
+                rstd.ok());
+    ASSERT_TRUE(LayerNormForwardCuda(x->data(), w->data(), b->data(), s.n, s.c, kLayerNormEps,
+                                     y->data(), mean->data(), rstd->data())
+                    .ok());
+    std::vector<float> out[2][3];  // [plain, fused][dx, dw, db]
+    for (int fused = 0; fused < 2; ++fused) {
+      auto dx = DeviceBuffer<float>::Create(nc);
+      auto dw = DeviceBuffer<float>::FromHost(std::vector<float>(s.c, 0.0f));
+      auto db = DeviceBuffer<float>::FromHost(std::vector<float>(s.c, 0.0f));
+      ASSERT_TRUE(dx.ok() && dw.ok() && db.ok());
+      const absl::Status run =
+          fused ? LayerNormBackwardResidualCuda(x->data(), w->data(), mean->data(), rstd->data(),
+                                                dy->data(), res->data(), s.n, s.c, dx->data(),
+                                                dw->data(), db->data())
+                : LayerNormBackwardCuda(x->data(), w->data(), mean->data(), rstd->data(),
+                                        dy->data(), s.n, s.c, dx->data(), dw->data(), db->data());
+      ASSERT_TRUE(run.ok()) << run;
+      int k = 0;
+      for (const DeviceBuffer<float>* t : {&*dx, &*dw, &*db}) {
+        auto host = t->ToHost();
+        ASSERT_TRUE(host.ok()) << host.status();
+        out[fused][k++] = *host;
+      }
+    }
+    std::vector<float> want = out[0][0];
+    for (int64_t i = 0; i < nc; ++i) want[i] += residual[i];
+    EXPECT_EQ(out[1][0], want) << Name(s, "dx");
+    EXPECT_EQ(out[1][1], out[0][1]) << Name(s, "dw");
+    EXPECT_EQ(out[1][2], out[0][2]) << Name(s, "db");
+  }
+}
+
 // Shape checks happen before any CUDA call, so these run without a GPU.
 TEST(LayerNormCudaArgumentsTest, LayerNormForwardCuda_ZeroColumns_InvalidArgument) {
   const absl::Status status = LayerNormForwardCuda(nullptr, nullptr, nullptr, 4, 0,
@@ -171,6 +219,15 @@ TEST(LayerNormCudaArgumentsTest, LayerNormBackwardCuda_NegativeRows_InvalidArgum
                                                     -1, 8, nullptr, nullptr, nullptr);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("LayerNormBackwardCuda: shape [-1, 8]"), std::string::npos)
+      << status;
+}
+
+TEST(LayerNormCudaArgumentsTest, LayerNormBackwardResidualCuda_ZeroColumns_InvalidArgument) {
+  const float residual = 0.0f;
+  const absl::Status status = LayerNormBackwardResidualCuda(
+      nullptr, nullptr, nullptr, nullptr, nullptr, &residual, 3, 0, nullptr, nullptr, nullptr);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("LayerNormBackwardResidualCuda: shape [3, 0]"), std::string::npos)
       << status;
 }
 

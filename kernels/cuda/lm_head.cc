@@ -47,6 +47,27 @@ absl::StatusOr<StreamScratch> PaddedWeights(const float* wte, int d, int vocab, 
   return padded;
 }
 
+// wte rounded to bf16 [vocab, d] followed by ld - vocab zero rows (+0 in
+// bf16 is all zero bits), in scratch on `stream`.
+absl::StatusOr<StreamScratch> PaddedBf16Weights(const float* wte, int d, int vocab, int ld,
+                                                cudaStream_t stream) {
+  const size_t bf16 = sizeof(uint16_t);
+  ASSIGN_OR_RETURN(StreamScratch wte16,
+                   StreamScratch::Create(static_cast<size_t>(ld) * d * bf16, stream));
+  RETURN_IF_ERROR(RoundToBf16Cuda(wte, int64_t{vocab} * d, wte16.as<uint16_t>(), stream));
+  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(wte16.as<uint16_t>() + static_cast<size_t>(vocab) * d, 0,
+                                       static_cast<size_t>(ld - vocab) * d * bf16, stream));
+  return wte16;
+}
+
+// x [n, d] rounded to bf16, in scratch on `stream`.
+absl::StatusOr<StreamScratch> Bf16Rows(const float* x, int n, int d, cudaStream_t stream) {
+  ASSIGN_OR_RETURN(StreamScratch x16,
+                   StreamScratch::Create(static_cast<size_t>(n) * d * sizeof(uint16_t), stream));
+  RETURN_IF_ERROR(RoundToBf16Cuda(x, int64_t{n} * d, x16.as<uint16_t>(), stream));
+  return x16;
+}
+
 }  // namespace
 
 absl::Status LmHeadForwardCuda(const CublasHandle& handle, const float* x, const float* wte, int n,
@@ -59,6 +80,14 @@ absl::Status LmHeadForwardCuda(const CublasHandle& handle, const float* x, const
   }
   if (handle.empty())
     return absl::FailedPreconditionError("LmHeadForwardCuda: empty cuBLAS handle");
+  if (MultipliesBf16Copies(handle, {d, ld})) {
+    // The copies SgemmCuda would make, but wte rounded straight into its
+    // padded copy (no padded fp32 wte first): bitwise the same product.
+    ASSIGN_OR_RETURN(StreamScratch wte16, PaddedBf16Weights(wte, d, vocab, ld, handle.stream()));
+    ASSIGN_OR_RETURN(StreamScratch x16, Bf16Rows(x, n, d, handle.stream()));
+    return SgemmBf16Cuda(handle, false, true, n, ld, d, 1.0f, x16.as<uint16_t>(), d,
+                         wte16.as<uint16_t>(), d, 0.0f, logits, ld);
+  }
   // The scratch may go once the GEMM that reads it is queued on its stream.
   ASSIGN_OR_RETURN(StreamScratch padded, PaddedWeights(wte, d, vocab, ld, handle.stream()));
   return SgemmCuda(handle, false, true, n, ld, d, 1.0f, x, d, padded.as<float>(), d, 0.0f, logits,
@@ -113,16 +142,8 @@ absl::Status LmHeadBackwardBf16Cuda(const CublasHandle& handle, const uint16_t* 
                      ") do not multiply bf16 copies at row strides ", ld, " and ", d));
   }
   const cudaStream_t stream = handle.stream();
-  const size_t bf16 = sizeof(uint16_t);
-  // wte rounded, with ld - vocab zero rows (+0 in bf16 is all zero bits).
-  ASSIGN_OR_RETURN(StreamScratch wte16,
-                   StreamScratch::Create(static_cast<size_t>(ld) * d * bf16, stream));
-  RETURN_IF_ERROR(RoundToBf16Cuda(wte, int64_t{vocab} * d, wte16.as<uint16_t>(), stream));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(wte16.as<uint16_t>() + static_cast<size_t>(vocab) * d, 0,
-                                       static_cast<size_t>(ld - vocab) * d * bf16, stream));
-  ASSIGN_OR_RETURN(StreamScratch x16,
-                   StreamScratch::Create(static_cast<size_t>(n) * d * bf16, stream));
-  RETURN_IF_ERROR(RoundToBf16Cuda(x, int64_t{n} * d, x16.as<uint16_t>(), stream));
+  ASSIGN_OR_RETURN(StreamScratch wte16, PaddedBf16Weights(wte, d, vocab, ld, stream));
+  ASSIGN_OR_RETURN(StreamScratch x16, Bf16Rows(x, n, d, stream));
   // dloss as the products' alpha: the gradient is that of the mean loss.
   RETURN_IF_ERROR(SgemmBf16Cuda(handle, false, false, n, d, ld, dloss, gradient, ld,
                                 wte16.as<uint16_t>(), d, 0.0f, dx, d));

@@ -12,9 +12,11 @@
 // 8192^3 product, even after the logits' row stride was padded to 50304
 // (docs/benchmarks.md). So with ld > vocab these run over ld classes, as
 // llm.c pads its vocabulary: wte is copied into scratch with ld - vocab
-// zero rows appended, dlogits' padding columns are overwritten with zeros,
-// and the weight gradient goes through a padded scratch whose first vocab
-// rows are then added into dwte. The padded classes contribute exact
+// zero rows appended (rounded to bf16 on the way when the products
+// multiply bf16 copies: the copy the GEMM would make anyway), dlogits'
+// padding columns are overwritten with zeros, and the weight gradient goes
+// through a padded scratch whose first vocab rows are then added into
+// dwte. The padded classes contribute exact
 // zeros (0 * w and dlogits' zero columns), so only the GEMMs' rounding
 // differs from the unpadded products: within linear_test's tolerances of
 // the CPU. With ld == vocab they are plain SgemmCuda calls.

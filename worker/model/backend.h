@@ -224,6 +224,16 @@ class Backend {
   virtual void LayerNormBackward(const float* x, const float* w, const float* mean,
                                  const float* rstd, const float* dy, int n, int c, float* dx,
                                  float* dw, float* db) = 0;
+  // LayerNormBackward, then dx += residual (n * c floats, the gradient the
+  // block's skip connection passes on): this default makes the two calls;
+  // the CUDA backend does both in one pass (kernels/cuda/layernorm.h),
+  // bitwise the same.
+  virtual void LayerNormBackwardResidual(const float* x, const float* w, const float* mean,
+                                         const float* rstd, const float* dy, const float* residual,
+                                         int n, int c, float* dx, float* dw, float* db) {
+    LayerNormBackward(x, w, mean, rstd, dy, n, c, dx, dw, db);
+    AddInPlace(dx, residual, int64_t{n} * c);
+  }
   virtual void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
                              float* y) = 0;
   virtual void LinearBackward(const float* x, const float* w, const float* dy, int n, int in,

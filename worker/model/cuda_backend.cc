@@ -227,6 +227,14 @@ class CudaBackendImpl final : public Backend {
     Run("layernorm_backward",
         [&] { return LayerNormBackwardCuda(x, w, mean, rstd, dy, n, c, dx, dw, db, stream_); });
   }
+  void LayerNormBackwardResidual(const float* x, const float* w, const float* mean,
+                                 const float* rstd, const float* dy, const float* residual, int n,
+                                 int c, float* dx, float* dw, float* db) override {
+    Run("layernorm_backward", [&] {
+      return LayerNormBackwardResidualCuda(x, w, mean, rstd, dy, residual, n, c, dx, dw, db,
+                                           stream_);
+    });
+  }
   void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
                      float* y) override {
     Run("linear_forward", [&] { return LinearForwardCuda(cublas_, x, w, b, n, in, out, y); });

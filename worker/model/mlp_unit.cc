@@ -116,10 +116,10 @@ Tensor MlpUnit::Backward(const Tensor& dy, const TokenBatch& batch, const UnitCo
   ResolveAllInput();
   if (stream) return dx;
   WaitTensorParallelSums();
-  backend()->LayerNormBackward(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(),
-                               s[kLnRstd].data(), dln.data(), n, d, dx.data(), ln_w_->grad.data(),
-                               ln_b_->grad.data());
-  backend()->AddInPlace(dx.data(), dy.data(), dx.numel());
+  // The LayerNorm's input gradient plus the residual path's dy, one op.
+  backend()->LayerNormBackwardResidual(s[kX].data(), ln_w_->value.data(), s[kLnMean].data(),
+                                       s[kLnRstd].data(), dln.data(), dy.data(), n, d, dx.data(),
+                                       ln_w_->grad.data(), ln_b_->grad.data());
   return dx;
 }
 

@@ -137,6 +137,25 @@ int FillBatch(Pointer const* tensors, const int64_t* counts, int count, int firs
   return in_batch;
 }
 
+// kernel(batch, args...) for each batch of up to kTensorsPerLaunch tensors
+// that has elements, on grid (blocks for its largest tensor, its tensors):
+// the element-wise passes' launches.
+template <typename... Args>
+absl::Status LaunchPerBatch(const char* name, void (*kernel)(TensorBatch<float*>, Args...),
+                            float* const* tensors, const int64_t* counts, int count,
+                            cudaStream_t stream, Args... args) {
+  for (int first = 0; first < count; first += kTensorsPerLaunch) {
+    TensorBatch<float*> batch{};
+    int64_t largest = 0;
+    const int in_batch = FillBatch(tensors, counts, count, first, &batch, &largest);
+    if (largest == 0) continue;
+    kernel<<<dim3(ElementwiseBlocks(largest), in_batch), kElementwiseThreads, 0, stream>>>(batch,
+                                                                                           args...);
+    CUDA_CHECK_LAUNCH(name);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status SumsOfSquaresCuda(const float* const* tensors, const int64_t* counts, int count,
@@ -164,31 +183,13 @@ absl::Status SumsOfSquaresCuda(const float* const* tensors, const int64_t* count
 absl::Status ScaleAllCuda(float* const* tensors, const int64_t* counts, int count, float scale,
                           cudaStream_t stream) {
   RETURN_IF_ERROR(CheckTensors("ScaleAllCuda", tensors, counts, count));
-  for (int first = 0; first < count; first += kTensorsPerLaunch) {
-    TensorBatch<float*> batch{};
-    int64_t largest = 0;
-    const int in_batch = FillBatch(tensors, counts, count, first, &batch, &largest);
-    if (largest == 0) continue;
-    ScaleKernel<<<dim3(ElementwiseBlocks(largest), in_batch), kElementwiseThreads, 0, stream>>>(
-        batch, scale);
-    CUDA_CHECK_LAUNCH("ScaleKernel");
-  }
-  return absl::OkStatus();
+  return LaunchPerBatch("ScaleKernel", ScaleKernel, tensors, counts, count, stream, scale);
 }
 
 absl::Status ZeroAllCuda(float* const* tensors, const int64_t* counts, int count,
                          cudaStream_t stream) {
   RETURN_IF_ERROR(CheckTensors("ZeroAllCuda", tensors, counts, count));
-  for (int first = 0; first < count; first += kTensorsPerLaunch) {
-    TensorBatch<float*> batch{};
-    int64_t largest = 0;
-    const int in_batch = FillBatch(tensors, counts, count, first, &batch, &largest);
-    if (largest == 0) continue;
-    ZeroKernel<<<dim3(ElementwiseBlocks(largest), in_batch), kElementwiseThreads, 0, stream>>>(
-        batch);
-    CUDA_CHECK_LAUNCH("ZeroKernel");
-  }
-  return absl::OkStatus();
+  return LaunchPerBatch("ZeroKernel", ZeroKernel, tensors, counts, count, stream);
 }
 
 }  // namespace pipetrain

@@ -116,6 +116,21 @@ absl::StatusOr<std::optional<DeviceCodec>> DeviceCodecFor(const std::string& spe
   return codec;
 }
 
+// The tensors' data pointers (float* or const float*, as TensorPtr is
+// const) and element counts: the tables the multi-tensor kernels take
+// (kernels/cuda/multi_tensor.h). Every tensor is on the device or empty.
+template <typename TensorPtr>
+auto DeviceTable(const char* op, const std::vector<TensorPtr>& tensors) {
+  using Data = decltype(std::declval<TensorPtr>()->data());
+  std::pair<std::vector<Data>, std::vector<int64_t>> table;
+  for (TensorPtr t : tensors) {
+    PT_CHECK(t->on_device() || t->numel() == 0) << op << " of a host tensor";
+    table.first.push_back(t->data());
+    table.second.push_back(t->numel());
+  }
+  return table;
+}
+
 // A copy queued on a backend's stream into pinned host memory; Wait waits
 // for the event recorded after it. The source needs no keeping alive: its
 // block is reused on the same stream only, behind the copy.
@@ -820,13 +835,9 @@ std::vector<double> CudaBackendImpl::SumsOfSquares(const std::vector<const Tenso
   // NaN until the sums arrive: a failed backend's caller sees no number.
   std::vector<double> sums(tensors.size(), std::numeric_limits<double>::quiet_NaN());
   if (tensors.empty()) return sums;
-  std::vector<const float*> data;
-  std::vector<int64_t> counts;
-  for (const Tensor* t : tensors) {
-    PT_CHECK(t->on_device() || t->numel() == 0) << "SumsOfSquares of a host tensor";
-    data.push_back(t->data());
-    counts.push_back(t->numel());
-  }
+  const auto table = DeviceTable("SumsOfSquares", tensors);
+  const auto& data = table.first;
+  const auto& counts = table.second;
   // The doubles in a block of the stream-ordered cache (two floats each),
   // copied to the host in one wait.
   Tensor device_sums = Allocate({2 * static_cast<int64_t>(tensors.size())}, /*zero=*/false);
@@ -842,13 +853,9 @@ std::vector<double> CudaBackendImpl::SumsOfSquares(const std::vector<const Tenso
 }
 
 void CudaBackendImpl::ZeroAll(const std::vector<Tensor*>& tensors) {
-  std::vector<float*> data;
-  std::vector<int64_t> counts;
-  for (Tensor* t : tensors) {
-    PT_CHECK(t->on_device() || t->numel() == 0) << "ZeroAll of a host tensor";
-    data.push_back(t->data());
-    counts.push_back(t->numel());
-  }
+  const auto table = DeviceTable("ZeroAll", tensors);
+  const auto& data = table.first;
+  const auto& counts = table.second;
   // Named as the single Fill is, so per-op tables compare across commits.
   Run("fill", [&] {
     return ZeroAllCuda(data.data(), counts.data(), static_cast<int>(data.size()), stream_);
@@ -856,13 +863,9 @@ void CudaBackendImpl::ZeroAll(const std::vector<Tensor*>& tensors) {
 }
 
 void CudaBackendImpl::ScaleInPlace(const std::vector<Tensor*>& tensors, float scale) {
-  std::vector<float*> data;
-  std::vector<int64_t> counts;
-  for (Tensor* t : tensors) {
-    PT_CHECK(t->on_device() || t->numel() == 0) << "ScaleInPlace of a host tensor";
-    data.push_back(t->data());
-    counts.push_back(t->numel());
-  }
+  const auto table = DeviceTable("ScaleInPlace", tensors);
+  const auto& data = table.first;
+  const auto& counts = table.second;
   Run("scale", [&] {
     return ScaleAllCuda(data.data(), counts.data(), static_cast<int>(data.size()), scale, stream_);
   });

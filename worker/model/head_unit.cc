@@ -28,9 +28,10 @@ Tensor HeadUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* 
   Tensor mean = backend()->Empty({n}), rstd = backend()->Empty({n});
   backend()->LayerNormForward(x.data(), ln_w_->value.data(), ln_b_->value.data(), n, d, kLayerNormEps,
                    ln_out.data(), mean.data(), rstd.data());
-  // logits [n, Vl] = ln_out [n, d] * wte^T, rows of stride ld; then
-  // softmax in place into probs. The split vocabulary's host steps take
-  // packed rows.
+  // logits [n, Vl] = ln_out [n, d] * wte^T, rows of stride ld; then the
+  // cross-entropy, which keeps what the backward needs (the backend may
+  // turn the logits into probabilities in place). The split vocabulary's
+  // host steps take packed rows.
   const int ld = LogitsLd();
   Tensor logits = backend()->Empty({n, ld});
   backend()->LmHeadForward(ln_out.data(), wte_->value.data(), n, d, Vl, ld, logits.data());

@@ -293,14 +293,26 @@ absl::Status CublasHandle::SetStream(cudaStream_t stream) {
 
 absl::Status LinearForwardCuda(const CublasHandle& handle, const float* x, const float* w,
                                const float* b, int n, int in, int out, float* y) {
-  constexpr const char* kOp = "LinearForwardCuda";
-  absl::Status valid = CheckShape(kOp, n, in, out);
-  if (valid.ok()) valid = CheckPointers(kOp, n, {{"x", x}, {"w", w}, {"y", y}});
-  if (valid.ok()) valid = CheckHandle(kOp, handle);
+  return LinearForwardResidualCuda(handle, x, w, b, nullptr, n, in, out, y);
+}
+
+// residual may be null here (LinearForwardCuda): then y is seeded with the
+// bias alone, or not at all.
+absl::Status LinearForwardResidualCuda(const CublasHandle& handle, const float* x, const float* w,
+                                       const float* b, const float* residual, int n, int in,
+                                       int out, float* y) {
+  const char* op = residual != nullptr ? "LinearForwardResidualCuda" : "LinearForwardCuda";
+  absl::Status valid = CheckShape(op, n, in, out);
+  if (valid.ok()) valid = CheckPointers(op, n, {{"x", x}, {"w", w}, {"y", y}});
+  if (valid.ok()) valid = CheckHandle(op, handle);
   if (!valid.ok() || n == 0) return valid;
 
   float beta = 0.0f;
-  if (b != nullptr) {
+  if (residual != nullptr) {
+    // Seed y with the residual (and the bias): the GEMM adds x W onto it.
+    RETURN_IF_ERROR(ResidualRowsCuda(residual, b, n, out, y, handle.stream()));
+    beta = 1.0f;
+  } else if (b != nullptr) {
     // Seed y with the bias rows so the GEMM adds onto it, as on the CPU.
     absl::Status seeded = BroadcastRowsCuda(b, n, out, y, handle.stream());
     if (!seeded.ok()) return seeded;

@@ -125,6 +125,16 @@ class CublasHandle {
 absl::Status LinearForwardCuda(const CublasHandle& handle, const float* x, const float* w,
                                const float* b, int n, int in, int out, float* y);
 
+// y = residual + x W (+ b): the last layer of a residual block with the
+// skip connection's sum in the GEMM (the GEMM adds x W onto residual + b
+// with beta = 1), not in a pass of its own. The sums round as (residual +
+// b) + x W, where the CPU's LinearForward then Add round as (x W + b) +
+// residual: the same to within one rounding of each. residual holds n *
+// out floats and must not overlap y. Otherwise as LinearForwardCuda.
+absl::Status LinearForwardResidualCuda(const CublasHandle& handle, const float* x, const float* w,
+                                       const float* b, const float* residual, int n, int in,
+                                       int out, float* y);
+
 // Writes dx when non-null; adds x^T dy into dw; adds the column sums of dy
 // into db when non-null. Requires n >= 0, in >= 1, out >= 1, and x, w, dy, dw
 // non-null when n > 0; outputs must not overlap each other or the inputs.

@@ -18,6 +18,15 @@ __global__ void BroadcastRowsKernel(const float* b, int64_t total, int c, float*
   }
 }
 
+__global__ void ResidualRowsKernel(const float* residual, const float* b, int64_t total, int c,
+                                   float* y) {
+  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += stride) {
+    y[i] = b != nullptr ? residual[i] + b[i % c] : residual[i];
+  }
+}
+
 // The terms of db[j] += sum_i dy[i][j], summed by column_sums.cuh.
 struct BiasGradTerm {
   const float* dy;
@@ -39,6 +48,17 @@ absl::Status BroadcastRowsCuda(const float* b, int n, int c, float* y, cudaStrea
   const int64_t total = static_cast<int64_t>(n) * c;
   BroadcastRowsKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(b, total, c, y);
   CUDA_CHECK_LAUNCH("BroadcastRowsKernel");
+  return absl::OkStatus();
+}
+
+absl::Status ResidualRowsCuda(const float* residual, const float* b, int n, int c, float* y,
+                              cudaStream_t stream) {
+  absl::Status valid = CheckShape("ResidualRowsCuda", n, c);
+  if (!valid.ok() || n == 0) return valid;
+  const int64_t total = static_cast<int64_t>(n) * c;
+  ResidualRowsKernel<<<ElementwiseBlocks(total), kElementwiseThreads, 0, stream>>>(residual, b,
+                                                                                   total, c, y);
+  CUDA_CHECK_LAUNCH("ResidualRowsKernel");
   return absl::OkStatus();
 }
 

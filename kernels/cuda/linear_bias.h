@@ -20,6 +20,13 @@ namespace pipetrain {
 // x W onto the bias, as kernels/cpu/linear.cc does.
 absl::Status BroadcastRowsCuda(const float* b, int n, int c, float* y, cudaStream_t stream);
 
+// y[i][j] = residual[i][j] + b[j] (or residual[i][j] when b is null): the
+// seed for a GEMM with beta = 1 that ends a residual block (y = residual +
+// x W + b), so the residual needs no pass of its own. residual holds n * c
+// floats and must not overlap y.
+absl::Status ResidualRowsCuda(const float* residual, const float* b, int n, int c, float* y,
+                              cudaStream_t stream);
+
 // db[j] += dy[0][j] + dy[1][j] + ... + dy[n-1][j], in two fixed-order
 // stages over chunks of rows (column_sums.cuh; not the CPU's row-by-row
 // order): no atomics, so the result is bitwise deterministic run to run.

@@ -132,6 +132,37 @@ TEST_P(LinearCudaParityTest, LinearForwardCuda_RandomInput_MatchesCpu) {
   EXPECT_TRUE(AllClose("linear forward y", *got, ForwardOnCpu(d, true), tol.atol, tol.rtol));
 }
 
+// The residual block's last layer: y = residual + x W + b with the residual
+// seeded into the GEMM, against the CPU's LinearForward then Add. The
+// seeded values (bias and residual, each of std 1) have std sqrt(2); the
+// orders of the two additions differ, within the tolerance's rounding.
+TEST_P(LinearCudaParityTest, LinearForwardResidualCuda_RandomInput_MatchesCpuThenAdd) {
+  const auto [mode, shape] = GetParam();
+  const LinearData d = MakeData(shape, 15);
+  const std::vector<float> residual = RandomNormal(16, int64_t{shape.n} * shape.out, 0.0f, 1.0f);
+  for (bool with_bias : {true, false}) {
+    auto handle = CublasHandle::Create(mode);
+    auto x = DeviceBuffer<float>::FromHost(d.x);
+    auto w = DeviceBuffer<float>::FromHost(d.w);
+    auto b = DeviceBuffer<float>::FromHost(d.b);
+    auto res = DeviceBuffer<float>::FromHost(residual);
+    auto y = DeviceBuffer<float>::Create(int64_t{shape.n} * shape.out);
+    ASSERT_TRUE(handle.ok() && x.ok() && w.ok() && b.ok() && res.ok() && y.ok());
+    const absl::Status run =
+        LinearForwardResidualCuda(*handle, x->data(), w->data(), with_bias ? b->data() : nullptr,
+                                  res->data(), shape.n, shape.in, shape.out, y->data());
+    ASSERT_TRUE(run.ok()) << run;
+    auto got = y->ToHost();
+    ASSERT_TRUE(got.ok()) << got.status();
+    std::vector<float> want = ForwardOnCpu(d, with_bias);
+    for (size_t i = 0; i < want.size(); ++i) want[i] += residual[i];
+    const Tolerance tol =
+        GemmTolerance(mode, shape.in, d.w_std, with_bias ? std::sqrt(2.0f) : 1.0f);
+    EXPECT_TRUE(AllClose(with_bias ? "y + residual" : "y + residual, no bias", *got, want, tol.atol,
+                         tol.rtol));
+  }
+}
+
 TEST_P(LinearCudaParityTest, LinearBackwardCuda_RandomInput_MatchesCpu) {
   const auto [mode, shape] = GetParam();
   const LinearData d = MakeData(shape, 20);
@@ -273,6 +304,15 @@ TEST(LinearCudaArgumentsTest, LinearForwardCuda_NegativeRows_InvalidArgument) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("LinearForwardCuda: shape n=-1 in=4 out=4"), std::string::npos)
       << status;
+}
+
+TEST(LinearCudaArgumentsTest, LinearForwardResidualCuda_NullW_InvalidArgument) {
+  float dummy = 0.0f;
+  const CublasHandle empty;
+  const absl::Status status =
+      LinearForwardResidualCuda(empty, &dummy, nullptr, nullptr, &dummy, 2, 3, 4, &dummy);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("LinearForwardResidualCuda"), std::string::npos) << status;
 }
 
 TEST(LinearCudaArgumentsTest, LinearBackwardCuda_ZeroOut_InvalidArgument) {

@@ -70,6 +70,10 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
   Tensor y = backend()->Empty({B, T, d});
   std::vector<std::vector<uint8_t>> kept(k);  // per partition, when compressing
   const bool stream = TakeStreamOutput();     // AccTFM across units (unit.h)
+  // Without a tensor-parallel group the residual joins c_proj's GEMM
+  // (Backend::LinearForwardResidual); a group adds it once the parts are
+  // summed.
+  const bool residual_in_proj = tp_size() == 1 && !stream;
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;  // the partition's first row
     ResolveInputRows(r, r + rows);
@@ -81,9 +85,15 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
     backend()->AttentionForward(qkv.data() + r * 3 * dl, b, T, dl, H, probabilities,
                                 att.data() + r * dl, saved.data() + j * saved_per_part);
     // Row-parallel c_proj: rank 0 adds the bias, the group sums the parts.
-    backend()->LinearForward(att.data() + r * dl, proj_w_->value.data(),
-                             tp_rank() == 0 ? proj_b_->value.data() : nullptr, rows, dl, d,
-                             y.data() + r * d);
+    if (residual_in_proj) {
+      backend()->LinearForwardResidual(att.data() + r * dl, proj_w_->value.data(),
+                                       proj_b_->value.data(), x.data() + r * d, rows, dl, d,
+                                       y.data() + r * d);
+    } else {
+      backend()->LinearForward(att.data() + r * dl, proj_w_->value.data(),
+                               tp_rank() == 0 ? proj_b_->value.data() : nullptr, rows, dl, d,
+                               y.data() + r * d);
+    }
     Tensor part = y.Slice(int64_t{j} * b, int64_t{j + 1} * b);
     if (compress) {
       // This rank's An of the partition's samples; the group sums them.
@@ -97,7 +107,7 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
   ResolveAllInput();
   if (!stream) {
     WaitTensorParallelSums();
-    backend()->Add(y.data(), x.data(), y.numel(), y.data());
+    if (!residual_in_proj) backend()->Add(y.data(), x.data(), y.numel(), y.data());
   }
   ctx->saved = {x, ln_out, mean, rstd, qkv, saved, att};
   if (compress) ctx->saved.push_back(KeptRowsTensor(kept));

@@ -238,6 +238,16 @@ class Backend {
                              float* y) = 0;
   virtual void LinearBackward(const float* x, const float* w, const float* dy, int n, int in,
                               int out, float* dx, float* dw, float* db) = 0;
+  // y = LinearForward(x) + residual (n * out floats, not overlapping y):
+  // the last layer of a residual block. This default makes the two calls
+  // (LinearForward, then Add); the CUDA backend adds the residual in the
+  // GEMM (kernels/cuda/linear.h's LinearForwardResidualCuda), rounding
+  // the sums in another order.
+  virtual void LinearForwardResidual(const float* x, const float* w, const float* b,
+                                     const float* residual, int n, int in, int out, float* y) {
+    LinearForward(x, w, b, n, in, out, y);
+    Add(y, residual, int64_t{n} * out, y);
+  }
   virtual void GeluForward(const float* x, int64_t n, float* y) = 0;
   // LinearForward into y [n, out], then GeluForward of y into g: the MLP's
   // first layer. A device backend adds the bias in the GELU's pass (the GPU

@@ -250,6 +250,11 @@ class CudaBackendImpl final : public Backend {
                                            stream_);
     });
   }
+  void LinearForwardResidual(const float* x, const float* w, const float* b, const float* residual,
+                             int n, int in, int out, float* y) override {
+    Run("linear_forward",
+        [&] { return LinearForwardResidualCuda(cublas_, x, w, b, residual, n, in, out, y); });
+  }
   void LinearForward(const float* x, const float* w, const float* b, int n, int in, int out,
                      float* y) override {
     Run("linear_forward", [&] { return LinearForwardCuda(cublas_, x, w, b, n, in, out, y); });

@@ -38,6 +38,10 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
   const bool compress = TensorParallelCompresses();
   std::vector<std::vector<uint8_t>> kept(k);  // per partition, when compressing
   const bool stream = TakeStreamOutput();     // AccTFM across units (unit.h)
+  // Without a tensor-parallel group the residual joins c_proj's GEMM
+  // (Backend::LinearForwardResidual); a group adds it once the parts are
+  // summed.
+  const bool residual_in_proj = tp_size() == 1 && !stream;
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;  // the partition's first row
     ResolveInputRows(r, r + rows);
@@ -48,9 +52,15 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
     backend()->LinearGeluForward(ln_out.data() + r * d, fc_w_->value.data(), fc_b_->value.data(),
                                  rows, d, h, fc.data() + r * h, act.data() + r * h);
     // Row-parallel c_proj: rank 0 adds the bias, the group sums the parts.
-    backend()->LinearForward(act.data() + r * h, proj_w_->value.data(),
-                             tp_rank() == 0 ? proj_b_->value.data() : nullptr, rows, h, d,
-                             y.data() + r * d);
+    if (residual_in_proj) {
+      backend()->LinearForwardResidual(act.data() + r * h, proj_w_->value.data(),
+                                       proj_b_->value.data(), x.data() + r * d, rows, h, d,
+                                       y.data() + r * d);
+    } else {
+      backend()->LinearForward(act.data() + r * h, proj_w_->value.data(),
+                               tp_rank() == 0 ? proj_b_->value.data() : nullptr, rows, h, d,
+                               y.data() + r * d);
+    }
     Tensor part = y.Slice(int64_t{j} * (B / k), int64_t{j + 1} * (B / k));
     if (compress) {
       // The MLP has no attention matrix to rank tokens by (and its layer's
@@ -65,7 +75,7 @@ Tensor MlpUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitContext* c
   ResolveAllInput();
   if (!stream) {
     WaitTensorParallelSums();
-    backend()->Add(y.data(), x.data(), y.numel(), y.data());
+    if (!residual_in_proj) backend()->Add(y.data(), x.data(), y.numel(), y.data());
   }
   ctx->saved = {x, ln_out, mean, rstd, fc, act};
   if (compress) ctx->saved.push_back(KeptRowsTensor(kept));

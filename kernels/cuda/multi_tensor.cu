@@ -77,29 +77,28 @@ __global__ void SquaresTotalsKernel(TensorBatch<const float*> batch, int first,
   if (threadIdx.x == 0) sums[first + t] = total;
 }
 
-// Grid (blocks, tensors of the batch), grid stride over each tensor.
-__global__ void ScaleKernel(TensorBatch<float*> batch, float scale) {
+// x = op(x) for each element. Grid (blocks, tensors of the batch), grid
+// stride over each tensor.
+template <typename Op>
+__global__ void ElementwiseKernel(TensorBatch<float*> batch, Op op) {
   const int t = blockIdx.y;
   float* x = batch.data[t];
   const int64_t n = batch.n[t];
   const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
-    x[i] = __fmul_rn(x[i], scale);
+    x[i] = op(x[i]);
   }
 }
 
-// Grid (blocks, tensors of the batch), grid stride over each tensor.
-__global__ void ZeroKernel(TensorBatch<float*> batch) {
-  const int t = blockIdx.y;
-  float* x = batch.data[t];
-  const int64_t n = batch.n[t];
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    x[i] = 0.0f;
-  }
-}
+struct ScaleOp {
+  float scale;
+  __device__ float operator()(float v) const { return __fmul_rn(v, scale); }
+};
+
+struct ZeroOp {  // the element is not read: the load is dead code
+  __device__ float operator()(float) const { return 0.0f; }
+};
 
 template <typename Pointer>
 absl::Status CheckTensors(const char* op, Pointer const* tensors, const int64_t* counts,
@@ -137,20 +136,19 @@ int FillBatch(Pointer const* tensors, const int64_t* counts, int count, int firs
   return in_batch;
 }
 
-// kernel(batch, args...) for each batch of up to kTensorsPerLaunch tensors
-// that has elements, on grid (blocks for its largest tensor, its tensors):
-// the element-wise passes' launches.
-template <typename... Args>
-absl::Status LaunchPerBatch(const char* name, void (*kernel)(TensorBatch<float*>, Args...),
-                            float* const* tensors, const int64_t* counts, int count,
-                            cudaStream_t stream, Args... args) {
+// ElementwiseKernel(batch, op) for each batch of up to kTensorsPerLaunch
+// tensors that has elements, on grid (blocks for its largest tensor, its
+// tensors).
+template <typename Op>
+absl::Status LaunchPerBatch(const char* name, Op op, float* const* tensors, const int64_t* counts,
+                            int count, cudaStream_t stream) {
   for (int first = 0; first < count; first += kTensorsPerLaunch) {
     TensorBatch<float*> batch{};
     int64_t largest = 0;
     const int in_batch = FillBatch(tensors, counts, count, first, &batch, &largest);
     if (largest == 0) continue;
-    kernel<<<dim3(ElementwiseBlocks(largest), in_batch), kElementwiseThreads, 0, stream>>>(batch,
-                                                                                           args...);
+    ElementwiseKernel<<<dim3(ElementwiseBlocks(largest), in_batch), kElementwiseThreads, 0,
+                        stream>>>(batch, op);
     CUDA_CHECK_LAUNCH(name);
   }
   return absl::OkStatus();
@@ -183,13 +181,14 @@ absl::Status SumsOfSquaresCuda(const float* const* tensors, const int64_t* count
 absl::Status ScaleAllCuda(float* const* tensors, const int64_t* counts, int count, float scale,
                           cudaStream_t stream) {
   RETURN_IF_ERROR(CheckTensors("ScaleAllCuda", tensors, counts, count));
-  return LaunchPerBatch("ScaleKernel", ScaleKernel, tensors, counts, count, stream, scale);
+  return LaunchPerBatch("ElementwiseKernel<ScaleOp>", ScaleOp{scale}, tensors, counts, count,
+                        stream);
 }
 
 absl::Status ZeroAllCuda(float* const* tensors, const int64_t* counts, int count,
                          cudaStream_t stream) {
   RETURN_IF_ERROR(CheckTensors("ZeroAllCuda", tensors, counts, count));
-  return LaunchPerBatch("ZeroKernel", ZeroKernel, tensors, counts, count, stream);
+  return LaunchPerBatch("ElementwiseKernel<ZeroOp>", ZeroOp{}, tensors, counts, count, stream);
 }
 
 }  // namespace pipetrain

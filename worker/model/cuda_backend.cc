@@ -486,8 +486,11 @@ class CudaBackendImpl final : public Backend {
   Tensor UploadIds(const int32_t* host, int64_t n);
   static const int32_t* Ids(const Tensor& t) { return reinterpret_cast<const int32_t*>(t.data()); }
   absl::Status SynchronizeStream();
-  // Copies the device float to *host and waits for the stream.
-  absl::Status ReadScalar(const Tensor& device, float* host);
+  // The cross-entropy's forward queued (no wait): the mean loss as a [1]
+  // device tensor; the probabilities into probs, or, with a non-null
+  // gradient, the bf16 gradient (cross_entropy.h) instead.
+  Tensor QueueCrossEntropy(const float* logits, const int32_t* host_targets, int n, int vocab,
+                           int ld, float* probs, uint16_t* gradient);
   // Whether HeadLossForward keeps the head's loss gradient in bf16 (as
   // pairs in floats): when the bf16 products multiply copies at the head's
   // strides (lm_head.h's LmHeadBackwardBf16Cuda needs it) and ld is even.
@@ -547,12 +550,6 @@ OpTimes CudaBackendImpl::TakeOpTimes() {
   }
   pending_.clear();
   return times;
-}
-
-absl::Status CudaBackendImpl::ReadScalar(const Tensor& device, float* host) {
-  CUDA_RETURN_IF_ERROR(
-      cudaMemcpyAsync(host, device.data(), sizeof(float), cudaMemcpyDeviceToHost, stream_));
-  return SynchronizeStream();
 }
 
 absl::Status CudaBackendImpl::SynchronizeStream() {
@@ -876,46 +873,47 @@ void CudaBackendImpl::ScaleInPlace(const std::vector<Tensor*>& tensors, float sc
   });
 }
 
-float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets,
-                                                  int n, int vocab, int ld, float* probs) {
-  float loss = 0.0f;
+Tensor CudaBackendImpl::QueueCrossEntropy(const float* logits, const int32_t* host_targets, int n,
+                                          int vocab, int ld, float* probs, uint16_t* gradient) {
   const Tensor targets = UploadIds(host_targets, n);
   // From the stream-ordered cache, not a buffer of our own that grows with
   // cudaFree: a cudaFree waits for the whole device, NCCL kernels waiting
   // for a peer included (docs/architecture.md, NCCL in the data plane).
   Tensor row_losses = Allocate({n}, /*zero=*/false);
-  Tensor device_loss = Allocate({1}, /*zero=*/false);
-  Run("cross_entropy_forward", [&]() -> absl::Status {
-    RETURN_IF_ERROR(SoftmaxCrossEntropyForwardCuda(logits, Ids(targets), n, vocab, ld, probs,
-                                                   row_losses.data(), device_loss.data(), stream_));
-    return ReadScalar(device_loss, &loss);
+  Tensor loss = Allocate({1}, /*zero=*/false);
+  Run("cross_entropy_forward", [&] {
+    return gradient != nullptr
+               ? SoftmaxCrossEntropyForwardBf16GradientCuda(logits, Ids(targets), n, vocab, ld,
+                                                            gradient, row_losses.data(),
+                                                            loss.data(), stream_)
+               : SoftmaxCrossEntropyForwardCuda(logits, Ids(targets), n, vocab, ld, probs,
+                                                row_losses.data(), loss.data(), stream_);
   });
   return loss;
 }
 
+float CudaBackendImpl::SoftmaxCrossEntropyForward(const float* logits, const int32_t* host_targets,
+                                                  int n, int vocab, int ld, float* probs) {
+  const Tensor host = Download(QueueCrossEntropy(logits, host_targets, n, vocab, ld, probs,
+                                                 /*gradient=*/nullptr));
+  return status_.ok() ? host[0] : 0.0f;  // after an error the copy did not run
+}
+
 Tensor CudaBackendImpl::HeadLossForward(Tensor logits, const int32_t* host_targets, int n, int d,
                                         int vocab, int ld, Tensor* saved) {
-  const Tensor targets = UploadIds(host_targets, n);
-  Tensor row_losses = Allocate({n}, /*zero=*/false);
-  // Left on the device: the host reads it when it needs the number
-  // (LossValue), not in the middle of the step.
-  Tensor loss = Allocate({1}, /*zero=*/false);
+  // The loss is left on the device: the host reads it when it needs the
+  // number (LossValue), not in the middle of the step.
   if (!SavesBf16LossGradient(d, ld)) {
-    Run("cross_entropy_forward", [&] {
-      return SoftmaxCrossEntropyForwardCuda(logits.data(), Ids(targets), n, vocab, ld,
-                                            logits.data(), row_losses.data(), loss.data(), stream_);
-    });
+    Tensor loss =
+        QueueCrossEntropy(logits.data(), host_targets, n, vocab, ld, logits.data(), nullptr);
     *saved = std::move(logits);  // now the probabilities
     return loss;
   }
   // [n, ld] bf16 as pairs in floats; the fp32 logits go back to the cache
   // on return (stream order keeps them until the kernel has read them).
   Tensor gradient = Allocate({n, ld / 2}, /*zero=*/false);
-  Run("cross_entropy_forward", [&] {
-    return SoftmaxCrossEntropyForwardBf16GradientCuda(logits.data(), Ids(targets), n, vocab, ld,
-                                                      reinterpret_cast<uint16_t*>(gradient.data()),
-                                                      row_losses.data(), loss.data(), stream_);
-  });
+  Tensor loss = QueueCrossEntropy(logits.data(), host_targets, n, vocab, ld, nullptr,
+                                  reinterpret_cast<uint16_t*>(gradient.data()));
   *saved = std::move(gradient);
   return loss;
 }

@@ -69,6 +69,7 @@ struct Settings {
   std::optional<LinkModel> link;
   std::string codec;     // empty: exact
   int chunk_kib = 1024;  // CollectiveOptions::chunk_bytes
+  int exchange_kib = 256;  // CollectiveOptions::exchange_bytes
 };
 
 std::vector<int64_t> Sizes(const Settings& s) {
@@ -212,6 +213,7 @@ std::vector<SizeResult> RunMember(Transport& t, int rank, const Settings& s) {
   for (int i = 0; i < s.members; ++i) ranks[i] = i;
   CollectiveOptions options;
   options.chunk_bytes = int64_t{s.chunk_kib} << 10;
+  options.exchange_bytes = int64_t{s.exchange_kib} << 10;
   Collectives c(&t, {ranks, "bench"}, options);
   std::unique_ptr<Codec> codec;
   if (!s.codec.empty()) codec = MakeQuantizer(s.codec).value();  // checked by Run
@@ -408,13 +410,16 @@ int Run(const std::vector<std::string>& args) {
   bool threads = false;
   FlagSet flags(
       "usage: collective_benchmark [--members N] [--max-mib 256] [--iters 5] "
-      "[--emulate-link BANDWIDTH,LATENCY] [--threads] [--codec QUANTIZER]");
+      "[--emulate-link BANDWIDTH,LATENCY] [--threads] [--codec QUANTIZER] "
+      "[--chunk-kib 1024] [--exchange-kib 256]");
   flags.Int("members", &s.members, "group size (processes with a data plane each)");
   flags.Int("max-mib", &s.max_mib, "largest tensor, MiB (sizes from 4 KiB, x4 each)");
   flags.Int("iters", &s.iters, "timed all-reduces per size (after one warm-up)");
   flags.String("emulate-link", &emulate,
                "pace every send as over this link (see pipetrain-worker)");
   flags.Int("chunk-kib", &s.chunk_kib, "the ring's message size, KiB (CollectiveOptions)");
+  flags.Int("exchange-kib", &s.exchange_kib,
+            "recursive doubling's message size (two members), KiB (CollectiveOptions)");
   flags.Bool("threads", &threads, "members as threads of one process instead of processes");
   flags.String("codec", &s.codec,
                "a quantizer (fp16, bf16, linear:bits=N, piecewise:bits=N): the compressed "
@@ -423,19 +428,20 @@ int Run(const std::vector<std::string>& args) {
   const absl::StatusOr<std::optional<LinkModel>> link = ParseLinkModel("--emulate-link", emulate);
   const bool codec_ok = s.codec.empty() || MakeQuantizer(s.codec).ok();
   if (!parsed || !link.ok() || !codec_ok || s.members < 2 || s.iters < 1 || s.max_mib < 1 ||
-      s.chunk_kib < 1) {
+      s.chunk_kib < 1 || s.exchange_kib < 1) {
     std::fprintf(stderr, "%s", flags.Usage().c_str());
     return 2;
   }
   s.link = *link;
   std::printf(
       "# all-reduce (sum, fp32) over the gRPC data plane: %d members (%s), %s; %s, %u hardware "
-      "threads; links: %s\n",
+      "threads; links: %s; messages: ring <= %d KiB, exchange <= %d KiB\n",
       s.members, threads ? "threads of one process" : "one process each",
       s.codec.empty() ? "ring / recursive doubling"
                       : absl::StrCat("AllReduceEncoded through ", s.codec).c_str(),
       CpuModelName().c_str(), std::thread::hardware_concurrency(),
-      emulate.empty() ? "loopback" : emulate.c_str());
+      emulate.empty() ? "loopback" : emulate.c_str(), s.chunk_kib,
+      std::min(s.chunk_kib, s.exchange_kib));
   std::fflush(stdout);  // before fork: children must not inherit buffered output
   const GroupResults results = threads ? RunThreads(s) : RunProcesses(s);
   const double p2p = results.p2p;

@@ -81,6 +81,10 @@ int64_t Collectives::RingChunk(int64_t segment) const {
   return std::clamp(even, least, most);
 }
 
+int64_t Collectives::ExchangeChunk() const {
+  return std::max<int64_t>(1, std::min(options_.chunk_bytes, options_.exchange_bytes) / 4);
+}
+
 absl::Status Collectives::SendRange(int64_t iteration, int tag, int to, const float* values,
                                     int64_t begin, int64_t end, int64_t chunk) {
   if (chunk <= 0) chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
@@ -111,8 +115,8 @@ absl::StatusOr<Tensor> Collectives::RecvChunk(int64_t iteration, int tag, int fr
 }
 
 absl::Status Collectives::RecvRange(int64_t iteration, int tag, int from, float* values,
-                                    int64_t begin, int64_t end, bool add) {
-  const int64_t chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
+                                    int64_t begin, int64_t end, bool add, int64_t chunk) {
+  if (chunk <= 0) chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
   for (int64_t off = begin; off < end; off += chunk) {
     const int64_t len = std::min(chunk, end - off);
     ASSIGN_OR_RETURN(Tensor got, RecvChunk(iteration, tag, from, len));
@@ -215,10 +219,11 @@ absl::Status Collectives::RecursiveDoubling(int64_t iteration, int tag, float* v
   // and after log2 n rounds every member holds the same total. SendRange
   // copies each chunk before it goes, so the partner's chunks are added in
   // place as they arrive.
+  const int64_t chunk = ExchangeChunk();
   for (int d = 1; d < size(); d <<= 1) {
     const int partner = rank_ ^ d;
-    RETURN_IF_ERROR(SendRange(iteration, tag, partner, values, 0, numel));
-    RETURN_IF_ERROR(RecvRange(iteration, tag, partner, values, 0, numel, /*add=*/true));
+    RETURN_IF_ERROR(SendRange(iteration, tag, partner, values, 0, numel, chunk));
+    RETURN_IF_ERROR(RecvRange(iteration, tag, partner, values, 0, numel, /*add=*/true, chunk));
   }
   return absl::OkStatus();
 }

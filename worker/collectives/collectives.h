@@ -15,8 +15,8 @@
 //                      members at any size: one exchange moves what the
 //                      ring's two rounds move, a latency less, and sums
 //                      alike (the ring's segments are x0 + x1 and x1 + x0,
-//                      bitwise equal). Chunked as the ring, each chunk
-//                      added as it arrives.
+//                      bitwise equal). Chunked (ExchangeChunk), each
+//                      chunk added as it arrives.
 //   broadcast          the root sends to every member (star).
 //   gather             every member sends to the root (star).
 //   member-order tree  AllReduceInMemberOrder: each member sends segment k
@@ -65,13 +65,16 @@ struct CollectiveGroup {
 };
 
 struct CollectiveOptions {
-  // Messages at most this large (the ring's smaller for small tensors:
-  // Collectives::RingChunk).
+  // Messages at most this large (the ring's smaller for small tensors,
+  // Collectives::RingChunk; recursive doubling's exchange_bytes).
   int64_t chunk_bytes = int64_t{1} << 20;
   // Recursive doubling below this (two members: at any size, which sums
   // bitwise as the ring does, so 0 still means the ring's sums).
   int64_t small_bytes = int64_t{64} << 10;
   absl::Duration timeout = absl::Seconds(60);
+  // Recursive doubling's messages: at most this and chunk_bytes
+  // (Collectives::ExchangeChunk says why this is smaller than the ring's).
+  int64_t exchange_bytes = int64_t{256} << 10;
 };
 
 class Collectives {
@@ -202,13 +205,23 @@ class Collectives {
   // floor keeps loopback, where each message costs CPU, as it was
   // (docs/benchmarks.md). The sums do not depend on it.
   int64_t RingChunk(int64_t segment) const;
+  // Elements per message of recursive doubling's exchanges: exchange_bytes'
+  // worth, or chunk_bytes' if that is smaller. Why: an
+  // exchange sends the whole tensor each way at once and nothing waits for
+  // a message but the final add, so a message's size shows only as the
+  // tail: the last message's own transfer and add once the rest has
+  // arrived. Two members all-reducing 16 MiB under an emulated 2.5 Gbit/s
+  // link on the 2-vCPU VM: 0.94-0.96 of the link with 1 MiB messages,
+  // 0.97-0.99 with 256 KiB; on loopback the two measured alike
+  // (docs/benchmarks.md).
+  int64_t ExchangeChunk() const;
   // Sends values[begin, end) to member `to` in chunks of `chunk` elements
-  // (0: chunk_bytes' worth); receives the same range from member `from`, and
-  // adds (`add`) or copies it into `values`.
+  // (0: chunk_bytes' worth); receives the same range, cut alike, from member
+  // `from`, and adds (`add`) or copies it into `values`.
   absl::Status SendRange(int64_t iteration, int tag, int to, const float* values, int64_t begin,
                          int64_t end, int64_t chunk = 0);
   absl::Status RecvRange(int64_t iteration, int tag, int from, float* values, int64_t begin,
-                         int64_t end, bool add);
+                         int64_t end, bool add, int64_t chunk = 0);
   // One message of `len` values from member `from`; INTERNAL if it holds
   // another count or lies on a device.
   absl::StatusOr<Tensor> RecvChunk(int64_t iteration, int tag, int from, int64_t len);

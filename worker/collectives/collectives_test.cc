@@ -147,6 +147,45 @@ class HoldingTransport : public Transport {
   std::unique_ptr<Transport> inner_;
 };
 
+// Two members with the default options exchange 256 KiB messages
+// (ExchangeChunk), not chunk_bytes' 1 MiB: 1,000,003 floats go as 15
+// messages of 65,536 floats and one of 16,963, and the sums are still the
+// one IEEE sum x0 + x1 on both members.
+TEST(CollectivesTest, TwoMembers_DefaultOptions_ExchangeIn256KiBMessages) {
+  constexpr int64_t kNumel = 1000003;
+  const CollectiveOptions options;
+  ASSERT_EQ(options.chunk_bytes, int64_t{1} << 20);
+  InProcessFabric fabric(2);
+  std::vector<std::unique_ptr<HoldingTransport>> transports;
+  for (int r = 0; r < 2; ++r) {
+    transports.push_back(std::make_unique<HoldingTransport>(fabric.Connect(r)));
+  }
+  std::vector<std::vector<float>> got(2);
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Collectives c(transports[r].get(), CollectiveGroup{{0, 1}, "j"}, options);
+      Tensor t = Tensor::FromVector({kNumel}, Input(r, kNumel));
+      status[r] = c.AllReduce(/*iteration=*/3, /*tag=*/1, t);
+      got[r] = t.ToVector();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::vector<float> a = Input(0, kNumel), b = Input(1, kNumel);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    ASSERT_EQ(transports[r]->held.size(), 16u) << "member " << r;
+    for (size_t i = 0; i < 16; ++i) {
+      EXPECT_EQ(transports[r]->held[i].numel(), i < 15 ? 65536 : 16963)
+          << "member " << r << " message " << i;
+    }
+    for (int64_t i = 0; i < kNumel; ++i) {
+      ASSERT_EQ(got[r][i], a[i] + b[i]) << "member " << r << " element " << i;
+    }
+  }
+}
+
 // The ring passes a received chunk on in place only when it holds the
 // tensor's only handle: held elsewhere, the chunk is left as it came and
 // the result is bitwise the same.

@@ -35,8 +35,9 @@
 // slower than the GEMM attention, docs/benchmarks.md); kMma
 // (flash_attention_mma.cu), mma.sync with the scores, probabilities and
 // accumulators in registers, as FlashAttention-2 keeps them; written
-// without a GPU and not yet run on one. Both compute the formulas above
-// with the same roundings.
+// without a GPU and not yet run on one (its source runs on the CPU through
+// kernels/cuda/emulation and meets the parity bounds there). Both compute
+// the formulas above with the same roundings.
 //
 // All pointers are device pointers; outputs must not overlap inputs or
 // each other. Work is queued on `stream`; these return before it finishes.

@@ -14,7 +14,8 @@
 // twin (kernels/cpu/flash_attention.h) meets these bounds with about 2x to
 // spare at every shape here. Every case runs both kernels (FlashKernel);
 // the kWmma ones have passed on an H200, the kMma ones not yet run on a
-// GPU.
+// GPU (their source meets these bounds on the CPU, through
+// kernels/cuda/emulation's flash_attention_mma_emulation_test).
 #include "kernels/cuda/flash_attention.h"
 
 #include <cmath>

@@ -8,14 +8,18 @@
 #ifndef PIPETRAIN_KERNELS_CUDA_FLASH_ATTENTION_TILES_CUH_
 #define PIPETRAIN_KERNELS_CUDA_FLASH_ATTENTION_TILES_CUH_
 
-#include <cuda_runtime_api.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
 #include "absl/status/status.h"
+
+// Without a GPU (kernels/cuda/emulation) only the device side is used.
+#ifndef PIPETRAIN_CUDA_EMULATION
+#include <cuda_runtime_api.h>
+
 #include "kernels/cuda/cuda_status.h"
+#endif
 
 namespace pipetrain {
 namespace flash_tiles {
@@ -50,6 +54,7 @@ __device__ inline void LoadRowStats(const float* row, int row0, int seq_len, flo
 
 inline int Tiles(int seq_len) { return (seq_len + kTile - 1) / kTile; }
 
+#ifndef PIPETRAIN_CUDA_EMULATION
 // Sets the kernel's dynamic shared memory limit (above the default 48 KiB
 // for wide heads), then launches it with kThreads threads on grid
 // (batch * heads, tiles).
@@ -63,6 +68,7 @@ absl::Status Launch(const char* name, Kernel kernel, size_t shared_bytes, int ba
   CUDA_CHECK_LAUNCH(name);
   return absl::OkStatus();
 }
+#endif  // PIPETRAIN_CUDA_EMULATION
 
 // run(std::integral_constant<int, P>{}) for head_dim hd (<= 128) padded to
 // P, a multiple of the fragments' k16: the kernels' instantiation for it.

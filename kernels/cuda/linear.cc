@@ -340,10 +340,21 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
   if (MultipliesBf16Copies(handle, {out, in})) {
     // Both products read dy: round it to bf16 once, not once per product
     // (the same copies and GEMMs as the general path below, so the same
-    // bits). Column-major views as below: dy^T [out, n], W^T [out, in],
-    // x^T [in, n], each stored with the leading dimension its rows give.
+    // bits), and with a bias in the pass that sums db (the same sums as
+    // AddColumnSumsCuda): dy is read once. Column-major views as below:
+    // dy^T [out, n], W^T [out, in], x^T [in, n], each stored with the
+    // leading dimension its rows give.
     const cudaStream_t stream = handle.stream();
-    ASSIGN_OR_RETURN(Operand dy16, Bf16Copy(dy, out, n, out, /*pad=*/false, stream));
+    Operand dy16{nullptr, out, {}};
+    if (db != nullptr) {
+      ASSIGN_OR_RETURN(dy16.scratch, StreamScratch::Create(
+                                         static_cast<size_t>(n) * out * sizeof(uint16_t), stream));
+      RETURN_IF_ERROR(
+          AddColumnSumsRoundingCuda(dy, n, out, db, dy16.scratch.as<uint16_t>(), stream));
+      dy16.data = dy16.scratch.get();
+    } else {
+      ASSIGN_OR_RETURN(dy16, Bf16Copy(dy, out, n, out, /*pad=*/false, stream));
+    }
     if (dx != nullptr) {
       ASSIGN_OR_RETURN(Operand w16, Bf16Copy(w, out, in, out, /*pad=*/false, stream));
       CUBLAS_RETURN_IF_ERROR(GemmOnCopies(handle, CUBLAS_OP_T, CUBLAS_OP_N, in, n, out, &one, w16,
@@ -352,7 +363,6 @@ absl::Status LinearBackwardCuda(const CublasHandle& handle, const float* x, cons
     ASSIGN_OR_RETURN(Operand x16, Bf16Copy(x, in, n, in, /*pad=*/false, stream));
     CUBLAS_RETURN_IF_ERROR(
         GemmOnCopies(handle, CUBLAS_OP_N, CUBLAS_OP_T, out, in, n, &one, dy16, x16, &one, dw, out));
-    if (db != nullptr) return AddColumnSumsCuda(dy, n, out, db, stream);
     return absl::OkStatus();
   }
   if (dx != nullptr) {

@@ -1,4 +1,4 @@
-#include "kernels/cuda/linear_bias.h"
+#include <cuda_bf16.h>
 
 #include <cstdint>
 
@@ -6,6 +6,7 @@
 #include "kernels/cuda/column_sums.cuh"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.h"
+#include "kernels/cuda/linear_bias.h"
 
 namespace pipetrain {
 namespace {
@@ -32,6 +33,19 @@ struct BiasGradTerm {
   const float* dy;
   int c;
   __device__ void operator()(int64_t i, int j, float* v) const { v[0] = dy[i * c + j]; }
+};
+
+// BiasGradTerm, also writing the term's bf16 bits: the column sums visit
+// every element once, so the copy costs no read of its own.
+struct BiasGradRoundingTerm {
+  const float* dy;
+  int c;
+  uint16_t* rounded;
+  __device__ void operator()(int64_t i, int j, float* v) const {
+    const int64_t at = i * c + j;
+    v[0] = dy[at];
+    rounded[at] = __bfloat16_as_ushort(__float2bfloat16_rn(v[0]));
+  }
 };
 
 absl::Status CheckShape(const char* op, int n, int c) {
@@ -67,6 +81,14 @@ absl::Status AddColumnSumsCuda(const float* dy, int n, int c, float* db, cudaStr
   if (!valid.ok() || n == 0) return valid;
   return column_sums::ColumnSums<1>(BiasGradTerm{dy, c}, n, c, db, nullptr, stream,
                                     "bias gradient sums");
+}
+
+absl::Status AddColumnSumsRoundingCuda(const float* dy, int n, int c, float* db, uint16_t* dy16,
+                                       cudaStream_t stream) {
+  absl::Status valid = CheckShape("AddColumnSumsRoundingCuda", n, c);
+  if (!valid.ok() || n == 0) return valid;
+  return column_sums::ColumnSums<1>(BiasGradRoundingTerm{dy, c, dy16}, n, c, db, nullptr, stream,
+                                    "bias gradient sums with dy's bf16 copy");
 }
 
 }  // namespace pipetrain

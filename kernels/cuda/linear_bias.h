@@ -12,6 +12,8 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
+
 #include "absl/status/status.h"
 
 namespace pipetrain {
@@ -33,6 +35,15 @@ absl::Status ResidualRowsCuda(const float* residual, const float* b, int n, int 
 // db must not overlap dy. Also RESOURCE_EXHAUSTED when its scratch (a few
 // floats per column and 256 rows) cannot be had.
 absl::Status AddColumnSumsCuda(const float* dy, int n, int c, float* db, cudaStream_t stream);
+
+// AddColumnSumsCuda, and in the same pass dy16[i] = the bf16 bits of dy[i]
+// rounded to nearest even (i < n * c): the bias gradient and the bf16 copy
+// of dy that the bf16 GEMM mode's two backward products read, for one read
+// of dy instead of two. db is bitwise AddColumnSumsCuda's (the same sums in
+// the same order) and dy16 bitwise RoundToBf16Cuda's (bf16_round.h).
+// dy16 holds n * c values and overlaps neither dy nor db.
+absl::Status AddColumnSumsRoundingCuda(const float* dy, int n, int c, float* db, uint16_t* dy16,
+                                       cudaStream_t stream);
 
 }  // namespace pipetrain
 

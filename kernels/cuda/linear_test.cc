@@ -21,6 +21,7 @@
 #include "kernels/cpu/linear.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/gemm_tolerance_testing.h"
+#include "kernels/cuda/linear_bias.h"
 #include "kernels/cuda/parity_testing.h"
 
 namespace pipetrain {
@@ -227,9 +228,10 @@ TEST_F(LinearCudaTest, LinearForwardBackwardCuda_TwoRuns_BitwiseEqual) {
 }
 
 // In bf16 with plain copies LinearBackwardCuda rounds dy once for both of
-// its products; the results must be bitwise those of the two products
-// made one by one through SgemmCuda (which round dy each), with and
-// without aligned rows (the latter through cuBLAS's narrowing under
+// its products, in the pass that sums db (AddColumnSumsRoundingCuda); the
+// results must be bitwise those of the two products made one by one
+// through SgemmCuda (which round dy each) and of AddColumnSumsCuda, with
+// and without aligned rows (the latter through cuBLAS's narrowing under
 // kAlignedCopies).
 TEST_F(LinearCudaTest, LinearBackwardCuda_Bf16_BitwiseItsTwoSgemmProducts) {
   for (Bf16Operands how : {Bf16Operands::kAlignedCopies, Bf16Operands::kCopies}) {
@@ -246,10 +248,14 @@ TEST_F(LinearCudaTest, LinearBackwardCuda_Bf16_BitwiseItsTwoSgemmProducts) {
       auto dw2 = DeviceBuffer<float>::FromHost(d.dw);
       auto dx1 = DeviceBuffer<float>::Create(int64_t{s.n} * s.in);
       auto dx2 = DeviceBuffer<float>::Create(int64_t{s.n} * s.in);
-      ASSERT_TRUE(x.ok() && w.ok() && dy.ok() && dw1.ok() && dw2.ok() && dx1.ok() && dx2.ok());
+      auto db1 = DeviceBuffer<float>::FromHost(d.db);
+      auto db2 = DeviceBuffer<float>::FromHost(d.db);
+      ASSERT_TRUE(x.ok() && w.ok() && dy.ok() && dw1.ok() && dw2.ok() && dx1.ok() && dx2.ok() &&
+                  db1.ok() && db2.ok());
       ASSERT_TRUE(LinearBackwardCuda(*handle, x->data(), w->data(), dy->data(), s.n, s.in, s.out,
-                                     dx1->data(), dw1->data(), nullptr)
+                                     dx1->data(), dw1->data(), db1->data())
                       .ok());
+      ASSERT_TRUE(AddColumnSumsCuda(dy->data(), s.n, s.out, db2->data(), handle->stream()).ok());
       ASSERT_TRUE(SgemmCuda(*handle, false, true, s.n, s.in, s.out, 1.0f, dy->data(), s.out,
                             w->data(), s.out, 0.0f, dx2->data(), s.in)
                       .ok());
@@ -258,9 +264,12 @@ TEST_F(LinearCudaTest, LinearBackwardCuda_Bf16_BitwiseItsTwoSgemmProducts) {
                       .ok());
       auto got_dx = dx1->ToHost(), want_dx = dx2->ToHost();
       auto got_dw = dw1->ToHost(), want_dw = dw2->ToHost();
-      ASSERT_TRUE(got_dx.ok() && want_dx.ok() && got_dw.ok() && want_dw.ok());
+      auto got_db = db1->ToHost(), want_db = db2->ToHost();
+      ASSERT_TRUE(got_dx.ok() && want_dx.ok() && got_dw.ok() && want_dw.ok() && got_db.ok() &&
+                  want_db.ok());
       EXPECT_EQ(*got_dx, *want_dx);
       EXPECT_EQ(*got_dw, *want_dw);
+      EXPECT_EQ(*got_db, *want_db);
     }
   }
 }

@@ -306,6 +306,40 @@ check "$name" "$rc" "$(cat "$out/train_flash${tag}_attention_compare.txt")"
 else out_of_time "$name"; fi
 done
 
+# 2d. Gradient clipping by the global norm on the device (the sums and the
+# scaling, kernels/cuda/multi_tensor.h), fp32 GEMM mode: the CPU once and
+# CUDA twice with --grad-clip 0.05, within 1e-4 and bitwise run to run;
+# and the clipped CPU run must differ from step 2's unclipped one, or
+# clipping never acted (AdamW's updates barely depend on the gradients'
+# scale: 1e-4 to 5e-4 relative on the loss by step 5 on the CPU).
+if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
+  note "NOT RUN train_local_cuda_clipped_vs_cpu: no 20-step CPU reference from step 2"
+  failed=1
+elif lim=$(budget 150); then
+timeout -k 5 "$lim" bash -c '
+  rc=0
+  "$1" train-local "${@:3}" --device cpu --log "$2/train_clip_cpu.jsonl" \
+    >"$2/train_clip_cpu.txt" 2>&1 || rc=1
+  for run in 1 2; do
+    "$1" train-local "${@:3}" --device cuda --log "$2/train_clip_cuda$run.jsonl" \
+      >"$2/train_clip_cuda$run.txt" 2>&1 || rc=1
+  done
+  exit $rc' _ "$bin/pipetrain" "$out" "${model[@]}" --grad-clip 0.05
+clip_rc=$?
+compare_loss_logs "$out/train_clip_cuda1.jsonl" "$out/train_clip_cpu.jsonl" 1e-4 \
+  "cuda - cpu, clipped" "$out/train_clip_cuda2.jsonl" >"$out/train_clip_compare.txt" 2>&1
+rc=$?
+py - "$out/train_clip_cpu.jsonl" "$out/train_cpu.jsonl" >>"$out/train_clip_compare.txt" 2>&1 <<'PY'
+import json, sys
+clipped, plain = ([json.loads(l)["loss"] for l in open(p)] for p in sys.argv[1:3])
+worst = max((abs(x - y) / abs(y) for x, y in zip(clipped, plain)), default=0.0)
+print(f"clipped - unclipped cpu: max relative {worst:.3e} (clipping acted if above 1e-5)")
+sys.exit(0 if len(clipped) == len(plain) == 20 and worst > 1e-5 else 1)
+PY
+[[ $? -ne 0 || $clip_rc -ne 0 ]] && rc=1
+check train_local_cuda_clipped_vs_cpu "$rc" "$(tr '\n' ' ' <"$out/train_clip_compare.txt")"
+else out_of_time train_local_cuda_clipped_vs_cpu; fi
+
 # 3. The 2-worker pipeline (two worker processes sharing the GPU) against
 # single-process GPU training (one worker process holding every unit; the
 # same job spec, so the same data, seed and optimizer), 1e-5 relative.

@@ -210,6 +210,28 @@ __device__ void StoreRows(const float (&acc)[kHdp / 8][4], const int (&token)[2]
   }
 }
 
+// Where a thread stands, as every kernel starts: its place in the
+// fragments (g = lane / 4, t = lane % 4: the layouts above), its warp's
+// first row of the block's tile, the block's (batch, head) slices, and
+// qkv's row stride.
+struct Place {
+  int g, t, rows0;
+  HeadSlices at;
+  int64_t width;
+};
+
+__device__ __forceinline__ Place PlaceOf(int seq_len, int c, int heads, int hd) {
+  const int lane = threadIdx.x % 32;
+  return {lane / 4, lane % 4, static_cast<int>(threadIdx.x / 32) * kWarpRows,
+          Slices(blockIdx.x, seq_len, c, heads, hd), 3 * int64_t{c}};
+}
+
+// The block's query tile, counted from the last: it sees every key tile,
+// so the longest blocks start first.
+__device__ __forceinline__ int QueryTileFromLast() {
+  return static_cast<int>(gridDim.y - 1 - blockIdx.y);
+}
+
 template <int kHdp>
 constexpr size_t ForwardSharedBytes() {
   return (2 * size_t{kTile} * kLdRows<kHdp> + size_t{kHdp} * kLdCols) * sizeof(Bf16);
@@ -226,11 +248,8 @@ __global__ void __launch_bounds__(kThreads)
   Bf16* k_rows = q_rows + kTile * ld;
   Bf16* v_cols = k_rows + kTile * ld;
 
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  const int q_tile_index = static_cast<int>(gridDim.y - 1 - blockIdx.y);
-  const int q0 = q_tile_index * kTile, rows0 = warp * kWarpRows;
-  const HeadSlices at = Slices(blockIdx.x, seq_len, c, heads, hd);
-  const int64_t width = 3 * int64_t{c};
+  const auto [g, t, rows0, at, width] = PlaceOf(seq_len, c, heads, hd);
+  const int q_tile_index = QueryTileFromLast(), q0 = q_tile_index * kTile;
   const int query[2] = {q0 + rows0 + g, q0 + rows0 + g + 8};
 
   LoadTile<kHdp>(qkv + at.qkv_offset, width, q0, seq_len, hd, q_rows, nullptr);
@@ -317,11 +336,9 @@ __global__ void __launch_bounds__(kThreads)
   float* lse_tile = reinterpret_cast<float*>(dout_cols + kHdp * kLdCols);
   float* dots_tile = lse_tile + kTile;
 
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const auto [g, t, rows0, at, width] = PlaceOf(seq_len, c, heads, hd);
   // Key tile 0 sees every query tile: the longest blocks come first.
-  const int k_tile_index = blockIdx.y, k0 = k_tile_index * kTile, rows0 = warp * kWarpRows;
-  const HeadSlices at = Slices(blockIdx.x, seq_len, c, heads, hd);
-  const int64_t width = 3 * int64_t{c};
+  const int k_tile_index = blockIdx.y, k0 = k_tile_index * kTile;
   const int key[2] = {k0 + rows0 + g, k0 + rows0 + g + 8};
   LoadTile<kHdp>(qkv + at.qkv_offset + c, width, k0, seq_len, hd, k_rows, nullptr);
   LoadTile<kHdp>(qkv + at.qkv_offset + 2 * int64_t{c}, width, k0, seq_len, hd, v_rows, nullptr);
@@ -382,11 +399,8 @@ __global__ void __launch_bounds__(kThreads)
   Bf16* v_rows = k_rows + kTile * ld;
   Bf16* k_cols = v_rows + kTile * ld;
 
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  const int q_tile_index = static_cast<int>(gridDim.y - 1 - blockIdx.y);
-  const int q0 = q_tile_index * kTile, rows0 = warp * kWarpRows;
-  const HeadSlices at = Slices(blockIdx.x, seq_len, c, heads, hd);
-  const int64_t width = 3 * int64_t{c};
+  const auto [g, t, rows0, at, width] = PlaceOf(seq_len, c, heads, hd);
+  const int q_tile_index = QueryTileFromLast(), q0 = q_tile_index * kTile;
   const int query[2] = {q0 + rows0 + g, q0 + rows0 + g + 8};
   float row_lse[2], row_dot[2];
   for (int half = 0; half < 2; ++half) {

@@ -14,33 +14,18 @@
 #include "common/testing/gradient_check.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
+#include "kernels/cpu/flash_attention_testing.h"
 
 namespace pipetrain {
 namespace {
 
+using testing::Bf16Normal;
 using testing::RandomTensor;
+using testing::WorstRatio;
 
 struct AttentionShape {
   int batch, seq_len, c, heads;
 };
-
-std::vector<float> Bf16Normal(uint64_t seed, int64_t n) {
-  std::vector<float> v = RandomTensor({n}, seed).ToVector();
-  for (float& x : v) x = RoundToBf16(x);
-  return v;
-}
-
-// The largest |got - want| / (atol + rtol |want|): at most 1 passes.
-double WorstRatio(const std::vector<float>& got, const std::vector<float>& want, double atol,
-                  double rtol) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double err = std::fabs(double{got[i]} - want[i]);
-    worst =
-        std::max(worst, std::isfinite(err) ? err / (atol + rtol * std::fabs(want[i])) : INFINITY);
-  }
-  return worst;
-}
 
 // lse in double from the same bf16-exact scores.
 std::vector<float> LogSumExp(const std::vector<float>& qkv, const AttentionShape& s) {

@@ -9,7 +9,6 @@
 // it is loaded fails too. What only a GPU can show (limits, timing, the
 // tensor cores' own summation order) is left to kernels/cuda's
 // flash_attention_test.
-#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -17,11 +16,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "common/tensor.h"
-#include "common/testing/gradient_check.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/flash_attention.h"
+#include "kernels/cpu/flash_attention_testing.h"
 #include "kernels/cuda/emulation/warp_emulation.h"
 #include "kernels/cuda/flash_attention_mma_kernels.cuh"
 
@@ -29,6 +27,8 @@ namespace pipetrain {
 namespace {
 
 using cuda_emulation::LaunchEmulated;
+using testing::Bf16Normal;
+using testing::WorstRatio;
 
 // Against the twin (same inputs, tiles and bf16 roundings; fp32 sums in
 // another order): |got - want| <= atol + rtol |want|. The sums' order moves
@@ -52,12 +52,6 @@ struct Shape {
 struct Result {
   std::vector<float> out, lse, dqkv;
 };
-
-std::vector<float> Bf16Normal(uint64_t seed, int64_t n) {
-  std::vector<float> v = testing::RandomTensor({n}, seed).ToVector();
-  for (float& x : v) x = RoundToBf16(x);
-  return v;
-}
 
 // The three kernels for head_dim padded to kHdp, launched as
 // flash_attention_mma.cu launches them, with D = rowsum(dout * out) in
@@ -104,19 +98,6 @@ Result RunEmulatedAnyHeadDim(const Shape& s, const std::vector<float>& qkv,
   });
   EXPECT_TRUE(done.ok()) << done;
   return r;
-}
-
-// The largest |got - want| / (atol + rtol |want|): at most 1 passes; a NaN
-// (an element never written) is infinitely far.
-double WorstRatio(const std::vector<float>& got, const std::vector<float>& want, double atol,
-                  double rtol) {
-  double worst = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double err = std::fabs(double{got[i]} - want[i]);
-    worst =
-        std::max(worst, std::isfinite(err) ? err / (atol + rtol * std::fabs(want[i])) : INFINITY);
-  }
-  return worst;
 }
 
 class FlashMmaEmulationTest : public ::testing::TestWithParam<Shape> {};

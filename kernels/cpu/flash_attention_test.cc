@@ -10,8 +10,6 @@
 #include <string>
 #include <vector>
 
-#include "common/tensor.h"
-#include "common/testing/gradient_check.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/flash_attention_testing.h"
@@ -20,7 +18,6 @@ namespace pipetrain {
 namespace {
 
 using testing::Bf16Normal;
-using testing::RandomTensor;
 using testing::WorstRatio;
 
 struct AttentionShape {

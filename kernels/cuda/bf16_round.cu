@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 #include "kernels/cuda/bf16_round.h"
 #include "kernels/cuda/cuda_status.h"
 #include "kernels/cuda/launch.h"
@@ -35,6 +36,14 @@ absl::Status RoundToBf16Cuda(const float* x, int64_t n, uint16_t* y, cudaStream_
   absl::Status valid = CheckElementCount("RoundToBf16Cuda", n);
   if (!valid.ok()) return valid;
   return RoundToBf16StridedCuda(x, 1, n, n, y, n, stream);
+}
+
+absl::StatusOr<StreamScratch> Bf16CopyCuda(const float* x, int64_t count, cudaStream_t stream) {
+  RETURN_IF_ERROR(CheckElementCount("Bf16CopyCuda", count));
+  ASSIGN_OR_RETURN(StreamScratch copy,
+                   StreamScratch::Create(static_cast<size_t>(count) * sizeof(uint16_t), stream));
+  RETURN_IF_ERROR(RoundToBf16Cuda(x, count, copy.as<uint16_t>(), stream));
+  return copy;
 }
 
 absl::Status RoundToBf16StridedCuda(const float* x, int64_t lines, int64_t length, int64_t x_stride,

@@ -2,16 +2,20 @@
 // RoundToBf16): bitwise, since both round to nearest with ties to even.
 #include "kernels/cuda/bf16_round.h"
 
+#include <cuda_runtime_api.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/flash_attention.h"
 #include "kernels/cuda/device_buffer.h"
 #include "kernels/cuda/parity_testing.h"
+#include "kernels/cuda/stream_scratch.h"
 
 namespace pipetrain {
 namespace {
@@ -123,6 +127,22 @@ TEST_F(Bf16RoundEdgeTest, Strided_EachLineRounded_PaddingUntouched) {
   EXPECT_EQ(mismatches, 0);
 }
 
+// Bf16CopyCuda: the same bits as RoundToBf16Cuda, in scratch of its own.
+TEST_F(Bf16RoundEdgeTest, Bf16Copy_BitwiseTheCpuRounding) {
+  const int64_t n = 4097;
+  const std::vector<float> x = RandomNormal(11, n, 0.0f, 2.0f);
+  auto x_dev = DeviceBuffer<float>::FromHost(x);
+  ASSERT_TRUE(x_dev.ok()) << x_dev.status();
+  absl::StatusOr<StreamScratch> copy = Bf16CopyCuda(x_dev->data(), n, nullptr);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  std::vector<uint16_t> got(n);
+  ASSERT_EQ(cudaMemcpy(got.data(), copy->get(), n * sizeof(uint16_t), cudaMemcpyDeviceToHost),
+            cudaSuccess);
+  int64_t mismatches = 0;
+  for (int64_t i = 0; i < n; ++i) mismatches += got[i] != CpuBits(x[i]);
+  EXPECT_EQ(mismatches, 0);
+}
+
 TEST(Bf16RoundArgumentsTest, NegativeCount_InvalidArgument_ZeroLaunchesNothing) {
   EXPECT_EQ(RoundToBf16Cuda(nullptr, -1, nullptr, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
@@ -132,6 +152,7 @@ TEST(Bf16RoundArgumentsTest, NegativeCount_InvalidArgument_ZeroLaunchesNothing) 
   EXPECT_EQ(RoundToBf16StridedCuda(nullptr, -1, 4, 4, nullptr, 4, nullptr).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(RoundToBf16StridedCuda(nullptr, 0, 4, 4, nullptr, 4, nullptr).ok());
+  EXPECT_EQ(Bf16CopyCuda(nullptr, -1, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -62,10 +62,7 @@ absl::StatusOr<Operand> Bf16Copy(const float* x, int rows, int cols, int ld, boo
     RETURN_IF_ERROR(
         RoundToBf16StridedCuda(x, cols, rows, ld, out.scratch.as<uint16_t>(), out.ld, stream));
   } else {
-    const int64_t span = Span(rows, cols, ld);
-    ASSIGN_OR_RETURN(out.scratch,
-                     StreamScratch::Create(static_cast<size_t>(span) * sizeof(uint16_t), stream));
-    RETURN_IF_ERROR(RoundToBf16Cuda(x, span, out.scratch.as<uint16_t>(), stream));
+    ASSIGN_OR_RETURN(out.scratch, Bf16CopyCuda(x, Span(rows, cols, ld), stream));
   }
   out.data = out.scratch.get();
   return out;

@@ -60,14 +60,6 @@ absl::StatusOr<StreamScratch> PaddedBf16Weights(const float* wte, int d, int voc
   return wte16;
 }
 
-// x [n, d] rounded to bf16, in scratch on `stream`.
-absl::StatusOr<StreamScratch> Bf16Rows(const float* x, int n, int d, cudaStream_t stream) {
-  ASSIGN_OR_RETURN(StreamScratch x16,
-                   StreamScratch::Create(static_cast<size_t>(n) * d * sizeof(uint16_t), stream));
-  RETURN_IF_ERROR(RoundToBf16Cuda(x, int64_t{n} * d, x16.as<uint16_t>(), stream));
-  return x16;
-}
-
 }  // namespace
 
 absl::Status LmHeadForwardCuda(const CublasHandle& handle, const float* x, const float* wte, int n,
@@ -84,7 +76,7 @@ absl::Status LmHeadForwardCuda(const CublasHandle& handle, const float* x, const
     // The copies SgemmCuda would make, but wte rounded straight into its
     // padded copy (no padded fp32 wte first): bitwise the same product.
     ASSIGN_OR_RETURN(StreamScratch wte16, PaddedBf16Weights(wte, d, vocab, ld, handle.stream()));
-    ASSIGN_OR_RETURN(StreamScratch x16, Bf16Rows(x, n, d, handle.stream()));
+    ASSIGN_OR_RETURN(StreamScratch x16, Bf16CopyCuda(x, int64_t{n} * d, handle.stream()));
     return SgemmBf16Cuda(handle, false, true, n, ld, d, 1.0f, x16.as<uint16_t>(), d,
                          wte16.as<uint16_t>(), d, 0.0f, logits, ld);
   }
@@ -143,7 +135,7 @@ absl::Status LmHeadBackwardBf16Cuda(const CublasHandle& handle, const uint16_t* 
   }
   const cudaStream_t stream = handle.stream();
   ASSIGN_OR_RETURN(StreamScratch wte16, PaddedBf16Weights(wte, d, vocab, ld, stream));
-  ASSIGN_OR_RETURN(StreamScratch x16, Bf16Rows(x, n, d, stream));
+  ASSIGN_OR_RETURN(StreamScratch x16, Bf16CopyCuda(x, int64_t{n} * d, stream));
   // dloss as the products' alpha: the gradient is that of the mean loss.
   RETURN_IF_ERROR(SgemmBf16Cuda(handle, false, false, n, d, ld, dloss, gradient, ld,
                                 wte16.as<uint16_t>(), d, 0.0f, dx, d));

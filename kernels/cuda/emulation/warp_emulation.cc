@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -132,6 +134,10 @@ void MmaM16N8K16Bf16F32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint
 
 void LaunchEmulated(unsigned grid_x, unsigned grid_y, int threads, size_t shared_bytes,
                     const std::function<void()>& kernel) {
+  if (threads <= 0 || threads % kWarpSize != 0) {  // a test's own mistake: stop it there
+    std::fprintf(stderr, "LaunchEmulated: %d threads, not a positive multiple of 32\n", threads);
+    std::abort();
+  }
   for (unsigned y = 0; y < grid_y; ++y) {
     for (unsigned x = 0; x < grid_x; ++x) {
       Block block(threads, shared_bytes);

@@ -1,6 +1,7 @@
 #include "kernels/cuda/emulation/warp_emulation.h"
 
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -16,9 +17,11 @@
 thread_local EmulatedDim3 threadIdx, blockIdx, gridDim, blockDim;
 
 __nv_bfloat16 __float2bfloat16_rn(float value) {
+  const uint16_t sign = std::signbit(value) ? 0x8000 : 0;
+  if (std::isnan(value)) return {static_cast<uint16_t>(sign | 0x7fc0)};  // NaN stays NaN
   uint16_t bits = 0;
   // The bf16 codec's rounding; beyond bf16's range: the signed infinity.
-  if (!pipetrain::FloatToBf16(value, &bits)) bits = std::signbit(value) ? 0xff80 : 0x7f80;
+  if (!pipetrain::FloatToBf16(value, &bits)) bits = sign | 0x7f80;
   return {bits};
 }
 

@@ -1,6 +1,7 @@
-// A CPU stand-in for the few CUDA features the mma.sync flash kernels use
-// (kernels/cuda/flash_attention_mma_kernels.cuh), so those kernels' own
-// source runs on a machine without a GPU: every CUDA thread of a block is a
+// A CPU stand-in for the few CUDA features some of our kernels use (the
+// mma.sync flash kernels, flash_attention_mma_kernels.cuh; the
+// cross-entropy's, cross_entropy_kernels.cuh), so those kernels' own source
+// runs on a machine without a GPU: every CUDA thread of a block is a
 // std::thread, __syncthreads a barrier of the block, __shfl_xor_sync and
 // mma.sync exchanges through the warp's shared slots between two barriers
 // of the warp, and __nv_bfloat16 a 16-bit value rounded to nearest even.
@@ -18,10 +19,15 @@
 //
 // Include this (with PIPETRAIN_CUDA_EMULATION defined) before a kernel
 // source that follows these rules: no early return of some threads of a
-// block (a barrier would wait for them), every warp-wide call made by all
-// 32 lanes, dynamic shared memory declared with
+// block before a barrier (the barrier would wait for them), every
+// warp-wide call made by all 32 lanes, dynamic shared memory declared with
 // PIPETRAIN_DYNAMIC_SHARED_MEMORY, and the mma through
 // MmaM16N8K16Bf16F32. Test-only: it defines CUDA's reserved names.
+//
+// Where the emulation differs from the GPU in arithmetic: nvcc fuses a * b
+// + c into one rounding unless told not to (__fmul_rn); compiled with
+// -ffp-contract=off, the emulation never fuses. So kernels agree with the
+// GPU to rounding, not bitwise, and tests compare within tolerances.
 #ifndef PIPETRAIN_KERNELS_CUDA_EMULATION_WARP_EMULATION_H_
 #define PIPETRAIN_KERNELS_CUDA_EMULATION_WARP_EMULATION_H_
 
@@ -40,6 +46,10 @@
 #define __forceinline__ inline
 #define __launch_bounds__(threads)
 #define __align__(bytes) alignas(bytes)
+// Blocks run one at a time, so a function-static array is the running
+// block's shared memory (left as the previous block left it, as shared
+// memory's contents are undefined at a block's start).
+#define __shared__ static
 #define PIPETRAIN_DYNAMIC_SHARED_MEMORY(name) \
   unsigned char* name = ::pipetrain::cuda_emulation::DynamicSharedMemory()
 
@@ -61,6 +71,13 @@ float __bfloat162float(__nv_bfloat16 value);
 inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
   return {__float2bfloat16_rn(lo), __float2bfloat16_rn(hi)};
 }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 value) { return value.bits; }
+
+// Rounded products and sums with no fusing: plain IEEE operations, when
+// the including file is compiled with -ffp-contract=off (the emulation
+// tests' copts).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
 
 void __syncthreads();
 // The value `value` of lane (this lane ^ lane_mask); every lane of the warp

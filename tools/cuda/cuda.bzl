@@ -54,6 +54,15 @@ CUDA_COMPATIBLE = select({
     "//conditions:default": ["//tools/cuda:cuda_backend_disabled"],
 })
 
+# For target_compatible_with: the target builds only without --config=cuda.
+# For CPU-only tests under kernels/cuda (kernels/cuda/emulation): the plain
+# pass runs them, and the CUDA pass's //kernels/cuda/... would run them a
+# second time and count them among the GPU tests.
+CPU_ONLY = select({
+    "//tools/cuda:enabled": ["//tools/cuda:cuda_backend_disabled"],
+    "//conditions:default": [],
+})
+
 def cuda_library(
         name,
         srcs,

@@ -14,6 +14,9 @@ bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
 int Mod(int a, int n) { return ((a % n) + n) % n; }
 
+// Whole floats in a message of at most `bytes`, at least one.
+int64_t FloatsIn(int64_t bytes) { return std::max<int64_t>(1, bytes / 4); }
+
 // RingChunk's bounds (collectives.h says why).
 constexpr int64_t kRingChunksPerSegment = 16;
 constexpr int64_t kMinRingChunkBytes = int64_t{256} << 10;
@@ -75,19 +78,19 @@ std::string Collectives::Describe(int tag) const {
 }
 
 int64_t Collectives::RingChunk(int64_t segment) const {
-  const int64_t most = std::max<int64_t>(1, options_.chunk_bytes / 4);
+  const int64_t most = FloatsIn(options_.chunk_bytes);
   const int64_t least = std::min(most, kMinRingChunkBytes / 4);
   const int64_t even = (segment + kRingChunksPerSegment - 1) / kRingChunksPerSegment;
   return std::clamp(even, least, most);
 }
 
 int64_t Collectives::ExchangeChunk() const {
-  return std::max<int64_t>(1, std::min(options_.chunk_bytes, options_.exchange_bytes) / 4);
+  return FloatsIn(std::min(options_.chunk_bytes, options_.exchange_bytes));
 }
 
 absl::Status Collectives::SendRange(int64_t iteration, int tag, int to, const float* values,
                                     int64_t begin, int64_t end, int64_t chunk) {
-  if (chunk <= 0) chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
+  if (chunk <= 0) chunk = FloatsIn(options_.chunk_bytes);
   for (int64_t off = begin; off < end; off += chunk) {
     const int64_t len = std::min(chunk, end - off);
     Tensor piece = Tensor::Uninitialized({len});  // Filled next.
@@ -116,7 +119,7 @@ absl::StatusOr<Tensor> Collectives::RecvChunk(int64_t iteration, int tag, int fr
 
 absl::Status Collectives::RecvRange(int64_t iteration, int tag, int from, float* values,
                                     int64_t begin, int64_t end, bool add, int64_t chunk) {
-  if (chunk <= 0) chunk = std::max<int64_t>(1, options_.chunk_bytes / 4);
+  if (chunk <= 0) chunk = FloatsIn(options_.chunk_bytes);
   for (int64_t off = begin; off < end; off += chunk) {
     const int64_t len = std::min(chunk, end - off);
     ASSIGN_OR_RETURN(Tensor got, RecvChunk(iteration, tag, from, len));

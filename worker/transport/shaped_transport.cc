@@ -75,6 +75,20 @@ ShapedTransport::~ShapedTransport() {
 
 absl::Status ShapedTransport::SendWire(int peer_stage, const TensorAddress& address,
                                        const WireTensor& wire) {
+  WireTensor copy = wire;                                  // an encoded payload is copied here
+  if (!copy.encoded()) copy.tensor = wire.tensor.Clone();  // the caller may reuse its tensor
+  return Enqueue(peer_stage, address, std::move(copy));
+}
+
+absl::Status ShapedTransport::SendWireOwned(int peer_stage, const TensorAddress& address,
+                                            WireTensor wire) {
+  // Another handle to the tensor could write it while it waits in the queue.
+  if (!wire.encoded() && !wire.tensor.sole_owner()) wire.tensor = wire.tensor.Clone();
+  return Enqueue(peer_stage, address, std::move(wire));
+}
+
+absl::Status ShapedTransport::Enqueue(int peer_stage, const TensorAddress& address,
+                                      WireTensor wire) {
   AnnotatedMutexLock lock(&mu_);
   if (stopping_) return absl::AbortedError("shaped transport stopping");
   std::unique_ptr<Link>& slot = links_[peer_stage];
@@ -92,8 +106,7 @@ absl::Status ShapedTransport::SendWire(int peer_stage, const TensorAddress& addr
         return link->queued_bytes == 0 || link->queued_bytes + bytes <= max_queued_bytes_;
       },
       absl::InfiniteDuration());
-  Pending p{address, wire, link->shaper.Schedule(absl::Now(), bytes), bytes};
-  if (!wire.encoded()) p.wire.tensor = wire.tensor.Clone();  // the caller may reuse it
+  Pending p{address, std::move(wire), link->shaper.Schedule(absl::Now(), bytes), bytes};
   link->queued_bytes += bytes;
   link->queue.push_back(std::move(p));
   return absl::OkStatus();
@@ -113,7 +126,7 @@ void ShapedTransport::Run(int peer_stage, Link* link) {
     }
     const absl::Duration wait = next.handoff - absl::Now();
     if (wait > absl::ZeroDuration()) absl::SleepFor(wait);  // the emulated link's time
-    // Its own copy (see SendWire): the inner transport need not copy again.
+    // Its own (Enqueue's contract): the inner transport need not copy it.
     absl::Status sent = inner_->SendWireOwned(peer_stage, next.address, std::move(next.wire));
     AnnotatedMutexLock lock(&mu_);
     link->queued_bytes -= next.bytes;

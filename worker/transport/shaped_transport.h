@@ -74,6 +74,12 @@ class ShapedTransport final : public Transport {
   // peer, if any, is returned instead (the tensor is not queued).
   absl::Status SendWire(int peer_stage, const TensorAddress& address,
                         const WireTensor& wire) override;
+  // SendWire without the copy where `wire` is not shared (an encoded
+  // payload, or a raw tensor no other handle holds): the queue keeps it
+  // and hands it on as it is, so an emulated link costs the sender no
+  // memory traffic of its own (a collective's chunks are fresh copies).
+  absl::Status SendWireOwned(int peer_stage, const TensorAddress& address,
+                             WireTensor wire) override;
   absl::StatusOr<WireTensor> RecvWire(int peer_stage, const TensorAddress& address,
                                       absl::Duration timeout) override {
     return inner_->RecvWire(peer_stage, address, timeout);
@@ -95,6 +101,8 @@ class ShapedTransport final : public Transport {
     explicit Link(LinkModel model) : shaper(model) {}
   };
   void Run(int peer_stage, Link* link);
+  // Queues `wire`, which nothing else holds, for `peer_stage`.
+  absl::Status Enqueue(int peer_stage, const TensorAddress& address, WireTensor wire);
 
   const std::unique_ptr<Transport> inner_;
   const LinkModel model_;

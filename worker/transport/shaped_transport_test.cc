@@ -1,5 +1,9 @@
 #include "worker/transport/shaped_transport.h"
 
+#include <memory>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
 #include "gtest/gtest.h"
 #include "worker/transport/in_process_transport.h"
 
@@ -68,6 +72,66 @@ TEST(ShapedTransportTest, DeliversEveryTensorIntactInOrderOfTheLink) {
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->ToVector(), std::vector<float>(100, float(i)));
   }
+}
+
+// What an inner transport was handed, kept beyond its life.
+struct Handed {
+  absl::Mutex mu;
+  std::vector<WireTensor> wires ABSL_GUARDED_BY(mu);
+};
+
+// An inner transport that keeps what it is handed, to see whether the
+// shaped transport copied it.
+class KeepingTransport final : public Transport {
+ public:
+  explicit KeepingTransport(Handed* handed) : handed_(handed) {}
+  int stage() const override { return 0; }
+  absl::Status SendWire(int, const TensorAddress&, const WireTensor& wire) override {
+    return SendWireOwned(0, {}, wire);
+  }
+  absl::Status SendWireOwned(int, const TensorAddress&, WireTensor wire) override {
+    absl::MutexLock lock(&handed_->mu);
+    handed_->wires.push_back(std::move(wire));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress&, absl::Duration) override {
+    return absl::UnimplementedError("send only");
+  }
+
+ private:
+  Handed* const handed_;
+};
+
+TEST(ShapedTransportTest, SendOwned_HandsASoleTensorOnUncopied_CopiesAShared) {
+  Handed handed;
+  std::vector<const float*> sent_storage;
+  {
+    ShapedTransport sender(std::make_unique<KeepingTransport>(&handed),
+                           {1e9, absl::Microseconds(10)});
+    Tensor sole = Tensor::Filled({1000}, 1.0f);
+    sent_storage.push_back(sole.data());
+    ASSERT_TRUE(sender.SendOwned(1, {}, std::move(sole)).ok());
+
+    Tensor shared = Tensor::Filled({1000}, 2.0f);
+    Tensor other_handle = shared;
+    sent_storage.push_back(shared.data());
+    ASSERT_TRUE(sender.SendOwned(1, {}, std::move(shared)).ok());
+    other_handle.Fill(-1);  // its holder may write it: the queue must have a copy
+
+    Tensor plain = Tensor::Filled({1000}, 3.0f);
+    sent_storage.push_back(plain.data());
+    ASSERT_TRUE(sender.Send(1, {}, plain).ok());
+    plain.Fill(-1);
+  }  // delivers everything queued
+  absl::MutexLock lock(&handed.mu);
+  const std::vector<WireTensor>& got = handed.wires;
+  ASSERT_EQ(got.size(), 3u);
+  EXPECT_EQ(got[0].tensor.data(), sent_storage[0]);  // taken over
+  EXPECT_EQ(got[0].tensor.ToVector(), std::vector<float>(1000, 1.0f));
+  EXPECT_NE(got[1].tensor.data(), sent_storage[1]);  // shared: copied
+  EXPECT_EQ(got[1].tensor.ToVector(), std::vector<float>(1000, 2.0f));
+  EXPECT_NE(got[2].tensor.data(), sent_storage[2]);  // Send: always copied
+  EXPECT_EQ(got[2].tensor.ToVector(), std::vector<float>(1000, 3.0f));
 }
 
 }  // namespace

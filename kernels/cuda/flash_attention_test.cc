@@ -117,21 +117,33 @@ GpuResult RunGpu(FlashKernel kernel, const Shape& s, const std::vector<float>& q
                                    s.batch, s.seq_len, s.c, s.heads, dqkv_d->data(), dots_d->data(),
                                    nullptr, kernel);
   EXPECT_TRUE(run.ok()) << run;
-  r.out = out_d->ToHost().value_or(std::vector<float>{});
-  r.lse = lse_d->ToHost().value_or(std::vector<float>{});
-  r.dqkv = dqkv_d->ToHost().value_or(std::vector<float>{});
+  // A kernel's fault shows at the first synchronisation, here: a failed
+  // download fails the test (an empty result would compare equal to
+  // another empty one in TwoRuns_BitwiseEqual).
+  for (auto [buffer, into] :
+       {std::pair{&*out_d, &r.out}, std::pair{&*lse_d, &r.lse}, std::pair{&*dqkv_d, &r.dqkv}}) {
+    absl::StatusOr<std::vector<float>> host = buffer->ToHost();
+    EXPECT_TRUE(host.ok()) << host.status();
+    if (host.ok()) *into = *std::move(host);
+  }
   return r;
 }
 
 // attention_testing.h's shapes (head_dim 4, 8, 24, 64; seq_len 1 to 1024),
 // plus the widest head (128), one padded to 112 (100), and seq_len just
-// past a 64-row tile.
+// past a 64-row tile; then one head_dim for each other padded width the
+// mma kernels are built for (40 -> 48, 60 -> 64, 72 -> 80, 96), so every
+// instantiation runs.
 std::vector<Shape> FlashShapes() {
   std::vector<Shape> shapes(std::begin(testing::kAttentionShapes),
                             std::end(testing::kAttentionShapes));
   shapes.push_back({2, 65, 256, 2});
   shapes.push_back({1, 70, 200, 2});
   shapes.push_back({3, 128, 48, 3});
+  shapes.push_back({1, 70, 120, 3});
+  shapes.push_back({1, 100, 120, 2});
+  shapes.push_back({2, 65, 144, 2});
+  shapes.push_back({1, 100, 192, 2});
   return shapes;
 }
 
@@ -169,6 +181,9 @@ TEST_P(FlashAttentionCudaTest, TwoRuns_BitwiseEqual) {
   const std::vector<float> dout = Bf16Normal(83, s.out_size());
   const GpuResult first = RunGpu(GetParam(), s, qkv, dout);
   const GpuResult second = RunGpu(GetParam(), s, qkv, dout);
+  ASSERT_EQ(first.out.size(), static_cast<size_t>(s.out_size()));
+  ASSERT_EQ(first.dqkv.size(), static_cast<size_t>(s.qkv_size()));
+  ASSERT_EQ(first.lse.size(), static_cast<size_t>(s.batch) * s.heads * s.seq_len);
   EXPECT_EQ(first.out, second.out);
   EXPECT_EQ(first.lse, second.lse);
   EXPECT_EQ(first.dqkv, second.dqkv);

@@ -23,7 +23,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda_targets.sh
 flags=(--config=cuda -c opt --dynamic_mode=off)
-tests=$(bazel query "tests(set(${CUDA_TARGETS[*]}))" 2>/dev/null)
+# The tests in that set that build under these flags: a query lists the CPU-only
+# ones too (kernels/cuda/emulation, CPU_ONLY), and naming them to
+# `bazel build --config=cuda` would stop it ("incompatible ... explicitly
+# requested"), so the configured query drops those.
+tests=$(bazel cquery "${flags[@]}" "tests(set(${CUDA_TARGETS[*]}))" --output=starlark \
+  --starlark:expr='"" if "IncompatiblePlatformProvider" in providers(target) else str(target.label)' \
+  2>/dev/null | grep .)
 binaries=(//cli:pipetrain //coordinator:pipetrain-coordinator //worker:pipetrain-worker
   //worker/train:train_step_benchmark //worker/collectives:collective_benchmark
   //kernels/cuda:nccl_all_reduce_benchmark)

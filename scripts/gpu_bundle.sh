@@ -18,7 +18,10 @@
 # gpu-bundle/BUILD_INFO says which commit it was built from (run.sh puts it
 # at the top of its summary): rebuild after every change you want measured.
 #
-#   bash scripts/gpu_bundle.sh        # writes gpu-bundle/ and gpu-bundle.tar.gz
+#   bash scripts/gpu_bundle.sh           # writes gpu-bundle/ and gpu-bundle.tar.gz
+#   bash scripts/gpu_bundle.sh --check   # only analyses what it would build
+#                                        # (scripts/test.sh runs this, so a
+#                                        # bundle that cannot build fails CI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/cuda_targets.sh
@@ -33,6 +36,12 @@ tests=$(bazel cquery "${flags[@]}" "tests(set(${CUDA_TARGETS[*]}))" --output=sta
 binaries=(//cli:pipetrain //coordinator:pipetrain-coordinator //worker:pipetrain-worker
   //worker/train:train_step_benchmark //worker/collectives:collective_benchmark
   //kernels/cuda:nccl_all_reduce_benchmark)
+if [[ "${1:-}" == --check ]]; then
+  # shellcheck disable=SC2086
+  bazel build --nobuild "${flags[@]}" $tests "${binaries[@]}"
+  echo "gpu-bundle check: $(echo "$tests" | wc -l) test binaries and ${#binaries[@]} programs analyse" >&2
+  exit 0
+fi
 echo "building $(echo "$tests" | wc -l) test binaries and ${#binaries[@]} programs (--config=cuda -c opt)" >&2
 # shellcheck disable=SC2086
 bazel build "${flags[@]}" $tests "${binaries[@]}"

@@ -38,6 +38,9 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   if [ "$skipped" -gt 0 ]; then gpu="$gpu (no GPU)"; fi
   cat "$cuda_log" >> "$log"
   rm -f "$cuda_log"
+  # The GPU bundle's target list and flags (analysis only, no compiling):
+  # it is built only when a GPU is lent, too late to find it broken.
+  if ! bash scripts/gpu_bundle.sh --check && [ "$status" -eq 0 ]; then status=1; fi
 fi
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log")
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|NO STATUS|FAILED TO BUILD)' "$log")

@@ -1,10 +1,17 @@
 // Where a GPT-2 step's GEMM time goes, product by product: each of the
-// model's matrix products, through the backend op the model calls for it
-// (LinearForward / LinearBackward with the bias, as the units call them;
-// LmHeadForward / LmHeadBackward over the backend's padded logits), timed
-// alone at the model's shape, with its rate. The training-step benchmark
-// prints it on a GPU, so one run shows which shapes fall short of the
-// square-GEMM ceiling (the per-op table only sums a kind over layers).
+// model's matrix products, through the backend op the model calls for it,
+// timed alone at the model's shape, with its rate:
+//   - LinearForward with the bias (qkv, the MLP's first layer: its GELU
+//     is a pass of its own), LinearForwardResidual for the blocks' last
+//     layers (attn.c_proj, mlp.c_proj), LinearBackward with the bias;
+//   - LmHeadForward over the backend's padded logits, and
+//     LmHeadLossBackward from what HeadLossForward keeps (on the CUDA
+//     backend with bf16 copies: the products from the saved bf16
+//     gradient; by default: the cross-entropy's backward pass, then the
+//     products).
+// The training-step benchmark prints it on a GPU, so one run shows which
+// shapes fall short of the square-GEMM ceiling (the per-op table only sums
+// a kind over layers).
 #ifndef PIPETRAIN_WORKER_MODEL_MODEL_GEMM_PROBE_H_
 #define PIPETRAIN_WORKER_MODEL_MODEL_GEMM_PROBE_H_
 
@@ -25,7 +32,8 @@ struct ModelGemmTiming {
 
 // The 10 products of one block and the LM head (attention's qkv and
 // output projections, the MLP's two layers, the head; forward and
-// backward each) for `tokens` rows, on N(0, 1) inputs, each the fastest of
+// backward each) for `tokens` rows, on N(0, 1) inputs (a block of draws
+// repeated), each the fastest of
 // `reps` calls after one untimed call. Requires tokens >= 1, reps >= 1 and
 // a valid config. Empty if the backend reports an error.
 std::vector<ModelGemmTiming> MeasureModelGemms(Backend* backend, const GptConfig& config,

@@ -72,8 +72,9 @@ Tensor AttentionUnit::Forward(const Tensor& x, const TokenBatch& batch, UnitCont
   const bool stream = TakeStreamOutput();     // AccTFM across units (unit.h)
   // Without a tensor-parallel group the residual joins c_proj's GEMM
   // (Backend::LinearForwardResidual); a group adds it once the parts are
-  // summed.
-  const bool residual_in_proj = tp_size() == 1 && !stream;
+  // summed, and so does compression (its token-sparse sum zeroes the
+  // dropped rows, which must still carry their residual).
+  const bool residual_in_proj = tp_size() == 1 && !stream && !compress;
   for (int j = 0; j < k; ++j) {
     const int64_t r = int64_t{j} * rows;  // the partition's first row
     ResolveInputRows(r, r + rows);

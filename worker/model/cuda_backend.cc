@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -679,6 +680,12 @@ Tensor CudaBackendImpl::Download(const Tensor& t) {
         cudaMemcpyAsync(host.data(), t.data(), t.size_bytes(), cudaMemcpyDeviceToHost, stream_));
     return SynchronizeStream();
   });
+  // After a device error (now or earlier: Run then skips the copy) the
+  // values are unknown: NaN, never uninitialised memory (a caller such as
+  // LossValue may read them before it checks status()).
+  if (!status_.ok()) {
+    std::fill(host.data(), host.data() + host.numel(), std::numeric_limits<float>::quiet_NaN());
+  }
   return host;
 }
 

@@ -150,7 +150,11 @@ class ForwardingBackend : public Backend {
   }
   // HeadLossForward and LmHeadLossBackward are left to their defaults, a
   // pair that calls the forwarded ops above (so the inner backend's own
-  // pair, which keeps a state of its own, is never half used).
+  // pair, which keeps a state of its own, is never half used). So are the
+  // fused ops (LinearGeluForward, LinearForwardResidual,
+  // LayerNormBackwardResidual): their defaults call the ops they combine,
+  // so a subclass that overrides one of those sees every call (the inner
+  // backend's fusion, and its rounding order, is then not used).
   void Sgemm(bool trans_a, bool trans_b, int m, int n, int k, float alpha, const float* a, int lda,
              const float* b, int ldb, float beta, float* c, int ldc) override {
     inner_->Sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);

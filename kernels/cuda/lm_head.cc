@@ -42,8 +42,10 @@ absl::StatusOr<StreamScratch> PaddedWeights(const float* wte, int d, int vocab, 
                    StreamScratch::Create(static_cast<size_t>(ld) * row_bytes, stream));
   CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(padded.get(), wte, static_cast<size_t>(vocab) * row_bytes,
                                        cudaMemcpyDeviceToDevice, stream));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(padded.as<float>() + static_cast<size_t>(vocab) * d, 0,
-                                       static_cast<size_t>(ld - vocab) * row_bytes, stream));
+  if (ld > vocab) {  // (else the pointer would be one past the scratch)
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(padded.as<float>() + static_cast<size_t>(vocab) * d, 0,
+                                         static_cast<size_t>(ld - vocab) * row_bytes, stream));
+  }
   return padded;
 }
 
@@ -55,8 +57,10 @@ absl::StatusOr<StreamScratch> PaddedBf16Weights(const float* wte, int d, int voc
   ASSIGN_OR_RETURN(StreamScratch wte16,
                    StreamScratch::Create(static_cast<size_t>(ld) * d * bf16, stream));
   RETURN_IF_ERROR(RoundToBf16Cuda(wte, int64_t{vocab} * d, wte16.as<uint16_t>(), stream));
-  CUDA_RETURN_IF_ERROR(cudaMemsetAsync(wte16.as<uint16_t>() + static_cast<size_t>(vocab) * d, 0,
-                                       static_cast<size_t>(ld - vocab) * d * bf16, stream));
+  if (ld > vocab) {
+    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(wte16.as<uint16_t>() + static_cast<size_t>(vocab) * d, 0,
+                                         static_cast<size_t>(ld - vocab) * d * bf16, stream));
+  }
   return wte16;
 }
 

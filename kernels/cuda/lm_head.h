@@ -26,8 +26,11 @@
 // column of logits (the padding columns with zeros), the backward
 // overwrites dlogits' padding columns with zeros and reads the rest. Work
 // is queued on handle.stream() in the handle's GemmMode; scratch comes
-// from the stream's cache (stream_scratch.h), about ld * d floats in the
-// forward and twice that in the backward. Bitwise deterministic run to
+// from the stream's cache (stream_scratch.h): about ld * d floats in the
+// forward and twice that in the backward, plus, where the products
+// multiply bf16 copies (linear.h), the copies themselves, the largest
+// dlogits' (n * ld bf16 values: 824 MB at GPT-2's 8192 rows; the bf16
+// backward below takes that gradient already rounded). Bitwise deterministic run to
 // run. INVALID_ARGUMENT for n < 0, d < 1, vocab < 1, ld < vocab or a null
 // pointer (before any CUDA call); FAILED_PRECONDITION for an empty handle;
 // RESOURCE_EXHAUSTED when the scratch does not fit; INTERNAL if CUDA or

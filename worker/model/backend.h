@@ -293,7 +293,8 @@ class Backend {
   // 50257 gives 50304): the LM head's products then run over the padded
   // width on aligned rows, which cuBLAS's bf16 tensor-core kernels need
   // (LmHeadForward below, kernels/cuda/lm_head.h). The cross-entropy
-  // never reads or writes the padding.
+  // never reads the padding; the fused one that saves the bf16 gradient
+  // (HeadLossForward) writes +0 there, which the products then multiply.
   virtual int LogitsRowStride(int vocab) const { return vocab; }
   // Overwrites logits with the softmax probabilities (probs may be logits)
   // and returns the mean cross-entropy on the host (a device backend waits).

@@ -31,14 +31,14 @@ absl::Status RoundToBf16Cuda(const float* x, int64_t n, uint16_t* y, cudaStream_
 // matrix is copied into another leading dimension, e.g. padded so that
 // every line starts 16-byte aligned. INVALID_ARGUMENT for a negative count
 // or a stride below `length`; nothing is launched when lines or length is 0.
+absl::Status RoundToBf16StridedCuda(const float* x, int64_t lines, int64_t length, int64_t x_stride,
+                                    uint16_t* y, int64_t y_stride, cudaStream_t stream);
+
 // x[0, count) rounded as RoundToBf16Cuda into new stream scratch
 // (stream_scratch.h) of `count` bf16 values on `stream`: the copy a bf16
 // GEMM multiplies. The scratch may go back once the work that reads it is
 // queued on the same stream. Errors as RoundToBf16Cuda, or the scratch's.
 absl::StatusOr<StreamScratch> Bf16CopyCuda(const float* x, int64_t count, cudaStream_t stream);
-
-absl::Status RoundToBf16StridedCuda(const float* x, int64_t lines, int64_t length, int64_t x_stride,
-                                    uint16_t* y, int64_t y_stride, cudaStream_t stream);
 
 }  // namespace pipetrain
 

@@ -31,6 +31,16 @@ using cuda_reduce::BlockReduce;
 using cuda_reduce::MaxOp;
 using cuda_reduce::SumOp;
 
+// Column j's dlogits from its probability p: p * scale, minus scale at the
+// target (NaN for a row whose target is out of range). __fmul_rn keeps the
+// product rounded on its own (no FMA with the subtraction), as the CPU
+// computes it, so both sides round identically.
+__device__ __forceinline__ float Gradient(float p, int j, int32_t target, bool valid, float scale) {
+  float g = __fmul_rn(p, scale);
+  if (j == target) g -= scale;
+  return valid ? g : NAN;
+}
+
 // Softmax of one row (stride ld) and its loss logsumexp - x[target]. The
 // first pass keeps, per thread, the running maximum m of its logits and
 // the sum s of exp(x - m), rescaling s by exp(m_old - m_new) when m grows
@@ -42,16 +52,7 @@ using cuda_reduce::SumOp;
 // -use_fast_math __expf) stays within 2 ulp; the exponentials are
 // recomputed in the last pass rather than stored, so that probs may alias
 // logits.
-// Column j's dlogits from its probability p: p * scale, minus scale at the
-// target (NaN for a row whose target is out of range). __fmul_rn keeps the
-// product rounded on its own (no FMA with the subtraction), as the CPU
-// computes it, so both sides round identically.
-__device__ __forceinline__ float Gradient(float p, int j, int32_t target, bool valid, float scale) {
-  float g = __fmul_rn(p, scale);
-  if (j == target) g -= scale;
-  return valid ? g : NAN;
-}
-
+//
 // kBf16Gradient: instead of the probabilities, the last pass writes the
 // mean loss's gradient (p - onehot(target)) * scale, rounded to bf16, into
 // `gradient` (a buffer of its own), and +0 into each row's padding.

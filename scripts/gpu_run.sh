@@ -98,8 +98,9 @@ if [[ "$mode" == sanitize ]]; then
   else
     mkdir -p "$out/sanitizer"
     # The kernels changed last first, in case the budget runs out.
-    for name in flash_attention lm_head cross_entropy bf16_round attention attention_gemm linear \
-      layernorm embedding gelu adamw elementwise quantize token_topk half_codec powersgd; do
+    for name in flash_attention multi_tensor lm_head cross_entropy bf16_round attention \
+      attention_gemm linear layernorm embedding gelu adamw elementwise quantize token_topk \
+      half_codec powersgd; do
       for tool in memcheck racecheck synccheck; do
         log="$out/sanitizer/${name}_$tool.log"
         lim=$(budget 150) || { out_of_time "sanitizer_${tool}_$name"; continue; }

@@ -1,8 +1,12 @@
 #include "kernels/cuda/linear.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdint>
 #include <cstdlib>
 #include <initializer_list>
+#include <memory>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -128,6 +132,114 @@ absl::Status Gemm(const CublasHandle& h, cublasOperation_t trans_a, cublasOperat
   return absl::OkStatus();
 }
 
+std::atomic<int64_t> bias_epilogue_products{0};
+
+// cuBLASLt's descriptors, destroyed with their owners.
+using LtMatmulDesc = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulDesc_t>,
+                                     decltype(&cublasLtMatmulDescDestroy)>;
+using LtLayout = std::unique_ptr<std::remove_pointer_t<cublasLtMatrixLayout_t>,
+                                 decltype(&cublasLtMatrixLayoutDestroy)>;
+using LtPreference = std::unique_ptr<std::remove_pointer_t<cublasLtMatmulPreference_t>,
+                                     decltype(&cublasLtMatmulPreferenceDestroy)>;
+
+// Workspace a cuBLASLt algorithm may ask for (Hopper's larger kernels use
+// up to 32 MiB); taken from the stream's scratch cache for each call.
+constexpr uint64_t kLtWorkspaceBytes = uint64_t{32} << 20;
+
+// The largest power of two, at most 256, that divides p's address: what
+// cuBLASLt's heuristic may assume of an operand (it does not see the
+// pointers themselves).
+uint32_t AlignmentOf(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+absl::StatusOr<LtLayout> MakeLtLayout(cudaDataType type, int rows, int cols, int ld) {
+  cublasLtMatrixLayout_t raw = nullptr;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&raw, type, rows, cols, ld));
+  return LtLayout(raw, &cublasLtMatrixLayoutDestroy);
+}
+
+template <typename T>
+cublasStatus_t SetLtAttribute(cublasLtMatmulDesc_t desc, cublasLtMatmulDescAttributes_t name,
+                              const T& value) {
+  return cublasLtMatmulDescSetAttribute(desc, name, &value, sizeof(value));
+}
+
+template <typename T>
+cublasStatus_t SetLtPreference(cublasLtMatmulPreference_t pref,
+                               cublasLtMatmulPreferenceAttributes_t name, const T& value) {
+  return cublasLtMatmulPreferenceSetAttribute(pref, name, &value, sizeof(value));
+}
+
+// BiasEpilogue::kCublasLt's product (linear.h): column-major y^T [out, n]
+// = W^T [out, in] x^T [in, n] on bf16 copies of w and x, plus residual^T
+// as C (beta 1) when given, plus b broadcast over the columns in the
+// epilogue (CUBLASLT_EPILOGUE_BIAS; b has `out` elements, one per row of
+// y^T). The caller checked the shapes and that every leading dimension
+// (out, in) is a multiple of 8. UNIMPLEMENTED when cuBLASLt has no
+// algorithm for it (the caller then seeds y and calls Gemm); other errors
+// as Gemm's.
+absl::Status LtBiasForward(const CublasHandle& h, const float* x, const float* w, const float* b,
+                           const float* residual, int n, int in, int out, float* y) {
+  const cudaStream_t stream = h.stream();
+  cublasLtMatmulDesc_t raw_desc = nullptr;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const LtMatmulDesc desc(raw_desc, &cublasLtMatmulDescDestroy);
+  const cublasOperation_t plain = CUBLAS_OP_N;
+  const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+  const int32_t bias_type = CUDA_R_32F;
+  // The bias pointer before the heuristic: it reads its alignment.
+  CUBLAS_RETURN_IF_ERROR(SetLtAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSA, plain));
+  CUBLAS_RETURN_IF_ERROR(SetLtAttribute(desc.get(), CUBLASLT_MATMUL_DESC_TRANSB, plain));
+  CUBLAS_RETURN_IF_ERROR(SetLtAttribute(desc.get(), CUBLASLT_MATMUL_DESC_EPILOGUE, epilogue));
+  CUBLAS_RETURN_IF_ERROR(SetLtAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_POINTER, b));
+  CUBLAS_RETURN_IF_ERROR(
+      SetLtAttribute(desc.get(), CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bias_type));
+  ASSIGN_OR_RETURN(LtLayout a_layout, MakeLtLayout(CUDA_R_16BF, out, in, out));
+  ASSIGN_OR_RETURN(LtLayout b_layout, MakeLtLayout(CUDA_R_16BF, in, n, in));
+  ASSIGN_OR_RETURN(LtLayout c_layout, MakeLtLayout(CUDA_R_32F, out, n, out));
+  ASSIGN_OR_RETURN(Operand w16, Bf16Copy(w, out, in, out, /*pad=*/false, stream));
+  ASSIGN_OR_RETURN(Operand x16, Bf16Copy(x, in, n, in, /*pad=*/false, stream));
+  const float* c = residual != nullptr ? residual : y;  // not read when beta is 0
+
+  cublasLtMatmulPreference_t raw_pref = nullptr;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&raw_pref));
+  const LtPreference pref(raw_pref, &cublasLtMatmulPreferenceDestroy);
+  CUBLAS_RETURN_IF_ERROR(
+      SetLtPreference(pref.get(), CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, kLtWorkspaceBytes));
+  CUBLAS_RETURN_IF_ERROR(SetLtPreference(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                         AlignmentOf(w16.data)));
+  CUBLAS_RETURN_IF_ERROR(SetLtPreference(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                         AlignmentOf(x16.data)));
+  CUBLAS_RETURN_IF_ERROR(
+      SetLtPreference(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, AlignmentOf(c)));
+  CUBLAS_RETURN_IF_ERROR(
+      SetLtPreference(pref.get(), CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, AlignmentOf(y)));
+  cublasLtMatmulHeuristicResult_t chosen{};
+  int found = 0;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(
+      h.lt(), desc.get(), a_layout.get(), b_layout.get(), c_layout.get(), c_layout.get(),
+      pref.get(), 1, &chosen, &found));
+  if (found < 1 || chosen.state != CUBLAS_STATUS_SUCCESS) {
+    return absl::UnimplementedError(
+        absl::StrCat("cuBLASLt: no bias-epilogue algorithm for n=", n, " in=", in, " out=", out));
+  }
+  StreamScratch workspace;
+  if (chosen.workspaceSize > 0) {
+    ASSIGN_OR_RETURN(workspace, StreamScratch::Create(chosen.workspaceSize, stream));
+  }
+  const float alpha = 1.0f, beta = residual != nullptr ? 1.0f : 0.0f;
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(h.lt(), desc.get(), &alpha, w16.data, a_layout.get(),
+                                        x16.data, b_layout.get(), &beta, c, c_layout.get(), y,
+                                        c_layout.get(), &chosen.algo, workspace.get(),
+                                        chosen.workspaceSize, stream));
+  bias_epilogue_products.fetch_add(1, std::memory_order_relaxed);
+  return absl::OkStatus();
+}
+
 // `batch` of Gemm's products at once (strides in floats). bf16 keeps
 // cuBLAS's own narrowing here whatever the handle's Bf16Operands: the
 // batched products are attention's (attention_gemm.h), whose operands are
@@ -234,6 +346,26 @@ absl::StatusOr<Bf16Operands> ParseBf16Operands(const std::string& name) {
       "bf16 operands \"", name, "\": want cublas, aligned-copies, copies or padded-copies"));
 }
 
+const char* BiasEpilogueName(BiasEpilogue epilogue) {
+  switch (epilogue) {
+    case BiasEpilogue::kSeed:
+      return "seed";
+    case BiasEpilogue::kCublasLt:
+      return "cublaslt";
+  }
+  return "?";
+}
+
+int64_t BiasEpilogueProducts() { return bias_epilogue_products.load(std::memory_order_relaxed); }
+
+absl::StatusOr<BiasEpilogue> ParseBiasEpilogue(const std::string& name) {
+  for (BiasEpilogue epilogue : {BiasEpilogue::kSeed, BiasEpilogue::kCublasLt}) {
+    if (name == BiasEpilogueName(epilogue)) return epilogue;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("bias epilogue \"", name, "\": want seed or cublaslt"));
+}
+
 absl::StatusOr<CublasHandle> CublasHandle::Create(GemmMode mode, cudaStream_t stream) {
   Bf16Operands operands = Bf16Operands::kAlignedCopies;
   if (const char* named = std::getenv("PIPETRAIN_BF16_OPERANDS"); named != nullptr) {
@@ -244,6 +376,15 @@ absl::StatusOr<CublasHandle> CublasHandle::Create(GemmMode mode, cudaStream_t st
     }
     operands = *parsed;
   }
+  BiasEpilogue epilogue = BiasEpilogue::kSeed;
+  if (const char* named = std::getenv("PIPETRAIN_BIAS_EPILOGUE"); named != nullptr) {
+    absl::StatusOr<BiasEpilogue> parsed = ParseBiasEpilogue(named);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PIPETRAIN_BIAS_EPILOGUE: ", parsed.status().message()));
+    }
+    epilogue = *parsed;
+  }
   CublasHandle handle;
   handle.bf16_operands_ = operands;
   CUBLAS_RETURN_IF_ERROR(cublasCreate(&handle.handle_));
@@ -251,6 +392,7 @@ absl::StatusOr<CublasHandle> CublasHandle::Create(GemmMode mode, cudaStream_t st
   CUBLAS_RETURN_IF_ERROR(cublasSetMathMode(handle.handle_, MathMode(mode)));
   CUBLAS_RETURN_IF_ERROR(cublasSetStream(handle.handle_, stream));
   handle.stream_ = stream;
+  RETURN_IF_ERROR(handle.SetBiasEpilogue(epilogue));
   return handle;
 }
 
@@ -258,7 +400,9 @@ CublasHandle::CublasHandle(CublasHandle&& other) noexcept
     : handle_(std::exchange(other.handle_, nullptr)),
       mode_(other.mode_),
       stream_(std::exchange(other.stream_, nullptr)),
-      bf16_operands_(other.bf16_operands_) {}
+      bf16_operands_(other.bf16_operands_),
+      bias_epilogue_(other.bias_epilogue_),
+      lt_(std::exchange(other.lt_, nullptr)) {}
 
 CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
   if (this != &other) {
@@ -267,6 +411,8 @@ CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
     mode_ = other.mode_;
     stream_ = std::exchange(other.stream_, nullptr);
     bf16_operands_ = other.bf16_operands_;
+    bias_epilogue_ = other.bias_epilogue_;
+    lt_ = std::exchange(other.lt_, nullptr);
   }
   return *this;
 }
@@ -277,8 +423,19 @@ CublasHandle::~CublasHandle() { Destroy(); }
 // only fails when the context is already broken, which the next checked
 // call reports.
 void CublasHandle::Destroy() {
+  if (lt_ != nullptr) cublasLtDestroy(lt_);
+  lt_ = nullptr;
   if (handle_ != nullptr) cublasDestroy(handle_);
   handle_ = nullptr;
+}
+
+absl::Status CublasHandle::SetBiasEpilogue(BiasEpilogue epilogue) {
+  if (empty()) return CheckHandle("CublasHandle::SetBiasEpilogue", *this);
+  if (epilogue == BiasEpilogue::kCublasLt && lt_ == nullptr) {
+    CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&lt_));
+  }
+  bias_epilogue_ = epilogue;
+  return absl::OkStatus();
 }
 
 absl::Status CublasHandle::SetStream(cudaStream_t stream) {
@@ -304,6 +461,13 @@ absl::Status LinearForwardResidualCuda(const CublasHandle& handle, const float* 
   if (valid.ok()) valid = CheckHandle(op, handle);
   if (!valid.ok() || n == 0) return valid;
 
+  if (b != nullptr && handle.bias_epilogue() == BiasEpilogue::kCublasLt &&
+      handle.mode() == GemmMode::kBf16 && Aligned(in) && Aligned(out) &&
+      MultipliesBf16Copies(handle, {out, in})) {
+    // The bias in the product's epilogue, the residual as its C.
+    const absl::Status fused = LtBiasForward(handle, x, w, b, residual, n, in, out, y);
+    if (fused.code() != absl::StatusCode::kUnimplemented) return fused;
+  }
   float beta = 0.0f;
   if (residual != nullptr) {
     // Seed y with the residual (and the bias): the GEMM adds x W onto it.

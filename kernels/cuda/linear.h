@@ -26,6 +26,7 @@
 #ifndef PIPETRAIN_KERNELS_CUDA_LINEAR_H_
 #define PIPETRAIN_KERNELS_CUDA_LINEAR_H_
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
@@ -72,6 +73,33 @@ const char* Bf16OperandsName(Bf16Operands operands);
 // The value named `name`; INVALID_ARGUMENT listing the names otherwise.
 absl::StatusOr<Bf16Operands> ParseBf16Operands(const std::string& name);
 
+// How LinearForwardCuda and LinearForwardResidualCuda add a bias on a
+// kBf16 handle whose product multiplies bf16 copies (MultipliesBf16Copies).
+enum class BiasEpilogue {
+  // "seed", the default: a pass of its own writes the bias (plus the
+  // residual) into every row of y, and the GEMM adds x W onto it (beta =
+  // 1): y is written, read and written again.
+  kSeed,
+  // "cublaslt": one cublasLtMatmul adds the bias in its epilogue
+  // (CUBLASLT_EPILOGUE_BIAS) and takes the residual as its C, so y is
+  // written once: about 3 GB less traffic a GPT-2 124M step at batch 8
+  // (an estimate; the GPU bundle's bench has a row for it). The sums
+  // round in cuBLASLt's order, within the GEMM's tolerance of the seeded
+  // ones, bitwise the same run to run. Where a leading dimension is not a
+  // multiple of 8, or cuBLASLt offers no algorithm, the seeded path runs.
+  kCublasLt,
+};
+
+// "seed" or "cublaslt", for logs and PIPETRAIN_BIAS_EPILOGUE.
+const char* BiasEpilogueName(BiasEpilogue epilogue);
+
+// How many products this process has run through kCublasLt's epilogue
+// (tests and benchmarks: a fallback to the seeded path is not counted).
+int64_t BiasEpilogueProducts();
+
+// The value named `name`; INVALID_ARGUMENT listing the names otherwise.
+absl::StatusOr<BiasEpilogue> ParseBiasEpilogue(const std::string& name);
+
 // Owns one cuBLAS handle bound to a stream and a GemmMode.
 //
 // Thread-compatible: use a handle from one host thread at a time (cuBLAS
@@ -84,9 +112,11 @@ class CublasHandle {
   // A handle whose GEMMs run on `stream` (nullptr: the legacy default
   // stream) in `mode`, with the Bf16Operands named by the environment
   // variable PIPETRAIN_BF16_OPERANDS (a benchmarking knob) or
-  // kAlignedCopies. INTERNAL if cublasCreate or the stream/math-mode setup
-  // fails (e.g. no CUDA device, or the driver is missing); INVALID_ARGUMENT
-  // for an unknown PIPETRAIN_BF16_OPERANDS.
+  // kAlignedCopies, and the BiasEpilogue named by PIPETRAIN_BIAS_EPILOGUE
+  // (another) or kSeed. INTERNAL if cublasCreate (or cublasLtCreate, for
+  // kCublasLt) or the stream/math-mode setup fails (e.g. no CUDA device,
+  // or the driver is missing); INVALID_ARGUMENT for an unknown name in
+  // either variable, before any CUDA call.
   static absl::StatusOr<CublasHandle> Create(GemmMode mode, cudaStream_t stream = nullptr);
 
   CublasHandle() = default;
@@ -102,6 +132,13 @@ class CublasHandle {
   cudaStream_t stream() const { return stream_; }
   Bf16Operands bf16_operands() const { return bf16_operands_; }
   void set_bf16_operands(Bf16Operands operands) { bf16_operands_ = operands; }
+  BiasEpilogue bias_epilogue() const { return bias_epilogue_; }
+  // The cuBLASLt handle kCublasLt multiplies with (null under kSeed).
+  cublasLtHandle_t lt() const { return lt_; }
+  // Switches the bias epilogue, creating the cuBLASLt handle when
+  // kCublasLt first needs it. FAILED_PRECONDITION if empty; INTERNAL if
+  // cublasLtCreate fails.
+  absl::Status SetBiasEpilogue(BiasEpilogue epilogue);
 
   // Moves later GEMMs and bias kernels to `stream`. FAILED_PRECONDITION if
   // empty; INTERNAL if cublasSetStream fails.
@@ -114,9 +151,12 @@ class CublasHandle {
   GemmMode mode_ = GemmMode::kFp32;
   cudaStream_t stream_ = nullptr;
   Bf16Operands bf16_operands_ = Bf16Operands::kAlignedCopies;
+  BiasEpilogue bias_epilogue_ = BiasEpilogue::kSeed;
+  cublasLtHandle_t lt_ = nullptr;
 };
 
-// y = x W (+ b when b is non-null). Requires n >= 0, in >= 1, out >= 1, and
+// y = x W (+ b when b is non-null; how it is added: the handle's
+// BiasEpilogue). Requires n >= 0, in >= 1, out >= 1, and
 // x, w, y non-null when n > 0; y must not overlap x, w or b. Work is queued
 // on handle.stream(); returns before it finishes.
 // INVALID_ARGUMENT for a bad shape or a missing pointer (checked before any
@@ -128,8 +168,9 @@ absl::Status LinearForwardCuda(const CublasHandle& handle, const float* x, const
 // y = residual + x W (+ b): the last layer of a residual block with the
 // skip connection's sum in the GEMM (the GEMM adds x W onto residual + b
 // with beta = 1), not in a pass of its own. The sums round as (residual +
-// b) + x W, where the CPU's LinearForward then Add round as (x W + b) +
-// residual: the same to within one rounding of each. residual holds n *
+// b) + x W (under BiasEpilogue::kCublasLt, in cuBLASLt's order), where
+// the CPU's LinearForward then Add round as (x W + b) + residual: the same
+// to within one rounding of each. residual holds n *
 // out floats and must not overlap y. Otherwise as LinearForwardCuda.
 absl::Status LinearForwardResidualCuda(const CublasHandle& handle, const float* x, const float* w,
                                        const float* b, const float* residual, int n, int in,

@@ -295,6 +295,65 @@ TEST_F(LinearCudaTest, LinearBackwardCuda_Bf16_BitwiseItsTwoSgemmProducts) {
   }
 }
 
+// BiasEpilogue::kCublasLt: the bias in cuBLASLt's epilogue and the
+// residual as its C, against the CPU (LinearForward, then Add) within the
+// bf16 GEMM tolerance, bitwise the same run to run. Where a leading
+// dimension is not a multiple of 8 ({7, 768, 33}) the seeded path runs:
+// bitwise the default handle's y, and no epilogue product is counted.
+TEST_F(LinearCudaTest, LinearForwardCuda_Bf16CublasLtBias_MatchesCpuAndRepeats) {
+  for (const Shape& s : {Shape{130, 768, 3072}, Shape{130, 3072, 768}, Shape{64, 768, 2304},
+                         Shape{33, 40, 8}, Shape{7, 768, 33}}) {
+    const bool aligned = s.in % 8 == 0 && s.out % 8 == 0;
+    for (bool with_residual : {false, true}) {
+      SCOPED_TRACE(absl::StrCat("n=", s.n, " in=", s.in, " out=", s.out,
+                                with_residual ? " + residual" : ""));
+      const LinearData d = MakeData(s, 70);
+      const std::vector<float> residual = RandomNormal(71, int64_t{s.n} * s.out, 0.0f, 1.0f);
+      auto seeded = CublasHandle::Create(GemmMode::kBf16);
+      auto fused = CublasHandle::Create(GemmMode::kBf16);
+      ASSERT_TRUE(seeded.ok() && fused.ok());
+      seeded->set_bf16_operands(Bf16Operands::kAlignedCopies);
+      fused->set_bf16_operands(Bf16Operands::kAlignedCopies);
+      ASSERT_TRUE(seeded->SetBiasEpilogue(BiasEpilogue::kSeed).ok());
+      ASSERT_TRUE(fused->SetBiasEpilogue(BiasEpilogue::kCublasLt).ok());
+      ASSERT_NE(fused->lt(), nullptr);
+      auto x = DeviceBuffer<float>::FromHost(d.x);
+      auto w = DeviceBuffer<float>::FromHost(d.w);
+      auto b = DeviceBuffer<float>::FromHost(d.b);
+      auto res = DeviceBuffer<float>::FromHost(residual);
+      ASSERT_TRUE(x.ok() && w.ok() && b.ok() && res.ok());
+      auto run = [&](const CublasHandle& handle) -> std::vector<float> {
+        auto y = DeviceBuffer<float>::Create(int64_t{s.n} * s.out);
+        EXPECT_TRUE(y.ok());
+        if (!y.ok()) return {};
+        const absl::Status done =
+            with_residual ? LinearForwardResidualCuda(handle, x->data(), w->data(), b->data(),
+                                                      res->data(), s.n, s.in, s.out, y->data())
+                          : LinearForwardCuda(handle, x->data(), w->data(), b->data(), s.n, s.in,
+                                              s.out, y->data());
+        EXPECT_TRUE(done.ok()) << done;
+        auto host = y->ToHost();
+        EXPECT_TRUE(host.ok()) << host.status();
+        return host.ok() ? *std::move(host) : std::vector<float>{};
+      };
+      const int64_t before = BiasEpilogueProducts();
+      const std::vector<float> first = run(*fused);
+      const std::vector<float> second = run(*fused);
+      EXPECT_EQ(BiasEpilogueProducts() - before, aligned ? 2 : 0);
+      ASSERT_EQ(first.size(), static_cast<size_t>(s.n) * s.out);
+      EXPECT_EQ(first, second);
+      std::vector<float> want = ForwardOnCpu(d, /*with_bias=*/true);
+      if (with_residual) {
+        for (size_t i = 0; i < want.size(); ++i) want[i] += residual[i];
+      }
+      const Tolerance tol =
+          GemmTolerance(GemmMode::kBf16, s.in, d.w_std, with_residual ? std::sqrt(2.0f) : 1.0f);
+      EXPECT_TRUE(AllClose("cuBLASLt bias epilogue", first, want, tol.atol, tol.rtol));
+      if (!aligned) EXPECT_EQ(first, run(*seeded));
+    }
+  }
+}
+
 TEST_F(LinearCudaTest, CublasHandleCreate_EachMode_SetsMathModeAndStream) {
   cudaStream_t stream = nullptr;
   ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
@@ -426,6 +485,39 @@ TEST(LinearCudaArgumentsTest, CublasHandleCreate_UnknownEnvironmentChoice_Invali
   EXPECT_EQ(handle.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(handle.status().message().find("PIPETRAIN_BF16_OPERANDS"), std::string::npos)
       << handle.status();
+}
+
+TEST(LinearCudaArgumentsTest, BiasEpilogue_NamesParseBack_UnknownListsThem) {
+  for (BiasEpilogue epilogue : {BiasEpilogue::kSeed, BiasEpilogue::kCublasLt}) {
+    absl::StatusOr<BiasEpilogue> parsed = ParseBiasEpilogue(BiasEpilogueName(epilogue));
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    EXPECT_EQ(*parsed, epilogue);
+  }
+  absl::StatusOr<BiasEpilogue> bad = ParseBiasEpilogue("fused");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("seed or cublaslt"), std::string::npos) << bad.status();
+}
+
+// As PIPETRAIN_BF16_OPERANDS: refused before any CUDA call.
+TEST(LinearCudaArgumentsTest, CublasHandleCreate_UnknownBiasEpilogue_InvalidArgument) {
+  const char* before = std::getenv("PIPETRAIN_BIAS_EPILOGUE");
+  const std::string saved = before == nullptr ? "" : before;
+  ASSERT_EQ(setenv("PIPETRAIN_BIAS_EPILOGUE", "fused", 1), 0);
+  absl::StatusOr<CublasHandle> handle = CublasHandle::Create(GemmMode::kBf16);
+  if (before == nullptr) {
+    unsetenv("PIPETRAIN_BIAS_EPILOGUE");
+  } else {
+    setenv("PIPETRAIN_BIAS_EPILOGUE", saved.c_str(), 1);
+  }
+  EXPECT_EQ(handle.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(handle.status().message().find("PIPETRAIN_BIAS_EPILOGUE"), std::string::npos)
+      << handle.status();
+}
+
+TEST(LinearCudaArgumentsTest, CublasHandleSetBiasEpilogue_Empty_FailedPrecondition) {
+  CublasHandle empty;
+  EXPECT_EQ(empty.SetBiasEpilogue(BiasEpilogue::kCublasLt).code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST(LinearCudaArgumentsTest, GemmModeName_EachMode_ShortName) {

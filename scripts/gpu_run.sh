@@ -204,6 +204,20 @@ for t in "$bin"/*_test; do
   if [[ $rc -eq 0 && $hiding -gt 0 && $gpus -gt 0 ]]; then rc=1; fi
   check "$name" "$rc" "($ran passed, $bad failed, $skipped skipped)"
 done
+# linear_test again with the bias in cuBLASLt's epilogue
+# (PIPETRAIN_BIAS_EPILOGUE=cublaslt, linear.h BiasEpilogue): every bf16
+# parity case with aligned rows then takes that path.
+if lim=$(budget 120); then
+  PIPETRAIN_BIAS_EPILOGUE=cublaslt timeout -k 5 "$lim" "$bin/linear_test" \
+    >"$out/tests/linear_test_bias_epilogue.log" 2>&1
+  rc=$?
+  ran=$(grep -cE '^\[       OK \]' "$out/tests/linear_test_bias_epilogue.log")
+  bad=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out/tests/linear_test_bias_epilogue.log")
+  skipped=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$out/tests/linear_test_bias_epilogue.log")
+  if [[ $rc -eq 0 && $skipped -gt 0 && $gpus -gt 0 ]]; then rc=1; fi
+  check linear_test_bias_epilogue "$rc" "($ran passed, $bad failed, $skipped skipped)"
+else out_of_time linear_test_bias_epilogue; fi
+
 # The issue's one-rank NCCL point, on its own line.
 one_rank=$(grep -hE '^\[       OK \] NcclGpuTest\..*OneRank' "$out/tests/nccl_comm_test.log" 2>/dev/null)
 check nccl_one_rank "$([[ -n "$one_rank" ]]; echo $?)" "($(echo "$one_rank" | grep -c OK) one-rank cases passed)"
@@ -347,6 +361,30 @@ PY
 check train_local_cuda_clipped_vs_cpu "$rc" "$(tr '\n' ' ' <"$out/train_clip_compare.txt")"
 else out_of_time train_local_cuda_clipped_vs_cpu; fi
 
+# 2e. bf16 GEMMs with the bias in cuBLASLt's epilogue
+# (PIPETRAIN_BIAS_EPILOGUE=cublaslt) and the default attention, twice:
+# within 2e-2 of the CPU run of 2 (bf16 rounding, as 2c) and bitwise run
+# to run.
+if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
+  note "NOT RUN train_local_cuda_bias_epilogue_vs_cpu: no 20-step CPU reference from step 2"
+  failed=1
+elif lim=$(budget 150); then
+timeout -k 5 "$lim" bash -c '
+  rc=0
+  for run in 1 2; do
+    PIPETRAIN_BIAS_EPILOGUE=cublaslt "$1" train-local "${@:3}" --device cuda --gemm bf16 \
+      --log "$2/train_cuda_epilogue$run.jsonl" >"$2/train_cuda_epilogue$run.txt" 2>&1 || rc=1
+  done
+  exit $rc' _ "$bin/pipetrain" "$out" "${model[@]}"
+epilogue_rc=$?
+compare_loss_logs "$out/train_cuda_epilogue1.jsonl" "$out/train_cpu.jsonl" 2e-2 \
+  "cuda bf16, bias epilogue - cpu" "$out/train_cuda_epilogue2.jsonl" \
+  >"$out/train_epilogue_compare.txt" 2>&1
+rc=$?
+[[ $epilogue_rc -ne 0 ]] && rc=1
+check train_local_cuda_bias_epilogue_vs_cpu "$rc" "$(cat "$out/train_epilogue_compare.txt")"
+else out_of_time train_local_cuda_bias_epilogue_vs_cpu; fi
+
 # 3. The 2-worker pipeline (two worker processes sharing the GPU) against
 # single-process GPU training (one worker process holding every unit; the
 # same job spec, so the same data, seed and optimizer), 1e-5 relative.
@@ -461,7 +499,7 @@ if [[ "$mode" != quick ]]; then
     # $operands, when set, picks the bf16 mode's operands (kernels/cuda/linear.h);
     # $flash the flash attention's kernels (kernels/cuda/flash_attention.h).
     timeout -k 5 "$lim" env ${operands:+PIPETRAIN_BF16_OPERANDS=$operands} \
-      ${flash:+PIPETRAIN_FLASH_KERNEL=$flash} \
+      ${flash:+PIPETRAIN_FLASH_KERNEL=$flash} ${epilogue:+PIPETRAIN_BIAS_EPILOGUE=$epilogue} \
       "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm "$gemm" \
       --peak-tflops "$peak" "$@" --json "$out/bench_$name.json" >"$out/bench_$name.txt" 2>&1
     check "gpt2_124m_${name}_benchmark" $? "$(grep -E '^ +[0-9]' "$out/bench_$name.txt" | tail -1)"
@@ -469,7 +507,7 @@ if [[ "$mode" != quick ]]; then
   # The default attention (auto: cuBLAS batched GEMMs on CUDA). bf16 first,
   # so the issue's row comes first if time runs short; bf16 tensor-core
   # GEMMs (--gemm bf16; H100/H200 SXM dense BF16 peak 989.4 TFLOP/s).
-  operands= flash=
+  operands= flash= epilogue=
   bench bf16 bf16 989.4
   # Flash attention (--attention flash; its parity tests are
   # flash_attention_test and cuda_backend_test's FlashAttention cases):
@@ -478,6 +516,11 @@ if [[ "$mode" != quick ]]; then
   flash=mma
   bench bf16_flash_mma_attention bf16 989.4 --attention flash
   flash=
+  # The bias in cuBLASLt's epilogue instead of a seeding pass (linear.h
+  # BiasEpilogue; about 3 GB less traffic a step, estimated).
+  epilogue=cublaslt
+  bench bf16_bias_epilogue bf16 989.4
+  epilogue=
   # GPT-2's clipping to global norm 1 each step, as llm.c's step does: the
   # norm and the scaling on the device (kernels/cuda/multi_tensor.h).
   bench bf16_grad_clip bf16 989.4 --grad-clip 1

@@ -141,24 +141,31 @@ void LaunchEmulated(unsigned grid_x, unsigned grid_y, int threads, size_t shared
     std::fprintf(stderr, "LaunchEmulated: %d threads, not a positive multiple of 32\n", threads);
     std::abort();
   }
-  for (unsigned y = 0; y < grid_y; ++y) {
-    for (unsigned x = 0; x < grid_x; ++x) {
-      Block block(threads, shared_bytes);
-      std::vector<std::thread> lanes;
-      lanes.reserve(static_cast<size_t>(threads));
-      for (int t = 0; t < threads; ++t) {
-        lanes.emplace_back([&, t] {
-          threadIdx = {static_cast<unsigned>(t), 0, 0};
+  // One std::thread per CUDA thread for the whole launch (not per block:
+  // creating them dominated the emulation's time). Each runs its thread of
+  // every block in turn; between blocks all of them wait, and thread 0
+  // fills the shared memory with 0xff bytes again, as a fresh block's.
+  Block block(threads, shared_bytes);
+  std::vector<std::thread> lanes;
+  lanes.reserve(static_cast<size_t>(threads));
+  for (int t = 0; t < threads; ++t) {
+    lanes.emplace_back([&, t] {
+      threadIdx = {static_cast<unsigned>(t), 0, 0};
+      gridDim = {grid_x, grid_y, 1};
+      blockDim = {static_cast<unsigned>(threads), 1, 1};
+      current_block = &block;
+      for (unsigned y = 0; y < grid_y; ++y) {
+        for (unsigned x = 0; x < grid_x; ++x) {
           blockIdx = {x, y, 0};
-          gridDim = {grid_x, grid_y, 1};
-          blockDim = {static_cast<unsigned>(threads), 1, 1};
-          current_block = &block;
           kernel();
-        });
+          block.barrier.Wait();  // the block's every thread is done
+          if (t == 0) std::memset(block.shared.get(), 0xff, shared_bytes);
+          block.barrier.Wait();  // before the next block starts
+        }
       }
-      for (std::thread& lane : lanes) lane.join();
-    }
+    });
   }
+  for (std::thread& lane : lanes) lane.join();
 }
 
 }  // namespace cuda_emulation

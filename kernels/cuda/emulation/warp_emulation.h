@@ -99,7 +99,9 @@ void MmaM16N8K16Bf16F32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint
 
 // Runs `kernel` for every block of grid (grid_x, grid_y), one block at a
 // time in ascending (y, x) order, with `threads` threads (a multiple of 32)
-// of a std::thread each and `shared_bytes` of dynamic shared memory.
+// of a std::thread each (the same threads for every block of the launch)
+// and `shared_bytes` of dynamic shared memory, filled with 0xff bytes
+// before each block.
 void LaunchEmulated(unsigned grid_x, unsigned grid_y, int threads, size_t shared_bytes,
                     const std::function<void()>& kernel);
 

@@ -40,23 +40,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cuda/multi_tensor_layout.h"
 
 namespace pipetrain {
-
-// Threads per block of both passes, and the most blocks one tensor's sum
-// is split over (the second tree's width: a power of two, at most the
-// threads per block).
-inline constexpr int kSquaresThreads = 256;
-inline constexpr int kMaxSquaresBlocks = 256;
-
-// Blocks that sum a tensor of n elements: one per 4 x kSquaresThreads
-// elements, at least 1, at most kMaxSquaresBlocks. A function of n alone,
-// which is what makes a tensor's sum independent of its batch.
-inline int SquaresBlocks(int64_t n) {
-  const int64_t per_block = int64_t{4} * kSquaresThreads;
-  const int64_t blocks = (n + per_block - 1) / per_block;
-  return blocks < 1 ? 1 : blocks > kMaxSquaresBlocks ? kMaxSquaresBlocks : static_cast<int>(blocks);
-}
 
 absl::Status SumsOfSquaresCuda(const float* const* tensors, const int64_t* counts, int count,
                                double* sums, cudaStream_t stream = nullptr);

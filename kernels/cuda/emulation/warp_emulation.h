@@ -1,6 +1,7 @@
 // A CPU stand-in for the few CUDA features some of our kernels use (the
 // mma.sync flash kernels, flash_attention_mma_kernels.cuh; the
-// cross-entropy's, cross_entropy_kernels.cuh), so those kernels' own source
+// cross-entropy's, cross_entropy_kernels.cuh; the multi-tensor passes',
+// multi_tensor_kernels.cuh), so those kernels' own source
 // runs on a machine without a GPU: every CUDA thread of a block is a
 // std::thread, __syncthreads a barrier of the block, __shfl_xor_sync and
 // mma.sync exchanges through the warp's shared slots between two barriers

@@ -296,36 +296,43 @@ check train_local_cuda_reference_attention_vs_cpu "$rc" \
   "$(cat "$out/train_reference_attention_compare.txt")"
 else out_of_time train_local_cuda_reference_attention_vs_cpu; fi
 
+# cuda_twice_vs_cpu NAME TAG TOL ENV [FLAGS...]: train-local on CUDA twice,
+# with the environment ENV (VAR=value, or "" for none) and FLAGS after the
+# model's: within TOL of the CPU run of 2 and bitwise run to run (logs
+# train_cuda_TAG1.jsonl and 2, the comparison train_TAG_compare.txt).
+cuda_twice_vs_cpu() {
+  local name=$1 tag=$2 tol=$3 env_var=$4 lim
+  shift 4
+  if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
+    note "NOT RUN $name: no 20-step CPU reference from step 2"
+    failed=1
+    return
+  fi
+  lim=$(budget 150) || { out_of_time "$name"; return; }
+  timeout -k 5 "$lim" bash -c '
+    rc=0
+    for run in 1 2; do
+      env $4 "$1" train-local "${@:5}" --device cuda --log "$2/train_cuda_$3$run.jsonl" \
+        >"$2/train_cuda_$3$run.txt" 2>&1 || rc=1
+    done
+    exit $rc' _ "$bin/pipetrain" "$out" "$tag" "$env_var" "${model[@]}" "$@"
+  local train_rc=$? rc
+  compare_loss_logs "$out/train_cuda_${tag}1.jsonl" "$out/train_cpu.jsonl" "$tol" "cuda $tag - cpu" \
+    "$out/train_cuda_${tag}2.jsonl" >"$out/train_${tag}_compare.txt" 2>&1
+  rc=$?
+  [[ $train_rc -ne 0 ]] && rc=1
+  check "$name" "$rc" "$(cat "$out/train_${tag}_compare.txt")"
+}
+
 # 2c. Flash attention (--attention flash, bf16 tensor cores in every GEMM
 # mode) with bf16 GEMMs, twice: within 2e-2 of the CPU run of 2 (bf16
 # rounding, as cuda_backend_test's bf16 cases) and bitwise run to run; once
 # with each kernel (PIPETRAIN_FLASH_KERNEL, flash_attention.h): the WMMA
 # kernels (the default; check name without a suffix) and the mma.sync ones.
-for kernel in wmma mma; do
-name=train_local_cuda_flash${kernel/#wmma/}_attention_vs_cpu
-name=${name/flashmma/flash_mma}
-tag=${kernel/#wmma/}
-if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
-  note "NOT RUN $name: no 20-step CPU reference from step 2"
-  failed=1
-elif lim=$(budget 150); then
-timeout -k 5 "$lim" bash -c '
-  rc=0
-  for run in 1 2; do
-    PIPETRAIN_FLASH_KERNEL=$4 "$1" train-local "${@:5}" --device cuda --gemm bf16 \
-      --attention flash --log "$2/train_cuda_flash$3$run.jsonl" \
-      >"$2/train_cuda_flash$3$run.txt" 2>&1 || rc=1
-  done
-  exit $rc' _ "$bin/pipetrain" "$out" "$tag" "$kernel" "${model[@]}"
-flash_rc=$?
-compare_loss_logs "$out/train_cuda_flash${tag}1.jsonl" "$out/train_cpu.jsonl" 2e-2 \
-  "cuda bf16 flash attention ($kernel) - cpu" "$out/train_cuda_flash${tag}2.jsonl" \
-  >"$out/train_flash${tag}_attention_compare.txt" 2>&1
-rc=$?
-[[ $flash_rc -ne 0 ]] && rc=1
-check "$name" "$rc" "$(cat "$out/train_flash${tag}_attention_compare.txt")"
-else out_of_time "$name"; fi
-done
+cuda_twice_vs_cpu train_local_cuda_flash_attention_vs_cpu flash_wmma 2e-2 \
+  PIPETRAIN_FLASH_KERNEL=wmma --gemm bf16 --attention flash
+cuda_twice_vs_cpu train_local_cuda_flash_mma_attention_vs_cpu flash_mma 2e-2 \
+  PIPETRAIN_FLASH_KERNEL=mma --gemm bf16 --attention flash
 
 # 2d. Gradient clipping by the global norm on the device (the sums and the
 # scaling, kernels/cuda/multi_tensor.h), fp32 GEMM mode: the CPU once and
@@ -362,28 +369,9 @@ check train_local_cuda_clipped_vs_cpu "$rc" "$(tr '\n' ' ' <"$out/train_clip_com
 else out_of_time train_local_cuda_clipped_vs_cpu; fi
 
 # 2e. bf16 GEMMs with the bias in cuBLASLt's epilogue
-# (PIPETRAIN_BIAS_EPILOGUE=cublaslt) and the default attention, twice:
-# within 2e-2 of the CPU run of 2 (bf16 rounding, as 2c) and bitwise run
-# to run.
-if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
-  note "NOT RUN train_local_cuda_bias_epilogue_vs_cpu: no 20-step CPU reference from step 2"
-  failed=1
-elif lim=$(budget 150); then
-timeout -k 5 "$lim" bash -c '
-  rc=0
-  for run in 1 2; do
-    PIPETRAIN_BIAS_EPILOGUE=cublaslt "$1" train-local "${@:3}" --device cuda --gemm bf16 \
-      --log "$2/train_cuda_epilogue$run.jsonl" >"$2/train_cuda_epilogue$run.txt" 2>&1 || rc=1
-  done
-  exit $rc' _ "$bin/pipetrain" "$out" "${model[@]}"
-epilogue_rc=$?
-compare_loss_logs "$out/train_cuda_epilogue1.jsonl" "$out/train_cpu.jsonl" 2e-2 \
-  "cuda bf16, bias epilogue - cpu" "$out/train_cuda_epilogue2.jsonl" \
-  >"$out/train_epilogue_compare.txt" 2>&1
-rc=$?
-[[ $epilogue_rc -ne 0 ]] && rc=1
-check train_local_cuda_bias_epilogue_vs_cpu "$rc" "$(cat "$out/train_epilogue_compare.txt")"
-else out_of_time train_local_cuda_bias_epilogue_vs_cpu; fi
+# (PIPETRAIN_BIAS_EPILOGUE=cublaslt) and the default attention, as 2c.
+cuda_twice_vs_cpu train_local_cuda_bias_epilogue_vs_cpu bias_epilogue 2e-2 \
+  PIPETRAIN_BIAS_EPILOGUE=cublaslt --gemm bf16
 
 # 3. The 2-worker pipeline (two worker processes sharing the GPU) against
 # single-process GPU training (one worker process holding every unit; the

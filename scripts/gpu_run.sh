@@ -186,11 +186,13 @@ export PIPETRAIN_POISON_EMPTY=1
 # 1. Every CUDA test binary: kernel parity (every op and codec), units on
 # both backends, the trainer and a 2-stage pipeline on CUDA, NCCL.
 mkdir -p "$out/tests"
-for t in "$bin"/*_test; do
-  name=$(basename "$t")
-  lim=$(budget 240) || { out_of_time "$name"; continue; }
+# test_binary NAME ENV BINARY: runs BINARY with the environment ENV
+# (VAR=value, or "" for none), its log tests/NAME.log, and checks it.
+test_binary() {
+  local name=$1 env_var=$2 t=$3 lim tmp rc ran skipped bad multi hiding
+  lim=$(budget 240) || { out_of_time "$name"; return; }
   tmp=$(mktemp -d)
-  TEST_TMPDIR="$tmp" timeout -k 5 "$lim" "$t" >"$out/tests/$name.log" 2>&1
+  TEST_TMPDIR="$tmp" timeout -k 5 "$lim" env $env_var "$t" >"$out/tests/$name.log" 2>&1
   rc=$?
   rm -rf "$tmp"
   ran=$(grep -cE '^\[       OK \]' "$out/tests/$name.log")
@@ -203,20 +205,12 @@ for t in "$bin"/*_test; do
   if [[ $gpus -lt 2 ]]; then hiding=$((skipped - multi)); fi
   if [[ $rc -eq 0 && $hiding -gt 0 && $gpus -gt 0 ]]; then rc=1; fi
   check "$name" "$rc" "($ran passed, $bad failed, $skipped skipped)"
-done
+}
+for t in "$bin"/*_test; do test_binary "$(basename "$t")" "" "$t"; done
 # linear_test again with the bias in cuBLASLt's epilogue
 # (PIPETRAIN_BIAS_EPILOGUE=cublaslt, linear.h BiasEpilogue): every bf16
 # parity case with aligned rows then takes that path.
-if lim=$(budget 120); then
-  PIPETRAIN_BIAS_EPILOGUE=cublaslt timeout -k 5 "$lim" "$bin/linear_test" \
-    >"$out/tests/linear_test_bias_epilogue.log" 2>&1
-  rc=$?
-  ran=$(grep -cE '^\[       OK \]' "$out/tests/linear_test_bias_epilogue.log")
-  bad=$(grep -cE '^\[  FAILED  \] .* \([0-9]+ ms\)$' "$out/tests/linear_test_bias_epilogue.log")
-  skipped=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$out/tests/linear_test_bias_epilogue.log")
-  if [[ $rc -eq 0 && $skipped -gt 0 && $gpus -gt 0 ]]; then rc=1; fi
-  check linear_test_bias_epilogue "$rc" "($ran passed, $bad failed, $skipped skipped)"
-else out_of_time linear_test_bias_epilogue; fi
+test_binary linear_test_bias_epilogue PIPETRAIN_BIAS_EPILOGUE=cublaslt "$bin/linear_test"
 
 # The issue's one-rank NCCL point, on its own line.
 one_rank=$(grep -hE '^\[       OK \] NcclGpuTest\..*OneRank' "$out/tests/nccl_comm_test.log" 2>/dev/null)

@@ -461,9 +461,8 @@ absl::Status LinearForwardResidualCuda(const CublasHandle& handle, const float* 
   if (valid.ok()) valid = CheckHandle(op, handle);
   if (!valid.ok() || n == 0) return valid;
 
-  if (b != nullptr && handle.bias_epilogue() == BiasEpilogue::kCublasLt &&
-      handle.mode() == GemmMode::kBf16 && Aligned(in) && Aligned(out) &&
-      MultipliesBf16Copies(handle, {out, in})) {
+  if (b != nullptr && handle.bias_epilogue() == BiasEpilogue::kCublasLt && Aligned(in) &&
+      Aligned(out) && MultipliesBf16Copies(handle, {out, in})) {
     // The bias in the product's epilogue, the residual as its C.
     const absl::Status fused = LtBiasForward(handle, x, w, b, residual, n, in, out, y);
     if (fused.code() != absl::StatusCode::kUnimplemented) return fused;

@@ -211,9 +211,10 @@ class Collectives {
   // a message but the final add, so a message's size shows only as the
   // tail: the last message's own transfer and add once the rest has
   // arrived. Two members all-reducing 16 MiB under an emulated 2.5 Gbit/s
-  // link on the 2-vCPU VM: 0.94-0.96 of the link with 1 MiB messages,
-  // 0.97-0.99 with 256 KiB; on loopback the two measured alike
-  // (docs/benchmarks.md).
+  // link on the 2-vCPU VM: 0.92-0.94 of the link with 1 MiB messages,
+  // 0.92-0.97 with 256 KiB, within that machine's noise; on loopback the
+  // two measured alike (docs/benchmarks.md). The 16-core figure that
+  // motivated it (0.894 with 1 MiB) has yet to be measured with 256 KiB.
   int64_t ExchangeChunk() const;
   // Sends values[begin, end) to member `to` in chunks of `chunk` elements
   // (0: chunk_bytes' worth); receives the same range, cut alike, from member

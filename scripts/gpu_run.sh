@@ -502,7 +502,13 @@ if [[ "$mode" != quick ]]; then
   # BiasEpilogue; about 3 GB less traffic a step, estimated).
   epilogue=cublaslt
   bench bf16_bias_epilogue bf16 989.4
-  epilogue=
+  # Both candidates for the default at once (what the step would be if both
+  # rows above win), then with llm.c's clipping too: the step the issue's
+  # 235,000 tokens/s goal compares with.
+  flash=mma
+  bench bf16_mma_epilogue bf16 989.4 --attention flash
+  bench bf16_mma_epilogue_clip bf16 989.4 --attention flash --grad-clip 1
+  flash= epilogue=
   # GPT-2's clipping to global norm 1 each step, as llm.c's step does: the
   # norm and the scaling on the device (kernels/cuda/multi_tensor.h).
   bench bf16_grad_clip bf16 989.4 --grad-clip 1

@@ -30,8 +30,9 @@
 // take two shuffles.
 //
 // The same three kernels as the WMMA ones (forward; dk and dv over key
-// tiles; dq over query tiles), the same formulas, roundings to bf16 and
-// fixed summation orders: bitwise deterministic run to run. Query tiles
+// tiles; dq over query tiles), the same formulas (the exponentials taken in
+// base 2: kLog2e below), roundings to bf16 and fixed summation orders:
+// bitwise deterministic run to run. Query tiles
 // start from the last (it sees every key tile), so the longest blocks run
 // first.
 //
@@ -70,6 +71,14 @@ using flash_tiles::Slices;
 constexpr int kTileBlocks = kTile / 8;  // n8 blocks across a 64-wide tile
 constexpr int kTileSteps = kTile / 16;  // k16 steps along a 64-long tile
 constexpr int kLdCols = kTile + 8;      // row stride of a transposed tile [kHdp][64]
+
+// The softmax runs in base 2, as FlashAttention-2's does: exp(x) =
+// exp2(x log2 e), with log2 e folded into the scores' scale, so each
+// probability costs one fma and one ex2 (expf adds about eight
+// instructions of range reduction to its ex2). The log-sum-exp leaves and
+// enters the kernels in natural-log units (flash_attention.h's contract).
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
 
 // Row stride of a row-major tile [64][kHdp]. The 8 extra bf16 (4 words)
 // put the 8 rows a fragment load touches in 8 different 4-bank groups.
@@ -178,15 +187,67 @@ __device__ __forceinline__ float QuadSum(float v) {
 // columns) rounded to bf16, zero past seq_len or hd (zeros add nothing to
 // the products): into `rows` as [64][kLdRows] and/or `cols` as the
 // transpose [kHdp][kLdCols] (either may be null).
+//
+// Where base is 16-byte aligned and hd and row_stride are multiples of 4
+// (GPT-2's heads: hd 64, rows of 2304 floats), each thread takes a pair of
+// adjacent rows' 8 columns, [r, r + 1] x [d, d + 8), a quad at a time:
+// two 16-byte loads (a warp reads each row's 32 bytes whole over the two
+// quads), an 8-byte store per row into `rows` and, for `cols`, four 32-bit
+// stores of (r, r + 1) pairs. The 32 lanes of a warp hold the tile's 32
+// row pairs at one column octet, so those pairs land in 32 consecutive
+// words: no bank conflict. Otherwise one value at a time, consecutive
+// threads along a row.
 template <int kHdp>
 __device__ void LoadTile(const float* base, int64_t row_stride, int row0, int seq_len, int hd,
                          Bf16* rows, Bf16* cols) {
-  for (int i = threadIdx.x; i < kTile * kHdp; i += kThreads) {
-    const int r = i / kHdp, d = i % kHdp, token = row0 + r;
-    const Bf16 v = __float2bfloat16_rn(
-        (token < seq_len && d < hd) ? base[int64_t{token} * row_stride + d] : 0.0f);
-    if (rows != nullptr) rows[r * kLdRows<kHdp> + d] = v;
-    if (cols != nullptr) cols[d * kLdCols + r] = v;
+  constexpr int ld = kLdRows<kHdp>;
+  static_assert(ld * sizeof(Bf16) % 8 == 0, "a row of `rows` starts 8-byte aligned");
+  const bool vector =
+      hd % 4 == 0 && row_stride % 4 == 0 && reinterpret_cast<uintptr_t>(base) % sizeof(float4) == 0;
+  if (!vector) {
+    // Not unrolled: next to the vector path, an unrolled copy of this loop
+    // makes the key-gradient kernel at width 128 spill.
+#pragma unroll 1
+    for (int i = threadIdx.x; i < kTile * kHdp; i += kThreads) {
+      const int r = i / kHdp, d = i % kHdp, token = row0 + r;
+      const Bf16 v = __float2bfloat16_rn(
+          (token < seq_len && d < hd) ? base[int64_t{token} * row_stride + d] : 0.0f);
+      if (rows != nullptr) rows[r * ld + d] = v;
+      if (cols != nullptr) cols[d * kLdCols + r] = v;
+    }
+    return;
+  }
+  constexpr int kPairs = kTile / 2;  // one a lane: kThreads is a multiple of it
+  static_assert(kPairs == 32 && kThreads % kPairs == 0, "a warp's lanes hold the row pairs");
+  for (int i = threadIdx.x; i < kPairs * (kHdp / 8); i += kThreads) {
+    const int r = 2 * (i % kPairs), d0 = i / kPairs * 8;
+    // A quad of columns at a time: 8 values live, not 16 (the key-gradient
+    // kernel at width 128 has no registers to spare).
+    for (int d = d0; d < d0 + 8; d += 4) {
+      float v[2][4];  // rows r, r + 1; columns d..d + 3
+      for (int h = 0; h < 2; ++h) {
+        const int token = row0 + r + h;
+        float4 f = {0.0f, 0.0f, 0.0f, 0.0f};
+        if (token < seq_len && d < hd) {  // hd % 4 == 0: a quad is all in or all out
+          f = *reinterpret_cast<const float4*>(base + int64_t{token} * row_stride + d);
+        }
+        v[h][0] = f.x;
+        v[h][1] = f.y;
+        v[h][2] = f.z;
+        v[h][3] = f.w;
+      }
+      if (rows != nullptr) {
+        for (int h = 0; h < 2; ++h) {
+          const uint2 packed = {Pack(v[h][0], v[h][1]), Pack(v[h][2], v[h][3])};
+          *reinterpret_cast<uint2*>(rows + (r + h) * ld + d) = packed;  // 8-byte aligned
+        }
+      }
+      if (cols != nullptr) {
+        for (int e = 0; e < 4; ++e) {
+          *reinterpret_cast<uint32_t*>(cols + (d + e) * kLdCols + r) = Pack(v[0][e], v[1][e]);
+        }
+      }
+    }
   }
 }
 
@@ -251,6 +312,7 @@ __global__ void __launch_bounds__(kThreads)
   const auto [g, t, rows0, at, width] = PlaceOf(seq_len, c, heads, hd);
   const int q_tile_index = QueryTileFromLast(), q0 = q_tile_index * kTile;
   const int query[2] = {q0 + rows0 + g, q0 + rows0 + g + 8};
+  const float scale_log2 = scale * kLog2e;  // scores in log2 units from here on
 
   LoadTile<kHdp>(qkv + at.qkv_offset, width, q0, seq_len, hd, q_rows, nullptr);
   float o[kHdp / 8][4];
@@ -270,12 +332,12 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();
     float s[kTileBlocks][4];
     ScoreTile<kHdp>(q_rows + rows0 * ld, k_rows, g, t, s);  // S = q k^T: 16 queries x 64 keys
-    // Scale, mask and the rows' new maxima.
+    // Scale (to log2 units), mask and the rows' new maxima.
     float tile_max[2] = {-INFINITY, -INFINITY};
     for (int j = 0; j < kTileBlocks; ++j) {
       for (int e = 0; e < 4; ++e) {
         const int half = e / 2, key = k0 + j * 8 + 2 * t + e % 2;
-        const float x = (key <= query[half] && key < seq_len) ? s[j][e] * scale : -INFINITY;
+        const float x = (key <= query[half] && key < seq_len) ? s[j][e] * scale_log2 : -INFINITY;
         s[j][e] = x;
         tile_max[half] = fmaxf(tile_max[half], x);
       }
@@ -283,16 +345,16 @@ __global__ void __launch_bounds__(kThreads)
     float rescale[2];
     for (int half = 0; half < 2; ++half) {
       const float m_new = fmaxf(m[half], QuadMax(tile_max[half]));
-      rescale[half] = expf(m[half] - m_new);  // 0 on the first tile
+      rescale[half] = exp2f(m[half] - m_new);  // 0 on the first tile
       m[half] = m_new;
     }
-    // P = exp(S - m) in bf16; l sums what P v uses, so out stays a convex
-    // mix of v's rows.
+    // P = exp(S scale - m) = exp2(x - m') in bf16 (m' = m log2 e); l sums
+    // what P v uses, so out stays a convex mix of v's rows.
     float sum[2] = {0.0f, 0.0f};
     for (int j = 0; j < kTileBlocks; ++j) {
       for (int e = 0; e < 4; ++e) {
         const int half = e / 2;
-        const float p = __bfloat162float(__float2bfloat16_rn(expf(s[j][e] - m[half])));
+        const float p = __bfloat162float(__float2bfloat16_rn(exp2f(s[j][e] - m[half])));
         s[j][e] = p;
         sum[half] += p;
       }
@@ -306,7 +368,9 @@ __global__ void __launch_bounds__(kThreads)
   StoreRows<kHdp>(o, query, l, out + at.out_offset, c, seq_len, hd, t);
   if (t == 0) {
     for (int half = 0; half < 2; ++half) {
-      if (query[half] < seq_len) lse[at.stats_offset + query[half]] = m[half] + logf(l[half]);
+      // m' ln 2 = m: the log-sum-exp in natural-log units.
+      if (query[half] < seq_len)
+        lse[at.stats_offset + query[half]] = m[half] * kLn2 + logf(l[half]);
     }
   }
 }
@@ -340,6 +404,7 @@ __global__ void __launch_bounds__(kThreads)
   // Key tile 0 sees every query tile: the longest blocks come first.
   const int k_tile_index = blockIdx.y, k0 = k_tile_index * kTile;
   const int key[2] = {k0 + rows0 + g, k0 + rows0 + g + 8};
+  const float scale_log2 = scale * kLog2e;
   LoadTile<kHdp>(qkv + at.qkv_offset + c, width, k0, seq_len, hd, k_rows, nullptr);
   LoadTile<kHdp>(qkv + at.qkv_offset + 2 * int64_t{c}, width, k0, seq_len, hd, v_rows, nullptr);
   float dk[kHdp / 8][4], dv[kHdp / 8][4];
@@ -351,21 +416,21 @@ __global__ void __launch_bounds__(kThreads)
     __syncthreads();  // every warp is done with the previous tiles; k, v's loads seen
     LoadTile<kHdp>(qkv + at.qkv_offset, width, q0, seq_len, hd, q_rows, q_cols);
     LoadTile<kHdp>(dout + at.out_offset, c, q0, seq_len, hd, dout_rows, dout_cols);
-    LoadRowStats(lse + at.stats_offset, q0, seq_len, lse_tile);
+    LoadRowStats(lse + at.stats_offset, q0, seq_len, lse_tile, kLog2e);  // log2 units
     LoadRowStats(row_dots + at.stats_offset, q0, seq_len, dots_tile);
     __syncthreads();
     // S^T = k q^T and dP^T = v dout^T: 16 keys x 64 queries.
     float st[kTileBlocks][4], dpt[kTileBlocks][4];
     ScoreTile<kHdp>(k_rows + rows0 * ld, q_rows, g, t, st);
     ScoreTile<kHdp>(v_rows + rows0 * ld, dout_rows, g, t, dpt);
-    // P^T = exp(S^T scale - lse) and dS^T = P^T (dP^T - D) scale where
-    // key <= query < seq_len, else 0.
+    // P^T = exp(S^T scale - lse) = exp2(S^T scale log2 e - lse log2 e) and
+    // dS^T = P^T (dP^T - D) scale where key <= query < seq_len, else 0.
     for (int j = 0; j < kTileBlocks; ++j) {
       for (int e = 0; e < 4; ++e) {
         const int col = j * 8 + 2 * t + e % 2, query = q0 + col;
         float p = 0.0f, ds = 0.0f;
         if (key[e / 2] <= query && query < seq_len) {
-          p = expf(st[j][e] * scale - lse_tile[col]);
+          p = exp2f(fmaf(st[j][e], scale_log2, -lse_tile[col]));
           ds = p * (dpt[j][e] - dots_tile[col]) * scale;
         }
         st[j][e] = p;
@@ -402,10 +467,11 @@ __global__ void __launch_bounds__(kThreads)
   const auto [g, t, rows0, at, width] = PlaceOf(seq_len, c, heads, hd);
   const int q_tile_index = QueryTileFromLast(), q0 = q_tile_index * kTile;
   const int query[2] = {q0 + rows0 + g, q0 + rows0 + g + 8};
+  const float scale_log2 = scale * kLog2e;
   float row_lse[2], row_dot[2];
   for (int half = 0; half < 2; ++half) {
     const bool in = query[half] < seq_len;
-    row_lse[half] = in ? lse[at.stats_offset + query[half]] : 0.0f;
+    row_lse[half] = in ? lse[at.stats_offset + query[half]] * kLog2e : 0.0f;  // log2 units
     row_dot[half] = in ? row_dots[at.stats_offset + query[half]] : 0.0f;
   }
   LoadTile<kHdp>(qkv + at.qkv_offset, width, q0, seq_len, hd, q_rows, nullptr);
@@ -424,13 +490,14 @@ __global__ void __launch_bounds__(kThreads)
     float s[kTileBlocks][4], dp[kTileBlocks][4];
     ScoreTile<kHdp>(q_rows + rows0 * ld, k_rows, g, t, s);
     ScoreTile<kHdp>(dout_rows + rows0 * ld, v_rows, g, t, dp);
-    // dS = P (dP - D) scale where key <= query < seq_len, else 0.
+    // dS = P (dP - D) scale where key <= query < seq_len, else 0; P =
+    // exp2(S scale log2 e - lse log2 e).
     for (int j = 0; j < kTileBlocks; ++j) {
       for (int e = 0; e < 4; ++e) {
         const int half = e / 2, key = k0 + j * 8 + 2 * t + e % 2;
         float ds = 0.0f;
         if (key <= query[half] && query[half] < seq_len) {
-          const float p = expf(s[j][e] * scale - row_lse[half]);
+          const float p = exp2f(fmaf(s[j][e], scale_log2, -row_lse[half]));
           ds = p * (dp[j][e] - row_dot[half]) * scale;
         }
         dp[j][e] = ds;

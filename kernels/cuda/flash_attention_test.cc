@@ -133,7 +133,8 @@ GpuResult RunGpu(FlashKernel kernel, const Shape& s, const std::vector<float>& q
 // plus the widest head (128), one padded to 112 (100), and seq_len just
 // past a 64-row tile; then one head_dim for each other padded width the
 // mma kernels are built for (40 -> 48, 60 -> 64, 72 -> 80, 96), so every
-// instantiation runs.
+// instantiation runs; and head_dim 10, the only one not a multiple of 4,
+// whose tiles the mma kernels load one value at a time (LoadTile).
 std::vector<Shape> FlashShapes() {
   std::vector<Shape> shapes(std::begin(testing::kAttentionShapes),
                             std::end(testing::kAttentionShapes));
@@ -144,6 +145,7 @@ std::vector<Shape> FlashShapes() {
   shapes.push_back({1, 100, 120, 2});
   shapes.push_back({2, 65, 144, 2});
   shapes.push_back({1, 100, 192, 2});
+  shapes.push_back({2, 37, 30, 3});
   return shapes;
 }
 

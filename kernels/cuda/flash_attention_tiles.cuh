@@ -44,11 +44,12 @@ __device__ inline HeadSlices Slices(int bh, int seq_len, int c, int heads, int h
           int64_t{b} * seq_len * c + int64_t{h} * hd, int64_t{bh} * seq_len};
 }
 
-// stats[r] = row[row0 + r] (0 past seq_len), for a tile's 64 rows; every
-// thread of the block calls it.
-__device__ inline void LoadRowStats(const float* row, int row0, int seq_len, float* stats) {
+// stats[r] = row[row0 + r] * factor (0 past seq_len), for a tile's 64
+// rows; every thread of the block calls it.
+__device__ inline void LoadRowStats(const float* row, int row0, int seq_len, float* stats,
+                                    float factor = 1.0f) {
   for (int r = threadIdx.x; r < kTile; r += kThreads) {
-    stats[r] = row0 + r < seq_len ? row[row0 + r] : 0.0f;
+    stats[r] = row0 + r < seq_len ? row[row0 + r] * factor : 0.0f;
   }
 }
 

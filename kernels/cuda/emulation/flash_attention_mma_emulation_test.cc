@@ -106,7 +106,9 @@ class FlashMmaEmulationTest : public ::testing::TestWithParam<Shape> {};
 // its twelve (all twelve would take minutes here), plus padded heads
 // (40 -> 48, 60 -> 64, 72 -> 80, 100 -> 112) and ragged last tiles:
 // head_dim 4 to 128, every padded width the kernels are built for, seq_len
-// 1 to 1024, one to sixteen key tiles.
+// 1 to 1024, one to sixteen key tiles. Every head_dim but the last shape's
+// (10) is a multiple of 4, so LoadTile takes 16-byte loads; the last takes
+// its one-value path.
 INSTANTIATE_TEST_SUITE_P(Shapes, FlashMmaEmulationTest,
                          ::testing::Values(Shape{1, 1, 8, 2}, Shape{2, 7, 24, 3},
                                            Shape{1, 33, 64, 1}, Shape{2, 129, 96, 4},
@@ -114,7 +116,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, FlashMmaEmulationTest,
                                            Shape{1, 70, 200, 2}, Shape{3, 128, 48, 3},
                                            Shape{1, 100, 120, 2}, Shape{1, 1024, 64, 1},
                                            Shape{1, 70, 120, 3}, Shape{2, 65, 144, 2},
-                                           Shape{1, 100, 192, 2}));
+                                           Shape{1, 100, 192, 2}, Shape{2, 37, 30, 3}));
 
 TEST_P(FlashMmaEmulationTest, WithinTheGpuBoundsOfAttention_AndCloseToTheCpuTwin) {
   const Shape s = GetParam();

@@ -74,6 +74,14 @@ inline __nv_bfloat162 __floats2bfloat162_rn(float lo, float hi) {
 }
 inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 value) { return value.bits; }
 
+// CUDA's 16-byte vector types, as the kernels load and store them.
+struct alignas(16) float4 {
+  float x, y, z, w;
+};
+struct alignas(8) uint2 {
+  unsigned x, y;
+};
+
 // Rounded products and sums with no fusing: plain IEEE operations, when
 // the including file is compiled with -ffp-contract=off (the emulation
 // tests' copts).

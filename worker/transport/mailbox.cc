@@ -47,6 +47,14 @@ absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_byt
         " is beyond the run-ahead window (this stage is at iteration ", current_iteration_,
         ", peers may be ", limits_.run_ahead_iterations, " ahead); refused"));
   }
+  // A stopped job's frames would never be taken: stored, they would hold
+  // max_bytes until the next OpenJob, and a job reopened under the same id
+  // (OpenJob keeps that id's tensors) could take them as its own. Checked
+  // after the window, which answers a held frame of the job as before.
+  if (aborted_jobs_.count(address.job_id) > 0) {
+    return absl::AbortedError(absl::StrCat("tensor for job ", address.job_id,
+                                           ", which was stopped on this worker; refused"));
+  }
   if (wire_bytes > limits_.max_bytes - bytes_) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "mailbox full: ", bytes_, " bytes wait and a tensor of ", wire_bytes,

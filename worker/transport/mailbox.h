@@ -81,8 +81,9 @@ class Mailbox {
   // the old plan can never be taken as one of the new.
   void OpenJob(const std::string& job_id, int64_t first_iteration);
   // OK when a tensor of `wire_bytes` for `address` would be accepted now;
-  // RESOURCE_EXHAUSTED naming the limit (bytes, or the run-ahead window)
-  // or FAILED_PRECONDITION for another job than the open one otherwise.
+  // RESOURCE_EXHAUSTED naming the limit (bytes, or the run-ahead window),
+  // FAILED_PRECONDITION for another job than the open one, or ABORTED for
+  // a job stopped by AbortJob (until OpenJob) otherwise.
   absl::Status Admit(const TensorAddress& address, int64_t wire_bytes) const;
 
   // For a receiver that can wait instead of having a tensor refused as
@@ -108,8 +109,8 @@ class Mailbox {
   // whether that happened. For tests and diagnostics.
   bool AwaitHeld(size_t count, absl::Duration timeout) const;
   // Stores `wire` under (source_stage, address). FAILED_PRECONDITION naming
-  // the source and tensor if that key is already waiting; RESOURCE_EXHAUSTED
-  // as Admit.
+  // the source and tensor if that key is already waiting; otherwise as
+  // Admit (nothing is stored when it refuses).
   absl::Status Put(int source_stage, const TensorAddress& address, WireTensor wire);
   // Waits up to `timeout` for the key and removes it (see the file comment
   // for DEADLINE_EXCEEDED and ABORTED). Asking for a later iteration of the
@@ -123,8 +124,10 @@ class Mailbox {
   // Drops every tensor of `job_id` (e.g. after a cancel) and wakes its holds.
   void DropJob(const std::string& job_id);
   // DropJob, and every current or later Take for `job_id` fails with
-  // ABORTED: how a STOP interrupts a stage blocked in a receive. Its held
-  // tensors are woken and then no longer held (Admit refuses them).
+  // ABORTED: how a STOP interrupts a stage blocked in a receive. Until the
+  // next OpenJob, Admit and Put refuse its tensors (nothing of it is
+  // stored). Its held tensors are woken and then no longer held (Admit
+  // refuses them).
   void AbortJob(const std::string& job_id);
   size_t size() const;
   // Wire bytes of the tensors waiting.

@@ -153,6 +153,29 @@ TEST(MailboxTest, AbortJob_OtherJobsUnaffected) {
   EXPECT_TRUE(mailbox.Take(0, Activation("j-2", 1), absl::ZeroDuration()).ok());
 }
 
+// Between a runner's Stop (AbortJob) and the next OpenJob, peers may still
+// send frames of the stopped job: they are refused, so they neither count
+// against max_bytes nor survive into a reopened job of the same id.
+TEST(MailboxTest, AbortJob_LaterPutOrAdmit_AbortedAndNothingStored) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 16});
+  mailbox.OpenJob("j-1", 7);
+  mailbox.AbortJob("j-1");
+  const WireTensor three = WireTensor::Raw(Tensor::FromVector({3}, {1, 2, 3}));  // 12 bytes
+  absl::Status put = mailbox.Put(0, Activation("j-1", 1), three);
+  EXPECT_EQ(put.code(), absl::StatusCode::kAborted) << put;
+  EXPECT_NE(put.message().find("tensor for job j-1, which was stopped on this worker; refused"),
+            std::string::npos)
+      << put;
+  EXPECT_EQ(mailbox.Admit(Activation("j-1", 1), 12).code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(mailbox.size(), 0u);
+  EXPECT_EQ(mailbox.bytes(), 0);
+  // The job runs again: the stale frame is not there to be taken as its own.
+  mailbox.OpenJob("j-1", 7);
+  EXPECT_EQ(mailbox.Take(0, Activation("j-1", 1), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(mailbox.Put(0, Activation("j-1", 1), three).ok());
+}
+
 TEST(MailboxTest, Put_BeyondByteLimit_ResourceExhaustedUntilTaken) {
   Mailbox mailbox(MailboxLimits{.max_bytes = 16});
   const WireTensor three = WireTensor::Raw(Tensor::FromVector({3}, {1, 2, 3}));  // 12 bytes

@@ -190,7 +190,10 @@ absl::StatusOr<WorkerRegistry::SessionIdentity> WorkerRegistry::AuthenticateSess
   const Entry* entry = FindLocked(std::string(parts[0]));
   // The secret is compared even for a stale incarnation, so the time taken
   // does not tell a guesser which part was wrong.
-  const bool secret_ok = entry != nullptr && ConstantTimeEquals(parts[2], entry->session_secret);
+  // An entry without a secret has no session (defence in depth: every
+  // path that makes an entry sets one).
+  const bool secret_ok = entry != nullptr && !entry->session_secret.empty() &&
+                         ConstantTimeEquals(parts[2], entry->session_secret);
   if (!secret_ok || incarnation != entry->worker.incarnation()) {
     return absl::UnauthenticatedError(kBadSession);
   }
@@ -454,7 +457,10 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers) {
     number_by_address_[w.data_address()] = number;
     last_number_ = std::max(last_number_, number);
     // Known, not live: it must register again (its session died with the
-    // old coordinator).
+    // old coordinator). A secret nobody holds: the stored record has none,
+    // and an empty one would let anyone present "w-N.<incarnation>." as
+    // this worker's session.
+    entry.session_secret = RandomToken();
     SetStateLocked(entry, v1::WORKER_STATE_JOINING);
     SetStateLocked(entry, v1::WORKER_STATE_LOST);
   }

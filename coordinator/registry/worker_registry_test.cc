@@ -490,6 +490,40 @@ TEST(WorkerRegistryTest, Restore_KnownWorkersLostUntilTheyRegisterAgainUnderThei
   EXPECT_EQ(fresh->worker_id(), "w-4");
 }
 
+// The stored records carry no session secret. A restored worker's session
+// must not be the empty one, which anyone could present ("w-1.1.", its
+// incarnation being public through ListWorkers), nor the old coordinator's.
+TEST(WorkerRegistryTest, Restore_NoSessionUntilTheWorkerRegistersAgain) {
+  FakeClock clock;
+  std::vector<v1::Worker> saved;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.persist = [&saved](const v1::Worker& w) {
+    saved.push_back(w);
+    return absl::OkStatus();
+  };
+  std::string old_token;
+  {
+    WorkerRegistry before(options);
+    const auto registered = before.Register(Request(1));
+    ASSERT_TRUE(registered.ok());
+    old_token = registered->session_token();
+  }
+  ASSERT_EQ(saved.size(), 1u);
+  EXPECT_EQ(saved[0].incarnation(), 1);
+  WorkerRegistry after(options);
+  after.Restore(saved);
+  for (const std::string& token : {std::string("w-1.1."), old_token}) {
+    EXPECT_EQ(after.AuthenticateSession(token).status().code(), absl::StatusCode::kUnauthenticated)
+        << token;
+  }
+  const auto again = after.Register(Request(1));
+  ASSERT_TRUE(again.ok());
+  const auto identity = after.AuthenticateSession(again->session_token());
+  ASSERT_TRUE(identity.ok()) << identity.status();
+  EXPECT_EQ(identity->worker_id, "w-1");
+  EXPECT_EQ(identity->incarnation, 2);
+}
+
 TEST(WorkerRegistryTest, Register_PersistFails_UnavailableNothingAcknowledged) {
   FakeClock clock;
   WorkerRegistry::Options options = MakeOptions(&clock);

@@ -36,6 +36,13 @@
 namespace pipetrain {
 namespace {
 
+// The model's units' names in order, as a worker's profile names them.
+std::vector<std::string> UnitNamesOf(const GptConfig& model) {
+  std::vector<std::string> names;
+  for (int u = 0; u < NumUnits(model); ++u) names.push_back(UnitName(model, u));
+  return names;
+}
+
 // A worker's error text becomes the job's reason, which every GetJob returns.
 constexpr size_t kMaxReportedErrorBytes = 16384;
 
@@ -216,7 +223,18 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   const v1::ProfileRequest request = ProfileRequestFor(record);
   const std::string kind = DeviceKind(workers[0].device());
   const std::string key = ProfileKey(request, kind);
-  if (std::optional<v1::ModelProfile> cached = profiles_.Get(key)) {
+  std::optional<v1::ModelProfile> cached = profiles_.Get(key);
+  if (cached) {
+    // Checked when it was fetched; a store written before that check
+    // existed may still hold one unfit for this model: measure it again.
+    const absl::Status fit =
+        CheckWorkerProfile(*cached, request, UnitNamesOf(record.resolved.train.model));
+    if (!fit.ok()) {
+      PT_LOG(WARNING) << "cached profile " << key << " not used: " << fit;
+      cached.reset();
+    }
+  }
+  if (cached) {
     *profile = FromProto(*cached);
     *source = absl::StrCat("measured on ", kind, " by ", workers[0].id(), " (cached)");
     *reference_gflops = HostGflops(workers, workers[0]);
@@ -234,7 +252,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
     profilers_.emplace_back(
         [this, id = record.job.id(), key, address = workers[0].data_address(),
          session = registry_->SessionToken(workers[0].id()).value_or(""),
-         request] { FinishProfiling(id, key, fetcher_(address, session, request)); });
+         request] { FinishProfiling(id, key, request, fetcher_(address, session, request)); });
     return false;
   }
   double fastest = 0;
@@ -251,10 +269,21 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
 }
 
 void JobManager::FinishProfiling(const std::string& job_id, const std::string& key,
-                                 const absl::StatusOr<v1::ModelProfile>& profile) {
+                                 const v1::ProfileRequest& request,
+                                 const absl::StatusOr<v1::ModelProfile>& fetched) {
   {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(job_id);
+    // A worker's answer is a peer's input: checked against the model before
+    // the planner (or the store, for later restarts) sees it. With the job
+    // gone there is no model to check it against, and nobody waiting.
+    absl::StatusOr<v1::ModelProfile> profile = fetched;
+    if (profile.ok() && record == nullptr) profile = absl::NotFoundError("job gone");
+    if (profile.ok()) {
+      const absl::Status fit =
+          CheckWorkerProfile(*profile, request, UnitNamesOf(record->resolved.train.model));
+      if (!fit.ok()) profile = fit;
+    }
     if (profile.ok()) {
       profiles_.Put(key, *profile);
       if (options_.state != nullptr) {
@@ -1481,7 +1510,9 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     it = record->weights.end() - 1;
   }
   Tensor& t = it->tensor;
-  if (c.offset() < 0 || c.offset() + c.values_size() > t.numel()) {
+  // Compared without a sum: offset + values_size could overflow (a chunk at
+  // 2^63 - k would wrap below the tensor's start).
+  if (c.offset() < 0 || c.offset() > t.numel() || c.values_size() > t.numel() - c.offset()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "chunk of ", c.tensor_name(), " at ", c.offset(), " + ", c.values_size(),
         " exceeds its ", t.numel(), " elements"));

@@ -346,7 +346,11 @@ class JobManager {
   bool ChooseProfileLocked(JobRecord& record, const std::vector<v1::Worker>& workers,
                            ModelProfile* profile, std::string* source, double* reference_gflops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes a worker's answer to `request`: cached (and saved) only if
+  // CheckWorkerProfile finds it fit for the job's model, else the job's
+  // profile_error and the analytic profile.
   void FinishProfiling(const std::string& job_id, const std::string& key,
+                       const v1::ProfileRequest& request,
                        const absl::StatusOr<v1::ModelProfile>& profile);
   absl::Status StartLocked(JobRecord& record, const std::vector<std::string>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

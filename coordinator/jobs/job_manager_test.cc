@@ -688,6 +688,13 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   v1::WeightsChunk past = WholeTensor(w1, id, UnitParameterShapes(model, 0)[1]);  // wpe
   past.set_offset(1);  // one value beyond the end
   EXPECT_EQ(jobs_.AddWeightsChunk(past).code(), absl::StatusCode::kInvalidArgument);
+  // An offset whose sum with the chunk's length overflows (it would wrap
+  // below the tensor's start): refused, nothing written.
+  v1::WeightsChunk wrapping = past;
+  wrapping.clear_values();
+  for (int i = 0; i < 3; ++i) wrapping.add_values(-1.0f);
+  wrapping.set_offset(std::numeric_limits<int64_t>::max() - 1);
+  EXPECT_EQ(jobs_.AddWeightsChunk(wrapping).code(), absl::StatusCode::kInvalidArgument);
   Report(w1, id, 2, {1.0f, 1.0f}, true);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);  // weights still missing
   ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
@@ -888,8 +895,9 @@ TEST_F(JobManagerTest, WorkersWithoutNcclIds_NoGroupAndEveryTransferOnTheWire) {
   }
 }
 
-// A measured profile of SmallSpec's 4 units, as a worker would send it.
-v1::ModelProfile FakeProfile() {
+// A measured profile of SmallSpec's 4 units, as a worker would send it in
+// answer to `request` (its partitions timed too).
+v1::ModelProfile FakeProfile(const v1::ProfileRequest& request = {}) {
   v1::ModelProfile p;
   p.set_micro_batch_size(2);
   p.set_device_kind("cpu:");
@@ -901,6 +909,12 @@ v1::ModelProfile FakeProfile() {
     u->set_weight_bytes(1000);
     u->set_activation_bytes(512);
     u->set_stash_bytes(2048);
+    for (int k : request.partitions()) {
+      v1::PartitionTiming* t = u->add_partitions();
+      t->set_count(k);
+      t->set_fwd_seconds(0.001 / k);
+      t->set_bwd_seconds(0.002 / k);
+    }
   }
   return p;
 }
@@ -956,7 +970,7 @@ TEST_F(JobManagerTest, AutoLayoutSearchingT_ProfilesThePartitionsAlgOneNeeds) {
       [&](const std::string&, const std::string&,
           const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
         asked.emplace_back(request.partitions().begin(), request.partitions().end());
-        return FakeProfile();
+        return FakeProfile(request);
       });
   AddWorker(7001);
   AddWorker(7002);
@@ -1014,6 +1028,33 @@ TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
       absl::StrContains(plan.profile_source(), "profiling failed: UNAVAILABLE: worker gone"))
       << plan.profile_source();
   EXPECT_EQ(plan.candidates_size(), 3);
+}
+
+// A worker that answers with a profile of another model (one unit too
+// many: the planner would index past the model and CHECK-fail) is refused
+// like a failed profiling: the job runs on the analytic profile, says why,
+// and nothing is cached or saved for later jobs and restarts.
+TEST_F(JobManagerTest, WorkerProfileUnfitForTheModel_RefusedNotCached) {
+  jobs_.SetProfileFetcher([](const std::string&, const std::string&,
+                             const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+    v1::ModelProfile p = FakeProfile();
+    *p.add_units() = p.units(1);
+    return p;
+  });
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_solver("bipartition");
+  const std::string id = jobs_.Submit(spec).value().id();
+  jobs_.AwaitProfiling();
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_TRUE(absl::StrContains(plan.profile_source(), "analytic: FLOPs at"));
+  EXPECT_TRUE(absl::StrContains(plan.profile_source(),
+                                "profiling failed: INVALID_ARGUMENT: worker profile: units has 5 "
+                                "entries; the model has 4 units"))
+      << plan.profile_source();
+  EXPECT_EQ(jobs_.profiles().size(), 0);
 }
 
 TEST_F(JobManagerTest, UploadWithoutTensors_ForwardOnlyStageFinishesItsWeights) {

@@ -1,6 +1,11 @@
 #include "coordinator/jobs/profile_cache.h"
 
+#include <cmath>
+#include <set>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace pipetrain {
 
@@ -28,6 +33,92 @@ ModelProfile FromProto(const v1::ModelProfile& p) {
     out.codec_all_reduce_seconds_per_byte[c.codec()] = c.all_reduce_seconds_per_byte();
   }
   return out;
+}
+
+namespace {
+
+absl::Status BadProfile(const std::string& field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("worker profile: ", field, " ", why));
+}
+
+// Whether `value` (a time or a size) is finite and in [0, limit].
+absl::Status CheckAmount(const std::string& field, double value, double limit) {
+  if (!std::isfinite(value) || value < 0 || value > limit) {
+    return BadProfile(field, absl::StrCat("is ", value, ", not a number in [0, ", limit, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::ProfileRequest& request,
+                                const std::vector<std::string>& unit_names) {
+  if (profile.micro_batch_size() != request.micro_batch_size()) {
+    return BadProfile("micro_batch_size",
+                      absl::StrCat("is ", profile.micro_batch_size(), ", not the ",
+                                   request.micro_batch_size(), " asked for"));
+  }
+  if (profile.units_size() != static_cast<int>(unit_names.size())) {
+    return BadProfile("units",
+                      absl::StrCat("has ", profile.units_size(), " entries; the model has ",
+                                   unit_names.size(), " units"));
+  }
+  if (profile.repetitions() < 0) return BadProfile("repetitions", "is negative");
+  if (profile.device_kind().size() > kMaxProfileDeviceKindBytes) {
+    return BadProfile("device_kind",
+                      absl::StrCat("is over ", kMaxProfileDeviceKindBytes, " bytes"));
+  }
+  for (int u = 0; u < profile.units_size(); ++u) {
+    const v1::UnitProfile& unit = profile.units(u);
+    const std::string at = absl::StrCat("units[", u, "]");
+    if (unit.name() != unit_names[u]) {
+      return BadProfile(at + ".name", absl::StrCat("is not \"", unit_names[u], "\""));
+    }
+    const std::pair<const char*, double> seconds[] = {
+        {"fwd_seconds", unit.fwd_seconds()},
+        {"bwd_seconds", unit.bwd_seconds()},
+        {"optimizer_seconds", unit.optimizer_seconds()}};
+    for (const auto& [name, value] : seconds) {
+      RETURN_IF_ERROR(CheckAmount(at + "." + name, value, kMaxProfileSeconds));
+    }
+    const std::pair<const char*, double> bytes[] = {
+        {"weight_bytes", unit.weight_bytes()},
+        {"activation_bytes", unit.activation_bytes()},
+        {"stash_bytes", unit.stash_bytes()},
+        {"peak_memory_bytes", unit.peak_memory_bytes()}};
+    for (const auto& [name, value] : bytes) {
+      RETURN_IF_ERROR(CheckAmount(at + "." + name, value, kMaxProfileBytes));
+    }
+    if (unit.partitions_size() != request.partitions_size()) {
+      return BadProfile(at + ".partitions",
+                        absl::StrCat("has ", unit.partitions_size(), " entries; ",
+                                     request.partitions_size(), " were asked for"));
+    }
+    for (int k = 0; k < unit.partitions_size(); ++k) {
+      const v1::PartitionTiming& t = unit.partitions(k);
+      const std::string where = absl::StrCat(at, ".partitions[", k, "]");
+      if (t.count() != request.partitions(k)) {
+        return BadProfile(where + ".count", absl::StrCat("is ", t.count(), ", not the ",
+                                                         request.partitions(k), " asked for"));
+      }
+      RETURN_IF_ERROR(CheckAmount(where + ".fwd_seconds", t.fwd_seconds(), kMaxProfileSeconds));
+      RETURN_IF_ERROR(CheckAmount(where + ".bwd_seconds", t.bwd_seconds(), kMaxProfileSeconds));
+    }
+  }
+  if (profile.codecs_size() > kMaxProfileCodecTimings) {
+    return BadProfile("codecs", absl::StrCat("has over ", kMaxProfileCodecTimings, " entries"));
+  }
+  std::set<std::string> codecs;
+  for (int i = 0; i < profile.codecs_size(); ++i) {
+    const v1::CodecTiming& c = profile.codecs(i);
+    const std::string at = absl::StrCat("codecs[", i, "]");
+    if (c.codec().empty() || c.codec().size() > 64 || !codecs.insert(c.codec()).second) {
+      return BadProfile(at + ".codec", "must be a name of 1 to 64 bytes, each at most once");
+    }
+    RETURN_IF_ERROR(
+        CheckAmount(at + ".all_reduce_seconds_per_byte", c.all_reduce_seconds_per_byte(), 1e-3));
+  }
+  return absl::OkStatus();
 }
 
 std::optional<v1::ModelProfile> ProfileCache::Get(const std::string& key) const {

@@ -1,5 +1,10 @@
 #include "coordinator/jobs/profile_cache.h"
 
+#include <cmath>
+#include <functional>
+#include <string>
+#include <vector>
+
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -53,6 +58,82 @@ TEST(FromProtoTest, PartitionTimings_KeptByCount) {
   EXPECT_EQ(got.units[0].partition_seconds.at(4).first, 0.15);
   EXPECT_EQ(got.units[0].partition_seconds.at(4).second, 0.25);
   EXPECT_EQ(got.units[0].partition_seconds.count(2), 0u);
+}
+
+// A worker's answer as CheckWorkerProfile wants it: the request's
+// micro-batch size and partitions, one unit per name.
+v1::ModelProfile GoodProfile(const v1::ProfileRequest& request,
+                             const std::vector<std::string>& names) {
+  v1::ModelProfile p;
+  p.set_micro_batch_size(request.micro_batch_size());
+  p.set_repetitions(5);
+  for (const std::string& name : names) {
+    v1::UnitProfile* u = p.add_units();
+    u->set_name(name);
+    u->set_fwd_seconds(1e-3);
+    u->set_bwd_seconds(2e-3);
+    u->set_weight_bytes(4096);
+    u->set_activation_bytes(8192);
+    for (int k : request.partitions()) {
+      v1::PartitionTiming* t = u->add_partitions();
+      t->set_count(k);
+      t->set_fwd_seconds(1e-3 / k);
+      t->set_bwd_seconds(2e-3 / k);
+    }
+  }
+  v1::CodecTiming* c = p.add_codecs();
+  c->set_codec("bf16");
+  c->set_all_reduce_seconds_per_byte(1e-9);
+  return p;
+}
+
+// Each way a worker's profile can be unfit to plan with is refused with the
+// field named; the well-formed one passes.
+TEST(CheckWorkerProfileTest, EachBadField_InvalidArgumentNamingIt) {
+  v1::ProfileRequest request = Request();
+  request.add_partitions(2);
+  const std::vector<std::string> names = {"embed", "h.0.attn", "h.0.mlp", "head"};
+  EXPECT_TRUE(CheckWorkerProfile(GoodProfile(request, names), request, names).ok());
+  struct Case {
+    const char* field;
+    std::function<void(v1::ModelProfile&)> spoil;
+  };
+  const Case cases[] = {
+      {"micro_batch_size", [](v1::ModelProfile& p) { p.set_micro_batch_size(8); }},
+      {"units has 5 entries", [](v1::ModelProfile& p) { *p.add_units() = p.units(0); }},
+      {"units has 3 entries", [](v1::ModelProfile& p) { p.mutable_units()->RemoveLast(); }},
+      {"units[1].name", [](v1::ModelProfile& p) { p.mutable_units(1)->set_name("h.9.attn"); }},
+      {"units[2].fwd_seconds",
+       [](v1::ModelProfile& p) { p.mutable_units(2)->set_fwd_seconds(NAN); }},
+      {"units[0].bwd_seconds",
+       [](v1::ModelProfile& p) { p.mutable_units(0)->set_bwd_seconds(-1); }},
+      {"units[3].optimizer_seconds",
+       [](v1::ModelProfile& p) { p.mutable_units(3)->set_optimizer_seconds(INFINITY); }},
+      {"units[0].weight_bytes",
+       [](v1::ModelProfile& p) { p.mutable_units(0)->set_weight_bytes(1e16); }},
+      {"units[1].stash_bytes",
+       [](v1::ModelProfile& p) { p.mutable_units(1)->set_stash_bytes(-4); }},
+      {"units[0].partitions has 0",
+       [](v1::ModelProfile& p) { p.mutable_units(0)->clear_partitions(); }},
+      {"units[1].partitions[0].count",
+       [](v1::ModelProfile& p) { p.mutable_units(1)->mutable_partitions(0)->set_count(4); }},
+      {"units[1].partitions[0].bwd_seconds",
+       [](v1::ModelProfile& p) {
+         p.mutable_units(1)->mutable_partitions(0)->set_bwd_seconds(NAN);
+       }},
+      {"codecs[1].codec", [](v1::ModelProfile& p) { *p.add_codecs() = p.codecs(0); }},
+      {"codecs[0].all_reduce_seconds_per_byte",
+       [](v1::ModelProfile& p) { p.mutable_codecs(0)->set_all_reduce_seconds_per_byte(1); }},
+      {"repetitions", [](v1::ModelProfile& p) { p.set_repetitions(-1); }},
+      {"device_kind", [](v1::ModelProfile& p) { p.set_device_kind(std::string(300, 'x')); }},
+  };
+  for (const Case& c : cases) {
+    v1::ModelProfile p = GoodProfile(request, names);
+    c.spoil(p);
+    const absl::Status status = CheckWorkerProfile(p, request, names);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(status.message().find(c.field), std::string::npos) << status.message();
+  }
 }
 
 }  // namespace

@@ -45,6 +45,13 @@ absl::Status Collectives::AllReduceEncoded(int64_t iteration, int tag, const Cod
     return absl::InvalidArgumentError(
         absl::StrCat(Describe(tag), ": ", data.numel(), " values do not make ", rows, " rows"));
   }
+  if (data.numel() == 0) {
+    // Rows of width 0 (every member has the same shape): nothing to send or
+    // sum, and the chunking below would divide by the width.
+    if (stats != nullptr) *stats = EncodedStats{};
+    if (coding_error != nullptr) *coding_error = Tensor::Zeros(data.shape());
+    return absl::OkStatus();
+  }
   std::fill(send_seq_.begin(), send_seq_.end(), 0);
   std::fill(recv_seq_.begin(), recv_seq_.end(), 0);
   EncodedStats local;

@@ -552,6 +552,31 @@ TEST(CollectivesTest, EncodedAllReduce_InChunks_ExactWithFp16PiecewiseWithinItsB
   EXPECT_EQ(run.stats[0].sent_bytes, ExpectedEncodedBytes(*piecewise, 37, 3, 0, 3));
 }
 
+// A tensor of no values (rows of width 0) has nothing to sum: OK at once on
+// every member, nothing sent, stats zero and a coding error of data's shape.
+TEST(CollectivesTest, EncodedAllReduce_NoValues_OkNothingSentStatsZero) {
+  std::unique_ptr<Codec> codec = *MakePiecewiseCodec(3);
+  for (int n : {1, 2, 3}) {
+    std::vector<Collectives::EncodedStats> stats(n, {7, 1.0, 1.0});
+    std::vector<Tensor> errors(n, Tensor::Zeros({1}));
+    std::vector<int64_t> sent(n, -1);
+    const auto status = RunGroup(n, {1 << 20, 0, absl::Seconds(5)}, [&](int r, Collectives& c) {
+      Tensor t = Tensor::Zeros({4, 0});
+      absl::Status s = c.AllReduceEncoded(1, 1, *codec, 4, t, &stats[r], &errors[r]);
+      sent[r] = c.sent_bytes();
+      return s;
+    });
+    for (int r = 0; r < n; ++r) {
+      EXPECT_TRUE(status[r].ok()) << status[r];
+      EXPECT_EQ(sent[r], 0);
+      EXPECT_EQ(stats[r].sent_bytes, 0);
+      EXPECT_EQ(stats[r].norm_squared, 0.0);
+      EXPECT_EQ(stats[r].error_squared, 0.0);
+      EXPECT_EQ(errors[r].shape(), (Shape{4, 0}));
+    }
+  }
+}
+
 TEST(CollectivesTest, EncodedAllReduce_MembersDisagreeOnTheRows_InternalNamingIt) {
   std::unique_ptr<Codec> codec = *MakePiecewiseCodec(3);
   const auto status = RunGroup(2, {1 << 20, 0, absl::Seconds(5)}, [&](int r, Collectives& c) {

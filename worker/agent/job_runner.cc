@@ -397,8 +397,17 @@ absl::Status JobRunner::RunJob() {
   // Or a quantizer: bounded and parsed by StageRuntime::Create, which
   // refuses it beside a rank or without replicas.
   setup.data_parallel_quantizer = assignment_.data_parallel_quantizer();
-  // Declared before the runtime, which uses it, so it is destroyed after.
+  // Declared before the runtime, which uses them, so they are destroyed after.
   std::unique_ptr<DeviceChannel> device_channel;
+  std::unique_ptr<DeviceCollective> replica_collective;
+  // Stop() aborts what device_channel_ and replica_collective_ point to:
+  // they must be cleared before the owners above die on any return, a
+  // failed replica join after a device group join included.
+  absl::Cleanup forget_channel = [&] {
+    AnnotatedMutexLock lock(&mu_);
+    device_channel_ = nullptr;
+    replica_collective_ = nullptr;
+  };
   const bool in_group = assignment_.device_group().stages_size() > 0;
   if (in_group) {
     // Joining waits for every member (up to the receive timeout, or a
@@ -412,8 +421,6 @@ absl::Status JobRunner::RunJob() {
     // A Stop() that came during the join missed the channel.
     if (stop_.load()) device_channel_->Abort();
   }
-  // Declared before the runtime too.
-  std::unique_ptr<DeviceCollective> replica_collective;
   const bool in_replica_group = assignment_.has_replica_device_group();
   if (in_replica_group) {
     // As for a device group: the start barrier first, then the join.
@@ -424,11 +431,6 @@ absl::Status JobRunner::RunJob() {
     replica_collective_ = replica_collective.get();
     if (stop_.load()) replica_collective_->Abort();
   }
-  absl::Cleanup forget_channel = [&] {  // before device_channel and replica_collective die
-    AnnotatedMutexLock lock(&mu_);
-    device_channel_ = nullptr;
-    replica_collective_ = nullptr;
-  };
   // Device work that waits for peers: the host must not run far ahead of
   // it, and a job that ends early aborts it (below).
   const bool on_device_links = in_group || in_replica_group;

@@ -470,6 +470,36 @@ TEST(JobRunnerTest, FailedJob_AbortsItsDeviceChannel) {
       << link.reports()[0].error();
 }
 
+// A stage in a device group whose replica group join then fails: the
+// channel it joined dies with the failed job, and a later Stop() must not
+// touch it (it would abort freed memory: ASan reports a use after free).
+TEST(JobRunnerTest, DeviceGroupThenReplicaJoinFails_StopLeavesTheDeadChannelAlone) {
+  InProcessFabric fabric(2);
+  InProcessDeviceHub hub(2, absl::Seconds(20));
+  FakeLink link(/*stages=*/1);
+  GroupedCpu backend(&hub);
+  JobRunnerOptions options{"w", 1};
+  options.backend = &backend;
+  v1::Assignment a = GroupAssignment(0, 2);
+  a.set_replicas(1);
+  a.mutable_replica_device_group()->set_nccl_unique_id("id-r");
+  a.mutable_replica_device_group()->add_replicas(1);  // not replica 0: the join refuses it
+  JobRunner runner(
+      a, &fabric.mailbox(0),
+      [&fabric](int st, const std::vector<std::string>&, const JobCredential&) {
+        return fabric.Connect(st);
+      },
+      &link, options);
+  runner.Start();
+  ASSERT_TRUE(link.AwaitReports(1));
+  while (!runner.finished()) std::this_thread::yield();  // bounded: the job has failed
+  runner.Stop();
+  EXPECT_EQ(backend.aborts.load(), 0);
+  EXPECT_NE(link.reports()[0].error().find("replica_device_group lists 1 replicas"),
+            std::string::npos)
+      << link.reports()[0].error();
+}
+
 // --- Replica device groups: the CPU posing as GPUs, collectives of an
 // in-process hub.
 

@@ -335,15 +335,17 @@ absl::Status JobRunner::RunJob() {
                    Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction));
   // Data and tensor parallelism: the transport numbers every worker of
   // the job (Assignment.replica, .tensor_rank); checked here, before
-  // anything is sized from it.
+  // anything is sized from it. The coordinator lists every worker's
+  // address (plan.proto), and the data plane's transport needs this
+  // worker's among them (GrpcTransport CHECKs it): an empty list is
+  // refused as well as a short one.
   const int replicas = std::max(1, assignment_.replicas());
   const int tensor = std::max(1, assignment_.tensor_parallel());
   const int64_t workers = int64_t{replicas} * assignment_.num_stages() * tensor;
   if (assignment_.num_stages() < 1 || assignment_.replica() < 0 ||
       assignment_.replica() >= replicas || assignment_.stage() < 0 ||
       assignment_.stage() >= assignment_.num_stages() || assignment_.tensor_rank() < 0 ||
-      assignment_.tensor_rank() >= tensor ||
-      (assignment_.peer_addresses_size() > 0 && workers != assignment_.peer_addresses_size())) {
+      assignment_.tensor_rank() >= tensor || workers != assignment_.peer_addresses_size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "assignment: stage ", assignment_.stage(), " of ", assignment_.num_stages(), ", replica ",
         assignment_.replica(), " of ", replicas, ", tensor rank ", assignment_.tensor_rank(),

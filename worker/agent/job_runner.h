@@ -59,7 +59,9 @@ class CoordinatorLink {
 };
 
 // Builds the stage's transport: (stage, peer data-plane addresses, the
-// job's data-plane credential) -> Transport.
+// job's data-plane credential) -> Transport. Called only with one address
+// per worker of the job (an assignment with another count fails the job
+// with INVALID_ARGUMENT first), so `stage` indexes `peers`.
 using TransportFactory = std::function<std::unique_ptr<Transport>(
     int stage, const std::vector<std::string>& peers, const JobCredential& credential)>;
 

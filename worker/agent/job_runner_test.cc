@@ -2,13 +2,16 @@
 // report to a fake coordinator link.
 #include "worker/agent/job_runner.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <set>
+#include <string>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/partition.h"
@@ -70,6 +73,15 @@ class FakeLink : public CoordinatorLink {
   const int stages_;
 };
 
+// Lists a data-plane address per worker of `a` (replicas x stages x tensor
+// ranks), as the coordinator does; the in-process fabric ignores them.
+void SetPeers(v1::Assignment* a) {
+  a->clear_peer_addresses();
+  const int workers =
+      std::max(1, a->replicas()) * a->num_stages() * std::max(1, a->tensor_parallel());
+  for (int w = 0; w < workers; ++w) a->add_peer_addresses(absl::StrCat("in-process:", w));
+}
+
 v1::Assignment Assignment(int stage, int steps, bool weights, Schedule schedule) {
   v1::Assignment a;
   a.set_action(v1::Assignment::ACTION_RUN);
@@ -95,6 +107,7 @@ v1::Assignment Assignment(int stage, int steps, bool weights, Schedule schedule)
   a.mutable_backward_units()->set_end(ranges[stage].end);
   *a.mutable_forward_units() = a.backward_units();
   *a.mutable_program() = CompilePrograms(ranges, 4, 2, schedule).value()[stage];
+  SetPeers(&a);
   return a;
 }
 
@@ -164,6 +177,36 @@ TEST(JobRunnerTest, BadSpec_IsReportedAsTheJobsError) {
       << link.reports()[0].error();
 }
 
+// The production transport (GrpcTransport) needs this worker's address in
+// the peer list: an assignment without one fails the job with
+// INVALID_ARGUMENT before any transport is made, instead of reaching that
+// transport's CHECK.
+TEST(JobRunnerTest, NoPeerAddresses_InvalidArgumentBeforeAnyTransport) {
+  InProcessFabric fabric(2);
+  FakeLink link(/*stages=*/1);
+  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
+  a.clear_peer_addresses();
+  std::atomic<int> made{0};
+  JobRunner runner(
+      a, &fabric.mailbox(0),
+      [&](int s, const std::vector<std::string>& peers,
+          const JobCredential&) -> std::unique_ptr<Transport> {
+        ++made;
+        if (s >= static_cast<int>(peers.size())) return nullptr;  // GrpcTransport CHECK-fails
+        return fabric.Connect(s);
+      },
+      &link, JobRunnerOptions{"w", 1});
+  runner.Start();
+  ASSERT_TRUE(link.AwaitReports(1));
+  runner.Stop();
+  EXPECT_EQ(made.load(), 0);
+  const std::string error = link.reports()[0].error();
+  EXPECT_EQ(error.rfind("INVALID_ARGUMENT: assignment: stage 0 of 2", 0), 0u) << error;
+  EXPECT_NE(error.find("with 0 peer addresses (want replicas x stages x tensor ranks)"),
+            std::string::npos)
+      << error;
+}
+
 // A backend that fails mid-job (the CPU cannot, so a stand-in reports
 // INTERNAL after its first GELU): the job's error is reported, then the
 // failure hook gets the backend's error, once.
@@ -188,6 +231,7 @@ TEST(JobRunnerTest, BackendFailure_ReportsTheJobThenCallsTheHookOnce) {
   v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
   a.mutable_spec()->mutable_parallelism()->set_stages(1);
   a.set_num_stages(1);
+  SetPeers(&a);
   a.mutable_backward_units()->set_begin(0);
   a.mutable_backward_units()->set_end(4);
   *a.mutable_forward_units() = a.backward_units();
@@ -553,6 +597,7 @@ v1::Assignment ReplicaAssignment(int replica, int listed) {
   a.set_num_stages(1);
   a.set_replica(replica);
   a.set_replicas(2);
+  SetPeers(&a);
   a.mutable_backward_units()->set_begin(0);
   a.mutable_backward_units()->set_end(4);
   *a.mutable_forward_units() = a.backward_units();

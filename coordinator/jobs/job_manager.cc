@@ -36,6 +36,20 @@
 namespace pipetrain {
 namespace {
 
+// Empty if every stage's forward and backward unit ranges lie in [0,
+// units); else what does not.
+std::string PlanUnitsMismatch(const v1::Plan& plan, int units) {
+  for (int st = 0; st < plan.stages_size(); ++st) {
+    for (const v1::UnitRange* range : {&plan.stages(st).forward(), &plan.stages(st).backward()}) {
+      if (range->begin() < 0 || range->end() < range->begin() || range->end() > units) {
+        return absl::StrCat("stage ", st, " has units [", range->begin(), ", ", range->end(),
+                            ") of a model of ", units);
+      }
+    }
+  }
+  return "";
+}
+
 // The model's units' names in order, as a worker's profile names them.
 std::vector<std::string> UnitNamesOf(const GptConfig& model) {
   std::vector<std::string> names;
@@ -375,6 +389,7 @@ absl::Status JobManager::Restore() {
     const std::string id = record->job.id();
     if (id.empty() || jobs_.count(id) > 0) continue;
     absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(record->job.spec());
+    const bool spec_resolves = resolved.ok();
     if (!resolved.ok()) {  // a spec this version no longer accepts
       if (!IsTerminal(record->job.state())) {
         record->job.set_state(v1::JOB_STATE_FAILED);
@@ -388,9 +403,23 @@ absl::Status JobManager::Restore() {
     }
     record->resolved = std::move(*resolved);
     record->plan = std::move(*s.mutable_plan());
+    // Which stage owns which weights comes from the plan's unit ranges and
+    // the model's parameter shapes. Without the job's own model (its spec
+    // no longer resolves: the default model stands in) or with ranges past
+    // it (a store not written by this plan), that lookup would CHECK-fail
+    // and stop the coordinator from starting: the job keeps no owners and,
+    // unless it has ended, fails.
+    const std::string plan_mismatch =
+        spec_resolves ? PlanUnitsMismatch(record->plan, NumUnits(record->resolved.train.model))
+                      : std::string("the spec does not resolve");
+    if (!plan_mismatch.empty() && spec_resolves && !IsTerminal(record->job.state())) {
+      record->job.set_state(v1::JOB_STATE_FAILED);
+      record->job.set_reason(absl::StrCat(
+          "after a coordinator restart, the stored plan does not fit the model: ", plan_mismatch));
+    }
     for (int st = 0; st < record->plan.stages_size(); ++st) {
       record->stage_of[record->plan.stages(st).worker_id()] = st;
-      RecordWeightOwners(*record, st);
+      if (plan_mismatch.empty()) RecordWeightOwners(*record, st);
     }
     record->stages.assign(record->plan.stages_size(), StageProgress{});
     if (!s.profile_json().empty()) {
@@ -1365,7 +1394,13 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   }
   RETURN_IF_ERROR(CheckProgressBounds(r, *record));
   const int stage_index = record->stage_of.at(r.worker_id());
-  if (r.has_trace()) {
+  // A recovering job drops traces (below), and one restored from the store
+  // has no assignments to check them against until it is planned again.
+  if (r.has_trace() && record->job.state() != v1::JOB_STATE_RECOVERING) {
+    if (stage_index >= static_cast<int>(record->assignments.size())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", r.job_id(), " has no program for stage ", stage_index, " yet"));
+    }
     RETURN_IF_ERROR(
         CheckStepTrace(r.trace(), r.iteration(), record->assignments[stage_index].program()));
   }

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -729,6 +730,90 @@ TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAga
   EXPECT_EQ(job.plan_version(), 2);
   EXPECT_EQ(job.progress().step(), 5);
   EXPECT_EQ(AssignmentOf(w1).resume().step(), 5);
+}
+
+// The stored job of `id`, edited by `edit` and saved back, as a store
+// written by another version (or by hand) could hold it.
+void EditStoredJob(CoordinatorState& state, const std::string& id,
+                   const std::function<void(store::StoredJob&)>& edit) {
+  std::vector<store::StoredJob> stored = state.LoadJobs().value();
+  for (store::StoredJob& s : stored) {
+    if (s.job().id() != id) continue;
+    edit(s);
+    ASSERT_TRUE(state.SaveJob(s).ok());
+    return;
+  }
+  FAIL() << "no stored job " << id;
+}
+
+// A stored plan whose unit ranges run past the job's model (ElasticSpec's
+// one layer: 4 units) would make the owners of the weights CHECK-fail on
+// restore, and the coordinator could never start again: the job fails
+// instead, saying why, and the others restore.
+TEST_F(JobManagerElasticTest, Restore_StoredPlanPastTheModel_JobFailsTheCoordinatorStarts) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  Step(id, 1);
+  jobs_->FlushIo();
+  EditStoredJob(*state_, id, [](store::StoredJob& s) {
+    s.mutable_plan()->mutable_stages(1)->mutable_backward()->set_end(9);
+  });
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  const v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(),
+                                "the stored plan does not fit the model: stage 1 has units [2, 9) "
+                                "of a model of 4"))
+      << job.reason();
+}
+
+// A spec this version no longer accepts: the job fails, and its plan (here
+// of more units than the default model that stands in for the spec's) is
+// not read for weight owners.
+TEST_F(JobManagerElasticTest, Restore_SpecNoLongerValid_JobFailsItsPlanIsNotRead) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  jobs_->FlushIo();
+  EditStoredJob(*state_, id, [](store::StoredJob& s) {
+    s.mutable_job()->mutable_spec()->mutable_model()->set_n_layer(-1);
+    s.mutable_plan()->mutable_stages(1)->mutable_backward()->set_end(40);
+  });
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  const v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "the spec is no longer valid")) << job.reason();
+}
+
+// A restored job waits to be planned again with no assignments: a stage's
+// last report of the stopped plan, with a step trace, is taken (and its
+// trace dropped, as any while recovering) instead of checked against a
+// program the job no longer has.
+TEST_F(JobManagerElasticTest, Restore_RecoveringJobTakesATracedReportWithoutPrograms) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001);
+  AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  Step(id, 1);
+  jobs_->FlushIo();
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w1);
+  r.set_job_id(id);
+  r.set_plan_version(job.plan_version());
+  r.set_iteration(1);
+  r.mutable_trace()->set_iteration(1);
+  const auto response = jobs_->ReportProgress(r);
+  EXPECT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
 }
 
 }  // namespace

@@ -199,12 +199,28 @@ JobManager::~JobManager() {
 }
 
 void JobManager::AwaitProfiling() {
-  std::vector<std::thread> profilers;
-  {
-    AnnotatedMutexLock lock(&mu_);
-    profilers.swap(profilers_);
+  // A fetch's end schedules the queue, which may start another fetch: until
+  // none is left (none starts once stopping_ is set, ScheduleQueued).
+  while (true) {
+    std::vector<Profiler> profilers;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (profilers_.empty()) return;
+      profilers.swap(profilers_);
+    }
+    for (Profiler& p : profilers) p.thread.join();
   }
-  for (std::thread& t : profilers) t.join();
+}
+
+void JobManager::ReapProfilersLocked() {
+  for (auto it = profilers_.begin(); it != profilers_.end();) {
+    if (!it->done->load()) {
+      ++it;
+      continue;
+    }
+    it->thread.join();  // its last act is done: it ends without the lock
+    it = profilers_.erase(it);
+  }
 }
 
 void JobManager::SetProfileFetcher(ProfileFetcher fetcher) { fetcher_ = std::move(fetcher); }
@@ -263,10 +279,15 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
     record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
     TouchLocked(record);
     PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
-    profilers_.emplace_back(
-        [this, id = record.job.id(), key, address = workers[0].data_address(),
-         session = registry_->SessionToken(workers[0].id()).value_or(""),
-         request] { FinishProfiling(id, key, request, fetcher_(address, session, request)); });
+    ReapProfilersLocked();
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    std::thread thread([this, id = record.job.id(), key, address = workers[0].data_address(),
+                        session = registry_->SessionToken(workers[0].id()).value_or(""), request,
+                        done] {
+      FinishProfiling(id, key, request, fetcher_(address, session, request));
+      done->store(true);
+    });
+    profilers_.push_back({std::move(thread), std::move(done)});
     return false;
   }
   double fastest = 0;
@@ -766,6 +787,10 @@ void JobManager::AddMeasuredTimeline(const MeasuredStepCopy& step, v1::Plan* pla
 
 void JobManager::ScheduleQueued() {
   AnnotatedMutexLock lock(&mu_);
+  // Shutting down: nothing new is placed, and no profile fetch starts after
+  // the destructor's AwaitProfiling has taken the list (a thread left
+  // joinable in profilers_ would terminate the process).
+  if (stopping_) return;
   const absl::Time now = clock_->Now();
   // Recovering jobs first: they ran already, and hold on to their workers.
   std::set<std::string> reserved;

@@ -82,6 +82,7 @@
 #ifndef PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_H_
 #define PIPETRAIN_COORDINATOR_JOBS_JOB_MANAGER_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -349,6 +350,8 @@ class JobManager {
   // Takes a worker's answer to `request`: cached (and saved) only if
   // CheckWorkerProfile finds it fit for the job's model, else the job's
   // profile_error and the analytic profile.
+  // Joins the profile fetches that have ended.
+  void ReapProfilersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FinishProfiling(const std::string& job_id, const std::string& key,
                        const v1::ProfileRequest& request,
                        const absl::StatusOr<v1::ModelProfile>& profile);
@@ -486,7 +489,14 @@ class JobManager {
   ProfileFetcher fetcher_;  // set before use; read-only afterwards
   JobEvents events_;        // likewise
   ProfileCache profiles_;
-  std::vector<std::thread> profilers_ ABSL_GUARDED_BY(mu_);
+  // Profile fetches in flight or done and not yet joined: a finished one is
+  // joined when the next starts (ReapProfilersLocked), so a long-lived
+  // coordinator holds no thread per profiled job.
+  struct Profiler {
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;  // set as the thread's last act
+  };
+  std::vector<Profiler> profilers_ ABSL_GUARDED_BY(mu_);
   // Drained workers: id -> the incarnation drained (a new one is not).
   std::map<std::string, int64_t> drained_ ABSL_GUARDED_BY(mu_);
   // File and store work that must not hold mu_ (commits, manifests, expired

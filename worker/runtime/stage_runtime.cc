@@ -159,6 +159,36 @@ absl::Status CheckDevicePath(const v1::Instruction& in, bool have_channel) {
       absl::StrCat("\"", DescribeInstruction(in), "\" cannot take the device path: ", wrong));
 }
 
+// Forward, Recompute and Backward read their micro-batch's samples
+// (BatchFor, EvalForward): a training one must be one of this replica's
+// `per_replica` (program micro-batch k is the step's replica * per_replica
+// + k, so any other is another replica's, or past the dataset's CHECKs); a
+// validation Forward one of the planner's `eval` (ceil(eval_windows / rows
+// per micro-batch), coordinator/planner/planner.cc). Sends and receives
+// only name tensors (-1 for per-iteration ones such as UNIT_WEIGHTS and
+// TIED_EMBEDDING_GRAD, a sequence number for COLLECTIVE) and read no
+// samples: not checked here.
+absl::Status CheckMicroBatch(const v1::Instruction& in, int stage, int per_replica, int eval) {
+  int mb = 0;
+  bool validation = false;
+  if (in.has_forward()) {
+    mb = in.forward().micro_batch();
+    validation = in.forward().validation();
+  } else if (in.has_recompute()) {
+    mb = in.recompute().micro_batch();
+  } else if (in.has_backward()) {
+    mb = in.backward().micro_batch();
+  } else {
+    return absl::OkStatus();
+  }
+  const int count = validation ? eval : per_replica;
+  if (mb >= 0 && mb < count) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("stage ", stage, ": \"", DescribeInstruction(in), "\" reads ",
+                   validation ? "validation" : "training", " micro-batch ", mb, "; ",
+                   validation ? "there are 0 .. " : "this replica's are 0 .. ", count - 1));
+}
+
 int64_t WeightCount(Unit& unit) {
   int64_t n = 0;
   for (const Parameter* p : unit.parameters()) n += p->value.numel();
@@ -327,9 +357,15 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
     return absl::InvalidArgumentError(
         "a multi-stage, data- or tensor-parallel program needs a transport");
   }
+  // Both divide (ValidateTrainConfig, and the replicas' check above).
+  const int rows_per_micro_batch = setup.train.batch_size / setup.train.micro_batches;
+  const int eval_micro_batches =
+      (setup.train.eval_windows + rows_per_micro_batch - 1) / rows_per_micro_batch;
   for (const v1::Program* program : {&setup.program, &setup.eval_program}) {
     for (const v1::Instruction& in : program->instructions()) {
       RETURN_IF_ERROR(CheckDevicePath(in, setup.device_channel != nullptr));
+      RETURN_IF_ERROR(CheckMicroBatch(in, setup.stage, setup.train.micro_batches / setup.replicas,
+                                      eval_micro_batches));
       if (!in.has_add_tied_gradient() || !in.add_tied_gradient().fused()) continue;
       const v1::Instruction::AddTiedGradient& add = in.add_tied_gradient();
       const int e = add.embed_stage(), h = add.head_stage();

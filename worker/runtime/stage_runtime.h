@@ -237,7 +237,10 @@ class StageRuntime {
   // INVALID_ARGUMENT when the setup is inconsistent (a range outside the
   // model, both ranges empty, config invalid, a LINK_PATH_DEVICE send or
   // receive without a device_channel, with a codec, or of UNIT_WEIGHTS,
-  // which are packed on the host). `dataset` (must outlive the runtime) is
+  // which are packed on the host; a Forward, Recompute or Backward whose
+  // micro-batch is not in [0, train.micro_batches / replicas), or a
+  // validation Forward's not in [0, ceil(eval_windows / rows per
+  // micro-batch))). `dataset` (must outlive the runtime) is
   // needed by stages with embed or head; `transport` by stages with peers.
   static absl::StatusOr<std::unique_ptr<StageRuntime>> Create(const StageSetup& setup,
                                                               const Dataset* dataset,

@@ -363,6 +363,12 @@ absl::Status JobManager::PersistLocked(JobRecord& record, bool wait) {
   store::StoredJob stored;
   *stored.mutable_job() = record.job;
   *stored.mutable_plan() = record.plan;
+  // Drawings, not state (plan.proto): a large job's would outgrow the
+  // store's record limit, and every later save of the job would fail.
+  stored.mutable_plan()->clear_timeline_svg();
+  stored.mutable_plan()->clear_chrome_trace_json();
+  stored.mutable_plan()->clear_measured_timeline_svg();
+  stored.mutable_plan()->clear_measured_chrome_trace_json();
   if (record.checkpoints != nullptr) {
     for (const v1::ResumeFrom& c : record.checkpoints->Complete()) *stored.add_checkpoints() = c;
   }

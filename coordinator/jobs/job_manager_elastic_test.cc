@@ -816,5 +816,30 @@ TEST_F(JobManagerElasticTest, Restore_RecoveringJobTakesATracedReportWithoutProg
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
 }
 
+// A plan's drawings are not stored: about 500 bytes of SVG per stage and
+// micro-batch outgrow a record's 1 MiB on large jobs, and every save of such
+// a job failed. The plan itself is stored whole.
+TEST_F(JobManagerElasticTest, StoredPlan_KeepsTheStagesNotTheDrawings) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  jobs_->FlushIo();
+  const v1::Plan shown = jobs_->GetPlan(id).value();
+  EXPECT_FALSE(shown.timeline_svg().empty());
+  EXPECT_FALSE(shown.chrome_trace_json().empty());
+  bool found = false;
+  const std::vector<store::StoredJob> stored = state_->LoadJobs().value();
+  for (const store::StoredJob& s : stored) {
+    if (s.job().id() != id) continue;
+    found = true;
+    EXPECT_EQ(s.plan().stages_size(), 2);
+    EXPECT_EQ(s.plan().version(), shown.version());
+    EXPECT_TRUE(s.plan().timeline_svg().empty());
+    EXPECT_TRUE(s.plan().chrome_trace_json().empty());
+  }
+  EXPECT_TRUE(found);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -117,8 +117,9 @@ absl::Status Internal(const std::string& what) {
   return absl::InternalError(absl::StrCat("program error: ", what));
 }
 
-// `failed`, with the error of a background send that failed too (possibly
-// the cause: a peer that cannot be reached also sends nothing back).
+// `failed`, with the error of a background send (or overlapped all-reduce)
+// that failed too (possibly the cause: a peer that cannot be reached also
+// sends nothing back).
 absl::Status WithFailedSends(absl::Status failed, const absl::Status& sends) {
   if (sends.ok()) return failed;
   return absl::Status(failed.code(),
@@ -1018,11 +1019,19 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
     if (status.ok() && tp_comm_) status = tp_comm_->status();
     if (status.ok() && cube_group_) status = cube_group_->status();
     if (!status.ok()) {
+      // Both background queues are drained: the overlapped all-reduces
+      // too, whose failure may be the cause (a replica that is gone), and
+      // whose tasks must not still write gradients and group_stats_ when
+      // the next iteration starts, nor leave their error stuck for it.
+      const absl::Status sends = DrainSends(nullptr);
+      const absl::Status all_reduces = all_reduces_.Drain();
       return WithFailedSends(
-          absl::Status(status.code(),
-                       absl::StrCat("stage ", setup_.stage, ", iteration ", iteration, ", '",
-                                    DescribeInstruction(in), "': ", status.message())),
-          DrainSends(nullptr));
+          WithFailedSends(
+              absl::Status(status.code(),
+                           absl::StrCat("stage ", setup_.stage, ", iteration ", iteration, ", '",
+                                        DescribeInstruction(in), "': ", status.message())),
+              sends),
+          all_reduces);
     }
     ForgetMicroBatchesEndingAt(i);
   }

@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/forwarding_backend.h"
@@ -66,6 +67,89 @@ TEST(StageRuntimeBackendErrorTest, BackendError_FailsTheInstructionThatHitIt) {
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal) << result.status();
   EXPECT_TRUE(absl::StrContains(result.status().message(), "iteration 1, 'forward"))
       << result.status();
+}
+
+// Fails after `healthy` GELU backward passes (one per MLP unit and
+// micro-batch); `failed` is notified once status() has said so.
+class FailsAfterGeluBackwards : public ForwardingBackend {
+ public:
+  explicit FailsAfterGeluBackwards(int healthy)
+      : ForwardingBackend(CpuBackend()), healthy_(healthy) {}
+  void GeluBackward(const float* x, const float* dy, int64_t n, float* dx) override {
+    ++gelus_;
+    inner()->GeluBackward(x, dy, n, dx);
+  }
+  absl::Status status() const override {
+    if (gelus_.load() <= healthy_) return absl::OkStatus();
+    if (!failed.HasBeenNotified()) failed.Notify();
+    return absl::InternalError("an illegal memory access");
+  }
+  mutable absl::Notification failed;
+
+ private:
+  const int healthy_;
+  std::atomic<int> gelus_{0};
+};
+
+// The other replica is gone: every collective message fails, once the
+// backend's failure has been reported (so the sums queued before it are
+// still pending when the interpreter sees it).
+class GoneReplicaTransport : public Transport {
+ public:
+  GoneReplicaTransport(std::unique_ptr<Transport> inner, const absl::Notification* after)
+      : inner_(std::move(inner)), after_(after) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
+    if (address.kind == v1::TENSOR_KIND_COLLECTIVE) return Gone();
+    return inner_->SendWire(peer, address, wire);
+  }
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    if (address.kind == v1::TENSOR_KIND_COLLECTIVE) return Gone();
+    return inner_->RecvWire(peer, address, timeout);
+  }
+
+ private:
+  absl::Status Gone() const {
+    after_->WaitForNotificationWithTimeout(absl::Seconds(30));  // bounded if the test is wrong
+    return absl::UnavailableError("replica 1 is gone");
+  }
+  std::unique_ptr<Transport> inner_;
+  const absl::Notification* after_;
+};
+
+// Replica 0 of 2, its gradients all-reduced unit by unit as the last
+// backward pass finishes them (in the background): a backend error in that
+// pass fails it, and the failed all-reduces it queued are drained into the
+// error too, as the sends are, instead of being left running behind it.
+TEST(StageRuntimeBackendErrorTest, BackendErrorWithAllReducesQueued_DrainsAndNamesThem) {
+  const TrainConfig c = testing::SmallConfig();
+  const Dataset data = testing::MakeDataset();
+  const int units = NumUnits(c.model);
+  // Each replica runs 2 of the 4 micro-batches; the third GELU backward is
+  // in micro-batch 1's, the last, after the head's all-reduce was queued.
+  auto programs = CompilePrograms({{0, units}}, units, 2, Schedule::kOneFOneB);
+  ASSERT_TRUE(programs.ok()) << programs.status();
+  FailsAfterGeluBackwards backend(/*healthy=*/2);
+  InProcessFabric fabric(2);
+  GoneReplicaTransport transport(fabric.Connect(0), &backend.failed);
+  StageSetup setup{
+      "job-err",       c, 0, 1, ToUnitRange({0, units}), ToUnitRange({0, units}), (*programs)[0],
+      absl::Seconds(5)};
+  setup.backend = &backend;
+  setup.replicas = 2;
+  setup.data_parallel_bucket_bytes = 1;  // one all-reduce per unit
+  auto runtime = StageRuntime::Create(setup, &data, &transport);
+  ASSERT_TRUE(runtime.ok()) << runtime.status();
+
+  absl::StatusOr<IterationResult> result = (*runtime)->RunIteration(0);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal) << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(),
+                                "stage 0, iteration 0, 'backward [0, 6) mb 1': an illegal memory "
+                                "access; also failed: "))
+      << result.status();
+  EXPECT_TRUE(absl::StrContains(result.status().message(), "replica 1 is gone")) << result.status();
 }
 
 }  // namespace

@@ -558,9 +558,8 @@ int Serve(const Config& config, const sigset_t& signals) {
   }
   PT_LOG(INFO) << "state: " << state.Describe() << " (" << known->size() << " workers known)";
   registry.SetLossListener(
-      [&jobs](const std::string& worker, const std::string& job, const std::string& reason) {
-        jobs.OnWorkerLost(worker, job, reason);
-      });
+      [&jobs](const std::string& worker, const std::string& job, const std::string& reason,
+              int64_t incarnation) { jobs.OnWorkerLost(worker, job, reason, incarnation); });
   CoordinatorMetrics metrics(&registry, &jobs);
   jobs.SetEvents(metrics.Events());
   const CallerAuth auth(flags.user_token, &registry);

@@ -1220,9 +1220,13 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
 }
 
 void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
-                                     const std::string& reason, const std::string& kind) {
+                                     const std::string& reason, const std::string& kind,
+                                     int64_t lost_incarnation) {
+  // The incarnation that is gone: a worker that registered again is lost
+  // only as it was (IsLostLocked), and its new incarnation is a candidate.
+  const int64_t gone = lost_incarnation > 0 ? lost_incarnation : IncarnationOf(lost);
   if (record.job.state() == v1::JOB_STATE_RECOVERING) {  // another loss while waiting
-    if (!lost.empty()) record.lost[lost] = IncarnationOf(lost);
+    if (!lost.empty()) record.lost[lost] = gone;
     return;
   }
   if (record.checkpoints == nullptr) return EndLocked(record, v1::JOB_STATE_FAILED, reason);
@@ -1239,7 +1243,7 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
   record.recovery_reason = reason;
   record.recovering_since.reset();
   record.lost.clear();
-  if (!lost.empty()) record.lost[lost] = IncarnationOf(lost);
+  if (!lost.empty()) record.lost[lost] = gone;
   record.survivors.clear();
   for (const std::string& w : record.job.worker_ids()) {
     if (w != lost) record.survivors.push_back(w);
@@ -1825,14 +1829,14 @@ void JobManager::PruneLocked() {
 }
 
 void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& job_id,
-                              const std::string& reason) {
+                              const std::string& reason, int64_t incarnation) {
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr || IsTerminal(record->job.state())) return;
   // Only a worker of the job's current plan matters.
   if (record->stage_of.count(worker_id) == 0 && record->job.state() != v1::JOB_STATE_RECOVERING)
     return;
-  StartRecoveryLocked(*record, worker_id, reason, "worker_lost");
+  StartRecoveryLocked(*record, worker_id, reason, "worker_lost", incarnation);
 }
 
 void JobManager::FlushIo() {

@@ -241,9 +241,11 @@ class JobManager {
   // Whether `worker` (its id and incarnation) has been drained.
   bool IsDrained(const v1::Worker& worker) const;
 
-  // Registry loss listener: fails `job_id` with `reason`.
+  // Registry loss listener: incarnation `incarnation` of the worker left
+  // `job_id`, for `reason`; the job recovers (or fails) without that
+  // incarnation, and takes the worker again once it has registered anew.
   void OnWorkerLost(const std::string& worker_id, const std::string& job_id,
-                    const std::string& reason);
+                    const std::string& reason, int64_t incarnation);
 
   // Starts queued jobs that have enough READY workers, oldest first. A job
   // that cannot be placed does not hold up later ones that can (backfill;
@@ -365,9 +367,11 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RUNNING -> RECOVERING (see the file comment); FAILED instead when the
   // job has no checkpoints or recovered too often without progress.
-  // `lost`: a worker known gone (empty when a peer's error reported it).
+  // `lost`: a worker known gone (empty when a peer's error reported it),
+  // and the incarnation of it that is gone (0: its current one).
   void StartRecoveryLocked(JobRecord& record, const std::string& lost, const std::string& reason,
-                           const std::string& kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                           const std::string& kind, int64_t lost_incarnation = 0)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-plans a RECOVERING job once its former workers are accounted for
   // and enough are READY; false while it must wait. `reserved` collects the
   // workers it waits for (not to be given to other jobs).

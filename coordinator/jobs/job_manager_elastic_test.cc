@@ -64,9 +64,8 @@ class JobManagerElasticTest : public ::testing::Test {
     }
     jobs_ = std::make_unique<JobManager>(&registry_, &hub_, &clock_, options);
     registry_.SetLossListener(
-        [this](const std::string& w, const std::string& j, const std::string& reason) {
-          jobs_->OnWorkerLost(w, j, reason);
-        });
+        [this](const std::string& w, const std::string& j, const std::string& reason,
+               int64_t incarnation) { jobs_->OnWorkerLost(w, j, reason, incarnation); });
   }
 
   std::string AddWorker(int port) {
@@ -264,6 +263,26 @@ TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLates
   old.set_plan_version(1);
   old.set_iteration(7);
   EXPECT_EQ(jobs_->ReportProgress(old).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A worker whose process restarts registers again (same address, a new
+// incarnation) before its loss was noticed: the job recovers without the
+// old incarnation and takes the new one back, rather than counting the
+// worker lost for good and waiting, with no spare, until it fails.
+TEST_F(JobManagerElasticTest, WorkerRestartsAndRegistersAgain_TheJobTakesItsNewIncarnation) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 6; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  ASSERT_EQ(AddWorker(7002), w2);  // registers again: incarnation 2
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  HeartbeatAllAndSchedule({w1, w2});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.plan_version(), 2);
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w2}));
+  EXPECT_EQ(job.progress().step(), 5);
 }
 
 // With data parallelism a recovery keeps whole replicas: 2 replicas of 2

@@ -57,10 +57,9 @@ class JobManagerTest : public ::testing::Test {
   JobManagerTest()
       : registry_(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock_}),
         jobs_(&registry_, &hub_, &clock_, JobManagerOptions{.output_dir = OutputDir()}) {
-    registry_.SetLossListener([this](const std::string& w, const std::string& j,
-                                     const std::string& reason) {
-      jobs_.OnWorkerLost(w, j, reason);
-    });
+    registry_.SetLossListener(
+        [this](const std::string& w, const std::string& j, const std::string& reason,
+               int64_t incarnation) { jobs_.OnWorkerLost(w, j, reason, incarnation); });
   }
 
   std::string AddWorker(int port) {

@@ -113,6 +113,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
   std::vector<Loss> losses;
   LossListener listener;
   v1::RegisterWorkerResponse response;
+  absl::Status saved;
   {
     AnnotatedMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Entry * found, EntryForAddressLocked(request.data_address()));
@@ -122,24 +123,26 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
       losses.push_back({old.id(), old.job_id(),
                         absl::StrCat(Describe(old), " registered again, superseding incarnation ",
                                      old.incarnation(), " that was running job ", old.job_id(),
-                                     "; the worker process restarted; check its log for why")});
+                                     "; the worker process restarted; check its log for why"),
+                        old.incarnation()});
     }
     StartIncarnationLocked(entry, request);
-    if (options_.persist) {
-      absl::Status saved = options_.persist(entry.worker);
-      if (!saved.ok()) {
-        return absl::UnavailableError(
-            absl::StrCat("could not record the registration durably; retry: ", saved.message()));
-      }
-    }
+    listener = listener_;
+    if (options_.persist) saved = options_.persist(entry.worker);
     response.set_worker_id(entry.worker.id());
     response.set_incarnation(entry.worker.incarnation());
     response.set_session_token(SessionTokenOf(entry));
-    listener = listener_;
+  }
+  // Even when the registration could not be saved: the old incarnation is
+  // superseded in memory all the same (its process restarted), and no later
+  // registration would report the loss (the entry is no longer ASSIGNED).
+  Notify(listener, losses);
+  if (!saved.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("could not record the registration durably; retry: ", saved.message()));
   }
   response.set_heartbeat_interval_seconds(absl::ToDoubleSeconds(options_.heartbeat_interval));
   response.set_lease_seconds(absl::ToDoubleSeconds(options_.lease));
-  Notify(listener, losses);
   return response;
 }
 
@@ -282,7 +285,8 @@ absl::Status WorkerRegistry::Deregister(const std::string& worker_id, int64_t in
       losses.push_back(
           {worker.id(), worker.job_id(),
            absl::StrCat(Describe(worker), " deregistered while running job ", worker.job_id(),
-                        "; it was shut down; check who stopped it and its log")});
+                        "; it was shut down; check who stopped it and its log"),
+           worker.incarnation()});
     }
     SetStateLocked(*entry, v1::WORKER_STATE_LEFT);
     listener = listener_;
@@ -479,7 +483,7 @@ void WorkerRegistry::MarkLost(const std::string& worker_id, int64_t incarnation,
     }
     if (entry->worker.state() == v1::WORKER_STATE_ASSIGNED) {
       losses.push_back({worker_id, entry->worker.job_id(),
-                        absl::StrCat(Describe(entry->worker), " is gone: ", why)});
+                        absl::StrCat(Describe(entry->worker), " is gone: ", why), incarnation});
     }
     SetStateLocked(*entry, v1::WORKER_STATE_LOST);
     listener = listener_;
@@ -503,7 +507,8 @@ int WorkerRegistry::CheckLeases() {
             {worker.id(), worker.job_id(),
              absl::StrCat(Describe(worker), " missed heartbeats for ", absl::FormatDuration(silent),
                           " (lease ", absl::FormatDuration(options_.lease),
-                          "); it crashed or was preempted; check its log")});
+                          "); it crashed or was preempted; check its log"),
+             worker.incarnation()});
       }
       SetStateLocked(entry, v1::WORKER_STATE_LOST);
       ++lost;
@@ -521,7 +526,9 @@ void WorkerRegistry::SetLossListener(LossListener listener) {
 
 void WorkerRegistry::Notify(const LossListener& listener, const std::vector<Loss>& losses) {
   if (!listener) return;
-  for (const Loss& loss : losses) listener(loss.worker_id, loss.job_id, loss.reason);
+  for (const Loss& loss : losses) {
+    listener(loss.worker_id, loss.job_id, loss.reason, loss.incarnation);
+  }
 }
 
 void WorkerRegistry::SetStateLocked(Entry& entry, v1::WorkerState to) {

@@ -108,12 +108,14 @@ class WorkerRegistry {
     int64_t incarnation = 0;
   };
 
-  // Called once per worker that drops out of a job: its id, the job and a
-  // reason naming the worker and what to check. Runs on the thread whose call
-  // caused the loss (CheckLeases / the staleness loop, Register, Deregister),
-  // outside the registry's lock; calls may be concurrent.
+  // Called once per worker that drops out of a job: its id, the job, a
+  // reason naming the worker and what to check, and the incarnation that
+  // dropped out (when a worker registers again it is the one superseded,
+  // no longer the registry's current one). Runs on the thread whose call
+  // caused the loss (CheckLeases / the staleness loop, Register,
+  // Deregister), outside the registry's lock; calls may be concurrent.
   using LossListener = std::function<void(const std::string& worker_id, const std::string& job_id,
-                                          const std::string& reason)>;
+                                          const std::string& reason, int64_t incarnation)>;
 
   // OK, or INVALID_ARGUMENT naming the option: heartbeat_interval must be
   // positive and finite, lease must be finite and longer than
@@ -256,6 +258,7 @@ class WorkerRegistry {
     std::string worker_id;
     std::string job_id;
     std::string reason;
+    int64_t incarnation = 0;  // the one that dropped out
   };
 
   // Non-empty and not the entry's last consumed id.

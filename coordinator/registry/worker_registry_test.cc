@@ -66,15 +66,16 @@ class LossRecorder {
     std::string worker_id;
     std::string job_id;
     std::string reason;
+    int64_t incarnation = 0;
   };
 
   WorkerRegistry::LossListener Listener() {
-    return
-        [this](const std::string& worker_id, const std::string& job_id, const std::string& reason) {
-          std::lock_guard<std::mutex> lock(mu_);
-          losses_.push_back({worker_id, job_id, reason});
-          changed_.notify_all();
-        };
+    return [this](const std::string& worker_id, const std::string& job_id,
+                  const std::string& reason, int64_t incarnation) {
+      std::lock_guard<std::mutex> lock(mu_);
+      losses_.push_back({worker_id, job_id, reason, incarnation});
+      changed_.notify_all();
+    };
   }
   std::vector<Loss> losses() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -364,10 +365,37 @@ TEST(WorkerRegistryTest, Register_SupersedesAssigned_ListenerFiresForOldIncarnat
   EXPECT_EQ(losses[0].job_id, "job-7");
   EXPECT_THAT(losses[0].reason, HasSubstr("worker w-1 (10.0.0.1:7001 on node-1) registered "
                                           "again, superseding incarnation 1"));
+  EXPECT_EQ(losses[0].incarnation, 1);  // the one gone, not the new 2
   const auto worker = registry.Get("w-1");
   ASSERT_TRUE(worker.ok());
   EXPECT_EQ(worker->state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(worker->job_id(), "");
+}
+
+// The re-registration could not be saved, but the old incarnation is gone
+// all the same: its job hears of it now (no later registration would, as
+// the entry is no longer ASSIGNED), and the caller is told to retry.
+TEST(WorkerRegistryTest, Register_SupersedesAssignedButPersistFails_LossStillReported) {
+  FakeClock clock;
+  LossRecorder recorder;
+  bool fail = false;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.persist = [&fail](const v1::Worker&) {
+    return fail ? absl::InternalError("disk full") : absl::OkStatus();
+  };
+  WorkerRegistry registry(options);
+  registry.SetLossListener(recorder.Listener());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-7").ok());
+  fail = true;
+  EXPECT_EQ(registry.Register(Request(1)).status().code(), absl::StatusCode::kUnavailable);
+  const std::vector<LossRecorder::Loss> losses = recorder.losses();
+  ASSERT_EQ(losses.size(), 1);
+  EXPECT_EQ(losses[0].job_id, "job-7");
+  EXPECT_EQ(losses[0].incarnation, 1);
+  fail = false;
+  EXPECT_TRUE(registry.Register(Request(1)).ok());
+  EXPECT_EQ(recorder.losses().size(), 1);  // reported once
 }
 
 TEST(WorkerRegistryTest, Register_SupersedesReady_NoListener) {

@@ -1355,6 +1355,19 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
                     << " could not write its checkpoint of step " << c.step() << ": "
                     << c.error().substr(0, 4096);
     if (events_.checkpoint_failed) events_.checkpoint_failed();
+    // The job goes on, as at any step, unless the failed one is the step
+    // boundary a drain or join waits for: every stage stops after it and
+    // waits for a checkpoint that will never complete. Then the job
+    // recovers from its latest complete checkpoint instead (the drained
+    // worker left out, the joining one taken), redoing the steps since.
+    if (record.stop_at > 0 && c.step() == record.stop_at &&
+        record.job.state() == v1::JOB_STATE_RUNNING) {
+      StartRecoveryLocked(
+          record, "",
+          absl::StrCat("the checkpoint of step ", c.step(), " (", record.boundary_reason,
+                       ") failed on stage ", stage, ": ", c.error().substr(0, 1024)),
+          "checkpoint_failed");
+    }
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(std::optional<v1::ResumeFrom> complete,

@@ -447,6 +447,43 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   EXPECT_EQ(failed, 1);
 }
 
+// A drain stops every stage after the boundary step's checkpoint. If a
+// stage cannot write it, that checkpoint never completes and the stages
+// would wait for good: the job recovers from its latest complete
+// checkpoint instead, without the drained worker.
+TEST_F(JobManagerElasticTest, Drain_BoundaryCheckpointFails_RecoversWithoutTheDrainedWorker) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  const std::string id = jobs_->Submit(ElasticSpec(3, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  ASSERT_TRUE(jobs_->Drain(w2).ok());
+  const int64_t boundary = Step(id, 6).stop_after_step();
+  ASSERT_GT(boundary, 6);
+  for (int64_t step = 7; step <= boundary; ++step) Step(id, step);
+  ASSERT_TRUE(Checkpoint(id, 0, boundary).ok());
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w3);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_iteration(boundary - 1);
+  r.mutable_checkpoint()->set_step(boundary);
+  r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_TRUE(absl::StrContains(
+      job.reason(), "the checkpoint of step " + std::to_string(boundary) + " (" + w2 + " drained"))
+      << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "No space left on device")) << job.reason();
+  HeartbeatAllAndSchedule({w1, w2, w3});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w3}));
+  EXPECT_EQ(job.progress().step(), 5);
+  EXPECT_EQ(job.progress().steps_redone(), boundary - 5);
+}
+
 TEST_F(JobManagerElasticTest, NoCheckpoints_WorkerLost_FailsAsBefore) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = jobs_->Submit(ElasticSpec(2, 0)).value().id();

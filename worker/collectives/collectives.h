@@ -151,7 +151,8 @@ class Collectives {
   // `coding_error` (may be null) gets, element by element, this member's
   // contribution minus what the codec let through of it (x -
   // decode(encode(x)), segment by segment as sent): the residual error
-  // feedback adds to the next contribution. Its shape is data's.
+  // feedback adds to the next contribution. Its shape is data's. A `data`
+  // of no values sends nothing: OK, zero stats and an empty coding_error.
   struct EncodedStats {
     int64_t sent_bytes = 0;
     double norm_squared = 0;

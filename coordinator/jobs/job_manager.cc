@@ -625,6 +625,17 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
   return init;
 }
 
+const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::string& dir) const {
+  // The directories are canonical relative names (CheckPaths'
+  // CheckConfinedName: no empty, "." or ".." component, no trailing '/'):
+  // one directory, one spelling.
+  for (const auto& [id, record] : jobs_) {
+    if (IsTerminal(record->job.state()) || record->checkpoints == nullptr) continue;
+    if (record->job.spec().checkpoint().dir() == dir) return record.get();
+  }
+  return nullptr;
+}
+
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));
@@ -650,6 +661,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     if (checkpoint->interval_steps() > 0) {
       if (checkpoint->dir().empty()) {
         checkpoint->set_dir(absl::StrCat("checkpoints/", record->job.id()));
+      }
+      // Two live jobs writing step-N directories in one place would
+      // overwrite each other's files, and each would expire (delete) the
+      // other's: refused while the other has not ended.
+      if (const JobRecord* other = CheckpointDirUserLocked(checkpoint->dir())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.checkpoint.dir \"", checkpoint->dir(), "\" is in use by job ", other->job.id(),
+            " (", EnumShortName(other->job.state()), "); give this job a directory of its own"));
       }
       record->checkpoints = std::make_unique<CheckpointCatalog>(*checkpoint, resolved.train.model,
                                                                 resolved.train.steps);

@@ -178,6 +178,25 @@ class JobManagerElasticTest : public ::testing::Test {
   std::map<std::string, int64_t> incarnations_;
 };
 
+// Two live jobs checkpointing into one directory would overwrite (and
+// expire) each other's step directories: the second is refused, naming the
+// first, until the first has ended. The default directory is per job.
+TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(1, 5);
+  spec.mutable_checkpoint()->set_dir("shared/ck");
+  const std::string first = jobs_->Submit(spec).value().id();
+  const absl::StatusOr<v1::Job> second = jobs_->Submit(spec);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(second.status().message(), "spec.checkpoint.dir \"shared/ck\" is in use by job " +
+                                           first +
+                                           " (RUNNING); give this job a directory of its own");
+  EXPECT_TRUE(jobs_->Submit(ElasticSpec(1, 5)).ok());  // checkpoints/<its id>
+  ASSERT_TRUE(jobs_->Cancel(first).ok());
+  EXPECT_TRUE(jobs_->Submit(spec).ok());
+}
+
 TEST_F(JobManagerElasticTest, Checkpoint_CompleteOnlyOnceEveryUnitIsIn_ManifestWritten) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();

@@ -998,6 +998,12 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
           "); add a worker first"));
     }
   }
+  // Idempotent: asked again, nothing more happens (the boundary's reason
+  // would otherwise grow with every call, and with it the stored job).
+  if (IsDrainedLocked(worker_id)) {
+    worker.set_drained(true);
+    return worker;
+  }
   drained_[worker_id] = worker.incarnation();
   PT_LOG(INFO) << "draining " << worker_id;
   if (record != nullptr && record->job.state() == v1::JOB_STATE_RUNNING && record->stop_at == 0) {

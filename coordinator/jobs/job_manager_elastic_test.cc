@@ -520,6 +520,11 @@ TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_Noth
   const absl::StatusOr<v1::Worker> drained = jobs_->Drain(w2);
   ASSERT_TRUE(drained.ok()) << drained.status();
   EXPECT_TRUE(drained->drained());
+  for (int again = 0; again < 3; ++again) {  // idempotent
+    const absl::StatusOr<v1::Worker> repeated = jobs_->Drain(w2);
+    ASSERT_TRUE(repeated.ok()) << repeated.status();
+    EXPECT_TRUE(repeated->drained());
+  }
   const int64_t boundary = Step(id, 4).stop_after_step();
   ASSERT_GT(boundary, 4);
   for (int64_t step = 5; step <= boundary; ++step) Step(id, step);
@@ -533,6 +538,8 @@ TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_Noth
   EXPECT_EQ(job.progress().recoveries(), 0);
   EXPECT_EQ(job.plan_history(1).start_step(), boundary);
   EXPECT_TRUE(absl::StrContains(job.plan_history(1).reason(), w2 + " drained"));
+  EXPECT_FALSE(absl::StrContains(job.plan_history(1).reason(), w2 + " drained; " + w2))
+      << job.plan_history(1).reason();
   // Stage times start afresh with the new plan's workers.
   ASSERT_EQ(job.progress().stage_times_size(), 2);
   EXPECT_EQ(job.progress().stage_times(0).worker_id(), w1);

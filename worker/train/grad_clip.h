@@ -8,8 +8,11 @@
 // A pipeline stage computes its parameters' sums, the stages exchange
 // them, and each adds all of them in that same order. Then, as
 // torch.nn.utils.clip_grad_norm_: with norm = sqrt(total), every gradient
-// is multiplied by max_norm / (norm + 1e-6) when that is below 1. On a GPU
-// both passes stay on the device; the host waits once, for the sums.
+// is multiplied by max_norm / (norm + 1e-6) when that is below 1. Unlike
+// torch, a NaN norm leaves the gradients as they are (torch multiplies
+// every one by NaN); the step's NaN loss is what the divergence check
+// (divergence.h) then stops the job on. On a GPU both passes stay on the
+// device; the host waits once, for the sums.
 #ifndef PIPETRAIN_WORKER_TRAIN_GRAD_CLIP_H_
 #define PIPETRAIN_WORKER_TRAIN_GRAD_CLIP_H_
 

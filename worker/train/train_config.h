@@ -31,7 +31,8 @@ struct TrainConfig {
   // tied embedding once); 0 = off (grad_clip.h).
   float grad_clip = 0;
   // Learning rate: adam.lr after a linear warm-up of warmup_steps steps;
-  // kCosine then decays it to min_lr by the last step (lr_schedule.h).
+  // kCosine then decays it towards min_lr, reached one step after the last
+  // (lr_schedule.h has the formula).
   LrSchedule lr_schedule = LrSchedule::kConstant;
   int64_t warmup_steps = 0;
   float min_lr = 0;

@@ -1726,7 +1726,8 @@ absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,
   }
   for (const auto& [field, seconds] :
        {std::pair<const char*, double>{"busy_seconds", r.busy_seconds()},
-        std::pair<const char*, double>{"idle_seconds", r.idle_seconds()}}) {
+        std::pair<const char*, double>{"idle_seconds", r.idle_seconds()},
+        std::pair<const char*, double>{"eval_seconds", r.eval_seconds()}}) {
     if (!(seconds >= 0 && seconds <= kMaxReportedStepSeconds)) {
       return absl::InvalidArgumentError(absl::StrCat("ReportProgressRequest.", field, ": ",
                                                      seconds, " is outside [0, ",

@@ -219,7 +219,8 @@ class JobManager {
   // From workers. NOT_FOUND (unknown job); PERMISSION_DENIED (the worker is
   // not part of the job); FAILED_PRECONDITION (its plan version is stale, or
   // the job ended); INVALID_ARGUMENT (more losses than micro-batches, an
-  // iteration outside [0, steps), an error text over 16 KiB).
+  // iteration outside [0, steps), busy, idle or eval seconds outside [0,
+  // 1e6], a weights digest over 64 bytes, an error text over 16 KiB).
   // The response's all_ready answers the start barrier (request.ready).
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);

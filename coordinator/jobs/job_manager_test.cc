@@ -459,6 +459,11 @@ TEST_F(JobManagerTest, Progress_StageTimesSumEachWorkersReports) {
     r.set_idle_seconds(bad);
     EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument) << bad;
     r.set_idle_seconds(0);
+    r.set_eval_seconds(bad);
+    refused = jobs_.ReportProgress(r);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_TRUE(absl::StrContains(refused.status().message(), "eval_seconds")) << refused.status();
+    r.set_eval_seconds(0);
   }
   EXPECT_EQ(jobs_.Get(id).value().progress().stage_times(1).steps(), 3);
 }

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <map>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -53,8 +55,12 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
   if (report.units_size() > num_units_) {
     return absl::InvalidArgumentError("ReportProgressRequest.checkpoint.units: too many units");
   }
-  std::map<int, v1::UnitFile>& units = pending_[step];
+  std::set<int> listed;
   for (const v1::UnitFile& f : report.units()) {
+    if (!listed.insert(f.unit()).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ReportProgressRequest.checkpoint.units: unit ", f.unit(), " is listed twice"));
+    }
     if (f.unit() < owned.begin() || f.unit() >= owned.end()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ReportProgressRequest.checkpoint.units: unit ", f.unit(),
@@ -66,6 +72,8 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
                        UnitFile(f.unit()), ", a positive size and a SHA-256 in hex"));
     }
   }
+  // Only a valid report makes a pending entry.
+  std::map<int, v1::UnitFile>& units = pending_[step];
   for (const v1::UnitFile& f : report.units()) units[f.unit()] = f;
   while (pending_.size() > static_cast<size_t>(kMaxPendingCheckpoints)) {
     pending_.erase(pending_.begin());

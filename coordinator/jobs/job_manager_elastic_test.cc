@@ -240,6 +240,12 @@ TEST_F(JobManagerElasticTest, CheckpointReport_ForeignUnitOffIntervalOrBadChecks
   f->set_sha256(std::string(64, 'a'));
   f->set_file("../../etc/passwd");
   EXPECT_EQ(jobs_->ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
+  f->set_file("unit-0000.safetensors");
+  *r.mutable_checkpoint()->add_units() = *f;  // unit 0 twice in one report
+  const auto twice = jobs_->ReportProgress(r);
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(twice.status().message(), "unit 0 is listed twice"))
+      << twice.status();
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 

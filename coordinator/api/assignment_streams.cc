@@ -66,7 +66,13 @@ class AssignmentStream final : public grpc::ServerWriteReactor<v1::Assignment>,
       AnnotatedMutexLock lock(&mu_);
       writing_ = false;
     }
-    if (!ok) End(grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away"));
+    // A write that failed and was not ours to end: the watcher went away,
+    // as OnCancel says. Its End wins, so OnCancel's End that may follow
+    // does nothing: the loss is reported here or never (the lease would
+    // then find it, seconds later).
+    if (!ok && End(grpc::Status(grpc::StatusCode::CANCELLED, "the watcher went away"))) {
+      owner_->WatcherGone(worker_id_, incarnation_);
+    }
     if (FinishIfEnded()) return;
     Pump();
   }

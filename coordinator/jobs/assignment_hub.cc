@@ -16,6 +16,20 @@ void AssignmentHub::Set(const std::string& worker_id, v1::Assignment assignment)
   for (auto& call : to_call) call();
 }
 
+int AssignmentHub::Forget(const std::function<bool(const std::string& worker_id)>& gone) {
+  AnnotatedMutexLock lock(&mu_);
+  int dropped = 0;
+  for (auto it = current_.begin(); it != current_.end();) {
+    if (gone(it->first)) {
+      it = current_.erase(it);
+      ++dropped;
+    } else {
+      ++it;
+    }
+  }
+  return dropped;
+}
+
 std::optional<SequencedAssignment> AssignmentHub::Newer(const std::string& worker_id,
                                                         int64_t after) const {
   AnnotatedMutexLock lock(&mu_);

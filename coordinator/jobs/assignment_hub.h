@@ -37,6 +37,12 @@ class AssignmentHub {
   // Calls `on_change` after every Set for `worker_id`; returns a handle.
   int Subscribe(const std::string& worker_id, std::function<void()> on_change);
   void Unsubscribe(int handle);
+  // Drops the assignments of the workers for which `gone` is true (ones the
+  // registry no longer knows: their ids never come back), so the hub holds
+  // no assignment per address a worker ever had. Subscriptions stay until
+  // their streams end. Returns how many were dropped. `gone` runs under the
+  // hub's lock: it must not call the hub.
+  int Forget(const std::function<bool(const std::string& worker_id)>& gone);
 
  private:
   mutable AnnotatedMutex mu_;

@@ -1865,6 +1865,16 @@ void JobManager::PruneLocked() {
     }
   }
   order_ = std::move(kept);
+  // Workers the registry has evicted (an address not seen for long: a
+  // restarted pod comes back on another one, under another id) leave no
+  // assignment or drain mark behind.
+  auto evicted = [this](const std::string& worker_id) {
+    return registry_->Get(worker_id).status().code() == absl::StatusCode::kNotFound;
+  };
+  hub_->Forget(evicted);
+  for (auto it = drained_.begin(); it != drained_.end();) {
+    it = evicted(it->first) ? drained_.erase(it) : std::next(it);
+  }
 }
 
 void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& job_id,

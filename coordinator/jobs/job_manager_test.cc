@@ -114,6 +114,36 @@ class JobManagerTest : public ::testing::Test {
   JobManager jobs_;
 };
 
+// A worker the registry evicts (its address unseen for long; it comes back
+// under another id) leaves no assignment in the hub: the next Submit's
+// pruning drops it, so the hub does not grow with every address a worker
+// ever had.
+TEST(JobManagerPruneTest, EvictedWorker_ItsAssignmentIsDropped) {
+  FakeClock clock;
+  WorkerRegistry::Options options{"", absl::Seconds(1), absl::Seconds(5), &clock};
+  options.max_workers = 2;
+  WorkerRegistry registry(options);
+  AssignmentHub hub;
+  JobManager jobs(&registry, &hub, &clock, JobManagerOptions{.output_dir = OutputDir()});
+  auto add = [&](int port) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    return registry.Register(request).value();
+  };
+  const v1::RegisterWorkerResponse first = add(7001);
+  add(7002);
+  const std::string id = jobs.Submit(SmallSpec(1)).value().id();
+  ASSERT_TRUE(hub.Newer(first.worker_id(), 0).has_value());
+  ASSERT_TRUE(jobs.Cancel(id).ok());
+  registry.MarkLost(first.worker_id(), first.incarnation(), "pod deleted");
+  clock.Advance(absl::Seconds(1));
+  add(7003);  // the registry is full: the lost worker's entry goes
+  ASSERT_EQ(registry.Get(first.worker_id()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(hub.Newer(first.worker_id(), 0).has_value());  // until the next prune
+  ASSERT_TRUE(jobs.Submit(SmallSpec(1)).ok());
+  EXPECT_FALSE(hub.Newer(first.worker_id(), 0).has_value());
+}
+
 TEST_F(JobManagerTest, Submit_InvalidSpec_IsInvalidArgumentNamingTheField) {
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_model()->set_n_head(3);

@@ -486,14 +486,21 @@ TEST(WorkerRegistryTest, MarkLost_OldIncarnationOrUnknown_ChangesNothing) {
   EXPECT_TRUE(recorder.losses().empty());
 }
 
+// MakeOptions whose persist appends every saved record to `saved`, as a
+// store would keep them.
+WorkerRegistry::Options SavingOptions(FakeClock* clock, std::vector<v1::Worker>* saved) {
+  WorkerRegistry::Options options = MakeOptions(clock);
+  options.persist = [saved](const v1::Worker& w) {
+    saved->push_back(w);
+    return absl::OkStatus();
+  };
+  return options;
+}
+
 TEST(WorkerRegistryTest, Restore_KnownWorkersLostUntilTheyRegisterAgainUnderTheirIds) {
   FakeClock clock;
   std::vector<v1::Worker> saved;
-  WorkerRegistry::Options options = MakeOptions(&clock);
-  options.persist = [&saved](const v1::Worker& w) {
-    saved.push_back(w);
-    return absl::OkStatus();
-  };
+  const WorkerRegistry::Options options = SavingOptions(&clock, &saved);
   {
     WorkerRegistry before(options);
     for (int n = 1; n <= 3; ++n) ASSERT_TRUE(before.Register(Request(n)).ok());
@@ -524,11 +531,7 @@ TEST(WorkerRegistryTest, Restore_KnownWorkersLostUntilTheyRegisterAgainUnderThei
 TEST(WorkerRegistryTest, Restore_NoSessionUntilTheWorkerRegistersAgain) {
   FakeClock clock;
   std::vector<v1::Worker> saved;
-  WorkerRegistry::Options options = MakeOptions(&clock);
-  options.persist = [&saved](const v1::Worker& w) {
-    saved.push_back(w);
-    return absl::OkStatus();
-  };
+  const WorkerRegistry::Options options = SavingOptions(&clock, &saved);
   std::string old_token;
   {
     WorkerRegistry before(options);

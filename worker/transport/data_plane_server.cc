@@ -266,17 +266,19 @@ class FrameStreamReactor final : public StreamReactor {
     absl::StatusOr<std::optional<ReceivedTensor>> result = std::optional<ReceivedTensor>();
     if (status.ok()) {
       // The mailbox says up front whether it would take the tensor, so a
-      // refused one is never buffered.
+      // refused one is never buffered, and reserves its bytes while it is
+      // assembled: other streams' tensors cannot then take the same room.
       Mailbox* mailbox = shared_->mailbox();
       result = assembler_.Accept(frame_, *shared_->job(),
                                  [mailbox](const TensorAddress& address, int64_t bytes) {
-                                   return mailbox->Admit(address, bytes);
+                                   return mailbox->Reserve(address, bytes);
                                  });
       status = result.status();
     }
     if (result.ok() && result->has_value()) {
       ReceivedTensor& done = **result;
-      status = shared_->mailbox()->Put(done.source_stage, done.address, std::move(done.wire));
+      status = shared_->mailbox()->Put(done.source_stage, done.address, std::move(done.wire),
+                                       std::move(done.reservation));
     }
     if (status.ok()) return;
     PT_LOG(WARNING) << "data plane: rejected a frame from " << peer_ << ": " << status;

@@ -15,8 +15,10 @@
 // FAILED_PRECONDITION for another job), before any frame is read. A proven
 // stream is bound to its job and stage; a frame that names another is
 // rejected. Before the first frame of a tensor is buffered, the mailbox is
-// asked whether it would take it (Mailbox::Admit: bytes and run-ahead), so
-// an oversized tensor is refused, not assembled.
+// asked whether it would take it (Mailbox::Reserve: bytes and run-ahead), so
+// an oversized tensor is refused, not assembled; its bytes stay reserved
+// while it is assembled (until it is Put, rejected or its stream ends), so
+// the tensors of all streams together stay within the mailbox's limit.
 //
 // Backpressure: a tensor beyond the mailbox's run-ahead window (its sender
 // runs more than MailboxLimits::run_ahead_iterations ahead of this stage,

@@ -225,8 +225,9 @@ TEST_F(DataPlaneServerTest, Stream_TensorsOverByteLimit_RefusedHeldOrNot) {
   grpc::ClientContext context;
   std::unique_ptr<FrameStream> stream = Open(context);
   const std::string full =
-      "RESOURCE_EXHAUSTED: mailbox full: 0 bytes wait and a tensor of 2048 bytes would pass the "
-      "limit of 1024 (--mailbox-limit); refused";
+      "RESOURCE_EXHAUSTED: mailbox full: 0 bytes wait, 0 more are reserved for tensors being "
+      "received, and a tensor of 2048 bytes would pass the limit of 1024 (--mailbox-limit); "
+      "refused";
   Write(*stream, At(kStageIteration, 1), Values(512, 1.f));  // 2048 bytes
   std::string error = NextError(*stream);
   EXPECT_NE(error.find(full), std::string::npos) << error;

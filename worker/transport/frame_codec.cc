@@ -273,13 +273,21 @@ absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::AcceptPieces(
   if (status.ok()) {
     status = CheckRange(frame, payload_bytes, partial_.has_value() ? partial_->received : 0);
   }
-  if (status.ok() && !partial_.has_value() && admit) status = admit(id.address, frame.total_bytes());
+  Mailbox::Reservation reservation;
+  if (status.ok() && !partial_.has_value() && admit) {
+    absl::StatusOr<Mailbox::Reservation> admitted = admit(id.address, frame.total_bytes());
+    if (admitted.ok()) {
+      reservation = *std::move(admitted);
+    } else {
+      status = admitted.status();
+    }
+  }
   if (!status.ok()) {
-    partial_.reset();
+    partial_.reset();  // Gives back what was reserved for it.
     discarding_ = id;
     return status;
   }
-  if (!partial_.has_value()) StartTensor(frame, id);
+  if (!partial_.has_value()) StartTensor(frame, id, std::move(reservation));
   AppendPayload(frame, payload, payload_bytes);
   if (partial_->received < partial_->total_bytes) return std::nullopt;
 
@@ -288,13 +296,16 @@ absl::StatusOr<std::optional<ReceivedTensor>> FrameAssembler::AcceptPieces(
       id.source_stage, id.address,
       p.codec == kCodecRaw
           ? WireTensor::Raw(std::move(p.tensor))
-          : WireTensor::Encoded(std::move(p.codec), std::move(p.payload), std::move(p.shape))};
+          : WireTensor::Encoded(std::move(p.codec), std::move(p.payload), std::move(p.shape)),
+      std::move(p.reservation)};
   partial_.reset();
   return done;
 }
 
-void FrameAssembler::StartTensor(const v1::TensorFrame& frame, const Identity& id) {
+void FrameAssembler::StartTensor(const v1::TensorFrame& frame, const Identity& id,
+                                 Mailbox::Reservation reservation) {
   Partial p{id, frame.codec(), ShapeOf(frame), frame.total_bytes()};
+  p.reservation = std::move(reservation);  // Taken before the memory below.
   if (p.codec == kCodecRaw) {
     // Every byte arrives before the tensor is handed on.
     p.tensor = allocate_ ? allocate_(p.shape) : Tensor::Uninitialized(p.shape);

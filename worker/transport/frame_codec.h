@@ -28,6 +28,7 @@
 #include "common/tensor.h"
 #include "proto/pipetrain/v1/dataplane.pb.h"
 #include "worker/transport/frame_wire.h"
+#include "worker/transport/mailbox.h"
 #include "worker/transport/transport.h"
 
 namespace pipetrain {
@@ -85,6 +86,9 @@ struct ReceivedTensor {
   int source_stage = 0;
   TensorAddress address;
   WireTensor wire;  // As sent: raw, or encoded with the frame's codec.
+  // What the Admission reserved for it (none without one): pass it to
+  // Mailbox::Put with `wire`, or drop it to give the bytes back.
+  Mailbox::Reservation reservation;
 };
 
 // The FrameError a receiver writes back for a frame it rejected.
@@ -120,9 +124,15 @@ class FrameAssembler {
       : max_tensor_bytes_(max_tensor_bytes), allocate_(std::move(allocate)) {}
 
   // Asked before the first frame of a tensor is buffered: (address, its
-  // total_bytes) -> OK to take it, or the error to reject it with (which
-  // drops the tensor's remaining frames as any rejection does).
-  using Admission = std::function<absl::Status(const TensorAddress&, int64_t total_bytes)>;
+  // total_bytes) -> the bytes reserved for it (e.g. Mailbox::Reserve) to
+  // take it, or the error to reject it with (which drops the tensor's
+  // remaining frames as any rejection does). The assembler holds the
+  // reservation while the tensor is incomplete and hands it on in the
+  // ReceivedTensor; it is given back when the tensor is abandoned instead
+  // (a rejected frame, or the assembler destroyed), so tensors being
+  // assembled on several streams count against one limit together.
+  using Admission =
+      std::function<absl::StatusOr<Mailbox::Reservation>(const TensorAddress&, int64_t)>;
 
   // Returns the tensor `frame` completes, nullopt while more frames are due
   // (or the frame was silently dropped, see above), INVALID_ARGUMENT when
@@ -135,7 +145,8 @@ class FrameAssembler {
                                                        const AcceptedJob& job,
                                                        const Admission& admit = nullptr);
 
-  // True between the first and the last frame of a tensor.
+  // True between the first and the last frame of a tensor (and only then
+  // does the assembler hold a reservation).
   bool in_progress() const { return partial_.has_value(); }
 
  private:
@@ -155,6 +166,8 @@ class FrameAssembler {
     int64_t received = 0;
     Tensor tensor;        // Raw: filled in place.
     std::string payload;  // Encoded: appended to.
+    // The Admission's, for total_bytes; given back with the Partial.
+    Mailbox::Reservation reservation;
   };
 
   // `frame`'s own payload field is ignored: the payload is `payload`, of
@@ -163,7 +176,8 @@ class FrameAssembler {
       const v1::TensorFrame& frame, absl::Span<const absl::string_view> payload,
       int64_t payload_bytes, const AcceptedJob& job, const Admission& admit);
   absl::Status CheckAgainstPartial(const v1::TensorFrame& frame, const Identity& id) const;
-  void StartTensor(const v1::TensorFrame& frame, const Identity& id);
+  void StartTensor(const v1::TensorFrame& frame, const Identity& id,
+                   Mailbox::Reservation reservation);
   void AppendPayload(const v1::TensorFrame& frame, absl::Span<const absl::string_view> payload,
                      int64_t payload_bytes);
 

@@ -4,10 +4,13 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <utility>
+#include <vector>
 
 #include "common/logging.h"
 #include "gtest/gtest.h"
 #include "kernels/compress/codec_spec.h"
+#include "worker/transport/mailbox.h"
 
 namespace pipetrain {
 namespace {
@@ -45,6 +48,30 @@ absl::StatusOr<std::optional<ReceivedTensor>> FeedAll(FrameAssembler& assembler,
     if (!result.ok()) return result;
   }
   return result;
+}
+
+// What the data-plane server passes: the mailbox reserves each tensor's
+// bytes while it is assembled.
+FrameAssembler::Admission ReserveIn(Mailbox& mailbox) {
+  return [&mailbox](const TensorAddress& address, int64_t bytes) {
+    return mailbox.Reserve(address, bytes);
+  };
+}
+
+// FeedAll with ReserveIn(mailbox); Puts what the last frame completes,
+// with its reservation.
+absl::Status FeedAllAdmitted(FrameAssembler& assembler, const std::vector<v1::TensorFrame>& frames,
+                             Mailbox& mailbox) {
+  for (const v1::TensorFrame& frame : frames) {
+    absl::StatusOr<std::optional<ReceivedTensor>> result =
+        assembler.Accept(frame, kJob, ReserveIn(mailbox));
+    if (!result.ok()) return result.status();
+    if (!result->has_value()) continue;
+    ReceivedTensor& done = **result;
+    return mailbox.Put(done.source_stage, done.address, std::move(done.wire),
+                       std::move(done.reservation));
+  }
+  return absl::InternalError("no tensor completed");
 }
 
 template <typename T>
@@ -450,6 +477,70 @@ TEST(FrameCodecTest, Accept_CodecChangesWithinTensor_InvalidArgument) {
   EXPECT_TRUE(IsInvalid(assembler.Accept(frames[1], kJob),
                         "header changed within the tensor: codec bf16, shape [40]"));
   EXPECT_FALSE(assembler.in_progress());
+}
+
+// Two streams (one assembler each) start tensors that fit the mailbox's
+// limit alone but not together: the second is refused before anything of
+// it is allocated, until the first is done.
+TEST(FrameCodecTest, Accept_TwoStreamsPartialsOverMailboxLimit_SecondRefusedUntilFirstPut) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 600});
+  const std::vector<v1::TensorFrame> first =
+      EncodeTensorFrames(0, Activation(1), WireTensor::Raw(Ramp({100})), 64);  // 400 bytes
+  const std::vector<v1::TensorFrame> second =
+      EncodeTensorFrames(1, Activation(2), WireTensor::Raw(Ramp({100})), 64);
+  FrameAssembler stream_a, stream_b;
+  ASSERT_TRUE(stream_a.Accept(first[0], kJob, ReserveIn(mailbox)).ok());
+  EXPECT_EQ(mailbox.reserved(), 400);
+
+  absl::StatusOr<std::optional<ReceivedTensor>> refused =
+      stream_b.Accept(second[0], kJob, ReserveIn(mailbox));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_FALSE(stream_b.in_progress());
+  EXPECT_EQ(mailbox.reserved(), 400);
+
+  // The first completes and is stored with its reservation: 400 bytes wait,
+  // none are reserved, and the second still does not fit.
+  absl::StatusOr<std::optional<ReceivedTensor>> done = std::optional<ReceivedTensor>();
+  for (size_t i = 1; i < first.size(); ++i) {
+    done = stream_a.Accept(first[i], kJob, ReserveIn(mailbox));
+  }
+  ASSERT_TRUE(done.ok() && done->has_value()) << done.status();
+  EXPECT_EQ((*done)->reservation.bytes(), 400);
+  ASSERT_TRUE(mailbox
+                  .Put((*done)->source_stage, (*done)->address, std::move((*done)->wire),
+                       std::move((*done)->reservation))
+                  .ok());
+  EXPECT_EQ(mailbox.bytes(), 400);
+  EXPECT_EQ(mailbox.reserved(), 0);
+  EXPECT_EQ(stream_b.Accept(second[0], kJob, ReserveIn(mailbox)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+
+  // Taken: now it fits.
+  ASSERT_TRUE(mailbox.Take(0, Activation(1), absl::ZeroDuration()).ok());
+  EXPECT_TRUE(FeedAllAdmitted(stream_b, second, mailbox).ok());
+}
+
+// A tensor abandoned part-way gives its bytes back: a rejected frame
+// (here a header that changes), or its stream's assembler destroyed.
+TEST(FrameCodecTest, Accept_PartialAbandoned_ReservationGivenBack) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 600});
+  std::vector<v1::TensorFrame> frames =
+      EncodeTensorFrames(0, Activation(3), WireTensor::Raw(Ramp({4, 25})), 64);  // 400 bytes
+  {
+    FrameAssembler stream;
+    ASSERT_TRUE(stream.Accept(frames[0], kJob, ReserveIn(mailbox)).ok());
+    EXPECT_EQ(mailbox.reserved(), 400);
+    v1::TensorFrame changed = frames[1];
+    changed.clear_shape();
+    changed.add_shape(100);
+    EXPECT_TRUE(IsInvalid(stream.Accept(changed, kJob, ReserveIn(mailbox)), "header changed"));
+    EXPECT_EQ(mailbox.reserved(), 0);
+
+    ASSERT_TRUE(stream.Accept(frames[0], kJob, ReserveIn(mailbox)).ok());
+    EXPECT_EQ(mailbox.reserved(), 400);
+  }  // The stream ends with the tensor incomplete.
+  EXPECT_EQ(mailbox.reserved(), 0);
+  EXPECT_EQ(mailbox.bytes(), 0);
 }
 
 TEST(FrameCodecTest, CheckSendable_GoodRawAndEncoded_Ok) {

@@ -4,8 +4,31 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 
 namespace pipetrain {
+
+Mailbox::Reservation::Reservation(Reservation&& other) noexcept
+    : mailbox_(std::exchange(other.mailbox_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+Mailbox::Reservation& Mailbox::Reservation::operator=(Reservation&& other) noexcept {
+  if (this != &other) {
+    Release();
+    mailbox_ = std::exchange(other.mailbox_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+Mailbox::Reservation::~Reservation() { Release(); }
+
+void Mailbox::Reservation::Release() {
+  if (mailbox_ == nullptr) return;
+  AnnotatedMutexLock lock(&mailbox_->mu_);
+  mailbox_->reserved_ -= bytes_;
+  mailbox_ = nullptr;
+  bytes_ = 0;
+}
 
 void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
   Wakes wakes;
@@ -55,9 +78,12 @@ absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_byt
     return absl::AbortedError(absl::StrCat("tensor for job ", address.job_id,
                                            ", which was stopped on this worker; refused"));
   }
-  if (wire_bytes > limits_.max_bytes - bytes_) {
+  // Tensors still being received count too: their memory is allocated
+  // when their first frame is admitted.
+  if (wire_bytes > limits_.max_bytes - bytes_ - reserved_) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "mailbox full: ", bytes_, " bytes wait and a tensor of ", wire_bytes,
+        "mailbox full: ", bytes_, " bytes wait, ", reserved_,
+        " more are reserved for tensors being received, and a tensor of ", wire_bytes,
         " bytes would pass the limit of ", limits_.max_bytes, " (--mailbox-limit); refused"));
   }
   return absl::OkStatus();
@@ -66,6 +92,15 @@ absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_byt
 absl::Status Mailbox::Admit(const TensorAddress& address, int64_t wire_bytes) const {
   AnnotatedMutexLock lock(&mu_);
   return AdmitLocked(address, wire_bytes);
+}
+
+absl::StatusOr<Mailbox::Reservation> Mailbox::Reserve(const TensorAddress& address,
+                                                      int64_t wire_bytes) {
+  PT_CHECK(wire_bytes >= 0) << "reserving " << wire_bytes << " bytes for " << address.DebugString();
+  AnnotatedMutexLock lock(&mu_);
+  if (absl::Status admitted = AdmitLocked(address, wire_bytes); !admitted.ok()) return admitted;
+  reserved_ += wire_bytes;
+  return Reservation(this, wire_bytes);
 }
 
 int64_t Mailbox::HoldBeyondWindow(const TensorAddress& address, WindowWake wake) {
@@ -112,8 +147,16 @@ void Mailbox::RunWakes(Wakes wakes) {
   for (WindowWake& wake : wakes) wake();
 }
 
-absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, WireTensor wire) {
+absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, WireTensor wire,
+                          Reservation reservation) {
+  PT_CHECK(reservation.mailbox_ == nullptr || reservation.mailbox_ == this)
+      << "a reservation of another mailbox for " << address.DebugString();
   AnnotatedMutexLock lock(&mu_);
+  // The reserved bytes end here: stored as this tensor's below, or given
+  // back if it is refused. Ended before AdmitLocked, so they are room for it.
+  reserved_ -= reservation.bytes_;
+  reservation.mailbox_ = nullptr;
+  reservation.bytes_ = 0;
   const int64_t wire_bytes = wire.wire_bytes();
   if (absl::Status admitted = AdmitLocked(address, wire_bytes); !admitted.ok()) return admitted;
   if (!tensors_.emplace(Key{source_stage, address}, std::move(wire)).second) {
@@ -212,6 +255,11 @@ size_t Mailbox::size() const {
 int64_t Mailbox::bytes() const {
   AnnotatedMutexLock lock(&mu_);
   return bytes_;
+}
+
+int64_t Mailbox::reserved() const {
+  AnnotatedMutexLock lock(&mu_);
+  return reserved_;
 }
 
 }  // namespace pipetrain

@@ -11,7 +11,9 @@
 // Memory is bounded (docs/operations.md "Security"), so no peer can make a
 // worker buffer without end:
 //   - bytes: at most MailboxLimits::max_bytes of tensors (their wire bytes)
-//     wait at once; a Put beyond it is RESOURCE_EXHAUSTED.
+//     wait at once, counting the tensors still being received that Reserve
+//     admitted (their memory is allocated before their last frame comes);
+//     an Admit, Reserve or Put beyond it is RESOURCE_EXHAUSTED.
 //   - run-ahead window: once a job is opened (OpenJob), a tensor of an
 //     iteration more than run_ahead_iterations past the job's current
 //     iteration (the first iteration, or the latest one a Take asked for)
@@ -24,7 +26,10 @@
 //     sends nothing back), so for them the window paces the sender instead
 //     of failing the job.
 // Admit answers the same question before a tensor's frames are assembled,
-// so a refused tensor is never buffered at all.
+// so a refused tensor is never buffered at all; Reserve also sets its bytes
+// aside until it is stored (Put) or given up (the Reservation destroyed), so
+// tensors being assembled on several streams at once cannot together pass
+// max_bytes.
 //
 // Held tensors and their wake-ups (HoldBeyondWindow):
 //
@@ -51,6 +56,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
 #include "worker/transport/transport.h"
 
@@ -69,6 +76,32 @@ class Mailbox {
  public:
   explicit Mailbox(MailboxLimits limits = {}) : limits_(limits) {}
 
+  // Bytes Reserve set aside for one tensor being received: they count
+  // against max_bytes until Put stores the tensor with it (they become the
+  // stored tensor's) or the Reservation is destroyed (they are given back),
+  // whichever comes first. Move-only; a default one reserves nothing. Must
+  // not outlive its Mailbox. Not thread-safe itself (one owner), but may be
+  // destroyed on any thread, concurrently with calls on the mailbox.
+  class Reservation {
+   public:
+    // (Members set here, not by default initializers, so that Put can
+    // default its Reservation argument within Mailbox.)
+    Reservation() noexcept : mailbox_(nullptr), bytes_(0) {}
+    Reservation(Reservation&& other) noexcept;
+    Reservation& operator=(Reservation&& other) noexcept;
+    ~Reservation();
+
+    int64_t bytes() const { return bytes_; }
+
+   private:
+    friend class Mailbox;
+    Reservation(Mailbox* mailbox, int64_t bytes) : mailbox_(mailbox), bytes_(bytes) {}
+    void Release();
+
+    Mailbox* mailbox_;  // null: reserves nothing.
+    int64_t bytes_;
+  };
+
   // The worker starts running `job_id` from `first_iteration`: the job's
   // current iteration for the run-ahead window (every hold is woken, so a
   // held tensor of another job is then refused and one of `job_id` is
@@ -80,11 +113,17 @@ class Mailbox {
   // (worker/agent/job_runner.h DataPlaneJobId), so a straggling frame of
   // the old plan can never be taken as one of the new.
   void OpenJob(const std::string& job_id, int64_t first_iteration);
-  // OK when a tensor of `wire_bytes` for `address` would be accepted now;
-  // RESOURCE_EXHAUSTED naming the limit (bytes, or the run-ahead window),
-  // FAILED_PRECONDITION for another job than the open one, or ABORTED for
-  // a job stopped by AbortJob (until OpenJob) otherwise.
+  // OK when a tensor of `wire_bytes` for `address` would be accepted now
+  // (the bytes stored and reserved leave room for it); RESOURCE_EXHAUSTED
+  // naming the limit (bytes, or the run-ahead window), FAILED_PRECONDITION
+  // for another job than the open one, or ABORTED for a job stopped by
+  // AbortJob (until OpenJob) otherwise. Reserves nothing: two Admits may
+  // both say OK for room that only one tensor fits (use Reserve for that).
   absl::Status Admit(const TensorAddress& address, int64_t wire_bytes) const;
+  // Admit, and if it says OK, sets `wire_bytes` aside for the tensor until
+  // the returned Reservation is passed to Put or destroyed (requires
+  // wire_bytes >= 0). Admit's errors otherwise (nothing reserved).
+  absl::StatusOr<Reservation> Reserve(const TensorAddress& address, int64_t wire_bytes);
 
   // For a receiver that can wait instead of having a tensor refused as
   // beyond the run-ahead window (DataPlaneServer). Returns 0 when the
@@ -110,8 +149,12 @@ class Mailbox {
   bool AwaitHeld(size_t count, absl::Duration timeout) const;
   // Stores `wire` under (source_stage, address). FAILED_PRECONDITION naming
   // the source and tensor if that key is already waiting; otherwise as
-  // Admit (nothing is stored when it refuses).
-  absl::Status Put(int source_stage, const TensorAddress& address, WireTensor wire);
+  // Admit (nothing is stored when it refuses), where the bytes of
+  // `reservation` (from this mailbox's Reserve, for this tensor) count as
+  // room for it. The reservation ends either way: its bytes become the
+  // stored tensor's, or are given back.
+  absl::Status Put(int source_stage, const TensorAddress& address, WireTensor wire,
+                   Reservation reservation = Reservation());
   // Waits up to `timeout` for the key and removes it (see the file comment
   // for DEADLINE_EXCEEDED and ABORTED). Asking for a later iteration of the
   // open job moves the run-ahead window, which first wakes the holds it
@@ -132,6 +175,8 @@ class Mailbox {
   size_t size() const;
   // Wire bytes of the tensors waiting.
   int64_t bytes() const;
+  // Bytes set aside by the Reservations alive (tensors being received).
+  int64_t reserved() const;
 
  private:
   using Key = std::pair<int, TensorAddress>;
@@ -155,6 +200,8 @@ class Mailbox {
   mutable AnnotatedMutex mu_;
   std::map<Key, WireTensor> tensors_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Of the Reservations alive; bytes_ + reserved_ <= max_bytes.
+  int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
   // The opened job and its current iteration (OpenJob, then Take).
   std::string open_job_ ABSL_GUARDED_BY(mu_);
   int64_t current_iteration_ ABSL_GUARDED_BY(mu_) = 0;

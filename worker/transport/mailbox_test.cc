@@ -192,6 +192,68 @@ TEST(MailboxTest, Put_BeyondByteLimit_ResourceExhaustedUntilTaken) {
   EXPECT_EQ(mailbox.bytes(), 0);
 }
 
+// Tensors being received on several streams at once reserve their bytes
+// when admitted, so together they stay within max_bytes: admitting each
+// against the stored bytes alone would let them all allocate.
+TEST(MailboxTest, Reserve_TwoPartialsOverByteLimit_SecondRefusedUntilFirstGivenBack) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 16});
+  absl::StatusOr<Mailbox::Reservation> first = mailbox.Reserve(Activation("j-1", 1), 12);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->bytes(), 12);
+  EXPECT_EQ(mailbox.reserved(), 12);
+  EXPECT_EQ(mailbox.bytes(), 0);
+
+  absl::StatusOr<Mailbox::Reservation> second = mailbox.Reserve(Activation("j-1", 2), 12);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kResourceExhausted) << second.status();
+  EXPECT_NE(second.status().message().find(
+                "mailbox full: 0 bytes wait, 12 more are reserved for tensors being received, "
+                "and a tensor of 12 bytes would pass the limit of 16 (--mailbox-limit); refused"),
+            std::string::npos)
+      << second.status();
+  EXPECT_EQ(mailbox.Admit(Activation("j-1", 2), 12).code(), absl::StatusCode::kResourceExhausted);
+  const WireTensor three = WireTensor::Raw(Tensor::FromVector({3}, {1, 2, 3}));  // 12 bytes
+  EXPECT_EQ(mailbox.Put(0, Activation("j-1", 2), three).code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(mailbox.reserved(), 12);  // A refusal reserves nothing.
+
+  *first = Mailbox::Reservation();  // The first tensor is abandoned: its bytes come back.
+  EXPECT_EQ(mailbox.reserved(), 0);
+  second = mailbox.Reserve(Activation("j-1", 2), 12);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(mailbox.reserved(), 12);
+  { Mailbox::Reservation moved = *std::move(second); }  // Destroyed: given back.
+  EXPECT_EQ(mailbox.reserved(), 0);
+}
+
+// Put with its tensor's reservation: the reserved bytes become the stored
+// ones (not counted twice, so a tensor that filled the limit still fits).
+TEST(MailboxTest, Put_WithReservation_BytesMoveFromReservedToStored) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 16});
+  const WireTensor three = WireTensor::Raw(Tensor::FromVector({3}, {1, 2, 3}));  // 12 bytes
+  absl::StatusOr<Mailbox::Reservation> reservation = mailbox.Reserve(Activation("j-1", 1), 12);
+  ASSERT_TRUE(reservation.ok()) << reservation.status();
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 1), three, *std::move(reservation)).ok());
+  EXPECT_EQ(mailbox.bytes(), 12);
+  EXPECT_EQ(mailbox.reserved(), 0);
+  ASSERT_TRUE(mailbox.Take(0, Activation("j-1", 1), absl::ZeroDuration()).ok());
+  EXPECT_EQ(mailbox.bytes(), 0);
+}
+
+// A Put that refuses its tensor gives its reservation back all the same.
+TEST(MailboxTest, Put_WithReservationRefused_ReservationGivenBack) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 16});
+  mailbox.OpenJob("j-1", 7);
+  absl::StatusOr<Mailbox::Reservation> reservation = mailbox.Reserve(Activation("j-1", 1), 4);
+  ASSERT_TRUE(reservation.ok()) << reservation.status();
+  mailbox.AbortJob("j-1");  // Stopped while its tensor was being received.
+  EXPECT_EQ(mailbox.reserved(), 4);
+  absl::Status put = mailbox.Put(0, Activation("j-1", 1), WireTensor::Raw(Tensor::Zeros({1})),
+                                 *std::move(reservation));
+  EXPECT_EQ(put.code(), absl::StatusCode::kAborted) << put;
+  EXPECT_EQ(mailbox.reserved(), 0);
+  EXPECT_EQ(mailbox.bytes(), 0);
+}
+
 TEST(MailboxTest, Put_BeyondRunAhead_RefusedWindowFollowsTakes) {
   Mailbox mailbox;  // run-ahead 2
   mailbox.OpenJob("j-1", 5);

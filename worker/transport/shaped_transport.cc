@@ -100,16 +100,31 @@ absl::Status ShapedTransport::Enqueue(int peer_stage, const TensorAddress& addre
   Link* link = slot.get();
   if (!link->error.ok()) return std::exchange(link->error, absl::OkStatus());
   const int64_t bytes = wire.wire_bytes();
-  // Room for it (one larger than the bound passes alone).
-  mu_.AwaitWithTimeout(
-      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return link->queued_bytes == 0 || link->queued_bytes + bytes <= max_queued_bytes_;
-      },
-      absl::InfiniteDuration());
+  // Room for it (one larger than the bound passes alone), unless the
+  // transport stops or a handoff fails meanwhile: no room may ever come then.
+  auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return link->queued_bytes == 0 || link->queued_bytes + bytes <= max_queued_bytes_ ||
+           stopping_ || !link->error.ok();
+  };
+  if (!room()) {
+    ++sends_waiting_;
+    mu_.AwaitWithTimeout(room, absl::InfiniteDuration());
+    --sends_waiting_;
+  }
+  if (stopping_) return absl::AbortedError("shaped transport stopping");
+  // The queue ahead was dropped for this error (Run): report it, as a Send
+  // arriving after it would, instead of queueing behind it.
+  if (!link->error.ok()) return std::exchange(link->error, absl::OkStatus());
   Pending p{address, std::move(wire), link->shaper.Schedule(absl::Now(), bytes), bytes};
   link->queued_bytes += bytes;
   link->queue.push_back(std::move(p));
   return absl::OkStatus();
+}
+
+bool ShapedTransport::AwaitSendsWaiting(int count, absl::Duration timeout) {
+  AnnotatedMutexLock lock(&mu_);
+  auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sends_waiting_ == count; };
+  return mu_.AwaitWithTimeout(reached, timeout);
 }
 
 void ShapedTransport::Run(int peer_stage, Link* link) {
@@ -130,7 +145,17 @@ void ShapedTransport::Run(int peer_stage, Link* link) {
     absl::Status sent = inner_->SendWireOwned(peer_stage, next.address, std::move(next.wire));
     AnnotatedMutexLock lock(&mu_);
     link->queued_bytes -= next.bytes;
-    if (!sent.ok() && link->error.ok()) link->error = sent;
+    if (sent.ok()) continue;
+    // Moved, not shared: the Send that reports it owns it alone (Debian's
+    // Abseil counts a shared Status's references where TSan cannot see).
+    if (link->error.ok()) link->error = std::move(sent);
+    // The peer is unreachable: each of the queued messages would most
+    // likely fail the same way, each after the inner transport's own
+    // timeout (a connect can take 10 s), which would hold up the senders
+    // and the destructor for (queued messages) x timeout. They are dropped
+    // instead; the next Send reports the error.
+    link->queue.clear();
+    link->queued_bytes = 0;
   }
 }
 

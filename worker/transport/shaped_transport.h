@@ -19,6 +19,8 @@
 // Sends keep their order per peer and return once queued (the Transport
 // contract); one thread per peer sleeps until each message's handoff time.
 // At most max_queued_bytes wait per peer; a Send beyond that waits for room.
+// When a handoff to a peer fails, the messages queued behind it for that
+// peer are dropped, not handed on (the next Send to it returns the error).
 // Receives pass straight through (the sender shapes). Thread-safe.
 #ifndef PIPETRAIN_WORKER_TRANSPORT_SHAPED_TRANSPORT_H_
 #define PIPETRAIN_WORKER_TRANSPORT_SHAPED_TRANSPORT_H_
@@ -67,11 +69,15 @@ class ShapedTransport final : public Transport {
   // `inner` does the sending and receiving; owned.
   ShapedTransport(std::unique_ptr<Transport> inner, LinkModel model,
                   int64_t max_queued_bytes = int64_t{256} << 20);
-  ~ShapedTransport() override;  // delivers what is queued, then stops
+  // Delivers what is queued (but what a failed handoff dropped), then stops.
+  ~ShapedTransport() override;
 
   int stage() const override { return inner_->stage(); }
-  // Queues `wire` for `peer_stage`. The error of an earlier handoff to that
-  // peer, if any, is returned instead (the tensor is not queued).
+  // Queues `wire` for `peer_stage`, waiting for room if its queue is full.
+  // The error of an earlier handoff to that peer, if any (also one that
+  // comes while waiting), is returned instead (the tensor is not queued;
+  // the error is reported once); ABORTED if the transport is being
+  // destroyed.
   absl::Status SendWire(int peer_stage, const TensorAddress& address,
                         const WireTensor& wire) override;
   // SendWire without the copy where `wire` is not shared (an encoded
@@ -84,6 +90,10 @@ class ShapedTransport final : public Transport {
                                       absl::Duration timeout) override {
     return inner_->RecvWire(peer_stage, address, timeout);
   }
+
+  // Waits up to `timeout` until exactly `count` Sends wait for room in a
+  // full queue; returns whether that happened. For tests.
+  bool AwaitSendsWaiting(int count, absl::Duration timeout);
 
  private:
   struct Pending {
@@ -110,6 +120,7 @@ class ShapedTransport final : public Transport {
   AnnotatedMutex mu_;
   std::map<int, std::unique_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int sends_waiting_ ABSL_GUARDED_BY(mu_) = 0;  // for room, in Enqueue
 };
 
 }  // namespace pipetrain

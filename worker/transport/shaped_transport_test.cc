@@ -1,9 +1,13 @@
 #include "worker/transport/shaped_transport.h"
 
+#include <atomic>
 #include <memory>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "worker/transport/in_process_transport.h"
 
@@ -132,6 +136,86 @@ TEST(ShapedTransportTest, SendOwned_HandsASoleTensorOnUncopied_CopiesAShared) {
   EXPECT_EQ(got[1].tensor.ToVector(), std::vector<float>(1000, 2.0f));
   EXPECT_NE(got[2].tensor.data(), sent_storage[2]);  // Send: always copied
   EXPECT_EQ(got[2].tensor.ToVector(), std::vector<float>(1000, 3.0f));
+}
+
+// What an unreachable inner transport saw, kept beyond its life.
+struct FailedSends {
+  std::atomic<int> calls{0};
+  absl::Notification first_entered;  // the first send is in the inner transport
+  absl::Notification fail_first;     // the test lets it fail
+};
+
+// An inner transport whose peer is gone: every send fails, as one does after
+// the gRPC transport's connect timeout. The first waits until the test lets
+// it fail, so that messages can queue behind it meanwhile.
+class UnreachableTransport final : public Transport {
+ public:
+  explicit UnreachableTransport(FailedSends* sends) : sends_(sends) {}
+  int stage() const override { return 0; }
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
+    return SendWireOwned(peer, address, wire);
+  }
+  absl::Status SendWireOwned(int peer, const TensorAddress&, WireTensor) override {
+    if (sends_->calls.fetch_add(1) == 0) {
+      sends_->first_entered.Notify();
+      sends_->fail_first.WaitForNotification();
+    }
+    return absl::UnavailableError(absl::StrCat("stage ", peer, " is unreachable"));
+  }
+  absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress&, absl::Duration) override {
+    return absl::UnimplementedError("send only");
+  }
+
+ private:
+  FailedSends* const sends_;
+};
+
+TensorAddress MicroBatch(int i) {
+  TensorAddress a;
+  a.job_id = "j";
+  a.micro_batch = i;
+  return a;
+}
+
+// Once a handoff to a peer fails, the messages queued behind it are dropped:
+// neither the link's thread nor the destructor hands each to the inner
+// transport (each could take its connect timeout), only the first failed.
+TEST(ShapedTransportTest, HandoffFails_QueuedBehindItDroppedNotHandedOn) {
+  FailedSends sends;
+  {
+    ShapedTransport sender(std::make_unique<UnreachableTransport>(&sends),
+                           {1e12, absl::ZeroDuration()});
+    ASSERT_TRUE(sender.Send(1, MicroBatch(0), Tensor::Zeros({4})).ok());
+    sends.first_entered.WaitForNotification();
+    for (int i = 1; i <= 5; ++i) {
+      ASSERT_TRUE(sender.Send(1, MicroBatch(i), Tensor::Zeros({4})).ok());  // queued behind it
+    }
+    sends.fail_first.Notify();
+  }  // the destructor delivers what is queued: nothing is left
+  EXPECT_EQ(sends.calls.load(), 1);
+}
+
+// A Send waiting for room in a full queue gets the failed handoff's error
+// (the queue ahead of it was dropped), instead of being queued behind it.
+TEST(ShapedTransportTest, HandoffFailsWhileSendWaitsForRoom_SendReturnsTheError) {
+  FailedSends sends;
+  {
+    // Room for one 16-byte tensor: the one being handed off fills it.
+    ShapedTransport sender(std::make_unique<UnreachableTransport>(&sends),
+                           {1e12, absl::ZeroDuration()}, /*max_queued_bytes=*/16);
+    ASSERT_TRUE(sender.Send(1, MicroBatch(0), Tensor::Zeros({4})).ok());
+    sends.first_entered.WaitForNotification();
+    absl::Status waited;
+    std::thread waiting([&] { waited = sender.Send(1, MicroBatch(1), Tensor::Zeros({4})); });
+    EXPECT_TRUE(sender.AwaitSendsWaiting(1, absl::Seconds(60)));  // a deadline, never waited out
+    sends.fail_first.Notify();
+    waiting.join();
+    EXPECT_EQ(waited.code(), absl::StatusCode::kUnavailable) << waited;
+    EXPECT_EQ(waited.message(), "stage 1 is unreachable");
+    // The error is reported once; the link is tried again after it.
+    EXPECT_TRUE(sender.Send(1, MicroBatch(2), Tensor::Zeros({4})).ok());
+  }
+  EXPECT_EQ(sends.calls.load(), 2);  // the first and the retry, not the waiting one
 }
 
 }  // namespace

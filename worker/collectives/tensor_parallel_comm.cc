@@ -41,7 +41,7 @@ int CollectivesTensorParallelComm::Queue(std::unique_ptr<Pending> pending, Tenso
   p->target = data;
   // On the CPU backend `host` is `data` itself and the sum lands in place.
   p->host = backend_->Download(data);
-  if (p->sparse && p->kept.empty()) p->score_tag = next_tag_++;
+  if (p->sparse && !p->mask_given) p->score_tag = next_tag_++;
   const int tag = next_tag_++;
   executor_->Post([this, p, tag, iteration = iteration_] {
     const absl::Time start = absl::Now();
@@ -81,6 +81,7 @@ int CollectivesTensorParallelComm::StartMaskedSum(Tensor& data, std::vector<uint
   if (!compresses()) return StartAllReduceSum(data);
   auto p = std::make_unique<Pending>();
   p->sparse = true;
+  p->mask_given = true;
   p->kept = std::move(kept);
   return Queue(std::move(p), data);
 }
@@ -92,7 +93,7 @@ absl::Status CollectivesTensorParallelComm::SparseSum(Pending* p, int64_t iterat
   Tensor& data = p->host;
   const int64_t width = data.numel() == 0 ? 1 : data.shape().back();
   const int64_t rows = data.numel() / width;
-  if (p->kept.empty()) {
+  if (!p->mask_given) {
     if (p->seq_len < 1 || rows % p->seq_len != 0 ||
         static_cast<int64_t>(p->scores.size()) != rows) {
       return absl::InternalError(absl::StrCat("tensor-parallel token scores: ", p->scores.size(),

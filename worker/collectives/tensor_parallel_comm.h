@@ -121,6 +121,9 @@ class CollectivesTensorParallelComm : public TensorParallelComm {
     std::vector<float> scores;
     int seq_len = 0;
     int score_tag = -1;
+    // Whether `kept` was given (StartMaskedSum): an empty `kept` is also a
+    // given mask, that of a tensor of 0 rows, so emptiness cannot say it.
+    bool mask_given = false;
     std::vector<uint8_t> kept;
     std::vector<uint8_t>* kept_out = nullptr;
     // Set by the background task:

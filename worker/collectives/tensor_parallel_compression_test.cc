@@ -253,6 +253,42 @@ TEST(HybridCompressionTest, Specs_NoneAndCodecsAccepted_OthersNamedInTheError) {
   }
 }
 
+// A tensor of 0 rows (e.g. a micro-batch with no tokens): the forward sum
+// keeps no rows, and the backward's sum over that empty mask is a mask of 0
+// rows, not a missing one (which would ask for token scores and fail with
+// INTERNAL "0 scores for 0 rows").
+TEST(HybridCompressionTest, MaskedSum_EmptyMaskOfZeroRows_Ok) {
+  for (const char* spec : {"token_topk:keep=0.5", "token_topk:keep=0.5+piecewise:bits=3"}) {
+    InProcessFabric fabric(kRanks);
+    std::vector<absl::Status> status(kRanks);
+    std::vector<std::vector<uint8_t>> kept(kRanks, std::vector<uint8_t>{9});
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        std::unique_ptr<Transport> transport = fabric.Connect(r);
+        Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
+        CollectivesTensorParallelComm comm(&collectives, CpuBackend(),
+                                           *MakeTensorParallelCompression(spec, "f"));
+        comm.BeginIteration(0);
+        Tensor empty = Tensor::Zeros({0, 8});
+        comm.WaitAllReduce(comm.StartTokenSparseSum(empty, {}, /*seq_len=*/16, &kept[r]));
+        comm.WaitAllReduce(comm.StartMaskedSum(empty, kept[r]));
+        // The group's tags still agree: a sum after it is right (constant
+        // rows, which the codec carries exactly too).
+        Tensor one = Tensor::Filled({1, 8}, float(r + 1));
+        comm.WaitAllReduce(comm.StartMaskedSum(one, {1}));
+        if (comm.status().ok()) EXPECT_EQ(one.ToVector(), std::vector<float>(8, 3.f)) << spec;
+        status[r] = comm.status();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_TRUE(status[r].ok()) << spec << ", rank " << r << ": " << status[r];
+      EXPECT_TRUE(kept[r].empty()) << spec << ", rank " << r;
+    }
+  }
+}
+
 TEST(HybridCompressionTest, KeepTopTokensPerSample_TiesToTheLowerToken) {
   EXPECT_EQ(KeepTopTokensPerSample({1, 3, 3, 0, 5, 5, 5, 5}, 4, 0.5),
             (std::vector<uint8_t>{0, 1, 1, 0, 1, 1, 0, 0}));

@@ -125,7 +125,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         (void)jobs.Drain(worker);
         break;
       case 4:
-        jobs.OnWorkerLost(worker, job_id, "lost by the fuzzer");
+        // The current incarnation, or (addressed) one before it, as after
+        // a re-registration.
+        jobs.OnWorkerLost(worker, job_id, "lost by the fuzzer",
+                          addressed ? incarnation - 1 : incarnation);
         break;
       case 5:
         (void)jobs.Cancel(job_id);

@@ -95,6 +95,15 @@ HttpRequestFramer::Progress HttpRequestFramer::OnHeader(absl::string_view name,
                   "request bodies with Transfer-Encoding are not accepted; send the body "
                   "with a Content-Length header");
   }
+  // httplib inflates gzip, deflate and br bodies before a handler sees
+  // them, and every limit here bounds the compressed bytes: a 254 KiB gzip
+  // body would arrive as 256 MiB. The API takes no compressed bodies.
+  if (absl::EqualsIgnoreCase(name, "Content-Encoding") &&
+      !absl::EqualsIgnoreCase(value, "identity")) {
+    return Reject(415, "UNIMPLEMENTED",
+                  absl::StrCat("request bodies with Content-Encoding \"", value.substr(0, 64),
+                               "\" are not accepted; send the body uncompressed"));
+  }
   if (absl::EqualsIgnoreCase(name, "Expect")) {
     expects_continue_ = absl::EqualsIgnoreCase(value, "100-continue");
   } else if (absl::EqualsIgnoreCase(name, "Content-Length")) {

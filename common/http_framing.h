@@ -21,6 +21,9 @@
 //                           the head, so the body is never buffered)
 //   411 UNIMPLEMENTED       Transfer-Encoding (chunked bodies): send
 //                           Content-Length instead
+//   415 UNIMPLEMENTED       Content-Encoding other than identity (httplib
+//                           would inflate a compressed body past
+//                           max_body_bytes): send the body uncompressed
 //   400 INVALID_ARGUMENT    Content-Length not a decimal number, or given
 //                           twice with different values
 #ifndef PIPETRAIN_COMMON_HTTP_FRAMING_H_

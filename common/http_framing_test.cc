@@ -84,6 +84,30 @@ TEST(HttpRequestFramer, Update_ChunkedBody_Rejected411) {
   EXPECT_EQ(framer.rejection().code, "UNIMPLEMENTED");
 }
 
+// httplib would inflate a compressed body past max_body_bytes, which
+// bounds only the bytes on the wire.
+TEST(HttpRequestFramer, Update_CompressedBody_Rejected415NamingTheEncoding) {
+  for (const char* encoding : {"gzip", "deflate", "br", "GZIP", "x-gzip", "identity, gzip", ""}) {
+    HttpRequestFramer framer(kLimits);
+    EXPECT_EQ(framer.Update(std::string("POST / HTTP/1.1\r\nContent-Encoding: ") + encoding +
+                            "\r\nContent-Length: 3\r\n\r\nabc"),
+              Progress::kRejected)
+        << encoding;
+    EXPECT_EQ(framer.rejection().status, 415) << encoding;
+    EXPECT_EQ(framer.rejection().code, "UNIMPLEMENTED") << encoding;
+    EXPECT_EQ(framer.rejection().message, std::string("request bodies with Content-Encoding \"") +
+                                              encoding +
+                                              "\" are not accepted; send the body uncompressed");
+  }
+}
+
+TEST(HttpRequestFramer, Update_IdentityContentEncoding_Accepted) {
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\ncontent-encoding: Identity\r\nContent-Length: 3\r\n"
+                          "\r\nabc"),
+            Progress::kComplete);
+}
+
 TEST(HttpRequestFramer, Update_MalformedContentLength_Rejected400) {
   for (const char* value : {"-1", "+5", "0x10", "5 5", "", "1234567890123456789"}) {
     HttpRequestFramer framer(kLimits);

@@ -26,7 +26,7 @@
 // connections linger; beyond, a connection is closed once answered.
 //
 // Error answers are google.rpc.Status JSON (common/http_response.h):
-// the framing rejections (400, 411, 413, 431), 408 DEADLINE_EXCEEDED when
+// the framing rejections (400, 411, 413, 415, 431), 408 DEADLINE_EXCEEDED when
 // a request is not complete within request_timeout of its accept, and 503
 // UNAVAILABLE over max_connections. A response not written within
 // response_timeout is abandoned (the connection is closed).

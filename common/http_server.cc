@@ -140,9 +140,15 @@ class GatedServer : public httplib::Server {
   std::string Handle(const GatedRequest& request) {
     BufferedStream stream(request);
     bool connection_closed = false;
-    // The gate has answered "100 Continue" already and read the body.
     process_request(stream, /*close_connection=*/true, connection_closed,
-                    [](httplib::Request& req) { req.headers.erase("Expect"); });
+                    [](httplib::Request& req) {
+                      // The gate has answered "100 Continue" already and read the body.
+                      req.headers.erase("Expect");
+                      // The framing refuses compressed bodies (httplib would
+                      // inflate them past max_body_bytes); should one slip past
+                      // it, the handler gets the bytes as sent, not inflated.
+                      req.headers.erase("Content-Encoding");
+                    });
     return stream.TakeResponse();
   }
 

@@ -22,9 +22,10 @@
 // responses. A client that trickles its request, or never reads the answer,
 // holds a buffer and a connection slot until its timeout, never a thread, so
 // /healthz and /metrics stay answerable. Over a limit the gate answers with
-// the JSON error body itself (431, 413, 411, 408, 503; docs/api.md "HTTP
-// limits"). One request per connection: every response says
+// the JSON error body itself (431, 413, 411, 415, 408, 503; docs/api.md
+// "HTTP limits"). One request per connection: every response says
 // "Connection: close". A POST without Content-Length has an empty body.
+// Compressed request bodies (Content-Encoding) are refused, never inflated.
 //
 // Authentication: when Options::bearer_token is set, every route except the
 // public paths (/healthz, /readyz, /metrics) requires "Authorization: Bearer <token>";
@@ -108,7 +109,8 @@ class HttpServer {
     //            kUnmatchedRoute when none does (404), or kRejectedRoute
     //            when the gate or httplib's parser answered before the
     //            request was routed (400 malformed, 408, 411, 413, 414 a
-    //            request line over 8 KiB, 416 a malformed Range, 431, 503);
+    //            request line over 8 KiB, 415, 416 a malformed Range, 431,
+    //            503);
     //   status:  the HTTP status sent;
     //   seconds: handled requests: from the request being complete to its
     //            response being ready (queueing included); gate answers: from

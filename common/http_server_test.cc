@@ -337,6 +337,54 @@ TEST(HttpServer, Post_ChunkedBody_Returns411) {
   EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], 12);
 }
 
+// httplib inflates gzip, deflate and br bodies; max_body_bytes bounds only
+// the compressed bytes, so 100 KB compressed to a few hundred would reach
+// the handler whole past a 1000-byte limit.
+TEST(HttpServer, Post_GzipBody_Returns415AndTheHandlerSeesNoBody) {
+  HttpServer server({.max_body_bytes = 1000});
+  std::atomic<int> calls{0};
+  server.Post("/echo", [&calls](const HttpRequest& r) {
+    ++calls;
+    return Echo(r);
+  });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  auto client = ClientFor(*port);
+  client->set_compress(true);  // "Content-Encoding: gzip"
+  httplib::Result result = client->Post("/echo", std::string(100000, 'x'), "text/plain");
+  ASSERT_TRUE(result) << httplib::to_string(result.error());
+  EXPECT_EQ(result->status, 415);
+  EXPECT_EQ(nlohmann::json::parse(result->body),
+            nlohmann::json({{"code", 12},
+                            {"message",
+                             "request bodies with Content-Encoding \"gzip\" are not accepted; "
+                             "send the body uncompressed"},
+                            {"details", nlohmann::json::array()}}));
+  EXPECT_EQ(calls, 0);  // so no handler saw the 100000 bytes inflated
+}
+
+// Defence in depth: a Content-Encoding header the framing does not see (a
+// bare LF ends the line before it for httplib, not for the framing) still
+// does not make httplib inflate the body.
+TEST(HttpServer, AnswerRequestBytes_ContentEncodingPastTheFraming_BodyArrivesAsSent) {
+  // gzip of 4096 'x' (Python's gzip.compress(b"x" * 4096, mtime=0)).
+  const std::string gzip(
+      "\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\x03\xed\xc1\x01\x0d\x00\x00\x00\xc2\xa0"
+      "\xda\x8f\x6f\x0f\x07\x14\x00\x00\x00\xf0\x6e\xc1\x77\x10\x3e\x00\x10\x00\x00",
+      38);
+  HttpServer server({.max_body_bytes = 1000});
+  std::vector<std::string> bodies;  // AnswerRequestBytes runs the handler on this thread
+  server.Post("/echo", [&](const HttpRequest& r) {
+    bodies.push_back(r.body);
+    return JsonResponse(200, "{}");
+  });
+  const std::string response = server.AnswerRequestBytes(absl::StrCat(
+      "POST /echo HTTP/1.1\r\nX-Pad: a\nContent-Encoding: gzip\r\nContent-Length: ", gzip.size(),
+      "\r\n\r\n", gzip));
+  EXPECT_EQ(HttpStatusOf(response), 200) << response;
+  EXPECT_EQ(bodies, std::vector<std::string>{gzip});
+}
+
 TEST(HttpServer, Read_MalformedRequestLine_Returns400WithJsonError) {
   HttpServer server;
   absl::StatusOr<int> port = server.Start("127.0.0.1", 0);

@@ -46,6 +46,39 @@ std::string DataPlaneJobId(const v1::Assignment& assignment) {
   return absl::StrCat(assignment.job_id(), "/", assignment.plan_version());
 }
 
+absl::Status CheckAssignmentLayout(const v1::Assignment& a) {
+  // Each factor on its own first: a product of unbounded ones can wrap
+  // (2^21 x 2^21 x 2^22 is 0 in int64) and then match any peer count.
+  const auto in_range = [](const char* field, int64_t value, int64_t min, int64_t max) {
+    if (value >= min && value <= max) return absl::OkStatus();
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment: ", field, " ", value, " is out of range [", min, ", ", max, "]"));
+  };
+  RETURN_IF_ERROR(in_range("num_stages", a.num_stages(), 1, kMaxStages));
+  RETURN_IF_ERROR(in_range("replicas", a.replicas(), 0, kMaxStages));  // 0: unset, 1
+  RETURN_IF_ERROR(in_range("tensor_parallel", a.tensor_parallel(), 0, kMaxTensorParallel));
+  // Now at most 2^26: no overflow. A spec allows kMaxStages workers in all.
+  const int replicas = std::max(1, a.replicas());
+  const int tensor = std::max(1, a.tensor_parallel());
+  const int workers = replicas * a.num_stages() * tensor;
+  if (workers > kMaxStages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment: ", replicas, " replicas x ", a.num_stages(), " stages x ", tensor,
+                     " tensor ranks is ", workers, " workers; at most ", kMaxStages));
+  }
+  // The coordinator lists every worker's address (plan.proto), and the data
+  // plane's transport needs this worker's among them (GrpcTransport CHECKs
+  // it): an empty list is refused as well as a short one.
+  if (a.replica() < 0 || a.replica() >= replicas || a.stage() < 0 || a.stage() >= a.num_stages() ||
+      a.tensor_rank() < 0 || a.tensor_rank() >= tensor || workers != a.peer_addresses_size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "assignment: stage ", a.stage(), " of ", a.num_stages(), ", replica ", a.replica(), " of ",
+        replicas, ", tensor rank ", a.tensor_rank(), " of ", tensor, ", with ",
+        a.peer_addresses_size(), " peer addresses (want replicas x stages x tensor ranks)"));
+  }
+  return absl::OkStatus();
+}
+
 JobRunner::JobRunner(v1::Assignment assignment, Mailbox* mailbox, TransportFactory make_transport,
                      CoordinatorLink* coordinator, JobRunnerOptions options,
                      IterationObserver observer)
@@ -335,23 +368,11 @@ absl::Status JobRunner::RunJob() {
                    Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction));
   // Data and tensor parallelism: the transport numbers every worker of
   // the job (Assignment.replica, .tensor_rank); checked here, before
-  // anything is sized from it. The coordinator lists every worker's
-  // address (plan.proto), and the data plane's transport needs this
-  // worker's among them (GrpcTransport CHECKs it): an empty list is
-  // refused as well as a short one.
+  // anything is sized from it.
+  RETURN_IF_ERROR(CheckAssignmentLayout(assignment_));
   const int replicas = std::max(1, assignment_.replicas());
   const int tensor = std::max(1, assignment_.tensor_parallel());
-  const int64_t workers = int64_t{replicas} * assignment_.num_stages() * tensor;
-  if (assignment_.num_stages() < 1 || assignment_.replica() < 0 ||
-      assignment_.replica() >= replicas || assignment_.stage() < 0 ||
-      assignment_.stage() >= assignment_.num_stages() || assignment_.tensor_rank() < 0 ||
-      assignment_.tensor_rank() >= tensor || workers != assignment_.peer_addresses_size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "assignment: stage ", assignment_.stage(), " of ", assignment_.num_stages(), ", replica ",
-        assignment_.replica(), " of ", replicas, ", tensor rank ", assignment_.tensor_rank(),
-        " of ", tensor, ", with ", assignment_.peer_addresses_size(),
-        " peer addresses (want replicas x stages x tensor ranks)"));
-  }
+  const int workers = replicas * assignment_.num_stages() * tensor;  // checked: <= kMaxStages
   const bool replica_zero = assignment_.replica() == 0;
   // Tensor rank 0 speaks for its stage's ranks (they compute the same losses).
   const bool speaks = replica_zero && assignment_.tensor_rank() == 0;

@@ -92,6 +92,18 @@ struct JobRunnerOptions {
 // can reach the new one (Mailbox::OpenJob).
 std::string DataPlaneJobId(const v1::Assignment& assignment);
 
+// OK when the assignment's layout is one a worker can run: num_stages in
+// 1..kMaxStages, replicas in 0..kMaxStages and tensor_parallel in
+// 0..kMaxTensorParallel (0: unset, meaning 1; spec/job_spec.h), each
+// checked on its own before they are multiplied, their product at most
+// kMaxStages workers (as for a spec), stage, replica and tensor_rank within
+// them, and one peer address per worker. Otherwise INVALID_ARGUMENT
+// "assignment: ..." naming the field. The worker checks it before it sizes
+// the data plane or the mailbox from the assignment (WorkerAgent) and
+// before a runner builds anything (JobRunner, which reports it as the
+// job's error). Thread-safe.
+absl::Status CheckAssignmentLayout(const v1::Assignment& assignment);
+
 // Per-iteration observations for metrics (called on the runner thread).
 using IterationObserver = std::function<void(const IterationResult&)>;
 

@@ -207,6 +207,60 @@ TEST(JobRunnerTest, NoPeerAddresses_InvalidArgumentBeforeAnyTransport) {
       << error;
 }
 
+// Layout factors whose product wraps int64 to 0 (2^21 x 2^21 x 2^22 = 2^64)
+// "matched" an empty peer list; each factor is now bounded on its own, so
+// the job fails with INVALID_ARGUMENT naming the field, before any
+// transport (GrpcTransport would CHECK-fail on the empty list).
+TEST(JobRunnerTest, LayoutFactorsWrappingToZero_InvalidArgumentBeforeAnyTransport) {
+  InProcessFabric fabric(2);
+  FakeLink link(/*stages=*/1);
+  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
+  a.set_replicas(1 << 21);
+  a.set_num_stages(1 << 21);
+  a.set_tensor_parallel(1 << 22);
+  a.clear_peer_addresses();
+  std::atomic<int> made{0};
+  JobRunner runner(
+      a, &fabric.mailbox(0),
+      [&](int s, const std::vector<std::string>& peers,
+          const JobCredential&) -> std::unique_ptr<Transport> {
+        ++made;
+        if (s >= static_cast<int>(peers.size())) return nullptr;  // GrpcTransport CHECK-fails
+        return fabric.Connect(s);
+      },
+      &link, JobRunnerOptions{"w", 1});
+  runner.Start();
+  ASSERT_TRUE(link.AwaitReports(1));
+  runner.Stop();
+  EXPECT_EQ(made.load(), 0);
+  EXPECT_EQ(link.reports()[0].error(),
+            "INVALID_ARGUMENT: assignment: num_stages 2097152 is out of range [1, 1024]");
+}
+
+TEST(CheckAssignmentLayoutTest, EachFactorAndTheirProductAreBounded) {
+  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
+  EXPECT_TRUE(CheckAssignmentLayout(a).ok());
+  v1::Assignment replicas = a;
+  replicas.set_replicas(1025);
+  EXPECT_EQ(CheckAssignmentLayout(replicas).message(),
+            "assignment: replicas 1025 is out of range [0, 1024]");
+  v1::Assignment tensor = a;
+  tensor.set_tensor_parallel(65);
+  EXPECT_EQ(CheckAssignmentLayout(tensor).message(),
+            "assignment: tensor_parallel 65 is out of range [0, 64]");
+  v1::Assignment negative = a;
+  negative.set_num_stages(-2);
+  EXPECT_EQ(CheckAssignmentLayout(negative).message(),
+            "assignment: num_stages -2 is out of range [1, 1024]");
+  v1::Assignment product = a;  // each factor within its bound, not their product
+  product.set_replicas(64);
+  product.set_num_stages(32);
+  SetPeers(&product);
+  EXPECT_EQ(CheckAssignmentLayout(product).message(),
+            "assignment: 64 replicas x 32 stages x 1 tensor ranks is 2048 workers; at most 1024");
+  EXPECT_EQ(CheckAssignmentLayout(product).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A backend that fails mid-job (the CPU cannot, so a stand-in reports
 // INTERNAL after its first GELU): the job's error is reported, then the
 // failure hook gets the backend's error, once.

@@ -414,12 +414,23 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
                      "coordinator older than this worker?)";
     return;
   }
-  // Every worker of the job may send here: every replica's stages (the
-  // data-parallel all-reduce), every tensor rank (the tensor-parallel ones).
-  data_plane_->SetJob(DataPlaneJobId(a),
-                      a.num_stages() * std::max(1, a.replicas()) * std::max(1, a.tensor_parallel()),
-                      a.data_plane_secret());
-  mailbox_->OpenJob(DataPlaneJobId(a), a.start_iteration());
+  // The data plane and the mailbox are sized from the assignment: only
+  // once its bounds hold (unchecked, the product below could overflow). A
+  // runner is started either way: it fails at once with the same error and
+  // reports it to the coordinator as the job's.
+  const absl::Status bounded = CheckAssignmentLayout(a);
+  if (bounded.ok()) {
+    // Every worker of the job may send here: every replica's stages (the
+    // data-parallel all-reduce), every tensor rank (the tensor-parallel
+    // ones).
+    data_plane_->SetJob(
+        DataPlaneJobId(a),
+        a.num_stages() * std::max(1, a.replicas()) * std::max(1, a.tensor_parallel()),
+        a.data_plane_secret());
+    mailbox_->OpenJob(DataPlaneJobId(a), a.start_iteration());
+  } else {
+    PT_LOG(ERROR) << "job " << a.job_id() << ": " << bounded << "; not opening its data plane";
+  }
   JobRunnerOptions runner_options;
   {
     AnnotatedMutexLock lock(&mu_);

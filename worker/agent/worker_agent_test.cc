@@ -7,7 +7,9 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
@@ -92,6 +94,109 @@ TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
       << refusal.message();
   EXPECT_EQ(coordinator.registrations(), 2);  // no retry: it cannot help
   EXPECT_EQ(coordinator.heartbeats(), 1);     // the heartbeat thread has ended
+  agent.Stop();
+  (*data_plane)->Shutdown();
+  server->Shutdown();
+}
+
+// Registers the worker, accepts its heartbeats, sends `assignment` on the
+// first assignment stream (later ones end at once) and records the
+// progress reports.
+class ScriptedCoordinator final : public v1::CoordinatorService::Service {
+ public:
+  explicit ScriptedCoordinator(v1::Assignment assignment) : assignment_(std::move(assignment)) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    response->set_worker_id("w-1");
+    response->set_incarnation(1);
+    response->set_session_token("w-1.1.secret");
+    response->set_heartbeat_interval_seconds(1);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchAssignments(grpc::ServerContext*, const v1::WatchAssignmentsRequest*,
+                                grpc::ServerWriter<v1::Assignment>* writer) override {
+    if (watches_.fetch_add(1) == 0) writer->Write(assignment_);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no more assignments");
+  }
+  grpc::Status ReportProgress(grpc::ServerContext*, const v1::ReportProgressRequest* request,
+                              v1::ReportProgressResponse*) override {
+    AnnotatedMutexLock lock(&mu_);
+    reports_.push_back(*request);
+    return grpc::Status::OK;
+  }
+  // Waits (bounded) for the first report.
+  std::optional<v1::ReportProgressRequest> AwaitFirstReport() {
+    AnnotatedMutexLock lock(&mu_);
+    if (!mu_.AwaitWithTimeout([this]()
+                                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !reports_.empty(); },
+                              absl::Seconds(30))) {
+      return std::nullopt;
+    }
+    return reports_.front();
+  }
+
+ private:
+  const v1::Assignment assignment_;
+  std::atomic<int> watches_{0};
+  AnnotatedMutex mu_;
+  std::vector<v1::ReportProgressRequest> reports_ ABSL_GUARDED_BY(mu_);
+};
+
+// An assignment whose layout factors multiply to 2^64, which wraps to 0
+// and "matched" its empty peer list: the agent computed the data plane's
+// size from them in int (overflow), and the runner went on to the
+// transport's CHECK (the worker died). Now the agent opens nothing for it
+// and the runner reports INVALID_ARGUMENT as the job's error.
+TEST(WorkerAgentTest, Handle_LayoutFactorsWrappingToZero_ReportedWithoutOpeningTheJob) {
+  v1::Assignment a;
+  a.set_action(v1::Assignment::ACTION_RUN);
+  a.set_job_id("job-1");
+  a.set_plan_version(1);
+  a.set_data_plane_secret("secret");
+  v1::JobSpec* spec = a.mutable_spec();
+  spec->mutable_model()->set_n_layer(1);
+  spec->mutable_model()->set_n_head(2);
+  spec->mutable_model()->set_d_model(16);
+  spec->mutable_training()->set_seq_len(8);
+  spec->mutable_training()->set_batch_size(4);
+  spec->mutable_training()->set_micro_batches(2);
+  spec->mutable_training()->set_steps(2);
+  spec->mutable_data()->set_synthetic_bytes(5000);
+  spec->mutable_parallelism()->set_stages(2);
+  a.set_replicas(1 << 21);
+  a.set_num_stages(1 << 21);
+  a.set_tensor_parallel(1 << 22);
+  ScriptedCoordinator coordinator(a);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&coordinator);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  Mailbox mailbox;
+  auto data_plane = DataPlaneServer::Start("127.0.0.1:0", &mailbox);
+  ASSERT_TRUE(data_plane.ok()) << data_plane.status();
+  WorkerAgentOptions options;
+  options.coordinator_address = absl::StrCat("127.0.0.1:", port);
+  options.join_token = "join";
+  WorkerAgent agent(options, data_plane->get(), &mailbox,
+                    [&mailbox](int stage, const std::vector<std::string>& peers,
+                               const JobCredential& credential) {
+                      GrpcTransportOptions transport_options;
+                      transport_options.credential = credential;
+                      return std::unique_ptr<Transport>(
+                          new GrpcTransport(stage, peers, &mailbox, std::move(transport_options)));
+                    });
+  ASSERT_TRUE(agent.Start().ok());
+  const std::optional<v1::ReportProgressRequest> report = coordinator.AwaitFirstReport();
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->job_id(), "job-1");
+  EXPECT_EQ(report->error(),
+            "INVALID_ARGUMENT: assignment: num_stages 2097152 is out of range [1, 1024]");
   agent.Stop();
   (*data_plane)->Shutdown();
   server->Shutdown();

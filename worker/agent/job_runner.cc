@@ -361,8 +361,12 @@ absl::Status JobRunner::RunJob() {
     ASSIGN_OR_RETURN(data_path,
                      ResolveUnderRoots("spec.data.path", data_path, options_.data_roots));
   }
-  const CorpusSpec corpus{data_path, job.data_format, job.train.model.vocab_size,
-                          job.synthetic_bytes, job.train.seed};
+  CorpusSpec corpus{data_path, job.data_format, job.train.model.vocab_size, job.synthetic_bytes,
+                    job.train.seed};
+  // Read through the real path, but take the format from the name the spec
+  // gave, as `train-local --data` does: a link "train.bin" to a hash-named
+  // file is uint16, not text (pipeline == train-local).
+  corpus.name = job.spec.data().path();
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, LoadCorpus(corpus));
   ASSIGN_OR_RETURN(Dataset dataset,
                    Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction));

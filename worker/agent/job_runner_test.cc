@@ -2,9 +2,13 @@
 // report to a fake coordinator link.
 #include "worker/agent/job_runner.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -17,6 +21,7 @@
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
+#include "worker/data/token_file.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/forwarding_backend.h"
 #include "worker/runtime/in_process_device_channel.h"
@@ -259,6 +264,66 @@ TEST(CheckAssignmentLayoutTest, EachFactorAndTheirProductAreBounded) {
   EXPECT_EQ(CheckAssignmentLayout(product).message(),
             "assignment: 64 replicas x 32 stages x 1 tensor ranks is 2048 workers; at most 1024");
   EXPECT_EQ(CheckAssignmentLayout(product).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A one-stage job of Assignment()'s model: the whole model on stage 0.
+v1::Assignment OneStageAssignment(int steps) {
+  v1::Assignment a = Assignment(0, steps, false, Schedule::kGPipe);
+  a.mutable_spec()->mutable_parallelism()->set_stages(1);
+  a.set_num_stages(1);
+  SetPeers(&a);
+  a.mutable_backward_units()->set_begin(0);
+  a.mutable_backward_units()->set_end(4);
+  *a.mutable_forward_units() = a.backward_units();
+  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  return a;
+}
+
+// Runs `a` alone (stage 0 of an in-process fabric of one) with `options`
+// until its first report, and returns that report.
+v1::ReportProgressRequest FirstReportOfOneStage(const v1::Assignment& a, JobRunnerOptions options) {
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  JobRunner runner(
+      a, &fabric.mailbox(0),
+      [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
+        return fabric.Connect(s);
+      },
+      &link, std::move(options));
+  runner.Start();
+  EXPECT_TRUE(link.AwaitReports(1));
+  runner.Stop();
+  return link.reports().empty() ? v1::ReportProgressRequest() : link.reports()[0];
+}
+
+// A fresh directory under TEST_TMPDIR.
+std::string FreshDir(const std::string& name) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  EXPECT_EQ(mkdir(dir.c_str(), 0700), 0) << dir;
+  return dir;
+}
+
+// spec.data.path "x.bin" is a link to an extension-less (content-addressed)
+// uint16 file. `train-local --data x.bin` reads it as uint16 (its format
+// is detected from the name given); so must the worker, which opens the
+// link's real path under its --data-root: as text, this vocabulary of 64
+// would not even load ("text format needs a byte vocabulary").
+TEST(JobRunnerTest, DataPathLinkNamedBin_LoadsAsUint16LikeTrainLocal) {
+  const std::string root = FreshDir("data-link");
+  std::vector<uint16_t> tokens(4000);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>((i * 7) % 64);
+  ASSERT_TRUE(WriteUint16TokenFile(root + "/3f9a0c1e", tokens, /*with_header=*/false).ok());
+  ASSERT_EQ(symlink("3f9a0c1e", (root + "/x.bin").c_str()), 0);
+  v1::Assignment a = OneStageAssignment(1);
+  a.mutable_spec()->mutable_model()->set_vocab_size(64);
+  a.mutable_spec()->mutable_data()->clear_synthetic_bytes();
+  a.mutable_spec()->mutable_data()->set_path("x.bin");
+  JobRunnerOptions options{"w", 1};
+  options.data_roots = {root};
+  const v1::ReportProgressRequest report = FirstReportOfOneStage(a, options);
+  EXPECT_EQ(report.error(), "");
+  EXPECT_TRUE(report.finished());
+  EXPECT_EQ(report.micro_batch_losses_size(), 2);
 }
 
 // A backend that fails mid-job (the CPU cannot, so a stand-in reports

@@ -6,7 +6,11 @@
 namespace pipetrain {
 
 absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec) {
-  if (!spec.path.empty()) return LoadTokenFile(spec.path, spec.format, spec.vocab_size);
+  if (!spec.path.empty()) {
+    TokenFileLoadOptions options;
+    options.name = spec.name;
+    return LoadTokenFile(spec.path, spec.format, spec.vocab_size, options);
+  }
   if (spec.vocab_size < 256) {
     return absl::InvalidArgumentError(absl::StrCat(
         "generated text is byte-level and needs a vocabulary of at least 256, got ",

@@ -19,6 +19,9 @@ struct CorpusSpec {
   int vocab_size = 256;
   int64_t synthetic_bytes = 2'000'000;
   uint64_t seed = 1;               // of the generated text
+  // The name spec.data.path gave when `path` is its resolved real path:
+  // the format is detected from it (TokenFileLoadOptions::name). Empty: path.
+  std::string name;
 };
 
 // LoadTokenFile's errors for files; INVALID_ARGUMENT when generated text is

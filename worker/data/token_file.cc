@@ -220,10 +220,12 @@ std::string DataFormatName(DataFormat format) {
 }
 
 absl::StatusOr<std::vector<uint16_t>> LoadTokenFile(const std::string& path, DataFormat format,
-                                                    int vocab_size) {
+                                                    int vocab_size,
+                                                    const TokenFileLoadOptions& options) {
   if (vocab_size < 1) return Invalid(path, absl::StrCat("vocab size ", vocab_size, " < 1"));
   ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
-  return ParseTokenFile(path, bytes, format, vocab_size);
+  // The format follows the given name, not the name `path` resolved to.
+  return ParseTokenFile(options.name.empty() ? path : options.name, bytes, format, vocab_size);
 }
 
 absl::StatusOr<std::vector<uint16_t>> ParseTokenFile(const std::string& path,

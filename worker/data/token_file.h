@@ -36,16 +36,27 @@ absl::StatusOr<DataFormat> ParseDataFormat(std::string_view name);
 // The inverse of ParseDataFormat ("auto", "text", ...).
 std::string DataFormatName(DataFormat format);
 
+// How LoadTokenFile reads a file.
+struct TokenFileLoadOptions {
+  // The name the file was given (spec.data.path, --data) when `path` is
+  // another name for it, such as its real path (ResolveUnderRoots): a
+  // symbolic link "train.bin" to a hash-named file must be read as the
+  // name says, as train-local reads it. kAuto looks at this name's
+  // extension, and messages about the contents name it. Empty: `path`.
+  std::string name;
+};
+
 // Loads the whole corpus at `path` as token ids, reading the file in one go.
 //   kText:         each byte is a token 0..255; requires vocab_size >= 256.
 //   kUint16:       raw little-endian uint16 tokens; the byte count must be even.
 //   kUint16Header: header form described above; the payload must hold exactly
 //                  the number of tokens the header states.
 //   kAuto:         kUint16Header if the file is >= 1024 bytes and starts with
-//                  the magic; else kUint16 if the name ends in ".bin" or ".u16";
-//                  else kText.
+//                  the magic; else kUint16 if the name (options.name, else
+//                  `path`) ends in ".bin" or ".u16"; else kText.
 // Requires vocab_size >= 1 (else INVALID_ARGUMENT).
-// Errors (every message starts with `path`):
+// Errors (every message starts with `path`, or with options.name for
+// those about the contents):
 //   NOT_FOUND         the file is missing, unreadable or not a regular file.
 //   INVALID_ARGUMENT  empty file or zero tokens ("empty"); kText with
 //                     vocab_size < 256; odd byte count for kUint16
@@ -57,7 +68,8 @@ std::string DataFormatName(DataFormat format);
 //                     vocab_size (names the position, the id and vocab_size).
 //   INTERNAL          a read error after the file was opened.
 absl::StatusOr<std::vector<uint16_t>> LoadTokenFile(const std::string& path, DataFormat format,
-                                                    int vocab_size);
+                                                    int vocab_size,
+                                                    const TokenFileLoadOptions& options = {});
 
 // LoadTokenFile on a file's contents already in memory: `path` names the
 // file in messages and picks kUint16 for kAuto by its extension, as above.

@@ -149,6 +149,25 @@ TEST(TokenFileTest, LoadTokenFile_AutoOtherName_ReadsText) {
   EXPECT_EQ(*loaded, (std::vector<uint16_t>{'a', 'b'}));
 }
 
+// A worker opens spec.data.path's real path: the format follows the name
+// given (options.name), not the name the file resolved to.
+TEST(TokenFileTest, LoadTokenFile_AutoWithGivenName_DetectsFromThatName) {
+  const std::string real = TempPath("5d41402abc4b2a76");
+  ASSERT_TRUE(WriteBytesFile(real, Uint16Bytes({300, 2, 1000})).ok());
+  TokenFileLoadOptions options;
+  options.name = "corpora/x.bin";
+  auto loaded = LoadTokenFile(real, DataFormat::kAuto, 1024, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, (std::vector<uint16_t>{300, 2, 1000}));
+  // And the other way round: a .bin real path given as a text name.
+  const std::string bin = TempPath("given_as_text.bin");
+  ASSERT_TRUE(WriteBytesFile(bin, "ab").ok());
+  options.name = "story.md";
+  loaded = LoadTokenFile(bin, DataFormat::kAuto, 256, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, (std::vector<uint16_t>{'a', 'b'}));
+}
+
 TEST(TokenFileTest, LoadTokenFile_LargeRawFile_LoadsEveryToken) {
   std::vector<uint16_t> tokens(4 << 20);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i * 2654435761u);

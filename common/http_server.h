@@ -25,7 +25,8 @@
 // the JSON error body itself (431, 413, 411, 415, 408, 503; docs/api.md
 // "HTTP limits"). One request per connection: every response says
 // "Connection: close". A POST without Content-Length has an empty body.
-// Compressed request bodies (Content-Encoding) are refused, never inflated.
+// Compressed request bodies (Content-Encoding) are refused, never inflated;
+// Range headers are ignored (every answer is the whole body).
 //
 // Authentication: when Options::bearer_token is set, every route except the
 // public paths (/healthz, /readyz, /metrics) requires "Authorization: Bearer <token>";

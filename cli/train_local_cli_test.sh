@@ -38,6 +38,23 @@ expect_exit device_bogus 2 "--device must be auto, cpu, cuda or cuda:N" "got 'gp
 expect_exit gemm_bogus 2 "--gemm must be fp32, tf32 or bf16, got 'fp8'" -- train-local --gemm fp8
 expect_exit tf32_on_cpu 2 "--gemm tf32 needs a CUDA device" -- train-local --device cpu --gemm tf32
 expect_exit bf16_on_cpu 2 "--gemm bf16 needs a CUDA device" -- train-local --device cpu --gemm bf16
+# The job spec's limits (docs/api.md "Limits"): refused before anything is
+# allocated, not a CHECK or bad_alloc once the model is built.
+expect_exit d_model_over_limit 2 "--d-model 1000000 is over the limit of 16384" -- \
+  train-local --d-model 1000000
+expect_exit vocab_over_limit 2 "--vocab 2000000000 is over the limit of 65536" -- \
+  train-local --vocab 2000000000
+expect_exit batch_over_limit 2 "--batch 2000000000 is over the limit of 65536" -- \
+  train-local --batch 2000000000
+expect_exit synthetic_over_limit 2 "--synthetic-bytes 100000000000 is over the limit" -- \
+  train-local --synthetic-bytes 100000000000
+expect_exit parameters_over_limit 2 "parameters, over the limit of 4294967296" -- \
+  train-local --layers 256 --d-model 16384 --heads 16
+# Output paths are checked before training, not after it.
+expect_exit save_dir_missing 2 "--save $TMP/no-such-dir/w.safetensors: the directory" \
+  "does not exist" -- train-local "${TINY[@]}" --save "$TMP/no-such-dir/w.safetensors"
+expect_exit checkpoint_dir_missing 2 "--checkpoint $TMP/no-such-dir/ck" -- \
+  train-local "${TINY[@]}" --checkpoint "$TMP/no-such-dir/ck"
 
 # --- Data files: exit 1 ---------------------------------------------------------
 # llm.c header words, little-endian: magic 20240520 = 0x0134D888, version 1.

@@ -1,5 +1,6 @@
 #include "cli/train_local_command.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -18,8 +19,10 @@
 #include "common/status_macros.h"
 #include "kernels/cpu/blas.h"
 #include "nlohmann/json.hpp"
+#include "spec/job_spec.h"
 #include "worker/data/corpus.h"
 #include "worker/model/backend_select.h"
+#include "worker/model/gpt_config.h"
 #include "worker/model/weights_io.h"
 #include "worker/train/checkpoint.h"
 #include "worker/train/divergence.h"
@@ -71,7 +74,8 @@ void BindFlags(FlagSet& f, Options& o) {
   f.Int64("warmup-steps", &t.warmup_steps, "linear learning-rate warm-up steps");
   f.Float("min-lr", &t.min_lr, "the cosine schedule's floor");
   f.Uint64("seed", &t.seed, "seed for initialisation and data order");
-  f.Int("eval-interval", &t.eval_interval, "validate every N steps and at the end; 0 = never");
+  f.Int("eval-interval", &t.eval_interval,
+        "validate every N steps and at the end; 0 = only at the end (with --val-fraction > 0)");
   f.Int("eval-windows", &t.eval_windows, "validation windows per evaluation");
   f.Int("threads", &t.threads, "OpenBLAS threads (fixed count = reproducible)");
   f.String("device", &o.device,
@@ -86,8 +90,64 @@ void BindFlags(FlagSet& f, Options& o) {
   f.String("log", &o.log, "append one JSON line per step here");
 }
 
+// The job spec's bounds (spec/job_spec.h, docs/api.md "Limits"), so that
+// what a job may not ask for train-local refuses too, naming its flag,
+// instead of failing an allocation (a CHECK) once the model is built.
+absl::Status CheckBounds(const Options& o) {
+  const TrainConfig& t = o.train;
+  const struct {
+    const char* flag;
+    int64_t value, limit;
+  } bounds[] = {
+      {"--layers", t.model.n_layer, kMaxLayers},
+      {"--heads", t.model.n_head, kMaxHeads},
+      {"--d-model", t.model.d_model, kMaxDModel},
+      {"--vocab", t.model.vocab_size, kMaxVocabSize},
+      {"--seq-len", t.seq_len, kMaxSeqLen},
+      {"--block-size", o.block_size, kMaxSeqLen},
+      {"--batch", t.batch_size, kMaxBatchSize},
+      {"--micro-batches", t.micro_batches, kMaxMicroBatches},
+      {"--steps", t.steps, kMaxSteps},
+      {"--eval-interval", t.eval_interval, kMaxSteps},
+      {"--eval-windows", t.eval_windows, kMaxEvalWindows},
+      {"--synthetic-bytes", o.synthetic_bytes, kMaxSyntheticBytes},
+  };
+  for (const auto& b : bounds) {
+    if (b.value > b.limit) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(b.flag, " ", b.value, " is over the limit of ", b.limit));
+    }
+  }
+  if (int64_t{t.batch_size} * t.seq_len > kMaxTokensPerStep) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--batch x --seq-len is ", int64_t{t.batch_size} * t.seq_len,
+                     " tokens a step, over the limit of ", kMaxTokensPerStep));
+  }
+  return absl::OkStatus();
+}
+
+// The directory a file flag's path lies in exists and can be written, so a
+// bad --save, --checkpoint or --log fails before training, not after it.
+absl::Status CheckWritableParent(const char* flag, const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  const size_t slash = path.find_last_of('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  struct stat info;
+  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": the directory ", dir, " does not exist"));
+  }
+  if (access(dir.c_str(), W_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": the directory ", dir, " is not writable"));
+  }
+  return absl::OkStatus();
+}
+
 // Flag combinations that a type check cannot catch.
 absl::Status Resolve(Options& o) {
+  RETURN_IF_ERROR(CheckBounds(o));
   // Checked here because seq-len also sizes max_seq_len below, whose own
   // message would name a field the user never set.
   if (o.train.seq_len < 1) {
@@ -119,7 +179,15 @@ absl::Status Resolve(Options& o) {
   if (o.data.empty() && o.train.model.vocab_size < 256) {
     return absl::InvalidArgumentError("generated text is byte-level: --vocab must be >= 256");
   }
-  return ValidateTrainConfig(o.train);
+  RETURN_IF_ERROR(ValidateTrainConfig(o.train));
+  if (CountParameters(o.train.model) > kMaxParameters) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the model has ", CountParameters(o.train.model), " parameters, over the limit of ",
+        kMaxParameters, "; use fewer --layers or a smaller --d-model or --vocab"));
+  }
+  RETURN_IF_ERROR(CheckWritableParent("--save", o.save));
+  RETURN_IF_ERROR(CheckWritableParent("--checkpoint", o.checkpoint));
+  return CheckWritableParent("--log", o.log);
 }
 
 absl::StatusOr<Dataset> LoadData(const Options& o) {
@@ -230,11 +298,13 @@ absl::Status Run(Options& o) {
   // Write what was asked for even after an interrupt: nothing is lost. Not
   // after a failure (a diverged run's weights would overwrite the last good
   // --checkpoint-interval one).
-  if (!o.checkpoint.empty() && trained.ok()) {
-    RETURN_IF_ERROR(SaveCheckpoint(o.checkpoint, *trainer));
-  }
+  // Both are attempted even if the other fails (the first error is
+  // returned): one bad output must not lose the other.
+  absl::Status saved = absl::OkStatus();
+  if (!o.checkpoint.empty() && trained.ok()) saved = SaveCheckpoint(o.checkpoint, *trainer);
   RETURN_IF_ERROR(trained.status());
-  if (!o.save.empty()) RETURN_IF_ERROR(SaveFinalWeights(o.save, trainer->model()));
+  if (!o.save.empty()) saved.Update(SaveFinalWeights(o.save, trainer->model()));
+  RETURN_IF_ERROR(saved);
   std::printf("final: step %lld", static_cast<long long>(trainer->step()));
   std::optional<float> val = *trained;
   if (!val.has_value() && dataset.num_val_windows() > 0) {

@@ -38,8 +38,6 @@ constexpr char kDefaultDecay[] = "matrices";
 constexpr uint64_t kDefaultSeed = 1;
 constexpr int kDefaultEvalWindows = 16;  // TrainConfig's default
 
-// Token ids are stored as uint16 (worker/data/token_file.h).
-constexpr int kMaxVocabSize = 65536;
 // The generated corpus is byte-level text.
 constexpr int kByteVocabSize = 256;
 

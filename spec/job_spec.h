@@ -45,6 +45,8 @@ inline constexpr char kScheduleGPipe[] = "gpipe";
 inline constexpr size_t kMaxJobNameBytes = 128;
 inline constexpr int kMaxLayers = 256;           // model.n_layer
 inline constexpr int kMaxHeads = 1024;           // model.n_head
+// model.vocab_size: token ids are stored as uint16 (worker/data/token_file.h).
+inline constexpr int kMaxVocabSize = 65536;
 inline constexpr int kMaxDModel = 16384;         // model.d_model
 inline constexpr int kMaxSeqLen = 65536;         // training.seq_len, model.max_seq_len
 inline constexpr int kMaxBatchSize = 65536;      // training.batch_size

@@ -158,9 +158,27 @@ echo '{"micro_batch_size": 1, "units": [' >"$TMP/broken.json"
 expect_exit malformed_json 1 "broken.json" -- --profile "$TMP/broken.json" --workers 1
 expect_exit missing_profile 1 "cannot read profile file" -- --profile "$TMP/nope.json" --workers 1
 expect_exit too_many_workers 1 "INVALID_ARGUMENT" -- --profile "$TMP/paper.json" --workers 9
-expect_exit unknown_solver 1 "unknown solver 'magic'" -- "${P[@]}" --solver magic
-expect_exit unknown_objective 1 "unknown objective 'best'" -- "${P[@]}" --objective best
 # Bad flags: exit 2.
+expect_exit unknown_solver 2 "unknown solver 'magic'; use uniform, pipedream, bipartition" -- \
+  "${P[@]}" --solver magic
+expect_exit unknown_objective 2 "unknown objective 'best'; use paper or full" -- \
+  "${P[@]}" --objective best
+# The job spec's bounds: a plan's memory grows with micro-batches x workers.
+expect_exit micro_batches_over_limit 2 "--micro-batches 100000000 is outside [1, 4096]" -- \
+  "${P[@]}" --micro-batches 100000000
+expect_exit micro_batches_zero 2 "--micro-batches 0 is outside [1, 4096]" -- \
+  "${P[@]}" --micro-batches 0
+expect_exit layers_over_limit 2 "--layers 100000 is outside [0, 256]" -- --layers 100000 --workers 2
+expect_exit seq_len_over_limit 2 "--seq-len 2000000000 is outside [1, 65536]" -- \
+  --layers 2 --workers 2 --seq-len 2000000000
+expect_exit tensor_negative_seq_len 2 "--seq-len -32 is outside" -- \
+  --tensor 2 --seq-len -32 --micro-batch-size -1
+# A mode refuses the flags it would ignore.
+expect_exit tensor_with_svg 2 "--svg has no effect with --tensor" -- --tensor 2 --svg "$TMP/t.svg"
+expect_exit tensor_with_solver 2 "--solver has no effect with --tensor" -- --tensor 2 --solver auto
+expect_exit tensor_search_with_svg 2 "--svg has no effect with --tensor-parallel" -- \
+  --layers 2 --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 4 --data auto \
+  --tensor-parallel auto --svg "$TMP/t.svg"
 expect_exit no_profile 2 "give --profile FILE or --layers N" -- --workers 2
 expect_exit no_cluster 2 "give either --cluster or --workers" -- --profile "$TMP/paper.json"
 expect_exit both_clusters 2 "give either --cluster or --workers" -- --profile "$TMP/paper.json" \
@@ -180,6 +198,14 @@ expect_exit acctfm 0 '"partition_sizes"' -- --profile "$TMP/acctfm.json" --solve
 check acctfm_fields 'all(k in j for k in ["forward","backward","uniform"]) and set(j["uniform"]) == {"1","2","4"} and len(j["forward"]["partition_sizes"]) == 2 and j["forward"]["seconds"] <= min(j["uniform"].values())'
 sed 's/"fwd_seconds": \[4, 2.2, 1.2\], //' "$TMP/acctfm.json" >"$TMP/acctfm_bad.json"
 expect_exit acctfm_missing_field 1 "layers[0].fwd_seconds: missing" -- --profile "$TMP/acctfm_bad.json" --solver acctfm
+sed 's/"algorithm": "ring"/"algorithm": 5/' "$TMP/acctfm.json" >"$TMP/acctfm_algorithm.json"
+expect_exit acctfm_algorithm_number 1 "allreduce.algorithm" -- \
+  --profile "$TMP/acctfm_algorithm.json" --solver acctfm
+sed 's/"group_size": 4/"group_size": 1e12/' "$TMP/acctfm.json" >"$TMP/acctfm_group.json"
+expect_exit acctfm_group_size_huge 1 "allreduce.group_size" "[1, 65536]" -- \
+  --profile "$TMP/acctfm_group.json" --solver acctfm
+expect_exit acctfm_with_svg 2 "--svg has no effect with --solver acctfm" -- \
+  --profile "$TMP/acctfm.json" --solver acctfm --svg "$TMP/a.svg"
 
 # --attention flash: the analytic profile's attention stash keeps B x H x T
 # row statistics, not the B x H x T x T probabilities (solve_plan.h).

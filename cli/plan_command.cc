@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 
 #include "absl/status/statusor.h"
@@ -428,6 +429,67 @@ FlagSet PlanFlagSet(PlanFlags& f) {
   return flags;
 }
 
+// Each count a plan is sized by, in the job spec's bounds (spec/job_spec.h,
+// docs/api.md "Limits"): beyond them a plan's memory and time grow without
+// end (micro-batches x workers instructions, a T x T attention per layer).
+absl::Status CheckPlanBounds(const PlanFlags& f) {
+  const struct {
+    const char* flag;
+    int64_t value, low, high;
+  } bounds[] = {
+      {"--layers", f.layers, 0, kMaxLayers},  // 0: not given (--profile)
+      {"--d-model", f.d_model, 1, kMaxDModel},
+      {"--heads", f.heads, 1, kMaxHeads},
+      {"--vocab", f.vocab, 1, kMaxVocabSize},
+      {"--seq-len", f.seq_len, 1, kMaxSeqLen},
+      {"--micro-batch-size", f.micro_batch_size, 1, kMaxBatchSize},
+      {"--micro-batches", f.micro_batches, 1, kMaxMicroBatches},
+      {"--workers", f.workers, 0, kMaxStages},  // 0: not given (--cluster)
+  };
+  for (const auto& b : bounds) {
+    if (b.value < b.low || b.value > b.high) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(b.flag, " ", b.value, " is outside [", b.low, ", ", b.high, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A mode that reads only some flags refuses the others, rather than
+// accepting and ignoring them (no file a --svg asked for, a --solver
+// never used).
+absl::Status RejectIgnored(const FlagSet& flags, const char* mode,
+                           std::initializer_list<const char*> ignored) {
+  for (const char* name : ignored) {
+    if (flags.IsSet(name)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", name, " has no effect with ", mode, "; leave it out"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckModeFlags(const FlagSet& flags, const PlanFlags& f) {
+  if (f.tensor != 0) {
+    return RejectIgnored(flags, "--tensor (one block's layout)",
+                         {"profile", "layers", "heads", "vocab", "attention", "write-profile",
+                          "cluster", "workers", "latency-us", "memory-gib", "solver", "objective",
+                          "micro-batches", "schedule", "data", "svg", "trace"});
+  }
+  if (f.solver == "acctfm") {
+    return RejectIgnored(
+        flags, "--solver acctfm (its profile holds the problem)",
+        {"d-model", "heads", "vocab", "seq-len", "micro-batch-size", "gflops", "attention",
+         "write-profile", "cluster", "workers", "bandwidth-gbps", "latency-us", "memory-gib",
+         "objective", "micro-batches", "schedule", "distpar-beta", "svg", "trace"});
+  }
+  if (f.tensor_parallel != 1) {
+    return RejectIgnored(flags, "--tensor-parallel (a table of layouts)",
+                         {"svg", "trace", "distpar-beta"});
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<FlagSet::Info> PlanFlagInfo() {
@@ -456,6 +518,19 @@ int RunPlan(const std::vector<std::string>& args) {
         "--tensor-parallel needs --data auto and --layers N (the model's heads, width and "
         "vocabulary decide which T split it; not --profile)");
   }
+  if (parsed.ok()) parsed = CheckPlanBounds(f);
+  // Names are flag values: a typo is a bad command line (exit 2), not a
+  // planning failure.
+  if (parsed.ok() && f.solver != "uniform" && f.solver != "pipedream" &&
+      f.solver != "bipartition" && f.solver != "acctfm" && f.solver != "auto") {
+    parsed = absl::InvalidArgumentError(absl::StrCat(
+        "unknown solver '", f.solver, "'; use uniform, pipedream, bipartition, acctfm or auto"));
+  }
+  if (parsed.ok() && f.objective != "paper" && f.objective != "full") {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("unknown objective '", f.objective, "'; use paper or full"));
+  }
+  if (parsed.ok()) parsed = CheckModeFlags(flags, f);
   if (parsed.ok() && f.tensor != 0) {  // needs only the block's dimensions
     absl::StatusOr<std::string> report =
         TensorLayoutReport({f.tensor, f.distpar_beta, int64_t{f.micro_batch_size} * f.seq_len,

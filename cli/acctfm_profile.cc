@@ -68,6 +68,9 @@ absl::StatusOr<AccTfmLayer> ParseLayer(const json& j, const std::string& field) 
   return layer;
 }
 
+// allreduce.group_size: the devices of one tensor-parallel group.
+constexpr double kMaxGroupSize = 65536;
+
 absl::StatusOr<AllReduceModel> ParseAllReduce(const json& j) {
   if (!j.is_object()) return Invalid("allreduce", "must be an object");
   RETURN_IF_ERROR(CheckKeys(
@@ -77,8 +80,17 @@ absl::StatusOr<AllReduceModel> ParseAllReduce(const json& j) {
   ASSIGN_OR_RETURN(model.beta_seconds_per_byte,
                    Number(j, "beta_seconds_per_byte", "allreduce.beta_seconds_per_byte"));
   ASSIGN_OR_RETURN(double n, Number(j, "group_size", "allreduce.group_size"));
-  if (n < 1 || n != std::floor(n)) return Invalid("allreduce.group_size", "must be an integer >= 1");
+  // Bounded before the cast to int (1e12 would wrap to a number never
+  // written).
+  if (n < 1 || n > kMaxGroupSize || n != std::floor(n)) {
+    return Invalid("allreduce.group_size",
+                   absl::StrCat("must be an integer in [1, ", kMaxGroupSize, "]"));
+  }
   model.group_size = static_cast<int>(n);
+  // Checked before reading: json::value would throw on a non-string.
+  if (j.contains("algorithm") && !j["algorithm"].is_string()) {
+    return Invalid("allreduce.algorithm", "must be \"ring\" or \"recursive_doubling\"");
+  }
   const std::string algorithm = j.value("algorithm", std::string("ring"));
   if (algorithm == "ring") {
     model.algorithm = AllReduceAlgorithm::kRing;

@@ -47,10 +47,12 @@ std::optional<std::map<std::string, Sums>> SumByWorker(const std::string& text) 
       continue;
     }
     const int64_t pid = e["pid"].get<int64_t>();
-    if (e["ph"] == "M" && e.value("name", "") == "process_name" && e.contains("args") &&
+    // Compared, not json::value()'d: a field of another type in the trace
+    // (the coordinator's) must skip the event, not throw.
+    if (e["ph"] == "M" && e.contains("name") && e["name"] == "process_name" && e.contains("args") &&
         e["args"].is_object() && e["args"].contains("name") && e["args"]["name"].is_string()) {
       names[pid] = e["args"]["name"].get<std::string>();
-    } else if (e["ph"] == "X" && e.value("tid", -1) == 0 && e.contains("cat") &&
+    } else if (e["ph"] == "X" && e.contains("tid") && e["tid"] == 0 && e.contains("cat") &&
                e["cat"].is_string() && e.contains("dur") && e["dur"].is_number()) {
       const int column = ColumnOf(e["cat"].get<std::string>());
       if (column >= 0) sums[pid][column] += e["dur"].get<double>() / 1000;  // us -> ms

@@ -89,6 +89,17 @@ TEST(FormatPassTimes, EmptyWithoutAMeasuredStepOrAReadableTrace) {
   EXPECT_EQ(FormatPassTimes(plan), "");
 }
 
+// Fields of another type than a trace's (a name that is a number, a tid
+// that is a string) skip their events instead of throwing.
+TEST(FormatPassTimes, FieldsOfTheWrongType_EventsSkippedNoThrow) {
+  v1::Plan plan = TwoWorkerPlan();
+  plan.set_measured_chrome_trace_json(
+      Trace({R"({"ph":"M","name":5,"pid":0,"args":{"name":"w-1"}})",
+             R"({"ph":"X","pid":0,"tid":"zero","cat":"forward","dur":100})",
+             R"({"ph":"X","pid":0,"tid":null,"cat":"forward","dur":100})"}));
+  EXPECT_NO_THROW(FormatPassTimes(plan));
+}
+
 TEST(FormatPassTimes, ManyWorkers_RowsCapped) {
   v1::Plan plan = TwoWorkerPlan();
   std::vector<std::string> events;

@@ -79,6 +79,24 @@ absl::Status CheckAssignmentLayout(const v1::Assignment& a) {
   return absl::OkStatus();
 }
 
+absl::Status CheckStartIteration(const v1::Assignment& a, int64_t steps) {
+  const int64_t start = a.start_iteration();
+  if (start < 0 || start >= steps) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment: start_iteration ", start,
+                                                   " is out of range [0, ", steps,
+                                                   ") (spec.training.steps ", steps, ")"));
+  }
+  // The checkpoint's files say which step they hold (ReadUnitCheckpoint
+  // checks their "step" against resume.step): the iterations run must be
+  // the ones after it.
+  if (a.has_resume() && a.resume().step() != start) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("assignment: start_iteration ", start, " but resume.step ", a.resume().step(),
+                     "; a resumed job starts at its checkpoint's step"));
+  }
+  return absl::OkStatus();
+}
+
 JobRunner::JobRunner(v1::Assignment assignment, Mailbox* mailbox, TransportFactory make_transport,
                      CoordinatorLink* coordinator, JobRunnerOptions options,
                      IterationObserver observer)
@@ -374,6 +392,7 @@ absl::Status JobRunner::RunJob() {
   // the job (Assignment.replica, .tensor_rank); checked here, before
   // anything is sized from it.
   RETURN_IF_ERROR(CheckAssignmentLayout(assignment_));
+  RETURN_IF_ERROR(CheckStartIteration(assignment_, job.train.steps));
   const int replicas = std::max(1, assignment_.replicas());
   const int tensor = std::max(1, assignment_.tensor_parallel());
   const int workers = replicas * assignment_.num_stages() * tensor;  // checked: <= kMaxStages

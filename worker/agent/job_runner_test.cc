@@ -9,6 +9,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -324,6 +325,37 @@ TEST(JobRunnerTest, DataPathLinkNamedBin_LoadsAsUint16LikeTrainLocal) {
   EXPECT_EQ(report.error(), "");
   EXPECT_TRUE(report.finished());
   EXPECT_EQ(report.micro_batch_losses_size(), 2);
+}
+
+// A start_iteration at or past the last step ran nothing and reported
+// nothing (the job hung); now the job fails naming the field.
+TEST(JobRunnerTest, StartIterationPastTheSteps_ReportedAsTheJobsError) {
+  v1::Assignment a = OneStageAssignment(3);
+  a.set_start_iteration(std::numeric_limits<int64_t>::max());
+  const v1::ReportProgressRequest report = FirstReportOfOneStage(a, JobRunnerOptions{"w", 1});
+  EXPECT_EQ(report.error(),
+            "INVALID_ARGUMENT: assignment: start_iteration 9223372036854775807 is out of range "
+            "[0, 3) (spec.training.steps 3)");
+}
+
+TEST(CheckStartIterationTest, InRangeAndTheResumeStep) {
+  v1::Assignment a = OneStageAssignment(3);
+  EXPECT_TRUE(CheckStartIteration(a, 3).ok());
+  a.set_start_iteration(2);
+  EXPECT_TRUE(CheckStartIteration(a, 3).ok());
+  a.set_start_iteration(3);
+  EXPECT_EQ(CheckStartIteration(a, 3).message(),
+            "assignment: start_iteration 3 is out of range [0, 3) (spec.training.steps 3)");
+  a.set_start_iteration(-1);
+  EXPECT_EQ(CheckStartIteration(a, 3).code(), absl::StatusCode::kInvalidArgument);
+  // With a resume: the checkpoint's step, and no other.
+  a.set_start_iteration(2);
+  a.mutable_resume()->set_step(2);
+  EXPECT_TRUE(CheckStartIteration(a, 3).ok());
+  a.mutable_resume()->set_step(1);
+  EXPECT_EQ(CheckStartIteration(a, 3).message(),
+            "assignment: start_iteration 2 but resume.step 1; a resumed job starts at its "
+            "checkpoint's step");
 }
 
 // A backend that fails mid-job (the CPU cannot, so a stand-in reports

@@ -418,7 +418,10 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   // once its bounds hold (unchecked, the product below could overflow). A
   // runner is started either way: it fails at once with the same error and
   // reports it to the coordinator as the job's.
-  const absl::Status bounded = CheckAssignmentLayout(a);
+  absl::Status bounded = CheckAssignmentLayout(a);
+  // spec.training.steps as the runner resolves it (ResolveJobSpec keeps it;
+  // a spec it refuses fails the runner anyway).
+  if (bounded.ok()) bounded = CheckStartIteration(a, a.spec().training().steps());
   if (bounded.ok()) {
     // Every worker of the job may send here: every replica's stages (the
     // data-parallel all-reduce), every tensor rank (the tensor-parallel

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -146,12 +147,8 @@ class ScriptedCoordinator final : public v1::CoordinatorService::Service {
   std::vector<v1::ReportProgressRequest> reports_ ABSL_GUARDED_BY(mu_);
 };
 
-// An assignment whose layout factors multiply to 2^64, which wraps to 0
-// and "matched" its empty peer list: the agent computed the data plane's
-// size from them in int (overflow), and the runner went on to the
-// transport's CHECK (the worker died). Now the agent opens nothing for it
-// and the runner reports INVALID_ARGUMENT as the job's error.
-TEST(WorkerAgentTest, Handle_LayoutFactorsWrappingToZero_ReportedWithoutOpeningTheJob) {
+// A RUN of a one-layer job "job-1" plan 1 (stage 0 of 2, no peers listed).
+v1::Assignment RunAssignment() {
   v1::Assignment a;
   a.set_action(v1::Assignment::ACTION_RUN);
   a.set_job_id("job-1");
@@ -167,19 +164,25 @@ TEST(WorkerAgentTest, Handle_LayoutFactorsWrappingToZero_ReportedWithoutOpeningT
   spec->mutable_training()->set_steps(2);
   spec->mutable_data()->set_synthetic_bytes(5000);
   spec->mutable_parallelism()->set_stages(2);
-  a.set_replicas(1 << 21);
-  a.set_num_stages(1 << 21);
-  a.set_tensor_parallel(1 << 22);
+  a.set_num_stages(2);
+  return a;
+}
+
+// Runs an agent against a ScriptedCoordinator that assigns `a`, with
+// `mailbox`, until the first progress report (nullopt: none within 30 s),
+// then stops it.
+std::optional<v1::ReportProgressRequest> FirstReportFromAgent(const v1::Assignment& a,
+                                                              Mailbox& mailbox) {
   ScriptedCoordinator coordinator(a);
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&coordinator);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  Mailbox mailbox;
+  EXPECT_NE(server, nullptr);
   auto data_plane = DataPlaneServer::Start("127.0.0.1:0", &mailbox);
-  ASSERT_TRUE(data_plane.ok()) << data_plane.status();
+  EXPECT_TRUE(data_plane.ok()) << data_plane.status();
+  if (server == nullptr || !data_plane.ok()) return std::nullopt;
   WorkerAgentOptions options;
   options.coordinator_address = absl::StrCat("127.0.0.1:", port);
   options.join_token = "join";
@@ -191,15 +194,53 @@ TEST(WorkerAgentTest, Handle_LayoutFactorsWrappingToZero_ReportedWithoutOpeningT
                       return std::unique_ptr<Transport>(
                           new GrpcTransport(stage, peers, &mailbox, std::move(transport_options)));
                     });
-  ASSERT_TRUE(agent.Start().ok());
-  const std::optional<v1::ReportProgressRequest> report = coordinator.AwaitFirstReport();
+  EXPECT_TRUE(agent.Start().ok());
+  std::optional<v1::ReportProgressRequest> report = coordinator.AwaitFirstReport();
+  agent.Stop();
+  (*data_plane)->Shutdown();
+  server->Shutdown();
+  return report;
+}
+
+// An assignment whose layout factors multiply to 2^64, which wraps to 0
+// and "matched" its empty peer list: the agent computed the data plane's
+// size from them in int (overflow), and the runner went on to the
+// transport's CHECK (the worker died). Now the agent opens nothing for it
+// and the runner reports INVALID_ARGUMENT as the job's error.
+TEST(WorkerAgentTest, Handle_LayoutFactorsWrappingToZero_ReportedWithoutOpeningTheJob) {
+  v1::Assignment a = RunAssignment();
+  a.set_replicas(1 << 21);
+  a.set_num_stages(1 << 21);
+  a.set_tensor_parallel(1 << 22);
+  Mailbox mailbox;
+  const std::optional<v1::ReportProgressRequest> report = FirstReportFromAgent(a, mailbox);
   ASSERT_TRUE(report.has_value());
   EXPECT_EQ(report->job_id(), "job-1");
   EXPECT_EQ(report->error(),
             "INVALID_ARGUMENT: assignment: num_stages 2097152 is out of range [1, 1024]");
-  agent.Stop();
-  (*data_plane)->Shutdown();
-  server->Shutdown();
+}
+
+// start_iteration INT64_MAX: the mailbox was opened there (its run-ahead
+// window then overflows on the first tensor), and the runner ran no step
+// and reported nothing, so the job hung. Now the mailbox stays closed to
+// it and the job fails naming the field.
+TEST(WorkerAgentTest, Handle_StartIterationPastTheSteps_ReportedWithoutOpeningTheMailbox) {
+  v1::Assignment a = RunAssignment();
+  a.add_peer_addresses("127.0.0.1:1");
+  a.add_peer_addresses("127.0.0.1:2");
+  a.set_start_iteration(std::numeric_limits<int64_t>::max());
+  Mailbox mailbox;
+  const std::optional<v1::ReportProgressRequest> report = FirstReportFromAgent(a, mailbox);
+  ASSERT_TRUE(report.has_value());
+  EXPECT_EQ(report->error(),
+            "INVALID_ARGUMENT: assignment: start_iteration 9223372036854775807 is out of range "
+            "[0, 2) (spec.training.steps 2)");
+  // Not opened: a tensor of the job is not measured against a window at
+  // INT64_MAX (it is refused only because the stopped runner aborted it).
+  TensorAddress address;
+  address.job_id = "job-1/1";
+  address.iteration = 1;
+  EXPECT_EQ(mailbox.Admit(address, 16).code(), absl::StatusCode::kAborted);
 }
 
 }  // namespace

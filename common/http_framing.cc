@@ -29,6 +29,8 @@ bool ParseContentLength(absl::string_view value, uint64_t* length) {
 HttpRequestFramer::Progress HttpRequestFramer::Update(absl::string_view received) {
   if (progress_ != Progress::kNeedMore) return progress_;
   if (head_bytes_ == 0) {
+    progress_ = CheckRequestLine(received);
+    if (progress_ == Progress::kRejected) return progress_;
     progress_ = FindHead(received);
     if (progress_ != Progress::kComplete) return progress_;
     progress_ = Progress::kNeedMore;  // the head is; the body may not be
@@ -42,6 +44,26 @@ bool HttpRequestFramer::TakeContinue() {
                       progress_ == Progress::kNeedMore;
   expects_continue_ = false;
   return answer;
+}
+
+// kNeedMore while the request line is within its limit, complete or not.
+// Searches at most the limit's bytes, each once.
+HttpRequestFramer::Progress HttpRequestFramer::CheckRequestLine(absl::string_view received) {
+  if (line_checked_) return Progress::kNeedMore;
+  const size_t limit = limits_.max_request_line_bytes;
+  // httplib ends the line at LF; a line of `limit` bytes has its CRLF within these.
+  const absl::string_view window = received.substr(0, limit + 2);
+  const size_t end = window.find('\n', line_searched_);
+  if (end == absl::string_view::npos) {
+    line_searched_ = window.size();
+    if (window.size() < limit + 2) return Progress::kNeedMore;
+  } else if ((end > 0 && window[end - 1] == '\r' ? end - 1 : end) <= limit) {
+    line_checked_ = true;
+    return Progress::kNeedMore;
+  }
+  return Reject(
+      414, "RESOURCE_EXHAUSTED",
+      absl::StrCat("request line (method, path and query) exceeds the limit of ", limit, " bytes"));
 }
 
 // kComplete here means the head is complete and acceptable.

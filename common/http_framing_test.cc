@@ -68,6 +68,36 @@ TEST(HttpRequestFramer, Update_HeadOfExactlyTheLimit_Accepted) {
   EXPECT_EQ(FeedByteByByte(framer, head), Progress::kComplete);
 }
 
+// Routing runs std::regex over the path, whose recursion needs stack in
+// proportion to it: a long target must not reach it.
+TEST(HttpRequestFramer, Update_RequestLineOverLimit_Rejected414NamingTheLimit) {
+  const std::string line = "GET /" + std::string(1011, 'a') + " HTTP/1.1";  // 1025 bytes
+  HttpRequestFramer framer(HttpRequestLimits{});
+  EXPECT_EQ(framer.Update(line + "\r\nHost: x\r\n\r\n"), Progress::kRejected);
+  EXPECT_EQ(framer.rejection().status, 414);
+  EXPECT_EQ(framer.rejection().code, "RESOURCE_EXHAUSTED");
+  EXPECT_EQ(framer.rejection().message,
+            "request line (method, path and query) exceeds the limit of 1024 bytes");
+}
+
+TEST(HttpRequestFramer, Update_RequestLineTricklingPastLimit_Rejected414BeforeItsEnd) {
+  HttpRequestFramer framer(HttpRequestLimits{});
+  const std::string line = "GET /" + std::string(2000, 'a');
+  EXPECT_EQ(FeedByteByByte(framer, line.substr(0, 1025)), Progress::kNeedMore);
+  EXPECT_EQ(framer.Update(line.substr(0, 1026)), Progress::kRejected);
+  EXPECT_EQ(framer.rejection().status, 414);
+  EXPECT_EQ(framer.rejection().message,
+            "request line (method, path and query) exceeds the limit of 1024 bytes");
+}
+
+TEST(HttpRequestFramer, Update_RequestLineOfExactlyTheLimit_Accepted) {
+  std::string line = "GET /";
+  line += std::string(1024 - line.size() - 9, 'a') + " HTTP/1.1";
+  ASSERT_EQ(line.size(), 1024u);
+  HttpRequestFramer framer(HttpRequestLimits{});
+  EXPECT_EQ(FeedByteByByte(framer, line + "\r\n\r\n"), Progress::kComplete);
+}
+
 TEST(HttpRequestFramer, Update_ContentLengthOverLimit_Rejected413BeforeTheBody) {
   HttpRequestFramer framer(kLimits);
   EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nContent-Length: 65\r\n\r\n"), Progress::kRejected);

@@ -319,9 +319,9 @@ std::string HttpServer::Answer(const GatedRequest& request) {
     route = *matched;
   } else if (status == 400 || status == 414 || status == 416) {
     // httplib's parser refused it before routing (malformed, a request
-    // line over its 8 KiB, a bad Range). Not matched against the routes:
-    // a path of up to the gate's 16 KiB would take std::regex's recursion
-    // deep into the stack.
+    // line over its 8 KiB, a bad Range): rejected, not matched against the
+    // routes. (The framing's request line limit, 1 KiB by default, is what
+    // keeps the paths std::regex does match short.)
     route = kRejectedRoute;
   } else {
     route = RouteOf(method, path);  // refused before its handler (401), or unrouted

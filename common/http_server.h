@@ -22,7 +22,7 @@
 // responses. A client that trickles its request, or never reads the answer,
 // holds a buffer and a connection slot until its timeout, never a thread, so
 // /healthz and /metrics stay answerable. Over a limit the gate answers with
-// the JSON error body itself (431, 413, 411, 415, 408, 503; docs/api.md
+// the JSON error body itself (414, 431, 413, 411, 415, 408, 503; docs/api.md
 // "HTTP limits"). One request per connection: every response says
 // "Connection: close". A POST without Content-Length has an empty body.
 // Compressed request bodies (Content-Encoding) are refused, never inflated;
@@ -88,7 +88,10 @@ class HttpServer {
     // Connections being read, handled or answered; a new one beyond this is
     // answered 503 UNAVAILABLE at once.
     size_t max_connections = 128;
-    // Request line and headers; beyond: 431 RESOURCE_EXHAUSTED.
+    // Request line and headers; beyond: 431 RESOURCE_EXHAUSTED. The request
+    // line alone is bounded at 1 KiB (HttpRequestLimits::
+    // max_request_line_bytes, which keeps std::regex routing's stack small);
+    // beyond: 414 RESOURCE_EXHAUSTED.
     size_t max_header_bytes = 16 * 1024;
     // A request body (its Content-Length); beyond: 413 RESOURCE_EXHAUSTED,
     // decided from the headers, so the body is never buffered.
@@ -110,7 +113,7 @@ class HttpServer {
     //            kUnmatchedRoute when none does (404), or kRejectedRoute
     //            when the gate or httplib's parser answered before the
     //            request was routed (400 malformed, 408, 411, 413, 414 a
-    //            request line over 8 KiB, 415, 416 a malformed Range, 431,
+    //            request line over 1 KiB, 415, 416 a malformed Range, 431,
     //            503);
     //   status:  the HTTP status sent;
     //   seconds: handled requests: from the request being complete to its

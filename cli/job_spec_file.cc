@@ -1,5 +1,7 @@
 #include "cli/job_spec_file.h"
 
+#include <cmath>
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -22,8 +24,15 @@ nlohmann::json ScalarToJson(const YAML::Node& node) {
   if (text == "null" || text == "~" || text.empty()) return nullptr;
   int64_t i = 0;
   if (absl::SimpleAtoi(text, &i)) return i;
+  // A seed is a uint64: one above INT64_MAX must not pass through a double
+  // (12345678901234567890 would become ...7168).
+  uint64_t u = 0;
+  if (absl::SimpleAtoi(text, &u)) return u;
+  // Only finite numbers: SimpleAtod also reads "inf" and "nan", which JSON
+  // cannot hold (they would become null and reset the field to its
+  // default); as strings, the spec's checks name them.
   double d = 0;
-  if (absl::SimpleAtod(text, &d)) return d;
+  if (absl::SimpleAtod(text, &d) && std::isfinite(d)) return d;
   return text;
 }
 

@@ -28,6 +28,17 @@ TEST(JobSpecFileTest, Yaml_ParsesTypesAndNestedFields) {
   EXPECT_EQ(spec.parallelism().solver(), "pipedream");
 }
 
+// Plain YAML numbers keep their value: a uint64 seed above INT64_MAX is
+// not rounded through a double, and "nan" or "inf" is not turned into
+// JSON null (which would quietly leave the field at its default).
+TEST(JobSpecFileTest, Yaml_LargeSeedExact_NonFiniteNotNull) {
+  const std::string path = Write("seed.yaml", "training: {seed: 12345678901234567890}\n");
+  EXPECT_EQ(ReadJobSpecFile(path).value().training().seed(), 12345678901234567890ull);
+  EXPECT_EQ(YamlToJson("name: nan\n").value(), R"({"name":"nan"})");
+  EXPECT_EQ(ReadJobSpecFile(Write("lr.yaml", "training: {lr: inf}\n")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(JobSpecFileTest, Json_AcceptsOriginalFieldNames) {
   const std::string path =
       Write("job.json", R"({"model": {"n_layer": 3, "n_head": 2, "d_model": 8}})");

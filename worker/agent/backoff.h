@@ -3,7 +3,7 @@
 // uniformly from [1 - jitter, 1]: "equal jitter" keeps a floor so retries
 // from many workers spread out without hammering the coordinator.
 // Deterministic for a seed (Philox), so tests can check exact delays.
-// Not thread-safe.
+// Not thread-safe (RandomBackoffSeed is).
 #ifndef PIPETRAIN_WORKER_AGENT_BACKOFF_H_
 #define PIPETRAIN_WORKER_AGENT_BACKOFF_H_
 
@@ -13,12 +13,21 @@
 
 namespace pipetrain {
 
+// A seed no other call (in this process or another) is likely to return:
+// from std::random_device, mixed with the process id, the clock and a
+// counter (which alone keep seeds apart should the device fail).
+uint64_t RandomBackoffSeed();
+
 struct BackoffOptions {
   absl::Duration initial = absl::Milliseconds(100);
   absl::Duration max = absl::Seconds(5);
   double multiplier = 2.0;
   double jitter = 0.5;  // in [0, 1]
-  uint64_t seed = 1;
+  // The jitter's seed: a fresh one per options by default, so that workers
+  // that lost the coordinator together (it restarted) do not retry in
+  // lockstep, as they would with one fixed seed. Tests that check exact
+  // delays set it.
+  uint64_t seed = RandomBackoffSeed();
 };
 
 class Backoff {

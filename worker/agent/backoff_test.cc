@@ -19,13 +19,27 @@ TEST(BackoffTest, Next_GrowsGeometricallyWithinJitterAndCaps) {
 }
 
 TEST(BackoffTest, SameSeed_SameDelays_DifferentSeed_DifferentDelays) {
-  Backoff a({}), b({}), c({absl::Milliseconds(100), absl::Seconds(5), 2.0, 0.5, 99});
+  BackoffOptions seeded;
+  seeded.seed = 1;
+  Backoff a(seeded), b(seeded), c({absl::Milliseconds(100), absl::Seconds(5), 2.0, 0.5, 99});
   bool differs = false;
   for (int i = 0; i < 5; ++i) {
     const absl::Duration da = a.Next();
     EXPECT_EQ(da, b.Next());
     differs = differs || da != c.Next();
   }
+  EXPECT_TRUE(differs);
+}
+
+// Options built as the worker builds them (WorkerAgentOptions::backoff's
+// defaults) get seeds of their own: with one fixed seed, every worker drew
+// the same jitter and, after a coordinator restart, retried in lockstep.
+TEST(BackoffTest, DefaultOptions_DrawDifferentSeedsAndDelays) {
+  const BackoffOptions x, y;
+  EXPECT_NE(x.seed, y.seed);
+  Backoff a(x), b(y);
+  bool differs = false;
+  for (int i = 0; i < 5; ++i) differs = differs || a.Next() != b.Next();
   EXPECT_TRUE(differs);
 }
 

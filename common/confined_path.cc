@@ -94,7 +94,16 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
   for (const std::string& part : parts) {
     ScopedFd next(OpenDirNoFollow(dir.get(), part));
     if (next.get() < 0 && errno == ENOENT && create_dirs) {
-      if (mkdirat(dir.get(), part.c_str(), 0700) != 0 && errno != EEXIST) {
+      if (mkdirat(dir.get(), part.c_str(), 0700) == 0) {
+        // A new entry is durable only once its parent directory is synced:
+        // a crash could otherwise lose a directory (a checkpoint's step-N)
+        // whose files were all fsynced. EINVAL: the file system cannot sync
+        // directories.
+        if (fsync(dir.get()) != 0 && errno != EINVAL) {
+          return absl::ErrnoToStatus(
+              errno, absl::StrCat(field, ": cannot sync the directory of ", part, " under ", root));
+        }
+      } else if (errno != EEXIST) {
         return absl::ErrnoToStatus(errno, absl::StrCat(field, ": cannot create directory ", part,
                                                        " under ", root));
       }

@@ -66,9 +66,10 @@ struct ConfinedParent {
 
 // Walks `relative` (which must pass CheckConfinedName) under the directory
 // `root`, refusing symbolic links. `create_dirs`: missing directories on the
-// way are created (mode 0700); otherwise a missing one ends the walk early
-// with OK and a closed `dir` (nothing to refuse yet: the write will create
-// it). Errors, INVALID_ARGUMENT "<field>: ...": a component is a symbolic
+// way are created (mode 0700), each synced into its parent (fsync of the
+// parent, so a crash cannot lose it); otherwise a missing one ends the walk
+// early with OK and a closed `dir` (nothing to refuse yet: the write will
+// create it). Errors, INVALID_ARGUMENT "<field>: ...": a component is a symbolic
 // link, or not a directory, or the final name is an existing directory or
 // symbolic link. FAILED_PRECONDITION when `root` itself cannot be opened as
 // a directory (the operator's flag is wrong); other errno failures as

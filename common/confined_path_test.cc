@@ -78,6 +78,24 @@ TEST_F(ConfinedPathTest, NestedName_CreatesDirsOnlyWhenAsked) {
   EXPECT_TRUE(S_ISDIR(info.st_mode));
 }
 
+// Creating directories also syncs each new one into its parent (a crash
+// must not lose a checkpoint's step directory); that cannot be observed
+// here, only that the walk still creates what is missing below what exists.
+TEST_F(ConfinedPathTest, PartlyExistingPath_CreatesTheRest0700) {
+  ASSERT_EQ(mkdir((root_ + "/a").c_str(), 0755), 0);
+  absl::StatusOr<ConfinedParent> made = OpenConfinedParent(root_, "f", "a/b/c/w.bin", true);
+  ASSERT_TRUE(made.ok()) << made.status();
+  EXPECT_GE(made->dir.get(), 0);
+  for (const char* dir : {"/a/b", "/a/b/c"}) {
+    struct stat info;
+    ASSERT_EQ(stat((root_ + dir).c_str(), &info), 0) << dir;
+    EXPECT_TRUE(S_ISDIR(info.st_mode)) << dir;
+    EXPECT_EQ(info.st_mode & 0777, 0700u) << dir;
+  }
+  // Again, with everything there: nothing to create.
+  EXPECT_TRUE(OpenConfinedParent(root_, "f", "a/b/c/w.bin", true).ok());
+}
+
 TEST_F(ConfinedPathTest, SymlinkOnTheWayOrAtTheName_Refused) {
   ASSERT_EQ(symlink(outside_.c_str(), (root_ + "/link").c_str()), 0);
   Touch(outside_ + "/victim");

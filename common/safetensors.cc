@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
@@ -35,6 +36,8 @@ constexpr char kMetadataKey[] = "__metadata__";
 constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
 constexpr uint64_t kLengthBytes = 8;
 constexpr uint64_t kDataAlignment = 8;
+// The most bytes of the final name a temporary file's name repeats.
+constexpr size_t kTempPrefixBytes = 200;
 
 // ---------------------------------------------------------------------------
 // File I/O.
@@ -196,7 +199,15 @@ absl::Status WriteInDirectory(int dir_fd, const std::string& name, const std::st
         absl::StrCat("cannot write safetensors file ", shown, ": ", valid.message()));
   }
   const std::string header = BuildHeader(tensors, metadata);
-  const std::string tmp = absl::StrCat(name, ".tmp.", getpid());
+  // "<name>.tmp.<pid>" exceeded NAME_MAX for a name near it (CheckConfinedName
+  // allows 255 bytes), failing the write after training. The temporary name
+  // keeps at most kTempPrefixBytes of `name` (so "unit-..." temporaries of a
+  // writer that died stay recognisable: coordinator/jobs/checkpoint_catalog.cc)
+  // and a pid and a per-process counter (one per write, never shared):
+  // at most 200 + 5 + 10 + 1 + 20 = 236 bytes.
+  static std::atomic<uint64_t> next_temp{0};
+  const std::string tmp = absl::StrCat(name.substr(0, kTempPrefixBytes), ".tmp.", getpid(), ".",
+                                       next_temp.fetch_add(1));
   absl::Status status = WriteTempFile(dir_fd, tmp, header, tensors, mode);
   if (status.ok() && renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) {
     status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp, " to"), shown);

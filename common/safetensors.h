@@ -11,9 +11,9 @@
 // checkpoints are often half precision. The host must be little-endian (the
 // format is), which the implementation checks at compile time.
 //
-// Thread-safety: the functions keep no state. Concurrent reads are fine;
-// concurrent writes to the same path from one process share a temporary file
-// name and must be serialised by the caller.
+// Thread-safety: the functions keep no state but a counter of temporary
+// files. Concurrent reads are fine; concurrent writes each use a temporary
+// file of their own, and the last one renamed wins.
 #ifndef PIPETRAIN_COMMON_SAFETENSORS_H_
 #define PIPETRAIN_COMMON_SAFETENSORS_H_
 
@@ -42,9 +42,11 @@ using SafetensorsMetadata = std::map<std::string, std::string>;
 // empty). The header is padded with spaces so the data buffer starts at an
 // 8-byte aligned file offset, as Hugging Face does.
 //
-// Atomic: writes "<path>.tmp.<pid>", fsyncs it and renames it over `path`, so
-// a crash never leaves a half-written file and an existing file is replaced
-// only by a complete one. On failure the temporary file is removed.
+// Atomic: writes a temporary file in the same directory, "<name>.tmp.<pid>.<n>"
+// with at most the first 200 bytes of the file's name (so any name up to
+// NAME_MAX can be written), fsyncs it and renames it over `path`, so a crash
+// never leaves a half-written file and an existing file is replaced only by
+// a complete one. On failure the temporary file is removed.
 //
 // Errors:
 //   INVALID_ARGUMENT: an empty, duplicate or "__metadata__" name, a null

@@ -1,5 +1,6 @@
 #include "common/safetensors.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -447,6 +448,32 @@ TEST(SafetensorsTest, Write_Success_LeavesNoTempFile) {
   for (const fs::directory_entry& e : fs::directory_iterator(dir))
     names.push_back(e.path().filename());
   EXPECT_THAT(names, UnorderedElementsAre("a.safetensors"));
+}
+
+// A name of 250 bytes passes CheckConfinedName (255 per component);
+// "<name>.tmp.<pid>" was over NAME_MAX, so the job's weights were lost after
+// training (ENAMETOOLONG). Both writers, and nothing left behind.
+TEST(SafetensorsTest, Write_NameOf250Bytes_WrittenWithNoTempFileLeft) {
+  const std::string dir = TestDir();
+  const std::string name = std::string(238, 'w') + ".safetensors";
+  ASSERT_EQ(name.size(), 250u);
+  absl::Status written = WriteSafetensors(dir + "/" + name, SampleTensors());
+  ASSERT_TRUE(written.ok()) << written;
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  const std::string at_name = std::string(250, 'a');
+  written = WriteSafetensorsAt(dir_fd, at_name, SampleTensors(), {{"k", "v"}}, 0600);
+  close(dir_fd);
+  ASSERT_TRUE(written.ok()) << written;
+  for (const std::string& n : {name, at_name}) {
+    absl::StatusOr<SafetensorsContents> read = ReadSafetensors(dir + "/" + n);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->tensors.size(), SampleTensors().size());
+  }
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    names.push_back(e.path().filename());
+  EXPECT_THAT(names, UnorderedElementsAre(name, at_name));
 }
 
 TEST(SafetensorsTest, Write_ExistingFile_ReplacedByCompleteFile) {

@@ -189,7 +189,12 @@ expect_exit up_bad_emulated_link 2 '--emulate-link "0Gbit,1ms": bandwidth must b
   up --workers 2 --emulate-link 0Gbit,1ms --out "$TMP/up-bad"
 expect_exit up_missing_data 2 "--data $TMP/no-such-corpus.txt: No such file or directory" -- \
   up --workers 2 --data "$TMP/no-such-corpus.txt" --out "$TMP/up-bad"
-ok up_bad_started_nothing test ! -e "$TMP/up-bad/coordinator.ports"
+# Nothing at all: not even --out is made before the flags are checked.
+ok up_bad_started_nothing test ! -e "$TMP/up-bad"
+# An --out that cannot be made is named with the reason, as a usage error.
+touch "$TMP/a-file"
+expect_exit up_out_not_creatable 2 "--out $TMP/a-file/out: cannot create the directory: Not a directory" -- \
+  up --workers 1 --out "$TMP/a-file/out"
 # A run to its end leaves the plan's predicted step and the workers'
 # measured one (a 3-step plan traces its last) as SVG beside its logs.
 expect_exit up_timelines 0 "timelines: predicted $TMP/up-short/timeline-predicted.svg, measured (step 3) $TMP/up-short/timeline-measured.svg" -- \

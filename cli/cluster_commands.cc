@@ -530,9 +530,6 @@ int RunUp(const std::vector<std::string>& args) {
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 0, &words, "up"); code >= 0) return code;
   o.tensor_tune_steps_given = flags.IsSet("tensor-partitions-tune-steps");
-  if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) {
-    return Fail("up", absl::NotFoundError("cannot create --out directory " + o.out));
-  }
   absl::Status valid = absl::OkStatus();
   if (o.workers < 1) {
     valid = absl::InvalidArgumentError(absl::StrCat("--workers must be >= 1, got ", o.workers));
@@ -600,6 +597,14 @@ int RunUp(const std::vector<std::string>& args) {
   }
   if (!valid.ok()) {
     return std::fprintf(stderr, "pipetrain up: %s\n", valid.ToString().c_str()), kExitUsage;
+  }
+  // --out only once every flag has passed: a refused command line leaves
+  // nothing behind. A directory that cannot be made is the command line's
+  // fault too (exit 2, as an unreadable --data), with the reason.
+  if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) {
+    std::fprintf(stderr, "pipetrain up: --out %s: cannot create the directory: %s\n", o.out.c_str(),
+                 std::strerror(errno));
+    return kExitUsage;
   }
   auto coordinator = FindSiblingBinary("coordinator", "pipetrain-coordinator");
   auto worker = FindSiblingBinary("worker", "pipetrain-worker");

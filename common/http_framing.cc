@@ -13,6 +13,7 @@ namespace pipetrain {
 namespace {
 
 constexpr absl::string_view kHeadEnd = "\r\n\r\n";
+constexpr size_t kMaxRangeBytes = 256;
 
 // Decimal digits only: no sign, no inner spaces, no hex. 18 digits cannot
 // overflow uint64_t and are far above any limit.
@@ -91,7 +92,10 @@ HttpRequestFramer::Progress HttpRequestFramer::FindHead(absl::string_view receiv
 // Reads the headers that frame the body; everything else is left to the
 // HTTP parser, which sees exactly the bytes framed here.
 HttpRequestFramer::Progress HttpRequestFramer::ParseHead(absl::string_view head) {
-  const std::vector<absl::string_view> lines = absl::StrSplit(head, "\r\n");
+  // Lines end at LF, as httplib's reader ends them (it then skips those
+  // without CR): a header behind a bare LF ("X: a\nRange: ...\r\n") is
+  // checked here as httplib reads it. The CR goes with the whitespace.
+  const std::vector<absl::string_view> lines = absl::StrSplit(head, '\n');
   bool has_length = false;
   for (size_t i = 1; i < lines.size(); ++i) {  // lines[0] is the request line
     const size_t colon = lines[i].find(':');
@@ -116,6 +120,14 @@ HttpRequestFramer::Progress HttpRequestFramer::OnHeader(absl::string_view name,
     return Reject(411, "UNIMPLEMENTED",
                   "request bodies with Transfer-Encoding are not accepted; send the body "
                   "with a Content-Length header");
+  }
+  // httplib parses Range with a std::regex whose recursion takes stack in
+  // proportion to the value (an 8 KiB one overflows a 2 MiB thread stack),
+  // before the server gets to ignore it (http_server.cc).
+  if (absl::EqualsIgnoreCase(name, "Range") && value.size() > kMaxRangeBytes) {
+    return Reject(431, "RESOURCE_EXHAUSTED",
+                  absl::StrCat("Range header of ", value.size(), " bytes exceeds the limit of ",
+                               kMaxRangeBytes, " bytes; the server ignores Range: send none"));
   }
   // httplib inflates gzip, deflate and br bodies before a handler sees
   // them, and every limit here bounds the compressed bytes: a 254 KiB gzip

@@ -18,7 +18,9 @@
 // Rejections (status, code of the JSON error body):
 //   414 RESOURCE_EXHAUSTED  request line longer than max_request_line_bytes
 //                           (decided as soon as that many bytes arrived)
-//   431 RESOURCE_EXHAUSTED  head longer than max_header_bytes
+//   431 RESOURCE_EXHAUSTED  head longer than max_header_bytes, or a Range
+//                           header over 256 bytes (httplib parses it with
+//                           std::regex; the server ignores ranges anyway)
 //   413 RESOURCE_EXHAUSTED  Content-Length above max_body_bytes (known from
 //                           the head, so the body is never buffered)
 //   411 UNIMPLEMENTED       Transfer-Encoding (chunked bodies): send

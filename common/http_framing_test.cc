@@ -138,6 +138,32 @@ TEST(HttpRequestFramer, Update_IdentityContentEncoding_Accepted) {
             Progress::kComplete);
 }
 
+TEST(HttpRequestFramer, Update_LongRange_Rejected431) {
+  HttpRequestFramer framer({/*max_header_bytes=*/1024, /*max_body_bytes=*/64});
+  EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nrange: bytes=" + std::string(251, '1') + "\r\n\r\n"),
+            Progress::kRejected);
+  EXPECT_EQ(framer.rejection().status, 431);
+  EXPECT_EQ(framer.rejection().message,
+            "Range header of 257 bytes exceeds the limit of 256 bytes; the server ignores Range: "
+            "send none");
+  HttpRequestFramer at_limit({/*max_header_bytes=*/1024, /*max_body_bytes=*/64});
+  EXPECT_EQ(at_limit.Update("GET / HTTP/1.1\r\nRange: bytes=" + std::string(250, '1') + "\r\n\r\n"),
+            Progress::kComplete);
+}
+
+// httplib ends header lines at LF (and skips those without CR), so a header
+// behind a bare LF is one it reads: the framing checks it too.
+TEST(HttpRequestFramer, Update_FramingHeaderBehindABareLf_Checked) {
+  HttpRequestFramer chunked(kLimits);
+  EXPECT_EQ(chunked.Update("POST / HTTP/1.1\r\nX: a\nTransfer-Encoding: chunked\r\n\r\n"),
+            Progress::kRejected);
+  EXPECT_EQ(chunked.rejection().status, 411);
+  HttpRequestFramer length(kLimits);
+  EXPECT_EQ(length.Update("POST / HTTP/1.1\r\nX: a\nContent-Length: 3\r\n\r\nabc"),
+            Progress::kComplete);
+  EXPECT_EQ(length.request_bytes(), 46u);
+}
+
 TEST(HttpRequestFramer, Update_MalformedContentLength_Rejected400) {
   for (const char* value : {"-1", "+5", "0x10", "5 5", "", "1234567890123456789"}) {
     HttpRequestFramer framer(kLimits);

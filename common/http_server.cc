@@ -153,6 +153,11 @@ class GatedServer : public httplib::Server {
                       // a whole copy of the body (an 8 KB request, a 277 MB
                       // /metrics answer): forget the ranges, answer in full.
                       req.ranges.clear();
+                      // Handlers take the body as sent. httplib would parse a
+                      // multipart/form-data body with std::regex (a long part
+                      // header overflows a 2 MiB thread stack) and hand the
+                      // handler none, and merge a form's fields into the query.
+                      req.headers.erase("Content-Type");
                     });
     return stream.TakeResponse();
   }

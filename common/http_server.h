@@ -26,7 +26,8 @@
 // "HTTP limits"). One request per connection: every response says
 // "Connection: close". A POST without Content-Length has an empty body.
 // Compressed request bodies (Content-Encoding) are refused, never inflated;
-// Range headers are ignored (every answer is the whole body).
+// Range headers are ignored (every answer is the whole body); a body reaches
+// its handler as sent, whatever its Content-Type (multipart not parsed).
 //
 // Authentication: when Options::bearer_token is set, every route except the
 // public paths (/healthz, /readyz, /metrics) requires "Authorization: Bearer <token>";

@@ -193,8 +193,34 @@ expect_exit up_missing_data 2 "--data $TMP/no-such-corpus.txt: No such file or d
 ok up_bad_started_nothing test ! -e "$TMP/up-bad"
 # An --out that cannot be made is named with the reason, as a usage error.
 touch "$TMP/a-file"
-expect_exit up_out_not_creatable 2 "--out $TMP/a-file/out: cannot create the directory: Not a directory" -- \
+expect_exit up_out_not_creatable 2 "--out $TMP/a-file/out: cannot create it: Not a directory" -- \
   up --workers 1 --out "$TMP/a-file/out"
+# --out gets the tokens and the ports files that say where they go: one that
+# another user owns or others may write in is refused before anything
+# starts, and so is one another run holds.
+mkdir -p "$TMP/up-shared" && chmod 1777 "$TMP/up-shared"
+expect_exit up_out_world_writable 2 "--out $TMP/up-shared: mode 1777 lets its group or others write in it" -- \
+  up --workers 1 --out "$TMP/up-shared"
+ok up_out_world_writable_untouched test ! -e "$TMP/up-shared/up.lock"
+if [[ $(id -u) -eq 0 ]]; then  # only root can hand a directory to another user
+  mkdir -p "$TMP/up-theirs" && chmod 755 "$TMP/up-theirs" && chown 4242 "$TMP/up-theirs"
+  expect_exit up_out_another_users 2 "--out $TMP/up-theirs: owned by uid 4242, not by this user (uid 0)" -- \
+    up --workers 1 --out "$TMP/up-theirs"
+  ok up_out_another_users_untouched test ! -e "$TMP/up-theirs/up.lock"
+fi
+mkdir -p "$TMP/up-locked" && chmod 700 "$TMP/up-locked"
+# Holds the lock as another `up` would (flock on up.lock), until killed.
+python3 -c '
+import fcntl, os, sys, time
+f = open(sys.argv[1] + "/up.lock", "w"); fcntl.flock(f, fcntl.LOCK_EX)
+f.write("%d\n" % os.getpid()); f.flush(); open(sys.argv[1] + "/held", "w").write("1")
+time.sleep(600)' "$TMP/up-locked" &
+locker=$!
+pids+=("$locker")
+ok up_lock_held await_file "$TMP/up-locked/held"
+expect_exit up_out_in_use 2 "--out $TMP/up-locked: in use by another \`pipetrain up\` (pid $locker)" -- \
+  up --workers 1 --out "$TMP/up-locked"
+ok up_out_in_use_started_nothing test ! -e "$TMP/up-locked/coordinator.ports"
 # A run to its end leaves the plan's predicted step and the workers'
 # measured one (a 3-step plan traces its last) as SVG beside its logs.
 expect_exit up_timelines 0 "timelines: predicted $TMP/up-short/timeline-predicted.svg, measured (step 3) $TMP/up-short/timeline-measured.svg" -- \

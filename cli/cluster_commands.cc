@@ -202,7 +202,9 @@ struct UpOptions {
   // 0; the spec's own default (0 for other counts) applies unless given.
   int tensor_tune_steps = 2;
   bool tensor_tune_steps_given = false;
-  std::string out = "/tmp/pipetrain-up";
+  // Per user: a shared /tmp/pipetrain-up would be refused to all but the
+  // first user (ClusterDir), and one user's runs would share it.
+  std::string out = absl::StrCat("/tmp/pipetrain-up-", geteuid());
   bool keep_running = false;
   v1::JobSpec spec;
   int layers = 2, heads = 4, d_model = 128, seq_len = 64, batch = 16, micro = 4;
@@ -252,7 +254,10 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "with --tensor-parallel: 1d (Megatron's split, the default) or 3d (T = p^3 workers "
            "per stage as a p x p x p cube of 3-D linear layers and LayerNorms; "
            "spec.parallelism.tensor_mode)");
-  f.String("out", &o.out, "directory for logs, weights, ports files and the timelines (SVG)");
+  f.String("out", &o.out,
+           "directory for logs, weights, tokens, ports files and the timelines (SVG); made mode "
+           "0700 if missing, refused if another user owns it or others may write in it, and "
+           "locked: one `up` at a time");
   f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
   f.Int("layers", &o.layers, "transformer blocks");
   f.Int("heads", &o.heads, "attention heads");
@@ -599,11 +604,14 @@ int RunUp(const std::vector<std::string>& args) {
     return std::fprintf(stderr, "pipetrain up: %s\n", valid.ToString().c_str()), kExitUsage;
   }
   // --out only once every flag has passed: a refused command line leaves
-  // nothing behind. A directory that cannot be made is the command line's
-  // fault too (exit 2, as an unreadable --data), with the reason.
-  if (mkdir(o.out.c_str(), 0755) != 0 && errno != EEXIST) {
-    std::fprintf(stderr, "pipetrain up: --out %s: cannot create the directory: %s\n", o.out.c_str(),
-                 std::strerror(errno));
+  // nothing behind. It gets the tokens, and the ports files that say where
+  // they are sent: ClusterDir refuses one that another user could have
+  // planted or can write in, and locks it until this run's cluster is gone
+  // (declared before it, so destroyed after). Its problems are the command
+  // line's (exit 2, as an unreadable --data), with the reason.
+  absl::StatusOr<ClusterDir> out_dir = ClusterDir::Claim("--out", o.out);
+  if (!out_dir.ok()) {
+    std::fprintf(stderr, "pipetrain up: %s\n", std::string(out_dir.status().message()).c_str());
     return kExitUsage;
   }
   auto coordinator = FindSiblingBinary("coordinator", "pipetrain-coordinator");

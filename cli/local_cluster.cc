@@ -1,15 +1,22 @@
 #include "cli/local_cluster.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <climits>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -50,6 +57,64 @@ absl::StatusOr<std::vector<std::string>> TokenFlags(const LocalClusterOptions& o
   return flags;
 }
 
+// "NAME PATH: what: strerror(error)", with the errno's status code.
+absl::Status ErrnoError(int error, const std::string& name, const std::string& path,
+                        const std::string& what) {
+  return absl::Status(absl::ErrnoToStatusCode(error),
+                      absl::StrCat(name, " ", path, ": ", what, ": ", std::strerror(error)));
+}
+
+// Makes the missing parents of `path` (0755 less the umask, as `mkdir -p`),
+// then `path` itself with mode 0700. `*created`: whether `path` was made
+// here (false when it existed: the caller checks what it found).
+absl::Status MakePrivateDir(const std::string& name, const std::string& path, bool* created) {
+  for (size_t slash = path.find('/', 1); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
+    const std::string parent = path.substr(0, slash);
+    if (parent.back() == '/') continue;  // "a//b"
+    if (mkdir(parent.c_str(), 0755) != 0 && errno != EEXIST) {
+      return ErrnoError(errno, name, path, absl::StrCat("cannot create its parent ", parent));
+    }
+  }
+  *created = mkdir(path.c_str(), 0700) == 0;
+  if (!*created && errno != EEXIST) return ErrnoError(errno, name, path, "cannot create it");
+  return absl::OkStatus();
+}
+
+// Refuses a directory that another user could have planted or can write in.
+// `link`: lstat of the path; `dir`: fstat of the directory it leads to.
+absl::Status CheckPrivate(const std::string& name, const std::string& path, uid_t owner,
+                          const struct stat& link, const struct stat& dir) {
+  const std::string next = absl::StrCat("; pick another ", name);
+  // The link itself too: in /tmp anyone can point one at a directory of ours.
+  if (S_ISLNK(link.st_mode) && link.st_uid != owner) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, " ", path, ": a symbolic link owned by uid ", link.st_uid,
+                     ", not by this user (uid ", owner, ")", next));
+  }
+  if (dir.st_uid != owner) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, " ", path, ": owned by uid ", dir.st_uid, ", not by this user (uid ",
+                     owner, "); the token files written there would be its owner's to read", next));
+  }
+  if ((dir.st_mode & (S_IWGRP | S_IWOTH)) != 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "%s %s: mode %04o lets its group or others write in it, and so replace the ports "
+        "files that say where the tokens go; chmod go-w it%s",
+        name, path, dir.st_mode & 07777, next));
+  }
+  return absl::OkStatus();
+}
+
+// The pid a lock file holds (as Claim writes it), or 0.
+long LockHolder(int fd) {
+  char buffer[32] = {};
+  const ssize_t n = pread(fd, buffer, sizeof(buffer) - 1, 0);
+  long pid = 0;
+  if (n <= 0 || !absl::SimpleAtoi(absl::StripTrailingAsciiWhitespace(buffer), &pid)) return 0;
+  return pid;
+}
+
 SpawnOptions SpawnOptionsOf(const LocalClusterOptions& options) {
   SpawnOptions spawn;
   spawn.exit_with_parent = options.exit_with_parent;
@@ -57,6 +122,73 @@ SpawnOptions SpawnOptionsOf(const LocalClusterOptions& options) {
 }
 
 }  // namespace
+
+absl::StatusOr<ClusterDir> ClusterDir::Claim(const std::string& name, const std::string& path,
+                                             uid_t owner) {
+  // "out/" is "out" (else its parents' loop below would make it 0755, and
+  // lstat follow a link).
+  if (path.size() > 1 && path.back() == '/') {
+    return Claim(name, path.substr(0, path.size() - 1), owner);
+  }
+  bool created = false;
+  RETURN_IF_ERROR(MakePrivateDir(name, path, &created));
+  // Every check is on what was opened, so that it cannot be swapped between
+  // the check and the use; O_DIRECTORY follows a link (checked via lstat).
+  struct stat link, dir_stat;
+  if (lstat(path.c_str(), &link) != 0) return ErrnoError(errno, name, path, "cannot stat it");
+  const int dir = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return ErrnoError(errno, name, path, "cannot open it as a directory");
+  // Exactly 0700 when made here, whatever the umask or a default ACL did.
+  absl::Status checked = created && fchmod(dir, 0700) != 0
+                             ? ErrnoError(errno, name, path, "cannot chmod it 0700")
+                             : absl::OkStatus();
+  if (checked.ok()) {
+    checked = fstat(dir, &dir_stat) == 0 ? CheckPrivate(name, path, owner, link, dir_stat)
+                                         : ErrnoError(errno, name, path, "cannot stat it");
+  }
+  const int lock =
+      checked.ok() ? openat(dir, "up.lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
+  if (checked.ok() && lock < 0) checked = ErrnoError(errno, name, path, "cannot open up.lock");
+  close(dir);
+  RETURN_IF_ERROR(checked);
+  if (flock(lock, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    const long holder = LockHolder(lock);
+    close(lock);
+    if (error != EWOULDBLOCK) return ErrnoError(error, name, path, "cannot lock up.lock");
+    return absl::UnavailableError(absl::StrCat(
+        name, " ", path, ": in use by another `pipetrain up`",
+        holder > 0 ? absl::StrCat(" (pid ", holder, ")") : "",
+        ", which would overwrite this run's token and ports files; wait for it to end or pick "
+        "another ",
+        name));
+  }
+  // Who holds it, for the message above; the lock is the flock, not this.
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  const bool recorded =
+      ftruncate(lock, 0) == 0 && pwrite(lock, pid.data(), pid.size(), 0) == ssize_t(pid.size());
+  (void)recorded;  // unrecorded, only a second run's message lacks the pid
+  return ClusterDir(path, lock);
+}
+
+ClusterDir::ClusterDir(ClusterDir&& other) noexcept
+    : path_(std::move(other.path_)), lock_fd_(other.lock_fd_) {
+  other.lock_fd_ = -1;
+}
+
+ClusterDir& ClusterDir::operator=(ClusterDir&& other) noexcept {
+  if (this != &other) {
+    if (lock_fd_ >= 0) close(lock_fd_);
+    path_ = std::move(other.path_);
+    lock_fd_ = other.lock_fd_;
+    other.lock_fd_ = -1;
+  }
+  return *this;
+}
+
+ClusterDir::~ClusterDir() {
+  if (lock_fd_ >= 0) close(lock_fd_);  // drops the flock
+}
 
 absl::StatusOr<std::string> FindSiblingBinary(const std::string& package, const std::string& name) {
   const std::string self = SelfPath();

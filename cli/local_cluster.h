@@ -6,6 +6,9 @@
 #ifndef PIPETRAIN_CLI_LOCAL_CLUSTER_H_
 #define PIPETRAIN_CLI_LOCAL_CLUSTER_H_
 
+#include <sys/types.h>
+#include <unistd.h>
+
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,6 +90,42 @@ class LocalCluster {
   std::vector<Subprocess> workers_;
   int grpc_port_ = 0, http_port_ = 0;
   int coordinator_starts_ = 0;  // restarts so far
+};
+
+// The directory of one cluster run (`pipetrain up --out`), private to this
+// user and to this run. It holds the token files and the ports files from
+// which the CLI learns where to send them, so a directory that someone else
+// can write is refused: they could swap coordinator.ports and have the
+// tokens sent to them. And two runs sharing one would delete and rewrite
+// each other's files, so the run holds a lock in it while it lives.
+// Not thread-safe.
+class ClusterDir {
+ public:
+  // Makes `path` (mode 0700; missing parents as `mkdir -p` does) or takes
+  // the existing one, then locks it: flock(2) on <path>/up.lock, held until
+  // this object is destroyed (the kernel drops it if the process dies).
+  // `name` (e.g. "--out") starts every error message. `owner`: the uid that
+  // must own it (this process's effective uid; other values for tests).
+  // Errors, each naming `name`, the path and what to do:
+  //   the errno's code (e.g. PERMISSION_DENIED, FAILED_PRECONDITION for a
+  //     parent that is a file) when the directory cannot be made or opened,
+  //     with strerror;
+  //   FAILED_PRECONDITION when it is not a directory, another user owns it
+  //     (or the symbolic link at `path`), or its group or others may write
+  //     in it;
+  //   UNAVAILABLE when another run holds the lock (its pid is named).
+  static absl::StatusOr<ClusterDir> Claim(const std::string& name, const std::string& path,
+                                          uid_t owner = geteuid());
+  ClusterDir(ClusterDir&& other) noexcept;
+  ClusterDir& operator=(ClusterDir&& other) noexcept;  // releases this one's lock first
+  ~ClusterDir();  // releases the lock; the directory and its files stay
+
+  const std::string& path() const { return path_; }
+
+ private:
+  ClusterDir(std::string path, int lock_fd) : path_(std::move(path)), lock_fd_(lock_fd) {}
+  std::string path_;
+  int lock_fd_ = -1;
 };
 
 // Finds a sibling program of the running binary: first in its Bazel

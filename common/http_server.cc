@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstring>
 #include <regex>
 #include <utility>
@@ -293,8 +294,17 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   server_->set_gate(gate_.get());
   started_ = true;
   port_ = bound;
-  thread_ = std::thread([this] {
-    server_->listen_after_bind();
+  thread_ = std::thread([this, host] {
+    const bool clean = server_->listen_after_bind();
+    // Only Stop should end the accept loop. httplib also ends it, closing
+    // the socket, when accept() fails with anything but EMFILE; from then
+    // on nothing here answers (/healthz, /metrics, REST), so say so loudly.
+    if (!stopping_) {
+      const int error = errno;  // accept()'s, when it failed
+      PT_LOG(ERROR) << "HTTP server on " << host << ":" << port_ << " stopped accepting connections"
+                    << (clean ? "" : absl::StrCat(" (accept failed: ", std::strerror(error), ")"))
+                    << "; its endpoints no longer answer; restart the process";
+    }
     listen_returned_ = true;
   });
   // httplib's stop() is a no-op until its accept loop runs, so a Stop right
@@ -386,6 +396,7 @@ std::string HttpServer::AllowedMethods(const std::string& path) const {
 
 void HttpServer::Stop() {
   if (!thread_.joinable()) return;
+  stopping_ = true;  // before the accept loop can end: no error logged for it
   server_->stop();
   thread_.join();    // no more Admit
   gate_->Stop();     // closes every connection; later Responds are ignored

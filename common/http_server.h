@@ -152,6 +152,9 @@ class HttpServer {
   // Errors: UNAVAILABLE when the address cannot be bound (in use, not a local
   // address); the message names host:port. UNAVAILABLE too when the
   // connection gate cannot start (out of file descriptors).
+  // Should the server stop accepting before Stop (httplib gives up on an
+  // accept() error other than EMFILE and closes the socket), it logs an
+  // ERROR naming host:port.
   absl::StatusOr<int> Start(const std::string& host, int port);
 
   // Stops accepting, closes every connection (slow clients do not delay
@@ -201,6 +204,7 @@ class HttpServer {
   std::unique_ptr<HttpGate> gate_;             // from Start
   std::thread thread_;                         // httplib's accept loop
   std::atomic<bool> listen_returned_{false};
+  std::atomic<bool> stopping_{false};  // Stop has begun: the accept loop's end is expected
   int port_ = 0;
   bool started_ = false;
 };

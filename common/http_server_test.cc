@@ -3,10 +3,14 @@
 #include <arpa/inet.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <iostream>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -237,6 +241,83 @@ TEST(HttpServer, Stop_Twice_AndNeverStarted_AreNoOps) {
   ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
   server.Stop();
   server.Stop();
+}
+
+// This process's listening socket on `port`, or -1.
+int ListeningSocketOf(int port) {
+  for (int fd = 0; fd < 1024; ++fd) {
+    int listening = 0;
+    socklen_t size = sizeof(listening);
+    if (getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &listening, &size) != 0 || !listening) continue;
+    sockaddr_in address{};
+    size = sizeof(address);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &size) == 0 &&
+        address.sin_family == AF_INET && ntohs(address.sin_port) == port) {
+      return fd;
+    }
+  }
+  return -1;
+}
+
+// Stderr (where PT_LOG writes) goes to a pipe while this lives.
+class StderrPipe {
+ public:
+  StderrPipe() : saved_(dup(STDERR_FILENO)) {
+    if (pipe(fds_) != 0) ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    dup2(fds_[1], STDERR_FILENO);
+  }
+  ~StderrPipe() {
+    dup2(saved_, STDERR_FILENO);
+    close(saved_);
+    close(fds_[0]);
+    close(fds_[1]);
+  }
+  // What was written, up to `marker` or until nothing more is written for
+  // `patience` (only a failing test waits that long).
+  std::string ReadUntil(absl::string_view marker, absl::Duration patience) {
+    pollfd readable = {fds_[0], POLLIN, 0};
+    while (!absl::StrContains(read_, marker) &&
+           poll(&readable, 1, absl::ToInt64Milliseconds(patience)) == 1) {
+      char buffer[4096];
+      const ssize_t n = read(fds_[0], buffer, sizeof(buffer));
+      if (n <= 0) break;
+      read_.append(buffer, n);
+    }
+    return read_;
+  }
+
+ private:
+  const int saved_;
+  int fds_[2] = {-1, -1};
+  std::string read_;
+};
+
+// httplib ends its accept loop, closing the socket, when accept() fails
+// with anything but EMFILE: /healthz and /metrics then stop answering,
+// which must not go unsaid.
+TEST(HttpServer, Serve_AcceptFails_LogsAnError) {
+  HttpServer server;
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  const int listening = ListeningSocketOf(*port);
+  ASSERT_GE(listening, 0);
+  StderrPipe stderr_pipe;
+  ASSERT_EQ(shutdown(listening, SHUT_RDWR), 0);  // accept() fails with EINVAL
+  EXPECT_TRUE(absl::StrContains(
+      stderr_pipe.ReadUntil("restart the process", absl::Seconds(10)),
+      absl::StrCat("HTTP server on 127.0.0.1:", *port,
+                   " stopped accepting connections (accept failed: Invalid argument); its "
+                   "endpoints no longer answer; restart the process")));
+}
+
+TEST(HttpServer, Stop_LogsNoError) {
+  StderrPipe stderr_pipe;
+  HttpServer server;
+  ASSERT_TRUE(server.Start("127.0.0.1", 0).ok());
+  server.Stop();  // joins the accept loop: anything it logged is in the pipe
+  std::cerr << "marker" << std::endl;
+  EXPECT_FALSE(
+      absl::StrContains(stderr_pipe.ReadUntil("marker", absl::Seconds(10)), "stopped accepting"));
 }
 
 TEST(HttpServer, Get_SixtyFourSlowClientsConnected_HealthzStillAnswered) {

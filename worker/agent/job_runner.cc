@@ -385,7 +385,18 @@ absl::Status JobRunner::RunJob() {
   // gave, as `train-local --data` does: a link "train.bin" to a hash-named
   // file is uint16, not text (pipeline == train-local).
   corpus.name = job.spec.data().path();
-  ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, LoadCorpus(corpus));
+  // Text peaks at 3x its file (the bytes, then a 2-byte token each): a
+  // file past a third of the worker's memory is refused before its buffer
+  // is allocated (a failed allocation would throw, and end the worker).
+  corpus.max_file_bytes = options_.memory_limit_bytes / 3;
+  absl::StatusOr<std::vector<uint16_t>> loaded = LoadCorpus(corpus);
+  if (loaded.status().code() == absl::StatusCode::kResourceExhausted) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "spec.data.path: ", loaded.status().message(),
+        " (a third of this worker's memory limit of ", options_.memory_limit_bytes,
+        " bytes: --memory-limit, else its cgroup's limit or RAM); use a smaller file"));
+  }
+  ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, std::move(loaded));
   ASSIGN_OR_RETURN(Dataset dataset,
                    Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction));
   // Data and tensor parallelism: the transport numbers every worker of

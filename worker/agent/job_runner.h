@@ -85,6 +85,12 @@ struct JobRunnerOptions {
   // (the coordinator's --output-dir, shared). Empty: a job with checkpoints
   // fails on this worker, saying so.
   std::string checkpoint_root;
+  // The worker's memory limit (DeviceInfo.memory_limit_bytes: --memory-limit,
+  // else the cgroup's limit or RAM). A data file may be at most a third of
+  // it (a text corpus takes about three times its size while it loads); a
+  // larger one fails the job with RESOURCE_EXHAUSTED naming the limit,
+  // before anything is allocated. 0: no bound.
+  int64_t memory_limit_bytes = 0;
 };
 
 // The job's name on the data plane for one plan version ("job-1/2"): a

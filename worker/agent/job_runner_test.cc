@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <atomic>
 #include <condition_variable>
 #include <cstdlib>
@@ -325,6 +326,34 @@ TEST(JobRunnerTest, DataPathLinkNamedBin_LoadsAsUint16LikeTrainLocal) {
   EXPECT_EQ(report.error(), "");
   EXPECT_TRUE(report.finished());
   EXPECT_EQ(report.micro_batch_losses_size(), 2);
+}
+
+// A data file past a third of the worker's memory limit (text takes 3x its
+// size while it loads) fails the job, naming the limit, before its buffer
+// is allocated: any size was read whole, and a failed allocation threw.
+TEST(JobRunnerTest, DataFilePastAThirdOfTheMemoryLimit_ResourceExhausted) {
+  char real[PATH_MAX];  // the error names the file's real path
+  ASSERT_NE(realpath(FreshDir("data-big").c_str(), real), nullptr);
+  const std::string root = real;
+  ASSERT_TRUE(WriteBytesFile(root + "/book.txt", std::string(3001, 'a')).ok());
+  v1::Assignment a = OneStageAssignment(1);
+  a.mutable_spec()->mutable_data()->clear_synthetic_bytes();
+  a.mutable_spec()->mutable_data()->set_path("book.txt");
+  JobRunnerOptions options{"w", 1};
+  options.data_roots = {root};
+  options.memory_limit_bytes = 9000;
+  const v1::ReportProgressRequest report = FirstReportOfOneStage(a, options);
+  EXPECT_EQ(report.error(),
+            absl::StrCat("RESOURCE_EXHAUSTED: spec.data.path: ", root,
+                         "/book.txt: 3001 bytes exceeds the limit of 3000 bytes for "
+                         "a token file (a third of this worker's memory limit of "
+                         "9000 bytes: --memory-limit, else its cgroup's limit or "
+                         "RAM); use a smaller file"));
+  // At a third, it loads and trains.
+  options.memory_limit_bytes = 9003;
+  const v1::ReportProgressRequest fits = FirstReportOfOneStage(a, options);
+  EXPECT_EQ(fits.error(), "");
+  EXPECT_TRUE(fits.finished());
 }
 
 // A start_iteration at or past the last step ran nothing and reported

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -46,13 +47,27 @@ absl::Status Errno(int error, absl::string_view what, const std::string& path) {
   return absl::ErrnoToStatus(error, absl::StrCat(what, " ", path));
 }
 
+// " is N bytes; the checkpoint recorded M (truncated or replaced)".
+absl::Status SizeDiffers(const std::string& path, int64_t bytes, int64_t recorded) {
+  return absl::DataLossError(absl::StrCat(path, " is ", bytes, " bytes; the checkpoint recorded ",
+                                          recorded, " (truncated or replaced)"));
+}
+
 // Reads the whole file `name` in `dir_fd` (not through a symbolic link).
-absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const std::string& path) {
+// `recorded_bytes` >= 0: the size the file must have, checked before
+// anything is allocated for it (DATA_LOSS otherwise).
+absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const std::string& path,
+                                   int64_t recorded_bytes = -1) {
   ScopedFd fd(openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
   if (fd.get() < 0) return Errno(errno, "cannot open", path);
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return Errno(errno, "cannot stat", path);
   if (!S_ISREG(st.st_mode)) return absl::DataLossError(absl::StrCat(path, " is not a file"));
+  // A file of another size than recorded is refused from its size alone,
+  // not after reading (and allocating) up to kMaxUnitFileBytes.
+  if (recorded_bytes >= 0 && st.st_size != recorded_bytes) {
+    return SizeDiffers(path, st.st_size, recorded_bytes);
+  }
   if (st.st_size > kMaxUnitFileBytes) {
     return absl::DataLossError(absl::StrCat(path, " is ", st.st_size, " bytes; too large"));
   }
@@ -196,11 +211,11 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
   if (parent.dir.get() < 0) {
     return absl::NotFoundError(absl::StrCat("checkpoint directory of ", path, " is missing"));
   }
-  ASSIGN_OR_RETURN(std::string bytes, ReadAt(parent.dir.get(), parent.name, path));
-  if (static_cast<int64_t>(bytes.size()) != expected.bytes()) {
-    return absl::DataLossError(absl::StrCat(path, " is ", bytes.size(),
-                                            " bytes; the checkpoint recorded ", expected.bytes(),
-                                            " (truncated or replaced)"));
+  // The recorded size first (a negative one matches no file but an empty one).
+  ASSIGN_OR_RETURN(std::string bytes, ReadAt(parent.dir.get(), parent.name, path,
+                                             std::max<int64_t>(expected.bytes(), 0)));
+  if (static_cast<int64_t>(bytes.size()) != expected.bytes()) {  // it shrank while read
+    return SizeDiffers(path, static_cast<int64_t>(bytes.size()), expected.bytes());
   }
   if (Sha256Hex(bytes) != expected.sha256()) {
     return absl::DataLossError(

@@ -254,6 +254,21 @@ TEST_F(UnitCheckpointTest, TruncatedFile_IsDataLoss) {
   EXPECT_NE(read.status().message().find("unit-0001"), std::string::npos);
 }
 
+// A file of another size than recorded is refused from its size, before
+// it is read: here a (sparse) one past the 64 GiB any unit file may have,
+// which was read whole only to be refused.
+TEST_F(UnitCheckpointTest, GrownFile_IsDataLossBeforeItIsRead) {
+  const v1::ResumeFrom from = WriteAll();
+  const off_t size = (off_t{64} << 30) + 1;
+  ASSERT_EQ(truncate(PathOf(from, 1).c_str(), size), 0);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_EQ(read.status().message(),
+            absl::StrCat(PathOf(from, 1), " is ", size, " bytes; the checkpoint recorded ",
+                         from.units(1).bytes(), " (truncated or replaced)"));
+}
+
 TEST_F(UnitCheckpointTest, FlippedByte_IsDataLoss) {
   const v1::ResumeFrom from = WriteAll();
   const std::string path = PathOf(from, 2);

@@ -9,6 +9,7 @@ absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec) {
   if (!spec.path.empty()) {
     TokenFileLoadOptions options;
     options.name = spec.name;
+    options.max_bytes = spec.max_file_bytes;
     return LoadTokenFile(spec.path, spec.format, spec.vocab_size, options);
   }
   if (spec.vocab_size < 256) {

@@ -22,10 +22,12 @@ struct CorpusSpec {
   // The name spec.data.path gave when `path` is its resolved real path:
   // the format is detected from it (TokenFileLoadOptions::name). Empty: path.
   std::string name;
+  // TokenFileLoadOptions::max_bytes: the largest file loaded (0: any).
+  int64_t max_file_bytes = 0;
 };
 
-// LoadTokenFile's errors for files; INVALID_ARGUMENT when generated text is
-// asked for with vocab_size < 256 or synthetic_bytes < 1.
+// LoadTokenFile's errors for files (RESOURCE_EXHAUSTED past max_file_bytes); INVALID_ARGUMENT when
+// generated text is asked for with vocab_size < 256 or synthetic_bytes < 1.
 absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec);
 
 // "generated English text, 2000000 bytes (seed 1)" or "book.txt, 1234 tokens".

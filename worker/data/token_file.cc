@@ -38,8 +38,9 @@ absl::Status Invalid(const std::string& path, absl::string_view what) {
 }
 
 // Reads the whole regular file at `path` with one fstat and a read loop (no
-// per-byte stream reads: a 100 MB corpus loads at memory speed).
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
+// per-byte stream reads: a 100 MB corpus loads at memory speed); one of more
+// than `max_bytes` (> 0) is refused before its buffer is allocated.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes) {
   int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open token file (",
@@ -49,6 +50,11 @@ absl::StatusOr<std::string> ReadWholeFile(const std::string& path) {
   struct stat info;
   if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode)) {
     return absl::NotFoundError(absl::StrCat(path, ": not a regular file; check the path"));
+  }
+  if (max_bytes > 0 && info.st_size > max_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(path, ": ", info.st_size,
+                                                     " bytes exceeds the limit of ", max_bytes,
+                                                     " bytes for a token file"));
   }
   std::string bytes(static_cast<size_t>(info.st_size), '\0');
   size_t done = 0;
@@ -223,7 +229,7 @@ absl::StatusOr<std::vector<uint16_t>> LoadTokenFile(const std::string& path, Dat
                                                     int vocab_size,
                                                     const TokenFileLoadOptions& options) {
   if (vocab_size < 1) return Invalid(path, absl::StrCat("vocab size ", vocab_size, " < 1"));
-  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path));
+  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, options.max_bytes));
   // The format follows the given name, not the name `path` resolved to.
   return ParseTokenFile(options.name.empty() ? path : options.name, bytes, format, vocab_size);
 }

@@ -44,6 +44,12 @@ struct TokenFileLoadOptions {
   // name says, as train-local reads it. kAuto looks at this name's
   // extension, and messages about the contents name it. Empty: `path`.
   std::string name;
+  // The most bytes the file may have: a larger one is RESOURCE_EXHAUSTED
+  // ("<path>: N bytes exceeds the limit of M bytes for a token file")
+  // before anything is allocated for it. A corpus takes up to 3x its file's
+  // size while it loads (text: the bytes, then 2 bytes per token). 0: no
+  // bound.
+  int64_t max_bytes = 0;
 };
 
 // Loads the whole corpus at `path` as token ids, reading the file in one go.
@@ -58,6 +64,7 @@ struct TokenFileLoadOptions {
 // Errors (every message starts with `path`, or with options.name for
 // those about the contents):
 //   NOT_FOUND         the file is missing, unreadable or not a regular file.
+//   RESOURCE_EXHAUSTED the file is larger than options.max_bytes.
 //   INVALID_ARGUMENT  empty file or zero tokens ("empty"); kText with
 //                     vocab_size < 256; odd byte count for kUint16
 //                     ("truncated"); for kUint16Header: file shorter than the

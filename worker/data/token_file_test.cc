@@ -168,6 +168,24 @@ TEST(TokenFileTest, LoadTokenFile_AutoWithGivenName_DetectsFromThatName) {
   EXPECT_EQ(*loaded, (std::vector<uint16_t>{'a', 'b'}));
 }
 
+// A file past options.max_bytes is refused from its size (a corpus of any
+// size was read whole: an allocation that fails throws); one at the limit
+// loads.
+TEST(TokenFileTest, LoadTokenFile_PastMaxBytes_ResourceExhaustedNamingTheLimit) {
+  const std::string path = TempPath("six_bytes.txt");
+  ASSERT_TRUE(WriteBytesFile(path, "abcdef").ok());
+  TokenFileLoadOptions options;
+  options.max_bytes = 5;
+  auto loaded = LoadTokenFile(path, DataFormat::kText, 256, options);
+  EXPECT_EQ(loaded.status().code(), absl::StatusCode::kResourceExhausted) << loaded.status();
+  EXPECT_EQ(loaded.status().message(),
+            path + ": 6 bytes exceeds the limit of 5 bytes for a token file");
+  options.max_bytes = 6;
+  loaded = LoadTokenFile(path, DataFormat::kText, 256, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->size(), 6u);
+}
+
 TEST(TokenFileTest, LoadTokenFile_LargeRawFile_LoadsEveryToken) {
   std::vector<uint16_t> tokens(4 << 20);
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<uint16_t>(i * 2654435761u);

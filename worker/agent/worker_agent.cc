@@ -282,6 +282,11 @@ void WorkerAgent::Deregister() {
 }
 
 void WorkerAgent::StopRunner() {
+  AnnotatedMutexLock change(&runner_change_mu_);
+  StopRunnerLocked();
+}
+
+void WorkerAgent::StopRunnerLocked() {
   std::unique_ptr<JobRunner> runner;
   {
     AnnotatedMutexLock lock(&mu_);
@@ -383,6 +388,9 @@ void WorkerAgent::WatchLoop() {
 }
 
 void WorkerAgent::Handle(const v1::Assignment& a) {
+  // One change of runner at a time (runner_change_mu_): ClearJob only ever
+  // clears the job whose runner it stopped.
+  AnnotatedMutexLock change(&runner_change_mu_);
   {
     AnnotatedMutexLock lock(&mu_);
     if (runner_ && runner_->assignment().job_id() == a.job_id() &&
@@ -395,7 +403,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
       return;  // nothing of that job runs here
     }
   }
-  StopRunner();
+  StopRunnerLocked();
   if (a.action() != v1::Assignment::ACTION_RUN) {
     PT_LOG(INFO) << "stopped job " << a.job_id();
     // A job that stops us may be recovering: it re-plans once it has heard

@@ -116,6 +116,7 @@ class WorkerAgent {
   void WatchLoop();
   void Handle(const v1::Assignment& assignment);
   void StopRunner();
+  void StopRunnerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(runner_change_mu_);
   void Deregister();  // once, after Stop() has stopped everything else
   // The NCCL id for the next heartbeat: a fresh one when an assignment
   // used group_id_, or one not yet delivered; empty otherwise, and when NCCL
@@ -144,6 +145,11 @@ class WorkerAgent {
   SessionCredential own_session_;
   SessionCredential* const session_;  // options_.session or &own_session_
 
+  // Held for a whole change of runner: StopRunner's Stop() and ClearJob,
+  // Handle's stop, SetJob, OpenJob and start. Without it the heartbeat
+  // thread's StopRunner, blocked in the old runner's Stop(), cleared the
+  // data plane after the watch thread had set it up for the next job.
+  AnnotatedMutex runner_change_mu_ ABSL_ACQUIRED_BEFORE(mu_);
   mutable AnnotatedMutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool deregistered_ ABSL_GUARDED_BY(mu_) = false;

@@ -191,6 +191,15 @@ expect_exit up_missing_data 2 "--data $TMP/no-such-corpus.txt: No such file or d
   up --workers 2 --data "$TMP/no-such-corpus.txt" --out "$TMP/up-bad"
 # Nothing at all: not even --out is made before the flags are checked.
 ok up_bad_started_nothing test ! -e "$TMP/up-bad"
+# A CUDA device this machine lacks is refused up front too, not by the
+# workers once they and the coordinator have started (exit 78).
+expect_exit up_cuda_device_missing 2 "--worker-device cuda:4096: " -- \
+  up --workers 1 --worker-device cuda:4096 --out "$TMP/up-cuda"
+if grep -qF "built without CUDA" "$ERR"; then  # then plain cuda as well
+  expect_exit up_cuda_without_cuda 2 "--worker-device cuda: this binary was built without CUDA" -- \
+    up --workers 1 --worker-device cuda --out "$TMP/up-cuda"
+fi
+ok up_cuda_started_nothing test ! -e "$TMP/up-cuda"
 # An --out that cannot be made is named with the reason, as a usage error.
 touch "$TMP/a-file"
 expect_exit up_out_not_creatable 2 "--out $TMP/a-file/out: cannot create it: Not a directory" -- \

@@ -16,6 +16,7 @@
 #include <optional>
 #include <tuple>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -529,6 +530,34 @@ void WriteTimelines(const v1::Plan& plan, const std::string& dir) {
 
 }  // namespace
 
+absl::Status CheckWorkerDeviceHere(const std::string& device, bool built_with_cuda,
+                                   int visible_gpus) {
+  int index = -1;  // the device cuda or cuda:N names
+  if (device == "cuda") {
+    index = 0;
+  } else if (!absl::StartsWith(device, "cuda:") ||
+             !absl::SimpleAtoi(absl::string_view(device).substr(5), &index) || index < 0) {
+    return absl::OkStatus();
+  }
+  const std::string flag = "--worker-device " + device;
+  if (!built_with_cuda) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag,
+                     ": this binary was built without CUDA (rebuild with --config=cuda), or "
+                     "use --worker-device cpu or auto"));
+  }
+  if (visible_gpus == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, ": no CUDA device visible (check nvidia-smi and CUDA_VISIBLE_DEVICES)"));
+  }
+  if (index >= visible_gpus) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(flag, ": only ", visible_gpus,
+                     " CUDA device(s) visible, cuda:0 to cuda:", visible_gpus - 1));
+  }
+  return absl::OkStatus();
+}
+
 int RunUp(const std::vector<std::string>& args) {
   UpOptions o;
   FlagSet flags = UpFlags(o);
@@ -599,6 +628,11 @@ int RunUp(const std::vector<std::string>& args) {
                        auto_is_cpu ? "; --worker-device auto is the CPU here: no CUDA device" : "",
                        "): ", valid.message()));
     }
+  }
+  // cuda and cuda:N too: the workers would refuse them only once the
+  // coordinator and they had started (exit 78). Only these ask CUDA.
+  if (valid.ok() && !each_gpu && absl::StartsWith(o.worker_device, "cuda")) {
+    valid = CheckWorkerDeviceHere(o.worker_device, BuiltWithCuda(), VisibleCudaDevices());
   }
   if (!valid.ok()) {
     return std::fprintf(stderr, "pipetrain up: %s\n", valid.ToString().c_str()), kExitUsage;

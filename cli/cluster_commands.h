@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "common/flag_set.h"
 
 namespace pipetrain {
@@ -27,6 +28,15 @@ int RunJob(const std::vector<std::string>& args);
 int RunCancel(const std::vector<std::string>& args);
 int RunDrain(const std::vector<std::string>& args);
 int RunWorkers(const std::vector<std::string>& args);
+
+// `up --worker-device` against this machine, checked before anything
+// starts (the workers run here, and would refuse it only once started):
+// cuda and cuda:N need a binary built with CUDA (`built_with_cuda`) and
+// device N among the `visible_gpus`. FAILED_PRECONDITION naming
+// --worker-device otherwise. Any other value passes (auto, cpu and
+// cuda:each are checked elsewhere, the syntax by ValidateDeviceFlags).
+absl::Status CheckWorkerDeviceHere(const std::string& device, bool built_with_cuda,
+                                   int visible_gpus);
 
 // The flags each command's Run parses, described (for shell completion).
 std::vector<FlagSet::Info> UpFlagInfo();

@@ -1,0 +1,50 @@
+// The checks `pipetrain up` makes before it starts anything.
+#include "cli/cluster_commands.h"
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+// A binary without CUDA refuses cuda and cuda:N up front (the workers
+// would refuse them only once started), naming the flag and the remedy.
+TEST(CheckWorkerDeviceHereTest, CudaWithoutCudaBuild_FailedPreconditionNamingTheFlag) {
+  for (const std::string device : {"cuda", "cuda:0", "cuda:3"}) {
+    const absl::Status status = CheckWorkerDeviceHere(device, /*built_with_cuda=*/false, 0);
+    EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << device;
+    EXPECT_EQ(status.message(), "--worker-device " + device +
+                                    ": this binary was built without CUDA (rebuild with "
+                                    "--config=cuda), or use --worker-device cpu or auto");
+  }
+}
+
+TEST(CheckWorkerDeviceHereTest, NoGpuVisible_FailedPrecondition) {
+  const absl::Status status = CheckWorkerDeviceHere("cuda", true, 0);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(),
+            "--worker-device cuda: no CUDA device visible (check nvidia-smi and "
+            "CUDA_VISIBLE_DEVICES)");
+}
+
+TEST(CheckWorkerDeviceHereTest, IndexBeyondTheVisibleDevices_FailedPreconditionWithTheRange) {
+  const absl::Status status = CheckWorkerDeviceHere("cuda:2", true, 2);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(),
+            "--worker-device cuda:2: only 2 CUDA device(s) visible, cuda:0 to cuda:1");
+}
+
+TEST(CheckWorkerDeviceHereTest, VisibleDevice_Ok) {
+  EXPECT_TRUE(CheckWorkerDeviceHere("cuda", true, 1).ok());
+  EXPECT_TRUE(CheckWorkerDeviceHere("cuda:1", true, 2).ok());
+}
+
+// Checked elsewhere: auto, cpu, cuda:each, and (by ValidateDeviceFlags)
+// anything malformed.
+TEST(CheckWorkerDeviceHereTest, OtherValues_LeftToTheirOwnChecks) {
+  for (const std::string device : {"auto", "cpu", "cuda:each", "cuda:-1", "gpu"}) {
+    EXPECT_TRUE(CheckWorkerDeviceHere(device, false, 0).ok()) << device;
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -175,6 +175,24 @@ expect_exit timeout_below_resolution 2 "--timeout must be at least 1ms" -- jobs 
 expect_exit timeout_seconds 0 '"jobs"' -- jobs --json --timeout=30
 expect_exit timeout_zero 2 "--timeout must be > 0" -- jobs --timeout=0
 expect_exit timeout_junk 2 "--timeout: cannot parse 'soon'" -- jobs --timeout=soon
+# Several coordinators: finding the leader is bounded by --timeout as well
+# (it took 10 s whatever --timeout said), each listed one asked with a share
+# of it, so a silent one does not hide the leader after it.
+start=$(date +%s%N)
+expect_exit timeout_leader_search 68 "DEADLINE_EXCEEDED: no coordinator of $silent, $silent led within 300ms" -- \
+  jobs --coordinator="$silent,$silent" --timeout=300ms
+elapsed_ms=$((($(date +%s%N) - start) / 1000000))
+if [[ $elapsed_ms -lt 5000 ]]; then
+  passed=$((passed + 1))
+else
+  fail timeout_leader_search_honoured "took ${elapsed_ms} ms with --timeout=300ms"
+fi
+expect_exit leader_after_silent_one 0 '"jobs"' -- jobs --json --coordinator="$silent,$addr" --timeout=4s
+# A malformed list is a usage error naming the flag, not an address.
+expect_exit coordinator_empty_entry 2 '--coordinator: "a:1,,b:2" has an empty address' -- \
+  jobs --coordinator=a:1,,b:2
+expect_exit coordinator_empty 2 '--coordinator: "" has an empty address' -- jobs --coordinator=
+PIPETRAIN_COORDINATOR=, expect_exit coordinator_env_empty_entries 2 '--coordinator: "," has an empty address' -- jobs
 
 # `up` and the processes it starts end together. Each run trains "forever"
 # (100000 steps), so only the event under test ends it.

@@ -29,6 +29,7 @@
 #include "cli/link_summary.h"
 #include "cli/local_cluster.h"
 #include "cli/progress.h"
+#include "common/coordinator_endpoints.h"
 #include "common/enum_names.h"
 #include "common/flag_set.h"
 #include "common/secrets.h"
@@ -82,7 +83,9 @@ struct Connection {
       return absl::InvalidArgumentError(
           "--timeout must be at least 1ms (gRPC deadlines have millisecond resolution)");
     }
-    return absl::OkStatus();
+    // "a,,b" or "" is the command line's mistake (exit 2), not an address
+    // to look up.
+    return ParseCoordinatorAddresses("--coordinator", coordinator).status();
   }
   // A stub that sends the user token on every call.
   absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> Connect() const {
@@ -91,7 +94,9 @@ struct Connection {
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
         ClientTlsCredentials(tls_ca, tls_cert, tls_key);
     if (!credentials.ok()) return credentials.status();
-    return ConnectCoordinator(coordinator, *credentials, *token);
+    // With several coordinators, finding the leader is bounded by --timeout
+    // too.
+    return FindCoordinator("--coordinator", coordinator, *credentials, *token, timeout);
   }
 };
 

@@ -2,7 +2,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/secrets.h"
@@ -21,29 +25,39 @@ std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(const std::stri
                             user_token);
 }
 
-std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
-    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
-    const std::string& user_token) {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  auto connect = [&](const std::string& one) {
+namespace {
+
+using Stub = v1::CoordinatorService::Stub;
+using StubFactory = std::function<std::unique_ptr<Stub>(const std::string&)>;
+
+StubFactory StubsWith(const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+                      const std::string& user_token) {
+  return [credentials, user_token](const std::string& one) {
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(64 << 20);
     return v1::CoordinatorService::NewStub(BearerChannel(one, credentials, args, user_token));
   };
-  absl::StatusOr<std::vector<std::string>> addresses =
-      ParseCoordinatorAddresses("--coordinator", address);
-  if (!addresses.ok() || addresses->size() == 1) return connect(address);
-  // Several coordinators: find the leader. A follower refuses at once,
-  // naming it; any other answer (even NOT_FOUND for this empty id) comes
-  // from the leader; a coordinator that does not answer is skipped. During
-  // a takeover none may answer for a moment: rounds repeat for up to 10 s.
-  // As CoordinatorEndpoints does: after a named leader that does not answer
-  // comes the address after it in the list, not the one that named it.
-  std::string candidate = addresses->front();
-  size_t at = 0;  // where the round robin stands in *addresses
-  const absl::Time give_up = absl::Now() + absl::Seconds(10);
-  for (size_t tries = 0; absl::Now() < give_up; ++tries) {
+}
+
+// The leader among `addresses` (two or more), within `timeout`
+// (FindCoordinator's contract). A follower refuses at once, naming it; any
+// other answer (even NOT_FOUND for this empty id) comes from the leader; a
+// coordinator that does not answer is skipped. As CoordinatorEndpoints
+// does: after a named leader that does not answer comes the address after
+// it in the list, not the one that named it.
+absl::StatusOr<std::unique_ptr<Stub>> FindLeader(const std::vector<std::string>& addresses,
+                                                 const StubFactory& connect,
+                                                 absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  const absl::Duration each = timeout / static_cast<int64_t>(addresses.size());
+  std::string candidate = addresses.front();
+  size_t at = 0;        // where the round robin stands in addresses
+  bool silent = false;  // a coordinator let its probe's deadline pass
+  std::string last;     // the last refusal, "address: message"
+  size_t tries = 0;
+  do {
     auto stub = connect(candidate);
-    auto context = WithDeadline(absl::Seconds(3));
+    auto context = WithDeadline(std::min(each, give_up - absl::Now()));
     v1::GetJobRequest probe;
     v1::Job job;
     const grpc::Status s = stub->GetJob(context.get(), probe, &job);
@@ -51,18 +65,50 @@ std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
         s.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED) {
       return stub;
     }
+    silent = silent || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+    last = absl::StrCat(candidate, ": ", s.error_message());
     const std::string leader = LeaderHint(*context);
     if (!leader.empty() && leader != candidate) {
-      const auto listed = std::find(addresses->begin(), addresses->end(), leader);
-      if (listed != addresses->end()) at = listed - addresses->begin();
+      const auto listed = std::find(addresses.begin(), addresses.end(), leader);
+      if (listed != addresses.end()) at = listed - addresses.begin();
       candidate = leader;
     } else {
-      at = (at + 1) % addresses->size();
-      candidate = (*addresses)[at];
+      at = (at + 1) % addresses.size();
+      candidate = addresses[at];
     }
-    if ((tries + 1) % addresses->size() == 0) absl::SleepFor(absl::Milliseconds(200));
-  }
-  return connect(candidate);  // none answered: its calls will say so
+    if (++tries % addresses.size() == 0) {  // a round: let a takeover proceed
+      absl::SleepFor(std::min(absl::Milliseconds(200), give_up - absl::Now()));
+    }
+  } while (absl::Now() < give_up);
+  const std::string why =
+      absl::StrCat("no coordinator of ", absl::StrJoin(addresses, ", "), " led within ",
+                   absl::FormatDuration(timeout), " (--timeout); the last refusal: ", last);
+  return silent ? absl::DeadlineExceededError(why) : absl::UnavailableError(why);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> FindCoordinator(
+    const std::string& flag, const std::string& address,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials, const std::string& user_token,
+    absl::Duration timeout) {
+  absl::StatusOr<std::vector<std::string>> addresses = ParseCoordinatorAddresses(flag, address);
+  if (!addresses.ok()) return addresses.status();
+  const StubFactory connect = StubsWith(credentials, user_token);
+  if (addresses->size() == 1) return connect(addresses->front());
+  return FindLeader(*addresses, connect, timeout);
+}
+
+std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    const std::string& user_token) {
+  absl::StatusOr<std::unique_ptr<Stub>> found =
+      FindCoordinator("address", address, credentials, user_token, absl::Seconds(10));
+  if (found.ok()) return *std::move(found);
+  // No leader (its calls will say so), or not a list: as given.
+  absl::StatusOr<std::vector<std::string>> addresses =
+      ParseCoordinatorAddresses("address", address);
+  return StubsWith(credentials, user_token)(addresses.ok() ? addresses->front() : address);
 }
 
 absl::StatusOr<std::string> UserTokenFrom(const std::string& token_file) {

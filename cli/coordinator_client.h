@@ -23,10 +23,30 @@ std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(const std::stri
                                                                  const std::string& user_token);
 // The same with credentials of the caller's (e.g. mutual TLS). `address`
 // may list several highly available coordinators ("a:7070,b:7070"): the
-// stub is then the leader's (a follower names it when asked).
+// stub is then the leader's, as FindCoordinator finds it within 10 s (if
+// none leads by then, or the list is malformed: a stub for the first
+// address or the string given, whose calls say what is wrong).
 std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
     const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
     const std::string& user_token);
+
+// For the CLI's commands, with their --coordinator (named by `flag`) and
+// --timeout. `address` lists one coordinator, or several highly available
+// ones ("a:7070,b:7070"); then their leader is found first: each is asked
+// in turn (a follower names the leader), each with a deadline of
+// `timeout` / (the number listed), so that a silent one cannot use up the
+// others' time, and rounds repeat (during a takeover none may lead for a
+// moment) until `timeout` has passed. One address is connected as it is.
+// The calls on the stub need deadlines of their own (WithDeadline).
+// Errors: INVALID_ARGUMENT naming `flag` for an empty list or entry
+// (ParseCoordinatorAddresses); when no listed coordinator led within
+// `timeout`, DEADLINE_EXCEEDED if one of them did not answer in time, else
+// UNAVAILABLE (none reachable, or only followers answered); both name the
+// addresses and the last one's error.
+absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> FindCoordinator(
+    const std::string& flag, const std::string& address,
+    const std::shared_ptr<grpc::ChannelCredentials>& credentials, const std::string& user_token,
+    absl::Duration timeout);
 
 // The user token for CLI commands: the contents of `token_file` when given,
 // else the PIPETRAIN_TOKEN environment variable, else empty (a coordinator

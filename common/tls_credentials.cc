@@ -1,7 +1,7 @@
 #include "common/tls_credentials.h"
 
 #include <fstream>
-#include <sstream>
+#include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -14,9 +14,21 @@ absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::str
     return absl::NotFoundError(
         absl::StrCat("--", flag, ": cannot read ", path, "; check the path and permissions"));
   }
-  std::stringstream contents;
-  contents << in.rdbuf();
-  return contents.str();
+  // Read through the istream, not `<< in.rdbuf()`, which leaves `in`'s
+  // state alone: a directory (EISDIR) or a read error passed as "" or
+  // partial contents, and TLS failed later without naming the flag.
+  std::string contents;
+  char chunk[4096];
+  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) contents.append(chunk, in.gcount());
+  if (in.bad() || !in.eof()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--", flag, ": cannot read ", path, " (a directory, or a read error); give a PEM file"));
+  }
+  if (contents.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", path, " is empty; give a PEM file"));
+  }
+  return contents;
 }
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(

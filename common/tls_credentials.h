@@ -5,8 +5,9 @@
 // "Security"). Tokens still apply on top of TLS.
 //
 // Every function reads its files when called; errors name the flag and the
-// path (NOT_FOUND when unreadable, INVALID_ARGUMENT for flags given without
-// their partner). Thread-safe.
+// path (NOT_FOUND when a file cannot be opened, INVALID_ARGUMENT when it is
+// a directory, empty or fails to read, and for flags given without their
+// partner). Thread-safe.
 #ifndef PIPETRAIN_COMMON_TLS_CREDENTIALS_H_
 #define PIPETRAIN_COMMON_TLS_CREDENTIALS_H_
 
@@ -31,7 +32,9 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
     const std::string& ca, const std::string& cert, const std::string& key);
 
-// The contents of the file at `path`; NOT_FOUND naming --`flag` and the path.
+// The whole contents of the file at `path`. Errors name --`flag` and the
+// path: NOT_FOUND when it cannot be opened; INVALID_ARGUMENT when it is a
+// directory, empty, or a read fails before its end.
 absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path);
 
 }  // namespace pipetrain

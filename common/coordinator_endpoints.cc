@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
@@ -27,7 +28,21 @@ absl::StatusOr<std::vector<std::string>> ParseCoordinatorAddresses(const std::st
 std::string LeaderHint(const grpc::ClientContext& context) {
   const auto& trailers = context.GetServerTrailingMetadata();
   auto it = trailers.find(kLeaderMetadataKey);
-  return it == trailers.end() ? "" : std::string(it->second.data(), it->second.size());
+  if (it == trailers.end() || it->second.size() > kMaxLeaderHintBytes) return "";
+  return std::string(it->second.data(), it->second.size());
+}
+
+std::string ListedLeaderHint(const grpc::ClientContext& context,
+                             const std::vector<std::string>& addresses) {
+  std::string hint = LeaderHint(context);
+  if (hint.empty() || std::find(addresses.begin(), addresses.end(), hint) != addresses.end()) {
+    return hint;
+  }
+  // Said once per refusal that names it, which is rare: clients back off.
+  PT_LOG(WARNING) << "a coordinator named leader \"" << absl::CHexEscape(hint)
+                  << "\", which is not among the configured coordinators; ignoring it (list "
+                     "each coordinator's --advertise-address in --coordinator)";
+  return "";
 }
 
 CoordinatorEndpoints::CoordinatorEndpoints(std::vector<std::string> addresses,
@@ -56,14 +71,15 @@ void CoordinatorEndpoints::Failed(const grpc::Status& status, const grpc::Client
       (code != grpc::StatusCode::UNAVAILABLE && code != grpc::StatusCode::DEADLINE_EXCEEDED)) {
     return;
   }
-  const std::string leader = LeaderHint(context);
+  // Only a listed leader: anyone answering on a listed address could name
+  // any host, and the calls that follow carry the bearer token.
+  const std::string leader = ListedLeaderHint(context, addresses_);
   AnnotatedMutexLock lock(&mu_);
   if (used != channel_) return;  // another call has moved on already
   if (!leader.empty() && leader != current_) {
-    // A listed leader puts the round robin there, so that if it is dead
-    // too the next try is the address after it (not back to this one).
-    const auto listed = std::find(addresses_.begin(), addresses_.end(), leader);
-    if (listed != addresses_.end()) position_ = listed - addresses_.begin();
+    // The round robin goes on from the leader, so that if it is dead too
+    // the next try is the address after it (not back to this one).
+    position_ = std::find(addresses_.begin(), addresses_.end(), leader) - addresses_.begin();
     SwitchToLocked(leader);
     return;
   }

@@ -9,6 +9,12 @@
 // for the next address, round robin. A single address behaves as a plain
 // channel. Thread-safe.
 //
+// Only the configured addresses are ever used: a named leader that is not
+// one of them, spelled exactly as given (so each coordinator's
+// --advertise-address must appear in the clients' list), is ignored as if
+// none were named. Otherwise whoever answers on a listed address could send
+// the clients, and the bearer tokens on their calls, to any host.
+//
 //   CoordinatorEndpoints endpoints(addresses, make_channel);
 //   std::shared_ptr<grpc::Channel> channel = endpoints.channel();
 //   auto stub = v1::CoordinatorService::NewStub(channel);
@@ -38,8 +44,17 @@ inline constexpr char kLeaderMetadataKey[] = "x-pipetrain-leader";
 absl::StatusOr<std::vector<std::string>> ParseCoordinatorAddresses(const std::string& flag,
                                                                    const std::string& list);
 
-// The leader a refused call named (kLeaderMetadataKey), or "".
+// A leader hint longer than this is ignored (host names are at most 253).
+inline constexpr size_t kMaxLeaderHintBytes = 512;
+
+// The leader a refused call named (kLeaderMetadataKey), or "" when none or
+// one over kMaxLeaderHintBytes. Untrusted: see ListedLeaderHint.
 std::string LeaderHint(const grpc::ClientContext& context);
+
+// LeaderHint when it is one of `addresses` (exactly), else "": the hint a
+// client may follow.
+std::string ListedLeaderHint(const grpc::ClientContext& context,
+                             const std::vector<std::string>& addresses);
 
 class CoordinatorEndpoints {
  public:
@@ -55,7 +70,8 @@ class CoordinatorEndpoints {
   // A call on `used` (an earlier channel()) failed with `status`.
   // UNAVAILABLE (a follower's refusal, or nobody listening) and
   // DEADLINE_EXCEEDED (nobody answering) move to the leader the refusal
-  // named, or else to the address after the current one in the list.
+  // named if it is one of the addresses, or else to the address after the
+  // current one in the list.
   // Other codes change nothing: the coordinator answered. Nor does a
   // failure on a channel that is no longer the current one: several
   // threads see one coordinator die, the first moves on, and the others
@@ -70,8 +86,7 @@ class CoordinatorEndpoints {
   const ChannelFactory make_channel_;
   mutable AnnotatedMutex mu_;
   std::string current_ ABSL_GUARDED_BY(mu_);
-  // Where the round robin stands: the index of current_ in addresses_, or
-  // of the last listed address tried when current_ came from a hint.
+  // Where the round robin stands: the index of current_ in addresses_.
   size_t position_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(mu_);
 };

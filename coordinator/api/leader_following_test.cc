@@ -120,6 +120,38 @@ TEST(LeaderFollowingTest, TheRoundRobinGoesOnFromAHintedDeadLeader) {
   EXPECT_EQ(visited, (std::vector<std::string>{stale.address(), dead, third, stale.address()}));
 }
 
+// Whoever answers on a listed address must not be able to send the clients,
+// and the bearer tokens on their calls, to a host of its choosing: a named
+// leader outside the list is ignored, and the round robin goes on.
+TEST(LeaderFollowingTest, AHintNotInTheListIsIgnored) {
+  const std::string next = DeadAddress();
+  Follower follower("attacker.example:443");
+  std::vector<std::string> channels;  // every address a channel was made for
+  CoordinatorEndpoints endpoints({follower.address(), next}, [&](const std::string& address) {
+    channels.push_back(address);
+    return MakeChannel(address);
+  });
+  std::shared_ptr<grpc::Channel> channel = endpoints.channel();
+  Outcome refused = Call(channel);
+  ASSERT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(LeaderHint(*refused.context), "attacker.example:443");
+  EXPECT_EQ(ListedLeaderHint(*refused.context, {follower.address(), next}), "");
+  endpoints.Failed(refused.status, *refused.context, channel);
+  EXPECT_EQ(endpoints.current(), next);
+  EXPECT_EQ(channels, (std::vector<std::string>{follower.address(), next}));
+}
+
+TEST(LeaderFollowingTest, AHintOverTheLengthLimitIsNone) {
+  const std::string listed = DeadAddress();
+  for (size_t length : {kMaxLeaderHintBytes, kMaxLeaderHintBytes + 1}) {
+    const std::string hint = listed + std::string(length - listed.size(), 'x');
+    Follower follower(hint);
+    Outcome refused = Call(MakeChannel(follower.address()));
+    ASSERT_EQ(refused.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+    EXPECT_EQ(LeaderHint(*refused.context), length <= kMaxLeaderHintBytes ? hint : "") << length;
+  }
+}
+
 TEST(LeaderFollowingTest, AnAnswerThatIsNotARefusalChangesNothing) {
   const std::string dead = DeadAddress();
   Follower follower(dead);

@@ -275,6 +275,36 @@ else
   fail up_killed "its processes outlived it: $(pgrep -af -- "$TMP/up-kill/")"
   pkill -KILL -f -- "--ports-file=$TMP/up-kill/"
 fi
+# Ctrl-C at a terminal sends SIGINT to the whole foreground process group
+# (here: kill -INT to up's own group). up's children are in groups of their
+# own, so only up sees it and stops them in order: cancel the job, then
+# the workers, then the coordinator, which is sent SIGTERM, never SIGINT.
+python3 -c 'import os, sys; os.setpgid(0, 0); os.execv(sys.argv[1], sys.argv[1:])' \
+  "$BIN" "${UP[@]}" --out "$TMP/up-int" >"$TMP/up-int.out" 2>&1 &
+up_pid=$!
+pids+=("$up_pid")
+ok up_int_started await_file "$TMP/up-int/worker-1.ports"
+own_groups=yes
+for p in $(pgrep -f -- "--ports-file=$TMP/up-int/"); do
+  [[ $(ps -o pgid= -p "$p" | tr -d ' ') != "$up_pid" ]] || own_groups="no: $p"
+done
+ok up_children_own_groups test "$own_groups" = yes
+kill -INT -- "-$up_pid"
+for _ in $(seq 1 1200); do kill -0 "$up_pid" 2>/dev/null || break; sleep 0.05; done
+wait "$up_pid"
+rc=$?
+ok up_interrupted_exit_130 test "$rc" -eq 130
+ok up_interrupted_said_so grep -q "interrupted; stopping the cluster" "$TMP/up-int.out"
+ok up_interrupted_stopped_coordinator grep -q "received SIGTERM; shutting down" \
+  "$TMP/up-int/coordinator.log"
+lacks() { ! grep -q "$1" "$2"; }
+ok up_interrupted_no_sigint_to_coordinator lacks "received SIGINT" "$TMP/up-int/coordinator.log"
+if ended "$TMP/up-int"; then
+  passed=$((passed + 1))
+else
+  fail up_interrupted_ended "its processes outlived it: $(pgrep -af -- "$TMP/up-int/")"
+  pkill -KILL -f -- "--ports-file=$TMP/up-int/"
+fi
 
 # $PIPETRAIN_CA: a TLS coordinator is reached with the CA from the
 # environment; --tls-ca overrides it; a missing CA file is named.

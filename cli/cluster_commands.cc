@@ -669,6 +669,10 @@ int RunUp(const std::vector<std::string>& args) {
   cluster_options.dir = o.out;
   // Killed outright (SIGKILL), `up` cannot stop them: the kernel does.
   cluster_options.exit_with_parent = true;
+  // Ctrl-C reaches only `up`, which stops them in order (cancel the job,
+  // then the workers, then the coordinator), rather than every process at
+  // once by the terminal's SIGINT to its whole foreground group.
+  cluster_options.own_process_groups = true;
   // Fresh tokens each time: only the processes `up` starts, and whoever can
   // read its --out directory (the token files are mode 0600), get in.
   cluster_options.join_token = RandomToken();
@@ -694,6 +698,11 @@ int RunUp(const std::vector<std::string>& args) {
                o.out.c_str());
   auto cluster = LocalCluster::Start(cluster_options);
   if (!cluster.ok()) return Fail("up", cluster.status());
+  // Ctrl-C while it started (the children no longer see it): no job.
+  if (g_interrupted.load()) {
+    std::fprintf(stderr, "interrupted; stopping the cluster\n");
+    return kExitInterrupted;
+  }
   auto stub = ConnectCoordinator((*cluster)->grpc_address(), "", (*cluster)->user_token());
   v1::SubmitJobRequest request;
   *request.mutable_spec() = UpSpec(o);

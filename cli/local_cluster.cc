@@ -118,6 +118,7 @@ long LockHolder(int fd) {
 SpawnOptions SpawnOptionsOf(const LocalClusterOptions& options) {
   SpawnOptions spawn;
   spawn.exit_with_parent = options.exit_with_parent;
+  spawn.own_process_group = options.own_process_groups;
   return spawn;
 }
 
@@ -312,8 +313,16 @@ absl::StatusOr<int> LocalCluster::AddWorker() {
 }
 
 LocalCluster::~LocalCluster() {
-  for (Subprocess& w : workers_) w.Terminate(absl::Seconds(5));
-  for (Subprocess& s : standbys_) s.Terminate(absl::Seconds(5));
+  // Workers first, while the coordinator still listens, all signalled at
+  // once against one 5 s deadline (one at a time, N stuck workers took
+  // N x 5 s); then the standbys likewise; then the coordinator.
+  auto all = [](std::vector<Subprocess>& processes) {
+    std::vector<Subprocess*> out;
+    for (Subprocess& p : processes) out.push_back(&p);
+    return out;
+  };
+  TerminateAll(all(workers_), absl::Seconds(5));
+  TerminateAll(all(standbys_), absl::Seconds(5));
   if (coordinator_) coordinator_->Terminate(absl::Seconds(5));
 }
 

@@ -1,7 +1,8 @@
 // LocalCluster: a coordinator and N workers as child processes on loopback,
 // every port chosen by the kernel (port 0) and read back from ports files.
 // Used by `pipetrain up` and by the multi-process tests. The destructor
-// terminates every child (workers first), so nothing outlives the cluster.
+// terminates every child (all workers together, then the standbys, then
+// the coordinator), so nothing outlives the cluster.
 // Not thread-safe.
 #ifndef PIPETRAIN_CLI_LOCAL_CLUSTER_H_
 #define PIPETRAIN_CLI_LOCAL_CLUSTER_H_
@@ -43,6 +44,10 @@ struct LocalClusterOptions {
   // (subprocess.h, SpawnOptions::exit_with_parent): call Start, AddWorker
   // and KillAndRestartCoordinator from a thread that outlives the cluster.
   bool exit_with_parent = false;
+  // Every process started is in a process group of its own
+  // (SpawnOptions::own_process_group): a terminal's Ctrl-C reaches only
+  // this process, which then stops the cluster in order (the destructor).
+  bool own_process_groups = false;
 };
 
 class LocalCluster {

@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -86,6 +87,13 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& arg
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
                                    O_WRONLY | O_CREAT | O_APPEND, 0644);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
+  posix_spawnattr_t attributes;
+  posix_spawnattr_init(&attributes);
+  if (options.own_process_group) {
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETPGROUP);
+    posix_spawnattr_setpgroup(&attributes, 0);  // a group named after the child
+    posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  }
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
@@ -97,8 +105,9 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& arg
     env.push_back(nullptr);
   }
   pid_t pid = -1;
-  const int error = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, args.data(),
+  const int error = posix_spawn(&pid, argv[0].c_str(), &actions, &attributes, args.data(),
                                 options.exit_with_parent ? env.data() : environ);
+  posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   if (error != 0) {
     return absl::InternalError(absl::StrCat("spawn ", argv[0], ": ", std::strerror(error)));
@@ -155,6 +164,22 @@ int Subprocess::Terminate(absl::Duration grace) {
     }
   }
   return *status_;
+}
+
+void TerminateAll(const std::vector<Subprocess*>& processes, absl::Duration grace) {
+  for (Subprocess* p : processes) {
+    if (p == nullptr) continue;
+    p->Signal(SIGCONT);  // a stopped child cannot act on SIGTERM
+    p->Signal(SIGTERM);
+  }
+  const absl::Time deadline = absl::Now() + grace;
+  for (Subprocess* p : processes) {
+    if (p != nullptr) p->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  }
+  // Those that ended are reaped already; the rest get SIGKILL and are reaped.
+  for (Subprocess* p : processes) {
+    if (p != nullptr) p->Terminate(absl::ZeroDuration());
+  }
 }
 
 absl::Status WaitForFile(const std::string& path, absl::Duration timeout, Subprocess* writer,

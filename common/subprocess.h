@@ -33,6 +33,13 @@ struct SpawnOptions {
   // signal to the spawning THREAD: spawn from one that outlives the child
   // (e.g. main), or the child is sent SIGTERM when that thread ends.
   bool exit_with_parent = false;
+  // Starts the child in a process group of its own (POSIX_SPAWN_SETPGROUP),
+  // so that what a terminal sends to this process's group (Ctrl-C's
+  // SIGINT, Ctrl-\'s SIGQUIT, Ctrl-Z's SIGTSTP) does not reach it: the
+  // parent decides when and in which order its children end. Its stdin is
+  // then /dev/null (a background group reading the terminal would stop).
+  // A parent killed outright cannot stop it: use exit_with_parent too.
+  bool own_process_group = false;
 };
 
 // The child's side of SpawnOptions::exit_with_parent; call it first thing
@@ -70,6 +77,12 @@ class Subprocess {
   pid_t pid_ = -1;
   std::optional<int> status_;
 };
+
+// Terminates `processes` together: SIGTERM to each one still running, one
+// `grace` period shared by all of them, then SIGKILL to those still
+// running; every one is reaped. Null entries are skipped. N processes that
+// ignore SIGTERM cost one `grace`, not N.
+void TerminateAll(const std::vector<Subprocess*>& processes, absl::Duration grace);
 
 // Waits up to `timeout` for `path` to exist and be non-empty (polling every
 // 10 ms: used for files a child writes atomically, like its ports file).

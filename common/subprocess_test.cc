@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -126,6 +127,64 @@ TEST(ExitWithParentTest, ParentAlreadyGone_ChildExitsAtOnceSayingSo) {
   std::stringstream text;
   text << std::ifstream(log).rdbuf();
   EXPECT_TRUE(absl::StrContains(text.str(), "(pid 999999999) is gone")) << text.str();
+}
+
+// A child in a group of its own: what a terminal sends to this process's
+// group (Ctrl-C) does not reach it. Its stdin is /dev/null, not ours.
+TEST(SpawnTest, OwnProcessGroup_ChildLeadsItsOwnGroupReadingNothing) {
+  const std::string stdin_is = TempPath("own-group.stdin");
+  SpawnOptions options;
+  options.own_process_group = true;
+  auto child = Subprocess::Spawn({"/bin/sh", "-c",
+                                  "readlink /proc/self/fd/0 > " + stdin_is + ".tmp; mv " +
+                                      stdin_is + ".tmp " + stdin_is + "; exec sleep 600"},
+                                 TempPath("own-group.log"), options);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ(getpgid(child->pid()), child->pid());  // posix_spawn returns after the exec
+  EXPECT_NE(getpgid(child->pid()), getpgrp());
+  auto plain = Subprocess::Spawn({"/bin/sleep", "600"}, TempPath("plain.log"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(getpgid(plain->pid()), getpgrp());  // the default: ours
+  ASSERT_TRUE(WaitForFile(stdin_is, absl::Seconds(60), &*child).ok());
+  child->Terminate(absl::Seconds(5));
+  std::stringstream text;
+  text << std::ifstream(stdin_is).rdbuf();
+  EXPECT_EQ(text.str(), "/dev/null\n");
+}
+
+// Children that ignore SIGTERM share one grace period, then get SIGKILL;
+// one that heeds SIGTERM ends by it. One at a time, 3 stubborn children
+// would take 3 graces at least.
+TEST(TerminateAllTest, ChildrenIgnoringSigterm_OneSharedGraceThenSigkill) {
+  constexpr int kStubborn = 3;
+  const absl::Duration grace = absl::Seconds(2);
+  std::vector<Subprocess> children;
+  for (int i = 0; i < kStubborn; ++i) {
+    // The trap is set (and inherited by sleep) before the file appears.
+    const std::string ready = TempPath(absl::StrCat("stubborn-", i, ".ready"));
+    auto child =
+        Subprocess::Spawn({"/bin/sh", "-c", "trap '' TERM; echo 1 > " + ready + "; exec sleep 600"},
+                          TempPath(absl::StrCat("stubborn-", i, ".log")));
+    ASSERT_TRUE(child.ok()) << child.status();
+    children.push_back(*std::move(child));
+    ASSERT_TRUE(WaitForFile(ready, absl::Seconds(60), &children.back()).ok());
+  }
+  auto polite = Subprocess::Spawn({"/bin/sleep", "600"}, TempPath("polite.log"));
+  ASSERT_TRUE(polite.ok()) << polite.status();
+  std::vector<Subprocess*> all = {&*polite, nullptr};
+  for (Subprocess& c : children) all.push_back(&c);
+  const absl::Time start = absl::Now();
+  TerminateAll(all, grace);
+  const absl::Duration took = absl::Now() - start;
+  EXPECT_GE(took, grace);
+  EXPECT_LT(took, kStubborn * grace);
+  ASSERT_TRUE(polite->Poll().has_value());
+  EXPECT_TRUE(WIFSIGNALED(*polite->Poll()) && WTERMSIG(*polite->Poll()) == SIGTERM);
+  for (Subprocess& c : children) {
+    const std::optional<int> status = c.Poll();
+    ASSERT_TRUE(status.has_value());
+    EXPECT_TRUE(WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL) << *status;
+  }
 }
 
 }  // namespace

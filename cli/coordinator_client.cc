@@ -40,7 +40,8 @@ StubFactory StubsWith(const std::shared_ptr<grpc::ChannelCredentials>& credentia
 }
 
 // The leader among `addresses` (two or more), within `timeout`
-// (FindCoordinator's contract). A follower refuses at once, naming it; any
+// (FindCoordinator's contract). A follower refuses at once, naming it (a
+// name not in `addresses` is ignored, as CoordinatorEndpoints does); any
 // other answer (even NOT_FOUND for this empty id) comes from the leader; a
 // coordinator that does not answer is skipped. As CoordinatorEndpoints
 // does: after a named leader that does not answer comes the address after
@@ -67,10 +68,11 @@ absl::StatusOr<std::unique_ptr<Stub>> FindLeader(const std::vector<std::string>&
     }
     silent = silent || s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
     last = absl::StrCat(candidate, ": ", s.error_message());
-    const std::string leader = LeaderHint(*context);
+    // Only a listed leader: whoever answers on a listed address must not
+    // be able to send the user token anywhere else.
+    const std::string leader = ListedLeaderHint(*context, addresses);
     if (!leader.empty() && leader != candidate) {
-      const auto listed = std::find(addresses.begin(), addresses.end(), leader);
-      if (listed != addresses.end()) at = listed - addresses.begin();
+      at = std::find(addresses.begin(), addresses.end(), leader) - addresses.begin();
       candidate = leader;
     } else {
       at = (at + 1) % addresses.size();

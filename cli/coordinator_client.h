@@ -33,10 +33,12 @@ std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
 // For the CLI's commands, with their --coordinator (named by `flag`) and
 // --timeout. `address` lists one coordinator, or several highly available
 // ones ("a:7070,b:7070"); then their leader is found first: each is asked
-// in turn (a follower names the leader), each with a deadline of
-// `timeout` / (the number listed), so that a silent one cannot use up the
-// others' time, and rounds repeat (during a takeover none may lead for a
-// moment) until `timeout` has passed. One address is connected as it is.
+// in turn (a follower names the leader, followed only when it is one of
+// the listed addresses, so that no one can redirect the token), each with
+// a deadline of `timeout` / (the number listed), so that a silent one
+// cannot use up the others' time, and rounds repeat (during a takeover
+// none may lead for a moment) until `timeout` has passed. One address is
+// connected as it is.
 // The calls on the stub need deadlines of their own (WithDeadline).
 // Errors: INVALID_ARGUMENT naming `flag` for an empty list or entry
 // (ParseCoordinatorAddresses); when no listed coordinator led within

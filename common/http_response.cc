@@ -19,6 +19,8 @@ absl::string_view ReasonPhrase(int status) {
     case 408: return "Request Timeout";
     case 411: return "Length Required";
     case 413: return "Payload Too Large";
+    case 414: return "URI Too Long";
+    case 415: return "Unsupported Media Type";
     case 431: return "Request Header Fields Too Large";
     case 503: return "Service Unavailable";
     default: return status < 400 ? "OK" : "Error";

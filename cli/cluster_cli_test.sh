@@ -365,5 +365,10 @@ if command -v zsh >/dev/null; then
   ok zsh_accepts_completion zsh -n "$TMP/completion.zsh"
 fi
 expect_exit completion_unknown_shell 2 "usage: pipetrain completion bash|zsh" -- completion fish
+# -h is help wherever a command takes an id or a file, never that argument
+# (no call is made: there is no coordinator here).
+expect_exit cancel_dash_h 0 "usage: pipetrain cancel" -- cancel -h
+expect_exit drain_dash_h 0 "usage: pipetrain drain" -- drain -h
+expect_exit submit_dash_h 0 "usage: pipetrain submit" -- submit -h
 
 finish

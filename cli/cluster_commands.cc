@@ -112,8 +112,10 @@ int Fail(const std::string& command, const absl::Status& status) {
 int ParseArgs(FlagSet& flags, std::vector<std::string> args, int positional,
               std::vector<std::string>* words, const std::string& command,
               const Connection* connection = nullptr) {
+  // "-h" is the help flag, not an id or a file: `pipetrain cancel -h` must
+  // print the usage, not cancel a job named "-h".
   while (static_cast<int>(words->size()) < positional && !args.empty() &&
-         args.front().rfind("--", 0) != 0) {
+         args.front().rfind("--", 0) != 0 && args.front() != "-h") {
     words->push_back(args.front());
     args.erase(args.begin());
   }

@@ -16,6 +16,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -188,26 +189,33 @@ TEST(JobRunnerTest, BadSpec_IsReportedAsTheJobsError) {
 // the peer list: an assignment without one fails the job with
 // INVALID_ARGUMENT before any transport is made, instead of reaching that
 // transport's CHECK.
-TEST(JobRunnerTest, NoPeerAddresses_InvalidArgumentBeforeAnyTransport) {
+// Runs `a`, which must be refused, with a transport factory that counts
+// its calls (and returns null where GrpcTransport would CHECK-fail on too
+// few peers): the error the job reports, and how many transports it made.
+std::pair<std::string, int> RefusedAssignment(const v1::Assignment& a) {
   InProcessFabric fabric(2);
   FakeLink link(/*stages=*/1);
-  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
-  a.clear_peer_addresses();
   std::atomic<int> made{0};
   JobRunner runner(
       a, &fabric.mailbox(0),
       [&](int s, const std::vector<std::string>& peers,
           const JobCredential&) -> std::unique_ptr<Transport> {
         ++made;
-        if (s >= static_cast<int>(peers.size())) return nullptr;  // GrpcTransport CHECK-fails
+        if (s >= static_cast<int>(peers.size())) return nullptr;
         return fabric.Connect(s);
       },
       &link, JobRunnerOptions{"w", 1});
   runner.Start();
-  ASSERT_TRUE(link.AwaitReports(1));
+  EXPECT_TRUE(link.AwaitReports(1));
   runner.Stop();
-  EXPECT_EQ(made.load(), 0);
-  const std::string error = link.reports()[0].error();
+  return {link.reports().empty() ? "" : link.reports()[0].error(), made.load()};
+}
+
+TEST(JobRunnerTest, NoPeerAddresses_InvalidArgumentBeforeAnyTransport) {
+  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
+  a.clear_peer_addresses();
+  const auto [error, made] = RefusedAssignment(a);
+  EXPECT_EQ(made, 0);
   EXPECT_EQ(error.rfind("INVALID_ARGUMENT: assignment: stage 0 of 2", 0), 0u) << error;
   EXPECT_NE(error.find("with 0 peer addresses (want replicas x stages x tensor ranks)"),
             std::string::npos)
@@ -219,29 +227,14 @@ TEST(JobRunnerTest, NoPeerAddresses_InvalidArgumentBeforeAnyTransport) {
 // the job fails with INVALID_ARGUMENT naming the field, before any
 // transport (GrpcTransport would CHECK-fail on the empty list).
 TEST(JobRunnerTest, LayoutFactorsWrappingToZero_InvalidArgumentBeforeAnyTransport) {
-  InProcessFabric fabric(2);
-  FakeLink link(/*stages=*/1);
   v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
   a.set_replicas(1 << 21);
   a.set_num_stages(1 << 21);
   a.set_tensor_parallel(1 << 22);
   a.clear_peer_addresses();
-  std::atomic<int> made{0};
-  JobRunner runner(
-      a, &fabric.mailbox(0),
-      [&](int s, const std::vector<std::string>& peers,
-          const JobCredential&) -> std::unique_ptr<Transport> {
-        ++made;
-        if (s >= static_cast<int>(peers.size())) return nullptr;  // GrpcTransport CHECK-fails
-        return fabric.Connect(s);
-      },
-      &link, JobRunnerOptions{"w", 1});
-  runner.Start();
-  ASSERT_TRUE(link.AwaitReports(1));
-  runner.Stop();
-  EXPECT_EQ(made.load(), 0);
-  EXPECT_EQ(link.reports()[0].error(),
-            "INVALID_ARGUMENT: assignment: num_stages 2097152 is out of range [1, 1024]");
+  const auto [error, made] = RefusedAssignment(a);
+  EXPECT_EQ(made, 0);
+  EXPECT_EQ(error, "INVALID_ARGUMENT: assignment: num_stages 2097152 is out of range [1, 1024]");
 }
 
 TEST(CheckAssignmentLayoutTest, EachFactorAndTheirProductAreBounded) {

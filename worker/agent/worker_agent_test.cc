@@ -21,6 +21,18 @@
 namespace pipetrain {
 namespace {
 
+// The agent's transports as a worker makes them: gRPC, receiving into
+// `mailbox`, with the job's credential.
+TransportFactory GrpcTransports(Mailbox* mailbox) {
+  return
+      [mailbox](int stage, const std::vector<std::string>& peers, const JobCredential& credential) {
+        GrpcTransportOptions transport_options;
+        transport_options.credential = credential;
+        return std::unique_ptr<Transport>(
+            new GrpcTransport(stage, peers, mailbox, std::move(transport_options)));
+      };
+}
+
 // Registers the first worker, forgets it at its first heartbeat
 // (FAILED_PRECONDITION, as a restarted coordinator does) and refuses every
 // later registration with UNAUTHENTICATED (as after the join token changed).
@@ -77,14 +89,7 @@ TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
     refusal = status;
     refused = true;
   };
-  WorkerAgent agent(options, data_plane->get(), &mailbox,
-                    [&mailbox](int stage, const std::vector<std::string>& peers,
-                               const JobCredential& credential) {
-                      GrpcTransportOptions transport_options;
-                      transport_options.credential = credential;
-                      return std::unique_ptr<Transport>(
-                          new GrpcTransport(stage, peers, &mailbox, std::move(transport_options)));
-                    });
+  WorkerAgent agent(options, data_plane->get(), &mailbox, GrpcTransports(&mailbox));
   ASSERT_TRUE(agent.Start().ok());
   {
     AnnotatedMutexLock lock(&mu);
@@ -186,14 +191,7 @@ std::optional<v1::ReportProgressRequest> FirstReportFromAgent(const v1::Assignme
   WorkerAgentOptions options;
   options.coordinator_address = absl::StrCat("127.0.0.1:", port);
   options.join_token = "join";
-  WorkerAgent agent(options, data_plane->get(), &mailbox,
-                    [&mailbox](int stage, const std::vector<std::string>& peers,
-                               const JobCredential& credential) {
-                      GrpcTransportOptions transport_options;
-                      transport_options.credential = credential;
-                      return std::unique_ptr<Transport>(
-                          new GrpcTransport(stage, peers, &mailbox, std::move(transport_options)));
-                    });
+  WorkerAgent agent(options, data_plane->get(), &mailbox, GrpcTransports(&mailbox));
   EXPECT_TRUE(agent.Start().ok());
   std::optional<v1::ReportProgressRequest> report = coordinator.AwaitFirstReport();
   agent.Stop();

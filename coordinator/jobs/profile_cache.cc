@@ -105,18 +105,21 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
       RETURN_IF_ERROR(CheckAmount(where + ".bwd_seconds", t.bwd_seconds(), kMaxProfileSeconds));
     }
   }
-  if (profile.codecs_size() > kMaxProfileCodecTimings) {
-    return BadProfile("codecs", absl::StrCat("has over ", kMaxProfileCodecTimings, " entries"));
+  if (profile.codecs_size() > static_cast<int>(kMaxProfileCodecs)) {
+    return BadProfile("codecs", absl::StrCat("has over ", kMaxProfileCodecs, " entries"));
   }
   std::set<std::string> codecs;
   for (int i = 0; i < profile.codecs_size(); ++i) {
     const v1::CodecTiming& c = profile.codecs(i);
     const std::string at = absl::StrCat("codecs[", i, "]");
-    if (c.codec().empty() || c.codec().size() > 64 || !codecs.insert(c.codec()).second) {
-      return BadProfile(at + ".codec", "must be a name of 1 to 64 bytes, each at most once");
+    if (c.codec().empty() || c.codec().size() > kMaxProfileCodecNameBytes ||
+        !codecs.insert(c.codec()).second) {
+      return BadProfile(at + ".codec",
+                        absl::StrCat("must be a name of 1 to ", kMaxProfileCodecNameBytes,
+                                     " bytes, each at most once"));
     }
-    RETURN_IF_ERROR(
-        CheckAmount(at + ".all_reduce_seconds_per_byte", c.all_reduce_seconds_per_byte(), 1e-3));
+    RETURN_IF_ERROR(CheckAmount(at + ".all_reduce_seconds_per_byte",
+                                c.all_reduce_seconds_per_byte(), kMaxCodecSecondsPerByte));
   }
   return absl::OkStatus();
 }

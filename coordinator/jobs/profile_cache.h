@@ -31,7 +31,6 @@ ModelProfile FromProto(const v1::ModelProfile& profile);
 // Bounds of a worker's profile (CheckWorkerProfile).
 inline constexpr double kMaxProfileSeconds = 1e6;  // a unit's pass, ~11 days
 inline constexpr double kMaxProfileBytes = 1e15;   // a unit's bytes, 1 PB
-inline constexpr int kMaxProfileCodecTimings = 16;
 inline constexpr size_t kMaxProfileDeviceKindBytes = 256;
 
 // Whether `profile`, a worker's answer to `request` (WorkerControl.Profile),
@@ -39,11 +38,11 @@ inline constexpr size_t kMaxProfileDeviceKindBytes = 256;
 // so and in that order; the request's micro_batch_size; every time in [0,
 // kMaxProfileSeconds] and every size in [0, kMaxProfileBytes], finite; each
 // unit's partitions the request's, in its order; at most
-// kMaxProfileCodecTimings codecs, each a name of 1 to 64 bytes given once
-// with all_reduce_seconds_per_byte in [0, 1e-3] (ParseProfileJson's
-// rules); device_kind at most kMaxProfileDeviceKindBytes; repetitions >= 0.
-// INVALID_ARGUMENT naming the first field that is not. A worker is a peer:
-// what it sends reaches the planner, whose indexing and CHECKs trust the
+// kMaxProfileCodecs codecs, each a name of 1 to kMaxProfileCodecNameBytes
+// bytes given once with all_reduce_seconds_per_byte in [0,
+// kMaxCodecSecondsPerByte] (ParseProfileJson's rules, profile.h); device_kind at most
+// kMaxProfileDeviceKindBytes; repetitions >= 0. INVALID_ARGUMENT naming the first field that is
+// not. A worker is a peer: what it sends reaches the planner, whose indexing and CHECKs trust the
 // unit count, only through this.
 absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::ProfileRequest& request,
                                 const std::vector<std::string>& unit_names);

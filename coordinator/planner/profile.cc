@@ -10,8 +10,6 @@
 
 namespace pipetrain {
 
-// A profile's codec timings at most (the profiler writes four).
-constexpr size_t kMaxProfileCodecs = 16;
 namespace {
 
 using nlohmann::json;
@@ -143,14 +141,17 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
       }
       const json& name = codecs[i].contains("codec") ? codecs[i]["codec"] : json();
       if (!name.is_string() || name.get<std::string>().empty() ||
-          name.get<std::string>().size() > 64 ||
+          name.get<std::string>().size() > kMaxProfileCodecNameBytes ||
           profile.codec_all_reduce_seconds_per_byte.count(name.get<std::string>()) > 0) {
-        return Invalid(at + ".codec", "must be a name of 1 to 64 bytes, each at most once");
+        return Invalid(at + ".codec",
+                       absl::StrCat("must be a name of 1 to ", kMaxProfileCodecNameBytes,
+                                    " bytes, each at most once"));
       }
       ASSIGN_OR_RETURN(const double seconds,
                        Number(codecs[i], "all_reduce_seconds_per_byte", at, false));
-      if (seconds > 1e-3) {
-        return Invalid(at + ".all_reduce_seconds_per_byte", "must be at most 1e-3");
+      if (seconds > kMaxCodecSecondsPerByte) {
+        return Invalid(at + ".all_reduce_seconds_per_byte",
+                       "must be at most 1e-3");  // kMaxCodecSecondsPerByte, as written
       }
       profile.codec_all_reduce_seconds_per_byte[name.get<std::string>()] = seconds;
     }

@@ -16,6 +16,7 @@
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_PROFILE_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_PROFILE_H_
 
+#include <cstddef>
 #include <map>
 #include <string>
 #include <vector>
@@ -88,6 +89,15 @@ struct ClusterSpec {
   double data_plane_bytes_per_second = 0;
   bool links_emulated = false;
 };
+
+// Bounds of a profile's codec timings, for ParseProfileJson and the
+// coordinator's check of a worker's profile (profile_cache.h): at most
+// kMaxProfileCodecs entries (the profiler writes four), each a name of 1 to
+// kMaxProfileCodecNameBytes bytes given once, with
+// all_reduce_seconds_per_byte at most kMaxCodecSecondsPerByte.
+inline constexpr size_t kMaxProfileCodecs = 16;
+inline constexpr size_t kMaxProfileCodecNameBytes = 64;
+inline constexpr double kMaxCodecSecondsPerByte = 1e-3;
 
 absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& json);
 absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& json);

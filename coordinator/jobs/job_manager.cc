@@ -438,15 +438,16 @@ absl::Status JobManager::Restore() {
     // unless it has ended, fails.
     const std::string plan_mismatch =
         spec_resolves ? PlanUnitsMismatch(record->plan, NumUnits(record->resolved.train.model))
-                      : std::string("the spec does not resolve");
-    if (!plan_mismatch.empty() && spec_resolves && !IsTerminal(record->job.state())) {
+                      : "";
+    if (!plan_mismatch.empty() && !IsTerminal(record->job.state())) {
       record->job.set_state(v1::JOB_STATE_FAILED);
       record->job.set_reason(absl::StrCat(
           "after a coordinator restart, the stored plan does not fit the model: ", plan_mismatch));
     }
+    const bool owners_known = spec_resolves && plan_mismatch.empty();
     for (int st = 0; st < record->plan.stages_size(); ++st) {
       record->stage_of[record->plan.stages(st).worker_id()] = st;
-      if (plan_mismatch.empty()) RecordWeightOwners(*record, st);
+      if (owners_known) RecordWeightOwners(*record, st);
     }
     record->stages.assign(record->plan.stages_size(), StageProgress{});
     if (!s.profile_json().empty()) {

@@ -15,11 +15,12 @@ FUZZ_COMPATIBLE = select({
     "//conditions:default": ["//fuzz:fuzz_build_disabled"],
 })
 
-def pipetrain_fuzzer(name, srcs, deps = []):
+def pipetrain_fuzzer(name, srcs, deps = [], testonly = False):
     cc_binary(
         name = name,
         srcs = srcs,
         deps = deps,
+        testonly = testonly,
         linkopts = ["-fsanitize=fuzzer"],
         target_compatible_with = FUZZ_COMPATIBLE,
         visibility = ["//visibility:private"],

@@ -5,7 +5,8 @@
 // rescheduling, reading the job and its plan). Each input starts a fresh
 // registry of two workers and a job of two stages, planned and running at
 // once (analytic profile: no fetcher, so no worker is dialled), on a fake
-// clock.
+// clock. Planning runs when the input says (PlanningQueue), so operations
+// also land while the job is PLANNING.
 //
 // Input: operations until it ends (at most kMaxOperations), each a byte
 // choosing one (its low 3 bits) and what it needs:
@@ -20,7 +21,9 @@
 //   4 the worker lost (OnWorkerLost)
 //   5 Cancel the job
 //   6 Get and GetPlan of the job
-//   7 time passes (a byte, in seconds), then ScheduleQueued
+//   7 time passes (a byte, in seconds), then ScheduleQueued; the plans
+//     it starts are made at once, or with bit 3 left PLANNING until the
+//     next operation 7 without it
 //
 // Checks beyond the sanitizers: the job can always be read back (Get), and
 // a job that ended stays ended, whatever its workers send.
@@ -33,6 +36,7 @@
 #include "common/logging.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/planning_queue_testing.h"
 #include "coordinator/registry/worker_registry.h"
 #include "fuzz/fuzz_input.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
@@ -73,7 +77,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
   AssignmentHub hub;
-  JobManager jobs(&registry, &hub, &clock);
+  PlanningQueue plans;  // outlives jobs
+  JobManager jobs(&registry, &hub, &clock, JobManagerOptions{.planning_runner = plans.Runner()});
   for (const char* address : {"10.0.0.1:9001", "10.0.0.2:9001"}) {
     v1::RegisterWorkerRequest request;
     request.set_data_address(address);
@@ -82,7 +87,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<v1::Job> submitted = jobs.Submit(TwoStageSpec());
   if (!submitted.ok()) __builtin_trap();
   const std::string job_id = submitted->id();
-  v1::Job job = *submitted;  // as read after the last operation
+  plans.RunAll();
+  absl::StatusOr<v1::Job> running = jobs.Get(job_id);
+  if (!running.ok() || running->state() != v1::JOB_STATE_RUNNING) __builtin_trap();
+  v1::Job job = *running;  // as read after the last operation
   bool ended = false;
 
   FuzzInput in(data, size);
@@ -139,6 +147,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 7:
         clock.Advance(absl::Seconds(in.Byte()));
         jobs.ScheduleQueued();
+        if (!addressed) plans.RunAll();
         break;
     }
     absl::StatusOr<v1::Job> after = jobs.Get(job_id);

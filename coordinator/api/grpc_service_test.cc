@@ -72,7 +72,9 @@ class GrpcServiceTest : public ::testing::Test {
     *request.mutable_spec() = spec;
     grpc::ClientContext context;
     SetDeadline(context);
-    return stub_->SubmitJob(&context, request, job);
+    grpc::Status status = stub_->SubmitJob(&context, request, job);
+    jobs_.AwaitPlanning();  // planned off the lock: RUNNING once this returns
+    return status;
   }
 
   v1::JobSpec ValidSpec() {
@@ -232,7 +234,11 @@ TEST_F(GrpcServiceTest, WatchAssignments_JobRunsThenIsCancelled_StreamsRunThenSt
 
   v1::Job job;
   ASSERT_TRUE(Submit(ValidSpec(), &job).ok());
-  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);  // the worker was READY at submission
+  // The worker was READY at submission: placed at once (planned off the
+  // job manager's lock, so PLANNING or already RUNNING), then running.
+  EXPECT_TRUE(job.state() == v1::JOB_STATE_PLANNING || job.state() == v1::JOB_STATE_RUNNING)
+      << v1::JobState_Name(job.state());
+  EXPECT_EQ(jobs_.Get(job.id())->state(), v1::JOB_STATE_RUNNING);
 
   v1::Assignment assignment;
   ASSERT_TRUE(stream->Read(&assignment));

@@ -187,7 +187,9 @@ bool IsTerminal(v1::JobState state) {
 
 JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock,
                        JobManagerOptions options)
-    : registry_(registry), hub_(hub), clock_(clock), options_(std::move(options)) {}
+    : registry_(registry), hub_(hub), clock_(clock), options_(std::move(options)) {
+  if (!options_.planning_runner) planner_ = std::make_unique<SerialExecutor>();
+}
 
 JobManager::~JobManager() {
   {
@@ -196,6 +198,14 @@ JobManager::~JobManager() {
   }
   if (loop_.joinable()) loop_.join();
   AwaitProfiling();
+  // A plan being computed ends, and is dropped (stopping_); none starts.
+  planner_.reset();
+}
+
+void JobManager::AwaitPlanning() {
+  AnnotatedMutexLock lock(&mu_);
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return plans_in_flight_ == 0; };
+  mu_.AwaitWithTimeout(none, absl::InfiniteDuration());
 }
 
 void JobManager::AwaitProfiling() {
@@ -480,7 +490,10 @@ absl::Status JobManager::Restore() {
       record->checkpoints->RestoreComplete({s.checkpoints().begin(), s.checkpoints().end()});
     }
     const v1::JobState state = record->job.state();
-    if (state == v1::JOB_STATE_PROFILING) {
+    // Not planned yet: it waits again (a first plan that was being made
+    // was never stored).
+    if (state == v1::JOB_STATE_PROFILING ||
+        (state == v1::JOB_STATE_PLANNING && record->job.plan_version() == 0)) {
       record->job.set_state(v1::JOB_STATE_QUEUED);
     } else if (state == v1::JOB_STATE_PLANNING || state == v1::JOB_STATE_RUNNING ||
                state == v1::JOB_STATE_RECOVERING) {
@@ -848,13 +861,22 @@ void JobManager::ScheduleQueued() {
     }
     ready.resize(need);
     absl::Status started = StartLocked(record, ready);
-    if (!started.ok()) EndLocked(record, v1::JOB_STATE_FAILED, std::string(started.message()));
+    if (!started.ok()) {
+      // A worker counted READY above changed since (lost, or gone): none
+      // was assigned, and the next pass counts again.
+      record.job.set_reason(absl::StrCat("waiting to be placed: ", started.message()));
+      continue;
+    }
     if (record.job.state() == v1::JOB_STATE_PROFILING) return;  // later jobs wait for it
   }
   // Spare workers grow running elastic jobs, once no job waits for them.
   for (const std::string& id : order_) {
     const v1::JobState state = jobs_.at(id)->job.state();
-    if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_PROFILING) return;
+    // A job being planned may yet go back to waiting (a worker lost).
+    if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_PROFILING ||
+        state == v1::JOB_STATE_PLANNING) {
+      return;
+    }
   }
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
@@ -953,19 +975,26 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
     // A spare went away meanwhile: wait for workers as a recovery does.
     return StartRecoveryLocked(record, "", reason, "worker_lost");
   }
-  registry_->Release(record.job.id());
-  const v1::ResumeFrom resume = *record.checkpoints->Latest();
-  absl::Status placed =
-      PlaceLocked(record, chosen, &resume, absl::StrCat(reason, "; re-planned at step ", step));
-  if (!placed.ok()) {
-    return EndLocked(
-        record, v1::JOB_STATE_FAILED,
-        absl::StrCat("re-planning at step ", step, " (", reason, ") failed: ", placed.message()));
-  }
+  // Those the new plan leaves out stop now: once released, another job may
+  // take them before this plan is in.
   for (const std::string& w : old) {
     if (std::find(chosen.begin(), chosen.end(), w) == chosen.end()) {
       hub_->Set(w, StopAssignment(record.job.id(), record.plan.version()));
     }
+  }
+  registry_->Release(record.job.id());
+  PendingPlacement pending;
+  pending.origin = PlacementOrigin::kBoundary;
+  pending.resume = *record.checkpoints->Latest();
+  pending.reason = absl::StrCat(reason, "; re-planned at step ", step);
+  pending.failure_prefix = absl::StrCat("re-planning at step ", step, " (", reason, ") failed: ");
+  absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
+  if (!placed.ok()) {
+    // A chosen worker went since it was counted: recover as from its loss
+    // (the boundary's checkpoint is complete, so nothing is redone).
+    return StartRecoveryLocked(
+        record, "", absl::StrCat(reason, "; re-planning at step ", step, ": ", placed.message()),
+        "worker_lost");
   }
 }
 
@@ -987,8 +1016,11 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
           "let it finish first"));
     }
     std::set<std::string> reserved;
-    const int left =
-        record->job.worker_ids_size() - 1 + static_cast<int>(SpareWorkersLocked(reserved).size());
+    // Being planned, the job's workers are the placement's.
+    const int current = record->pending.has_value()
+                            ? static_cast<int>(record->pending->workers.size())
+                            : record->job.worker_ids_size();
+    const int left = current - 1 + static_cast<int>(SpareWorkersLocked(reserved).size());
     // As many as the re-plan could use (whole stages, a count with a layout).
     if (UsableWorkers(*record, std::max(0, left)) < MinJobWorkers(*record)) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -1031,34 +1063,31 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
   record.profile = profile;
   record.profile_source = source;
   record.reference_gflops = reference_gflops;
-  return PlaceLocked(record, workers, nullptr, "initial plan");
+  PendingPlacement pending;
+  pending.origin = PlacementOrigin::kInitial;
+  pending.reason = "initial plan";
+  return BeginPlacementLocked(record, workers, std::move(pending));
 }
 
-absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::string>& workers,
-                                     const v1::ResumeFrom* resume, const std::string& reason) {
+absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
+                                              const std::vector<std::string>& workers,
+                                              PendingPlacement pending) {
   const std::string& id = record.job.id();
   // No checkpoint of its own yet: where spec.init.from starts it.
-  if (resume == nullptr && record.init_checkpoint.has_value()) resume = &*record.init_checkpoint;
-  std::vector<std::string> addresses;
+  if (!pending.resume.has_value() && record.init_checkpoint.has_value()) {
+    pending.resume = record.init_checkpoint;
+  }
   std::vector<v1::Worker> infos;
   for (const std::string& w : workers) {
     ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(w));
-    addresses.push_back(worker.data_address());
     infos.push_back(worker);
   }
-  record.job.set_state(v1::JOB_STATE_PLANNING);
-  ClusterSpec cluster;
+  PlanningInput input;
+  ClusterSpec& cluster = input.cluster;
   // What each worker may use (its cgroup or --memory-limit; GPU workers
   // hold the model in device memory), a host's RAM or a GPU shared by the
   // workers that draw on it.
-  std::string shared_memory;
-  const std::vector<double> memory = PlanMemoryBudgets(infos, &shared_memory);
-  // A plan refused for memory: "has N bytes" is then a share; say of what.
-  auto say_shares = [&shared_memory](absl::Status s) {
-    if (s.code() != absl::StatusCode::kResourceExhausted || shared_memory.empty()) return s;
-    return absl::ResourceExhaustedError(
-        absl::StrCat(s.message(), " (memory per worker: ", shared_memory, ")"));
-  };
+  const std::vector<double> memory = PlanMemoryBudgets(infos, &input.shared_memory);
   for (size_t i = 0; i < infos.size(); ++i) {
     const v1::Worker& w = infos[i];
     const double gflops = HostGflops(infos, w);
@@ -1092,49 +1121,152 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   cluster.latency_seconds = emulated ? latency : kAssumedLatency;
   cluster.links_emulated = emulated;
   SetSlowestHostDataPlane(infos, &cluster);
-  const int64_t version = record.plan.version() + 1;
+  // Held for this job from now on: a worker lost while the job is planned
+  // is the job's loss (OnWorkerLost), and no other job takes these.
+  RETURN_IF_ERROR(registry_->Assign(workers, id));
+  input.job_id = id;
+  input.version = record.plan.version() + 1;
+  input.workers = static_cast<int>(workers.size());
+  input.resolved = record.resolved;
+  input.auto_layout_workers = record.auto_layout_workers;
+  input.auto_layout_compression = record.auto_layout_compression;
+  input.auto_layout_parallelism = record.auto_layout_parallelism;
+  input.profile = *record.profile;
+  input.profile_source = record.profile_source;
+  input.reason = pending.reason;
+  pending.workers = workers;
+  pending.infos = std::move(infos);
+  pending.version = input.version;
+  record.pending = std::move(pending);
+  const int64_t placement = ++record.placement;
+  record.job.set_state(v1::JOB_STATE_PLANNING);
+  record.job.set_reason(absl::StrCat("planning on ", absl::StrJoin(workers, ", ")));
+  TouchLocked(record);
+  // Shutting down: nobody would take the plan (the job is restored from
+  // its stored state, which is not PLANNING).
+  if (stopping_) return absl::OkStatus();
+  ++plans_in_flight_;
+  std::function<void()> task = [this, placement, input = std::move(input)] {
+    FinishPlacement(input.job_id, placement, PlanPlacement(input));
+  };
+  if (options_.planning_runner) {
+    options_.planning_runner(std::move(task));
+  } else {
+    planner_->Post(std::move(task));
+  }
+  return absl::OkStatus();
+}
+
+JobManager::PlanningOutput JobManager::PlanPlacement(const PlanningInput& in) {
+  PlanningOutput out;
+  // A plan refused for memory: "has N bytes" is then a share; say of what.
+  auto say_shares = [&in](absl::Status s) {
+    if (s.code() != absl::StatusCode::kResourceExhausted || in.shared_memory.empty()) return s;
+    return absl::ResourceExhaustedError(
+        absl::StrCat(s.message(), " (memory per worker: ", in.shared_memory, ")"));
+  };
+  ResolvedJobSpec resolved = in.resolved;
+  out.placed_reason = in.reason;
   // spec.parallelism.data 0 (auto): the layout is chosen now, on these
   // workers and the job's profile, and until the next plan the job is as
   // if it had named it (its spec shows the choice).
   std::optional<CompiledPlan> chosen;
-  std::string placed_reason = reason;
-  if (record.auto_layout_workers > 0) {
-    ASSIGN_OR_RETURN(
-        const ResolvedJobSpec automatic,
-        ResolveAsAutoLayout(record.resolved.spec, static_cast<int>(workers.size()),
-                            record.auto_layout_compression, &record.auto_layout_parallelism));
-    absl::StatusOr<ChosenJobLayout> chose =
-        ChooseJobLayout(automatic, id, version, *record.profile, cluster, record.profile_source);
-    if (!chose.ok()) return say_shares(chose.status());
-    ChosenJobLayout choice = *std::move(chose);
-    placed_reason = absl::StrCat(reason, "; ", DescribeLayoutChoice(choice));
-    record.resolved = std::move(choice.resolved);
-    *record.job.mutable_spec() = record.resolved.spec;
-    chosen = std::move(choice.compiled);
+  if (in.auto_layout_workers > 0) {
+    absl::StatusOr<ResolvedJobSpec> automatic = ResolveAsAutoLayout(
+        resolved.spec, in.workers, in.auto_layout_compression, &in.auto_layout_parallelism);
+    if (!automatic.ok()) {
+      out.status = automatic.status();
+      return out;
+    }
+    absl::StatusOr<ChosenJobLayout> chose = ChooseJobLayout(
+        *automatic, in.job_id, in.version, in.profile, in.cluster, in.profile_source);
+    if (!chose.ok()) {
+      out.status = say_shares(chose.status());
+      return out;
+    }
+    out.placed_reason = absl::StrCat(in.reason, "; ", DescribeLayoutChoice(*chose));
+    resolved = std::move(chose->resolved);
+    out.chosen = resolved;
+    chosen = std::move(chose->compiled);
   }
   // A re-plan may use another number of stages (spec.elastic); the
   // replicas (spec.parallelism.data) and tensor ranks (.tensor) stay,
   // replica r's stage s, rank t on workers[(r * stages + s) * tensor + t].
+  const int replicas = std::max(1, resolved.data_parallel);
+  const int tensor = std::max(1, resolved.tensor_parallel);
+  if (in.workers == 0 || in.workers % (replicas * tensor) != 0) {
+    out.status =
+        absl::InternalError(absl::StrCat(in.workers, " workers for ", replicas,
+                                         " data-parallel replicas of ", tensor, " tensor ranks"));
+    return out;
+  }
+  if (chosen.has_value()) {
+    out.compiled = *std::move(chosen);
+    return out;
+  }
+  resolved.stages = in.workers / (replicas * tensor);
+  resolved.spec.mutable_parallelism()->set_stages(resolved.stages);
+  absl::StatusOr<CompiledPlan> planned =
+      PlanJob(resolved, in.job_id, in.version, in.profile, in.cluster, in.profile_source);
+  if (!planned.ok()) {
+    out.status = say_shares(planned.status());
+    return out;
+  }
+  out.compiled = *std::move(planned);
+  return out;
+}
+
+void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
+                                 PlanningOutput output) {
+  AnnotatedMutexLock lock(&mu_);
+  --plans_in_flight_;
+  JobRecord* record = FindLocked(job_id);
+  // Overtaken while it was planned (cancelled, a worker lost, shutting
+  // down): whatever changed the job released its workers.
+  if (stopping_ || record == nullptr || record->job.state() != v1::JOB_STATE_PLANNING ||
+      record->placement != placement || !record->pending.has_value()) {
+    return;
+  }
+  PendingPlacement pending = *std::move(record->pending);
+  record->pending.reset();
+  if (!output.status.ok()) {
+    return EndLocked(*record, v1::JOB_STATE_FAILED,
+                     absl::StrCat(pending.failure_prefix, output.status.message()));
+  }
+  CommitPlacementLocked(*record, std::move(pending), std::move(output));
+}
+
+void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pending,
+                                       PlanningOutput output) {
+  const std::string& id = record.job.id();
+  if (output.chosen.has_value()) {
+    record.resolved = *std::move(output.chosen);
+    *record.job.mutable_spec() = record.resolved.spec;
+  }
+  if (pending.origin == PlacementOrigin::kRecovery) {
+    v1::JobProgress* p = record.job.mutable_progress();
+    // The history of steps [0, resume_step) stays; later steps are redone.
+    const int64_t keep = std::max<int64_t>(0, pending.resume_step - p->loss_history_start());
+    if (keep < p->loss_history_size()) {
+      p->mutable_loss_history()->Truncate(static_cast<int>(keep));
+    }
+    p->set_step(pending.resume_step);
+    if (p->val_step() > pending.resume_step) p->set_val_step(0), p->set_val_loss(0);
+    p->set_steps_redone(p->steps_redone() + pending.redone);
+    p->set_recoveries(p->recoveries() + 1);
+  }
+  const std::vector<std::string>& workers = pending.workers;
+  const std::vector<v1::Worker>& infos = pending.infos;
+  const v1::ResumeFrom* resume = pending.resume.has_value() ? &*pending.resume : nullptr;
+  const int64_t version = pending.version;
+  const std::string& placed_reason = output.placed_reason;
+  CompiledPlan compiled = std::move(output.compiled);
+  std::vector<std::string> addresses;
+  for (const v1::Worker& w : infos) addresses.push_back(w.data_address());
+  // Whole replicas of whole stages (PlanPlacement checked).
   const int replicas = Replicas(record);
   const int tensor = TensorRanks(record);
-  if (workers.empty() || workers.size() % (replicas * tensor) != 0) {
-    return absl::InternalError(absl::StrCat(workers.size(), " workers for ", replicas,
-                                            " data-parallel replicas of ", tensor,
-                                            " tensor ranks"));
-  }
   const int stages = static_cast<int>(workers.size()) / (replicas * tensor);
-  ResolvedJobSpec resolved = record.resolved;
-  resolved.stages = stages;
-  resolved.spec.mutable_parallelism()->set_stages(resolved.stages);
-  CompiledPlan compiled;
-  if (chosen.has_value()) {
-    compiled = *std::move(chosen);
-  } else {
-    absl::StatusOr<CompiledPlan> planned =
-        PlanJob(resolved, id, version, *record.profile, cluster, record.profile_source);
-    if (!planned.ok()) return say_shares(planned.status());
-    compiled = *std::move(planned);
-  }
   // Device links join a pipeline's stages on a host, each replica's its
   // own groups over the programs the replicas share; the tensor ranks
   // share programs too, so with tensor parallelism every link stays on the
@@ -1160,7 +1292,6 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
                               {compiled.plan.data_parallel_compressed_stages().begin(),
                                compiled.plan.data_parallel_compressed_stages().end()},
                               id_taken);
-  RETURN_IF_ERROR(registry_->Assign(workers, id));
   ConsumeDeviceGroupIds(id, links, infos, registry_);
   ConsumeReplicaGroupIds(id, replica_groups, infos, registry_);
   record.plan = compiled.plan;
@@ -1242,7 +1373,55 @@ absl::Status JobManager::PlaceLocked(JobRecord& record, const std::vector<std::s
   PT_LOG(INFO) << "job " << id << " running on " << absl::StrJoin(workers, ", ") << " (plan "
                << version << ": " << placed_reason << (start_step > 0 ? ", from step " : "")
                << (start_step > 0 ? absl::StrCat(start_step) : "") << ")";
-  return absl::OkStatus();
+  if (pending.origin == PlacementOrigin::kRecovery) {
+    if (events_.steps_redone) events_.steps_redone(pending.redone);
+    record.recovering_since = record.recovery_started;
+    record.recovery_waiting_seconds =
+        absl::ToDoubleSeconds(pending.planning_start - record.recovery_started);
+    record.replanned_at = clock_->Now();
+    record.recovery_planning_seconds =
+        absl::ToDoubleSeconds(record.replanned_at - pending.planning_start);
+  }
+  // A worker drained while the job was planned leaves at the next boundary,
+  // as from a running job.
+  for (const std::string& w : workers) {
+    if (!IsDrainedLocked(w) || record.checkpoints == nullptr) continue;
+    if (record.stop_at == 0) {
+      RequestBoundaryLocked(record, absl::StrCat(w, " drained"));
+    } else {
+      record.boundary_reason += absl::StrCat("; ", w, " drained");
+    }
+  }
+}
+
+void JobManager::AbandonPlacementLocked(JobRecord& record, const std::string& worker,
+                                        const std::string& reason, int64_t incarnation) {
+  const PlacementOrigin origin = record.pending->origin;
+  record.pending.reset();  // its task, when it ends, finds the job moved on
+  const std::string why =
+      absl::StrCat("a worker was lost while the job was being planned (", reason, ")");
+  PT_LOG(WARNING) << "job " << record.job.id() << ": " << why;
+  switch (origin) {
+    case PlacementOrigin::kInitial:
+      registry_->Release(record.job.id());
+      record.job.set_state(v1::JOB_STATE_QUEUED);
+      record.job.set_reason(absl::StrCat(why, "; waiting to be planned again"));
+      TouchLocked(record);
+      return;
+    case PlacementOrigin::kRecovery:
+      // Back to waiting, as before the re-plan; it is planned again
+      // without the worker, which counts as lost in this recovery.
+      registry_->Release(record.job.id());
+      record.lost[worker] = incarnation > 0 ? incarnation : IncarnationOf(worker);
+      record.job.set_state(v1::JOB_STATE_RECOVERING);
+      record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ", why));
+      TouchLocked(record);
+      return;
+    case PlacementOrigin::kBoundary:
+      // Its stages stopped after the boundary's complete checkpoint: a
+      // recovery resumes there, redoing nothing.
+      return StartRecoveryLocked(record, worker, why, "worker_lost", incarnation);
+  }
 }
 
 void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
@@ -1263,6 +1442,7 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
   }
   ++record.recoveries_without_progress;
   record.stop_at = 0;
+  record.pending.reset();
   record.job.set_state(v1::JOB_STATE_RECOVERING);
   record.job.set_reason(absl::StrCat("recovering: ", reason));
   record.recovery_started = clock_->Now();
@@ -1333,41 +1513,32 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
     record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ", waiting_for));
     return;
   }
-  v1::JobProgress* p = record.job.mutable_progress();
+  const v1::JobProgress& p = record.job.progress();
   // Where the recorded losses reach: a checkpoint whose last step's loss
   // never arrived would leave a hole in the history.
-  const v1::ResumeFrom* resume = record.checkpoints->LatestAtOrBefore(p->step());
+  const v1::ResumeFrom* resume = record.checkpoints->LatestAtOrBefore(p.step());
+  PendingPlacement pending;
+  pending.origin = PlacementOrigin::kRecovery;
+  if (resume != nullptr) pending.resume = *resume;
   // Without one: where the job started (spec.init.from's checkpoint, or 0).
-  const int64_t resume_step = resume != nullptr ? resume->step() : record.init_step;
-  const int64_t redone = std::max<int64_t>(0, p->step() - resume_step);
-  // The history of steps [0, resume_step) stays; later steps are redone.
-  const int64_t keep = std::max<int64_t>(0, resume_step - p->loss_history_start());
-  if (keep < p->loss_history_size()) {
-    p->mutable_loss_history()->Truncate(static_cast<int>(keep));
-  }
-  p->set_step(resume_step);
-  if (p->val_step() > resume_step) p->set_val_step(0), p->set_val_loss(0);
-  p->set_steps_redone(p->steps_redone() + redone);
-  p->set_recoveries(p->recoveries() + 1);
-  const absl::Time planning_start = now;
-  const std::string reason = absl::StrCat(
+  pending.resume_step = resume != nullptr ? resume->step() : record.init_step;
+  pending.redone = std::max<int64_t>(0, p.step() - pending.resume_step);
+  pending.planning_start = now;
+  pending.reason = absl::StrCat(
       record.recovery_reason, "; resumed from ",
-      resume != nullptr ? absl::StrCat("checkpoint step ", resume_step)
-                        : absl::StrCat("step ", resume_step, " (no checkpoint of its own yet)"));
-  const v1::ResumeFrom resume_copy = resume != nullptr ? *resume : v1::ResumeFrom();
-  absl::Status placed =
-      PlaceLocked(record, chosen, resume != nullptr ? &resume_copy : nullptr, reason);
+      resume != nullptr
+          ? absl::StrCat("checkpoint step ", pending.resume_step)
+          : absl::StrCat("step ", pending.resume_step, " (no checkpoint of its own yet)"));
+  pending.failure_prefix = absl::StrCat("re-planning after ", record.recovery_reason, " failed: ");
+  absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
   if (!placed.ok()) {
-    return EndLocked(
-        record, v1::JOB_STATE_FAILED,
-        absl::StrCat("re-planning after ", record.recovery_reason, " failed: ", placed.message()));
+    // A chosen worker went since it was counted: none was assigned, and the
+    // next pass counts again.
+    record.job.set_reason(
+        absl::StrCat("recovering: ", record.recovery_reason, "; ", placed.message()));
+    return;
   }
   for (const std::string& w : chosen) reserved->insert(w);
-  if (events_.steps_redone) events_.steps_redone(redone);
-  record.recovering_since = record.recovery_started;
-  record.recovery_waiting_seconds = absl::ToDoubleSeconds(planning_start - record.recovery_started);
-  record.replanned_at = clock_->Now();
-  record.recovery_planning_seconds = absl::ToDoubleSeconds(record.replanned_at - planning_start);
 }
 
 absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
@@ -1429,6 +1600,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
 }
 
 void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::string& reason) {
+  record.pending.reset();
   record.job.set_state(state);
   record.job.set_reason(reason);
   TouchLocked(record);
@@ -1470,7 +1642,9 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   const int stage_index = record->stage_of.at(r.worker_id());
   // A recovering job drops traces (below), and one restored from the store
   // has no assignments to check them against until it is planned again.
-  if (r.has_trace() && record->job.state() != v1::JOB_STATE_RECOVERING) {
+  const bool stopped = record->job.state() == v1::JOB_STATE_RECOVERING ||
+                       record->job.state() == v1::JOB_STATE_PLANNING;
+  if (r.has_trace() && !stopped) {
     if (stage_index >= static_cast<int>(record->assignments.size())) {
       return absl::FailedPreconditionError(
           absl::StrCat("job ", r.job_id(), " has no program for stage ", stage_index, " yet"));
@@ -1494,8 +1668,9 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     response.set_all_ready(true);
     return response;
   }
-  // The stopped plan's last words: its steps will be redone.
-  if (record->job.state() == v1::JOB_STATE_RECOVERING) return response;
+  // The stopped plan's last words: its steps will be redone, or (being
+  // re-planned at a boundary) it stopped after the boundary's step.
+  if (stopped) return response;
   if (!r.error().empty()) {
     // Errors name peers by stage; say which worker runs each stage.
     std::vector<std::string> stages;
@@ -1883,6 +2058,17 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr || IsTerminal(record->job.state())) return;
+  if (record->job.state() == v1::JOB_STATE_PLANNING) {
+    // Only the workers of the placement being planned are the job's now
+    // (a boundary's left-out workers were stopped and released).
+    const std::vector<std::string>* planned =
+        record->pending.has_value() ? &record->pending->workers : nullptr;
+    if (planned == nullptr ||
+        std::find(planned->begin(), planned->end(), worker_id) == planned->end()) {
+      return;
+    }
+    return AbandonPlacementLocked(*record, worker_id, reason, incarnation);
+  }
   // Only a worker of the job's current plan matters.
   if (record->stage_of.count(worker_id) == 0 && record->job.state() != v1::JOB_STATE_RECOVERING)
     return;

@@ -13,6 +13,13 @@
 // Scheduling: QUEUED jobs are placed oldest first, but a job that cannot be
 // placed yet lets later jobs that fit go ahead; one that waits longer than
 // its spec.scheduling.queue_timeout FAILS (see ScheduleQueued).
+// Planning runs off the job manager's lock (options.planning_runner; by
+// default one planning thread, a plan at a time), so a large plan (seconds,
+// planner.h's budget) holds up no other job's reports or the API. Its
+// workers are assigned to the job in the registry when planning begins
+// (PLANNING), so no other job takes them meanwhile; a worker lost while the
+// job is planned sends a first plan back to QUEUED and a re-plan back to
+// RECOVERING (without it), instead of failing the job when the plan is in.
 // Planning takes the first `stages` READY workers (ascending id), splits the
 // model with the job's solver (planner.h) on a profile of the model,
 // compiles one program per stage and publishes an Assignment per worker to
@@ -101,6 +108,7 @@
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/checkpoint_catalog.h"
 #include "coordinator/jobs/profile_cache.h"
+#include "coordinator/planner/planner.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/registry/worker_registry.h"
 #include "coordinator/store/coordinator_state.h"
@@ -173,6 +181,13 @@ struct JobManagerOptions {
   // After a restart, how long a restored running job waits for its former
   // workers to register again before it re-plans without them.
   absl::Duration restart_grace = absl::Seconds(15);
+  // Where a placement's planning (the solver, the layout search, the
+  // compiler) runs, off the job manager's lock. It is called under that
+  // lock, so it must only hand `task` on, never run it in place; every task
+  // handed on must run (or be destroyed unrun) before the manager is. Null:
+  // the manager's own planning thread, one plan at a time. Tests set it to
+  // interleave events with planning.
+  std::function<void(std::function<void()> task)> planning_runner;
 };
 class JobManager {
  public:
@@ -196,6 +211,10 @@ class JobManager {
   // Waits until every profile fetch started so far has been handled (the
   // job re-queued and scheduled). For tests and shutdown.
   void AwaitProfiling();
+  // Waits until no placement is being planned (their plans are in, or were
+  // dropped). With a planning_runner, its tasks must run meanwhile. For
+  // tests.
+  void AwaitPlanning();
 
   // INVALID_ARGUMENT (from ResolveJobSpec, or a path the options do not
   // allow) naming the field; RESOURCE_EXHAUSTED when planning it would
@@ -272,6 +291,29 @@ class JobManager {
     bool weights_done = false;
     std::string weights_digest;  // with data parallelism, sent with `finished`
   };
+  // Where a placement comes from: what finishing it does besides starting
+  // the job, and what a failure or a lost worker means for it.
+  enum class PlacementOrigin {
+    kInitial,   // QUEUED: a failure FAILS the job; a loss re-queues it
+    kRecovery,  // RECOVERING: a failure FAILS it; a loss goes back to waiting
+    kBoundary,  // a step boundary (join, drain): a loss starts a recovery
+  };
+  // A placement being planned off the lock (the job is PLANNING). Its
+  // workers are already assigned to the job in the registry.
+  struct PendingPlacement {
+    PlacementOrigin origin = PlacementOrigin::kInitial;
+    std::vector<std::string> workers;  // replica, stage, rank order
+    std::vector<v1::Worker> infos;     // as registered when planning began
+    std::optional<v1::ResumeFrom> resume;
+    std::string reason;          // for the plan history
+    std::string failure_prefix;  // before a planning error in the job's reason
+    int64_t version = 0;
+    // kRecovery: applied to the progress once the plan is in (nothing is
+    // recorded while a job recovers or plans, so they still hold then).
+    int64_t resume_step = 0;
+    int64_t redone = 0;
+    absl::Time planning_start;
+  };
   struct JobRecord {
     v1::Job job;
     ResolvedJobSpec resolved;
@@ -340,6 +382,11 @@ class JobManager {
     // why; the workers to re-plan on are chosen when it is reached.
     int64_t stop_at = 0;
     std::string boundary_reason;
+    // While PLANNING: the placement being planned, and its number (a
+    // planning task whose number is not the job's current one, or that
+    // finds the job no longer PLANNING, was overtaken and is dropped).
+    std::optional<PendingPlacement> pending;
+    int64_t placement = 0;
   };
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -363,11 +410,46 @@ class JobManager {
                        const absl::StatusOr<v1::ModelProfile>& profile);
   absl::Status StartLocked(JobRecord& record, const std::vector<std::string>& workers)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Plans the job on `workers` with its recorded profile, as plan version +
-  // 1, resuming from `resume` (null: from step 0), and sends the
-  // assignments; `reason` goes to the plan history.
-  absl::Status PlaceLocked(JobRecord& record, const std::vector<std::string>& workers,
-                           const v1::ResumeFrom* resume, const std::string& reason)
+  // Starts planning the job on `workers` with its recorded profile, as plan
+  // version + 1, resuming from pending.resume (none: spec.init.from, or
+  // step 0): assigns the workers to the job, goes PLANNING and hands the
+  // planning to the runner; FinishPlacement sends the assignments. An error
+  // (a worker no longer READY, or gone) changes nothing: the caller tries
+  // again or recovers.
+  absl::Status BeginPlacementLocked(JobRecord& record, const std::vector<std::string>& workers,
+                                    PendingPlacement pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What a planning task is given (copies: it runs without the lock) and
+  // what it returns.
+  struct PlanningInput {
+    std::string job_id;
+    int64_t version = 0;
+    int workers = 0;
+    ResolvedJobSpec resolved;
+    int auto_layout_workers = 0;
+    v1::DataParallelCompressionSpec auto_layout_compression;
+    v1::ParallelismSpec auto_layout_parallelism;
+    ModelProfile profile;
+    std::string profile_source;
+    ClusterSpec cluster;
+    std::string shared_memory;  // PlanMemoryBudgets: what a worker's memory is a share of
+    std::string reason;
+  };
+  struct PlanningOutput {
+    absl::Status status;
+    CompiledPlan compiled;
+    std::optional<ResolvedJobSpec> chosen;  // an auto layout's spec
+    std::string placed_reason;              // reason, and the layout chosen
+  };
+  static PlanningOutput PlanPlacement(const PlanningInput& input);
+  // A planning task's end: sends the assignments (CommitPlacementLocked),
+  // or FAILS the job with the planning error; drops an overtaken one.
+  void FinishPlacement(const std::string& job_id, int64_t placement, PlanningOutput output);
+  void CommitPlacementLocked(JobRecord& record, PendingPlacement pending, PlanningOutput output)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `worker` (its `incarnation`) was lost while the job was PLANNING; see
+  // PlacementOrigin.
+  void AbandonPlacementLocked(JobRecord& record, const std::string& worker,
+                              const std::string& reason, int64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RUNNING -> RECOVERING (see the file comment); FAILED instead when the
   // job has no checkpoints or recovered too often without progress.
@@ -507,10 +589,16 @@ class JobManager {
   std::vector<Profiler> profilers_ ABSL_GUARDED_BY(mu_);
   // Drained workers: id -> the incarnation drained (a new one is not).
   std::map<std::string, int64_t> drained_ ABSL_GUARDED_BY(mu_);
+  // Planning tasks handed to the runner and not finished.
+  int plans_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // File and store work that must not hold mu_ (commits, manifests, expired
-  // checkpoints), in order. Last: destroyed first, finishing its tasks while
-  // everything they use exists.
+  // checkpoints), in order. Destroyed after planner_, whose tasks may post
+  // here, and before everything else, finishing its tasks while everything
+  // they use exists.
   SerialExecutor io_;
+  // The default planning runner (null with options.planning_runner); reset
+  // first in the destructor.
+  std::unique_ptr<SerialExecutor> planner_;
 };
 
 bool IsTerminal(v1::JobState state);

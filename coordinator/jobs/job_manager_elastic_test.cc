@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/planning_queue_testing.h"
 #include "coordinator/store/memory_store.h"
 #include "gtest/gtest.h"
 
@@ -62,6 +63,7 @@ class JobManagerElasticTest : public ::testing::Test {
       state_ = std::make_unique<CoordinatorState>(&store_);
       options.state = state_.get();
     }
+    options.planning_runner = plans_.Runner();
     jobs_ = std::make_unique<JobManager>(&registry_, &hub_, &clock_, options);
     registry_.SetLossListener(
         [this](const std::string& w, const std::string& j, const std::string& reason,
@@ -107,6 +109,7 @@ class JobManagerElasticTest : public ::testing::Test {
       EXPECT_TRUE(response.ok()) << response.status();
       if (response.ok()) last = *response;
     }
+    RunPlans();  // a boundary reached
     return last;
   }
 
@@ -129,6 +132,7 @@ class JobManagerElasticTest : public ::testing::Test {
       auto response = jobs_->ReportProgress(r);
       EXPECT_TRUE(response.ok()) << worker << ": " << response.status();
     }
+    RunPlans();
   }
 
   // Stage `s` reports its units of checkpoint `step`.
@@ -148,7 +152,9 @@ class JobManagerElasticTest : public ::testing::Test {
       f->set_bytes(100 + u);
       f->set_sha256(std::string(64, 'a' + u));
     }
-    return jobs_->ReportProgress(r).status();
+    absl::Status status = jobs_->ReportProgress(r).status();
+    RunPlans();  // a boundary's checkpoint complete
+    return status;
   }
 
   // Every writer of checkpoint `step`: the workers of replica 0 at tensor
@@ -166,12 +172,31 @@ class JobManagerElasticTest : public ::testing::Test {
   void HeartbeatAllAndSchedule(const std::vector<std::string>& workers) {
     clock_.Advance(absl::Milliseconds(10));
     for (const std::string& w : workers) Heartbeat(w);
+    Schedule();
+  }
+
+  // The plans the reports above started, unless a test holds them.
+  void RunPlans() {
+    if (!hold_plans_) plans_.RunAll();
+  }
+  // Places what can be placed, planning included.
+  void Schedule() {
     jobs_->ScheduleQueued();
+    plans_.RunAll();
+  }
+  // Submits, and plans what that placed: the job as it is then.
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec) {
+    absl::StatusOr<v1::Job> job = jobs_->Submit(spec);
+    plans_.RunAll();
+    if (!job.ok()) return job;
+    return jobs_->Get(job->id());
   }
 
   FakeClock clock_;
   WorkerRegistry registry_;
   AssignmentHub hub_;
+  PlanningQueue plans_;      // outlives jobs_
+  bool hold_plans_ = false;  // Step and Checkpoint leave the jobs PLANNING
   MemoryStore store_;
   std::unique_ptr<CoordinatorState> state_;
   std::unique_ptr<JobManager> jobs_;
@@ -186,20 +211,20 @@ TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
   AddWorker(7002);
   v1::JobSpec spec = ElasticSpec(1, 5);
   spec.mutable_checkpoint()->set_dir("shared/ck");
-  const std::string first = jobs_->Submit(spec).value().id();
-  const absl::StatusOr<v1::Job> second = jobs_->Submit(spec);
+  const std::string first = Submit(spec).value().id();
+  const absl::StatusOr<v1::Job> second = Submit(spec);
   EXPECT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(second.status().message(), "spec.checkpoint.dir \"shared/ck\" is in use by job " +
                                            first +
                                            " (RUNNING); give this job a directory of its own");
-  EXPECT_TRUE(jobs_->Submit(ElasticSpec(1, 5)).ok());  // checkpoints/<its id>
+  EXPECT_TRUE(Submit(ElasticSpec(1, 5)).ok());  // checkpoints/<its id>
   ASSERT_TRUE(jobs_->Cancel(first).ok());
-  EXPECT_TRUE(jobs_->Submit(spec).ok());
+  EXPECT_TRUE(Submit(spec).ok());
 }
 
 TEST_F(JobManagerElasticTest, Checkpoint_CompleteOnlyOnceEveryUnitIsIn_ManifestWritten) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   EXPECT_EQ(jobs_->Get(id).value().spec().checkpoint().dir(), "checkpoints/" + id);
   for (int step = 1; step <= 5; ++step) Step(id, step);
   ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
@@ -216,7 +241,7 @@ TEST_F(JobManagerElasticTest, Checkpoint_CompleteOnlyOnceEveryUnitIsIn_ManifestW
 
 TEST_F(JobManagerElasticTest, CheckpointReport_ForeignUnitOffIntervalOrBadChecksum_Refused) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   const v1::Assignment a = AssignmentOf(w1);
   v1::ReportProgressRequest r;
   r.set_worker_id(w1);
@@ -251,7 +276,7 @@ TEST_F(JobManagerElasticTest, CheckpointReport_ForeignUnitOffIntervalOrBadChecks
 
 TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLatestCheckpoint) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   const std::string w3 = AddWorker(7003);  // a spare
   for (int step = 1; step <= 7; ++step) Step(id, step);
   CheckpointAll(id, 5);
@@ -259,7 +284,7 @@ TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLates
   v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
-  jobs_->ScheduleQueued();  // w1 has not answered yet
+  Schedule();  // w1 has not answered yet
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
   HeartbeatAllAndSchedule({w1, w3});
   job = jobs_->Get(id).value();
@@ -296,7 +321,7 @@ TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLates
 // worker lost for good and waiting, with no spare, until it fails.
 TEST_F(JobManagerElasticTest, WorkerRestartsAndRegistersAgain_TheJobTakesItsNewIncarnation) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   for (int step = 1; step <= 6; ++step) Step(id, step);
   CheckpointAll(id, 5);
   ASSERT_EQ(AddWorker(7002), w2);  // registers again: incarnation 2
@@ -318,7 +343,7 @@ TEST_F(JobManagerElasticTest, DataParallelWorkerLost_RecoversWithWholeReplicas) 
   spec.mutable_parallelism()->set_data(2);
   std::vector<std::string> w;
   for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
-  const std::string id = jobs_->Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   ASSERT_EQ(jobs_->Get(id).value().worker_ids_size(), 4);
   for (int step = 1; step <= 5; ++step) {
     for (int g = 0; g < 4; ++g) {
@@ -355,7 +380,7 @@ TEST_F(JobManagerElasticTest, DataParallelWorkerLost_RecoversWithWholeReplicas) 
 
 TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromTheOneBefore) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   for (int step = 1; step <= 5; ++step) Step(id, step);
   CheckpointAll(id, 5);
   for (int step = 6; step <= 9; ++step) Step(id, step);
@@ -371,7 +396,7 @@ TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromThe
 
 TEST_F(JobManagerElasticTest, NoCheckpointYet_ResumesFromStepZero) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   Step(id, 1);
   Step(id, 2);
   registry_.MarkLost(w1, incarnations_[w1], "killed");
@@ -386,7 +411,7 @@ TEST_F(JobManagerElasticTest, NoCheckpointYet_ResumesFromStepZero) {
 
 TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   for (int step = 1; step <= 10; ++step) {
     Step(id, step);
     if (step % 5 == 0) CheckpointAll(id, step);
@@ -413,7 +438,7 @@ TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
 
 TEST_F(JobManagerElasticTest, ThreeRecoveriesWithoutANewCheckpoint_FailTheJob) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   for (int round = 0; round < 3; ++round) {
     const v1::Job job = jobs_->Get(id).value();
     ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
@@ -441,7 +466,7 @@ TEST_F(JobManagerElasticTest, ThreeRecoveriesWithoutANewCheckpoint_FailTheJob) {
 
 TEST_F(JobManagerElasticTest, StageErrorNotFromThePeers_FailsEvenWithCheckpoints) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   v1::ReportProgressRequest r;
   r.set_worker_id(w1);
   r.set_job_id(id);
@@ -453,7 +478,7 @@ TEST_F(JobManagerElasticTest, StageErrorNotFromThePeers_FailsEvenWithCheckpoints
 
 TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesOn) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   int failed = 0;
   jobs_->SetEvents({.checkpoint_failed = [&failed] { ++failed; }});
   for (int step = 1; step <= 5; ++step) Step(id, step);
@@ -478,7 +503,7 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
 // checkpoint instead, without the drained worker.
 TEST_F(JobManagerElasticTest, Drain_BoundaryCheckpointFails_RecoversWithoutTheDrainedWorker) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
-  const std::string id = jobs_->Submit(ElasticSpec(3, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(3, 5)).value().id();
   for (int step = 1; step <= 5; ++step) Step(id, step);
   CheckpointAll(id, 5);
   ASSERT_TRUE(jobs_->Drain(w2).ok());
@@ -511,7 +536,7 @@ TEST_F(JobManagerElasticTest, Drain_BoundaryCheckpointFails_RecoversWithoutTheDr
 
 TEST_F(JobManagerElasticTest, NoCheckpoints_WorkerLost_FailsAsBefore) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 0)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 0)).value().id();
   registry_.MarkLost(w2, incarnations_[w2], "killed");
   const v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
@@ -520,7 +545,7 @@ TEST_F(JobManagerElasticTest, NoCheckpoints_WorkerLost_FailsAsBefore) {
 
 TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_NothingRedone) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
-  const std::string id = jobs_->Submit(ElasticSpec(3, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(3, 5)).value().id();
   for (int step = 1; step <= 3; ++step) Step(id, step);
   EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w2).value()));
   const absl::StatusOr<v1::Worker> drained = jobs_->Drain(w2);
@@ -557,18 +582,18 @@ TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_Noth
   EXPECT_EQ(registry_.Get(w2).value().state(), v1::WORKER_STATE_READY);
   EXPECT_TRUE(jobs_->IsDrained(registry_.Get(w2).value()));
   EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w1).value()));
-  const std::string next = jobs_->Submit(ElasticSpec(1, 0)).value().id();
+  const std::string next = Submit(ElasticSpec(1, 0)).value().id();
   EXPECT_EQ(jobs_->Get(next).value().state(), v1::JOB_STATE_QUEUED);
 }
 
 TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChanges) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string plain = jobs_->Submit(ElasticSpec(2, 0)).value().id();
+  const std::string plain = Submit(ElasticSpec(2, 0)).value().id();
   EXPECT_EQ(jobs_->Drain(w1).status().code(), absl::StatusCode::kFailedPrecondition);
   ASSERT_TRUE(jobs_->Cancel(plain).ok());
   v1::JobSpec spec = ElasticSpec(2, 5);
   spec.mutable_elastic()->set_min_workers(2);
-  const std::string id = jobs_->Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   const absl::Status refused = jobs_->Drain(w1).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(absl::StrContains(refused.message(), "min_workers")) << refused;
@@ -581,7 +606,7 @@ TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChan
 // saying so); searching T, one worker is a layout (1 x 1 x 1).
 TEST_F(JobManagerElasticTest, Drain_AutoLayout_AllowedWhileTheRestHasALayout) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string fixed = jobs_->Submit(AutoLayoutSpec(2, 2)).value().id();
+  const std::string fixed = Submit(AutoLayoutSpec(2, 2)).value().id();
   ASSERT_EQ(jobs_->Get(fixed).value().state(), v1::JOB_STATE_RUNNING);
   const absl::Status refused = jobs_->Drain(w1).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
@@ -590,7 +615,7 @@ TEST_F(JobManagerElasticTest, Drain_AutoLayout_AllowedWhileTheRestHasALayout) {
                                 "spec.parallelism.workers)"))
       << refused;
   ASSERT_TRUE(jobs_->Cancel(fixed).ok());
-  const std::string searched = jobs_->Submit(AutoLayoutSpec(2, 0)).value().id();
+  const std::string searched = Submit(AutoLayoutSpec(2, 0)).value().id();
   ASSERT_EQ(jobs_->Get(searched).value().state(), v1::JOB_STATE_RUNNING);
   EXPECT_TRUE(jobs_->Drain(w1).ok());
 }
@@ -617,7 +642,7 @@ TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorker
     incarnations_[response.worker_id()] = response.incarnation();
     w.push_back(response.worker_id());
   }
-  const std::string id = jobs_->Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   ASSERT_EQ(job.spec().parallelism().data(), 4) << job.plan_history(0).reason();
@@ -655,7 +680,7 @@ TEST_F(JobManagerElasticTest, AutoLayoutWorkerLost_LayoutChosenAgainForTheWorker
   clock_.Advance(absl::Milliseconds(10));
   for (int k = 0; k < 2; ++k) AddWorker(7001 + k);  // two come back
   clock_.Advance(absl::Minutes(10));                // the third never does
-  jobs_->ScheduleQueued();
+  Schedule();
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.worker_ids_size(), 2);
@@ -676,7 +701,7 @@ TEST_F(JobManagerElasticTest, AutoLayoutWithTensorRanks_WorkerLost_WholeStagesKe
   const v1::JobSpec spec = AutoLayoutSpec(4, 2);
   std::vector<std::string> w;
   for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
-  const std::string id = jobs_->Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.worker_ids_size(), 4);
@@ -713,7 +738,7 @@ TEST_F(JobManagerElasticTest, TensorRanksSearched_WorkerLost_AnyCountGoesOnAndTI
   spec.mutable_parallelism()->set_tensor_partitions(2);
   std::vector<std::string> w;
   for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
-  const std::string id = jobs_->Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.worker_ids_size(), 4);
@@ -757,7 +782,7 @@ TEST_F(JobManagerElasticTest, TensorRanksSearched_WorkerLost_AnyCountGoesOnAndTI
   for (int k = 0; k < 3; ++k) registry_.MarkLost(w[k], incarnations_[w[k]], "restarted");
   clock_.Advance(absl::Milliseconds(10));
   for (int k = 0; k < 4; ++k) AddWorker(7001 + k);
-  jobs_->ScheduleQueued();
+  Schedule();
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   const std::string last = job.plan_history(job.plan_history_size() - 1).reason();
@@ -770,10 +795,10 @@ TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers)
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = ElasticSpec(2, 5);
   spec.mutable_elastic()->set_max_workers(3);
-  const std::string id = jobs_->Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   Step(id, 1);
   const std::string w3 = AddWorker(7003), w4 = AddWorker(7004);
-  jobs_->ScheduleQueued();
+  Schedule();
   const int64_t boundary = Step(id, 2).stop_after_step();
   ASSERT_GT(boundary, 2);
   for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
@@ -790,8 +815,8 @@ TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers)
 TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAgain) {
   Reset(/*with_state=*/true);
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
-  const std::string ended = jobs_->Submit(ElasticSpec(1, 0)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  const std::string ended = Submit(ElasticSpec(1, 0)).value().id();
   ASSERT_TRUE(jobs_->Cancel(ended).ok());
   for (int step = 1; step <= 6; ++step) {
     Step(id, step);
@@ -807,12 +832,12 @@ TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAga
   EXPECT_GE(job.progress().loss_history_size(), 5);
   registry_.MarkLost(w1, incarnations_[w1], "coordinator restarted");
   registry_.MarkLost(w2, incarnations_[w2], "coordinator restarted");
-  jobs_->ScheduleQueued();
+  Schedule();
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);  // within the grace
   clock_.Advance(absl::Milliseconds(10));
   AddWorker(7001);
   AddWorker(7002);  // both back, new incarnations
-  jobs_->ScheduleQueued();
+  Schedule();
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.plan_version(), 2);
@@ -842,7 +867,7 @@ TEST_F(JobManagerElasticTest, Restore_StoredPlanPastTheModel_JobFailsTheCoordina
   Reset(/*with_state=*/true);
   AddWorker(7001);
   AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   Step(id, 1);
   jobs_->FlushIo();
   EditStoredJob(*state_, id, [](store::StoredJob& s) {
@@ -865,7 +890,7 @@ TEST_F(JobManagerElasticTest, Restore_SpecNoLongerValid_JobFailsItsPlanIsNotRead
   Reset(/*with_state=*/true);
   AddWorker(7001);
   AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   jobs_->FlushIo();
   EditStoredJob(*state_, id, [](store::StoredJob& s) {
     s.mutable_job()->mutable_spec()->mutable_model()->set_n_layer(-1);
@@ -886,7 +911,7 @@ TEST_F(JobManagerElasticTest, Restore_RecoveringJobTakesATracedReportWithoutProg
   Reset(/*with_state=*/true);
   const std::string w1 = AddWorker(7001);
   AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   Step(id, 1);
   jobs_->FlushIo();
   Reset(/*with_state=*/true);
@@ -907,11 +932,125 @@ TEST_F(JobManagerElasticTest, Restore_RecoveringJobTakesATracedReportWithoutProg
 // A plan's drawings are not stored: about 500 bytes of SVG per stage and
 // micro-batch outgrow a record's 1 MiB on large jobs, and every save of such
 // a job failed. The plan itself is stored whole.
+// A worker lost while a recovering job is re-planned (planning runs off the
+// job manager's lock, PlanningQueue): the job waits again, without it,
+// instead of failing when the plan is in; the recovery counts once.
+TEST_F(JobManagerElasticTest, WorkerLostWhileReplanning_RecoveryWaitsAgainAndCountsOnce) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  const std::string w3 = AddWorker(7003), w4 = AddWorker(7004);  // spares
+  for (int step = 1; step <= 7; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  clock_.Advance(absl::Milliseconds(10));
+  Heartbeat(w1);
+  jobs_->ScheduleQueued();  // the re-plan starts; its planning waits
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_PLANNING) << job.reason();
+  EXPECT_EQ(job.reason(), "planning on " + w1 + ", " + w3);
+  EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_ASSIGNED);
+  registry_.MarkLost(w3, incarnations_[w3], "preempted");
+  job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "a worker was lost while the job was being planned"))
+      << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "preempted")) << job.reason();
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(plans_.RunAll(), 1);  // overtaken: dropped
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_FALSE(hub_.Newer(w3, 0).has_value());
+  Schedule();
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w4}));
+  EXPECT_EQ(job.plan_version(), 2);
+  EXPECT_EQ(job.progress().step(), 5);
+  EXPECT_EQ(job.progress().loss_history_size(), 5);
+  EXPECT_EQ(job.progress().steps_redone(), 2);
+  EXPECT_EQ(job.progress().recoveries(), 1);
+}
+
+// A worker lost while the job is re-planned at a step boundary: the stages
+// stopped after the boundary's complete checkpoint, so the job recovers
+// from it, redoing nothing. The worker the new plan left out was stopped
+// when planning began (it is free for other jobs from then on).
+TEST_F(JobManagerElasticTest, WorkerLostWhileReplanningAtABoundary_RecoversFromTheBoundary) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  const std::string id = Submit(ElasticSpec(3, 5)).value().id();
+  for (int step = 1; step <= 3; ++step) Step(id, step);
+  ASSERT_TRUE(jobs_->Drain(w2).ok());
+  const int64_t boundary = Step(id, 4).stop_after_step();
+  ASSERT_GT(boundary, 4);
+  for (int64_t step = 5; step <= boundary; ++step) Step(id, step);
+  hold_plans_ = true;
+  CheckpointAll(id, boundary);
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_PLANNING) << job.reason();
+  EXPECT_EQ(AssignmentOf(w2).action(), v1::Assignment::ACTION_STOP);
+  EXPECT_EQ(registry_.Get(w2).value().state(), v1::WORKER_STATE_READY);
+  // The old plan's stages' last words are taken, and nothing is recorded.
+  EXPECT_EQ(Step(id, boundary + 1).stop_after_step(), 0);
+  EXPECT_EQ(jobs_->Get(id).value().progress().step(), boundary);
+  registry_.MarkLost(w3, incarnations_[w3], "preempted");
+  job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "a worker was lost while the job was being planned"))
+      << job.reason();
+  EXPECT_EQ(plans_.RunAll(), 1);  // overtaken: dropped
+  hold_plans_ = false;
+  HeartbeatAllAndSchedule({w1});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1}));  // w2 drained, w3 lost
+  EXPECT_EQ(job.plan_version(), 2);
+  EXPECT_EQ(job.progress().step(), boundary);
+  EXPECT_EQ(job.progress().steps_redone(), 0);
+  EXPECT_EQ(AssignmentOf(w1).resume().step(), boundary);
+}
+
+// Drained while its first plan is made: the job counts the placement's
+// workers (it has none of its own yet), starts, and leaves the drained
+// worker at its first step boundary.
+TEST_F(JobManagerElasticTest, DrainWhilePlanning_TheJobStartsThenLeavesItAtABoundary) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_PLANNING);
+  const absl::StatusOr<v1::Worker> drained = jobs_->Drain(w2);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(plans_.RunAll(), 1);
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w2}));
+  EXPECT_GT(Step(id, 1).stop_after_step(), 1);  // the boundary that takes w2 out
+  EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_READY);
+}
+
+// A job stored while its first plan was being made (never planned) waits
+// again after a restart; it did not run, so it is not "restarted while it
+// ran".
+TEST_F(JobManagerElasticTest, Restore_StoredWhileFirstPlanned_QueuedAgain) {
+  Reset(/*with_state=*/true);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();  // no workers: QUEUED
+  jobs_->FlushIo();
+  EditStoredJob(*state_, id,
+                [](store::StoredJob& s) { s.mutable_job()->set_state(v1::JOB_STATE_PLANNING); });
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_QUEUED);
+  AddWorker(7001);
+  AddWorker(7002);
+  Schedule();
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+}
+
 TEST_F(JobManagerElasticTest, StoredPlan_KeepsTheStagesNotTheDrawings) {
   Reset(/*with_state=*/true);
   AddWorker(7001);
   AddWorker(7002);
-  const std::string id = jobs_->Submit(ElasticSpec(2, 5)).value().id();
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
   jobs_->FlushIo();
   const v1::Plan shown = jobs_->GetPlan(id).value();
   EXPECT_FALSE(shown.timeline_svg().empty());

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "coordinator/jobs/planning_queue_testing.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -56,7 +57,8 @@ class JobManagerTest : public ::testing::Test {
  protected:
   JobManagerTest()
       : registry_(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock_}),
-        jobs_(&registry_, &hub_, &clock_, JobManagerOptions{.output_dir = OutputDir()}) {
+        jobs_(&registry_, &hub_, &clock_,
+              JobManagerOptions{.output_dir = OutputDir(), .planning_runner = plans_.Runner()}) {
     registry_.SetLossListener(
         [this](const std::string& w, const std::string& j, const std::string& reason,
                int64_t incarnation) { jobs_.OnWorkerLost(w, j, reason, incarnation); });
@@ -106,11 +108,26 @@ class JobManagerTest : public ::testing::Test {
     for (float l : losses) r.add_micro_batch_losses(l);
     r.set_finished(finished);
     ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+    plans_.RunAll();
+  }
+
+  // Places what can be placed, planning included.
+  void Schedule() {
+    jobs_.ScheduleQueued();
+    plans_.RunAll();
+  }
+  // Submits, and plans what that placed: the job as it is then.
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec) {
+    absl::StatusOr<v1::Job> job = jobs_.Submit(spec);
+    plans_.RunAll();
+    if (!job.ok()) return job;
+    return jobs_.Get(job->id());
   }
 
   FakeClock clock_;
   WorkerRegistry registry_;
   AssignmentHub hub_;
+  PlanningQueue plans_;
   JobManager jobs_;
 };
 
@@ -133,6 +150,7 @@ TEST(JobManagerPruneTest, EvictedWorker_ItsAssignmentIsDropped) {
   const v1::RegisterWorkerResponse first = add(7001);
   add(7002);
   const std::string id = jobs.Submit(SmallSpec(1)).value().id();
+  jobs.AwaitPlanning();  // the default runner: the manager's planning thread
   ASSERT_TRUE(hub.Newer(first.worker_id(), 0).has_value());
   ASSERT_TRUE(jobs.Cancel(id).ok());
   registry.MarkLost(first.worker_id(), first.incarnation(), "pod deleted");
@@ -147,7 +165,7 @@ TEST(JobManagerPruneTest, EvictedWorker_ItsAssignmentIsDropped) {
 TEST_F(JobManagerTest, Submit_InvalidSpec_IsInvalidArgumentNamingTheField) {
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_model()->set_n_head(3);
-  auto job = jobs_.Submit(spec);
+  auto job = Submit(spec);
   EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(job.status().message().substr(0, 16), "spec.model.n_hea");
   EXPECT_TRUE(jobs_.List().empty());
@@ -159,11 +177,11 @@ TEST_F(JobManagerTest, Submit_InvalidSpec_IsInvalidArgumentNamingTheField) {
 TEST_F(JobManagerTest, DataParallel_PlacesReplicasOfTheSamePlan) {
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_parallelism()->set_data(2);
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   EXPECT_EQ(jobs_.Get(id).value().reason(), "waiting for 4 READY workers (0 ready)");
   std::vector<std::string> w;
   for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
-  jobs_.ScheduleQueued();
+  Schedule();
   const v1::Job job = jobs_.Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()), w);
@@ -205,7 +223,7 @@ TEST_F(JobManagerTest, DataParallelAuto_LayoutChosenWhenPlacedThenAsIfNamed) {
   spec.mutable_training()->set_micro_batches(4);
   spec.mutable_parallelism()->set_data(0);
   spec.mutable_parallelism()->set_workers(4);
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   v1::Job job = jobs_.Get(id).value();
   EXPECT_EQ(job.reason(), "waiting for 4 READY workers (0 ready)");
   EXPECT_EQ(job.spec().parallelism().data(), 0);
@@ -218,7 +236,7 @@ TEST_F(JobManagerTest, DataParallelAuto_LayoutChosenWhenPlacedThenAsIfNamed) {
     request.mutable_device()->set_link_latency_seconds(1e-4);
     w.push_back(registry_.Register(request).value().worker_id());
   }
-  jobs_.ScheduleQueued();
+  Schedule();
   job = jobs_.Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.spec().parallelism().data(), 1);
@@ -258,8 +276,8 @@ TEST_F(JobManagerTest, DataParallel_CompressedStagesGetTheirRank) {
     spec.mutable_parallelism()->set_data(2);
     spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=3");
     if (!automatic) spec.mutable_compression()->mutable_data_parallel()->add_stages(1);
-    const std::string id = jobs_.Submit(spec).value().id();
-    jobs_.ScheduleQueued();
+    const std::string id = Submit(spec).value().id();
+    Schedule();
     const v1::Job job = jobs_.Get(id).value();
     ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
     const v1::Plan plan = jobs_.GetPlan(id).value();
@@ -290,16 +308,16 @@ TEST_F(JobManagerTest, EmulatedLinks_PlannedWithTheSlowest) {
   };
   add(7301, 1.25e8, 0.0005);
   add(7302, 1.25e9, 0.0001);
-  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
-  jobs_.ScheduleQueued();
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  Schedule();
   EXPECT_TRUE(absl::StrContains(jobs_.GetPlan(id).value().profile_source(),
                                 "links modelled at 0.125 GB/s and 500 us latency"))
       << jobs_.GetPlan(id).value().profile_source();
   ASSERT_TRUE(jobs_.Cancel(id).ok());
   add(7303, 0, 0);  // a real network
   v1::JobSpec three = SmallSpec(3);
-  const std::string id3 = jobs_.Submit(three).value().id();
-  jobs_.ScheduleQueued();
+  const std::string id3 = Submit(three).value().id();
+  Schedule();
   EXPECT_TRUE(
       absl::StrContains(jobs_.GetPlan(id3).value().profile_source(), "links modelled at 1.25 GB/s"))
       << jobs_.GetPlan(id3).value().profile_source();
@@ -322,8 +340,8 @@ TEST_F(JobManagerTest, DataPlaneCost_HostsBestThenSlowestHostAddedToTheLinks) {
   // Not measured: none modelled.
   const std::vector<std::string> unmeasured = {add(7401, "a", 0, 0), add(7402, "a", 0, 0),
                                                add(7406, "b", 0, 0)};
-  const std::string free_id = jobs_.Submit(SmallSpec(3)).value().id();
-  jobs_.ScheduleQueued();
+  const std::string free_id = Submit(SmallSpec(3)).value().id();
+  Schedule();
   const v1::Plan free_plan = jobs_.GetPlan(free_id).value();
   EXPECT_FALSE(absl::StrContains(free_plan.profile_source(), "data plane"))
       << free_plan.profile_source();
@@ -334,8 +352,8 @@ TEST_F(JobManagerTest, DataPlaneCost_HostsBestThenSlowestHostAddedToTheLinks) {
   add(7403, "a", 2e-4, 1e9);
   add(7404, "a", 1e-4, 5e8);
   add(7405, "b", 1.5e-4, 2e9);
-  const std::string id = jobs_.Submit(SmallSpec(3)).value().id();
-  jobs_.ScheduleQueued();
+  const std::string id = Submit(SmallSpec(3)).value().id();
+  Schedule();
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_TRUE(absl::StrContains(plan.profile_source(), "data plane 0.15 ms + 1 GB/s per message"))
       << plan.profile_source();
@@ -354,8 +372,8 @@ TEST_F(JobManagerTest, DataParallel_ReplicaZeroReportsAndDivergedReplicasFailThe
     SCOPED_TRACE(diverge);
     v1::JobSpec spec = SmallSpec(1);
     spec.mutable_parallelism()->set_data(2);
-    const std::string id = jobs_.Submit(spec).value().id();
-    jobs_.ScheduleQueued();
+    const std::string id = Submit(spec).value().id();
+    Schedule();
     const v1::Job running = jobs_.Get(id).value();
     ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING);
     ASSERT_EQ(std::vector<std::string>(running.worker_ids().begin(), running.worker_ids().end()),
@@ -402,12 +420,12 @@ TEST_F(JobManagerTest, DataParallel_ReplicaZeroReportsAndDivergedReplicasFailThe
 
 TEST_F(JobManagerTest, Submit_WaitsForWorkersThenRunsWithCompiledPrograms) {
   const std::string w1 = AddWorker(7001);
-  v1::Job job = jobs_.Submit(SmallSpec(2)).value();
+  v1::Job job = Submit(SmallSpec(2)).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(job.reason(), "waiting for 2 READY workers (1 ready)");
   EXPECT_EQ(jobs_.GetPlan(job.id()).status().code(), absl::StatusCode::kFailedPrecondition);
   const std::string w2 = AddWorker(7002);
-  jobs_.ScheduleQueued();
+  Schedule();
   job = jobs_.Get(job.id()).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
@@ -425,7 +443,7 @@ TEST_F(JobManagerTest, Submit_WaitsForWorkersThenRunsWithCompiledPrograms) {
 
 TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  const std::string id = Submit(SmallSpec(2)).value().id();
   Report(w1, id, 0, {}, false);
   Report(w2, id, 0, {2.0f, 3.0f}, false);
   clock_.Advance(absl::Seconds(2));
@@ -448,7 +466,7 @@ TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
 // the plan's predicted time of its stage; values out of bounds are refused.
 TEST_F(JobManagerTest, Progress_StageTimesSumEachWorkersReports) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  const std::string id = Submit(SmallSpec(2)).value().id();
   v1::Job job = jobs_.Get(id).value();
   ASSERT_EQ(job.progress().stage_times_size(), 2);
   EXPECT_EQ(job.progress().stage_times(0).worker_id(), job.worker_ids(0));
@@ -506,7 +524,7 @@ TEST_F(JobManagerTest, Progress_TracesOfEveryWorker_BecomeTheMeasuredTimeline) {
   AddWorker(7001), AddWorker(7002);
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_training()->set_steps(300);
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   const v1::Job job = jobs_.Get(id).value();
   auto report = [&](int stage, int64_t iteration, int32_t nanos) {
     const std::string& w = job.worker_ids(stage);
@@ -564,7 +582,7 @@ TEST_F(JobManagerTest, Progress_TracesOfEveryWorker_BecomeTheMeasuredTimeline) {
 // (worker/train/divergence.h, as train-local stops), and frees its workers.
 TEST_F(JobManagerTest, Progress_NanLoss_FailsTheJobNamingTheStep) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  const std::string id = Submit(SmallSpec(2)).value().id();
   Report(w2, id, 0, {2.0f, 3.0f}, false);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   Report(w2, id, 1, {1.0f, std::numeric_limits<float>::quiet_NaN()}, false);
@@ -584,7 +602,7 @@ TEST_F(JobManagerTest, WorkersSharingAHostsRam_PlannedWithTheirShare) {
   constexpr int64_t kRam = 150000;  // a stage of SmallSpec(2) needs about 100 kB
   AddCpuWorker(7001, "vm", kRam);
   AddCpuWorker(7002, "vm", kRam);
-  const std::string shared = jobs_.Submit(SmallSpec(2)).value().id();
+  const std::string shared = Submit(SmallSpec(2)).value().id();
   const v1::Job refused = jobs_.Get(shared).value();
   EXPECT_EQ(refused.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(refused.reason(),
@@ -597,7 +615,7 @@ TEST_F(JobManagerTest, WorkersOnHostsOfTheirOwn_KeepTheirWholeRam) {
   constexpr int64_t kRam = 150000;  // as above
   AddCpuWorker(7001, "a", kRam);
   AddCpuWorker(7002, "b", kRam);
-  const std::string apart = jobs_.Submit(SmallSpec(2)).value().id();
+  const std::string apart = Submit(SmallSpec(2)).value().id();
   EXPECT_EQ(jobs_.Get(apart).value().state(), v1::JOB_STATE_RUNNING);
 }
 
@@ -606,7 +624,7 @@ TEST_F(JobManagerTest, EvalInterval_AssignmentsCarryEvalProgramsAndValLossIsRepo
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_training()->set_eval_interval(2);
   spec.mutable_training()->set_eval_windows(3);  // micro-batches of 2: two of them
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   const v1::Assignment a1 = AssignmentOf(w1), a2 = AssignmentOf(w2);
   // Stage 0 sends, stage 1 receives, each validation micro-batch.
   int sends = 0, recvs = 0;
@@ -632,14 +650,14 @@ TEST_F(JobManagerTest, EvalInterval_AssignmentsCarryEvalProgramsAndValLossIsRepo
 
 TEST_F(JobManagerTest, NoEvalInterval_NoEvalPrograms) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  jobs_.Submit(SmallSpec(2)).value();
+  Submit(SmallSpec(2)).value();
   EXPECT_EQ(AssignmentOf(w1).eval_program().instructions_size(), 0);
   EXPECT_EQ(AssignmentOf(w2).eval_program().instructions_size(), 0);
 }
 
 TEST_F(JobManagerTest, WorkerLost_FailsJobNamingTheWorkerAndFreesTheOthers) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  const std::string id = Submit(SmallSpec(2)).value().id();
   v1::HeartbeatRequest beat;
   beat.set_worker_id(w1);
   beat.set_incarnation(1);
@@ -656,7 +674,7 @@ TEST_F(JobManagerTest, WorkerLost_FailsJobNamingTheWorkerAndFreesTheOthers) {
 
 TEST_F(JobManagerTest, ReadyBarrier_OpensWhenEveryStageIsReady) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  const std::string id = Submit(SmallSpec(2)).value().id();
   v1::ReportProgressRequest r;
   r.set_job_id(id);
   r.set_plan_version(1);
@@ -671,7 +689,7 @@ TEST_F(JobManagerTest, ReadyBarrier_OpensWhenEveryStageIsReady) {
 
 TEST_F(JobManagerTest, Cancel_EndsOnceThenIsFailedPrecondition) {
   AddWorker(7001);
-  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
+  const std::string id = Submit(SmallSpec(1)).value().id();
   EXPECT_EQ(jobs_.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);
   EXPECT_EQ(jobs_.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(jobs_.Cancel("job-99").status().code(), absl::StatusCode::kNotFound);
@@ -679,7 +697,7 @@ TEST_F(JobManagerTest, Cancel_EndsOnceThenIsFailedPrecondition) {
 
 TEST_F(JobManagerTest, WorkerError_FailsTheJobWithItsMessage) {
   const std::string w1 = AddWorker(7001);
-  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
+  const std::string id = Submit(SmallSpec(1)).value().id();
   v1::ReportProgressRequest r;
   r.set_worker_id(w1);
   r.set_job_id(id);
@@ -692,7 +710,7 @@ TEST_F(JobManagerTest, WorkerError_FailsTheJobWithItsMessage) {
 
 TEST_F(JobManagerTest, ReportProgress_StaleOrForeign_IsRejected) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
+  const std::string id = Submit(SmallSpec(1)).value().id();
   v1::ReportProgressRequest r;
   r.set_worker_id(w1);
   r.set_job_id(id);
@@ -711,7 +729,7 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   const std::string w1 = AddWorker(7001);
   v1::JobSpec spec = SmallSpec(1);
   spec.mutable_output()->set_weights_path("out/final.safetensors");
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   const GptConfig model = ResolveJobSpec(spec).value().train.model;
   // The one stage owns every unit: upload each of their tensors whole.
   for (int u = 0; u < NumUnits(model); ++u) {
@@ -752,7 +770,7 @@ TEST_F(JobManagerTest, Weights_UnknownForeignOrMisshapenChunk_RefusedBeforeAlloc
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = SmallSpec(2);  // uniform: stage 0 holds embed and attn_0
   spec.mutable_output()->set_weights_path("w.safetensors");
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const GptConfig model = ResolveJobSpec(spec).value().train.model;
   v1::WeightsChunk absurd = WholeTensor(w1, id, {"wpe.weight", {1}});
@@ -807,7 +825,7 @@ TEST_F(JobManagerTest, ThreeGpusOnOneHost_AssignmentsCarryTheGroupAndDevicePaths
   v1::JobSpec spec = SmallSpec(3);
   spec.mutable_training()->set_eval_interval(2);
   spec.mutable_training()->set_eval_windows(3);
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   // Stages 0 and 2 hold the tied embedding: its gradient goes by wire.
   const std::vector<std::pair<int, int>> expected = {{4, 2}, {8, 0}, {4, 2}};
@@ -830,11 +848,11 @@ TEST_F(JobManagerTest, ThreeGpusOnOneHost_AssignmentsCarryTheGroupAndDevicePaths
 TEST_F(JobManagerTest, ConsumedNcclId_NextJobHasNoGroupUntilAHeartbeatBringsAFreshOne) {
   const std::string w1 = AddGpuWorker(7001, "gpu-host", 0, "id-1");
   const std::string w2 = AddGpuWorker(7002, "gpu-host", 1, "id-2");
-  std::string id = jobs_.Submit(SmallSpec(2)).value().id();
+  std::string id = Submit(SmallSpec(2)).value().id();
   EXPECT_EQ(AssignmentOf(w2).device_group().nccl_unique_id(), "id-1");
   ASSERT_TRUE(jobs_.Cancel(id).ok());
 
-  id = jobs_.Submit(SmallSpec(2)).value().id();
+  id = Submit(SmallSpec(2)).value().id();
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   for (const std::string& w : {w1, w2}) {
     const v1::Assignment a = AssignmentOf(w);
@@ -849,7 +867,7 @@ TEST_F(JobManagerTest, ConsumedNcclId_NextJobHasNoGroupUntilAHeartbeatBringsAFre
   beat.set_incarnation(1);
   beat.set_nccl_unique_id("id-1b");
   ASSERT_TRUE(registry_.Heartbeat(beat).ok());
-  id = jobs_.Submit(SmallSpec(2)).value().id();
+  id = Submit(SmallSpec(2)).value().id();
   for (const std::string& w : {w1, w2}) {
     const v1::Assignment a = AssignmentOf(w);
     EXPECT_EQ(a.job_id(), id);
@@ -873,7 +891,7 @@ TEST_F(JobManagerTest, DataParallelOnOneHost_DeviceAndReplicaGroupsWithDistinctI
   }
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_parallelism()->set_data(2);
-  std::string id = jobs_.Submit(spec).value().id();
+  std::string id = Submit(spec).value().id();
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const std::vector<std::string> device_ids = {"id-0", "id-0", "id-3", "id-3"};
   const std::vector<std::string> replica_ids = {"id-2", "id-1", "id-2", "id-1"};
@@ -905,7 +923,7 @@ TEST_F(JobManagerTest, DataParallelOnOneHost_DeviceAndReplicaGroupsWithDistinctI
   }
   spec.mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=3");
   spec.mutable_compression()->mutable_data_parallel()->add_stages(1);
-  id = jobs_.Submit(spec).value().id();
+  id = Submit(spec).value().id();
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const v1::Job job = jobs_.Get(id).value();
   for (int g = 0; g < 4; ++g) {
@@ -918,7 +936,7 @@ TEST_F(JobManagerTest, DataParallelOnOneHost_DeviceAndReplicaGroupsWithDistinctI
 
 TEST_F(JobManagerTest, WorkersWithoutNcclIds_NoGroupAndEveryTransferOnTheWire) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  jobs_.Submit(SmallSpec(2)).value();
+  Submit(SmallSpec(2)).value();
   for (const std::string& w : {w1, w2}) {
     const v1::Assignment a = AssignmentOf(w);
     EXPECT_FALSE(a.has_device_group()) << w;
@@ -970,7 +988,7 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_parallelism()->set_solver("bipartition");
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   v1::Job job = jobs_.Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_PROFILING);
   EXPECT_EQ(job.reason(), "profiling the model on " + w1);
@@ -978,6 +996,7 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
             v1::WORKER_STATE_READY);  // not taken while profiling
   release.Notify();
   jobs_.AwaitProfiling();
+  plans_.RunAll();
   EXPECT_EQ(asked, "127.0.0.1:7001 T8 B2 session");
   job = jobs_.Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
@@ -989,7 +1008,7 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   EXPECT_EQ(jobs_.profiles().size(), 1);
   // The same model again: the cache answers, no second profile.
   ASSERT_TRUE(jobs_.Cancel(id).ok());
-  EXPECT_EQ(jobs_.Get(jobs_.Submit(spec).value().id()).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(jobs_.Get(Submit(spec).value().id()).value().state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(calls, 1);
 }
 
@@ -1013,13 +1032,15 @@ TEST_F(JobManagerTest, AutoLayoutSearchingT_ProfilesThePartitionsAlgOneNeeds) {
   spec.mutable_parallelism()->set_tensor(0);
   spec.mutable_parallelism()->set_workers(2);
   spec.mutable_parallelism()->set_tensor_partitions(0);
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   jobs_.AwaitProfiling();
+  plans_.RunAll();
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
   ASSERT_TRUE(jobs_.Cancel(id).ok());
   spec.mutable_parallelism()->set_tensor_partitions(1);
-  const std::string plain = jobs_.Submit(spec).value().id();
+  const std::string plain = Submit(spec).value().id();
   jobs_.AwaitProfiling();
+  plans_.RunAll();
   ASSERT_EQ(jobs_.Get(plain).value().state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(asked, (std::vector<std::vector<int>>{{2}, {}}));
 }
@@ -1034,8 +1055,9 @@ TEST_F(JobManagerTest, UniformJob_IsProfiledToo) {
   });
   const std::string w1 = AddWorker(7001);
   AddWorker(7002);
-  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();  // solver uniform
+  const std::string id = Submit(SmallSpec(2)).value().id();  // solver uniform
   jobs_.AwaitProfiling();
+  plans_.RunAll();
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const v1::Plan plan = jobs_.GetPlan(id).value();
@@ -1053,8 +1075,9 @@ TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
   AddWorker(7002);
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_parallelism()->set_solver("auto");
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   jobs_.AwaitProfiling();
+  plans_.RunAll();
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_TRUE(absl::StrContains(plan.profile_source(), "analytic: FLOPs at"));
@@ -1079,8 +1102,9 @@ TEST_F(JobManagerTest, WorkerProfileUnfitForTheModel_RefusedNotCached) {
   AddWorker(7002);
   v1::JobSpec spec = SmallSpec(2);
   spec.mutable_parallelism()->set_solver("bipartition");
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   jobs_.AwaitProfiling();
+  plans_.RunAll();
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_TRUE(absl::StrContains(plan.profile_source(), "analytic: FLOPs at"));
@@ -1093,7 +1117,7 @@ TEST_F(JobManagerTest, WorkerProfileUnfitForTheModel_RefusedNotCached) {
 
 TEST_F(JobManagerTest, UploadWithoutTensors_ForwardOnlyStageFinishesItsWeights) {
   const std::string w1 = AddWorker(7001);
-  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();
+  const std::string id = Submit(SmallSpec(1)).value().id();
   v1::WeightsChunk identity;
   identity.set_worker_id(w1);
   identity.set_job_id(id);
@@ -1106,17 +1130,17 @@ TEST_F(JobManagerTest, Submit_OverPlanningBudget_ResourceExhaustedBeforeAnyWork)
   v1::JobSpec spec = SmallSpec(64);
   spec.mutable_model()->set_n_layer(96);  // 194 units: 64 * 194^3 = 4.7e8 bipartition steps
   spec.mutable_parallelism()->set_solver("bipartition");
-  absl::Status status = jobs_.Submit(spec).status();
+  absl::Status status = Submit(spec).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(status.message(), "planning budget")) << status.message();
   spec.mutable_parallelism()->set_solver("pipedream");
-  EXPECT_TRUE(jobs_.Submit(spec).ok());
+  EXPECT_TRUE(Submit(spec).ok());
   spec = SmallSpec(4);
   spec.mutable_training()->set_batch_size(4096);
   spec.mutable_training()->set_micro_batches(4096);
   spec.mutable_training()->set_eval_interval(10);  // + 16 validation micro-batches
   spec.mutable_training()->set_eval_windows(16);   // 4 x (4096 + 16) > 16384
-  status = jobs_.Submit(spec).status();
+  status = Submit(spec).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StartsWith(status.message(), "spec.training.micro_batches: 4 stages x (4096"))
       << status.message();
@@ -1135,7 +1159,7 @@ TEST_F(JobManagerTest, Submit_WeightsPathWithoutOutputDirOrEscaping_Rejected) {
       << status.message();
   ASSERT_EQ(symlink("/tmp", (OutputDir() + "/escape").c_str()), 0);
   spec.mutable_output()->set_weights_path("escape/w.safetensors");
-  status = jobs_.Submit(spec).status();
+  status = Submit(spec).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(status.message(), "\"escape\" is a symbolic link"))
       << status.message();
@@ -1172,10 +1196,78 @@ TEST_F(JobManagerTest, EndedJobs_PrunedByCountAndAge_NewestKept) {
   EXPECT_EQ(jobs.List().size(), 2u);  // the two still queued
 }
 
+// Planning runs off the job manager's lock (here when the test runs it):
+// meanwhile the job is PLANNING with its workers held, and other jobs'
+// reports and reads go on.
+TEST_F(JobManagerTest, JobBeingPlanned_WorkersHeldOtherJobsGoOn) {
+  const std::string w1 = AddWorker(7001);
+  const std::string running = Submit(SmallSpec(1)).value().id();
+  const std::string w2 = AddWorker(7002);
+  const std::string planned = jobs_.Submit(SmallSpec(1)).value().id();  // planning waits
+  v1::Job job = jobs_.Get(planned).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_PLANNING);
+  EXPECT_EQ(job.reason(), "planning on " + w2);
+  EXPECT_EQ(registry_.Get(w2).value().state(), v1::WORKER_STATE_ASSIGNED);
+  EXPECT_EQ(registry_.Get(w2).value().job_id(), planned);
+  EXPECT_EQ(jobs_.GetPlan(planned).status().code(), absl::StatusCode::kFailedPrecondition);
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w1);
+  r.set_job_id(running);
+  r.set_plan_version(1);
+  r.set_iteration(0);
+  r.add_micro_batch_losses(2.5f);
+  ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  EXPECT_EQ(jobs_.Get(running).value().progress().step(), 1);
+  EXPECT_EQ(plans_.RunAll(), 1);
+  job = jobs_.Get(planned).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.reason(), "");
+  EXPECT_EQ(AssignmentOf(w2).job_id(), planned);
+}
+
+// A worker lost while a job's first plan is made: the job goes back to
+// QUEUED, saying why, and is planned again on the workers left, instead of
+// failing when its plan is in.
+TEST_F(JobManagerTest, WorkerLostWhilePlanning_FirstPlanRequeuedAndPlacedOnTheOthers) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  const std::string id = jobs_.Submit(SmallSpec(2)).value().id();  // planning waits
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_PLANNING);
+  registry_.MarkLost(w2, registry_.Get(w2).value().incarnation(), "pod deleted");
+  v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_TRUE(absl::StartsWith(job.reason(), "a worker was lost while the job was being planned ("))
+      << job.reason();
+  EXPECT_TRUE(absl::EndsWith(job.reason(), "pod deleted); waiting to be planned again"))
+      << job.reason();
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(plans_.RunAll(), 1);  // overtaken: dropped
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_QUEUED);
+  EXPECT_FALSE(hub_.Newer(w1, 0).has_value());
+  Schedule();
+  job = jobs_.Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w1, w3}));
+  EXPECT_EQ(job.plan_version(), 1);
+}
+
+// Cancelled while it is planned: the plan is dropped when it is in, no
+// worker is sent it, and the workers are free at once.
+TEST_F(JobManagerTest, CancelWhilePlanning_PlanDroppedWorkersFree) {
+  const std::string w1 = AddWorker(7001);
+  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();  // planning waits
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
+  EXPECT_EQ(plans_.RunAll(), 1);
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_FALSE(hub_.Newer(w1, 0).has_value());
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
+}
+
 TEST_F(JobManagerTest, Schedule_BigJobWaiting_LaterJobThatFitsRunsFirst) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string big = jobs_.Submit(SmallSpec(3)).value().id();    // 3 workers: cannot place
-  const std::string small = jobs_.Submit(SmallSpec(2)).value().id();  // fits the 2 READY
+  const std::string big = Submit(SmallSpec(3)).value().id();    // 3 workers: cannot place
+  const std::string small = Submit(SmallSpec(2)).value().id();  // fits the 2 READY
   EXPECT_EQ(jobs_.Get(big)->state(), v1::JOB_STATE_QUEUED);
   EXPECT_EQ(jobs_.Get(big)->reason(), "waiting for 3 READY workers (2 ready)");
   EXPECT_EQ(jobs_.Get(small)->state(), v1::JOB_STATE_RUNNING);
@@ -1187,12 +1279,12 @@ TEST_F(JobManagerTest, Schedule_QueueTimeout_FailsWithReasonAtTheDeadlineNotBefo
   AddWorker(7001);
   v1::JobSpec spec = SmallSpec(3);
   spec.mutable_scheduling()->mutable_queue_timeout()->set_seconds(60);
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   clock_.Advance(absl::Seconds(60));
-  jobs_.ScheduleQueued();
+  Schedule();
   EXPECT_EQ(jobs_.Get(id)->state(), v1::JOB_STATE_QUEUED);  // exactly the timeout: still waiting
   clock_.Advance(absl::Seconds(1));
-  jobs_.ScheduleQueued();
+  Schedule();
   const v1::Job job = jobs_.Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_EQ(job.reason(),
@@ -1205,7 +1297,7 @@ TEST_F(JobManagerTest, LossHistory_KeepsTheLastStepsAndListLeavesItOut) {
   const int steps = kMaxLossHistory + 5;
   v1::JobSpec spec = SmallSpec(1);
   spec.mutable_training()->set_steps(steps);
-  const std::string id = jobs_.Submit(spec).value().id();
+  const std::string id = Submit(spec).value().id();
   for (int i = 0; i < steps; ++i) Report(w1, id, i, {static_cast<float>(i)}, false);
   const v1::JobProgress progress = jobs_.Get(id).value().progress();
   EXPECT_EQ(progress.step(), steps);
@@ -1263,7 +1355,7 @@ TEST_F(JobManagerTest, Submit_WeightsPathsEscapingTheOutputDir_RejectedNothingWr
 
 TEST_F(JobManagerTest, Progress_OutOfBoundsReports_InvalidArgumentJobUnchanged) {
   const std::string w1 = AddWorker(7001);
-  const std::string id = jobs_.Submit(SmallSpec(1)).value().id();  // 2 micro-batches, 3 steps
+  const std::string id = Submit(SmallSpec(1)).value().id();  // 2 micro-batches, 3 steps
   v1::ReportProgressRequest r;
   r.set_worker_id(w1);
   r.set_job_id(id);

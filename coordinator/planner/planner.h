@@ -35,9 +35,10 @@ struct PlanningWork {
 };
 PlanningWork EstimatePlanningWork(const ResolvedJobSpec& resolved);
 
-// The budget: planning runs on the coordinator while it holds its job lock,
-// so a plan must take seconds, not hours, and a plan (GET /plan) must stay
-// well below the gRPC message limit. Measured on a 2-core development VM:
+// The budget: plans are computed on the coordinator's one planning thread
+// (job_manager.h), a plan at a time, so a plan must take seconds, not hours,
+// or the jobs queued behind it wait; and a plan (GET /plan) must stay well
+// below the gRPC message limit. Measured on a 2-core development VM:
 // bipartition at P * U^3 = 4.7e8 (P 64, U 194) solves in 5.6 s.
 inline constexpr double kMaxSolverSteps = 4e8;
 inline constexpr int64_t kMaxStageMicroBatches = 16384;

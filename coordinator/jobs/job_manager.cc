@@ -198,7 +198,9 @@ JobManager::~JobManager() {
   }
   if (loop_.joinable()) loop_.join();
   AwaitProfiling();
-  // A plan being computed ends, and is dropped (stopping_); none starts.
+  // A plan being computed ends and is dropped (stopping_); those queued
+  // behind it are not computed.
+  planning_stopped_.store(true, std::memory_order_release);
   planner_.reset();
 }
 
@@ -1147,7 +1149,14 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   if (stopping_) return absl::OkStatus();
   ++plans_in_flight_;
   std::function<void()> task = [this, placement, input = std::move(input)] {
-    FinishPlacement(input.job_id, placement, PlanPlacement(input));
+    // At shutdown the plans still queued are not computed: nobody takes them.
+    PlanningOutput output;
+    if (planning_stopped_.load(std::memory_order_acquire)) {
+      output.status = absl::CancelledError("the coordinator is shutting down");
+    } else {
+      output = PlanPlacement(input);
+    }
+    FinishPlacement(input.job_id, placement, std::move(output));
   };
   if (options_.planning_runner) {
     options_.planning_runner(std::move(task));

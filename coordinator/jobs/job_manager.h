@@ -591,6 +591,8 @@ class JobManager {
   std::map<std::string, int64_t> drained_ ABSL_GUARDED_BY(mu_);
   // Planning tasks handed to the runner and not finished.
   int plans_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Set by the destructor: tasks still queued skip the planning.
+  std::atomic<bool> planning_stopped_{false};
   // File and store work that must not hold mu_ (commits, manifests, expired
   // checkpoints), in order. Destroyed after planner_, whose tasks may post
   // here, and before everything else, finishing its tasks while everything

@@ -5,7 +5,7 @@
 // rescheduling, reading the job and its plan). Each input starts a fresh
 // registry of two workers and a job of two stages, planned and running at
 // once (analytic profile: no fetcher, so no worker is dialled), on a fake
-// clock. Planning runs when the input says (PlanningQueue), so operations
+// clock. Planning runs when the input says (BackgroundQueue), so operations
 // also land while the job is PLANNING.
 //
 // Input: operations until it ends (at most kMaxOperations), each a byte
@@ -35,8 +35,8 @@
 #include "common/clock.h"
 #include "common/logging.h"
 #include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
-#include "coordinator/jobs/planning_queue_testing.h"
 #include "coordinator/registry/worker_registry.h"
 #include "fuzz/fuzz_input.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
@@ -77,8 +77,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
   AssignmentHub hub;
-  PlanningQueue plans;  // outlives jobs
-  JobManager jobs(&registry, &hub, &clock, JobManagerOptions{.planning_runner = plans.Runner()});
+  BackgroundQueue background;  // outlives jobs
+  JobManager jobs(&registry, &hub, &clock,
+                  JobManagerOptions{.background_runner = background.Runner()});
   for (const char* address : {"10.0.0.1:9001", "10.0.0.2:9001"}) {
     v1::RegisterWorkerRequest request;
     request.set_data_address(address);
@@ -87,7 +88,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   absl::StatusOr<v1::Job> submitted = jobs.Submit(TwoStageSpec());
   if (!submitted.ok()) __builtin_trap();
   const std::string job_id = submitted->id();
-  plans.RunAll();
+  background.RunAll();
   absl::StatusOr<v1::Job> running = jobs.Get(job_id);
   if (!running.ok() || running->state() != v1::JOB_STATE_RUNNING) __builtin_trap();
   v1::Job job = *running;  // as read after the last operation
@@ -147,7 +148,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       case 7:
         clock.Advance(absl::Seconds(in.Byte()));
         jobs.ScheduleQueued();
-        if (!addressed) plans.RunAll();
+        if (!addressed) background.RunAll();
         break;
     }
     absl::StatusOr<v1::Job> after = jobs.Get(job_id);

@@ -83,7 +83,7 @@ class AuthTest : public ::testing::Test {
     v1::JobSpec spec = JobSpecFromJson(ValidSpecJson()).value();
     spec.mutable_output()->set_weights_path("weights.safetensors");
     job_ = jobs_.Submit(spec).value().id();
-    jobs_.AwaitPlanning();
+    jobs_.AwaitBackgroundWork();
     ASSERT_EQ(jobs_.Get(job_)->state(), v1::JOB_STATE_RUNNING);
     ASSERT_EQ(jobs_.Get(job_)->worker_ids(0), "w-1");
   }

@@ -73,7 +73,7 @@ class GrpcServiceTest : public ::testing::Test {
     grpc::ClientContext context;
     SetDeadline(context);
     grpc::Status status = stub_->SubmitJob(&context, request, job);
-    jobs_.AwaitPlanning();  // planned off the lock: RUNNING once this returns
+    jobs_.AwaitBackgroundWork();  // planned off the lock: RUNNING once this returns
     return status;
   }
 

@@ -107,7 +107,7 @@ class WeightsUploadTest : public ::testing::Test {
     ASSERT_TRUE(spec.ok()) << spec.status();
     absl::StatusOr<v1::Job> job = jobs_.Submit(*spec);
     ASSERT_TRUE(job.ok()) << job.status();
-    jobs_.AwaitPlanning();
+    jobs_.AwaitBackgroundWork();
     ASSERT_EQ(jobs_.Get(job->id())->state(), v1::JOB_STATE_RUNNING);
     job_id_ = job->id();
   }

@@ -188,7 +188,7 @@ bool IsTerminal(v1::JobState state) {
 JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock,
                        JobManagerOptions options)
     : registry_(registry), hub_(hub), clock_(clock), options_(std::move(options)) {
-  if (!options_.planning_runner) planner_ = std::make_unique<SerialExecutor>();
+  if (!options_.background_runner) background_ = std::make_unique<SerialExecutor>();
 }
 
 JobManager::~JobManager() {
@@ -201,12 +201,12 @@ JobManager::~JobManager() {
   // A plan being computed ends and is dropped (stopping_); those queued
   // behind it are not computed.
   planning_stopped_.store(true, std::memory_order_release);
-  planner_.reset();
+  background_.reset();
 }
 
-void JobManager::AwaitPlanning() {
+void JobManager::AwaitBackgroundWork() {
   AnnotatedMutexLock lock(&mu_);
-  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return plans_in_flight_ == 0; };
+  auto none = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return background_in_flight_ == 0; };
   mu_.AwaitWithTimeout(none, absl::InfiniteDuration());
 }
 
@@ -1147,8 +1147,7 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   // Shutting down: nobody would take the plan (the job is restored from
   // its stored state, which is not PLANNING).
   if (stopping_) return absl::OkStatus();
-  ++plans_in_flight_;
-  std::function<void()> task = [this, placement, input = std::move(input)] {
+  RunInBackgroundLocked([this, placement, input = std::move(input)] {
     // At shutdown the plans still queued are not computed: nobody takes them.
     PlanningOutput output;
     if (planning_stopped_.load(std::memory_order_acquire)) {
@@ -1157,12 +1156,7 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
       output = PlanPlacement(input);
     }
     FinishPlacement(input.job_id, placement, std::move(output));
-  };
-  if (options_.planning_runner) {
-    options_.planning_runner(std::move(task));
-  } else {
-    planner_->Post(std::move(task));
-  }
+  });
   return absl::OkStatus();
 }
 
@@ -1228,7 +1222,7 @@ JobManager::PlanningOutput JobManager::PlanPlacement(const PlanningInput& in) {
 void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
                                  PlanningOutput output) {
   AnnotatedMutexLock lock(&mu_);
-  --plans_in_flight_;
+  --background_in_flight_;
   JobRecord* record = FindLocked(job_id);
   // Overtaken while it was planned (cancelled, a worker lost, shutting
   // down): whatever changed the job released its workers.
@@ -1652,7 +1646,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   // A recovering job drops traces (below), and one restored from the store
   // has no assignments to check them against until it is planned again.
   const bool stopped = record->job.state() == v1::JOB_STATE_RECOVERING ||
-                       record->job.state() == v1::JOB_STATE_PLANNING;
+                       record->job.state() == v1::JOB_STATE_PLANNING || record->writing_weights;
   if (r.has_trace() && !stopped) {
     if (stage_index >= static_cast<int>(record->assignments.size())) {
       return absl::FailedPreconditionError(
@@ -1678,7 +1672,8 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     return response;
   }
   // The stopped plan's last words: its steps will be redone, or (being
-  // re-planned at a boundary) it stopped after the boundary's step.
+  // re-planned at a boundary) it stopped after the boundary's step, or it
+  // finished and its weights are being written.
   if (stopped) return response;
   if (!r.error().empty()) {
     // Errors name peers by stage; say which worker runs each stage.
@@ -1969,6 +1964,7 @@ absl::Status JobManager::FinishWeights(const std::string& worker_id, const std::
 }
 
 void JobManager::MaybeCompleteLocked(JobRecord& record) {
+  if (record.writing_weights) return;  // complete already; the file is being written
   const bool want_weights = !record.resolved.spec.output().weights_path().empty();
   // Only replica 0's stages upload, tensor rank 0 of each (RecordWeightOwners).
   const int uploading = StagesPerReplica(record);
@@ -2006,24 +2002,66 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
           record, v1::JOB_STATE_FAILED,
           absl::StrCat("uploaded weights hold ", total, " values; the model has ", expected));
     }
-    absl::StatusOr<std::string> written = WriteWeightsLocked(record);
-    if (!written.ok()) {
-      return EndLocked(record, v1::JOB_STATE_FAILED, std::string(written.status().message()));
+    const std::string& name = record.resolved.spec.output().weights_path();
+    if (stopping_) {  // no background work starts now: written here
+      absl::StatusOr<std::string> written =
+          WriteWeightsFile(options_.output_dir, name, record.weights);
+      if (!written.ok()) {
+        return EndLocked(record, v1::JOB_STATE_FAILED, std::string(written.status().message()));
+      }
+      record.job.set_weights_path(*written);
+      return EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
     }
-    record.job.set_weights_path(*written);
+    // Written off the lock (GPT-2 124M is 0.5 GB): the job stays RUNNING
+    // until the file is in (FinishWritingWeights).
+    record.writing_weights = true;
+    record.job.set_reason(absl::StrCat("every stage finished; writing the weights to ", name));
+    TouchLocked(record);
+    auto weights = std::make_shared<const std::vector<NamedTensor>>(std::move(record.weights));
+    record.weights.clear();
+    return RunInBackgroundLocked([this, id = record.job.id(), name, weights] {
+      FinishWritingWeights(id, WriteWeightsFile(options_.output_dir, name, *weights));
+    });
   }
   EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
 }
 
-absl::StatusOr<std::string> JobManager::WriteWeightsLocked(JobRecord& record) {
-  const std::string& name = record.resolved.spec.output().weights_path();
+absl::StatusOr<std::string> JobManager::WriteWeightsFile(const std::string& output_dir,
+                                                         const std::string& name,
+                                                         const std::vector<NamedTensor>& weights) {
   // Walked again now (links may have appeared since submit); missing
   // directories under the output directory are created.
   ASSIGN_OR_RETURN(ConfinedParent parent,
-                   OpenConfinedParent(options_.output_dir, "spec.output.weights_path", name,
+                   OpenConfinedParent(output_dir, "spec.output.weights_path", name,
                                       /*create_dirs=*/true));
-  RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, record.weights, {}, 0600));
-  return absl::StrCat(options_.output_dir, "/", name);
+  RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, weights, {}, 0600));
+  return absl::StrCat(output_dir, "/", name);
+}
+
+void JobManager::FinishWritingWeights(const std::string& job_id,
+                                      const absl::StatusOr<std::string>& written) {
+  AnnotatedMutexLock lock(&mu_);
+  --background_in_flight_;
+  JobRecord* record = FindLocked(job_id);
+  if (record == nullptr || IsTerminal(record->job.state())) {  // cancelled meanwhile
+    if (written.ok()) PT_LOG(INFO) << "job " << job_id << " ended; its weights are in " << *written;
+    return;
+  }
+  record->writing_weights = false;
+  if (!written.ok()) {
+    return EndLocked(*record, v1::JOB_STATE_FAILED, std::string(written.status().message()));
+  }
+  record->job.set_weights_path(*written);
+  EndLocked(*record, v1::JOB_STATE_SUCCEEDED, "");
+}
+
+void JobManager::RunInBackgroundLocked(std::function<void()> task) {
+  ++background_in_flight_;
+  if (options_.background_runner) {
+    options_.background_runner(std::move(task));
+  } else {
+    background_->Post(std::move(task));
+  }
 }
 
 void JobManager::PruneLocked() {
@@ -2067,6 +2105,8 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
   AnnotatedMutexLock lock(&mu_);
   JobRecord* record = FindLocked(job_id);
   if (record == nullptr || IsTerminal(record->job.state())) return;
+  // Its workers are done: the job only waits for its weights file.
+  if (record->writing_weights) return;
   if (record->job.state() == v1::JOB_STATE_PLANNING) {
     // Only the workers of the placement being planned are the job's now
     // (a boundary's left-out workers were stopped and released).

@@ -13,9 +13,10 @@
 // Scheduling: QUEUED jobs are placed oldest first, but a job that cannot be
 // placed yet lets later jobs that fit go ahead; one that waits longer than
 // its spec.scheduling.queue_timeout FAILS (see ScheduleQueued).
-// Planning runs off the job manager's lock (options.planning_runner; by
-// default one planning thread, a plan at a time), so a large plan (seconds,
-// planner.h's budget) holds up no other job's reports or the API. Its
+// Planning runs off the job manager's lock (options.background_runner; by
+// default one background thread, a task at a time), so a large plan
+// (seconds, planner.h's budget) holds up no other job's reports or the API;
+// so does writing a finished job's weights file. Its
 // workers are assigned to the job in the registry when planning begins
 // (PLANNING), so no other job takes them meanwhile; a worker lost while the
 // job is planned sends a first plan back to QUEUED and a re-plan back to
@@ -181,13 +182,14 @@ struct JobManagerOptions {
   // After a restart, how long a restored running job waits for its former
   // workers to register again before it re-plans without them.
   absl::Duration restart_grace = absl::Seconds(15);
-  // Where a placement's planning (the solver, the layout search, the
-  // compiler) runs, off the job manager's lock. It is called under that
-  // lock, so it must only hand `task` on, never run it in place; every task
-  // handed on must run (or be destroyed unrun) before the manager is. Null:
-  // the manager's own planning thread, one plan at a time. Tests set it to
-  // interleave events with planning.
-  std::function<void(std::function<void()> task)> planning_runner;
+  // Where the long work runs, off the job manager's lock: a placement's
+  // planning (the solver, the layout search, the compiler) and a finished
+  // job's weights file. It is called under that lock, so it must only hand
+  // `task` on, never run it in place; every task handed on must run (or be
+  // destroyed unrun) before the manager is. Null: the manager's own
+  // background thread, a task at a time, in order. Tests set it to
+  // interleave events with that work.
+  std::function<void(std::function<void()> task)> background_runner;
 };
 class JobManager {
  public:
@@ -211,10 +213,10 @@ class JobManager {
   // Waits until every profile fetch started so far has been handled (the
   // job re-queued and scheduled). For tests and shutdown.
   void AwaitProfiling();
-  // Waits until no placement is being planned (their plans are in, or were
-  // dropped). With a planning_runner, its tasks must run meanwhile. For
-  // tests.
-  void AwaitPlanning();
+  // Waits until no placement is being planned and no weights file written
+  // (plans in or dropped, jobs ended). With a background_runner, its tasks
+  // must run meanwhile. For tests.
+  void AwaitBackgroundWork();
 
   // INVALID_ARGUMENT (from ResolveJobSpec, or a path the options do not
   // allow) naming the field; RESOURCE_EXHAUSTED when planning it would
@@ -387,6 +389,10 @@ class JobManager {
     // finds the job no longer PLANNING, was overtaken and is dropped).
     std::optional<PendingPlacement> pending;
     int64_t placement = 0;
+    // Every stage finished and its weights are in: the file is being
+    // written (the job is still RUNNING; its workers are done, so losses
+    // and reports no longer matter).
+    bool writing_weights = false;
   };
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -554,9 +560,17 @@ class JobManager {
     std::string weights;
   };
   absl::StatusOr<InitSource> ResolveInit(const ResolvedJobSpec& resolved) const;
-  // Writes the assembled weights under the output directory; the path written.
-  absl::StatusOr<std::string> WriteWeightsLocked(JobRecord& record)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes `weights` as `name` under `output_dir` (spec.output.weights_path,
+  // confined); the path written.
+  static absl::StatusOr<std::string> WriteWeightsFile(const std::string& output_dir,
+                                                      const std::string& name,
+                                                      const std::vector<NamedTensor>& weights);
+  // The final weights' write ended: the job SUCCEEDS (or FAILS saying why),
+  // unless it ended meanwhile.
+  void FinishWritingWeights(const std::string& job_id, const absl::StatusOr<std::string>& written);
+  // Hands `task` to the background runner (options.background_runner, or
+  // background_). Requires !stopping_.
+  void RunInBackgroundLocked(std::function<void()> task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops ended jobs beyond the retention options (oldest first).
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -589,18 +603,18 @@ class JobManager {
   std::vector<Profiler> profilers_ ABSL_GUARDED_BY(mu_);
   // Drained workers: id -> the incarnation drained (a new one is not).
   std::map<std::string, int64_t> drained_ ABSL_GUARDED_BY(mu_);
-  // Planning tasks handed to the runner and not finished.
-  int plans_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Background tasks handed to the runner and not finished.
+  int background_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   // Set by the destructor: tasks still queued skip the planning.
   std::atomic<bool> planning_stopped_{false};
   // File and store work that must not hold mu_ (commits, manifests, expired
-  // checkpoints), in order. Destroyed after planner_, whose tasks may post
+  // checkpoints), in order. Destroyed after background_, whose tasks may post
   // here, and before everything else, finishing its tasks while everything
   // they use exists.
   SerialExecutor io_;
-  // The default planning runner (null with options.planning_runner); reset
-  // first in the destructor.
-  std::unique_ptr<SerialExecutor> planner_;
+  // The default background runner (null with options.background_runner);
+  // reset first in the destructor.
+  std::unique_ptr<SerialExecutor> background_;
 };
 
 bool IsTerminal(v1::JobState state);

@@ -11,8 +11,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
-#include "coordinator/jobs/planning_queue_testing.h"
 #include "coordinator/store/memory_store.h"
 #include "gtest/gtest.h"
 
@@ -63,7 +63,7 @@ class JobManagerElasticTest : public ::testing::Test {
       state_ = std::make_unique<CoordinatorState>(&store_);
       options.state = state_.get();
     }
-    options.planning_runner = plans_.Runner();
+    options.background_runner = background_.Runner();
     jobs_ = std::make_unique<JobManager>(&registry_, &hub_, &clock_, options);
     registry_.SetLossListener(
         [this](const std::string& w, const std::string& j, const std::string& reason,
@@ -177,17 +177,17 @@ class JobManagerElasticTest : public ::testing::Test {
 
   // The plans the reports above started, unless a test holds them.
   void RunPlans() {
-    if (!hold_plans_) plans_.RunAll();
+    if (!hold_plans_) background_.RunAll();
   }
   // Places what can be placed, planning included.
   void Schedule() {
     jobs_->ScheduleQueued();
-    plans_.RunAll();
+    background_.RunAll();
   }
   // Submits, and plans what that placed: the job as it is then.
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec) {
     absl::StatusOr<v1::Job> job = jobs_->Submit(spec);
-    plans_.RunAll();
+    background_.RunAll();
     if (!job.ok()) return job;
     return jobs_->Get(job->id());
   }
@@ -195,7 +195,7 @@ class JobManagerElasticTest : public ::testing::Test {
   FakeClock clock_;
   WorkerRegistry registry_;
   AssignmentHub hub_;
-  PlanningQueue plans_;      // outlives jobs_
+  BackgroundQueue background_;  // outlives jobs_
   bool hold_plans_ = false;  // Step and Checkpoint leave the jobs PLANNING
   MemoryStore store_;
   std::unique_ptr<CoordinatorState> state_;
@@ -933,7 +933,7 @@ TEST_F(JobManagerElasticTest, Restore_RecoveringJobTakesATracedReportWithoutProg
 // micro-batch outgrow a record's 1 MiB on large jobs, and every save of such
 // a job failed. The plan itself is stored whole.
 // A worker lost while a recovering job is re-planned (planning runs off the
-// job manager's lock, PlanningQueue): the job waits again, without it,
+// job manager's lock, BackgroundQueue): the job waits again, without it,
 // instead of failing when the plan is in; the recovery counts once.
 TEST_F(JobManagerElasticTest, WorkerLostWhileReplanning_RecoveryWaitsAgainAndCountsOnce) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
@@ -956,7 +956,7 @@ TEST_F(JobManagerElasticTest, WorkerLostWhileReplanning_RecoveryWaitsAgainAndCou
       << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), "preempted")) << job.reason();
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
-  EXPECT_EQ(plans_.RunAll(), 1);  // overtaken: dropped
+  EXPECT_EQ(background_.RunAll(), 1);  // overtaken: dropped
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
   EXPECT_FALSE(hub_.Newer(w3, 0).has_value());
   Schedule();
@@ -997,7 +997,7 @@ TEST_F(JobManagerElasticTest, WorkerLostWhileReplanningAtABoundary_RecoversFromT
   EXPECT_EQ(job.state(), v1::JOB_STATE_RECOVERING);
   EXPECT_TRUE(absl::StrContains(job.reason(), "a worker was lost while the job was being planned"))
       << job.reason();
-  EXPECT_EQ(plans_.RunAll(), 1);  // overtaken: dropped
+  EXPECT_EQ(background_.RunAll(), 1);  // overtaken: dropped
   hold_plans_ = false;
   HeartbeatAllAndSchedule({w1});
   job = jobs_->Get(id).value();
@@ -1019,7 +1019,7 @@ TEST_F(JobManagerElasticTest, DrainWhilePlanning_TheJobStartsThenLeavesItAtABoun
   ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_PLANNING);
   const absl::StatusOr<v1::Worker> drained = jobs_->Drain(w2);
   ASSERT_TRUE(drained.ok()) << drained.status();
-  EXPECT_EQ(plans_.RunAll(), 1);
+  EXPECT_EQ(background_.RunAll(), 1);
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),

@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
-#include "coordinator/jobs/planning_queue_testing.h"
+#include "coordinator/jobs/background_queue_testing.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -58,7 +58,8 @@ class JobManagerTest : public ::testing::Test {
   JobManagerTest()
       : registry_(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock_}),
         jobs_(&registry_, &hub_, &clock_,
-              JobManagerOptions{.output_dir = OutputDir(), .planning_runner = plans_.Runner()}) {
+              JobManagerOptions{.output_dir = OutputDir(),
+                                .background_runner = background_.Runner()}) {
     registry_.SetLossListener(
         [this](const std::string& w, const std::string& j, const std::string& reason,
                int64_t incarnation) { jobs_.OnWorkerLost(w, j, reason, incarnation); });
@@ -108,18 +109,18 @@ class JobManagerTest : public ::testing::Test {
     for (float l : losses) r.add_micro_batch_losses(l);
     r.set_finished(finished);
     ASSERT_TRUE(jobs_.ReportProgress(r).ok());
-    plans_.RunAll();
+    background_.RunAll();
   }
 
   // Places what can be placed, planning included.
   void Schedule() {
     jobs_.ScheduleQueued();
-    plans_.RunAll();
+    background_.RunAll();
   }
   // Submits, and plans what that placed: the job as it is then.
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec) {
     absl::StatusOr<v1::Job> job = jobs_.Submit(spec);
-    plans_.RunAll();
+    background_.RunAll();
     if (!job.ok()) return job;
     return jobs_.Get(job->id());
   }
@@ -127,7 +128,7 @@ class JobManagerTest : public ::testing::Test {
   FakeClock clock_;
   WorkerRegistry registry_;
   AssignmentHub hub_;
-  PlanningQueue plans_;
+  BackgroundQueue background_;
   JobManager jobs_;
 };
 
@@ -150,7 +151,7 @@ TEST(JobManagerPruneTest, EvictedWorker_ItsAssignmentIsDropped) {
   const v1::RegisterWorkerResponse first = add(7001);
   add(7002);
   const std::string id = jobs.Submit(SmallSpec(1)).value().id();
-  jobs.AwaitPlanning();  // the default runner: the manager's planning thread
+  jobs.AwaitBackgroundWork();  // the default runner: the manager's planning thread
   ASSERT_TRUE(hub.Newer(first.worker_id(), 0).has_value());
   ASSERT_TRUE(jobs.Cancel(id).ok());
   registry.MarkLost(first.worker_id(), first.incarnation(), "pod deleted");
@@ -750,7 +751,16 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   Report(w1, id, 2, {1.0f, 1.0f}, true);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);  // weights still missing
   ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
+  // The file is written off the job manager's lock (here when the test
+  // runs it); the job says so meanwhile, and a loss no longer matters.
   v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(job.reason(), "every stage finished; writing the weights to out/final.safetensors");
+  registry_.MarkLost(w1, registry_.Get(w1).value().incarnation(), "pod deleted");
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());  // sent again: written once
+  EXPECT_EQ(background_.RunAll(), 1);
+  job = jobs_.Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   const std::string path = OutputDir() + "/out/final.safetensors";
   EXPECT_EQ(job.weights_path(), path);
@@ -996,7 +1006,7 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
             v1::WORKER_STATE_READY);  // not taken while profiling
   release.Notify();
   jobs_.AwaitProfiling();
-  plans_.RunAll();
+  background_.RunAll();
   EXPECT_EQ(asked, "127.0.0.1:7001 T8 B2 session");
   job = jobs_.Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
@@ -1034,13 +1044,13 @@ TEST_F(JobManagerTest, AutoLayoutSearchingT_ProfilesThePartitionsAlgOneNeeds) {
   spec.mutable_parallelism()->set_tensor_partitions(0);
   const std::string id = Submit(spec).value().id();
   jobs_.AwaitProfiling();
-  plans_.RunAll();
+  background_.RunAll();
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
   ASSERT_TRUE(jobs_.Cancel(id).ok());
   spec.mutable_parallelism()->set_tensor_partitions(1);
   const std::string plain = Submit(spec).value().id();
   jobs_.AwaitProfiling();
-  plans_.RunAll();
+  background_.RunAll();
   ASSERT_EQ(jobs_.Get(plain).value().state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(asked, (std::vector<std::vector<int>>{{2}, {}}));
 }
@@ -1057,7 +1067,7 @@ TEST_F(JobManagerTest, UniformJob_IsProfiledToo) {
   AddWorker(7002);
   const std::string id = Submit(SmallSpec(2)).value().id();  // solver uniform
   jobs_.AwaitProfiling();
-  plans_.RunAll();
+  background_.RunAll();
   EXPECT_EQ(calls, 1);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const v1::Plan plan = jobs_.GetPlan(id).value();
@@ -1077,7 +1087,7 @@ TEST_F(JobManagerTest, ProfilingFails_JobRunsOnTheAnalyticProfileAndSaysWhy) {
   spec.mutable_parallelism()->set_solver("auto");
   const std::string id = Submit(spec).value().id();
   jobs_.AwaitProfiling();
-  plans_.RunAll();
+  background_.RunAll();
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_TRUE(absl::StrContains(plan.profile_source(), "analytic: FLOPs at"));
@@ -1104,7 +1114,7 @@ TEST_F(JobManagerTest, WorkerProfileUnfitForTheModel_RefusedNotCached) {
   spec.mutable_parallelism()->set_solver("bipartition");
   const std::string id = Submit(spec).value().id();
   jobs_.AwaitProfiling();
-  plans_.RunAll();
+  background_.RunAll();
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_TRUE(absl::StrContains(plan.profile_source(), "analytic: FLOPs at"));
@@ -1218,7 +1228,7 @@ TEST_F(JobManagerTest, JobBeingPlanned_WorkersHeldOtherJobsGoOn) {
   r.add_micro_batch_losses(2.5f);
   ASSERT_TRUE(jobs_.ReportProgress(r).ok());
   EXPECT_EQ(jobs_.Get(running).value().progress().step(), 1);
-  EXPECT_EQ(plans_.RunAll(), 1);
+  EXPECT_EQ(background_.RunAll(), 1);
   job = jobs_.Get(planned).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.reason(), "");
@@ -1240,7 +1250,7 @@ TEST_F(JobManagerTest, WorkerLostWhilePlanning_FirstPlanRequeuedAndPlacedOnTheOt
   EXPECT_TRUE(absl::EndsWith(job.reason(), "pod deleted); waiting to be planned again"))
       << job.reason();
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
-  EXPECT_EQ(plans_.RunAll(), 1);  // overtaken: dropped
+  EXPECT_EQ(background_.RunAll(), 1);  // overtaken: dropped
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_QUEUED);
   EXPECT_FALSE(hub_.Newer(w1, 0).has_value());
   Schedule();
@@ -1258,7 +1268,7 @@ TEST_F(JobManagerTest, CancelWhilePlanning_PlanDroppedWorkersFree) {
   const std::string id = jobs_.Submit(SmallSpec(1)).value().id();  // planning waits
   ASSERT_TRUE(jobs_.Cancel(id).ok());
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
-  EXPECT_EQ(plans_.RunAll(), 1);
+  EXPECT_EQ(background_.RunAll(), 1);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_CANCELLED);
   EXPECT_FALSE(hub_.Newer(w1, 0).has_value());
   EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);

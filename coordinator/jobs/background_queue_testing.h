@@ -1,17 +1,17 @@
-// PlanningQueue: a JobManagerOptions::planning_runner for tests. It keeps
+// BackgroundQueue: a JobManagerOptions::background_runner for tests. It keeps
 // the planning tasks a JobManager hands it until the test runs them, on the
 // test's thread, so a test can decide what happens while a job is PLANNING
 // (a worker lost, a cancel, a drain) and stays single-threaded otherwise.
 //
-//   PlanningQueue plans;
-//   JobManager jobs(&registry, &hub, &clock, {.planning_runner = plans.Runner()});
+//   BackgroundQueue background;
+//   JobManager jobs(&registry, &hub, &clock, {.background_runner = background.Runner()});
 //   jobs.ScheduleQueued();  // the job is PLANNING
-//   plans.RunAll();         // now RUNNING (or FAILED)
+//   background.RunAll();         // now RUNNING (or FAILED)
 //
 // Thread-safe (a profile fetch's thread may hand tasks over). Must outlive
 // the JobManager using it; tasks left unrun are dropped unrun.
-#ifndef PIPETRAIN_COORDINATOR_JOBS_PLANNING_QUEUE_TESTING_H_
-#define PIPETRAIN_COORDINATOR_JOBS_PLANNING_QUEUE_TESTING_H_
+#ifndef PIPETRAIN_COORDINATOR_JOBS_BACKGROUND_QUEUE_TESTING_H_
+#define PIPETRAIN_COORDINATOR_JOBS_BACKGROUND_QUEUE_TESTING_H_
 
 #include <deque>
 #include <functional>
@@ -22,7 +22,7 @@
 
 namespace pipetrain {
 
-class PlanningQueue {
+class BackgroundQueue {
  public:
   std::function<void(std::function<void()>)> Runner() {
     return [this](std::function<void()> task) {
@@ -60,4 +60,4 @@ class PlanningQueue {
 
 }  // namespace pipetrain
 
-#endif  // PIPETRAIN_COORDINATOR_JOBS_PLANNING_QUEUE_TESTING_H_
+#endif  // PIPETRAIN_COORDINATOR_JOBS_BACKGROUND_QUEUE_TESTING_H_

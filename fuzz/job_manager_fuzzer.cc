@@ -6,7 +6,8 @@
 // registry of two workers and a job of two stages, planned and running at
 // once (analytic profile: no fetcher, so no worker is dialled), on a fake
 // clock. Planning runs when the input says (BackgroundQueue), so operations
-// also land while the job is PLANNING.
+// also land while the job is PLANNING. (The job asks for no weights file:
+// there is no output directory to write it to.)
 //
 // Input: operations until it ends (at most kMaxOperations), each a byte
 // choosing one (its low 3 bits) and what it needs:
@@ -22,7 +23,7 @@
 //   5 Cancel the job
 //   6 Get and GetPlan of the job
 //   7 time passes (a byte, in seconds), then ScheduleQueued; the plans
-//     it starts are made at once, or with bit 3 left PLANNING until the
+//     queued so far are made then, or with bit 3 left PLANNING until the
 //     next operation 7 without it
 //
 // Checks beyond the sanitizers: the job can always be read back (Get), and

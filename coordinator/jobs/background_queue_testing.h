@@ -1,12 +1,13 @@
 // BackgroundQueue: a JobManagerOptions::background_runner for tests. It keeps
-// the planning tasks a JobManager hands it until the test runs them, on the
-// test's thread, so a test can decide what happens while a job is PLANNING
-// (a worker lost, a cancel, a drain) and stays single-threaded otherwise.
+// the tasks a JobManager hands it (plans, final weights files) until the
+// test runs them, on the test's thread, so a test can decide what happens
+// while a job is PLANNING or its weights are written (a worker lost, a
+// cancel, a drain) and stays single-threaded otherwise.
 //
 //   BackgroundQueue background;
 //   JobManager jobs(&registry, &hub, &clock, {.background_runner = background.Runner()});
 //   jobs.ScheduleQueued();  // the job is PLANNING
-//   background.RunAll();         // now RUNNING (or FAILED)
+//   background.RunAll();    // now RUNNING (or FAILED)
 //
 // Thread-safe (a profile fetch's thread may hand tasks over). Must outlive
 // the JobManager using it; tasks left unrun are dropped unrun.

@@ -31,6 +31,12 @@ std::vector<std::string> CoordinatorMethods() {
 
 bool IsCountable(double seconds) { return std::isfinite(seconds) && seconds > 0; }
 
+// A small plan takes milliseconds; planner.h's budget allows a few seconds
+// of solving, and a plan may queue behind others.
+prometheus::Histogram::BucketBoundaries PlanSecondsBuckets() {
+  return {0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60};
+}
+
 }  // namespace
 
 CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobManager* jobs)
@@ -163,6 +169,17 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
            .Register(*registry_)
            .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                                                             10, 30, 60});
+  plan_seconds_ = &prometheus::BuildHistogram()
+                       .Name("pipetrain_plan_seconds")
+                       .Help(
+                           "A placement's planning (first plans and re-plans), seconds: "
+                           "phase=queued waiting for the job manager's background thread (plans "
+                           "and final weights files, one at a time), phase=computing the "
+                           "solver, layout search and compiler.")
+                       .Register(*registry_);
+  for (const char* phase : {"queued", "computing"}) {
+    plan_seconds_->Add({{"phase", phase}}, PlanSecondsBuckets());
+  }
   checkpoint_bytes_ = &prometheus::BuildCounter()
                            .Name("pipetrain_checkpoint_bytes_total")
                            .Help("Bytes of the unit files of complete checkpoints.")
@@ -194,6 +211,10 @@ JobEvents CoordinatorMetrics::Events() {
     checkpoint_bytes_->Increment(double(bytes));
   };
   events.checkpoint_failed = [this] { checkpoints_->Add({{"result", "failed"}}).Increment(); };
+  events.planned = [this](double queued, double computing) {
+    plan_seconds_->Add({{"phase", "queued"}}, PlanSecondsBuckets()).Observe(queued);
+    plan_seconds_->Add({{"phase", "computing"}}, PlanSecondsBuckets()).Observe(computing);
+  };
   return events;
 }
 

@@ -32,6 +32,9 @@
 //                                                          failed
 //   pipetrain_checkpoint_write_seconds            histogram  a stage writing its unit files
 //   pipetrain_checkpoint_bytes_total              counter  bytes of complete checkpoints
+//   pipetrain_plan_seconds{phase}                 histogram  a placement's planning: queued
+//                                                          (waiting for the job manager's
+//                                                          background thread), computing
 //   pipetrain_rpc_requests_total{method,code}     counter    gRPC calls (common/metrics/
 //   pipetrain_rpc_duration_seconds{method,code}   histogram  grpc_red_metrics.h), through rpc()
 //   pipetrain_rpc_refused_total{method,code}      counter  calls refused before handling
@@ -158,6 +161,7 @@ class CoordinatorMetrics {
   prometheus::Counter* steps_redone_;
   prometheus::Family<prometheus::Counter>* checkpoints_;
   prometheus::Histogram* checkpoint_write_seconds_;
+  prometheus::Family<prometheus::Histogram>* plan_seconds_;
   prometheus::Counter* checkpoint_bytes_;
 
   AnnotatedMutex refresh_mu_;

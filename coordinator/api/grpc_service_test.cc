@@ -37,6 +37,7 @@ void SetDeadline(grpc::ClientContext& context) {
 class GrpcServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    jobs_.SetEvents(metrics_.Events());  // as the coordinator's main does
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -394,6 +395,22 @@ TEST_F(GrpcServiceTest, GetPlan_UnknownJob_NotFound) {
   grpc::ClientContext context;
   SetDeadline(context);
   EXPECT_EQ(stub_->GetPlan(&context, request, &plan).error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
+// Each placement's planning is timed: its wait for the job manager's
+// background thread and its computing, one observation of each.
+TEST_F(GrpcServiceTest, SubmitJob_Placed_PlanSecondsObserved) {
+  EXPECT_TRUE(
+      absl::StrContains(MetricsText(), "pipetrain_plan_seconds_count{phase=\"computing\"} 0\n"));
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  v1::Job job;
+  ASSERT_TRUE(Submit(ValidSpec(), &job).ok());  // placed and planned
+  const std::string text = MetricsText();
+  EXPECT_TRUE(absl::StrContains(text, "pipetrain_plan_seconds_count{phase=\"computing\"} 1\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text, "pipetrain_plan_seconds_count{phase=\"queued\"} 1\n"))
+      << text;
 }
 
 TEST_F(GrpcServiceTest, GetJobAndListJobs_AfterSubmit_ReturnTheJob) {

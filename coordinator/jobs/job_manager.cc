@@ -1136,6 +1136,7 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
   input.profile = *record.profile;
   input.profile_source = record.profile_source;
   input.reason = pending.reason;
+  input.queued_at = clock_->Now();
   pending.workers = workers;
   pending.infos = std::move(infos);
   pending.version = input.version;
@@ -1153,7 +1154,10 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
     if (planning_stopped_.load(std::memory_order_acquire)) {
       output.status = absl::CancelledError("the coordinator is shutting down");
     } else {
+      const absl::Time started = clock_->Now();
       output = PlanPlacement(input);
+      output.queued_seconds = absl::ToDoubleSeconds(started - input.queued_at);
+      output.computing_seconds = absl::ToDoubleSeconds(clock_->Now() - started);
     }
     FinishPlacement(input.job_id, placement, std::move(output));
   });
@@ -1223,6 +1227,9 @@ void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
                                  PlanningOutput output) {
   AnnotatedMutexLock lock(&mu_);
   --background_in_flight_;
+  if (events_.planned && !stopping_) {
+    events_.planned(output.queued_seconds, output.computing_seconds);
+  }
   JobRecord* record = FindLocked(job_id);
   // Overtaken while it was planned (cancelled, a worker lost, shutting
   // down): whatever changed the job released its workers.

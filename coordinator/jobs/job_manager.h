@@ -150,6 +150,9 @@ struct JobEvents {
   // A checkpoint completed (every unit in): its bytes.
   std::function<void(int64_t bytes)> checkpoint_completed;
   std::function<void()> checkpoint_failed;  // a stage could not write its files
+  // A placement's planning ended (its plan used or not): seconds it waited
+  // for the background thread, and seconds it computed.
+  std::function<void(double queued, double computing)> planned;
 };
 
 inline constexpr double kAssumedBandwidth = 1.25e9;  // bytes/s (10 Gbit/s)
@@ -439,12 +442,17 @@ class JobManager {
     ClusterSpec cluster;
     std::string shared_memory;  // PlanMemoryBudgets: what a worker's memory is a share of
     std::string reason;
+    absl::Time queued_at;  // handed to the background runner
   };
   struct PlanningOutput {
     absl::Status status;
     CompiledPlan compiled;
     std::optional<ResolvedJobSpec> chosen;  // an auto layout's spec
     std::string placed_reason;              // reason, and the layout chosen
+    // Seconds waiting for the background thread, and computing (both 0 when
+    // it was not computed, at shutdown).
+    double queued_seconds = 0;
+    double computing_seconds = 0;
   };
   static PlanningOutput PlanPlacement(const PlanningInput& input);
   // A planning task's end: sends the assignments (CommitPlacementLocked),

@@ -1238,6 +1238,20 @@ TEST_F(JobManagerTest, JobBeingPlanned_WorkersHeldOtherJobsGoOn) {
   EXPECT_EQ(AssignmentOf(w2).job_id(), planned);
 }
 
+// A plan's time waiting for the background thread and computing reach the
+// events (metrics): here the fake clock moves only while it waits.
+TEST_F(JobManagerTest, Planned_EventSaysHowLongThePlanWaitedAndComputed) {
+  std::vector<std::pair<double, double>> planned;
+  jobs_.SetEvents(JobEvents{.planned = [&planned](double queued, double computing) {
+    planned.emplace_back(queued, computing);
+  }});
+  AddWorker(7001);
+  jobs_.Submit(SmallSpec(1)).value();  // planning waits
+  clock_.Advance(absl::Seconds(2));
+  EXPECT_EQ(background_.RunAll(), 1);
+  EXPECT_EQ(planned, (std::vector<std::pair<double, double>>{{2.0, 0.0}}));
+}
+
 // A worker lost while a job's first plan is made: the job goes back to
 // QUEUED, saying why, and is planned again on the workers left, instead of
 // failing when its plan is in.

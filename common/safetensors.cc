@@ -101,6 +101,13 @@ absl::StatusOr<FileBytes> ReadWholeFile(const std::string& path) {
 // ---------------------------------------------------------------------------
 // Writing.
 
+// Elements of a shape (1 for a scalar).
+int64_t NumelOf(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 bool IsValidUtf8(const std::string& s) {
   try {
     json(s).dump();  // Throws type_error 316 on invalid UTF-8.
@@ -110,25 +117,37 @@ bool IsValidUtf8(const std::string& s) {
   }
 }
 
-absl::Status ValidateForWrite(const std::vector<NamedTensor>& tensors,
-                              const SafetensorsMetadata& metadata) {
+// What a file's tensor names must be: non-empty, distinct, not the metadata
+// key, valid UTF-8. `name_of(i)` is tensor i's name, for i < count.
+template <typename NameOf>
+absl::Status ValidateNames(size_t count, const NameOf& name_of) {
   std::set<std::string_view> seen;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const NamedTensor& t = tensors[i];
-    std::string who = absl::StrCat("tensor #", i, " \"", absl::CHexEscape(t.name), "\"");
-    if (t.name.empty()) return absl::InvalidArgumentError(absl::StrCat(who, " has an empty name"));
-    if (t.name == kMetadataKey) {
+  for (size_t i = 0; i < count; ++i) {
+    const std::string& name = name_of(i);
+    std::string who = absl::StrCat("tensor #", i, " \"", absl::CHexEscape(name), "\"");
+    if (name.empty()) return absl::InvalidArgumentError(absl::StrCat(who, " has an empty name"));
+    if (name == kMetadataKey) {
       return absl::InvalidArgumentError(
           absl::StrCat(who, ": the name ", kMetadataKey, " is reserved for metadata"));
     }
-    if (!seen.insert(t.name).second) {
+    if (!seen.insert(name).second) {
       return absl::InvalidArgumentError(absl::StrCat(who, ": duplicate tensor name"));
     }
-    if (!IsValidUtf8(t.name)) {
+    if (!IsValidUtf8(name)) {
       return absl::InvalidArgumentError(absl::StrCat(who, ": name is not valid UTF-8"));
     }
-    if (t.tensor.is_null()) {
-      return absl::InvalidArgumentError(absl::StrCat(who, " is a null tensor"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateForWrite(const std::vector<NamedTensor>& tensors,
+                              const SafetensorsMetadata& metadata) {
+  RETURN_IF_ERROR(ValidateNames(tensors.size(),
+                                [&](size_t i) -> const std::string& { return tensors[i].name; }));
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    if (tensors[i].tensor.is_null()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor #", i, " \"", absl::CHexEscape(tensors[i].name), "\" is a null tensor"));
     }
   }
   for (const auto& [key, value] : metadata) {
@@ -143,21 +162,28 @@ absl::Status ValidateForWrite(const std::vector<NamedTensor>& tensors,
 // The header JSON padded with spaces so that the data buffer, which follows
 // the 8-byte length and the header, starts at an 8-byte aligned offset.
 // Requires ValidateForWrite to have passed (so dump() cannot throw).
-std::string BuildHeader(const std::vector<NamedTensor>& tensors,
+std::string BuildHeader(const std::vector<SafetensorsTensorSpec>& tensors,
                         const SafetensorsMetadata& metadata) {
   // ordered_json keeps the tensors in file order, which makes files readable.
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) header[kMetadataKey] = metadata;
   uint64_t offset = 0;
-  for (const NamedTensor& t : tensors) {
-    uint64_t end = offset + static_cast<uint64_t>(t.tensor.size_bytes());
-    header[t.name] = {
-        {"dtype", "F32"}, {"shape", t.tensor.shape()}, {"data_offsets", {offset, end}}};
+  for (const SafetensorsTensorSpec& t : tensors) {
+    uint64_t end = offset + static_cast<uint64_t>(NumelOf(t.shape)) * sizeof(float);
+    header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
   std::string text = header.dump();
   text.append((kDataAlignment - text.size() % kDataAlignment) % kDataAlignment, ' ');
   return text;
+}
+
+std::string BuildHeader(const std::vector<NamedTensor>& tensors,
+                        const SafetensorsMetadata& metadata) {
+  std::vector<SafetensorsTensorSpec> specs;
+  specs.reserve(tensors.size());
+  for (const NamedTensor& t : tensors) specs.push_back({t.name, t.tensor.shape()});
+  return BuildHeader(specs, metadata);
 }
 
 absl::Status WriteContents(int fd, const std::string& header,
@@ -188,6 +214,33 @@ absl::Status WriteTempFile(int dir_fd, const std::string& tmp, const std::string
   return status;
 }
 
+// A fresh temporary name for `name` (see WriteInDirectory).
+std::string TempNameFor(const std::string& name) {
+  // "<name>.tmp.<pid>" exceeded NAME_MAX for a name near it (CheckConfinedName
+  // allows 255 bytes), failing the write after training. The temporary name
+  // keeps at most kTempPrefixBytes of `name` (so "unit-..." temporaries of a
+  // writer that died stay recognisable: coordinator/jobs/checkpoint_catalog.cc)
+  // and a pid and a per-process counter (one per write, never shared):
+  // at most 200 + 5 + 10 + 1 + 20 = 236 bytes.
+  static std::atomic<uint64_t> next_temp{0};
+  return absl::StrCat(name.substr(0, kTempPrefixBytes), ".tmp.", getpid(), ".",
+                      next_temp.fetch_add(1));
+}
+
+absl::Status WriteAllAt(int fd, const void* data, size_t size, uint64_t offset,
+                        const std::string& path) {
+  const char* p = static_cast<const char*>(data);
+  while (size > 0) {
+    ssize_t n = pwrite(fd, p, size, static_cast<off_t>(offset));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError(errno, "cannot write", path);
+    p += n;
+    size -= static_cast<size_t>(n);
+    offset += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 // The writer behind WriteSafetensors and WriteSafetensorsAt: `name` in
 // `dir_fd`, with `shown` naming the file in messages.
 absl::Status WriteInDirectory(int dir_fd, const std::string& name, const std::string& shown,
@@ -199,15 +252,7 @@ absl::Status WriteInDirectory(int dir_fd, const std::string& name, const std::st
         absl::StrCat("cannot write safetensors file ", shown, ": ", valid.message()));
   }
   const std::string header = BuildHeader(tensors, metadata);
-  // "<name>.tmp.<pid>" exceeded NAME_MAX for a name near it (CheckConfinedName
-  // allows 255 bytes), failing the write after training. The temporary name
-  // keeps at most kTempPrefixBytes of `name` (so "unit-..." temporaries of a
-  // writer that died stay recognisable: coordinator/jobs/checkpoint_catalog.cc)
-  // and a pid and a per-process counter (one per write, never shared):
-  // at most 200 + 5 + 10 + 1 + 20 = 236 bytes.
-  static std::atomic<uint64_t> next_temp{0};
-  const std::string tmp = absl::StrCat(name.substr(0, kTempPrefixBytes), ".tmp.", getpid(), ".",
-                                       next_temp.fetch_add(1));
+  const std::string tmp = TempNameFor(name);
   absl::Status status = WriteTempFile(dir_fd, tmp, header, tensors, mode);
   if (status.ok() && renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) {
     status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp, " to"), shown);
@@ -477,6 +522,103 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTe
                        tensors, metadata, 0644);
   close(dir_fd);
   return status;
+}
+
+absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Create(
+    int dir_fd, const std::string& name, std::vector<SafetensorsTensorSpec> tensors, mode_t mode) {
+  absl::Status valid = ValidateNames(
+      tensors.size(), [&](size_t i) -> const std::string& { return tensors[i].name; });
+  for (size_t i = 0; valid.ok() && i < tensors.size(); ++i) {
+    for (int64_t d : tensors[i].shape) {
+      if (d < 0)
+        valid =
+            absl::InvalidArgumentError(absl::StrCat(tensors[i].name, " has a negative dimension"));
+    }
+  }
+  if (!valid.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot write safetensors file ", name, ": ", valid.message()));
+  }
+  const std::string header = BuildHeader(tensors, {});
+  std::vector<uint64_t> begin;
+  uint64_t offset = kLengthBytes + header.size();
+  for (const SafetensorsTensorSpec& t : tensors) {
+    begin.push_back(offset);
+    offset += static_cast<uint64_t>(NumelOf(t.shape)) * sizeof(float);
+  }
+  const int dir = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
+  if (dir < 0) return ErrnoError(errno, "cannot duplicate the directory of", name);
+  const std::string tmp = TempNameFor(name);
+  const int fd =
+      openat(dir, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) {
+    absl::Status status = ErrnoError(errno, "cannot create temporary file", tmp);
+    close(dir);
+    return status;
+  }
+  // From here the writer owns both descriptors and removes the file.
+  std::unique_ptr<SafetensorsFileWriter> writer(
+      new SafetensorsFileWriter(dir, fd, name, tmp, std::move(tensors), std::move(begin)));
+  const uint64_t length = header.size();
+  RETURN_IF_ERROR(WriteAllAt(fd, &length, sizeof(length), 0, tmp));
+  RETURN_IF_ERROR(WriteAllAt(fd, header.data(), header.size(), kLengthBytes, tmp));
+  // posix_fallocate returns the error number (not -1 and errno).
+  const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(offset));
+  if (reserved != 0) {
+    return ErrnoError(reserved, absl::StrCat("cannot reserve ", offset, " bytes for"), tmp);
+  }
+  return writer;
+}
+
+SafetensorsFileWriter::SafetensorsFileWriter(int dir_fd, int fd, std::string name, std::string tmp,
+                                             std::vector<SafetensorsTensorSpec> tensors,
+                                             std::vector<uint64_t> begin)
+    : dir_fd_(dir_fd),
+      fd_(fd),
+      name_(std::move(name)),
+      tmp_(std::move(tmp)),
+      tensors_(std::move(tensors)),
+      begin_(std::move(begin)) {}
+
+SafetensorsFileWriter::~SafetensorsFileWriter() {
+  if (!done_) {
+    close(fd_);
+    unlinkat(dir_fd_, tmp_.c_str(), 0);
+  }
+  close(dir_fd_);
+}
+
+absl::Status SafetensorsFileWriter::Write(size_t index, int64_t offset, const float* values,
+                                          int64_t count) {
+  if (done_) return absl::FailedPreconditionError(absl::StrCat(name_, " is already committed"));
+  if (index >= tensors_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("no tensor #", index, " in ", name_));
+  }
+  const int64_t numel = NumelOf(tensors_[index].shape);
+  // Compared without a sum: offset + count could overflow.
+  if (offset < 0 || count < 0 || offset > numel || count > numel - offset) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(offset, " + ", count, " values exceed ", tensors_[index].name, "'s ", numel));
+  }
+  return WriteAllAt(fd_, values, static_cast<size_t>(count) * sizeof(float),
+                    begin_[index] + static_cast<uint64_t>(offset) * sizeof(float), tmp_);
+}
+
+absl::Status SafetensorsFileWriter::Commit() {
+  if (done_) return absl::FailedPreconditionError(absl::StrCat(name_, " is already committed"));
+  done_ = true;
+  absl::Status status;
+  if (fsync(fd_) != 0) status = ErrnoError(errno, "cannot fsync", tmp_);
+  if (close(fd_) != 0 && status.ok()) status = ErrnoError(errno, "cannot close", tmp_);
+  if (status.ok() && renameat(dir_fd_, tmp_.c_str(), dir_fd_, name_.c_str()) != 0) {
+    status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp_, " to"), name_);
+  }
+  if (!status.ok()) {
+    unlinkat(dir_fd_, tmp_.c_str(), 0);
+    return status;
+  }
+  fsync(dir_fd_);  // the rename made durable; best effort (see WriteInDirectory)
+  return absl::OkStatus();
 }
 
 absl::Status WriteSafetensorsAt(int dir_fd, const std::string& name,

@@ -20,6 +20,7 @@
 #include <sys/types.h>
 
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -66,6 +67,57 @@ absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTe
 absl::Status WriteSafetensorsAt(int dir_fd, const std::string& name,
                                 const std::vector<NamedTensor>& tensors,
                                 const SafetensorsMetadata& metadata, mode_t mode);
+
+// One tensor of a file written piecewise: its name and shape (F32).
+struct SafetensorsTensorSpec {
+  std::string name;
+  Shape shape;
+};
+
+// A safetensors file written piecewise, for tensors whose values arrive in
+// chunks (a job's final weights, from its stages), so that none of it is
+// held in memory: the header is fixed from the names and shapes when the
+// file is created, each chunk goes straight to its place in a temporary
+// file, and Commit makes the file appear whole, as WriteSafetensorsAt does
+// (fsync, rename over the name; a crash never leaves a half-written file
+// under the name). A writer destroyed uncommitted removes its temporary
+// file. Values never written read as 0.
+//
+// Not thread-safe; it may move between threads.
+class SafetensorsFileWriter {
+ public:
+  // Creates the temporary file for `name` in `dir_fd` (duplicated: the
+  // caller keeps its own) with permission bits `mode`, writes the header
+  // and reserves the whole file's space, so a full disk says so now, not
+  // halfway. Errors: INVALID_ARGUMENT for names as WriteSafetensors (or a
+  // negative dimension); errno codes naming the file.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> Create(
+      int dir_fd, const std::string& name, std::vector<SafetensorsTensorSpec> tensors, mode_t mode);
+  ~SafetensorsFileWriter();
+  SafetensorsFileWriter(const SafetensorsFileWriter&) = delete;
+  SafetensorsFileWriter& operator=(const SafetensorsFileWriter&) = delete;
+
+  const std::vector<SafetensorsTensorSpec>& tensors() const { return tensors_; }
+  // Writes `count` values at element `offset` of tensors()[index].
+  // INVALID_ARGUMENT outside the tensor (nothing written); errno codes
+  // naming the file; FAILED_PRECONDITION after Commit.
+  absl::Status Write(size_t index, int64_t offset, const float* values, int64_t count);
+  // Syncs the file and renames it over the name. Once; the writer is done
+  // afterwards, whatever the result (on failure the temporary is removed).
+  absl::Status Commit();
+
+ private:
+  SafetensorsFileWriter(int dir_fd, int fd, std::string name, std::string tmp,
+                        std::vector<SafetensorsTensorSpec> tensors, std::vector<uint64_t> begin);
+
+  int dir_fd_;
+  int fd_;
+  std::string name_;
+  std::string tmp_;
+  std::vector<SafetensorsTensorSpec> tensors_;
+  std::vector<uint64_t> begin_;  // file offset of each tensor's first byte
+  bool done_ = false;
+};
 
 struct SafetensorsContents {
   std::vector<NamedTensor> tensors;  // Ascending data_offsets order.

@@ -515,5 +515,92 @@ TEST(SafetensorsTest, Write_RenameFails_ErrorAndTempFileRemoved) {
   EXPECT_THAT(names, UnorderedElementsAre("target"));
 }
 
+std::vector<std::string> NamesIn(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    names.push_back(e.path().filename());
+  }
+  return names;
+}
+
+std::vector<SafetensorsTensorSpec> SpecsOf(const std::vector<NamedTensor>& tensors) {
+  std::vector<SafetensorsTensorSpec> specs;
+  for (const NamedTensor& t : tensors) specs.push_back({t.name, t.tensor.shape()});
+  return specs;
+}
+
+// Values arrive in chunks, out of order: the committed file is the one
+// WriteSafetensors would write, byte for byte, and it appears under its
+// name only at Commit.
+TEST(SafetensorsFileWriterTest, ChunksOutOfOrder_CommittedFileEqualsTheWholeWrite) {
+  const std::string dir = TestDir();
+  const std::vector<NamedTensor> tensors = SampleTensors();
+  ASSERT_TRUE(WriteSafetensors(dir + "/whole.safetensors", tensors).ok());
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer =
+      SafetensorsFileWriter::Create(dir_fd, "chunked.safetensors", SpecsOf(tensors), 0600);
+  close(dir_fd);  // the writer keeps its own
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  for (size_t i = tensors.size(); i-- > 0;) {  // last tensor first, each in two pieces
+    const Tensor& t = tensors[i].tensor;
+    const int64_t half = t.numel() / 2;
+    ASSERT_TRUE((*writer)->Write(i, half, t.data() + half, t.numel() - half).ok());
+    ASSERT_TRUE((*writer)->Write(i, 0, t.data(), half).ok());
+  }
+  EXPECT_FALSE(fs::exists(dir + "/chunked.safetensors"));
+  ASSERT_TRUE((*writer)->Commit().ok());
+  EXPECT_EQ(ReadBytes(dir + "/chunked.safetensors"), ReadBytes(dir + "/whole.safetensors"));
+  EXPECT_EQ(fs::status(dir + "/chunked.safetensors").permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+  writer->reset();
+  EXPECT_THAT(NamesIn(dir), UnorderedElementsAre("whole.safetensors", "chunked.safetensors"));
+}
+
+TEST(SafetensorsFileWriterTest, OutsideATensorOrAfterCommit_RefusedNothingWritten) {
+  const std::string dir = TestDir();
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  auto writer = SafetensorsFileWriter::Create(dir_fd, "w", {{"a", {2, 2}}, {"b", {3}}}, 0600);
+  close(dir_fd);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  const float values[4] = {1, 2, 3, 4};
+  EXPECT_EQ((*writer)->Write(1, 1, values, 3).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*writer)->Write(1, -1, values, 1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*writer)->Write(1, std::numeric_limits<int64_t>::max() - 1, values, 3).code(),
+            absl::StatusCode::kInvalidArgument);  // the sum would wrap
+  EXPECT_EQ((*writer)->Write(2, 0, values, 1).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE((*writer)->Write(0, 0, values, 4).ok());
+  ASSERT_TRUE((*writer)->Commit().ok());
+  EXPECT_EQ((*writer)->Write(0, 0, values, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*writer)->Commit().code(), absl::StatusCode::kFailedPrecondition);
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(dir + "/w");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(BitsOf(*read->Find("a")), BitsOf(Tensor::FromVector({2, 2}, {1, 2, 3, 4})));
+  EXPECT_EQ(BitsOf(*read->Find("b")), BitsOf(Tensor::Zeros({3})));  // never written: 0
+}
+
+// A writer given up (the job failed or was cancelled) leaves nothing behind;
+// bad names are refused before any file exists.
+TEST(SafetensorsFileWriterTest, DestroyedUncommittedOrBadNames_NoFileLeft) {
+  const std::string dir = TestDir();
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  {
+    auto writer = SafetensorsFileWriter::Create(dir_fd, "w", {{"a", {4}}}, 0600);
+    ASSERT_TRUE(writer.ok()) << writer.status();
+    EXPECT_EQ(NamesIn(dir).size(), 1u);  // its temporary
+  }
+  EXPECT_TRUE(fs::is_empty(dir));
+  for (const std::vector<SafetensorsTensorSpec>& bad :
+       std::vector<std::vector<SafetensorsTensorSpec>>{
+           {{"", {1}}}, {{"a", {1}}, {"a", {2}}}, {{"__metadata__", {1}}}, {{"a", {2, -1}}}}) {
+    EXPECT_EQ(SafetensorsFileWriter::Create(dir_fd, "w", bad, 0600).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  }
+  close(dir_fd);
+  EXPECT_TRUE(fs::is_empty(dir));
+}
+
 }  // namespace
 }  // namespace pipetrain

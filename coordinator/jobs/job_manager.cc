@@ -1311,8 +1311,7 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   record.stage_of.clear();
   record.weight_owner.clear();
   record.tied_embedding_stages.clear();
-  record.weights.clear();
-  record.weights_filled.clear();
+  DropWeightsFile(record);
   record.job.clear_worker_ids();
   record.job.mutable_progress()->clear_stage_times();
   const int64_t start_step = resume != nullptr ? resume->step() : 0;
@@ -1618,7 +1617,7 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
     hub_->Set(worker, StopAssignment(record.job.id(), record.plan.version()));
   }
   registry_->Release(record.job.id());
-  record.weights.clear();
+  DropWeightsFile(record);
   PersistLocked(record).IgnoreError();  // logged
   PT_LOG(INFO) << "job " << record.job.id() << " " << EnumShortName(state)
                << (reason.empty() ? "" : ": " + reason);
@@ -1796,24 +1795,32 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(CheckWeightsChunkLocked(*record, c));
-  auto it = std::find_if(record->weights.begin(), record->weights.end(),
-                         [&](const NamedTensor& t) { return t.name == c.tensor_name(); });
-  if (it == record->weights.end()) {
-    // The model's shape, checked above: never a size the client chose.
-    record->weights.push_back(
-        {c.tensor_name(), Tensor::Zeros(record->weight_owner.at(c.tensor_name()).second)});
-    it = record->weights.end() - 1;
-  }
-  Tensor& t = it->tensor;
+  // The model's shape, checked above: never a size the client chose.
+  int64_t numel = 1;
+  for (int64_t d : record->weight_owner.at(c.tensor_name()).second) numel *= d;
   // Compared without a sum: offset + values_size could overflow (a chunk at
   // 2^63 - k would wrap below the tensor's start).
-  if (c.offset() < 0 || c.offset() > t.numel() || c.values_size() > t.numel() - c.offset()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "chunk of ", c.tensor_name(), " at ", c.offset(), " + ", c.values_size(),
-        " exceeds its ", t.numel(), " elements"));
+  if (c.offset() < 0 || c.offset() > numel || c.values_size() > numel - c.offset()) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk of ", c.tensor_name(), " at ", c.offset(),
+                                                   " + ", c.values_size(), " exceeds its ", numel,
+                                                   " elements"));
   }
-  std::copy(c.values().begin(), c.values().end(), t.data() + c.offset());
-  record->weights_filled[c.tensor_name()] += c.values_size();
+  // The job asks for no file: checked, and nothing kept.
+  if (record->resolved.spec.output().weights_path().empty()) return absl::OkStatus();
+  // Straight to the file: a disk that fails (or fills) fails the job now,
+  // saying why, rather than holding the model in memory until the end.
+  absl::Status written =
+      record->weights_file == nullptr ? OpenWeightsFileLocked(*record) : absl::OkStatus();
+  if (written.ok()) {
+    written = record->weights_file->Write(record->weights_index.at(c.tensor_name()), c.offset(),
+                                          c.values().data(), c.values_size());
+  }
+  if (!written.ok()) {
+    EndLocked(*record, v1::JOB_STATE_FAILED,
+              absl::StrCat("cannot write the final weights: ", written.message()));
+    return written;
+  }
+  record->weights_covered[c.tensor_name()].Add(c.offset(), c.offset() + c.values_size());
   return absl::OkStatus();
 }
 
@@ -1996,12 +2003,18 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
   }
   if (want_weights) {
     int64_t total = 0;
-    for (const NamedTensor& t : record.weights) {
-      if (record.weights_filled[t.name] < t.tensor.numel()) {
-        return EndLocked(record, v1::JOB_STATE_FAILED,
-                         absl::StrCat("incomplete upload of ", t.name));
+    if (record.weights_file != nullptr) {
+      for (const SafetensorsTensorSpec& t : record.weights_file->tensors()) {
+        int64_t numel = 1;
+        for (int64_t d : t.shape) numel *= d;
+        if (record.weights_covered[t.name].covered() < numel) {
+          return EndLocked(
+              record, v1::JOB_STATE_FAILED,
+              absl::StrCat("incomplete upload of ", t.name, ": ",
+                           record.weights_covered[t.name].covered(), " of ", numel, " values"));
+        }
+        total += numel;
       }
-      total += t.tensor.numel();
     }
     const int64_t expected = CountParameters(record.resolved.train.model);
     if (total != expected) {
@@ -2009,40 +2022,58 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
           record, v1::JOB_STATE_FAILED,
           absl::StrCat("uploaded weights hold ", total, " values; the model has ", expected));
     }
-    const std::string& name = record.resolved.spec.output().weights_path();
-    if (stopping_) {  // no background work starts now: written here
-      absl::StatusOr<std::string> written =
-          WriteWeightsFile(options_.output_dir, name, record.weights);
-      if (!written.ok()) {
-        return EndLocked(record, v1::JOB_STATE_FAILED, std::string(written.status().message()));
+    const std::string name = record.resolved.spec.output().weights_path();
+    const std::string path = absl::StrCat(options_.output_dir, "/", name);
+    if (stopping_) {  // no background work starts now: committed here
+      absl::Status committed = record.weights_file->Commit();
+      if (!committed.ok()) {
+        return EndLocked(record, v1::JOB_STATE_FAILED, std::string(committed.message()));
       }
-      record.job.set_weights_path(*written);
+      record.job.set_weights_path(path);
       return EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
     }
-    // Written off the lock (GPT-2 124M is 0.5 GB): the job stays RUNNING
-    // until the file is in (FinishWritingWeights).
+    // Synced and renamed off the lock (GPT-2 124M is 0.5 GB to sync): the
+    // job stays RUNNING until the file is in (FinishWritingWeights).
     record.writing_weights = true;
     record.job.set_reason(absl::StrCat("every stage finished; writing the weights to ", name));
     TouchLocked(record);
-    auto weights = std::make_shared<const std::vector<NamedTensor>>(std::move(record.weights));
-    record.weights.clear();
-    return RunInBackgroundLocked([this, id = record.job.id(), name, weights] {
-      FinishWritingWeights(id, WriteWeightsFile(options_.output_dir, name, *weights));
+    std::shared_ptr<SafetensorsFileWriter> file = std::move(record.weights_file);
+    DropWeightsFile(record);
+    return RunInBackgroundLocked([this, id = record.job.id(), path, file] {
+      absl::Status committed = file->Commit();
+      FinishWritingWeights(id, committed.ok() ? absl::StatusOr<std::string>(path) : committed);
     });
   }
   EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
 }
 
-absl::StatusOr<std::string> JobManager::WriteWeightsFile(const std::string& output_dir,
-                                                         const std::string& name,
-                                                         const std::vector<NamedTensor>& weights) {
+absl::Status JobManager::OpenWeightsFileLocked(JobRecord& record) {
+  const std::string& name = record.resolved.spec.output().weights_path();
   // Walked again now (links may have appeared since submit); missing
   // directories under the output directory are created.
   ASSIGN_OR_RETURN(ConfinedParent parent,
-                   OpenConfinedParent(output_dir, "spec.output.weights_path", name,
+                   OpenConfinedParent(options_.output_dir, "spec.output.weights_path", name,
                                       /*create_dirs=*/true));
-  RETURN_IF_ERROR(WriteSafetensorsAt(parent.dir.get(), parent.name, weights, {}, 0600));
-  return absl::StrCat(output_dir, "/", name);
+  std::vector<SafetensorsTensorSpec> tensors;
+  std::map<std::string, size_t> index;
+  const GptConfig& model = record.resolved.train.model;
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      if (record.weight_owner.count(p.name) == 0 || index.count(p.name) > 0) continue;
+      index[p.name] = tensors.size();
+      tensors.push_back({p.name, p.shape});
+    }
+  }
+  ASSIGN_OR_RETURN(record.weights_file, SafetensorsFileWriter::Create(parent.dir.get(), parent.name,
+                                                                      std::move(tensors), 0600));
+  record.weights_index = std::move(index);
+  return absl::OkStatus();
+}
+
+void JobManager::DropWeightsFile(JobRecord& record) {
+  record.weights_file.reset();
+  record.weights_index.clear();
+  record.weights_covered.clear();
 }
 
 void JobManager::FinishWritingWeights(const std::string& job_id,

@@ -50,8 +50,10 @@
 // ReportProgress: the stage owning
 // the head reports micro-batch losses, whose mean (double sum / m, as
 // LocalTrainer computes it) is the step's loss. When every stage reports
-// finished, workers upload their weights; once all have, the coordinator
-// writes them as one safetensors file (HF GPT-2 names) and the job
+// finished, workers upload their weights, each chunk written straight into
+// one safetensors file (HF GPT-2 names; a temporary until complete, so the
+// coordinator holds none of it in memory); once every element of every
+// tensor is in, the file is synced and renamed into place and the job
 // SUCCEEDED. A lost worker fails its job with a reason naming it; the other
 // workers get a STOP assignment and return to READY.
 //
@@ -108,6 +110,7 @@
 #include "common/serial_executor.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/checkpoint_catalog.h"
+#include "coordinator/jobs/covered_ranges.h"
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/profile.h"
@@ -338,8 +341,12 @@ class JobManager {
       std::map<int, v1::StepTrace> by_stage;
     };
     TracedStep traced, tracing;
-    std::vector<NamedTensor> weights;        // assembled uploads, stage order
-    std::map<std::string, int64_t> weights_filled;  // name -> elements received
+    // The final weights file, written as the stages upload (created at the
+    // first chunk: nothing of it is held in memory), its tensors' indices
+    // by name, and the elements of each received so far.
+    std::unique_ptr<SafetensorsFileWriter> weights_file;
+    std::map<std::string, size_t> weights_index;
+    std::map<std::string, CoveredRanges> weights_covered;
     std::string profile_error;  // why the measured profile could not be had
     // The profile the first plan used; re-plans reuse it (no profiling in
     // the middle of a recovery).
@@ -568,11 +575,12 @@ class JobManager {
     std::string weights;
   };
   absl::StatusOr<InitSource> ResolveInit(const ResolvedJobSpec& resolved) const;
-  // Writes `weights` as `name` under `output_dir` (spec.output.weights_path,
-  // confined); the path written.
-  static absl::StatusOr<std::string> WriteWeightsFile(const std::string& output_dir,
-                                                      const std::string& name,
-                                                      const std::vector<NamedTensor>& weights);
+  // Creates record.weights_file: spec.output.weights_path under the output
+  // directory (confined, directories created), every tensor the upload
+  // carries (weight_owner) in the model's unit order.
+  absl::Status OpenWeightsFileLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops the job's weights file (its temporary is removed) and progress.
+  static void DropWeightsFile(JobRecord& record);
   // The final weights' write ended: the job SUCCEEDS (or FAILS saying why),
   // unless it ended meanwhile.
   void FinishWritingWeights(const std::string& job_id, const absl::StatusOr<std::string>& written);

@@ -779,6 +779,91 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   EXPECT_EQ(total, CountParameters(model));
 }
 
+// Names in a directory (the coordinator's output), for what the weights
+// upload leaves there.
+std::vector<std::string> FilesIn(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// The final weights go to a temporary file as they arrive (the coordinator
+// holds none of them), which appears under its name only once complete.
+TEST_F(JobManagerTest, Weights_WrittenAsTheyArrive_UnderTheirNameOnlyAtTheEnd) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("streamed/final.safetensors");
+  const std::string id = Submit(spec).value().id();
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  ASSERT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, UnitParameterShapes(model, 0)[0])).ok());
+  const std::string dir = OutputDir() + "/streamed";
+  std::vector<std::string> files = FilesIn(dir);
+  ASSERT_EQ(files.size(), 1u);
+  EXPECT_TRUE(absl::StartsWith(files[0], "final.safetensors.tmp.")) << files[0];
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      ASSERT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, p)).ok()) << p.name;
+    }
+  }
+  Report(w1, id, 2, {1.0f, 1.0f}, true);
+  ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
+  EXPECT_EQ(background_.RunAll(), 1);
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"final.safetensors"});
+}
+
+// Completeness is by the elements covered, not by values counted: a chunk
+// sent twice does not stand in for a missing one (the file would hold
+// zeros there).
+TEST_F(JobManagerTest, Weights_DuplicateChunkInsteadOfAMissingOne_IncompleteUploadFails) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("dup.safetensors");
+  const std::string id = Submit(spec).value().id();
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      if (p.name != "wpe.weight") {
+        ASSERT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, p)).ok()) << p.name;
+        continue;
+      }
+      v1::WeightsChunk whole = WholeTensor(w1, id, p);
+      v1::WeightsChunk first_half = whole;
+      first_half.mutable_values()->Truncate(whole.values_size() / 2);
+      ASSERT_TRUE(jobs_.AddWeightsChunk(first_half).ok());
+      ASSERT_TRUE(jobs_.AddWeightsChunk(first_half).ok());  // again; the second half never
+    }
+  }
+  Report(w1, id, 2, {1.0f, 1.0f}, true);
+  ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StartsWith(job.reason(), "incomplete upload of wpe.weight: ")) << job.reason();
+  for (const std::string& f : FilesIn(OutputDir())) {
+    EXPECT_FALSE(absl::StartsWith(f, "dup.safetensors")) << f << " left behind";
+  }
+}
+
+// Cancelled while its weights arrive: the temporary file goes with it.
+TEST_F(JobManagerTest, Weights_CancelledDuringTheUpload_TemporaryFileRemoved) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("cancelled/final.safetensors");
+  const std::string id = Submit(spec).value().id();
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  ASSERT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, UnitParameterShapes(model, 0)[0])).ok());
+  ASSERT_EQ(FilesIn(OutputDir() + "/cancelled").size(), 1u);
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+  EXPECT_TRUE(FilesIn(OutputDir() + "/cancelled").empty());
+}
+
 TEST_F(JobManagerTest, Weights_UnknownForeignOrMisshapenChunk_RefusedBeforeAllocating) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   v1::JobSpec spec = SmallSpec(2);  // uniform: stage 0 holds embed and attn_0

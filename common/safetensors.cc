@@ -581,6 +581,7 @@ SafetensorsFileWriter::SafetensorsFileWriter(int dir_fd, int fd, std::string nam
       begin_(std::move(begin)) {}
 
 SafetensorsFileWriter::~SafetensorsFileWriter() {
+  AnnotatedMutexLock lock(&mu_);
   if (!done_) {
     close(fd_);
     unlinkat(dir_fd_, tmp_.c_str(), 0);
@@ -590,6 +591,7 @@ SafetensorsFileWriter::~SafetensorsFileWriter() {
 
 absl::Status SafetensorsFileWriter::Write(size_t index, int64_t offset, const float* values,
                                           int64_t count) {
+  AnnotatedMutexLock lock(&mu_);
   if (done_) return absl::FailedPreconditionError(absl::StrCat(name_, " is already committed"));
   if (index >= tensors_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("no tensor #", index, " in ", name_));
@@ -605,6 +607,7 @@ absl::Status SafetensorsFileWriter::Write(size_t index, int64_t offset, const fl
 }
 
 absl::Status SafetensorsFileWriter::Commit() {
+  AnnotatedMutexLock lock(&mu_);
   if (done_) return absl::FailedPreconditionError(absl::StrCat(name_, " is already committed"));
   done_ = true;
   absl::Status status;

@@ -25,8 +25,10 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/annotated_mutex.h"
 #include "common/tensor.h"
 
 namespace pipetrain {
@@ -83,7 +85,9 @@ struct SafetensorsTensorSpec {
 // under the name). A writer destroyed uncommitted removes its temporary
 // file. Values never written read as 0.
 //
-// Not thread-safe; it may move between threads.
+// Thread-safe: Writes and Commit take turns (a Commit waits for a Write in
+// progress; a Write after it is refused), so writers of different tensors
+// need no lock of their own around the file.
 class SafetensorsFileWriter {
  public:
   // Creates the temporary file for `name` in `dir_fd` (duplicated: the
@@ -110,13 +114,14 @@ class SafetensorsFileWriter {
   SafetensorsFileWriter(int dir_fd, int fd, std::string name, std::string tmp,
                         std::vector<SafetensorsTensorSpec> tensors, std::vector<uint64_t> begin);
 
-  int dir_fd_;
-  int fd_;
-  std::string name_;
-  std::string tmp_;
-  std::vector<SafetensorsTensorSpec> tensors_;
-  std::vector<uint64_t> begin_;  // file offset of each tensor's first byte
-  bool done_ = false;
+  const int dir_fd_;
+  const int fd_;
+  const std::string name_;
+  const std::string tmp_;
+  const std::vector<SafetensorsTensorSpec> tensors_;
+  const std::vector<uint64_t> begin_;  // file offset of each tensor's first byte
+  AnnotatedMutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // committed (or its commit failed)
 };
 
 struct SafetensorsContents {

@@ -13,6 +13,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -578,6 +579,35 @@ TEST(SafetensorsFileWriterTest, OutsideATensorOrAfterCommit_RefusedNothingWritte
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_EQ(BitsOf(*read->Find("a")), BitsOf(Tensor::FromVector({2, 2}, {1, 2, 3, 4})));
   EXPECT_EQ(BitsOf(*read->Find("b")), BitsOf(Tensor::Zeros({3})));  // never written: 0
+}
+
+// Uploads of different stages write at once (run under TSan): the file is
+// the whole write's.
+TEST(SafetensorsFileWriterTest, WritesFromSeveralThreads_FileEqualsTheWholeWrite) {
+  const std::string dir = TestDir();
+  std::vector<NamedTensor> tensors;
+  for (int t = 0; t < 4; ++t) {
+    std::vector<float> values(1000);
+    for (int i = 0; i < 1000; ++i) values[i] = static_cast<float>(t * 1000 + i);
+    tensors.push_back({absl::StrCat("t", t), Tensor::FromVector({10, 100}, values)});
+  }
+  ASSERT_TRUE(WriteSafetensors(dir + "/whole", tensors).ok());
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  auto writer = SafetensorsFileWriter::Create(dir_fd, "threads", SpecsOf(tensors), 0600);
+  close(dir_fd);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    threads.emplace_back([&, t] {
+      for (int64_t at = 0; at < 1000; at += 100) {
+        EXPECT_TRUE((*writer)->Write(t, at, tensors[t].tensor.data() + at, 100).ok());
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  ASSERT_TRUE((*writer)->Commit().ok());
+  EXPECT_EQ(ReadBytes(dir + "/threads"), ReadBytes(dir + "/whole"));
 }
 
 // A writer given up (the job failed or was cancelled) leaves nothing behind;

@@ -1786,36 +1786,49 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
 }
 
 absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
-  AnnotatedMutexLock lock(&mu_);
-  ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(c.worker_id(), c.job_id()));
-  if (c.tensor_name().empty()) {  // names the stream only (coordinator.proto)
-    if (c.values_size() > 0) {
-      return absl::InvalidArgumentError("a weights chunk with values must name its tensor");
+  std::shared_ptr<SafetensorsFileWriter> file;
+  size_t index = 0;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(c.worker_id(), c.job_id()));
+    if (c.tensor_name().empty()) {  // names the stream only (coordinator.proto)
+      if (c.values_size() > 0) {
+        return absl::InvalidArgumentError("a weights chunk with values must name its tensor");
+      }
+      return absl::OkStatus();
     }
-    return absl::OkStatus();
+    RETURN_IF_ERROR(CheckWeightsChunkLocked(*record, c));
+    // The model's shape, checked above: never a size the client chose.
+    int64_t numel = 1;
+    for (int64_t d : record->weight_owner.at(c.tensor_name()).second) numel *= d;
+    // Compared without a sum: offset + values_size could overflow (a chunk at
+    // 2^63 - k would wrap below the tensor's start).
+    if (c.offset() < 0 || c.offset() > numel || c.values_size() > numel - c.offset()) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk of ", c.tensor_name(), " at ",
+                                                     c.offset(), " + ", c.values_size(),
+                                                     " exceeds its ", numel, " elements"));
+    }
+    // The job asks for no file: checked, and nothing kept.
+    if (record->resolved.spec.output().weights_path().empty()) return absl::OkStatus();
+    absl::Status opened =
+        record->weights_file == nullptr ? OpenWeightsFileLocked(*record) : absl::OkStatus();
+    if (!opened.ok()) {
+      EndLocked(*record, v1::JOB_STATE_FAILED,
+                absl::StrCat("cannot write the final weights: ", opened.message()));
+      return opened;
+    }
+    file = record->weights_file;
+    index = record->weights_index.at(c.tensor_name());
   }
-  RETURN_IF_ERROR(CheckWeightsChunkLocked(*record, c));
-  // The model's shape, checked above: never a size the client chose.
-  int64_t numel = 1;
-  for (int64_t d : record->weight_owner.at(c.tensor_name()).second) numel *= d;
-  // Compared without a sum: offset + values_size could overflow (a chunk at
-  // 2^63 - k would wrap below the tensor's start).
-  if (c.offset() < 0 || c.offset() > numel || c.values_size() > numel - c.offset()) {
-    return absl::InvalidArgumentError(absl::StrCat("chunk of ", c.tensor_name(), " at ", c.offset(),
-                                                   " + ", c.values_size(), " exceeds its ", numel,
-                                                   " elements"));
-  }
-  // The job asks for no file: checked, and nothing kept.
-  if (record->resolved.spec.output().weights_path().empty()) return absl::OkStatus();
-  // Straight to the file: a disk that fails (or fills) fails the job now,
-  // saying why, rather than holding the model in memory until the end.
-  absl::Status written =
-      record->weights_file == nullptr ? OpenWeightsFileLocked(*record) : absl::OkStatus();
-  if (written.ok()) {
-    written = record->weights_file->Write(record->weights_index.at(c.tensor_name()), c.offset(),
-                                          c.values().data(), c.values_size());
-  }
+  // Straight to the file, outside the lock (a slow disk holds up this
+  // upload only): the coordinator keeps none of the weights in memory.
+  const absl::Status written = file->Write(index, c.offset(), c.values().data(), c.values_size());
+  AnnotatedMutexLock lock(&mu_);
+  JobRecord* record = FindLocked(c.job_id());
+  // The job moved on meanwhile (ended, re-planned): nothing to record.
+  if (record == nullptr || record->weights_file != file) return written;
   if (!written.ok()) {
+    // A disk that fails (or fills) fails the job now, saying why.
     EndLocked(*record, v1::JOB_STATE_FAILED,
               absl::StrCat("cannot write the final weights: ", written.message()));
     return written;
@@ -2037,7 +2050,7 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
     record.writing_weights = true;
     record.job.set_reason(absl::StrCat("every stage finished; writing the weights to ", name));
     TouchLocked(record);
-    std::shared_ptr<SafetensorsFileWriter> file = std::move(record.weights_file);
+    std::shared_ptr<SafetensorsFileWriter> file = record.weights_file;
     DropWeightsFile(record);
     return RunInBackgroundLocked([this, id = record.job.id(), path, file] {
       absl::Status committed = file->Commit();

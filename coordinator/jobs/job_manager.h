@@ -344,7 +344,8 @@ class JobManager {
     // The final weights file, written as the stages upload (created at the
     // first chunk: nothing of it is held in memory), its tensors' indices
     // by name, and the elements of each received so far.
-    std::unique_ptr<SafetensorsFileWriter> weights_file;
+    // Shared with the uploads writing into it outside the lock.
+    std::shared_ptr<SafetensorsFileWriter> weights_file;
     std::map<std::string, size_t> weights_index;
     std::map<std::string, CoveredRanges> weights_covered;
     std::string profile_error;  // why the measured profile could not be had

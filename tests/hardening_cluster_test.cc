@@ -247,13 +247,19 @@ TEST(HardeningClusterTest, StrangerOpensDataPlaneStreams_RefusedAndJobUnharmed) 
   auto cluster = testing::StartTestCluster("stranger", 2);
   ASSERT_NE(cluster, nullptr);
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
-  const v1::Job reference =
-      testing::AwaitJob(*stub, testing::SubmitJob(*stub, SmallJob(20)), kJobTimeout, testing::Ended);
+  // Long enough for the stranger's streams below to land while it runs.
+  constexpr int kSteps = 60;
+  const v1::Job reference = testing::AwaitJob(*stub, testing::SubmitJob(*stub, SmallJob(kSteps)),
+                                              kJobTimeout, testing::Ended);
   ASSERT_EQ(reference.state(), v1::JOB_STATE_SUCCEEDED) << reference.reason();
 
-  const std::string id = testing::SubmitJob(*stub, SmallJob(20));
-  const v1::Job running = testing::AwaitJob(
-      *stub, id, kJobTimeout, [](const v1::Job& j) { return j.state() == v1::JOB_STATE_RUNNING; });
+  const std::string id = testing::SubmitJob(*stub, SmallJob(kSteps));
+  // A step done: every worker has taken the job (RUNNING alone says the
+  // coordinator sent the assignments, not that they have arrived).
+  const v1::Job running = testing::AwaitJob(*stub, id, kJobTimeout, [](const v1::Job& j) {
+    return testing::Ended(j) || (j.state() == v1::JOB_STATE_RUNNING && j.progress().step() >= 1);
+  });
+  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
   // The data plane names a job by id and plan version (DataPlaneJobId).
   const std::string data_job = absl::StrCat(id, "/", running.plan_version());
   int refused = 0;

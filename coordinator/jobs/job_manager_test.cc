@@ -115,6 +115,17 @@ class JobManagerTest : public ::testing::Test {
     background_.RunAll();
   }
 
+  // `worker`, running the whole of a one-stage job, uploads every tensor
+  // of `model` whole.
+  void UploadEveryTensor(const std::string& worker, const std::string& job,
+                         const GptConfig& model) {
+    for (int u = 0; u < NumUnits(model); ++u) {
+      for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+        ASSERT_TRUE(jobs_.AddWeightsChunk(WholeTensor(worker, job, p)).ok()) << p.name;
+      }
+    }
+  }
+
   // Places what can be placed, planning included.
   void Schedule() {
     jobs_.ScheduleQueued();
@@ -736,11 +747,7 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   const std::string id = Submit(spec).value().id();
   const GptConfig model = ResolveJobSpec(spec).value().train.model;
   // The one stage owns every unit: upload each of their tensors whole.
-  for (int u = 0; u < NumUnits(model); ++u) {
-    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
-      ASSERT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, p)).ok()) << p.name;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(UploadEveryTensor(w1, id, model));
   v1::WeightsChunk past = WholeTensor(w1, id, UnitParameterShapes(model, 0)[1]);  // wpe
   past.set_offset(1);  // one value beyond the end
   EXPECT_EQ(jobs_.AddWeightsChunk(past).code(), absl::StatusCode::kInvalidArgument);
@@ -807,11 +814,7 @@ TEST_F(JobManagerTest, Weights_WrittenAsTheyArrive_UnderTheirNameOnlyAtTheEnd) {
   std::vector<std::string> files = FilesIn(dir);
   ASSERT_EQ(files.size(), 1u);
   EXPECT_TRUE(absl::StartsWith(files[0], "final.safetensors.tmp.")) << files[0];
-  for (int u = 0; u < NumUnits(model); ++u) {
-    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
-      ASSERT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, p)).ok()) << p.name;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(UploadEveryTensor(w1, id, model));
   Report(w1, id, 2, {1.0f, 1.0f}, true);
   ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
   EXPECT_EQ(background_.RunAll(), 1);

@@ -1466,6 +1466,8 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
   }
   registry_->Release(record.job.id());
   record.checkpoints->ClearPending();
+  // The redone steps end with a fresh upload: the partial file goes now.
+  DropWeightsFile(record);
   TouchLocked(record);
   PersistLocked(record).IgnoreError();  // logged
   if (events_.recovery_started) events_.recovery_started(kind);

@@ -1,6 +1,7 @@
 // JobManager's checkpoints, recovery, step boundaries (joins, drains) and
 // durable state, driven through its API with a fake clock: no processes.
 // tests:elastic_cluster_test runs the same across real workers.
+#include <dirent.h>
 #include <sys/stat.h>
 
 #include <cstdlib>
@@ -1026,6 +1027,40 @@ TEST_F(JobManagerElasticTest, DrainWhilePlanning_TheJobStartsThenLeavesItAtABoun
             (std::vector<std::string>{w1, w2}));
   EXPECT_GT(Step(id, 1).stop_after_step(), 1);  // the boundary that takes w2 out
   EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_READY);
+}
+
+// A worker lost while the final weights are being uploaded: the job
+// recovers (the redone steps end with a fresh upload), and the partial
+// file goes at once rather than at the next plan.
+TEST_F(JobManagerElasticTest, WorkerLostDuringTheWeightsUpload_PartialFileRemoved) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5, /*steps=*/5);
+  spec.mutable_output()->set_weights_path("lost-upload.safetensors");
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  v1::WeightsChunk chunk;
+  chunk.set_worker_id(w1);  // stage 0: the embeddings
+  chunk.set_job_id(id);
+  chunk.set_tensor_name("wpe.weight");
+  const std::vector<ParameterShape> embeddings =
+      UnitParameterShapes(ResolveJobSpec(spec).value().train.model, 0);
+  for (int64_t d : embeddings[1].shape) chunk.add_shape(d);
+  chunk.add_values(1.0f);
+  const absl::Status added = jobs_->AddWeightsChunk(chunk);
+  ASSERT_TRUE(added.ok()) << added;
+  auto temporaries = [] {
+    int found = 0;
+    DIR* d = opendir(OutputDir().c_str());
+    while (dirent* e = d != nullptr ? readdir(d) : nullptr) {
+      found += absl::StartsWith(e->d_name, "lost-upload.safetensors.tmp.") ? 1 : 0;
+    }
+    if (d != nullptr) closedir(d);
+    return found;
+  };
+  ASSERT_EQ(temporaries(), 1);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(temporaries(), 0);
 }
 
 // A job stored while its first plan was being made (never planned) waits

@@ -15,11 +15,11 @@
 // its spec.scheduling.queue_timeout FAILS (see ScheduleQueued).
 // Planning runs off the job manager's lock (options.background_runner; by
 // default one background thread, a task at a time), so a large plan
-// (seconds, planner.h's budget) holds up no other job's reports or the API;
-// so does writing a finished job's weights file. Its
-// workers are assigned to the job in the registry when planning begins
-// (PLANNING), so no other job takes them meanwhile; a worker lost while the
-// job is planned sends a first plan back to QUEUED and a re-plan back to
+// (seconds, planner.h's budget) holds up no other job's reports or the API,
+// and neither does syncing a finished job's weights file. A plan's workers
+// are assigned to the job in the registry when planning begins (PLANNING),
+// so no other job takes them meanwhile; a worker lost while the job is
+// planned sends a first plan back to QUEUED and a re-plan back to
 // RECOVERING (without it), instead of failing the job when the plan is in.
 // Planning takes the first `stages` READY workers (ascending id), splits the
 // model with the job's solver (planner.h) on a profile of the model,

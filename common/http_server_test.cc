@@ -102,6 +102,13 @@ HttpResponse Echo(const HttpRequest& request) {
   return JsonResponse(200, body.dump());
 }
 
+// The JSON error body every refused request gets (google.rpc.Status):
+// its code, message and empty details.
+nlohmann::json ErrorBody(int code, const std::string& message) {
+  return nlohmann::json(
+      {{"code", code}, {"message", message}, {"details", nlohmann::json::array()}});
+}
+
 TEST(HttpServer, Start_PortZero_BindsAFreePortAndRoutesWithCaptures) {
   HttpServer server;
   server.Get(R"(/things/([^/]+)/parts/([^/]+))", Echo);
@@ -370,11 +377,9 @@ TEST(HttpServer, Post_BodyOverDefaultLimit_Returns413NamingTheLimit) {
   ASSERT_TRUE(result) << httplib::to_string(result.error());
   EXPECT_EQ(result->status, 413);
   EXPECT_EQ(nlohmann::json::parse(result->body),
-            nlohmann::json({{"code", 8},
-                            {"message",
-                             "request body of 1048577 bytes exceeds the limit of "
-                             "1048576 bytes"},
-                            {"details", nlohmann::json::array()}}));
+            ErrorBody(8,
+                      "request body of 1048577 bytes exceeds the limit of "
+                      "1048576 bytes"));
   EXPECT_EQ(calls, 0);
 }
 
@@ -436,11 +441,9 @@ TEST(HttpServer, Post_GzipBody_Returns415AndTheHandlerSeesNoBody) {
   ASSERT_TRUE(result) << httplib::to_string(result.error());
   EXPECT_EQ(result->status, 415);
   EXPECT_EQ(nlohmann::json::parse(result->body),
-            nlohmann::json({{"code", 12},
-                            {"message",
-                             "request bodies with Content-Encoding \"gzip\" are not accepted; "
-                             "send the body uncompressed"},
-                            {"details", nlohmann::json::array()}}));
+            ErrorBody(12,
+                      "request bodies with Content-Encoding \"gzip\" are not accepted; "
+                      "send the body uncompressed"));
   EXPECT_EQ(calls, 0);  // so no handler saw the 100000 bytes inflated
 }
 
@@ -564,11 +567,9 @@ TEST(HttpServer, Get_ConnectionsOverCap_Returns503AndKeepsTheOthers) {
   ASSERT_TRUE(result) << httplib::to_string(result.error());
   EXPECT_EQ(result->status, 503);
   EXPECT_EQ(nlohmann::json::parse(result->body),
-            nlohmann::json({{"code", 14},
-                            {"message",
-                             "the server has the most open connections it accepts "
-                             "(2); retry later"},
-                            {"details", nlohmann::json::array()}}));
+            ErrorBody(14,
+                      "the server has the most open connections it accepts "
+                      "(2); retry later"));
   EXPECT_EQ((*silent)->CountAnsweredOrClosed(), 0);
 }
 
@@ -586,11 +587,9 @@ TEST(HttpServer, Read_RequestIncompleteAtDeadline_Returns408AndCloses) {
   const std::string response = connection.Read();  // to the server's close
   ASSERT_EQ(HttpStatusOf(response), 408) << response;
   EXPECT_EQ(nlohmann::json::parse(BodyOf(response)),
-            nlohmann::json({{"code", 4},
-                            {"message",
-                             "the request was not complete within the limit of "
-                             "200ms after connecting"},
-                            {"details", nlohmann::json::array()}}));
+            ErrorBody(4,
+                      "the request was not complete within the limit of "
+                      "200ms after connecting"));
   // Trickling and silent ones alike.
   EXPECT_EQ((*slow)->AwaitAnsweredOrClosed(absl::Seconds(30)), 4);
 }
@@ -761,11 +760,9 @@ TEST(HttpServer, Get_RequestLineOverLimit_Returns414NamingTheLimit) {
   ASSERT_TRUE(result) << httplib::to_string(result.error());
   EXPECT_EQ(result->status, 414);
   EXPECT_EQ(nlohmann::json::parse(result->body),
-            nlohmann::json({{"code", 8},
-                            {"message",
-                             "request line (method, path and query) exceeds the limit of 1024 "
-                             "bytes"},
-                            {"details", nlohmann::json::array()}}));
+            ErrorBody(8,
+                      "request line (method, path and query) exceeds the limit of 1024 "
+                      "bytes"));
   EXPECT_EQ(calls, 0);
   // The longest line within the limit is routed.
   result = ClientFor(*port)->Get("/things/" + std::string(1024 - 21, 'a'));

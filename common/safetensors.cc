@@ -101,13 +101,6 @@ absl::StatusOr<FileBytes> ReadWholeFile(const std::string& path) {
 // ---------------------------------------------------------------------------
 // Writing.
 
-// Elements of a shape (1 for a scalar).
-int64_t NumelOf(const Shape& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 bool IsValidUtf8(const std::string& s) {
   try {
     json(s).dump();  // Throws type_error 316 on invalid UTF-8.
@@ -169,7 +162,7 @@ std::string BuildHeader(const std::vector<SafetensorsTensorSpec>& tensors,
   if (!metadata.empty()) header[kMetadataKey] = metadata;
   uint64_t offset = 0;
   for (const SafetensorsTensorSpec& t : tensors) {
-    uint64_t end = offset + static_cast<uint64_t>(NumelOf(t.shape)) * sizeof(float);
+    uint64_t end = offset + static_cast<uint64_t>(NumElements(t.shape)) * sizeof(float);
     header[t.name] = {{"dtype", "F32"}, {"shape", t.shape}, {"data_offsets", {offset, end}}};
     offset = end;
   }
@@ -544,7 +537,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
   uint64_t offset = kLengthBytes + header.size();
   for (const SafetensorsTensorSpec& t : tensors) {
     begin.push_back(offset);
-    offset += static_cast<uint64_t>(NumelOf(t.shape)) * sizeof(float);
+    offset += static_cast<uint64_t>(NumElements(t.shape)) * sizeof(float);
   }
   const int dir = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
   if (dir < 0) return ErrnoError(errno, "cannot duplicate the directory of", name);
@@ -596,7 +589,7 @@ absl::Status SafetensorsFileWriter::Write(size_t index, int64_t offset, const fl
   if (index >= tensors_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("no tensor #", index, " in ", name_));
   }
-  const int64_t numel = NumelOf(tensors_[index].shape);
+  const int64_t numel = NumElements(tensors_[index].shape);
   // Compared without a sum: offset + count could overflow.
   if (offset < 0 || count < 0 || offset > numel || count > numel - offset) {
     return absl::InvalidArgumentError(

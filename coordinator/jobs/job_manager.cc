@@ -1801,8 +1801,7 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     }
     RETURN_IF_ERROR(CheckWeightsChunkLocked(*record, c));
     // The model's shape, checked above: never a size the client chose.
-    int64_t numel = 1;
-    for (int64_t d : record->weight_owner.at(c.tensor_name()).second) numel *= d;
+    const int64_t numel = NumElements(record->weight_owner.at(c.tensor_name()).second);
     // Compared without a sum: offset + values_size could overflow (a chunk at
     // 2^63 - k would wrap below the tensor's start).
     if (c.offset() < 0 || c.offset() > numel || c.values_size() > numel - c.offset()) {
@@ -2020,8 +2019,7 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
     int64_t total = 0;
     if (record.weights_file != nullptr) {
       for (const SafetensorsTensorSpec& t : record.weights_file->tensors()) {
-        int64_t numel = 1;
-        for (int64_t d : t.shape) numel *= d;
+        const int64_t numel = NumElements(t.shape);
         if (record.weights_covered[t.name].covered() < numel) {
           return EndLocked(
               record, v1::JOB_STATE_FAILED,

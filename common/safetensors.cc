@@ -1,6 +1,8 @@
 #include "common/safetensors.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +18,7 @@
 #include <utility>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -194,17 +197,77 @@ absl::Status WriteContents(int fd, const std::string& header,
   return absl::OkStatus();
 }
 
-// Creates `tmp` in `dir_fd` (a stale one of a crashed writer is replaced;
-// never through a symbolic link) and writes the file into it.
-absl::Status WriteTempFile(int dir_fd, const std::string& tmp, const std::string& header,
-                           const std::vector<NamedTensor>& tensors, mode_t mode) {
-  unlinkat(dir_fd, tmp.c_str(), 0);
+// Whether `entry` is "<prefix>.tmp.<digits>.<digits>": a temporary's name
+// (TempNameFor) with `prefix` the final name's first kTempPrefixBytes.
+bool IsTemporaryOf(const std::string& prefix, const std::string& entry) {
+  const std::string lead = absl::StrCat(prefix, ".tmp.");
+  if (!absl::StartsWith(entry, lead)) return false;
+  const absl::string_view rest = absl::string_view(entry).substr(lead.size());
+  const size_t dot = rest.find('.');
+  if (dot == absl::string_view::npos || dot == 0 || dot + 1 == rest.size()) return false;
+  auto digits = [](absl::string_view v) {
+    return std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return digits(rest.substr(0, dot)) && digits(rest.substr(dot + 1));
+}
+
+// Removes `entry` from `dir_fd` if it is a regular file that no writer holds
+// locked (CreateLockedTemporary); true if it was removed. The lock taken to
+// find out is held across the unlink, and the name must still be the file
+// locked (a writer may have renamed it away between the open and the lock,
+// and dropped its lock after).
+bool RemoveIfAbandoned(int dir_fd, const std::string& entry) {
+  const int fd = openat(dir_fd, entry.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat locked, named;
+  const bool abandoned = fstat(fd, &locked) == 0 && S_ISREG(locked.st_mode) &&
+                         flock(fd, LOCK_EX | LOCK_NB) == 0 &&
+                         fstatat(dir_fd, entry.c_str(), &named, AT_SYMLINK_NOFOLLOW) == 0 &&
+                         named.st_dev == locked.st_dev && named.st_ino == locked.st_ino &&
+                         unlinkat(dir_fd, entry.c_str(), 0) == 0;
+  close(fd);
+  return abandoned;
+}
+
+// Creates the temporary file `tmp` in `dir_fd` (never through a symbolic
+// link) and locks it: a writer holds an exclusive flock on its temporary
+// until the file is renamed or removed, which is how
+// RemoveAbandonedTemporaries tells a living writer's file from a dead one's.
+// The lock is taken a moment after the file appears; a file system without
+// flock leaves it unlocked, and the cleanup then leaves such files alone too.
+//
+// A file already under that name is a dead writer's when it can be locked:
+// names repeat across processes when pids do (a restarted container's
+// process is often pid 1 again, and its first temporary ".tmp.1.0"), so it
+// is removed and the name taken; a locked one fails with EEXIST.
+absl::StatusOr<int> CreateLockedTemporary(int dir_fd, const std::string& tmp, mode_t mode) {
   int fd = openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0 && errno == EEXIST && RemoveIfAbandoned(dir_fd, tmp)) {
+    fd = openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  }
   if (fd < 0) return ErrnoError(errno, "cannot create temporary file", tmp);
-  absl::Status status = WriteContents(fd, header, tensors, tmp);
+  flock(fd, LOCK_EX | LOCK_NB);  // see above: no lock is not an error
+  return fd;
+}
+
+// Syncs the temporary `tmp` (open as `fd`), renames it over `name` and
+// closes it, in that order: the descriptor, and so the lock, is held until
+// the rename. On failure the temporary is removed. `shown` names the file.
+absl::Status CommitTemporary(int dir_fd, int fd, const std::string& tmp, const std::string& name,
+                             const std::string& shown, absl::Status status) {
   if (status.ok() && fsync(fd) != 0) status = ErrnoError(errno, "cannot fsync", tmp);
-  if (close(fd) != 0 && status.ok()) status = ErrnoError(errno, "cannot close", tmp);
-  return status;
+  if (status.ok() && renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) {
+    status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp, " to"), shown);
+  }
+  if (!status.ok()) unlinkat(dir_fd, tmp.c_str(), 0);
+  // After a good fsync, close reports nothing new about the data: the file
+  // is in place and durable whatever it says.
+  close(fd);
+  if (!status.ok()) return status;
+  // Makes the rename durable; best effort, since the data is already safe and
+  // a failure here (a file system without directory fsync) is not an error.
+  fsync(dir_fd);
+  return absl::OkStatus();
 }
 
 // A fresh temporary name for `name` (see WriteInDirectory).
@@ -246,18 +309,8 @@ absl::Status WriteInDirectory(int dir_fd, const std::string& name, const std::st
   }
   const std::string header = BuildHeader(tensors, metadata);
   const std::string tmp = TempNameFor(name);
-  absl::Status status = WriteTempFile(dir_fd, tmp, header, tensors, mode);
-  if (status.ok() && renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) {
-    status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp, " to"), shown);
-  }
-  if (!status.ok()) {
-    unlinkat(dir_fd, tmp.c_str(), 0);
-    return status;
-  }
-  // Makes the rename durable; best effort, since the data is already safe and
-  // a failure here (a file system without directory fsync) is not an error.
-  fsync(dir_fd);
-  return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int fd, CreateLockedTemporary(dir_fd, tmp, mode));
+  return CommitTemporary(dir_fd, fd, tmp, name, shown, WriteContents(fd, header, tensors, tmp));
 }
 
 // ---------------------------------------------------------------------------
@@ -542,13 +595,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
   const int dir = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
   if (dir < 0) return ErrnoError(errno, "cannot duplicate the directory of", name);
   const std::string tmp = TempNameFor(name);
-  const int fd =
-      openat(dir, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0) {
-    absl::Status status = ErrnoError(errno, "cannot create temporary file", tmp);
+  absl::StatusOr<int> created = CreateLockedTemporary(dir, tmp, mode);
+  if (!created.ok()) {
     close(dir);
-    return status;
+    return created.status();
   }
+  const int fd = *created;
   // From here the writer owns both descriptors and removes the file.
   std::unique_ptr<SafetensorsFileWriter> writer(
       new SafetensorsFileWriter(dir, fd, name, tmp, std::move(tensors), std::move(begin)));
@@ -576,8 +628,8 @@ SafetensorsFileWriter::SafetensorsFileWriter(int dir_fd, int fd, std::string nam
 SafetensorsFileWriter::~SafetensorsFileWriter() {
   AnnotatedMutexLock lock(&mu_);
   if (!done_) {
+    unlinkat(dir_fd_, tmp_.c_str(), 0);  // before the close drops the lock
     close(fd_);
-    unlinkat(dir_fd_, tmp_.c_str(), 0);
   }
   close(dir_fd_);
 }
@@ -603,18 +655,28 @@ absl::Status SafetensorsFileWriter::Commit() {
   AnnotatedMutexLock lock(&mu_);
   if (done_) return absl::FailedPreconditionError(absl::StrCat(name_, " is already committed"));
   done_ = true;
-  absl::Status status;
-  if (fsync(fd_) != 0) status = ErrnoError(errno, "cannot fsync", tmp_);
-  if (close(fd_) != 0 && status.ok()) status = ErrnoError(errno, "cannot close", tmp_);
-  if (status.ok() && renameat(dir_fd_, tmp_.c_str(), dir_fd_, name_.c_str()) != 0) {
-    status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp_, " to"), name_);
+  return CommitTemporary(dir_fd_, fd_, tmp_, name_, name_, absl::OkStatus());
+}
+
+std::vector<std::string> RemoveAbandonedTemporaries(int dir_fd, const std::string& name) {
+  const std::string prefix = name.substr(0, kTempPrefixBytes);
+  std::vector<std::string> candidates;
+  const int listing = fcntl(dir_fd, F_DUPFD_CLOEXEC, 0);
+  if (listing < 0) return {};
+  DIR* dir = fdopendir(listing);
+  if (dir == nullptr) {
+    close(listing);
+    return {};
   }
-  if (!status.ok()) {
-    unlinkat(dir_fd_, tmp_.c_str(), 0);
-    return status;
+  while (const dirent* entry = readdir(dir)) {
+    if (IsTemporaryOf(prefix, entry->d_name)) candidates.emplace_back(entry->d_name);
   }
-  fsync(dir_fd_);  // the rename made durable; best effort (see WriteInDirectory)
-  return absl::OkStatus();
+  closedir(dir);  // closes `listing`
+  std::vector<std::string> removed;
+  for (const std::string& entry : candidates) {
+    if (RemoveIfAbandoned(dir_fd, entry)) removed.push_back(entry);
+  }
+  return removed;
 }
 
 absl::Status WriteSafetensorsAt(int dir_fd, const std::string& name,

@@ -70,6 +70,20 @@ absl::Status WriteSafetensorsAt(int dir_fd, const std::string& name,
                                 const std::vector<NamedTensor>& tensors,
                                 const SafetensorsMetadata& metadata, mode_t mode);
 
+// Removes the temporary files that writers of `name` in `dir_fd` left when
+// they died mid-write (a crash, a kill): entries "<name>.tmp.<pid>.<n>"
+// (with `name` cut to its first 200 bytes, as the writers name them) that
+// are regular files and that no writer holds. Every writer here holds an
+// exclusive flock(2) on its temporary until the file is renamed or removed,
+// and the kernel drops the lock with the process, so a temporary that can
+// be locked belongs to no living writer, in this process or another on the
+// same file system (a pid cannot say: a restarted container's process is
+// often pid 1 again). Best effort: an entry that cannot be opened or locked
+// (a file system without flock) is left alone. Returns the entries
+// removed. Not to be raced against a writer creating a temporary in
+// another process: the writer locks its file a moment after creating it.
+std::vector<std::string> RemoveAbandonedTemporaries(int dir_fd, const std::string& name);
+
 // One tensor of a file written piecewise: its name and shape (F32).
 struct SafetensorsTensorSpec {
   std::string name;

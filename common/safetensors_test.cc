@@ -632,5 +632,75 @@ TEST(SafetensorsFileWriterTest, DestroyedUncommittedOrBadNames_NoFileLeft) {
   EXPECT_TRUE(fs::is_empty(dir));
 }
 
+// Temporaries of writers that died ("<name>.tmp.<pid>.<n>", unlocked) go;
+// a living writer's (locked), other names, other shapes of name, links and
+// directories stay, and the living writer still commits.
+TEST(RemoveAbandonedTemporariesTest, RemovesOnlyUnlockedTemporariesOfTheName) {
+  const std::string dir = TestDir();
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  auto living = SafetensorsFileWriter::Create(dir_fd, "w.safetensors", {{"a", {2}}}, 0600);
+  ASSERT_TRUE(living.ok()) << living.status();
+  const std::vector<std::string> living_names = NamesIn(dir);
+  ASSERT_EQ(living_names.size(), 1u);
+  for (const char* stale : {"w.safetensors.tmp.1.0", "w.safetensors.tmp.77.3"}) {
+    WriteBytes(dir + "/" + stale, "half a file");
+  }
+  for (const char* kept :
+       {"w.safetensors", "w.safetensors.tmp.1.x", "w.safetensors.tmp.1", "w.safetensors.tmp..2",
+        "w.safetensors.tmp.3.", "other.safetensors.tmp.1.0", "w.safetensors.tmp.1.0.bak"}) {
+    WriteBytes(dir + "/" + kept, "not a dead writer's temporary");
+  }
+  WriteBytes(dir + "/target", "a link's target");
+  fs::create_symlink(dir + "/target", dir + "/w.safetensors.tmp.5.5");
+  fs::create_directory(dir + "/w.safetensors.tmp.6.6");
+
+  EXPECT_THAT(RemoveAbandonedTemporaries(dir_fd, "w.safetensors"),
+              UnorderedElementsAre("w.safetensors.tmp.1.0", "w.safetensors.tmp.77.3"));
+  EXPECT_THAT(
+      NamesIn(dir),
+      UnorderedElementsAre(living_names[0], "w.safetensors", "w.safetensors.tmp.1.x",
+                           "w.safetensors.tmp.1", "w.safetensors.tmp..2", "w.safetensors.tmp.3.",
+                           "other.safetensors.tmp.1.0", "w.safetensors.tmp.1.0.bak", "target",
+                           "w.safetensors.tmp.5.5", "w.safetensors.tmp.6.6"));
+  const float values[2] = {1, 2};
+  ASSERT_TRUE((*living)->Write(0, 0, values, 2).ok());
+  ASSERT_TRUE((*living)->Commit().ok());
+  living->reset();
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensors(dir + "/w.safetensors");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->Find("a")->ToVector(), std::vector<float>({1, 2}));
+  // Committed: its temporary is renamed, so nothing of it is left to remove.
+  EXPECT_THAT(RemoveAbandonedTemporaries(dir_fd, "w.safetensors"), ::testing::IsEmpty());
+  close(dir_fd);
+}
+
+// A restarted container's process often has the pid of the one that died
+// (1), so its temporaries' names repeat the dead one's: a name left by a
+// dead writer is taken over (it was EEXIST, failing a finished job's
+// weights), by both writers. Every name this process can give next is
+// planted, so one of them must be taken.
+TEST(RemoveAbandonedTemporariesTest, WritersTakeOverADeadWritersTemporaryName) {
+  const std::string dir = TestDir();
+  constexpr int kPlanted = 1000;  // more than the writes this test binary makes before
+  for (const char* name : {"streamed", "whole"}) {
+    for (int n = 0; n < kPlanted; ++n) {
+      WriteBytes(absl::StrCat(dir, "/", name, ".tmp.", getpid(), ".", n), "dead");
+    }
+  }
+  const int dir_fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(dir_fd, 0);
+  auto writer = SafetensorsFileWriter::Create(dir_fd, "streamed", SpecsOf(SampleTensors()), 0600);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  ASSERT_TRUE((*writer)->Commit().ok());
+  const absl::Status whole = WriteSafetensorsAt(dir_fd, "whole", SampleTensors(), {}, 0600);
+  ASSERT_TRUE(whole.ok()) << whole;
+  close(dir_fd);
+  // Each write took one planted name and renamed it to the final name.
+  EXPECT_EQ(NamesIn(dir).size(), 2u * kPlanted);
+  EXPECT_TRUE(fs::exists(dir + "/streamed"));
+  EXPECT_TRUE(ReadSafetensors(dir + "/whole").ok());
+}
+
 }  // namespace
 }  // namespace pipetrain

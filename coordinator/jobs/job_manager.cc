@@ -178,6 +178,18 @@ void ConsumeReplicaGroupIds(const std::string& job_id, const ReplicaDeviceGroupP
   }
 }
 
+// Removes the temporaries of `name` in `dir_fd` that coordinators left when
+// they died during an upload (safetensors.h: RemoveAbandonedTemporaries),
+// each of them reserving the whole file's space: a coordinator that crashed
+// in a loop would otherwise fill the disk, one temporary a crash.
+void RemoveAbandonedWeightTemporaries(int dir_fd, const std::string& name,
+                                      const std::string& job_id) {
+  for (const std::string& removed : RemoveAbandonedTemporaries(dir_fd, name)) {
+    PT_LOG(INFO) << "job " << job_id << ": removed " << removed
+                 << ", left by a coordinator that stopped during an upload";
+  }
+}
+
 }  // namespace
 
 bool IsTerminal(v1::JobState state) {
@@ -1620,6 +1632,16 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   }
   registry_->Release(record.job.id());
   DropWeightsFile(record);
+  const std::string& weights = record.resolved.spec.output().weights_path();
+  if (state != v1::JOB_STATE_SUCCEEDED && !weights.empty() && !options_.output_dir.empty()) {
+    // A coordinator that died during this job's upload left its temporary
+    // (this one's own went with DropWeightsFile); it goes with the job.
+    absl::StatusOr<ConfinedParent> parent = OpenConfinedParent(
+        options_.output_dir, "spec.output.weights_path", weights, /*create_dirs=*/false);
+    if (parent.ok() && parent->dir.get() >= 0) {
+      RemoveAbandonedWeightTemporaries(parent->dir.get(), parent->name, record.job.id());
+    }
+  }
   PersistLocked(record).IgnoreError();  // logged
   PT_LOG(INFO) << "job " << record.job.id() << " " << EnumShortName(state)
                << (reason.empty() ? "" : ": " + reason);
@@ -2077,6 +2099,7 @@ absl::Status JobManager::OpenWeightsFileLocked(JobRecord& record) {
       tensors.push_back({p.name, p.shape});
     }
   }
+  RemoveAbandonedWeightTemporaries(parent.dir.get(), parent.name, record.job.id());
   ASSIGN_OR_RETURN(record.weights_file, SafetensorsFileWriter::Create(parent.dir.get(), parent.name,
                                                                       std::move(tensors), 0600));
   record.weights_index = std::move(index);

@@ -822,6 +822,41 @@ TEST_F(JobManagerTest, Weights_WrittenAsTheyArrive_UnderTheirNameOnlyAtTheEnd) {
   EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"final.safetensors"});
 }
 
+// A coordinator that died during an upload left its temporary (with the
+// whole file's space reserved). The next upload of that name removes it, and
+// so does the end of a job that never gets to upload.
+TEST_F(JobManagerTest, Weights_DeadCoordinatorsTemporary_RemovedByTheNextUploadOrTheJobsEnd) {
+  const std::string dir = OutputDir() + "/crashed";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const std::string stale = "final.safetensors.tmp.1.0";  // pid 1: a container's coordinator
+  std::ofstream(dir + "/" + stale) << "half a file";
+  std::ofstream(dir + "/other.safetensors.tmp.1.0") << "another name's";
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("crashed/final.safetensors");
+  const std::string cancelled = Submit(spec).value().id();
+  ASSERT_EQ(FilesIn(dir),
+            (std::vector<std::string>{"final.safetensors.tmp.1.0", "other.safetensors.tmp.1.0"}));
+  ASSERT_TRUE(jobs_.Cancel(cancelled).ok());
+  EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"other.safetensors.tmp.1.0"});
+
+  std::ofstream(dir + "/" + stale) << "half a file";
+  const std::string id = Submit(spec).value().id();
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  ASSERT_TRUE(jobs_.AddWeightsChunk(WholeTensor(w1, id, UnitParameterShapes(model, 0)[0])).ok());
+  std::vector<std::string> files = FilesIn(dir);
+  ASSERT_EQ(files.size(), 2u);  // this upload's temporary, and the other name's
+  EXPECT_TRUE(absl::StartsWith(files[0], "final.safetensors.tmp.")) << files[0];
+  EXPECT_NE(files[0], stale);
+  ASSERT_NO_FATAL_FAILURE(UploadEveryTensor(w1, id, model));
+  Report(w1, id, 2, {1.0f, 1.0f}, true);
+  ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
+  EXPECT_EQ(background_.RunAll(), 1);
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(FilesIn(dir),
+            (std::vector<std::string>{"final.safetensors", "other.safetensors.tmp.1.0"}));
+}
+
 // Completeness is by the elements covered, not by values counted: a chunk
 // sent twice does not stand in for a missing one (the file would hold
 // zeros there).

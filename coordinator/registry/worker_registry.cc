@@ -289,6 +289,15 @@ absl::Status WorkerRegistry::Deregister(const std::string& worker_id, int64_t in
            worker.incarnation()});
     }
     SetStateLocked(*entry, v1::WORKER_STATE_LEFT);
+    // Saved so that a restarted coordinator lists it LEFT, not LOST (which
+    // the PipetrainWorkerLost alert counts). Not an error if it cannot be:
+    // the worker leaves all the same, and would only be listed LOST.
+    if (options_.persist) {
+      const absl::Status saved = options_.persist(entry->worker);
+      if (!saved.ok()) {
+        PT_LOG(WARNING) << Describe(entry->worker) << " left; could not save that: " << saved;
+      }
+    }
     listener = listener_;
   }
   Notify(listener, losses);
@@ -451,13 +460,16 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers) {
       PT_LOG(WARNING) << "not restoring worker record \"" << w.id().substr(0, 64) << "\"";
       continue;
     }
+    // A worker saved as it deregistered stays LEFT, with its last
+    // heartbeat; any other was live when the old coordinator stopped.
+    const bool left = w.state() == v1::WORKER_STATE_LEFT;
     Entry& entry = workers_[number];
     entry.worker = w;
     entry.worker.clear_state();
     entry.worker.clear_job_id();
     entry.worker.clear_current_instruction();
     entry.last_seen = now;
-    *entry.worker.mutable_last_heartbeat() = ToProtoTimestamp(now);
+    if (!left) *entry.worker.mutable_last_heartbeat() = ToProtoTimestamp(now);
     number_by_address_[w.data_address()] = number;
     last_number_ = std::max(last_number_, number);
     // Known, not live: it must register again (its session died with the
@@ -466,7 +478,7 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers) {
     // this worker's session.
     entry.session_secret = RandomToken();
     SetStateLocked(entry, v1::WORKER_STATE_JOINING);
-    SetStateLocked(entry, v1::WORKER_STATE_LOST);
+    SetStateLocked(entry, left ? v1::WORKER_STATE_LEFT : v1::WORKER_STATE_LOST);
   }
 }
 

@@ -97,8 +97,9 @@ class WorkerRegistry {
     int max_workers = 4096;
     // Durable state (coordinator/store/coordinator_state.h): called with the
     // worker, under the registry's lock, whenever a registration creates a
-    // worker or an incarnation; Register fails (UNAVAILABLE, nothing
-    // acknowledged) when it does. Empty: nothing is kept.
+    // worker or an incarnation, and when a worker deregisters (LEFT);
+    // Register fails (UNAVAILABLE, nothing acknowledged) when it does, while
+    // Deregister only logs it. Empty: nothing is kept.
     std::function<absl::Status(const v1::Worker&)> persist;
   };
 
@@ -163,7 +164,9 @@ class WorkerRegistry {
   // Takes back the workers a previous coordinator registered (the durable
   // state): their ids, data addresses, latest incarnations and device
   // facts. They are LOST until they register again, which keeps their ids
-  // (a new incarnation); new addresses get ids after the largest restored.
+  // (a new incarnation), except those saved as they deregistered, which
+  // stay LEFT with their last heartbeat; new addresses get ids after the
+  // largest restored.
   // Call before serving. Entries whose id is not "w-<n>" are skipped.
   void Restore(const std::vector<v1::Worker>& workers);
 

@@ -525,6 +525,40 @@ TEST(WorkerRegistryTest, Restore_KnownWorkersLostUntilTheyRegisterAgainUnderThei
   EXPECT_EQ(fresh->worker_id(), "w-4");
 }
 
+// A worker that deregistered is LEFT after a restart, with its last
+// heartbeat; it was LOST, which the PipetrainWorkerLost alert counts, and
+// seemed to have been seen at the restart.
+TEST(WorkerRegistryTest, Restore_DeregisteredWorkerStaysLeft) {
+  FakeClock clock;
+  std::vector<v1::Worker> saved;
+  const WorkerRegistry::Options options = SavingOptions(&clock, &saved);
+  {
+    WorkerRegistry before(options);
+    ASSERT_TRUE(before.Register(Request(1)).ok());
+    ASSERT_TRUE(before.Register(Request(2)).ok());
+    clock.Advance(absl::Seconds(10));
+    ASSERT_TRUE(before.Deregister("w-1", 1).ok());
+  }
+  std::map<std::string, v1::Worker> latest;
+  for (const v1::Worker& w : saved) latest[w.id()] = w;
+  ASSERT_EQ(latest.at("w-1").state(), v1::WORKER_STATE_LEFT);
+  const google::protobuf::Timestamp last_heartbeat = latest.at("w-1").last_heartbeat();
+  std::vector<v1::Worker> restored;
+  for (const auto& [id, w] : latest) restored.push_back(w);
+  clock.Advance(absl::Minutes(5));
+  WorkerRegistry after(options);
+  after.Restore(restored);
+  EXPECT_EQ(after.Get("w-1")->state(), v1::WORKER_STATE_LEFT);
+  EXPECT_EQ(after.Get("w-1")->last_heartbeat().seconds(), last_heartbeat.seconds());
+  EXPECT_EQ(after.Get("w-2")->state(), v1::WORKER_STATE_LOST);
+  EXPECT_EQ(after.Get("w-2")->last_heartbeat().seconds(),
+            absl::ToUnixSeconds(clock.Now()));    // live when the old one stopped
+  const auto again = after.Register(Request(1));  // it comes back later
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->worker_id(), "w-1");
+  EXPECT_EQ(after.Get("w-1")->state(), v1::WORKER_STATE_READY);
+}
+
 // The stored records carry no session secret. A restored worker's session
 // must not be the empty one, which anyone could present ("w-1.1.", its
 // incarnation being public through ListWorkers), nor the old coordinator's.

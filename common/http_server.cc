@@ -268,6 +268,10 @@ void HttpServer::Route(const std::string& method, const std::string& pattern, Ha
 
 absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   PT_CHECK(!started_) << "HttpServer::Start called twice";
+  if (port < 0 || port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("HTTP port ", port, " of ", host, " is outside [0, 65535]"));
+  }
   const int bound = port == 0 ? server_->bind_to_any_port(host)
                               : (server_->bind_to_port(host, port) ? port : -1);
   if (bound <= 0) {

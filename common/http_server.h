@@ -149,8 +149,10 @@ class HttpServer {
   // Binds host:port (port 0: any free port), starts serving on threads of
   // its own and returns the bound port once the server accepts connections.
   // Requires: not started yet (checked).
-  // Errors: UNAVAILABLE when the address cannot be bound (in use, not a local
-  // address); the message names host:port. UNAVAILABLE too when the
+  // Errors: INVALID_ARGUMENT for a port outside [0, 65535] (the library
+  // would bind its low 16 bits); UNAVAILABLE when the address cannot be
+  // bound (in use, not a local address); the message names host:port.
+  // UNAVAILABLE too when the
   // connection gate cannot start (out of file descriptors).
   // Should the server stop accepting before Stop (httplib gives up on an
   // accept() error other than EMFILE and closes the socket), it logs an

@@ -241,6 +241,15 @@ TEST(HttpServer, Start_PortInUse_Unavailable) {
       << again.status();
 }
 
+// The library keeps a port's low 16 bits: 65536 + p bound port p.
+TEST(HttpServer, Start_PortOutOfRange_InvalidArgumentNothingBound) {
+  for (int port : {-1, 65536, 70000}) {
+    HttpServer server;
+    absl::StatusOr<int> bound = server.Start("127.0.0.1", port);
+    EXPECT_EQ(bound.status().code(), absl::StatusCode::kInvalidArgument) << port;
+  }
+}
+
 TEST(HttpServer, Stop_Twice_AndNeverStarted_AreNoOps) {
   HttpServer never_started;
   never_started.Stop();

@@ -36,6 +36,7 @@
 #include "common/clock.h"
 #include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"
+#include "common/host_port.h"
 #include "common/http_server.h"
 #include "common/logging.h"
 #include "common/ports_file.h"
@@ -283,21 +284,6 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
   return port;
 }
 
-// "host:port" or "[v6]:port" -> host (without brackets) and port.
-absl::Status SplitHostPort(const std::string& address, std::string& host, int& port) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--http-address \"", address, "\" is not host:port (e.g. 127.0.0.1:8080, [::1]:0)"));
-  }
-  host = address.substr(0, colon);
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  return absl::OkStatus();
-}
-
 WorkerRegistry::Options RegistryOptions(const Flags& flags) {
   WorkerRegistry::Options options;
   options.join_token = flags.join_token;
@@ -432,7 +418,15 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   ASSIGN_OR_RETURN(config.credentials,
                    ServerTlsCredentials(config.flags.tls_cert, config.flags.tls_key,
                                         config.flags.tls_client_ca));
-  return SplitHostPort(config.flags.http_address, config.http_host, config.http_port);
+  // Checked here: gRPC would bind a port out of range modulo 65536.
+  RETURN_IF_ERROR(SplitHostPort(config.flags.grpc_address, "--grpc-address").status());
+  if (!config.flags.advertise_address.empty()) {
+    RETURN_IF_ERROR(SplitHostPort(config.flags.advertise_address, "--advertise-address").status());
+  }
+  ASSIGN_OR_RETURN(const HostPort http, SplitHostPort(config.flags.http_address, "--http-address"));
+  config.http_host = http.host;
+  config.http_port = http.port;
+  return absl::OkStatus();
 }
 
 pthread_t g_main_thread;

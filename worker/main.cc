@@ -25,6 +25,7 @@
 #include "common/annotated_mutex.h"
 #include "common/build_info.h"
 #include "common/flag_set.h"
+#include "common/host_port.h"
 #include "common/http_server.h"
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
@@ -144,6 +145,11 @@ int Run(const std::vector<std::string>& args) {
   }
   if (parsed.ok() && f.threads < 1) parsed = absl::InvalidArgumentError("--threads must be >= 1");
   if (parsed.ok()) parsed = ParseLinkModel("--emulate-link", f.emulate_link).status();
+  // Checked before binding: gRPC and the HTTP library keep a port's low 16
+  // bits, so 70000 bound 4464 while the flag's value was advertised.
+  if (parsed.ok()) parsed = SplitHostPort(f.listen, "--listen").status();
+  absl::StatusOr<HostPort> metrics_address = SplitHostPort(f.metrics, "--metrics-address");
+  if (parsed.ok()) parsed = metrics_address.status();
   if (parsed.ok() && !(f.drain_timeout_seconds >= 0 && f.drain_timeout_seconds <= 86400)) {
     parsed = absl::InvalidArgumentError("--drain-timeout-seconds must be in [0, 86400]");
   }
@@ -224,13 +230,7 @@ int Run(const std::vector<std::string>& args) {
   ServePrometheus(http, metrics.registry());
   ServeHealthEndpoints(http, &health);
   metrics.http().DeclareRoutes(http);
-  const size_t colon = f.metrics.rfind(':');
-  int metrics_port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(f.metrics.substr(colon + 1), &metrics_port)) {
-    PT_LOG(ERROR) << "--metrics-address must be HOST:PORT, got " << f.metrics;
-    return 2;
-  }
-  auto bound = http.Start(f.metrics.substr(0, colon), metrics_port);
+  auto bound = http.Start(metrics_address->host, metrics_address->port);
   if (!bound.ok()) {
     PT_LOG(ERROR) << "metrics server: " << bound.status();
     return 1;
@@ -266,7 +266,8 @@ int Run(const std::vector<std::string>& args) {
   options.credentials = credentials;
   options.join_token = f.join_token;
   options.node_name = f.node_name;
-  options.metrics_address = absl::StrCat(f.metrics.substr(0, colon), ":", *bound);
+  // The host as given (an IPv6 one keeps its brackets), with the bound port.
+  options.metrics_address = absl::StrCat(f.metrics.substr(0, f.metrics.rfind(':')), ":", *bound);
   options.recv_timeout = absl::Seconds(f.recv_timeout_seconds);
   options.backend = backend->backend;
   options.session = &session;

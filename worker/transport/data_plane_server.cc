@@ -12,7 +12,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/host_port.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_auth.h"
 #include "worker/transport/frame_codec.h"
@@ -382,11 +384,8 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
     std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>
         interceptors) {
   PT_CHECK(mailbox != nullptr);
-  const size_t colon = listen_address.rfind(':');
-  if (colon == std::string::npos || colon + 1 == listen_address.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("data-plane listen address \"", listen_address,
-                                                   "\" is not host:port (e.g. 127.0.0.1:0)"));
-  }
+  // gRPC would bind a port out of range modulo 65536.
+  RETURN_IF_ERROR(SplitHostPort(listen_address, "data-plane listen address").status());
   auto service = std::make_unique<Service>(mailbox);
   int port = 0;
   grpc::ServerBuilder builder;
@@ -406,8 +405,9 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
         absl::StrCat("could not start the data-plane server on ", listen_address,
                      ": the port is in use or the host is not an address of this machine"));
   }
-  return std::unique_ptr<DataPlaneServer>(new DataPlaneServer(
-      std::move(service), std::move(server), listen_address.substr(0, colon), port));
+  return std::unique_ptr<DataPlaneServer>(
+      new DataPlaneServer(std::move(service), std::move(server),
+                          listen_address.substr(0, listen_address.rfind(':')), port));
 }
 
 DataPlaneServer::DataPlaneServer(std::unique_ptr<Service> service,

@@ -1,0 +1,29 @@
+// Listen addresses given on command lines: "host:port" or "[v6]:port".
+//
+// gRPC and the HTTP library both take a port as an int and keep its low 16
+// bits, so "127.0.0.1:70000" bound port 4464 and a worker advertised a
+// metrics port nothing served. Every listen flag is parsed here first.
+#ifndef PIPETRAIN_COMMON_HOST_PORT_H_
+#define PIPETRAIN_COMMON_HOST_PORT_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace pipetrain {
+
+struct HostPort {
+  std::string host;  // without an IPv6 address's brackets
+  int port = 0;      // 0: any free port
+};
+
+// Splits `address` at its last ':'. The host must not be empty; the port
+// is decimal digits only, in [0, 65535]. INVALID_ARGUMENT otherwise:
+// "<flag> \"<address>\" is not host:port with a port in [0, 65535]
+// (e.g. 127.0.0.1:8080, [::1]:0)", with `flag` naming where it came from.
+absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_view flag);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COMMON_HOST_PORT_H_

@@ -1,0 +1,43 @@
+#include "common/host_port.h"
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+TEST(SplitHostPortTest, HostsAndPortsInRange) {
+  struct Case {
+    const char* address;
+    const char* host;
+    int port;
+  } cases[] = {{"127.0.0.1:0", "127.0.0.1", 0},
+               {"0.0.0.0:65535", "0.0.0.0", 65535},
+               {"[::1]:8080", "::1", 8080},
+               {"[::]:0", "::", 0},
+               {"localhost:00080", "localhost", 80}};
+  for (const Case& c : cases) {
+    absl::StatusOr<HostPort> split = SplitHostPort(c.address, "--listen");
+    ASSERT_TRUE(split.ok()) << c.address << ": " << split.status();
+    EXPECT_EQ(split->host, c.host) << c.address;
+    EXPECT_EQ(split->port, c.port) << c.address;
+  }
+}
+
+// Ports that gRPC and the HTTP library would have cut to 16 bits (70000 ->
+// 4464), and addresses that are not host:port at all.
+TEST(SplitHostPortTest, OutOfRangeOrMalformed_InvalidArgumentNamingTheFlag) {
+  for (const char* address :
+       {"127.0.0.1:65536", "127.0.0.1:70000", "127.0.0.1:99999", "127.0.0.1:4294967296",
+        "127.0.0.1:-1", "127.0.0.1:+80", "127.0.0.1: 80", "127.0.0.1:80 ",
+        "127.0.0.1:", "127.0.0.1", ":8080", "", "[::1]:0x50", "host:123456"}) {
+    absl::StatusOr<HostPort> split = SplitHostPort(address, "--metrics-address");
+    ASSERT_FALSE(split.ok()) << address;
+    EXPECT_EQ(split.status().code(), absl::StatusCode::kInvalidArgument) << address;
+    EXPECT_EQ(split.status().message(),
+              std::string("--metrics-address \"") + address +
+                  "\" is not host:port with a port in [0, 65535] (e.g. 127.0.0.1:8080, [::1]:0)");
+  }
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -664,6 +664,15 @@ const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::stri
   return nullptr;
 }
 
+const JobManager::JobRecord* JobManager::WeightsPathUserLocked(const std::string& path) const {
+  // Canonical relative names too (CheckPaths).
+  for (const auto& [id, record] : jobs_) {
+    if (IsTerminal(record->job.state())) continue;
+    if (record->job.spec().output().weights_path() == path) return record.get();
+  }
+  return nullptr;
+}
+
 absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));
@@ -685,6 +694,16 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     record->job.set_id(options_.id_epoch.empty()
                            ? absl::StrCat("job-", next_id_++)
                            : absl::StrCat("job-", options_.id_epoch, "-", next_id_++));
+    // Both would write the file, and the last to finish would replace the
+    // other's weights while both reported the path as theirs.
+    const std::string& weights = resolved.spec.output().weights_path();
+    if (const JobRecord* other = weights.empty() ? nullptr : WeightsPathUserLocked(weights)) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.output.weights_path \"", weights,
+                                                     "\" is the output of job ", other->job.id(),
+                                                     " (", EnumShortName(other->job.state()),
+                                                     "), which has not ended; give this job a file "
+                                                     "of its own"));
+    }
     v1::CheckpointSpec* checkpoint = resolved.spec.mutable_checkpoint();
     if (checkpoint->interval_steps() > 0) {
       if (checkpoint->dir().empty()) {

@@ -410,6 +410,9 @@ class JobManager {
   // A job that has not ended and checkpoints into `dir`, or null.
   const JobRecord* CheckpointDirUserLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job that has not ended and writes its final weights to `path`, or null.
+  const JobRecord* WeightsPathUserLocked(const std::string& path) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The profile request of a job, and the profile to plan it with (and a
   // description of where it came from); starts PROFILING and returns false
   // when the job must wait for a measured profile.

@@ -857,6 +857,26 @@ TEST_F(JobManagerTest, Weights_DeadCoordinatorsTemporary_RemovedByTheNextUploadO
             (std::vector<std::string>{"final.safetensors", "other.safetensors.tmp.1.0"}));
 }
 
+// Two live jobs writing one weights file: the last to finish replaced the
+// other's weights, and both reported the file as theirs. The second is
+// refused, naming the first, until the first has ended.
+TEST_F(JobManagerTest, Weights_PathOfAJobThatHasNotEnded_RefusedUntilItEnds) {
+  AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("shared/final.safetensors");
+  const std::string first = Submit(spec).value().id();
+  const absl::StatusOr<v1::Job> second = Submit(spec);  // queued behind it, or not at all
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(second.status().message(),
+            "spec.output.weights_path \"shared/final.safetensors\" is the output of job " + first +
+                " (RUNNING), which has not ended; give this job a file of its own");
+  v1::JobSpec other = spec;
+  other.mutable_output()->set_weights_path("shared/other.safetensors");
+  EXPECT_TRUE(Submit(other).ok());
+  ASSERT_TRUE(jobs_.Cancel(first).ok());
+  EXPECT_TRUE(Submit(spec).ok());
+}
+
 // Completeness is by the elements covered, not by values counted: a chunk
 // sent twice does not stand in for a missing one (the file would hold
 // zeros there).

@@ -262,6 +262,14 @@ else
   fail up_stdout_closed "$(processes_of "$TMP/up-pipe") processes left: $(pgrep -af -- "$TMP/up-pipe/")"
   pkill -KILL -f -- "--ports-file=$TMP/up-pipe/"
 fi
+# Only stdout closed (`up | true`): the progress goes to stderr and stdout
+# has nothing until the job's end, so SIGPIPE alone came only after the
+# 100000 steps. up notices at its next poll and stops as on Ctrl-C.
+"$BIN" "${UP[@]}" --out "$TMP/up-true" 2>"$TMP/up-true.err" | true
+rc=${PIPESTATUS[0]}
+ok up_stdout_reader_gone_exit_130 test "$rc" -eq 130
+ok up_stdout_reader_gone_said_so grep -q "interrupted; stopping the cluster" "$TMP/up-true.err"
+ok up_stdout_reader_gone_nothing_left test "$(processes_of "$TMP/up-true")" -eq 0
 # Killed outright, up cleans nothing up: the kernel sends its children
 # SIGTERM (SpawnOptions::exit_with_parent), and they end.
 "$BIN" "${UP[@]}" --out "$TMP/up-kill" >"$TMP/up-kill.out" 2>&1 &

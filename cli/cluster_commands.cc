@@ -1,6 +1,7 @@
 #include "cli/cluster_commands.h"
 
 #include <limits.h>
+#include <poll.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -450,8 +451,17 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   return spec;
 }
 
-// Polls the job until it ends (or Ctrl-C), drawing progress. Returns the last
-// Job. `timing`, when given, gets the step sightings of the job's last plan.
+// Whether stdout is a pipe or socket whose reader has gone (`up | true`).
+// Progress goes to stderr and stdout is written only at the job's end, so
+// SIGPIPE alone would say so only then: Follow asks at every poll.
+bool StdoutReaderGone() {
+  pollfd out{STDOUT_FILENO, 0, 0};
+  return poll(&out, 1, 0) == 1 && (out.revents & (POLLERR | POLLHUP)) != 0;
+}
+
+// Polls the job until it ends (or Ctrl-C, or a closed stdout: both set
+// g_interrupted), drawing progress. Returns the last Job. `timing`, when
+// given, gets the step sightings of the job's last plan.
 absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::string& id,
                                absl::Duration timeout, StepTiming* timing = nullptr) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
@@ -460,6 +470,10 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
   bool said_recovering = false;
   const absl::Time start = absl::Now();
   while (!g_interrupted.load()) {
+    if (StdoutReaderGone()) {
+      g_interrupted.store(true);
+      break;
+    }
     v1::GetJobRequest request;
     request.set_id(id);
     grpc::Status s = stub.GetJob(WithDeadline(timeout).get(), request, &job);
@@ -823,8 +837,10 @@ int RunSubmit(const std::vector<std::string>& args) {
     }
     std::fprintf(stderr, "%s", report.c_str());
   }
-  std::printf("%s %s %s\n", done->id().c_str(), EnumShortName(done->state()).c_str(),
-              done->reason().c_str());
+  // "job-… SUCCEEDED" exactly, for scripts (docs/operations.md); a reason
+  // follows a space only when there is one.
+  std::printf("%s %s%s%s\n", done->id().c_str(), EnumShortName(done->state()).c_str(),
+              done->reason().empty() ? "" : " ", done->reason().c_str());
   return done->state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobNotSucceeded;
 }
 

@@ -47,6 +47,8 @@ check "--follow reports each worker's step" grep -q "per step, measured \[predic
 check "--follow reports the traced step's passes" \
   grep -q "passes in step 5 as the workers measured it \[predicted\]" "$T/follow.err"
 job_id=$(echo "$out" | tail -1 | cut -d' ' -f1)
+# Exactly "<id> SUCCEEDED" for scripts (docs/operations.md): no trailing space.
+check "--follow's last line is the id and the state" test "$(echo "$out" | tail -1)" = "$job_id SUCCEEDED"
 "$R/cli/pipetrain" job "$job_id" --report --coordinator="$addr" --tls-ca="$T/cert.pem" \
   >"$T/report.out" 2>&1
 check "job --report: the outcome" grep -q "job $job_id SUCCEEDED after 5 steps, final loss" "$T/report.out"

@@ -14,6 +14,8 @@ namespace {
 
 constexpr absl::string_view kHeadEnd = "\r\n\r\n";
 constexpr size_t kMaxRangeBytes = 256;
+// httplib's CPPHTTPLIB_HEADER_MAX_LENGTH: one header line with its CRLF.
+constexpr size_t kMaxHeaderLineBytes = 8192;
 
 // Decimal digits only: no sign, no inner spaces, no hex. 18 digits cannot
 // overflow uint64_t and are far above any limit.
@@ -98,6 +100,12 @@ HttpRequestFramer::Progress HttpRequestFramer::ParseHead(absl::string_view head)
   const std::vector<absl::string_view> lines = absl::StrSplit(head, '\n');
   bool has_length = false;
   for (size_t i = 1; i < lines.size(); ++i) {  // lines[0] is the request line
+    // httplib refuses a longer line (with its line end) as a bare 400.
+    if (lines[i].size() + 1 > kMaxHeaderLineBytes) {
+      return Reject(400, "INVALID_ARGUMENT",
+                    absl::StrCat("a header line of ", lines[i].size() + 1,
+                                 " bytes exceeds the limit of ", kMaxHeaderLineBytes, " bytes"));
+    }
     const size_t colon = lines[i].find(':');
     if (colon == absl::string_view::npos) continue;  // the blank lines at the end
     const Progress header = OnHeader(lines[i].substr(0, colon),

@@ -29,7 +29,9 @@
 //                           would inflate a compressed body past
 //                           max_body_bytes): send the body uncompressed
 //   400 INVALID_ARGUMENT    Content-Length not a decimal number, or given
-//                           twice with different values
+//                           twice with different values; a header line
+//                           over 8192 bytes with its line end (httplib's
+//                           limit, which it answers with a bare 400)
 #ifndef PIPETRAIN_COMMON_HTTP_FRAMING_H_
 #define PIPETRAIN_COMMON_HTTP_FRAMING_H_
 

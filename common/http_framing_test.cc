@@ -151,6 +151,23 @@ TEST(HttpRequestFramer, Update_LongRange_Rejected431) {
             Progress::kComplete);
 }
 
+// httplib answers a header line over 8192 bytes (with its CRLF) with a bare
+// 400; the framer refuses it first, naming the limit.
+TEST(HttpRequestFramer, Update_HeaderLineOverLimit_Rejected400NamingTheLimit) {
+  const HttpRequestLimits roomy = {/*max_header_bytes=*/16384, /*max_body_bytes=*/64};
+  // "X-A: " + value + "\r\n": 8193 bytes, then 8192.
+  HttpRequestFramer over(roomy);
+  EXPECT_EQ(over.Update("GET / HTTP/1.1\r\nX-A: " + std::string(8186, 'a') + "\r\n\r\n"),
+            Progress::kRejected);
+  EXPECT_EQ(over.rejection().status, 400);
+  EXPECT_EQ(over.rejection().code, "INVALID_ARGUMENT");
+  EXPECT_EQ(over.rejection().message,
+            "a header line of 8193 bytes exceeds the limit of 8192 bytes");
+  HttpRequestFramer at_limit(roomy);
+  EXPECT_EQ(at_limit.Update("GET / HTTP/1.1\r\nX-A: " + std::string(8185, 'a') + "\r\n\r\n"),
+            Progress::kComplete);
+}
+
 // httplib ends header lines at LF (and skips those without CR), so a header
 // behind a bare LF is one it reads: the framing checks it too.
 TEST(HttpRequestFramer, Update_FramingHeaderBehindABareLf_Checked) {

@@ -232,11 +232,12 @@ void HttpServer::InstallHooks() {
       return httplib::Server::HandlerResponse::Handled;
     }
     const bool unrouted = res.status == 404;
-    Apply(JsonError(res.status, unrouted ? "NOT_FOUND" : "INVALID_ARGUMENT",
-                    unrouted ? absl::StrCat("no endpoint ", req.method, " ", req.path,
-                                            "; see docs/api.md")
-                             : absl::StrCat("malformed HTTP request (status ", res.status, ")")),
-          res);
+    std::string message =
+        unrouted ? absl::StrCat("no endpoint ", req.method, " ", req.path, "; see docs/api.md")
+        : res.status == 416
+            ? "malformed Range header; the server ignores Range (it sends whole bodies): send none"
+            : absl::StrCat("malformed HTTP request (status ", res.status, ")");
+    Apply(JsonError(res.status, unrouted ? "NOT_FOUND" : "INVALID_ARGUMENT", message), res);
     return httplib::Server::HandlerResponse::Handled;
   };
   server_->set_error_handler(on_error);

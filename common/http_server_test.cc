@@ -534,6 +534,24 @@ TEST(HttpServer, AnswerRequestBytes_RangeOverLimit_Returns431) {
   }
 }
 
+// Refusals httplib decides alone come with a message naming the cause: a
+// header line over its limit (decided by the framer first) and a Range it
+// cannot parse.
+TEST(HttpServer, AnswerRequestBytes_LongHeaderLineOrMalformedRange_NamedInTheMessage) {
+  HttpServer server;
+  server.Get("/thing", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  const std::string long_line = server.AnswerRequestBytes(
+      "GET /thing HTTP/1.1\r\nX-A: " + std::string(9000, 'a') + "\r\n\r\n");
+  EXPECT_EQ(HttpStatusOf(long_line), 400) << long_line;
+  EXPECT_EQ(nlohmann::json::parse(BodyOf(long_line))["message"],
+            "a header line of 9007 bytes exceeds the limit of 8192 bytes");
+  const std::string range =
+      server.AnswerRequestBytes("GET /thing HTTP/1.1\r\nRange: garbage\r\n\r\n");
+  EXPECT_EQ(HttpStatusOf(range), 416) << range;
+  EXPECT_EQ(nlohmann::json::parse(BodyOf(range))["message"],
+            "malformed Range header; the server ignores Range (it sends whole bodies): send none");
+}
+
 TEST(HttpServer, Read_MalformedRequestLine_Returns400WithJsonError) {
   HttpServer server;
   absl::StatusOr<int> port = server.Start("127.0.0.1", 0);

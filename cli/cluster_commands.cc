@@ -285,8 +285,10 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.Float("lr", &o.lr, "AdamW learning rate");
   f.Float("grad-clip", &o.grad_clip,
           "clip gradients to this global L2 norm over every stage and replica; 0 = off");
-  f.String("lr-schedule", &o.lr_schedule,
-           "constant | cosine (from --lr after warm-up down to --min-lr at the last step)");
+  f.String(
+      "lr-schedule", &o.lr_schedule,
+      "constant | cosine (from --lr after warm-up towards --min-lr, which the step after the last "
+      "would reach)");
   f.Int64("warmup-steps", &o.warmup_steps, "linear learning-rate warm-up steps");
   f.Float("min-lr", &o.min_lr, "the cosine schedule's floor");
   f.Uint64("seed", &o.seed, "seed for initialisation and data order");

@@ -203,10 +203,9 @@ absl::StatusOr<std::string> FindSiblingBinary(const std::string& package, const 
   for (const std::string& c : candidates) {
     if (access(c.c_str(), X_OK) == 0) return c;
   }
-  return absl::NotFoundError(absl::StrCat("cannot find ", name, "; looked in ",
-                                          absl::StrJoin(candidates, ", "),
-                                          "; build it with bazel build //...",
-                                          " or pass its path"));
+  return absl::NotFoundError(
+      absl::StrCat("cannot find ", name, "; looked in ", absl::StrJoin(candidates, ", "),
+                   "; build it with bazel build //...", " or install it next to this pipetrain"));
 }
 
 absl::Status LocalCluster::StartCoordinator(int grpc_port, int http_port) {

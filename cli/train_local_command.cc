@@ -69,8 +69,10 @@ void BindFlags(FlagSet& f, Options& o) {
   f.Float("weight-decay", &t.adam.weight_decay, "AdamW decoupled weight decay");
   f.String("decay", &o.decay, "weight decay applies to: matrices | all");
   f.Float("grad-clip", &t.grad_clip, "clip gradients to this global L2 norm; 0 = off");
-  f.String("lr-schedule", &o.lr_schedule,
-           "constant | cosine (from --lr after warm-up down to --min-lr at the last step)");
+  f.String(
+      "lr-schedule", &o.lr_schedule,
+      "constant | cosine (from --lr after warm-up towards --min-lr, which the step after the last "
+      "would reach)");
   f.Int64("warmup-steps", &t.warmup_steps, "linear learning-rate warm-up steps");
   f.Float("min-lr", &t.min_lr, "the cosine schedule's floor");
   f.Uint64("seed", &t.seed, "seed for initialisation and data order");

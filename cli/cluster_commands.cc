@@ -468,9 +468,9 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
                                absl::Duration timeout, StepTiming* timing = nullptr) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   v1::Job job;
-  int64_t last_step = -1, last_version = 0;
+  int64_t last_step = -1, last_version = 0, first_step = -1;
+  absl::Time first_seen;
   bool said_recovering = false;
-  const absl::Time start = absl::Now();
   while (!g_interrupted.load()) {
     if (StdoutReaderGone()) {
       g_interrupted.store(true);
@@ -498,15 +498,22 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
       last_version = job.plan_version();
       said_recovering = false;
     }
-    if (step != last_step && step > 0) {
-      const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
+    // A job started from a checkpoint begins at its step, with no loss of
+    // its own yet ("loss 0.0000, 0 tok/s"): progress shows the steps run
+    // since the first poll, and their rate.
+    if (first_step < 0) {
+      first_step = step;
+      first_seen = absl::Now();
+    }
+    if (step != last_step && step > first_step) {
       if (timing != nullptr && job.state() == v1::JOB_STATE_RUNNING) {
         timing->Saw(step, steps, absl::Now());
       }
       std::optional<float> val;
       if (job.progress().val_step() == step) val = job.progress().val_loss();
+      const double per_step = absl::ToDoubleSeconds(absl::Now() - first_seen) / (step - first_step);
       progress.Update({step, steps, job.progress().loss(), val, job.progress().tokens_per_second(),
-                       elapsed / step * (steps - step), job.progress().recoveries()});
+                       per_step * (steps - step), job.progress().recoveries()});
       last_step = step;
     }
     if (job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||

@@ -132,9 +132,10 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                      .Name("pipetrain_job_recoveries_total")
                      .Help(
                          "Times jobs went RECOVERING, by what set it off (worker_lost, "
-                         "peer_failure, checkpoint_unusable).")
+                         "peer_failure, checkpoint_unusable, coordinator_restart).")
                      .Register(*registry_);
-  for (const char* reason : {"worker_lost", "peer_failure", "checkpoint_unusable"}) {
+  for (const char* reason :
+       {"worker_lost", "peer_failure", "checkpoint_unusable", "coordinator_restart"}) {
     recoveries_->Add({{"reason", reason}});
   }
   recovery_seconds_ = &prometheus::BuildHistogram()

@@ -439,6 +439,7 @@ absl::Status JobManager::Restore() {
     record->job = std::move(*s.mutable_job());
     const std::string id = record->job.id();
     if (id.empty() || jobs_.count(id) > 0) continue;
+    const bool ended_before = IsTerminal(record->job.state());
     absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(record->job.spec());
     const bool spec_resolves = resolved.ok();
     if (!resolved.ok()) {  // a spec this version no longer accepts
@@ -526,7 +527,13 @@ absl::Status JobManager::Restore() {
         record->restart_grace_until = now + options_.restart_grace;
         record->survivors.assign(record->job.worker_ids().begin(), record->job.worker_ids().end());
         ++resumed;
+        if (events_.recovery_started) events_.recovery_started("coordinator_restart");
       }
+    }
+    // Failed by this restart: what the old coordinator was uploading goes,
+    // as EndLocked removes it for a job that fails while this one runs.
+    if (!ended_before && record->job.state() == v1::JOB_STATE_FAILED) {
+      RemoveAbandonedWeightsOf(*record);
     }
     order_.push_back(id);
     jobs_[id] = std::move(record);
@@ -1651,16 +1658,7 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   }
   registry_->Release(record.job.id());
   DropWeightsFile(record);
-  const std::string& weights = record.resolved.spec.output().weights_path();
-  if (state != v1::JOB_STATE_SUCCEEDED && !weights.empty() && !options_.output_dir.empty()) {
-    // A coordinator that died during this job's upload left its temporary
-    // (this one's own went with DropWeightsFile); it goes with the job.
-    absl::StatusOr<ConfinedParent> parent = OpenConfinedParent(
-        options_.output_dir, "spec.output.weights_path", weights, /*create_dirs=*/false);
-    if (parent.ok() && parent->dir.get() >= 0) {
-      RemoveAbandonedWeightTemporaries(parent->dir.get(), parent->name, record.job.id());
-    }
-  }
+  if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
   PersistLocked(record).IgnoreError();  // logged
   PT_LOG(INFO) << "job " << record.job.id() << " " << EnumShortName(state)
                << (reason.empty() ? "" : ": " + reason);
@@ -2123,6 +2121,16 @@ absl::Status JobManager::OpenWeightsFileLocked(JobRecord& record) {
                                                                       std::move(tensors), 0600));
   record.weights_index = std::move(index);
   return absl::OkStatus();
+}
+
+void JobManager::RemoveAbandonedWeightsOf(const JobRecord& record) const {
+  const std::string& weights = record.resolved.spec.output().weights_path();
+  if (weights.empty() || options_.output_dir.empty()) return;
+  absl::StatusOr<ConfinedParent> parent = OpenConfinedParent(
+      options_.output_dir, "spec.output.weights_path", weights, /*create_dirs=*/false);
+  if (parent.ok() && parent->dir.get() >= 0) {
+    RemoveAbandonedWeightTemporaries(parent->dir.get(), parent->name, record.job.id());
+  }
 }
 
 void JobManager::DropWeightsFile(JobRecord& record) {

@@ -141,7 +141,7 @@ inline constexpr int kMaxPlanHistory = 100;
 // under the job manager's lock: they must not call back into it).
 struct JobEvents {
   // A job went RECOVERING; reason: worker_lost | peer_failure |
-  // checkpoint_unusable.
+  // checkpoint_unusable | coordinator_restart (Restore resumed it).
   std::function<void(const std::string& reason)> recovery_started;
   // A recovered job completed its first step on the new plan: seconds since
   // the loss was detected, split into waiting for the survivors, planning,
@@ -585,6 +585,10 @@ class JobManager {
   absl::Status OpenWeightsFileLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the job's weights file (its temporary is removed) and progress.
   static void DropWeightsFile(JobRecord& record);
+  // Removes the temporaries of the job's weights path that coordinators
+  // left when they died during its upload, logging each (safetensors.h:
+  // RemoveAbandonedTemporaries); for a job that failed or was cancelled.
+  void RemoveAbandonedWeightsOf(const JobRecord& record) const;
   // The final weights' write ended: the job SUCCEEDS (or FAILS saying why),
   // unless it ended meanwhile.
   void FinishWritingWeights(const std::string& job_id, const absl::StatusOr<std::string>& written);

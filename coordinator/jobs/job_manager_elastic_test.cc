@@ -3,8 +3,10 @@
 // tests:elastic_cluster_test runs the same across real workers.
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -1061,6 +1063,39 @@ TEST_F(JobManagerElasticTest, WorkerLostDuringTheWeightsUpload_PartialFileRemove
   registry_.MarkLost(w2, incarnations_[w2], "killed");
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
   EXPECT_EQ(temporaries(), 0);
+}
+
+// A coordinator that died during an upload left its temporary. After the
+// restart, a job without checkpoints fails (it cannot resume) and the
+// temporary goes with it, as when a job fails while a coordinator runs; a
+// job with checkpoints resumes, which counts as a recovery of its own kind.
+TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_DeadUploadRemovedResumedOneCounted) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  AddWorker(7003);
+  v1::JobSpec uncheckpointed = ElasticSpec(1, 0);
+  uncheckpointed.mutable_output()->set_weights_path("restart-upload.safetensors");
+  const std::string failed = Submit(uncheckpointed).value().id();
+  const std::string resumed = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) {
+    Step(failed, step);
+    Step(resumed, step);
+  }
+  CheckpointAll(resumed, 5);
+  jobs_->FlushIo();
+  const std::string stale = OutputDir() + "/restart-upload.safetensors.tmp.1.0";
+  std::ofstream(stale) << "half a file";
+  Reset(/*with_state=*/true);
+  std::vector<std::string> recoveries;
+  JobEvents events;
+  events.recovery_started = [&](const std::string& reason) { recoveries.push_back(reason); };
+  jobs_->SetEvents(events);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  EXPECT_EQ(jobs_->Get(failed).value().state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(access(stale.c_str(), F_OK), -1) << stale << " left behind";
+  EXPECT_EQ(jobs_->Get(resumed).value().state(), v1::JOB_STATE_RECOVERING);
+  EXPECT_EQ(recoveries, std::vector<std::string>{"coordinator_restart"});
 }
 
 // A job stored while its first plan was being made (never planned) waits

@@ -651,6 +651,13 @@ absl::Status SafetensorsFileWriter::Write(size_t index, int64_t offset, const fl
                     begin_[index] + static_cast<uint64_t>(offset) * sizeof(float), tmp_);
 }
 
+absl::Status SafetensorsFileWriter::Sync() {
+  AnnotatedMutexLock lock(&mu_);
+  if (done_) return absl::FailedPreconditionError(absl::StrCat(name_, " is already committed"));
+  if (fsync(fd_) != 0) return ErrnoError(errno, "cannot fsync", tmp_);
+  return absl::OkStatus();
+}
+
 absl::Status SafetensorsFileWriter::Commit() {
   AnnotatedMutexLock lock(&mu_);
   if (done_) return absl::FailedPreconditionError(absl::StrCat(name_, " is already committed"));

@@ -120,8 +120,13 @@ class SafetensorsFileWriter {
   // INVALID_ARGUMENT outside the tensor (nothing written); errno codes
   // naming the file; FAILED_PRECONDITION after Commit.
   absl::Status Write(size_t index, int64_t offset, const float* values, int64_t count);
-  // Syncs the file and renames it over the name. Once; the writer is done
-  // afterwards, whatever the result (on failure the temporary is removed).
+  // Syncs what was written so far to the disk (the slow part of a commit,
+  // which a caller may do before deciding to commit). Writes may follow.
+  // Errors: errno codes naming the file; FAILED_PRECONDITION after Commit.
+  absl::Status Sync();
+  // Syncs the file (little, after a Sync) and renames it over the name.
+  // Once; the writer is done afterwards, whatever the result (on failure
+  // the temporary is removed).
   absl::Status Commit();
 
  private:

@@ -572,8 +572,11 @@ TEST(SafetensorsFileWriterTest, OutsideATensorOrAfterCommit_RefusedNothingWritte
             absl::StatusCode::kInvalidArgument);  // the sum would wrap
   EXPECT_EQ((*writer)->Write(2, 0, values, 1).code(), absl::StatusCode::kInvalidArgument);
   ASSERT_TRUE((*writer)->Write(0, 0, values, 4).ok());
+  ASSERT_TRUE((*writer)->Sync().ok());  // synced, not yet under its name
+  EXPECT_FALSE(fs::exists(dir + "/w"));
   ASSERT_TRUE((*writer)->Commit().ok());
   EXPECT_EQ((*writer)->Write(0, 0, values, 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*writer)->Sync().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ((*writer)->Commit().code(), absl::StatusCode::kFailedPrecondition);
   absl::StatusOr<SafetensorsContents> read = ReadSafetensors(dir + "/w");
   ASSERT_TRUE(read.ok()) << read.status();

@@ -2084,16 +2084,15 @@ void JobManager::MaybeCompleteLocked(JobRecord& record) {
       record.job.set_weights_path(path);
       return EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
     }
-    // Synced and renamed off the lock (GPT-2 124M is 0.5 GB to sync): the
-    // job stays RUNNING until the file is in (FinishWritingWeights).
+    // Synced off the lock (GPT-2 124M is 0.5 GB to sync): the job stays
+    // RUNNING until the file is in (FinishWritingWeights renames it).
     record.writing_weights = true;
     record.job.set_reason(absl::StrCat("every stage finished; writing the weights to ", name));
     TouchLocked(record);
     std::shared_ptr<SafetensorsFileWriter> file = record.weights_file;
     DropWeightsFile(record);
     return RunInBackgroundLocked([this, id = record.job.id(), path, file] {
-      absl::Status committed = file->Commit();
-      FinishWritingWeights(id, committed.ok() ? absl::StatusOr<std::string>(path) : committed);
+      FinishWritingWeights(id, path, *file, file->Sync());
     });
   }
   EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
@@ -2139,20 +2138,26 @@ void JobManager::DropWeightsFile(JobRecord& record) {
   record.weights_covered.clear();
 }
 
-void JobManager::FinishWritingWeights(const std::string& job_id,
-                                      const absl::StatusOr<std::string>& written) {
+void JobManager::FinishWritingWeights(const std::string& job_id, const std::string& path,
+                                      SafetensorsFileWriter& file, const absl::Status& synced) {
   AnnotatedMutexLock lock(&mu_);
   --background_in_flight_;
   JobRecord* record = FindLocked(job_id);
-  if (record == nullptr || IsTerminal(record->job.state())) {  // cancelled meanwhile
-    if (written.ok()) PT_LOG(INFO) << "job " << job_id << " ended; its weights are in " << *written;
+  if (record == nullptr || IsTerminal(record->job.state())) {
+    // Cancelled while it was synced: the file is not renamed in (a file
+    // already under the name stays), and the temporary goes with `file`.
+    PT_LOG(INFO) << "job " << job_id << " ended while its weights were written; " << path
+                 << " is left as it was";
     return;
   }
   record->writing_weights = false;
-  if (!written.ok()) {
-    return EndLocked(*record, v1::JOB_STATE_FAILED, std::string(written.status().message()));
+  // The rename under the lock, so a cancel comes before it (and the file is
+  // not renamed) or after it (the job has SUCCEEDED).
+  const absl::Status committed = synced.ok() ? file.Commit() : synced;
+  if (!committed.ok()) {
+    return EndLocked(*record, v1::JOB_STATE_FAILED, std::string(committed.message()));
   }
-  record->job.set_weights_path(*written);
+  record->job.set_weights_path(path);
   EndLocked(*record, v1::JOB_STATE_SUCCEEDED, "");
 }
 

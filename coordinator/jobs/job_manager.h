@@ -589,9 +589,12 @@ class JobManager {
   // left when they died during its upload, logging each (safetensors.h:
   // RemoveAbandonedTemporaries); for a job that failed or was cancelled.
   void RemoveAbandonedWeightsOf(const JobRecord& record) const;
-  // The final weights' write ended: the job SUCCEEDS (or FAILS saying why),
-  // unless it ended meanwhile.
-  void FinishWritingWeights(const std::string& job_id, const absl::StatusOr<std::string>& written);
+  // The final weights were synced off the lock (`synced`): renames `file`
+  // in under the lock and the job SUCCEEDS (or FAILS saying why), unless it
+  // ended meanwhile (cancelled): then nothing is renamed, and `file`'s
+  // temporary goes with it. `path` is what the job reports.
+  void FinishWritingWeights(const std::string& job_id, const std::string& path,
+                            SafetensorsFileWriter& file, const absl::Status& synced);
   // Hands `task` to the background runner (options.background_runner, or
   // background_). Requires !stopping_.
   void RunInBackgroundLocked(std::function<void()> task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

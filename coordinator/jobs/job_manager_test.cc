@@ -877,6 +877,33 @@ TEST_F(JobManagerTest, Weights_PathOfAJobThatHasNotEnded_RefusedUntilItEnds) {
   EXPECT_TRUE(Submit(spec).ok());
 }
 
+// Cancelled while its finished weights are being written (synced off the
+// lock): the cancel holds. The file already under the name stays as it
+// was (the rename was done anyway, replacing it), and nothing else is left.
+TEST_F(JobManagerTest, Weights_CancelledWhileTheFileIsWritten_NothingRenamedIn) {
+  const std::string w1 = AddWorker(7001);
+  const std::string dir = OutputDir() + "/kept";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  std::ofstream(dir + "/final.safetensors") << "an earlier run's weights";
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("kept/final.safetensors");
+  const std::string id = Submit(spec).value().id();
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  ASSERT_NO_FATAL_FAILURE(UploadEveryTensor(w1, id, model));
+  Report(w1, id, 2, {1.0f, 1.0f}, true);
+  ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
+  ASSERT_EQ(jobs_.Get(id).value().reason(),
+            "every stage finished; writing the weights to kept/final.safetensors");
+  ASSERT_TRUE(jobs_.Cancel(id).ok());
+  EXPECT_EQ(background_.RunAll(), 1);
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(job.weights_path(), "");
+  EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"final.safetensors"});
+  std::ifstream kept(dir + "/final.safetensors");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "an earlier run's weights");
+}
+
 // Completeness is by the elements covered, not by values counted: a chunk
 // sent twice does not stand in for a missing one (the file would hold
 // zeros there).

@@ -579,15 +579,44 @@ void WorkerRegistry::Stop() {
   loop_.join();
 }
 
+bool WorkerRegistry::CheckerWasStalled(absl::Duration since_last, absl::Duration period,
+                                       absl::Duration lease) {
+  return since_last > period + lease / 2;
+}
+
+void WorkerRegistry::RenewLeasesAfterStall(absl::Duration stalled) {
+  AnnotatedMutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  int renewed = 0;
+  for (auto& [number, entry] : workers_) {
+    if (!IsLive(entry.worker.state())) continue;
+    entry.last_seen = now;  // the heartbeat timestamps shown stay the real ones
+    ++renewed;
+  }
+  PT_LOG(WARNING) << "the coordinator was stalled: its lease check ran "
+                  << absl::FormatDuration(stalled)
+                  << " after the one before, and no heartbeat could be taken meanwhile; the "
+                  << renewed << " live workers' leases start again now";
+}
+
 void WorkerRegistry::RunStalenessLoop() {
   const absl::Duration period = options_.heartbeat_interval / 2;
   auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_requested_; };
+  absl::Time last_check = absl::Now();
   for (;;) {
     {
       AnnotatedMutexLock lock(&mu_);
       // Waits on real time: the injected clock only judges the leases.
       if (mu_.AwaitWithTimeout(stopping, period)) return;
     }
+    // A check far later than asked means this process was not running
+    // (its heartbeat handlers neither): judging leases now would blame the
+    // workers for the coordinator's stall and fail their jobs.
+    const absl::Time now = absl::Now();
+    if (CheckerWasStalled(now - last_check, period, options_.lease)) {
+      RenewLeasesAfterStall(now - last_check);
+    }
+    last_check = now;
     CheckLeases();
   }
 }

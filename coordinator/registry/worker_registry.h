@@ -234,8 +234,21 @@ class WorkerRegistry {
   // Replaces the loss listener (empty: none).
   void SetLossListener(LossListener listener);
 
+  // Restarts every live worker's lease now: for a coordinator that was
+  // itself stalled for `stalled` (a paused VM, swapping, a debugger), when
+  // no heartbeat could be taken, so silence says nothing of the workers. A
+  // worker that died meanwhile is LOST one lease later (or as soon as its
+  // assignment stream closes). Logs a warning naming the stall.
+  void RenewLeasesAfterStall(absl::Duration stalled);
+  // Whether a staleness check that came `since_last` after the one before
+  // (real time; they are `period` apart) says the coordinator was stalled:
+  // later than period + lease / 2.
+  static bool CheckerWasStalled(absl::Duration since_last, absl::Duration period,
+                                absl::Duration lease);
+
   // Starts a thread that calls CheckLeases every heartbeat_interval / 2 of
-  // real time. No-op if it already runs. Restartable after Stop.
+  // real time, after RenewLeasesAfterStall when it ran late
+  // (CheckerWasStalled). No-op if it already runs. Restartable after Stop.
   void StartStalenessLoop();
   // Stops and joins the staleness loop; no-op if it does not run. Must not be
   // called from the loss listener (the loop thread would join itself).

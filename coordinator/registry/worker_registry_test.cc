@@ -281,6 +281,37 @@ TEST(WorkerRegistryTest, Heartbeat_Live_RenewsLeaseAndStoresInstruction) {
 
 // ------------------------------------------------------------------- Leases
 
+// A coordinator stalled past the lease (SIGSTOP, a paused VM) took no
+// heartbeats meanwhile: its workers' leases restart rather than every
+// worker becoming LOST and every job without checkpoints failing. They
+// are judged again one lease later.
+TEST(WorkerRegistryTest, RenewLeasesAfterStall_NoLossUntilAFreshLeasePasses) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));  // lease 5 s
+  LossRecorder recorder;
+  registry.SetLossListener(recorder.Listener());
+  ASSERT_TRUE(registry.Register(Request(1)).ok());
+  ASSERT_TRUE(registry.Register(Request(2)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1"}, "job-1").ok());
+  ASSERT_TRUE(registry.Deregister("w-2", 1).ok());
+  clock.Advance(absl::Seconds(9));  // stopped for 9 s
+  registry.RenewLeasesAfterStall(absl::Seconds(9));
+  EXPECT_EQ(registry.CheckLeases(), 0);
+  EXPECT_EQ(registry.Get("w-1")->state(), v1::WORKER_STATE_ASSIGNED);
+  EXPECT_EQ(registry.Get("w-2")->state(), v1::WORKER_STATE_LEFT);  // not brought back
+  clock.Advance(absl::Milliseconds(5001));                         // and then truly silent
+  EXPECT_EQ(registry.CheckLeases(), 1);
+  EXPECT_EQ(recorder.losses().size(), 1u);
+}
+
+TEST(WorkerRegistryTest, CheckerWasStalled_LaterThanHalfALeaseAfterItsPeriod) {
+  const absl::Duration period = absl::Milliseconds(500), lease = absl::Seconds(5);
+  EXPECT_FALSE(WorkerRegistry::CheckerWasStalled(period, period, lease));
+  EXPECT_FALSE(WorkerRegistry::CheckerWasStalled(absl::Seconds(3), period, lease));
+  EXPECT_TRUE(WorkerRegistry::CheckerWasStalled(absl::Milliseconds(3001), period, lease));
+  EXPECT_TRUE(WorkerRegistry::CheckerWasStalled(absl::Seconds(9), period, lease));
+}
+
 TEST(WorkerRegistryTest, CheckLeases_ExactlyAtLease_StillLive) {
   FakeClock clock;
   WorkerRegistry registry(MakeOptions(&clock));

@@ -1044,7 +1044,7 @@ FlagSet DrainFlags(ActOptions& o) {
   FlagSet flags(
       "usage: pipetrain drain WORKER [--coordinator HOST:PORT]\n"
       "  (takes a worker out of service: its job re-plans without it at the next step\n"
-      "  boundary, redoing no step, and it gets no job until it registers again)");
+      "  boundary, redoing no step, and it gets no job until its process restarts)");
   o.c.Bind(flags);
   return flags;
 }

@@ -76,9 +76,16 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::Heartbeat(grpc::CallbackServerContext* context,
                                                             const v1::HeartbeatRequest* request,
-                                                            v1::HeartbeatResponse*) {
+                                                            v1::HeartbeatResponse* response) {
   return Unary(context, "Heartbeat", WorkerCall(*context, request->worker_id()),
-               [&] { return workers_->Heartbeat(*request); });
+               [&]() -> absl::Status {
+                 RETURN_IF_ERROR(workers_->Heartbeat(*request));
+                 // So the worker can say it is drained when it registers
+                 // again (a drain outlives a coordinator restart).
+                 ASSIGN_OR_RETURN(const v1::Worker self, workers_->Get(request->worker_id()));
+                 response->set_drained(jobs_->IsDrained(self));
+                 return absl::OkStatus();
+               });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::DeregisterWorker(

@@ -148,6 +148,54 @@ TEST_F(GrpcServiceTest, Heartbeat_RegisteredWorker_Ok) {
   EXPECT_EQ(workers_.Get("w-1")->current_instruction(), "idle");
 }
 
+// A drain outlives a coordinator restart: heartbeats tell the worker it is
+// drained, and a process that registers again saying so is drained from
+// the moment it is READY: a job waiting for a worker does not get it.
+TEST_F(GrpcServiceTest, Heartbeat_DrainedWorker_ToldSoAndRegisteringAgainStaysDrained) {
+  v1::RegisterWorkerResponse worker;
+  ASSERT_TRUE(Register(kJoinToken, &worker).ok());
+  auto heartbeat = [&](const v1::RegisterWorkerResponse& w) {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(w.worker_id());
+    request.set_incarnation(w.incarnation());
+    v1::HeartbeatResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    AddBearer(context, w.session_token());
+    EXPECT_TRUE(raw_->Heartbeat(&context, request, &response).ok());
+    return response.drained();
+  };
+  EXPECT_FALSE(heartbeat(worker));
+  ASSERT_TRUE(jobs_.Drain(worker.worker_id()).ok());
+  EXPECT_TRUE(heartbeat(worker));
+
+  // The process registers again (as after a coordinator restart), drained.
+  v1::RegisterWorkerRequest again;
+  again.set_join_token(kJoinToken);
+  again.set_data_address("127.0.0.1:9001");
+  again.set_drained(true);
+  v1::RegisterWorkerResponse second;
+  {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    ASSERT_TRUE(stub_->RegisterWorker(&context, again, &second).ok());
+  }
+  ASSERT_EQ(second.incarnation(), 2);
+  EXPECT_TRUE(heartbeat(second));
+  v1::Job job;
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_parallelism()->set_stages(1);
+  ASSERT_TRUE(Submit(spec, &job).ok());
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED) << job.reason();
+  v1::ListWorkersResponse listed;
+  grpc::ClientContext context;
+  SetDeadline(context);
+  ASSERT_TRUE(stub_->ListWorkers(&context, v1::ListWorkersRequest(), &listed).ok());
+  ASSERT_EQ(listed.workers_size(), 1);
+  EXPECT_TRUE(listed.workers(0).drained());
+  EXPECT_EQ(listed.workers(0).state(), v1::WORKER_STATE_READY);
+}
+
 TEST_F(GrpcServiceTest, DeregisterWorker_Registered_LeftAndIdempotent) {
   v1::RegisterWorkerResponse worker;
   ASSERT_TRUE(Register(kJoinToken, &worker).ok());

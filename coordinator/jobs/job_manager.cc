@@ -957,10 +957,13 @@ bool JobManager::IsLostLocked(const JobRecord& record, const std::string& worker
 }
 
 bool JobManager::IsDrainedLocked(const std::string& worker_id) const {
-  auto it = drained_.find(worker_id);
-  if (it == drained_.end()) return false;
   absl::StatusOr<v1::Worker> worker = registry_->Get(worker_id);
-  return worker.ok() && worker->incarnation() == it->second;
+  if (!worker.ok()) return false;
+  // Registered as a drained process: the registry's record says so from
+  // the moment it is READY, so no placement can come first.
+  if (worker->drained()) return true;
+  auto it = drained_.find(worker_id);
+  return it != drained_.end() && worker->incarnation() == it->second;
 }
 
 bool JobManager::RequestBoundaryLocked(JobRecord& record, const std::string& reason) {
@@ -1039,6 +1042,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
 }
 
 bool JobManager::IsDrained(const v1::Worker& worker) const {
+  if (worker.drained()) return true;  // registered as a drained process
   AnnotatedMutexLock lock(&mu_);
   auto it = drained_.find(worker.id());
   return it != drained_.end() && it->second == worker.incarnation();

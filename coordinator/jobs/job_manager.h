@@ -84,8 +84,9 @@
 // (ReportProgressResponse.stop_after_step); each stage checkpoints after
 // step t and stops; once that checkpoint is complete the job re-plans on
 // its workers (less the drained, plus spares up to max_workers) and
-// resumes at t, redoing nothing. A drained worker gets no job until it
-// registers again.
+// resumes at t, redoing nothing. A drained worker gets no job until its
+// process restarts (heartbeats tell it that it is drained, and it says so
+// when it registers again, e.g. after a coordinator restart).
 //
 // Thread-safe. Lock order: JobManager before WorkerRegistry before
 // AssignmentHub (the registry's loss listener is called outside its lock).
@@ -266,7 +267,9 @@ class JobManager {
   // checkpoints, or would be left with fewer than spec.elastic.min_workers
   // stages and no spare READY worker to take its place. Idempotent.
   absl::StatusOr<v1::Worker> Drain(const std::string& worker_id);
-  // Whether `worker` (its id and incarnation) has been drained.
+  // Whether `worker` (its id and incarnation, as the registry lists it) is
+  // drained: by Drain, or it registered as a drained process
+  // (RegisterWorkerRequest.drained, which the registry's record keeps).
   bool IsDrained(const v1::Worker& worker) const;
 
   // Registry loss listener: incarnation `incarnation` of the worker left

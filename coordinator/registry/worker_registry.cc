@@ -229,6 +229,9 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   worker.set_data_address(request.data_address());
   worker.set_metrics_address(request.metrics_address());
   worker.set_node_name(request.node_name());
+  // A drained process registering again stays drained (JobManager reads
+  // this): set with READY, so no placement comes between.
+  worker.set_drained(request.drained());
   worker.clear_job_id();
   worker.clear_current_instruction();
   TouchLocked(entry, clock_->Now());

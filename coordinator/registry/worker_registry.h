@@ -134,7 +134,9 @@ class WorkerRegistry {
   // Admits a worker. The first registration of a data_address gets the next
   // id ("w-1", "w-2", ...) and incarnation 1; a later one with the same
   // data_address keeps the id, gets incarnation + 1 and replaces the device
-  // facts and addresses. The new incarnation is READY, with a fresh lease. If
+  // facts and addresses. The new incarnation is READY, with a fresh lease,
+  // and Worker.drained as the request says (a drained process registering
+  // again; the job manager gives it no job). If
   // the superseded incarnation was ASSIGNED, the loss listener fires for its
   // job before Register returns.
   // The response carries the new incarnation's session credential.

@@ -169,6 +169,10 @@ absl::Status WorkerAgent::RegisterWithRetry() {
   request.set_data_address(data_plane_->address());
   request.set_metrics_address(options_.metrics_address);
   request.set_node_name(options_.node_name);
+  {
+    AnnotatedMutexLock lock(&mu_);
+    request.set_drained(drained_);
+  }
   while (true) {
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
@@ -337,9 +341,15 @@ void WorkerAgent::HeartbeatLoop() {
       if (watch_context_ != nullptr) watch_context_->TryCancel();  // reopen as the new one
     } else if (!s.ok()) {
       PT_LOG(WARNING) << "heartbeat failed: " << s.error_message();
-    } else if (!request.nccl_unique_id().empty()) {
+    } else {
       AnnotatedMutexLock lock(&mu_);
-      if (group_id_ == request.nccl_unique_id()) group_id_unreported_ = false;
+      if (!request.nccl_unique_id().empty() && group_id_ == request.nccl_unique_id()) {
+        group_id_unreported_ = false;
+      }
+      if (response.drained() && !drained_) {
+        drained_ = true;
+        PT_LOG(INFO) << "drained: this worker gets no job until its process restarts";
+      }
     }
     // Until the interval ends, or a STOP asks for a heartbeat now.
     {

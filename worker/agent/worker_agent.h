@@ -156,6 +156,10 @@ class WorkerAgent {
   bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;  // wakes the heartbeat loop
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   int64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  // A heartbeat's answer said this process is drained; every later
+  // registration says so (RegisterWorkerRequest.drained), so the drain
+  // outlives a coordinator restart. Never cleared: a new process is not.
+  bool drained_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::unique_ptr<JobRunner> runner_ ABSL_GUARDED_BY(mu_);

@@ -105,6 +105,74 @@ TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
   server->Shutdown();
 }
 
+// Registers the worker; its first heartbeat's answer says it is drained,
+// the second is refused as by a restarted coordinator (register again);
+// records each registration.
+class DrainingCoordinator final : public v1::CoordinatorService::Service {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+                              v1::RegisterWorkerResponse* response) override {
+    AnnotatedMutexLock lock(&mu_);
+    registrations_.push_back(*request);
+    response->set_worker_id("w-1");
+    response->set_incarnation(static_cast<int64_t>(registrations_.size()));
+    response->set_session_token("w-1.secret");
+    response->set_heartbeat_interval_seconds(0.05);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse* response) override {
+    const int n = heartbeats_.fetch_add(1);
+    if (n == 1) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no worker w-1: restarted");
+    response->set_drained(n == 0);
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchAssignments(grpc::ServerContext*, const v1::WatchAssignmentsRequest*,
+                                grpc::ServerWriter<v1::Assignment>*) override {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no assignments here");
+  }
+  // Waits (bounded) for `n` registrations; returns those there are.
+  std::vector<v1::RegisterWorkerRequest> AwaitRegistrations(size_t n) {
+    AnnotatedMutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return registrations_.size() >= n; },
+        absl::Seconds(30));
+    return registrations_;
+  }
+
+ private:
+  std::atomic<int> heartbeats_{0};
+  AnnotatedMutex mu_;
+  std::vector<v1::RegisterWorkerRequest> registrations_ ABSL_GUARDED_BY(mu_);
+};
+
+// A drain outlives a coordinator restart: told it is drained, the process
+// says so when it registers again.
+TEST(WorkerAgentTest, DrainedThenDropped_RegistersAgainAsDrained) {
+  DrainingCoordinator coordinator;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&coordinator);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  Mailbox mailbox;
+  auto data_plane = DataPlaneServer::Start("127.0.0.1:0", &mailbox);
+  ASSERT_TRUE(data_plane.ok()) << data_plane.status();
+  WorkerAgentOptions options;
+  options.coordinator_address = absl::StrCat("127.0.0.1:", port);
+  options.join_token = "join";
+  WorkerAgent agent(options, data_plane->get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.AwaitRegistrations(2);
+  agent.Stop();
+  (*data_plane)->Shutdown();
+  server->Shutdown();
+  ASSERT_GE(registrations.size(), 2u);
+  EXPECT_FALSE(registrations[0].drained());  // a new process
+  EXPECT_TRUE(registrations[1].drained());
+}
+
 // Registers the worker, accepts its heartbeats, sends `assignment` on the
 // first assignment stream (later ones end at once) and records the
 // progress reports.

@@ -171,7 +171,28 @@ bool HttpGate::TakeMail(std::vector<int>& admitted,
 
 void HttpGate::Adopt(int fd) {
   MakeNonBlocking(fd);
-  const bool over_limit = CountOpen() >= options_.max_connections;
+  bool over_limit = CountOpen() >= options_.max_connections;
+  if (over_limit) {
+    // The oldest connection still sending its request makes room: clients
+    // that hold connections without finishing a request (up to the cap,
+    // reopening each as it times out) would otherwise turn every new one
+    // away, /healthz probes included. A real request is whole within
+    // moments of its connect, so it is never the oldest unfinished one
+    // for long.
+    Connection* oldest = nullptr;
+    for (auto& [id, open] : connections_) {
+      if (open->done || open->state != State::kReading) continue;
+      if (oldest == nullptr || open->accepted < oldest->accepted) oldest = open.get();
+    }
+    if (oldest != nullptr) {
+      Reject(*oldest, 503, "UNAVAILABLE",
+             absl::StrCat("the server has the most open connections it accepts (",
+                          options_.max_connections,
+                          ") and this request, the oldest unfinished one, made room for a new "
+                          "connection; send requests whole, or retry later"));
+      over_limit = false;
+    }
+  }
   auto owned = std::make_unique<Connection>(next_id_++, fd, options_.limits);
   Connection& connection = *owned;
   connection.deadline = absl::Now() + options_.request_timeout;

@@ -18,8 +18,11 @@
 //                                                     (written, then EOF,
 //                                                      error or `linger`)
 //
-// Over max_connections open connections (reading, handling or writing), a
-// new one is answered 503 at once. Answers go out with "Connection: close";
+// At max_connections open connections (reading, handling or writing), a new
+// one takes the place of the oldest one still reading its request, which is
+// answered 503; with none reading, the new one is answered 503 at once. So
+// idle or trickling clients cannot keep every slot, and /healthz answers.
+// Answers go out with "Connection: close";
 // after the last byte the gate shuts its side down and reads until the
 // client closes (at most `linger`), so a client still sending a rejected body
 // reads the answer instead of a connection reset. At most max_connections

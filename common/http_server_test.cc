@@ -14,12 +14,14 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/annotated_mutex.h"
 #include "common/slow_http_clients.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -581,7 +583,11 @@ TEST(HttpServer, Post_ExpectContinue_ContinueThenResponse) {
   EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["body"], "{\"x\":1}");
 }
 
-TEST(HttpServer, Get_ConnectionsOverCap_Returns503AndKeepsTheOthers) {
+// Clients that hold every connection without finishing a request (and
+// reopen each as it times out) turned every new one away with 503, /healthz
+// probes included, so liveness probes restarted the pods. A new connection
+// now takes the place of the oldest unfinished request.
+TEST(HttpServer, Get_ConnectionsAtCapHeldUnfinished_OldestDroppedNewOneServed) {
   HttpServer server({.max_connections = 2});
   server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
   absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
@@ -589,15 +595,56 @@ TEST(HttpServer, Get_ConnectionsOverCap_Returns503AndKeepsTheOthers) {
   // Connected (and so accepted) in order: these two take both places.
   auto silent = SlowHttpClients::Open(*port, {.connections = 2, .trickling = 0});
   ASSERT_TRUE(silent.ok()) << silent.status();
+  for (int probe = 1; probe <= 3; ++probe) {
+    httplib::Result result = ClientFor(*port)->Get("/healthz");
+    ASSERT_TRUE(result) << httplib::to_string(result.error());
+    EXPECT_EQ(result->status, 200) << result->body;
+    // The oldest silent one made room for the first probe; an answered
+    // probe holds no place, so the next ones fit beside the other.
+    EXPECT_EQ((*silent)->CountAnsweredOrClosed(), 1);
+  }
+}
 
-  httplib::Result result = ClientFor(*port)->Get("/healthz");
-  ASSERT_TRUE(result) << httplib::to_string(result.error());
-  EXPECT_EQ(result->status, 503);
-  EXPECT_EQ(nlohmann::json::parse(result->body),
+// Every place taken by a request being handled: nothing to drop, so the
+// new connection is turned away at once, and the handled ones finish.
+TEST(HttpServer, Get_ConnectionsAtCapAllHandled_NewOneRefused503) {
+  HttpServer server({.max_connections = 2});
+  AnnotatedMutex mu;
+  int waiting = 0;
+  bool release = false;
+  server.Get("/slow", [&](const HttpRequest&) {
+    AnnotatedMutexLock lock(&mu);
+    ++waiting;
+    mu.AwaitWithTimeout([&] { return release; }, absl::Seconds(30));
+    return JsonResponse(200, "{}");
+  });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  std::vector<std::thread> handled;
+  std::vector<int> statuses(2, 0);
+  for (int i = 0; i < 2; ++i) {
+    handled.emplace_back([&, i] {
+      httplib::Result result = ClientFor(*port)->Get("/slow");
+      statuses[i] = result ? result->status : -1;
+    });
+  }
+  {
+    AnnotatedMutexLock lock(&mu);
+    ASSERT_TRUE(mu.AwaitWithTimeout([&] { return waiting == 2; }, absl::Seconds(30)));
+  }
+  httplib::Result refused = ClientFor(*port)->Get("/slow");
+  ASSERT_TRUE(refused) << httplib::to_string(refused.error());
+  EXPECT_EQ(refused->status, 503);
+  EXPECT_EQ(nlohmann::json::parse(refused->body),
             ErrorBody(14,
                       "the server has the most open connections it accepts "
                       "(2); retry later"));
-  EXPECT_EQ((*silent)->CountAnsweredOrClosed(), 0);
+  {
+    AnnotatedMutexLock lock(&mu);
+    release = true;
+  }
+  for (std::thread& t : handled) t.join();
+  EXPECT_EQ(statuses, (std::vector<int>{200, 200}));
 }
 
 TEST(HttpServer, Read_RequestIncompleteAtDeadline_Returns408AndCloses) {

@@ -34,6 +34,7 @@
 #include "common/enum_names.h"
 #include "common/flag_set.h"
 #include "common/secrets.h"
+#include "common/terminal_safe.h"
 #include "common/tls_credentials.h"
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
@@ -903,7 +904,7 @@ int RunJobs(const std::vector<std::string>& args) {
   for (const v1::Job& j : jobs) {
     std::printf("%-*s %-10s %10lld %10.4f  %s\n", id_width, j.id().c_str(),
                 EnumShortName(j.state()).c_str(), static_cast<long long>(j.progress().step()),
-                j.progress().loss(), j.spec().name().c_str());
+                j.progress().loss(), TerminalSafe(j.spec().name()).c_str());
   }
   return kExitOk;
 }

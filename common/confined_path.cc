@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/terminal_safe.h"
 
 namespace pipetrain {
 namespace {
@@ -60,6 +61,12 @@ absl::Status CheckConfinedName(absl::string_view field, absl::string_view path) 
                                        kMaxSpecPathBytes));
   }
   if (path.find('\0') != absl::string_view::npos) return Invalid(field, "path contains a NUL byte");
+  // File names are listed on terminals (ls, the job's weightsPath).
+  if (const std::optional<size_t> at = FirstTerminalControl(path)) {
+    return Invalid(field, absl::StrCat("path has a control character at byte ", *at,
+                                       " (escape sequences, line breaks and bidirectional "
+                                       "overrides are not allowed in file names)"));
+  }
   if (path.front() == '/') {
     return Invalid(field, "must be a relative path (it is resolved under the operator's "
                           "directory); absolute paths are not allowed");

@@ -53,6 +53,10 @@ TEST(CheckConfinedNameTest, EscapingOrMalformed_InvalidArgumentNamingField) {
       {"dir/", "not end with '/'"},
       {"", "empty path"},
       {std::string("a\0b", 3), "NUL"},
+      // Names that would act on a terminal that lists them.
+      {"a\nb.safetensors", "control character at byte 1"},
+      {"runs/\x1b[2Jw", "control character at byte 5"},
+      {"w\xe2\x80\xaesrotnesefas.exe", "control character at byte 1"},
       {std::string(1025, 'a'), "1025 bytes exceeds the limit of 1024"},
       {std::string(256, 'a'), "component exceeds 255"},
   };

@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "common/confined_path.h"
 #include "common/status_macros.h"
+#include "common/terminal_safe.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/compress/codec_spec.h"
 #include "worker/model/gpt_config.h"
@@ -950,6 +951,13 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   }
   if (!spec.has_parallelism()) return Invalid("spec.parallelism", "required (stages)");
   RETURN_IF_ERROR(RequireMaxBytes("spec.name", spec.name(), kMaxJobNameBytes));
+  // Listed on every user's terminal (pipetrain jobs).
+  if (const std::optional<size_t> at = FirstTerminalControl(spec.name())) {
+    return Invalid("spec.name",
+                   absl::StrCat("has a control character at byte ", *at,
+                                " (escape sequences, line breaks and bidirectional overrides "
+                                "are not allowed: others' terminals list the name)"));
+  }
   if (spec.parallelism().has_data() && spec.parallelism().data() == kDataParallelAuto) {
     return ResolveAutoLayout(spec);
   }

@@ -1166,6 +1166,25 @@ TEST(ResolveJobSpecBounds, DerivedLimits_Rejected) {
   EXPECT_LT(status.message().size(), 400u) << "the echo of a client string is cut short";
 }
 
+// Job names are listed on every user's terminal (pipetrain jobs): no
+// escape sequences, line breaks or bidirectional overrides; other Unicode
+// is fine.
+TEST(ResolveJobSpec, NameWithTerminalControls_InvalidArgumentAtItsByte) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.set_name("r\xc3\xa9sum\xc3\xa9 \xe6\x97\xa5");
+  EXPECT_TRUE(ResolveJobSpec(spec).ok());
+  for (const auto& [name, at] : std::vector<std::pair<std::string, int>>{
+           {"a\x1b]0;pwned\x07", 1}, {"run\r\nfake-line", 3}, {"x\xe2\x80\xae" "exe", 1}}) {
+    spec.set_name(name);
+    const absl::Status status = ResolveJobSpec(spec).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_EQ(status.message(),
+              absl::StrCat("spec.name: has a control character at byte ", at,
+                           " (escape sequences, line breaks and bidirectional overrides are not "
+                           "allowed: others' terminals list the name)"));
+  }
+}
+
 TEST(ResolveJobSpec, CheckpointAndElastic_BoundsNamed) {
   struct Case {
     std::function<void(v1::JobSpec*)> edit;

@@ -98,13 +98,14 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                           .Name("pipetrain_plan_predicted_stage_busy_seconds")
                           .Help(
                               "The current job's plan: the simulated step's compute time of "
-                              "each worker's stage position, by the worker's stage index.")
+                              "each pipeline stage, the largest of its workers'.")
                           .Register(*registry_);
   plan_stage_idle_ = &prometheus::BuildGauge()
                           .Name("pipetrain_plan_predicted_stage_idle_seconds")
                           .Help(
                               "The current job's plan: the simulated step's idle time of each "
-                              "worker's stage position (waiting for input or the step's end).")
+                              "pipeline stage (waiting for input or the step's end), the largest "
+                              "of its workers'.")
                           .Register(*registry_);
   job_steps_ = &prometheus::BuildCounter()
                     .Name("pipetrain_job_steps_total")
@@ -113,13 +114,16 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                     .Add({});
   stage_busy_ = &prometheus::BuildCounter()
                      .Name("pipetrain_stage_busy_seconds_total")
-                     .Help("Compute time the workers of each pipeline stage reported, seconds.")
+                     .Help(
+                         "Compute time the workers of each pipeline stage reported, seconds, "
+                         "averaged over the stage's replicas and tensor ranks.")
                      .Register(*registry_);
   stage_idle_ = &prometheus::BuildCounter()
                      .Name("pipetrain_stage_idle_seconds_total")
                      .Help(
                          "Time the workers of each pipeline stage reported waiting on "
-                         "receives (the bubble), seconds.")
+                         "receives (the bubble), seconds, averaged over the stage's replicas "
+                         "and tensor ranks.")
                      .Register(*registry_);
   rpc_refused_ = &prometheus::BuildCounter()
                       .Name("pipetrain_rpc_refused_total")
@@ -280,14 +284,26 @@ void CoordinatorMetrics::RefreshCurrentJob(const std::vector<v1::Job>& jobs) {
   if (plan.ok()) {
     plan_predicted_seconds_->Set(plan->predicted_iteration_seconds());
     plan_version_->Set(static_cast<double>(plan->version()));
-    // Per stage (the stage label as pipetrain_stage_busy_seconds_total's);
-    // beyond the label cap a gauge could not tell the stages apart.
-    const int shown = std::min(plan->stages_size(), kMaxStageLabel);
+    // Per pipeline stage (the stage label as pipetrain_stage_busy_seconds_
+    // total's), the largest over its replicas and tensor ranks; beyond the
+    // label cap a gauge could not tell the stages apart.
+    const int workers = plan->stages_size();
+    const int replicas = std::max(1, plan->data_parallel());
+    const int tensor = std::max(1, plan->tensor_parallel());
+    std::vector<double> busy, idle;
+    for (int g = 0; g < workers; ++g) {
+      const int stage = PipelineStageOf(g, workers, replicas, tensor);
+      if (stage >= kMaxStageLabel) continue;
+      if (stage >= static_cast<int>(busy.size())) busy.resize(stage + 1), idle.resize(stage + 1);
+      busy[stage] = std::max(busy[stage], plan->stages(g).predicted_busy_seconds());
+      idle[stage] = std::max(idle[stage], plan->stages(g).predicted_idle_seconds());
+    }
+    const int shown = static_cast<int>(busy.size());
     AnnotatedMutexLock lock(&refresh_mu_);
-    for (int g = 0; g < shown; ++g) {
-      const prometheus::Labels labels = {{"stage", StageLabel(g)}};
-      plan_stage_busy_->Add(labels).Set(plan->stages(g).predicted_busy_seconds());
-      plan_stage_idle_->Add(labels).Set(plan->stages(g).predicted_idle_seconds());
+    for (int stage = 0; stage < shown; ++stage) {
+      const prometheus::Labels labels = {{"stage", StageLabel(stage)}};
+      plan_stage_busy_->Add(labels).Set(busy[stage]);
+      plan_stage_idle_->Add(labels).Set(idle[stage]);
     }
     for (int g = shown; g < predicted_stages_shown_; ++g) {
       const prometheus::Labels labels = {{"stage", StageLabel(g)}};
@@ -329,6 +345,12 @@ void CoordinatorMetrics::AddStageTime(int stage, double busy_seconds, double idl
 }
 
 void CoordinatorMetrics::CountStep() { job_steps_->Increment(); }
+
+int CoordinatorMetrics::PipelineStageOf(int index, int workers, int replicas, int tensor) {
+  if (replicas < 1 || tensor < 1 || workers % (replicas * tensor) != 0) return index;
+  const int stages = workers / (replicas * tensor);
+  return index / tensor % stages;
+}
 
 std::string CoordinatorMetrics::StageLabel(int stage) {
   if (stage >= kMaxStageLabel) return absl::StrCat(kMaxStageLabel, "+");

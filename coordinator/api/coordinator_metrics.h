@@ -14,12 +14,13 @@
 //   pipetrain_plan_predicted_iteration_seconds    gauge    the plan's simulated iteration time (*)
 //   pipetrain_plan_version                        gauge    the plan's version (*)
 //   pipetrain_plan_predicted_stage_busy_seconds{stage}  gauge  the simulated step of each
-//   pipetrain_plan_predicted_stage_idle_seconds{stage}  gauge  worker's stage position: its
-//                                                          compute and its idle time
+//   pipetrain_plan_predicted_stage_idle_seconds{stage}  gauge  pipeline stage: its workers'
+//                                                          largest compute and idle time
 //                                                          (Plan.stages; stages 0-62 (*))
 //   pipetrain_job_steps_total                     counter  optimizer steps completed, all jobs
 //   pipetrain_stage_busy_seconds_total{stage}     counter  compute time the workers of a
-//                                                          pipeline stage reported
+//                                                          pipeline stage reported, averaged
+//                                                          over its replicas and tensor ranks
 //   pipetrain_stage_idle_seconds_total{stage}     counter  receive-wait time they reported (a
 //                                                          worker's own, unlabelled, is
 //                                                          pipetrain_worker_idle_seconds_total)
@@ -122,6 +123,11 @@ class CoordinatorMetrics {
   // ReportProgress). Negative or non-finite values are ignored: they come
   // from workers, and counters only go up.
   void AddStageTime(int stage, double busy_seconds, double idle_seconds);
+  // The pipeline stage of the worker at `index` of a plan's `workers`
+  // (Job.worker_ids, Plan.stages): replica-major, then stage, tensor rank
+  // innermost (plan.proto), with `replicas` and `tensor` of at least 1.
+  // Workers that do not divide into them count as one replica of one rank.
+  static int PipelineStageOf(int index, int workers, int replicas, int tensor);
   // One optimizer step completed (a ReportProgress carrying losses).
   void CountStep();
   // The job manager's events (JobManager::SetEvents), feeding the recovery

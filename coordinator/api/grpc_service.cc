@@ -165,11 +165,18 @@ void CoordinatorGrpcService::RecordProgress(const v1::ReportProgressRequest& req
   if (request.micro_batch_losses_size() > 0) metrics_->CountStep();
   absl::StatusOr<v1::Job> job = jobs_->Get(request.job_id());
   if (!job.ok()) return;
-  // worker_ids is in stage order, so a worker's position is its stage.
+  // worker_ids is in plan order: replica-major, then stage, tensor rank
+  // innermost (the spec carries the layout a plan chose). A stage's
+  // counters get the mean of its workers' times.
   const auto& ids = job->worker_ids();
-  for (int stage = 0; stage < ids.size(); ++stage) {
-    if (ids[stage] == request.worker_id()) {
-      metrics_->AddStageTime(stage, request.busy_seconds(), request.idle_seconds());
+  const int replicas = std::max(1, job->spec().parallelism().data());
+  const int tensor = std::max(1, job->spec().parallelism().tensor());
+  const int workers = ids.size();
+  const double share = workers % (replicas * tensor) == 0 ? 1.0 / (replicas * tensor) : 1.0;
+  for (int g = 0; g < workers; ++g) {
+    if (ids[g] == request.worker_id()) {
+      metrics_->AddStageTime(CoordinatorMetrics::PipelineStageOf(g, workers, replicas, tensor),
+                             request.busy_seconds() * share, request.idle_seconds() * share);
       return;
     }
   }

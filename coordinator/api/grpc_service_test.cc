@@ -530,6 +530,56 @@ TEST_F(GrpcServiceTest, ReportProgress_StepWithLosses_UpdatesJobAndStageMetrics)
   }
 }
 
+// With replicas, the stage label is the pipeline stage, not the worker's
+// position: a one-stage job on two replicas was reported as stages 0 and
+// 1. A stage's counters get the mean of its workers' times.
+TEST_F(GrpcServiceTest, ReportProgress_DataParallelJob_StageMetricsByPipelineStage) {
+  v1::RegisterWorkerResponse first, second;
+  ASSERT_TRUE(Register(kJoinToken, &first, "127.0.0.1:9001").ok());
+  ASSERT_TRUE(Register(kJoinToken, &second, "127.0.0.1:9002").ok());
+  v1::JobSpec spec = ValidSpec();
+  spec.mutable_training()->set_micro_batches(2);
+  spec.mutable_parallelism()->set_data(2);
+  v1::Job job;
+  ASSERT_TRUE(Submit(spec, &job).ok());
+  job = jobs_.Get(job.id()).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.worker_ids_size(), 2);
+  for (const v1::RegisterWorkerResponse* worker : {&first, &second}) {
+    v1::ReportProgressRequest request;
+    request.set_worker_id(worker->worker_id());
+    request.set_incarnation(worker->incarnation());
+    request.set_job_id(job.id());
+    request.set_plan_version(job.plan_version());
+    request.set_iteration(0);
+    request.add_micro_batch_losses(2.5f);  // each replica's last stage reports its micro-batch
+    request.set_busy_seconds(worker == &first ? 0.5 : 0.7);
+    request.set_idle_seconds(0.25);
+    v1::ReportProgressResponse response;
+    grpc::ClientContext context;
+    SetDeadline(context);
+    AddBearer(context, worker->session_token());
+    const grpc::Status status = raw_->ReportProgress(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  const std::string text = MetricsText();
+  EXPECT_TRUE(absl::StrContains(text, "pipetrain_stage_busy_seconds_total{stage=\"0\"} 0.6\n"))
+      << text;
+  EXPECT_TRUE(absl::StrContains(text, "pipetrain_stage_idle_seconds_total{stage=\"0\"} 0.25\n"))
+      << text;
+  EXPECT_FALSE(absl::StrContains(text, "{stage=\"1\"}")) << text;
+}
+
+TEST(CoordinatorMetricsTest, PipelineStageOf_ReplicaMajorTensorRankInnermost) {
+  // 2 replicas x 3 stages x 2 tensor ranks.
+  const int expected[] = {0, 0, 1, 1, 2, 2, 0, 0, 1, 1, 2, 2};
+  for (int g = 0; g < 12; ++g) {
+    EXPECT_EQ(CoordinatorMetrics::PipelineStageOf(g, 12, 2, 2), expected[g]) << g;
+  }
+  EXPECT_EQ(CoordinatorMetrics::PipelineStageOf(3, 4, 1, 1), 3);  // a plain pipeline
+  EXPECT_EQ(CoordinatorMetrics::PipelineStageOf(4, 5, 2, 1), 4);  // not a whole layout
+}
+
 TEST_F(GrpcServiceTest, GetJobAndListJobs_Views_LossHistoryOnlyInFull) {
   v1::RegisterWorkerResponse worker;
   ASSERT_TRUE(Register(kJoinToken, &worker).ok());

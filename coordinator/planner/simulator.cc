@@ -495,7 +495,9 @@ class Simulator {
     r.all_reduce_seconds = all_reduce_;
     double occupied = 0;  // compute and all-reduce: everything but the bubble
     for (int w = 0; w < workers; ++w) {
-      r.idle_seconds.push_back(r.iteration_seconds - busy_[w] - all_reduce_[w]);
+      // Never negative: busy and all-reduce are sums of the same spans
+      // that make up the clock, and round differently (-4e-19 was seen).
+      r.idle_seconds.push_back(std::max(0.0, r.iteration_seconds - busy_[w] - all_reduce_[w]));
       occupied += busy_[w] + all_reduce_[w];
     }
     if (r.iteration_seconds > 0) r.bubble_fraction = 1 - occupied / (workers * r.iteration_seconds);

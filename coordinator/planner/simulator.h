@@ -255,6 +255,7 @@ struct SimulationResult {
   std::vector<double> busy_seconds;        // per worker
   std::vector<double> all_reduce_seconds;  // per worker; all 0 without data parallelism
   std::vector<double> idle_seconds;        // per worker, iteration_seconds - busy - all_reduce
+                                           // (at least 0: rounding could leave -1e-19)
   double bubble_fraction = 0;              // 0 when iteration_seconds == 0
   // Sorted by (worker, start, instruction); transfers are listed under their
   // sender.

@@ -179,6 +179,14 @@ expect_exit tensor_with_solver 2 "--solver has no effect with --tensor" -- --ten
 expect_exit tensor_search_with_svg 2 "--svg has no effect with --tensor-parallel" -- \
   --layers 2 --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 4 --data auto \
   --tensor-parallel auto --svg "$TMP/t.svg"
+# A cluster file has the links and memory; one pipeline has no layouts to
+# cost. Both were accepted and ignored: the same plan, a different belief.
+expect_exit cluster_with_bandwidth 2 "--bandwidth-gbps has no effect with --cluster" -- \
+  --profile "$TMP/paper.json" --cluster "$TMP/small.json" --bandwidth-gbps 1
+expect_exit cluster_with_memory 2 "--memory-gib has no effect with --cluster" -- \
+  --profile "$TMP/paper.json" --cluster "$TMP/small.json" --memory-gib 1
+expect_exit one_pipeline_with_beta 2 "--distpar-beta has no effect with --data 1" -- \
+  --layers 2 --workers 2 --distpar-beta 2
 expect_exit no_profile 2 "give --profile FILE or --layers N" -- --workers 2
 expect_exit no_cluster 2 "give either --cluster or --workers" -- --profile "$TMP/paper.json"
 expect_exit both_clusters 2 "give either --cluster or --workers" -- --profile "$TMP/paper.json" \

@@ -487,6 +487,14 @@ absl::Status CheckModeFlags(const FlagSet& flags, const PlanFlags& f) {
     return RejectIgnored(flags, "--tensor-parallel (a table of layouts)",
                          {"svg", "trace", "distpar-beta"});
   }
+  if (!f.cluster.empty()) {
+    RETURN_IF_ERROR(RejectIgnored(flags, "--cluster (its file has the links and memory)",
+                                  {"bandwidth-gbps", "latency-us", "memory-gib"}));
+  }
+  if (f.data == 1) {  // one pipeline: no layouts to cost
+    RETURN_IF_ERROR(RejectIgnored(flags, "--data 1 (the default: DistPar's cost ranks layouts)",
+                                  {"distpar-beta"}));
+  }
   return absl::OkStatus();
 }
 

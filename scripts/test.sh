@@ -6,8 +6,10 @@
 # Where the CUDA toolkit is installed (/usr/local/cuda/bin/nvcc), it then
 # builds and tests the CUDA backend too (--config=cuda, CUDA_TARGETS below);
 # without a GPU those tests skip their GPU cases.
-# Ends with a line "tests: N passed, M failed; GPU tests: ...", then runs each
-# fuzz target for 5 s (scripts/fuzz.sh) and ends with "fuzz: N targets, M crashes".
+# Ends with a line "tests: N passed, M failed; GPU tests: ...", then checks
+# the layering and (without arguments) the coordinator image's libraries,
+# runs each fuzz target for 5 s (scripts/fuzz.sh) and ends with "fuzz: N
+# targets, M crashes".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
@@ -48,6 +50,11 @@ rm -f "$log"
 if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then failed=1; fi  # e.g. a build error
 echo "tests: $passed passed, $failed failed; $gpu"
 if ! bash scripts/check_layering.sh && [ "$status" -eq 0 ]; then status=1; fi
+# The coordinator image's packages against the libraries the binary links
+# (the default configuration's binary: not under a sanitizer's flags).
+if [ "$#" -eq 0 ] && ! bash scripts/check_image_libraries.sh && [ "$status" -eq 0 ]; then
+  status=1
+fi
 # libFuzzer smoke run (docs/fuzzing.md): a crash or a failed build fails CI.
 if ! bash scripts/fuzz.sh 5 && [ "$status" -eq 0 ]; then status=1; fi
 exit "$status"

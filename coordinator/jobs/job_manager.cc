@@ -616,12 +616,16 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
         const Tensor* t = contents->Find(p.name);
         if (t == nullptr) t = contents->Find("transformer." + p.name);
         // A padded vocabulary takes the file's rows (gpt_config.h).
-        if (t == nullptr ||
-            !CheckFitsParameter(p.name, Shape(p.shape.begin(), p.shape.end()), t->shape()).ok()) {
+        const std::string wanted = ShapeToString(Shape(p.shape.begin(), p.shape.end()));
+        if (t == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat("spec.init.from: ", from,
+                                                         " has no tensor ", p.name,
+                                                         " (this model's is ", wanted, ")"));
+        }
+        if (!CheckFitsParameter(p.name, Shape(p.shape.begin(), p.shape.end()), t->shape()).ok()) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "spec.init.from: ", from,
-              (t == nullptr ? " has no tensor " : " has another shape of "), p.name,
-              " than this model's ", ShapeToString(Shape(p.shape.begin(), p.shape.end()))));
+              "spec.init.from: ", from, " has ", p.name, " of shape ", ShapeToString(t->shape()),
+              ", which does not fit this model's ", wanted));
         }
       }
     }

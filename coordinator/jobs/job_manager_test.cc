@@ -904,6 +904,28 @@ TEST_F(JobManagerTest, Weights_CancelledWhileTheFileIsWritten_NothingRenamedIn) 
   EXPECT_EQ(std::string(std::istreambuf_iterator<char>(kept), {}), "an earlier run's weights");
 }
 
+// init.from a weights file that lacks a tensor, or has one of another
+// shape: refused at submit, the message naming the tensor and both shapes.
+TEST_F(JobManagerTest, InitFrom_WeightsMissingOrMisshapen_RefusedNamingTheTensor) {
+  v1::JobSpec spec = SmallSpec(1);
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  const ParameterShape first = UnitParameterShapes(model, 0)[0];
+  const std::string wanted = ShapeToString(Shape(first.shape.begin(), first.shape.end()));
+  ASSERT_TRUE(
+      WriteSafetensors(OutputDir() + "/other.safetensors", {{"unrelated", Tensor::Zeros({2})}})
+          .ok());
+  ASSERT_TRUE(
+      WriteSafetensors(OutputDir() + "/small.safetensors", {{first.name, Tensor::Zeros({1, 1})}})
+          .ok());
+  spec.mutable_init()->set_from("other.safetensors");
+  EXPECT_EQ(Submit(spec).status().message(), "spec.init.from: other.safetensors has no tensor " +
+                                                 first.name + " (this model's is " + wanted + ")");
+  spec.mutable_init()->set_from("small.safetensors");
+  EXPECT_EQ(Submit(spec).status().message(),
+            "spec.init.from: small.safetensors has " + first.name +
+                " of shape [1, 1], which does not fit this model's " + wanted);
+}
+
 // Completeness is by the elements covered, not by values counted: a chunk
 // sent twice does not stand in for a missing one (the file would hold
 // zeros there).

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
 #include "worker/transport/data_plane_server.h"
@@ -31,6 +32,36 @@ TransportFactory GrpcTransports(Mailbox* mailbox) {
         return std::unique_ptr<Transport>(
             new GrpcTransport(stage, peers, mailbox, std::move(transport_options)));
       };
+}
+
+// A scripted coordinator served on a free port of 127.0.0.1 and a data plane
+// receiving into `mailbox`, with the options an agent needs to reach them.
+struct AgentRig {
+  std::unique_ptr<grpc::Server> server;
+  std::unique_ptr<DataPlaneServer> data_plane;
+  WorkerAgentOptions options;  // coordinator_address and join_token set
+
+  void Shutdown() {
+    data_plane->Shutdown();
+    server->Shutdown();
+  }
+};
+
+absl::StatusOr<AgentRig> StartRig(v1::CoordinatorService::Service* coordinator, Mailbox* mailbox) {
+  AgentRig rig;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(coordinator);
+  rig.server = builder.BuildAndStart();
+  if (rig.server == nullptr) return absl::UnavailableError("the coordinator did not start");
+  absl::StatusOr<std::unique_ptr<DataPlaneServer>> data_plane =
+      DataPlaneServer::Start("127.0.0.1:0", mailbox);
+  if (!data_plane.ok()) return data_plane.status();
+  rig.data_plane = *std::move(data_plane);
+  rig.options.coordinator_address = absl::StrCat("127.0.0.1:", port);
+  rig.options.join_token = "join";
+  return rig;
 }
 
 // Registers the first worker, forgets it at its first heartbeat
@@ -68,19 +99,10 @@ class ForgetfulCoordinator final : public v1::CoordinatorService::Service {
 
 TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
   ForgetfulCoordinator coordinator;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
   Mailbox mailbox;
-  auto data_plane = DataPlaneServer::Start("127.0.0.1:0", &mailbox);
-  ASSERT_TRUE(data_plane.ok()) << data_plane.status();
-
-  WorkerAgentOptions options;
-  options.coordinator_address = absl::StrCat("127.0.0.1:", port);
-  options.join_token = "join";
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
   AnnotatedMutex mu;  // a hand-off TSan sees (absl::Notification's it does not)
   absl::Status refusal;
   bool refused = false;
@@ -89,7 +111,7 @@ TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
     refusal = status;
     refused = true;
   };
-  WorkerAgent agent(options, data_plane->get(), &mailbox, GrpcTransports(&mailbox));
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
   ASSERT_TRUE(agent.Start().ok());
   {
     AnnotatedMutexLock lock(&mu);
@@ -101,8 +123,7 @@ TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
   EXPECT_EQ(coordinator.registrations(), 2);  // no retry: it cannot help
   EXPECT_EQ(coordinator.heartbeats(), 1);     // the heartbeat thread has ended
   agent.Stop();
-  (*data_plane)->Shutdown();
-  server->Shutdown();
+  rig->Shutdown();
 }
 
 // Registers the worker; its first heartbeat's answer says it is drained,
@@ -150,24 +171,14 @@ class DrainingCoordinator final : public v1::CoordinatorService::Service {
 // says so when it registers again.
 TEST(WorkerAgentTest, DrainedThenDropped_RegistersAgainAsDrained) {
   DrainingCoordinator coordinator;
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
   Mailbox mailbox;
-  auto data_plane = DataPlaneServer::Start("127.0.0.1:0", &mailbox);
-  ASSERT_TRUE(data_plane.ok()) << data_plane.status();
-  WorkerAgentOptions options;
-  options.coordinator_address = absl::StrCat("127.0.0.1:", port);
-  options.join_token = "join";
-  WorkerAgent agent(options, data_plane->get(), &mailbox, GrpcTransports(&mailbox));
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
   ASSERT_TRUE(agent.Start().ok());
   const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.AwaitRegistrations(2);
   agent.Stop();
-  (*data_plane)->Shutdown();
-  server->Shutdown();
+  rig->Shutdown();
   ASSERT_GE(registrations.size(), 2u);
   EXPECT_FALSE(registrations[0].drained());  // a new process
   EXPECT_TRUE(registrations[1].drained());
@@ -247,24 +258,14 @@ v1::Assignment RunAssignment() {
 std::optional<v1::ReportProgressRequest> FirstReportFromAgent(const v1::Assignment& a,
                                                               Mailbox& mailbox) {
   ScriptedCoordinator coordinator(a);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&coordinator);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  EXPECT_NE(server, nullptr);
-  auto data_plane = DataPlaneServer::Start("127.0.0.1:0", &mailbox);
-  EXPECT_TRUE(data_plane.ok()) << data_plane.status();
-  if (server == nullptr || !data_plane.ok()) return std::nullopt;
-  WorkerAgentOptions options;
-  options.coordinator_address = absl::StrCat("127.0.0.1:", port);
-  options.join_token = "join";
-  WorkerAgent agent(options, data_plane->get(), &mailbox, GrpcTransports(&mailbox));
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  EXPECT_TRUE(rig.ok()) << rig.status();
+  if (!rig.ok()) return std::nullopt;
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
   EXPECT_TRUE(agent.Start().ok());
   std::optional<v1::ReportProgressRequest> report = coordinator.AwaitFirstReport();
   agent.Stop();
-  (*data_plane)->Shutdown();
-  server->Shutdown();
+  rig->Shutdown();
   return report;
 }
 

@@ -544,8 +544,11 @@ int Serve(const Config& config, const sigset_t& signals) {
   job_options.data_roots = absl::StrSplit(flags.data_roots, ',', absl::SkipEmpty());
   job_options.id_epoch = JobIdEpoch();
   JobManager jobs(&registry, &hub, RealClock(), job_options);
-  // Bipartition and auto jobs profile the model on a worker first (cached).
+  // Jobs profile the model on a worker first (cached).
   jobs.SetProfileFetcher(MakeWorkerProfileFetcher(absl::Minutes(10)));
+  // Before Restore, which reports the jobs it resumes as recoveries.
+  CoordinatorMetrics metrics(&registry, &jobs);
+  jobs.SetEvents(metrics.Events());
   if (absl::Status restored = jobs.Restore(); !restored.ok()) {
     PT_LOG(ERROR) << "--state-dir: " << restored;
     return 1;
@@ -554,8 +557,6 @@ int Serve(const Config& config, const sigset_t& signals) {
   registry.SetLossListener(
       [&jobs](const std::string& worker, const std::string& job, const std::string& reason,
               int64_t incarnation) { jobs.OnWorkerLost(worker, job, reason, incarnation); });
-  CoordinatorMetrics metrics(&registry, &jobs);
-  jobs.SetEvents(metrics.Events());
   const CallerAuth auth(flags.user_token, &registry);
   CoordinatorGrpcService service(&registry, &jobs, &hub, &metrics, &auth);
 

@@ -549,6 +549,12 @@ TEST_F(ElasticClusterTest, CoordinatorKilledAndRestarted_JobsWorkersAndHistoryBa
     resumed = resumed || absl::StrContains(v.reason(), "the coordinator restarted");
   }
   EXPECT_TRUE(resumed);
+  // A recovery of its own kind (none was counted when Restore ran before
+  // the metrics were connected).
+  const std::string metrics = testing::ScrapeMetrics(cluster_->http_port());
+  EXPECT_TRUE(absl::StrContains(
+      metrics, "pipetrain_job_recoveries_total{reason=\"coordinator_restart\"} 1\n"))
+      << metrics;
   // The same workers, under the same ids, registered again.
   v1::ListWorkersResponse workers_after;
   ASSERT_TRUE(stub_->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers_after).ok());

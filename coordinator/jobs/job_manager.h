@@ -206,7 +206,8 @@ class JobManager {
 
   // Enables measured profiles (see above). Call before submitting jobs.
   void SetProfileFetcher(ProfileFetcher fetcher);
-  // Enables the events above. Call before submitting jobs.
+  // Enables the events above. Call before Restore (it reports the jobs it
+  // resumes) and before submitting jobs.
   void SetEvents(JobEvents events);
   // Takes back the jobs and profiles of options.state (a restart): ended
   // and queued jobs as they were; a job that was running resumes from its

@@ -10,6 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "coordinator/store/coordinator_state.h"
+#include "coordinator/store/memory_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -558,27 +560,29 @@ TEST(WorkerRegistryTest, Restore_KnownWorkersLostUntilTheyRegisterAgainUnderThei
 
 // A worker that deregistered is LEFT after a restart, with its last
 // heartbeat; it was LOST, which the PipetrainWorkerLost alert counts, and
-// seemed to have been seen at the restart.
+// seemed to have been seen at the restart. Through the coordinator's store,
+// as the coordinator keeps workers (a first version saved only in tests).
 TEST(WorkerRegistryTest, Restore_DeregisteredWorkerStaysLeft) {
   FakeClock clock;
-  std::vector<v1::Worker> saved;
-  const WorkerRegistry::Options options = SavingOptions(&clock, &saved);
+  MemoryStore store;
+  CoordinatorState state(&store);
+  ASSERT_TRUE(state.Initialize().ok());
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.persist = [&state](const v1::Worker& w) { return state.SaveWorker(w); };
+  google::protobuf::Timestamp last_heartbeat;
   {
     WorkerRegistry before(options);
     ASSERT_TRUE(before.Register(Request(1)).ok());
     ASSERT_TRUE(before.Register(Request(2)).ok());
+    last_heartbeat = before.Get("w-1")->last_heartbeat();
     clock.Advance(absl::Seconds(10));
     ASSERT_TRUE(before.Deregister("w-1", 1).ok());
   }
-  std::map<std::string, v1::Worker> latest;
-  for (const v1::Worker& w : saved) latest[w.id()] = w;
-  ASSERT_EQ(latest.at("w-1").state(), v1::WORKER_STATE_LEFT);
-  const google::protobuf::Timestamp last_heartbeat = latest.at("w-1").last_heartbeat();
-  std::vector<v1::Worker> restored;
-  for (const auto& [id, w] : latest) restored.push_back(w);
+  const absl::StatusOr<std::vector<v1::Worker>> restored = state.LoadWorkers();
+  ASSERT_TRUE(restored.ok()) << restored.status();
   clock.Advance(absl::Minutes(5));
   WorkerRegistry after(options);
-  after.Restore(restored);
+  after.Restore(*restored);
   EXPECT_EQ(after.Get("w-1")->state(), v1::WORKER_STATE_LEFT);
   EXPECT_EQ(after.Get("w-1")->last_heartbeat().seconds(), last_heartbeat.seconds());
   EXPECT_EQ(after.Get("w-2")->state(), v1::WORKER_STATE_LOST);

@@ -36,9 +36,10 @@ class CoordinatorState {
   absl::Status Initialize();
 
   // Keeps what a restart needs of `worker` (id, data address, latest
-  // incarnation, device facts, addresses; no state, no session).
+  // incarnation, device facts, addresses, last heartbeat, whether it is
+  // LEFT; no other state, no session).
   absl::Status SaveWorker(const v1::Worker& worker);
-  // The saved workers, their state unset.
+  // The saved workers: LEFT if they were saved so, else their state unset.
   absl::StatusOr<std::vector<v1::Worker>> LoadWorkers() const;
 
   absl::Status SaveJob(const store::StoredJob& job);

@@ -37,6 +37,15 @@ TEST(CoordinatorStateTest, WorkersJobsAndProfiles_RoundTrip) {
   EXPECT_EQ((*workers)[0].device().cpu_model(), "test cpu");
   EXPECT_EQ((*workers)[0].state(), v1::WORKER_STATE_UNSPECIFIED);
   EXPECT_EQ((*workers)[0].job_id(), "");
+  // A worker that deregistered is kept LEFT, with when it was last heard.
+  worker.set_state(v1::WORKER_STATE_LEFT);
+  worker.mutable_last_heartbeat()->set_seconds(1700000000);
+  ASSERT_TRUE(state.SaveWorker(worker).ok());
+  const auto left = state.LoadWorkers();
+  ASSERT_TRUE(left.ok()) << left.status();
+  ASSERT_EQ(left->size(), 1u);
+  EXPECT_EQ((*left)[0].state(), v1::WORKER_STATE_LEFT);
+  EXPECT_EQ((*left)[0].last_heartbeat().seconds(), 1700000000);
 
   store::StoredJob job;
   job.mutable_job()->set_id("job-a-1");

@@ -13,6 +13,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <random>
 #include <set>
 #include <tuple>
 #include <utility>
@@ -235,16 +236,11 @@ bool RemoveIfAbandoned(int dir_fd, const std::string& entry) {
 // RemoveAbandonedTemporaries tells a living writer's file from a dead one's.
 // The lock is taken a moment after the file appears; a file system without
 // flock leaves it unlocked, and the cleanup then leaves such files alone too.
-//
-// A file already under that name is a dead writer's when it can be locked:
-// names repeat across processes when pids do (a restarted container's
-// process is often pid 1 again, and its first temporary ".tmp.1.0"), so it
-// is removed and the name taken; a locked one fails with EEXIST.
+// TempNameFor's names do not repeat, so an existing file under the name is
+// an error (EEXIST), not a dead writer's to take over.
 absl::StatusOr<int> CreateLockedTemporary(int dir_fd, const std::string& tmp, mode_t mode) {
-  int fd = openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0 && errno == EEXIST && RemoveIfAbandoned(dir_fd, tmp)) {
-    fd = openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  }
+  const int fd =
+      openat(dir_fd, tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
   if (fd < 0) return ErrnoError(errno, "cannot create temporary file", tmp);
   flock(fd, LOCK_EX | LOCK_NB);  // see above: no lock is not an error
   return fd;
@@ -276,9 +272,12 @@ std::string TempNameFor(const std::string& name) {
   // allows 255 bytes), failing the write after training. The temporary name
   // keeps at most kTempPrefixBytes of `name` (so "unit-..." temporaries of a
   // writer that died stay recognisable: coordinator/jobs/checkpoint_catalog.cc)
-  // and a pid and a per-process counter (one per write, never shared):
-  // at most 200 + 5 + 10 + 1 + 20 = 236 bytes.
-  static std::atomic<uint64_t> next_temp{0};
+  // and a pid and a per-process number: a random 64-bit start, then one more
+  // per write. Names never repeat, neither within a process nor across
+  // processes whose pids do (containers restarted as pid 1, or sharing a
+  // volume): at most 200 + 5 + 10 + 1 + 20 = 236 bytes.
+  static std::atomic<uint64_t> next_temp{std::random_device()() |
+                                         (uint64_t{std::random_device()()} << 32)};
   return absl::StrCat(name.substr(0, kTempPrefixBytes), ".tmp.", getpid(), ".",
                       next_temp.fetch_add(1));
 }

@@ -484,7 +484,7 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
     const int64_t step = job.progress().step(), steps = job.spec().training().steps();
     // Recoveries and re-plans are news: each on a line of its own.
     if (job.state() == v1::JOB_STATE_RECOVERING && !said_recovering) {
-      progress.Message(job.reason());
+      progress.Message(TerminalSafe(job.reason()));
       said_recovering = true;
     }
     if (job.plan_version() > last_version && job.plan_history_size() > 0) {
@@ -492,7 +492,7 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
       if (last_version > 0) {
         progress.Message(absl::StrFormat(
             "plan %d on %d workers (%s), from step %d: %s", v.version(), v.worker_ids_size(),
-            absl::StrJoin(v.worker_ids(), ", "), v.start_step(), v.reason()));
+            absl::StrJoin(v.worker_ids(), ", "), v.start_step(), TerminalSafe(v.reason())));
         // The step time compared with the prediction is the new plan's.
         if (timing != nullptr) *timing = StepTiming();
       }
@@ -850,7 +850,7 @@ int RunSubmit(const std::vector<std::string>& args) {
   // "job-… SUCCEEDED" exactly, for scripts (docs/operations.md); a reason
   // follows a space only when there is one.
   std::printf("%s %s%s%s\n", done->id().c_str(), EnumShortName(done->state()).c_str(),
-              done->reason().empty() ? "" : " ", done->reason().c_str());
+              done->reason().empty() ? "" : " ", TerminalSafe(done->reason()).c_str());
   return done->state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobNotSucceeded;
 }
 
@@ -1138,9 +1138,13 @@ int RunWorkers(const std::vector<std::string>& args) {
     // A drained worker gets no job however READY it looks: say so.
     const std::string doing =
         w.drained() ? absl::StrCat("drained; ", w.current_instruction()) : w.current_instruction();
+    // What a worker sent (its address, device name and instruction) is
+    // printed inert: a join-token holder's escape sequences would act on
+    // the operator's terminal.
     std::printf("%-*s %-9s %-22s %-24s %8.0f %-*s %s\n", id_width, w.id().c_str(),
-                EnumShortName(w.state()).c_str(), w.data_address().c_str(), device.c_str(),
-                w.device().measured_gflops(), job_width, w.job_id().c_str(), doing.c_str());
+                EnumShortName(w.state()).c_str(), TerminalSafe(w.data_address()).c_str(),
+                TerminalSafe(device).c_str(), w.device().measured_gflops(), job_width,
+                w.job_id().c_str(), TerminalSafe(doing).c_str());
   }
   return kExitOk;
 }

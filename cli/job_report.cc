@@ -8,6 +8,7 @@
 #include "cli/pass_times.h"
 #include "cli/stage_times.h"
 #include "common/enum_names.h"
+#include "common/terminal_safe.h"
 #include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
@@ -50,7 +51,8 @@ std::string FormatJobOutcome(const v1::Job& end) {
     absl::StrAppendFormat(&out, "validation loss %.4f after step %d\n", end.progress().val_loss(),
                           end.progress().val_step());
   }
-  if (!end.reason().empty()) absl::StrAppend(&out, "reason: ", end.reason(), "\n");
+  // Reasons carry workers' error messages: printed inert (terminal_safe.h).
+  if (!end.reason().empty()) absl::StrAppend(&out, "reason: ", TerminalSafe(end.reason()), "\n");
   if (!end.weights_path().empty()) absl::StrAppend(&out, "weights: ", end.weights_path(), "\n");
   return out;
 }

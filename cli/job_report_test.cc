@@ -42,6 +42,16 @@ TEST(FormatJobOutcome, ValidationReasonAndWeightsWhenThere) {
             "weights: /out/w.safetensors\n");
 }
 
+// A reason can carry a worker's error message (a join-token holder's
+// text): its escape sequences and line breaks are printed inert.
+TEST(FormatJobOutcome, ReasonWithTerminalControls_PrintedInert) {
+  v1::Job job = SucceededJob(1);
+  job.set_state(v1::JOB_STATE_FAILED);
+  job.set_reason("worker w-2: \x1b]0;pwned\x07\r\nfake");
+  EXPECT_TRUE(Has(FormatJobOutcome(job), "reason: worker w-2: \\x1b]0;pwned\\x07\\x0d\\x0afake\n"))
+      << FormatJobOutcome(job);
+}
+
 TEST(FormatJobOutcome, StillGoingOrNotStarted) {
   v1::Job job = SucceededJob(30);
   job.set_state(v1::JOB_STATE_RUNNING);

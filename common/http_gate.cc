@@ -184,12 +184,26 @@ void HttpGate::Adopt(int fd) {
       if (open->done || open->state != State::kReading) continue;
       if (oldest == nullptr || open->accepted < oldest->accepted) oldest = open.get();
     }
+    // Else the oldest whose client is not reading its answer (bytes still
+    // to write): those can hold places just as long, until
+    // response_timeout. Its answer is cut off: it gets no 503 mid-answer.
+    Connection* stalled = nullptr;
+    for (auto& [id, open] : connections_) {
+      if (oldest != nullptr) break;
+      if (open->done || open->state != State::kWriting || open->written >= open->out.size()) {
+        continue;
+      }
+      if (stalled == nullptr || open->accepted < stalled->accepted) stalled = open.get();
+    }
     if (oldest != nullptr) {
       Reject(*oldest, 503, "UNAVAILABLE",
              absl::StrCat("the server has the most open connections it accepts (",
                           options_.max_connections,
                           ") and this request, the oldest unfinished one, made room for a new "
                           "connection; send requests whole, or retry later"));
+      over_limit = false;
+    } else if (stalled != nullptr) {
+      stalled->done = true;  // closed by the next Sweep
       over_limit = false;
     }
   }
@@ -378,7 +392,10 @@ size_t HttpGate::CountIn(State state) const {
 }
 
 size_t HttpGate::CountOpen() const {
-  return connections_.size() - CountIn(State::kLingering);
+  // Connections marked done are closed at the end of this turn: not open.
+  return std::count_if(connections_.begin(), connections_.end(), [](const auto& entry) {
+    return !entry.second->done && entry.second->state != State::kLingering;
+  });
 }
 
 }  // namespace pipetrain

@@ -19,9 +19,11 @@
 //                                                      error or `linger`)
 //
 // At max_connections open connections (reading, handling or writing), a new
-// one takes the place of the oldest one still reading its request, which is
-// answered 503; with none reading, the new one is answered 503 at once. So
-// idle or trickling clients cannot keep every slot, and /healthz answers.
+// one takes the place of the oldest one still reading its request (answered
+// 503), or else of the oldest whose client does not read its answer (closed
+// with the answer cut off); with neither, the new one is answered 503 at
+// once. So idle, trickling or non-reading clients cannot keep every slot,
+// and /healthz answers.
 // Answers go out with "Connection: close";
 // after the last byte the gate shuts its side down and reads until the
 // client closes (at most `linger`), so a client still sending a rejected body
@@ -132,7 +134,7 @@ class HttpGate {
   void Expire(absl::Time now);
   void Sweep();
   size_t CountIn(State state) const;
-  size_t CountOpen() const;  // reading, handling or writing
+  size_t CountOpen() const;  // reading, handling or writing, and not done
 
   const Options options_;
   const Dispatch dispatch_;

@@ -878,8 +878,9 @@ TEST_F(JobManagerTest, Weights_PathOfAJobThatHasNotEnded_RefusedUntilItEnds) {
 }
 
 // Cancelled while its finished weights are being written (synced off the
-// lock): the cancel holds. The file already under the name stays as it
-// was (the rename was done anyway, replacing it), and nothing else is left.
+// lock): the cancel holds. The file already under the name stays as it was
+// (before, the rename was done anyway and replaced it), and nothing else is
+// left.
 TEST_F(JobManagerTest, Weights_CancelledWhileTheFileIsWritten_NothingRenamedIn) {
   const std::string w1 = AddWorker(7001);
   const std::string dir = OutputDir() + "/kept";

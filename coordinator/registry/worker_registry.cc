@@ -1,5 +1,6 @@
 #include "coordinator/registry/worker_registry.h"
 
+#include <chrono>
 #include <set>
 #include <utility>
 
@@ -605,7 +606,9 @@ void WorkerRegistry::RenewLeasesAfterStall(absl::Duration stalled) {
 void WorkerRegistry::RunStalenessLoop() {
   const absl::Duration period = options_.heartbeat_interval / 2;
   auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_requested_; };
-  absl::Time last_check = absl::Now();
+  // A monotonic clock: a wall-clock step (NTP) is not a stall.
+  auto now = [] { return absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch()); };
+  absl::Duration last_check = now();
   for (;;) {
     {
       AnnotatedMutexLock lock(&mu_);
@@ -615,11 +618,11 @@ void WorkerRegistry::RunStalenessLoop() {
     // A check far later than asked means this process was not running
     // (its heartbeat handlers neither): judging leases now would blame the
     // workers for the coordinator's stall and fail their jobs.
-    const absl::Time now = absl::Now();
-    if (CheckerWasStalled(now - last_check, period, options_.lease)) {
-      RenewLeasesAfterStall(now - last_check);
+    const absl::Duration checked = now();
+    if (CheckerWasStalled(checked - last_check, period, options_.lease)) {
+      RenewLeasesAfterStall(checked - last_check);
     }
-    last_check = now;
+    last_check = checked;
     CheckLeases();
   }
 }

@@ -874,6 +874,9 @@ void JobManager::ScheduleQueued() {
   // the destructor's AwaitProfiling has taken the list (a thread left
   // joinable in profilers_ would terminate the process).
   if (stopping_) return;
+  // Ended jobs beyond the limits go here too, not only at a submit: jobs
+  // that end while nothing is submitted (cancelled in a loop) were kept.
+  PruneLocked();
   const absl::Time now = clock_->Now();
   // Recovering jobs first: they ran already, and hold on to their workers.
   std::set<std::string> reserved;

@@ -1400,6 +1400,20 @@ TEST_F(JobManagerTest, EndedJobs_PrunedByCountAndAge_NewestKept) {
   EXPECT_EQ(jobs.Get(ids[1]).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(jobs.Get(ids[2]).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(jobs.List().size(), 2u);  // the two still queued
+  // Jobs that end while nothing is submitted are pruned too, by the
+  // scheduling pass (they stayed until the next submit).
+  auto ended = [&jobs] {
+    int n = 0;
+    for (const v1::Job& job : jobs.List()) n += IsTerminal(job.state()) ? 1 : 0;
+    return n;
+  };
+  std::vector<std::string> later;
+  for (int i = 0; i < 3; ++i) later.push_back(jobs.Submit(SmallSpec(3)).value().id());
+  for (const std::string& id : later) ASSERT_TRUE(jobs.Cancel(id).ok());
+  ASSERT_GT(ended(), 2);
+  jobs.ScheduleQueued();
+  EXPECT_EQ(ended(), 2);
+  EXPECT_TRUE(jobs.Get(later.back()).ok());  // the newest kept
 }
 
 // Planning runs off the job manager's lock (here when the test runs it):

@@ -621,8 +621,11 @@ TEST_F(JobManagerTest, WorkersSharingAHostsRam_PlannedWithTheirShare) {
   const v1::Job refused = jobs_.Get(shared).value();
   EXPECT_EQ(refused.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(refused.reason(),
-                                "bytes but has 75000 (memory per worker: "
+                                "but has 75000 bytes (0.00 GiB) (memory per worker: "
                                 "host vm's RAM shared by 2 workers)"))
+      << refused.reason();
+  // Whole bytes, never "1.00096e+05".
+  EXPECT_TRUE(absl::StrContains(refused.reason(), "would need 100096 bytes (0.00 GiB)"))
       << refused.reason();
 }
 

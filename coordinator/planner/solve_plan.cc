@@ -1,9 +1,11 @@
 #include "coordinator/planner/solve_plan.h"
 
 #include <chrono>
+#include <cmath>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/bipartition.h"
 #include "coordinator/planner/unit_costs.h"
@@ -50,10 +52,14 @@ absl::StatusOr<BiPartitionPlan> ScoreFixedPlan(const BiPartitionProblem& problem
   const BiPartitionCosts costs(problem);
   for (size_t w = 0; w < forward.size(); ++w) {
     if (!costs.Fits(static_cast<int>(w), forward[w], backward[w])) {
+      // Whole bytes and GiB: StrCat of the doubles printed "4.1613e+08".
+      auto bytes = [](double b) {
+        return absl::StrFormat("%.0f bytes (%.2f GiB)", std::ceil(b), b / (1ull << 30));
+      };
       return absl::ResourceExhaustedError(
           absl::StrCat("worker ", cluster.workers[w].name, " would need ",
-                       costs.Memory(static_cast<int>(w), forward[w], backward[w]),
-                       " bytes but has ", cluster.workers[w].memory_bytes));
+                       bytes(costs.Memory(static_cast<int>(w), forward[w], backward[w])),
+                       " but has ", bytes(cluster.workers[w].memory_bytes)));
     }
   }
   BiPartitionPlan plan{std::move(forward), std::move(backward), 0};

@@ -616,13 +616,14 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
         const Tensor* t = contents->Find(p.name);
         if (t == nullptr) t = contents->Find("transformer." + p.name);
         // A padded vocabulary takes the file's rows (gpt_config.h).
-        const std::string wanted = ShapeToString(Shape(p.shape.begin(), p.shape.end()));
+        const Shape shape(p.shape.begin(), p.shape.end());
+        const std::string wanted = ShapeToString(shape);
         if (t == nullptr) {
           return absl::InvalidArgumentError(absl::StrCat("spec.init.from: ", from,
                                                          " has no tensor ", p.name,
                                                          " (this model's is ", wanted, ")"));
         }
-        if (!CheckFitsParameter(p.name, Shape(p.shape.begin(), p.shape.end()), t->shape()).ok()) {
+        if (!CheckFitsParameter(p.name, shape, t->shape()).ok()) {
           return absl::InvalidArgumentError(absl::StrCat(
               "spec.init.from: ", from, " has ", p.name, " of shape ", ShapeToString(t->shape()),
               ", which does not fit this model's ", wanted));
@@ -700,7 +701,6 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
                        " jobs are already queued or running (the coordinator's limit); wait for "
                        "some to end or cancel them"));
     }
-    PruneLocked();
     auto record = std::make_unique<JobRecord>();
     record->job.set_id(options_.id_epoch.empty()
                            ? absl::StrCat("job-", next_id_++)
@@ -874,8 +874,8 @@ void JobManager::ScheduleQueued() {
   // the destructor's AwaitProfiling has taken the list (a thread left
   // joinable in profilers_ would terminate the process).
   if (stopping_) return;
-  // Ended jobs beyond the limits go here too, not only at a submit: jobs
-  // that end while nothing is submitted (cancelled in a loop) were kept.
+  // Ended jobs beyond the limits go in every pass (a Submit ends with one),
+  // so jobs that end while nothing is submitted go too.
   PruneLocked();
   const absl::Time now = clock_->Now();
   // Recovering jobs first: they ran already, and hold on to their workers.
@@ -965,12 +965,15 @@ bool JobManager::IsLostLocked(const JobRecord& record, const std::string& worker
 
 bool JobManager::IsDrainedLocked(const std::string& worker_id) const {
   absl::StatusOr<v1::Worker> worker = registry_->Get(worker_id);
-  if (!worker.ok()) return false;
+  return worker.ok() && IsDrainedLocked(*worker);
+}
+
+bool JobManager::IsDrainedLocked(const v1::Worker& worker) const {
   // Registered as a drained process: the registry's record says so from
   // the moment it is READY, so no placement can come first.
-  if (worker->drained()) return true;
-  auto it = drained_.find(worker_id);
-  return it != drained_.end() && worker->incarnation() == it->second;
+  if (worker.drained()) return true;
+  auto it = drained_.find(worker.id());
+  return it != drained_.end() && it->second == worker.incarnation();
 }
 
 bool JobManager::RequestBoundaryLocked(JobRecord& record, const std::string& reason) {
@@ -1049,10 +1052,8 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
 }
 
 bool JobManager::IsDrained(const v1::Worker& worker) const {
-  if (worker.drained()) return true;  // registered as a drained process
   AnnotatedMutexLock lock(&mu_);
-  auto it = drained_.find(worker.id());
-  return it != drained_.end() && it->second == worker.incarnation();
+  return IsDrainedLocked(worker);
 }
 
 absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {

@@ -504,6 +504,8 @@ class JobManager {
   std::vector<std::string> SpareWorkersLocked(const std::set<std::string>& reserved) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsDrainedLocked(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same, of the registry's record `worker` (its id and incarnation).
+  bool IsDrainedLocked(const v1::Worker& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Known lost during the record's recovery, and not registered again since.
   bool IsLostLocked(const JobRecord& record, const std::string& worker_id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -126,6 +126,14 @@ class JobManagerTest : public ::testing::Test {
     }
   }
 
+  // A one-stage job's whole upload by `worker`: every tensor, the last
+  // step's report (iteration 2, losses), and the end of the upload.
+  void FinishUpload(const std::string& worker, const std::string& job, const GptConfig& model) {
+    ASSERT_NO_FATAL_FAILURE(UploadEveryTensor(worker, job, model));
+    Report(worker, job, 2, {1.0f, 1.0f}, true);
+    ASSERT_TRUE(jobs_.FinishWeights(worker, job).ok());
+  }
+
   // Places what can be placed, planning included.
   void Schedule() {
     jobs_.ScheduleQueued();
@@ -817,9 +825,7 @@ TEST_F(JobManagerTest, Weights_WrittenAsTheyArrive_UnderTheirNameOnlyAtTheEnd) {
   std::vector<std::string> files = FilesIn(dir);
   ASSERT_EQ(files.size(), 1u);
   EXPECT_TRUE(absl::StartsWith(files[0], "final.safetensors.tmp.")) << files[0];
-  ASSERT_NO_FATAL_FAILURE(UploadEveryTensor(w1, id, model));
-  Report(w1, id, 2, {1.0f, 1.0f}, true);
-  ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
+  ASSERT_NO_FATAL_FAILURE(FinishUpload(w1, id, model));
   EXPECT_EQ(background_.RunAll(), 1);
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(FilesIn(dir), std::vector<std::string>{"final.safetensors"});
@@ -851,9 +857,7 @@ TEST_F(JobManagerTest, Weights_DeadCoordinatorsTemporary_RemovedByTheNextUploadO
   ASSERT_EQ(files.size(), 2u);  // this upload's temporary, and the other name's
   EXPECT_TRUE(absl::StartsWith(files[0], "final.safetensors.tmp.")) << files[0];
   EXPECT_NE(files[0], stale);
-  ASSERT_NO_FATAL_FAILURE(UploadEveryTensor(w1, id, model));
-  Report(w1, id, 2, {1.0f, 1.0f}, true);
-  ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
+  ASSERT_NO_FATAL_FAILURE(FinishUpload(w1, id, model));
   EXPECT_EQ(background_.RunAll(), 1);
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_SUCCEEDED);
   EXPECT_EQ(FilesIn(dir),
@@ -893,9 +897,7 @@ TEST_F(JobManagerTest, Weights_CancelledWhileTheFileIsWritten_NothingRenamedIn) 
   spec.mutable_output()->set_weights_path("kept/final.safetensors");
   const std::string id = Submit(spec).value().id();
   const GptConfig model = ResolveJobSpec(spec).value().train.model;
-  ASSERT_NO_FATAL_FAILURE(UploadEveryTensor(w1, id, model));
-  Report(w1, id, 2, {1.0f, 1.0f}, true);
-  ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
+  ASSERT_NO_FATAL_FAILURE(FinishUpload(w1, id, model));
   ASSERT_EQ(jobs_.Get(id).value().reason(),
             "every stage finished; writing the weights to kept/final.safetensors");
   ASSERT_TRUE(jobs_.Cancel(id).ok());

@@ -906,6 +906,7 @@ void JobManager::ScheduleQueued() {
       record.job.set_reason(waiting);
       continue;  // later jobs that fit the READY workers go first (backfill)
     }
+    if (record.place_by_memory) ready = RoomiestFirstLocked(std::move(ready), need);
     ready.resize(need);
     absl::Status started = StartLocked(record, ready);
     if (!started.ok()) {
@@ -941,6 +942,26 @@ void JobManager::ScheduleQueued() {
       for (const std::string& w : joining) reserved.insert(w);
     }
   }
+}
+
+std::vector<std::string> JobManager::RoomiestFirstLocked(std::vector<std::string> workers,
+                                                         int need) const {
+  std::vector<v1::Worker> infos;
+  for (const std::string& w : workers) {
+    absl::StatusOr<v1::Worker> info = registry_->Get(w);
+    // One gone since it was counted: last (StartLocked then finds it gone).
+    infos.push_back(info.ok() ? *std::move(info) : v1::Worker());
+  }
+  std::vector<std::string> ordered;
+  std::vector<bool> taken(workers.size(), false);
+  for (size_t i : RoomiestWorkers(infos, need)) {
+    ordered.push_back(workers[i]);
+    taken[i] = true;
+  }
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (!taken[i]) ordered.push_back(std::move(workers[i]));
+  }
+  return ordered;
 }
 
 std::vector<std::string> JobManager::SpareWorkersLocked(
@@ -1118,6 +1139,9 @@ absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::s
   PendingPlacement pending;
   pending.origin = PlacementOrigin::kInitial;
   pending.reason = "initial plan";
+  if (record.place_by_memory) {
+    pending.failure_prefix = "on the READY workers with the most memory: ";
+  }
   return BeginPlacementLocked(record, workers, std::move(pending));
 }
 
@@ -1289,11 +1313,41 @@ void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
   }
   PendingPlacement pending = *std::move(record->pending);
   record->pending.reset();
+  if (!output.status.ok() && RetryWithMoreMemoryLocked(*record, pending, output.status)) return;
   if (!output.status.ok()) {
     return EndLocked(*record, v1::JOB_STATE_FAILED,
                      absl::StrCat(pending.failure_prefix, output.status.message()));
   }
   CommitPlacementLocked(*record, std::move(pending), std::move(output));
+}
+
+bool JobManager::RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlacement& pending,
+                                           const absl::Status& refusal) {
+  if (refusal.code() != absl::StatusCode::kResourceExhausted ||
+      pending.origin != PlacementOrigin::kInitial || record.place_by_memory) {
+    return false;
+  }
+  // The candidates: these workers (still the job's in the registry) and
+  // every spare READY one.
+  std::vector<std::string> candidates = pending.workers;
+  for (std::string& w : SpareWorkersLocked({})) candidates.push_back(std::move(w));
+  const int need = static_cast<int>(pending.workers.size());
+  std::vector<std::string> roomiest = RoomiestFirstLocked(std::move(candidates), need);
+  roomiest.resize(need);
+  if (std::set<std::string>(roomiest.begin(), roomiest.end()) ==
+      std::set<std::string>(pending.workers.begin(), pending.workers.end())) {
+    return false;  // no other READY workers have more: the refusal stands
+  }
+  registry_->Release(record.job.id());
+  record.place_by_memory = true;
+  record.job.set_state(v1::JOB_STATE_QUEUED);
+  record.job.set_reason(absl::StrCat("the plan on ", absl::StrJoin(pending.workers, ", "),
+                                     " did not fit (", refusal.message(),
+                                     "); waiting to be placed on the READY workers with the "
+                                     "most memory"));
+  PT_LOG(INFO) << "job " << record.job.id() << ": " << record.job.reason();
+  TouchLocked(record);
+  return true;
 }
 
 void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pending,

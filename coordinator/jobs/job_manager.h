@@ -21,7 +21,10 @@
 // so no other job takes them meanwhile; a worker lost while the job is
 // planned sends a first plan back to QUEUED and a re-plan back to
 // RECOVERING (without it), instead of failing the job when the plan is in.
-// Planning takes the first `stages` READY workers (ascending id), splits the
+// Planning takes the first `stages` READY workers (ascending id); when that
+// first plan is refused for memory and other READY workers have more, the
+// job goes back to QUEUED once to be placed on the workers with the most
+// memory (RoomiestWorkers), and FAILS only if that plan is refused too. It splits the
 // model with the job's solver (planner.h) on a profile of the model,
 // compiles one program per stage and publishes an Assignment per worker to
 // the AssignmentHub. The profile is the measured one cached for (model,
@@ -404,6 +407,10 @@ class JobManager {
     // finds the job no longer PLANNING, was overtaken and is dropped).
     std::optional<PendingPlacement> pending;
     int64_t placement = 0;
+    // The first plan did not fit in the memory of the workers first in
+    // line: the next placement takes the READY workers with the most memory
+    // (RoomiestWorkers), and a refusal there FAILS the job.
+    bool place_by_memory = false;
     // Every stage finished and its weights are in: the file is being
     // written (the job is still RUNNING; its workers are done, so losses
     // and reports no longer matter).
@@ -471,10 +478,18 @@ class JobManager {
   };
   static PlanningOutput PlanPlacement(const PlanningInput& input);
   // A planning task's end: sends the assignments (CommitPlacementLocked),
-  // or FAILS the job with the planning error; drops an overtaken one.
+  // or FAILS the job with the planning error; drops an overtaken one. A
+  // first plan refused for memory goes back to QUEUED instead when other
+  // READY workers have more memory (RetryWithMoreMemoryLocked).
   void FinishPlacement(const std::string& job_id, int64_t placement, PlanningOutput output);
   void CommitPlacementLocked(JobRecord& record, PendingPlacement pending, PlanningOutput output)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's first placement, on `pending`'s workers, was refused for
+  // memory (`refusal`): when the READY workers with the most memory are
+  // another set, releases these and re-queues the job to be placed on
+  // those, and returns true; false (nothing changed) otherwise.
+  bool RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlacement& pending,
+                                 const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `worker` (its `incarnation`) was lost while the job was PLANNING; see
   // PlacementOrigin.
   void AbandonPlacementLocked(JobRecord& record, const std::string& worker,
@@ -502,6 +517,10 @@ class JobManager {
   void ReplanAtBoundaryLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // READY workers no job holds or waits for, not drained, ascending id.
   std::vector<std::string> SpareWorkersLocked(const std::set<std::string>& reserved) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `workers` reordered so that the `need` with the most memory between
+  // them (RoomiestWorkers) come first; the rest follow in their order.
+  std::vector<std::string> RoomiestFirstLocked(std::vector<std::string> workers, int need) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool IsDrainedLocked(const std::string& worker_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The same, of the registry's record `worker` (its id and incarnation).

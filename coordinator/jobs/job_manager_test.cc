@@ -637,6 +637,45 @@ TEST_F(JobManagerTest, WorkersSharingAHostsRam_PlannedWithTheirShare) {
       << refused.reason();
 }
 
+// The first workers by id share a host's RAM and cannot hold the plan,
+// but another READY worker has a host of its own: the job is placed again
+// on the workers with the most memory, and runs there.
+TEST_F(JobManagerTest, RefusedForMemory_PlacedAgainOnTheRoomiestReadyWorkers) {
+  constexpr int64_t kRam = 150000;  // as above
+  const std::string a = AddCpuWorker(7001, "vm", kRam);
+  const std::string b = AddCpuWorker(7002, "vm", kRam);
+  const std::string c = AddCpuWorker(7003, "c", kRam);
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  const v1::Job waiting = jobs_.Get(id).value();
+  ASSERT_EQ(waiting.state(), v1::JOB_STATE_QUEUED) << waiting.reason();
+  EXPECT_TRUE(absl::StrContains(waiting.reason(),
+                                absl::StrCat("the plan on ", a, ", ", b, " did not fit (")))
+      << waiting.reason();
+  EXPECT_TRUE(absl::StrContains(waiting.reason(), "with the most memory")) << waiting.reason();
+  EXPECT_EQ(registry_.Get(b).value().state(), v1::WORKER_STATE_READY);
+  Schedule();
+  const v1::Job placed = jobs_.Get(id).value();
+  ASSERT_EQ(placed.state(), v1::JOB_STATE_RUNNING) << placed.reason();
+  EXPECT_EQ(std::vector<std::string>(placed.worker_ids().begin(), placed.worker_ids().end()),
+            (std::vector<std::string>{a, c}));
+}
+
+// Tried once more on the roomiest workers, a plan that fits nowhere FAILS,
+// saying where it was tried.
+TEST_F(JobManagerTest, RefusedForMemoryOnTheRoomiestWorkersToo_Fails) {
+  AddCpuWorker(7001, "vm", 150000);
+  AddCpuWorker(7002, "vm", 150000);
+  AddCpuWorker(7003, "c", 90000);  // less than a stage's 100096 bytes
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_QUEUED);
+  Schedule();
+  const v1::Job failed = jobs_.Get(id).value();
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StartsWith(failed.reason(), "on the READY workers with the most memory: "))
+      << failed.reason();
+  EXPECT_TRUE(absl::StrContains(failed.reason(), "but has 90000 bytes")) << failed.reason();
+}
+
 TEST_F(JobManagerTest, WorkersOnHostsOfTheirOwn_KeepTheirWholeRam) {
   constexpr int64_t kRam = 150000;  // as above
   AddCpuWorker(7001, "a", kRam);

@@ -1,5 +1,6 @@
 #include "coordinator/jobs/memory_budget.h"
 
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -56,6 +57,29 @@ std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers, st
     *shared = absl::StrJoin(parts, ", ");
   }
   return out;
+}
+
+std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count) {
+  std::vector<Budget> budgets;
+  for (const v1::Worker& w : workers) budgets.push_back(BudgetOf(w));
+  std::map<std::string, int> chosen_sharers;
+  std::vector<bool> taken(workers.size(), false);
+  std::vector<size_t> chosen;
+  while (static_cast<int>(chosen.size()) < count && chosen.size() < workers.size()) {
+    size_t best = workers.size();
+    double best_bytes = -1;
+    for (size_t i = 0; i < workers.size(); ++i) {
+      if (taken[i]) continue;
+      const Budget& b = budgets[i];
+      const double whole = b.bytes > 0 ? b.bytes : std::numeric_limits<double>::infinity();
+      const double share = b.shared.empty() ? whole : whole / (chosen_sharers[b.shared] + 1);
+      if (share > best_bytes) best = i, best_bytes = share;
+    }
+    taken[best] = true;
+    chosen.push_back(best);
+    if (!budgets[best].shared.empty()) ++chosen_sharers[budgets[best].shared];
+  }
+  return chosen;
 }
 
 }  // namespace pipetrain

@@ -16,6 +16,7 @@
 #ifndef PIPETRAIN_COORDINATOR_JOBS_MEMORY_BUDGET_H_
 #define PIPETRAIN_COORDINATOR_JOBS_MEMORY_BUDGET_H_
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,15 @@ namespace pipetrain {
 // "host vm's RAM shared by 4 workers"; empty when nothing was.
 std::vector<double> PlanMemoryBudgets(const std::vector<v1::Worker>& workers,
                                       std::string* shared = nullptr);
+
+// Which `count` of `workers` have the most memory for a plan: indices into
+// `workers`, chosen greedily, each next the worker whose budget would be
+// the largest beside those already chosen (a memory shared by k chosen
+// workers gives the next one a (k+1)-th of it, as PlanMemoryBudgets
+// divides it); ties go to the earlier worker, an unlimited budget (0)
+// counts as the largest. Fewer indices when there are fewer workers.
+// A placement refused for memory is tried once more on these (JobManager).
+std::vector<size_t> RoomiestWorkers(const std::vector<v1::Worker>& workers, int count);
 
 }  // namespace pipetrain
 

@@ -80,5 +80,36 @@ TEST(PlanMemoryBudgetsTest, Unreported_StaysUnlimited) {
   EXPECT_EQ(PlanMemoryBudgets(w), (std::vector<double>{0, 0, 0}));
 }
 
+// Two workers sharing a 24 GiB host, one with 16 GiB of its own host and
+// one with an 8 GiB limit of its own: two get 24 GiB and 16 GiB (12 GiB
+// each on the shared host would be less), three add a share of the host
+// (12 GiB beats the limited 8 GiB).
+TEST(RoomiestWorkersTest, SpreadsOverHostsBeforeSharingOne) {
+  const std::vector<v1::Worker> w = {
+      CpuWorker("vm", 24 * kGiB, 24 * kGiB), CpuWorker("vm", 24 * kGiB, 24 * kGiB),
+      CpuWorker("small", 32 * kGiB, 8 * kGiB), CpuWorker("other", 16 * kGiB, 16 * kGiB)};
+  EXPECT_EQ(RoomiestWorkers(w, 2), (std::vector<size_t>{0, 3}));
+  EXPECT_EQ(RoomiestWorkers(w, 3), (std::vector<size_t>{0, 3, 1}));
+  EXPECT_EQ(RoomiestWorkers(w, 9), (std::vector<size_t>{0, 3, 1, 2}));
+  EXPECT_TRUE(RoomiestWorkers(w, 0).empty());
+}
+
+// An unreported budget is unlimited, so it goes first; equal ones keep
+// their order.
+TEST(RoomiestWorkersTest, UnlimitedFirst_TiesInOrder) {
+  const std::vector<v1::Worker> w = {CpuWorker("a", 8 * kGiB, 8 * kGiB),
+                                     CpuWorker("b", 8 * kGiB, 8 * kGiB), CpuWorker("c", 0, 0)};
+  EXPECT_EQ(RoomiestWorkers(w, 2), (std::vector<size_t>{2, 0}));
+}
+
+// Two GPUs of one host, two workers on the first: the second GPU's worker
+// comes before the first GPU's second worker.
+TEST(RoomiestWorkersTest, GpuWorkers_SharedGpuLast) {
+  const std::vector<v1::Worker> w = {GpuWorker("h", "0000:01", 0, 80 * kGiB),
+                                     GpuWorker("h", "0000:01", 0, 80 * kGiB),
+                                     GpuWorker("h", "0000:02", 1, 80 * kGiB)};
+  EXPECT_EQ(RoomiestWorkers(w, 2), (std::vector<size_t>{0, 2}));
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -120,6 +120,8 @@ TEST(ClusterFailureTest, WorkerTerminated_DeregistersLeftAndFailsItsJobNamingIt)
                  [](const v1::Job& j) { return j.state() != v1::JOB_STATE_RUNNING; });
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_NE(job.reason().find(victim_id), std::string::npos) << job.reason();
+  // Its own words, not "its assignment stream closed" (deregistered first).
+  EXPECT_NE(job.reason().find("deregistered while running job"), std::string::npos) << job.reason();
   v1::ListWorkersResponse workers;
   ASSERT_TRUE(stub->ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok());
   int victims_listed = 0;

@@ -251,13 +251,20 @@ void WorkerAgent::Stop() {
   {
     AnnotatedMutexLock lock(&mu_);
     if (stopping_ && !heartbeat_thread_.joinable() && !watch_thread_.joinable()) return;
-    stopping_ = true;
-    if (watch_context_ != nullptr) watch_context_->TryCancel();
+    stopping_ = true;  // no heartbeat re-registers, no watch reopens from now on
   }
   if (heartbeat_thread_.joinable()) heartbeat_thread_.join();
+  // Deregistered before the assignment stream closes: the coordinator
+  // would take a closed stream for a lost worker, and a job this one runs
+  // would fail saying "its assignment stream closed", not that it was shut
+  // down. A STOP that comes meanwhile stops the runner, as any would.
+  Deregister();
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (watch_context_ != nullptr) watch_context_->TryCancel();
+  }
   if (watch_thread_.joinable()) watch_thread_.join();
   StopRunner();
-  Deregister();
 }
 
 // A clean shutdown says so, so the coordinator shows this worker LEFT at

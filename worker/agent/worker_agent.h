@@ -12,7 +12,9 @@
 //  - watches assignments (server stream, reopened with backoff when it
 //    breaks): RUN starts a JobRunner (replacing one of another job or plan
 //    version), STOP stops the runner of that job.
-// Stop() stops both, then deregisters (the coordinator shows it LEFT).
+// Stop() stops the heartbeats, deregisters (the coordinator shows it LEFT,
+// and a job it ran fails or recovers saying it was shut down), then closes
+// the assignment stream and stops the runner.
 //
 // Credentials: the join token goes only into RegisterWorker; every other
 // call carries the session credential registration returned ("authorization:

@@ -174,6 +174,10 @@ absl::Status WorkerAgent::RegisterWithRetry() {
     request.set_drained(drained_);
   }
   while (true) {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (stopping_) return absl::CancelledError("stopped before registering");
+    }
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
     v1::RegisterWorkerResponse response;
@@ -202,9 +206,20 @@ absl::Status WorkerAgent::RegisterWithRetry() {
 absl::Status WorkerAgent::Start() {
   absl::Status registered = RegisterWithRetry();
   if (!registered.ok()) return registered;
-  heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
-  watch_thread_ = std::thread([this] { WatchLoop(); });
-  return absl::OkStatus();
+  {
+    // Stop() (another thread, on a signal) sets stopping_ under mu_ before
+    // it looks at the threads: they are started before that or not at all.
+    AnnotatedMutexLock lock(&mu_);
+    if (!stopping_) {
+      heartbeat_thread_ = std::thread([this] { HeartbeatLoop(); });
+      watch_thread_ = std::thread([this] { WatchLoop(); });
+      return absl::OkStatus();
+    }
+  }
+  // Stopped while the registration was answered: Stop's Deregister found
+  // no id yet, so this one says goodbye.
+  Deregister();
+  return absl::CancelledError("stopped while registering");
 }
 
 WorkerAgent::CoordinatorStub WorkerAgent::Stub() {

@@ -170,6 +170,8 @@ class WorkerAgent {
   std::string group_id_ ABSL_GUARDED_BY(mu_);
   bool group_id_used_ ABSL_GUARDED_BY(mu_) = false;
   bool group_id_unreported_ ABSL_GUARDED_BY(mu_) = false;  // made after registering
+  // Started by Start() under mu_ unless stopping_ is set; Stop() sets
+  // stopping_ under mu_ first, so it reads them race-free afterwards.
   std::thread heartbeat_thread_, watch_thread_;
 };
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -123,6 +124,79 @@ TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
   EXPECT_EQ(coordinator.registrations(), 2);  // no retry: it cannot help
   EXPECT_EQ(coordinator.heartbeats(), 1);     // the heartbeat thread has ended
   agent.Stop();
+  rig->Shutdown();
+}
+
+// Answers a registration only once the test lets it (the agent is stopped
+// meanwhile), and counts heartbeats and deregistrations.
+class SlowRegistrationCoordinator final : public v1::CoordinatorService::Service {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    AnnotatedMutexLock lock(&mu_);
+    registering_ = true;
+    mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return answer_; },
+                         absl::Seconds(30));
+    response->set_worker_id("w-1");
+    response->set_incarnation(1);
+    response->set_session_token("w-1.1.secret");
+    response->set_heartbeat_interval_seconds(0.05);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest*,
+                         v1::HeartbeatResponse*) override {
+    heartbeats_.fetch_add(1);
+    return grpc::Status::OK;
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest* request,
+                                v1::DeregisterWorkerResponse*) override {
+    if (request->worker_id() == "w-1") deregistrations_.fetch_add(1);
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchAssignments(grpc::ServerContext*, const v1::WatchAssignmentsRequest*,
+                                grpc::ServerWriter<v1::Assignment>*) override {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no assignments here");
+  }
+  bool AwaitRegistering() {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return registering_; },
+                                absl::Seconds(30));
+  }
+  void Answer() {
+    AnnotatedMutexLock lock(&mu_);
+    answer_ = true;
+  }
+  int heartbeats() const { return heartbeats_.load(); }
+  int deregistrations() const { return deregistrations_.load(); }
+
+ private:
+  AnnotatedMutex mu_;
+  bool registering_ ABSL_GUARDED_BY(mu_) = false;
+  bool answer_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<int> heartbeats_{0};
+  std::atomic<int> deregistrations_{0};
+};
+
+// Stop() (a signal) while the registration is on its way: Start() starts
+// no heartbeats or watch, deregisters what it got, and says CANCELLED; no
+// READY worker without a process is left at the coordinator.
+TEST(WorkerAgentTest, StoppedWhileRegistering_DeregistersAndStartsNothing) {
+  SlowRegistrationCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  absl::Status started;
+  std::thread starter([&] { started = agent.Start(); });
+  ASSERT_TRUE(coordinator.AwaitRegistering());
+  agent.Stop();
+  coordinator.Answer();
+  starter.join();
+  EXPECT_EQ(started.code(), absl::StatusCode::kCancelled) << started;
+  EXPECT_EQ(coordinator.deregistrations(), 1);
+  EXPECT_EQ(coordinator.heartbeats(), 0);
+  agent.Stop();  // again, as the destructor does: nothing more
+  EXPECT_EQ(coordinator.deregistrations(), 1);
   rig->Shutdown();
 }
 

@@ -14,6 +14,7 @@
 #ifndef PIPETRAIN_KERNELS_COMPRESS_CODEC_SPEC_H_
 #define PIPETRAIN_KERNELS_COMPRESS_CODEC_SPEC_H_
 
+#include <cstddef>
 #include <map>
 #include <memory>
 #include <string>
@@ -33,7 +34,11 @@ struct CodecStage {
   std::map<std::string, double> params;
 };
 
-// INVALID_ARGUMENT as described above.
+// The longest spec ParseCodecSpec accepts.
+inline constexpr size_t kMaxCodecSpecBytes = 256;
+
+// INVALID_ARGUMENT as described above; also for a spec over
+// kMaxCodecSpecBytes and for a parameter given twice.
 absl::StatusOr<std::vector<CodecStage>> ParseCodecSpec(const std::string& spec);
 
 // Builds the codec a valid spec names.

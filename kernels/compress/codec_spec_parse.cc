@@ -48,7 +48,10 @@ absl::StatusOr<CodecStage> ParseStage(const std::string& text) {
         return absl::InvalidArgumentError(
             absl::StrCat(stage.name, ": parameter \"", kv, "\" is not key=number"));
       }
-      stage.params[pair[0]] = value;
+      if (!stage.params.emplace(pair[0], value).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(stage.name, ": parameter \"", pair[0], "\" is given twice"));
+      }
     }
   }
   for (const auto& [key, value] : stage.params) {
@@ -79,6 +82,12 @@ absl::StatusOr<CodecStage> ParseStage(const std::string& text) {
 
 absl::StatusOr<std::vector<CodecStage>> ParseCodecSpec(const std::string& spec) {
   if (spec.empty()) return absl::InvalidArgumentError("empty codec spec");
+  // Bounded before anything quotes it: specs come from job specs and from
+  // peers' frames (the longest valid one is some 40 bytes).
+  if (spec.size() > kMaxCodecSpecBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("codec spec of ", spec.size(), " bytes; at most ", kMaxCodecSpecBytes));
+  }
   std::vector<CodecStage> stages;
   for (const std::string& text : std::vector<std::string>(absl::StrSplit(spec, '+'))) {
     absl::StatusOr<CodecStage> stage = ParseStage(text);

@@ -37,6 +37,8 @@ TEST(ParseCodecSpec, BadSpecs_AreInvalidArgumentNamingTheProblem) {
       {"piecewise:bits=3+fp16", "only token_topk may be followed"},
       {"token_topk:keep=0.5+token_topk:keep=0.5", "only token_topk may be followed"},
       {"token_topk:keep=0.5+fp16+bf16", "only token_topk may be followed"},
+      {"linear:bits=3,bits=4", "linear: parameter \"bits\" is given twice"},
+      {"linear:bits=3" + std::string(250, '0'), "codec spec of 263 bytes; at most 256"},
   };
   for (const auto& [spec, message] : cases) {
     auto parsed = ParseCodecSpec(spec);

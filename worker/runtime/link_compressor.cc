@@ -85,6 +85,10 @@ absl::StatusOr<const Codec*> LinkCompressor::CodecFor(const std::string& spec) {
   auto it = codecs_.find(spec);
   if (it != codecs_.end()) return it->second.get();
   ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(spec));
+  // A peer names the codecs it sends, and one spec has many spellings
+  // ("linear:bits=3", "linear:bits=3.0"): the cache starts over rather
+  // than grow with them. A job's own links use a handful.
+  if (codecs_.size() >= kMaxCachedCodecs) codecs_.clear();
   return (codecs_[spec] = std::move(codec)).get();
 }
 

@@ -109,7 +109,10 @@ class LinkCompressor {
                                                  const Tensor& x, const Codec& codec,
                                                  LinkState* link, double* error);
 
-  std::map<std::string, std::unique_ptr<Codec>> codecs_;  // by spec
+  // By spec; at most kMaxCachedCodecs (CodecFor). A pointer CodecFor
+  // returned is valid until its next call.
+  static constexpr size_t kMaxCachedCodecs = 16;
+  std::map<std::string, std::unique_ptr<Codec>> codecs_;
   std::map<LinkKey, LinkState> links_;
   std::set<LinkKey> sampled_;  // links whose error was measured this iteration
 };

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
@@ -17,15 +18,27 @@ TensorAddress AddressOf(const v1::TensorFrame& frame) {
   return MakeAddress(frame.job_id(), frame.iteration(), frame.tensor());
 }
 
+// A string a peer sent, as an error message quotes it: its first 64
+// bytes, escaped, and its size if there is more. Header strings are
+// bounded only by the message size (8 MiB), and rejections are logged
+// and written back to the peer.
+std::string PeerText(absl::string_view text) {
+  constexpr size_t kShown = 64;
+  std::string out = absl::CHexEscape(text.substr(0, kShown));
+  if (text.size() > kShown) absl::StrAppend(&out, "... (", text.size(), " bytes)");
+  return out;
+}
+
 // "ACTIVATION of unit 3, micro-batch 1, iteration 7 (job j-1) from stage 0";
 // spells out kinds this build does not know instead of printing "".
 std::string Describe(const v1::TensorFrame& frame) {
   const v1::TensorKey& key = frame.tensor();
-  std::string tensor = v1::TensorKind_IsValid(key.kind())
-                           ? AddressOf(frame).DebugString()
-                           : absl::StrCat("tensor kind ", key.kind(), " of unit ", key.unit(),
-                                          ", micro-batch ", key.micro_batch(), ", iteration ",
-                                          frame.iteration(), " (job ", frame.job_id(), ")");
+  const std::string job = PeerText(frame.job_id());
+  std::string tensor =
+      v1::TensorKind_IsValid(key.kind())
+          ? MakeAddress(job, frame.iteration(), frame.tensor()).DebugString()
+          : absl::StrCat("tensor kind ", key.kind(), " of unit ", key.unit(), ", micro-batch ",
+                         key.micro_batch(), ", iteration ", frame.iteration(), " (job ", job, ")");
   return absl::StrCat(tensor, " from stage ", frame.source_stage());
 }
 
@@ -49,13 +62,14 @@ absl::Status CheckRouting(const v1::TensorFrame& frame, const AcceptedJob& job) 
                                        "version?"));
   }
   if (job.job_id.empty()) {
-    return Invalid(frame, absl::StrCat("this worker has no job assigned, so job \"", frame.job_id(),
-                                       "\" is not accepted; check the coordinator's assignments"));
+    return Invalid(
+        frame, absl::StrCat("this worker has no job assigned, so job \"", PeerText(frame.job_id()),
+                            "\" is not accepted; check the coordinator's assignments"));
   }
   if (frame.job_id() != job.job_id) {
-    return Invalid(frame,
-                   absl::StrCat("wrong job \"", frame.job_id(), "\"; this worker runs job \"",
-                                job.job_id, "\", so the sender's plan is stale"));
+    return Invalid(
+        frame, absl::StrCat("wrong job \"", PeerText(frame.job_id()), "\"; this worker runs job \"",
+                            job.job_id, "\", so the sender's plan is stale"));
   }
   if (frame.source_stage() < 0 || frame.source_stage() >= job.num_stages) {
     return Invalid(frame, absl::StrCat("source stage ", frame.source_stage(), " is outside [0, ",
@@ -67,6 +81,10 @@ absl::Status CheckRouting(const v1::TensorFrame& frame, const AcceptedJob& job) 
 // The decoded size in bytes of the header's f32 shape, if it has no negative
 // dimension and is within `max_tensor_bytes` (checked without overflow).
 absl::StatusOr<int64_t> DecodedBytes(const v1::TensorFrame& frame, int64_t max_tensor_bytes) {
+  if (frame.shape_size() > kMaxFrameRank) {
+    return Invalid(frame, absl::StrCat("shape of ", frame.shape_size(), " dimensions; at most ",
+                                       kMaxFrameRank));
+  }
   const Shape shape = ShapeOf(frame);
   if (std::any_of(shape.begin(), shape.end(), [](int64_t d) { return d < 0; })) {
     return Invalid(frame,
@@ -93,10 +111,11 @@ absl::StatusOr<int64_t> DecodedBytes(const v1::TensorFrame& frame, int64_t max_t
 absl::Status CheckEncoded(const v1::TensorFrame& frame, int64_t max_tensor_bytes) {
   absl::StatusOr<std::vector<CodecStage>> spec = ParseCodecSpec(frame.codec());
   if (!spec.ok()) {
-    return Invalid(frame,
-                   absl::StrCat("codec \"", frame.codec(), "\" is not supported: it is neither \"",
-                                kCodecRaw, "\" nor a codec spec this worker knows (",
-                                spec.status().message(), "); are both workers the same version?"));
+    return Invalid(
+        frame,
+        absl::StrCat("codec \"", PeerText(frame.codec()), "\" is not supported: it is neither \"",
+                     kCodecRaw, "\" nor a codec spec this worker knows (", spec.status().message(),
+                     "); are both workers the same version?"));
   }
   if (frame.total_bytes() < 1) {
     return Invalid(frame, absl::StrCat("total_bytes ", frame.total_bytes(), " of a ", frame.codec(),
@@ -113,8 +132,8 @@ absl::Status CheckEncoded(const v1::TensorFrame& frame, int64_t max_tensor_bytes
 // Does the header describe an f32 tensor, raw or encoded, of a size we accept?
 absl::Status CheckLayout(const v1::TensorFrame& frame, int64_t max_tensor_bytes) {
   if (frame.dtype() != kDtypeF32) {
-    return Invalid(frame, absl::StrCat("dtype \"", frame.dtype(), "\" is not supported; only \"",
-                                       kDtypeF32, "\" is"));
+    return Invalid(frame, absl::StrCat("dtype \"", PeerText(frame.dtype()),
+                                       "\" is not supported; only \"", kDtypeF32, "\" is"));
   }
   absl::StatusOr<int64_t> bytes = DecodedBytes(frame, max_tensor_bytes);
   if (!bytes.ok()) return bytes.status();
@@ -237,10 +256,11 @@ absl::Status FrameAssembler::CheckAgainstPartial(const v1::TensorFrame& frame,
   }
   if (frame.codec() != p.codec || ShapeOf(frame) != p.shape ||
       frame.total_bytes() != p.total_bytes) {
-    return Invalid(frame, absl::StrCat("header changed within the tensor: codec ", frame.codec(),
-                                       ", shape ", ShapeToString(ShapeOf(frame)), ", total_bytes ",
-                                       frame.total_bytes(), " after codec ", p.codec, ", shape ",
-                                       ShapeToString(p.shape), ", total_bytes ", p.total_bytes));
+    return Invalid(frame,
+                   absl::StrCat("header changed within the tensor: codec ", PeerText(frame.codec()),
+                                ", shape ", ShapeToString(ShapeOf(frame)), ", total_bytes ",
+                                frame.total_bytes(), " after codec ", p.codec, ", shape ",
+                                ShapeToString(p.shape), ", total_bytes ", p.total_bytes));
   }
   return absl::OkStatus();
 }

@@ -41,6 +41,10 @@ inline constexpr char kCodecRaw[] = "raw";
 inline constexpr int64_t kMaxFramePayloadBytes = int64_t{4} << 20;
 inline constexpr int kMaxFrameMessageBytes = 8 << 20;
 
+// The most dimensions a frame's shape may have (as kMaxPayloadRank for an
+// encoded payload); a receiver refuses more before it reads them.
+inline constexpr int kMaxFrameRank = 8;
+
 // A receiver refuses tensors larger than this before allocating them, so a
 // corrupt header cannot make it allocate terabytes. GPT-2 XL activations of a
 // large micro-batch are well below it.
@@ -99,8 +103,10 @@ v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& 
 // need different assemblers.
 //
 // Every rejected frame is INVALID_ARGUMENT naming the tensor, its source
-// stage and the problem: dtype not "f32"; codec neither "raw" nor a codec
-// spec ParseCodecSpec accepts (the message quotes it); a negative dimension;
+// stage and the problem (strings the peer sent are quoted by their first 64
+// bytes, escaped): dtype not "f32"; codec neither "raw" nor a codec
+// spec ParseCodecSpec accepts (the message quotes it); more than
+// kMaxFrameRank dimensions; a negative dimension;
 // a decoded size (numel * 4) over the size limit; for raw, total_bytes !=
 // numel * 4; for encoded, total_bytes < 1 (a payload always has a header) or
 // over the size limit; an offset other than the bytes received so far;

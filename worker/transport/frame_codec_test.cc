@@ -176,6 +176,34 @@ TEST(FrameCodecTest, Accept_WrongDtype_InvalidArgumentNamingTensor) {
                         "stage 0: dtype \"f16\" is not supported"));
 }
 
+// Strings a peer sends are quoted by their first 64 bytes, escaped, so a
+// rejection (logged, and written back to the peer) stays small whatever
+// the header carried.
+TEST(FrameCodecTest, Accept_HugeHeaderStrings_QuotedShortAndEscaped) {
+  const std::string huge = "\x1b[31m" + std::string(1 << 20, 'x');
+  for (int field = 0; field < 3; ++field) {
+    v1::TensorFrame f = OneFrame(3, {2});
+    if (field == 0) f.set_dtype(huge);
+    if (field == 1) f.set_codec(huge);
+    if (field == 2) f.set_job_id(huge);
+    FrameAssembler assembler;
+    absl::StatusOr<std::optional<ReceivedTensor>> result = assembler.Accept(f, kJob);
+    ASSERT_FALSE(result.ok()) << field;
+    const std::string message(result.status().message());
+    EXPECT_LT(message.size(), 600u) << field << ": " << message.substr(0, 600);
+    EXPECT_NE(message.find("\\x1b[31mxxx"), std::string::npos) << field << ": " << message;
+    EXPECT_NE(message.find("... (1048581 bytes)"), std::string::npos) << field << ": " << message;
+  }
+}
+
+TEST(FrameCodecTest, Accept_ShapeOfTooManyDimensions_InvalidArgumentBeforeReadingThem) {
+  v1::TensorFrame f = OneFrame(3, {2});
+  f.clear_shape();
+  for (int i = 0; i < 100000; ++i) f.add_shape(1);
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob), "shape of 100000 dimensions; at most 8"));
+}
+
 TEST(FrameCodecTest, Accept_WrongCodec_InvalidArgument) {
   v1::TensorFrame f = OneFrame(3, {2});
   f.set_codec("powersgd");  // Not a valid spec: rank is required.

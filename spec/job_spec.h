@@ -56,7 +56,8 @@ inline constexpr int kMaxEvalWindows = 65536;    // training.eval_windows
 inline constexpr int64_t kMaxSyntheticBytes = int64_t{1} << 30;  // data.synthetic_bytes
 inline constexpr int kMaxStages = 1024;            // parallelism.stages (and <= units)
 inline constexpr int kMaxTensorParallel = 64;      // parallelism.tensor
-inline constexpr size_t kMaxCodecSpecBytes = 256;  // compression.forward, .backward
+// compression.forward, .backward and the other codec specs: at most
+// kMaxCodecSpecBytes (kernels/compress/codec_spec.h).
 // Derived: parameters of the whole model (the coordinator assembles the
 // final weights in memory) and tokens per optimizer step.
 inline constexpr int64_t kMaxParameters = int64_t{1} << 32;

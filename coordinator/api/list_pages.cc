@@ -4,19 +4,16 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/time/time.h"
+#include "common/proto_time.h"
 #include "common/status_macros.h"
+#include "coordinator/api/page_cursor.h"
 
 namespace pipetrain {
 namespace {
-
-struct PageStart {
-  size_t position = 0;  // items earlier pages returned
-  std::string last_id;  // the last of them; empty on the first page
-};
 
 absl::StatusOr<int> PageSize(int32_t requested) {
   if (requested < 0) {
@@ -27,46 +24,33 @@ absl::StatusOr<int> PageSize(int32_t requested) {
   return std::min<int>(requested, kMaxPageSize);
 }
 
-std::string MakeToken(absl::string_view list, size_t position, absl::string_view last_id) {
-  return absl::WebSafeBase64Escape(absl::StrCat(list, "|", position, "|", last_id));
+// A job's order key: its create_time in nanoseconds (jobs are listed as
+// submitted, and restored in that order).
+int64_t JobKey(const v1::Job& job) {
+  return absl::ToUnixNanos(FromProtoTimestamp(job.create_time()));
 }
 
-absl::StatusOr<PageStart> ParseToken(absl::string_view list, const std::string& token) {
-  if (token.empty()) return PageStart{};
-  const absl::Status bad = absl::InvalidArgumentError(absl::StrCat(
-      "page_token: not a ", list,
-      " page token of this coordinator; pass next_page_token unchanged, or none for the first "
-      "page"));
-  if (token.size() > kMaxPageTokenBytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "page_token: ", token.size(), " bytes exceeds the limit of ", kMaxPageTokenBytes));
-  }
-  std::string decoded;
-  if (!absl::WebSafeBase64Unescape(token, &decoded)) return bad;
-  std::vector<std::string> parts = absl::StrSplit(decoded, absl::MaxSplits('|', 2));
-  PageStart start;
-  if (parts.size() != 3 || parts[0] != list || !absl::SimpleAtoi(parts[1], &start.position) ||
-      start.position > 1000000000 || parts[2].empty()) {
-    return bad;
-  }
-  start.last_id = parts[2];
-  return start;
+// A worker's: the number of its id ("w-12"), the registry's order.
+int64_t WorkerKey(const v1::Worker& worker) {
+  int64_t number = -1;
+  absl::string_view id = worker.id();
+  if (!absl::ConsumePrefix(&id, "w-")) return -1;
+  return absl::SimpleAtoi(id, &number) ? number : -1;
 }
 
-// Items [begin, begin + size) of `items` after `start`, and the next token.
-template <typename T, typename IdOf>
-std::string Slice(std::vector<T>& items, absl::string_view list, const PageStart& start, int size,
-                  IdOf id_of, std::vector<T>& page) {
-  size_t begin = std::min(start.position, items.size());
-  if (!start.last_id.empty()) {
-    auto it = std::find_if(items.begin(), items.end(),
-                           [&](const T& item) { return id_of(item) == start.last_id; });
-    if (it != items.end()) begin = static_cast<size_t>(it - items.begin()) + 1;
-  }
+// The items of `items` on the page after `cursor`, and the next token.
+template <typename T, typename IdOf, typename KeyOf>
+std::string Slice(std::vector<T>& items, absl::string_view list, const PageCursor& cursor, int size,
+                  IdOf id_of, KeyOf key_of, std::vector<T>& page) {
+  std::vector<PageItem> keyed;
+  keyed.reserve(items.size());
+  for (const T& item : items) keyed.push_back({id_of(item), key_of(item)});
+  const size_t begin = PageBegin(keyed, cursor);
   const size_t end = std::min(items.size(), begin + static_cast<size_t>(size));
   for (size_t i = begin; i < end; ++i) page.push_back(std::move(items[i]));
   if (end >= items.size() || page.empty()) return "";
-  return MakeToken(list, start.position + page.size(), id_of(page.back()));
+  return MakePageToken(
+      list, PageCursor{cursor.position + page.size(), id_of(page.back()), key_of(page.back())});
 }
 
 absl::Status ApplyView(v1::JobView view, v1::Job& job) {
@@ -88,7 +72,7 @@ absl::Status ApplyView(v1::JobView view, v1::Job& job) {
 absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
                                                   const v1::ListJobsRequest& request) {
   ASSIGN_OR_RETURN(const int size, PageSize(request.page_size()));
-  ASSIGN_OR_RETURN(const PageStart start, ParseToken("jobs", request.page_token()));
+  ASSIGN_OR_RETURN(const PageCursor start, ParsePageToken("jobs", request.page_token()));
   v1::Job probe;
   RETURN_IF_ERROR(ApplyView(request.view(), probe));
   // List() leaves the loss histories out; the full view reads each job again.
@@ -96,7 +80,8 @@ absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
   std::vector<v1::Job> page;
   v1::ListJobsResponse response;
   response.set_next_page_token(Slice(
-      all, "jobs", start, size, [](const v1::Job& j) { return j.id(); }, page));
+      all, "jobs", start, size, [](const v1::Job& j) -> const std::string& { return j.id(); },
+      JobKey, page));
   for (v1::Job& job : page) {
     if (request.view() == v1::JOB_VIEW_FULL) {
       absl::StatusOr<v1::Job> full = jobs.Get(job.id());
@@ -111,12 +96,13 @@ absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const WorkerRegistry& wo
                                                         const JobManager& jobs,
                                                         const v1::ListWorkersRequest& request) {
   ASSIGN_OR_RETURN(const int size, PageSize(request.page_size()));
-  ASSIGN_OR_RETURN(const PageStart start, ParseToken("workers", request.page_token()));
+  ASSIGN_OR_RETURN(const PageCursor start, ParsePageToken("workers", request.page_token()));
   std::vector<v1::Worker> all = workers.List();
   std::vector<v1::Worker> page;
   v1::ListWorkersResponse response;
   response.set_next_page_token(Slice(
-      all, "workers", start, size, [](const v1::Worker& w) { return w.id(); }, page));
+      all, "workers", start, size, [](const v1::Worker& w) -> const std::string& { return w.id(); },
+      WorkerKey, page));
   for (v1::Worker& worker : page) {
     worker.set_drained(jobs.IsDrained(worker));
     *response.add_workers() = std::move(worker);

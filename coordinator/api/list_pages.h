@@ -1,13 +1,11 @@
 // Paged lists and Job views for the Coordinator's read methods, shared by
 // the gRPC and REST adapters (the logic is here, neither transport).
 //
-// Page tokens are opaque to clients: base64url of "<list>|<position>|<last
-// id>", where position is how many items earlier pages returned. The next
-// page starts after the item named last id when it is still listed (so
-// items added or removed meanwhile shift nothing), else at the position.
-// Bounds (checked before use; docs/api.md "Paging"): page_size in [0, 1000]
-// (0: kDefaultPageSize; above kMaxPageSize reads as kMaxPageSize; negative is
-// INVALID_ARGUMENT), page_token at most kMaxPageTokenBytes. Errors name the
+// Page tokens are opaque to clients (page_cursor.h: where the next page
+// starts, also when items were removed meanwhile). Bounds (checked before
+// use; docs/api.md "Paging"): page_size in [0, 1000] (0: kDefaultPageSize;
+// above kMaxPageSize reads as kMaxPageSize; negative is INVALID_ARGUMENT),
+// page_token at most kMaxPageTokenBytes. Errors name the
 // field ("page_size: ...", "page_token: ...", "view: ..."), so they carry a
 // google.rpc.BadRequest violation (common/rpc_status.h).
 // Thread-safe: reads the thread-safe registry and job manager.
@@ -15,6 +13,7 @@
 #define PIPETRAIN_COORDINATOR_API_LIST_PAGES_H_
 
 #include "absl/status/statusor.h"
+#include "coordinator/api/page_cursor.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/registry/worker_registry.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
@@ -23,7 +22,6 @@ namespace pipetrain {
 
 inline constexpr int kDefaultPageSize = 100;
 inline constexpr int kMaxPageSize = 1000;
-inline constexpr size_t kMaxPageTokenBytes = 512;
 
 // INVALID_ARGUMENT for page_size < 0, a malformed or foreign page_token, or
 // an unknown view.

@@ -1,0 +1,67 @@
+// ListJobsPage over a real job manager: pages stay whole while ended jobs
+// are pruned between them.
+#include "coordinator/api/list_pages.h"
+
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/registry/worker_registry.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+v1::JobSpec TinySpec() {
+  v1::JobSpec spec;
+  spec.mutable_model()->set_n_layer(1);
+  spec.mutable_model()->set_n_head(2);
+  spec.mutable_model()->set_d_model(16);
+  spec.mutable_training()->set_seq_len(8);
+  spec.mutable_training()->set_batch_size(4);
+  spec.mutable_training()->set_micro_batches(2);
+  spec.mutable_training()->set_steps(3);
+  spec.mutable_data()->set_synthetic_bytes(5000);
+  spec.mutable_parallelism()->set_stages(1);
+  return spec;
+}
+
+std::vector<std::string> Ids(const v1::ListJobsResponse& page) {
+  std::vector<std::string> ids;
+  for (const v1::Job& job : page.jobs()) ids.push_back(job.id());
+  return ids;
+}
+
+// Six jobs, pages of two: after the first page, the first four end and
+// the two oldest are pruned (at most two ended jobs are kept), the last of
+// the page among them. The next page starts at the oldest job still
+// listed after it, job-3; counting two in would skip job-3 and job-4.
+TEST(ListJobsPageTest, LastJobOfThePagePruned_NextPageSkipsNothing) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{.max_ended_jobs = 2});
+  for (int i = 0; i < 6; ++i) {
+    const absl::StatusOr<v1::Job> job = jobs.Submit(TinySpec());
+    ASSERT_TRUE(job.ok()) << job.status();
+    clock.Advance(absl::Seconds(1));
+  }
+  v1::ListJobsRequest request;
+  request.set_page_size(2);
+  const absl::StatusOr<v1::ListJobsResponse> first = ListJobsPage(jobs, request);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(Ids(*first), (std::vector<std::string>{"job-1", "job-2"}));
+  for (const char* id : {"job-1", "job-2", "job-3", "job-4"}) ASSERT_TRUE(jobs.Cancel(id).ok());
+  jobs.ScheduleQueued();  // prunes
+  ASSERT_EQ(jobs.List().size(), 4u);
+  ASSERT_EQ(jobs.List().front().id(), "job-3");
+  request.set_page_token(first->next_page_token());
+  const absl::StatusOr<v1::ListJobsResponse> second = ListJobsPage(jobs, request);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(Ids(*second), (std::vector<std::string>{"job-3", "job-4"}));
+}
+
+}  // namespace
+}  // namespace pipetrain

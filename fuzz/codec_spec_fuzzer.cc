@@ -1,7 +1,7 @@
 // Codec spec strings as a job spec or a peer's frame header names them
 // (kernels/compress/codec_spec.h): ParseCodecSpec and MakeCodec, then the
 // codec built from the spec decodes the payload that follows, so codec
-// parameters no fixed list holds (keep=1e-9, rank=65536) meet payloads.
+// parameters no fixed list holds (keep=1e-9, rank=1024) meet payloads.
 //
 // Input: the spec, a newline, the payload (payload.h). Without a newline
 // the whole input is the spec. Payloads announcing more than

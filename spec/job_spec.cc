@@ -481,21 +481,33 @@ absl::Status CheckOutput(const v1::OutputSpec& output) {
   return CheckConfinedName("spec.output.weights_path", path);
 }
 
-// A codec field: "" and "none" mean raw (normalised to "none"); anything
-// else must be a codec spec kernels/compress accepts.
-absl::Status ResolveCodec(absl::string_view path, bool has, std::string* codec) {
+// A pipeline link's codec field: "" and "none" mean raw (normalised to
+// "none"); anything else must be a codec spec kernels/compress accepts.
+// The links carry [.., d_model] activations and gradients: PowerSGD's
+// factors outgrow them unless its rank is below d_model (4r(rows + cols)
+// bytes against 4 rows cols), and encoding costs rows x rank^2.
+absl::Status ResolveCodec(absl::string_view path, bool has, int d_model, std::string* codec) {
   if (!has || codec->empty()) *codec = kCodecNone;
   RETURN_IF_ERROR(RequireMaxBytes(path, *codec, kMaxCodecSpecBytes));
   if (*codec == kCodecNone) return absl::OkStatus();
-  absl::Status parsed = ParseCodecSpec(*codec).status();
-  if (!parsed.ok()) return Invalid(path, parsed.message());
+  absl::StatusOr<std::vector<CodecStage>> parsed = ParseCodecSpec(*codec);
+  if (!parsed.ok()) return Invalid(path, parsed.status().message());
+  for (const CodecStage& stage : *parsed) {
+    if (stage.name != "powersgd") continue;
+    const double rank = stage.params.at("rank");  // required (ParseCodecSpec)
+    if (rank >= d_model) {
+      return Invalid(path, absl::StrCat("powersgd: rank ", rank, " is not below d_model ", d_model,
+                                        ": its factors would be larger than the tensor"));
+    }
+  }
   return absl::OkStatus();
 }
 
-absl::Status ResolveCompression(v1::CompressionSpec* c) {
-  RETURN_IF_ERROR(ResolveCodec("spec.compression.forward", c->has_forward(), c->mutable_forward()));
+absl::Status ResolveCompression(v1::CompressionSpec* c, int d_model) {
   RETURN_IF_ERROR(
-      ResolveCodec("spec.compression.backward", c->has_backward(), c->mutable_backward()));
+      ResolveCodec("spec.compression.forward", c->has_forward(), d_model, c->mutable_forward()));
+  RETURN_IF_ERROR(
+      ResolveCodec("spec.compression.backward", c->has_backward(), d_model, c->mutable_backward()));
   if (!c->has_error_feedback()) c->set_error_feedback(false);
   if (!c->has_epilogue_only()) c->set_epilogue_only(false);
   // Both act on the backward codec only; accepting them without one would
@@ -979,7 +991,7 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(ResolveDataParallel(&out));
   RETURN_IF_ERROR(CheckEvalHasData(out));
   RETURN_IF_ERROR(CheckOutput(out.output()));
-  RETURN_IF_ERROR(ResolveCompression(out.mutable_compression()));
+  RETURN_IF_ERROR(ResolveCompression(out.mutable_compression(), out.model().d_model()));
   RETURN_IF_ERROR(ResolveDataParallelCompression(&out, &resolved.data_parallel_powersgd_rank,
                                                  &resolved.data_parallel_quantizer));
   RETURN_IF_ERROR(ResolveScheduling(out.mutable_scheduling(), &resolved.queue_timeout));

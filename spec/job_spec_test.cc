@@ -1075,6 +1075,23 @@ TEST(ResolveJobSpec, RankZero_RejectedNamingTheParameter) {
   EXPECT_TRUE(absl::StrContains(status.message(), "rank")) << status;
 }
 
+// A pipeline link's PowerSGD rank below d_model passes; at it, or above
+// it inside token_topk, the factors would outgrow the tensor (and the
+// encode cost grows with the rank squared): refused naming both.
+TEST(ResolveJobSpec, PowerSgdRankNotBelowDModel_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  const int d_model = spec.model().d_model();
+  spec.mutable_compression()->set_forward(absl::StrCat("powersgd:rank=", d_model - 1));
+  EXPECT_TRUE(ResolveJobSpec(spec).ok()) << ResolveJobSpec(spec).status();
+  spec.mutable_compression()->set_forward(absl::StrCat("powersgd:rank=", d_model));
+  ExpectRejected(spec, absl::StrCat("spec.compression.forward: powersgd: rank ", d_model,
+                                    " is not below d_model ", d_model));
+  spec.mutable_compression()->set_forward("none");
+  spec.mutable_compression()->set_backward(
+      absl::StrCat("token_topk:keep=0.5+powersgd:rank=", d_model + 1));
+  ExpectRejected(spec, "spec.compression.backward: powersgd: rank ");
+}
+
 TEST(ResolveJobSpec, ErrorFeedbackWithoutBackwardCodec_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_compression()->set_forward("fp16");

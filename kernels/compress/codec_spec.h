@@ -9,7 +9,7 @@
 // optional comma-separated key=value parameters. Only token_topk may be
 // followed by a second stage. Parsing checks the grammar, the names and the
 // parameter names and ranges (bits: linear 2..16, piecewise 1..8 clusters;
-// keep in (0, 1]; rank >= 1); errors are INVALID_ARGUMENT naming the stage
+// keep in (0, 1]; rank 1..kMaxSpecPowerSgdRank); errors are INVALID_ARGUMENT naming the stage
 // and parameter ("piecewise: bits 12 is out of range 1..8").
 #ifndef PIPETRAIN_KERNELS_COMPRESS_CODEC_SPEC_H_
 #define PIPETRAIN_KERNELS_COMPRESS_CODEC_SPEC_H_
@@ -33,6 +33,13 @@ struct CodecStage {
   std::string name;
   std::map<std::string, double> params;
 };
+
+// The largest PowerSGD rank a spec may name. Encoding orthonormalises the
+// rank columns (rows x rank^2 work), so a rank in the tens of thousands
+// would hold a worker for hours on one tensor; 1024 is far above any
+// rank that compresses (the factors outgrow the tensor at rank
+// rows x cols / (rows + cols)).
+inline constexpr int kMaxSpecPowerSgdRank = 1024;
 
 // The longest spec ParseCodecSpec accepts.
 inline constexpr size_t kMaxCodecSpecBytes = 256;

@@ -25,7 +25,7 @@ const std::map<std::string, std::vector<ParamRule>>& Rules() {
       {"piecewise", {{"bits", 1, 8, true, true}}},
       {"elem_topk", {{"keep", 0, 1, false, true}}},
       {"token_topk", {{"keep", 0, 1, false, true}}},
-      {"powersgd", {{"rank", 1, 1 << 16, true, true}}},
+      {"powersgd", {{"rank", 1, kMaxSpecPowerSgdRank, true, true}}},
   };
   return *rules;
 }

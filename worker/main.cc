@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -32,6 +33,7 @@
 #include "common/ports_file.h"
 #include "common/secrets.h"
 #include "common/serving_health.h"
+#include "common/stop_watchdog.h"
 #include "common/subprocess.h"
 #include "common/tls_credentials.h"
 #include "kernels/cpu/blas.h"
@@ -88,6 +90,7 @@ struct Flags {
   double recv_timeout_seconds = 60;
   double drain_timeout_seconds = 60;
   double shutdown_delay_seconds = 0;
+  double stop_timeout_seconds = 20;
   std::string emulate_link;
   std::string device = "auto", gemm = "fp32", attention = "auto";
 };
@@ -137,6 +140,9 @@ int Run(const std::vector<std::string>& args) {
                "on SIGTERM or SIGINT, report not ready (gRPC health NOT_SERVING, /readyz 503) "
                "and keep serving this long before draining, so probes and peers see it first; "
                "a second signal ends the wait");
+  flags.Double("stop-timeout-seconds", &f.stop_timeout_seconds,
+               "on SIGTERM or SIGINT, after the drain: how long to wait for the job's stage to "
+               "stop before exiting without it (exit code 5)");
   flags.AddVersionFlag();
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
@@ -152,6 +158,9 @@ int Run(const std::vector<std::string>& args) {
   if (parsed.ok()) parsed = metrics_address.status();
   if (parsed.ok() && !(f.drain_timeout_seconds >= 0 && f.drain_timeout_seconds <= 86400)) {
     parsed = absl::InvalidArgumentError("--drain-timeout-seconds must be in [0, 86400]");
+  }
+  if (parsed.ok() && !(f.stop_timeout_seconds >= 1 && f.stop_timeout_seconds <= 3600)) {
+    parsed = absl::InvalidArgumentError("--stop-timeout-seconds must be in [1, 3600]");
   }
   if (parsed.ok() && !(f.shutdown_delay_seconds >= 0 && f.shutdown_delay_seconds <= 3600)) {
     parsed = absl::InvalidArgumentError("--shutdown-delay-seconds must be in [0, 3600]");
@@ -336,7 +345,18 @@ int Run(const std::vector<std::string>& args) {
     absl::Status drained = agent.Drain(absl::Seconds(f.drain_timeout_seconds));
     if (!drained.ok()) PT_LOG(WARNING) << "leaving without a drain: " << drained;
   }
-  agent.Stop();
+  // A stage stuck in a long computation or a send to a stalled peer can
+  // hold Stop() for minutes (it joins the stage's thread); past the bound
+  // the process leaves without it. Stop() deregisters first, so the
+  // coordinator has seen this worker leave by then.
+  {
+    StopWatchdog watchdog(absl::Seconds(f.stop_timeout_seconds), [&f] {
+      PT_LOG(ERROR) << "the job's stage did not stop within " << f.stop_timeout_seconds
+                    << " s (--stop-timeout-seconds); exiting without it";
+      std::_Exit(5);
+    });
+    agent.Stop();
+  }
   starter.join();
   int code = 0;
   {

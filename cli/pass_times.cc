@@ -63,9 +63,10 @@ std::optional<std::map<std::string, Sums>> SumByWorker(const std::string& text) 
   for (const auto& [pid, name] : names) {
     by_name[name] = sums[pid];
     // The prediction draws one lane per stage position, named by all its
-    // workers ("w-1,w-3": the position's replicas or tensor ranks).
-    if (name.find(',') == std::string::npos) continue;
-    for (absl::string_view worker : absl::StrSplit(name, ',')) {
+    // workers: replicas joined by ',' and a tensor group's ranks by '+'
+    // ("w-1+w-2,w-3+w-4": two replicas of a stage on two ranks each).
+    if (name.find_first_of(",+") == std::string::npos) continue;
+    for (absl::string_view worker : absl::StrSplit(name, absl::ByAnyChar(",+"))) {
       by_name.emplace(std::string(worker), sums[pid]);
     }
   }

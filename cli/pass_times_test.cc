@@ -77,6 +77,21 @@ TEST(FormatPassTimes, ReplicasShareTheirPositionsPredictedLane) {
   EXPECT_NE(text.find("  w-4       2.20 [2.00]"), std::string::npos) << text;
 }
 
+// A tensor group's ranks are one lane, joined by '+', and replicas of it
+// by ',': every rank of every replica is compared with its lane.
+TEST(FormatPassTimes, TensorRanksShareTheirGroupsPredictedLane) {
+  v1::Plan plan;
+  for (const char* w : {"w-1", "w-2", "w-3", "w-4"}) plan.add_stages()->set_worker_id(w);
+  plan.set_chrome_trace_json(Trace({Name(0, "w-1+w-2,w-3+w-4"), Event(0, 0, "forward", 1000)}));
+  plan.set_measured_chrome_trace_json(Trace(
+      {Name(0, "w-1"), Name(1, "w-2"), Name(2, "w-3"), Name(3, "w-4"), Event(0, 0, "forward", 1100),
+       Event(1, 0, "forward", 1200), Event(2, 0, "forward", 1300), Event(3, 0, "forward", 1400)}));
+  const std::string text = FormatPassTimes(plan);
+  EXPECT_NE(text.find("  w-1       1.10 [1.00]"), std::string::npos) << text;
+  EXPECT_NE(text.find("  w-2       1.20 [1.00]"), std::string::npos) << text;
+  EXPECT_NE(text.find("  w-4       1.40 [1.00]"), std::string::npos) << text;
+}
+
 TEST(FormatPassTimes, EmptyWithoutAMeasuredStepOrAReadableTrace) {
   v1::Plan plan = TwoWorkerPlan();
   EXPECT_EQ(FormatPassTimes(plan), "");

@@ -1616,10 +1616,13 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   if (static_cast<int>(chosen.size()) > MaxJobWorkers(record)) {
     chosen.resize(MaxJobWorkers(record));
   }
+  // Counted before whole replicas are kept: 3 of a 4-rank group's workers
+  // are "3 ready", though none can be used yet.
+  const size_t ready = chosen.size();
   KeepWholeReplicas(record, &chosen);
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
-    const std::string waiting_for = absl::StrCat("waiting for ", MinJobWorkers(record),
-                                                 " READY workers (", chosen.size(), " ready)");
+    const std::string waiting_for =
+        absl::StrCat("waiting for ", MinJobWorkers(record), " READY workers (", ready, " ready)");
     if (now - record.recovery_started > record.resolved.queue_timeout) {
       return EndLocked(record, v1::JOB_STATE_FAILED,
                        absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",

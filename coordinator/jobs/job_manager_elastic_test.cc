@@ -412,6 +412,22 @@ TEST_F(JobManagerElasticTest, NoCheckpointYet_ResumesFromStepZero) {
   EXPECT_EQ(AssignmentOf(w2).start_iteration(), 0);
 }
 
+// A tensor group lost a rank: the survivor is no whole group, so the job
+// waits, and its reason counts the survivor as ready (not "0 ready").
+TEST_F(JobManagerElasticTest, TensorRankLost_WaitingReasonCountsTheSurvivor) {
+  v1::JobSpec spec = ElasticSpec(1, 5);
+  spec.mutable_parallelism()->set_tensor(2);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  HeartbeatAllAndSchedule({w1});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RECOVERING) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), "waiting for 2 READY workers (1 ready)"))
+      << job.reason();
+}
+
 TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

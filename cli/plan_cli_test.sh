@@ -40,6 +40,9 @@ check tensor_weights_split 'all(l["layout"] in ("column", "row") for l in j["lay
 check tensor_no_worse_than_megatron 'j["cost"] <= j["fixed_scheme_costs"]["megatron"]'
 expect_exit tensor_cube_text 0 'vs cube' -- --tensor 8
 expect_exit tensor_too_small 2 '--tensor must be a group of >= 2 devices' -- --tensor 1
+expect_exit tensor_too_large 2 '--tensor 2147483647 is over 64 devices' -- --tensor 2147483647
+expect_exit tensor_negative_bandwidth 2 '--bandwidth-gbps, --latency-us and --memory-gib must be >= 0' \
+  -- --tensor 4 --bandwidth-gbps -10
 
 expect_exit paper_pipedream 0 '"solver": "pipedream"' -- "${P[@]}" --solver pipedream --json
 check pipedream_is_12 'j["bottleneck_seconds"] == 12'

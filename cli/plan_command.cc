@@ -539,6 +539,15 @@ int RunPlan(const std::vector<std::string>& args) {
         absl::StrCat("unknown objective '", f.objective, "'; use paper or full"));
   }
   if (parsed.ok()) parsed = CheckModeFlags(flags, f);
+  if (parsed.ok() && (f.bandwidth_gbps < 0 || f.latency_us < 0 || f.memory_gib < 0)) {
+    parsed =
+        absl::InvalidArgumentError("--bandwidth-gbps, --latency-us and --memory-gib must be >= 0");
+  }
+  if (parsed.ok() && f.tensor > kMaxTensorParallel) {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("--tensor ", f.tensor, " is over ", kMaxTensorParallel,
+                     " devices, the most a job's spec.parallelism.tensor may name"));
+  }
   if (parsed.ok() && f.tensor != 0) {  // needs only the block's dimensions
     absl::StatusOr<std::string> report =
         TensorLayoutReport({f.tensor, f.distpar_beta, int64_t{f.micro_batch_size} * f.seq_len,
@@ -573,10 +582,6 @@ int RunPlan(const std::vector<std::string>& args) {
   }
   if (parsed.ok() && f.solver != "acctfm" && f.cluster.empty() == (f.workers <= 0)) {
     parsed = absl::InvalidArgumentError("give either --cluster or --workers N (N >= 1)");
-  }
-  if (parsed.ok() && (f.bandwidth_gbps < 0 || f.latency_us < 0 || f.memory_gib < 0)) {
-    parsed =
-        absl::InvalidArgumentError("--bandwidth-gbps, --latency-us and --memory-gib must be >= 0");
   }
   absl::StatusOr<Schedule> schedule = ParseSchedule(f.schedule);
   if (parsed.ok() && !schedule.ok()) parsed = schedule.status();

@@ -220,8 +220,9 @@ std::string SbpName(Sbp sbp) {
 }
 
 int CubeSide(int devices) {
-  for (int p = 2; p * p * p <= devices; ++p) {
-    if (p * p * p == devices) return p;
+  // In 64 bits: p^3 of an int p past 1290 overflows int.
+  for (int64_t p = 2; p * p * p <= devices; ++p) {
+    if (p * p * p == devices) return static_cast<int>(p);
   }
   return 0;
 }

@@ -578,7 +578,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   // The state is loaded and gRPC serves: ready.
   health.Attach(grpc_server->get());
   health.SetReady();
-  HttpServer http({.bearer_token = flags.user_token, .on_response = metrics.http().Observer()});
+  HttpServer http({.bearer_token = flags.user_token, .on_response = metrics.HttpObserver()});
   ServeHealthEndpoints(http, &health);
   RegisterRestRoutes(http, &registry, &jobs);
   ServePrometheus(http, metrics.registry(), [&metrics] { metrics.Refresh(); });

@@ -341,6 +341,11 @@ TEST(RedMetricsTest, ScriptedSession_EveryMethodAndRouteWithItsCode_PromtoolClea
   const std::string job_route = "GET /v1/jobs/([^/:]+)";
   EXPECT_EQ(coordinator_http.codes.at(job_route), (std::set<std::string>{"200", "404"}));
   EXPECT_EQ(coordinator_http.codes.at("GET /v1/jobs").count("401"), 1u);
+  // REST refusals are counted with the gRPC ones, for the same alert.
+  EXPECT_TRUE(absl::StrContains(
+      coordinator_text,
+      "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"GET /v1/jobs\"}"))
+      << coordinator_text;
   EXPECT_EQ(coordinator_http.codes.at("GET unmatched").count("404"), 1u);
   EXPECT_EQ(worker_http.codes.at("GET /metrics").count("200"), 1u);
 

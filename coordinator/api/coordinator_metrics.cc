@@ -329,6 +329,19 @@ void CoordinatorMetrics::CountTokens(const std::vector<v1::Job>& jobs) {
 
 void CoordinatorMetrics::ObserveRpc(absl::string_view, double) {}
 
+std::function<void(const std::string&, const std::string&, int, double)>
+CoordinatorMetrics::HttpObserver() {
+  auto red = http_.Observer();
+  return
+      [this, red](const std::string& method, const std::string& route, int status, double seconds) {
+        red(method, route, status, seconds);
+        // Both labels come from bounded sets (HttpServer::Options::on_response).
+        if (status == 401) {
+          CountRefused(absl::StrCat(method, " ", route), absl::StatusCode::kUnauthenticated);
+        }
+      };
+}
+
 void CoordinatorMetrics::CountRefused(absl::string_view method, absl::StatusCode code) {
   if (code != absl::StatusCode::kUnauthenticated && code != absl::StatusCode::kPermissionDenied) {
     return;

@@ -39,7 +39,8 @@
 //   pipetrain_rpc_requests_total{method,code}     counter    gRPC calls (common/metrics/
 //   pipetrain_rpc_duration_seconds{method,code}   histogram  grpc_red_metrics.h), through rpc()
 //   pipetrain_rpc_refused_total{method,code}      counter  calls refused before handling
-//                                                          (UNAUTHENTICATED, PERMISSION_DENIED)
+//                                                          (UNAUTHENTICATED, PERMISSION_DENIED;
+//                                                          REST 401s as method "GET /v1/jobs")
 //   pipetrain_http_requests_total{method,route,code}            counter    REST and /metrics
 //   pipetrain_http_request_duration_seconds{method,route,code}  histogram  (http_red_metrics.h)
 //   pipetrain_build_info{version,commit}          gauge    1 (common/metrics/build_info_metric.h)
@@ -67,6 +68,7 @@
 #define PIPETRAIN_COORDINATOR_API_COORDINATOR_METRICS_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -107,6 +109,10 @@ class CoordinatorMetrics {
   GrpcRedMetrics& rpc() { return rpc_; }
   // RED of the HTTP server: declare its routes, feed it every response.
   HttpRedMetrics& http() { return http_; }
+  // The HTTP server's on_response: http()'s observer, and a 401 counted in
+  // pipetrain_rpc_refused_total with method "<METHOD> <route>" (e.g.
+  // "GET /v1/jobs"), as gRPC refusals are with theirs.
+  std::function<void(const std::string&, const std::string&, int, double)> HttpObserver();
 
   // Re-reads the gauges (workers, jobs, current job's loss and plan) and
   // the tokens trained from their sources. Called before each scrape.

@@ -1,11 +1,16 @@
 #include "coordinator/api/rest_service.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "coordinator/api/list_pages.h"
 #include "google/protobuf/util/json_util.h"
 #include "spec/job_spec.h"
@@ -52,10 +57,19 @@ template <typename ListRequest>
 absl::Status ParsePaging(const HttpRequest& http, ListRequest& request) {
   const std::string size = Query(http, "pageSize");
   int32_t page_size = 0;
-  if (!size.empty() && !absl::SimpleAtoi(size, &page_size)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size: ?pageSize= must be an integer in [0, ", kMaxPageSize, "], got \"",
-                     size.substr(0, 32), "\""));
+  // Any count of digits is a size: those past kMaxPageSize read as it,
+  // beyond int32 (or int64) too.
+  const bool digits = !size.empty() && size.size() <= 64 &&
+                      std::all_of(size.begin(), size.end(), absl::ascii_isdigit);
+  if (digits) {
+    const size_t first = size.find_first_not_of('0');  // npos: all zeros
+    const std::string significant = first == std::string::npos ? "0" : size.substr(first);
+    page_size =
+        significant.size() > 4 ? kMaxPageSize : std::min(std::stoi(significant), kMaxPageSize);
+  } else if (!size.empty() && !absl::SimpleAtoi(size, &page_size)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "page_size: ?pageSize= must be an integer, 0 or more (above ", kMaxPageSize, " reads as ",
+        kMaxPageSize, "), got \"", absl::CHexEscape(size.substr(0, 32)), "\""));
   }
   request.set_page_size(page_size);
   request.set_page_token(Query(http, "pageToken"));
@@ -127,42 +141,67 @@ HttpResponse StatusResponse(const absl::Status& status) {
   return JsonError(HttpStatusForCode(status.code()), status);
 }
 
-void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobManager* jobs) {
-  server.Post("/v1/jobs", [jobs](const HttpRequest& r) { return SubmitJob(jobs, r); });
-  server.Get("/v1/jobs", [jobs](const HttpRequest& r) { return ListJobs(jobs, r); });
-  server.Get(kJob, [jobs](const HttpRequest& r) { return GetJob(jobs, r); });
-  server.Post(absl::StrCat(kJob, ":cancel"),
-              [jobs](const HttpRequest& r) { return Reply(jobs->Cancel(r.path_params[0])); });
-  server.Get(absl::StrCat(kJob, "/plan"),
-             [jobs](const HttpRequest& r) { return Reply(jobs->GetPlan(r.path_params[0])); });
-  // The plan's simulated timeline as an image a browser shows directly.
-  server.Get(absl::StrCat(kJob, "/timeline.svg"), [jobs](const HttpRequest& r) {
-    absl::StatusOr<v1::Plan> plan = jobs->GetPlan(r.path_params[0]);
-    if (!plan.ok()) return StatusResponse(plan.status());
-    HttpResponse response;
-    response.body = plan->timeline_svg();
-    response.content_type = "image/svg+xml";
-    return response;
-  });
-  // The workers' measured timeline of a traced step, once there is one.
-  server.Get(absl::StrCat(kJob, "/measured-timeline.svg"), [jobs](const HttpRequest& r) {
-    absl::StatusOr<v1::Plan> plan = jobs->GetPlan(r.path_params[0]);
-    if (!plan.ok()) return StatusResponse(plan.status());
-    if (plan->measured_timeline_svg().empty()) {
-      return StatusResponse(absl::FailedPreconditionError(
-          absl::StrCat("job ", r.path_params[0],
-                       " has no measured step yet: its workers trace the plan's 11th step (or its "
-                       "last), then every 100th")));
+// `handler`, refusing query parameters other than `known` (400 naming the
+// first unknown one): a misspelt ?page_size= would otherwise be ignored,
+// and the client get pages of another size without a word.
+HttpServer::Handler Taking(std::vector<std::string> known, HttpServer::Handler handler) {
+  return [known = std::move(known), handler = std::move(handler)](const HttpRequest& r) {
+    for (const auto& [name, value] : r.query) {
+      if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+      return StatusResponse(absl::InvalidArgumentError(absl::StrCat(
+          "unknown query parameter \"", absl::CHexEscape(name.substr(0, 32)), "\"; ",
+          known.empty() ? "this route takes none"
+                        : absl::StrCat("this route takes ", absl::StrJoin(known, ", ")))));
     }
-    HttpResponse response;
-    response.body = plan->measured_timeline_svg();
-    response.content_type = "image/svg+xml";
-    return response;
-  });
+    return handler(r);
+  };
+}
+
+void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobManager* jobs) {
+  const std::vector<std::string> none;
+  server.Post("/v1/jobs",
+              Taking(none, [jobs](const HttpRequest& r) { return SubmitJob(jobs, r); }));
+  server.Get("/v1/jobs", Taking({"pageSize", "pageToken", "view"},
+                                [jobs](const HttpRequest& r) { return ListJobs(jobs, r); }));
+  server.Get(kJob, Taking({"view"}, [jobs](const HttpRequest& r) { return GetJob(jobs, r); }));
+  server.Post(absl::StrCat(kJob, ":cancel"), Taking(none, [jobs](const HttpRequest& r) {
+                return Reply(jobs->Cancel(r.path_params[0]));
+              }));
+  server.Get(absl::StrCat(kJob, "/plan"), Taking(none, [jobs](const HttpRequest& r) {
+               return Reply(jobs->GetPlan(r.path_params[0]));
+             }));
+  // The plan's simulated timeline as an image a browser shows directly.
+  server.Get(absl::StrCat(kJob, "/timeline.svg"), Taking(none, [jobs](const HttpRequest& r) {
+               absl::StatusOr<v1::Plan> plan = jobs->GetPlan(r.path_params[0]);
+               if (!plan.ok()) return StatusResponse(plan.status());
+               HttpResponse response;
+               response.body = plan->timeline_svg();
+               response.content_type = "image/svg+xml";
+               return response;
+             }));
+  // The workers' measured timeline of a traced step, once there is one.
+  server.Get(absl::StrCat(kJob, "/measured-timeline.svg"),
+             Taking(none, [jobs](const HttpRequest& r) {
+               absl::StatusOr<v1::Plan> plan = jobs->GetPlan(r.path_params[0]);
+               if (!plan.ok()) return StatusResponse(plan.status());
+               if (plan->measured_timeline_svg().empty()) {
+                 return StatusResponse(absl::FailedPreconditionError(absl::StrCat(
+                     "job ", r.path_params[0],
+                     " has no measured step yet: its workers trace the plan's 11th step (or its "
+                     "last), then every 100th")));
+               }
+               HttpResponse response;
+               response.body = plan->measured_timeline_svg();
+               response.content_type = "image/svg+xml";
+               return response;
+             }));
   server.Get("/v1/workers",
-             [workers, jobs](const HttpRequest& r) { return ListWorkers(workers, jobs, r); });
-  server.Post(R"(/v1/workers/([^/:]+):drain)",
-              [jobs](const HttpRequest& r) { return Reply(jobs->Drain(r.path_params[0])); });
+             Taking({"pageSize", "pageToken"}, [workers, jobs](const HttpRequest& r) {
+               return ListWorkers(workers, jobs, r);
+             }));
+  server.Post(R"(/v1/workers/([^/:]+):drain)", Taking(none, [jobs](const HttpRequest& r) {
+                return Reply(jobs->Drain(r.path_params[0]));
+              }));
 }
 
 }  // namespace pipetrain

@@ -136,6 +136,35 @@ TEST_F(RestServiceTest, ListJobs_BadPagingOrView_Returns400WithFieldViolation) {
   }
 }
 
+// Any count of digits is a page size; past 1000 (and past int32) it reads
+// as 1000, as documented.
+TEST_F(RestServiceTest, ListJobs_HugePageSizes_ReadAsTheMost) {
+  ASSERT_EQ(Call("POST", "/v1/jobs", ValidSpecJson()).first, 200);
+  for (const char* size : {"1001", "2147483648", "99999999999999999999999", "000"}) {
+    SCOPED_TRACE(size);
+    auto [status, page] = Call("GET", absl::StrCat("/v1/jobs?pageSize=", size));
+    EXPECT_EQ(status, 200) << page;
+    EXPECT_EQ(page["jobs"].size(), 1u) << page;
+  }
+}
+
+// A query parameter a route does not take is refused naming it (a
+// misspelt ?page_size= would otherwise give pages of another size).
+TEST_F(RestServiceTest, UnknownQueryParameters_Return400NamingThem) {
+  for (const std::string& path :
+       {std::string("/v1/jobs?page_size=2"), std::string("/v1/workers?view=FULL"),
+        std::string("/v1/jobs/job-1/plan?x=1")}) {
+    SCOPED_TRACE(path);
+    auto [status, error] = Call("GET", path);
+    EXPECT_EQ(status, 400);
+    EXPECT_TRUE(absl::StrContains(error["message"].get<std::string>(), "unknown query parameter"))
+        << error;
+  }
+  auto [status, error] = Call("GET", "/v1/jobs?page_size=2");
+  EXPECT_EQ(error["message"],
+            "unknown query parameter \"page_size\"; this route takes pageSize, pageToken, view");
+}
+
 TEST_F(RestServiceTest, ListWorkers_PageSizeOne_PagesThroughBoth) {
   for (const char* address : {"127.0.0.1:9001", "127.0.0.1:9002"}) {
     v1::RegisterWorkerRequest request;

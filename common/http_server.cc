@@ -221,7 +221,13 @@ void HttpServer::InstallHooks() {
   const httplib::Server::HandlerWithResponse on_error = [this](const httplib::Request& req,
                                                                httplib::Response& res) {
     if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    const std::string allowed = res.status == 404 ? AllowedMethods(req.path) : "";
+    // httplib parses TRACE and CONNECT but routes neither, and answers 400
+    // as if the request were malformed: on a served path they are a
+    // method it does not take, as PUT is.
+    const bool unrouted_method =
+        res.status == 400 && (req.method == "TRACE" || req.method == "CONNECT");
+    const std::string allowed =
+        res.status == 404 || unrouted_method ? AllowedMethods(req.path) : "";
     if (!allowed.empty()) {
       res.status = 405;
       Apply(JsonError(405, "UNIMPLEMENTED",

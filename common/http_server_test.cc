@@ -812,6 +812,24 @@ TEST(HttpServer, Post_KnownPathWrongMethod_Returns405WithAllow) {
                                              {"GET", R"(/things/([^/:]+):poke)", 405}}));
 }
 
+// TRACE and CONNECT, which httplib parses but does not route, are 405 on a
+// served path too, not "malformed".
+TEST(HttpServer, TraceAndConnectOnAServedPath_Return405WithAllow) {
+  HttpServer server;
+  server.Get(R"(/things/([^/:]+))", Echo);
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  for (const char* method : {"TRACE", "CONNECT"}) {
+    SCOPED_TRACE(method);
+    RawConnection connection(*port, absl::Seconds(10));
+    ASSERT_TRUE(connection.connected());
+    ASSERT_TRUE(connection.Send(absl::StrCat(method, " /things/a1 HTTP/1.1\r\n\r\n")));
+    const std::string answer = connection.Read();
+    EXPECT_EQ(HttpStatusOf(answer), 405) << answer;
+    EXPECT_TRUE(absl::StrContains(answer, "Allow: GET, HEAD")) << answer;
+  }
+}
+
 // The socket-free entry point the REST fuzzer drives answers byte for byte
 // as a served connection does: routed, unrouted, unauthenticated, refused
 // by the framing and by httplib's parser; and waits for the rest of an

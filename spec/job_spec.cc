@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -1024,7 +1025,19 @@ absl::StatusOr<v1::JobSpec> JobSpecFromJson(std::string_view json) {
   google::protobuf::util::Status status = google::protobuf::util::JsonStringToMessage(
       google::protobuf::StringPiece(json.data(), json.size()), &spec, options);
   if (!status.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("spec: ", status.message().ToString()));
+    // "(model.n_layer): invalid value ..." names the field as a path of
+    // proto names: "spec.model.n_layer: ...", as the checks after parsing
+    // name theirs, so the BadRequest violation names it too.
+    const std::string text = status.message().ToString();
+    const size_t close = text.find("): ");
+    if (!text.empty() && text[0] == '(' && close != std::string::npos && close <= 256 &&
+        close > 1 && std::all_of(text.begin() + 1, text.begin() + close, [](char c) {
+          return absl::ascii_islower(c) || absl::ascii_isdigit(c) || c == '_' || c == '.';
+        })) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.", text.substr(1, close - 1), ": ", text.substr(close + 3)));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("spec: ", text));
   }
   return spec;
 }

@@ -1133,9 +1133,17 @@ TEST(JobSpecFromJson, UnknownField_Rejected) {
   ExpectJsonRejected(R"({"model": {"nLayers": 2}})", "(model) nLayers: Cannot find field");
 }
 
-TEST(JobSpecFromJson, WrongType_Rejected) {
-  // The parser names the field by its proto path: "(model.n_layer): invalid value".
-  ExpectJsonRejected(R"({"model": {"nLayer": "two"}})", "model.n_layer");
+TEST(JobSpecFromJson, WrongType_RejectedNamingTheFieldsPath) {
+  // The parser says "(model.n_layer): invalid value ..."; the message names
+  // it as the later checks name fields, so the BadRequest violation does.
+  for (const auto& [json, prefix] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"model": {"nLayer": "two"}})", "spec.model.n_layer: invalid value"},
+           {R"({"training": {"steps": 10.5}})", "spec.training.steps: "},
+           {R"({"training": {"seed": "-1"}})", "spec.training.seed: "}}) {
+    const absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(json);
+    ASSERT_FALSE(spec.ok()) << json;
+    EXPECT_TRUE(absl::StartsWith(spec.status().message(), prefix)) << spec.status().message();
+  }
 }
 
 TEST(JobSpecFromJson, MalformedJson_Rejected) {

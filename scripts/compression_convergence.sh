@@ -21,6 +21,10 @@
 #                            all-reduces against exact tensor parallelism
 #   RANK=8 bash ...          PowerSGD rows at rank 8 (default 4)
 #
+# The "dp" rows run only when the extra flags have --data-parallel, the
+# "tp" rows only with --tensor-parallel. Exits 1 when any run failed (its
+# row then shows FAILED).
+#
 # Needs -c opt builds of //cli:pipetrain, //coordinator:pipetrain-coordinator
 # and //worker:pipetrain-worker.
 set -euo pipefail
@@ -73,7 +77,7 @@ echo
 echo "| compression | last-20-step loss per seed | mean | vs none | paired | final validation loss per seed | mean | vs none | paired | ACTIVATION raw/wire | ACTIVATION_GRAD raw/wire | grad error | DP all-reduce raw/wire | TP all-reduce raw/wire, error |"
 echo "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 ratio() { awk -v k="$1" '$1==k && /wire/ {gsub(/[()x,]/,"",$9); print $9 "x"; f=1} END {if (!f) print "1x"}' "$2"; }
-base=""; vbase=""
+base=""; vbase=""; failed=""
 meanof() { printf '%s\n' "$@" | awk '/^[0-9.]+$/ {s += $1; n++} END {if (n) printf "%.4f", s / n; else print "-"}'; }
 # paired BASE... -- VALUE...: mean ± standard error of 100 (v - b) / b over
 # the pairs where both are numbers ("-" for none; no ± for one pair).
@@ -98,12 +102,17 @@ versus() { awk -v a="$1" -v b="$2" 'BEGIN {if (a + 0 > 0) printf "%+.1f%%", 100 
 for row in "${rows[@]}"; do
   name="${row%%|*}"; flags="${row#*|}"
   if [[ -n "${ROWS:-}" && "$name" != none && "$name" != *"$ROWS"* ]]; then continue; fi
+  # The data- and tensor-parallel rows need replicas or ranks to compress
+  # for: without the extra flags that make them, they are left out.
+  if [[ "$name" == "dp "* && "$extra" != *--data-parallel* ]]; then continue; fi
+  if [[ "$name" == "tp "* && "$extra" != *--tensor-parallel* ]]; then continue; fi
   tails=(); vals=(); first=""
   for seed in $seeds; do
     log="$out/run-$seed.log"
     # shellcheck disable=SC2086
     if ! "$bin" up --steps "$steps" --seed "$seed" --out "$out/cluster" $extra $flags >"$log" 2>&1; then
-      echo "row '$name' seed $seed failed:" >&2; tail -5 "$log" >&2; tails+=("FAILED"); vals+=("FAILED"); continue
+      echo "row '$name' seed $seed failed:" >&2; tail -5 "$log" >&2; tails+=("FAILED"); vals+=("FAILED")
+      failed=1; continue
     fi
     tails+=("$(sed -n 's/.*mean of the last [0-9]* steps \([0-9.]*\).*/\1/p' "$log")")
     vals+=("$(sed -n "s/^validation loss \([0-9.]*\) after step $steps\$/\1/p" "$log")")
@@ -128,3 +137,7 @@ for row in "${rows[@]}"; do
   fi
   echo "| $name | ${tails[*]} | $mean | $delta | $pdelta | ${vals[*]} | $vmean | $vdelta | $pvdelta | $act | $grad | $err | $dp | $tp |"
 done
+if [[ -n "$failed" ]]; then
+  echo "some runs FAILED (their logs' last lines are above); the table is incomplete" >&2
+  exit 1
+fi

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -71,9 +73,29 @@ std::string Echo(absl::string_view value) {
   return value.size() > 64 ? shown + "..." : shown;
 }
 
+// `value` with as many digits as it takes to read back as itself: a
+// bound's refusal must not print 1000001 as "1e+06", inside [0, 1e6].
+std::string Exact(double value) {
+  for (int digits = 6; digits < 17; ++digits) {
+    const std::string text = absl::StrFormat("%.*g", digits, value);
+    if (std::strtod(text.c_str(), nullptr) == value) return text;
+  }
+  return absl::StrFormat("%.17g", value);
+}
+
+// The same for a float field: the digits that read back as the float
+// (0.001f is "0.001", not its double's 0.0010000000474974513).
+std::string Exact(float value) {
+  for (int digits = 6; digits < 9; ++digits) {
+    const std::string text = absl::StrFormat("%.*g", digits, value);
+    if (std::strtof(text.c_str(), nullptr) == value) return text;
+  }
+  return absl::StrFormat("%.9g", value);
+}
+
 absl::Status RequireBeta(absl::string_view path, float value) {
   if (value >= 0 && value < 1) return absl::OkStatus();  // false for NaN
-  return Invalid(path, absl::StrCat("must be in [0, 1), got ", value));
+  return Invalid(path, absl::StrCat("must be in [0, 1), got ", Exact(value)));
 }
 
 absl::Status ResolveModel(v1::ModelSpec* model) {
@@ -174,7 +196,7 @@ absl::Status ResolveOptimizer(v1::TrainingSpec* training) {
   if (!(std::isfinite(training->grad_clip()) && training->grad_clip() >= 0 &&
         training->grad_clip() <= 1e6)) {
     return Invalid("spec.training.grad_clip",
-                   absl::StrCat("must be in [0, 1e6], got ", training->grad_clip()));
+                   absl::StrCat("must be in [0, 1e6], got ", Exact(training->grad_clip())));
   }
   LrSchedule schedule;
   if (!ParseLrSchedule("spec.training.lr_schedule", training->lr_schedule(), &schedule).ok()) {
@@ -190,8 +212,8 @@ absl::Status ResolveOptimizer(v1::TrainingSpec* training) {
   if (!(std::isfinite(training->min_lr()) && training->min_lr() >= 0 &&
         training->min_lr() <= training->lr())) {
     return Invalid("spec.training.min_lr",
-                   absl::StrCat("must be in [0, spec.training.lr ", training->lr(), "], got ",
-                                training->min_lr()));
+                   absl::StrCat("must be in [0, spec.training.lr ", Exact(training->lr()),
+                                "], got ", Exact(training->min_lr())));
   }
   return absl::OkStatus();
 }
@@ -256,7 +278,7 @@ absl::Status ResolveData(v1::DataSpec* data, int vocab_size, DataFormat* format)
   *format = *parsed;
   if (!(data->val_fraction() >= 0 && data->val_fraction() < 1)) {
     return Invalid("spec.data.val_fraction",
-                   absl::StrCat("must be in [0, 1), got ", data->val_fraction()));
+                   absl::StrCat("must be in [0, 1), got ", Exact(data->val_fraction())));
   }
   if (!data->path().empty()) {
     RETURN_IF_ERROR(CheckDataPath(data->path()));

@@ -1129,6 +1129,19 @@ TEST(ResolveJobSpec, OutputPathIsDirectory_Rejected) {
   ExpectRejected(spec, "spec.output.weights_path: ");
 }
 
+// A value just past a bound is printed so that it reads as past it.
+TEST(ResolveJobSpec, ValuesJustPastABound_PrintedExactly) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_training()->set_grad_clip(1000001);
+  ExpectRejected(spec, "spec.training.grad_clip: must be in [0, 1e6], got 1000001");
+  spec = MinimalSpec();
+  spec.mutable_training()->set_lr(0.001);
+  spec.mutable_training()->set_min_lr(std::nextafter(0.001f, 1.0f));
+  ExpectRejected(spec,
+                 "spec.training.min_lr: must be in [0, spec.training.lr 0.001], got "
+                 "0.0010000002");
+}
+
 TEST(JobSpecFromJson, UnknownField_Rejected) {
   ExpectJsonRejected(R"({"model": {"nLayers": 2}})", "(model) nLayers: Cannot find field");
 }

@@ -203,6 +203,8 @@ ended() { for _ in $(seq 1 600); do [[ $(processes_of "$1") -eq 0 ]] && return 0
 UP=(up --workers 2 --steps 100000 --checkpoint-interval 0 --eval-interval 0)
 # Bad flags are refused before anything starts, naming the flag.
 expect_exit up_no_workers 2 "--workers must be >= 1, got 0" -- up --workers 0 --out "$TMP/up-bad"
+expect_exit up_dp_stages_empty_part 2 '--dp-stages: "" is not a stage number' -- \
+  up --workers 2 --data-parallel 2 --dp-codec bf16 --dp-stages , --out "$TMP/up-bad"
 expect_exit up_bad_emulated_link 2 '--emulate-link "0Gbit,1ms": bandwidth must be a positive' -- \
   up --workers 2 --emulate-link 0Gbit,1ms --out "$TMP/up-bad"
 expect_exit up_missing_data 2 "--data $TMP/no-such-corpus.txt: No such file or directory" -- \

@@ -309,7 +309,9 @@ void BindUp(FlagSet& f, UpOptions& o) {
   f.String("dp-stages", &o.dp_stages,
            "stages whose all-reduce --dp-codec compresses: comma-separated, \"all\", or empty "
            "for the planner's choice (the stages on the simulated critical path)");
-  f.Bool("epilogue-only", &o.epilogue_only, "compress only the cool-down's backward sends");
+  f.Bool("epilogue-only", &o.epilogue_only,
+         "compress only the cool-down's backward sends (under --schedule gpipe every backward "
+         "send is one)");
   f.String("worker-device", &o.worker_device,
            "the workers' --device: auto (CUDA when built with it and a GPU is visible) | cpu | "
            "cuda | cuda:N | cuda:each (worker k on GPU k mod the visible GPUs, so that workers "
@@ -620,8 +622,10 @@ int RunUp(const std::vector<std::string>& args) {
                      "--data-parallel = ",
                      o.workers / o.data_parallel, " (each stage gets --tensor-parallel workers)"));
   }
-  if (valid.ok() && o.dp_stages != "all") {
-    for (absl::string_view part : absl::StrSplit(o.dp_stages, ',', absl::SkipEmpty())) {
+  if (valid.ok() && o.dp_stages != "all" && !o.dp_stages.empty()) {
+    // Every comma-separated part a number: "," or "0,,1" is a typo, not
+    // "the planner's choice" (which is the flag left empty).
+    for (absl::string_view part : absl::StrSplit(o.dp_stages, ',')) {
       int stage = 0;
       if (!absl::SimpleAtoi(part, &stage)) {
         valid = absl::InvalidArgumentError(absl::StrCat(

@@ -119,7 +119,7 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
   set.Double("heartbeat-seconds", &flags.heartbeat_seconds, "heartbeat interval told to workers");
   set.String("user-token", &flags.user_token,
              "bearer token users present on every user RPC and REST endpoint (not /healthz, "
-             "/metrics; visible in ps: prefer --user-token-file)");
+             "/readyz, /metrics; visible in ps: prefer --user-token-file)");
   set.String("user-token-file", &flags.user_token_file, "read the user token from this file");
   set.Bool("insecure", &flags.insecure,
            "allow running without a join token or user token: anyone who can reach the ports "

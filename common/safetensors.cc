@@ -728,4 +728,45 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
   return ParseSafetensors(std::string_view(file.data.get(), file.size), path);
 }
 
+absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoError(errno, "cannot open safetensors file", path);
+  struct FdCloser {
+    int fd;
+    ~FdCloser() { close(fd); }
+  } closer{fd};
+  struct stat st;
+  if (fstat(fd, &st) != 0) return ErrnoError(errno, "cannot stat", path);
+  if (!S_ISREG(st.st_mode)) return FileError(path, "not a regular file");
+  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (file_size < kLengthBytes) {
+    return FileError(
+        path, absl::StrCat("file is ", file_size, " bytes, shorter than the 8-byte header length"));
+  }
+  FileBytes length;
+  length.size = kLengthBytes;
+  length.data.reset(new char[kLengthBytes]);
+  RETURN_IF_ERROR(ReadAll(fd, length, path));
+  uint64_t header_size;
+  std::memcpy(&header_size, length.data.get(), sizeof(header_size));
+  if (header_size > kMaxHeaderBytes || header_size > file_size - kLengthBytes) {
+    return FileError(
+        path, absl::StrCat("header length ", header_size, " exceeds the file size ", file_size,
+                           " or the 100 MiB limit; not a safetensors file or corrupt"));
+  }
+  FileBytes header_bytes;  // the read continues after the length
+  header_bytes.size = header_size;
+  header_bytes.data.reset(new char[std::max<uint64_t>(header_size, 1)]);
+  RETURN_IF_ERROR(ReadAll(fd, header_bytes, path));
+  ASSIGN_OR_RETURN(json header, ParseHeaderJson(path, header_bytes.data.get(),
+                                                header_bytes.data.get() + header_size));
+  SafetensorsMetadata metadata;
+  ASSIGN_OR_RETURN(std::vector<Entry> entries,
+                   ParseEntries(path, header, file_size - kLengthBytes - header_size, metadata));
+  std::vector<SafetensorsShape> shapes;
+  shapes.reserve(entries.size());
+  for (Entry& e : entries) shapes.push_back({std::move(e.name), std::move(e.shape)});
+  return shapes;
+}
+
 }  // namespace pipetrain

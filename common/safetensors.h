@@ -170,6 +170,17 @@ struct SafetensorsContents {
 // writer never produces them, but they do not make the data ambiguous).
 absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path);
 
+// The names and shapes of the file's tensors, in ascending data_offsets
+// order, read from its header alone (at most 100 MiB, whatever the file's
+// size): what a check of a file's fit needs without holding its data. The
+// same header checks and errors as ReadSafetensors, against the file's
+// size; the data itself is not read (nor its values checked).
+struct SafetensorsShape {
+  std::string name;
+  Shape shape;
+};
+absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::string& path);
+
 // ReadSafetensors of a file already in memory (e.g. read once to check its
 // checksum); `path` only names it in errors.
 absl::StatusOr<SafetensorsContents> ParseSafetensors(std::string_view bytes,

@@ -270,9 +270,13 @@ class SafetensorsValidationTest : public ::testing::Test {
  protected:
   void SetUp() override { path_ = TestDir() + "/bad.safetensors"; }
 
+  // ReadSafetensors' status; ReadSafetensorsShapes, which checks the same
+  // header against the file's size, must give the same.
   absl::Status ReadRaw(const std::string& bytes) {
     WriteBytes(path_, bytes);
-    return ReadSafetensors(path_).status();
+    const absl::Status full = ReadSafetensors(path_).status();
+    EXPECT_EQ(ReadSafetensorsShapes(path_).status(), full);
+    return full;
   }
   absl::Status ReadHeader(const std::string& header, size_t data_bytes = 8) {
     return ReadRaw(RawFile(header, std::string(data_bytes, '\0')));
@@ -441,6 +445,23 @@ TEST(SafetensorsTest, Write_BadNames_InvalidArgumentNamingTensor) {
     EXPECT_THAT(std::string(status.message()), HasSubstr(c.fragment));
   }
   EXPECT_FALSE(fs::exists(path));
+}
+
+// The header alone gives every tensor's name and shape, in the order
+// ReadSafetensors lists them.
+TEST(SafetensorsTest, ReadShapes_NamesAndShapesAsTheWholeRead) {
+  const std::string path = TestDir() + "/shapes.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, SampleTensors()).ok());
+  const absl::StatusOr<SafetensorsContents> full = ReadSafetensors(path);
+  const absl::StatusOr<std::vector<SafetensorsShape>> shapes = ReadSafetensorsShapes(path);
+  ASSERT_TRUE(full.ok() && shapes.ok()) << full.status() << shapes.status();
+  ASSERT_EQ(shapes->size(), full->tensors.size());
+  for (size_t i = 0; i < shapes->size(); ++i) {
+    EXPECT_EQ((*shapes)[i].name, full->tensors[i].name);
+    EXPECT_EQ((*shapes)[i].shape, full->tensors[i].tensor.shape());
+  }
+  EXPECT_EQ(ReadSafetensorsShapes(TestDir() + "/none.safetensors").status().code(),
+            absl::StatusCode::kNotFound);
 }
 
 TEST(SafetensorsTest, Write_Success_LeavesNoTempFile) {

@@ -382,8 +382,12 @@ void JobManager::TouchLocked(JobRecord& record) {
   *record.job.mutable_update_time() = ToProtoTimestamp(clock_->Now());
 }
 
-absl::Status JobManager::PersistLocked(JobRecord& record, bool wait) {
-  if (options_.state == nullptr) return absl::OkStatus();
+absl::Status JobManager::PersistLocked(JobRecord& record, bool wait,
+                                       std::function<void(const absl::Status&)> then) {
+  if (options_.state == nullptr) {
+    if (then) then(absl::OkStatus());
+    return absl::OkStatus();
+  }
   store::StoredJob stored;
   *stored.mutable_job() = record.job;
   *stored.mutable_plan() = record.plan;
@@ -416,11 +420,43 @@ absl::Status JobManager::PersistLocked(JobRecord& record, bool wait) {
     }
     return saved;
   };
-  if (wait) return save(stored);
+  if (wait) {
+    const absl::Status saved = save(stored);
+    if (then) then(saved);
+    return saved;
+  }
   // Off the lock, in order: a commit waits for the disk, and every stage's
-  // report waits for the lock.
-  io_.Post([save, stored = std::move(stored)] { save(stored).IgnoreError(); });
+  // report waits for the lock. A failed save must not stay the last word
+  // (a job ends once: a cancelled one would come back RUNNING after a
+  // restart), so it is noted for RetryUnsavedLocked; a later one that
+  // succeeds clears the note (io_ runs saves in order).
+  io_.Post([this, save, then = std::move(then), stored = std::move(stored)] {
+    const absl::Status saved = save(stored);
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (saved.ok()) {
+        unsaved_.erase(stored.job().id());
+      } else {
+        unsaved_.insert(stored.job().id());
+      }
+    }
+    if (then) then(saved);
+  });
   return absl::OkStatus();
+}
+
+void JobManager::RetryUnsavedLocked() {
+  const absl::Time now = clock_->Now();
+  if (unsaved_.empty() || now < next_save_retry_) return;
+  next_save_retry_ = now + absl::Seconds(1);
+  const std::set<std::string> ids = std::move(unsaved_);
+  unsaved_.clear();
+  for (const std::string& id : ids) {
+    JobRecord* record = FindLocked(id);
+    if (record == nullptr) continue;  // pruned: its deletion is queued
+    PT_LOG(INFO) << "job " << id << ": saving its state again";
+    PersistLocked(*record).IgnoreError();  // noted again if it fails
+  }
 }
 
 absl::Status JobManager::Restore() {
@@ -608,13 +644,20 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
           "nor a checkpoint directory");
     }
     // Every tensor the model needs, with its shape: checked now, so a job
-    // never starts on weights that do not fit.
-    absl::StatusOr<SafetensorsContents> contents = ReadSafetensors(path);
+    // never starts on weights that do not fit. From the header alone: the
+    // file may be gigabytes, and Submit is a user's request.
+    absl::StatusOr<std::vector<SafetensorsShape>> contents = ReadSafetensorsShapes(path);
     if (!contents.ok()) return invalid(contents.status());
+    auto find = [&contents](const std::string& name) -> const Shape* {
+      for (const SafetensorsShape& s : *contents) {
+        if (s.name == name) return &s.shape;
+      }
+      return nullptr;
+    };
     for (int u = 0; u < NumUnits(model); ++u) {
       for (const ParameterShape& p : UnitParameterShapes(model, u)) {
-        const Tensor* t = contents->Find(p.name);
-        if (t == nullptr) t = contents->Find("transformer." + p.name);
+        const Shape* t = find(p.name);
+        if (t == nullptr) t = find("transformer." + p.name);
         // A padded vocabulary takes the file's rows (gpt_config.h).
         const Shape shape(p.shape.begin(), p.shape.end());
         const std::string wanted = ShapeToString(shape);
@@ -623,10 +666,10 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
                                                          " has no tensor ", p.name,
                                                          " (this model's is ", wanted, ")"));
         }
-        if (!CheckFitsParameter(p.name, shape, t->shape()).ok()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "spec.init.from: ", from, " has ", p.name, " of shape ", ShapeToString(t->shape()),
-              ", which does not fit this model's ", wanted));
+        if (!CheckFitsParameter(p.name, shape, *t).ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("spec.init.from: ", from, " has ", p.name, " of shape ",
+                           ShapeToString(*t), ", which does not fit this model's ", wanted));
         }
       }
     }
@@ -780,15 +823,22 @@ std::vector<v1::Job> JobManager::List() const {
 }
 
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
-  AnnotatedMutexLock lock(&mu_);
-  JobRecord* record = FindLocked(job_id);
-  if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
-  if (IsTerminal(record->job.state())) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job ", job_id, " already ended (", EnumShortName(record->job.state()), ")"));
+  v1::Job cancelled;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    JobRecord* record = FindLocked(job_id);
+    if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+    if (IsTerminal(record->job.state())) {
+      return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
+                                                        EnumShortName(record->job.state()), ")"));
+    }
+    EndLocked(*record, v1::JOB_STATE_CANCELLED, "cancelled by the user");
+    cancelled = record->job;
   }
-  EndLocked(*record, v1::JOB_STATE_CANCELLED, "cancelled by the user");
-  return record->job;
+  // Answered once the store has the cancel (EndLocked queued its save): a
+  // coordinator that dies right after must not restore the job RUNNING.
+  FlushIo();
+  return cancelled;
 }
 
 absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
@@ -877,6 +927,7 @@ void JobManager::ScheduleQueued() {
   // Ended jobs beyond the limits go in every pass (a Submit ends with one),
   // so jobs that end while nothing is submitted go too.
   PruneLocked();
+  RetryUnsavedLocked();
   const absl::Time now = clock_->Now();
   // Recovering jobs first: they ran already, and hold on to their workers.
   std::set<std::string> reserved;
@@ -884,13 +935,19 @@ void JobManager::ScheduleQueued() {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() == v1::JOB_STATE_RECOVERING) TryReplanLocked(record, &reserved);
   }
+  // A job being profiled is being placed: the worker it profiles on stays
+  // READY meanwhile, so later jobs wait rather than take it (and say so).
+  std::string profiling;
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
-    // A job being profiled is being placed: the worker it profiles on stays
-    // READY meanwhile, so later jobs wait rather than take it.
-    if (record.job.state() == v1::JOB_STATE_PROFILING) return;
+    if (record.job.state() == v1::JOB_STATE_PROFILING && profiling.empty()) profiling = id;
     if (record.job.state() != v1::JOB_STATE_QUEUED) continue;
     std::vector<std::string> ready = SpareWorkersLocked(reserved);
+    if (!profiling.empty()) {
+      record.job.set_reason(
+          absl::StrCat("waiting while job ", profiling, " is profiled (", ready.size(), " ready)"));
+      continue;
+    }
     const int need = JobWorkers(record.resolved);
     if (static_cast<int>(ready.size()) < need) {
       const std::string waiting =
@@ -915,8 +972,9 @@ void JobManager::ScheduleQueued() {
       record.job.set_reason(absl::StrCat("waiting to be placed: ", started.message()));
       continue;
     }
-    if (record.job.state() == v1::JOB_STATE_PROFILING) return;  // later jobs wait for it
+    if (record.job.state() == v1::JOB_STATE_PROFILING) profiling = id;  // later jobs wait for it
   }
+  if (!profiling.empty()) return;
   // Spare workers grow running elastic jobs, once no job waits for them.
   for (const std::string& id : order_) {
     const v1::JobState state = jobs_.at(id)->job.state();
@@ -1053,7 +1111,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   // take them before this plan is in.
   for (const std::string& w : old) {
     if (std::find(chosen.begin(), chosen.end(), w) == chosen.end()) {
-      hub_->Set(w, StopAssignment(record.job.id(), record.plan.version()));
+      StopWorkerLocked(record, w);
     }
   }
   registry_->Release(record.job.id());
@@ -1566,7 +1624,7 @@ void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
   record.survivors.clear();
   for (const std::string& w : record.job.worker_ids()) {
     if (w != lost) record.survivors.push_back(w);
-    hub_->Set(w, StopAssignment(record.job.id(), record.plan.version()));
+    StopWorkerLocked(record, w);
   }
   registry_->Release(record.job.id());
   record.checkpoints->ClearPending();
@@ -1693,19 +1751,28 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   if (!complete.has_value()) return absl::OkStatus();
   record.job.mutable_progress()->set_checkpoint_step(complete->step());
   record.recoveries_without_progress = 0;
-  PersistLocked(record).IgnoreError();  // logged
-  // Files off the lock, in order: the manifest (for people and tools;
-  // resuming needs only the checksummed unit files) before old ones go.
-  io_.Post([output_dir = options_.output_dir, id = record.job.id(),
-            model = record.resolved.spec.model(), seed = record.resolved.train.seed,
-            complete = *complete, expired = record.checkpoints->TakeExpired()] {
-    absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
-    if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
-    for (const v1::ResumeFrom& old : expired) {
-      absl::Status removed = RemoveCheckpointDir(output_dir, old);
-      if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
-    }
-  });
+  // Files off the lock, in order, after the state that lists the new
+  // checkpoint is saved: the manifest (for people and tools; resuming needs
+  // only the checksummed unit files), then the expired ones go, but only if
+  // the save succeeded (else the stored state may still name them).
+  PersistLocked(
+      record, /*wait=*/false,
+      [output_dir = options_.output_dir, id = record.job.id(), model = record.resolved.spec.model(),
+       seed = record.resolved.train.seed, complete = *complete,
+       expired = record.checkpoints->TakeExpired()](const absl::Status& saved) {
+        absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
+        if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
+        if (!saved.ok()) {
+          PT_LOG(WARNING) << "job " << id << ": kept " << expired.size()
+                          << " expired checkpoint(s): the state that drops them "
+                             "was not saved";
+          return;
+        }
+        for (const v1::ResumeFrom& old : expired) {
+          absl::Status removed = RemoveCheckpointDir(output_dir, old);
+          if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
+        }
+      });
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;
     for (const v1::UnitFile& f : complete->units()) bytes += f.bytes();
@@ -1722,9 +1789,7 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   record.job.set_state(state);
   record.job.set_reason(reason);
   TouchLocked(record);
-  for (const std::string& worker : record.job.worker_ids()) {
-    hub_->Set(worker, StopAssignment(record.job.id(), record.plan.version()));
-  }
+  for (const std::string& worker : record.job.worker_ids()) StopWorkerLocked(record, worker);
   registry_->Release(record.job.id());
   DropWeightsFile(record);
   if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
@@ -1782,6 +1847,16 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
       return absl::PermissionDeniedError(absl::StrCat(
           "ReportProgressRequest.checkpoint: ", r.worker_id(),
           " runs a data-parallel replica other than 0, whose stages write no checkpoints"));
+    }
+    // A writer of the stopped plan that finished after the job stopped: a
+    // checkpoint it completed now could expire the one the re-plan resumes
+    // from (kept: spec.checkpoint.keep), so it counts for nothing.
+    if (stopped) {
+      PT_LOG(INFO) << "job " << r.job_id() << ": checkpoint of step " << r.checkpoint().step()
+                   << " from " << r.worker_id() << " ignored: the job is "
+                   << EnumShortName(record->job.state());
+      response.set_all_ready(true);
+      return response;
     }
     RETURN_IF_ERROR(AddCheckpointLocked(*record, stage_index, r.checkpoint()));
     response.set_all_ready(true);
@@ -1901,6 +1976,7 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
   {
     AnnotatedMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(c.worker_id(), c.job_id()));
+    RETURN_IF_ERROR(CheckUploadingLocked(*record));
     if (c.tensor_name().empty()) {  // names the stream only (coordinator.proto)
       if (c.values_size() > 0) {
         return absl::InvalidArgumentError("a weights chunk with values must name its tensor");
@@ -2091,9 +2167,29 @@ absl::Status JobManager::CheckWeightsChunkLocked(const JobRecord& record,
   return absl::OkStatus();
 }
 
+void JobManager::StopWorkerLocked(const JobRecord& record, const std::string& worker) {
+  // The hub keeps one assignment per worker: a STOP of this job must not
+  // replace the RUN of another job that has taken the worker since (a
+  // boundary left it out, or it came back in a new incarnation).
+  const absl::StatusOr<v1::Worker> now = registry_->Get(worker);
+  if (now.ok() && !now->job_id().empty() && now->job_id() != record.job.id()) return;
+  hub_->Set(worker, StopAssignment(record.job.id(), record.plan.version()));
+}
+
+absl::Status JobManager::CheckUploadingLocked(const JobRecord& record) const {
+  if (record.job.state() == v1::JOB_STATE_RUNNING) return absl::OkStatus();
+  // A stopped plan's stage still uploading: the job's next plan trains on
+  // and uploads the weights; these would open a file (and complete it) for
+  // a job that is not running.
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", record.job.id(), " is ", EnumShortName(record.job.state()),
+                   "; its weights are uploaded by the stages of its next plan"));
+}
+
 absl::Status JobManager::FinishWeights(const std::string& worker_id, const std::string& job_id) {
   AnnotatedMutexLock lock(&mu_);
   ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(worker_id, job_id));
+  RETURN_IF_ERROR(CheckUploadingLocked(*record));
   record->stages[record->stage_of.at(worker_id)].weights_done = true;
   MaybeCompleteLocked(*record);
   return absl::OkStatus();

@@ -610,6 +610,13 @@ class JobManager {
   absl::Status OpenWeightsFileLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops the job's weights file (its temporary is removed) and progress.
   static void DropWeightsFile(JobRecord& record);
+  // Sends `worker` a STOP of the job, unless it is another job's by now.
+  void StopWorkerLocked(const JobRecord& record, const std::string& worker)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // OK while the job is RUNNING (its stages upload their weights); else
+  // FAILED_PRECONDITION: a stopped plan's stage uploading late.
+  absl::Status CheckUploadingLocked(const JobRecord& record) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes the temporaries of the job's weights path that coordinators
   // left when they died during its upload, logging each (safetensors.h:
   // RemoveAbandonedTemporaries); for a job that failed or was cancelled.
@@ -628,9 +635,14 @@ class JobManager {
   void TouchLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Saves the job to options_.state (no-op without one): a copy taken now,
   // committed on io_ in order (`wait`: here, returning the store's error).
-  // Failures are logged.
-  absl::Status PersistLocked(JobRecord& record, bool wait = false)
+  // Failures are logged, and an io_ save that failed is tried again
+  // (RetryUnsavedLocked) until one of the job succeeds. `then` (optional)
+  // runs after the save with its status (on io_, off the lock; or here).
+  absl::Status PersistLocked(JobRecord& record, bool wait = false,
+                             std::function<void(const absl::Status&)> then = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Saves again, at most once a second, the jobs whose last save failed.
+  void RetryUnsavedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerRegistry* registry_;
   AssignmentHub* hub_;
@@ -657,6 +669,10 @@ class JobManager {
   std::map<std::string, int64_t> drained_ ABSL_GUARDED_BY(mu_);
   // Background tasks handed to the runner and not finished.
   int background_in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  // Jobs whose latest save on io_ failed (the store was busy, full or
+  // unreachable): saved again by RetryUnsavedLocked, not before this time.
+  std::set<std::string> unsaved_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_save_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Set by the destructor: tasks still queued skip the planning.
   std::atomic<bool> planning_stopped_{false};
   // File and store work that must not hold mu_ (commits, manifests, expired

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -14,8 +15,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/clock.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_store.h"
 #include "gtest/gtest.h"
 
@@ -379,6 +382,73 @@ TEST_F(JobManagerElasticTest, DataParallelWorkerLost_RecoversWithWholeReplicas) 
   ASSERT_TRUE(a.has_resume());
   EXPECT_EQ(a.resume().step(), 5);
   EXPECT_EQ(AssignmentOf(w[2]).action(), v1::Assignment::ACTION_STOP);
+}
+
+// A writer's checkpoint report from the stopped plan (its writer finished
+// after the loss) does not complete a checkpoint during the recovery: with
+// keep 1 it would expire the one the re-plan resumes from.
+TEST_F(JobManagerElasticTest, CheckpointReportWhileRecovering_IgnoredAndTheResumePointKept) {
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_parallelism()->set_data(2);
+  spec.mutable_checkpoint()->set_keep(1);
+  std::vector<std::string> w;
+  for (int k = 0; k < 4; ++k) w.push_back(AddWorker(7001 + k));
+  const std::string id = Submit(spec).value().id();
+  auto step = [&](int64_t s) { StepEveryWorker(id, s, 2); };
+  for (int64_t s = 1; s <= 5; ++s) step(s);
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
+  ASSERT_TRUE(Checkpoint(id, 1, 5).ok());
+  for (int64_t s = 6; s <= 10; ++s) step(s);
+  // Plan 1's checkpoint reports of step 10, one per writer (replica 0).
+  std::vector<v1::ReportProgressRequest> late;
+  for (int st = 0; st < 2; ++st) {
+    const v1::Assignment a = AssignmentOf(w[st]);
+    v1::ReportProgressRequest r;
+    r.set_worker_id(w[st]);
+    r.set_job_id(id);
+    r.set_plan_version(1);
+    r.set_iteration(9);
+    r.mutable_checkpoint()->set_step(10);
+    for (int u = a.backward_units().begin(); u < a.backward_units().end(); ++u) {
+      v1::UnitFile* f = r.mutable_checkpoint()->add_units();
+      f->set_unit(u);
+      f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+      f->set_bytes(100 + u);
+      f->set_sha256(std::string(64, 'a' + u));
+    }
+    late.push_back(r);
+  }
+  registry_.MarkLost(w[3], incarnations_[w[3]], "killed");  // replica 1: no writer
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  // Both writers of step 10 finish after the loss: the stopped plan's last
+  // words, which would complete checkpoint 10 and expire 5.
+  for (const v1::ReportProgressRequest& r : late) EXPECT_TRUE(jobs_->ReportProgress(r).ok());
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+  HeartbeatAllAndSchedule({w[0], w[1], w[2]});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(AssignmentOf(w[0]).resume().step(), 5);
+  EXPECT_EQ(job.progress().checkpoint_step(), 5);
+}
+
+// A stage of the stopped plan uploading its weights while the job
+// recovers is refused: the file would be opened (and found incomplete, or
+// complete) for a job that is not running.
+TEST_F(JobManagerElasticTest, WeightsUploadWhileRecovering_Refused) {
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_output()->set_weights_path("recovering.safetensors");
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(spec).value().id();
+  Step(id, 1);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  v1::WeightsChunk chunk;
+  chunk.set_worker_id(w1);
+  chunk.set_job_id(id);
+  chunk.set_tensor_name("wte.weight");
+  EXPECT_EQ(jobs_->AddWeightsChunk(chunk).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(jobs_->FinishWeights(w1, id).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
 }
 
 TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromTheOneBefore) {
@@ -1152,6 +1222,64 @@ TEST_F(JobManagerElasticTest, StoredPlan_KeepsTheStagesNotTheDrawings) {
     EXPECT_TRUE(s.plan().chrome_trace_json().empty());
   }
   EXPECT_TRUE(found);
+}
+
+}  // namespace
+}  // namespace pipetrain
+
+namespace pipetrain {
+namespace {
+
+// A store whose commits fail while `failing` is set (a busy SQLite, a
+// full disk, an unreachable etcd).
+class FlakyStore final : public Store {
+ public:
+  absl::Status Commit(const std::vector<StoreWrite>& writes) override {
+    if (failing.load()) return absl::UnavailableError("the store is unreachable");
+    return store_.Commit(writes);
+  }
+  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
+    return store_.Get(key);
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
+      const std::string& prefix) const override {
+    return store_.Scan(prefix);
+  }
+  std::string Describe() const override { return "flaky"; }
+  std::atomic<bool> failing{false};
+
+ private:
+  MemoryStore store_;
+};
+
+// A cancel whose save failed is saved again once the store is back: a
+// restarted coordinator restores the job CANCELLED, not QUEUED to run again.
+TEST(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  FlakyStore store;
+  CoordinatorState state(&store);
+  auto restored_state = [&](const std::string& id) {
+    JobManager fresh(&registry, &hub, &clock,
+                     JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+    EXPECT_TRUE(fresh.Restore().ok());
+    return fresh.Get(id).value().state();
+  };
+  std::string id;
+  {
+    JobManager jobs(&registry, &hub, &clock,
+                    JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+    id = jobs.Submit(ElasticSpec(1, 5)).value().id();
+    store.failing = true;
+    ASSERT_EQ(jobs.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);  // saving it failed
+    EXPECT_EQ(restored_state(id), v1::JOB_STATE_QUEUED);                  // the store's word
+    store.failing = false;
+    clock.Advance(absl::Seconds(1));
+    jobs.ScheduleQueued();  // tries the save again
+    jobs.FlushIo();
+  }
+  EXPECT_EQ(restored_state(id), v1::JOB_STATE_CANCELLED);
 }
 
 }  // namespace

@@ -1262,6 +1262,33 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   EXPECT_EQ(calls, 1);
 }
 
+// A job queued behind one being profiled waits for it, and its reason
+// says so with the READY count.
+TEST_F(JobManagerTest, QueuedBehindAProfilingJob_ReasonNamesItAndCountsReady) {
+  absl::Notification release;
+  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
+                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+    release.WaitForNotification();
+    return FakeProfile();
+  });
+  AddWorker(7001);
+  AddWorker(7002);
+  AddWorker(7003);
+  const std::string first = Submit(SmallSpec(2)).value().id();
+  ASSERT_EQ(jobs_.Get(first).value().state(), v1::JOB_STATE_PROFILING);
+  const std::string second = Submit(SmallSpec(1)).value().id();
+  Schedule();
+  const v1::Job waiting = jobs_.Get(second).value();
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(waiting.reason(), absl::StrCat("waiting while job ", first, " is profiled (3 ready)"));
+  release.Notify();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  Schedule();
+  EXPECT_EQ(jobs_.Get(first).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(jobs_.Get(second).value().state(), v1::JOB_STATE_RUNNING);
+}
+
 // An auto layout that searches T with tensor_partitions 0 may choose
 // stages of 2 ranks, whose AccTFM Alg. 1 needs the units timed on halves
 // of a micro-batch: the profile asks for them before any T is chosen

@@ -27,6 +27,10 @@ absl::StatusOr<HostPort> SplitHostPort(absl::string_view address, absl::string_v
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
+  if (host.empty()) {  // "[]:80"
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " \"", address, "\" has an empty host (e.g. 127.0.0.1:8080, [::1]:0)"));
+  }
   split.host = std::string(host);
   split.port = port;
   return split;

@@ -39,5 +39,12 @@ TEST(SplitHostPortTest, OutOfRangeOrMalformed_InvalidArgumentNamingTheFlag) {
   }
 }
 
+TEST(SplitHostPortTest, EmptyBracketedHost_InvalidArgument) {
+  absl::StatusOr<HostPort> split = SplitHostPort("[]:80", "--listen");
+  ASSERT_FALSE(split.ok());
+  EXPECT_EQ(split.status().message(),
+            "--listen \"[]:80\" has an empty host (e.g. 127.0.0.1:8080, [::1]:0)");
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -63,7 +63,9 @@ absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::st
   }
   std::string secret;
   char c;
-  while (secret.size() <= kMaxSecretBytes && in.get(c)) secret.push_back(c);
+  // Up to the limit, a line end ("\r\n") and one byte more: a file with
+  // anything after a full-length token's line end is too long, not cut.
+  while (secret.size() < kMaxSecretBytes + 3 && in.get(c)) secret.push_back(c);
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
   if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is empty"));
   if (secret.size() > kMaxSecretBytes) {

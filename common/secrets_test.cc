@@ -70,6 +70,19 @@ TEST(ReadSecretFileTest, EmptyOrSpacedOrHuge_InvalidArgumentWithoutTheSecret) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A full-length token and its line end is read whole; anything after the
+// line end makes the file too long, not cut at the limit.
+TEST(ReadSecretFileTest, FullLengthToken_AcceptedAndNothingAfterIt) {
+  const std::string full(kMaxSecretBytes, 'x');
+  absl::StatusOr<std::string> s = ReadSecretFile("f", WriteTemp("e", full + "\r\n"));
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(*s, full);
+  EXPECT_EQ(ReadSecretFile("f", WriteTemp("g", full + "\nsecond line")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadSecretFile("f", WriteTemp("h", full.substr(1) + "\r\nz")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SecretFromFlagsTest, ValueFileBothOrNeither) {
   EXPECT_EQ(SecretFromFlags("join-token", "v", "").value_or("?"), "v");
   EXPECT_EQ(SecretFromFlags("join-token", "", WriteTemp("e", "f\n")).value_or("?"), "f");

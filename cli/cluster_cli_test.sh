@@ -231,6 +231,12 @@ mkdir -p "$TMP/up-shared" && chmod 1777 "$TMP/up-shared"
 expect_exit up_out_world_writable 2 "--out $TMP/up-shared: mode 1777 lets its group or others write in it" -- \
   up --workers 1 --out "$TMP/up-shared"
 ok up_out_world_writable_untouched test ! -e "$TMP/up-shared/up.lock"
+# ... and so is one whose parent others may write in (not sticky): they
+# could rename it and put their own in its place after the checks.
+mkdir -p "$TMP/up-group" && chmod 0775 "$TMP/up-group"
+expect_exit up_out_parent_group_writable 2 "(uid $(id -u), mode 0775) lets another user rename it" -- \
+  up --workers 1 --out "$TMP/up-group/run"
+ok up_out_parent_group_writable_untouched test ! -e "$TMP/up-group/run/up.lock"
 if [[ $(id -u) -eq 0 ]]; then  # only root can hand a directory to another user
   mkdir -p "$TMP/up-theirs" && chmod 755 "$TMP/up-theirs" && chown 4242 "$TMP/up-theirs"
   expect_exit up_out_another_users 2 "--out $TMP/up-theirs: owned by uid 4242, not by this user (uid 0)" -- \

@@ -9,7 +9,9 @@
 #include <climits>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -106,6 +108,33 @@ absl::Status CheckPrivate(const std::string& name, const std::string& path, uid_
   return absl::OkStatus();
 }
 
+// Whoever may rename a directory on the way to `path` can put another
+// directory (with ports files of their own) in its place after Claim's
+// checks: every ancestor of its real path must be this user's or root's,
+// and writable by nobody else unless sticky (as /tmp is).
+absl::Status CheckAncestors(const std::string& name, const std::string& path, uid_t owner) {
+  std::unique_ptr<char, decltype(&free)> real(realpath(path.c_str(), nullptr), &free);
+  if (real == nullptr) return ErrnoError(errno, name, path, "cannot resolve it");
+  std::string ancestor = real.get();
+  while (ancestor != "/") {
+    const size_t slash = ancestor.rfind('/');
+    ancestor = slash == 0 ? "/" : ancestor.substr(0, slash);
+    struct stat st;
+    if (stat(ancestor.c_str(), &st) != 0) {
+      return ErrnoError(errno, name, path, absl::StrCat("cannot stat its parent ", ancestor));
+    }
+    const bool others_write = (st.st_mode & (S_IWGRP | S_IWOTH)) != 0;
+    if ((st.st_uid != owner && st.st_uid != 0) || (others_write && (st.st_mode & S_ISVTX) == 0)) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "%s %s: its parent %s (uid %d, mode %04o) lets another user rename it and put a "
+          "directory of theirs in its place, with ports files that say where the tokens go; "
+          "use a directory under one only you (or root) can write in, or a sticky one like /tmp",
+          name, path, ancestor, static_cast<int>(st.st_uid), st.st_mode & 07777));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // The pid a lock file holds (as Claim writes it), or 0.
 long LockHolder(int fd) {
   char buffer[32] = {};
@@ -147,6 +176,7 @@ absl::StatusOr<ClusterDir> ClusterDir::Claim(const std::string& name, const std:
     checked = fstat(dir, &dir_stat) == 0 ? CheckPrivate(name, path, owner, link, dir_stat)
                                          : ErrnoError(errno, name, path, "cannot stat it");
   }
+  if (checked.ok()) checked = CheckAncestors(name, path, owner);
   const int lock =
       checked.ok() ? openat(dir, "up.lock", O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600) : -1;
   if (checked.ok() && lock < 0) checked = ErrnoError(errno, name, path, "cannot open up.lock");

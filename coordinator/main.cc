@@ -22,6 +22,7 @@
 #include <climits>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -543,11 +544,15 @@ int Serve(const Config& config, const sigset_t& signals) {
   job_options.output_dir = flags.output_dir;
   job_options.data_roots = absl::StrSplit(flags.data_roots, ',', absl::SkipEmpty());
   job_options.id_epoch = JobIdEpoch();
+  // Declared before the jobs, made after them (it reads them): the job
+  // manager's destructor still runs planning and store tasks whose events
+  // go to the metrics, so the metrics must outlive it.
+  std::optional<CoordinatorMetrics> metrics_holder;
   JobManager jobs(&registry, &hub, RealClock(), job_options);
   // Jobs profile the model on a worker first (cached).
   jobs.SetProfileFetcher(MakeWorkerProfileFetcher(absl::Minutes(10)));
   // Before Restore, which reports the jobs it resumes as recoveries.
-  CoordinatorMetrics metrics(&registry, &jobs);
+  CoordinatorMetrics& metrics = metrics_holder.emplace(&registry, &jobs);
   jobs.SetEvents(metrics.Events());
   if (absl::Status restored = jobs.Restore(); !restored.ok()) {
     PT_LOG(ERROR) << "--state-dir: " << restored;

@@ -546,6 +546,12 @@ absl::Status JobManager::Restore() {
     if (state == v1::JOB_STATE_PROFILING ||
         (state == v1::JOB_STATE_PLANNING && record->job.plan_version() == 0)) {
       record->job.set_state(v1::JOB_STATE_QUEUED);
+    }
+    // Restored waiting: its workers get the grace period to register again
+    // before a queue timeout that passed while the coordinator was down
+    // fails it (its wait counts from its creation).
+    if (record->job.state() == v1::JOB_STATE_QUEUED) {
+      record->restart_grace_until = now + options_.restart_grace;
     } else if (state == v1::JOB_STATE_PLANNING || state == v1::JOB_STATE_RUNNING ||
                state == v1::JOB_STATE_RECOVERING) {
       if (record->checkpoints == nullptr || !record->profile.has_value()) {
@@ -953,7 +959,7 @@ void JobManager::ScheduleQueued() {
       const std::string waiting =
           absl::StrCat("waiting for ", need, " READY workers (", ready.size(), " ready)");
       const absl::Duration waited = now - FromProtoTimestamp(record.job.create_time());
-      if (waited > record.resolved.queue_timeout) {
+      if (waited > record.resolved.queue_timeout && now >= record.restart_grace_until) {
         EndLocked(record, v1::JOB_STATE_FAILED,
                   absl::StrCat("not placed within spec.scheduling.queue_timeout (",
                                absl::FormatDuration(record.resolved.queue_timeout), "): ", waiting,

@@ -190,7 +190,8 @@ struct JobManagerOptions {
   // back after a restart.
   CoordinatorState* state = nullptr;
   // After a restart, how long a restored running job waits for its former
-  // workers to register again before it re-plans without them.
+  // workers to register again before it re-plans without them, and a
+  // restored queued job before its queue timeout may fail it.
   absl::Duration restart_grace = absl::Seconds(15);
   // Where the long work runs, off the job manager's lock: a placement's
   // planning (the solver, the layout search, the compiler) and a finished

@@ -451,6 +451,24 @@ TEST_F(JobManagerElasticTest, WeightsUploadWhileRecovering_Refused) {
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
 }
 
+// A queued job whose queue timeout passed while the coordinator was down
+// gets the restart grace for its workers to register again, then fails.
+TEST_F(JobManagerElasticTest, RestoredQueuedJob_TimeoutWaitsForTheRestartGrace) {
+  Reset(/*with_state=*/true);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_scheduling()->mutable_queue_timeout()->set_seconds(1);
+  const std::string id = Submit(spec).value().id();  // no workers: QUEUED
+  jobs_->FlushIo();
+  clock_.Advance(absl::Seconds(10));  // down longer than the timeout
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  Schedule();
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_QUEUED);
+  clock_.Advance(absl::Seconds(16));  // past the 15 s grace
+  Schedule();
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_FAILED);
+}
+
 TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromTheOneBefore) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

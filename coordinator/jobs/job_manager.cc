@@ -344,10 +344,11 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
       if (!fit.ok()) profile = fit;
     }
     if (profile.ok()) {
-      profiles_.Put(key, *profile);
+      const std::vector<std::string> evicted = profiles_.Put(key, *profile);
       if (options_.state != nullptr) {
         absl::Status saved = options_.state->SaveProfile(key, *profile);
         if (!saved.ok()) PT_LOG(WARNING) << "profile " << key << " not saved: " << saved;
+        DropStoredProfiles(evicted);
       }
     } else if (record != nullptr) {
       record->profile_error = profile.status().ToString();
@@ -376,6 +377,14 @@ void JobManager::StartSchedulingLoop(absl::Duration period) {
 JobManager::JobRecord* JobManager::FindLocked(const std::string& job_id) {
   auto it = jobs_.find(job_id);
   return it == jobs_.end() ? nullptr : it->second.get();
+}
+
+void JobManager::DropStoredProfiles(const std::vector<std::string>& keys) {
+  if (options_.state == nullptr) return;
+  for (const std::string& key : keys) {
+    const absl::Status dropped = options_.state->DeleteProfile(key);
+    if (!dropped.ok()) PT_LOG(WARNING) << "profile " << key << " not dropped: " << dropped;
+  }
 }
 
 void JobManager::TouchLocked(JobRecord& record) {
@@ -462,7 +471,7 @@ void JobManager::RetryUnsavedLocked() {
 absl::Status JobManager::Restore() {
   if (options_.state == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(auto profiles, options_.state->LoadProfiles());
-  for (const auto& [key, profile] : profiles) profiles_.Put(key, profile);
+  for (const auto& [key, profile] : profiles) DropStoredProfiles(profiles_.Put(key, profile));
   ASSIGN_OR_RETURN(std::vector<store::StoredJob> stored, options_.state->LoadJobs());
   std::sort(stored.begin(), stored.end(), [](const store::StoredJob& a, const store::StoredJob& b) {
     return FromProtoTimestamp(a.job().create_time()) < FromProtoTimestamp(b.job().create_time());

@@ -634,6 +634,8 @@ class JobManager {
   // Drops ended jobs beyond the retention options (oldest first).
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void TouchLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops profiles the cache evicted (ProfileCache::Put) from the store.
+  void DropStoredProfiles(const std::vector<std::string>& keys);
   // Saves the job to options_.state (no-op without one): a copy taken now,
   // committed on io_ in order (`wait`: here, returning the store's error).
   // Failures are logged, and an io_ save that failed is tried again

@@ -1,5 +1,6 @@
 #include "coordinator/jobs/profile_cache.h"
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <utility>
@@ -128,12 +129,24 @@ std::optional<v1::ModelProfile> ProfileCache::Get(const std::string& key) const 
   AnnotatedMutexLock lock(&mu_);
   auto it = profiles_.find(key);
   if (it == profiles_.end()) return std::nullopt;
-  return it->second;
+  it->second.last_use = ++uses_;
+  return it->second.profile;
 }
 
-void ProfileCache::Put(const std::string& key, const v1::ModelProfile& profile) {
+std::vector<std::string> ProfileCache::Put(const std::string& key,
+                                           const v1::ModelProfile& profile) {
   AnnotatedMutexLock lock(&mu_);
-  profiles_[key] = profile;
+  profiles_[key] = Entry{profile, ++uses_};
+  std::vector<std::string> evicted;
+  while (profiles_.size() > std::max<size_t>(capacity_, 1)) {
+    auto oldest = profiles_.begin();
+    for (auto it = profiles_.begin(); it != profiles_.end(); ++it) {
+      if (it->second.last_use < oldest->second.last_use) oldest = it;
+    }
+    evicted.push_back(oldest->first);
+    profiles_.erase(oldest);
+  }
+  return evicted;
 }
 
 int ProfileCache::size() const {

@@ -47,15 +47,31 @@ inline constexpr size_t kMaxProfileDeviceKindBytes = 256;
 absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::ProfileRequest& request,
                                 const std::vector<std::string>& unit_names);
 
+// The most profiles a cache keeps. Keys come from what users submit (model
+// shape, sequence length, micro-batch size): without a bound, jobs of ever
+// new shapes would grow the coordinator's memory and store for good.
+inline constexpr size_t kMaxCachedProfiles = 512;
+
 class ProfileCache {
  public:
+  explicit ProfileCache(size_t capacity = kMaxCachedProfiles) : capacity_(capacity) {}
+
+  // A Get counts as a use (the least recently used is evicted first).
   std::optional<v1::ModelProfile> Get(const std::string& key) const;
-  void Put(const std::string& key, const v1::ModelProfile& profile);
+  // Returns the keys evicted to stay within the capacity (for the store
+  // to drop too): the least recently put or got, never `key`.
+  std::vector<std::string> Put(const std::string& key, const v1::ModelProfile& profile);
   int size() const;
 
  private:
+  struct Entry {
+    v1::ModelProfile profile;
+    int64_t last_use = 0;
+  };
+  const size_t capacity_;
   mutable AnnotatedMutex mu_;
-  std::map<std::string, v1::ModelProfile> profiles_ ABSL_GUARDED_BY(mu_);
+  mutable std::map<std::string, Entry> profiles_ ABSL_GUARDED_BY(mu_);
+  mutable int64_t uses_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace pipetrain

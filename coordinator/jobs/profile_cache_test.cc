@@ -31,6 +31,21 @@ TEST(ProfileKeyTest, PartitionsAskedFor_PartOfTheKey) {
       << ProfileKey(with, "cpu:x");
 }
 
+// Over its capacity the cache drops the least recently used profile (a
+// Get counts as a use), and says which, for the store to drop too.
+TEST(ProfileCacheTest, OverCapacity_EvictsTheLeastRecentlyUsed) {
+  ProfileCache cache(2);
+  v1::ModelProfile p;
+  EXPECT_TRUE(cache.Put("a", p).empty());
+  EXPECT_TRUE(cache.Put("b", p).empty());
+  ASSERT_TRUE(cache.Get("a").has_value());  // "b" is now the oldest use
+  EXPECT_EQ(cache.Put("c", p), std::vector<std::string>{"b"});
+  EXPECT_EQ(cache.size(), 2);
+  EXPECT_TRUE(cache.Get("a").has_value());
+  EXPECT_FALSE(cache.Get("b").has_value());
+  EXPECT_TRUE(cache.Put("c", p).empty());  // an update evicts nothing
+}
+
 TEST(FromProtoTest, CodecTimings_KeptByName) {
   v1::ModelProfile p;
   v1::CodecTiming* c = p.add_codecs();

@@ -93,6 +93,10 @@ absl::Status CoordinatorState::SaveProfile(const std::string& key,
   return store_->Commit({StoreWrite::Put(kProfiles + key, profile.SerializeAsString())});
 }
 
+absl::Status CoordinatorState::DeleteProfile(const std::string& key) {
+  return store_->Commit({StoreWrite::Delete(kProfiles + key)});
+}
+
 absl::StatusOr<std::map<std::string, v1::ModelProfile>> CoordinatorState::LoadProfiles() const {
   ASSIGN_OR_RETURN(auto rows, store_->Scan(kProfiles));
   std::map<std::string, v1::ModelProfile> out;

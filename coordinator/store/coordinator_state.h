@@ -48,6 +48,7 @@ class CoordinatorState {
   absl::StatusOr<std::vector<store::StoredJob>> LoadJobs() const;
 
   absl::Status SaveProfile(const std::string& key, const v1::ModelProfile& profile);
+  absl::Status DeleteProfile(const std::string& key);
   absl::StatusOr<std::map<std::string, v1::ModelProfile>> LoadProfiles() const;
 
   std::string Describe() const { return store_->Describe(); }

@@ -17,6 +17,19 @@ TEST(CoordinatorStateTest, Initialize_EmptyStoreGetsVersion_OtherVersionRefused)
   EXPECT_NE(refused.message().find("layout version 99"), std::string::npos) << refused;
 }
 
+TEST(CoordinatorStateTest, DeletedProfile_NotLoaded) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  ASSERT_TRUE(state.Initialize().ok());
+  ASSERT_TRUE(state.SaveProfile("a", v1::ModelProfile()).ok());
+  ASSERT_TRUE(state.SaveProfile("b", v1::ModelProfile()).ok());
+  ASSERT_TRUE(state.DeleteProfile("a").ok());
+  const auto loaded = state.LoadProfiles();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->size(), 1u);
+  EXPECT_EQ(loaded->count("b"), 1u);
+}
+
 TEST(CoordinatorStateTest, WorkersJobsAndProfiles_RoundTrip) {
   MemoryStore store;
   CoordinatorState state(&store);

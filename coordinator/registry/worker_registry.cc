@@ -130,6 +130,9 @@ absl::StatusOr<v1::RegisterWorkerResponse> WorkerRegistry::Register(
     StartIncarnationLocked(entry, request);
     listener = listener_;
     if (options_.persist) saved = options_.persist(entry.worker);
+    // Unsaved, the caller is told to retry and gets no session: the new
+    // incarnation must not be placed meanwhile (nobody holds it).
+    if (!saved.ok()) SetStateLocked(entry, v1::WORKER_STATE_LOST);
     response.set_worker_id(entry.worker.id());
     response.set_incarnation(entry.worker.incarnation());
     response.set_session_token(SessionTokenOf(entry));

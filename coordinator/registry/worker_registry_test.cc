@@ -426,9 +426,11 @@ TEST(WorkerRegistryTest, Register_SupersedesAssignedButPersistFails_LossStillRep
   ASSERT_EQ(losses.size(), 1);
   EXPECT_EQ(losses[0].job_id, "job-7");
   EXPECT_EQ(losses[0].incarnation, 1);
+  EXPECT_TRUE(registry.ReadyWorkers().empty());  // the unsaved incarnation is nobody's
   fail = false;
   EXPECT_TRUE(registry.Register(Request(1)).ok());
   EXPECT_EQ(recorder.losses().size(), 1);  // reported once
+  EXPECT_EQ(registry.ReadyWorkers(), std::vector<std::string>{"w-1"});
 }
 
 TEST(WorkerRegistryTest, Register_SupersedesReady_NoListener) {

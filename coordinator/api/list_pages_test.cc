@@ -8,25 +8,12 @@
 #include "common/clock.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/registry/worker_registry.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
 namespace {
-
-v1::JobSpec TinySpec() {
-  v1::JobSpec spec;
-  spec.mutable_model()->set_n_layer(1);
-  spec.mutable_model()->set_n_head(2);
-  spec.mutable_model()->set_d_model(16);
-  spec.mutable_training()->set_seq_len(8);
-  spec.mutable_training()->set_batch_size(4);
-  spec.mutable_training()->set_micro_batches(2);
-  spec.mutable_training()->set_steps(3);
-  spec.mutable_data()->set_synthetic_bytes(5000);
-  spec.mutable_parallelism()->set_stages(1);
-  return spec;
-}
 
 std::vector<std::string> Ids(const v1::ListJobsResponse& page) {
   std::vector<std::string> ids;
@@ -44,7 +31,7 @@ TEST(ListJobsPageTest, LastJobOfThePagePruned_NextPageSkipsNothing) {
   AssignmentHub hub;
   JobManager jobs(&workers, &hub, &clock, JobManagerOptions{.max_ended_jobs = 2});
   for (int i = 0; i < 6; ++i) {
-    const absl::StatusOr<v1::Job> job = jobs.Submit(TinySpec());
+    const absl::StatusOr<v1::Job> job = jobs.Submit(SmallJobSpec(1));
     ASSERT_TRUE(job.ok()) << job.status();
     clock.Advance(absl::Seconds(1));
   }

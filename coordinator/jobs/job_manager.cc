@@ -1787,7 +1787,8 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
           absl::Status removed = RemoveCheckpointDir(output_dir, old);
           if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
         }
-      });
+      })
+      .IgnoreError();  // logged, and retried (RetryUnsavedLocked)
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;
     for (const v1::UnitFile& f : complete->units()) bytes += f.bytes();

@@ -142,13 +142,15 @@ class JobManagerElasticTest : public ::testing::Test {
   }
 
   // Stage `s` reports its units of checkpoint `step`.
-  absl::Status Checkpoint(const std::string& id, int s, int64_t step) {
-    const v1::Job job = jobs_->Get(id).value();
-    const v1::Assignment a = AssignmentOf(job.worker_ids(s));
+  // `worker`'s report of its checkpoint of `step` under plan `version`:
+  // a file per unit of its current assignment's backward range.
+  v1::ReportProgressRequest CheckpointReport(const std::string& id, const std::string& worker,
+                                             int64_t version, int64_t step) {
+    const v1::Assignment a = AssignmentOf(worker);
     v1::ReportProgressRequest r;
-    r.set_worker_id(job.worker_ids(s));
+    r.set_worker_id(worker);
     r.set_job_id(id);
-    r.set_plan_version(job.plan_version());
+    r.set_plan_version(version);
     r.set_iteration(step - 1);
     r.mutable_checkpoint()->set_step(step);
     for (int u = a.backward_units().begin(); u < a.backward_units().end(); ++u) {
@@ -158,6 +160,13 @@ class JobManagerElasticTest : public ::testing::Test {
       f->set_bytes(100 + u);
       f->set_sha256(std::string(64, 'a' + u));
     }
+    return r;
+  }
+
+  absl::Status Checkpoint(const std::string& id, int s, int64_t step) {
+    const v1::Job job = jobs_->Get(id).value();
+    const v1::ReportProgressRequest r =
+        CheckpointReport(id, job.worker_ids(s), job.plan_version(), step);
     absl::Status status = jobs_->ReportProgress(r).status();
     RunPlans();  // a boundary's checkpoint complete
     return status;
@@ -400,24 +409,8 @@ TEST_F(JobManagerElasticTest, CheckpointReportWhileRecovering_IgnoredAndTheResum
   ASSERT_TRUE(Checkpoint(id, 1, 5).ok());
   for (int64_t s = 6; s <= 10; ++s) step(s);
   // Plan 1's checkpoint reports of step 10, one per writer (replica 0).
-  std::vector<v1::ReportProgressRequest> late;
-  for (int st = 0; st < 2; ++st) {
-    const v1::Assignment a = AssignmentOf(w[st]);
-    v1::ReportProgressRequest r;
-    r.set_worker_id(w[st]);
-    r.set_job_id(id);
-    r.set_plan_version(1);
-    r.set_iteration(9);
-    r.mutable_checkpoint()->set_step(10);
-    for (int u = a.backward_units().begin(); u < a.backward_units().end(); ++u) {
-      v1::UnitFile* f = r.mutable_checkpoint()->add_units();
-      f->set_unit(u);
-      f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
-      f->set_bytes(100 + u);
-      f->set_sha256(std::string(64, 'a' + u));
-    }
-    late.push_back(r);
-  }
+  const std::vector<v1::ReportProgressRequest> late = {CheckpointReport(id, w[0], 1, 10),
+                                                       CheckpointReport(id, w[1], 1, 10)};
   registry_.MarkLost(w[3], incarnations_[w[3]], "killed");  // replica 1: no writer
   ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
   // Both writers of step 10 finish after the loss: the stopped plan's last

@@ -17,25 +17,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "coordinator/jobs/background_queue_testing.h"
+#include "coordinator/jobs/small_spec_testing.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
 namespace {
 
-v1::JobSpec SmallSpec(int stages) {
-  v1::JobSpec spec;
-  spec.set_name("small");
-  spec.mutable_model()->set_n_layer(1);
-  spec.mutable_model()->set_n_head(2);
-  spec.mutable_model()->set_d_model(16);
-  spec.mutable_training()->set_seq_len(8);
-  spec.mutable_training()->set_batch_size(4);
-  spec.mutable_training()->set_micro_batches(2);
-  spec.mutable_training()->set_steps(3);
-  spec.mutable_data()->set_synthetic_bytes(5000);
-  spec.mutable_parallelism()->set_stages(stages);
-  return spec;
-}
+v1::JobSpec SmallSpec(int stages) { return SmallJobSpec(stages); }
 
 // The test's output directory (the coordinator's --output-dir).
 std::string OutputDir() { return std::getenv("TEST_TMPDIR"); }

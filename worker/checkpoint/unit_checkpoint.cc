@@ -117,8 +117,14 @@ absl::StatusOr<LinkWarmStart> ParseLinkWarmStart(absl::string_view key, const Te
   const std::vector<std::string> parts = absl::StrSplit(key, '.');
   std::vector<int64_t> n(parts.size());
   bool ok = parts.size() == 4;
-  for (size_t i = 0; ok && i < parts.size(); ++i) ok = absl::SimpleAtoi(parts[i], &n[i]);
+  // Canonical numbers only, as LinkWarmQName writes them: "+1" or "01"
+  // would name the same link as "1", and the second would replace the first.
+  for (size_t i = 0; ok && i < parts.size(); ++i) {
+    ok = absl::SimpleAtoi(parts[i], &n[i]) && parts[i] == absl::StrCat(n[i]);
+  }
+  // The kind's range before the cast: 2^32 + 1 would wrap to a valid kind.
   ok = ok && n[0] >= 0 && n[0] < kMaxFeedbackReplicas && n[1] >= 0 && n[1] < kMaxLinkPeers &&
+       n[2] >= 0 && n[2] <= std::numeric_limits<int>::max() &&
        v1::TensorKind_IsValid(static_cast<int>(n[2])) && n[3] >= 0 && n[3] < NumUnits(model);
   const Shape& shape = q.shape();
   if (!ok || shape.size() != 2 || shape[0] < 1 || shape[0] > model.d_model || shape[1] < 1 ||

@@ -8,6 +8,7 @@
 #include <iterator>
 
 #include "absl/strings/str_cat.h"
+#include "common/secrets.h"
 #include "gtest/gtest.h"
 #include "worker/checkpoint/checkpoint_writer.h"
 
@@ -243,6 +244,30 @@ TEST_F(UnitCheckpointTest, LinkWarmStartOutOfBounds_IsDataLoss) {
     state.link_warm_q.push_back(c.link);
     ExpectRefused(state, "bad-link-" + c.what, c.expected);
   }
+}
+
+// A link's numbers must be spelt as the writer spells them: "+1" would
+// name peer 1's link a second time, and the later would replace the first.
+TEST_F(UnitCheckpointTest, LinkWarmStartNotSpeltCanonically_IsDataLoss) {
+  UnitState state = MakeUnit(1, 1, true);
+  state.link_warm_q.push_back({0, 10, 1, 1, Tensor::Filled({8, 2}, 1.0f)});
+  const v1::ResumeFrom from = Write({state}, "ck/plus");
+  ASSERT_EQ(from.units_size(), 1);
+  const std::string path = PathOf(from, 0);
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t at = bytes.find("link.q.0.10.1.1");
+  ASSERT_NE(at, std::string::npos);
+  bytes.replace(at, 15, "link.q.0.+1.1.1");  // same length: the header stays valid
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  v1::UnitFile unit = from.units(0);
+  unit.set_sha256(Sha256Hex(bytes));  // as if the peer had recorded this file
+  absl::StatusOr<UnitState> read = ReadUnitCheckpoint(root_, from, unit, id_, true, nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_NE(read.status().message().find("link.q.0.+1.1.1"), std::string::npos) << read.status();
 }
 
 TEST_F(UnitCheckpointTest, TruncatedFile_IsDataLoss) {

@@ -1022,8 +1022,13 @@ std::vector<std::string> JobManager::RoomiestFirstLocked(std::vector<std::string
   std::vector<v1::Worker> infos;
   for (const std::string& w : workers) {
     absl::StatusOr<v1::Worker> info = registry_->Get(w);
-    // One gone since it was counted: last (StartLocked then finds it gone).
-    infos.push_back(info.ok() ? *std::move(info) : v1::Worker());
+    // One gone since it was counted: last (StartLocked then finds it gone),
+    // as a budget of one byte (an empty one would read as unlimited).
+    if (!info.ok()) {
+      info = v1::Worker();
+      info->mutable_device()->set_memory_bytes(1);
+    }
+    infos.push_back(*std::move(info));
   }
   std::vector<std::string> ordered;
   std::vector<bool> taken(workers.size(), false);

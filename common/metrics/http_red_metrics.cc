@@ -19,7 +19,8 @@ HttpRedMetrics::HttpRedMetrics(prometheus::Registry& registry)
     : requests_(prometheus::BuildCounter()
                     .Name("pipetrain_http_requests_total")
                     .Help("HTTP requests answered by this server, by method, route pattern "
-                          "(route=\"other\": none matched) and status code")
+                          "(route=\"unmatched\": none matched; route=\"rejected\": refused "
+                          "before routing) and status code")
                     .Register(registry)),
       duration_(prometheus::BuildHistogram()
                     .Name("pipetrain_http_request_duration_seconds")

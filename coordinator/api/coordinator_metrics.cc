@@ -353,8 +353,12 @@ void CoordinatorMetrics::CountRefused(absl::string_view method, absl::StatusCode
 void CoordinatorMetrics::AddStageTime(int stage, double busy_seconds, double idle_seconds) {
   if (stage < 0) return;
   const prometheus::Labels labels = {{"stage", StageLabel(stage)}};
-  if (IsCountable(busy_seconds)) stage_busy_->Add(labels).Increment(busy_seconds);
-  if (IsCountable(idle_seconds)) stage_idle_->Add(labels).Increment(idle_seconds);
+  // Both series exist once a stage reports: a stage that never waits has
+  // an idle series at 0, so idle / (busy + idle) reads 0, not nothing.
+  prometheus::Counter& busy = stage_busy_->Add(labels);
+  prometheus::Counter& idle = stage_idle_->Add(labels);
+  if (IsCountable(busy_seconds)) busy.Increment(busy_seconds);
+  if (IsCountable(idle_seconds)) idle.Increment(idle_seconds);
 }
 
 void CoordinatorMetrics::CountStep() { job_steps_->Increment(); }

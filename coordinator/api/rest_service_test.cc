@@ -331,6 +331,19 @@ TEST_F(RestServiceTest, Metrics_AfterRegistration_CountsTheWorker) {
   EXPECT_TRUE(absl::StrContains(result->body, "pipetrain_jobs{state=\"QUEUED\"} 0"));
 }
 
+// A stage that reported busy time and never waited has its idle series
+// at 0 too, so the bubble fraction idle / (busy + idle) reads 0.
+TEST_F(RestServiceTest, Metrics_StageThatNeverWaits_HasAnIdleSeriesAtZero) {
+  metrics_.AddStageTime(0, 1.5, 0);
+  httplib::Result result = client_->Get("/metrics");
+  ASSERT_TRUE(result);
+  EXPECT_TRUE(
+      absl::StrContains(result->body, "pipetrain_stage_busy_seconds_total{stage=\"0\"} 1.5"))
+      << result->body;
+  EXPECT_TRUE(absl::StrContains(result->body, "pipetrain_stage_idle_seconds_total{stage=\"0\"} 0"))
+      << result->body;
+}
+
 class RestServiceAuthTest : public RestServiceTest {
  protected:
   void SetUp() override { Serve("t0ken"); }

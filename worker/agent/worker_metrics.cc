@@ -39,7 +39,7 @@ WorkerMetrics::WorkerMetrics()
       exposition_({registry_.get(), &process_}),
       compute_(prometheus::BuildCounter()
                    .Name("pipetrain_stage_compute_seconds_total")
-                   .Help("Busy time of this worker's stage, by phase")
+                   .Help("Busy time of this worker's stage, by phase, seconds")
                    .Register(*registry_)),
       idle_(prometheus::BuildCounter()
                 .Name("pipetrain_worker_idle_seconds_total")
@@ -202,11 +202,17 @@ void WorkerMetrics::Observe(const IterationResult& r) {
         .Add({{"peer", std::to_string(key.first)}, {"kind", key.second}, {"op", "decode"}})
         .Increment(link.codec_seconds);
   }
+  // Gauges of the last iteration: an iteration without a loss (a stage
+  // that does not compute it, in this job) or without tensor-parallel
+  // all-reduces sets them to 0 rather than leave an earlier job's value.
+  if (r.collectives.count("tensor_parallel") == 0) tensor_parallel_error_.Set(0);
+  double loss = 0;
   if (!r.micro_batch_losses.empty()) {
     double sum = 0;
     for (float l : r.micro_batch_losses) sum += l;
-    loss_.Set(sum / r.micro_batch_losses.size());
+    loss = sum / r.micro_batch_losses.size();
   }
+  loss_.Set(loss);
 }
 
 }  // namespace pipetrain

@@ -1,5 +1,5 @@
 // Prometheus metrics of a worker (DESIGN.md §8), fed once per iteration by
-// the JobRunner's observer. Labels are bounded: phase (7 values), peer (a
+// the JobRunner's observer. Labels are bounded: phase (8 values), peer (a
 // stage index), kind (4 tensor kinds), encoding (raw | wire), op
 // (encode | decode).
 //   pipetrain_stage_compute_seconds_total{phase}   busy time by phase

@@ -165,6 +165,15 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                       .Register(*registry_);
   checkpoints_->Add({{"result", "complete"}});
   checkpoints_->Add({{"result", "failed"}});
+  jobs_ended_ = &prometheus::BuildCounter()
+                     .Name("pipetrain_jobs_ended_total")
+                     .Help(
+                         "Jobs that ended, by final state (SUCCEEDED, FAILED, CANCELLED); "
+                         "unlike pipetrain_jobs it does not fall when ended jobs are pruned.")
+                     .Register(*registry_);
+  for (const char* state : {"SUCCEEDED", "FAILED", "CANCELLED"}) {
+    jobs_ended_->Add({{"state", state}});
+  }
   checkpoint_write_seconds_ =
       &prometheus::BuildHistogram()
            .Name("pipetrain_checkpoint_write_seconds")
@@ -216,6 +225,9 @@ JobEvents CoordinatorMetrics::Events() {
     checkpoint_bytes_->Increment(double(bytes));
   };
   events.checkpoint_failed = [this] { checkpoints_->Add({{"result", "failed"}}).Increment(); };
+  events.ended = [this](v1::JobState state) {
+    jobs_ended_->Add({{"state", EnumShortName(state)}}).Increment();
+  };
   events.planned = [this](double queued, double computing) {
     plan_seconds_->Add({{"phase", "queued"}}, PlanSecondsBuckets()).Observe(queued);
     plan_seconds_->Add({{"phase", "computing"}}, PlanSecondsBuckets()).Observe(computing);

@@ -39,6 +39,9 @@
 //                                                          background thread), computing
 //   pipetrain_rpc_requests_total{method,code}     counter    gRPC calls (common/metrics/
 //   pipetrain_rpc_duration_seconds{method,code}   histogram  grpc_red_metrics.h), through rpc()
+//   pipetrain_jobs_ended_total{state}             counter  jobs that ended (SUCCEEDED, FAILED,
+//                                                          CANCELLED): what PipetrainJobFailed
+//                                                          counts, as pruning lowers pipetrain_jobs
 //   pipetrain_rpc_refused_total{method,code}      counter  calls refused before handling
 //                                                          (UNAUTHENTICATED, PERMISSION_DENIED;
 //                                                          REST 401s as method "GET /v1/jobs")
@@ -173,6 +176,7 @@ class CoordinatorMetrics {
   prometheus::Histogram* recovery_seconds_;
   prometheus::Counter* steps_redone_;
   prometheus::Family<prometheus::Counter>* checkpoints_;
+  prometheus::Family<prometheus::Counter>* jobs_ended_;
   prometheus::Histogram* checkpoint_write_seconds_;
   prometheus::Family<prometheus::Histogram>* plan_seconds_;
   prometheus::Counter* checkpoint_bytes_;

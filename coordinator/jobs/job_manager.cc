@@ -568,6 +568,7 @@ absl::Status JobManager::Restore() {
         record->job.set_reason(
             "the coordinator restarted while the job ran, and the job has no checkpoints "
             "(spec.checkpoint) to resume from");
+        if (events_.ended) events_.ended(v1::JOB_STATE_FAILED);
       } else {
         // As a recovery from the loss of every worker, which get the grace
         // period to come back.
@@ -1815,6 +1816,7 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   DropWeightsFile(record);
   if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
   PersistLocked(record).IgnoreError();  // logged
+  if (events_.ended) events_.ended(state);
   PT_LOG(INFO) << "job " << record.job.id() << " " << EnumShortName(state)
                << (reason.empty() ? "" : ": " + reason);
 }

@@ -157,6 +157,9 @@ struct JobEvents {
   // A checkpoint completed (every unit in): its bytes.
   std::function<void(int64_t bytes)> checkpoint_completed;
   std::function<void()> checkpoint_failed;  // a stage could not write its files
+  // A job ended (SUCCEEDED, FAILED or CANCELLED), once per job; also a
+  // running job Restore fails for want of checkpoints.
+  std::function<void(v1::JobState state)> ended;
   // A placement's planning ended (its plan used or not): seconds it waited
   // for the background thread, and seconds it computed.
   std::function<void(double queued, double computing)> planned;

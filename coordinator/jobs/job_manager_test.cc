@@ -1518,6 +1518,20 @@ TEST_F(JobManagerTest, Planned_EventSaysHowLongThePlanWaitedAndComputed) {
   EXPECT_EQ(planned, (std::vector<std::pair<double, double>>{{2.0, 0.0}}));
 }
 
+// Every ending reaches the events once, with its state: what
+// pipetrain_jobs_ended_total counts (pruning never lowers it).
+TEST_F(JobManagerTest, Ended_EventOncePerJobWithItsState) {
+  std::vector<v1::JobState> ended;
+  jobs_.SetEvents(JobEvents{.ended = [&ended](v1::JobState s) { ended.push_back(s); }});
+  const std::string w1 = AddWorker(7001);
+  const std::string cancelled = Submit(SmallSpec(1)).value().id();
+  ASSERT_TRUE(jobs_.Cancel(cancelled).ok());
+  EXPECT_FALSE(jobs_.Cancel(cancelled).ok());  // ended already: no second event
+  const std::string diverged = Submit(SmallSpec(1)).value().id();
+  Report(w1, diverged, 0, {std::numeric_limits<float>::quiet_NaN()}, false);
+  EXPECT_EQ(ended, (std::vector<v1::JobState>{v1::JOB_STATE_CANCELLED, v1::JOB_STATE_FAILED}));
+}
+
 // A worker lost while a job's first plan is made: the job goes back to
 // QUEUED, saying why, and is planned again on the workers left, instead of
 // failing when its plan is in.

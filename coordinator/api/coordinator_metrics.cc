@@ -52,6 +52,14 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
            .Name("pipetrain_workers")
            .Help("Registered workers per state (JOINING, READY, ASSIGNED, LOST, LEFT).")
            .Register(*registry_);
+  workers_drained_ = &prometheus::BuildGauge()
+                          .Name("pipetrain_workers_drained")
+                          .Help(
+                              "Workers drained and not gone (LEFT or LOST): they are counted "
+                              "in pipetrain_workers by state, READY ones included, but get no "
+                              "job until their process restarts.")
+                          .Register(*registry_)
+                          .Add({});
   worker_info_ = &prometheus::BuildGauge()
                       .Name("pipetrain_worker_info")
                       .Help(
@@ -259,11 +267,16 @@ void CoordinatorMetrics::Refresh() {
 
 void CoordinatorMetrics::RefreshWorkers() {
   std::set<std::string> present;
+  int drained = 0;
   for (const v1::Worker& worker : workers_->List()) {
     if (worker.state() != v1::WORKER_STATE_LEFT && !worker.metrics_address().empty()) {
       present.insert(worker.metrics_address());
     }
+    const bool gone =
+        worker.state() == v1::WORKER_STATE_LEFT || worker.state() == v1::WORKER_STATE_LOST;
+    if (!gone && jobs_->IsDrained(worker)) ++drained;
   }
+  workers_drained_->Set(drained);
   AnnotatedMutexLock lock(&refresh_mu_);
   for (auto it = worker_info_series_.begin(); it != worker_info_series_.end();) {
     if (present.count(it->first) > 0) {

@@ -39,6 +39,8 @@
 //                                                          background thread), computing
 //   pipetrain_rpc_requests_total{method,code}     counter    gRPC calls (common/metrics/
 //   pipetrain_rpc_duration_seconds{method,code}   histogram  grpc_red_metrics.h), through rpc()
+//   pipetrain_workers_drained                     gauge    drained workers not gone (also in
+//                                                          pipetrain_workers, READY included)
 //   pipetrain_jobs_ended_total{state}             counter  jobs that ended (SUCCEEDED, FAILED,
 //                                                          CANCELLED): what PipetrainJobFailed
 //                                                          counts, as pruning lowers pipetrain_jobs
@@ -159,6 +161,7 @@ class CoordinatorMetrics {
   CollectableList exposition_;
 
   prometheus::Family<prometheus::Gauge>* workers_by_state_;
+  prometheus::Gauge* workers_drained_;
   prometheus::Family<prometheus::Gauge>* worker_info_;
   prometheus::Family<prometheus::Gauge>* jobs_by_state_;
   prometheus::Gauge* job_loss_;

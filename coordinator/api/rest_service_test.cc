@@ -331,6 +331,18 @@ TEST_F(RestServiceTest, Metrics_AfterRegistration_CountsTheWorker) {
   EXPECT_TRUE(absl::StrContains(result->body, "pipetrain_jobs{state=\"QUEUED\"} 0"));
 }
 
+// A drained READY worker is counted apart: READY in pipetrain_workers
+// overstates what jobs can use.
+TEST_F(RestServiceTest, Metrics_DrainedWorker_CountedInWorkersDrained) {
+  RegisterWorker();
+  ASSERT_TRUE(jobs_.Drain("w-1").ok());
+  httplib::Result result = client_->Get("/metrics");
+  ASSERT_TRUE(result);
+  EXPECT_TRUE(absl::StrContains(result->body, "pipetrain_workers{state=\"READY\"} 1"))
+      << result->body;
+  EXPECT_TRUE(absl::StrContains(result->body, "pipetrain_workers_drained 1")) << result->body;
+}
+
 // A stage that reported busy time and never waited has its idle series
 // at 0 too, so the bubble fraction idle / (busy + idle) reads 0.
 TEST_F(RestServiceTest, Metrics_StageThatNeverWaits_HasAnIdleSeriesAtZero) {

@@ -84,13 +84,18 @@ absl::Status ReadAll(int fd, FileBytes& bytes, const std::string& path) {
 }
 
 absl::StatusOr<FileBytes> ReadWholeFile(const std::string& path) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
+  // instead of blocking until some writer comes; regular files ignore it.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return ErrnoError(errno, "cannot open safetensors file", path);
   struct stat st;
   absl::Status status;
   FileBytes bytes;
   if (fstat(fd, &st) != 0) {
     status = ErrnoError(errno, "cannot stat", path);
+  } else if (!S_ISREG(st.st_mode)) {
+    status =
+        absl::InvalidArgumentError(absl::StrCat("safetensors file ", path, ": not a regular file"));
   } else {
     bytes.size = static_cast<uint64_t>(st.st_size);
     bytes.data.reset(new char[std::max<uint64_t>(bytes.size, 1)]);
@@ -729,7 +734,7 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // as ReadWholeFile
   if (fd < 0) return ErrnoError(errno, "cannot open safetensors file", path);
   struct FdCloser {
     int fd;

@@ -1,6 +1,7 @@
 #include "common/safetensors.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -722,6 +723,16 @@ TEST(SafetensorsFileWriterTest, TemporaryNames_NeverTheSmallNumbersADeadTwinUsed
   // The 4 planted and 50 distinct writers' names; the writers' are gone.
   EXPECT_EQ(names.size(), 54u);
   EXPECT_EQ(NamesIn(dir).size(), 4u);
+}
+
+// A FIFO is refused at once by both readers, not read from until a
+// writer comes (which would hang a coordinator's Submit or a worker).
+TEST(SafetensorsTest, Fifo_RefusedWithoutBlocking) {
+  const std::string path = TestDir() + "/fifo.safetensors";
+  unlink(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  EXPECT_EQ(ReadSafetensors(path).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadSafetensorsShapes(path).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -959,6 +959,22 @@ TEST_F(JobManagerTest, InitFrom_WeightsMissingOrMisshapen_RefusedNamingTheTensor
                 " of shape [1, 1], which does not fit this model's " + wanted);
 }
 
+// A FIFO where init.from expects a checkpoint's manifest or a weights file
+// is refused at once: opening it for reading blocked Submit (and with it
+// the coordinator's lock) until some writer came.
+TEST_F(JobManagerTest, InitFrom_Fifo_RefusedWithoutBlocking) {
+  v1::JobSpec spec = SmallSpec(1);
+  const std::string step_dir = OutputDir() + "/fifo-ck/step-00000002";
+  ASSERT_EQ(system(("mkdir -p " + step_dir).c_str()), 0);
+  ASSERT_EQ(mkfifo((step_dir + "/manifest.json").c_str(), 0600), 0);
+  ASSERT_EQ(mkfifo((OutputDir() + "/fifo.safetensors").c_str(), 0600), 0);
+  for (const char* from : {"fifo-ck/step-00000002", "fifo.safetensors"}) {
+    spec.mutable_init()->set_from(from);
+    const absl::Status refused = Submit(spec).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << from << ": " << refused;
+  }
+}
+
 // Completeness is by the elements covered, not by values counted: a chunk
 // sent twice does not stand in for a missing one (the file would hold
 // zeros there).

@@ -225,7 +225,9 @@ absl::StatusOr<CheckpointManifest> ParseCheckpointManifest(std::string_view text
 }
 
 absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& path) {
-  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
+  // instead of blocking until some writer comes; regular files ignore it.
+  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0 && errno == ENOENT) {
     return absl::NotFoundError(absl::StrCat(
         path,

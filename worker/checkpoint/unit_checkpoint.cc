@@ -58,7 +58,9 @@ absl::Status SizeDiffers(const std::string& path, int64_t bytes, int64_t recorde
 // anything is allocated for it (DATA_LOSS otherwise).
 absl::StatusOr<std::string> ReadAt(int dir_fd, const std::string& name, const std::string& path,
                                    int64_t recorded_bytes = -1) {
-  ScopedFd fd(openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC));
+  // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
+  // instead of blocking until some writer comes; regular files ignore it.
+  ScopedFd fd(openat(dir_fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   if (fd.get() < 0) return Errno(errno, "cannot open", path);
   struct stat st;
   if (fstat(fd.get(), &st) != 0) return Errno(errno, "cannot stat", path);

@@ -270,6 +270,20 @@ TEST_F(UnitCheckpointTest, LinkWarmStartNotSpeltCanonically_IsDataLoss) {
   EXPECT_NE(read.status().message().find("link.q.0.+1.1.1"), std::string::npos) << read.status();
 }
 
+// A unit file replaced by a FIFO is refused at once (DATA_LOSS, not a
+// file), not opened until a writer comes: that wedged the worker, which
+// stayed READY and hung the next job placed on it.
+TEST_F(UnitCheckpointTest, FifoUnitFile_IsDataLossWithoutBlocking) {
+  const v1::ResumeFrom from = WriteAll();
+  const std::string path = PathOf(from, 1);
+  ASSERT_EQ(unlink(path.c_str()), 0);
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_NE(read.status().message().find("is not a file"), std::string::npos) << read.status();
+}
+
 TEST_F(UnitCheckpointTest, TruncatedFile_IsDataLoss) {
   const v1::ResumeFrom from = WriteAll();
   ASSERT_EQ(truncate(PathOf(from, 1).c_str(), from.units(1).bytes() - 10), 0);

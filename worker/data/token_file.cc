@@ -41,7 +41,9 @@ absl::Status Invalid(const std::string& path, absl::string_view what) {
 // per-byte stream reads: a 100 MB corpus loads at memory speed); one of more
 // than `max_bytes` (> 0) is refused before its buffer is allocated.
 absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes) {
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
+  // instead of blocking until some writer comes; regular files ignore it.
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open token file (",
                                             std::strerror(errno), "); check the path"));

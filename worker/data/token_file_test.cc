@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <cstdlib>
@@ -332,6 +333,16 @@ TEST(TokenFileTest, WriteUint16TokenFile_MissingDirectory_NotFoundNamingPath) {
   absl::Status status = WriteUint16TokenFile(path, {1}, true);
   EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
   EXPECT_TRUE(absl::StartsWith(status.message(), path)) << status;
+}
+
+// A FIFO is refused as not a regular file at once, not read from until a
+// writer comes (which would hang the worker that loads it).
+TEST(TokenFileTest, LoadTokenFile_Fifo_RefusedWithoutBlocking) {
+  const std::string path = TempPath("fifo.bin");
+  unlink(path.c_str());
+  ASSERT_EQ(mkfifo(path.c_str(), 0600), 0);
+  ExpectError(LoadTokenFile(path, DataFormat::kUint16, 256), "fifo.bin",
+              absl::StatusCode::kNotFound, "not a regular file");
 }
 
 }  // namespace

@@ -159,6 +159,22 @@ int RunExport(const std::vector<std::string>& args) {
     std::fprintf(stderr, "using %s, the newest checkpoint in %s with a manifest\n",
                  at->path().c_str(), words[0].c_str());
   }
+  // --out in the checkpoint's own directory would replace one of the files
+  // being exported (or leave a stranger there): refused before anything.
+  if (at.ok()) {
+    const size_t slash = out.find_last_of('/');
+    const std::string out_dir =
+        slash == std::string::npos ? "." : (slash == 0 ? "/" : out.substr(0, slash));
+    struct stat a, b;
+    if (stat(out_dir.c_str(), &a) == 0 && stat(at->path().c_str(), &b) == 0 &&
+        a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+      std::fprintf(stderr,
+                   "pipetrain checkpoint export: --out %s lies in the checkpoint directory %s, "
+                   "whose files it would replace; write it elsewhere\n",
+                   out.c_str(), at->path().c_str());
+      return 2;
+    }
+  }
   absl::StatusOr<CheckpointExport> done =
       at.ok() ? ExportCheckpoint(*at, out, vocab) : absl::StatusOr<CheckpointExport>(at.status());
   if (!done.ok()) {

@@ -214,6 +214,24 @@ TEST_F(CheckpointExportTest, ExportCheckpoint_Vocab_CutsThePaddedRowsOnly) {
   EXPECT_NE(testing::internal::GetCapturedStderr().find("--vocab must be >= 0"), std::string::npos);
 }
 
+// --out in the checkpoint's own directory would replace one of its unit
+// files: refused (2) before anything is written.
+TEST_F(CheckpointExportTest, RunCheckpoint_OutInTheCheckpointDir_RefusedUntouched) {
+  WriteCheckpoint(MakeSnapshot(10));
+  const std::string unit = StepPath(10) + "/unit-0000.safetensors";
+  std::ifstream before_in(unit, std::ios::binary);
+  const std::string before((std::istreambuf_iterator<char>(before_in)),
+                           std::istreambuf_iterator<char>());
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCheckpoint({"export", StepPath(10), "--out", unit}), 2);
+  EXPECT_NE(testing::internal::GetCapturedStderr().find("lies in the checkpoint directory"),
+            std::string::npos);
+  std::ifstream after_in(unit, std::ios::binary);
+  const std::string after((std::istreambuf_iterator<char>(after_in)),
+                          std::istreambuf_iterator<char>());
+  EXPECT_EQ(after, before);
+}
+
 TEST_F(CheckpointExportTest, RunCheckpoint_JobDir_ExportsNewestStepWithManifest) {
   WriteCheckpoint(MakeSnapshot(5));
   const StageSnapshot newest = MakeSnapshot(10);

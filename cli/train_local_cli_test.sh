@@ -28,6 +28,15 @@ expect_exit decay_bogus 2 "weight decay policy" "got 'bogus'" -- train-local --d
 expect_exit unknown_flag 2 "unknown flag --frobnicate" -- train-local --frobnicate 3
 expect_exit missing_value 2 "--steps needs a value" -- train-local --steps
 expect_exit positional 2 "unexpected argument 'extra'" -- train-local extra
+# An output that is one of the run's inputs is refused before training.
+printf 'some text to train on, long enough for a window or two.' > "$TMP/book.txt"
+expect_exit save_over_data 2 "--save $TMP/book.txt is --data $TMP/book.txt" -- \
+  train-local "${TINY[@]}" --data "$TMP/book.txt" --save "$TMP/book.txt"
+if grep -q 'some text' "$TMP/book.txt"; then
+  passed=$((passed + 1))
+else
+  fail save_over_data_untouched "the corpus was overwritten"
+fi
 expect_exit init_from_and_resume 2 "use either --init-from or --resume, not both" -- \
   train-local --init-from "$TMP/a.safetensors" --resume "$TMP/b.ckpt"
 expect_exit eval_without_val 2 "--eval-interval needs --val-fraction > 0" -- \

@@ -147,6 +147,23 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path) {
   return absl::OkStatus();
 }
 
+// An output flag's file that is one of the run's inputs would be
+// overwritten by it: --save over the corpus, say, which the run read.
+absl::Status CheckNotAnInput(const char* flag, const std::string& path,
+                             const std::vector<std::pair<const char*, std::string>>& inputs) {
+  struct stat out;
+  if (path.empty() || stat(path.c_str(), &out) != 0) return absl::OkStatus();  // a new file
+  for (const auto& [input_flag, input] : inputs) {
+    struct stat in;
+    if (input.empty() || stat(input.c_str(), &in) != 0) continue;
+    if (in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is ", input_flag, " ",
+                                                     input, "; writing it would destroy an input"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Flag combinations that a type check cannot catch.
 absl::Status Resolve(Options& o) {
   RETURN_IF_ERROR(CheckBounds(o));
@@ -189,7 +206,14 @@ absl::Status Resolve(Options& o) {
   }
   RETURN_IF_ERROR(CheckWritableParent("--save", o.save));
   RETURN_IF_ERROR(CheckWritableParent("--checkpoint", o.checkpoint));
-  return CheckWritableParent("--log", o.log);
+  RETURN_IF_ERROR(CheckWritableParent("--log", o.log));
+  // (--checkpoint may be --resume's file: a resumed run checkpoints on.)
+  const std::vector<std::pair<const char*, std::string>> inputs = {
+      {"--data", o.data}, {"--init-from", o.init_from}, {"--resume", o.resume}};
+  RETURN_IF_ERROR(CheckNotAnInput("--save", o.save, inputs));
+  RETURN_IF_ERROR(CheckNotAnInput("--log", o.log, inputs));
+  return CheckNotAnInput("--checkpoint", o.checkpoint,
+                         {{"--data", o.data}, {"--init-from", o.init_from}});
 }
 
 absl::StatusOr<Dataset> LoadData(const Options& o) {

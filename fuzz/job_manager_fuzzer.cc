@@ -38,6 +38,7 @@
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/registry/worker_registry.h"
 #include "fuzz/fuzz_input.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
@@ -46,20 +47,7 @@ namespace {
 
 constexpr int kMaxOperations = 32;
 
-pipetrain::v1::JobSpec TwoStageSpec() {
-  pipetrain::v1::JobSpec spec;
-  spec.set_name("fuzz");
-  spec.mutable_model()->set_n_layer(1);
-  spec.mutable_model()->set_n_head(2);
-  spec.mutable_model()->set_d_model(16);
-  spec.mutable_training()->set_seq_len(8);
-  spec.mutable_training()->set_batch_size(4);
-  spec.mutable_training()->set_micro_batches(2);
-  spec.mutable_training()->set_steps(3);
-  spec.mutable_data()->set_synthetic_bytes(5000);
-  spec.mutable_parallelism()->set_stages(2);
-  return spec;
-}
+pipetrain::v1::JobSpec TwoStageSpec() { return pipetrain::SmallJobSpec(2); }
 
 bool Ended(pipetrain::v1::JobState state) {
   return state == pipetrain::v1::JOB_STATE_SUCCEEDED || state == pipetrain::v1::JOB_STATE_FAILED ||

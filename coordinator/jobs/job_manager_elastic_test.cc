@@ -18,6 +18,7 @@
 #include "common/clock.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_store.h"
 #include "gtest/gtest.h"
@@ -29,16 +30,8 @@ namespace {
 constexpr int kUnits = 4;
 
 v1::JobSpec ElasticSpec(int stages, int interval, int64_t steps = 100) {
-  v1::JobSpec spec;
-  spec.mutable_model()->set_n_layer(1);
-  spec.mutable_model()->set_n_head(2);
-  spec.mutable_model()->set_d_model(16);
-  spec.mutable_training()->set_seq_len(8);
-  spec.mutable_training()->set_batch_size(4);
-  spec.mutable_training()->set_micro_batches(2);
+  v1::JobSpec spec = SmallJobSpec(stages);
   spec.mutable_training()->set_steps(steps);
-  spec.mutable_data()->set_synthetic_bytes(5000);
-  spec.mutable_parallelism()->set_stages(stages);
   spec.mutable_checkpoint()->set_interval_steps(interval);
   return spec;
 }

@@ -28,6 +28,9 @@ expect_exit decay_bogus 2 "weight decay policy" "got 'bogus'" -- train-local --d
 expect_exit unknown_flag 2 "unknown flag --frobnicate" -- train-local --frobnicate 3
 expect_exit missing_value 2 "--steps needs a value" -- train-local --steps
 expect_exit positional 2 "unexpected argument 'extra'" -- train-local extra
+mkdir -p "$TMP/a-dir"
+expect_exit save_is_a_directory 2 "--save $TMP/a-dir is a directory; name a file" -- \
+  train-local "${TINY[@]}" --save "$TMP/a-dir"
 # An output that is one of the run's inputs is refused before training.
 printf 'some text to train on, long enough for a window or two.' > "$TMP/book.txt"
 expect_exit save_over_data 2 "--save $TMP/book.txt is --data $TMP/book.txt" -- \

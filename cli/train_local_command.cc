@@ -144,6 +144,11 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " ", path, ": the directory ", dir, " is not writable"));
   }
+  // A directory in its place would fail the write only after the run.
+  if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, " is a directory; name a file"));
+  }
   return absl::OkStatus();
 }
 

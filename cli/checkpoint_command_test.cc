@@ -232,6 +232,28 @@ TEST_F(CheckpointExportTest, RunCheckpoint_OutInTheCheckpointDir_RefusedUntouche
   EXPECT_EQ(after, before);
 }
 
+// A checkpoint.dir two jobs used holds both's steps: the newest is not
+// guessed (it may be another model's); the step directory must be named.
+TEST_F(CheckpointExportTest, LocateCheckpoint_DirOfTwoJobs_RefusedNamingThem) {
+  WriteCheckpoint(MakeSnapshot(5));
+  const StageSnapshot other = MakeSnapshot(10);
+  absl::StatusOr<std::vector<v1::UnitFile>> files =
+      WriteStageCheckpoint(root_, kJobDir, other, {"job-other", TinyModel(), kSeed});
+  ASSERT_TRUE(files.ok()) << files.status();
+  v1::ResumeFrom from;
+  from.set_step(10);
+  from.set_dir(absl::StrCat(kJobDir, "/", StepDirName(10)));
+  for (const v1::UnitFile& f : *files) *from.add_units() = f;
+  ASSERT_TRUE(
+      WriteCheckpointManifest(root_, "job-other", ModelSpecOf(TinyModel()), kSeed, from).ok());
+  const absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(absl::StrCat(root_, "/", kJobDir));
+  ASSERT_FALSE(at.ok());
+  EXPECT_EQ(at.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(at.status().message().find("holds checkpoints of 2 jobs"), std::string::npos)
+      << at.status();
+  EXPECT_TRUE(LocateCheckpoint(StepPath(10)).ok());  // named: fine
+}
+
 TEST_F(CheckpointExportTest, RunCheckpoint_JobDir_ExportsNewestStepWithManifest) {
   WriteCheckpoint(MakeSnapshot(5));
   const StageSnapshot newest = MakeSnapshot(10);

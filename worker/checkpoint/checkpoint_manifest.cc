@@ -9,10 +9,12 @@
 #include <cstdlib>
 #include <limits>
 #include <memory>
+#include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/confined_path.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -283,13 +285,25 @@ absl::StatusOr<std::string> NewestStepDir(const std::string& dir, const std::str
   if (stream == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("cannot list ", shown));
   std::string newest;
   int64_t newest_step = -1;
+  // A spec.checkpoint.dir that served two jobs holds both's steps: "the
+  // newest" could then be another model's, so it is not guessed.
+  std::set<std::string> jobs;
   while (const dirent* entry = readdir(stream.get())) {
     const std::string name = entry->d_name;
     int64_t step = 0;
-    if (!ParseStepDirName(name, &step) || step <= newest_step) continue;
-    if (!Exists(absl::StrCat(dir, "/", name, "/", kCheckpointManifestName))) continue;
+    if (!ParseStepDirName(name, &step)) continue;
+    const std::string manifest = absl::StrCat(dir, "/", name, "/", kCheckpointManifestName);
+    if (!Exists(manifest)) continue;
+    absl::StatusOr<CheckpointManifest> read = ReadCheckpointManifest(manifest);
+    if (read.ok()) jobs.insert(read->job_id);
+    if (step <= newest_step) continue;
     newest = name;
     newest_step = step;
+  }
+  if (jobs.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        shown, " holds checkpoints of ", jobs.size(), " jobs (", absl::StrJoin(jobs, ", "),
+        "): name the step directory to use, e.g. ", shown, "/", newest));
   }
   return newest;
 }

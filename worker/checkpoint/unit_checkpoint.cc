@@ -214,8 +214,8 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
         "checkpoint ", from.dir(), " names \"", expected.file().substr(0, 64), "\" for unit ",
         expected.unit(), "; expected ", UnitFileName(expected.unit())));
   }
-  ASSIGN_OR_RETURN(ConfinedParent parent,
-                   OpenConfinedParent(root, "resume.dir", relative, /*create_dirs=*/false));
+  ASSIGN_OR_RETURN(ConfinedParent parent, OpenConfinedParent(root, "checkpoint unit file", relative,
+                                                             /*create_dirs=*/false));
   if (parent.dir.get() < 0) {
     return absl::NotFoundError(absl::StrCat("checkpoint directory of ", path, " is missing"));
   }

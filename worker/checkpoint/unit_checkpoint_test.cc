@@ -284,6 +284,22 @@ TEST_F(UnitCheckpointTest, FifoUnitFile_IsDataLossWithoutBlocking) {
   EXPECT_NE(read.status().message().find("is not a file"), std::string::npos) << read.status();
 }
 
+// A unit file that is a symbolic link is refused, and the message names
+// what it is (not a field of some request): export shows it as it is.
+TEST_F(UnitCheckpointTest, SymlinkedUnitFile_RefusedNamingIt) {
+  const v1::ResumeFrom from = WriteAll();
+  const std::string path = PathOf(from, 1);
+  ASSERT_EQ(rename(path.c_str(), (path + ".real").c_str()), 0);
+  ASSERT_EQ(symlink((path + ".real").c_str(), path.c_str()), 0);
+  absl::StatusOr<UnitState> read =
+      ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr);
+  ASSERT_FALSE(read.ok());
+  EXPECT_NE(read.status().message().find("checkpoint unit file: \"unit-0001.safetensors\" "
+                                         "exists and is a symbolic link"),
+            std::string::npos)
+      << read.status();
+}
+
 TEST_F(UnitCheckpointTest, TruncatedFile_IsDataLoss) {
   const v1::ResumeFrom from = WriteAll();
   ASSERT_EQ(truncate(PathOf(from, 1).c_str(), from.units(1).bytes() - 10), 0);

@@ -31,6 +31,10 @@ expect_exit positional 2 "unexpected argument 'extra'" -- train-local extra
 mkdir -p "$TMP/a-dir"
 expect_exit save_is_a_directory 2 "--save $TMP/a-dir is a directory; name a file" -- \
   train-local "${TINY[@]}" --save "$TMP/a-dir"
+# A corpus too short for one window: the message starts with its path.
+printf 'tiny' > "$TMP/tiny.txt"
+expect_exit data_too_short 1 "$TMP/tiny.txt: train split has" -- \
+  train-local "${TINY[@]}" --data "$TMP/tiny.txt" --val-fraction 0
 # An output that is one of the run's inputs is refused before training.
 printf 'some text to train on, long enough for a window or two.' > "$TMP/book.txt"
 expect_exit save_over_data 2 "--save $TMP/book.txt is --data $TMP/book.txt" -- \

@@ -227,7 +227,13 @@ absl::StatusOr<Dataset> LoadData(const Options& o) {
                           o.train.seed};
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, LoadCorpus(corpus));
   std::fprintf(stderr, "data: %s\n", DescribeCorpus(corpus, tokens.size()).c_str());
-  return Dataset::Create(std::move(tokens), o.train.seq_len, o.val_fraction);
+  absl::StatusOr<Dataset> dataset =
+      Dataset::Create(std::move(tokens), o.train.seq_len, o.val_fraction);
+  if (!dataset.ok() && !o.data.empty()) {  // messages about data start with its path
+    return absl::Status(dataset.status().code(),
+                        absl::StrCat(o.data, ": ", dataset.status().message()));
+  }
+  return dataset;
 }
 
 absl::Status AppendLog(std::ofstream& log, const StepResult& r, std::optional<float> val,

@@ -397,8 +397,14 @@ absl::Status JobRunner::RunJob() {
         " bytes: --memory-limit, else its cgroup's limit or RAM); use a smaller file"));
   }
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, std::move(loaded));
-  ASSIGN_OR_RETURN(Dataset dataset,
-                   Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction));
+  absl::StatusOr<Dataset> created =
+      Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction);
+  if (!created.ok() && !job.spec.data().path().empty()) {  // say which file is short
+    return absl::Status(
+        created.status().code(),
+        absl::StrCat("spec.data.path ", job.spec.data().path(), ": ", created.status().message()));
+  }
+  ASSIGN_OR_RETURN(Dataset dataset, std::move(created));
   // Data and tensor parallelism: the transport numbers every worker of
   // the job (Assignment.replica, .tensor_rank); checked here, before
   // anything is sized from it.

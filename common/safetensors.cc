@@ -36,8 +36,11 @@ using nlohmann::json;
 
 constexpr char kMetadataKey[] = "__metadata__";
 // Real headers are a few hundred KiB at most; a larger length means the file
-// is corrupt or not safetensors, and must not drive a huge allocation.
-constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+// is corrupt or not safetensors, and must not drive a huge allocation. Its
+// JSON costs some 15 times its size to parse (a header of a million empty
+// tensors), and a coordinator parses init.from's at submit: 16 MiB, not
+// more.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;
 constexpr uint64_t kLengthBytes = 8;
 constexpr uint64_t kDataAlignment = 8;
 // The most bytes of the final name a temporary file's name repeats.
@@ -714,7 +717,7 @@ absl::StatusOr<SafetensorsContents> ParseSafetensors(std::string_view bytes,
   if (header_size > kMaxHeaderBytes || header_size > bytes.size() - kLengthBytes) {
     return FileError(
         path, absl::StrCat("header length ", header_size, " exceeds the file size ", bytes.size(),
-                           " or the 100 MiB limit; not a safetensors file or corrupt"));
+                           " or the 16 MiB limit; not a safetensors file or corrupt"));
   }
   const char* header_begin = bytes.data() + kLengthBytes;
   const char* data = header_begin + header_size;
@@ -757,7 +760,7 @@ absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::s
   if (header_size > kMaxHeaderBytes || header_size > file_size - kLengthBytes) {
     return FileError(
         path, absl::StrCat("header length ", header_size, " exceeds the file size ", file_size,
-                           " or the 100 MiB limit; not a safetensors file or corrupt"));
+                           " or the 16 MiB limit; not a safetensors file or corrupt"));
   }
   FileBytes header_bytes;  // the read continues after the length
   header_bytes.size = header_size;

@@ -160,7 +160,7 @@ struct SafetensorsContents {
 //   Other errno codes via absl::ErrnoToStatus: the file could not be read.
 //   INVALID_ARGUMENT, naming the file and, where there is one, the tensor:
 //     file shorter than 8 bytes; header length beyond the file or above
-//     100 MiB; header not valid JSON or not an object; an entry that is not an
+//     16 MiB; header not valid JSON or not an object; an entry that is not an
 //     object, lacks dtype/shape/data_offsets or has wrong JSON types; a dtype
 //     other than F32, F16, BF16, F64 (named); a negative dimension;
 //     data_offsets not [begin, end] with begin <= end; end beyond the data
@@ -171,7 +171,7 @@ struct SafetensorsContents {
 absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path);
 
 // The names and shapes of the file's tensors, in ascending data_offsets
-// order, read from its header alone (at most 100 MiB, whatever the file's
+// order, read from its header alone (at most 16 MiB, whatever the file's
 // size): what a check of a file's fit needs without holding its data. The
 // same header checks and errors as ReadSafetensors, against the file's
 // size; the data itself is not read (nor its values checked).

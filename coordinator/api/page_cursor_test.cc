@@ -9,7 +9,9 @@
 namespace pipetrain {
 namespace {
 
-std::vector<PageItem> Items(const std::vector<std::string>& ids, const std::vector<int64_t>& keys) {
+// `ids` are string literals: the items' views must outlive this call.
+std::vector<PageItem> Items(const std::vector<absl::string_view>& ids,
+                            const std::vector<int64_t>& keys) {
   std::vector<PageItem> items;
   for (size_t i = 0; i < ids.size(); ++i) items.push_back({ids[i], keys[i]});
   return items;

@@ -65,10 +65,20 @@ absl::StatusOr<AgentRig> StartRig(v1::CoordinatorService::Service* coordinator, 
   return rig;
 }
 
+// A coordinator that never hands out an assignment: the fakes below
+// script registrations and heartbeats on top of it.
+class NoAssignmentsCoordinator : public v1::CoordinatorService::Service {
+ public:
+  grpc::Status WatchAssignments(grpc::ServerContext*, const v1::WatchAssignmentsRequest*,
+                                grpc::ServerWriter<v1::Assignment>*) override {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no assignments here");
+  }
+};
+
 // Registers the first worker, forgets it at its first heartbeat
 // (FAILED_PRECONDITION, as a restarted coordinator does) and refuses every
 // later registration with UNAUTHENTICATED (as after the join token changed).
-class ForgetfulCoordinator final : public v1::CoordinatorService::Service {
+class ForgetfulCoordinator final : public NoAssignmentsCoordinator {
  public:
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse* response) override {
@@ -85,10 +95,6 @@ class ForgetfulCoordinator final : public v1::CoordinatorService::Service {
                          v1::HeartbeatResponse*) override {
     heartbeats_.fetch_add(1);
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "incarnation not current");
-  }
-  grpc::Status WatchAssignments(grpc::ServerContext*, const v1::WatchAssignmentsRequest*,
-                                grpc::ServerWriter<v1::Assignment>*) override {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no assignments here");
   }
   int registrations() const { return registrations_.load(); }
   int heartbeats() const { return heartbeats_.load(); }
@@ -129,7 +135,7 @@ TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
 
 // Answers a registration only once the test lets it (the agent is stopped
 // meanwhile), and counts heartbeats and deregistrations.
-class SlowRegistrationCoordinator final : public v1::CoordinatorService::Service {
+class SlowRegistrationCoordinator final : public NoAssignmentsCoordinator {
  public:
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
                               v1::RegisterWorkerResponse* response) override {
@@ -152,10 +158,6 @@ class SlowRegistrationCoordinator final : public v1::CoordinatorService::Service
                                 v1::DeregisterWorkerResponse*) override {
     if (request->worker_id() == "w-1") deregistrations_.fetch_add(1);
     return grpc::Status::OK;
-  }
-  grpc::Status WatchAssignments(grpc::ServerContext*, const v1::WatchAssignmentsRequest*,
-                                grpc::ServerWriter<v1::Assignment>*) override {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no assignments here");
   }
   bool AwaitRegistering() {
     AnnotatedMutexLock lock(&mu_);
@@ -203,7 +205,7 @@ TEST(WorkerAgentTest, StoppedWhileRegistering_DeregistersAndStartsNothing) {
 // Registers the worker; its first heartbeat's answer says it is drained,
 // the second is refused as by a restarted coordinator (register again);
 // records each registration.
-class DrainingCoordinator final : public v1::CoordinatorService::Service {
+class DrainingCoordinator final : public NoAssignmentsCoordinator {
  public:
   grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override {
@@ -221,10 +223,6 @@ class DrainingCoordinator final : public v1::CoordinatorService::Service {
     if (n == 1) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no worker w-1: restarted");
     response->set_drained(n == 0);
     return grpc::Status::OK;
-  }
-  grpc::Status WatchAssignments(grpc::ServerContext*, const v1::WatchAssignmentsRequest*,
-                                grpc::ServerWriter<v1::Assignment>*) override {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "no assignments here");
   }
   // Waits (bounded) for `n` registrations; returns those there are.
   std::vector<v1::RegisterWorkerRequest> AwaitRegistrations(size_t n) {

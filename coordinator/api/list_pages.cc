@@ -4,9 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "absl/time/time.h"
 #include "common/proto_time.h"
 #include "common/status_macros.h"
@@ -31,12 +29,7 @@ int64_t JobKey(const v1::Job& job) {
 }
 
 // A worker's: the number of its id ("w-12"), the registry's order.
-int64_t WorkerKey(const v1::Worker& worker) {
-  int64_t number = -1;
-  absl::string_view id = worker.id();
-  if (!absl::ConsumePrefix(&id, "w-")) return -1;
-  return absl::SimpleAtoi(id, &number) ? number : -1;
-}
+int64_t WorkerKey(const v1::Worker& worker) { return WorkerIdNumber(worker.id()).value_or(-1); }
 
 // The items of `items` on the page after `cursor`, and the next token.
 template <typename T, typename IdOf, typename KeyOf>

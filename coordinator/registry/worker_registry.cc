@@ -4,7 +4,6 @@
 #include <set>
 #include <utility>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -328,13 +327,16 @@ absl::Status WorkerRegistry::CheckIncarnationLocked(const Entry& entry, int64_t 
 
 // ------------------------------------------------------------------ Queries
 
-WorkerRegistry::Entry* WorkerRegistry::FindLocked(const std::string& worker_id) {
-  absl::string_view digits = worker_id;
+std::optional<int64_t> WorkerIdNumber(absl::string_view id) {
   int64_t number = 0;
-  if (!absl::ConsumePrefix(&digits, kIdPrefix) || !absl::SimpleAtoi(digits, &number)) {
-    return nullptr;
-  }
-  auto it = workers_.find(number);
+  if (!absl::ConsumePrefix(&id, kIdPrefix) || !absl::SimpleAtoi(id, &number)) return std::nullopt;
+  return number;
+}
+
+WorkerRegistry::Entry* WorkerRegistry::FindLocked(const std::string& worker_id) {
+  const std::optional<int64_t> number = WorkerIdNumber(worker_id);
+  if (!number.has_value()) return nullptr;
+  auto it = workers_.find(*number);
   // The id check rejects spellings SimpleAtoi accepts, such as "w-01".
   if (it == workers_.end() || it->second.worker.id() != worker_id) return nullptr;
   return &it->second;
@@ -459,10 +461,8 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers) {
   AnnotatedMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   for (const v1::Worker& w : workers) {
-    int64_t number = 0;
-    if (!absl::StartsWith(w.id(), kIdPrefix) ||
-        !absl::SimpleAtoi(absl::string_view(w.id()).substr(kIdPrefix.size()), &number) ||
-        number <= 0 || w.data_address().empty() || workers_.count(number) > 0 ||
+    const int64_t number = WorkerIdNumber(w.id()).value_or(0);
+    if (number <= 0 || w.data_address().empty() || workers_.count(number) > 0 ||
         number_by_address_.count(w.data_address()) > 0) {
       PT_LOG(WARNING) << "not restoring worker record \"" << w.id().substr(0, 64) << "\"";
       continue;

@@ -64,6 +64,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -78,6 +79,11 @@
 #include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain {
+
+// The number of a worker id "w-<n>" (ids are listed in its order), or
+// nullopt when `id` is not of that form. SimpleAtoi's leniency stays: "w-01"
+// parses as 1 (FindLocked then compares the whole id).
+std::optional<int64_t> WorkerIdNumber(absl::string_view id);
 
 class WorkerRegistry {
  public:

@@ -150,7 +150,14 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     // And its coding takes CPU time, as the profile measured the codec.
     ASSIGN_OR_RETURN(const double coding,
                      TensorParallelCodingSecondsPerByte(r.tensor_compression, profile));
-    partitions_forward.assign(computed.units.size(), std::max(1, r.tensor_partitions));
+    // A fixed count splits the block units; embed and head are never
+    // partitioned (1), as in Alg. 1's choice.
+    partitions_forward.assign(computed.units.size(), 1);
+    for (size_t u = 0; u < computed.units.size(); ++u) {
+      if (IsTensorParallelBlockUnit(computed.units[u])) {
+        partitions_forward[u] = std::max(1, r.tensor_partitions);
+      }
+    }
     partitions_backward = partitions_forward;
     if (r.tensor_partitions == 0) {
       ASSIGN_OR_RETURN(TensorPartitionPlan chosen,

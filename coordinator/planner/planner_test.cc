@@ -10,6 +10,7 @@
 #include "coordinator/planner/cluster_testing.h"
 #include "coordinator/planner/compression_marking.h"
 #include "coordinator/planner/solve_plan.h"
+#include "coordinator/planner/tensor_partitions.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
 
@@ -94,6 +95,39 @@ absl::StatusOr<CompiledPlan> PlanOnSlowLinks(const v1::JobSpec& spec) {
 // link, a 2-stage pipeline whose activations and gradients go as piecewise
 // 3-bit (under a fifth of the fp32 bytes) is predicted well under half as
 // long as the raw one.
+// A fixed spec.parallelism.tensor_partitions splits the attention and MLP
+// units only: embed and head are never partitioned, so the plan lists 1
+// for them, as it does for Alg. 1's choice (tensor_partitions 0).
+TEST(PlanJobTensorPartitions, FixedCountSplitsOnlyBlockUnits) {
+  for (int fixed : {0, 2, 4}) {
+    v1::JobSpec spec = SmallSpec(1, 4);
+    spec.mutable_parallelism()->set_tensor(2);
+    spec.mutable_parallelism()->set_tensor_partitions(fixed);
+    const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+    const ModelProfile profile = AnalyticProfile(
+        job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+    absl::StatusOr<CompiledPlan> plan =
+        PlanJob(job, "job", 1, profile, testing::TestCluster(2, 1e9, 1e-5, 16), "analytic");
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    const v1::Plan& p = plan->plan;
+    ASSERT_EQ(p.tensor_partitions_forward_size(), static_cast<int>(profile.units.size()));
+    ASSERT_EQ(p.tensor_partitions_backward_size(), static_cast<int>(profile.units.size()));
+    int block_units = 0;
+    for (size_t u = 0; u < profile.units.size(); ++u) {
+      const bool block = IsTensorParallelBlockUnit(profile.units[u]);
+      block_units += block;
+      for (int k : {p.tensor_partitions_forward(u), p.tensor_partitions_backward(u)}) {
+        if (!block) {
+          EXPECT_EQ(k, 1) << profile.units[u].name << " with tensor_partitions " << fixed;
+        } else if (fixed > 0) {
+          EXPECT_EQ(k, fixed) << profile.units[u].name;
+        }
+      }
+    }
+    EXPECT_EQ(block_units, 4);  // 2 layers: attn and mlp each
+  }
+}
+
 TEST(PlanJobCompression, CompressedSendsShortenThePrediction) {
   v1::JobSpec spec = SmallSpec(2, 4);
   absl::StatusOr<CompiledPlan> raw = PlanOnSlowLinks(spec);

@@ -254,18 +254,25 @@ void PrintPlan(const SolvedPlan& plan, const ClusterSpec& cluster, const ModelPr
   std::printf("\n");
 }
 
+// The analytic profile's model (--layers, --d-model, ...), or
+// INVALID_ARGUMENT naming what is wrong with it: a flag error (exit 2).
+absl::StatusOr<GptConfig> AnalyticModel(const PlanFlags& f) {
+  GptConfig config;
+  config.n_layer = f.layers;
+  config.d_model = f.d_model;
+  config.n_head = f.heads;
+  config.vocab_size = f.vocab;
+  config.max_seq_len = f.seq_len;
+  RETURN_IF_ERROR(ValidateGptConfig(config));
+  if (f.seq_len < 1 || f.micro_batch_size < 1) {
+    return absl::InvalidArgumentError("--seq-len and --micro-batch-size must be >= 1");
+  }
+  return config;
+}
+
 absl::StatusOr<ModelProfile> LoadProfile(const PlanFlags& f) {
   if (f.profile.empty()) {
-    GptConfig config;
-    config.n_layer = f.layers;
-    config.d_model = f.d_model;
-    config.n_head = f.heads;
-    config.vocab_size = f.vocab;
-    config.max_seq_len = f.seq_len;
-    RETURN_IF_ERROR(ValidateGptConfig(config));
-    if (f.seq_len < 1 || f.micro_batch_size < 1) {
-      return absl::InvalidArgumentError("--seq-len and --micro-batch-size must be >= 1");
-    }
+    ASSIGN_OR_RETURN(const GptConfig config, AnalyticModel(f));
     return AnalyticProfile(config, f.seq_len, f.micro_batch_size, f.gflops * 1e9,
                            /*flash_attention=*/f.attention == "flash");
   }
@@ -570,6 +577,7 @@ int RunPlan(const std::vector<std::string>& args) {
   if (parsed.ok() && f.layers > 0 && f.gflops <= 0) {
     parsed = absl::InvalidArgumentError("--gflops must be > 0");
   }
+  if (parsed.ok() && f.layers > 0) parsed = AnalyticModel(f).status();
   if (parsed.ok() && f.attention != "auto" && f.attention != "reference" && f.attention != "gemm" &&
       f.attention != "flash") {
     parsed = absl::InvalidArgumentError(

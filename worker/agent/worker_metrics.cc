@@ -147,15 +147,33 @@ WorkerMetrics::WorkerMetrics()
   }
 }
 
+void WorkerMetrics::StartRunLocked(const std::string& run) {
+  if (run == run_) return;
+  for (const auto& [family, gauge] : run_gauges_) family->Remove(gauge);
+  run_gauges_.clear();
+  run_ = run;
+}
+
+prometheus::Gauge& WorkerMetrics::RunGauge(prometheus::Family<prometheus::Gauge>& family,
+                                           const std::map<std::string, std::string>& labels) {
+  const bool existed = family.Has(labels);
+  prometheus::Gauge& gauge = family.Add(labels);
+  if (!existed) run_gauges_.emplace_back(&family, &gauge);
+  return gauge;
+}
+
 void WorkerMetrics::Observe(const IterationResult& r) {
+  absl::MutexLock lock(&mu_);
+  StartRunLocked(r.run);
   for (const auto& [phase, seconds] : r.phase_seconds) {
     compute_.Add({{"phase", phase}}).Increment(seconds);
   }
   idle_.Increment(r.idle_seconds);
   iterations_.Increment();
   for (const auto& [unit, counts] : r.tensor_partitions) {
-    tensor_parallel_partitions_.Add({{"unit", unit}, {"pass", "forward"}}).Set(counts.first);
-    tensor_parallel_partitions_.Add({{"unit", unit}, {"pass", "backward"}}).Set(counts.second);
+    RunGauge(tensor_parallel_partitions_, {{"unit", unit}, {"pass", "forward"}}).Set(counts.first);
+    RunGauge(tensor_parallel_partitions_, {{"unit", unit}, {"pass", "backward"}})
+        .Set(counts.second);
   }
   for (const auto& [purpose, stats] : r.collectives) {
     collectives_.Add({{"purpose", purpose}}).Increment(static_cast<double>(stats.count));
@@ -192,7 +210,7 @@ void WorkerMetrics::Observe(const IterationResult& r) {
     link_codec_seconds_.Add({{"peer", peer}, {"kind", key.second}, {"op", "encode"}})
         .Increment(link.codec_seconds);
     if (link.error_samples > 0) {
-      link_error_.Add({{"peer", peer}, {"kind", key.second}})
+      RunGauge(link_error_, {{"peer", peer}, {"kind", key.second}})
           .Set(link.error_sum / static_cast<double>(link.error_samples));
     }
   }

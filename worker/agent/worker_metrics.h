@@ -48,15 +48,22 @@
 //   pipetrain_build_info{version,commit}          gauge    1 (common/metrics/build_info_metric.h)
 //   process_cpu_seconds_total, ...                 common/metrics/process_collector.h
 // The series of every phase and purpose exist from the start, at zero;
-// link series appear with their peers.
+// link series appear with their peers. The gauges keyed by a plan's peers
+// or units (link_compression_error, tensor_parallel_partitions) are
+// dropped when an iteration of another run (job or plan version) comes,
+// so they never show a finished job's links or units.
 // Thread-safe (prometheus-cpp metrics are).
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_METRICS_H_
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "common/metrics/collectable_list.h"
 #include "common/metrics/grpc_red_metrics.h"
 #include "common/metrics/http_red_metrics.h"
@@ -107,6 +114,18 @@ class WorkerMetrics {
   prometheus::Gauge& tensor_parallel_error_;
   prometheus::Family<prometheus::Counter>& tensor_parallel_compressed_bytes_;
   prometheus::Family<prometheus::Gauge>& tensor_parallel_partitions_;
+
+  // Drops the run-keyed gauges (above) when `run` is not the last one seen.
+  void StartRunLocked(const std::string& run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  prometheus::Gauge& RunGauge(prometheus::Family<prometheus::Gauge>& family,
+                              const std::map<std::string, std::string>& labels)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Mutex mu_;
+  std::string run_ ABSL_GUARDED_BY(mu_);
+  // The run-keyed gauges added since run_ began, with their families.
+  std::vector<std::pair<prometheus::Family<prometheus::Gauge>*, prometheus::Gauge*>> run_gauges_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace pipetrain

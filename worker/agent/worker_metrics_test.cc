@@ -30,5 +30,50 @@ TEST(WorkerMetricsTest, LastIterationGauges_ResetByAnIterationWithoutThem) {
       0.0);
 }
 
+// A link's sampled compression error and a unit's partition count are
+// gauges of the run's peers and units: they stay while the run goes on
+// (an iteration without error samples keeps the last one) and go when an
+// iteration of another job or plan version comes.
+TEST(WorkerMetricsTest, RunKeyedGauges_DroppedWhenAnotherRunStarts) {
+  WorkerMetrics metrics;
+  const auto link_error = [&] {
+    return testing::SeriesValue(*metrics.registry(), "pipetrain_link_compression_error",
+                                {{"peer", "1"}, {"kind", "activation"}});
+  };
+  const auto partitions = [&] {
+    return testing::SeriesValue(*metrics.registry(), "pipetrain_tensor_parallel_partitions",
+                                {{"unit", "attn_0"}, {"pass", "forward"}});
+  };
+  IterationResult sampled;
+  sampled.run = "job-1/1";
+  LinkStats link;
+  link.compressed_tensors = 2;
+  link.error_samples = 2;
+  link.error_sum = 0.5;
+  sampled.sent[{1, "activation"}] = link;
+  sampled.tensor_partitions["attn_0"] = {2, 4};
+  metrics.Observe(sampled);
+  EXPECT_EQ(link_error(), 0.25);
+  EXPECT_EQ(partitions(), 2.0);
+
+  IterationResult unsampled;
+  unsampled.run = "job-1/1";
+  metrics.Observe(unsampled);
+  EXPECT_EQ(link_error(), 0.25);
+  EXPECT_EQ(partitions(), 2.0);
+
+  IterationResult next_plan;
+  next_plan.run = "job-1/2";
+  metrics.Observe(next_plan);
+  EXPECT_EQ(link_error(), std::nullopt);
+  EXPECT_EQ(partitions(), std::nullopt);
+
+  // A later run's own series appear again.
+  sampled.run = "job-2/1";
+  metrics.Observe(sampled);
+  EXPECT_EQ(link_error(), 0.25);
+  EXPECT_EQ(partitions(), 2.0);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -988,6 +988,7 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
   sent_stats_.clear();
   IterationResult result;
   result.iteration = iteration;
+  result.run = setup_.job_id;
   if (trace != nullptr) {
     trace->Clear();
     trace->set_iteration(iteration);

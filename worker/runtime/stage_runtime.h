@@ -177,6 +177,9 @@ struct StageSetup {
 
 struct IterationResult {
   int64_t iteration = 0;
+  // StageSetup::job_id: the job and plan version this iteration ran in.
+  // Observers start afresh where it changes (new peers, new units).
+  std::string run;
   // Filled on the stage that owns head's forward pass: with data
   // parallelism, every replica's, in the step's micro-batch order.
   std::vector<float> micro_batch_losses;

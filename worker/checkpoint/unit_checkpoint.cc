@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -140,6 +141,30 @@ absl::StatusOr<LinkWarmStart> ParseLinkWarmStart(absl::string_view key, const Te
                        static_cast<int>(n[3]), q};
 }
 
+// OK when every weight and moment of `snapshot` is finite; otherwise
+// FAILED_PRECONDITION naming the first tensor that is not.
+absl::Status CheckSnapshotFinite(const StageSnapshot& snapshot) {
+  for (const UnitState& unit : snapshot.units) {
+    for (const std::vector<NamedTensor>* list : {&unit.values, &unit.m, &unit.v}) {
+      for (const NamedTensor& t : *list) {
+        const float* data = t.tensor.data();
+        const int64_t n = t.tensor.numel();
+        for (int64_t i = 0; i < n; ++i) {
+          if (std::isfinite(data[i])) continue;
+          const char* what = list == &unit.values ? "weight"
+                             : list == &unit.m    ? "moment m of"
+                                                  : "moment v of";
+          return absl::FailedPreconditionError(absl::StrCat(
+              "not writing the checkpoint of step ", snapshot.step, ": ", what, " ", t.name,
+              " of unit ", unit.unit, " holds ", std::isnan(data[i]) ? "NaN" : "an infinity",
+              " at element ", i, " (training diverged; the previous checkpoint stays the latest)"));
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string StepDirName(int64_t step) { return absl::StrFormat("step-%08d", step); }
@@ -150,6 +175,7 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
                                                                const std::string& dir,
                                                                const StageSnapshot& snapshot,
                                                                const CheckpointIdentity& identity) {
+  RETURN_IF_ERROR(CheckSnapshotFinite(snapshot));
   const std::string step_dir = absl::StrCat(dir, "/", StepDirName(snapshot.step));
   std::vector<v1::UnitFile> files;
   ScopedFd last_dir;

@@ -114,7 +114,12 @@ std::string UnitFileName(int unit);
 // Errors: FAILED_PRECONDITION when `root` cannot be opened; INVALID_ARGUMENT
 // for a bad `dir`; the errno's code for an I/O failure (a full disk is
 // RESOURCE_EXHAUSTED), naming the file. Nothing is reported on failure, so a
-// partial checkpoint is never recorded complete.
+// partial checkpoint is never recorded complete. A snapshot whose weights
+// or moments hold a NaN or an infinity is FAILED_PRECONDITION before any
+// file is written: an infinite gradient element makes NaN weights while
+// its step's loss is still finite (the next step's loss stops the job,
+// worker/train/divergence.h), and such a checkpoint would become the
+// latest, the one a resume or an export takes.
 absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string& root,
                                                                const std::string& dir,
                                                                const StageSnapshot& snapshot,

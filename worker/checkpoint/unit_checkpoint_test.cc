@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
@@ -374,6 +375,30 @@ TEST_F(UnitCheckpointTest, RecordNamingAnotherUnitOrStep_IsDataLoss) {
   from.set_step(6);  // the files say 5
   EXPECT_EQ(ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr).status().code(),
             absl::StatusCode::kDataLoss);
+}
+
+// A diverged stage's snapshot (a NaN weight, an infinite moment) writes
+// nothing, so the previous checkpoint stays the latest complete one.
+TEST_F(UnitCheckpointTest, NonFiniteWeightsOrMoments_AreRefusedAndWriteNothing) {
+  struct Case {
+    bool moment;
+    float value;
+    std::string expected;
+  };
+  for (const Case& c : {Case{false, std::nanf(""), "weight"}, Case{true, INFINITY, "moment v of"},
+                        Case{false, -INFINITY, "an infinity"}}) {
+    std::vector<UnitState> units = {MakeUnit(0, 0, true), MakeUnit(1, 1, true)};
+    Tensor& t = c.moment ? units[1].v[0].tensor : units[1].values[1].tensor;
+    t.data()[t.numel() - 1] = c.value;
+    absl::StatusOr<std::vector<v1::UnitFile>> files =
+        WriteStageCheckpoint(root_, "ck/job-t-1", StageSnapshot{5, 5, units}, id_);
+    EXPECT_EQ(files.status().code(), absl::StatusCode::kFailedPrecondition) << files.status();
+    EXPECT_NE(files.status().message().find(c.expected), std::string::npos) << files.status();
+    EXPECT_NE(files.status().message().find("of unit 1"), std::string::npos) << files.status();
+    struct stat st;
+    EXPECT_NE(stat(absl::StrCat(root_, "/ck/job-t-1/", StepDirName(5)).c_str(), &st), 0)
+        << "a unit file of the refused checkpoint was written";
+  }
 }
 
 TEST_F(UnitCheckpointTest, EscapingDir_IsRefusedAndWritesNothing) {

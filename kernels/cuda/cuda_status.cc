@@ -1,5 +1,8 @@
 #include "kernels/cuda/cuda_status.h"
 
+#include <string>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain {
@@ -13,9 +16,11 @@ absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, i
 
 absl::Status CublasStatus(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  return absl::InternalError(absl::StrCat(call, " failed at ", file, ":", line, ": ",
-                                          cublasGetStatusName(status), " (",
-                                          cublasGetStatusString(status), ")"));
+  std::string message =
+      absl::StrCat(call, " failed at ", file, ":", line, ": ", cublasGetStatusName(status), " (",
+                   cublasGetStatusString(status), ")");
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) return absl::UnimplementedError(std::move(message));
+  return absl::InternalError(std::move(message));
 }
 
 absl::Status CheckLaunch(const char* kernel, const char* file, int line) {

@@ -28,7 +28,11 @@ namespace pipetrain {
 absl::Status CudaStatus(cudaError_t error, const char* call, const char* file, int line);
 
 // OK for CUBLAS_STATUS_SUCCESS; otherwise INTERNAL naming the call, file:line
-// and the cuBLAS status name and description.
+// and the cuBLAS status name and description; UNIMPLEMENTED (same message)
+// for CUBLAS_STATUS_NOT_SUPPORTED, which cuBLASLt's heuristic and matmul
+// return for a configuration they have no algorithm for: a caller with
+// another way to compute the product (linear.cc's bias epilogue) falls back
+// on it.
 absl::Status CublasStatus(cublasStatus_t status, const char* call, const char* file, int line);
 
 // Checks the kernel launch just made on this host thread: cudaGetLastError()

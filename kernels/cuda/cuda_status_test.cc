@@ -37,6 +37,14 @@ TEST(CudaStatusTest, CublasStatus_Error_InternalNamingCallPlaceAndStatus) {
       << status;
 }
 
+// cuBLASLt's "no algorithm for this configuration": a caller may fall back.
+TEST(CudaStatusTest, CublasStatus_NotSupported_IsUnimplemented) {
+  const absl::Status status = CublasStatus(CUBLAS_STATUS_NOT_SUPPORTED,
+                                           "cublasLtMatmulAlgoGetHeuristic(h)", "linear.cc", 9);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(status.message().find("CUBLAS_STATUS_NOT_SUPPORTED"), std::string::npos) << status;
+}
+
 absl::Status ReturnsThroughMacro(cudaError_t error) {
   CUDA_RETURN_IF_ERROR(error);
   return absl::OkStatus();

@@ -180,10 +180,17 @@ cublasStatus_t SetLtPreference(cublasLtMatmulPreference_t pref,
 // epilogue (CUBLASLT_EPILOGUE_BIAS; b has `out` elements, one per row of
 // y^T). The caller checked the shapes and that every leading dimension
 // (out, in) is a multiple of 8. UNIMPLEMENTED when cuBLASLt has no
-// algorithm for it (the caller then seeds y and calls Gemm); other errors
-// as Gemm's.
+// algorithm for it (its heuristic finds none or answers NOT_SUPPORTED, or
+// the matmul does: CublasStatus) or `b` is not 16-byte aligned (the
+// epilogue's bias loads assume it, and the heuristic never sees the
+// pointer; every parameter has its own allocation today, but a slice of
+// one need not): the caller then seeds y and calls Gemm. Other errors as
+// Gemm's.
 absl::Status LtBiasForward(const CublasHandle& h, const float* x, const float* w, const float* b,
                            const float* residual, int n, int in, int out, float* y) {
+  if (AlignmentOf(b) < 16) {
+    return absl::UnimplementedError("cuBLASLt bias epilogue: the bias is not 16-byte aligned");
+  }
   const cudaStream_t stream = h.stream();
   cublasLtMatmulDesc_t raw_desc = nullptr;
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&raw_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));

@@ -43,7 +43,7 @@ done
 if [ -n "$missing" ]; then
   echo "FAIL: missing:$missing"
   echo "Run scripts/setup.sh (installs node and runs npm ci in tools/k8s-validate);"
-  echo "kubectl 1.21 or later (kustomize v4+) renders the manifests."
+  echo "kubectl 1.25 or later (kustomize 4.5.5+) renders the manifests."
   exit 1
 fi
 
@@ -51,8 +51,8 @@ source "$R/tests/check_lib.sh"  # check, fails, has, report
 # Renders overlay $1 to $2; stderr goes to the check's output.
 render() {
   kubectl kustomize "$T/k8s/overlays/$1" > "$2" && return 0
-  echo "kubectl kustomize failed; the manifests need kustomize v4 or later" \
-    "(kubectl 1.21+): $(kubectl version --client 2>&1 | tr '\n' ' ')"
+  echo "kubectl kustomize failed; the manifests need kustomize 4.5.5 or later" \
+    "(kubectl 1.25+; labels with includeTemplates): $(kubectl version --client 2>&1 | tr '\n' ' ')"
   return 1
 }
 # Runs "node ARGS..." with its output in $T/run.txt, its exit code in $T/run.code.
@@ -112,8 +112,8 @@ check "no deprecated kustomize fields" fails grep -nE \
   "$T"/k8s/overlays/*/kustomization.yaml
 
 declare -A KINDS=(
-  [cpu-demo]="valid: ConfigMap 2, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, Service 2, ServiceAccount 1, StatefulSet 2"
-  [gpu]="valid: ConfigMap 2, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, PrometheusRule 1, Service 2, ServiceAccount 1, ServiceMonitor 2, StatefulSet 2"
+  [cpu-demo]="valid: ConfigMap 3, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, Service 2, ServiceAccount 1, StatefulSet 2"
+  [gpu]="valid: ConfigMap 3, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, PrometheusRule 1, Service 2, ServiceAccount 1, ServiceMonitor 2, StatefulSet 2"
 )
 for overlay in $OVERLAYS; do
   out="$T/$overlay.yaml"
@@ -151,6 +151,35 @@ check "cpu-demo runs 4 workers" has "$T/cpu-demo.yaml" "replicas: 4"
 check "cpu-demo requests no GPU" fails has "$T/cpu-demo.yaml" "nvidia.com/gpu"
 check "gpu workers request a GPU" has "$T/gpu.yaml" "nvidia.com/gpu: 1"
 check "gpu workers tolerate the GPU taint" has "$T/gpu.yaml" "key: nvidia.com/gpu"
+check "gpu overlay sizes the coordinator's volume" has "$T/gpu.yaml" "storage: 100Gi"
+# Images: pipetrain's own are local names (or an overlay's registry), never
+# a bare name a public registry would resolve.
+for overlay in $OVERLAYS; do
+  grep -o 'image: [^ ]*pipetrain/[a-z]*:[^ ]*' "$T/$overlay.yaml" | sort -u > "$T/$overlay.images.txt"
+  expect_lines "$T/$overlay.images.txt" "image: localhost/pipetrain/coordinator:0.1.0" \
+    "image: localhost/pipetrain/worker:0.1.0"
+  check "overlay $overlay: only local pipetrain images" test "$(wc -l < "$T/$overlay.images.txt")" -eq 2
+done
+# A changed flag rolls the StatefulSets but leaves the submit Job's pod
+# template (immutable on a live Job) as it was, so the apply goes through.
+job_template() {
+  node -e '
+    const YAML = require(require.resolve("yaml", {paths: [process.argv[1]]}));
+    for (const doc of YAML.parseAllDocuments(require("fs").readFileSync(process.argv[2], "utf8"))) {
+      const o = doc.toJS();
+      if (o && o.kind === "Job") console.log(JSON.stringify(o.spec.template));
+    }' "$MODULES" "$1"
+}
+cp -RL "$T/k8s/overlays/cpu-demo" "$T/k8s/overlays/flagged"
+sed -i 's/PIPETRAIN_WORKER_THREADS=1/PIPETRAIN_WORKER_THREADS=1\n      - PIPETRAIN_LEASE_SECONDS=15/' \
+  "$T/k8s/overlays/flagged/kustomization.yaml"
+check "kubectl kustomize cpu-demo with a changed flag" render flagged "$T/flagged.yaml"
+check "the changed flag renamed pipetrain-flags" fails cmp -s \
+  <(grep -o 'pipetrain-flags-[a-z0-9]*' "$T/cpu-demo.yaml" | sort -u) \
+  <(grep -o 'pipetrain-flags-[a-z0-9]*' "$T/flagged.yaml" | sort -u)
+check "the submit Job's pod template is unchanged" cmp -s <(job_template "$T/cpu-demo.yaml") \
+  <(job_template "$T/flagged.yaml")
+check "the submit Job's pod template was read" test -n "$(job_template "$T/cpu-demo.yaml")"
 check "PrometheusRule carries the groups of alerts.yml" node "$R/tests/k8s/prometheus_rule.js" \
   --check --modules "$MODULES" --alerts "$ALERTS" \
   --rule "$T/k8s/components/prometheus-operator/prometheusrule.yaml"
@@ -222,16 +251,16 @@ B="$T/broken-overlay.yaml"
 run_node "$POLICY" --modules "$MODULES" "$B"
 echo "broken copy of cpu-demo (exit $(cat "$T/run.code")):"; cat "$T/run.txt"
 check "broken copy exits 1" test "$(cat "$T/run.code")" -eq 1
-C="VIOLATION StatefulSet/pipetrain-coordinator ($B, document 6):"
-W="VIOLATION StatefulSet/pipetrain-worker ($B, document 7):"
+C="VIOLATION StatefulSet/pipetrain-coordinator ($B, document 7):"
+W="VIOLATION StatefulSet/pipetrain-worker ($B, document 8):"
 expect_lines "$T/run.txt" \
   "$C pod: host namespaces: hostNetwork must be unset or false" \
   "$C container \"coordinator\": seccomp: seccompProfile.type must be RuntimeDefault or Localhost in the pod or container securityContext" \
   "$C container \"coordinator\": read-only root filesystem: securityContext.readOnlyRootFilesystem must be true" \
   "$W container \"worker\": privileged: securityContext.privileged must be unset or false" \
   "$W container \"worker\": privilege escalation: securityContext.allowPrivilegeEscalation must be false" \
-  "$W container \"worker\": token on the command line: args[8] passes JOIN_TOKEN, which comes from a Secret" \
-  "13 objects, 3 pod templates, 6 violations"
+  "$W container \"worker\": token on the command line: args[10] passes JOIN_TOKEN, which comes from a Secret" \
+  "14 objects, 3 pod templates, 6 violations"
 
 # Two installs in one namespace: with their own instance label they share
 # nothing; with the same one, every selector picks both installs' pods.
@@ -242,12 +271,12 @@ check "kubectl kustomize a second install with the same instance" render same "$
 run_node "$POLICY" --modules "$MODULES" "$T/cpu-demo.yaml" "$T/second.yaml"
 echo "cpu-demo + a second install: $(tail -n 1 "$T/run.txt")"
 check "two installs share a namespace" test "$(cat "$T/run.code")" -eq 0
-check "two installs: 0 violations" has "$T/run.txt" "26 objects, 6 pod templates, 0 violations"
+check "two installs: 0 violations" has "$T/run.txt" "28 objects, 6 pod templates, 0 violations"
 run_node "$POLICY" --modules "$MODULES" "$T/cpu-demo.yaml" "$T/same.yaml"
 echo "cpu-demo + an install with the same instance (exit $(cat "$T/run.code")): $(tail -n 1 "$T/run.txt")"
 check "same instance label exits 1" test "$(cat "$T/run.code")" -eq 1
 expect_lines "$T/run.txt" \
-  "VIOLATION StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 7): spec.selector.matchLabels: selector: picks the worker pods of StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 7) and StatefulSet/other-pipetrain-worker ($T/same.yaml, document 7)" \
-  "VIOLATION Service/other-pipetrain-coordinator ($T/same.yaml, document 4): spec.selector: selector: picks the coordinator pods of StatefulSet/pipetrain-coordinator ($T/cpu-demo.yaml, document 6) and StatefulSet/other-pipetrain-coordinator ($T/same.yaml, document 6)"
+  "VIOLATION StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 8): spec.selector.matchLabels: selector: picks the worker pods of StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 8) and StatefulSet/other-pipetrain-worker ($T/same.yaml, document 8)" \
+  "VIOLATION Service/other-pipetrain-coordinator ($T/same.yaml, document 5): spec.selector: selector: picks the coordinator pods of StatefulSet/pipetrain-coordinator ($T/cpu-demo.yaml, document 7) and StatefulSet/other-pipetrain-coordinator ($T/same.yaml, document 7)"
 
 report

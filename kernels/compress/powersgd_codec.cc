@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "kernels/compress/payload.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/low_rank.h"
 
 namespace pipetrain {
 namespace {
@@ -99,11 +100,8 @@ class PowerSgdCodec : public Codec {
   absl::StatusOr<Tensor> Decode(absl::string_view payload) const override {
     ASSIGN_OR_RETURN(const PowerSgdFactors f, ReadPowerSgdPayload(payload, rank_));
     Tensor out = Tensor::Zeros(f.shape);
-    if (f.matrix.rows > 0 && f.matrix.cols > 0) {
-      const int rows = static_cast<int>(f.matrix.rows), cols = static_cast<int>(f.matrix.cols);
-      Sgemm(false, true, rows, cols, rank_, 1.0f, f.p.data(), rank_, f.q.data(), rank_, 0.0f,
-            out.data(), cols);
-    }
+    // As the all-reduce's (powersgd_all_reduce.cc): every CPU decodes alike.
+    LowRankProduct(f.p.data(), f.q.data(), f.matrix.rows, f.matrix.cols, rank_, out.data());
     return out;
   }
 

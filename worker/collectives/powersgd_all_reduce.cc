@@ -6,6 +6,7 @@
 #include "common/status_macros.h"
 #include "kernels/compress/powersgd_codec.h"
 #include "kernels/cpu/blas.h"
+#include "kernels/cpu/low_rank.h"
 
 namespace pipetrain {
 
@@ -35,8 +36,10 @@ absl::Status PowerSgdAllReduce(Collectives& collectives, int64_t iteration, int 
   Tensor q = Tensor::Zeros({cols, r});
   Sgemm(true, false, nc, r, nr, 1.0f, matrix.data(), nc, p.data(), r, 0.0f, q.data(), r);
   RETURN_IF_ERROR(collectives.AllReduce(iteration, tag + 1, q));
-  // The sum's approximation P^ Q'^T.
-  Sgemm(false, true, nr, nc, r, 1.0f, p.data(), r, q.data(), r, 0.0f, m.data(), nc);
+  // The sum's approximation P^ Q'^T. Not an sgemm: P^ and Q' are the same
+  // on every member, and so must be what each adds to its weights, on any
+  // CPU and --threads (low_rank.h).
+  LowRankProduct(p.data(), q.data(), rows, cols, r, m.data());
   if (error_feedback) {
     const float share = 1.0f / static_cast<float>(collectives.size());
     state->residual = matrix;  // M - P^ Q'^T / N

@@ -18,6 +18,7 @@ PACKAGES=(
   prometheus-cpp-dev       # /metrics (service issue)
   libcpp-httplib-dev       # REST (service issue)
   libsqlite3-dev           # coordinator store (service issue)
+  sqlite3                  # its shell: tests/openapi locks the state database
   etcd-server              # etcd 3.4: the etcd store's tests start one on loopback
   openssl                  # test certificates (tests/tls_cluster_test)
   prometheus               # promtool, to lint /metrics in tests (also ships the server)

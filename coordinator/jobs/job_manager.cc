@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <optional>
 #include <set>
 
@@ -840,20 +841,34 @@ std::vector<v1::Job> JobManager::List() const {
 
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   v1::Job cancelled;
+  auto saved = std::make_shared<absl::Status>();  // set on the io thread, read after FlushIo
   {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(job_id);
     if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
-    if (IsTerminal(record->job.state())) {
+    const bool unsaved_cancel =
+        record->job.state() == v1::JOB_STATE_CANCELLED && unsaved_.count(job_id) > 0;
+    if (IsTerminal(record->job.state()) && !unsaved_cancel) {
       return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
                                                         EnumShortName(record->job.state()), ")"));
     }
-    EndLocked(*record, v1::JOB_STATE_CANCELLED, "cancelled by the user");
+    if (!unsaved_cancel) EndLocked(*record, v1::JOB_STATE_CANCELLED, "cancelled by the user");
+    // Answered once the store has the cancel: a coordinator that dies right
+    // after must not restore the job RUNNING. This save, queued after
+    // EndLocked's, says whether it has.
+    PersistLocked(*record, /*wait=*/false, [saved](const absl::Status& s) {
+      *saved = s;
+    }).IgnoreError();
     cancelled = record->job;
   }
-  // Answered once the store has the cancel (EndLocked queued its save): a
-  // coordinator that dies right after must not restore the job RUNNING.
   FlushIo();
+  if (!saved->ok()) {
+    return absl::UnavailableError(absl::StrCat(
+        "job ", job_id, " is cancelled here, but the state store did not record it (",
+        saved->message(),
+        "); the coordinator saves it again every second, and one that stops before a save "
+        "succeeds restores the job and runs it again: cancel again to see it recorded"));
+  }
   return cancelled;
 }
 

@@ -246,7 +246,12 @@ class JobManager {
   // Every job kept, in submission order, without progress.loss_history (a
   // list stays small: pending and ended jobs are both bounded).
   std::vector<v1::Job> List() const;
-  // NOT_FOUND; FAILED_PRECONDITION when the job already ended.
+  // Answers once the state store has the cancel. NOT_FOUND;
+  // FAILED_PRECONDITION when the job already ended; UNAVAILABLE when the
+  // store did not record it: the job is cancelled here (its workers are
+  // stopped) and the save is retried every second, but a coordinator that
+  // stops before one succeeds restores the job and runs it again. Asked
+  // again then, Cancel saves once more and answers as for a first cancel.
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   // NOT_FOUND; FAILED_PRECONDITION while the job is not planned yet. The
   // measured timeline (Plan.measured_*) is drawn after the lock is let go.

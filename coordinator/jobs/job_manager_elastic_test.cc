@@ -1256,8 +1256,10 @@ class FlakyStore final : public Store {
   MemoryStore store_;
 };
 
-// A cancel whose save failed is saved again once the store is back: a
-// restarted coordinator restores the job CANCELLED, not QUEUED to run again.
+// A cancel whose save failed says so (UNAVAILABLE: a coordinator that
+// stops now restores the job), is saved again once the store is back (a
+// restarted coordinator restores it CANCELLED, not QUEUED to run again),
+// and a second cancel then answers as a first one.
 TEST(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
@@ -1270,20 +1272,36 @@ TEST(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
     EXPECT_TRUE(fresh.Restore().ok());
     return fresh.Get(id).value().state();
   };
-  std::string id;
+  std::string id, id2;
   {
     JobManager jobs(&registry, &hub, &clock,
                     JobManagerOptions{.output_dir = OutputDir(), .state = &state});
     id = jobs.Submit(ElasticSpec(1, 5)).value().id();
     store.failing = true;
-    ASSERT_EQ(jobs.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);  // saving it failed
-    EXPECT_EQ(restored_state(id), v1::JOB_STATE_QUEUED);                  // the store's word
+    const absl::StatusOr<v1::Job> unsaved = jobs.Cancel(id);
+    EXPECT_EQ(unsaved.status().code(), absl::StatusCode::kUnavailable) << unsaved.status();
+    EXPECT_TRUE(absl::StrContains(unsaved.status().message(), "did not record it"))
+        << unsaved.status();
+    EXPECT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_CANCELLED);  // here, yes
+    EXPECT_EQ(restored_state(id), v1::JOB_STATE_QUEUED);               // the store's word
+    // Asked again while the store still fails: the same answer; once it
+    // is back, the cancel is saved and answered; then it is an ended job.
+    EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kUnavailable);
+    store.failing = false;
+    ASSERT_EQ(jobs.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(restored_state(id), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
+
+    // Not asked again: the coordinator saves it again by itself.
+    id2 = jobs.Submit(ElasticSpec(1, 5)).value().id();
+    store.failing = true;
+    EXPECT_EQ(jobs.Cancel(id2).status().code(), absl::StatusCode::kUnavailable);
     store.failing = false;
     clock.Advance(absl::Seconds(1));
     jobs.ScheduleQueued();  // tries the save again
     jobs.FlushIo();
   }
-  EXPECT_EQ(restored_state(id), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(restored_state(id2), v1::JOB_STATE_CANCELLED);
 }
 
 }  // namespace

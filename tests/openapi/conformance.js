@@ -95,6 +95,24 @@ async function until(what, timeoutMs, probe) {
   }
 }
 
+// Runs `fn` while another process (the sqlite3 shell) holds the write lock
+// of the coordinator's state database, so its saves fail (busy) as with a
+// store that cannot commit; the lock goes when `fn` is done.
+async function whileStateLocked(fn) {
+  const flag = path.join(args.tmp, 'state.locked');
+  const shell = childProcess.spawn('sqlite3', [path.join(args.tmp, 'state', 'coordinator.db')],
+                                   { stdio: ['pipe', 'ignore', 'inherit'] });
+  const exited = new Promise((resolve) => shell.on('exit', resolve));
+  shell.stdin.write(`BEGIN EXCLUSIVE;\n.shell touch ${flag}\n`);
+  await until('the state database to be locked', 30000, async () => fs.existsSync(flag));
+  try {
+    return await fn();
+  } finally {
+    shell.stdin.end('COMMIT;\n');
+    await exited;
+  }
+}
+
 function spawn(binary, argv, log) {
   const out = fs.openSync(log, 'w');
   const child = childProcess.spawn(binary, argv, { stdio: ['ignore', out, out] });
@@ -228,7 +246,9 @@ async function scenario(document, coordinator, workerId) {
   await call('POST', `/v1/workers/${workerId}:drain`, { expect: 400 });
   await call('POST', '/v1/workers/w-none:drain', { expect: 404 });
 
-  // Cancels: a job, the same again (400), unknown.
+  // Cancels: one the state store cannot record (503), the same once it can
+  // (200, as a first cancel), a job, the same again (400), unknown.
+  await whileStateLocked(() => call('POST', `/v1/jobs/${busyId}:cancel`, { expect: 503 }));
   await call('POST', `/v1/jobs/${busyId}:cancel`, { expect: 200 });
   await call('POST', `/v1/jobs/${unplacedId}:cancel`, { expect: 200 });
   await call('POST', `/v1/jobs/${unplacedId}:cancel`, { expect: 400 });
@@ -314,6 +334,7 @@ async function main() {
     `--user-token-file=${path.join(args.tmp, 'user.token')}`,
     `--join-token-file=${path.join(args.tmp, 'join.token')}`,
     `--output-dir=${path.join(args.tmp, 'out')}`, '--shutdown-delay-seconds=60',
+    `--state-dir=${path.join(args.tmp, 'state')}`,
   ], path.join(args.tmp, 'coordinator.log'));
   const ports = await until('the coordinator ports', 30000,
                             async () => { const p = readPorts(coordinatorPorts); return p && p.http_port && p; });

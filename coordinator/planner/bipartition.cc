@@ -96,6 +96,27 @@ absl::Status ValidateProblem(const BiPartitionProblem& p) {
     return absl::InvalidArgumentError(absl::StrCat(
         P, " workers for ", L, " units: at most 2 * units workers can each get a range"));
   }
+  // Finite one by one is not enough: the solvers and the simulator add the
+  // costs up, over units and micro-batches (two units of 1e308 seconds
+  // made every plan's bottleneck infinite). The factor 4 leaves room for
+  // the simulator's sums of passes and transfers.
+  double seconds = 0, bytes = 0, slowest = p.speeds[0];
+  for (size_t u = 0; u < L; ++u) {
+    seconds += p.fwd[u] + p.bwd[u];
+    bytes += p.activation_bytes[u];
+  }
+  for (const std::vector<double>* list : {&p.weight_bytes, &p.stash_bytes, &p.memory_bytes}) {
+    for (double b : *list) bytes += b;
+  }
+  for (double speed : p.speeds) slowest = std::min(slowest, speed);
+  const double transfers =
+      p.bandwidth > 0 ? 2 * bytes / p.bandwidth + 2 * L * p.latency_seconds : 0;
+  if (!std::isfinite(4.0 * p.micro_batches * (seconds / slowest + transfers)) ||
+      !std::isfinite(4.0 * p.micro_batches * bytes)) {
+    return absl::InvalidArgumentError(
+        "the units' costs add up past what a plan can be computed with (seconds or bytes over "
+        "all units and micro-batches are not finite)");
+  }
   return absl::OkStatus();
 }
 

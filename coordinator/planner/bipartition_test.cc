@@ -54,6 +54,21 @@ BiPartitionProblem PaperExample() {
 // bipartition.txt's example: F = {1,3,2,3}, B = {2,6,4,6}, 3 workers, ample
 // bandwidth. Equal cuts (PipeDream) reach 12; separate cuts reach 9 with the
 // paper's assignment D1: F{1} B{1,2}; D2: F{2,3} B{3}; D3: F{4} B{4}.
+// Costs finite one by one whose sums over units and micro-batches are not
+// (the solvers' bottlenecks went infinite and the memory check blamed an
+// unlimited cluster): refused, as is a tiny speed that scales them past it.
+TEST(BiPartitionTest, CostsAddingUpToInfinity_AreInvalidArgument) {
+  BiPartitionProblem p = PaperExample();
+  p.fwd[0] = p.fwd[1] = 1e308;
+  absl::StatusOr<BiPartitionPlan> plan = SolveBiPartition(p);
+  EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument) << plan.status();
+  EXPECT_NE(plan.status().message().find("add up"), std::string::npos) << plan.status();
+  p = PaperExample();
+  p.speeds[0] = 1e-308;
+  EXPECT_EQ(SolveBiPartition(p).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(SolveBiPartition(PaperExample()).ok());
+}
+
 TEST(BiPartitionTest, PaperExample_PipeDreamTwelveBiPartitionNine) {
   const BiPartitionProblem p = PaperExample();
   std::vector<UnitCost> costs;

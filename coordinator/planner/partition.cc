@@ -16,6 +16,24 @@ absl::Status CheckStages(int num_units, int stages) {
   return absl::OkStatus();
 }
 
+// The ranges of the DP's optimum, from `cut` (cut[k][i]: where the k-th of
+// `stages` stages begins when they cover units [0, i)). A cut of -1 means
+// no finite bottleneck was found: costs that add up to infinity, which the
+// callers' validation should have refused.
+absl::StatusOr<std::vector<Range>> Backtrack(const std::vector<std::vector<int>>& cut, int stages,
+                                             int n) {
+  std::vector<Range> ranges(stages);
+  for (int k = stages, end = n; k >= 1; --k) {
+    if (cut[k][end] < 0) {
+      return absl::InvalidArgumentError(
+          "no partition has a finite bottleneck: the units' costs add up to infinity");
+    }
+    ranges[k - 1] = {cut[k][end], end};
+    end = cut[k][end];
+  }
+  return ranges;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<Range>> UniformPartition(int num_units, int stages) {
@@ -53,12 +71,7 @@ absl::StatusOr<std::vector<Range>> PipeDreamPartition(const std::vector<UnitCost
       }
     }
   }
-  std::vector<Range> ranges(stages);
-  for (int k = stages, end = n; k >= 1; --k) {
-    ranges[k - 1] = {cut[k][end], end};
-    end = cut[k][end];
-  }
-  return ranges;
+  return Backtrack(cut, stages, n);
 }
 
 namespace {
@@ -111,12 +124,7 @@ absl::StatusOr<std::vector<Range>> SpeedAwarePipeDreamPartition(
       }
     }
   }
-  std::vector<Range> ranges(stages);
-  for (int k = stages, end = n; k >= 1; --k) {
-    ranges[k - 1] = {cut[k][end], end};
-    end = cut[k][end];
-  }
-  return ranges;
+  return Backtrack(cut, stages, n);
 }
 
 double SpeedAwareBottleneck(const std::vector<UnitCost>& costs, const std::vector<double>& speeds,

@@ -142,6 +142,16 @@ TEST(PartitionTest, MoreStagesThanUnits_IsInvalidArgument) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// Costs whose sums are infinite leave the DPs without a finite optimum:
+// refused, where the backtrack read cut[-1].
+TEST(PartitionTest, InfiniteCostSums_AreInvalidArgument) {
+  const std::vector<UnitCost> costs = {{"a", 1e308, 1e308}, {"b", 1e308, 1e308}};
+  EXPECT_EQ(PipeDreamPartition(costs, 2).status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::StatusOr<std::vector<Range>> aware =
+      SpeedAwarePipeDreamPartition(costs, {1.0, 1.0}, {0.0, 0.0}, 0.0);
+  EXPECT_EQ(aware.status().code(), absl::StatusCode::kInvalidArgument) << aware.status();
+}
+
 TEST(UnitCostsTest, AnalyticCosts_OrderUnitsAsExpected) {
   GptConfig c;
   c.n_layer = 2;

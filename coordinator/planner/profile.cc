@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "spec/job_spec.h"
 
 namespace pipetrain {
 
@@ -30,7 +31,14 @@ absl::Status OnlyKeys(const json& object, const std::string& where,
   return absl::OkStatus();
 }
 
-// A required finite number >= 0 (> 0 when `positive`).
+// The largest number a profile or cluster file may hold: sums and products
+// of them (a plan's seconds over 2050 units and millions of micro-batches,
+// bytes over its stages) stay far inside a double, where 1e308 in two units
+// added up to infinity and broke every solver's arithmetic.
+constexpr double kMaxFileNumber = 1e18;
+static_assert(kMaxProfileUnits == 2 * kMaxLayers + 2, "profile.h's bound follows n_layer's");
+
+// A required finite number in [0, kMaxFileNumber] (> 0 when `positive`).
 absl::StatusOr<double> Number(const json& object, const std::string& key,
                               const std::string& where, bool positive, bool required = true,
                               double fallback = 0) {
@@ -45,6 +53,7 @@ absl::StatusOr<double> Number(const json& object, const std::string& key,
   if (!std::isfinite(d) || d < 0 || (positive && d == 0)) {
     return Invalid(field, positive ? "must be a finite number > 0" : "must be a finite number >= 0");
   }
+  if (d > kMaxFileNumber) return Invalid(field, "must be at most 1e18");
   return d;
 }
 
@@ -123,6 +132,11 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
   if (!j.contains("units") || !j["units"].is_array() || j["units"].empty()) {
     return Invalid("units", "must be a non-empty list");
   }
+  if (j["units"].size() > static_cast<size_t>(kMaxProfileUnits)) {
+    return Invalid(
+        "units", absl::StrCat("holds ", j["units"].size(), " units; at most ", kMaxProfileUnits,
+                              " (a model of ", kMaxLayers, " layers, spec.model.n_layer's bound)"));
+  }
   for (size_t i = 0; i < j["units"].size(); ++i) {
     auto unit = ParseUnit(j["units"][i], absl::StrCat("units[", i, "]"));
     if (!unit.ok()) return unit.status();
@@ -188,6 +202,10 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
   ClusterSpec cluster;
   ASSIGN_OR_RETURN(cluster.bandwidth_bytes_per_second,
             Number(j, "bandwidth_bytes_per_second", "", false, false, 0));
+  // Below a byte per second, a transfer's seconds leave a double.
+  if (cluster.bandwidth_bytes_per_second > 0 && cluster.bandwidth_bytes_per_second < 1) {
+    return Invalid("bandwidth_bytes_per_second", "must be 0 (unlimited) or at least 1");
+  }
   ASSIGN_OR_RETURN(cluster.latency_seconds, Number(j, "latency_seconds", "", false, false, 0));
   if (j.contains("links_emulated")) {
     if (!j["links_emulated"].is_boolean()) {
@@ -207,9 +225,22 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
   if (cluster.data_plane_bytes_per_second > 1e13) {
     return Invalid("data_plane_bytes_per_second", "must be at most 1e13");
   }
+  // One without the other is not modelled (AddDataPlaneCost): refused
+  // rather than silently dropped.
+  if ((cluster.data_plane_overhead_seconds > 0) != (cluster.data_plane_bytes_per_second > 0)) {
+    return Invalid(cluster.data_plane_overhead_seconds > 0 ? "data_plane_bytes_per_second"
+                                                           : "data_plane_overhead_seconds",
+                   "the data plane's cost needs both data_plane_overhead_seconds and "
+                   "data_plane_bytes_per_second (or neither)");
+  }
   if (!j.contains("workers") || !j["workers"].is_array() || j["workers"].empty()) {
     return Invalid("workers", "must be a non-empty list");
   }
+  if (j["workers"].size() > static_cast<size_t>(kMaxStages)) {
+    return Invalid("workers", absl::StrCat("holds ", j["workers"].size(), " workers; at most ",
+                                           kMaxStages, " (a job's bound)"));
+  }
+  std::set<std::string> names;
   for (size_t i = 0; i < j["workers"].size(); ++i) {
     const json& w = j["workers"][i];
     const std::string where = absl::StrCat("workers[", i, "]");
@@ -220,9 +251,22 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
       return s;
     }
     WorkerSpec worker;
-    worker.name = w.contains("name") && w["name"].is_string() ? w["name"].get<std::string>()
-                                                              : absl::StrCat("w", i);
+    worker.name = absl::StrCat("w", i);
+    if (w.contains("name")) {
+      if (!w["name"].is_string() || w["name"].get<std::string>().empty() ||
+          w["name"].get<std::string>().size() > 253) {
+        return Invalid(where + ".name", "must be a non-empty string of at most 253 bytes");
+      }
+      worker.name = w["name"].get<std::string>();
+    }
+    if (!names.insert(worker.name).second) {
+      return Invalid(where + ".name", absl::StrCat("\"", worker.name, "\" names two workers"));
+    }
     ASSIGN_OR_RETURN(worker.speed, Number(w, "speed", where, true, false, 1.0));
+    // A unit's seconds over its worker's speed stay inside a double.
+    if (worker.speed < 1e-6 || worker.speed > 1e6) {
+      return Invalid(where + ".speed", "must be in [1e-6, 1e6]");
+    }
     ASSIGN_OR_RETURN(worker.memory_bytes, Number(w, "memory_bytes", where, false, false, 0));
     // The host whose cores it computes on, as workers register it (the
     // registration's bounds: a DNS name's length, 65536 cores or threads).

@@ -99,6 +99,16 @@ inline constexpr size_t kMaxProfileCodecs = 16;
 inline constexpr size_t kMaxProfileCodecNameBytes = 64;
 inline constexpr double kMaxCodecSecondsPerByte = 1e-3;
 
+// The most units a profile file may list: those of a model of
+// spec.model.n_layer's bound (embed, attention and MLP per layer, head).
+inline constexpr int kMaxProfileUnits = 2 * 256 + 2;
+
+// Both parsers reject, naming the field: unknown keys, wrong types, numbers
+// that are negative, non-finite or over 1e18. ParseProfileJson: more than
+// kMaxProfileUnits units. ParseClusterJson: more than kMaxStages workers,
+// a worker name that is empty, over 253 bytes or given twice, a speed
+// outside [1e-6, 1e6], a bandwidth in (0, 1), one of the two data-plane
+// cost fields without the other.
 absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& json);
 absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& json);
 std::string ProfileToJson(const ModelProfile& profile);

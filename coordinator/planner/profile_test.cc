@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/planner/bipartition.h"
 #include "gtest/gtest.h"
+#include "spec/job_spec.h"
 
 namespace pipetrain {
 namespace {
@@ -127,8 +128,9 @@ TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
       {R"({"micro_batch_size": 4, "units": []})", "units: must be a non-empty list"},
       {R"({"micro_batch_size": 2.5, "units": [{}]})", "micro_batch_size: must be an integer"},
       // Found by fuzz/planner_json_fuzzer: converting this to int was undefined.
-      {R"({"micro_batch_size": 4.4e119, "units": [{}]})",
-       "micro_batch_size: 4.4e+119 is over the limit of 2147483647"},
+      {R"({"micro_batch_size": 4.4e119, "units": [{}]})", "micro_batch_size: must be at most 1e18"},
+      {R"({"micro_batch_size": 4.4e17, "units": [{}]})",
+       "micro_batch_size: 4.4e+17 is over the limit of 2147483647"},
       {R"({"micro_batch_size": 4, "unit": []})", "unit: unknown field"},
       {R"({"micro_batch_size": 4, "units": [{"name": "x", "fwd_seconds": -1, "bwd_seconds": 1,
           "weight_bytes": 0, "activation_bytes": 0}]})",
@@ -168,6 +170,46 @@ TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
                 .status()
                 .message(),
             "data_plane_bytes_per_second: must be a finite number >= 0");
+}
+
+// Bounds that keep the solvers' sums finite and the tables unambiguous.
+TEST(ProfileTest, OutOfBoundNumbersCountsAndNames_AreRefusedNamingTheField) {
+  EXPECT_EQ(ParseProfileJson(R"({"micro_batch_size": 4, "units": [{"name": "x",
+      "fwd_seconds": 1e308, "bwd_seconds": 1, "weight_bytes": 0, "activation_bytes": 0}]})")
+                .status()
+                .message(),
+            "units[0].fwd_seconds: must be at most 1e18");
+  std::string many = R"({"micro_batch_size": 1, "units": [)";
+  for (int u = 0; u <= kMaxProfileUnits; ++u) {
+    many += absl::StrCat(u > 0 ? "," : "", R"({"name": "u", "fwd_seconds": 1, "bwd_seconds": 1,
+        "weight_bytes": 0, "activation_bytes": 0})");
+  }
+  many += "]}";
+  EXPECT_EQ(ParseProfileJson(many).status().message(),
+            "units: holds 515 units; at most 514 (a model of 256 layers, spec.model.n_layer's "
+            "bound)");
+  std::string workers = R"({"workers": [)";
+  for (int w = 0; w <= kMaxStages; ++w) workers += w > 0 ? ",{}" : "{}";
+  workers += "]}";
+  EXPECT_EQ(ParseClusterJson(workers).status().message(),
+            "workers: holds 1025 workers; at most 1024 (a job's bound)");
+  const std::pair<const char*, const char*> clusters[] = {
+      {R"({"workers": [{"speed": 1e-300}]})", "workers[0].speed: must be in [1e-6, 1e6]"},
+      {R"({"workers": [{}], "bandwidth_bytes_per_second": 1e-300})",
+       "bandwidth_bytes_per_second: must be 0 (unlimited) or at least 1"},
+      {R"({"workers": [{"name": 5}]})",
+       "workers[0].name: must be a non-empty string of at most 253 bytes"},
+      {R"({"workers": [{"name": ""}]})",
+       "workers[0].name: must be a non-empty string of at most 253 bytes"},
+      {R"({"workers": [{"name": "a"}, {"name": "a"}]})",
+       "workers[1].name: \"a\" names two workers"},
+      {R"({"workers": [{}], "data_plane_overhead_seconds": 0.5})",
+       "data_plane_bytes_per_second: the data plane's cost needs both "
+       "data_plane_overhead_seconds and data_plane_bytes_per_second (or neither)"},
+  };
+  for (const auto& [json, message] : clusters) {
+    EXPECT_EQ(ParseClusterJson(json).status().message(), message) << json;
+  }
 }
 
 TEST(ProfileTest, ParseCluster_HostsRoundTripAndAreBounded) {

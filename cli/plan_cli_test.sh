@@ -62,6 +62,25 @@ fi
 expect_exit auto 0 '"candidates"' -- "${P[@]}" --solver auto --json
 check auto_candidates 'set(j["candidates"]) == {"uniform","pipedream","bipartition"} and j["predicted_iteration_seconds"] == min(j["candidates"].values())'
 expect_exit table 0 "WORKER" "units: 0=l1 1=l2 2=l3 3=l4" -- "${P[@]}"
+# Workers sharing a host's cores: auto ranks the candidates by the shared-
+# core simulation that gives its prediction, so it picks the fastest
+# (pipedream here; the plain simulation preferred uniform, predicted 45 s).
+cat >"$TMP/shared_profile.json" <<'JSON'
+{"micro_batch_size": 1, "units": [
+ {"name": "u0", "fwd_seconds": 1, "bwd_seconds": 1, "weight_bytes": 60, "activation_bytes": 0, "stash_bytes": 0},
+ {"name": "u1", "fwd_seconds": 5, "bwd_seconds": 1, "weight_bytes": 0, "activation_bytes": 0, "stash_bytes": 0},
+ {"name": "u2", "fwd_seconds": 1, "bwd_seconds": 1, "weight_bytes": 0, "activation_bytes": 0, "stash_bytes": 0},
+ {"name": "u3", "fwd_seconds": 4, "bwd_seconds": 1, "weight_bytes": 0, "activation_bytes": 100, "stash_bytes": 0}]}
+JSON
+cat >"$TMP/shared_cluster.json" <<'JSON'
+{"workers": [{"name": "w0", "speed": 2, "host": "b", "host_cores": 1, "compute_threads": 2},
+             {"name": "w1", "speed": 2, "host": "a", "host_cores": 1, "compute_threads": 2},
+             {"name": "w2", "speed": 2, "host": "b", "host_cores": 1, "compute_threads": 1}],
+ "bandwidth_bytes_per_second": 12500, "latency_seconds": 0.001}
+JSON
+expect_exit auto_shared_host 0 '"candidates"' -- --profile "$TMP/shared_profile.json" \
+  --cluster "$TMP/shared_cluster.json" --micro-batches 4 --solver auto --json
+check auto_shared_host_fastest 'j["solver"] == "pipedream" and j["predicted_iteration_seconds"] == min(j["candidates"].values()) and j["candidates"]["uniform"] > j["candidates"]["pipedream"]'
 
 # A cluster file with memory limits: 2 workers of 100 bytes cannot hold 4
 # units of 60 weight bytes each (each stored 4 times on its backward owner).

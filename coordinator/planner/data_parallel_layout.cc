@@ -100,19 +100,23 @@ Solved SolveLayout(const ModelProfile& measured, const ClusterSpec& given, int d
   PlanOptions plan_options = options.plan;
   plan_options.micro_batches = options.micro_batches / d;
   plan_options.data_parallel = d;
+  // Stage positions on one host also take cores from each other where
+  // their compute overlaps: the prediction comes from that simulation, and
+  // so does auto's choice among the solvers.
+  SimulationCosts costs =
+      SimulationCostsFromProfile(profile, out.stage_cluster, TiedGradientBytes(profile));
+  costs.data_parallel = d;
+  const auto simulate = [&](const std::vector<v1::Program>& programs) {
+    return SimulateWithSharedCores(programs, costs, cluster, d, p, 1, stretch.factor, 1, nullptr);
+  };
+  plan_options.simulate = simulate;
   absl::StatusOr<SolvedPlan> plan = SolvePlan(profile, out.stage_cluster, plan_options);
   if (!plan.ok()) {
     out.candidate.status = plan.status();
     return out;
   }
   out.plan = *std::move(plan);
-  // Stage positions on one host also take cores from each other where
-  // their compute overlaps: the prediction comes from that simulation.
-  SimulationCosts costs =
-      SimulationCostsFromProfile(profile, out.stage_cluster, TiedGradientBytes(profile));
-  costs.data_parallel = d;
-  absl::StatusOr<SimulationResult> shared = SimulateWithSharedCores(
-      out.plan.programs, costs, cluster, d, p, 1, stretch.factor, 1, nullptr);
+  absl::StatusOr<SimulationResult> shared = simulate(out.plan.programs);
   if (!shared.ok()) {
     out.candidate.status = shared.status();
     return out;

@@ -172,35 +172,42 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
                                         wire_fraction, coding));
     planned = TensorParallelCostsOf(computed, tensor, tensor_passes);
   }
-  ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   // Stage positions on one host's cores also take from each other where
   // their compute overlaps (host_sharing.h): the prediction and the
-  // timeline come from that simulation (the solver's choice does not). It
-  // runs the programs as workers get them, with spec.compression's codecs
-  // on their sends (their bytes shrunk by each codec's wire fraction).
+  // timeline come from that simulation, and so does auto's choice among
+  // the solvers. It runs the programs as workers get them, with
+  // spec.compression's codecs on their sends (their bytes shrunk by each
+  // codec's wire fraction).
+  SimulationCosts costs = SimulationCostsFromProfile(planned, replica, TiedGradientBytes(planned));
+  costs.data_parallel = replicas;
+  ASSIGN_OR_RETURN(
+      costs.codec_wire_fraction,
+      LinkCodecWireFractions(r.spec.compression(), r.train.batch_size / r.train.micro_batches,
+                             r.train.seq_len, r.train.model.d_model));
+  // The share of the units' costs that is compute (the rest: tensor-
+  // parallel all-reduces waited for).
+  double compute = 0, total = 0;
+  for (size_t u = 0; u < planned.units.size(); ++u) {
+    compute += (computed.units[u].fwd_seconds + computed.units[u].bwd_seconds) / tensor;
+    total += planned.units[u].fwd_seconds + planned.units[u].bwd_seconds;
+  }
+  const double compute_share = total > 0 ? std::min(1.0, compute / total) : 1.0;
+  const auto simulate_programs = [&](const std::vector<v1::Program>& programs, double* overlap) {
+    std::vector<v1::Program> compressed = programs;
+    MarkCompression(r.spec.compression(), &compressed);
+    return SimulateWithSharedCores(compressed, costs, cluster, replicas, r.stages, tensor,
+                                   stretch.factor, compute_share, overlap);
+  };
+  options.simulate = [&](const std::vector<v1::Program>& programs) {
+    return simulate_programs(programs, nullptr);
+  };
+  ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   double overlap_stretch = 1;
   std::vector<int> dp_compressed_stages;  // selective stage compression's
   {
-    SimulationCosts costs =
-        SimulationCostsFromProfile(planned, replica, TiedGradientBytes(planned));
-    costs.data_parallel = replicas;
-    ASSIGN_OR_RETURN(
-        costs.codec_wire_fraction,
-        LinkCodecWireFractions(r.spec.compression(), r.train.batch_size / r.train.micro_batches,
-                               r.train.seq_len, r.train.model.d_model));
     std::vector<v1::Program> compressed = solved.programs;
     MarkCompression(r.spec.compression(), &compressed);
-    // The share of the units' costs that is compute (the rest: tensor-
-    // parallel all-reduces waited for).
-    double compute = 0, total = 0;
-    for (size_t u = 0; u < planned.units.size(); ++u) {
-      compute += (computed.units[u].fwd_seconds + computed.units[u].bwd_seconds) / tensor;
-      total += planned.units[u].fwd_seconds + planned.units[u].bwd_seconds;
-    }
-    const double compute_share = total > 0 ? std::min(1.0, compute / total) : 1.0;
-    ASSIGN_OR_RETURN(solved.simulation,
-                     SimulateWithSharedCores(compressed, costs, cluster, replicas, r.stages, tensor,
-                                             stretch.factor, compute_share, &overlap_stretch));
+    ASSIGN_OR_RETURN(solved.simulation, simulate_programs(solved.programs, &overlap_stretch));
     if (r.data_parallel_powersgd_rank > 0 || !r.data_parallel_quantizer.empty()) {
       // Selective stage compression: the stages named, or those whose
       // all-reduce the simulation puts on the critical path; then the

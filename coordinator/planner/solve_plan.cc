@@ -159,6 +159,10 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
       return plan.status();
     }
     total_solve += plan->solve_seconds;
+    if (options.simulate) {
+      ASSIGN_OR_RETURN(plan->simulation, options.simulate(plan->programs));
+      plan->all_reduce_seconds = plan->simulation.all_reduce_seconds;
+    }
     candidates[solver] = plan->simulation.iteration_seconds;
     if (!best.ok() || plan->simulation.iteration_seconds < best->simulation.iteration_seconds) {
       best = std::move(plan);

@@ -7,8 +7,9 @@
 //   bipartition  separate forward and backward cuts (bipartition.h), worker
 //                speeds and memory limits honoured, objective paper | full
 //   auto         the candidate among the three with the lowest SIMULATED
-//                iteration time (ties: uniform, then pipedream, then
-//                bipartition; candidates that do not fit in memory skipped)
+//                iteration time (options.simulate's, when given; ties:
+//                uniform, then pipedream, then bipartition; candidates
+//                that do not fit in memory skipped)
 //   manual       the caller's forward and backward ranges, as given
 //
 // Every plan is scored with the bipartition objective (bottleneck_seconds,
@@ -34,6 +35,7 @@
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_SOLVE_PLAN_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_SOLVE_PLAN_H_
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -56,6 +58,13 @@ struct PlanOptions {
   int data_parallel = 1;  // replicas of the pipeline, >= 1
   // Solver "manual" only: one range per worker each.
   std::vector<Range> manual_forward, manual_backward;
+  // Solver "auto" only, optional: the caller's own simulation of a
+  // candidate's programs (planner.cc and data_parallel_layout.cc add the
+  // cores that stage positions on one host share, and the links' codecs),
+  // which auto then ranks the candidates by and reports in `candidates`
+  // and the winner's `simulation`, so that the choice is the plan the
+  // caller predicts fastest. Unset: the plain simulation.
+  std::function<absl::StatusOr<SimulationResult>(const std::vector<v1::Program>&)> simulate;
 };
 
 struct SolvedPlan {

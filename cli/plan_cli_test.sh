@@ -44,6 +44,8 @@ expect_exit tensor_too_large 2 '--tensor 2147483647 is over 64 devices' -- --ten
 expect_exit tensor_negative_bandwidth 2 '--bandwidth-gbps, --latency-us and --memory-gib must be >= 0' \
   -- --tensor 4 --bandwidth-gbps -10
 
+# The analytic model's flags with a measured profile would be ignored: refused.
+expect_exit profile_gflops 2 '--gflops has no effect with --profile' -- "${P[@]}" --gflops 5
 # The analytic model's shape is a flag error (exit 2), as in train-local.
 expect_exit heads_not_dividing 2 'n_head (5) must divide d_model (768)' -- --layers 2 --heads 5 --workers 2
 expect_exit paper_pipedream 0 '"solver": "pipedream"' -- "${P[@]}" --solver pipedream --json

@@ -494,6 +494,13 @@ absl::Status CheckModeFlags(const FlagSet& flags, const PlanFlags& f) {
     return RejectIgnored(flags, "--tensor-parallel (a table of layouts)",
                          {"svg", "trace", "distpar-beta"});
   }
+  if (!f.profile.empty()) {
+    // --attention has its own message (below); --layers is checked as the
+    // alternative to --profile.
+    RETURN_IF_ERROR(
+        RejectIgnored(flags, "--profile (its file has the units' measured costs)",
+                      {"d-model", "heads", "vocab", "seq-len", "micro-batch-size", "gflops"}));
+  }
   if (!f.cluster.empty()) {
     RETURN_IF_ERROR(RejectIgnored(flags, "--cluster (its file has the links and memory)",
                                   {"bandwidth-gbps", "latency-us", "memory-gib"}));

@@ -300,6 +300,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     }
     ASSIGN_OR_RETURN(int port, ReadPort(ports, "grpc_port"));
     cluster->standby_grpc_ports_.push_back(port);
+    ASSIGN_OR_RETURN(int http_port, ReadPort(ports, "http_port"));
+    cluster->standby_http_ports_.push_back(http_port);
   }
   for (int i = 0; i < options.workers; ++i) RETURN_IF_ERROR(cluster->SpawnWorker(i));
   for (int i = 0; i < options.workers; ++i) RETURN_IF_ERROR(cluster->AwaitWorker(i));

@@ -66,6 +66,8 @@ class LocalCluster {
   std::string user_token_file() const { return options_.dir + "/user.token"; }
   Subprocess& coordinator() { return *coordinator_; }
   Subprocess& standby(int i) { return standbys_[i]; }
+  // Standby i's HTTP port (its follower routes, then the leader's).
+  int standby_http_port(int i) const { return standby_http_ports_[i]; }
   std::string standby_log(int i) const;
   // Kills the coordinator with SIGKILL (no clean shutdown) and starts a new
   // one on the same ports with the same flags; the workers are left alone
@@ -92,6 +94,7 @@ class LocalCluster {
   std::unique_ptr<Subprocess> coordinator_;
   std::vector<Subprocess> standbys_;
   std::vector<int> standby_grpc_ports_;
+  std::vector<int> standby_http_ports_;
   std::vector<Subprocess> workers_;
   int grpc_port_ = 0, http_port_ = 0;
   int coordinator_starts_ = 0;  // restarts so far

@@ -48,6 +48,7 @@
 #include "common/tls_credentials.h"
 #include "coordinator/api/caller_auth.h"
 #include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/api/follower_http.h"
 #include "coordinator/api/follower_service.h"
 #include "coordinator/api/grpc_service.h"
 #include "coordinator/api/rest_service.h"
@@ -198,10 +199,11 @@ std::string AddressWithPort(const std::string& grpc_address, int port) {
 }
 
 // Highly available coordinators: serves refusals naming the leader
-// (FollowerService) until this coordinator wins the election, then frees
-// the port for the real service. Its health service says NOT_SERVING (a
-// follower is not ready: it serves only refusals). Returns the port, or
-// CANCELLED when a
+// (FollowerService; on the HTTP port, follower_http.h's routes: probes,
+// /metrics, the API refused) until this coordinator wins the election,
+// then hands both ports to the real servers. Its health service says
+// NOT_SERVING (a follower is not ready: it serves only refusals). Returns
+// the gRPC port (*http_port: the HTTP one), or CANCELLED when a
 // signal came first. Losing the leadership later ends the process (exit
 // code 5: its supervisor restarts it as a follower); the store's fenced
 // commits keep a deposed leader from writing meanwhile.
@@ -209,16 +211,19 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
                                       ServingHealth& health,
                                       std::unique_ptr<LeaderElection>* election,
                                       std::unique_ptr<FollowerService>* follower_service,
-                                      std::unique_ptr<grpc::Server>* follower_server) {
+                                      std::unique_ptr<grpc::Server>* follower_server,
+                                      const FollowerMetrics* follower_metrics,
+                                      std::unique_ptr<HttpServer>* follower_http, int* http_port) {
   const Flags& flags = config.flags;
   std::string leader_seen;
   // Reads the election, which is made below (the port comes first).
   static AnnotatedMutex election_mu;  // one election per process
   AnnotatedMutex* mu = &election_mu;
-  *follower_service = std::make_unique<FollowerService>([mu, election] {
+  const auto leader = [mu, election] {
     AnnotatedMutexLock lock(mu);
     return *election ? (*election)->Leader() : std::string();
-  });
+  };
+  *follower_service = std::make_unique<FollowerService>(leader);
   FollowerService& follower = **follower_service;
   grpc::ServerBuilder builder;
   int port = 0;
@@ -231,8 +236,13 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
         absl::StrCat("cannot serve gRPC on --grpc-address ", flags.grpc_address));
   }
   health.Attach(server.get());
+  *follower_http =
+      std::make_unique<HttpServer>(HttpServer::Options{.bearer_token = flags.user_token});
+  ServeFollowerHttp(**follower_http, &health, leader, follower_metrics);
+  ASSIGN_OR_RETURN(*http_port, (*follower_http)->Start(config.http_host, config.http_port));
   if (!flags.ports_file.empty()) {
-    RETURN_IF_ERROR(WritePortsFile(flags.ports_file, {{"grpc_port", port}, {"http_port", 0}}));
+    RETURN_IF_ERROR(
+        WritePortsFile(flags.ports_file, {{"grpc_port", port}, {"http_port", *http_port}}));
   }
   const std::string identity = flags.advertise_address.empty()
                                    ? AddressWithPort(flags.grpc_address, port)
@@ -271,6 +281,7 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
     if (sigtimedwait(&signals, nullptr, &tick) > 0) {
       health.Detach();
       server->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+      (*follower_http)->Stop();
       return absl::CancelledError("signal");
     }
     const std::string leader = (*election)->Leader();
@@ -490,11 +501,15 @@ int Serve(const Config& config, const sigset_t& signals) {
   std::unique_ptr<LeaderElection> election;  // with --etcd-endpoints
   std::unique_ptr<FollowerService> follower_service;
   std::unique_ptr<grpc::Server> follower_server;  // until the real service binds
+  std::unique_ptr<HttpServer> follower_http;      // until the real HTTP server binds
+  std::optional<FollowerMetrics> follower_metrics;
+  int http_port = config.http_port;
   std::string grpc_address = flags.grpc_address;
   ServingHealth health({"pipetrain.v1.CoordinatorService"}, "following: another coordinator leads");
   if (!flags.etcd_endpoints.empty()) {
-    absl::StatusOr<int> port = FollowUntilLeader(config, signals, health, &election,
-                                                 &follower_service, &follower_server);
+    absl::StatusOr<int> port =
+        FollowUntilLeader(config, signals, health, &election, &follower_service, &follower_server,
+                          &follower_metrics.emplace(), &follower_http, &http_port);
     if (port.status().code() == absl::StatusCode::kCancelled) return 0;
     if (!port.ok()) {
       PT_LOG(ERROR) << "--etcd-endpoints: " << port.status();
@@ -588,7 +603,9 @@ int Serve(const Config& config, const sigset_t& signals) {
   RegisterRestRoutes(http, &registry, &jobs);
   ServePrometheus(http, metrics.registry(), [&metrics] { metrics.Refresh(); });
   metrics.http().DeclareRoutes(http);
-  absl::StatusOr<int> bound = http.Start(config.http_host, config.http_port);
+  // A leader that followed takes over the port its follower server held.
+  if (follower_http != nullptr) follower_http->Stop();
+  absl::StatusOr<int> bound = http.Start(config.http_host, http_port);
   absl::Status ports = bound.ok() && !flags.ports_file.empty()
                            ? WritePortsFile(flags.ports_file, {{"grpc_port", grpc_port}, {"http_port", *bound}})
                            : bound.status();

@@ -22,6 +22,7 @@
 #include "common/safetensors.h"
 #include "coordinator/store/etcd_testing.h"
 #include "gtest/gtest.h"
+#include "httplib.h"
 #include "spec/job_spec.h"
 #include "tests/cluster_testing.h"
 #include "worker/data/corpus.h"
@@ -758,6 +759,28 @@ TEST(HighlyAvailableCoordinatorsTest, LeaderKilled_FollowerTakesOverWithinLeaseP
         << refused.error_message();
     EXPECT_EQ(LeaderHint(*context), addresses[leader]);
   }
+  // On its HTTP port: alive, not ready, scraped (so not "down"), the API
+  // refused naming the leader; as leader later, the same port serves it.
+  const int follower_http_port =
+      leader == 0 ? (*cluster)->standby_http_port(0) : (*cluster)->http_port();
+  const httplib::Headers bearer = {{"Authorization", "Bearer " + options.user_token}};
+  {
+    httplib::Client http("127.0.0.1", follower_http_port);
+    auto alive = http.Get("/healthz");
+    ASSERT_TRUE(alive) << "no HTTP on the follower's port " << follower_http_port;
+    EXPECT_EQ(alive->status, 200);
+    auto ready = http.Get("/readyz");
+    ASSERT_TRUE(ready);
+    EXPECT_EQ(ready->status, 503) << ready->body;
+    auto scraped = http.Get("/metrics");
+    ASSERT_TRUE(scraped);
+    EXPECT_EQ(scraped->status, 200);
+    EXPECT_TRUE(absl::StrContains(scraped->body, "pipetrain_build_info{")) << scraped->body;
+    auto jobs = http.Get("/v1/jobs", bearer);
+    ASSERT_TRUE(jobs);
+    EXPECT_EQ(jobs->status, 503) << jobs->body;
+    EXPECT_TRUE(absl::StrContains(jobs->body, addresses[leader])) << jobs->body;
+  }
   Subprocess& leader_process = leader == 0 ? (*cluster)->coordinator() : (*cluster)->standby(0);
   const absl::Time killed = absl::Now();
   leader_process.Signal(SIGKILL);
@@ -774,6 +797,18 @@ TEST(HighlyAvailableCoordinatorsTest, LeaderKilled_FollowerTakesOverWithinLeaseP
   std::fprintf(stderr, "takeover after %.2f s (lease %d s)\n", takeover, kLeaseSeconds);
   ASSERT_EQ(new_leader, 1 - leader) << "no takeover within the lease plus 5 s";
   auto survivor = ConnectCoordinator(addresses[new_leader], "", options.user_token);
+  {
+    // gRPC answers just before the leader's HTTP server has the port.
+    httplib::Client http("127.0.0.1", follower_http_port);
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    int status = 0;
+    while (status != 200 && absl::Now() < deadline) {
+      auto jobs = http.Get("/v1/jobs", bearer);
+      status = jobs ? jobs->status : 0;
+      if (status != 200) absl::SleepFor(absl::Milliseconds(50));  // polls a remote state
+    }
+    EXPECT_EQ(status, 200) << "GET /v1/jobs on the new leader's port " << follower_http_port;
+  }
   job = testing::AwaitJob(*survivor, id, absl::Seconds(180), testing::Ended);
   ExpectEqualsTrainLocal(job);
   bool resumed = false;

@@ -1,0 +1,32 @@
+#include "coordinator/api/follower_http.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/metrics/build_info_metric.h"
+
+namespace pipetrain {
+
+FollowerMetrics::FollowerMetrics()
+    : registry_(std::make_shared<prometheus::Registry>()),
+      exposition_({registry_.get(), &process_}) {
+  AddBuildInfo(*registry_);
+}
+
+void ServeFollowerHttp(HttpServer& server, const ServingHealth* health,
+                       std::function<std::string()> leader, const FollowerMetrics* metrics) {
+  ServeHealthEndpoints(server, health);
+  ServePrometheus(server, metrics->collectable());
+  const auto refuse = [leader = std::move(leader)](const HttpRequest&) {
+    const std::string address = leader();
+    return JsonError(503, "UNAVAILABLE",
+                     address.empty()
+                         ? std::string("this coordinator follows and no leader is elected yet; "
+                                       "retry shortly")
+                         : absl::StrCat("this coordinator follows; the leader is ", address));
+  };
+  server.Get("/v1/.*", refuse);
+  server.Post("/v1/.*", refuse);
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,53 @@
+#include "coordinator/api/follower_http.h"
+
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/http_response.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+std::string Get(HttpServer& server, const std::string& path, const std::string& token = "") {
+  return server.AnswerRequestBytes(absl::StrCat(
+      "GET ", path, " HTTP/1.1\r\n",
+      token.empty() ? "" : absl::StrCat("Authorization: Bearer ", token, "\r\n"), "\r\n"));
+}
+
+// A standby answers probes and scrapes as what it is (alive, not ready,
+// up) and refuses the API naming the leader, after the token.
+TEST(FollowerHttpTest, AliveNotReadyScrapedAndRefusingTheApiNamingTheLeader) {
+  ServingHealth health({"pipetrain.v1.CoordinatorService"}, "following: another coordinator leads");
+  FollowerMetrics metrics;
+  std::string leader = "10.0.0.7:7070";
+  HttpServer server({.bearer_token = "secret"});
+  ServeFollowerHttp(
+      server, &health, [&leader] { return leader; }, &metrics);
+
+  EXPECT_EQ(HttpStatusOf(Get(server, "/healthz")), 200);
+  const std::string ready = Get(server, "/readyz");
+  EXPECT_EQ(HttpStatusOf(ready), 503) << ready;
+  EXPECT_TRUE(absl::StrContains(ready, "following: another coordinator leads")) << ready;
+  const std::string scraped = Get(server, "/metrics");
+  EXPECT_EQ(HttpStatusOf(scraped), 200);
+  EXPECT_TRUE(absl::StrContains(scraped, "pipetrain_build_info{")) << scraped;
+  EXPECT_TRUE(absl::StrContains(scraped, "process_cpu_seconds_total")) << scraped;
+
+  EXPECT_EQ(HttpStatusOf(Get(server, "/v1/jobs")), 401);
+  for (const std::string& path : {"/v1/jobs", "/v1/jobs/job-1/plan", "/v1/workers"}) {
+    const std::string refused = Get(server, path, "secret");
+    EXPECT_EQ(HttpStatusOf(refused), 503) << refused;
+    EXPECT_TRUE(absl::StrContains(refused, "the leader is 10.0.0.7:7070")) << refused;
+  }
+  const std::string post = server.AnswerRequestBytes(
+      "POST /v1/jobs HTTP/1.1\r\nAuthorization: Bearer secret\r\nContent-Length: 2\r\n\r\n{}");
+  EXPECT_EQ(HttpStatusOf(post), 503) << post;
+  leader.clear();  // between leaders
+  EXPECT_TRUE(absl::StrContains(Get(server, "/v1/jobs", "secret"), "no leader is elected yet"));
+  EXPECT_EQ(HttpStatusOf(Get(server, "/other", "secret")), 404);
+}
+
+}  // namespace
+}  // namespace pipetrain

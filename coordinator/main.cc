@@ -26,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -191,6 +192,10 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
   return server;
 }
 
+// Set when this coordinator resigns on its way out: its own on_change(false)
+// is then no lost leadership.
+std::atomic<bool> resigning{false};
+
 // "host:N" for the host of `grpc_address` (127.0.0.1 for a wildcard).
 std::string AddressWithPort(const std::string& grpc_address, int port) {
   std::string host = grpc_address.substr(0, grpc_address.rfind(':'));
@@ -260,7 +265,7 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
       led.store(true);
       return;
     }
-    if (led.load()) {
+    if (led.load() && !resigning.load()) {
       PT_LOG(ERROR) << identity
                     << " lost the leadership (its etcd lease ended); exiting so that it "
                        "restarts as a follower";
@@ -499,6 +504,17 @@ int Serve(const Config& config, const sigset_t& signals) {
   // does not start.
   std::unique_ptr<Store> store;
   std::unique_ptr<LeaderElection> election;  // with --etcd-endpoints
+  // On the way out, after everything declared below (the job manager's
+  // last saves included): revoke the lease, so a follower takes over at
+  // once rather than after it expires.
+  absl::Cleanup resign = [&election] {
+    if (election == nullptr) return;
+    resigning.store(true);
+    if (absl::Status resigned = election->Resign(); !resigned.ok()) {
+      PT_LOG(WARNING) << "could not hand over the leadership (" << resigned
+                      << "); a follower takes over once the lease expires";
+    }
+  };
   std::unique_ptr<FollowerService> follower_service;
   std::unique_ptr<grpc::Server> follower_server;  // until the real service binds
   std::unique_ptr<HttpServer> follower_http;      // until the real HTTP server binds

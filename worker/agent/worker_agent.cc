@@ -92,6 +92,11 @@ WorkerAgent::WorkerAgent(WorkerAgentOptions options, DataPlaneServer* data_plane
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(64 << 20);
   args.SetMaxReceiveMessageSize(64 << 20);
+  // A coordinator that comes back (a restart, a new leader) is found within
+  // 2 s: gRPC's default backoff grows to 2 minutes, and a worker that
+  // registers after --restart-grace-seconds (15) misses its job's resume.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 500);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2000);
   // Several addresses: highly available coordinators; calls follow the
   // leader (common/coordinator_endpoints.h).
   std::vector<std::string> addresses =

@@ -381,6 +381,69 @@ if command -v zsh >/dev/null; then
   ok zsh_accepts_completion zsh -n "$TMP/completion.zsh"
 fi
 expect_exit completion_unknown_shell 2 "usage: pipetrain completion bash|zsh" -- completion fish
+# submit --follow goes on through a coordinator restart: a coordinator with
+# state runs a long job with checkpoints; it is killed (SIGKILL) and started
+# again on the same ports; the follower finds it again and reports the end
+# the job then gets (a cancel: CANCELLED, exit 1), not UNAVAILABLE (78).
+mkdir -p "$TMP/restart-out" && chmod 700 "$TMP/restart-out"
+restart_coordinator() {  # $1: gRPC port, $2: HTTP port (0: any)
+  "$COORDINATOR" --grpc-address="127.0.0.1:$1" --http-address="127.0.0.1:$2" \
+    --ports-file="$TMP/r.ports" --join-token=j --user-token-file="$TMP/user.token" \
+    --state-dir="$TMP/restart-state" --output-dir="$TMP/restart-out" --restart-grace-seconds=30 \
+    >>"$TMP/restart-coordinator.log" 2>&1 &
+  coordinator_pid=$!
+  pids+=($coordinator_pid)
+}
+restart_coordinator 0 0
+ok restart_coordinator_up await_file "$TMP/r.ports"
+raddr="127.0.0.1:$(port_of "$TMP/r.ports" grpc_port)"
+rhttp=$(port_of "$TMP/r.ports" http_port)
+"$WORKER" --coordinator="$raddr" --join-token=j --ports-file="$TMP/rw.ports" \
+  --checkpoint-root="$TMP/restart-out" >"$TMP/restart-worker.log" 2>&1 &
+pids+=($!)
+ok restart_worker_up await_file "$TMP/rw.ports"
+cat >"$TMP/long.json" <<'JSON'
+{"name": "restart", "model": {"nLayer": 1, "nHead": 1, "dModel": 8},
+ "training": {"seqLen": 4, "batchSize": 1, "steps": 100000000},
+ "data": {"syntheticBytes": 5000}, "checkpoint": {"intervalSteps": 20},
+ "parallelism": {"stages": 1}}
+JSON
+"$BIN" submit "$TMP/long.json" --follow --coordinator="$raddr" --token-file="$TMP/user.token" \
+  >"$TMP/follow.out" 2>"$TMP/follow.err" &
+follow_pid=$!
+ok follow_submitted await_file "$TMP/follow.out"
+long_id=$(cut -d' ' -f1 "$TMP/follow.out")
+# Polls the job's step through the CLI until it reaches $1 (bounded).
+await_step() {
+  for _ in $(seq 1 1200); do
+    kill -0 "$follow_pid" 2>/dev/null || return 1
+    if "$BIN" job "$long_id" --json --coordinator="$raddr" --token-file="$TMP/user.token" \
+      >"$OUT" 2>"$ERR" && python3 -c "import json; j=json.load(open('$OUT')); \
+exit(0 if j['state'] == 'JOB_STATE_RUNNING' and int(j['progress'].get('step', 0)) >= $1 else 1)"; then
+      return 0
+    fi
+    sleep 0.05
+  done
+  return 1
+}
+ok restart_job_past_a_checkpoint await_step 25
+kill -KILL "$coordinator_pid"
+wait "$coordinator_pid" 2>/dev/null
+restart_coordinator "${raddr##*:}" "$rhttp"
+ok restart_job_runs_again await_step 30
+ok follow_still_running kill -0 "$follow_pid"
+expect_exit restart_cancel 0 "CANCELLED" -- cancel "$long_id" --coordinator="$raddr" \
+  --token-file="$TMP/user.token"
+for _ in $(seq 1 600); do kill -0 "$follow_pid" 2>/dev/null || break; sleep 0.05; done
+wait "$follow_pid"
+follow_rc=$?
+if [[ $follow_rc -eq 1 ]] && grep -q "^$long_id CANCELLED" "$TMP/follow.out" &&
+  grep -q "looking for it" "$TMP/follow.err" && grep -q "found the coordinator again" "$TMP/follow.err"; then
+  passed=$((passed + 1))
+else
+  fail follow_through_restart "exit $follow_rc; stdout: $(cat "$TMP/follow.out"); stderr: $(tail -c 600 "$TMP/follow.err")"
+fi
+
 # -h is help wherever a command takes an id or a file, never that argument
 # (no call is made: there is no coordinator here).
 expect_exit cancel_dash_h 0 "usage: pipetrain cancel" -- cancel -h

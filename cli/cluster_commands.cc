@@ -464,16 +464,33 @@ bool StdoutReaderGone() {
   return poll(&out, 1, 0) == 1 && (out.revents & (POLLERR | POLLHUP)) != 0;
 }
 
+// How long Follow looks for a coordinator it lost (UNAVAILABLE or no
+// answer: a restart, a failover to another leader) before it gives up:
+// a restart with state, or a lease and a takeover, fit well inside.
+constexpr absl::Duration kRefindWindow = absl::Seconds(60);
+
+// Where Follow gets a stub again after losing the coordinator: the
+// command's --coordinator list, its leader found again (FindCoordinator).
+using Reconnect = std::function<absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>>()>;
+
 // Polls the job until it ends (or Ctrl-C, or a closed stdout: both set
 // g_interrupted), drawing progress. Returns the last Job. `timing`, when
-// given, gets the step sightings of the job's last plan.
-absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::string& id,
-                               absl::Duration timeout, StepTiming* timing = nullptr) {
+// given, gets the step sightings of the job's last plan. With `reconnect`,
+// a coordinator that stops answering is looked for again for up to
+// kRefindWindow (the job goes on without it; a new leader or a restarted
+// coordinator has it back), and `*reconnected` gets the stub found last.
+absl::StatusOr<v1::Job> Follow(
+    v1::CoordinatorService::Stub& stub, const std::string& id, absl::Duration timeout,
+    StepTiming* timing = nullptr, const Reconnect& reconnect = nullptr,
+    std::unique_ptr<v1::CoordinatorService::Stub>* reconnected = nullptr) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   v1::Job job;
   int64_t last_step = -1, last_version = 0, first_step = -1;
   absl::Time first_seen;
   bool said_recovering = false;
+  v1::CoordinatorService::Stub* current = &stub;
+  std::unique_ptr<v1::CoordinatorService::Stub> found;
+  std::optional<absl::Time> lost_since;
   while (!g_interrupted.load()) {
     if (StdoutReaderGone()) {
       g_interrupted.store(true);
@@ -481,8 +498,31 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
     }
     v1::GetJobRequest request;
     request.set_id(id);
-    grpc::Status s = stub.GetJob(WithDeadline(timeout).get(), request, &job);
-    if (!s.ok()) return ToAbsl(s);
+    grpc::Status s = current->GetJob(WithDeadline(timeout).get(), request, &job);
+    if (!s.ok()) {
+      const bool lost = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (!lost || reconnect == nullptr) return ToAbsl(s);
+      if (!lost_since.has_value()) {
+        lost_since = absl::Now();
+        progress.Message(absl::StrCat("lost the coordinator (", TerminalSafe(s.error_message()),
+                                      "); looking for it for up to ",
+                                      absl::FormatDuration(kRefindWindow)));
+      } else if (absl::Now() - *lost_since > kRefindWindow) {
+        return ToAbsl(s);
+      }
+      absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> again = reconnect();
+      if (again.ok()) {
+        found = *std::move(again);
+        current = found.get();
+      }
+      absl::SleepFor(absl::Milliseconds(200));  // polls a remote state, as below
+      continue;
+    }
+    if (lost_since.has_value()) {
+      progress.Message("found the coordinator again");
+      lost_since.reset();
+    }
     const int64_t step = job.progress().step(), steps = job.spec().training().steps();
     // Recoveries and re-plans are news: each on a line of its own.
     if (job.state() == v1::JOB_STATE_RECOVERING && !said_recovering) {
@@ -526,6 +566,7 @@ absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::st
     absl::SleepFor(absl::Milliseconds(200));
   }
   progress.Finish();
+  if (reconnected != nullptr && found != nullptr) *reconnected = std::move(found);
   return job;
 }
 
@@ -831,7 +872,10 @@ int RunSubmit(const std::vector<std::string>& args) {
   std::fflush(stdout);  // before the progress (stderr), when stdout is a pipe
   std::signal(SIGINT, OnInterrupt);
   StepTiming timing;
-  auto done = Follow(**stub, job.id(), o.c.timeout, &timing);
+  std::unique_ptr<v1::CoordinatorService::Stub> reconnected;
+  auto done = Follow(
+      **stub, job.id(), o.c.timeout, &timing, [&o] { return o.c.Connect(); }, &reconnected);
+  if (reconnected != nullptr) *stub = std::move(reconnected);  // for the report below
   if (!done.ok()) return Fail("submit", done.status());
   if (g_interrupted.load()) return kExitInterrupted;
   // The report `up` prints, on stderr with the progress: stdout keeps its

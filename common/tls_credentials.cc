@@ -1,12 +1,69 @@
 #include "common/tls_credentials.h"
 
+#include <openssl/bio.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include <fstream>
+#include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
+namespace {
+
+using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
+
+// The first certificate of a PEM file's contents, or INVALID_ARGUMENT
+// naming the flag: gRPC only fails later (a server that "cannot serve",
+// a client whose every call is UNAVAILABLE), without saying which file.
+absl::StatusOr<X509Ptr> FirstCertificate(const std::string& flag, const std::string& path,
+                                         const std::string& pem) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), int(pem.size())),
+                                                &BIO_free);
+  X509Ptr cert(bio ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr, &X509_free);
+  if (cert == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": ", path, " holds no PEM certificate (-----BEGIN CERTIFICATE)"));
+  }
+  return cert;
+}
+
+// A certificate and its key (--tls-cert, --tls-key): both parse, the key
+// is the certificate's, and the certificate has not expired (`peer`, the
+// other side of every handshake, would refuse it).
+absl::Status CheckIdentityPair(const std::string& cert_path, const std::string& cert_pem,
+                               const std::string& key_path, const std::string& key_pem,
+                               const char* peer) {
+  ASSIGN_OR_RETURN(X509Ptr cert, FirstCertificate("tls-cert", cert_path, cert_pem));
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(key_pem.data(), int(key_pem.size())), &BIO_free);
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr,
+      &EVP_PKEY_free);
+  if (key == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls-key: ", key_path,
+                     " holds no unencrypted PEM private key (-----BEGIN ... "
+                     "PRIVATE KEY)"));
+  }
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls-key: ", key_path,
+                                                   " is not the key of the certificate in ",
+                                                   cert_path, " (--tls-cert)"));
+  }
+  if (X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--tls-cert: the certificate in ", cert_path,
+                                                   " has expired; ", peer,
+                                                   " would refuse it: renew it"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -41,10 +98,12 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   ASSIGN_OR_RETURN(pair.cert_chain, ReadFlagFile("tls-cert", cert));
   ASSIGN_OR_RETURN(pair.private_key, ReadFlagFile("tls-key", key));
+  RETURN_IF_ERROR(CheckIdentityPair(cert, pair.cert_chain, key, pair.private_key, "every client"));
   grpc::SslServerCredentialsOptions options;
   options.pem_key_cert_pairs.push_back(std::move(pair));
   if (!client_ca.empty()) {
     ASSIGN_OR_RETURN(options.pem_root_certs, ReadFlagFile("tls-client-ca", client_ca));
+    RETURN_IF_ERROR(FirstCertificate("tls-client-ca", client_ca, options.pem_root_certs).status());
     options.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
@@ -64,9 +123,12 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
   }
   grpc::SslCredentialsOptions options;
   ASSIGN_OR_RETURN(options.pem_root_certs, ReadFlagFile("tls-ca", ca));
+  RETURN_IF_ERROR(FirstCertificate("tls-ca", ca, options.pem_root_certs).status());
   if (!cert.empty()) {
     ASSIGN_OR_RETURN(options.pem_cert_chain, ReadFlagFile("tls-cert", cert));
     ASSIGN_OR_RETURN(options.pem_private_key, ReadFlagFile("tls-key", key));
+    RETURN_IF_ERROR(CheckIdentityPair(cert, options.pem_cert_chain, key, options.pem_private_key,
+                                      "the coordinator"));
   }
   return grpc::SslCredentials(options);
 }

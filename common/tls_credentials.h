@@ -7,7 +7,11 @@
 // Every function reads its files when called; errors name the flag and the
 // path (NOT_FOUND when a file cannot be opened, INVALID_ARGUMENT when it is
 // a directory, empty or fails to read, and for flags given without their
-// partner). Thread-safe.
+// partner). The files are checked before gRPC sees them, which would only
+// fail later without naming any (INVALID_ARGUMENT): a CA or certificate
+// file must hold a PEM certificate, a key file an unencrypted PEM private
+// key, the key must be the certificate's, and that certificate must not
+// have expired. Thread-safe.
 #ifndef PIPETRAIN_COMMON_TLS_CREDENTIALS_H_
 #define PIPETRAIN_COMMON_TLS_CREDENTIALS_H_
 

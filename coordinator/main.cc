@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <climits>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -416,8 +417,11 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
     }
     RETURN_IF_ERROR(
         ParseCoordinatorAddresses("--etcd-endpoints", config.flags.etcd_endpoints).status());
-    if (!(config.flags.leader_lease_seconds >= 2 && config.flags.leader_lease_seconds <= 600)) {
-      return absl::InvalidArgumentError("--leader-lease-seconds must be in [2, 600]");
+    // etcd's leases are whole seconds.
+    if (!(config.flags.leader_lease_seconds >= 2 && config.flags.leader_lease_seconds <= 600) ||
+        config.flags.leader_lease_seconds != std::floor(config.flags.leader_lease_seconds)) {
+      return absl::InvalidArgumentError(
+          "--leader-lease-seconds must be a whole number of seconds in [2, 600]");
     }
   }
   if (!(config.flags.shutdown_delay_seconds >= 0 &&
@@ -554,9 +558,11 @@ int Serve(const Config& config, const sigset_t& signals) {
     }
     store = std::move(*opened);
   }
+  // The flag that names where the state is, for errors about it.
+  const char* store_flag = flags.etcd_endpoints.empty() ? "--state-dir" : "--etcd-endpoints";
   CoordinatorState state(store.get());
   if (absl::Status initialized = state.Initialize(); !initialized.ok()) {
-    PT_LOG(ERROR) << "--state-dir: " << initialized;
+    PT_LOG(ERROR) << store_flag << ": " << initialized;
     return 1;
   }
   WorkerRegistry::Options registry_options = RegistryOptions(flags);
@@ -564,7 +570,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   WorkerRegistry registry(registry_options);
   absl::StatusOr<std::vector<v1::Worker>> known = state.LoadWorkers();
   if (!known.ok()) {
-    PT_LOG(ERROR) << "--state-dir: " << known.status();
+    PT_LOG(ERROR) << store_flag << ": " << known.status();
     return 1;
   }
   registry.Restore(*known);
@@ -586,7 +592,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   CoordinatorMetrics& metrics = metrics_holder.emplace(&registry, &jobs);
   jobs.SetEvents(metrics.Events());
   if (absl::Status restored = jobs.Restore(); !restored.ok()) {
-    PT_LOG(ERROR) << "--state-dir: " << restored;
+    PT_LOG(ERROR) << store_flag << ": " << restored;
     return 1;
   }
   PT_LOG(INFO) << "state: " << state.Describe() << " (" << known->size() << " workers known)";

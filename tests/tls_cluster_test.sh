@@ -87,5 +87,33 @@ check "job over mutual TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -
 "$R/cli/pipetrain" jobs --coordinator="$maddr" --tls-ca="$T/cert.pem" > "$T/nocert.out" 2>&1
 check "client without a certificate refused (UNAVAILABLE: exit 78)" test $? -eq 78
 check "its refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/nocert.out"
+
+# Bad TLS files are refused at start naming the flag (exit 2; the CLI's
+# INVALID_ARGUMENT is 67), not as a port that "cannot serve" or calls that
+# are UNAVAILABLE.
+echo "not a certificate" > "$T/not.pem"
+openssl req -new -key "$T/key.pem" -subj "/CN=localhost" -out "$T/expired.csr" 2>/dev/null
+openssl x509 -req -in "$T/expired.csr" -signkey "$T/key.pem" -days -1 -out "$T/expired.pem" 2>/dev/null
+bad_coordinator() {  # $1: the message expected; then the TLS flags
+  local want=$1
+  shift
+  "$R/coordinator/pipetrain-coordinator" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
+    --join-token=t --user-token=u "$@" > "$T/bad-tls.log" 2>&1
+  local rc=$?
+  [ $rc -eq 2 ] && grep -qF -- "$want" "$T/bad-tls.log" ||
+    { echo "exit $rc: $(cat "$T/bad-tls.log")"; return 1; }
+}
+check "coordinator: another certificate's key (exit 2)" bad_coordinator \
+  "--tls-key: $T/client.key is not the key of the certificate in $T/cert.pem" \
+  --tls-cert="$T/cert.pem" --tls-key="$T/client.key"
+check "coordinator: a certificate file without one (exit 2)" bad_coordinator \
+  "--tls-cert: $T/not.pem holds no PEM certificate" --tls-cert="$T/not.pem" --tls-key="$T/key.pem"
+check "coordinator: an expired certificate (exit 2)" bad_coordinator \
+  "--tls-cert: the certificate in $T/expired.pem has expired" \
+  --tls-cert="$T/expired.pem" --tls-key="$T/key.pem"
+"$R/cli/pipetrain" jobs --coordinator="$addr" --tls-ca="$T/not.pem" > "$T/bad-ca.out" 2>&1
+check "CLI: a CA file without a certificate (INVALID_ARGUMENT: exit 67)" test $? -eq 67
+check "its error names the flag" grep -q -- "--tls-ca: $T/not.pem holds no PEM certificate" \
+  "$T/bad-ca.out"
 echo "$pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -26,6 +26,7 @@ void Mailbox::Reservation::Release() {
   if (mailbox_ == nullptr) return;
   AnnotatedMutexLock lock(&mailbox_->mu_);
   mailbox_->reserved_ -= bytes_;
+  --mailbox_->reservations_;
   mailbox_ = nullptr;
   bytes_ = 0;
 }
@@ -78,6 +79,11 @@ absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_byt
     return absl::AbortedError(absl::StrCat("tensor for job ", address.job_id,
                                            ", which was stopped on this worker; refused"));
   }
+  if (static_cast<int64_t>(tensors_.size()) + reservations_ >= limits_.max_tensors) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "mailbox full: ", tensors_.size(), " tensors wait and ", reservations_,
+        " are being received, the limit of ", limits_.max_tensors, " tensors; refused"));
+  }
   // Tensors still being received count too: their memory is allocated
   // when their first frame is admitted.
   if (wire_bytes > limits_.max_bytes - bytes_ - reserved_) {
@@ -100,6 +106,7 @@ absl::StatusOr<Mailbox::Reservation> Mailbox::Reserve(const TensorAddress& addre
   AnnotatedMutexLock lock(&mu_);
   if (absl::Status admitted = AdmitLocked(address, wire_bytes); !admitted.ok()) return admitted;
   reserved_ += wire_bytes;
+  ++reservations_;
   return Reservation(this, wire_bytes);
 }
 
@@ -155,6 +162,7 @@ absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, WireTe
   // The reserved bytes end here: stored as this tensor's below, or given
   // back if it is refused. Ended before AdmitLocked, so they are room for it.
   reserved_ -= reservation.bytes_;
+  if (reservation.mailbox_ != nullptr) --reservations_;
   reservation.mailbox_ = nullptr;
   reservation.bytes_ = 0;
   const int64_t wire_bytes = wire.wire_bytes();

@@ -14,6 +14,11 @@
 //     wait at once, counting the tensors still being received that Reserve
 //     admitted (their memory is allocated before their last frame comes);
 //     an Admit, Reserve or Put beyond it is RESOURCE_EXHAUSTED.
+//   - count: at most MailboxLimits::max_tensors tensors wait at once
+//     (reserved ones included). Each costs memory besides its bytes (its
+//     map entry, address and shape), and a tensor of no bytes (a shape
+//     with a 0) costs no bytes at all: without a count, a peer could store
+//     millions of them under any byte limit.
 //   - run-ahead window: once a job is opened (OpenJob), a tensor of an
 //     iteration more than run_ahead_iterations past the job's current
 //     iteration (the first iteration, or the latest one a Take asked for)
@@ -70,6 +75,10 @@ struct MailboxLimits {
   int64_t max_bytes = int64_t{4} << 30;
   // Iterations past the job's current one that frames may be for.
   int64_t run_ahead_iterations = 2;
+  // Most tensors waiting (or reserved) at once, all jobs together: far
+  // more than a program keeps in flight (micro-batches x links, a ring's
+  // chunks), a few tens of MB of entries at most.
+  int64_t max_tensors = 65536;
 };
 
 class Mailbox {
@@ -202,6 +211,8 @@ class Mailbox {
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Of the Reservations alive; bytes_ + reserved_ <= max_bytes.
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;
+  // The Reservations alive; tensors_.size() + reservations_ <= max_tensors.
+  int64_t reservations_ ABSL_GUARDED_BY(mu_) = 0;
   // The opened job and its current iteration (OpenJob, then Take).
   std::string open_job_ ABSL_GUARDED_BY(mu_);
   int64_t current_iteration_ ABSL_GUARDED_BY(mu_) = 0;

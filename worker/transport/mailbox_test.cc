@@ -192,6 +192,35 @@ TEST(MailboxTest, Put_BeyondByteLimit_ResourceExhaustedUntilTaken) {
   EXPECT_EQ(mailbox.bytes(), 0);
 }
 
+// Tensors of no bytes (a shape with a 0) cost memory all the same: their
+// count is bounded too, reservations included, and taking one makes room.
+TEST(MailboxTest, Put_EmptyTensorsBeyondCountLimit_ResourceExhaustedUntilTaken) {
+  Mailbox mailbox(MailboxLimits{.max_bytes = 16, .max_tensors = 3});
+  const WireTensor empty = WireTensor::Raw(Tensor::Zeros({0}));
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 1), empty).ok());
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 2), empty).ok());
+  absl::StatusOr<Mailbox::Reservation> reserved = mailbox.Reserve(Activation("j-1", 3), 0);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  EXPECT_EQ(mailbox.bytes(), 0);
+  const absl::Status full = mailbox.Put(0, Activation("j-1", 4), empty);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_NE(full.message().find("the limit of 3 tensors"), std::string::npos) << full;
+  EXPECT_EQ(mailbox.Admit(Activation("j-1", 4), 0).code(), absl::StatusCode::kResourceExhausted);
+  // The reservation stored as its tensor still counts once; one taken frees a place.
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 3), empty, *std::move(reserved)).ok());
+  EXPECT_EQ(mailbox.Admit(Activation("j-1", 4), 0).code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(mailbox.Take(0, Activation("j-1", 1), absl::ZeroDuration()).ok());
+  EXPECT_TRUE(mailbox.Put(0, Activation("j-1", 4), empty).ok());
+  // A reservation given back frees its place too.
+  ASSERT_TRUE(mailbox.Take(0, Activation("j-1", 2), absl::ZeroDuration()).ok());
+  {
+    absl::StatusOr<Mailbox::Reservation> given_back = mailbox.Reserve(Activation("j-1", 5), 0);
+    ASSERT_TRUE(given_back.ok()) << given_back.status();
+    EXPECT_EQ(mailbox.Admit(Activation("j-1", 6), 0).code(), absl::StatusCode::kResourceExhausted);
+  }
+  EXPECT_TRUE(mailbox.Admit(Activation("j-1", 6), 0).ok());
+}
+
 // Tensors being received on several streams at once reserve their bytes
 // when admitted, so together they stay within max_bytes: admitting each
 // against the stored bytes alone would let them all allocate.

@@ -105,16 +105,21 @@ absl::Status Collectives::SendRange(int64_t iteration, int tag, int to, const fl
 }
 
 absl::StatusOr<Tensor> Collectives::RecvChunk(int64_t iteration, int tag, int from, int64_t len) {
-  absl::StatusOr<Tensor> got = transport_->Recv(
+  absl::StatusOr<WireTensor> wire = transport_->RecvWire(
       group_.members[from], Address(iteration, tag, recv_seq_[from]++), options_.timeout);
-  if (!got.ok()) return Annotate(got.status(), Describe(tag));
-  if (got->on_device() || got->numel() != len) {
-    return absl::InternalError(absl::StrCat(Describe(tag), ": member ", from, " sent ",
-                                            got->numel(), " values where ", len,
-                                            " were due (do all members run the same "
-                                            "collectives with the same sizes?)"));
+  if (!wire.ok()) return Annotate(wire.status(), Describe(tag));
+  // Checked before anything is decoded: these collectives send raw fp32
+  // chunks, and an encoded payload declaring a larger shape would have the
+  // receiver allocate and decode it first (a peer's 256 KiB of PowerSGD
+  // factors can declare 4 GiB).
+  const int64_t values = NumElements(wire->decoded_shape());
+  if (wire->encoded() || wire->tensor.on_device() || values != len) {
+    return absl::InternalError(absl::StrCat(
+        Describe(tag), ": member ", from, " sent ", values, wire->encoded() ? " encoded" : "",
+        " values where ", len,
+        " raw ones were due (do all members run the same collectives with the same sizes?)"));
   }
-  return got;
+  return std::move(wire->tensor);
 }
 
 absl::Status Collectives::RecvRange(int64_t iteration, int tag, int from, float* values,

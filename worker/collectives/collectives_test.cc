@@ -387,6 +387,53 @@ TEST(CollectivesTest, MembersDisagreeOnTheSize_InternalNamingIt) {
   EXPECT_TRUE(named) << status[0] << " / " << status[1];
 }
 
+// A member whose transport sends its chunks fp16-encoded (a peer that does
+// not follow the protocol): the raw collectives refuse an encoded chunk
+// before decoding it, even one of the right size.
+class EncodingTransport final : public Transport {
+ public:
+  explicit EncodingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
+    absl::StatusOr<std::string> payload = codec_->Encode(wire.tensor, nullptr);
+    if (!payload.ok()) return payload.status();
+    return inner_->SendWire(peer, address,
+                            WireTensor::Encoded("fp16", *std::move(payload), wire.tensor.shape()));
+  }
+  absl::Status SendWireOwned(int peer, const TensorAddress& address, WireTensor wire) override {
+    return SendWire(peer, address, wire);
+  }
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    return inner_->RecvWire(peer, address, timeout);
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::unique_ptr<Codec> codec_ = MakeFp16Codec();
+};
+
+TEST(CollectivesTest, EncodedChunkWhereRawIsDue_RefusedBeforeDecoding) {
+  InProcessFabric fabric(2);
+  std::unique_ptr<Transport> honest = fabric.Connect(0);
+  EncodingTransport encoding(fabric.Connect(1));
+  const CollectiveOptions options{1 << 20, 0, absl::Seconds(5)};
+  absl::Status peer_status;
+  std::thread peer([&] {
+    Collectives c(&encoding, {{0, 1}, "j"}, options);
+    Tensor t = Tensor::Filled({10}, 1.0f);
+    peer_status = c.AllReduce(1, 1, t);
+  });
+  Collectives c(honest.get(), {{0, 1}, "j"}, options);
+  Tensor t = Tensor::Filled({10}, 2.0f);
+  const absl::Status s = c.AllReduce(1, 1, t);
+  peer.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_NE(s.message().find("member 1 sent 10 encoded values where 10 raw ones were due"),
+            std::string::npos)
+      << s;
+}
+
 // Members' inputs for the encoded all-reduce: `rows` x 16 values.
 std::vector<float> EncodedInput(int member, int64_t rows, bool integers) {
   std::mt19937 random(2000 + member);

@@ -1,6 +1,7 @@
 #include "worker/transport/shaped_transport.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <utility>
 #include <vector>
@@ -13,6 +14,15 @@
 #include "absl/time/clock.h"
 
 namespace pipetrain {
+namespace {
+
+// The emulated links keep time by a monotonic clock: a wall clock stepped
+// back (NTP) would hold every later message by the step.
+absl::Time MonotonicNow() {
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+}  // namespace
 
 absl::StatusOr<std::optional<LinkModel>> ParseLinkModel(const std::string& flag,
                                                         const std::string& text) {
@@ -38,6 +48,10 @@ absl::StatusOr<std::optional<LinkModel>> ParseLinkModel(const std::string& flag,
         return invalid("bandwidth must be a positive number");
       }
       model.bandwidth_bytes_per_second = value * u.bytes_per_unit;
+      // Slower, a message's emulated seconds leave absl::Duration's range.
+      if (model.bandwidth_bytes_per_second < 1000) {
+        return invalid("bandwidth must be at least 8 kbit/s (0.008Mbit)");
+      }
       parsed = true;
       break;
     }
@@ -115,7 +129,7 @@ absl::Status ShapedTransport::Enqueue(int peer_stage, const TensorAddress& addre
   // The queue ahead was dropped for this error (Run): report it, as a Send
   // arriving after it would, instead of queueing behind it.
   if (!link->error.ok()) return std::exchange(link->error, absl::OkStatus());
-  Pending p{address, std::move(wire), link->shaper.Schedule(absl::Now(), bytes), bytes};
+  Pending p{address, std::move(wire), link->shaper.Schedule(MonotonicNow(), bytes), bytes};
   link->queued_bytes += bytes;
   link->queue.push_back(std::move(p));
   return absl::OkStatus();
@@ -139,7 +153,7 @@ void ShapedTransport::Run(int peer_stage, Link* link) {
       next = std::move(link->queue.front());
       link->queue.pop_front();
     }
-    const absl::Duration wait = next.handoff - absl::Now();
+    const absl::Duration wait = next.handoff - MonotonicNow();
     if (wait > absl::ZeroDuration()) absl::SleepFor(wait);  // the emulated link's time
     // Its own (Enqueue's contract): the inner transport need not copy it.
     absl::Status sent = inner_->SendWireOwned(peer_stage, next.address, std::move(next.wire));

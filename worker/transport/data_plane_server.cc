@@ -284,6 +284,14 @@ class FrameStreamReactor final : public StreamReactor {
     }
     if (status.ok()) return;
     PT_LOG(WARNING) << "data plane: rejected a frame from " << peer_ << ": " << status;
+    // The stage waiting for it hears now rather than at its timeout (only
+    // for this stream's own stage: a bound frame).
+    if (CheckBindingLocked().ok()) {
+      const v1::TensorFrame& header = frame_.header;
+      shared_->mailbox()->NoteRefused(
+          header.source_stage(), MakeAddress(header.job_id(), header.iteration(), header.tensor()),
+          status);
+    }
     ReplyLocked(frame_.header, status);
   }
 

@@ -240,6 +240,15 @@ TEST_F(DataPlaneServerTest, Stream_TensorsOverByteLimit_RefusedHeldOrNot) {
   EXPECT_NE(error.find(full), std::string::npos) << error;
   EXPECT_EQ(mailbox_->bytes(), 0);
 
+  // The stage waiting for a refused tensor hears why at once, not at its
+  // receive timeout.
+  const absl::StatusOr<WireTensor> waited =
+      mailbox_->Take(0, At(kStageIteration, 1), absl::Hours(1));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kResourceExhausted) << waited.status();
+  EXPECT_NE(waited.status().message().find("this worker refused it: mailbox full"),
+            std::string::npos)
+      << waited.status();
+
   // Within the limit, the same stream still delivers.
   const WireTensor small = Values(4, 3.f);
   Write(*stream, At(kStageIteration + 1, 3), small);

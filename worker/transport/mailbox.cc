@@ -39,6 +39,9 @@ void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
     current_iteration_ = first_iteration;
     aborted_jobs_.clear();
     // What is left of earlier jobs (or plan versions) will never be taken.
+    for (auto it = refused_.begin(); it != refused_.end();) {
+      it = it->first.second.job_id == job_id ? std::next(it) : refused_.erase(it);
+    }
     for (auto it = tensors_.begin(); it != tensors_.end();) {
       if (it->first.second.job_id == job_id) {
         ++it;
@@ -175,6 +178,16 @@ absl::Status Mailbox::Put(int source_stage, const TensorAddress& address, WireTe
   return absl::OkStatus();
 }
 
+void Mailbox::NoteRefused(int source_stage, const TensorAddress& address, const absl::Status& why) {
+  AnnotatedMutexLock lock(&mu_);
+  const Key key{source_stage, address};
+  if (why.ok() || shut_down_ || address.job_id != open_job_ || tensors_.count(key) > 0 ||
+      refused_.size() >= kMaxRefusalNotes) {
+    return;
+  }
+  refused_.emplace(key, why);
+}
+
 absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& address,
                                          absl::Duration timeout) {
   const Key key{source_stage, address};
@@ -190,7 +203,8 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
   RunWakes(std::move(wakes));  // Before waiting: what they let in may be what this Take wants.
   AnnotatedMutexLock lock(&mu_);
   auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return shut_down_ || aborted_jobs_.count(address.job_id) > 0 || tensors_.count(key) > 0;
+    return shut_down_ || aborted_jobs_.count(address.job_id) > 0 || tensors_.count(key) > 0 ||
+           refused_.count(key) > 0;
   };
   mu_.AwaitWithTimeout(ready, timeout);
   if (shut_down_) return absl::AbortedError("transport shut down");
@@ -199,6 +213,13 @@ absl::StatusOr<WireTensor> Mailbox::Take(int source_stage, const TensorAddress& 
   }
   auto it = tensors_.find(key);
   if (it == tensors_.end()) {
+    if (auto refused = refused_.find(key); refused != refused_.end()) {
+      const absl::Status why = std::move(refused->second);
+      refused_.erase(refused);
+      return absl::Status(why.code(),
+                          absl::StrCat(address.DebugString(), " from stage ", source_stage,
+                                       " arrived but this worker refused it: ", why.message()));
+    }
     return absl::DeadlineExceededError(
         absl::StrCat("waited ", absl::FormatDuration(timeout), " for ", address.DebugString(),
                      " from stage ", source_stage,
@@ -222,6 +243,9 @@ void Mailbox::Shutdown() {
 }
 
 void Mailbox::DropJobLocked(const std::string& job_id) {
+  for (auto it = refused_.begin(); it != refused_.end();) {
+    it = it->first.second.job_id == job_id ? refused_.erase(it) : std::next(it);
+  }
   for (auto it = tensors_.begin(); it != tensors_.end();) {
     if (it->first.second.job_id == job_id) {
       bytes_ -= it->second.wire_bytes();

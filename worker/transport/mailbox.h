@@ -164,10 +164,22 @@ class Mailbox {
   // stored tensor's, or are given back.
   absl::Status Put(int source_stage, const TensorAddress& address, WireTensor wire,
                    Reservation reservation = Reservation());
+  // The data plane refused a frame of the tensor at (source_stage,
+  // address) with `why` (the mailbox full, a malformed frame): its sender
+  // learns it only at its next send, and this stage's Take of it would
+  // wait out its whole timeout and blame the peer. Noted, so that the Take
+  // fails at once with `why`. Only for the open job, only while no tensor
+  // waits at that key (a refused duplicate is no news), at most
+  // kMaxRefusalNotes at once (beyond, the Take times out as before);
+  // forgotten when taken, and with their job (OpenJob, DropJob, AbortJob).
+  // The caller vouches that the frame came from `source_stage` (its
+  // authenticated stream), so a peer can mark only its own sends.
+  void NoteRefused(int source_stage, const TensorAddress& address, const absl::Status& why);
+  static constexpr size_t kMaxRefusalNotes = 1024;
   // Waits up to `timeout` for the key and removes it (see the file comment
-  // for DEADLINE_EXCEEDED and ABORTED). Asking for a later iteration of the
-  // open job moves the run-ahead window, which first wakes the holds it
-  // releases (on this thread).
+  // for DEADLINE_EXCEEDED and ABORTED; a refused tensor: NoteRefused). Asking
+  // for a later iteration of the open job moves the run-ahead window, which
+  // first wakes the holds it releases (on this thread).
   absl::StatusOr<WireTensor> Take(int source_stage, const TensorAddress& address,
                                   absl::Duration timeout);
   // Wakes all waiters with ABORTED; later Takes fail at once. Wakes every
@@ -208,6 +220,7 @@ class Mailbox {
   const MailboxLimits limits_;
   mutable AnnotatedMutex mu_;
   std::map<Key, WireTensor> tensors_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, absl::Status> refused_ ABSL_GUARDED_BY(mu_);  // NoteRefused
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Of the Reservations alive; bytes_ + reserved_ <= max_bytes.
   int64_t reserved_ ABSL_GUARDED_BY(mu_) = 0;

@@ -192,6 +192,55 @@ TEST(MailboxTest, Put_BeyondByteLimit_ResourceExhaustedUntilTaken) {
   EXPECT_EQ(mailbox.bytes(), 0);
 }
 
+// A tensor the data plane refused fails its Take at once with the reason,
+// not at the timeout; only for the open job, not over a tensor that is
+// there, forgotten when taken or with its job, and bounded in number.
+TEST(MailboxTest, NoteRefused_TakeFailsAtOnceWithTheReason) {
+  Mailbox mailbox;
+  mailbox.OpenJob("j-1", 1);
+  const absl::Status full = absl::ResourceExhaustedError("mailbox full");
+  mailbox.NoteRefused(0, Activation("j-1", 1), full);
+  const absl::StatusOr<WireTensor> refused =
+      mailbox.Take(0, Activation("j-1", 1), absl::Hours(1));  // returns at once
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("from stage 0 arrived but this worker refused it: "
+                                            "mailbox full"),
+            std::string::npos)
+      << refused.status();
+  // Forgotten once reported; another stage's key is another key.
+  EXPECT_EQ(mailbox.Take(0, Activation("j-1", 1), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  mailbox.NoteRefused(1, Activation("j-1", 2), full);
+  EXPECT_EQ(mailbox.Take(0, Activation("j-1", 2), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // A refused duplicate of a tensor that waits: the tensor is taken.
+  const WireTensor one = WireTensor::Raw(Tensor::FromVector({1}, {1}));
+  ASSERT_TRUE(mailbox.Put(0, Activation("j-1", 3), one).ok());
+  mailbox.NoteRefused(0, Activation("j-1", 3), full);
+  EXPECT_TRUE(mailbox.Take(0, Activation("j-1", 3), absl::ZeroDuration()).ok());
+  // Another job's, or after OpenJob of another: nothing.
+  mailbox.NoteRefused(0, Activation("j-2", 4), full);
+  mailbox.NoteRefused(0, Activation("j-1", 5), full);
+  mailbox.OpenJob("j-2", 1);
+  EXPECT_EQ(mailbox.Take(0, Activation("j-2", 4), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  mailbox.OpenJob("j-1", 1);
+  EXPECT_EQ(mailbox.Take(0, Activation("j-1", 5), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  // Bounded: past kMaxRefusalNotes, a refusal is not noted.
+  for (int u = 0; u < static_cast<int>(Mailbox::kMaxRefusalNotes) + 1; ++u) {
+    mailbox.NoteRefused(0, Activation("j-1", 100 + u), full);
+  }
+  EXPECT_EQ(mailbox.Take(0, Activation("j-1", 100), absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(mailbox
+                .Take(0, Activation("j-1", 100 + static_cast<int>(Mailbox::kMaxRefusalNotes)),
+                      absl::ZeroDuration())
+                .status()
+                .code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
+
 // Tensors of no bytes (a shape with a 0) cost memory all the same: their
 // count is bounded too, reservations included, and taking one makes room.
 TEST(MailboxTest, Put_EmptyTensorsBeyondCountLimit_ResourceExhaustedUntilTaken) {

@@ -1939,7 +1939,15 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
                                        [](const StageProgress& s) { return s.ready; }));
     return response;
   }
-  stage.iterations_done = std::max(stage.iterations_done, r.iteration() + 1);
+  // A stage reports its iterations in order, each once: one already counted
+  // is a retry whose answer was lost (JobRunner::ReportIteration), answered
+  // as before but not applied again (its loss and times added twice).
+  if (r.iteration() < stage.iterations_done) {
+    PT_LOG(INFO) << "job " << r.job_id() << ": " << r.worker_id() << "'s report of iteration "
+                 << r.iteration() << " came again; counted once";
+    return response;
+  }
+  stage.iterations_done = r.iteration() + 1;
   if (r.has_trace()) AddTraceLocked(*record, stage_index, r.trace());
   if (stage_index < record->job.progress().stage_times_size()) {
     v1::StageTime* time = record->job.mutable_progress()->mutable_stage_times(stage_index);

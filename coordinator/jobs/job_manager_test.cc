@@ -472,6 +472,33 @@ TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
 }
 
+// A report that comes again (a worker's retry after a lost answer) is
+// answered but counted once: its loss and times are not added twice.
+TEST_F(JobManagerTest, Progress_RepeatedReport_CountedOnce) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  const v1::Job planned = jobs_.Get(id).value();
+  const std::string last = planned.worker_ids(1);  // the stage that computes the loss
+  v1::ReportProgressRequest r;
+  r.set_worker_id(last);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_iteration(0);
+  r.add_micro_batch_losses(2.0f);
+  r.set_busy_seconds(0.5);
+  ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  ASSERT_TRUE(jobs_.ReportProgress(r).ok());  // again
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.progress().loss_history_size(), 1);
+  EXPECT_EQ(job.progress().stage_times(1).steps(), 1);
+  EXPECT_DOUBLE_EQ(job.progress().stage_times(1).busy_seconds(), 0.5);
+  r.set_iteration(1);
+  ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  EXPECT_EQ(jobs_.Get(id).value().progress().loss_history_size(), 2);
+  (void)w1;
+  (void)w2;
+}
+
 // Each worker's reported compute and receive-wait time adds up per worker
 // of the current plan (Job.progress.stage_times, in stage order), next to
 // the plan's predicted time of its stage; values out of bounds are refused.

@@ -331,6 +331,26 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
   return absl::OkStatus();
 }
 
+absl::StatusOr<v1::ReportProgressResponse> JobRunner::ReportIteration(
+    const v1::ReportProgressRequest& r) {
+  absl::Duration backoff = absl::Milliseconds(500);
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<v1::ReportProgressResponse> reported = coordinator_->ReportProgress(r);
+    const bool transient = reported.status().code() == absl::StatusCode::kUnavailable ||
+                           reported.status().code() == absl::StatusCode::kDeadlineExceeded;
+    if (reported.ok() || !transient || attempt == kReportAttempts || stop_.load()) {
+      return reported;
+    }
+    PT_LOG(WARNING) << "job " << assignment_.job_id() << ": the report of iteration "
+                    << r.iteration() << " failed (" << reported.status() << "); again in "
+                    << absl::FormatDuration(backoff);
+    // In slices, so that a STOP is not held up by the wait.
+    const absl::Time until = absl::Now() + backoff;
+    while (!stop_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+    backoff *= 2;
+  }
+}
+
 void JobRunner::ReportCheckpoint(int64_t step, double seconds,
                                  const absl::StatusOr<std::vector<v1::UnitFile>>& files) {
   v1::ReportProgressRequest r;
@@ -658,7 +678,7 @@ absl::Status JobRunner::RunJob() {
     // The job ends with the last report: a checkpoint still being written
     // must be reported before it (ReportCheckpoint runs on the writer).
     if (last && writer != nullptr) writer->Wait();
-    absl::StatusOr<v1::ReportProgressResponse> reported = coordinator_->ReportProgress(r);
+    absl::StatusOr<v1::ReportProgressResponse> reported = ReportIteration(r);
     if (!reported.ok()) return reported.status();
     if (last) {
       completed_.store(true);

@@ -48,6 +48,11 @@ class FakeLink : public CoordinatorLink {
       response.set_all_ready(static_cast<int>(ready_.size()) >= stages_);
       return response;
     }
+    if (!r.has_checkpoint() && r.error().empty() && fail_left_ > 0) {
+      --fail_left_;
+      ++failed_;
+      return absl::Status(fail_code_, "the coordinator is not there");
+    }
     reports_.push_back(r);
     changed_.notify_all();
     return response;
@@ -71,8 +76,21 @@ class FakeLink : public CoordinatorLink {
     std::lock_guard<std::mutex> lock(mu_);
     return uploaded_;
   }
+  // The next `n` iteration reports fail with `code` (not kept).
+  void FailIterationReports(int n, absl::StatusCode code) {
+    std::lock_guard<std::mutex> lock(mu_);
+    fail_left_ = n;
+    fail_code_ = code;
+  }
+  int failed() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return failed_;
+  }
 
  private:
+  int fail_left_ = 0;
+  int failed_ = 0;
+  absl::StatusCode fail_code_ = absl::StatusCode::kUnavailable;
   std::mutex mu_;
   std::condition_variable changed_;
   std::vector<v1::ReportProgressRequest> reports_;
@@ -145,6 +163,42 @@ TEST(JobRunnerTest, TwoStages_ReportEveryIterationUploadWeightsAndFinish) {
   std::vector<std::string> names = link.uploaded();
   EXPECT_EQ(std::count(names.begin(), names.end(), "wte.weight"), 2);  // both tied copies
   EXPECT_TRUE(runners[0]->finished() && runners[1]->finished());
+}
+
+// A report the coordinator could not take (UNAVAILABLE: a restart, a
+// leader change) is sent again, and the stages train on; an error that
+// says the report is wrong is not retried.
+TEST(JobRunnerTest, UnavailableReports_SentAgain_OtherErrorsNot) {
+  for (const absl::StatusCode code :
+       {absl::StatusCode::kUnavailable, absl::StatusCode::kInvalidArgument}) {
+    InProcessFabric fabric(2);
+    FakeLink link;
+    link.FailIterationReports(code == absl::StatusCode::kUnavailable ? 2 : 100, code);
+    std::vector<std::unique_ptr<JobRunner>> runners;
+    for (int s = 0; s < 2; ++s) {
+      auto factory = [&fabric](int stage, const std::vector<std::string>&, const JobCredential&) {
+        return fabric.Connect(stage);
+      };
+      runners.push_back(std::make_unique<JobRunner>(Assignment(s, 2, false, Schedule::kOneFOneB),
+                                                    &fabric.mailbox(s), factory, &link,
+                                                    JobRunnerOptions{"w" + std::to_string(s), 1}));
+    }
+    for (auto& r : runners) r->Start();
+    if (code == absl::StatusCode::kUnavailable) {
+      ASSERT_TRUE(link.AwaitReports(4));  // each stage's two iterations, once each
+      for (auto& r : runners) r->Stop();
+      EXPECT_EQ(link.failed(), 2);
+      for (const auto& r : link.reports()) EXPECT_TRUE(r.error().empty()) << r.error();
+      EXPECT_TRUE(runners[0]->finished() && runners[1]->finished());
+    } else {
+      ASSERT_TRUE(link.AwaitReports(1));  // a stage's error (or a peer's)
+      for (auto& r : runners) r->Stop();
+      bool errored = false;
+      for (const auto& r : link.reports()) errored = errored || !r.error().empty();
+      EXPECT_TRUE(errored);
+      EXPECT_LE(link.failed(), 2);  // one attempt each, no retry
+    }
+  }
 }
 
 TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInAReceive) {

@@ -3,6 +3,7 @@
 #include <openssl/evp.h>
 #include <openssl/hmac.h>
 #include <sys/random.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <fstream>
@@ -11,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 
 namespace pipetrain {
@@ -55,7 +57,20 @@ std::string HmacSha256Hex(absl::string_view key, absl::string_view message) {
       absl::string_view(reinterpret_cast<const char*>(digest), length));
 }
 
+bool ReadableByOthers(const std::string& path) {
+  struct stat st;
+  return stat(path.c_str(), &st) == 0 && (st.st_mode & S_IROTH) != 0;
+}
+
+void WarnIfReadableByOthers(absl::string_view flag, const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0 || (st.st_mode & S_IROTH) == 0) return;
+  PT_LOG(WARNING) << flag << ": " << path << " may be read by every user of this machine (mode "
+                  << absl::StrFormat("%04o", st.st_mode & 07777) << "); chmod o-r it";
+}
+
 absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path) {
+  WarnIfReadableByOthers(flag, path);
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(

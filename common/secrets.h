@@ -42,9 +42,19 @@ std::string HmacSha256Hex(absl::string_view key, absl::string_view message);
 // checksums (not a secret, but the same library).
 std::string Sha256Hex(absl::string_view data);
 
+// Whether every user of this machine may read the file at `path` (its
+// mode has o+r); false when it cannot be stat'ed.
+bool ReadableByOthers(const std::string& path);
+
+// Logs a WARNING naming `flag`, `path` and its mode when ReadableByOthers:
+// a token or private key anyone on the host can read is no secret. Group
+// read is left alone (a Kubernetes Secret volume is 0440 with fsGroup).
+void WarnIfReadableByOthers(absl::string_view flag, const std::string& path);
+
 // Reads a secret from the file at `path`, without a trailing newline (what
 // `openssl rand -hex 32 > file` or a Kubernetes Secret volume holds).
-// `flag` names where the path came from, for messages.
+// `flag` names where the path came from, for messages; a file every user
+// may read is used, with WarnIfReadableByOthers's warning.
 // Errors: NOT_FOUND (cannot read; the message names flag and path, and says
 // nothing about the contents), INVALID_ARGUMENT (empty, longer than
 // kMaxSecretBytes, or containing whitespace or control characters inside).

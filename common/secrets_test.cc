@@ -1,5 +1,7 @@
 #include "common/secrets.h"
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <fstream>
 #include <set>
@@ -44,6 +46,18 @@ TEST(HmacSha256HexTest, Rfc4231Vectors_Match) {
             "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7");
   EXPECT_EQ(HmacSha256Hex("Jefe", "what do ya want for nothing?"),
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
+}
+
+// A token or key file: readable by others is what the warning is about;
+// owner- or group-only (a Kubernetes Secret volume's 0440) is not.
+TEST(ReadableByOthersTest, ModesOfTheFile) {
+  const std::string path = WriteTemp("mode", "t0k3n");
+  for (const auto& [mode, others] : std::vector<std::pair<mode_t, bool>>{
+           {0600, false}, {0440, false}, {0644, true}, {0604, true}}) {
+    ASSERT_EQ(chmod(path.c_str(), mode), 0);
+    EXPECT_EQ(ReadableByOthers(path), others) << std::oct << mode;
+  }
+  EXPECT_FALSE(ReadableByOthers(path + ".missing"));
 }
 
 TEST(ReadSecretFileTest, TrailingNewline_Stripped) {

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -98,6 +99,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(
   grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
   ASSIGN_OR_RETURN(pair.cert_chain, ReadFlagFile("tls-cert", cert));
   ASSIGN_OR_RETURN(pair.private_key, ReadFlagFile("tls-key", key));
+  WarnIfReadableByOthers("--tls-key", key);
   RETURN_IF_ERROR(CheckIdentityPair(cert, pair.cert_chain, key, pair.private_key, "every client"));
   grpc::SslServerCredentialsOptions options;
   options.pem_key_cert_pairs.push_back(std::move(pair));
@@ -127,6 +129,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
   if (!cert.empty()) {
     ASSIGN_OR_RETURN(options.pem_cert_chain, ReadFlagFile("tls-cert", cert));
     ASSIGN_OR_RETURN(options.pem_private_key, ReadFlagFile("tls-key", key));
+    WarnIfReadableByOthers("--tls-key", key);
     RETURN_IF_ERROR(CheckIdentityPair(cert, options.pem_cert_chain, key, options.pem_private_key,
                                       "the coordinator"));
   }

@@ -44,6 +44,10 @@ expect_exit tensor_too_large 2 '--tensor 2147483647 is over 64 devices' -- --ten
 expect_exit tensor_negative_bandwidth 2 '--bandwidth-gbps, --latency-us and --memory-gib must be >= 0' \
   -- --tensor 4 --bandwidth-gbps -10
 
+# A file it cannot write: the reason (a missing directory: NOT_FOUND), and
+# no plan printed before the failure.
+expect_exit svg_missing_dir 1 "NOT_FOUND: cannot write $TMP/none/t.svg" -- "${P[@]}" --svg "$TMP/none/t.svg"
+if [[ -s "$OUT" ]]; then fail svg_missing_dir_no_plan "a plan was printed: $(head -c 200 "$OUT")"; else passed=$((passed + 1)); fi
 # The analytic model's flags with a measured profile would be ignored: refused.
 expect_exit profile_gflops 2 '--gflops has no effect with --profile' -- "${P[@]}" --gflops 5
 # The analytic model's shape is a flag error (exit 2), as in train-local.

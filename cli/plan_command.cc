@@ -1,5 +1,6 @@
 #include "cli/plan_command.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
@@ -60,12 +61,17 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string&
   return buffer.str();
 }
 
+// `text` to `path`; the error says why, by errno (a missing directory is
+// NOT_FOUND, not a permission problem).
 absl::Status WriteFile(const std::string& path, const std::string& text) {
+  errno = 0;
   std::ofstream out(path, std::ios::binary);
   out << text;
   out.close();
-  if (!out) return absl::PermissionDeniedError(absl::StrCat("cannot write ", path));
-  return absl::OkStatus();
+  if (out) return absl::OkStatus();
+  const int error = errno;
+  if (error == 0) return absl::UnknownError(absl::StrCat("cannot write ", path));
+  return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", path));
 }
 
 absl::StatusOr<ClusterSpec> ClusterFrom(const PlanFlags& f) {
@@ -646,7 +652,7 @@ int RunPlan(const std::vector<std::string>& args) {
   if (!layout.ok()) return fail(layout.status());
   const SolvedPlan* plan = &layout->plan;
   const DataParallelView dp{f.data != 1, &*layout, &*cluster, f.micro_batches, f.distpar_beta};
-  PrintPlan(*plan, layout->stage_cluster, *profile, f.json, dp);
+  // The files first: a plan on stdout is then never followed by a failure.
   std::vector<std::string> names;  // one lane per stage (its replicas' workers)
   for (const WorkerSpec& w : layout->stage_cluster.workers) names.push_back(w.name);
   if (!f.svg.empty()) {
@@ -665,6 +671,7 @@ int RunPlan(const std::vector<std::string>& args) {
     if (auto s = WriteFile(f.trace, ChromeTraceJson(plan->simulation, names)); !s.ok())
       return fail(s);
   }
+  PrintPlan(*plan, layout->stage_cluster, *profile, f.json, dp);
   return 0;
 }
 

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 
 namespace pipetrain {
 namespace {
@@ -59,6 +60,10 @@ absl::Status CheckList(const std::vector<double>& v, size_t want, bool may_be_em
 }
 
 }  // namespace
+
+std::string BytesAndGiB(double bytes) {
+  return absl::StrFormat("%.0f bytes (%.2f GiB)", std::ceil(bytes), bytes / (1ull << 30));
+}
 
 absl::Status ValidateProblem(const BiPartitionProblem& p) {
   const size_t L = p.fwd.size(), P = p.speeds.size();
@@ -739,12 +744,15 @@ absl::Status NoPlanFitsError(const BiPartitionProblem& p) {
   }
   const Range& f = r.plan.forward[worst];
   const Range& b = r.plan.backward[worst];
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "no plan fits in memory: even the least overloaded plan needs ", costs.Memory(worst, f, b),
-      " bytes on worker ", worst, " (", costs.MemoryRatio(worst, f, b), "x its memory_bytes ",
-      p.memory_bytes.empty() ? 0.0 : p.memory_bytes[worst], ", forward units [", f.begin, ", ",
-      f.end, "), backward units [", b.begin, ", ", b.end,
-      ")); give that worker more memory, add workers, or lower micro_batches"));
+  const std::string worker =
+      worst < static_cast<int>(p.worker_names.size()) ? p.worker_names[worst] : absl::StrCat(worst);
+  return absl::ResourceExhaustedError(
+      absl::StrCat("no plan fits in memory: even the least overloaded plan needs ",
+                   BytesAndGiB(costs.Memory(worst, f, b)), " on worker ", worker, " (",
+                   absl::StrFormat("%.2f", costs.MemoryRatio(worst, f, b)), "x its memory_bytes ",
+                   BytesAndGiB(p.memory_bytes.empty() ? 0.0 : p.memory_bytes[worst]),
+                   ", forward units [", f.begin, ", ", f.end, "), backward units [", b.begin, ", ",
+                   b.end, ")); give that worker more memory, add workers, or lower micro_batches"));
 }
 
 absl::StatusOr<BiPartitionPlan> SolveBiPartition(const BiPartitionProblem& p,

@@ -49,6 +49,7 @@
 #ifndef PIPETRAIN_COORDINATOR_PLANNER_BIPARTITION_H_
 #define PIPETRAIN_COORDINATOR_PLANNER_BIPARTITION_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -76,7 +77,13 @@ struct BiPartitionProblem {
   int micro_batches = 1;                 // m >= 1
   BiPartitionSchedule schedule = BiPartitionSchedule::kOneFOneB;
   BiPartitionObjective objective = BiPartitionObjective::kPaper;
+  // Per worker, for messages only (empty: "worker <index>").
+  std::vector<std::string> worker_names;
 };
+
+// "797009024 bytes (0.74 GiB)": bytes in messages (StrCat of a double
+// printed 7.97009e+08).
+std::string BytesAndGiB(double bytes);
 
 struct BiPartitionPlan {
   std::vector<Range> forward;  // per worker, [begin, end); begin == end: empty

@@ -418,9 +418,15 @@ TEST(BiPartitionTest, NothingFits_IsResourceExhaustedNamingTheTightestWorker) {
   p.memory_bytes = {40, 50};
   const auto solved = SolveBiPartition(p);
   EXPECT_EQ(solved.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(solved.status().message().find("needs 80 bytes on worker 1 (1.6x its memory_bytes 50"),
+  EXPECT_NE(solved.status().message().find("needs 80 bytes (0.00 GiB) on worker 1 (1.60x its "
+                                           "memory_bytes 50 bytes (0.00 GiB)"),
             std::string::npos)
       << solved.status().message();
+  // Named, when the problem names its workers (MakeBiPartitionProblem does).
+  p.worker_names = {"a", "b"};
+  EXPECT_NE(SolveBiPartition(p).status().message().find("on worker b (1.60x"), std::string::npos)
+      << SolveBiPartition(p).status().message();
+  p.worker_names.clear();
   EXPECT_EQ(SolveBiPartitionReference(p).status(), solved.status());
   EXPECT_EQ(SolveBiPartitionInterval(p, SplitSearch::kExhaustive).status(), solved.status());
 }

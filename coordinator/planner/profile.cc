@@ -351,6 +351,7 @@ BiPartitionProblem MakeBiPartitionProblem(const ModelProfile& profile, const Clu
   for (const WorkerSpec& w : cluster.workers) {
     p.speeds.push_back(w.speed);
     p.memory_bytes.push_back(w.memory_bytes);
+    p.worker_names.push_back(w.name);
   }
   p.bandwidth = cluster.bandwidth_bytes_per_second;
   p.latency_seconds = cluster.latency_seconds;

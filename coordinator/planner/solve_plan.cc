@@ -52,14 +52,10 @@ absl::StatusOr<BiPartitionPlan> ScoreFixedPlan(const BiPartitionProblem& problem
   const BiPartitionCosts costs(problem);
   for (size_t w = 0; w < forward.size(); ++w) {
     if (!costs.Fits(static_cast<int>(w), forward[w], backward[w])) {
-      // Whole bytes and GiB: StrCat of the doubles printed "4.1613e+08".
-      auto bytes = [](double b) {
-        return absl::StrFormat("%.0f bytes (%.2f GiB)", std::ceil(b), b / (1ull << 30));
-      };
       return absl::ResourceExhaustedError(
           absl::StrCat("worker ", cluster.workers[w].name, " would need ",
-                       bytes(costs.Memory(static_cast<int>(w), forward[w], backward[w])),
-                       " but has ", bytes(cluster.workers[w].memory_bytes)));
+                       BytesAndGiB(costs.Memory(static_cast<int>(w), forward[w], backward[w])),
+                       " but has ", BytesAndGiB(cluster.workers[w].memory_bytes)));
     }
   }
   BiPartitionPlan plan{std::move(forward), std::move(backward), 0};

@@ -43,7 +43,10 @@ std::optional<std::map<std::string, Sums>> SumByWorker(const std::string& text) 
   std::map<int64_t, std::string> names;
   std::map<int64_t, Sums> sums;
   for (const nlohmann::json& e : trace["traceEvents"]) {
-    if (!e.is_object() || !e.contains("ph") || !e.contains("pid") || !e["pid"].is_number()) {
+    // An integer pid: a float one outside int64's range would convert with
+    // undefined behaviour.
+    if (!e.is_object() || !e.contains("ph") || !e.contains("pid") ||
+        !e["pid"].is_number_integer()) {
       continue;
     }
     const int64_t pid = e["pid"].get<int64_t>();

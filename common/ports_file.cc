@@ -36,7 +36,12 @@ absl::StatusOr<int> ReadPort(const std::string& path, const std::string& field) 
   if (json.is_discarded() || !json.contains(field) || !json[field].is_number_integer()) {
     return absl::InternalError(absl::StrCat(path, ": no integer '", field, "'"));
   }
-  return json[field].get<int>();
+  // A port, not what a wrapped int64 would make of one.
+  const int64_t port = json[field].get<int64_t>();
+  if (port < 0 || port > 65535) {
+    return absl::InternalError(absl::StrCat(path, ": '", field, "' is ", port, ", not a port"));
+  }
+  return static_cast<int>(port);
 }
 
 }  // namespace pipetrain

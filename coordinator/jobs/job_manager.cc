@@ -533,9 +533,12 @@ absl::Status JobManager::Restore() {
       record->init_step = s.init_checkpoint().step();
     }
     record->init_weights = s.init_weights();
-    record->auto_layout_workers = record->resolved.data_parallel == kDataParallelAuto
-                                      ? record->resolved.layout_workers
-                                      : s.auto_layout_workers();
+    // Bounded as spec.parallelism.workers is: a stored value is not
+    // trusted (MinJobWorkers searches layouts up to it, under the lock).
+    record->auto_layout_workers =
+        record->resolved.data_parallel == kDataParallelAuto
+            ? record->resolved.layout_workers
+            : std::clamp(s.auto_layout_workers(), 0, static_cast<int32_t>(kMaxStages));
     record->auto_layout_compression = record->resolved.data_parallel == kDataParallelAuto
                                           ? record->resolved.spec.compression().data_parallel()
                                           : s.auto_layout_data_parallel_compression();

@@ -1487,6 +1487,13 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   }
   ASSIGN_OR_RETURN(WireTensor wire,
                    transport_->RecvWire(GlobalStage(r.peer_stage()), address, setup_.recv_timeout));
+  // The size the sender declares is checked before anything is decoded: a
+  // 256 KiB PowerSGD payload can declare 4 GiB of values.
+  if (NumElements(wire.decoded_shape()) != NumElements(expected)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has shape ",
+                                                   ShapeToString(wire.decoded_shape()),
+                                                   "; expected ", ShapeToString(expected)));
+  }
   Tensor t;
   bool on_device = false;
   // A payload the backend can decode on its device is decoded there: no

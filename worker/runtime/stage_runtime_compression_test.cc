@@ -40,6 +40,67 @@ class RecordingTransport : public Transport {
   std::vector<std::pair<TensorAddress, WireTensor>> sent_;  // one thread sends
 };
 
+// Sends its activations as encoded payloads declaring a shape of 64 Mi
+// values (a peer that does not follow the protocol).
+class ShapeLyingTransport : public Transport {
+ public:
+  explicit ShapeLyingTransport(std::unique_ptr<Transport> inner) : inner_(std::move(inner)) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
+    if (address.kind != v1::TENSOR_KIND_ACTIVATION) return inner_->SendWire(peer, address, wire);
+    return inner_->SendWire(peer, address, WireTensor::Encoded("fp16", "xx", {64, 1024, 1024}));
+  }
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    return inner_->RecvWire(peer, address, timeout);
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+};
+
+// A received tensor's declared size is checked against the one the stage
+// expects before anything is decoded (a small payload can declare GiBs).
+TEST(StageRuntimeCompression, DeclaredShapeOtherThanExpected_RefusedBeforeDecoding) {
+  TrainConfig c;
+  c.model.n_layer = 1;
+  c.model.n_head = 2;
+  c.model.d_model = 16;
+  c.model.max_seq_len = 8;
+  c.seq_len = 8;
+  c.batch_size = 2;
+  c.micro_batches = 1;
+  const std::string text = GenerateEnglishText(5, 5000);
+  const Dataset data =
+      Dataset::Create(std::vector<uint16_t>(text.begin(), text.end()), 8, 0.1).value();
+  const std::vector<Range> ranges = {{0, 2}, {2, 4}};
+  const auto programs = CompilePrograms(ranges, 4, c.micro_batches, Schedule::kOneFOneB).value();
+  InProcessFabric fabric(2);
+  std::vector<std::unique_ptr<Transport>> transports;
+  transports.push_back(std::make_unique<ShapeLyingTransport>(fabric.Connect(0)));
+  transports.push_back(fabric.Connect(1));
+  std::vector<std::unique_ptr<StageRuntime>> runtimes;
+  for (int s = 0; s < 2; ++s) {
+    StageSetup setup{
+        "job-lie",        c, s, 2, ToUnitRange(ranges[s]), ToUnitRange(ranges[s]), programs[s],
+        absl::Seconds(30)};
+    runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
+  }
+  std::vector<absl::Status> errors(2);
+  std::vector<std::thread> threads;
+  for (int s = 0; s < 2; ++s) {
+    threads.emplace_back([&, s] {
+      errors[s] = runtimes[s]->RunIteration(0).status();
+      if (!errors[s].ok()) fabric.Shutdown();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors[1].code(), absl::StatusCode::kInvalidArgument) << errors[1];
+  EXPECT_NE(errors[1].message().find("has shape [64, 1024, 1024]; expected [2, 8, 16]"),
+            std::string::npos)
+      << errors[1];
+}
+
 // A data-parallel quantizer from the assignment is checked before use: a
 // spec that is not one quantizer, one without replicas to reduce over, or
 // one beside a PowerSGD rank is INVALID_ARGUMENT, not a crash; so is a

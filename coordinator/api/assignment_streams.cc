@@ -159,7 +159,7 @@ void AssignmentStreams::WatcherGone(const std::string& worker_id, int64_t incarn
 
 grpc::ServerWriteReactor<v1::Assignment>* AssignmentStreams::Open(const std::string& worker_id,
                                                                   int64_t incarnation) {
-  Supersede(worker_id, incarnation);
+  Supersede(worker_id, incarnation, /*same_too=*/true);
   auto stream = std::make_shared<AssignmentStream>(hub_, this, worker_id, incarnation);
   bool shut_down;
   {
@@ -171,24 +171,29 @@ grpc::ServerWriteReactor<v1::Assignment>* AssignmentStreams::Open(const std::str
   return stream.get();  // owned by itself until OnDone
 }
 
-void AssignmentStreams::Supersede(const std::string& worker_id, int64_t incarnation) {
+void AssignmentStreams::Supersede(const std::string& worker_id, int64_t incarnation,
+                                  bool same_too) {
   std::vector<std::shared_ptr<AssignmentStream>> older;
   {
     AnnotatedMutexLock lock(&mu_);
     for (const auto& [key, weak] : streams_) {
       std::shared_ptr<AssignmentStream> stream = weak.lock();
       if (stream != nullptr && stream->worker_id() == worker_id &&
-          stream->incarnation() < incarnation) {
+          (stream->incarnation() < incarnation ||
+           (same_too && stream->incarnation() == incarnation))) {
         older.push_back(std::move(stream));
       }
     }
   }
   for (const auto& stream : older) {
-    stream->End(grpc::Status(
-        grpc::StatusCode::ABORTED,
-        absl::StrCat("worker ", worker_id, " incarnation ", stream->incarnation(),
-                     " was superseded by incarnation ", incarnation,
-                     "; watch with the new incarnation")));
+    stream->End(
+        grpc::Status(grpc::StatusCode::ABORTED,
+                     stream->incarnation() == incarnation
+                         ? absl::StrCat("worker ", worker_id, " incarnation ", incarnation,
+                                        " opened another watch, which replaces this one")
+                         : absl::StrCat("worker ", worker_id, " incarnation ",
+                                        stream->incarnation(), " was superseded by incarnation ",
+                                        incarnation, "; watch with the new incarnation")));
   }
 }
 

@@ -52,15 +52,20 @@ class AssignmentStreams {
   AssignmentStreams& operator=(const AssignmentStreams&) = delete;
 
   // Opens a stream for `worker_id` at `incarnation`, which the caller has
-  // validated against the registry, and ends the worker's streams of older
-  // incarnations (ABORTED). After Shutdown the stream ends at once with
-  // UNAVAILABLE. Returns the reactor for the gRPC method to return.
+  // validated against the registry, and ends the worker's other streams
+  // (ABORTED), of older incarnations and of this one: a worker watches on
+  // one stream, and each held a copy of its assignment, so a worker that
+  // opened them by the thousand made the coordinator's memory grow without
+  // end. An ended stream is no lost watcher (WatcherGone is not called).
+  // After Shutdown the stream ends at once with UNAVAILABLE. Returns the
+  // reactor for the gRPC method to return.
   grpc::ServerWriteReactor<v1::Assignment>* Open(const std::string& worker_id,
                                                  int64_t incarnation);
 
   // Ends the streams of `worker_id` whose incarnation is older than
-  // `incarnation` (ABORTED, naming both incarnations).
-  void Supersede(const std::string& worker_id, int64_t incarnation);
+  // `incarnation`, or also of `incarnation` itself when `same_too`
+  // (ABORTED, naming why).
+  void Supersede(const std::string& worker_id, int64_t incarnation, bool same_too = false);
 
   // Ends every stream with UNAVAILABLE and makes later Opens do the same.
   // Call before grpc::Server::Shutdown, which otherwise waits forever for

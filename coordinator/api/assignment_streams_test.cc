@@ -166,6 +166,29 @@ TEST_F(AssignmentStreamsTest, Supersede_OlderIncarnation_FinishesAborted) {
   new_stream->OnDone();
 }
 
+// A worker watches on one stream: a second watch of the same incarnation
+// ends the first (each held a copy of the assignment: a worker opening
+// thousands grew the coordinator without end), and no watcher is lost.
+TEST_F(AssignmentStreamsTest, SecondWatchOfAnIncarnation_EndsTheFirst) {
+  FakeWriter first_writer, second_writer;
+  grpc::ServerWriteReactor<v1::Assignment>* first = Open(first_writer, 1);
+  grpc::ServerWriteReactor<v1::Assignment>* second = Open(second_writer, 1);
+  ASSERT_TRUE(first_writer.status().has_value());
+  EXPECT_EQ(first_writer.status()->error_code(), grpc::StatusCode::ABORTED);
+  EXPECT_TRUE(absl::StrContains(first_writer.status()->error_message(),
+                                "opened another watch, which replaces this one"))
+      << first_writer.status()->error_message();
+  first->OnCancel();  // the client learns of its end: not a watcher gone
+  first->OnDone();
+  EXPECT_TRUE(gone_.empty());
+  EXPECT_EQ(streams_.size(), 1);
+  hub_.Set("w-1", RunAssignment(5));
+  EXPECT_EQ(second_writer.versions(), std::vector<int64_t>({5}));
+  second_writer.CompleteWrite(true);
+  streams_.Shutdown();
+  second->OnDone();
+}
+
 TEST_F(AssignmentStreamsTest, Supersede_DuringWrite_FinishesAfterTheWrite) {
   hub_.Set("w-1", RunAssignment(1));
   FakeWriter writer;

@@ -41,6 +41,7 @@
 #include "coordinator/api/assignment_streams.h"
 #include "coordinator/api/caller_auth.h"
 #include "coordinator/api/coordinator_metrics.h"
+#include "coordinator/api/weights_upload.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/registry/worker_registry.h"
@@ -120,6 +121,7 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   // Last member: destroyed (joined) first, while everything its tasks use
   // still exists.
   SerialExecutor executor_;
+  OpenUploads open_uploads_;  // UploadWeights: one stream per worker at a time
 };
 
 }  // namespace pipetrain

@@ -17,12 +17,14 @@ constexpr char kMethod[] = "UploadWeights";
 class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
  public:
   WeightsUpload(grpc::CallbackServerContext* context, WorkerRegistry::SessionIdentity caller,
-                CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor)
+                CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor,
+                OpenUploads* open)
       : context_(context),
         caller_(std::move(caller)),
         metrics_(metrics),
         jobs_(jobs),
-        executor_(executor) {
+        executor_(executor),
+        open_(open) {
     AnnotatedMutexLock lock(&mu_);
     StartRead(&chunk_);
   }
@@ -39,6 +41,7 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
 
   void OnDone() override {
     { AnnotatedMutexLock lock(&mu_); }  // orders the last task before the delete
+    open_->Close(caller_.worker_id);
     delete this;
   }
 
@@ -87,6 +90,7 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
   CoordinatorMetrics* const metrics_;
   JobManager* const jobs_;
   SerialExecutor* const executor_;
+  OpenUploads* const open_;
 
   // Held by each executor task (and taken by OnDone) so TSan sees the tasks
   // ordered before the delete; gRPC's own hand-offs are invisible to it.
@@ -108,13 +112,27 @@ class RefusedUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
 
 grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(
     grpc::CallbackServerContext* context, const std::string& authorization, const CallerAuth* auth,
-    CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor) {
+    CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor, OpenUploads* open) {
   absl::StatusOr<WorkerRegistry::SessionIdentity> caller = auth->AuthenticateWorker(authorization);
   if (!caller.ok()) {
     metrics->CountRefused(kMethod, caller.status().code());
     return new RefusedUpload(caller.status());
   }
-  return new WeightsUpload(context, *std::move(caller), metrics, jobs, executor);
+  if (!open->TryOpen(caller->worker_id)) {
+    return new RefusedUpload(absl::ResourceExhaustedError(
+        absl::StrCat("worker ", caller->worker_id, " has an upload open already; one at a time")));
+  }
+  return new WeightsUpload(context, *std::move(caller), metrics, jobs, executor, open);
+}
+
+bool OpenUploads::TryOpen(const std::string& worker_id) {
+  AnnotatedMutexLock lock(&mu_);
+  return open_.insert(worker_id).second;
+}
+
+void OpenUploads::Close(const std::string& worker_id) {
+  AnnotatedMutexLock lock(&mu_);
+  open_.erase(worker_id);
 }
 
 }  // namespace pipetrain

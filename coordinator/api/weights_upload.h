@@ -26,6 +26,11 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <set>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "common/annotated_mutex.h"
 #include "common/serial_executor.h"
 #include "coordinator/api/caller_auth.h"
 #include "coordinator/api/coordinator_metrics.h"
@@ -34,12 +39,29 @@
 
 namespace pipetrain {
 
+// The workers with an upload open: one at a time per worker (a stage
+// uploads its weights on one stream; each open stream waits in a read and
+// may hold a chunk, so a worker opening them by the thousand grew the
+// coordinator without end). Thread-safe.
+class OpenUploads {
+ public:
+  // False when `worker_id` has one open already; else records it.
+  bool TryOpen(const std::string& worker_id);
+  void Close(const std::string& worker_id);
+
+ private:
+  AnnotatedMutex mu_;
+  std::set<std::string> open_ ABSL_GUARDED_BY(mu_);
+};
+
 // A reactor for one UploadWeights call; it deletes itself when done.
-// `authorization` is the call's credential (AuthorizationOf). `auth`,
-// `metrics`, `jobs` and `executor` are not owned and must outlive the call.
+// `authorization` is the call's credential (AuthorizationOf). A second
+// upload of a worker that has one open ends RESOURCE_EXHAUSTED. `auth`,
+// `metrics`, `jobs`, `executor` and `open` are not owned and must outlive
+// the call.
 grpc::ServerReadReactor<v1::WeightsChunk>* NewWeightsUpload(
     grpc::CallbackServerContext* context, const std::string& authorization, const CallerAuth* auth,
-    CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor);
+    CoordinatorMetrics* metrics, JobManager* jobs, SerialExecutor* executor, OpenUploads* open);
 
 }  // namespace pipetrain
 

@@ -120,7 +120,7 @@ class WeightsUploadTest : public ::testing::Test {
   grpc::ServerReadReactor<v1::WeightsChunk>* Start(FakeReader& reader,
                                                   const std::string& authorization) {
     grpc::ServerReadReactor<v1::WeightsChunk>* reactor =
-        NewWeightsUpload(&context_, authorization, &auth_, &metrics_, &jobs_, &executor_);
+        NewWeightsUpload(&context_, authorization, &auth_, &metrics_, &jobs_, &executor_, &open_);
     reader.Bind(reactor);
     return reactor;
   }
@@ -131,6 +131,7 @@ class WeightsUploadTest : public ::testing::Test {
   JobManager jobs_{&workers_, &hub_, &clock_};
   CoordinatorMetrics metrics_{&workers_, &jobs_};
   const CallerAuth auth_{"", &workers_};
+  OpenUploads open_;
   std::string authorization_;  // w-1's session credential
   std::string job_id_;
   grpc::CallbackServerContext context_;
@@ -147,6 +148,34 @@ TEST_F(WeightsUploadTest, TwoChunksThenEnd_StoresThemAndFinishesOk) {
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(status->ok()) << status->error_message();
   reactor->OnDone();
+}
+
+// One upload per worker at a time: a second while one is open ends
+// RESOURCE_EXHAUSTED before reading; once the first is done, another may open.
+TEST_F(WeightsUploadTest, SecondUploadWhileOneIsOpen_ResourceExhausted) {
+  FakeReader first;
+  grpc::ServerReadReactor<v1::WeightsChunk>* open = Start(first);
+  ASSERT_TRUE(first.Deliver(Chunk(job_id_, 0)));
+  FakeReader second;
+  grpc::ServerReadReactor<v1::WeightsChunk>* refused = Start(second);
+  std::optional<grpc::Status> status = second.AwaitStatus();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status->error_message();
+  EXPECT_TRUE(absl::StrContains(status->error_message(), "has an upload open already"))
+      << status->error_message();
+  refused->OnDone();
+  ASSERT_TRUE(first.Deliver(Chunk(job_id_, 4)));
+  ASSERT_TRUE(first.EndStream());
+  status = first.AwaitStatus();
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(status->ok()) << status->error_message();
+  open->OnDone();
+  FakeReader third;
+  grpc::ServerReadReactor<v1::WeightsChunk>* again = Start(third);
+  ASSERT_TRUE(third.Deliver(Chunk(job_id_, 8)));  // read: not refused
+  ASSERT_TRUE(third.EndStream());
+  ASSERT_TRUE(third.AwaitStatus().has_value());
+  again->OnDone();
 }
 
 TEST_F(WeightsUploadTest, ChunkPastTheTensor_FinishesInvalidArgument) {

@@ -40,6 +40,12 @@ class CoveredRanges {
     ranges_.emplace(begin, end);
     covered_ += end - begin;
   }
+  // Whether [begin, end) touches or overlaps a run (adding it then makes
+  // no new run). Requires 0 <= begin <= end.
+  bool Touches(int64_t begin, int64_t end) const {
+    auto it = ranges_.upper_bound(end);  // the first run starting past end
+    return it != ranges_.begin() && std::prev(it)->second >= begin;
+  }
   // Elements covered (the union's size).
   int64_t covered() const { return covered_; }
   // Disjoint runs, for tests.

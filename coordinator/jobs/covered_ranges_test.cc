@@ -34,6 +34,17 @@ TEST(CoveredRangesTest, DuplicateAndOverlappingChunksCountOnce) {
 }
 
 // Against a bitmap, on random chunks (fixed seed).
+TEST(CoveredRangesTest, Touches_AdjacentOrOverlappingOnly) {
+  CoveredRanges r;
+  EXPECT_FALSE(r.Touches(0, 4));
+  r.Add(10, 20);
+  EXPECT_TRUE(r.Touches(5, 10));   // ends where the run begins
+  EXPECT_TRUE(r.Touches(20, 25));  // begins where it ends
+  EXPECT_TRUE(r.Touches(12, 14));
+  EXPECT_FALSE(r.Touches(0, 9));
+  EXPECT_FALSE(r.Touches(21, 30));
+}
+
 TEST(CoveredRangesTest, RandomChunks_MatchABitmap) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 200; ++trial) {

@@ -2044,6 +2044,16 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     }
     // The job asks for no file: checked, and nothing kept.
     if (record->resolved.spec.output().weights_path().empty()) return absl::OkStatus();
+    // A stage sends each tensor's chunks in order (one run); chunks
+    // scattered with gaps would each keep a run in memory (numel / 2 of
+    // them for a worker sending every other value).
+    if (auto covered = record->weights_covered.find(c.tensor_name());
+        covered != record->weights_covered.end() && covered->second.runs() >= kMaxWeightsRuns &&
+        !covered->second.Touches(c.offset(), c.offset() + c.values_size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunks of ", c.tensor_name(), " arrive scattered over more than ",
+                       kMaxWeightsRuns, " separate ranges; send a tensor's chunks in order"));
+    }
     absl::Status opened =
         record->weights_file == nullptr ? OpenWeightsFileLocked(*record) : absl::OkStatus();
     if (!opened.ok()) {

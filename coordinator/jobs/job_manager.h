@@ -140,6 +140,9 @@ inline constexpr int kMaxLossHistory = 10000;
 inline constexpr int kMaxRecoveriesWithoutProgress = 3;
 // Plan versions kept in Job.plan_history (the newest).
 inline constexpr int kMaxPlanHistory = 100;
+// Separate covered ranges a tensor's uploaded chunks may form (a stage's
+// come in order: one); a chunk that would add one more is refused.
+inline constexpr int kMaxWeightsRuns = 1024;
 
 // What the job manager tells the coordinator's metrics (all optional; called
 // under the job manager's lock: they must not call back into it).

@@ -1034,6 +1034,32 @@ TEST_F(JobManagerTest, Weights_DuplicateChunkInsteadOfAMissingOne_IncompleteUplo
   }
 }
 
+// A tensor's chunks scattered with gaps each keep a covered range: past
+// kMaxWeightsRuns separate ones, a chunk that would add another is refused;
+// one that fills a gap (or extends a range) is still taken.
+TEST_F(JobManagerTest, Weights_ChunksScatteredOverTooManyRanges_Refused) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_output()->set_weights_path("scattered.safetensors");
+  const std::string id = Submit(spec).value().id();
+  const GptConfig model = ResolveJobSpec(spec).value().train.model;
+  const ParameterShape wte = UnitParameterShapes(model, 0)[0];
+  ASSERT_EQ(wte.name, "wte.weight");
+  ASSERT_GT(NumElements(Shape(wte.shape.begin(), wte.shape.end())), 2 * (kMaxWeightsRuns + 1));
+  v1::WeightsChunk one = WholeTensor(w1, id, wte);
+  one.mutable_values()->Truncate(1);
+  for (int k = 0; k < kMaxWeightsRuns; ++k) {
+    one.set_offset(2 * k);  // a gap after each
+    ASSERT_TRUE(jobs_.AddWeightsChunk(one).ok()) << k;
+  }
+  one.set_offset(2 * kMaxWeightsRuns);
+  const absl::Status refused = jobs_.AddWeightsChunk(one);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "send a tensor's chunks in order")) << refused;
+  one.set_offset(1);  // fills the first gap
+  EXPECT_TRUE(jobs_.AddWeightsChunk(one).ok());
+}
+
 // Cancelled while its weights arrive: the temporary file goes with it.
 TEST_F(JobManagerTest, Weights_CancelledDuringTheUpload_TemporaryFileRemoved) {
   const std::string w1 = AddWorker(7001);

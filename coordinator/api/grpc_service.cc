@@ -155,14 +155,19 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ReportProgress(
     v1::ReportProgressResponse* response) {
   return Unary(context, "ReportProgress", WorkerCall(*context, request->worker_id()),
                [&]() -> absl::Status {
-                 ASSIGN_OR_RETURN(*response, jobs_->ReportProgress(*request));
-                 RecordProgress(*request);
+                 JobManager::ProgressCounted counted;
+                 ASSIGN_OR_RETURN(*response, jobs_->ReportProgress(*request, &counted));
+                 RecordProgress(*request, counted);
                  return absl::OkStatus();
                });
 }
 
-void CoordinatorGrpcService::RecordProgress(const v1::ReportProgressRequest& request) {
-  if (request.micro_batch_losses_size() > 0) metrics_->CountStep();
+void CoordinatorGrpcService::RecordProgress(const v1::ReportProgressRequest& request,
+                                            const JobManager::ProgressCounted& counted) {
+  // What the job took, only: a retried report, one of a stopped plan or
+  // another replica's losses would count twice or for nothing.
+  if (counted.step) metrics_->CountStep();
+  if (!counted.stage_time) return;
   absl::StatusOr<v1::Job> job = jobs_->Get(request.job_id());
   if (!job.ok()) return;
   // worker_ids is in plan order: replica-major, then stage, tensor rank

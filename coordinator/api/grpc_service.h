@@ -111,7 +111,8 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   absl::Status WorkerCall(const grpc::CallbackServerContext& context,
                           absl::string_view worker_id) const;
   absl::Status CheckWatcher(const v1::WatchAssignmentsRequest& request) const;
-  void RecordProgress(const v1::ReportProgressRequest& request);
+  void RecordProgress(const v1::ReportProgressRequest& request,
+                      const JobManager::ProgressCounted& counted);
 
   WorkerRegistry* const workers_;
   JobManager* const jobs_;

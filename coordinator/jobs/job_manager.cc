@@ -1855,7 +1855,10 @@ absl::StatusOr<JobManager::JobRecord*> JobManager::ForWorkerLocked(const std::st
 }
 
 absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
-    const v1::ReportProgressRequest& r) {
+    const v1::ReportProgressRequest& r, ProgressCounted* counted) {
+  ProgressCounted ignored;
+  if (counted == nullptr) counted = &ignored;
+  *counted = ProgressCounted();
   AnnotatedMutexLock lock(&mu_);
   v1::ReportProgressResponse response;
   ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(r.worker_id(), r.job_id()));
@@ -1951,6 +1954,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     return response;
   }
   stage.iterations_done = r.iteration() + 1;
+  counted->stage_time = true;
   if (r.has_trace()) AddTraceLocked(*record, stage_index, r.trace());
   if (stage_index < record->job.progress().stage_times_size()) {
     v1::StageTime* time = record->job.mutable_progress()->mutable_stage_times(stage_index);
@@ -1973,6 +1977,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
       return response;
     }
     p->add_loss_history(loss);
+    counted->step = true;
     if (p->loss_history_size() > kMaxLossHistory) {
       const int drop = p->loss_history_size() - kMaxLossHistory;
       p->mutable_loss_history()->erase(p->mutable_loss_history()->begin(),

@@ -266,8 +266,15 @@ class JobManager {
   // iteration outside [0, steps), busy, idle or eval seconds outside [0,
   // 1e6], a weights digest over 64 bytes, an error text over 16 KiB).
   // The response's all_ready answers the start barrier (request.ready).
+  // `counted` (may be null) says what of an OK report the job took, for
+  // the metrics: a repeated report, one of a stopped plan or a loss the
+  // job does not keep (another replica's) is answered but not counted.
+  struct ProgressCounted {
+    bool stage_time = false;  // its busy and idle seconds were added
+    bool step = false;        // its losses made the job's step
+  };
   absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
-      const v1::ReportProgressRequest& request);
+      const v1::ReportProgressRequest& request, ProgressCounted* counted = nullptr);
   // One chunk of a stage's final weights, checked before anything is
   // allocated against the tensors the worker's stage owns (the parameters
   // of its backward units, gpt_config.h UnitParameterShapes):

@@ -486,8 +486,11 @@ TEST_F(JobManagerTest, Progress_RepeatedReport_CountedOnce) {
   r.set_iteration(0);
   r.add_micro_batch_losses(2.0f);
   r.set_busy_seconds(0.5);
-  ASSERT_TRUE(jobs_.ReportProgress(r).ok());
-  ASSERT_TRUE(jobs_.ReportProgress(r).ok());  // again
+  JobManager::ProgressCounted counted;
+  ASSERT_TRUE(jobs_.ReportProgress(r, &counted).ok());
+  EXPECT_TRUE(counted.stage_time && counted.step);  // what the metrics count
+  ASSERT_TRUE(jobs_.ReportProgress(r, &counted).ok());  // again
+  EXPECT_FALSE(counted.stage_time || counted.step);
   const v1::Job job = jobs_.Get(id).value();
   EXPECT_EQ(job.progress().loss_history_size(), 1);
   EXPECT_EQ(job.progress().stage_times(1).steps(), 1);

@@ -22,16 +22,17 @@ absl::StatusOr<int> VerifyStreamOpen(absl::string_view job_id, int num_stages,
   if (job_id.empty()) {
     return absl::FailedPreconditionError("this worker runs no job; it accepts no frames");
   }
+  // Answered to a caller not yet authenticated: nothing about the job this
+  // worker runs (its id, its stages) goes back.
   if (sent_job != job_id) {
-    return absl::FailedPreconditionError(absl::StrCat("stream for job \"",
-                                                      absl::CHexEscape(sent_job.substr(0, 64)),
-                                                      "\" but this worker runs job ", job_id));
+    return absl::FailedPreconditionError(
+        absl::StrCat("stream for job \"", absl::CHexEscape(sent_job.substr(0, 64)),
+                     "\", which this worker does not run (a plan that ended?)"));
   }
   int stage = -1;
   if (!absl::SimpleAtoi(sent_stage, &stage) || stage < 0 || stage >= num_stages) {
-    return absl::UnauthenticatedError(absl::StrCat("data-plane stream without a valid ",
-                                                   kStageMetadataKey, " (job ", job_id, " has ",
-                                                   num_stages, " stages)"));
+    return absl::UnauthenticatedError(
+        absl::StrCat("data-plane stream without a valid ", kStageMetadataKey));
   }
   if (!secret.empty() && !ConstantTimeEquals(sent_proof, StreamProof(secret, job_id, stage))) {
     return absl::UnauthenticatedError(

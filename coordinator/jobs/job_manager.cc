@@ -1265,7 +1265,10 @@ absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
     const v1::Worker& w = infos[i];
     const double gflops = HostGflops(infos, w);
     const double reference = record.reference_gflops;
-    const double speed = gflops > 0 && reference > 0 ? gflops / reference : 1.0;
+    // Within the planner's bounds (cluster files' too): a registration's
+    // GFLOP/s anywhere in [0, 1e9] could make a speed of 1e-302.
+    const double speed =
+        gflops > 0 && reference > 0 ? std::clamp(gflops / reference, 1e-6, 1e6) : 1.0;
     WorkerSpec spec{w.id(), speed, memory[i]};
     // Which workers share a host's cores (host_sharing.h); bounded at
     // registration (registration_limits.h).
@@ -2012,6 +2015,13 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     }
   }
   if (r.has_val_loss() && speaks) {
+    // As the training loss: a NaN or infinite validation loss is a
+    // diverged model, not a number to show.
+    if (absl::Status finite = CheckLossFinite(r.iteration() + 1, r.val_loss()); !finite.ok()) {
+      EndLocked(*record, v1::JOB_STATE_FAILED,
+                absl::StrCat("the validation loss: ", finite.message()));
+      return response;
+    }
     v1::JobProgress* p = record->job.mutable_progress();
     p->set_val_loss(r.val_loss());
     p->set_val_step(r.iteration() + 1);

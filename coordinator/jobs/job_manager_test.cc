@@ -635,6 +635,29 @@ TEST_F(JobManagerTest, Progress_NanLoss_FailsTheJobNamingTheStep) {
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
 }
 
+// A NaN validation loss is divergence too: the job fails naming it, and
+// no NaN reaches Job.progress.
+TEST_F(JobManagerTest, Progress_NanValidationLoss_FailsTheJob) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  const std::string last = jobs_.Get(id).value().worker_ids(1);
+  v1::ReportProgressRequest r;
+  r.set_worker_id(last);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_iteration(0);
+  r.add_micro_batch_losses(2.0f);
+  r.set_val_loss(std::numeric_limits<float>::quiet_NaN());
+  ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "the validation loss: training diverged"))
+      << job.reason();
+  EXPECT_FALSE(std::isnan(job.progress().val_loss()));
+  (void)w1;
+  (void)w2;
+}
+
 // Two workers reporting the same host's RAM share it (memory_budget.h):
 // a plan that fits each stage into the whole RAM, but not into half of it,
 // is refused naming the memory, rather than started to run out of it; the

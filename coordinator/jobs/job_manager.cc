@@ -58,6 +58,13 @@ std::vector<std::string> UnitNamesOf(const GptConfig& model) {
   return names;
 }
 
+// The sizes `model`'s shape gives each unit for `request` (the analytic
+// profile's; its seconds do not matter here): what a worker's profile
+// must agree with (CheckWorkerProfile).
+ModelProfile ModelSizes(const GptConfig& model, const v1::ProfileRequest& request) {
+  return AnalyticProfile(model, request.seq_len(), request.micro_batch_size(), 1e9);
+}
+
 // A worker's error text becomes the job's reason, which every GetJob returns.
 constexpr size_t kMaxReportedErrorBytes = 16384;
 
@@ -282,8 +289,9 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   if (cached) {
     // Checked when it was fetched; a store written before that check
     // existed may still hold one unfit for this model: measure it again.
+    const ModelProfile sizes = ModelSizes(record.resolved.train.model, request);
     const absl::Status fit =
-        CheckWorkerProfile(*cached, request, UnitNamesOf(record.resolved.train.model));
+        CheckWorkerProfile(*cached, request, UnitNamesOf(record.resolved.train.model), &sizes);
     if (!fit.ok()) {
       PT_LOG(WARNING) << "cached profile " << key << " not used: " << fit;
       cached.reset();
@@ -340,8 +348,9 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
     absl::StatusOr<v1::ModelProfile> profile = fetched;
     if (profile.ok() && record == nullptr) profile = absl::NotFoundError("job gone");
     if (profile.ok()) {
+      const ModelProfile sizes = ModelSizes(record->resolved.train.model, request);
       const absl::Status fit =
-          CheckWorkerProfile(*profile, request, UnitNamesOf(record->resolved.train.model));
+          CheckWorkerProfile(*profile, request, UnitNamesOf(record->resolved.train.model), &sizes);
       if (!fit.ok()) profile = fit;
     }
     if (profile.ok()) {

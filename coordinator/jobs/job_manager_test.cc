@@ -18,6 +18,7 @@
 #include "absl/synchronization/notification.h"
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/small_spec_testing.h"
+#include "coordinator/planner/solve_plan.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -1281,19 +1282,22 @@ TEST_F(JobManagerTest, WorkersWithoutNcclIds_NoGroupAndEveryTransferOnTheWire) {
 }
 
 // A measured profile of SmallSpec's 4 units, as a worker would send it in
-// answer to `request` (its partitions timed too).
+// answer to `request` (its partitions timed too): made-up times, the
+// sizes the model gives (CheckWorkerProfile holds it to them).
 v1::ModelProfile FakeProfile(const v1::ProfileRequest& request = {}) {
   v1::ModelProfile p;
   p.set_micro_batch_size(2);
   p.set_device_kind("cpu:");
-  for (const char* name : {"embed", "attn_0", "mlp_0", "head"}) {
+  const ModelProfile sizes =
+      AnalyticProfile(ResolveJobSpec(SmallSpec(2)).value().train.model, 8, 2, 1e9);
+  for (const UnitProfile& size : sizes.units) {
     v1::UnitProfile* u = p.add_units();
-    u->set_name(name);
+    u->set_name(size.name);
     u->set_fwd_seconds(0.001);
     u->set_bwd_seconds(0.002);
-    u->set_weight_bytes(1000);
-    u->set_activation_bytes(512);
-    u->set_stash_bytes(2048);
+    u->set_weight_bytes(size.weight_bytes);
+    u->set_activation_bytes(size.activation_bytes);
+    u->set_stash_bytes(size.stash_bytes);
     for (int k : request.partitions()) {
       v1::PartitionTiming* t = u->add_partitions();
       t->set_count(k);

@@ -53,7 +53,8 @@ absl::Status CheckAmount(const std::string& field, double value, double limit) {
 }  // namespace
 
 absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::ProfileRequest& request,
-                                const std::vector<std::string>& unit_names) {
+                                const std::vector<std::string>& unit_names,
+                                const ModelProfile* model_sizes) {
   if (profile.micro_batch_size() != request.micro_batch_size()) {
     return BadProfile("micro_batch_size",
                       absl::StrCat("is ", profile.micro_batch_size(), ", not the ",
@@ -89,6 +90,24 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
         {"peak_memory_bytes", unit.peak_memory_bytes()}};
     for (const auto& [name, value] : bytes) {
       RETURN_IF_ERROR(CheckAmount(at + "." + name, value, kMaxProfileBytes));
+    }
+    if (model_sizes != nullptr && u < static_cast<int>(model_sizes->units.size())) {
+      const UnitProfile& expected = model_sizes->units[u];
+      if (unit.weight_bytes() != expected.weight_bytes) {
+        return BadProfile(
+            at + ".weight_bytes",
+            absl::StrCat("is ", unit.weight_bytes(), ", not the model's ", expected.weight_bytes));
+      }
+      if (unit.activation_bytes() != expected.activation_bytes) {
+        return BadProfile(at + ".activation_bytes",
+                          absl::StrCat("is ", unit.activation_bytes(), ", not the model's ",
+                                       expected.activation_bytes));
+      }
+      if (unit.stash_bytes() > 2 * expected.stash_bytes) {
+        return BadProfile(at + ".stash_bytes",
+                          absl::StrCat("is ", unit.stash_bytes(), ", over twice the model's ",
+                                       expected.stash_bytes));
+      }
     }
     if (unit.partitions_size() != request.partitions_size()) {
       return BadProfile(at + ".partitions",

@@ -43,9 +43,15 @@ inline constexpr size_t kMaxProfileDeviceKindBytes = 256;
 // kMaxCodecSecondsPerByte] (ParseProfileJson's rules, profile.h); device_kind at most
 // kMaxProfileDeviceKindBytes; repetitions >= 0. INVALID_ARGUMENT naming the first field that is
 // not. A worker is a peer: what it sends reaches the planner, whose indexing and CHECKs trust the
-// unit count, only through this.
+// unit count, only through this. With `model_sizes` (the sizes the model's
+// shape gives, AnalyticProfile's, one unit each), each unit's weight_bytes
+// and activation_bytes must equal them and its stash_bytes be at most
+// twice them: the profile is cached for every job of the model on that
+// kind of device, and a worker's inflated sizes would make other users'
+// plans refuse (or fit what does not).
 absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::ProfileRequest& request,
-                                const std::vector<std::string>& unit_names);
+                                const std::vector<std::string>& unit_names,
+                                const ModelProfile* model_sizes = nullptr);
 
 // The most profiles a cache keeps. Keys come from what users submit (model
 // shape, sequence length, micro-batch size): without a bound, jobs of ever

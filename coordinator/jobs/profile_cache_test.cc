@@ -151,5 +151,44 @@ TEST(CheckWorkerProfileTest, EachBadField_InvalidArgumentNamingIt) {
   }
 }
 
+// Held to the model's sizes: a worker cannot cache a profile whose weights,
+// activations or stash would make other users' plans of the model refuse
+// (or overcommit) memory. Times are the worker's to measure.
+TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) {
+  v1::ProfileRequest request = Request();
+  const std::vector<std::string> names = {"embed", "h.0.attn", "h.0.mlp", "head"};
+  ModelProfile sizes;
+  for (const std::string& name : names) {
+    UnitProfile u;
+    u.name = name;
+    u.weight_bytes = 4096;
+    u.activation_bytes = 8192;
+    u.stash_bytes = 1000;
+    sizes.units.push_back(u);
+  }
+  v1::ModelProfile good = GoodProfile(request, names);
+  for (auto& u : *good.mutable_units()) u.set_stash_bytes(1500);  // within twice
+  EXPECT_TRUE(CheckWorkerProfile(good, request, names, &sizes).ok());
+  struct Case {
+    const char* field;
+    std::function<void(v1::ModelProfile&)> spoil;
+  };
+  const Case cases[] = {
+      {"units[3].weight_bytes is 1e+15, not the model's 4096",
+       [](v1::ModelProfile& p) { p.mutable_units(3)->set_weight_bytes(1e15); }},
+      {"units[0].activation_bytes is 8193",
+       [](v1::ModelProfile& p) { p.mutable_units(0)->set_activation_bytes(8193); }},
+      {"units[2].stash_bytes is 2001, over twice the model's 1000",
+       [](v1::ModelProfile& p) { p.mutable_units(2)->set_stash_bytes(2001); }},
+  };
+  for (const Case& c : cases) {
+    v1::ModelProfile p = good;
+    c.spoil(p);
+    const absl::Status status = CheckWorkerProfile(p, request, names, &sizes);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(status.message().find(c.field), std::string::npos) << status.message();
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

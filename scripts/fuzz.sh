@@ -28,6 +28,7 @@ TARGETS=(
   rest_fuzzer
   worker_registry_fuzzer
   job_manager_fuzzer
+  store_restore_fuzzer
 )
 
 seconds="${1:-600}"

@@ -1,0 +1,98 @@
+// A coordinator starting over a state store whose records it did not write
+// as they are (coordinator/store/coordinator_state.h): a store of an older
+// version, a damaged one, or an etcd a stranger could write. Each input
+// fills a fresh in-memory store with up to 8 records, restores the worker
+// registry and the job manager from it (JobManager::Restore trusts stored
+// plans, checkpoints, layouts and profiles only after its own checks), then
+// registers two workers and lets time pass, so that restored jobs are
+// planned again, resumed or failed, on a fake clock.
+//
+// Input: records until it ends, each a byte choosing the table ((byte & 3)
+// % 3: jobs/, workers/, profiles/) and, with bit 2, that the value is a
+// job of SmallJobSpec(2), RUNNING, with the record's bytes merged into it
+// as protobuf fields (so that restores get past parsing), then the
+// record's uint16-length-prefixed bytes.
+//
+// Checks beyond the sanitizers: whatever Restore accepts can be listed and
+// read back (Get) at every step, and its plan asked for (GetPlan).
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/clock.h"
+#include "common/logging.h"
+#include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/background_queue_testing.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/small_spec_testing.h"
+#include "coordinator/registry/worker_registry.h"
+#include "coordinator/store/coordinator_state.h"
+#include "coordinator/store/memory_store.h"
+#include "coordinator/store/state.pb.h"
+#include "fuzz/fuzz_input.h"
+
+namespace {
+
+constexpr int kMaxRecords = 8;
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace pipetrain;
+  static const bool quiet = [] {
+    SetMinLogSeverity(LogSeverity::kError);  // restores and recoveries are logged
+    return true;
+  }();
+  (void)quiet;
+  FuzzInput in(data, size);
+  MemoryStore store;
+  CoordinatorState state(&store);
+  if (!state.Initialize().ok()) __builtin_trap();
+  std::vector<StoreWrite> writes;
+  for (int i = 0; i < kMaxRecords && !in.empty(); ++i) {
+    const uint8_t kind = in.Byte();
+    const std::string_view bytes = in.LengthPrefixed();
+    std::string value(bytes);
+    if (kind & 4) {
+      // A record that parses: a minimal job of SmallJobSpec merged with the
+      // input's fields (protobuf's merge: later fields win).
+      store::StoredJob job;
+      *job.mutable_job()->mutable_spec() = SmallJobSpec(2);
+      job.mutable_job()->set_id(absl::StrCat("job-fuzz-", i));
+      job.mutable_job()->set_state(v1::JOB_STATE_RUNNING);
+      job.MergeFromString(value);  // a failed merge keeps what parsed
+      value = job.SerializeAsString();
+    }
+    static const char* const kTables[] = {"jobs/", "workers/", "profiles/"};
+    writes.push_back(StoreWrite::Put(absl::StrCat(kTables[(kind & 3) % 3], "k", i), value));
+  }
+  if (!store.Commit(writes).ok()) return 0;
+
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
+  absl::StatusOr<std::vector<v1::Worker>> known = state.LoadWorkers();
+  if (known.ok()) registry.Restore(*known);
+  AssignmentHub hub;
+  BackgroundQueue background;  // outlives jobs
+  JobManager jobs(&registry, &hub, &clock,
+                  JobManagerOptions{.state = &state, .background_runner = background.Runner()});
+  if (!jobs.Restore().ok()) return 0;
+  for (const char* address : {"10.0.0.1:9001", "10.0.0.2:9001"}) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address(address);
+    (void)registry.Register(request);  // the registry may be full of restored ones
+  }
+  for (int round = 0; round < 3; ++round) {
+    clock.Advance(absl::Seconds(20));
+    jobs.ScheduleQueued();
+    background.RunAll();
+    for (const v1::Job& job : jobs.List()) {
+      if (!jobs.Get(job.id()).ok()) __builtin_trap();
+      (void)jobs.GetPlan(job.id());
+    }
+  }
+  jobs.FlushIo();
+  return 0;
+}

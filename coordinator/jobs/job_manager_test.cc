@@ -91,8 +91,11 @@ class JobManagerTest : public ::testing::Test {
     return a.has_value() ? a->assignment : v1::Assignment();
   }
 
-  void Report(const std::string& worker, const std::string& job, int64_t iteration,
-              std::vector<float> losses, bool finished) {
+  // `worker`'s report of `iteration` of `job`'s first plan.
+  static v1::ReportProgressRequest IterationReport(const std::string& worker,
+                                                   const std::string& job, int64_t iteration,
+                                                   const std::vector<float>& losses,
+                                                   bool finished = false) {
     v1::ReportProgressRequest r;
     r.set_worker_id(worker);
     r.set_job_id(job);
@@ -100,7 +103,12 @@ class JobManagerTest : public ::testing::Test {
     r.set_iteration(iteration);
     for (float l : losses) r.add_micro_batch_losses(l);
     r.set_finished(finished);
-    ASSERT_TRUE(jobs_.ReportProgress(r).ok());
+    return r;
+  }
+  void Report(const std::string& worker, const std::string& job, int64_t iteration,
+              std::vector<float> losses, bool finished) {
+    ASSERT_TRUE(
+        jobs_.ReportProgress(IterationReport(worker, job, iteration, losses, finished)).ok());
     background_.RunAll();
   }
 
@@ -480,12 +488,7 @@ TEST_F(JobManagerTest, Progress_RepeatedReport_CountedOnce) {
   const std::string id = Submit(SmallSpec(2)).value().id();
   const v1::Job planned = jobs_.Get(id).value();
   const std::string last = planned.worker_ids(1);  // the stage that computes the loss
-  v1::ReportProgressRequest r;
-  r.set_worker_id(last);
-  r.set_job_id(id);
-  r.set_plan_version(1);
-  r.set_iteration(0);
-  r.add_micro_batch_losses(2.0f);
+  v1::ReportProgressRequest r = IterationReport(last, id, 0, {2.0f});
   r.set_busy_seconds(0.5);
   JobManager::ProgressCounted counted;
   ASSERT_TRUE(jobs_.ReportProgress(r, &counted).ok());
@@ -642,12 +645,7 @@ TEST_F(JobManagerTest, Progress_NanValidationLoss_FailsTheJob) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(SmallSpec(2)).value().id();
   const std::string last = jobs_.Get(id).value().worker_ids(1);
-  v1::ReportProgressRequest r;
-  r.set_worker_id(last);
-  r.set_job_id(id);
-  r.set_plan_version(1);
-  r.set_iteration(0);
-  r.add_micro_batch_losses(2.0f);
+  v1::ReportProgressRequest r = IterationReport(last, id, 0, {2.0f});
   r.set_val_loss(std::numeric_limits<float>::quiet_NaN());
   ASSERT_TRUE(jobs_.ReportProgress(r).ok());
   const v1::Job job = jobs_.Get(id).value();

@@ -40,6 +40,22 @@ class RecordingTransport : public Transport {
   std::vector<std::pair<TensorAddress, WireTensor>> sent_;  // one thread sends
 };
 
+// Runs iteration 0 on every stage at once, each on a thread; the first to
+// fail shuts the fabric down so the others stop waiting. Their statuses.
+std::vector<absl::Status> RunFirstIteration(
+    const std::vector<std::unique_ptr<StageRuntime>>& runtimes, InProcessFabric& fabric) {
+  std::vector<absl::Status> errors(runtimes.size());
+  std::vector<std::thread> threads;
+  for (size_t s = 0; s < runtimes.size(); ++s) {
+    threads.emplace_back([&, s] {
+      errors[s] = runtimes[s]->RunIteration(0).status();
+      if (!errors[s].ok()) fabric.Shutdown();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
 // Sends its activations as encoded payloads declaring a shape of 64 Mi
 // values (a peer that does not follow the protocol).
 class ShapeLyingTransport : public Transport {
@@ -86,15 +102,7 @@ TEST(StageRuntimeCompression, DeclaredShapeOtherThanExpected_RefusedBeforeDecodi
         absl::Seconds(30)};
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }
-  std::vector<absl::Status> errors(2);
-  std::vector<std::thread> threads;
-  for (int s = 0; s < 2; ++s) {
-    threads.emplace_back([&, s] {
-      errors[s] = runtimes[s]->RunIteration(0).status();
-      if (!errors[s].ok()) fabric.Shutdown();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<absl::Status> errors = RunFirstIteration(runtimes, fabric);
   EXPECT_EQ(errors[1].code(), absl::StatusCode::kInvalidArgument) << errors[1];
   EXPECT_NE(errors[1].message().find("has shape [64, 1024, 1024]; expected [2, 8, 16]"),
             std::string::npos)
@@ -202,15 +210,7 @@ TEST(StageRuntimeCompression, TokenTopKOnAttentionOutput_RanksTokensByColumnSums
                      programs[s], absl::Seconds(30)};
     runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
   }
-  std::vector<absl::Status> errors(2);
-  std::vector<std::thread> threads;
-  for (int s = 0; s < 2; ++s) {
-    threads.emplace_back([&, s] {
-      errors[s] = runtimes[s]->RunIteration(0).status();
-      if (!errors[s].ok()) fabric.Shutdown();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<absl::Status> errors = RunFirstIteration(runtimes, fabric);
   ASSERT_TRUE(errors[0].ok()) << errors[0];
   ASSERT_TRUE(errors[1].ok()) << errors[1];
 

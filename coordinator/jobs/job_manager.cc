@@ -858,8 +858,8 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(job_id);
     if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
-    const bool unsaved_cancel =
-        record->job.state() == v1::JOB_STATE_CANCELLED && unsaved_.count(job_id) > 0;
+    const bool unsaved_cancel = record->job.state() == v1::JOB_STATE_CANCELLED &&
+                                (unsaved_.count(job_id) > 0 || record->cancel_unconfirmed);
     if (IsTerminal(record->job.state()) && !unsaved_cancel) {
       return absl::FailedPreconditionError(absl::StrCat("job ", job_id, " already ended (",
                                                         EnumShortName(record->job.state()), ")"));
@@ -874,6 +874,12 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
     cancelled = record->job;
   }
   FlushIo();
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (JobRecord* record = FindLocked(job_id); record != nullptr) {
+      record->cancel_unconfirmed = !saved->ok();
+    }
+  }
   if (!saved->ok()) {
     return absl::UnavailableError(absl::StrCat(
         "job ", job_id, " is cancelled here, but the state store did not record it (",

@@ -400,6 +400,10 @@ class JobManager {
     // workers to register again.
     absl::Time restart_grace_until;
     absl::Time last_persisted;
+    // Cancel answered UNAVAILABLE (its save failed) and no cancel has been
+    // answered OK since: the next cancel answers as a first one, even if a
+    // retried save recorded it meanwhile.
+    bool cancel_unconfirmed = false;
     // A job submitted with spec.parallelism.data 0 (auto): its
     // spec.parallelism.workers. Every plan, re-plans after a loss or a
     // join included, chooses the layout again for the workers it gets, 1

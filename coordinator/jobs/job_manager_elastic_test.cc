@@ -1300,6 +1300,11 @@ TEST(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
     clock.Advance(absl::Seconds(1));
     jobs.ScheduleQueued();  // tries the save again
     jobs.FlushIo();
+    EXPECT_EQ(restored_state(id2), v1::JOB_STATE_CANCELLED);
+    // Recorded by the retry before the user asked again: still answered as
+    // a first cancel (what the UNAVAILABLE said to do), then as ended.
+    EXPECT_EQ(jobs.Cancel(id2).value().state(), v1::JOB_STATE_CANCELLED);
+    EXPECT_EQ(jobs.Cancel(id2).status().code(), absl::StatusCode::kFailedPrecondition);
   }
   EXPECT_EQ(restored_state(id2), v1::JOB_STATE_CANCELLED);
 }

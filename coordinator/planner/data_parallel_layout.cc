@@ -109,20 +109,13 @@ Solved SolveLayout(const ModelProfile& measured, const ClusterSpec& given, int d
   const auto simulate = [&](const std::vector<v1::Program>& programs) {
     return SimulateWithSharedCores(programs, costs, cluster, d, p, 1, stretch.factor, 1, nullptr);
   };
-  plan_options.simulate = simulate;
+  plan_options.simulate = simulate;  // out.plan.simulation is this one
   absl::StatusOr<SolvedPlan> plan = SolvePlan(profile, out.stage_cluster, plan_options);
   if (!plan.ok()) {
     out.candidate.status = plan.status();
     return out;
   }
   out.plan = *std::move(plan);
-  absl::StatusOr<SimulationResult> shared = simulate(out.plan.programs);
-  if (!shared.ok()) {
-    out.candidate.status = shared.status();
-    return out;
-  }
-  out.plan.simulation = *std::move(shared);
-  out.plan.all_reduce_seconds = out.plan.simulation.all_reduce_seconds;
   out.candidate.compute_stretch = stretch.factor;
   out.candidate.distpar = DistParLayoutCost(out.plan, profile, options.distpar_beta);
   out.candidate.step_seconds = out.plan.simulation.iteration_seconds;

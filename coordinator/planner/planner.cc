@@ -207,7 +207,9 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   {
     std::vector<v1::Program> compressed = solved.programs;
     MarkCompression(r.spec.compression(), &compressed);
-    ASSIGN_OR_RETURN(solved.simulation, simulate_programs(solved.programs, &overlap_stretch));
+    ASSIGN_OR_RETURN(solved.simulation,
+                     SimulateWithSharedCores(compressed, costs, cluster, replicas, r.stages, tensor,
+                                             stretch.factor, compute_share, &overlap_stretch));
     if (r.data_parallel_powersgd_rank > 0 || !r.data_parallel_quantizer.empty()) {
       // Selective stage compression: the stages named, or those whose
       // all-reduce the simulation puts on the critical path; then the

@@ -124,7 +124,11 @@ absl::StatusOr<SolvedPlan> SolveOne(const std::string& solver, const BiPartition
   SimulationCosts sim_costs =
       SimulationCostsFromProfile(profile, cluster, TiedGradientBytes(profile));
   sim_costs.data_parallel = options.data_parallel;
-  ASSIGN_OR_RETURN(out.simulation, SimulateIteration(out.programs, sim_costs));
+  if (options.simulate) {
+    ASSIGN_OR_RETURN(out.simulation, options.simulate(out.programs));
+  } else {
+    ASSIGN_OR_RETURN(out.simulation, SimulateIteration(out.programs, sim_costs));
+  }
   out.data_parallel = options.data_parallel;
   out.all_reduce_seconds = out.simulation.all_reduce_seconds;
   return out;
@@ -155,10 +159,6 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
       return plan.status();
     }
     total_solve += plan->solve_seconds;
-    if (options.simulate) {
-      ASSIGN_OR_RETURN(plan->simulation, options.simulate(plan->programs));
-      plan->all_reduce_seconds = plan->simulation.all_reduce_seconds;
-    }
     candidates[solver] = plan->simulation.iteration_seconds;
     if (!best.ok() || plan->simulation.iteration_seconds < best->simulation.iteration_seconds) {
       best = std::move(plan);

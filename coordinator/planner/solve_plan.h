@@ -58,12 +58,11 @@ struct PlanOptions {
   int data_parallel = 1;  // replicas of the pipeline, >= 1
   // Solver "manual" only: one range per worker each.
   std::vector<Range> manual_forward, manual_backward;
-  // Solver "auto" only, optional: the caller's own simulation of a
-  // candidate's programs (planner.cc and data_parallel_layout.cc add the
-  // cores that stage positions on one host share, and the links' codecs),
-  // which auto then ranks the candidates by and reports in `candidates`
-  // and the winner's `simulation`, so that the choice is the plan the
-  // caller predicts fastest. Unset: the plain simulation.
+  // Optional: the caller's own simulation of a plan's programs
+  // (planner.cc and data_parallel_layout.cc add the cores that stage
+  // positions on one host share, and the links' codecs), which every
+  // solver's plan reports instead of the plain one, so that auto ranks its
+  // candidates (and fills `candidates`) by what the caller predicts.
   std::function<absl::StatusOr<SimulationResult>(const std::vector<v1::Program>&)> simulate;
 };
 

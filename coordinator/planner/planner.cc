@@ -192,14 +192,11 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     total += planned.units[u].fwd_seconds + planned.units[u].bwd_seconds;
   }
   const double compute_share = total > 0 ? std::min(1.0, compute / total) : 1.0;
-  const auto simulate_programs = [&](const std::vector<v1::Program>& programs, double* overlap) {
+  options.simulate = [&](const std::vector<v1::Program>& programs) {
     std::vector<v1::Program> compressed = programs;
     MarkCompression(r.spec.compression(), &compressed);
     return SimulateWithSharedCores(compressed, costs, cluster, replicas, r.stages, tensor,
-                                   stretch.factor, compute_share, overlap);
-  };
-  options.simulate = [&](const std::vector<v1::Program>& programs) {
-    return simulate_programs(programs, nullptr);
+                                   stretch.factor, compute_share, nullptr);
   };
   ASSIGN_OR_RETURN(SolvedPlan solved, SolvePlan(planned, replica, options));
   double overlap_stretch = 1;

@@ -286,6 +286,14 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
     }
   }
   progress.Finish();
+  // As a job's last step (worker/agent/job_runner.cc): the last loss was
+  // finite, but its update may have broken the weights; none are saved then.
+  if (trainer.step() > first_step) {
+    GptModel& model = trainer.model();
+    const std::vector<Parameter> host = HostParameterCopies(model.backend(), model.parameters());
+    RETURN_IF_ERROR(model.backend()->status());
+    RETURN_IF_ERROR(CheckWeightsAfterStep(trainer.step(), CheckParametersFinite(host)));
+  }
   return last_val;
 }
 

@@ -1,6 +1,7 @@
 #include "common/tensor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <utility>
@@ -148,6 +149,15 @@ void Tensor::CopyFrom(const Tensor& other) {
 std::vector<float> Tensor::ToVector() const {
   PT_CHECK(!on_device_) << "ToVector of a device tensor: use its Backend";
   return std::vector<float>(data(), data() + numel_);
+}
+
+int64_t FirstNonFinite(const Tensor& t) {
+  PT_CHECK(!t.on_device()) << "FirstNonFinite reads host tensors";
+  const float* data = t.data();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (!std::isfinite(data[i])) return i;
+  }
+  return -1;
 }
 
 }  // namespace pipetrain

@@ -36,6 +36,11 @@ std::string ShapeToString(const Shape& shape);  // "[2, 3]"
 // hand out Tensor::OnHost storage (worker/transport/tensor_pool.h).
 float* AllocateAlignedHost(int64_t bytes);
 
+class Tensor;
+// The index of the first NaN or infinite element of host tensor `t`, or -1
+// when every element is finite (or `t` is empty). Must not be a device tensor.
+int64_t FirstNonFinite(const Tensor& t);
+
 class Tensor {
  public:
   Tensor() = default;  // Null tensor: numel() == 0, is_null() == true.

@@ -1,6 +1,7 @@
 #include "common/tensor.h"
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <utility>
 #include <vector>
@@ -96,6 +97,19 @@ TEST(TensorTest, OnHost_UsesTheStorageAndFreesItWithTheLastView) {
   EXPECT_TRUE(freed);
 }
 
+TEST(TensorTest, FirstNonFinite_IndexOfTheFirstNanOrInfinity) {
+  EXPECT_EQ(FirstNonFinite(Tensor()), -1);
+  Tensor t = Tensor::FromVector({2, 3}, {0, -1, std::numeric_limits<float>::max(), 4, 5, 6});
+  EXPECT_EQ(FirstNonFinite(t), -1);
+  t[4] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FirstNonFinite(t), 4);
+  t[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(FirstNonFinite(t), 3);
+  EXPECT_EQ(FirstNonFinite(t.Slice(1, 2)), 0);  // a view counts from its start
+  t[0] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(FirstNonFinite(t), 0);
+}
+
 TEST(TensorDeathTest, OnHost_NullStorage_Aborts) {
   EXPECT_DEATH(Tensor::OnHost({2}, nullptr), "Tensor::OnHost over null storage");
 }
@@ -106,6 +120,7 @@ TEST(TensorDeathTest, HostMethods_OnDeviceTensor_Abort) {
   EXPECT_DEATH(t.Fill(1.0f), "Fill of a device tensor");
   EXPECT_DEATH(t.ToVector(), "ToVector of a device tensor");
   EXPECT_DEATH(t.Clone(), "Clone of a device tensor");
+  EXPECT_DEATH(FirstNonFinite(t), "FirstNonFinite reads host tensors");
   Tensor host = Tensor::Zeros({2});
   EXPECT_DEATH(host.CopyFrom(t), "host copy of a device tensor");
 }

@@ -20,6 +20,7 @@
 #include "worker/data/corpus.h"
 #include "worker/model/gpt_config.h"
 #include "worker/model/weights_io.h"
+#include "worker/train/divergence.h"
 
 namespace pipetrain {
 namespace {
@@ -321,6 +322,9 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
       if (!fitted.ok()) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": ", fitted.status().message()));
       }
+      if (absl::Status finite = CheckStartingWeightsFinite(p.name, *fitted); !finite.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": ", finite.message()));
+      }
       state.values.push_back({p.name, *std::move(fitted)});
     }
     states.push_back(std::move(state));
@@ -380,10 +384,10 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
 namespace {
 
 // ReportProgressRequest.weights_digest: SHA-256 of every parameter's fp32
-// bytes, in parameters() order.
-std::string WeightsDigest(Backend* backend, const std::vector<Parameter*>& parameters) {
+// bytes, in parameters() order (`host`: HostParameterCopies of them).
+std::string WeightsDigest(const std::vector<Parameter>& host) {
   std::string bytes;
-  for (const Parameter& p : HostParameterCopies(backend, parameters)) {
+  for (const Parameter& p : host) {
     const std::vector<float> values = p.value.ToVector();
     bytes.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
   }
@@ -649,6 +653,19 @@ absl::Status JobRunner::RunJob() {
       if (stop_.load()) break;
       val_loss = *evaluated;
     }
+    // The last step's loss is finite, but an infinite gradient element may
+    // have made its weights NaN: fail rather than upload or finish with
+    // them (every earlier step's weights were checked by the next loss).
+    std::vector<Parameter> final_weights;
+    if (last) {
+      final_weights = HostParameterCopies(options_.backend, runtime->parameters());
+      absl::Status finite = options_.backend->status();
+      if (finite.ok()) finite = CheckWeightsAfterStep(steps, CheckParametersFinite(final_weights));
+      if (!finite.ok()) {
+        if (!stop_.load()) ReportError(finite);
+        return finite;
+      }
+    }
     if (last && upload) {
       // Every tensor rank takes part in the gather; rank 0 uploads.
       absl::StatusOr<std::vector<Parameter>> host = runtime->UnsplitParameterCopies(steps);
@@ -671,8 +688,7 @@ absl::Status JobRunner::RunJob() {
     r.set_idle_seconds(result->idle_seconds);
     if (traced) *r.mutable_trace() = std::move(trace);
     r.set_finished(last);
-    if (last && replicas > 1)
-      r.set_weights_digest(WeightsDigest(options_.backend, runtime->parameters()));
+    if (last && replicas > 1) r.set_weights_digest(WeightsDigest(final_weights));
     if (val_loss.has_value() && speaks) r.set_val_loss(*val_loss);
     r.set_eval_seconds(eval_seconds);
     // The job ends with the last report: a checkpoint still being written

@@ -6,8 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <climits>
 #include <atomic>
+#include <climits>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <limits>
@@ -24,9 +25,12 @@
 #include "coordinator/planner/partition.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
+#include "spec/job_spec.h"
 #include "worker/data/token_file.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/forwarding_backend.h"
+#include "worker/model/gpt_model.h"
+#include "worker/model/weights_io.h"
 #include "worker/runtime/in_process_device_channel.h"
 #include "worker/runtime/in_process_device_collective.h"
 #include "worker/transport/in_process_transport.h"
@@ -487,6 +491,110 @@ TEST(JobRunnerTest, BackendFailure_ReportsTheJobThenCallsTheHookOnce) {
   std::lock_guard<std::mutex> lock(mu);
   ASSERT_EQ(failures.size(), 1u);
   EXPECT_EQ(failures[0].message(), "device lost");
+}
+
+// Makes the first tensor's first weight NaN in the update of step `step`,
+// as an infinite gradient element would (its step's loss stays finite).
+class NanWeightsAtStep : public ForwardingBackend {
+ public:
+  explicit NanWeightsAtStep(int64_t step) : ForwardingBackend(CpuBackend()), step_(step) {}
+  void AdamWUpdateAll(const std::vector<AdamWTensor>& tensors, int64_t step,
+                      const AdamWConfig& config) override {
+    inner()->AdamWUpdateAll(tensors, step, config);
+    if (step == step_ && !tensors.empty()) tensors[0].param[0] = std::nanf("");
+  }
+
+ private:
+  const int64_t step_;
+};
+
+// The last step's loss is finite while its update broke the weights: the
+// job fails naming the tensor; nothing is uploaded or reported finished.
+TEST(JobRunnerTest, LastStepMakesNanWeights_FailsBeforeUploadingOrFinishing) {
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  v1::Assignment a = Assignment(0, 3, /*weights=*/true, Schedule::kGPipe);
+  a.mutable_spec()->mutable_parallelism()->set_stages(1);
+  a.set_num_stages(1);
+  SetPeers(&a);
+  a.mutable_backward_units()->set_begin(0);
+  a.mutable_backward_units()->set_end(4);
+  *a.mutable_forward_units() = a.backward_units();
+  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  NanWeightsAtStep backend(3);
+  JobRunnerOptions options{"w", 1};
+  options.backend = &backend;
+  JobRunner runner(
+      a, &fabric.mailbox(0),
+      [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
+        return fabric.Connect(s);
+      },
+      &link, options);
+  runner.Start();
+  ASSERT_TRUE(link.AwaitReports(3));
+  while (!runner.finished()) std::this_thread::yield();  // bounded: the job has failed
+  runner.Stop();
+  const std::vector<v1::ReportProgressRequest> reports = link.reports();
+  ASSERT_EQ(reports.size(), 3u);
+  for (int it = 0; it < 2; ++it) {
+    EXPECT_EQ(reports[it].iteration(), it);
+    EXPECT_TRUE(reports[it].error().empty()) << reports[it].error();
+    ASSERT_EQ(reports[it].micro_batch_losses_size(), 2);
+    EXPECT_TRUE(std::isfinite(reports[it].micro_batch_losses(0)));
+  }
+  EXPECT_NE(reports[2].error().find("training diverged: after step 3, "), std::string::npos)
+      << reports[2].error();
+  EXPECT_NE(reports[2].error().find(" holds NaN at element 0"), std::string::npos)
+      << reports[2].error();
+  EXPECT_FALSE(reports[2].peer_failure());
+  for (const v1::ReportProgressRequest& r : reports) EXPECT_FALSE(r.finished());
+  EXPECT_TRUE(link.uploaded().empty());
+}
+
+// spec.init.from weights with a NaN in a row no step reads (the last
+// position, past seq_len) would train with finite losses to NaN weights:
+// the stage refuses them before the first step, naming the tensor.
+TEST(JobRunnerTest, InitWeightsWithNan_ReportedAsTheJobsErrorBeforeAnyStep) {
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
+  a.mutable_spec()->mutable_parallelism()->set_stages(1);
+  a.set_num_stages(1);
+  SetPeers(&a);
+  a.mutable_backward_units()->set_begin(0);
+  a.mutable_backward_units()->set_end(4);
+  *a.mutable_forward_units() = a.backward_units();
+  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  a.mutable_spec()->mutable_model()->set_max_seq_len(12);
+  const GptConfig model = ResolveJobSpec(a.spec()).value().train.model;
+  ASSERT_GT(model.max_seq_len, a.spec().training().seq_len());
+  std::unique_ptr<GptModel> weights = GptModel::Create(model, 1).value();
+  for (Parameter* p : weights->parameters()) {
+    if (p->name == "wpe.weight") p->value[p->value.numel() - 1] = std::nanf("");
+  }
+  const std::string root = std::string(std::getenv("TEST_TMPDIR")) + "/init-nan";
+  ASSERT_EQ(mkdir(root.c_str(), 0700), 0);
+  ASSERT_TRUE(SaveWeights(root + "/init.safetensors", weights->parameters()).ok());
+  a.set_init_weights("init.safetensors");
+  JobRunnerOptions options{"w", 1};
+  options.checkpoint_root = root;
+  JobRunner runner(
+      a, &fabric.mailbox(0),
+      [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
+        return fabric.Connect(s);
+      },
+      &link, options);
+  runner.Start();
+  ASSERT_TRUE(link.AwaitReports(1));
+  while (!runner.finished()) std::this_thread::yield();  // bounded: the job has failed
+  runner.Stop();
+  const std::vector<v1::ReportProgressRequest> reports = link.reports();
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_NE(reports[0].error().find("tensor 'wpe.weight' holds NaN at element " +
+                                    std::to_string(model.max_seq_len * model.d_model - 1) +
+                                    ": weights of a diverged run cannot start one"),
+            std::string::npos)
+      << reports[0].error();
 }
 
 // A job that ends well leaves the hook alone.

@@ -147,18 +147,15 @@ absl::Status CheckSnapshotFinite(const StageSnapshot& snapshot) {
   for (const UnitState& unit : snapshot.units) {
     for (const std::vector<NamedTensor>* list : {&unit.values, &unit.m, &unit.v}) {
       for (const NamedTensor& t : *list) {
-        const float* data = t.tensor.data();
-        const int64_t n = t.tensor.numel();
-        for (int64_t i = 0; i < n; ++i) {
-          if (std::isfinite(data[i])) continue;
-          const char* what = list == &unit.values ? "weight"
-                             : list == &unit.m    ? "moment m of"
-                                                  : "moment v of";
-          return absl::FailedPreconditionError(absl::StrCat(
-              "not writing the checkpoint of step ", snapshot.step, ": ", what, " ", t.name,
-              " of unit ", unit.unit, " holds ", std::isnan(data[i]) ? "NaN" : "an infinity",
-              " at element ", i, " (training diverged; the previous checkpoint stays the latest)"));
-        }
+        const int64_t i = FirstNonFinite(t.tensor);
+        if (i < 0) continue;
+        const char* what = list == &unit.values ? "weight"
+                           : list == &unit.m    ? "moment m of"
+                                                : "moment v of";
+        return absl::FailedPreconditionError(absl::StrCat(
+            "not writing the checkpoint of step ", snapshot.step, ": ", what, " ", t.name,
+            " of unit ", unit.unit, " holds ", std::isnan(t.tensor[i]) ? "NaN" : "an infinity",
+            " at element ", i, " (training diverged; the previous checkpoint stays the latest)"));
       }
     }
   }

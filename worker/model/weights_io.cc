@@ -1,5 +1,6 @@
 #include "worker/model/weights_io.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -37,6 +38,14 @@ absl::Status SaveWeights(const std::string& path, const std::vector<Parameter*>&
   return WriteSafetensors(path, ParameterValues(params), metadata);
 }
 
+absl::Status CheckStartingWeightsFinite(const std::string& name, const Tensor& t) {
+  const int64_t bad = FirstNonFinite(t);
+  if (bad < 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("tensor '", name, "' holds ", std::isnan(t[bad]) ? "NaN" : "an infinity",
+                   " at element ", bad, ": weights of a diverged run cannot start one"));
+}
+
 absl::Status ImportWeights(const SafetensorsContents& contents,
                            const std::vector<Parameter*>& params) {
   std::vector<Tensor> sources;
@@ -52,6 +61,7 @@ absl::Status ImportWeights(const SafetensorsContents& contents,
       return absl::InvalidArgumentError(absl::StrCat(
           fitted.status().message(), "; check --layers/--heads/--d-model/--vocab/--block-size"));
     }
+    RETURN_IF_ERROR(CheckStartingWeightsFinite(p->name, *fitted));
     sources.push_back(*std::move(fitted));
   }
   for (size_t i = 0; i < params.size(); ++i) params[i]->value.CopyFrom(sources[i]);
@@ -80,6 +90,16 @@ std::vector<Parameter> HostParameterCopies(Backend* backend,
     copies.push_back(std::move(copy));
   }
   return copies;
+}
+
+absl::Status CheckParametersFinite(const std::vector<Parameter>& params) {
+  for (const Parameter& p : params) {
+    const int64_t bad = FirstNonFinite(p.value);
+    if (bad < 0) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        p.name, " holds ", std::isnan(p.value[bad]) ? "NaN" : "an infinity", " at element ", bad));
+  }
+  return absl::OkStatus();
 }
 
 std::vector<Parameter*> ParameterPointers(std::vector<Parameter>& params) {

@@ -25,6 +25,11 @@ std::vector<NamedTensor> ParameterValues(const std::vector<Parameter*>& params);
 // device backend's copy errors show in its status().
 std::vector<Parameter> HostParameterCopies(Backend* backend,
                                            const std::vector<Parameter*>& params);
+// OK when every value of `params` (host copies, as HostParameterCopies
+// makes) is finite; otherwise FAILED_PRECONDITION naming the first
+// parameter that is not, the element (of this copy, a tensor-parallel
+// shard's own numbering) and whether it is NaN or an infinity.
+absl::Status CheckParametersFinite(const std::vector<Parameter>& params);
 // Pointers to each element of `params` (which must outlive them).
 std::vector<Parameter*> ParameterPointers(std::vector<Parameter>& params);
 
@@ -40,13 +45,20 @@ absl::Status SaveWeights(const std::string& path, const std::vector<Parameter*>&
 absl::StatusOr<Tensor> FitToParameter(const std::string& name, const Shape& want,
                                       const Tensor& found);
 
+// OK when every value of `t`, the host tensor a run would start parameter
+// `name` from, is finite; otherwise INVALID_ARGUMENT naming the tensor and
+// the element: a NaN in a row no step reads (a position past seq_len)
+// trains with finite losses to NaN weights.
+absl::Status CheckStartingWeightsFinite(const std::string& name, const Tensor& t);
+
 // Copies tensors from `contents` into `params`, all or nothing: every
 // parameter is checked before any is written. Names may carry Hugging Face's
 // "transformer." prefix. Extra tensors are ignored (HF files also hold the
 // causal-mask buffers h.N.attn.bias/masked_bias and the tied lm_head.weight).
 // A padded vocabulary takes the file's rows (FitToParameter).
 // Errors (INVALID_ARGUMENT, naming the tensor): a parameter missing from the
-// file; a shape that does not fit the model's (both shapes in the message).
+// file; a shape that does not fit the model's (both shapes in the message);
+// a NaN or infinite value (CheckStartingWeightsFinite).
 absl::Status ImportWeights(const SafetensorsContents& contents,
                            const std::vector<Parameter*>& params);
 

@@ -1,6 +1,8 @@
 #include "worker/model/weights_io.h"
 
+#include <cmath>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -72,6 +74,44 @@ TEST(WeightsIoTest, Load_MissingTensor_NamesItAndChangesNothing) {
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), path + ": missing tensor 'h.1.mlp.c_fc.bias' (shape [32])");
   ExpectSameValues(*target, *before);  // all or nothing
+}
+
+// A diverged run's file: a NaN in a position row no step reads (past
+// seq_len) would train with finite losses and end with NaN weights, so it
+// is refused at load, naming the tensor and element; nothing is changed.
+TEST(WeightsIoTest, Load_NanOrInfinity_NamesTheTensorAndChangesNothing) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    auto source = GptModel::Create(SmallConfig(), 1).value();
+    Parameter* wpe = nullptr;
+    for (Parameter* p : source->parameters()) {
+      if (p->name == "wpe.weight") wpe = p;
+    }
+    ASSERT_NE(wpe, nullptr);
+    wpe->value[6 * 8 + 3] = bad;  // the last position's row
+    const std::string path = TempPath("diverged.safetensors");
+    ASSERT_TRUE(SaveWeights(path, source->parameters()).ok());
+    auto target = GptModel::Create(SmallConfig(), 2).value();
+    auto before = GptModel::Create(SmallConfig(), 2).value();
+    absl::Status status = LoadWeights(path, target->parameters());
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(status.message(), path + ": tensor 'wpe.weight' holds " +
+                                    (std::isnan(bad) ? "NaN" : "an infinity") +
+                                    " at element 51: weights of a diverged run cannot start one");
+    ExpectSameValues(*target, *before);
+  }
+}
+
+TEST(WeightsIoTest, CheckParametersFinite_NamesTheFirstParameterAndElement) {
+  auto model = GptModel::Create(SmallConfig(), 1).value();
+  std::vector<Parameter> host = HostParameterCopies(nullptr, model->parameters());
+  EXPECT_TRUE(CheckParametersFinite(host).ok());
+  host.back().value[2] = std::numeric_limits<float>::infinity();
+  absl::Status status = CheckParametersFinite(host);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(), host.back().name + " holds an infinity at element 2");
+  host[1].value[0] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(CheckParametersFinite(host).message(), host[1].name + " holds NaN at element 0");
 }
 
 TEST(WeightsIoTest, Load_WrongShape_NamesTensorAndBothShapes) {

@@ -64,6 +64,13 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer) {
   // Host copies (the tensors themselves on the CPU backend).
   std::vector<Parameter> host = HostParameterCopies(backend, CheckpointTensors(trainer, m, v));
   RETURN_IF_ERROR(backend->status());
+  // As a job's checkpoints (unit_checkpoint.h): diverged weights must not
+  // replace the last good file, the one --resume would take.
+  if (absl::Status finite = CheckParametersFinite(host); !finite.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("not writing the checkpoint of step ", trainer.step(), " to ", path, ": ",
+                     finite.message(), " (training diverged; the file keeps what it held)"));
+  }
   const std::vector<NamedTensor> tensors = ParameterValues(ParameterPointers(host));
   SafetensorsMetadata meta = {{"format", kFormat},
                               {"version", "1"},

@@ -14,4 +14,12 @@ absl::Status CheckLossFinite(int64_t step, float loss) {
       "just before may hold the diverging weights too)"));
 }
 
+absl::Status CheckWeightsAfterStep(int64_t step, const absl::Status& found) {
+  if (found.ok()) return found;
+  return absl::FailedPreconditionError(absl::StrCat(
+      "training diverged: after step ", step, ", ", found.message(),
+      " (that step's loss was still finite); try a lower learning rate, a warm-up or gradient "
+      "clipping"));
+}
+
 }  // namespace pipetrain

@@ -20,6 +20,14 @@ namespace pipetrain {
 // what usually helps (a lower learning rate, a warm-up, gradient clipping).
 absl::Status CheckLossFinite(int64_t step, float loss);
 
+// The same verdict for weights: `found` is the error of a finiteness check
+// of the weights after step `step` (weights_io.h CheckParametersFinite).
+// OK when `found` is; otherwise FAILED_PRECONDITION with its message. An
+// infinite gradient element breaks the weights while its step's loss is
+// still finite, so after the last step only the weights can tell: the job
+// (and train-local) fails rather than export them.
+absl::Status CheckWeightsAfterStep(int64_t step, const absl::Status& found);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_WORKER_TRAIN_DIVERGENCE_H_

@@ -23,5 +23,16 @@ TEST(CheckLossFiniteTest, NanOrInfinite_FailedPreconditionNamingTheStep) {
   EXPECT_TRUE(absl::StrContains(inf.message(), "the loss of step 9 is infinite")) << inf;
 }
 
+TEST(CheckWeightsAfterStepTest, NamesTheStepAndWhatTheCheckFound) {
+  EXPECT_TRUE(CheckWeightsAfterStep(4, absl::OkStatus()).ok());
+  const absl::Status broken =
+      CheckWeightsAfterStep(12, absl::FailedPreconditionError("wte.weight holds NaN at element 3"));
+  EXPECT_EQ(broken.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StartsWith(broken.message(),
+                               "training diverged: after step 12, wte.weight holds NaN at "
+                               "element 3 (that step's loss was still finite)"))
+      << broken;
+}
+
 }  // namespace
 }  // namespace pipetrain

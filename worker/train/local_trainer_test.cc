@@ -102,6 +102,29 @@ TEST(LocalTrainerTest, Resume_TenPlusTenEqualsTwenty) {
   EXPECT_EQ(AllWeights(*resumed), AllWeights(*straight));
 }
 
+// A diverged trainer's checkpoint would replace the last good file, the
+// one --resume takes: it is refused and the file keeps its bytes.
+TEST(LocalTrainerTest, Save_NanWeight_RefusedAndTheFileKept) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  RunSteps(*trainer, 2);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/diverged.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  const SafetensorsContents good = ReadSafetensors(path).value();
+  RunSteps(*trainer, 1);
+  Parameter* broken = trainer->model().parameters()[3];
+  broken->value[1] = std::nanf("");
+  absl::Status status = SaveCheckpoint(path, *trainer);
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(), "not writing the checkpoint of step 3 to " + path + ": " +
+                                  broken->name +
+                                  " holds NaN at element 1 (training diverged; the file keeps "
+                                  "what it held)");
+  const SafetensorsContents kept = ReadSafetensors(path).value();
+  EXPECT_EQ(kept.metadata.at("step"), "2");
+  EXPECT_EQ(kept.metadata, good.metadata);
+}
+
 TEST(LocalTrainerTest, Restore_MismatchedModel_IsFailedPreconditionNamingTheField) {
   Dataset data = MakeDataset(16);
   TrainConfig c = SmallConfig();

@@ -267,4 +267,20 @@ expect_exit attention_unknown 2 '--attention "bogus": want auto, reference, gemm
 expect_exit attention_with_profile 2 "--attention shapes the analytic profile" -- \
   "${P[@]}" --attention flash
 
+# A plan past the coordinator's planning budget (a job would be refused)
+# says so on stderr, then plans; one within it says nothing.
+expect_exit over_budget 0 '"stages"' -- --layers 96 --workers 64 --micro-batches 64 --json
+if grep -qF "solver bipartition for 64 stages of 194 units is about 4.7e+08 solver steps, above \
+the 4e+08 a coordinator plans for a job" "$ERR"; then
+  passed=$((passed + 1))
+else
+  fail over_budget_note "stderr lacks the budget note: $(head -c 400 "$ERR")"
+fi
+expect_exit within_budget 0 '"stages"' -- --layers 12 --workers 4 --json
+if ! grep -qF "solver steps" "$ERR"; then
+  passed=$((passed + 1))
+else
+  fail within_budget_note "a plan within the budget got the note: $(head -c 400 "$ERR")"
+fi
+
 finish

@@ -648,6 +648,21 @@ int RunPlan(const std::vector<std::string>& args) {
   options.plan.solver = f.solver;
   options.plan.objective = f.objective;
   options.plan.schedule = *schedule;
+  // A plan past the coordinator's budget is the user's to wait for here
+  // (Bi-Partition at 1024 workers and 514 units runs for many minutes),
+  // but not silently; and a job of that size would be refused. --data
+  // auto plans every layout, of which D = 1 costs the most.
+  const int workers = static_cast<int>(cluster->workers.size());
+  const int stages = f.data > 1 && workers % f.data == 0 ? workers / f.data : workers;
+  const double steps = SolverSteps(f.solver, stages, static_cast<double>(profile->units.size()));
+  if (steps > kMaxSolverSteps) {
+    std::fprintf(stderr,
+                 "pipetrain plan: solver %s for %d stages of %zu units is about %.2g solver "
+                 "steps, above the %.2g a coordinator plans for a job (it refuses such jobs); "
+                 "this may take minutes to hours (Ctrl-C stops it; solver pipedream or uniform "
+                 "is fast)\n",
+                 f.solver.c_str(), stages, profile->units.size(), steps, kMaxSolverSteps);
+  }
   absl::StatusOr<DataParallelLayout> layout = PlanDataParallel(*profile, *cluster, options);
   if (!layout.ok()) return fail(layout.status());
   const SolvedPlan* plan = &layout->plan;

@@ -46,12 +46,8 @@ PlanningWork EstimatePlanningWork(const ResolvedJobSpec& r) {
     }
     return total;
   }
-  const double stages = r.stages;
   PlanningWork work;
-  const bool bipartition = r.solver == kSolverBiPartition || r.solver == kSolverAuto;
-  work.solver_steps = units * stages;                                           // uniform, manual
-  if (r.solver != kSolverUniform) work.solver_steps += stages * units * units;  // pipedream
-  if (bipartition) work.solver_steps += stages * units * units * units;
+  work.solver_steps = SolverSteps(r.solver, r.stages, units);
   work.stage_micro_batches =
       static_cast<int64_t>(r.stages) * (r.train.micro_batches + EvalMicroBatches(r));
   return work;

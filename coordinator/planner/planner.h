@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/planner/profile.h"
+#include "coordinator/planner/solve_plan.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 #include "spec/job_spec.h"
 
@@ -35,12 +36,8 @@ struct PlanningWork {
 };
 PlanningWork EstimatePlanningWork(const ResolvedJobSpec& resolved);
 
-// The budget: plans are computed on the coordinator's one planning thread
-// (job_manager.h), a plan at a time, so a plan must take seconds, not hours,
-// or the jobs queued behind it wait; and a plan (GET /plan) must stay well
-// below the gRPC message limit. Measured on a 2-core development VM:
-// bipartition at P * U^3 = 4.7e8 (P 64, U 194) solves in 5.6 s.
-inline constexpr double kMaxSolverSteps = 4e8;
+// The budget: kMaxSolverSteps (solve_plan.h), and stages x micro-batches
+// so that a plan (GET /plan) stays well below the gRPC message limit.
 inline constexpr int64_t kMaxStageMicroBatches = 16384;
 
 // RESOURCE_EXHAUSTED naming the estimate, the budget and what to lower when

@@ -136,6 +136,13 @@ absl::StatusOr<SolvedPlan> SolveOne(const std::string& solver, const BiPartition
 
 }  // namespace
 
+double SolverSteps(const std::string& solver, double stages, double units) {
+  double steps = units * stages;                             // uniform, manual
+  if (solver != "uniform") steps += stages * units * units;  // pipedream
+  if (solver == "bipartition" || solver == "auto") steps += stages * units * units * units;
+  return steps;
+}
+
 double TiedGradientBytes(const ModelProfile& profile) {
   return profile.units.empty() ? 0.0 : profile.units.back().weight_bytes;
 }

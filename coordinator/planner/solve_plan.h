@@ -90,6 +90,19 @@ struct SolvedPlan {
 absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterSpec& cluster,
                                      const PlanOptions& options);
 
+// About how many inner steps `solver` takes for `stages` workers and `units`
+// units: bipartition's DP about P * U^3 (and auto also runs pipedream and
+// uniform), pipedream's P * U^2, uniform's and manual's U per worker. A
+// relative measure for the budget below, not a time.
+double SolverSteps(const std::string& solver, double stages, double units);
+
+// The coordinator's planning budget in SolverSteps: it plans jobs on one
+// thread, a plan at a time, so a plan must take seconds, not hours, or the
+// jobs queued behind it wait (planner.h CheckPlanningBudget). Measured on a
+// 2-core development VM: bipartition at P * U^3 = 4.7e8 (P 64, U 194)
+// solves in 5.6 s (7.3 s with the full objective).
+inline constexpr double kMaxSolverSteps = 4e8;
+
 // The TIED_EMBEDDING_GRAD size the simulator charges: the head's weight
 // bytes (its copy of wte plus the final LayerNorm, which is within 0.1 %).
 double TiedGradientBytes(const ModelProfile& profile);

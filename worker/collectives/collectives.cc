@@ -88,6 +88,11 @@ int64_t Collectives::ExchangeChunk() const {
   return FloatsIn(std::min(options_.chunk_bytes, options_.exchange_bytes));
 }
 
+int64_t Collectives::ExchangeWindow() const {
+  const int64_t chunk = ExchangeChunk();
+  return std::max<int64_t>(1, FloatsIn(options_.exchange_window_bytes) / chunk) * chunk;
+}
+
 absl::Status Collectives::SendRange(int64_t iteration, int tag, int to, const float* values,
                                     int64_t begin, int64_t end, int64_t chunk) {
   if (chunk <= 0) chunk = FloatsIn(options_.chunk_bytes);
@@ -226,12 +231,23 @@ absl::Status Collectives::RecursiveDoubling(int64_t iteration, int tag, float* v
   // the same two partial sums (addition commutes), so they agree bitwise,
   // and after log2 n rounds every member holds the same total. SendRange
   // copies each chunk before it goes, so the partner's chunks are added in
-  // place as they arrive.
+  // place as they arrive; a window is sent before the same window is
+  // received (and added), so what goes is still this member's own part.
   const int64_t chunk = ExchangeChunk();
+  const int64_t window = ExchangeWindow();
   for (int d = 1; d < size(); d <<= 1) {
     const int partner = rank_ ^ d;
-    RETURN_IF_ERROR(SendRange(iteration, tag, partner, values, 0, numel, chunk));
-    RETURN_IF_ERROR(RecvRange(iteration, tag, partner, values, 0, numel, /*add=*/true, chunk));
+    int64_t sent = std::min(numel, kExchangeWindowsAhead * window);
+    RETURN_IF_ERROR(SendRange(iteration, tag, partner, values, 0, sent, chunk));
+    for (int64_t begin = 0; begin < numel; begin += window) {
+      const int64_t end = std::min(numel, begin + window);
+      RETURN_IF_ERROR(RecvRange(iteration, tag, partner, values, begin, end, /*add=*/true, chunk));
+      if (sent < numel) {
+        const int64_t next = std::min(numel, sent + window);
+        RETURN_IF_ERROR(SendRange(iteration, tag, partner, values, sent, next, chunk));
+        sent = next;
+      }
+    }
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,10 @@
 #include "worker/collectives/collectives.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -180,6 +183,88 @@ TEST(CollectivesTest, TwoMembers_DefaultOptions_ExchangeIn256KiBMessages) {
       EXPECT_EQ(transports[r]->held[i].numel(), i < 15 ? 65536 : 16963)
           << "member " << r << " message " << i;
     }
+    for (int64_t i = 0; i < kNumel; ++i) {
+      ASSERT_EQ(got[r][i], a[i] + b[i]) << "member " << r << " element " << i;
+    }
+  }
+}
+
+// Counts, per sender, the bytes it has sent that its receiver has not yet
+// taken (what waits in the receiver's mailbox), and the most ever waiting.
+class InFlight {
+ public:
+  void Sent(int from, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting_[from] += bytes;
+    most_[from] = std::max(most_[from], waiting_[from]);
+  }
+  void Taken(int from, int64_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    waiting_[from] -= bytes;
+  }
+  int64_t most(int from) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return most_[from];
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<int, int64_t> waiting_, most_;
+};
+
+class CountingTransport : public Transport {
+ public:
+  CountingTransport(std::unique_ptr<Transport> inner, InFlight* in_flight)
+      : inner_(std::move(inner)), in_flight_(in_flight) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
+    in_flight_->Sent(stage(), wire.tensor.size_bytes());  // before it can be taken
+    return inner_->SendWire(peer, address, wire);
+  }
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    absl::StatusOr<WireTensor> got = inner_->RecvWire(peer, address, timeout);
+    if (got.ok()) in_flight_->Taken(peer, got->tensor.size_bytes());
+    return got;
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  InFlight* in_flight_;
+};
+
+// Two members exchange in windows: each has at most 2 x 2 windows of its
+// data waiting at its partner (CollectiveOptions::exchange_window_bytes),
+// not the whole tensor, and the sums are still the one IEEE sum x0 + x1.
+// 64 KiB messages in 256 KiB windows over a 4 MiB tensor (16 windows, the
+// last one short).
+TEST(CollectivesTest, TwoMembers_ExchangeInWindows_PartnerHoldsAtMostFourWindows) {
+  constexpr int64_t kNumel = (int64_t{1} << 20) + 1000;
+  CollectiveOptions options;
+  options.exchange_bytes = int64_t{64} << 10;
+  options.exchange_window_bytes = int64_t{256} << 10;
+  InProcessFabric fabric(2);
+  InFlight in_flight;
+  std::vector<std::unique_ptr<CountingTransport>> transports;
+  for (int r = 0; r < 2; ++r) {
+    transports.push_back(std::make_unique<CountingTransport>(fabric.Connect(r), &in_flight));
+  }
+  std::vector<std::vector<float>> got(2);
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Collectives c(transports[r].get(), CollectiveGroup{{0, 1}, "j"}, options);
+      Tensor t = Tensor::FromVector({kNumel}, Input(r, kNumel));
+      status[r] = c.AllReduce(/*iteration=*/3, /*tag=*/1, t);
+      got[r] = t.ToVector();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::vector<float> a = Input(0, kNumel), b = Input(1, kNumel);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    EXPECT_LE(in_flight.most(r), 4 * options.exchange_window_bytes) << "member " << r;
     for (int64_t i = 0; i < kNumel; ++i) {
       ASSERT_EQ(got[r][i], a[i] + b[i]) << "member " << r << " element " << i;
     }

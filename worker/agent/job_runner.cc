@@ -123,6 +123,7 @@ void JobRunner::Stop() {
     AnnotatedMutexLock lock(&mu_);
     if (device_channel_ != nullptr && !completed_.load()) device_channel_->Abort();
     if (replica_collective_ != nullptr && !completed_.load()) replica_collective_->Abort();
+    if (transport_ != nullptr && !completed_.load()) transport_->Abort();
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -445,6 +446,18 @@ absl::Status JobRunner::RunJob() {
   std::unique_ptr<Transport> transport =
       make_transport_(GlobalWorkerIndex(assignment_), peers,
                       JobCredential{data_plane_job_, assignment_.data_plane_secret()});
+  {
+    // Stop() aborts its sends: one to a stalled or vanished peer would
+    // otherwise hold this worker (and the next plan's assignment) for the
+    // transport's timeouts.
+    AnnotatedMutexLock lock(&mu_);
+    transport_ = transport.get();
+    if (stop_.load()) transport_->Abort();  // a Stop() that came before
+  }
+  absl::Cleanup forget_transport = [&] {  // before the transport dies
+    AnnotatedMutexLock lock(&mu_);
+    transport_ = nullptr;
+  };
   StageSetup setup{data_plane_job_,
                    job.train,
                    assignment_.stage(),

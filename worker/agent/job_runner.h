@@ -14,7 +14,9 @@
 // peer_failure when it came from the data plane, so that a job with
 // checkpoints recovers). Stop()
 // aborts receives at once (Mailbox::AbortJob, and the device group's
-// channel and replica collective, unless every step has run) and joins. A
+// channel and replica collective, unless every step has run), and sends
+// too unless every step has run (Transport::Abort: a send to a stalled
+// peer would wait up to a minute), and joins. A
 // job that ends early (failed or stopped) aborts them before anything waits
 // on the device, as its peers may never send what a queued receive or sum
 // waits for.
@@ -185,6 +187,8 @@ class JobRunner {
   DeviceChannel* device_channel_ ABSL_GUARDED_BY(mu_) = nullptr;
   // The same for the replica device group's collective.
   DeviceCollective* replica_collective_ ABSL_GUARDED_BY(mu_) = nullptr;
+  // The data plane's transport while the job holds one: Stop() aborts it.
+  Transport* transport_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::thread thread_;
 };
 

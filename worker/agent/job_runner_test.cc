@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <climits>
 #include <cmath>
 #include <condition_variable>
@@ -202,6 +203,70 @@ TEST(JobRunnerTest, UnavailableReports_SentAgain_OtherErrorsNot) {
       EXPECT_TRUE(errored);
       EXPECT_LE(link.failed(), 2);  // one attempt each, no retry
     }
+  }
+}
+
+// A transport whose sends wait, as a gRPC send to a stalled peer does,
+// until Abort() (or a minute): then ABORTED. Counts its aborts in `aborts`.
+class StalledSends : public Transport {
+ public:
+  StalledSends(std::unique_ptr<Transport> inner, std::atomic<int>* aborts)
+      : inner_(std::move(inner)), aborts_(aborts) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status SendWire(int, const TensorAddress&, const WireTensor&) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    ++waiting_;
+    changed_.notify_all();
+    changed_.wait_for(lock, std::chrono::seconds(60), [this] { return aborted_; });
+    return aborted_ ? absl::AbortedError("aborted") : absl::DeadlineExceededError("stalled");
+  }
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    return inner_->RecvWire(peer, address, timeout);
+  }
+  void Abort() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    ++*aborts_;
+    changed_.notify_all();
+  }
+  bool AwaitWaiting() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(30), [this] { return waiting_ > 0; });
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::atomic<int>* const aborts_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  int waiting_ = 0;
+  bool aborted_ = false;
+};
+
+// Stop() aborts the transport of a job that has not completed: stage 0's
+// first send waits for a peer that takes nothing, and the runner ends at
+// once instead of after the transport's own timeout.
+TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInASend) {
+  InProcessFabric fabric(2);
+  FakeLink link(/*stages=*/1);
+  std::atomic<StalledSends*> stalled{nullptr};
+  std::atomic<int> aborts{0};
+  auto factory = [&](int stage, const std::vector<std::string>&, const JobCredential&) {
+    auto t = std::make_unique<StalledSends>(fabric.Connect(stage), &aborts);
+    stalled.store(t.get());
+    return std::unique_ptr<Transport>(std::move(t));
+  };
+  JobRunner sender(Assignment(0, 3, false, Schedule::kGPipe), &fabric.mailbox(0), factory, &link,
+                   JobRunnerOptions{"w", 1, absl::Seconds(60)});
+  sender.Start();
+  while (stalled.load() == nullptr) std::this_thread::yield();  // bounded: made at the start
+  ASSERT_TRUE(stalled.load()->AwaitWaiting());  // alive: the runner is stuck in its send
+  sender.Stop();
+  EXPECT_TRUE(sender.finished());
+  EXPECT_EQ(aborts.load(), 1);  // the send ended by Abort, not by its own timeout
+  for (const v1::ReportProgressRequest& r : link.reports()) {
+    EXPECT_TRUE(r.error().empty()) << "a stopped job reports nothing: " << r.error();
   }
 }
 

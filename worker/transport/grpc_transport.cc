@@ -3,6 +3,8 @@
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
+#include <atomic>
 #include <deque>
 #include <utility>
 
@@ -32,6 +34,25 @@ const std::string& StreamMethod() {
       new std::string(absl::StrCat("/", v1::DataPlaneService::service_full_name(), "/Stream"));
   return *method;
 }
+
+// How many Sends wait for room in a full queue, for tests
+// (GrpcTransport::AwaitSendsWaitingForRoom).
+class RoomWaits {
+ public:
+  void Add(int delta) {
+    AnnotatedMutexLock lock(&mu_);
+    waiting_ += delta;
+  }
+  bool Await(int count, absl::Duration timeout) {
+    AnnotatedMutexLock lock(&mu_);
+    auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return waiting_ == count; };
+    return mu_.AwaitWithTimeout(reached, timeout);
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  int waiting_ ABSL_GUARDED_BY(mu_) = 0;
+};
 
 // A payload slice that references the bytes of a WireTensor nobody else
 // holds; each slice keeps it alive until gRPC is done with the slice.
@@ -81,11 +102,14 @@ class FrameStream final : public StreamReactor {
   // Starts the call on `stub`'s channel.
   // Starts the call on `stub`'s channel, proving it comes from
   // `source_stage` of the credential's job (data_plane_auth.h).
+  // `room_waits` counts Enqueues waiting for room; it must outlive the
+  // stream.
   static std::shared_ptr<FrameStream> Start(FrameStub* stub, std::string peer_name,
                                             const GrpcTransportOptions& options, int source_stage,
-                                            std::function<void(const absl::Status&)> on_error) {
+                                            std::function<void(const absl::Status&)> on_error,
+                                            RoomWaits* room_waits) {
     std::shared_ptr<FrameStream> stream(
-        new FrameStream(std::move(peer_name), options, std::move(on_error)));
+        new FrameStream(std::move(peer_name), options, std::move(on_error), room_waits));
     const JobCredential& credential = options.credential;
     if (!credential.job_id.empty()) {
       stream->context_.AddMetadata(kJobMetadataKey, credential.job_id);
@@ -112,10 +136,19 @@ class FrameStream final : public StreamReactor {
     {
       AnnotatedMutexLock lock(&mu_);
       auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return closing_ || broken_ || queued_bytes_ == 0 ||
+        return closing_ || broken_ || aborted_ || queued_bytes_ == 0 ||
                queued_bytes_ + bytes <= options_.max_queued_bytes_per_peer;
       };
-      if (!mu_.AwaitWithTimeout(room, options_.queue_wait_timeout)) {
+      bool roomy = room();
+      if (!roomy) {
+        room_waits_->Add(1);
+        roomy = mu_.AwaitWithTimeout(room, options_.queue_wait_timeout);
+        room_waits_->Add(-1);
+      }
+      if (aborted_) {
+        return absl::AbortedError(absl::StrCat("the job stopped; not sending to ", peer_name_));
+      }
+      if (!roomy) {
         return absl::DeadlineExceededError(
             absl::StrCat("waited ", absl::FormatDuration(options_.queue_wait_timeout),
                          " for room in the queue to ", peer_name_, ": ", queued_bytes_,
@@ -152,6 +185,18 @@ class FrameStream final : public StreamReactor {
   bool broken() const {
     AnnotatedMutexLock lock(&mu_);
     return broken_;
+  }
+
+  // Stops sending: a waiting Enqueue returns ABORTED, no further frame is
+  // written, and the call is cancelled (which breaks the stream, so a
+  // later Close finds nothing to drain). Does not wait.
+  void Abort() {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (aborted_ || closing_) return;  // a Close is under way: it ends the call
+      aborted_ = true;
+    }
+    context_.TryCancel();
   }
 
   // Half-closes the stream once every queued frame is written, or cancels
@@ -246,8 +291,11 @@ class FrameStream final : public StreamReactor {
 
  private:
   FrameStream(std::string peer_name, const GrpcTransportOptions& options,
-              std::function<void(const absl::Status&)> on_error)
-      : peer_name_(std::move(peer_name)), options_(options), on_error_(std::move(on_error)) {}
+              std::function<void(const absl::Status&)> on_error, RoomWaits* room_waits)
+      : peer_name_(std::move(peer_name)),
+        options_(options),
+        on_error_(std::move(on_error)),
+        room_waits_(room_waits) {}
 
   // The front frame, if it should be written now; marks it in flight.
   // A small frame with another small one queued behind it may wait in
@@ -260,7 +308,7 @@ class FrameStream final : public StreamReactor {
     grpc::WriteOptions options;
   };
   Write NextWriteLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (writing_ || queue_.empty() || broken_ || cancelled_) return {};
+    if (writing_ || queue_.empty() || broken_ || cancelled_ || aborted_) return {};
     writing_ = true;
     Write write{&queue_.front()};  // deque::push_back keeps it in place.
     if (queue_.size() > 1 && queue_.front().Length() <= kCoalescedFrameBytes &&
@@ -293,6 +341,7 @@ class FrameStream final : public StreamReactor {
   const std::string peer_name_;
   const GrpcTransportOptions& options_;
   const std::function<void(const absl::Status&)> on_error_;
+  RoomWaits* const room_waits_;
   grpc::ClientContext context_;
   v1::FrameError incoming_;  // Filled by the read in flight.
 
@@ -303,6 +352,7 @@ class FrameStream final : public StreamReactor {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;  // Abort(): nothing more is written
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   grpc::Status final_status_ ABSL_GUARDED_BY(mu_);
   std::string rejection_ ABSL_GUARDED_BY(mu_);
@@ -320,12 +370,13 @@ std::string GrpcStatusText(const grpc::Status& status) {
 class GrpcTransport::PeerLink {
  public:
   PeerLink(int source_stage, int peer_stage, std::string address,
-           const GrpcTransportOptions& options)
+           const GrpcTransportOptions& options, RoomWaits* room_waits)
       : source_stage_(source_stage),
         peer_stage_(peer_stage),
         name_(absl::StrCat("stage ", peer_stage, " (", address, ")")),
         address_(std::move(address)),
-        options_(options) {}
+        options_(options),
+        room_waits_(room_waits) {}
 
   absl::Status Send(std::vector<grpc::ByteBuffer> frames) {
     AnnotatedMutexLock send_lock(&send_mu_);
@@ -356,8 +407,23 @@ class GrpcTransport::PeerLink {
       shut_down_ = true;
       stream = std::move(stream_);
     }
-    if (stream != nullptr) stream->Close(options_.shutdown_drain_timeout);
+    if (stream != nullptr) {
+      stream->Close(aborted_.load() ? absl::ZeroDuration() : options_.shutdown_drain_timeout);
+    }
     AnnotatedMutexLock send_lock(&send_mu_);  // Waits out a Send in progress.
+  }
+
+  // GrpcTransport::Abort for this peer: no waiting here; Shutdown (the
+  // owner's, later) closes the cancelled stream.
+  void Abort() {
+    aborted_.store(true);  // Open's connection attempt checks it
+    std::shared_ptr<FrameStream> stream;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      shut_down_ = true;
+      stream = stream_;
+    }
+    if (stream != nullptr) stream->Abort();
   }
 
  private:
@@ -375,7 +441,13 @@ class GrpcTransport::PeerLink {
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     std::shared_ptr<grpc::Channel> channel =
         grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
-    if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + options_.connect_timeout))) {
+    // In slices, so that an Abort ends the attempt soon rather than after
+    // connect_timeout (gRPC's wait cannot be woken).
+    const absl::Time deadline = absl::Now() + options_.connect_timeout;
+    while (!channel->WaitForConnected(
+        absl::ToChronoTime(std::min(deadline, absl::Now() + kConnectAbortSlice)))) {
+      if (aborted_.load()) return ShutDownError();
+      if (absl::Now() < deadline) continue;
       return absl::UnavailableError(absl::StrCat(
           "cannot connect to ", name_, " within ", absl::FormatDuration(options_.connect_timeout),
           ": nothing listens there or it is unreachable; check that the worker of stage ",
@@ -388,7 +460,7 @@ class GrpcTransport::PeerLink {
       if (callback) callback(peer, error);
     };
     std::shared_ptr<FrameStream> stream =
-        FrameStream::Start(stub_.get(), name_, options_, source_stage_, on_error);
+        FrameStream::Start(stub_.get(), name_, options_, source_stage_, on_error, room_waits_);
     {
       AnnotatedMutexLock lock(&mu_);
       if (!shut_down_) {
@@ -420,6 +492,8 @@ class GrpcTransport::PeerLink {
   const std::string name_;
   const std::string address_;
   const GrpcTransportOptions& options_;
+  RoomWaits* const room_waits_;
+  std::atomic<bool> aborted_{false};
 
   AnnotatedMutex send_mu_;  // Serialises Sends to this peer; held while connecting.
   std::shared_ptr<grpc::Channel> channel_ ABSL_GUARDED_BY(send_mu_);
@@ -430,12 +504,17 @@ class GrpcTransport::PeerLink {
   bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+struct GrpcTransport::SendWaits {
+  RoomWaits room;
+};
+
 GrpcTransport::GrpcTransport(int stage, std::vector<std::string> peer_addresses, Mailbox* mailbox,
                              GrpcTransportOptions options)
     : stage_(stage),
       peer_addresses_(std::move(peer_addresses)),
       mailbox_(mailbox),
-      options_(std::move(options)) {
+      options_(std::move(options)),
+      send_waits_(std::make_unique<SendWaits>()) {
   PT_CHECK(mailbox_ != nullptr);
   PT_CHECK(stage_ >= 0 && stage_ < static_cast<int>(peer_addresses_.size()))
       << "stage " << stage_ << " of " << peer_addresses_.size();
@@ -443,8 +522,8 @@ GrpcTransport::GrpcTransport(int stage, std::vector<std::string> peer_addresses,
       << "max_frame_bytes " << options_.max_frame_bytes;
   PT_CHECK(options_.max_queued_bytes_per_peer >= 0);
   for (size_t s = 0; s < peer_addresses_.size(); ++s) {
-    links_.push_back(
-        std::make_unique<PeerLink>(stage_, static_cast<int>(s), peer_addresses_[s], options_));
+    links_.push_back(std::make_unique<PeerLink>(stage_, static_cast<int>(s), peer_addresses_[s],
+                                                options_, &send_waits_->room));
   }
 }
 
@@ -498,6 +577,15 @@ absl::StatusOr<WireTensor> GrpcTransport::RecvWire(int peer_stage, const TensorA
                                                     peer_addresses_[peer_stage], ")"));
   }
   return wire;
+}
+
+void GrpcTransport::Abort() {
+  shut_down_.store(true);
+  for (auto& link : links_) link->Abort();
+}
+
+bool GrpcTransport::AwaitSendsWaitingForRoom(int count, absl::Duration timeout) {
+  return send_waits_->room.Await(count, timeout);
 }
 
 void GrpcTransport::Shutdown() {

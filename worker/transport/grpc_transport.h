@@ -52,6 +52,9 @@
 
 namespace pipetrain {
 
+// How often a connection attempt checks for GrpcTransport::Abort.
+inline constexpr absl::Duration kConnectAbortSlice = absl::Milliseconds(50);
+
 struct GrpcTransportOptions {
   // Proves each stream to its receiver (data_plane_auth.h): the job and its
   // secret. An empty job_id sends no proof (only a receiver without a
@@ -114,6 +117,16 @@ class GrpcTransport final : public Transport {
   absl::StatusOr<WireTensor> RecvWire(int peer_stage, const TensorAddress& address,
                                       absl::Duration timeout) override;
 
+  // Transport::Abort: every stream is cancelled, its queued frames
+  // dropped; a Send waiting for room or for a connection returns ABORTED
+  // (a connection attempt notices within kConnectAbortSlice); later sends
+  // and receives are ABORTED, and Shutdown then drains nothing.
+  void Abort() override;
+
+  // Waits up to `timeout` until exactly `count` Sends wait for room in a
+  // full queue; returns whether that happened. For tests.
+  bool AwaitSendsWaitingForRoom(int count, absl::Duration timeout);
+
   // Lets every stream deliver its queued frames (up to
   // shutdown_drain_timeout each), closes it, and waits for gRPC to finish
   // with it; an in-progress connection attempt is waited for. Later sends
@@ -123,6 +136,7 @@ class GrpcTransport final : public Transport {
 
  private:
   class PeerLink;
+  struct SendWaits;
 
   absl::Status CheckPeer(int peer_stage) const;
   // `owner`, when given, is `wire` taken over: frames reference its bytes.
@@ -133,6 +147,7 @@ class GrpcTransport final : public Transport {
   const std::vector<std::string> peer_addresses_;
   Mailbox* const mailbox_;
   const GrpcTransportOptions options_;
+  std::unique_ptr<SendWaits> send_waits_;         // before links_, which use it
   std::vector<std::unique_ptr<PeerLink>> links_;  // Indexed by peer stage.
   std::atomic<bool> shut_down_{false};
 };

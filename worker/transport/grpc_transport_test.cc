@@ -430,6 +430,37 @@ TEST_F(GrpcTransportTest, SendAndRecv_AfterShutdown_Aborted) {
       absl::StatusCode::kAborted);
 }
 
+// A stopped job's send to a stalled peer (it holds the first frame and
+// reads no further) waits for room in a full queue; Abort ends it with
+// ABORTED at once instead of after queue_wait_timeout (a minute here), and
+// everything after it too.
+TEST_F(GrpcTransportTest, Abort_EndsASendWaitingForRoomAndLaterOnes) {
+  mailboxes_[1]->OpenJob("j-1", 7);  // iteration 10 is past its window: held, stream unread
+  GrpcTransportOptions options = Options();
+  options.max_queued_bytes_per_peer = int64_t{1} << 20;
+  options.queue_wait_timeout = kPatience;
+  std::unique_ptr<GrpcTransport> sender = MakeTransport(0, options);
+  absl::Status last;
+  std::thread sending([&] {
+    for (int i = 0; last.ok(); ++i) {  // until the queue is full and stays so
+      TensorAddress address = Address(v1::TENSOR_KIND_ACTIVATION, i, 4);
+      address.iteration = 10;
+      last = sender->Send(1, address, Pattern({256, 1024}, i));  // 1 MiB
+    }
+  });
+  ASSERT_TRUE(sender->AwaitSendsWaitingForRoom(1, kPatience));
+  sender->Abort();
+  sending.join();
+  EXPECT_EQ(last.code(), absl::StatusCode::kAborted) << last;
+  EXPECT_TRUE(Contains(last, "the job stopped; not sending to stage 1")) << last;
+  EXPECT_TRUE(sender->AwaitSendsWaitingForRoom(0, kPatience));
+  EXPECT_EQ(sender->Send(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({1}, 1)).code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(sender->Recv(1, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), kPatience).status().code(),
+            absl::StatusCode::kAborted);
+  sender->Shutdown();  // drains nothing: the stream was cancelled
+}
+
 TEST_F(GrpcTransportTest, SendAndRecv_PeerOutsidePlanOrNullTensor_InvalidArgument) {
   absl::Status sent =
       transports_[0]->Send(2, Address(v1::TENSOR_KIND_ACTIVATION, 0, 1), Pattern({1}, 1));

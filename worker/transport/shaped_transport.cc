@@ -104,7 +104,7 @@ absl::Status ShapedTransport::SendWireOwned(int peer_stage, const TensorAddress&
 absl::Status ShapedTransport::Enqueue(int peer_stage, const TensorAddress& address,
                                       WireTensor wire) {
   AnnotatedMutexLock lock(&mu_);
-  if (stopping_) return absl::AbortedError("shaped transport stopping");
+  if (stopping_ || aborted_) return absl::AbortedError("shaped transport stopping");
   std::unique_ptr<Link>& slot = links_[peer_stage];
   if (slot == nullptr) {
     slot = std::make_unique<Link>(model_);
@@ -118,14 +118,14 @@ absl::Status ShapedTransport::Enqueue(int peer_stage, const TensorAddress& addre
   // transport stops or a handoff fails meanwhile: no room may ever come then.
   auto room = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return link->queued_bytes == 0 || link->queued_bytes + bytes <= max_queued_bytes_ ||
-           stopping_ || !link->error.ok();
+           stopping_ || aborted_ || !link->error.ok();
   };
   if (!room()) {
     ++sends_waiting_;
     mu_.AwaitWithTimeout(room, absl::InfiniteDuration());
     --sends_waiting_;
   }
-  if (stopping_) return absl::AbortedError("shaped transport stopping");
+  if (stopping_ || aborted_) return absl::AbortedError("shaped transport stopping");
   // The queue ahead was dropped for this error (Run): report it, as a Send
   // arriving after it would, instead of queueing behind it.
   if (!link->error.ok()) return std::exchange(link->error, absl::OkStatus());
@@ -133,6 +133,18 @@ absl::Status ShapedTransport::Enqueue(int peer_stage, const TensorAddress& addre
   link->queued_bytes += bytes;
   link->queue.push_back(std::move(p));
   return absl::OkStatus();
+}
+
+void ShapedTransport::Abort() {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    aborted_ = true;  // wakes the Sends waiting for room
+    for (auto& [peer, link] : links_) {
+      for (const Pending& p : link->queue) link->queued_bytes -= p.bytes;
+      link->queue.clear();  // a message already taken by Run finishes alone
+    }
+  }
+  inner_->Abort();
 }
 
 bool ShapedTransport::AwaitSendsWaiting(int count, absl::Duration timeout) {

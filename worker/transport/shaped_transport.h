@@ -91,6 +91,10 @@ class ShapedTransport final : public Transport {
     return inner_->RecvWire(peer_stage, address, timeout);
   }
 
+  // Transport::Abort: drops every queued message, ends the Sends waiting
+  // for room with ABORTED (and later ones), and aborts the inner transport.
+  void Abort() override;
+
   // Waits up to `timeout` until exactly `count` Sends wait for room in a
   // full queue; returns whether that happened. For tests.
   bool AwaitSendsWaiting(int count, absl::Duration timeout);
@@ -120,6 +124,7 @@ class ShapedTransport final : public Transport {
   AnnotatedMutex mu_;
   std::map<int, std::unique_ptr<Link>> links_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;   // Abort()
   int sends_waiting_ ABSL_GUARDED_BY(mu_) = 0;  // for room, in Enqueue
 };
 

@@ -142,6 +142,7 @@ TEST(ShapedTransportTest, SendOwned_HandsASoleTensorOnUncopied_CopiesAShared) {
 // What an unreachable inner transport saw, kept beyond its life.
 struct FailedSends {
   std::atomic<int> calls{0};
+  std::atomic<int> aborts{0};
   absl::Notification first_entered;  // the first send is in the inner transport
   absl::Notification fail_first;     // the test lets it fail
 };
@@ -166,6 +167,7 @@ class UnreachableTransport final : public Transport {
   absl::StatusOr<WireTensor> RecvWire(int, const TensorAddress&, absl::Duration) override {
     return absl::UnimplementedError("send only");
   }
+  void Abort() override { ++sends_->aborts; }
 
  private:
   FailedSends* const sends_;
@@ -217,6 +219,31 @@ TEST(ShapedTransportTest, HandoffFailsWhileSendWaitsForRoom_SendReturnsTheError)
     EXPECT_TRUE(sender.Send(1, MicroBatch(2), Tensor::Zeros({4})).ok());
   }
   EXPECT_EQ(sends.calls.load(), 2);  // the first and the retry, not the waiting one
+}
+
+// Abort (a stopped job): a Send waiting for room returns ABORTED, as does
+// every later one; what was queued is dropped, not handed on; the inner
+// transport is aborted too.
+TEST(ShapedTransportTest, Abort_EndsTheWaitingSendDropsTheQueueAbortsTheInner) {
+  FailedSends sends;
+  {
+    // Room for two 16-byte tensors: the one being handed off and one queued.
+    ShapedTransport sender(std::make_unique<UnreachableTransport>(&sends),
+                           {1e12, absl::ZeroDuration()}, /*max_queued_bytes=*/32);
+    ASSERT_TRUE(sender.Send(1, MicroBatch(0), Tensor::Zeros({4})).ok());
+    sends.first_entered.WaitForNotification();
+    ASSERT_TRUE(sender.Send(1, MicroBatch(1), Tensor::Zeros({4})).ok());  // queued
+    absl::Status waited;
+    std::thread waiting([&] { waited = sender.Send(1, MicroBatch(2), Tensor::Zeros({4})); });
+    EXPECT_TRUE(sender.AwaitSendsWaiting(1, absl::Seconds(60)));  // a deadline, never waited out
+    sender.Abort();
+    waiting.join();
+    EXPECT_EQ(waited.code(), absl::StatusCode::kAborted) << waited;
+    EXPECT_EQ(sender.Send(1, MicroBatch(3), Tensor::Zeros({4})).code(), absl::StatusCode::kAborted);
+    EXPECT_EQ(sends.aborts.load(), 1);
+    sends.fail_first.Notify();
+  }
+  EXPECT_EQ(sends.calls.load(), 1);  // micro-batch 1 was dropped, not handed on
 }
 
 }  // namespace

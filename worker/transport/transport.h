@@ -107,6 +107,15 @@ class Transport {
   virtual absl::StatusOr<WireTensor> RecvWire(int peer_stage, const TensorAddress& address,
                                               absl::Duration timeout) = 0;
 
+  // Gives up on everything being sent: ends every Send that waits (for a
+  // connection, for room in a queue) with ABORTED, drops what is queued
+  // undelivered, and makes later sends and receives ABORTED. For a job that
+  // is stopped (JobRunner::Stop): its sends to a stalled or vanished peer
+  // must not hold the worker for their timeouts. Does not wait for
+  // anything; thread-safe. Default: nothing (a transport whose sends never
+  // wait).
+  virtual void Abort() {}
+
   // SendWire of a raw fp32 tensor (any shape).
   absl::Status Send(int peer_stage, const TensorAddress& address, const Tensor& tensor);
   // SendWireOwned of a raw fp32 tensor (any shape).

@@ -159,4 +159,42 @@ absl::StatusOr<std::string> ResolveUnderRoots(absl::string_view field, const std
                                      "data roots (", absl::StrJoin(roots, ", "), ")"));
 }
 
+absl::StatusOr<ScopedFd> OpenRealPathNoLinks(absl::string_view field,
+                                             const std::string& real_path) {
+  const auto changed = [&](absl::string_view what) {
+    return Invalid(field,
+                   absl::StrCat(real_path, " changed after it was checked (", what, "); not read"));
+  };
+  if (real_path.size() < 2 || real_path.front() != '/') {
+    return Invalid(field, absl::StrCat(real_path, " is not an absolute path"));
+  }
+  std::vector<std::string> parts = absl::StrSplit(real_path.substr(1), '/');
+  const std::string name = parts.back();
+  parts.pop_back();
+  ScopedFd dir(open("/", O_PATH | O_DIRECTORY | O_CLOEXEC));
+  if (dir.get() < 0) return absl::ErrnoToStatus(errno, "cannot open /");
+  for (const std::string& part : parts) {
+    if (part.empty() || part == "." || part == "..") return changed("not a real path");
+    // O_PATH: searching a directory needs x, not r (as path lookup does).
+    // With O_NOFOLLOW it would open a link itself, so the type is checked.
+    ScopedFd next(openat(dir.get(), part.c_str(), O_PATH | O_NOFOLLOW | O_CLOEXEC));
+    if (next.get() < 0) {
+      return absl::ErrnoToStatus(errno, absl::StrCat(field, ": cannot open ", real_path));
+    }
+    struct stat info;
+    if (fstat(next.get(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+      return changed(absl::StrCat("\"", part, "\" is a symbolic link or not a directory"));
+    }
+    dir = std::move(next);
+  }
+  ScopedFd file(openat(dir.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (file.get() < 0 && errno == ELOOP) {
+    return changed(absl::StrCat("\"", name, "\" is a symbolic link"));
+  }
+  if (file.get() < 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(field, ": cannot open ", real_path));
+  }
+  return file;
+}
+
 }  // namespace pipetrain

@@ -16,7 +16,9 @@
 //            must lie inside one of the roots; links that stay inside are
 //            fine. Its error is the same whether a path is missing, outside
 //            the roots or unreadable, so a user learns nothing about files
-//            the operator did not allow.
+//            the operator did not allow. The reader then opens that real
+//            path with OpenRealPathNoLinks, so a link swapped in between
+//            (by a local user who can write in a root) is not followed.
 //
 // Thread-safe (no shared state).
 #ifndef PIPETRAIN_COMMON_CONFINED_PATH_H_
@@ -86,6 +88,17 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
 // none are configured.
 absl::StatusOr<std::string> ResolveUnderRoots(absl::string_view field, const std::string& path,
                                               const std::vector<std::string>& roots);
+
+// Opens `real_path`, an absolute path without symbolic links (as
+// ResolveUnderRoots returns), read-only, following no symbolic link on the
+// way: each directory is opened with O_NOFOLLOW from "/", then the file
+// (O_NOFOLLOW | O_NONBLOCK, so a FIFO does not block). A link swapped in
+// after the check (a directory replaced by a link out of the roots) is
+// refused, not followed. Errors: INVALID_ARGUMENT "<field>: <real_path>
+// changed after it was checked ..." for a link or a component that is no
+// longer a directory; NOT_FOUND / the errno's code otherwise, naming the
+// path. The caller checks what it opened (fstat) before reading.
+absl::StatusOr<ScopedFd> OpenRealPathNoLinks(absl::string_view field, const std::string& real_path);
 
 }  // namespace pipetrain
 

@@ -141,5 +141,49 @@ TEST_F(ConfinedPathTest, ResolveUnderRoots_InsideOk_OutsideAndMissingSameError) 
   EXPECT_THAT(none.message(), HasSubstr("without --data-root"));
 }
 
+// The swap ResolveUnderRoots cannot see: after the check, a directory on
+// the way (or the file) becomes a link out of the root. Opening the checked
+// real path then refuses it instead of reading what the link points to.
+TEST_F(ConfinedPathTest, OpenRealPathNoLinks_LinkSwappedInAfterTheCheck_Refused) {
+  ASSERT_EQ(mkdir((root_ + "/corpus").c_str(), 0755), 0);
+  Touch(root_ + "/corpus/data.txt");
+  Touch(outside_ + "/data.txt");
+  const std::string real =
+      ResolveUnderRoots("spec.data.path", "corpus/data.txt", {root_}).value_or("");
+  ASSERT_FALSE(real.empty());
+  absl::StatusOr<ScopedFd> opened = OpenRealPathNoLinks("spec.data.path", real);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  char byte = 0;
+  EXPECT_EQ(read(opened->get(), &byte, 1), 1);
+  EXPECT_EQ(byte, 'x');
+
+  // The directory swapped for a link to the outside.
+  ASSERT_EQ(rename((root_ + "/corpus").c_str(), (root_ + "/corpus-was").c_str()), 0);
+  ASSERT_EQ(symlink(outside_.c_str(), (root_ + "/corpus").c_str()), 0);
+  absl::Status dir = OpenRealPathNoLinks("spec.data.path", real).status();
+  EXPECT_EQ(dir.code(), absl::StatusCode::kInvalidArgument) << dir;
+  EXPECT_THAT(dir.message(), HasSubstr("spec.data.path: " + real +
+                                       " changed after it was "
+                                       "checked (\"corpus\" is a symbolic link or not a "
+                                       "directory); not read"));
+
+  // The file itself swapped for a link.
+  ASSERT_EQ(unlink((root_ + "/corpus").c_str()), 0);
+  ASSERT_EQ(rename((root_ + "/corpus-was").c_str(), (root_ + "/corpus").c_str()), 0);
+  ASSERT_EQ(unlink(real.c_str()), 0);
+  ASSERT_EQ(symlink((outside_ + "/data.txt").c_str(), real.c_str()), 0);
+  absl::Status file = OpenRealPathNoLinks("spec.data.path", real).status();
+  EXPECT_EQ(file.code(), absl::StatusCode::kInvalidArgument) << file;
+  EXPECT_THAT(file.message(), HasSubstr("(\"data.txt\" is a symbolic link); not read"));
+
+  // Gone: the errno's code, naming the path.
+  ASSERT_EQ(unlink(real.c_str()), 0);
+  absl::Status gone = OpenRealPathNoLinks("spec.data.path", real).status();
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
+  EXPECT_THAT(gone.message(), HasSubstr(real));
+  EXPECT_EQ(OpenRealPathNoLinks("f", "relative/x").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -410,6 +410,9 @@ absl::Status JobRunner::RunJob() {
   // gave, as `train-local --data` does: a link "train.bin" to a hash-named
   // file is uint16, not text (pipeline == train-local).
   corpus.name = job.spec.data().path();
+  // Checked under the data roots just now: no link swapped in since is
+  // followed out of them.
+  corpus.path_is_checked_real = !data_path.empty();
   // Text peaks at 3x its file (the bytes, then a 2-byte token each): a
   // file past a third of the worker's memory is refused before its buffer
   // is allocated (a failed allocation would throw, and end the worker).

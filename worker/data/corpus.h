@@ -24,6 +24,8 @@ struct CorpusSpec {
   std::string name;
   // TokenFileLoadOptions::max_bytes: the largest file loaded (0: any).
   int64_t max_file_bytes = 0;
+  // TokenFileLoadOptions::path_is_checked_real.
+  bool path_is_checked_real = false;
 };
 
 // LoadTokenFile's errors for files (RESOURCE_EXHAUSTED past max_file_bytes); INVALID_ARGUMENT when

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/confined_path.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -40,10 +41,18 @@ absl::Status Invalid(const std::string& path, absl::string_view what) {
 // Reads the whole regular file at `path` with one fstat and a read loop (no
 // per-byte stream reads: a 100 MB corpus loads at memory speed); one of more
 // than `max_bytes` (> 0) is refused before its buffer is allocated.
-absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes) {
+// `checked_real`: TokenFileLoadOptions::path_is_checked_real.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& path, int64_t max_bytes,
+                                          bool checked_real) {
   // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
   // instead of blocking until some writer comes; regular files ignore it.
-  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  int fd = -1;
+  if (checked_real) {
+    ASSIGN_OR_RETURN(ScopedFd opened, OpenRealPathNoLinks("spec.data.path", path));
+    fd = opened.release();
+  } else {
+    fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  }
   if (fd < 0) {
     return absl::NotFoundError(absl::StrCat(path, ": cannot open token file (",
                                             std::strerror(errno), "); check the path"));
@@ -231,7 +240,8 @@ absl::StatusOr<std::vector<uint16_t>> LoadTokenFile(const std::string& path, Dat
                                                     int vocab_size,
                                                     const TokenFileLoadOptions& options) {
   if (vocab_size < 1) return Invalid(path, absl::StrCat("vocab size ", vocab_size, " < 1"));
-  ASSIGN_OR_RETURN(std::string bytes, ReadWholeFile(path, options.max_bytes));
+  ASSIGN_OR_RETURN(std::string bytes,
+                   ReadWholeFile(path, options.max_bytes, options.path_is_checked_real));
   // The format follows the given name, not the name `path` resolved to.
   return ParseTokenFile(options.name.empty() ? path : options.name, bytes, format, vocab_size);
 }

@@ -50,6 +50,10 @@ struct TokenFileLoadOptions {
   // size while it loads (text: the bytes, then 2 bytes per token). 0: no
   // bound.
   int64_t max_bytes = 0;
+  // `path` is a real path a root check approved (ResolveUnderRoots): it is
+  // opened following no symbolic link (OpenRealPathNoLinks), so a link
+  // swapped in after the check is refused (INVALID_ARGUMENT), not read.
+  bool path_is_checked_real = false;
 };
 
 // Loads the whole corpus at `path` as token ids, reading the file in one go.

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
@@ -86,6 +87,30 @@ TEST(TokenFileTest, LoadTokenFile_Text_EachByteIsAToken) {
   auto tokens = LoadBytes("text.txt", bytes, DataFormat::kText, 256);
   ASSERT_TRUE(tokens.ok()) << tokens.status();
   EXPECT_EQ(*tokens, (std::vector<uint16_t>{'H', 'i', '\n', 0, 255}));
+}
+
+// A checked real path is opened following no link: the file as checked
+// loads; once it is a link (swapped in after the check) it is refused.
+TEST(TokenFileTest, LoadTokenFile_CheckedRealPathThatBecameALink_Refused) {
+  char real[PATH_MAX];
+  const std::string path = TempPath("checked.txt");
+  ASSERT_TRUE(WriteBytesFile(path, "abc").ok());
+  ASSERT_NE(realpath(path.c_str(), real), nullptr);
+  TokenFileLoadOptions options;
+  options.path_is_checked_real = true;
+  auto loaded = LoadTokenFile(real, DataFormat::kText, 256, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, (std::vector<uint16_t>{'a', 'b', 'c'}));
+  const std::string elsewhere = TempPath("elsewhere.txt");
+  ASSERT_TRUE(WriteBytesFile(elsewhere, "secret").ok());
+  ASSERT_EQ(unlink(real), 0);
+  ASSERT_EQ(symlink(elsewhere.c_str(), real), 0);
+  auto swapped = LoadTokenFile(real, DataFormat::kText, 256, options);
+  EXPECT_EQ(swapped.status().code(), absl::StatusCode::kInvalidArgument) << swapped.status();
+  EXPECT_TRUE(absl::StrContains(swapped.status().message(), "changed after it was checked"))
+      << swapped.status();
+  options.path_is_checked_real = false;  // train-local's --data: the user's own links are fine
+  EXPECT_TRUE(LoadTokenFile(real, DataFormat::kText, 256, options).ok());
 }
 
 TEST(TokenFileTest, LoadTokenFile_Uint16Raw_RoundTrip) {

@@ -5,12 +5,18 @@
 # "restricted", read-only root filesystems, no API token, no token on any
 # command line, the app.kubernetes.io labels and instance-scoped selectors
 # (check_policy.js); the PrometheusRule carries exactly the groups of
-# deploy/prometheus/alerts.yml (prometheus_rule.js). Broken copies are
+# deploy/prometheus/alerts.yml (prometheus_rule.js); with
+# components/shared-checkpoints (testdata/shared_checkpoints, and the gpu
+# overlay with the component's one line added) the coordinator's
+# --output-dir and every worker's --checkpoint-root lie on one
+# ReadWriteMany claim, and --state-dir on the coordinator's own volume,
+# outside --output-dir (storage_paths). Broken copies are
 # rejected with the expected messages on every run, so no check can pass
 # vacuously: a schema-invalid manifest, pod templates breaking each
 # restricted control, tokens on command lines, a broken copy of the cpu-demo
-# overlay rendered by kustomize, and a second install that reuses the
-# instance label. Runs under Bazel (//tests/k8s:manifests_test) or directly:
+# overlay rendered by kustomize, a second install that reuses the instance
+# label, and a broken use of the shared-checkpoints component. Runs under
+# Bazel (//tests/k8s:manifests_test) or directly:
 #   tests/k8s/manifests_test.sh
 set -u
 
@@ -32,7 +38,8 @@ ALERTS="$R/deploy/prometheus/alerts.yml"
 VALIDATE="$R/tests/k8s/validate_manifests.js"
 POLICY="$R/tests/k8s/check_policy.js"
 TESTDATA="$R/tests/k8s/testdata"
-OVERLAYS="cpu-demo gpu"
+# shared-checkpoints and gpu-shared: copies made below, with the component.
+OVERLAYS="cpu-demo gpu shared-checkpoints gpu-shared"
 
 missing=""
 command -v kubectl > /dev/null || missing="$missing kubectl"
@@ -100,20 +107,82 @@ ingress() {
     }' "$MODULES" "$1"
 }
 
+# Where each StatefulSet container's directory flags land, one line per
+# flag: "container --flag PATH on WHAT", WHAT the volume whose mount holds
+# PATH (the longest mountPath above it): "claim NAME (MODES, SIZE)" for a
+# PersistentVolumeClaim (rendered in the same file), "volumeClaimTemplate
+# NAME (MODES, SIZE)", another volume type, or "the root filesystem"; then
+# "container: --state-dir S lies inside --output-dir O" (or the other way
+# round), which the coordinator refuses at start.
+storage_paths() {
+  node -e '
+    const YAML = require(require.resolve("yaml", {paths: [process.argv[1]]}));
+    const text = require("fs").readFileSync(process.argv[2], "utf8");
+    const objects = YAML.parseAllDocuments(text).map((d) => d.toJS()).filter(Boolean);
+    const claim = (s) => `${(s.accessModes || []).join(",")}, ${s.resources.requests.storage}`;
+    const claims = new Map(objects.filter((o) => o.kind === "PersistentVolumeClaim")
+        .map((o) => [o.metadata.name, claim(o.spec)]));
+    const under = (path, dir) => path === dir || path.startsWith(dir.replace(/\/$/, "") + "/");
+    for (const o of objects.filter((o) => o.kind === "StatefulSet")) {
+      const spec = o.spec.template.spec;
+      const templates = o.spec.volumeClaimTemplates || [];
+      for (const c of spec.containers || []) {
+        const dirs = {};
+        for (const arg of c.args || []) {
+          const m = /^--(output-dir|checkpoint-root|state-dir)=(.*)$/.exec(arg);
+          if (!m) continue;
+          const [, flag, path] = m;
+          dirs[flag] = path;
+          const mount = (c.volumeMounts || []).filter((v) => under(path, v.mountPath))
+              .sort((a, b) => b.mountPath.length - a.mountPath.length)[0];
+          let on = "the root filesystem";
+          if (mount) {
+            const volume = (spec.volumes || []).find((v) => v.name === mount.name);
+            const template = templates.find((t) => t.metadata.name === mount.name);
+            if (volume && volume.persistentVolumeClaim) {
+              const name = volume.persistentVolumeClaim.claimName;
+              on = `claim ${name} (${claims.get(name) || "not rendered"})`;
+            } else if (template) {
+              on = `volumeClaimTemplate ${mount.name} (${claim(template.spec)})`;
+            } else {
+              const type = volume ? Object.keys(volume).find((k) => k !== "name") : "missing";
+              on = `${type} volume ${mount.name}`;
+            }
+            if (mount.readOnly) on += " read-only";
+          }
+          console.log(`${c.name} --${flag} ${path} on ${on}`);
+        }
+        const [s, out] = [dirs["state-dir"], dirs["output-dir"]];
+        if (s && out && under(s, out)) console.log(`${c.name}: --state-dir ${s} lies inside --output-dir ${out}`);
+        if (s && out && under(out, s)) console.log(`${c.name}: --output-dir ${out} lies inside --state-dir ${s}`);
+      }
+    }' "$MODULES" "$1"
+}
+
 # kustomize refuses files whose real path leaves the kustomization root, and
 # Bazel's runfiles are symlinks into the source tree: render a real copy.
 mkdir -p "$T/k8s"
 cp -RL "$R/deploy/k8s/base" "$R/deploy/k8s/components" "$R/deploy/k8s/overlays" "$T/k8s/"
+# components/shared-checkpoints: in an overlay of cpu-demo (testdata), and
+# added to the gpu overlay with the one line an operator would add.
+cp -RL "$TESTDATA/shared_checkpoints" "$T/k8s/overlays/shared-checkpoints"
+cp -RL "$T/k8s/overlays/gpu" "$T/k8s/overlays/gpu-shared"
+sed -i 's|^  - ../../components/prometheus-operator$|&\n  - ../../components/shared-checkpoints|' \
+  "$T/k8s/overlays/gpu-shared/kustomization.yaml"
+check "gpu-shared: the component's line added" grep -qxF -- "  - ../../components/shared-checkpoints" \
+  "$T/k8s/overlays/gpu-shared/kustomization.yaml"
 
 # Current kustomize syntax only.
 check "no deprecated kustomize fields" fails grep -nE \
   '^(bases|patchesStrategicMerge|patchesJson6902|commonLabels|vars):' \
-  "$T/k8s/base/kustomization.yaml" "$T/k8s/components/prometheus-operator/kustomization.yaml" \
+  "$T/k8s/base/kustomization.yaml" "$T"/k8s/components/*/kustomization.yaml \
   "$T"/k8s/overlays/*/kustomization.yaml
 
 declare -A KINDS=(
   [cpu-demo]="valid: ConfigMap 3, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, Service 2, ServiceAccount 1, StatefulSet 2"
   [gpu]="valid: ConfigMap 3, Job 1, NetworkPolicy 3, PodDisruptionBudget 2, PrometheusRule 1, Service 2, ServiceAccount 1, ServiceMonitor 2, StatefulSet 2"
+  [shared-checkpoints]="valid: ConfigMap 3, Job 1, NetworkPolicy 3, PersistentVolumeClaim 1, PodDisruptionBudget 2, Service 2, ServiceAccount 1, StatefulSet 2"
+  [gpu-shared]="valid: ConfigMap 3, Job 1, NetworkPolicy 3, PersistentVolumeClaim 1, PodDisruptionBudget 2, PrometheusRule 1, Service 2, ServiceAccount 1, ServiceMonitor 2, StatefulSet 2"
 )
 for overlay in $OVERLAYS; do
   out="$T/$overlay.yaml"
@@ -152,6 +221,29 @@ check "cpu-demo requests no GPU" fails has "$T/cpu-demo.yaml" "nvidia.com/gpu"
 check "gpu workers request a GPU" has "$T/gpu.yaml" "nvidia.com/gpu: 1"
 check "gpu workers tolerate the GPU taint" has "$T/gpu.yaml" "key: nvidia.com/gpu"
 check "gpu overlay sizes the coordinator's volume" has "$T/gpu.yaml" "storage: 100Gi"
+# Checkpoints: without the component the coordinator writes under its own
+# (ReadWriteOnce) volume and the workers have no --checkpoint-root; with it,
+# --output-dir and every worker's --checkpoint-root are one path on one
+# ReadWriteMany claim, and the state stays on the coordinator's volume.
+for overlay in $OVERLAYS; do
+  storage_paths "$T/$overlay.yaml" > "$T/$overlay.paths.txt"
+  size=1Gi; case $overlay in gpu*) size=100Gi ;; esac
+  expected=(
+    "coordinator --output-dir /var/lib/pipetrain/out on volumeClaimTemplate data (ReadWriteOnce, $size)"
+    "coordinator --state-dir /var/lib/pipetrain/state on volumeClaimTemplate data (ReadWriteOnce, $size)"
+  )
+  case $overlay in *shared*) expected=(
+    "coordinator --output-dir /var/lib/pipetrain/shared on claim pipetrain-shared (ReadWriteMany, 100Gi)"
+    "coordinator --state-dir /var/lib/pipetrain/state on volumeClaimTemplate data (ReadWriteOnce, $size)"
+    "worker --checkpoint-root /var/lib/pipetrain/shared on claim pipetrain-shared (ReadWriteMany, 100Gi)"
+  ) ;; esac
+  check "overlay $overlay: where the output, state and checkpoints lie" \
+    diff <(printf '%s\n' "${expected[@]}") "$T/$overlay.paths.txt"
+done
+check "shared-checkpoints: the claim leaves storageClassName to the overlay" \
+  fails has "$T/shared-checkpoints.yaml" "storageClassName"
+check "shared-checkpoints: fsGroup changes only on a root mismatch" test \
+  "$(grep -c 'fsGroupChangePolicy: OnRootMismatch' "$T/shared-checkpoints.yaml")" -eq 2
 # Images: pipetrain's own are local names (or an overlay's registry), never
 # a bare name a public registry would resolve.
 for overlay in $OVERLAYS; do
@@ -278,5 +370,32 @@ check "same instance label exits 1" test "$(cat "$T/run.code")" -eq 1
 expect_lines "$T/run.txt" \
   "VIOLATION StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 8): spec.selector.matchLabels: selector: picks the worker pods of StatefulSet/pipetrain-worker ($T/cpu-demo.yaml, document 8) and StatefulSet/other-pipetrain-worker ($T/same.yaml, document 8)" \
   "VIOLATION Service/other-pipetrain-coordinator ($T/same.yaml, document 5): spec.selector: selector: picks the coordinator pods of StatefulSet/pipetrain-coordinator ($T/cpu-demo.yaml, document 7) and StatefulSet/other-pipetrain-coordinator ($T/same.yaml, document 7)"
+
+# A second install with the shared-checkpoints component gets a claim of its
+# own (kustomize renames the claim and the pods' references to it).
+cp -RL "$TESTDATA/second_install" "$T/k8s/overlays/second-shared"
+sed -i 's|^  - ../cpu-demo$|  - ../shared-checkpoints|' "$T/k8s/overlays/second-shared/kustomization.yaml"
+check "kubectl kustomize a second install with shared checkpoints" render second-shared \
+  "$T/second-shared.yaml"
+run_node "$POLICY" --modules "$MODULES" "$T/shared-checkpoints.yaml" "$T/second-shared.yaml"
+echo "shared-checkpoints + a second install: $(tail -n 1 "$T/run.txt")"
+check "two installs with shared checkpoints: 0 violations" has "$T/run.txt" \
+  "30 objects, 6 pod templates, 0 violations"
+storage_paths "$T/second-shared.yaml" > "$T/second-shared.paths.txt"
+expect_lines "$T/second-shared.paths.txt" \
+  "coordinator --output-dir /var/lib/pipetrain/shared on claim second-pipetrain-shared (ReadWriteMany, 100Gi)" \
+  "worker --checkpoint-root /var/lib/pipetrain/shared on claim second-pipetrain-shared (ReadWriteMany, 100Gi)"
+
+# A broken use of the component: the workers' mount removed, the state moved
+# into --output-dir. storage_paths must report both.
+cp -RL "$TESTDATA/shared_checkpoints_broken" "$T/k8s/overlays/shared-broken"
+check "kubectl kustomize the broken use of shared-checkpoints" render shared-broken \
+  "$T/shared-broken.yaml"
+storage_paths "$T/shared-broken.yaml" > "$T/shared-broken.paths.txt"
+echo "broken use of shared-checkpoints:"; cat "$T/shared-broken.paths.txt"
+expect_lines "$T/shared-broken.paths.txt" \
+  "worker --checkpoint-root /var/lib/pipetrain/shared on the root filesystem" \
+  "coordinator --state-dir /var/lib/pipetrain/shared/state on claim pipetrain-shared (ReadWriteMany, 100Gi)" \
+  "coordinator: --state-dir /var/lib/pipetrain/shared/state lies inside --output-dir /var/lib/pipetrain/shared"
 
 report

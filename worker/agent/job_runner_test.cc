@@ -385,8 +385,8 @@ TEST(CheckAssignmentLayoutTest, EachFactorAndTheirProductAreBounded) {
 }
 
 // A one-stage job of Assignment()'s model: the whole model on stage 0.
-v1::Assignment OneStageAssignment(int steps) {
-  v1::Assignment a = Assignment(0, steps, false, Schedule::kGPipe);
+v1::Assignment OneStageAssignment(int steps, bool weights = false) {
+  v1::Assignment a = Assignment(0, steps, weights, Schedule::kGPipe);
   a.mutable_spec()->mutable_parallelism()->set_stages(1);
   a.set_num_stages(1);
   SetPeers(&a);
@@ -397,17 +397,19 @@ v1::Assignment OneStageAssignment(int steps) {
   return a;
 }
 
+// Connects each runner to its stage of `fabric` (which must outlive them).
+TransportFactory FabricTransports(InProcessFabric& fabric) {
+  return [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
+    return fabric.Connect(s);
+  };
+}
+
 // Runs `a` alone (stage 0 of an in-process fabric of one) with `options`
 // until its first report, and returns that report.
 v1::ReportProgressRequest FirstReportOfOneStage(const v1::Assignment& a, JobRunnerOptions options) {
   InProcessFabric fabric(1);
   FakeLink link(1);
-  JobRunner runner(
-      a, &fabric.mailbox(0),
-      [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
-        return fabric.Connect(s);
-      },
-      &link, std::move(options));
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, std::move(options));
   runner.Start();
   EXPECT_TRUE(link.AwaitReports(1));
   runner.Stop();
@@ -524,14 +526,7 @@ class FailsAfterFirstGelu : public ForwardingBackend {
 TEST(JobRunnerTest, BackendFailure_ReportsTheJobThenCallsTheHookOnce) {
   InProcessFabric fabric(1);
   FakeLink link(1);
-  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
-  a.mutable_spec()->mutable_parallelism()->set_stages(1);
-  a.set_num_stages(1);
-  SetPeers(&a);
-  a.mutable_backward_units()->set_begin(0);
-  a.mutable_backward_units()->set_end(4);
-  *a.mutable_forward_units() = a.backward_units();
-  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  v1::Assignment a = OneStageAssignment(3);
   FailsAfterFirstGelu backend;
   std::mutex mu;
   std::vector<absl::Status> failures;
@@ -541,12 +536,7 @@ TEST(JobRunnerTest, BackendFailure_ReportsTheJobThenCallsTheHookOnce) {
     std::lock_guard<std::mutex> lock(mu);
     failures.push_back(s);
   };
-  JobRunner runner(
-      a, &fabric.mailbox(0),
-      [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
-        return fabric.Connect(s);
-      },
-      &link, options);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
   runner.Start();
   ASSERT_TRUE(link.AwaitReports(1));
   while (!runner.finished()) std::this_thread::yield();  // bounded: the job has failed
@@ -578,23 +568,11 @@ class NanWeightsAtStep : public ForwardingBackend {
 TEST(JobRunnerTest, LastStepMakesNanWeights_FailsBeforeUploadingOrFinishing) {
   InProcessFabric fabric(1);
   FakeLink link(1);
-  v1::Assignment a = Assignment(0, 3, /*weights=*/true, Schedule::kGPipe);
-  a.mutable_spec()->mutable_parallelism()->set_stages(1);
-  a.set_num_stages(1);
-  SetPeers(&a);
-  a.mutable_backward_units()->set_begin(0);
-  a.mutable_backward_units()->set_end(4);
-  *a.mutable_forward_units() = a.backward_units();
-  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  v1::Assignment a = OneStageAssignment(3, /*weights=*/true);
   NanWeightsAtStep backend(3);
   JobRunnerOptions options{"w", 1};
   options.backend = &backend;
-  JobRunner runner(
-      a, &fabric.mailbox(0),
-      [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
-        return fabric.Connect(s);
-      },
-      &link, options);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
   runner.Start();
   ASSERT_TRUE(link.AwaitReports(3));
   while (!runner.finished()) std::this_thread::yield();  // bounded: the job has failed
@@ -620,16 +598,7 @@ TEST(JobRunnerTest, LastStepMakesNanWeights_FailsBeforeUploadingOrFinishing) {
 // position, past seq_len) would train with finite losses to NaN weights:
 // the stage refuses them before the first step, naming the tensor.
 TEST(JobRunnerTest, InitWeightsWithNan_ReportedAsTheJobsErrorBeforeAnyStep) {
-  InProcessFabric fabric(1);
-  FakeLink link(1);
-  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
-  a.mutable_spec()->mutable_parallelism()->set_stages(1);
-  a.set_num_stages(1);
-  SetPeers(&a);
-  a.mutable_backward_units()->set_begin(0);
-  a.mutable_backward_units()->set_end(4);
-  *a.mutable_forward_units() = a.backward_units();
-  *a.mutable_program() = CompilePrograms({{0, 4}}, 4, 2, Schedule::kGPipe).value()[0];
+  v1::Assignment a = OneStageAssignment(3);
   a.mutable_spec()->mutable_model()->set_max_seq_len(12);
   const GptConfig model = ResolveJobSpec(a.spec()).value().train.model;
   ASSERT_GT(model.max_seq_len, a.spec().training().seq_len());
@@ -637,29 +606,19 @@ TEST(JobRunnerTest, InitWeightsWithNan_ReportedAsTheJobsErrorBeforeAnyStep) {
   for (Parameter* p : weights->parameters()) {
     if (p->name == "wpe.weight") p->value[p->value.numel() - 1] = std::nanf("");
   }
-  const std::string root = std::string(std::getenv("TEST_TMPDIR")) + "/init-nan";
-  ASSERT_EQ(mkdir(root.c_str(), 0700), 0);
+  const std::string root = FreshDir("init-nan");
   ASSERT_TRUE(SaveWeights(root + "/init.safetensors", weights->parameters()).ok());
   a.set_init_weights("init.safetensors");
   JobRunnerOptions options{"w", 1};
   options.checkpoint_root = root;
-  JobRunner runner(
-      a, &fabric.mailbox(0),
-      [&fabric](int s, const std::vector<std::string>&, const JobCredential&) {
-        return fabric.Connect(s);
-      },
-      &link, options);
-  runner.Start();
-  ASSERT_TRUE(link.AwaitReports(1));
-  while (!runner.finished()) std::this_thread::yield();  // bounded: the job has failed
-  runner.Stop();
-  const std::vector<v1::ReportProgressRequest> reports = link.reports();
-  ASSERT_EQ(reports.size(), 1u);
-  EXPECT_NE(reports[0].error().find("tensor 'wpe.weight' holds NaN at element " +
-                                    std::to_string(model.max_seq_len * model.d_model - 1) +
-                                    ": weights of a diverged run cannot start one"),
+  // Without the check the first report is step 1's, and the job fails only
+  // after its last step (LastStepMakesNanWeights).
+  const v1::ReportProgressRequest first = FirstReportOfOneStage(a, options);
+  EXPECT_NE(first.error().find("tensor 'wpe.weight' holds NaN at element " +
+                               std::to_string(model.max_seq_len * model.d_model - 1) +
+                               ": weights of a diverged run cannot start one"),
             std::string::npos)
-      << reports[0].error();
+      << first.error();
 }
 
 // A job that ends well leaves the hook alone.

@@ -150,6 +150,32 @@ class HoldingTransport : public Transport {
   std::unique_ptr<Transport> inner_;
 };
 
+// All-reduces Input(r, numel) on two members over `transports` (one per
+// member), and expects every element on both to be the one IEEE sum
+// x0 + x1.
+void ExpectTwoMemberSums(int64_t numel, const CollectiveOptions& options,
+                         const std::vector<Transport*>& transports) {
+  std::vector<std::vector<float>> got(2);
+  std::vector<absl::Status> status(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      Collectives c(transports[r], CollectiveGroup{{0, 1}, "j"}, options);
+      Tensor t = Tensor::FromVector({numel}, Input(r, numel));
+      status[r] = c.AllReduce(/*iteration=*/3, /*tag=*/1, t);
+      got[r] = t.ToVector();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const std::vector<float> a = Input(0, numel), b = Input(1, numel);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_TRUE(status[r].ok()) << status[r];
+    for (int64_t i = 0; i < numel; ++i) {
+      ASSERT_EQ(got[r][i], a[i] + b[i]) << "member " << r << " element " << i;
+    }
+  }
+}
+
 // Two members with the default options exchange 256 KiB messages
 // (ExchangeChunk), not chunk_bytes' 1 MiB: 1,000,003 floats go as 15
 // messages of 65,536 floats and one of 16,963, and the sums are still the
@@ -163,28 +189,12 @@ TEST(CollectivesTest, TwoMembers_DefaultOptions_ExchangeIn256KiBMessages) {
   for (int r = 0; r < 2; ++r) {
     transports.push_back(std::make_unique<HoldingTransport>(fabric.Connect(r)));
   }
-  std::vector<std::vector<float>> got(2);
-  std::vector<absl::Status> status(2);
-  std::vector<std::thread> threads;
+  ExpectTwoMemberSums(kNumel, options, {transports[0].get(), transports[1].get()});
   for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      Collectives c(transports[r].get(), CollectiveGroup{{0, 1}, "j"}, options);
-      Tensor t = Tensor::FromVector({kNumel}, Input(r, kNumel));
-      status[r] = c.AllReduce(/*iteration=*/3, /*tag=*/1, t);
-      got[r] = t.ToVector();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  const std::vector<float> a = Input(0, kNumel), b = Input(1, kNumel);
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(status[r].ok()) << status[r];
     ASSERT_EQ(transports[r]->held.size(), 16u) << "member " << r;
     for (size_t i = 0; i < 16; ++i) {
       EXPECT_EQ(transports[r]->held[i].numel(), i < 15 ? 65536 : 16963)
           << "member " << r << " message " << i;
-    }
-    for (int64_t i = 0; i < kNumel; ++i) {
-      ASSERT_EQ(got[r][i], a[i] + b[i]) << "member " << r << " element " << i;
     }
   }
 }
@@ -249,25 +259,9 @@ TEST(CollectivesTest, TwoMembers_ExchangeInWindows_PartnerHoldsAtMostFourWindows
   for (int r = 0; r < 2; ++r) {
     transports.push_back(std::make_unique<CountingTransport>(fabric.Connect(r), &in_flight));
   }
-  std::vector<std::vector<float>> got(2);
-  std::vector<absl::Status> status(2);
-  std::vector<std::thread> threads;
+  ExpectTwoMemberSums(kNumel, options, {transports[0].get(), transports[1].get()});
   for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      Collectives c(transports[r].get(), CollectiveGroup{{0, 1}, "j"}, options);
-      Tensor t = Tensor::FromVector({kNumel}, Input(r, kNumel));
-      status[r] = c.AllReduce(/*iteration=*/3, /*tag=*/1, t);
-      got[r] = t.ToVector();
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  const std::vector<float> a = Input(0, kNumel), b = Input(1, kNumel);
-  for (int r = 0; r < 2; ++r) {
-    ASSERT_TRUE(status[r].ok()) << status[r];
     EXPECT_LE(in_flight.most(r), 4 * options.exchange_window_bytes) << "member " << r;
-    for (int64_t i = 0; i < kNumel; ++i) {
-      ASSERT_EQ(got[r][i], a[i] + b[i]) << "member " << r << " element " << i;
-    }
   }
 }
 

@@ -15,13 +15,19 @@
 #include "common/logging.h"
 #include "common/safetensors.h"
 #include "common/tensor.h"
+#include "coordinator/jobs/profile_cache.h"
 #include "coordinator/planner/schedule_compiler.h"
+#include "coordinator/planner/solve_plan.h"
 #include "fuzz/codec_specs.h"
 #include "kernels/compress/codec_spec.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 #include "proto/pipetrain/v1/dataplane.pb.h"
 #include "proto/pipetrain/v1/plan.pb.h"
+#include "proto/pipetrain/v1/profile.pb.h"
+#include "worker/checkpoint/unit_checkpoint.h"
 #include "worker/data/token_file.h"
+#include "worker/model/gpt_config.h"
+#include "worker/profile/unit_profiler.h"
 #include "worker/transport/frame_codec.h"
 #include "worker/transport/transport.h"
 
@@ -449,6 +455,189 @@ void JobManagerSeeds(const std::string& dir) {
                 std::string(1, 14) + ProgressOp(0, 1, false));
 }
 
+// --- unit checkpoints (unit_checkpoint_fuzzer.cc: a mode byte, bits 0-1
+// the unit, bit 2 with moments, bit 4 a manifest; then the file). The
+// identity, step and directory names are the fuzzer's.
+
+void UnitCheckpointSeeds(const std::string& dir) {
+  const CheckpointIdentity identity{"fuzz-job", GptConfig{16, 8, 1, 2, 8}, 7};
+  constexpr int64_t kStep = 3;
+  // Every unit with its moments; the attention unit also with two
+  // replicas' error feedback and PowerSGD warm starts (whole and per
+  // rank), the MLP unit with a pipeline link's warm start.
+  std::vector<UnitState> units;
+  for (int u = 0; u < NumUnits(identity.model); ++u) {
+    UnitState state;
+    state.unit = u;
+    for (const ParameterShape& p : UnitParameterShapes(identity.model, u)) {
+      const Shape shape(p.shape.begin(), p.shape.end());
+      state.values.push_back({p.name, Ramp(shape)});
+      state.m.push_back({p.name, Tensor::Filled(shape, 0.01f)});
+      state.v.push_back({p.name, Tensor::Filled(shape, 0.001f)});
+    }
+    units.push_back(std::move(state));
+  }
+  UnitState& attn = units[1];
+  attn.feedback.resize(2);
+  for (auto& replica : attn.feedback) {
+    replica.push_back({attn.values[2].name, Ramp(attn.values[2].tensor.shape())});  // c_attn.weight
+  }
+  attn.warm_q.push_back({attn.values[2].name, Ramp({24, 2})});          // [cols, rank]
+  attn.warm_q_ranks.push_back({attn.values[4].name, Ramp({2, 8, 2})});  // c_proj.weight
+  units[2].link_warm_q.push_back(
+      LinkWarmStart{0, 1, v1::TENSOR_KIND_ACTIVATION_GRAD, 2, Ramp({8, 2})});
+  // A checkpoint before the first optimizer step: weights only.
+  UnitState fresh = units[0];
+  fresh.m.clear();
+  fresh.v.clear();
+
+  const std::string scratch = ".tmp-checkpoint";
+  auto write = [&](const StageSnapshot& snapshot) {
+    absl::StatusOr<std::vector<v1::UnitFile>> files =
+        WriteStageCheckpoint(dir, scratch, snapshot, identity);
+    PT_CHECK(files.ok()) << files.status();
+    std::vector<std::string> bytes;
+    const std::string step_dir = absl::StrCat(dir, "/", scratch, "/", StepDirName(kStep));
+    for (const v1::UnitFile& f : *files) {
+      const std::string path = absl::StrCat(step_dir, "/", f.file());
+      bytes.push_back(ReadBytes(path));
+      std::remove(path.c_str());
+    }
+    std::remove(step_dir.c_str());
+    std::remove(absl::StrCat(dir, "/", scratch).c_str());
+    return std::make_pair(*files, bytes);
+  };
+  const auto [files, bytes] = write(StageSnapshot{kStep, kStep, units});
+  for (size_t u = 0; u < bytes.size(); ++u) {
+    WriteSeed(dir, absl::StrCat("unit", u, "_moments"),
+              std::string(1, static_cast<char>(u | 4)) + bytes[u]);
+  }
+  WriteSeed(dir, "unit1_weights_only", std::string(1, 1) + bytes[1]);
+  const auto fresh_files = write(StageSnapshot{kStep, 0, {fresh}});
+  WriteSeed(dir, "unit0_before_first_step", std::string(1, 4) + fresh_files.second[0]);
+
+  // manifest.json as coordinator/jobs/checkpoint_catalog.cc writes it (its
+  // writer is private to coordinator/jobs), for the files above.
+  const GptConfig& m = identity.model;
+  std::string entries;
+  for (const v1::UnitFile& f : files) {
+    absl::StrAppend(&entries, entries.empty() ? "" : ",\n", "  {\"unit\": ", f.unit(),
+                    ", \"file\": \"", f.file(), "\", \"bytes\": ", f.bytes(), ", \"sha256\": \"",
+                    f.sha256(), "\"}");
+  }
+  const std::string manifest = absl::StrCat(
+      "{\"format\": \"pipetrain-checkpoint-manifest\", \"version\": 1, \"job_id\": \"",
+      identity.job_id, "\", \"step\": ", kStep, ", \"seed\": ", identity.seed,
+      ",\n \"model\": {\"vocab_size\": ", m.vocab_size, ", \"max_seq_len\": ", m.max_seq_len,
+      ", \"n_layer\": ", m.n_layer, ", \"n_head\": ", m.n_head, ", \"d_model\": ", m.d_model,
+      "},\n \"units\": [\n", entries, "]}\n");
+  WriteSeed(dir, "manifest", std::string(1, 16) + manifest);
+}
+
+// --- profile replies (profile_reply_fuzzer.cc: byte 0 bit 0 for the
+// tensor-parallel job, then a serialized ModelProfile)
+
+// A worker's real answer (ProfileUnits) to the fuzzer's job's request,
+// with its times replaced by fixed ones so that the seed is the same on
+// every run; checked as the coordinator checks it.
+std::string ProfileReply(bool tensor_parallel) {
+  v1::ProfileRequest request;
+  request.mutable_model()->set_n_layer(1);
+  request.mutable_model()->set_n_head(2);
+  request.mutable_model()->set_d_model(16);
+  request.mutable_model()->set_vocab_size(256);
+  request.mutable_model()->set_max_seq_len(8);
+  request.set_seq_len(8);
+  request.set_micro_batch_size(4);
+  request.set_warmup(1);
+  request.set_repetitions(1);
+  if (tensor_parallel) {
+    request.add_partitions(2);
+    request.add_partitions(4);
+  }
+  absl::StatusOr<v1::ModelProfile> profile = ProfileUnits(request);
+  PT_CHECK(profile.ok()) << profile.status();
+  profile->set_device_kind("cpu:AMD EPYC");
+  profile->set_repetitions(5);
+  for (int u = 0; u < profile->units_size(); ++u) {
+    v1::UnitProfile* unit = profile->mutable_units(u);
+    unit->set_fwd_seconds(1e-4 * (u + 1));
+    unit->set_bwd_seconds(2e-4 * (u + 1));
+    unit->set_optimizer_seconds(1e-5 * (u + 1));
+    for (v1::PartitionTiming& t : *unit->mutable_partitions()) {
+      t.set_fwd_seconds(unit->fwd_seconds() / t.count() * 1.2);
+      t.set_bwd_seconds(unit->bwd_seconds() / t.count() * 1.2);
+    }
+  }
+  for (int i = 0; i < profile->codecs_size(); ++i) {
+    profile->mutable_codecs(i)->set_all_reduce_seconds_per_byte(1e-9 * (i + 1));
+  }
+  const GptConfig model{256, 8, 1, 2, 16};
+  std::vector<std::string> names;
+  for (int u = 0; u < NumUnits(model); ++u) names.push_back(UnitName(model, u));
+  const ModelProfile sizes = AnalyticProfile(model, 8, 4, 1e9);
+  const absl::Status fit = CheckWorkerProfile(*profile, request, names, &sizes);
+  PT_CHECK(fit.ok()) << "the profiler's answer is refused: " << fit;
+  return profile->SerializeAsString();
+}
+
+void ProfileReplySeeds(const std::string& dir) {
+  WriteSeed(dir, "two_stages", std::string(1, 0) + ProfileReply(false));
+  WriteSeed(dir, "tensor_parallel_partitions", std::string(1, 1) + ProfileReply(true));
+  // One the coordinator refuses: the head's weights inflated.
+  v1::ModelProfile inflated;
+  PT_CHECK(inflated.ParseFromString(ProfileReply(false)));
+  v1::UnitProfile* head = inflated.mutable_units(inflated.units_size() - 1);
+  head->set_weight_bytes(head->weight_bytes() * 2);
+  WriteSeed(dir, "refused_inflated_head", std::string(1, 0) + inflated.SerializeAsString());
+}
+
+// --- HTTP requests in pieces (http_pieces_fuzzer.cc: byte 0 the number
+// of cuts and the limits, the cuts as uint16, then the bytes)
+
+std::string Pieces(int limits, std::initializer_list<uint16_t> cuts, const std::string& bytes) {
+  std::string out(1, static_cast<char>(cuts.size() | limits << 3));
+  for (uint16_t c : cuts) out += Uint16(c);
+  return out + bytes;
+}
+
+void HttpPiecesSeeds(const std::string& dir) {
+  const std::string auth = "Authorization: Bearer fuzz-token-pieces\r\n";
+  const std::string get =
+      "GET /echo/a%20b?x=1&y=%2F HTTP/1.1\r\nHost: coordinator\r\n" + auth + "\r\n";
+  // Cut inside the request line, a header and the blank line's CRLF CRLF.
+  WriteSeed(dir, "get_in_pieces", Pieces(0, {5, 40, static_cast<uint16_t>(get.size() - 2)}, get));
+  const std::string body = R"({"name": "seed"})";
+  const std::string post = absl::StrCat(
+      "POST /echo/jobs HTTP/1.1\r\nHost: coordinator\r\n", auth,
+      "Content-Type: application/json\r\nContent-Length: ", body.size(), "\r\n\r\n", body);
+  // The head whole, then the body in two, then a second request on the
+  // same connection (ignored).
+  const uint16_t head = static_cast<uint16_t>(post.size() - body.size());
+  WriteSeed(dir, "post_head_then_body",
+            Pieces(0, {head, static_cast<uint16_t>(head + 3)}, post + "GET / HTTP/1.1\r\n\r\n"));
+  const std::string expect = absl::StrCat("POST /echo/x HTTP/1.1\r\n", auth,
+                                          "Expect: 100-continue\r\nContent-Length: 4\r\n\r\nbody");
+  WriteSeed(dir, "expect_continue", Pieces(0, {static_cast<uint16_t>(expect.size() - 4)}, expect));
+  WriteSeed(
+      dir, "no_token_chunked",
+      Pieces(0, {20},
+             "POST /echo/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n"));
+  // The small server: a body over its 64 bytes (413); a head over its 1100 (431).
+  WriteSeed(dir, "small_body_over_limit",
+            Pieces(1, {30},
+                   absl::StrCat("POST /echo/x HTTP/1.1\r\n", auth, "Content-Length: 65\r\n\r\n",
+                                std::string(65, 'b'))));
+  WriteSeed(dir, "small_head_over_limit",
+            Pieces(1, {600, 1099},
+                   absl::StrCat("GET /echo/x HTTP/1.1\r\n", auth, "X-Pad: ", std::string(1100, 'p'),
+                                "\r\n\r\n")));
+  // The framer alone, tiny limits: line 16, head 64, body 8.
+  WriteSeed(dir, "tiny_limits",
+            Pieces(2, {3, 17, 30}, "POST /e HTTP/1.1\r\nContent-Length: 8\r\n\r\n12345678"));
+  WriteSeed(dir, "tiny_long_line", Pieces(2, {10}, "GET /abcdefghijklmnop HTTP/1.1\r\n\r\n"));
+}
+
 }  // namespace
 }  // namespace pipetrain
 
@@ -469,5 +658,8 @@ int main(int argc, char** argv) {
   RestSeeds(root + "/rest_fuzzer");
   WorkerRegistrySeeds(root + "/worker_registry_fuzzer");
   JobManagerSeeds(root + "/job_manager_fuzzer");
+  UnitCheckpointSeeds(root + "/unit_checkpoint_fuzzer");
+  ProfileReplySeeds(root + "/profile_reply_fuzzer");
+  HttpPiecesSeeds(root + "/http_pieces_fuzzer");
   return 0;
 }

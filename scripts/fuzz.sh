@@ -29,6 +29,9 @@ TARGETS=(
   worker_registry_fuzzer
   job_manager_fuzzer
   store_restore_fuzzer
+  unit_checkpoint_fuzzer
+  profile_reply_fuzzer
+  http_pieces_fuzzer
 )
 
 seconds="${1:-600}"

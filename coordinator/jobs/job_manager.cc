@@ -15,7 +15,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "common/confined_path.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
@@ -401,12 +400,7 @@ void JobManager::TouchLocked(JobRecord& record) {
   *record.job.mutable_update_time() = ToProtoTimestamp(clock_->Now());
 }
 
-absl::Status JobManager::PersistLocked(JobRecord& record, bool wait,
-                                       std::function<void(const absl::Status&)> then) {
-  if (options_.state == nullptr) {
-    if (then) then(absl::OkStatus());
-    return absl::OkStatus();
-  }
+store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   store::StoredJob stored;
   *stored.mutable_job() = record.job;
   *stored.mutable_plan() = record.plan;
@@ -432,18 +426,25 @@ absl::Status JobManager::PersistLocked(JobRecord& record, bool wait,
     *stored.mutable_auto_layout_parallelism() = record.auto_layout_parallelism;
   }
   record.last_persisted = clock_->Now();
-  auto save = [state = options_.state](const store::StoredJob& job) {
-    absl::Status saved = state->SaveJob(job);
-    if (!saved.ok()) {
-      PT_LOG(ERROR) << "job " << job.job().id() << ": could not save its state: " << saved;
-    }
-    return saved;
-  };
-  if (wait) {
-    const absl::Status saved = save(stored);
-    if (then) then(saved);
-    return saved;
+  return stored;
+}
+
+absl::Status JobManager::SaveStoredJob(const store::StoredJob& job) const {
+  absl::Status saved = options_.state->SaveJob(job);
+  if (!saved.ok()) {
+    PT_LOG(ERROR) << "job " << job.job().id() << ": could not save its state: " << saved;
   }
+  return saved;
+}
+
+absl::Status JobManager::PersistLocked(JobRecord& record,
+                                       std::function<void(const absl::Status&)> then) {
+  if (options_.state == nullptr) {
+    if (then) then(absl::OkStatus());
+    return absl::OkStatus();
+  }
+  store::StoredJob stored = StoredJobLocked(record);
+  auto save = [this](const store::StoredJob& job) { return SaveStoredJob(job); };
   // Off the lock, in order: a commit waits for the disk, and every stage's
   // report waits for the lock. A failed save must not stay the last word
   // (a job ends once: a cancelled one would come back RUNNING after a
@@ -741,18 +742,22 @@ const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::stri
   // The directories are canonical relative names (CheckPaths'
   // CheckConfinedName: no empty, "." or ".." component, no trailing '/'):
   // one directory, one spelling.
-  for (const auto& [id, record] : jobs_) {
-    if (IsTerminal(record->job.state()) || record->checkpoints == nullptr) continue;
-    if (record->job.spec().checkpoint().dir() == dir) return record.get();
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (IsTerminal(record->job.state()) || record->checkpoints == nullptr) continue;
+      if (record->job.spec().checkpoint().dir() == dir) return record.get();
+    }
   }
   return nullptr;
 }
 
 const JobManager::JobRecord* JobManager::WeightsPathUserLocked(const std::string& path) const {
   // Canonical relative names too (CheckPaths).
-  for (const auto& [id, record] : jobs_) {
-    if (IsTerminal(record->job.state())) continue;
-    if (record->job.spec().output().weights_path() == path) return record.get();
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (IsTerminal(record->job.state())) continue;
+      if (record->job.spec().output().weights_path() == path) return record.get();
+    }
   }
   return nullptr;
 }
@@ -762,10 +767,11 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));
   RETURN_IF_ERROR(CheckPaths(resolved));
   ASSIGN_OR_RETURN(InitSource init, ResolveInit(resolved));
-  v1::Job job;
+  std::string job_id;
+  std::optional<store::StoredJob> stored;
   {
     AnnotatedMutexLock lock(&mu_);
-    int pending = 0;
+    int pending = static_cast<int>(submitting_.size());
     for (const auto& [id, other] : jobs_) pending += IsTerminal(other->job.state()) ? 0 : 1;
     if (pending >= options_.max_pending_jobs) {
       return absl::ResourceExhaustedError(
@@ -821,17 +827,31 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     *record->job.mutable_create_time() = ToProtoTimestamp(clock_->Now());
     TouchLocked(*record);
     record->resolved = std::move(resolved);
-    absl::Status saved = PersistLocked(*record, /*wait=*/true);
+    if (options_.state != nullptr) stored = StoredJobLocked(*record);
+    job_id = record->job.id();
+    // Held here while it is saved: it claims its weights path and
+    // checkpoint directory and counts as pending, but nothing schedules,
+    // lists or cancels it before the store has it.
+    submitting_[job_id] = std::move(record);
+  }
+  // Saved off the lock: a commit waits for the disk (or etcd), and every
+  // stage's report and every API call wait for the lock. No other save of
+  // this job can come first: nothing else sees it yet.
+  const absl::Status saved = stored.has_value() ? SaveStoredJob(*stored) : absl::OkStatus();
+  {
+    AnnotatedMutexLock lock(&mu_);
+    auto it = submitting_.find(job_id);
+    std::unique_ptr<JobRecord> record = std::move(it->second);
+    submitting_.erase(it);
     if (!saved.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "could not record the job durably; nothing was submitted: ", saved.message()));
     }
-    job = record->job;
-    order_.push_back(job.id());
-    jobs_[job.id()] = std::move(record);
+    order_.push_back(job_id);
+    jobs_[job_id] = std::move(record);
   }
   ScheduleQueued();
-  return Get(job.id());
+  return Get(job_id);
 }
 
 absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
@@ -868,9 +888,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
     // Answered once the store has the cancel: a coordinator that dies right
     // after must not restore the job RUNNING. This save, queued after
     // EndLocked's, says whether it has.
-    PersistLocked(*record, /*wait=*/false, [saved](const absl::Status& s) {
-      *saved = s;
-    }).IgnoreError();
+    PersistLocked(*record, [saved](const absl::Status& s) { *saved = s; }).IgnoreError();
     cancelled = record->job;
   }
   FlushIo();
@@ -1812,25 +1830,23 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   // checkpoint is saved: the manifest (for people and tools; resuming needs
   // only the checksummed unit files), then the expired ones go, but only if
   // the save succeeded (else the stored state may still name them).
-  PersistLocked(
-      record, /*wait=*/false,
-      [output_dir = options_.output_dir, id = record.job.id(), model = record.resolved.spec.model(),
-       seed = record.resolved.train.seed, complete = *complete,
-       expired = record.checkpoints->TakeExpired()](const absl::Status& saved) {
-        absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
-        if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
-        if (!saved.ok()) {
-          PT_LOG(WARNING) << "job " << id << ": kept " << expired.size()
-                          << " expired checkpoint(s): the state that drops them "
-                             "was not saved";
-          return;
-        }
-        for (const v1::ResumeFrom& old : expired) {
-          absl::Status removed = RemoveCheckpointDir(output_dir, old);
-          if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
-        }
-      })
-      .IgnoreError();  // logged, and retried (RetryUnsavedLocked)
+  PersistLocked(record, [output_dir = options_.output_dir, id = record.job.id(),
+                         model = record.resolved.spec.model(), seed = record.resolved.train.seed,
+                         complete = *complete,
+                         expired = record.checkpoints->TakeExpired()](const absl::Status& saved) {
+    absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
+    if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
+    if (!saved.ok()) {
+      PT_LOG(WARNING) << "job " << id << ": kept " << expired.size()
+                      << " expired checkpoint(s): the state that drops them "
+                         "was not saved";
+      return;
+    }
+    for (const v1::ResumeFrom& old : expired) {
+      absl::Status removed = RemoveCheckpointDir(output_dir, old);
+      if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
+    }
+  }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;
     for (const v1::UnitFile& f : complete->units()) bytes += f.bytes();
@@ -2485,9 +2501,24 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
 }
 
 void JobManager::FlushIo() {
-  absl::Notification done;
-  io_.Post([&done] { done.Notify(); });
-  done.WaitForNotification();
+  // An AnnotatedMutex, not an absl::Notification: TSan must see that what
+  // the io_ tasks wrote (a save's status) happens before the caller reads
+  // it (common/annotated_mutex.h).
+  // Shared: the io_ thread may still be leaving the mutex when this
+  // thread returns.
+  struct Done {
+    AnnotatedMutex mu;
+    bool done ABSL_GUARDED_BY(mu) = false;
+  };
+  auto flushed = std::make_shared<Done>();
+  io_.Post([flushed] {
+    AnnotatedMutexLock lock(&flushed->mu);
+    flushed->done = true;
+  });
+  AnnotatedMutexLock lock(&flushed->mu);
+  flushed->mu.AwaitWithTimeout(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flushed->mu) { return flushed->done; },
+      absl::InfiniteDuration());
 }
 
 std::map<v1::JobState, int> JobManager::CountByState() const {

@@ -240,7 +240,10 @@ class JobManager {
   // allow) naming the field; RESOURCE_EXHAUSTED when planning it would
   // exceed the planning budget (planner.h CheckPlanningBudget) or when
   // max_pending_jobs are pending. The job is QUEUED and starts as soon as enough workers are
-  // READY.
+  // READY. With options.state it returns once the store has the job
+  // (UNAVAILABLE, nothing submitted, when the save fails); the save runs
+  // off the job lock, so other calls go on meanwhile, and the job's
+  // weights path and checkpoint directory are claimed from before it.
   absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
   // NOT_FOUND for an unknown id. progress.loss_history holds at most the
   // last kMaxLossHistory steps (progress.loss_history_start says where
@@ -659,13 +662,19 @@ class JobManager {
   // Drops profiles the cache evicted (ProfileCache::Put) from the store.
   void DropStoredProfiles(const std::vector<std::string>& keys);
   // Saves the job to options_.state (no-op without one): a copy taken now,
-  // committed on io_ in order (`wait`: here, returning the store's error).
-  // Failures are logged, and an io_ save that failed is tried again
-  // (RetryUnsavedLocked) until one of the job succeeds. `then` (optional)
-  // runs after the save with its status (on io_, off the lock; or here).
-  absl::Status PersistLocked(JobRecord& record, bool wait = false,
+  // committed on io_ in order. Failures are logged, and an io_ save that
+  // failed is tried again (RetryUnsavedLocked) until one of the job
+  // succeeds. `then` (optional) runs after the save with its status (on
+  // io_, off the lock; here without a store).
+  absl::Status PersistLocked(JobRecord& record,
                              std::function<void(const absl::Status&)> then = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // What PersistLocked saves of `record` (it notes the time in
+  // last_persisted).
+  store::StoredJob StoredJobLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // options_.state->SaveJob (which must be set), logging a failure. Any
+  // thread; no lock needed.
+  absl::Status SaveStoredJob(const store::StoredJob& job) const;
   // Saves again, at most once a second, the jobs whose last save failed.
   void RetryUnsavedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -677,6 +686,9 @@ class JobManager {
   int64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   std::map<std::string, std::unique_ptr<JobRecord>> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> order_ ABSL_GUARDED_BY(mu_);  // submission order
+  // Jobs Submit is saving (off the lock): not in jobs_ until the store has
+  // them, but their paths are claimed and they count as pending.
+  std::map<std::string, std::unique_ptr<JobRecord>> submitting_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread loop_;
   ProfileFetcher fetcher_;  // set before use; read-only afterwards

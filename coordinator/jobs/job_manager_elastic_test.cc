@@ -6,10 +6,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -1255,6 +1259,94 @@ class FlakyStore final : public Store {
  private:
   MemoryStore store_;
 };
+
+// A store whose commits wait, while `hold` is set, until `release` is
+// called; it counts the commits waiting.
+class HeldStore final : public Store {
+ public:
+  absl::Status Commit(const std::vector<StoreWrite>& writes) override {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (hold_) {
+        ++waiting_;
+        changed_.notify_all();
+        changed_.wait(lock, [this] { return !hold_; });
+        --waiting_;
+      }
+    }
+    if (failing.load()) return absl::UnavailableError("the store is unreachable");
+    return store_.Commit(writes);
+  }
+  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
+    return store_.Get(key);
+  }
+  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
+      const std::string& prefix) const override {
+    return store_.Scan(prefix);
+  }
+  std::string Describe() const override { return "held"; }
+  void Hold() {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_ = true;
+  }
+  void Release() {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold_ = false;
+    changed_.notify_all();
+  }
+  bool AwaitWaiting(int n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(60), [&] { return waiting_ == n; });
+  }
+  std::atomic<bool> failing{false};
+
+ private:
+  MemoryStore store_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool hold_ = false;
+  int waiting_ = 0;
+};
+
+// Submit saves the job off the job lock: while its commit waits (a slow
+// disk, etcd), the other calls go on; the job is not listed yet, but its
+// weights path is taken. A failed save leaves nothing: not listed, the
+// path free again.
+TEST(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLeftIfItFails) {
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  HeldStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry, &hub, &clock,
+                  JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+  v1::JobSpec spec = ElasticSpec(1, 0, 5);
+  spec.mutable_output()->set_weights_path("held.safetensors");
+  for (const bool fails : {false, true}) {
+    store.failing = fails;
+    store.Hold();
+    absl::StatusOr<v1::Job> submitted;
+    std::thread submitting([&] { submitted = jobs.Submit(spec); });
+    ASSERT_TRUE(store.AwaitWaiting(1));
+    const size_t listed = jobs.List().size();  // would wait for the commit under the lock
+    EXPECT_EQ(listed, fails ? 1u : 0u);        // the first job, once saved; not this one
+    const absl::Status second = jobs.Submit(spec).status();
+    EXPECT_EQ(second.code(), absl::StatusCode::kInvalidArgument) << second;
+    EXPECT_TRUE(absl::StrContains(second.message(), "is the output of job")) << second;
+    store.Release();
+    submitting.join();
+    if (!fails) {
+      ASSERT_TRUE(submitted.ok()) << submitted.status();
+      EXPECT_EQ(jobs.List().size(), 1u);
+      ASSERT_TRUE(jobs.Cancel(submitted->id()).ok());  // frees the path for the second round
+      continue;
+    }
+    EXPECT_EQ(submitted.status().code(), absl::StatusCode::kUnavailable) << submitted.status();
+    EXPECT_EQ(jobs.List().size(), 1u);  // only the cancelled first job
+    store.failing = false;
+    EXPECT_TRUE(jobs.Submit(spec).ok());  // the path is free again
+  }
+}
 
 // A cancel whose save failed says so (UNAVAILABLE: a coordinator that
 // stops now restores the job), is saved again once the store is back (a

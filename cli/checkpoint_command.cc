@@ -36,7 +36,8 @@ constexpr char kExportUsage[] =
     "checkpoint directory holding step-* directories: then the newest one with a\n"
     "manifest.json is exported. Every unit file is checked against the manifest (size,\n"
     "SHA-256, unit, step, seed, model shape) before FILE is written; FILE is replaced\n"
-    "atomically. Exit codes: 0 exported, 2 bad arguments, 1 a bad checkpoint or write.";
+    "atomically. Exit codes: 0 exported, 2 bad arguments, 1 a bad checkpoint or write\n"
+    "(or a --vocab beyond the checkpoint's rows, found only once it is read).";
 
 // "step-<digits>" -> the number; false for any other name.
 absl::Status WithHint(const absl::Status& status, absl::string_view hint) {

@@ -98,7 +98,9 @@ struct Flags {
 int Run(const std::vector<std::string>& args) {
   Flags f;
   FlagSet flags("usage: pipetrain-worker --coordinator HOST:PORT [flags]");
-  flags.String("coordinator", &f.coordinator, "coordinator gRPC address");
+  flags.String("coordinator", &f.coordinator,
+               "coordinator gRPC address, or every highly available coordinator's, "
+               "comma-separated (the leader is followed)");
   flags.String("listen", &f.listen, "data-plane listen address (port 0 = any)");
   flags.String("join-token", &f.join_token,
                "the coordinator's join token (visible in ps: prefer --join-token-file)");

@@ -780,9 +780,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
                        "some to end or cancel them"));
     }
     auto record = std::make_unique<JobRecord>();
-    record->job.set_id(options_.id_epoch.empty()
-                           ? absl::StrCat("job-", next_id_++)
-                           : absl::StrCat("job-", options_.id_epoch, "-", next_id_++));
+    // An id no job has: a restored job may hold the next one (a restart
+    // without an epoch, or one whose clock-made epoch repeats an earlier
+    // start's), and a second record under its id would replace it.
+    do {
+      record->job.set_id(options_.id_epoch.empty()
+                             ? absl::StrCat("job-", next_id_++)
+                             : absl::StrCat("job-", options_.id_epoch, "-", next_id_++));
+    } while (jobs_.count(record->job.id()) > 0 || submitting_.count(record->job.id()) > 0);
     // Both would write the file, and the last to finish would replace the
     // other's weights while both reported the path as theirs.
     const std::string& weights = resolved.spec.output().weights_path();

@@ -942,6 +942,25 @@ TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAga
   EXPECT_EQ(AssignmentOf(w1).resume().step(), 5);
 }
 
+// A restarted coordinator whose ids start again where an earlier one's did
+// (no epoch here; in production a clock-made epoch that repeats) gives a
+// new job an id no restored job has, rather than replacing that job.
+TEST_F(JobManagerElasticTest, Restore_NewJobsIdsSkipTheRestoredOnes) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  const std::string restored = Submit(ElasticSpec(1, 5)).value().id();
+  jobs_->FlushIo();
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  v1::JobSpec other = ElasticSpec(1, 5);
+  other.mutable_checkpoint()->set_dir("other-checkpoints");
+  const std::string added = Submit(other).value().id();
+  EXPECT_NE(added, restored);
+  EXPECT_EQ(jobs_->List().size(), 2u);
+  EXPECT_EQ(jobs_->Get(restored).value().spec().checkpoint().dir(),
+            "checkpoints/" + restored);  // the restored job, not replaced
+}
+
 // The stored job of `id`, edited by `edit` and saved back, as a store
 // written by another version (or by hand) could hold it.
 void EditStoredJob(CoordinatorState& state, const std::string& id,

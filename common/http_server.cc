@@ -36,6 +36,9 @@ HttpRequest Translate(const httplib::Request& in) {
 void Apply(const HttpResponse& in, httplib::Response& out) {
   out.status = in.status;
   out.set_content(in.body, in.content_type.c_str());
+  // Ranges are not served (a Range header is ignored); httplib would
+  // advertise "bytes" on a HEAD otherwise.
+  out.set_header("Accept-Ranges", "none");
 }
 
 // The standard methods (RFC 9110 and PATCH); anything else is reported as

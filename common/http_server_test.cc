@@ -525,6 +525,20 @@ TEST(HttpServer, Post_MultipartBody_ReachesHandlerAsSent) {
   EXPECT_EQ(nlohmann::json::parse(result->body)["body"], body);
 }
 
+// Ranges are not served: a HEAD (answered through the GET route) and a GET
+// both say so, where httplib would advertise "bytes" on the HEAD.
+TEST(HttpServer, AnswerRequestBytes_HeadAndGet_SayAcceptRangesNone) {
+  HttpServer server;
+  server.Get("/thing", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
+  for (const std::string method : {"HEAD", "GET"}) {
+    const std::string response =
+        server.AnswerRequestBytes(method + " /thing HTTP/1.1\r\nHost: x\r\n\r\n");
+    EXPECT_EQ(HttpStatusOf(response), 200) << response;
+    EXPECT_TRUE(absl::StrContains(response, "Accept-Ranges: none\r\n")) << response;
+    EXPECT_FALSE(absl::StrContains(response, "Accept-Ranges: bytes")) << response;
+  }
+}
+
 // httplib parses Range with std::regex before the server ignores it: a
 // long one is refused first, also behind a bare LF.
 TEST(HttpServer, AnswerRequestBytes_RangeOverLimit_Returns431) {

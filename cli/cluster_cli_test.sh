@@ -382,8 +382,9 @@ if command -v zsh >/dev/null; then
 fi
 expect_exit completion_unknown_shell 2 "usage: pipetrain completion bash|zsh" -- completion fish
 # submit --follow goes on through a coordinator restart: a coordinator with
-# state runs a long job with checkpoints; it is killed (SIGKILL) and started
-# again on the same ports; the follower finds it again and reports the end
+# state runs a long job with checkpoints; it is killed (SIGKILL), then
+# stopped (SIGTERM), and started again on the same ports each time; the
+# follower finds it again and reports the end
 # the job then gets (a cancel: CANCELLED, exit 1), not UNAVAILABLE (78).
 mkdir -p "$TMP/restart-out" && chmod 700 "$TMP/restart-out"
 restart_coordinator() {  # $1: gRPC port, $2: HTTP port (0: any)
@@ -431,6 +432,12 @@ kill -KILL "$coordinator_pid"
 wait "$coordinator_pid" 2>/dev/null
 restart_coordinator "${raddr##*:}" "$rhttp"
 ok restart_job_runs_again await_step 30
+# A graceful stop (SIGTERM) ends the calls it serves as CANCELLED: lost
+# too, not the job's end.
+kill -TERM "$coordinator_pid"
+wait "$coordinator_pid" 2>/dev/null
+restart_coordinator "${raddr##*:}" "$rhttp"
+ok restart_after_sigterm_job_runs_again await_step 45
 ok follow_still_running kill -0 "$follow_pid"
 expect_exit restart_cancel 0 "CANCELLED" -- cancel "$long_id" --coordinator="$raddr" \
   --token-file="$TMP/user.token"

@@ -500,8 +500,12 @@ absl::StatusOr<v1::Job> Follow(
     request.set_id(id);
     grpc::Status s = current->GetJob(WithDeadline(timeout).get(), request, &job);
     if (!s.ok()) {
+      // CANCELLED: a coordinator shutting down (SIGTERM: a restart, a
+      // rolling update) ends the calls it is serving so; nothing here
+      // cancels a call (Ctrl-C ends the loop through g_interrupted).
       const bool lost = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+                        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                        s.error_code() == grpc::StatusCode::CANCELLED;
       if (!lost || reconnect == nullptr) return ToAbsl(s);
       if (!lost_since.has_value()) {
         lost_since = absl::Now();

@@ -738,14 +738,44 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
   return init;
 }
 
+namespace {
+
+// Whether `path` is `dir` or lies under it. Both are canonical relative
+// names (CheckPaths' CheckConfinedName: no empty, "." or ".." component,
+// no trailing '/'): one file, one spelling, so a prefix test is exact.
+bool PathWithin(const std::string& path, const std::string& dir) {
+  return path == dir || absl::StartsWith(path, absl::StrCat(dir, "/"));
+}
+
+}  // namespace
+
 const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::string& dir) const {
-  // The directories are canonical relative names (CheckPaths'
-  // CheckConfinedName: no empty, "." or ".." component, no trailing '/'):
-  // one directory, one spelling.
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
       if (IsTerminal(record->job.state()) || record->checkpoints == nullptr) continue;
-      if (record->job.spec().checkpoint().dir() == dir) return record.get();
+      const std::string& theirs = record->job.spec().checkpoint().dir();
+      if (PathWithin(dir, theirs) || PathWithin(theirs, dir)) return record.get();
+    }
+  }
+  return nullptr;
+}
+
+const JobManager::JobRecord* JobManager::CheckpointDirHoldingLocked(const std::string& path) const {
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (IsTerminal(record->job.state()) || record->checkpoints == nullptr) continue;
+      if (PathWithin(path, record->job.spec().checkpoint().dir())) return record.get();
+    }
+  }
+  return nullptr;
+}
+
+const JobManager::JobRecord* JobManager::WeightsPathInLocked(const std::string& dir) const {
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (IsTerminal(record->job.state())) continue;
+      const std::string& weights = record->job.spec().output().weights_path();
+      if (!weights.empty() && PathWithin(weights, dir)) return record.get();
     }
   }
   return nullptr;
@@ -782,11 +812,14 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     auto record = std::make_unique<JobRecord>();
     // An id no job has: a restored job may hold the next one (a restart
     // without an epoch, or one whose clock-made epoch repeats an earlier
-    // start's), and a second record under its id would replace it.
+    // start's), and a second record under its id would replace it. Taken
+    // (next_id_ moved past it) only once the job is accepted below: a
+    // refused request changes nothing.
+    int64_t n = next_id_;
     do {
       record->job.set_id(options_.id_epoch.empty()
-                             ? absl::StrCat("job-", next_id_++)
-                             : absl::StrCat("job-", options_.id_epoch, "-", next_id_++));
+                             ? absl::StrCat("job-", n++)
+                             : absl::StrCat("job-", options_.id_epoch, "-", n++));
     } while (jobs_.count(record->job.id()) > 0 || submitting_.count(record->job.id()) > 0);
     // Both would write the file, and the last to finish would replace the
     // other's weights while both reported the path as theirs.
@@ -798,6 +831,15 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
                                                      "), which has not ended; give this job a file "
                                                      "of its own"));
     }
+    // A checkpoint directory's files are replaced by each checkpoint and
+    // its step directories deleted as they expire: weights there are lost.
+    if (const JobRecord* other = weights.empty() ? nullptr : CheckpointDirHoldingLocked(weights)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.output.weights_path \"", weights, "\" lies in the checkpoint directory \"",
+          other->job.spec().checkpoint().dir(), "\" of job ", other->job.id(), " (",
+          EnumShortName(other->job.state()),
+          "), whose checkpoints would replace or delete it; write it elsewhere"));
+    }
     v1::CheckpointSpec* checkpoint = resolved.spec.mutable_checkpoint();
     if (checkpoint->interval_steps() > 0) {
       if (checkpoint->dir().empty()) {
@@ -807,9 +849,29 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
       // overwrite each other's files, and each would expire (delete) the
       // other's: refused while the other has not ended.
       if (const JobRecord* other = CheckpointDirUserLocked(checkpoint->dir())) {
+        const std::string& theirs = other->job.spec().checkpoint().dir();
         return absl::InvalidArgumentError(absl::StrCat(
-            "spec.checkpoint.dir \"", checkpoint->dir(), "\" is in use by job ", other->job.id(),
-            " (", EnumShortName(other->job.state()), "); give this job a directory of its own"));
+            "spec.checkpoint.dir \"", checkpoint->dir(), "\" ",
+            theirs == checkpoint->dir() ? "is in use by job"
+                                        : absl::StrCat("overlaps \"", theirs, "\", that of job"),
+            " ", other->job.id(), " (", EnumShortName(other->job.state()),
+            "); give this job a directory of its own"));
+      }
+      if (const JobRecord* other = WeightsPathInLocked(checkpoint->dir())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.checkpoint.dir \"", checkpoint->dir(), "\" holds \"",
+                         other->job.spec().output().weights_path(), "\", the weights file of job ",
+                         other->job.id(), " (", EnumShortName(other->job.state()),
+                         "); give this job a directory of its own"));
+      }
+      if (!weights.empty() && PathWithin(weights, checkpoint->dir())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.output.weights_path \"", weights,
+                         "\" lies in this job's own checkpoint "
+                         "directory \"",
+                         checkpoint->dir(),
+                         "\", whose checkpoints would replace or delete "
+                         "it; write it elsewhere"));
       }
       record->checkpoints = std::make_unique<CheckpointCatalog>(*checkpoint, resolved.train.model,
                                                                 resolved.train.steps);
@@ -834,6 +896,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     record->resolved = std::move(resolved);
     if (options_.state != nullptr) stored = StoredJobLocked(*record);
     job_id = record->job.id();
+    next_id_ = n;
     // Held here while it is saved: it claims its weights path and
     // checkpoint directory and counts as pending, but nothing schedules,
     // lists or cancels it before the store has it.

@@ -444,8 +444,15 @@ class JobManager {
   };
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job that has not ended and checkpoints into `dir`, or null.
+  // A job that has not ended and checkpoints into `dir`, a directory
+  // inside it, or one it lies in (the paths nest), or null.
   const JobRecord* CheckpointDirUserLocked(const std::string& dir) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job that has not ended whose checkpoint directory holds `path`, or null.
+  const JobRecord* CheckpointDirHoldingLocked(const std::string& path) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job that has not ended whose weights file lies in `dir`, or null.
+  const JobRecord* WeightsPathInLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that has not ended and writes its final weights to `path`, or null.
   const JobRecord* WeightsPathUserLocked(const std::string& path) const

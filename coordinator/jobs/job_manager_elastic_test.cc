@@ -234,6 +234,68 @@ TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
   EXPECT_TRUE(Submit(spec).ok());
 }
 
+// A checkpoint directory's files are replaced by each checkpoint and its
+// step directories deleted as they expire: a weights file there (another
+// live job's, or the job's own) would be lost, and two directories that
+// nest would expire each other's steps. Each is refused, naming the other.
+TEST_F(JobManagerElasticTest, WeightsInACheckpointDirOrNestedDirs_Refused) {
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(1, 5);
+  spec.mutable_checkpoint()->set_dir("runs/ck");
+  const std::string first = Submit(spec).value().id();
+  const auto refused = [&](const v1::JobSpec& s) {
+    const absl::StatusOr<v1::Job> job = Submit(s);
+    EXPECT_EQ(job.status().code(), absl::StatusCode::kInvalidArgument) << job.status();
+    return std::string(job.status().message());
+  };
+  v1::JobSpec into = ElasticSpec(1, 0);
+  into.mutable_output()->set_weights_path("runs/ck/step-00000005/unit-0000.safetensors");
+  EXPECT_EQ(refused(into),
+            "spec.output.weights_path \"runs/ck/step-00000005/unit-0000.safetensors\" lies in "
+            "the checkpoint directory \"runs/ck\" of job " +
+                first +
+                " (RUNNING), whose checkpoints would replace or delete it; write it "
+                "elsewhere");
+  v1::JobSpec nested = ElasticSpec(1, 5);
+  nested.mutable_checkpoint()->set_dir("runs/ck/inner");
+  EXPECT_EQ(refused(nested),
+            "spec.checkpoint.dir \"runs/ck/inner\" overlaps \"runs/ck\", that "
+            "of job " +
+                first + " (RUNNING); give this job a directory of its own");
+  nested.mutable_checkpoint()->set_dir("runs");
+  EXPECT_EQ(refused(nested), "spec.checkpoint.dir \"runs\" overlaps \"runs/ck\", that of job " +
+                                 first + " (RUNNING); give this job a directory of its own");
+  v1::JobSpec own = ElasticSpec(1, 5);
+  own.mutable_checkpoint()->set_dir("mine");
+  own.mutable_output()->set_weights_path("mine/w.safetensors");
+  EXPECT_EQ(refused(own),
+            "spec.output.weights_path \"mine/w.safetensors\" lies in this job's own checkpoint "
+            "directory \"mine\", whose checkpoints would replace or delete it; write it "
+            "elsewhere");
+  // A live job's weights file, then a checkpoint directory around it.
+  v1::JobSpec weights = ElasticSpec(1, 0);
+  weights.mutable_output()->set_weights_path("out/w.safetensors");
+  const std::string writer = Submit(weights).value().id();
+  v1::JobSpec around = ElasticSpec(1, 5);
+  around.mutable_checkpoint()->set_dir("out");
+  EXPECT_EQ(refused(around),
+            "spec.checkpoint.dir \"out\" holds \"out/w.safetensors\", the "
+            "weights file of job " +
+                writer + " (RUNNING); give this job a directory of its own");
+  // Siblings are fine, and so is everything once the other job has ended.
+  // The refusals took no ids (a refused request changes nothing).
+  v1::JobSpec sibling = ElasticSpec(1, 0);
+  sibling.mutable_output()->set_weights_path("runs/ck2.safetensors");
+  const absl::StatusOr<v1::Job> third = Submit(sibling);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(first, "job-1");
+  EXPECT_EQ(writer, "job-2");
+  EXPECT_EQ(third->id(), "job-3");
+  ASSERT_TRUE(jobs_->Cancel(first).ok());
+  EXPECT_TRUE(Submit(into).ok());
+}
+
 TEST_F(JobManagerElasticTest, Checkpoint_CompleteOnlyOnceEveryUnitIsIn_ManifestWritten) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

@@ -196,6 +196,7 @@ absl::Status WorkerAgent::RegisterWithRetry() {
       session_->Set(response.session_token());
       if (group_id_ == request.device().nccl_unique_id()) group_id_unreported_ = false;
       heartbeat_interval_ = absl::Seconds(std::max(0.05, response.heartbeat_interval_seconds()));
+      ++registrations_;  // wakes a watch loop waiting out its backoff
       PT_LOG(INFO) << "registered as " << worker_id_ << " (incarnation " << incarnation_
                    << "), data plane " << data_plane_->address();
       return absl::OkStatus();
@@ -395,12 +396,14 @@ void WorkerAgent::WatchLoop() {
   while (true) {
     grpc::ClientContext context;
     v1::WatchAssignmentsRequest request;
+    int64_t opened_as = 0;  // registrations_ when this stream opened
     {
       AnnotatedMutexLock lock(&mu_);
       if (stopping_) return;
       request.set_worker_id(worker_id_);
       request.set_incarnation(incarnation_);
       watch_context_ = &context;
+      opened_as = registrations_;
     }
     AddBearer(context, session_->Get());
     const CoordinatorStub coordinator = Stub();
@@ -419,8 +422,17 @@ void WorkerAgent::WatchLoop() {
     }
     const absl::Duration wait = backoff.Next();
     PT_LOG(WARNING) << "assignment stream ended (" << s.error_message() << "); reopening in "
-                    << absl::FormatDuration(wait);
-    if (!SleepUnlessStopped(wait)) return;
+                    << absl::FormatDuration(wait) << " or once registered again";
+    // A registration (the heartbeat loop's, after a coordinator restart
+    // or a failover) ends the wait: the coordinator has this worker again
+    // and its jobs wait for the stream, not for the backoff.
+    AnnotatedMutexLock lock(&mu_);
+    if (mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(
+                                 mu_) { return stopping_ || registrations_ != opened_as; },
+                             wait)) {
+      if (stopping_) return;
+      backoff.Reset();
+    }
   }
 }
 

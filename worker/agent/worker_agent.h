@@ -10,7 +10,8 @@
 //    (UNAUTHENTICATED: the join token is no longer accepted) nothing more
 //    can be done, and options.on_registration_refused says so;
 //  - watches assignments (server stream, reopened with backoff when it
-//    breaks): RUN starts a JobRunner (replacing one of another job or plan
+//    breaks, at once when the agent registers again meanwhile: a restarted
+//    coordinator's jobs wait for it): RUN starts a JobRunner (replacing one of another job or plan
 //    version), STOP stops the runner of that job.
 // Stop() stops the heartbeats, deregisters (the coordinator shows it LEFT,
 // and a job it ran fails or recovers saying it was shut down), then closes
@@ -156,6 +157,7 @@ class WorkerAgent {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool deregistered_ ABSL_GUARDED_BY(mu_) = false;
   bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;  // wakes the heartbeat loop
+  int64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;   // successful ones, this process
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   int64_t incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   // A heartbeat's answer said this process is drained; every later

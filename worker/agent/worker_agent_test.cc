@@ -133,6 +133,72 @@ TEST(WorkerAgentTest, RefusedReRegistrationIsReportedAndHeartbeatsStop) {
   rig->Shutdown();
 }
 
+// Forgets the worker at its first heartbeat (a restarted coordinator) and
+// takes it back at its next registration; its first assignment stream
+// ends at once, the next ones stay open until the server stops. Counts
+// the streams opened.
+class RestartedCoordinator final : public v1::CoordinatorService::Service {
+ public:
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    const int n = registrations_.fetch_add(1) + 1;
+    response->set_worker_id("w-1");
+    response->set_incarnation(n);
+    response->set_session_token(absl::StrCat("w-1.", n, ".secret"));
+    response->set_heartbeat_interval_seconds(0.05);
+    return grpc::Status::OK;
+  }
+  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse*) override {
+    if (request->incarnation() == 1) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "incarnation not current");
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status WatchAssignments(grpc::ServerContext* context, const v1::WatchAssignmentsRequest*,
+                                grpc::ServerWriter<v1::Assignment>*) override {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      ++streams_;
+      if (streams_ == 1) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "restarting");
+    }
+    while (!context->IsCancelled()) {  // open until the agent or the server ends it
+      AnnotatedMutexLock lock(&mu_);
+      mu_.AwaitWithTimeout([] { return false; }, absl::Milliseconds(20));
+    }
+    return grpc::Status::OK;
+  }
+  bool AwaitStreams(int n) {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return streams_ >= n; },
+                                absl::Seconds(30));
+  }
+
+ private:
+  std::atomic<int> registrations_{0};
+  AnnotatedMutex mu_;
+  int streams_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// The assignment stream broke and the agent waits out a long backoff; it
+// then registers again (the coordinator forgot it): the stream reopens at
+// once, not after the backoff (a restarted coordinator's jobs wait for it).
+TEST(WorkerAgentTest, StreamBrokeThenRegisteredAgain_StreamReopensWithoutWaitingTheBackoff) {
+  RestartedCoordinator coordinator;
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.backoff.initial = absl::Minutes(10);  // longer than the test waits
+  options.backoff.max = absl::Minutes(10);
+  options.backoff.jitter = 0;
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  EXPECT_TRUE(coordinator.AwaitStreams(2));
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // Answers a registration only once the test lets it (the agent is stopped
 // meanwhile), and counts heartbeats and deregistrations.
 class SlowRegistrationCoordinator final : public NoAssignmentsCoordinator {

@@ -214,7 +214,8 @@ void HttpServer::InstallHooks() {
     }
     Apply(JsonError(401, "UNAUTHENTICATED",
                     header.empty() ? "missing header \"Authorization: Bearer <token>\""
-                                   : "wrong bearer token; use the coordinator's --user-token"),
+                                   : "wrong bearer token; use the coordinator's user token (its "
+                                     "--user-token or --user-token-file)"),
           res);
     res.set_header("WWW-Authenticate", "Bearer");
     return httplib::Server::HandlerResponse::Handled;

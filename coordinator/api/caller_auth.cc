@@ -22,7 +22,9 @@ absl::Status CallerAuth::CheckUser(absl::string_view authorization) const {
         "--user-token; the CLI reads it from --token-file or PIPETRAIN_TOKEN)");
   }
   if (!ConstantTimeEquals(BearerToken(authorization), user_token_)) {
-    return absl::UnauthenticatedError("user token rejected; use the coordinator's --user-token");
+    return absl::UnauthenticatedError(
+        "user token rejected; use the coordinator's user token (its --user-token or "
+        "--user-token-file)");
   }
   return absl::OkStatus();
 }

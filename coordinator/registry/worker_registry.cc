@@ -94,7 +94,8 @@ absl::Status WorkerRegistry::CheckJoinToken(absl::string_view join_token) const 
     return absl::OkStatus();
   }
   return absl::UnauthenticatedError(
-      "join token rejected; pass the coordinator's --join-token to the worker");
+      "join token rejected; give the worker the coordinator's join token (its --join-token or "
+      "--join-token-file)");
 }
 
 absl::Status WorkerRegistry::CheckRegistration(const v1::RegisterWorkerRequest& request) const {

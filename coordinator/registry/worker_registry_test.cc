@@ -126,8 +126,8 @@ TEST(WorkerRegistryTest, Register_WrongToken_Unauthenticated) {
   WorkerRegistry registry(MakeOptions(&clock));
   const auto response = registry.Register(Request(1, "guess"));
   EXPECT_EQ(response.status(),
-            absl::UnauthenticatedError(
-                "join token rejected; pass the coordinator's --join-token to the worker"));
+            absl::UnauthenticatedError("join token rejected; give the worker the coordinator's "
+                                       "join token (its --join-token or --join-token-file)"));
   EXPECT_THAT(registry.List(), IsEmpty());
 }
 
@@ -136,8 +136,8 @@ TEST(WorkerRegistryTest, Register_MissingToken_Unauthenticated) {
   WorkerRegistry registry(MakeOptions(&clock));
   const auto response = registry.Register(Request(1, ""));
   EXPECT_EQ(response.status(),
-            absl::UnauthenticatedError(
-                "join token rejected; pass the coordinator's --join-token to the worker"));
+            absl::UnauthenticatedError("join token rejected; give the worker the coordinator's "
+                                       "join token (its --join-token or --join-token-file)"));
 }
 
 TEST(WorkerRegistryTest, Register_TokenPrefix_Unauthenticated) {

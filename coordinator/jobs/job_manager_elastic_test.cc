@@ -1320,30 +1320,9 @@ namespace pipetrain {
 namespace {
 
 // A store whose commits fail while `failing` is set (a busy SQLite, a
-// full disk, an unreachable etcd).
+// full disk, an unreachable etcd), and wait while held (a slow disk),
+// counting the commits waiting, until released.
 class FlakyStore final : public Store {
- public:
-  absl::Status Commit(const std::vector<StoreWrite>& writes) override {
-    if (failing.load()) return absl::UnavailableError("the store is unreachable");
-    return store_.Commit(writes);
-  }
-  absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
-    return store_.Get(key);
-  }
-  absl::StatusOr<std::vector<std::pair<std::string, std::string>>> Scan(
-      const std::string& prefix) const override {
-    return store_.Scan(prefix);
-  }
-  std::string Describe() const override { return "flaky"; }
-  std::atomic<bool> failing{false};
-
- private:
-  MemoryStore store_;
-};
-
-// A store whose commits wait, while `hold` is set, until `release` is
-// called; it counts the commits waiting.
-class HeldStore final : public Store {
  public:
   absl::Status Commit(const std::vector<StoreWrite>& writes) override {
     {
@@ -1365,7 +1344,7 @@ class HeldStore final : public Store {
       const std::string& prefix) const override {
     return store_.Scan(prefix);
   }
-  std::string Describe() const override { return "held"; }
+  std::string Describe() const override { return "flaky"; }
   void Hold() {
     std::lock_guard<std::mutex> lock(mu_);
     hold_ = true;
@@ -1397,7 +1376,7 @@ TEST(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLeft
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
   AssignmentHub hub;
-  HeldStore store;
+  FlakyStore store;
   CoordinatorState state(&store);
   JobManager jobs(&registry, &hub, &clock,
                   JobManagerOptions{.output_dir = OutputDir(), .state = &state});

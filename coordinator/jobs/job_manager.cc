@@ -867,11 +867,8 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
       if (!weights.empty() && PathWithin(weights, checkpoint->dir())) {
         return absl::InvalidArgumentError(
             absl::StrCat("spec.output.weights_path \"", weights,
-                         "\" lies in this job's own checkpoint "
-                         "directory \"",
-                         checkpoint->dir(),
-                         "\", whose checkpoints would replace or delete "
-                         "it; write it elsewhere"));
+                         "\" lies in this job's own checkpoint directory \"", checkpoint->dir(),
+                         "\", whose checkpoints would replace or delete it; write it elsewhere"));
       }
       record->checkpoints = std::make_unique<CheckpointCatalog>(*checkpoint, resolved.train.model,
                                                                 resolved.train.steps);

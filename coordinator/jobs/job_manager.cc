@@ -58,10 +58,11 @@ std::vector<std::string> UnitNamesOf(const GptConfig& model) {
 }
 
 // The sizes `model`'s shape gives each unit for `request` (the analytic
-// profile's; its seconds do not matter here): what a worker's profile
-// must agree with (CheckWorkerProfile).
+// profile's), and its FLOPs as seconds at kModelSizesFlopsPerSecond: what
+// a worker's profile must agree with (CheckWorkerProfile).
 ModelProfile ModelSizes(const GptConfig& model, const v1::ProfileRequest& request) {
-  return AnalyticProfile(model, request.seq_len(), request.micro_batch_size(), 1e9);
+  return AnalyticProfile(model, request.seq_len(), request.micro_batch_size(),
+                         kModelSizesFlopsPerSecond);
 }
 
 // A worker's error text becomes the job's reason, which every GetJob returns.

@@ -108,6 +108,18 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
                           absl::StrCat("is ", unit.stash_bytes(), ", over twice the model's ",
                                        expected.stash_bytes));
       }
+      const std::pair<const char*, std::pair<double, double>> passes[] = {
+          {"fwd_seconds", {unit.fwd_seconds(), expected.fwd_seconds}},
+          {"bwd_seconds", {unit.bwd_seconds(), expected.bwd_seconds}}};
+      for (const auto& [name, times] : passes) {
+        const auto [seconds, at_reference] = times;
+        const double flops = at_reference * kModelSizesFlopsPerSecond;
+        if (flops > 0 && !(seconds > 0 && flops / seconds <= kMaxProfileFlopsPerSecond)) {
+          return BadProfile(at + "." + name,
+                            absl::StrCat("is ", seconds, " s for ", flops, " FLOPs: faster than ",
+                                         kMaxProfileFlopsPerSecond, " FLOP/s, no measurement"));
+        }
+      }
     }
     if (unit.partitions_size() != request.partitions_size()) {
       return BadProfile(at + ".partitions",

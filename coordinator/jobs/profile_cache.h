@@ -32,6 +32,13 @@ ModelProfile FromProto(const v1::ModelProfile& profile);
 inline constexpr double kMaxProfileSeconds = 1e6;  // a unit's pass, ~11 days
 inline constexpr double kMaxProfileBytes = 1e15;   // a unit's bytes, 1 PB
 inline constexpr size_t kMaxProfileDeviceKindBytes = 256;
+// The fastest compute a profile may claim (100 PFLOP/s, about 50 times one
+// H200's dense bf16): a unit's forward or backward time below its FLOPs at
+// this rate (or 0 where it computes anything) is no measurement.
+inline constexpr double kMaxProfileFlopsPerSecond = 1e17;
+// The rate `model_sizes`' times are computed at (their FLOPs / this):
+// ModelSizes in job_manager.cc.
+inline constexpr double kModelSizesFlopsPerSecond = 1e9;
 
 // Whether `profile`, a worker's answer to `request` (WorkerControl.Profile),
 // may be cached and planned with: one unit per name in `unit_names`, named
@@ -46,9 +53,12 @@ inline constexpr size_t kMaxProfileDeviceKindBytes = 256;
 // unit count, only through this. With `model_sizes` (the sizes the model's
 // shape gives, AnalyticProfile's, one unit each), each unit's weight_bytes
 // and activation_bytes must equal them and its stash_bytes be at most
-// twice them: the profile is cached for every job of the model on that
-// kind of device, and a worker's inflated sizes would make other users'
-// plans refuse (or fit what does not).
+// twice them, and its fwd_seconds and bwd_seconds must be at least the
+// unit's FLOPs at kMaxProfileFlopsPerSecond (above 0 where it has any):
+// the profile is cached for every job of the model on that kind of
+// device, and a worker's inflated sizes would make other users' plans
+// refuse (or fit what does not), its near-zero times make them plan as if
+// compute were free.
 absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::ProfileRequest& request,
                                 const std::vector<std::string>& unit_names,
                                 const ModelProfile* model_sizes = nullptr);

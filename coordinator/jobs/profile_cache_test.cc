@@ -164,8 +164,12 @@ TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) 
     u.weight_bytes = 4096;
     u.activation_bytes = 8192;
     u.stash_bytes = 1000;
+    // 1e10 forward, 2e10 backward FLOPs (the times are FLOPs at 1 GFLOP/s).
+    u.fwd_seconds = 1e10 / kModelSizesFlopsPerSecond;
+    u.bwd_seconds = 2e10 / kModelSizesFlopsPerSecond;
     sizes.units.push_back(u);
   }
+  sizes.units[0].fwd_seconds = 0;  // an embedding's lookup: no FLOPs counted
   v1::ModelProfile good = GoodProfile(request, names);
   for (auto& u : *good.mutable_units()) u.set_stash_bytes(1500);  // within twice
   EXPECT_TRUE(CheckWorkerProfile(good, request, names, &sizes).ok());
@@ -180,7 +184,17 @@ TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) 
        [](v1::ModelProfile& p) { p.mutable_units(0)->set_activation_bytes(8193); }},
       {"units[2].stash_bytes is 2001, over twice the model's 1000",
        [](v1::ModelProfile& p) { p.mutable_units(2)->set_stash_bytes(2001); }},
+      // 1e10 FLOPs in 1e-8 s is 1e18 FLOP/s; zero time, infinitely fast.
+      {"units[1].fwd_seconds is 1e-08 s for 1e+10 FLOPs: faster than 1e+17 FLOP/s",
+       [](v1::ModelProfile& p) { p.mutable_units(1)->set_fwd_seconds(1e-8); }},
+      {"units[3].bwd_seconds is 0 s for 2e+10 FLOPs",
+       [](v1::ModelProfile& p) { p.mutable_units(3)->set_bwd_seconds(0); }},
   };
+  // At the bound, and a unit without FLOPs at 0 s, pass.
+  v1::ModelProfile fastest = good;
+  fastest.mutable_units(1)->set_fwd_seconds(1e10 / kMaxProfileFlopsPerSecond);
+  fastest.mutable_units(0)->set_fwd_seconds(0);
+  EXPECT_TRUE(CheckWorkerProfile(fastest, request, names, &sizes).ok());
   for (const Case& c : cases) {
     v1::ModelProfile p = good;
     c.spoil(p);

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/logging.h"
 
@@ -158,6 +159,12 @@ int64_t FirstNonFinite(const Tensor& t) {
     if (!std::isfinite(data[i])) return i;
   }
   return -1;
+}
+
+std::string DescribeFirstNonFinite(const Tensor& t) {
+  const int64_t i = FirstNonFinite(t);
+  if (i < 0) return "";
+  return absl::StrCat("holds ", std::isnan(t[i]) ? "NaN" : "an infinity", " at element ", i);
 }
 
 }  // namespace pipetrain

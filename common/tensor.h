@@ -40,6 +40,10 @@ class Tensor;
 // The index of the first NaN or infinite element of host tensor `t`, or -1
 // when every element is finite (or `t` is empty). Must not be a device tensor.
 int64_t FirstNonFinite(const Tensor& t);
+// For messages that name the tensor: "" when every element of host tensor
+// `t` is finite, else "holds NaN at element i" (or "holds an infinity at
+// element i") for the first one that is not.
+std::string DescribeFirstNonFinite(const Tensor& t);
 
 class Tensor {
  public:

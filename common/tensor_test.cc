@@ -108,6 +108,9 @@ TEST(TensorTest, FirstNonFinite_IndexOfTheFirstNanOrInfinity) {
   EXPECT_EQ(FirstNonFinite(t.Slice(1, 2)), 0);  // a view counts from its start
   t[0] = -std::numeric_limits<float>::infinity();
   EXPECT_EQ(FirstNonFinite(t), 0);
+  EXPECT_EQ(DescribeFirstNonFinite(t), "holds an infinity at element 0");
+  EXPECT_EQ(DescribeFirstNonFinite(t.Slice(1, 2)), "holds NaN at element 0");
+  EXPECT_EQ(DescribeFirstNonFinite(Tensor::Zeros({3})), "");
 }
 
 TEST(TensorDeathTest, OnHost_NullStorage_Aborts) {

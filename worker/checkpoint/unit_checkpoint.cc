@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cmath>
 #include <cstring>
 #include <map>
 
@@ -147,15 +146,15 @@ absl::Status CheckSnapshotFinite(const StageSnapshot& snapshot) {
   for (const UnitState& unit : snapshot.units) {
     for (const std::vector<NamedTensor>* list : {&unit.values, &unit.m, &unit.v}) {
       for (const NamedTensor& t : *list) {
-        const int64_t i = FirstNonFinite(t.tensor);
-        if (i < 0) continue;
+        const std::string bad = DescribeFirstNonFinite(t.tensor);
+        if (bad.empty()) continue;
         const char* what = list == &unit.values ? "weight"
                            : list == &unit.m    ? "moment m of"
                                                 : "moment v of";
-        return absl::FailedPreconditionError(absl::StrCat(
-            "not writing the checkpoint of step ", snapshot.step, ": ", what, " ", t.name,
-            " of unit ", unit.unit, " holds ", std::isnan(t.tensor[i]) ? "NaN" : "an infinity",
-            " at element ", i, " (training diverged; the previous checkpoint stays the latest)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat("not writing the checkpoint of step ", snapshot.step, ": ", what, " ",
+                         t.name, " of unit ", unit.unit, " ", bad,
+                         " (training diverged; the previous checkpoint stays the latest)"));
       }
     }
   }

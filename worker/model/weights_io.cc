@@ -1,6 +1,5 @@
 #include "worker/model/weights_io.h"
 
-#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -39,11 +38,10 @@ absl::Status SaveWeights(const std::string& path, const std::vector<Parameter*>&
 }
 
 absl::Status CheckStartingWeightsFinite(const std::string& name, const Tensor& t) {
-  const int64_t bad = FirstNonFinite(t);
-  if (bad < 0) return absl::OkStatus();
+  const std::string bad = DescribeFirstNonFinite(t);
+  if (bad.empty()) return absl::OkStatus();
   return absl::InvalidArgumentError(
-      absl::StrCat("tensor '", name, "' holds ", std::isnan(t[bad]) ? "NaN" : "an infinity",
-                   " at element ", bad, ": weights of a diverged run cannot start one"));
+      absl::StrCat("tensor '", name, "' ", bad, ": weights of a diverged run cannot start one"));
 }
 
 absl::Status ImportWeights(const SafetensorsContents& contents,
@@ -94,10 +92,8 @@ std::vector<Parameter> HostParameterCopies(Backend* backend,
 
 absl::Status CheckParametersFinite(const std::vector<Parameter>& params) {
   for (const Parameter& p : params) {
-    const int64_t bad = FirstNonFinite(p.value);
-    if (bad < 0) continue;
-    return absl::FailedPreconditionError(absl::StrCat(
-        p.name, " holds ", std::isnan(p.value[bad]) ? "NaN" : "an infinity", " at element ", bad));
+    const std::string bad = DescribeFirstNonFinite(p.value);
+    if (!bad.empty()) return absl::FailedPreconditionError(absl::StrCat(p.name, " ", bad));
   }
   return absl::OkStatus();
 }

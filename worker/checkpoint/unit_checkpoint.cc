@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -140,22 +141,46 @@ absl::StatusOr<LinkWarmStart> ParseLinkWarmStart(absl::string_view key, const Te
                        static_cast<int>(n[3]), q};
 }
 
-// OK when every weight and moment of `snapshot` is finite; otherwise
-// FAILED_PRECONDITION naming the first tensor that is not.
+// "" when no element of host tensor `t` is below zero, else "holds a
+// negative value at element i" for the first one.
+std::string DescribeFirstNegative(const Tensor& t) {
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    if (t.data()[i] < 0) return absl::StrCat("holds a negative value at element ", i);
+  }
+  return "";
+}
+
+// OK when every weight, moment, error-feedback residual and warm start of
+// `snapshot` is finite (ReadUnitCheckpoint refuses files that are not);
+// otherwise FAILED_PRECONDITION naming the first tensor that is not.
 absl::Status CheckSnapshotFinite(const StageSnapshot& snapshot) {
   for (const UnitState& unit : snapshot.units) {
-    for (const std::vector<NamedTensor>* list : {&unit.values, &unit.m, &unit.v}) {
-      for (const NamedTensor& t : *list) {
-        const std::string bad = DescribeFirstNonFinite(t.tensor);
-        if (bad.empty()) continue;
-        const char* what = list == &unit.values ? "weight"
-                           : list == &unit.m    ? "moment m of"
-                                                : "moment v of";
-        return absl::FailedPreconditionError(
-            absl::StrCat("not writing the checkpoint of step ", snapshot.step, ": ", what, " ",
-                         t.name, " of unit ", unit.unit, " ", bad,
-                         " (training diverged; the previous checkpoint stays the latest)"));
+    std::vector<std::pair<std::string, const Tensor*>> tensors;
+    for (const NamedTensor& t : unit.values) tensors.push_back({"weight " + t.name, &t.tensor});
+    for (const NamedTensor& t : unit.m) tensors.push_back({"moment m of " + t.name, &t.tensor});
+    for (const NamedTensor& t : unit.v) tensors.push_back({"moment v of " + t.name, &t.tensor});
+    for (size_t r = 0; r < unit.feedback.size(); ++r) {
+      for (const NamedTensor& t : unit.feedback[r]) {
+        tensors.push_back(
+            {absl::StrCat("replica ", r, "'s error feedback of ", t.name), &t.tensor});
       }
+    }
+    for (const NamedTensor& t : unit.warm_q)
+      tensors.push_back({"warm start of " + t.name, &t.tensor});
+    for (const NamedTensor& t : unit.warm_q_ranks) {
+      tensors.push_back({"warm starts of " + t.name, &t.tensor});
+    }
+    for (const LinkWarmStart& link : unit.link_warm_q) {
+      tensors.push_back(
+          {absl::StrCat("a link's warm start (replica ", link.replica, ", peer ", link.peer, ")"),
+           &link.q});
+    }
+    for (const auto& [what, tensor] : tensors) {
+      const std::string bad = DescribeFirstNonFinite(*tensor);
+      if (bad.empty()) continue;
+      return absl::FailedPreconditionError(absl::StrCat(
+          "not writing the checkpoint of step ", snapshot.step, ": ", what, " of unit ", unit.unit,
+          " ", bad, " (training diverged; the previous checkpoint stays the latest)"));
     }
   }
   return absl::OkStatus();
@@ -272,6 +297,17 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
       return absl::FailedPreconditionError(
           absl::StrCat(path, " is a checkpoint of another model: ", key, " ", Get(meta, key),
                        " in the file, ", Get(want, key), " in this job"));
+    }
+  }
+  // Finite numbers only, as WriteStageCheckpoint writes, and AdamW's v is
+  // a mean of squares: anything else (a file written by hand, with its
+  // manifest) would turn the resumed weights to NaN at the first step.
+  for (const NamedTensor& t : contents.tensors) {
+    std::string bad = DescribeFirstNonFinite(t.tensor);
+    if (bad.empty() && absl::StartsWith(t.name, kMomentV)) bad = DescribeFirstNegative(t.tensor);
+    if (!bad.empty()) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": tensor ", t.name.substr(0, 96), " ", bad, " (not resumable)"));
     }
   }
   int64_t steps = 0;

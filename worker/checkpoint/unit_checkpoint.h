@@ -114,8 +114,9 @@ std::string UnitFileName(int unit);
 // Errors: FAILED_PRECONDITION when `root` cannot be opened; INVALID_ARGUMENT
 // for a bad `dir`; the errno's code for an I/O failure (a full disk is
 // RESOURCE_EXHAUSTED), naming the file. Nothing is reported on failure, so a
-// partial checkpoint is never recorded complete. A snapshot whose weights
-// or moments hold a NaN or an infinity is FAILED_PRECONDITION before any
+// partial checkpoint is never recorded complete. A snapshot whose weights,
+// moments, error-feedback residuals or warm starts hold a NaN or an
+// infinity is FAILED_PRECONDITION before any
 // file is written: an infinite gradient element makes NaN weights while
 // its step's loss is still finite (the next step's loss stops the job,
 // worker/train/divergence.h), and such a checkpoint would become the
@@ -130,7 +131,9 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
 // SHA-256 equal `expected`'s and it parses (DATA_LOSS: truncated or
 // corrupt), its metadata names this format, unit and step
 // (DATA_LOSS), the model shape and seed are `identity`'s
-// (FAILED_PRECONDITION: a checkpoint of another model), and every parameter
+// (FAILED_PRECONDITION: a checkpoint of another model), every tensor is
+// finite and every second moment (optimizer.v.*) at least 0 (DATA_LOSS
+// naming the tensor: WriteStageCheckpoint writes no other), and every parameter
 // of the unit is there with its shape (DATA_LOSS), with its moments and
 // its error feedback when `with_moments` (feedback_replicas in
 // 1..kMaxFeedbackReplicas, every replica's residual of a parameter there
@@ -139,9 +142,8 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
 // most the parameter's columns of rows, a link's warm start named with a
 // replica below kMaxFeedbackReplicas, a peer below 1024, a known tensor
 // kind and a unit of the model, [1..d_model, 1..65536], else DATA_LOSS).
-// Every message
-// names the file. `*optimizer_steps` (may be
-// null) gets the file's optimizer step count.
+// Every message names the file. `*optimizer_steps` (may be null) gets the
+// file's optimizer step count.
 absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::ResumeFrom& from,
                                              const v1::UnitFile& expected,
                                              const CheckpointIdentity& identity, bool with_moments,

@@ -341,6 +341,46 @@ TEST_F(UnitCheckpointTest, FlippedByte_IsDataLoss) {
   EXPECT_NE(read.status().message().find("SHA-256"), std::string::npos);
 }
 
+// A unit file whose checksum matches its record but that holds a NaN (or
+// a negative second moment) was not written by WriteStageCheckpoint;
+// resuming from it would train on NaN. DATA_LOSS naming the tensor.
+TEST_F(UnitCheckpointTest, NonFiniteOrNegativeVInAMatchingFile_IsDataLoss) {
+  struct Case {
+    std::string tensor;
+    float value;
+    std::string expected;
+  };
+  for (const Case& c : {Case{"h.0.attn.c_attn.bias", std::nanf(""), "holds NaN"},
+                        Case{"optimizer.m.h.0.attn.c_attn.bias", INFINITY, "an infinity"},
+                        Case{"optimizer.v.h.0.attn.c_attn.bias", -1e-3f, "negative value"}}) {
+    SCOPED_TRACE(c.tensor);
+    v1::ResumeFrom from = WriteAll();
+    const std::string path = PathOf(from, 1);
+    absl::StatusOr<SafetensorsContents> contents = ReadSafetensors(path);
+    ASSERT_TRUE(contents.ok()) << contents.status();
+    bool found = false;
+    for (NamedTensor& t : contents->tensors) {
+      if (t.name != c.tensor) continue;
+      t.tensor.data()[1] = c.value;
+      found = true;
+    }
+    ASSERT_TRUE(found) << c.tensor;
+    ASSERT_TRUE(WriteSafetensors(path, contents->tensors, contents->metadata).ok());
+    std::string bytes;
+    {
+      std::ifstream in(path, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    from.mutable_units(1)->set_sha256(Sha256Hex(bytes));  // the record matches the file
+    from.mutable_units(1)->set_bytes(static_cast<int64_t>(bytes.size()));
+    absl::StatusOr<UnitState> read =
+        ReadUnitCheckpoint(root_, from, from.units(1), id_, true, nullptr);
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+    EXPECT_NE(read.status().message().find(c.tensor + " "), std::string::npos) << read.status();
+    EXPECT_NE(read.status().message().find(c.expected), std::string::npos) << read.status();
+  }
+}
+
 TEST_F(UnitCheckpointTest, MissingFile_IsNotFound) {
   const v1::ResumeFrom from = WriteAll();
   ASSERT_EQ(unlink(PathOf(from, 3).c_str()), 0);
@@ -377,18 +417,30 @@ TEST_F(UnitCheckpointTest, RecordNamingAnotherUnitOrStep_IsDataLoss) {
             absl::StatusCode::kDataLoss);
 }
 
-// A diverged stage's snapshot (a NaN weight, an infinite moment) writes
-// nothing, so the previous checkpoint stays the latest complete one.
-TEST_F(UnitCheckpointTest, NonFiniteWeightsOrMoments_AreRefusedAndWriteNothing) {
+// A diverged stage's snapshot (a NaN weight, an infinite moment, residual
+// or warm start) writes nothing, so the previous checkpoint stays the latest complete one.
+TEST_F(UnitCheckpointTest, NonFiniteState_IsRefusedAndWritesNothing) {
+  enum Where { kWeight, kMoment, kFeedback, kWarmStart, kLinkWarmStart };
   struct Case {
-    bool moment;
+    Where where;
     float value;
     std::string expected;
   };
-  for (const Case& c : {Case{false, std::nanf(""), "weight"}, Case{true, INFINITY, "moment v of"},
-                        Case{false, -INFINITY, "an infinity"}}) {
+  for (const Case& c :
+       {Case{kWeight, std::nanf(""), "weight"}, Case{kMoment, INFINITY, "moment v of"},
+        Case{kWeight, -INFINITY, "an infinity"},
+        Case{kFeedback, std::nanf(""), "replica 1's error feedback of"},
+        Case{kWarmStart, INFINITY, "warm start of h.0.attn.c_attn.weight"},
+        Case{kLinkWarmStart, std::nanf(""), "a link's warm start (replica 1"}}) {
+    SCOPED_TRACE(c.expected);
     std::vector<UnitState> units = {MakeUnit(0, 0, true), MakeUnit(1, 1, true)};
-    Tensor& t = c.moment ? units[1].v[0].tensor : units[1].values[1].tensor;
+    if (c.where == kFeedback || c.where == kWarmStart) units[1] = WithFeedback(2);
+    if (c.where == kLinkWarmStart) units[1] = WithLinks();
+    Tensor& t = c.where == kMoment          ? units[1].v[0].tensor
+                : c.where == kFeedback      ? units[1].feedback[1][0].tensor
+                : c.where == kWarmStart     ? units[1].warm_q[0].tensor
+                : c.where == kLinkWarmStart ? units[1].link_warm_q[2].q
+                                            : units[1].values[1].tensor;
     t.data()[t.numel() - 1] = c.value;
     absl::StatusOr<std::vector<v1::UnitFile>> files =
         WriteStageCheckpoint(root_, "ck/job-t-1", StageSnapshot{5, 5, units}, id_);

@@ -107,6 +107,14 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer) {
   if (!absl::SimpleAtoi(meta("step"), &step) || step < 0) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": bad step '", meta("step"), "'"));
   }
+  // The sample order continues at iteration `step` (LocalTrainer::Step
+  // draws iteration step()); a file whose cursor says otherwise was not
+  // written by SaveCheckpoint, and resuming it would not continue its run.
+  if (meta("data_cursor") != meta("step")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": data_cursor '", meta("data_cursor").substr(0, 32), "' differs from step ", step,
+        "; a checkpoint continues the sample order at its step"));
+  }
   // Check everything before writing anything, so a bad file changes nothing
   // (ImportWeights is all or nothing; on a device backend it writes host
   // copies, uploaded only after it succeeded).

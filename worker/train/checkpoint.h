@@ -22,7 +22,9 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer);
 
 // Restores parameters, moments and step into `trainer`, all or nothing.
 // Errors: NOT_FOUND (no file); INVALID_ARGUMENT when the file is not a
-// pipetrain checkpoint or a tensor is missing or mis-shaped (named);
+// pipetrain checkpoint, its data_cursor is not its step (the sample order
+// continues at the step), or a tensor is missing, mis-shaped or not
+// finite (named);
 // FAILED_PRECONDITION when the checkpoint's model shape or seed differs
 // from the trainer's (both values named, so the user can fix the flags).
 absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer);

@@ -149,6 +149,27 @@ TEST(LocalTrainerTest, Restore_PlainWeightsFile_IsRejectedWithAHint) {
   EXPECT_NE(status.message().find("not a pipetrain checkpoint"), std::string::npos) << status;
 }
 
+// The file's data_cursor names the iteration the sample order continues
+// at; one that is not the step was not written by SaveCheckpoint.
+TEST(LocalTrainerTest, Restore_DataCursorOtherThanStep_IsInvalidArgument) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  RunSteps(*trainer, 2);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/cursor.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  SafetensorsContents contents = ReadSafetensors(path).value();
+  EXPECT_EQ(contents.metadata.at("data_cursor"), "2");
+  contents.metadata["data_cursor"] = "7";
+  ASSERT_TRUE(WriteSafetensors(path, contents.tensors, contents.metadata).ok());
+  auto resumed = LocalTrainer::Create(SmallConfig(), &data).value();
+  absl::Status status = RestoreCheckpoint(path, resumed.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), path +
+                                  ": data_cursor '7' differs from step 2; a checkpoint "
+                                  "continues the sample order at its step");
+  EXPECT_EQ(resumed->step(), 0);
+}
+
 TEST(LocalTrainerTest, Create_MicroBatchesNotDividingBatch_IsInvalidArgument) {
   Dataset data = MakeDataset(16);
   TrainConfig c = SmallConfig();

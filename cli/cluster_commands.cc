@@ -1187,9 +1187,7 @@ int RunWorkers(const std::vector<std::string>& args) {
   for (const v1::Worker& w : workers) {
     // The GPU's name, or "cpu" for a worker computing on its CPU.
     const std::string device = w.device().gpu_model().empty() ? "cpu" : w.device().gpu_model();
-    // A drained worker gets no job however READY it looks: say so.
-    const std::string doing =
-        w.drained() ? absl::StrCat("drained; ", w.current_instruction()) : w.current_instruction();
+    const std::string doing = WorkerDoing(w);
     // What a worker sent (its address, device name and instruction) is
     // printed inert: a join-token holder's escape sequences would act on
     // the operator's terminal.
@@ -1199,6 +1197,15 @@ int RunWorkers(const std::vector<std::string>& args) {
                 w.job_id().c_str(), TerminalSafe(doing).c_str());
   }
   return kExitOk;
+}
+
+std::string WorkerDoing(const v1::Worker& worker) {
+  const std::string& last = worker.current_instruction();
+  if (worker.state() == v1::WORKER_STATE_LOST || worker.state() == v1::WORKER_STATE_LEFT) {
+    const char* gone = worker.state() == v1::WORKER_STATE_LOST ? "lost" : "left";
+    return last.empty() ? gone : absl::StrCat(gone, "; last: ", last);
+  }
+  return worker.drained() ? absl::StrCat("drained; ", last) : last;
 }
 
 std::vector<FlagSet::Info> UpFlagInfo() { return Describe(UpFlags); }

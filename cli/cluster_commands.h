@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "common/flag_set.h"
+#include "proto/pipetrain/v1/coordinator.pb.h"
 
 namespace pipetrain {
 
@@ -37,6 +38,13 @@ int RunWorkers(const std::vector<std::string>& args);
 // cuda:each are checked elsewhere, the syntax by ValidateDeviceFlags).
 absl::Status CheckWorkerDeviceHere(const std::string& device, bool built_with_cuda,
                                    int visible_gpus);
+
+// The DOING column of `pipetrain workers`: the worker's current
+// instruction, after "drained; " for a drained worker (it gets no job
+// however READY it looks) and after "lost; last: " or "left; last: " for
+// one that is gone (the coordinator keeps what it last did, which would
+// read as current).
+std::string WorkerDoing(const v1::Worker& worker);
 
 // The flags each command's Run parses, described (for shell completion).
 std::vector<FlagSet::Info> UpFlagInfo();

@@ -46,5 +46,22 @@ TEST(CheckWorkerDeviceHereTest, OtherValues_LeftToTheirOwnChecks) {
   }
 }
 
+// A gone worker's last instruction is kept by the coordinator; the table
+// must not show it as what the worker does now.
+TEST(WorkerDoingTest, GoneWorkersShowTheirLastInstructionAsLast) {
+  v1::Worker w;
+  w.set_current_instruction("forward unit 3");
+  w.set_state(v1::WORKER_STATE_ASSIGNED);
+  EXPECT_EQ(WorkerDoing(w), "forward unit 3");
+  w.set_drained(true);
+  EXPECT_EQ(WorkerDoing(w), "drained; forward unit 3");
+  w.set_state(v1::WORKER_STATE_LOST);
+  EXPECT_EQ(WorkerDoing(w), "lost; last: forward unit 3");
+  w.set_state(v1::WORKER_STATE_LEFT);
+  EXPECT_EQ(WorkerDoing(w), "left; last: forward unit 3");
+  w.clear_current_instruction();
+  EXPECT_EQ(WorkerDoing(w), "left");
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,9 +56,24 @@ class StreamShared {
     return job_;
   }
 
-  void ReactorStarted() {
+  // Takes one of the kMaxStreamsPerSourceStage slots of (job, stage) for
+  // a new stream and counts its reactor; false (nothing taken) when all
+  // are held.
+  bool TryStartStream(const std::string& job_id, int stage) {
     AnnotatedMutexLock lock(&mu_);
+    int& open = open_streams_[{job_id, stage}];
+    if (open >= kMaxStreamsPerSourceStage) return false;
+    ++open;
     ++live_reactors_;
+    return true;
+  }
+  // Gives the slot back: called before the stream's Finish, so a sender
+  // that saw its stream end can open the next one at once.
+  void ReleaseStreamSlot(const std::string& job_id, int stage) {
+    AnnotatedMutexLock lock(&mu_);
+    auto it = open_streams_.find({job_id, stage});
+    PT_CHECK(it != open_streams_.end() && it->second > 0);
+    if (--it->second == 0) open_streams_.erase(it);
   }
   void ReactorDone() {
     AnnotatedMutexLock lock(&mu_);
@@ -76,6 +92,8 @@ class StreamShared {
   std::shared_ptr<const AcceptedJob> job_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<const AcceptedJob>();
   int live_reactors_ ABSL_GUARDED_BY(mu_) = 0;
+  // Streams open (not yet finished) per (job, source stage).
+  std::map<std::pair<std::string, int>, int> open_streams_ ABSL_GUARDED_BY(mu_);
 };
 
 // One incoming stream. gRPC operations (StartRead, StartWrite, Finish) are
@@ -104,7 +122,8 @@ class StreamShared {
 // (Mailbox::HoldBeyondWindow), so the lock order stays mu_ -> mailbox.
 class FrameStreamReactor final : public StreamReactor {
  public:
-  // A stream proven to come from `source_stage` of `job_id`.
+  // A stream proven to come from `source_stage` of `job_id`, whose slot
+  // StreamShared::TryStartStream gave.
   FrameStreamReactor(std::shared_ptr<StreamShared> shared, std::string peer, std::string job_id,
                      int source_stage)
       : shared_(std::move(shared)),
@@ -113,7 +132,6 @@ class FrameStreamReactor final : public StreamReactor {
         source_stage_(source_stage),
         assembler_(kDefaultMaxTensorBytes,
                    [pool = shared_->pool()](const Shape& shape) { return pool->Take(shape); }) {
-    shared_->ReactorStarted();
     StartRead(&incoming_);
   }
 
@@ -317,7 +335,10 @@ class FrameStreamReactor final : public StreamReactor {
   void Run(const Next& next) {
     if (next.write != nullptr) StartWrite(next.write);
     if (next.read) StartRead(&incoming_);
-    if (next.finish) Finish(grpc::Status::OK);  // Last: OnDone may follow at once.
+    if (next.finish) {
+      shared_->ReleaseStreamSlot(job_id_, source_stage_);
+      Finish(grpc::Status::OK);  // Last: OnDone may follow at once.
+    }
   }
 
   const std::shared_ptr<StreamShared> shared_;
@@ -378,6 +399,13 @@ class DataPlaneServer::Service final
                       << stage.status();
       return new RefusedStream(stage.status());
     }
+    if (!shared_->TryStartStream(job.job_id, *stage)) {
+      const absl::Status full = absl::ResourceExhaustedError(
+          absl::StrCat("stage ", *stage, " of job ", job.job_id, " has ", kMaxStreamsPerSourceStage,
+                       " streams open here, the most allowed"));
+      PT_LOG(WARNING) << "data plane: refused a stream from " << context->peer() << ": " << full;
+      return new RefusedStream(full);
+    }
     return new FrameStreamReactor(shared_, context->peer(), job.job_id, *stage);
   }
 
@@ -404,6 +432,17 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   // stale one) could then bind the same port, even via port 0, and take a
   // share of the connections meant for this one.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  // A peer that vanished without closing (a host lost, a partition) would
+  // keep its stream, and its slot, for hours (TCP's own keepalive): pings
+  // end such a connection within kDataPlaneKeepalive + its timeout.
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS,
+                             static_cast<int>(absl::ToInt64Milliseconds(kDataPlaneKeepalive)));
+  builder.AddChannelArgument(
+      GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+      static_cast<int>(absl::ToInt64Milliseconds(kDataPlaneKeepaliveTimeout)));
+  // Pings go on while the server sends nothing (it only ever replies with
+  // errors); gRPC would otherwise stop after two.
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   builder.RegisterService(service.get());
   if (control != nullptr) builder.RegisterService(control);
   if (!interceptors.empty()) builder.experimental().SetInterceptorCreators(std::move(interceptors));

@@ -40,6 +40,15 @@
 // meanwhile. Error replies are written one at a time; at most
 // kMaxQueuedFrameErrors wait per stream, more are logged and dropped (a peer
 // that never reads them cannot make the server grow).
+//
+// Streams per sender: a sending stage keeps one stream here (two while a
+// broken one is replaced); at most kMaxStreamsPerSourceStage proven streams
+// of one (job, stage) are open at once, a further one ends at once with
+// RESOURCE_EXHAUSTED, so a peer holding the job's secret cannot make the
+// server hold more than that many frames (8 MiB each) for it. A slot is
+// given back as its stream finishes. The server pings idle connections
+// (kDataPlaneKeepalive), so one to a peer that vanished without closing
+// ends, and gives its slots back, within about 40 s.
 #ifndef PIPETRAIN_WORKER_TRANSPORT_DATA_PLANE_SERVER_H_
 #define PIPETRAIN_WORKER_TRANSPORT_DATA_PLANE_SERVER_H_
 
@@ -49,6 +58,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "common/annotated_mutex.h"
 #include "grpcpp/support/server_interceptor.h"
 #include "worker/transport/mailbox.h"
@@ -61,6 +71,9 @@ class Service;
 namespace pipetrain {
 
 inline constexpr int kMaxQueuedFrameErrors = 64;
+inline constexpr int kMaxStreamsPerSourceStage = 8;
+inline constexpr absl::Duration kDataPlaneKeepalive = absl::Seconds(30);
+inline constexpr absl::Duration kDataPlaneKeepaliveTimeout = absl::Seconds(10);
 
 class DataPlaneServer {
  public:

@@ -57,17 +57,18 @@ class DataPlaneServerTest : public ::testing::Test {
     if (mailbox_ != nullptr) mailbox_->Shutdown();
   }
 
-  // A stream proven as stage 0 of the job.
-  std::unique_ptr<FrameStream> Open(grpc::ClientContext& context) {
+  // A stream proven as `stage` of the job.
+  std::unique_ptr<FrameStream> Open(grpc::ClientContext& context, int stage = 0) {
     context.set_deadline(absl::ToChronoTime(absl::Now() + kPatience));
     context.AddMetadata(kJobMetadataKey, kJob);
-    context.AddMetadata(kStageMetadataKey, "0");
-    context.AddMetadata(kProofMetadataKey, StreamProof(kSecret, kJob, 0));
+    context.AddMetadata(kStageMetadataKey, std::to_string(stage));
+    context.AddMetadata(kProofMetadataKey, StreamProof(kSecret, kJob, stage));
     return stub_->Stream(&context);
   }
 
-  static void Write(FrameStream& stream, const TensorAddress& address, const WireTensor& wire) {
-    for (const v1::TensorFrame& frame : EncodeTensorFrames(0, address, wire)) {
+  static void Write(FrameStream& stream, const TensorAddress& address, const WireTensor& wire,
+                    int stage = 0) {
+    for (const v1::TensorFrame& frame : EncodeTensorFrames(stage, address, wire)) {
       ASSERT_TRUE(stream.Write(frame));
     }
   }
@@ -78,8 +79,8 @@ class DataPlaneServerTest : public ::testing::Test {
               absl::StatusCode::kDeadlineExceeded);
   }
 
-  void ExpectTaken(const TensorAddress& address, const WireTensor& sent) {
-    absl::StatusOr<WireTensor> got = mailbox_->Take(0, address, kPatience);
+  void ExpectTaken(const TensorAddress& address, const WireTensor& sent, int stage = 0) {
+    absl::StatusOr<WireTensor> got = mailbox_->Take(stage, address, kPatience);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_EQ(got->tensor.ToVector(), sent.tensor.ToVector()) << address.DebugString();
   }
@@ -255,6 +256,55 @@ TEST_F(DataPlaneServerTest, Stream_TensorsOverByteLimit_RefusedHeldOrNot) {
   ExpectTaken(At(kStageIteration + 1, 3), small);
   ASSERT_TRUE(stream->WritesDone());
   EXPECT_TRUE(stream->Finish().ok());
+}
+
+// A peer holding the job's secret cannot open streams without bound: past
+// kMaxStreamsPerSourceStage of one stage, a stream ends at once with
+// RESOURCE_EXHAUSTED; other stages are unaffected, and a finished stream
+// gives its slot back before its sender sees it end.
+TEST_F(DataPlaneServerTest, Stream_PastTheStreamsOfAStage_ResourceExhaustedUntilOneEnds) {
+  StartServer();
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<FrameStream>> streams;
+  for (int i = 0; i < kMaxStreamsPerSourceStage; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    streams.push_back(Open(*contexts.back()));
+    // Taken: the server runs this stream's reactor, so holds its slot.
+    const WireTensor sent = Values(4, static_cast<float>(i));
+    Write(*streams.back(), At(kStageIteration, i), sent);
+    ExpectTaken(At(kStageIteration, i), sent);
+  }
+  {
+    grpc::ClientContext context;
+    std::unique_ptr<FrameStream> refused = Open(context);
+    const grpc::Status status = refused->Finish();
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+    EXPECT_NE(status.error_message().find("stage 0 of job j-1 has 8 streams open"),
+              std::string::npos)
+        << status.error_message();
+  }
+  {
+    grpc::ClientContext context;  // Another stage's stream is not counted with stage 0's.
+    std::unique_ptr<FrameStream> other = Open(context, /*stage=*/1);
+    const WireTensor sent = Values(4, 100);
+    Write(*other, At(kStageIteration, 50), sent, /*stage=*/1);
+    ExpectTaken(At(kStageIteration, 50), sent, /*stage=*/1);
+    ASSERT_TRUE(other->WritesDone());
+    EXPECT_TRUE(other->Finish().ok());
+  }
+  ASSERT_TRUE(streams[0]->WritesDone());
+  ASSERT_TRUE(streams[0]->Finish().ok());
+  grpc::ClientContext context;  // The slot it gave back.
+  std::unique_ptr<FrameStream> again = Open(context);
+  const WireTensor sent = Values(4, 200);
+  Write(*again, At(kStageIteration, 60), sent);
+  ExpectTaken(At(kStageIteration, 60), sent);
+  ASSERT_TRUE(again->WritesDone());
+  EXPECT_TRUE(again->Finish().ok());
+  for (size_t i = 1; i < streams.size(); ++i) {
+    ASSERT_TRUE(streams[i]->WritesDone());
+    EXPECT_TRUE(streams[i]->Finish().ok());
+  }
 }
 
 }  // namespace

@@ -39,6 +39,7 @@
 #include "common/clock.h"
 #include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"
+#include "common/grpc_server_limits.h"
 #include "common/host_port.h"
 #include "common/http_server.h"
 #include "common/logging.h"
@@ -184,6 +185,7 @@ absl::StatusOr<std::unique_ptr<grpc::Server>> StartGrpc(const Config& config,
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.SetMaxReceiveMessageSize(kMaxRequestBytes);
   builder.SetMaxSendMessageSize(kMaxResponseBytes);
+  ApplyGrpcServerLimits(builder, "coordinator");
   builder.RegisterService(service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
@@ -235,6 +237,7 @@ absl::StatusOr<int> FollowUntilLeader(const Config& config, const sigset_t& sign
   int port = 0;
   builder.AddListeningPort(flags.grpc_address, config.credentials, &port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  ApplyGrpcServerLimits(builder, "coordinator-follower");
   builder.RegisterCallbackGenericService(&follower);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {

@@ -10,6 +10,8 @@
 #include <memory>
 #include <optional>
 #include <set>
+#include <system_error>
+#include <thread>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -314,14 +316,22 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
     PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
     ReapProfilersLocked();
     auto done = std::make_shared<std::atomic<bool>>(false);
-    std::thread thread([this, id = record.job.id(), key, address = workers[0].data_address(),
-                        session = registry_->SessionToken(workers[0].id()).value_or(""), request,
-                        done] {
-      FinishProfiling(id, key, request, fetcher_(address, session, request));
-      done->store(true);
-    });
-    profilers_.push_back({std::move(thread), std::move(done)});
-    return false;
+    try {
+      std::thread thread([this, id = record.job.id(), key, address = workers[0].data_address(),
+                          session = registry_->SessionToken(workers[0].id()).value_or(""), request,
+                          done] {
+        FinishProfiling(id, key, request, fetcher_(address, session, request));
+        done->store(true);
+      });
+      profilers_.push_back({std::move(thread), std::move(done)});
+      return false;
+    } catch (const std::system_error& e) {
+      // No thread to be had (a pids limit reached): the job plans on the
+      // analytic profile, as when profiling fails, rather than the
+      // uncaught exception ending the coordinator.
+      record.profile_error = absl::StrCat("no thread to profile with: ", e.what());
+      PT_LOG(WARNING) << "job " << record.job.id() << ": " << record.profile_error;
+    }
   }
   double fastest = 0;
   for (const v1::Worker& w : workers) fastest = std::max(fastest, w.device().measured_gflops());

@@ -13,6 +13,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/grpc_server_limits.h"
 #include "common/host_port.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -432,6 +433,7 @@ absl::StatusOr<std::unique_ptr<DataPlaneServer>> DataPlaneServer::Start(
   // stale one) could then bind the same port, even via port 0, and take a
   // share of the connections meant for this one.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  ApplyGrpcServerLimits(builder, "worker-data-plane");
   // A peer that vanished without closing (a host lost, a partition) would
   // keep its stream, and its slot, for hours (TCP's own keepalive): pings
   // end such a connection within kDataPlaneKeepalive + its timeout.

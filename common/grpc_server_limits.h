@@ -1,0 +1,37 @@
+// Limits every pipetrain gRPC server sets, so that clients without any
+// credential cannot exhaust the process before authentication refuses them
+// (docs/operations.md, "Bounds").
+//
+// - Streams per connection: HTTP/2 lets a client open streams on one
+//   connection without limit (gRPC's default), each costing memory (about
+//   12 KiB) while it waits to be served or refused. At most
+//   kMaxStreamsPerConnection are open at once; a client's further streams
+//   wait (HTTP/2 flow control), so the memory an attacker ties up grows
+//   with its connections, which the process's file descriptors bound, not
+//   with its streams. A worker's connection to the coordinator keeps a few
+//   streams (register, heartbeats, assignments, reports); a peer's data-plane
+//   connection one per sending stage.
+// - Threads: gRPC's synchronous services (server reflection everywhere,
+//   the worker's WorkerControlService) take one thread per open call, and a
+//   reflection stream needs no credential: unbounded, a client could open
+//   streams until thread creation fails and the process aborts (a pids
+//   limit). At most kMaxSyncServerThreads run them; a call past that is
+//   answered RESOURCE_EXHAUSTED. Callback services (the coordinator API, the
+//   data plane, health) take no threads of their own.
+#ifndef PIPETRAIN_COMMON_GRPC_SERVER_LIMITS_H_
+#define PIPETRAIN_COMMON_GRPC_SERVER_LIMITS_H_
+
+#include <grpcpp/server_builder.h>
+
+namespace pipetrain {
+
+inline constexpr int kMaxStreamsPerConnection = 32;
+inline constexpr int kMaxSyncServerThreads = 16;
+
+// Applies the limits above to `builder`; `name` names its resource quota
+// (gRPC's debug output).
+void ApplyGrpcServerLimits(grpc::ServerBuilder& builder, const char* name);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COMMON_GRPC_SERVER_LIMITS_H_

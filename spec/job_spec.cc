@@ -4,7 +4,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
 #include <set>
+#include <string>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
@@ -17,6 +20,8 @@
 #include "common/confined_path.h"
 #include "common/status_macros.h"
 #include "common/terminal_safe.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "google/protobuf/util/json_util.h"
 #include "kernels/compress/codec_spec.h"
 #include "worker/model/gpt_config.h"
@@ -274,6 +279,37 @@ absl::Status CheckModelSize(const v1::ModelSpec& model) {
 // Lexical only: the file is resolved under the data roots of whoever reads
 // it (common/confined_path.h), so no ".." may climb out of them. An
 // absolute path is allowed; it must resolve inside a root.
+struct UnknownField {
+  std::string message;  // its path, e.g. "spec.training"
+  int number = 0;
+};
+
+// The first message in `m` (named `path`), itself included, that holds a
+// field unknown to this build, and that field's number; nullopt when none.
+std::optional<UnknownField> FirstUnknownField(const google::protobuf::Message& m,
+                                              const std::string& path) {
+  const google::protobuf::Reflection* reflection = m.GetReflection();
+  const google::protobuf::UnknownFieldSet& unknown = reflection->GetUnknownFields(m);
+  if (!unknown.empty()) return UnknownField{path, unknown.field(0).number()};
+  std::vector<const google::protobuf::FieldDescriptor*> fields;
+  reflection->ListFields(m, &fields);
+  for (const google::protobuf::FieldDescriptor* field : fields) {
+    if (field->cpp_type() != google::protobuf::FieldDescriptor::CPPTYPE_MESSAGE) continue;
+    const std::string inner = absl::StrCat(path, ".", field->name());
+    if (!field->is_repeated()) {
+      if (auto found = FirstUnknownField(reflection->GetMessage(m, field), inner)) return found;
+      continue;
+    }
+    for (int i = 0; i < reflection->FieldSize(m, field); ++i) {
+      if (auto found = FirstUnknownField(reflection->GetRepeatedMessage(m, field, i),
+                                         absl::StrCat(inner, "[", i, "]"))) {
+        return found;
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 absl::Status CheckDataPath(const std::string& path) {
   if (path.size() > kMaxSpecPathBytes) {
     return Invalid(
@@ -281,6 +317,14 @@ absl::Status CheckDataPath(const std::string& path) {
         absl::StrCat("path of ", path.size(), " bytes exceeds the limit of ", kMaxSpecPathBytes));
   }
   if (path.find('\0') != std::string::npos) return Invalid("spec.data.path", "contains a NUL byte");
+  // Logged by the coordinator and the workers, and shown in the job's
+  // reason when the file cannot be read.
+  if (const std::optional<size_t> at = FirstTerminalControl(path)) {
+    return Invalid("spec.data.path",
+                   absl::StrCat("has a control character at byte ", *at,
+                                " (escape sequences, line breaks and bidirectional overrides "
+                                "are not allowed: the path is logged)"));
+  }
   for (absl::string_view part : absl::StrSplit(path, '/')) {
     if (part == "..") {
       return Invalid("spec.data.path",
@@ -1005,6 +1049,15 @@ absl::StatusOr<ResolvedJobSpec> ResolveDataParallelLayout(const ResolvedJobSpec&
 }
 
 absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
+  // A binary spec (gRPC) may carry fields this coordinator does not know:
+  // they would be stored and sent back with the job (up to the request's
+  // 4 MiB each time) while meaning nothing here. JSON specs are parsed
+  // refusing unknown names already.
+  if (std::optional<UnknownField> unknown = FirstUnknownField(spec, "spec")) {
+    return Invalid(unknown->message, absl::StrCat("has field number ", unknown->number,
+                                                  ", which this coordinator does not know (a "
+                                                  "newer client's field?); remove it"));
+  }
   if (!spec.has_model()) return Invalid("spec.model", "required (n_layer, n_head, d_model)");
   if (!spec.has_training()) {
     return Invalid("spec.training", "required (seq_len, batch_size, steps)");

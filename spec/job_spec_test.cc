@@ -1240,6 +1240,51 @@ TEST(ResolveJobSpec, NameWithTerminalControls_InvalidArgumentAtItsByte) {
   }
 }
 
+// A data path is logged by the coordinator and the workers: the same
+// characters are refused as in a name.
+TEST(ResolveJobSpec, DataPathWithTerminalControls_InvalidArgumentAtItsByte) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_data()->set_path("corpora/r\xc3\xa9sum\xc3\xa9.txt");
+  EXPECT_TRUE(ResolveJobSpec(spec).ok()) << ResolveJobSpec(spec).status();
+  for (const auto& [path, at] :
+       std::vector<std::pair<std::string, int>>{{"a\x1b[31m.txt", 1},
+                                                {"x.txt\ny is not a readable file", 5},
+                                                {"d/\xe2\x80\xaet.txt", 2}}) {
+    spec.mutable_data()->set_path(path);
+    const absl::Status status = ResolveJobSpec(spec).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << path;
+    EXPECT_EQ(status.message(),
+              absl::StrCat("spec.data.path: has a control character at byte ", at,
+                           " (escape sequences, line breaks and bidirectional overrides are not "
+                           "allowed: the path is logged)"));
+  }
+}
+
+// Over gRPC a spec may carry fields this build does not know; they would
+// be stored and served back with the job. Refused, naming the message.
+TEST(ResolveJobSpec, UnknownFields_InvalidArgumentNamingTheMessage) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.GetReflection()->MutableUnknownFields(&spec)->AddLengthDelimited(9999, std::string(64, 'x'));
+  absl::Status status = ResolveJobSpec(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "spec: has field number 9999, which this coordinator does not know (a newer "
+            "client's field?); remove it");
+  spec = MinimalSpec();
+  v1::TrainingSpec* training = spec.mutable_training();
+  training->GetReflection()->MutableUnknownFields(training)->AddVarint(77, 1);
+  status = ResolveJobSpec(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("spec.training: has field number 77"), std::string::npos)
+      << status;
+  // Parsed from the wire, as gRPC does.
+  std::string wire = MinimalSpec().SerializeAsString();
+  wire += std::string("\xf8\x9c\x04\x01");  // field 8655, varint 1
+  v1::JobSpec parsed;
+  ASSERT_TRUE(parsed.ParseFromString(wire));
+  EXPECT_EQ(ResolveJobSpec(parsed).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(ResolveJobSpec, CheckpointAndElastic_BoundsNamed) {
   struct Case {
     std::function<void(v1::JobSpec*)> edit;

@@ -79,6 +79,7 @@ struct HttpGate::Connection {
   size_t written = 0;  // of `out`
   bool shut_down = false;  // kLingering: our side sent FIN after the answer
   bool done = false;       // to be closed at the end of this loop turn
+  bool probes_only = false;  // admitted past max_connections: probes only
 };
 
 absl::StatusOr<std::unique_ptr<HttpGate>> HttpGate::Start(Options options, Dispatch dispatch) {
@@ -211,6 +212,12 @@ void HttpGate::Adopt(int fd) {
   Connection& connection = *owned;
   connection.deadline = absl::Now() + options_.request_timeout;
   connections_.emplace(connection.id, std::move(owned));
+  // Every place taken by a request being handled or answered: a probe may
+  // still come (a kubelet's, which restarts the process when it fails).
+  if (over_limit && options_.is_probe && CountProbesOnly() < options_.probe_connections) {
+    connection.probes_only = true;
+    over_limit = false;
+  }
   if (over_limit) {
     Reject(connection, 503, "UNAVAILABLE",
            absl::StrCat("the server has the most open connections it accepts (",
@@ -301,6 +308,12 @@ void HttpGate::HandOff(Connection& connection) {
   GatedRequest request;
   request.connection = connection.id;
   request.bytes = connection.in.substr(0, connection.framer.request_bytes());
+  if (connection.probes_only && !options_.is_probe(request.bytes)) {
+    Reject(connection, 503, "UNAVAILABLE",
+           absl::StrCat("the server has the most open connections it accepts (",
+                        options_.max_connections, "); retry later"));
+    return;
+  }
   std::string().swap(connection.in);
   Endpoint(connection.fd, /*peer=*/true, request.remote_ip, request.remote_port);
   Endpoint(connection.fd, /*peer=*/false, request.local_ip, request.local_port);
@@ -389,6 +402,13 @@ void HttpGate::Sweep() {
 size_t HttpGate::CountIn(State state) const {
   return std::count_if(connections_.begin(), connections_.end(),
                        [state](const auto& entry) { return entry.second->state == state; });
+}
+
+size_t HttpGate::CountProbesOnly() const {
+  return std::count_if(connections_.begin(), connections_.end(), [](const auto& entry) {
+    return entry.second->probes_only && !entry.second->done &&
+           entry.second->state != State::kLingering;
+  });
 }
 
 size_t HttpGate::CountOpen() const {

@@ -24,6 +24,11 @@
 // with the answer cut off); with neither, the new one is answered 503 at
 // once. So idle, trickling or non-reading clients cannot keep every slot,
 // and /healthz answers.
+// Nor can clients whose requests all wait for a handler: past
+// max_connections, up to probe_connections more are admitted for probes
+// only (Options::is_probe); such a connection whose request is no probe is
+// answered 503 once it is whole. The server runs probes on a thread of
+// their own (http_server.h), so they are answered at once.
 // Answers go out with "Connection: close";
 // after the last byte the gate shuts its side down and reads until the
 // client closes (at most `linger`), so a client still sending a rejected body
@@ -73,6 +78,10 @@ class HttpGate {
     absl::Duration request_timeout = absl::Seconds(10);   // accept to last body byte
     absl::Duration response_timeout = absl::Seconds(10);  // Respond to last byte written
     absl::Duration linger = absl::Seconds(2);
+    // Whether a complete request (its bytes) is a health probe; unset:
+    // none is, and no connection is admitted past max_connections.
+    std::function<bool(absl::string_view request)> is_probe;
+    size_t probe_connections = 8;
     // Called on the gate's thread for each error answer the gate gives
     // itself (the rejections above), with the bytes received so far (the
     // request line, when it arrived), the status, and the time since the
@@ -135,6 +144,7 @@ class HttpGate {
   void Sweep();
   size_t CountIn(State state) const;
   size_t CountOpen() const;  // reading, handling or writing, and not done
+  size_t CountProbesOnly() const;  // open ones admitted for probes only
 
   const Options options_;
   const Dispatch dispatch_;

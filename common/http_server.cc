@@ -291,7 +291,11 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   }
   server_->WidenBacklog();
   handlers_ = std::make_unique<FixedThreadPool>(options_.handler_threads);
+  probes_ = std::make_unique<FixedThreadPool>(1);
   HttpGate::Options gate;
+  if (!options_.probe_paths.empty()) {
+    gate.is_probe = [this](absl::string_view request) { return IsProbe(request); };
+  }
   gate.limits = {options_.max_header_bytes, options_.max_body_bytes};
   gate.max_connections = options_.max_connections;
   gate.request_timeout = options_.request_timeout;
@@ -329,10 +333,16 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   return port_;
 }
 
+bool HttpServer::IsProbe(absl::string_view request) const {
+  const auto [method, path] = MethodAndPath(request);
+  return (method == "GET" || method == "HEAD") && options_.probe_paths.count(path) > 0;
+}
+
 void HttpServer::Dispatch(GatedRequest request) {
   // std::function needs a copyable task; the request is moved in, not copied.
   auto shared = std::make_shared<GatedRequest>(std::move(request));
-  handlers_->Post([this, shared] { gate_->Respond(shared->connection, Answer(*shared)); });
+  FixedThreadPool& pool = IsProbe(shared->bytes) ? *probes_ : *handlers_;
+  pool.Post([this, shared] { gate_->Respond(shared->connection, Answer(*shared)); });
 }
 
 std::string HttpServer::Answer(const GatedRequest& request) {
@@ -416,6 +426,7 @@ void HttpServer::Stop() {
   thread_.join();    // no more Admit
   gate_->Stop();     // closes every connection; later Responds are ignored
   handlers_->Stop();  // drops queued requests, waits for running handlers
+  probes_->Stop();
 }
 
 void ServePrometheus(HttpServer& server, const prometheus::Collectable* collectable,

@@ -104,6 +104,12 @@ class HttpServer {
     absl::Duration response_timeout = absl::Seconds(10);
     // Threads that run handlers. Requires: >= 1.
     int handler_threads = 4;
+    // Health probes (exact paths, GET or HEAD): run on a thread of their
+    // own, so they never wait behind slow handlers, and admitted on up to
+    // 8 connections past max_connections when every place is taken by a
+    // request being handled (common/http_gate.h). Their handlers must be
+    // quick and must not block.
+    std::set<std::string> probe_paths = {"/healthz", "/readyz"};
 
     // Observer, for request metrics: called once per answered request, after
     // its response is complete and before it is written, with
@@ -203,6 +209,8 @@ class HttpServer {
   std::unique_ptr<internal::GatedServer> server_;
   std::vector<RouteEntry> routes_;             // in registration order; fixed from Start
   std::unique_ptr<FixedThreadPool> handlers_;  // from Start
+  std::unique_ptr<FixedThreadPool> probes_;    // from Start: one thread
+  bool IsProbe(absl::string_view request) const;
   std::unique_ptr<HttpGate> gate_;             // from Start
   std::thread thread_;                         // httplib's accept loop
   std::atomic<bool> listen_returned_{false};

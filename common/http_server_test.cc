@@ -698,6 +698,54 @@ TEST(HttpServer, Get_ConnectionsAtCapAllHandled_NewOneRefused503) {
   EXPECT_EQ(statuses, (std::vector<int>{200, 200}));
 }
 
+// Every handler thread busy and every place taken by a request being
+// handled: a probe is still admitted (past the cap, for probes only) and
+// answered at once on its own thread; another request on such a place is
+// refused 503 when it is whole.
+TEST(HttpServer, Get_AllPlacesTakenBySlowHandlers_ProbeStillAnswered) {
+  HttpServer server({.max_connections = 3, .handler_threads = 3});
+  AnnotatedMutex mu;
+  int started = 0;
+  bool release = false;
+  server.Get("/slow", [&](const HttpRequest&) {
+    AnnotatedMutexLock lock(&mu);
+    ++started;
+    mu.AwaitWithTimeout([&] { return release; }, absl::Seconds(30));
+    return JsonResponse(200, "{}");
+  });
+  server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{\"ok\":true}"); });
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  // Three requests, each on a handler thread.
+  std::vector<std::unique_ptr<RawConnection>> slow;
+  for (int i = 0; i < 3; ++i) {
+    slow.push_back(std::make_unique<RawConnection>(*port, absl::Seconds(30)));
+    ASSERT_TRUE(slow.back()->connected());
+    ASSERT_TRUE(slow.back()->Send("GET /slow HTTP/1.1\r\n\r\n"));
+  }
+  bool all_started = false;
+  {
+    AnnotatedMutexLock lock(&mu);
+    all_started = mu.AwaitWithTimeout([&] { return started == 3; }, absl::Seconds(30));
+  }
+  EXPECT_TRUE(all_started);
+  for (int i = 0; i < 3; ++i) {
+    httplib::Result probe = ImpatientClientFor(*port)->Get("/healthz");
+    EXPECT_TRUE(probe) << "probe " << i << ": " << httplib::to_string(probe.error());
+    if (probe) EXPECT_EQ(probe->status, 200) << probe->body;
+  }
+  httplib::Result refused = ImpatientClientFor(*port)->Get("/slow");
+  EXPECT_TRUE(refused) << httplib::to_string(refused.error());
+  if (refused) EXPECT_EQ(refused->status, 503) << refused->body;
+  {
+    AnnotatedMutexLock lock(&mu);
+    release = true;
+  }
+  for (auto& connection : slow) {
+    EXPECT_NE(connection->Read().find("200 OK"), std::string::npos);
+  }
+}
+
 TEST(HttpServer, Read_RequestIncompleteAtDeadline_Returns408AndCloses) {
   HttpServer server({.request_timeout = absl::Milliseconds(200)});
   server.Get("/healthz", [](const HttpRequest&) { return JsonResponse(200, "{}"); });

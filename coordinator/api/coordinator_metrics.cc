@@ -341,6 +341,13 @@ void CoordinatorMetrics::RefreshCurrentJob(const std::vector<v1::Job>& jobs) {
 
 void CoordinatorMetrics::CountTokens(const std::vector<v1::Job>& jobs) {
   AnnotatedMutexLock lock(&refresh_mu_);
+  // Jobs pruned since the last scrape are forgotten (an id is never given
+  // twice): otherwise every job ever submitted would keep an entry.
+  std::set<std::string> listed;
+  for (const v1::Job& job : jobs) listed.insert(job.id());
+  for (auto it = steps_counted_.begin(); it != steps_counted_.end();) {
+    it = listed.count(it->first) > 0 ? std::next(it) : steps_counted_.erase(it);
+  }
   for (const v1::Job& job : jobs) {
     int64_t& counted = steps_counted_[job.id()];
     const int64_t step = job.progress().step();

@@ -200,6 +200,15 @@ void RemoveAbandonedWeightTemporaries(int dir_fd, const std::string& name,
   }
 }
 
+// The plan's drawings (plan.proto: derived from the plan and the traces,
+// and the bulk of a large plan's bytes).
+void ClearDrawings(v1::Plan& plan) {
+  plan.clear_timeline_svg();
+  plan.clear_chrome_trace_json();
+  plan.clear_measured_timeline_svg();
+  plan.clear_measured_chrome_trace_json();
+}
+
 }  // namespace
 
 bool IsTerminal(v1::JobState state) {
@@ -417,10 +426,7 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   *stored.mutable_plan() = record.plan;
   // Drawings, not state (plan.proto): a large job's would outgrow the
   // store's record limit, and every later save of the job would fail.
-  stored.mutable_plan()->clear_timeline_svg();
-  stored.mutable_plan()->clear_chrome_trace_json();
-  stored.mutable_plan()->clear_measured_timeline_svg();
-  stored.mutable_plan()->clear_measured_chrome_trace_json();
+  ClearDrawings(*stored.mutable_plan());
   if (record.checkpoints != nullptr) {
     for (const v1::ResumeFrom& c : record.checkpoints->Complete()) *stored.add_checkpoints() = c;
   }
@@ -2540,6 +2546,13 @@ void JobManager::PruneLocked() {
     }
   }
   order_ = std::move(kept);
+  int ended_with_drawings = 0;
+  for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
+    JobRecord& record = *jobs_.at(*it);
+    if (!IsTerminal(record.job.state())) continue;
+    if (++ended_with_drawings <= options_.max_ended_jobs_with_drawings) continue;
+    ClearDrawings(record.plan);
+  }
   // Workers the registry has evicted (an address not seen for long: a
   // restarted pod comes back on another one, under another id) leave no
   // assignment or drain mark behind.

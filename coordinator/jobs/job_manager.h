@@ -190,6 +190,11 @@ struct JobManagerOptions {
   // (the oldest ended are pruned first).
   absl::Duration ended_job_retention = absl::Hours(24);
   int max_ended_jobs = 1000;
+  // Of the ended jobs (submission order), the newest this many keep their
+  // plan's drawings (timelines, traces: megabytes for many micro-batches);
+  // older ones keep the plan without them, as a restored job's (the store
+  // never holds them).
+  int max_ended_jobs_with_drawings = 16;
   // Durable state (not owned; null: in memory only). Submit returns only
   // once the job is saved; every state change, plan, complete checkpoint
   // and, at most once a second, progress is saved too. Restore() reads it

@@ -1572,6 +1572,29 @@ TEST_F(JobManagerTest, EndedJobs_PrunedByCountAndAge_NewestKept) {
   EXPECT_TRUE(jobs.Get(later.back()).ok());  // the newest kept
 }
 
+// An ended job's drawings (megabytes for a plan of many micro-batches)
+// stay only for the newest ended jobs; the plan itself stays.
+TEST_F(JobManagerTest, EndedJobs_OnlyTheNewestKeepTheirDrawings) {
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.id_epoch = "e1",
+                                    .max_ended_jobs_with_drawings = 1,
+                                    .background_runner = background_.Runner()});
+  AddWorker(7001);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    ids.push_back(jobs.Submit(SmallSpec(1)).value().id());
+    background_.RunAll();
+    ASSERT_FALSE(jobs.GetPlan(ids.back()).value().timeline_svg().empty());
+    ASSERT_TRUE(jobs.Cancel(ids.back()).ok());
+  }
+  jobs.ScheduleQueued();  // the pruning pass
+  const v1::Plan older = jobs.GetPlan(ids[0]).value();
+  EXPECT_TRUE(older.timeline_svg().empty());
+  EXPECT_TRUE(older.chrome_trace_json().empty());
+  EXPECT_EQ(older.stages_size(), 1);  // the plan itself is kept
+  EXPECT_FALSE(jobs.GetPlan(ids[1]).value().timeline_svg().empty());
+}
+
 // Planning runs off the job manager's lock (here when the test runs it):
 // meanwhile the job is PLANNING with its workers held, and other jobs'
 // reports and reads go on.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/grpc_server_limits.h"
 #include "common/host_port.h"
+#include "common/log_rate_limiter.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
@@ -43,6 +44,10 @@ class StreamShared {
   explicit StreamShared(Mailbox* mailbox) : mailbox_(mailbox), pool_(TensorPool::Create()) {}
 
   Mailbox* mailbox() const { return mailbox_; }
+  // What peers can make the server log at will (streams without a proof,
+  // frames it refuses): at most 10 lines per 10 s of each kind.
+  LogRateLimiter& refused_streams_log() { return refused_streams_log_; }
+  LogRateLimiter& rejected_frames_log() { return rejected_frames_log_; }
   // Received raw tensors' memory, recycled across streams (tensor_pool.h).
   const std::shared_ptr<TensorPool>& pool() const { return pool_; }
 
@@ -89,6 +94,8 @@ class StreamShared {
  private:
   Mailbox* const mailbox_;
   const std::shared_ptr<TensorPool> pool_;
+  LogRateLimiter refused_streams_log_{10, absl::Seconds(10)};
+  LogRateLimiter rejected_frames_log_{10, absl::Seconds(10)};
   mutable AnnotatedMutex mu_;
   std::shared_ptr<const AcceptedJob> job_ ABSL_GUARDED_BY(mu_) =
       std::make_shared<const AcceptedJob>();
@@ -216,7 +223,10 @@ class FrameStreamReactor final : public StreamReactor {
       frame_ = *std::move(frame);
       return true;
     }
-    PT_LOG(WARNING) << "data plane: rejected a message from " << peer_ << ": " << frame.status();
+    if (int64_t dropped = 0; shared_->rejected_frames_log().Allow(&dropped)) {
+      PT_LOG(WARNING) << "data plane: rejected a message from " << peer_ << ": " << frame.status()
+                      << LogRateLimiter::Dropped(dropped);
+    }
     ReplyLocked(v1::TensorFrame(), frame.status());
     return false;
   }
@@ -302,7 +312,10 @@ class FrameStreamReactor final : public StreamReactor {
                                        std::move(done.reservation));
     }
     if (status.ok()) return;
-    PT_LOG(WARNING) << "data plane: rejected a frame from " << peer_ << ": " << status;
+    if (int64_t dropped = 0; shared_->rejected_frames_log().Allow(&dropped)) {
+      PT_LOG(WARNING) << "data plane: rejected a frame from " << peer_ << ": " << status
+                      << LogRateLimiter::Dropped(dropped);
+    }
     // The stage waiting for it hears now rather than at its timeout (only
     // for this stream's own stage: a bound frame).
     if (CheckBindingLocked().ok()) {
@@ -396,15 +409,20 @@ class DataPlaneServer::Service final
         job.job_id, job.num_stages, job.secret, MetadataValue(*context, kJobMetadataKey),
         MetadataValue(*context, kStageMetadataKey), MetadataValue(*context, kProofMetadataKey));
     if (!stage.ok()) {
-      PT_LOG(WARNING) << "data plane: refused a stream from " << context->peer() << ": "
-                      << stage.status();
+      if (int64_t dropped = 0; shared_->refused_streams_log().Allow(&dropped)) {
+        PT_LOG(WARNING) << "data plane: refused a stream from " << context->peer() << ": "
+                        << stage.status() << LogRateLimiter::Dropped(dropped);
+      }
       return new RefusedStream(stage.status());
     }
     if (!shared_->TryStartStream(job.job_id, *stage)) {
       const absl::Status full = absl::ResourceExhaustedError(
           absl::StrCat("stage ", *stage, " of job ", job.job_id, " has ", kMaxStreamsPerSourceStage,
                        " streams open here, the most allowed"));
-      PT_LOG(WARNING) << "data plane: refused a stream from " << context->peer() << ": " << full;
+      if (int64_t dropped = 0; shared_->refused_streams_log().Allow(&dropped)) {
+        PT_LOG(WARNING) << "data plane: refused a stream from " << context->peer() << ": " << full
+                        << LogRateLimiter::Dropped(dropped);
+      }
       return new RefusedStream(full);
     }
     return new FrameStreamReactor(shared_, context->peer(), job.job_id, *stage);

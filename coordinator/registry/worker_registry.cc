@@ -449,10 +449,17 @@ absl::Status WorkerRegistry::CheckAssignableLocked(
 void WorkerRegistry::Release(const std::string& job_id) {
   AnnotatedMutexLock lock(&mu_);
   for (auto& [number, entry] : workers_) {
-    if (entry.worker.state() != v1::WORKER_STATE_ASSIGNED || entry.worker.job_id() != job_id)
-      continue;
-    SetStateLocked(entry, v1::WORKER_STATE_READY);
-    entry.worker.clear_job_id();
+    if (entry.worker.job_id() != job_id) continue;
+    if (entry.worker.state() == v1::WORKER_STATE_ASSIGNED) {
+      SetStateLocked(entry, v1::WORKER_STATE_READY);
+      entry.worker.clear_job_id();
+    } else if (entry.worker.state() == v1::WORKER_STATE_LOST ||
+               entry.worker.state() == v1::WORKER_STATE_LEFT) {
+      // Gone while in the job: now that it is released, its job and last
+      // instruction would read as current (pipetrain workers, the API).
+      entry.worker.clear_job_id();
+      entry.worker.clear_current_instruction();
+    }
   }
 }
 

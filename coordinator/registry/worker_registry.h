@@ -232,7 +232,8 @@ class WorkerRegistry {
   //     with its state and job).
   absl::Status Assign(const std::vector<std::string>& worker_ids, const std::string& job_id);
   // Returns the job's ASSIGNED workers to READY and clears their job_id.
-  // LOST workers stay LOST and keep the job_id they were lost from.
+  // LOST (and LEFT) workers lost from it stay so, their job_id and current
+  // instruction cleared: until then they show what they were doing.
   void Release(const std::string& job_id);
 
   // The staleness check: every live worker silent for longer than `lease`

@@ -677,7 +677,7 @@ TEST(WorkerRegistryTest, Assign_BadArguments_Rejected) {
   EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1"));
 }
 
-TEST(WorkerRegistryTest, Release_Job_AssignedBackToReadyLostStayLost) {
+TEST(WorkerRegistryTest, Release_Job_AssignedBackToReadyLostStayLostWithoutTheJob) {
   FakeClock clock;
   WorkerRegistry registry(MakeOptions(&clock));
   for (int n = 1; n <= 3; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
@@ -688,6 +688,8 @@ TEST(WorkerRegistryTest, Release_Job_AssignedBackToReadyLostStayLost) {
   ASSERT_TRUE(registry.Heartbeat(Beat("w-3", 1)).ok());
   clock.Advance(absl::Seconds(3));
   ASSERT_EQ(registry.CheckLeases(), 1);  // w-2
+  // Until the job is released, a lost worker shows the job it was lost from.
+  EXPECT_EQ(registry.Get("w-2").value().job_id(), "job-a");
 
   registry.Release("job-a");
   const std::vector<v1::Worker> workers = registry.List();
@@ -695,7 +697,8 @@ TEST(WorkerRegistryTest, Release_Job_AssignedBackToReadyLostStayLost) {
   EXPECT_EQ(workers[0].state(), v1::WORKER_STATE_READY);
   EXPECT_EQ(workers[0].job_id(), "");
   EXPECT_EQ(workers[1].state(), v1::WORKER_STATE_LOST);
-  EXPECT_EQ(workers[1].job_id(), "job-a");
+  EXPECT_EQ(workers[1].job_id(), "");  // the job has ended: not shown as current
+  EXPECT_EQ(workers[1].current_instruction(), "");
   EXPECT_EQ(workers[2].state(), v1::WORKER_STATE_ASSIGNED);
   EXPECT_EQ(workers[2].job_id(), "job-b");
 }

@@ -123,6 +123,12 @@ class CoordinatorMetrics {
   // Re-reads the gauges (workers, jobs, current job's loss and plan) and
   // the tokens trained from their sources. Called before each scrape.
   void Refresh();
+  // The jobs whose counted steps the token counter remembers (those listed
+  // at the last Refresh). For tests.
+  size_t JobsCountedForTesting() {
+    AnnotatedMutexLock lock(&refresh_mu_);
+    return steps_counted_.size();
+  }
 
   // Does nothing: every call is timed, with its status code, by rpc()'s
   // interceptor. Kept for the gRPC service's calls until they go.

@@ -82,6 +82,12 @@ struct HttpGate::Connection {
   bool probes_only = false;  // admitted past max_connections: probes only
 };
 
+// The 503 answer to a connection turned away at max_connections.
+static std::string OverCapMessage(size_t max_connections) {
+  return absl::StrCat("the server has the most open connections it accepts (", max_connections,
+                      "); retry later");
+}
+
 absl::StatusOr<std::unique_ptr<HttpGate>> HttpGate::Start(Options options, Dispatch dispatch) {
   const int wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (wake_fd < 0) {
@@ -219,9 +225,7 @@ void HttpGate::Adopt(int fd) {
     over_limit = false;
   }
   if (over_limit) {
-    Reject(connection, 503, "UNAVAILABLE",
-           absl::StrCat("the server has the most open connections it accepts (",
-                        options_.max_connections, "); retry later"));
+    Reject(connection, 503, "UNAVAILABLE", OverCapMessage(options_.max_connections));
   }
 }
 
@@ -309,9 +313,7 @@ void HttpGate::HandOff(Connection& connection) {
   request.connection = connection.id;
   request.bytes = connection.in.substr(0, connection.framer.request_bytes());
   if (connection.probes_only && !options_.is_probe(request.bytes)) {
-    Reject(connection, 503, "UNAVAILABLE",
-           absl::StrCat("the server has the most open connections it accepts (",
-                        options_.max_connections, "); retry later"));
+    Reject(connection, 503, "UNAVAILABLE", OverCapMessage(options_.max_connections));
     return;
   }
   std::string().swap(connection.in);

@@ -11,13 +11,15 @@
 //   with its streams. A worker's connection to the coordinator keeps a few
 //   streams (register, heartbeats, assignments, reports); a peer's data-plane
 //   connection one per sending stage.
-// - Threads: gRPC's synchronous services (server reflection everywhere,
-//   the worker's WorkerControlService) take one thread per open call, and a
-//   reflection stream needs no credential: unbounded, a client could open
-//   streams until thread creation fails and the process aborts (a pids
-//   limit). At most kMaxSyncServerThreads run them; a call past that is
-//   answered RESOURCE_EXHAUSTED. Callback services (the coordinator API, the
-//   data plane, health) take no threads of their own.
+// - Threads: gRPC's synchronous services (server reflection, the only one
+//   pipetrain serves) take one thread per open call, and a reflection
+//   stream needs no credential: unbounded, a client could open streams
+//   until thread creation fails and the process aborts (a pids limit). At
+//   most kMaxSyncServerThreads run them; a call past that is answered
+//   RESOURCE_EXHAUSTED. Callback services (the coordinator API, the data
+//   plane, the worker's WorkerControlService, health) take no threads of
+//   their own, so held reflection streams keep none of their calls out:
+//   every service a client with credentials needs must be a callback one.
 #ifndef PIPETRAIN_COMMON_GRPC_SERVER_LIMITS_H_
 #define PIPETRAIN_COMMON_GRPC_SERVER_LIMITS_H_
 

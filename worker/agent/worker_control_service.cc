@@ -1,5 +1,6 @@
 #include "worker/agent/worker_control_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
 #include "worker/profile/unit_profiler.h"
@@ -12,24 +13,51 @@ WorkerControlService::WorkerControlService(const SessionCredential* session,
   PT_CHECK(session != nullptr);
 }
 
-grpc::Status WorkerControlService::Profile(grpc::ServerContext* context,
-                                           const v1::ProfileRequest* request,
-                                           v1::ModelProfile* response) {
+grpc::ServerUnaryReactor* WorkerControlService::Profile(grpc::CallbackServerContext* context,
+                                                        const v1::ProfileRequest* request,
+                                                        v1::ModelProfile* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const absl::Status caller = session_->Check(AuthorizationOf(*context));
   if (!caller.ok()) {
     PT_LOG(WARNING) << "refused a WorkerControl.Profile call from " << context->peer() << ": "
                     << caller.message();
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(caller.message()));
+    reactor->Finish(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, std::string(caller.message())));
+    return reactor;
   }
-  AnnotatedMutexLock lock(&profile_mu_);
-  PT_LOG(INFO) << "profiling a " << request->model().n_layer() << "-layer model (d_model "
-               << request->model().d_model() << ", seq_len " << request->seq_len()
-               << ", micro-batch " << request->micro_batch_size() << ") for "
-               << context->peer();
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (pending_ >= kMaxPendingProfiles) {
+      reactor->Finish(grpc::Status(
+          grpc::StatusCode::RESOURCE_EXHAUSTED,
+          absl::StrCat(kMaxPendingProfiles, " profiles are running or waiting already")));
+      return reactor;
+    }
+    ++pending_;
+  }
+  // The request, the response and the context stay valid until Finish.
+  profiler_.Post([this, context, request, response, reactor] {
+    const grpc::Status status =
+        context->IsCancelled()
+            ? grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away while it waited")
+            : RunProfile(*request, context->peer(), response);
+    {
+      AnnotatedMutexLock lock(&mu_);
+      --pending_;
+    }
+    reactor->Finish(status);
+  });
+  return reactor;
+}
+
+grpc::Status WorkerControlService::RunProfile(const v1::ProfileRequest& request,
+                                              const std::string& peer, v1::ModelProfile* response) {
+  PT_LOG(INFO) << "profiling a " << request.model().n_layer() << "-layer model (d_model "
+               << request.model().d_model() << ", seq_len " << request.seq_len() << ", micro-batch "
+               << request.micro_batch_size() << ") for " << peer;
   absl::StatusOr<SelectedBackend> backend =
       make_backend_ != nullptr ? make_backend_() : SelectBackend("cpu", "fp32");
   absl::StatusOr<v1::ModelProfile> profile =
-      backend.ok() ? ProfileUnits(*request, nullptr, backend->backend) : backend.status();
+      backend.ok() ? ProfileUnits(request, nullptr, backend->backend) : backend.status();
   if (!profile.ok()) {
     return grpc::Status(static_cast<grpc::StatusCode>(profile.status().code()),
                         std::string(profile.status().message()));

@@ -8,12 +8,19 @@
 // coordinator issued and only it and this worker know; anything else is
 // UNAUTHENTICATED before any work starts.
 //
-// Profiles run one at a time (OpenBLAS's thread pool is shared and parallel
-// profiles would time each other); a second caller waits. The coordinator
-// asks only READY workers, so a profile does not compete with a job. Each
-// profile runs on a backend of its own from the factory (the worker's
-// --device choice): a CUDA backend is used by one thread at a time, and the
-// job thread has its own.
+// Profiles run one at a time on a thread of the service's own (OpenBLAS's
+// thread pool is shared and parallel profiles would time each other); a
+// second caller waits, at most kMaxPendingProfiles calls run or wait at once
+// (RESOURCE_EXHAUSTED beyond), and a call whose caller has gone (deadline,
+// cancel) while it waited is not run. The coordinator asks only READY
+// workers, so a profile does not compete with a job. Each profile runs on a
+// backend of its own from the factory (the worker's --device choice): a CUDA
+// backend is used by one thread at a time, and the job thread has its own.
+//
+// A callback service: gRPC's synchronous services share the server's few
+// threads (common/grpc_server_limits.h) with server reflection, which needs
+// no credential, so a client holding reflection streams open would
+// otherwise have the coordinator's profile refused RESOURCE_EXHAUSTED.
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_CONTROL_SERVICE_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_CONTROL_SERVICE_H_
 
@@ -22,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
+#include "common/serial_executor.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
 #include "worker/agent/session_credential.h"
 #include "worker/model/backend_select.h"
@@ -31,23 +39,38 @@ namespace pipetrain {
 // Makes the backend one profile runs on.
 using ProfileBackendFactory = std::function<absl::StatusOr<SelectedBackend>()>;
 
-class WorkerControlService final : public v1::WorkerControlService::Service {
+// Calls running or waiting at once; the coordinator makes one per worker
+// it profiles, and retries one it was refused.
+inline constexpr int kMaxPendingProfiles = 4;
+
+class WorkerControlService final : public v1::WorkerControlService::CallbackService {
  public:
   // `session` is not owned and must outlive the service (non-null,
-  // checked). The default `make_backend` profiles on the CPU.
+  // checked). The default `make_backend` profiles on the CPU. The service
+  // must outlive the server it is registered with (its destructor runs the
+  // profiles still waiting).
   explicit WorkerControlService(const SessionCredential* session,
                                 ProfileBackendFactory make_backend = nullptr);
 
-  // UNAUTHENTICATED without the session credential; INVALID_ARGUMENT for a
-  // bad request (the profiler's message, naming the field); the backend's
-  // error if it cannot be made or fails; otherwise OK with the profile.
-  grpc::Status Profile(grpc::ServerContext* context, const v1::ProfileRequest* request,
-                       v1::ModelProfile* response) override;
+  // UNAUTHENTICATED without the session credential; RESOURCE_EXHAUSTED when
+  // kMaxPendingProfiles calls run or wait already; CANCELLED when the caller
+  // went away while the call waited; INVALID_ARGUMENT for a bad request (the
+  // profiler's message, naming the field); the backend's error if it cannot
+  // be made or fails; otherwise OK with the profile.
+  grpc::ServerUnaryReactor* Profile(grpc::CallbackServerContext* context,
+                                    const v1::ProfileRequest* request,
+                                    v1::ModelProfile* response) override;
 
  private:
+  // Runs one profile on the profiler thread.
+  grpc::Status RunProfile(const v1::ProfileRequest& request, const std::string& peer,
+                          v1::ModelProfile* response);
+
   const SessionCredential* const session_;
-  ProfileBackendFactory make_backend_;
-  AnnotatedMutex profile_mu_;
+  const ProfileBackendFactory make_backend_;
+  AnnotatedMutex mu_;
+  int pending_ ABSL_GUARDED_BY(mu_) = 0;  // calls running or waiting
+  SerialExecutor profiler_;               // last: its destructor runs waiting calls first
 };
 
 }  // namespace pipetrain

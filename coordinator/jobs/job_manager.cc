@@ -24,6 +24,7 @@
 #include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/memory_budget.h"
+#include "coordinator/jobs/plan_drawings.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/job_layout.h"
 #include "coordinator/planner/measured_timeline.h"
@@ -198,15 +199,6 @@ void RemoveAbandonedWeightTemporaries(int dir_fd, const std::string& name,
     PT_LOG(INFO) << "job " << job_id << ": removed " << removed
                  << ", left by a coordinator that stopped during an upload";
   }
-}
-
-// The plan's drawings (plan.proto: derived from the plan and the traces,
-// and the bulk of a large plan's bytes).
-void ClearDrawings(v1::Plan& plan) {
-  plan.clear_timeline_svg();
-  plan.clear_chrome_trace_json();
-  plan.clear_measured_timeline_svg();
-  plan.clear_measured_chrome_trace_json();
 }
 
 }  // namespace
@@ -426,7 +418,7 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   *stored.mutable_plan() = record.plan;
   // Drawings, not state (plan.proto): a large job's would outgrow the
   // store's record limit, and every later save of the job would fail.
-  ClearDrawings(*stored.mutable_plan());
+  DropPlanDrawings(*stored.mutable_plan());
   if (record.checkpoints != nullptr) {
     for (const v1::ResumeFrom& c : record.checkpoints->Complete()) *stored.add_checkpoints() = c;
   }
@@ -2551,7 +2543,7 @@ void JobManager::PruneLocked() {
     JobRecord& record = *jobs_.at(*it);
     if (!IsTerminal(record.job.state())) continue;
     if (++ended_with_drawings <= options_.max_ended_jobs_with_drawings) continue;
-    ClearDrawings(record.plan);
+    DropPlanDrawings(record.plan);
   }
   // Workers the registry has evicted (an address not seen for long: a
   // restarted pod comes back on another one, under another id) leave no

@@ -1,0 +1,30 @@
+#include "coordinator/jobs/plan_drawings.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+TEST(PlanDrawingsTest, Dropped_EmptyAndTheirMemoryFreed) {
+  v1::Plan plan;
+  plan.set_timeline_svg(std::string(1 << 20, 's'));
+  plan.set_chrome_trace_json(std::string(1 << 20, 'c'));
+  plan.set_measured_timeline_svg(std::string(1 << 20, 'm'));
+  plan.set_measured_chrome_trace_json(std::string(1 << 20, 't'));
+  plan.add_stages();
+  DropPlanDrawings(plan);
+  // An empty string's inline capacity: no heap buffer behind the field.
+  const size_t inline_capacity = std::string().capacity();
+  for (const std::string* drawing :
+       {&plan.timeline_svg(), &plan.chrome_trace_json(), &plan.measured_timeline_svg(),
+        &plan.measured_chrome_trace_json()}) {
+    EXPECT_TRUE(drawing->empty());
+    EXPECT_LE(drawing->capacity(), inline_capacity);
+  }
+  EXPECT_EQ(plan.stages_size(), 1);  // the plan itself is kept
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -18,11 +18,16 @@ size_t ControlAt(absl::string_view text, size_t at, unsigned* code_point) {
     *code_point = byte(at + 1);  // U+0080-U+009F
     return 2;
   }
+  if (b0 == 0xd8 && at + 1 < text.size() && byte(at + 1) == 0x9c) {
+    *code_point = 0x061c;  // ARABIC LETTER MARK
+    return 2;
+  }
   if (b0 == 0xe2 && at + 2 < text.size()) {
     const unsigned b1 = byte(at + 1), b2 = byte(at + 2);
     const unsigned cp = ((b0 & 0x0f) << 12) | ((b1 & 0x3f) << 6) | (b2 & 0x3f);
     if ((b1 & 0xc0) == 0x80 && (b2 & 0xc0) == 0x80 &&
-        ((cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069))) {
+        (cp == 0x200e || cp == 0x200f || cp == 0x2028 || cp == 0x2029 ||
+         (cp >= 0x202a && cp <= 0x202e) || (cp >= 0x2066 && cp <= 0x2069))) {
       *code_point = cp;
       return 3;
     }

@@ -29,6 +29,13 @@ TEST(TerminalSafeTest, ControlsFoundAndEscaped) {
        3, "c1 \\u{009B}31m"},                                  // CSI as a C1 control
       {"file\xe2\x80\xaegpj.exe", 4, "file\\u{202E}gpj.exe"},  // right-to-left override
       {"iso\xe2\x81\xa6x", 3, "iso\\u{2066}x"},
+      {"line\xe2\x80\xa8"
+       "forged",
+       4, "line\\u{2028}forged"},  // a line separator
+      {"para\xe2\x80\xa9", 4, "para\\u{2029}"},
+      {"rlm\xe2\x80\x8f", 3, "rlm\\u{200F}"},  // bidi marks
+      {"lrm\xe2\x80\x8e", 3, "lrm\\u{200E}"},
+      {"alm\xd8\x9c", 3, "alm\\u{061C}"},
       {std::string("nul\0x", 5), 3, "nul\\x00x"},
       {"back\\slash\x01", 10, "back\\\\slash\\x01"},
   };
@@ -40,8 +47,9 @@ TEST(TerminalSafeTest, ControlsFoundAndEscaped) {
 
 // A lead byte at the end, and sequences that only look like the controls.
 TEST(TerminalSafeTest, TruncatedOrNearSequences_NotControls) {
-  for (const std::string& text : {std::string("x\xc2"), std::string("x\xe2\x80"),
-                                  std::string("\xc2\xa0nbsp"), std::string("\xe2\x80\xa9")}) {
+  for (const std::string& text :
+       {std::string("x\xc2"), std::string("x\xe2\x80"), std::string("\xc2\xa0nbsp"),
+        std::string("\xe2\x80\xaf"), std::string("\xd8\x9b"), std::string("x\xd8")}) {
     EXPECT_EQ(FirstTerminalControl(text), std::nullopt);
     EXPECT_EQ(TerminalSafe(text), text);
   }

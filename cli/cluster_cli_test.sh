@@ -145,6 +145,9 @@ expect_exit invalid_spec 67 "INVALID_ARGUMENT" -- submit "$TMP/bad-heads.json"
 echo '{"model": {"nLayer": "two"}' >"$TMP/malformed.json"
 expect_exit malformed_spec 67 "INVALID_ARGUMENT" -- submit "$TMP/malformed.json"
 expect_exit missing_spec 69 "NOT_FOUND" -- submit "$TMP/no-such-file.json"
+# The file may follow the flags (the spec is read before any call).
+expect_exit missing_spec_after_flag 69 "NOT_FOUND" -- submit --follow "$TMP/no-such-file.json"
+expect_exit usage_extra_word 2 "unexpected argument 'second'" -- cancel first second
 expect_exit unavailable 78 "UNAVAILABLE" -- jobs --coordinator=127.0.0.1:1
 PIPETRAIN_COORDINATOR=127.0.0.1:1 expect_exit env_address_used 78 "UNAVAILABLE" -- workers
 expect_exit usage_unknown_flag 2 "unknown flag --no-such-flag" -- jobs --no-such-flag

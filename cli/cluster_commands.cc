@@ -111,20 +111,20 @@ int Fail(const std::string& command, const absl::Status& status) {
 // Parses flags plus `positional` required words (e.g. a job id). Returns -1
 // to continue, else the exit code.
 // `connection`, when given, is checked too.
-int ParseArgs(FlagSet& flags, std::vector<std::string> args, int positional,
+int ParseArgs(FlagSet& flags, const std::vector<std::string>& args, int positional,
               std::vector<std::string>* words, const std::string& command,
               const Connection* connection = nullptr) {
-  // "-h" is the help flag, not an id or a file: `pipetrain cancel -h` must
-  // print the usage, not cancel a job named "-h".
-  while (static_cast<int>(words->size()) < positional && !args.empty() &&
-         args.front().rfind("--", 0) != 0 && args.front() != "-h") {
-    words->push_back(args.front());
-    args.erase(args.begin());
-  }
-  absl::Status parsed = flags.Parse(args);
+  // The words may stand before, between or after the flags. "-h" is the
+  // help flag, not an id or a file: `pipetrain cancel -h` must print the
+  // usage, not cancel a job named "-h".
+  absl::Status parsed = flags.Parse(args, words);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
   if (parsed.ok() && static_cast<int>(words->size()) < positional) {
     parsed = absl::InvalidArgumentError("missing argument (see --help)");
+  }
+  if (parsed.ok() && static_cast<int>(words->size()) > positional) {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument '", (*words)[positional], "'"));
   }
   if (parsed.ok() && connection != nullptr) parsed = connection->Check();
   if (!parsed.ok()) {

@@ -131,7 +131,10 @@ absl::Status FlagSet::Apply(const std::string& name, const std::string& value) {
   return absl::OkStatus();
 }
 
-absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
+absl::Status FlagSet::Parse(const std::vector<std::string>& args) { return Parse(args, nullptr); }
+
+absl::Status FlagSet::Parse(const std::vector<std::string>& args,
+                            std::vector<std::string>* positional) {
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--help" || arg == "-h") {
@@ -141,6 +144,10 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args) {
     if (version_flag_ && arg == "--version") {
       version_requested_ = true;
       return absl::OkStatus();
+    }
+    if (positional != nullptr && arg.rfind("--", 0) != 0) {
+      positional->push_back(arg);
+      continue;
     }
     if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
       return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));

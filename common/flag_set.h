@@ -62,6 +62,11 @@ class FlagSet {
   // variable's value that does not parse, naming the variable. "--help" /
   // "-h" sets help_requested() and stops parsing (no environment read).
   absl::Status Parse(const std::vector<std::string>& args);
+  // The same, but appends each positional argument (a word that starts
+  // neither with "--" nor is "-h", and is not a flag's value) to
+  // `positional`, in order, wherever it stands among the flags: `submit
+  // --follow job.yaml` as well as `submit job.yaml --follow`.
+  absl::Status Parse(const std::vector<std::string>& args, std::vector<std::string>* positional);
 
   bool help_requested() const { return help_requested_; }
   bool version_requested() const { return version_requested_; }

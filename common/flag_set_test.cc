@@ -299,6 +299,21 @@ TEST_F(FlagSetTest, Parse_Positional_InvalidArgument) {
   EXPECT_EQ(status.message(), "unexpected argument 'extra'");
 }
 
+TEST_F(FlagSetTest, ParseCollectingPositional_WordsAnywhereAmongTheFlags) {
+  std::vector<std::string> words;
+  ASSERT_TRUE(flags_.Parse({"first", "--count", "4", "second", "--verbose", "-x"}, &words).ok());
+  EXPECT_EQ(words, (std::vector<std::string>{"first", "second", "-x"}));
+  EXPECT_EQ(count_, 4);  // "4" is --count's value, not a word
+  EXPECT_TRUE(verbose_);
+}
+
+TEST_F(FlagSetTest, ParseCollectingPositional_HelpAndBadFlagsAsBefore) {
+  std::vector<std::string> words;
+  ASSERT_TRUE(flags_.Parse({"id", "-h"}, &words).ok());
+  EXPECT_TRUE(flags_.help_requested());
+  EXPECT_EQ(flags_.Parse({"id", "--"}, &words).message(), "unexpected argument '--'");
+}
+
 TEST_F(FlagSetTest, Parse_SingleDashFlag_InvalidArgument) {
   absl::Status status = Parse({"-count=1"});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);

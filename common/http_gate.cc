@@ -179,18 +179,25 @@ bool HttpGate::TakeMail(std::vector<int>& admitted,
 void HttpGate::Adopt(int fd) {
   MakeNonBlocking(fd);
   bool over_limit = CountOpen() >= options_.max_connections;
+  // The oldest connection still sending its request makes room: clients
+  // that hold connections without finishing a request (up to the cap,
+  // reopening each as it times out) would otherwise turn every new one
+  // away, /healthz probes included. A real request is whole within moments
+  // of its connect, so it is never the oldest unfinished one for long; but
+  // under a flood of connections the gate may adopt many in one turn,
+  // before it has read any, so the oldest is read first: one whose request
+  // has arrived (a probe sends its request with its connect) is handed off
+  // instead of turned away. Read before judged, each candidate once.
+  Connection* oldest = nullptr;
+  while (over_limit) {
+    oldest = OldestReading();
+    if (oldest == nullptr) break;
+    ReadAvailable(*oldest);
+    if (!oldest->done && oldest->state == State::kReading) break;  // truly unfinished
+    oldest = nullptr;
+    over_limit = CountOpen() >= options_.max_connections;
+  }
   if (over_limit) {
-    // The oldest connection still sending its request makes room: clients
-    // that hold connections without finishing a request (up to the cap,
-    // reopening each as it times out) would otherwise turn every new one
-    // away, /healthz probes included. A real request is whole within
-    // moments of its connect, so it is never the oldest unfinished one
-    // for long.
-    Connection* oldest = nullptr;
-    for (auto& [id, open] : connections_) {
-      if (open->done || open->state != State::kReading) continue;
-      if (oldest == nullptr || open->accepted < oldest->accepted) oldest = open.get();
-    }
     // Else the oldest whose client is not reading its answer (bytes still
     // to write): those can hold places just as long, until
     // response_timeout. Its answer is cut off: it gets no 503 mid-answer.
@@ -277,16 +284,31 @@ void HttpGate::OnEvents(Connection& connection, short revents) {
   }
 }
 
-void HttpGate::OnReadable(Connection& connection) {
+bool HttpGate::OnReadable(Connection& connection) {
   char buffer[kReadChunk];
   const ssize_t n = recv(connection.fd, buffer, sizeof(buffer), 0);
-  if (n < 0 && WouldBlock(errno)) return;
+  if (n < 0 && WouldBlock(errno)) return false;
   if (n <= 0) {  // the client closed or reset before its request was complete
     connection.done = true;
-    return;
+    return false;
   }
   connection.in.append(buffer, n);
   Frame(connection);
+  return true;
+}
+
+void HttpGate::ReadAvailable(Connection& connection) {
+  while (!connection.done && connection.state == State::kReading && OnReadable(connection)) {
+  }
+}
+
+HttpGate::Connection* HttpGate::OldestReading() {
+  Connection* oldest = nullptr;
+  for (auto& [id, open] : connections_) {
+    if (open->done || open->state != State::kReading) continue;
+    if (oldest == nullptr || open->accepted < oldest->accepted) oldest = open.get();
+  }
+  return oldest;
 }
 
 void HttpGate::Frame(Connection& connection) {

@@ -20,13 +20,12 @@
 //
 // At max_connections open connections (reading, handling or writing), a new
 // one takes the place of the oldest one still reading its request (answered
-// 503), or else of the oldest whose client does not read its answer (closed
-// with the answer cut off); with neither, the new one is answered 503 at
-// once. So idle, trickling or non-reading clients cannot keep every slot,
-// and /healthz answers.
-// Nor can clients whose requests all wait for a handler: past
-// max_connections, up to probe_connections more are admitted for probes
-// only (Options::is_probe); such a connection whose request is no probe is
+// 503; what it has sent is read first, so a request that has arrived whole
+// is handled, not turned away unread), or else of the oldest whose client does not read its answer
+// (closed with the answer cut off); with neither, the new one is answered 503 at once. So idle,
+// trickling or non-reading clients cannot keep every slot, and /healthz answers. Nor can clients
+// whose requests all wait for a handler: past max_connections, up to probe_connections more are
+// admitted for probes only (Options::is_probe); such a connection whose request is no probe is
 // answered 503 once it is whole. The server runs probes on a thread of
 // their own (http_server.h), so they are answered at once.
 // Answers go out with "Connection: close";
@@ -131,7 +130,15 @@ class HttpGate {
   void Answer(uint64_t id, std::string response);
   void PollOnce();
   void OnEvents(Connection& connection, short revents);
-  void OnReadable(Connection& connection);
+  // Reads once: whether bytes came (the request may now be handed off or
+  // rejected, or the connection done).
+  bool OnReadable(Connection& connection);
+  // Reads until the socket has nothing more or the connection leaves
+  // kReading.
+  void ReadAvailable(Connection& connection);
+  // The connection accepted longest ago of those still reading their
+  // request; nullptr when none is.
+  Connection* OldestReading();
   void Frame(Connection& connection);
   void HandOff(Connection& connection);
   void Drain(Connection& connection);

@@ -938,9 +938,20 @@ absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
 std::vector<v1::Job> JobManager::List() const {
   AnnotatedMutexLock lock(&mu_);
   std::vector<v1::Job> out;
+  out.reserve(order_.size());
   for (const std::string& id : order_) {
-    out.push_back(jobs_.at(id)->job);
-    out.back().mutable_progress()->clear_loss_history();
+    // Without copying the history (up to kMaxLossHistory floats a job, and
+    // every scrape of /metrics lists every job): it is set aside for the
+    // copy and put back, both O(1).
+    v1::Job& job = jobs_.at(id)->job;
+    if (!job.has_progress()) {
+      out.push_back(job);
+      continue;
+    }
+    google::protobuf::RepeatedField<float> history;
+    history.Swap(job.mutable_progress()->mutable_loss_history());
+    out.push_back(job);
+    history.Swap(job.mutable_progress()->mutable_loss_history());
   }
   return out;
 }

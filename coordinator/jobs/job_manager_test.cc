@@ -1802,6 +1802,9 @@ TEST_F(JobManagerTest, LossHistory_KeepsTheLastStepsAndListLeavesItOut) {
   EXPECT_EQ(progress.loss_history(kMaxLossHistory - 1), static_cast<float>(steps - 1));
   EXPECT_EQ(jobs_.List().at(0).progress().loss_history_size(), 0);
   EXPECT_EQ(jobs_.List().at(0).progress().step(), steps);
+  EXPECT_EQ(jobs_.List().at(0).progress().loss_history_start(), 5);
+  // Listing leaves the job's own history whole.
+  EXPECT_EQ(jobs_.Get(id).value().progress().loss_history_size(), kMaxLossHistory);
 }
 
 // The weightsPath acceptance: every way out of --output-dir is refused at

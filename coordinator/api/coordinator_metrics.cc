@@ -305,7 +305,8 @@ void CoordinatorMetrics::RefreshCurrentJob(const std::vector<v1::Job>& jobs) {
   if (current == nullptr) return;
   job_loss_->Set(current->progress().loss());
   job_val_loss_->Set(current->progress().val_loss());
-  absl::StatusOr<v1::Plan> plan = jobs_->GetPlan(current->id());
+  absl::StatusOr<v1::Plan> plan =
+      jobs_->GetPlan(current->id(), JobManager::PlanParts::kWithoutDrawings);
   if (plan.ok()) {
     plan_predicted_seconds_->Set(plan->predicted_iteration_seconds());
     plan_version_->Set(static_cast<double>(plan->version()));

@@ -993,7 +993,7 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   return cancelled;
 }
 
-absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
+absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id, PlanParts parts) const {
   v1::Plan plan;
   MeasuredStepCopy measured;
   {
@@ -1003,6 +1003,18 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id) const {
     if (it->second->plan.version() == 0) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job ", job_id, " has no plan yet (", EnumShortName(it->second->job.state()), ")"));
+    }
+    if (parts == PlanParts::kWithoutDrawings) {
+      // The stored drawings are set aside for the copy and put back (O(1)
+      // swaps), as List does with the loss history.
+      v1::Plan& stored = it->second->plan;
+      std::string timeline, trace;
+      timeline.swap(*stored.mutable_timeline_svg());
+      trace.swap(*stored.mutable_chrome_trace_json());
+      plan = stored;
+      timeline.swap(*stored.mutable_timeline_svg());
+      trace.swap(*stored.mutable_chrome_trace_json());
+      return plan;
     }
     plan = it->second->plan;
     measured = CopyMeasuredStep(*it->second);

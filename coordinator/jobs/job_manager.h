@@ -266,7 +266,12 @@ class JobManager {
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id);
   // NOT_FOUND; FAILED_PRECONDITION while the job is not planned yet. The
   // measured timeline (Plan.measured_*) is drawn after the lock is let go.
-  absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id) const;
+  // kWithoutDrawings: the plan without any drawing (plan_drawings.h), for
+  // callers that read only its numbers (each /metrics scrape): neither
+  // copied nor drawn.
+  enum class PlanParts { kAll, kWithoutDrawings };
+  absl::StatusOr<v1::Plan> GetPlan(const std::string& job_id,
+                                   PlanParts parts = PlanParts::kAll) const;
 
   // From workers. NOT_FOUND (unknown job); PERMISSION_DENIED (the worker is
   // not part of the job); FAILED_PRECONDITION (its plan version is stale, or

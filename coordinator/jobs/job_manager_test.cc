@@ -1595,6 +1595,24 @@ TEST_F(JobManagerTest, EndedJobs_OnlyTheNewestKeepTheirDrawings) {
   EXPECT_FALSE(jobs.GetPlan(ids[1]).value().timeline_svg().empty());
 }
 
+// The numbers of a plan without its drawings (each /metrics scrape): none
+// copied or drawn, and the stored plan keeps them.
+TEST_F(JobManagerTest, GetPlanWithoutDrawings_NumbersOnlyAndTheStoredPlanKeepsItsDrawings) {
+  AddWorker(7001);
+  const std::string id = Submit(SmallSpec(1)).value().id();
+  const v1::Plan all = jobs_.GetPlan(id).value();
+  ASSERT_FALSE(all.timeline_svg().empty());
+  ASSERT_FALSE(all.chrome_trace_json().empty());
+  const v1::Plan numbers = jobs_.GetPlan(id, JobManager::PlanParts::kWithoutDrawings).value();
+  EXPECT_TRUE(numbers.timeline_svg().empty());
+  EXPECT_TRUE(numbers.chrome_trace_json().empty());
+  EXPECT_TRUE(numbers.measured_timeline_svg().empty());
+  EXPECT_EQ(numbers.version(), all.version());
+  EXPECT_EQ(numbers.stages_size(), all.stages_size());
+  EXPECT_EQ(numbers.predicted_iteration_seconds(), all.predicted_iteration_seconds());
+  EXPECT_EQ(jobs_.GetPlan(id).value().timeline_svg(), all.timeline_svg());
+}
+
 // Planning runs off the job manager's lock (here when the test runs it):
 // meanwhile the job is PLANNING with its workers held, and other jobs'
 // reports and reads go on.

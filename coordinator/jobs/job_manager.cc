@@ -408,6 +408,19 @@ void JobManager::DropStoredProfiles(const std::vector<std::string>& keys) {
   }
 }
 
+void JobManager::DropEndedJobDetail(JobRecord& record) {
+  // What only drawings and a running job use: the workers' compiled
+  // programs (megabytes for thousands of micro-batches, in each stage's
+  // assignment), the traced steps the measured timeline is drawn from, and
+  // the weights upload's bookkeeping. Moved out, so the memory is freed.
+  DropPlanDrawings(record.plan);
+  std::vector<v1::Assignment>().swap(record.assignments);
+  record.traced = record.tracing = JobRecord::TracedStep{};
+  std::map<std::string, std::pair<int, Shape>>().swap(record.weight_owner);
+  std::map<std::string, size_t>().swap(record.weights_index);
+  std::map<std::string, CoveredRanges>().swap(record.weights_covered);
+}
+
 void JobManager::TouchLocked(JobRecord& record) {
   *record.job.mutable_update_time() = ToProtoTimestamp(clock_->Now());
 }
@@ -2566,7 +2579,7 @@ void JobManager::PruneLocked() {
     JobRecord& record = *jobs_.at(*it);
     if (!IsTerminal(record.job.state())) continue;
     if (++ended_with_drawings <= options_.max_ended_jobs_with_drawings) continue;
-    DropPlanDrawings(record.plan);
+    DropEndedJobDetail(record);
   }
   // Workers the registry has evicted (an address not seen for long: a
   // restarted pod comes back on another one, under another id) leave no

@@ -191,9 +191,10 @@ struct JobManagerOptions {
   absl::Duration ended_job_retention = absl::Hours(24);
   int max_ended_jobs = 1000;
   // Of the ended jobs (submission order), the newest this many keep their
-  // plan's drawings (timelines, traces: megabytes for many micro-batches);
-  // older ones keep the plan without them, as a restored job's (the store
-  // never holds them).
+  // plan's drawings (timelines, traces: megabytes for many micro-batches)
+  // and what the measured timeline is drawn from (the workers' programs
+  // and traced steps, megabytes too); older ones keep the plan without
+  // them, as a restored job's (the store never holds them).
   int max_ended_jobs_with_drawings = 16;
   // Durable state (not owned; null: in memory only). Submit returns only
   // once the job is saved; every state change, plan, complete checkpoint
@@ -675,6 +676,11 @@ class JobManager {
   void RunInBackgroundLocked(std::function<void()> task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops ended jobs beyond the retention options (oldest first).
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // An ended job past max_ended_jobs_with_drawings keeps what its API
+  // answers need (the job, the plan's numbers) and frees the rest: the
+  // drawings, the compiled programs, the traces (so no measured timeline
+  // either, as for a job restored after a restart).
+  static void DropEndedJobDetail(JobRecord& record);
   void TouchLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops profiles the cache evicted (ProfileCache::Put) from the store.
   void DropStoredProfiles(const std::vector<std::string>& keys);

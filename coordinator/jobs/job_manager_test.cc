@@ -1579,20 +1579,41 @@ TEST_F(JobManagerTest, EndedJobs_OnlyTheNewestKeepTheirDrawings) {
                   JobManagerOptions{.id_epoch = "e1",
                                     .max_ended_jobs_with_drawings = 1,
                                     .background_runner = background_.Runner()});
-  AddWorker(7001);
+  const std::string worker = AddWorker(7001);
   std::vector<std::string> ids;
   for (int i = 0; i < 2; ++i) {
-    ids.push_back(jobs.Submit(SmallSpec(1)).value().id());
+    v1::JobSpec spec = SmallSpec(1);
+    spec.mutable_training()->set_steps(20);
+    ids.push_back(jobs.Submit(spec).value().id());
     background_.RunAll();
     ASSERT_FALSE(jobs.GetPlan(ids.back()).value().timeline_svg().empty());
+    // A traced step: the plan shows the measured timeline too.
+    v1::ReportProgressRequest traced = IterationReport(worker, ids.back(), 0, {1.0f}, false);
+    v1::StepTrace* trace = traced.mutable_trace();
+    trace->set_iteration(0);
+    const int n = AssignmentOf(worker).program().instructions_size();
+    trace->set_seconds(0.001 * n);
+    for (int k = 0; k < n; ++k) {
+      v1::InstructionTiming* t = trace->add_instructions();
+      t->set_instruction(k);
+      t->set_start_seconds(0.001 * k);
+      t->set_end_seconds(0.001 * (k + 1));
+    }
+    ASSERT_TRUE(jobs.ReportProgress(traced).ok());
+    ASSERT_FALSE(jobs.GetPlan(ids.back()).value().measured_timeline_svg().empty());
     ASSERT_TRUE(jobs.Cancel(ids.back()).ok());
   }
   jobs.ScheduleQueued();  // the pruning pass
   const v1::Plan older = jobs.GetPlan(ids[0]).value();
   EXPECT_TRUE(older.timeline_svg().empty());
   EXPECT_TRUE(older.chrome_trace_json().empty());
+  // What the measured timeline was drawn from is gone too.
+  EXPECT_TRUE(older.measured_timeline_svg().empty());
+  EXPECT_TRUE(older.measured_chrome_trace_json().empty());
   EXPECT_EQ(older.stages_size(), 1);  // the plan itself is kept
-  EXPECT_FALSE(jobs.GetPlan(ids[1]).value().timeline_svg().empty());
+  const v1::Plan newer = jobs.GetPlan(ids[1]).value();
+  EXPECT_FALSE(newer.timeline_svg().empty());
+  EXPECT_FALSE(newer.measured_timeline_svg().empty());
 }
 
 // The numbers of a plan without its drawings (each /metrics scrape): none

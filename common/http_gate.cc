@@ -248,6 +248,29 @@ void HttpGate::Answer(uint64_t id, std::string response) {
   connection.state = State::kWriting;
   connection.deadline = absl::Now() + options_.response_timeout;
   Flush(connection);
+  LimitUnsentBytes(connection);
+}
+
+void HttpGate::LimitUnsentBytes(const Connection& answered) {
+  size_t unsent = 0;
+  for (const auto& [id, open] : connections_) {
+    if (!open->done) unsent += open->out.size() - open->written;
+  }
+  while (unsent > options_.max_unsent_response_bytes) {
+    Connection* stalled = nullptr;
+    for (auto& [id, open] : connections_) {
+      if (open.get() == &answered || open->done || open->state != State::kWriting ||
+          open->written >= open->out.size()) {
+        continue;
+      }
+      if (stalled == nullptr || open->accepted < stalled->accepted) stalled = open.get();
+    }
+    if (stalled == nullptr) return;
+    unsent -= stalled->out.size() - stalled->written;
+    stalled->done = true;  // closed by the next Sweep: its answer cut off
+    std::string().swap(stalled->out);
+    stalled->written = 0;
+  }
 }
 
 void HttpGate::PollOnce() {

@@ -21,13 +21,17 @@
 // At max_connections open connections (reading, handling or writing), a new
 // one takes the place of the oldest one still reading its request (answered
 // 503; what it has sent is read first, so a request that has arrived whole
-// is handled, not turned away unread), or else of the oldest whose client does not read its answer
-// (closed with the answer cut off); with neither, the new one is answered 503 at once. So idle,
-// trickling or non-reading clients cannot keep every slot, and /healthz answers. Nor can clients
-// whose requests all wait for a handler: past max_connections, up to probe_connections more are
-// admitted for probes only (Options::is_probe); such a connection whose request is no probe is
-// answered 503 once it is whole. The server runs probes on a thread of
-// their own (http_server.h), so they are answered at once.
+// is handled, not turned away unread), or else of the oldest whose client
+// does not read its answer (closed with the answer cut off); with neither,
+// the new one is answered 503 at once. So idle, trickling or non-reading
+// clients cannot keep every slot, and /healthz answers. Nor can clients
+// whose requests all wait for a handler: past max_connections, up to
+// probe_connections more are admitted for probes only (Options::is_probe);
+// such a connection whose request is no probe is answered 503 once it is
+// whole. The server runs probes on a thread of their own (http_server.h),
+// so they are answered at once. Answers not yet written are bounded in
+// bytes too (max_unsent_response_bytes): past it, the oldest unread one is
+// cut off.
 // Answers go out with "Connection: close";
 // after the last byte the gate shuts its side down and reads until the
 // client closes (at most `linger`), so a client still sending a rejected body
@@ -77,6 +81,11 @@ class HttpGate {
     absl::Duration request_timeout = absl::Seconds(10);   // accept to last body byte
     absl::Duration response_timeout = absl::Seconds(10);  // Respond to last byte written
     absl::Duration linger = absl::Seconds(2);
+    // Answer bytes not yet written, over all connections; past it, the
+    // oldest connection with an answer its client is not reading (other
+    // than the one just answered) is cut off, until under it or none is
+    // left. HttpServer::Options::max_unsent_response_bytes.
+    size_t max_unsent_response_bytes = 256 << 20;
     // Whether a complete request (its bytes) is a health probe; unset:
     // none is, and no connection is admitted past max_connections.
     std::function<bool(absl::string_view request)> is_probe;
@@ -139,6 +148,9 @@ class HttpGate {
   // The connection accepted longest ago of those still reading their
   // request; nullptr when none is.
   Connection* OldestReading();
+  // Cuts off stalled answers (oldest first, never `answered`) while the
+  // unsent bytes exceed max_unsent_response_bytes.
+  void LimitUnsentBytes(const Connection& answered);
   void Frame(Connection& connection);
   void HandOff(Connection& connection);
   void Drain(Connection& connection);

@@ -100,5 +100,40 @@ TEST(HttpGateTest, ManyAdoptedInOneTurn_ARequestAlreadyWholeIsHandledNotTurnedAw
   (*gate)->Stop();
 }
 
+// Clients that ask for large answers and never read them: the answers
+// not yet written are bounded in bytes, so a newer answer cuts off the
+// oldest unread one; an answer alone above the bound is still sent whole.
+TEST(HttpGateTest, UnsentAnswersPastTheBound_OldestUnreadCutOff) {
+  AnnotatedMutex mu;
+  std::vector<uint64_t> connections;
+  auto gate = HttpGate::Start({.max_unsent_response_bytes = 1 << 20}, [&](GatedRequest request) {
+    AnnotatedMutexLock lock(&mu);
+    connections.push_back(request.connection);
+  });
+  ASSERT_TRUE(gate.ok()) << gate.status();
+  Client first, second;
+  for (const Client* client : {&first, &second}) {
+    ASSERT_TRUE(client->Send("GET /big HTTP/1.1\r\n\r\n"));
+    (*gate)->Admit(client->for_gate);
+    AnnotatedMutexLock lock(&mu);  // handed off in order: one at a time
+    const size_t expected = client == &first ? 1 : 2;
+    ASSERT_TRUE(
+        mu.AwaitWithTimeout([&] { return connections.size() == expected; }, absl::Seconds(30)));
+  }
+  // Each answer is far beyond a socket's buffer, and beyond the bound.
+  const std::string head =
+      "HTTP/1.1 200 OK\r\nContent-Length: 4194304\r\nConnection: close\r\n\r\n";
+  const std::string answer = head + std::string(4 << 20, 'x');
+  (*gate)->Respond(connections[0], answer);
+  (*gate)->Respond(connections[1], answer);
+  // The newer answer is whole; reading it to its end means the gate has
+  // taken it, and with it cut off the older one, unread until now.
+  EXPECT_EQ(second.ReadToEnd().size(), answer.size());
+  const std::string cut = first.ReadToEnd();
+  EXPECT_LT(cut.size(), answer.size());
+  EXPECT_EQ(cut.rfind("HTTP/1.1 200 OK", 0), 0u);
+  (*gate)->Stop();
+}
+
 }  // namespace
 }  // namespace pipetrain

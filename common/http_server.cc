@@ -300,6 +300,7 @@ absl::StatusOr<int> HttpServer::Start(const std::string& host, int port) {
   gate.max_connections = options_.max_connections;
   gate.request_timeout = options_.request_timeout;
   gate.response_timeout = options_.response_timeout;
+  gate.max_unsent_response_bytes = options_.max_unsent_response_bytes;
   if (options_.on_response) {
     gate.on_reject = [this](absl::string_view received, int status, absl::Duration elapsed) {
       options_.on_response(BoundedMethod(MethodAndPath(received).first), kRejectedRoute, status,

@@ -102,6 +102,12 @@ class HttpServer {
     absl::Duration request_timeout = absl::Seconds(10);
     // To write a response to a client that reads it slowly; then closed.
     absl::Duration response_timeout = absl::Seconds(10);
+    // Bytes of answers not yet written, over all connections. Past it, the
+    // oldest connection whose client is not reading its answer is cut off
+    // (as at max_connections), so clients that ask for large answers (a
+    // plan's drawings: megabytes) and never read them hold no more memory
+    // than this. One answer larger than this is still sent whole.
+    size_t max_unsent_response_bytes = 256 << 20;
     // Threads that run handlers. Requires: >= 1.
     int handler_threads = 4;
     // Health probes (exact paths, GET or HEAD): run on a thread of their

@@ -30,6 +30,34 @@ const std::map<std::string, std::vector<ParamRule>>& Rules() {
   return *rules;
 }
 
+// A plain decimal number: an optional '-', digits with at most one '.',
+// and an optional exponent. absl::SimpleAtod alone would also take
+// surrounding spaces, hex ("0x8") and "inf", and the spec, stored as sent,
+// would then not say plainly what was meant.
+bool PlainDecimal(const std::string& text, double* value) {
+  size_t i = text.empty() || text[0] != '-' ? 0 : 1;
+  bool digits = false, dot = false;
+  for (; i < text.size() && text[i] != 'e' && text[i] != 'E'; ++i) {
+    if (text[i] == '.' && !dot) {
+      dot = true;
+    } else if (text[i] >= '0' && text[i] <= '9') {
+      digits = true;
+    } else {
+      return false;
+    }
+  }
+  if (!digits) return false;
+  if (i < text.size()) {  // the exponent
+    ++i;
+    if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+    if (i == text.size()) return false;
+    for (; i < text.size(); ++i) {
+      if (text[i] < '0' || text[i] > '9') return false;
+    }
+  }
+  return absl::SimpleAtod(text, value);
+}
+
 absl::StatusOr<CodecStage> ParseStage(const std::string& text) {
   const std::vector<std::string> parts = absl::StrSplit(text, absl::MaxSplits(':', 1));
   CodecStage stage;
@@ -44,7 +72,7 @@ absl::StatusOr<CodecStage> ParseStage(const std::string& text) {
     for (const std::string& kv : std::vector<std::string>(absl::StrSplit(parts[1], ','))) {
       const std::vector<std::string> pair = absl::StrSplit(kv, absl::MaxSplits('=', 1));
       double value = 0;
-      if (pair.size() != 2 || !absl::SimpleAtod(pair[1], &value)) {
+      if (pair.size() != 2 || !PlainDecimal(pair[1], &value)) {
         return absl::InvalidArgumentError(
             absl::StrCat(stage.name, ": parameter \"", kv, "\" is not key=number"));
       }

@@ -19,6 +19,10 @@ TEST(ParseCodecSpec, ValidSpecs_GiveStagesAndParameters) {
   EXPECT_EQ(ParseCodecSpec("fp16").value()[0].name, "fp16");
   EXPECT_EQ(ParseCodecSpec("powersgd:rank=4").value()[0].params.at("rank"), 4);
   EXPECT_EQ(ParseCodecSpec("elem_topk:keep=1").value()[0].params.at("keep"), 1);
+  // Plain decimals in every form: a leading dot, an exponent.
+  EXPECT_EQ(ParseCodecSpec("elem_topk:keep=.5").value()[0].params.at("keep"), 0.5);
+  EXPECT_EQ(ParseCodecSpec("elem_topk:keep=1e-2").value()[0].params.at("keep"), 0.01);
+  EXPECT_EQ(ParseCodecSpec("linear:bits=4.").value()[0].params.at("bits"), 4);
 }
 
 TEST(ParseCodecSpec, BadSpecs_AreInvalidArgumentNamingTheProblem) {
@@ -35,6 +39,13 @@ TEST(ParseCodecSpec, BadSpecs_AreInvalidArgumentNamingTheProblem) {
       {"elem_topk:keep=1.5", "elem_topk: keep 1.5 is out of range (0, 1]"},
       {"fp16:bits=3", "fp16: unknown parameter \"bits\""},
       {"linear:bits", "linear: parameter \"bits\" is not key=number"},
+      {"linear:bits= 4", "linear: parameter \"bits= 4\" is not key=number"},
+      {"linear:bits=4 ", "linear: parameter \"bits=4 \" is not key=number"},
+      {"linear:bits=0x4", "linear: parameter \"bits=0x4\" is not key=number"},
+      {"elem_topk:keep=inf", "elem_topk: parameter \"keep=inf\" is not key=number"},
+      {"elem_topk:keep=.", "elem_topk: parameter \"keep=.\" is not key=number"},
+      {"elem_topk:keep=1e", "elem_topk: parameter \"keep=1e\" is not key=number"},
+      {"linear:bits=-4", "linear: bits -4 is out of range 2..16"},
       {"piecewise:bits=3+fp16", "only token_topk may be followed"},
       {"token_topk:keep=0.5+token_topk:keep=0.5", "only token_topk may be followed"},
       {"token_topk:keep=0.5+fp16+bf16", "only token_topk may be followed"},

@@ -105,6 +105,18 @@ class JobManagerTest : public ::testing::Test {
     r.set_finished(finished);
     return r;
   }
+  // A traced step `iteration` of a program of `instructions`: each
+  // instruction in turn, 1 ms each.
+  static void FillTrace(int64_t iteration, int instructions, v1::StepTrace* trace) {
+    trace->set_iteration(iteration);
+    trace->set_seconds(0.001 * instructions);
+    for (int i = 0; i < instructions; ++i) {
+      v1::InstructionTiming* t = trace->add_instructions();
+      t->set_instruction(i);
+      t->set_start_seconds(0.001 * i);
+      t->set_end_seconds(0.001 * (i + 1));
+    }
+  }
   void Report(const std::string& worker, const std::string& job, int64_t iteration,
               std::vector<float> losses, bool finished) {
     ASSERT_TRUE(
@@ -579,17 +591,9 @@ TEST_F(JobManagerTest, Progress_TracesOfEveryWorker_BecomeTheMeasuredTimeline) {
     r.set_plan_version(1);
     r.set_iteration(iteration);
     v1::StepTrace* trace = r.mutable_trace();
-    trace->set_iteration(iteration);
+    FillTrace(iteration, AssignmentOf(w).program().instructions_size(), trace);
     trace->mutable_start_time()->set_seconds(1800000000);
     trace->mutable_start_time()->set_nanos(nanos);
-    const int n = AssignmentOf(w).program().instructions_size();
-    trace->set_seconds(0.001 * n);
-    for (int i = 0; i < n; ++i) {
-      v1::InstructionTiming* t = trace->add_instructions();
-      t->set_instruction(i);
-      t->set_start_seconds(0.001 * i);
-      t->set_end_seconds(0.001 * (i + 1));
-    }
     return r;
   };
   ASSERT_TRUE(jobs_.ReportProgress(report(0, 10, 0)).ok());
@@ -1589,16 +1593,7 @@ TEST_F(JobManagerTest, EndedJobs_OnlyTheNewestKeepTheirDrawings) {
     ASSERT_FALSE(jobs.GetPlan(ids.back()).value().timeline_svg().empty());
     // A traced step: the plan shows the measured timeline too.
     v1::ReportProgressRequest traced = IterationReport(worker, ids.back(), 0, {1.0f}, false);
-    v1::StepTrace* trace = traced.mutable_trace();
-    trace->set_iteration(0);
-    const int n = AssignmentOf(worker).program().instructions_size();
-    trace->set_seconds(0.001 * n);
-    for (int k = 0; k < n; ++k) {
-      v1::InstructionTiming* t = trace->add_instructions();
-      t->set_instruction(k);
-      t->set_start_seconds(0.001 * k);
-      t->set_end_seconds(0.001 * (k + 1));
-    }
+    FillTrace(0, AssignmentOf(worker).program().instructions_size(), traced.mutable_trace());
     ASSERT_TRUE(jobs.ReportProgress(traced).ok());
     ASSERT_FALSE(jobs.GetPlan(ids.back()).value().measured_timeline_svg().empty());
     ASSERT_TRUE(jobs.Cancel(ids.back()).ok());

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <initializer_list>
+#include <limits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -250,13 +251,15 @@ void PlannerSeeds(const std::string& dir) {
 
 // step_trace_fuzzer: both workers' traces of step 10 of the target's
 // programs, every instruction timed one after the other (0.1 ms each,
-// receives half waiting, the second worker 2 ms later); and the same
-// with the first worker's last instructions left out.
+// receives half waiting, the second worker 2 ms later); the same with the
+// first worker's last instructions left out; and both steps said to take
+// 5e-324 s, every instruction 0 s (whose axis once had a tick step of 0).
 void StepTraceSeeds(const std::string& dir) {
   const std::vector<v1::Program> programs =
       CompilePrograms({Range{0, 3}, Range{3, 6}}, 6, 4, Schedule::kOneFOneB).value();
   std::string traces[2];
   std::string shortened;
+  std::string least[2];
   for (int w = 0; w < 2; ++w) {
     v1::StepTrace trace;
     trace.set_iteration(10);
@@ -272,6 +275,14 @@ void StepTraceSeeds(const std::string& dir) {
       if (programs[w].instructions(i).has_recv()) t->set_waited_seconds(5e-5);
     }
     traces[w] = trace.SerializeAsString();
+    v1::StepTrace instant = trace;
+    instant.set_seconds(std::numeric_limits<double>::denorm_min());
+    for (v1::InstructionTiming& t : *instant.mutable_instructions()) {
+      t.set_start_seconds(0);
+      t.set_end_seconds(0);
+      t.set_waited_seconds(0);
+    }
+    least[w] = instant.SerializeAsString();
     if (w == 0) {
       trace.mutable_instructions()->DeleteSubrange(n / 2, n - n / 2);
       shortened = trace.SerializeAsString();
@@ -281,6 +292,8 @@ void StepTraceSeeds(const std::string& dir) {
             Uint16(static_cast<uint16_t>(traces[0].size())) + traces[0] + traces[1]);
   WriteSeed(dir, "first_half_timed",
             Uint16(static_cast<uint16_t>(shortened.size())) + shortened + traces[1]);
+  WriteSeed(dir, "least_span",
+            Uint16(static_cast<uint16_t>(least[0].size())) + least[0] + least[1]);
 }
 
 // --- REST requests (rest_fuzzer.cc: uint16-length-prefixed requests, the

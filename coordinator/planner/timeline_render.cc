@@ -235,7 +235,15 @@ struct TimeAxis {
   const char* unit = "s";
 };
 
-// About eight ticks across [0, span].
+// The shortest span the axis is drawn for: a shorter one (a worker's
+// trace may say its step took 5e-324 s) is drawn at this scale, since
+// span / 8 can underflow to 0, whose logarithm would make the tick step
+// 0 and the tick loop endless.
+constexpr double kShortestSpanSeconds = 1e-9;
+// The most ticks the axis draws, whatever the step (about eight are chosen).
+constexpr int kMostTicks = 32;
+
+// About eight ticks across [0, span], span >= kShortestSpanSeconds.
 TimeAxis ChooseAxis(double span) {
   TimeAxis axis;
   const double raw = span / 8;
@@ -266,7 +274,8 @@ class SvgTimeline {
     left_ = std::max(24 + std::min(longest, kMaxNameChars) * kCharWidth13, 90.0);
     width_ = std::max(options.width_px, 400);
     height_ = kLanesTop + workers_ * kLanePitch + kAxisHeight;
-    span_ = result.iteration_seconds > 0 ? result.iteration_seconds : 1;
+    span_ =
+        result.iteration_seconds > 0 ? std::max(result.iteration_seconds, kShortestSpanSeconds) : 1;
     axis_ = ChooseAxis(span_);
   }
 
@@ -383,7 +392,7 @@ class SvgTimeline {
 
   void Axis() {
     const double bottom = LanesBottom();
-    for (int k = 0; k * axis_.step <= span_ * (1 + 1e-9); ++k) {
+    for (int k = 0; k <= kMostTicks && k * axis_.step <= span_ * (1 + 1e-9); ++k) {
       const double x = X(k * axis_.step);
       absl::StrAppend(&out_, "<line x1=\"", Fixed(x), "\" y1=\"", Fixed(kLanesTop - 6), "\" x2=\"",
                       Fixed(x), "\" y2=\"", Fixed(bottom + 5),

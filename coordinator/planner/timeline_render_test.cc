@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <string>
 #include <vector>
@@ -183,6 +184,27 @@ TEST(TimelineRenderTest, TimelineSvg_TwoStages_WellFormedWithLanesAndLabels) {
   EXPECT_EQ(result.iteration_seconds, 29.2);
   EXPECT_THAT(svg, HasSubstr(">Pipeline timeline — iteration 29.2 s, bubble 37.7%<"));
   EXPECT_THAT(svg, HasSubstr(">time (s)</text>"));
+}
+
+// A worker's trace may say its step took any time in (0, 1e6] s, 5e-324
+// (the least double) too: the axis of such a span once had a tick step of
+// 0 and its loop never ended. Every span draws a bounded axis.
+TEST(TimelineRenderTest, TimelineSvg_TinyAndHugeSpans_DrawAFewTicks) {
+  for (const double span :
+       {std::numeric_limits<double>::denorm_min(), 1e-310, 1e-300, 1e-15, 1e-9, 1e-6, 1e6, 1e300}) {
+    SimulationResult result;
+    TimelineEvent e;
+    e.worker = 0;
+    e.kind = TimelineEventKind::kForward;
+    e.end_seconds = span;
+    result.events.push_back(e);
+    result.iteration_seconds = span;
+    const std::string svg = TimelineSvg(result, {"w-1"});
+    EXPECT_EQ(CheckBalancedXml(svg), "") << span;
+    const int ticks = Count(svg, "stroke=\"#dddddd\"");
+    EXPECT_GE(ticks, 2) << span;
+    EXPECT_LE(ticks, 16) << span;
+  }
 }
 
 TEST(TimelineRenderTest, TimelineSvg_OptionsOff_NoTransfersOrWaits) {

@@ -40,8 +40,10 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
   }
 
   void OnDone() override {
-    { AnnotatedMutexLock lock(&mu_); }  // orders the last task before the delete
-    open_->Close(caller_.worker_id);
+    {
+      AnnotatedMutexLock lock(&mu_);  // also orders the last task before the delete
+      if (!closed_) open_->Close(caller_.worker_id);
+    }
     delete this;
   }
 
@@ -52,13 +54,13 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
     const absl::Status acts = CallerAuth::CheckActsFor(caller_, chunk.worker_id());
     if (!acts.ok()) {
       metrics_->CountRefused(kMethod, acts.code());
-      return Finish(ToGrpcStatus(acts));
+      return End(ToGrpcStatus(acts));
     }
     if (chunks_ == 0) {
       worker_id_ = chunk.worker_id();
       job_id_ = chunk.job_id();
     } else if (chunk.job_id() != job_id_) {
-      return Finish(grpc::Status(
+      return End(grpc::Status(
           grpc::StatusCode::INVALID_ARGUMENT,
           absl::StrCat("chunk ", chunks_, " is for job ",
                        absl::CHexEscape(absl::string_view(chunk.job_id()).substr(0, 64)),
@@ -67,22 +69,31 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
     }
     ++chunks_;
     absl::Status stored = jobs_->AddWeightsChunk(chunk);
-    if (!stored.ok()) return Finish(ToGrpcStatus(stored));
+    if (!stored.ok()) return End(ToGrpcStatus(stored));
     StartRead(&chunk_);
+  }
+
+  // Frees the worker's upload slot, then finishes the call: gRPC may run
+  // OnDone only after the client has the status, and a worker that uploads
+  // again at once must not be refused as if this call were still open.
+  void End(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    open_->Close(caller_.worker_id);
+    closed_ = true;
+    Finish(status);
   }
 
   // On the executor, after the client closed its side (or went away).
   void HandleEnd() {
     AnnotatedMutexLock lock(&mu_);
     if (context_->IsCancelled()) {
-      return Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the upload was cancelled"));
+      return End(grpc::Status(grpc::StatusCode::CANCELLED, "the upload was cancelled"));
     }
     if (chunks_ == 0) {
-      return Finish(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                 "UploadWeights stream carried no chunks; send at least one "
-                                 "WeightsChunk naming worker_id and job_id"));
+      return End(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              "UploadWeights stream carried no chunks; send at least one "
+                              "WeightsChunk naming worker_id and job_id"));
     }
-    Finish(ToGrpcStatus(jobs_->FinishWeights(worker_id_, job_id_)));
+    End(ToGrpcStatus(jobs_->FinishWeights(worker_id_, job_id_)));
   }
 
   grpc::CallbackServerContext* const context_;
@@ -99,6 +110,7 @@ class WeightsUpload final : public grpc::ServerReadReactor<v1::WeightsChunk> {
   int64_t chunks_ ABSL_GUARDED_BY(mu_) = 0;
   std::string worker_id_ ABSL_GUARDED_BY(mu_);
   std::string job_id_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;  // the slot in open_ freed (End)
 };
 
 // Ends the call with `status` without reading anything; deletes itself.

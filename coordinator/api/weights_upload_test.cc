@@ -151,7 +151,9 @@ TEST_F(WeightsUploadTest, TwoChunksThenEnd_StoresThemAndFinishesOk) {
 }
 
 // One upload per worker at a time: a second while one is open ends
-// RESOURCE_EXHAUSTED before reading; once the first is done, another may open.
+// RESOURCE_EXHAUSTED before reading; once the first has its status, another
+// may open, even before gRPC has run the first's OnDone (it may run it after
+// the client has the status).
 TEST_F(WeightsUploadTest, SecondUploadWhileOneIsOpen_ResourceExhausted) {
   FakeReader first;
   grpc::ServerReadReactor<v1::WeightsChunk>* open = Start(first);
@@ -169,10 +171,16 @@ TEST_F(WeightsUploadTest, SecondUploadWhileOneIsOpen_ResourceExhausted) {
   status = first.AwaitStatus();
   ASSERT_TRUE(status.has_value());
   EXPECT_TRUE(status->ok()) << status->error_message();
-  open->OnDone();
   FakeReader third;
   grpc::ServerReadReactor<v1::WeightsChunk>* again = Start(third);
   ASSERT_TRUE(third.Deliver(Chunk(job_id_, 8)));  // read: not refused
+  open->OnDone();                                 // the first's, late: frees nothing of the third's
+  FakeReader fourth;
+  grpc::ServerReadReactor<v1::WeightsChunk>* fourth_call = Start(fourth);
+  status = fourth.AwaitStatus();  // the third is still open
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(status->error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status->error_message();
+  fourth_call->OnDone();
   ASSERT_TRUE(third.EndStream());
   ASSERT_TRUE(third.AwaitStatus().has_value());
   again->OnDone();

@@ -2077,6 +2077,19 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     }
     return response;
   }
+  // Only a stage that runs the model's last unit forward computes a loss
+  // (and a validation loss). One from any other is a fault or a lie, and
+  // refused before anything of the report is applied: the job's loss is
+  // taken from replica 0's loss stage alone.
+  if ((r.micro_batch_losses_size() > 0 || r.has_val_loss()) &&
+      !(stage_index < record->plan.stages_size() &&
+        record->plan.stages(stage_index).forward().end() ==
+            NumUnits(record->resolved.train.model))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.", r.has_val_loss() ? "val_loss" : "micro_batch_losses",
+                     ": ", r.worker_id(), "'s stage ", stage_index,
+                     " does not run the model's last unit, so it computes no loss"));
+  }
   StageProgress& stage = record->stages[stage_index];
   if (r.ready()) {
     stage.ready = true;

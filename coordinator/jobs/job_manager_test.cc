@@ -493,6 +493,32 @@ TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
 }
 
+// Losses come only from the stage that computes them: a report of the
+// first stage carrying a loss (or a validation loss) is refused whole, and
+// the job's loss stays the loss stage's.
+TEST_F(JobManagerTest, Progress_LossFromAStageWithoutTheHead_Refused) {
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  const v1::Job planned = jobs_.Get(id).value();
+  const std::string first = planned.worker_ids(0), last = planned.worker_ids(1);
+  Report(last, id, 0, {2.0f, 2.0f}, false);
+  absl::Status refused = jobs_.ReportProgress(IterationReport(first, id, 0, {5.0f, 5.0f})).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(refused.message(),
+            absl::StrCat("ReportProgressRequest.micro_batch_losses: ", first,
+                         "'s stage 0 does not run the model's last unit, so it computes no loss"));
+  v1::ReportProgressRequest validation = IterationReport(first, id, 0, {});
+  validation.set_val_loss(0.5f);
+  EXPECT_EQ(jobs_.ReportProgress(validation).status().code(), absl::StatusCode::kInvalidArgument);
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.progress().loss(), 2.0f);
+  EXPECT_EQ(job.progress().val_step(), 0);
+  EXPECT_EQ(job.progress().stage_times(0).steps(), 0);  // nothing of it applied
+  Report(first, id, 0, {}, false);                      // its honest report still counts
+  EXPECT_EQ(jobs_.Get(id).value().progress().stage_times(0).steps(), 1);
+}
+
 // A report that comes again (a worker's retry after a lost answer) is
 // answered but counted once: its loss and times are not added twice.
 TEST_F(JobManagerTest, Progress_RepeatedReport_CountedOnce) {

@@ -104,7 +104,9 @@ struct Connection {
 
 // Prints the error with its code; the exit code says the code too (exit_codes.h).
 int Fail(const std::string& command, const absl::Status& status) {
-  std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(), status.ToString().c_str());
+  // The message is the coordinator's, and may quote what others sent it.
+  std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(),
+               TerminalSafe(status.ToString()).c_str());
   return ExitCodeFor(status.code());
 }
 

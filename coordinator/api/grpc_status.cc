@@ -2,16 +2,33 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "common/rpc_status.h"
 
 namespace pipetrain {
+namespace {
+
+// `message` cut to at most kMaxStatusMessageBytes (on a UTF-8 character's
+// first byte) and a note of how much was left out; unchanged when short.
+std::string Bounded(absl::string_view message) {
+  if (message.size() <= kMaxStatusMessageBytes) return std::string(message);
+  size_t keep = kMaxStatusMessageBytes - 32;  // room for the note
+  while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
+  return absl::StrCat(message.substr(0, keep), " ... [", message.size() - keep, " more bytes]");
+}
+
+}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // absl::StatusCode and grpc::StatusCode are both google.rpc.Code (0..16).
   const auto code = static_cast<grpc::StatusCode>(status.code());
-  if (FieldViolationsOf(status).empty()) return grpc::Status(code, std::string(status.message()));
-  return grpc::Status(code, std::string(status.message()), EncodeRpcStatus(status));
+  // The details are made from the message (its field violation too), so
+  // from the cut one.
+  const absl::Status bounded(status.code(), Bounded(status.message()));
+  const std::string message(bounded.message());
+  if (FieldViolationsOf(bounded).empty()) return grpc::Status(code, message);
+  return grpc::Status(code, message, EncodeRpcStatus(bounded));
 }
 
 }  // namespace pipetrain

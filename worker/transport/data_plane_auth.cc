@@ -29,8 +29,11 @@ absl::StatusOr<int> VerifyStreamOpen(absl::string_view job_id, int num_stages,
         absl::StrCat("stream for job \"", absl::CHexEscape(sent_job.substr(0, 64)),
                      "\", which this worker does not run (a plan that ended?)"));
   }
+  // Only the canonical decimal (what senders write): SimpleAtoi alone also
+  // takes " 2", "+2" and "02".
   int stage = -1;
-  if (!absl::SimpleAtoi(sent_stage, &stage) || stage < 0 || stage >= num_stages) {
+  if (!absl::SimpleAtoi(sent_stage, &stage) || stage < 0 || stage >= num_stages ||
+      sent_stage != absl::StrCat(stage)) {
     return absl::UnauthenticatedError(
         absl::StrCat("data-plane stream without a valid ", kStageMetadataKey));
   }

@@ -5,7 +5,8 @@
 // three metadata entries:
 //
 //   x-pipetrain-job    the job id
-//   x-pipetrain-stage  its stage (decimal)
+//   x-pipetrain-stage  its stage (decimal, as absl::StrCat writes it: no sign,
+//                      space or leading zero)
 //   x-pipetrain-proof  HMAC-SHA256(secret, "pipetrain-dataplane-v1|<job>|<stage>"), hex
 //
 // The receiver accepts the stream only for the job it runs, a stage of that

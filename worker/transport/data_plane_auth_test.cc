@@ -28,7 +28,8 @@ TEST(DataPlaneAuthTest, WrongProofStageOrJob_Refused) {
             absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(VerifyStreamOpen("job-x-1", 4, kSecret, "job-x-1", "2", "").status().code(),
             absl::StatusCode::kUnauthenticated);
-  for (const char* stage : {"", "-1", "4", "x"}) {
+  // Stage 2's own proof, but not the canonical "2".
+  for (const char* stage : {"", "-1", "4", "x", " 2", "+2", "02", "2 "}) {
     EXPECT_EQ(VerifyStreamOpen("job-x-1", 4, kSecret, "job-x-1", stage, proof).status().code(),
               absl::StatusCode::kUnauthenticated)
         << stage;

@@ -75,6 +75,11 @@ absl::Status CheckRouting(const v1::TensorFrame& frame, const AcceptedJob& job) 
     return Invalid(frame, absl::StrCat("source stage ", frame.source_stage(), " is outside [0, ",
                                        job.num_stages, ") for job ", job.job_id));
   }
+  // Iterations count from 0: a tensor of a negative one would wait in the
+  // mailbox, behind the run-ahead window, until the job ends.
+  if (frame.iteration() < 0) {
+    return Invalid(frame, absl::StrCat("iteration ", frame.iteration(), " is negative"));
+  }
   return absl::OkStatus();
 }
 

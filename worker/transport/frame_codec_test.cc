@@ -347,6 +347,13 @@ TEST(FrameCodecTest, Accept_UnknownKind_InvalidArgumentSpellingTheNumber) {
                         "from stage 0: tensor kind 99 is unknown"));
 }
 
+TEST(FrameCodecTest, Accept_NegativeIteration_InvalidArgument) {
+  v1::TensorFrame f = OneFrame(3, {2});
+  f.set_iteration(-5);
+  FrameAssembler assembler;
+  EXPECT_TRUE(IsInvalid(assembler.Accept(f, kJob), "iteration -5 is negative"));
+}
+
 TEST(FrameCodecTest, Accept_SourceStageOutOfRange_InvalidArgument) {
   FrameAssembler assembler;
   for (int stage : {2, -1}) {

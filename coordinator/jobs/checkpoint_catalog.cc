@@ -110,11 +110,14 @@ const v1::ResumeFrom* CheckpointCatalog::LatestAtOrBefore(int64_t step) const {
   return nullptr;
 }
 
-std::optional<v1::ResumeFrom> CheckpointCatalog::DropLatest() {
-  if (complete_.empty()) return std::nullopt;
-  v1::ResumeFrom dropped = complete_.back();
-  complete_.pop_back();
-  return dropped;
+std::optional<v1::ResumeFrom> CheckpointCatalog::Drop(int64_t step) {
+  for (auto it = complete_.begin(); it != complete_.end(); ++it) {
+    if (it->step() != step) continue;
+    v1::ResumeFrom dropped = std::move(*it);
+    complete_.erase(it);
+    return dropped;
+  }
+  return std::nullopt;
 }
 
 std::vector<v1::ResumeFrom> CheckpointCatalog::TakeExpired() {

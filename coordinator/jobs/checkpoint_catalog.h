@@ -55,9 +55,10 @@ class CheckpointCatalog {
   // The newest complete checkpoint of at most `step` steps (a job resumes
   // only where its loss history reaches); null when none.
   const v1::ResumeFrom* LatestAtOrBefore(int64_t step) const;
-  // Forgets the newest complete checkpoint (a stage could not load it):
-  // the one before becomes Latest. Returns what was dropped.
-  std::optional<v1::ResumeFrom> DropLatest();
+  // Forgets the complete checkpoint of `step` (a stage could not load it):
+  // a resume then takes the one before. Returns what was dropped; nullopt
+  // when no complete checkpoint has that step.
+  std::optional<v1::ResumeFrom> Drop(int64_t step);
   // Complete checkpoints beyond `keep`, oldest first, no longer in the
   // catalog: the caller removes their directories.
   std::vector<v1::ResumeFrom> TakeExpired();

@@ -584,6 +584,9 @@ absl::Status JobManager::Restore() {
       record->checkpoints = std::make_unique<CheckpointCatalog>(
           checkpoint, record->resolved.train.model, record->resolved.train.steps);
       record->checkpoints->RestoreComplete({s.checkpoints().begin(), s.checkpoints().end()});
+      if (record->checkpoints->Latest() != nullptr) {
+        record->furthest_checkpoint_step = record->checkpoints->Latest()->step();
+      }
     }
     const v1::JobState state = record->job.state();
     // Not planned yet: it waits again (a first plan that was being made
@@ -1935,7 +1938,13 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   }
   if (!complete.has_value()) return absl::OkStatus();
   record.job.mutable_progress()->set_checkpoint_step(complete->step());
-  record.recoveries_without_progress = 0;
+  // Progress is a checkpoint beyond every earlier one: a step redone after
+  // its checkpoint was dropped does not count, or recoveries that drop
+  // and redo the same step would never give up.
+  if (complete->step() > record.furthest_checkpoint_step) {
+    record.furthest_checkpoint_step = complete->step();
+    record.recoveries_without_progress = 0;
+  }
   // Files off the lock, in order, after the state that lists the new
   // checkpoint is saved: the manifest (for people and tools; resuming needs
   // only the checksummed unit files), then the expired ones go, but only if
@@ -2062,14 +2071,26 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     }
     const std::string reason = absl::StrCat("worker ", r.worker_id(), ": ", r.error(),
                                             " [stages: ", absl::StrJoin(stages, ", "), "]");
-    if (r.checkpoint_unusable() && record->checkpoints != nullptr) {
-      std::optional<v1::ResumeFrom> dropped = record->checkpoints->DropLatest();
+    // A stage says its plan's resume point is unusable while it loads it,
+    // before it reports ready (JobRunner). Only then is the claim taken,
+    // and only that checkpoint dropped: said at any other time it is an
+    // error like any other, so that one worker cannot drop a job's
+    // checkpoints one after another.
+    const v1::Assignment* assigned = stage_index < static_cast<int>(record->assignments.size())
+                                         ? &record->assignments[stage_index]
+                                         : nullptr;
+    std::optional<v1::ResumeFrom> dropped;
+    if (r.checkpoint_unusable() && record->checkpoints != nullptr && assigned != nullptr &&
+        assigned->has_resume() && !record->stages[stage_index].ready) {
+      dropped = record->checkpoints->Drop(assigned->resume().step());
+    }
+    if (dropped.has_value()) {
       record->job.mutable_progress()->set_checkpoint_step(
           record->checkpoints->Latest() != nullptr ? record->checkpoints->Latest()->step() : 0);
-      StartRecoveryLocked(*record, "",
-                          absl::StrCat("checkpoint ", dropped ? dropped->dir() : "?",
-                                       " could not be loaded (", reason, ")"),
-                          "checkpoint_unusable");
+      StartRecoveryLocked(
+          *record, "",
+          absl::StrCat("checkpoint ", dropped->dir(), " could not be loaded (", reason, ")"),
+          "checkpoint_unusable");
     } else if (r.peer_failure()) {
       StartRecoveryLocked(*record, "", reason, "peer_failure");
     } else {

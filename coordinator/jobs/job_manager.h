@@ -75,9 +75,10 @@
 // there is none yet). The loss history is cut back to that step: the steps
 // after it are redone with the same data, so they repeat the lost ones'
 // losses bitwise. A stage that cannot load the checkpoint
-// (checkpoint_unusable) makes the job drop it and resume from the one
-// before. kMaxRecoveriesWithoutProgress recoveries in a row without a new
-// checkpoint completing fail the job. Workers a recovering job waits for are
+// (checkpoint_unusable, taken only from a stage loading its plan's resume
+// point, before it is ready) makes the job drop it and resume from the one
+// before. kMaxRecoveriesWithoutProgress recoveries in a row without a
+// checkpoint beyond every earlier one fail the job. Workers a recovering job waits for are
 // not given to other jobs.
 //
 // Step boundaries (joins and drains): a RUNNING job with checkpoints that
@@ -405,6 +406,10 @@ class JobManager {
     std::map<std::string, int64_t> lost;  // worker id -> incarnation lost
     std::vector<std::string> survivors;
     int recoveries_without_progress = 0;
+    // The furthest step any complete checkpoint reached (since this
+    // coordinator took the job: restored from its latest); only a
+    // checkpoint beyond it resets recoveries_without_progress.
+    int64_t furthest_checkpoint_step = 0;
     // After a re-plan, until the first step completes on it (for the
     // recovery time): when the loss was detected, and the two phases.
     std::optional<absl::Time> recovering_since;

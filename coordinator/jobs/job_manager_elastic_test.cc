@@ -595,6 +595,102 @@ TEST_F(JobManagerElasticTest, CheckpointUnusable_DroppedAndTheOneBeforeUsed) {
   EXPECT_EQ(job.progress().checkpoint_step(), 5);
 }
 
+// The claim is taken only from a stage loading its plan's resume point:
+// after it said it was ready, or in a plan that resumes from nothing, it
+// fails the job like any other error and every checkpoint stays.
+class CheckpointUnusableClaimTest : public JobManagerElasticTest {
+ protected:
+  void ClaimOutsideLoading(bool resumed) {
+    const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+    const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+    for (int step = 1; step <= 10; ++step) {
+      Step(id, step);
+      if (step % 5 == 0) CheckpointAll(id, step);
+    }
+    int64_t version = 1;
+    if (resumed) {  // a plan that resumes from step 10; w1 is ready in it
+      ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w1, 1)).ok());
+      HeartbeatAllAndSchedule({w1, w2});
+      ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+      ASSERT_EQ(AssignmentOf(w1).resume().step(), 10);
+      version = 2;
+      v1::ReportProgressRequest ready;
+      ready.set_worker_id(w1);
+      ready.set_job_id(id);
+      ready.set_plan_version(version);
+      ready.set_ready(true);
+      ASSERT_TRUE(jobs_->ReportProgress(ready).ok());
+    }
+    v1::ReportProgressRequest r;
+    r.set_worker_id(w1);
+    r.set_job_id(id);
+    r.set_plan_version(version);
+    r.set_error("DATA_LOSS: unit-0000.safetensors is gone");
+    r.set_checkpoint_unusable(true);
+    ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+    const v1::Job job = jobs_->Get(id).value();
+    EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+    EXPECT_TRUE(absl::StrContains(job.reason(), "unit-0000.safetensors is gone")) << job.reason();
+    EXPECT_EQ(job.progress().checkpoint_step(), 10);
+  }
+
+  static v1::ReportProgressRequest PeerFailure(const std::string& id, const std::string& worker,
+                                               int64_t version) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(id);
+    r.set_plan_version(version);
+    r.set_error("UNAVAILABLE: stage 1 went away");
+    r.set_peer_failure(true);
+    return r;
+  }
+};
+
+TEST_F(CheckpointUnusableClaimTest, InAPlanThatResumesFromNothing) { ClaimOutsideLoading(false); }
+TEST_F(CheckpointUnusableClaimTest, AfterTheStageWasReady) { ClaimOutsideLoading(true); }
+
+// A recovery that drops a checkpoint and then completes the same step
+// again has made no progress, so dropping and redoing step 10 (a peer
+// failure between) gives up like any other loop of recoveries.
+TEST_F(CheckpointUnusableClaimTest, DroppedCheckpointRedone_IsNoProgress) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 10; ++step) {
+    Step(id, step);
+    if (step % 5 == 0) CheckpointAll(id, step);
+  }
+  // Recovery `n` (1-based): a peer failure, or the resume point unusable.
+  auto recover = [&](int n, bool unusable) {
+    const v1::Job job = jobs_->Get(id).value();
+    ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING)
+        << "before recovery " << n << ": " << job.reason();
+    v1::ReportProgressRequest r = PeerFailure(id, job.worker_ids(0), job.plan_version());
+    if (unusable) {
+      r.set_error("DATA_LOSS: unit-0000.safetensors is truncated");
+      r.set_peer_failure(false);
+      r.set_checkpoint_unusable(true);
+    }
+    ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+    HeartbeatAllAndSchedule({w1, w2});
+  };
+  recover(1, false);  // resumes from 10
+  EXPECT_EQ(AssignmentOf(w1).resume().step(), 10);
+  recover(2, true);  // drops 10: resumes from 5
+  EXPECT_EQ(AssignmentOf(w1).resume().step(), 5);
+  for (int step = 6; step <= 10; ++step) Step(id, step);
+  CheckpointAll(id, 10);  // 10 again, no further than before
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 10);
+  recover(3, false);  // resumes from the new 10
+  EXPECT_EQ(AssignmentOf(w1).resume().step(), 10);
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  v1::ReportProgressRequest r = PeerFailure(id, job.worker_ids(0), job.plan_version());
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  const v1::Job failed = jobs_->Get(id).value();
+  EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(failed.reason(), "gave up after 3 recoveries")) << failed.reason();
+}
+
 TEST_F(JobManagerElasticTest, ThreeRecoveriesWithoutANewCheckpoint_FailTheJob) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

@@ -3,6 +3,7 @@
 // between the "gRPC" thread (the test) and the service's executor.
 #include "coordinator/api/weights_upload.h"
 
+#include <limits>
 #include <optional>
 #include <string>
 
@@ -195,6 +196,29 @@ TEST_F(WeightsUploadTest, ChunkPastTheTensor_FinishesInvalidArgument) {
   EXPECT_EQ(status->error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_TRUE(absl::StrContains(status->error_message(), "wpe.weight")) << status->error_message();
   reactor->OnDone();
+}
+
+// A stage checks its weights are finite before it uploads them; one that
+// sends a NaN or an infinity anyway is refused, so the job's file never
+// holds one.
+TEST_F(WeightsUploadTest, NonFiniteValue_FinishesInvalidArgument) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    FakeReader reader;
+    grpc::ServerReadReactor<v1::WeightsChunk>* reactor = Start(reader);
+    v1::WeightsChunk chunk = Chunk(job_id_, 8);
+    chunk.set_values(2, bad);
+    ASSERT_TRUE(reader.Deliver(chunk));
+    std::optional<grpc::Status> status = reader.AwaitStatus();
+    ASSERT_TRUE(status.has_value());
+    EXPECT_EQ(status->error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_TRUE(absl::StrContains(status->error_message(), "wpe.weight holds "))
+        << status->error_message();
+    EXPECT_TRUE(
+        absl::StrContains(status->error_message(), " at element 10; weights must be finite"))
+        << status->error_message();
+    reactor->OnDone();
+  }
 }
 
 TEST_F(WeightsUploadTest, ChunkOfAnotherJob_FinishesInvalidArgument) {

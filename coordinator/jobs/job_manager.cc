@@ -2210,6 +2210,17 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
 }
 
 absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
+  // A worker checks its weights before it uploads them (JobRunner), so a
+  // NaN or infinity here is a fault or a lie: it must not reach the file
+  // of a job that then says SUCCEEDED. Checked off the lock.
+  for (int i = 0; i < c.values_size(); ++i) {
+    if (!std::isfinite(c.values(i))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "WeightsChunk.values: ",
+          absl::CHexEscape(absl::string_view(c.tensor_name()).substr(0, 128)), " holds ",
+          c.values(i), " at element ", c.offset() + i, "; weights must be finite"));
+    }
+  }
   std::shared_ptr<SafetensorsFileWriter> file;
   size_t index = 0;
   {

@@ -55,6 +55,11 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
   if (report.units_size() > num_units_) {
     return absl::InvalidArgumentError("ReportProgressRequest.checkpoint.units: too many units");
   }
+  // Every stage owns a unit; an empty report would make a pending step
+  // that counts against no stage's limit.
+  if (report.units_size() == 0) {
+    return absl::InvalidArgumentError("ReportProgressRequest.checkpoint.units: none listed");
+  }
   std::set<int> listed;
   for (const v1::UnitFile& f : report.units()) {
     if (!listed.insert(f.unit()).second) {
@@ -75,18 +80,36 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
   // Only a valid report makes a pending entry.
   std::map<int, v1::UnitFile>& units = pending_[step];
   for (const v1::UnitFile& f : report.units()) units[f.unit()] = f;
-  while (pending_.size() > static_cast<size_t>(kMaxPendingCheckpoints)) {
-    pending_.erase(pending_.begin());
+  // This stage's units in other incomplete steps, its oldest forgotten
+  // first: what one stage reports never displaces another's.
+  const auto owned_in = [&owned](const std::map<int, v1::UnitFile>& in) {
+    auto first = in.lower_bound(owned.begin());
+    return first != in.end() && first->first < owned.end();
+  };
+  int others = 0;
+  for (const auto& [other, in] : pending_) others += other != step && owned_in(in);
+  for (auto it = pending_.begin(); others >= kMaxPendingCheckpoints && it != pending_.end();) {
+    if (it->first == step || !owned_in(it->second)) {
+      ++it;
+      continue;
+    }
+    --others;
+    it->second.erase(it->second.lower_bound(owned.begin()), it->second.lower_bound(owned.end()));
+    if (!it->second.empty()) {
+      ++it;
+      continue;
+    }
+    Abandon(it->first);
+    it = pending_.erase(it);
   }
   auto it = pending_.find(step);
-  if (it == pending_.end() || static_cast<int>(it->second.size()) < num_units_) {
-    return std::optional<v1::ResumeFrom>();
-  }
+  if (static_cast<int>(it->second.size()) < num_units_) return std::optional<v1::ResumeFrom>();
   v1::ResumeFrom from;
   from.set_step(step);
   from.set_dir(StepDir(spec_.dir(), step));
   for (const auto& [unit, file] : it->second) *from.add_units() = file;
   // Older incomplete steps can no longer matter: a resume takes the newest.
+  for (auto older = pending_.begin(); older != it; ++older) Abandon(older->first);
   pending_.erase(pending_.begin(), std::next(it));
   if (!complete_.empty() && complete_.back().step() >= step) {
     return std::optional<v1::ResumeFrom>();  // a redone step completed again
@@ -127,6 +150,22 @@ std::vector<v1::ResumeFrom> CheckpointCatalog::TakeExpired() {
 }
 
 void CheckpointCatalog::ClearPending() { pending_.clear(); }
+
+void CheckpointCatalog::Abandon(int64_t step) {
+  for (const v1::ResumeFrom& c : complete_) {
+    if (c.step() == step) return;  // a step done again: its files are the checkpoint's
+  }
+  v1::ResumeFrom gone;
+  gone.set_step(step);
+  gone.set_dir(StepDir(spec_.dir(), step));
+  abandoned_.push_back(std::move(gone));
+}
+
+std::vector<v1::ResumeFrom> CheckpointCatalog::TakeAbandoned() {
+  std::vector<v1::ResumeFrom> out;
+  out.swap(abandoned_);
+  return out;
+}
 
 std::vector<v1::ResumeFrom> CheckpointCatalog::Complete() const {
   return std::vector<v1::ResumeFrom>(complete_.begin(), complete_.end());

@@ -9,8 +9,12 @@
 // directories of those it expires (RemoveCheckpointDir). Reports are
 // checked before anything is kept: a stage may report only units it owns,
 // for a step that is a checkpoint step of the job, with a well-formed name
-// and checksum. At most kMaxPendingCheckpoints incomplete steps are kept
-// (the oldest dropped): a step whose writer failed never completes.
+// and checksum. Each stage's units are kept in at most
+// kMaxPendingCheckpoints incomplete steps (its oldest dropped: a step
+// whose writer failed never completes), so that no stage's reports, a
+// hostile one's of steps far ahead among them, displace another's. The
+// directories of incomplete steps that can no longer complete are handed
+// to the caller to remove (TakeAbandoned), as expired ones are.
 //
 // Not thread-safe (JobManager's lock guards it).
 #ifndef PIPETRAIN_COORDINATOR_JOBS_CHECKPOINT_CATALOG_H_
@@ -63,7 +67,12 @@ class CheckpointCatalog {
   // catalog: the caller removes their directories.
   std::vector<v1::ResumeFrom> TakeExpired();
   // Forgets incomplete steps (a re-plan: the new plan's stages report again).
+  // Their directories stay: the new plan may be writing the same steps.
   void ClearPending();
+  // Incomplete steps dropped for good (a stage's oldest beyond its limit,
+  // or older than a step that completed), none of them a complete
+  // checkpoint's step: the caller removes their directories.
+  std::vector<v1::ResumeFrom> TakeAbandoned();
   // The complete checkpoints, oldest first (for the durable state), and
   // taking them back after a restart (replacing what the catalog holds).
   std::vector<v1::ResumeFrom> Complete() const;
@@ -76,7 +85,11 @@ class CheckpointCatalog {
   std::map<int64_t, std::map<int, v1::UnitFile>> pending_;  // step -> unit -> file
   std::deque<v1::ResumeFrom> complete_;                     // oldest first
   std::vector<v1::ResumeFrom> expired_;
+  std::vector<v1::ResumeFrom> abandoned_;  // dir and step only
   std::set<int64_t> allowed_;
+
+  // Notes `step`'s directory for TakeAbandoned unless it is a complete one.
+  void Abandon(int64_t step);
 };
 
 // Writes <output_dir>/<from.dir>/manifest.json (0600, temporary name,

@@ -1933,6 +1933,18 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   }
   ASSIGN_OR_RETURN(std::optional<v1::ResumeFrom> complete,
                    record.checkpoints->Add(c, record.plan.stages(stage).backward()));
+  // Steps that can no longer complete: their files go, off the lock (the
+  // stored state never names an incomplete step).
+  if (std::vector<v1::ResumeFrom> abandoned = record.checkpoints->TakeAbandoned();
+      !abandoned.empty()) {
+    io_.Post(
+        [output_dir = options_.output_dir, id = record.job.id(), abandoned = std::move(abandoned)] {
+          for (const v1::ResumeFrom& gone : abandoned) {
+            absl::Status removed = RemoveCheckpointDir(output_dir, gone);
+            if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
+          }
+        });
+  }
   if (events_.checkpoint_written && std::isfinite(c.write_seconds()) && c.write_seconds() >= 0) {
     events_.checkpoint_written(c.write_seconds());
   }

@@ -9,6 +9,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <mutex>
@@ -311,6 +312,25 @@ TEST_F(JobManagerElasticTest, Checkpoint_CompleteOnlyOnceEveryUnitIsIn_ManifestW
       stat(absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000005/manifest.json").c_str(),
            &st),
       0);
+}
+
+// A step one stage never reported (its write failed) cannot complete once
+// a later one has: its directory, with what the other stages wrote, goes.
+TEST_F(JobManagerElasticTest, CheckpointThatCannotComplete_ItsDirectoryRemoved) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  const std::string step5 = absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000005");
+  std::filesystem::create_directories(step5);
+  std::ofstream(step5 + "/unit-0000.safetensors") << "stage 0's files";
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
+  for (int step = 6; step <= 10; ++step) Step(id, step);
+  CheckpointAll(id, 10);
+  jobs_->FlushIo();
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 10);
+  EXPECT_FALSE(std::filesystem::exists(step5));
+  EXPECT_TRUE(std::filesystem::exists(
+      absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000010/manifest.json")));
 }
 
 TEST_F(JobManagerElasticTest, CheckpointReport_ForeignUnitOffIntervalOrBadChecksum_Refused) {

@@ -1,0 +1,112 @@
+#include "coordinator/jobs/checkpoint_catalog.h"
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_format.h"
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+// 1 layer: 4 units (embed, attn_0, mlp_0, head), checkpoints every step.
+class CheckpointCatalogTest : public ::testing::Test {
+ protected:
+  CheckpointCatalogTest() : catalog_(Spec(), Model(), /*steps=*/1000) {}
+
+  static v1::CheckpointSpec Spec() {
+    v1::CheckpointSpec spec;
+    spec.set_dir("ck");
+    spec.set_interval_steps(1);
+    spec.set_keep(2);
+    return spec;
+  }
+  static GptConfig Model() {
+    GptConfig model;
+    model.n_layer = 1;
+    return model;
+  }
+  // Stage 0 owns units [0, 2), stage 1 units [2, 4).
+  static v1::UnitRange Owned(int stage) {
+    v1::UnitRange r;
+    r.set_begin(2 * stage);
+    r.set_end(2 * stage + 2);
+    return r;
+  }
+  // Stage `stage`'s report of its units at `step`; true if it completed it.
+  bool Report(int stage, int64_t step) {
+    v1::CheckpointWritten report;
+    report.set_step(step);
+    for (int u = 2 * stage; u < 2 * stage + 2; ++u) {
+      v1::UnitFile* f = report.add_units();
+      f->set_unit(u);
+      f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+      f->set_bytes(100);
+      f->set_sha256(std::string(64, 'a'));
+    }
+    absl::StatusOr<std::optional<v1::ResumeFrom>> added = catalog_.Add(report, Owned(stage));
+    EXPECT_TRUE(added.ok()) << added.status();
+    return added.ok() && added->has_value();
+  }
+  std::vector<int64_t> AbandonedSteps() {
+    std::vector<int64_t> steps;
+    for (const v1::ResumeFrom& gone : catalog_.TakeAbandoned()) {
+      EXPECT_EQ(gone.dir(), absl::StrFormat("ck/step-%08d", gone.step()));
+      steps.push_back(gone.step());
+    }
+    return steps;
+  }
+
+  CheckpointCatalog catalog_;
+};
+
+// A stage that reports steps far ahead (a hostile job member, with valid
+// names and checksums) keeps only its own entries there: the other
+// stage's report of the current step is not displaced, and it completes.
+TEST_F(CheckpointCatalogTest, StepsReportedFarAhead_DisplaceNoOtherStage) {
+  for (int64_t step = 990; step < 1000; ++step) EXPECT_FALSE(Report(1, step));
+  EXPECT_FALSE(Report(0, 1));
+  EXPECT_TRUE(Report(1, 1));
+  ASSERT_NE(catalog_.Latest(), nullptr);
+  EXPECT_EQ(catalog_.Latest()->step(), 1);
+  // Stage 1 keeps kMaxPendingCheckpoints incomplete steps (step 1 among
+  // them when it reported it); the older of its far steps were dropped
+  // for good (their directories to remove).
+  std::vector<int64_t> dropped;
+  for (int64_t step = 990; step < 1000 - (kMaxPendingCheckpoints - 1); ++step) {
+    dropped.push_back(step);
+  }
+  EXPECT_EQ(AbandonedSteps(), dropped);
+}
+
+// A report must list units: an empty one would hold a pending step that
+// counts against no stage's limit.
+TEST_F(CheckpointCatalogTest, ReportWithoutUnits_Refused) {
+  v1::CheckpointWritten report;
+  report.set_step(3);
+  absl::StatusOr<std::optional<v1::ResumeFrom>> added = catalog_.Add(report, Owned(0));
+  EXPECT_EQ(added.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(added.status().message(), "ReportProgressRequest.checkpoint.units: none listed");
+}
+
+// A stage's oldest incomplete step beyond its limit, and the incomplete
+// steps older than one that completes, are abandoned; a step that is a
+// complete checkpoint's is not, even when it was being done again.
+TEST_F(CheckpointCatalogTest, IncompleteStepsThatCannotComplete_AreAbandoned) {
+  const int64_t done = kMaxPendingCheckpoints + 2;
+  for (int64_t step = 1; step <= done; ++step) EXPECT_FALSE(Report(0, step));
+  EXPECT_EQ(AbandonedSteps(), (std::vector<int64_t>{1, 2}));  // 3 to 6 kept
+  EXPECT_TRUE(Report(1, done));
+  std::vector<int64_t> older;
+  for (int64_t step = 3; step < done; ++step) older.push_back(step);
+  EXPECT_EQ(AbandonedSteps(), older);
+  EXPECT_FALSE(Report(0, done));  // done again (after a recovery): not new
+  EXPECT_FALSE(Report(0, done + 2));
+  EXPECT_TRUE(Report(1, done + 2));
+  EXPECT_EQ(AbandonedSteps(), std::vector<int64_t>{});  // `done` is complete
+  EXPECT_EQ(catalog_.Latest()->step(), done + 2);
+}
+
+}  // namespace
+}  // namespace pipetrain

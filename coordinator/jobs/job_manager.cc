@@ -465,24 +465,42 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
     if (then) then(absl::OkStatus());
     return absl::OkStatus();
   }
-  store::StoredJob stored = StoredJobLocked(record);
-  auto save = [this](const store::StoredJob& job) { return SaveStoredJob(job); };
   // Off the lock, in order: a commit waits for the disk, and every stage's
   // report waits for the lock. A failed save must not stay the last word
   // (a job ends once: a cancelled one would come back RUNNING after a
   // restart), so it is noted for RetryUnsavedLocked; a later one that
   // succeeds clears the note (io_ runs saves in order).
-  io_.Post([this, save, then = std::move(then), stored = std::move(stored)] {
-    const absl::Status saved = save(stored);
+  // One save of a job waits at a time: a call while one waits joins it,
+  // and the save takes the job as it is when it runs. So saves slower
+  // than the changes (a checkpoint completing every step, each wanting
+  // one) cost one snapshot, not a queue of them (which grew the
+  // coordinator by hundreds of MB).
+  auto [queued, first] = queued_saves_.try_emplace(record.job.id());
+  if (then) queued->second.push_back(std::move(then));
+  if (!first) return absl::OkStatus();
+  io_.Post([this, id = record.job.id()] {
+    std::optional<store::StoredJob> stored;
+    std::vector<std::function<void(const absl::Status&)>> thens;
     {
       AnnotatedMutexLock lock(&mu_);
+      auto it = queued_saves_.find(id);
+      thens = std::move(it->second);
+      queued_saves_.erase(it);
+      if (JobRecord* record = FindLocked(id)) stored = StoredJobLocked(*record);
+    }
+    // A job pruned meanwhile: its deletion is queued behind this.
+    const absl::Status saved = stored.has_value()
+                                   ? SaveStoredJob(*stored)
+                                   : absl::NotFoundError(absl::StrCat("job ", id, " was pruned"));
+    if (stored.has_value()) {
+      AnnotatedMutexLock lock(&mu_);
       if (saved.ok()) {
-        unsaved_.erase(stored.job().id());
+        unsaved_.erase(id);
       } else {
-        unsaved_.insert(stored.job().id());
+        unsaved_.insert(id);
       }
     }
-    if (then) then(saved);
+    for (const auto& then : thens) then(saved);
   });
   return absl::OkStatus();
 }

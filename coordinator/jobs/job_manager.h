@@ -689,8 +689,9 @@ class JobManager {
   void TouchLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops profiles the cache evicted (ProfileCache::Put) from the store.
   void DropStoredProfiles(const std::vector<std::string>& keys);
-  // Saves the job to options_.state (no-op without one): a copy taken now,
-  // committed on io_ in order. Failures are logged, and an io_ save that
+  // Saves the job to options_.state (no-op without one): committed on io_
+  // in order, as the job is when the save runs (calls while one of the job
+  // waits join it). Failures are logged, and an io_ save that
   // failed is tried again (RetryUnsavedLocked) until one of the job
   // succeeds. `then` (optional) runs after the save with its status (on
   // io_, off the lock; here without a store).
@@ -737,6 +738,9 @@ class JobManager {
   // Jobs whose latest save on io_ failed (the store was busy, full or
   // unreachable): saved again by RetryUnsavedLocked, not before this time.
   std::set<std::string> unsaved_ ABSL_GUARDED_BY(mu_);
+  // Jobs with a save waiting on io_ (PersistLocked), and what runs after it.
+  std::map<std::string, std::vector<std::function<void(const absl::Status&)>>> queued_saves_
+      ABSL_GUARDED_BY(mu_);
   absl::Time next_save_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Set by the destructor: tasks still queued skip the planning.
   std::atomic<bool> planning_stopped_{false};

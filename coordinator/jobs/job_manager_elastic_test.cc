@@ -1451,6 +1451,7 @@ class FlakyStore final : public Store {
       }
     }
     if (failing.load()) return absl::UnavailableError("the store is unreachable");
+    ++commits;
     return store_.Commit(writes);
   }
   absl::StatusOr<std::optional<std::string>> Get(const std::string& key) const override {
@@ -1475,6 +1476,7 @@ class FlakyStore final : public Store {
     return changed_.wait_for(lock, std::chrono::seconds(60), [&] { return waiting_ == n; });
   }
   std::atomic<bool> failing{false};
+  std::atomic<int> commits{0};  // that succeeded
 
  private:
   MemoryStore store_;
@@ -1528,6 +1530,48 @@ TEST(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLeft
 // stops now restores the job), is saved again once the store is back (a
 // restarted coordinator restores it CANCELLED, not QUEUED to run again),
 // and a second cancel then answers as a first one.
+// Saves slower than the job's changes do not queue a snapshot each: while
+// one save waits on the store, the next 50 progress saves of the job
+// become one, which stores the job as it is when it runs.
+TEST(JobManagerStoreTest, SavesWhileOneWaits_BecomeOneOfTheNewestState) {
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
+  v1::RegisterWorkerRequest worker;
+  worker.set_data_address("127.0.0.1:9001");
+  const std::string w1 = registry.Register(worker).value().worker_id();
+  AssignmentHub hub;
+  FlakyStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry, &hub, &clock,
+                  JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+  const std::string id = jobs.Submit(ElasticSpec(1, 0, 100)).value().id();
+  jobs.AwaitBackgroundWork();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  jobs.FlushIo();
+  auto report = [&](int64_t iteration) {
+    clock.Advance(absl::Seconds(1));  // progress is saved at most once a second
+    v1::ReportProgressRequest r;
+    r.set_worker_id(w1);
+    r.set_job_id(id);
+    r.set_plan_version(1);
+    r.set_iteration(iteration);
+    r.add_micro_batch_losses(1.0f);
+    ASSERT_TRUE(jobs.ReportProgress(r).ok());
+  };
+  store.Hold();
+  report(0);
+  ASSERT_TRUE(store.AwaitWaiting(1));  // that save waits on the store
+  const int before = store.commits.load();
+  for (int64_t it = 1; it <= 50; ++it) report(it);
+  store.Release();
+  jobs.FlushIo();
+  EXPECT_EQ(store.commits.load() - before, 2);  // the held one, and one for the 50
+  JobManager restored(&registry, &hub, &clock,
+                      JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+  ASSERT_TRUE(restored.Restore().ok());
+  EXPECT_EQ(restored.Get(id).value().progress().step(), 51);
+}
+
 TEST(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});

@@ -71,10 +71,11 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
           "ReportProgressRequest.checkpoint.units: unit ", f.unit(),
           " is not one of this stage's units [", owned.begin(), ", ", owned.end(), ")"));
     }
-    if (f.file() != UnitFile(f.unit()) || f.bytes() <= 0 || !IsSha256Hex(f.sha256())) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("ReportProgressRequest.checkpoint.units: unit ", f.unit(), " needs file ",
-                       UnitFile(f.unit()), ", a positive size and a SHA-256 in hex"));
+    if (f.file() != UnitFile(f.unit()) || f.bytes() <= 0 || f.bytes() > kMaxUnitFileBytes ||
+        !IsSha256Hex(f.sha256())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "ReportProgressRequest.checkpoint.units: unit ", f.unit(), " needs file ",
+          UnitFile(f.unit()), ", a size in [1, ", kMaxUnitFileBytes, "] and a SHA-256 in hex"));
     }
   }
   // Only a valid report makes a pending entry.

@@ -36,6 +36,10 @@
 namespace pipetrain {
 
 inline constexpr int kMaxPendingCheckpoints = 4;
+// The largest unit file a report may claim: 1 PiB, far above any model's
+// unit (weights and moments), and small enough that sums of them stay far
+// from overflowing (they feed metrics and the manifest).
+inline constexpr int64_t kMaxUnitFileBytes = int64_t{1} << 50;
 
 class CheckpointCatalog {
  public:

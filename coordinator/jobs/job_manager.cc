@@ -1929,6 +1929,11 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
     return absl::InvalidArgumentError(
         "ReportProgressRequest.checkpoint: the job has no checkpoints (spec.checkpoint)");
   }
+  if (!(c.write_seconds() >= 0 && c.write_seconds() <= kMaxReportedStepSeconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.checkpoint.write_seconds: ", c.write_seconds(),
+                     " is outside [0, ", kMaxReportedStepSeconds, "]"));
+  }
   if (!c.error().empty()) {
     PT_LOG(WARNING) << "job " << record.job.id() << ": stage " << stage
                     << " could not write its checkpoint of step " << c.step() << ": "
@@ -1963,7 +1968,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
           }
         });
   }
-  if (events_.checkpoint_written && std::isfinite(c.write_seconds()) && c.write_seconds() >= 0) {
+  if (events_.checkpoint_written) {  // write_seconds checked above
     events_.checkpoint_written(c.write_seconds());
   }
   if (!complete.has_value()) return absl::OkStatus();

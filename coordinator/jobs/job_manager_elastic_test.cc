@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdlib>
 #include <filesystem>
@@ -360,6 +361,18 @@ TEST_F(JobManagerElasticTest, CheckpointReport_ForeignUnitOffIntervalOrBadChecks
   f->set_file("../../etc/passwd");
   EXPECT_EQ(jobs_->ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
   f->set_file("unit-0000.safetensors");
+  f->set_bytes(kMaxUnitFileBytes + 1);  // would feed the metrics and manifest
+  EXPECT_EQ(jobs_->ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
+  f->set_bytes(10);
+  for (const double seconds : {4e10, -1.0, std::nan("")}) {
+    r.mutable_checkpoint()->set_write_seconds(seconds);
+    const absl::Status refused = jobs_->ReportProgress(r).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << seconds;
+    EXPECT_TRUE(
+        absl::StartsWith(refused.message(), "ReportProgressRequest.checkpoint.write_seconds: "))
+        << refused;
+  }
+  r.mutable_checkpoint()->set_write_seconds(0.5);
   *r.mutable_checkpoint()->add_units() = *f;  // unit 0 twice in one report
   const auto twice = jobs_->ReportProgress(r);
   EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);

@@ -123,6 +123,13 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
   return std::optional<v1::ResumeFrom>(from);
 }
 
+bool CheckpointCatalog::Holds(int64_t step) const {
+  for (const v1::ResumeFrom& c : complete_) {
+    if (c.step() == step) return true;
+  }
+  return false;
+}
+
 const v1::ResumeFrom* CheckpointCatalog::Latest() const {
   return complete_.empty() ? nullptr : &complete_.back();
 }
@@ -153,9 +160,7 @@ std::vector<v1::ResumeFrom> CheckpointCatalog::TakeExpired() {
 void CheckpointCatalog::ClearPending() { pending_.clear(); }
 
 void CheckpointCatalog::Abandon(int64_t step) {
-  for (const v1::ResumeFrom& c : complete_) {
-    if (c.step() == step) return;  // a step done again: its files are the checkpoint's
-  }
+  if (Holds(step)) return;  // a step done again: its files are the checkpoint's
   v1::ResumeFrom gone;
   gone.set_step(step);
   gone.set_dir(StepDir(spec_.dir(), step));

@@ -58,6 +58,9 @@ class CheckpointCatalog {
   // report completed, if it did.
   absl::StatusOr<std::optional<v1::ResumeFrom>> Add(const v1::CheckpointWritten& report,
                                                     const v1::UnitRange& owned);
+  // Whether a complete checkpoint of `step` is in the catalog (not expired
+  // or dropped).
+  bool Holds(int64_t step) const;
   // The newest complete checkpoint; null when none.
   const v1::ResumeFrom* Latest() const;
   // The newest complete checkpoint of at most `step` steps (a job resumes

@@ -108,5 +108,22 @@ TEST_F(CheckpointCatalogTest, IncompleteStepsThatCannotComplete_AreAbandoned) {
   EXPECT_EQ(catalog_.Latest()->step(), done + 2);
 }
 
+// Holds says which complete checkpoints the catalog still has: not the
+// expired ones (beyond keep 2), not a dropped one, not an incomplete step.
+TEST_F(CheckpointCatalogTest, Holds_OnlyCompleteOnesStillKept) {
+  for (int64_t step = 1; step <= 3; ++step) {
+    EXPECT_FALSE(Report(0, step));
+    EXPECT_TRUE(Report(1, step));
+  }
+  EXPECT_FALSE(catalog_.Holds(1));  // expired
+  EXPECT_TRUE(catalog_.Holds(2));
+  EXPECT_TRUE(catalog_.Holds(3));
+  EXPECT_FALSE(Report(0, 4));
+  EXPECT_FALSE(catalog_.Holds(4));  // incomplete
+  ASSERT_TRUE(catalog_.Drop(3).has_value());
+  EXPECT_FALSE(catalog_.Holds(3));
+  EXPECT_FALSE(catalog_.Drop(3).has_value());
+}
+
 }  // namespace
 }  // namespace pipetrain

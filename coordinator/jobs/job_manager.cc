@@ -462,7 +462,8 @@ absl::Status JobManager::SaveStoredJob(const store::StoredJob& job) const {
 absl::Status JobManager::PersistLocked(JobRecord& record,
                                        std::function<void(const absl::Status&)> then) {
   if (options_.state == nullptr) {
-    if (then) then(absl::OkStatus());
+    // On io_ all the same: `then` may take the lock, and does file work.
+    if (then) io_.Post([then = std::move(then)] { then(absl::OkStatus()); });
     return absl::OkStatus();
   }
   // Off the lock, in order: a commit waits for the disk, and every stage's
@@ -1984,12 +1985,25 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   // checkpoint is saved: the manifest (for people and tools; resuming needs
   // only the checksummed unit files), then the expired ones go, but only if
   // the save succeeded (else the stored state may still name them).
-  PersistLocked(record, [output_dir = options_.output_dir, id = record.job.id(),
+  PersistLocked(record, [this, output_dir = options_.output_dir, id = record.job.id(),
                          model = record.resolved.spec.model(), seed = record.resolved.train.seed,
                          complete = *complete,
                          expired = record.checkpoints->TakeExpired()](const absl::Status& saved) {
-    absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
-    if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
+    // Not for a checkpoint already gone from the catalog (expired while
+    // saves waited: checkpoints completing faster than manifests are
+    // written, two fsyncs each, would otherwise queue a manifest each
+    // ahead of every later save and every cancel).
+    bool held = false;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      const JobRecord* record = FindLocked(id);
+      held = record != nullptr && record->checkpoints != nullptr &&
+             record->checkpoints->Holds(complete.step());
+    }
+    if (held) {
+      absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
+      if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
+    }
     if (!saved.ok()) {
       PT_LOG(WARNING) << "job " << id << ": kept " << expired.size()
                       << " expired checkpoint(s): the state that drops them "

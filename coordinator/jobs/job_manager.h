@@ -694,7 +694,7 @@ class JobManager {
   // waits join it). Failures are logged, and an io_ save that
   // failed is tried again (RetryUnsavedLocked) until one of the job
   // succeeds. `then` (optional) runs after the save with its status (on
-  // io_, off the lock; here without a store).
+  // io_, off the lock; with OK at once on io_ without a store).
   absl::Status PersistLocked(JobRecord& record,
                              std::function<void(const absl::Status&)> then = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

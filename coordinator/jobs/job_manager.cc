@@ -201,6 +201,16 @@ void RemoveAbandonedWeightTemporaries(int dir_fd, const std::string& name,
   }
 }
 
+// Removes each checkpoint directory of job `job_id` (RemoveCheckpointDir),
+// logging the ones that fail. On io_.
+void RemoveCheckpointDirs(const std::string& output_dir, const std::string& job_id,
+                          const std::vector<v1::ResumeFrom>& dirs) {
+  for (const v1::ResumeFrom& dir : dirs) {
+    absl::Status removed = RemoveCheckpointDir(output_dir, dir);
+    if (!removed.ok()) PT_LOG(WARNING) << "job " << job_id << ": " << removed;
+  }
+}
+
 }  // namespace
 
 bool IsTerminal(v1::JobState state) {
@@ -1963,10 +1973,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
       !abandoned.empty()) {
     io_.Post(
         [output_dir = options_.output_dir, id = record.job.id(), abandoned = std::move(abandoned)] {
-          for (const v1::ResumeFrom& gone : abandoned) {
-            absl::Status removed = RemoveCheckpointDir(output_dir, gone);
-            if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
-          }
+          RemoveCheckpointDirs(output_dir, id, abandoned);
         });
   }
   if (events_.checkpoint_written) {  // write_seconds checked above
@@ -2010,10 +2017,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
                          "was not saved";
       return;
     }
-    for (const v1::ResumeFrom& old : expired) {
-      absl::Status removed = RemoveCheckpointDir(output_dir, old);
-      if (!removed.ok()) PT_LOG(WARNING) << "job " << id << ": " << removed;
-    }
+    RemoveCheckpointDirs(output_dir, id, expired);
   }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;

@@ -171,6 +171,19 @@ class JobManagerElasticTest : public ::testing::Test {
     return status;
   }
 
+  // `worker`'s report, under plan `version`, that a peer of its stage went
+  // away (a data-plane failure: the job recovers).
+  static v1::ReportProgressRequest PeerFailure(const std::string& id, const std::string& worker,
+                                               int64_t version) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(id);
+    r.set_plan_version(version);
+    r.set_error("UNAVAILABLE: stage 1 went away");
+    r.set_peer_failure(true);
+    return r;
+  }
+
   // Every writer of checkpoint `step`: the workers of replica 0 at tensor
   // rank 0 (in a plain pipeline, every stage).
   void CheckpointAll(const std::string& id, int64_t step) {
@@ -666,17 +679,6 @@ class CheckpointUnusableClaimTest : public JobManagerElasticTest {
     EXPECT_TRUE(absl::StrContains(job.reason(), "unit-0000.safetensors is gone")) << job.reason();
     EXPECT_EQ(job.progress().checkpoint_step(), 10);
   }
-
-  static v1::ReportProgressRequest PeerFailure(const std::string& id, const std::string& worker,
-                                               int64_t version) {
-    v1::ReportProgressRequest r;
-    r.set_worker_id(worker);
-    r.set_job_id(id);
-    r.set_plan_version(version);
-    r.set_error("UNAVAILABLE: stage 1 went away");
-    r.set_peer_failure(true);
-    return r;
-  }
 };
 
 TEST_F(CheckpointUnusableClaimTest, InAPlanThatResumesFromNothing) { ClaimOutsideLoading(false); }
@@ -730,23 +732,11 @@ TEST_F(JobManagerElasticTest, ThreeRecoveriesWithoutANewCheckpoint_FailTheJob) {
   for (int round = 0; round < 3; ++round) {
     const v1::Job job = jobs_->Get(id).value();
     ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-    v1::ReportProgressRequest r;
-    r.set_worker_id(job.worker_ids(0));
-    r.set_job_id(id);
-    r.set_plan_version(job.plan_version());
-    r.set_error("UNAVAILABLE: stage 1 went away");
-    r.set_peer_failure(true);
-    ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+    ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, job.worker_ids(0), job.plan_version())).ok());
     HeartbeatAllAndSchedule({w1, w2});
   }
-  v1::ReportProgressRequest r;
   const v1::Job job = jobs_->Get(id).value();
-  r.set_worker_id(job.worker_ids(0));
-  r.set_job_id(id);
-  r.set_plan_version(job.plan_version());
-  r.set_error("UNAVAILABLE: stage 1 went away");
-  r.set_peer_failure(true);
-  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, job.worker_ids(0), job.plan_version())).ok());
   const v1::Job failed = jobs_->Get(id).value();
   EXPECT_EQ(failed.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(failed.reason(), "gave up after 3 recoveries")) << failed.reason();

@@ -1539,6 +1539,34 @@ TEST_F(JobManagerTest, Submit_OverPlanningBudget_ResourceExhaustedBeforeAnyWork)
   EXPECT_EQ(jobs_.List().size(), 1u);
 }
 
+// An elastic job re-plans on up to elastic.max_workers stages when spare
+// workers come: the budget holds for that plan, which no later check sees.
+TEST_F(JobManagerTest, Submit_ElasticGrowthOverPlanningBudget_ResourceExhausted) {
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_model()->set_n_layer(96);  // 194 units: 2 * 194^3 = 1.5e7 steps to start
+  spec.mutable_parallelism()->set_solver("bipartition");
+  spec.mutable_elastic()->set_max_workers(64);  // 64 * 194^3 = 4.7e8 once grown
+  absl::Status status = Submit(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StrContains(status.message(), "64 stages (spec.elastic.max_workers)"))
+      << status.message();
+  EXPECT_TRUE(absl::StrContains(status.message(), "a lower spec.elastic.max_workers"))
+      << status.message();
+  spec.mutable_elastic()->set_max_workers(32);  // 2.3e8
+  EXPECT_TRUE(Submit(spec).ok());
+  spec = SmallSpec(2);
+  spec.mutable_model()->set_n_layer(2);  // 6 units
+  spec.mutable_training()->set_batch_size(4096);
+  spec.mutable_training()->set_micro_batches(4096);  // 2 x 4096 to start
+  spec.mutable_elastic()->set_max_workers(6);        // 6 x 4096 > 16384 once grown
+  status = Submit(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(
+      status.message(), "spec.training.micro_batches: 6 stages (spec.elastic.max_workers) x"))
+      << status.message();
+  EXPECT_EQ(jobs_.List().size(), 1u);
+}
+
 TEST_F(JobManagerTest, Submit_WeightsPathWithoutOutputDirOrEscaping_Rejected) {
   JobManager no_output(&registry_, &hub_, &clock_);
   v1::JobSpec spec = SmallSpec(1);

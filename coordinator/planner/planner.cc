@@ -46,32 +46,41 @@ PlanningWork EstimatePlanningWork(const ResolvedJobSpec& r) {
     }
     return total;
   }
+  // An elastic job plans again on more stages than it starts with, up to
+  // spec.elastic.max_workers (growing onto spare workers, a recovery): the
+  // budget holds for the largest plan it may take, not only its first.
+  const int stages = std::max(r.stages, r.spec.elastic().max_workers());
   PlanningWork work;
-  work.solver_steps = SolverSteps(r.solver, r.stages, units);
+  work.solver_steps = SolverSteps(r.solver, stages, units);
   work.stage_micro_batches =
-      static_cast<int64_t>(r.stages) * (r.train.micro_batches + EvalMicroBatches(r));
+      static_cast<int64_t>(stages) * (r.train.micro_batches + EvalMicroBatches(r));
   return work;
 }
 
 absl::Status CheckPlanningBudget(const ResolvedJobSpec& r) {
   const PlanningWork work = EstimatePlanningWork(r);
+  const bool grows =
+      r.data_parallel != kDataParallelAuto && r.spec.elastic().max_workers() > r.stages;
   const std::string stages =
       r.data_parallel == kDataParallelAuto
           ? absl::StrCat("the layouts of ", r.layout_workers, " workers (spec.parallelism.data 0)")
-          : absl::StrCat(r.stages, " stages");
+      : grows ? absl::StrCat(r.spec.elastic().max_workers(), " stages (spec.elastic.max_workers)")
+              : absl::StrCat(r.stages, " stages");
   if (work.solver_steps > kMaxSolverSteps) {
     return absl::ResourceExhaustedError(
         absl::StrCat("spec.parallelism: solver ", r.solver, " for ", stages, " of ",
                      2 * r.train.model.n_layer + 2, " units needs about ", work.solver_steps,
                      " steps, above the coordinator's planning budget of ", kMaxSolverSteps,
-                     "; use solver pipedream or uniform, or fewer stages"));
+                     "; use solver pipedream or uniform, or fewer stages",
+                     grows ? " (a lower spec.elastic.max_workers)" : ""));
   }
   if (work.stage_micro_batches > kMaxStageMicroBatches) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "spec.training.micro_batches: ", stages, " x (", r.train.micro_batches, " micro-batches + ",
         EvalMicroBatches(r), " validation micro-batches) = ", work.stage_micro_batches,
         " exceeds the planning budget of ", kMaxStageMicroBatches,
-        "; use fewer (larger) micro-batches or validation windows"));
+        "; use fewer (larger) micro-batches or validation windows",
+        grows ? ", or a lower spec.elastic.max_workers" : ""));
   }
   return absl::OkStatus();
 }

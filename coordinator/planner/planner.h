@@ -29,7 +29,9 @@ struct CompiledPlan {
 // budget below): solver inner steps (bipartition's DP is about P * U^3 for P
 // stages and U units; pipedream P * U^2; uniform and manual U), and stages x
 // micro-batches (training plus validation), which sizes the programs, the
-// simulation and the plan's timeline (~500 bytes of SVG each).
+// simulation and the plan's timeline (~500 bytes of SVG each). P is the
+// most stages the job may be planned on: spec.elastic.max_workers when
+// above spec.parallelism.stages (growth and recovery plan again, unchecked).
 struct PlanningWork {
   double solver_steps = 0;
   int64_t stage_micro_batches = 0;

@@ -92,7 +92,7 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
   plan_predicted_seconds_ =
       &prometheus::BuildGauge()
            .Name("pipetrain_plan_predicted_iteration_seconds")
-           .Help("The current job's plan: predicted iteration time of its bottleneck stage.")
+           .Help("The current job's plan: its simulated iteration (step) time, in seconds.")
            .Register(*registry_)
            .Add({});
   plan_version_ = &prometheus::BuildGauge()
@@ -397,9 +397,12 @@ void CoordinatorMetrics::AddStageTime(int stage, double busy_seconds, double idl
 void CoordinatorMetrics::CountStep() { job_steps_->Increment(); }
 
 int CoordinatorMetrics::PipelineStageOf(int index, int workers, int replicas, int tensor) {
-  if (replicas < 1 || tensor < 1 || workers % (replicas * tensor) != 0) return index;
-  const int stages = workers / (replicas * tensor);
-  return index / tensor % stages;
+  // In 64 bits: the degrees come from a plan (a restored one is checked,
+  // stored_job_check.h, but a product that wrapped to 0 would divide by it).
+  const int64_t group = int64_t{replicas} * tensor;
+  if (replicas < 1 || tensor < 1 || workers < group || workers % group != 0) return index;
+  const int64_t stages = workers / group;
+  return static_cast<int>(index / tensor % stages);
 }
 
 std::string CoordinatorMetrics::StageLabel(int stage) {

@@ -25,6 +25,7 @@
 #include "common/status_macros.h"
 #include "coordinator/jobs/memory_budget.h"
 #include "coordinator/jobs/plan_drawings.h"
+#include "coordinator/jobs/stored_job_check.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/job_layout.h"
 #include "coordinator/planner/measured_timeline.h"
@@ -38,20 +39,6 @@
 
 namespace pipetrain {
 namespace {
-
-// Empty if every stage's forward and backward unit ranges lie in [0,
-// units); else what does not.
-std::string PlanUnitsMismatch(const v1::Plan& plan, int units) {
-  for (int st = 0; st < plan.stages_size(); ++st) {
-    for (const v1::UnitRange* range : {&plan.stages(st).forward(), &plan.stages(st).backward()}) {
-      if (range->begin() < 0 || range->end() < range->begin() || range->end() > units) {
-        return absl::StrCat("stage ", st, " has units [", range->begin(), ", ", range->end(),
-                            ") of a model of ", units);
-      }
-    }
-  }
-  return "";
-}
 
 // The model's units' names in order, as a worker's profile names them.
 std::vector<std::string> UnitNamesOf(const GptConfig& model) {
@@ -548,6 +535,11 @@ absl::Status JobManager::Restore() {
     if (id.empty() || jobs_.count(id) > 0) continue;
     const bool ended_before = IsTerminal(record->job.state());
     absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(record->job.spec());
+    // As at Submit: a job re-plans (a recovery, elastic growth) with no
+    // later check of what planning it costs.
+    if (resolved.ok()) {
+      if (absl::Status budget = CheckPlanningBudget(*resolved); !budget.ok()) resolved = budget;
+    }
     const bool spec_resolves = resolved.ok();
     if (!resolved.ok()) {  // a spec this version no longer accepts
       if (!IsTerminal(record->job.state())) {
@@ -561,30 +553,49 @@ absl::Status JobManager::Restore() {
       resolved->spec = record->job.spec();
     }
     record->resolved = std::move(*resolved);
+    // What the store holds is checked before anything is indexed, divided
+    // or counted by it (stored_job_check.h): a job whose state does not
+    // fit fails, unless it has ended already.
+    auto fail_unfit = [&record](const std::string& what, const std::string& mismatch) {
+      if (IsTerminal(record->job.state())) return;
+      record->job.set_state(v1::JOB_STATE_FAILED);
+      record->job.set_reason(
+          absl::StrCat("after a coordinator restart, the stored ", what, ": ", mismatch));
+    };
     record->plan = std::move(*s.mutable_plan());
     // Which stage owns which weights comes from the plan's unit ranges and
     // the model's parameter shapes. Without the job's own model (its spec
     // no longer resolves: the default model stands in) or with ranges past
-    // it (a store not written by this plan), that lookup would CHECK-fail
-    // and stop the coordinator from starting: the job keeps no owners and,
-    // unless it has ended, fails.
-    const std::string plan_mismatch =
-        spec_resolves ? PlanUnitsMismatch(record->plan, NumUnits(record->resolved.train.model))
-                      : "";
-    if (!plan_mismatch.empty() && !IsTerminal(record->job.state())) {
-      record->job.set_state(v1::JOB_STATE_FAILED);
-      record->job.set_reason(absl::StrCat(
-          "after a coordinator restart, the stored plan does not fit the model: ", plan_mismatch));
+    // it, that lookup would CHECK-fail and stop the coordinator from
+    // starting; a plan whose degrees do not hold would divide by zero in
+    // /metrics. Such a plan is dropped, whatever the job's state.
+    const std::string plan_mismatch = StoredPlanMismatch(
+        record->plan,
+        spec_resolves ? std::optional<int>(NumUnits(record->resolved.train.model)) : std::nullopt);
+    if (!plan_mismatch.empty()) {
+      fail_unfit("plan does not fit the model", plan_mismatch);
+      record->plan.Clear();
     }
+    const std::string counters_mismatch =
+        StoredCountersMismatch(record->job, {s.checkpoints().begin(), s.checkpoints().end()});
+    if (!counters_mismatch.empty()) fail_unfit("progress is out of range", counters_mismatch);
     const bool owners_known = spec_resolves && plan_mismatch.empty();
     for (int st = 0; st < record->plan.stages_size(); ++st) {
       record->stage_of[record->plan.stages(st).worker_id()] = st;
       if (owners_known) RecordWeightOwners(*record, st);
     }
     record->stages.assign(record->plan.stages_size(), StageProgress{});
+    // A re-plan splits the model by the profile's units: one that does not
+    // parse or fit is dropped (a job that needs it fails below).
+    std::string profile_mismatch;
     if (!s.profile_json().empty()) {
       absl::StatusOr<ModelProfile> profile = ParseProfileJson(s.profile_json());
-      if (profile.ok()) record->profile = *profile;
+      if (!profile.ok()) {
+        profile_mismatch = std::string(profile.status().message());
+      } else if (spec_resolves) {
+        profile_mismatch = StoredProfileMismatch(*profile, record->resolved.train.model);
+      }
+      if (profile_mismatch.empty()) record->profile = *std::move(profile);
     }
     record->profile_source = s.profile_source();
     record->reference_gflops = s.reference_gflops();
@@ -631,7 +642,13 @@ absl::Status JobManager::Restore() {
       record->restart_grace_until = now + options_.restart_grace;
     } else if (state == v1::JOB_STATE_PLANNING || state == v1::JOB_STATE_RUNNING ||
                state == v1::JOB_STATE_RECOVERING) {
-      if (record->checkpoints == nullptr || !record->profile.has_value()) {
+      if (!profile_mismatch.empty()) {
+        record->job.set_state(v1::JOB_STATE_FAILED);
+        record->job.set_reason(
+            absl::StrCat("after a coordinator restart, the stored profile does not fit the model: ",
+                         profile_mismatch));
+        if (events_.ended) events_.ended(v1::JOB_STATE_FAILED);
+      } else if (record->checkpoints == nullptr || !record->profile.has_value()) {
         record->job.set_state(v1::JOB_STATE_FAILED);
         record->job.set_reason(
             "the coordinator restarted while the job ran, and the job has no checkpoints "

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <condition_variable>
 #include <cstdlib>
@@ -25,6 +26,7 @@
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/small_spec_testing.h"
+#include "coordinator/planner/profile.h"
 #include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_store.h"
 #include "gtest/gtest.h"
@@ -1198,6 +1200,102 @@ TEST_F(JobManagerElasticTest, Restore_SpecNoLongerValid_JobFailsItsPlanIsNotRead
   const v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_TRUE(absl::StrContains(job.reason(), "the spec is no longer valid")) << job.reason();
+}
+
+// A stored profile of more units than the model: a re-plan would split
+// the model by it and ask for a unit past the model's end (a CHECK that
+// stopped the coordinator as the first worker came back, after every
+// restart). The job fails instead, saying why.
+TEST_F(JobManagerElasticTest, Restore_StoredProfileNotTheModels_JobFailsBeforeAnyPlan) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  jobs_->FlushIo();
+  EditStoredJob(*state_, id, [](store::StoredJob& s) {
+    ModelProfile profile = ParseProfileJson(s.profile_json()).value();
+    ASSERT_EQ(profile.units.size(), 4u);
+    profile.units.push_back(profile.units.back());
+    profile.units.push_back(profile.units.back());
+    s.set_profile_json(ProfileToJson(profile));
+  });
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  const v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(
+      absl::StrContains(job.reason(),
+                        "the stored profile does not fit the model: the profile has 6 units, the "
+                        "model 4"))
+      << job.reason();
+  clock_.Advance(absl::Milliseconds(10));
+  AddWorker(7001);  // its workers back: nothing to plan
+  AddWorker(7002);
+  Schedule();
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_FAILED);
+}
+
+// An ended job's stored plan whose degrees multiply past an int (65536 x
+// 65536 wrapped to 0, and /metrics, which reads the newest job's plan
+// without a token, divided by it): the plan is dropped, the job stays
+// ended. A running job's counters near INT64_MAX, which later grow: it
+// fails.
+TEST_F(JobManagerElasticTest, Restore_StoredPlanDegreesOrCountersOutOfRange) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string ended = Submit(ElasticSpec(2, 5)).value().id();
+  Step(ended, 1);
+  ASSERT_TRUE(jobs_->Cancel(ended).ok());
+  const std::string running = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(running, step);
+  CheckpointAll(running, 5);
+  jobs_->FlushIo();
+  EditStoredJob(*state_, ended, [](store::StoredJob& s) {
+    s.mutable_plan()->set_data_parallel(65536);
+    s.mutable_plan()->set_tensor_parallel(65536);
+  });
+  EditStoredJob(*state_, running, [](store::StoredJob& s) {
+    s.mutable_job()->mutable_progress()->set_recoveries(INT32_MAX);
+  });
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  EXPECT_EQ(jobs_->Get(ended).value().state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(jobs_->GetPlan(ended).status().code(), absl::StatusCode::kFailedPrecondition);
+  const v1::Job job = jobs_->Get(running).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(),
+                                "the stored progress is out of range: progress.recoveries "
+                                "2147483647 outside [0, 1073741824]"))
+      << job.reason();
+}
+
+// A stored spec over the planning budget (Submit refuses it; a recovery
+// or growth would plan it with no later check): the job fails.
+TEST_F(JobManagerElasticTest, Restore_SpecOverThePlanningBudget_JobFails) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  jobs_->FlushIo();
+  EditStoredJob(*state_, id, [](store::StoredJob& s) {
+    v1::JobSpec* spec = s.mutable_job()->mutable_spec();
+    spec->mutable_model()->set_n_layer(96);  // 194 units
+    spec->mutable_parallelism()->set_solver("bipartition");
+    spec->mutable_elastic()->set_max_workers(64);  // 64 * 194^3 steps
+  });
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  const v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(),
+                                "the spec is no longer valid: spec.parallelism: "
+                                "solver bipartition for 64 stages"))
+      << job.reason();
 }
 
 // A restored job waits to be planned again with no assignments: a stage's

@@ -1,0 +1,89 @@
+#include "coordinator/jobs/stored_job_check.h"
+
+#include <algorithm>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "spec/job_spec.h"
+
+namespace pipetrain {
+
+namespace {
+
+bool InCount(int64_t value) { return value >= 0 && value <= kMaxStoredCount; }
+
+}  // namespace
+
+std::string StoredPlanMismatch(const v1::Plan& plan, std::optional<int> units) {
+  if (!InCount(plan.version())) return absl::StrCat("plan version ", plan.version());
+  if (plan.data_parallel() < 0 || plan.data_parallel() > kMaxStages) {
+    return absl::StrCat("data_parallel ", plan.data_parallel(), " outside [0, ", kMaxStages, "]");
+  }
+  if (plan.tensor_parallel() < 0 || plan.tensor_parallel() > kMaxTensorParallel) {
+    return absl::StrCat("tensor_parallel ", plan.tensor_parallel(), " outside [0, ",
+                        kMaxTensorParallel, "]");
+  }
+  // At most 1024 x 64: no overflow.
+  const int per_stage = std::max(1, plan.data_parallel()) * std::max(1, plan.tensor_parallel());
+  if (plan.stages_size() % per_stage != 0) {
+    return absl::StrCat(plan.stages_size(), " stage entries for ", per_stage,
+                        " replicas x tensor ranks");
+  }
+  if (!units.has_value()) return "";
+  for (int st = 0; st < plan.stages_size(); ++st) {
+    for (const v1::UnitRange* range : {&plan.stages(st).forward(), &plan.stages(st).backward()}) {
+      if (range->begin() < 0 || range->end() < range->begin() || range->end() > *units) {
+        return absl::StrCat("stage ", st, " has units [", range->begin(), ", ", range->end(),
+                            ") of a model of ", *units);
+      }
+    }
+  }
+  return "";
+}
+
+std::string StoredProfileMismatch(const ModelProfile& profile, const GptConfig& model) {
+  const int units = NumUnits(model);
+  if (static_cast<int64_t>(profile.units.size()) != units) {
+    return absl::StrCat("the profile has ", profile.units.size(), " units, the model ", units);
+  }
+  for (int u = 0; u < units; ++u) {
+    const std::string name = UnitName(model, u);
+    if (profile.units[u].name != name) {
+      return absl::StrCat("the profile's unit ", u, " is \"",
+                          absl::CHexEscape(profile.units[u].name.substr(0, 64)),
+                          "\", the model's \"", name, "\"");
+    }
+  }
+  return "";
+}
+
+std::string StoredCountersMismatch(const v1::Job& job,
+                                   const std::vector<v1::ResumeFrom>& checkpoints) {
+  const v1::JobProgress& p = job.progress();
+  const std::pair<const char*, int64_t> counts[] = {
+      {"plan_version", job.plan_version()},
+      {"progress.step", p.step()},
+      {"progress.val_step", p.val_step()},
+      {"progress.loss_history_start", p.loss_history_start()},
+      {"progress.checkpoint_step", p.checkpoint_step()},
+      {"progress.steps_redone", p.steps_redone()},
+  };
+  for (const auto& [name, value] : counts) {
+    if (!InCount(value)) {
+      return absl::StrCat(name, " ", value, " outside [0, ", kMaxStoredCount, "]");
+    }
+  }
+  if (p.recoveries() < 0 || p.recoveries() > kMaxStoredRecoveries) {
+    return absl::StrCat("progress.recoveries ", p.recoveries(), " outside [0, ",
+                        kMaxStoredRecoveries, "]");
+  }
+  for (const v1::ResumeFrom& checkpoint : checkpoints) {
+    if (!InCount(checkpoint.step())) {
+      return absl::StrCat("checkpoint step ", checkpoint.step(), " outside [0, ", kMaxStoredCount,
+                          "]");
+    }
+  }
+  return "";
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,52 @@
+// Checks of a job's state as the state store hands it back
+// (JobManager::Restore). The store is the coordinator's own, but one
+// written by another version, or an etcd that others can write
+// (docs/fuzzing.md), is input like any request: its numbers reach
+// indexing, CHECKs (a unit past the model's end), divisions (the plan's
+// degrees, in /metrics) and counters that later grow (a step, a
+// recovery, a plan version). Each function returns "" when what it checks
+// fits, else what does not, for the job's reason.
+#ifndef PIPETRAIN_COORDINATOR_JOBS_STORED_JOB_CHECK_H_
+#define PIPETRAIN_COORDINATOR_JOBS_STORED_JOB_CHECK_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "coordinator/planner/profile.h"
+#include "proto/pipetrain/v1/job.pb.h"
+#include "proto/pipetrain/v1/plan.pb.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+
+// The largest step, count or version a stored job may carry: far above
+// any real job's (kMaxSteps steps, a plan version per membership change),
+// and far enough below INT64_MAX that adding to it cannot overflow.
+inline constexpr int64_t kMaxStoredCount = int64_t{1} << 53;
+// The most recoveries (an int32 that grows by one per recovery).
+inline constexpr int32_t kMaxStoredRecoveries = int32_t{1} << 30;
+
+// A plan: version in [0, kMaxStoredCount]; data_parallel in [0,
+// kMaxStages] and tensor_parallel in [0, kMaxTensorParallel]
+// (spec/job_spec.h), with a whole number of stage entries per replica and
+// tensor rank (0 counts as 1); with `units` (the job's model has that
+// many; nullopt when its spec no longer resolves), every stage's forward
+// and backward range inside [0, units].
+std::string StoredPlanMismatch(const v1::Plan& plan, std::optional<int> units);
+
+// A profile the planner will split `model` by: one unit per unit of the
+// model, named as UnitName names it, in order.
+std::string StoredProfileMismatch(const ModelProfile& profile, const GptConfig& model);
+
+// The job's counters and its checkpoints' steps: plan_version,
+// progress.step, val_step, loss_history_start, checkpoint_step,
+// steps_redone and every checkpoint's step in [0, kMaxStoredCount];
+// recoveries in [0, kMaxStoredRecoveries].
+std::string StoredCountersMismatch(const v1::Job& job,
+                                   const std::vector<v1::ResumeFrom>& checkpoints);
+
+}  // namespace pipetrain
+
+#endif  // PIPETRAIN_COORDINATOR_JOBS_STORED_JOB_CHECK_H_

@@ -1,0 +1,106 @@
+#include "coordinator/jobs/stored_job_check.h"
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+GptConfig OneLayer() {
+  GptConfig model;
+  model.n_layer = 1;
+  model.n_head = 2;
+  model.d_model = 16;
+  model.vocab_size = 256;
+  model.max_seq_len = 8;
+  return model;  // 4 units
+}
+
+// Two replicas of two stages over 4 units.
+v1::Plan TwoByTwo() {
+  v1::Plan plan;
+  plan.set_version(3);
+  plan.set_data_parallel(2);
+  for (int r = 0; r < 2; ++r) {
+    for (int s = 0; s < 2; ++s) {
+      v1::PlanStage* stage = plan.add_stages();
+      stage->mutable_forward()->set_begin(2 * s);
+      stage->mutable_forward()->set_end(2 * s + 2);
+      *stage->mutable_backward() = stage->forward();
+    }
+  }
+  return plan;
+}
+
+TEST(StoredPlanMismatch, FitsOrNamesWhatDoesNot) {
+  EXPECT_EQ(StoredPlanMismatch(TwoByTwo(), 4), "");
+  EXPECT_EQ(StoredPlanMismatch(TwoByTwo(), std::nullopt), "");
+  EXPECT_EQ(StoredPlanMismatch(v1::Plan(), 4), "");  // not planned
+  EXPECT_EQ(StoredPlanMismatch(TwoByTwo(), 3), "stage 1 has units [2, 4) of a model of 3");
+  v1::Plan plan = TwoByTwo();
+  plan.mutable_stages(0)->mutable_backward()->set_begin(-1);
+  EXPECT_EQ(StoredPlanMismatch(plan, 4), "stage 0 has units [-1, 2) of a model of 4");
+  // Degrees whose product overflowed an int (65536 x 65536 = 0) made
+  // /metrics divide by zero.
+  plan = TwoByTwo();
+  plan.set_data_parallel(65536);
+  plan.set_tensor_parallel(65536);
+  EXPECT_EQ(StoredPlanMismatch(plan, std::nullopt), "data_parallel 65536 outside [0, 1024]");
+  plan.set_data_parallel(2);
+  EXPECT_EQ(StoredPlanMismatch(plan, std::nullopt), "tensor_parallel 65536 outside [0, 64]");
+  plan.set_tensor_parallel(-1);
+  EXPECT_EQ(StoredPlanMismatch(plan, std::nullopt), "tensor_parallel -1 outside [0, 64]");
+  plan.set_tensor_parallel(3);
+  EXPECT_EQ(StoredPlanMismatch(plan, std::nullopt),
+            "4 stage entries for 6 replicas x tensor ranks");
+  plan = TwoByTwo();
+  plan.set_version(int64_t{1} << 62);
+  EXPECT_EQ(StoredPlanMismatch(plan, 4), "plan version 4611686018427387904");
+}
+
+TEST(StoredProfileMismatch, OneUnitPerModelUnitNamedAlike) {
+  const GptConfig model = OneLayer();
+  ModelProfile profile;
+  for (int u = 0; u < NumUnits(model); ++u) profile.units.push_back({UnitName(model, u)});
+  EXPECT_EQ(StoredProfileMismatch(profile, model), "");
+  // Six units for a model of four: a re-plan would ask the model for unit
+  // 4's parameters, a CHECK.
+  ModelProfile longer = profile;
+  longer.units.push_back({"u"});
+  longer.units.push_back({"u"});
+  EXPECT_EQ(StoredProfileMismatch(longer, model), "the profile has 6 units, the model 4");
+  ModelProfile renamed = profile;
+  renamed.units[1].name = "x\x1b";
+  EXPECT_EQ(StoredProfileMismatch(renamed, model),
+            "the profile's unit 1 is \"x\\x1b\", the model's \"" + UnitName(model, 1) + "\"");
+}
+
+TEST(StoredCountersMismatch, CountsThatCannotOverflowWhenTheyGrow) {
+  v1::Job job;
+  job.set_plan_version(4);
+  job.mutable_progress()->set_step(100);
+  job.mutable_progress()->set_recoveries(2);
+  v1::ResumeFrom checkpoint;
+  checkpoint.set_step(100);
+  EXPECT_EQ(StoredCountersMismatch(job, {checkpoint}), "");
+  v1::Job bad = job;
+  bad.mutable_progress()->set_step(INT64_MAX);
+  EXPECT_EQ(StoredCountersMismatch(bad, {}),
+            "progress.step 9223372036854775807 outside [0, 9007199254740992]");
+  bad = job;
+  bad.mutable_progress()->set_steps_redone(-1);
+  EXPECT_EQ(StoredCountersMismatch(bad, {}),
+            "progress.steps_redone -1 outside [0, 9007199254740992]");
+  bad = job;
+  bad.set_plan_version(INT64_MAX);
+  EXPECT_NE(StoredCountersMismatch(bad, {}), "");
+  bad = job;
+  bad.mutable_progress()->set_recoveries(INT32_MAX);
+  EXPECT_EQ(StoredCountersMismatch(bad, {}),
+            "progress.recoveries 2147483647 outside [0, 1073741824]");
+  checkpoint.set_step(INT64_MAX - 1);
+  EXPECT_EQ(StoredCountersMismatch(job, {checkpoint}),
+            "checkpoint step 9223372036854775806 outside [0, 9007199254740992]");
+}
+
+}  // namespace
+}  // namespace pipetrain

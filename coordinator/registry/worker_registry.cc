@@ -470,8 +470,9 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers) {
   const absl::Time now = clock_->Now();
   for (const v1::Worker& w : workers) {
     const int64_t number = WorkerIdNumber(w.id()).value_or(0);
-    if (number <= 0 || w.data_address().empty() || workers_.count(number) > 0 ||
-        number_by_address_.count(w.data_address()) > 0) {
+    if (number <= 0 || number > kMaxRestoredWorkerNumber || w.incarnation() < 0 ||
+        w.incarnation() > kMaxRestoredWorkerNumber || w.data_address().empty() ||
+        workers_.count(number) > 0 || number_by_address_.count(w.data_address()) > 0) {
       PT_LOG(WARNING) << "not restoring worker record \"" << w.id().substr(0, 64) << "\"";
       continue;
     }

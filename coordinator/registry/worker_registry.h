@@ -175,8 +175,12 @@ class WorkerRegistry {
   // (a new incarnation), except those saved as they deregistered, which
   // stay LEFT with their last heartbeat; new addresses get ids after the
   // largest restored.
-  // Call before serving. Entries whose id is not "w-<n>" are skipped.
+  // Call before serving. Entries whose id is not "w-<n>" with n in [1,
+  // kMaxRestoredWorkerNumber], or whose incarnation is outside [0,
+  // kMaxRestoredWorkerNumber], are skipped: the next id and the next
+  // incarnation add one to them.
   void Restore(const std::vector<v1::Worker>& workers);
+  static constexpr int64_t kMaxRestoredWorkerNumber = int64_t{1} << 53;
 
   // Renews the lease of a live worker and stores its current_instruction,
   // and its nccl_unique_id when non-empty and not the one last consumed.

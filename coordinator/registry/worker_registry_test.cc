@@ -3,6 +3,7 @@
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -558,6 +559,33 @@ TEST(WorkerRegistryTest, Restore_KnownWorkersLostUntilTheyRegisterAgainUnderThei
   const auto fresh = after.Register(Request(9));  // a new address: the next id
   ASSERT_TRUE(fresh.ok());
   EXPECT_EQ(fresh->worker_id(), "w-4");
+}
+
+// Ids and incarnations a later registration adds one to: past 2^53 (the
+// largest INT64_MAX) the record is skipped, so no addition overflows.
+TEST(WorkerRegistryTest, Restore_NumbersThatWouldOverflowAreSkipped) {
+  FakeClock clock;
+  std::vector<v1::Worker> saved;
+  const WorkerRegistry::Options options = SavingOptions(&clock, &saved);
+  {
+    WorkerRegistry before(options);
+    for (int n = 1; n <= 3; ++n) ASSERT_TRUE(before.Register(Request(n)).ok());
+  }
+  ASSERT_EQ(saved.size(), 3u);
+  saved[0].set_id("w-9223372036854775807");
+  saved[1].set_incarnation(INT64_MAX);
+  WorkerRegistry after(options);
+  after.Restore(saved);
+  EXPECT_FALSE(after.Get("w-9223372036854775807").ok());
+  EXPECT_FALSE(after.Get("w-2").ok());
+  EXPECT_EQ(after.Get("w-3")->state(), v1::WORKER_STATE_LOST);
+  const auto fresh = after.Register(Request(1));  // its record skipped: a new id
+  ASSERT_TRUE(fresh.ok());
+  EXPECT_EQ(fresh->worker_id(), "w-4");
+  const auto second = after.Register(Request(2));
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->worker_id(), "w-5");
+  EXPECT_EQ(second->incarnation(), 1);
 }
 
 // A worker that deregistered is LEFT after a restart, with its last

@@ -443,7 +443,7 @@ FlagSet PlanFlagSet(PlanFlags& f) {
 }
 
 // Each count a plan is sized by, in the job spec's bounds (spec/job_spec.h,
-// docs/api.md "Limits"): beyond them a plan's memory and time grow without
+// docs/operations.md "Bounds"): beyond them a plan's memory and time grow without
 // end (micro-batches x workers instructions, a T x T attention per layer).
 absl::Status CheckPlanBounds(const PlanFlags& f) {
   const struct {

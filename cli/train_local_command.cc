@@ -92,7 +92,7 @@ void BindFlags(FlagSet& f, Options& o) {
   f.String("log", &o.log, "append one JSON line per step here");
 }
 
-// The job spec's bounds (spec/job_spec.h, docs/api.md "Limits"), so that
+// The job spec's bounds (spec/job_spec.h, docs/operations.md "Bounds"), so that
 // what a job may not ask for train-local refuses too, naming its flag,
 // instead of failing an allocation (a CHECK) once the model is built.
 absl::Status CheckBounds(const Options& o) {

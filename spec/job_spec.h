@@ -38,7 +38,7 @@ inline constexpr char kScheduleGPipe[] = "gpipe";
 // (kernels/compress/codec_spec.h).
 
 // Bounds of a JobSpec, checked by ResolveJobSpec before anything is sized
-// from them (docs/api.md "Limits" lists them; a value just beyond any is
+// from them (docs/operations.md "Bounds" lists them; a value just beyond any is
 // INVALID_ARGUMENT naming the field and the limit). They keep one request
 // from making the coordinator allocate or compute without end; what a job
 // may really use is then the planner's and the workers' memory check.
@@ -157,22 +157,21 @@ struct ResolvedJobSpec {
 // Tensor parallelism: parallelism.tensor defaults to 1; 1 <= tensor <=
 // kMaxTensorParallel, tensor divides model.n_head, d_model and vocab_size,
 // data x stages x tensor <= kMaxStages workers; tensor_partitions 1
-// (default), 2, 4 or 0 (Alg. 1), other than 1 only with tensor > 1; with
-// tensor > 1 no checkpoint.interval_steps, init.from or token_topk codec
-// on the stages' links yet (each INVALID_ARGUMENT naming its field).
+// (default), 2, 4 or 0 (Alg. 1), other than 1 only with tensor > 1.
 // tensor_compression: "none" (default, also for "") or a spec
 // MakeTensorParallelCompression accepts, at most kMaxCodecSpecBytes, only
 // with tensor > 1. tensor_mode: "1d" (default, also for "") or "3d"; 3d
 // replaces the divisibility rules by ValidateCubeTensorParallel's (tensor
 // = p^3, p | n_head, p^2 | d_model, p^3 | vocab_size, p^2 | the samples of
 // a micro-batch; named spec.parallelism.tensor) and needs
-// tensor_partitions 1 and tensor_compression none.
+// tensor_partitions 1, tensor_compression none and no token_topk in
+// compression.forward or .backward (INVALID_ARGUMENT naming that field).
 // tensor_partitions_tune_steps: 0..16, default 2 with tensor_partitions 0
 // and tensor > 1, else 0; non-zero only there.
 //
 // spec.compression.data_parallel: codec "none" (default, also for an empty
-// one; then no stages), "powersgd:rank=R" with R in 1..1024 (default
-// rank 4), or one quantizer ("fp16", "bf16", "linear:bits=N",
+// one; then no stages), "powersgd:rank=R" with R in 1..1024 (rank is
+// required: a bare "powersgd" is refused), or one quantizer ("fp16", "bf16", "linear:bits=N",
 // "piecewise:bits=N", as MakeCodec accepts it), only with data >= 2; its stages distinct and below
 // parallelism.stages (empty: auto, chosen by the planner).
 //

@@ -2,7 +2,7 @@
 // (RegisterWorker, Heartbeat), checked before anything is stored: the
 // registry keeps these strings for the life of the entry and ListWorkers
 // returns them, so unbounded strings would let one client make every later
-// ListWorkers response exceed the gRPC message limit. docs/api.md "Limits"
+// ListWorkers response exceed the gRPC message limit. docs/operations.md "Bounds"
 // lists them. Thread-safe (pure functions).
 #ifndef PIPETRAIN_COORDINATOR_REGISTRY_REGISTRATION_LIMITS_H_
 #define PIPETRAIN_COORDINATOR_REGISTRY_REGISTRATION_LIMITS_H_

@@ -2,7 +2,7 @@
 # no Docker and no registry access, so this file has not been built or run;
 # treat it as a starting point and check it on your build host.
 #
-#   docker build -f deploy/docker/coordinator.Dockerfile -t pipetrain/coordinator:0.1.0 .
+#   docker build -f deploy/docker/coordinator.Dockerfile -t localhost/pipetrain/coordinator:0.1.0 .
 #
 # (from the repository root; coordinator.Dockerfile.dockerignore keeps
 # bazel-* and node_modules out of the context, with BuildKit).

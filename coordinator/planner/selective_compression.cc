@@ -66,7 +66,8 @@ std::vector<double> QuantizerByteFractions(const GptConfig& model,
 }
 
 absl::StatusOr<CompressedStages> ChooseCompressedStages(const CompressedStepSimulator& simulate,
-                                                        const std::vector<double>& fractions) {
+                                                        const std::vector<double>& fractions,
+                                                        double min_gain) {
   CompressedStages out;
   ASSIGN_OR_RETURN(out.simulation, simulate(out.stages));
   while (true) {
@@ -98,7 +99,10 @@ absl::StatusOr<CompressedStages> ChooseCompressedStages(const CompressedStepSimu
     for (const TimelineEvent& e : next.events) {
       if (e.worker == w) next_end = std::max(next_end, e.end_seconds);
     }
-    if (!(next_end < last->second)) break;  // its all-reduce was hidden already
+    // Its all-reduce was hidden already, or compressing it buys too
+    // little: last->second ends the step, so it is the step's length.
+    const double gain = last->second - next_end;
+    if (!(gain > 0) || gain < min_gain * last->second) break;
     out.stages = std::move(trial);
     out.simulation = std::move(next);
   }

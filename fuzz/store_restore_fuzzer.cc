@@ -14,7 +14,8 @@
 // record's uint16-length-prefixed bytes.
 //
 // Checks beyond the sanitizers: whatever Restore accepts can be listed and
-// read back (Get) at every step, and its plan asked for (GetPlan).
+// read back (Get) at every step, and a plan it serves (GetPlan) has
+// degrees that hold (StoredPlanMismatch).
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -27,6 +28,7 @@
 #include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/small_spec_testing.h"
+#include "coordinator/jobs/stored_job_check.h"
 #include "coordinator/registry/worker_registry.h"
 #include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_store.h"
@@ -90,7 +92,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     background.RunAll();
     for (const v1::Job& job : jobs.List()) {
       if (!jobs.Get(job.id()).ok()) __builtin_trap();
-      (void)jobs.GetPlan(job.id());
+      // A plan it serves has degrees a reader may multiply and divide by
+      // (/metrics does), whatever the store held.
+      absl::StatusOr<v1::Plan> plan = jobs.GetPlan(job.id());
+      if (plan.ok() && !StoredPlanMismatch(*plan, std::nullopt).empty()) __builtin_trap();
     }
   }
   jobs.FlushIo();

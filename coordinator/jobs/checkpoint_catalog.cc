@@ -81,6 +81,7 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
   // Only a valid report makes a pending entry.
   std::map<int, v1::UnitFile>& units = pending_[step];
   for (const v1::UnitFile& f : report.units()) units[f.unit()] = f;
+  incomplete_.insert(step);
   // This stage's units in other incomplete steps, its oldest forgotten
   // first: what one stage reports never displaces another's.
   const auto owned_in = [&owned](const std::map<int, v1::UnitFile>& in) {
@@ -112,6 +113,7 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
   // Older incomplete steps can no longer matter: a resume takes the newest.
   for (auto older = pending_.begin(); older != it; ++older) Abandon(older->first);
   pending_.erase(pending_.begin(), std::next(it));
+  incomplete_.erase(step);
   if (!complete_.empty() && complete_.back().step() >= step) {
     return std::optional<v1::ResumeFrom>();  // a redone step completed again
   }
@@ -160,6 +162,7 @@ std::vector<v1::ResumeFrom> CheckpointCatalog::TakeExpired() {
 void CheckpointCatalog::ClearPending() { pending_.clear(); }
 
 void CheckpointCatalog::Abandon(int64_t step) {
+  incomplete_.erase(step);
   if (Holds(step)) return;  // a step done again: its files are the checkpoint's
   v1::ResumeFrom gone;
   gone.set_step(step);
@@ -170,6 +173,20 @@ void CheckpointCatalog::Abandon(int64_t step) {
 std::vector<v1::ResumeFrom> CheckpointCatalog::TakeAbandoned() {
   std::vector<v1::ResumeFrom> out;
   out.swap(abandoned_);
+  return out;
+}
+
+std::vector<v1::ResumeFrom> CheckpointCatalog::TakeIncomplete() {
+  std::vector<v1::ResumeFrom> out;
+  for (int64_t step : incomplete_) {
+    if (Holds(step)) continue;  // redone and complete before
+    v1::ResumeFrom gone;
+    gone.set_step(step);
+    gone.set_dir(StepDir(spec_.dir(), step));
+    out.push_back(std::move(gone));
+  }
+  incomplete_.clear();
+  pending_.clear();
   return out;
 }
 
@@ -233,14 +250,25 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
   return absl::OkStatus();
 }
 
-absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from) {
+absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,
+                                 std::optional<absl::Time> written_before) {
   ASSIGN_OR_RETURN(ConfinedParent parent,
                    OpenConfinedParent(output_dir, "spec.checkpoint.dir",
                                       absl::StrCat(from.dir(), "/", kManifestName),
                                       /*create_dirs=*/false));
   if (parent.dir.get() < 0) return absl::OkStatus();  // already gone
+  // Whether `st` is a file this removal may take.
+  const auto removable = [&written_before](const struct stat& st) {
+    if (!S_ISREG(st.st_mode) && !S_ISLNK(st.st_mode)) return false;
+    if (!written_before.has_value()) return true;
+    return absl::TimeFromTimespec(st.st_mtim) < *written_before;
+  };
   // The manifest first: a checkpoint without it is visibly incomplete.
-  unlinkat(parent.dir.get(), kManifestName, 0);
+  if (struct stat st;
+      !written_before.has_value() ||
+      (fstatat(parent.dir.get(), kManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0 && removable(st))) {
+    unlinkat(parent.dir.get(), kManifestName, 0);
+  }
   // Then every file a writer left there: the units, and temporary files of
   // writers that died mid-write ("unit-0003.safetensors.tmp.<pid>").
   std::vector<std::string> names;
@@ -255,8 +283,7 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
   }
   for (const std::string& name : names) {
     struct stat st;
-    if (fstatat(parent.dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 &&
-        (S_ISREG(st.st_mode) || S_ISLNK(st.st_mode))) {
+    if (fstatat(parent.dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && removable(st)) {
       unlinkat(parent.dir.get(), name.c_str(), 0);
     }
   }

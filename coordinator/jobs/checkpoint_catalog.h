@@ -14,7 +14,8 @@
 // whose writer failed never completes), so that no stage's reports, a
 // hostile one's of steps far ahead among them, displace another's. The
 // directories of incomplete steps that can no longer complete are handed
-// to the caller to remove (TakeAbandoned), as expired ones are.
+// to the caller to remove (TakeAbandoned), as expired ones are, and at the
+// job's end those of every step it never completed (TakeIncomplete).
 //
 // Not thread-safe (JobManager's lock guards it).
 #ifndef PIPETRAIN_COORDINATOR_JOBS_CHECKPOINT_CATALOG_H_
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
 #include "proto/pipetrain/v1/job.pb.h"
 #include "worker/model/gpt_config.h"
@@ -74,8 +76,14 @@ class CheckpointCatalog {
   // catalog: the caller removes their directories.
   std::vector<v1::ResumeFrom> TakeExpired();
   // Forgets incomplete steps (a re-plan: the new plan's stages report again).
-  // Their directories stay: the new plan may be writing the same steps.
+  // Their directories stay: the new plan may be writing the same steps;
+  // TakeIncomplete hands them over at the job's end unless they complete.
   void ClearPending();
+  // At the job's end: every step that had units reported and neither
+  // completed nor was handed over by TakeAbandoned (incomplete now, or
+  // forgotten by ClearPending), none of them a complete checkpoint's step;
+  // dir and step only. The caller removes their directories.
+  std::vector<v1::ResumeFrom> TakeIncomplete();
   // Incomplete steps dropped for good (a stage's oldest beyond its limit,
   // or older than a step that completed), none of them a complete
   // checkpoint's step: the caller removes their directories.
@@ -94,6 +102,9 @@ class CheckpointCatalog {
   std::vector<v1::ResumeFrom> expired_;
   std::vector<v1::ResumeFrom> abandoned_;  // dir and step only
   std::set<int64_t> allowed_;
+  // Steps with units reported that have not completed or been abandoned
+  // since (pending_'s keys, and those ClearPending forgot).
+  std::set<int64_t> incomplete_;
 
   // Notes `step`'s directory for TakeAbandoned unless it is a complete one.
   void Abandon(int64_t step);
@@ -107,9 +118,12 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
                                      const v1::ModelSpec& model, uint64_t seed,
                                      const v1::ResumeFrom& from);
 
-// Removes the manifest and the unit files `from` names, then its directory
-// (left in place if anything else is in it). Never follows a symbolic link.
-absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from);
+// Removes the manifest and the unit files in `from`'s directory, then the
+// directory (left in place if anything else is in it). With
+// `written_before`, files modified at or after it are left too (another
+// job may have taken the directory since). Never follows a symbolic link.
+absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,
+                                 std::optional<absl::Time> written_before = std::nullopt);
 
 }  // namespace pipetrain
 

@@ -125,5 +125,30 @@ TEST_F(CheckpointCatalogTest, Holds_OnlyCompleteOnesStillKept) {
   EXPECT_FALSE(catalog_.Drop(3).has_value());
 }
 
+// At the job's end: the steps with units reported that never completed,
+// those a re-plan forgot (ClearPending) among them, but not one abandoned
+// already (handed over then) nor a complete checkpoint's step.
+TEST_F(CheckpointCatalogTest, TakeIncomplete_StepsNeverCompletedOrHandedOver) {
+  EXPECT_FALSE(Report(0, 1));
+  EXPECT_TRUE(Report(1, 1));
+  EXPECT_FALSE(Report(0, 2));  // a recovery stops the job short of step 2
+  catalog_.ClearPending();
+  EXPECT_FALSE(Report(0, 1));  // redone: step 1 is complete already
+  EXPECT_FALSE(Report(1, 3));
+  EXPECT_FALSE(Report(0, 4));
+  EXPECT_TRUE(Report(1, 4));  // step 3 abandoned
+  EXPECT_EQ(AbandonedSteps(), std::vector<int64_t>{3});
+  EXPECT_FALSE(Report(0, 5));
+  std::vector<int64_t> steps;
+  for (const v1::ResumeFrom& gone : catalog_.TakeIncomplete()) {
+    EXPECT_EQ(gone.dir(), absl::StrFormat("ck/step-%08d", gone.step()));
+    EXPECT_EQ(gone.units_size(), 0);
+    steps.push_back(gone.step());
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{2, 5}));
+  EXPECT_TRUE(catalog_.TakeIncomplete().empty());  // handed over once
+  EXPECT_TRUE(catalog_.Holds(4));
+}
+
 }  // namespace
 }  // namespace pipetrain

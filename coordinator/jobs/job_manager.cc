@@ -188,12 +188,13 @@ void RemoveAbandonedWeightTemporaries(int dir_fd, const std::string& name,
   }
 }
 
-// Removes each checkpoint directory of job `job_id` (RemoveCheckpointDir),
-// logging the ones that fail. On io_.
+// Removes each checkpoint directory of job `job_id` (RemoveCheckpointDir,
+// with `written_before`), logging the ones that fail. On io_.
 void RemoveCheckpointDirs(const std::string& output_dir, const std::string& job_id,
-                          const std::vector<v1::ResumeFrom>& dirs) {
+                          const std::vector<v1::ResumeFrom>& dirs,
+                          std::optional<absl::Time> written_before = std::nullopt) {
   for (const v1::ResumeFrom& dir : dirs) {
-    absl::Status removed = RemoveCheckpointDir(output_dir, dir);
+    absl::Status removed = RemoveCheckpointDir(output_dir, dir, written_before);
     if (!removed.ok()) PT_LOG(WARNING) << "job " << job_id << ": " << removed;
   }
 }
@@ -2056,6 +2057,18 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   registry_->Release(record.job.id());
   DropWeightsFile(record);
   if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
+  // Steps that never completed (the one being written when the job was
+  // cancelled or failed, those a recovery stopped short of) can no longer:
+  // their files go. Only files older than now: once the job has ended its
+  // directory is free for another job, whose files these are not.
+  if (record.checkpoints != nullptr && !options_.output_dir.empty()) {
+    if (std::vector<v1::ResumeFrom> incomplete = record.checkpoints->TakeIncomplete();
+        !incomplete.empty()) {
+      io_.Post([output_dir = options_.output_dir, id = record.job.id(),
+                incomplete = std::move(incomplete),
+                ended = absl::Now()] { RemoveCheckpointDirs(output_dir, id, incomplete, ended); });
+    }
+  }
   PersistLocked(record).IgnoreError();  // logged
   if (events_.ended) events_.ended(state);
   PT_LOG(INFO) << "job " << record.job.id() << " " << EnumShortName(state)

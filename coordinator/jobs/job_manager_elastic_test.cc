@@ -349,6 +349,36 @@ TEST_F(JobManagerElasticTest, CheckpointThatCannotComplete_ItsDirectoryRemoved) 
       absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000010/manifest.json")));
 }
 
+// A job that ends while a checkpoint is half written: that step can never
+// complete, and its files go with the job; complete checkpoints stay. A
+// file written after the end (another job's, once the directory is free)
+// is left, and with it the directory.
+TEST_F(JobManagerElasticTest, JobEnded_ItsIncompleteCheckpointsRemoved) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  for (int step = 6; step <= 15; ++step) Step(id, step);
+  const std::string dir = absl::StrCat(OutputDir(), "/checkpoints/", id);
+  for (const char* step : {"/step-00000010", "/step-00000015"}) {
+    std::filesystem::create_directories(dir + step);
+    std::ofstream(dir + step + "/unit-0000.safetensors") << "stage 0's files";
+  }
+  ASSERT_TRUE(Checkpoint(id, 0, 10).ok());
+  ASSERT_TRUE(Checkpoint(id, 0, 15).ok());
+  // A file that appears after the job's end.
+  const std::string later = dir + "/step-00000015/unit-0002.safetensors";
+  std::ofstream(later) << "another job's";
+  std::filesystem::last_write_time(
+      later, std::filesystem::file_time_type::clock::now() + std::chrono::hours(1));
+  ASSERT_TRUE(jobs_->Cancel(id).ok());
+  jobs_->FlushIo();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000010"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000015/unit-0000.safetensors"));
+  EXPECT_TRUE(std::filesystem::exists(later));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000005/manifest.json"));
+}
+
 TEST_F(JobManagerElasticTest, CheckpointReport_ForeignUnitOffIntervalOrBadChecksum_Refused) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

@@ -105,7 +105,7 @@ std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const Ste
   if (measured > 0) {
     which = absl::StrFormat("steps %d-%d", timing.first_step, timing.last_step);
   } else if ((measured = WorkersStepSeconds(end, plan)) > 0) {
-    which = "the workers' mean over this plan's steps";
+    which = "the slowest worker's mean over this plan's steps";
   }
   if (measured > 0 && plan.predicted_iteration_seconds() > 0) {
     absl::StrAppendFormat(

@@ -52,7 +52,7 @@ check "--follow's last line is the id and the state" test "$(echo "$out" | tail 
 "$R/cli/pipetrain" job "$job_id" --report --coordinator="$addr" --tls-ca="$T/cert.pem" \
   >"$T/report.out" 2>&1
 check "job --report: the outcome" grep -q "job $job_id SUCCEEDED after 5 steps, final loss" "$T/report.out"
-check "job --report: the workers' step time" grep -q "step time: measured .* (the workers' mean" "$T/report.out"
+check "job --report: the workers' step time" grep -q "step time: measured .* (the slowest worker's mean" "$T/report.out"
 # The workers traced the 5-step plan's last step: its measured timeline.
 "$R/cli/pipetrain" job "$job_id" --measured-timeline "$T/measured.svg" --coordinator="$addr" \
   --tls-ca="$T/cert.pem" >"$T/measured.out" 2>&1

@@ -631,7 +631,8 @@ TEST_F(GrpcServiceTest, ListJobs_NegativePageSize_InvalidArgumentWithFieldViolat
   absl::StatusOr<DecodedRpcStatus> details = DecodeRpcStatus(status.error_details());
   ASSERT_TRUE(details.ok()) << details.status();
   EXPECT_EQ(details->violations,
-            (std::vector<FieldViolation>{{"page_size", "must be in [0, 1000], got -1"}}));
+            (std::vector<FieldViolation>{
+                {"page_size", "must be 0 or more (above 1000 reads as 1000), got -1"}}));
 }
 
 TEST_F(GrpcServiceTest, ReportProgress_StalePlanVersion_FailedPrecondition) {

@@ -15,8 +15,9 @@ namespace {
 
 absl::StatusOr<int> PageSize(int32_t requested) {
   if (requested < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size: must be in [0, ", kMaxPageSize, "], got ", requested));
+    return absl::InvalidArgumentError(absl::StrCat("page_size: must be 0 or more (above ",
+                                                   kMaxPageSize, " reads as ", kMaxPageSize,
+                                                   "), got ", requested));
   }
   if (requested == 0) return kDefaultPageSize;
   return std::min<int>(requested, kMaxPageSize);

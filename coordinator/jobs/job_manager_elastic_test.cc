@@ -197,6 +197,19 @@ class JobManagerElasticTest : public ::testing::Test {
     }
   }
 
+  // On a fresh coordinator with a store and workers 7001 and 7002: a job
+  // of two stages, 5 steps run and checkpointed, everything saved.
+  std::string CheckpointedJobInStore() {
+    Reset(/*with_state=*/true);
+    AddWorker(7001);
+    AddWorker(7002);
+    const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+    for (int step = 1; step <= 5; ++step) Step(id, step);
+    CheckpointAll(id, 5);
+    jobs_->FlushIo();
+    return id;
+  }
+
   // The survivors answer (heartbeat), then the job is scheduled.
   void HeartbeatAllAndSchedule(const std::vector<std::string>& workers) {
     clock_.Advance(absl::Milliseconds(10));
@@ -1237,13 +1250,7 @@ TEST_F(JobManagerElasticTest, Restore_SpecNoLongerValid_JobFailsItsPlanIsNotRead
 // stopped the coordinator as the first worker came back, after every
 // restart). The job fails instead, saying why.
 TEST_F(JobManagerElasticTest, Restore_StoredProfileNotTheModels_JobFailsBeforeAnyPlan) {
-  Reset(/*with_state=*/true);
-  AddWorker(7001);
-  AddWorker(7002);
-  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
-  for (int step = 1; step <= 5; ++step) Step(id, step);
-  CheckpointAll(id, 5);
-  jobs_->FlushIo();
+  const std::string id = CheckpointedJobInStore();
   EditStoredJob(*state_, id, [](store::StoredJob& s) {
     ModelProfile profile = ParseProfileJson(s.profile_json()).value();
     ASSERT_EQ(profile.units.size(), 4u);
@@ -1305,13 +1312,7 @@ TEST_F(JobManagerElasticTest, Restore_StoredPlanDegreesOrCountersOutOfRange) {
 // A stored spec over the planning budget (Submit refuses it; a recovery
 // or growth would plan it with no later check): the job fails.
 TEST_F(JobManagerElasticTest, Restore_SpecOverThePlanningBudget_JobFails) {
-  Reset(/*with_state=*/true);
-  AddWorker(7001);
-  AddWorker(7002);
-  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
-  for (int step = 1; step <= 5; ++step) Step(id, step);
-  CheckpointAll(id, 5);
-  jobs_->FlushIo();
+  const std::string id = CheckpointedJobInStore();
   EditStoredJob(*state_, id, [](store::StoredJob& s) {
     v1::JobSpec* spec = s.mutable_job()->mutable_spec();
     spec->mutable_model()->set_n_layer(96);  // 194 units

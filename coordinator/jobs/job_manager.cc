@@ -644,10 +644,7 @@ absl::Status JobManager::Restore() {
     } else if (state == v1::JOB_STATE_PLANNING || state == v1::JOB_STATE_RUNNING ||
                state == v1::JOB_STATE_RECOVERING) {
       if (!profile_mismatch.empty()) {
-        record->job.set_state(v1::JOB_STATE_FAILED);
-        record->job.set_reason(
-            absl::StrCat("after a coordinator restart, the stored profile does not fit the model: ",
-                         profile_mismatch));
+        fail_unfit("profile does not fit the model", profile_mismatch);
         if (events_.ended) events_.ended(v1::JOB_STATE_FAILED);
       } else if (record->checkpoints == nullptr || !record->profile.has_value()) {
         record->job.set_state(v1::JOB_STATE_FAILED);

@@ -2,6 +2,7 @@
 
 #include <map>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -50,10 +51,42 @@ void MarkProgram(const v1::CompressionSpec& c, v1::Program* program) {
   for (auto& [link, send] : last_feedback) send->set_flush_residual(true);
 }
 
+// Each Recv gets the codec of the Send it is matched to: the same tensor,
+// sent by its peer stage to this one ("none" when that Send is raw); a Recv
+// that no Send matches gets none of its own, as before the marking.
+void MarkRecvCodecs(std::vector<v1::Program>* programs) {
+  using LinkTensor = std::tuple<int, int, int, int, int>;  // from, to, kind, micro_batch, unit
+  auto link_tensor = [](int from, int to, const v1::TensorKey& t) {
+    return LinkTensor{from, to, t.kind(), t.micro_batch(), t.unit()};
+  };
+  std::map<LinkTensor, std::string> sent;
+  for (size_t s = 0; s < programs->size(); ++s) {
+    for (const v1::Instruction& in : (*programs)[s].instructions()) {
+      if (!in.has_send()) continue;
+      const std::string& codec = in.send().codec();
+      sent[link_tensor(static_cast<int>(s), in.send().peer_stage(), in.send().tensor())] =
+          codec.empty() ? kCodecNone : codec;
+    }
+  }
+  for (size_t s = 0; s < programs->size(); ++s) {
+    for (v1::Instruction& in : *(*programs)[s].mutable_instructions()) {
+      if (!in.has_recv()) continue;
+      v1::Instruction::Recv* recv = in.mutable_recv();
+      auto it = sent.find(link_tensor(recv->peer_stage(), static_cast<int>(s), recv->tensor()));
+      if (it == sent.end()) {
+        recv->clear_codec();
+      } else {
+        recv->set_codec(it->second);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void MarkCompression(const v1::CompressionSpec& compression, std::vector<v1::Program>* programs) {
   for (v1::Program& program : *programs) MarkProgram(compression, &program);
+  MarkRecvCodecs(programs);
 }
 
 absl::StatusOr<std::map<std::string, double>> LinkCodecWireFractions(

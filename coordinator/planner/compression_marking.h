@@ -1,7 +1,8 @@
 // Compression marking: the last pass of compiling a job's programs. It writes
 // the job's spec.compression into the Send instructions (plan.proto,
 // Instruction.Send: codec, error_feedback, flush_residual, epilogue), so
-// that a worker applies codecs per send exactly as its program says.
+// that a worker applies codecs per send exactly as its program says, and
+// into the Recv instructions, so that its receiver decodes only that codec.
 //
 // Rules (DESIGN.md §6; Optimus-CC §5):
 //  - ACTIVATION sends get the forward codec; ACTIVATION_GRAD sends the
@@ -23,6 +24,12 @@
 //    last error into the next iteration; we do not, so that an iteration's
 //    update depends on that iteration's gradients only and a plan change
 //    never has to migrate residuals).
+//
+//  - every Recv gets the codec of the Send it receives (the same tensor,
+//    from its peer_stage to this program's stage), "none" for a raw one, so
+//    that the receiver refuses a frame encoded otherwise (plan.proto,
+//    Instruction.Recv.codec). `programs` are indexed by stage, as
+//    peer_stage counts.
 //
 // Requires a resolved CompressionSpec (job_spec.h: "none" or a valid codec
 // spec in forward/backward). Idempotent: it recomputes every field.

@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/program_text.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
@@ -171,6 +172,45 @@ TEST(MarkCompression, BackwardOnlyWorker_AllItsGradSendsAreEpilogue) {
   for (const auto* g : grads) {
     EXPECT_TRUE(g->epilogue());
     EXPECT_EQ(g->codec(), "fp16");
+  }
+}
+
+// Every Recv names the codec of the Send it is matched to (same tensor,
+// from its peer to this stage), "none" for raw ones: epilogue_only
+// compresses some gradient sends of a link and not others, so the codec
+// must come from the sender's own instruction, not the tensor's kind.
+TEST(MarkCompression, EveryRecvNamesItsSendsCodec) {
+  for (const bool epilogue_only : {false, true}) {
+    SCOPED_TRACE(epilogue_only ? "epilogue only" : "every gradient send");
+    std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, 6);
+    MarkCompression(Spec("fp16", "powersgd:rank=4", true, epilogue_only), &programs);
+    std::map<std::string, std::string> codec_of_send;  // "from>to kind mb unit" -> codec
+    auto name = [](int from, int to, const v1::TensorKey& t) {
+      return absl::StrCat(from, ">", to, " ", t.kind(), " ", t.micro_batch(), " ", t.unit());
+    };
+    for (size_t s = 0; s < programs.size(); ++s) {
+      for (const auto& in : programs[s].instructions()) {
+        if (!in.has_send()) continue;
+        codec_of_send[name(static_cast<int>(s), in.send().peer_stage(), in.send().tensor())] =
+            in.send().codec().empty() ? kCodecNone : in.send().codec();
+      }
+    }
+    std::map<std::string, int> recvs_by_codec;
+    for (size_t s = 0; s < programs.size(); ++s) {
+      for (const auto& in : programs[s].instructions()) {
+        if (!in.has_recv()) continue;
+        const std::string key =
+            name(in.recv().peer_stage(), static_cast<int>(s), in.recv().tensor());
+        ASSERT_EQ(codec_of_send.count(key), 1u) << key;
+        EXPECT_EQ(in.recv().codec(), codec_of_send[key]) << DescribeInstruction(in);
+        ++recvs_by_codec[in.recv().codec()];
+      }
+    }
+    // 3 boundaries x 6 micro-batches each way, and the two tied gradients.
+    EXPECT_EQ(recvs_by_codec["fp16"], 18);
+    // 1F1B on 4 stages: stages 1-3 have 3, 2 and 1 cool-down gradient sends.
+    EXPECT_EQ(recvs_by_codec["powersgd:rank=4"], epilogue_only ? 6 : 18);
+    EXPECT_EQ(recvs_by_codec[kCodecNone], epilogue_only ? 2 + 12 : 2);
   }
 }
 

@@ -277,6 +277,8 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
     ASSIGN_OR_RETURN(out.eval_programs,
                      CompileEvalPrograms(solved.forward, static_cast<int>(profile.units.size()),
                                          eval_micro_batches));
+    // Validation activations go raw; this names that on their receives.
+    MarkCompression(r.spec.compression(), &out.eval_programs);
   }
   v1::Plan& plan = out.plan;
   plan.set_job_id(job_id);

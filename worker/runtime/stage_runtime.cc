@@ -1487,6 +1487,17 @@ absl::Status StageRuntime::Recv(const v1::Instruction::Recv& r, int64_t iteratio
   }
   ASSIGN_OR_RETURN(WireTensor wire,
                    transport_->RecvWire(GlobalStage(r.peer_stage()), address, setup_.recv_timeout));
+  // The codec is the program's choice, not the sender's: a frame encoded
+  // otherwise is refused before it is decoded (a codec can cost its decoder
+  // far more than its bytes; plan.proto Instruction.Recv.codec).
+  if (!r.codec().empty()) {
+    const std::string& sent = wire.encoded() ? wire.codec : std::string(kCodecNone);
+    if (sent != r.codec()) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " arrived as codec \"", sent,
+                                                     "\"; the program receives it as \"", r.codec(),
+                                                     "\""));
+    }
+  }
   // The size the sender declares is checked before anything is decoded: a
   // 256 KiB PowerSGD payload can declare 4 GiB of values.
   if (NumElements(wire.decoded_shape()) != NumElements(expected)) {

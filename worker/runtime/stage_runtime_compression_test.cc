@@ -5,6 +5,7 @@
 // wire, and the test rebuilds the expected payload from scratch.
 #include <thread>
 
+#include "common/status_macros.h"
 #include "coordinator/planner/compression_marking.h"
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
@@ -107,6 +108,84 @@ TEST(StageRuntimeCompression, DeclaredShapeOtherThanExpected_RefusedBeforeDecodi
   EXPECT_NE(errors[1].message().find("has shape [64, 1024, 1024]; expected [2, 8, 16]"),
             std::string::npos)
       << errors[1];
+}
+
+// Sends its activations in the codec it chooses: `codec` ("none": raw),
+// re-encoding what the program had it send (a peer that does not follow
+// its program). The shape stays the expected one.
+class CodecChoosingTransport : public Transport {
+ public:
+  CodecChoosingTransport(std::unique_ptr<Transport> inner, std::string codec)
+      : inner_(std::move(inner)), codec_(std::move(codec)) {}
+  int stage() const override { return inner_->stage(); }
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
+    if (address.kind != v1::TENSOR_KIND_ACTIVATION) return inner_->SendWire(peer, address, wire);
+    ASSIGN_OR_RETURN(Tensor x, DecodeWireTensor(wire, "the program's send"));
+    if (codec_ == kCodecNone) return inner_->SendWire(peer, address, WireTensor::Raw(x));
+    ASSIGN_OR_RETURN(std::unique_ptr<Codec> codec, MakeCodec(codec_));
+    CodecState state;
+    ASSIGN_OR_RETURN(std::string payload, codec->Encode(x, &state));
+    return inner_->SendWire(peer, address, WireTensor::Encoded(codec_, payload, x.shape()));
+  }
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    return inner_->RecvWire(peer, address, timeout);
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::string codec_;
+};
+
+// The receiver decodes only the codec its program names for the tensor
+// (compression_marking.h writes it on each Recv): a peer that sends a
+// codec of its own choice, or raw where the program compresses, is refused
+// before anything is decoded; the codec the program names is taken.
+TEST(StageRuntimeCompression, CodecOtherThanTheProgramsRecv_Refused) {
+  const TrainConfig c = testing::SmallConfig();
+  const Dataset data = testing::MakeDataset();
+  const std::vector<Range> ranges = {{0, 3}, {3, 6}};
+  struct Case {
+    std::string program_codec;  // spec.compression.forward
+    std::string sent_codec;     // what stage 0 puts on the wire
+    bool refused;
+  };
+  for (const Case& k : std::vector<Case>{{kCodecNone, "powersgd:rank=2", true},
+                                         {kCodecNone, "fp16", true},
+                                         {"fp16", kCodecNone, true},
+                                         {"fp16", "bf16", true},
+                                         {"fp16", "fp16", false},
+                                         {kCodecNone, kCodecNone, false}}) {
+    SCOPED_TRACE(k.program_codec + " in the program, " + k.sent_codec + " sent");
+    auto programs = CompilePrograms(ranges, 6, c.micro_batches, Schedule::kOneFOneB).value();
+    v1::CompressionSpec compression;
+    compression.set_forward(k.program_codec);
+    compression.set_backward(kCodecNone);
+    MarkCompression(compression, &programs);
+    InProcessFabric fabric(2);
+    std::vector<std::unique_ptr<Transport>> transports;
+    transports.push_back(std::make_unique<CodecChoosingTransport>(fabric.Connect(0), k.sent_codec));
+    transports.push_back(fabric.Connect(1));
+    std::vector<std::unique_ptr<StageRuntime>> runtimes;
+    for (int s = 0; s < 2; ++s) {
+      StageSetup setup{
+          "job-codec",      c, s, 2, ToUnitRange(ranges[s]), ToUnitRange(ranges[s]), programs[s],
+          absl::Seconds(30)};
+      runtimes.push_back(StageRuntime::Create(setup, &data, transports[s].get()).value());
+    }
+    const std::vector<absl::Status> errors = RunFirstIteration(runtimes, fabric);
+    if (!k.refused) {
+      EXPECT_TRUE(errors[0].ok()) << errors[0];
+      EXPECT_TRUE(errors[1].ok()) << errors[1];
+      continue;
+    }
+    EXPECT_EQ(errors[1].code(), absl::StatusCode::kInvalidArgument) << errors[1];
+    EXPECT_NE(errors[1].message().find(absl::StrCat("arrived as codec \"", k.sent_codec,
+                                                    "\"; the program receives it as \"",
+                                                    k.program_codec, "\"")),
+              std::string::npos)
+        << errors[1];
+  }
 }
 
 // A data-parallel quantizer from the assignment is checked before use: a

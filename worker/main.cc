@@ -123,7 +123,7 @@ int Run(const std::vector<std::string>& args) {
                "PEM client certificate for a coordinator that requires one (with --tls-key)");
   flags.String("tls-key", &f.tls_key, "PEM private key of --tls-cert");
   flags.String("ports-file", &f.ports_file, "write the bound ports here (JSON)");
-  flags.String("metrics-address", &f.metrics, "HTTP /metrics and /healthz (port 0 = any)");
+  flags.String("metrics-address", &f.metrics, "HTTP /metrics, /healthz and /readyz (port 0 = any)");
   flags.Int("threads", &f.threads, "OpenBLAS threads");
   flags.String("device", &f.device,
                "auto (CUDA when built with it and a GPU is visible) | cpu | cuda | cuda:N");

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/enum_names.h"
 #include "common/metrics/build_info_metric.h"
+#include "coordinator/jobs/recovery_kind.h"
 #include "google/protobuf/descriptor.h"
 #include "proto/pipetrain/v1/coordinator.grpc.pb.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
@@ -99,7 +100,7 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                        .Name("pipetrain_plan_version")
                        .Help(
                            "The current job's plan version (1 for its first plan; "
-                           "a re-plan would raise it).")
+                           "each re-plan, for a recovery, drain or join, raises it).")
                        .Register(*registry_)
                        .Add({});
   plan_stage_busy_ = &prometheus::BuildGauge()
@@ -144,11 +145,11 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                      .Name("pipetrain_job_recoveries_total")
                      .Help(
                          "Times jobs went RECOVERING, by what set it off (worker_lost, "
-                         "peer_failure, checkpoint_unusable, coordinator_restart).")
+                         "peer_failure, checkpoint_unusable, checkpoint_failed, "
+                         "coordinator_restart).")
                      .Register(*registry_);
-  for (const char* reason :
-       {"worker_lost", "peer_failure", "checkpoint_unusable", "coordinator_restart"}) {
-    recoveries_->Add({{"reason", reason}});
+  for (const RecoveryKind kind : kAllRecoveryKinds) {
+    recoveries_->Add({{"reason", RecoveryKindName(kind)}});
   }
   recovery_seconds_ = &prometheus::BuildHistogram()
                            .Name("pipetrain_job_recovery_seconds")
@@ -218,8 +219,8 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
 
 JobEvents CoordinatorMetrics::Events() {
   JobEvents events;
-  events.recovery_started = [this](const std::string& reason) {
-    recoveries_->Add({{"reason", reason}}).Increment();
+  events.recovery_started = [this](RecoveryKind kind) {
+    recoveries_->Add({{"reason", RecoveryKindName(kind)}}).Increment();
   };
   events.recovered = [this](double total, double, double, double) {
     recovery_seconds_->Observe(total);

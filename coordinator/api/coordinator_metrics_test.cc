@@ -1,12 +1,22 @@
 // CoordinatorMetrics' token counter over a JobManager whose ended jobs are
-// pruned: it forgets pruned jobs, and counts a listed job's steps once.
+// pruned: it forgets pruned jobs, and counts a listed job's steps once; and
+// the recovery reasons it serves.
 #include "coordinator/api/coordinator_metrics.h"
 
+#include <iterator>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/clock.h"
 #include "coordinator/jobs/assignment_hub.h"
 #include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/recovery_kind.h"
 #include "coordinator/registry/worker_registry.h"
 #include "gtest/gtest.h"
+#include "prometheus/text_serializer.h"
 
 namespace pipetrain {
 namespace {
@@ -40,6 +50,42 @@ TEST(CoordinatorMetricsTest, TokenCounter_ForgetsPrunedJobs) {
   EXPECT_EQ(jobs.List().size(), 3u);  // the queued one and two ended
   EXPECT_EQ(metrics.JobsCountedForTesting(), 3u);
   ASSERT_TRUE(jobs.Get(queued).ok());
+}
+
+// The value of the series `name{label="value"}` in `text` (exposition
+// format), or -1 when it is absent.
+double SeriesValue(const std::string& text, const std::string& series) {
+  for (const absl::string_view line : absl::StrSplit(text, '\n')) {
+    if (!absl::StartsWith(line, series + " ")) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
+  }
+  return -1;
+}
+
+// Every recovery reason the job manager can report exists from the first
+// scrape, at zero: a series born at 1 counts as 0 in Prometheus'
+// increase(), so a reason missing here hides its first recovery from the
+// alert on repeated recoveries.
+TEST(CoordinatorMetricsTest, RecoveryReasons_EveryKindFromTheFirstScrape) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{});
+  CoordinatorMetrics metrics(&workers, &jobs);
+  const JobEvents events = metrics.Events();
+  auto scrape = [&] {
+    return prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+  };
+  const std::string first = scrape();
+  for (const RecoveryKind kind : kAllRecoveryKinds) {
+    const std::string series =
+        absl::StrCat("pipetrain_job_recoveries_total{reason=\"", RecoveryKindName(kind), "\"}");
+    EXPECT_EQ(SeriesValue(first, series), 0) << series;
+    events.recovery_started(kind);
+    EXPECT_EQ(SeriesValue(scrape(), series), 1) << series;
+  }
+  EXPECT_EQ(std::size(kAllRecoveryKinds), 5u);
 }
 
 }  // namespace

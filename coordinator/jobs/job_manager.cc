@@ -662,7 +662,7 @@ absl::Status JobManager::Restore() {
         record->restart_grace_until = now + options_.restart_grace;
         record->survivors.assign(record->job.worker_ids().begin(), record->job.worker_ids().end());
         ++resumed;
-        if (events_.recovery_started) events_.recovery_started("coordinator_restart");
+        if (events_.recovery_started) events_.recovery_started(RecoveryKind::kCoordinatorRestart);
       }
     }
     // Failed by this restart: what the old coordinator was uploading goes,
@@ -1334,7 +1334,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   KeepWholeReplicas(record, &chosen);
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
     // A spare went away meanwhile: wait for workers as a recovery does.
-    return StartRecoveryLocked(record, "", reason, "worker_lost");
+    return StartRecoveryLocked(record, "", reason, RecoveryKind::kWorkerLost);
   }
   // Those the new plan leaves out stop now: once released, another job may
   // take them before this plan is in.
@@ -1355,7 +1355,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
     // (the boundary's checkpoint is complete, so nothing is redone).
     return StartRecoveryLocked(
         record, "", absl::StrCat(reason, "; re-planning at step ", step, ": ", placed.message()),
-        "worker_lost");
+        RecoveryKind::kWorkerLost);
   }
 }
 
@@ -1823,12 +1823,12 @@ void JobManager::AbandonPlacementLocked(JobRecord& record, const std::string& wo
     case PlacementOrigin::kBoundary:
       // Its stages stopped after the boundary's complete checkpoint: a
       // recovery resumes there, redoing nothing.
-      return StartRecoveryLocked(record, worker, why, "worker_lost", incarnation);
+      return StartRecoveryLocked(record, worker, why, RecoveryKind::kWorkerLost, incarnation);
   }
 }
 
 void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
-                                     const std::string& reason, const std::string& kind,
+                                     const std::string& reason, RecoveryKind kind,
                                      int64_t lost_incarnation) {
   // The incarnation that is gone: a worker that registered again is lost
   // only as it was (IsLostLocked), and its new incarnation is a candidate.
@@ -1976,7 +1976,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
           record, "",
           absl::StrCat("the checkpoint of step ", c.step(), " (", record.boundary_reason,
                        ") failed on stage ", stage, ": ", c.error().substr(0, 1024)),
-          "checkpoint_failed");
+          RecoveryKind::kCheckpointFailed);
     }
     return absl::OkStatus();
   }
@@ -2170,9 +2170,9 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
       StartRecoveryLocked(
           *record, "",
           absl::StrCat("checkpoint ", dropped->dir(), " could not be loaded (", reason, ")"),
-          "checkpoint_unusable");
+          RecoveryKind::kCheckpointUnusable);
     } else if (r.peer_failure()) {
-      StartRecoveryLocked(*record, "", reason, "peer_failure");
+      StartRecoveryLocked(*record, "", reason, RecoveryKind::kPeerFailure);
     } else {
       EndLocked(*record, v1::JOB_STATE_FAILED, reason);
     }
@@ -2739,7 +2739,7 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
   // Only a worker of the job's current plan matters.
   if (record->stage_of.count(worker_id) == 0 && record->job.state() != v1::JOB_STATE_RECOVERING)
     return;
-  StartRecoveryLocked(*record, worker_id, reason, "worker_lost", incarnation);
+  StartRecoveryLocked(*record, worker_id, reason, RecoveryKind::kWorkerLost, incarnation);
 }
 
 void JobManager::FlushIo() {

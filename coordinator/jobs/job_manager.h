@@ -117,6 +117,7 @@
 #include "coordinator/jobs/checkpoint_catalog.h"
 #include "coordinator/jobs/covered_ranges.h"
 #include "coordinator/jobs/profile_cache.h"
+#include "coordinator/jobs/recovery_kind.h"
 #include "coordinator/planner/planner.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/registry/worker_registry.h"
@@ -148,9 +149,8 @@ inline constexpr int kMaxWeightsRuns = 1024;
 // What the job manager tells the coordinator's metrics (all optional; called
 // under the job manager's lock: they must not call back into it).
 struct JobEvents {
-  // A job went RECOVERING; reason: worker_lost | peer_failure |
-  // checkpoint_unusable | coordinator_restart (Restore resumed it).
-  std::function<void(const std::string& reason)> recovery_started;
+  // A job went RECOVERING, for `kind` (recovery_kind.h).
+  std::function<void(RecoveryKind kind)> recovery_started;
   // A recovered job completed its first step on the new plan: seconds since
   // the loss was detected, split into waiting for the survivors, planning,
   // and from the new assignments to that first step (loading included).
@@ -549,7 +549,7 @@ class JobManager {
   // `lost`: a worker known gone (empty when a peer's error reported it),
   // and the incarnation of it that is gone (0: its current one).
   void StartRecoveryLocked(JobRecord& record, const std::string& lost, const std::string& reason,
-                           const std::string& kind, int64_t lost_incarnation = 0)
+                           RecoveryKind kind, int64_t lost_incarnation = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-plans a RECOVERING job once its former workers are accounted for
   // and enough are READY; false while it must wait. `reserved` collects the

@@ -827,6 +827,12 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
 TEST_F(JobManagerElasticTest, Drain_BoundaryCheckpointFails_RecoversWithoutTheDrainedWorker) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
   const std::string id = Submit(ElasticSpec(3, 5)).value().id();
+  std::vector<std::string> recoveries;
+  JobEvents events;
+  events.recovery_started = [&](RecoveryKind kind) {
+    recoveries.push_back(RecoveryKindName(kind));
+  };
+  jobs_->SetEvents(events);
   for (int step = 1; step <= 5; ++step) Step(id, step);
   CheckpointAll(id, 5);
   ASSERT_TRUE(jobs_->Drain(w2).ok());
@@ -848,6 +854,7 @@ TEST_F(JobManagerElasticTest, Drain_BoundaryCheckpointFails_RecoversWithoutTheDr
       job.reason(), "the checkpoint of step " + std::to_string(boundary) + " (" + w2 + " drained"))
       << job.reason();
   EXPECT_TRUE(absl::StrContains(job.reason(), "No space left on device")) << job.reason();
+  EXPECT_EQ(recoveries, std::vector<std::string>{"checkpoint_failed"});
   HeartbeatAllAndSchedule({w1, w2, w3});
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
@@ -1512,7 +1519,9 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_DeadUploadRemovedRes
   Reset(/*with_state=*/true);
   std::vector<std::string> recoveries;
   JobEvents events;
-  events.recovery_started = [&](const std::string& reason) { recoveries.push_back(reason); };
+  events.recovery_started = [&](RecoveryKind kind) {
+    recoveries.push_back(RecoveryKindName(kind));
+  };
   jobs_->SetEvents(events);
   ASSERT_TRUE(jobs_->Restore().ok());
   EXPECT_EQ(jobs_->Get(failed).value().state(), v1::JOB_STATE_FAILED);

@@ -5,7 +5,8 @@
 #   bash scripts/test.sh --config=tsan   # the same under ThreadSanitizer
 # Where the CUDA toolkit is installed (/usr/local/cuda/bin/nvcc), it then
 # builds and tests the CUDA backend too (--config=cuda, CUDA_TARGETS below);
-# without a GPU those tests skip their GPU cases.
+# without a GPU those tests skip their GPU cases (where nvidia-smi lists
+# GPUs, a skip fails the run, but a two-GPU case on a one-GPU machine).
 # Ends with a line "tests: N passed, M failed; GPU tests: ...", then checks
 # the layering and (without arguments) the coordinator image's libraries,
 # runs each fuzz target for 5 s (scripts/fuzz.sh) and ends with "fuzz: N
@@ -28,16 +29,29 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   targets=$(grep -E '^//[^ ]+ +(\(cached\) )?(PASSED|FAILED|TIMEOUT)' "$cuda_log" |
     cut -d' ' -f1 | sort -u)
   skipped=0
+  multi=0  # of them, cases that need two GPUs (named TwoGpus_)
   for t in $targets; do
     test_log="bazel-testlogs/${t#//}"
     test_log="${test_log/://}/test.log"
     if [ -f "$test_log" ]; then
       n=$(grep -cE '^\[  SKIPPED \] .* \([0-9]+ ms\)$' "$test_log")
       skipped=$((skipped + n))
+      n=$(grep -cE '^\[  SKIPPED \] [^ ]*\.TwoGpus_.* \([0-9]+ ms\)$' "$test_log")
+      multi=$((multi + n))
     fi
   done
   gpu="GPU tests: $(echo "$targets" | grep -c .) targets built, $skipped cases skipped"
-  if [ "$skipped" -gt 0 ]; then gpu="$gpu (no GPU)"; fi
+  # As scripts/gpu_run.sh: where the driver lists GPUs nothing may skip (a
+  # skip there hides a check), but the two-GPU cases on a one-GPU machine.
+  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  hiding=$skipped
+  if [ "$gpus" -lt 2 ]; then hiding=$((skipped - multi)); fi
+  if [ "$gpus" -eq 0 ]; then
+    if [ "$skipped" -gt 0 ]; then gpu="$gpu (no GPU)"; fi
+  elif [ "$hiding" -gt 0 ]; then
+    gpu="$gpu on a machine with $gpus GPU(s): that fails the run"
+    if [ "$status" -eq 0 ]; then status=1; fi
+  fi
   cat "$cuda_log" >> "$log"
   rm -f "$cuda_log"
   # The GPU bundle's target list and flags (analysis only, no compiling):

@@ -61,8 +61,13 @@ bool Contains(const absl::Status& status, const std::string& part) {
 // An id for argument-check tests that never reach NCCL.
 NcclUniqueId ZeroId() { return *NcclUniqueId::FromBytes(std::string(NCCL_UNIQUE_ID_BYTES, '\0')); }
 
+// Whether the runtime finds no GPU (the caller skips). A runtime that
+// cannot count them fails the test: CudaDeviceCount reads "no GPU" as 0, so
+// its error is a fault a skip would hide (a failure before a skip reports
+// the test failed).
 bool NoCudaDevice() {
   const absl::StatusOr<int> count = CudaDeviceCount();
+  EXPECT_TRUE(count.ok()) << count.status();
   return !count.ok() || *count == 0;
 }
 

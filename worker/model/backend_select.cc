@@ -54,7 +54,9 @@ bool BuiltWithCuda() { return cuda_hooks::Available(); }
 
 void PreferEagerCudaModuleLoading() { setenv("CUDA_MODULE_LOADING", "EAGER", /*overwrite=*/0); }
 
-int VisibleCudaDevices() { return cuda_hooks::DeviceCount().value_or(0); }
+int VisibleCudaDevices() { return CudaDevicesOrError().value_or(0); }
+
+absl::StatusOr<int> CudaDevicesOrError() { return cuda_hooks::DeviceCount(); }
 
 absl::Status ValidateDeviceFlags(const std::string& device, const std::string& gemm,
                                  const std::string& attention) {

@@ -52,6 +52,9 @@ void PreferEagerCudaModuleLoading();
 // Visible CUDA devices: 0 in a binary built without CUDA or without a
 // device or driver.
 int VisibleCudaDevices();
+// The same, but a runtime that fails otherwise (a driver that does not work
+// on a machine with a GPU) is an error rather than 0.
+absl::StatusOr<int> CudaDevicesOrError();
 
 struct SelectedBackend {
   std::unique_ptr<Backend> owned;  // the CUDA backend; null for the CPU one

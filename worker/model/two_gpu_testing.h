@@ -37,12 +37,15 @@ std::vector<absl::Status> OnBothRanks(Body body) {
 }  // namespace testing
 }  // namespace pipetrain
 
-// Skips the test on a machine with fewer than two GPUs.
+// Skips the test on a machine with fewer than two GPUs; fails it when the
+// runtime cannot count them (CudaDeviceCount reads "no GPU" as 0, so its
+// error is a fault a skip would hide).
 #define SKIP_UNLESS_TWO_GPUS()                                                                   \
   do {                                                                                           \
-    const int devices = ::pipetrain::CudaDeviceCount().value_or(0);                              \
-    if (devices < 2) {                                                                           \
-      GTEST_SKIP() << devices                                                                    \
+    const absl::StatusOr<int> devices = ::pipetrain::CudaDeviceCount();                          \
+    ASSERT_TRUE(devices.ok()) << devices.status();                                               \
+    if (*devices < 2) {                                                                          \
+      GTEST_SKIP() << *devices                                                                   \
                    << " GPU(s): a two-rank group needs two (NCCL refuses two ranks on one GPU)"; \
     }                                                                                            \
   } while (false)

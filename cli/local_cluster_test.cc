@@ -97,6 +97,15 @@ TEST(ClusterDirTest, Claim_SymbolicLink_OnlyOurOwnIsFollowed) {
     ASSERT_TRUE(ours.ok()) << ours.status();
     EXPECT_EQ(access((target + "/up.lock").c_str(), F_OK), 0);
   }
+  // Another user's claim of our link, as any user can test it: the link is
+  // checked before the directory it leads to.
+  const uid_t other = geteuid() + 1;
+  absl::StatusOr<ClusterDir> not_theirs = ClusterDir::Claim("--out", link, other);
+  ASSERT_EQ(not_theirs.status().code(), absl::StatusCode::kFailedPrecondition)
+      << not_theirs.status();
+  EXPECT_EQ(not_theirs.status().message(),
+            absl::StrCat("--out ", link, ": a symbolic link owned by uid ", geteuid(),
+                         ", not by this user (uid ", other, "); pick another --out"));
   // Only root can give a link away (the tests run as root in the sandbox).
   if (geteuid() != 0) GTEST_SKIP() << "not root: cannot make a link another user owns";
   const std::string planted = TempPath("planted");

@@ -255,8 +255,9 @@ if python3 -c "
 import json, sys
 p = json.load(open('$TMP/probs.json'))['units']; f = json.load(open('$TMP/flash.json'))['units']
 rows = 4 * 12 * 256  # batch x heads x tokens
-ok = all((pu['stash_bytes'] - fu['stash_bytes'] == 4 * rows * 255) == pu['name'].startswith('attn_')
-         for pu, fu in zip(p, f))
+ok = (len(p) == len(f) > 0 and any(u['name'].startswith('attn_') for u in p) and
+      all((pu['stash_bytes'] - fu['stash_bytes'] == 4 * rows * 255) == pu['name'].startswith('attn_')
+          for pu, fu in zip(p, f)))
 sys.exit(0 if ok else 1)"; then
   passed=$((passed + 1))
 else

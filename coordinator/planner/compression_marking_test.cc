@@ -42,14 +42,17 @@ std::vector<const v1::Instruction::Send*> Sends(const v1::Program& p, v1::Tensor
 TEST(MarkCompression, NoneEverywhere_LeavesEverySendRaw) {
   std::vector<v1::Program> programs = Compile(Schedule::kOneFOneB, 4);
   MarkCompression(Spec("none", "none", false, false), &programs);
+  int sends = 0;
   for (const v1::Program& p : programs) {
     for (const auto& in : p.instructions()) {
       if (!in.has_send()) continue;
+      ++sends;
       EXPECT_EQ(in.send().codec(), "") << DescribeInstruction(in);
       EXPECT_FALSE(in.send().error_feedback());
       EXPECT_FALSE(in.send().flush_residual());
     }
   }
+  EXPECT_EQ(sends, 2 * 3 * 4 + 2);  // both ways over 3 boundaries, 4 micro-batches; tied
 }
 
 TEST(MarkCompression, ForwardAndBackward_CodecByKindTiedStaysRaw) {
@@ -101,7 +104,10 @@ TEST(MarkCompression, GPipe_EveryBackwardSendIsEpilogue) {
   std::vector<v1::Program> programs = Compile(Schedule::kGPipe, 3);
   MarkCompression(Spec("none", "powersgd:rank=4", false, true), &programs);
   for (int s = 1; s < 4; ++s) {
-    for (const auto* g : Sends(programs[s], v1::TENSOR_KIND_ACTIVATION_GRAD)) {
+    const std::vector<const v1::Instruction::Send*> grads =
+        Sends(programs[s], v1::TENSOR_KIND_ACTIVATION_GRAD);
+    ASSERT_EQ(grads.size(), 3u) << "stage " << s;  // one per micro-batch
+    for (const auto* g : grads) {
       EXPECT_TRUE(g->epilogue());
       EXPECT_EQ(g->codec(), "powersgd:rank=4");
     }

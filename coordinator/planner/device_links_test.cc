@@ -214,14 +214,17 @@ TEST(PlanDeviceLinks, CompressedBackward_GradientsStayOnWireActivationsOnDevice)
   const DeviceLinkPlan plan = PlanDeviceLinks(OneHost(3), &programs);
   ASSERT_EQ(plan.groups.size(), 1u);
   EXPECT_EQ(Stages(plan.groups[0].group), (std::vector<int>{0, 1, 2}));
+  int device = 0;
   for (const v1::Program& p : programs) {
     for (const v1::Instruction& in : p.instructions()) {
       if (!in.has_send() && !in.has_recv()) continue;
       EXPECT_EQ(PathOf(in), TensorOf(in).kind() == v1::TENSOR_KIND_ACTIVATION ? v1::LINK_PATH_DEVICE
                                                                               : v1::LINK_PATH_WIRE)
           << DescribeInstruction(in);
+      if (PathOf(in) == v1::LINK_PATH_DEVICE) ++device;
     }
   }
+  EXPECT_EQ(device, 2 * 2 * 4);  // 2 boundaries x 4 micro-batches, a send and a receive each
 }
 
 // epilogue_only: the cool-down gradients are compressed (wire), the earlier

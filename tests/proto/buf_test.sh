@@ -51,7 +51,13 @@ copy_protos() {  # DIR [COMMIT]
   if [ $# -eq 1 ]; then
     mkdir -p "$1/proto" && cp -r "$SRC/proto/pipetrain" "$1/proto/"
   else
-    git -C "$SRC" archive "$2" proto/pipetrain | tar -x -C "$1"
+    # Through a file: a failed archive must not leave an empty baseline,
+    # against which nothing would be breaking.
+    if ! git -C "$SRC" archive -o "$1.tar" "$2" proto/pipetrain || ! tar -x -C "$1" -f "$1.tar" ||
+      [ -z "$(find "$1/proto" -name '*.proto' 2>/dev/null)" ]; then
+      fail "no proto/pipetrain/*.proto could be taken from $2"
+    fi
+    rm -f "$1.tar"
   fi
 }
 

@@ -141,6 +141,18 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                           "(UNAUTHENTICATED: no or a wrong credential; PERMISSION_DENIED: "
                           "a worker credential used for another worker).")
                       .Register(*registry_);
+  // Each CoordinatorService method's UNAUTHENTICATED series exists from the
+  // first scrape, so that rate() sees the first stranger's call (method
+  // names as CountRefused gets them: the short ones). PERMISSION_DENIED and
+  // REST routes appear with their first refusal.
+  if (const google::protobuf::ServiceDescriptor* service =
+          google::protobuf::DescriptorPool::generated_pool()->FindServiceByName(
+              v1::CoordinatorService::service_full_name())) {
+    for (int m = 0; m < service->method_count(); ++m) {
+      rpc_refused_->Add({{"method", service->method(m)->name()},
+                         {"code", absl::StatusCodeToString(absl::StatusCode::kUnauthenticated)}});
+    }
+  }
   recoveries_ = &prometheus::BuildCounter()
                      .Name("pipetrain_job_recoveries_total")
                      .Help(

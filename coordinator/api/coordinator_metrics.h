@@ -46,6 +46,8 @@
 //                                                          CANCELLED): what PipetrainJobFailed
 //                                                          counts, as pruning lowers pipetrain_jobs
 //   pipetrain_rpc_refused_total{method,code}      counter  calls refused before handling
+//                                                          (each gRPC method's UNAUTHENTICATED
+//                                                          at 0 from the start)
 //                                                          (UNAUTHENTICATED, PERMISSION_DENIED;
 //                                                          REST 401s as method "GET /v1/jobs")
 //   pipetrain_http_requests_total{method,route,code}            counter    REST and /metrics

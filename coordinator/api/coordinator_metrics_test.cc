@@ -88,5 +88,26 @@ TEST(CoordinatorMetricsTest, RecoveryReasons_EveryKindFromTheFirstScrape) {
   EXPECT_EQ(std::size(kAllRecoveryKinds), 5u);
 }
 
+// A stranger's first refused call counts in rate(): each gRPC method's
+// UNAUTHENTICATED series is there, at zero, before it.
+TEST(CoordinatorMetricsTest, RefusedCalls_EachMethodFromTheFirstScrape) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{});
+  CoordinatorMetrics metrics(&workers, &jobs);
+  auto scrape = [&] {
+    return prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+  };
+  const std::string first = scrape();
+  for (const std::string method : {"RegisterWorker", "SubmitJob", "UploadWeights", "GetPlan"}) {
+    const std::string series = absl::StrCat(
+        "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"", method, "\"}");
+    EXPECT_EQ(SeriesValue(first, series), 0) << series;
+    metrics.CountRefused(method, absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(SeriesValue(scrape(), series), 1) << series;
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -118,6 +118,16 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
                                      const v1::ModelSpec& model, uint64_t seed,
                                      const v1::ResumeFrom& from);
 
+// The step directories ("step-" and digits) directly in
+// <output_dir>/<checkpoint_dir> that hold no manifest: checkpoints never
+// completed or half removed, whether or not a catalog knows them (one that
+// a coordinator was writing or expiring when it was killed is known to no
+// catalog after the restart). Each with its dir (under output_dir) and the
+// step its name gives. Symbolic links are neither followed nor listed;
+// none when the directory does not exist or cannot be read.
+std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_dir,
+                                                    const std::string& checkpoint_dir);
+
 // Removes the manifest and the unit files in `from`'s directory, then the
 // directory (left in place if anything else is in it). With
 // `written_before`, files modified at or after it are left too (another

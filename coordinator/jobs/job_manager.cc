@@ -2056,15 +2056,29 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
   // Steps that never completed (the one being written when the job was
   // cancelled or failed, those a recovery stopped short of) can no longer:
-  // their files go. Only files older than now: once the job has ended its
-  // directory is free for another job, whose files these are not.
+  // their files go. So do the other step directories without a manifest,
+  // which no catalog of this process knows: a previous coordinator's, killed
+  // while it wrote or expired them. Only files older than now: once the job
+  // has ended its directory is free for another job, whose files these are
+  // not. (Manifests are written on io_ too, so those of checkpoints
+  // completed before the end are in place when this runs.)
   if (record.checkpoints != nullptr && !options_.output_dir.empty()) {
-    if (std::vector<v1::ResumeFrom> incomplete = record.checkpoints->TakeIncomplete();
-        !incomplete.empty()) {
-      io_.Post([output_dir = options_.output_dir, id = record.job.id(),
-                incomplete = std::move(incomplete),
-                ended = absl::Now()] { RemoveCheckpointDirs(output_dir, id, incomplete, ended); });
-    }
+    io_.Post([output_dir = options_.output_dir, id = record.job.id(),
+              checkpoint_dir = record.resolved.spec.checkpoint().dir(),
+              incomplete = record.checkpoints->TakeIncomplete(), ended = absl::Now()] {
+      RemoveCheckpointDirs(output_dir, id, incomplete, ended);
+      std::vector<v1::ResumeFrom> unknown = StepDirsWithoutManifest(output_dir, checkpoint_dir);
+      // Those of `incomplete` still there hold newer files: tried once.
+      unknown.erase(std::remove_if(unknown.begin(), unknown.end(),
+                                   [&incomplete](const v1::ResumeFrom& u) {
+                                     return std::any_of(incomplete.begin(), incomplete.end(),
+                                                        [&u](const v1::ResumeFrom& i) {
+                                                          return i.dir() == u.dir();
+                                                        });
+                                   }),
+                    unknown.end());
+      RemoveCheckpointDirs(output_dir, id, unknown, ended);
+    });
   }
   PersistLocked(record).IgnoreError();  // logged
   if (events_.ended) events_.ended(state);
@@ -2192,13 +2206,15 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
                      " does not run the model's last unit, so it computes no loss"));
   }
   StageProgress& stage = record->stages[stage_index];
+  // The slowest stage's checkpoint load: sent with the start barrier, or
+  // (a plan without one) with the first iteration's report.
+  const double load = r.resume_load_seconds();
+  if (std::isfinite(load) && load > 0 && load < 1e6 && record->job.plan_history_size() > 0) {
+    v1::PlanVersion* v = record->job.mutable_plan_history(record->job.plan_history_size() - 1);
+    v->set_resume_load_seconds(std::max(v->resume_load_seconds(), load));
+  }
   if (r.ready()) {
     stage.ready = true;
-    const double load = r.resume_load_seconds();
-    if (std::isfinite(load) && load > 0 && load < 1e6 && record->job.plan_history_size() > 0) {
-      v1::PlanVersion* v = record->job.mutable_plan_history(record->job.plan_history_size() - 1);
-      v->set_resume_load_seconds(std::max(v->resume_load_seconds(), load));
-    }
     response.set_all_ready(std::all_of(record->stages.begin(), record->stages.end(),
                                        [](const StageProgress& s) { return s.ready; }));
     return response;

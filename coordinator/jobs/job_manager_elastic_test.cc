@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -363,9 +364,11 @@ TEST_F(JobManagerElasticTest, CheckpointThatCannotComplete_ItsDirectoryRemoved) 
 }
 
 // A job that ends while a checkpoint is half written: that step can never
-// complete, and its files go with the job; complete checkpoints stay. A
-// file written after the end (another job's, once the directory is free)
-// is left, and with it the directory.
+// complete, and its files go with the job; complete checkpoints stay. So
+// does a step directory without a manifest that this coordinator never
+// heard of (one a killed predecessor was writing or expiring). A file
+// written after the end (another job's, once the directory is free) is
+// left, and with it the directory; so is what is not a step directory.
 TEST_F(JobManagerElasticTest, JobEnded_ItsIncompleteCheckpointsRemoved) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();
@@ -379,6 +382,17 @@ TEST_F(JobManagerElasticTest, JobEnded_ItsIncompleteCheckpointsRemoved) {
   }
   ASSERT_TRUE(Checkpoint(id, 0, 10).ok());
   ASSERT_TRUE(Checkpoint(id, 0, 15).ok());
+  // Unknown to this coordinator: an expired step whose removal a killed
+  // one began (manifest gone, units left); a directory that is no step's;
+  // a link named as a step, to a directory elsewhere.
+  std::filesystem::create_directories(dir + "/step-00000000");
+  std::ofstream(dir + "/step-00000000/unit-0001.safetensors") << "left by a killed coordinator";
+  std::filesystem::create_directories(dir + "/notes");
+  std::ofstream(dir + "/notes/unit-0000.safetensors") << "the operator's";
+  const std::string elsewhere = OutputDir() + "/elsewhere";
+  std::filesystem::create_directories(elsewhere);
+  std::ofstream(elsewhere + "/unit-0000.safetensors") << "not the job's";
+  std::filesystem::create_directory_symlink(elsewhere, dir + "/step-00000020");
   // A file that appears after the job's end.
   const std::string later = dir + "/step-00000015/unit-0002.safetensors";
   std::ofstream(later) << "another job's";
@@ -388,8 +402,44 @@ TEST_F(JobManagerElasticTest, JobEnded_ItsIncompleteCheckpointsRemoved) {
   jobs_->FlushIo();
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000010"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000015/unit-0000.safetensors"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000000"));
   EXPECT_TRUE(std::filesystem::exists(later));
   EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000005/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/notes/unit-0000.safetensors"));
+  EXPECT_TRUE(std::filesystem::is_symlink(dir + "/step-00000020"));
+  EXPECT_TRUE(std::filesystem::exists(elsewhere + "/unit-0000.safetensors"));
+}
+
+// The slowest stage's checkpoint load lands in the plan's history entry,
+// whether it comes with the start barrier or (where there is none: one
+// worker, device links) with the first iteration's report; a value out of
+// bounds is not taken.
+TEST_F(JobManagerElasticTest, ResumeLoadSeconds_FromTheBarrierOrTheFirstReport) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  auto report = [&](const std::string& worker, double load, bool ready) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(id);
+    r.set_plan_version(jobs_->Get(id).value().plan_version());
+    r.set_ready(ready);
+    if (!ready) r.set_iteration(0);
+    r.set_resume_load_seconds(load);
+    EXPECT_TRUE(jobs_->ReportProgress(r).ok());
+  };
+  auto last_load = [&] {
+    const v1::Job job = jobs_->Get(id).value();
+    return job.plan_history(job.plan_history_size() - 1).resume_load_seconds();
+  };
+  report(w1, 0.25, /*ready=*/true);
+  report(w2, 0.5, /*ready=*/true);
+  EXPECT_EQ(last_load(), 0.5);
+  report(w1, 0.75, /*ready=*/false);  // iteration 0's report
+  EXPECT_EQ(last_load(), 0.75);
+  report(w2, std::numeric_limits<double>::infinity(), /*ready=*/false);
+  report(w2, 2e6, /*ready=*/true);
+  report(w2, -1, /*ready=*/true);
+  EXPECT_EQ(last_load(), 0.75);
 }
 
 TEST_F(JobManagerElasticTest, CheckpointReport_ForeignUnitOffIntervalOrBadChecksum_Refused) {

@@ -600,8 +600,12 @@ absl::Status JobRunner::RunJob() {
     if (!completed_.load() && device_channel != nullptr) device_channel->Abort();
     if (!completed_.load() && replica_collective != nullptr) replica_collective->Abort();
   };
+  // The checkpoint's load time goes with the start barrier, or without
+  // one with the first iteration's report.
+  bool load_reported = false;
   if (workers > 1 && !on_device_links) {
     RETURN_IF_ERROR(AwaitAllStagesReady());
+    load_reported = true;
   }
   const int64_t steps = job.train.steps;
   // Replica 0 speaks for all replicas (their weights are the same): it
@@ -697,6 +701,10 @@ absl::Status JobRunner::RunJob() {
     r.set_job_id(assignment_.job_id());
     r.set_plan_version(assignment_.plan_version());
     r.set_iteration(it);
+    if (!load_reported) {
+      r.set_resume_load_seconds(resume_load_seconds_);
+      load_reported = true;
+    }
     if (speaks) {
       for (float loss : result->micro_batch_losses) r.add_micro_batch_losses(loss);
     }

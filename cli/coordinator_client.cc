@@ -116,7 +116,8 @@ std::unique_ptr<v1::CoordinatorService::Stub> ConnectCoordinator(
 absl::StatusOr<std::string> UserTokenFrom(const std::string& token_file) {
   if (!token_file.empty()) return ReadSecretFile("--token-file", token_file);
   const char* env = std::getenv("PIPETRAIN_TOKEN");
-  return std::string(env != nullptr ? env : "");
+  if (env == nullptr || *env == '\0') return std::string();
+  return CheckedSecret("PIPETRAIN_TOKEN", env);
 }
 
 std::unique_ptr<grpc::ClientContext> WithDeadline(absl::Duration timeout) {

@@ -51,8 +51,10 @@ absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> FindCoordinator(
     absl::Duration timeout);
 
 // The user token for CLI commands: the contents of `token_file` when given,
-// else the PIPETRAIN_TOKEN environment variable, else empty (a coordinator
-// started --insecure). Errors: ReadSecretFile's, naming --token-file.
+// else the PIPETRAIN_TOKEN environment variable (a trailing line end
+// dropped, as from a file), else empty (a coordinator started --insecure).
+// Errors: ReadSecretFile's, naming --token-file; CheckedSecret's, naming
+// PIPETRAIN_TOKEN.
 absl::StatusOr<std::string> UserTokenFrom(const std::string& token_file);
 
 // A client context whose deadline is now + timeout.

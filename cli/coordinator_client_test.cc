@@ -9,8 +9,10 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/coordinator_endpoints.h"
+#include "common/secrets.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -78,6 +80,52 @@ TEST(FindCoordinatorTest, MalformedList_InvalidArgumentNamingTheFlag) {
     EXPECT_EQ(found.status().message(),
               absl::StrCat("--coordinator: \"", list,
                            "\" has an empty address (a comma-separated list of host:port)"));
+  }
+}
+
+// A port gRPC would wrap (99999 is 34463 to it) or read as 0 is refused
+// before any call: the calls carry the user token.
+TEST(FindCoordinatorTest, PortOutOfRangeOrNotANumber_InvalidArgument) {
+  for (const std::string list :
+       {"127.0.0.1:99999", "127.0.0.1:abc", "127.0.0.1", "127.0.0.1:0", "a:1,b:65536", "host:"}) {
+    auto found = Find(list, absl::Seconds(1));
+    EXPECT_EQ(found.status().code(), absl::StatusCode::kInvalidArgument) << list;
+    EXPECT_NE(found.status().message().find("is not host:port with a port in [1, 65535]"),
+              std::string::npos)
+        << found.status();
+  }
+  for (const std::string list : {"127.0.0.1:1", "[::1]:65535", "a:7070, b:7071", "unix:/run/c"}) {
+    EXPECT_TRUE(ParseCoordinatorAddresses("--coordinator", list).ok()) << list;
+  }
+}
+
+// PIPETRAIN_TOKEN as a Kubernetes Secret gives it, with a line end: taken
+// without it. Whitespace or control characters inside are refused (gRPC
+// aborts the process on such a header value); so is an oversized value.
+TEST(UserTokenFromTest, EnvironmentTokenCheckedAsAFileIs) {
+  const char* before = std::getenv("PIPETRAIN_TOKEN");
+  const std::string saved = before != nullptr ? before : "";
+  setenv("PIPETRAIN_TOKEN", "abc123\n", 1);
+  EXPECT_EQ(UserTokenFrom("").value(), "abc123");
+  setenv("PIPETRAIN_TOKEN", "abc123\r\n", 1);
+  EXPECT_EQ(UserTokenFrom("").value(), "abc123");
+  for (const std::string& bad :
+       std::vector<std::string>{"abc\n123", "a\tb",
+                                "a\x01"
+                                "b",
+                                " abc", "abc ", std::string(kMaxSecretBytes + 1, 'x')}) {
+    setenv("PIPETRAIN_TOKEN", bad.c_str(), 1);
+    absl::StatusOr<std::string> token = UserTokenFrom("");
+    EXPECT_EQ(token.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StartsWith(token.status().message(), "PIPETRAIN_TOKEN ")) << token.status();
+    EXPECT_EQ(token.status().message().find(bad), std::string::npos);  // not echoed
+  }
+  setenv("PIPETRAIN_TOKEN", "", 1);
+  EXPECT_EQ(UserTokenFrom("").value(), "");  // none: an --insecure coordinator
+  if (before != nullptr) {
+    setenv("PIPETRAIN_TOKEN", saved.c_str(), 1);
+  } else {
+    unsetenv("PIPETRAIN_TOKEN");
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
@@ -18,6 +20,21 @@ absl::StatusOr<std::vector<std::string>> ParseCoordinatorAddresses(const std::st
     if (address.empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           flag, ": \"", list, "\" has an empty address (a comma-separated list of host:port)"));
+    }
+    // gRPC reads a port past 65535 modulo 2^16 and one that is not a number
+    // as 0: a typo would send the token to some other service.
+    if (!absl::StartsWith(address, "unix:") && !absl::StartsWith(address, "unix-abstract:")) {
+      const size_t colon = address.rfind(':');
+      const absl::string_view port =
+          colon == std::string::npos ? "" : absl::string_view(address).substr(colon + 1);
+      int number = 0;
+      if (port.empty() || port.size() > 5 ||
+          !std::all_of(port.begin(), port.end(), absl::ascii_isdigit) ||
+          !absl::SimpleAtoi(port, &number) || number < 1 || number > 65535) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, ": \"", absl::CHexEscape(address.substr(0, 256)),
+                         "\" is not host:port with a port in [1, 65535]"));
+      }
     }
     out.push_back(address);
   }

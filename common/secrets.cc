@@ -81,17 +81,21 @@ absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::st
   // Up to the limit, a line end ("\r\n") and one byte more: a file with
   // anything after a full-length token's line end is too long, not cut.
   while (secret.size() < kMaxSecretBytes + 3 && in.get(c)) secret.push_back(c);
+  return CheckedSecret(absl::StrCat(flag, ": ", path), std::move(secret));
+}
+
+absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string secret) {
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
-  if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " is empty"));
+  if (secret.empty()) return absl::InvalidArgumentError(absl::StrCat(where, " is empty"));
   if (secret.size() > kMaxSecretBytes) {
     return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": ", path, " holds more than ", kMaxSecretBytes, " bytes"));
+        absl::StrCat(where, " holds more than ", kMaxSecretBytes, " bytes"));
   }
   for (char ch : secret) {
     const unsigned char u = static_cast<unsigned char>(ch);
     if (u <= 0x20 || u == 0x7f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          flag, ": ", path, " contains whitespace or control characters; a token is one word"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(where, " contains whitespace or control characters; a token is one word"));
     }
   }
   return secret;

@@ -60,6 +60,13 @@ void WarnIfReadableByOthers(absl::string_view flag, const std::string& path);
 // kMaxSecretBytes, or containing whitespace or control characters inside).
 absl::StatusOr<std::string> ReadSecretFile(absl::string_view flag, const std::string& path);
 
+// `secret` without its trailing line end ("\n" or "\r\n", as a file or a
+// Kubernetes Secret holds it), checked as ReadSecretFile checks a file's:
+// INVALID_ARGUMENT "<where> is empty", "... holds more than N bytes" or
+// "... contains whitespace or control characters" (no such value may reach
+// a gRPC header: the library aborts on it).
+absl::StatusOr<std::string> CheckedSecret(absl::string_view where, std::string secret);
+
 // A secret given by value (--<flag>) or by file (--<flag>-file), not both;
 // "" when neither. Errors: INVALID_ARGUMENT when both are given or the
 // value is longer than kMaxSecretBytes; ReadSecretFile's for the file.

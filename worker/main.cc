@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "common/annotated_mutex.h"
 #include "common/build_info.h"
+#include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"
 #include "common/host_port.h"
 #include "common/http_server.h"
@@ -152,6 +153,9 @@ int Run(const std::vector<std::string>& args) {
     return std::printf("%s\n", VersionLine("pipetrain-worker").c_str()), 0;
   }
   if (parsed.ok() && f.threads < 1) parsed = absl::InvalidArgumentError("--threads must be >= 1");
+  // Each address with a port gRPC will not wrap: registration carries the
+  // join token.
+  if (parsed.ok()) parsed = ParseCoordinatorAddresses("--coordinator", f.coordinator).status();
   if (parsed.ok()) parsed = ParseLinkModel("--emulate-link", f.emulate_link).status();
   // Checked before binding: gRPC and the HTTP library keep a port's low 16
   // bits, so 70000 bound 4464 while the flag's value was advertised.

@@ -124,6 +124,18 @@ check job_json_is_the_job "j['id'] == '$job_id' and j['state'] == 'JOB_STATE_QUE
 expect_exit job_report_queued 0 "job $job_id QUEUED, no step yet" "reason: waiting for 2 READY" \
   -- job "$job_id" --report
 expect_exit job_report_not_json 2 "--report prints text on its own" -- job "$job_id" --report --json
+# A timeline that cannot be written is the command line's mistake, found
+# before anything is asked or printed.
+expect_exit job_timeline_no_dir 2 "--timeline $TMP/no-such-dir/t.svg: the directory $TMP/no-such-dir does not exist" \
+  -- job "$job_id" --timeline "$TMP/no-such-dir/t.svg"
+ok job_timeline_no_dir_printed_nothing test ! -s "$OUT"
+# A newline in PIPETRAIN_TOKEN (a Secret's file ends in one) is dropped;
+# a control character inside is refused, not sent (gRPC would abort).
+PIPETRAIN_TOKEN="$(cat "$TMP/user.token")"$'\n' expect_exit env_token_newline 0 '"jobs"' -- jobs --json
+PIPETRAIN_TOKEN=$'u-\x01token' expect_exit env_token_control 67 "PIPETRAIN_TOKEN contains whitespace or control characters" -- jobs
+# A port gRPC would wrap is refused before the token goes anywhere.
+expect_exit coordinator_port_out_of_range 2 "is not host:port with a port in [1, 65535]" -- \
+  jobs --coordinator 127.0.0.1:99999
 # Flags override the environment.
 PIPETRAIN_COORDINATOR=127.0.0.1:1 expect_exit flag_beats_env_address 0 '"jobs"' -- \
   jobs --json --coordinator="$addr"
@@ -221,6 +233,10 @@ expect_exit up_bad_emulated_link 2 '--emulate-link "0Gbit,1ms": bandwidth must b
   up --workers 2 --emulate-link 0Gbit,1ms --out "$TMP/up-bad"
 expect_exit up_missing_data 2 "--data $TMP/no-such-corpus.txt: No such file or directory" -- \
   up --workers 2 --data "$TMP/no-such-corpus.txt" --out "$TMP/up-bad"
+# --loss-log is written when the job ends: a path that cannot be is refused
+# before the run, not after it.
+expect_exit up_loss_log_no_dir 2 "--loss-log $TMP/no-such-dir/l.txt: the directory $TMP/no-such-dir does not exist" -- \
+  up --workers 2 --loss-log "$TMP/no-such-dir/l.txt" --out "$TMP/up-bad"
 # Nothing at all: not even --out is made before the flags are checked.
 ok up_bad_started_nothing test ! -e "$TMP/up-bad"
 # A CUDA device this machine lacks is refused up front too, not by the

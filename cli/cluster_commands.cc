@@ -29,6 +29,7 @@
 #include "cli/job_spec_file.h"
 #include "cli/link_summary.h"
 #include "cli/local_cluster.h"
+#include "cli/output_paths.h"
 #include "cli/progress.h"
 #include "common/coordinator_endpoints.h"
 #include "common/enum_names.h"
@@ -688,6 +689,8 @@ int RunUp(const std::vector<std::string>& args) {
     valid = absl::NotFoundError(absl::StrCat("--data ", o.data, ": ", std::strerror(errno)));
   }
   if (valid.ok()) valid = ResolveJobSpec(UpSpec(o)).status();
+  // Written once the job ends: a path that cannot be must not cost the run.
+  if (valid.ok()) valid = CheckWritableParent("--loss-log", o.loss_log);
   const bool each_gpu = o.worker_device == "cuda:each";
   const int gpus = each_gpu ? VisibleCudaDevices() : 0;
   if (valid.ok() && each_gpu && gpus == 0) {
@@ -1034,6 +1037,14 @@ int RunJob(const std::vector<std::string>& args) {
                  "--full, --timeline and --measured-timeline\n");
     return kExitUsage;
   }
+  for (const auto& [flag, path] :
+       {std::pair<const char*, const std::string&>{"--timeline", o.timeline},
+        {"--measured-timeline", o.measured_timeline}}) {
+    if (absl::Status writable = CheckWritableParent(flag, path); !writable.ok()) {
+      std::fprintf(stderr, "pipetrain job: %s\n", std::string(writable.message()).c_str());
+      return kExitUsage;
+    }
+  }
   auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("job", stub.status());
   v1::GetJobRequest request;
@@ -1066,13 +1077,9 @@ int RunJob(const std::vector<std::string>& args) {
                                         " has no measured step yet: its workers trace the "
                                         "plan's 11th step (or its last), then every 100th")));
   }
-  if (o.json) {
-    std::printf("{\"job\": %s, \"plan\": %s}\n", ToJson(job, true).c_str(),
-                o.show_plan ? ToJson(plan, true).c_str() : "null");
-  } else {
-    std::printf("%s", ToJson(job).c_str());
-    if (o.show_plan) PrintPlanSummary(plan);
-  }
+  // The files first: a write that fails leaves neither them nor half the
+  // output behind.
+  std::vector<std::pair<const char*, std::string>> written;  // what, path
   for (const auto& [path, svg, what] :
        {std::tuple<const std::string&, const std::string&, const char*>{
             o.timeline, plan.timeline_svg(), "timeline"},
@@ -1081,8 +1088,23 @@ int RunJob(const std::vector<std::string>& args) {
     std::ofstream out(path, std::ios::binary);
     out << svg;
     out.close();
-    if (!out) return Fail("job", absl::PermissionDeniedError("cannot write " + path));
-    // On stderr with --json, so that stdout stays one JSON document.
+    if (!out) {
+      const int error = errno;
+      std::remove(path.c_str());
+      for (const auto& [_, done] : written) std::remove(done.c_str());
+      return Fail("job", absl::ErrnoToStatus(error, "cannot write " + path));
+    }
+    written.emplace_back(what, path);
+  }
+  if (o.json) {
+    std::printf("{\"job\": %s, \"plan\": %s}\n", ToJson(job, true).c_str(),
+                o.show_plan ? ToJson(plan, true).c_str() : "null");
+  } else {
+    std::printf("%s", ToJson(job).c_str());
+    if (o.show_plan) PrintPlanSummary(plan);
+  }
+  // On stderr with --json, so that stdout stays one JSON document.
+  for (const auto& [what, path] : written) {
     std::fprintf(o.json ? stderr : stdout, "%s: %s\n", what, path.c_str());
   }
   return kExitOk;

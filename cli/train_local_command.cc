@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/output_paths.h"
 #include "cli/progress.h"
 #include "common/flag_set.h"
 #include "common/status_macros.h"
@@ -124,30 +125,6 @@ absl::Status CheckBounds(const Options& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("--batch x --seq-len is ", int64_t{t.batch_size} * t.seq_len,
                      " tokens a step, over the limit of ", kMaxTokensPerStep));
-  }
-  return absl::OkStatus();
-}
-
-// The directory a file flag's path lies in exists and can be written, so a
-// bad --save, --checkpoint or --log fails before training, not after it.
-absl::Status CheckWritableParent(const char* flag, const std::string& path) {
-  if (path.empty()) return absl::OkStatus();
-  const size_t slash = path.find_last_of('/');
-  const std::string dir =
-      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  struct stat info;
-  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " ", path, ": the directory ", dir, " does not exist"));
-  }
-  if (access(dir.c_str(), W_OK) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " ", path, ": the directory ", dir, " is not writable"));
-  }
-  // A directory in its place would fail the write only after the run.
-  if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " ", path, " is a directory; name a file"));
   }
   return absl::OkStatus();
 }

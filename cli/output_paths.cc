@@ -1,0 +1,36 @@
+#include "cli/output_paths.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace pipetrain {
+
+absl::Status CheckWritableParent(const char* flag, const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  const size_t slash = path.find_last_of('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  struct stat info;
+  if (stat(dir.c_str(), &info) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": the directory ", dir, " does not exist"));
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": ", dir, " is not a directory"));
+  }
+  if (access(dir.c_str(), W_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, ": the directory ", dir, " is not writable"));
+  }
+  // A directory in its place would fail the write only after the run.
+  if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " ", path, " is a directory; name a file"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain

@@ -63,49 +63,47 @@ double SeriesValue(const std::string& text, const std::string& series) {
   return -1;
 }
 
+// Metrics over an empty registry and job manager, scraped as /metrics is.
+class ScrapedMetricsTest : public ::testing::Test {
+ protected:
+  std::string Scrape() {
+    return prometheus::TextSerializer().Serialize(metrics_.registry()->Collect());
+  }
+
+  FakeClock clock_;
+  WorkerRegistry workers_{WorkerRegistry::Options{.clock = &clock_}};
+  AssignmentHub hub_;
+  JobManager jobs_{&workers_, &hub_, &clock_, JobManagerOptions{}};
+  CoordinatorMetrics metrics_{&workers_, &jobs_};
+};
+
 // Every recovery reason the job manager can report exists from the first
 // scrape, at zero: a series born at 1 counts as 0 in Prometheus'
 // increase(), so a reason missing here hides its first recovery from the
 // alert on repeated recoveries.
-TEST(CoordinatorMetricsTest, RecoveryReasons_EveryKindFromTheFirstScrape) {
-  FakeClock clock;
-  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
-  AssignmentHub hub;
-  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{});
-  CoordinatorMetrics metrics(&workers, &jobs);
-  const JobEvents events = metrics.Events();
-  auto scrape = [&] {
-    return prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
-  };
-  const std::string first = scrape();
+TEST_F(ScrapedMetricsTest, RecoveryReasons_EveryKindFromTheFirstScrape) {
+  const JobEvents events = metrics_.Events();
+  const std::string first = Scrape();
   for (const RecoveryKind kind : kAllRecoveryKinds) {
     const std::string series =
         absl::StrCat("pipetrain_job_recoveries_total{reason=\"", RecoveryKindName(kind), "\"}");
     EXPECT_EQ(SeriesValue(first, series), 0) << series;
     events.recovery_started(kind);
-    EXPECT_EQ(SeriesValue(scrape(), series), 1) << series;
+    EXPECT_EQ(SeriesValue(Scrape(), series), 1) << series;
   }
   EXPECT_EQ(std::size(kAllRecoveryKinds), 5u);
 }
 
 // A stranger's first refused call counts in rate(): each gRPC method's
 // UNAUTHENTICATED series is there, at zero, before it.
-TEST(CoordinatorMetricsTest, RefusedCalls_EachMethodFromTheFirstScrape) {
-  FakeClock clock;
-  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
-  AssignmentHub hub;
-  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{});
-  CoordinatorMetrics metrics(&workers, &jobs);
-  auto scrape = [&] {
-    return prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
-  };
-  const std::string first = scrape();
+TEST_F(ScrapedMetricsTest, RefusedCalls_EachMethodFromTheFirstScrape) {
+  const std::string first = Scrape();
   for (const std::string method : {"RegisterWorker", "SubmitJob", "UploadWeights", "GetPlan"}) {
     const std::string series = absl::StrCat(
         "pipetrain_rpc_refused_total{code=\"UNAUTHENTICATED\",method=\"", method, "\"}");
     EXPECT_EQ(SeriesValue(first, series), 0) << series;
-    metrics.CountRefused(method, absl::StatusCode::kUnauthenticated);
-    EXPECT_EQ(SeriesValue(scrape(), series), 1) << series;
+    metrics_.CountRefused(method, absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(SeriesValue(Scrape(), series), 1) << series;
   }
 }
 

@@ -821,7 +821,8 @@ bool PathWithin(const std::string& path, const std::string& dir) {
 const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::string& dir) const {
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
-      if (IsTerminal(record->job.state()) || record->checkpoints == nullptr) continue;
+      if (record->checkpoints == nullptr) continue;
+      if (IsTerminal(record->job.state()) && !record->checkpoint_sweep_pending) continue;
       const std::string& theirs = record->job.spec().checkpoint().dir();
       if (PathWithin(dir, theirs) || PathWithin(theirs, dir)) return record.get();
     }
@@ -832,7 +833,8 @@ const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::stri
 const JobManager::JobRecord* JobManager::CheckpointDirHoldingLocked(const std::string& path) const {
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
-      if (IsTerminal(record->job.state()) || record->checkpoints == nullptr) continue;
+      if (record->checkpoints == nullptr) continue;
+      if (IsTerminal(record->job.state()) && !record->checkpoint_sweep_pending) continue;
       if (PathWithin(path, record->job.spec().checkpoint().dir())) return record.get();
     }
   }
@@ -924,6 +926,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
             theirs == checkpoint->dir() ? "is in use by job"
                                         : absl::StrCat("overlaps \"", theirs, "\", that of job"),
             " ", other->job.id(), " (", EnumShortName(other->job.state()),
+            IsTerminal(other->job.state()) ? ": its leftover files are being removed" : "",
             "); give this job a directory of its own"));
       }
       if (const JobRecord* other = WeightsPathInLocked(checkpoint->dir())) {
@@ -2058,26 +2061,37 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   // cancelled or failed, those a recovery stopped short of) can no longer:
   // their files go. So do the other step directories without a manifest,
   // which no catalog of this process knows: a previous coordinator's, killed
-  // while it wrote or expired them. Only files older than now: once the job
-  // has ended its directory is free for another job, whose files these are
-  // not. (Manifests are written on io_ too, so those of checkpoints
-  // completed before the end are in place when this runs.)
+  // while it wrote or expired them; but not while another live job shares
+  // the directory (state stored before sharing was refused), nor the steps
+  // this job holds complete (a manifest whose write failed). The directory
+  // stays this job's until the removal is done (checkpoint_sweep_pending),
+  // and only files written before the end go. (Manifests are written on
+  // io_ too, so those of checkpoints completed before the end are in place
+  // when this runs.)
   if (record.checkpoints != nullptr && !options_.output_dir.empty()) {
-    io_.Post([output_dir = options_.output_dir, id = record.job.id(),
-              checkpoint_dir = record.resolved.spec.checkpoint().dir(),
-              incomplete = record.checkpoints->TakeIncomplete(), ended = absl::Now()] {
+    const std::string& checkpoint_dir = record.resolved.spec.checkpoint().dir();
+    const bool shared = CheckpointDirUserLocked(checkpoint_dir) != nullptr;
+    std::set<std::string> complete;
+    for (const v1::ResumeFrom& c : record.checkpoints->Complete()) complete.insert(c.dir());
+    record.checkpoint_sweep_pending = true;
+    io_.Post([this, output_dir = options_.output_dir, id = record.job.id(), checkpoint_dir, shared,
+              complete = std::move(complete), incomplete = record.checkpoints->TakeIncomplete(),
+              ended = absl::Now()] {
       RemoveCheckpointDirs(output_dir, id, incomplete, ended);
-      std::vector<v1::ResumeFrom> unknown = StepDirsWithoutManifest(output_dir, checkpoint_dir);
-      // Those of `incomplete` still there hold newer files: tried once.
-      unknown.erase(std::remove_if(unknown.begin(), unknown.end(),
-                                   [&incomplete](const v1::ResumeFrom& u) {
-                                     return std::any_of(incomplete.begin(), incomplete.end(),
-                                                        [&u](const v1::ResumeFrom& i) {
-                                                          return i.dir() == u.dir();
-                                                        });
-                                   }),
-                    unknown.end());
-      RemoveCheckpointDirs(output_dir, id, unknown, ended);
+      if (!shared) {
+        std::vector<v1::ResumeFrom> unknown;
+        for (v1::ResumeFrom& dir : StepDirsWithoutManifest(output_dir, checkpoint_dir)) {
+          const bool listed =
+              complete.count(dir.dir()) > 0 ||
+              std::any_of(incomplete.begin(), incomplete.end(), [&dir](const v1::ResumeFrom& i) {
+                return i.dir() == dir.dir();  // tried once already
+              });
+          if (!listed) unknown.push_back(std::move(dir));
+        }
+        RemoveCheckpointDirs(output_dir, id, unknown, ended);
+      }
+      AnnotatedMutexLock lock(&mu_);
+      if (JobRecord* done = FindLocked(id)) done->checkpoint_sweep_pending = false;
     });
   }
   PersistLocked(record).IgnoreError();  // logged

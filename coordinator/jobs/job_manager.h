@@ -397,6 +397,10 @@ class JobManager {
     double reference_gflops = 0;
     // spec.checkpoint (null without).
     std::unique_ptr<CheckpointCatalog> checkpoints;
+    // Ended, its checkpoint directory's leftovers being removed on io_:
+    // the directory stays this job's (CheckpointDirUserLocked) until that
+    // is done, so a new job's files are never among them.
+    bool checkpoint_sweep_pending = false;
     // While RECOVERING: when the loss was detected, why, which workers are
     // known lost, and the other former workers, who must prove they are
     // alive (a heartbeat after `recovery_started`) or be declared LOST
@@ -460,11 +464,13 @@ class JobManager {
   };
 
   JobRecord* FindLocked(const std::string& job_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job that has not ended and checkpoints into `dir`, a directory
-  // inside it, or one it lies in (the paths nest), or null.
+  // A job that has not ended (or whose checkpoint_sweep_pending) and
+  // checkpoints into `dir`, a directory inside it, or one it lies in (the
+  // paths nest), or null.
   const JobRecord* CheckpointDirUserLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A job that has not ended whose checkpoint directory holds `path`, or null.
+  // A job that has not ended (or whose checkpoint_sweep_pending) whose
+  // checkpoint directory holds `path`, or null.
   const JobRecord* CheckpointDirHoldingLocked(const std::string& path) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that has not ended whose weights file lies in `dir`, or null.

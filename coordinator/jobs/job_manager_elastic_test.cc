@@ -262,6 +262,7 @@ TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
                                            " (RUNNING); give this job a directory of its own");
   EXPECT_TRUE(Submit(ElasticSpec(1, 5)).ok());  // checkpoints/<its id>
   ASSERT_TRUE(jobs_->Cancel(first).ok());
+  jobs_->FlushIo();  // the ended job's leftovers removed: the directory is free
   EXPECT_TRUE(Submit(spec).ok());
 }
 
@@ -324,6 +325,7 @@ TEST_F(JobManagerElasticTest, WeightsInACheckpointDirOrNestedDirs_Refused) {
   EXPECT_EQ(writer, "job-2");
   EXPECT_EQ(third->id(), "job-3");
   ASSERT_TRUE(jobs_->Cancel(first).ok());
+  jobs_->FlushIo();  // the ended job's leftovers removed: the directory is free
   EXPECT_TRUE(Submit(into).ok());
 }
 
@@ -393,6 +395,11 @@ TEST_F(JobManagerElasticTest, JobEnded_ItsIncompleteCheckpointsRemoved) {
   std::filesystem::create_directories(elsewhere);
   std::ofstream(elsewhere + "/unit-0000.safetensors") << "not the job's";
   std::filesystem::create_directory_symlink(elsewhere, dir + "/step-00000020");
+  // A checkpoint the job holds complete whose manifest is gone (its write
+  // failed, or a coordinator died before it): its units are not leftovers.
+  jobs_->FlushIo();
+  std::filesystem::remove(dir + "/step-00000005/manifest.json");
+  std::ofstream(dir + "/step-00000005/unit-0000.safetensors") << "a complete checkpoint's";
   // A file that appears after the job's end.
   const std::string later = dir + "/step-00000015/unit-0002.safetensors";
   std::ofstream(later) << "another job's";
@@ -404,7 +411,7 @@ TEST_F(JobManagerElasticTest, JobEnded_ItsIncompleteCheckpointsRemoved) {
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000015/unit-0000.safetensors"));
   EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000000"));
   EXPECT_TRUE(std::filesystem::exists(later));
-  EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000005/manifest.json"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000005/unit-0000.safetensors"));
   EXPECT_TRUE(std::filesystem::exists(dir + "/notes/unit-0000.safetensors"));
   EXPECT_TRUE(std::filesystem::is_symlink(dir + "/step-00000020"));
   EXPECT_TRUE(std::filesystem::exists(elsewhere + "/unit-0000.safetensors"));

@@ -1085,14 +1085,18 @@ int RunJob(const std::vector<std::string>& args) {
             o.timeline, plan.timeline_svg(), "timeline"},
         {o.measured_timeline, plan.measured_timeline_svg(), "measured timeline"}}) {
     if (path.empty()) continue;
+    errno = 0;
     std::ofstream out(path, std::ios::binary);
+    const bool opened = out.is_open();
     out << svg;
     out.close();
     if (!out) {
       const int error = errno;
-      std::remove(path.c_str());
+      if (opened) std::remove(path.c_str());  // truncated here: half a file
       for (const auto& [_, done] : written) std::remove(done.c_str());
-      return Fail("job", absl::ErrnoToStatus(error, "cannot write " + path));
+      const std::string message = "cannot write " + path;
+      return Fail("job",
+                  error != 0 ? absl::ErrnoToStatus(error, message) : absl::UnknownError(message));
     }
     written.emplace_back(what, path);
   }

@@ -21,7 +21,10 @@ source scripts/cuda_targets.sh
 gpu="CUDA toolkit not found: CUDA targets not built"
 if [ -x /usr/local/cuda/bin/nvcc ]; then
   cuda_log=$(mktemp)
-  bazel test "$@" --config=cuda "${CUDA_TARGETS[@]}" 2>&1 | tee "$cuda_log"
+  # Not from the cache: whether a case may skip depends on this machine's
+  # GPUs, which the cache does not know.
+  bazel test "$@" --config=cuda --cache_test_results=no "${CUDA_TARGETS[@]}" 2>&1 |
+    tee "$cuda_log"
   cuda_status=${PIPESTATUS[0]}
   if [ "$status" -eq 0 ]; then status=$cuda_status; fi
   # One result line per CUDA test target; gtest prints "[  SKIPPED ] Suite.Case
@@ -43,7 +46,7 @@ if [ -x /usr/local/cuda/bin/nvcc ]; then
   gpu="GPU tests: $(echo "$targets" | grep -c .) targets built, $skipped cases skipped"
   # As scripts/gpu_run.sh: where the driver lists GPUs nothing may skip (a
   # skip there hides a check), but the two-GPU cases on a one-GPU machine.
-  gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+  gpus=$(timeout 20 nvidia-smi -L 2>/dev/null | grep -c '^GPU')
   hiding=$skipped
   if [ "$gpus" -lt 2 ]; then hiding=$((skipped - multi)); fi
   if [ "$gpus" -eq 0 ]; then

@@ -1,8 +1,9 @@
 // Test helpers for the CUDA kernel parity tests (testonly).
 //
 // CudaTest: a fixture whose SetUp skips the test (GTEST_SKIP, "no CUDA
-// device") when CudaDeviceCount() is 0 or fails, so GPU tests report SKIPPED
-// on machines without a GPU instead of passing vacuously.
+// device") when CudaDeviceCount() is 0 (no GPU, or no driver that serves
+// this runtime), so GPU tests report SKIPPED on machines without a GPU
+// instead of passing vacuously; any other error of it fails the test.
 //
 // AllClose: the llm.c-style comparison |gpu - cpu| <= atol + rtol * |cpu|,
 // element by element, printing the first mismatches.

@@ -21,6 +21,11 @@ const std::vector<std::string> kTopFlags = {"--help", "--version"};
 std::vector<FlagSet::Info> NoFlags() { return {}; }
 
 int RunVersion(const std::vector<std::string>& args) {
+  // Every command answers --help (the top-level usage says so).
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+    std::printf("usage: pipetrain version\nPrints the version (also: pipetrain --version).\n");
+    return kExitOk;
+  }
   if (!args.empty()) {
     std::fprintf(stderr, "pipetrain version: takes no arguments\n");
     return kExitUsage;

@@ -94,7 +94,15 @@ TEST(FindCoordinatorTest, PortOutOfRangeOrNotANumber_InvalidArgument) {
               std::string::npos)
         << found.status();
   }
-  for (const std::string list : {"127.0.0.1:1", "[::1]:65535", "a:7070, b:7071", "unix:/run/c"}) {
+  for (const std::string list : {"::1", "fe80::1:7070", "ipv6:::1:7070"}) {
+    auto found = Find(list, absl::Seconds(1));
+    EXPECT_EQ(found.status().code(), absl::StatusCode::kInvalidArgument) << list;
+    EXPECT_NE(found.status().message().find("an IPv6 address without brackets"), std::string::npos)
+        << found.status();
+  }
+  for (const std::string list :
+       {"127.0.0.1:1", "[::1]:65535", "a:7070, b:7071", "unix:/run/c", "dns:///c.example:7070",
+        "ipv4:10.0.0.1:7070", "ipv6:[::1]:7070"}) {
     EXPECT_TRUE(ParseCoordinatorAddresses("--coordinator", list).ok()) << list;
   }
 }

@@ -25,6 +25,15 @@ absl::StatusOr<std::vector<std::string>> ParseCoordinatorAddresses(const std::st
     // as 0: a typo would send the token to some other service.
     if (!absl::StartsWith(address, "unix:") && !absl::StartsWith(address, "unix-abstract:")) {
       const size_t colon = address.rfind(':');
+      // "::1" or "fe80::1:7070": gRPC reads an IPv6 address without
+      // brackets as a host with no port (443), whatever its last group says.
+      const std::string host = colon == std::string::npos ? "" : address.substr(0, colon);
+      if (host.find(':') != std::string::npos && host.find('[') == std::string::npos &&
+          host.find("://") == std::string::npos && !absl::StartsWith(host, "ipv4:")) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(flag, ": \"", absl::CHexEscape(address.substr(0, 256)),
+                         "\" is an IPv6 address without brackets; write [ADDRESS]:PORT"));
+      }
       const absl::string_view port =
           colon == std::string::npos ? "" : absl::string_view(address).substr(colon + 1);
       int number = 0;

@@ -41,7 +41,8 @@ inline constexpr char kLeaderMetadataKey[] = "x-pipetrain-leader";
 
 // "a:7070, b:7070" -> {"a:7070", "b:7070"}; INVALID_ARGUMENT naming `flag`
 // when empty, an entry is empty, or an entry's port (after its last ':') is
-// not a number in [1, 65535] (gRPC would wrap 99999 to 34463). Entries
+// not a number in [1, 65535] (gRPC would wrap 99999 to 34463), or it is an
+// IPv6 address without brackets (gRPC would use port 443). Entries
 // "unix:PATH" and "unix-abstract:NAME" have no port.
 absl::StatusOr<std::vector<std::string>> ParseCoordinatorAddresses(const std::string& flag,
                                                                    const std::string& list);

@@ -5,20 +5,18 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <map>
 #include <set>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
 #include "common/confined_path.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
+#include "worker/checkpoint/checkpoint_manifest.h"
 
 namespace pipetrain {
 namespace {
@@ -260,21 +258,15 @@ std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_di
       OpenConfinedParent(output_dir, "spec.checkpoint.dir",
                          absl::StrCat(checkpoint_dir, "/", kManifestName), /*create_dirs=*/false);
   if (!parent.ok() || parent->dir.get() < 0) return out;
-  std::vector<std::string> names;
+  std::map<int64_t, std::string> names;  // by step
   if (DIR* dir = fdopendir(dup(parent->dir.get()))) {
     while (dirent* entry = readdir(dir)) {
-      const absl::string_view name = entry->d_name;
-      const absl::string_view digits = absl::StripPrefix(name, "step-");
-      if (digits.size() == name.size() || digits.empty() || digits.size() > 18 ||
-          !std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) {
-        continue;
-      }
-      names.emplace_back(name);
+      int64_t step = 0;
+      if (ParseStepDirName(entry->d_name, &step)) names.emplace(step, entry->d_name);
     }
     closedir(dir);
   }
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names) {
+  for (const auto& [step, name] : names) {
     struct stat st;
     if (fstatat(parent->dir.get(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
         !S_ISDIR(st.st_mode)) {
@@ -287,8 +279,7 @@ std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_di
       continue;  // unreadable, or complete
     }
     v1::ResumeFrom from;
-    int64_t step = 0;
-    if (absl::SimpleAtoi(absl::StripPrefix(name, "step-"), &step)) from.set_step(step);
+    from.set_step(step);
     from.set_dir(absl::StrCat(checkpoint_dir, "/", name));
     out.push_back(std::move(from));
   }

@@ -2071,22 +2071,20 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
   if (record.checkpoints != nullptr && !options_.output_dir.empty()) {
     const std::string& checkpoint_dir = record.resolved.spec.checkpoint().dir();
     const bool shared = CheckpointDirUserLocked(checkpoint_dir) != nullptr;
-    std::set<std::string> complete;
-    for (const v1::ResumeFrom& c : record.checkpoints->Complete()) complete.insert(c.dir());
+    std::vector<v1::ResumeFrom> incomplete = record.checkpoints->TakeIncomplete();
+    // Not for the second pass: the complete steps (kept) and the incomplete
+    // ones (removed first, tried once).
+    std::set<std::string> known;
+    for (const v1::ResumeFrom& c : record.checkpoints->Complete()) known.insert(c.dir());
+    for (const v1::ResumeFrom& i : incomplete) known.insert(i.dir());
     record.checkpoint_sweep_pending = true;
     io_.Post([this, output_dir = options_.output_dir, id = record.job.id(), checkpoint_dir, shared,
-              complete = std::move(complete), incomplete = record.checkpoints->TakeIncomplete(),
-              ended = absl::Now()] {
+              known = std::move(known), incomplete = std::move(incomplete), ended = absl::Now()] {
       RemoveCheckpointDirs(output_dir, id, incomplete, ended);
       if (!shared) {
         std::vector<v1::ResumeFrom> unknown;
         for (v1::ResumeFrom& dir : StepDirsWithoutManifest(output_dir, checkpoint_dir)) {
-          const bool listed =
-              complete.count(dir.dir()) > 0 ||
-              std::any_of(incomplete.begin(), incomplete.end(), [&dir](const v1::ResumeFrom& i) {
-                return i.dir() == dir.dir();  // tried once already
-              });
-          if (!listed) unknown.push_back(std::move(dir));
+          if (known.count(dir.dir()) == 0) unknown.push_back(std::move(dir));
         }
         RemoveCheckpointDirs(output_dir, id, unknown, ended);
       }

@@ -259,8 +259,6 @@ absl::StatusOr<CheckpointManifest> ReadCheckpointManifest(const std::string& pat
   return ParseCheckpointManifest(text, path);
 }
 
-namespace {
-
 bool ParseStepDirName(const std::string& name, int64_t* step) {
   constexpr char kPrefix[] = "step-";
   const size_t prefix = sizeof(kPrefix) - 1;
@@ -272,6 +270,8 @@ bool ParseStepDirName(const std::string& name, int64_t* step) {
   }
   return absl::SimpleAtoi(name.substr(prefix), step);
 }
+
+namespace {
 
 bool Exists(const std::string& path) {
   struct stat st;

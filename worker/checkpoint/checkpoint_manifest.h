@@ -79,6 +79,10 @@ struct CheckpointLocation {
   std::string path() const { return root == "/" ? "/" + dir : root + "/" + dir; }
 };
 
+// Whether `name` is a checkpoint step directory's, "step-" and 1 to 18
+// digits (the coordinator writes step-%08d); its step in `*step` if so.
+bool ParseStepDirName(const std::string& name, int64_t* step);
+
 // `dir` is a checkpoint when it is named step-<digits> or holds
 // manifest.json (of any kind: reading it reports what is wrong); otherwise
 // the step-<digits> directory in it with the highest step whose

@@ -1370,6 +1370,15 @@ bool JobManager::IsDrained(const v1::Worker& worker) const {
 absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
   AnnotatedMutexLock lock(&mu_);
   ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(worker_id));
+  // A LOST or LEFT incarnation is out of service already, and the drain
+  // would not cover the next one (drained_ holds the incarnation): saying
+  // "draining" would tell the operator something that is not happening.
+  if (worker.state() == v1::WORKER_STATE_LOST || worker.state() == v1::WORKER_STATE_LEFT) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        worker_id, " is ", EnumShortName(worker.state()),
+        ": out of service already; a process that registers again under this id is a new "
+        "incarnation, which this drain would not cover (drain it once it is READY)"));
+  }
   JobRecord* record = worker.job_id().empty() ? nullptr : FindLocked(worker.job_id());
   if (record != nullptr && !IsTerminal(record->job.state()) && !IsDrainedLocked(worker_id)) {
     if (record->checkpoints == nullptr) {

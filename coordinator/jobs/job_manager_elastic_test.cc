@@ -988,6 +988,21 @@ TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChan
   EXPECT_EQ(jobs_->Drain("w-99").status().code(), absl::StatusCode::kNotFound);
 }
 
+// A LOST or LEFT worker is out of service already: draining it is refused,
+// saying so, instead of reporting a drain that does nothing.
+TEST_F(JobManagerElasticTest, Drain_LostOrLeftWorker_RefusedSayingSo) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  registry_.MarkLost(w1, incarnations_[w1], "killed");
+  absl::Status refused = jobs_->Drain(w1).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "is LOST")) << refused;
+  ASSERT_TRUE(registry_.Deregister(w2, incarnations_[w2]).ok());
+  refused = jobs_->Drain(w2).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(refused.message(), "is LEFT")) << refused;
+  EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w2).value()));
+}
+
 // Draining an auto layout's worker: allowed while the rest still has a
 // layout. With 2 tensor ranks per stage, one worker left has none (refused,
 // saying so); searching T, one worker is a layout (1 x 1 x 1).

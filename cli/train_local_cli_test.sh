@@ -44,6 +44,9 @@ if grep -q 'some text' "$TMP/book.txt"; then
 else
   fail save_over_data_untouched "the corpus was overwritten"
 fi
+# More threads than OpenBLAS runs: said, not silently fewer.
+expect_exit threads_capped 0 "--threads 100000: OpenBLAS runs" "threads, its most" -- \
+  train-local "${TINY[@]}" --threads 100000
 expect_exit init_from_and_resume 2 "use either --init-from or --resume, not both" -- \
   train-local --init-from "$TMP/a.safetensors" --resume "$TMP/b.ckpt"
 expect_exit eval_without_val 2 "--eval-interval needs --val-fraction > 0" -- \

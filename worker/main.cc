@@ -204,11 +204,7 @@ int Run(const std::vector<std::string>& args) {
     std::fprintf(stderr, "pipetrain-worker: %s\n", std::string(parsed.message()).c_str());
     return 2;
   }
-  SetBlasThreads(f.threads);
-  if (BlasThreads() != f.threads) {  // OpenBLAS caps it at its build's maximum
-    PT_LOG(WARNING) << "--threads " << f.threads << ": OpenBLAS runs " << BlasThreads()
-                    << " threads, its most";
-  }
+  SetBlasThreads(f.threads);  // warns when OpenBLAS caps the count
   // Before the first CUDA call (SelectBackend's): stages may link over NCCL.
   if (f.device != "cpu") PreferEagerCudaModuleLoading();
   absl::StatusOr<SelectedBackend> backend = SelectBackend(f.device, f.gemm, f.attention);

@@ -37,6 +37,10 @@ void ConfigureBlasOrReexec(char** argv) {
 void SetBlasThreads(int threads) {
   PT_CHECK(threads >= 1) << "threads=" << threads;
   openblas_set_num_threads(threads);
+  if (const int running = openblas_get_num_threads(); running != threads) {
+    PT_LOG(WARNING) << "--threads " << threads << ": OpenBLAS runs " << running
+                    << " threads, its most";
+  }
 }
 
 int BlasThreads() { return openblas_get_num_threads(); }

@@ -23,7 +23,9 @@ bool CpuHasAvx512();
 void ConfigureBlasOrReexec(char** argv);
 
 // Threads OpenBLAS uses for each GEMM (>= 1). Fixed thread counts give
-// bitwise-reproducible results. Not thread-safe with concurrent GEMMs.
+// bitwise-reproducible results. OpenBLAS caps the count at its build's
+// maximum; a capped request logs a warning naming the count it runs (the
+// user asked for something else). Not thread-safe with concurrent GEMMs.
 void SetBlasThreads(int threads);
 int BlasThreads();
 // The kernel family OpenBLAS picked, e.g. "SkylakeX" or "Haswell".

@@ -80,10 +80,12 @@ std::string BashCompletion(const std::string& program, const std::vector<std::st
                   "    COMPREPLY=()\n"
                   "    return\n"
                   "  fi\n"
-                  "  if [[ \"$cur\" == -* ]]; then\n"
+                  "  # A command with words (checkpoint export) takes one first;\n"
+                  "  # its flags follow it.\n"
+                  "  if [[ $COMP_CWORD -eq 2 && -n \"$words\" ]]; then\n"
+                  "    COMPREPLY=($(compgen -W \"$words --help\" -- \"$cur\"))\n"
+                  "  elif [[ \"$cur\" == -* ]]; then\n"
                   "    COMPREPLY=($(compgen -W \"$flags\" -- \"$cur\"))\n"
-                  "  elif [[ $COMP_CWORD -eq 2 && -n \"$words\" ]]; then\n"
-                  "    COMPREPLY=($(compgen -W \"$words\" -- \"$cur\"))\n"
                   "  else\n"
                   "    COMPREPLY=()\n"
                   "  fi\n"
@@ -127,7 +129,17 @@ std::string ZshCompletion(const std::string& program, const std::vector<std::str
                   "  (( CURRENT-- ))\n"
                   "  case \"$command\" in\n");
   for (const CompletedCommand& c : commands) {
-    absl::StrAppend(&out, "    ", SingleQuoted(c.name), ")\n      _arguments -s \\\n");
+    absl::StrAppend(&out, "    ", SingleQuoted(c.name), ")\n");
+    if (!c.words.empty()) {
+      // Its word first (checkpoint export): its flags follow the word.
+      absl::StrAppend(&out, "      if (( CURRENT == 2 )); then\n        compadd -- ",
+                      absl::StrJoin(c.words, " ",
+                                    [](std::string* o, const std::string& w) {
+                                      absl::StrAppend(o, SingleQuoted(w));
+                                    }),
+                      " --help\n        return\n      fi\n");
+    }
+    absl::StrAppend(&out, "      _arguments -s \\\n");
     for (const FlagSet::Info& flag : c.flags) {
       absl::StrAppend(&out, "        ", ZshFlagSpec(flag), " \\\n");
     }

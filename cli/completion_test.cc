@@ -29,6 +29,9 @@ TEST(CompletionTest, BashCompletion_ListsCommandsFlagsAndValueFlags) {
   EXPECT_THAT(script, HasSubstr("    'checkpoint')\n      flags='--out --help'\n"
                                 "      values='--out'\n      words='export'\n      ;;\n"));
   EXPECT_THAT(script, HasSubstr("complete -o default -F _pt pt\n"));
+  // Right after a command with words, its words (and --help), not its flags.
+  EXPECT_THAT(script, HasSubstr("if [[ $COMP_CWORD -eq 2 && -n \"$words\" ]]; then\n"
+                                "    COMPREPLY=($(compgen -W \"$words --help\" -- \"$cur\"))\n"));
 }
 
 TEST(CompletionTest, ZshCompletion_DescribesCommandsAndEscapesHelp) {
@@ -40,6 +43,9 @@ TEST(CompletionTest, ZshCompletion_DescribesCommandsAndEscapesHelp) {
                                 "(env $PIPETRAIN_COORDINATOR)]:coordinator:_files' \\\n"));
   EXPECT_THAT(script, HasSubstr("'--json[print JSON]' \\\n"));
   EXPECT_THAT(script, HasSubstr("'1:checkpoint:(export)' \\\n"));
+  // The word before any flag.
+  EXPECT_THAT(script, HasSubstr("    'checkpoint')\n      if (( CURRENT == 2 )); then\n"
+                                "        compadd -- 'export' --help\n"));
   EXPECT_THAT(script, HasSubstr("compdef _pt pt\n"));
   EXPECT_THAT(script, Not(HasSubstr("--out[")));  // --out takes a value
 }

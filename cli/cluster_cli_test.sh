@@ -106,7 +106,16 @@ expect_exit jobs_json_paged 0 '"jobs"' -- jobs --json --page-size=1
 check jobs_json_every_page "[x['id'] for x in j['jobs']] == ['$job_id', '$second_id', '$third_id']"
 expect_exit workers_json_paged 0 '"workers"' -- workers --json --page-size=1
 check workers_json_every_page 'len(j["workers"]) == 1'
-expect_exit jobs_negative_page_size 67 "INVALID_ARGUMENT" -- jobs --page-size=-1
+expect_exit jobs_negative_page_size 2 "--page-size must be 0 or more, got -1" -- jobs --page-size=-1
+expect_exit workers_negative_page_size 2 "--page-size must be 0 or more" -- workers --page-size=-2
+# Flag combinations and empty ids are the command line's mistakes (2), found
+# before any file is read or call made.
+expect_exit tls_cert_without_key 2 "--tls-cert and --tls-key must be given together" -- \
+  jobs --tls-cert="$TMP/no-such-cert.pem"
+expect_exit tls_cert_without_ca 2 "need --tls-ca" -- \
+  jobs --tls-cert="$TMP/no-such-cert.pem" --tls-key="$TMP/no-such-key.pem"
+expect_exit job_empty_id 2 "the argument is empty" -- job ""
+expect_exit cancel_empty_id 2 "the argument is empty" -- cancel ""
 expect_exit jobs_table 0 "$job_id" "cli-test" -- jobs
 # Columns line up under their headers however long the ids are.
 if python3 -c "
@@ -174,6 +183,21 @@ PIPETRAIN_COORDINATOR=127.0.0.1:1 expect_exit env_address_used 78 "UNAVAILABLE" 
 expect_exit usage_unknown_flag 2 "unknown flag --no-such-flag" -- jobs --no-such-flag
 expect_exit usage_missing_id 2 "missing argument" -- job
 
+# Ctrl-C on `submit --follow` stops the following, not the job, and says so
+# (the job waits for workers this coordinator does not have).
+"$BIN" "${CLI_PREFIX[@]}" submit --follow "$TMP/job.json" >"$TMP/follow-int.out" 2>"$TMP/follow-int.err" &
+follow_pid=$!
+ok submit_follow_printed_id await_file "$TMP/follow-int.out"
+kill -INT "$follow_pid"
+wait "$follow_pid"
+rc=$?
+ok submit_follow_interrupted_exit_130 test "$rc" -eq 130
+follow_id=$(cut -d' ' -f1 "$TMP/follow-int.out")
+ok submit_follow_interrupted_said_so grep -q "job $follow_id keeps running (pipetrain cancel" \
+  "$TMP/follow-int.err"
+expect_exit submit_follow_job_still_queued 0 '"JOB_STATE_QUEUED"' -- job "$follow_id" --json
+expect_exit submit_follow_job_cancelled 0 "$follow_id CANCELLED" -- cancel "$follow_id"
+
 # --timeout: a listener that accepts connections and never answers. The
 # call fails DEADLINE_EXCEEDED after the given deadline, not the default 10 s.
 python3 -c '
@@ -233,6 +257,8 @@ expect_exit up_bad_emulated_link 2 '--emulate-link "0Gbit,1ms": bandwidth must b
   up --workers 2 --emulate-link 0Gbit,1ms --out "$TMP/up-bad"
 expect_exit up_missing_data 2 "--data $TMP/no-such-corpus.txt: No such file or directory" -- \
   up --workers 2 --data "$TMP/no-such-corpus.txt" --out "$TMP/up-bad"
+expect_exit up_data_directory 2 "--data $TMP is a directory; name a token or text file" -- \
+  up --workers 2 --data "$TMP" --out "$TMP/up-bad"
 # --loss-log is written when the job ends: a path that cannot be is refused
 # before the run, not after it.
 expect_exit up_loss_log_no_dir 2 "--loss-log $TMP/no-such-dir/l.txt: the directory $TMP/no-such-dir does not exist" -- \
@@ -413,6 +439,16 @@ bash -c "source '$TMP/completion.bash'; COMP_WORDS=(pipetrain wor); COMP_CWORD=1
   echo \"\${COMPREPLY[*]}\"" >"$TMP/completed.txt"
 ok bash_completes_words test "$(cat "$TMP/completed.txt")" = "workers
 --json"
+# After `checkpoint`, its subcommand, not the flags that follow it.
+bash -c "source '$TMP/completion.bash'; COMP_WORDS=(pipetrain checkpoint -); COMP_CWORD=2; _pipetrain;
+  echo \"\${COMPREPLY[*]}\"" >"$TMP/completed-checkpoint-dash.txt"
+ok bash_checkpoint_dash_no_out test "$(cat "$TMP/completed-checkpoint-dash.txt")" = "--help"
+bash -c "source '$TMP/completion.bash'; COMP_WORDS=(pipetrain checkpoint ''); COMP_CWORD=2; _pipetrain;
+  echo \"\${COMPREPLY[*]}\"" >"$TMP/completed-checkpoint.txt"
+ok bash_checkpoint_word test "$(cat "$TMP/completed-checkpoint.txt")" = "export --help"
+bash -c "source '$TMP/completion.bash'; COMP_WORDS=(pipetrain checkpoint export --o); COMP_CWORD=3; _pipetrain;
+  echo \"\${COMPREPLY[*]}\"" >"$TMP/completed-checkpoint-out.txt"
+ok bash_checkpoint_export_out test "$(cat "$TMP/completed-checkpoint-out.txt")" = "--out"
 expect_exit completion_zsh 0 "#compdef pipetrain" "compdef _pipetrain pipetrain" -- completion zsh
 if command -v zsh >/dev/null; then
   cp "$OUT" "$TMP/completion.zsh"

@@ -86,6 +86,14 @@ struct Connection {
       return absl::InvalidArgumentError(
           "--timeout must be at least 1ms (gRPC deadlines have millisecond resolution)");
     }
+    // The flag combinations ClientTlsCredentials would refuse, refused here
+    // as the command line's mistakes (exit 2) before any file is read.
+    if (tls_cert.empty() != tls_key.empty()) {
+      return absl::InvalidArgumentError("--tls-cert and --tls-key must be given together");
+    }
+    if (!tls_cert.empty() && tls_ca.empty()) {
+      return absl::InvalidArgumentError("--tls-cert and --tls-key need --tls-ca (TLS)");
+    }
     // "a,,b" or "" is the command line's mistake (exit 2), not an address
     // to look up.
     return ParseCoordinatorAddresses("--coordinator", coordinator).status();
@@ -128,6 +136,11 @@ int ParseArgs(FlagSet& flags, const std::vector<std::string>& args, int position
   if (parsed.ok() && static_cast<int>(words->size()) > positional) {
     parsed = absl::InvalidArgumentError(
         absl::StrCat("unexpected argument '", (*words)[positional], "'"));
+  }
+  // An empty id ("$JOB" unset) is the command line's mistake, not a name to
+  // look up on the coordinator (which would answer NOT_FOUND, exit 69).
+  for (int i = 0; parsed.ok() && i < positional; ++i) {
+    if ((*words)[i].empty()) parsed = absl::InvalidArgumentError("the argument is empty");
   }
   if (parsed.ok() && connection != nullptr) parsed = connection->Check();
   if (!parsed.ok()) {
@@ -688,6 +701,12 @@ int RunUp(const std::vector<std::string>& args) {
   if (valid.ok() && !o.data.empty() && access(o.data.c_str(), R_OK) != 0) {
     valid = absl::NotFoundError(absl::StrCat("--data ", o.data, ": ", std::strerror(errno)));
   }
+  // A directory passes access() and would fail only in the started workers.
+  if (struct stat info;
+      valid.ok() && !o.data.empty() && stat(o.data.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
+    valid = absl::InvalidArgumentError(absl::StrCat(
+        "--data ", o.data, " is a directory; name a token or text file (docs/formats.md)"));
+  }
   if (valid.ok()) valid = ResolveJobSpec(UpSpec(o)).status();
   // Written once the job ends: a path that cannot be must not cost the run.
   if (valid.ok()) valid = CheckWritableParent("--loss-log", o.loss_log);
@@ -876,17 +895,28 @@ int RunSubmit(const std::vector<std::string>& args) {
   v1::Job job;
   grpc::Status s = (*stub)->SubmitJob(WithDeadline(o.c.timeout).get(), request, &job);
   if (!s.ok()) return Fail("submit", ToAbsl(s));
+  // Ctrl-C from here on stops the following (Follow), not the job. Set
+  // before the id is printed, so that a caller who has seen the id knows
+  // the handler is in place.
+  if (o.follow) std::signal(SIGINT, OnInterrupt);
   std::printf("%s %s\n", job.id().c_str(), EnumShortName(job.state()).c_str());
   if (!o.follow) return kExitOk;
   std::fflush(stdout);  // before the progress (stderr), when stdout is a pipe
-  std::signal(SIGINT, OnInterrupt);
   StepTiming timing;
   std::unique_ptr<v1::CoordinatorService::Stub> reconnected;
   auto done = Follow(
       **stub, job.id(), o.c.timeout, &timing, [&o] { return o.c.Connect(); }, &reconnected);
   if (reconnected != nullptr) *stub = std::move(reconnected);  // for the report below
   if (!done.ok()) return Fail("submit", done.status());
-  if (g_interrupted.load()) return kExitInterrupted;
+  if (g_interrupted.load()) {
+    // Ctrl-C stops the following, not the job (it runs on the cluster):
+    // saying so keeps the user from assuming it was cancelled.
+    std::fprintf(stderr,
+                 "\npipetrain submit: stopped following; job %s keeps running (pipetrain "
+                 "cancel %s stops it)\n",
+                 job.id().c_str(), job.id().c_str());
+    return kExitInterrupted;
+  }
   // The report `up` prints, on stderr with the progress: stdout keeps its
   // two lines (the id and state at submission and at the end) for scripts.
   // A call failing here costs only the report.
@@ -925,6 +955,15 @@ void BindPageSize(FlagSet& flags, ListOptions& o) {
             "items per call (0: the coordinator's default); every page is read either way");
 }
 
+// -1 to go on, else the exit code: a negative --page-size is the command
+// line's mistake (the coordinator would refuse it with INVALID_ARGUMENT).
+int CheckPageSize(const char* command, const ListOptions& o) {
+  if (o.page_size >= 0) return -1;
+  std::fprintf(stderr, "pipetrain %s: --page-size must be 0 or more, got %d\n", command,
+               o.page_size);
+  return kExitUsage;
+}
+
 FlagSet JobsFlags(ListOptions& o) {
   FlagSet flags("usage: pipetrain jobs [--coordinator HOST:PORT] [--json]");
   o.c.Bind(flags);
@@ -940,6 +979,7 @@ int RunJobs(const std::vector<std::string>& args) {
   FlagSet flags = JobsFlags(o);
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 0, &words, "jobs", &o.c); code >= 0) return code;
+  if (int code = CheckPageSize("jobs", o); code >= 0) return code;
   auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("jobs", stub.status());
   std::vector<v1::Job> jobs;
@@ -1080,26 +1120,16 @@ int RunJob(const std::vector<std::string>& args) {
   // The files first: a write that fails leaves neither them nor half the
   // output behind.
   std::vector<std::pair<const char*, std::string>> written;  // what, path
+  std::vector<OutputFile> files;
   for (const auto& [path, svg, what] :
        {std::tuple<const std::string&, const std::string&, const char*>{
             o.timeline, plan.timeline_svg(), "timeline"},
         {o.measured_timeline, plan.measured_timeline_svg(), "measured timeline"}}) {
     if (path.empty()) continue;
-    errno = 0;
-    std::ofstream out(path, std::ios::binary);
-    const bool opened = out.is_open();
-    out << svg;
-    out.close();
-    if (!out) {
-      const int error = errno;
-      if (opened) std::remove(path.c_str());  // truncated here: half a file
-      for (const auto& [_, done] : written) std::remove(done.c_str());
-      const std::string message = "cannot write " + path;
-      return Fail("job",
-                  error != 0 ? absl::ErrnoToStatus(error, message) : absl::UnknownError(message));
-    }
+    files.push_back({path, svg});
     written.emplace_back(what, path);
   }
+  if (absl::Status wrote = WriteFilesOrNone(files); !wrote.ok()) return Fail("job", wrote);
   if (o.json) {
     std::printf("{\"job\": %s, \"plan\": %s}\n", ToJson(job, true).c_str(),
                 o.show_plan ? ToJson(plan, true).c_str() : "null");
@@ -1189,6 +1219,7 @@ int RunWorkers(const std::vector<std::string>& args) {
   FlagSet flags = WorkersFlags(o);
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 0, &words, "workers", &o.c); code >= 0) return code;
+  if (int code = CheckPageSize("workers", o); code >= 0) return code;
   auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("workers", stub.status());
   std::vector<v1::Worker> workers;

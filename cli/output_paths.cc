@@ -3,6 +3,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <fstream>
+
 #include "absl/strings/str_cat.h"
 
 namespace pipetrain {
@@ -29,6 +33,28 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path) {
   if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " ", path, " is a directory; name a file"));
+  }
+  return absl::OkStatus();
+}
+
+void RemoveIfRegular(const std::string& path) {
+  struct stat info;
+  if (lstat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode)) std::remove(path.c_str());
+}
+
+absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
+  for (size_t i = 0; i < files.size(); ++i) {
+    errno = 0;
+    std::ofstream out(files[i].path, std::ios::binary);
+    const bool opened = out.is_open();
+    out << files[i].text;
+    out.close();
+    if (out) continue;
+    const int error = errno;
+    if (opened) RemoveIfRegular(files[i].path);  // truncated here: half a file
+    for (size_t done = 0; done < i; ++done) RemoveIfRegular(files[done].path);
+    const std::string message = absl::StrCat("cannot write ", files[i].path);
+    return error != 0 ? absl::ErrnoToStatus(error, message) : absl::UnknownError(message);
   }
   return absl::OkStatus();
 }

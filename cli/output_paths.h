@@ -5,6 +5,7 @@
 #define PIPETRAIN_CLI_OUTPUT_PATHS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -15,6 +16,25 @@ namespace pipetrain {
 // "<flag> <path>: the directory D does not exist" (or "is not a directory",
 // "is not writable"), or "<flag> <path> is a directory; name a file".
 absl::Status CheckWritableParent(const char* flag, const std::string& path);
+
+// Removes `path` when it is a regular file (not through a symbolic link):
+// an output flag may name a device (/dev/null, /dev/stdout), which must
+// never be unlinked, least of all by root.
+void RemoveIfRegular(const std::string& path);
+
+// One output file: where, and what it holds.
+struct OutputFile {
+  std::string path;
+  std::string text;
+};
+
+// Writes `files` in order, all or none: when one cannot be written, the
+// files this call already wrote and the one it truncated are removed, so a
+// failed command leaves no output behind (a file that could not be opened
+// is left as it was, and only regular files are removed: RemoveIfRegular).
+// The error is "cannot write PATH" with the errno's
+// code (a missing directory NOT_FOUND), UNKNOWN when there is no errno.
+absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files);
 
 }  // namespace pipetrain
 

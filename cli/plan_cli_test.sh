@@ -44,10 +44,26 @@ expect_exit tensor_too_large 2 '--tensor 2147483647 is over 64 devices' -- --ten
 expect_exit tensor_negative_bandwidth 2 '--bandwidth-gbps, --latency-us and --memory-gib must be >= 0' \
   -- --tensor 4 --bandwidth-gbps -10
 
-# A file it cannot write: the reason (a missing directory: NOT_FOUND), and
-# no plan printed before the failure.
-expect_exit svg_missing_dir 1 "NOT_FOUND: cannot write $TMP/none/t.svg" -- "${P[@]}" --svg "$TMP/none/t.svg"
+# A file it cannot write is a bad command line, found before any planning:
+# no plan printed, no other file written.
+expect_exit svg_missing_dir 2 "--svg $TMP/none/t.svg: the directory $TMP/none does not exist" -- \
+  "${P[@]}" --svg "$TMP/none/t.svg" --write-profile "$TMP/early-profile.json"
 if [[ -s "$OUT" ]]; then fail svg_missing_dir_no_plan "a plan was printed: $(head -c 200 "$OUT")"; else passed=$((passed + 1)); fi
+if [[ -e "$TMP/early-profile.json" ]]; then fail svg_missing_dir_no_profile "--write-profile written"; else passed=$((passed + 1)); fi
+expect_exit trace_is_dir 2 "--trace $TMP is a directory; name a file" -- "${P[@]}" --trace "$TMP"
+expect_exit write_profile_missing_dir 2 "--write-profile $TMP/none/p.json: the directory" -- \
+  "${P[@]}" --write-profile "$TMP/none/p.json"
+# A file it cannot write only at the end (a directory unwritable to this
+# user would do, but root writes anywhere): /dev/full fails the write
+# itself (ENOSPC), and the files written before it are removed.
+if [[ -w /dev/full ]]; then
+  expect_exit svg_write_fails 1 "cannot write /dev/full" -- "${P[@]}" \
+    --write-profile "$TMP/late-profile.json" --svg "$TMP/late.svg" --trace /dev/full
+  for f in late-profile.json late.svg; do
+    if [[ -e "$TMP/$f" ]]; then fail "svg_write_fails_removed_$f" "left behind"; else passed=$((passed + 1)); fi
+  done
+  if [[ -c /dev/full ]]; then passed=$((passed + 1)); else fail dev_full_not_removed "/dev/full is gone"; fi
+fi
 # The analytic model's flags with a measured profile would be ignored: refused.
 expect_exit profile_gflops 2 '--gflops has no effect with --profile' -- "${P[@]}" --gflops 5
 # The analytic model's shape is a flag error (exit 2), as in train-local.
@@ -96,7 +112,11 @@ cat >"$TMP/small.json" <<'JSON'
  "bandwidth_bytes_per_second": 1e9, "latency_seconds": 1e-5}
 JSON
 expect_exit memory_too_small 1 "RESOURCE_EXHAUSTED" -- --profile "$TMP/heavy.json" \
-  --cluster "$TMP/small.json"
+  --cluster "$TMP/small.json" --write-profile "$TMP/failed-profile.json" --svg "$TMP/failed.svg"
+# A plan that fails writes no file (the profile was written first once).
+for f in failed-profile.json failed.svg; do
+  if [[ -e "$TMP/$f" ]]; then fail "memory_too_small_no_$f" "left behind"; else passed=$((passed + 1)); fi
+done
 expect_exit memory_too_small_uniform 1 "RESOURCE_EXHAUSTED" "worker a" -- \
   --profile "$TMP/heavy.json" --cluster "$TMP/small.json" --solver uniform
 
@@ -150,11 +170,15 @@ expect_exit data_auto_one_replica 0 "1 replica of 4 stages on 4 workers (pipelin
 # Six micro-batches over 4 workers: only D = 1 and 2 are layouts.
 expect_exit data_auto_divides_micro_batches 0 '"layouts"' -- "${DP[@]}" --micro-batches 6 --data auto --json
 check data_auto_skips_4 '[l["data"] for l in j["layouts"]] == [1, 2]'
-expect_exit data_not_dividing_workers 1 "INVALID_ARGUMENT" "parallelism.data = 3 does not divide the 4 workers" "--data" -- \
+# What the flags show cannot be a layout is a bad command line (2), named
+# by its flags; a --cluster file's count is the planner's to check (1,
+# its spec field names translated).
+expect_exit data_not_dividing_workers 2 "--data 3 must divide --workers 4" -- \
   "${DP[@]}" --micro-batches 6 --data 3
-expect_exit data_not_dividing_micro_batches 1 "INVALID_ARGUMENT" \
-  "training.micro_batches = 6 is not divisible by parallelism.data = 4" "--micro-batches" -- \
+expect_exit data_not_dividing_micro_batches 2 "--data 4 must divide --micro-batches 6" -- \
   "${DP[@]}" --micro-batches 6 --data 4
+expect_exit data_not_dividing_cluster 1 "INVALID_ARGUMENT" "parallelism.data = 3 does not divide the 2 workers" "--data" -- \
+  --profile "$TMP/dp.json" --cluster "$TMP/small.json" --micro-batches 6 --data 3
 expect_exit data_auto_nothing_fits 1 "RESOURCE_EXHAUSTED" "no data-parallel layout of the 2 workers" "1 x 2: no plan fits" "2 x 1: no plan fits" -- \
   --profile "$TMP/heavy.json" --cluster "$TMP/small.json" --data auto
 expect_exit data_zero 2 "--data: cannot parse '0' (want a count >= 1 or auto)" -- "${DP[@]}" --data 0

@@ -1,6 +1,5 @@
 #include "cli/plan_command.h"
 
-#include <cerrno>
 #include <cstdio>
 #include <fstream>
 #include <initializer_list>
@@ -12,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/acctfm_profile.h"
+#include "cli/output_paths.h"
 #include "cli/tensor_layout_report.h"
 #include "common/flag_set.h"
 #include "common/status_macros.h"
@@ -59,19 +59,6 @@ absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string&
   std::stringstream buffer;
   buffer << in.rdbuf();
   return buffer.str();
-}
-
-// `text` to `path`; the error says why, by errno (a missing directory is
-// NOT_FOUND, not a permission problem).
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  errno = 0;
-  std::ofstream out(path, std::ios::binary);
-  out << text;
-  out.close();
-  if (out) return absl::OkStatus();
-  const int error = errno;
-  if (error == 0) return absl::UnknownError(absl::StrCat("cannot write ", path));
-  return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", path));
 }
 
 absl::StatusOr<ClusterSpec> ClusterFrom(const PlanFlags& f) {
@@ -559,6 +546,24 @@ int RunPlan(const std::vector<std::string>& args) {
         absl::StrCat("unknown objective '", f.objective, "'; use paper or full"));
   }
   if (parsed.ok()) parsed = CheckModeFlags(flags, f);
+  // Output paths that cannot be written fail the command line before any
+  // planning (which may take minutes).
+  for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--svg", f.svg},
+                                   {"--trace", f.trace},
+                                   {"--write-profile", f.write_profile}}) {
+    if (parsed.ok()) parsed = CheckWritableParent(flag, path);
+  }
+  // What the flags alone show cannot be a layout is the command line's
+  // mistake (exit 2); with --cluster the planner counts the file's workers.
+  if (parsed.ok() && f.data > 1 && f.micro_batches % f.data != 0) {
+    parsed = absl::InvalidArgumentError(
+        absl::StrCat("--data ", f.data, " must divide --micro-batches ", f.micro_batches,
+                     " (each replica takes an equal share)"));
+  }
+  if (parsed.ok() && f.data > 1 && f.workers > 0 && f.workers % f.data != 0) {
+    parsed = absl::InvalidArgumentError(absl::StrCat("--data ", f.data, " must divide --workers ",
+                                                     f.workers, " (replicas of equal stages)"));
+  }
   if (parsed.ok() && (f.bandwidth_gbps < 0 || f.latency_us < 0 || f.memory_gib < 0)) {
     parsed =
         absl::InvalidArgumentError("--bandwidth-gbps, --latency-us and --memory-gib must be >= 0");
@@ -629,13 +634,18 @@ int RunPlan(const std::vector<std::string>& args) {
   };
   absl::StatusOr<ModelProfile> profile = LoadProfile(f);
   if (!profile.ok()) return fail(profile.status());
-  if (!f.write_profile.empty()) {
-    if (auto s = WriteFile(f.write_profile, ProfileToJson(*profile)); !s.ok()) return fail(s);
-  }
+  // Every file is written only once the plan stands, all or none: a failed
+  // plan leaves none behind.
+  std::vector<OutputFile> files;
+  if (!f.write_profile.empty()) files.push_back({f.write_profile, ProfileToJson(*profile)});
   absl::StatusOr<ClusterSpec> cluster = ClusterFrom(f);
   if (!cluster.ok()) return fail(cluster.status());
   if (f.tensor_parallel != 1) {
-    return PrintJobLayoutSearch(f, *profile, *cluster) ? 0 : 1;
+    // The search prints as it goes: the profile first, removed if it fails.
+    if (auto s = WriteFilesOrNone(files); !s.ok()) return fail(s);
+    if (PrintJobLayoutSearch(f, *profile, *cluster)) return 0;
+    if (!files.empty()) RemoveIfRegular(f.write_profile);
+    return 1;
   }
   // Every plan goes through the layout planner: with D = 1 it is SolvePlan
   // on the cluster as given (data_parallel_layout.h).
@@ -679,13 +689,10 @@ int RunPlan(const std::vector<std::string>& args) {
                                names.size(), " stages, ", f.micro_batches / plan->data_parallel,
                                " of ", f.micro_batches, " micro-batches per replica, ", f.schedule);
     }
-    if (auto s = WriteFile(f.svg, TimelineSvg(plan->simulation, names, svg)); !s.ok())
-      return fail(s);
+    files.push_back({f.svg, TimelineSvg(plan->simulation, names, svg)});
   }
-  if (!f.trace.empty()) {
-    if (auto s = WriteFile(f.trace, ChromeTraceJson(plan->simulation, names)); !s.ok())
-      return fail(s);
-  }
+  if (!f.trace.empty()) files.push_back({f.trace, ChromeTraceJson(plan->simulation, names)});
+  if (auto s = WriteFilesOrNone(files); !s.ok()) return fail(s);
   PrintPlan(*plan, layout->stage_cluster, *profile, f.json, dp);
   return 0;
 }

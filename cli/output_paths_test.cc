@@ -1,0 +1,75 @@
+#include "cli/output_paths.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "gtest/gtest.h"
+
+namespace pipetrain {
+namespace {
+
+std::string TempDir() { return std::getenv("TEST_TMPDIR"); }
+
+bool Exists(const std::string& path) {
+  struct stat info;
+  return lstat(path.c_str(), &info) == 0;
+}
+
+std::string Contents(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+TEST(WriteFilesOrNoneTest, EveryFileWritten) {
+  const std::string a = TempDir() + "/all-a.txt", b = TempDir() + "/all-b.txt";
+  ASSERT_TRUE(WriteFilesOrNone({{a, "one"}, {b, "two"}}).ok());
+  EXPECT_EQ(Contents(a), "one");
+  EXPECT_EQ(Contents(b), "two");
+}
+
+// A later file that cannot be opened: the earlier ones are removed, and the
+// error names the path with its errno's code.
+TEST(WriteFilesOrNoneTest, LaterFileFails_EarlierRemoved) {
+  const std::string a = TempDir() + "/none-a.txt";
+  const std::string missing = TempDir() + "/no-such-dir/b.txt";
+  const absl::Status status = WriteFilesOrNone({{a, "one"}, {missing, "two"}});
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_NE(status.message().find("cannot write " + missing), std::string::npos) << status;
+  EXPECT_FALSE(Exists(a));
+}
+
+// A write that fails after the open (/dev/full: ENOSPC) removes the files
+// written before it, and never the device itself.
+TEST(WriteFilesOrNoneTest, DeviceWriteFails_DeviceKeptOthersRemoved) {
+  ASSERT_EQ(access("/dev/full", W_OK), 0) << "Linux has a writable /dev/full";
+  const std::string a = TempDir() + "/full-a.txt";
+  const absl::Status status = WriteFilesOrNone({{a, "one"}, {"/dev/full", "two"}});
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_FALSE(Exists(a));
+  EXPECT_TRUE(Exists("/dev/full"));
+}
+
+TEST(RemoveIfRegularTest, RegularRemoved_LinkAndDirectoryKept) {
+  const std::string file = TempDir() + "/regular.txt", link = TempDir() + "/link.txt";
+  const std::string dir = TempDir() + "/a-dir";
+  ASSERT_TRUE(WriteFilesOrNone({{file, "x"}}).ok());
+  ASSERT_EQ(symlink(file.c_str(), link.c_str()), 0);
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  RemoveIfRegular(link);
+  RemoveIfRegular(dir);
+  EXPECT_TRUE(Exists(link));
+  EXPECT_TRUE(Exists(dir));
+  EXPECT_TRUE(Exists(file));
+  RemoveIfRegular(file);
+  EXPECT_FALSE(Exists(file));
+}
+
+}  // namespace
+}  // namespace pipetrain

@@ -13,6 +13,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cli/output_paths.h"
 #include "common/flag_set.h"
 #include "common/safetensors.h"
 #include "common/status_macros.h"
@@ -150,6 +151,9 @@ int RunExport(const std::vector<std::string>& args) {
   }
   if (parsed.ok() && out.empty()) parsed = absl::InvalidArgumentError("--out FILE is required");
   if (parsed.ok() && vocab < 0) parsed = absl::InvalidArgumentError("--vocab must be >= 0");
+  // Before reading and checking the checkpoint, which may be gigabytes.
+  if (parsed.ok()) parsed = CheckWritableParent("--out", out);
+  if (parsed.ok()) parsed = CheckReplaceableFile("--out", out);
   if (!parsed.ok()) {
     std::fprintf(stderr, "pipetrain checkpoint export: %s\n",
                  std::string(parsed.message()).c_str());

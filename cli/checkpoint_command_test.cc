@@ -232,6 +232,28 @@ TEST_F(CheckpointExportTest, RunCheckpoint_OutInTheCheckpointDir_RefusedUntouche
   EXPECT_EQ(after, before);
 }
 
+// An --out that cannot be written, or that the rename would put a file in
+// place of, is the command line's mistake (2), found before the checkpoint
+// is read; nothing is written and a FIFO stays a FIFO.
+TEST_F(CheckpointExportTest, RunCheckpoint_OutNotAWritableFile_ExitTwoNothingWritten) {
+  WriteCheckpoint(MakeSnapshot(10));
+  const std::string fifo = out_dir_ + "/pipe";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  testing::internal::CaptureStderr();
+  EXPECT_EQ(RunCheckpoint({"export", StepPath(10), "--out", out_dir_}), 2);
+  EXPECT_EQ(RunCheckpoint({"export", StepPath(10), "--out", out_dir_ + "/no/x.safetensors"}), 2);
+  EXPECT_EQ(RunCheckpoint({"export", StepPath(10), "--out", fifo}), 2);
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("--out " + out_dir_ + " is a directory; name a file"), std::string::npos)
+      << err;
+  EXPECT_NE(err.find("the directory " + out_dir_ + "/no does not exist"), std::string::npos) << err;
+  EXPECT_NE(err.find("--out " + fifo + " is not a regular file"), std::string::npos) << err;
+  struct stat info;
+  ASSERT_EQ(lstat(fifo.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode));
+  EXPECT_EQ(ListDir(out_dir_), std::vector<std::string>{"pipe"});
+}
+
 // A checkpoint.dir two jobs used holds both's steps: the newest is not
 // guessed (it may be another model's); the step directory must be named.
 TEST_F(CheckpointExportTest, LocateCheckpoint_DirOfTwoJobs_RefusedNamingThem) {

@@ -1,9 +1,11 @@
 #include "cli/output_paths.h"
 
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <fstream>
 
@@ -33,6 +35,46 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path) {
   if (stat(path.c_str(), &info) == 0 && S_ISDIR(info.st_mode)) {
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " ", path, " is a directory; name a file"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReplaceableFile(const char* flag, const std::string& path) {
+  struct stat info;
+  if (path.empty() || lstat(path.c_str(), &info) != 0) return absl::OkStatus();
+  if (S_ISREG(info.st_mode) || S_ISLNK(info.st_mode)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(flag, " ", path,
+                   " is not a regular file (a device, FIFO, socket or directory); name a file"));
+}
+
+namespace {
+
+// What identifies the file `path` names: its device and inode when it
+// exists, else its directory's real path and its own name.
+std::string OutputIdentity(const std::string& path) {
+  struct stat info;
+  if (stat(path.c_str(), &info) == 0) return absl::StrCat("inode:", info.st_dev, ":", info.st_ino);
+  const size_t slash = path.find_last_of('/');
+  const std::string dir =
+      slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  char real[PATH_MAX];
+  return absl::StrCat("new:", realpath(dir.c_str(), real) != nullptr ? real : dir, "/", name);
+}
+
+}  // namespace
+
+absl::Status CheckDistinctOutputs(const std::vector<std::pair<const char*, std::string>>& outputs) {
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    if (outputs[i].second.empty()) continue;
+    const std::string identity = OutputIdentity(outputs[i].second);
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      if (outputs[j].second.empty() || OutputIdentity(outputs[j].second) != identity) continue;
+      return absl::InvalidArgumentError(
+          absl::StrCat(outputs[j].first, " ", outputs[j].second, " is also ", outputs[i].first, " ",
+                       outputs[i].second, "; each output needs its own file"));
+    }
   }
   return absl::OkStatus();
 }

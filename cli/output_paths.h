@@ -5,6 +5,7 @@
 #define PIPETRAIN_CLI_OUTPUT_PATHS_H_
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -16,6 +17,20 @@ namespace pipetrain {
 // "<flag> <path>: the directory D does not exist" (or "is not a directory",
 // "is not writable"), or "<flag> <path> is a directory; name a file".
 absl::Status CheckWritableParent(const char* flag, const std::string& path);
+
+// For an output written whole and renamed into place (safetensors files:
+// --save, --checkpoint, --out): OK when `path` is empty, absent, a regular
+// file or a symbolic link (the rename replaces the link, never its
+// target); INVALID_ARGUMENT "<flag> <path> is not a regular file (a
+// device, FIFO, socket or directory); name a file" otherwise, since the
+// rename would put a file in place of /dev/null, say.
+absl::Status CheckReplaceableFile(const char* flag, const std::string& path);
+
+// INVALID_ARGUMENT "<flag> <path> is also <flag2>; each output needs its own
+// file" when two non-empty `outputs` name one file: the same existing file
+// (links included), or, for files yet to be made, the same name in the same
+// directory. One would silently overwrite the other.
+absl::Status CheckDistinctOutputs(const std::vector<std::pair<const char*, std::string>>& outputs);
 
 // Removes `path` when it is a regular file (not through a symbolic link):
 // an output flag may name a device (/dev/null, /dev/stdout), which must

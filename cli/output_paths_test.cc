@@ -71,5 +71,39 @@ TEST(RemoveIfRegularTest, RegularRemoved_LinkAndDirectoryKept) {
   EXPECT_FALSE(Exists(file));
 }
 
+TEST(CheckReplaceableFileTest, AbsentRegularOrLink_Ok_FifoAndDevice_Refused) {
+  const std::string file = TempDir() + "/replaceable.txt", link = TempDir() + "/to-null";
+  const std::string fifo = TempDir() + "/replace.fifo";
+  ASSERT_TRUE(WriteFilesOrNone({{file, "x"}}).ok());
+  ASSERT_EQ(symlink("/dev/null", link.c_str()), 0);
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_TRUE(CheckReplaceableFile("--save", "").ok());
+  EXPECT_TRUE(CheckReplaceableFile("--save", TempDir() + "/absent").ok());
+  EXPECT_TRUE(CheckReplaceableFile("--save", file).ok());
+  EXPECT_TRUE(CheckReplaceableFile("--save", link).ok());  // the link is replaced, not /dev/null
+  const absl::Status fifo_status = CheckReplaceableFile("--save", fifo);
+  EXPECT_EQ(fifo_status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fifo_status.message(),
+            "--save " + fifo +
+                " is not a regular file (a device, FIFO, socket or directory); name a file");
+  EXPECT_FALSE(CheckReplaceableFile("--out", "/dev/null").ok());
+}
+
+TEST(CheckDistinctOutputsTest, SameFileByNameOrLink_Refused_DistinctOk) {
+  const std::string a = TempDir() + "/distinct-a", b = TempDir() + "/distinct-b";
+  const std::string hard = TempDir() + "/distinct-hard";
+  ASSERT_TRUE(WriteFilesOrNone({{a, "x"}}).ok());
+  ASSERT_EQ(link(a.c_str(), hard.c_str()), 0);
+  EXPECT_TRUE(CheckDistinctOutputs({{"--save", a}, {"--log", b}, {"--checkpoint", ""}}).ok());
+  // Two new files under one name, spelt differently.
+  const absl::Status spelt = CheckDistinctOutputs(
+      {{"--save", TempDir() + "/new.st"}, {"--log", TempDir() + "/./new.st"}});
+  EXPECT_EQ(spelt.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spelt.message(), "--log " + TempDir() + "/./new.st is also --save " + TempDir() +
+                                 "/new.st; each output needs its own file");
+  // One existing file through a hard link.
+  EXPECT_FALSE(CheckDistinctOutputs({{"--save", a}, {"--checkpoint", hard}}).ok());
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -44,6 +44,19 @@ if grep -q 'some text' "$TMP/book.txt"; then
 else
   fail save_over_data_untouched "the corpus was overwritten"
 fi
+# Outputs renamed into place: never over a device, FIFO or socket (as root,
+# /dev/null itself would become a file), and never two outputs in one file.
+mkfifo "$TMP/out.fifo"
+expect_exit save_over_fifo 2 "--save $TMP/out.fifo is not a regular file" -- \
+  train-local "${TINY[@]}" --save "$TMP/out.fifo"
+expect_exit checkpoint_over_fifo 2 "--checkpoint $TMP/out.fifo is not a regular file" -- \
+  train-local "${TINY[@]}" --checkpoint "$TMP/out.fifo"
+if [[ -p "$TMP/out.fifo" ]]; then passed=$((passed + 1)); else fail fifo_kept "the FIFO was replaced"; fi
+expect_exit save_is_checkpoint 2 "--checkpoint $TMP/same.st is also --save $TMP/same.st; each output needs its own file" -- \
+  train-local "${TINY[@]}" --save "$TMP/same.st" --checkpoint "$TMP/same.st"
+expect_exit save_is_log 2 "--log $TMP/./same.st is also --save $TMP/same.st" -- \
+  train-local "${TINY[@]}" --save "$TMP/same.st" --log "$TMP/./same.st"
+if [[ -e "$TMP/same.st" ]]; then fail same_output_nothing_written "$TMP/same.st written"; else passed=$((passed + 1)); fi
 # More threads than OpenBLAS runs: said, not silently fewer.
 expect_exit threads_capped 0 "--threads 100000: OpenBLAS runs" "threads, its most" -- \
   train-local "${TINY[@]}" --threads 100000

@@ -189,6 +189,12 @@ absl::Status Resolve(Options& o) {
   RETURN_IF_ERROR(CheckWritableParent("--save", o.save));
   RETURN_IF_ERROR(CheckWritableParent("--checkpoint", o.checkpoint));
   RETURN_IF_ERROR(CheckWritableParent("--log", o.log));
+  // Renamed into place: a device there would be replaced (as root,
+  // /dev/null itself).
+  RETURN_IF_ERROR(CheckReplaceableFile("--save", o.save));
+  RETURN_IF_ERROR(CheckReplaceableFile("--checkpoint", o.checkpoint));
+  RETURN_IF_ERROR(
+      CheckDistinctOutputs({{"--save", o.save}, {"--checkpoint", o.checkpoint}, {"--log", o.log}}));
   // (--checkpoint may be --resume's file: a resumed run checkpoints on.)
   const std::vector<std::pair<const char*, std::string>> inputs = {
       {"--data", o.data}, {"--init-from", o.init_from}, {"--resume", o.resume}};

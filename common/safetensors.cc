@@ -259,7 +259,17 @@ absl::StatusOr<int> CreateLockedTemporary(int dir_fd, const std::string& tmp, mo
 // the rename. On failure the temporary is removed. `shown` names the file.
 absl::Status CommitTemporary(int dir_fd, int fd, const std::string& tmp, const std::string& name,
                              const std::string& shown, absl::Status status) {
-  if (status.ok() && fsync(fd) != 0) status = ErrnoError(errno, "cannot fsync", tmp);
+  if (status.ok() && fsync(fd) != 0) status = ErrnoError(errno, "cannot fsync", shown);
+  // The rename would put this file in place of a device, FIFO or socket
+  // (as root, of /dev/null itself): refused. A symbolic link is replaced,
+  // its target untouched; a directory makes the rename fail (EISDIR).
+  struct stat existing;
+  if (status.ok() && fstatat(dir_fd, name.c_str(), &existing, AT_SYMLINK_NOFOLLOW) == 0 &&
+      (S_ISCHR(existing.st_mode) || S_ISBLK(existing.st_mode) || S_ISFIFO(existing.st_mode) ||
+       S_ISSOCK(existing.st_mode))) {
+    status = absl::FailedPreconditionError(
+        absl::StrCat(shown, " is a device, FIFO or socket, not a file; not replaced"));
+  }
   if (status.ok() && renameat(dir_fd, tmp.c_str(), dir_fd, name.c_str()) != 0) {
     status = ErrnoError(errno, absl::StrCat("cannot rename ", tmp, " to"), shown);
   }
@@ -317,7 +327,8 @@ absl::Status WriteInDirectory(int dir_fd, const std::string& name, const std::st
   const std::string header = BuildHeader(tensors, metadata);
   const std::string tmp = TempNameFor(name);
   ASSIGN_OR_RETURN(const int fd, CreateLockedTemporary(dir_fd, tmp, mode));
-  return CommitTemporary(dir_fd, fd, tmp, name, shown, WriteContents(fd, header, tensors, tmp));
+  // Errors name the file the caller asked for, not the temporary.
+  return CommitTemporary(dir_fd, fd, tmp, name, shown, WriteContents(fd, header, tensors, shown));
 }
 
 // ---------------------------------------------------------------------------

@@ -55,6 +55,8 @@ using SafetensorsMetadata = std::map<std::string, std::string>;
 //   INVALID_ARGUMENT: an empty, duplicate or "__metadata__" name, a null
 //     tensor, or a name/metadata string that is not valid UTF-8 (the message
 //     names the tensor).
+//   FAILED_PRECONDITION: `path` is a device, FIFO or socket: never replaced
+//     (a symbolic link is replaced, its target untouched).
 //   errno mapped by absl::ErrnoToStatus (NOT_FOUND for a missing directory,
 //     PERMISSION_DENIED, INTERNAL for an I/O error, ...): the file could not be
 //     written; the message names the path and carries strerror.

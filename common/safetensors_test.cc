@@ -539,6 +539,34 @@ TEST(SafetensorsTest, Write_RenameFails_ErrorAndTempFileRemoved) {
   EXPECT_THAT(names, UnorderedElementsAre("target"));
 }
 
+// The rename would replace a device, FIFO or socket by a regular file (as
+// root, /dev/null itself): refused, the FIFO kept, no temporary left, and
+// errors name the path asked for. A link is replaced, its target untouched.
+TEST(SafetensorsTest, Write_OverAFifo_RefusedAndKept_LinkReplacedNotItsTarget) {
+  const std::string dir = TestDir();
+  const std::string fifo = dir + "/pipe";
+  ASSERT_EQ(mkfifo(fifo.c_str(), 0600), 0);
+  absl::Status status = WriteSafetensors(fifo, SampleTensors());
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr(fifo + " is a device, FIFO or socket"));
+  struct stat info;
+  ASSERT_EQ(lstat(fifo.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISFIFO(info.st_mode));
+  const std::string target = dir + "/target.txt", link = dir + "/link.safetensors";
+  WriteBytes(target, "untouched");
+  ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
+  ASSERT_TRUE(WriteSafetensors(link, SampleTensors()).ok());
+  ASSERT_EQ(lstat(link.c_str(), &info), 0);
+  EXPECT_TRUE(S_ISREG(info.st_mode));
+  std::ifstream in(target);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "untouched");
+  std::vector<std::string> names;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir))
+    names.push_back(e.path().filename());
+  EXPECT_THAT(names, UnorderedElementsAre("pipe", "target.txt", "link.safetensors"));
+}
+
 std::vector<std::string> NamesIn(const std::string& dir) {
   std::vector<std::string> names;
   for (const fs::directory_entry& e : fs::directory_iterator(dir)) {

@@ -2,13 +2,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <fstream>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/bounded_file.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_spec.h"
@@ -92,13 +91,14 @@ absl::StatusOr<std::string> YamlToJson(const std::string& yaml) {
 }
 
 absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read job spec ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  std::string json = text.str();
+  ASSIGN_OR_RETURN(std::string json, ReadBoundedFile(path, kMaxJobSpecFileBytes, "job spec"));
   if (!absl::EndsWith(path, ".json")) {
-    ASSIGN_OR_RETURN(json, YamlToJson(json));
+    absl::StatusOr<std::string> converted = YamlToJson(json);
+    if (!converted.ok()) {
+      return absl::Status(converted.status().code(),
+                          absl::StrCat(path, ": ", converted.status().message()));
+    }
+    json = *std::move(converted);
   }
   absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(json);
   if (!spec.ok()) {

@@ -3,6 +3,7 @@
 #ifndef PIPETRAIN_CLI_JOB_SPEC_FILE_H_
 #define PIPETRAIN_CLI_JOB_SPEC_FILE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -20,9 +21,15 @@ absl::StatusOr<std::string> YamlToJson(const std::string& yaml);
 
 // Reads `path` (".json" as JSON; ".yaml"/".yml" or anything else as YAML,
 // which is a superset of JSON) and parses it as a JobSpec. NOT_FOUND for a
-// missing file; INVALID_ARGUMENT naming the field for unknown fields and
-// wrong types. Defaults are not filled in here (the coordinator does it).
+// missing file; INVALID_ARGUMENT for a path that is not a regular file, a
+// file over kMaxJobSpecFileBytes, YAML that does not parse (the message
+// starts with the path) and, naming the field, unknown fields and wrong
+// types. Defaults are not filled in here (the coordinator does it).
 absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path);
+
+// The largest spec file read: the coordinator takes no request larger
+// (4 MiB), and a spec is a few hundred bytes.
+inline constexpr int64_t kMaxJobSpecFileBytes = int64_t{4} << 20;
 
 }  // namespace pipetrain
 

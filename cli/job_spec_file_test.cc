@@ -53,10 +53,26 @@ TEST(JobSpecFileTest, UnknownField_IsInvalidArgumentNamingIt) {
 }
 
 TEST(JobSpecFileTest, BrokenYaml_AndMissingFile_AreReported) {
-  EXPECT_EQ(ReadJobSpecFile(Write("broken.yaml", "model: [1, 2\n")).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  const std::string broken = Write("broken.yaml", "model: [1, 2\n");
+  const absl::Status status = ReadJobSpecFile(broken).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message().rfind(broken + ": ", 0), 0u) << status;  // names the file
   EXPECT_EQ(ReadJobSpecFile("/nonexistent/job.yaml").status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// Neither a directory nor a file past the coordinator's request limit is
+// read as a spec (a FIFO or /dev/zero blocked or grew the CLI without end:
+// common/bounded_file_test.cc).
+TEST(JobSpecFileTest, DirectoryOrOversizedFile_RefusedNamingWhy) {
+  const std::string dir = std::getenv("TEST_TMPDIR");
+  const absl::Status directory = ReadJobSpecFile(dir).status();
+  EXPECT_EQ(directory.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(directory.message().find("is not a regular file"), std::string::npos) << directory;
+  const std::string big = Write("big.json", std::string(kMaxJobSpecFileBytes + 1, ' '));
+  const absl::Status oversized = ReadJobSpecFile(big).status();
+  EXPECT_EQ(oversized.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(oversized.message().find("over the limit of 4194304"), std::string::npos) << oversized;
 }
 
 // Found by fuzz/job_spec_yaml_fuzzer: a byte that is not UTF-8 made the JSON

@@ -44,6 +44,14 @@ expect_exit tensor_too_large 2 '--tensor 2147483647 is over 64 devices' -- --ten
 expect_exit tensor_negative_bandwidth 2 '--bandwidth-gbps, --latency-us and --memory-gib must be >= 0' \
   -- --tensor 4 --bandwidth-gbps -10
 
+# Input files: a directory, or a file larger than any profile, is refused
+# before it is parsed (a FIFO blocked and /dev/zero grew plan without end).
+expect_exit profile_directory 1 "profile file $TMP is not a regular file" -- --profile "$TMP" --workers 2
+truncate -s 17M "$TMP/huge-profile.json"
+expect_exit profile_oversized 1 "profile file $TMP/huge-profile.json is 17825792 bytes, over the limit of 16777216" -- \
+  --profile "$TMP/huge-profile.json" --workers 2
+expect_exit cluster_directory 1 "cluster file $TMP is not a regular file" -- \
+  --profile "$TMP/paper.json" --cluster "$TMP"
 # A file it cannot write is a bad command line, found before any planning:
 # no plan printed, no other file written.
 expect_exit svg_missing_dir 2 "--svg $TMP/none/t.svg: the directory $TMP/none does not exist" -- \

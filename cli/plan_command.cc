@@ -1,9 +1,7 @@
 #include "cli/plan_command.h"
 
 #include <cstdio>
-#include <fstream>
 #include <initializer_list>
-#include <sstream>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
@@ -13,6 +11,7 @@
 #include "cli/acctfm_profile.h"
 #include "cli/output_paths.h"
 #include "cli/tensor_layout_report.h"
+#include "common/bounded_file.h"
 #include "common/flag_set.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/acctfm.h"
@@ -53,12 +52,13 @@ struct PlanFlags {
   int tensor_parallel = 1;
 };
 
+// A profile within its bounds (kMaxProfileUnits units) or a cluster within
+// its own (kMaxStages workers) is far smaller; a larger file is not one, and
+// reading /dev/zero must end.
+constexpr int64_t kMaxPlanInputBytes = int64_t{16} << 20;
+
 absl::StatusOr<std::string> ReadFile(const std::string& path, const std::string& what) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", what, " file ", path));
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  return ReadBoundedFile(path, kMaxPlanInputBytes, absl::StrCat(what, " file"));
 }
 
 absl::StatusOr<ClusterSpec> ClusterFrom(const PlanFlags& f) {

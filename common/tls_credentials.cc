@@ -77,7 +77,16 @@ absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::str
   // partial contents, and TLS failed later without naming the flag.
   std::string contents;
   char chunk[4096];
-  while (in.read(chunk, sizeof(chunk)) || in.gcount() > 0) contents.append(chunk, in.gcount());
+  // Bounded: /dev/zero as a flag's file would grow this process without
+  // end. (A FIFO, as from <(...), is read as any stream.)
+  while (contents.size() <= kMaxPemFileBytes &&
+         (in.read(chunk, sizeof(chunk)) || in.gcount() > 0)) {
+    contents.append(chunk, in.gcount());
+  }
+  if (contents.size() > kMaxPemFileBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", path, " is over ",
+                                                   kMaxPemFileBytes, " bytes; give a PEM file"));
+  }
   if (in.bad() || !in.eof()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "--", flag, ": cannot read ", path, " (a directory, or a read error); give a PEM file"));

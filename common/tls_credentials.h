@@ -38,8 +38,11 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
 
 // The whole contents of the file at `path`. Errors name --`flag` and the
 // path: NOT_FOUND when it cannot be opened; INVALID_ARGUMENT when it is a
-// directory, empty, or a read fails before its end.
+// directory, empty, over kMaxPemFileBytes, or a read fails before its end.
 absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path);
+
+// The largest PEM file read: a system CA bundle is some 200 KB.
+inline constexpr size_t kMaxPemFileBytes = size_t{4} << 20;
 
 }  // namespace pipetrain
 

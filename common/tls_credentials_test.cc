@@ -36,6 +36,17 @@ TEST(ReadFlagFile, LargerThanOneChunk_ReturnsItWhole) {
   EXPECT_EQ(ReadFlagFile("tls-ca", WriteFile("big.pem", big)).value(), big);
 }
 
+// /dev/zero never ends: the read stops past the limit instead of growing
+// the process without end. A file of exactly the limit is read.
+TEST(ReadFlagFile, EndlessOrOverTheLimit_InvalidArgument) {
+  absl::StatusOr<std::string> read = ReadFlagFile("tls-ca", "/dev/zero");
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(read.status().message(), "--tls-ca: /dev/zero is over 4194304 bytes; give a PEM file");
+  const std::string limit(kMaxPemFileBytes, 'x');
+  EXPECT_EQ(ReadFlagFile("tls-ca", WriteFile("limit.pem", limit)).value().size(), kMaxPemFileBytes);
+  EXPECT_FALSE(ReadFlagFile("tls-ca", WriteFile("over.pem", limit + "x")).ok());
+}
+
 TEST(ReadFlagFile, Missing_NotFoundNamingFlagAndPath) {
   const std::string path = TempPath("no-such.pem");
   absl::StatusOr<std::string> read = ReadFlagFile("tls-key", path);

@@ -62,6 +62,20 @@ HttpRequestFramer::Progress HttpRequestFramer::CheckRequestLine(absl::string_vie
     if (window.size() < limit + 2) return Progress::kNeedMore;
   } else if ((end > 0 && window[end - 1] == '\r' ? end - 1 : end) <= limit) {
     line_checked_ = true;
+    // httplib decodes the path before routing, so "/v1/jobs/j%3Acancel"
+    // reached the :cancel route past a proxy rule that matches the raw
+    // path, and %2F made one segment two. No route or id needs encoding.
+    const absl::string_view line = window.substr(0, end);
+    const size_t space = line.find(' ');
+    const absl::string_view target =
+        space == absl::string_view::npos
+            ? ""
+            : line.substr(space + 1, line.find(' ', space + 1) - space - 1);
+    if (target.substr(0, target.find('?')).find('%') != absl::string_view::npos) {
+      return Reject(400, "INVALID_ARGUMENT",
+                    "percent-encoded characters in the path: no route or id needs them (the "
+                    "query may use them)");
+    }
     return Progress::kNeedMore;
   }
   return Reject(

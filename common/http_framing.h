@@ -28,7 +28,11 @@
 //   415 UNIMPLEMENTED       Content-Encoding other than identity (httplib
 //                           would inflate a compressed body past
 //                           max_body_bytes): send the body uncompressed
-//   400 INVALID_ARGUMENT    Content-Length not a decimal number, or given
+//   400 INVALID_ARGUMENT    a '%' in the request line's path (httplib
+//                           decodes it before routing, so an encoded ':'
+//                           or '/' would reach another route than the raw
+//                           path names; the query may hold escapes);
+//                           Content-Length not a decimal number, or given
 //                           twice with different values; a header line
 //                           over 8192 bytes with its line end (httplib's
 //                           limit, which it answers with a bare 400)

@@ -98,6 +98,24 @@ TEST(HttpRequestFramer, Update_RequestLineOfExactlyTheLimit_Accepted) {
   EXPECT_EQ(FeedByteByByte(framer, line + "\r\n\r\n"), Progress::kComplete);
 }
 
+// httplib decodes the path before routing: "%3A" reached the ":cancel"
+// route past a proxy rule on the raw path. Refused in the path, allowed in
+// the query.
+TEST(HttpRequestFramer, Update_PercentInThePath_Rejected400_InTheQueryAccepted) {
+  for (const char* line : {"POST /v1/jobs/job-1%3Acancel HTTP/1.1",
+                           "GET /v1/jobs/a%2Fplan HTTP/1.1", "GET /%68ealthz HTTP/1.1"}) {
+    HttpRequestFramer framer(kLimits);
+    EXPECT_EQ(FeedByteByByte(framer, std::string(line) + "\r\n\r\n"), Progress::kRejected) << line;
+    EXPECT_EQ(framer.rejection().status, 400);
+    EXPECT_EQ(framer.rejection().code, "INVALID_ARGUMENT");
+    EXPECT_EQ(framer.rejection().message,
+              "percent-encoded characters in the path: no route or id needs them (the query may "
+              "use them)");
+  }
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update("GET /v1/jobs?pageToken=a%3D HTTP/1.1\r\n\r\n"), Progress::kComplete);
+}
+
 TEST(HttpRequestFramer, Update_ContentLengthOverLimit_Rejected413BeforeTheBody) {
   HttpRequestFramer framer(kLimits);
   EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nContent-Length: 65\r\n\r\n"), Progress::kRejected);

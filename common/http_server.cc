@@ -29,7 +29,12 @@ HttpRequest Translate(const httplib::Request& in) {
   out.path = in.path;
   out.body = in.body;
   for (size_t i = 1; i < in.matches.size(); ++i) out.path_params.push_back(in.matches[i].str());
-  for (const auto& [key, value] : in.params) out.query.emplace(key, value);  // keeps the first
+  for (const auto& [key, value] : in.params) {
+    const bool first = out.query.emplace(key, value).second;  // keeps the first
+    if (!first && (out.repeated_query.empty() || out.repeated_query.back() != key)) {
+      out.repeated_query.push_back(key);  // params is sorted: repeats are adjacent
+    }
+  }
   return out;
 }
 

@@ -72,6 +72,9 @@ struct HttpRequest {
   std::string body;
   std::vector<std::string> path_params;  // the route's capture groups, in order
   std::map<std::string, std::string> query;  // first value of each parameter
+  // The parameters given more than once ("?pageSize=1&pageSize=2"), each
+  // named once, for handlers that refuse the ambiguity.
+  std::vector<std::string> repeated_query;
 };
 
 class HttpServer {

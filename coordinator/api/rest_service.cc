@@ -146,6 +146,12 @@ HttpResponse StatusResponse(const absl::Status& status) {
 // and the client get pages of another size without a word.
 HttpServer::Handler Taking(std::vector<std::string> known, HttpServer::Handler handler) {
   return [known = std::move(known), handler = std::move(handler)](const HttpRequest& r) {
+    // Which of two values counts is nobody's guess to make: refused.
+    if (!r.repeated_query.empty()) {
+      return StatusResponse(absl::InvalidArgumentError(
+          absl::StrCat("query parameter \"", absl::CHexEscape(r.repeated_query[0].substr(0, 32)),
+                       "\" given more than once; give it once")));
+    }
     for (const auto& [name, value] : r.query) {
       if (std::find(known.begin(), known.end(), name) != known.end()) continue;
       return StatusResponse(absl::InvalidArgumentError(absl::StrCat(

@@ -165,6 +165,29 @@ TEST_F(RestServiceTest, UnknownQueryParameters_Return400NamingThem) {
             "unknown query parameter \"page_size\"; this route takes pageSize, pageToken, view");
 }
 
+// A parameter given twice is refused: which value counts is no guess to
+// make (the first won, silently).
+TEST_F(RestServiceTest, RepeatedQueryParameter_Returns400NamingIt) {
+  auto [status, error] = Call("GET", "/v1/jobs?pageSize=1&view=FULL&pageSize=2");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["message"], "query parameter \"pageSize\" given more than once; give it once");
+}
+
+// An encoded ':' or '/' in the path is refused before routing: httplib
+// decoded it, so "job-1%3Acancel" cancelled job-1 past proxy rules on the
+// raw path.
+TEST_F(RestServiceTest, PercentEncodedPath_Returns400AndNothingRuns) {
+  Call("POST", "/v1/jobs", ValidSpecJson());
+  const std::string id = "job-1";
+  client_->set_url_encode(false);
+  auto [status, error] = Call("POST", absl::StrCat("/v1/jobs/", id, "%3Acancel"));
+  EXPECT_EQ(status, 400);
+  EXPECT_TRUE(absl::StrContains(error["message"].get<std::string>(),
+                                "percent-encoded characters in the path"))
+      << error;
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_QUEUED);
+}
+
 TEST_F(RestServiceTest, ListWorkers_PageSizeOne_PagesThroughBoth) {
   for (const char* address : {"127.0.0.1:9001", "127.0.0.1:9002"}) {
     v1::RegisterWorkerRequest request;

@@ -1038,6 +1038,9 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
     // EndLocked's, says whether it has.
     PersistLocked(*record, [saved](const absl::Status& s) { *saved = s; }).IgnoreError();
     cancelled = record->job;
+    // The answer is the basic view, as GetJob's default: the loss history
+    // (up to a few hundred KB) is GetJob with JOB_VIEW_FULL's.
+    cancelled.mutable_progress()->clear_loss_history();
   }
   FlushIo();
   {

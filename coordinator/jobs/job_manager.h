@@ -259,7 +259,8 @@ class JobManager {
   // Every job kept, in submission order, without progress.loss_history (a
   // list stays small: pending and ended jobs are both bounded).
   std::vector<v1::Job> List() const;
-  // Answers once the state store has the cancel. NOT_FOUND;
+  // Answers once the state store has the cancel, with the job in the basic
+  // view (no progress.loss_history, as List). NOT_FOUND;
   // FAILED_PRECONDITION when the job already ended; UNAVAILABLE when the
   // store did not record it: the job is cancelled here (its workers are
   // stopped) and the save is retried every second, but a coordinator that

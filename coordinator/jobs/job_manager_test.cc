@@ -830,6 +830,21 @@ TEST_F(JobManagerTest, Cancel_EndsOnceThenIsFailedPrecondition) {
   EXPECT_EQ(jobs_.Cancel("job-99").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Cancel answers with the basic view: a long job's loss history (up to a
+// few hundred KB) is GetJob's full view's, which keeps it.
+TEST_F(JobManagerTest, Cancel_AnswersTheBasicView_HistoryKept) {
+  const std::string w1 = AddWorker(7001);
+  const std::string id = Submit(SmallSpec(1)).value().id();
+  Report(w1, id, 0, {2.0f, 3.0f}, false);
+  Report(w1, id, 1, {1.0f, 2.0f}, false);
+  ASSERT_EQ(jobs_.Get(id).value().progress().loss_history_size(), 2);
+  const v1::Job cancelled = jobs_.Cancel(id).value();
+  EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(cancelled.progress().step(), 2);
+  EXPECT_EQ(cancelled.progress().loss_history_size(), 0);
+  EXPECT_EQ(jobs_.Get(id).value().progress().loss_history_size(), 2);
+}
+
 TEST_F(JobManagerTest, WorkerError_FailsTheJobWithItsMessage) {
   const std::string w1 = AddWorker(7001);
   const std::string id = Submit(SmallSpec(1)).value().id();

@@ -1112,10 +1112,17 @@ int RunJob(const std::vector<std::string>& args) {
   }
   if (!s.ok()) return Fail("job", ToAbsl(s));
   if (!o.measured_timeline.empty() && plan.measured_timeline_svg().empty()) {
-    return Fail("job", absl::FailedPreconditionError(
-                           absl::StrCat("job ", job.id(),
-                                        " has no measured step yet: its workers trace the "
-                                        "plan's 11th step (or its last), then every 100th")));
+    const bool ended = job.state() == v1::JOB_STATE_SUCCEEDED ||
+                       job.state() == v1::JOB_STATE_FAILED ||
+                       job.state() == v1::JOB_STATE_CANCELLED;
+    return Fail("job", absl::FailedPreconditionError(absl::StrCat(
+                           "job ", job.id(),
+                           ended ? absl::StrCat(" ended ", EnumShortName(job.state()),
+                                                " without a measured step: its workers trace "
+                                                "the plan's 11th step (or its last)")
+                                 : std::string(" has no measured step yet: its workers trace the "
+                                               "plan's 11th step (or its last), then every "
+                                               "100th"))));
   }
   // The files first: a write that fails leaves neither them nor half the
   // output behind.

@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/enum_names.h"
 #include "coordinator/api/list_pages.h"
 #include "google/protobuf/util/json_util.h"
 #include "spec/job_spec.h"
@@ -191,10 +192,18 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
                absl::StatusOr<v1::Plan> plan = jobs->GetPlan(r.path_params[0]);
                if (!plan.ok()) return StatusResponse(plan.status());
                if (plan->measured_timeline_svg().empty()) {
+                 // An ended job will never have one: said so, not "yet".
+                 absl::StatusOr<v1::Job> job = jobs->Get(r.path_params[0]);
+                 const bool ended = job.ok() && (job->state() == v1::JOB_STATE_SUCCEEDED ||
+                                                 job->state() == v1::JOB_STATE_FAILED ||
+                                                 job->state() == v1::JOB_STATE_CANCELLED);
                  return StatusResponse(absl::FailedPreconditionError(absl::StrCat(
                      "job ", r.path_params[0],
-                     " has no measured step yet: its workers trace the plan's 11th step (or its "
-                     "last), then every 100th")));
+                     ended ? absl::StrCat(" ended ", EnumShortName(job->state()),
+                                          " without a measured step: its workers trace the "
+                                          "plan's 11th step (or its last)")
+                           : std::string(" has no measured step yet: its workers trace the "
+                                         "plan's 11th step (or its last), then every 100th"))));
                }
                HttpResponse response;
                response.body = plan->measured_timeline_svg();

@@ -165,6 +165,25 @@ TEST_F(RestServiceTest, UnknownQueryParameters_Return400NamingThem) {
             "unknown query parameter \"page_size\"; this route takes pageSize, pageToken, view");
 }
 
+// An ended job without a measured step will never have one: the answer
+// says so instead of "yet".
+TEST_F(RestServiceTest, MeasuredTimeline_JobEndedWithoutOne_SaysSo) {
+  RegisterWorker();
+  Call("POST", "/v1/jobs", ValidSpecJson());
+  jobs_.AwaitBackgroundWork();  // planned, no step traced
+  auto [waiting, running_error] = Call("GET", "/v1/jobs/job-1/measured-timeline.svg");
+  EXPECT_EQ(waiting, 400);
+  EXPECT_TRUE(
+      absl::StrContains(running_error["message"].get<std::string>(), "has no measured step yet"))
+      << running_error;
+  Call("POST", "/v1/jobs/job-1:cancel");
+  auto [status, error] = Call("GET", "/v1/jobs/job-1/measured-timeline.svg");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["message"],
+            "job job-1 ended CANCELLED without a measured step: its workers trace the plan's "
+            "11th step (or its last)");
+}
+
 // A parameter given twice is refused: which value counts is no guess to
 // make (the first won, silently).
 TEST_F(RestServiceTest, RepeatedQueryParameter_Returns400NamingIt) {

@@ -1067,8 +1067,12 @@ absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id, PlanPart
     auto it = jobs_.find(job_id);
     if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
     if (it->second->plan.version() == 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "job ", job_id, " has no plan yet (", EnumShortName(it->second->job.state()), ")"));
+      const v1::JobState state = it->second->job.state();
+      return absl::FailedPreconditionError(
+          IsTerminal(state)
+              ? absl::StrCat("job ", job_id, " ended ", EnumShortName(state),
+                             " before it was planned: it has no plan")
+              : absl::StrCat("job ", job_id, " has no plan yet (", EnumShortName(state), ")"));
     }
     if (parts == PlanParts::kWithoutDrawings) {
       // The stored drawings are set aside for the copy and put back (O(1)
@@ -1180,8 +1184,8 @@ void JobManager::ScheduleQueued() {
     }
     const int need = JobWorkers(record.resolved);
     if (static_cast<int>(ready.size()) < need) {
-      const std::string waiting =
-          absl::StrCat("waiting for ", need, " READY workers (", ready.size(), " ready)");
+      const std::string waiting = absl::StrCat("waiting for ", need, " READY workers (",
+                                               ReadyCountLocked(ready.size()), ")");
       const absl::Duration waited = now - FromProtoTimestamp(record.job.create_time());
       if (waited > record.resolved.queue_timeout && now >= record.restart_grace_until) {
         EndLocked(record, v1::JOB_STATE_FAILED,
@@ -1255,6 +1259,16 @@ std::vector<std::string> JobManager::RoomiestFirstLocked(std::vector<std::string
     if (!taken[i]) ordered.push_back(std::move(workers[i]));
   }
   return ordered;
+}
+
+std::string JobManager::ReadyCountLocked(size_t ready) const {
+  // Drained workers stay READY (`pipetrain workers` lists them so) but are
+  // never placed: counted apart, a job waiting beside them says why.
+  size_t drained = 0;
+  for (const std::string& w : registry_->ReadyWorkers()) drained += IsDrainedLocked(w) ? 1 : 0;
+  return drained == 0 ? absl::StrCat(ready, " ready")
+                      : absl::StrCat(ready, " ready; ", drained,
+                                     " more READY but drained, taking no job until restarted");
 }
 
 std::vector<std::string> JobManager::SpareWorkersLocked(
@@ -1926,8 +1940,8 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   const size_t ready = chosen.size();
   KeepWholeReplicas(record, &chosen);
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
-    const std::string waiting_for =
-        absl::StrCat("waiting for ", MinJobWorkers(record), " READY workers (", ready, " ready)");
+    const std::string waiting_for = absl::StrCat("waiting for ", MinJobWorkers(record),
+                                                 " READY workers (", ReadyCountLocked(ready), ")");
     if (now - record.recovery_started > record.resolved.queue_timeout) {
       return EndLocked(record, v1::JOB_STATE_FAILED,
                        absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",

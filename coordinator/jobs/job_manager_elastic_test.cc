@@ -988,6 +988,23 @@ TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChan
   EXPECT_EQ(jobs_->Drain("w-99").status().code(), absl::StatusCode::kNotFound);
 }
 
+// A job waiting beside a drained (still READY) worker says why it is not
+// taken; a job cancelled before any plan says it will never have one.
+TEST_F(JobManagerElasticTest, Waiting_CountsDrainedWorkersApart_EndedJobHasNoPlan) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  ASSERT_TRUE(jobs_->Drain(w2).ok());
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  const std::string id = Submit(spec).value().id();
+  EXPECT_EQ(jobs_->Get(id).value().reason(),
+            "waiting for 2 READY workers (1 ready; 1 more READY but drained, taking no job until "
+            "restarted)");
+  ASSERT_TRUE(jobs_->Cancel(id).ok());
+  const absl::Status no_plan = jobs_->GetPlan(id).status();
+  EXPECT_EQ(no_plan.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(no_plan.message(),
+            "job " + id + " ended CANCELLED before it was planned: it has no plan");
+}
+
 // A LOST or LEFT worker is out of service already: draining it is refused,
 // saying so, instead of reporting a drain that does nothing.
 TEST_F(JobManagerElasticTest, Drain_LostOrLeftWorker_RefusedSayingSo) {

@@ -29,9 +29,12 @@ struct Frontier {
 };
 
 absl::Status CheckCost(double value, const std::string& field) {
-  if (value >= 0 && std::isfinite(value)) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(field, " is ", value, "; costs and sizes must be finite and >= 0"));
+  // At most kMaxAccTfmValue, as a model profile's numbers: sums over at
+  // most kMaxAccTfmLayers layers, and beta x bytes, then stay finite (a
+  // 1.7e308 cost printed the plan's seconds as null).
+  if (value >= 0 && value <= kMaxAccTfmValue) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " is ", value, "; costs and sizes must be finite, >= 0 and at most 1e18"));
 }
 
 absl::Status CheckSizeArray(const std::vector<double>& values, const std::string& field) {
@@ -255,6 +258,10 @@ absl::StatusOr<double> AllReduceSeconds(const AllReduceModel& model, double byte
 absl::Status ValidateAccTfmProblem(const AccTfmProblem& problem) {
   if (problem.layers.empty()) {
     return absl::InvalidArgumentError("layers is empty; give at least one layer");
+  }
+  if (problem.layers.size() > static_cast<size_t>(kMaxAccTfmLayers)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layers has ", problem.layers.size(), " entries, over the limit of ", kMaxAccTfmLayers));
   }
   if (problem.allreduce.has_value()) RETURN_IF_ERROR(ValidateModel(*problem.allreduce));
   for (size_t l = 0; l < problem.layers.size(); ++l) {

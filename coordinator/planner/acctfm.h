@@ -114,10 +114,17 @@ struct AccTfmProblem {
   std::optional<AllReduceModel> allreduce;  // set: T_cm from eq. 3
 };
 
+// Bounds of a problem (as a model profile's, profile.h): every cost, size
+// and coefficient at most 1e18, and at most as many layers as a profile has
+// units, so that every sum the solvers form is finite.
+inline constexpr double kMaxAccTfmValue = 1e18;
+inline constexpr int kMaxAccTfmLayers = 2 * 256 + 2;
+
 // INVALID_ARGUMENT, naming the layer and field ("layers[2].fwd_compute_seconds[1]
-// is -1; ..."), when there are no layers, an array does not have 3 entries,
-// allreduce_seconds is given together with an AllReduceModel or missing
-// without one, a value is negative or not finite, or the model is invalid.
+// is -1; ..."), when there are no layers or more than kMaxAccTfmLayers, an
+// array does not have 3 entries, allreduce_seconds is given together with an
+// AllReduceModel or missing without one, a value is negative, not finite or
+// over kMaxAccTfmValue, or the model is invalid.
 absl::Status ValidateAccTfmProblem(const AccTfmProblem& problem);
 
 // ---- Solvers ------------------------------------------------------------

@@ -192,6 +192,35 @@ TEST(ValidateAccTfmProblemTest, NegativeOrNonFinite_NamesEntry) {
   EXPECT_THAT(std::string(s.message()), HasSubstr("layers[0].output_bytes is nan"));
 }
 
+// Finite but huge values summed past a double (the plan's seconds printed
+// as null): each is bounded at 1e18, and the layers at a profile's units.
+// At the bounds every solver's answer is finite.
+TEST(ValidateAccTfmProblemTest, OverTheBounds_Refused_AtTheBoundsFinite) {
+  AccTfmProblem p;
+  p.layers = {Layer({1, 1, 1}, {1, 1, 1})};
+  p.layers[0].fwd_compute_seconds[1] = 1.7e308;
+  absl::Status s = Validate(p);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("layers[0].fwd_compute_seconds[1] is 1.7e+308; costs and sizes must be "
+                        "finite, >= 0 and at most 1e18"));
+  p.layers.assign(kMaxAccTfmLayers + 1, Layer({1, 1, 1}, {1, 1, 1}));
+  s = Validate(p);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("layers has 515 entries, over the limit of 514"));
+  p.layers.assign(kMaxAccTfmLayers, Layer({1e18, 1e18, 1e18}, {1e18, 1e18, 1e18}));
+  for (AccTfmLayer& layer : p.layers) {
+    layer.allreduce_seconds.clear();
+    layer.output_bytes = 1e18;
+  }
+  p.allreduce = AllReduceModel{1e18, 1e18, 4, AllReduceAlgorithm::kRing};
+  ASSERT_TRUE(Validate(p).ok());
+  absl::StatusOr<AccTfmSolution> solved = SolveAccTfm(p);
+  ASSERT_TRUE(solved.ok()) << solved.status();
+  EXPECT_TRUE(std::isfinite(solved->forward.plan.seconds));
+  EXPECT_TRUE(std::isfinite(solved->backward.plan.seconds));
+  for (double u : solved->forward.uniform_seconds) EXPECT_TRUE(std::isfinite(u));
+}
+
 TEST(ValidateAccTfmProblemTest, AllReduceGivenTwiceOrMissing_InvalidArgument) {
   AccTfmProblem p;
   p.layers = {Layer({1, 1, 1}, {1, 1, 1})};

@@ -1350,8 +1350,10 @@ TEST_F(JobManagerElasticTest, Restore_StoredProfileNotTheModels_JobFailsBeforeAn
   EditStoredJob(*state_, id, [](store::StoredJob& s) {
     ModelProfile profile = ParseProfileJson(s.profile_json()).value();
     ASSERT_EQ(profile.units.size(), 4u);
-    profile.units.push_back(profile.units.back());
-    profile.units.push_back(profile.units.back());
+    for (const char* name : {"extra_0", "extra_1"}) {  // unit names are distinct
+      profile.units.push_back(profile.units.back());
+      profile.units.back().name = name;
+    }
     s.set_profile_json(ProfileToJson(profile));
   });
   Reset(/*with_state=*/true);

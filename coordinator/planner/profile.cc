@@ -73,6 +73,22 @@ absl::StatusOr<json> Parse(const std::string& text) {
   return j;
 }
 
+// A name printed in plans and tables: 1 to `max_bytes` bytes without
+// control characters (an escape sequence in a file would act on the
+// terminal of whoever plans with it).
+absl::Status CheckName(const json& name, size_t max_bytes, const std::string& field) {
+  const std::string what =
+      absl::StrCat("must be a string of 1 to ", max_bytes, " bytes without control characters");
+  if (!name.is_string()) return Invalid(field, what);
+  const std::string& text = name.get_ref<const std::string&>();
+  if (text.empty() || text.size() > max_bytes) return Invalid(field, what);
+  for (const char c : text) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if (u < 0x20 || u == 0x7f) return Invalid(field, what);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
   if (auto s = OnlyKeys(u, where,
                         {"name", "fwd_seconds", "bwd_seconds", "weight_bytes", "activation_bytes",
@@ -81,7 +97,8 @@ absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
     return s;
   }
   UnitProfile unit;
-  if (!u.contains("name") || !u["name"].is_string()) return Invalid(where + ".name", "missing string");
+  if (!u.contains("name")) return Invalid(where + ".name", "missing string");
+  RETURN_IF_ERROR(CheckName(u["name"], kMaxProfileUnitNameBytes, where + ".name"));
   unit.name = u["name"].get<std::string>();
   ASSIGN_OR_RETURN(unit.fwd_seconds, Number(u, "fwd_seconds", where, false));
   ASSIGN_OR_RETURN(unit.bwd_seconds, Number(u, "bwd_seconds", where, false));
@@ -137,9 +154,15 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
         "units", absl::StrCat("holds ", j["units"].size(), " units; at most ", kMaxProfileUnits,
                               " (a model of ", kMaxLayers, " layers, spec.model.n_layer's bound)"));
   }
+  std::set<std::string> unit_names;
   for (size_t i = 0; i < j["units"].size(); ++i) {
     auto unit = ParseUnit(j["units"][i], absl::StrCat("units[", i, "]"));
     if (!unit.ok()) return unit.status();
+    // Plans and the timeline name units: two of one name would read as one.
+    if (!unit_names.insert(unit->name).second) {
+      return Invalid(absl::StrCat("units[", i, "].name"),
+                     absl::StrCat("\"", unit->name, "\" names two units"));
+    }
     profile.units.push_back(*unit);
   }
   if (j.contains("codecs")) {
@@ -253,10 +276,7 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
     WorkerSpec worker;
     worker.name = absl::StrCat("w", i);
     if (w.contains("name")) {
-      if (!w["name"].is_string() || w["name"].get<std::string>().empty() ||
-          w["name"].get<std::string>().size() > 253) {
-        return Invalid(where + ".name", "must be a non-empty string of at most 253 bytes");
-      }
+      RETURN_IF_ERROR(CheckName(w["name"], 253, where + ".name"));
       worker.name = w["name"].get<std::string>();
     }
     if (!names.insert(worker.name).second) {

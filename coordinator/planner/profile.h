@@ -102,11 +102,15 @@ inline constexpr double kMaxCodecSecondsPerByte = 1e-3;
 // The most units a profile file may list: those of a model of
 // spec.model.n_layer's bound (embed, attention and MLP per layer, head).
 inline constexpr int kMaxProfileUnits = 2 * 256 + 2;
+// A unit's name ("attn_12"): printed in plans, so bounded.
+inline constexpr size_t kMaxProfileUnitNameBytes = 128;
 
 // Both parsers reject, naming the field: unknown keys, wrong types, numbers
 // that are negative, non-finite or over 1e18. ParseProfileJson: more than
-// kMaxProfileUnits units. ParseClusterJson: more than kMaxStages workers,
-// a worker name that is empty, over 253 bytes or given twice, a speed
+// kMaxProfileUnits units, a unit name that is empty, over
+// kMaxProfileUnitNameBytes, holds a control character or is given twice.
+// ParseClusterJson: more than kMaxStages workers, a worker name that is
+// empty, over 253 bytes, holds a control character or is given twice, a speed
 // outside [1e-6, 1e6], a bandwidth in (0, 1), one of the two data-plane
 // cost fields without the other.
 absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& json);

@@ -188,6 +188,27 @@ TEST(ProfileTest, OutOfBoundNumbersCountsAndNames_AreRefusedNamingTheField) {
   EXPECT_EQ(ParseProfileJson(many).status().message(),
             "units: holds 515 units; at most 514 (a model of 256 layers, spec.model.n_layer's "
             "bound)");
+  // Unit names are printed in plans: bounded, printable, distinct.
+  const auto unit_named = [](const std::string& first, const std::string& second) {
+    return absl::StrCat(R"({"micro_batch_size": 1, "units": [{"name": )", first,
+                        R"(, "fwd_seconds": 1, "bwd_seconds": 1, "weight_bytes": 0,
+        "activation_bytes": 0}, {"name": )",
+                        second, R"(, "fwd_seconds": 1, "bwd_seconds": 1, "weight_bytes": 0,
+        "activation_bytes": 0}]})");
+  };
+  const std::string unit_name_rule =
+      "must be a string of 1 to 128 bytes without control characters";
+  EXPECT_EQ(ParseProfileJson(unit_named(R"("a")", R"("\u001b[31mred")")).status().message(),
+            "units[1].name: " + unit_name_rule);
+  EXPECT_EQ(ParseProfileJson(unit_named(R"("")", R"("b")")).status().message(),
+            "units[0].name: " + unit_name_rule);
+  EXPECT_EQ(ParseProfileJson(unit_named(R"("a")", "\"" + std::string(129, 'x') + "\""))
+                .status()
+                .message(),
+            "units[1].name: " + unit_name_rule);
+  EXPECT_EQ(ParseProfileJson(unit_named(R"("attn_0")", R"("attn_0")")).status().message(),
+            "units[1].name: \"attn_0\" names two units");
+  EXPECT_TRUE(ParseProfileJson(unit_named(R"("a")", "\"" + std::string(128, 'x') + "\"")).ok());
   std::string workers = R"({"workers": [)";
   for (int w = 0; w <= kMaxStages; ++w) workers += w > 0 ? ",{}" : "{}";
   workers += "]}";
@@ -198,9 +219,11 @@ TEST(ProfileTest, OutOfBoundNumbersCountsAndNames_AreRefusedNamingTheField) {
       {R"({"workers": [{}], "bandwidth_bytes_per_second": 1e-300})",
        "bandwidth_bytes_per_second: must be 0 (unlimited) or at least 1"},
       {R"({"workers": [{"name": 5}]})",
-       "workers[0].name: must be a non-empty string of at most 253 bytes"},
+       "workers[0].name: must be a string of 1 to 253 bytes without control characters"},
       {R"({"workers": [{"name": ""}]})",
-       "workers[0].name: must be a non-empty string of at most 253 bytes"},
+       "workers[0].name: must be a string of 1 to 253 bytes without control characters"},
+      {R"({"workers": [{"name": "a\u001b[31m"}]})",
+       "workers[0].name: must be a string of 1 to 253 bytes without control characters"},
       {R"({"workers": [{"name": "a"}, {"name": "a"}]})",
        "workers[1].name: \"a\" names two workers"},
       {R"({"workers": [{}], "data_plane_overhead_seconds": 0.5})",

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -138,6 +139,27 @@ HttpRequestFramer::Progress HttpRequestFramer::ParseHead(absl::string_view head)
 HttpRequestFramer::Progress HttpRequestFramer::OnHeader(absl::string_view name,
                                                         absl::string_view value,
                                                         bool& has_length) {
+  // A NUL cut the value short where httplib read it ("Bearer t\0junk" was
+  // the token "t"), and no field value may hold control characters but tab
+  // (RFC 9110 5.5).
+  for (const char c : value) {
+    const unsigned char u = static_cast<unsigned char>(c);
+    if ((u < 0x20 && c != '\t') || u == 0x7f) {
+      return Reject(400, "INVALID_ARGUMENT",
+                    absl::StrCat("header ", absl::CHexEscape(name.substr(0, 64)),
+                                 " holds a control character"));
+    }
+  }
+  // Which of two would count differs between proxies and this server (it
+  // took the first): a request that names its credentials or host twice is
+  // refused.
+  for (const char* once : {"Authorization", "Host"}) {
+    if (!absl::EqualsIgnoreCase(name, once)) continue;
+    if (seen_once_.count(once) > 0) {
+      return Reject(400, "INVALID_ARGUMENT", absl::StrCat("header ", once, " given twice"));
+    }
+    seen_once_.insert(once);
+  }
   if (absl::EqualsIgnoreCase(name, "Transfer-Encoding")) {
     return Reject(411, "UNIMPLEMENTED",
                   "request bodies with Transfer-Encoding are not accepted; send the body "
@@ -164,10 +186,15 @@ HttpRequestFramer::Progress HttpRequestFramer::OnHeader(absl::string_view name,
     expects_continue_ = absl::EqualsIgnoreCase(value, "100-continue");
   } else if (absl::EqualsIgnoreCase(name, "Content-Length")) {
     uint64_t length = 0;
-    if (!ParseContentLength(value, &length) || (has_length && length != body_bytes_)) {
+    if (!ParseContentLength(value, &length)) {
       return Reject(400, "INVALID_ARGUMENT",
                     absl::StrCat("Content-Length \"", value,
                                  "\" is not one decimal number of bytes"));
+    }
+    if (has_length && length != body_bytes_) {
+      return Reject(400, "INVALID_ARGUMENT",
+                    absl::StrCat("Content-Length given twice with different values (", body_bytes_,
+                                 " and ", length, ")"));
     }
     has_length = true;
     body_bytes_ = length;

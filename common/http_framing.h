@@ -28,7 +28,10 @@
 //   415 UNIMPLEMENTED       Content-Encoding other than identity (httplib
 //                           would inflate a compressed body past
 //                           max_body_bytes): send the body uncompressed
-//   400 INVALID_ARGUMENT    a '%' in the request line's path (httplib
+//   400 INVALID_ARGUMENT    a header value holding a control character
+//                           other than tab (a NUL cut it short), or
+//                           Authorization or Host given twice;
+//                           a '%' in the request line's path (httplib
 //                           decodes it before routing, so an encoded ':'
 //                           or '/' would reach another route than the raw
 //                           path names; the query may hold escapes);
@@ -41,6 +44,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <set>
 #include <string>
 
 #include "absl/strings/string_view.h"
@@ -108,6 +112,7 @@ class HttpRequestFramer {
   size_t head_bytes_ = 0;  // 0 until the head is complete
   uint64_t body_bytes_ = 0;
   bool expects_continue_ = false;
+  std::set<std::string> seen_once_;  // headers that may appear once, seen
   HttpRejection rejection_;
 };
 

@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -215,7 +217,39 @@ TEST(HttpRequestFramer, Update_TwoDifferentContentLengths_Rejected400) {
   HttpRequestFramer framer(kLimits);
   EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
             Progress::kRejected);
-  EXPECT_EQ(framer.rejection().message, "Content-Length \"2\" is not one decimal number of bytes");
+  EXPECT_EQ(framer.rejection().message,
+            "Content-Length given twice with different values (1 and 2)");
+}
+
+// A NUL cut a value short where httplib read it ("Bearer t\0junk" was the
+// token "t"); no field value may hold control characters but tab.
+TEST(HttpRequestFramer, Update_ControlCharacterInAHeaderValue_Rejected400) {
+  for (const std::string& value :
+       {std::string("Bearer s3cret\0junk", 18), std::string("a\x01b"), std::string("a\x7f")}) {
+    HttpRequestFramer framer(kLimits);
+    EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nAuthorization: " + value + "\r\n\r\n"),
+              Progress::kRejected);
+    EXPECT_EQ(framer.rejection().status, 400);
+    EXPECT_EQ(framer.rejection().message, "header Authorization holds a control character");
+  }
+  HttpRequestFramer tab(kLimits);
+  EXPECT_EQ(tab.Update("GET / HTTP/1.1\r\nX-A: a\tb\r\n\r\n"), Progress::kComplete);
+}
+
+// Two Authorization or Host headers: which counts differs between a proxy
+// and this server (it took the first). Refused; other repeats are not.
+TEST(HttpRequestFramer, Update_AuthorizationOrHostTwice_Rejected400) {
+  for (const char* name : {"Authorization", "Host"}) {
+    HttpRequestFramer framer(kLimits);
+    EXPECT_EQ(framer.Update(absl::StrCat("GET / HTTP/1.1\r\n", name, ": a\r\n",
+                                         absl::AsciiStrToLower(name), ": b\r\n\r\n")),
+              Progress::kRejected)
+        << name;
+    EXPECT_EQ(framer.rejection().message, absl::StrCat("header ", name, " given twice"));
+  }
+  HttpRequestFramer other(kLimits);
+  EXPECT_EQ(other.Update("GET / HTTP/1.1\r\nHost: a\r\nAccept: x\r\nAccept: y\r\n\r\n"),
+            Progress::kComplete);
 }
 
 TEST(HttpRequestFramer, Update_RepeatedEqualContentLength_Accepted) {

@@ -67,7 +67,12 @@ absl::Status ParsePaging(const HttpRequest& http, ListRequest& request) {
     const std::string significant = first == std::string::npos ? "0" : size.substr(first);
     page_size =
         significant.size() > 4 ? kMaxPageSize : std::min(std::stoi(significant), kMaxPageSize);
-  } else if (!size.empty() && !absl::SimpleAtoi(size, &page_size)) {
+  } else if (!size.empty() &&
+             // Only "-digits" goes on (refused below as negative, with the
+             // bound): SimpleAtoi would also take "+1" and " 1".
+             (size[0] != '-' || size.size() == 1 ||
+              !std::all_of(size.begin() + 1, size.end(), absl::ascii_isdigit) ||
+              !absl::SimpleAtoi(size, &page_size))) {
     return absl::InvalidArgumentError(absl::StrCat(
         "page_size: ?pageSize= must be an integer, 0 or more (above ", kMaxPageSize, " reads as ",
         kMaxPageSize, "), got \"", absl::CHexEscape(size.substr(0, 32)), "\""));

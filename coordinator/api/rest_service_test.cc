@@ -119,6 +119,9 @@ TEST_F(RestServiceTest, ListJobs_BadPagingOrView_Returns400WithFieldViolation) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"/v1/jobs?pageSize=-1", "page_size"},
       {"/v1/jobs?pageSize=ten", "page_size"},
+      {"/v1/jobs?pageSize=%2B1", "page_size"},  // "+1": digits only
+      {"/v1/jobs?pageSize=%201", "page_size"},  // " 1"
+      {"/v1/jobs?pageSize=-", "page_size"},
       {"/v1/jobs?pageToken=bm90LWEtdG9rZW4", "page_token"},
       {"/v1/jobs?pageToken=" + std::string(600, 'A'), "page_token"},
       {"/v1/jobs?view=EVERYTHING", "view"},

@@ -1119,6 +1119,12 @@ absl::StatusOr<ResolvedJobSpec> ResolveJobSpec(const v1::JobSpec& spec) {
 }
 
 absl::StatusOr<v1::JobSpec> JobSpecFromJson(std::string_view json) {
+  // The parser's own words for nothing at all ("Unexpected end of string.
+  // Expected a value.") say little to a client that sent no body.
+  if (std::all_of(json.begin(), json.end(), absl::ascii_isspace)) {
+    return absl::InvalidArgumentError(
+        "spec: the JSON text is empty; send a JobSpec object (docs/api.md), e.g. {}");
+  }
   google::protobuf::util::JsonParseOptions options;
   options.ignore_unknown_fields = false;  // a misspelt field must not be silently dropped
   v1::JobSpec spec;
@@ -1130,6 +1136,26 @@ absl::StatusOr<v1::JobSpec> JobSpecFromJson(std::string_view json) {
     // proto names: "spec.model.n_layer: ...", as the checks after parsing
     // name theirs, so the BadRequest violation names it too.
     const std::string text = status.message().ToString();
+    // "(model) nLayers: Cannot find field." ("nLayers: ..." at the top):
+    // named as the other checks name fields, so that the BadRequest
+    // violation names the unknown field itself.
+    constexpr absl::string_view kUnknown = ": Cannot find field.";
+    if (absl::EndsWith(text, kUnknown) && text.size() <= 512) {
+      absl::string_view head(text.data(), text.size() - kUnknown.size());
+      std::string path;
+      const size_t paren = head.find(") ");
+      if (!head.empty() && head[0] == '(' && paren != absl::string_view::npos) {
+        path = absl::StrCat(head.substr(1, paren - 1), ".");
+        head.remove_prefix(paren + 2);
+      }
+      const std::string field = absl::StrCat(path, head);
+      if (!head.empty() && std::all_of(field.begin(), field.end(), [](char c) {
+            return absl::ascii_isalnum(c) || c == '_' || c == '.';
+          })) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.", field, ": unknown field (docs/api.md lists JobSpec's fields)"));
+      }
+    }
     const size_t close = text.find("): ");
     if (!text.empty() && text[0] == '(' && close != std::string::npos && close <= 256 &&
         close > 1 && std::all_of(text.begin() + 1, text.begin() + close, [](char c) {

@@ -1159,8 +1159,24 @@ TEST(ResolveJobSpec, ValuesJustPastABound_PrintedExactly) {
                  "0.0010000002");
 }
 
-TEST(JobSpecFromJson, UnknownField_Rejected) {
-  ExpectJsonRejected(R"({"model": {"nLayers": 2}})", "(model) nLayers: Cannot find field");
+// The unknown field is named as a path, as the other checks name fields
+// (the BadRequest violation's field then is the field itself, not "spec").
+TEST(JobSpecFromJson, UnknownField_RejectedNamingItsPath) {
+  for (const auto& [json, message] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"model": {"nLayers": 2}})", "spec.model.nLayers: unknown field"},
+           {R"({"bogus": 1})", "spec.bogus: unknown field"},
+           {R"({"elastic": {"minWorkers": 1, "x_y": 2}})", "spec.elastic.x_y: unknown field"}}) {
+    const absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(json);
+    EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << json;
+    EXPECT_TRUE(absl::StartsWith(spec.status().message(), message)) << spec.status().message();
+  }
+}
+
+TEST(JobSpecFromJson, EmptyText_SaysSo) {
+  for (const char* json : {"", "  \n"}) {
+    EXPECT_EQ(JobSpecFromJson(json).status().message(),
+              "spec: the JSON text is empty; send a JobSpec object (docs/api.md), e.g. {}");
+  }
 }
 
 TEST(JobSpecFromJson, WrongType_RejectedNamingTheFieldsPath) {

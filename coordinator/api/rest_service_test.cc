@@ -187,6 +187,18 @@ TEST_F(RestServiceTest, MeasuredTimeline_JobEndedWithoutOne_SaysSo) {
             "11th step (or its last)");
 }
 
+// An unknown field's violation names the field, not "spec"; an empty body
+// says it is empty.
+TEST_F(RestServiceTest, SubmitJob_UnknownFieldOrEmptyBody_NamedPlainly) {
+  auto [status, error] = Call("POST", "/v1/jobs", R"({"model": {"nLayers": 2}})");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["details"][0]["fieldViolations"][0]["field"], "spec.model.nLayers") << error;
+  auto [empty_status, empty] = Call("POST", "/v1/jobs", "");
+  EXPECT_EQ(empty_status, 400);
+  EXPECT_TRUE(absl::StrContains(empty["message"].get<std::string>(), "the JSON text is empty"))
+      << empty;
+}
+
 // A parameter given twice is refused: which value counts is no guess to
 // make (the first won, silently).
 TEST_F(RestServiceTest, RepeatedQueryParameter_Returns400NamingIt) {

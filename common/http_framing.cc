@@ -68,6 +68,25 @@ HttpRequestFramer::Progress HttpRequestFramer::CheckRequestLine(absl::string_vie
     // path, and %2F made one segment two. No route or id needs encoding.
     const absl::string_view line = window.substr(0, end);
     const size_t space = line.find(' ');
+    // httplib answers a method it does not know as a malformed request
+    // (400); it is a method this server does not implement (RFC 9110 15.6.2).
+    const absl::string_view method = line.substr(0, space);
+    bool known = false;
+    for (const char* m :
+         {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT"}) {
+      known = known || method == m;
+    }
+    // Only a well-formed line ("METHOD TARGET HTTP/x") names a method;
+    // anything else stays httplib's malformed request.
+    const std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
+    const bool request_line =
+        parts.size() == 3 && !parts[0].empty() &&
+        absl::StartsWith(absl::StripTrailingAsciiWhitespace(parts[2]), "HTTP/");
+    if (!known && request_line) {
+      return Reject(501, "UNIMPLEMENTED",
+                    absl::StrCat("method ", absl::CHexEscape(method.substr(0, 32)),
+                                 " is not implemented; the API takes GET, HEAD and POST"));
+    }
     const absl::string_view target =
         space == absl::string_view::npos
             ? ""

@@ -28,6 +28,8 @@
 //   415 UNIMPLEMENTED       Content-Encoding other than identity (httplib
 //                           would inflate a compressed body past
 //                           max_body_bytes): send the body uncompressed
+//   501 UNIMPLEMENTED       a method httplib does not know ("FOO"), which
+//                           it would answer as a malformed request
 //   400 INVALID_ARGUMENT    a header value holding a control character
 //                           other than tab (a NUL cut it short), or
 //                           Authorization or Host given twice;

@@ -100,6 +100,22 @@ TEST(HttpRequestFramer, Update_RequestLineOfExactlyTheLimit_Accepted) {
   EXPECT_EQ(FeedByteByByte(framer, line + "\r\n\r\n"), Progress::kComplete);
 }
 
+// A method nobody implements is 501, not httplib's "malformed" 400; the
+// methods httplib parses go on to the server's 405 with Allow.
+TEST(HttpRequestFramer, Update_UnknownMethod_Rejected501_KnownOnesPass) {
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(FeedByteByByte(framer, "FOO /v1/jobs HTTP/1.1\r\n\r\n"), Progress::kRejected);
+  EXPECT_EQ(framer.rejection().status, 501);
+  EXPECT_EQ(framer.rejection().code, "UNIMPLEMENTED");
+  EXPECT_EQ(framer.rejection().message,
+            "method FOO is not implemented; the API takes GET, HEAD and POST");
+  for (const char* method : {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"}) {
+    HttpRequestFramer known(kLimits);
+    EXPECT_EQ(known.Update(absl::StrCat(method, " / HTTP/1.1\r\n\r\n")), Progress::kComplete)
+        << method;
+  }
+}
+
 // httplib decodes the path before routing: "%3A" reached the ":cancel"
 // route past a proxy rule on the raw path. Refused in the path, allowed in
 // the query.

@@ -22,6 +22,8 @@ absl::string_view ReasonPhrase(int status) {
     case 414: return "URI Too Long";
     case 415: return "Unsupported Media Type";
     case 431: return "Request Header Fields Too Large";
+    case 501:
+      return "Not Implemented";
     case 503: return "Service Unavailable";
     default: return status < 400 ? "OK" : "Error";
   }

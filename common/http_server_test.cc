@@ -586,6 +586,21 @@ TEST(HttpServer, Read_MalformedRequestLine_Returns400WithJsonError) {
   EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], 3);
 }
 
+// A method nothing implements: 501 with the JSON error body, not a
+// "malformed request" 400.
+TEST(HttpServer, UnknownMethod_Returns501WithJsonError) {
+  HttpServer server;
+  absl::StatusOr<int> port = server.Start("127.0.0.1", 0);
+  ASSERT_TRUE(port.ok()) << port.status();
+  RawConnection connection(*port, absl::Seconds(10));
+  ASSERT_TRUE(connection.connected());
+  ASSERT_TRUE(connection.Send("FOO /v1/jobs HTTP/1.1\r\nHost: x\r\n\r\n"));
+  const std::string response = connection.Read();
+  ASSERT_EQ(HttpStatusOf(response), 501) << response;
+  EXPECT_NE(response.find("501 Not Implemented"), std::string::npos) << response;
+  EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], 12);
+}
+
 TEST(HttpServer, Post_ExpectContinue_ContinueThenResponse) {
   HttpServer server;
   server.Post("/echo", Echo);
@@ -843,10 +858,10 @@ TEST(HttpServer, OnResponse_GateAndParserRejections_ReportRejectedRoute) {
   ASSERT_EQ(result->status, 413);
   RawConnection connection(*port, absl::Seconds(10));
   ASSERT_TRUE(connection.connected());
-  ASSERT_TRUE(connection.Send("BREW /pot HTTP/1.1\r\n\r\n"));  // a method httplib refuses
-  ASSERT_EQ(HttpStatusOf(connection.Read()), 400);
+  ASSERT_TRUE(connection.Send("BREW /pot HTTP/1.1\r\n\r\n"));  // a method nothing implements
+  ASSERT_EQ(HttpStatusOf(connection.Read()), 501);
   EXPECT_EQ(log.entries(), (std::vector<ResponseLog::Entry>{{"POST", "rejected", 413},
-                                                            {"OTHER", "rejected", 400}}));
+                                                            {"OTHER", "rejected", 501}}));
 }
 
 TEST(HttpServer, Post_KnownPathWrongMethod_Returns405WithAllow) {
@@ -921,7 +936,7 @@ TEST(HttpServer, AnswerRequestBytes_SameBytesAsAServedConnection) {
                                                             {"GET", kThingRoute, 401},
                                                             {"GET", "unmatched", 404},
                                                             {"POST", "rejected", 413},
-                                                            {"OTHER", "rejected", 400},
+                                                            {"OTHER", "rejected", 501},
                                                             {"POST", "/echo", 200}}));
 
   absl::StatusOr<int> port = server.Start("127.0.0.1", 0);

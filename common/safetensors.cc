@@ -86,6 +86,24 @@ absl::Status ReadAll(int fd, FileBytes& bytes, const std::string& path) {
   return absl::OkStatus();
 }
 
+// ReadAll from `offset` on (pread: the descriptor's position is untouched).
+absl::Status ReadAllAt(int fd, FileBytes& bytes, uint64_t offset, const std::string& path) {
+  uint64_t done = 0;
+  while (done < bytes.size) {
+    ssize_t n =
+        pread(fd, bytes.data.get() + done, bytes.size - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoError(errno, "cannot read", path);
+    if (n == 0) {
+      return absl::DataLossError(absl::StrCat("safetensors file ", path,
+                                              " shrank while being read (", done, " of ",
+                                              bytes.size, " bytes at ", offset, ")"));
+    }
+    done += static_cast<uint64_t>(n);
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<FileBytes> ReadWholeFile(const std::string& path) {
   // O_NONBLOCK: a FIFO opens at once (and is refused as not a regular file)
   // instead of blocking until some writer comes; regular files ignore it.
@@ -747,13 +765,33 @@ absl::StatusOr<SafetensorsContents> ReadSafetensors(const std::string& path) {
   return ParseSafetensors(std::string_view(file.data.get(), file.size), path);
 }
 
-absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::string& path) {
-  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // as ReadWholeFile
-  if (fd < 0) return ErrnoError(errno, "cannot open safetensors file", path);
-  struct FdCloser {
-    int fd;
-    ~FdCloser() { close(fd); }
-  } closer{fd};
+namespace {
+
+// A file's validated header, its descriptor left open at the data.
+struct OpenedHeader {
+  int fd = -1;
+  uint64_t data_start = 0;  // the data buffer's offset in the file
+  std::vector<Entry> entries;
+  SafetensorsMetadata metadata;
+  OpenedHeader() = default;
+  OpenedHeader(OpenedHeader&& other) noexcept
+      : fd(std::exchange(other.fd, -1)),
+        data_start(other.data_start),
+        entries(std::move(other.entries)),
+        metadata(std::move(other.metadata)) {}
+  OpenedHeader& operator=(OpenedHeader&&) = delete;
+  ~OpenedHeader() {
+    if (fd >= 0) close(fd);
+  }
+};
+
+// Reads and checks the header alone (at most 16 MiB, whatever the file's
+// size), against the file's size: ReadSafetensors's checks but the data's.
+absl::StatusOr<OpenedHeader> ReadHeader(const std::string& path) {
+  OpenedHeader opened;
+  opened.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // as ReadWholeFile
+  if (opened.fd < 0) return ErrnoError(errno, "cannot open safetensors file", path);
+  const int fd = opened.fd;
   struct stat st;
   if (fstat(fd, &st) != 0) return ErrnoError(errno, "cannot stat", path);
   if (!S_ISREG(st.st_mode)) return FileError(path, "not a regular file");
@@ -779,13 +817,37 @@ absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::s
   RETURN_IF_ERROR(ReadAll(fd, header_bytes, path));
   ASSIGN_OR_RETURN(json header, ParseHeaderJson(path, header_bytes.data.get(),
                                                 header_bytes.data.get() + header_size));
-  SafetensorsMetadata metadata;
-  ASSIGN_OR_RETURN(std::vector<Entry> entries,
-                   ParseEntries(path, header, file_size - kLengthBytes - header_size, metadata));
+  ASSIGN_OR_RETURN(
+      opened.entries,
+      ParseEntries(path, header, file_size - kLengthBytes - header_size, opened.metadata));
+  opened.data_start = kLengthBytes + header_size;
+  return opened;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::string& path) {
+  ASSIGN_OR_RETURN(OpenedHeader opened, ReadHeader(path));
   std::vector<SafetensorsShape> shapes;
-  shapes.reserve(entries.size());
-  for (Entry& e : entries) shapes.push_back({std::move(e.name), std::move(e.shape)});
+  shapes.reserve(opened.entries.size());
+  for (Entry& e : opened.entries) shapes.push_back({std::move(e.name), std::move(e.shape)});
   return shapes;
+}
+
+absl::StatusOr<SafetensorsContents> ReadSafetensorsTensors(
+    const std::string& path, const std::function<bool(std::string_view)>& wanted) {
+  ASSIGN_OR_RETURN(OpenedHeader opened, ReadHeader(path));
+  SafetensorsContents contents;
+  contents.metadata = std::move(opened.metadata);
+  for (const Entry& e : opened.entries) {
+    if (!wanted(e.name)) continue;
+    FileBytes raw;  // one tensor's bytes at a time
+    raw.size = e.end - e.begin;
+    raw.data.reset(new char[std::max<uint64_t>(raw.size, 1)]);
+    RETURN_IF_ERROR(ReadAllAt(opened.fd, raw, opened.data_start + e.begin, path));
+    contents.tensors.push_back({e.name, Decode(e, raw.data.get())});
+  }
+  return contents;
 }
 
 }  // namespace pipetrain

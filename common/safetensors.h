@@ -19,6 +19,7 @@
 
 #include <sys/types.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -182,6 +183,16 @@ struct SafetensorsShape {
   Shape shape;
 };
 absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::string& path);
+
+// ReadSafetensors of only the tensors `wanted` accepts (by name), in the
+// file's data order: the header is read and checked whole as ReadSafetensors
+// checks it, then each wanted tensor's bytes alone, one tensor at a time.
+// So peak memory is the wanted tensors in fp32 plus the largest one's raw
+// bytes, not the file: a stage loading its units from a large checkpoint,
+// or a file with tensors nobody asked for. DATA_LOSS when the file shrinks
+// while read; other errors as ReadSafetensors.
+absl::StatusOr<SafetensorsContents> ReadSafetensorsTensors(
+    const std::string& path, const std::function<bool(std::string_view)>& wanted);
 
 // ReadSafetensors of a file already in memory (e.g. read once to check its
 // checksum); `path` only names it in errors.

@@ -465,6 +465,45 @@ TEST(SafetensorsTest, ReadShapes_NamesAndShapesAsTheWholeRead) {
             absl::StatusCode::kNotFound);
 }
 
+// Only the wanted tensors, bitwise as the whole read gives them, with the
+// metadata; a file cut short within a wanted tensor is DATA_LOSS, and one
+// cut within the header fails as ReadSafetensors does.
+TEST(SafetensorsTest, ReadTensors_WantedOnly_SameBitsAsTheWholeRead) {
+  const std::string path = TestDir() + "/some.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, SampleTensors(), {{"format", "pt"}}).ok());
+  const SafetensorsContents whole = ReadSafetensors(path).value();
+  absl::StatusOr<SafetensorsContents> some = ReadSafetensorsTensors(
+      path, [](std::string_view name) { return name == "odd" || name == "scalar"; });
+  ASSERT_TRUE(some.ok()) << some.status();
+  ASSERT_EQ(some->tensors.size(), 2u);
+  EXPECT_EQ(some->metadata, whole.metadata);
+  for (const NamedTensor& t : some->tensors) {
+    const Tensor* expected = whole.Find(t.name);
+    ASSERT_NE(expected, nullptr) << t.name;
+    EXPECT_EQ(t.tensor.shape(), expected->shape());
+    EXPECT_EQ(
+        std::memcmp(t.tensor.data(), expected->data(), static_cast<size_t>(expected->size_bytes())),
+        0)
+        << t.name;
+  }
+  EXPECT_TRUE(
+      ReadSafetensorsTensors(path, [](std::string_view) { return false; })->tensors.empty());
+  // The last tensor cut short ("odd" lies last in the data): the header
+  // still says where it ends.
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string cut = TestDir() + "/cut.safetensors";
+  WriteBytes(cut, bytes.substr(0, bytes.size() - 4));
+  EXPECT_EQ(ReadSafetensorsTensors(cut, [](std::string_view) { return true; }).status().code(),
+            ReadSafetensors(cut).status().code());
+  WriteBytes(cut, bytes.substr(0, 12));
+  EXPECT_EQ(ReadSafetensorsTensors(cut, [](std::string_view) { return true; }).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(SafetensorsTest, Write_Success_LeavesNoTempFile) {
   const std::string dir = TestDir();
   ASSERT_TRUE(WriteSafetensors(dir + "/a.safetensors", SampleTensors()).ok());

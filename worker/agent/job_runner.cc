@@ -302,11 +302,22 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
   ASSIGN_OR_RETURN(
       const std::string path,
       ResolveUnderRoots("spec.init.from", assignment_.init_weights(), {options_.checkpoint_root}));
-  ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(path));
   std::set<int> units;
   for (const v1::UnitRange& r : {assignment_.forward_units(), assignment_.backward_units()}) {
     for (int u = r.begin(); u < r.end(); ++u) units.insert(u);
   }
+  // This stage's tensors alone (either name form): every stage reading and
+  // converting the whole file cost each worker the model's size, twice.
+  std::set<std::string, std::less<>> wanted;
+  for (int u : units) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      wanted.insert(p.name);
+      wanted.insert("transformer." + p.name);
+    }
+  }
+  ASSIGN_OR_RETURN(SafetensorsContents contents,
+                   ReadSafetensorsTensors(
+                       path, [&wanted](std::string_view name) { return wanted.count(name) > 0; }));
   std::vector<UnitState> states;
   for (int u : units) {
     UnitState state;

@@ -1,6 +1,9 @@
 #include "worker/model/weights_io.h"
 
 #include <cstring>
+#include <functional>
+#include <set>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -67,7 +70,16 @@ absl::Status ImportWeights(const SafetensorsContents& contents,
 }
 
 absl::Status LoadWeights(const std::string& path, const std::vector<Parameter*>& params) {
-  ASSIGN_OR_RETURN(SafetensorsContents contents, ReadSafetensors(path));
+  // Only the parameters' tensors (either name form) are read and converted:
+  // a file's other tensors (an HF lm_head, optimizer state) cost nothing.
+  std::set<std::string, std::less<>> names;
+  for (const Parameter* p : params) {
+    names.insert(p->name);
+    names.insert("transformer." + p->name);
+  }
+  ASSIGN_OR_RETURN(SafetensorsContents contents,
+                   ReadSafetensorsTensors(
+                       path, [&names](std::string_view name) { return names.count(name) > 0; }));
   absl::Status status = ImportWeights(contents, params);
   if (!status.ok()) {
     return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));

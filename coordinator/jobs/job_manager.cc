@@ -756,7 +756,15 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
     for (int u = 0; u < NumUnits(model); ++u) {
       for (const ParameterShape& p : UnitParameterShapes(model, u)) {
         const Shape* t = find(p.name);
-        if (t == nullptr) t = find("transformer." + p.name);
+        const Shape* prefixed = find("transformer." + p.name);
+        // The workers refuse a file holding both (FindParameterTensor):
+        // refused here, before the job starts.
+        if (t != nullptr && prefixed != nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("spec.init.from: ", from, " holds both '", p.name, "' and 'transformer.",
+                           p.name, "': which one to load is ambiguous; keep one"));
+        }
+        if (t == nullptr) t = prefixed;
         // A padded vocabulary takes the file's rows (gpt_config.h).
         const Shape shape(p.shape.begin(), p.shape.end());
         const std::string wanted = ShapeToString(shape);

@@ -1054,6 +1054,17 @@ TEST_F(JobManagerTest, InitFrom_WeightsMissingOrMisshapen_RefusedNamingTheTensor
   EXPECT_EQ(Submit(spec).status().message(),
             "spec.init.from: small.safetensors has " + first.name +
                 " of shape [1, 1], which does not fit this model's " + wanted);
+  // Both name forms of one tensor: the workers would refuse it, so Submit
+  // does.
+  const Shape shape(first.shape.begin(), first.shape.end());
+  ASSERT_TRUE(WriteSafetensors(OutputDir() + "/both.safetensors",
+                               {{first.name, Tensor::Zeros(shape)},
+                                {"transformer." + first.name, Tensor::Zeros(shape)}})
+                  .ok());
+  spec.mutable_init()->set_from("both.safetensors");
+  EXPECT_EQ(Submit(spec).status().message(), "spec.init.from: both.safetensors holds both '" +
+                                                 first.name + "' and 'transformer." + first.name +
+                                                 "': which one to load is ambiguous; keep one");
 }
 
 // A FIFO where init.from expects a checkpoint's manifest or a weights file

@@ -288,6 +288,9 @@ absl::StatusOr<ClusterSpec> ParseClusterJson(const std::string& text) {
       return Invalid(where + ".speed", "must be in [1e-6, 1e6]");
     }
     ASSIGN_OR_RETURN(worker.memory_bytes, Number(w, "memory_bytes", where, false, false, 0));
+    if (worker.memory_bytes != std::floor(worker.memory_bytes)) {  // 1.5 printed as "2 bytes"
+      return Invalid(where + ".memory_bytes", "must be a whole number of bytes");
+    }
     // The host whose cores it computes on, as workers register it (the
     // registration's bounds: a DNS name's length, 65536 cores or threads).
     if (w.contains("host")) {

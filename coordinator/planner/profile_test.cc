@@ -224,6 +224,8 @@ TEST(ProfileTest, OutOfBoundNumbersCountsAndNames_AreRefusedNamingTheField) {
        "workers[0].name: must be a string of 1 to 253 bytes without control characters"},
       {R"({"workers": [{"name": "a\u001b[31m"}]})",
        "workers[0].name: must be a string of 1 to 253 bytes without control characters"},
+      {R"({"workers": [{"memory_bytes": 1.5}]})",
+       "workers[0].memory_bytes: must be a whole number of bytes"},
       {R"({"workers": [{"name": "a"}, {"name": "a"}]})",
        "workers[1].name: \"a\" names two workers"},
       {R"({"workers": [{}], "data_plane_overhead_seconds": 0.5})",

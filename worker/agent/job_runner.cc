@@ -323,8 +323,11 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
     UnitState state;
     state.unit = u;
     for (const ParameterShape& p : UnitParameterShapes(model, u)) {
-      const Tensor* t = contents.Find(p.name);
-      if (t == nullptr) t = contents.Find("transformer." + p.name);
+      absl::StatusOr<const Tensor*> found = FindParameterTensor(contents, p.name);
+      if (!found.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(path, ": ", found.status().message()));
+      }
+      const Tensor* t = *found;
       if (t == nullptr) {
         return absl::InvalidArgumentError(absl::StrCat(path, ": no tensor ", p.name));
       }

@@ -10,14 +10,18 @@
 #include "worker/model/gpt_config.h"
 
 namespace pipetrain {
-namespace {
 
-const Tensor* FindWithOptionalPrefix(const SafetensorsContents& contents, const std::string& name) {
-  const Tensor* t = contents.Find(name);
-  return t != nullptr ? t : contents.Find("transformer." + name);
+absl::StatusOr<const Tensor*> FindParameterTensor(const SafetensorsContents& contents,
+                                                  const std::string& name) {
+  const Tensor* plain = contents.Find(name);
+  const Tensor* prefixed = contents.Find("transformer." + name);
+  if (plain != nullptr && prefixed != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("holds both '", name, "' and 'transformer.",
+                                                   name,
+                                                   "': which one to load is ambiguous; keep one"));
+  }
+  return plain != nullptr ? plain : prefixed;
 }
-
-}  // namespace
 
 absl::StatusOr<Tensor> FitToParameter(const std::string& name, const Shape& want,
                                       const Tensor& found) {
@@ -52,7 +56,7 @@ absl::Status ImportWeights(const SafetensorsContents& contents,
   std::vector<Tensor> sources;
   sources.reserve(params.size());
   for (const Parameter* p : params) {
-    const Tensor* src = FindWithOptionalPrefix(contents, p->name);
+    ASSIGN_OR_RETURN(const Tensor* src, FindParameterTensor(contents, p->name));
     if (src == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("missing tensor '", p->name, "' (shape ",
                                                      ShapeToString(p->value.shape()), ")"));

@@ -57,10 +57,16 @@ absl::Status CheckStartingWeightsFinite(const std::string& name, const Tensor& t
 // causal-mask buffers h.N.attn.bias/masked_bias and the tied lm_head.weight).
 // A padded vocabulary takes the file's rows (FitToParameter).
 // Errors (INVALID_ARGUMENT, naming the tensor): a parameter missing from the
-// file; a shape that does not fit the model's (both shapes in the message);
-// a NaN or infinite value (CheckStartingWeightsFinite).
+// file, or there under both names; a shape that does not fit the model's (both shapes in the
+// message); a NaN or infinite value (CheckStartingWeightsFinite).
 absl::Status ImportWeights(const SafetensorsContents& contents,
                            const std::vector<Parameter*>& params);
+
+// The tensor of parameter `name` in `contents`, under its name or with the
+// "transformer." prefix; nullptr when under neither. INVALID_ARGUMENT when
+// the file holds both (which one an import took was a silent choice).
+absl::StatusOr<const Tensor*> FindParameterTensor(const SafetensorsContents& contents,
+                                                  const std::string& name);
 
 // ReadSafetensors + ImportWeights; messages start with the path.
 absl::Status LoadWeights(const std::string& path, const std::vector<Parameter*>& params);

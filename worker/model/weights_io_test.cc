@@ -60,6 +60,24 @@ TEST(WeightsIoTest, Load_HuggingFacePrefixAndExtraBuffers_Accepted) {
   ExpectSameValues(*source, *target);
 }
 
+// A file holding a parameter under both names: which to load is not
+// guessed (the plain name won silently), and nothing changes.
+TEST(WeightsIoTest, Load_BothNameForms_RefusedChangesNothing) {
+  auto source = GptModel::Create(SmallConfig(), 1).value();
+  std::vector<NamedTensor> tensors = ParameterValues(source->parameters());
+  tensors.push_back({"transformer.ln_f.bias", Tensor::Filled({8}, 7.0f)});
+  const std::string path = TempPath("both.safetensors");
+  ASSERT_TRUE(WriteSafetensors(path, tensors).ok());
+  auto target = GptModel::Create(SmallConfig(), 2).value();
+  auto before = GptModel::Create(SmallConfig(), 2).value();
+  absl::Status status = LoadWeights(path, target->parameters());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), path +
+                                  ": holds both 'ln_f.bias' and 'transformer.ln_f.bias': which "
+                                  "one to load is ambiguous; keep one");
+  ExpectSameValues(*before, *target);
+}
+
 TEST(WeightsIoTest, Load_MissingTensor_NamesItAndChangesNothing) {
   auto source = GptModel::Create(SmallConfig(), 1).value();
   std::vector<NamedTensor> tensors;

@@ -63,45 +63,86 @@ HttpRequestFramer::Progress HttpRequestFramer::CheckRequestLine(absl::string_vie
     if (window.size() < limit + 2) return Progress::kNeedMore;
   } else if ((end > 0 && window[end - 1] == '\r' ? end - 1 : end) <= limit) {
     line_checked_ = true;
-    // httplib decodes the path before routing, so "/v1/jobs/j%3Acancel"
-    // reached the :cancel route past a proxy rule that matches the raw
-    // path, and %2F made one segment two. No route or id needs encoding.
-    const absl::string_view line = window.substr(0, end);
-    const size_t space = line.find(' ');
-    // httplib answers a method it does not know as a malformed request
-    // (400); it is a method this server does not implement (RFC 9110 15.6.2).
-    const absl::string_view method = line.substr(0, space);
-    bool known = false;
-    for (const char* m :
-         {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT"}) {
-      known = known || method == m;
-    }
-    // Only a well-formed line ("METHOD TARGET HTTP/x") names a method;
-    // anything else stays httplib's malformed request.
-    const std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
-    const bool request_line =
-        parts.size() == 3 && !parts[0].empty() &&
-        absl::StartsWith(absl::StripTrailingAsciiWhitespace(parts[2]), "HTTP/");
-    if (!known && request_line) {
-      return Reject(501, "UNIMPLEMENTED",
-                    absl::StrCat("method ", absl::CHexEscape(method.substr(0, 32)),
-                                 " is not implemented; the API takes GET, HEAD and POST"));
-    }
-    const absl::string_view target =
-        space == absl::string_view::npos
-            ? ""
-            : line.substr(space + 1, line.find(' ', space + 1) - space - 1);
-    if (target.substr(0, target.find('?')).find('%') != absl::string_view::npos) {
-      return Reject(400, "INVALID_ARGUMENT",
-                    "percent-encoded characters in the path: no route or id needs them (the "
-                    "query may use them)");
-    }
-    return Progress::kNeedMore;
+    return CheckLineShape(window.substr(0, end));
   }
   return Reject(
       414, "RESOURCE_EXHAUSTED",
       absl::StrCat("request line (method, path and query) exceeds the limit of ", limit, " bytes"));
 }
+
+// The request line as this server takes it: "METHOD SP /path[?query] SP
+// HTTP/x", single spaces. httplib reads lines more leniently (runs of
+// spaces, a target led by '?') and decodes the path before routing, so a
+// check of any other shape could read a different path than it routes:
+// "/v1/jobs/j%3Acancel" reached the :cancel route past a proxy rule on the
+// raw path, and %2F made one segment two. No route or id needs encoding.
+HttpRequestFramer::Progress HttpRequestFramer::CheckLineShape(absl::string_view line) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  const std::vector<absl::string_view> parts = absl::StrSplit(line, ' ');
+  if (parts.size() != 3 || parts[0].empty() || parts[1].empty() ||
+      !absl::StartsWith(parts[2], "HTTP/")) {
+    return Reject(400, "INVALID_ARGUMENT",
+                  "malformed request line: want METHOD /path HTTP/1.1, with single spaces");
+  }
+  // httplib answers a method it does not know as a malformed request; it is
+  // one this server does not implement (RFC 9110 15.6.2).
+  bool known = false;
+  for (const char* m :
+       {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "TRACE", "CONNECT", "PRI"}) {
+    known = known || parts[0] == m;
+  }
+  if (!known) {
+    return Reject(501, "UNIMPLEMENTED",
+                  absl::StrCat("method ", absl::CHexEscape(parts[0].substr(0, 32)),
+                               " is not implemented; the API takes GET, HEAD and POST"));
+  }
+  if (parts[1][0] != '/') {
+    return Reject(400, "INVALID_ARGUMENT",
+                  "the request target must be a path starting with '/' (origin form)");
+  }
+  const absl::string_view path = parts[1].substr(0, parts[1].find_first_of("?#"));
+  if (path.find('%') != absl::string_view::npos) {
+    return Reject(400, "INVALID_ARGUMENT",
+                  "percent-encoded characters in the path: no route or id needs them (the "
+                  "query may use them)");
+  }
+  return Progress::kNeedMore;
+}
+
+namespace {
+
+int HexValue(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+bool IsControl(int u) { return (u < 0x20 && u != '\t') || u == 0x7f; }
+
+// Whether `value` holds a control character other than tab, as sent or as
+// httplib's decoding of header values makes it ("%00", "%u0000").
+bool HoldsControl(absl::string_view value) {
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (IsControl(static_cast<unsigned char>(value[i]))) return true;
+    if (value[i] != '%') continue;
+    int code = -1;
+    if (i + 2 < value.size() && HexValue(value[i + 1]) >= 0 && HexValue(value[i + 2]) >= 0) {
+      code = HexValue(value[i + 1]) * 16 + HexValue(value[i + 2]);
+    }
+    if (i + 5 < value.size() && (value[i + 1] == 'u' || value[i + 1] == 'U')) {
+      int u = 0;
+      for (size_t k = i + 2; k < i + 6 && u >= 0; ++k) {
+        u = HexValue(value[k]) < 0 ? -1 : u * 16 + HexValue(value[k]);
+      }
+      if (u >= 0) code = u;
+    }
+    if (code >= 0 && IsControl(code)) return true;
+  }
+  return false;
+}
+
+}  // namespace
 
 // kComplete here means the head is complete and acceptable.
 HttpRequestFramer::Progress HttpRequestFramer::FindHead(absl::string_view received) {
@@ -142,9 +183,15 @@ HttpRequestFramer::Progress HttpRequestFramer::ParseHead(absl::string_view head)
     }
     const size_t colon = lines[i].find(':');
     if (colon == absl::string_view::npos) continue;  // the blank lines at the end
-    const Progress header = OnHeader(lines[i].substr(0, colon),
-                                     absl::StripAsciiWhitespace(lines[i].substr(colon + 1)),
-                                     has_length);
+    // Spaces and tabs around a value and the line's CR are not part of it
+    // (httplib trims the same); anything else is, \v and \f included.
+    absl::string_view value = lines[i].substr(colon + 1);
+    if (!value.empty() && value.back() == '\r') value.remove_suffix(1);
+    while (!value.empty() && (value.front() == ' ' || value.front() == '\t')) {
+      value.remove_prefix(1);
+    }
+    while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
+    const Progress header = OnHeader(lines[i].substr(0, colon), value, has_length);
     if (header == Progress::kRejected) return header;
   }
   if (body_bytes_ > limits_.max_body_bytes) {
@@ -161,13 +208,10 @@ HttpRequestFramer::Progress HttpRequestFramer::OnHeader(absl::string_view name,
   // A NUL cut the value short where httplib read it ("Bearer t\0junk" was
   // the token "t"), and no field value may hold control characters but tab
   // (RFC 9110 5.5).
-  for (const char c : value) {
-    const unsigned char u = static_cast<unsigned char>(c);
-    if ((u < 0x20 && c != '\t') || u == 0x7f) {
-      return Reject(400, "INVALID_ARGUMENT",
-                    absl::StrCat("header ", absl::CHexEscape(name.substr(0, 64)),
-                                 " holds a control character"));
-    }
+  if (HoldsControl(value)) {
+    return Reject(400, "INVALID_ARGUMENT",
+                  absl::StrCat("header ", absl::CHexEscape(name.substr(0, 64)),
+                               " holds a control character"));
   }
   // Which of two would count differs between proxies and this server (it
   // took the first): a request that names its credentials or host twice is

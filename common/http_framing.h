@@ -30,9 +30,12 @@
 //                           max_body_bytes): send the body uncompressed
 //   501 UNIMPLEMENTED       a method httplib does not know ("FOO"), which
 //                           it would answer as a malformed request
-//   400 INVALID_ARGUMENT    a header value holding a control character
-//                           other than tab (a NUL cut it short), or
-//                           Authorization or Host given twice;
+//   400 INVALID_ARGUMENT    a request line not "METHOD /path HTTP/x" with
+//                           single spaces (httplib reads runs of spaces and
+//                           a target led by '?' its own way); a header value
+//                           holding a control character other than tab, as
+//                           sent or as httplib decodes it ("%00": a NUL cut
+//                           it short), or Authorization or Host given twice;
 //                           a '%' in the request line's path (httplib
 //                           decodes it before routing, so an encoded ':'
 //                           or '/' would reach another route than the raw
@@ -100,6 +103,8 @@ class HttpRequestFramer {
 
  private:
   Progress CheckRequestLine(absl::string_view received);
+  // The complete request line (without its LF): its shape, method and path.
+  Progress CheckLineShape(absl::string_view line);
   Progress FindHead(absl::string_view received);
   Progress ParseHead(absl::string_view head);
   // kRejected, or kNeedMore for a header that is acceptable.

@@ -100,6 +100,20 @@ TEST(HttpRequestFramer, Update_RequestLineOfExactlyTheLimit_Accepted) {
   EXPECT_EQ(FeedByteByByte(framer, line + "\r\n\r\n"), Progress::kComplete);
 }
 
+// httplib reads a run of spaces, or a target led by '?', its own way
+// ("POST ?/v1/jobs/j%3Acancel" routed /v1/jobs/j:cancel): only the plain
+// shape is taken, so the path checked is the path routed.
+TEST(HttpRequestFramer, Update_RequestLineOfAnotherShape_Rejected400) {
+  for (const char* line :
+       {"POST  /v1/jobs/j%3Acancel HTTP/1.1", "POST ?/v1/jobs/j%3Acancel HTTP/1.1",
+        "GET /v1/jobs HTTP/1.1 extra", "GET /v1/jobs", "PRI * HTTP/2.0", "GET  HTTP/1.1"}) {
+    HttpRequestFramer framer(kLimits);
+    EXPECT_EQ(FeedByteByByte(framer, std::string(line) + "\r\n\r\n"), Progress::kRejected) << line;
+    EXPECT_EQ(framer.rejection().status, 400) << line;
+    EXPECT_EQ(framer.rejection().code, "INVALID_ARGUMENT") << line;
+  }
+}
+
 // A method nobody implements is 501, not httplib's "malformed" 400; the
 // methods httplib parses go on to the server's 405 with Allow.
 TEST(HttpRequestFramer, Update_UnknownMethod_Rejected501_KnownOnesPass) {
@@ -120,8 +134,9 @@ TEST(HttpRequestFramer, Update_UnknownMethod_Rejected501_KnownOnesPass) {
 // route past a proxy rule on the raw path. Refused in the path, allowed in
 // the query.
 TEST(HttpRequestFramer, Update_PercentInThePath_Rejected400_InTheQueryAccepted) {
-  for (const char* line : {"POST /v1/jobs/job-1%3Acancel HTTP/1.1",
-                           "GET /v1/jobs/a%2Fplan HTTP/1.1", "GET /%68ealthz HTTP/1.1"}) {
+  for (const char* line :
+       {"POST /v1/jobs/job-1%3Acancel HTTP/1.1", "GET /v1/jobs/a%2Fplan HTTP/1.1",
+        "GET /%68ealthz HTTP/1.1", "GET /v1/jobs/a%2Fplan#x HTTP/1.1"}) {
     HttpRequestFramer framer(kLimits);
     EXPECT_EQ(FeedByteByByte(framer, std::string(line) + "\r\n\r\n"), Progress::kRejected) << line;
     EXPECT_EQ(framer.rejection().status, 400);
@@ -248,8 +263,17 @@ TEST(HttpRequestFramer, Update_ControlCharacterInAHeaderValue_Rejected400) {
     EXPECT_EQ(framer.rejection().status, 400);
     EXPECT_EQ(framer.rejection().message, "header Authorization holds a control character");
   }
+  // As httplib decodes header values: "%00", "%u0000", "%7F"; and \v, which
+  // a strip of all whitespace took away.
+  for (const std::string& value : {std::string("Bearer t%00junk"), std::string("a%u0001"),
+                                   std::string("a%7f"), std::string("\va")}) {
+    HttpRequestFramer framer(kLimits);
+    EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nAuthorization: " + value + "\r\n\r\n"),
+              Progress::kRejected)
+        << value;
+  }
   HttpRequestFramer tab(kLimits);
-  EXPECT_EQ(tab.Update("GET / HTTP/1.1\r\nX-A: a\tb\r\n\r\n"), Progress::kComplete);
+  EXPECT_EQ(tab.Update("GET / HTTP/1.1\r\nX-A: a\tb %41%2 %zz%u00\r\n\r\n"), Progress::kComplete);
 }
 
 // Two Authorization or Host headers: which counts differs between a proxy

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
@@ -79,24 +80,81 @@ absl::Status CheckDistinctOutputs(const std::vector<std::pair<const char*, std::
   return absl::OkStatus();
 }
 
+absl::Status CheckNotAnInput(const char* flag, const std::string& path,
+                             const std::vector<std::pair<const char*, std::string>>& inputs) {
+  struct stat out;
+  if (path.empty() || stat(path.c_str(), &out) != 0) return absl::OkStatus();  // a new file
+  for (const auto& [input_flag, input] : inputs) {
+    struct stat in;
+    if (input.empty() || stat(input.c_str(), &in) != 0) continue;
+    if (in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is ", input_flag, " ",
+                                                     input, "; writing it would destroy an input"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void RemoveIfRegular(const std::string& path) {
   struct stat info;
   if (lstat(path.c_str(), &info) == 0 && S_ISREG(info.st_mode)) std::remove(path.c_str());
 }
 
+namespace {
+
+// Writes `text` to `path` (created or truncated). The error names `shown`.
+absl::Status WriteOne(const std::string& path, const std::string& text, const std::string& shown) {
+  errno = 0;
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  out.close();
+  if (out) return absl::OkStatus();
+  const int error = errno;
+  const std::string message = absl::StrCat("cannot write ", shown);
+  return error != 0 ? absl::ErrnoToStatus(error, message) : absl::UnknownError(message);
+}
+
+}  // namespace
+
 absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
-  for (size_t i = 0; i < files.size(); ++i) {
-    errno = 0;
-    std::ofstream out(files[i].path, std::ios::binary);
-    const bool opened = out.is_open();
-    out << files[i].text;
-    out.close();
-    if (out) continue;
-    const int error = errno;
-    if (opened) RemoveIfRegular(files[i].path);  // truncated here: half a file
-    for (size_t done = 0; done < i; ++done) RemoveIfRegular(files[done].path);
-    const std::string message = absl::StrCat("cannot write ", files[i].path);
-    return error != 0 ? absl::ErrnoToStatus(error, message) : absl::UnknownError(message);
+  // A regular (or new) file is written to a temporary beside it and renamed
+  // over it only once every file is written, so a failure leaves each as it
+  // was. A device, FIFO or symbolic link (/dev/stdout, a link the user
+  // keeps) is written through in place, as a shell's ">" would.
+  struct Staged {
+    std::string temp, path;
+  };
+  std::vector<Staged> staged;
+  const auto discard = [&staged] {
+    for (const Staged& s : staged) std::remove(s.temp.c_str());
+  };
+  static std::atomic<uint64_t> next_temp{0};
+  for (const OutputFile& file : files) {
+    struct stat info;
+    const bool in_place = lstat(file.path.c_str(), &info) == 0 && !S_ISREG(info.st_mode);
+    if (in_place) {
+      if (absl::Status wrote = WriteOne(file.path, file.text, file.path); !wrote.ok()) {
+        discard();
+        return wrote;
+      }
+      continue;
+    }
+    const std::string temp =
+        absl::StrCat(file.path, ".tmp.", getpid(), ".", next_temp.fetch_add(1));
+    absl::Status wrote = WriteOne(temp, file.text, file.path);
+    if (!wrote.ok()) {
+      std::remove(temp.c_str());
+      discard();
+      return wrote;
+    }
+    staged.push_back({temp, file.path});
+  }
+  for (size_t i = 0; i < staged.size(); ++i) {
+    if (std::rename(staged[i].temp.c_str(), staged[i].path.c_str()) != 0) {
+      const int error = errno;
+      for (size_t rest = i; rest < staged.size(); ++rest) std::remove(staged[rest].temp.c_str());
+      return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", staged[i].path));
+    }
   }
   return absl::OkStatus();
 }

@@ -32,6 +32,12 @@ absl::Status CheckReplaceableFile(const char* flag, const std::string& path);
 // directory. One would silently overwrite the other.
 absl::Status CheckDistinctOutputs(const std::vector<std::pair<const char*, std::string>>& outputs);
 
+// INVALID_ARGUMENT "<flag> <path> is <input flag> <input>; writing it would
+// destroy an input" when the existing file `path` is one of `inputs` (the
+// same inode: links and other spellings included).
+absl::Status CheckNotAnInput(const char* flag, const std::string& path,
+                             const std::vector<std::pair<const char*, std::string>>& inputs);
+
 // Removes `path` when it is a regular file (not through a symbolic link):
 // an output flag may name a device (/dev/null, /dev/stdout), which must
 // never be unlinked, least of all by root.
@@ -43,12 +49,13 @@ struct OutputFile {
   std::string text;
 };
 
-// Writes `files` in order, all or none: when one cannot be written, the
-// files this call already wrote and the one it truncated are removed, so a
-// failed command leaves no output behind (a file that could not be opened
-// is left as it was, and only regular files are removed: RemoveIfRegular).
-// The error is "cannot write PATH" with the errno's
-// code (a missing directory NOT_FOUND), UNKNOWN when there is no errno.
+// Writes `files`, all or none: each regular or new file goes to a
+// temporary beside it, renamed into place once every file is written, so a
+// failure leaves every file as it was (no half file, no earlier output, no
+// file clobbered). A device, FIFO or symbolic link is written through in
+// place, as a shell's ">" would, and cannot be undone. The error is "cannot
+// write PATH" with the errno's code (a missing directory NOT_FOUND),
+// UNKNOWN when there is no errno.
 absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files);
 
 }  // namespace pipetrain

@@ -1,5 +1,6 @@
 #include "cli/output_paths.h"
 
+#include <dirent.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -54,6 +55,40 @@ TEST(WriteFilesOrNoneTest, DeviceWriteFails_DeviceKeptOthersRemoved) {
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
   EXPECT_FALSE(Exists(a));
   EXPECT_TRUE(Exists("/dev/full"));
+}
+
+// A failure later on leaves an existing file as it was, not removed or
+// truncated, and no temporary behind; a success replaces it whole.
+TEST(WriteFilesOrNoneTest, LaterFileFails_ExistingFileUntouched_NoTemporaryLeft) {
+  const std::string dir = TempDir() + "/keep";
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  const std::string kept = dir + "/kept.svg";
+  ASSERT_TRUE(WriteFilesOrNone({{kept, "old"}}).ok());
+  EXPECT_FALSE(WriteFilesOrNone({{kept, "new"}, {dir + "/no/x", "y"}}).ok());
+  EXPECT_EQ(Contents(kept), "old");
+  ASSERT_TRUE(WriteFilesOrNone({{kept, "new"}}).ok());
+  EXPECT_EQ(Contents(kept), "new");
+  int entries = 0;
+  for (DIR* d = opendir(dir.c_str()); d != nullptr;) {
+    const dirent* e = readdir(d);
+    if (e == nullptr) {
+      closedir(d);
+      break;
+    }
+    entries += e->d_name[0] != '.';
+  }
+  EXPECT_EQ(entries, 1);  // kept.svg alone
+}
+
+TEST(CheckNotAnInputTest, SameFileAsAnInput_Refused) {
+  const std::string input = TempDir() + "/profile.json";
+  ASSERT_TRUE(WriteFilesOrNone({{input, "{}"}}).ok());
+  const absl::Status status =
+      CheckNotAnInput("--write-profile", TempDir() + "/./profile.json", {{"--profile", input}});
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(), "--write-profile " + TempDir() + "/./profile.json is --profile " +
+                                  input + "; writing it would destroy an input");
+  EXPECT_TRUE(CheckNotAnInput("--svg", TempDir() + "/new.svg", {{"--profile", input}}).ok());
 }
 
 TEST(RemoveIfRegularTest, RegularRemoved_LinkAndDirectoryKept) {

@@ -61,6 +61,14 @@ if [[ -e "$TMP/early-profile.json" ]]; then fail svg_missing_dir_no_profile "--w
 expect_exit trace_is_dir 2 "--trace $TMP is a directory; name a file" -- "${P[@]}" --trace "$TMP"
 expect_exit write_profile_missing_dir 2 "--write-profile $TMP/none/p.json: the directory" -- \
   "${P[@]}" --write-profile "$TMP/none/p.json"
+# An output that is an input, or another output: refused before planning
+# (the all-or-none write would replace one with the other).
+cp "$TMP/paper.json" "$TMP/own.json"
+expect_exit write_profile_is_profile 2 "--write-profile $TMP/own.json is --profile $TMP/own.json; writing it would destroy an input" -- \
+  --profile "$TMP/own.json" --workers 3 --write-profile "$TMP/own.json"
+if cmp -s "$TMP/paper.json" "$TMP/own.json"; then passed=$((passed + 1)); else fail input_untouched "the profile changed"; fi
+expect_exit svg_is_trace 2 "--trace $TMP/same.out is also --svg $TMP/same.out" -- \
+  "${P[@]}" --svg "$TMP/same.out" --trace "$TMP/same.out"
 # A file it cannot write only at the end (a directory unwritable to this
 # user would do, but root writes anywhere): /dev/full fails the write
 # itself (ENOSPC), and the files written before it are removed.

@@ -548,10 +548,19 @@ int RunPlan(const std::vector<std::string>& args) {
   if (parsed.ok()) parsed = CheckModeFlags(flags, f);
   // Output paths that cannot be written fail the command line before any
   // planning (which may take minutes).
+  // Nor may an output be an input or another output: the all-or-none
+  // write would replace one with the other.
   for (const auto& [flag, path] : {std::pair<const char*, const std::string&>{"--svg", f.svg},
                                    {"--trace", f.trace},
                                    {"--write-profile", f.write_profile}}) {
     if (parsed.ok()) parsed = CheckWritableParent(flag, path);
+    if (parsed.ok()) {
+      parsed = CheckNotAnInput(flag, path, {{"--profile", f.profile}, {"--cluster", f.cluster}});
+    }
+  }
+  if (parsed.ok()) {
+    parsed = CheckDistinctOutputs(
+        {{"--svg", f.svg}, {"--trace", f.trace}, {"--write-profile", f.write_profile}});
   }
   // What the flags alone show cannot be a layout is the command line's
   // mistake (exit 2); with --cluster the planner counts the file's workers.

@@ -129,23 +129,6 @@ absl::Status CheckBounds(const Options& o) {
   return absl::OkStatus();
 }
 
-// An output flag's file that is one of the run's inputs would be
-// overwritten by it: --save over the corpus, say, which the run read.
-absl::Status CheckNotAnInput(const char* flag, const std::string& path,
-                             const std::vector<std::pair<const char*, std::string>>& inputs) {
-  struct stat out;
-  if (path.empty() || stat(path.c_str(), &out) != 0) return absl::OkStatus();  // a new file
-  for (const auto& [input_flag, input] : inputs) {
-    struct stat in;
-    if (input.empty() || stat(input.c_str(), &in) != 0) continue;
-    if (in.st_dev == out.st_dev && in.st_ino == out.st_ino) {
-      return absl::InvalidArgumentError(absl::StrCat(flag, " ", path, " is ", input_flag, " ",
-                                                     input, "; writing it would destroy an input"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // Flag combinations that a type check cannot catch.
 absl::Status Resolve(Options& o) {
   RETURN_IF_ERROR(CheckBounds(o));

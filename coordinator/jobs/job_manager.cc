@@ -1171,6 +1171,13 @@ void JobManager::ScheduleQueued() {
   PruneLocked();
   RetryUnsavedLocked();
   const absl::Time now = clock_->Now();
+  // Counted once a pass, when a waiting job first needs it (it reads every
+  // READY worker's record).
+  std::optional<size_t> drained_ready_count;
+  const auto drained_ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!drained_ready_count.has_value()) drained_ready_count = DrainedReadyLocked();
+    return *drained_ready_count;
+  };
   // Recovering jobs first: they ran already, and hold on to their workers.
   std::set<std::string> reserved;
   for (const std::string& id : order_) {
@@ -1193,7 +1200,7 @@ void JobManager::ScheduleQueued() {
     const int need = JobWorkers(record.resolved);
     if (static_cast<int>(ready.size()) < need) {
       const std::string waiting = absl::StrCat("waiting for ", need, " READY workers (",
-                                               ReadyCountLocked(ready.size()), ")");
+                                               ReadyCount(ready.size(), drained_ready()), ")");
       const absl::Duration waited = now - FromProtoTimestamp(record.job.create_time());
       if (waited > record.resolved.queue_timeout && now >= record.restart_grace_until) {
         EndLocked(record, v1::JOB_STATE_FAILED,
@@ -1269,11 +1276,15 @@ std::vector<std::string> JobManager::RoomiestFirstLocked(std::vector<std::string
   return ordered;
 }
 
-std::string JobManager::ReadyCountLocked(size_t ready) const {
-  // Drained workers stay READY (`pipetrain workers` lists them so) but are
-  // never placed: counted apart, a job waiting beside them says why.
+size_t JobManager::DrainedReadyLocked() const {
   size_t drained = 0;
   for (const std::string& w : registry_->ReadyWorkers()) drained += IsDrainedLocked(w) ? 1 : 0;
+  return drained;
+}
+
+std::string JobManager::ReadyCount(size_t ready, size_t drained) {
+  // Drained workers stay READY (`pipetrain workers` lists them so) but are
+  // never placed: counted apart, a job waiting beside them says why.
   return drained == 0 ? absl::StrCat(ready, " ready")
                       : absl::StrCat(ready, " ready; ", drained,
                                      " more READY but drained, taking no job until restarted");
@@ -1948,8 +1959,9 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   const size_t ready = chosen.size();
   KeepWholeReplicas(record, &chosen);
   if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
-    const std::string waiting_for = absl::StrCat("waiting for ", MinJobWorkers(record),
-                                                 " READY workers (", ReadyCountLocked(ready), ")");
+    const std::string waiting_for =
+        absl::StrCat("waiting for ", MinJobWorkers(record), " READY workers (",
+                     ReadyCount(ready, DrainedReadyLocked()), ")");
     if (now - record.recovery_started > record.resolved.queue_timeout) {
       return EndLocked(record, v1::JOB_STATE_FAILED,
                        absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",

@@ -571,9 +571,11 @@ class JobManager {
   // the loss of its last step is in.
   void MaybeReplanAtBoundaryLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReplanAtBoundaryLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "N ready", and the READY workers that are drained when there are any
-  // (for a waiting job's reason).
-  std::string ReadyCountLocked(size_t ready) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The READY workers that are drained (placed never, listed READY).
+  size_t DrainedReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "N ready", and the drained READY workers when there are any (for a
+  // waiting job's reason).
+  static std::string ReadyCount(size_t ready, size_t drained);
   // READY workers no job holds or waits for, not drained, ascending id.
   std::vector<std::string> SpareWorkersLocked(const std::set<std::string>& reserved) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -85,13 +85,18 @@ absl::StatusOr<std::string> YamlToJson(const std::string& yaml) {
     return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.what()));
   } catch (const OverLimit& e) {
     return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.what));
-  } catch (const nlohmann::json::exception& e) {  // dump(): a string that is not UTF-8
-    return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.what()));
+  } catch (const nlohmann::json::exception&) {  // dump(): a string that is not UTF-8
+    // The library's own words name a byte index in its output, not the file.
+    return absl::InvalidArgumentError(
+        "YAML: a string in it is not valid UTF-8; a job spec is UTF-8 text");
   }
 }
 
 absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::string json, ReadBoundedFile(path, kMaxJobSpecFileBytes, "job spec"));
+  // A byte-order mark, as some editors save UTF-8, is not part of the text
+  // (plan's JSON files take one too).
+  if (absl::StartsWith(json, "\xEF\xBB\xBF")) json.erase(0, 3);
   if (!absl::EndsWith(path, ".json")) {
     absl::StatusOr<std::string> converted = YamlToJson(json);
     if (!converted.ok()) {

@@ -61,6 +61,24 @@ TEST(JobSpecFileTest, BrokenYaml_AndMissingFile_AreReported) {
             absl::StatusCode::kNotFound);
 }
 
+// A byte-order mark is not part of the text; a string that is not UTF-8
+// is named so, not by the JSON library's byte index.
+TEST(JobSpecFileTest, ByteOrderMarkSkipped_NonUtf8Named) {
+  EXPECT_EQ(ReadJobSpecFile(Write("bom.json", "\xEF\xBB\xBF{\"model\": {\"nLayer\": 3}}"))
+                .value()
+                .model()
+                .n_layer(),
+            3);
+  EXPECT_EQ(ReadJobSpecFile(Write("bom.yaml", "\xEF\xBB\xBFmodel: {nLayer: 4}\n"))
+                .value()
+                .model()
+                .n_layer(),
+            4);
+  const std::string bad = Write("latin1.yaml", "name: \"\xff\xfe\"\n");
+  EXPECT_EQ(ReadJobSpecFile(bad).status().message(),
+            bad + ": YAML: a string in it is not valid UTF-8; a job spec is UTF-8 text");
+}
+
 // Neither a directory nor a file past the coordinator's request limit is
 // read as a spec (a FIFO or /dev/zero blocked or grew the CLI without end:
 // common/bounded_file_test.cc).
@@ -80,7 +98,7 @@ TEST(JobSpecFileTest, DirectoryOrOversizedFile_RefusedNamingWhy) {
 TEST(JobSpecFileTest, YamlToJson_NotUtf8_InvalidArgument) {
   auto json = YamlToJson("name: a\xff\n");
   EXPECT_EQ(json.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(json.status().message().find("invalid UTF-8 byte"), std::string::npos) << json.status();
+  EXPECT_NE(json.status().message().find("not valid UTF-8"), std::string::npos) << json.status();
 }
 
 // Nine levels of ten aliases each would expand to 10^9 nodes.

@@ -402,7 +402,10 @@ absl::Status ParseShape(const std::string& path, const json& value, Entry& entry
       int64_t product = 0;
       if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           __builtin_mul_overflow(numel, static_cast<int64_t>(dim), &product)) {
-        return TensorError(path, entry.name, "shape has more than 2^63 elements");
+        // Worded for [2^32, 2^32, 0] too: no element, but the running
+        // product (as NumElements forms it) passes 2^63 before the 0.
+        return TensorError(path, entry.name,
+                           "shape's dimensions, multiplied left to right, pass 2^63");
       }
       numel = product;
       entry.shape.push_back(static_cast<int64_t>(dim));

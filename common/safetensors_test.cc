@@ -360,10 +360,10 @@ TEST_F(SafetensorsValidationTest, Read_NegativeDimension_InvalidArgument) {
 TEST_F(SafetensorsValidationTest, Read_ShapeOverflowsInt64_InvalidArgument) {
   ExpectInvalid(
       ReadHeader(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,0],"data_offsets":[0,0]}})"),
-      "w", "more than 2^63 elements");
+      "w", "multiplied left to right, pass 2^63");
   ExpectInvalid(
       ReadHeader(R"({"w":{"dtype":"F32","shape":[18446744073709551615],"data_offsets":[0,0]}})"),
-      "w", "more than 2^63 elements");
+      "w", "multiplied left to right, pass 2^63");
 }
 
 TEST_F(SafetensorsValidationTest, Read_BadDataOffsets_InvalidArgument) {

@@ -644,12 +644,13 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
   std::unique_ptr<SafetensorsFileWriter> writer(
       new SafetensorsFileWriter(dir, fd, name, tmp, std::move(tensors), std::move(begin)));
   const uint64_t length = header.size();
-  RETURN_IF_ERROR(WriteAllAt(fd, &length, sizeof(length), 0, tmp));
-  RETURN_IF_ERROR(WriteAllAt(fd, header.data(), header.size(), kLengthBytes, tmp));
+  // Errors name the file being written, not its temporary.
+  RETURN_IF_ERROR(WriteAllAt(fd, &length, sizeof(length), 0, name));
+  RETURN_IF_ERROR(WriteAllAt(fd, header.data(), header.size(), kLengthBytes, name));
   // posix_fallocate returns the error number (not -1 and errno).
   const int reserved = posix_fallocate(fd, 0, static_cast<off_t>(offset));
   if (reserved != 0) {
-    return ErrnoError(reserved, absl::StrCat("cannot reserve ", offset, " bytes for"), tmp);
+    return ErrnoError(reserved, absl::StrCat("cannot reserve ", offset, " bytes for"), name);
   }
   return writer;
 }
@@ -687,13 +688,13 @@ absl::Status SafetensorsFileWriter::Write(size_t index, int64_t offset, const fl
         absl::StrCat(offset, " + ", count, " values exceed ", tensors_[index].name, "'s ", numel));
   }
   return WriteAllAt(fd_, values, static_cast<size_t>(count) * sizeof(float),
-                    begin_[index] + static_cast<uint64_t>(offset) * sizeof(float), tmp_);
+                    begin_[index] + static_cast<uint64_t>(offset) * sizeof(float), name_);
 }
 
 absl::Status SafetensorsFileWriter::Sync() {
   AnnotatedMutexLock lock(&mu_);
   if (done_) return absl::FailedPreconditionError(absl::StrCat(name_, " is already committed"));
-  if (fsync(fd_) != 0) return ErrnoError(errno, "cannot fsync", tmp_);
+  if (fsync(fd_) != 0) return ErrnoError(errno, "cannot fsync", name_);
   return absl::OkStatus();
 }
 

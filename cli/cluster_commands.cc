@@ -579,10 +579,7 @@ absl::StatusOr<v1::Job> Follow(
                        per_step * (steps - step), job.progress().recoveries()});
       last_step = step;
     }
-    if (job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED ||
-        job.state() == v1::JOB_STATE_CANCELLED) {
-      break;
-    }
+    if (JobEnded(job.state())) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
   progress.Finish();
@@ -1112,9 +1109,7 @@ int RunJob(const std::vector<std::string>& args) {
   }
   if (!s.ok()) return Fail("job", ToAbsl(s));
   if (!o.measured_timeline.empty() && plan.measured_timeline_svg().empty()) {
-    const bool ended = job.state() == v1::JOB_STATE_SUCCEEDED ||
-                       job.state() == v1::JOB_STATE_FAILED ||
-                       job.state() == v1::JOB_STATE_CANCELLED;
+    const bool ended = JobEnded(job.state());
     return Fail("job", absl::FailedPreconditionError(absl::StrCat(
                            "job ", job.id(),
                            ended ? absl::StrCat(" ended ", EnumShortName(job.state()),

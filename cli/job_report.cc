@@ -24,10 +24,14 @@ double StepTiming::SecondsPerStep() const {
   return absl::ToDoubleSeconds(last_time - first_time) / double(last_step - first_step);
 }
 
+bool JobEnded(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
 std::string FormatJobOutcome(const v1::Job& end) {
   const v1::JobState state = end.state();
-  const bool ended = state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-                     state == v1::JOB_STATE_CANCELLED;
+  const bool ended = JobEnded(state);
   const int64_t step = end.progress().step();
   std::string out = absl::StrFormat("job %s %s", end.id(), EnumShortName(state));
   if (step == 0) {

@@ -199,9 +199,7 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
                if (plan->measured_timeline_svg().empty()) {
                  // An ended job will never have one: said so, not "yet".
                  absl::StatusOr<v1::Job> job = jobs->Get(r.path_params[0]);
-                 const bool ended = job.ok() && (job->state() == v1::JOB_STATE_SUCCEEDED ||
-                                                 job->state() == v1::JOB_STATE_FAILED ||
-                                                 job->state() == v1::JOB_STATE_CANCELLED);
+                 const bool ended = job.ok() && IsTerminal(job->state());
                  return StatusResponse(absl::FailedPreconditionError(absl::StrCat(
                      "job ", r.path_params[0],
                      ended ? absl::StrCat(" ended ", EnumShortName(job->state()),

@@ -306,18 +306,13 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
   for (const v1::UnitRange& r : {assignment_.forward_units(), assignment_.backward_units()}) {
     for (int u = r.begin(); u < r.end(); ++u) units.insert(u);
   }
-  // This stage's tensors alone (either name form): every stage reading and
-  // converting the whole file cost each worker the model's size, twice.
-  std::set<std::string, std::less<>> wanted;
+  // This stage's tensors alone: every stage reading and converting the
+  // whole file cost each worker the model's size, twice.
+  std::vector<std::string> names;
   for (int u : units) {
-    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
-      wanted.insert(p.name);
-      wanted.insert("transformer." + p.name);
-    }
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) names.push_back(p.name);
   }
-  ASSIGN_OR_RETURN(SafetensorsContents contents,
-                   ReadSafetensorsTensors(
-                       path, [&wanted](std::string_view name) { return wanted.count(name) > 0; }));
+  ASSIGN_OR_RETURN(SafetensorsContents contents, ReadParameterTensors(path, names));
   std::vector<UnitState> states;
   for (int u : units) {
     UnitState state;

@@ -73,17 +73,24 @@ absl::Status ImportWeights(const SafetensorsContents& contents,
   return absl::OkStatus();
 }
 
-absl::Status LoadWeights(const std::string& path, const std::vector<Parameter*>& params) {
-  // Only the parameters' tensors (either name form) are read and converted:
-  // a file's other tensors (an HF lm_head, optimizer state) cost nothing.
-  std::set<std::string, std::less<>> names;
-  for (const Parameter* p : params) {
-    names.insert(p->name);
-    names.insert("transformer." + p->name);
+absl::StatusOr<SafetensorsContents> ReadParameterTensors(const std::string& path,
+                                                         const std::vector<std::string>& names) {
+  // Only these tensors (either name form) are read and converted: a file's
+  // other tensors (an HF lm_head, optimizer state, other stages' units)
+  // cost nothing.
+  std::set<std::string, std::less<>> wanted;
+  for (const std::string& name : names) {
+    wanted.insert(name);
+    wanted.insert("transformer." + name);
   }
-  ASSIGN_OR_RETURN(SafetensorsContents contents,
-                   ReadSafetensorsTensors(
-                       path, [&names](std::string_view name) { return names.count(name) > 0; }));
+  return ReadSafetensorsTensors(
+      path, [&wanted](std::string_view name) { return wanted.count(name) > 0; });
+}
+
+absl::Status LoadWeights(const std::string& path, const std::vector<Parameter*>& params) {
+  std::vector<std::string> names;
+  for (const Parameter* p : params) names.push_back(p->name);
+  ASSIGN_OR_RETURN(SafetensorsContents contents, ReadParameterTensors(path, names));
   absl::Status status = ImportWeights(contents, params);
   if (!status.ok()) {
     return absl::Status(status.code(), absl::StrCat(path, ": ", status.message()));

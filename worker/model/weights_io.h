@@ -68,7 +68,14 @@ absl::Status ImportWeights(const SafetensorsContents& contents,
 absl::StatusOr<const Tensor*> FindParameterTensor(const SafetensorsContents& contents,
                                                   const std::string& name);
 
-// ReadSafetensors + ImportWeights; messages start with the path.
+// The tensors of the parameters `names` from the safetensors file at
+// `path`, each under its name or with the "transformer." prefix, and no
+// others: ReadSafetensorsTensors (a file's other tensors are neither read
+// nor converted). Errors as ReadSafetensors.
+absl::StatusOr<SafetensorsContents> ReadParameterTensors(const std::string& path,
+                                                         const std::vector<std::string>& names);
+
+// ReadParameterTensors + ImportWeights; messages start with the path.
 absl::Status LoadWeights(const std::string& path, const std::vector<Parameter*>& params);
 
 }  // namespace pipetrain

@@ -739,19 +739,34 @@ const Tensor* SafetensorsContents::Find(std::string_view name) const {
   return nullptr;
 }
 
+namespace {
+
+// The checks of a file's first 8 bytes, the same whether it is read whole
+// (ParseSafetensors) or header first (ReadHeader): the file holds them, and
+// the length they give fits the file and the 16 MiB bound.
+absl::Status CheckHoldsHeaderLength(const std::string& path, uint64_t file_size) {
+  if (file_size >= kLengthBytes) return absl::OkStatus();
+  return FileError(
+      path, absl::StrCat("file is ", file_size, " bytes, shorter than the 8-byte header length"));
+}
+
+absl::Status CheckHeaderLength(const std::string& path, uint64_t header_size, uint64_t file_size) {
+  if (header_size <= kMaxHeaderBytes && header_size <= file_size - kLengthBytes) {
+    return absl::OkStatus();
+  }
+  return FileError(path,
+                   absl::StrCat("header length ", header_size, " exceeds the file size ", file_size,
+                                " or the 16 MiB limit; not a safetensors file or corrupt"));
+}
+
+}  // namespace
+
 absl::StatusOr<SafetensorsContents> ParseSafetensors(std::string_view bytes,
                                                      const std::string& path) {
-  if (bytes.size() < kLengthBytes) {
-    return FileError(path, absl::StrCat("file is ", bytes.size(),
-                                        " bytes, shorter than the 8-byte header length"));
-  }
+  RETURN_IF_ERROR(CheckHoldsHeaderLength(path, bytes.size()));
   uint64_t header_size;
   std::memcpy(&header_size, bytes.data(), sizeof(header_size));
-  if (header_size > kMaxHeaderBytes || header_size > bytes.size() - kLengthBytes) {
-    return FileError(
-        path, absl::StrCat("header length ", header_size, " exceeds the file size ", bytes.size(),
-                           " or the 16 MiB limit; not a safetensors file or corrupt"));
-  }
+  RETURN_IF_ERROR(CheckHeaderLength(path, header_size, bytes.size()));
   const char* header_begin = bytes.data() + kLengthBytes;
   const char* data = header_begin + header_size;
   const uint64_t data_size = bytes.size() - kLengthBytes - header_size;
@@ -800,21 +815,14 @@ absl::StatusOr<OpenedHeader> ReadHeader(const std::string& path) {
   if (fstat(fd, &st) != 0) return ErrnoError(errno, "cannot stat", path);
   if (!S_ISREG(st.st_mode)) return FileError(path, "not a regular file");
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
-  if (file_size < kLengthBytes) {
-    return FileError(
-        path, absl::StrCat("file is ", file_size, " bytes, shorter than the 8-byte header length"));
-  }
+  RETURN_IF_ERROR(CheckHoldsHeaderLength(path, file_size));
   FileBytes length;
   length.size = kLengthBytes;
   length.data.reset(new char[kLengthBytes]);
   RETURN_IF_ERROR(ReadAll(fd, length, path));
   uint64_t header_size;
   std::memcpy(&header_size, length.data.get(), sizeof(header_size));
-  if (header_size > kMaxHeaderBytes || header_size > file_size - kLengthBytes) {
-    return FileError(
-        path, absl::StrCat("header length ", header_size, " exceeds the file size ", file_size,
-                           " or the 16 MiB limit; not a safetensors file or corrupt"));
-  }
+  RETURN_IF_ERROR(CheckHeaderLength(path, header_size, file_size));
   FileBytes header_bytes;  // the read continues after the length
   header_bytes.size = header_size;
   header_bytes.data.reset(new char[std::max<uint64_t>(header_size, 1)]);

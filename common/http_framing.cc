@@ -63,6 +63,7 @@ HttpRequestFramer::Progress HttpRequestFramer::CheckRequestLine(absl::string_vie
     if (window.size() < limit + 2) return Progress::kNeedMore;
   } else if ((end > 0 && window[end - 1] == '\r' ? end - 1 : end) <= limit) {
     line_checked_ = true;
+    if (end == 0 || window[end - 1] != '\r') return RejectBareLineFeed();
     return CheckLineShape(window.substr(0, end));
   }
   return Reject(
@@ -84,6 +85,8 @@ HttpRequestFramer::Progress HttpRequestFramer::CheckLineShape(absl::string_view 
     return Reject(400, "INVALID_ARGUMENT",
                   "malformed request line: want METHOD /path HTTP/1.1, with single spaces");
   }
+  // HTTP/1.0 predates Host; every later version requires it (RFC 9112 3.2).
+  needs_host_ = parts[2] != "HTTP/1.0";
   // httplib answers a method it does not know as a malformed request; it is
   // one this server does not implement (RFC 9110 15.6.2).
   bool known = false;
@@ -149,6 +152,17 @@ HttpRequestFramer::Progress HttpRequestFramer::FindHead(absl::string_view receiv
   // The terminator may straddle the bytes searched before and the new ones.
   const size_t from = searched_ >= kHeadEnd.size() ? searched_ - (kHeadEnd.size() - 1) : 0;
   const size_t end = received.find(kHeadEnd, from);
+  // Every line of the head ends in CRLF. httplib would also end a line at a
+  // bare LF, but the head's end is found as CRLF CRLF, so a client ending
+  // its lines in LF alone would wait for the request deadline (408); it is
+  // told at once instead (RFC 9112 2.2 lets a server refuse them).
+  const absl::string_view head =
+      received.substr(0, end == absl::string_view::npos ? received.size() : end + kHeadEnd.size());
+  for (size_t lf = head.find('\n', lf_searched_); lf != absl::string_view::npos;
+       lf = head.find('\n', lf + 1)) {
+    if (lf == 0 || head[lf - 1] != '\r') return RejectBareLineFeed();
+  }
+  lf_searched_ = head.size();
   if (end == absl::string_view::npos) {
     searched_ = received.size();
     if (received.size() <= limits_.max_header_bytes) return Progress::kNeedMore;
@@ -169,9 +183,8 @@ HttpRequestFramer::Progress HttpRequestFramer::FindHead(absl::string_view receiv
 // Reads the headers that frame the body; everything else is left to the
 // HTTP parser, which sees exactly the bytes framed here.
 HttpRequestFramer::Progress HttpRequestFramer::ParseHead(absl::string_view head) {
-  // Lines end at LF, as httplib's reader ends them (it then skips those
-  // without CR): a header behind a bare LF ("X: a\nRange: ...\r\n") is
-  // checked here as httplib reads it. The CR goes with the whitespace.
+  // Every line ends in CRLF (FindHead refused bare LFs); the CR goes with
+  // the whitespace.
   const std::vector<absl::string_view> lines = absl::StrSplit(head, '\n');
   bool has_length = false;
   for (size_t i = 1; i < lines.size(); ++i) {  // lines[0] is the request line
@@ -193,6 +206,10 @@ HttpRequestFramer::Progress HttpRequestFramer::ParseHead(absl::string_view head)
     while (!value.empty() && (value.back() == ' ' || value.back() == '\t')) value.remove_suffix(1);
     const Progress header = OnHeader(lines[i].substr(0, colon), value, has_length);
     if (header == Progress::kRejected) return header;
+  }
+  if (needs_host_ && seen_once_.count("Host") == 0) {
+    return Reject(400, "INVALID_ARGUMENT",
+                  "missing Host header: HTTP/1.1 requests must name the host (RFC 9112 3.2)");
   }
   if (body_bytes_ > limits_.max_body_bytes) {
     return Reject(413, "RESOURCE_EXHAUSTED",
@@ -263,6 +280,11 @@ HttpRequestFramer::Progress HttpRequestFramer::OnHeader(absl::string_view name,
     body_bytes_ = length;
   }
   return Progress::kNeedMore;  // this header is acceptable
+}
+
+HttpRequestFramer::Progress HttpRequestFramer::RejectBareLineFeed() {
+  return Reject(400, "INVALID_ARGUMENT",
+                "a line of the request head ends in a bare LF; end every line with CRLF");
 }
 
 HttpRequestFramer::Progress HttpRequestFramer::Reject(int status, std::string code,

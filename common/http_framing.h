@@ -36,6 +36,10 @@
 //                           holding a control character other than tab, as
 //                           sent or as httplib decodes it ("%00": a NUL cut
 //                           it short), or Authorization or Host given twice;
+//                           no Host in a request other than HTTP/1.0 (RFC
+//                           9112 3.2); a line of the head ending in a bare
+//                           LF (the head's end is CRLF CRLF, so such a
+//                           client would otherwise wait for the deadline);
 //                           a '%' in the request line's path (httplib
 //                           decodes it before routing, so an encoded ':'
 //                           or '/' would reach another route than the raw
@@ -110,11 +114,14 @@ class HttpRequestFramer {
   // kRejected, or kNeedMore for a header that is acceptable.
   Progress OnHeader(absl::string_view name, absl::string_view value, bool& has_length);
   Progress Reject(int status, std::string code, std::string message);
+  Progress RejectBareLineFeed();
 
   const HttpRequestLimits limits_;
   Progress progress_ = Progress::kNeedMore;
   size_t searched_ = 0;    // bytes already searched for the end of the head
   size_t line_searched_ = 0;   // bytes already searched for the end of the request line
+  size_t lf_searched_ = 0;     // bytes of the head already checked for bare LFs
+  bool needs_host_ = false;    // the request line's version requires a Host header
   bool line_checked_ = false;  // the request line is complete and within its limit
   size_t head_bytes_ = 0;  // 0 until the head is complete
   uint64_t body_bytes_ = 0;

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
@@ -30,11 +31,11 @@ TEST(HttpRequestFramer, Update_HeadByteByByte_CompleteOnlyAtTheBlankLine) {
 }
 
 TEST(HttpRequestFramer, Update_BodyArrivesLater_CompleteWithContentLength) {
-  const std::string head = "POST /v1/jobs HTTP/1.1\r\ncontent-length: 5\r\n\r\n";
+  const std::string head = "POST /v1/jobs HTTP/1.1\r\nHost: t\r\ncontent-length: 5\r\n\r\n";
   HttpRequestFramer framer(kLimits);
   EXPECT_EQ(framer.Update(head), Progress::kNeedMore);
   EXPECT_EQ(framer.Update(head + "abcd"), Progress::kNeedMore);
-  EXPECT_EQ(framer.Update(head + "abcde" + "GET / HTTP/1.1\r\n"), Progress::kComplete);
+  EXPECT_EQ(framer.Update(head + "abcde" + "GET / HTTP/1.1\r\nHost: t\r\n"), Progress::kComplete);
   EXPECT_EQ(framer.request_bytes(), head.size() + 5);  // not the bytes after the body
 }
 
@@ -47,23 +48,24 @@ TEST(HttpRequestFramer, Update_PostWithoutContentLength_CompleteWithEmptyBody) {
 
 TEST(HttpRequestFramer, Update_UnfinishedHeadOverLimit_Rejected431NamingTheLimit) {
   HttpRequestFramer framer(kLimits);
-  EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nX: " + std::string(300, 'a')), Progress::kRejected);
+  EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nHost: t\r\nX: " + std::string(300, 'a')),
+            Progress::kRejected);
   EXPECT_EQ(framer.rejection().status, 431);
   EXPECT_EQ(framer.rejection().code, "RESOURCE_EXHAUSTED");
   EXPECT_EQ(framer.rejection().message, "request line and headers exceed the limit of 256 bytes");
 }
 
 TEST(HttpRequestFramer, Update_CompleteHeadOverLimit_Rejected431WithItsSize) {
-  const std::string head = "GET / HTTP/1.1\r\nX: " + std::string(300, 'a') + "\r\n\r\n";
+  const std::string head = "GET / HTTP/1.1\r\nHost: t\r\nX: " + std::string(300, 'a') + "\r\n\r\n";
   HttpRequestFramer framer({/*max_header_bytes=*/256, /*max_body_bytes=*/64});
   // Arrives in one read, so the limit is checked on a complete head.
   EXPECT_EQ(framer.Update(head), Progress::kRejected);
   EXPECT_EQ(framer.rejection().message,
-            "request line and headers of 323 bytes exceed the limit of 256 bytes");
+            "request line and headers of 332 bytes exceed the limit of 256 bytes");
 }
 
 TEST(HttpRequestFramer, Update_HeadOfExactlyTheLimit_Accepted) {
-  std::string head = "GET / HTTP/1.1\r\nX: ";
+  std::string head = "GET / HTTP/1.1\r\nHost: t\r\nX: ";
   head += std::string(256 - head.size() - 4, 'a') + "\r\n\r\n";
   ASSERT_EQ(head.size(), 256u);
   HttpRequestFramer framer(kLimits);
@@ -97,7 +99,7 @@ TEST(HttpRequestFramer, Update_RequestLineOfExactlyTheLimit_Accepted) {
   line += std::string(1024 - line.size() - 9, 'a') + " HTTP/1.1";
   ASSERT_EQ(line.size(), 1024u);
   HttpRequestFramer framer(HttpRequestLimits{});
-  EXPECT_EQ(FeedByteByByte(framer, line + "\r\n\r\n"), Progress::kComplete);
+  EXPECT_EQ(FeedByteByByte(framer, line + "\r\nHost: t\r\n\r\n"), Progress::kComplete);
 }
 
 // httplib reads a run of spaces, or a target led by '?', its own way
@@ -118,14 +120,16 @@ TEST(HttpRequestFramer, Update_RequestLineOfAnotherShape_Rejected400) {
 // methods httplib parses go on to the server's 405 with Allow.
 TEST(HttpRequestFramer, Update_UnknownMethod_Rejected501_KnownOnesPass) {
   HttpRequestFramer framer(kLimits);
-  EXPECT_EQ(FeedByteByByte(framer, "FOO /v1/jobs HTTP/1.1\r\n\r\n"), Progress::kRejected);
+  EXPECT_EQ(FeedByteByByte(framer, "FOO /v1/jobs HTTP/1.1\r\nHost: t\r\n\r\n"),
+            Progress::kRejected);
   EXPECT_EQ(framer.rejection().status, 501);
   EXPECT_EQ(framer.rejection().code, "UNIMPLEMENTED");
   EXPECT_EQ(framer.rejection().message,
             "method FOO is not implemented; the API takes GET, HEAD and POST");
   for (const char* method : {"GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH"}) {
     HttpRequestFramer known(kLimits);
-    EXPECT_EQ(known.Update(absl::StrCat(method, " / HTTP/1.1\r\n\r\n")), Progress::kComplete)
+    EXPECT_EQ(known.Update(absl::StrCat(method, " / HTTP/1.1\r\nHost: t\r\n\r\n")),
+              Progress::kComplete)
         << method;
   }
 }
@@ -146,12 +150,14 @@ TEST(HttpRequestFramer, Update_PercentInThePath_Rejected400_InTheQueryAccepted) 
               "use them)");
   }
   HttpRequestFramer framer(kLimits);
-  EXPECT_EQ(framer.Update("GET /v1/jobs?pageToken=a%3D HTTP/1.1\r\n\r\n"), Progress::kComplete);
+  EXPECT_EQ(framer.Update("GET /v1/jobs?pageToken=a%3D HTTP/1.1\r\nHost: t\r\n\r\n"),
+            Progress::kComplete);
 }
 
 TEST(HttpRequestFramer, Update_ContentLengthOverLimit_Rejected413BeforeTheBody) {
   HttpRequestFramer framer(kLimits);
-  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nContent-Length: 65\r\n\r\n"), Progress::kRejected);
+  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 65\r\n\r\n"),
+            Progress::kRejected);
   EXPECT_EQ(framer.rejection().status, 413);
   EXPECT_EQ(framer.rejection().code, "RESOURCE_EXHAUSTED");
   EXPECT_EQ(framer.rejection().message, "request body of 65 bytes exceeds the limit of 64 bytes");
@@ -159,7 +165,7 @@ TEST(HttpRequestFramer, Update_ContentLengthOverLimit_Rejected413BeforeTheBody) 
 
 TEST(HttpRequestFramer, Update_ChunkedBody_Rejected411) {
   HttpRequestFramer framer(kLimits);
-  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"),
+  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n"),
             Progress::kRejected);
   EXPECT_EQ(framer.rejection().status, 411);
   EXPECT_EQ(framer.rejection().code, "UNIMPLEMENTED");
@@ -170,8 +176,8 @@ TEST(HttpRequestFramer, Update_ChunkedBody_Rejected411) {
 TEST(HttpRequestFramer, Update_CompressedBody_Rejected415NamingTheEncoding) {
   for (const char* encoding : {"gzip", "deflate", "br", "GZIP", "x-gzip", "identity, gzip", ""}) {
     HttpRequestFramer framer(kLimits);
-    EXPECT_EQ(framer.Update(std::string("POST / HTTP/1.1\r\nContent-Encoding: ") + encoding +
-                            "\r\nContent-Length: 3\r\n\r\nabc"),
+    EXPECT_EQ(framer.Update(std::string("POST / HTTP/1.1\r\nHost: t\r\nContent-Encoding: ") +
+                            encoding + "\r\nContent-Length: 3\r\n\r\nabc"),
               Progress::kRejected)
         << encoding;
     EXPECT_EQ(framer.rejection().status, 415) << encoding;
@@ -184,21 +190,24 @@ TEST(HttpRequestFramer, Update_CompressedBody_Rejected415NamingTheEncoding) {
 
 TEST(HttpRequestFramer, Update_IdentityContentEncoding_Accepted) {
   HttpRequestFramer framer(kLimits);
-  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\ncontent-encoding: Identity\r\nContent-Length: 3\r\n"
-                          "\r\nabc"),
+  EXPECT_EQ(framer.Update(
+                "POST / HTTP/1.1\r\nHost: t\r\ncontent-encoding: Identity\r\nContent-Length: 3\r\n"
+                "\r\nabc"),
             Progress::kComplete);
 }
 
 TEST(HttpRequestFramer, Update_LongRange_Rejected431) {
   HttpRequestFramer framer({/*max_header_bytes=*/1024, /*max_body_bytes=*/64});
-  EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nrange: bytes=" + std::string(251, '1') + "\r\n\r\n"),
+  EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nHost: t\r\nrange: bytes=" + std::string(251, '1') +
+                          "\r\n\r\n"),
             Progress::kRejected);
   EXPECT_EQ(framer.rejection().status, 431);
   EXPECT_EQ(framer.rejection().message,
             "Range header of 257 bytes exceeds the limit of 256 bytes; the server ignores Range: "
             "send none");
   HttpRequestFramer at_limit({/*max_header_bytes=*/1024, /*max_body_bytes=*/64});
-  EXPECT_EQ(at_limit.Update("GET / HTTP/1.1\r\nRange: bytes=" + std::string(250, '1') + "\r\n\r\n"),
+  EXPECT_EQ(at_limit.Update("GET / HTTP/1.1\r\nHost: t\r\nRange: bytes=" + std::string(250, '1') +
+                            "\r\n\r\n"),
             Progress::kComplete);
 }
 
@@ -208,34 +217,54 @@ TEST(HttpRequestFramer, Update_HeaderLineOverLimit_Rejected400NamingTheLimit) {
   const HttpRequestLimits roomy = {/*max_header_bytes=*/16384, /*max_body_bytes=*/64};
   // "X-A: " + value + "\r\n": 8193 bytes, then 8192.
   HttpRequestFramer over(roomy);
-  EXPECT_EQ(over.Update("GET / HTTP/1.1\r\nX-A: " + std::string(8186, 'a') + "\r\n\r\n"),
+  EXPECT_EQ(over.Update("GET / HTTP/1.1\r\nHost: t\r\nX-A: " + std::string(8186, 'a') + "\r\n\r\n"),
             Progress::kRejected);
   EXPECT_EQ(over.rejection().status, 400);
   EXPECT_EQ(over.rejection().code, "INVALID_ARGUMENT");
   EXPECT_EQ(over.rejection().message,
             "a header line of 8193 bytes exceeds the limit of 8192 bytes");
   HttpRequestFramer at_limit(roomy);
-  EXPECT_EQ(at_limit.Update("GET / HTTP/1.1\r\nX-A: " + std::string(8185, 'a') + "\r\n\r\n"),
+  EXPECT_EQ(
+      at_limit.Update("GET / HTTP/1.1\r\nHost: t\r\nX-A: " + std::string(8185, 'a') + "\r\n\r\n"),
+      Progress::kComplete);
+}
+
+// httplib would end a line at a bare LF, but the head ends at CRLF CRLF, so
+// such a client waited for the deadline (408), and a header behind a bare
+// LF was one httplib read: refused as soon as the bare LF arrives.
+TEST(HttpRequestFramer, Update_BareLineFeed_Rejected400AtOnce) {
+  for (const std::string request :
+       {"GET / HTTP/1.1\n", "GET / HTTP/1.1\r\nHost: t\n",
+        "POST / HTTP/1.1\r\nHost: t\r\nX: a\nTransfer-Encoding: chunked\r\n\r\n",
+        "GET / HTTP/1.1\r\nHost: t\r\n\n"}) {
+    HttpRequestFramer framer(kLimits);
+    EXPECT_EQ(FeedByteByByte(framer, request), Progress::kRejected) << absl::CEscape(request);
+    EXPECT_EQ(framer.rejection().status, 400);
+    EXPECT_EQ(framer.rejection().message,
+              "a line of the request head ends in a bare LF; end every line with CRLF");
+  }
+  HttpRequestFramer body(kLimits);  // the body is not lines: LFs there are data
+  EXPECT_EQ(body.Update("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 3\r\n\r\na\nb"),
             Progress::kComplete);
 }
 
-// httplib ends header lines at LF (and skips those without CR), so a header
-// behind a bare LF is one it reads: the framing checks it too.
-TEST(HttpRequestFramer, Update_FramingHeaderBehindABareLf_Checked) {
-  HttpRequestFramer chunked(kLimits);
-  EXPECT_EQ(chunked.Update("POST / HTTP/1.1\r\nX: a\nTransfer-Encoding: chunked\r\n\r\n"),
-            Progress::kRejected);
-  EXPECT_EQ(chunked.rejection().status, 411);
-  HttpRequestFramer length(kLimits);
-  EXPECT_EQ(length.Update("POST / HTTP/1.1\r\nX: a\nContent-Length: 3\r\n\r\nabc"),
-            Progress::kComplete);
-  EXPECT_EQ(length.request_bytes(), 46u);
+// RFC 9112 3.2: a server must refuse an HTTP/1.1 request without Host.
+TEST(HttpRequestFramer, Update_NoHost_Rejected400UnlessHttp10) {
+  HttpRequestFramer framer(kLimits);
+  EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nX-Host: t\r\n\r\n"), Progress::kRejected);
+  EXPECT_EQ(framer.rejection().status, 400);
+  EXPECT_EQ(framer.rejection().message,
+            "missing Host header: HTTP/1.1 requests must name the host (RFC 9112 3.2)");
+  HttpRequestFramer lower_case(kLimits);
+  EXPECT_EQ(lower_case.Update("GET / HTTP/1.1\r\nhost: t\r\n\r\n"), Progress::kComplete);
+  HttpRequestFramer http10(kLimits);
+  EXPECT_EQ(http10.Update("GET / HTTP/1.0\r\n\r\n"), Progress::kComplete);
 }
 
 TEST(HttpRequestFramer, Update_MalformedContentLength_Rejected400) {
   for (const char* value : {"-1", "+5", "0x10", "5 5", "", "1234567890123456789"}) {
     HttpRequestFramer framer(kLimits);
-    EXPECT_EQ(framer.Update(std::string("POST / HTTP/1.1\r\nContent-Length: ") + value +
+    EXPECT_EQ(framer.Update(std::string("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: ") + value +
                             "\r\n\r\n"),
               Progress::kRejected)
         << value;
@@ -246,8 +275,9 @@ TEST(HttpRequestFramer, Update_MalformedContentLength_Rejected400) {
 
 TEST(HttpRequestFramer, Update_TwoDifferentContentLengths_Rejected400) {
   HttpRequestFramer framer(kLimits);
-  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
-            Progress::kRejected);
+  EXPECT_EQ(
+      framer.Update("POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n"),
+      Progress::kRejected);
   EXPECT_EQ(framer.rejection().message,
             "Content-Length given twice with different values (1 and 2)");
 }
@@ -258,7 +288,7 @@ TEST(HttpRequestFramer, Update_ControlCharacterInAHeaderValue_Rejected400) {
   for (const std::string& value :
        {std::string("Bearer s3cret\0junk", 18), std::string("a\x01b"), std::string("a\x7f")}) {
     HttpRequestFramer framer(kLimits);
-    EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nAuthorization: " + value + "\r\n\r\n"),
+    EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nHost: t\r\nAuthorization: " + value + "\r\n\r\n"),
               Progress::kRejected);
     EXPECT_EQ(framer.rejection().status, 400);
     EXPECT_EQ(framer.rejection().message, "header Authorization holds a control character");
@@ -268,12 +298,13 @@ TEST(HttpRequestFramer, Update_ControlCharacterInAHeaderValue_Rejected400) {
   for (const std::string& value : {std::string("Bearer t%00junk"), std::string("a%u0001"),
                                    std::string("a%7f"), std::string("\va")}) {
     HttpRequestFramer framer(kLimits);
-    EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nAuthorization: " + value + "\r\n\r\n"),
+    EXPECT_EQ(framer.Update("GET / HTTP/1.1\r\nHost: t\r\nAuthorization: " + value + "\r\n\r\n"),
               Progress::kRejected)
         << value;
   }
   HttpRequestFramer tab(kLimits);
-  EXPECT_EQ(tab.Update("GET / HTTP/1.1\r\nX-A: a\tb %41%2 %zz%u00\r\n\r\n"), Progress::kComplete);
+  EXPECT_EQ(tab.Update("GET / HTTP/1.1\r\nHost: t\r\nX-A: a\tb %41%2 %zz%u00\r\n\r\n"),
+            Progress::kComplete);
 }
 
 // Two Authorization or Host headers: which counts differs between a proxy
@@ -281,7 +312,7 @@ TEST(HttpRequestFramer, Update_ControlCharacterInAHeaderValue_Rejected400) {
 TEST(HttpRequestFramer, Update_AuthorizationOrHostTwice_Rejected400) {
   for (const char* name : {"Authorization", "Host"}) {
     HttpRequestFramer framer(kLimits);
-    EXPECT_EQ(framer.Update(absl::StrCat("GET / HTTP/1.1\r\n", name, ": a\r\n",
+    EXPECT_EQ(framer.Update(absl::StrCat("GET / HTTP/1.1\r\nHost: t\r\n", name, ": a\r\n",
                                          absl::AsciiStrToLower(name), ": b\r\n\r\n")),
               Progress::kRejected)
         << name;
@@ -294,12 +325,14 @@ TEST(HttpRequestFramer, Update_AuthorizationOrHostTwice_Rejected400) {
 
 TEST(HttpRequestFramer, Update_RepeatedEqualContentLength_Accepted) {
   HttpRequestFramer framer(kLimits);
-  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx"),
+  EXPECT_EQ(framer.Update(
+                "POST / HTTP/1.1\r\nHost: t\r\nContent-Length: 1\r\nContent-Length: 1\r\n\r\nx"),
             Progress::kComplete);
 }
 
 TEST(HttpRequestFramer, TakeContinue_ExpectContinueBodyPending_TrueOnce) {
-  const std::string head = "POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
+  const std::string head =
+      "POST / HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n";
   HttpRequestFramer framer(kLimits);
   EXPECT_FALSE(framer.TakeContinue());  // no head yet
   EXPECT_EQ(framer.Update(head), Progress::kNeedMore);
@@ -310,14 +343,16 @@ TEST(HttpRequestFramer, TakeContinue_ExpectContinueBodyPending_TrueOnce) {
 
 TEST(HttpRequestFramer, TakeContinue_BodyAlreadyHere_False) {
   HttpRequestFramer framer(kLimits);
-  EXPECT_EQ(framer.Update("POST / HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nab"),
-            Progress::kComplete);
+  EXPECT_EQ(
+      framer.Update(
+          "POST / HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\nab"),
+      Progress::kComplete);
   EXPECT_FALSE(framer.TakeContinue());
 }
 
 TEST(HttpRequestFramer, Update_AfterRejection_StaysRejected) {
   HttpRequestFramer framer(kLimits);
-  const std::string chunked = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  const std::string chunked = "POST / HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n";
   ASSERT_EQ(framer.Update(chunked), Progress::kRejected);
   EXPECT_EQ(framer.Update(chunked + "0\r\n\r\n"), Progress::kRejected);
 }

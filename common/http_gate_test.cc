@@ -71,17 +71,17 @@ TEST(HttpGateTest, ManyAdoptedInOneTurn_ARequestAlreadyWholeIsHandledNotTurnedAw
   ASSERT_TRUE(gate.ok()) << gate.status();
   gate_ptr = gate->get();
   Client held;
-  ASSERT_TRUE(held.Send("GET /held HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(held.Send("GET /held HTTP/1.1\r\nHost: t\r\n\r\n"));
   (*gate)->Admit(held.for_gate);
   holding.WaitForNotification();
   // While the gate's thread is held: a probe whose request is whole, then
   // more unfinished requests than there are places.
   Client probe;
-  ASSERT_TRUE(probe.Send("GET /healthz HTTP/1.1\r\n\r\n"));
+  ASSERT_TRUE(probe.Send("GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"));
   (*gate)->Admit(probe.for_gate);
   std::vector<Client> slow(3);
   for (Client& client : slow) {
-    ASSERT_TRUE(client.Send("GET /slow HTTP/1.1\r\n"));
+    ASSERT_TRUE(client.Send("GET /slow HTTP/1.1\r\nHost: t\r\n"));
     (*gate)->Admit(client.for_gate);
   }
   release.Notify();
@@ -90,7 +90,7 @@ TEST(HttpGateTest, ManyAdoptedInOneTurn_ARequestAlreadyWholeIsHandledNotTurnedAw
   {
     AnnotatedMutexLock lock(&mu);
     ASSERT_EQ(dispatched.size(), 2u);
-    EXPECT_EQ(dispatched[1], "GET /healthz HTTP/1.1\r\n\r\n");
+    EXPECT_EQ(dispatched[1], "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n");
   }
   // The unfinished ones had no place: each is turned away.
   for (const Client& client : slow) {
@@ -113,7 +113,7 @@ TEST(HttpGateTest, UnsentAnswersPastTheBound_OldestUnreadCutOff) {
   ASSERT_TRUE(gate.ok()) << gate.status();
   Client first, second;
   for (const Client* client : {&first, &second}) {
-    ASSERT_TRUE(client->Send("GET /big HTTP/1.1\r\n\r\n"));
+    ASSERT_TRUE(client->Send("GET /big HTTP/1.1\r\nHost: t\r\n\r\n"));
     (*gate)->Admit(client->for_gate);
     AnnotatedMutexLock lock(&mu);  // handed off in order: one at a time
     const size_t expected = client == &first ? 1 : 2;

@@ -10,6 +10,7 @@
 #include <regex>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/fixed_thread_pool.h"
@@ -217,11 +218,17 @@ void HttpServer::InstallHooks() {
     if (ConstantTimeEquals(BearerToken(header), options_.bearer_token)) {
       return httplib::Server::HandlerResponse::Unhandled;
     }
-    Apply(JsonError(401, "UNAUTHENTICATED",
-                    header.empty() ? "missing header \"Authorization: Bearer <token>\""
-                                   : "wrong bearer token; use the coordinator's user token (its "
-                                     "--user-token or --user-token-file)"),
-          res);
+    // Tell apart a missing header, another scheme (Basic credentials are
+    // not a wrong token) and a wrong token.
+    const char* why =
+        header.empty() ? "missing header \"Authorization: Bearer <token>\""
+        : !absl::StartsWithIgnoreCase(header, "Bearer ")
+            ? "the Authorization header must use the Bearer scheme: \"Authorization: Bearer "
+              "<token>\", with the coordinator's user token (its --user-token or "
+              "--user-token-file)"
+            : "wrong bearer token; use the coordinator's user token (its --user-token or "
+              "--user-token-file)";
+    Apply(JsonError(401, "UNAUTHENTICATED", why), res);
     res.set_header("WWW-Authenticate", "Bearer");
     return httplib::Server::HandlerResponse::Handled;
   });

@@ -203,6 +203,23 @@ TEST_F(HttpServerAuthTest, WrongToken_Returns401) {
   EXPECT_TRUE(absl::StrContains(result->body, "wrong bearer token"));
 }
 
+TEST_F(HttpServerAuthTest, OtherScheme_Returns401NamingTheBearerScheme) {
+  for (const char* value : {"Basic dXNlcjpzM2NyZXQ=", "s3cret", "Bearers3cret"}) {
+    httplib::Result result = client_->Get("/private", {{"Authorization", value}});
+    ASSERT_TRUE(result);
+    EXPECT_EQ(result->status, 401);
+    EXPECT_TRUE(absl::StrContains(result->body, "must use the Bearer scheme")) << result->body;
+  }
+}
+
+// RFC 9112 3.2: refused by the framing (http_framing_test), before the token.
+TEST_F(HttpServerAuthTest, NoHost_Returns400) {
+  const std::string response =
+      server_->AnswerRequestBytes("GET /healthz HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n");
+  EXPECT_EQ(HttpStatusOf(response), 400) << response;
+  EXPECT_TRUE(absl::StrContains(response, "missing Host header")) << response;
+}
+
 TEST_F(HttpServerAuthTest, RightToken_Returns200) {
   httplib::Result result = client_->Get("/private", {{"Authorization", "Bearer s3cret"}});
   ASSERT_TRUE(result);
@@ -433,8 +450,9 @@ TEST(HttpServer, Post_ChunkedBody_Returns411) {
   ASSERT_TRUE(port.ok()) << port.status();
   RawConnection connection(*port, absl::Seconds(10));
   ASSERT_TRUE(connection.connected());
-  ASSERT_TRUE(connection.Send(
-      "POST /echo HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
+  ASSERT_TRUE(
+      connection.Send("POST /echo HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: "
+                      "chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
   const std::string response = connection.Read();
   ASSERT_EQ(HttpStatusOf(response), 411) << response;
   EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["code"], 12);
@@ -465,10 +483,10 @@ TEST(HttpServer, Post_GzipBody_Returns415AndTheHandlerSeesNoBody) {
 }
 
 // A Content-Encoding header behind a bare LF, which httplib reads as a
-// header of its own, is refused as well: the framing splits lines as httplib
-// does. (Were one to slip past, the server erases the header before httplib
-// reads the body, so the body would arrive as sent, not inflated.)
-TEST(HttpServer, AnswerRequestBytes_ContentEncodingBehindABareLf_Returns415) {
+// header of its own, is refused with the bare LF. (Were one to slip past,
+// the server erases the header before httplib reads the body, so the body
+// would arrive as sent, not inflated.)
+TEST(HttpServer, AnswerRequestBytes_ContentEncodingBehindABareLf_Returns400) {
   // gzip of 4096 'x' (Python's gzip.compress(b"x" * 4096, mtime=0)).
   const std::string gzip(
       "\x1f\x8b\x08\x00\x00\x00\x00\x00\x02\x03\xed\xc1\x01\x0d\x00\x00\x00\xc2\xa0"
@@ -481,9 +499,9 @@ TEST(HttpServer, AnswerRequestBytes_ContentEncodingBehindABareLf_Returns415) {
     return JsonResponse(200, "{}");
   });
   const std::string response = server.AnswerRequestBytes(absl::StrCat(
-      "POST /echo HTTP/1.1\r\nX-Pad: a\nContent-Encoding: gzip\r\nContent-Length: ", gzip.size(),
-      "\r\n\r\n", gzip));
-  EXPECT_EQ(HttpStatusOf(response), 415) << response;
+      "POST /echo HTTP/1.1\r\nHost: t\r\nX-Pad: a\nContent-Encoding: gzip\r\nContent-Length: ",
+      gzip.size(), "\r\n\r\n", gzip));
+  EXPECT_EQ(HttpStatusOf(response), 400) << response;
   EXPECT_EQ(bodies, std::vector<std::string>{});
 }
 
@@ -540,20 +558,21 @@ TEST(HttpServer, AnswerRequestBytes_HeadAndGet_SayAcceptRangesNone) {
 }
 
 // httplib parses Range with std::regex before the server ignores it: a
-// long one is refused first, also behind a bare LF.
+// long one is refused first (behind a bare LF, the bare LF is refused).
 TEST(HttpServer, AnswerRequestBytes_RangeOverLimit_Returns431) {
   HttpServer server;
   server.Get("/thing", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
   std::string ranges = "bytes=0-0";
   while (ranges.size() < 4000) ranges += ",0-0";
-  for (const std::string& head : {"GET /thing HTTP/1.1\r\nRange: " + ranges + "\r\n\r\n",
-                                  "GET /thing HTTP/1.1\r\nX: a\nRange: " + ranges + "\r\n\r\n"}) {
-    const std::string response = server.AnswerRequestBytes(head);
-    EXPECT_EQ(HttpStatusOf(response), 431) << response;
-    EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["message"],
-              "Range header of 4001 bytes exceeds the limit of 256 bytes; the server ignores "
-              "Range: send none");
-  }
+  const std::string response =
+      server.AnswerRequestBytes("GET /thing HTTP/1.1\r\nHost: t\r\nRange: " + ranges + "\r\n\r\n");
+  EXPECT_EQ(HttpStatusOf(response), 431) << response;
+  EXPECT_EQ(nlohmann::json::parse(BodyOf(response))["message"],
+            "Range header of 4001 bytes exceeds the limit of 256 bytes; the server ignores "
+            "Range: send none");
+  EXPECT_EQ(HttpStatusOf(server.AnswerRequestBytes(
+                "GET /thing HTTP/1.1\r\nHost: t\r\nX: a\nRange: " + ranges + "\r\n\r\n")),
+            400);
 }
 
 // Refusals httplib decides alone come with a message naming the cause: a
@@ -563,12 +582,12 @@ TEST(HttpServer, AnswerRequestBytes_LongHeaderLineOrMalformedRange_NamedInTheMes
   HttpServer server;
   server.Get("/thing", [](const HttpRequest&) { return JsonResponse(200, "{}"); });
   const std::string long_line = server.AnswerRequestBytes(
-      "GET /thing HTTP/1.1\r\nX-A: " + std::string(9000, 'a') + "\r\n\r\n");
+      "GET /thing HTTP/1.1\r\nHost: t\r\nX-A: " + std::string(9000, 'a') + "\r\n\r\n");
   EXPECT_EQ(HttpStatusOf(long_line), 400) << long_line;
   EXPECT_EQ(nlohmann::json::parse(BodyOf(long_line))["message"],
             "a header line of 9007 bytes exceeds the limit of 8192 bytes");
   const std::string range =
-      server.AnswerRequestBytes("GET /thing HTTP/1.1\r\nRange: garbage\r\n\r\n");
+      server.AnswerRequestBytes("GET /thing HTTP/1.1\r\nHost: t\r\nRange: garbage\r\n\r\n");
   EXPECT_EQ(HttpStatusOf(range), 416) << range;
   EXPECT_EQ(nlohmann::json::parse(BodyOf(range))["message"],
             "malformed Range header; the server ignores Range (it sends whole bodies): send none");
@@ -609,7 +628,7 @@ TEST(HttpServer, Post_ExpectContinue_ContinueThenResponse) {
   RawConnection connection(*port, absl::Seconds(10));
   ASSERT_TRUE(connection.connected());
   ASSERT_TRUE(connection.Send(
-      "POST /echo HTTP/1.1\r\nExpect: 100-continue\r\nContent-Length: 7\r\n\r\n"));
+      "POST /echo HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\nContent-Length: 7\r\n\r\n"));
   const std::string interim = connection.Read("\r\n\r\n");
   ASSERT_EQ(interim, "HTTP/1.1 100 Continue\r\n\r\n");
   ASSERT_TRUE(connection.Send("{\"x\":1}"));
@@ -654,7 +673,7 @@ TEST(HttpServer, Get_ConnectionsAtCapNotReadingAnswers_OldestCutOffNewOneServed)
   for (int i = 0; i < 2; ++i) {
     stalled.push_back(std::make_unique<RawConnection>(*port, absl::Seconds(30)));
     ASSERT_TRUE(stalled.back()->connected());
-    ASSERT_TRUE(stalled.back()->Send("GET /big HTTP/1.1\r\n\r\n"));
+    ASSERT_TRUE(stalled.back()->Send("GET /big HTTP/1.1\r\nHost: t\r\n\r\n"));
     // The answer has begun (the server is writing it); it is never read.
     ASSERT_TRUE(stalled.back()->AwaitReadable());
   }
@@ -736,7 +755,7 @@ TEST(HttpServer, Get_AllPlacesTakenBySlowHandlers_ProbeStillAnswered) {
   for (int i = 0; i < 3; ++i) {
     slow.push_back(std::make_unique<RawConnection>(*port, absl::Seconds(30)));
     ASSERT_TRUE(slow.back()->connected());
-    ASSERT_TRUE(slow.back()->Send("GET /slow HTTP/1.1\r\n\r\n"));
+    ASSERT_TRUE(slow.back()->Send("GET /slow HTTP/1.1\r\nHost: t\r\n\r\n"));
   }
   bool all_started = false;
   {
@@ -770,7 +789,7 @@ TEST(HttpServer, Read_RequestIncompleteAtDeadline_Returns408AndCloses) {
   ASSERT_TRUE(slow.ok()) << slow.status();
   RawConnection connection(*port, absl::Seconds(30));  // only a guard against a hang
   ASSERT_TRUE(connection.connected());
-  ASSERT_TRUE(connection.Send("GET /healthz HTTP/1.1\r\n"));  // never finished
+  ASSERT_TRUE(connection.Send("GET /healthz HTTP/1.1\r\nHost: t\r\n"));  // never finished
 
   const std::string response = connection.Read();  // to the server's close
   ASSERT_EQ(HttpStatusOf(response), 408) << response;
@@ -858,7 +877,8 @@ TEST(HttpServer, OnResponse_GateAndParserRejections_ReportRejectedRoute) {
   ASSERT_EQ(result->status, 413);
   RawConnection connection(*port, absl::Seconds(10));
   ASSERT_TRUE(connection.connected());
-  ASSERT_TRUE(connection.Send("BREW /pot HTTP/1.1\r\n\r\n"));  // a method nothing implements
+  ASSERT_TRUE(
+      connection.Send("BREW /pot HTTP/1.1\r\nHost: t\r\n\r\n"));  // a method nothing implements
   ASSERT_EQ(HttpStatusOf(connection.Read()), 501);
   EXPECT_EQ(log.entries(), (std::vector<ResponseLog::Entry>{{"POST", "rejected", 413},
                                                             {"OTHER", "rejected", 501}}));
@@ -900,7 +920,7 @@ TEST(HttpServer, TraceAndConnectOnAServedPath_Return405WithAllow) {
     SCOPED_TRACE(method);
     RawConnection connection(*port, absl::Seconds(10));
     ASSERT_TRUE(connection.connected());
-    ASSERT_TRUE(connection.Send(absl::StrCat(method, " /things/a1 HTTP/1.1\r\n\r\n")));
+    ASSERT_TRUE(connection.Send(absl::StrCat(method, " /things/a1 HTTP/1.1\r\nHost: t\r\n\r\n")));
     const std::string answer = connection.Read();
     EXPECT_EQ(HttpStatusOf(answer), 405) << answer;
     EXPECT_TRUE(absl::StrContains(answer, "Allow: GET, HEAD")) << answer;
@@ -917,19 +937,20 @@ TEST(HttpServer, AnswerRequestBytes_SameBytesAsAServedConnection) {
   server.Get(kThingRoute, Echo);
   server.Post("/echo", Echo);
   const std::vector<std::string> requests = {
-      "GET /things/a1?x=1 HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n",
-      "POST /echo HTTP/1.1\r\nAuthorization: Bearer s3cret\r\nContent-Length: 3\r\n\r\nabc",
-      "GET /things/a1 HTTP/1.1\r\n\r\n",
-      "GET /nowhere HTTP/1.1\r\nAuthorization: Bearer s3cret\r\n\r\n",
-      "POST /echo HTTP/1.1\r\nContent-Length: 11\r\n\r\n",
-      "BREW /pot HTTP/1.1\r\n\r\n",
+      "GET /things/a1?x=1 HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer s3cret\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer s3cret\r\nContent-Length: "
+      "3\r\n\r\nabc",
+      "GET /things/a1 HTTP/1.1\r\nHost: t\r\n\r\n",
+      "GET /nowhere HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer s3cret\r\n\r\n",
+      "POST /echo HTTP/1.1\r\nHost: t\r\nContent-Length: 11\r\n\r\n",
+      "BREW /pot HTTP/1.1\r\nHost: t\r\n\r\n",
   };
   std::vector<std::string> answered;
   for (const std::string& request : requests) {
     answered.push_back(server.AnswerRequestBytes(request));
     EXPECT_NE(HttpStatusOf(answered.back()), 0) << answered.back();
   }
-  EXPECT_EQ(server.AnswerRequestBytes("GET /things/a1 HTTP/1.1\r\n"), "");
+  EXPECT_EQ(server.AnswerRequestBytes("GET /things/a1 HTTP/1.1\r\nHost: t\r\n"), "");
   EXPECT_EQ(server.AnswerRequestBytes(requests[1] + "trailing bytes"), answered[1]);
   EXPECT_EQ(log.entries(), (std::vector<ResponseLog::Entry>{{"GET", kThingRoute, 200},
                                                             {"POST", "/echo", 200},
@@ -987,11 +1008,11 @@ TEST(HttpServer, OnResponse_LinesOverHttplibsEightKiB_RefusedAndReportedRejected
   HttpServer server(log.Observing());
   server.Get(kThingRoute, Echo);
   const std::string response = server.AnswerRequestBytes(
-      absl::StrCat("GET /things/", std::string(12000, 'a'), " HTTP/1.1\r\n\r\n"));
+      absl::StrCat("GET /things/", std::string(12000, 'a'), " HTTP/1.1\r\nHost: t\r\n\r\n"));
   EXPECT_EQ(HttpStatusOf(response), 414) << response;
   // A header line over httplib's 8 KiB (within the gate's 16 KiB): 400.
-  const std::string long_header = server.AnswerRequestBytes(
-      absl::StrCat("GET /things/a HTTP/1.1\r\nX-Long: ", std::string(9000, 'b'), "\r\n\r\n"));
+  const std::string long_header = server.AnswerRequestBytes(absl::StrCat(
+      "GET /things/a HTTP/1.1\r\nHost: t\r\nX-Long: ", std::string(9000, 'b'), "\r\n\r\n"));
   EXPECT_EQ(HttpStatusOf(long_header), 400) << long_header;
   EXPECT_EQ(log.entries(),
             (std::vector<ResponseLog::Entry>{{"GET", "rejected", 414}, {"GET", "rejected", 400}}));

@@ -345,9 +345,9 @@ void RestSeeds(const std::string& dir) {
   WriteSeed(
       dir, "refused_bodies",
       RequestSequence({HttpRequestBytes("POST", "/v1/jobs", R"({"model": {"nLayer": "x"}})", true),
-                       "POST /v1/jobs HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n",
-                       "POST /v1/jobs HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n",
-                       "GET /v1/jobs/%6aob-1 HTTP/1.1\r\nRange: bytes=0-1,2-3\r\n"
+                       "POST /v1/jobs HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n",
+                       "POST /v1/jobs HTTP/1.1\r\nHost: t\r\nContent-Length: 99999999\r\n\r\n",
+                       "GET /v1/jobs/%6aob-1 HTTP/1.1\r\nHost: t\r\nRange: bytes=0-1,2-3\r\n"
                        "Expect: 100-continue\r\n\r\n"}));
   // Lines near httplib's 8 KiB limits, without and with the token: it
   // also raises libFuzzer's default input size limit to this seed's, so
@@ -362,7 +362,7 @@ void RestSeeds(const std::string& dir) {
       RequestSequence({HttpRequestBytes("GET", "/v1/jobs/" + long_id, "", false),
                        HttpRequestBytes("GET", "/v1/jobs/" + long_id, "", true),
                        HttpRequestBytes("POST", "/v1/jobs/" + escaped_id + ":cancel", "", true),
-                       "GET /v1/workers HTTP/1.1\r\nRange: " + ranges + "\r\n\r\n"}));
+                       "GET /v1/workers HTTP/1.1\r\nHost: t\r\nRange: " + ranges + "\r\n\r\n"}));
 }
 
 // --- worker registry operations (worker_registry_fuzzer.cc: an operation
@@ -628,27 +628,30 @@ void HttpPiecesSeeds(const std::string& dir) {
   // same connection (ignored).
   const uint16_t head = static_cast<uint16_t>(post.size() - body.size());
   WriteSeed(dir, "post_head_then_body",
-            Pieces(0, {head, static_cast<uint16_t>(head + 3)}, post + "GET / HTTP/1.1\r\n\r\n"));
-  const std::string expect = absl::StrCat("POST /echo/x HTTP/1.1\r\n", auth,
+            Pieces(0, {head, static_cast<uint16_t>(head + 3)},
+                   post + "GET / HTTP/1.1\r\nHost: t\r\n\r\n"));
+  const std::string expect = absl::StrCat("POST /echo/x HTTP/1.1\r\nHost: t\r\n", auth,
                                           "Expect: 100-continue\r\nContent-Length: 4\r\n\r\nbody");
   WriteSeed(dir, "expect_continue", Pieces(0, {static_cast<uint16_t>(expect.size() - 4)}, expect));
-  WriteSeed(
-      dir, "no_token_chunked",
-      Pieces(0, {20},
-             "POST /echo/x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n"));
+  WriteSeed(dir, "no_token_chunked",
+            Pieces(0, {20},
+                   "POST /echo/x HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: "
+                   "chunked\r\n\r\n4\r\nbody\r\n0\r\n\r\n"));
   // The small server: a body over its 64 bytes (413); a head over its 1100 (431).
   WriteSeed(dir, "small_body_over_limit",
             Pieces(1, {30},
-                   absl::StrCat("POST /echo/x HTTP/1.1\r\n", auth, "Content-Length: 65\r\n\r\n",
-                                std::string(65, 'b'))));
+                   absl::StrCat("POST /echo/x HTTP/1.1\r\nHost: t\r\n", auth,
+                                "Content-Length: 65\r\n\r\n", std::string(65, 'b'))));
   WriteSeed(dir, "small_head_over_limit",
             Pieces(1, {600, 1099},
-                   absl::StrCat("GET /echo/x HTTP/1.1\r\n", auth, "X-Pad: ", std::string(1100, 'p'),
-                                "\r\n\r\n")));
+                   absl::StrCat("GET /echo/x HTTP/1.1\r\nHost: t\r\n", auth,
+                                "X-Pad: ", std::string(1100, 'p'), "\r\n\r\n")));
   // The framer alone, tiny limits: line 16, head 64, body 8.
-  WriteSeed(dir, "tiny_limits",
-            Pieces(2, {3, 17, 30}, "POST /e HTTP/1.1\r\nContent-Length: 8\r\n\r\n12345678"));
-  WriteSeed(dir, "tiny_long_line", Pieces(2, {10}, "GET /abcdefghijklmnop HTTP/1.1\r\n\r\n"));
+  WriteSeed(
+      dir, "tiny_limits",
+      Pieces(2, {3, 17, 30}, "POST /e HTTP/1.1\r\nHost: t\r\nContent-Length: 8\r\n\r\n12345678"));
+  WriteSeed(dir, "tiny_long_line",
+            Pieces(2, {10}, "GET /abcdefghijklmnop HTTP/1.1\r\nHost: t\r\n\r\n"));
 }
 
 }  // namespace

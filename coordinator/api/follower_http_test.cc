@@ -12,7 +12,7 @@ namespace {
 
 std::string Get(HttpServer& server, const std::string& path, const std::string& token = "") {
   return server.AnswerRequestBytes(absl::StrCat(
-      "GET ", path, " HTTP/1.1\r\n",
+      "GET ", path, " HTTP/1.1\r\nHost: t\r\n",
       token.empty() ? "" : absl::StrCat("Authorization: Bearer ", token, "\r\n"), "\r\n"));
 }
 
@@ -42,7 +42,8 @@ TEST(FollowerHttpTest, AliveNotReadyScrapedAndRefusingTheApiNamingTheLeader) {
     EXPECT_TRUE(absl::StrContains(refused, "the leader is 10.0.0.7:7070")) << refused;
   }
   const std::string post = server.AnswerRequestBytes(
-      "POST /v1/jobs HTTP/1.1\r\nAuthorization: Bearer secret\r\nContent-Length: 2\r\n\r\n{}");
+      "POST /v1/jobs HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer secret\r\nContent-Length: "
+      "2\r\n\r\n{}");
   EXPECT_EQ(HttpStatusOf(post), 503) << post;
   leader.clear();  // between leaders
   EXPECT_TRUE(absl::StrContains(Get(server, "/v1/jobs", "secret"), "no leader is elected yet"));

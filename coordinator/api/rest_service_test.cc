@@ -244,6 +244,7 @@ TEST_F(RestServiceTest, GetJob_ViewFull_Accepted) {
   EXPECT_EQ(Call("GET", "/v1/jobs/job-1?view=JOB_VIEW_FULL").first, 200);
   EXPECT_EQ(Call("GET", "/v1/jobs/job-1?view=FULL").first, 200);
   EXPECT_EQ(Call("GET", "/v1/jobs?view=JOB_VIEW_BASIC").first, 200);
+  EXPECT_EQ(Call("GET", "/v1/jobs?view=JOB_VIEW_UNSPECIFIED").first, 200);  // BASIC, as in gRPC
 }
 
 TEST_F(RestServiceTest, GetJob_Unknown_Returns404) {

@@ -150,6 +150,9 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
                         absl::StrCat("must be a name of 1 to ", kMaxProfileCodecNameBytes,
                                      " bytes, each at most once"));
     }
+    if (absl::Status known = CheckProfileCodecName(c.codec()); !known.ok()) {
+      return BadProfile(at + ".codec", std::string(known.message()));
+    }
     RETURN_IF_ERROR(CheckAmount(at + ".all_reduce_seconds_per_byte",
                                 c.all_reduce_seconds_per_byte(), kMaxCodecSecondsPerByte));
   }

@@ -137,6 +137,8 @@ TEST(CheckWorkerProfileTest, EachBadField_InvalidArgumentNamingIt) {
          p.mutable_units(1)->mutable_partitions(0)->set_bwd_seconds(NAN);
        }},
       {"codecs[1].codec", [](v1::ModelProfile& p) { *p.add_codecs() = p.codecs(0); }},
+      {"codecs[0].codec \"zstd\" is not a codec the simulator reads",
+       [](v1::ModelProfile& p) { p.mutable_codecs(0)->set_codec("zstd"); }},
       {"codecs[0].all_reduce_seconds_per_byte",
        [](v1::ModelProfile& p) { p.mutable_codecs(0)->set_all_reduce_seconds_per_byte(1); }},
       {"repetitions", [](v1::ModelProfile& p) { p.set_repetitions(-1); }},

@@ -4,8 +4,10 @@
 #include <limits>
 #include <set>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/compress/codec_spec.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_spec.h"
 
@@ -184,6 +186,9 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
                        absl::StrCat("must be a name of 1 to ", kMaxProfileCodecNameBytes,
                                     " bytes, each at most once"));
       }
+      if (absl::Status known = CheckProfileCodecName(name.get<std::string>()); !known.ok()) {
+        return Invalid(at + ".codec", std::string(known.message()));
+      }
       ASSIGN_OR_RETURN(const double seconds,
                        Number(codecs[i], "all_reduce_seconds_per_byte", at, false));
       if (seconds > kMaxCodecSecondsPerByte) {
@@ -194,6 +199,16 @@ absl::StatusOr<ModelProfile> ParseProfileJson(const std::string& text) {
     }
   }
   return profile;
+}
+
+absl::Status CheckProfileCodecName(const std::string& name) {
+  if (name == "powersgd:rank=1" || name == "powersgd:rank=8") return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<Codec>> quantizer = MakeQuantizer(name);
+  if (quantizer.ok() && (*quantizer)->name() == name) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "\"", absl::CHexEscape(name), "\" is not a codec the simulator reads: name a quantizer as ",
+      "the profiler writes it (fp16, bf16, linear:bits=8, piecewise:bits=8), or ",
+      "powersgd:rank=1 or powersgd:rank=8"));
 }
 
 double QuantizedAllReduceSecondsPerByte(const ModelProfile& profile, const std::string& quantizer) {

@@ -99,6 +99,14 @@ inline constexpr size_t kMaxProfileCodecs = 16;
 inline constexpr size_t kMaxProfileCodecNameBytes = 64;
 inline constexpr double kMaxCodecSecondsPerByte = 1e-3;
 
+// OK when `name` is a codec-table entry the simulator reads: a quantizer
+// written as MakeQuantizer names it ("bf16", "linear:bits=8"; the lookup
+// is by that exact string) or "powersgd:rank=1" / "powersgd:rank=8" (the
+// two PowerSgdAllReduceSecondsPerByte draws its line through). Anything
+// else would be accepted and never used; the error says what is allowed.
+// The caller names the field.
+absl::Status CheckProfileCodecName(const std::string& name);
+
 // The most units a profile file may list: those of a model of
 // spec.model.n_layer's bound (embed, attention and MLP per layer, head).
 inline constexpr int kMaxProfileUnits = 2 * 256 + 2;

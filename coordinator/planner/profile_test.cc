@@ -79,6 +79,23 @@ TEST(ProfileTest, ParseProfile_CodecTimingsRoundTripAndAreBounded) {
                       {"codec": "bf16", "all_reduce_seconds_per_byte": 0}])"),
             "codecs[1].codec: must be a name of 1 to 64 bytes, each at most once");
   EXPECT_EQ(parse(R"([{"codec": "bf16", "seconds": 0}])"), "codecs[0].seconds: unknown field");
+  // Entries the simulator never reads are refused, not kept unused: another
+  // codec, a quantizer not written as MakeQuantizer names it (the lookup is
+  // by that string), a PowerSGD rank other than the line's two.
+  const std::string allowed =
+      " is not a codec the simulator reads: name a quantizer as the profiler writes it (fp16, "
+      "bf16, linear:bits=8, piecewise:bits=8), or powersgd:rank=1 or powersgd:rank=8";
+  EXPECT_EQ(parse(R"([{"codec": "zstd", "all_reduce_seconds_per_byte": 0}])"),
+            "codecs[0].codec: \"zstd\"" + allowed);
+  EXPECT_EQ(parse(R"([{"codec": "linear:bits=08", "all_reduce_seconds_per_byte": 0}])"),
+            "codecs[0].codec: \"linear:bits=08\"" + allowed);
+  EXPECT_EQ(parse(R"([{"codec": "powersgd:rank=4", "all_reduce_seconds_per_byte": 0}])"),
+            "codecs[0].codec: \"powersgd:rank=4\"" + allowed);
+  EXPECT_EQ(parse(R"([{"codec": "bf16", "all_reduce_seconds_per_byte": 0},
+                      {"codec": "linear:bits=4", "all_reduce_seconds_per_byte": 0},
+                      {"codec": "piecewise:bits=8", "all_reduce_seconds_per_byte": 0},
+                      {"codec": "powersgd:rank=8", "all_reduce_seconds_per_byte": 0}])"),
+            "");
   EXPECT_EQ(parse(R"({"codec": "bf16"})"), "codecs: must be a list of at most 16 entries");
 }
 

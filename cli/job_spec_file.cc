@@ -3,7 +3,9 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -42,8 +44,8 @@ nlohmann::json ScalarToJson(const YAML::Node& node) {
 constexpr int64_t kMaxYamlNodes = 100000;
 constexpr int kMaxYamlDepth = 64;
 
-// Thrown when the conversion passes a limit (the message says which);
-// caught in YamlToJson.
+// Thrown when the conversion passes a limit or meets a mapping it cannot
+// convert faithfully (the message says which); caught in YamlToJson.
 struct OverLimit {
   std::string what;
 };
@@ -59,8 +61,20 @@ nlohmann::json NodeToJson(const YAML::Node& node, int depth, int64_t& budget) {
   }
   switch (node.Type()) {
     case YAML::NodeType::Map: {
+      // YAML requires a mapping's keys to be unique, and yaml-cpp does not
+      // check: the last of two "steps:" lines would win unseen. A key that
+      // is itself a list or mapping names no field.
       nlohmann::json out = nlohmann::json::object();
       for (const auto& kv : node) {
+        const int line = kv.first.Mark().line + 1;
+        if (!kv.first.IsScalar()) {
+          throw OverLimit{absl::StrCat("line ", line, ": a key must be a name, not a list or map")};
+        }
+        if (out.contains(kv.first.Scalar())) {
+          throw OverLimit{absl::StrCat("line ", line, ": key \"",
+                                       absl::CHexEscape(kv.first.Scalar()),
+                                       "\" given twice in one mapping")};
+        }
         out[kv.first.Scalar()] = NodeToJson(kv.second, depth + 1, budget);
       }
       return out;
@@ -80,7 +94,15 @@ nlohmann::json NodeToJson(const YAML::Node& node, int depth, int64_t& budget) {
 absl::StatusOr<std::string> YamlToJson(const std::string& yaml) {
   try {
     int64_t budget = kMaxYamlNodes;
-    return NodeToJson(YAML::Load(yaml), 1, budget).dump();
+    // YAML::Load reads the first document only: a second ("---") would be
+    // dropped unseen.
+    const std::vector<YAML::Node> documents = YAML::LoadAll(yaml);
+    if (documents.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "YAML: the file holds ", documents.size(),
+          " documents (separated by ---); a job spec is one: submit each job from its own file"));
+    }
+    return NodeToJson(documents.empty() ? YAML::Node() : documents[0], 1, budget).dump();
   } catch (const YAML::Exception& e) {  // yaml-cpp reports errors by exception
     return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.what()));
   } catch (const OverLimit& e) {

@@ -130,5 +130,25 @@ TEST(JobSpecFileTest, YamlToJson_AliasInsideItsAnchor_InvalidArgument) {
   EXPECT_TRUE(YamlToJson(std::string(64, '[') + std::string(64, ']')).ok());
 }
 
+// yaml-cpp kept the last of two keys and the first of two documents,
+// silently; YAML itself requires unique keys.
+TEST(JobSpecFileTest, YamlToJson_DuplicateKeyOrSecondDocument_InvalidArgumentNamingIt) {
+  auto twice = YamlToJson("training:\n  steps: 10\n  seq_len: 8\n  steps: 20\n");
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(twice.status().message(), "YAML: line 4: key \"steps\" given twice in one mapping");
+  auto documents = YamlToJson("model: {n_layer: 2}\n---\nmodel: {n_layer: 4}\n");
+  EXPECT_EQ(documents.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(documents.status().message(),
+            "YAML: the file holds 2 documents (separated by ---); a job spec is one: submit each "
+            "job from its own file");
+  auto complex_key = YamlToJson("? [a, b]\n: 1\n");
+  EXPECT_EQ(complex_key.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(complex_key.status().message(),
+            "YAML: line 1: a key must be a name, not a list or map");
+  // One document with its markers, and the same key in two mappings, pass.
+  EXPECT_TRUE(YamlToJson("---\nmodel: {n_layer: 2}\ntraining: {n_layer: 2}\n...\n").ok());
+  EXPECT_TRUE(YamlToJson("").ok());
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -138,6 +138,9 @@ expect_exit job_report_not_json 2 "--report prints text on its own" -- job "$job
 expect_exit job_timeline_no_dir 2 "--timeline $TMP/no-such-dir/t.svg: the directory $TMP/no-such-dir does not exist" \
   -- job "$job_id" --timeline "$TMP/no-such-dir/t.svg"
 ok job_timeline_no_dir_printed_nothing test ! -s "$OUT"
+expect_exit job_timelines_one_file 2 "--measured-timeline $TMP/t.svg is also --timeline $TMP/t.svg; each output needs its own file" \
+  -- job "$job_id" --timeline "$TMP/t.svg" --measured-timeline "$TMP/t.svg"
+ok job_timelines_one_file_wrote_nothing test ! -e "$TMP/t.svg"
 # A newline in PIPETRAIN_TOKEN (a Secret's file ends in one) is dropped;
 # a control character inside is refused, not sent (gRPC would abort).
 PIPETRAIN_TOKEN="$(cat "$TMP/user.token")"$'\n' expect_exit env_token_newline 0 '"jobs"' -- jobs --json

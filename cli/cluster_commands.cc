@@ -1082,6 +1082,13 @@ int RunJob(const std::vector<std::string>& args) {
       return kExitUsage;
     }
   }
+  // One file for both would hold the measured timeline alone.
+  if (absl::Status distinct = CheckDistinctOutputs(
+          {{"--timeline", o.timeline}, {"--measured-timeline", o.measured_timeline}});
+      !distinct.ok()) {
+    std::fprintf(stderr, "pipetrain job: %s\n", std::string(distinct.message()).c_str());
+    return kExitUsage;
+  }
   auto stub = o.c.Connect();
   if (!stub.ok()) return Fail("job", stub.status());
   v1::GetJobRequest request;

@@ -21,8 +21,6 @@
 namespace pipetrain {
 namespace {
 
-constexpr char kManifestName[] = "manifest.json";
-
 bool IsSha256Hex(const std::string& s) {
   if (s.size() != 64) return false;
   for (char c : s) {
@@ -222,10 +220,10 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
   const std::string text = manifest.dump(1) + "\n";
   ASSIGN_OR_RETURN(ConfinedParent parent,
                    OpenConfinedParent(output_dir, "spec.checkpoint.dir",
-                                      absl::StrCat(from.dir(), "/", kManifestName),
+                                      absl::StrCat(from.dir(), "/", kCheckpointManifestName),
                                       /*create_dirs=*/true));
-  const std::string path = absl::StrCat(output_dir, "/", from.dir(), "/", kManifestName);
-  const std::string temp = absl::StrCat(kManifestName, ".tmp.", getpid());
+  const std::string path = absl::StrCat(output_dir, "/", from.dir(), "/", kCheckpointManifestName);
+  const std::string temp = absl::StrCat(kCheckpointManifestName, ".tmp.", getpid());
   const int dir = parent.dir.get();
   unlinkat(dir, temp.c_str(), 0);  // a crashed earlier attempt's
   ScopedFd fd(
@@ -242,7 +240,7 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
     }
     done += static_cast<size_t>(n);
   }
-  if (fsync(fd.get()) != 0 || renameat(dir, temp.c_str(), dir, kManifestName) != 0 ||
+  if (fsync(fd.get()) != 0 || renameat(dir, temp.c_str(), dir, kCheckpointManifestName) != 0 ||
       fsync(dir) != 0) {
     const int error = errno;
     unlinkat(dir, temp.c_str(), 0);
@@ -254,9 +252,9 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
 std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_dir,
                                                     const std::string& checkpoint_dir) {
   std::vector<v1::ResumeFrom> out;
-  absl::StatusOr<ConfinedParent> parent =
-      OpenConfinedParent(output_dir, "spec.checkpoint.dir",
-                         absl::StrCat(checkpoint_dir, "/", kManifestName), /*create_dirs=*/false);
+  absl::StatusOr<ConfinedParent> parent = OpenConfinedParent(
+      output_dir, "spec.checkpoint.dir", absl::StrCat(checkpoint_dir, "/", kCheckpointManifestName),
+      /*create_dirs=*/false);
   if (!parent.ok() || parent->dir.get() < 0) return out;
   std::map<int64_t, std::string> names;  // by step
   if (DIR* dir = fdopendir(dup(parent->dir.get()))) {
@@ -275,7 +273,7 @@ std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_di
     ScopedFd step_dir(
         openat(parent->dir.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
     if (step_dir.get() < 0 ||
-        fstatat(step_dir.get(), kManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+        fstatat(step_dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
       continue;  // unreadable, or complete
     }
     v1::ResumeFrom from;
@@ -290,7 +288,7 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
                                  std::optional<absl::Time> written_before) {
   ASSIGN_OR_RETURN(ConfinedParent parent,
                    OpenConfinedParent(output_dir, "spec.checkpoint.dir",
-                                      absl::StrCat(from.dir(), "/", kManifestName),
+                                      absl::StrCat(from.dir(), "/", kCheckpointManifestName),
                                       /*create_dirs=*/false));
   if (parent.dir.get() < 0) return absl::OkStatus();  // already gone
   // Whether `st` is a file this removal may take.
@@ -302,8 +300,9 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
   // The manifest first: a checkpoint without it is visibly incomplete.
   if (struct stat st;
       !written_before.has_value() ||
-      (fstatat(parent.dir.get(), kManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0 && removable(st))) {
-    unlinkat(parent.dir.get(), kManifestName, 0);
+      (fstatat(parent.dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0 &&
+       removable(st))) {
+    unlinkat(parent.dir.get(), kCheckpointManifestName, 0);
   }
   // Then every file a writer left there: the units, and temporary files of
   // writers that died mid-write ("unit-0003.safetensors.tmp.<pid>").
@@ -311,7 +310,7 @@ absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::Resume
   if (DIR* dir = fdopendir(dup(parent.dir.get()))) {
     while (dirent* entry = readdir(dir)) {
       const std::string name = entry->d_name;
-      if (absl::StartsWith(name, "unit-") || absl::StartsWith(name, kManifestName)) {
+      if (absl::StartsWith(name, "unit-") || absl::StartsWith(name, kCheckpointManifestName)) {
         names.push_back(name);
       }
     }

@@ -529,6 +529,7 @@ absl::Status JobManager::Restore() {
   AnnotatedMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   int resumed = 0;
+  std::vector<std::string> failed_by_restart;
   for (store::StoredJob& s : stored) {
     auto record = std::make_unique<JobRecord>();
     record->job = std::move(*s.mutable_job());
@@ -669,9 +670,16 @@ absl::Status JobManager::Restore() {
     // as EndLocked removes it for a job that fails while this one runs.
     if (!ended_before && record->job.state() == v1::JOB_STATE_FAILED) {
       RemoveAbandonedWeightsOf(*record);
+      // So do its checkpoints' leftovers, once every job is restored (the
+      // sweep skips a directory another live job shares). Not when the spec
+      // no longer resolves: its checkpoint directory was not checked again.
+      if (spec_resolves) failed_by_restart.push_back(id);
     }
     order_.push_back(id);
     jobs_[id] = std::move(record);
+  }
+  for (const std::string& id : failed_by_restart) {
+    SweepCheckpointDirsLocked(*jobs_[id], absl::Now());
   }
   PT_LOG(INFO) << "restored " << jobs_.size() << " jobs (" << resumed << " to resume) and "
                << profiles.size() << " profiles from " << options_.state->Describe();
@@ -2094,15 +2102,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   return absl::OkStatus();
 }
 
-void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::string& reason) {
-  record.pending.reset();
-  record.job.set_state(state);
-  record.job.set_reason(reason);
-  TouchLocked(record);
-  for (const std::string& worker : record.job.worker_ids()) StopWorkerLocked(record, worker);
-  registry_->Release(record.job.id());
-  DropWeightsFile(record);
-  if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
+void JobManager::SweepCheckpointDirsLocked(JobRecord& record, absl::Time ended) {
   // Steps that never completed (the one being written when the job was
   // cancelled or failed, those a recovery stopped short of) can no longer:
   // their files go. So do the other step directories without a manifest,
@@ -2125,7 +2125,7 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
     for (const v1::ResumeFrom& i : incomplete) known.insert(i.dir());
     record.checkpoint_sweep_pending = true;
     io_.Post([this, output_dir = options_.output_dir, id = record.job.id(), checkpoint_dir, shared,
-              known = std::move(known), incomplete = std::move(incomplete), ended = absl::Now()] {
+              known = std::move(known), incomplete = std::move(incomplete), ended] {
       RemoveCheckpointDirs(output_dir, id, incomplete, ended);
       if (!shared) {
         std::vector<v1::ResumeFrom> unknown;
@@ -2138,6 +2138,18 @@ void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::str
       if (JobRecord* done = FindLocked(id)) done->checkpoint_sweep_pending = false;
     });
   }
+}
+
+void JobManager::EndLocked(JobRecord& record, v1::JobState state, const std::string& reason) {
+  record.pending.reset();
+  record.job.set_state(state);
+  record.job.set_reason(reason);
+  TouchLocked(record);
+  for (const std::string& worker : record.job.worker_ids()) StopWorkerLocked(record, worker);
+  registry_->Release(record.job.id());
+  DropWeightsFile(record);
+  if (state != v1::JOB_STATE_SUCCEEDED) RemoveAbandonedWeightsOf(record);
+  SweepCheckpointDirsLocked(record, absl::Now());
   PersistLocked(record).IgnoreError();  // logged
   if (events_.ended) events_.ended(state);
   PT_LOG(INFO) << "job " << record.job.id() << " " << EnumShortName(state)

@@ -599,6 +599,13 @@ class JobManager {
   // Ends the job: sets state and reason, sends STOP to its workers, releases them.
   void EndLocked(JobRecord& record, v1::JobState state, const std::string& reason)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // For a job that has just ended (EndLocked; Restore, for the jobs it
+  // fails): on io_, removes the files of the checkpoints it never
+  // completed and the other step directories without a manifest in its
+  // checkpoint directory, written before `ended` (the definition says
+  // which are kept and why).
+  void SweepCheckpointDirsLocked(JobRecord& record, absl::Time ended)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills weight_owner from the plan's backward units of `stage` (replica
   // 0's stages only, tensor rank 0 of each: the other replicas hold the

@@ -1407,6 +1407,28 @@ TEST_F(JobManagerElasticTest, Restore_StoredPlanDegreesOrCountersOutOfRange) {
       << job.reason();
 }
 
+// A job that the restart fails has its checkpoint directory swept as a job
+// that ends while the coordinator runs: the step directories without a
+// manifest go (here one the killed coordinator was writing), complete
+// checkpoints stay. Another job's files are not touched.
+TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_ItsIncompleteCheckpointsRemoved) {
+  const std::string id = CheckpointedJobInStore();
+  // The tests share TEST_TMPDIR and job ids: a step no other test writes.
+  const std::string dir = absl::StrCat(OutputDir(), "/checkpoints/", id);
+  std::filesystem::remove_all(dir + "/step-00000035");
+  std::filesystem::create_directories(dir + "/step-00000035");
+  std::ofstream(dir + "/step-00000035/unit-0000.safetensors") << "half a checkpoint";
+  EditStoredJob(*state_, id, [](store::StoredJob& s) {
+    s.mutable_job()->mutable_progress()->set_recoveries(INT32_MAX);
+  });
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_FAILED);
+  jobs_->FlushIo();
+  EXPECT_FALSE(std::filesystem::exists(dir + "/step-00000035"));
+  EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000005/manifest.json"));
+}
+
 // A stored spec over the planning budget (Submit refuses it; a recovery
 // or growth would plan it with no later check): the job fails.
 TEST_F(JobManagerElasticTest, Restore_SpecOverThePlanningBudget_JobFails) {

@@ -130,9 +130,12 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
   struct stat info;
   if (fstatat(dir.get(), name.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 &&
       (S_ISLNK(info.st_mode) || S_ISDIR(info.st_mode))) {
+    // Worded for readers (a checkpoint's unit file) and writers alike.
     return Invalid(field, absl::StrCat("\"", name, "\" exists and is ",
-                                       S_ISLNK(info.st_mode) ? "a symbolic link" : "a directory",
-                                       "; name a file"));
+                                       S_ISLNK(info.st_mode)
+                                           ? "a symbolic link, which is not followed out of the "
+                                             "output directory"
+                                           : "a directory, not a file"));
   }
   return ConfinedParent{std::move(dir), name};
 }

@@ -222,9 +222,12 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                            .Add({});
   {
     // Steps of jobs loaded from the store were trained before this process:
-    // they are not counted again after a restart.
+    // they are not counted again after a restart (here for jobs restored
+    // before the metrics were made; Events().restored for those after).
+    // Listed before the lock: the job manager's lock comes first.
+    const std::vector<v1::Job> listed = jobs_->List();
     AnnotatedMutexLock lock(&refresh_mu_);
-    for (const v1::Job& job : jobs_->List()) steps_counted_[job.id()] = job.progress().step();
+    for (const v1::Job& job : listed) steps_counted_[job.id()] = job.progress().step();
   }
   Refresh();  // every state appears from the first scrape on
 }
@@ -248,6 +251,11 @@ JobEvents CoordinatorMetrics::Events() {
   events.checkpoint_failed = [this] { checkpoints_->Add({{"result", "failed"}}).Increment(); };
   events.ended = [this](v1::JobState state) {
     jobs_ended_->Add({{"state", EnumShortName(state)}}).Increment();
+  };
+  events.restored = [this](const std::string& job_id, int64_t step) {
+    AnnotatedMutexLock lock(&refresh_mu_);
+    int64_t& counted = steps_counted_[job_id];
+    counted = std::max(counted, step);
   };
   events.planned = [this](double queued, double computing) {
     plan_seconds_->Add({{"phase", "queued"}}, PlanSecondsBuckets()).Observe(queued);

@@ -152,7 +152,8 @@ class CoordinatorMetrics {
   // One optimizer step completed (a ReportProgress carrying losses).
   void CountStep();
   // The job manager's events (JobManager::SetEvents), feeding the recovery
-  // and checkpoint metrics above.
+  // and checkpoint metrics above; a restored job's steps are taken as
+  // counted in pipetrain_job_tokens_total (an earlier process trained them).
   JobEvents Events();
 
  private:

@@ -15,6 +15,8 @@
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/recovery_kind.h"
 #include "coordinator/registry/worker_registry.h"
+#include "coordinator/store/coordinator_state.h"
+#include "coordinator/store/memory_store.h"
 #include "gtest/gtest.h"
 #include "prometheus/text_serializer.h"
 
@@ -61,6 +63,34 @@ double SeriesValue(const std::string& text, const std::string& series) {
     if (absl::SimpleAtod(line.substr(series.size() + 1), &value)) return value;
   }
   return -1;
+}
+
+// The coordinator makes its metrics before JobManager::Restore (which
+// reports recoveries to them): the steps of the jobs restored after that
+// were counted again as tokens on every restart and leader change, a
+// phantom burst on the Throughput panel.
+TEST(CoordinatorMetricsTest, TokenCounter_JobsRestoredAfterTheMetrics_NotCountedAgain) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  MemoryStore store;
+  CoordinatorState state(&store);
+  store::StoredJob stored;
+  v1::Job* job = stored.mutable_job();
+  job->set_id("job-7");
+  *job->mutable_spec() = TinySpec();
+  job->mutable_spec()->mutable_training()->set_steps(50);
+  job->set_state(v1::JOB_STATE_SUCCEEDED);
+  job->mutable_progress()->set_step(40);
+  ASSERT_TRUE(state.SaveJob(stored).ok());
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{.state = &state});
+  CoordinatorMetrics metrics(&workers, &jobs);  // as main.cc orders them
+  jobs.SetEvents(metrics.Events());
+  ASSERT_TRUE(jobs.Restore().ok());
+  ASSERT_EQ(jobs.Get("job-7").value().progress().step(), 40);
+  metrics.Refresh();
+  const std::string text = prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+  EXPECT_EQ(SeriesValue(text, "pipetrain_job_tokens_total"), 0) << text;
 }
 
 // Metrics over an empty registry and job manager, scraped as /metrics is.

@@ -675,6 +675,7 @@ absl::Status JobManager::Restore() {
       // no longer resolves: its checkpoint directory was not checked again.
       if (spec_resolves) failed_by_restart.push_back(id);
     }
+    if (events_.restored) events_.restored(id, record->job.progress().step());
     order_.push_back(id);
     jobs_[id] = std::move(record);
   }

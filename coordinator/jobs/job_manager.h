@@ -167,6 +167,9 @@ struct JobEvents {
   // A placement's planning ended (its plan used or not): seconds it waited
   // for the background thread, and seconds it computed.
   std::function<void(double queued, double computing)> planned;
+  // Restore loaded a job from the store at progress step `step`: steps an
+  // earlier process trained (and counted). Once per restored job.
+  std::function<void(const std::string& job_id, int64_t step)> restored;
 };
 
 inline constexpr double kAssumedBandwidth = 1.25e9;  // bytes/s (10 Gbit/s)

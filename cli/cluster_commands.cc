@@ -1120,8 +1120,10 @@ int RunJob(const std::vector<std::string>& args) {
     return Fail("job", absl::FailedPreconditionError(absl::StrCat(
                            "job ", job.id(),
                            ended ? absl::StrCat(" ended ", EnumShortName(job.state()),
-                                                " without a measured step: its workers trace "
-                                                "the plan's 11th step (or its last)")
+                                                " with no measured timeline: its workers "
+                                                "trace the plan's 11th step (or its last), and "
+                                                "the coordinator keeps the trace in memory only "
+                                                "(a restart loses it)")
                                  : std::string(" has no measured step yet: its workers trace the "
                                                "plan's 11th step (or its last), then every "
                                                "100th"))));
@@ -1271,7 +1273,8 @@ std::string WorkerDoing(const v1::Worker& worker) {
   const std::string& last = worker.current_instruction();
   if (worker.state() == v1::WORKER_STATE_LOST || worker.state() == v1::WORKER_STATE_LEFT) {
     const char* gone = worker.state() == v1::WORKER_STATE_LOST ? "lost" : "left";
-    return last.empty() ? gone : absl::StrCat(gone, "; last: ", last);
+    // What it was doing when it went; "idle" (no job) says nothing more.
+    return last.empty() || last == "idle" ? gone : absl::StrCat(gone, "; last: ", last);
   }
   return worker.drained() ? absl::StrCat("drained; ", last) : last;
 }

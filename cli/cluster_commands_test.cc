@@ -61,6 +61,8 @@ TEST(WorkerDoingTest, GoneWorkersShowTheirLastInstructionAsLast) {
   EXPECT_EQ(WorkerDoing(w), "left; last: forward unit 3");
   w.clear_current_instruction();
   EXPECT_EQ(WorkerDoing(w), "left");
+  w.set_current_instruction("idle");  // it went without a job: nothing was cut short
+  EXPECT_EQ(WorkerDoing(w), "left");
 }
 
 }  // namespace

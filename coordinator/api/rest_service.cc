@@ -202,11 +202,13 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
                  const bool ended = job.ok() && IsTerminal(job->state());
                  return StatusResponse(absl::FailedPreconditionError(absl::StrCat(
                      "job ", r.path_params[0],
-                     ended ? absl::StrCat(" ended ", EnumShortName(job->state()),
-                                          " without a measured step: its workers trace the "
-                                          "plan's 11th step (or its last)")
-                           : std::string(" has no measured step yet: its workers trace the "
-                                         "plan's 11th step (or its last), then every 100th"))));
+                     ended
+                         ? absl::StrCat(" ended ", EnumShortName(job->state()),
+                                        " with no measured timeline: its workers trace the plan's "
+                                        "11th step (or its last), and the coordinator keeps the "
+                                        "trace in memory only (a restart loses it)")
+                         : std::string(" has no measured step yet: its workers trace the "
+                                       "plan's 11th step (or its last), then every 100th"))));
                }
                HttpResponse response;
                response.body = plan->measured_timeline_svg();

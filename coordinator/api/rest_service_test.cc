@@ -183,8 +183,9 @@ TEST_F(RestServiceTest, MeasuredTimeline_JobEndedWithoutOne_SaysSo) {
   auto [status, error] = Call("GET", "/v1/jobs/job-1/measured-timeline.svg");
   EXPECT_EQ(status, 400);
   EXPECT_EQ(error["message"],
-            "job job-1 ended CANCELLED without a measured step: its workers trace the plan's "
-            "11th step (or its last)");
+            "job job-1 ended CANCELLED with no measured timeline: its workers trace the plan's "
+            "11th step (or its last), and the coordinator keeps the trace in memory only (a "
+            "restart loses it)");
 }
 
 // An unknown field's violation names the field, not "spec"; an empty body

@@ -1,5 +1,6 @@
 #include "common/logging.h"
 
+#include <strings.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,9 +15,16 @@ namespace {
 LogSeverity SeverityFromEnv() {
   const char* env = std::getenv("PIPETRAIN_LOG_LEVEL");
   if (env == nullptr) return LogSeverity::kInfo;
-  if (std::strcmp(env, "WARNING") == 0) return LogSeverity::kWarning;
-  if (std::strcmp(env, "ERROR") == 0) return LogSeverity::kError;
-  return LogSeverity::kInfo;
+  bool known = false;
+  const LogSeverity severity = ParseLogLevel(env, &known);
+  if (!known) {
+    // Said once, at the first message: "warning" meant INFO, silently.
+    const std::string line = std::string("pipetrain: PIPETRAIN_LOG_LEVEL=\"") +
+                             std::string(env).substr(0, 32) +
+                             "\" is not INFO, WARNING or ERROR; logging from INFO\n";
+    (void)!write(STDERR_FILENO, line.data(), line.size());
+  }
+  return severity;
 }
 
 std::atomic<LogSeverity>& MinSeverity() {
@@ -35,6 +43,17 @@ char SeverityLetter(LogSeverity s) {
 }
 
 }  // namespace
+
+LogSeverity ParseLogLevel(const char* value, bool* known) {
+  *known = true;
+  if (strcasecmp(value, "INFO") == 0) return LogSeverity::kInfo;
+  if (strcasecmp(value, "WARNING") == 0 || strcasecmp(value, "WARN") == 0) {
+    return LogSeverity::kWarning;
+  }
+  if (strcasecmp(value, "ERROR") == 0) return LogSeverity::kError;
+  *known = false;
+  return LogSeverity::kInfo;
+}
 
 void SetMinLogSeverity(LogSeverity severity) { MinSeverity().store(severity); }
 

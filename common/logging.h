@@ -16,8 +16,13 @@ namespace pipetrain {
 enum class LogSeverity { kInfo, kWarning, kError, kFatal };
 
 // Messages below this severity are dropped. Default kInfo; PIPETRAIN_LOG_LEVEL
-// (INFO, WARNING, ERROR) overrides it at start-up.
+// (INFO, WARNING or WARN, ERROR; any case) overrides it at start-up, and any
+// other value is reported on stderr once and means INFO.
 void SetMinLogSeverity(LogSeverity severity);
+
+// PIPETRAIN_LOG_LEVEL's reading of `value`; `*known` false (and kInfo) for
+// a value that names no level.
+LogSeverity ParseLogLevel(const char* value, bool* known);
 
 class LogMessage {
  public:

@@ -60,6 +60,19 @@ expect_exit version_command 0 "pipetrain " "(commit " -- version
 pipetrain_version=$(cat "$OUT")
 expect_exit version_flag_same 0 "$pipetrain_version" -- --version
 
+# The operator's flags that name the wrong thing are refused at start-up
+# (exit 2), not at the first job: a --data-root that is no directory, and
+# --advertise-address without the etcd cluster it is for.
+BIN="$COORDINATOR" expect_exit coordinator_data_root_missing 2 \
+  "--data-root: $TMP/no-such-root is not a directory this process can read" -- \
+  --insecure --data-root="$TMP,$TMP/no-such-root" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$COORDINATOR" expect_exit coordinator_advertise_without_etcd 2 \
+  "--advertise-address names the leader's address to followers, so it needs --etcd-endpoints" -- \
+  --insecure --advertise-address=10.0.0.1:7070 --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0
+BIN="$WORKER" expect_exit worker_data_root_missing 2 \
+  "--data-root: $TMP/no-such-root is not a directory this process can read" -- \
+  --join-token=j --data-root="$TMP/no-such-root"
+
 # A coordinator with a user token, and one worker registered with it.
 echo u-token >"$TMP/user.token"
 echo wrong >"$TMP/wrong.token"

@@ -140,6 +140,19 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
   return ConfinedParent{std::move(dir), name};
 }
 
+absl::Status CheckDataRoots(absl::string_view flag, const std::vector<std::string>& roots) {
+  for (const std::string& root : roots) {
+    struct stat info;
+    if (stat(root.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) ||
+        access(root.c_str(), R_OK | X_OK) != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, ": ", root,
+                       " is not a directory this process can read; create it or fix the path"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ResolveUnderRoots(absl::string_view field, const std::string& path,
                                               const std::vector<std::string>& roots) {
   if (roots.empty()) {

@@ -89,6 +89,12 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
 absl::StatusOr<std::string> ResolveUnderRoots(absl::string_view field, const std::string& path,
                                               const std::vector<std::string>& roots);
 
+// The operator's --data-root list, checked at start-up: each an existing
+// directory this process can list and read; else INVALID_ARGUMENT naming
+// `flag` and the root (a typo would otherwise refuse every job's data, at
+// submit, with a message about the job).
+absl::Status CheckDataRoots(absl::string_view flag, const std::vector<std::string>& roots);
+
 // Opens `real_path`, an absolute path without symbolic links (as
 // ResolveUnderRoots returns), read-only, following no symbolic link on the
 // way: each directory is opened with O_NOFOLLOW from "/", then the file

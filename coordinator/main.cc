@@ -37,6 +37,7 @@
 #include "common/annotated_mutex.h"
 #include "common/build_info.h"
 #include "common/clock.h"
+#include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"
 #include "common/grpc_server_limits.h"
@@ -413,6 +414,13 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   RETURN_IF_ERROR(ConfigureTokens(config.flags));
   RETURN_IF_ERROR(CheckOutputDir(config.flags.output_dir));
   RETURN_IF_ERROR(CheckStateDir(config.flags.state_dir, config.flags.output_dir));
+  RETURN_IF_ERROR(CheckDataRoots("--data-root",
+                                 absl::StrSplit(config.flags.data_roots, ',', absl::SkipEmpty())));
+  if (config.flags.etcd_endpoints.empty() && !config.flags.advertise_address.empty()) {
+    return absl::InvalidArgumentError(
+        "--advertise-address names the leader's address to followers, so it needs "
+        "--etcd-endpoints (highly available coordinators)");
+  }
   if (!config.flags.etcd_endpoints.empty()) {
     if (!config.flags.state_dir.empty()) {
       return absl::InvalidArgumentError(

@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "common/annotated_mutex.h"
 #include "common/build_info.h"
+#include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"
 #include "common/host_port.h"
@@ -175,6 +176,9 @@ int Run(const std::vector<std::string>& args) {
     parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
   }
   if (parsed.ok()) parsed = ValidateDeviceFlags(f.device, f.gemm, f.attention);
+  if (parsed.ok()) {
+    parsed = CheckDataRoots("--data-root", absl::StrSplit(f.data_roots, ',', absl::SkipEmpty()));
+  }
   if (parsed.ok()) {
     absl::StatusOr<std::string> token =
         SecretFromFlags("join-token", f.join_token, f.join_token_file);

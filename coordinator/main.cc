@@ -655,6 +655,20 @@ int Serve(const Config& config, const sigset_t& signals) {
                                                   : "with mutual TLS";
   PT_LOG(INFO) << "pipetrain-coordinator: gRPC on port " << grpc_port << ", HTTP on port "
                << *bound << " (gRPC " << tls << ")";
+  // The hosts as given (an IPv6 one keeps its brackets), with the bound
+  // ports: port 0 in a flag says nothing of where to reach.
+  const std::string grpc_at =
+      absl::StrCat(flags.grpc_address.substr(0, flags.grpc_address.rfind(':')), ":", grpc_port);
+  const std::string http_at =
+      absl::StrCat(flags.http_address.substr(0, flags.http_address.rfind(':')), ":", *bound);
+  if (flags.join_token.empty()) {
+    PT_LOG(WARNING) << "--insecure without a join token: anyone who can reach " << grpc_at
+                    << " may register as a worker";
+  }
+  if (flags.user_token.empty()) {
+    PT_LOG(WARNING) << "--insecure without a user token: anyone who can reach " << grpc_at << " or "
+                    << http_at << " may submit, list and cancel jobs";
+  }
 
   const int signal = WaitForSignal(signals);
   DrainBeforeShutdown(signals, signal, health, absl::Seconds(flags.shutdown_delay_seconds));
@@ -685,14 +699,5 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (help) return 0;
-  if (config.flags.join_token.empty()) {
-    PT_LOG(WARNING) << "--insecure without a join token: anyone who can reach "
-                    << config.flags.grpc_address << " may register as a worker";
-  }
-  if (config.flags.user_token.empty()) {
-    PT_LOG(WARNING) << "--insecure without a user token: anyone who can reach "
-                    << config.flags.grpc_address << " or " << config.flags.http_address
-                    << " may submit, list and cancel jobs";
-  }
   return pipetrain::Serve(config, signals);
 }

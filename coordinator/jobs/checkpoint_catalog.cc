@@ -79,7 +79,12 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
   }
   // Only a valid report makes a pending entry.
   std::map<int, v1::UnitFile>& units = pending_[step];
-  for (const v1::UnitFile& f : report.units()) units[f.unit()] = f;
+  for (const v1::UnitFile& f : report.units()) {
+    // Only the fields checked above: unknown ones would ride into the
+    // stored job (over the store's value limit) and every assignment.
+    units[f.unit()] = f;
+    units[f.unit()].DiscardUnknownFields();
+  }
   incomplete_.insert(step);
   // This stage's units in other incomplete steps, its oldest forgotten
   // first: what one stage reports never displaces another's.

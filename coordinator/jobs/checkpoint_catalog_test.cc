@@ -82,6 +82,33 @@ TEST_F(CheckpointCatalogTest, StepsReportedFarAhead_DisplaceNoOtherStage) {
 
 // A report must list units: an empty one would hold a pending step that
 // counts against no stage's limit.
+// Fields the coordinator does not know, in a member's report of its unit
+// files, would ride into the stored job and every assignment that resumes
+// from the checkpoint: they are dropped.
+TEST_F(CheckpointCatalogTest, UnitFileUnknownFields_NotKept) {
+  v1::CheckpointWritten report;
+  report.set_step(1);
+  for (int u = 0; u < 4; ++u) {
+    v1::UnitFile* f = report.add_units();
+    f->set_unit(u);
+    f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+    f->set_bytes(100);
+    f->set_sha256(std::string(64, 'a'));
+    f->GetReflection()->MutableUnknownFields(f)->AddLengthDelimited(99, std::string(1 << 16, 'u'));
+  }
+  v1::UnitRange all;
+  all.set_begin(0);
+  all.set_end(4);
+  absl::StatusOr<std::optional<v1::ResumeFrom>> added = catalog_.Add(report, all);
+  ASSERT_TRUE(added.ok()) << added.status();
+  ASSERT_TRUE(added->has_value());
+  ASSERT_EQ((*added)->units_size(), 4);
+  for (const v1::UnitFile& f : (*added)->units()) {
+    EXPECT_TRUE(f.GetReflection()->GetUnknownFields(f).empty()) << f.unit();
+  }
+  EXPECT_LT((*added)->ByteSizeLong(), 1000u);
+}
+
 TEST_F(CheckpointCatalogTest, ReportWithoutUnits_Refused) {
   v1::CheckpointWritten report;
   report.set_step(3);

@@ -363,6 +363,9 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
       if (!fit.ok()) profile = fit;
     }
     if (profile.ok()) {
+      // Kept for every later job of the model (and stored): the checked
+      // fields only.
+      profile->DiscardUnknownFields();
       const std::vector<std::string> evicted = profiles_.Put(key, *profile);
       if (options_.state != nullptr) {
         absl::Status saved = options_.state->SaveProfile(key, *profile);
@@ -1117,6 +1120,9 @@ void JobManager::AddTraceLocked(JobRecord& record, int stage_index, const v1::St
   if (trace.iteration() < tracing.iteration) return;
   if (trace.iteration() > tracing.iteration) tracing = JobRecord::TracedStep{trace.iteration(), {}};
   tracing.by_stage[stage_index] = trace;
+  // CheckStepTrace bounded the known fields; unknown ones (up to the 4 MiB
+  // request) would be kept and copied on every GetPlan.
+  tracing.by_stage[stage_index].DiscardUnknownFields();
   if (tracing.by_stage.size() == record.assignments.size()) record.traced = tracing;
 }
 

@@ -226,6 +226,10 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   worker.set_incarnation(worker.incarnation() + 1);
   entry.session_secret = RandomToken();
   *worker.mutable_device() = request.device();
+  // Fields this version does not know are kept by protobuf and bounded by
+  // nothing but the request limit (4 MiB a worker, in every listing and
+  // /metrics scrape): only the known ones, which CheckDevice bounded, stay.
+  worker.mutable_device()->DiscardUnknownFields();
   // Kept in the entry only (see worker_registry.h).
   const std::string& nccl_id = request.device().nccl_unique_id();
   entry.nccl_unique_id = IsFreshNcclId(entry, nccl_id) ? nccl_id : "";

@@ -172,6 +172,24 @@ TEST(WorkerRegistryTest, Register_RightToken_ReturnsIdIncarnationAndTimings) {
   EXPECT_EQ(worker->last_heartbeat().nanos(), 0);
 }
 
+// Registration bounds the device's known fields (about 1 KB a worker);
+// protobuf keeps unknown ones, up to the 4 MiB request limit, which every
+// listing and /metrics scrape then copied. They are not kept.
+TEST(WorkerRegistryTest, Register_DeviceUnknownFields_NotKept) {
+  FakeClock clock(kStart);
+  WorkerRegistry registry(MakeOptions(&clock));
+  v1::RegisterWorkerRequest request = Request(1);
+  v1::DeviceInfo* device = request.mutable_device();
+  device->GetReflection()->MutableUnknownFields(device)->AddLengthDelimited(
+      99, std::string(1 << 20, 'u'));
+  ASSERT_TRUE(registry.Register(request).ok());
+  const auto worker = registry.Get("w-1");
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  EXPECT_EQ(worker->device().gpu_model(), "H100");
+  EXPECT_TRUE(worker->device().GetReflection()->GetUnknownFields(worker->device()).empty());
+  EXPECT_LT(worker->ByteSizeLong(), 4096u);
+}
+
 TEST(WorkerRegistryTest, Register_EmptyJoinToken_OpenToAnyToken) {
   FakeClock clock;
   WorkerRegistry registry(MakeOptions(&clock, /*token=*/""));

@@ -245,7 +245,11 @@ v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& 
   v1::FrameError error;
   *error.mutable_tensor() = frame.tensor();
   error.set_iteration(frame.iteration());
-  error.set_error(status.ToString());
+  // Quotes of the peer's strings are short (PeerText); the cap keeps every
+  // queued reply small whatever a message says.
+  std::string text = status.ToString();
+  if (text.size() > kMaxFrameErrorBytes) text.resize(kMaxFrameErrorBytes);
+  error.set_error(std::move(text));
   return error;
 }
 

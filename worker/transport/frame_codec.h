@@ -95,6 +95,9 @@ struct ReceivedTensor {
   Mailbox::Reservation reservation;
 };
 
+// The longest error text a FrameError carries (MakeFrameError cuts it).
+inline constexpr size_t kMaxFrameErrorBytes = 4096;
+
 // The FrameError a receiver writes back for a frame it rejected.
 v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& status);
 

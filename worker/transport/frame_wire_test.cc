@@ -72,6 +72,22 @@ TEST(FrameWireTest, ParseFrame_AnySlicing_ReturnsHeaderAndPayloadViews) {
   }
 }
 
+// Protobuf keeps fields it does not know; a receiver echoes a rejected
+// frame's tensor key in its FrameError, so 1 MiB of unknown fields in the
+// key became 1 MiB per queued reply. They are dropped at the parse.
+TEST(FrameWireTest, ParseFrame_UnknownFields_Dropped) {
+  v1::TensorFrame header = Header();
+  v1::TensorKey* key = header.mutable_tensor();
+  key->GetReflection()->MutableUnknownFields(key)->AddLengthDelimited(99,
+                                                                      std::string(1 << 20, 'u'));
+  header.GetReflection()->MutableUnknownFields(&header)->AddVarint(98, 7);
+  const std::string wire = EncodeFrameHeader(header, 0);
+  const std::vector<absl::string_view> pieces = {wire};
+  absl::StatusOr<FrameView> frame = ParseFrame(pieces);
+  ASSERT_TRUE(frame.ok()) << frame.status();
+  EXPECT_EQ(frame->header.SerializeAsString(), Header().SerializeAsString());
+}
+
 TEST(FrameWireTest, ParseFrame_ProtobufSerializedFrame_FieldsInAnyOrderAreRead) {
   v1::TensorFrame frame = Header();
   frame.set_payload(Bytes(16));

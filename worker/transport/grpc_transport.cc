@@ -11,7 +11,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
+#include "common/log_rate_limiter.h"
 #include "common/logging.h"
+#include "common/terminal_safe.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_auth.h"
 #include "worker/transport/frame_wire.h"
@@ -268,13 +270,23 @@ class FrameStream final : public StreamReactor {
       if (now_broken) ReportBroken("the peer ended the stream");
       return;
     }
+    // The receiver's text, escaped and cut (an honest one is at most
+    // kMaxFrameErrorBytes; a hostile one could send 8 MiB per message, at
+    // will): logged at a bounded rate.
+    const absl::string_view error = incoming_.error();
+    std::string said = TerminalSafe(error.substr(0, kMaxFrameErrorBytes));
+    if (error.size() > kMaxFrameErrorBytes)
+      absl::StrAppend(&said, "... (", error.size(), " bytes)");
     const absl::Status rejected =
-        absl::InternalError(absl::StrCat(peer_name_, " rejected a frame: ", incoming_.error()));
-    PT_LOG(WARNING) << "data plane: " << rejected;
+        absl::InternalError(absl::StrCat(peer_name_, " rejected a frame: ", said));
+    static LogRateLimiter rejections_log(10, absl::Seconds(10));
+    if (int64_t dropped = 0; rejections_log.Allow(&dropped)) {
+      PT_LOG(WARNING) << "data plane: " << rejected << LogRateLimiter::Dropped(dropped);
+    }
     {
       AnnotatedMutexLock lock(&mu_);
       if (rejection_.empty()) {
-        rejection_ = incoming_.error();
+        rejection_ = said;
       } else {
         ++more_rejections_;
       }

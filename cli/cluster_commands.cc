@@ -1013,7 +1013,8 @@ void PrintPlanSummary(const v1::Plan& plan) {
   std::printf("predicted iteration %.4g s, bubble %.1f %%, bottleneck %.4g s, solved in %.3g s\n",
               plan.predicted_iteration_seconds(), 100 * plan.bubble_fraction(),
               plan.bottleneck_seconds(), plan.solve_seconds());
-  std::printf("costs: %s\n", plan.profile_source().c_str());
+  // Names the profiling worker's device and host, and its error text: inert.
+  std::printf("costs: %s\n", TerminalSafe(plan.profile_source()).c_str());
   for (const auto& [solver, seconds] : plan.candidates()) {
     std::printf("  candidate %-12s predicted %.4g s\n", solver.c_str(), seconds);
   }

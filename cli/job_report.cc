@@ -72,8 +72,10 @@ std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const Ste
     const size_t chosen = reason.find(" chosen by ");
     if (chosen != std::string::npos) {
       const size_t start = reason.rfind("; ", chosen);
+      // A recovery's reason quotes a worker's error: printed inert.
       absl::StrAppend(&out, "layout", end.plan_history_size() > 1 ? " (last plan)" : "", ": ",
-                      reason.substr(start == std::string::npos ? 0 : start + 2), "\n");
+                      TerminalSafe(reason.substr(start == std::string::npos ? 0 : start + 2)),
+                      "\n");
     }
   }
   const std::string& dp_codec = end.spec().compression().data_parallel().codec();
@@ -117,7 +119,8 @@ std::string FormatPlanReport(const v1::Job& end, const v1::Plan& plan, const Ste
         "step time: measured %.4f s (%s), predicted %.4f s by the plan's simulation "
         "(%+.0f%%; %s)\n",
         measured, which, plan.predicted_iteration_seconds(),
-        100 * (plan.predicted_iteration_seconds() / measured - 1), plan.profile_source());
+        100 * (plan.predicted_iteration_seconds() / measured - 1),
+        TerminalSafe(plan.profile_source()));
   }
   // Where the step went, worker by worker (the whole run's mean), then in
   // the workers' traced step, pass by pass.

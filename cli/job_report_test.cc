@@ -131,6 +131,26 @@ TEST(FormatPlanReport, AutoLayoutFromTheLastPlansReason) {
   EXPECT_EQ(FormatPlanReport(job, v1::Plan(), StepTiming()), "");
 }
 
+// The profile's source names the profiling worker's device and host and
+// may quote its error; a layout reason may quote a worker's error: both
+// printed inert, as the job's reason is.
+TEST(FormatPlanReport, WorkerTextWithTerminalControls_PrintedInert) {
+  v1::Job job = SucceededJob(100);
+  job.add_plan_history()->set_reason("worker w-3: \x1b[2J; 1 replica x 3 stages chosen by x");
+  v1::Plan plan;
+  plan.set_predicted_iteration_seconds(0.09);
+  plan.set_profile_source("measured on \x1b]0;pwned\x07 by w-1");
+  StepTiming timing;
+  timing.Saw(10, 100, absl::UnixEpoch());
+  timing.Saw(90, 100, absl::UnixEpoch() + absl::Seconds(8));
+  const std::string text = FormatPlanReport(job, plan, timing);
+  EXPECT_EQ(text.find('\x1b'), std::string::npos) << text;
+  EXPECT_TRUE(Has(text, "(-10%; measured on \\x1b]0;pwned\\x07 by w-1)")) << text;
+  job.mutable_plan_history(0)->set_reason("x; worker \x1b[2J chosen by x");
+  EXPECT_EQ(FormatPlanReport(job, v1::Plan(), StepTiming()),
+            "layout: worker \\x1b[2J chosen by x\n");
+}
+
 TEST(FormatPlanReport, CompressedStagesAndTensorPartitions) {
   v1::Job job = SucceededJob(10);
   job.mutable_spec()->mutable_compression()->mutable_data_parallel()->set_codec("powersgd:rank=4");

@@ -9,6 +9,8 @@
 #include <ctime>
 #include <string>
 
+#include "common/terminal_safe.h"
+
 namespace pipetrain {
 namespace {
 
@@ -68,9 +70,15 @@ LogMessage::~LogMessage() {
     char stamp[32];
     std::strftime(stamp, sizeof(stamp), "%H:%M:%S", &tm_now);
     const char* base = std::strrchr(file_, '/');
-    std::string line = std::string(1, SeverityLetter(severity_)) + " " + stamp +
-                       " " + (base ? base + 1 : file_) + ":" +
-                       std::to_string(line_) + "] " + stream_.str() + "\n";
+    // Messages quote what clients, workers and peers sent (names, errors):
+    // a line break in one would forge a log line, an escape sequence act
+    // on the terminal of whoever reads the log. Such text is written inert;
+    // every other message as it is.
+    std::string message = stream_.str();
+    if (FirstTerminalControl(message).has_value()) message = TerminalSafe(message);
+    std::string line = std::string(1, SeverityLetter(severity_)) + " " + stamp + " " +
+                       (base ? base + 1 : file_) + ":" + std::to_string(line_) + "] " + message +
+                       "\n";
     // One write() per message keeps lines from interleaving across threads.
     ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
     (void)ignored;

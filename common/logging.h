@@ -5,7 +5,9 @@
 //
 // PT_CHECK is for broken invariants (programming errors): it prints the
 // message with file:line and aborts. Untrusted input must return a Status.
-// Thread-safe: each message is written with a single write to stderr.
+// Thread-safe: each message is written with a single write to stderr, on
+// one line: a message holding a line break or another character that acts
+// on a terminal is written escaped (common/terminal_safe.h).
 #ifndef PIPETRAIN_COMMON_LOGGING_H_
 #define PIPETRAIN_COMMON_LOGGING_H_
 

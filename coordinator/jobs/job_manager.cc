@@ -2569,6 +2569,11 @@ absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,
         absl::StrCat("ReportProgressRequest.error: ", r.error().size(),
                      " bytes exceeds the limit of ", kMaxReportedErrorBytes));
   }
+  if (r.checkpoint().error().size() > kMaxReportedErrorBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.checkpoint.error: ", r.checkpoint().error().size(),
+                     " bytes exceeds the limit of ", kMaxReportedErrorBytes));
+  }
   return absl::OkStatus();
 }
 

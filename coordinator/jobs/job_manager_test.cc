@@ -1983,6 +1983,12 @@ TEST_F(JobManagerTest, Progress_OutOfBoundsReports_InvalidArgumentJobUnchanged) 
   r.set_iteration(0);
   r.set_error(std::string(16385, 'e'));
   EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kInvalidArgument);
+  r.clear_error();
+  r.mutable_checkpoint()->set_error(std::string(16385, 'e'));
+  status = jobs_.ReportProgress(r).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(status.message(),
+            "ReportProgressRequest.checkpoint.error: 16385 bytes exceeds the limit of 16384");
   const v1::Job job = jobs_.Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(job.progress().step(), 0);

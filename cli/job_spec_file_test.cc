@@ -139,8 +139,16 @@ TEST(JobSpecFileTest, YamlToJson_DuplicateKeyOrSecondDocument_InvalidArgumentNam
   auto documents = YamlToJson("model: {n_layer: 2}\n---\nmodel: {n_layer: 4}\n");
   EXPECT_EQ(documents.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(documents.status().message(),
-            "YAML: the file holds 2 documents (separated by ---); a job spec is one: submit each "
-            "job from its own file");
+            "YAML: the file holds more than one document (separated by ---); a job spec is one: "
+            "submit each job from its own file");
+  // Found by job_spec_yaml_fuzzer: every document was built before they
+  // were counted. A million of them are refused without building them.
+  std::string separators;
+  for (int i = 0; i < 1000000; ++i) separators += "---\n";
+  EXPECT_EQ(YamlToJson(separators).status().code(), absl::StatusCode::kInvalidArgument);
+  // The fuzzer's own input: a lone "," never ended YAML::LoadAll.
+  EXPECT_EQ(YamlToJson(",").status().code(), absl::StatusCode::kInvalidArgument)
+      << YamlToJson(",").status();
   auto complex_key = YamlToJson("? [a, b]\n: 1\n");
   EXPECT_EQ(complex_key.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(complex_key.status().message(),

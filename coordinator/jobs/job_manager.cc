@@ -674,8 +674,10 @@ absl::Status JobManager::Restore() {
     if (!ended_before && record->job.state() == v1::JOB_STATE_FAILED) {
       RemoveAbandonedWeightsOf(*record);
       // So do its checkpoints' leftovers, once every job is restored (the
-      // sweep skips a directory another live job shares). Not when the spec
-      // no longer resolves: its checkpoint directory was not checked again.
+      // sweep skips a directory another live job shares), and the failure
+      // is saved. Not when the spec no longer resolves: its checkpoint
+      // directory was not checked again, and the version that stored it
+      // (rolled back to) could still resume it.
       if (spec_resolves) failed_by_restart.push_back(id);
     }
     if (events_.restored) events_.restored(id, record->job.progress().step());
@@ -684,6 +686,9 @@ absl::Status JobManager::Restore() {
   }
   for (const std::string& id : failed_by_restart) {
     SweepCheckpointDirsLocked(*jobs_[id], absl::Now());
+    // Else the store says RUNNING, and every restart fails it again (its
+    // "ended" counted each time).
+    PersistLocked(*jobs_[id]).IgnoreError();  // logged
   }
   PT_LOG(INFO) << "restored " << jobs_.size() << " jobs (" << resumed << " to resume) and "
                << profiles.size() << " profiles from " << options_.state->Describe();

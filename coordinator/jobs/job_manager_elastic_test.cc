@@ -1429,6 +1429,30 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_ItsIncompleteCheckpo
   EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000005/manifest.json"));
 }
 
+// A job a restart fails (here: it ran without checkpoints) is saved as
+// failed: the next restart restores it FAILED, and does not count its end
+// again.
+TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_SavedFailedEndedOnce) {
+  Reset(/*with_state=*/true);
+  AddWorker(7001);
+  const std::string id = Submit(ElasticSpec(1, 0)).value().id();
+  Step(id, 1);
+  jobs_->FlushIo();
+  int ended = 0;
+  for (int restart = 0; restart < 2; ++restart) {
+    Reset(/*with_state=*/true);
+    JobEvents events;
+    events.ended = [&](v1::JobState) { ++ended; };
+    jobs_->SetEvents(events);
+    ASSERT_TRUE(jobs_->Restore().ok());
+    const v1::Job job = jobs_->Get(id).value();
+    EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+    EXPECT_TRUE(absl::StrContains(job.reason(), "no checkpoints")) << job.reason();
+    jobs_->FlushIo();
+  }
+  EXPECT_EQ(ended, 1);
+}
+
 // A stored spec over the planning budget (Submit refuses it; a recovery
 // or growth would plan it with no later check): the job fails.
 TEST_F(JobManagerElasticTest, Restore_SpecOverThePlanningBudget_JobFails) {

@@ -1,5 +1,6 @@
 #include "common/http_framing.h"
 
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -155,9 +156,14 @@ HttpRequestFramer::Progress HttpRequestFramer::FindHead(absl::string_view receiv
   // Every line of the head ends in CRLF. httplib would also end a line at a
   // bare LF, but the head's end is found as CRLF CRLF, so a client ending
   // its lines in LF alone would wait for the request deadline (408); it is
-  // told at once instead (RFC 9112 2.2 lets a server refuse them).
-  const absl::string_view head =
-      received.substr(0, end == absl::string_view::npos ? received.size() : end + kHeadEnd.size());
+  // told at once instead (RFC 9112 2.2 lets a server refuse them). Only
+  // within the head's limit: a bare LF past it would be found or not
+  // depending on how the bytes were cut into reads, where the limit's 431
+  // is decided the same either way (http_pieces_fuzzer checks that no
+  // decision depends on the cuts).
+  const absl::string_view head = received.substr(
+      0, std::min(end == absl::string_view::npos ? received.size() : end + kHeadEnd.size(),
+                  limits_.max_header_bytes + 1));
   for (size_t lf = head.find('\n', lf_searched_); lf != absl::string_view::npos;
        lf = head.find('\n', lf + 1)) {
     if (lf == 0 || head[lf - 1] != '\r') return RejectBareLineFeed();

@@ -248,6 +248,20 @@ TEST(HttpRequestFramer, Update_BareLineFeed_Rejected400AtOnce) {
             Progress::kComplete);
 }
 
+// Found by http_pieces_fuzzer: a bare LF past the head's limit was refused
+// (400) when it arrived in the same read as the bytes over the limit, and
+// 431 when it came later. Past the limit the limit decides, however cut.
+TEST(HttpRequestFramer, Update_BareLineFeedPastTheHeadLimit_Rejected431HoweverCut) {
+  const HttpRequestLimits small{/*max_header_bytes=*/64, /*max_body_bytes=*/8};
+  const std::string request = "GET / HTTP/1.1\r\nHost: t\r\nX: " + std::string(60, 'a') + "\n\r\n";
+  HttpRequestFramer at_once(small);
+  EXPECT_EQ(at_once.Update(request), Progress::kRejected);
+  EXPECT_EQ(at_once.rejection().status, 431);
+  HttpRequestFramer trickled(small);
+  EXPECT_EQ(FeedByteByByte(trickled, request), Progress::kRejected);
+  EXPECT_EQ(trickled.rejection().status, 431);
+}
+
 // RFC 9112 3.2: a server must refuse an HTTP/1.1 request without Host.
 TEST(HttpRequestFramer, Update_NoHost_Rejected400UnlessHttp10) {
   HttpRequestFramer framer(kLimits);

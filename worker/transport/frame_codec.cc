@@ -248,7 +248,13 @@ v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& 
   // Quotes of the peer's strings are short (PeerText); the cap keeps every
   // queued reply small whatever a message says.
   std::string text = status.ToString();
-  if (text.size() > kMaxFrameErrorBytes) text.resize(kMaxFrameErrorBytes);
+  if (text.size() > kMaxFrameErrorBytes) {
+    // At a character's start: a proto3 string must stay valid UTF-8, or the
+    // sender could not parse the reply.
+    size_t cut = kMaxFrameErrorBytes;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
+    text.resize(cut);
+  }
   error.set_error(std::move(text));
   return error;
 }

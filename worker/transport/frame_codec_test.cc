@@ -607,5 +607,21 @@ TEST(FrameCodecTest, MakeFrameError_CopiesKeyIterationAndStatus) {
   EXPECT_EQ(e.error(), "INVALID_ARGUMENT: bad");
 }
 
+// Up to 64 replies wait per stream: each is kept small, and cut at a
+// character's start (a proto3 string must be valid UTF-8 for the sender to
+// parse the reply).
+TEST(FrameCodecTest, MakeFrameError_LongTextCutAtACharacter) {
+  const v1::TensorFrame f = OneFrame(3, {2});
+  // "INVALID_ARGUMENT: x" is 19 bytes; then 2-byte characters, so byte
+  // 4096 falls inside one.
+  std::string message = "x";
+  while (message.size() < 8192) message += "\xc3\xa9";
+  const v1::FrameError e = MakeFrameError(f, absl::InvalidArgumentError(message));
+  EXPECT_EQ(e.error().size(), kMaxFrameErrorBytes - 1);
+  v1::FrameError parsed;
+  EXPECT_TRUE(parsed.ParseFromString(e.SerializeAsString()));
+  EXPECT_EQ(parsed.error(), e.error());
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -16,7 +16,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/device_kind.h"
 #include "coordinator/jobs/background_queue_testing.h"
+#include "coordinator/jobs/profile_cache.h"
 #include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/planner/solve_plan.h"
 #include "gtest/gtest.h"
@@ -1401,6 +1403,35 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   ASSERT_TRUE(jobs_.Cancel(id).ok());
   EXPECT_EQ(jobs_.Get(Submit(spec).value().id()).value().state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(calls, 1);
+}
+
+// A worker's profile is cached for every later job of the model on its
+// device kind, and stored: fields the coordinator does not know (up to the
+// 4 MiB reply) are not kept.
+TEST_F(JobManagerTest, ProfileReplyUnknownFields_NotCached) {
+  v1::ProfileRequest asked;
+  jobs_.SetProfileFetcher(
+      [&](const std::string&, const std::string&,
+          const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
+        asked = request;
+        v1::ModelProfile reply = FakeProfile();
+        reply.GetReflection()->MutableUnknownFields(&reply)->AddLengthDelimited(
+            99, std::string(1 << 16, 'u'));
+        return reply;
+      });
+  const std::string w1 = AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_solver("bipartition");
+  Submit(spec).value();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  ASSERT_EQ(jobs_.profiles().size(), 1);
+  const std::optional<v1::ModelProfile> cached =
+      jobs_.profiles().Get(ProfileKey(asked, DeviceKind(registry_.Get(w1).value().device())));
+  ASSERT_TRUE(cached.has_value());
+  EXPECT_TRUE(cached->GetReflection()->GetUnknownFields(*cached).empty());
+  EXPECT_EQ(cached->SerializeAsString(), FakeProfile().SerializeAsString());
 }
 
 // A job queued behind one being profiled waits for it, and its reason

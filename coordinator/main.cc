@@ -109,6 +109,7 @@ struct Config {
   std::shared_ptr<grpc::ServerCredentials> credentials;
   std::string http_host;
   int http_port = 0;
+  std::vector<std::string> data_roots;  // --data-root, split and checked
 };
 
 // OK with `help` set when --help was given (usage printed).
@@ -414,8 +415,8 @@ absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   RETURN_IF_ERROR(ConfigureTokens(config.flags));
   RETURN_IF_ERROR(CheckOutputDir(config.flags.output_dir));
   RETURN_IF_ERROR(CheckStateDir(config.flags.state_dir, config.flags.output_dir));
-  RETURN_IF_ERROR(CheckDataRoots("--data-root",
-                                 absl::StrSplit(config.flags.data_roots, ',', absl::SkipEmpty())));
+  config.data_roots = absl::StrSplit(config.flags.data_roots, ',', absl::SkipEmpty());
+  RETURN_IF_ERROR(CheckDataRoots("--data-root", config.data_roots));
   if (config.flags.etcd_endpoints.empty() && !config.flags.advertise_address.empty()) {
     return absl::InvalidArgumentError(
         "--advertise-address names the leader's address to followers, so it needs "
@@ -590,7 +591,7 @@ int Serve(const Config& config, const sigset_t& signals) {
   job_options.state = &state;
   job_options.restart_grace = absl::Seconds(flags.restart_grace_seconds);
   job_options.output_dir = flags.output_dir;
-  job_options.data_roots = absl::StrSplit(flags.data_roots, ',', absl::SkipEmpty());
+  job_options.data_roots = config.data_roots;
   job_options.id_epoch = JobIdEpoch();
   // Declared before the jobs, made after them (it reads them): the job
   // manager's destructor still runs planning and store tasks whose events

@@ -176,9 +176,8 @@ int Run(const std::vector<std::string>& args) {
     parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
   }
   if (parsed.ok()) parsed = ValidateDeviceFlags(f.device, f.gemm, f.attention);
-  if (parsed.ok()) {
-    parsed = CheckDataRoots("--data-root", absl::StrSplit(f.data_roots, ',', absl::SkipEmpty()));
-  }
+  const std::vector<std::string> data_roots = absl::StrSplit(f.data_roots, ',', absl::SkipEmpty());
+  if (parsed.ok()) parsed = CheckDataRoots("--data-root", data_roots);
   if (parsed.ok()) {
     absl::StatusOr<std::string> token =
         SecretFromFlags("join-token", f.join_token, f.join_token_file);
@@ -287,7 +286,7 @@ int Run(const std::vector<std::string>& args) {
   options.backend = backend->backend;
   options.session = &session;
   options.memory_limit_bytes = memory_limit;
-  options.data_roots = absl::StrSplit(f.data_roots, ',', absl::SkipEmpty());
+  options.data_roots = data_roots;
   options.checkpoint_root = f.checkpoint_root;
   std::atomic<bool> device_failed{false};
   options.on_backend_failure = [&device_failed](const absl::Status& status) {

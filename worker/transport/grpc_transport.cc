@@ -275,8 +275,9 @@ class FrameStream final : public StreamReactor {
     // will): logged at a bounded rate.
     const absl::string_view error = incoming_.error();
     std::string said = TerminalSafe(error.substr(0, kMaxFrameErrorBytes));
-    if (error.size() > kMaxFrameErrorBytes)
+    if (error.size() > kMaxFrameErrorBytes) {
       absl::StrAppend(&said, "... (", error.size(), " bytes)");
+    }
     const absl::Status rejected =
         absl::InternalError(absl::StrCat(peer_name_, " rejected a frame: ", said));
     static LogRateLimiter rejections_log(10, absl::Seconds(10));

@@ -48,18 +48,18 @@ constexpr int kMaxYamlDepth = 64;
 
 // Thrown when the conversion passes a limit or meets a mapping it cannot
 // convert faithfully (the message says which); caught in YamlToJson.
-struct OverLimit {
+struct Refused {
   std::string what;
 };
 
 nlohmann::json NodeToJson(const YAML::Node& node, int depth, int64_t& budget) {
   if (--budget < 0) {
-    throw OverLimit{absl::StrCat("more than ", kMaxYamlNodes,
-                                 " nodes with aliases expanded; a job spec is far smaller")};
+    throw Refused{absl::StrCat("more than ", kMaxYamlNodes,
+                               " nodes with aliases expanded; a job spec is far smaller")};
   }
   if (depth > kMaxYamlDepth) {
-    throw OverLimit{absl::StrCat("nested more than ", kMaxYamlDepth,
-                                 " levels deep, or an alias used inside its own anchor")};
+    throw Refused{absl::StrCat("nested more than ", kMaxYamlDepth,
+                               " levels deep, or an alias used inside its own anchor")};
   }
   switch (node.Type()) {
     case YAML::NodeType::Map: {
@@ -70,12 +70,11 @@ nlohmann::json NodeToJson(const YAML::Node& node, int depth, int64_t& budget) {
       for (const auto& kv : node) {
         const int line = kv.first.Mark().line + 1;
         if (!kv.first.IsScalar()) {
-          throw OverLimit{absl::StrCat("line ", line, ": a key must be a name, not a list or map")};
+          throw Refused{absl::StrCat("line ", line, ": a key must be a name, not a list or map")};
         }
         if (out.contains(kv.first.Scalar())) {
-          throw OverLimit{absl::StrCat("line ", line, ": key \"",
-                                       absl::CHexEscape(kv.first.Scalar()),
-                                       "\" given twice in one mapping")};
+          throw Refused{absl::StrCat("line ", line, ": key \"", absl::CHexEscape(kv.first.Scalar()),
+                                     "\" given twice in one mapping")};
         }
         out[kv.first.Scalar()] = NodeToJson(kv.second, depth + 1, budget);
       }
@@ -134,7 +133,7 @@ absl::StatusOr<std::string> YamlToJson(const std::string& yaml) {
     return NodeToJson(YAML::Load(yaml), 1, budget).dump();
   } catch (const YAML::Exception& e) {  // yaml-cpp reports errors by exception
     return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.what()));
-  } catch (const OverLimit& e) {
+  } catch (const Refused& e) {
     return absl::InvalidArgumentError(absl::StrCat("YAML: ", e.what));
   } catch (const nlohmann::json::exception&) {  // dump(): a string that is not UTF-8
     // The library's own words name a byte index in its output, not the file.

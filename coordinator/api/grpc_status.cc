@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc_status.h"
+#include "common/utf8_prefix.h"
 
 namespace pipetrain {
 namespace {
@@ -12,9 +13,9 @@ namespace {
 // first byte) and a note of how much was left out; unchanged when short.
 std::string Bounded(absl::string_view message) {
   if (message.size() <= kMaxStatusMessageBytes) return std::string(message);
-  size_t keep = kMaxStatusMessageBytes - 32;  // room for the note
-  while (keep > 0 && (static_cast<unsigned char>(message[keep]) & 0xC0) == 0x80) --keep;
-  return absl::StrCat(message.substr(0, keep), " ... [", message.size() - keep, " more bytes]");
+  const absl::string_view kept =
+      Utf8Prefix(message, kMaxStatusMessageBytes - 32);  // room for the note
+  return absl::StrCat(kept, " ... [", message.size() - kept.size(), " more bytes]");
 }
 
 }  // namespace

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/enum_names.h"
+#include "common/utf8_prefix.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain {
@@ -378,9 +379,7 @@ class SvgTimeline {
       }
       std::string name = names_[w];
       if (name.size() > kMaxNameChars) {
-        size_t cut = kMaxNameChars - 1;  // not inside a UTF-8 sequence
-        while (cut > 0 && (static_cast<unsigned char>(name[cut]) & 0xC0) == 0x80) --cut;
-        name = name.substr(0, cut) + "…";
+        name = absl::StrCat(Utf8Prefix(name, kMaxNameChars - 1), "…");
       }
       Text(12, top + 13, name, "font-size=\"13\" fill=\"#222222\"");
       const double busy =

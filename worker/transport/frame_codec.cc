@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/logging.h"
+#include "common/utf8_prefix.h"
 #include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
@@ -247,15 +248,10 @@ v1::FrameError MakeFrameError(const v1::TensorFrame& frame, const absl::Status& 
   error.set_iteration(frame.iteration());
   // Quotes of the peer's strings are short (PeerText); the cap keeps every
   // queued reply small whatever a message says.
-  std::string text = status.ToString();
-  if (text.size() > kMaxFrameErrorBytes) {
-    // At a character's start: a proto3 string must stay valid UTF-8, or the
-    // sender could not parse the reply.
-    size_t cut = kMaxFrameErrorBytes;
-    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) --cut;
-    text.resize(cut);
-  }
-  error.set_error(std::move(text));
+  // At a character's start: a proto3 string must stay valid UTF-8, or the
+  // sender could not parse the reply.
+  const std::string text = status.ToString();
+  error.set_error(std::string(Utf8Prefix(text, kMaxFrameErrorBytes)));
   return error;
 }
 

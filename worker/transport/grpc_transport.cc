@@ -14,6 +14,7 @@
 #include "common/log_rate_limiter.h"
 #include "common/logging.h"
 #include "common/terminal_safe.h"
+#include "common/utf8_prefix.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_auth.h"
 #include "worker/transport/frame_wire.h"
@@ -274,7 +275,9 @@ class FrameStream final : public StreamReactor {
     // kMaxFrameErrorBytes; a hostile one could send 8 MiB per message, at
     // will): logged at a bounded rate.
     const absl::string_view error = incoming_.error();
-    std::string said = TerminalSafe(error.substr(0, kMaxFrameErrorBytes));
+    // Cut whole characters: the text goes on in the job's error report, a
+    // proto3 string.
+    std::string said = TerminalSafe(Utf8Prefix(error, kMaxFrameErrorBytes));
     if (error.size() > kMaxFrameErrorBytes) {
       absl::StrAppend(&said, "... (", error.size(), " bytes)");
     }

@@ -290,11 +290,10 @@ void CoordinatorMetrics::RefreshWorkers() {
   std::set<std::string> present;
   int drained = 0;
   for (const v1::Worker& worker : workers_->List()) {
-    if (worker.state() != v1::WORKER_STATE_LEFT && !worker.metrics_address().empty()) {
-      present.insert(worker.metrics_address());
-    }
     const bool gone =
         worker.state() == v1::WORKER_STATE_LEFT || worker.state() == v1::WORKER_STATE_LOST;
+    // A gone worker serves no /metrics; Prometheus keeps its history.
+    if (!gone && !worker.metrics_address().empty()) present.insert(worker.metrics_address());
     if (!gone && jobs_->IsDrained(worker)) ++drained;
   }
   workers_drained_->Set(drained);

@@ -2,9 +2,10 @@
 // the HTTP server exposes at /metrics.
 //
 //   pipetrain_workers{state}                      gauge    workers per WorkerState
-//   pipetrain_worker_info{metrics_address}        gauge    1 per worker not LEFT: where its
-//                                                          /metrics is (the dashboard's
-//                                                          $worker by $coordinator)
+//   pipetrain_worker_info{metrics_address}        gauge    1 per live worker (not LOST or
+//                                                          LEFT): where its /metrics is
+//                                                          (the dashboard's $worker by
+//                                                          $coordinator)
 //   pipetrain_jobs{state}                         gauge    jobs per JobState
 //   pipetrain_job_loss                            gauge    last step's mean loss (*)
 //   pipetrain_job_val_loss                        gauge    latest validation loss (*)

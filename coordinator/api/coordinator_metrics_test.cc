@@ -137,5 +137,41 @@ TEST_F(ScrapedMetricsTest, RefusedCalls_EachMethodFromTheFirstScrape) {
   }
 }
 
+// The dashboard's $worker lists pipetrain_worker_info's addresses. A worker
+// that is LOST or LEFT serves no /metrics there, and workers killed by their
+// pods' restarts (LOST, kept by the registry until it is full) grew the list
+// with dead addresses; one that registers again is listed again.
+TEST(CoordinatorMetricsTest, WorkerInfo_OnlyLiveWorkers) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.join_token = "t", .clock = &clock});
+  AssignmentHub hub;
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{});
+  CoordinatorMetrics metrics(&workers, &jobs);
+  auto registered = [&](int n) {
+    v1::RegisterWorkerRequest request;
+    request.set_join_token("t");
+    request.set_data_address(absl::StrCat("10.0.0.", n, ":7001"));
+    request.set_metrics_address(absl::StrCat("10.0.0.", n, ":9100"));
+    return workers.Register(request).value();
+  };
+  auto listed = [&](int n) {
+    metrics.Refresh();
+    const std::string text = prometheus::TextSerializer().Serialize(metrics.registry()->Collect());
+    return SeriesValue(text, absl::StrCat("pipetrain_worker_info{metrics_address=\"10.0.0.", n,
+                                          ":9100\"}")) == 1;
+  };
+  const v1::RegisterWorkerResponse lost = registered(1);
+  const v1::RegisterWorkerResponse left = registered(2);
+  registered(3);
+  EXPECT_TRUE(listed(1) && listed(2) && listed(3));
+  workers.MarkLost(lost.worker_id(), lost.incarnation(), "stream closed");
+  ASSERT_TRUE(workers.Deregister(left.worker_id(), left.incarnation()).ok());
+  EXPECT_FALSE(listed(1));
+  EXPECT_FALSE(listed(2));
+  EXPECT_TRUE(listed(3));
+  registered(1);  // back, a new incarnation
+  EXPECT_TRUE(listed(1));
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -504,6 +504,22 @@ TEST(SafetensorsTest, ReadTensors_WantedOnly_SameBitsAsTheWholeRead) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The header read, the file then shrinks before a wanted tensor's bytes
+// (another process rewrote it in place): DATA_LOSS saying so, not a tensor
+// of whatever the read left in the buffer.
+TEST(SafetensorsTest, ReadTensors_FileShrinksWhileRead_DataLoss) {
+  const std::string path = TestDir() + "/shrinks.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, SampleTensors()).ok());
+  bool cut = false;
+  absl::StatusOr<SafetensorsContents> read = ReadSafetensorsTensors(path, [&](std::string_view) {
+    if (!cut) cut = truncate(path.c_str(), 12) == 0;  // asked after the header
+    return true;
+  });
+  ASSERT_TRUE(cut);
+  EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+  EXPECT_THAT(std::string(read.status().message()), HasSubstr("shrank while being read"));
+}
+
 TEST(SafetensorsTest, Write_Success_LeavesNoTempFile) {
   const std::string dir = TestDir();
   ASSERT_TRUE(WriteSafetensors(dir + "/a.safetensors", SampleTensors()).ok());

@@ -1131,6 +1131,17 @@ void JobManager::AddTraceLocked(JobRecord& record, int stage_index, const v1::St
   if (tracing.by_stage.size() == record.assignments.size()) record.traced = tracing;
 }
 
+size_t JobManager::TracedBytesForTesting(const std::string& job_id) const {
+  AnnotatedMutexLock lock(&mu_);
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return 0;
+  size_t bytes = 0;
+  for (const JobRecord::TracedStep* step : {&it->second->traced, &it->second->tracing}) {
+    for (const auto& [stage, trace] : step->by_stage) bytes += trace.ByteSizeLong();
+  }
+  return bytes;
+}
+
 JobManager::MeasuredStepCopy JobManager::CopyMeasuredStep(const JobRecord& record) {
   MeasuredStepCopy copy;
   if (record.traced.iteration < 0) return copy;

@@ -336,6 +336,10 @@ class JobManager {
   // Per-job counters for metrics: (state -> count).
   std::map<v1::JobState, int> CountByState() const;
 
+  // The bytes of the traced steps `job_id` keeps (the one shown and the one
+  // being collected), as serialized; 0 for an unknown job. For tests.
+  size_t TracedBytesForTesting(const std::string& job_id) const;
+
  private:
   struct StageProgress {
     bool ready = false;  // passed the start barrier

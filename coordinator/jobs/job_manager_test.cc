@@ -21,6 +21,7 @@
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/planner/solve_plan.h"
+#include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -626,7 +627,17 @@ TEST_F(JobManagerTest, Progress_TracesOfEveryWorker_BecomeTheMeasuredTimeline) {
   };
   ASSERT_TRUE(jobs_.ReportProgress(report(0, 10, 0)).ok());
   EXPECT_TRUE(jobs_.GetPlan(id).value().measured_timeline_svg().empty());  // one of two
-  ASSERT_TRUE(jobs_.ReportProgress(report(1, 10, 2000000)).ok());
+  // Fields the coordinator does not know (a newer worker's, or padding up to
+  // the 4 MiB request) are not kept with the trace.
+  v1::ReportProgressRequest padded = report(1, 10, 2000000);
+  const size_t known = padded.trace().ByteSizeLong();
+  padded.mutable_trace()
+      ->GetReflection()
+      ->MutableUnknownFields(padded.mutable_trace())
+      ->AddLengthDelimited(999, std::string(1 << 20, 'u'));
+  const size_t before = jobs_.TracedBytesForTesting(id);
+  ASSERT_TRUE(jobs_.ReportProgress(padded).ok());
+  EXPECT_EQ(jobs_.TracedBytesForTesting(id), 2 * (before + known));  // complete: also `traced`
   v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_EQ(plan.measured_step(), 10);
   EXPECT_TRUE(absl::StrContains(plan.measured_timeline_svg(), "measured step 11"));

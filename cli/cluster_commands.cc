@@ -25,6 +25,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/coordinator_client.h"
 #include "cli/exit_codes.h"
+#include "cli/flag_names.h"
 #include "cli/job_report.h"
 #include "cli/job_spec_file.h"
 #include "cli/link_summary.h"
@@ -472,6 +473,45 @@ v1::JobSpec UpSpec(const UpOptions& o) {
   return spec;
 }
 
+// The spec fields UpSpec sets, by the flags that set them, for the spec
+// checks' messages (NameFlags). The stages are --workers / (D x T).
+constexpr std::pair<absl::string_view, absl::string_view> kUpFlagNames[] = {
+    {"spec.model.n_layer", "--layers"},
+    {"n_layer", "--layers"},  // "2 * n_layer + 2" units
+    {"spec.model.n_head", "--heads"},
+    {"spec.model.d_model", "--d-model"},
+    {"spec.training.seq_len", "--seq-len"},
+    {"spec.training.batch_size", "--batch"},
+    {"spec.training.micro_batches", "--micro-batches"},
+    {"spec.training.steps", "--steps"},
+    {"spec.training.lr", "--lr"},
+    {"spec.training.grad_clip", "--grad-clip"},
+    {"spec.training.lr_schedule", "--lr-schedule"},
+    {"spec.training.warmup_steps", "--warmup-steps"},
+    {"spec.training.min_lr", "--min-lr"},
+    {"spec.training.seed", "--seed"},
+    {"spec.training.eval_interval", "--eval-interval"},
+    {"spec.data.path", "--data"},
+    {"spec.data.synthetic_bytes", "--synthetic-bytes"},
+    {"spec.parallelism.data", "--data-parallel"},
+    {"spec.parallelism.workers", "--workers"},
+    {"spec.parallelism.stages", "--workers / (--data-parallel x --tensor-parallel)"},
+    {"spec.parallelism.tensor", "--tensor-parallel"},
+    {"spec.parallelism.tensor_partitions", "--tensor-partitions"},
+    {"spec.parallelism.tensor_compression", "--tensor-compression"},
+    {"spec.parallelism.tensor_mode", "--tensor-mode"},
+    {"spec.parallelism.tensor_partitions_tune_steps", "--tensor-partitions-tune-steps"},
+    {"spec.parallelism.solver", "--solver"},
+    {"spec.parallelism.schedule", "--schedule"},
+    {"spec.compression.forward", "--forward-codec"},
+    {"spec.compression.backward", "--backward-codec"},
+    {"spec.compression.error_feedback", "--error-feedback"},
+    {"spec.compression.epilogue_only", "--epilogue-only"},
+    {"spec.compression.data_parallel.codec", "--dp-codec"},
+    {"spec.compression.data_parallel.stages", "--dp-stages"},
+    {"spec.checkpoint.interval_steps", "--checkpoint-interval"},
+};
+
 // Whether stdout is a pipe or socket whose reader has gone (`up | true`).
 // Progress goes to stderr and stdout is written only at the job's end, so
 // SIGPIPE alone would say so only then: Follow asks at every poll.
@@ -704,7 +744,7 @@ int RunUp(const std::vector<std::string>& args) {
     valid = absl::InvalidArgumentError(absl::StrCat(
         "--data ", o.data, " is a directory; name a token or text file (docs/formats.md)"));
   }
-  if (valid.ok()) valid = ResolveJobSpec(UpSpec(o)).status();
+  if (valid.ok()) valid = NameFlags(ResolveJobSpec(UpSpec(o)).status(), kUpFlagNames);
   // Written once the job ends: a path that cannot be must not cost the run.
   if (valid.ok()) valid = CheckWritableParent("--loss-log", o.loss_log);
   const bool each_gpu = o.worker_device == "cuda:each";

@@ -218,7 +218,7 @@ expect_exit tensor_search_gpt2_vocab 0 "not tried: T 2 (tensor parallelism of 2 
 expect_exit tensor_search_needs_data_auto 2 "--tensor-parallel needs --data auto and --layers N" -- \
   --layers 2 --workers 4 --tensor-parallel auto
 expect_exit tensor_search_not_with_tensor 2 "give one" -- "${TP[@]}" --tensor 2 --tensor-parallel 2
-expect_exit tensor_search_no_layout 1 "spec.parallelism.workers: no layout of 7 workers" "spec.* are the flags here" -- \
+expect_exit tensor_search_no_layout 1 "pipetrain plan: INVALID_ARGUMENT: --workers: no layout of 7 workers" "split the model (--tensor-parallel)" "and --micro-batches 4" -- \
   --layers 2 --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 7 --data auto --tensor-parallel auto
 
 # Bad input: exit 1 with the file and field named.

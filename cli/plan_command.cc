@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cli/acctfm_profile.h"
+#include "cli/flag_names.h"
 #include "cli/output_paths.h"
 #include "cli/tensor_layout_report.h"
 #include "common/bounded_file.h"
@@ -323,6 +324,23 @@ v1::JobSpec SearchSpec(const PlanFlags& f, int workers) {
   return spec;
 }
 
+// The spec fields SearchSpec sets, by the flags that set them, for the
+// spec checks' and the search's messages (NameFlags).
+constexpr std::pair<absl::string_view, absl::string_view> kSearchFlagNames[] = {
+    {"spec.model.n_layer", "--layers"},
+    {"spec.model.n_head", "--heads"},
+    {"spec.model.d_model", "--d-model"},
+    {"spec.model.vocab_size", "--vocab"},
+    {"spec.model.max_seq_len", "--seq-len"},
+    {"spec.training.seq_len", "--seq-len"},
+    {"spec.training.micro_batches", "--micro-batches"},
+    {"spec.parallelism.workers", "--workers"},  // or --cluster's count
+    {"spec.parallelism.tensor", "--tensor-parallel"},
+    {"spec.parallelism.solver", "--solver"},
+    {"spec.parallelism.objective", "--objective"},
+    {"spec.parallelism.schedule", "--schedule"},
+};
+
 // --data auto --tensor-parallel T|auto: the layouts of the cluster's
 // workers planned as the coordinator plans a job's (ChooseJobLayout), the
 // chosen one and each one's simulated step. False (after saying why on
@@ -335,11 +353,8 @@ bool PrintJobLayoutSearch(const PlanFlags& f, const ModelProfile& profile,
       automatic.ok() ? ChooseJobLayout(*automatic, "plan", 1, profile, cluster, "analytic")
                      : absl::StatusOr<ChosenJobLayout>(automatic.status());
   if (!choice.ok()) {
-    std::fprintf(stderr,
-                 "pipetrain plan: %s\n  (spec.* are the flags here: model.* --layers, --heads, "
-                 "--d-model, --vocab; parallelism.workers the workers; training.micro_batches "
-                 "--micro-batches)\n",
-                 choice.status().ToString().c_str());
+    std::fprintf(stderr, "pipetrain plan: %s\n",
+                 NameFlags(choice.status(), kSearchFlagNames).ToString().c_str());
     return false;
   }
   const v1::Plan& plan = choice->compiled.plan;

@@ -13,9 +13,9 @@ TINY=(--steps 1 --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2
       --synthetic-bytes 20000)
 
 # --- Flags and flag combinations: exit 2 --------------------------------------
-expect_exit heads_not_dividing 2 "n_head (3) must divide d_model (128)" -- \
+expect_exit heads_not_dividing 2 "--heads (3) must divide --d-model (128)" -- \
   train-local --heads 3 --d-model 128
-expect_exit micro_batches_not_dividing 2 "micro_batches: 3" "divide batch_size 8" -- \
+expect_exit micro_batches_not_dividing 2 "train-local: --micro-batches: 3 must be >= 1 and divide --batch 8" -- \
   train-local --batch 8 --micro-batches 3
 expect_exit seq_len_zero 2 "--seq-len must be >= 1, got 0" -- train-local --seq-len 0
 expect_exit format_bogus 2 'unknown data format "bogus"' -- train-local --format bogus
@@ -190,10 +190,10 @@ expect_exit up_tensor_parallel_zero 2 "--tensor-parallel: cannot parse '0'" -- \
 expect_exit up_worker_attention_on_cpu 2 "--worker-attention" "needs a CUDA device" -- \
   up --out "$TMP/up-attention" --worker-device cpu --worker-attention gemm
 # up's clipping and schedule flags go to spec.training, checked before
-# anything starts.
-expect_exit up_lr_schedule_bad 2 "spec.training.lr_schedule: unknown schedule \"linear\"" -- \
+# anything starts; the message names up's flags, not the spec's fields.
+expect_exit up_lr_schedule_bad 2 "up: INVALID_ARGUMENT: --lr-schedule: unknown schedule \"linear\"" -- \
   up --out "$TMP/up-schedule" --lr-schedule linear
-expect_exit up_warmup_too_long 2 "spec.training.warmup_steps: must be in [0, spec.training.steps 10]" -- \
+expect_exit up_warmup_too_long 2 "--warmup-steps: must be in [0, --steps 10]" -- \
   up --out "$TMP/up-warmup" --steps 10 --warmup-steps 11
 # auto is the CPU where up sees no GPU (this build has no CUDA): refused
 # before any worker starts, saying why.

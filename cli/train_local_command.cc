@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/flag_names.h"
 #include "cli/output_paths.h"
 #include "cli/progress.h"
 #include "common/flag_set.h"
@@ -129,6 +130,31 @@ absl::Status CheckBounds(const Options& o) {
   return absl::OkStatus();
 }
 
+// The TrainConfig fields ValidateTrainConfig names, by the flags that set
+// them (NameFlags). max_seq_len is --block-size, or --seq-len without it.
+constexpr std::pair<absl::string_view, absl::string_view> kTrainLocalFlagNames[] = {
+    {"vocab_size", "--vocab"},
+    {"max_seq_len", "--block-size"},
+    {"n_layer", "--layers"},
+    {"n_head", "--heads"},
+    {"d_model", "--d-model"},
+    {"seq_len", "--seq-len"},
+    {"batch_size", "--batch"},
+    {"micro_batches", "--micro-batches"},
+    {"steps", "--steps"},
+    {"lr", "--lr"},
+    {"beta1", "--beta1"},
+    {"beta2", "--beta2"},
+    {"eps", "--eps"},
+    {"weight_decay", "--weight-decay"},
+    {"eval_interval", "--eval-interval"},
+    {"eval_windows", "--eval-windows"},
+    {"threads", "--threads"},
+    {"grad_clip", "--grad-clip"},
+    {"warmup_steps", "--warmup-steps"},
+    {"min_lr", "--min-lr"},
+};
+
 // Flag combinations that a type check cannot catch.
 absl::Status Resolve(Options& o) {
   RETURN_IF_ERROR(CheckBounds(o));
@@ -163,7 +189,7 @@ absl::Status Resolve(Options& o) {
   if (o.data.empty() && o.train.model.vocab_size < 256) {
     return absl::InvalidArgumentError("generated text is byte-level: --vocab must be >= 256");
   }
-  RETURN_IF_ERROR(ValidateTrainConfig(o.train));
+  RETURN_IF_ERROR(NameFlags(ValidateTrainConfig(o.train), kTrainLocalFlagNames));
   if (CountParameters(o.train.model) > kMaxParameters) {
     return absl::InvalidArgumentError(absl::StrCat(
         "the model has ", CountParameters(o.train.model), " parameters, over the limit of ",

@@ -13,7 +13,6 @@
 #include "common/annotated_mutex.h"
 #include "common/log_rate_limiter.h"
 #include "common/logging.h"
-#include "common/terminal_safe.h"
 #include "common/utf8_prefix.h"
 #include "proto/pipetrain/v1/dataplane.grpc.pb.h"
 #include "worker/transport/data_plane_auth.h"
@@ -271,13 +270,15 @@ class FrameStream final : public StreamReactor {
       if (now_broken) ReportBroken("the peer ended the stream");
       return;
     }
-    // The receiver's text, escaped and cut (an honest one is at most
+    // The receiver's text, cut (an honest one is at most
     // kMaxFrameErrorBytes; a hostile one could send 8 MiB per message, at
-    // will): logged at a bounded rate.
+    // will): logged at a bounded rate. Not escaped here: the log escapes a
+    // message with control characters (LogMessage) and so do the CLI's
+    // prints of a job's reason, and escaping twice doubles every backslash.
     const absl::string_view error = incoming_.error();
     // Cut whole characters: the text goes on in the job's error report, a
-    // proto3 string.
-    std::string said = TerminalSafe(Utf8Prefix(error, kMaxFrameErrorBytes));
+    // proto3 string (the parse checked that `error` is UTF-8).
+    std::string said(Utf8Prefix(error, kMaxFrameErrorBytes));
     if (error.size() > kMaxFrameErrorBytes) {
       absl::StrAppend(&said, "... (", error.size(), " bytes)");
     }

@@ -34,8 +34,8 @@ case "$mode" in
 esac
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
-rm -f "$out.tgz"  # an older run's archive must not pass for this one's
 if [[ -n "$(ls -A "$out")" ]]; then echo "$out is not empty: use a new folder" >&2; exit 2; fi
+rm -f "$out.tgz"  # an older run's archive must not pass for this one's
 deadline=$((SECONDS + ${RUN_BUDGET_S:-540}))
 # budget LIMIT: LIMIT seconds, or fewer if the run's deadline (less 25 s to
 # pack the archive) comes first; fails when less than 10 s are left.
@@ -72,6 +72,33 @@ finish() {
   tar czf "$out.tgz" --exclude='*.safetensors' -C "$(dirname "$out")" "$(basename "$out")"
   exit $failed
 }
+# limited ARGS...: `timeout ARGS...` run so that a signal to this script
+# (Ctrl-C, an outer timeout) ends the step at once and still packs the
+# archive. In the foreground it would not: timeout puts itself in a process
+# group of its own, out of the terminal's reach, and bash runs a trap only
+# once its foreground child has exited; `wait` is interrupted at once.
+step_pid=""
+limited() {
+  timeout "$@" &
+  step_pid=$!
+  wait "$step_pid"
+  local rc=$?
+  step_pid=""
+  return $rc
+}
+exec 3>&1 4>&2  # the trap runs inside a step's redirections: undone there
+on_signal() {
+  trap '' INT TERM
+  exec 1>&3 2>&4
+  if [[ -n "$step_pid" ]]; then
+    kill -TERM "$step_pid" 2>/dev/null  # timeout passes it on to the step's group
+    wait "$step_pid"
+  fi
+  note "INTERRUPTED by a signal after $SECONDS s: later checks not run"
+  failed=1
+  finish
+}
+trap on_signal INT TERM
 note "mode=${mode:-all}; budget ${RUN_BUDGET_S:-540} s; bundle: $(tr '\n' ' ' <"$here/BUILD_INFO" 2>/dev/null || echo 'no BUILD_INFO')"
 cp "$0" "$out/run.sh"
 
@@ -95,6 +122,7 @@ if [[ "$mode" == sanitize ]]; then
   sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null)
   if [[ -z "$sanitizer" ]]; then
     note "NOT RUN compute_sanitizer: not on this machine"
+    failed=1  # the mode checked nothing
   else
     mkdir -p "$out/sanitizer"
     # The kernels changed last first, in case the budget runs out.
@@ -104,7 +132,7 @@ if [[ "$mode" == sanitize ]]; then
       for tool in memcheck racecheck synccheck; do
         log="$out/sanitizer/${name}_$tool.log"
         lim=$(budget 150) || { out_of_time "sanitizer_${tool}_$name"; continue; }
-        timeout -k 5 "$lim" "$sanitizer" --tool "$tool" --error-exitcode 99 \
+        limited -k 5 "$lim" "$sanitizer" --tool "$tool" --error-exitcode 99 \
           "$bin/${name}_test" >"$log" 2>&1
         check "sanitizer_${tool}_$name" $? "$(grep -m1 -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log")"
       done
@@ -131,14 +159,14 @@ if [[ "$mode" == collectives ]]; then
     shift
     local lim log="$out/collectives/$name.txt"
     lim=$(budget 120) || { out_of_time "collectives_$name"; return; }
-    timeout -k 5 "$lim" "$bin/collective_benchmark" "$@" >"$log" 2>&1
+    limited -k 5 "$lim" "$bin/collective_benchmark" "$@" >"$log" 2>&1
     check "collectives_$name" $? "$(grep '^# goal\|^# check' "$log" | sed 's/^# //' | tr '\n' ' ')"
   }
   for n in 2 4 8; do
     collective "loopback_n$n" --members "$n" --max-mib "${COLLECTIVE_MAX_MIB:-256}" --iters 2
   done
   if lim=$(budget 120); then
-    timeout -k 5 "$lim" "$bin/nccl_all_reduce_benchmark" --max-mib "${COLLECTIVE_MAX_MIB:-256}" \
+    limited -k 5 "$lim" "$bin/nccl_all_reduce_benchmark" --max-mib "${COLLECTIVE_MAX_MIB:-256}" \
       >"$out/collectives/nccl.txt" 2>&1
     check collectives_nccl $? "$(grep '^# all-reduce\|^# check' "$out/collectives/nccl.txt" |
       sed 's/^# //' | tr '\n' ' ')"
@@ -192,7 +220,7 @@ test_binary() {
   local name=$1 env_var=$2 t=$3 lim tmp rc ran skipped bad multi hiding
   lim=$(budget 240) || { out_of_time "$name"; return; }
   tmp=$(mktemp -d)
-  TEST_TMPDIR="$tmp" timeout -k 5 "$lim" env $env_var "$t" >"$out/tests/$name.log" 2>&1
+  TEST_TMPDIR="$tmp" limited -k 5 "$lim" env $env_var "$t" >"$out/tests/$name.log" 2>&1
   rc=$?
   rm -rf "$tmp"
   ran=$(grep -cE '^\[       OK \]' "$out/tests/$name.log")
@@ -256,7 +284,7 @@ model=(--layers 2 --d-model 128 --heads 4 --seq-len 64 --batch 16 --micro-batche
   --steps 20 --eval-interval 0 --threads 8)
 if lim=$(budget 300); then
 # The three runs under one limit (each runs even if another failed).
-timeout -k 5 "$lim" bash -c '
+limited -k 5 "$lim" bash -c '
   rc=0
   "$1" train-local "${@:3}" --device cpu --log "$2/train_cpu.jsonl" >"$2/train_cpu.txt" 2>&1 || rc=1
   for run in 1 2; do
@@ -279,7 +307,7 @@ if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
   note "NOT RUN train_local_cuda_reference_attention_vs_cpu: no 20-step CPU reference from step 2"
   failed=1
 elif lim=$(budget 150); then
-timeout -k 5 "$lim" "$bin/pipetrain" train-local "${model[@]}" --device cuda --attention reference \
+limited -k 5 "$lim" "$bin/pipetrain" train-local "${model[@]}" --device cuda --attention reference \
   --log "$out/train_cuda_reference_attention.jsonl" >"$out/train_cuda_reference_attention.txt" 2>&1
 reference_rc=$?
 compare_loss_logs "$out/train_cuda_reference_attention.jsonl" "$out/train_cpu.jsonl" 1e-4 \
@@ -303,7 +331,7 @@ cuda_twice_vs_cpu() {
     return
   fi
   lim=$(budget 150) || { out_of_time "$name"; return; }
-  timeout -k 5 "$lim" bash -c '
+  limited -k 5 "$lim" bash -c '
     rc=0
     for run in 1 2; do
       env $4 "$1" train-local "${@:5}" --device cuda --log "$2/train_cuda_$3$run.jsonl" \
@@ -338,7 +366,7 @@ if [[ $(grep -c . "$out/train_cpu.jsonl" 2>/dev/null) != 20 ]]; then
   note "NOT RUN train_local_cuda_clipped_vs_cpu: no 20-step CPU reference from step 2"
   failed=1
 elif lim=$(budget 150); then
-timeout -k 5 "$lim" bash -c '
+limited -k 5 "$lim" bash -c '
   rc=0
   "$1" train-local "${@:3}" --device cpu --log "$2/train_clip_cpu.jsonl" \
     >"$2/train_clip_cpu.txt" 2>&1 || rc=1
@@ -377,7 +405,7 @@ for workers in 1 2; do
   # up's workers are its children, in timeout's process group: a kill
   # reaches them too.
   lim=$(budget 180) || { up_rc=1; note "NOT RUN up --workers $workers (out of time)"; continue; }
-  timeout -k 10 "$lim" "$bin/pipetrain" up --workers "$workers" "${job[@]}" \
+  limited -k 10 "$lim" "$bin/pipetrain" up --workers "$workers" "${job[@]}" \
     --loss-log "$out/up_${workers}_losses.txt" \
     --out "$out/up$workers" >"$out/up_$workers.txt" 2>&1 || up_rc=1
 done
@@ -404,7 +432,7 @@ compressed_job() {
   local up_rc=0 rc device
   for device in cuda cpu; do
     lim=$(budget 180) || { up_rc=1; note "NOT RUN $name on $device (out of time)"; continue; }
-    timeout -k 10 "$lim" "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
+    limited -k 10 "$lim" "$bin/pipetrain" up "${cjob[@]}" --worker-device "$device" \
       --loss-log "$out/${name}_${device}_losses.txt" --out "$out/${name}_$device" \
       >"$out/${name}_$device.txt" 2>&1 || up_rc=1
   done
@@ -437,7 +465,7 @@ nccl_job() {
     return
   fi
   lim=$(budget 180) || { out_of_time "$name"; return; }
-  timeout -k 10 "$lim" "$bin/pipetrain" up "$@" "${job[@]}" --worker-device cuda:each \
+  limited -k 10 "$lim" "$bin/pipetrain" up "$@" "${job[@]}" --worker-device cuda:each \
     --loss-log "$out/${name}_losses.txt" --out "$out/$name" >"$out/$name.txt" 2>&1
   up_rc=$?
   compare_loss_logs "$out/${name}_losses.txt" "$out/up_1_losses.txt" 1e-5 "$label" \
@@ -480,7 +508,7 @@ if [[ "$mode" != quick ]]; then
     lim=$(budget 200) || { out_of_time "gpt2_124m_${name}_benchmark"; return; }
     # $operands, when set, picks the bf16 mode's operands (kernels/cuda/linear.h);
     # $flash the flash attention's kernels (kernels/cuda/flash_attention.h).
-    timeout -k 5 "$lim" env ${operands:+PIPETRAIN_BF16_OPERANDS=$operands} \
+    limited -k 5 "$lim" env ${operands:+PIPETRAIN_BF16_OPERANDS=$operands} \
       ${flash:+PIPETRAIN_FLASH_KERNEL=$flash} ${epilogue:+PIPETRAIN_BIAS_EPILOGUE=$epilogue} \
       "$bin/train_step_benchmark" "${gpt2[@]}" --device cuda --gemm "$gemm" \
       --peak-tflops "$peak" "$@" --json "$out/bench_$name.json" >"$out/bench_$name.txt" 2>&1

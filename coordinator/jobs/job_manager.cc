@@ -2791,35 +2791,51 @@ void JobManager::RunInBackgroundLocked(std::function<void()> task) {
 
 void JobManager::PruneLocked() {
   const absl::Time oldest_kept = clock_->Now() - options_.ended_job_retention;
-  int ended = 0;
-  for (const std::string& id : order_) ended += IsTerminal(jobs_.at(id)->job.state()) ? 1 : 0;
-  std::vector<std::string> kept;
-  for (const std::string& id : order_) {
-    const v1::Job& job = jobs_.at(id)->job;
-    const absl::Time ended_at = FromProtoTimestamp(job.update_time());
-    const bool prune =
-        IsTerminal(job.state()) && (ended > options_.max_ended_jobs || ended_at < oldest_kept);
-    if (prune) {
-      --ended;
-      if (options_.state != nullptr) {
-        io_.Post([state = options_.state, id] {
-          absl::Status deleted = state->DeleteJob(id);
-          if (!deleted.ok()) PT_LOG(WARNING) << "job " << id << ": " << deleted;
-        });
-      }
-      jobs_.erase(id);
-    } else {
-      kept.push_back(id);
+  // The ended jobs, the latest to end first (an ended job's update_time is
+  // its end), ties the later submitted first. By end, not by submission: a
+  // long job submitted before many short ones was pruned the moment it
+  // ended, its outcome lost to the user following it.
+  std::vector<std::pair<absl::Time, size_t>> ended;  // (ended at, index in order_)
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const v1::Job& job = jobs_.at(order_[i])->job;
+    if (IsTerminal(job.state())) ended.emplace_back(FromProtoTimestamp(job.update_time()), i);
+  }
+  std::sort(ended.begin(), ended.end(), [](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : a.second > b.second;
+  });
+  std::vector<bool> prune(order_.size(), false);
+  int planned_with_detail = 0;
+  for (size_t rank = 0; rank < ended.size(); ++rank) {
+    const auto& [ended_at, index] = ended[rank];
+    if (rank >= static_cast<size_t>(std::max(0, options_.max_ended_jobs)) ||
+        ended_at < oldest_kept) {
+      prune[index] = true;
+      continue;
+    }
+    // Only a planned job has drawings: one cancelled while queued takes no
+    // place from those that have.
+    JobRecord& record = *jobs_.at(order_[index]);
+    if (record.plan.version() == 0) continue;
+    if (++planned_with_detail > options_.max_ended_jobs_with_drawings) {
+      DropEndedJobDetail(record);
     }
   }
-  order_ = std::move(kept);
-  int ended_with_drawings = 0;
-  for (auto it = order_.rbegin(); it != order_.rend(); ++it) {
-    JobRecord& record = *jobs_.at(*it);
-    if (!IsTerminal(record.job.state())) continue;
-    if (++ended_with_drawings <= options_.max_ended_jobs_with_drawings) continue;
-    DropEndedJobDetail(record);
+  std::vector<std::string> kept;
+  for (size_t i = 0; i < order_.size(); ++i) {
+    const std::string& id = order_[i];
+    if (!prune[i]) {
+      kept.push_back(id);
+      continue;
+    }
+    if (options_.state != nullptr) {
+      io_.Post([state = options_.state, id] {
+        absl::Status deleted = state->DeleteJob(id);
+        if (!deleted.ok()) PT_LOG(WARNING) << "job " << id << ": " << deleted;
+      });
+    }
+    jobs_.erase(id);
   }
+  order_ = std::move(kept);
   // Workers the registry has evicted (an address not seen for long: a
   // restarted pod comes back on another one, under another id) leave no
   // assignment or drain mark behind.

@@ -190,15 +190,17 @@ struct JobManagerOptions {
   // At most this many jobs not yet ended (QUEUED ... RUNNING); Submit
   // beyond it is RESOURCE_EXHAUSTED.
   int max_pending_jobs = 256;
-  // Ended jobs are kept (Get, List) at most this long and at most this many
-  // (the oldest ended are pruned first).
+  // Ended jobs are kept (Get, List) at most this long after they ended, and
+  // at most this many (those that ended longest ago are pruned first,
+  // whenever they were submitted).
   absl::Duration ended_job_retention = absl::Hours(24);
   int max_ended_jobs = 1000;
-  // Of the ended jobs (submission order), the newest this many keep their
-  // plan's drawings (timelines, traces: megabytes for many micro-batches)
-  // and what the measured timeline is drawn from (the workers' programs
-  // and traced steps, megabytes too); older ones keep the plan without
-  // them, as a restored job's (the store never holds them).
+  // Of the ended jobs that were planned, the latest this many to end keep
+  // their plan's drawings (timelines, traces: megabytes for many
+  // micro-batches) and what the measured timeline is drawn from (the
+  // workers' programs and traced steps, megabytes too); those that ended
+  // earlier keep the plan without them, as a restored job's (the store
+  // never holds them).
   int max_ended_jobs_with_drawings = 16;
   // Durable state (not owned; null: in memory only). Submit returns only
   // once the job is saved; every state change, plan, complete checkpoint
@@ -705,7 +707,8 @@ class JobManager {
   // Hands `task` to the background runner (options.background_runner, or
   // background_). Requires !stopping_.
   void RunInBackgroundLocked(std::function<void()> task) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops ended jobs beyond the retention options (oldest first).
+  // Drops ended jobs beyond the retention options (those that ended
+  // longest ago first), and the detail of those past the drawings' count.
   void PruneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // An ended job past max_ended_jobs_with_drawings keeps what its API
   // answers need (the job, the plan's numbers) and frees the rest: the

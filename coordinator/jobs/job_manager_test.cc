@@ -1698,6 +1698,29 @@ TEST_F(JobManagerTest, EndedJobs_PrunedByCountAndAge_NewestKept) {
   EXPECT_TRUE(jobs.Get(later.back()).ok());  // the newest kept
 }
 
+// Pruning goes by when a job ended, not when it was submitted: a long job
+// submitted before many short ones was pruned the moment it ended, and the
+// user following it lost its outcome.
+TEST_F(JobManagerTest, EndedJobs_PrunedByWhenTheyEnded_NotBySubmission) {
+  JobManager jobs(&registry_, &hub_, &clock_,
+                  JobManagerOptions{.id_epoch = "e2", .max_ended_jobs = 2});
+  const std::string long_job = jobs.Submit(SmallSpec(3)).value().id();  // no workers: queued
+  std::vector<std::string> short_jobs;
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    short_jobs.push_back(jobs.Submit(SmallSpec(3)).value().id());
+    ASSERT_TRUE(jobs.Cancel(short_jobs.back()).ok());
+  }
+  clock_.Advance(absl::Seconds(1));
+  ASSERT_TRUE(jobs.Cancel(long_job).ok());
+  jobs.ScheduleQueued();  // the pruning pass
+  const absl::StatusOr<v1::Job> kept = jobs.Get(long_job);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_EQ(kept->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_EQ(jobs.Get(short_jobs[0]).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(jobs.Get(short_jobs[1]).ok());
+}
+
 // An ended job's drawings (megabytes for a plan of many micro-batches)
 // stay only for the newest ended jobs; the plan itself stays.
 TEST_F(JobManagerTest, EndedJobs_OnlyTheNewestKeepTheirDrawings) {
@@ -1731,6 +1754,12 @@ TEST_F(JobManagerTest, EndedJobs_OnlyTheNewestKeepTheirDrawings) {
   const v1::Plan newer = jobs.GetPlan(ids[1]).value();
   EXPECT_FALSE(newer.timeline_svg().empty());
   EXPECT_FALSE(newer.measured_timeline_svg().empty());
+  // A job cancelled before it was planned has no drawings, and takes no
+  // place from a job that has.
+  const std::string unplanned = jobs.Submit(SmallSpec(3)).value().id();  // one worker: queued
+  ASSERT_TRUE(jobs.Cancel(unplanned).ok());
+  jobs.ScheduleQueued();
+  EXPECT_FALSE(jobs.GetPlan(ids[1]).value().timeline_svg().empty());
 }
 
 // The numbers of a plan without its drawings (each /metrics scrape): none

@@ -38,6 +38,7 @@
 #include "common/secrets.h"
 #include "common/terminal_safe.h"
 #include "common/tls_credentials.h"
+#include "coordinator/jobs/plan_drawings.h"
 #include "google/protobuf/util/json_util.h"
 #include "httplib.h"
 #include "spec/job_spec.h"
@@ -1156,18 +1157,11 @@ int RunJob(const std::vector<std::string>& args) {
     return kExitOk;
   }
   if (!s.ok()) return Fail("job", ToAbsl(s));
+  if (!o.timeline.empty() && plan.timeline_svg().empty()) {
+    return Fail("job", NoTimelineError(job.id(), job.state(), JobEnded(job.state())));
+  }
   if (!o.measured_timeline.empty() && plan.measured_timeline_svg().empty()) {
-    const bool ended = JobEnded(job.state());
-    return Fail("job", absl::FailedPreconditionError(absl::StrCat(
-                           "job ", job.id(),
-                           ended ? absl::StrCat(" ended ", EnumShortName(job.state()),
-                                                " with no measured timeline: its workers "
-                                                "trace the plan's 11th step (or its last), and "
-                                                "the coordinator keeps the trace in memory only "
-                                                "(a restart loses it)")
-                                 : std::string(" has no measured step yet: its workers trace the "
-                                               "plan's 11th step (or its last), then every "
-                                               "100th"))));
+    return Fail("job", NoMeasuredTimelineError(job.id(), job.state(), JobEnded(job.state())));
   }
   // The files first: a write that fails leaves neither them nor half the
   // output behind.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "common/enum_names.h"
 #include "coordinator/api/list_pages.h"
+#include "coordinator/jobs/plan_drawings.h"
 #include "google/protobuf/util/json_util.h"
 #include "spec/job_spec.h"
 
@@ -186,6 +187,12 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
   server.Get(absl::StrCat(kJob, "/timeline.svg"), Taking(none, [jobs](const HttpRequest& r) {
                absl::StatusOr<v1::Plan> plan = jobs->GetPlan(r.path_params[0]);
                if (!plan.ok()) return StatusResponse(plan.status());
+               if (plan->timeline_svg().empty()) {  // not an empty image with 200
+                 absl::StatusOr<v1::Job> job = jobs->Get(r.path_params[0]);
+                 const bool ended = job.ok() && IsTerminal(job->state());
+                 return StatusResponse(NoTimelineError(
+                     r.path_params[0], job.ok() ? job->state() : v1::JOB_STATE_UNSPECIFIED, ended));
+               }
                HttpResponse response;
                response.body = plan->timeline_svg();
                response.content_type = "image/svg+xml";
@@ -200,15 +207,8 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
                  // An ended job will never have one: said so, not "yet".
                  absl::StatusOr<v1::Job> job = jobs->Get(r.path_params[0]);
                  const bool ended = job.ok() && IsTerminal(job->state());
-                 return StatusResponse(absl::FailedPreconditionError(absl::StrCat(
-                     "job ", r.path_params[0],
-                     ended
-                         ? absl::StrCat(" ended ", EnumShortName(job->state()),
-                                        " with no measured timeline: its workers trace the plan's "
-                                        "11th step (or its last), and the coordinator keeps the "
-                                        "trace in memory only (a restart loses it)")
-                         : std::string(" has no measured step yet: its workers trace the "
-                                       "plan's 11th step (or its last), then every 100th"))));
+                 return StatusResponse(NoMeasuredTimelineError(
+                     r.path_params[0], job.ok() ? job->state() : v1::JOB_STATE_UNSPECIFIED, ended));
                }
                HttpResponse response;
                response.body = plan->measured_timeline_svg();

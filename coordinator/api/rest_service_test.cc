@@ -184,8 +184,37 @@ TEST_F(RestServiceTest, MeasuredTimeline_JobEndedWithoutOne_SaysSo) {
   EXPECT_EQ(status, 400);
   EXPECT_EQ(error["message"],
             "job job-1 ended CANCELLED with no measured timeline: its workers trace the plan's "
-            "11th step (or its last), and the coordinator keeps the trace in memory only (a "
-            "restart loses it)");
+            "11th step (or its last), and the coordinator keeps the trace in memory only, for "
+            "jobs not ended and the 16 planned jobs that ended last (a restart loses it)");
+}
+
+// A job whose plan's drawings were dropped (16 planned jobs ended after
+// it) answers timeline.svg with why, not an empty image and 200.
+TEST_F(RestServiceTest, Timeline_DrawingsDropped_FailedPreconditionNotAnEmptyImage) {
+  RegisterWorker();
+  for (int i = 1; i <= 17; ++i) {
+    ASSERT_EQ(Call("POST", "/v1/jobs", ValidSpecJson()).first, 200);
+    jobs_.AwaitBackgroundWork();  // planned
+    const std::string job = absl::StrCat("/v1/jobs/job-", i);
+    if (i == 1) {
+      const httplib::Result svg = client_->Get((job + "/timeline.svg").c_str());
+      ASSERT_TRUE(svg);
+      EXPECT_EQ(svg->status, 200);
+      EXPECT_TRUE(absl::StartsWith(svg->body, "<svg")) << svg->body.substr(0, 40);
+    }
+    clock_.Advance(absl::Seconds(1));  // each ends after the one before
+    ASSERT_EQ(Call("POST", job + ":cancel").first, 200);
+  }
+  jobs_.ScheduleQueued();  // the pruning pass
+  auto [status, error] = Call("GET", "/v1/jobs/job-1/timeline.svg");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["message"],
+            "job job-1 ended CANCELLED and its plan keeps no timeline: the coordinator keeps "
+            "drawings in memory only, for jobs not ended and the 16 planned jobs that ended "
+            "last, and a restart drops them (the plan's numbers stay)");
+  const httplib::Result kept = client_->Get("/v1/jobs/job-2/timeline.svg");  // 15 ended after it
+  ASSERT_TRUE(kept);
+  EXPECT_EQ(kept->status, 200);
 }
 
 // An unknown field's violation names the field, not "spec"; an empty body

@@ -2,6 +2,9 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "common/enum_names.h"
+
 namespace pipetrain {
 
 void DropPlanDrawings(v1::Plan& plan) {
@@ -11,6 +14,26 @@ void DropPlanDrawings(v1::Plan& plan) {
   std::string().swap(*plan.mutable_chrome_trace_json());
   std::string().swap(*plan.mutable_measured_timeline_svg());
   std::string().swap(*plan.mutable_measured_chrome_trace_json());
+}
+
+absl::Status NoTimelineError(const std::string& job_id, v1::JobState state, bool ended) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job ", job_id, ended ? absl::StrCat(" ended ", EnumShortName(state), " and its") : "'s",
+      " plan keeps no timeline: the coordinator keeps drawings in memory only, for jobs not "
+      "ended and the 16 planned jobs that ended last, and a restart drops them (the plan's "
+      "numbers stay)"));
+}
+
+absl::Status NoMeasuredTimelineError(const std::string& job_id, v1::JobState state, bool ended) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job ", job_id,
+      ended ? absl::StrCat(" ended ", EnumShortName(state),
+                           " with no measured timeline: its workers trace the plan's 11th step "
+                           "(or its last), and the coordinator keeps the trace in memory only, "
+                           "for jobs not ended and the 16 planned jobs that ended last (a "
+                           "restart loses it)")
+            : std::string(" has no measured step yet: its workers trace the plan's 11th step "
+                          "(or its last), then every 100th")));
 }
 
 }  // namespace pipetrain

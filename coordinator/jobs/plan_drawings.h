@@ -6,6 +6,10 @@
 #ifndef PIPETRAIN_COORDINATOR_JOBS_PLAN_DRAWINGS_H_
 #define PIPETRAIN_COORDINATOR_JOBS_PLAN_DRAWINGS_H_
 
+#include <string>
+
+#include "absl/status/status.h"
+#include "proto/pipetrain/v1/job.pb.h"
 #include "proto/pipetrain/v1/plan.pb.h"
 
 namespace pipetrain {
@@ -14,6 +18,15 @@ namespace pipetrain {
 // keeps a string field's buffer for reuse, so the bytes would stay
 // allocated as long as the plan.)
 void DropPlanDrawings(v1::Plan& plan);
+
+// FAILED_PRECONDITION for a request of job `job_id`'s timeline (the REST
+// service's timeline.svg, the CLI's --timeline) when its plan has none:
+// dropped as above, or by a coordinator restart. `ended`: the job ended
+// (in `state`).
+absl::Status NoTimelineError(const std::string& job_id, v1::JobState state, bool ended);
+// The same for the measured timeline, which a job also lacks until its
+// workers have reported a traced step.
+absl::Status NoMeasuredTimelineError(const std::string& job_id, v1::JobState state, bool ended);
 
 }  // namespace pipetrain
 

@@ -20,13 +20,18 @@ std::string Bounded(absl::string_view message) {
 
 }  // namespace
 
+absl::Status BoundedStatus(const absl::Status& status) {
+  if (status.message().size() <= kMaxStatusMessageBytes) return status;
+  return absl::Status(status.code(), Bounded(status.message()));
+}
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   // absl::StatusCode and grpc::StatusCode are both google.rpc.Code (0..16).
   const auto code = static_cast<grpc::StatusCode>(status.code());
   // The details are made from the message (its field violation too), so
   // from the cut one.
-  const absl::Status bounded(status.code(), Bounded(status.message()));
+  const absl::Status bounded = BoundedStatus(status);
   const std::string message(bounded.message());
   if (FieldViolationsOf(bounded).empty()) return grpc::Status(code, message);
   return grpc::Status(code, message, EncodeRpcStatus(bounded));

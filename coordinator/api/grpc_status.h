@@ -28,6 +28,12 @@ inline constexpr size_t kMaxStatusMessageBytes = 1024;
 // Thread-safe (pure).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+// `status` with its message cut as ToGrpcStatus cuts it (the code kept):
+// what a client is answered over REST too, where the protobuf JSON
+// parser's messages quote a bad value whole (a 200,000-digit number came
+// back twice, in the message and in the details).
+absl::Status BoundedStatus(const absl::Status& status);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COORDINATOR_API_GRPC_STATUS_H_

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/enum_names.h"
+#include "coordinator/api/grpc_status.h"
 #include "coordinator/api/list_pages.h"
 #include "coordinator/jobs/plan_drawings.h"
 #include "google/protobuf/util/json_util.h"
@@ -145,7 +146,7 @@ int HttpStatusForCode(absl::StatusCode code) {
 }
 
 HttpResponse StatusResponse(const absl::Status& status) {
-  return JsonError(HttpStatusForCode(status.code()), status);
+  return JsonError(HttpStatusForCode(status.code()), BoundedStatus(status));
 }
 
 // `handler`, refusing query parameters other than `known` (400 naming the

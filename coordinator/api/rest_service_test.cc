@@ -217,6 +217,19 @@ TEST_F(RestServiceTest, Timeline_DrawingsDropped_FailedPreconditionNotAnEmptyIma
   EXPECT_EQ(kept->status, 200);
 }
 
+// The JSON parser's message quotes the bad value whole: the answer cuts it
+// as gRPC's does (it was 400 KB for a 200,000-digit number, twice).
+TEST_F(RestServiceTest, SubmitJob_HugeBadValue_MessageCut) {
+  const std::string digits(200000, '9');
+  auto [status, error] =
+      Call("POST", "/v1/jobs", absl::StrCat(R"({"model": {"nLayer": ")", digits, R"("}})"));
+  EXPECT_EQ(status, 400);
+  const std::string message = error["message"].get<std::string>();
+  EXPECT_LE(message.size(), 1024u);
+  EXPECT_TRUE(absl::StrContains(message, " more bytes]")) << message.substr(0, 200);
+  EXPECT_LE(error.dump().size(), 4096u);
+}
+
 // An unknown field's violation names the field, not "spec"; an empty body
 // says it is empty.
 TEST_F(RestServiceTest, SubmitJob_UnknownFieldOrEmptyBody_NamedPlainly) {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/confined_path.h"
+#include "common/echo_input.h"
 #include "common/status_macros.h"
 #include "common/terminal_safe.h"
 #include "google/protobuf/message.h"
@@ -70,12 +71,6 @@ absl::Status RequireInRange(absl::string_view path, int64_t value, int64_t limit
 absl::Status RequireMaxBytes(absl::string_view path, const std::string& value, size_t limit) {
   if (value.size() <= limit) return absl::OkStatus();
   return Invalid(path, absl::StrCat(value.size(), " bytes exceeds the limit of ", limit));
-}
-
-// A client's string inside a message: escaped and cut to 64 bytes.
-std::string Echo(absl::string_view value) {
-  const std::string shown = absl::CHexEscape(value.substr(0, 64));
-  return value.size() > 64 ? shown + "..." : shown;
 }
 
 // `value` with as many digits as it takes to read back as itself: a
@@ -216,8 +211,9 @@ absl::Status ResolveOptimizer(v1::TrainingSpec* training) {
   }
   DecayPolicy unused;
   if (!ParseDecayPolicy(training->decay(), &unused).ok()) {
-    return Invalid("spec.training.decay", absl::StrCat("unknown policy \"", Echo(training->decay()),
-                                                       "\"; accepted: matrices, all"));
+    return Invalid("spec.training.decay",
+                   absl::StrCat("unknown policy \"", EchoInput(training->decay()),
+                                "\"; accepted: matrices, all"));
   }
   if (!training->has_grad_clip()) training->set_grad_clip(0);
   if (!training->has_lr_schedule()) training->set_lr_schedule("constant");
@@ -231,7 +227,7 @@ absl::Status ResolveOptimizer(v1::TrainingSpec* training) {
   LrSchedule schedule;
   if (!ParseLrSchedule("spec.training.lr_schedule", training->lr_schedule(), &schedule).ok()) {
     return Invalid("spec.training.lr_schedule",
-                   absl::StrCat("unknown schedule \"", Echo(training->lr_schedule()),
+                   absl::StrCat("unknown schedule \"", EchoInput(training->lr_schedule()),
                                 "\"; accepted: constant, cosine"));
   }
   if (training->warmup_steps() < 0 || training->warmup_steps() > training->steps()) {
@@ -377,7 +373,7 @@ absl::Status CheckManualStages(const v1::ParallelismSpec& p, int units) {
   if (!manual && p.manual_stages_size() > 0) {
     return Invalid(
         "spec.parallelism.manual_stages",
-        absl::StrCat("given but the solver is \"", Echo(p.solver()), "\"; use \"manual\""));
+        absl::StrCat("given but the solver is \"", EchoInput(p.solver()), "\"; use \"manual\""));
   }
   if (!manual) return absl::OkStatus();
   if (p.manual_stages_size() != p.stages()) {
@@ -423,7 +419,7 @@ absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
   if (solver != kSolverUniform && solver != kSolverPipeDream && solver != kSolverBiPartition &&
       solver != kSolverAuto && solver != kSolverManual) {
     return Invalid("spec.parallelism.solver",
-                   absl::StrCat("unknown solver \"", Echo(solver), "\"; accepted: ",
+                   absl::StrCat("unknown solver \"", EchoInput(solver), "\"; accepted: ",
                                 absl::StrJoin({kSolverUniform, kSolverPipeDream, kSolverBiPartition,
                                                kSolverAuto, kSolverManual},
                                               ", "),
@@ -434,14 +430,14 @@ absl::Status ResolveParallelism(v1::ParallelismSpec* parallelism, int n_layer) {
   if (!parallelism->has_objective()) parallelism->set_objective(kObjectivePaper);
   if (parallelism->objective() != kObjectivePaper && parallelism->objective() != kObjectiveFull) {
     return Invalid("spec.parallelism.objective",
-                   absl::StrCat("unknown objective \"", Echo(parallelism->objective()),
+                   absl::StrCat("unknown objective \"", EchoInput(parallelism->objective()),
                                 "\"; accepted: paper, full"));
   }
   RETURN_IF_ERROR(CheckManualStages(*parallelism, static_cast<int>(units)));
   const std::string& schedule = parallelism->schedule();
   if (schedule != kSchedule1F1B && schedule != kScheduleGPipe) {
     return Invalid("spec.parallelism.schedule",
-                   absl::StrCat("unknown schedule \"", Echo(schedule),
+                   absl::StrCat("unknown schedule \"", EchoInput(schedule),
                                 "\"; accepted: ", kSchedule1F1B, ", ", kScheduleGPipe));
   }
   return absl::OkStatus();

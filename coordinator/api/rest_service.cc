@@ -11,6 +11,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "coordinator/api/grpc_status.h"
 #include "coordinator/api/list_pages.h"
@@ -93,7 +94,7 @@ absl::StatusOr<v1::JobView> ParseView(const HttpRequest& http) {
     return view;
   }
   return absl::InvalidArgumentError(absl::StrCat(
-      "view: ?view= must be JOB_VIEW_BASIC or JOB_VIEW_FULL, got \"", text.substr(0, 32), "\""));
+      "view: ?view= must be JOB_VIEW_BASIC or JOB_VIEW_FULL, got \"", EchoInput(text, 32), "\""));
 }
 
 HttpResponse GetJob(const JobManager* jobs, const HttpRequest& http) {

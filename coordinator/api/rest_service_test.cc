@@ -230,6 +230,15 @@ TEST_F(RestServiceTest, SubmitJob_HugeBadValue_MessageCut) {
   EXPECT_LE(error.dump().size(), 4096u);
 }
 
+// A bad ?view= comes back escaped and cut, never a piece of a character.
+TEST_F(RestServiceTest, BadView_EchoedEscapedAndCut) {
+  auto [status, error] = Call("GET", "/v1/jobs?view=%1B%5B2J" + std::string(40, 'x') + "%C3%A9");
+  EXPECT_EQ(status, 400);
+  EXPECT_EQ(error["message"],
+            "view: ?view= must be JOB_VIEW_BASIC or JOB_VIEW_FULL, got \"\\x1b[2J" +
+                std::string(28, 'x') + "...\"");
+}
+
 // An unknown field's violation names the field, not "spec"; an empty body
 // says it is empty.
 TEST_F(RestServiceTest, SubmitJob_UnknownFieldOrEmptyBody_NamedPlainly) {

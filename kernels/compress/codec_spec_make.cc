@@ -1,5 +1,6 @@
 // MakeCodec (codec_spec.h): from a parsed spec to the codec objects.
 #include "absl/strings/str_cat.h"
+#include "common/echo_input.h"
 #include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
 #include "kernels/compress/elem_topk_codec.h"
@@ -26,7 +27,7 @@ absl::StatusOr<std::unique_ptr<Codec>> MakeStage(const CodecStage& s,
                      MakeTokenTopKCodec(param("keep"), std::move(inner)));
     return std::unique_ptr<Codec>(std::move(codec));
   }
-  return absl::InvalidArgumentError(absl::StrCat("unknown codec \"", s.name, "\""));
+  return absl::InvalidArgumentError(absl::StrCat("unknown codec \"", EchoInput(s.name), "\""));
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/echo_input.h"
 #include "kernels/compress/codec_spec.h"
 
 namespace pipetrain {
@@ -64,9 +65,9 @@ absl::StatusOr<CodecStage> ParseStage(const std::string& text) {
   stage.name = parts[0];
   auto rules = Rules().find(stage.name);
   if (rules == Rules().end()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "unknown codec \"", stage.name,
-        "\"; known: fp16, bf16, linear, piecewise, elem_topk, token_topk, powersgd"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown codec \"", EchoInput(stage.name),
+                     "\"; known: fp16, bf16, linear, piecewise, elem_topk, token_topk, powersgd"));
   }
   if (parts.size() == 2) {
     for (const std::string& kv : std::vector<std::string>(absl::StrSplit(parts[1], ','))) {
@@ -74,11 +75,11 @@ absl::StatusOr<CodecStage> ParseStage(const std::string& text) {
       double value = 0;
       if (pair.size() != 2 || !PlainDecimal(pair[1], &value)) {
         return absl::InvalidArgumentError(
-            absl::StrCat(stage.name, ": parameter \"", kv, "\" is not key=number"));
+            absl::StrCat(stage.name, ": parameter \"", EchoInput(kv), "\" is not key=number"));
       }
       if (!stage.params.emplace(pair[0], value).second) {
         return absl::InvalidArgumentError(
-            absl::StrCat(stage.name, ": parameter \"", pair[0], "\" is given twice"));
+            absl::StrCat(stage.name, ": parameter \"", EchoInput(pair[0]), "\" is given twice"));
       }
     }
   }
@@ -87,7 +88,7 @@ absl::StatusOr<CodecStage> ParseStage(const std::string& text) {
     for (const ParamRule& r : rules->second) rule = r.name == key ? &r : rule;
     if (rule == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat(stage.name, ": unknown parameter \"", key, "\""));
+          absl::StrCat(stage.name, ": unknown parameter \"", EchoInput(key), "\""));
     }
     const bool keep = key == "keep";  // (0, 1]: 0 itself is out
     if (!std::isfinite(value) || value > rule->max || value < rule->min ||

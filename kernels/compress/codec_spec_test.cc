@@ -29,6 +29,10 @@ TEST(ParseCodecSpec, BadSpecs_AreInvalidArgumentNamingTheProblem) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"", "empty codec spec"},
       {"zstd", "unknown codec \"zstd\""},
+      // What the client sent comes back escaped: no control byte reaches a
+      // terminal or a log from a refused spec.
+      {"\x1b[2J", "unknown codec \"\\x1b[2J\""},
+      {"fp16:\nbits=3", "fp16: unknown parameter \"\\nbits\""},
       {"linear", "linear: missing parameter bits"},
       {"linear:bits=1", "linear: bits 1 is out of range 2..16"},
       {"piecewise:bits=12", "piecewise: bits 12 is out of range 1..8"},

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/confined_path.h"
+#include "common/echo_input.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -217,9 +218,9 @@ absl::StatusOr<DataFormat> ParseDataFormat(std::string_view name) {
   if (name == "text") return DataFormat::kText;
   if (name == "uint16") return DataFormat::kUint16;
   if (name == "uint16-header") return DataFormat::kUint16Header;
-  return absl::InvalidArgumentError(absl::StrCat("unknown data format \"",
-                                                 absl::string_view(name.data(), name.size()),
-                                                 "\"; accepted: ", kAcceptedFormats));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown data format \"", EchoInput(absl::string_view(name.data(), name.size())),
+                   "\"; accepted: ", kAcceptedFormats));
 }
 
 std::string DataFormatName(DataFormat format) {

@@ -80,6 +80,8 @@ TEST(DataFormatTest, ParseDataFormat_Unknown_InvalidArgumentListsAccepted) {
   EXPECT_EQ(parsed.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(parsed.status().message(), "\"utf8\""));
   EXPECT_TRUE(absl::StrContains(parsed.status().message(), "auto, text, uint16, uint16-header"));
+  // Escaped: no control byte of a client's spec reaches a terminal or log.
+  EXPECT_TRUE(absl::StrContains(ParseDataFormat("\x1b[2J").status().message(), "\"\\x1b[2J\""));
 }
 
 TEST(TokenFileTest, LoadTokenFile_Text_EachByteIsAToken) {

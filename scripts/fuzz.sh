@@ -13,7 +13,7 @@
 # The build uses its own Bazel output base (PIPETRAIN_FUZZ_OUTPUT_BASE,
 # default ~/.cache/pipetrain-fuzz), so it never invalidates the GCC build.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 
 TARGETS=(
   job_spec_json_fuzzer
@@ -34,6 +34,17 @@ TARGETS=(
   http_pieces_fuzzer
 )
 
+# TARGETS is kept by hand: check it against the pipetrain_fuzzer rules of
+# fuzz/BUILD, so a new target cannot be left out of every run.
+declared=$(sed -n '/^pipetrain_fuzzer(/,/^)/s/^ *name = "\([^"]*\)".*/\1/p' fuzz/BUILD | sort)
+listed=$(printf '%s\n' "${TARGETS[@]}" | sort)
+if [ -z "$declared" ] || [ "$declared" != "$listed" ]; then
+  echo "fuzz: TARGETS in scripts/fuzz.sh does not match the pipetrain_fuzzer rules of fuzz/BUILD:" >&2
+  comm -23 <(echo "$listed") <(echo "$declared") | sed 's/^/  only in scripts\/fuzz.sh: /' >&2
+  comm -13 <(echo "$listed") <(echo "$declared") | sed 's/^/  only in fuzz\/BUILD: /' >&2
+  exit 1
+fi
+
 seconds="${1:-600}"
 if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
   echo "usage: scripts/fuzz.sh [SECONDS] [TARGET...]" >&2
@@ -41,6 +52,25 @@ if ! [[ "$seconds" =~ ^[0-9]+$ ]] || [ "$seconds" -lt 1 ]; then
 fi
 shift $(($# > 0 ? 1 : 0))
 if [ $# -gt 0 ]; then TARGETS=("$@"); fi
+for t in "${TARGETS[@]}"; do
+  if ! grep -qxF "$t" <<< "$declared"; then
+    echo "fuzz: no fuzz target $t in fuzz/BUILD; the targets: $(paste -sd ' ' <<< "$declared")" >&2
+    exit 2
+  fi
+done
+
+# The scratch corpora and logs: removed at the end, on failure and on Ctrl-C,
+# but kept when a target crashed (the inputs to reproduce it).
+work=$(mktemp -d "${TMPDIR:-/tmp}/pipetrain-fuzz.XXXXXX") || work=""
+if [ -z "$work" ] || [ ! -d "$work" ]; then
+  echo "fuzz: cannot create a work directory under ${TMPDIR:-/tmp}" >&2
+  exit 1
+fi
+keep_work=0
+trap '[ "$keep_work" -eq 1 ] || rm -rf "$work"' EXIT
+# Without this, a fuzzer that exits on Ctrl-C counts as a crash and the
+# next target starts.
+trap 'echo "fuzz: interrupted" >&2; exit 130' INT TERM
 
 output_base="${PIPETRAIN_FUZZ_OUTPUT_BASE:-$HOME/.cache/pipetrain-fuzz}"
 # The second Bazel server exits after 15 idle minutes, not Bazel's 3 hours.
@@ -62,7 +92,6 @@ symbolizer=/usr/lib/llvm-14/bin/llvm-symbolizer
 if [ -x "$symbolizer" ]; then export ASAN_SYMBOLIZER_PATH="$symbolizer"; fi
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1${UBSAN_OPTIONS:+:$UBSAN_OPTIONS}"
 
-work=$(mktemp -d "${TMPDIR:-/tmp}/pipetrain-fuzz.XXXXXX")
 crashes=0
 rows=()
 for t in "${TARGETS[@]}"; do
@@ -89,6 +118,7 @@ for t in "${TARGETS[@]}"; do
     "${rate:-?}" "${cov:-?}" "${ft:-?}" "$corpus" "$found")")
   if [ "$found" -gt 0 ]; then
     crashes=$((crashes + found))
+    keep_work=1
     echo "fuzz: $t FAILED (exit $rc); its report:"
     grep -E -A 40 '^==[0-9]+==|runtime error:|^ERROR: libFuzzer|deadly signal' "$dir/log" | head -n 80
     echo "fuzz: inputs kept in $dir/artifacts/ (full log $dir/log); reproduce with"
@@ -100,6 +130,5 @@ echo
 printf '%-22s %8s %12s %8s %6s %7s %8s %8s\n' target seconds executions exec/s cov ft corpus crashes
 printf '%s\n' "${rows[@]}"
 echo "machine: $(nproc) CPUs, $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1); commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if [ "$crashes" -eq 0 ]; then rm -rf "$work"; fi
 echo "fuzz: ${#TARGETS[@]} targets, $crashes crashes"
 [ "$crashes" -eq 0 ]

@@ -23,20 +23,47 @@
 #                                        # (scripts/test.sh runs this, so a
 #                                        # bundle that cannot build fails CI)
 set -euo pipefail
+usage="usage: scripts/gpu_bundle.sh [--check]"
+# Anything else would be taken for a full build, which first deletes the
+# bundle there is.
+case "$#:${1:-}" in
+  0: | 1:--check) ;;
+  1:-h | 1:--help)
+    echo "$usage"
+    echo "  builds gpu-bundle/ and gpu-bundle.tar.gz; --check only analyses what it would build"
+    exit 0
+    ;;
+  *)
+    echo "$usage" >&2
+    exit 2
+    ;;
+esac
 cd "$(dirname "$0")/.."
 source scripts/cuda_targets.sh
 flags=(--config=cuda -c opt --dynamic_mode=off)
+# Bazel's stderr of the queries below: noise, unless one fails.
+bazel_err=$(mktemp) || { echo "gpu-bundle: cannot create a temporary file" >&2; exit 1; }
+trap 'rm -f "$bazel_err"' EXIT
 # The tests in that set that build under these flags: a query lists the CPU-only
 # ones too (kernels/cuda/emulation, CPU_ONLY), and naming them to
 # `bazel build --config=cuda` would stop it ("incompatible ... explicitly
 # requested"), so the configured query drops those.
-tests=$(bazel cquery "${flags[@]}" "tests(set(${CUDA_TARGETS[*]}))" --output=starlark \
+if ! tests=$(bazel cquery "${flags[@]}" "tests(set(${CUDA_TARGETS[*]}))" --output=starlark \
   --starlark:expr='"" if "IncompatiblePlatformProvider" in providers(target) else str(target.label)' \
-  2>/dev/null | grep .)
+  2>"$bazel_err"); then
+  cat "$bazel_err" >&2
+  echo "gpu-bundle: bazel cquery of the CUDA test targets (scripts/cuda_targets.sh) failed" >&2
+  exit 1
+fi
+tests=$(grep . <<<"$tests" || true)
+if [[ -z "$tests" ]]; then
+  echo "gpu-bundle: no CUDA test target builds under ${flags[*]} (scripts/cuda_targets.sh)" >&2
+  exit 1
+fi
 binaries=(//cli:pipetrain //coordinator:pipetrain-coordinator //worker:pipetrain-worker
   //worker/train:train_step_benchmark //worker/collectives:collective_benchmark
   //kernels/cuda:nccl_all_reduce_benchmark)
-if [[ "${1:-}" == --check ]]; then
+if [[ $# -eq 1 ]]; then  # --check
   # shellcheck disable=SC2086
   bazel build --nobuild "${flags[@]}" $tests "${binaries[@]}"
   echo "gpu-bundle check: $(echo "$tests" | wc -l) test binaries and ${#binaries[@]} programs analyse" >&2
@@ -45,7 +72,11 @@ fi
 echo "building $(echo "$tests" | wc -l) test binaries and ${#binaries[@]} programs (--config=cuda -c opt)" >&2
 # shellcheck disable=SC2086
 bazel build "${flags[@]}" $tests "${binaries[@]}"
-bin_dir=$(bazel info "${flags[@]}" bazel-bin 2>/dev/null)
+if ! bin_dir=$(bazel info "${flags[@]}" bazel-bin 2>"$bazel_err"); then
+  cat "$bazel_err" >&2
+  echo "gpu-bundle: bazel info ${flags[*]} bazel-bin failed" >&2
+  exit 1
+fi
 rm -rf gpu-bundle gpu-bundle.tar.gz gpu-bundle.tar.xz
 mkdir -p gpu-bundle/bin gpu-bundle/lib
 for target in $tests "${binaries[@]}"; do

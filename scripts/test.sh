@@ -15,6 +15,8 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
 log=$(mktemp)
+# The logs are only counted here, never kept: remove them on Ctrl-C too.
+trap 'rm -f "$log" "${cuda_log:-}"' EXIT
 bazel test "$@" //... 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 source scripts/cuda_targets.sh

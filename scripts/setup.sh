@@ -24,6 +24,7 @@ PACKAGES=(
   prometheus               # promtool, to lint /metrics in tests (also ships the server)
   clang-14 libclang-rt-14-dev  # libFuzzer, ASan, UBSan: the fuzz targets (scripts/fuzz.sh)
   llvm-14                  # llvm-symbolizer, for readable stacks in sanitizer reports
+  procps                   # pgrep, pkill: cli/cluster_cli_test.sh finds leftover processes
 )
 
 # Tools wanted as commands, not as particular packages: a machine may already
@@ -45,10 +46,11 @@ for t in "${TOOLS[@]}"; do
   if ! command -v "${t%%:*}" >/dev/null 2>&1; then missing+=("${t#*:}"); fi
 done
 
-# npm packages of tests/k8s/validate_manifests.js (tools/k8s-validate) and
-# tests/dashboard_schema_test.sh (tools/grafana-schema-check), each pinned
-# by its package-lock.json; installed again only when the lock file is
-# missing from the install or newer than it.
+# npm packages of tests/k8s/validate_manifests.js (tools/k8s-validate),
+# tests/dashboard_schema_test.sh (tools/grafana-schema-check) and
+# tests/proto/buf_test.sh (tools/openapi-check), each pinned by its
+# package-lock.json; installed again only when the lock file is missing from
+# the install or newer than it.
 npm_ci() {
   local dir
   for dir in k8s-validate grafana-schema-check openapi-check; do
@@ -60,9 +62,29 @@ npm_ci() {
   done
 }
 
+# Debian 12's kubernetes-client is kubectl 1.20 (kustomize 2.0.3), too old
+# to render deploy/k8s: only a warning, as the build and the demo do without.
+check_kubectl() {
+  local version major minor
+  version=$(kubectl version --client 2>/dev/null | grep -o 'v[0-9][0-9]*\.[0-9][0-9]*' | head -n 1 || true)
+  major=${version#v} minor=${version#*.}
+  major=${major%%.*}
+  if [ -z "$version" ]; then
+    echo "setup: WARNING: cannot read kubectl's version (kubectl version --client)," >&2
+  elif [ "$major" -eq 1 ] && [ "$minor" -lt 25 ]; then
+    echo "setup: WARNING: kubectl $version is older than 1.25," >&2
+  else
+    return 0
+  fi
+  echo "  so //tests/k8s:manifests_test will fail: it runs \`kubectl kustomize\`, which needs" \
+    "kubectl 1.25 or later; a standalone kustomize 4.5.5+ renders deploy/k8s by hand" \
+    "(docs/operations.md)" >&2
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#PACKAGES[@]} packages and ${#TOOLS[@]} tools present"
   npm_ci
+  check_kubectl
   exit 0
 fi
 
@@ -73,4 +95,5 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -q
 $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 npm_ci
+check_kubectl
 echo "setup: done"

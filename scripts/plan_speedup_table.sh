@@ -7,11 +7,28 @@
 # profiles in docs/profiles/; each on equal workers and on mixed workers
 # (speeds 1, 2, 1, 2, ...). Links 10 Gbit/s, 50 us; 8 micro-batches, 1F1B.
 set -euo pipefail
-cd "$(dirname "$0")/.."
 if [[ $# -ge 1 ]]; then
   BIN="$1"
-else
-  bazel build -c opt //cli:pipetrain >/dev/null 2>&1
+  # As the shell would run it: a bare name from PATH, a relative path from
+  # here (before the cd below).
+  if [[ "$BIN" != */* ]]; then
+    BIN="$(command -v -- "$BIN" || true)"
+  elif [[ "$BIN" != /* ]]; then
+    BIN="$PWD/$BIN"
+  fi
+  # Else every row below fails, with a Python traceback, after half a table.
+  if [[ ! -f "$BIN" || ! -x "$BIN" ]]; then
+    echo "plan_speedup_table: $1 is not an executable pipetrain binary" >&2
+    echo "usage: scripts/plan_speedup_table.sh [PIPETRAIN_BINARY]" >&2
+    exit 2
+  fi
+fi
+cd "$(dirname "$0")/.."
+if [[ $# -eq 0 ]]; then
+  if ! bazel build -c opt //cli:pipetrain >/dev/null 2>&1; then
+    echo "plan_speedup_table: bazel build -c opt //cli:pipetrain failed; rerun it to see why" >&2
+    exit 1
+  fi
   BIN="$(bazel info -c opt bazel-bin 2>/dev/null)/cli/pipetrain"
 fi
 COMMON=(--micro-batches 8 --schedule 1f1b --json)

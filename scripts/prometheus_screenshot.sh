@@ -13,17 +13,43 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+usage="usage: $0 [OUTPUT.png] [extra \`pipetrain up\` flags]"
+case "${1:-}" in
+  -h | --help) echo "$usage"; exit 0 ;;
+  -*) echo "$usage" >&2; exit 2 ;;  # a flag would be taken for the output file
+esac
 output=${1:-docs/images/prometheus-loss.png}
 shift || true
 # The job lasts some 15 s: a 30 s window shows its curve wide (PROMETHEUS_RANGE=5m etc.).
 range=${PROMETHEUS_RANGE:-30s}
 
-for tool in /usr/bin/prometheus /usr/bin/chromium python3 curl jq; do
-  if ! command -v "$tool" >/dev/null; then
-    echo "$0: $tool is missing: run scripts/setup.sh" >&2
-    exit 1
+# The workers `up` starts, to wait for each one's ports file: --workers
+# (default 2 here); the last one given wins, as in pipetrain's flag parsing.
+workers=2
+previous=""
+for arg in "$@"; do
+  if [[ "$previous" == --workers ]]; then workers=$arg; fi
+  if [[ "$arg" == --workers=* ]]; then workers=${arg#--workers=}; fi
+  if [[ "$arg" == --out || "$arg" == --out=* ]]; then
+    echo "$0: --out is this script's (a temporary directory it watches)" >&2
+    exit 2
   fi
+  previous=$arg
 done
+if ! [[ "$workers" =~ ^[1-9][0-9]*$ ]]; then
+  echo "$0: --workers must be a count of 1 or more, not '$workers'" >&2
+  exit 2
+fi
+
+# command:Debian package. Only prometheus comes with scripts/setup.sh.
+missing=()
+for tool in /usr/bin/prometheus:prometheus /usr/bin/chromium:chromium python3:python3 curl:curl jq:jq; do
+  if ! command -v "${tool%%:*}" >/dev/null; then missing+=("${tool#*:}"); fi
+done
+if [[ ${#missing[@]} -gt 0 ]]; then
+  echo "$0: needs Debian's ${missing[*]}: sudo apt-get install ${missing[*]}" >&2
+  exit 1
+fi
 
 bazel build //cli:pipetrain //coordinator:pipetrain-coordinator //worker:pipetrain-worker >&2
 bin="$(bazel info bazel-bin 2>/dev/null)/cli/pipetrain"
@@ -73,7 +99,7 @@ EOF
 echo '[]' >"$work/targets.json"
 
 ready() { curl -sf "http://127.0.0.1:$port/-/ready" >/dev/null || ! kill -0 "$prom_pid" 2>/dev/null; }
-for attempt in 1 2 3; do
+for _ in 1 2 3; do
   port=$(free_port)
   /usr/bin/prometheus --config.file="$work/prometheus.yml" --storage.tsdb.path="$work/tsdb" \
     --web.listen-address="127.0.0.1:$port" >"$work/prometheus.log" 2>&1 &
@@ -91,7 +117,13 @@ echo "Prometheus at http://127.0.0.1:$port" >&2
 
 "$bin" up --workers 2 --steps 300 --out "$work/up" --keep-running "$@" >"$work/up.log" 2>&1 &
 up_pid=$!
-ports_written() { ls "$work"/up/worker-1.ports "$work"/up/coordinator.ports >/dev/null 2>&1; }
+# Every worker's, not the last one's: they start at once and may be ready in
+# any order. (Each file appears whole: pipetrain renames it into place.)
+ports_written() {
+  local i
+  [[ -f "$work/up/coordinator.ports" ]] || return 1
+  for ((i = 0; i < workers; i++)); do [[ -f "$work/up/worker-$i.ports" ]] || return 1; done
+}
 await 60 "the cluster's ports files" ports_written
 
 # The targets, written whole and renamed so Prometheus never reads half a file.

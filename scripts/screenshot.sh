@@ -38,10 +38,13 @@ fi
 
 if [[ ! -x /usr/bin/chromium ]]; then
   echo "$0: installing chromium" >&2
+  # A fresh machine has no package lists yet: install alone finds nothing.
+  apt-get update -q >&2
   apt-get install -y chromium >&2
 fi
 
-input_url="file://$(realpath "$input")"
+# Percent-encoded: a space, # or ? in the path would break a bare file:// URL.
+input_url=$(python3 -c 'import pathlib, sys; print(pathlib.Path(sys.argv[1]).resolve().as_uri())' "$input")
 output_path=$(realpath -m "$output")
 profile=$(mktemp -d)
 trap 'rm -rf "$profile"' EXIT

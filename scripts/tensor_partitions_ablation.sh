@@ -13,8 +13,16 @@ tensor="${2:-2}"
 shift $(($# > 2 ? 2 : $#))
 links=("$@")
 [ ${#links[@]} -gt 0 ] || links=(1Gbit,0.5ms 10Gbit,0.05ms)
-bazel build //cli:pipetrain >/dev/null 2>&1
+if ! bazel build //cli:pipetrain >/dev/null 2>&1; then
+  echo "tensor_partitions_ablation: bazel build //cli:pipetrain failed; rerun it to see why" >&2
+  exit 1
+fi
 bin="$(bazel info bazel-bin 2>/dev/null)/cli/pipetrain"
+# Each run's --out: removed after it, on an error and on Ctrl-C, but kept
+# (and named) when the run fails, for its logs.
+out=""
+trap '[ -z "$out" ] || rm -rf "$out"' EXIT
+trap 'exit 130' INT TERM
 echo "machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
 for link in "${links[@]}"; do
   for k in 1 2 4 0; do
@@ -22,9 +30,15 @@ for link in "${links[@]}"; do
     log="$("$bin" up --workers "$tensor" --tensor-parallel "$tensor" --tensor-partitions "$k" \
       --solver bipartition --emulate-link "$link" --steps "$steps" --eval-interval 0 \
       --checkpoint-interval 0 --batch 16 --micro-batches 2 --d-model 512 --heads 8 \
-      --seq-len 128 --out "$out" 2>&1)" || { echo "$log" | tail -5; exit 1; }
+      --seq-len 128 --out "$out" 2>&1)" || {
+      echo "$log" | tail -5
+      echo "tensor_partitions_ablation: pipetrain up failed; its logs are in $out" >&2
+      out=""
+      exit 1
+    }
     echo "T = $tensor, $link, k = $k:"
     echo "$log" | grep -E "step time:|tensor partitions|tensor-parallel all-reduces" | sed 's/^/  /'
     rm -rf "$out"
+    out=""
   done
 done

@@ -1593,6 +1593,8 @@ TEST_F(JobManagerTest, Submit_OverPlanningBudget_ResourceExhaustedBeforeAnyWork)
   absl::Status status = Submit(spec).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StrContains(status.message(), "planning budget")) << status.message();
+  EXPECT_TRUE(absl::StrContains(status.message(), "; use solver pipedream or uniform, or fewer"))
+      << status.message();
   spec.mutable_parallelism()->set_solver("pipedream");
   EXPECT_TRUE(Submit(spec).ok());
   spec = SmallSpec(4);

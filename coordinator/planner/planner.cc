@@ -67,12 +67,15 @@ absl::Status CheckPlanningBudget(const ResolvedJobSpec& r) {
       : grows ? absl::StrCat(r.spec.elastic().max_workers(), " stages (spec.elastic.max_workers)")
               : absl::StrCat(r.stages, " stages");
   if (work.solver_steps > kMaxSolverSteps) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("spec.parallelism: solver ", r.solver, " for ", stages, " of ",
-                     2 * r.train.model.n_layer + 2, " units needs about ", work.solver_steps,
-                     " steps, above the coordinator's planning budget of ", kMaxSolverSteps,
-                     "; use solver pipedream or uniform, or fewer stages",
-                     grows ? " (a lower spec.elastic.max_workers)" : ""));
+    // Only solvers cheaper than the one asked for are advice.
+    const std::string cheaper = r.solver == kSolverUniform     ? ""
+                                : r.solver == kSolverPipeDream ? "solver uniform, or "
+                                                               : "solver pipedream or uniform, or ";
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "spec.parallelism: solver ", r.solver, " for ", stages, " of ",
+        2 * r.train.model.n_layer + 2, " units needs about ", work.solver_steps,
+        " steps, above the coordinator's planning budget of ", kMaxSolverSteps, "; use ", cheaper,
+        "fewer stages", grows ? " (a lower spec.elastic.max_workers)" : ""));
   }
   if (work.stage_micro_batches > kMaxStageMicroBatches) {
     return absl::ResourceExhaustedError(absl::StrCat(

@@ -12,6 +12,7 @@
 //   worker   Heartbeat WatchAssignments ReportProgress        "authorization: Bearer
 //            UploadWeights DeregisterWorker                   <session token>" naming the
 //                                                             worker the request acts for
+//   either   DrainWorker: a user any worker, a worker itself  either of the above
 //
 // A session credential (RegisterWorkerResponse.session_token) allows acting
 // for its own worker only: a request naming another worker is

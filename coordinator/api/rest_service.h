@@ -8,7 +8,10 @@
 //   GET  /v1/jobs/{id}   ?view=                            -> Job
 //   POST /v1/jobs/{id}:cancel     body ignored             -> Job
 //   GET  /v1/jobs/{id}/plan                                -> Plan
+//   GET  /v1/jobs/{id}/timeline.svg                        -> the plan's timeline (SVG)
+//   GET  /v1/jobs/{id}/measured-timeline.svg               -> the measured one (SVG)
 //   GET  /v1/workers   ?pageSize= &pageToken=              -> ListWorkersResponse
+//   POST /v1/workers/{id}:drain   body ignored             -> Worker
 //
 // /healthz and /readyz are the process's, not the API's (common/serving_health.h).
 //

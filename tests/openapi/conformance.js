@@ -100,6 +100,7 @@ async function until(what, timeoutMs, probe) {
 // store that cannot commit; the lock goes when `fn` is done.
 async function whileStateLocked(fn) {
   const flag = path.join(args.tmp, 'state.locked');
+  fs.rmSync(flag, { force: true });  // a former call's would pass for this one's lock
   const shell = childProcess.spawn('sqlite3', [path.join(args.tmp, 'state', 'coordinator.db')],
                                    { stdio: ['pipe', 'ignore', 'inherit'] });
   const exited = new Promise((resolve) => shell.on('exit', resolve));
@@ -193,6 +194,17 @@ async function scenario(document, coordinator, workerId) {
     if (r.status === 200) exampleJob = exampleJob || r.json.id;
   }
   await call('POST', '/v1/jobs', { body: { model: { nLayer: 2 } }, expect: 400 });
+  // Over the planning budget (64 Bi-Partition stages of 194 units): 429.
+  await call('POST', '/v1/jobs', { expect: 429, body: {
+    model: { nLayer: 96, nHead: 1, dModel: 8 }, training: { seqLen: 4, batchSize: 64, steps: '1' },
+    parallelism: { stages: 64, solver: 'bipartition' } } });
+  // One the state store cannot record: 503, and nothing submitted.
+  const before = (await call('GET', '/v1/jobs?pageSize=1000', { expect: 200 })).json.jobs.length;
+  await whileStateLocked(() => call('POST', '/v1/jobs', { expect: 503, body: {
+    name: 'unrecorded', model: { nLayer: 1, nHead: 1, dModel: 8 },
+    training: { seqLen: 4, batchSize: 1, steps: '1' }, parallelism: { stages: 1 } } }));
+  const after = (await call('GET', '/v1/jobs?pageSize=1000', { expect: 200 })).json.jobs.length;
+  if (after !== before) fail(`a submit answered 503 left a job behind (${before} jobs, then ${after})`);
 
   // A job that keeps the one worker busy, and one that cannot be placed.
   const busy = await call('POST', '/v1/jobs', { expect: 200, body: {

@@ -17,6 +17,12 @@ WORKER="$R/worker/pipetrain-worker"
 CLI_OK_OUT="$OUT"
 unset PIPETRAIN_COORDINATOR PIPETRAIN_TOKEN PIPETRAIN_CA
 
+# The leftover-process checks count with pgrep: without it they would
+# count nothing, and pass.
+if ! command -v pgrep >/dev/null; then
+  echo "FAIL: pgrep is missing (Debian package procps; scripts/setup.sh installs it)"
+  exit 1
+fi
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null; done
@@ -203,8 +209,12 @@ expect_exit usage_missing_id 2 "missing argument" -- job
 # (the job waits for workers this coordinator does not have).
 "$BIN" "${CLI_PREFIX[@]}" submit --follow "$TMP/job.json" >"$TMP/follow-int.out" 2>"$TMP/follow-int.err" &
 follow_pid=$!
+pids+=("$follow_pid")
 ok submit_follow_printed_id await_file "$TMP/follow-int.out"
 kill -INT "$follow_pid"
+# Bounded: one that ignores Ctrl-C is killed, and fails the check below.
+for _ in $(seq 1 600); do kill -0 "$follow_pid" 2>/dev/null || break; sleep 0.05; done
+kill -KILL "$follow_pid" 2>/dev/null
 wait "$follow_pid"
 rc=$?
 ok submit_follow_interrupted_exit_130 test "$rc" -eq 130
@@ -371,10 +381,13 @@ up_pid=$!
 pids+=("$up_pid")
 ok up_int_started await_file "$TMP/up-int/worker-1.ports"
 own_groups=yes
+seen=0
 for p in $(pgrep -f -- "--ports-file=$TMP/up-int/"); do
+  seen=$((seen + 1))
   [[ $(ps -o pgid= -p "$p" | tr -d ' ') != "$up_pid" ]] || own_groups="no: $p"
 done
 ok up_children_own_groups test "$own_groups" = yes
+ok up_children_all_seen test "$seen" -eq 3  # the coordinator and 2 workers
 kill -INT -- "-$up_pid"
 for _ in $(seq 1 1200); do kill -0 "$up_pid" 2>/dev/null || break; sleep 0.05; done
 wait "$up_pid"
@@ -444,7 +457,7 @@ for c in $commands; do
       ;;
   esac
   for flag in $(grep -oE '^  --[a-z0-9-]+' "$TMP/c-help.txt"); do
-    if ! sed -n "/^    '$c')/,/;;/p" "$TMP/completion.bash" | grep -q -- "$flag\\b"; then
+    if ! sed -n "/^    '$c')/,/;;/p" "$TMP/completion.bash" | grep -qE -- "$flag([^a-z0-9-]|\$)"; then
       fail "completion_$c$flag" "the bash script lacks $flag for '$c'"
     fi
   done
@@ -502,6 +515,7 @@ JSON
 "$BIN" submit "$TMP/long.json" --follow --coordinator="$raddr" --token-file="$TMP/user.token" \
   >"$TMP/follow.out" 2>"$TMP/follow.err" &
 follow_pid=$!
+pids+=("$follow_pid")
 ok follow_submitted await_file "$TMP/follow.out"
 long_id=$(cut -d' ' -f1 "$TMP/follow.out")
 # Polls the job's step through the CLI until it reaches $1 (bounded).
@@ -532,6 +546,7 @@ ok follow_still_running kill -0 "$follow_pid"
 expect_exit restart_cancel 0 "CANCELLED" -- cancel "$long_id" --coordinator="$raddr" \
   --token-file="$TMP/user.token"
 for _ in $(seq 1 600); do kill -0 "$follow_pid" 2>/dev/null || break; sleep 0.05; done
+kill -KILL "$follow_pid" 2>/dev/null  # still following after 30 s: fails below
 wait "$follow_pid"
 follow_rc=$?
 if [[ $follow_rc -eq 1 ]] && grep -q "^$long_id CANCELLED" "$TMP/follow.out" &&

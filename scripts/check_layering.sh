@@ -3,8 +3,10 @@
 # both sides need lives below both (spec/, common/, proto/).
 #   bash scripts/check_layering.sh
 # Checks every file under worker/:
-#   - sources (.h, .cc, .cu, .cuh) must not #include "coordinator/...";
-#   - BUILD rules must not name a //coordinator label (visibility aside).
+#   - sources (.h, .cc, .cu, .cuh, .inc, .ipp) must not #include
+#     "coordinator/..." (nor "../coordinator/...");
+#   - BUILD rules must not depend on a //coordinator target, directly or
+#     through other packages (bazel query: visibility is no dependency).
 # Tests, benchmarks and test helpers may use the coordinator's planner to
 # build the plans they run: sources named *_test.cc, *_benchmark.cc,
 # *_testing.{h,cc}, and cc_test, testonly or *_benchmark rules are exempt.
@@ -26,37 +28,34 @@ while IFS= read -r hit; do
   file="${hit%%:*}"
   rest="${hit#*:}"
   if ! exempt_source "$file"; then violations+=("$file:${rest%%:*}: ${rest#*:}"); fi
-done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]coordinator/' worker \
-  --include='*.h' --include='*.cc' --include='*.cu' --include='*.cuh')
+done < <(grep -rnE '^[[:space:]]*#[[:space:]]*include[[:space:]]*["<]([^">]*/)?coordinator/' worker \
+  --include='*.h' --include='*.cc' --include='*.cu' --include='*.cuh' --include='*.inc' \
+  --include='*.ipp')
 
-# One rule is the text from a line opening "kind(" in column 0 to the next
-# such line. A //coordinator label counts unless it sits in the visibility
-# attribute or the rule is a test, testonly or a benchmark.
-build_files=$(find worker -name BUILD -o -name BUILD.bazel | sort)
-if [ -n "$build_files" ]; then
-  while IFS= read -r hit; do
-    violations+=("$hit")
-  done < <(awk '
-    function flush() {
-      if (n > 0 && kind != "cc_test" && !testonly && name !~ /_benchmark$/)
-        for (i = 0; i < n; i++) print hits[i]
-      n = 0; kind = ""; name = ""; testonly = 0; attr = ""
-    }
-    FNR == 1 { flush() }
-    /^[A-Za-z_][A-Za-z0-9_]*\(/ { flush(); kind = $0; sub(/\(.*/, "", kind) }
-    /^[[:space:]]+[a-z_]+[[:space:]]*=/ {
-      attr = $0; sub(/^[[:space:]]+/, "", attr); sub(/[[:space:]]*=.*/, "", attr)
-    }
-    attr == "name" && name == "" && match($0, /"[^"]*"/) {
-      name = substr($0, RSTART + 1, RLENGTH - 2)
-    }
-    /^[[:space:]]+testonly[[:space:]]*=[[:space:]]*(True|1)/ { testonly = 1 }
-    /"@?\/\/coordinator[\/:"]/ && attr != "visibility" {
-      line = $0; sub(/^[[:space:]]+/, "", line)
-      hits[n++] = FILENAME ":" FNR ": " line
-    }
-    END { flush() }
-  ' $build_files)
+# The BUILD side from Bazel's own reading of the rules (a text scan missed
+# rules made by a list comprehension or deps held in a variable): the
+# worker/ rules that are not tests, testonly or benchmarks, and which of
+# them name a //coordinator target among their deps (select() branches
+# included); then whether any reaches one through other packages.
+if ! command -v bazel >/dev/null; then
+  echo "layering: bazel is not on PATH; it reads the BUILD files for this check" >&2
+  exit 2
+fi
+rules='kind(rule, //worker/...) - tests(//worker/...) - attr(testonly, 1, //worker/...) - attr(name, "_benchmark$", //worker/...)'
+query() { bazel query --noshow_progress --keep_going "$1" 2>"$query_err"; }
+query_err=$(mktemp) || exit 2
+trap 'rm -f "$query_err"' EXIT
+if ! direct=$(query "let w = $rules in rdeps(\$w + //coordinator/..., //coordinator/..., 1) intersect \$w") ||
+  ! reached=$(query "let w = $rules in deps(\$w) intersect //coordinator/..."); then
+  cat "$query_err" >&2
+  echo "layering: bazel query failed" >&2
+  exit 2
+fi
+for rule in $direct; do
+  violations+=("$rule depends on $(query "labels(deps, $rule) intersect //coordinator/..." | paste -sd ' ')")
+done
+if [ -z "$direct" ] && [ -n "$reached" ]; then
+  violations+=("worker/ reaches $(paste -sd ' ' <<<"$reached") through other packages")
 fi
 
 for v in "${violations[@]}"; do echo "layering: $v"; done

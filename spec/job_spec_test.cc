@@ -34,15 +34,6 @@ void ExpectRejected(const v1::JobSpec& spec, const std::string& prefix) {
       << "message: " << resolved.status().message() << "\nexpected prefix: " << prefix;
 }
 
-// Asserts that JobSpecFromJson rejects `json` with a message naming `field`.
-void ExpectJsonRejected(const std::string& json, const std::string& field) {
-  absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(json);
-  ASSERT_FALSE(spec.ok());
-  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_TRUE(absl::StartsWith(spec.status().message(), "spec: ")) << spec.status().message();
-  EXPECT_TRUE(absl::StrContains(spec.status().message(), field)) << spec.status().message();
-}
-
 TEST(ResolveJobSpec, MinimalSpec_FillsEveryDefault) {
   absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(MinimalSpec());
   ASSERT_TRUE(resolved.ok()) << resolved.status();

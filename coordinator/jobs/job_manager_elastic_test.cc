@@ -1429,6 +1429,37 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_ItsIncompleteCheckpo
   EXPECT_TRUE(std::filesystem::exists(dir + "/step-00000005/manifest.json"));
 }
 
+// Two jobs restored sharing a checkpoint directory (stored before sharing
+// was refused): the first to end leaves the step directories it does not
+// know alone, since they may be the other's checkpoint being written; the
+// last to end sweeps them.
+TEST_F(JobManagerElasticTest, Restore_SharedCheckpointDir_SweptOnlyByTheLastToEnd) {
+  Reset(/*with_state=*/true);
+  const std::string first = Submit(ElasticSpec(1, 5)).value().id();  // no workers: queued
+  v1::JobSpec other_spec = ElasticSpec(1, 5);
+  other_spec.mutable_checkpoint()->set_dir("checkpoints/shared-by-two");
+  const std::string other = Submit(other_spec).value().id();
+  jobs_->FlushIo();
+  const std::string first_dir = "checkpoints/" + first;
+  EditStoredJob(*state_, other, [&](store::StoredJob& s) {
+    s.mutable_job()->mutable_spec()->mutable_checkpoint()->set_dir(first_dir);
+  });
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  ASSERT_EQ(jobs_->Get(other).value().spec().checkpoint().dir(), first_dir);
+  // The tests share TEST_TMPDIR and job ids: a step no other test writes.
+  const std::string step = absl::StrCat(OutputDir(), "/", first_dir, "/step-00000047");
+  std::filesystem::remove_all(step);
+  std::filesystem::create_directories(step);
+  std::ofstream(step + "/unit-0000.safetensors") << "being written, or left";
+  ASSERT_TRUE(jobs_->Cancel(first).ok());
+  jobs_->FlushIo();
+  EXPECT_TRUE(std::filesystem::exists(step + "/unit-0000.safetensors"));  // the other's, maybe
+  ASSERT_TRUE(jobs_->Cancel(other).ok());
+  jobs_->FlushIo();
+  EXPECT_FALSE(std::filesystem::exists(step));
+}
+
 // A job a restart fails (here: it ran without checkpoints) is saved as
 // failed: the next restart restores it FAILED, and does not count its end
 // again.

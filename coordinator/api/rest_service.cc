@@ -1,6 +1,7 @@
 #include "coordinator/api/rest_service.h"
 
 #include <algorithm>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -12,7 +13,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/echo_input.h"
-#include "common/enum_names.h"
 #include "coordinator/api/grpc_status.h"
 #include "coordinator/api/list_pages.h"
 #include "coordinator/jobs/plan_drawings.h"
@@ -172,6 +172,29 @@ HttpServer::Handler Taking(std::vector<std::string> known, HttpServer::Handler h
   };
 }
 
+namespace {
+
+// One of job `id`'s plan drawings as an image (`drawing` picks it), or
+// FAILED_PRECONDITION from `missing` saying why the plan has none (an
+// empty image with 200 would look like a drawing of nothing).
+HttpResponse PlanSvg(JobManager& jobs, const std::string& id,
+                     const std::function<const std::string&(const v1::Plan&)>& drawing,
+                     absl::Status (*missing)(const std::string&, v1::JobState, bool)) {
+  absl::StatusOr<v1::Plan> plan = jobs.GetPlan(id);
+  if (!plan.ok()) return StatusResponse(plan.status());
+  if (drawing(*plan).empty()) {
+    absl::StatusOr<v1::Job> job = jobs.Get(id);
+    const v1::JobState state = job.ok() ? job->state() : v1::JOB_STATE_UNSPECIFIED;
+    return StatusResponse(missing(id, state, IsTerminal(state)));
+  }
+  HttpResponse response;
+  response.body = drawing(*plan);
+  response.content_type = "image/svg+xml";
+  return response;
+}
+
+}  // namespace
+
 void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobManager* jobs) {
   const std::vector<std::string> none;
   server.Post("/v1/jobs",
@@ -187,36 +210,19 @@ void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobMa
              }));
   // The plan's simulated timeline as an image a browser shows directly.
   server.Get(absl::StrCat(kJob, "/timeline.svg"), Taking(none, [jobs](const HttpRequest& r) {
-               absl::StatusOr<v1::Plan> plan = jobs->GetPlan(r.path_params[0]);
-               if (!plan.ok()) return StatusResponse(plan.status());
-               if (plan->timeline_svg().empty()) {  // not an empty image with 200
-                 absl::StatusOr<v1::Job> job = jobs->Get(r.path_params[0]);
-                 const bool ended = job.ok() && IsTerminal(job->state());
-                 return StatusResponse(NoTimelineError(
-                     r.path_params[0], job.ok() ? job->state() : v1::JOB_STATE_UNSPECIFIED, ended));
-               }
-               HttpResponse response;
-               response.body = plan->timeline_svg();
-               response.content_type = "image/svg+xml";
-               return response;
+               return PlanSvg(
+                   *jobs, r.path_params[0],
+                   [](const v1::Plan& plan) -> const std::string& { return plan.timeline_svg(); },
+                   NoTimelineError);
              }));
   // The workers' measured timeline of a traced step, once there is one.
-  server.Get(absl::StrCat(kJob, "/measured-timeline.svg"),
-             Taking(none, [jobs](const HttpRequest& r) {
-               absl::StatusOr<v1::Plan> plan = jobs->GetPlan(r.path_params[0]);
-               if (!plan.ok()) return StatusResponse(plan.status());
-               if (plan->measured_timeline_svg().empty()) {
-                 // An ended job will never have one: said so, not "yet".
-                 absl::StatusOr<v1::Job> job = jobs->Get(r.path_params[0]);
-                 const bool ended = job.ok() && IsTerminal(job->state());
-                 return StatusResponse(NoMeasuredTimelineError(
-                     r.path_params[0], job.ok() ? job->state() : v1::JOB_STATE_UNSPECIFIED, ended));
-               }
-               HttpResponse response;
-               response.body = plan->measured_timeline_svg();
-               response.content_type = "image/svg+xml";
-               return response;
-             }));
+  server.Get(
+      absl::StrCat(kJob, "/measured-timeline.svg"), Taking(none, [jobs](const HttpRequest& r) {
+        return PlanSvg(
+            *jobs, r.path_params[0],
+            [](const v1::Plan& plan) -> const std::string& { return plan.measured_timeline_svg(); },
+            NoMeasuredTimelineError);
+      }));
   server.Get("/v1/workers",
              Taking({"pageSize", "pageToken"}, [workers, jobs](const HttpRequest& r) {
                return ListWorkers(workers, jobs, r);

@@ -17,15 +17,19 @@ namespace pipetrain {
 
 CoordinatorGrpcService::CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs,
                                                AssignmentHub* hub, CoordinatorMetrics* metrics,
-                                               const CallerAuth* auth)
+                                               const CallerAuth* auth, Runner store_calls)
     : workers_(workers),
       jobs_(jobs),
       metrics_(metrics),
       auth_(auth),
-      streams_(hub, [workers](const std::string& worker_id, int64_t incarnation) {
-        workers->MarkLost(worker_id, incarnation,
-                          "its assignment stream closed: the process exited or lost its "
-                          "connection to the coordinator");
+      streams_(hub,
+               [workers](const std::string& worker_id, int64_t incarnation) {
+                 workers->MarkLost(worker_id, incarnation,
+                                   "its assignment stream closed: the process exited or lost its "
+                                   "connection to the coordinator");
+               }),
+      store_calls_(store_calls ? std::move(store_calls) : [this](std::function<void()> task) {
+        own_store_calls_.Post(std::move(task));
       }) {
   PT_CHECK(workers != nullptr && jobs != nullptr && hub != nullptr && metrics != nullptr &&
            auth != nullptr);
@@ -58,6 +62,28 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::Unary(grpc::CallbackServerCont
   metrics_->ObserveRpc(
       method, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+template <typename Handler>
+grpc::ServerUnaryReactor* CoordinatorGrpcService::OffReaction(grpc::CallbackServerContext* context,
+                                                              absl::string_view method,
+                                                              const absl::Status& authorized,
+                                                              Handler handler) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (!authorized.ok()) {
+    metrics_->CountRefused(method, authorized.code());
+    reactor->Finish(ToGrpcStatus(authorized));
+    return reactor;
+  }
+  // Timed from here: the wait for the thread is part of the caller's wait.
+  const auto start = std::chrono::steady_clock::now();
+  store_calls_([this, reactor, method = std::string(method), start, handler]() {
+    const absl::Status status = handler();
+    metrics_->ObserveRpc(
+        method, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    reactor->Finish(ToGrpcStatus(status));
+  });
   return reactor;
 }
 
@@ -197,10 +223,12 @@ grpc::ServerReadReactor<v1::WeightsChunk>* CoordinatorGrpcService::UploadWeights
 grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServerContext* context,
                                                             const v1::SubmitJobRequest* request,
                                                             v1::Job* response) {
-  return Unary(context, "SubmitJob", UserCall(*context), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, jobs_->Submit(request->spec()));
-    return absl::OkStatus();
-  });
+  // Waits for the store's commit of the job.
+  return OffReaction(context, "SubmitJob", UserCall(*context),
+                     [this, request, response]() -> absl::Status {
+                       ASSIGN_OR_RETURN(*response, jobs_->Submit(request->spec()));
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerContext* context,
@@ -224,10 +252,12 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::ListJobs(grpc::CallbackServerC
 grpc::ServerUnaryReactor* CoordinatorGrpcService::CancelJob(grpc::CallbackServerContext* context,
                                                             const v1::CancelJobRequest* request,
                                                             v1::Job* response) {
-  return Unary(context, "CancelJob", UserCall(*context), [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(*response, jobs_->Cancel(request->id()));
-    return absl::OkStatus();
-  });
+  // Waits for the store's commit of the cancel, behind the saves queued before it.
+  return OffReaction(context, "CancelJob", UserCall(*context),
+                     [this, request, response]() -> absl::Status {
+                       ASSIGN_OR_RETURN(*response, jobs_->Cancel(request->id()));
+                       return absl::OkStatus();
+                     });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::ListWorkers(grpc::CallbackServerContext* context,

@@ -24,8 +24,12 @@
 //                    pipetrain_job_steps_total after JobManager accepted it.
 // Every unary method records pipetrain_rpc_duration_seconds{method}.
 //
-// Unary methods run in the gRPC reaction: they take only short locks in the
-// registry and job manager. Shutdown order:
+// Unary methods run in the gRPC reaction, taking only short locks in the
+// registry and job manager, except SubmitJob and CancelJob: they wait for the
+// state store (a commit to disk or etcd, and CancelJob for the saves queued
+// before its own), so they run on a thread of the service's own, one call at
+// a time, and the reaction only hands them over (STYLE.md item 6). Shutdown
+// order:
 //   service.Shutdown();        // ends the never-ending WatchAssignments streams
 //   server->Shutdown(deadline);
 //   destroy the server, then the service (joins its executor).
@@ -35,6 +39,8 @@
 #define PIPETRAIN_COORDINATOR_API_GRPC_SERVICE_H_
 
 #include <grpcpp/grpcpp.h>
+
+#include <functional>
 
 #include "absl/strings/string_view.h"
 #include "common/serial_executor.h"
@@ -51,9 +57,16 @@ namespace pipetrain {
 
 class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackService {
  public:
+  // Runs a task later, on a thread other than the caller's.
+  using Runner = std::function<void(std::function<void()>)>;
+
   // None owned; all must outlive the service. Requires non-null (checked).
+  // `store_calls` runs SubmitJob's and CancelJob's work; empty: a
+  // SerialExecutor of the service's own. Tests pass a queue they run
+  // themselves, to see that those calls are not answered in the reaction.
   CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs, AssignmentHub* hub,
-                         CoordinatorMetrics* metrics, const CallerAuth* auth);
+                         CoordinatorMetrics* metrics, const CallerAuth* auth,
+                         Runner store_calls = {});
 
   // Ends every WatchAssignments stream with UNAVAILABLE and refuses new ones
   // the same way. Idempotent.
@@ -107,6 +120,13 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   template <typename Handler>
   grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context, absl::string_view method,
                                   const absl::Status& authorized, Handler handler);
+  // As Unary, but `handler` runs on store_calls_, after the reaction has
+  // returned: it must hold what it uses by value (the request and response
+  // pointers stay valid until the call is finished).
+  template <typename Handler>
+  grpc::ServerUnaryReactor* OffReaction(grpc::CallbackServerContext* context,
+                                        absl::string_view method, const absl::Status& authorized,
+                                        Handler handler);
   absl::Status UserCall(const grpc::CallbackServerContext& context) const;
   absl::Status WorkerCall(const grpc::CallbackServerContext& context,
                           absl::string_view worker_id) const;
@@ -119,9 +139,11 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   CoordinatorMetrics* const metrics_;
   const CallerAuth* const auth_;
   AssignmentStreams streams_;
-  // Last member: destroyed (joined) first, while everything its tasks use
+  // Last members: destroyed (joined) first, while everything their tasks use
   // still exists.
   SerialExecutor executor_;
+  SerialExecutor own_store_calls_;  // used when no runner was given
+  Runner store_calls_;
   OpenUploads open_uploads_;  // UploadWeights: one stream per worker at a time
 };
 

@@ -4,10 +4,14 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/strings/match.h"
+#include "common/annotated_mutex.h"
 #include "common/clock.h"
 #include "common/grpc_credentials.h"
 #include "common/rpc_status.h"
@@ -754,6 +758,110 @@ TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethodAndCode_RefusalsCounte
       text,
       "pipetrain_rpc_duration_seconds_count{code=\"OK\",method=\"/pipetrain.v1.CoordinatorService/"
       "SubmitJob\"} 0\n"));
+}
+
+// Keeps the tasks the service hands to its store thread until the test runs
+// them, so a test sees whether a call waits for that thread.
+class HeldTasks {
+ public:
+  CoordinatorGrpcService::Runner Runner() {
+    return [this](std::function<void()> task) {
+      AnnotatedMutexLock lock(&mu_);
+      tasks_.push_back(std::move(task));
+    };
+  }
+
+  // Waits (30 s at most) for a task and runs it; false if none came.
+  bool RunNext() {
+    std::function<void()> task;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (!mu_.AwaitWithTimeout([this]()
+                                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !tasks_.empty(); },
+                                absl::Seconds(30))) {
+        return false;
+      }
+      task = std::move(tasks_.front());
+      tasks_.pop_front();
+    }
+    task();
+    return true;
+  }
+
+  int pending() const {
+    AnnotatedMutexLock lock(&mu_);
+    return static_cast<int>(tasks_.size());
+  }
+
+ private:
+  mutable AnnotatedMutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+};
+
+// SubmitJob and CancelJob wait for the state store, so the reaction hands
+// them to the service's store thread (STYLE.md item 6): neither is answered
+// until that thread has run it. A refused call is answered at once.
+TEST(GrpcServiceStoreCallsTest, SubmitAndCancel_AnsweredFromTheStoreThread) {
+  FakeClock clock;
+  WorkerRegistry workers{WorkerRegistry::Options{.join_token = kJoinToken, .clock = &clock}};
+  AssignmentHub hub;
+  JobManager jobs{&workers, &hub, &clock};
+  CoordinatorMetrics metrics{&workers, &jobs};
+  const CallerAuth auth{kUserToken, &workers};
+  HeldTasks held;
+  CoordinatorGrpcService service{&workers, &jobs, &hub, &metrics, &auth, held.Runner()};
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  auto stub = v1::CoordinatorService::NewStub(
+      BearerChannel(address, grpc::InsecureChannelCredentials(), {}, kUserToken));
+  auto anonymous = v1::CoordinatorService::NewStub(
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+
+  absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(ValidSpecJson());
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  v1::SubmitJobRequest submit;
+  *submit.mutable_spec() = *spec;
+  v1::Job submitted;
+  grpc::Status submit_status;
+  std::thread submitter([&] {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    submit_status = stub->SubmitJob(&context, submit, &submitted);
+  });
+  const bool submit_held = held.RunNext();
+  submitter.join();
+  EXPECT_TRUE(submit_held) << "SubmitJob was not handed to the store thread";
+  ASSERT_TRUE(submit_status.ok()) << submit_status.error_message();
+  EXPECT_EQ(submitted.state(), v1::JOB_STATE_QUEUED);
+
+  v1::CancelJobRequest cancel;
+  cancel.set_id(submitted.id());
+  v1::Job cancelled;
+  grpc::Status cancel_status;
+  std::thread canceller([&] {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    cancel_status = stub->CancelJob(&context, cancel, &cancelled);
+  });
+  const bool cancel_held = held.RunNext();
+  canceller.join();
+  EXPECT_TRUE(cancel_held) << "CancelJob was not handed to the store thread";
+  ASSERT_TRUE(cancel_status.ok()) << cancel_status.error_message();
+  EXPECT_EQ(cancelled.state(), v1::JOB_STATE_CANCELLED);
+
+  grpc::ClientContext refused;
+  SetDeadline(refused);
+  EXPECT_EQ(anonymous->CancelJob(&refused, cancel, &cancelled).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(held.pending(), 0);
+
+  service.Shutdown();
+  server->Shutdown();
 }
 
 }  // namespace

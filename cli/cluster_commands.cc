@@ -35,6 +35,7 @@
 #include "common/coordinator_endpoints.h"
 #include "common/enum_names.h"
 #include "common/flag_set.h"
+#include "common/job_state.h"
 #include "common/secrets.h"
 #include "common/terminal_safe.h"
 #include "common/tls_credentials.h"
@@ -620,7 +621,7 @@ absl::StatusOr<v1::Job> Follow(
                        per_step * (steps - step), job.progress().recoveries()});
       last_step = step;
     }
-    if (JobEnded(job.state())) break;
+    if (IsTerminal(job.state())) break;
     absl::SleepFor(absl::Milliseconds(200));
   }
   progress.Finish();
@@ -1158,10 +1159,10 @@ int RunJob(const std::vector<std::string>& args) {
   }
   if (!s.ok()) return Fail("job", ToAbsl(s));
   if (!o.timeline.empty() && plan.timeline_svg().empty()) {
-    return Fail("job", NoTimelineError(job.id(), job.state(), JobEnded(job.state())));
+    return Fail("job", NoTimelineError(job.id(), job.state(), IsTerminal(job.state())));
   }
   if (!o.measured_timeline.empty() && plan.measured_timeline_svg().empty()) {
-    return Fail("job", NoMeasuredTimelineError(job.id(), job.state(), JobEnded(job.state())));
+    return Fail("job", NoMeasuredTimelineError(job.id(), job.state(), IsTerminal(job.state())));
   }
   // The files first: a write that fails leaves neither them nor half the
   // output behind.

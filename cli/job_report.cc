@@ -8,6 +8,7 @@
 #include "cli/pass_times.h"
 #include "cli/stage_times.h"
 #include "common/enum_names.h"
+#include "common/job_state.h"
 #include "common/terminal_safe.h"
 #include "kernels/compress/codec_spec.h"
 
@@ -24,14 +25,9 @@ double StepTiming::SecondsPerStep() const {
   return absl::ToDoubleSeconds(last_time - first_time) / double(last_step - first_step);
 }
 
-bool JobEnded(v1::JobState state) {
-  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
-}
-
 std::string FormatJobOutcome(const v1::Job& end) {
   const v1::JobState state = end.state();
-  const bool ended = JobEnded(state);
+  const bool ended = IsTerminal(state);
   const int64_t step = end.progress().step();
   std::string out = absl::StrFormat("job %s %s", end.id(), EnumShortName(state));
   if (step == 0) {

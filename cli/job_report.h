@@ -34,9 +34,6 @@ struct StepTiming {
   double SecondsPerStep() const;
 };
 
-// Whether a job in `state` has ended: SUCCEEDED, FAILED or CANCELLED.
-bool JobEnded(v1::JobState state);
-
 // "job ID SUCCEEDED after N steps, final loss L (mean of the last 20 steps M)\n"
 // (a job still going: "job ID RUNNING at step N of S, loss L ..."; before
 // its first step "job ID QUEUED, no step yet"),

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/echo_input.h"
+#include "common/job_state.h"
 #include "coordinator/api/grpc_status.h"
 #include "coordinator/api/list_pages.h"
 #include "coordinator/jobs/plan_drawings.h"

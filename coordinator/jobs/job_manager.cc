@@ -201,11 +201,6 @@ void RemoveCheckpointDirs(const std::string& output_dir, const std::string& job_
 
 }  // namespace
 
-bool IsTerminal(v1::JobState state) {
-  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
-         state == v1::JOB_STATE_CANCELLED;
-}
-
 JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock,
                        JobManagerOptions options)
     : registry_(registry), hub_(hub), clock_(clock), options_(std::move(options)) {

@@ -111,6 +111,7 @@
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
 #include "common/clock.h"
+#include "common/job_state.h"
 #include "common/safetensors.h"
 #include "common/serial_executor.h"
 #include "coordinator/jobs/assignment_hub.h"
@@ -782,8 +783,6 @@ class JobManager {
   // reset first in the destructor.
   std::unique_ptr<SerialExecutor> background_;
 };
-
-bool IsTerminal(v1::JobState state);
 
 }  // namespace pipetrain
 

@@ -1267,8 +1267,13 @@ void JobManager::ScheduleQueued() {
     }
     const std::vector<std::string> spare = SpareWorkersLocked(reserved);
     if (spare.empty()) return;
-    int want = std::min<int>(spare.size(), MaxJobWorkers(record) - record.job.worker_ids_size());
+    const int current = record.job.worker_ids_size();
+    int want = std::min<int>(spare.size(), MaxJobWorkers(record) - current);
     want -= want % WorkerStep(record);  // a stage more for every replica, or none
+    // Only as many as a plan would use: an auto layout may have none for
+    // the larger count (a prime one, say), and a boundary that re-plans on
+    // the same workers would be asked for again, step after step.
+    want = std::max(0, UsableWorkers(record, current + want) - current);
     if (want == 0) continue;
     const std::vector<std::string> joining(spare.begin(), spare.begin() + want);
     if (RequestBoundaryLocked(record, absl::StrCat(absl::StrJoin(joining, ", "), " joined"))) {

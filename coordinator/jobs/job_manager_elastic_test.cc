@@ -1231,6 +1231,44 @@ TEST_F(JobManagerElasticTest, SpareWorker_JobGrowsAtAStepBoundaryUpToMaxWorkers)
   EXPECT_EQ(registry_.Get(w4).value().state(), v1::WORKER_STATE_READY);
 }
 
+// An auto layout over 6 workers on a 4-unit model loses one: 5 workers have
+// no layout (5 replicas do not divide 4 micro-batches, 5 stages exceed the
+// units), so the job goes on with 4 and the fifth is spare. That spare
+// cannot grow the job, so no step boundary is asked for: one would re-plan
+// on the same 4 workers and then be asked for again, forever.
+TEST_F(JobManagerElasticTest, AutoLayoutSpareThatNoLayoutCanUse_NoBoundaryAskedFor) {
+  v1::JobSpec spec = AutoLayoutSpec(6, 1);
+  spec.mutable_training()->set_micro_batches(4);
+  std::vector<std::string> w;
+  for (int k = 0; k < 6; ++k) w.push_back(AddWorker(7001 + k));
+  const std::string id = Submit(spec).value().id();
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.worker_ids_size(), 6);
+  for (int64_t s = 1; s <= 5; ++s) StepEveryWorker(id, s, 4);
+  CheckpointAll(id, 5);
+  ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 5);
+
+  registry_.MarkLost(w[5], incarnations_[w[5]], "killed");
+  HeartbeatAllAndSchedule({w[0], w[1], w[2], w[3], w[4]});
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.worker_ids_size(), 4);
+  const int64_t version = job.plan_version();
+  Schedule();  // the spare is offered to the running job
+  v1::ReportProgressRequest r;
+  r.set_worker_id(job.worker_ids(0));
+  r.set_job_id(id);
+  r.set_plan_version(version);
+  r.set_iteration(5);
+  const absl::StatusOr<v1::ReportProgressResponse> response = jobs_->ReportProgress(r);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->stop_after_step(), 0);
+  job = jobs_->Get(id).value();
+  EXPECT_EQ(job.plan_version(), version);
+  EXPECT_EQ(job.plan_history_size(), 2) << job.plan_history(job.plan_history_size() - 1).reason();
+}
+
 TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAgain) {
   Reset(/*with_state=*/true);
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);

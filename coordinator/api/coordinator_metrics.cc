@@ -158,7 +158,7 @@ CoordinatorMetrics::CoordinatorMetrics(const WorkerRegistry* workers, const JobM
                      .Help(
                          "Times jobs went RECOVERING, by what set it off (worker_lost, "
                          "peer_failure, checkpoint_unusable, checkpoint_failed, "
-                         "coordinator_restart).")
+                         "coordinator_restart, replan_refused).")
                      .Register(*registry_);
   for (const RecoveryKind kind : kAllRecoveryKinds) {
     recoveries_->Add({{"reason", RecoveryKindName(kind)}});

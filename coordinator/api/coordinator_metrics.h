@@ -27,8 +27,8 @@
 //                                                          pipetrain_worker_idle_seconds_total)
 //   pipetrain_job_recoveries_total{reason}        counter  jobs that went RECOVERING: worker_lost,
 //                                                          peer_failure, checkpoint_unusable,
-//                                                          checkpoint_failed, coordinator_restart
-//                                                          (recovery_kind.h)
+//                                                          checkpoint_failed, coordinator_restart,
+//                                                          replan_refused (recovery_kind.h)
 //   pipetrain_job_recovery_seconds                histogram  loss detected to the first step
 //                                                          completed on the new plan
 //   pipetrain_job_steps_redone_total              counter  steps run again after recoveries

@@ -121,7 +121,7 @@ TEST_F(ScrapedMetricsTest, RecoveryReasons_EveryKindFromTheFirstScrape) {
     events.recovery_started(kind);
     EXPECT_EQ(SeriesValue(Scrape(), series), 1) << series;
   }
-  EXPECT_EQ(std::size(kAllRecoveryKinds), 5u);
+  EXPECT_EQ(std::size(kAllRecoveryKinds), 6u);
 }
 
 // A stranger's first refused call counts in rate(): each gRPC method's

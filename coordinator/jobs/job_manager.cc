@@ -1265,8 +1265,8 @@ void JobManager::ScheduleQueued() {
         record.stop_at > 0 || record.job.worker_ids_size() >= MaxJobWorkers(record)) {
       continue;
     }
-    const std::vector<std::string> spare = SpareWorkersLocked(reserved);
-    if (spare.empty()) return;
+    const std::vector<std::string> spare = SparesForLocked(record, reserved);
+    if (spare.empty()) continue;  // another job may take those unfit for this one
     const int current = record.job.worker_ids_size();
     int want = std::min<int>(spare.size(), MaxJobWorkers(record) - current);
     want -= want % WorkerStep(record);  // a stage more for every replica, or none
@@ -1319,6 +1319,18 @@ std::string JobManager::ReadyCount(size_t ready, size_t drained) {
   return drained == 0 ? absl::StrCat(ready, " ready")
                       : absl::StrCat(ready, " ready; ", drained,
                                      " more READY but drained, taking no job until restarted");
+}
+
+std::vector<std::string> JobManager::SparesForLocked(const JobRecord& record,
+                                                     const std::set<std::string>& reserved) const {
+  std::vector<std::string> spare = SpareWorkersLocked(reserved);
+  spare.erase(std::remove_if(spare.begin(), spare.end(),
+                             [&](const std::string& w) {
+                               auto it = record.unfit.find(w);
+                               return it != record.unfit.end() && it->second == IncarnationOf(w);
+                             }),
+              spare.end());
+  return spare;
 }
 
 std::vector<std::string> JobManager::SpareWorkersLocked(
@@ -1397,7 +1409,8 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
       reserved.insert(other->survivors.begin(), other->survivors.end());
     }
   }
-  for (const std::string& w : SpareWorkersLocked(reserved)) {
+  const size_t own = chosen.size();
+  for (const std::string& w : SparesForLocked(record, reserved)) {
     if (static_cast<int>(chosen.size()) >= MaxJobWorkers(record)) break;
     chosen.push_back(w);
   }
@@ -1419,6 +1432,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   pending.resume = *record.checkpoints->Latest();
   pending.reason = absl::StrCat(reason, "; re-planned at step ", step);
   pending.failure_prefix = absl::StrCat("re-planning at step ", step, " (", reason, ") failed: ");
+  if (chosen.size() > own) pending.joiners.assign(chosen.begin() + own, chosen.end());
   absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
   if (!placed.ok()) {
     // A chosen worker went since it was counted: recover as from its loss
@@ -1683,6 +1697,7 @@ void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
   PendingPlacement pending = *std::move(record->pending);
   record->pending.reset();
   if (!output.status.ok() && RetryWithMoreMemoryLocked(*record, pending, output.status)) return;
+  if (!output.status.ok() && RetryWithoutJoinersLocked(*record, pending, output.status)) return;
   if (!output.status.ok()) {
     return EndLocked(*record, v1::JOB_STATE_FAILED,
                      absl::StrCat(pending.failure_prefix, output.status.message()));
@@ -1716,6 +1731,50 @@ bool JobManager::RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlace
                                      "most memory"));
   PT_LOG(INFO) << "job " << record.job.id() << ": " << record.job.reason();
   TouchLocked(record);
+  return true;
+}
+
+bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& pending,
+                                           const absl::Status& refusal) {
+  if (pending.origin == PlacementOrigin::kInitial || pending.joiners.empty()) return false;
+  for (const v1::Worker& w : pending.infos) {
+    if (std::find(pending.joiners.begin(), pending.joiners.end(), w.id()) !=
+        pending.joiners.end()) {
+      record.unfit[w.id()] = w.incarnation();
+    }
+  }
+  const std::string note = absl::StrCat("the plan with ", absl::StrJoin(pending.joiners, ", "),
+                                        " was refused (", refusal.message(), ")");
+  PT_LOG(WARNING) << "job " << record.job.id() << ": " << note << "; going on without them";
+  std::vector<std::string> rest;
+  for (const std::string& w : pending.workers) {
+    if (std::find(pending.joiners.begin(), pending.joiners.end(), w) == pending.joiners.end()) {
+      rest.push_back(w);
+    }
+  }
+  KeepWholeReplicas(record, &rest);
+  registry_->Release(record.job.id());
+  const PlacementOrigin origin = pending.origin;
+  absl::Status placed = absl::FailedPreconditionError(
+      absl::StrCat("fewer than ", MinJobWorkers(record), " workers without them"));
+  if (static_cast<int>(rest.size()) >= MinJobWorkers(record)) {
+    pending.joiners.clear();
+    pending.reason = absl::StrCat(pending.reason, "; without the workers refused: ", note);
+    placed = BeginPlacementLocked(record, rest, std::move(pending));
+  }
+  if (placed.ok()) return true;
+  if (origin == PlacementOrigin::kRecovery) {
+    // Still the same recovery: its survivors and losses stand, and the next
+    // pass chooses again from the workers left.
+    record.job.set_state(v1::JOB_STATE_RECOVERING);
+    record.job.set_reason(
+        absl::StrCat("recovering: ", record.recovery_reason, "; ", note, "; ", placed.message()));
+    TouchLocked(record);
+    return true;
+  }
+  StartRecoveryLocked(record, "",
+                      absl::StrCat(record.boundary_reason, "; ", note, "; ", placed.message()),
+                      RecoveryKind::kReplanRefused);
   return true;
 }
 
@@ -1977,7 +2036,7 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
   }
   // Survivors first (in stage order), then spare READY workers.
   std::vector<std::string> chosen = alive;
-  for (const std::string& w : SpareWorkersLocked(*reserved)) {
+  for (const std::string& w : SparesForLocked(record, *reserved)) {
     if (std::find(chosen.begin(), chosen.end(), w) == chosen.end() && !IsLostLocked(record, w)) {
       chosen.push_back(w);
     }
@@ -2018,6 +2077,8 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
           ? absl::StrCat("checkpoint step ", pending.resume_step)
           : absl::StrCat("step ", pending.resume_step, " (no checkpoint of its own yet)"));
   pending.failure_prefix = absl::StrCat("re-planning after ", record.recovery_reason, " failed: ");
+  if (chosen.size() > alive.size())
+    pending.joiners.assign(chosen.begin() + alive.size(), chosen.end());
   absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
   if (!placed.ok()) {
     // A chosen worker went since it was counted: none was assigned, and the

@@ -373,6 +373,10 @@ class JobManager {
     int64_t resume_step = 0;
     int64_t redone = 0;
     absl::Time planning_start;
+    // kBoundary, kRecovery: the spare workers added to the job's own (its
+    // survivors, or its workers not drained); a refused plan is tried again
+    // without them (RetryWithoutJoinersLocked).
+    std::vector<std::string> joiners;
   };
   struct JobRecord {
     v1::Job job;
@@ -420,6 +424,9 @@ class JobManager {
     std::string recovery_reason;
     std::map<std::string, int64_t> lost;  // worker id -> incarnation lost
     std::vector<std::string> survivors;
+    // Spare workers (id -> incarnation) a re-plan of this job was refused
+    // with: not offered to it again unless they register anew.
+    std::map<std::string, int64_t> unfit;
     int recoveries_without_progress = 0;
     // The furthest step any complete checkpoint reached (since this
     // coordinator took the job: restored from its latest); only a
@@ -556,6 +563,18 @@ class JobManager {
   // those, and returns true; false (nothing changed) otherwise.
   bool RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlacement& pending,
                                  const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A re-plan (at a boundary, or a recovery's) that took spare workers was
+  // refused (`refusal`): a worker too small for its share, say, must not
+  // end a job that ran on the others. Marks the spares unfit for this job
+  // and plans again without them; with too few left, a boundary's job
+  // recovers (kReplanRefused) and a recovering one waits again. Returns
+  // false (nothing changed) when the plan took no spares.
+  bool RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& pending,
+                                 const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SpareWorkersLocked(reserved) less those unfit for `record`.
+  std::vector<std::string> SparesForLocked(const JobRecord& record,
+                                           const std::set<std::string>& reserved) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `worker` (its `incarnation`) was lost while the job was PLANNING; see
   // PlacementOrigin.
   void AbandonPlacementLocked(JobRecord& record, const std::string& worker,

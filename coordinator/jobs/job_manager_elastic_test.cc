@@ -1269,6 +1269,86 @@ TEST_F(JobManagerElasticTest, AutoLayoutSpareThatNoLayoutCanUse_NoBoundaryAskedF
   EXPECT_EQ(job.plan_history_size(), 2) << job.plan_history(job.plan_history_size() - 1).reason();
 }
 
+// A worker too small for any share of the model joins a running job that
+// could grow: the boundary's re-plan with it is refused for memory. The job
+// goes on on its own workers, nothing redone, and the small worker is not
+// offered to it again; registered anew (with more memory) it is.
+TEST_F(JobManagerElasticTest, JoiningWorkerTooSmall_JobGoesOnWithoutItAndIsNotAskedAgain) {
+  const std::string w1 = AddWorker(7001);
+  v1::JobSpec spec = ElasticSpec(1, 5);
+  spec.mutable_elastic()->set_max_workers(2);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  Step(id, 1);
+  v1::RegisterWorkerRequest small;
+  small.set_data_address("127.0.0.1:7002");
+  small.mutable_device()->set_memory_limit_bytes(4096);
+  const v1::RegisterWorkerResponse joined = registry_.Register(small).value();
+  const std::string w2 = joined.worker_id();
+  incarnations_[w2] = joined.incarnation();
+  Schedule();
+  const int64_t boundary = Step(id, 2).stop_after_step();
+  ASSERT_GT(boundary, 2);
+  for (int64_t step = 3; step <= boundary; ++step) Step(id, step);
+  CheckpointAll(id, boundary);
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(job.worker_ids_size(), 1);
+  EXPECT_EQ(job.worker_ids(0), w1);
+  const std::string last = job.plan_history(job.plan_history_size() - 1).reason();
+  EXPECT_TRUE(absl::StrContains(last, "without the workers refused: the plan with " + w2)) << last;
+  EXPECT_EQ(job.progress().steps_redone(), 0);
+  EXPECT_EQ(job.progress().recoveries(), 0);
+  EXPECT_EQ(registry_.Get(w2).value().state(), v1::WORKER_STATE_READY);
+
+  // Not asked again: the next steps bring no boundary.
+  Schedule();
+  EXPECT_EQ(Step(id, boundary + 1).stop_after_step(), 0);
+  const int64_t version = jobs_->Get(id).value().plan_version();
+
+  // The same worker registered anew with room for its share: it joins.
+  v1::RegisterWorkerRequest again;
+  again.set_data_address("127.0.0.1:7002");
+  again.mutable_device()->set_memory_limit_bytes(int64_t{1} << 32);
+  const v1::RegisterWorkerResponse anew = registry_.Register(again).value();
+  ASSERT_EQ(anew.worker_id(), w2);
+  incarnations_[w2] = anew.incarnation();
+  Schedule();
+  const int64_t next = Step(id, boundary + 2).stop_after_step();
+  ASSERT_GT(next, boundary + 2);
+  for (int64_t step = boundary + 3; step <= next; ++step) Step(id, step);
+  CheckpointAll(id, next);
+  job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_GT(job.plan_version(), version);
+  EXPECT_EQ(job.worker_ids_size(), 2);
+}
+
+// A recovery takes a spare too small for any share: its plan is refused for
+// memory, and the job recovers on the survivor alone (spec.elastic's
+// min_workers is 1) instead of failing.
+TEST_F(JobManagerElasticTest, RecoverySpareTooSmall_ReplannedOnTheSurvivors) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  v1::RegisterWorkerRequest small;
+  small.set_data_address("127.0.0.1:7003");
+  small.mutable_device()->set_memory_limit_bytes(4096);
+  const std::string w3 = registry_.Register(small).value().worker_id();
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  HeartbeatAllAndSchedule({w1});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            std::vector<std::string>{w1});
+  EXPECT_EQ(job.progress().step(), 5);
+  EXPECT_EQ(job.progress().recoveries(), 1);
+  const std::string last = job.plan_history(job.plan_history_size() - 1).reason();
+  EXPECT_TRUE(absl::StrContains(last, "the plan with " + w3 + " was refused")) << last;
+  EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_READY);
+}
+
 TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAgain) {
   Reset(/*with_state=*/true);
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);

@@ -13,16 +13,18 @@ enum class RecoveryKind {
   kCheckpointUnusable,  // a stage could not load the checkpoint it was given
   kCheckpointFailed,    // the checkpoint of a drain's or join's step boundary failed
   kCoordinatorRestart,  // a restarted coordinator resumed the job from its store
+  kReplanRefused,       // a boundary's re-plan refused its joining workers, too
+                        // few are left without them
 };
 
 inline constexpr RecoveryKind kAllRecoveryKinds[] = {
     RecoveryKind::kWorkerLost,         RecoveryKind::kPeerFailure,
     RecoveryKind::kCheckpointUnusable, RecoveryKind::kCheckpointFailed,
-    RecoveryKind::kCoordinatorRestart,
+    RecoveryKind::kCoordinatorRestart, RecoveryKind::kReplanRefused,
 };
 
 // The label value: worker_lost, peer_failure, checkpoint_unusable,
-// checkpoint_failed, coordinator_restart.
+// checkpoint_failed, coordinator_restart, replan_refused.
 constexpr const char* RecoveryKindName(RecoveryKind kind) {
   switch (kind) {
     case RecoveryKind::kWorkerLost:
@@ -35,6 +37,8 @@ constexpr const char* RecoveryKindName(RecoveryKind kind) {
       return "checkpoint_failed";
     case RecoveryKind::kCoordinatorRestart:
       return "coordinator_restart";
+    case RecoveryKind::kReplanRefused:
+      return "replan_refused";
   }
   return "unknown";
 }

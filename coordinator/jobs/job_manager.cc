@@ -1469,11 +1469,15 @@ absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
           "let it finish first"));
     }
     std::set<std::string> reserved;
-    // Being planned, the job's workers are the placement's.
-    const int current = record->pending.has_value()
-                            ? static_cast<int>(record->pending->workers.size())
-                            : record->job.worker_ids_size();
-    const int left = current - 1 + static_cast<int>(SpareWorkersLocked(reserved).size());
+    // Being planned, the job's workers are the placement's. Those drained
+    // already leave at the same boundary: not counted as staying.
+    const std::vector<std::string> workers =
+        record->pending.has_value() ? record->pending->workers
+                                    : std::vector<std::string>(record->job.worker_ids().begin(),
+                                                               record->job.worker_ids().end());
+    const int staying = static_cast<int>(std::count_if(
+        workers.begin(), workers.end(), [&](const std::string& w) { return !IsDrainedLocked(w); }));
+    const int left = staying - 1 + static_cast<int>(SparesForLocked(*record, reserved).size());
     // As many as the re-plan could use (whole stages, a count with a layout).
     if (UsableWorkers(*record, std::max(0, left)) < MinJobWorkers(*record)) {
       return absl::FailedPreconditionError(absl::StrCat(

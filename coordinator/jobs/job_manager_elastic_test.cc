@@ -988,6 +988,22 @@ TEST_F(JobManagerElasticTest, Drain_NoCheckpointsOrTooFewLeft_RefusedNothingChan
   EXPECT_EQ(jobs_->Drain("w-99").status().code(), absl::StatusCode::kNotFound);
 }
 
+// Two drains of one job's workers, each allowed alone by min_workers 1: the
+// second would leave it none, since the first leaves at the same boundary.
+TEST_F(JobManagerElasticTest, Drain_SecondWorkerOfTheJob_CountsTheFirstDrainAsGone) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  ASSERT_TRUE(jobs_->Drain(w1).ok());
+  const absl::Status refused = jobs_->Drain(w2).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "fewer than its 1 workers")) << refused;
+  EXPECT_FALSE(jobs_->IsDrained(registry_.Get(w2).value()));
+  EXPECT_TRUE(jobs_->Drain(w1).ok());  // asking again stays allowed
+  AddWorker(7003);
+  EXPECT_TRUE(jobs_->Drain(w2).ok()) << "a spare takes its place";
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+}
+
 // A job waiting beside a drained (still READY) worker says why it is not
 // taken; a job cancelled before any plan says it will never have one.
 TEST_F(JobManagerElasticTest, Waiting_CountsDrainedWorkersApart_EndedJobHasNoPlan) {

@@ -1792,8 +1792,14 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   if (pending.origin == PlacementOrigin::kRecovery) {
     v1::JobProgress* p = record.job.mutable_progress();
     // The history of steps [0, resume_step) stays; later steps are redone.
-    const int64_t keep = std::max<int64_t>(0, pending.resume_step - p->loss_history_start());
-    if (keep < p->loss_history_size()) {
+    if (pending.resume_step < p->loss_history_start()) {
+      // Resumed before the kept history begins (a checkpoint older than its
+      // last 10000 steps): none of it precedes the resume point, and the
+      // steps redone are recorded from there.
+      p->clear_loss_history();
+      p->set_loss_history_start(pending.resume_step);
+    } else if (const int64_t keep = pending.resume_step - p->loss_history_start();
+               keep < p->loss_history_size()) {
       p->mutable_loss_history()->Truncate(static_cast<int>(keep));
     }
     p->set_step(pending.resume_step);

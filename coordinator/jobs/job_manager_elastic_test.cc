@@ -685,6 +685,38 @@ TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromThe
   EXPECT_EQ(job.progress().loss_history_size(), 5);
 }
 
+// The history keeps the last 10000 losses. A recovery to a checkpoint older
+// than that (step 500, the history starting at 1100) clears it and records
+// the redone steps from the resume point: loss_history_start + size stays
+// the step, and each loss sits at its own step.
+TEST_F(JobManagerElasticTest, RecoveryBeforeTheKeptHistory_HistoryRestartsAtTheResumePoint) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(1, 500, 20000);
+  spec.mutable_elastic()->set_max_workers(1);
+  const std::string id = Submit(spec).value().id();
+  for (int64_t step = 1; step <= 500; ++step) Step(id, step);
+  CheckpointAll(id, 500);
+  for (int64_t step = 501; step <= 11100; ++step) Step(id, step);  // no checkpoint after 500
+  v1::JobProgress p = jobs_->Get(id).value().progress();
+  ASSERT_EQ(p.loss_history_start(), 1100);
+  ASSERT_EQ(p.loss_history_size(), 10000);
+  const std::string worker = jobs_->Get(id).value().worker_ids(0);
+  const std::string other = worker == w1 ? w2 : w1;
+  registry_.MarkLost(worker, incarnations_[worker], "killed");
+  HeartbeatAllAndSchedule({other});
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  p = jobs_->Get(id).value().progress();
+  EXPECT_EQ(p.step(), 500);
+  EXPECT_EQ(p.loss_history_start(), 500);
+  EXPECT_EQ(p.loss_history_size(), 0);
+  Step(id, 501);
+  Step(id, 502);
+  p = jobs_->Get(id).value().progress();
+  EXPECT_EQ(p.loss_history_start() + p.loss_history_size(), 502);
+  ASSERT_EQ(p.loss_history_size(), 2);
+  EXPECT_EQ(p.loss_history(1), 502.0f);  // Step's losses are the step number
+}
+
 TEST_F(JobManagerElasticTest, NoCheckpointYet_ResumesFromStepZero) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

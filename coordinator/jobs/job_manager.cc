@@ -2720,16 +2720,21 @@ absl::Status JobManager::FinishWeights(const std::string& worker_id, const std::
   return absl::OkStatus();
 }
 
+bool JobManager::StageDone(const JobRecord& record, size_t g) {
+  const StageProgress& s = record.stages[g];
+  if (!s.finished) return false;
+  // Only replica 0's stages upload, tensor rank 0 of each (RecordWeightOwners).
+  const bool uploads =
+      static_cast<int>(g) < StagesPerReplica(record) && g % TensorRanks(record) == 0;
+  return !uploads || s.weights_done || record.resolved.spec.output().weights_path().empty();
+}
+
 void JobManager::MaybeCompleteLocked(JobRecord& record) {
   if (record.writing_weights) return;  // complete already; the file is being written
   const bool want_weights = !record.resolved.spec.output().weights_path().empty();
-  // Only replica 0's stages upload, tensor rank 0 of each (RecordWeightOwners).
   const int uploading = StagesPerReplica(record);
   for (size_t g = 0; g < record.stages.size(); ++g) {
-    const StageProgress& s = record.stages[g];
-    if (!s.finished) return;
-    const bool uploads = static_cast<int>(g) < uploading && g % TensorRanks(record) == 0;
-    if (want_weights && uploads && !s.weights_done) return;
+    if (!StageDone(record, g)) return;
   }
   // Replicas must end bitwise identical: each stage's copies agree.
   for (size_t g = uploading; g < record.stages.size(); ++g) {
@@ -2940,6 +2945,16 @@ void JobManager::OnWorkerLost(const std::string& worker_id, const std::string& j
   // Only a worker of the job's current plan matters.
   if (record->stage_of.count(worker_id) == 0 && record->job.state() != v1::JOB_STATE_RECOVERING)
     return;
+  // One whose stage has done all its part (every step, its digest and its
+  // upload) is not needed while the others finish: a worker stopped, or
+  // scaled away, as its job ends. A peer it still owed data would say so
+  // (a peer failure).
+  if (record->job.state() == v1::JOB_STATE_RUNNING &&
+      StageDone(*record, static_cast<size_t>(record->stage_of.at(worker_id)))) {
+    PT_LOG(INFO) << "job " << job_id << ": " << worker_id << " went after its stage finished ("
+                 << reason << "); the other stages go on";
+    return;
+  }
   StartRecoveryLocked(*record, worker_id, reason, RecoveryKind::kWorkerLost, incarnation);
 }
 

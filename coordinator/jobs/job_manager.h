@@ -635,6 +635,9 @@ class JobManager {
   // which are kept and why).
   void SweepCheckpointDirsLocked(JobRecord& record, absl::Time ended)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether stage `g` has done all its part: every step, and its weights
+  // upload where it uploads them.
+  static bool StageDone(const JobRecord& record, size_t g);
   void MaybeCompleteLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills weight_owner from the plan's backward units of `stage` (replica
   // 0's stages only, tensor rank 0 of each: the other replicas hold the

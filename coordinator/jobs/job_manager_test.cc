@@ -496,6 +496,27 @@ TEST_F(JobManagerTest, Progress_AggregatesLossesAndFinishesTheJob) {
   EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
 }
 
+// A worker whose stage finished every step (and uploads nothing) is lost
+// while the last stage still works on its last step: a worker stopped as
+// its job ends. The job does not need it, so it neither fails (it has no
+// checkpoints) nor recovers, and succeeds when the last stage finishes.
+TEST_F(JobManagerTest, WorkerLostAfterItsStageFinished_JobStillSucceeds) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  Report(w1, id, 0, {}, false);
+  Report(w2, id, 0, {2.0f, 3.0f}, false);
+  Report(w1, id, 1, {}, false);
+  Report(w2, id, 1, {1.0f, 2.0f}, false);
+  Report(w1, id, 2, {}, true);
+  registry_.MarkLost(w1, registry_.Get(w1).value().incarnation(), "scaled away");
+  v1::Job job = jobs_.Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  Report(w2, id, 2, {1.0f, 1.0f}, true);
+  job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
+  EXPECT_EQ(job.progress().step(), 3);
+}
+
 // Losses come only from the stage that computes them: a report of the
 // first stage carrying a loss (or a validation loss) is refused whole, and
 // the job's loss stays the loss stage's.

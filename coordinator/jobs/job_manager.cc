@@ -605,6 +605,8 @@ absl::Status JobManager::Restore() {
       record->init_step = s.init_checkpoint().step();
     }
     record->init_weights = s.init_weights();
+    record->init_source =
+        record->init_checkpoint.has_value() ? record->init_checkpoint->dir() : record->init_weights;
     // Bounded as spec.parallelism.workers is: a stored value is not
     // trusted (MinJobWorkers searches layouts up to it, under the lock).
     record->auto_layout_workers =
@@ -861,6 +863,16 @@ const JobManager::JobRecord* JobManager::CheckpointDirHoldingLocked(const std::s
   return nullptr;
 }
 
+const JobManager::JobRecord* JobManager::InitSourceInLocked(const std::string& dir) const {
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (IsTerminal(record->job.state()) || record->init_source.empty()) continue;
+      if (PathWithin(record->init_source, dir)) return record.get();
+    }
+  }
+  return nullptr;
+}
+
 const JobManager::JobRecord* JobManager::WeightsPathInLocked(const std::string& dir) const {
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
@@ -931,6 +943,20 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
           EnumShortName(other->job.state()),
           "), whose checkpoints would replace or delete it; write it elsewhere"));
     }
+    // Where it starts from, resolved (links followed): a live job expires
+    // its older checkpoints, and this job resumes from that one until it has
+    // a checkpoint of its own.
+    const std::string init_source =
+        init.checkpoint.has_value() ? init.checkpoint->dir() : init.weights;
+    if (const JobRecord* other =
+            init_source.empty() ? nullptr : CheckpointDirHoldingLocked(init_source)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.init.from \"", resolved.spec.init().from(),
+          "\" lies in the checkpoint directory \"", other->job.spec().checkpoint().dir(),
+          "\" of job ", other->job.id(), " (", EnumShortName(other->job.state()),
+          "), which deletes its older checkpoints as it goes; start from it once that job has "
+          "ended, or from a copy outside that directory"));
+    }
     v1::CheckpointSpec* checkpoint = resolved.spec.mutable_checkpoint();
     if (checkpoint->interval_steps() > 0) {
       if (checkpoint->dir().empty()) {
@@ -948,6 +974,13 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
             " ", other->job.id(), " (", EnumShortName(other->job.state()),
             IsTerminal(other->job.state()) ? ": its leftover files are being removed" : "",
             "); give this job a directory of its own"));
+      }
+      if (const JobRecord* other = InitSourceInLocked(checkpoint->dir())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.checkpoint.dir \"", checkpoint->dir(), "\" holds \"", other->init_source,
+            "\", where job ", other->job.id(), " (", EnumShortName(other->job.state()),
+            ") started from (spec.init.from), which this job's checkpoints could replace or "
+            "delete; give this job a directory of its own"));
       }
       if (const JobRecord* other = WeightsPathInLocked(checkpoint->dir())) {
         return absl::InvalidArgumentError(
@@ -967,6 +1000,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     }
     *record->job.mutable_spec() = resolved.spec;
     record->init_weights = init.weights;
+    record->init_source = init_source;
     if (init.checkpoint.has_value()) {
       record->init_checkpoint = init.checkpoint;
       record->init_step = init.checkpoint->step();

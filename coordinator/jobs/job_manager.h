@@ -462,6 +462,10 @@ class JobManager {
     std::optional<v1::ResumeFrom> init_checkpoint;
     std::string init_weights;
     int64_t init_step = 0;
+    // Where it starts from, relative to the output directory: the
+    // checkpoint's step directory or the weights file ("" for none). No new
+    // job may take a checkpoint directory holding it while this one lives.
+    std::string init_source;
     // A pending step boundary: the step the stages stop after (0: none) and
     // why; the workers to re-plan on are chosen when it is reached.
     int64_t stop_at = 0;
@@ -490,6 +494,9 @@ class JobManager {
   // A job that has not ended (or whose checkpoint_sweep_pending) whose
   // checkpoint directory holds `path`, or null.
   const JobRecord* CheckpointDirHoldingLocked(const std::string& path) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job that has not ended whose init_source lies in `dir`, or null.
+  const JobRecord* InitSourceInLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that has not ended whose weights file lies in `dir`, or null.
   const JobRecord* WeightsPathInLocked(const std::string& dir) const

@@ -270,6 +270,44 @@ TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
 // step directories deleted as they expire: a weights file there (another
 // live job's, or the job's own) would be lost, and two directories that
 // nest would expire each other's steps. Each is refused, naming the other.
+// A live job expires its older checkpoints: a job may not start from one
+// of them (it would resume from it after a loss, until it has a checkpoint
+// of its own). Once that job has ended, it may; and while it lives, no new
+// job may take the directory it started from.
+TEST_F(JobManagerElasticTest, InitFromALiveJobsCheckpoint_RefusedUntilItEnds) {
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec a = ElasticSpec(1, 7);
+  a.mutable_checkpoint()->set_dir("init-from-live/a");
+  const std::string first = Submit(a).value().id();
+  for (int step = 1; step <= 7; ++step) Step(first, step);
+  CheckpointAll(first, 7);
+  ASSERT_EQ(jobs_->Get(first).value().progress().checkpoint_step(), 7);
+  jobs_->FlushIo();  // its manifest written
+  v1::JobSpec b = ElasticSpec(1, 7);
+  b.mutable_checkpoint()->set_dir("init-from-live/b");
+  b.mutable_init()->set_from("init-from-live/a/step-00000007");
+  absl::Status refused = jobs_->Submit(b).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "spec.init.from \"init-from-live/a/step-00000007\" "
+                                "lies in the checkpoint directory \"init-from-live/a\" "
+                                "of job " +
+                                    first))
+      << refused;
+
+  ASSERT_TRUE(jobs_->Cancel(first).ok());
+  jobs_->FlushIo();  // its leftovers swept
+  const absl::StatusOr<v1::Job> second = Submit(b);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->progress().step(), 7);
+  v1::JobSpec c = ElasticSpec(1, 7);
+  c.mutable_checkpoint()->set_dir("init-from-live/a");
+  refused = jobs_->Submit(c).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "where job " + second->id())) << refused;
+}
+
 TEST_F(JobManagerElasticTest, WeightsInACheckpointDirOrNestedDirs_Refused) {
   AddWorker(7001);
   AddWorker(7002);

@@ -579,6 +579,12 @@ int Serve(const Config& config, const sigset_t& signals) {
   }
   WorkerRegistry::Options registry_options = RegistryOptions(flags);
   registry_options.persist = [&state](const v1::Worker& w) { return state.SaveWorker(w); };
+  registry_options.forget = [&state](const std::string& id) {
+    // Logged only: a record left behind is forgotten again at the next start.
+    if (absl::Status dropped = state.DeleteWorker(id); !dropped.ok()) {
+      PT_LOG(WARNING) << "could not drop the saved record of " << id << ": " << dropped;
+    }
+  };
   WorkerRegistry registry(registry_options);
   absl::StatusOr<std::vector<v1::Worker>> known = state.LoadWorkers();
   if (!known.ok()) {

@@ -1,5 +1,6 @@
 #include "coordinator/registry/worker_registry.h"
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 #include <utility>
@@ -175,6 +176,7 @@ bool WorkerRegistry::EvictOneLocked() {
   if (oldest == workers_.end()) return false;
   --counts_[oldest->second.worker.state()];
   number_by_address_.erase(oldest->second.worker.data_address());
+  if (options_.forget) options_.forget(oldest->second.worker.id());
   workers_.erase(oldest);
   return true;
 }
@@ -469,9 +471,26 @@ void WorkerRegistry::Release(const std::string& job_id) {
 
 // ------------------------------------------------------------------- Leases
 
-void WorkerRegistry::Restore(const std::vector<v1::Worker>& workers) {
+void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
   AnnotatedMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
+  // Those heard from last, as many as the registry keeps: a store older
+  // than the cap (or written under a larger one) does not grow it.
+  std::vector<v1::Worker> workers = all;
+  std::stable_sort(workers.begin(), workers.end(), [](const v1::Worker& a, const v1::Worker& b) {
+    return FromProtoTimestamp(a.last_heartbeat()) > FromProtoTimestamp(b.last_heartbeat());
+  });
+  const size_t room = static_cast<size_t>(std::max(0, options_.max_workers)) > workers_.size()
+                          ? static_cast<size_t>(options_.max_workers) - workers_.size()
+                          : 0;
+  if (workers.size() > room) {
+    PT_LOG(WARNING) << "restoring the " << room << " workers heard from last of " << workers.size()
+                    << " saved (the registry's limit); forgetting the others";
+    for (size_t i = room; i < workers.size(); ++i) {
+      if (options_.forget && !workers[i].id().empty()) options_.forget(workers[i].id());
+    }
+    workers.resize(room);
+  }
   for (const v1::Worker& w : workers) {
     const int64_t number = WorkerIdNumber(w.id()).value_or(0);
     if (number <= 0 || number > kMaxRestoredWorkerNumber || w.incarnation() < 0 ||

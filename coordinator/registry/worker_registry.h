@@ -42,7 +42,9 @@
 //
 // Capacity: at most Options::max_workers entries. A registration from a new
 // data_address when the registry is full evicts the LEFT or LOST entry seen
-// longest ago; with none to evict it is RESOURCE_EXHAUSTED.
+// longest ago (Options::forget drops its saved copy); with none to evict it
+// is RESOURCE_EXHAUSTED. Restore keeps the max_workers records heard from
+// last and forgets the others.
 //
 // NCCL unique ids (coordinator.proto DeviceInfo.nccl_unique_id): the
 // registry keeps each worker's current id apart from its v1::Worker, so List
@@ -107,6 +109,12 @@ class WorkerRegistry {
     // Register fails (UNAVAILABLE, nothing acknowledged) when it does, while
     // Deregister only logs it. Empty: nothing is kept.
     std::function<absl::Status(const v1::Worker&)> persist;
+    // Called with a worker's id, under the registry's lock, when the
+    // registry drops its record: evicted for a new one (see "Capacity"),
+    // or one of more than max_workers records given to Restore. The
+    // durable copy goes too, so the store holds no more than the registry
+    // (pods come back with new addresses). Empty: nothing to drop.
+    std::function<void(const std::string& worker_id)> forget;
   };
 
   // Who a session credential belongs to.

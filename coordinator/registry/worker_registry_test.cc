@@ -1,5 +1,6 @@
 #include "coordinator/registry/worker_registry.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -11,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/clock.h"
+#include "common/proto_time.h"
 #include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_store.h"
 #include "gmock/gmock.h"
@@ -1132,6 +1134,46 @@ TEST(WorkerRegistryCapacityTest, Full_EvictsOldestGoneElseResourceExhausted) {
   EXPECT_EQ(registry.Get("w-1").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry.CountByState()[v1::WORKER_STATE_LEFT], 0);
   EXPECT_EQ(registry.CountByState()[v1::WORKER_STATE_READY], 2);
+}
+
+// The registry's dropped records leave the store too: an evicted worker's
+// at once, and at a restart those past max_workers, keeping the workers
+// heard from last.
+TEST(WorkerRegistryCapacityTest, EvictedAndOverTheLimitRestored_Forgotten) {
+  FakeClock clock(kStart);
+  std::vector<std::string> forgotten;
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.max_workers = 2;
+  options.forget = [&forgotten](const std::string& id) { forgotten.push_back(id); };
+  {
+    WorkerRegistry registry(options);
+    ASSERT_TRUE(registry.Register(Request(1)).ok());
+    ASSERT_TRUE(registry.Register(Request(2)).ok());
+    ASSERT_TRUE(registry.Deregister("w-1", 1).ok());
+    EXPECT_TRUE(forgotten.empty());
+    ASSERT_TRUE(registry.Register(Request(3)).ok());  // evicts w-1
+    EXPECT_EQ(forgotten, std::vector<std::string>{"w-1"});
+  }
+  forgotten.clear();
+  std::vector<v1::Worker> saved;
+  for (int n = 1; n <= 4; ++n) {
+    v1::Worker w;
+    w.set_id(absl::StrCat("w-", n));
+    w.set_data_address(absl::StrCat("10.0.0.", n, ":7000"));
+    w.set_incarnation(1);
+    // w-3 heard from last, then w-1, w-4, w-2.
+    const int order[] = {0, 30, 10, 40, 20};
+    *w.mutable_last_heartbeat() = ToProtoTimestamp(kStart + absl::Seconds(order[n]));
+    saved.push_back(w);
+  }
+  WorkerRegistry restored(options);
+  restored.Restore(saved);
+  EXPECT_TRUE(restored.Get("w-3").ok());
+  EXPECT_TRUE(restored.Get("w-1").ok());
+  EXPECT_EQ(restored.Get("w-4").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(restored.Get("w-2").status().code(), absl::StatusCode::kNotFound);
+  std::sort(forgotten.begin(), forgotten.end());
+  EXPECT_EQ(forgotten, (std::vector<std::string>{"w-2", "w-4"}));
 }
 
 }  // namespace

@@ -80,6 +80,10 @@ absl::Status CoordinatorState::SaveJob(const store::StoredJob& job) {
   return store_->Commit({StoreWrite::Put(kJobs + job.job().id(), job.SerializeAsString())});
 }
 
+absl::Status CoordinatorState::DeleteWorker(const std::string& worker_id) {
+  return store_->Commit({StoreWrite::Delete(kWorkers + worker_id)});
+}
+
 absl::Status CoordinatorState::DeleteJob(const std::string& job_id) {
   return store_->Commit({StoreWrite::Delete(kJobs + job_id)});
 }

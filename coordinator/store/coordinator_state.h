@@ -41,6 +41,8 @@ class CoordinatorState {
   absl::Status SaveWorker(const v1::Worker& worker);
   // The saved workers: LEFT if they were saved so, else their state unset.
   absl::StatusOr<std::vector<v1::Worker>> LoadWorkers() const;
+  // Drops a worker's record (the registry no longer keeps it).
+  absl::Status DeleteWorker(const std::string& worker_id);
 
   absl::Status SaveJob(const store::StoredJob& job);
   absl::Status DeleteJob(const std::string& job_id);

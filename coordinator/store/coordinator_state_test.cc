@@ -1,5 +1,7 @@
 #include "coordinator/store/coordinator_state.h"
 
+#include <utility>
+
 #include "coordinator/store/memory_store.h"
 #include "gtest/gtest.h"
 
@@ -28,6 +30,24 @@ TEST(CoordinatorStateTest, DeletedProfile_NotLoaded) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->size(), 1u);
   EXPECT_EQ(loaded->count("b"), 1u);
+}
+
+TEST(CoordinatorStateTest, DeletedWorker_NotLoaded) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  ASSERT_TRUE(state.Initialize().ok());
+  for (const auto& [id, address] :
+       {std::pair<const char*, const char*>{"w-1", "10.0.0.1:7001"}, {"w-2", "10.0.0.2:7001"}}) {
+    v1::Worker worker;
+    worker.set_id(id);
+    worker.set_data_address(address);
+    ASSERT_TRUE(state.SaveWorker(worker).ok());
+  }
+  ASSERT_TRUE(state.DeleteWorker("w-1").ok());
+  const auto loaded = state.LoadWorkers();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_EQ((*loaded)[0].id(), "w-2");
 }
 
 TEST(CoordinatorStateTest, WorkersJobsAndProfiles_RoundTrip) {

@@ -345,7 +345,7 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
   return absl::OkStatus();
 }
 
-absl::StatusOr<v1::ReportProgressResponse> JobRunner::ReportIteration(
+absl::StatusOr<v1::ReportProgressResponse> JobRunner::ReportWithRetries(
     const v1::ReportProgressRequest& r) {
   absl::Duration backoff = absl::Milliseconds(500);
   for (int attempt = 1;; ++attempt) {
@@ -355,9 +355,10 @@ absl::StatusOr<v1::ReportProgressResponse> JobRunner::ReportIteration(
     if (reported.ok() || !transient || attempt == kReportAttempts || stop_.load()) {
       return reported;
     }
-    PT_LOG(WARNING) << "job " << assignment_.job_id() << ": the report of iteration "
-                    << r.iteration() << " failed (" << reported.status() << "); again in "
-                    << absl::FormatDuration(backoff);
+    PT_LOG(WARNING) << "job " << assignment_.job_id() << ": the report of "
+                    << (r.has_checkpoint() ? "the checkpoint of step " : "iteration ")
+                    << (r.has_checkpoint() ? r.checkpoint().step() : r.iteration()) << " failed ("
+                    << reported.status() << "); again in " << absl::FormatDuration(backoff);
     // In slices, so that a STOP is not held up by the wait.
     const absl::Time until = absl::Now() + backoff;
     while (!stop_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
@@ -387,7 +388,9 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
     std::string text = files.status().ToString();
     c->set_error(text.substr(0, 4096));
   }
-  absl::Status sent = coordinator_->ReportProgress(r).status();
+  // Retried as an iteration's: a job re-planning at a step boundary waits
+  // for every stage's report of the boundary's checkpoint.
+  absl::Status sent = ReportWithRetries(r).status();
   if (!sent.ok() && !stop_.load()) PT_LOG(WARNING) << "could not report the checkpoint: " << sent;
 }
 
@@ -727,7 +730,7 @@ absl::Status JobRunner::RunJob() {
     // The job ends with the last report: a checkpoint still being written
     // must be reported before it (ReportCheckpoint runs on the writer).
     if (last && writer != nullptr) writer->Wait();
-    absl::StatusOr<v1::ReportProgressResponse> reported = ReportIteration(r);
+    absl::StatusOr<v1::ReportProgressResponse> reported = ReportWithRetries(r);
     if (!reported.ok()) return reported.status();
     if (last) {
       completed_.store(true);

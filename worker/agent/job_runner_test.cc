@@ -58,6 +58,11 @@ class FakeLink : public CoordinatorLink {
       ++failed_;
       return absl::Status(fail_code_, "the coordinator is not there");
     }
+    if (r.has_checkpoint() && checkpoint_fail_left_ > 0) {
+      --checkpoint_fail_left_;
+      ++failed_;
+      return absl::UnavailableError("the coordinator is not there");
+    }
     reports_.push_back(r);
     changed_.notify_all();
     return response;
@@ -87,6 +92,11 @@ class FakeLink : public CoordinatorLink {
     fail_left_ = n;
     fail_code_ = code;
   }
+  // The next `n` checkpoint reports fail UNAVAILABLE (not kept).
+  void FailCheckpointReports(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    checkpoint_fail_left_ = n;
+  }
   int failed() {
     std::lock_guard<std::mutex> lock(mu_);
     return failed_;
@@ -94,6 +104,7 @@ class FakeLink : public CoordinatorLink {
 
  private:
   int fail_left_ = 0;
+  int checkpoint_fail_left_ = 0;
   int failed_ = 0;
   absl::StatusCode fail_code_ = absl::StatusCode::kUnavailable;
   std::mutex mu_;
@@ -619,6 +630,31 @@ TEST(JobRunnerTest, InitWeightsWithNan_ReportedAsTheJobsErrorBeforeAnyStep) {
                                ": weights of a diverged run cannot start one"),
             std::string::npos)
       << first.error();
+}
+
+// A checkpoint's report the coordinator could not take is sent again, as an
+// iteration's is: a step boundary waits for every stage's.
+TEST(JobRunnerTest, UnavailableCheckpointReports_SentAgain) {
+  v1::Assignment a = OneStageAssignment(3);
+  a.mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
+  a.mutable_spec()->mutable_checkpoint()->set_dir("ck");
+  JobRunnerOptions options{"w", 1};
+  options.checkpoint_root = FreshDir("checkpoint-retry");
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  link.FailCheckpointReports(2);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
+  runner.Start();
+  // Steps 1 and 2 are checkpointed (step 3 is the last), then 3 iterations.
+  ASSERT_TRUE(link.AwaitReports(5));
+  runner.Stop();
+  std::vector<int64_t> checkpoints;
+  for (const v1::ReportProgressRequest& r : link.reports()) {
+    EXPECT_TRUE(r.error().empty()) << r.error();
+    if (r.has_checkpoint()) checkpoints.push_back(r.checkpoint().step());
+  }
+  EXPECT_EQ(checkpoints, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(link.failed(), 2);
 }
 
 // A job that ends well leaves the hook alone.

@@ -119,7 +119,23 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
   pending_.erase(pending_.begin(), std::next(it));
   incomplete_.erase(step);
   if (!complete_.empty() && complete_.back().step() >= step) {
-    return std::optional<v1::ResumeFrom>();  // a redone step completed again
+    // A redone step completed again. Under the same layout its files are
+    // bitwise the same; under another the redo wrote other bytes over
+    // them, and the held checksums would refuse a resume from it.
+    for (v1::ResumeFrom& held : complete_) {
+      if (held.step() != step) continue;
+      bool same = held.units_size() == from.units_size();
+      for (int i = 0; same && i < from.units_size(); ++i) {
+        same = held.units(i).unit() == from.units(i).unit() &&
+               held.units(i).bytes() == from.units(i).bytes() &&
+               held.units(i).sha256() == from.units(i).sha256();
+      }
+      if (!same) {
+        held = from;
+        rewritten_.push_back(from);
+      }
+    }
+    return std::optional<v1::ResumeFrom>();
   }
   complete_.push_back(from);
   while (complete_.size() > static_cast<size_t>(spec_.keep())) {
@@ -177,6 +193,12 @@ void CheckpointCatalog::Abandon(int64_t step) {
 std::vector<v1::ResumeFrom> CheckpointCatalog::TakeAbandoned() {
   std::vector<v1::ResumeFrom> out;
   out.swap(abandoned_);
+  return out;
+}
+
+std::vector<v1::ResumeFrom> CheckpointCatalog::TakeRewritten() {
+  std::vector<v1::ResumeFrom> out;
+  out.swap(rewritten_);
   return out;
 }
 

@@ -2179,6 +2179,31 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   if (events_.checkpoint_written) {  // write_seconds checked above
     events_.checkpoint_written(c.write_seconds());
   }
+  // Held checkpoints a redo wrote again with other bytes: the stored state
+  // and the manifests take the new checksums.
+  if (std::vector<v1::ResumeFrom> rewritten = record.checkpoints->TakeRewritten();
+      !rewritten.empty()) {
+    for (const v1::ResumeFrom& r : rewritten) {
+      PT_LOG(INFO) << "job " << record.job.id() << ": checkpoint of step " << r.step()
+                   << " written again by a redo with other bytes; its checksums follow";
+    }
+    PersistLocked(record, [this, output_dir = options_.output_dir, id = record.job.id(),
+                           model = record.resolved.spec.model(), seed = record.resolved.train.seed,
+                           rewritten = std::move(rewritten)](const absl::Status&) {
+      for (const v1::ResumeFrom& r : rewritten) {
+        bool held = false;
+        {
+          AnnotatedMutexLock lock(&mu_);
+          const JobRecord* record = FindLocked(id);
+          held = record != nullptr && record->checkpoints != nullptr &&
+                 record->checkpoints->Holds(r.step());
+        }
+        if (!held) continue;
+        absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, r);
+        if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
+      }
+    }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
+  }
   if (!complete.has_value()) return absl::OkStatus();
   record.job.mutable_progress()->set_checkpoint_step(complete->step());
   // Progress is a checkpoint beyond every earlier one: a step redone after

@@ -723,6 +723,49 @@ TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromThe
   EXPECT_EQ(job.progress().loss_history_size(), 5);
 }
 
+// Checkpoint 26 is complete but its loss never came, so a recovery resumes
+// from 13 and redoes 14..26, writing step 26's files again. The redo's
+// bytes differ here (as under another layout): the held checkpoint, the
+// stored state and the manifest take the new checksums, so a later resume
+// from 26 is not refused.
+TEST_F(JobManagerElasticTest, RedoneCheckpointWithOtherBytes_ChecksumsFollow) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 13)).value().id();
+  for (int step = 1; step <= 13; ++step) Step(id, step);
+  CheckpointAll(id, 13);
+  for (int step = 14; step <= 25; ++step) Step(id, step);
+  CheckpointAll(id, 26);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  const std::string w3 = AddWorker(7003);
+  HeartbeatAllAndSchedule({w1, w3});
+  v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.progress().step(), 13);
+  for (int step = 14; step <= 26; ++step) Step(id, step);
+  const std::string redone(64, 'f');
+  job = jobs_->Get(id).value();
+  for (const std::string& w : job.worker_ids()) {
+    v1::ReportProgressRequest r = CheckpointReport(id, w, job.plan_version(), 26);
+    for (v1::UnitFile& f : *r.mutable_checkpoint()->mutable_units()) f.set_sha256(redone);
+    ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  }
+  jobs_->FlushIo();
+  std::ifstream in(absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000026/manifest.json"));
+  const std::string manifest((std::istreambuf_iterator<char>(in)),
+                             std::istreambuf_iterator<char>());
+  EXPECT_TRUE(absl::StrContains(manifest, redone)) << manifest;
+  std::vector<store::StoredJob> stored = state_->LoadJobs().value();
+  ASSERT_EQ(stored.size(), 1u);
+  bool found = false;
+  for (const v1::ResumeFrom& c : stored[0].checkpoints()) {
+    if (c.step() != 26) continue;
+    found = true;
+    for (const v1::UnitFile& f : c.units()) EXPECT_EQ(f.sha256(), redone);
+  }
+  EXPECT_TRUE(found);
+}
+
 // The history keeps the last 10000 losses. A recovery to a checkpoint older
 // than that (step 500, the history starting at 1100) clears it and records
 // the redone steps from the resume point: loss_history_start + size stays

@@ -119,23 +119,7 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
   pending_.erase(pending_.begin(), std::next(it));
   incomplete_.erase(step);
   if (!complete_.empty() && complete_.back().step() >= step) {
-    // A redone step completed again. Under the same layout its files are
-    // bitwise the same; under another the redo wrote other bytes over
-    // them, and the held checksums would refuse a resume from it.
-    for (v1::ResumeFrom& held : complete_) {
-      if (held.step() != step) continue;
-      bool same = held.units_size() == from.units_size();
-      for (int i = 0; same && i < from.units_size(); ++i) {
-        same = held.units(i).unit() == from.units(i).unit() &&
-               held.units(i).bytes() == from.units(i).bytes() &&
-               held.units(i).sha256() == from.units(i).sha256();
-      }
-      if (!same) {
-        held = from;
-        rewritten_.push_back(from);
-      }
-    }
-    return std::optional<v1::ResumeFrom>();
+    return std::optional<v1::ResumeFrom>();  // a redone step completed again
   }
   complete_.push_back(from);
   while (complete_.size() > static_cast<size_t>(spec_.keep())) {
@@ -196,10 +180,14 @@ std::vector<v1::ResumeFrom> CheckpointCatalog::TakeAbandoned() {
   return out;
 }
 
-std::vector<v1::ResumeFrom> CheckpointCatalog::TakeRewritten() {
-  std::vector<v1::ResumeFrom> out;
-  out.swap(rewritten_);
-  return out;
+std::vector<int64_t> CheckpointCatalog::ForgetAfter(int64_t step) {
+  std::vector<int64_t> forgotten;
+  while (!complete_.empty() && complete_.back().step() > step) {
+    forgotten.push_back(complete_.back().step());
+    incomplete_.insert(complete_.back().step());
+    complete_.pop_back();
+  }
+  return forgotten;
 }
 
 std::vector<v1::ResumeFrom> CheckpointCatalog::TakeIncomplete() {

@@ -75,6 +75,12 @@ class CheckpointCatalog {
   // Complete checkpoints beyond `keep`, oldest first, no longer in the
   // catalog: the caller removes their directories.
   std::vector<v1::ResumeFrom> TakeExpired();
+  // A recovery resumes from `step`: the complete checkpoints beyond it (a
+  // later one whose last loss never arrived) are forgotten, their steps
+  // redone. The redo writes their files again (other bytes under another
+  // layout) and completes them anew; their directories count as
+  // incomplete until then (TakeIncomplete). Returns their steps.
+  std::vector<int64_t> ForgetAfter(int64_t step);
   // Forgets incomplete steps (a re-plan: the new plan's stages report again).
   // Their directories stay: the new plan may be writing the same steps;
   // TakeIncomplete hands them over at the job's end unless they complete.
@@ -88,12 +94,6 @@ class CheckpointCatalog {
   // or older than a step that completed), none of them a complete
   // checkpoint's step: the caller removes their directories.
   std::vector<v1::ResumeFrom> TakeAbandoned();
-  // Complete checkpoints whose step was redone (after a recovery that
-  // resumed before it) and completed again with other files: the files
-  // on disk are the redo's (another layout sums in another order), so the
-  // held entry now has the redo's sizes and checksums. The caller saves
-  // the state and rewrites their manifests.
-  std::vector<v1::ResumeFrom> TakeRewritten();
   // The complete checkpoints, oldest first (for the durable state), and
   // taking them back after a restart (replacing what the catalog holds).
   std::vector<v1::ResumeFrom> Complete() const;
@@ -107,7 +107,6 @@ class CheckpointCatalog {
   std::deque<v1::ResumeFrom> complete_;                     // oldest first
   std::vector<v1::ResumeFrom> expired_;
   std::vector<v1::ResumeFrom> abandoned_;  // dir and step only
-  std::vector<v1::ResumeFrom> rewritten_;
   std::set<int64_t> allowed_;
   // Steps with units reported that have not completed or been abandoned
   // since (pending_'s keys, and those ClearPending forgot).

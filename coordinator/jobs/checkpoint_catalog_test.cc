@@ -34,9 +34,8 @@ class CheckpointCatalogTest : public ::testing::Test {
     r.set_end(2 * stage + 2);
     return r;
   }
-  // Stage `stage`'s report of its units at `step` (files with SHA-256
-  // `digit` x 64); true if it completed it.
-  bool Report(int stage, int64_t step, char digit = 'a') {
+  // Stage `stage`'s report of its units at `step`; true if it completed it.
+  bool Report(int stage, int64_t step) {
     v1::CheckpointWritten report;
     report.set_step(step);
     for (int u = 2 * stage; u < 2 * stage + 2; ++u) {
@@ -44,7 +43,7 @@ class CheckpointCatalogTest : public ::testing::Test {
       f->set_unit(u);
       f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
       f->set_bytes(100);
-      f->set_sha256(std::string(64, digit));
+      f->set_sha256(std::string(64, 'a'));
     }
     absl::StatusOr<std::optional<v1::ResumeFrom>> added = catalog_.Add(report, Owned(stage));
     EXPECT_TRUE(added.ok()) << added.status();
@@ -138,32 +137,35 @@ TEST_F(CheckpointCatalogTest, IncompleteStepsThatCannotComplete_AreAbandoned) {
 
 // Holds says which complete checkpoints the catalog still has: not the
 // expired ones (beyond keep 2), not a dropped one, not an incomplete step.
-// Steps 5 and 6 complete; a recovery resumes from 5 and redoes 6. Redone
-// under the same layout its files are the same and nothing changes; under
-// another, other bytes replace them, and the held entry takes the new
-// checksums (a resume from it would otherwise refuse every file).
-TEST_F(CheckpointCatalogTest, RedoneStepCompletedWithOtherFiles_HeldEntryRewritten) {
+// Steps 5 and 6 complete; a recovery resumes from 5 (6's loss never came):
+// 6 is forgotten, counts as incomplete, and its redo completes it anew.
+TEST_F(CheckpointCatalogTest, ForgetAfter_LaterCheckpointsRedoneAndCompletedAnew) {
   ASSERT_FALSE(Report(0, 5));
   ASSERT_TRUE(Report(1, 5));
   ASSERT_FALSE(Report(0, 6));
   ASSERT_TRUE(Report(1, 6));
+  EXPECT_EQ(catalog_.ForgetAfter(5), std::vector<int64_t>{6});
+  EXPECT_FALSE(catalog_.Holds(6));
+  ASSERT_NE(catalog_.Latest(), nullptr);
+  EXPECT_EQ(catalog_.Latest()->step(), 5);
   catalog_.ClearPending();  // the recovery's re-plan
   EXPECT_FALSE(Report(0, 6));
-  EXPECT_FALSE(Report(1, 6));  // complete again, not a new checkpoint
-  EXPECT_TRUE(catalog_.TakeRewritten().empty());
-  EXPECT_FALSE(Report(0, 6, 'b'));
-  EXPECT_FALSE(Report(1, 6, 'b'));
-  const std::vector<v1::ResumeFrom> rewritten = catalog_.TakeRewritten();
-  ASSERT_EQ(rewritten.size(), 1u);
-  EXPECT_EQ(rewritten[0].step(), 6);
-  ASSERT_NE(catalog_.Latest(), nullptr);
+  EXPECT_TRUE(Report(1, 6));  // a new completion
   EXPECT_EQ(catalog_.Latest()->step(), 6);
-  ASSERT_EQ(catalog_.Latest()->units_size(), 4);
-  for (const v1::UnitFile& f : catalog_.Latest()->units()) {
-    EXPECT_EQ(f.sha256(), std::string(64, 'b'));
-  }
-  EXPECT_EQ(catalog_.LatestAtOrBefore(5)->units(0).sha256(), std::string(64, 'a'));
-  EXPECT_TRUE(catalog_.TakeExpired().empty());
+  EXPECT_TRUE(catalog_.TakeIncomplete().empty());  // 6 is complete again
+  EXPECT_TRUE(catalog_.ForgetAfter(6).empty());
+}
+
+// A forgotten step its redo never completes is swept at the job's end.
+TEST_F(CheckpointCatalogTest, ForgetAfter_StepNeverRedone_HandedOverAsIncomplete) {
+  ASSERT_FALSE(Report(0, 7));
+  ASSERT_TRUE(Report(1, 7));
+  ASSERT_FALSE(Report(0, 8));
+  ASSERT_TRUE(Report(1, 8));
+  ASSERT_EQ(catalog_.ForgetAfter(7), std::vector<int64_t>{8});
+  const std::vector<v1::ResumeFrom> incomplete = catalog_.TakeIncomplete();
+  ASSERT_EQ(incomplete.size(), 1u);
+  EXPECT_EQ(incomplete[0].step(), 8);
 }
 
 TEST_F(CheckpointCatalogTest, Holds_OnlyCompleteOnesStillKept) {

@@ -1837,6 +1837,18 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
       p->mutable_loss_history()->Truncate(static_cast<int>(keep));
     }
     p->set_step(pending.resume_step);
+    // Complete checkpoints beyond the resume point are redone: held, the
+    // redo's files would be checked against their old checksums (other
+    // bytes under another layout) and a step boundary among or below them
+    // would never complete.
+    if (record.checkpoints != nullptr) {
+      for (int64_t step : record.checkpoints->ForgetAfter(pending.resume_step)) {
+        PT_LOG(INFO) << "job " << id << ": checkpoint of step " << step
+                     << " forgotten: the recovery resumes before it and redoes it";
+      }
+      const v1::ResumeFrom* latest = record.checkpoints->Latest();
+      p->set_checkpoint_step(latest != nullptr ? latest->step() : 0);
+    }
     if (p->val_step() > pending.resume_step) p->set_val_step(0), p->set_val_loss(0);
     p->set_steps_redone(p->steps_redone() + pending.redone);
     p->set_recoveries(p->recoveries() + 1);
@@ -2178,31 +2190,6 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   }
   if (events_.checkpoint_written) {  // write_seconds checked above
     events_.checkpoint_written(c.write_seconds());
-  }
-  // Held checkpoints a redo wrote again with other bytes: the stored state
-  // and the manifests take the new checksums.
-  if (std::vector<v1::ResumeFrom> rewritten = record.checkpoints->TakeRewritten();
-      !rewritten.empty()) {
-    for (const v1::ResumeFrom& r : rewritten) {
-      PT_LOG(INFO) << "job " << record.job.id() << ": checkpoint of step " << r.step()
-                   << " written again by a redo with other bytes; its checksums follow";
-    }
-    PersistLocked(record, [this, output_dir = options_.output_dir, id = record.job.id(),
-                           model = record.resolved.spec.model(), seed = record.resolved.train.seed,
-                           rewritten = std::move(rewritten)](const absl::Status&) {
-      for (const v1::ResumeFrom& r : rewritten) {
-        bool held = false;
-        {
-          AnnotatedMutexLock lock(&mu_);
-          const JobRecord* record = FindLocked(id);
-          held = record != nullptr && record->checkpoints != nullptr &&
-                 record->checkpoints->Holds(r.step());
-        }
-        if (!held) continue;
-        absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, r);
-        if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
-      }
-    }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
   }
   if (!complete.has_value()) return absl::OkStatus();
   record.job.mutable_progress()->set_checkpoint_step(complete->step());

@@ -724,46 +724,67 @@ TEST_F(JobManagerElasticTest, CheckpointCompleteButItsLossMissing_ResumesFromThe
 }
 
 // Checkpoint 26 is complete but its loss never came, so a recovery resumes
-// from 13 and redoes 14..26, writing step 26's files again. The redo's
-// bytes differ here (as under another layout): the held checkpoint, the
-// stored state and the manifest take the new checksums, so a later resume
-// from 26 is not refused.
-TEST_F(JobManagerElasticTest, RedoneCheckpointWithOtherBytes_ChecksumsFollow) {
+// from 13 and redoes 14..26: 26 is forgotten (the state and the progress
+// say 13), and a step boundary below it (a join at 17) still re-plans.
+// Then the redo writes step 26's files again with other bytes (as under
+// another layout): it completes anew, and its manifest and the stored
+// state carry the redo's checksums, not the old ones.
+TEST_F(JobManagerElasticTest, RecoveryBeforeACompleteCheckpoint_ItIsRedoneAnew) {
   Reset(/*with_state=*/true);
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
-  const std::string id = Submit(ElasticSpec(2, 13)).value().id();
+  v1::JobSpec spec = ElasticSpec(2, 13);
+  spec.mutable_elastic()->set_max_workers(3);
+  const std::string id = Submit(spec).value().id();
   for (int step = 1; step <= 13; ++step) Step(id, step);
   CheckpointAll(id, 13);
   for (int step = 14; step <= 25; ++step) Step(id, step);
   CheckpointAll(id, 26);
+  ASSERT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 26);
   registry_.MarkLost(w2, incarnations_[w2], "killed");
   const std::string w3 = AddWorker(7003);
   HeartbeatAllAndSchedule({w1, w3});
   v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   ASSERT_EQ(job.progress().step(), 13);
-  for (int step = 14; step <= 26; ++step) Step(id, step);
-  const std::string redone(64, 'f');
+  EXPECT_EQ(job.progress().checkpoint_step(), 13);
+  jobs_->FlushIo();
+  std::vector<store::StoredJob> stored = state_->LoadJobs().value();
+  ASSERT_EQ(stored.size(), 1u);
+  ASSERT_EQ(stored[0].checkpoints_size(), 1);
+  EXPECT_EQ(stored[0].checkpoints(0).step(), 13);
+
+  // A join: the boundary falls at 17, below the forgotten 26.
+  AddWorker(7004);
+  Schedule();
+  const int64_t boundary = Step(id, 14).stop_after_step();
+  ASSERT_GT(boundary, 14);
+  ASSERT_LT(boundary, 26);
+  for (int64_t step = 15; step <= boundary; ++step) Step(id, step);
+  CheckpointAll(id, boundary);
   job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.worker_ids_size(), 3) << "the boundary re-planned";
+  EXPECT_EQ(job.progress().checkpoint_step(), boundary);
+
+  for (int64_t step = boundary + 1; step <= 25; ++step) Step(id, step);
+  const std::string redone(64, 'f');
   for (const std::string& w : job.worker_ids()) {
     v1::ReportProgressRequest r = CheckpointReport(id, w, job.plan_version(), 26);
     for (v1::UnitFile& f : *r.mutable_checkpoint()->mutable_units()) f.set_sha256(redone);
     ASSERT_TRUE(jobs_->ReportProgress(r).ok());
   }
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 26);
   jobs_->FlushIo();
   std::ifstream in(absl::StrCat(OutputDir(), "/checkpoints/", id, "/step-00000026/manifest.json"));
   const std::string manifest((std::istreambuf_iterator<char>(in)),
                              std::istreambuf_iterator<char>());
   EXPECT_TRUE(absl::StrContains(manifest, redone)) << manifest;
-  std::vector<store::StoredJob> stored = state_->LoadJobs().value();
+  stored = state_->LoadJobs().value();
   ASSERT_EQ(stored.size(), 1u);
-  bool found = false;
-  for (const v1::ResumeFrom& c : stored[0].checkpoints()) {
-    if (c.step() != 26) continue;
-    found = true;
-    for (const v1::UnitFile& f : c.units()) EXPECT_EQ(f.sha256(), redone);
-  }
-  EXPECT_TRUE(found);
+  ASSERT_GT(stored[0].checkpoints_size(), 0);
+  const v1::ResumeFrom& newest = stored[0].checkpoints(stored[0].checkpoints_size() - 1);
+  EXPECT_EQ(newest.step(), 26);
+  for (const v1::UnitFile& f : newest.units()) EXPECT_EQ(f.sha256(), redone);
 }
 
 // The history keeps the last 10000 losses. A recovery to a checkpoint older

@@ -132,7 +132,8 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::DrainWorker(grpc::CallbackServ
       allowed = as_worker;
     }
   }
-  return Unary(context, "DrainWorker", allowed, [&]() -> absl::Status {
+  // Waits for the store's commit of the drain.
+  return OffReaction(context, "DrainWorker", allowed, [this, request, response]() -> absl::Status {
     ASSIGN_OR_RETURN(*response, jobs_->Drain(request->worker_id()));
     return absl::OkStatus();
   });

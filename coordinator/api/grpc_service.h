@@ -25,10 +25,10 @@
 // Every unary method records pipetrain_rpc_duration_seconds{method}.
 //
 // Unary methods run in the gRPC reaction, taking only short locks in the
-// registry and job manager, except SubmitJob and CancelJob: they wait for the
-// state store (a commit to disk or etcd, and CancelJob for the saves queued
-// before its own), so they run on a thread of the service's own, one call at
-// a time, and the reaction only hands them over (STYLE.md item 6). Shutdown
+// registry and job manager, except SubmitJob, CancelJob and DrainWorker: they
+// wait for the state store (a commit to disk or etcd, and CancelJob for the
+// saves queued before its own), so they run on a thread of the service's own,
+// one call at a time, and the reaction only hands them over (STYLE.md item 6). Shutdown
 // order:
 //   service.Shutdown();        // ends the never-ending WatchAssignments streams
 //   server->Shutdown(deadline);
@@ -61,7 +61,7 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   using Runner = std::function<void(std::function<void()>)>;
 
   // None owned; all must outlive the service. Requires non-null (checked).
-  // `store_calls` runs SubmitJob's and CancelJob's work; empty: a
+  // `store_calls` runs SubmitJob's, CancelJob's and DrainWorker's work; empty: a
   // SerialExecutor of the service's own. Tests pass a queue they run
   // themselves, to see that those calls are not answered in the reaction.
   CoordinatorGrpcService(WorkerRegistry* workers, JobManager* jobs, AssignmentHub* hub,

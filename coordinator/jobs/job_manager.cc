@@ -1483,7 +1483,26 @@ bool JobManager::IsDrained(const v1::Worker& worker) const {
 }
 
 absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
-  AnnotatedMutexLock lock(&mu_);
+  absl::StatusOr<v1::Worker> drained;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    drained = DrainLocked(worker_id);
+  }
+  if (!drained.ok()) return drained;
+  // Saved before it is acknowledged, off the lock (a store commit).
+  const absl::Status saved = registry_->MarkDrained(worker_id, drained->incarnation());
+  // FAILED_PRECONDITION: that incarnation is gone since (registered again,
+  // as a new process or with the drain it heard of): nothing to keep.
+  if (!saved.ok() && saved.code() != absl::StatusCode::kFailedPrecondition) {
+    return absl::UnavailableError(absl::StrCat(
+        worker_id, " is draining here, but the state store did not record it (", saved.message(),
+        "); a coordinator that restarts before the worker's next heartbeat would forget it: "
+        "drain again to see it recorded"));
+  }
+  return drained;
+}
+
+absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id) {
   ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(worker_id));
   // A LOST or LEFT incarnation is out of service already, and the drain
   // would not cover the next one (drained_ holds the incarnation): saying

@@ -308,9 +308,14 @@ class JobManager {
   absl::Status FinishWeights(const std::string& worker_id, const std::string& job_id);
 
   // Takes `worker_id` out of service (see "Step boundaries"). NOT_FOUND
-  // for an unknown worker; FAILED_PRECONDITION when its job has no
-  // checkpoints, or would be left with fewer than spec.elastic.min_workers
-  // stages and no spare READY worker to take its place. Idempotent.
+  // for an unknown worker; FAILED_PRECONDITION when it is LOST or LEFT, or
+  // its job has no checkpoints, or would be left with fewer than
+  // spec.elastic.min_workers stages and no spare READY worker to take its
+  // place. Answered once the state store has the drain
+  // (WorkerRegistry::MarkDrained: the process keeps it through a
+  // coordinator restart even before it heard of it); UNAVAILABLE when the
+  // save failed (drained here all the same; asking again saves again).
+  // Idempotent. Waits for the store: not for a gRPC reaction.
   absl::StatusOr<v1::Worker> Drain(const std::string& worker_id);
   // Whether `worker` (its id and incarnation, as the registry lists it) is
   // drained: by Drain, or it registered as a drained process
@@ -645,6 +650,9 @@ class JobManager {
   // Whether stage `g` has done all its part: every step, and its weights
   // upload where it uploads them.
   static bool StageDone(const JobRecord& record, size_t g);
+  // Drain's checks and bookkeeping, under the lock (nothing saved).
+  absl::StatusOr<v1::Worker> DrainLocked(const std::string& worker_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void MaybeCompleteLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fills weight_owner from the plan's backward units of `stage` (replica
   // 0's stages only, tensor rank 0 of each: the other replicas hold the

@@ -1138,6 +1138,38 @@ TEST_F(JobManagerElasticTest, Drain_SecondWorkerOfTheJob_CountsTheFirstDrainAsGo
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 
+// A drain is answered once the state store has it (the registry saves it
+// with the incarnation it covers). A failed save answers UNAVAILABLE, the
+// drain applied all the same; asking again saves it again.
+TEST(JobManagerDrainSaveTest, StoreFails_UnavailableThenDrainAgainRecordsIt) {
+  FakeClock clock;
+  bool failing = true;
+  std::vector<v1::Worker> saved;
+  WorkerRegistry::Options options{"", absl::Seconds(1), absl::Seconds(5), &clock};
+  options.persist = [&](const v1::Worker& w) {
+    if (failing && w.drained()) return absl::UnavailableError("database is locked");
+    saved.push_back(w);
+    return absl::OkStatus();
+  };
+  WorkerRegistry registry(options);
+  AssignmentHub hub;
+  JobManager jobs(&registry, &hub, &clock, JobManagerOptions{.output_dir = OutputDir()});
+  v1::RegisterWorkerRequest request;
+  request.set_data_address("127.0.0.1:7001");
+  const std::string w = registry.Register(request).value().worker_id();
+  const absl::Status refused = jobs.Drain(w).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "database is locked")) << refused;
+  EXPECT_TRUE(jobs.IsDrained(registry.Get(w).value()));  // applied here all the same
+  failing = false;
+  const absl::StatusOr<v1::Worker> drained = jobs.Drain(w);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_TRUE(drained->drained());
+  ASSERT_FALSE(saved.empty());
+  EXPECT_EQ(saved.back().id(), w);
+  EXPECT_TRUE(saved.back().drained());
+}
+
 // A job waiting beside a drained (still READY) worker says why it is not
 // taken; a job cancelled before any plan says it will never have one.
 TEST_F(JobManagerElasticTest, Waiting_CountsDrainedWorkersApart_EndedJobHasNoPlan) {

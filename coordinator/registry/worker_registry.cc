@@ -225,6 +225,10 @@ bool WorkerRegistry::IsFreshNcclId(const Entry& entry, const std::string& id) {
 void WorkerRegistry::StartIncarnationLocked(Entry& entry,
                                             const v1::RegisterWorkerRequest& request) {
   v1::Worker& worker = entry.worker;
+  // The process of a drained incarnation registering again (a drain it
+  // may not have heard of when the coordinator restarted): drained still.
+  const bool drain_kept = worker.drained() && worker.incarnation() > 0 &&
+                          request.previous_incarnation() == worker.incarnation();
   worker.set_incarnation(worker.incarnation() + 1);
   entry.session_secret = RandomToken();
   *worker.mutable_device() = request.device();
@@ -241,7 +245,7 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   worker.set_node_name(request.node_name());
   // A drained process registering again stays drained (JobManager reads
   // this): set with READY, so no placement comes between.
-  worker.set_drained(request.drained());
+  worker.set_drained(request.drained() || drain_kept);
   worker.clear_job_id();
   worker.clear_current_instruction();
   TouchLocked(entry, clock_->Now());
@@ -519,6 +523,18 @@ void WorkerRegistry::Restore(const std::vector<v1::Worker>& all) {
     SetStateLocked(entry, v1::WORKER_STATE_JOINING);
     SetStateLocked(entry, left ? v1::WORKER_STATE_LEFT : v1::WORKER_STATE_LOST);
   }
+}
+
+absl::Status WorkerRegistry::MarkDrained(const std::string& worker_id, int64_t incarnation) {
+  AnnotatedMutexLock lock(&mu_);
+  Entry* entry = FindLocked(worker_id);
+  if (entry == nullptr || entry->worker.incarnation() != incarnation) {
+    return absl::FailedPreconditionError(absl::StrCat("worker ", worker_id, " incarnation ",
+                                                      incarnation, " is no longer registered"));
+  }
+  entry->worker.set_drained(true);
+  if (!options_.persist) return absl::OkStatus();
+  return options_.persist(entry->worker);
 }
 
 void WorkerRegistry::MarkLost(const std::string& worker_id, int64_t incarnation,

@@ -202,6 +202,15 @@ class WorkerRegistry {
   //     or LEFT; in every case the worker must register again.
   absl::Status Heartbeat(const v1::HeartbeatRequest& request);
 
+  // Records that incarnation `incarnation` of the worker is drained
+  // (JobManager::Drain): Worker.drained is set, and persisted (Options::
+  // persist), so that after a coordinator restart the same process
+  // registering again (RegisterWorkerRequest.previous_incarnation) is
+  // drained even if it had not heard of it. Idempotent.
+  // FAILED_PRECONDITION when that incarnation is not the current one;
+  // persist's error when the save failed (the flag stays set here).
+  absl::Status MarkDrained(const std::string& worker_id, int64_t incarnation);
+
   // The coordinator knows incarnation `incarnation` of the worker is gone
   // before its lease runs out (its assignment stream closed): if it is
   // still the current incarnation and live, it becomes LOST with `why` in

@@ -581,6 +581,47 @@ TEST(WorkerRegistryTest, Restore_KnownWorkersLostUntilTheyRegisterAgainUnderThei
   EXPECT_EQ(fresh->worker_id(), "w-4");
 }
 
+// A drain is saved with the incarnation it covers. After a restart the
+// process of that incarnation registering again (previous_incarnation) is
+// drained even if it never heard of it; a new process (0) or one naming
+// another incarnation is not.
+TEST(WorkerRegistryTest, MarkDrained_SavedAndKeptForTheSameProcessAfterARestart) {
+  FakeClock clock;
+  MemoryStore store;
+  CoordinatorState state(&store);
+  ASSERT_TRUE(state.Initialize().ok());
+  WorkerRegistry::Options options = MakeOptions(&clock);
+  options.persist = [&state](const v1::Worker& w) { return state.SaveWorker(w); };
+  {
+    WorkerRegistry before(options);
+    for (int n = 1; n <= 3; ++n) ASSERT_TRUE(before.Register(Request(n)).ok());
+    EXPECT_EQ(before.MarkDrained("w-1", 2).code(), absl::StatusCode::kFailedPrecondition);
+    for (const char* id : {"w-1", "w-2", "w-3"}) ASSERT_TRUE(before.MarkDrained(id, 1).ok());
+    EXPECT_TRUE(before.Get("w-1")->drained());
+  }
+  const absl::StatusOr<std::vector<v1::Worker>> saved = state.LoadWorkers();
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  for (const v1::Worker& w : *saved) EXPECT_TRUE(w.drained()) << w.id();
+  WorkerRegistry after(options);
+  after.Restore(*saved);
+  v1::RegisterWorkerRequest same = Request(1);
+  same.set_previous_incarnation(1);
+  ASSERT_TRUE(after.Register(same).ok());
+  EXPECT_TRUE(after.Get("w-1")->drained());
+  ASSERT_TRUE(after.Register(Request(2)).ok());  // a new process
+  EXPECT_FALSE(after.Get("w-2")->drained());
+  v1::RegisterWorkerRequest other = Request(3);
+  other.set_previous_incarnation(7);
+  ASSERT_TRUE(after.Register(other).ok());
+  EXPECT_FALSE(after.Get("w-3")->drained());
+  // The same process registering once more (after incarnation 2, drained
+  // by carrying the drain) stays drained.
+  v1::RegisterWorkerRequest again = Request(1);
+  again.set_previous_incarnation(2);
+  ASSERT_TRUE(after.Register(again).ok());
+  EXPECT_TRUE(after.Get("w-1")->drained());
+}
+
 // Ids and incarnations a later registration adds one to: past 2^53 (the
 // largest INT64_MAX) the record is skipped, so no addition overflows.
 TEST(WorkerRegistryTest, Restore_NumbersThatWouldOverflowAreSkipped) {

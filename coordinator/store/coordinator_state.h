@@ -37,7 +37,7 @@ class CoordinatorState {
 
   // Keeps what a restart needs of `worker` (id, data address, latest
   // incarnation, device facts, addresses, last heartbeat, whether it is
-  // LEFT; no other state, no session).
+  // LEFT or drained; no other state, no session).
   absl::Status SaveWorker(const v1::Worker& worker);
   // The saved workers: LEFT if they were saved so, else their state unset.
   absl::StatusOr<std::vector<v1::Worker>> LoadWorkers() const;

@@ -270,6 +270,9 @@ async function scenario(document, coordinator, workerId) {
     const w = ((await r.json()).workers || []).find((x) => x.id === workerId);
     return w && w.state === 'WORKER_STATE_READY';
   });
+  // A drain the state store cannot record (503: draining all the same), then
+  // again once it can (200, recorded).
+  await whileStateLocked(() => call('POST', `/v1/workers/${workerId}:drain`, { expect: 503 }));
   await call('POST', `/v1/workers/${workerId}:drain`, { expect: 200 });
 
   // A known path with a method it does not take: 405 naming the others.

@@ -177,6 +177,8 @@ absl::Status WorkerAgent::RegisterWithRetry() {
   {
     AnnotatedMutexLock lock(&mu_);
     request.set_drained(drained_);
+    // 0 before the first registration: a new process.
+    request.set_previous_incarnation(incarnation_);
   }
   while (true) {
     {

@@ -319,7 +319,10 @@ TEST(WorkerAgentTest, DrainedThenDropped_RegistersAgainAsDrained) {
   rig->Shutdown();
   ASSERT_GE(registrations.size(), 2u);
   EXPECT_FALSE(registrations[0].drained());  // a new process
+  EXPECT_EQ(registrations[0].previous_incarnation(), 0);
   EXPECT_TRUE(registrations[1].drained());
+  // The incarnation it held: the coordinator's store may know it drained.
+  EXPECT_EQ(registrations[1].previous_incarnation(), 1);
 }
 
 // Registers the worker, accepts its heartbeats, sends `assignment` on the

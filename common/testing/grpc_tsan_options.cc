@@ -27,6 +27,8 @@ extern "C" const char* __tsan_default_options() { return "ignore_noninstrumented
 extern "C" const char* __tsan_default_suppressions() {
   return "race:/usr/include/grpcpp/\n"
          "race:/usr/include/grpc/\n"
-         // Abseil's deadlock-detection graph (absl_tsan_options.cc says why).
-         "race:synchronization_internal::GraphCycles\n";
+         // Abseil's deadlock-detection graph and protobuf's shared empty
+         // unknown-field set (absl_tsan_options.cc says why).
+         "race:synchronization_internal::GraphCycles\n"
+         "race:google::protobuf::UnknownFieldSet::default_instance\n";
 }

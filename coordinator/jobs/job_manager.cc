@@ -2449,7 +2449,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
     return response;
   }
   // A stage reports its iterations in order, each once: one already counted
-  // is a retry whose answer was lost (JobRunner::ReportIteration), answered
+  // is a retry whose answer was lost (JobRunner::ReportWithRetries), answered
   // as before but not applied again (its loss and times added twice).
   if (r.iteration() < stage.iterations_done) {
     PT_LOG(INFO) << "job " << r.job_id() << ": " << r.worker_id() << "'s report of iteration "

@@ -47,22 +47,34 @@ absl::Status CoordinatorGrpcService::WorkerCall(const grpc::CallbackServerContex
 void CoordinatorGrpcService::Shutdown() { streams_.Shutdown(); }
 
 template <typename Handler>
-grpc::ServerUnaryReactor* CoordinatorGrpcService::Unary(grpc::CallbackServerContext* context,
-                                                        absl::string_view method,
-                                                        const absl::Status& authorized,
-                                                        Handler handler) {
+grpc::ServerUnaryReactor* CoordinatorGrpcService::Respond(grpc::CallbackServerContext* context,
+                                                          absl::string_view method,
+                                                          const absl::Status& authorized,
+                                                          Handler handler, const Runner& run) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (!authorized.ok()) {
     metrics_->CountRefused(method, authorized.code());
     reactor->Finish(ToGrpcStatus(authorized));
     return reactor;
   }
+  // Timed from here: a wait for another thread is part of the caller's wait.
   const auto start = std::chrono::steady_clock::now();
-  const absl::Status status = handler();
-  metrics_->ObserveRpc(
-      method, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  reactor->Finish(ToGrpcStatus(status));
+  run([this, reactor, method = std::string(method), start, handler]() {
+    const absl::Status status = handler();
+    metrics_->ObserveRpc(
+        method, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    reactor->Finish(ToGrpcStatus(status));
+  });
   return reactor;
+}
+
+template <typename Handler>
+grpc::ServerUnaryReactor* CoordinatorGrpcService::Unary(grpc::CallbackServerContext* context,
+                                                        absl::string_view method,
+                                                        const absl::Status& authorized,
+                                                        Handler handler) {
+  return Respond(context, method, authorized, std::move(handler),
+                 [](std::function<void()> task) { task(); });
 }
 
 template <typename Handler>
@@ -70,21 +82,7 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::OffReaction(grpc::CallbackServ
                                                               absl::string_view method,
                                                               const absl::Status& authorized,
                                                               Handler handler) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  if (!authorized.ok()) {
-    metrics_->CountRefused(method, authorized.code());
-    reactor->Finish(ToGrpcStatus(authorized));
-    return reactor;
-  }
-  // Timed from here: the wait for the thread is part of the caller's wait.
-  const auto start = std::chrono::steady_clock::now();
-  store_calls_([this, reactor, method = std::string(method), start, handler]() {
-    const absl::Status status = handler();
-    metrics_->ObserveRpc(
-        method, std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    reactor->Finish(ToGrpcStatus(status));
-  });
-  return reactor;
+  return Respond(context, method, authorized, std::move(handler), store_calls_);
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::RegisterWorker(

@@ -127,6 +127,11 @@ class CoordinatorGrpcService final : public v1::CoordinatorService::CallbackServ
   grpc::ServerUnaryReactor* OffReaction(grpc::CallbackServerContext* context,
                                         absl::string_view method, const absl::Status& authorized,
                                         Handler handler);
+  // Both: the refusal in the reaction, else `handler` through `run`.
+  template <typename Handler>
+  grpc::ServerUnaryReactor* Respond(grpc::CallbackServerContext* context, absl::string_view method,
+                                    const absl::Status& authorized, Handler handler,
+                                    const Runner& run);
   absl::Status UserCall(const grpc::CallbackServerContext& context) const;
   absl::Status WorkerCall(const grpc::CallbackServerContext& context,
                           absl::string_view worker_id) const;

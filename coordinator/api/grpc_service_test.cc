@@ -4,20 +4,19 @@
 
 #include <chrono>
 #include <cstdlib>
-#include <deque>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "absl/strings/match.h"
-#include "common/annotated_mutex.h"
 #include "common/clock.h"
 #include "common/grpc_credentials.h"
 #include "common/rpc_status.h"
 #include "coordinator/api/bad_specs_testing.h"
 #include "coordinator/api/coordinator_metrics.h"
 #include "coordinator/jobs/assignment_hub.h"
+#include "coordinator/jobs/background_queue_testing.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/registry/worker_registry.h"
 #include "gtest/gtest.h"
@@ -760,55 +759,18 @@ TEST_F(GrpcServiceTest, UnaryCalls_RecordDurationPerMethodAndCode_RefusalsCounte
       "SubmitJob\"} 0\n"));
 }
 
-// Keeps the tasks the service hands to its store thread until the test runs
-// them, so a test sees whether a call waits for that thread.
-class HeldTasks {
- public:
-  CoordinatorGrpcService::Runner Runner() {
-    return [this](std::function<void()> task) {
-      AnnotatedMutexLock lock(&mu_);
-      tasks_.push_back(std::move(task));
-    };
-  }
-
-  // Waits (30 s at most) for a task and runs it; false if none came.
-  bool RunNext() {
-    std::function<void()> task;
-    {
-      AnnotatedMutexLock lock(&mu_);
-      if (!mu_.AwaitWithTimeout([this]()
-                                    ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !tasks_.empty(); },
-                                absl::Seconds(30))) {
-        return false;
-      }
-      task = std::move(tasks_.front());
-      tasks_.pop_front();
-    }
-    task();
-    return true;
-  }
-
-  int pending() const {
-    AnnotatedMutexLock lock(&mu_);
-    return static_cast<int>(tasks_.size());
-  }
-
- private:
-  mutable AnnotatedMutex mu_;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
-};
-
-// SubmitJob and CancelJob wait for the state store, so the reaction hands
-// them to the service's store thread (STYLE.md item 6): neither is answered
-// until that thread has run it. A refused call is answered at once.
-TEST(GrpcServiceStoreCallsTest, SubmitAndCancel_AnsweredFromTheStoreThread) {
+// SubmitJob, CancelJob and DrainWorker wait for the state store, so the
+// reaction hands them to the service's store thread (STYLE.md item 6): none
+// is answered until that thread has run it. A refused call is answered at
+// once.
+TEST(GrpcServiceStoreCallsTest, SubmitCancelAndDrain_AnsweredFromTheStoreThread) {
   FakeClock clock;
   WorkerRegistry workers{WorkerRegistry::Options{.join_token = kJoinToken, .clock = &clock}};
   AssignmentHub hub;
   JobManager jobs{&workers, &hub, &clock};
   CoordinatorMetrics metrics{&workers, &jobs};
   const CallerAuth auth{kUserToken, &workers};
-  HeldTasks held;
+  BackgroundQueue held;  // the store thread's tasks, run by the test
   CoordinatorGrpcService service{&workers, &jobs, &hub, &metrics, &auth, held.Runner()};
   grpc::ServerBuilder builder;
   int port = 0;
@@ -833,7 +795,7 @@ TEST(GrpcServiceStoreCallsTest, SubmitAndCancel_AnsweredFromTheStoreThread) {
     SetDeadline(context);
     submit_status = stub->SubmitJob(&context, submit, &submitted);
   });
-  const bool submit_held = held.RunNext();
+  const bool submit_held = held.AwaitPending(absl::Seconds(30)) && held.RunAll() == 1;
   submitter.join();
   EXPECT_TRUE(submit_held) << "SubmitJob was not handed to the store thread";
   ASSERT_TRUE(submit_status.ok()) << submit_status.error_message();
@@ -848,7 +810,7 @@ TEST(GrpcServiceStoreCallsTest, SubmitAndCancel_AnsweredFromTheStoreThread) {
     SetDeadline(context);
     cancel_status = stub->CancelJob(&context, cancel, &cancelled);
   });
-  const bool cancel_held = held.RunNext();
+  const bool cancel_held = held.AwaitPending(absl::Seconds(30)) && held.RunAll() == 1;
   canceller.join();
   EXPECT_TRUE(cancel_held) << "CancelJob was not handed to the store thread";
   ASSERT_TRUE(cancel_status.ok()) << cancel_status.error_message();
@@ -859,6 +821,28 @@ TEST(GrpcServiceStoreCallsTest, SubmitAndCancel_AnsweredFromTheStoreThread) {
   EXPECT_EQ(anonymous->CancelJob(&refused, cancel, &cancelled).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
   EXPECT_EQ(held.pending(), 0);
+
+  v1::RegisterWorkerRequest join;
+  join.set_join_token(kJoinToken);
+  join.set_data_address("127.0.0.1:9001");
+  v1::RegisterWorkerResponse worker;
+  grpc::ClientContext registering;
+  SetDeadline(registering);
+  ASSERT_TRUE(stub->RegisterWorker(&registering, join, &worker).ok());  // in the reaction
+  v1::DrainWorkerRequest drain;
+  drain.set_worker_id(worker.worker_id());
+  v1::Worker drained;
+  grpc::Status drain_status;
+  std::thread drainer([&] {
+    grpc::ClientContext context;
+    SetDeadline(context);
+    drain_status = stub->DrainWorker(&context, drain, &drained);
+  });
+  const bool drain_held = held.AwaitPending(absl::Seconds(30)) && held.RunAll() == 1;
+  drainer.join();
+  EXPECT_TRUE(drain_held) << "DrainWorker was not handed to the store thread";
+  ASSERT_TRUE(drain_status.ok()) << drain_status.error_message();
+  EXPECT_TRUE(drained.drained());
 
   service.Shutdown();
   server->Shutdown();

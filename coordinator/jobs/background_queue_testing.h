@@ -19,6 +19,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/time/time.h"
 #include "common/annotated_mutex.h"
 
 namespace pipetrain {
@@ -52,6 +53,14 @@ class BackgroundQueue {
   int pending() const {
     AnnotatedMutexLock lock(&mu_);
     return static_cast<int>(tasks_.size());
+  }
+
+  // Waits until a task has been handed over from another thread, at most
+  // `timeout`; whether one is pending.
+  bool AwaitPending(absl::Duration timeout) const {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(
+        [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !tasks_.empty(); }, timeout);
   }
 
  private:

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cli/coordinator_client.h"
 #include "common/ports_file.h"
 #include "gtest/gtest.h"
 #include "tests/cluster_testing.h"
@@ -132,10 +133,39 @@ TEST_F(HealthClusterTest, Reflection_BothProcesses_ListTheirServices) {
                 "pipetrain.v1.DataPlaneService", "pipetrain.v1.WorkerControlService"}));
 }
 
+// Polls (a remote state: 50 ms apart, 30 s at most) until the coordinator
+// lists its one worker as drained; false if it never does.
+bool AwaitListedDrained(v1::CoordinatorService::Stub& stub) {
+  const absl::Time deadline = absl::Now() + kTimeout;
+  while (absl::Now() < deadline) {
+    v1::ListWorkersResponse workers;
+    if (stub.ListWorkers(WithDeadline(absl::Seconds(5)).get(), {}, &workers).ok() &&
+        workers.workers_size() == 1 && workers.workers(0).drained()) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
 TEST_F(HealthClusterTest, Sigterm_Worker_NotServingWhileDraining) {
   ASSERT_TRUE(AwaitServing(worker_, ""));
   ExpectDrainsThenExits(cluster_->worker(0), worker_, "pipetrain.v1.DataPlaneService",
                         worker_http_port_);
+}
+
+// An idle worker that is leaving is drained at once, not after its
+// --shutdown-delay-seconds: in that window it serves on, and a READY one
+// would be given a queued job (or taken as a spare) and then leave it.
+TEST_F(HealthClusterTest, Sigterm_IdleWorker_DrainedBeforeItsShutdownDelay) {
+  ASSERT_TRUE(AwaitServing(worker_, ""));
+  auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
+  cluster_->worker(0).Signal(SIGTERM);  // then 60 s of serving on
+  EXPECT_TRUE(AwaitListedDrained(*stub));
+  cluster_->worker(0).Signal(SIGTERM);
+  std::optional<int> exit = cluster_->worker(0).Wait(kTimeout);
+  ASSERT_TRUE(exit.has_value());
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << *exit;
 }
 
 TEST_F(HealthClusterTest, Sigterm_Coordinator_NotServingWhileDraining) {

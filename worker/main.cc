@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -336,8 +337,14 @@ int Run(const std::vector<std::string>& args) {
       Wake(kFailed);
     }
   });
+  // The drain is asked for as soon as the worker is leaving, before the
+  // delay below, so that no job is placed on it meanwhile (a READY worker
+  // would be given a queued job, or taken as a spare, and then leave it).
+  const bool drains = f.drain_timeout_seconds > 0;
+  std::optional<absl::Status> drain_asked;
   if (AwaitWake(absl::InfiniteDuration()) == kSignalled) {
     health.Drain("draining: shutting down after a signal");
+    if (drains && !device_failed.load()) drain_asked = agent.RequestDrain();
     if (f.shutdown_delay_seconds > 0) {
       PT_LOG(INFO) << "not ready; serving on for " << f.shutdown_delay_seconds
                    << " s (--shutdown-delay-seconds; signal again to go on now)";
@@ -346,8 +353,9 @@ int Run(const std::vector<std::string>& args) {
   } else {
     health.Drain("stopping: the worker cannot go on (see its log)");
   }
-  if (!device_failed.load() && f.drain_timeout_seconds > 0) {
-    absl::Status drained = agent.Drain(absl::Seconds(f.drain_timeout_seconds));
+  if (!device_failed.load() && drains) {
+    absl::Status drained = drain_asked.has_value() ? *drain_asked : agent.RequestDrain();
+    if (drained.ok()) drained = agent.AwaitDrained(absl::Seconds(f.drain_timeout_seconds));
     if (!drained.ok()) PT_LOG(WARNING) << "leaving without a drain: " << drained;
   }
   // A stage stuck in a long computation or a send to a stalled peer can

@@ -6,6 +6,7 @@
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "worker/agent/device_info.h"
 
 namespace pipetrain {
@@ -238,10 +239,17 @@ WorkerAgent::CoordinatorStub WorkerAgent::Stub() {
 }
 
 absl::Status WorkerAgent::Drain(absl::Duration timeout) {
+  RETURN_IF_ERROR(RequestDrain());
+  return AwaitDrained(timeout);
+}
+
+absl::Status WorkerAgent::RequestDrain() {
   v1::DrainWorkerRequest request;
   {
     AnnotatedMutexLock lock(&mu_);
-    if (runner_ == nullptr || runner_->completed() || worker_id_.empty()) return absl::OkStatus();
+    // Idle too: a READY worker that is leaving must not be given a job (or
+    // taken as a spare) while it serves on.
+    if (worker_id_.empty()) return absl::OkStatus();
     request.set_worker_id(worker_id_);
   }
   grpc::ClientContext context;
@@ -253,6 +261,15 @@ absl::Status WorkerAgent::Drain(absl::Duration timeout) {
     return absl::Status(
         static_cast<absl::StatusCode>(s.error_code()),
         absl::StrCat("the coordinator would not drain this worker: ", s.error_message()));
+  }
+  PT_LOG(INFO) << "drained: no job is placed on this worker from now on";
+  return absl::OkStatus();
+}
+
+absl::Status WorkerAgent::AwaitDrained(absl::Duration timeout) {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    if (runner_ == nullptr || runner_->completed()) return absl::OkStatus();
   }
   PT_LOG(INFO) << "draining: waiting up to " << absl::FormatDuration(timeout)
                << " for the job to re-plan without this worker";

@@ -102,11 +102,18 @@ class WorkerAgent {
   // at once when the coordinator rejects the join token (retrying cannot help).
   absl::Status Start();
   void Stop();
-  // Before a clean shutdown: when a job runs here, asks the coordinator to
-  // drain this worker (its job re-plans without it at the next step
-  // boundary, redoing nothing) and waits up to `timeout` for the job to let
-  // it go. OK when nothing ran or the job let go; the error otherwise (the
-  // caller stops anyway: the job then recovers from its last checkpoint).
+  // Before a clean shutdown, as soon as it is decided: asks the coordinator
+  // to drain this worker (DrainWorker), whether or not a job runs here, so
+  // that no job is placed on it from now on, and a job it runs re-plans
+  // without it at the next step boundary, redoing nothing. OK when not
+  // registered (nothing to drain) or drained; the coordinator's refusal
+  // otherwise (a job without checkpoints; the caller stops anyway, and the
+  // job then recovers from its last checkpoint or fails).
+  absl::Status RequestDrain();
+  // Then: waits up to `timeout` for a job running here to let it go. OK
+  // when nothing runs or the job let go; DEADLINE_EXCEEDED otherwise.
+  absl::Status AwaitDrained(absl::Duration timeout);
+  // RequestDrain, then AwaitDrained.
   absl::Status Drain(absl::Duration timeout);
 
   std::string worker_id() const;

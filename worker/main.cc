@@ -139,12 +139,15 @@ int Run(const std::vector<std::string>& args) {
                "(e.g. 1Gbit,0.5ms or 10Gbit,50us), so loopback stands in for a network; "
                "empty: the real link");
   flags.Double("drain-timeout-seconds", &f.drain_timeout_seconds,
-               "on SIGTERM or SIGINT, how long to wait for a job with checkpoints to re-plan "
-               "without this worker (no step redone) before leaving anyway; 0: leave at once");
+               "on SIGTERM or SIGINT the worker asks to be drained at once (no job is placed "
+               "on it from then on); this is how long it then waits for a job with checkpoints "
+               "to re-plan without it (no step redone) before leaving anyway; 0: no drain, "
+               "leave at once");
   flags.Double("shutdown-delay-seconds", &f.shutdown_delay_seconds,
                "on SIGTERM or SIGINT, report not ready (gRPC health NOT_SERVING, /readyz 503) "
-               "and keep serving this long before draining, so probes and peers see it first; "
-               "a second signal ends the wait");
+               "and keep serving this long (drained already: no new job) before waiting for "
+               "its job to let it go, so probes and peers see it first; a second signal ends "
+               "the wait");
   flags.Double("stop-timeout-seconds", &f.stop_timeout_seconds,
                "on SIGTERM or SIGINT, after the drain: how long to wait for the job's stage to "
                "stop before exiting without it (exit code 5)");

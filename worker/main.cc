@@ -390,6 +390,7 @@ int Run(const std::vector<std::string>& args) {
   }
   http.Stop();
   health.Detach();
+  control.Stop();  // a profile running ends before its next unit: the server waits for it
   (*server)->Shutdown();
   return code;
 }

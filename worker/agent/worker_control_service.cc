@@ -7,6 +7,8 @@
 
 namespace pipetrain {
 
+void WorkerControlService::Stop() { stopping_.store(true); }
+
 WorkerControlService::WorkerControlService(const SessionCredential* session,
                                            ProfileBackendFactory make_backend)
     : session_(session), make_backend_(std::move(make_backend)) {
@@ -37,9 +39,10 @@ grpc::ServerUnaryReactor* WorkerControlService::Profile(grpc::CallbackServerCont
   // The request, the response and the context stay valid until Finish.
   profiler_.Post([this, context, request, response, reactor] {
     const grpc::Status status =
-        context->IsCancelled()
+        stopping_.load() ? grpc::Status(grpc::StatusCode::CANCELLED, "the worker is shutting down")
+        : context->IsCancelled()
             ? grpc::Status(grpc::StatusCode::CANCELLED, "the caller went away while it waited")
-            : RunProfile(*request, context->peer(), response);
+            : RunProfile(*request, context, response);
     {
       AnnotatedMutexLock lock(&mu_);
       --pending_;
@@ -50,14 +53,23 @@ grpc::ServerUnaryReactor* WorkerControlService::Profile(grpc::CallbackServerCont
 }
 
 grpc::Status WorkerControlService::RunProfile(const v1::ProfileRequest& request,
-                                              const std::string& peer, v1::ModelProfile* response) {
+                                              grpc::CallbackServerContext* context,
+                                              v1::ModelProfile* response) {
+  const std::string peer = context->peer();
   PT_LOG(INFO) << "profiling a " << request.model().n_layer() << "-layer model (d_model "
                << request.model().d_model() << ", seq_len " << request.seq_len() << ", micro-batch "
                << request.micro_batch_size() << ") for " << peer;
   absl::StatusOr<SelectedBackend> backend =
       make_backend_ != nullptr ? make_backend_() : SelectBackend("cpu", "fp32");
+  // Between units: a worker shutting down, or a caller gone, ends it (a
+  // profile of a large model takes minutes, and shutdown waits for it).
+  const ProfileProgressFn go_on = [this, context](int, const std::string&) {
+    if (stopping_.load()) return absl::CancelledError("the worker is shutting down");
+    if (context->IsCancelled()) return absl::CancelledError("the caller went away");
+    return absl::OkStatus();
+  };
   absl::StatusOr<v1::ModelProfile> profile =
-      backend.ok() ? ProfileUnits(request, nullptr, backend->backend) : backend.status();
+      backend.ok() ? ProfileUnits(request, go_on, backend->backend) : backend.status();
   if (!profile.ok()) {
     return grpc::Status(static_cast<grpc::StatusCode>(profile.status().code()),
                         std::string(profile.status().message()));

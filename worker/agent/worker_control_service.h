@@ -24,6 +24,7 @@
 #ifndef PIPETRAIN_WORKER_AGENT_WORKER_CONTROL_SERVICE_H_
 #define PIPETRAIN_WORKER_AGENT_WORKER_CONTROL_SERVICE_H_
 
+#include <atomic>
 #include <functional>
 #include <utility>
 
@@ -61,15 +62,21 @@ class WorkerControlService final : public v1::WorkerControlService::CallbackServ
                                     const v1::ProfileRequest* request,
                                     v1::ModelProfile* response) override;
 
+  // Before the server shuts down (it waits for every call): a profile
+  // running ends CANCELLED before its next unit, and those waiting are
+  // answered so without running. A profile also ends when its caller goes.
+  void Stop();
+
  private:
   // Runs one profile on the profiler thread.
-  grpc::Status RunProfile(const v1::ProfileRequest& request, const std::string& peer,
+  grpc::Status RunProfile(const v1::ProfileRequest& request, grpc::CallbackServerContext* context,
                           v1::ModelProfile* response);
 
   const SessionCredential* const session_;
   const ProfileBackendFactory make_backend_;
   AnnotatedMutex mu_;
   int pending_ ABSL_GUARDED_BY(mu_) = 0;  // calls running or waiting
+  std::atomic<bool> stopping_{false};
   SerialExecutor profiler_;               // last: its destructor runs waiting calls first
 };
 

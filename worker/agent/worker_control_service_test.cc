@@ -59,6 +59,7 @@ class Served {
 
   int port() const { return port_; }
   v1::WorkerControlService::Stub& stub() { return *stub_; }
+  void StopControl() { control_.Stop(); }
 
   // A context with the session credential (or `token` instead).
   static std::unique_ptr<grpc::ClientContext> Context(const std::string& token = kToken) {
@@ -125,6 +126,33 @@ TEST(WorkerControlServiceTest, EverySyncThreadHeld_StillProfiles) {
 
 // Calls past kMaxPendingProfiles (one running, the rest waiting) are
 // refused at once; the others are served in turn.
+// A worker shutting down stops its profile before the next unit (the
+// server's shutdown waits for it, and a large model's takes minutes).
+TEST(WorkerControlServiceTest, Stop_RunningProfileEndsCancelled) {
+  absl::Notification started, release;
+  Served served([&] {
+    started.Notify();
+    release.WaitForNotification();  // the profile has begun: Stop comes now
+    return SelectBackend("cpu", "fp32");
+  });
+  const v1::ProfileRequest request = SmallRequest();
+  v1::ModelProfile profile;
+  grpc::Status status;
+  absl::Notification done;
+  std::unique_ptr<grpc::ClientContext> context = Served::Context();
+  served.stub().async()->Profile(context.get(), &request, &profile, [&](grpc::Status s) {
+    status = s;
+    done.Notify();
+  });
+  started.WaitForNotification();
+  served.StopControl();
+  release.Notify();
+  done.WaitForNotification();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+  EXPECT_EQ(status.error_message(), "the worker is shutting down");
+  EXPECT_EQ(profile.units_size(), 0);
+}
+
 TEST(WorkerControlServiceTest, CallsPastThePendingLimit_ResourceExhausted) {
   absl::Notification release;
   std::atomic<int> backends_made{0};

@@ -103,6 +103,7 @@ int Run(const std::vector<std::string>& args) {
   const int units = 2 * f.n_layer + 2;
   auto profile = ProfileUnits(request, [units](int index, const std::string& name) {
     std::fprintf(stderr, "profiling unit %d/%d: %s\n", index + 1, units, name.c_str());
+    return absl::OkStatus();
   });
   if (!profile.ok()) {
     std::fprintf(stderr, "profile_units: %s\n", std::string(profile.status().message()).c_str());

@@ -382,7 +382,7 @@ absl::StatusOr<v1::ModelProfile> ProfileUnits(const v1::ProfileRequest& request,
   const TokenBatch batch = SyntheticBatch(r);
   Tensor activation;  // embed ignores its x
   for (int i = 0; i < NumUnits(r.model); ++i) {
-    if (progress) progress(i, UnitName(r.model, i));
+    if (progress) RETURN_IF_ERROR(progress(i, UnitName(r.model, i)));
     activation = ProfileUnit(r, i, batch, activation, backend, profile.add_units());
   }
   RETURN_IF_ERROR(backend->status());

@@ -99,8 +99,10 @@ inline constexpr int kProfiledPowerSgdRanks[] = {1, 8};
 inline constexpr int64_t kPowerSgdTimingRows = 512;
 
 // Called before each unit is profiled, with its pipeline index and name, so a
-// caller can show progress on a long profile. Runs on the calling thread.
-using ProfileProgressFn = std::function<void(int unit_index, const std::string& unit_name)>;
+// caller can show progress on a long profile, and stop it: an error ends
+// the profile with that error (a worker shutting down, a caller gone). Runs
+// on the calling thread.
+using ProfileProgressFn = std::function<absl::Status(int unit_index, const std::string& unit_name)>;
 
 // Profiles every unit of request.model (see the file comment).
 //

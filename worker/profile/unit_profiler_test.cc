@@ -161,6 +161,7 @@ TEST(ProfileUnitsTest, Progress_CalledOncePerUnitInOrder) {
   std::vector<std::pair<int, std::string>> calls;
   auto profile = ProfileUnits(SmallRequest(), [&calls](int index, const std::string& name) {
     calls.emplace_back(index, name);
+    return absl::OkStatus();
   });
   ASSERT_TRUE(profile.ok()) << profile.status();
   ASSERT_EQ(calls.size(), 6u);
@@ -168,6 +169,19 @@ TEST(ProfileUnitsTest, Progress_CalledOncePerUnitInOrder) {
     EXPECT_EQ(calls[i].first, i);
     EXPECT_EQ(calls[i].second, profile->units(i).name());
   }
+}
+
+// An error from the progress callback (a worker shutting down) ends the
+// profile before the next unit, with that error.
+TEST(ProfileUnitsTest, ProgressError_EndsTheProfileBeforeTheNextUnit) {
+  int calls = 0;
+  auto profile = ProfileUnits(SmallRequest(), [&calls](int index, const std::string&) {
+    ++calls;
+    return index == 2 ? absl::CancelledError("shutting down") : absl::OkStatus();
+  });
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(profile.status().message(), "shutting down");
+  EXPECT_EQ(calls, 3);
 }
 
 struct InvalidCase {
@@ -257,7 +271,10 @@ TEST(ProfileUnitsTest, InvalidRequest_InvalidArgumentNamingField) {
     v1::ProfileRequest request = SmallRequest();
     c.mutate(&request);
     int progress_calls = 0;
-    auto profile = ProfileUnits(request, [&](int, const std::string&) { ++progress_calls; });
+    auto profile = ProfileUnits(request, [&](int, const std::string&) {
+      ++progress_calls;
+      return absl::OkStatus();
+    });
     ASSERT_FALSE(profile.ok());
     EXPECT_EQ(profile.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(std::string(profile.status().message()).rfind(c.message_start, 0), 0u)

@@ -156,7 +156,9 @@ void JobRunner::ReportError(const absl::Status& status, bool checkpoint_unusable
   r.set_error(std::move(text));
   r.set_peer_failure(IsPeerFailure(status));
   r.set_checkpoint_unusable(checkpoint_unusable);
-  absl::Status sent = coordinator_->ReportProgress(r).status();
+  // Retried: a failure the coordinator never hears of leaves the job
+  // waiting until the other stages time out.
+  absl::Status sent = ReportWithRetries(r).status();
   if (!sent.ok()) PT_LOG(ERROR) << "could not report the failure: " << sent;
 }
 
@@ -169,15 +171,21 @@ absl::Status JobRunner::AwaitAllStagesReady() {
   r.set_ready(true);
   r.set_resume_load_seconds(resume_load_seconds_);
   const absl::Time deadline = absl::Now() + options_.recv_timeout;
+  // Polls the coordinator's barrier: soon at first (the last stage to come
+  // is answered at once), then at most every 20 ms, so that many workers
+  // waiting do not flood the coordinator.
+  absl::Duration poll = absl::Milliseconds(5);
   while (!stop_.load()) {
-    ASSIGN_OR_RETURN(v1::ReportProgressResponse response, coordinator_->ReportProgress(r));
+    // A brief outage (a leader change) must not end the stage here either.
+    ASSIGN_OR_RETURN(v1::ReportProgressResponse response, ReportWithRetries(r));
     if (response.all_ready()) return absl::OkStatus();
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           "the other stages of job ", assignment_.job_id(), " were not ready within ",
           absl::FormatDuration(options_.recv_timeout), "; check the other workers' logs"));
     }
-    absl::SleepFor(absl::Milliseconds(5));  // polls the coordinator's barrier
+    absl::SleepFor(poll);
+    poll = std::min(poll * 2, absl::Milliseconds(20));
   }
   return absl::CancelledError("stopped at the start barrier");
 }

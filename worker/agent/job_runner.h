@@ -159,15 +159,16 @@ class JobRunner {
   absl::Status LoadInitWeights(StageRuntime& runtime, const GptConfig& model);
   void ReportCheckpoint(int64_t step, double seconds,
                         const absl::StatusOr<std::vector<v1::UnitFile>>& files);
-  // An iteration's or a checkpoint's report, sent again after UNAVAILABLE
-  // or DEADLINE_EXCEEDED (a coordinator restarting, a leader change, a lost
-  // answer) up to kReportAttempts times in all, 0.5 s then 1 s then 2 s
-  // apart, unless the runner stops: a brief outage must not end a stage
-  // whose data plane is fine, nor leave a step boundary waiting for a
-  // checkpoint report that never came. The coordinator counts an
-  // iteration's report once (a retry of one it had applied is answered
-  // without applying it again), and a checkpoint's unit files again are
-  // the same entries.
+  // A report (an iteration's, a checkpoint's, the start barrier's or a
+  // failure's), sent again after UNAVAILABLE or DEADLINE_EXCEEDED (a
+  // coordinator restarting, a leader change, a lost answer) up to
+  // kReportAttempts times in all, 0.5 s then 1 s then 2 s apart, unless the
+  // runner stops: a brief outage must not end a stage whose data plane is
+  // fine, nor leave a step boundary waiting for a checkpoint report that
+  // never came. Each is idempotent at the coordinator: an iteration's report
+  // is counted once (a retry of one it had applied is answered without
+  // applying it again), a checkpoint's unit files again are the same
+  // entries, and readiness or a failure said twice is said once.
   absl::StatusOr<v1::ReportProgressResponse> ReportWithRetries(const v1::ReportProgressRequest& r);
   static constexpr int kReportAttempts = 4;
 

@@ -48,6 +48,11 @@ class FakeLink : public CoordinatorLink {
       const v1::ReportProgressRequest& r) override {
     std::lock_guard<std::mutex> lock(mu_);
     v1::ReportProgressResponse response;
+    if (r.ready() && ready_fail_left_ > 0) {
+      --ready_fail_left_;
+      ++failed_;
+      return absl::UnavailableError("the coordinator is not there");
+    }
     if (r.ready()) {
       ready_.insert(r.worker_id());
       response.set_all_ready(static_cast<int>(ready_.size()) >= stages_);
@@ -92,6 +97,11 @@ class FakeLink : public CoordinatorLink {
     fail_left_ = n;
     fail_code_ = code;
   }
+  // The next `n` start-barrier reports fail UNAVAILABLE.
+  void FailReadyReports(int n) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_fail_left_ = n;
+  }
   // The next `n` checkpoint reports fail UNAVAILABLE (not kept).
   void FailCheckpointReports(int n) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -105,6 +115,7 @@ class FakeLink : public CoordinatorLink {
  private:
   int fail_left_ = 0;
   int checkpoint_fail_left_ = 0;
+  int ready_fail_left_ = 0;
   int failed_ = 0;
   absl::StatusCode fail_code_ = absl::StatusCode::kUnavailable;
   std::mutex mu_;
@@ -630,6 +641,25 @@ TEST(JobRunnerTest, InitWeightsWithNan_ReportedAsTheJobsErrorBeforeAnyStep) {
                                ": weights of a diverged run cannot start one"),
             std::string::npos)
       << first.error();
+}
+
+// The start barrier's report the coordinator could not take (a leader
+// change) is sent again: the stages start and train.
+TEST(JobRunnerTest, UnavailableStartBarrier_SentAgain) {
+  InProcessFabric fabric(2);
+  FakeLink link;
+  link.FailReadyReports(2);
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (int s = 0; s < 2; ++s) {
+    runners.push_back(std::make_unique<JobRunner>(
+        Assignment(s, 2, false, Schedule::kOneFOneB), &fabric.mailbox(s), FabricTransports(fabric),
+        &link, JobRunnerOptions{"w" + std::to_string(s), 1}));
+  }
+  for (auto& r : runners) r->Start();
+  ASSERT_TRUE(link.AwaitReports(4));  // each stage's two iterations
+  for (auto& r : runners) r->Stop();
+  EXPECT_EQ(link.failed(), 2);
+  for (const auto& r : link.reports()) EXPECT_TRUE(r.error().empty()) << r.error();
 }
 
 // A checkpoint's report the coordinator could not take is sent again, as an

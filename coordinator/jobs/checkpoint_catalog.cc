@@ -5,7 +5,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -35,7 +37,32 @@ std::string StepDir(const std::string& dir, int64_t step) {
 
 std::string UnitFile(int unit) { return absl::StrFormat("unit-%04d.safetensors", unit); }
 
+// The largest a stored checkpoint of `units` units in `spec`'s directory
+// can be (field by field at their largest), with its tag and length.
+int64_t OneStoredCheckpointBytes(const v1::CheckpointSpec& spec, int units) {
+  v1::ResumeFrom largest;
+  largest.set_step(std::numeric_limits<int64_t>::max());
+  largest.set_dir(StepDir(spec.dir(), std::numeric_limits<int64_t>::max()));
+  for (int u = 0; u < units; ++u) {
+    v1::UnitFile* f = largest.add_units();
+    f->set_unit(u);
+    f->set_file(UnitFile(u));
+    f->set_bytes(kMaxUnitFileBytes);
+    f->set_sha256(std::string(64, 'f'));
+  }
+  const int64_t size = static_cast<int64_t>(largest.ByteSizeLong());
+  return size + 1 + 10;  // the field's tag and length
+}
+
 }  // namespace
+
+int64_t StoredCheckpointBytes(const v1::CheckpointSpec& spec, int units) {
+  return (std::max<int64_t>(spec.keep(), 0) + 1) * OneStoredCheckpointBytes(spec, units);
+}
+
+int MaxStoredKeep(const v1::CheckpointSpec& spec, int units) {
+  return static_cast<int>(kMaxStoredCheckpointBytes / OneStoredCheckpointBytes(spec, units)) - 1;
+}
 
 CheckpointCatalog::CheckpointCatalog(const v1::CheckpointSpec& spec, const GptConfig& model,
                                      int64_t steps)
@@ -208,9 +235,35 @@ std::vector<v1::ResumeFrom> CheckpointCatalog::Complete() const {
   return std::vector<v1::ResumeFrom>(complete_.begin(), complete_.end());
 }
 
-void CheckpointCatalog::RestoreComplete(const std::vector<v1::ResumeFrom>& complete) {
-  complete_.assign(complete.begin(), complete.end());
+std::string CheckpointCatalog::RestoreComplete(const std::vector<v1::ResumeFrom>& complete) {
+  complete_.clear();
   pending_.clear();
+  int64_t previous = 0;
+  for (const v1::ResumeFrom& c : complete) {
+    const std::string which = absl::StrCat("checkpoint of step ", c.step());
+    if (c.step() <= previous || c.step() >= steps_) {
+      return absl::StrCat(which, ": steps must ascend within [1, ", steps_, ")");
+    }
+    previous = c.step();
+    if (c.dir() != StepDir(spec_.dir(), c.step())) {
+      return absl::StrCat(which, " names directory \"", c.dir().substr(0, 256), "\", not \"",
+                          StepDir(spec_.dir(), c.step()), "\"");
+    }
+    if (c.units_size() != num_units_) {
+      return absl::StrCat(which, " lists ", c.units_size(), " units; the model has ", num_units_);
+    }
+    for (int u = 0; u < num_units_; ++u) {
+      const v1::UnitFile& f = c.units(u);
+      if (f.unit() != u || f.file() != UnitFile(u) || f.bytes() <= 0 ||
+          f.bytes() > kMaxUnitFileBytes || !IsSha256Hex(f.sha256())) {
+        return absl::StrCat(which, ": its unit ", u, " entry is not unit ", u, "'s file ",
+                            UnitFile(u), " with a size in [1, ", kMaxUnitFileBytes,
+                            "] and a SHA-256");
+      }
+    }
+  }
+  complete_.assign(complete.begin(), complete.end());
+  return "";
 }
 
 absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::string& job_id,

@@ -42,6 +42,17 @@ inline constexpr int kMaxPendingCheckpoints = 4;
 // unit (weights and moments), and small enough that sums of them stay far
 // from overflowing (they feed metrics and the manifest).
 inline constexpr int64_t kMaxUnitFileBytes = int64_t{1} << 50;
+// The most bytes a job's complete checkpoints may take in its stored record
+// (store::StoredJob: every unit's file, size and SHA-256 per checkpoint),
+// so that the record stays within the store's 1 MiB value limit with room
+// for the rest (the spec, the plan, the loss history). Checked at submit.
+inline constexpr int64_t kMaxStoredCheckpointBytes = 512 << 10;
+
+// The most bytes the `spec.keep` complete checkpoints of a model of `units`
+// units, and a spec.init.from checkpoint, take in the stored record.
+int64_t StoredCheckpointBytes(const v1::CheckpointSpec& spec, int units);
+// The largest keep whose checkpoints fit kMaxStoredCheckpointBytes.
+int MaxStoredKeep(const v1::CheckpointSpec& spec, int units);
 
 class CheckpointCatalog {
  public:
@@ -96,8 +107,14 @@ class CheckpointCatalog {
   std::vector<v1::ResumeFrom> TakeAbandoned();
   // The complete checkpoints, oldest first (for the durable state), and
   // taking them back after a restart (replacing what the catalog holds).
+  // A stored list is not trusted (a damaged or hostile store): the catalog
+  // expires and deletes what it holds, and resumes from it. It is taken
+  // only if its steps ascend within the job's, each names this job's step
+  // directory (StepDir of spec.dir), and lists every unit in order with its
+  // own file name, a size in [1, kMaxUnitFileBytes] and a SHA-256; else
+  // nothing is taken and the reason is returned ("" when taken).
   std::vector<v1::ResumeFrom> Complete() const;
-  void RestoreComplete(const std::vector<v1::ResumeFrom>& complete);
+  std::string RestoreComplete(const std::vector<v1::ResumeFrom>& complete);
 
  private:
   const v1::CheckpointSpec spec_;

@@ -1,5 +1,6 @@
 #include "coordinator/jobs/checkpoint_catalog.h"
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -166,6 +167,65 @@ TEST_F(CheckpointCatalogTest, ForgetAfter_StepNeverRedone_HandedOverAsIncomplete
   const std::vector<v1::ResumeFrom> incomplete = catalog_.TakeIncomplete();
   ASSERT_EQ(incomplete.size(), 1u);
   EXPECT_EQ(incomplete[0].step(), 8);
+}
+
+// A stored list is taken only whole and well formed: a damaged or hostile
+// store must not make the catalog expire (delete) another job's files.
+TEST_F(CheckpointCatalogTest, RestoreComplete_OnlyTheJobsOwnWellFormedCheckpoints) {
+  ASSERT_FALSE(Report(0, 3));
+  ASSERT_TRUE(Report(1, 3));
+  ASSERT_FALSE(Report(0, 4));
+  ASSERT_TRUE(Report(1, 4));
+  const std::vector<v1::ResumeFrom> good = catalog_.Complete();
+  ASSERT_EQ(good.size(), 2u);
+  CheckpointCatalog restored(Spec(), Model(), 1000);
+  EXPECT_EQ(restored.RestoreComplete(good), "");
+  EXPECT_EQ(restored.Latest()->step(), 4);
+  struct Case {
+    const char* label;
+    std::function<void(std::vector<v1::ResumeFrom>&)> damage;
+    const char* reason;
+  };
+  const Case cases[] = {
+      {"another job's directory",
+       [](auto& c) { c[0].set_dir("checkpoints/job-other/step-00000003"); },
+       "checkpoint of step 3 names directory \"checkpoints/job-other/step-00000003\", not "
+       "\"ck/step-00000003\""},
+      {"steps out of order", [](auto& c) { std::swap(c[0], c[1]); }, "steps must ascend"},
+      {"a step past the job's", [](auto& c) { c[1].set_step(1000); }, "steps must ascend"},
+      {"a unit missing", [](auto& c) { c[1].mutable_units()->RemoveLast(); },
+       "lists 3 units; the model has 4"},
+      {"another file", [](auto& c) { c[1].mutable_units(2)->set_file("../../x"); },
+       "its unit 2 entry is not unit 2's file"},
+      {"a bad checksum", [](auto& c) { c[0].mutable_units(0)->set_sha256("zz"); },
+       "its unit 0 entry"},
+  };
+  for (const Case& c : cases) {
+    std::vector<v1::ResumeFrom> damaged = good;
+    c.damage(damaged);
+    CheckpointCatalog catalog(Spec(), Model(), 1000);
+    const std::string reason = catalog.RestoreComplete(damaged);
+    EXPECT_NE(reason.find(c.reason), std::string::npos) << c.label << ": " << reason;
+    EXPECT_EQ(catalog.Latest(), nullptr) << c.label;  // nothing taken
+  }
+}
+
+// The stored record's checkpoint bytes grow with keep and the model's
+// units; the bound gives the largest keep that fits.
+TEST(StoredCheckpointBytesTest, GrowsWithKeepAndUnits_BoundGivesTheLargestKeep) {
+  v1::CheckpointSpec spec;
+  spec.set_dir("checkpoints/job-1");
+  spec.set_keep(2);
+  const int64_t small = StoredCheckpointBytes(spec, 4);
+  spec.set_keep(5);
+  EXPECT_EQ(StoredCheckpointBytes(spec, 4), small * 2);  // (keep + 1) records
+  EXPECT_GT(StoredCheckpointBytes(spec, 514), StoredCheckpointBytes(spec, 4) * 100);
+  const int keep = MaxStoredKeep(spec, 514);  // GPT-2 at 256 layers
+  ASSERT_GE(keep, 1);
+  spec.set_keep(keep);
+  EXPECT_LE(StoredCheckpointBytes(spec, 514), kMaxStoredCheckpointBytes);
+  spec.set_keep(keep + 1);
+  EXPECT_GT(StoredCheckpointBytes(spec, 514), kMaxStoredCheckpointBytes);
 }
 
 TEST_F(CheckpointCatalogTest, Holds_OnlyCompleteOnesStillKept) {

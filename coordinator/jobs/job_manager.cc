@@ -625,7 +625,12 @@ absl::Status JobManager::Restore() {
     if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
       record->checkpoints = std::make_unique<CheckpointCatalog>(
           checkpoint, record->resolved.train.model, record->resolved.train.steps);
-      record->checkpoints->RestoreComplete({s.checkpoints().begin(), s.checkpoints().end()});
+      const std::string checkpoints_mismatch =
+          record->checkpoints->RestoreComplete({s.checkpoints().begin(), s.checkpoints().end()});
+      // None is taken then: expiring them would delete what they name.
+      if (!checkpoints_mismatch.empty()) {
+        fail_unfit("checkpoints do not fit the job", checkpoints_mismatch);
+      }
       if (record->checkpoints->Latest() != nullptr) {
         record->furthest_checkpoint_step = record->checkpoints->Latest()->step();
       }
@@ -994,6 +999,18 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
             absl::StrCat("spec.output.weights_path \"", weights,
                          "\" lies in this job's own checkpoint directory \"", checkpoint->dir(),
                          "\", whose checkpoints would replace or delete it; write it elsewhere"));
+      }
+      // Every kept checkpoint lists each unit's file in the job's stored
+      // record, which must stay within the store's value limit.
+      const int units = NumUnits(resolved.train.model);
+      if (StoredCheckpointBytes(*checkpoint, units) > kMaxStoredCheckpointBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.checkpoint.keep: ", checkpoint->keep(), " checkpoints of this ", units,
+            "-unit model take up to ", StoredCheckpointBytes(*checkpoint, units),
+            " bytes of the coordinator's stored state for the job (each unit's file and "
+            "checksum), over the ",
+            kMaxStoredCheckpointBytes, " it allows; keep at most ",
+            std::max(1, MaxStoredKeep(*checkpoint, units))));
       }
       record->checkpoints = std::make_unique<CheckpointCatalog>(*checkpoint, resolved.train.model,
                                                                 resolved.train.steps);

@@ -1707,6 +1707,41 @@ TEST_F(JobManagerElasticTest, Restore_StoredPlanDegreesOrCountersOutOfRange) {
       << job.reason();
 }
 
+// A stored checkpoint naming another job's step directory (a damaged or
+// hostile store) is not taken: the job fails saying why, and expiring it
+// cannot delete the other job's files.
+TEST_F(JobManagerElasticTest, Restore_StoredCheckpointOfAnotherDirectory_JobFails) {
+  const std::string id = CheckpointedJobInStore();
+  EditStoredJob(*state_, id, [](store::StoredJob& s) {
+    s.mutable_checkpoints(0)->set_dir("checkpoints/job-other/step-00000005");
+  });
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  const v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(),
+                                "the stored checkpoints do not fit the job: checkpoint of step 5 "
+                                "names directory \"checkpoints/job-other/step-00000005\""))
+      << job.reason();
+}
+
+// keep x units x (file, size, checksum) must fit the job's stored record:
+// a spec that would outgrow it is refused at submit, saying how many fit.
+TEST_F(JobManagerElasticTest, CheckpointsThatWouldOutgrowTheStoredRecord_Refused) {
+  AddWorker(7001);
+  v1::JobSpec spec = ElasticSpec(1, 5);
+  spec.mutable_model()->set_n_layer(256);
+  spec.mutable_checkpoint()->set_keep(40);
+  const absl::Status refused = jobs_->Submit(spec).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "spec.checkpoint.keep: 40 checkpoints of this "
+                                "514-unit model take up to "))
+      << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "; keep at most ")) << refused;
+  EXPECT_TRUE(jobs_->List().empty());
+}
+
 // A job that the restart fails has its checkpoint directory swept as a job
 // that ends while the coordinator runs: the step directories without a
 // manifest go (here one the killed coordinator was writing), complete

@@ -1046,14 +1046,26 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   // stage's report and every API call wait for the lock. No other save of
   // this job can come first: nothing else sees it yet.
   const absl::Status saved = stored.has_value() ? SaveStoredJob(*stored) : absl::OkStatus();
+  // A failed commit may still have been applied (etcd: a deadline passed,
+  // the leader changed): the job would come back after a restart or a
+  // failover although the caller was told otherwise. It is deleted again;
+  // only when that commits is "nothing was submitted" sure.
+  const absl::Status forgotten = saved.ok() ? absl::OkStatus() : options_.state->DeleteJob(job_id);
   {
     AnnotatedMutexLock lock(&mu_);
     auto it = submitting_.find(job_id);
     std::unique_ptr<JobRecord> record = std::move(it->second);
     submitting_.erase(it);
-    if (!saved.ok()) {
+    if (!saved.ok() && forgotten.ok()) {
       return absl::UnavailableError(absl::StrCat(
           "could not record the job durably; nothing was submitted: ", saved.message()));
+    }
+    if (!saved.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not record the job durably (", saved.message(),
+          ") nor make sure the state store dropped it (", forgotten.message(),
+          "): it is not running, but may come back as ", job_id,
+          " after a coordinator restart or failover; look for it before submitting again"));
     }
     order_.push_back(job_id);
     jobs_[job_id] = std::move(record);

@@ -2095,6 +2095,15 @@ class FlakyStore final : public Store {
       }
     }
     if (failing.load()) return absl::UnavailableError("the store is unreachable");
+    const bool puts = std::any_of(writes.begin(), writes.end(), [](const StoreWrite& w) {
+      return w.kind == StoreWrite::Kind::kPut;
+    });
+    if (!puts && deletes_fail.load()) return absl::UnavailableError("the store is unreachable");
+    if (puts && puts_unconfirmed.load()) {
+      // Applied, but the answer is lost (an etcd deadline, a leader change).
+      if (absl::Status applied = store_.Commit(writes); !applied.ok()) return applied;
+      return absl::UnavailableError("etcd Txn: DEADLINE_EXCEEDED");
+    }
     ++commits;
     return store_.Commit(writes);
   }
@@ -2120,6 +2129,8 @@ class FlakyStore final : public Store {
     return changed_.wait_for(lock, std::chrono::seconds(60), [&] { return waiting_ == n; });
   }
   std::atomic<bool> failing{false};
+  std::atomic<bool> puts_unconfirmed{false};  // commits with a put applied, then UNAVAILABLE
+  std::atomic<bool> deletes_fail{false};      // commits of deletes only fail
   std::atomic<int> commits{0};  // that succeeded
 
  private:
@@ -2129,6 +2140,34 @@ class FlakyStore final : public Store {
   bool hold_ = false;
   int waiting_ = 0;
 };
+
+// A submit whose commit was applied although it answered an error (an etcd
+// deadline, a leader change) is deleted again, so that "nothing was
+// submitted" holds after a restart too; when even that fails, the caller is
+// told the job may come back, and under which id.
+TEST(JobManagerStoreTest, SubmitCommitUnconfirmed_DeletedAgainOrSaysItMayComeBack) {
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  FlakyStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry, &hub, &clock,
+                  JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+  store.puts_unconfirmed = true;
+  const absl::Status first = jobs.Submit(ElasticSpec(1, 0, 5)).status();
+  EXPECT_EQ(first.code(), absl::StatusCode::kUnavailable) << first;
+  EXPECT_TRUE(absl::StrContains(first.message(), "nothing was submitted")) << first;
+  EXPECT_TRUE(state.LoadJobs().value().empty());
+  store.deletes_fail = true;
+  const absl::Status second = jobs.Submit(ElasticSpec(1, 0, 5)).status();
+  EXPECT_EQ(second.code(), absl::StatusCode::kUnavailable) << second;
+  const std::vector<store::StoredJob> ghosts = state.LoadJobs().value();
+  ASSERT_EQ(ghosts.size(), 1u);
+  EXPECT_TRUE(absl::StrContains(second.message(), "may come back as " + ghosts[0].job().id() +
+                                                      " after a coordinator restart or failover"))
+      << second;
+  EXPECT_TRUE(jobs.List().empty());
+}
 
 // Submit saves the job off the job lock: while its commit waits (a slow
 // disk, etcd), the other calls go on; the job is not listed yet, but its

@@ -1,6 +1,7 @@
 #include "coordinator/store/leader_election.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -127,8 +128,16 @@ void LeaderElection::Step() {
   Observe();
 }
 
+absl::Time LeaderElection::Steady() {
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+absl::Time LeaderElection::WallDeadlineLocked() const {
+  return absl::Now() + (lease_expiry_ - Steady());
+}
+
 bool LeaderElection::LeaseGoneLocked() {
-  if (lease_id_ != 0 && absl::Now() >= lease_expiry_) {
+  if (lease_id_ != 0 && Steady() >= lease_expiry_) {
     PT_LOG(WARNING) << "election " << key_ << ": lease " << lease_id_ << " of " << options_.identity
                     << " was not renewed within " << absl::FormatDuration(granted_ttl_)
                     << "; counting it as expired";
@@ -139,7 +148,7 @@ bool LeaderElection::LeaseGoneLocked() {
 
 absl::Time LeaderElection::RpcDeadline() const {
   AnnotatedMutexLock lock(&mu_);
-  return lease_id_ != 0 ? lease_expiry_ : absl::InfiniteFuture();
+  return lease_id_ != 0 ? WallDeadlineLocked() : absl::InfiniteFuture();
 }
 
 // Grants a lease when there is none (first round, or the last one expired).
@@ -152,7 +161,7 @@ bool LeaderElection::EnsureLease() {
   etcdserverpb::LeaseGrantRequest request;
   request.set_ttl(absl::ToInt64Seconds(options_.ttl));
   etcdserverpb::LeaseGrantResponse response;
-  const absl::Time sent = absl::Now();
+  const absl::Time sent = Steady();
   absl::Status status = client_->LeaseGrant(request, &response);
   if (status.ok() && (!response.error().empty() || response.ttl() <= 0)) {
     status = absl::UnavailableError(absl::StrCat("LeaseGrant answered TTL ", response.ttl(),
@@ -177,12 +186,12 @@ bool LeaderElection::RenewIfDue() {
   absl::Time deadline;
   {
     AnnotatedMutexLock lock(&mu_);
-    if (absl::Now() < last_renewal_ + granted_ttl_ / 3) return true;
+    if (Steady() < last_renewal_ + granted_ttl_ / 3) return true;
     request.set_id(lease_id_);
-    deadline = lease_expiry_;
+    deadline = WallDeadlineLocked();
   }
   etcdserverpb::LeaseKeepAliveResponse response;
-  const absl::Time sent = absl::Now();
+  const absl::Time sent = Steady();
   absl::Status status = client_->LeaseKeepAliveOnce(request, &response, deadline);
   bool gone = false;
   {

@@ -137,6 +137,10 @@ class LeaderElection final : public LeadershipView {
   void BecomeFollower(const std::string& leader, const std::string& why);
   // The deadline for an RPC made while holding the lease.
   absl::Time RpcDeadline() const;
+  // The monotonic clock the lease is timed on (an absl::Time only for its
+  // arithmetic), and the lease's expiry as a wall-clock RPC deadline.
+  static absl::Time Steady();
+  absl::Time WallDeadlineLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::unique_ptr<EtcdClient> client_;
   const LeaderElectionOptions options_;
@@ -149,6 +153,8 @@ class LeaderElection final : public LeadershipView {
   std::string leader_ ABSL_GUARDED_BY(mu_);
   int64_t lease_id_ ABSL_GUARDED_BY(mu_) = 0;  // 0: none
   absl::Duration granted_ttl_ ABSL_GUARDED_BY(mu_);
+  // On the monotonic clock (Steady): a wall-clock step (NTP) must neither
+  // expire the lease early (a needless failover) nor hold renewals back.
   absl::Time lease_expiry_ ABSL_GUARDED_BY(mu_);
   absl::Time last_renewal_ ABSL_GUARDED_BY(mu_);  // send time of the last answered one
   int64_t create_revision_ ABSL_GUARDED_BY(mu_) = 0;

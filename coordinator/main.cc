@@ -605,7 +605,10 @@ int Serve(const Config& config, const sigset_t& signals) {
   std::optional<CoordinatorMetrics> metrics_holder;
   JobManager jobs(&registry, &hub, RealClock(), job_options);
   // Jobs profile the model on a worker first (cached).
-  jobs.SetProfileFetcher(MakeWorkerProfileFetcher(absl::Minutes(10)));
+  // Cancelled at shutdown: a leader waiting out a profile would hold its
+  // etcd lease with its ports closed (no follower could take over).
+  CancellableProfileFetcher fetcher = MakeCancellableWorkerProfileFetcher(absl::Minutes(10));
+  jobs.SetProfileFetcher(std::move(fetcher.fetch), std::move(fetcher.cancel_all));
   // Before Restore, which reports the jobs it resumes as recoveries.
   CoordinatorMetrics& metrics = metrics_holder.emplace(&registry, &jobs);
   jobs.SetEvents(metrics.Events());

@@ -213,6 +213,7 @@ JobManager::~JobManager() {
     stopping_ = true;
   }
   if (loop_.joinable()) loop_.join();
+  if (cancel_fetches_) cancel_fetches_();  // none starts once stopping_ is set
   AwaitProfiling();
   // A plan being computed ends and is dropped (stopping_); those queued
   // behind it are not computed.
@@ -251,7 +252,10 @@ void JobManager::ReapProfilersLocked() {
   }
 }
 
-void JobManager::SetProfileFetcher(ProfileFetcher fetcher) { fetcher_ = std::move(fetcher); }
+void JobManager::SetProfileFetcher(ProfileFetcher fetcher, std::function<void()> cancel_all) {
+  fetcher_ = std::move(fetcher);
+  cancel_fetches_ = std::move(cancel_all);
+}
 
 void JobManager::SetEvents(JobEvents events) { events_ = std::move(events); }
 

@@ -225,10 +225,12 @@ class JobManager {
  public:
   JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock,
              JobManagerOptions options = {});
-  ~JobManager();  // stops the scheduling loop, waits for profiles in flight
+  ~JobManager();  // stops the scheduling loop, cancels and waits for profiles in flight
 
   // Enables measured profiles (see above). Call before submitting jobs.
-  void SetProfileFetcher(ProfileFetcher fetcher);
+  // `cancel_all`, if given, ends the fetches in flight at destruction, which
+  // otherwise waits for them (a large model's profile takes minutes).
+  void SetProfileFetcher(ProfileFetcher fetcher, std::function<void()> cancel_all = nullptr);
   // Enables the events above. Call before Restore (it reports the jobs it
   // resumes) and before submitting jobs.
   void SetEvents(JobEvents events);
@@ -788,6 +790,7 @@ class JobManager {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread loop_;
   ProfileFetcher fetcher_;  // set before use; read-only afterwards
+  std::function<void()> cancel_fetches_;  // likewise; may be empty
   JobEvents events_;        // likewise
   ProfileCache profiles_;
   // Profile fetches in flight or done and not yet joined: a finished one is

@@ -2,15 +2,42 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <memory>
+#include <set>
+
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "common/annotated_mutex.h"
 #include "common/grpc_credentials.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
 
 namespace pipetrain {
+namespace {
+
+// The calls in flight, shared by a fetcher and its cancel_all.
+struct InFlight {
+  AnnotatedMutex mu;
+  std::set<grpc::ClientContext*> calls ABSL_GUARDED_BY(mu);
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+};
+
+}  // namespace
 
 ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout) {
-  return [timeout](const std::string& address, const std::string& session_token,
-                   const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
+  return MakeCancellableWorkerProfileFetcher(timeout).fetch;
+}
+
+CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration timeout) {
+  auto in_flight = std::make_shared<InFlight>();
+  CancellableProfileFetcher out;
+  out.cancel_all = [in_flight] {
+    AnnotatedMutexLock lock(&in_flight->mu);
+    in_flight->cancelled = true;
+    for (grpc::ClientContext* call : in_flight->calls) call->TryCancel();
+  };
+  out.fetch = [timeout, in_flight](
+                  const std::string& address, const std::string& session_token,
+                  const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
     auto stub = v1::WorkerControlService::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
     const absl::Time deadline = absl::Now() + timeout;
@@ -19,8 +46,20 @@ ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout) {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(deadline));
       AddBearer(context, session_token);
+      {
+        AnnotatedMutexLock lock(&in_flight->mu);
+        if (in_flight->cancelled) {
+          return absl::CancelledError(
+              absl::StrCat("profile from ", address, ": the coordinator is shutting down"));
+        }
+        in_flight->calls.insert(&context);
+      }
       v1::ModelProfile profile;
       grpc::Status s = stub->Profile(&context, request, &profile);
+      {
+        AnnotatedMutexLock lock(&in_flight->mu);
+        in_flight->calls.erase(&context);
+      }
       if (s.ok()) return profile;
       // The worker may not have read its session yet (see the header).
       if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED && attempt < kProfileSessionRetries &&
@@ -33,6 +72,7 @@ ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout) {
                           absl::StrCat("profile from ", address, ": ", s.error_message()));
     }
   };
+  return out;
 }
 
 }  // namespace pipetrain

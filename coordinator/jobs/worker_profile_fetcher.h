@@ -5,6 +5,8 @@
 #ifndef PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_
 #define PIPETRAIN_COORDINATOR_JOBS_WORKER_PROFILE_FETCHER_H_
 
+#include <functional>
+
 #include "absl/time/time.h"
 #include "coordinator/jobs/job_manager.h"
 
@@ -19,6 +21,16 @@ namespace pipetrain {
 // that response has been read. Then the worker's error is returned.
 inline constexpr int kProfileSessionRetries = 4;
 ProfileFetcher MakeWorkerProfileFetcher(absl::Duration timeout);
+
+// The same, with `cancel_all`, which ends every fetch in flight, and any
+// started later, CANCELLED at once (thread-safe): a coordinator shutting
+// down must not wait out a large model's profile (minutes), holding its
+// etcd lease with its ports closed.
+struct CancellableProfileFetcher {
+  ProfileFetcher fetch;
+  std::function<void()> cancel_all;
+};
+CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration timeout);
 
 }  // namespace pipetrain
 

@@ -4,7 +4,10 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
+#include <thread>
 
+#include "common/annotated_mutex.h"
 #include "gtest/gtest.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
 
@@ -61,6 +64,60 @@ TEST(WorkerProfileFetcherTest, GivesUpAfterTheRetries) {
   EXPECT_EQ(profile.status().code(), absl::StatusCode::kUnauthenticated);
   EXPECT_NE(profile.status().message().find("no session yet"), std::string::npos);
   EXPECT_EQ(worker.service.calls(), kProfileSessionRetries + 1);
+}
+
+// Holds every Profile call until the test's end: a profile of a large
+// model that takes minutes.
+class HoldingWorkerControl final : public v1::WorkerControlService::Service {
+ public:
+  grpc::Status Profile(grpc::ServerContext* context, const v1::ProfileRequest*,
+                       v1::ModelProfile*) override {
+    AnnotatedMutexLock lock(&mu_);
+    ++calls_;
+    mu_.AwaitWithTimeout(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return released_ || context->IsCancelled(); },
+        absl::Seconds(20));  // bounded: an uncancelled fetch fails the test, not hangs it
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "held");
+  }
+  bool AwaitCall() {
+    AnnotatedMutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return calls_ > 0; },
+                                absl::Seconds(30));
+  }
+  void Release() {
+    AnnotatedMutexLock lock(&mu_);
+    released_ = true;
+  }
+
+ private:
+  AnnotatedMutex mu_;
+  int calls_ ABSL_GUARDED_BY(mu_) = 0;
+  bool released_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// cancel_all ends a fetch in flight at once (a coordinator shutting down),
+// and any started after it.
+TEST(WorkerProfileFetcherTest, CancelAll_EndsTheFetchInFlightAndLaterOnes) {
+  HoldingWorkerControl service;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  CancellableProfileFetcher fetcher = MakeCancellableWorkerProfileFetcher(absl::Minutes(10));
+  absl::StatusOr<v1::ModelProfile> profile;
+  std::thread fetching([&] { profile = fetcher.fetch(address, "token", {}); });
+  ASSERT_TRUE(service.AwaitCall());
+  const absl::Time cancelled = absl::Now();
+  fetcher.cancel_all();
+  fetching.join();
+  EXPECT_LT(absl::Now() - cancelled, absl::Seconds(15));  // not the server's 20 s hold
+  EXPECT_EQ(profile.status().code(), absl::StatusCode::kCancelled) << profile.status();
+  const absl::StatusOr<v1::ModelProfile> later = fetcher.fetch(address, "token", {});
+  EXPECT_EQ(later.status().code(), absl::StatusCode::kCancelled) << later.status();
+  service.Release();
+  server->Shutdown();
 }
 
 }  // namespace

@@ -2265,11 +2265,22 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
     // written, two fsyncs each, would otherwise queue a manifest each
     // ahead of every later save and every cancel).
     bool held = false;
+    std::vector<v1::ResumeFrom> removed = expired;
     {
       AnnotatedMutexLock lock(&mu_);
-      const JobRecord* record = FindLocked(id);
+      JobRecord* record = FindLocked(id);
       held = record != nullptr && record->checkpoints != nullptr &&
              record->checkpoints->Holds(complete.step());
+      // Kept for a later successful save (the catalog forgot them), or
+      // those kept by earlier failed saves go with these.
+      if (record != nullptr && !saved.ok()) {
+        record->expired_unsaved.insert(record->expired_unsaved.end(), expired.begin(),
+                                       expired.end());
+      } else if (record != nullptr) {
+        removed.insert(removed.end(), record->expired_unsaved.begin(),
+                       record->expired_unsaved.end());
+        record->expired_unsaved.clear();
+      }
     }
     if (held) {
       absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
@@ -2277,11 +2288,11 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
     }
     if (!saved.ok()) {
       PT_LOG(WARNING) << "job " << id << ": kept " << expired.size()
-                      << " expired checkpoint(s): the state that drops them "
-                         "was not saved";
+                      << " expired checkpoint(s) until a later save: the state that drops "
+                         "them was not saved";
       return;
     }
-    RemoveCheckpointDirs(output_dir, id, expired);
+    RemoveCheckpointDirs(output_dir, id, removed);
   }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;

@@ -434,6 +434,10 @@ class JobManager {
     // Spare workers (id -> incarnation) a re-plan of this job was refused
     // with: not offered to it again unless they register anew.
     std::map<std::string, int64_t> unfit;
+    // Checkpoints expired from the catalog while the save that drops them
+    // failed: their directories go after the next checkpoint's save
+    // succeeds (until then the stored state may still name them).
+    std::vector<v1::ResumeFrom> expired_unsaved;
     int recoveries_without_progress = 0;
     // The furthest step any complete checkpoint reached (since this
     // coordinator took the job: restored from its latest); only a

@@ -2141,6 +2141,74 @@ class FlakyStore final : public Store {
   int waiting_ = 0;
 };
 
+// A checkpoint expired while the save that drops it failed keeps its
+// directory then (the stored state may still name it), and loses it once a
+// later checkpoint's save succeeds: it is not left behind for good.
+TEST(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterALaterSave) {
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock});
+  AssignmentHub hub;
+  FlakyStore store;
+  CoordinatorState state(&store);
+  BackgroundQueue background;
+  JobManager jobs(
+      &registry, &hub, &clock,
+      JobManagerOptions{
+          .output_dir = OutputDir(), .state = &state, .background_runner = background.Runner()});
+  v1::RegisterWorkerRequest join;
+  join.set_data_address("127.0.0.1:7001");
+  const std::string w = registry.Register(join).value().worker_id();
+  v1::JobSpec spec = ElasticSpec(1, 17, 100);
+  spec.mutable_checkpoint()->set_keep(1);
+  const std::string id = jobs.Submit(spec).value().id();
+  background.RunAll();
+  ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  const int64_t version = jobs.Get(id).value().plan_version();
+  auto report = [&](int64_t step, bool checkpoint) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(w);
+    r.set_job_id(id);
+    r.set_plan_version(version);
+    r.set_iteration(step - 1);
+    if (checkpoint) {
+      r.mutable_checkpoint()->set_step(step);
+      for (int u = 0; u < 4; ++u) {
+        v1::UnitFile* f = r.mutable_checkpoint()->add_units();
+        f->set_unit(u);
+        f->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+        f->set_bytes(100);
+        f->set_sha256(std::string(64, 'a'));
+      }
+    } else {
+      r.add_micro_batch_losses(1.0f);
+      r.add_micro_batch_losses(1.0f);
+    }
+    ASSERT_TRUE(jobs.ReportProgress(r).ok()) << step;
+  };
+  const auto manifest = [&](int64_t step) {
+    struct stat st;
+    return stat(absl::StrFormat("%s/checkpoints/%s/step-%08d/manifest.json", OutputDir(), id, step)
+                    .c_str(),
+                &st) == 0;
+  };
+  for (int64_t step = 1; step <= 17; ++step) report(step, false);
+  report(17, true);
+  jobs.FlushIo();
+  ASSERT_TRUE(manifest(17));
+  store.failing = true;
+  for (int64_t step = 18; step <= 34; ++step) report(step, false);
+  report(34, true);  // expires 17; its save fails
+  jobs.FlushIo();
+  EXPECT_TRUE(manifest(17)) << "removed although the stored state may still name it";
+  store.failing = false;
+  for (int64_t step = 35; step <= 51; ++step) report(step, false);
+  report(51, true);  // expires 34; this save succeeds
+  jobs.FlushIo();
+  EXPECT_FALSE(manifest(17)) << "left behind";
+  EXPECT_FALSE(manifest(34));
+  EXPECT_TRUE(manifest(51));
+}
+
 // A submit whose commit was applied although it answered an error (an etcd
 // deadline, a leader change) is deleted again, so that "nothing was
 // submitted" holds after a restart too; when even that fails, the caller is

@@ -153,6 +153,12 @@ bool ShapedTransport::AwaitSendsWaiting(int count, absl::Duration timeout) {
   return mu_.AwaitWithTimeout(reached, timeout);
 }
 
+bool ShapedTransport::AwaitHandoffsWaiting(int count, absl::Duration timeout) {
+  AnnotatedMutexLock lock(&mu_);
+  auto reached = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return handoffs_waiting_ == count; };
+  return mu_.AwaitWithTimeout(reached, timeout);
+}
+
 void ShapedTransport::Run(int peer_stage, Link* link) {
   while (true) {
     Pending next;
@@ -166,7 +172,20 @@ void ShapedTransport::Run(int peer_stage, Link* link) {
       link->queue.pop_front();
     }
     const absl::Duration wait = next.handoff - MonotonicNow();
-    if (wait > absl::ZeroDuration()) absl::SleepFor(wait);  // the emulated link's time
+    if (wait > absl::ZeroDuration()) {
+      // The emulated link's time, which Abort cuts short: at a slow
+      // emulated rate one message can take hours, and the destructor joins
+      // this thread.
+      AnnotatedMutexLock lock(&mu_);
+      ++handoffs_waiting_;
+      const bool aborted = mu_.AwaitWithTimeout(
+          [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborted_; }, wait);
+      --handoffs_waiting_;
+      if (aborted) {
+        link->queued_bytes -= next.bytes;  // dropped, as Abort drops the queue
+        continue;
+      }
+    }
     // Its own (Enqueue's contract): the inner transport need not copy it.
     absl::Status sent = inner_->SendWireOwned(peer_stage, next.address, std::move(next.wire));
     AnnotatedMutexLock lock(&mu_);

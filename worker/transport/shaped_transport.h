@@ -98,6 +98,9 @@ class ShapedTransport final : public Transport {
   // Waits up to `timeout` until exactly `count` Sends wait for room in a
   // full queue; returns whether that happened. For tests.
   bool AwaitSendsWaiting(int count, absl::Duration timeout);
+  // Waits up to `timeout` until exactly `count` messages, taken off their
+  // queues, wait out their emulated link time. For tests.
+  bool AwaitHandoffsWaiting(int count, absl::Duration timeout);
 
  private:
   struct Pending {
@@ -126,6 +129,7 @@ class ShapedTransport final : public Transport {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;   // Abort()
   int sends_waiting_ ABSL_GUARDED_BY(mu_) = 0;  // for room, in Enqueue
+  int handoffs_waiting_ ABSL_GUARDED_BY(mu_) = 0;  // their link time, in Run
 };
 
 }  // namespace pipetrain

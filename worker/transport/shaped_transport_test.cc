@@ -246,5 +246,24 @@ TEST(ShapedTransportTest, Abort_EndsTheWaitingSendDropsTheQueueAbortsTheInner) {
   EXPECT_EQ(sends.calls.load(), 1);  // micro-batch 1 was dropped, not handed on
 }
 
+// At a slow emulated rate one message's link time can be hours: Abort cuts
+// that wait short (the message is dropped, not handed on), so the
+// destructor, which joins the link's thread, returns at once.
+TEST(ShapedTransportTest, Abort_CutsTheEmulatedWaitShort) {
+  Handed handed;
+  const absl::Time start = absl::Now();
+  {
+    // 1 byte/s: a 400-byte tensor's emulated transfer takes minutes.
+    ShapedTransport sender(std::make_unique<KeepingTransport>(&handed),
+                           {1.0, absl::ZeroDuration()});
+    ASSERT_TRUE(sender.Send(1, {}, Tensor::Zeros({100})).ok());
+    ASSERT_TRUE(sender.AwaitHandoffsWaiting(1, absl::Seconds(30)));  // taken off the queue
+    sender.Abort();
+  }
+  EXPECT_LT(absl::Now() - start, absl::Seconds(30));
+  absl::MutexLock lock(&handed.mu);
+  EXPECT_TRUE(handed.wires.empty());
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -252,11 +252,19 @@ absl::Status WorkerAgent::RequestDrain() {
     if (worker_id_.empty()) return absl::OkStatus();
     request.set_worker_id(worker_id_);
   }
-  grpc::ClientContext context;
-  SetDeadline(&context, options_.rpc_timeout);
-  AddBearer(context, session_->Get());
-  v1::Worker response;
-  const grpc::Status s = Stub().stub->DrainWorker(&context, request, &response);
+  // Twice at most: right after a failover the first may reach a follower,
+  // whose answer names the leader (CoordinatorEndpoints follows it).
+  grpc::Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    grpc::ClientContext context;
+    SetDeadline(&context, options_.rpc_timeout);
+    AddBearer(context, session_->Get());
+    v1::Worker response;
+    const CoordinatorStub coordinator = Stub();
+    s = coordinator.stub->DrainWorker(&context, request, &response);
+    if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    endpoints_->Failed(s, context, coordinator.channel);
+  }
   if (!s.ok()) {
     return absl::Status(
         static_cast<absl::StatusCode>(s.error_code()),
@@ -319,11 +327,18 @@ void WorkerAgent::Deregister() {
     request.set_worker_id(worker_id_);
     request.set_incarnation(incarnation_);
   }
-  grpc::ClientContext context;
-  SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(2)));
-  AddBearer(context, session_->Get());
-  v1::DeregisterWorkerResponse response;
-  const grpc::Status s = Stub().stub->DeregisterWorker(&context, request, &response);
+  // Twice at most, as RequestDrain: a follower's answer names the leader.
+  grpc::Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    grpc::ClientContext context;
+    SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(2)));
+    AddBearer(context, session_->Get());
+    v1::DeregisterWorkerResponse response;
+    const CoordinatorStub coordinator = Stub();
+    s = coordinator.stub->DeregisterWorker(&context, request, &response);
+    if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    endpoints_->Failed(s, context, coordinator.channel);
+  }
   if (s.ok()) {
     PT_LOG(INFO) << "deregistered " << request.worker_id();
   } else {

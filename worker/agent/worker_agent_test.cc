@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
+#include "common/coordinator_endpoints.h"
 #include "worker/transport/data_plane_server.h"
 #include "worker/transport/grpc_transport.h"
 #include "worker/transport/mailbox.h"
@@ -323,6 +324,81 @@ TEST(WorkerAgentTest, DrainedThenDropped_RegistersAgainAsDrained) {
   EXPECT_TRUE(registrations[1].drained());
   // The incarnation it held: the coordinator's store may know it drained.
   EXPECT_EQ(registrations[1].previous_incarnation(), 1);
+}
+
+// A coordinator that registers the worker and then, asked to drain or
+// deregister it, answers as a follower after a failover: UNAVAILABLE naming
+// the leader. `leader` records what reaches it.
+class DeposedCoordinator final : public NoAssignmentsCoordinator {
+ public:
+  explicit DeposedCoordinator(std::string leader) : leader_(std::move(leader)) {}
+  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest*,
+                              v1::RegisterWorkerResponse* response) override {
+    response->set_worker_id("w-1");
+    response->set_incarnation(1);
+    response->set_session_token("w-1.1.secret");
+    response->set_heartbeat_interval_seconds(60);
+    return grpc::Status::OK;
+  }
+  grpc::Status DrainWorker(grpc::ServerContext* context, const v1::DrainWorkerRequest*,
+                           v1::Worker*) override {
+    context->AddTrailingMetadata(kLeaderMetadataKey, leader_);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this coordinator follows");
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext* context, const v1::DeregisterWorkerRequest*,
+                                v1::DeregisterWorkerResponse*) override {
+    context->AddTrailingMetadata(kLeaderMetadataKey, leader_);
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this coordinator follows");
+  }
+
+ private:
+  const std::string leader_;
+};
+
+class NewLeader final : public NoAssignmentsCoordinator {
+ public:
+  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest* request,
+                           v1::Worker* response) override {
+    drains.fetch_add(1);
+    response->set_id(request->worker_id());
+    response->set_drained(true);
+    return grpc::Status::OK;
+  }
+  grpc::Status DeregisterWorker(grpc::ServerContext*, const v1::DeregisterWorkerRequest*,
+                                v1::DeregisterWorkerResponse*) override {
+    deregistrations.fetch_add(1);
+    return grpc::Status::OK;
+  }
+  std::atomic<int> drains{0}, deregistrations{0};
+};
+
+// Right after a failover a worker's drain (SIGTERM) and goodbye may reach
+// the old leader, now a follower: they follow the leader it names, as every
+// other call does, instead of leaving without a drain.
+TEST(WorkerAgentTest, DrainAndDeregisterAfterAFailover_FollowTheNamedLeader) {
+  NewLeader leader;
+  grpc::ServerBuilder builder;
+  int leader_port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &leader_port);
+  builder.RegisterService(&leader);
+  std::unique_ptr<grpc::Server> leader_server = builder.BuildAndStart();
+  ASSERT_NE(leader_server, nullptr);
+  const std::string leader_address = absl::StrCat("127.0.0.1:", leader_port);
+  DeposedCoordinator deposed(leader_address);
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&deposed, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgentOptions options = rig->options;
+  options.coordinator_address = absl::StrCat(options.coordinator_address, ",", leader_address);
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  ASSERT_TRUE(agent.Start().ok());
+  const absl::Status drained = agent.RequestDrain();
+  EXPECT_TRUE(drained.ok()) << drained;
+  EXPECT_EQ(leader.drains.load(), 1);
+  agent.Stop();  // deregisters
+  EXPECT_EQ(leader.deregistrations.load(), 1);
+  rig->Shutdown();
+  leader_server->Shutdown();
 }
 
 // Registers the worker, accepts its heartbeats, sends `assignment` on the

@@ -258,6 +258,14 @@ void LeaderElection::Campaign() {
   txn.add_failure()->mutable_request_range()->set_key(key_);
   etcdserverpb::TxnResponse response;
   absl::Status status = client_->Txn(txn, &response, RpcDeadline());
+  if (status.code() == absl::StatusCode::kNotFound) {
+    // etcd no longer knows the lease (it expired there first, or was
+    // revoked): a campaign with it can never succeed, so the next round
+    // grants a new one instead of failing every tick until it would expire
+    // here.
+    AnnotatedMutexLock lock(&mu_);
+    lease_id_ = 0;
+  }
   if (!status.ok()) {
     PT_LOG(WARNING) << "election " << key_ << ": campaign failed: " << status;
     return;

@@ -238,6 +238,21 @@ WorkerAgent::CoordinatorStub WorkerAgent::Stub() {
   return out;
 }
 
+template <typename Rpc>
+grpc::Status WorkerAgent::CallLeader(absl::Duration timeout, Rpc rpc) {
+  grpc::Status s;
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    grpc::ClientContext context;
+    SetDeadline(&context, timeout);
+    AddBearer(context, session_->Get());
+    const CoordinatorStub coordinator = Stub();
+    s = rpc(*coordinator.stub, &context);
+    if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
+    endpoints_->Failed(s, context, coordinator.channel);
+  }
+  return s;
+}
+
 absl::Status WorkerAgent::Drain(absl::Duration timeout) {
   RETURN_IF_ERROR(RequestDrain());
   return AwaitDrained(timeout);
@@ -252,19 +267,11 @@ absl::Status WorkerAgent::RequestDrain() {
     if (worker_id_.empty()) return absl::OkStatus();
     request.set_worker_id(worker_id_);
   }
-  // Twice at most: right after a failover the first may reach a follower,
-  // whose answer names the leader (CoordinatorEndpoints follows it).
-  grpc::Status s;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    grpc::ClientContext context;
-    SetDeadline(&context, options_.rpc_timeout);
-    AddBearer(context, session_->Get());
-    v1::Worker response;
-    const CoordinatorStub coordinator = Stub();
-    s = coordinator.stub->DrainWorker(&context, request, &response);
-    if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    endpoints_->Failed(s, context, coordinator.channel);
-  }
+  v1::Worker response;
+  const grpc::Status s = CallLeader(
+      options_.rpc_timeout, [&](v1::CoordinatorService::Stub& stub, grpc::ClientContext* context) {
+        return stub.DrainWorker(context, request, &response);
+      });
   if (!s.ok()) {
     return absl::Status(
         static_cast<absl::StatusCode>(s.error_code()),
@@ -327,18 +334,12 @@ void WorkerAgent::Deregister() {
     request.set_worker_id(worker_id_);
     request.set_incarnation(incarnation_);
   }
-  // Twice at most, as RequestDrain: a follower's answer names the leader.
-  grpc::Status s;
-  for (int attempt = 0; attempt < 2; ++attempt) {
-    grpc::ClientContext context;
-    SetDeadline(&context, std::min(options_.rpc_timeout, absl::Seconds(2)));
-    AddBearer(context, session_->Get());
-    v1::DeregisterWorkerResponse response;
-    const CoordinatorStub coordinator = Stub();
-    s = coordinator.stub->DeregisterWorker(&context, request, &response);
-    if (s.ok() || s.error_code() != grpc::StatusCode::UNAVAILABLE) break;
-    endpoints_->Failed(s, context, coordinator.channel);
-  }
+  v1::DeregisterWorkerResponse response;
+  const grpc::Status s =
+      CallLeader(std::min(options_.rpc_timeout, absl::Seconds(2)),
+                 [&](v1::CoordinatorService::Stub& stub, grpc::ClientContext* context) {
+                   return stub.DeregisterWorker(context, request, &response);
+                 });
   if (s.ok()) {
     PT_LOG(INFO) << "deregistered " << request.worker_id();
   } else {

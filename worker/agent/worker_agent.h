@@ -122,6 +122,12 @@ class WorkerAgent {
  private:
   class GrpcLink;
   absl::Status RegisterWithRetry();
+  // `rpc(stub, context)` with the session credential and a deadline of
+  // `timeout`, twice at most: right after a failover the first may reach a
+  // follower, whose UNAVAILABLE names the leader (CoordinatorEndpoints
+  // follows it). For calls made once, not in a loop of their own.
+  template <typename Rpc>
+  grpc::Status CallLeader(absl::Duration timeout, Rpc rpc);
   void HeartbeatLoop();
   void WatchLoop();
   void Handle(const v1::Assignment& assignment);

@@ -46,6 +46,7 @@ void ServingHealth::SetReady() {
 
 void ServingHealth::SetNotReady(std::string reason) {
   AnnotatedMutexLock lock(&mu_);
+  if (draining_) return;  // the drain's reason stands
   ready_ = false;
   reason_ = std::move(reason);
   PublishLocked();

@@ -96,6 +96,20 @@ TEST_F(ServingHealthTest, Drain_WatchSeesNotServing_AndSetReadyCannotUndoIt) {
   EXPECT_EQ(Check(kService), "NOT_SERVING");
   EXPECT_EQ(ReadyzStatus(), 503);
   EXPECT_EQ(health_.reason(), "draining: test");
+  health_.SetNotReady("registering again");  // the drain's reason stands
+  EXPECT_EQ(health_.reason(), "draining: test");
+}
+
+// A worker the coordinator dropped is not ready while it registers again,
+// and ready once registered.
+TEST_F(ServingHealthTest, SetNotReadyThenReady_FollowsTheRegistration) {
+  health_.SetReady();
+  health_.SetNotReady("registering again");
+  EXPECT_EQ(Check(kService), "NOT_SERVING");
+  EXPECT_EQ(ReadyzStatus(), 503);
+  EXPECT_EQ(health_.reason(), "registering again");
+  health_.SetReady();
+  EXPECT_EQ(Check(kService), "SERVING");
 }
 
 TEST_F(ServingHealthTest, ListServices_NamesTheServiceHealthAndReflection) {

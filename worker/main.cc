@@ -303,6 +303,14 @@ int Run(const std::vector<std::string>& args) {
   // Set before Wake(kFailed) (the main thread reads it after waking).
   absl::Status registration_refused;
   AnnotatedMutex refused_mu;
+  // Ready only while registered (SetReady is ignored once draining).
+  options.on_registration_change = [&health](bool registered) {
+    if (registered) {
+      health.SetReady();
+    } else {
+      health.SetNotReady("registering again: the coordinator dropped this worker");
+    }
+  };
   options.on_registration_refused = [&](const absl::Status& status) {
     {
       AnnotatedMutexLock lock(&refused_mu);

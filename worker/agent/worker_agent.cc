@@ -390,6 +390,7 @@ void WorkerAgent::HeartbeatLoop() {
       // The coordinator declared this incarnation gone: its job is lost.
       PT_LOG(WARNING) << "coordinator dropped this worker (" << s.error_message()
                       << "); registering again";
+      if (options_.on_registration_change) options_.on_registration_change(false);
       StopRunner();
       const absl::Status registered = RegisterWithRetry();
       if (!registered.ok()) {
@@ -400,6 +401,7 @@ void WorkerAgent::HeartbeatLoop() {
         }
         return;  // refused, or stopped while retrying
       }
+      if (options_.on_registration_change) options_.on_registration_change(true);
       AnnotatedMutexLock lock(&mu_);
       if (watch_context_ != nullptr) watch_context_->TryCancel();  // reopen as the new one
     } else if (!s.ok()) {

@@ -71,6 +71,10 @@ struct WorkerAgentOptions {
   // supervisor restart it with a valid token). Called once, from the
   // heartbeat thread; may be null.
   std::function<void(const absl::Status&)> on_registration_refused;
+  // Called with false when the coordinator dropped this worker (it
+  // registers again), and with true once it is registered again, from the
+  // heartbeat thread; may be null. The worker's readiness follows it.
+  std::function<void(bool registered)> on_registration_change;
   // --memory-limit: caps DeviceInfo.memory_limit_bytes (what the
   // coordinator plans against) below physical memory and the cgroup's
   // limit. 0: no cap of its own.

@@ -313,9 +313,22 @@ TEST(WorkerAgentTest, DrainedThenDropped_RegistersAgainAsDrained) {
   Mailbox mailbox;
   absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
   ASSERT_TRUE(rig.ok()) << rig.status();
-  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  // The readiness hook hears the drop and the new registration, in order.
+  AnnotatedMutex mu;
+  std::vector<bool> changes;
+  WorkerAgentOptions options = rig->options;
+  options.on_registration_change = [&](bool registered) {
+    AnnotatedMutexLock lock(&mu);
+    changes.push_back(registered);
+  };
+  WorkerAgent agent(options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
   ASSERT_TRUE(agent.Start().ok());
   const std::vector<v1::RegisterWorkerRequest> registrations = coordinator.AwaitRegistrations(2);
+  {
+    AnnotatedMutexLock lock(&mu);
+    EXPECT_TRUE(mu.AwaitWithTimeout([&] { return changes.size() >= 2; }, absl::Seconds(30)));
+    EXPECT_EQ(changes, (std::vector<bool>{false, true}));
+  }
   agent.Stop();
   rig->Shutdown();
   ASSERT_GE(registrations.size(), 2u);

@@ -152,6 +152,12 @@ class RestartedCoordinator final : public v1::CoordinatorService::Service {
   grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse*) override {
     if (request->incarnation() == 1) {
+      // Forgotten only once the first stream has opened (and broken): the
+      // test is about a stream that broke before the registration, and a
+      // stream opened after it belongs to the new incarnation.
+      AnnotatedMutexLock lock(&mu_);
+      mu_.AwaitWithTimeout([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return streams_ >= 1; },
+                           absl::Seconds(30));
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "incarnation not current");
     }
     return grpc::Status::OK;

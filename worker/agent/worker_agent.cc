@@ -6,7 +6,6 @@
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
 #include "common/logging.h"
-#include "common/status_macros.h"
 #include "worker/agent/device_info.h"
 
 namespace pipetrain {
@@ -251,11 +250,6 @@ grpc::Status WorkerAgent::CallLeader(absl::Duration timeout, Rpc rpc) {
     endpoints_->Failed(s, context, coordinator.channel);
   }
   return s;
-}
-
-absl::Status WorkerAgent::Drain(absl::Duration timeout) {
-  RETURN_IF_ERROR(RequestDrain());
-  return AwaitDrained(timeout);
 }
 
 absl::Status WorkerAgent::RequestDrain() {

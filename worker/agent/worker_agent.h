@@ -117,8 +117,6 @@ class WorkerAgent {
   // Then: waits up to `timeout` for a job running here to let it go. OK
   // when nothing runs or the job let go; DEADLINE_EXCEEDED otherwise.
   absl::Status AwaitDrained(absl::Duration timeout);
-  // RequestDrain, then AwaitDrained.
-  absl::Status Drain(absl::Duration timeout);
 
   std::string worker_id() const;
   std::string current_instruction() const;

@@ -37,6 +37,13 @@ std::string StepDir(const std::string& dir, int64_t step) {
 
 std::string UnitFile(int unit) { return absl::StrFormat("unit-%04d.safetensors", unit); }
 
+// A unit's entry as a report or the stored state may hold it: its own file
+// name, a size in [1, kMaxUnitFileBytes] and a SHA-256 in hex.
+bool WellFormedUnitFile(const v1::UnitFile& f) {
+  return f.file() == UnitFile(f.unit()) && f.bytes() > 0 && f.bytes() <= kMaxUnitFileBytes &&
+         IsSha256Hex(f.sha256());
+}
+
 // The largest a stored checkpoint of `units` units in `spec`'s directory
 // can be (field by field at their largest), with its tag and length.
 int64_t OneStoredCheckpointBytes(const v1::CheckpointSpec& spec, int units) {
@@ -97,8 +104,7 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
           "ReportProgressRequest.checkpoint.units: unit ", f.unit(),
           " is not one of this stage's units [", owned.begin(), ", ", owned.end(), ")"));
     }
-    if (f.file() != UnitFile(f.unit()) || f.bytes() <= 0 || f.bytes() > kMaxUnitFileBytes ||
-        !IsSha256Hex(f.sha256())) {
+    if (!WellFormedUnitFile(f)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "ReportProgressRequest.checkpoint.units: unit ", f.unit(), " needs file ",
           UnitFile(f.unit()), ", a size in [1, ", kMaxUnitFileBytes, "] and a SHA-256 in hex"));
@@ -254,8 +260,7 @@ std::string CheckpointCatalog::RestoreComplete(const std::vector<v1::ResumeFrom>
     }
     for (int u = 0; u < num_units_; ++u) {
       const v1::UnitFile& f = c.units(u);
-      if (f.unit() != u || f.file() != UnitFile(u) || f.bytes() <= 0 ||
-          f.bytes() > kMaxUnitFileBytes || !IsSha256Hex(f.sha256())) {
+      if (f.unit() != u || !WellFormedUnitFile(f)) {
         return absl::StrCat(which, ": its unit ", u, " entry is not unit ", u, "'s file ",
                             UnitFile(u), " with a size in [1, ", kMaxUnitFileBytes,
                             "] and a SHA-256");

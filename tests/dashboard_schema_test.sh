@@ -69,6 +69,24 @@ DASHBOARD=dashboards/pipetrain.json
 check "$DASHBOARD type-checks against @grafana/schema" typecheck "$R/$DASHBOARD" "$DASHBOARD"
 [ "$fail" -eq 0 ] && echo "$DASHBOARD: type-checks against @grafana/schema $(node -p "require('$MODULES/@grafana/schema/package.json').version") (tsc $(node -p "require('$MODULES/typescript/package.json').version"))"
 
+# "All" of a variable listing instances must be the instances it lists, not
+# any (allValue ".*"): the worker panels match `instance=~"$worker"`, and
+# ".*" would take every worker Prometheus scrapes, a second install's too.
+instance_variables_all() {
+  node -e '
+    const d = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+    for (const v of d.templating.list) {
+      const query = JSON.stringify(v.query || "");
+      if (v.includeAll && /instance=~\\"\$coordinator\\"/.test(query) &&
+          /metrics_address|instance\)/.test(query)) {
+        console.log(`${v.name}: ${v.allValue === undefined ? "the listed values" : v.allValue}`);
+      }
+    }' "$1"
+}
+instance_variables_all "$R/$DASHBOARD" > "$T/all_values.txt"
+check "the worker variable's All is the listed workers" \
+  diff <(echo "worker: the listed values") "$T/all_values.txt"
+
 # The broken dashboard: a legend without calcs, a height as a string, a
 # legend display mode that does not exist.
 BROKEN=tests/testdata/broken_dashboard.json

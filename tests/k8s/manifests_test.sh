@@ -211,7 +211,7 @@ for overlay in $OVERLAYS; do
   expect_lines "$T/$overlay.ingress.txt" \
     "pipetrain-worker: data <- pods(worker,pipetrain) pods(coordinator,pipetrain)" \
     "pipetrain-worker: metrics <- namespace(monitoring)" \
-    "pipetrain-coordinator: grpc <- pods(worker,pipetrain) pods(submit-sample-job,pipetrain)" \
+    "pipetrain-coordinator: grpc <- pods(worker,pipetrain)" \
     "pipetrain-coordinator: http <- pods(submit-sample-job,pipetrain) namespace(monitoring)" \
     "pipetrain-submit-sample: no ingress"
 done
@@ -251,6 +251,13 @@ for overlay in $OVERLAYS; do
   expect_lines "$T/$overlay.images.txt" "image: localhost/pipetrain/coordinator:0.1.0" \
     "image: localhost/pipetrain/worker:0.1.0"
   check "overlay $overlay: only local pipetrain images" test "$(wc -l < "$T/$overlay.images.txt")" -eq 2
+  # Any other image (the sample job's curl) runs with a token mounted: it
+  # must be pinned by digest, which a registry cannot re-point as it can a tag.
+  grep -oE 'image: [^ ]+' "$T/$overlay.yaml" | grep -v 'image: localhost/pipetrain/' | sort -u \
+    > "$T/$overlay.other_images.txt"
+  check "overlay $overlay: other images are pinned by digest" \
+    fails grep -vE '@sha256:[0-9a-f]{64}$' "$T/$overlay.other_images.txt"
+  check "overlay $overlay: the other images were read" test -s "$T/$overlay.other_images.txt"
 done
 # A changed flag rolls the StatefulSets but leaves the submit Job's pod
 # template (immutable on a live Job) as it was, so the apply goes through.

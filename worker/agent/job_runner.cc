@@ -614,11 +614,21 @@ absl::Status JobRunner::RunJob() {
   // before the pending marker's teardown waits for the device.
   const Tensor marker = on_device_links ? options_.backend->Zeros({1}) : Tensor();
   std::unique_ptr<PendingDownload> previous_iteration_done;
+  // Set where the stage ends without an error: it ran every step, or it
+  // stopped at a step boundary, where slower peers may still need its
+  // queued sends of that step.
+  bool ended_cleanly = false;
   // Unless every step ran, peers may never match what the device has
-  // queued: abort before the runtime's teardown waits on the device.
+  // queued: abort before the runtime's teardown waits on the device. And a
+  // failed plan's queued sends are of no use to anyone: abort them too, or
+  // the runtime's and the transport's teardown wait for a stalled peer to
+  // take them (up to the transport's drain timeout per peer), holding this
+  // worker, which a STOP could no longer cut short, from the next plan.
   absl::Cleanup abort_unless_completed = [&] {
     if (!completed_.load() && device_channel != nullptr) device_channel->Abort();
     if (!completed_.load() && replica_collective != nullptr) replica_collective->Abort();
+    // (A Stop() aborted it already.)
+    if (!completed_.load() && !ended_cleanly && !stop_.load()) transport->Abort();
   };
   // The checkpoint's load time goes with the start barrier, or without
   // one with the first iteration's report.
@@ -777,9 +787,11 @@ absl::Status JobRunner::RunJob() {
       if (writer != nullptr) writer->Wait();
       PT_LOG(INFO) << "job " << assignment_.job_id() << " stage " << assignment_.stage()
                    << ": stopped after step " << step << " for the next plan";
+      ended_cleanly = true;
       return absl::OkStatus();
     }
   }
+  ended_cleanly = true;  // every step ran, or a Stop() ended it (and aborted)
   return absl::OkStatus();
 }
 

@@ -292,6 +292,112 @@ TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInASend) {
   }
 }
 
+// A transport whose sends are queued at once and never delivered (a peer
+// that stalled): its destructor waits for them, as GrpcTransport's
+// shutdown lets each peer's queued frames drain for a while, until
+// Abort() (or a minute). Counts its aborts in `aborts`.
+class UndeliveredSends : public Transport {
+ public:
+  UndeliveredSends(std::unique_ptr<Transport> inner, std::atomic<int>* aborts)
+      : inner_(std::move(inner)), aborts_(aborts) {}
+  ~UndeliveredSends() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait_for(lock, std::chrono::seconds(60), [this] { return aborted_; });
+  }
+  int stage() const override { return inner_->stage(); }
+  absl::Status SendWire(int, const TensorAddress&, const WireTensor&) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                      absl::Duration timeout) override {
+    return inner_->RecvWire(peer, address, timeout);
+  }
+  void Abort() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    aborted_ = true;
+    ++*aborts_;
+    changed_.notify_all();
+  }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::atomic<int>* const aborts_;
+  std::mutex mu_;
+  std::condition_variable changed_;
+  bool aborted_ = false;
+};
+
+// A stage that fails (its receive times out) with sends queued for a
+// stalled peer aborts its transport before tearing it down: the queued
+// frames of a failed plan are of no use, and waiting for them (a minute
+// here) would hold this worker from its next plan.
+TEST(JobRunnerTest, FailedStage_AbortsItsQueuedSends) {
+  InProcessFabric fabric(2);
+  FakeLink link(/*stages=*/1);  // the barrier opens for stage 0 alone
+  std::atomic<int> aborts{0};
+  auto factory = [&](int stage, const std::vector<std::string>&, const JobCredential&) {
+    return std::unique_ptr<Transport>(
+        std::make_unique<UndeliveredSends>(fabric.Connect(stage), &aborts));
+  };
+  // GPipe: stage 0 sends its activations and then waits for gradients
+  // that never come: its receive fails after 200 ms.
+  JobRunner sender(Assignment(0, 3, false, Schedule::kGPipe), &fabric.mailbox(0), factory, &link,
+                   JobRunnerOptions{"w", 1, absl::Milliseconds(200)});
+  sender.Start();
+  while (!sender.finished()) absl::SleepFor(absl::Milliseconds(5));  // polls an observable state
+  EXPECT_EQ(aborts.load(), 1);  // torn down by Abort, not after the wait for delivery
+  ASSERT_FALSE(link.reports().empty());
+  EXPECT_NE(link.reports().back().error().find("recv ACTIVATION_GRAD"), std::string::npos)
+      << link.reports().back().error();
+  sender.Stop();
+}
+
+// Stages that complete leave their transports to deliver (a peer may
+// still be taking their last sends): no abort.
+TEST(JobRunnerTest, CompletedStages_DoNotAbortTheirTransports) {
+  class CountedAborts : public Transport {
+   public:
+    CountedAborts(std::unique_ptr<Transport> inner, std::atomic<int>* aborts)
+        : inner_(std::move(inner)), aborts_(aborts) {}
+    int stage() const override { return inner_->stage(); }
+    absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& t) override {
+      return inner_->SendWire(peer, address, t);
+    }
+    absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
+                                        absl::Duration timeout) override {
+      return inner_->RecvWire(peer, address, timeout);
+    }
+    void Abort() override {
+      ++*aborts_;
+      inner_->Abort();
+    }
+
+   private:
+    std::unique_ptr<Transport> inner_;
+    std::atomic<int>* const aborts_;
+  };
+  InProcessFabric fabric(2);
+  FakeLink link;
+  std::atomic<int> aborts{0};
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (int s = 0; s < 2; ++s) {
+    auto factory = [&](int stage, const std::vector<std::string>&, const JobCredential&) {
+      return std::unique_ptr<Transport>(
+          std::make_unique<CountedAborts>(fabric.Connect(stage), &aborts));
+    };
+    runners.push_back(std::make_unique<JobRunner>(Assignment(s, 2, false, Schedule::kOneFOneB),
+                                                  &fabric.mailbox(s), factory, &link,
+                                                  JobRunnerOptions{"w" + std::to_string(s), 1}));
+  }
+  for (auto& r : runners) r->Start();
+  for (auto& r : runners) {
+    while (!r->finished()) absl::SleepFor(absl::Milliseconds(5));  // polls an observable state
+    EXPECT_TRUE(r->completed());
+  }
+  EXPECT_EQ(aborts.load(), 0);
+  for (auto& r : runners) r->Stop();
+}
+
 TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInAReceive) {
   InProcessFabric fabric(2);
   FakeLink link(/*stages=*/1);  // the barrier opens for the one runner here

@@ -6,6 +6,7 @@
 #include <memory>
 #include <set>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -922,6 +923,11 @@ std::string StageRuntime::current_instruction() const {
   return current_;
 }
 
+void StageRuntime::ShowActivity(std::string what) {
+  AnnotatedMutexLock lock(&status_mu_);
+  current_ = std::move(what);
+}
+
 Unit* StageRuntime::OwnedUnit(int index) {
   auto it = units_.find(index);
   return it == units_.end() ? nullptr : it->second.get();
@@ -1834,15 +1840,22 @@ absl::Status StageRuntime::PrepareOptimizerStep(int64_t iteration, IterationResu
   const TrainConfig& train = setup_.train;
   optimizer_.set_lr(LearningRate(train, optimizer_.steps_taken()));
   if (setup_.replicas == 1 && !dp_feedback_.empty()) AddRestoredFeedback();
+  const std::string step = current_instruction();
   if (setup_.replicas > 1) {
     // The all-reduce's time at the step (the wait for the overlapped
     // buckets, then the rest): its own phase, not the optimizer's.
+    ShowActivity(
+        absl::StrCat(step, ": all-reduce of the gradients over ", setup_.replicas, " replicas"));
     const auto start = Clock::now();
     const absl::Status reduced = AllReduceGradients(iteration, result);
     if (result != nullptr) result->phase_seconds["all_reduce"] += SecondsSince(start);
+    ShowActivity(step);
     RETURN_IF_ERROR(reduced);
   }
   if (!(train.grad_clip > 0)) return absl::OkStatus();
+  // The global norm below waits for every other stage's (and replica's).
+  ShowActivity(absl::StrCat(step, ": global gradient norm for clipping"));
+  absl::Cleanup shown = [&] { ShowActivity(step); };
   // Every parameter of the model in GptModel::parameters() order (the
   // head's tied copy of wte left out), and its squared-gradient sum: this
   // stage's own, the others' from their broadcasts. Three floats per

@@ -541,6 +541,11 @@ class StageRuntime {
   std::map<std::pair<int, int>, Tensor> eval_activations_;
   double eval_weighted_loss_ = 0;
   bool eval_has_loss_ = false;
+  // What current_instruction() shows: the instruction, or what inside it
+  // waits on other workers (the optimizer step's all-reduce over the
+  // replicas), so that an operator can tell "waiting for a replica" from
+  // "computing".
+  void ShowActivity(std::string what);
   mutable AnnotatedMutex status_mu_;
   std::string current_ ABSL_GUARDED_BY(status_mu_);
   // What the background sends sent since the last drain, by (peer stage,

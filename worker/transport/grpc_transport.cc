@@ -129,6 +129,12 @@ class FrameStream final : public StreamReactor {
     return stream;
   }
 
+  // Bytes of frames queued and not yet handed to gRPC.
+  int64_t queued_bytes() const {
+    AnnotatedMutexLock lock(&mu_);
+    return queued_bytes_;
+  }
+
   // Queues one tensor's frames behind the earlier ones; waits for room
   // (see GrpcTransportOptions::max_queued_bytes_per_peer).
   absl::Status Enqueue(std::vector<grpc::ByteBuffer> frames) {
@@ -430,6 +436,16 @@ class GrpcTransport::PeerLink {
     AnnotatedMutexLock send_lock(&send_mu_);  // Waits out a Send in progress.
   }
 
+  // What the current stream has queued for this peer (0 without one).
+  int64_t QueuedBytes() {
+    std::shared_ptr<FrameStream> stream;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      stream = stream_;
+    }
+    return stream == nullptr ? 0 : stream->queued_bytes();
+  }
+
   // GrpcTransport::Abort for this peer: no waiting here; Shutdown (the
   // owner's, later) closes the cancelled stream.
   void Abort() {
@@ -589,9 +605,10 @@ absl::StatusOr<WireTensor> GrpcTransport::RecvWire(int peer_stage, const TensorA
   if (shut_down_.load()) return absl::AbortedError("transport shut down");
   absl::StatusOr<WireTensor> wire = mailbox_->Take(peer_stage, address, timeout);
   if (absl::IsDeadlineExceeded(wire.status())) {
-    return absl::DeadlineExceededError(absl::StrCat(wire.status().message(), " (stage ", peer_stage,
-                                                    "'s data plane is at ",
-                                                    peer_addresses_[peer_stage], ")"));
+    return WithOwnQueuedSends(absl::DeadlineExceededError(absl::StrCat(
+                                  wire.status().message(), " (stage ", peer_stage,
+                                  "'s data plane is at ", peer_addresses_[peer_stage], ")")),
+                              peer_stage, links_[peer_stage]->QueuedBytes(), "in its gRPC stream");
   }
   return wire;
 }

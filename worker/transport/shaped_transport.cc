@@ -135,6 +135,19 @@ absl::Status ShapedTransport::Enqueue(int peer_stage, const TensorAddress& addre
   return absl::OkStatus();
 }
 
+absl::StatusOr<WireTensor> ShapedTransport::RecvWire(int peer_stage, const TensorAddress& address,
+                                                     absl::Duration timeout) {
+  absl::StatusOr<WireTensor> wire = inner_->RecvWire(peer_stage, address, timeout);
+  if (!absl::IsDeadlineExceeded(wire.status())) return wire;
+  int64_t queued = 0;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    auto it = links_.find(peer_stage);
+    if (it != links_.end() && it->second != nullptr) queued = it->second->queued_bytes;
+  }
+  return WithOwnQueuedSends(wire.status(), peer_stage, queued, "on its emulated link");
+}
+
 void ShapedTransport::Abort() {
   {
     AnnotatedMutexLock lock(&mu_);

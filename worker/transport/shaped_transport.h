@@ -86,10 +86,10 @@ class ShapedTransport final : public Transport {
   // memory traffic of its own (a collective's chunks are fresh copies).
   absl::Status SendWireOwned(int peer_stage, const TensorAddress& address,
                              WireTensor wire) override;
+  // The inner transport's; a timeout also says how much of this worker's
+  // own sends to that peer still wait on the emulated link.
   absl::StatusOr<WireTensor> RecvWire(int peer_stage, const TensorAddress& address,
-                                      absl::Duration timeout) override {
-    return inner_->RecvWire(peer_stage, address, timeout);
-  }
+                                      absl::Duration timeout) override;
 
   // Transport::Abort: drops every queued message, ends the Sends waiting
   // for room with ABORTED (and later ones), and aborts the inner transport.

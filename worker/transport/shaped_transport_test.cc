@@ -265,5 +265,27 @@ TEST(ShapedTransportTest, Abort_CutsTheEmulatedWaitShort) {
   EXPECT_TRUE(handed.wires.empty());
 }
 
+// A receive that times out while this worker's own sends to that peer
+// still wait on the emulated link says so: the slow side may be this one.
+TEST(ShapedTransportTest, RecvTimesOut_SaysWhatThisWorkerStillHoldsForThatPeer) {
+  InProcessFabric fabric(3);
+  // 1 byte/s: the 400-byte tensor stays on the link for minutes.
+  ShapedTransport worker(fabric.Connect(0), {1.0, absl::ZeroDuration()});
+  ASSERT_TRUE(worker.Send(1, {}, Tensor::Zeros({100})).ok());
+  TensorAddress a;
+  a.job_id = "j";
+  const absl::Status from_1 = worker.Recv(1, a, absl::Milliseconds(10)).status();
+  EXPECT_EQ(from_1.code(), absl::StatusCode::kDeadlineExceeded) << from_1;
+  EXPECT_NE(from_1.message().find("this worker's own sends to stage 1 still have 400 bytes "
+                                  "waiting on its emulated link"),
+            std::string::npos)
+      << from_1;
+  // Nothing held for stage 2: its timeout is the inner transport's alone.
+  const absl::Status from_2 = worker.Recv(2, a, absl::Milliseconds(10)).status();
+  EXPECT_EQ(from_2.code(), absl::StatusCode::kDeadlineExceeded) << from_2;
+  EXPECT_EQ(from_2.message().find("own sends"), std::string::npos) << from_2;
+  worker.Abort();
+}
+
 }  // namespace
 }  // namespace pipetrain

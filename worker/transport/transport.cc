@@ -93,6 +93,15 @@ absl::StatusOr<Tensor> DecodeWireTensorWith(const Codec& codec, const WireTensor
   return *std::move(decoded);
 }
 
+absl::Status WithOwnQueuedSends(absl::Status timed_out, int peer_stage, int64_t queued_bytes,
+                                absl::string_view where) {
+  if (queued_bytes <= 0 || !absl::IsDeadlineExceeded(timed_out)) return timed_out;
+  return absl::DeadlineExceededError(
+      absl::StrCat(timed_out.message(), "; this worker's own sends to stage ", peer_stage,
+                   " still have ", queued_bytes, " bytes waiting ", where,
+                   ", so the slow side may be this worker's link rather than that stage"));
+}
+
 absl::Status Transport::Send(int peer_stage, const TensorAddress& address, const Tensor& tensor) {
   return SendWire(peer_stage, address, WireTensor::Raw(tensor));
 }

@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/tensor.h"
 #include "kernels/compress/codec.h"
@@ -76,6 +77,15 @@ absl::StatusOr<Tensor> DecodeWireTensor(const WireTensor& wire, const std::strin
 // an encoded `wire`); the same errors but for the unknown spec.
 absl::StatusOr<Tensor> DecodeWireTensorWith(const Codec& codec, const WireTensor& wire,
                                             const std::string& what);
+
+// A receive's DEADLINE_EXCEEDED from `peer_stage` (`timed_out`), told
+// that this worker still holds `queued_bytes` of its own sends for that
+// peer (0: returned as it is). A worker whose own link is the slow one
+// waits for a peer that, in turn, waits for this worker's sends: without
+// this the message blames the peer ("slow, stalled or gone") when the
+// slow side may be this one.
+absl::Status WithOwnQueuedSends(absl::Status timed_out, int peer_stage, int64_t queued_bytes,
+                                absl::string_view where);
 
 class Transport {
  public:

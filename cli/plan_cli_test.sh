@@ -41,7 +41,7 @@ check tensor_no_worse_than_megatron 'j["cost"] <= j["fixed_scheme_costs"]["megat
 expect_exit tensor_cube_text 0 'vs cube' -- --tensor 8
 expect_exit tensor_too_small 2 '--tensor must be a group of >= 2 devices' -- --tensor 1
 expect_exit tensor_too_large 2 '--tensor 2147483647 is over 64 devices' -- --tensor 2147483647
-expect_exit tensor_negative_bandwidth 2 '--bandwidth-gbps, --latency-us and --memory-gib must be >= 0' \
+expect_exit tensor_negative_bandwidth 2 '--bandwidth-gbps -10 is outside [0, ' \
   -- --tensor 4 --bandwidth-gbps -10
 
 # Input files: a directory, or a file larger than any profile, is refused
@@ -262,7 +262,7 @@ expect_exit no_cluster 2 "give either --cluster or --workers" -- --profile "$TMP
 expect_exit both_clusters 2 "give either --cluster or --workers" -- --profile "$TMP/paper.json" \
   --workers 2 --cluster "$TMP/small.json"
 expect_exit bad_schedule 2 "unknown schedule 'zb'" -- "${P[@]}" --schedule zb
-expect_exit negative_bandwidth 2 "must be >= 0" -- "${P[@]}" --bandwidth-gbps -1
+expect_exit negative_bandwidth 2 "--bandwidth-gbps -1 is outside [0, " -- "${P[@]}" --bandwidth-gbps -1
 # -1 is the flag's "calibrate" sentinel, but only while unset.
 expect_exit negative_beta 2 "--distpar-beta must be >= 0, got -1" -- "${P[@]}" --data auto --distpar-beta -1
 
@@ -323,5 +323,40 @@ if ! grep -qF "solver steps" "$ERR"; then
 else
   fail within_budget_note "a plan within the budget got the note: $(head -c 400 "$ERR")"
 fi
+# Stages x micro-batches past the coordinator's budget: noted the same way.
+expect_exit over_micro_batch_budget 0 '"stages"' -- --layers 4 --workers 8 --micro-batches 4096 \
+  --solver uniform --json
+if grep -qF "8 stages x 4096 micro-batches = 32768, above the 16384 a coordinator plans for a job" \
+  "$ERR"; then
+  passed=$((passed + 1))
+else
+  fail over_micro_batch_budget_note "stderr lacks the budget note: $(head -c 400 "$ERR")"
+fi
+expect_exit within_micro_batch_budget 0 '"stages"' -- --layers 4 --workers 8 --micro-batches 2048 \
+  --solver uniform --json
+if ! grep -qF "micro-batches =" "$ERR"; then
+  passed=$((passed + 1))
+else
+  fail within_micro_batch_budget_note "a plan within the budget got the note: $(head -c 400 "$ERR")"
+fi
+
+# Real-valued flags are bounded as a --cluster file's numbers are, and
+# named (they once failed deep in the planner, or planned 0 s).
+expect_exit memory_huge 2 "--memory-gib 1e+308 is outside [0, " -- --layers 12 --workers 2 \
+  --memory-gib 1e308
+expect_exit bandwidth_huge 2 "--bandwidth-gbps 1e+308 is outside [0, " -- --layers 12 --workers 2 \
+  --bandwidth-gbps 1e308
+expect_exit bandwidth_tiny 2 "is below 1 byte/s" -- --layers 12 --workers 2 --bandwidth-gbps 1e-300
+expect_exit latency_huge 2 "--latency-us 1e+308 is outside [0, " -- --layers 12 --workers 2 \
+  --latency-us 1e308
+expect_exit gflops_huge 2 "--gflops 1e+308 is outside [1e-09, 1e+09]" -- --layers 12 --workers 2 \
+  --gflops 1e308
+expect_exit gflops_tiny 2 "--gflops 1e-308 is outside [1e-09, 1e+09]" -- --layers 12 --workers 2 \
+  --gflops 1e-308
+# --tensor-parallel's bound and divisibility are the command line's (exit 2).
+expect_exit tensor_parallel_over 2 "--tensor-parallel 65 is outside [0, 64]" -- --layers 2 \
+  --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 4 --data auto --tensor-parallel 65
+expect_exit tensor_parallel_divides 2 "--tensor-parallel 3 must divide --workers 4" -- --layers 2 \
+  --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 4 --data auto --tensor-parallel 3
 
 finish

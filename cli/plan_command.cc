@@ -18,6 +18,7 @@
 #include "coordinator/planner/acctfm.h"
 #include "coordinator/planner/data_parallel_layout.h"
 #include "coordinator/planner/job_layout.h"
+#include "coordinator/planner/planner.h"
 #include "coordinator/planner/profile.h"
 #include "coordinator/planner/solve_plan.h"
 #include "coordinator/planner/timeline_render.h"
@@ -334,6 +335,7 @@ constexpr std::pair<absl::string_view, absl::string_view> kSearchFlagNames[] = {
     {"spec.model.max_seq_len", "--seq-len"},
     {"spec.training.seq_len", "--seq-len"},
     {"spec.training.micro_batches", "--micro-batches"},
+    {"spec.training.batch_size", "--micro-batch-size x --micro-batches"},
     {"spec.parallelism.workers", "--workers"},  // or --cluster's count
     {"spec.parallelism.tensor", "--tensor-parallel"},
     {"spec.parallelism.solver", "--solver"},
@@ -460,12 +462,45 @@ absl::Status CheckPlanBounds(const PlanFlags& f) {
       {"--micro-batch-size", f.micro_batch_size, 1, kMaxBatchSize},
       {"--micro-batches", f.micro_batches, 1, kMaxMicroBatches},
       {"--workers", f.workers, 0, kMaxStages},  // 0: not given (--cluster)
+      // 0: auto (CountOrAuto); a job's spec.parallelism.tensor bound.
+      {"--tensor-parallel", f.tensor_parallel, 0, kMaxTensorParallel},
   };
   for (const auto& b : bounds) {
     if (b.value < b.low || b.value > b.high) {
       return absl::InvalidArgumentError(
           absl::StrCat(b.flag, " ", b.value, " is outside [", b.low, ", ", b.high, "]"));
     }
+  }
+  if (f.tensor_parallel > 1 && f.workers > 0 && f.workers % f.tensor_parallel != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--tensor-parallel ", f.tensor_parallel,
+                                                   " must divide --workers ", f.workers,
+                                                   " (each stage on T ranks)"));
+  }
+  // The numbers a --cluster or --profile file may hold (docs/formats.md):
+  // beyond them a plan's sums leave a double (1e308 made every cost
+  // infinite, or zero), and the failure came from deep in the planner
+  // without the flag's name. NaN fails every comparison here.
+  const struct {
+    const char* flag;
+    double value, low, high;
+    const char* unit;
+  } reals[] = {
+      {"--memory-gib", f.memory_gib, 0, 1e18 / (1ull << 30), "GiB (1e18 bytes)"},
+      {"--latency-us", f.latency_us, 0, 1e18 * 1e6, "us (1e18 s)"},
+      // 0 is unlimited; a link below 1 byte/s is refused as in a file.
+      {"--bandwidth-gbps", f.bandwidth_gbps, 0, 1e18 * 8 / 1e9, "Gbit/s (1e18 bytes/s)"},
+      // Analytic unit costs, FLOPs / rate, stay within a file's 1e18 s.
+      {"--gflops", f.gflops, 1e-9, 1e9, "GFLOP/s"},
+  };
+  for (const auto& r : reals) {
+    if (!(r.value >= r.low && r.value <= r.high)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(r.flag, " ", r.value, " is outside [", r.low, ", ", r.high, "] ", r.unit));
+    }
+  }
+  if (f.bandwidth_gbps > 0 && f.bandwidth_gbps * 1e9 / 8 < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--bandwidth-gbps ", f.bandwidth_gbps, " is below 1 byte/s (8e-09); give 0 for unlimited"));
   }
   return absl::OkStatus();
 }
@@ -588,10 +623,6 @@ int RunPlan(const std::vector<std::string>& args) {
     parsed = absl::InvalidArgumentError(absl::StrCat("--data ", f.data, " must divide --workers ",
                                                      f.workers, " (replicas of equal stages)"));
   }
-  if (parsed.ok() && (f.bandwidth_gbps < 0 || f.latency_us < 0 || f.memory_gib < 0)) {
-    parsed =
-        absl::InvalidArgumentError("--bandwidth-gbps, --latency-us and --memory-gib must be >= 0");
-  }
   if (parsed.ok() && f.tensor > kMaxTensorParallel) {
     parsed = absl::InvalidArgumentError(
         absl::StrCat("--tensor ", f.tensor, " is over ", kMaxTensorParallel,
@@ -696,6 +727,19 @@ int RunPlan(const std::vector<std::string>& args) {
                  "this may take minutes to hours (Ctrl-C stops it; solver pipedream or uniform "
                  "is fast)\n",
                  f.solver.c_str(), stages, profile->units.size(), steps, kMaxSolverSteps);
+  }
+  // The other half of the coordinator's budget (CheckPlanningBudget): the
+  // programs, the simulation and the drawings grow with stages x
+  // micro-batches (514 stages x 4096 took 100 s and 4 GB here).
+  const int64_t stage_micro_batches = int64_t{stages} * f.micro_batches;
+  if (stage_micro_batches > kMaxStageMicroBatches) {
+    std::fprintf(stderr,
+                 "pipetrain plan: %d stages x %d micro-batches = %lld, above the %lld a "
+                 "coordinator plans for a job (it refuses such jobs); the simulation's time "
+                 "and memory grow with it, so this may take minutes and gigabytes (Ctrl-C "
+                 "stops it; fewer, larger micro-batches plan faster)\n",
+                 stages, f.micro_batches, static_cast<long long>(stage_micro_batches),
+                 static_cast<long long>(kMaxStageMicroBatches));
   }
   absl::StatusOr<DataParallelLayout> layout = PlanDataParallel(*profile, *cluster, options);
   if (!layout.ok()) return fail(layout.status());

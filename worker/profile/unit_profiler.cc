@@ -19,6 +19,7 @@
 #include "common/tensor.h"
 #include "kernels/compress/codec_spec.h"
 #include "nlohmann/json.hpp"
+#include "spec/job_spec.h"
 #include "worker/agent/device_info.h"
 #include "worker/collectives/collectives.h"
 #include "worker/collectives/powersgd_all_reduce.h"
@@ -36,8 +37,12 @@ namespace {
 constexpr uint32_t kProfileTokenPurpose = 0x50524631;  // "PRF1"
 constexpr int64_t kBytesPerElement = 4;                // fp32 values, int32 token ids
 constexpr double kMaxTensorElements = std::numeric_limits<int32_t>::max();
-// Far beyond any real model; keeps NumUnits() = 2 * n_layer + 2 inside int.
-constexpr int kMaxProfileLayers = 1 << 20;
+// A job's bound (spec.model.n_layer), so that no profile is measured that
+// no job or plan could use (the planner takes 2 * 256 + 2 units at most);
+// and repetitions and warm-up runs far beyond any use (each repeats every
+// unit's passes: a billion kept a profile running for ever).
+constexpr int kMaxProfileLayers = kMaxLayers;
+constexpr int kMaxProfileRuns = 1000;
 constexpr int kDefaultVocabSize = 256;  // byte-level, as for a JobSpec
 
 // A ProfileRequest with defaults applied, validated.
@@ -97,7 +102,7 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::ProfileRequest& request) {
   if (absl::Status s = ValidateGptConfig(r.model); !s.ok()) return Invalid("model", s.message());
   if (r.model.n_layer > kMaxProfileLayers) {
     return Invalid("model", absl::StrCat("n_layer ", r.model.n_layer, " exceeds ",
-                                         kMaxProfileLayers, " (the unit count must fit an int)"));
+                                         kMaxProfileLayers, ", a job's spec.model.n_layer bound"));
   }
   if (r.seq_len > r.model.max_seq_len) {
     return Invalid("seq_len", absl::StrCat(r.seq_len, " must be <= request.model.max_seq_len ",
@@ -106,9 +111,12 @@ absl::StatusOr<ResolvedRequest> Resolve(const v1::ProfileRequest& request) {
   if (r.micro_batch_size < 1) {
     return Invalid("micro_batch_size", absl::StrCat("must be >= 1, got ", r.micro_batch_size));
   }
-  if (r.warmup < 0) return Invalid("warmup", absl::StrCat("must be >= 0, got ", r.warmup));
-  if (r.repetitions < 1) {
-    return Invalid("repetitions", absl::StrCat("must be >= 1, got ", r.repetitions));
+  if (r.warmup < 0 || r.warmup > kMaxProfileRuns) {
+    return Invalid("warmup", absl::StrCat("must be in [0, ", kMaxProfileRuns, "], got ", r.warmup));
+  }
+  if (r.repetitions < 1 || r.repetitions > kMaxProfileRuns) {
+    return Invalid("repetitions",
+                   absl::StrCat("must be in [1, ", kMaxProfileRuns, "], got ", r.repetitions));
   }
   RETURN_IF_ERROR(CheckTensorSizes(r));
   if (request.partitions_size() > 2) {

@@ -113,14 +113,14 @@ using ProfileProgressFn = std::function<absl::Status(int unit_index, const std::
 // Errors: INVALID_ARGUMENT whose message starts with the offending field:
 //   "request.model: ..."             the model shape fails ValidateGptConfig
 //                                     (the rest of the message names the size),
-//                                     n_layer > 2^20, or a parameter tensor
+//                                     n_layer > 256 (kMaxLayers), or a parameter tensor
 //                                     would exceed 2^31 - 1 elements;
 //   "request.seq_len: ..."           seq_len < 1 or > model.max_seq_len;
 //   "request.micro_batch_size: ..."  micro_batch_size < 1, or the largest
 //                                     tensor of a pass would exceed 2^31 - 1
 //                                     elements (the kernels index with int);
-//   "request.warmup: ..."            warmup < 0;
-//   "request.repetitions: ..."       repetitions < 0.
+//   "request.warmup: ..."            warmup < 0 or > 1000;
+//   "request.repetitions: ..."       repetitions < 0 or > 1000.
 // Nothing is allocated before the request is validated. A valid request can
 // still need more memory than the machine has (about the largest unit's
 // peak_memory_bytes at a time); that is not checked.

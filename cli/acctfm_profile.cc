@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "common/json_unique_keys.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 
@@ -112,12 +113,8 @@ json PassJson(const AccTfmPassResult& r) {
 }  // namespace
 
 absl::StatusOr<AccTfmProblem> ParseAccTfmProfileJson(const std::string& text) {
-  json root;
-  try {
-    root = json::parse(text);
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("not valid JSON: ", e.what()));
-  }
+  // A key given twice would otherwise have its last value win unseen.
+  ASSIGN_OR_RETURN(json root, ParseJsonUniqueKeys(text));
   if (!root.is_object()) return Invalid("(root)", "must be an object");
   RETURN_IF_ERROR(CheckKeys(root, {"layers", "allreduce"}, ""));
   if (!root.contains("layers") || !root["layers"].is_array() || root["layers"].empty()) {

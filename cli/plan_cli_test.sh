@@ -279,6 +279,10 @@ expect_exit acctfm_missing_field 1 "layers[0].fwd_seconds: missing" -- --profile
 sed 's/"algorithm": "ring"/"algorithm": 5/' "$TMP/acctfm.json" >"$TMP/acctfm_algorithm.json"
 expect_exit acctfm_algorithm_number 1 "allreduce.algorithm" -- \
   --profile "$TMP/acctfm_algorithm.json" --solver acctfm
+sed 's/"algorithm": "ring"/"algorithm": "ring", "algorithm": "tree"/' "$TMP/acctfm.json" \
+  >"$TMP/acctfm_twice.json"
+expect_exit acctfm_key_twice 1 'key "algorithm" given twice in one object' -- \
+  --profile "$TMP/acctfm_twice.json" --solver acctfm
 sed 's/"group_size": 4/"group_size": 1e12/' "$TMP/acctfm.json" >"$TMP/acctfm_group.json"
 expect_exit acctfm_group_size_huge 1 "allreduce.group_size" "[1, 65536]" -- \
   --profile "$TMP/acctfm_group.json" --solver acctfm

@@ -6,6 +6,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/json_unique_keys.h"
 #include "common/status_macros.h"
 #include "kernels/compress/codec_spec.h"
 #include "nlohmann/json.hpp"
@@ -69,11 +70,8 @@ absl::StatusOr<int> Count(const json& object, const std::string& key, const std:
   return static_cast<int>(value);
 }
 
-absl::StatusOr<json> Parse(const std::string& text) {
-  json j = json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("not valid JSON");
-  return j;
-}
+// A key given twice would otherwise have its last value win unseen.
+absl::StatusOr<json> Parse(const std::string& text) { return ParseJsonUniqueKeys(text); }
 
 // A name printed in plans and tables: 1 to `max_bytes` bytes without
 // control characters (an escape sequence in a file would act on the

@@ -139,8 +139,11 @@ TEST(ProfileTest, MakeBiPartitionProblem_FillsMemoryAndLatencyFields) {
 }
 
 TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
+  EXPECT_EQ(ParseProfileJson("{").status().message().rfind("not valid JSON: ", 0), 0u);
   const std::pair<const char*, const char*> cases[] = {
-      {"{", "not valid JSON"},
+      // The last of two would win unseen.
+      {R"({"micro_batch_size": 4, "micro_batch_size": 2, "units": [{}]})",
+       "key \"micro_batch_size\" given twice in one object"},
       {R"({"units": []})", "micro_batch_size: missing"},
       {R"({"micro_batch_size": 4, "units": []})", "units: must be a non-empty list"},
       {R"({"micro_batch_size": 2.5, "units": [{}]})", "micro_batch_size: must be an integer"},
@@ -176,6 +179,10 @@ TEST(ProfileTest, MalformedFiles_AreInvalidArgumentNamingTheField) {
             "workers[0].speed: must be a finite number > 0");
   EXPECT_EQ(ParseClusterJson(R"({"workers": []})").status().message(),
             "workers: must be a non-empty list");
+  EXPECT_EQ(ParseClusterJson(R"({"workers": [{"name": "x"}], "workers": [{"name": "y"}]})")
+                .status()
+                .message(),
+            "key \"workers\" given twice in one object");
   EXPECT_EQ(ParseClusterJson(R"({"workers": [{"cores": 8}]})").status().message(),
             "workers[0].cores: unknown field");
   EXPECT_EQ(ParseClusterJson(R"({"workers": [{}], "links_emulated": 1})").status().message(),

@@ -28,6 +28,13 @@ constexpr char kBadSession[] =
     "session credential not recognised: it is malformed, or its worker incarnation is not "
     "current (the coordinator restarted, or the worker registered again); register again";
 
+// What a heartbeat reports for a worker that runs no job: "idle", or
+// nothing (a worker that never reported one). A stage between steps says
+// "between steps", and one being stopped "stopping job J".
+bool IsIdleInstruction(const std::string& instruction) {
+  return instruction.empty() || instruction == "idle";
+}
+
 bool IsLive(v1::WorkerState state) {
   return state == v1::WORKER_STATE_JOINING || state == v1::WORKER_STATE_READY ||
          state == v1::WORKER_STATE_ASSIGNED;
@@ -248,6 +255,7 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   worker.set_drained(request.drained() || drain_kept);
   worker.clear_job_id();
   worker.clear_current_instruction();
+  entry.stopping = false;  // a new process runs nothing yet
   TouchLocked(entry, clock_->Now());
   SetStateLocked(entry, v1::WORKER_STATE_JOINING);
   // Start-up profiling will happen in JOINING; until then, straight on.
@@ -280,6 +288,7 @@ absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
   }
   TouchLocked(*entry, clock_->Now());
   entry->worker.set_current_instruction(request.current_instruction());
+  if (IsIdleInstruction(request.current_instruction())) entry->stopping = false;
   if (IsFreshNcclId(*entry, request.nccl_unique_id())) {
     entry->nccl_unique_id = request.nccl_unique_id();
   }
@@ -378,7 +387,9 @@ std::vector<std::string> WorkerRegistry::ReadyWorkers() const {
   AnnotatedMutexLock lock(&mu_);
   std::vector<std::string> ids;
   for (const auto& [number, entry] : workers_) {
-    if (entry.worker.state() == v1::WORKER_STATE_READY) ids.push_back(entry.worker.id());
+    if (entry.worker.state() == v1::WORKER_STATE_READY && !entry.stopping) {
+      ids.push_back(entry.worker.id());
+    }
   }
   return ids;
 }
@@ -463,6 +474,13 @@ void WorkerRegistry::Release(const std::string& job_id) {
     if (entry.worker.state() == v1::WORKER_STATE_ASSIGNED) {
       SetStateLocked(entry, v1::WORKER_STATE_READY);
       entry.worker.clear_job_id();
+      // Its last report was this job's work: until it says it is idle, it
+      // may be stopping still, or hung (heard from no more).
+      if (!IsIdleInstruction(entry.worker.current_instruction())) {
+        entry.stopping = true;
+        entry.worker.set_current_instruction(
+            absl::StrCat("stopping job ", job_id, " (no heartbeat since)"));
+      }
     } else if (entry.worker.state() == v1::WORKER_STATE_LOST ||
                entry.worker.state() == v1::WORKER_STATE_LEFT) {
       // Gone while in the job: now that it is released, its job and last

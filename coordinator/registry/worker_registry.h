@@ -230,7 +230,8 @@ class WorkerRegistry {
   std::vector<v1::Worker> List() const;
   // NOT_FOUND for an unknown id.
   absl::StatusOr<v1::Worker> Get(const std::string& worker_id) const;
-  // Ids of the READY workers, ordered by id number.
+  // Ids of the READY workers a job may be given, ordered by id number: not
+  // those still stopping their last job (see Release).
   std::vector<std::string> ReadyWorkers() const;
 
   // The worker's current NCCL unique id (see above); empty when it has none
@@ -253,8 +254,14 @@ class WorkerRegistry {
   //     with its state and job).
   absl::Status Assign(const std::vector<std::string>& worker_ids, const std::string& job_id);
   // Returns the job's ASSIGNED workers to READY and clears their job_id.
-  // LOST (and LEFT) workers lost from it stay so, their job_id and current
-  // instruction cleared: until then they show what they were doing.
+  // One whose last heartbeat reported an instruction of the job (not
+  // "idle") has yet to be heard stopping it: it is left out of
+  // ReadyWorkers, and shows "stopping job J (no heartbeat since)", until a
+  // heartbeat reports it idle (a live worker sends one as soon as its
+  // STOP is done). A worker that hangs is thus not given the next job
+  // before its lease runs out and marks it LOST. LOST (and LEFT) workers
+  // lost from the job stay so, their job_id and current instruction
+  // cleared: until then they show what they were doing.
   void Release(const std::string& job_id);
 
   // The staleness check: every live worker silent for longer than `lease`
@@ -299,6 +306,9 @@ class WorkerRegistry {
     std::string nccl_unique_id;    // current; empty: none
     std::string consumed_nccl_id;  // the last one consumed, any incarnation
     std::string session_secret;    // the current incarnation's (hex)
+    // Released from a job while its last report was one of that job's
+    // instructions, and no idle heartbeat since (see Release).
+    bool stopping = false;
   };
   struct Loss {
     std::string worker_id;

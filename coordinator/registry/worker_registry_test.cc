@@ -792,6 +792,40 @@ TEST(WorkerRegistryTest, Release_Job_AssignedBackToReadyLostStayLostWithoutTheJo
   EXPECT_EQ(workers[2].job_id(), "job-b");
 }
 
+// A worker released while its last report was the job's work is not
+// offered for the next job until a heartbeat says it is idle (a hung one
+// never does, and is LOST after its lease); one that reported nothing, or
+// idle, is offered at once.
+TEST(WorkerRegistryTest, Release_WorkerLastSeenWorking_NotReadyForAJobUntilHeardIdle) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (int n = 1; n <= 3; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1", "w-2", "w-3"}, "job-a").ok());
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1, "backward [0, 6) mb 0")).ok());
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-2", 1, "idle")).ok());  // its stage had finished
+  registry.Release("job-a");
+  EXPECT_EQ(StateOf(registry, "w-1"), v1::WORKER_STATE_READY);
+  EXPECT_EQ(registry.Get("w-1").value().current_instruction(),
+            "stopping job job-a (no heartbeat since)");
+  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-2", "w-3"));
+  // Still at the job's work (a heartbeat sent before the STOP arrived), or
+  // between its steps: not yet.
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1, "forward [0, 6) mb 1")).ok());
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1, "between steps")).ok());
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1, "stopping job job-a")).ok());
+  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-2", "w-3"));
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1, "idle")).ok());
+  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1", "w-2", "w-3"));
+
+  // A new process under the id runs nothing: offered at once.
+  ASSERT_TRUE(registry.Assign({"w-3"}, "job-b").ok());
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-3", 1, "recv ACTIVATION unit 1 mb 0 from stage 0")).ok());
+  registry.Release("job-b");
+  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1", "w-2"));
+  ASSERT_TRUE(registry.Register(Request(3)).ok());
+  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1", "w-2", "w-3"));
+}
+
 // ------------------------------------------------------------------ Queries
 
 TEST(WorkerRegistryTest, CountByState_MixedStates_EveryStateCounted) {

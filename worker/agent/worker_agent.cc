@@ -153,7 +153,10 @@ std::string WorkerAgent::worker_id() const {
 
 std::string WorkerAgent::current_instruction() const {
   AnnotatedMutexLock lock(&mu_);
-  return runner_ ? runner_->current_instruction() : "idle";
+  if (runner_) return runner_->current_instruction();
+  // "idle" tells the coordinator that a released worker may be given the
+  // next job (WorkerRegistry::Release): not while a stop still runs.
+  return stopping_job_.empty() ? "idle" : absl::StrCat("stopping job ", stopping_job_);
 }
 
 bool WorkerAgent::SleepUnlessStopped(absl::Duration d) {
@@ -352,10 +355,13 @@ void WorkerAgent::StopRunnerLocked() {
   {
     AnnotatedMutexLock lock(&mu_);
     runner = std::move(runner_);
+    if (runner) stopping_job_ = runner->assignment().job_id();
   }
   if (runner) {
     runner->Stop();
     data_plane_->ClearJob();
+    AnnotatedMutexLock lock(&mu_);
+    stopping_job_.clear();
   }
 }
 

@@ -182,6 +182,9 @@ class WorkerAgent {
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(1);
   grpc::ClientContext* watch_context_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::unique_ptr<JobRunner> runner_ ABSL_GUARDED_BY(mu_);
+  // The job of a runner being stopped (StopRunnerLocked), whose stop is
+  // not done: heartbeats say so instead of "idle".
+  std::string stopping_job_ ABSL_GUARDED_BY(mu_);
   // This worker's current NCCL id (empty: none), and whether an assignment
   // has carried it (then it is used up and a new one is made).
   std::string group_id_ ABSL_GUARDED_BY(mu_);

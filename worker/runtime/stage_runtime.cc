@@ -1101,8 +1101,10 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
         trace->instructions().empty() ? 0.0 : trace->instructions().rbegin()->end_seconds();
     trace->set_seconds(std::max(last_end, SecondsSince(start)));
   }
+  // Not "idle", which a heartbeat reports for a worker that runs no job
+  // (WorkerRegistry::Release waits for it).
   AnnotatedMutexLock lock(&status_mu_);
-  current_ = "idle";
+  current_ = kBetweenSteps;
   return result;
 }
 
@@ -1297,7 +1299,7 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
   }
   {
     AnnotatedMutexLock lock(&status_mu_);
-    current_ = "idle";
+    current_ = kBetweenSteps;
   }
   if (!eval_has_loss_) return std::optional<float>();
   return std::optional<float>(static_cast<float>(eval_weighted_loss_ / eval_windows_));

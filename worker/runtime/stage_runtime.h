@@ -63,6 +63,10 @@ namespace pipetrain {
 // in a checkpoint (8 x the compressed gradients at most).
 inline constexpr int kMaxFeedbackReplicasKept = 8;
 
+// StageRuntime::current_instruction() outside an iteration: the stage has a
+// job. Not "idle", which a worker reports when it runs no job at all.
+inline constexpr char kBetweenSteps[] = "between steps";
+
 struct StageSetup {
   std::string job_id;
   TrainConfig train;  // model shape, batch, micro-batches, AdamW, seed
@@ -330,6 +334,8 @@ class StageRuntime {
   // first send takes one whose shape fits.
   absl::Status Restore(const std::vector<UnitState>& units, int64_t optimizer_steps);
   // What the runtime is doing now, e.g. "recv ACTIVATION unit 3 mb 1 from stage 0".
+  // The instruction running, or kBetweenSteps before the first iteration
+  // and after each.
   std::string current_instruction() const;
 
  private:
@@ -547,7 +553,7 @@ class StageRuntime {
   // "computing".
   void ShowActivity(std::string what);
   mutable AnnotatedMutex status_mu_;
-  std::string current_ ABSL_GUARDED_BY(status_mu_);
+  std::string current_ ABSL_GUARDED_BY(status_mu_) = kBetweenSteps;
   // What the background sends sent since the last drain, by (peer stage,
   // tensor kind name): written by tasks on sends_, read after Drain.
   std::map<std::pair<int, std::string>, LinkStats> sent_stats_;

@@ -228,14 +228,29 @@ TEST(JobRunnerTest, UnavailableReports_SentAgain_OtherErrorsNot) {
   }
 }
 
-// A transport whose sends wait, as a gRPC send to a stalled peer does,
-// until Abort() (or a minute): then ABORTED. Counts its aborts in `aborts`.
-class StalledSends : public Transport {
+// A transport over `inner` that counts its aborts in `aborts`, and whose
+// sends, by `mode`:
+//   kDeliver      go to `inner`;
+//   kStall        wait, as a gRPC send to a stalled peer does, until
+//                 Abort() (or a minute): then ABORTED;
+//   kUndelivered  are queued at once and never delivered (a peer that
+//                 stalled): the destructor waits for them, as
+//                 GrpcTransport's shutdown lets each peer's queued frames
+//                 drain for a while, until Abort() (or a minute).
+class AbortCounting : public Transport {
  public:
-  StalledSends(std::unique_ptr<Transport> inner, std::atomic<int>* aborts)
-      : inner_(std::move(inner)), aborts_(aborts) {}
+  enum class Mode { kDeliver, kStall, kUndelivered };
+  AbortCounting(std::unique_ptr<Transport> inner, std::atomic<int>* aborts, Mode mode)
+      : inner_(std::move(inner)), aborts_(aborts), mode_(mode) {}
+  ~AbortCounting() override {
+    if (mode_ != Mode::kUndelivered) return;
+    std::unique_lock<std::mutex> lock(mu_);
+    changed_.wait_for(lock, std::chrono::seconds(60), [this] { return aborted_; });
+  }
   int stage() const override { return inner_->stage(); }
-  absl::Status SendWire(int, const TensorAddress&, const WireTensor&) override {
+  absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& wire) override {
+    if (mode_ == Mode::kDeliver) return inner_->SendWire(peer, address, wire);
+    if (mode_ == Mode::kUndelivered) return absl::OkStatus();
     std::unique_lock<std::mutex> lock(mu_);
     ++waiting_;
     changed_.notify_all();
@@ -247,11 +262,15 @@ class StalledSends : public Transport {
     return inner_->RecvWire(peer, address, timeout);
   }
   void Abort() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    aborted_ = true;
-    ++*aborts_;
-    changed_.notify_all();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborted_ = true;
+      ++*aborts_;
+      changed_.notify_all();
+    }
+    inner_->Abort();
   }
+  // kStall: whether a send waits (within 30 s).
   bool AwaitWaiting() {
     std::unique_lock<std::mutex> lock(mu_);
     return changed_.wait_for(lock, std::chrono::seconds(30), [this] { return waiting_ > 0; });
@@ -260,6 +279,7 @@ class StalledSends : public Transport {
  private:
   std::unique_ptr<Transport> inner_;
   std::atomic<int>* const aborts_;
+  const Mode mode_;
   std::mutex mu_;
   std::condition_variable changed_;
   int waiting_ = 0;
@@ -272,10 +292,11 @@ class StalledSends : public Transport {
 TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInASend) {
   InProcessFabric fabric(2);
   FakeLink link(/*stages=*/1);
-  std::atomic<StalledSends*> stalled{nullptr};
+  std::atomic<AbortCounting*> stalled{nullptr};
   std::atomic<int> aborts{0};
   auto factory = [&](int stage, const std::vector<std::string>&, const JobCredential&) {
-    auto t = std::make_unique<StalledSends>(fabric.Connect(stage), &aborts);
+    auto t = std::make_unique<AbortCounting>(fabric.Connect(stage), &aborts,
+                                             AbortCounting::Mode::kStall);
     stalled.store(t.get());
     return std::unique_ptr<Transport>(std::move(t));
   };
@@ -292,41 +313,6 @@ TEST(JobRunnerTest, Stop_AbortsARunnerBlockedInASend) {
   }
 }
 
-// A transport whose sends are queued at once and never delivered (a peer
-// that stalled): its destructor waits for them, as GrpcTransport's
-// shutdown lets each peer's queued frames drain for a while, until
-// Abort() (or a minute). Counts its aborts in `aborts`.
-class UndeliveredSends : public Transport {
- public:
-  UndeliveredSends(std::unique_ptr<Transport> inner, std::atomic<int>* aborts)
-      : inner_(std::move(inner)), aborts_(aborts) {}
-  ~UndeliveredSends() override {
-    std::unique_lock<std::mutex> lock(mu_);
-    changed_.wait_for(lock, std::chrono::seconds(60), [this] { return aborted_; });
-  }
-  int stage() const override { return inner_->stage(); }
-  absl::Status SendWire(int, const TensorAddress&, const WireTensor&) override {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
-                                      absl::Duration timeout) override {
-    return inner_->RecvWire(peer, address, timeout);
-  }
-  void Abort() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    aborted_ = true;
-    ++*aborts_;
-    changed_.notify_all();
-  }
-
- private:
-  std::unique_ptr<Transport> inner_;
-  std::atomic<int>* const aborts_;
-  std::mutex mu_;
-  std::condition_variable changed_;
-  bool aborted_ = false;
-};
-
 // A stage that fails (its receive times out) with sends queued for a
 // stalled peer aborts its transport before tearing it down: the queued
 // frames of a failed plan are of no use, and waiting for them (a minute
@@ -336,8 +322,8 @@ TEST(JobRunnerTest, FailedStage_AbortsItsQueuedSends) {
   FakeLink link(/*stages=*/1);  // the barrier opens for stage 0 alone
   std::atomic<int> aborts{0};
   auto factory = [&](int stage, const std::vector<std::string>&, const JobCredential&) {
-    return std::unique_ptr<Transport>(
-        std::make_unique<UndeliveredSends>(fabric.Connect(stage), &aborts));
+    return std::unique_ptr<Transport>(std::make_unique<AbortCounting>(
+        fabric.Connect(stage), &aborts, AbortCounting::Mode::kUndelivered));
   };
   // GPipe: stage 0 sends its activations and then waits for gradients
   // that never come: its receive fails after 200 ms.
@@ -355,35 +341,14 @@ TEST(JobRunnerTest, FailedStage_AbortsItsQueuedSends) {
 // Stages that complete leave their transports to deliver (a peer may
 // still be taking their last sends): no abort.
 TEST(JobRunnerTest, CompletedStages_DoNotAbortTheirTransports) {
-  class CountedAborts : public Transport {
-   public:
-    CountedAborts(std::unique_ptr<Transport> inner, std::atomic<int>* aborts)
-        : inner_(std::move(inner)), aborts_(aborts) {}
-    int stage() const override { return inner_->stage(); }
-    absl::Status SendWire(int peer, const TensorAddress& address, const WireTensor& t) override {
-      return inner_->SendWire(peer, address, t);
-    }
-    absl::StatusOr<WireTensor> RecvWire(int peer, const TensorAddress& address,
-                                        absl::Duration timeout) override {
-      return inner_->RecvWire(peer, address, timeout);
-    }
-    void Abort() override {
-      ++*aborts_;
-      inner_->Abort();
-    }
-
-   private:
-    std::unique_ptr<Transport> inner_;
-    std::atomic<int>* const aborts_;
-  };
   InProcessFabric fabric(2);
   FakeLink link;
   std::atomic<int> aborts{0};
   std::vector<std::unique_ptr<JobRunner>> runners;
   for (int s = 0; s < 2; ++s) {
     auto factory = [&](int stage, const std::vector<std::string>&, const JobCredential&) {
-      return std::unique_ptr<Transport>(
-          std::make_unique<CountedAborts>(fabric.Connect(stage), &aborts));
+      return std::unique_ptr<Transport>(std::make_unique<AbortCounting>(
+          fabric.Connect(stage), &aborts, AbortCounting::Mode::kDeliver));
     };
     runners.push_back(std::make_unique<JobRunner>(Assignment(s, 2, false, Schedule::kOneFOneB),
                                                   &fabric.mailbox(s), factory, &link,

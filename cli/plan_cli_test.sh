@@ -210,6 +210,7 @@ expect_exit tensor_search 0 "chosen by spec.parallelism.data 0 and tensor 0 (aut
 expect_exit tensor_search_json 0 '"layouts"' -- "${TP[@]}" --tensor-parallel auto --json
 check tensor_search_every_t 'sorted({l["tensor"] for l in j["layouts"]}) == [1, 2, 4]'
 check tensor_search_fastest 'j["predicted_step_seconds"] == min(l["step_seconds"] for l in j["layouts"])'
+check tensor_search_chosen '[(l["data"], l["stages"], l["tensor"]) for l in j["layouts"] if l["chosen"]] == [(j["data_parallel"], j["stages_per_replica"], j["tensor_parallel"])]'
 expect_exit tensor_search_fixed_t_json 0 '"layouts"' -- "${TP[@]}" --tensor-parallel 2 --json
 check tensor_search_fixed_t '{l["tensor"] for l in j["layouts"]} == {2} and j["not_tried"] == []'
 # GPT-2's vocabulary splits over no T: the line says so, and how to pad it.
@@ -246,6 +247,15 @@ expect_exit tensor_negative_seq_len 2 "--seq-len -32 is outside" -- \
 # A mode refuses the flags it would ignore.
 expect_exit tensor_with_svg 2 "--svg has no effect with --tensor" -- --tensor 2 --svg "$TMP/t.svg"
 expect_exit tensor_with_solver 2 "--solver has no effect with --tensor" -- --tensor 2 --solver auto
+# --gflops calibrates beta only with --bandwidth-gbps; --distpar-beta sets
+# it instead; a T not dividing d_model is no layout a job could run.
+expect_exit tensor_gflops_alone 2 "--gflops has no effect with --tensor without --bandwidth-gbps" \
+  -- --tensor 2 --gflops 5
+expect_exit tensor_beta_and_calibration 2 "--distpar-beta sets beta" -- --tensor 2 \
+  --distpar-beta 1 --gflops 5 --bandwidth-gbps 10
+expect_exit tensor_not_dividing 2 "--tensor 5 must divide --d-model 768" -- --tensor 5
+expect_exit acctfm_with_layers 2 "--layers has no effect with --solver acctfm" -- \
+  --profile "$TMP/paper.json" --solver acctfm --layers 3
 expect_exit tensor_search_with_svg 2 "--svg has no effect with --tensor-parallel" -- \
   --layers 2 --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 4 --data auto \
   --tensor-parallel auto --svg "$TMP/t.svg"
@@ -362,5 +372,24 @@ expect_exit tensor_parallel_over 2 "--tensor-parallel 65 is outside [0, 64]" -- 
   --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 4 --data auto --tensor-parallel 65
 expect_exit tensor_parallel_divides 2 "--tensor-parallel 3 must divide --workers 4" -- --layers 2 \
   --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 4 --data auto --tensor-parallel 3
+
+# auto names a solver that gave no plan, and why: here pipedream's
+# time-balanced cut puts u2's weights on worker a, over its memory, while
+# uniform and bipartition fit.
+cat >"$TMP/skip_profile.json" <<'JSON'
+{"micro_batch_size": 1, "units": [
+ {"name": "u0", "fwd_seconds": 0.5, "bwd_seconds": 0.5, "weight_bytes": 0, "activation_bytes": 0, "stash_bytes": 0},
+ {"name": "u1", "fwd_seconds": 0.5, "bwd_seconds": 0.5, "weight_bytes": 0, "activation_bytes": 0, "stash_bytes": 0},
+ {"name": "u2", "fwd_seconds": 0.5, "bwd_seconds": 0.5, "weight_bytes": 1000000, "activation_bytes": 0, "stash_bytes": 0},
+ {"name": "u3", "fwd_seconds": 1.5, "bwd_seconds": 1.5, "weight_bytes": 0, "activation_bytes": 0, "stash_bytes": 0}]}
+JSON
+echo '{"workers": [{"name": "a", "memory_bytes": 1000000}, {"name": "b"}]}' >"$TMP/skip_cluster.json"
+S=(--profile "$TMP/skip_profile.json" --cluster "$TMP/skip_cluster.json" --micro-batches 2)
+expect_exit skipped_pipedream_alone 1 "RESOURCE_EXHAUSTED: worker a would need" -- "${S[@]}" \
+  --solver pipedream
+expect_exit skipped_candidate 0 '"candidates_skipped"' -- "${S[@]}" --solver auto --json
+check skipped_candidate_named 'sorted(j["candidates"]) == ["bipartition", "uniform"] and list(j["candidates_skipped"]) == ["pipedream"] and j["candidates_skipped"]["pipedream"].startswith("RESOURCE_EXHAUSTED: worker a would need")'
+expect_exit skipped_candidate_text 0 "candidate pipedream    skipped: RESOURCE_EXHAUSTED: worker a" \
+  -- "${S[@]}" --solver auto
 
 finish

@@ -1,5 +1,6 @@
 #include "cli/plan_command.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <initializer_list>
 
@@ -191,6 +192,7 @@ void PrintPlan(const SolvedPlan& plan, const ClusterSpec& cluster, const ModelPr
     out["bubble_fraction"] = plan.simulation.bubble_fraction;
     out["solve_seconds"] = plan.solve_seconds;
     if (!plan.candidates.empty()) out["candidates"] = plan.candidates;
+    if (!plan.candidates_skipped.empty()) out["candidates_skipped"] = plan.candidates_skipped;
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
@@ -229,13 +231,21 @@ void PrintPlan(const SolvedPlan& plan, const ClusterSpec& cluster, const ModelPr
   for (const auto& [solver, seconds] : plan.candidates) {
     std::printf("  candidate %-12s predicted %.6g s\n", solver.c_str(), seconds);
   }
+  for (const auto& [solver, why] : plan.candidates_skipped) {
+    std::printf("  candidate %-12s skipped: %s\n", solver.c_str(), why.c_str());
+  }
   // With data parallelism a row is a stage: WORKER lists its replicas'
   // workers and ALL_REDUCE_S its simulated gradient all-reduce per step.
-  std::printf("%-10s %-12s %-12s %14s %8s%s\n", "WORKER", "FORWARD", "BACKWARD", "MEMORY_BYTES",
-              "BUSY_%", dp.show ? "  ALL_REDUCE_S" : "");
+  // As wide as the longest name (a stage's replicas, "w0,w4,w8,w12").
+  int name_width = 10;
+  for (size_t w = 0; w < plan.forward.size(); ++w) {
+    name_width = std::max(name_width, static_cast<int>(cluster.workers[w].name.size()));
+  }
+  std::printf("%-*s %-12s %-12s %14s %8s%s\n", name_width, "WORKER", "FORWARD", "BACKWARD",
+              "MEMORY_BYTES", "BUSY_%", dp.show ? "  ALL_REDUCE_S" : "");
   for (size_t w = 0; w < plan.forward.size(); ++w) {
     const double iteration = plan.simulation.iteration_seconds;
-    std::printf("%-10s %-12s %-12s %14.0f %8.1f", cluster.workers[w].name.c_str(),
+    std::printf("%-*s %-12s %-12s %14.0f %8.1f", name_width, cluster.workers[w].name.c_str(),
                 RangeText(plan.forward[w]).c_str(), RangeText(plan.backward[w]).c_str(),
                 plan.memory_bytes[w],
                 iteration > 0 ? 100 * plan.simulation.busy_seconds[w] / iteration : 0.0);
@@ -362,8 +372,9 @@ bool PrintJobLayoutSearch(const PlanFlags& f, const ModelProfile& profile,
   const v1::Plan& plan = choice->compiled.plan;
   if (f.json) {
     ordered_json j;
+    // The keys of --data's JSON where they mean the same (docs/formats.md).
     j["data_parallel"] = choice->resolved.data_parallel;
-    j["stages"] = choice->resolved.stages;
+    j["stages_per_replica"] = choice->resolved.stages;
     j["tensor_parallel"] = choice->resolved.tensor_parallel;
     j["predicted_step_seconds"] = plan.predicted_iteration_seconds();
     j["layouts"] = ordered_json::array();
@@ -377,6 +388,9 @@ bool PrintJobLayoutSearch(const PlanFlags& f, const ModelProfile& profile,
       } else {
         l["error"] = std::string(t.status.message());
       }
+      l["chosen"] = t.data_parallel == choice->resolved.data_parallel &&
+                    t.stages == choice->resolved.stages &&
+                    t.tensor_parallel == choice->resolved.tensor_parallel;
       j["layouts"].push_back(l);
     }
     j["not_tried"] = choice->tensor_not_tried;
@@ -521,6 +535,18 @@ absl::Status RejectIgnored(const FlagSet& flags, const char* mode,
 
 absl::Status CheckModeFlags(const FlagSet& flags, const PlanFlags& f) {
   if (f.tensor != 0) {
+    // --gflops and --bandwidth-gbps calibrate beta together; a beta given
+    // leaves nothing to calibrate.
+    if (flags.IsSet("distpar-beta") && (flags.IsSet("gflops") || flags.IsSet("bandwidth-gbps"))) {
+      return absl::InvalidArgumentError(
+          "--distpar-beta sets beta, which --gflops and --bandwidth-gbps would calibrate: give "
+          "one or the other");
+    }
+    if (flags.IsSet("gflops") && !(f.bandwidth_gbps > 0)) {
+      return absl::InvalidArgumentError(
+          "--gflops has no effect with --tensor without --bandwidth-gbps (together they "
+          "calibrate beta); give both, or leave it out");
+    }
     return RejectIgnored(flags, "--tensor (one block's layout)",
                          {"profile", "layers", "heads", "vocab", "attention", "write-profile",
                           "cluster", "workers", "latency-us", "memory-gib", "solver", "objective",
@@ -529,9 +555,10 @@ absl::Status CheckModeFlags(const FlagSet& flags, const PlanFlags& f) {
   if (f.solver == "acctfm") {
     return RejectIgnored(
         flags, "--solver acctfm (its profile holds the problem)",
-        {"d-model", "heads", "vocab", "seq-len", "micro-batch-size", "gflops", "attention",
-         "write-profile", "cluster", "workers", "bandwidth-gbps", "latency-us", "memory-gib",
-         "objective", "micro-batches", "schedule", "distpar-beta", "svg", "trace"});
+        {"layers",           "d-model",        "heads",        "vocab",         "seq-len",
+         "micro-batch-size", "gflops",         "attention",    "write-profile", "cluster",
+         "workers",          "bandwidth-gbps", "latency-us",   "memory-gib",    "objective",
+         "micro-batches",    "schedule",       "distpar-beta", "svg",           "trace"});
   }
   if (f.tensor_parallel != 1) {
     return RejectIgnored(flags, "--tensor-parallel (a table of layouts)",

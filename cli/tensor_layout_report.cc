@@ -45,6 +45,13 @@ absl::StatusOr<std::string> TensorLayoutReport(const TensorLayoutRequest& reques
     return absl::InvalidArgumentError(
         "--seq-len, --micro-batch-size and --d-model must be >= 1 for --tensor");
   }
+  // A split dimension (d_model, and the 3 and 4 x d_model of QKV and the
+  // MLP) is cut into T equal shares, as a job's tensor ranks cut it.
+  if (request.d_model % request.devices != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--tensor ", request.devices,
+                                                   " must divide --d-model ", request.d_model,
+                                                   " (each device takes an equal share)"));
+  }
   LayoutProblem problem;
   problem.layers = GptBlockLayers(request.tokens, request.d_model);
   problem.devices = request.devices;

@@ -153,6 +153,7 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
   if (options.solver != "auto") return SolveOne(options.solver, problem, profile, cluster, options);
   absl::StatusOr<SolvedPlan> best = absl::ResourceExhaustedError("no candidate plan");
   std::map<std::string, double> candidates;
+  std::map<std::string, std::string> skipped;
   double total_solve = 0;
   for (const char* solver : {"uniform", "pipedream", "bipartition"}) {
     absl::StatusOr<SolvedPlan> plan = SolveOne(solver, problem, profile, cluster, options);
@@ -160,6 +161,7 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
       // A baseline may not apply (more workers than units) or not fit.
       if (plan.status().code() == absl::StatusCode::kInvalidArgument ||
           plan.status().code() == absl::StatusCode::kResourceExhausted) {
+        skipped[solver] = plan.status().ToString();
         if (!best.ok()) best = plan.status();
         continue;
       }
@@ -173,6 +175,7 @@ absl::StatusOr<SolvedPlan> SolvePlan(const ModelProfile& profile, const ClusterS
   }
   if (best.ok()) {
     best->candidates = candidates;
+    best->candidates_skipped = std::move(skipped);
     best->solve_seconds = total_solve;
   }
   return best;

@@ -76,6 +76,10 @@ struct SolvedPlan {
   std::vector<v1::Program> programs;     // per worker
   SimulationResult simulation;           // predicted iteration, bubble, timeline
   std::map<std::string, double> candidates;  // auto: solver -> simulated seconds
+  // auto: the solvers that gave no candidate -> why (a plan over a worker's
+  // memory, more workers than units), so that a reader does not take a
+  // missing one for a slower one.
+  std::map<std::string, std::string> candidates_skipped;
   int data_parallel = 1;                     // options.data_parallel
   // Per worker: the simulated gradient all-reduce before its optimizer step
   // (simulation.all_reduce_seconds; all 0 when data_parallel == 1).

@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -790,6 +791,16 @@ int RunUp(const std::vector<std::string>& args) {
   if (!out_dir.ok()) {
     std::fprintf(stderr, "pipetrain up: %s\n", std::string(out_dir.status().message()).c_str());
     return kExitUsage;
+  }
+  // gRPC's own tracing (inherited by the coordinator and the workers)
+  // prints every call's metadata: the tokens and session credentials
+  // would land in the logs under --out.
+  if (const char* trace = std::getenv("GRPC_TRACE"); trace != nullptr && *trace != '\0') {
+    std::fprintf(stderr,
+                 "pipetrain up: GRPC_TRACE is set: gRPC's traces print each call's credentials "
+                 "(user token, worker session credentials) into the logs under %s; delete them "
+                 "after debugging\n",
+                 o.out.c_str());
   }
   auto coordinator = FindSiblingBinary("coordinator", "pipetrain-coordinator");
   auto worker = FindSiblingBinary("worker", "pipetrain-worker");

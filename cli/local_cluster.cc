@@ -148,6 +148,8 @@ SpawnOptions SpawnOptionsOf(const LocalClusterOptions& options) {
   SpawnOptions spawn;
   spawn.exit_with_parent = options.exit_with_parent;
   spawn.own_process_group = options.own_process_groups;
+  // The CLI's own user token (for some coordinator): no child reads it.
+  spawn.unset_environment = {"PIPETRAIN_TOKEN"};
   return spawn;
 }
 

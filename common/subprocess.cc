@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 extern char** environ;
 
@@ -48,15 +49,20 @@ std::string LastLine(const std::string& path) {
   return newline == std::string::npos ? tail : tail.substr(newline + 1);
 }
 
-// This process's environment with kExitWithParentVariable set to our pid
-// (any value it had replaced).
-std::vector<std::string> EnvironmentNamingThisParent() {
+// This process's environment without the `unset` variables, and with
+// kExitWithParentVariable set to our pid when `name_parent` (any value it
+// had removed either way).
+std::vector<std::string> ChildEnvironment(const std::vector<std::string>& unset, bool name_parent) {
   const std::string prefix = absl::StrCat(kExitWithParentVariable, "=");
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) {
-    if (!absl::StartsWith(*e, prefix)) env.emplace_back(*e);
+    const absl::string_view entry = *e;
+    const absl::string_view name = entry.substr(0, entry.find('='));
+    if (name_parent && absl::StartsWith(entry, prefix)) continue;
+    if (std::find(unset.begin(), unset.end(), name) != unset.end()) continue;
+    env.emplace_back(entry);
   }
-  env.push_back(absl::StrCat(prefix, getpid()));
+  if (name_parent) env.push_back(absl::StrCat(prefix, getpid()));
   return env;
 }
 
@@ -85,7 +91,7 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& arg
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),
-                                   O_WRONLY | O_CREAT | O_APPEND, 0644);
+                                   O_WRONLY | O_CREAT | O_APPEND, 0600);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   posix_spawnattr_t attributes;
   posix_spawnattr_init(&attributes);
@@ -97,16 +103,14 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& arg
   std::vector<char*> args;
   for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
   args.push_back(nullptr);
-  std::vector<std::string> env_strings;
+  std::vector<std::string> env_strings =
+      ChildEnvironment(options.unset_environment, options.exit_with_parent);
   std::vector<char*> env;
-  if (options.exit_with_parent) {
-    env_strings = EnvironmentNamingThisParent();
-    for (std::string& e : env_strings) env.push_back(e.data());
-    env.push_back(nullptr);
-  }
+  for (std::string& e : env_strings) env.push_back(e.data());
+  env.push_back(nullptr);
   pid_t pid = -1;
-  const int error = posix_spawn(&pid, argv[0].c_str(), &actions, &attributes, args.data(),
-                                options.exit_with_parent ? env.data() : environ);
+  const int error =
+      posix_spawn(&pid, argv[0].c_str(), &actions, &attributes, args.data(), env.data());
   posix_spawnattr_destroy(&attributes);
   posix_spawn_file_actions_destroy(&actions);
   if (error != 0) {

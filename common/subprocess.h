@@ -40,6 +40,10 @@ struct SpawnOptions {
   // then /dev/null (a background group reading the terminal would stop).
   // A parent killed outright cannot stop it: use exit_with_parent too.
   bool own_process_group = false;
+  // Variables of this process's environment the child does not get: a
+  // secret the child has no use for (the CLI's PIPETRAIN_TOKEN, a token for
+  // some other coordinator) stays out of its /proc/PID/environ.
+  std::vector<std::string> unset_environment;
 };
 
 // The child's side of SpawnOptions::exit_with_parent; call it first thing
@@ -53,8 +57,9 @@ void ExitWithParentIfAsked();
 
 class Subprocess {
  public:
-  // argv[0] is the program path. NOT_FOUND if it does not exist; INTERNAL if
-  // spawning fails (with strerror).
+  // argv[0] is the program path. The log is created mode 0600 (a child's
+  // log may hold what only its user should read). NOT_FOUND if the program
+  // does not exist; INTERNAL if spawning fails (with strerror).
   static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
                                           const std::string& log_path,
                                           const SpawnOptions& options = {});

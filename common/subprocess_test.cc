@@ -1,6 +1,7 @@
 #include "common/subprocess.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -150,6 +151,35 @@ TEST(SpawnTest, OwnProcessGroup_ChildLeadsItsOwnGroupReadingNothing) {
   std::stringstream text;
   text << std::ifstream(stdin_is).rdbuf();
   EXPECT_EQ(text.str(), "/dev/null\n");
+}
+
+// A child gets this process's environment but the variables named unset,
+// and its log is its user's alone (0600): it may hold what others must not
+// read.
+TEST(SpawnTest, UnsetEnvironment_LeftOutOfTheChildsLogPrivate) {
+  ASSERT_EQ(setenv("PIPETRAIN_SPAWN_TEST_SECRET", "hidden", 1), 0);
+  ASSERT_EQ(setenv("PIPETRAIN_SPAWN_TEST_KEPT", "kept", 1), 0);
+  const std::string done = TempPath("env.done");
+  const std::string log = TempPath("env.log");
+  SpawnOptions options;
+  options.unset_environment = {"PIPETRAIN_SPAWN_TEST_SECRET"};
+  auto child = Subprocess::Spawn(
+      {"/bin/sh", "-c",
+       "echo \"secret=${PIPETRAIN_SPAWN_TEST_SECRET-unset} kept=$PIPETRAIN_SPAWN_TEST_KEPT\"; "
+       "echo x > " +
+           done + "; exec sleep 600"},
+      log, options);
+  ASSERT_TRUE(child.ok()) << child.status();
+  ASSERT_TRUE(WaitForFile(done, absl::Seconds(60), &*child).ok());
+  child->Terminate(absl::Seconds(5));
+  std::stringstream text;
+  text << std::ifstream(log).rdbuf();
+  EXPECT_EQ(text.str(), "secret=unset kept=kept\n");
+  struct stat info;
+  ASSERT_EQ(stat(log.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600);
+  unsetenv("PIPETRAIN_SPAWN_TEST_SECRET");
+  unsetenv("PIPETRAIN_SPAWN_TEST_KEPT");
 }
 
 // Children that ignore SIGTERM share one grace period, then get SIGKILL;

@@ -38,6 +38,15 @@ inline std::string RandomToken() { return RandomHex(32); }
 // HMAC-SHA256 of `message` under `key` (RFC 2104), as 64 lowercase hex digits.
 std::string HmacSha256Hex(absl::string_view key, absl::string_view message);
 
+// What the coordinator presents to a worker's WorkerControl service: an
+// HMAC under the worker's session credential, not the credential itself.
+// The call goes to the worker's data-plane port, which has no TLS; a copy
+// read off the wire there is of no use at the coordinator, where only the
+// session credential acts for the worker.
+inline std::string WorkerControlCredential(absl::string_view session_credential) {
+  return HmacSha256Hex(session_credential, "pipetrain worker-control v1");
+}
+
 // SHA-256 of `data`, lowercase hex (64 characters): checkpoint files'
 // checksums (not a secret, but the same library).
 std::string Sha256Hex(absl::string_view data);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/annotated_mutex.h"
 #include "common/grpc_credentials.h"
+#include "common/secrets.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
 
 namespace pipetrain {
@@ -45,7 +46,7 @@ CancellableProfileFetcher MakeCancellableWorkerProfileFetcher(absl::Duration tim
     for (int attempt = 0;; ++attempt) {
       grpc::ClientContext context;
       context.set_deadline(absl::ToChronoTime(deadline));
-      AddBearer(context, session_token);
+      AddBearer(context, WorkerControlCredential(session_token));  // not the credential itself
       {
         AnnotatedMutexLock lock(&in_flight->mu);
         if (in_flight->cancelled) {

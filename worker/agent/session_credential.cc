@@ -18,12 +18,13 @@ std::string SessionCredential::Get() const {
 
 absl::Status SessionCredential::Check(absl::string_view authorization) const {
   const std::string current = Get();
-  if (!current.empty() && ConstantTimeEquals(BearerToken(authorization), current)) {
+  if (!current.empty() &&
+      ConstantTimeEquals(BearerToken(authorization), WorkerControlCredential(current))) {
     return absl::OkStatus();
   }
   return absl::UnauthenticatedError(
-      "WorkerControl is for this worker's coordinator only: present the worker's current "
-      "session credential as \"authorization: Bearer <token>\"");
+      "WorkerControl is for this worker's coordinator only: present WorkerControlCredential "
+      "of the worker's current session credential as \"authorization: Bearer <token>\"");
 }
 
 }  // namespace pipetrain

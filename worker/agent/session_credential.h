@@ -22,8 +22,10 @@ class SessionCredential {
   // "" before the first registration.
   std::string Get() const;
   // `authorization`: a call's "authorization" value. OK when it is "Bearer
-  // <the current credential>"; UNAUTHENTICATED otherwise (also before any
-  // registration, when there is no credential to match).
+  // <WorkerControlCredential(the current credential)>" (common/secrets.h:
+  // the credential itself does not cross the unencrypted data-plane port);
+  // UNAUTHENTICATED otherwise, the credential itself included (also before
+  // any registration, when there is no credential to match).
   absl::Status Check(absl::string_view authorization) const;
 
  private:

@@ -13,6 +13,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "common/grpc_server_limits.h"
+#include "common/secrets.h"
 #include "common/testing/holding_sync_service.h"
 #include "gtest/gtest.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
@@ -61,8 +62,9 @@ class Served {
   v1::WorkerControlService::Stub& stub() { return *stub_; }
   void StopControl() { control_.Stop(); }
 
-  // A context with the session credential (or `token` instead).
-  static std::unique_ptr<grpc::ClientContext> Context(const std::string& token = kToken) {
+  // A context with what the coordinator presents (or `token` instead).
+  static std::unique_ptr<grpc::ClientContext> Context(
+      const std::string& token = WorkerControlCredential(kToken)) {
     auto context = std::make_unique<grpc::ClientContext>();
     if (!token.empty()) context->AddMetadata("authorization", "Bearer " + token);
     context->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
@@ -90,7 +92,10 @@ TEST(WorkerControlServiceTest, WithTheSessionCredential_Profiles) {
 
 TEST(WorkerControlServiceTest, WithoutTheSessionCredential_Unauthenticated) {
   Served served;
-  for (const std::string token : {"", "some-other-token"}) {
+  // The session credential itself is not accepted: a copy of what crosses
+  // this (unencrypted) port must not be the credential.
+  for (const std::string token : {std::string(""), std::string("some-other-token"),
+                                  std::string(kToken), WorkerControlCredential("other")}) {
     v1::ModelProfile profile;
     const grpc::Status status =
         served.stub().Profile(Served::Context(token).get(), SmallRequest(), &profile);

@@ -22,8 +22,10 @@ absl::StatusOr<int> VerifyStreamOpen(absl::string_view job_id, int num_stages,
   if (job_id.empty()) {
     return absl::FailedPreconditionError("this worker runs no job; it accepts no frames");
   }
-  // Answered to a caller not yet authenticated: nothing about the job this
-  // worker runs (its id, its stages) goes back.
+  // Answered to a caller not yet authenticated: the job this worker runs
+  // (its id, its stages) is never named. Whether the id the caller named is
+  // that job does show (this answer, or the proof's below): job ids are no
+  // secret, and a sender of a plan that ended needs this answer to say why.
   if (sent_job != job_id) {
     return absl::FailedPreconditionError(
         absl::StrCat("stream for job \"", absl::CHexEscape(sent_job.substr(0, 64)),

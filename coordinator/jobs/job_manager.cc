@@ -315,10 +315,11 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
     ReapProfilersLocked();
     auto done = std::make_shared<std::atomic<bool>>(false);
     try {
-      std::thread thread([this, id = record.job.id(), key, address = workers[0].data_address(),
+      std::thread thread([this, id = record.job.id(), key, worker = workers[0].id(),
+                          address = workers[0].data_address(),
                           session = registry_->SessionToken(workers[0].id()).value_or(""), request,
                           done] {
-        FinishProfiling(id, key, request, fetcher_(address, session, request));
+        FinishProfiling(id, key, worker, request, fetcher_(address, session, request));
         done->store(true);
       });
       profilers_.push_back({std::move(thread), std::move(done)});
@@ -345,7 +346,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
 }
 
 void JobManager::FinishProfiling(const std::string& job_id, const std::string& key,
-                                 const v1::ProfileRequest& request,
+                                 const std::string& worker, const v1::ProfileRequest& request,
                                  const absl::StatusOr<v1::ModelProfile>& fetched) {
   {
     AnnotatedMutexLock lock(&mu_);
@@ -372,12 +373,27 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
         DropStoredProfiles(evicted);
       }
     } else if (record != nullptr) {
-      record->profile_error = profile.status().ToString();
-      PT_LOG(WARNING) << "job " << job_id << ": profiling failed: " << profile.status();
+      // A worker that left meanwhile (SIGTERM drains it, and its profile is
+      // cut short) says nothing about the model: another may profile it.
+      absl::StatusOr<v1::Worker> profiler = registry_->Get(worker);
+      const bool left = !profiler.ok() || IsDrainedLocked(*profiler) ||
+                        (profiler->state() != v1::WORKER_STATE_READY &&
+                         profiler->state() != v1::WORKER_STATE_ASSIGNED);
+      if (left && ++record->profile_attempts < kMaxProfileAttempts) {
+        PT_LOG(WARNING) << "job " << job_id << ": profiling on " << worker
+                        << " ended as that worker left (" << profile.status()
+                        << "); profiling again on another";
+      } else {
+        record->profile_error = profile.status().ToString();
+        PT_LOG(WARNING) << "job " << job_id << ": profiling failed: " << profile.status();
+      }
     }
     if (record != nullptr && record->job.state() == v1::JOB_STATE_PROFILING) {
       record->job.set_state(v1::JOB_STATE_QUEUED);
-      record->job.set_reason("profiled; waiting to be planned");
+      record->job.set_reason(profile.ok() || !record->profile_error.empty()
+                                 ? "profiled; waiting to be planned"
+                                 : absl::StrCat("waiting to be profiled again: ", worker,
+                                                " left while it profiled the model"));
       TouchLocked(*record);
     }
   }

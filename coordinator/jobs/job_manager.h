@@ -141,6 +141,9 @@ inline constexpr int kMaxLossHistory = 10000;
 // A job that recovers this many times in a row without completing a new
 // checkpoint FAILS (something fails deterministically, or keeps failing).
 inline constexpr int kMaxRecoveriesWithoutProgress = 3;
+// Profiles a job tries on workers that leave during them (JobManager::
+// FinishProfiling) before it plans on the analytic profile.
+inline constexpr int kMaxProfileAttempts = 3;
 // Plan versions kept in Job.plan_history (the newest).
 inline constexpr int kMaxPlanHistory = 100;
 // Separate covered ranges a tensor's uploaded chunks may form (a stage's
@@ -412,6 +415,9 @@ class JobManager {
     std::map<std::string, size_t> weights_index;
     std::map<std::string, CoveredRanges> weights_covered;
     std::string profile_error;  // why the measured profile could not be had
+    // Profiles that failed because their worker left (drained, stopped or
+    // lost meanwhile): tried again on another, up to kMaxProfileAttempts.
+    int profile_attempts = 0;
     // The profile the first plan used; re-plans reuse it (no profiling in
     // the middle of a recovery).
     std::optional<ModelProfile> profile;
@@ -522,12 +528,15 @@ class JobManager {
   bool ChooseProfileLocked(JobRecord& record, const std::vector<v1::Worker>& workers,
                            ModelProfile* profile, std::string* source, double* reference_gflops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes a worker's answer to `request`: cached (and saved) only if
-  // CheckWorkerProfile finds it fit for the job's model, else the job's
-  // profile_error and the analytic profile.
   // Joins the profile fetches that have ended.
   void ReapProfilersLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FinishProfiling(const std::string& job_id, const std::string& key,
+  // Takes `worker`'s answer to `request`: cached (and saved) only if
+  // CheckWorkerProfile finds it fit for the job's model, else the job's
+  // profile_error and the analytic profile; but a failure of a worker that
+  // has since been drained or left (its profile was cut short as it
+  // stopped) leaves the job to be profiled again on another worker, up to
+  // kMaxProfileAttempts times.
+  void FinishProfiling(const std::string& job_id, const std::string& key, const std::string& worker,
                        const v1::ProfileRequest& request,
                        const absl::StatusOr<v1::ModelProfile>& profile);
   absl::Status StartLocked(JobRecord& record, const std::vector<std::string>& workers)

@@ -1437,6 +1437,40 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   EXPECT_EQ(calls, 1);
 }
 
+// The worker profiling a job is drained (SIGTERM drains a worker, and its
+// profile is cut short as it stops): the failure says nothing about the
+// model, so another worker profiles it and the job plans on that measured
+// profile, not on the analytic estimate.
+TEST_F(JobManagerTest, ProfilingWorkerLeaves_AnotherProfilesTheModel) {
+  std::vector<std::string> asked;
+  absl::Notification release;
+  jobs_.SetProfileFetcher(
+      [&](const std::string& address, const std::string&,
+          const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
+        asked.push_back(address);
+        if (asked.size() > 1) return FakeProfile();
+        release.WaitForNotification();
+        return absl::UnavailableError("the worker is shutting down");
+      });
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002), w3 = AddWorker(7003);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_solver("bipartition");
+  spec.mutable_checkpoint()->set_interval_steps(5);
+  const std::string id = Submit(spec).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().reason(), "profiling the model on " + w1);
+  ASSERT_TRUE(jobs_.Drain(w1).ok());
+  release.Notify();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  EXPECT_EQ(asked, (std::vector<std::string>{"127.0.0.1:7001", "127.0.0.1:7002"}));
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING) << jobs_.Get(id).value().reason();
+  const v1::Plan plan = jobs_.GetPlan(id).value();
+  EXPECT_TRUE(absl::StartsWith(plan.profile_source(), "measured on cpu: by " + w2))
+      << plan.profile_source();
+}
+
 // A worker's profile is cached for every later job of the model on its
 // device kind, and stored: fields the coordinator does not know (up to the
 // 4 MiB reply) are not kept.

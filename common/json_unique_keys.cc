@@ -1,6 +1,7 @@
 #include "common/json_unique_keys.h"
 
 #include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/escaping.h"
@@ -20,12 +21,14 @@ absl::StatusOr<nlohmann::json> ParseJsonUniqueKeys(const std::string& text) {
       case json::parse_event_t::object_start:
         open.emplace_back();
         break;
-      case json::parse_event_t::key:
-        if (!open.empty() && !open.back().insert(parsed.get<std::string>()).second && !found) {
+      case json::parse_event_t::key: {
+        std::string key = parsed.get<std::string>();
+        if (!open.empty() && !open.back().insert(key).second && !found) {
           found = true;
-          twice = parsed.get<std::string>();
+          twice = std::move(key);
         }
         break;
+      }
       case json::parse_event_t::object_end:
         if (!open.empty()) open.pop_back();
         break;

@@ -49,9 +49,9 @@ std::string LastLine(const std::string& path) {
   return newline == std::string::npos ? tail : tail.substr(newline + 1);
 }
 
-// This process's environment without the `unset` variables, and with
-// kExitWithParentVariable set to our pid when `name_parent` (any value it
-// had removed either way).
+// This process's environment without the `unset` variables; with
+// `name_parent`, also with kExitWithParentVariable set to our pid (any
+// value it had replaced).
 std::vector<std::string> ChildEnvironment(const std::vector<std::string>& unset, bool name_parent) {
   const std::string prefix = absl::StrCat(kExitWithParentVariable, "=");
   std::vector<std::string> env;

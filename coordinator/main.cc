@@ -45,6 +45,7 @@
 #include "common/http_server.h"
 #include "common/logging.h"
 #include "common/ports_file.h"
+#include "common/process_hardening.h"
 #include "common/secrets.h"
 #include "common/serving_health.h"
 #include "common/status_macros.h"
@@ -101,6 +102,7 @@ struct Flags {
   std::string advertise_address;
   double leader_lease_seconds = 5;
   double shutdown_delay_seconds = 0;
+  bool allow_core_dumps = false;
 };
 
 // Flags and what is derived from them, validated.
@@ -165,6 +167,7 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
              "Kubernetes stop sending calls first; a second signal ends the wait");
   set.String("ports-file", &flags.ports_file,
              "after binding, write {\"grpc_port\": N, \"http_port\": M} here (atomically)");
+  set.Bool("allow-core-dumps", &flags.allow_core_dumps, kAllowCoreDumpsHelp);
   set.AddVersionFlag();
   RETURN_IF_ERROR(set.Parse(std::vector<std::string>(argv + 1, argv + argc)));
   help = set.help_requested() || set.version_requested();  // either way: print, exit 0
@@ -412,6 +415,8 @@ std::string JobIdEpoch() {
 absl::Status Configure(int argc, char** argv, Config& config, bool& help) {
   RETURN_IF_ERROR(ParseFlags(argc, argv, config.flags, help));
   if (help) return absl::OkStatus();
+  // Before the tokens are read (process_hardening.h).
+  if (!config.flags.allow_core_dumps) RETURN_IF_ERROR(ForbidCoreDumpsAndTracing());
   RETURN_IF_ERROR(ConfigureTokens(config.flags));
   RETURN_IF_ERROR(CheckOutputDir(config.flags.output_dir));
   RETURN_IF_ERROR(CheckStateDir(config.flags.state_dir, config.flags.output_dir));

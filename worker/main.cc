@@ -34,6 +34,7 @@
 #include "common/logging.h"
 #include "common/malloc_tuning.h"
 #include "common/ports_file.h"
+#include "common/process_hardening.h"
 #include "common/secrets.h"
 #include "common/serving_health.h"
 #include "common/stop_watchdog.h"
@@ -96,6 +97,7 @@ struct Flags {
   double stop_timeout_seconds = 20;
   std::string emulate_link;
   std::string device = "auto", gemm = "fp32", attention = "auto";
+  bool allow_core_dumps = false;
 };
 
 int Run(const std::vector<std::string>& args) {
@@ -151,12 +153,16 @@ int Run(const std::vector<std::string>& args) {
   flags.Double("stop-timeout-seconds", &f.stop_timeout_seconds,
                "on SIGTERM or SIGINT, after the drain: how long to wait for the job's stage to "
                "stop before exiting without it (exit code 5)");
+  flags.Bool("allow-core-dumps", &f.allow_core_dumps, kAllowCoreDumpsHelp);
   flags.AddVersionFlag();
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
   if (flags.version_requested()) {
     return std::printf("%s\n", VersionLine("pipetrain-worker").c_str()), 0;
   }
+  // Before the join token is read; main() has re-executed already, if at
+  // all (process_hardening.h).
+  if (parsed.ok() && !f.allow_core_dumps) parsed = ForbidCoreDumpsAndTracing();
   if (parsed.ok() && f.threads < 1) parsed = absl::InvalidArgumentError("--threads must be >= 1");
   // Each address with a port gRPC will not wrap: registration carries the
   // join token.

@@ -1071,6 +1071,9 @@ void PrintPlanSummary(const v1::Plan& plan) {
   for (const auto& [solver, seconds] : plan.candidates()) {
     std::printf("  candidate %-12s predicted %.4g s\n", solver.c_str(), seconds);
   }
+  for (const auto& [solver, why] : plan.candidates_skipped()) {
+    std::printf("  candidate %-12s skipped: %s\n", solver.c_str(), TerminalSafe(why).c_str());
+  }
   auto range = [](const v1::UnitRange& r) {
     return r.begin() == r.end() ? std::string("-") : absl::StrCat(r.begin(), "..", r.end() - 1);
   };

@@ -332,6 +332,8 @@ absl::StatusOr<CompiledPlan> PlanJob(const ResolvedJobSpec& r, const std::string
   plan.set_chrome_trace_json(ChromeTraceJson(solved.simulation, names));
   for (const auto& [solver, seconds] : solved.candidates)
     (*plan.mutable_candidates())[solver] = seconds;
+  for (const auto& [solver, why] : solved.candidates_skipped)
+    (*plan.mutable_candidates_skipped())[solver] = why;
   return out;
 }
 

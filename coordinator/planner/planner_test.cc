@@ -128,6 +128,39 @@ TEST(PlanJobTensorPartitions, FixedCountSplitsOnlyBlockUnits) {
   }
 }
 
+// Solver auto: the plan names each solver it tried with its prediction,
+// and each one that gave no plan with the reason, so a user reading GET
+// /plan learns why pipedream is missing. Here pipedream's time-balanced cut
+// (units 0-4 | 5) puts unit 3's weights on w0, over its memory; uniform
+// (0-2 | 3-5) and bipartition fit.
+TEST(PlanJobAuto, NamesTheSolversItSkippedAndWhy) {
+  v1::JobSpec spec = SmallSpec(2, 2);
+  spec.mutable_parallelism()->set_solver("auto");
+  const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  ModelProfile profile = AnalyticProfile(job.train.model, job.train.seq_len,
+                                         job.train.batch_size / job.train.micro_batches, 1e10);
+  ASSERT_EQ(profile.units.size(), 6u);  // embed, 2 x (attention, MLP), head
+  for (size_t u = 0; u < profile.units.size(); ++u) {
+    UnitProfile& unit = profile.units[u];
+    unit.fwd_seconds = unit.bwd_seconds = u == 5 ? 2.5 : 0.5;
+    unit.weight_bytes = u == 3 ? 1e6 : 0;
+    unit.activation_bytes = unit.stash_bytes = unit.optimizer_seconds = 0;
+  }
+  ClusterSpec cluster = testing::TestCluster(2, 0, 0);
+  cluster.workers[0].memory_bytes = 1e6;
+  absl::StatusOr<CompiledPlan> plan = PlanJob(job, "job", 1, profile, cluster, "analytic");
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::Plan& p = plan->plan;
+  EXPECT_EQ(p.candidates_size(), 2);
+  EXPECT_TRUE(p.candidates().contains("uniform"));
+  EXPECT_TRUE(p.candidates().contains("bipartition"));
+  ASSERT_EQ(p.candidates_skipped_size(), 1);
+  ASSERT_TRUE(p.candidates_skipped().contains("pipedream"));
+  EXPECT_TRUE(absl::StartsWith(p.candidates_skipped().at("pipedream"),
+                               "RESOURCE_EXHAUSTED: worker w0 would need"))
+      << p.candidates_skipped().at("pipedream");
+}
+
 TEST(PlanJobCompression, CompressedSendsShortenThePrediction) {
   v1::JobSpec spec = SmallSpec(2, 4);
   absl::StatusOr<CompiledPlan> raw = PlanOnSlowLinks(spec);

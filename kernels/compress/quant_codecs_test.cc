@@ -125,6 +125,20 @@ TEST_P(QuantCodecTest, RoundTrip_ManyShapesAndInputs_WithinBoundAndDocumentedSiz
       ASSERT_TRUE(payload.ok()) << payload.status();
       ASSERT_EQ(static_cast<int64_t>(payload->size()), codec->EncodedBytes(shape));
       ASSERT_EQ(codec->EncodedBytes(shape), DocumentedBytes(spec, shape));
+      // The bound below is half the step the payload carries, so the step
+      // itself must be the header's: linear eq. (4), computed in double and
+      // stored as float32; piecewise M = max|R|. An encoder with too few
+      // levels would otherwise pass with its own coarser step.
+      if (spec.kind == Kind::kLinear || spec.kind == Kind::kPiecewise) {
+        double max_abs = 0;
+        for (int64_t i = 0; i < x.numel(); ++i)
+          max_abs = std::max(max_abs, std::fabs(double{x[i]}));
+        const double want =
+            spec.kind == Kind::kLinear ? max_abs / ((int64_t{1} << (spec.bits - 1)) - 1) : max_abs;
+        ASSERT_EQ(PayloadF32(*payload, HeaderBytes(static_cast<int>(shape.size())) + 1),
+                  static_cast<float>(want))
+            << ShapeToString(shape) << " family " << family;
+      }
       auto y = codec->Decode(*payload);
       ASSERT_TRUE(y.ok()) << y.status();
       ASSERT_EQ(y->shape(), shape);
@@ -275,6 +289,22 @@ TEST(QuantCodecs, LinearEncode_Extremes_ExactAtMaxAndSymmetric) {
   EXPECT_EQ(y[0], 4.0f);
   EXPECT_EQ(y[1], -4.0f);
   EXPECT_EQ(y[2], 0.0f);
+}
+
+// Every decoded value pinned, from eq. (4)-(5) by hand: bits 3, max|R| 3,
+// so step = 3 / (2^2 - 1) = 1 and q = round(val) in -3..3; and bits 4,
+// max|R| 14, so step = 14 / 7 = 2 and q = round(val / 2) in -7..7.
+TEST(QuantCodecs, LinearCodes_MatchEquationsFourAndFive) {
+  auto three = *MakeLinearCodec(3);
+  const std::vector<float> in3 = {0.4f, 0.6f, 1.4f, 1.6f, -2.6f, 3.0f, -3.0f, -0.4f};
+  const std::vector<float> want3 = {0.0f, 1.0f, 1.0f, 2.0f, -3.0f, 3.0f, -3.0f, -0.0f};
+  EXPECT_EQ((*three->Decode(*three->Encode(Tensor::FromVector({8}, in3), nullptr))).ToVector(),
+            want3);
+  auto four = *MakeLinearCodec(4);
+  const std::vector<float> in4 = {14.0f, -14.0f, 0.9f, 1.1f, 5.2f, -12.9f, 13.1f};
+  const std::vector<float> want4 = {14.0f, -14.0f, 0.0f, 2.0f, 6.0f, -12.0f, 14.0f};
+  EXPECT_EQ((*four->Decode(*four->Encode(Tensor::FromVector({7}, in4), nullptr))).ToVector(),
+            want4);
 }
 
 TEST(QuantCodecs, PiecewiseLevels_N2_MatchPaperGrid) {

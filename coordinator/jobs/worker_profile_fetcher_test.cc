@@ -6,8 +6,10 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/annotated_mutex.h"
+#include "common/secrets.h"
 #include "gtest/gtest.h"
 #include "proto/pipetrain/v1/profile.grpc.pb.h"
 
@@ -19,8 +21,14 @@ namespace {
 class RefusingWorkerControl final : public v1::WorkerControlService::Service {
  public:
   explicit RefusingWorkerControl(int refusals) : refusals_(refusals) {}
-  grpc::Status Profile(grpc::ServerContext*, const v1::ProfileRequest*,
+  grpc::Status Profile(grpc::ServerContext* context, const v1::ProfileRequest*,
                        v1::ModelProfile* profile) override {
+    {
+      AnnotatedMutexLock lock(&mu_);
+      const auto [begin, end] = context->client_metadata().equal_range("authorization");
+      for (auto it = begin; it != end; ++it)
+        authorizations_.emplace_back(it->second.data(), it->second.size());
+    }
     if (calls_.fetch_add(1) < refusals_) {
       return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "no session yet");
     }
@@ -28,10 +36,17 @@ class RefusingWorkerControl final : public v1::WorkerControlService::Service {
     return grpc::Status::OK;
   }
   int calls() const { return calls_.load(); }
+  // Every call's authorization header values, in order.
+  std::vector<std::string> authorizations() {
+    AnnotatedMutexLock lock(&mu_);
+    return authorizations_;
+  }
 
  private:
   const int refusals_;
   std::atomic<int> calls_{0};
+  AnnotatedMutex mu_;
+  std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);
 };
 
 struct Served {
@@ -55,6 +70,11 @@ TEST(WorkerProfileFetcherTest, AsksAgainWhileTheWorkerHasNoSession) {
   ASSERT_TRUE(profile.ok()) << profile.status();
   EXPECT_EQ(profile->units_size(), 1);
   EXPECT_EQ(worker.service.calls(), 3);
+  // Each call presents the HMAC of the session credential, never the
+  // credential itself: the worker's data-plane port has no TLS
+  // (secrets.h, WorkerControlCredential).
+  const std::string hmac = HmacSha256Hex("token", "pipetrain worker-control v1");
+  EXPECT_EQ(worker.service.authorizations(), std::vector<std::string>(3, "Bearer " + hmac));
 }
 
 TEST(WorkerProfileFetcherTest, GivesUpAfterTheRetries) {

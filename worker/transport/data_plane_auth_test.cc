@@ -1,5 +1,6 @@
 #include "worker/transport/data_plane_auth.h"
 
+#include "common/secrets.h"
 #include "gtest/gtest.h"
 
 namespace pipetrain {
@@ -15,6 +16,15 @@ TEST(DataPlaneAuthTest, RightProof_ReturnsTheStage) {
   EXPECT_EQ(*stage, 2);
 }
 
+// The message the header documents, computed apart from StreamProof: a
+// sender built elsewhere can rely on it.
+TEST(DataPlaneAuthTest, Proof_IsTheDocumentedHmac) {
+  EXPECT_EQ(StreamProof(kSecret, "job-x-1", 2),
+            HmacSha256Hex(kSecret, "pipetrain-dataplane-v1|job-x-1|2"));
+  EXPECT_EQ(StreamProof(kSecret, "job-x-1", 12),
+            HmacSha256Hex(kSecret, "pipetrain-dataplane-v1|job-x-1|12"));
+}
+
 TEST(DataPlaneAuthTest, WrongProofStageOrJob_Refused) {
   const std::string proof = StreamProof(kSecret, "job-x-1", 2);
   // The proof of stage 2 does not open a stream as stage 1; other secrets
@@ -28,6 +38,12 @@ TEST(DataPlaneAuthTest, WrongProofStageOrJob_Refused) {
             absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(VerifyStreamOpen("job-x-1", 4, kSecret, "job-x-1", "2", "").status().code(),
             absl::StatusCode::kUnauthenticated);
+  // A proof made for another job under the same secret, sent as this job's.
+  EXPECT_EQ(
+      VerifyStreamOpen("job-x-1", 4, kSecret, "job-x-1", "2", StreamProof(kSecret, "job-x-2", 2))
+          .status()
+          .code(),
+      absl::StatusCode::kUnauthenticated);
   // Stage 2's own proof, but not the canonical "2".
   for (const char* stage : {"", "-1", "4", "x", " 2", "+2", "02", "2 "}) {
     EXPECT_EQ(VerifyStreamOpen("job-x-1", 4, kSecret, "job-x-1", stage, proof).status().code(),

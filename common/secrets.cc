@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <fstream>
 #include <iterator>
+#include <memory>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -41,6 +42,18 @@ std::string Sha256Hex(absl::string_view data) {
   unsigned char digest[EVP_MAX_MD_SIZE];
   unsigned int length = 0;
   PT_CHECK(EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) == 1);
+  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), length));
+}
+
+std::string Sha256HexOfPieces(const std::vector<absl::string_view>& pieces) {
+  std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context(EVP_MD_CTX_new(), EVP_MD_CTX_free);
+  PT_CHECK(context != nullptr && EVP_DigestInit_ex(context.get(), EVP_sha256(), nullptr) == 1);
+  for (absl::string_view piece : pieces) {
+    PT_CHECK(EVP_DigestUpdate(context.get(), piece.data(), piece.size()) == 1);
+  }
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int length = 0;
+  PT_CHECK(EVP_DigestFinal_ex(context.get(), digest, &length) == 1);
   return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), length));
 }
 

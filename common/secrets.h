@@ -12,6 +12,7 @@
 #define PIPETRAIN_COMMON_SECRETS_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -50,6 +51,10 @@ inline std::string WorkerControlCredential(absl::string_view session_credential)
 // SHA-256 of `data`, lowercase hex (64 characters): checkpoint files'
 // checksums (not a secret, but the same library).
 std::string Sha256Hex(absl::string_view data);
+
+// SHA-256 of the concatenation of `pieces`, without concatenating them
+// (a training checkpoint's tensors: gigabytes).
+std::string Sha256HexOfPieces(const std::vector<absl::string_view>& pieces);
 
 // Whether every user of this machine may read the file at `path` (its
 // mode has o+r); false when it cannot be stat'ed.

@@ -48,6 +48,17 @@ TEST(HmacSha256HexTest, Rfc4231Vectors_Match) {
             "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843");
 }
 
+// FIPS 180-2's "abc" and empty-message digests, whole and in pieces.
+TEST(Sha256HexTest, KnownDigests_WholeAndInPieces) {
+  const std::string abc = "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad";
+  const std::string empty = "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
+  EXPECT_EQ(Sha256Hex("abc"), abc);
+  EXPECT_EQ(Sha256HexOfPieces({"a", "", "bc"}), abc);
+  EXPECT_EQ(Sha256HexOfPieces({"abc"}), abc);
+  EXPECT_EQ(Sha256Hex(""), empty);
+  EXPECT_EQ(Sha256HexOfPieces({}), empty);
+}
+
 // A token or key file: readable by others is what the warning is about;
 // owner- or group-only (a Kubernetes Secret volume's 0440) is not.
 TEST(ReadableByOthersTest, ModesOfTheFile) {

@@ -4,6 +4,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "worker/model/weights_io.h"
 
@@ -13,6 +15,22 @@ namespace {
 constexpr char kFormat[] = "pipetrain-checkpoint";
 constexpr char kMomentM[] = "optimizer.m.";
 constexpr char kMomentV[] = "optimizer.v.";
+// Version 2 adds data_sha256; version 1 files (without it) still resume.
+constexpr char kVersion[] = "2";
+constexpr char kDataSha256[] = "data_sha256";
+
+// SHA-256 of the tensors' fp32 bytes in order: the file's data buffer, as
+// WriteSafetensors lays it out (contiguous, in the order given) and
+// ReadSafetensors returns it (ascending offsets).
+std::string DataSha256(const std::vector<NamedTensor>& tensors) {
+  std::vector<absl::string_view> pieces;
+  pieces.reserve(tensors.size());
+  for (const NamedTensor& t : tensors) {
+    pieces.emplace_back(reinterpret_cast<const char*>(t.tensor.data()),
+                        static_cast<size_t>(t.tensor.numel()) * sizeof(float));
+  }
+  return Sha256HexOfPieces(pieces);
+}
 
 // Metadata fields that must match between the checkpoint and the trainer.
 std::vector<std::pair<std::string, std::string>> IdentityFields(const TrainConfig& c) {
@@ -73,7 +91,8 @@ absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer) {
   }
   const std::vector<NamedTensor> tensors = ParameterValues(ParameterPointers(host));
   SafetensorsMetadata meta = {{"format", kFormat},
-                              {"version", "1"},
+                              {"version", kVersion},
+                              {kDataSha256, DataSha256(tensors)},
                               {"step", absl::StrCat(trainer.step())},
                               {"data_cursor", absl::StrCat(trainer.step())},
                               {"lr", absl::StrCat(c.adam.lr)},
@@ -91,7 +110,7 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer) {
     auto it = contents.metadata.find(key);
     return it == contents.metadata.end() ? std::string() : it->second;
   };
-  if (meta("format") != kFormat || meta("version") != "1") {
+  if (meta("format") != kFormat || (meta("version") != "1" && meta("version") != kVersion)) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, ": not a pipetrain checkpoint (format '", meta("format"), "', version '",
         meta("version"), "'); to start from plain weights use --init-from"));
@@ -102,6 +121,17 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer) {
           path, ": checkpoint has ", key, "=", meta(key), " but this run has ", key, "=", mine,
           "; pass the checkpoint's value"));
     }
+  }
+  // A flipped bit in the values would otherwise resume silently from
+  // weights that were never trained (the structure checks below see only
+  // names, shapes and finiteness).
+  if (meta("version") == "1") {
+    PT_LOG(WARNING) << path << ": a version 1 checkpoint has no data checksum; resuming "
+                    << "without verifying its values";
+  } else if (DataSha256(contents.tensors) != meta(kDataSha256)) {
+    return absl::DataLossError(
+        absl::StrCat(path, ": its tensors' bytes do not match the checksum it was written with (",
+                     kDataSha256, "): the file was damaged or changed after it was saved"));
   }
   int64_t step = 0;
   if (!absl::SimpleAtoi(meta("step"), &step) || step < 0) {

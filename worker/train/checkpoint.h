@@ -3,7 +3,8 @@
 // One safetensors file holds the model parameters under their Hugging Face
 // names (so the file also loads as plain GPT-2 weights), the AdamW moments
 // as "optimizer.m.<name>" / "optimizer.v.<name>", and in __metadata__:
-//   format=pipetrain-checkpoint, version=1, step (optimizer steps taken),
+//   format=pipetrain-checkpoint, version=2, data_sha256 (SHA-256 of the data
+//   buffer, lowercase hex), step (optimizer steps taken),
 //   data_cursor (next iteration of the data order), seed, the model shape
 //   (vocab_size, max_seq_len, n_layer, n_head, d_model) and the AdamW
 //   hyperparameters in force when it was written.
@@ -21,7 +22,9 @@ namespace pipetrain {
 absl::Status SaveCheckpoint(const std::string& path, LocalTrainer& trainer);
 
 // Restores parameters, moments and step into `trainer`, all or nothing.
-// Errors: NOT_FOUND (no file); INVALID_ARGUMENT when the file is not a
+// Errors: NOT_FOUND (no file); DATA_LOSS when the tensors' bytes do not
+// match data_sha256 (version 1 files, which have none, are restored with a
+// warning); INVALID_ARGUMENT when the file is not a
 // pipetrain checkpoint, its data_cursor is not its step (the sample order
 // continues at the step), or a tensor is missing, mis-shaped or not
 // finite (named);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 
 #include "common/safetensors.h"
@@ -168,6 +169,56 @@ TEST(LocalTrainerTest, Restore_DataCursorOtherThanStep_IsInvalidArgument) {
                                   ": data_cursor '7' differs from step 2; a checkpoint "
                                   "continues the sample order at its step");
   EXPECT_EQ(resumed->step(), 0);
+}
+
+// One flipped bit among the values keeps the file's structure (names,
+// shapes, finite numbers) but not its checksum: DATA_LOSS, and the
+// trainer keeps what it had.
+TEST(LocalTrainerTest, Restore_FlippedBitInAValue_IsDataLossAndChangesNothing) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  RunSteps(*trainer, 2);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/flipped.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  {
+    std::fstream file(path, std::ios::in | std::ios::out | std::ios::binary);
+    file.seekg(-100, std::ios::end);  // inside the last tensor's values
+    char byte = 0;
+    file.read(&byte, 1);
+    byte ^= 0x01;  // the lowest mantissa bit of a float: still finite
+    file.seekp(-100, std::ios::end);
+    file.write(&byte, 1);
+    ASSERT_TRUE(file.good());
+  }
+  auto resumed = LocalTrainer::Create(SmallConfig(), &data).value();
+  const std::vector<float> before = AllWeights(*resumed);
+  absl::Status status = RestoreCheckpoint(path, resumed.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_EQ(status.message(), path +
+                                  ": its tensors' bytes do not match the checksum it was written "
+                                  "with (data_sha256): the file was damaged or changed after it "
+                                  "was saved");
+  EXPECT_EQ(resumed->step(), 0);
+  EXPECT_EQ(AllWeights(*resumed), before);
+}
+
+// Files written before the checksum (version 1) still resume.
+TEST(LocalTrainerTest, Restore_VersionOneWithoutChecksum_Resumes) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  RunSteps(*trainer, 2);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/version1.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  SafetensorsContents contents = ReadSafetensors(path).value();
+  EXPECT_EQ(contents.metadata.at("version"), "2");
+  EXPECT_EQ(contents.metadata.at("data_sha256").size(), 64u);
+  contents.metadata["version"] = "1";
+  contents.metadata.erase("data_sha256");
+  ASSERT_TRUE(WriteSafetensors(path, contents.tensors, contents.metadata).ok());
+  auto resumed = LocalTrainer::Create(SmallConfig(), &data).value();
+  ASSERT_TRUE(RestoreCheckpoint(path, resumed.get()).ok());
+  EXPECT_EQ(resumed->step(), 2);
+  EXPECT_EQ(AllWeights(*resumed), AllWeights(*trainer));
 }
 
 TEST(LocalTrainerTest, Create_MicroBatchesNotDividingBatch_IsInvalidArgument) {

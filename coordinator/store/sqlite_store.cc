@@ -218,12 +218,19 @@ absl::StatusOr<std::optional<std::string>> QueryOne(sqlite3* db, const std::stri
   return std::optional<std::string>(ColumnBytes(s.get(), 0));
 }
 
-absl::StatusOr<Connection> OpenDatabase(const std::string& dir, const std::string& path) {
+// Opens the database, creating its file if missing; *created says whether
+// this call created it (an existing file without tables lost its state).
+absl::StatusOr<Connection> OpenDatabase(const std::string& dir, const std::string& path,
+                                        bool* created) {
   {
     // Created here for its mode: SQLite would use 0644 (less the umask). It
     // gives its -wal and -shm files the database's mode. Closed before
     // SQLite opens the file (see LockStateDir).
-    ScopedFd file(open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600));
+    ScopedFd file(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    *created = file.get() >= 0;
+    if (!*created && errno == EEXIST) {
+      file = ScopedFd(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    }
     if (file.get() < 0) return ErrnoError(errno, "cannot create database", path);
   }
   RETURN_IF_ERROR(SyncDir(dir));
@@ -247,16 +254,34 @@ absl::StatusOr<Connection> OpenDatabase(const std::string& dir, const std::strin
   // Per connection, not stored in the file: with WAL, FULL fsyncs the WAL at
   // every commit, which makes commits durable on power loss.
   RETURN_IF_ERROR(Exec(db.get(), path, "PRAGMA synchronous=FULL"));
+  // Copy each commit into the database file at once (a passive checkpoint
+  // after every commit, the file fsynced): the .db file alone then holds
+  // the state, so a backup that copies it without its -wal, or a WAL lost
+  // after a crash, loses at most the commit in flight rather than everything
+  // since the last checkpoint (SQLite's default waits for 1000 pages, which
+  // this store's few commits a second take hours to fill). Costs one more
+  // fsync per commit.
+  RETURN_IF_ERROR(Exec(db.get(), path, "PRAGMA wal_autocheckpoint=1"));
   return db;
 }
 
-// Creates the tables in a new database, or checks the version of an
-// existing one. Runs inside a transaction.
-absl::Status CreateOrCheckSchema(sqlite3* db, const std::string& path) {
+// Creates the tables in a database this Open created, or checks the
+// version of an existing one. Runs inside a transaction.
+absl::Status CreateOrCheckSchema(sqlite3* db, const std::string& path, bool created) {
   ASSIGN_OR_RETURN(std::optional<std::string> exists,
                    QueryOne(db, path,
                             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
                             "name = 'schema_version'"));
+  // The schema is the first commit to a new file (and is checkpointed into
+  // it at once), so an existing file without it lost its state, e.g. it was
+  // truncated; it would otherwise come back as an empty state, silently.
+  if (!exists.has_value() && !created) {
+    return absl::DataLossError(absl::StrCat(
+        "state database ", path,
+        " exists but holds no tables: its state is lost (was its -wal "
+        "file deleted, or the file truncated or copied without it?); restore the state dir from "
+        "a backup, or, if this state dir never held state, remove the file to start empty"));
+  }
   if (!exists.has_value()) {
     return Exec(db, path,
                 absl::StrCat("CREATE TABLE schema_version (id INTEGER PRIMARY KEY CHECK (id = 1), "
@@ -287,9 +312,9 @@ absl::Status CreateOrCheckSchema(sqlite3* db, const std::string& path) {
   return absl::OkStatus();
 }
 
-absl::Status EnsureSchema(sqlite3* db, const std::string& path) {
+absl::Status EnsureSchema(sqlite3* db, const std::string& path, bool created) {
   RETURN_IF_ERROR(Exec(db, path, "BEGIN IMMEDIATE"));
-  absl::Status status = CreateOrCheckSchema(db, path);
+  absl::Status status = CreateOrCheckSchema(db, path, created);
   if (status.ok()) status = Exec(db, path, "COMMIT");
   if (!status.ok() && sqlite3_get_autocommit(db) == 0) {
     sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -309,8 +334,13 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string
   RETURN_IF_ERROR(CreateStateDir(state_dir));
   ASSIGN_OR_RETURN(ScopedFd lock, LockStateDir(state_dir));
   const std::string path = absl::StrCat(state_dir, "/", kDatabaseFileName);
-  ASSIGN_OR_RETURN(Connection db, OpenDatabase(state_dir, path));
-  RETURN_IF_ERROR(EnsureSchema(db.get(), path));
+  bool created = false;
+  ASSIGN_OR_RETURN(Connection db, OpenDatabase(state_dir, path, &created));
+  RETURN_IF_ERROR(EnsureSchema(db.get(), path, created));
+  // A coordinator killed with -9 between a commit and its checkpoint left
+  // that commit in the WAL alone; move it into the database file now (a
+  // clean close does the same).
+  RETURN_IF_ERROR(Exec(db.get(), path, "PRAGMA wal_checkpoint(TRUNCATE)"));
 
   auto statements = std::make_unique<Statements>();
   const std::pair<Statement*, const char*> sql[] = {

@@ -7,6 +7,12 @@
 //                       its -wal and -shm files the same mode)
 //   coordinator.lock    flock(2)ed for the store's life; holds the owner's pid
 //
+// Every commit is checkpointed into the database file as it is made
+// (wal_autocheckpoint=1), and Open checkpoints what a crash left in the WAL,
+// so the .db file alone holds the state: a copy of it, or a WAL lost after
+// a crash, misses at most the commit in flight. For a consistent backup of
+// a running coordinator use sqlite3's .backup, or stop it first.
+//
 // Durability: the database runs in WAL mode with synchronous=FULL, so Commit
 // returns only after the WAL has been fsync()ed; SQLite documents that this
 // makes a committed transaction survive power loss, not just a process
@@ -33,8 +39,10 @@
 //   UNAVAILABLE   the database is locked by another process (for example an
 //                 operator's sqlite3 shell) for longer than the busy timeout;
 //                 retry.
-//   DATA_LOSS     the database file is corrupt or not a database; the
-//                 message names the file.
+//   DATA_LOSS     the database file is corrupt or not a database, or (at
+//                 Open) it existed but holds no tables (e.g. truncated):
+//                 never started empty in silence; the message names the
+//                 file.
 //   INTERNAL      any other SQLite or I/O error, with SQLite's message.
 //
 // Thread-safe. One connection serves every call, serialised by a mutex:

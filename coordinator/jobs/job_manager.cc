@@ -23,6 +23,7 @@
 #include "common/proto_time.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
+#include "common/utf8_prefix.h"
 #include "coordinator/jobs/memory_budget.h"
 #include "coordinator/jobs/plan_drawings.h"
 #include "coordinator/jobs/stored_job_check.h"
@@ -2230,6 +2231,12 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
                     << " could not write its checkpoint of step " << c.step() << ": "
                     << c.error().substr(0, 4096);
     if (events_.checkpoint_failed) events_.checkpoint_failed();
+    // Shown in the job (GetJob, `pipetrain job`), not only the log and a
+    // counter: a job whose checkpoints all fail cannot recover as asked.
+    v1::JobProgress* progress = record.job.mutable_progress();
+    progress->set_checkpoint_failures(progress->checkpoint_failures() + 1);
+    progress->set_checkpoint_error(
+        absl::StrCat("step ", c.step(), ", stage ", stage, ": ", Utf8Prefix(c.error(), 1024)));
     // The job goes on, as at any step, unless the failed one is the step
     // boundary a drain or join waits for: every stage stops after it and
     // waits for a checkpoint that will never complete. Then the job
@@ -2261,6 +2268,8 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   }
   if (!complete.has_value()) return absl::OkStatus();
   record.job.mutable_progress()->set_checkpoint_step(complete->step());
+  record.job.mutable_progress()->set_checkpoint_failures(0);
+  record.job.mutable_progress()->clear_checkpoint_error();
   // Progress is a checkpoint beyond every earlier one: a step redone after
   // its checkpoint was dropped does not count, or recoveries that drop
   // and redo the same step would never give up.

@@ -1005,10 +1005,20 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   r.mutable_checkpoint()->set_step(5);
   r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
   ASSERT_TRUE(jobs_->ReportProgress(r).ok());
-  const v1::Job job = jobs_->Get(id).value();
+  v1::Job job = jobs_->Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(job.progress().checkpoint_step(), 0);
   EXPECT_EQ(failed, 1);
+  // The job shows it, until a checkpoint completes.
+  EXPECT_EQ(job.progress().checkpoint_failures(), 1);
+  EXPECT_EQ(job.progress().checkpoint_error(),
+            "step 5, stage 1: RESOURCE_EXHAUSTED: No space left on device");
+  for (int step = 6; step <= 10; ++step) Step(id, step);
+  CheckpointAll(id, 10);
+  job = jobs_->Get(id).value();
+  EXPECT_EQ(job.progress().checkpoint_step(), 10);
+  EXPECT_EQ(job.progress().checkpoint_failures(), 0);
+  EXPECT_EQ(job.progress().checkpoint_error(), "");
 }
 
 // A drain stops every stage after the boundary step's checkpoint. If a

@@ -67,6 +67,7 @@ std::string StoredCountersMismatch(const v1::Job& job,
       {"progress.loss_history_start", p.loss_history_start()},
       {"progress.checkpoint_step", p.checkpoint_step()},
       {"progress.steps_redone", p.steps_redone()},
+      {"progress.checkpoint_failures", p.checkpoint_failures()},
   };
   for (const auto& [name, value] : counts) {
     if (!InCount(value)) {

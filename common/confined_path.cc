@@ -86,14 +86,14 @@ absl::Status CheckConfinedName(absl::string_view field, absl::string_view path) 
 }
 
 absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
+                                                  absl::string_view root_flag,
                                                   absl::string_view field,
                                                   const std::string& relative, bool create_dirs) {
   if (absl::Status lexical = CheckConfinedName(field, relative); !lexical.ok()) return lexical;
   ScopedFd dir(open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
   if (dir.get() < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cannot open the output directory ", root, ": ", strerror(errno),
-        "; check the coordinator's --output-dir"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("cannot open ", root_flag, " ", root, ": ", strerror(errno)));
   }
   std::vector<std::string> parts = absl::StrSplit(relative, '/');
   const std::string name = parts.back();
@@ -138,6 +138,23 @@ absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
                                            : "a directory, not a file"));
   }
   return ConfinedParent{std::move(dir), name};
+}
+
+absl::Status CheckWritableDirectory(absl::string_view flag, const std::string& dir) {
+  struct stat info;
+  if (stat(dir.c_str(), &info) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        flag, ": ", dir, " cannot be used (", strerror(errno), "); create it or fix the path"));
+  }
+  if (!S_ISDIR(info.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", dir, " is not a directory"));
+  }
+  if (access(dir.c_str(), W_OK | X_OK) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": ", dir, " is not writable by this process (uid ", geteuid(), ": ",
+                     strerror(errno), "); fix its owner or mode"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckDataRoots(absl::string_view flag, const std::vector<std::string>& roots) {

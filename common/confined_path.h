@@ -74,11 +74,23 @@ struct ConfinedParent {
 // create it). Errors, INVALID_ARGUMENT "<field>: ...": a component is a symbolic
 // link, or not a directory, or the final name is an existing directory or
 // symbolic link. FAILED_PRECONDITION when `root` itself cannot be opened as
-// a directory (the operator's flag is wrong); other errno failures as
-// absl::ErrnoToStatus, naming the path.
+// a directory (the operator's flag, which `root_flag` names, is wrong);
+// other errno failures as absl::ErrnoToStatus, naming the path.
 absl::StatusOr<ConfinedParent> OpenConfinedParent(const std::string& root,
+                                                  absl::string_view root_flag,
                                                   absl::string_view field,
                                                   const std::string& relative, bool create_dirs);
+
+// The flags that name the roots above, as messages name them.
+inline constexpr char kOutputDirFlag[] = "the coordinator's --output-dir";
+inline constexpr char kCheckpointRootFlag[] = "this worker's --checkpoint-root";
+
+// A directory given by `flag` that this process will write files under,
+// checked at start-up: INVALID_ARGUMENT "<flag>: <dir> ..." saying whether it
+// is missing, not a directory, or not writable (and searchable) by this
+// process; a misconfigured root would otherwise fail every job that writes
+// there, later and quietly.
+absl::Status CheckWritableDirectory(absl::string_view flag, const std::string& dir);
 
 // The real path of `path` when it names a readable regular file inside one
 // of `roots` (a relative `path` is tried under each root in order; an

@@ -69,12 +69,13 @@ TEST(CheckConfinedNameTest, EscapingOrMalformed_InvalidArgumentNamingField) {
 }
 
 TEST_F(ConfinedPathTest, NestedName_CreatesDirsOnlyWhenAsked) {
-  absl::StatusOr<ConfinedParent> probe = OpenConfinedParent(root_, "f", "a/b/w.bin", false);
+  absl::StatusOr<ConfinedParent> probe =
+      OpenConfinedParent(root_, "--root", "f", "a/b/w.bin", false);
   ASSERT_TRUE(probe.ok()) << probe.status();
   EXPECT_LT(probe->dir.get(), 0);  // a is missing: nothing to refuse yet
   struct stat info;
   EXPECT_NE(stat((root_ + "/a").c_str(), &info), 0);  // and nothing was created
-  absl::StatusOr<ConfinedParent> made = OpenConfinedParent(root_, "f", "a/b/w.bin", true);
+  absl::StatusOr<ConfinedParent> made = OpenConfinedParent(root_, "--root", "f", "a/b/w.bin", true);
   ASSERT_TRUE(made.ok()) << made.status();
   EXPECT_GE(made->dir.get(), 0);
   EXPECT_EQ(made->name, "w.bin");
@@ -87,7 +88,8 @@ TEST_F(ConfinedPathTest, NestedName_CreatesDirsOnlyWhenAsked) {
 // here, only that the walk still creates what is missing below what exists.
 TEST_F(ConfinedPathTest, PartlyExistingPath_CreatesTheRest0700) {
   ASSERT_EQ(mkdir((root_ + "/a").c_str(), 0755), 0);
-  absl::StatusOr<ConfinedParent> made = OpenConfinedParent(root_, "f", "a/b/c/w.bin", true);
+  absl::StatusOr<ConfinedParent> made =
+      OpenConfinedParent(root_, "--root", "f", "a/b/c/w.bin", true);
   ASSERT_TRUE(made.ok()) << made.status();
   EXPECT_GE(made->dir.get(), 0);
   for (const char* dir : {"/a/b", "/a/b/c"}) {
@@ -97,7 +99,7 @@ TEST_F(ConfinedPathTest, PartlyExistingPath_CreatesTheRest0700) {
     EXPECT_EQ(info.st_mode & 0777, 0700u) << dir;
   }
   // Again, with everything there: nothing to create.
-  EXPECT_TRUE(OpenConfinedParent(root_, "f", "a/b/c/w.bin", true).ok());
+  EXPECT_TRUE(OpenConfinedParent(root_, "--root", "f", "a/b/c/w.bin", true).ok());
 }
 
 TEST_F(ConfinedPathTest, SymlinkOnTheWayOrAtTheName_Refused) {
@@ -105,10 +107,11 @@ TEST_F(ConfinedPathTest, SymlinkOnTheWayOrAtTheName_Refused) {
   Touch(outside_ + "/victim");
   ASSERT_EQ(symlink((outside_ + "/victim").c_str(), (root_ + "/w.bin").c_str()), 0);
   for (bool create : {false, true}) {
-    absl::StatusOr<ConfinedParent> through = OpenConfinedParent(root_, "f", "link/x", create);
+    absl::StatusOr<ConfinedParent> through =
+        OpenConfinedParent(root_, "--root", "f", "link/x", create);
     EXPECT_EQ(through.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(through.status().message(), HasSubstr("\"link\" is a symbolic link"));
-    absl::StatusOr<ConfinedParent> at = OpenConfinedParent(root_, "f", "w.bin", create);
+    absl::StatusOr<ConfinedParent> at = OpenConfinedParent(root_, "--root", "f", "w.bin", create);
     EXPECT_EQ(at.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(at.status().message(), HasSubstr("\"w.bin\" exists and is a symbolic link"));
   }
@@ -116,9 +119,29 @@ TEST_F(ConfinedPathTest, SymlinkOnTheWayOrAtTheName_Refused) {
   EXPECT_NE(stat((outside_ + "/x").c_str(), &info), 0);
 }
 
-TEST_F(ConfinedPathTest, MissingRoot_FailedPrecondition) {
-  EXPECT_EQ(OpenConfinedParent(base_ + "/nope", "f", "x", true).status().code(),
-            absl::StatusCode::kFailedPrecondition);
+// The message names the operator's flag, not the job's field: the flag is
+// what is wrong.
+TEST_F(ConfinedPathTest, MissingRoot_FailedPreconditionNamingTheFlag) {
+  const absl::Status status =
+      OpenConfinedParent(base_ + "/nope", kCheckpointRootFlag, "f", "x", true).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(status.message(), "cannot open this worker's --checkpoint-root " + base_ +
+                                  "/nope: No such file or directory");
+}
+
+// (Not writable is not tested: the tests run as root, whom access() lets
+// write anywhere.)
+TEST_F(ConfinedPathTest, CheckWritableDirectory_SaysWhatIsWrong) {
+  EXPECT_TRUE(CheckWritableDirectory("--checkpoint-root", root_).ok());
+  const absl::Status missing = CheckWritableDirectory("--checkpoint-root", base_ + "/nope");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(missing.message(), "--checkpoint-root: " + base_ +
+                                   "/nope cannot be used (No such file or directory); create it "
+                                   "or fix the path");
+  Touch(root_ + "/file");
+  const absl::Status file = CheckWritableDirectory("--checkpoint-root", root_ + "/file");
+  EXPECT_EQ(file.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(file.message(), "--checkpoint-root: " + root_ + "/file is not a directory");
 }
 
 TEST_F(ConfinedPathTest, ResolveUnderRoots_InsideOk_OutsideAndMissingSameError) {

@@ -362,13 +362,7 @@ absl::Status ConfigureTokens(Flags& flags) {
 absl::Status CheckOutputDir(const std::string& dir) {
   if (dir.empty()) return absl::OkStatus();
   mkdir(dir.c_str(), 0700);  // created when missing (its parent must exist)
-  struct stat info;
-  if (stat(dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode) ||
-      access(dir.c_str(), W_OK | X_OK) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--output-dir ", dir, " is not a writable directory; create it first"));
-  }
-  return absl::OkStatus();
+  return CheckWritableDirectory("--output-dir", dir);
 }
 
 // The absolute, symlink-free form of `path`, which may not exist yet (its

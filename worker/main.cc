@@ -188,6 +188,10 @@ int Run(const std::vector<std::string>& args) {
   if (parsed.ok()) parsed = ValidateDeviceFlags(f.device, f.gemm, f.attention);
   const std::vector<std::string> data_roots = absl::StrSplit(f.data_roots, ',', absl::SkipEmpty());
   if (parsed.ok()) parsed = CheckDataRoots("--data-root", data_roots);
+  // Else jobs' checkpoints would fail at every interval, later and quietly.
+  if (parsed.ok() && !f.checkpoint_root.empty()) {
+    parsed = CheckWritableDirectory("--checkpoint-root", f.checkpoint_root);
+  }
   if (parsed.ok()) {
     absl::StatusOr<std::string> token =
         SecretFromFlags("join-token", f.join_token, f.join_token_file);

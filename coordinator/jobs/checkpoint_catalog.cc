@@ -292,7 +292,7 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
   }
   const std::string text = manifest.dump(1) + "\n";
   ASSIGN_OR_RETURN(ConfinedParent parent,
-                   OpenConfinedParent(output_dir, "spec.checkpoint.dir",
+                   OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
                                       absl::StrCat(from.dir(), "/", kCheckpointManifestName),
                                       /*create_dirs=*/true));
   const std::string path = absl::StrCat(output_dir, "/", from.dir(), "/", kCheckpointManifestName);
@@ -325,9 +325,10 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
 std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_dir,
                                                     const std::string& checkpoint_dir) {
   std::vector<v1::ResumeFrom> out;
-  absl::StatusOr<ConfinedParent> parent = OpenConfinedParent(
-      output_dir, "spec.checkpoint.dir", absl::StrCat(checkpoint_dir, "/", kCheckpointManifestName),
-      /*create_dirs=*/false);
+  absl::StatusOr<ConfinedParent> parent =
+      OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
+                         absl::StrCat(checkpoint_dir, "/", kCheckpointManifestName),
+                         /*create_dirs=*/false);
   if (!parent.ok() || parent->dir.get() < 0) return out;
   std::map<int64_t, std::string> names;  // by step
   if (DIR* dir = fdopendir(dup(parent->dir.get()))) {
@@ -360,7 +361,7 @@ std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_di
 absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,
                                  std::optional<absl::Time> written_before) {
   ASSIGN_OR_RETURN(ConfinedParent parent,
-                   OpenConfinedParent(output_dir, "spec.checkpoint.dir",
+                   OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
                                       absl::StrCat(from.dir(), "/", kCheckpointManifestName),
                                       /*create_dirs=*/false));
   if (parent.dir.get() < 0) return absl::OkStatus();  // already gone

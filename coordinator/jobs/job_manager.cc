@@ -726,7 +726,8 @@ absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
           "spec.output.weights_path: this coordinator writes no files (it was started without "
           "--output-dir); leave the field empty or ask the operator");
     }
-    RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, "spec.output.weights_path", weights,
+    RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, kOutputDirFlag,
+                                       "spec.output.weights_path", weights,
                                        /*create_dirs=*/false)
                         .status());
   }
@@ -737,7 +738,7 @@ absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
         "--output-dir); leave spec.checkpoint.interval_steps at 0 or ask the operator");
   }
   if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
-    RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, "spec.checkpoint.dir",
+    RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, kOutputDirFlag, "spec.checkpoint.dir",
                                        absl::StrCat(checkpoint.dir(), "/manifest.json"),
                                        /*create_dirs=*/false)
                         .status());
@@ -2931,9 +2932,9 @@ absl::Status JobManager::OpenWeightsFileLocked(JobRecord& record) {
   const std::string& name = record.resolved.spec.output().weights_path();
   // Walked again now (links may have appeared since submit); missing
   // directories under the output directory are created.
-  ASSIGN_OR_RETURN(ConfinedParent parent,
-                   OpenConfinedParent(options_.output_dir, "spec.output.weights_path", name,
-                                      /*create_dirs=*/true));
+  ASSIGN_OR_RETURN(ConfinedParent parent, OpenConfinedParent(options_.output_dir, kOutputDirFlag,
+                                                             "spec.output.weights_path", name,
+                                                             /*create_dirs=*/true));
   std::vector<SafetensorsTensorSpec> tensors;
   std::map<std::string, size_t> index;
   const GptConfig& model = record.resolved.train.model;
@@ -2954,8 +2955,9 @@ absl::Status JobManager::OpenWeightsFileLocked(JobRecord& record) {
 void JobManager::RemoveAbandonedWeightsOf(const JobRecord& record) const {
   const std::string& weights = record.resolved.spec.output().weights_path();
   if (weights.empty() || options_.output_dir.empty()) return;
-  absl::StatusOr<ConfinedParent> parent = OpenConfinedParent(
-      options_.output_dir, "spec.output.weights_path", weights, /*create_dirs=*/false);
+  absl::StatusOr<ConfinedParent> parent =
+      OpenConfinedParent(options_.output_dir, kOutputDirFlag, "spec.output.weights_path", weights,
+                         /*create_dirs=*/false);
   if (parent.ok() && parent->dir.get() >= 0) {
     RemoveAbandonedWeightTemporaries(parent->dir.get(), parent->name, record.job.id());
   }

@@ -202,8 +202,9 @@ absl::StatusOr<std::vector<v1::UnitFile>> WriteStageCheckpoint(const std::string
   ScopedFd last_dir;
   for (const UnitState& unit : snapshot.units) {
     const std::string relative = absl::StrCat(step_dir, "/", UnitFileName(unit.unit));
-    ASSIGN_OR_RETURN(ConfinedParent parent, OpenConfinedParent(root, "spec.checkpoint.dir",
-                                                               relative, /*create_dirs=*/true));
+    ASSIGN_OR_RETURN(ConfinedParent parent,
+                     OpenConfinedParent(root, kCheckpointRootFlag, "spec.checkpoint.dir", relative,
+                                        /*create_dirs=*/true));
     const std::string path = absl::StrCat(root, "/", relative);
     std::vector<NamedTensor> tensors = unit.values;
     for (size_t i = 0; i < unit.m.size(); ++i) {
@@ -261,8 +262,9 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
         "checkpoint ", from.dir(), " names \"", expected.file().substr(0, 64), "\" for unit ",
         expected.unit(), "; expected ", UnitFileName(expected.unit())));
   }
-  ASSIGN_OR_RETURN(ConfinedParent parent, OpenConfinedParent(root, "checkpoint unit file", relative,
-                                                             /*create_dirs=*/false));
+  ASSIGN_OR_RETURN(ConfinedParent parent,
+                   OpenConfinedParent(root, kCheckpointRootFlag, "checkpoint unit file", relative,
+                                      /*create_dirs=*/false));
   if (parent.dir.get() < 0) {
     return absl::NotFoundError(absl::StrCat("checkpoint directory of ", path, " is missing"));
   }

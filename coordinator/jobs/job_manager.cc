@@ -510,14 +510,20 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
     const absl::Status saved = stored.has_value()
                                    ? SaveStoredJob(*stored)
                                    : absl::NotFoundError(absl::StrCat("job ", id, " was pruned"));
+    // Checkpoints expired while earlier saves failed: the state just saved
+    // no longer names them, so their directories go now (a retry with no
+    // later checkpoint would otherwise leave them for good, past `keep`).
+    std::vector<v1::ResumeFrom> expired;
     if (stored.has_value()) {
       AnnotatedMutexLock lock(&mu_);
       if (saved.ok()) {
         unsaved_.erase(id);
+        if (JobRecord* record = FindLocked(id)) expired.swap(record->expired_unsaved);
       } else {
         unsaved_.insert(id);
       }
     }
+    if (!expired.empty()) RemoveCheckpointDirs(options_.output_dir, id, expired);
     for (const auto& then : thens) then(saved);
   });
   return absl::OkStatus();

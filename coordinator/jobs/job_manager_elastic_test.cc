@@ -2151,10 +2151,10 @@ class FlakyStore final : public Store {
   int waiting_ = 0;
 };
 
-// A checkpoint expired while the save that drops it failed keeps its
-// directory then (the stored state may still name it), and loses it once a
-// later checkpoint's save succeeds: it is not left behind for good.
-TEST(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterALaterSave) {
+// Checkpoint 17 expires (keep 1) while the save that drops it fails; then
+// the store is back and either the retry alone saves the job
+// (`retry_only`) or a later checkpoint does.
+void ExpireWhileSavesFail(bool retry_only) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{"", absl::Seconds(1), absl::Seconds(5), &clock});
   AssignmentHub hub;
@@ -2211,12 +2211,32 @@ TEST(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterALaterSave) {
   jobs.FlushIo();
   EXPECT_TRUE(manifest(17)) << "removed although the stored state may still name it";
   store.failing = false;
+  if (retry_only) {
+    // No later checkpoint: the once-a-second retry's save alone lets 17 go.
+    clock.Advance(absl::Seconds(2));
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+    EXPECT_FALSE(manifest(17)) << "left behind after the retried save";
+    EXPECT_TRUE(manifest(34));
+    return;
+  }
   for (int64_t step = 35; step <= 51; ++step) report(step, false);
   report(51, true);  // expires 34; this save succeeds
   jobs.FlushIo();
   EXPECT_FALSE(manifest(17)) << "left behind";
   EXPECT_FALSE(manifest(34));
   EXPECT_TRUE(manifest(51));
+}
+
+// A checkpoint expired while the save that drops it failed keeps its
+// directory then (the stored state may still name it), and loses it once a
+// later save succeeds, a later checkpoint's or the retry of the failed one:
+// it is not left behind for good.
+TEST(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterALaterSave) {
+  ExpireWhileSavesFail(/*retry_only=*/false);
+}
+TEST(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterTheRetriedSave) {
+  ExpireWhileSavesFail(/*retry_only=*/true);
 }
 
 // A submit whose commit was applied although it answered an error (an etcd

@@ -854,6 +854,25 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
   if (!absl::StartsWith(step_dir, std::string(root.get()) + "/")) {
     return absl::InvalidArgumentError("spec.init.from: not under the coordinator's --output-dir");
   }
+  // Each unit file there, of the size the manifest records: a stat each,
+  // so a truncated or missing file is refused now rather than when the job
+  // starts (its contents' SHA-256 is checked by the worker that loads it).
+  for (const v1::UnitFile& f : manifest->units) {
+    const std::string unit_path = absl::StrCat(step_dir, "/", f.file());
+    struct stat unit;
+    if (lstat(unit_path.c_str(), &unit) != 0 || !S_ISREG(unit.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.init.from: ", from, ": its manifest lists ", f.file(),
+          ", which is missing or not a regular file; the checkpoint is damaged (give an "
+          "earlier step-* directory)"));
+    }
+    if (unit.st_size != f.bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.init.from: ", from, ": ", f.file(), " is ", unit.st_size,
+                       " bytes, its manifest records ", f.bytes(),
+                       "; the checkpoint is damaged (give an earlier step-* directory)"));
+    }
+  }
   v1::ResumeFrom checkpoint;
   checkpoint.set_step(manifest->step);
   checkpoint.set_dir(step_dir.substr(std::strlen(root.get()) + 1));

@@ -31,6 +31,7 @@
 #include "coordinator/store/coordinator_state.h"
 #include "coordinator/store/memory_store.h"
 #include "gtest/gtest.h"
+#include "worker/checkpoint/checkpoint_manifest.h"
 
 namespace pipetrain {
 namespace {
@@ -198,6 +199,20 @@ class JobManagerElasticTest : public ::testing::Test {
     }
   }
 
+  // The unit files a complete checkpoint's manifest lists, under the output
+  // directory's `step_dir`, each of the size it records (the workers would
+  // have written them; these tests report checkpoints without them).
+  static void WriteUnitFiles(const std::string& step_dir) {
+    const std::string dir = absl::StrCat(OutputDir(), "/", step_dir);
+    absl::StatusOr<CheckpointManifest> manifest =
+        ReadCheckpointManifest(dir + "/" + kCheckpointManifestName);
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    for (const v1::UnitFile& f : manifest->units) {
+      std::ofstream(absl::StrCat(dir, "/", f.file()), std::ios::binary)
+          << std::string(f.bytes(), 'w');
+    }
+  }
+
   // On a fresh coordinator with a store and workers 7001 and 7002: a job
   // of two stages, 5 steps run and checkpointed, everything saved.
   std::string CheckpointedJobInStore() {
@@ -284,6 +299,7 @@ TEST_F(JobManagerElasticTest, InitFromALiveJobsCheckpoint_RefusedUntilItEnds) {
   CheckpointAll(first, 7);
   ASSERT_EQ(jobs_->Get(first).value().progress().checkpoint_step(), 7);
   jobs_->FlushIo();  // its manifest written
+  WriteUnitFiles("init-from-live/a/step-00000007");
   v1::JobSpec b = ElasticSpec(1, 7);
   b.mutable_checkpoint()->set_dir("init-from-live/b");
   b.mutable_init()->set_from("init-from-live/a/step-00000007");
@@ -306,6 +322,41 @@ TEST_F(JobManagerElasticTest, InitFromALiveJobsCheckpoint_RefusedUntilItEnds) {
   refused = jobs_->Submit(c).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(), "where job " + second->id())) << refused;
+}
+
+// init.from's unit files are checked at submit against the manifest: a
+// missing or truncated one is refused naming it, not found when the job
+// starts.
+TEST_F(JobManagerElasticTest, InitFromADamagedCheckpoint_RefusedAtSubmitNamingTheFile) {
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec a = ElasticSpec(1, 7);
+  a.mutable_checkpoint()->set_dir("damaged/a");
+  const std::string first = Submit(a).value().id();
+  for (int step = 1; step <= 7; ++step) Step(first, step);
+  CheckpointAll(first, 7);
+  ASSERT_TRUE(jobs_->Cancel(first).ok());
+  jobs_->FlushIo();
+  v1::JobSpec b = ElasticSpec(1, 9);
+  b.mutable_init()->set_from("damaged/a/step-00000007");
+  absl::Status refused = jobs_->Submit(b).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "spec.init.from: damaged/a/step-00000007: its manifest lists "
+                                "unit-0000.safetensors, which is missing"))
+      << refused;
+  WriteUnitFiles("damaged/a/step-00000007");
+  const std::string unit1 = OutputDir() + "/damaged/a/step-00000007/unit-0001.safetensors";
+  ASSERT_EQ(truncate(unit1.c_str(), 50), 0);
+  refused = jobs_->Submit(b).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(),
+                                "unit-0001.safetensors is 50 bytes, its manifest records 101"))
+      << refused;
+  WriteUnitFiles("damaged/a/step-00000007");
+  const absl::StatusOr<v1::Job> second = Submit(b);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->progress().step(), 7);
 }
 
 TEST_F(JobManagerElasticTest, WeightsInACheckpointDirOrNestedDirs_Refused) {

@@ -892,11 +892,16 @@ bool PathWithin(const std::string& path, const std::string& dir) {
 
 }  // namespace
 
+// An ended job whose checkpoint directory is still reserved for its sweeps.
+constexpr char kLeftoversBeingRemoved[] =
+    ": its leftover files are being removed once its workers have stopped, within a minute; "
+    "retry then";
+
 const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::string& dir) const {
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
       if (record->checkpoints == nullptr) continue;
-      if (IsTerminal(record->job.state()) && !record->checkpoint_sweep_pending) continue;
+      if (IsTerminal(record->job.state()) && record->checkpoint_sweeps_pending == 0) continue;
       const std::string& theirs = record->job.spec().checkpoint().dir();
       if (PathWithin(dir, theirs) || PathWithin(theirs, dir)) return record.get();
     }
@@ -908,7 +913,7 @@ const JobManager::JobRecord* JobManager::CheckpointDirHoldingLocked(const std::s
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
       if (record->checkpoints == nullptr) continue;
-      if (IsTerminal(record->job.state()) && !record->checkpoint_sweep_pending) continue;
+      if (IsTerminal(record->job.state()) && record->checkpoint_sweeps_pending == 0) continue;
       if (PathWithin(path, record->job.spec().checkpoint().dir())) return record.get();
     }
   }
@@ -1006,8 +1011,10 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
           "spec.init.from \"", resolved.spec.init().from(),
           "\" lies in the checkpoint directory \"", other->job.spec().checkpoint().dir(),
           "\" of job ", other->job.id(), " (", EnumShortName(other->job.state()),
-          "), which deletes its older checkpoints as it goes; start from it once that job has "
-          "ended, or from a copy outside that directory"));
+          IsTerminal(other->job.state())
+              ? absl::StrCat(kLeftoversBeingRemoved, ")")
+              : "), which deletes its older checkpoints as it goes; start from it once that job "
+                "has ended, or from a copy outside that directory"));
     }
     v1::CheckpointSpec* checkpoint = resolved.spec.mutable_checkpoint();
     if (checkpoint->interval_steps() > 0) {
@@ -1024,7 +1031,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
             theirs == checkpoint->dir() ? "is in use by job"
                                         : absl::StrCat("overlaps \"", theirs, "\", that of job"),
             " ", other->job.id(), " (", EnumShortName(other->job.state()),
-            IsTerminal(other->job.state()) ? ": its leftover files are being removed" : "",
+            IsTerminal(other->job.state()) ? kLeftoversBeingRemoved : "",
             "); give this job a directory of its own"));
       }
       if (const JobRecord* other = InitSourceInLocked(checkpoint->dir())) {
@@ -1306,6 +1313,7 @@ void JobManager::ScheduleQueued() {
   // so jobs that end while nothing is submitted go too.
   PruneLocked();
   RetryUnsavedLocked();
+  SweepStoppedJobsLocked();
   const absl::Time now = clock_->Now();
   // Counted once a pass, when a waiting job first needs it (it reads every
   // READY worker's record).
@@ -2377,7 +2385,18 @@ void JobManager::SweepCheckpointDirsLocked(JobRecord& record, absl::Time ended) 
     std::set<std::string> known;
     for (const v1::ResumeFrom& c : record.checkpoints->Complete()) known.insert(c.dir());
     for (const v1::ResumeFrom& i : incomplete) known.insert(i.dir());
-    record.checkpoint_sweep_pending = true;
+    // Stages stopping may still write a step or two after the end (a cancel
+    // reaches them tens of ms later); those files come after `ended`, so
+    // a second sweep removes them once the workers have stopped
+    // (SweepStoppedJobsLocked). The soak test left a step directory for
+    // most cancelled jobs before it.
+    record.checkpoint_sweeps_pending = shared ? 1 : 2;
+    if (!shared) {
+      record.late_sweep_workers.assign(record.job.worker_ids().begin(),
+                                       record.job.worker_ids().end());
+      record.late_sweep_since = clock_->Now();
+      record.late_sweep_by = record.late_sweep_since + kLateSweepWait;
+    }
     io_.Post([this, output_dir = options_.output_dir, id = record.job.id(), checkpoint_dir, shared,
               known = std::move(known), incomplete = std::move(incomplete), ended] {
       RemoveCheckpointDirs(output_dir, id, incomplete, ended);
@@ -2389,7 +2408,36 @@ void JobManager::SweepCheckpointDirsLocked(JobRecord& record, absl::Time ended) 
         RemoveCheckpointDirs(output_dir, id, unknown, ended);
       }
       AnnotatedMutexLock lock(&mu_);
-      if (JobRecord* done = FindLocked(id)) done->checkpoint_sweep_pending = false;
+      if (JobRecord* done = FindLocked(id)) --done->checkpoint_sweeps_pending;
+    });
+  }
+}
+
+void JobManager::SweepStoppedJobsLocked() {
+  const absl::Time now = clock_->Now();
+  for (auto& [id, record] : jobs_) {
+    if (record->late_sweep_workers.empty()) continue;
+    const bool stopped = now >= record->late_sweep_by ||
+                         std::all_of(record->late_sweep_workers.begin(),
+                                     record->late_sweep_workers.end(), [&](const std::string& w) {
+                                       return registry_->StoppedSince(w, record->late_sweep_since);
+                                     });
+    if (!stopped) continue;
+    record->late_sweep_workers.clear();
+    // Every step directory without a manifest but those this job holds
+    // complete (a manifest whose write failed); files up to now.
+    std::set<std::string> complete;
+    for (const v1::ResumeFrom& c : record->checkpoints->Complete()) complete.insert(c.dir());
+    io_.Post([this, output_dir = options_.output_dir, id = id,
+              checkpoint_dir = record->resolved.spec.checkpoint().dir(),
+              complete = std::move(complete), until = absl::Now()] {
+      std::vector<v1::ResumeFrom> late;
+      for (v1::ResumeFrom& dir : StepDirsWithoutManifest(output_dir, checkpoint_dir)) {
+        if (complete.count(dir.dir()) == 0) late.push_back(std::move(dir));
+      }
+      RemoveCheckpointDirs(output_dir, id, late, until);
+      AnnotatedMutexLock lock(&mu_);
+      if (JobRecord* done = FindLocked(id)) --done->checkpoint_sweeps_pending;
     });
   }
 }

@@ -144,6 +144,12 @@ inline constexpr int kMaxRecoveriesWithoutProgress = 3;
 // Profiles a job tries on workers that leave during them (JobManager::
 // FinishProfiling) before it plans on the analytic profile.
 inline constexpr int kMaxProfileAttempts = 3;
+
+// How long after a job ended its checkpoint directory's second sweep waits
+// at most for the job's workers to report that they stopped: a worker
+// stops within its --stop-timeout-seconds (20 s by default) or exits, and
+// is LOST after its lease.
+inline constexpr absl::Duration kLateSweepWait = absl::Seconds(60);
 // Plan versions kept in Job.plan_history (the newest).
 inline constexpr int kMaxPlanHistory = 100;
 // Separate covered ranges a tensor's uploaded chunks may form (a stage's
@@ -425,10 +431,16 @@ class JobManager {
     double reference_gflops = 0;
     // spec.checkpoint (null without).
     std::unique_ptr<CheckpointCatalog> checkpoints;
-    // Ended, its checkpoint directory's leftovers being removed on io_:
-    // the directory stays this job's (CheckpointDirUserLocked) until that
-    // is done, so a new job's files are never among them.
-    bool checkpoint_sweep_pending = false;
+    // Ended, its checkpoint directory's leftovers being removed on io_
+    // (sweeps queued or awaited, see SweepCheckpointDirsLocked): the
+    // directory stays this job's (CheckpointDirUserLocked) until that is
+    // done, so a new job's files are never among them.
+    int checkpoint_sweeps_pending = 0;
+    // The second sweep waits for these workers (the job's at its end) to
+    // have stopped (WorkerRegistry::StoppedSince `late_sweep_since`), or
+    // for `late_sweep_by`: they may write a step or two after the end.
+    std::vector<std::string> late_sweep_workers;
+    absl::Time late_sweep_since, late_sweep_by;
     // While RECOVERING: when the loss was detected, why, which workers are
     // known lost, and the other former workers, who must prove they are
     // alive (a heartbeat after `recovery_started`) or be declared LOST
@@ -788,6 +800,9 @@ class JobManager {
   absl::Status SaveStoredJob(const store::StoredJob& job) const;
   // Saves again, at most once a second, the jobs whose last save failed.
   void RetryUnsavedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The second sweep of ended jobs' checkpoint directories, for those whose
+  // workers have stopped since (or kLateSweepWait after the end).
+  void SweepStoppedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   WorkerRegistry* registry_;
   AssignmentHub* hub_;

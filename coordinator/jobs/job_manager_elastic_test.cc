@@ -237,6 +237,15 @@ class JobManagerElasticTest : public ::testing::Test {
   void RunPlans() {
     if (!hold_plans_) background_.RunAll();
   }
+  // Every worker reports idle after the jobs that ended, so both sweeps of
+  // their checkpoint directories run (SweepStoppedJobsLocked): the
+  // directories are free again.
+  void AwaitEndSweeps() {
+    clock_.Advance(absl::Milliseconds(10));
+    for (const auto& [worker, incarnation] : incarnations_) Heartbeat(worker);
+    Schedule();
+    jobs_->FlushIo();
+  }
   // Places what can be placed, planning included.
   void Schedule() {
     jobs_->ScheduleQueued();
@@ -277,7 +286,7 @@ TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
                                            " (RUNNING); give this job a directory of its own");
   EXPECT_TRUE(Submit(ElasticSpec(1, 5)).ok());  // checkpoints/<its id>
   ASSERT_TRUE(jobs_->Cancel(first).ok());
-  jobs_->FlushIo();  // the ended job's leftovers removed: the directory is free
+  AwaitEndSweeps();  // the ended job's leftovers removed: the directory is free
   EXPECT_TRUE(Submit(spec).ok());
 }
 
@@ -313,7 +322,7 @@ TEST_F(JobManagerElasticTest, InitFromALiveJobsCheckpoint_RefusedUntilItEnds) {
       << refused;
 
   ASSERT_TRUE(jobs_->Cancel(first).ok());
-  jobs_->FlushIo();  // its leftovers swept
+  AwaitEndSweeps();  // the ended job's leftovers removed: the directory is free
   const absl::StatusOr<v1::Job> second = Submit(b);
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(second->progress().step(), 7);
@@ -322,6 +331,44 @@ TEST_F(JobManagerElasticTest, InitFromALiveJobsCheckpoint_RefusedUntilItEnds) {
   refused = jobs_->Submit(c).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(), "where job " + second->id())) << refused;
+}
+
+// Stages still write a step or two after a cancel (it reaches them tens of
+// ms later). Those files come after the end's sweep; a second sweep
+// removes them once every worker of the job has reported idle since the
+// end, and not before.
+TEST_F(JobManagerElasticTest, Cancelled_StepsWrittenAfterTheEnd_RemovedOnceTheWorkersStopped) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_checkpoint()->set_dir("late/a");
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(jobs_->Cancel(id).ok());
+  jobs_->FlushIo();  // the end's sweep
+  // A stage stopping late writes part of step 10.
+  const std::string late = OutputDir() + "/late/a/step-00000010";
+  std::filesystem::create_directories(late);
+  std::ofstream(late + "/unit-0000.safetensors") << "partial";
+  const auto exists = [](const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0;
+  };
+  clock_.Advance(absl::Milliseconds(10));
+  Heartbeat(w1);  // w2 has not said it stopped
+  Schedule();
+  jobs_->FlushIo();
+  EXPECT_TRUE(exists(late)) << "removed while a worker may still write there";
+  v1::JobSpec reuse = ElasticSpec(1, 5);
+  reuse.mutable_checkpoint()->set_dir("late/a");
+  EXPECT_EQ(jobs_->Submit(reuse).status().code(), absl::StatusCode::kInvalidArgument)
+      << "the directory is the cancelled job's until its sweep is done";
+  Heartbeat(w2);
+  Schedule();
+  jobs_->FlushIo();
+  EXPECT_FALSE(exists(late)) << "left behind";
+  EXPECT_TRUE(exists(OutputDir() + "/late/a/step-00000005/manifest.json"));
 }
 
 // init.from's unit files are checked at submit against the manifest: a
@@ -336,7 +383,7 @@ TEST_F(JobManagerElasticTest, InitFromADamagedCheckpoint_RefusedAtSubmitNamingTh
   for (int step = 1; step <= 7; ++step) Step(first, step);
   CheckpointAll(first, 7);
   ASSERT_TRUE(jobs_->Cancel(first).ok());
-  jobs_->FlushIo();
+  AwaitEndSweeps();
   v1::JobSpec b = ElasticSpec(1, 9);
   b.mutable_init()->set_from("damaged/a/step-00000007");
   absl::Status refused = jobs_->Submit(b).status();
@@ -414,7 +461,7 @@ TEST_F(JobManagerElasticTest, WeightsInACheckpointDirOrNestedDirs_Refused) {
   EXPECT_EQ(writer, "job-2");
   EXPECT_EQ(third->id(), "job-3");
   ASSERT_TRUE(jobs_->Cancel(first).ok());
-  jobs_->FlushIo();  // the ended job's leftovers removed: the directory is free
+  AwaitEndSweeps();  // the ended job's leftovers removed: the directory is free
   EXPECT_TRUE(Submit(into).ok());
 }
 

@@ -288,7 +288,10 @@ absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
   }
   TouchLocked(*entry, clock_->Now());
   entry->worker.set_current_instruction(request.current_instruction());
-  if (IsIdleInstruction(request.current_instruction())) entry->stopping = false;
+  if (IsIdleInstruction(request.current_instruction())) {
+    entry->stopping = false;
+    entry->last_idle = clock_->Now();
+  }
   if (IsFreshNcclId(*entry, request.nccl_unique_id())) {
     entry->nccl_unique_id = request.nccl_unique_id();
   }
@@ -465,6 +468,12 @@ absl::Status WorkerRegistry::CheckAssignableLocked(
     }
   }
   return absl::OkStatus();
+}
+
+bool WorkerRegistry::StoppedSince(const std::string& worker_id, absl::Time since) const {
+  AnnotatedMutexLock lock(&mu_);
+  const Entry* entry = FindLocked(worker_id);
+  return entry == nullptr || !IsLive(entry->worker.state()) || entry->last_idle >= since;
 }
 
 void WorkerRegistry::Release(const std::string& job_id) {

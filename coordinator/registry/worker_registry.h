@@ -264,6 +264,12 @@ class WorkerRegistry {
   // cleared: until then they show what they were doing.
   void Release(const std::string& job_id);
 
+  // Whether the worker's process can no longer be writing for a job that
+  // ended at `since` (by the injected clock): it reported idle (no job
+  // runner, so none of its files open) in a heartbeat received at or after
+  // `since`, or it is LOST, LEFT or unknown.
+  bool StoppedSince(const std::string& worker_id, absl::Time since) const;
+
   // The staleness check: every live worker silent for longer than `lease`
   // (by the injected clock) becomes LOST; returns how many. The loss
   // listener fires for those that were ASSIGNED.
@@ -309,6 +315,8 @@ class WorkerRegistry {
     // Released from a job while its last report was one of that job's
     // instructions, and no idle heartbeat since (see Release).
     bool stopping = false;
+    // The last heartbeat that reported the worker idle (running no job).
+    absl::Time last_idle = absl::InfinitePast();
   };
   struct Loss {
     std::string worker_id;

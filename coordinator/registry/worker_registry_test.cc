@@ -826,6 +826,27 @@ TEST(WorkerRegistryTest, Release_WorkerLastSeenWorking_NotReadyForAJobUntilHeard
   EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1", "w-2", "w-3"));
 }
 
+// StoppedSince: an idle heartbeat at or after the instant, or a worker
+// that is gone (LOST, LEFT, unknown); not a busy heartbeat, nor an idle one
+// from before.
+TEST(WorkerRegistryTest, StoppedSince_IdleHeartbeatAfterTheInstantOrGone) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (int n = 1; n <= 2; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1, "idle")).ok());
+  clock.Advance(absl::Seconds(1));
+  const absl::Time ended = clock.Now();
+  EXPECT_FALSE(registry.StoppedSince("w-1", ended));  // idle before the instant only
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1, "stopping job job-a")).ok());
+  EXPECT_FALSE(registry.StoppedSince("w-1", ended));
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-1", 1, "idle")).ok());
+  EXPECT_TRUE(registry.StoppedSince("w-1", ended));
+  EXPECT_FALSE(registry.StoppedSince("w-2", ended));
+  ASSERT_TRUE(registry.Deregister("w-2", 1).ok());
+  EXPECT_TRUE(registry.StoppedSince("w-2", ended));
+  EXPECT_TRUE(registry.StoppedSince("w-9", ended));
+}
+
 // ------------------------------------------------------------------ Queries
 
 TEST(WorkerRegistryTest, CountByState_MixedStates_EveryStateCounted) {

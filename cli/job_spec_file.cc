@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/bounded_file.h"
+#include "common/json_unique_keys.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_spec.h"
@@ -154,6 +155,14 @@ absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path) {
                           absl::StrCat(path, ": ", converted.status().message()));
     }
     json = *std::move(converted);
+  } else if (nlohmann::json::accept(json)) {
+    // Protobuf's JSON parser keeps the last of two equal keys, silently; a
+    // file is refused for it, as YAML's are (REST bodies keep protobuf's
+    // rule, docs/api.md). A syntax error is left to JobSpecFromJson's
+    // message.
+    if (absl::StatusOr<nlohmann::json> unique = ParseJsonUniqueKeys(json); !unique.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": JSON: ", unique.status().message()));
+    }
   }
   absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(json);
   if (!spec.ok()) {

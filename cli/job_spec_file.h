@@ -22,9 +22,9 @@ absl::StatusOr<std::string> YamlToJson(const std::string& yaml);
 // Reads `path` (".json" as JSON; ".yaml"/".yml" or anything else as YAML,
 // which is a superset of JSON) and parses it as a JobSpec. NOT_FOUND for a
 // missing file; INVALID_ARGUMENT for a path that is not a regular file, a
-// file over kMaxJobSpecFileBytes, YAML that does not parse (the message
-// starts with the path) and, naming the field, unknown fields and wrong
-// types. Defaults are not filled in here (the coordinator does it).
+// file over kMaxJobSpecFileBytes, YAML that does not parse, a key given
+// twice in one mapping or object, YAML's or JSON's (the message starts
+// with the path) and, naming the field, unknown fields and wrong types. Defaults are not filled in here (the coordinator does it).
 absl::StatusOr<v1::JobSpec> ReadJobSpecFile(const std::string& path);
 
 // The largest spec file read: the coordinator takes no request larger

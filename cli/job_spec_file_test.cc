@@ -130,6 +130,18 @@ TEST(JobSpecFileTest, YamlToJson_AliasInsideItsAnchor_InvalidArgument) {
   EXPECT_TRUE(YamlToJson(std::string(64, '[') + std::string(64, ']')).ok());
 }
 
+// Protobuf's JSON parser keeps the last of two keys: a .json file naming
+// one twice is refused as a YAML one is (the README promises each key once).
+TEST(JobSpecFileTest, JsonFile_DuplicateKey_InvalidArgumentNamingIt) {
+  const std::string path = Write("twice.json", R"({"model": {"nLayer": 2, "nLayer": 3}})");
+  const absl::StatusOr<v1::JobSpec> spec = ReadJobSpecFile(path);
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(spec.status().message(), path + ": JSON: key \"nLayer\" given twice in one object");
+  EXPECT_EQ(
+      ReadJobSpecFile(Write("once.json", R"({"model": {"nLayer": 3}})")).value().model().n_layer(),
+      3);
+}
+
 // yaml-cpp kept the last of two keys and the first of two documents,
 // silently; YAML itself requires unique keys.
 TEST(JobSpecFileTest, YamlToJson_DuplicateKeyOrSecondDocument_InvalidArgumentNamingIt) {

@@ -300,7 +300,11 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   }
   if (cached) {
     *profile = FromProto(*cached);
-    *source = absl::StrCat("measured on ", kind, " by ", workers[0].id(), " (cached)");
+    // Measured for this job a moment ago (its profile then waits in the
+    // cache like any), or for an earlier job of the same model and device.
+    *source = record.profiled_by.empty()
+                  ? absl::StrCat("measured on ", kind, " for an earlier job (cached)")
+                  : absl::StrCat("measured on ", kind, " by ", record.profiled_by);
     *reference_gflops = HostGflops(workers, workers[0]);
     return true;
   }
@@ -367,6 +371,7 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
       // Kept for every later job of the model (and stored): the checked
       // fields only.
       profile->DiscardUnknownFields();
+      record->profiled_by = worker;
       const std::vector<std::string> evicted = profiles_.Put(key, *profile);
       if (options_.state != nullptr) {
         absl::Status saved = options_.state->SaveProfile(key, *profile);

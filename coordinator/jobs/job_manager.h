@@ -424,6 +424,9 @@ class JobManager {
     // Profiles that failed because their worker left (drained, stopped or
     // lost meanwhile): tried again on another, up to kMaxProfileAttempts.
     int profile_attempts = 0;
+    // The worker that profiled the model for this job; empty when the
+    // profile came from the cache (an earlier job's).
+    std::string profiled_by;
     // The profile the first plan used; re-plans reuse it (no profiling in
     // the middle of a recovery).
     std::optional<ModelProfile> profile;

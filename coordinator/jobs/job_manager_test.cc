@@ -1427,14 +1427,18 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
   EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING);
   const v1::Plan plan = jobs_.GetPlan(id).value();
   EXPECT_EQ(plan.solver(), "bipartition");
-  EXPECT_TRUE(absl::StartsWith(plan.profile_source(), "measured on cpu: by " + w1 + " (cached)"))
+  EXPECT_TRUE(absl::StartsWith(plan.profile_source(), "measured on cpu: by " + w1 + ";"))
       << plan.profile_source();
   EXPECT_GT(plan.predicted_iteration_seconds(), 0);
   EXPECT_EQ(jobs_.profiles().size(), 1);
   // The same model again: the cache answers, no second profile.
   ASSERT_TRUE(jobs_.Cancel(id).ok());
-  EXPECT_EQ(jobs_.Get(Submit(spec).value().id()).value().state(), v1::JOB_STATE_RUNNING);
+  const std::string second = Submit(spec).value().id();
+  EXPECT_EQ(jobs_.Get(second).value().state(), v1::JOB_STATE_RUNNING);
   EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(absl::StartsWith(jobs_.GetPlan(second).value().profile_source(),
+                               "measured on cpu: for an earlier job (cached);"))
+      << jobs_.GetPlan(second).value().profile_source();
 }
 
 // The worker profiling a job is drained (SIGTERM drains a worker, and its

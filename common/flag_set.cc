@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/closest_name.h"
 #include "common/logging.h"
 
 namespace pipetrain {
@@ -169,7 +170,12 @@ absl::Status FlagSet::Parse(const std::vector<std::string>& args,
       }
     }
     if (it == flags_.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+      std::vector<std::string> names;
+      for (const auto& [known, flag] : flags_) names.push_back(known);
+      const std::string near = ClosestName(name, names);
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown flag --", name, near.empty() ? "" : absl::StrCat("; did you mean --", near, "?"),
+          " (see --help)"));
     }
     if (!has_value) {
       if (it->second.is_bool) {

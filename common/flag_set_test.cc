@@ -169,13 +169,13 @@ TEST_F(FlagSetTest, Parse_BoolFollowedBySeparateWord_WordIsPositional) {
 TEST_F(FlagSetTest, Parse_NoPrefixOnNonBool_UnknownFlag) {
   absl::Status status = Parse({"--nocount"});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(status.message(), "unknown flag --nocount (see --help)");
+  EXPECT_EQ(status.message(), "unknown flag --nocount; did you mean --count? (see --help)");
 }
 
 TEST_F(FlagSetTest, Parse_NoPrefixWithValue_UnknownFlag) {
   absl::Status status = Parse({"--nocolor=true"});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(status.message(), "unknown flag --nocolor (see --help)");
+  EXPECT_EQ(status.message(), "unknown flag --nocolor; did you mean --color? (see --help)");
 }
 
 TEST_F(FlagSetTest, Parse_RepeatedFlag_LastValueWins) {
@@ -201,6 +201,14 @@ TEST_F(FlagSetTest, Parse_UnknownFlag_InvalidArgumentNamingIt) {
   absl::Status status = Parse({"--bogus=1"});
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "unknown flag --bogus (see --help)");
+}
+
+// A typo names the flag it is near (common/closest_name.h).
+TEST_F(FlagSetTest, Parse_MisspeltFlag_SuggestsTheNearOne) {
+  EXPECT_EQ(Parse({"--cuont=1"}).message(),
+            "unknown flag --cuont; did you mean --count? (see --help)");
+  EXPECT_EQ(Parse({"--verbos"}).message(),
+            "unknown flag --verbos; did you mean --verbose? (see --help)");
 }
 
 TEST_F(FlagSetTest, Parse_UnknownFlagAfterGoodOnes_StopsThere) {

@@ -17,6 +17,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "common/closest_name.h"
 #include "common/confined_path.h"
 #include "common/echo_input.h"
 #include "common/status_macros.h"
@@ -32,6 +33,22 @@
 
 namespace pipetrain {
 namespace {
+
+// For "spec.<path><typed>: unknown field": the JSON name of the field of
+// the message at `path` ("model." or "": proto field names, each followed
+// by a dot) nearest `typed` (ClosestName), or "".
+std::string NearestFieldName(absl::string_view path, absl::string_view typed) {
+  const google::protobuf::Descriptor* message = v1::JobSpec::descriptor();
+  for (absl::string_view part : absl::StrSplit(path, '.', absl::SkipEmpty())) {
+    // The parser names the path by proto names.
+    const google::protobuf::FieldDescriptor* field = message->FindFieldByName(std::string(part));
+    if (field == nullptr || field->message_type() == nullptr) return "";
+    message = field->message_type();
+  }
+  std::vector<std::string> names;
+  for (int i = 0; i < message->field_count(); ++i) names.push_back(message->field(i)->json_name());
+  return ClosestName(typed, names);
+}
 
 // Defaults documented in job.proto.
 constexpr int kDefaultVocabSize = 256;
@@ -1148,8 +1165,11 @@ absl::StatusOr<v1::JobSpec> JobSpecFromJson(std::string_view json) {
       if (!head.empty() && std::all_of(field.begin(), field.end(), [](char c) {
             return absl::ascii_isalnum(c) || c == '_' || c == '.';
           })) {
+        const std::string near = NearestFieldName(path, head);
         return absl::InvalidArgumentError(
-            absl::StrCat("spec.", field, ": unknown field (docs/api.md lists JobSpec's fields)"));
+            absl::StrCat("spec.", field, ": unknown field",
+                         near.empty() ? "" : absl::StrCat("; did you mean ", near, "?"),
+                         " (proto/pipetrain/v1/job.proto lists JobSpec's fields)"));
       }
     }
     const size_t close = text.find("): ");

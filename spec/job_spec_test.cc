@@ -1154,8 +1154,15 @@ TEST(ResolveJobSpec, ValuesJustPastABound_PrintedExactly) {
 // (the BadRequest violation's field then is the field itself, not "spec").
 TEST(JobSpecFromJson, UnknownField_RejectedNamingItsPath) {
   for (const auto& [json, message] : std::vector<std::pair<std::string, std::string>>{
-           {R"({"model": {"nLayers": 2}})", "spec.model.nLayers: unknown field"},
-           {R"({"bogus": 1})", "spec.bogus: unknown field"},
+           {R"({"model": {"nLayers": 2}})",
+            "spec.model.nLayers: unknown field; did you mean nLayer? "
+            "(proto/pipetrain/v1/job.proto lists JobSpec's fields)"},
+           {R"({"bogus": 1})",
+            "spec.bogus: unknown field (proto/pipetrain/v1/job.proto lists JobSpec's fields)"},
+           {R"({"trainig": {}})", "spec.trainig: unknown field; did you mean training? "},
+           {R"({"training": {"seq_lenn": 8}})",
+            "spec.training.seq_lenn: unknown field; did you "
+            "mean seqLen? "},
            {R"({"elastic": {"minWorkers": 1, "x_y": 2}})", "spec.elastic.x_y: unknown field"}}) {
     const absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(json);
     EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << json;

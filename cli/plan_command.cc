@@ -698,8 +698,10 @@ int RunPlan(const std::vector<std::string>& args) {
     parsed = absl::InvalidArgumentError("--data applies to pipeline plans, not --solver acctfm");
   }
   if (!parsed.ok()) {
-    std::fprintf(stderr, "pipetrain plan: %s\n\n%s", std::string(parsed.message()).c_str(),
-                 flags.Usage().c_str());
+    // The one line, as the other subcommands print it: the whole help after
+    // it scrolled the error out of sight.
+    std::fprintf(stderr, "pipetrain plan: %s%s\n", std::string(parsed.message()).c_str(),
+                 absl::StrContains(parsed.message(), "--help") ? "" : " (see --help)");
     return 2;
   }
   if (f.solver == "acctfm") return RunAccTfm(f);

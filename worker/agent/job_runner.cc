@@ -7,6 +7,7 @@
 #include <set>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/confined_path.h"
@@ -39,6 +40,15 @@ bool IsPeerFailure(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable ||
          status.code() == absl::StatusCode::kDeadlineExceeded ||
          status.code() == absl::StatusCode::kAborted;
+}
+
+// The coordinator's answer to a report of a job that has ended meanwhile
+// (JobManager::ForWorkerLocked: "job J already ended (STATE)"): a cancel
+// that reached the coordinator before this stage's first report. Nothing
+// failed here, and there is nobody left to tell.
+bool JobAlreadyEnded(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kFailedPrecondition &&
+         absl::StrContains(status.message(), " already ended (");
 }
 
 }  // namespace
@@ -136,7 +146,12 @@ std::string JobRunner::current_instruction() const {
 
 void JobRunner::Run() {
   absl::Status status = RunJob();
-  if (!status.ok() && !stop_.load() && !reported_) ReportError(status);
+  if (!status.ok() && !stop_.load() && !reported_ && JobAlreadyEnded(status)) {
+    PT_LOG(INFO) << "job " << assignment_.job_id() << " ended at the coordinator before this "
+                 << "stage finished (" << status.message() << "); stopping";
+  } else if (!status.ok() && !stop_.load() && !reported_) {
+    ReportError(status);
+  }
   const absl::Status backend = options_.backend->status();
   if (!backend.ok() && options_.on_backend_failure) options_.on_backend_failure(backend);
   finished_.store(true);

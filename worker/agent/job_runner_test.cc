@@ -48,6 +48,12 @@ class FakeLink : public CoordinatorLink {
       const v1::ReportProgressRequest& r) override {
     std::lock_guard<std::mutex> lock(mu_);
     v1::ReportProgressResponse response;
+    if (ended_) {  // kept, and answered as the coordinator answers once a job ended
+      reports_.push_back(r);
+      changed_.notify_all();
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", r.job_id(), " already ended (CANCELLED)"));
+    }
     if (r.ready() && ready_fail_left_ > 0) {
       --ready_fail_left_;
       ++failed_;
@@ -102,6 +108,11 @@ class FakeLink : public CoordinatorLink {
     std::lock_guard<std::mutex> lock(mu_);
     ready_fail_left_ = n;
   }
+  // Every report is answered "already ended" from now on (and kept).
+  void EndTheJob() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ended_ = true;
+  }
   // The next `n` checkpoint reports fail UNAVAILABLE (not kept).
   void FailCheckpointReports(int n) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -113,6 +124,7 @@ class FakeLink : public CoordinatorLink {
   }
 
  private:
+  bool ended_ = false;
   int fail_left_ = 0;
   int checkpoint_fail_left_ = 0;
   int ready_fail_left_ = 0;
@@ -731,6 +743,34 @@ TEST(JobRunnerTest, UnavailableStartBarrier_SentAgain) {
   for (auto& r : runners) r->Stop();
   EXPECT_EQ(link.failed(), 2);
   for (const auto& r : link.reports()) EXPECT_TRUE(r.error().empty()) << r.error();
+}
+
+// A cancel that reached the coordinator before the stages' start barrier:
+// each is answered "already ended" and stops quietly, reporting no error
+// (nothing failed, and the job has nobody left to tell).
+TEST(JobRunnerTest, JobEndedBeforeTheStartBarrier_StopsWithoutReportingAnError) {
+  InProcessFabric fabric(2);
+  FakeLink link;
+  link.EndTheJob();
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (int s = 0; s < 2; ++s) {
+    runners.push_back(std::make_unique<JobRunner>(
+        Assignment(s, 2, false, Schedule::kOneFOneB), &fabric.mailbox(s), FabricTransports(fabric),
+        &link, JobRunnerOptions{"w" + std::to_string(s), 1}));
+  }
+  for (auto& r : runners) r->Start();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (auto& r : runners) {
+    while (!r->finished() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+    ASSERT_TRUE(r->finished());
+  }
+  const std::vector<v1::ReportProgressRequest> reports = link.reports();
+  EXPECT_EQ(reports.size(), 2u);  // each stage's ready report, nothing after
+  for (const auto& r : reports) {
+    EXPECT_TRUE(r.ready());
+    EXPECT_TRUE(r.error().empty()) << r.error();
+  }
+  for (auto& r : runners) r->Stop();
 }
 
 // A checkpoint's report the coordinator could not take is sent again, as an

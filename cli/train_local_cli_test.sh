@@ -260,6 +260,20 @@ done
 expect_exit resume_to_5 0 "resumed from $TMP/c.ckpt at step 3" -- \
   "${RUN[@]}" --steps 5 --resume "$TMP/c.ckpt"
 check_log resume_log_5_lines 5
+# The resumed steps are the uninterrupted run's: the losses of steps 4 and
+# 5 equal those of a straight 5-step run (a resume that restarted from
+# fresh weights would print the message and differ here).
+STRAIGHT="$TMP/straight.jsonl"
+rm -f "$STRAIGHT"
+expect_exit straight_5 0 -- train-local --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2 \
+  --synthetic-bytes 20000 --log "$STRAIGHT" --steps 5
+resumed=$(sed -n '4,5p' "$LOG" | grep -o '"loss":[^,]*')
+straight=$(sed -n '4,5p' "$STRAIGHT" | grep -o '"loss":[^,]*')
+if [[ $(wc -l <<<"$resumed") -eq 2 && -n "$resumed" && "$resumed" == "$straight" ]]; then
+  passed=$((passed + 1))
+else
+  fail resume_equals_straight "resumed losses [$resumed] differ from the straight run's [$straight]"
+fi
 # --steps counts from the start: a checkpoint already there trains nothing,
 # and says so.
 expect_exit resume_past_steps 0 "nothing to train: the checkpoint is at step 5, and --steps 4" -- \

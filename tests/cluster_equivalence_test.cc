@@ -80,10 +80,13 @@ LocalCluster* ClusterEquivalenceTest::cluster_ = nullptr;
 
 // Runs `spec` on the cluster and checks its losses and weights file
 // against `ref`: within 1e-5 relative (the issues' bound) and bitwise.
-void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref) {
+// `submitted` (if given) receives the job's id.
+void ExpectMatchesTrainLocal(LocalCluster* cluster, const v1::JobSpec& spec, const Reference& ref,
+                             std::string* submitted = nullptr) {
   ASSERT_NE(cluster, nullptr);
   auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
   const std::string id = testing::SubmitJob(*stub, spec);
+  if (submitted != nullptr) *submitted = id;
   const v1::Job job = testing::AwaitJob(*stub, id, absl::Minutes(5), testing::Ended);
   ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
   ASSERT_EQ(job.progress().loss_history_size(), 10);
@@ -170,13 +173,12 @@ TEST_F(ClusterEquivalenceTest, BiPartitionSolverJob_ProfilesThenMatchesTrainLoca
   const Reference ref = TrainLocally(Spec(1, "uniform", "1f1b", ""));
   for (const std::string solver : {"bipartition", "auto"}) {
     SCOPED_TRACE(solver);
-    ExpectMatchesTrainLocal(cluster_, Spec(4, solver, "1f1b", WeightsPath(solver)), ref);
+    std::string id;
+    ExpectMatchesTrainLocal(cluster_, Spec(4, solver, "1f1b", WeightsPath(solver)), ref, &id);
+    ASSERT_FALSE(id.empty());
     auto stub = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
-    v1::ListJobsResponse jobs;
-    grpc::ClientContext context;
-    ASSERT_TRUE(stub->ListJobs(&context, {}, &jobs).ok());
     v1::GetPlanRequest request;
-    request.set_job_id(jobs.jobs(jobs.jobs_size() - 1).id());
+    request.set_job_id(id);
     v1::Plan plan;
     grpc::ClientContext plan_context;
     ASSERT_TRUE(stub->GetPlan(&plan_context, request, &plan).ok());

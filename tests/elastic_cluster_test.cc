@@ -285,8 +285,13 @@ TEST_F(ElasticClusterTest, KilledWhileACheckpointIsWritten_PartialOneIgnored) {
     while (!Exists(dir) && absl::Now() < deadline) {
       absl::SleepFor(absl::Microseconds(100));  // polls the file system
     }
+    ASSERT_TRUE(Exists(dir)) << "the job never began checkpoint " << step;
     worker.Signal(SIGSTOP);
-    while (!IsStopped(worker.pid())) absl::SleepFor(absl::Microseconds(100));
+    const absl::Time stop_deadline = absl::Now() + absl::Seconds(30);
+    while (!IsStopped(worker.pid()) && absl::Now() < stop_deadline) {
+      absl::SleepFor(absl::Microseconds(100));
+    }
+    ASSERT_TRUE(IsStopped(worker.pid())) << "SIGSTOP did not stop the worker";
     if (Exists(CheckpointFile("partial", id, step, 5))) {
       worker.Signal(SIGCONT);  // too late for this one
       continue;

@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -297,6 +298,45 @@ TEST_F(AuthTest, RightCredentials_SameCallsSucceed) {
   status = stub_->DrainWorker(Context(absl::StrCat("Bearer ", kUserToken)).get(), drain, &drained);
   EXPECT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(drained.id(), "w-2");
+}
+
+// The positive control for every user method and REST endpoint: the user
+// token is let in everywhere the bad credentials were refused (an answer
+// of the method's own, such as FAILED_PRECONDITION, is fine). A method that
+// refused everyone would otherwise pass the tests above.
+TEST_F(AuthTest, EveryUserMethodAndEndpoint_UserToken_LetIn) {
+  const std::set<std::string> user_methods = {"SubmitJob",   "GetJob",  "ListJobs",   "CancelJob",
+                                              "ListWorkers", "GetPlan", "DrainWorker"};
+  int checked = 0;
+  for (const auto& [method, status] : CallEveryMethod(absl::StrCat("Bearer ", kUserToken))) {
+    if (user_methods.count(method) == 0) continue;
+    ++checked;
+    EXPECT_NE(status.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << method << ": " << status.error_message();
+    EXPECT_NE(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << method << ": " << status.error_message();
+  }
+  EXPECT_EQ(checked, static_cast<int>(user_methods.size()));
+  const std::string id = job_;
+  for (const auto& [method, path] : std::vector<std::pair<std::string, std::string>>{
+           {"POST", "/v1/jobs"},
+           {"GET", "/v1/jobs"},
+           {"GET", "/v1/jobs/" + id},
+           {"GET", "/v1/jobs/" + id + "/plan"},
+           {"GET", "/v1/jobs/" + id + "/timeline.svg"},
+           {"GET", "/v1/jobs/" + id + "/measured-timeline.svg"},
+           {"GET", "/v1/workers"},
+           {"POST", "/v1/workers/w-2:drain"},
+           {"POST", "/v1/jobs/" + id + ":cancel"}}) {
+    SCOPED_TRACE(method + " " + path);
+    const httplib::Headers headers = {{"Authorization", absl::StrCat("Bearer ", kUserToken)}};
+    httplib::Result result =
+        method == "GET" ? client_->Get(path.c_str(), headers)
+                        : client_->Post(path.c_str(), headers, ValidSpecJson(), "application/json");
+    ASSERT_TRUE(result) << httplib::to_string(result.error());
+    EXPECT_NE(result->status, 401) << result->body;
+    EXPECT_NE(result->status, 403) << result->body;
+  }
 }
 
 TEST_F(AuthTest, EveryRestEndpoint_BadCredentials_401AndNothingChanges) {

@@ -138,6 +138,14 @@ class FakeLink : public CoordinatorLink {
   const int stages_;
 };
 
+// Polls `runner`'s observable state until its thread is done, for at most
+// 30 s: false if it never was (the test fails instead of hanging).
+bool AwaitFinished(const JobRunner& runner) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (!runner.finished() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
+  return runner.finished();
+}
+
 // Lists a data-plane address per worker of `a` (replicas x stages x tensor
 // ranks), as the coordinator does; the in-process fabric ignores them.
 void SetPeers(v1::Assignment* a) {
@@ -342,7 +350,7 @@ TEST(JobRunnerTest, FailedStage_AbortsItsQueuedSends) {
   JobRunner sender(Assignment(0, 3, false, Schedule::kGPipe), &fabric.mailbox(0), factory, &link,
                    JobRunnerOptions{"w", 1, absl::Milliseconds(200)});
   sender.Start();
-  while (!sender.finished()) absl::SleepFor(absl::Milliseconds(5));  // polls an observable state
+  ASSERT_TRUE(AwaitFinished(sender));
   EXPECT_EQ(aborts.load(), 1);  // torn down by Abort, not after the wait for delivery
   ASSERT_FALSE(link.reports().empty());
   EXPECT_NE(link.reports().back().error().find("recv ACTIVATION_GRAD"), std::string::npos)
@@ -368,7 +376,7 @@ TEST(JobRunnerTest, CompletedStages_DoNotAbortTheirTransports) {
   }
   for (auto& r : runners) r->Start();
   for (auto& r : runners) {
-    while (!r->finished()) absl::SleepFor(absl::Milliseconds(5));  // polls an observable state
+    ASSERT_TRUE(AwaitFinished(*r));
     EXPECT_TRUE(r->completed());
   }
   EXPECT_EQ(aborts.load(), 0);
@@ -759,11 +767,7 @@ TEST(JobRunnerTest, JobEndedBeforeTheStartBarrier_StopsWithoutReportingAnError) 
         &link, JobRunnerOptions{"w" + std::to_string(s), 1}));
   }
   for (auto& r : runners) r->Start();
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  for (auto& r : runners) {
-    while (!r->finished() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(2));
-    ASSERT_TRUE(r->finished());
-  }
+  for (auto& r : runners) ASSERT_TRUE(AwaitFinished(*r));
   const std::vector<v1::ReportProgressRequest> reports = link.reports();
   EXPECT_EQ(reports.size(), 2u);  // each stage's ready report, nothing after
   for (const auto& r : reports) {

@@ -155,6 +155,16 @@ DataFormat DetectFormat(const std::string& path, std::string_view bytes) {
       ReadInt32Le(bytes.data()) == kTokenFileMagic) {
     return DataFormat::kUint16Header;
   }
+  // A header whose magic was damaged, the rest intact (the version, and a
+  // count that accounts for the file's size exactly): read as one, so the
+  // error says "bad magic" instead of training on the header's 1024 bytes
+  // as tokens. A raw token file matches this by chance practically never.
+  if (static_cast<int64_t>(bytes.size()) >= kTokenFileHeaderBytes &&
+      ReadInt32Le(bytes.data() + 4) == kTokenFileVersion && ReadInt32Le(bytes.data() + 8) >= 0 &&
+      static_cast<int64_t>(bytes.size()) ==
+          kTokenFileHeaderBytes + 2 * static_cast<int64_t>(ReadInt32Le(bytes.data() + 8))) {
+    return DataFormat::kUint16Header;
+  }
   if (absl::EndsWith(path, ".bin") || absl::EndsWith(path, ".u16")) return DataFormat::kUint16;
   return DataFormat::kText;
 }

@@ -265,6 +265,20 @@ TEST(TokenFileTest, LoadTokenFile_BadMagic_NamesFoundAndExpected) {
               "bad magic: found 12345, expected 20240520");
 }
 
+// Auto-detected: a header whose magic was damaged but whose version and
+// count fit the file is refused as one, not read as raw tokens (header
+// included); one whose count does not fit the size stays raw.
+TEST(TokenFileTest, LoadTokenFile_AutoDamagedMagic_BadMagicNotRawTokens) {
+  auto loaded = LoadBytes("damaged.bin", Header(12345, 1, 3) + Uint16Bytes({1, 2, 3}),
+                          DataFormat::kAuto, 65536);
+  ExpectError(loaded, "damaged.bin", absl::StatusCode::kInvalidArgument,
+              "bad magic: found 12345, expected 20240520");
+  auto raw = LoadBytes("raw-like.bin", Header(12345, 1, 4) + Uint16Bytes({1, 2, 3}),
+                       DataFormat::kAuto, 65536);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  EXPECT_EQ(raw->size(), (kTokenFileHeaderBytes + 6) / 2);
+}
+
 TEST(TokenFileTest, LoadTokenFile_BadVersion_InvalidArgument) {
   auto loaded = LoadBytes("version.bin", Header(kTokenFileMagic, 2, 1) + Uint16Bytes({1}),
                           DataFormat::kAuto, 256);

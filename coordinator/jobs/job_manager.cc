@@ -3024,8 +3024,16 @@ absl::Status JobManager::OpenWeightsFileLocked(JobRecord& record) {
     }
   }
   RemoveAbandonedWeightTemporaries(parent.dir.get(), parent.name, record.job.id());
-  ASSIGN_OR_RETURN(record.weights_file, SafetensorsFileWriter::Create(parent.dir.get(), parent.name,
-                                                                      std::move(tensors), 0600));
+  absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer =
+      SafetensorsFileWriter::Create(parent.dir.get(), parent.name, std::move(tensors), 0600);
+  if (!writer.ok()) {
+    // The writer names the file alone; say where it is (a full disk is
+    // the output directory's).
+    return absl::Status(writer.status().code(),
+                        absl::StrCat("spec.output.weights_path ", name, " under ", kOutputDirFlag,
+                                     " ", options_.output_dir, ": ", writer.status().message()));
+  }
+  record.weights_file = *std::move(writer);
   record.weights_index = std::move(index);
   return absl::OkStatus();
 }

@@ -228,7 +228,7 @@ TEST_P(TensorParallelModelTest, LossesGradientsAndWeights_EqualTheWholeModel) {
     }
   }
   if (ranks > 1) {
-    testing::ExpectWeightsClose(got, want, Config().d_model, kLr, kSteps, "weights",
+    testing::ExpectWeightsClose(got, want, Config().d_model, "weights",
                                 testing::kTensorParallelWeightsRelative);
   }
 }

@@ -20,9 +20,11 @@
 // any run computes for it is rounding noise, and Adam, which divides by the
 // gradient's own magnitude, turns any noise into steps of about lr. Two
 // summation orders give two different noises: these entries cannot agree
-// relatively in any data-parallel system. They are held to Adam's bound
-// instead: each step moves an entry by at most about lr * (1 - beta1) /
-// sqrt(1 - beta2) < 4 lr, so two runs differ by at most 8 lr per step.
+// relatively in any data-parallel system. They are not compared. (Adam
+// bounds them, each step moving an entry by at most about lr * (1 - beta1)
+// / sqrt(1 - beta2) < 4 lr, but that holds whatever the gradient, so a
+// check against it could not fail.) The other two thirds of the bias, the
+// queries' and values', are compared as every other tensor.
 #ifndef PIPETRAIN_WORKER_RUNTIME_DATA_PARALLEL_TESTING_H_
 #define PIPETRAIN_WORKER_RUNTIME_DATA_PARALLEL_TESTING_H_
 
@@ -58,12 +60,11 @@ void ExpectLossesClose(const std::vector<float>& got, const std::vector<float>& 
                        const std::string& what);
 
 // Every tensor of `want` present in `got` and within `relative` of its
-// largest magnitude in the max norm, the key bias of a d_model-wide model
-// within 8 * max_lr * steps (EXPECT).
+// largest magnitude in the max norm, but the key bias of a d_model-wide
+// model, which is not compared (above) (EXPECT).
 void ExpectWeightsClose(const std::map<std::string, std::vector<float>>& got,
                         const std::map<std::string, std::vector<float>>& want, int d_model,
-                        double max_lr, int steps, const std::string& what,
-                        double relative = kDataParallelRelative);
+                        const std::string& what, double relative = kDataParallelRelative);
 
 }  // namespace testing
 }  // namespace pipetrain

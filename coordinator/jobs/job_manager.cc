@@ -200,6 +200,19 @@ void RemoveCheckpointDirs(const std::string& output_dir, const std::string& job_
   }
 }
 
+// Removes the step directories of `checkpoint_dir` that have no manifest,
+// but those named in `keep`: their files written before `written_before`.
+// On io_.
+void RemoveStepDirsWithoutManifest(const std::string& output_dir, const std::string& job_id,
+                                   const std::string& checkpoint_dir,
+                                   const std::set<std::string>& keep, absl::Time written_before) {
+  std::vector<v1::ResumeFrom> doomed;
+  for (v1::ResumeFrom& dir : StepDirsWithoutManifest(output_dir, checkpoint_dir)) {
+    if (keep.count(dir.dir()) == 0) doomed.push_back(std::move(dir));
+  }
+  RemoveCheckpointDirs(output_dir, job_id, doomed, written_before);
+}
+
 }  // namespace
 
 JobManager::JobManager(WorkerRegistry* registry, AssignmentHub* hub, Clock* clock,
@@ -2405,13 +2418,7 @@ void JobManager::SweepCheckpointDirsLocked(JobRecord& record, absl::Time ended) 
     io_.Post([this, output_dir = options_.output_dir, id = record.job.id(), checkpoint_dir, shared,
               known = std::move(known), incomplete = std::move(incomplete), ended] {
       RemoveCheckpointDirs(output_dir, id, incomplete, ended);
-      if (!shared) {
-        std::vector<v1::ResumeFrom> unknown;
-        for (v1::ResumeFrom& dir : StepDirsWithoutManifest(output_dir, checkpoint_dir)) {
-          if (known.count(dir.dir()) == 0) unknown.push_back(std::move(dir));
-        }
-        RemoveCheckpointDirs(output_dir, id, unknown, ended);
-      }
+      if (!shared) RemoveStepDirsWithoutManifest(output_dir, id, checkpoint_dir, known, ended);
       AnnotatedMutexLock lock(&mu_);
       if (JobRecord* done = FindLocked(id)) --done->checkpoint_sweeps_pending;
     });
@@ -2422,11 +2429,12 @@ void JobManager::SweepStoppedJobsLocked() {
   const absl::Time now = clock_->Now();
   for (auto& [id, record] : jobs_) {
     if (record->late_sweep_workers.empty()) continue;
-    const bool stopped = now >= record->late_sweep_by ||
-                         std::all_of(record->late_sweep_workers.begin(),
-                                     record->late_sweep_workers.end(), [&](const std::string& w) {
-                                       return registry_->StoppedSince(w, record->late_sweep_since);
-                                     });
+    // (A lambda may not name a structured binding in C++17: clang refuses.)
+    const absl::Time since = record->late_sweep_since;
+    const bool stopped =
+        now >= record->late_sweep_by ||
+        std::all_of(record->late_sweep_workers.begin(), record->late_sweep_workers.end(),
+                    [&](const std::string& w) { return registry_->StoppedSince(w, since); });
     if (!stopped) continue;
     record->late_sweep_workers.clear();
     // Every step directory without a manifest but those this job holds
@@ -2436,11 +2444,7 @@ void JobManager::SweepStoppedJobsLocked() {
     io_.Post([this, output_dir = options_.output_dir, id = id,
               checkpoint_dir = record->resolved.spec.checkpoint().dir(),
               complete = std::move(complete), until = absl::Now()] {
-      std::vector<v1::ResumeFrom> late;
-      for (v1::ResumeFrom& dir : StepDirsWithoutManifest(output_dir, checkpoint_dir)) {
-        if (complete.count(dir.dir()) == 0) late.push_back(std::move(dir));
-      }
-      RemoveCheckpointDirs(output_dir, id, late, until);
+      RemoveStepDirsWithoutManifest(output_dir, id, checkpoint_dir, complete, until);
       AnnotatedMutexLock lock(&mu_);
       if (JobRecord* done = FindLocked(id)) --done->checkpoint_sweeps_pending;
     });

@@ -736,16 +736,22 @@ TEST(JobRunnerTest, InitWeightsWithNan_ReportedAsTheJobsErrorBeforeAnyStep) {
 
 // The start barrier's report the coordinator could not take (a leader
 // change) is sent again: the stages start and train.
-TEST(JobRunnerTest, UnavailableStartBarrier_SentAgain) {
-  InProcessFabric fabric(2);
-  FakeLink link;
-  link.FailReadyReports(2);
+// The two stages of a 2-step 1F1B job over `fabric`, reporting to `link`.
+std::vector<std::unique_ptr<JobRunner>> TwoStageRunners(InProcessFabric& fabric, FakeLink& link) {
   std::vector<std::unique_ptr<JobRunner>> runners;
   for (int s = 0; s < 2; ++s) {
     runners.push_back(std::make_unique<JobRunner>(
         Assignment(s, 2, false, Schedule::kOneFOneB), &fabric.mailbox(s), FabricTransports(fabric),
         &link, JobRunnerOptions{"w" + std::to_string(s), 1}));
   }
+  return runners;
+}
+
+TEST(JobRunnerTest, UnavailableStartBarrier_SentAgain) {
+  InProcessFabric fabric(2);
+  FakeLink link;
+  link.FailReadyReports(2);
+  std::vector<std::unique_ptr<JobRunner>> runners = TwoStageRunners(fabric, link);
   for (auto& r : runners) r->Start();
   ASSERT_TRUE(link.AwaitReports(4));  // each stage's two iterations
   for (auto& r : runners) r->Stop();
@@ -760,12 +766,7 @@ TEST(JobRunnerTest, JobEndedBeforeTheStartBarrier_StopsWithoutReportingAnError) 
   InProcessFabric fabric(2);
   FakeLink link;
   link.EndTheJob();
-  std::vector<std::unique_ptr<JobRunner>> runners;
-  for (int s = 0; s < 2; ++s) {
-    runners.push_back(std::make_unique<JobRunner>(
-        Assignment(s, 2, false, Schedule::kOneFOneB), &fabric.mailbox(s), FabricTransports(fabric),
-        &link, JobRunnerOptions{"w" + std::to_string(s), 1}));
-  }
+  std::vector<std::unique_ptr<JobRunner>> runners = TwoStageRunners(fabric, link);
   for (auto& r : runners) r->Start();
   for (auto& r : runners) ASSERT_TRUE(AwaitFinished(*r));
   const std::vector<v1::ReportProgressRequest> reports = link.reports();

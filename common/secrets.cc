@@ -38,12 +38,7 @@ std::string RandomHex(int bytes) {
   return absl::BytesToHexString(raw);
 }
 
-std::string Sha256Hex(absl::string_view data) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int length = 0;
-  PT_CHECK(EVP_Digest(data.data(), data.size(), digest, &length, EVP_sha256(), nullptr) == 1);
-  return absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(digest), length));
-}
+std::string Sha256Hex(absl::string_view data) { return Sha256HexOfPieces({data}); }
 
 std::string Sha256HexOfPieces(const std::vector<absl::string_view>& pieces) {
   std::unique_ptr<EVP_MD_CTX, void (*)(EVP_MD_CTX*)> context(EVP_MD_CTX_new(), EVP_MD_CTX_free);

@@ -2342,21 +2342,17 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
     // written, two fsyncs each, would otherwise queue a manifest each
     // ahead of every later save and every cancel).
     bool held = false;
-    std::vector<v1::ResumeFrom> removed = expired;
     {
       AnnotatedMutexLock lock(&mu_);
       JobRecord* record = FindLocked(id);
       held = record != nullptr && record->checkpoints != nullptr &&
              record->checkpoints->Holds(complete.step());
-      // Kept for a later successful save (the catalog forgot them), or
-      // those kept by earlier failed saves go with these.
+      // Kept for a later successful save (the catalog forgot them), which
+      // removes them (PersistLocked; it took those of earlier failed saves
+      // already when this save succeeded).
       if (record != nullptr && !saved.ok()) {
         record->expired_unsaved.insert(record->expired_unsaved.end(), expired.begin(),
                                        expired.end());
-      } else if (record != nullptr) {
-        removed.insert(removed.end(), record->expired_unsaved.begin(),
-                       record->expired_unsaved.end());
-        record->expired_unsaved.clear();
       }
     }
     if (held) {
@@ -2369,7 +2365,7 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
                          "them was not saved";
       return;
     }
-    RemoveCheckpointDirs(output_dir, id, removed);
+    RemoveCheckpointDirs(output_dir, id, expired);
   }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;

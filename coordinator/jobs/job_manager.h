@@ -456,8 +456,8 @@ class JobManager {
     // with: not offered to it again unless they register anew.
     std::map<std::string, int64_t> unfit;
     // Checkpoints expired from the catalog while the save that drops them
-    // failed: their directories go after the next checkpoint's save
-    // succeeds (until then the stored state may still name them).
+    // failed: their directories go after the job's next successful save,
+    // a retry's included (until then the stored state may still name them).
     std::vector<v1::ResumeFrom> expired_unsaved;
     int recoveries_without_progress = 0;
     // The furthest step any complete checkpoint reached (since this

@@ -146,11 +146,13 @@ std::string JobRunner::current_instruction() const {
 
 void JobRunner::Run() {
   absl::Status status = RunJob();
-  if (!status.ok() && !stop_.load() && !reported_ && JobAlreadyEnded(status)) {
-    PT_LOG(INFO) << "job " << assignment_.job_id() << " ended at the coordinator before this "
-                 << "stage finished (" << status.message() << "); stopping";
-  } else if (!status.ok() && !stop_.load() && !reported_) {
-    ReportError(status);
+  if (!status.ok() && !stop_.load() && !reported_) {
+    if (JobAlreadyEnded(status)) {
+      PT_LOG(INFO) << "job " << assignment_.job_id() << " ended at the coordinator before this "
+                   << "stage finished (" << status.message() << "); stopping";
+    } else {
+      ReportError(status);
+    }
   }
   const absl::Status backend = options_.backend->status();
   if (!backend.ok() && options_.on_backend_failure) options_.on_backend_failure(backend);

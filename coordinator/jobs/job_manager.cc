@@ -1023,13 +1023,21 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
     // a checkpoint of its own.
     const std::string init_source =
         init.checkpoint.has_value() ? init.checkpoint->dir() : init.weights;
-    if (const JobRecord* other =
-            init_source.empty() ? nullptr : CheckpointDirHoldingLocked(init_source)) {
+    const JobRecord* init_holder =
+        init_source.empty() ? nullptr : CheckpointDirHoldingLocked(init_source);
+    // An ended job's sweeps remove only steps without a manifest: a complete
+    // checkpoint of its directory may be started from at once (a weights
+    // file there may lie in a step they remove).
+    if (init_holder != nullptr && init.checkpoint.has_value() &&
+        IsTerminal(init_holder->job.state())) {
+      init_holder = nullptr;
+    }
+    if (init_holder != nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(
           "spec.init.from \"", resolved.spec.init().from(),
-          "\" lies in the checkpoint directory \"", other->job.spec().checkpoint().dir(),
-          "\" of job ", other->job.id(), " (", EnumShortName(other->job.state()),
-          IsTerminal(other->job.state())
+          "\" lies in the checkpoint directory \"", init_holder->job.spec().checkpoint().dir(),
+          "\" of job ", init_holder->job.id(), " (", EnumShortName(init_holder->job.state()),
+          IsTerminal(init_holder->job.state())
               ? absl::StrCat(kLeftoversBeingRemoved, ")")
               : "), which deletes its older checkpoints as it goes; start from it once that job "
                 "has ended, or from a copy outside that directory"));

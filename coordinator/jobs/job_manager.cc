@@ -2056,6 +2056,7 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
     }
     a.set_data_plane_secret(data_plane_secret);
     a.set_start_iteration(start_step);
+    a.set_data_sha256(record.job.data_sha256());
     for (int t = 0; t < stages; ++t) {
       const v1::UnitRange& b = record.plan.stages(t * tensor).backward();
       if (b.end() > b.begin()) a.add_optimizer_stages(t);
@@ -2590,6 +2591,26 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
                      ": ", r.worker_id(), "'s stage ", stage_index,
                      " does not run the model's last unit, so it computes no loss"));
   }
+  // The tokens every stage trains on: the first digest a job hears is its
+  // own (the first plan's stages are compared with each other here, before
+  // any of them passes the start barrier); later plans' stages check theirs
+  // against it themselves (Assignment.data_sha256), and here again.
+  if (!r.data_sha256().empty() && r.data_sha256() != record->job.data_sha256()) {
+    if (!record->job.data_sha256().empty()) {
+      EndLocked(*record, v1::JOB_STATE_FAILED,
+                absl::StrCat("worker ", r.worker_id(), " read other tokens from spec.data",
+                             record->resolved.spec.data().path().empty()
+                                 ? " (generated text)"
+                                 : absl::StrCat(".path ", record->resolved.spec.data().path()),
+                             " (SHA-256 ", r.data_sha256(), ") than the job trains on (",
+                             record->job.data_sha256(),
+                             ", Job.data_sha256): the file differs on that host, or was "
+                             "changed or replaced since the job began"));
+      return response;
+    }
+    record->job.set_data_sha256(r.data_sha256());
+    PersistLocked(*record).IgnoreError();  // logged; saved again with the next change
+  }
   StageProgress& stage = record->stages[stage_index];
   // The slowest stage's checkpoint load: sent with the start barrier, or
   // (a plan without one) with the first iteration's report.
@@ -2871,6 +2892,14 @@ absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,
     return absl::InvalidArgumentError(
         absl::StrCat("ReportProgressRequest.weights_digest: ", r.weights_digest().size(),
                      " bytes exceeds the limit of 64"));
+  }
+  // Shown to users (Job.data_sha256) and compared byte for byte.
+  if (!r.data_sha256().empty() &&
+      (r.data_sha256().size() != 64 ||
+       !std::all_of(r.data_sha256().begin(), r.data_sha256().end(),
+                    [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }))) {
+    return absl::InvalidArgumentError(
+        "ReportProgressRequest.data_sha256: not 64 lowercase hex digits");
   }
   if (r.error().size() > kMaxReportedErrorBytes) {
     return absl::InvalidArgumentError(

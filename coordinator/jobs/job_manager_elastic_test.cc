@@ -1675,6 +1675,49 @@ TEST_F(JobManagerElasticTest, Restore_RunningJobResumesOnceItsWorkersRegisterAga
   EXPECT_EQ(AssignmentOf(w1).resume().step(), 5);
 }
 
+// A recovered job, even across a coordinator restart, trains on the tokens
+// it began with: its next plan's assignments carry its data digest (each
+// stage checks its own before the first step), and a stage of that plan
+// that reports other tokens fails it.
+TEST_F(JobManagerElasticTest, DataDigest_KeptAcrossARestartAndCheckedByTheNextPlan) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  const std::string digest(64, 'c');
+  auto ready = [&](const std::string& worker, const std::string& data) {
+    v1::ReportProgressRequest r;
+    r.set_worker_id(worker);
+    r.set_job_id(id);
+    r.set_plan_version(jobs_->Get(id).value().plan_version());
+    r.set_ready(true);
+    r.set_data_sha256(data);
+    ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  };
+  ready(w1, digest);
+  ready(w2, digest);
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  jobs_->FlushIo();
+  Reset(/*with_state=*/true);
+  ASSERT_TRUE(jobs_->Restore().ok());
+  EXPECT_EQ(jobs_->Get(id).value().data_sha256(), digest);
+  registry_.MarkLost(w1, incarnations_[w1], "coordinator restarted");
+  registry_.MarkLost(w2, incarnations_[w2], "coordinator restarted");
+  clock_.Advance(absl::Milliseconds(10));
+  AddWorker(7001);
+  AddWorker(7002);
+  Schedule();
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(AssignmentOf(w1).data_sha256(), digest);
+  EXPECT_EQ(AssignmentOf(w2).data_sha256(), digest);
+  ready(w1, digest);
+  EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  ready(w2, std::string(64, 'd'));
+  const v1::Job job = jobs_->Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "read other tokens")) << job.reason();
+}
+
 // A restarted coordinator whose ids start again where an earlier one's did
 // (no epoch here; in production a clock-made epoch that repeats) gives a
 // new job an id no restored job has, rather than replacing that job.

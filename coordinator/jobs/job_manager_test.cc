@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
@@ -854,6 +855,58 @@ TEST_F(JobManagerTest, ReadyBarrier_OpensWhenEveryStageIsReady) {
   r.set_worker_id(w1);
   EXPECT_TRUE(jobs_.ReportProgress(r).value().all_ready());
   EXPECT_EQ(jobs_.Get(id).value().progress().step(), 0);  // a ready report is no iteration
+}
+
+// Workers that read different tokens at spec.data.path (another copy on
+// another host) trained silently on different data; the first digest a job
+// hears is its own, and a stage with another fails it at the barrier.
+TEST_F(JobManagerTest, ReadyBarrier_FirstDataDigestIsTheJobs_AnotherFailsIt) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  EXPECT_EQ(jobs_.Get(id).value().data_sha256(), "");
+  EXPECT_EQ(AssignmentOf(w1).data_sha256(), "");
+  const std::string a(64, 'a'), b = std::string(63, 'a') + "b";
+  v1::ReportProgressRequest r;
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_ready(true);
+  r.set_worker_id(w1);
+  r.set_data_sha256(a);
+  EXPECT_FALSE(jobs_.ReportProgress(r).value().all_ready());
+  EXPECT_EQ(jobs_.Get(id).value().data_sha256(), a);
+  EXPECT_FALSE(jobs_.ReportProgress(r).value().all_ready());  // the same again: fine
+  r.set_worker_id(w2);
+  r.set_data_sha256(b);
+  EXPECT_FALSE(jobs_.ReportProgress(r).value().all_ready());
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_EQ(job.data_sha256(), a);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "worker " + w2 + " read other tokens"))
+      << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), b)) << job.reason();
+  EXPECT_TRUE(absl::StrContains(job.reason(), a)) << job.reason();
+  EXPECT_EQ(AssignmentOf(w1).action(), v1::Assignment::ACTION_STOP);
+}
+
+TEST_F(JobManagerTest, DataDigestNotLowercaseHexOf64_InvalidArgument) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  v1::ReportProgressRequest r;
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_ready(true);
+  r.set_worker_id(w1);
+  for (const std::string& bad : {std::string(63, 'a'), std::string(65, 'a'), std::string(64, 'A'),
+                                 std::string(63, 'a') + "g", std::string(64, '\0')}) {
+    r.set_data_sha256(bad);
+    const absl::Status refused = jobs_.ReportProgress(r).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << absl::CEscape(bad);
+    EXPECT_TRUE(absl::StrContains(refused.message(), "ReportProgressRequest.data_sha256"));
+  }
+  EXPECT_EQ(jobs_.Get(id).value().data_sha256(), "");
+  EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  r.set_data_sha256("0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef");
+  EXPECT_TRUE(jobs_.ReportProgress(r).ok());
 }
 
 TEST_F(JobManagerTest, Cancel_EndsOnceThenIsFailedPrecondition) {

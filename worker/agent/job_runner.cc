@@ -187,6 +187,7 @@ absl::Status JobRunner::AwaitAllStagesReady() {
   r.set_plan_version(assignment_.plan_version());
   r.set_ready(true);
   r.set_resume_load_seconds(resume_load_seconds_);
+  r.set_data_sha256(data_sha256_);
   const absl::Time deadline = absl::Now() + options_.recv_timeout;
   // Polls the coordinator's barrier: soon at first (the last stage to come
   // is answered at once), then at most every 20 ms, so that many workers
@@ -462,6 +463,21 @@ absl::Status JobRunner::RunJob() {
         " bytes: --memory-limit, else its cgroup's limit or RAM); use a smaller file"));
   }
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, std::move(loaded));
+  // A recovery or a re-plan must train on the tokens the job began with: a
+  // file replaced meanwhile (or another host's copy that differs) would
+  // otherwise be used silently. The coordinator compares the first plan's
+  // stages with each other by the digest sent with the start barrier.
+  data_sha256_ = CorpusSha256(tokens);
+  if (!assignment_.data_sha256().empty() && assignment_.data_sha256() != data_sha256_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "spec.data",
+        job.spec.data().path().empty() ? " (generated text)"
+                                       : absl::StrCat(".path ", job.spec.data().path()),
+        ": the tokens this worker read have SHA-256 ", data_sha256_,
+        ", but the job began with tokens of SHA-256 ", assignment_.data_sha256(),
+        " (Job.data_sha256): the file was changed or replaced since, or this host's copy "
+        "differs; restore it, or submit a new job (spec.init.from its last checkpoint)"));
+  }
   absl::StatusOr<Dataset> created =
       Dataset::Create(std::move(tokens), job.train.seq_len, job.val_fraction);
   if (!created.ok() && !job.spec.data().path().empty()) {  // say which file is short
@@ -748,8 +764,9 @@ absl::Status JobRunner::RunJob() {
     r.set_job_id(assignment_.job_id());
     r.set_plan_version(assignment_.plan_version());
     r.set_iteration(it);
-    if (!load_reported) {
+    if (!load_reported) {  // and the data's digest
       r.set_resume_load_seconds(resume_load_seconds_);
+      r.set_data_sha256(data_sha256_);
       load_reported = true;
     }
     if (speaks) {

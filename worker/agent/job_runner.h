@@ -184,6 +184,7 @@ class JobRunner {
   bool reported_ = false;  // the failure went to the coordinator (runner thread only)
   const std::string data_plane_job_;
   double resume_load_seconds_ = 0;  // runner thread only
+  std::string data_sha256_;         // CorpusSha256 of the loaded tokens; runner thread only
   mutable AnnotatedMutex mu_;
   StageRuntime* runtime_ ABSL_GUARDED_BY(mu_) = nullptr;  // while running
   // The device group's channel while the job holds one: Stop() aborts it,

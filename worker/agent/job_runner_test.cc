@@ -20,6 +20,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "coordinator/planner/device_links.h"
@@ -27,6 +28,7 @@
 #include "coordinator/planner/schedule_compiler.h"
 #include "gtest/gtest.h"
 #include "spec/job_spec.h"
+#include "worker/data/corpus.h"
 #include "worker/data/token_file.h"
 #include "worker/model/cpu_backend.h"
 #include "worker/model/forwarding_backend.h"
@@ -61,6 +63,7 @@ class FakeLink : public CoordinatorLink {
     }
     if (r.ready()) {
       ready_.insert(r.worker_id());
+      ready_reports_.push_back(r);
       response.set_all_ready(static_cast<int>(ready_.size()) >= stages_);
       return response;
     }
@@ -92,6 +95,10 @@ class FakeLink : public CoordinatorLink {
   std::vector<v1::ReportProgressRequest> reports() {
     std::lock_guard<std::mutex> lock(mu_);
     return reports_;
+  }
+  std::vector<v1::ReportProgressRequest> ready_reports() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return ready_reports_;
   }
   std::vector<std::string> uploaded() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -134,6 +141,7 @@ class FakeLink : public CoordinatorLink {
   std::condition_variable changed_;
   std::vector<v1::ReportProgressRequest> reports_;
   std::vector<std::string> uploaded_;
+  std::vector<v1::ReportProgressRequest> ready_reports_;  // answered
   std::set<std::string> ready_;
   const int stages_;
 };
@@ -757,6 +765,57 @@ TEST(JobRunnerTest, UnavailableStartBarrier_SentAgain) {
   for (auto& r : runners) r->Stop();
   EXPECT_EQ(link.failed(), 2);
   for (const auto& r : link.reports()) EXPECT_TRUE(r.error().empty()) << r.error();
+}
+
+// The start barrier carries the digest of the tokens each stage loaded
+// (the coordinator compares the stages' and keeps the first as the job's);
+// a single stage, which passes no barrier, sends it with its first report.
+TEST(JobRunnerTest, DataDigest_SentWithTheBarrierOrTheFirstReport) {
+  const v1::Assignment two = Assignment(0, 2, false, Schedule::kOneFOneB);
+  const std::string expected =
+      CorpusSha256(LoadCorpus(CorpusSpec{"", DataFormat::kAuto, 256, 5000, 1}).value());
+  ASSERT_EQ(expected.size(), 64u);
+  InProcessFabric fabric(2);
+  FakeLink link;
+  std::vector<std::unique_ptr<JobRunner>> runners = TwoStageRunners(fabric, link);
+  for (auto& r : runners) r->Start();
+  ASSERT_TRUE(link.AwaitReports(4));
+  for (auto& r : runners) r->Stop();
+  std::set<std::string> ready;  // a stage asks until every stage is ready
+  for (const auto& r : link.ready_reports()) {
+    EXPECT_EQ(r.data_sha256(), expected);
+    ready.insert(r.worker_id());
+  }
+  EXPECT_EQ(ready, (std::set<std::string>{"w0", "w1"}));
+  for (const auto& r : link.reports()) EXPECT_EQ(r.data_sha256(), "");  // said once
+  ASSERT_EQ(two.spec().data().synthetic_bytes(), 5000);                 // the corpus hashed above
+
+  const v1::ReportProgressRequest first =
+      FirstReportOfOneStage(OneStageAssignment(2), JobRunnerOptions{"w", 1});
+  EXPECT_EQ(first.iteration(), 0);
+  EXPECT_EQ(first.data_sha256(), expected);
+}
+
+// A plan after a recovery names the job's digest: a stage that reads other
+// tokens (the file was replaced since) fails the job before any step,
+// naming both digests, rather than train on them silently.
+TEST(JobRunnerTest, DataDigestOtherThanTheJobs_ReportedAsTheJobsErrorBeforeAnyStep) {
+  v1::Assignment a = OneStageAssignment(2);
+  a.set_data_sha256(std::string(64, 'e'));
+  const v1::ReportProgressRequest report = FirstReportOfOneStage(a, JobRunnerOptions{"w", 1});
+  EXPECT_TRUE(absl::StartsWith(report.error(),
+                               "FAILED_PRECONDITION: spec.data (generated text): "
+                               "the tokens this worker read have SHA-256 "))
+      << report.error();
+  EXPECT_TRUE(absl::StrContains(report.error(), std::string(64, 'e'))) << report.error();
+  EXPECT_FALSE(report.peer_failure());
+  EXPECT_EQ(report.micro_batch_losses_size(), 0);
+  // With the job's own digest it trains.
+  a.set_data_sha256(
+      CorpusSha256(LoadCorpus(CorpusSpec{"", DataFormat::kAuto, 256, 5000, 1}).value()));
+  const v1::ReportProgressRequest trained = FirstReportOfOneStage(a, JobRunnerOptions{"w", 1});
+  EXPECT_EQ(trained.error(), "");
+  EXPECT_EQ(trained.iteration(), 0);
 }
 
 // A cancel that reached the coordinator before the stages' start barrier:

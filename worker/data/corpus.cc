@@ -1,6 +1,8 @@
 #include "worker/data/corpus.h"
 
+#include "absl/base/config.h"
 #include "absl/strings/str_cat.h"
+#include "common/secrets.h"
 #include "worker/data/synthetic_text.h"
 
 namespace pipetrain {
@@ -23,6 +25,21 @@ absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec) {
   }
   const std::string text = GenerateEnglishText(spec.seed, static_cast<size_t>(spec.synthetic_bytes));
   return std::vector<uint16_t>(text.begin(), text.end());
+}
+
+std::string CorpusSha256(const std::vector<uint16_t>& tokens) {
+#ifdef ABSL_IS_LITTLE_ENDIAN
+  return Sha256Hex(absl::string_view(reinterpret_cast<const char*>(tokens.data()),
+                                     tokens.size() * sizeof(uint16_t)));
+#else
+  std::string bytes;
+  bytes.reserve(tokens.size() * 2);
+  for (uint16_t t : tokens) {
+    bytes.push_back(static_cast<char>(t & 0xff));
+    bytes.push_back(static_cast<char>(t >> 8));
+  }
+  return Sha256Hex(bytes);
+#endif
 }
 
 std::string DescribeCorpus(const CorpusSpec& spec, size_t tokens) {

@@ -32,6 +32,11 @@ struct CorpusSpec {
 // generated text is asked for with vocab_size < 256 or synthetic_bytes < 1.
 absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec);
 
+// Job.data_sha256: the SHA-256 of `tokens`, each as two little-endian
+// bytes, as 64 lowercase hex digits. The coordinator compares every
+// worker's, so that no stage trains on other tokens than the job began with.
+std::string CorpusSha256(const std::vector<uint16_t>& tokens);
+
 // "generated English text, 2000000 bytes (seed 1)" or "book.txt, 1234 tokens".
 std::string DescribeCorpus(const CorpusSpec& spec, size_t tokens);
 

@@ -341,6 +341,12 @@ ok up_out_in_use_started_nothing test ! -e "$TMP/up-locked/coordinator.ports"
 expect_exit up_timelines 0 "timelines: predicted $TMP/up-short/timeline-predicted.svg, measured (step 3) $TMP/up-short/timeline-measured.svg" -- \
   up --workers 1 --steps 3 --checkpoint-interval 0 --eval-interval 0 --out "$TMP/up-short"
 ok up_measured_timeline grep -q "measured step 3 (workers" "$TMP/up-short/timeline-measured.svg"
+# One worker sends nothing: one line says so (it printed a heading over an
+# empty table); the metrics address, dead once up has returned, is not
+# printed, the logs directory is.
+ok up_one_worker_links_line grep -qx "links: no tensor sent by all workers" "$OUT"
+ok up_no_dead_metrics_url test "$(grep -c "metrics: http" "$OUT")" -eq 0
+ok up_logs_line grep -qx "logs: $TMP/up-short" "$OUT"
 # A closed stdout (`up | head`) ends the run as Ctrl-C does: the cluster is
 # stopped before up exits, so nothing is left once the pipeline returns.
 "$BIN" "${UP[@]}" --out "$TMP/up-pipe" 2>&1 | head -c 1 >/dev/null
@@ -355,7 +361,7 @@ fi
 # 100000 steps. up notices at its next poll and stops as on Ctrl-C.
 "$BIN" "${UP[@]}" --out "$TMP/up-true" 2>"$TMP/up-true.err" | true
 rc=${PIPESTATUS[0]}
-ok up_stdout_reader_gone_exit_130 test "$rc" -eq 130
+ok up_stdout_reader_gone_exit_141 test "$rc" -eq 141  # 128 + SIGPIPE
 ok up_stdout_reader_gone_said_so grep -q "interrupted; stopping the cluster" "$TMP/up-true.err"
 ok up_stdout_reader_gone_nothing_left test "$(processes_of "$TMP/up-true")" -eq 0
 # Killed outright, up cleans nothing up: the kernel sends its children
@@ -371,6 +377,18 @@ else
   fail up_killed "its processes outlived it: $(pgrep -af -- "$TMP/up-kill/")"
   pkill -KILL -f -- "--ports-file=$TMP/up-kill/"
 fi
+# SIGTERM (a supervisor stopping it) stops the cluster as Ctrl-C does and
+# exits 143, 128 + SIGTERM, so a script can tell it from Ctrl-C's 130.
+"$BIN" "${UP[@]}" --out "$TMP/up-term" >"$TMP/up-term.out" 2>&1 &
+up_pid=$!
+pids+=("$up_pid")
+ok up_term_started await_file "$TMP/up-term/worker-1.ports"
+kill -TERM "$up_pid"
+wait "$up_pid"
+rc=$?
+ok up_terminated_exit_143 test "$rc" -eq 143
+ok up_terminated_said_so grep -q "interrupted; stopping the cluster" "$TMP/up-term.out"
+ok up_terminated_nothing_left test "$(processes_of "$TMP/up-term")" -eq 0
 # Ctrl-C at a terminal sends SIGINT to the whole foreground process group
 # (here: kill -INT to up's own group). up's children are in groups of their
 # own, so only up sees it and stops them in order: cancel the job, then

@@ -53,8 +53,14 @@ namespace {
 // The deadline of `up`'s calls to the cluster it started.
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 
-std::atomic<bool> g_interrupted{false};
-extern "C" void OnInterrupt(int) { g_interrupted.store(true); }
+// The signal that stopped the run (SIGINT, SIGTERM, SIGPIPE for a closed
+// stdout), 0 while none came: the command exits 128 + it, as a shell
+// reports a process that signal ended, so a script can tell Ctrl-C (130)
+// from a supervisor's SIGTERM (143) and a reader gone (141).
+std::atomic<int> g_signal{0};
+extern "C" void OnInterrupt(int signal) { g_signal.store(signal); }
+bool Interrupted() { return g_signal.load() != 0; }
+int InterruptedExitCode() { return 128 + g_signal.load(); }
 
 // The flags of every command that calls a coordinator. The address and CA
 // may come from the environment (PIPETRAIN_COORDINATOR, PIPETRAIN_CA), the
@@ -411,7 +417,12 @@ void PrintLinkSummary(LocalCluster& cluster) {
   const std::string who = read.unread.empty() ? std::string("all workers")
                                               : absl::StrCat("the workers still up",
                                                              read.Caveat(cluster.num_workers()));
-  std::printf("links (bytes sent by %s):\n%s", who.c_str(), FormatLinkSummary(*totals).c_str());
+  const std::string table = FormatLinkSummary(*totals);
+  if (table.empty()) {  // one worker, or a job that never got to send
+    std::printf("links: no tensor sent by %s\n", who.c_str());
+    return;
+  }
+  std::printf("links (bytes sent by %s):\n%s", who.c_str(), table.c_str());
 }
 
 v1::JobSpec UpSpec(const UpOptions& o) {
@@ -533,7 +544,7 @@ constexpr absl::Duration kRefindWindow = absl::Seconds(60);
 using Reconnect = std::function<absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>>()>;
 
 // Polls the job until it ends (or Ctrl-C, or a closed stdout: both set
-// g_interrupted), drawing progress. Returns the last Job. `timing`, when
+// g_signal), drawing progress. Returns the last Job. `timing`, when
 // given, gets the step sightings of the job's last plan. With `reconnect`,
 // a coordinator that stops answering is looked for again for up to
 // kRefindWindow (the job goes on without it; a new leader or a restarted
@@ -550,9 +561,9 @@ absl::StatusOr<v1::Job> Follow(
   v1::CoordinatorService::Stub* current = &stub;
   std::unique_ptr<v1::CoordinatorService::Stub> found;
   std::optional<absl::Time> lost_since;
-  while (!g_interrupted.load()) {
+  while (!Interrupted()) {
     if (StdoutReaderGone()) {
-      g_interrupted.store(true);
+      g_signal.store(SIGPIPE);
       break;
     }
     v1::GetJobRequest request;
@@ -561,7 +572,7 @@ absl::StatusOr<v1::Job> Follow(
     if (!s.ok()) {
       // CANCELLED: a coordinator shutting down (SIGTERM: a restart, a
       // rolling update) ends the calls it is serving so; nothing here
-      // cancels a call (Ctrl-C ends the loop through g_interrupted).
+      // cancels a call (Ctrl-C ends the loop through g_signal).
       const bool lost = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
                         s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
                         s.error_code() == grpc::StatusCode::CANCELLED;
@@ -848,9 +859,9 @@ int RunUp(const std::vector<std::string>& args) {
   auto cluster = LocalCluster::Start(cluster_options);
   if (!cluster.ok()) return Fail("up", cluster.status());
   // Ctrl-C while it started (the children no longer see it): no job.
-  if (g_interrupted.load()) {
+  if (Interrupted()) {
     std::fprintf(stderr, "interrupted; stopping the cluster\n");
-    return kExitInterrupted;
+    return InterruptedExitCode();
   }
   auto stub = ConnectCoordinator((*cluster)->grpc_address(), "", (*cluster)->user_token());
   v1::SubmitJobRequest request;
@@ -870,12 +881,12 @@ int RunUp(const std::vector<std::string>& args) {
   StepTiming timing;
   absl::StatusOr<v1::Job> done = Follow(*stub, job.id(), kRpcTimeout, &timing);
   if (!done.ok()) return Fail("up", done.status());
-  if (g_interrupted.load()) {
+  if (Interrupted()) {
     v1::CancelJobRequest cancel;
     cancel.set_id(job.id());
     (void)stub->CancelJob(WithDeadline(kRpcTimeout).get(), cancel, &job);
     std::fprintf(stderr, "interrupted; stopping the cluster\n");
-    return kExitInterrupted;
+    return InterruptedExitCode();
   }
   // The loss history comes only in the full view.
   v1::GetJobRequest full_request;
@@ -899,13 +910,16 @@ int RunUp(const std::vector<std::string>& args) {
     WriteTimelines(plan, o.out);
   }
   PrintLinkSummary(**cluster);
-  std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),
-              o.out.c_str());
-  if (o.keep_running && !g_interrupted.load()) {
+  // The metrics page only while the cluster stays up: it goes with `up`.
+  if (o.keep_running && !Interrupted()) {
+    std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),
+                o.out.c_str());
     std::printf("cluster running: --coordinator %s --token-file %s (Ctrl-C to stop)\n",
                 (*cluster)->grpc_address().c_str(), (*cluster)->user_token_file().c_str());
     std::fflush(stdout);  // the summary too, when stdout is a file or a pipe
-    while (!g_interrupted.load()) absl::SleepFor(absl::Milliseconds(200));
+    while (!Interrupted()) absl::SleepFor(absl::Milliseconds(200));
+  } else {
+    std::printf("logs: %s\n", o.out.c_str());
   }
   return end.state() == v1::JOB_STATE_SUCCEEDED ? kExitOk : kExitJobNotSucceeded;
 }
@@ -958,14 +972,14 @@ int RunSubmit(const std::vector<std::string>& args) {
       **stub, job.id(), o.c.timeout, &timing, [&o] { return o.c.Connect(); }, &reconnected);
   if (reconnected != nullptr) *stub = std::move(reconnected);  // for the report below
   if (!done.ok()) return Fail("submit", done.status());
-  if (g_interrupted.load()) {
+  if (Interrupted()) {
     // Ctrl-C stops the following, not the job (it runs on the cluster):
     // saying so keeps the user from assuming it was cancelled.
     std::fprintf(stderr,
                  "\npipetrain submit: stopped following; job %s keeps running (pipetrain "
                  "cancel %s stops it)\n",
                  job.id().c_str(), job.id().c_str());
-    return kExitInterrupted;
+    return InterruptedExitCode();
   }
   // The report `up` prints, on stderr with the progress: stdout keeps its
   // two lines (the id and state at submission and at the end) for scripts.

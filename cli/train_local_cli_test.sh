@@ -279,4 +279,26 @@ fi
 expect_exit resume_past_steps 0 "nothing to train: the checkpoint is at step 5, and --steps 4" -- \
   "${RUN[@]}" --steps 4 --resume "$TMP/c.ckpt"
 
+# SIGTERM (a supervisor, a preempted batch job) stops the run as Ctrl-C
+# does: after the current step, with --checkpoint written, and exits 143
+# (128 + SIGTERM), as a shell reports a process that signal ended. It
+# killed the run outright before, with no checkpoint.
+rm -f "$TMP/term.ckpt"
+"$BIN" train-local "${TINY[@]}" --steps 1000000 --checkpoint "$TMP/term.ckpt" \
+  --checkpoint-interval 1 2>"$TMP/term.err" &
+term_pid=$!
+for _ in $(seq 1 1200); do [[ -s "$TMP/term.ckpt" ]] && break; sleep 0.05; done
+kill -TERM "$term_pid"
+wait "$term_pid"
+rc=$?
+if [[ $rc -eq 143 ]] && grep -q "interrupted (SIGTERM); checkpoint written" "$TMP/term.err"; then
+  passed=$((passed + 1))
+else
+  cp "$TMP/term.err" "$ERR"
+  fail sigterm_exit_143_checkpoint_written "exit $rc"
+fi
+# The checkpoint loads, and holds at least the step it was awaited for.
+expect_exit sigterm_checkpoint_loads 0 "nothing to train: the checkpoint is at step" -- \
+  train-local "${TINY[@]}" --resume "$TMP/term.ckpt" --steps 1
+
 finish

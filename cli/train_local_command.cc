@@ -34,8 +34,11 @@
 namespace pipetrain {
 namespace {
 
-std::atomic<bool> g_interrupted{false};
-extern "C" void OnSigint(int) { g_interrupted.store(true); }
+// SIGINT (Ctrl-C) or SIGTERM (a supervisor, a preempted batch job): the
+// run stops after its current step and still writes --checkpoint, then
+// exits 128 + the signal, as a shell reports one (130, 143). 0: none came.
+std::atomic<int> g_signal{0};
+extern "C" void OnStopSignal(int signal) { g_signal.store(signal); }
 
 struct Options {
   TrainConfig train;
@@ -253,7 +256,7 @@ absl::StatusOr<std::optional<float>> Train(const Options& o, LocalTrainer& train
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   const auto start = std::chrono::steady_clock::now();
   std::optional<float> last_val;
-  while (trainer.step() < c.steps && !g_interrupted.load()) {
+  while (trainer.step() < c.steps && g_signal.load() == 0) {
     const auto t0 = std::chrono::steady_clock::now();
     ASSIGN_OR_RETURN(const StepResult r, trainer.Step());
     const auto t1 = std::chrono::steady_clock::now();
@@ -381,16 +384,17 @@ int RunTrainLocal(const std::vector<std::string>& args) {
     std::fprintf(stderr, "pipetrain train-local: %s\n", std::string(parsed.message()).c_str());
     return 2;
   }
-  std::signal(SIGINT, OnSigint);
+  std::signal(SIGINT, OnStopSignal);
+  std::signal(SIGTERM, OnStopSignal);
   absl::Status status = Run(options);
   if (!status.ok()) {
     std::fprintf(stderr, "pipetrain train-local: %s\n", status.ToString().c_str());
     return 1;
   }
-  if (g_interrupted.load()) {
-    std::fprintf(stderr, "interrupted%s\n",
+  if (const int signal = g_signal.load(); signal != 0) {
+    std::fprintf(stderr, "interrupted (%s)%s\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",
                  options.checkpoint.empty() ? "" : "; checkpoint written");
-    return 130;
+    return 128 + signal;
   }
   return 0;
 }

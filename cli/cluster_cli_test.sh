@@ -174,12 +174,17 @@ PIPETRAIN_TOKEN=wrong expect_exit flag_beats_env_token 0 '"jobs"' -- \
   jobs --json --token-file="$TMP/user.token"
 
 # Exit codes: 64 + the status code of the failed call.
-PIPETRAIN_TOKEN=wrong expect_exit unauthenticated 80 "UNAUTHENTICATED" -- jobs
+# A rejected token's error says where the CLI took it from.
+PIPETRAIN_TOKEN=wrong expect_exit unauthenticated 80 "UNAUTHENTICATED" \
+  "[the token sent was \$PIPETRAIN_TOKEN's]" -- jobs
 unset PIPETRAIN_TOKEN
-expect_exit no_token_unauthenticated 80 "UNAUTHENTICATED" -- workers --json
+expect_exit no_token_unauthenticated 80 "UNAUTHENTICATED: missing credential" -- workers --json
 export PIPETRAIN_TOKEN=u-token
-expect_exit wrong_token_file_unauthenticated 80 "UNAUTHENTICATED" -- \
-  jobs --token-file="$TMP/wrong.token"
+expect_exit wrong_token_file_unauthenticated 80 "UNAUTHENTICATED" \
+  "[the token sent was --token-file $TMP/wrong.token's]" -- jobs --token-file="$TMP/wrong.token"
+# --coordinator naming the REST port: gRPC's words, and what to give instead.
+expect_exit coordinator_is_http_port 78 "is an HTTP port" "--grpc-address" -- \
+  jobs --coordinator="127.0.0.1:$(port_of "$TMP/c.ports" http_port)"
 expect_exit not_found_job 69 "NOT_FOUND" -- job no-such-job --json
 expect_exit not_found_cancel 69 "NOT_FOUND" -- cancel no-such-job
 expect_exit not_found_drain 69 "NOT_FOUND" -- drain no-such-worker

@@ -62,6 +62,11 @@ extern "C" void OnInterrupt(int signal) { g_signal.store(signal); }
 bool Interrupted() { return g_signal.load() != 0; }
 int InterruptedExitCode() { return 128 + g_signal.load(); }
 
+// What the last Connect() used, for Fail's hints: where the user token
+// came from ("" when none was sent) and the --coordinator value.
+std::string g_sent_token_from;
+std::string g_coordinator;
+
 // The flags of every command that calls a coordinator. The address and CA
 // may come from the environment (PIPETRAIN_COORDINATOR, PIPETRAIN_CA), the
 // user token from PIPETRAIN_TOKEN (UserTokenFrom); flags override them.
@@ -112,6 +117,10 @@ struct Connection {
   absl::StatusOr<std::unique_ptr<v1::CoordinatorService::Stub>> Connect() const {
     absl::StatusOr<std::string> token = UserTokenFrom(token_file);
     if (!token.ok()) return token.status();
+    g_sent_token_from = !token_file.empty() ? "--token-file " + token_file
+                        : !token->empty()   ? std::string("$PIPETRAIN_TOKEN")
+                                            : std::string();
+    g_coordinator = coordinator;
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
         ClientTlsCredentials(tls_ca, tls_cert, tls_key);
     if (!credentials.ok()) return credentials.status();
@@ -124,8 +133,20 @@ struct Connection {
 // Prints the error with its code; the exit code says the code too (exit_codes.h).
 int Fail(const std::string& command, const absl::Status& status) {
   // The message is the coordinator's, and may quote what others sent it.
-  std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(),
-               TerminalSafe(status.ToString()).c_str());
+  std::string text = TerminalSafe(status.ToString());
+  // What the coordinator cannot know: which of the CLI's sources the
+  // rejected token came from (an old $PIPETRAIN_TOKEN is easy to forget).
+  if (status.code() == absl::StatusCode::kUnauthenticated && !g_sent_token_from.empty()) {
+    absl::StrAppend(&text, " [the token sent was ", g_sent_token_from, "'s]");
+  }
+  // gRPC's words for an HTTP/1 server: --coordinator names the REST port.
+  if (status.code() == absl::StatusCode::kUnavailable &&
+      absl::StrContains(status.message(), "http1.x server")) {
+    absl::StrAppend(&text, " [--coordinator ", TerminalSafe(g_coordinator),
+                    " is an HTTP port (the coordinator's REST API, --http-address?); the CLI "
+                    "calls its gRPC port (--grpc-address, 7070 by default)]");
+  }
+  std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(), text.c_str());
   return ExitCodeFor(status.code());
 }
 

@@ -148,7 +148,7 @@ expect_exit init_from_not_safetensors 1 "$TMP/not.safetensors" "not a safetensor
 # padded (for tensor ranks) to 258: the file's rows, then zeros. A file
 # with more rows than the model is refused, naming both shapes.
 expect_exit save_for_padding 0 -- train-local "${TINY[@]}" --save "$TMP/v256.safetensors"
-expect_exit init_from_padded_vocab 0 -- \
+expect_exit init_from_padded_vocab 0 "initialised from $TMP/v256.safetensors (" -- \
   train-local "${TINY[@]}" --vocab 258 --init-from "$TMP/v256.safetensors"
 expect_exit save_padded 0 -- train-local "${TINY[@]}" --vocab 258 --save "$TMP/v258.safetensors"
 expect_exit init_from_larger_vocab 1 "tensor 'wte.weight' has shape [258, 32] but the model expects [256, 32]" -- \

@@ -315,7 +315,11 @@ absl::Status Run(Options& o) {
   ASSIGN_OR_RETURN(Dataset dataset, LoadData(o));
   ASSIGN_OR_RETURN(std::unique_ptr<LocalTrainer> trainer,
                    LocalTrainer::Create(o.train, &dataset, backend.backend));
-  if (!o.init_from.empty()) RETURN_IF_ERROR(InitFrom(o.init_from, trainer->model()));
+  if (!o.init_from.empty()) {
+    RETURN_IF_ERROR(InitFrom(o.init_from, trainer->model()));
+    std::fprintf(stderr, "initialised from %s (%zu tensors)\n", o.init_from.c_str(),
+                 trainer->model().parameters().size());
+  }
   if (!o.resume.empty()) {
     RETURN_IF_ERROR(RestoreCheckpoint(o.resume, trainer.get()));
     std::fprintf(stderr, "resumed from %s at step %lld\n", o.resume.c_str(),

@@ -66,7 +66,9 @@ absl::Status CheckRegistrationBounds(const v1::RegisterWorkerRequest& r) {
 absl::Status CheckHeartbeatBounds(const v1::HeartbeatRequest& r) {
   RETURN_IF_ERROR(CheckLength("HeartbeatRequest.current_instruction", r.current_instruction(),
                               kMaxDescriptionBytes));
-  return CheckLength("HeartbeatRequest.nccl_unique_id", r.nccl_unique_id(), kMaxNcclIdBytes);
+  RETURN_IF_ERROR(
+      CheckLength("HeartbeatRequest.nccl_unique_id", r.nccl_unique_id(), kMaxNcclIdBytes));
+  return CheckLength("HeartbeatRequest.last_job_id", r.last_job_id(), kMaxDescriptionBytes);
 }
 
 }  // namespace pipetrain

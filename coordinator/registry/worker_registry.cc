@@ -256,6 +256,7 @@ void WorkerRegistry::StartIncarnationLocked(Entry& entry,
   worker.clear_job_id();
   worker.clear_current_instruction();
   entry.stopping = false;  // a new process runs nothing yet
+  entry.released_job.clear();
   TouchLocked(entry, clock_->Now());
   SetStateLocked(entry, v1::WORKER_STATE_JOINING);
   // Start-up profiling will happen in JOINING; until then, straight on.
@@ -288,7 +289,11 @@ absl::Status WorkerRegistry::Heartbeat(const v1::HeartbeatRequest& request) {
   }
   TouchLocked(*entry, clock_->Now());
   entry->worker.set_current_instruction(request.current_instruction());
-  if (IsIdleInstruction(request.current_instruction())) {
+  // Idle after the job it was released from, not before it took that job
+  // (a heartbeat sent then, arriving after the job ended).
+  const bool idle_after_release = !request.has_last_job_id() || entry->released_job.empty() ||
+                                  request.last_job_id() == entry->released_job;
+  if (IsIdleInstruction(request.current_instruction()) && idle_after_release) {
     entry->stopping = false;
     entry->last_idle = clock_->Now();
   }
@@ -480,6 +485,7 @@ void WorkerRegistry::Release(const std::string& job_id) {
   AnnotatedMutexLock lock(&mu_);
   for (auto& [number, entry] : workers_) {
     if (entry.worker.job_id() != job_id) continue;
+    entry.released_job = job_id;
     if (entry.worker.state() == v1::WORKER_STATE_ASSIGNED) {
       SetStateLocked(entry, v1::WORKER_STATE_READY);
       entry.worker.clear_job_id();

@@ -257,17 +257,18 @@ class WorkerRegistry {
   // One whose last heartbeat reported an instruction of the job (not
   // "idle") has yet to be heard stopping it: it is left out of
   // ReadyWorkers, and shows "stopping job J (no heartbeat since)", until a
-  // heartbeat reports it idle (a live worker sends one as soon as its
-  // STOP is done). A worker that hangs is thus not given the next job
-  // before its lease runs out and marks it LOST. LOST (and LEFT) workers
-  // lost from the job stay so, their job_id and current instruction
-  // cleared: until then they show what they were doing.
+  // heartbeat reports it idle after the job (its last_job_id the job's; a
+  // live worker sends one as soon as its STOP is done). A worker that hangs is thus not given the
+  // next job before its lease runs out and marks it LOST. LOST (and LEFT) workers lost from the job
+  // stay so, their job_id and current instruction cleared: until then they show what they were
+  // doing.
   void Release(const std::string& job_id);
 
   // Whether the worker's process can no longer be writing for a job that
   // ended at `since` (by the injected clock): it reported idle (no job
   // runner, so none of its files open) in a heartbeat received at or after
-  // `since`, or it is LOST, LEFT or unknown.
+  // `since` that named the job it was released from last, or it is LOST,
+  // LEFT or unknown.
   bool StoppedSince(const std::string& worker_id, absl::Time since) const;
 
   // The staleness check: every live worker silent for longer than `lease`
@@ -315,6 +316,10 @@ class WorkerRegistry {
     // Released from a job while its last report was one of that job's
     // instructions, and no idle heartbeat since (see Release).
     bool stopping = false;
+    // The job Release released it from last: only an idle heartbeat that
+    // names it (HeartbeatRequest.last_job_id) clears `stopping` and moves
+    // last_idle. Empty: none since it registered.
+    std::string released_job;
     // The last heartbeat that reported the worker idle (running no job).
     absl::Time last_idle = absl::InfinitePast();
   };

@@ -826,6 +826,44 @@ TEST(WorkerRegistryTest, Release_WorkerLastSeenWorking_NotReadyForAJobUntilHeard
   EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1", "w-2", "w-3"));
 }
 
+v1::HeartbeatRequest BeatAfter(const std::string& id, const std::string& instruction,
+                               const std::string& last_job) {
+  v1::HeartbeatRequest request = Beat(id, 1, instruction);
+  request.set_last_job_id(last_job);
+  return request;
+}
+
+// An idle heartbeat the worker sent before it took a job's assignment,
+// still in flight when that job ended, said nothing of the job: it cleared
+// the stopping mark (and counted for the late checkpoint sweep) while the
+// stage might still be running. Only an idle heartbeat naming the job
+// released (HeartbeatRequest.last_job_id) does now; one from a worker that
+// sends no last_job_id (older) counts as before.
+TEST(WorkerRegistryTest, Release_IdleHeartbeatFromBeforeTheJob_NeitherReadiesNorCountsAsStopped) {
+  FakeClock clock;
+  WorkerRegistry registry(MakeOptions(&clock));
+  for (int n = 1; n <= 2; ++n) ASSERT_TRUE(registry.Register(Request(n)).ok());
+  ASSERT_TRUE(registry.Assign({"w-1", "w-2"}, "job-b").ok());
+  ASSERT_TRUE(registry.Heartbeat(BeatAfter("w-1", "forward [0, 6) mb 0", "job-b")).ok());
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-2", 1, "forward [6, 12) mb 0")).ok());
+  clock.Advance(absl::Seconds(1));
+  const absl::Time ended = clock.Now();
+  registry.Release("job-b");
+  EXPECT_TRUE(registry.ReadyWorkers().empty());
+  // Sent while w-1 was idle after job-a, before it took job-b's RUN.
+  ASSERT_TRUE(registry.Heartbeat(BeatAfter("w-1", "idle", "job-a")).ok());
+  ASSERT_TRUE(registry.Heartbeat(BeatAfter("w-1", "idle", "")).ok());  // or before any job
+  EXPECT_TRUE(registry.ReadyWorkers().empty());
+  EXPECT_FALSE(registry.StoppedSince("w-1", ended));
+  ASSERT_TRUE(registry.Heartbeat(BeatAfter("w-1", "idle", "job-b")).ok());
+  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1"));
+  EXPECT_TRUE(registry.StoppedSince("w-1", ended));
+  // No last_job_id at all: every idle heartbeat counts, as before.
+  ASSERT_TRUE(registry.Heartbeat(Beat("w-2", 1, "idle")).ok());
+  EXPECT_THAT(registry.ReadyWorkers(), ElementsAre("w-1", "w-2"));
+  EXPECT_TRUE(registry.StoppedSince("w-2", ended));
+}
+
 // StoppedSince: an idle heartbeat at or after the instant, or a worker
 // that is gone (LOST, LEFT, unknown); not a busy heartbeat, nor an idle one
 // from before.

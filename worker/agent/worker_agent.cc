@@ -151,12 +151,16 @@ std::string WorkerAgent::worker_id() const {
   return worker_id_;
 }
 
-std::string WorkerAgent::current_instruction() const {
+std::string WorkerAgent::current_instruction() const { return InstructionAndLastJob().first; }
+
+std::pair<std::string, std::string> WorkerAgent::InstructionAndLastJob() const {
   AnnotatedMutexLock lock(&mu_);
-  if (runner_) return runner_->current_instruction();
+  if (runner_) return {runner_->current_instruction(), runner_->assignment().job_id()};
   // "idle" tells the coordinator that a released worker may be given the
-  // next job (WorkerRegistry::Release): not while a stop still runs.
-  return stopping_job_.empty() ? "idle" : absl::StrCat("stopping job ", stopping_job_);
+  // next job (WorkerRegistry::Release): not while a stop still runs, nor
+  // (the job named with it) before it took the job's assignment.
+  return {stopping_job_.empty() ? "idle" : absl::StrCat("stopping job ", stopping_job_),
+          last_job_id_};
 }
 
 bool WorkerAgent::SleepUnlessStopped(absl::Duration d) {
@@ -375,7 +379,11 @@ void WorkerAgent::HeartbeatLoop() {
       request.set_incarnation(incarnation_);
       interval = heartbeat_interval_;
     }
-    request.set_current_instruction(current_instruction());
+    // Read together: the coordinator takes "idle" as having stopped a job
+    // only when the same heartbeat names it.
+    auto [instruction, last_job] = InstructionAndLastJob();
+    request.set_current_instruction(std::move(instruction));
+    request.set_last_job_id(std::move(last_job));
     request.set_nccl_unique_id(GroupIdToReport());
     grpc::ClientContext context;
     SetDeadline(&context, options_.rpc_timeout);
@@ -486,7 +494,10 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
     }
     if (a.action() == v1::Assignment::ACTION_STOP &&
         (!runner_ || runner_->assignment().job_id() != a.job_id())) {
-      return;  // nothing of that job runs here
+      // Nothing of that job runs here (it ended before this worker took
+      // its RUN): idle after it all the same.
+      if (!runner_) last_job_id_ = a.job_id();
+      return;
     }
   }
   StopRunnerLocked();
@@ -495,6 +506,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
     // A job that stops us may be recovering: it re-plans once it has heard
     // from each of its workers, so say at once that this one is alive.
     AnnotatedMutexLock lock(&mu_);
+    last_job_id_ = a.job_id();
     heartbeat_now_ = true;
     return;
   }
@@ -506,6 +518,8 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
     PT_LOG(ERROR) << "job " << a.job_id()
                   << ": the assignment carries no data-plane secret; not running it (is the "
                      "coordinator older than this worker?)";
+    AnnotatedMutexLock lock(&mu_);
+    last_job_id_ = a.job_id();
     return;
   }
   // The data plane and the mailbox are sized from the assignment: only
@@ -551,6 +565,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   runner->Start();
   AnnotatedMutexLock lock(&mu_);
   runner_ = std::move(runner);
+  last_job_id_ = a.job_id();
 }
 
 }  // namespace pipetrain

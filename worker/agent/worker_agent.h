@@ -35,6 +35,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -120,6 +121,9 @@ class WorkerAgent {
 
   std::string worker_id() const;
   std::string current_instruction() const;
+  // current_instruction() and, read with it, HeartbeatRequest.last_job_id:
+  // the job of the last assignment taken ("" before any).
+  std::pair<std::string, std::string> InstructionAndLastJob() const;
 
  private:
   class GrpcLink;
@@ -185,6 +189,9 @@ class WorkerAgent {
   // The job of a runner being stopped (StopRunnerLocked), whose stop is
   // not done: heartbeats say so instead of "idle".
   std::string stopping_job_ ABSL_GUARDED_BY(mu_);
+  // The job of the last assignment Handle took, RUN or STOP (see
+  // InstructionAndLastJob); "" before any.
+  std::string last_job_id_ ABSL_GUARDED_BY(mu_);
   // This worker's current NCCL id (empty: none), and whether an assignment
   // has carried it (then it is used up and a new one is made).
   std::string group_id_ ABSL_GUARDED_BY(mu_);

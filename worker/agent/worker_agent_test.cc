@@ -523,6 +523,28 @@ TEST(WorkerAgentTest, Handle_LayoutFactorsWrappingToZero_ReportedWithoutOpeningT
             "INVALID_ARGUMENT: assignment: num_stages 2097152 is out of range [1, 1024]");
 }
 
+// Heartbeats name the job of the last assignment taken, read with the
+// instruction (HeartbeatRequest.last_job_id): "" before any, then the
+// job's, so that the coordinator tells "idle after job-1" from an idle
+// heartbeat sent before this worker took job-1's assignment.
+TEST(WorkerAgentTest, InstructionAndLastJob_NamesTheJobOfTheLastAssignmentTaken) {
+  v1::Assignment a = RunAssignment();
+  a.set_replicas(1 << 21);  // fails at once (as above), so the runner ends
+  a.set_num_stages(1 << 21);
+  a.set_tensor_parallel(1 << 22);
+  ScriptedCoordinator coordinator(a);
+  Mailbox mailbox;
+  absl::StatusOr<AgentRig> rig = StartRig(&coordinator, &mailbox);
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  WorkerAgent agent(rig->options, rig->data_plane.get(), &mailbox, GrpcTransports(&mailbox));
+  EXPECT_EQ(agent.InstructionAndLastJob(), (std::pair<std::string, std::string>{"idle", ""}));
+  ASSERT_TRUE(agent.Start().ok());
+  ASSERT_TRUE(coordinator.AwaitFirstReport().has_value());
+  EXPECT_EQ(agent.InstructionAndLastJob().second, "job-1");
+  agent.Stop();
+  rig->Shutdown();
+}
+
 // start_iteration INT64_MAX: the mailbox was opened there (its run-ahead
 // window then overflows on the first tensor), and the runner ran no step
 // and reported nothing, so the job hung. Now the mailbox stays closed to

@@ -1,6 +1,8 @@
 #include "common/tls_credentials.h"
 
+#include <openssl/asn1.h>
 #include <openssl/bio.h>
+#include <openssl/err.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
@@ -9,7 +11,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
 
@@ -18,6 +22,20 @@ namespace {
 
 using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
 
+// OpenSSL's passphrase callback: none. Without one, reading an encrypted
+// key prompts on the terminal (a server waiting for input at start-up, or
+// "Enter PEM pass phrase:" in a log), and gRPC could not use it anyway.
+int NoPassphrase(char*, int, int, void*) { return 0; }
+
+// "Jan  1 00:00:00 2099 GMT".
+std::string TimeText(const ASN1_TIME* time) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> out(BIO_new(BIO_s_mem()), &BIO_free);
+  if (out == nullptr || ASN1_TIME_print(out.get(), time) != 1) return "(unreadable)";
+  char* data = nullptr;
+  const long size = BIO_get_mem_data(out.get(), &data);
+  return std::string(data, size > 0 ? static_cast<size_t>(size) : 0);
+}
+
 // The first certificate of a PEM file's contents, or INVALID_ARGUMENT
 // naming the flag: gRPC only fails later (a server that "cannot serve",
 // a client whose every call is UNAVAILABLE), without saying which file.
@@ -25,7 +43,8 @@ absl::StatusOr<X509Ptr> FirstCertificate(const std::string& flag, const std::str
                                          const std::string& pem) {
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), int(pem.size())),
                                                 &BIO_free);
-  X509Ptr cert(bio ? PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr) : nullptr, &X509_free);
+  X509Ptr cert(bio ? PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr) : nullptr,
+               &X509_free);
   if (cert == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("--", flag, ": ", path, " holds no PEM certificate (-----BEGIN CERTIFICATE)"));
@@ -43,8 +62,17 @@ absl::Status CheckIdentityPair(const std::string& cert_path, const std::string& 
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(
       BIO_new_mem_buf(key_pem.data(), int(key_pem.size())), &BIO_free);
   std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
-      bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr) : nullptr,
+      bio ? PEM_read_bio_PrivateKey(bio.get(), nullptr, NoPassphrase, nullptr) : nullptr,
       &EVP_PKEY_free);
+  // PKCS#8 ("BEGIN ENCRYPTED PRIVATE KEY") or the older "Proc-Type:
+  // 4,ENCRYPTED" header.
+  if (key == nullptr && absl::StrContains(key_pem, "ENCRYPTED")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--tls-key: ", key_path,
+        " is encrypted, and neither this program nor gRPC asks for a passphrase; decrypt it "
+        "(openssl pkey -in ",
+        key_path, " -out PLAIN.key) and keep the plain file readable by this user only"));
+  }
   if (key == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat("--tls-key: ", key_path,
@@ -60,6 +88,46 @@ absl::Status CheckIdentityPair(const std::string& cert_path, const std::string& 
     return absl::InvalidArgumentError(absl::StrCat("--tls-cert: the certificate in ", cert_path,
                                                    " has expired; ", peer,
                                                    " would refuse it: renew it"));
+  }
+  if (X509_cmp_current_time(X509_get0_notBefore(cert.get())) > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--tls-cert: the certificate in ", cert_path, " is not valid before ",
+                     TimeText(X509_get0_notBefore(cert.get())), "; ", peer,
+                     " would refuse it until then (or check this host's clock)"));
+  }
+  return absl::OkStatus();
+}
+
+// A CA file (--tls-ca, --tls-client-ca): at least one certificate, and
+// not all of them expired or not yet valid (nothing could be verified
+// against it); any one that is gets a warning, since a peer whose chain
+// ends there is refused with only "certificate verify failed".
+absl::Status CheckCaFile(const std::string& flag, const std::string& path, const std::string& pem) {
+  RETURN_IF_ERROR(FirstCertificate(flag, path, pem).status());
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), int(pem.size())),
+                                                &BIO_free);
+  int valid = 0, read = 0;
+  while (bio != nullptr) {
+    X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr), &X509_free);
+    if (cert == nullptr) break;
+    ++read;
+    const bool expired = X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0;
+    const bool early = X509_cmp_current_time(X509_get0_notBefore(cert.get())) > 0;
+    if (!expired && !early) {
+      ++valid;
+      continue;
+    }
+    PT_LOG(WARNING) << "--" << flag << ": certificate " << read << " in " << path
+                    << (expired ? " expired on " : " is not valid before ")
+                    << TimeText(expired ? X509_get0_notAfter(cert.get())
+                                        : X509_get0_notBefore(cert.get()))
+                    << "; peers whose chain ends there are refused";
+  }
+  ERR_clear_error();  // the read that ended the loop
+  if (valid == 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": every certificate in ", path,
+                                                   " has expired or is not yet valid; nothing "
+                                                   "could be verified against it"));
   }
   return absl::OkStatus();
 }
@@ -114,7 +182,7 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> ServerTlsCredentials(
   options.pem_key_cert_pairs.push_back(std::move(pair));
   if (!client_ca.empty()) {
     ASSIGN_OR_RETURN(options.pem_root_certs, ReadFlagFile("tls-client-ca", client_ca));
-    RETURN_IF_ERROR(FirstCertificate("tls-client-ca", client_ca, options.pem_root_certs).status());
+    RETURN_IF_ERROR(CheckCaFile("tls-client-ca", client_ca, options.pem_root_certs));
     options.client_certificate_request =
         GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
   }
@@ -134,7 +202,7 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
   }
   grpc::SslCredentialsOptions options;
   ASSIGN_OR_RETURN(options.pem_root_certs, ReadFlagFile("tls-ca", ca));
-  RETURN_IF_ERROR(FirstCertificate("tls-ca", ca, options.pem_root_certs).status());
+  RETURN_IF_ERROR(CheckCaFile("tls-ca", ca, options.pem_root_certs));
   if (!cert.empty()) {
     ASSIGN_OR_RETURN(options.pem_cert_chain, ReadFlagFile("tls-cert", cert));
     ASSIGN_OR_RETURN(options.pem_private_key, ReadFlagFile("tls-key", key));

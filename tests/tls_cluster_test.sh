@@ -61,6 +61,7 @@ check "job --measured-timeline: the workers' step 5" grep -q "measured step 5 (w
 "$R/cli/pipetrain" jobs --coordinator="$addr" > "$T/plain.out" 2>&1
 check "plaintext client refused (UNAVAILABLE: exit 78)" test $? -eq 78
 check "refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/plain.out"
+check "and that the coordinator may want --tls-ca" grep -q "give its CA with --tls-ca" "$T/plain.out"
 
 # Mutual TLS: a CA of our own signs the clients' certificate.
 openssl req -x509 -newkey rsa:2048 -nodes -keyout "$T/ca.key" -out "$T/ca.pem" -days 2 \
@@ -87,6 +88,19 @@ check "job over mutual TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -
 "$R/cli/pipetrain" jobs --coordinator="$maddr" --tls-ca="$T/cert.pem" > "$T/nocert.out" 2>&1
 check "client without a certificate refused (UNAVAILABLE: exit 78)" test $? -eq 78
 check "its refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/nocert.out"
+check "and that the coordinator may want a client certificate" \
+  grep -q "give one with --tls-cert and --tls-key" "$T/nocert.out"
+# A TLS client against a plaintext port: gRPC's "wrong version number",
+# explained.
+"$R/coordinator/pipetrain-coordinator" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
+  --ports-file="$T/p.ports" --join-token=t --user-token=u > "$T/plain-coordinator.log" 2>&1 &
+pids+=($!)
+check "plaintext coordinator up" await_file "$T/p.ports"
+"$R/cli/pipetrain" jobs --coordinator="127.0.0.1:$(port_of "$T/p.ports" grpc_port)" \
+  --tls-ca="$T/cert.pem" > "$T/tls-to-plain.out" 2>&1
+check "TLS client, plaintext coordinator (exit 78)" test $? -eq 78
+check "its error says the coordinator does not serve TLS" \
+  grep -q "does not serve TLS there" "$T/tls-to-plain.out"
 
 # Bad TLS files are refused at start naming the flag (exit 2; the CLI's
 # INVALID_ARGUMENT is 67), not as a port that "cannot serve" or calls that
@@ -111,6 +125,36 @@ check "coordinator: a certificate file without one (exit 2)" bad_coordinator \
 check "coordinator: an expired certificate (exit 2)" bad_coordinator \
   "--tls-cert: the certificate in $T/expired.pem has expired" \
   --tls-cert="$T/expired.pem" --tls-key="$T/key.pem"
+# An encrypted key: refused at once, with no passphrase prompt (it waited
+# for one on a terminal, and gRPC could not have used the key anyway).
+openssl pkey -in "$T/key.pem" -aes256 -passout pass:secret -out "$T/enc.key" 2>/dev/null
+check "coordinator: an encrypted key (exit 2)" bad_coordinator \
+  "--tls-key: $T/enc.key is encrypted" --tls-cert="$T/cert.pem" --tls-key="$T/enc.key"
+check "no passphrase prompt" test "$(grep -c "pass phrase" "$T/bad-tls.log")" -eq 0
+# A certificate not valid yet (as from a CA whose clock runs ahead).
+mkdir -p "$T/ca-db" && : > "$T/ca-db/index.txt" && echo 01 > "$T/ca-db/serial"
+cat > "$T/ca.cnf" <<CNF
+[ca]
+default_ca = d
+[d]
+database = $T/ca-db/index.txt
+serial = $T/ca-db/serial
+new_certs_dir = $T/ca-db
+default_md = sha256
+policy = p
+[p]
+commonName = supplied
+CNF
+openssl ca -batch -config "$T/ca.cnf" -cert "$T/cert.pem" -keyfile "$T/key.pem" \
+  -in "$T/expired.csr" -startdate 20990101000000Z -enddate 20991231000000Z \
+  -out "$T/future.pem" 2>/dev/null
+check "coordinator: a certificate not valid yet (exit 2)" bad_coordinator \
+  "--tls-cert: the certificate in $T/future.pem is not valid before Jan  1 00:00:00 2099 GMT" \
+  --tls-cert="$T/future.pem" --tls-key="$T/key.pem"
+# A client CA file whose every certificate expired verifies nobody.
+check "coordinator: a client CA file of expired certificates (exit 2)" bad_coordinator \
+  "--tls-client-ca: every certificate in $T/expired.pem has expired or is not yet valid" \
+  --tls-cert="$T/cert.pem" --tls-key="$T/key.pem" --tls-client-ca="$T/expired.pem"
 "$R/cli/pipetrain" jobs --coordinator="$addr" --tls-ca="$T/not.pem" > "$T/bad-ca.out" 2>&1
 check "CLI: a CA file without a certificate (INVALID_ARGUMENT: exit 67)" test $? -eq 67
 check "its error names the flag" grep -q -- "--tls-ca: $T/not.pem holds no PEM certificate" \

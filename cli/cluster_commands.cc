@@ -33,6 +33,7 @@
 #include "cli/local_cluster.h"
 #include "cli/output_paths.h"
 #include "cli/progress.h"
+#include "common/connection_hint.h"
 #include "common/coordinator_endpoints.h"
 #include "common/enum_names.h"
 #include "common/flag_set.h"
@@ -66,6 +67,7 @@ int InterruptedExitCode() { return 128 + g_signal.load(); }
 // came from ("" when none was sent) and the --coordinator value.
 std::string g_sent_token_from;
 std::string g_coordinator;
+ClientTlsSetup g_tls;
 
 // The flags of every command that calls a coordinator. The address and CA
 // may come from the environment (PIPETRAIN_COORDINATOR, PIPETRAIN_CA), the
@@ -121,6 +123,7 @@ struct Connection {
                         : !token->empty()   ? std::string("$PIPETRAIN_TOKEN")
                                             : std::string();
     g_coordinator = coordinator;
+    g_tls = ClientTlsSetup{!tls_ca.empty(), !tls_cert.empty()};
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
         ClientTlsCredentials(tls_ca, tls_cert, tls_key);
     if (!credentials.ok()) return credentials.status();
@@ -139,12 +142,11 @@ int Fail(const std::string& command, const absl::Status& status) {
   if (status.code() == absl::StatusCode::kUnauthenticated && !g_sent_token_from.empty()) {
     absl::StrAppend(&text, " [the token sent was ", g_sent_token_from, "'s]");
   }
-  // gRPC's words for an HTTP/1 server: --coordinator names the REST port.
-  if (status.code() == absl::StatusCode::kUnavailable &&
-      absl::StrContains(status.message(), "http1.x server")) {
-    absl::StrAppend(&text, " [--coordinator ", TerminalSafe(g_coordinator),
-                    " is an HTTP port (the coordinator's REST API, --http-address?); the CLI "
-                    "calls its gRPC port (--grpc-address, 7070 by default)]");
+  // gRPC's words for a connection that failed, in terms of the flags.
+  if (status.code() == absl::StatusCode::kUnavailable) {
+    const std::string hint = CoordinatorConnectionHint(status.message(), g_tls);
+    if (!hint.empty())
+      absl::StrAppend(&text, " [--coordinator ", TerminalSafe(g_coordinator), ": ", hint, "]");
   }
   std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(), text.c_str());
   return ExitCodeFor(status.code());

@@ -292,6 +292,7 @@ int Run(const std::vector<std::string>& args) {
   }
   options.coordinator_address = f.coordinator;
   options.credentials = credentials;
+  options.coordinator_tls = ClientTlsSetup{!f.tls_ca.empty(), !f.tls_cert.empty()};
   options.join_token = f.join_token;
   options.node_name = f.node_name;
   // The host as given (an IPv6 one keeps its brackets), with the bound port.

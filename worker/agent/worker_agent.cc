@@ -212,8 +212,10 @@ absl::Status WorkerAgent::RegisterWithRetry() {
     }
     if (s.error_code() == grpc::StatusCode::UNAUTHENTICATED) return FromGrpc(s);
     const absl::Duration wait = backoff.Next();
+    const std::string hint = CoordinatorConnectionHint(s.error_message(), options_.coordinator_tls);
     PT_LOG(WARNING) << "cannot register with " << options_.coordinator_address << " ("
-                    << s.error_message() << "); retrying in " << absl::FormatDuration(wait);
+                    << s.error_message() << (hint.empty() ? "" : "; " + hint) << "); retrying in "
+                    << absl::FormatDuration(wait);
     if (!SleepUnlessStopped(wait)) return absl::CancelledError("stopped before registering");
   }
 }

@@ -40,6 +40,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "common/annotated_mutex.h"
+#include "common/connection_hint.h"
 #include "common/coordinator_endpoints.h"
 #include "grpcpp/grpcpp.h"
 #include "proto/pipetrain/v1/coordinator.grpc.pb.h"
@@ -55,6 +56,8 @@ struct WorkerAgentOptions {
   // (the leader is followed).
   std::string coordinator_address;
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: insecure
+  // What `credentials` hold, for the hints in connection warnings.
+  ClientTlsSetup coordinator_tls;
   std::string join_token;
   std::string node_name;
   std::string metrics_address;  // advertised, may be empty

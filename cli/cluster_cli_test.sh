@@ -15,7 +15,7 @@ R="${TEST_SRCDIR:-}/${TEST_WORKSPACE:-pipetrain}"
 COORDINATOR="$R/coordinator/pipetrain-coordinator"
 WORKER="$R/worker/pipetrain-worker"
 CLI_OK_OUT="$OUT"
-unset PIPETRAIN_COORDINATOR PIPETRAIN_TOKEN PIPETRAIN_CA
+unset PIPETRAIN_COORDINATOR PIPETRAIN_TOKEN PIPETRAIN_CA PIPETRAIN_TLS_CERT PIPETRAIN_TLS_KEY
 
 # The leftover-process checks count with pgrep: without it they would
 # count nothing, and pass.
@@ -578,6 +578,32 @@ if [[ $follow_rc -eq 1 ]] && grep -q "^$long_id CANCELLED" "$TMP/follow.out" &&
 else
   fail follow_through_restart "exit $follow_rc; stdout: $(cat "$TMP/follow.out"); stderr: $(tail -c 600 "$TMP/follow.err")"
 fi
+
+# SIGHUP (a closed terminal, or the reload habit) killed both daemons
+# outright, with no drain and no deregistration; it now stops them as
+# SIGTERM does, saying that nothing is reloaded.
+"$COORDINATOR" --grpc-address=127.0.0.1:0 --http-address=127.0.0.1:0 \
+  --ports-file="$TMP/hup-c.ports" --join-token=j --user-token=u >"$TMP/hup-c.log" 2>&1 &
+hup_coordinator=$!
+pids+=("$hup_coordinator")
+ok hup_coordinator_up await_file "$TMP/hup-c.ports"
+"$WORKER" --coordinator="127.0.0.1:$(port_of "$TMP/hup-c.ports" grpc_port)" --join-token=j \
+  --ports-file="$TMP/hup-w.ports" >"$TMP/hup-w.log" 2>&1 &
+hup_worker=$!
+pids+=("$hup_worker")
+ok hup_worker_up await_file "$TMP/hup-w.ports"
+hup_registered() { for _ in $(seq 1 600); do grep -q "registered as" "$1" && return 0; sleep 0.05; done; return 1; }
+ok hup_worker_registered hup_registered "$TMP/hup-w.log"
+kill -HUP "$hup_worker"
+wait "$hup_worker"
+ok hup_worker_exit_0 test $? -eq 0
+ok hup_worker_said_so grep -q "received SIGHUP; leaving (SIGHUP reloads nothing" "$TMP/hup-w.log"
+ok hup_worker_deregistered grep -q "deregistered" "$TMP/hup-w.log"
+kill -HUP "$hup_coordinator"
+wait "$hup_coordinator"
+ok hup_coordinator_exit_0 test $? -eq 0
+ok hup_coordinator_said_so grep -q "received SIGHUP; shutting down (SIGHUP reloads nothing" \
+  "$TMP/hup-c.log"
 
 # -h is help wherever a command takes an id or a file, never that argument
 # (no call is made: there is no coordinator here).

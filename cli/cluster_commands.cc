@@ -87,6 +87,10 @@ struct Connection {
     flags.String("tls-cert", &tls_cert,
                  "PEM client certificate for a coordinator that requires one (with --tls-key)");
     flags.String("tls-key", &tls_key, "PEM private key of --tls-cert");
+    // Mutual TLS needs all three on every command: from the environment
+    // as the CA is.
+    flags.FromEnv("tls-cert", "PIPETRAIN_TLS_CERT");
+    flags.FromEnv("tls-key", "PIPETRAIN_TLS_KEY");
     flags.String(
         "token-file", &token_file,
         "file holding the coordinator's user token; without it, $PIPETRAIN_TOKEN is the token");

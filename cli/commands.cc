@@ -100,8 +100,9 @@ std::string UsageText() {
   }
   absl::StrAppend(&out,
                   "\nThe commands that call a coordinator read $PIPETRAIN_COORDINATOR, "
-                  "$PIPETRAIN_CA and\n$PIPETRAIN_TOKEN when --coordinator, --tls-ca and "
-                  "--token-file are not given.\nExit codes: 0 ok, 2 usage, 64 + the gRPC "
+                  "$PIPETRAIN_CA,\n$PIPETRAIN_TLS_CERT, $PIPETRAIN_TLS_KEY and $PIPETRAIN_TOKEN "
+                  "when --coordinator,\n--tls-ca, --tls-cert, --tls-key and --token-file are not "
+                  "given.\nExit codes: 0 ok, 2 usage, 64 + the gRPC "
                   "status code of a failed call\n(e.g. 69 NOT_FOUND, 78 UNAVAILABLE, 80 "
                   "UNAUTHENTICATED); docs/operations.md has the table.\n");
   return out;

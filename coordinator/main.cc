@@ -48,6 +48,7 @@
 #include "common/process_hardening.h"
 #include "common/secrets.h"
 #include "common/serving_health.h"
+#include "common/signal_names.h"
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "common/tls_credentials.h"
@@ -136,7 +137,8 @@ absl::Status ParseFlags(int argc, char** argv, Flags& flags, bool& help) {
   set.String("tls-cert", &flags.tls_cert, "PEM certificate chain for gRPC TLS (with --tls-key)");
   set.String("tls-key", &flags.tls_key, "PEM private key for gRPC TLS (with --tls-cert)");
   set.String("tls-client-ca", &flags.tls_client_ca,
-             "PEM CA: require client certificates it signed (mutual TLS; with --tls-cert)");
+             "PEM CA: require client certificates it signed (mutual TLS; with --tls-cert) on the "
+             "gRPC port; the HTTP port has no TLS");
   set.String("output-dir", &flags.output_dir,
              "the only directory jobs may write into (spec.output.weightsPath is a name under "
              "it); empty: jobs write no files");
@@ -479,6 +481,10 @@ sigset_t BlockShutdownSignals() {
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  // A hang-up killed the coordinator outright (no drain, no lease given
+  // up); nothing reloads (TLS files and tokens are read at start), so it
+  // shuts down as on SIGTERM.
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   g_main_thread = pthread_self();
   struct sigaction forward {};
@@ -487,6 +493,7 @@ sigset_t BlockShutdownSignals() {
   forward.sa_flags = SA_RESTART;
   sigaction(SIGINT, &forward, nullptr);
   sigaction(SIGTERM, &forward, nullptr);
+  sigaction(SIGHUP, &forward, nullptr);
   return signals;
 }
 
@@ -501,7 +508,7 @@ int WaitForSignal(const sigset_t& signals) {
 // (--shutdown-delay-seconds) or until a second signal, whichever is first.
 void DrainBeforeShutdown(const sigset_t& signals, int signal, ServingHealth& health,
                          absl::Duration delay) {
-  const char* name = signal == SIGINT ? "SIGINT" : "SIGTERM";
+  const char* name = ShutdownSignalName(signal);
   health.Drain(absl::StrCat("draining: shutting down after ", name));
   if (delay <= absl::ZeroDuration()) return;
   PT_LOG(INFO) << "received " << name << "; not ready, serving on for "
@@ -678,10 +685,24 @@ int Serve(const Config& config, const sigset_t& signals) {
     PT_LOG(WARNING) << "--insecure without a user token: anyone who can reach " << grpc_at << " or "
                     << http_at << " may submit, list and cancel jobs";
   }
+  // TLS (and --tls-client-ca) cover gRPC only: the REST API takes the
+  // same user token in plaintext, from any caller that can reach it.
+  const bool http_loopback = config.http_host == "localhost" || config.http_host == "::1" ||
+                             absl::StartsWith(config.http_host, "127.");
+  if (!flags.tls_cert.empty() && !http_loopback) {
+    PT_LOG(WARNING) << "HTTP on " << http_at << " has no TLS"
+                    << (flags.tls_client_ca.empty() ? "" : " and no client-certificate check")
+                    << ": the REST API takes the user token in plaintext from any caller that "
+                       "reaches it; keep --http-address on loopback, or put a TLS proxy in front "
+                       "(docs/operations.md, \"What to expose\")";
+  }
 
   const int signal = WaitForSignal(signals);
   DrainBeforeShutdown(signals, signal, health, absl::Seconds(flags.shutdown_delay_seconds));
-  PT_LOG(INFO) << "received " << (signal == SIGINT ? "SIGINT" : "SIGTERM") << "; shutting down";
+  PT_LOG(INFO) << "received " << ShutdownSignalName(signal) << "; shutting down"
+               << (signal == SIGHUP
+                       ? " (SIGHUP reloads nothing: restart to read new TLS files or tokens)"
+                       : "");
   service.Shutdown();  // ends WatchAssignments streams, which never end by themselves
   health.Detach();
   (*grpc_server)->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);

@@ -85,6 +85,10 @@ check "mTLS worker up" await_file "$T/mw.ports"
 out=$("$R/cli/pipetrain" submit "$T/job.json" --coordinator="$maddr" --tls-ca="$T/cert.pem" \
   --tls-cert="$T/client.pem" --tls-key="$T/client.key" --follow 2>/dev/null)
 check "job over mutual TLS succeeds" test "$(echo "$out" | tail -1 | cut -d' ' -f2)" = SUCCEEDED
+# Every mTLS flag of the CLI can come from the environment.
+PIPETRAIN_CA="$T/cert.pem" PIPETRAIN_TLS_CERT="$T/client.pem" PIPETRAIN_TLS_KEY="$T/client.key" \
+  PIPETRAIN_TOKEN=u "$R/cli/pipetrain" jobs --coordinator="$maddr" > "$T/env-mtls.out" 2>&1
+check "mutual TLS from \$PIPETRAIN_TLS_CERT and _KEY" test $? -eq 0
 "$R/cli/pipetrain" jobs --coordinator="$maddr" --tls-ca="$T/cert.pem" > "$T/nocert.out" 2>&1
 check "client without a certificate refused (UNAVAILABLE: exit 78)" test $? -eq 78
 check "its refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/nocert.out"
@@ -101,6 +105,20 @@ check "plaintext coordinator up" await_file "$T/p.ports"
 check "TLS client, plaintext coordinator (exit 78)" test $? -eq 78
 check "its error says the coordinator does not serve TLS" \
   grep -q "does not serve TLS there" "$T/tls-to-plain.out"
+
+# TLS covers gRPC only: a coordinator whose HTTP port listens beyond
+# loopback says at start that REST takes the token in plaintext there.
+"$R/coordinator/pipetrain-coordinator" --grpc-address=127.0.0.1:0 --http-address=0.0.0.0:0 \
+  --ports-file="$T/open.ports" --join-token=t --user-token=u --tls-cert="$T/cert.pem" \
+  --tls-key="$T/key.pem" --tls-client-ca="$T/ca.pem" > "$T/open-http.log" 2>&1 &
+open_pid=$!
+pids+=("$open_pid")
+check "coordinator with HTTP beyond loopback up" await_file "$T/open.ports"
+check "it warns that REST has no TLS nor client-certificate check" \
+  grep -q "has no TLS and no client-certificate check" "$T/open-http.log"
+check "no such warning with HTTP on loopback" \
+  test "$(grep -c "has no TLS" "$T/mtls-coordinator.log")" -eq 0
+kill -TERM "$open_pid"
 
 # Bad TLS files are refused at start naming the flag (exit 2; the CLI's
 # INVALID_ARGUMENT is 67), not as a port that "cannot serve" or calls that

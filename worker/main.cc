@@ -37,6 +37,7 @@
 #include "common/process_hardening.h"
 #include "common/secrets.h"
 #include "common/serving_health.h"
+#include "common/signal_names.h"
 #include "common/stop_watchdog.h"
 #include "common/subprocess.h"
 #include "common/tls_credentials.h"
@@ -54,15 +55,20 @@
 namespace pipetrain {
 namespace {
 
-// Self-pipe: a byte means "shut down"; kSignalled for SIGTERM or SIGINT
-// (drain first), kFailed when the worker cannot go on (stop at once).
+// Self-pipe: a byte means "shut down"; kSignalled for SIGTERM, SIGINT or
+// SIGHUP (drain first), kFailed when the worker cannot go on (stop at
+// once). g_signal: the last signal, for the log.
 constexpr char kSignalled = 1, kFailed = 2;
+volatile sig_atomic_t g_signal = 0;
 int g_wake[2] = {-1, -1};
 void Wake(char why) {
   ssize_t ignored = write(g_wake[1], &why, 1);
   (void)ignored;
 }
-extern "C" void OnSignal(int) { Wake(kSignalled); }  // write() is async-signal-safe
+extern "C" void OnSignal(int signal) {  // write() is async-signal-safe
+  g_signal = signal;
+  Wake(kSignalled);
+}
 
 // Blocks until a byte arrives or `timeout` passes; the byte, or 0.
 char AwaitWake(absl::Duration timeout) {
@@ -236,6 +242,10 @@ int Run(const std::vector<std::string>& args) {
   if (pipe(g_wake) != 0) return 1;
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  // A hang-up (or an operator's habit of SIGHUP for a reload) killed the
+  // worker outright, without its drain; there is nothing to reload (TLS
+  // files and tokens are read at start), so it leaves as on SIGTERM.
+  std::signal(SIGHUP, OnSignal);
 
   Mailbox mailbox(mailbox_limits);
   SessionCredential session;  // set by the agent, checked by WorkerControl
@@ -365,6 +375,10 @@ int Run(const std::vector<std::string>& args) {
   const bool drains = f.drain_timeout_seconds > 0;
   std::optional<absl::Status> drain_asked;
   if (AwaitWake(absl::InfiniteDuration()) == kSignalled) {
+    PT_LOG(INFO) << "received " << ShutdownSignalName(g_signal) << "; leaving"
+                 << (g_signal == SIGHUP
+                         ? " (SIGHUP reloads nothing: restart to read new TLS files or tokens)"
+                         : "");
     health.Drain("draining: shutting down after a signal");
     if (drains && !device_failed.load()) drain_asked = agent.RequestDrain();
     if (f.shutdown_delay_seconds > 0) {

@@ -7,12 +7,16 @@
 #include "cli/commands.h"
 #include "cli/exit_codes.h"
 #include "common/build_info.h"
+#include "common/grpc_log.h"
 #include "common/malloc_tuning.h"
 #include "kernels/cpu/blas.h"
 
 int main(int argc, char** argv) {
   pipetrain::ConfigureBlasOrReexec(argv);
   pipetrain::TuneMallocForLargeBuffers();  // As pipetrain-worker does: malloc_tuning.h.
+  // A failed call's error is the command's own line: gRPC's raw ones
+  // ("E1202 ... Handshake failed") before it said nothing more.
+  pipetrain::QuietGrpcLogsUnlessAskedFor();
   const std::string usage = pipetrain::UsageText();
   if (argc < 2) {
     std::fprintf(stderr, "%s", usage.c_str());

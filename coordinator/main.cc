@@ -40,6 +40,7 @@
 #include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"
+#include "common/grpc_log.h"
 #include "common/grpc_server_limits.h"
 #include "common/host_port.h"
 #include "common/http_server.h"
@@ -718,6 +719,7 @@ int Serve(const Config& config, const sigset_t& signals) {
 int main(int argc, char** argv) {
   // Started by `pipetrain up`: SIGTERM (a clean shutdown) if it dies.
   pipetrain::ExitWithParentIfAsked();
+  pipetrain::RateLimitGrpcLogs();                              // before gRPC can log (grpc_log.h)
   const sigset_t signals = pipetrain::BlockShutdownSignals();  // before any thread starts
   pipetrain::EnableGrpcHealthAndReflection();                   // before any gRPC server
   pipetrain::Config config;

@@ -29,6 +29,7 @@
 #include "common/confined_path.h"
 #include "common/coordinator_endpoints.h"
 #include "common/flag_set.h"
+#include "common/grpc_log.h"
 #include "common/host_port.h"
 #include "common/http_server.h"
 #include "common/logging.h"
@@ -435,6 +436,7 @@ int main(int argc, char** argv) {
   // Started by `pipetrain up`: SIGTERM (leave, as on a drain) if it dies.
   pipetrain::ExitWithParentIfAsked();
   pipetrain::ConfigureBlasOrReexec(argv);
+  pipetrain::RateLimitGrpcLogs();  // before gRPC can log (grpc_log.h)
   // Before any thread starts: large buffers reuse heap pages (malloc_tuning.h).
   pipetrain::TuneMallocForLargeBuffers();
   return pipetrain::Run(std::vector<std::string>(argv + 1, argv + argc));

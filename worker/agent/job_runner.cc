@@ -408,6 +408,11 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
     for (const v1::UnitFile& f : *files) *c->add_units() = f;
     PT_LOG(INFO) << "job " << assignment_.job_id() << ": checkpoint of step " << step
                  << " written (" << files->size() << " units, " << seconds << " s)";
+  } else if (stop_.load()) {
+    // A write that outlived the job: the coordinator removes the step
+    // directories of an ended job, so failing here is the expected end.
+    PT_LOG(INFO) << "job " << assignment_.job_id() << ": checkpoint of step " << step
+                 << " not written, the job having stopped (" << files.status() << ")";
   } else {
     PT_LOG(ERROR) << "job " << assignment_.job_id() << ": checkpoint of step " << step
                   << " failed: " << files.status();

@@ -572,7 +572,7 @@ absl::Status JobManager::Restore() {
   AnnotatedMutexLock lock(&mu_);
   const absl::Time now = clock_->Now();
   int resumed = 0;
-  std::vector<std::string> failed_by_restart;
+  std::vector<std::string> failed_by_restart, ended_with_checkpoints;
   for (store::StoredJob& s : stored) {
     auto record = std::make_unique<JobRecord>();
     record->job = std::move(*s.mutable_job());
@@ -727,9 +727,31 @@ absl::Status JobManager::Restore() {
       // (rolled back to) could still resume it.
       if (spec_resolves) failed_by_restart.push_back(id);
     }
+    // Ended before the restart: its late sweep (SweepStoppedJobsLocked) was
+    // not stored, and stages may have written a step after the end.
+    if (ended_before && spec_resolves && record->checkpoints != nullptr) {
+      ended_with_checkpoints.push_back(id);
+    }
     if (events_.restored) events_.restored(id, record->job.progress().step());
     order_.push_back(id);
     jobs_[id] = std::move(record);
+  }
+  for (const std::string& id : ended_with_checkpoints) {
+    JobRecord& record = *jobs_[id];
+    // No workers (ended before it ran): nothing was written. A live job
+    // sharing the directory: its steps are not ours to judge.
+    if (options_.output_dir.empty() || record.job.worker_ids_size() == 0 ||
+        CheckpointDirUserLocked(record.resolved.spec.checkpoint().dir()) != nullptr) {
+      continue;
+    }
+    // The second sweep again, of what the ended job's stages wrote after
+    // its end, once they have stopped (or kLateSweepWait from now); its
+    // directory stays reserved until then (checkpoint_sweeps_pending).
+    record.checkpoint_sweeps_pending = 1;
+    record.late_sweep_workers.assign(record.job.worker_ids().begin(),
+                                     record.job.worker_ids().end());
+    record.late_sweep_since = now;
+    record.late_sweep_by = now + kLateSweepWait;
   }
   for (const std::string& id : failed_by_restart) {
     SweepCheckpointDirsLocked(*jobs_[id], absl::Now());

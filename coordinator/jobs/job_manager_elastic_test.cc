@@ -374,6 +374,46 @@ TEST_F(JobManagerElasticTest, Cancelled_StepsWrittenAfterTheEnd_RemovedOnceTheWo
   EXPECT_TRUE(exists(OutputDir() + "/late/a/step-00000005/manifest.json"));
 }
 
+// A coordinator restarted before an ended job's second sweep had run lost
+// it (it is not stored): a step a stage wrote after the end stayed. The
+// restored coordinator sweeps again once the workers have stopped.
+TEST_F(JobManagerElasticTest, RestartBeforeTheLateSweep_StepsWrittenAfterTheEndStillRemoved) {
+  Reset(/*with_state=*/true);
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_checkpoint()->set_dir("late/restart");
+  const std::string id = Submit(spec).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  clock_.Advance(absl::Milliseconds(10));
+  ASSERT_TRUE(jobs_->Cancel(id).ok());
+  jobs_->FlushIo();
+  const std::string late = OutputDir() + "/late/restart/step-00000010";
+  std::filesystem::create_directories(late);
+  std::ofstream(late + "/unit-0000.safetensors") << "partial";
+  const auto exists = [](const std::string& path) {
+    struct stat st;
+    return stat(path.c_str(), &st) == 0;
+  };
+  Reset(/*with_state=*/true);  // before either worker said it stopped
+  ASSERT_TRUE(jobs_->Restore().ok());
+  clock_.Advance(absl::Milliseconds(10));
+  Schedule();
+  jobs_->FlushIo();
+  EXPECT_TRUE(exists(late)) << "removed while a worker may still write there";
+  v1::JobSpec reuse = ElasticSpec(1, 5);
+  reuse.mutable_checkpoint()->set_dir("late/restart");
+  EXPECT_EQ(jobs_->Submit(reuse).status().code(), absl::StatusCode::kInvalidArgument)
+      << "the directory is the ended job's until its sweep is done";
+  Heartbeat(w1);
+  Heartbeat(w2);
+  Schedule();
+  jobs_->FlushIo();
+  EXPECT_FALSE(exists(late)) << "left behind";
+  EXPECT_TRUE(exists(OutputDir() + "/late/restart/step-00000005/manifest.json"));
+  EXPECT_TRUE(jobs_->Submit(reuse).ok());  // free again
+}
+
 // init.from's unit files are checked at submit against the manifest: a
 // missing or truncated one is refused naming it, not found when the job
 // starts.

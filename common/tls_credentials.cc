@@ -7,8 +7,10 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include <ctime>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -132,7 +134,43 @@ absl::Status CheckCaFile(const std::string& flag, const std::string& path, const
   return absl::OkStatus();
 }
 
+// notAfter as a time; nullopt if OpenSSL cannot read it.
+std::optional<absl::Time> NotAfter(const X509& cert) {
+  struct tm when {};
+  if (ASN1_TIME_to_tm(X509_get0_notAfter(&cert), &when) != 1) return std::nullopt;
+  return absl::FromTimeT(timegm(&when));
+}
+
 }  // namespace
+
+std::vector<TlsCertificateExpiry> TlsCertificateExpiries(
+    const std::vector<std::pair<std::string, std::string>>& files) {
+  std::vector<TlsCertificateExpiry> out;
+  for (const auto& [flag, path] : files) {
+    if (path.empty()) continue;
+    absl::StatusOr<std::string> pem = ReadFlagFile(flag, path);
+    if (!pem.ok()) continue;
+    const bool ca = flag != "tls-cert";
+    std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem->data(), int(pem->size())),
+                                                  &BIO_free);
+    std::optional<absl::Time> earliest;
+    while (bio != nullptr) {
+      X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr), &X509_free);
+      if (cert == nullptr) break;
+      const bool valid = X509_cmp_current_time(X509_get0_notAfter(cert.get())) >= 0 &&
+                         X509_cmp_current_time(X509_get0_notBefore(cert.get())) <= 0;
+      const std::optional<absl::Time> not_after = NotAfter(*cert);
+      if ((valid || !ca) && not_after.has_value() &&
+          (!earliest.has_value() || *not_after < *earliest)) {
+        earliest = not_after;
+      }
+      if (!ca) break;  // the process's own: the first certificate
+    }
+    ERR_clear_error();
+    if (earliest.has_value()) out.push_back({flag, *earliest});
+  }
+  return out;
+}
 
 absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path) {
   std::ifstream in(path, std::ios::binary);

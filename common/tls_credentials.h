@@ -10,8 +10,9 @@
 // partner). The files are checked before gRPC sees them, which would only
 // fail later without naming any (INVALID_ARGUMENT): a CA or certificate
 // file must hold a PEM certificate, a key file an unencrypted PEM private
-// key, the key must be the certificate's, and that certificate must not
-// have expired. Thread-safe.
+// key (no passphrase is ever asked for), the key must be the certificate's,
+// that certificate must be valid now (not expired, not before its start),
+// and a CA file must hold one valid now. Thread-safe.
 #ifndef PIPETRAIN_COMMON_TLS_CREDENTIALS_H_
 #define PIPETRAIN_COMMON_TLS_CREDENTIALS_H_
 
@@ -19,8 +20,11 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 namespace pipetrain {
 
@@ -40,6 +44,22 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ClientTlsCredentials(
 // path: NOT_FOUND when it cannot be opened; INVALID_ARGUMENT when it is a
 // directory, empty, over kMaxPemFileBytes, or a read fails before its end.
 absl::StatusOr<std::string> ReadFlagFile(const std::string& flag, const std::string& path);
+
+// When a TLS file stops working, for pipetrain_tls_certificate_expiry_
+// timestamp_seconds: for a certificate file (--tls-cert: this process's
+// own) its first certificate's notAfter; for a CA file (--tls-ca,
+// --tls-client-ca) the earliest notAfter of the certificates valid now
+// (peers whose chain ends at that one are refused from then on).
+struct TlsCertificateExpiry {
+  std::string flag;  // without dashes: "tls-cert"
+  absl::Time not_after;
+};
+
+// One entry per {flag, path} of `files` with a non-empty path, read again;
+// a file that cannot be read or holds no (valid) certificate is left out:
+// the credentials' own check refuses it.
+std::vector<TlsCertificateExpiry> TlsCertificateExpiries(
+    const std::vector<std::pair<std::string, std::string>>& files);
 
 // The largest PEM file read: a system CA bundle is some 200 KB.
 inline constexpr size_t kMaxPemFileBytes = size_t{4} << 20;

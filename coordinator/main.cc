@@ -618,6 +618,8 @@ int Serve(const Config& config, const sigset_t& signals) {
   jobs.SetProfileFetcher(std::move(fetcher.fetch), std::move(fetcher.cancel_all));
   // Before Restore, which reports the jobs it resumes as recoveries.
   CoordinatorMetrics& metrics = metrics_holder.emplace(&registry, &jobs);
+  metrics.AddTlsCertificates(TlsCertificateExpiries(
+      {{"tls-cert", flags.tls_cert}, {"tls-client-ca", flags.tls_client_ca}}));
   jobs.SetEvents(metrics.Events());
   if (absl::Status restored = jobs.Restore(); !restored.ok()) {
     PT_LOG(ERROR) << store_flag << ": " << restored;

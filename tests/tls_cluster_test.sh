@@ -63,6 +63,21 @@ check "plaintext client refused (UNAVAILABLE: exit 78)" test $? -eq 78
 check "refusal says UNAVAILABLE" grep -q UNAVAILABLE "$T/plain.out"
 check "and that the coordinator may want --tls-ca" grep -q "give its CA with --tls-ca" "$T/plain.out"
 
+# Each TLS file's expiry is a gauge (the certificate was made for 2 days).
+expiry_in_days() {  # $1: ports file, $2: its port's key, $3: flag; prints days to the gauge's value
+  python3 - "$(port_of "$1" "$2")" "$3" <<'PY'
+import re, sys, time, urllib.request
+page = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=10).read().decode()
+m = re.search(r'^pipetrain_tls_certificate_expiry_timestamp_seconds\{flag="%s"\} (\S+)$' % sys.argv[2], page, re.M)
+print((float(m.group(1)) - time.time()) / 86400 if m else "none")
+PY
+}
+in_two_days() { python3 -c "import sys; sys.exit(0 if '$1' != 'none' and 1.9 < float('$1') <= 2 else 1)"; }
+days=$(expiry_in_days "$T/c.ports" http_port tls-cert)
+check "coordinator: its certificate's expiry gauge, 2 days ahead (got $days)" in_two_days "$days"
+days=$(expiry_in_days "$T/w.ports" metrics_port tls-ca)
+check "worker: its CA file's expiry gauge, 2 days ahead (got $days)" in_two_days "$days"
+
 # Mutual TLS: a CA of our own signs the clients' certificate.
 openssl req -x509 -newkey rsa:2048 -nodes -keyout "$T/ca.key" -out "$T/ca.pem" -days 2 \
   -subj "/CN=pipetrain test CA" 2>/dev/null

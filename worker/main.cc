@@ -255,6 +255,8 @@ int Run(const std::vector<std::string>& args) {
   WorkerControlService control(&session,
                                [&f] { return SelectBackend(f.device, f.gemm, f.attention); });
   WorkerMetrics metrics;
+  metrics.AddTlsCertificates(
+      TlsCertificateExpiries({{"tls-cert", f.tls_cert}, {"tls-ca", f.tls_ca}}));
   EnableGrpcHealthAndReflection();  // before the data plane's server is built
   auto server = DataPlaneServer::Start(f.listen, &mailbox, &control, metrics.rpc().Interceptors());
   if (!server.ok()) {

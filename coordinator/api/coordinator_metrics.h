@@ -91,6 +91,7 @@
 #include "common/metrics/grpc_red_metrics.h"
 #include "common/metrics/http_red_metrics.h"
 #include "common/metrics/process_collector.h"
+#include "common/metrics/tls_expiry_metric.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/registry/worker_registry.h"
 #include "prometheus/counter.h"
@@ -113,6 +114,11 @@ class CoordinatorMetrics {
 
   // What /metrics serves: the registry and the process metrics.
   const prometheus::Collectable* registry() const { return &exposition_; }
+  // pipetrain_tls_certificate_expiry_timestamp_seconds (tls_expiry_metric.h).
+  // Call once.
+  void AddTlsCertificates(const std::vector<TlsCertificateExpiry>& certificates) {
+    AddTlsCertificateExpiry(*registry_, certificates);
+  }
 
   // RED of the gRPC server: its interceptors go on the coordinator's
   // ServerBuilder (GrpcRedMetrics::Interceptors).

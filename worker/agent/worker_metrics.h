@@ -68,6 +68,7 @@
 #include "common/metrics/grpc_red_metrics.h"
 #include "common/metrics/http_red_metrics.h"
 #include "common/metrics/process_collector.h"
+#include "common/metrics/tls_expiry_metric.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -87,6 +88,11 @@ class WorkerMetrics {
   void Observe(const IterationResult& result);
   // What /metrics serves: the registry and the process metrics.
   const prometheus::Collectable* registry() const { return &exposition_; }
+  // pipetrain_tls_certificate_expiry_timestamp_seconds (tls_expiry_metric.h).
+  // Call once.
+  void AddTlsCertificates(const std::vector<TlsCertificateExpiry>& certificates) {
+    AddTlsCertificateExpiry(*registry_, certificates);
+  }
   // RED of the data-plane gRPC server (its interceptors go on its builder)
   // and of the metrics HTTP server.
   GrpcRedMetrics& rpc() { return rpc_; }

@@ -319,8 +319,8 @@ void BindUp(FlagSet& f, UpOptions& o) {
            "spec.parallelism.tensor_mode)");
   f.String("out", &o.out,
            "directory for logs, weights, tokens, ports files and the timelines (SVG); made mode "
-           "0700 if missing, refused if another user owns it or others may write in it, and "
-           "locked: one `up` at a time");
+           "0700 if missing (missing parents too, mode 0755, as mkdir -p), refused if another "
+           "user owns it or others may write in it, and locked: one `up` at a time");
   f.Bool("keep-running", &o.keep_running, "leave the cluster up after the job (Ctrl-C ends it)");
   f.Int("layers", &o.layers, "transformer blocks");
   f.Int("heads", &o.heads, "attention heads");

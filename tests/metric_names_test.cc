@@ -4,6 +4,8 @@
 // must all appear in the coordinator's or a worker's /metrics. A rule on a
 // misspelt or removed metric would otherwise never fire, and a panel would
 // stay empty, silently.
+#include <sys/stat.h>
+
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -298,9 +300,22 @@ class LiveClusterTest : public ::testing::Test {
 
  private:
   static void RunJobAndScrape(Scraped& out) {
-    auto cluster = testing::StartTestCluster("names", 2);
+    // With TLS (a certificate of the test's own), so that the TLS files'
+    // expiry gauge is exported too, as in a deployment that uses it.
+    const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/names-tls";
+    ASSERT_EQ(mkdir(dir.c_str(), 0700), 0) << dir;
+    const std::string cert = dir + "/cert.pem", key = dir + "/key.pem";
+    ASSERT_EQ(
+        std::system(("openssl req -x509 -newkey rsa:2048 -nodes -keyout " + key + " -out " + cert +
+                     " -days 2 -subj /CN=localhost -addext subjectAltName=IP:127.0.0.1 "
+                     "2>/dev/null")
+                        .c_str()),
+        0)
+        << "openssl (scripts/setup.sh installs it) could not make a test certificate";
+    auto cluster = testing::StartTestCluster("names", 2, {"--tls-cert=" + cert, "--tls-key=" + key},
+                                             {"--tls-ca=" + cert});
     ASSERT_NE(cluster, nullptr);
-    auto stub = ConnectCoordinator(cluster->grpc_address(), "", cluster->user_token());
+    auto stub = ConnectCoordinator(cluster->grpc_address(), cert, cluster->user_token());
     v1::JobSpec spec;
     spec.mutable_model()->set_n_layer(1);
     spec.mutable_model()->set_n_head(2);

@@ -540,6 +540,12 @@ TEST(WorkerAgentTest, InstructionAndLastJob_NamesTheJobOfTheLastAssignmentTaken)
   EXPECT_EQ(agent.InstructionAndLastJob(), (std::pair<std::string, std::string>{"idle", ""}));
   ASSERT_TRUE(agent.Start().ok());
   ASSERT_TRUE(coordinator.AwaitFirstReport().has_value());
+  // The runner reports before Handle, which started it, records it: poll
+  // (bounded) for what a heartbeat would send.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (agent.InstructionAndLastJob().second.empty() && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
   EXPECT_EQ(agent.InstructionAndLastJob().second, "job-1");
   agent.Stop();
   rig->Shutdown();

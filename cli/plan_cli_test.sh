@@ -240,7 +240,7 @@ expect_exit micro_batches_over_limit 2 "--micro-batches 100000000 is outside [1,
 expect_exit micro_batches_zero 2 "--micro-batches 0 is outside [1, 4096]" -- \
   "${P[@]}" --micro-batches 0
 expect_exit layers_over_limit 2 "--layers 100000 is outside [0, 256]" -- --layers 100000 --workers 2
-expect_exit seq_len_over_limit 2 "--seq-len 2000000000 is outside [1, 65536]" -- \
+expect_exit seq_len_over_limit 2 "--seq-len 2000000000 is outside [1, 32768]" -- \
   --layers 2 --workers 2 --seq-len 2000000000
 expect_exit tensor_negative_seq_len 2 "--seq-len -32 is outside" -- \
   --tensor 2 --seq-len -32 --micro-batch-size -1

@@ -472,7 +472,7 @@ absl::Status CheckPlanBounds(const PlanFlags& f) {
       {"--d-model", f.d_model, 1, kMaxDModel},
       {"--heads", f.heads, 1, kMaxHeads},
       {"--vocab", f.vocab, 1, kMaxVocabSize},
-      {"--seq-len", f.seq_len, 1, kMaxSeqLen},
+      {"--seq-len", f.seq_len, 1, kMaxTrainingSeqLen},
       {"--micro-batch-size", f.micro_batch_size, 1, kMaxBatchSize},
       {"--micro-batches", f.micro_batches, 1, kMaxMicroBatches},
       {"--workers", f.workers, 0, kMaxStages},  // 0: not given (--cluster)

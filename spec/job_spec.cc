@@ -135,7 +135,7 @@ absl::Status ResolveModel(v1::ModelSpec* model) {
 
 // Shape and step counts; defaults of the optional sizes.
 absl::Status ResolveTrainingSizes(v1::TrainingSpec* training) {
-  RETURN_IF_ERROR(RequireInRange("spec.training.seq_len", training->seq_len(), kMaxSeqLen));
+  RETURN_IF_ERROR(RequireInRange("spec.training.seq_len", training->seq_len(), kMaxTrainingSeqLen));
   RETURN_IF_ERROR(
       RequireInRange("spec.training.batch_size", training->batch_size(), kMaxBatchSize));
   const int64_t tokens = int64_t{training->batch_size()} * training->seq_len();

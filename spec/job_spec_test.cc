@@ -1225,8 +1225,8 @@ TEST(ResolveJobSpecBounds, DerivedLimits_Rejected) {
   spec.mutable_model()->set_d_model(8192);
   ExpectRejected(spec, "spec.model: the model has ");
   spec = MinimalSpec();
-  spec.mutable_training()->set_seq_len(65536);
-  spec.mutable_training()->set_batch_size(2048);
+  spec.mutable_training()->set_seq_len(32768);
+  spec.mutable_training()->set_batch_size(4096);
   spec.mutable_model()->set_max_seq_len(65536);
   ExpectRejected(spec, "spec.training.batch_size: batch_size * seq_len = 134217728 tokens");
   spec = MinimalSpec();

@@ -51,8 +51,10 @@ std::vector<SpecBound> SpecBounds() {
          s.mutable_training()->set_seq_len(v);
          s.mutable_training()->set_batch_size(1);
          s.mutable_training()->set_micro_batches(1);
+         // One head: 32768^2 attention scores a head fit under 2^31.
+         s.mutable_model()->set_n_head(1);
        },
-       kMaxSeqLen, "spec.training.seq_len: 65537 exceeds the limit of 65536"},
+       kMaxTrainingSeqLen, "spec.training.seq_len: 32769 exceeds the limit of 32768"},
       {"spec.model.max_seq_len",
        [](v1::JobSpec& s, int64_t v) { s.mutable_model()->set_max_seq_len(v); }, kMaxSeqLen,
        "spec.model.max_seq_len: 65537 exceeds the limit of 65536"},

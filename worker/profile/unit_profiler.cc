@@ -27,6 +27,7 @@
 #include "worker/model/gpt_config.h"
 #include "worker/model/unit.h"
 #include "worker/train/adamw_optimizer.h"
+#include "worker/train/train_config.h"
 #include "worker/transport/in_process_transport.h"
 
 namespace pipetrain {
@@ -36,7 +37,6 @@ namespace {
 // coincide with the training sampler's draws from the same seed.
 constexpr uint32_t kProfileTokenPurpose = 0x50524631;  // "PRF1"
 constexpr int64_t kBytesPerElement = 4;                // fp32 values, int32 token ids
-constexpr double kMaxTensorElements = std::numeric_limits<int32_t>::max();
 // A job's bound (spec.model.n_layer), so that no profile is measured that
 // no job or plan could use (the planner takes 2 * 256 + 2 units at most);
 // and repetitions and warm-up runs far beyond any use (each repeats every

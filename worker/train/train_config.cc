@@ -1,8 +1,10 @@
 #include "worker/train/train_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -13,6 +15,19 @@ absl::Status Invalid(const char* field, const std::string& why) {
 }
 
 }  // namespace
+
+absl::Status CheckWeightsFitMemory(const GptConfig& model, int64_t limit_bytes) {
+  const int64_t parameters = CountParameters(model);
+  const double need = 16.0 * static_cast<double>(parameters);
+  if (limit_bytes > 0 && need > static_cast<double>(limit_bytes)) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "the model's %d parameters need %.2f GiB for weights, gradients and AdamW moments "
+        "alone, but this process may use %.2f GiB (the least of RAM and its cgroup's limit); "
+        "use fewer layers, a smaller d_model or vocabulary",
+        parameters, need / (1 << 30), static_cast<double>(limit_bytes) / (1 << 30)));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status ValidateTrainConfig(const TrainConfig& c) {
   RETURN_IF_ERROR(ValidateGptConfig(c.model));
@@ -27,6 +42,29 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   if (c.micro_batches < 1 || c.batch_size % c.micro_batches != 0) {
     return Invalid("micro_batches", absl::StrCat(c.micro_batches, " must be >= 1 and divide "
                                                  "batch_size ", c.batch_size));
+  }
+  // The kernels index tensors with int: no parameter, and no tensor a
+  // micro-batch's passes allocate, may reach 2^31 elements (the profiler
+  // checks the same, unit_profiler.cc). Formed in double: int32 factors can
+  // overflow int64, and a double is exact enough against 2^31.
+  const double d = c.model.d_model, vocab = c.model.vocab_size;
+  const double largest_param =
+      std::max({vocab * d, static_cast<double>(c.model.max_seq_len) * d, 4 * d * d});
+  if (largest_param > kMaxTensorElements) {
+    return Invalid("d_model", absl::StrCat("a parameter tensor would hold ", largest_param,
+                                           " elements, above 2^31 - 1; shrink d_model, "
+                                           "vocab_size or max_seq_len"));
+  }
+  const double sequences = c.batch_size / c.micro_batches;
+  const double tokens = sequences * c.seq_len;
+  const double largest_activation =
+      std::max({tokens * vocab, tokens * 4 * d, tokens * c.model.n_head * c.seq_len});
+  if (largest_activation > kMaxTensorElements) {
+    return Invalid("micro_batches",
+                   absl::StrCat("a micro-batch of ", sequences, " sequences of ", c.seq_len,
+                                " tokens needs a tensor of ", largest_activation,
+                                " elements (logits, MLP or attention scores), above 2^31 - 1; "
+                                "use more micro-batches or a shorter seq_len"));
   }
   if (c.steps < 0) return Invalid("steps", absl::StrCat("must be >= 0, got ", c.steps));
   if (!(c.adam.lr > 0)) return Invalid("lr", absl::StrCat("must be > 0, got ", c.adam.lr));

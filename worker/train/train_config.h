@@ -40,11 +40,21 @@ struct TrainConfig {
 
 // INVALID_ARGUMENT naming the offending field and value: model shape (see
 // ValidateGptConfig), seq_len < 1 or > max_seq_len, batch_size < 1,
-// micro_batches < 1 or not dividing batch_size, steps < 0, lr <= 0,
+// micro_batches < 1 or not dividing batch_size, a parameter (d_model) or a
+// micro-batch's tensor (micro_batches) of kMaxTensorElements or more, steps < 0, lr <= 0,
 // betas outside [0, 1), eps <= 0, weight_decay < 0, eval_interval < 0,
 // eval_windows < 1, threads < 1, grad_clip < 0 or not finite,
 // warmup_steps outside [0, steps], min_lr outside [0, lr].
 absl::Status ValidateTrainConfig(const TrainConfig& config);
+
+// The most elements a tensor may hold: the kernels index with int.
+inline constexpr double kMaxTensorElements = 2147483647.0;
+
+// RESOURCE_EXHAUSTED when the model's fp32 weights, their gradients and
+// both AdamW moments (16 bytes a parameter) alone exceed `limit_bytes`
+// (0: no limit), naming both sizes: a lower bound of what training needs,
+// checked before anything is allocated (a failed allocation aborts).
+absl::Status CheckWeightsFitMemory(const GptConfig& model, int64_t limit_bytes);
 
 }  // namespace pipetrain
 

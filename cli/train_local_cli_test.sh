@@ -279,6 +279,11 @@ fi
 expect_exit resume_past_steps 0 "nothing to train: the checkpoint is at step 5, and --steps 4" -- \
   "${RUN[@]}" --steps 4 --resume "$TMP/c.ckpt"
 
+# A micro-batch whose logits would pass 2^31 elements (the kernels index
+# with int) is refused naming the flag.
+expect_exit logits_past_int 2 "--micro-batches: a micro-batch of 1 sequences of 32768 tokens" -- \
+  train-local --vocab 65536 --seq-len 32768 --batch 1 --layers 1 --d-model 16 --heads 2
+
 # SIGTERM (a supervisor, a preempted batch job) stops the run as Ctrl-C
 # does: after the current step, with --checkpoint written, and exits 143
 # (128 + SIGTERM), as a shell reports a process that signal ended. It

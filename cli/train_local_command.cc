@@ -22,6 +22,7 @@
 #include "kernels/cpu/blas.h"
 #include "nlohmann/json.hpp"
 #include "spec/job_spec.h"
+#include "worker/agent/device_info.h"
 #include "worker/data/corpus.h"
 #include "worker/model/backend_select.h"
 #include "worker/model/gpt_config.h"
@@ -110,7 +111,7 @@ absl::Status CheckBounds(const Options& o) {
       {"--heads", t.model.n_head, kMaxHeads},
       {"--d-model", t.model.d_model, kMaxDModel},
       {"--vocab", t.model.vocab_size, kMaxVocabSize},
-      {"--seq-len", t.seq_len, kMaxSeqLen},
+      {"--seq-len", t.seq_len, kMaxTrainingSeqLen},
       {"--block-size", o.block_size, kMaxSeqLen},
       {"--batch", t.batch_size, kMaxBatchSize},
       {"--micro-batches", t.micro_batches, kMaxMicroBatches},
@@ -309,9 +310,19 @@ absl::Status SaveFinalWeights(const std::string& path, GptModel& model) {
   return SaveWeights(path, ParameterPointers(host));
 }
 
+// A model past what this process may use aborted on its first failed
+// allocation (or was killed by the kernel, silently): refused first.
+absl::Status CheckModelFitsMemory(const TrainConfig& train) {
+  const int64_t physical = int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGE_SIZE);
+  return CheckWeightsFitMemory(train.model, EffectiveMemoryLimit(physical, CgroupMemoryLimit(), 0));
+}
+
 absl::Status Run(Options& o) {
   SetBlasThreads(o.train.threads);
   ASSIGN_OR_RETURN(SelectedBackend backend, SelectBackend(o.device, o.gemm, o.attention));
+  // On the CPU (a GPU's memory is its own, and its allocations fail as
+  // errors).
+  if (backend.backend->kind() == BackendKind::kCpu) RETURN_IF_ERROR(CheckModelFitsMemory(o.train));
   ASSIGN_OR_RETURN(Dataset dataset, LoadData(o));
   ASSIGN_OR_RETURN(std::unique_ptr<LocalTrainer> trainer,
                    LocalTrainer::Create(o.train, &dataset, backend.backend));

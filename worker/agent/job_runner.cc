@@ -456,16 +456,19 @@ absl::Status JobRunner::RunJob() {
   // Checked under the data roots just now: no link swapped in since is
   // followed out of them.
   corpus.path_is_checked_real = !data_path.empty();
-  // Text peaks at 3x its file (the bytes, then a 2-byte token each): a
-  // file past a third of the worker's memory is refused before its buffer
-  // is allocated (a failed allocation would throw, and end the worker).
-  corpus.max_file_bytes = options_.memory_limit_bytes / 3;
+  // Text peaks at 3x its file (the bytes, then a 2-byte token each), and
+  // so does generated text: past a third of the worker's memory either is
+  // refused before its buffer is allocated (a failed allocation would
+  // throw, and end the worker; generated text grew a worker to 3x its limit).
+  corpus.max_bytes = options_.memory_limit_bytes / 3;
   absl::StatusOr<std::vector<uint16_t>> loaded = LoadCorpus(corpus);
   if (loaded.status().code() == absl::StatusCode::kResourceExhausted) {
+    const bool generated = data_path.empty();
     return absl::ResourceExhaustedError(absl::StrCat(
-        "spec.data.path: ", loaded.status().message(),
+        generated ? "spec.data.synthetic_bytes: " : "spec.data.path: ", loaded.status().message(),
         " (a third of this worker's memory limit of ", options_.memory_limit_bytes,
-        " bytes: --memory-limit, else its cgroup's limit or RAM); use a smaller file"));
+        " bytes: --memory-limit, else its cgroup's limit or RAM); use ",
+        generated ? "less generated text" : "a smaller file"));
   }
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, std::move(loaded));
   // A recovery or a re-plan must train on the tokens the job began with: a

@@ -595,6 +595,24 @@ TEST(JobRunnerTest, DataFilePastAThirdOfTheMemoryLimit_ResourceExhausted) {
   EXPECT_TRUE(fits.finished());
 }
 
+// Generated text peaks at 3x its size as a file does, but had no limit: a
+// worker with --memory-limit 1G generated 1 GiB of it and grew to 3.1 GB.
+TEST(JobRunnerTest, GeneratedTextPastAThirdOfTheMemoryLimit_ResourceExhausted) {
+  v1::Assignment a = OneStageAssignment(1);
+  a.mutable_spec()->mutable_data()->set_synthetic_bytes(3001);
+  JobRunnerOptions options{"w", 1};
+  options.memory_limit_bytes = 9000;
+  const v1::ReportProgressRequest report = FirstReportOfOneStage(a, options);
+  EXPECT_EQ(report.error(),
+            "RESOURCE_EXHAUSTED: spec.data.synthetic_bytes: 3001 bytes of generated text exceeds "
+            "the limit of 3000 bytes (a third of this worker's memory limit of 9000 bytes: "
+            "--memory-limit, else its cgroup's limit or RAM); use less generated text");
+  a.mutable_spec()->mutable_data()->set_synthetic_bytes(3000);
+  const v1::ReportProgressRequest fits = FirstReportOfOneStage(a, options);
+  EXPECT_EQ(fits.error(), "");
+  EXPECT_TRUE(fits.finished());
+}
+
 // A start_iteration at or past the last step ran nothing and reported
 // nothing (the job hung); now the job fails naming the field.
 TEST(JobRunnerTest, StartIterationPastTheSteps_ReportedAsTheJobsError) {

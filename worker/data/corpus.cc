@@ -11,7 +11,7 @@ absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec) {
   if (!spec.path.empty()) {
     TokenFileLoadOptions options;
     options.name = spec.name;
-    options.max_bytes = spec.max_file_bytes;
+    options.max_bytes = spec.max_bytes;
     options.path_is_checked_real = spec.path_is_checked_real;
     return LoadTokenFile(spec.path, spec.format, spec.vocab_size, options);
   }
@@ -22,6 +22,12 @@ absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec) {
   }
   if (spec.synthetic_bytes < 1) {
     return absl::InvalidArgumentError("generated corpus size must be >= 1 byte");
+  }
+  // Checked before generating: the text, then a 2-byte token per byte.
+  if (spec.max_bytes > 0 && spec.synthetic_bytes > spec.max_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(spec.synthetic_bytes, " bytes of generated text exceeds the limit of ",
+                     spec.max_bytes, " bytes"));
   }
   const std::string text = GenerateEnglishText(spec.seed, static_cast<size_t>(spec.synthetic_bytes));
   return std::vector<uint16_t>(text.begin(), text.end());

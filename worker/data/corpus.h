@@ -22,14 +22,16 @@ struct CorpusSpec {
   // The name spec.data.path gave when `path` is its resolved real path:
   // the format is detected from it (TokenFileLoadOptions::name). Empty: path.
   std::string name;
-  // TokenFileLoadOptions::max_bytes: the largest file loaded (0: any).
-  int64_t max_file_bytes = 0;
+  // TokenFileLoadOptions::max_bytes: the largest file loaded, and the
+  // most text generated (which peaks at 3x its size too) (0: any).
+  int64_t max_bytes = 0;
   // TokenFileLoadOptions::path_is_checked_real.
   bool path_is_checked_real = false;
 };
 
-// LoadTokenFile's errors for files (RESOURCE_EXHAUSTED past max_file_bytes); INVALID_ARGUMENT when
-// generated text is asked for with vocab_size < 256 or synthetic_bytes < 1.
+// LoadTokenFile's errors for files (RESOURCE_EXHAUSTED past max_bytes); INVALID_ARGUMENT when
+// generated text is asked for with vocab_size < 256 or synthetic_bytes < 1, RESOURCE_EXHAUSTED
+// when over max_bytes.
 absl::StatusOr<std::vector<uint16_t>> LoadCorpus(const CorpusSpec& spec);
 
 // Job.data_sha256: the SHA-256 of `tokens`, each as two little-endian

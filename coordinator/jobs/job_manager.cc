@@ -27,6 +27,7 @@
 #include "coordinator/jobs/memory_budget.h"
 #include "coordinator/jobs/plan_drawings.h"
 #include "coordinator/jobs/stored_job_check.h"
+#include "coordinator/planner/bipartition.h"
 #include "coordinator/planner/device_links.h"
 #include "coordinator/planner/job_layout.h"
 #include "coordinator/planner/measured_timeline.h"
@@ -293,6 +294,46 @@ v1::ProfileRequest JobManager::ProfileRequestFor(const JobRecord& record) const 
   return request;
 }
 
+std::string JobManager::WeightsExceedMemory(const JobRecord& record,
+                                            const v1::ProfileRequest& request,
+                                            const std::vector<v1::Worker>& workers) {
+  // Every plan holds each unit's fp32 weights, their gradients and both
+  // AdamW moments (BiPartitionCosts::Memory: 4x the weights of a stage's
+  // backward units, activations on top), once per replica; tensor ranks
+  // split a unit's share. A bound no plan can beat, from shapes alone.
+  const std::vector<double> budgets = PlanMemoryBudgets(workers);
+  double total = 0, largest = 0;
+  for (double b : budgets) {
+    if (b <= 0) return "";  // unlimited
+    total += b;
+    largest = std::max(largest, b);
+  }
+  const ModelProfile sizes = ModelSizes(record.resolved.train.model, request);
+  double weights = 0, largest_unit = 0;
+  for (const UnitProfile& u : sizes.units) {
+    weights += u.weight_bytes;
+    largest_unit = std::max(largest_unit, u.weight_bytes);
+  }
+  const int replicas = std::max(1, record.resolved.data_parallel);
+  const int tensor = record.resolved.tensor_parallel == kTensorParallelAuto
+                         ? static_cast<int>(workers.size())
+                         : std::max(1, record.resolved.tensor_parallel);
+  if (4 * weights * replicas > total) {
+    return absl::StrCat("its weights, their gradients and AdamW moments alone (",
+                        BytesAndGiB(4 * weights), replicas > 1 ? " per replica" : "",
+                        ") exceed the memory of its ", workers.size(), " workers together (",
+                        BytesAndGiB(total), ")");
+  }
+  if (4 * largest_unit / tensor > largest) {
+    return absl::StrCat("its largest unit's weights, gradients and AdamW moments (",
+                        BytesAndGiB(4 * largest_unit / tensor),
+                        ") exceed the memory of its "
+                        "roomiest worker (",
+                        BytesAndGiB(largest), ")");
+  }
+  return "";
+}
+
 bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Worker>& workers,
                                      ModelProfile* profile, std::string* source,
                                      double* reference_gflops) {
@@ -324,8 +365,12 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   // Every solver: those that cut by cost need it, and every plan's
   // prediction (what users compare their step time with) is only as good as
   // its costs; the analytic profile left small models' non-GEMM work out
-  // (the demo was predicted at a third of its measured step).
-  if (fetcher_ && record.profile_error.empty()) {
+  // (the demo was predicted at a third of its measured step). But not a
+  // model that cannot fit these workers whatever its profile: profiling
+  // runs each of its units on one worker, and such units killed workers
+  // (out of memory) before the plan was refused.
+  const std::string unfit = WeightsExceedMemory(record, request, workers);
+  if (fetcher_ && record.profile_error.empty() && unfit.empty()) {
     record.job.set_state(v1::JOB_STATE_PROFILING);
     record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
     TouchLocked(record);
@@ -356,7 +401,8 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   const TrainConfig& t = record.resolved.train;
   *profile = AnalyticProfile(t.model, t.seq_len, t.batch_size / t.micro_batches, rate);
   *source = absl::StrCat("analytic: FLOPs at ", rate / 1e9, " GFLOP/s",
-                         record.profile_error.empty()
+                         !unfit.empty() ? absl::StrCat(" (not profiled: ", unfit, ")")
+                         : record.profile_error.empty()
                              ? ""
                              : absl::StrCat(" (profiling failed: ", record.profile_error, ")"));
   *reference_gflops = fastest;

@@ -1494,6 +1494,31 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
       << jobs_.GetPlan(second).value().profile_source();
 }
 
+// A model whose weights, gradients and AdamW moments alone exceed what its
+// workers have together was profiled all the same: each unit ran on one
+// worker, and units this large killed workers (out of memory) before the
+// plan was refused. It is now planned on the analytic profile, and refused.
+TEST_F(JobManagerTest, WeightsAloneExceedTheWorkersMemory_RefusedWithoutProfiling) {
+  int calls = 0;
+  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
+                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+    ++calls;
+    return FakeProfile();
+  });
+  AddCpuWorker(7001, "a", 4'000'000);
+  AddCpuWorker(7002, "b", 4'000'000);
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_model()->set_d_model(256);  // 2 layers of 12 x 256^2 fp32: 6.3 MB, x4 > 8 MB
+  spec.mutable_model()->set_n_head(4);
+  const std::string id = Submit(spec).value().id();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_TRUE(absl::StrContains(job.reason(), "would need")) << job.reason();
+}
+
 // The worker profiling a job is drained (SIGTERM drains a worker, and its
 // profile is cut short as it stops): the failure says nothing about the
 // model, so another worker profiles it and the job plans on that measured
@@ -1717,6 +1742,15 @@ TEST_F(JobManagerTest, Submit_OverPlanningBudget_ResourceExhaustedBeforeAnyWork)
   status = Submit(spec).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
   EXPECT_TRUE(absl::StartsWith(status.message(), "spec.training.micro_batches: 4 stages x (4096"))
+      << status.message();
+  // Validation windows the larger part: named so (eval_windows is within
+  // its own bound).
+  spec.mutable_training()->set_batch_size(4);
+  spec.mutable_training()->set_micro_batches(4);
+  spec.mutable_training()->set_eval_windows(65536);  // micro-batches of 1 window
+  status = Submit(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(absl::StartsWith(status.message(), "spec.training.eval_windows: 4 stages x (4 "))
       << status.message();
   EXPECT_EQ(jobs_.List().size(), 1u);
 }

@@ -78,9 +78,13 @@ absl::Status CheckPlanningBudget(const ResolvedJobSpec& r) {
         "fewer stages", grows ? " (a lower spec.elastic.max_workers)" : ""));
   }
   if (work.stage_micro_batches > kMaxStageMicroBatches) {
+    // Named by the larger part: eval_windows of 65536 (within its bound)
+    // was refused naming micro_batches.
+    const bool validation = EvalMicroBatches(r) > r.train.micro_batches;
     return absl::ResourceExhaustedError(absl::StrCat(
-        "spec.training.micro_batches: ", stages, " x (", r.train.micro_batches, " micro-batches + ",
-        EvalMicroBatches(r), " validation micro-batches) = ", work.stage_micro_batches,
+        validation ? "spec.training.eval_windows: " : "spec.training.micro_batches: ", stages,
+        " x (", r.train.micro_batches, " micro-batches + ", EvalMicroBatches(r),
+        " validation micro-batches) = ", work.stage_micro_batches,
         " exceeds the planning budget of ", kMaxStageMicroBatches,
         "; use fewer (larger) micro-batches or validation windows",
         grows ? ", or a lower spec.elastic.max_workers" : ""));

@@ -65,7 +65,8 @@ absl::Status ApplyView(v1::JobView view, v1::Job& job) {
 
 absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
                                                   const v1::ListJobsRequest& request) {
-  ASSIGN_OR_RETURN(const int size, PageSize(request.page_size()));
+  ASSIGN_OR_RETURN(int size, PageSize(request.page_size()));
+  if (request.view() == v1::JOB_VIEW_FULL) size = std::min(size, kMaxFullViewPageSize);
   ASSIGN_OR_RETURN(const PageCursor start, ParsePageToken("jobs", request.page_token()));
   v1::Job probe;
   RETURN_IF_ERROR(ApplyView(request.view(), probe));

@@ -4,7 +4,8 @@
 // Page tokens are opaque to clients (page_cursor.h: where the next page
 // starts, also when items were removed meanwhile). Bounds (checked before
 // use; docs/api.md "Paging"): page_size in [0, 1000] (0: kDefaultPageSize;
-// above kMaxPageSize reads as kMaxPageSize; negative is INVALID_ARGUMENT),
+// above kMaxPageSize reads as kMaxPageSize; negative is INVALID_ARGUMENT;
+// jobs in the full view: at most kMaxFullViewPageSize a page),
 // page_token at most kMaxPageTokenBytes. Errors name the
 // field ("page_size: ...", "page_token: ...", "view: ..."), so they carry a
 // google.rpc.BadRequest violation (common/rpc_status.h).
@@ -22,6 +23,10 @@ namespace pipetrain {
 
 inline constexpr int kDefaultPageSize = 100;
 inline constexpr int kMaxPageSize = 1000;
+// A page of jobs in the full view holds at most this many: each may carry
+// 10000 losses (some 110 KB of JSON), and 1000 of them made one response
+// of about 110 MB, held per connection until read.
+inline constexpr int kMaxFullViewPageSize = 20;
 
 // INVALID_ARGUMENT for page_size < 0, a malformed or foreign page_token, or
 // an unknown view.

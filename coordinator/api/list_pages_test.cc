@@ -50,5 +50,30 @@ TEST(ListJobsPageTest, LastJobOfThePagePruned_NextPageSkipsNothing) {
   EXPECT_EQ(Ids(*second), (std::vector<std::string>{"job-3", "job-4"}));
 }
 
+// Each job in the full view may carry 10000 losses: a page of 1000 made a
+// response of about 110 MB. The full view's pages hold 20 at most, and go
+// on with a token; the basic view's are as asked.
+TEST(ListJobsPageTest, FullView_AtMostTwentyAPage) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{});
+  for (int i = 0; i < kMaxFullViewPageSize + 5; ++i) {
+    ASSERT_TRUE(jobs.Submit(SmallJobSpec(1)).ok());
+    clock.Advance(absl::Seconds(1));
+  }
+  v1::ListJobsRequest request;
+  request.set_page_size(1000);
+  request.set_view(v1::JOB_VIEW_FULL);
+  const v1::ListJobsResponse full = ListJobsPage(jobs, request).value();
+  EXPECT_EQ(full.jobs_size(), kMaxFullViewPageSize);
+  EXPECT_FALSE(full.next_page_token().empty());
+  request.set_page_token(full.next_page_token());
+  EXPECT_EQ(ListJobsPage(jobs, request).value().jobs_size(), 5);
+  request.clear_page_token();
+  request.set_view(v1::JOB_VIEW_BASIC);
+  EXPECT_EQ(ListJobsPage(jobs, request).value().jobs_size(), kMaxFullViewPageSize + 5);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -9,6 +9,7 @@
 
 #include <ctime>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -100,32 +101,44 @@ absl::Status CheckIdentityPair(const std::string& cert_path, const std::string& 
   return absl::OkStatus();
 }
 
+// Calls `visit` with each PEM certificate of `pem`, in order, until it
+// returns false or none is left (what does not parse ends the list).
+void ForEachCertificate(const std::string& pem, const std::function<bool(const X509&)>& visit) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), int(pem.size())),
+                                                &BIO_free);
+  while (bio != nullptr) {
+    X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr), &X509_free);
+    if (cert == nullptr || !visit(*cert)) break;
+  }
+  ERR_clear_error();  // the read that ended the list
+}
+
+// Whether `cert` is valid now: not expired, not before its start.
+bool ValidNow(const X509& cert) {
+  return X509_cmp_current_time(X509_get0_notAfter(&cert)) >= 0 &&
+         X509_cmp_current_time(X509_get0_notBefore(&cert)) <= 0;
+}
+
 // A CA file (--tls-ca, --tls-client-ca): at least one certificate, and
 // not all of them expired or not yet valid (nothing could be verified
 // against it); any one that is gets a warning, since a peer whose chain
 // ends there is refused with only "certificate verify failed".
 absl::Status CheckCaFile(const std::string& flag, const std::string& path, const std::string& pem) {
   RETURN_IF_ERROR(FirstCertificate(flag, path, pem).status());
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), int(pem.size())),
-                                                &BIO_free);
   int valid = 0, read = 0;
-  while (bio != nullptr) {
-    X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr), &X509_free);
-    if (cert == nullptr) break;
+  ForEachCertificate(pem, [&](const X509& cert) {
     ++read;
-    const bool expired = X509_cmp_current_time(X509_get0_notAfter(cert.get())) < 0;
-    const bool early = X509_cmp_current_time(X509_get0_notBefore(cert.get())) > 0;
-    if (!expired && !early) {
+    if (ValidNow(cert)) {
       ++valid;
-      continue;
+      return true;
     }
+    const bool expired = X509_cmp_current_time(X509_get0_notAfter(&cert)) < 0;
     PT_LOG(WARNING) << "--" << flag << ": certificate " << read << " in " << path
                     << (expired ? " expired on " : " is not valid before ")
-                    << TimeText(expired ? X509_get0_notAfter(cert.get())
-                                        : X509_get0_notBefore(cert.get()))
+                    << TimeText(expired ? X509_get0_notAfter(&cert) : X509_get0_notBefore(&cert))
                     << "; peers whose chain ends there are refused";
-  }
-  ERR_clear_error();  // the read that ended the loop
+    return true;
+  });
   if (valid == 0) {
     return absl::InvalidArgumentError(absl::StrCat("--", flag, ": every certificate in ", path,
                                                    " has expired or is not yet valid; nothing "
@@ -151,22 +164,15 @@ std::vector<TlsCertificateExpiry> TlsCertificateExpiries(
     absl::StatusOr<std::string> pem = ReadFlagFile(flag, path);
     if (!pem.ok()) continue;
     const bool ca = flag != "tls-cert";
-    std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem->data(), int(pem->size())),
-                                                  &BIO_free);
     std::optional<absl::Time> earliest;
-    while (bio != nullptr) {
-      X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, NoPassphrase, nullptr), &X509_free);
-      if (cert == nullptr) break;
-      const bool valid = X509_cmp_current_time(X509_get0_notAfter(cert.get())) >= 0 &&
-                         X509_cmp_current_time(X509_get0_notBefore(cert.get())) <= 0;
-      const std::optional<absl::Time> not_after = NotAfter(*cert);
-      if ((valid || !ca) && not_after.has_value() &&
+    ForEachCertificate(*pem, [&](const X509& cert) {
+      const std::optional<absl::Time> not_after = NotAfter(cert);
+      if ((ValidNow(cert) || !ca) && not_after.has_value() &&
           (!earliest.has_value() || *not_after < *earliest)) {
         earliest = not_after;
       }
-      if (!ca) break;  // the process's own: the first certificate
-    }
-    ERR_clear_error();
+      return ca;  // the process's own: the first certificate only
+    });
     if (earliest.has_value()) out.push_back({flag, *earliest});
   }
   return out;

@@ -310,19 +310,16 @@ absl::Status SaveFinalWeights(const std::string& path, GptModel& model) {
   return SaveWeights(path, ParameterPointers(host));
 }
 
-// A model past what this process may use aborted on its first failed
-// allocation (or was killed by the kernel, silently): refused first.
-absl::Status CheckModelFitsMemory(const TrainConfig& train) {
-  const int64_t physical = int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGE_SIZE);
-  return CheckWeightsFitMemory(train.model, EffectiveMemoryLimit(physical, CgroupMemoryLimit(), 0));
-}
-
 absl::Status Run(Options& o) {
   SetBlasThreads(o.train.threads);
   ASSIGN_OR_RETURN(SelectedBackend backend, SelectBackend(o.device, o.gemm, o.attention));
   // On the CPU (a GPU's memory is its own, and its allocations fail as
   // errors).
-  if (backend.backend->kind() == BackendKind::kCpu) RETURN_IF_ERROR(CheckModelFitsMemory(o.train));
+  // A model past what this process may use aborted on its first failed
+  // allocation (or was killed by the kernel, silently): refused first.
+  if (backend.backend->kind() == BackendKind::kCpu) {
+    RETURN_IF_ERROR(CheckWeightsFitMemory(o.train.model, ProcessMemoryLimit()));
+  }
   ASSIGN_OR_RETURN(Dataset dataset, LoadData(o));
   ASSIGN_OR_RETURN(std::unique_ptr<LocalTrainer> trainer,
                    LocalTrainer::Create(o.train, &dataset, backend.backend));

@@ -89,14 +89,20 @@ absl::StatusOr<int64_t> ParseByteSize(const std::string& flag, const std::string
   return static_cast<int64_t>(number * unit);
 }
 
+int64_t PhysicalMemoryBytes() { return int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGE_SIZE); }
+
+int64_t ProcessMemoryLimit() {
+  return EffectiveMemoryLimit(PhysicalMemoryBytes(), CgroupMemoryLimit(), 0);
+}
+
 v1::DeviceInfo CollectDeviceInfo(Backend* backend) {
   v1::DeviceInfo info;
   char host[256] = {};
   if (gethostname(host, sizeof(host) - 1) == 0) info.set_hostname(host);
   info.set_cpu_model(CpuModelName());
   info.set_cpu_cores(static_cast<int32_t>(sysconf(_SC_NPROCESSORS_ONLN)));
-  info.set_memory_bytes(int64_t{sysconf(_SC_PHYS_PAGES)} * sysconf(_SC_PAGE_SIZE));
-  info.set_memory_limit_bytes(EffectiveMemoryLimit(info.memory_bytes(), CgroupMemoryLimit(), 0));
+  info.set_memory_bytes(PhysicalMemoryBytes());
+  info.set_memory_limit_bytes(ProcessMemoryLimit());
   info.set_backend(backend->Describe());
   const DeviceFacts facts = backend->device_facts();
   info.set_gpu_model(facts.name);

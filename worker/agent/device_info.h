@@ -32,6 +32,13 @@ int64_t CgroupMemoryLimit(const std::string& root = "/sys/fs/cgroup",
 // `cgroup_limit` and `flag_limit`, ignoring zeros (none).
 int64_t EffectiveMemoryLimit(int64_t physical, int64_t cgroup_limit, int64_t flag_limit);
 
+// This host's physical memory (DeviceInfo.memory_bytes).
+int64_t PhysicalMemoryBytes();
+
+// What this process may use without a flag of its own: the least of
+// physical memory and its cgroup's limit (EffectiveMemoryLimit).
+int64_t ProcessMemoryLimit();
+
 // Parses a byte count with an optional binary suffix: "512M", "8G", "1.5T",
 // "1048576". INVALID_ARGUMENT (naming `flag`) for anything else, zero or
 // negative values, or more than 1 PiB.

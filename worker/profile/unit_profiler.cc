@@ -63,23 +63,17 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
 // The kernels index tensors with int, so no tensor a pass allocates may
 // reach 2^31 elements: parameters (a property of the model) and activations
 // (which grow with the micro-batch) are checked apart to name the right field.
-// Products are formed in double: with int32 factors they can overflow int64,
-// and a double is exact enough to compare against 2^31.
 absl::Status CheckTensorSizes(const ResolvedRequest& r) {
-  const double d = r.model.d_model, vocab = r.model.vocab_size;
-  const double largest_param = std::max({vocab * d, r.model.max_seq_len * d, 4 * d * d});
-  if (largest_param > kMaxTensorElements) {
-    return Invalid("model", absl::StrCat("a parameter tensor would hold ", largest_param,
+  const LargestTensors largest = LargestTensorElements(r.model, r.micro_batch_size, r.seq_len);
+  if (largest.parameter > kMaxTensorElements) {
+    return Invalid("model", absl::StrCat("a parameter tensor would hold ", largest.parameter,
                                          " elements, above 2^31 - 1; shrink d_model, "
                                          "vocab_size or max_seq_len"));
   }
-  const double n = static_cast<double>(r.micro_batch_size) * r.seq_len;
-  const double largest_activation =
-      std::max({n * vocab, n * 4 * d, n * r.model.n_head * r.seq_len});
-  if (largest_activation > kMaxTensorElements) {
+  if (largest.activation > kMaxTensorElements) {
     return Invalid("micro_batch_size",
                    absl::StrCat(r.micro_batch_size, " sequences of ", r.seq_len,
-                                " tokens need a tensor of ", largest_activation,
+                                " tokens need a tensor of ", largest.activation,
                                 " elements, above 2^31 - 1; lower micro_batch_size or seq_len"));
   }
   return absl::OkStatus();

@@ -16,6 +16,13 @@ absl::Status Invalid(const char* field, const std::string& why) {
 
 }  // namespace
 
+LargestTensors LargestTensorElements(const GptConfig& model, double sequences, int seq_len) {
+  const double d = model.d_model, vocab = model.vocab_size;
+  const double tokens = sequences * seq_len;
+  return {std::max({vocab * d, static_cast<double>(model.max_seq_len) * d, 4 * d * d}),
+          std::max({tokens * vocab, tokens * 4 * d, tokens * model.n_head * seq_len})};
+}
+
 absl::Status CheckWeightsFitMemory(const GptConfig& model, int64_t limit_bytes) {
   const int64_t parameters = CountParameters(model);
   const double need = 16.0 * static_cast<double>(parameters);
@@ -45,24 +52,18 @@ absl::Status ValidateTrainConfig(const TrainConfig& c) {
   }
   // The kernels index tensors with int: no parameter, and no tensor a
   // micro-batch's passes allocate, may reach 2^31 elements (the profiler
-  // checks the same, unit_profiler.cc). Formed in double: int32 factors can
-  // overflow int64, and a double is exact enough against 2^31.
-  const double d = c.model.d_model, vocab = c.model.vocab_size;
-  const double largest_param =
-      std::max({vocab * d, static_cast<double>(c.model.max_seq_len) * d, 4 * d * d});
-  if (largest_param > kMaxTensorElements) {
-    return Invalid("d_model", absl::StrCat("a parameter tensor would hold ", largest_param,
+  // checks the same, unit_profiler.cc).
+  const double sequences = c.batch_size / c.micro_batches;
+  const LargestTensors largest = LargestTensorElements(c.model, sequences, c.seq_len);
+  if (largest.parameter > kMaxTensorElements) {
+    return Invalid("d_model", absl::StrCat("a parameter tensor would hold ", largest.parameter,
                                            " elements, above 2^31 - 1; shrink d_model, "
                                            "vocab_size or max_seq_len"));
   }
-  const double sequences = c.batch_size / c.micro_batches;
-  const double tokens = sequences * c.seq_len;
-  const double largest_activation =
-      std::max({tokens * vocab, tokens * 4 * d, tokens * c.model.n_head * c.seq_len});
-  if (largest_activation > kMaxTensorElements) {
+  if (largest.activation > kMaxTensorElements) {
     return Invalid("micro_batches",
                    absl::StrCat("a micro-batch of ", sequences, " sequences of ", c.seq_len,
-                                " tokens needs a tensor of ", largest_activation,
+                                " tokens needs a tensor of ", largest.activation,
                                 " elements (logits, MLP or attention scores), above 2^31 - 1; "
                                 "use more micro-batches or a shorter seq_len"));
   }

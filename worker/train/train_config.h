@@ -50,6 +50,17 @@ absl::Status ValidateTrainConfig(const TrainConfig& config);
 // The most elements a tensor may hold: the kernels index with int.
 inline constexpr double kMaxTensorElements = 2147483647.0;
 
+// The largest tensors training `model` allocates, in elements, each to
+// compare with kMaxTensorElements: a parameter (wte, wpe, an MLP matrix),
+// and one of a micro-batch of `sequences` x `seq_len` tokens (logits, the
+// MLP's hidden layer, a head's attention scores). In double: products of
+// int32 factors can overflow int64, and a double is exact enough at 2^31.
+struct LargestTensors {
+  double parameter = 0;
+  double activation = 0;
+};
+LargestTensors LargestTensorElements(const GptConfig& model, double sequences, int seq_len);
+
 // RESOURCE_EXHAUSTED when the model's fp32 weights, their gradients and
 // both AdamW moments (16 bytes a parameter) alone exceed `limit_bytes`
 // (0: no limit), naming both sizes: a lower bound of what training needs,

@@ -121,6 +121,16 @@ class JobManagerTest : public ::testing::Test {
       t->set_end_seconds(0.001 * (i + 1));
     }
   }
+  // A start-barrier report of `worker` for plan 1 of `job`.
+  static v1::ReportProgressRequest ReadyReport(const std::string& worker, const std::string& job) {
+    v1::ReportProgressRequest r;
+    r.set_job_id(job);
+    r.set_plan_version(1);
+    r.set_ready(true);
+    r.set_worker_id(worker);
+    return r;
+  }
+
   void Report(const std::string& worker, const std::string& job, int64_t iteration,
               std::vector<float> losses, bool finished) {
     ASSERT_TRUE(
@@ -845,11 +855,7 @@ TEST_F(JobManagerTest, WorkerLost_FailsJobNamingTheWorkerAndFreesTheOthers) {
 TEST_F(JobManagerTest, ReadyBarrier_OpensWhenEveryStageIsReady) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(SmallSpec(2)).value().id();
-  v1::ReportProgressRequest r;
-  r.set_job_id(id);
-  r.set_plan_version(1);
-  r.set_ready(true);
-  r.set_worker_id(w2);
+  v1::ReportProgressRequest r = ReadyReport(w2, id);
   EXPECT_FALSE(jobs_.ReportProgress(r).value().all_ready());
   EXPECT_FALSE(jobs_.ReportProgress(r).value().all_ready());  // asking again changes nothing
   r.set_worker_id(w1);
@@ -866,11 +872,7 @@ TEST_F(JobManagerTest, ReadyBarrier_FirstDataDigestIsTheJobs_AnotherFailsIt) {
   EXPECT_EQ(jobs_.Get(id).value().data_sha256(), "");
   EXPECT_EQ(AssignmentOf(w1).data_sha256(), "");
   const std::string a(64, 'a'), b = std::string(63, 'a') + "b";
-  v1::ReportProgressRequest r;
-  r.set_job_id(id);
-  r.set_plan_version(1);
-  r.set_ready(true);
-  r.set_worker_id(w1);
+  v1::ReportProgressRequest r = ReadyReport(w1, id);
   r.set_data_sha256(a);
   EXPECT_FALSE(jobs_.ReportProgress(r).value().all_ready());
   EXPECT_EQ(jobs_.Get(id).value().data_sha256(), a);
@@ -891,11 +893,7 @@ TEST_F(JobManagerTest, ReadyBarrier_FirstDataDigestIsTheJobs_AnotherFailsIt) {
 TEST_F(JobManagerTest, DataDigestNotLowercaseHexOf64_InvalidArgument) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(SmallSpec(2)).value().id();
-  v1::ReportProgressRequest r;
-  r.set_job_id(id);
-  r.set_plan_version(1);
-  r.set_ready(true);
-  r.set_worker_id(w1);
+  v1::ReportProgressRequest r = ReadyReport(w1, id);
   for (const std::string& bad : {std::string(63, 'a'), std::string(65, 'a'), std::string(64, 'A'),
                                  std::string(63, 'a') + "g", std::string(64, '\0')}) {
     r.set_data_sha256(bad);

@@ -61,7 +61,7 @@ constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 std::atomic<int> g_signal{0};
 extern "C" void OnInterrupt(int signal) { g_signal.store(signal); }
 bool Interrupted() { return g_signal.load() != 0; }
-int InterruptedExitCode() { return 128 + g_signal.load(); }
+int InterruptedExitCode() { return kExitSignalBase + g_signal.load(); }
 
 // What the last Connect() used, for Fail's hints: where the user token
 // came from ("" when none was sent) and the --coordinator value.

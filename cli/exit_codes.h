@@ -23,7 +23,10 @@ namespace pipetrain {
 constexpr int kExitOk = 0;
 constexpr int kExitJobNotSucceeded = 1;
 constexpr int kExitUsage = 2;
-constexpr int kExitInterrupted = 130;
+// A command stopped by signal N (SIGINT, SIGTERM, a closed stdout's
+// SIGPIPE) after cleaning up exits kExitSignalBase + N, as a shell reports
+// a process that signal ended: 130, 143, 141.
+constexpr int kExitSignalBase = 128;
 // A failed call exits kExitStatusBase + its status code (1..16).
 constexpr int kExitStatusBase = 64;
 

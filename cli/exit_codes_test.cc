@@ -1,5 +1,6 @@
 #include "cli/exit_codes.h"
 
+#include <csignal>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -29,7 +30,12 @@ TEST(ExitCodesTest, ExitCodeFor_EveryCanonicalCode_MatchesDocumentedTable) {
 }
 
 TEST(ExitCodesTest, ExitCodeFor_Errors_DistinctAndClearOfTheFixedCodes) {
-  std::set<int> seen = {kExitOk, kExitJobNotSucceeded, kExitUsage, kExitInterrupted};
+  std::set<int> seen = {kExitOk,
+                        kExitJobNotSucceeded,
+                        kExitUsage,
+                        kExitSignalBase + SIGINT,
+                        kExitSignalBase + SIGTERM,
+                        kExitSignalBase + SIGPIPE};
   for (int code = 1; code <= 16; ++code) {
     const int exit_code = ExitCodeFor(static_cast<absl::StatusCode>(code));
     EXPECT_TRUE(seen.insert(exit_code).second) << "code " << code << " exits " << exit_code;

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cli/exit_codes.h"
 #include "cli/flag_names.h"
 #include "cli/output_paths.h"
 #include "cli/progress.h"
@@ -406,7 +407,7 @@ int RunTrainLocal(const std::vector<std::string>& args) {
   if (const int signal = g_signal.load(); signal != 0) {
     std::fprintf(stderr, "interrupted (%s)%s\n", signal == SIGTERM ? "SIGTERM" : "SIGINT",
                  options.checkpoint.empty() ? "" : "; checkpoint written");
-    return 128 + signal;
+    return kExitSignalBase + signal;
   }
   return 0;
 }

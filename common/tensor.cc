@@ -1,6 +1,7 @@
 #include "common/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -15,10 +16,25 @@ namespace {
 
 constexpr size_t kAlignment = 64;
 
-// numel floats, uninitialised.
+std::atomic<int64_t> g_live_bytes{0};
+std::atomic<int64_t> g_peak_bytes{0};
+
+void RaisePeakTo(int64_t live) {
+  int64_t peak = g_peak_bytes.load(std::memory_order_relaxed);
+  while (live > peak &&
+         !g_peak_bytes.compare_exchange_weak(peak, live, std::memory_order_relaxed)) {
+  }
+}
+
+// numel floats, uninitialised, counted in CurrentHostTensorMemory until freed.
 std::shared_ptr<float> Allocate(int64_t numel) {
-  return std::shared_ptr<float>(AllocateAlignedHost(numel * static_cast<int64_t>(sizeof(float))),
-                                [](float* q) { std::free(q); });
+  const int64_t bytes = numel * static_cast<int64_t>(sizeof(float));
+  float* storage = AllocateAlignedHost(bytes);
+  RaisePeakTo(g_live_bytes.fetch_add(bytes, std::memory_order_relaxed) + bytes);
+  return std::shared_ptr<float>(storage, [bytes](float* q) {
+    g_live_bytes.fetch_sub(bytes, std::memory_order_relaxed);
+    std::free(q);
+  });
 }
 
 std::shared_ptr<float> AllocateZeroed(int64_t numel) {
@@ -28,6 +44,15 @@ std::shared_ptr<float> AllocateZeroed(int64_t numel) {
 }
 
 }  // namespace
+
+HostTensorMemory CurrentHostTensorMemory() {
+  HostTensorMemory m;
+  m.live_bytes = g_live_bytes.load(std::memory_order_relaxed);
+  m.peak_bytes = std::max(m.live_bytes, g_peak_bytes.load(std::memory_order_relaxed));
+  return m;
+}
+
+void ResetHostTensorPeak() { g_peak_bytes.store(g_live_bytes.load(std::memory_order_relaxed)); }
 
 float* AllocateAlignedHost(int64_t bytes) {
   // posix_memalign takes the exact size (aligned_alloc wants a multiple of

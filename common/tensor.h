@@ -36,6 +36,22 @@ std::string ShapeToString(const Shape& shape);  // "[2, 3]"
 // hand out Tensor::OnHost storage (worker/transport/tensor_pool.h).
 float* AllocateAlignedHost(int64_t bytes);
 
+// Host memory held by tensors: bytes of storage that Tensor's own factories
+// (Zeros, Uninitialized, Filled, FromVector, Clone) have allocated and not
+// yet freed, and the most there was at once since the last
+// ResetHostTensorPeak (or since the process started). Storage passed in by
+// OnHost or OnDevice, AllocateAlignedHost's other callers and kernels'
+// own scratch (std::vector) are not counted. Process-wide and thread-safe;
+// for measuring one piece of work's peak (the unit profiler's
+// transient_bytes), where other threads' tensors count too.
+struct HostTensorMemory {
+  int64_t live_bytes = 0;
+  int64_t peak_bytes = 0;
+};
+HostTensorMemory CurrentHostTensorMemory();
+// Sets the peak to the bytes live now.
+void ResetHostTensorPeak();
+
 class Tensor;
 // The index of the first NaN or infinite element of host tensor `t`, or -1
 // when every element is finite (or `t` is empty). Must not be a device tensor.

@@ -113,6 +113,27 @@ TEST(TensorTest, FirstNonFinite_IndexOfTheFirstNanOrInfinity) {
   EXPECT_EQ(DescribeFirstNonFinite(Tensor::Zeros({3})), "");
 }
 
+TEST(TensorTest, HostTensorMemory_CountsOwnStorageUntilFreed_AndItsPeak) {
+  const HostTensorMemory before = CurrentHostTensorMemory();
+  ResetHostTensorPeak();
+  EXPECT_EQ(CurrentHostTensorMemory().peak_bytes, before.live_bytes);
+  {
+    Tensor a = Tensor::Zeros({100});                   // 400 bytes
+    Tensor view = a.Slice(10, 20);                     // shares a: nothing more
+    Tensor b = Tensor::Filled({2, 50}, 1.0f).Clone();  // 400 + a freed 400
+    EXPECT_EQ(CurrentHostTensorMemory().live_bytes, before.live_bytes + 800);
+    std::shared_ptr<float> outside(new float[64](), std::default_delete<float[]>());
+    Tensor c = Tensor::OnHost({64}, outside);  // the caller's memory: not counted
+    EXPECT_EQ(CurrentHostTensorMemory().live_bytes, before.live_bytes + 800);
+  }
+  const HostTensorMemory after = CurrentHostTensorMemory();
+  EXPECT_EQ(after.live_bytes, before.live_bytes);
+  // a, the Filled temporary and its clone were live at once.
+  EXPECT_EQ(after.peak_bytes, before.live_bytes + 1200);
+  ResetHostTensorPeak();
+  EXPECT_EQ(CurrentHostTensorMemory().peak_bytes, before.live_bytes);
+}
+
 TEST(TensorDeathTest, OnHost_NullStorage_Aborts) {
   EXPECT_DEATH(Tensor::OnHost({2}, nullptr), "Tensor::OnHost over null storage");
 }

@@ -22,7 +22,7 @@
 //  - a profile the coordinator cached (and saved) is the reply as sent, and
 //    holds only finite numbers within profile_cache.h's bounds: one unit
 //    per unit of the model, named and sized as the model's shape says
-//    (stash at most twice), times in [0, 1e6] s, sizes in [0, 1e15] bytes,
+//    (stash and transient at most twice), times in [0, 1e6] s, sizes in [0, 1e15] bytes,
 //    the request's micro-batch size and partitions, at most 16 codecs of
 //    distinct 1..64-byte names at [0, 1e-3] s/byte, device_kind at most
 //    256 bytes, repetitions >= 0; a profile not cached is not saved either;
@@ -87,14 +87,15 @@ void CheckAccepted(const v1::ModelProfile& p, const v1::ProfileRequest& request)
     const UnitProfile& want = sizes.units[u];
     if (unit.name() != UnitName(model, u) || unit.weight_bytes() != want.weight_bytes ||
         unit.activation_bytes() != want.activation_bytes ||
-        !(unit.stash_bytes() <= 2 * want.stash_bytes)) {
+        !(unit.stash_bytes() <= 2 * want.stash_bytes) ||
+        !(unit.transient_bytes() <= 2 * want.transient_bytes)) {
       __builtin_trap();
     }
     for (double s : {unit.fwd_seconds(), unit.bwd_seconds(), unit.optimizer_seconds()}) {
       if (!Within(s, 1e6)) __builtin_trap();
     }
     for (double b : {unit.weight_bytes(), unit.activation_bytes(), unit.stash_bytes(),
-                     unit.peak_memory_bytes()}) {
+                     unit.transient_bytes(), unit.peak_memory_bytes()}) {
       if (!Within(b, 1e15)) __builtin_trap();
     }
     if (unit.partitions_size() != request.partitions_size()) __builtin_trap();

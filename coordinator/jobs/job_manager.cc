@@ -341,10 +341,10 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   const std::string kind = DeviceKind(workers[0].device());
   const std::string key = ProfileKey(request, kind);
   std::optional<v1::ModelProfile> cached = profiles_.Get(key);
+  const ModelProfile sizes = ModelSizes(record.resolved.train.model, request);
   if (cached) {
     // Checked when it was fetched; a store written before that check
     // existed may still hold one unfit for this model: measure it again.
-    const ModelProfile sizes = ModelSizes(record.resolved.train.model, request);
     const absl::Status fit =
         CheckWorkerProfile(*cached, request, UnitNamesOf(record.resolved.train.model), &sizes);
     if (!fit.ok()) {
@@ -353,7 +353,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
     }
   }
   if (cached) {
-    *profile = FromProto(*cached);
+    *profile = FromProto(*cached, &sizes);
     // Measured for this job a moment ago (its profile then waits in the
     // cache like any), or for an earlier job of the same model and device.
     *source = record.profiled_by.empty()

@@ -737,7 +737,7 @@ TEST_F(JobManagerTest, Progress_NanValidationLoss_FailsTheJob) {
 // is refused naming the memory, rather than started to run out of it; the
 // same two workers on hosts of their own get the plan (the next test).
 TEST_F(JobManagerTest, WorkersSharingAHostsRam_PlannedWithTheirShare) {
-  constexpr int64_t kRam = 150000;  // a stage of SmallSpec(2) needs about 100 kB
+  constexpr int64_t kRam = 150000;  // a stage of SmallSpec(2) needs about 108 kB
   AddCpuWorker(7001, "vm", kRam);
   AddCpuWorker(7002, "vm", kRam);
   const std::string shared = Submit(SmallSpec(2)).value().id();
@@ -747,8 +747,8 @@ TEST_F(JobManagerTest, WorkersSharingAHostsRam_PlannedWithTheirShare) {
                                 "but has 75000 bytes (0.00 GiB) (memory per worker: "
                                 "host vm's RAM shared by 2 workers)"))
       << refused.reason();
-  // Whole bytes, never "1.00096e+05".
-  EXPECT_TRUE(absl::StrContains(refused.reason(), "would need 100096 bytes (0.00 GiB)"))
+  // Whole bytes, never "1.07520e+05".
+  EXPECT_TRUE(absl::StrContains(refused.reason(), "would need 107520 bytes (0.00 GiB)"))
       << refused.reason();
 }
 
@@ -780,7 +780,7 @@ TEST_F(JobManagerTest, RefusedForMemory_PlacedAgainOnTheRoomiestReadyWorkers) {
 TEST_F(JobManagerTest, RefusedForMemoryOnTheRoomiestWorkersToo_Fails) {
   AddCpuWorker(7001, "vm", 150000);
   AddCpuWorker(7002, "vm", 150000);
-  AddCpuWorker(7003, "c", 90000);  // less than a stage's 100096 bytes
+  AddCpuWorker(7003, "c", 90000);  // less than a stage's 107520 bytes
   const std::string id = Submit(SmallSpec(2)).value().id();
   ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_QUEUED);
   Schedule();

@@ -19,12 +19,17 @@ std::string ProfileKey(const v1::ProfileRequest& r, const std::string& device_ki
                       partitions, " @ ", device_kind);
 }
 
-ModelProfile FromProto(const v1::ModelProfile& p) {
+ModelProfile FromProto(const v1::ModelProfile& p, const ModelProfile* model_sizes) {
   ModelProfile out;
   out.micro_batch_size = p.micro_batch_size();
   for (const v1::UnitProfile& u : p.units()) {
     out.units.push_back({u.name(), u.fwd_seconds(), u.bwd_seconds(), u.weight_bytes(),
                          u.activation_bytes(), u.stash_bytes()});
+    out.units.back().transient_bytes = u.transient_bytes();
+    const size_t index = out.units.size() - 1;
+    if (u.transient_bytes() == 0 && model_sizes != nullptr && index < model_sizes->units.size()) {
+      out.units.back().transient_bytes = model_sizes->units[index].transient_bytes;
+    }
     out.units.back().optimizer_seconds = u.optimizer_seconds();
     for (const v1::PartitionTiming& t : u.partitions()) {
       out.units.back().partition_seconds[t.count()] = {t.fwd_seconds(), t.bwd_seconds()};
@@ -87,6 +92,7 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
         {"weight_bytes", unit.weight_bytes()},
         {"activation_bytes", unit.activation_bytes()},
         {"stash_bytes", unit.stash_bytes()},
+        {"transient_bytes", unit.transient_bytes()},
         {"peak_memory_bytes", unit.peak_memory_bytes()}};
     for (const auto& [name, value] : bytes) {
       RETURN_IF_ERROR(CheckAmount(at + "." + name, value, kMaxProfileBytes));
@@ -103,10 +109,15 @@ absl::Status CheckWorkerProfile(const v1::ModelProfile& profile, const v1::Profi
                           absl::StrCat("is ", unit.activation_bytes(), ", not the model's ",
                                        expected.activation_bytes));
       }
-      if (unit.stash_bytes() > 2 * expected.stash_bytes) {
-        return BadProfile(at + ".stash_bytes",
-                          absl::StrCat("is ", unit.stash_bytes(), ", over twice the model's ",
-                                       expected.stash_bytes));
+      const std::pair<const char*, std::pair<double, double>> at_most_twice[] = {
+          {"stash_bytes", {unit.stash_bytes(), expected.stash_bytes}},
+          {"transient_bytes", {unit.transient_bytes(), expected.transient_bytes}}};
+      for (const auto& [name, sizes] : at_most_twice) {
+        if (sizes.first > 2 * sizes.second) {
+          return BadProfile(
+              at + "." + name,
+              absl::StrCat("is ", sizes.first, ", over twice the model's ", sizes.second));
+        }
       }
       const std::pair<const char*, std::pair<double, double>> passes[] = {
           {"fwd_seconds", {unit.fwd_seconds(), expected.fwd_seconds}},

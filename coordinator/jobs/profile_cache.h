@@ -25,8 +25,10 @@ namespace pipetrain {
 // The cache key of a profile request on a device kind.
 std::string ProfileKey(const v1::ProfileRequest& request, const std::string& device_kind);
 
-// The planner's view of a measured profile.
-ModelProfile FromProto(const v1::ModelProfile& profile);
+// The planner's view of a measured profile. A unit whose transient_bytes
+// the profiler did not measure (0: a device backend) takes model_sizes'
+// (AnalyticProfile's, one unit each), when given.
+ModelProfile FromProto(const v1::ModelProfile& profile, const ModelProfile* model_sizes = nullptr);
 
 // Bounds of a worker's profile (CheckWorkerProfile).
 inline constexpr double kMaxProfileSeconds = 1e6;  // a unit's pass, ~11 days
@@ -52,8 +54,8 @@ inline constexpr double kModelSizesFlopsPerSecond = 1e9;
 // not. A worker is a peer: what it sends reaches the planner, whose indexing and CHECKs trust the
 // unit count, only through this. With `model_sizes` (the sizes the model's
 // shape gives, AnalyticProfile's, one unit each), each unit's weight_bytes
-// and activation_bytes must equal them and its stash_bytes be at most
-// twice them, and its fwd_seconds and bwd_seconds must be at least the
+// and activation_bytes must equal them and its stash_bytes and
+// transient_bytes be at most twice them, and its fwd_seconds and bwd_seconds must be at least the
 // unit's FLOPs at kMaxProfileFlopsPerSecond (above 0 where it has any):
 // the profile is cached for every job of the model on that kind of
 // device, and a worker's inflated sizes would make other users' plans

@@ -75,6 +75,25 @@ TEST(FromProtoTest, PartitionTimings_KeptByCount) {
   EXPECT_EQ(got.units[0].partition_seconds.count(2), 0u);
 }
 
+// Measured transients are kept; those not measured (0: a device backend)
+// take the model's sizes where given.
+TEST(FromProtoTest, TransientBytes_UnmeasuredTakeTheModelsSizes) {
+  v1::ModelProfile p;
+  p.add_units()->set_transient_bytes(500);
+  p.add_units();
+  ModelProfile sizes;
+  sizes.units.resize(2);
+  sizes.units[0].transient_bytes = 900;
+  sizes.units[1].transient_bytes = 700;
+  const ModelProfile with_sizes = FromProto(p, &sizes);
+  ASSERT_EQ(with_sizes.units.size(), 2u);
+  EXPECT_EQ(with_sizes.units[0].transient_bytes, 500);
+  EXPECT_EQ(with_sizes.units[1].transient_bytes, 700);
+  const ModelProfile alone = FromProto(p);
+  EXPECT_EQ(alone.units[0].transient_bytes, 500);
+  EXPECT_EQ(alone.units[1].transient_bytes, 0);
+}
+
 // A worker's answer as CheckWorkerProfile wants it: the request's
 // micro-batch size and partitions, one unit per name.
 v1::ModelProfile GoodProfile(const v1::ProfileRequest& request,
@@ -166,6 +185,7 @@ TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) 
     u.weight_bytes = 4096;
     u.activation_bytes = 8192;
     u.stash_bytes = 1000;
+    u.transient_bytes = 3000;
     // 1e10 forward, 2e10 backward FLOPs (the times are FLOPs at 1 GFLOP/s).
     u.fwd_seconds = 1e10 / kModelSizesFlopsPerSecond;
     u.bwd_seconds = 2e10 / kModelSizesFlopsPerSecond;
@@ -173,7 +193,10 @@ TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) 
   }
   sizes.units[0].fwd_seconds = 0;  // an embedding's lookup: no FLOPs counted
   v1::ModelProfile good = GoodProfile(request, names);
-  for (auto& u : *good.mutable_units()) u.set_stash_bytes(1500);  // within twice
+  for (auto& u : *good.mutable_units()) {  // within twice
+    u.set_stash_bytes(1500);
+    u.set_transient_bytes(6000);
+  }
   EXPECT_TRUE(CheckWorkerProfile(good, request, names, &sizes).ok());
   struct Case {
     const char* field;
@@ -186,6 +209,8 @@ TEST(CheckWorkerProfileTest, SizesOtherThanTheModels_InvalidArgumentNamingThem) 
        [](v1::ModelProfile& p) { p.mutable_units(0)->set_activation_bytes(8193); }},
       {"units[2].stash_bytes is 2001, over twice the model's 1000",
        [](v1::ModelProfile& p) { p.mutable_units(2)->set_stash_bytes(2001); }},
+      {"units[1].transient_bytes is 6001, over twice the model's 3000",
+       [](v1::ModelProfile& p) { p.mutable_units(1)->set_transient_bytes(6001); }},
       // 1e10 FLOPs in 1e-8 s is 1e18 FLOP/s; zero time, infinitely fast.
       {"units[1].fwd_seconds is 1e-08 s for 1e+10 FLOPs: faster than 1e+17 FLOP/s",
        [](v1::ModelProfile& p) { p.mutable_units(1)->set_fwd_seconds(1e-8); }},

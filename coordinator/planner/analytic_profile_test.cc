@@ -43,6 +43,22 @@ TEST(AnalyticProfileTest, Flash_RowStatisticsInsteadOfProbabilities_ScoresRecomp
   }
 }
 
+// What a pass allocates beyond its stash, in floats, as the CPU backend's
+// units do (unit_profiler_test measures the same on a small model).
+TEST(AnalyticProfileTest, TransientBytes_EachUnitsPassBeyondItsStash) {
+  const GptConfig config = Gpt2Small();
+  const ModelProfile profile = AnalyticProfile(config, 1024, 2, 1e12);
+  const double bt = 2.0 * 1024, d = 768, x = 4 * bt * d;
+  ASSERT_EQ(profile.units.size(), 6u);
+  EXPECT_EQ(profile.units[0].transient_bytes, x);                          // embed: its output
+  EXPECT_EQ(profile.units[1].transient_bytes, 7 * x + 4.0 * 1024 * 1024);  // attn_0
+  EXPECT_EQ(profile.units[2].transient_bytes, 7 * x);                      // mlp_0
+  // The head's [B·T, vocab] logit gradient: as large as the probabilities
+  // it stashes, 0.41 GB here.
+  EXPECT_EQ(profile.units[5].transient_bytes, 4 * bt * 50257 + 2 * x);
+  EXPECT_GT(profile.units[5].transient_bytes, 0.5 * profile.units[5].stash_bytes);
+}
+
 TEST(AnalyticProfileTest, Flash_HeadsWiderThanTheKernelTakes_KeepProbabilities) {
   GptConfig config = Gpt2Small();
   config.n_head = 3;  // 256-dim heads: the CUDA backend falls back

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -86,6 +87,9 @@ absl::Status ValidateProblem(const BiPartitionProblem& p) {
   }
   if (auto s = CheckList(p.weight_bytes, L, true, "weight_bytes", "unit"); !s.ok()) return s;
   if (auto s = CheckList(p.stash_bytes, L, true, "stash_bytes", "unit"); !s.ok()) return s;
+  if (auto s = CheckList(p.transient_bytes, L, true, "transient_bytes", "unit"); !s.ok()) {
+    return s;
+  }
   if (auto s = CheckList(p.memory_bytes, P, true, "memory_bytes", "worker"); !s.ok()) return s;
   if (std::isnan(p.bandwidth)) {
     return absl::InvalidArgumentError("bandwidth is NaN; use <= 0 for unlimited");
@@ -110,7 +114,8 @@ absl::Status ValidateProblem(const BiPartitionProblem& p) {
     seconds += p.fwd[u] + p.bwd[u];
     bytes += p.activation_bytes[u];
   }
-  for (const std::vector<double>* list : {&p.weight_bytes, &p.stash_bytes, &p.memory_bytes}) {
+  for (const std::vector<double>* list :
+       {&p.weight_bytes, &p.stash_bytes, &p.transient_bytes, &p.memory_bytes}) {
     for (double b : *list) bytes += b;
   }
   for (double speed : p.speeds) slowest = std::min(slowest, speed);
@@ -154,6 +159,23 @@ BiPartitionCosts::BiPartitionCosts(const BiPartitionProblem& p)
   for (int u = 0; u < units_; ++u) {
     transfer_.push_back(latency_ + (bandwidth_ > 0 ? activation_[u] / bandwidth_ : 0.0));
   }
+  transient_max_.push_back(p.transient_bytes.empty() ? std::vector<double>(units_, 0.0)
+                                                     : p.transient_bytes);
+  for (int width = 2; width <= units_; width *= 2) {
+    const std::vector<double>& half = transient_max_.back();
+    std::vector<double> level(units_ - width + 1);
+    for (int u = 0; u + width <= units_; ++u) {
+      level[u] = std::max(half[u], half[u + width / 2]);
+    }
+    transient_max_.push_back(std::move(level));
+  }
+}
+
+double BiPartitionCosts::LargestTransient(const Range& r) const {
+  if (Empty(r)) return 0.0;
+  int k = 0;
+  while ((2 << k) <= r.end - r.begin) ++k;  // the widest level 2^k <= |r|
+  return std::max(transient_max_[k][r.begin], transient_max_[k][r.end - (1 << k)]);
 }
 
 double BiPartitionCosts::Transfer(int unit) const { return transfer_[unit]; }
@@ -186,7 +208,8 @@ double BiPartitionCosts::Inbound(int /*worker*/, const Range& f, const Range& b)
 
 double BiPartitionCosts::Memory(int worker, const Range& f, const Range& b) const {
   return Sum(pw_, f) + SumMinus(pw_, b, f) + 3 * Sum(pw_, b) +
-         stash_count_[worker] * SumBoth(pstash_, f, b);
+         stash_count_[worker] * SumBoth(pstash_, f, b) +
+         std::max(LargestTransient(f), LargestTransient(b));
 }
 
 bool BiPartitionCosts::Fits(int worker, const Range& f, const Range& b) const {

@@ -40,8 +40,13 @@
 // infeasible (objective = +inf) when some worker with memory_bytes_i > 0 has
 //   memory_i = sum_{u in F_i ∪ B_i} weight_bytes[u] + 3·sum_{u in B_i} weight_bytes[u]
 //              + n_i · sum_{u in F_i ∩ B_i} stash_bytes[u]
+//              + max_{u in F_i ∪ B_i} transient_bytes[u]
 // above memory_bytes_i, where n_i = min(m, P - i) for 1F1B and m for GPipe
-// (the micro-batches whose stash worker i holds at once).
+// (the micro-batches whose stash worker i holds at once). The last term is
+// not the paper's: the most one pass of a unit allocates beyond its stash
+// (the head's [B·T, vocab] logit gradient is as large as its stash), once,
+// since a worker runs one unit at a time. It charges a forward-only unit
+// (F_i \ B_i) its forward-and-backward peak, which over-counts a little.
 //
 // Every term depends only on worker i's own (F_i, B_i), which is what makes a
 // DP over prefixes (workers used, forward end, backward end) exact. All
@@ -72,6 +77,7 @@ struct BiPartitionProblem {
   double bandwidth = 0;                  // bytes/s; <= 0 means unlimited
   std::vector<double> weight_bytes;      // per unit; empty: all 0
   std::vector<double> stash_bytes;       // per unit and micro-batch; empty: all 0
+  std::vector<double> transient_bytes;   // per unit, above its stash; empty: all 0
   std::vector<double> memory_bytes;      // per worker, 0 = unlimited; empty: all unlimited
   double latency_seconds = 0;            // per message (full objective only)
   int micro_batches = 1;                 // m >= 1
@@ -92,14 +98,15 @@ struct BiPartitionPlan {
 };
 
 // INVALID_ARGUMENT when there are no units or no workers, sizes disagree
-// (fwd, bwd, activation_bytes and, when non-empty, weight_bytes and
-// stash_bytes per unit; memory_bytes per worker), a cost, size, memory,
+// (fwd, bwd, activation_bytes and, when non-empty, weight_bytes,
+// stash_bytes and transient_bytes per unit; memory_bytes per worker), a cost, size, memory,
 // latency or bandwidth is negative or not finite (bandwidth may be
 // negative: unlimited; or +inf), a speed is <= 0, micro_batches < 1, or
 // workers > 2 * units (some worker would be idle).
 absl::Status ValidateProblem(const BiPartitionProblem& problem);
 
-// Per-worker terms of both objectives in O(1) each from prefix sums: the
+// Per-worker terms of both objectives in O(1) each from prefix sums (and a
+// sparse table for the largest transient_bytes of a range): the
 // single definition every solver and objective function evaluates, so that
 // they agree to the last bit. Construct from a problem that passes
 // ValidateProblem; ranges are [begin, end) with 0 <= begin <= end <= L,
@@ -137,6 +144,9 @@ class BiPartitionCosts {
   BiPartitionObjective objective_;
   std::vector<double> speeds_, memory_, stash_count_;
   std::vector<double> pf_, pb_, pw_, pstash_, psync_;  // prefix sums
+  // transient_max_[k][u]: the largest transient_bytes of units [u, u + 2^k).
+  std::vector<std::vector<double>> transient_max_;
+  double LargestTransient(const Range& r) const;
   std::vector<double> activation_, transfer_;          // transfer_[u] = Transfer(u)
   double bandwidth_ = 0, latency_ = 0, micro_batches_ = 1;
 };

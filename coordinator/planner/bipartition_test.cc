@@ -1,5 +1,6 @@
 #include "coordinator/planner/bipartition.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <iostream>
@@ -128,6 +129,7 @@ BiPartitionProblem RandomProblem(uint64_t seed) {
     p.activation_bytes.push_back(draw(3, u, 50));
     p.weight_bytes.push_back(draw(6, u, 30));
     p.stash_bytes.push_back(draw(7, u, 20));
+    p.transient_bytes.push_back(draw(13, u, 3) == 0 ? draw(14, u, 40) : 0.0);
     weights += p.weight_bytes.back() + p.stash_bytes.back();
   }
   for (int w = 0; w < P; ++w) p.speeds.push_back(1 + draw(4, w, 4));
@@ -235,6 +237,7 @@ TEST(BiPartitionTest, FastEqualsReferenceDpOnLargerInstances) {
       p.activation_bytes.push_back(activation_scale * (1 + draw(3, u, 20)));
       p.weight_bytes.push_back(draw(4, u, 100));
       p.stash_bytes.push_back(draw(5, u, 50));
+      p.transient_bytes.push_back(draw(12, u, 4) == 0 ? draw(13, u, 100) : 0.0);
       weights += p.weight_bytes.back();
     }
     for (int w = 0; w < P; ++w) p.speeds.push_back(1 + draw(6, w, 3));
@@ -319,6 +322,12 @@ BiPartitionProblem FiveUnits() {
   return p;
 }
 
+BiPartitionProblem FiveUnitsGPipe() {
+  BiPartitionProblem p = FiveUnits();
+  p.schedule = BiPartitionSchedule::kGPipe;
+  return p;
+}
+
 const BiPartitionPlan kFiveUnitPlan = MakePlan({{0, 3}, {3, 5}}, {{0, 1}, {1, 5}});
 
 TEST(BiPartitionCostsTest, Compute_AddsRecomputeOfSplitUnitsOnTheBackwardOwner) {
@@ -371,6 +380,29 @@ TEST(BiPartitionCostsTest, Memory_WeightsOptimizerStateAndStashPerSchedule) {
   p.schedule = BiPartitionSchedule::kGPipe;  // n_i = m = 4
   EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 4 * 3);
   EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 4 * 24);
+}
+
+// The largest transient of F ∪ B counts once, whatever the schedule, and
+// from either range (the sparse table's levels at every width).
+TEST(BiPartitionCostsTest, Memory_AddsTheLargestTransientOfTheWorkersUnits) {
+  BiPartitionProblem p = FiveUnits();
+  p.transient_bytes = {50, 400, 30, 20, 10};
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 2 * 3 + 400);
+  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {1, 5}), 30000 + 90000 + 1 * 24 + 400);
+  EXPECT_EQ(BiPartitionCosts(p).Memory(1, {3, 5}, {3, 5}), 24000 + 72000 + 24 + 20);
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 1}, {0, 0}), 1000 + 50);  // forward only
+  p.schedule = BiPartitionSchedule::kGPipe;
+  EXPECT_EQ(BiPartitionCosts(p).Memory(0, {0, 3}, {0, 1}), 7000 + 3000 + 4 * 3 + 400);
+  // Every range of units against a plain maximum.
+  const BiPartitionCosts costs(p);
+  for (int begin = 0; begin < 5; ++begin) {
+    for (int end = begin + 1; end <= 5; ++end) {
+      const double largest =
+          *std::max_element(p.transient_bytes.begin() + begin, p.transient_bytes.begin() + end);
+      const double without = BiPartitionCosts(FiveUnitsGPipe()).Memory(0, {begin, end}, {0, 0});
+      EXPECT_EQ(costs.Memory(0, {begin, end}, {0, 0}), without + largest) << begin << ", " << end;
+    }
+  }
 }
 
 TEST(BiPartitionCostsTest, MemoryLimit_MakesBothObjectivesInfinite) {
@@ -455,6 +487,10 @@ TEST(BiPartitionTest, BadInput_IsInvalidArgument) {
          q->stash_bytes = {1, NAN};
        },
        "unit 1: stash_bytes must be finite and >= 0"},
+      {[](BiPartitionProblem* q) {
+         q->transient_bytes = {-1, 0};
+       },
+       "unit 0: transient_bytes must be finite and >= 0"},
       {[](BiPartitionProblem* q) {
          q->memory_bytes = {1, -1};
        },

@@ -4,6 +4,7 @@
 // waits do not.
 #include "coordinator/planner/planner.h"
 
+#include <cmath>
 #include <string>
 
 #include "absl/strings/match.h"
@@ -146,7 +147,7 @@ TEST(PlanJobAuto, NamesTheSolversItSkippedAndWhy) {
     UnitProfile& unit = profile.units[u];
     unit.fwd_seconds = unit.bwd_seconds = u == 5 ? 2.5 : 0.5;
     unit.weight_bytes = u == 3 ? 1e6 : 0;
-    unit.activation_bytes = unit.stash_bytes = unit.optimizer_seconds = 0;
+    unit.activation_bytes = unit.stash_bytes = unit.transient_bytes = unit.optimizer_seconds = 0;
   }
   ClusterSpec cluster = testing::TestCluster(2, 0, 0);
   cluster.workers[0].memory_bytes = 1e6;
@@ -161,6 +162,33 @@ TEST(PlanJobAuto, NamesTheSolversItSkippedAndWhy) {
   EXPECT_TRUE(absl::StartsWith(p.candidates_skipped().at("pipedream"),
                                "RESOURCE_EXHAUSTED: worker w0 would need"))
       << p.candidates_skipped().at("pipedream");
+}
+
+// A worker's memory counts the largest transient of its units once: with a
+// 4096-word vocabulary the head's [B·T, vocab] logit gradient (4.5 MB),
+// which a worker that fits everything else but it cannot hold.
+TEST(PlanJobMemory, TheHeadsLogitGradientCountsAgainstItsWorker) {
+  v1::JobSpec spec = SmallSpec(2, 2);  // uniform: units 0-2 | 3-5, the head on w1
+  spec.mutable_model()->set_vocab_size(4096);
+  const ResolvedJobSpec job = ResolveJobSpec(spec).value();
+  const ModelProfile profile = AnalyticProfile(
+      job.train.model, job.train.seq_len, job.train.batch_size / job.train.micro_batches, 1e10);
+  ClusterSpec cluster = testing::TestCluster(2, 0, 0);
+  BiPartitionProblem problem = MakeBiPartitionProblem(profile, cluster);
+  const double with = BiPartitionCosts(problem).Memory(1, {3, 6}, {3, 6});
+  problem.transient_bytes.clear();
+  const double without = BiPartitionCosts(problem).Memory(1, {3, 6}, {3, 6});
+  EXPECT_EQ(with - without, profile.units[5].transient_bytes);
+  EXPECT_EQ(profile.units[5].transient_bytes, 4.0 * 4 * 64 * (4096 + 2 * 128));
+
+  cluster.workers[1].memory_bytes = std::ceil(without) + 1024;
+  absl::StatusOr<CompiledPlan> refused = PlanJob(job, "job", 1, profile, cluster, "analytic");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_TRUE(absl::StrContains(refused.status().message(), "worker w1 would need"))
+      << refused.status();
+  cluster.workers[1].memory_bytes = std::ceil(with);
+  absl::StatusOr<CompiledPlan> planned = PlanJob(job, "job", 1, profile, cluster, "analytic");
+  EXPECT_TRUE(planned.ok()) << planned.status();
 }
 
 TEST(PlanJobCompression, CompressedSendsShortenThePrediction) {

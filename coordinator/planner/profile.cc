@@ -92,7 +92,7 @@ absl::Status CheckName(const json& name, size_t max_bytes, const std::string& fi
 absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
   if (auto s = OnlyKeys(u, where,
                         {"name", "fwd_seconds", "bwd_seconds", "weight_bytes", "activation_bytes",
-                         "stash_bytes", "optimizer_seconds", "partitions"});
+                         "stash_bytes", "transient_bytes", "optimizer_seconds", "partitions"});
       !s.ok()) {
     return s;
   }
@@ -105,6 +105,7 @@ absl::StatusOr<UnitProfile> ParseUnit(const json& u, const std::string& where) {
   ASSIGN_OR_RETURN(unit.weight_bytes, Number(u, "weight_bytes", where, false));
   ASSIGN_OR_RETURN(unit.activation_bytes, Number(u, "activation_bytes", where, false));
   ASSIGN_OR_RETURN(unit.stash_bytes, Number(u, "stash_bytes", where, false, false, 0));
+  ASSIGN_OR_RETURN(unit.transient_bytes, Number(u, "transient_bytes", where, false, false, 0));
   ASSIGN_OR_RETURN(unit.optimizer_seconds, Number(u, "optimizer_seconds", where, false, false, 0));
   // Optional: one of K micro-partitions' measured passes (K 2 or 4, once each).
   if (u.contains("partitions")) {
@@ -332,6 +333,7 @@ std::string ProfileToJson(const ModelProfile& p) {
                  {"weight_bytes", u.weight_bytes},
                  {"activation_bytes", u.activation_bytes},
                  {"stash_bytes", u.stash_bytes}};
+    if (u.transient_bytes > 0) unit["transient_bytes"] = u.transient_bytes;
     if (u.optimizer_seconds > 0) unit["optimizer_seconds"] = u.optimizer_seconds;
     if (!u.partition_seconds.empty()) {
       json partitions = json::array();
@@ -383,6 +385,7 @@ BiPartitionProblem MakeBiPartitionProblem(const ModelProfile& profile, const Clu
     p.activation_bytes.push_back(u.activation_bytes);
     p.weight_bytes.push_back(u.weight_bytes);
     p.stash_bytes.push_back(u.stash_bytes);
+    p.transient_bytes.push_back(u.transient_bytes);
   }
   for (const WorkerSpec& w : cluster.workers) {
     p.speeds.push_back(w.speed);

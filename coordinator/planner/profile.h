@@ -4,7 +4,7 @@
 // profile:  {"micro_batch_size": 4, "units": [{"name": "embed",
 //            "fwd_seconds": 0.0012, "bwd_seconds": 0.0025,
 //            "weight_bytes": 3145728, "activation_bytes": 131072,
-//            "stash_bytes": 262144}, ...]}
+//            "stash_bytes": 262144, "transient_bytes": 393216}, ...]}
 // cluster:  {"workers": [{"name": "w0", "speed": 1.0,
 //            "memory_bytes": 17179869184}, ...],
 //            (optional per worker: "host", "host_cores", "compute_threads"),
@@ -30,6 +30,9 @@ struct UnitProfile {
   std::string name;
   double fwd_seconds = 0, bwd_seconds = 0;  // per micro-batch
   double weight_bytes = 0, activation_bytes = 0, stash_bytes = 0;
+  // The most a pass of the unit allocates beyond its stash, at once
+  // (v1::UnitProfile.transient_bytes); BiPartitionProblem's term.
+  double transient_bytes = 0;
   // One optimizer (AdamW) step over the unit's parameters, when the profile
   // timed it; 0: not timed (the simulator then charges none).
   double optimizer_seconds = 0;
@@ -127,7 +130,7 @@ std::string ProfileToJson(const ModelProfile& profile);
 std::string ClusterToJson(const ClusterSpec& cluster);
 
 // The Bi-Partition problem of a profile on a cluster: per-unit costs and
-// sizes (fwd, bwd, activation, weight and stash bytes), per-worker speeds and
+// sizes (fwd, bwd, activation, weight, stash and transient bytes), per-worker speeds and
 // memory, the link's bandwidth and latency. What the files do not hold is
 // left at BiPartitionProblem's defaults for the caller to set:
 // micro_batches (1), schedule (1F1B) and objective (paper).

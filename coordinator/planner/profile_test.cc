@@ -10,7 +10,7 @@ namespace {
 
 constexpr char kProfile[] = R"({"micro_batch_size": 4, "units": [
   {"name": "embed", "fwd_seconds": 0.0012, "bwd_seconds": 0.0025, "weight_bytes": 3145728,
-   "activation_bytes": 131072, "stash_bytes": 262144},
+   "activation_bytes": 131072, "stash_bytes": 262144, "transient_bytes": 524288},
   {"name": "head", "fwd_seconds": 0.002, "bwd_seconds": 0.004, "weight_bytes": 10,
    "activation_bytes": 4}]})";
 
@@ -21,7 +21,11 @@ TEST(ProfileTest, ParseProfile_ReadsTheDocumentedFormatAndRoundTrips) {
   EXPECT_EQ(p.units[0].name, "embed");
   EXPECT_EQ(p.units[0].stash_bytes, 262144);
   EXPECT_EQ(p.units[1].stash_bytes, 0);  // optional
+  EXPECT_EQ(p.units[0].transient_bytes, 524288);
+  EXPECT_EQ(p.units[1].transient_bytes, 0);  // optional
   ModelProfile again = ParseProfileJson(ProfileToJson(p)).value();
+  EXPECT_EQ(again.units[0].transient_bytes, 524288);
+  EXPECT_EQ(again.units[1].transient_bytes, 0);
   EXPECT_EQ(again.units[1].bwd_seconds, 0.004);
   EXPECT_TRUE(again.units[1].partition_seconds.empty());
   // AccTFM's measured partitions survive the round trip (a coordinator
@@ -122,6 +126,7 @@ TEST(ProfileTest, MakeBiPartitionProblem_FillsMemoryAndLatencyFields) {
   EXPECT_EQ(p.bwd, (std::vector<double>{0.0025, 0.004}));
   EXPECT_EQ(p.weight_bytes, (std::vector<double>{3145728, 10}));
   EXPECT_EQ(p.stash_bytes, (std::vector<double>{262144, 0}));
+  EXPECT_EQ(p.transient_bytes, (std::vector<double>{524288, 0}));
   EXPECT_EQ(p.memory_bytes, (std::vector<double>{1e9, 0}));  // 0: unlimited
   EXPECT_EQ(p.bandwidth, 1e8);
   EXPECT_EQ(p.latency_seconds, 5e-5);

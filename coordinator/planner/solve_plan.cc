@@ -194,7 +194,11 @@ ModelProfile AnalyticProfile(const GptConfig& config, int seq_len, int micro_bat
     u.fwd_seconds = flops[i].forward / flops_per_second;
     u.bwd_seconds = flops[i].backward / flops_per_second;
     u.activation_bytes = 4 * bt * d;
-    double weights = 0, stash = 0;  // in floats; stash mirrors each unit's saved tensors
+    // In floats: stash mirrors each unit's saved tensors; transient what a
+    // pass allocates beyond them at its peak (the output, or the head's
+    // [B·T, vocab] logit gradient, plus the backward's input gradient and
+    // temporaries), as the CPU backend's units allocate them.
+    double weights = 0, stash = 0, transient = bt * d;
     switch (UnitKindAt(config, i)) {
       case UnitKind::kEmbed:
         weights = (v + config.max_seq_len) * d;
@@ -210,20 +214,25 @@ ModelProfile AnalyticProfile(const GptConfig& config, int seq_len, int micro_bat
         const double rows = double(micro_batch_size) * config.n_head * seq_len;
         stash = bt * (6 * d + 2) + (flash ? rows : rows * seq_len);
         if (flash) u.bwd_seconds += 2 * bt * seq_len * d / flops_per_second;
+        // y; datt, dqkv, dln, dx; the CPU backend's [T, T] score scratch.
+        transient = bt * 7 * d + double(seq_len) * seq_len;
         break;
       }
       case UnitKind::kMlp:
         weights = 2 * d + (4 * d * d + 4 * d) + (4 * d * d + d);
         stash = bt * (10 * d + 2);
+        transient = bt * 7 * d;  // y; dact (4d), dln, dx
         break;
       case UnitKind::kHead:
         weights = 2 * d + v * d;
         stash = bt * (2 * d + 2 + v);
+        transient = bt * (v + 2 * d);  // the logit gradient and dln, then dx
         u.activation_bytes = 4;
         break;
     }
     u.weight_bytes = 4 * weights;
     u.stash_bytes = 4 * stash;
+    u.transient_bytes = 4 * transient;
     profile.units.push_back(u);
   }
   return profile;

@@ -114,7 +114,10 @@ double TiedGradientBytes(const ModelProfile& profile);
 // A profile computed rather than measured: seconds = AnalyticUnitCosts'
 // FLOPs / flops_per_second (> 0), bytes from the model's tensor shapes
 // (activation B·T·d floats, the head's a 4-byte loss; stash = the saved
-// tensors' analytic size). For planning before any worker has profiled.
+// tensors' analytic size; transient = what a pass allocates beyond them,
+// as the CPU backend's units do). For planning before any worker has
+// profiled, and for a measured profile's transient_bytes where the
+// profiler could not measure them.
 // `flash_attention`: the attention units as a fused, flash-style kernel
 // runs them (the CUDA backend's --attention flash): their stash keeps B·H·T
 // row statistics (Backend::AttentionSavedFloats) instead of the B·H·T²

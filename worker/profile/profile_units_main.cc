@@ -72,12 +72,13 @@ v1::ProfileRequest MakeRequest(const Flags& f) {
 constexpr double kMiB = 1024.0 * 1024.0;
 
 void PrintTable(const v1::ModelProfile& profile) {
-  std::printf("%-10s %12s %12s %12s %14s %12s %14s\n", "unit", "fwd_ms", "bwd_ms", "weight_MiB",
-              "activation_MiB", "stash_MiB", "peak_est_MiB");
+  std::printf("%-10s %12s %12s %12s %14s %12s %14s %14s\n", "unit", "fwd_ms", "bwd_ms",
+              "weight_MiB", "activation_MiB", "stash_MiB", "transient_MiB", "peak_est_MiB");
   for (const v1::UnitProfile& u : profile.units()) {
-    std::printf("%-10s %12.4f %12.4f %12.3f %14.3f %12.3f %14.3f\n", u.name().c_str(),
+    std::printf("%-10s %12.4f %12.4f %12.3f %14.3f %12.3f %14.3f %14.3f\n", u.name().c_str(),
                 u.fwd_seconds() * 1e3, u.bwd_seconds() * 1e3, u.weight_bytes() / kMiB,
-                u.activation_bytes() / kMiB, u.stash_bytes() / kMiB, u.peak_memory_bytes() / kMiB);
+                u.activation_bytes() / kMiB, u.stash_bytes() / kMiB, u.transient_bytes() / kMiB,
+                u.peak_memory_bytes() / kMiB);
   }
   std::printf(
       "# device %s, micro-batch %d, median of %d timed runs; peak_est is an estimate "

@@ -214,6 +214,28 @@ std::pair<double, double> TimedPass(Unit& unit, const Tensor& input, const Token
           std::chrono::duration<double>(t2 - t1).count()};
 }
 
+// transient_bytes (see the header): one more forward + backward pass, on a
+// fresh context, measured with the host tensor counters; 0 on a device
+// backend, whose memory they do not see. The counters are process-wide,
+// which is why ProfileUnits must not run beside other work.
+double MeasureTransientBytes(Unit& unit, const Tensor& input, const TokenBatch& batch,
+                             const Tensor& dy) {
+  if (unit.backend()->kind() != BackendKind::kCpu) return 0;
+  const int64_t before = CurrentHostTensorMemory().live_bytes;
+  ResetHostTensorPeak();
+  int64_t stash = 0;  // what the forward kept, but the input (live before)
+  {
+    UnitContext ctx;
+    const Tensor output = unit.Forward(input, batch, &ctx);  // held, as until it is sent
+    for (const Tensor& t : ctx.saved) {
+      if (!t.SharesStorageWith(input)) stash += t.size_bytes();
+    }
+    const Tensor input_gradient = unit.Backward(dy, batch, ctx);
+  }
+  const int64_t above = CurrentHostTensorMemory().peak_bytes - before - stash;
+  return static_cast<double>(std::max<int64_t>(above, 0));
+}
+
 // One AdamW step over the unit's parameters (from the gradients the timed
 // passes accumulated), to the end of its queued device work.
 double TimedOptimizerStep(Unit& unit, AdamWOptimizer& optimizer) {
@@ -251,6 +273,7 @@ Tensor ProfileUnit(const ResolvedRequest& r, int index, const TokenBatch& batch,
   }
   out->set_fwd_seconds(Median(forward));
   out->set_bwd_seconds(Median(backward));
+  out->set_transient_bytes(MeasureTransientBytes(*unit, input, batch, dy));
   // The unit's share of the optimizer step, as the runtime takes it (the
   // default hyperparameters and decay policy: AdamW's work per element
   // does not depend on their values). The first step allocates the moments.
@@ -408,6 +431,7 @@ std::string ProfileToFileJson(const v1::ModelProfile& profile) {
                      {"weight_bytes", ByteCount(u.weight_bytes())},
                      {"activation_bytes", ByteCount(u.activation_bytes())},
                      {"stash_bytes", ByteCount(u.stash_bytes())}});
+    if (u.transient_bytes() > 0) units.back()["transient_bytes"] = ByteCount(u.transient_bytes());
     if (u.optimizer_seconds() > 0) units.back()["optimizer_seconds"] = u.optimizer_seconds();
   }
   ordered_json file = {{"micro_batch_size", profile.micro_batch_size()},

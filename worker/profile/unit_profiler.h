@@ -37,6 +37,15 @@
 //                      embed has no input gradient. Temporaries that live only
 //                      inside a pass (e.g. head's [B·T, vocab] logit gradient)
 //                      are not counted, so the real peak can be higher.
+//   transient_bytes    MEASURED on the CPU backend: the most the host tensor
+//                      counters (CurrentHostTensorMemory, common/tensor.h)
+//                      rose during one more forward + backward pass, after
+//                      the timed ones, on a fresh context, less what the
+//                      forward stashed (but its input): the output (held
+//                      to the end of the pass), the input gradient and
+//                      every temporary, e.g. the head's logit gradient.
+//                      Kernels' std::vector scratch is not seen. 0 on a
+//                      device backend (not measured).
 //   optimizer_seconds  the MEDIAN of `repetitions` timed AdamW steps over
 //                      the unit's parameters (default hyperparameters and
 //                      decay policy; moments allocated by an untimed first

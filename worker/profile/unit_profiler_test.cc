@@ -116,6 +116,24 @@ TEST(ProfileUnitsTest, SmallModel_BytesMatchAnalyticSizes) {
   ExpectBytes(*profile, Expected(kVocab, kMaxSeq));
 }
 
+// transient_bytes, from what each unit's passes allocate beyond the stash
+// (written out from the shapes, as Expected): the output; then attention's
+// datt, dqkv, dln, dx and its [T, T] score scratch, the MLP's dact (4x),
+// dln and dx, the head's dln and [n, vocab] logit gradient (dx comes after
+// the logit gradient is freed); embed's backward allocates nothing.
+TEST(ProfileUnitsTest, SmallModel_TransientBytesAreEachPassesPeakBeyondItsStash) {
+  auto profile = ProfileUnits(SmallRequest());
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const double n = kBatch * kSeq, f = 4, x = n * kD * f;
+  const std::vector<double> expected = {x,         x + 6 * x + kSeq * kSeq * f,
+                                        x + 6 * x, x + 6 * x + kSeq * kSeq * f,
+                                        x + 6 * x, f + x + n * kVocab * f};
+  ASSERT_EQ(profile->units_size(), static_cast<int>(expected.size()));
+  for (int i = 0; i < profile->units_size(); ++i) {
+    EXPECT_EQ(profile->units(i).transient_bytes(), expected[i]) << profile->units(i).name();
+  }
+}
+
 TEST(ProfileUnitsTest, UnsetVocabAndMaxSeqLen_UseDefaults) {
   v1::ProfileRequest request = SmallRequest();
   request.mutable_model()->clear_vocab_size();
@@ -153,6 +171,7 @@ TEST(ProfileUnitsTest, RepeatedAndReseeded_ByteFieldsIdentical) {
       EXPECT_EQ(a.activation_bytes(), b.activation_bytes());
       EXPECT_EQ(a.stash_bytes(), b.stash_bytes());
       EXPECT_EQ(a.peak_memory_bytes(), b.peak_memory_bytes());
+      EXPECT_EQ(a.transient_bytes(), b.transient_bytes());
     }
   }
 }
@@ -303,9 +322,9 @@ TEST(ProfileToFileJsonTest, Profile_WritesTheFileFormatKeysInDocumentedOrder) {
   EXPECT_EQ(file["micro_batch_size"], kBatch);
   ASSERT_EQ(file["units"].size(), 6u);
   for (const auto& [key, value] : file["units"][0].items()) unit_keys.push_back(key);
-  EXPECT_EQ(unit_keys,
-            (std::vector<std::string>{"name", "fwd_seconds", "bwd_seconds", "weight_bytes",
-                                      "activation_bytes", "stash_bytes", "optimizer_seconds"}));
+  EXPECT_EQ(unit_keys, (std::vector<std::string>{"name", "fwd_seconds", "bwd_seconds",
+                                                 "weight_bytes", "activation_bytes", "stash_bytes",
+                                                 "transient_bytes", "optimizer_seconds"}));
   const auto& head = file["units"][5];
   EXPECT_EQ(head["name"], "head");
   ASSERT_TRUE(head["activation_bytes"].is_number_integer()) << head.dump();
@@ -344,6 +363,7 @@ TEST(ProfileToFileJsonTest, Profile_ParsesWithThePlannerReader) {
     EXPECT_EQ(parsed->units[i].weight_bytes, u.weight_bytes());
     EXPECT_EQ(parsed->units[i].activation_bytes, u.activation_bytes());
     EXPECT_EQ(parsed->units[i].stash_bytes, u.stash_bytes());
+    EXPECT_EQ(parsed->units[i].transient_bytes, u.transient_bytes());
   }
 }
 

@@ -72,15 +72,24 @@ absl::Status Invalid(absl::string_view path, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", why));
 }
 
+// Whether a field must be given (a missing one reads as proto3's zero), or
+// has a default that was already filled in when it was missing: only the
+// first is "required" in messages.
+enum class Presence { kRequired, kDefaulted };
+
 // Rejects sizes that are missing (proto3 zero) or negative.
-absl::Status RequirePositive(absl::string_view path, int64_t value) {
+absl::Status RequirePositive(absl::string_view path, int64_t value,
+                             Presence presence = Presence::kRequired) {
   if (value >= 1) return absl::OkStatus();
-  return Invalid(path, absl::StrCat("required, must be >= 1, got ", value));
+  return Invalid(path, absl::StrCat(presence == Presence::kRequired ? "required, " : "",
+                                    "must be >= 1, got ", value));
 }
 
-// A size in [1, limit]; zero reads as "required".
-absl::Status RequireInRange(absl::string_view path, int64_t value, int64_t limit) {
-  RETURN_IF_ERROR(RequirePositive(path, value));
+// A size in [1, limit]; zero of a field without a default reads as
+// "required".
+absl::Status RequireInRange(absl::string_view path, int64_t value, int64_t limit,
+                            Presence presence = Presence::kRequired) {
+  RETURN_IF_ERROR(RequirePositive(path, value, presence));
   if (value <= limit) return absl::OkStatus();
   return Invalid(path, absl::StrCat(value, " exceeds the limit of ", limit));
 }
@@ -149,8 +158,8 @@ absl::Status ResolveTrainingSizes(v1::TrainingSpec* training) {
     return Invalid("spec.training.micro_batches",
                    absl::StrCat("must be >= 1, got ", training->micro_batches()));
   }
-  RETURN_IF_ERROR(
-      RequireInRange("spec.training.micro_batches", training->micro_batches(), kMaxMicroBatches));
+  RETURN_IF_ERROR(RequireInRange("spec.training.micro_batches", training->micro_batches(),
+                                 kMaxMicroBatches, Presence::kDefaulted));
   if (training->batch_size() % training->micro_batches() != 0) {
     return Invalid("spec.training.micro_batches",
                    absl::StrCat(training->micro_batches(), " must divide spec.training.batch_size ",
@@ -165,8 +174,8 @@ absl::Status ResolveTrainingSizes(v1::TrainingSpec* training) {
                                 training->eval_interval()));
   }
   if (!training->has_eval_windows()) training->set_eval_windows(kDefaultEvalWindows);
-  RETURN_IF_ERROR(
-      RequireInRange("spec.training.eval_windows", training->eval_windows(), kMaxEvalWindows));
+  RETURN_IF_ERROR(RequireInRange("spec.training.eval_windows", training->eval_windows(),
+                                 kMaxEvalWindows, Presence::kDefaulted));
   return absl::OkStatus();
 }
 
@@ -269,7 +278,8 @@ absl::Status ResolveMaxSeqLen(v1::ModelSpec* model, int seq_len) {
         "spec.model.max_seq_len",
         absl::StrCat(model->max_seq_len(), " must be >= spec.training.seq_len ", seq_len));
   }
-  return RequireInRange("spec.model.max_seq_len", model->max_seq_len(), kMaxSeqLen);
+  return RequireInRange("spec.model.max_seq_len", model->max_seq_len(), kMaxSeqLen,
+                        Presence::kDefaulted);
 }
 
 // The whole model's size, which the coordinator holds when it assembles
@@ -365,8 +375,8 @@ absl::Status ResolveData(v1::DataSpec* data, int vocab_size, DataFormat* format)
   if (!data->path().empty()) {
     RETURN_IF_ERROR(CheckDataPath(data->path()));
   } else {
-    RETURN_IF_ERROR(
-        RequireInRange("spec.data.synthetic_bytes", data->synthetic_bytes(), kMaxSyntheticBytes));
+    RETURN_IF_ERROR(RequireInRange("spec.data.synthetic_bytes", data->synthetic_bytes(),
+                                   kMaxSyntheticBytes, Presence::kDefaulted));
     if (*format == DataFormat::kUint16 || *format == DataFormat::kUint16Header) {
       return Invalid("spec.data.format", absl::StrCat(data->format(),
                                                       " needs spec.data.path; the generated "
@@ -466,7 +476,8 @@ absl::Status ResolveDataParallel(v1::JobSpec* spec) {
   v1::ParallelismSpec* p = spec->mutable_parallelism();
   if (!p->has_data()) p->set_data(1);
   if (!p->has_fused_embedding_sync()) p->set_fused_embedding_sync(true);
-  RETURN_IF_ERROR(RequireInRange("spec.parallelism.data", p->data(), kMaxStages));
+  RETURN_IF_ERROR(
+      RequireInRange("spec.parallelism.data", p->data(), kMaxStages, Presence::kDefaulted));
   const int64_t workers = int64_t{p->data()} * p->stages();
   if (workers > kMaxStages) {
     return Invalid("spec.parallelism.data",
@@ -492,7 +503,8 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
                    "0 (auto) only with spec.parallelism.data 0 (auto), where the planner chooses "
                    "the whole layout of spec.parallelism.workers");
   }
-  RETURN_IF_ERROR(RequireInRange("spec.parallelism.tensor", p->tensor(), kMaxTensorParallel));
+  RETURN_IF_ERROR(RequireInRange("spec.parallelism.tensor", p->tensor(), kMaxTensorParallel,
+                                 Presence::kDefaulted));
   const v1::ModelSpec& m = spec->model();
   GptConfig config;
   config.vocab_size = m.vocab_size();

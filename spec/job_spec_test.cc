@@ -347,7 +347,7 @@ TEST(ResolveJobSpec, GeneratedCorpusWithUint16Format_Rejected) {
 TEST(ResolveJobSpec, ZeroSyntheticBytes_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_data()->set_synthetic_bytes(0);
-  ExpectRejected(spec, "spec.data.synthetic_bytes: ");
+  ExpectRejected(spec, "spec.data.synthetic_bytes: must be >= 1, got 0");
 }
 
 TEST(ResolveJobSpec, MissingParallelism_Rejected) {
@@ -456,7 +456,7 @@ TEST(ResolveJobSpec, DataParallel_DefaultsToOneAndIsKept) {
 TEST(ResolveJobSpec, DataParallel_BadValuesRejectedNamingTheField) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_parallelism()->set_data(-1);
-  ExpectRejected(spec, "spec.parallelism.data: required, must be >= 1");
+  ExpectRejected(spec, "spec.parallelism.data: must be >= 1, got -1");
   spec = MinimalSpec();  // 4 micro-batches cannot be shared by 3 replicas
   spec.mutable_training()->set_micro_batches(4);
   spec.mutable_parallelism()->set_data(3);
@@ -826,7 +826,7 @@ TEST(ResolveJobSpec, TensorParallel_BadValuesRejectedNamingTheField) {
   spec.mutable_parallelism()->set_tensor(0);  // auto: with data auto only
   ExpectRejected(spec, "spec.parallelism.tensor: 0 (auto) only with spec.parallelism.data 0");
   spec.mutable_parallelism()->set_tensor(-1);
-  ExpectRejected(spec, "spec.parallelism.tensor: required, must be >= 1");
+  ExpectRejected(spec, "spec.parallelism.tensor: must be >= 1, got -1");
   spec.mutable_parallelism()->set_tensor(65);
   ExpectRejected(spec, "spec.parallelism.tensor: ");
   spec = MinimalSpec();
@@ -1006,10 +1006,17 @@ TEST(ResolveJobSpec, NegativeEvalInterval_Rejected) {
   ExpectRejected(spec, "spec.training.eval_interval: must be in [0, 100000000]");
 }
 
+// Fields with a default are not "required" when a given value is refused.
 TEST(ResolveJobSpec, ZeroEvalWindows_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_training()->set_eval_windows(0);
-  ExpectRejected(spec, "spec.training.eval_windows: required, must be >= 1");
+  ExpectRejected(spec, "spec.training.eval_windows: must be >= 1, got 0");
+  spec = MinimalSpec();
+  spec.mutable_data()->set_synthetic_bytes(-5);
+  ExpectRejected(spec, "spec.data.synthetic_bytes: must be >= 1, got -5");
+  spec = MinimalSpec();
+  spec.mutable_training()->set_micro_batches(0);
+  ExpectRejected(spec, "spec.training.micro_batches: must be >= 1, got 0");
 }
 
 TEST(ResolveJobSpec, EvalWithoutValidationSplit_Rejected) {

@@ -923,6 +923,9 @@ int RunUp(const std::vector<std::string>& args) {
   if (!got.ok()) return Fail("up", ToAbsl(got));
   const v1::Job& end = *done;
   std::printf("%s", FormatJobOutcome(end).c_str());
+  // A worker lost during the run: the job's reason says it "is gone", this
+  // how it ended (e.g. killed for memory).
+  std::printf("%s", (*cluster)->DescribeEndedWorkers().c_str());
   if (!o.loss_log.empty()) {
     std::ofstream losses(o.loss_log);
     for (float loss : end.progress().loss_history()) losses << absl::StrFormat("%.9g\n", loss);

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -365,6 +367,21 @@ absl::StatusOr<int> LocalCluster::worker_metrics_port(int i) const {
 
 std::string LocalCluster::worker_log(int i) const {
   return absl::StrCat(options_.dir, "/worker-", i, ".log");
+}
+
+std::string LocalCluster::DescribeEndedWorkers() {
+  std::string out;
+  for (int i = 0; i < num_workers(); ++i) {
+    const std::optional<int> status = workers_[i].Poll();
+    if (!status.has_value()) continue;
+    const bool killed = WIFSIGNALED(*status) && WTERMSIG(*status) == SIGKILL;
+    absl::StrAppend(&out, "worker-", i, " ended: ", DescribeExit(*status),
+                    killed ? ", which the kernel's out-of-memory killer sends (dmesg says "
+                             "whether it did)"
+                           : "",
+                    "; its log: ", worker_log(i), "\n");
+  }
+  return out;
 }
 
 std::string LocalCluster::coordinator_log() const {

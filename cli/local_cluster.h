@@ -79,6 +79,13 @@ class LocalCluster {
   absl::StatusOr<int> AddWorker();
   int num_workers() const { return static_cast<int>(workers_.size()); }
   std::string worker_log(int i) const;
+  // One line per worker process that has ended, for a summary: "worker-1
+  // ended: killed by signal 9 (SIGKILL) ...; its log: DIR/worker-1.log".
+  // A job that lost a worker only says it "is gone"; this says how. On
+  // SIGKILL, which nothing here sends while the cluster runs, the line
+  // adds that the kernel's out-of-memory killer sends it. Empty when
+  // every worker still runs.
+  std::string DescribeEndedWorkers();
   // The Prometheus /metrics port worker i bound (from its ports file).
   absl::StatusOr<int> worker_metrics_port(int i) const;
   std::string coordinator_log() const;

@@ -25,14 +25,18 @@
 extern char** environ;
 
 namespace pipetrain {
-namespace {
-
-// "exit code 3" or "killed by signal 9", from a waitpid status.
 std::string DescribeExit(int status) {
   if (WIFEXITED(status)) return absl::StrCat("exit code ", WEXITSTATUS(status));
-  if (WIFSIGNALED(status)) return absl::StrCat("killed by signal ", WTERMSIG(status));
+  if (WIFSIGNALED(status)) {
+    const int signal = WTERMSIG(status);
+    const char* name = sigabbrev_np(signal);
+    return absl::StrCat("killed by signal ", signal,
+                        name != nullptr ? absl::StrCat(" (SIG", name, ")") : "");
+  }
   return absl::StrCat("wait status ", status);
 }
+
+namespace {
 
 // The last non-empty line of the file at `path` (at most its last 4 KiB are
 // read); empty if it cannot be read.

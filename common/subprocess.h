@@ -46,6 +46,9 @@ struct SpawnOptions {
   std::vector<std::string> unset_environment;
 };
 
+// "exit code 3" or "killed by signal 9 (SIGKILL)", from a waitpid status.
+std::string DescribeExit(int status);
+
 // The child's side of SpawnOptions::exit_with_parent; call it first thing
 // in main, before any thread starts. When kExitWithParentVariable names a
 // pid, asks the kernel to send this process SIGTERM when its parent dies

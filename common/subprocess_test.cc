@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -38,6 +39,17 @@ TEST(WaitForFileTest, WriterExitsFirst_FailsAtOnceWithItsLastLogLine) {
       << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "its log ends: --device cuda: no CUDA device"))
       << status;
+}
+
+TEST(DescribeExitTest, ExitCodeOrSignalWithItsName) {
+  auto exits = Subprocess::Spawn({"/bin/sh", "-c", "exit 3"}, TempPath("exit3.log"));
+  auto killed = Subprocess::Spawn({"/bin/sh", "-c", "kill -KILL $$"}, TempPath("kill9.log"));
+  ASSERT_TRUE(exits.ok() && killed.ok());
+  const std::optional<int> exit_status = exits->Wait(absl::Seconds(60));
+  const std::optional<int> kill_status = killed->Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit_status.has_value() && kill_status.has_value());
+  EXPECT_EQ(DescribeExit(*exit_status), "exit code 3");
+  EXPECT_EQ(DescribeExit(*kill_status), "killed by signal 9 (SIGKILL)");
 }
 
 TEST(WaitForFileTest, WriterWritesTheFile_Ok) {

@@ -2102,6 +2102,8 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   const int64_t start_step = resume != nullptr ? resume->step() : 0;
   // Only this plan's workers learn it: their streams prove it to each other.
   const std::string data_plane_secret = RandomToken();
+  // What the plan gave each worker, as PlanMemoryBudgets shared it out.
+  const std::vector<double> budgets = PlanMemoryBudgets(infos);
   for (size_t g = 0; g < workers.size(); ++g) {
     const int s = static_cast<int>(g) / tensor % stages;  // the replica's stage
     v1::Assignment a;
@@ -2125,6 +2127,8 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
     a.set_data_plane_secret(data_plane_secret);
     a.set_start_iteration(start_step);
     a.set_data_sha256(record.job.data_sha256());
+    // Its corpus lives in the host's RAM, whatever its device's memory.
+    if (infos[g].device().gpu_model().empty()) a.set_host_memory_budget_bytes(budgets[g]);
     for (int t = 0; t < stages; ++t) {
       const v1::UnitRange& b = record.plan.stages(t * tensor).backward();
       if (b.end() > b.begin()) a.add_optimizer_stages(t);

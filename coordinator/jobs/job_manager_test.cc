@@ -793,10 +793,24 @@ TEST_F(JobManagerTest, RefusedForMemoryOnTheRoomiestWorkersToo_Fails) {
 
 TEST_F(JobManagerTest, WorkersOnHostsOfTheirOwn_KeepTheirWholeRam) {
   constexpr int64_t kRam = 150000;  // as above
-  AddCpuWorker(7001, "a", kRam);
-  AddCpuWorker(7002, "b", kRam);
+  const std::string a = AddCpuWorker(7001, "a", kRam);
+  const std::string b = AddCpuWorker(7002, "b", kRam);
   const std::string apart = Submit(SmallSpec(2)).value().id();
   EXPECT_EQ(jobs_.Get(apart).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(AssignmentOf(a).host_memory_budget_bytes(), kRam);
+  EXPECT_EQ(AssignmentOf(b).host_memory_budget_bytes(), kRam);
+}
+
+// Each worker learns the share of its host's RAM the plan gave it: it holds
+// its corpus to a third of that (JobRunner), not of the whole RAM.
+TEST_F(JobManagerTest, WorkersSharingAHostsRam_EachAssignedItsShare) {
+  constexpr int64_t kRam = 1000000;
+  const std::string a = AddCpuWorker(7001, "vm", kRam);
+  const std::string b = AddCpuWorker(7002, "vm", kRam);
+  const std::string id = Submit(SmallSpec(2)).value().id();
+  ASSERT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(AssignmentOf(a).host_memory_budget_bytes(), kRam / 2);
+  EXPECT_EQ(AssignmentOf(b).host_memory_budget_bytes(), kRam / 2);
 }
 
 TEST_F(JobManagerTest, EvalInterval_AssignmentsCarryEvalProgramsAndValLossIsReported) {

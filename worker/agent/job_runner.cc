@@ -427,6 +427,14 @@ void JobRunner::ReportCheckpoint(int64_t step, double seconds,
 
 namespace {
 
+// Assignment.host_memory_budget_bytes as a whole number of bytes; 0 when
+// it is unset or not in [1, 2^62] (unbounded: no share).
+int64_t HostMemoryShare(const v1::Assignment& a) {
+  const double budget = a.host_memory_budget_bytes();
+  if (!(budget >= 1 && budget <= 0x1p62)) return 0;
+  return static_cast<int64_t>(budget);
+}
+
 // ReportProgressRequest.weights_digest: SHA-256 of every parameter's fp32
 // bytes, in parameters() order (`host`: HostParameterCopies of them).
 std::string WeightsDigest(const std::vector<Parameter>& host) {
@@ -460,15 +468,22 @@ absl::Status JobRunner::RunJob() {
   // so does generated text: past a third of the worker's memory either is
   // refused before its buffer is allocated (a failed allocation would
   // throw, and end the worker; generated text grew a worker to 3x its limit).
-  corpus.max_bytes = options_.memory_limit_bytes / 3;
+  // Workers of the plan that share their host's RAM each have a share of
+  // it (Assignment.host_memory_budget_bytes), not all of it.
+  const int64_t share = HostMemoryShare(assignment_);
+  const bool shared = share > 0 && share < options_.memory_limit_bytes;
+  const int64_t memory = shared ? share : options_.memory_limit_bytes;
+  corpus.max_bytes = memory / 3;
   absl::StatusOr<std::vector<uint16_t>> loaded = LoadCorpus(corpus);
   if (loaded.status().code() == absl::StatusCode::kResourceExhausted) {
     const bool generated = data_path.empty();
     return absl::ResourceExhaustedError(absl::StrCat(
         generated ? "spec.data.synthetic_bytes: " : "spec.data.path: ", loaded.status().message(),
-        " (a third of this worker's memory limit of ", options_.memory_limit_bytes,
-        " bytes: --memory-limit, else its cgroup's limit or RAM); use ",
-        generated ? "less generated text" : "a smaller file"));
+        shared ? absl::StrCat(" (a third of this worker's share of its host's memory, ", memory,
+                              " bytes: the plan's workers on the host share its RAM)")
+               : absl::StrCat(" (a third of this worker's memory limit of ", memory,
+                              " bytes: --memory-limit, else its cgroup's limit or RAM)"),
+        "; use ", generated ? "less generated text" : "a smaller file"));
   }
   ASSIGN_OR_RETURN(std::vector<uint16_t> tokens, std::move(loaded));
   // A recovery or a re-plan must train on the tokens the job began with: a

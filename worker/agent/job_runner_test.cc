@@ -613,6 +613,29 @@ TEST(JobRunnerTest, GeneratedTextPastAThirdOfTheMemoryLimit_ResourceExhausted) {
   EXPECT_TRUE(fits.finished());
 }
 
+// Workers of a plan on one host share its RAM: each holds its corpus to a
+// third of the share the plan gave it (Assignment.host_memory_budget_bytes),
+// not of the whole RAM every one of them reports.
+TEST(JobRunnerTest, GeneratedTextPastAThirdOfTheHostShare_ResourceExhaustedNamingTheShare) {
+  v1::Assignment a = OneStageAssignment(1);
+  a.mutable_spec()->mutable_data()->set_synthetic_bytes(3001);
+  a.set_host_memory_budget_bytes(9000);
+  JobRunnerOptions options{"w", 1};
+  options.memory_limit_bytes = 36000;  // the host's RAM, shared by four
+  const v1::ReportProgressRequest report = FirstReportOfOneStage(a, options);
+  EXPECT_EQ(report.error(),
+            "RESOURCE_EXHAUSTED: spec.data.synthetic_bytes: 3001 bytes of generated text exceeds "
+            "the limit of 3000 bytes (a third of this worker's share of its host's memory, 9000 "
+            "bytes: the plan's workers on the host share its RAM); use less generated text");
+  // A share above the worker's own limit, or out of bounds, changes nothing.
+  for (double budget : {1e6, -1.0, std::numeric_limits<double>::quiet_NaN(), 1e300}) {
+    a.set_host_memory_budget_bytes(budget);
+    const v1::ReportProgressRequest fits = FirstReportOfOneStage(a, options);
+    EXPECT_EQ(fits.error(), "") << budget;
+    EXPECT_TRUE(fits.finished()) << budget;
+  }
+}
+
 // A start_iteration at or past the last step ran nothing and reported
 // nothing (the job hung); now the job fails naming the field.
 TEST(JobRunnerTest, StartIterationPastTheSteps_ReportedAsTheJobsError) {

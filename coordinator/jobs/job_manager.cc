@@ -294,9 +294,9 @@ v1::ProfileRequest JobManager::ProfileRequestFor(const JobRecord& record) const 
   return request;
 }
 
-std::string JobManager::WeightsExceedMemory(const JobRecord& record,
-                                            const v1::ProfileRequest& request,
-                                            const std::vector<v1::Worker>& workers) {
+std::string JobManager::NotProfiledForMemory(const JobRecord& record,
+                                             const v1::ProfileRequest& request,
+                                             const std::vector<v1::Worker>& workers) {
   // Every plan holds each unit's fp32 weights, their gradients and both
   // AdamW moments (BiPartitionCosts::Memory: 4x the weights of a stage's
   // backward units, activations on top), once per replica; tensor ranks
@@ -330,6 +330,21 @@ std::string JobManager::WeightsExceedMemory(const JobRecord& record,
                         ") exceed the memory of its "
                         "roomiest worker (",
                         BytesAndGiB(largest), ")");
+  }
+  // The profiler runs each unit whole on workers[0]: its weights,
+  // gradients and moments, one micro-batch's stash and the pass's
+  // transient allocations at once. A worker killed for memory while
+  // profiling ends the job's profiling and the worker.
+  double pass = 0;
+  std::string unit;
+  for (const UnitProfile& u : sizes.units) {
+    const double need = 4 * u.weight_bytes + u.stash_bytes + u.transient_bytes;
+    if (need > pass) pass = need, unit = u.name;
+  }
+  if (budgets[0] > 0 && pass > budgets[0]) {
+    return absl::StrCat("profiling its largest unit (", unit, ": ", BytesAndGiB(pass),
+                        " for one micro-batch) would exceed the memory of ", workers[0].id(),
+                        ", which would profile it (", BytesAndGiB(budgets[0]), ")");
   }
   return "";
 }
@@ -369,7 +384,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   // model that cannot fit these workers whatever its profile: profiling
   // runs each of its units on one worker, and such units killed workers
   // (out of memory) before the plan was refused.
-  const std::string unfit = WeightsExceedMemory(record, request, workers);
+  const std::string unfit = NotProfiledForMemory(record, request, workers);
   if (fetcher_ && record.profile_error.empty() && unfit.empty()) {
     record.job.set_state(v1::JOB_STATE_PROFILING);
     record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));

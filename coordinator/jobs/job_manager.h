@@ -540,13 +540,16 @@ class JobManager {
   // description of where it came from); starts PROFILING and returns false
   // when the job must wait for a measured profile.
   v1::ProfileRequest ProfileRequestFor(const JobRecord& record) const;
-  // Why no plan of `record` on `workers` can fit their memory, from the
-  // model's shapes alone (its weights, gradients and AdamW moments, per
-  // replica, against the workers' budgets together; its largest unit's
-  // against the roomiest worker's), or "" when it may. Such a job is not
-  // profiled: it is planned on the analytic profile, and refused for memory.
-  static std::string WeightsExceedMemory(const JobRecord& record, const v1::ProfileRequest& request,
-                                         const std::vector<v1::Worker>& workers);
+  // Why `record` must not be profiled on `workers`, from the model's
+  // shapes alone, or "" when it may: no plan can fit their memory (its
+  // weights, gradients and AdamW moments, per replica, against the
+  // workers' budgets together; its largest unit's against the roomiest
+  // worker's), or the profiler's pass of its largest unit would not fit
+  // the worker that profiles (workers[0]). Such a job is planned on the
+  // analytic profile (and refused for memory when no plan fits).
+  static std::string NotProfiledForMemory(const JobRecord& record,
+                                          const v1::ProfileRequest& request,
+                                          const std::vector<v1::Worker>& workers);
   bool ChooseProfileLocked(JobRecord& record, const std::vector<v1::Worker>& workers,
                            ModelProfile* profile, std::string* source, double* reference_gflops)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

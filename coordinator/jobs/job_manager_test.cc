@@ -1531,6 +1531,38 @@ TEST_F(JobManagerTest, WeightsAloneExceedTheWorkersMemory_RefusedWithoutProfilin
   EXPECT_TRUE(absl::StrContains(job.reason(), "would need")) << job.reason();
 }
 
+// The profiler runs each unit whole on the job's first worker: a head
+// whose weights, moments, stash and logit gradient exceed that worker was
+// profiled all the same (and the kernel killed the worker). The job is
+// planned on the analytic profile instead, and runs: the head fits the
+// roomier second worker, where the plan puts it.
+TEST_F(JobManagerTest, LargestUnitsPassExceedsTheProfilingWorker_PlannedWithoutProfiling) {
+  int calls = 0;
+  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
+                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+    ++calls;
+    return FakeProfile();
+  });
+  const std::string small = AddCpuWorker(7001, "a", 20'000'000);
+  AddCpuWorker(7002, "b", 100'000'000);
+  v1::JobSpec spec = SmallSpec(2);
+  // The head: 65536 x 16 fp32 weights (4.2 MB) x 4, probabilities and logit
+  // gradient of 16 positions (4.2 MB each): 25 MB in one pass.
+  spec.mutable_model()->set_vocab_size(65536);
+  const std::string id = Submit(spec).value().id();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  const v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  const std::string source = jobs_.GetPlan(id).value().profile_source();
+  EXPECT_TRUE(absl::StrContains(
+      source, absl::StrCat("not profiled: profiling its largest unit (head: 25170560 bytes (0.02 "
+                           "GiB) for one micro-batch) would exceed the memory of ",
+                           small, ", which would profile it (20000000 bytes (0.02 GiB))")))
+      << source;
+}
+
 // The worker profiling a job is drained (SIGTERM drains a worker, and its
 // profile is cut short as it stops): the failure says nothing about the
 // model, so another worker profiles it and the job plans on that measured

@@ -49,6 +49,9 @@ v1::WeightsChunk WholeTensor(const std::string& worker, const std::string& job,
   return chunk;
 }
 
+// Defined with the profiling tests below.
+v1::ModelProfile FakeProfile(const v1::ProfileRequest& request = {});
+
 class JobManagerTest : public ::testing::Test {
  protected:
   JobManagerTest()
@@ -87,6 +90,17 @@ class JobManagerTest : public ::testing::Test {
     request.mutable_device()->set_gpu_index(gpu);
     request.mutable_device()->set_nccl_unique_id(nccl_id);
     return registry_.Register(request).value().worker_id();
+  }
+
+  // Answers every profile request with FakeProfile(), counting them in
+  // `*calls` (which must outlive the manager's use), for tests of whether
+  // a job was profiled.
+  void AnswerProfilesCounting(int* calls) {
+    jobs_.SetProfileFetcher([calls](const std::string&, const std::string&,
+                                    const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
+      ++*calls;
+      return FakeProfile();
+    });
   }
 
   v1::Assignment AssignmentOf(const std::string& worker) {
@@ -1437,7 +1451,7 @@ TEST_F(JobManagerTest, WorkersWithoutNcclIds_NoGroupAndEveryTransferOnTheWire) {
 // A measured profile of SmallSpec's 4 units, as a worker would send it in
 // answer to `request` (its partitions timed too): made-up times, the
 // sizes the model gives (CheckWorkerProfile holds it to them).
-v1::ModelProfile FakeProfile(const v1::ProfileRequest& request = {}) {
+v1::ModelProfile FakeProfile(const v1::ProfileRequest& request) {
   v1::ModelProfile p;
   p.set_micro_batch_size(2);
   p.set_device_kind("cpu:");
@@ -1512,11 +1526,7 @@ TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile)
 // plan was refused. It is now planned on the analytic profile, and refused.
 TEST_F(JobManagerTest, WeightsAloneExceedTheWorkersMemory_RefusedWithoutProfiling) {
   int calls = 0;
-  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
-                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
-    ++calls;
-    return FakeProfile();
-  });
+  AnswerProfilesCounting(&calls);
   AddCpuWorker(7001, "a", 4'000'000);
   AddCpuWorker(7002, "b", 4'000'000);
   v1::JobSpec spec = SmallSpec(2);
@@ -1538,11 +1548,7 @@ TEST_F(JobManagerTest, WeightsAloneExceedTheWorkersMemory_RefusedWithoutProfilin
 // roomier second worker, where the plan puts it.
 TEST_F(JobManagerTest, LargestUnitsPassExceedsTheProfilingWorker_PlannedWithoutProfiling) {
   int calls = 0;
-  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
-                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
-    ++calls;
-    return FakeProfile();
-  });
+  AnswerProfilesCounting(&calls);
   const std::string small = AddCpuWorker(7001, "a", 20'000'000);
   AddCpuWorker(7002, "b", 100'000'000);
   v1::JobSpec spec = SmallSpec(2);
@@ -1689,11 +1695,7 @@ TEST_F(JobManagerTest, AutoLayoutSearchingT_ProfilesThePartitionsAlgOneNeeds) {
 // The uniform split needs no costs, but its prediction does: measured too.
 TEST_F(JobManagerTest, UniformJob_IsProfiledToo) {
   int calls = 0;
-  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
-                              const v1::ProfileRequest&) -> absl::StatusOr<v1::ModelProfile> {
-    ++calls;
-    return FakeProfile();
-  });
+  AnswerProfilesCounting(&calls);
   const std::string w1 = AddWorker(7001);
   AddWorker(7002);
   const std::string id = Submit(SmallSpec(2)).value().id();  // solver uniform

@@ -1,5 +1,5 @@
 // A worker's answer to WorkerControl.Profile as the coordinator takes it
-// (coordinator/jobs/job_manager.cc FinishProfiling): a worker is a peer,
+// (coordinator/jobs/job_manager_profiling.cc FinishProfiling): a worker is a peer,
 // and its profile is checked (CheckWorkerProfile against the model's
 // sizes), then cached (ProfileCache), saved to the state store and planned
 // with (FromProto, the solvers, the simulator) for every later job of the
@@ -166,7 +166,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::optional<v1::ModelProfile> cached = jobs.profiles().Get(key);
   absl::StatusOr<std::map<std::string, v1::ModelProfile>> saved = state.LoadProfiles();
   if (!saved.ok()) __builtin_trap();
-  // The reply's known fields: unknown ones are not kept (job_manager.cc).
+  // The reply's known fields: unknown ones are not kept (job_manager_profiling.cc).
   v1::ModelProfile known = reply;
   known.DiscardUnknownFields();
   if (cached) {

@@ -39,7 +39,7 @@ inline constexpr size_t kMaxProfileDeviceKindBytes = 256;
 // this rate (or 0 where it computes anything) is no measurement.
 inline constexpr double kMaxProfileFlopsPerSecond = 1e17;
 // The rate `model_sizes`' times are computed at (their FLOPs / this):
-// ModelSizes in job_manager.cc.
+// ModelSizes in job_manager_profiling.cc.
 inline constexpr double kModelSizesFlopsPerSecond = 1e9;
 
 // Whether `profile`, a worker's answer to `request` (WorkerControl.Profile),

@@ -1,0 +1,229 @@
+// JobManager: a job's checkpoints: the stages' reports of files written,
+// expiring and sweeping checkpoint directories. Contracts: job_manager.h.
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/utf8_prefix.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_manager_internal.h"
+
+namespace pipetrain {
+
+using job_manager_internal::kMaxReportedStepSeconds;
+using job_manager_internal::RemoveCheckpointDirs;
+
+namespace job_manager_internal {
+
+void RemoveCheckpointDirs(const std::string& output_dir, const std::string& job_id,
+                          const std::vector<v1::ResumeFrom>& dirs,
+                          std::optional<absl::Time> written_before) {
+  for (const v1::ResumeFrom& dir : dirs) {
+    absl::Status removed = RemoveCheckpointDir(output_dir, dir, written_before);
+    if (!removed.ok()) PT_LOG(WARNING) << "job " << job_id << ": " << removed;
+  }
+}
+
+}  // namespace job_manager_internal
+
+namespace {
+
+// Removes the step directories of `checkpoint_dir` that have no manifest,
+// but those named in `keep`: their files written before `written_before`.
+// On io_.
+void RemoveStepDirsWithoutManifest(const std::string& output_dir, const std::string& job_id,
+                                   const std::string& checkpoint_dir,
+                                   const std::set<std::string>& keep, absl::Time written_before) {
+  std::vector<v1::ResumeFrom> doomed;
+  for (v1::ResumeFrom& dir : StepDirsWithoutManifest(output_dir, checkpoint_dir)) {
+    if (keep.count(dir.dir()) == 0) doomed.push_back(std::move(dir));
+  }
+  RemoveCheckpointDirs(output_dir, job_id, doomed, written_before);
+}
+
+}  // namespace
+
+absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
+                                             const v1::CheckpointWritten& c) {
+  if (record.checkpoints == nullptr) {
+    return absl::InvalidArgumentError(
+        "ReportProgressRequest.checkpoint: the job has no checkpoints (spec.checkpoint)");
+  }
+  if (!(c.write_seconds() >= 0 && c.write_seconds() <= kMaxReportedStepSeconds)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.checkpoint.write_seconds: ", c.write_seconds(),
+                     " is outside [0, ", kMaxReportedStepSeconds, "]"));
+  }
+  if (!c.error().empty()) {
+    PT_LOG(WARNING) << "job " << record.job.id() << ": stage " << stage
+                    << " could not write its checkpoint of step " << c.step() << ": "
+                    << c.error().substr(0, 4096);
+    if (events_.checkpoint_failed) events_.checkpoint_failed();
+    // Shown in the job (GetJob, `pipetrain job`), not only the log and a
+    // counter: a job whose checkpoints all fail cannot recover as asked.
+    v1::JobProgress* progress = record.job.mutable_progress();
+    progress->set_checkpoint_failures(progress->checkpoint_failures() + 1);
+    progress->set_checkpoint_error(
+        absl::StrCat("step ", c.step(), ", stage ", stage, ": ", Utf8Prefix(c.error(), 1024)));
+    // The job goes on, as at any step, unless the failed one is the step
+    // boundary a drain or join waits for: every stage stops after it and
+    // waits for a checkpoint that will never complete. Then the job
+    // recovers from its latest complete checkpoint instead (the drained
+    // worker left out, the joining one taken), redoing the steps since.
+    if (record.stop_at > 0 && c.step() == record.stop_at &&
+        record.job.state() == v1::JOB_STATE_RUNNING) {
+      StartRecoveryLocked(
+          record, "",
+          absl::StrCat("the checkpoint of step ", c.step(), " (", record.boundary_reason,
+                       ") failed on stage ", stage, ": ", c.error().substr(0, 1024)),
+          RecoveryKind::kCheckpointFailed);
+    }
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::optional<v1::ResumeFrom> complete,
+                   record.checkpoints->Add(c, record.plan.stages(stage).backward()));
+  // Steps that can no longer complete: their files go, off the lock (the
+  // stored state never names an incomplete step).
+  if (std::vector<v1::ResumeFrom> abandoned = record.checkpoints->TakeAbandoned();
+      !abandoned.empty()) {
+    io_.Post(
+        [output_dir = options_.output_dir, id = record.job.id(), abandoned = std::move(abandoned)] {
+          RemoveCheckpointDirs(output_dir, id, abandoned);
+        });
+  }
+  if (events_.checkpoint_written) {  // write_seconds checked above
+    events_.checkpoint_written(c.write_seconds());
+  }
+  if (!complete.has_value()) return absl::OkStatus();
+  record.job.mutable_progress()->set_checkpoint_step(complete->step());
+  record.job.mutable_progress()->set_checkpoint_failures(0);
+  record.job.mutable_progress()->clear_checkpoint_error();
+  // Progress is a checkpoint beyond every earlier one: a step redone after
+  // its checkpoint was dropped does not count, or recoveries that drop
+  // and redo the same step would never give up.
+  if (complete->step() > record.furthest_checkpoint_step) {
+    record.furthest_checkpoint_step = complete->step();
+    record.recoveries_without_progress = 0;
+  }
+  // Files off the lock, in order, after the state that lists the new
+  // checkpoint is saved: the manifest (for people and tools; resuming needs
+  // only the checksummed unit files), then the expired ones go, but only if
+  // the save succeeded (else the stored state may still name them).
+  PersistLocked(record, [this, output_dir = options_.output_dir, id = record.job.id(),
+                         model = record.resolved.spec.model(), seed = record.resolved.train.seed,
+                         complete = *complete,
+                         expired = record.checkpoints->TakeExpired()](const absl::Status& saved) {
+    // Not for a checkpoint already gone from the catalog (expired while
+    // saves waited: checkpoints completing faster than manifests are
+    // written, two fsyncs each, would otherwise queue a manifest each
+    // ahead of every later save and every cancel).
+    bool held = false;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      JobRecord* record = FindLocked(id);
+      held = record != nullptr && record->checkpoints != nullptr &&
+             record->checkpoints->Holds(complete.step());
+      // Kept for a later successful save (the catalog forgot them), which
+      // removes them (PersistLocked; it took those of earlier failed saves
+      // already when this save succeeded).
+      if (record != nullptr && !saved.ok()) {
+        record->expired_unsaved.insert(record->expired_unsaved.end(), expired.begin(),
+                                       expired.end());
+      }
+    }
+    if (held) {
+      absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
+      if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
+    }
+    if (!saved.ok()) {
+      PT_LOG(WARNING) << "job " << id << ": kept " << expired.size()
+                      << " expired checkpoint(s) until a later save: the state that drops "
+                         "them was not saved";
+      return;
+    }
+    RemoveCheckpointDirs(output_dir, id, expired);
+  }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
+  if (events_.checkpoint_completed) {
+    int64_t bytes = 0;
+    for (const v1::UnitFile& f : complete->units()) bytes += f.bytes();
+    events_.checkpoint_completed(bytes);
+  }
+  PT_LOG(INFO) << "job " << record.job.id() << ": checkpoint of step " << complete->step()
+               << " complete (" << complete->dir() << ")";
+  MaybeReplanAtBoundaryLocked(record);
+  return absl::OkStatus();
+}
+
+void JobManager::SweepCheckpointDirsLocked(JobRecord& record, absl::Time ended) {
+  // Steps that never completed (the one being written when the job was
+  // cancelled or failed, those a recovery stopped short of) can no longer:
+  // their files go. So do the other step directories without a manifest,
+  // which no catalog of this process knows: a previous coordinator's, killed
+  // while it wrote or expired them; but not while another live job shares
+  // the directory (state stored before sharing was refused), nor the steps
+  // this job holds complete (a manifest whose write failed). The directory
+  // stays this job's until the removal is done (checkpoint_sweep_pending),
+  // and only files written before the end go. (Manifests are written on
+  // io_ too, so those of checkpoints completed before the end are in place
+  // when this runs.)
+  if (record.checkpoints != nullptr && !options_.output_dir.empty()) {
+    const std::string& checkpoint_dir = record.resolved.spec.checkpoint().dir();
+    const bool shared = CheckpointDirUserLocked(checkpoint_dir) != nullptr;
+    std::vector<v1::ResumeFrom> incomplete = record.checkpoints->TakeIncomplete();
+    // Not for the second pass: the complete steps (kept) and the incomplete
+    // ones (removed first, tried once).
+    std::set<std::string> known;
+    for (const v1::ResumeFrom& c : record.checkpoints->Complete()) known.insert(c.dir());
+    for (const v1::ResumeFrom& i : incomplete) known.insert(i.dir());
+    // Stages stopping may still write a step or two after the end (a cancel
+    // reaches them tens of ms later); those files come after `ended`, so
+    // a second sweep removes them once the workers have stopped
+    // (SweepStoppedJobsLocked). The soak test left a step directory for
+    // most cancelled jobs before it.
+    record.checkpoint_sweeps_pending = shared ? 1 : 2;
+    if (!shared) {
+      record.late_sweep_workers.assign(record.job.worker_ids().begin(),
+                                       record.job.worker_ids().end());
+      record.late_sweep_since = clock_->Now();
+      record.late_sweep_by = record.late_sweep_since + kLateSweepWait;
+    }
+    io_.Post([this, output_dir = options_.output_dir, id = record.job.id(), checkpoint_dir, shared,
+              known = std::move(known), incomplete = std::move(incomplete), ended] {
+      RemoveCheckpointDirs(output_dir, id, incomplete, ended);
+      if (!shared) RemoveStepDirsWithoutManifest(output_dir, id, checkpoint_dir, known, ended);
+      AnnotatedMutexLock lock(&mu_);
+      if (JobRecord* done = FindLocked(id)) --done->checkpoint_sweeps_pending;
+    });
+  }
+}
+
+void JobManager::SweepStoppedJobsLocked() {
+  const absl::Time now = clock_->Now();
+  for (auto& [id, record] : jobs_) {
+    if (record->late_sweep_workers.empty()) continue;
+    // (A lambda may not name a structured binding in C++17: clang refuses.)
+    const absl::Time since = record->late_sweep_since;
+    const bool stopped =
+        now >= record->late_sweep_by ||
+        std::all_of(record->late_sweep_workers.begin(), record->late_sweep_workers.end(),
+                    [&](const std::string& w) { return registry_->StoppedSince(w, since); });
+    if (!stopped) continue;
+    record->late_sweep_workers.clear();
+    // Every step directory without a manifest but those this job holds
+    // complete (a manifest whose write failed); files up to now.
+    std::set<std::string> complete;
+    for (const v1::ResumeFrom& c : record->checkpoints->Complete()) complete.insert(c.dir());
+    io_.Post([this, output_dir = options_.output_dir, id = id,
+              checkpoint_dir = record->resolved.spec.checkpoint().dir(),
+              complete = std::move(complete), until = absl::Now()] {
+      RemoveStepDirsWithoutManifest(output_dir, id, checkpoint_dir, complete, until);
+      AnnotatedMutexLock lock(&mu_);
+      if (JobRecord* done = FindLocked(id)) --done->checkpoint_sweeps_pending;
+    });
+  }
+}
+
+}  // namespace pipetrain

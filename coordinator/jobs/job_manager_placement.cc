@@ -1,0 +1,744 @@
+// JobManager: placing a job on workers: planning off the lock, the retries
+// of a refused plan, committing a plan (assignments, device groups) and
+// re-planning a recovering job. Contracts: job_manager.h.
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/logging.h"
+#include "common/proto_time.h"
+#include "common/secrets.h"
+#include "common/status_macros.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_manager_internal.h"
+#include "coordinator/jobs/memory_budget.h"
+#include "coordinator/planner/device_links.h"
+#include "coordinator/planner/job_layout.h"
+#include "coordinator/planner/planner.h"
+#include "coordinator/planner/replica_device_groups.h"
+
+namespace pipetrain {
+
+using job_manager_internal::HostGflops;
+
+namespace job_manager_internal {
+
+double HostGflops(const std::vector<v1::Worker>& workers, const v1::Worker& w) {
+  double best = w.device().measured_gflops();
+  if (!w.device().gpu_model().empty() || w.device().hostname().empty()) return best;
+  for (const v1::Worker& other : workers) {
+    if (other.device().hostname() == w.device().hostname() && other.device().gpu_model().empty()) {
+      best = std::max(best, other.device().measured_gflops());
+    }
+  }
+  return best;
+}
+
+}  // namespace job_manager_internal
+
+namespace {
+
+// The data plane's cost per message for the planner's links
+// (cluster->data_plane_*): each host's best measurement (its workers probe
+// at once at start-up and slow each other, as HostGflops says), then the
+// slowest host's. Workers that did not measure (0) are left out; none
+// measured: zeros (not modelled).
+void SetSlowestHostDataPlane(const std::vector<v1::Worker>& workers, ClusterSpec* cluster) {
+  std::map<std::string, std::pair<double, double>> best;  // host -> {overhead, rate}
+  for (const v1::Worker& w : workers) {
+    const double o = w.device().data_plane_overhead_seconds();
+    const double rate = w.device().data_plane_bytes_per_second();
+    if (!(o > 0) || !(rate > 0)) continue;
+    auto [it, fresh] = best.try_emplace(w.device().hostname(), o, rate);
+    if (!fresh) {
+      it->second.first = std::min(it->second.first, o);
+      it->second.second = std::max(it->second.second, rate);
+    }
+  }
+  double overhead = 0, rate = 0;
+  for (const auto& [host, cost] : best) {
+    overhead = std::max(overhead, cost.first);
+    rate = rate == 0 ? cost.second : std::min(rate, cost.second);
+  }
+  cluster->data_plane_overhead_seconds = overhead;
+  cluster->data_plane_bytes_per_second = rate;
+}
+
+// The job's stages as device-link members: each worker's host, GPU and
+// current NCCL id (the registry keeps it out of v1::Worker).
+std::vector<DeviceLinkMember> DeviceLinkMembers(const std::vector<v1::Worker>& workers,
+                                                const WorkerRegistry& registry) {
+  std::vector<DeviceLinkMember> members;
+  for (const v1::Worker& w : workers) {
+    members.push_back({w.device().hostname(), w.device().gpu_index(),
+                       registry.NcclUniqueId(w.id()).value_or(""), w.device().gpu_pci_bus_id()});
+  }
+  return members;
+}
+
+// Uses up a group's NCCL id, `owner`'s (it must reach one group only; the
+// worker reports a fresh one once its assignment carries it).
+void ConsumeGroupId(const std::string& job_id, const v1::Worker& owner, const std::string& id,
+                    WorkerRegistry* registry) {
+  if (!registry->ConsumeNcclUniqueId(owner.id(), id)) {
+    PT_LOG(WARNING) << "job " << job_id << ": " << owner.id()
+                    << " replaced its NCCL id while the job was planned; the group uses the "
+                       "one it had";
+  }
+}
+
+// Uses up each group's id (ConsumeGroupId) and logs the groups and the
+// links that stayed on the wire for their order.
+void ConsumeDeviceGroupIds(const std::string& job_id, const DeviceLinkPlan& links,
+                           const std::vector<v1::Worker>& workers, WorkerRegistry* registry) {
+  for (const DeviceLinkGroup& g : links.groups) {
+    const v1::Worker& owner = workers[g.id_owner_stage];
+    ConsumeGroupId(job_id, owner, g.group.nccl_unique_id(), registry);
+    std::vector<std::string> gpus;  // PCI addresses, or ordinals from older workers
+    for (int s : g.group.stages()) {
+      const v1::DeviceInfo& device = workers[s].device();
+      gpus.push_back(device.gpu_pci_bus_id().empty() ? absl::StrCat(device.gpu_index())
+                                                     : device.gpu_pci_bus_id());
+    }
+    PT_LOG(INFO) << "job " << job_id << ": device group stages "
+                 << absl::StrJoin(g.group.stages(), ",") << " (host " << owner.device().hostname()
+                 << ", GPUs " << absl::StrJoin(gpus, ",") << "; NCCL id from " << owner.id() << ")";
+  }
+  for (const auto& [from, to] : links.order_differs) {
+    PT_LOG(INFO) << "job " << job_id << ": stage " << from << " -> " << to
+                 << " stays on the wire: the receiver takes the tensors in another order";
+  }
+}
+
+// As ConsumeDeviceGroupIds, for the replica groups (each carries the id of
+// one of its members, replica_device_groups.h).
+void ConsumeReplicaGroupIds(const std::string& job_id, const ReplicaDeviceGroupPlan& plan,
+                            const std::vector<v1::Worker>& workers, WorkerRegistry* registry) {
+  for (const ReplicaDeviceGroupPlan::Group& g : plan.groups) {
+    const v1::Worker& owner = workers[g.id_owner];
+    ConsumeGroupId(job_id, owner, g.group.nccl_unique_id(), registry);
+    PT_LOG(INFO) << "job " << job_id << ": stage " << g.stage << " (tensor rank " << g.tensor_rank
+                 << ") sums its gradients over its " << g.group.replicas_size()
+                 << " replicas with NCCL on host " << owner.device().hostname() << " (NCCL id from "
+                 << owner.id() << ")";
+  }
+}
+
+}  // namespace
+
+absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::string>& workers) {
+  std::vector<v1::Worker> infos;
+  for (const std::string& w : workers) {
+    ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(w));
+    infos.push_back(worker);
+  }
+  ModelProfile profile;
+  std::string source;
+  double reference_gflops = 0;
+  if (!ChooseProfileLocked(record, infos, &profile, &source, &reference_gflops)) {
+    return absl::OkStatus();  // PROFILING; planned when the profile arrives
+  }
+  record.profile = profile;
+  record.profile_source = source;
+  record.reference_gflops = reference_gflops;
+  PendingPlacement pending;
+  pending.origin = PlacementOrigin::kInitial;
+  pending.reason = "initial plan";
+  if (record.place_by_memory) {
+    pending.failure_prefix = "on the READY workers with the most memory: ";
+  }
+  return BeginPlacementLocked(record, workers, std::move(pending));
+}
+
+absl::Status JobManager::BeginPlacementLocked(JobRecord& record,
+                                              const std::vector<std::string>& workers,
+                                              PendingPlacement pending) {
+  const std::string& id = record.job.id();
+  // No checkpoint of its own yet: where spec.init.from starts it.
+  if (!pending.resume.has_value() && record.init_checkpoint.has_value()) {
+    pending.resume = record.init_checkpoint;
+  }
+  std::vector<v1::Worker> infos;
+  for (const std::string& w : workers) {
+    ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(w));
+    infos.push_back(worker);
+  }
+  PlanningInput input;
+  ClusterSpec& cluster = input.cluster;
+  // What each worker may use (its cgroup or --memory-limit; GPU workers
+  // hold the model in device memory), a host's RAM or a GPU shared by the
+  // workers that draw on it.
+  const std::vector<double> memory = PlanMemoryBudgets(infos, &input.shared_memory);
+  for (size_t i = 0; i < infos.size(); ++i) {
+    const v1::Worker& w = infos[i];
+    const double gflops = HostGflops(infos, w);
+    const double reference = record.reference_gflops;
+    // Within the planner's bounds (cluster files' too): a registration's
+    // GFLOP/s anywhere in [0, 1e9] could make a speed of 1e-302.
+    const double speed =
+        gflops > 0 && reference > 0 ? std::clamp(gflops / reference, 1e-6, 1e6) : 1.0;
+    WorkerSpec spec{w.id(), speed, memory[i]};
+    // Which workers share a host's cores (host_sharing.h); bounded at
+    // registration (registration_limits.h).
+    spec.host = w.device().hostname();
+    spec.host_cores = w.device().cpu_cores();
+    spec.compute_threads = w.device().compute_threads();
+    spec.gpu = !w.device().gpu_model().empty();
+    cluster.workers.push_back(spec);
+  }
+  // Workers that emulate their links (--emulate-link) say so: plan with
+  // the slowest; otherwise with the assumed network.
+  double bandwidth = 0, latency = 0;
+  bool emulated = true;
+  for (const v1::Worker& w : infos) {
+    const double b = w.device().link_bandwidth_bytes_per_second();
+    const double l = w.device().link_latency_seconds();
+    // DeviceInfo's bounds; a value outside them means "not emulated".
+    if (!(b >= 1e3 && b <= 1e13) || !(l >= 0 && l <= 10)) {
+      emulated = false;
+      break;
+    }
+    bandwidth = bandwidth == 0 ? b : std::min(bandwidth, b);
+    latency = std::max(latency, l);
+  }
+  cluster.bandwidth_bytes_per_second = emulated ? bandwidth : kAssumedBandwidth;
+  cluster.latency_seconds = emulated ? latency : kAssumedLatency;
+  cluster.links_emulated = emulated;
+  SetSlowestHostDataPlane(infos, &cluster);
+  // Held for this job from now on: a worker lost while the job is planned
+  // is the job's loss (OnWorkerLost), and no other job takes these.
+  RETURN_IF_ERROR(registry_->Assign(workers, id));
+  input.job_id = id;
+  input.version = record.plan.version() + 1;
+  input.workers = static_cast<int>(workers.size());
+  input.resolved = record.resolved;
+  input.auto_layout_workers = record.auto_layout_workers;
+  input.auto_layout_compression = record.auto_layout_compression;
+  input.auto_layout_parallelism = record.auto_layout_parallelism;
+  input.profile = *record.profile;
+  input.profile_source = record.profile_source;
+  input.reason = pending.reason;
+  input.queued_at = clock_->Now();
+  pending.workers = workers;
+  pending.infos = std::move(infos);
+  pending.version = input.version;
+  record.pending = std::move(pending);
+  const int64_t placement = ++record.placement;
+  record.job.set_state(v1::JOB_STATE_PLANNING);
+  record.job.set_reason(absl::StrCat("planning on ", absl::StrJoin(workers, ", ")));
+  TouchLocked(record);
+  // Shutting down: nobody would take the plan (the job is restored from
+  // its stored state, which is not PLANNING).
+  if (stopping_) return absl::OkStatus();
+  RunInBackgroundLocked([this, placement, input = std::move(input)] {
+    // At shutdown the plans still queued are not computed: nobody takes them.
+    PlanningOutput output;
+    if (planning_stopped_.load(std::memory_order_acquire)) {
+      output.status = absl::CancelledError("the coordinator is shutting down");
+    } else {
+      const absl::Time started = clock_->Now();
+      output = PlanPlacement(input);
+      output.queued_seconds = absl::ToDoubleSeconds(started - input.queued_at);
+      output.computing_seconds = absl::ToDoubleSeconds(clock_->Now() - started);
+    }
+    FinishPlacement(input.job_id, placement, std::move(output));
+  });
+  return absl::OkStatus();
+}
+
+JobManager::PlanningOutput JobManager::PlanPlacement(const PlanningInput& in) {
+  PlanningOutput out;
+  // A plan refused for memory: "has N bytes" is then a share; say of what.
+  auto say_shares = [&in](absl::Status s) {
+    if (s.code() != absl::StatusCode::kResourceExhausted || in.shared_memory.empty()) return s;
+    return absl::ResourceExhaustedError(
+        absl::StrCat(s.message(), " (memory per worker: ", in.shared_memory, ")"));
+  };
+  ResolvedJobSpec resolved = in.resolved;
+  out.placed_reason = in.reason;
+  // spec.parallelism.data 0 (auto): the layout is chosen now, on these
+  // workers and the job's profile, and until the next plan the job is as
+  // if it had named it (its spec shows the choice).
+  std::optional<CompiledPlan> chosen;
+  if (in.auto_layout_workers > 0) {
+    absl::StatusOr<ResolvedJobSpec> automatic = ResolveAsAutoLayout(
+        resolved.spec, in.workers, in.auto_layout_compression, &in.auto_layout_parallelism);
+    if (!automatic.ok()) {
+      out.status = automatic.status();
+      return out;
+    }
+    absl::StatusOr<ChosenJobLayout> chose = ChooseJobLayout(
+        *automatic, in.job_id, in.version, in.profile, in.cluster, in.profile_source);
+    if (!chose.ok()) {
+      out.status = say_shares(chose.status());
+      return out;
+    }
+    out.placed_reason = absl::StrCat(in.reason, "; ", DescribeLayoutChoice(*chose));
+    resolved = std::move(chose->resolved);
+    out.chosen = resolved;
+    chosen = std::move(chose->compiled);
+  }
+  // A re-plan may use another number of stages (spec.elastic); the
+  // replicas (spec.parallelism.data) and tensor ranks (.tensor) stay,
+  // replica r's stage s, rank t on workers[(r * stages + s) * tensor + t].
+  const int replicas = std::max(1, resolved.data_parallel);
+  const int tensor = std::max(1, resolved.tensor_parallel);
+  if (in.workers == 0 || in.workers % (replicas * tensor) != 0) {
+    out.status =
+        absl::InternalError(absl::StrCat(in.workers, " workers for ", replicas,
+                                         " data-parallel replicas of ", tensor, " tensor ranks"));
+    return out;
+  }
+  if (chosen.has_value()) {
+    out.compiled = *std::move(chosen);
+    return out;
+  }
+  resolved.stages = in.workers / (replicas * tensor);
+  resolved.spec.mutable_parallelism()->set_stages(resolved.stages);
+  absl::StatusOr<CompiledPlan> planned =
+      PlanJob(resolved, in.job_id, in.version, in.profile, in.cluster, in.profile_source);
+  if (!planned.ok()) {
+    out.status = say_shares(planned.status());
+    return out;
+  }
+  out.compiled = *std::move(planned);
+  return out;
+}
+
+void JobManager::FinishPlacement(const std::string& job_id, int64_t placement,
+                                 PlanningOutput output) {
+  AnnotatedMutexLock lock(&mu_);
+  --background_in_flight_;
+  if (events_.planned && !stopping_) {
+    events_.planned(output.queued_seconds, output.computing_seconds);
+  }
+  JobRecord* record = FindLocked(job_id);
+  // Overtaken while it was planned (cancelled, a worker lost, shutting
+  // down): whatever changed the job released its workers.
+  if (stopping_ || record == nullptr || record->job.state() != v1::JOB_STATE_PLANNING ||
+      record->placement != placement || !record->pending.has_value()) {
+    return;
+  }
+  PendingPlacement pending = *std::move(record->pending);
+  record->pending.reset();
+  if (!output.status.ok() && RetryWithMoreMemoryLocked(*record, pending, output.status)) return;
+  if (!output.status.ok() && RetryWithoutJoinersLocked(*record, pending, output.status)) return;
+  if (!output.status.ok()) {
+    return EndLocked(*record, v1::JOB_STATE_FAILED,
+                     absl::StrCat(pending.failure_prefix, output.status.message()));
+  }
+  CommitPlacementLocked(*record, std::move(pending), std::move(output));
+}
+
+bool JobManager::RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlacement& pending,
+                                           const absl::Status& refusal) {
+  if (refusal.code() != absl::StatusCode::kResourceExhausted ||
+      pending.origin != PlacementOrigin::kInitial || record.place_by_memory) {
+    return false;
+  }
+  // The candidates: these workers (still the job's in the registry) and
+  // every spare READY one.
+  std::vector<std::string> candidates = pending.workers;
+  for (std::string& w : SpareWorkersLocked({})) candidates.push_back(std::move(w));
+  const int need = static_cast<int>(pending.workers.size());
+  std::vector<std::string> roomiest = RoomiestFirstLocked(std::move(candidates), need);
+  roomiest.resize(need);
+  if (std::set<std::string>(roomiest.begin(), roomiest.end()) ==
+      std::set<std::string>(pending.workers.begin(), pending.workers.end())) {
+    return false;  // no other READY workers have more: the refusal stands
+  }
+  registry_->Release(record.job.id());
+  record.place_by_memory = true;
+  record.job.set_state(v1::JOB_STATE_QUEUED);
+  record.job.set_reason(absl::StrCat("the plan on ", absl::StrJoin(pending.workers, ", "),
+                                     " did not fit (", refusal.message(),
+                                     "); waiting to be placed on the READY workers with the "
+                                     "most memory"));
+  PT_LOG(INFO) << "job " << record.job.id() << ": " << record.job.reason();
+  TouchLocked(record);
+  return true;
+}
+
+bool JobManager::RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& pending,
+                                           const absl::Status& refusal) {
+  if (pending.origin == PlacementOrigin::kInitial || pending.joiners.empty()) return false;
+  for (const v1::Worker& w : pending.infos) {
+    if (std::find(pending.joiners.begin(), pending.joiners.end(), w.id()) !=
+        pending.joiners.end()) {
+      record.unfit[w.id()] = w.incarnation();
+    }
+  }
+  const std::string note = absl::StrCat("the plan with ", absl::StrJoin(pending.joiners, ", "),
+                                        " was refused (", refusal.message(), ")");
+  PT_LOG(WARNING) << "job " << record.job.id() << ": " << note << "; going on without them";
+  std::vector<std::string> rest;
+  for (const std::string& w : pending.workers) {
+    if (std::find(pending.joiners.begin(), pending.joiners.end(), w) == pending.joiners.end()) {
+      rest.push_back(w);
+    }
+  }
+  KeepWholeReplicas(record, &rest);
+  registry_->Release(record.job.id());
+  const PlacementOrigin origin = pending.origin;
+  absl::Status placed = absl::FailedPreconditionError(
+      absl::StrCat("fewer than ", MinJobWorkers(record), " workers without them"));
+  if (static_cast<int>(rest.size()) >= MinJobWorkers(record)) {
+    pending.joiners.clear();
+    pending.reason = absl::StrCat(pending.reason, "; without the workers refused: ", note);
+    placed = BeginPlacementLocked(record, rest, std::move(pending));
+  }
+  if (placed.ok()) return true;
+  if (origin == PlacementOrigin::kRecovery) {
+    // Still the same recovery: its survivors and losses stand, and the next
+    // pass chooses again from the workers left.
+    record.job.set_state(v1::JOB_STATE_RECOVERING);
+    record.job.set_reason(
+        absl::StrCat("recovering: ", record.recovery_reason, "; ", note, "; ", placed.message()));
+    TouchLocked(record);
+    return true;
+  }
+  StartRecoveryLocked(record, "",
+                      absl::StrCat(record.boundary_reason, "; ", note, "; ", placed.message()),
+                      RecoveryKind::kReplanRefused);
+  return true;
+}
+
+void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pending,
+                                       PlanningOutput output) {
+  const std::string& id = record.job.id();
+  if (output.chosen.has_value()) {
+    record.resolved = *std::move(output.chosen);
+    *record.job.mutable_spec() = record.resolved.spec;
+  }
+  if (pending.origin == PlacementOrigin::kRecovery) {
+    v1::JobProgress* p = record.job.mutable_progress();
+    // The history of steps [0, resume_step) stays; later steps are redone.
+    if (pending.resume_step < p->loss_history_start()) {
+      // Resumed before the kept history begins (a checkpoint older than its
+      // last 10000 steps): none of it precedes the resume point, and the
+      // steps redone are recorded from there.
+      p->clear_loss_history();
+      p->set_loss_history_start(pending.resume_step);
+    } else if (const int64_t keep = pending.resume_step - p->loss_history_start();
+               keep < p->loss_history_size()) {
+      p->mutable_loss_history()->Truncate(static_cast<int>(keep));
+    }
+    p->set_step(pending.resume_step);
+    // Complete checkpoints beyond the resume point are redone: held, the
+    // redo's files would be checked against their old checksums (other
+    // bytes under another layout) and a step boundary among or below them
+    // would never complete.
+    if (record.checkpoints != nullptr) {
+      for (int64_t step : record.checkpoints->ForgetAfter(pending.resume_step)) {
+        PT_LOG(INFO) << "job " << id << ": checkpoint of step " << step
+                     << " forgotten: the recovery resumes before it and redoes it";
+      }
+      const v1::ResumeFrom* latest = record.checkpoints->Latest();
+      p->set_checkpoint_step(latest != nullptr ? latest->step() : 0);
+    }
+    if (p->val_step() > pending.resume_step) p->set_val_step(0), p->set_val_loss(0);
+    p->set_steps_redone(p->steps_redone() + pending.redone);
+    p->set_recoveries(p->recoveries() + 1);
+  }
+  const std::vector<std::string>& workers = pending.workers;
+  const std::vector<v1::Worker>& infos = pending.infos;
+  const v1::ResumeFrom* resume = pending.resume.has_value() ? &*pending.resume : nullptr;
+  const int64_t version = pending.version;
+  const std::string& placed_reason = output.placed_reason;
+  CompiledPlan compiled = std::move(output.compiled);
+  std::vector<std::string> addresses;
+  for (const v1::Worker& w : infos) addresses.push_back(w.data_address());
+  // Whole replicas of whole stages (PlanPlacement checked).
+  const int replicas = Replicas(record);
+  const int tensor = TensorRanks(record);
+  const int stages = static_cast<int>(workers.size()) / (replicas * tensor);
+  // Device links join a pipeline's stages on a host, each replica's its
+  // own groups over the programs the replicas share; the tensor ranks
+  // share programs too, so with tensor parallelism every link stays on the
+  // data plane (their sends and receives would need a group per rank).
+  const std::vector<DeviceLinkMember> members = DeviceLinkMembers(infos, *registry_);
+  DeviceLinkPlan links;
+  links.group_of_stage.assign(workers.size(), -1);
+  if (tensor == 1) {
+    ReplicatedDeviceLinkPlan planned =
+        PlanReplicatedDeviceLinks(members, replicas, &compiled.programs);
+    if (planned.replicas_differ) {
+      PT_LOG(INFO) << "job " << id << ": every link stays on the wire: the replicas' workers "
+                   << "would mark the shared programs' device links differently";
+    }
+    links = std::move(planned.links);
+  }
+  // The replicas of a stage on the GPUs of one host sum its gradients with
+  // NCCL (exact stages only), with ids the device groups left free.
+  std::vector<bool> id_taken(workers.size(), false);
+  for (const DeviceLinkGroup& g : links.groups) id_taken[g.id_owner_stage] = true;
+  const ReplicaDeviceGroupPlan replica_groups =
+      PlanReplicaDeviceGroups(members, replicas, stages, tensor,
+                              {compiled.plan.data_parallel_compressed_stages().begin(),
+                               compiled.plan.data_parallel_compressed_stages().end()},
+                              id_taken);
+  ConsumeDeviceGroupIds(id, links, infos, registry_);
+  ConsumeReplicaGroupIds(id, replica_groups, infos, registry_);
+  record.plan = compiled.plan;
+  record.stages.assign(workers.size(), StageProgress{});
+  record.traced = record.tracing = JobRecord::TracedStep{};
+  record.assignments.clear();
+  record.stage_of.clear();
+  record.weight_owner.clear();
+  record.tied_embedding_stages.clear();
+  DropWeightsFile(record);
+  record.job.clear_worker_ids();
+  record.job.mutable_progress()->clear_stage_times();
+  const int64_t start_step = resume != nullptr ? resume->step() : 0;
+  // Only this plan's workers learn it: their streams prove it to each other.
+  const std::string data_plane_secret = RandomToken();
+  // What the plan gave each worker, as PlanMemoryBudgets shared it out.
+  const std::vector<double> budgets = PlanMemoryBudgets(infos);
+  for (size_t g = 0; g < workers.size(); ++g) {
+    const int s = static_cast<int>(g) / tensor % stages;  // the replica's stage
+    v1::Assignment a;
+    a.set_action(v1::Assignment::ACTION_RUN);
+    a.set_job_id(id);
+    a.set_plan_version(record.plan.version());
+    *a.mutable_spec() = record.resolved.spec;
+    a.set_stage(s);
+    a.set_num_stages(stages);
+    a.set_replica(static_cast<int>(g) / (stages * tensor));
+    a.set_replicas(replicas);
+    a.set_tensor_rank(static_cast<int>(g) % tensor);
+    a.set_tensor_parallel(tensor);
+    *a.mutable_tensor_partitions_forward() = record.plan.tensor_partitions_forward();
+    *a.mutable_tensor_partitions_backward() = record.plan.tensor_partitions_backward();
+    for (int c : record.plan.data_parallel_compressed_stages()) {
+      if (c != s) continue;
+      a.set_data_parallel_powersgd_rank(record.plan.data_parallel_powersgd_rank());
+      a.set_data_parallel_quantizer(record.plan.data_parallel_quantizer());
+    }
+    a.set_data_plane_secret(data_plane_secret);
+    a.set_start_iteration(start_step);
+    a.set_data_sha256(record.job.data_sha256());
+    // Its corpus lives in the host's RAM, whatever its device's memory.
+    if (infos[g].device().gpu_model().empty()) a.set_host_memory_budget_bytes(budgets[g]);
+    for (int t = 0; t < stages; ++t) {
+      const v1::UnitRange& b = record.plan.stages(t * tensor).backward();
+      if (b.end() > b.begin()) a.add_optimizer_stages(t);
+    }
+    if (resume != nullptr) *a.mutable_resume() = *resume;
+    if (resume == nullptr) a.set_init_weights(record.init_weights);
+    *a.mutable_forward_units() = record.plan.stages(g).forward();
+    *a.mutable_backward_units() = record.plan.stages(g).backward();
+    for (const std::string& address : addresses) a.add_peer_addresses(address);
+    *a.mutable_program() = compiled.programs[s];
+    if (!compiled.eval_programs.empty()) *a.mutable_eval_program() = compiled.eval_programs[s];
+    if (links.group_of_stage[g] >= 0) {
+      *a.mutable_device_group() = links.groups[links.group_of_stage[g]].group;
+    }
+    if (replica_groups.group_of_worker[g] >= 0) {
+      *a.mutable_replica_device_group() =
+          replica_groups.groups[replica_groups.group_of_worker[g]].group;
+    }
+    record.stage_of[workers[g]] = static_cast<int>(g);
+    RecordWeightOwners(record, static_cast<int>(g));
+    record.job.add_worker_ids(workers[g]);
+    record.job.mutable_progress()->add_stage_times()->set_worker_id(workers[g]);
+    record.assignments.push_back(a);
+    hub_->Set(workers[g], std::move(a));
+  }
+  v1::PlanVersion* history = record.job.add_plan_history();
+  history->set_version(version);
+  history->set_reason(placed_reason);
+  history->set_start_step(start_step);
+  for (const std::string& w : workers) history->add_worker_ids(w);
+  *history->mutable_time() = ToProtoTimestamp(clock_->Now());
+  if (record.job.plan_history_size() > kMaxPlanHistory) {
+    record.job.mutable_plan_history()->DeleteSubrange(0, 1);
+  }
+  record.job.set_state(v1::JOB_STATE_RUNNING);
+  record.job.set_plan_version(record.plan.version());
+  record.job.set_reason("");
+  record.last_step_time = clock_->Now();
+  TouchLocked(record);
+  PersistLocked(record).IgnoreError();  // logged
+  PT_LOG(INFO) << "job " << id << " running on " << absl::StrJoin(workers, ", ") << " (plan "
+               << version << ": " << placed_reason << (start_step > 0 ? ", from step " : "")
+               << (start_step > 0 ? absl::StrCat(start_step) : "") << ")";
+  if (pending.origin == PlacementOrigin::kRecovery) {
+    if (events_.steps_redone) events_.steps_redone(pending.redone);
+    record.recovering_since = record.recovery_started;
+    record.recovery_waiting_seconds =
+        absl::ToDoubleSeconds(pending.planning_start - record.recovery_started);
+    record.replanned_at = clock_->Now();
+    record.recovery_planning_seconds =
+        absl::ToDoubleSeconds(record.replanned_at - pending.planning_start);
+  }
+  // A worker drained while the job was planned leaves at the next boundary,
+  // as from a running job.
+  for (const std::string& w : workers) {
+    if (!IsDrainedLocked(w) || record.checkpoints == nullptr) continue;
+    if (record.stop_at == 0) {
+      RequestBoundaryLocked(record, absl::StrCat(w, " drained"));
+    } else {
+      record.boundary_reason += absl::StrCat("; ", w, " drained");
+    }
+  }
+}
+
+void JobManager::AbandonPlacementLocked(JobRecord& record, const std::string& worker,
+                                        const std::string& reason, int64_t incarnation) {
+  const PlacementOrigin origin = record.pending->origin;
+  record.pending.reset();  // its task, when it ends, finds the job moved on
+  const std::string why =
+      absl::StrCat("a worker was lost while the job was being planned (", reason, ")");
+  PT_LOG(WARNING) << "job " << record.job.id() << ": " << why;
+  switch (origin) {
+    case PlacementOrigin::kInitial:
+      registry_->Release(record.job.id());
+      record.job.set_state(v1::JOB_STATE_QUEUED);
+      record.job.set_reason(absl::StrCat(why, "; waiting to be planned again"));
+      TouchLocked(record);
+      return;
+    case PlacementOrigin::kRecovery:
+      // Back to waiting, as before the re-plan; it is planned again
+      // without the worker, which counts as lost in this recovery.
+      registry_->Release(record.job.id());
+      record.lost[worker] = incarnation > 0 ? incarnation : IncarnationOf(worker);
+      record.job.set_state(v1::JOB_STATE_RECOVERING);
+      record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ", why));
+      TouchLocked(record);
+      return;
+    case PlacementOrigin::kBoundary:
+      // Its stages stopped after the boundary's complete checkpoint: a
+      // recovery resumes there, redoing nothing.
+      return StartRecoveryLocked(record, worker, why, RecoveryKind::kWorkerLost, incarnation);
+  }
+}
+
+void JobManager::StartRecoveryLocked(JobRecord& record, const std::string& lost,
+                                     const std::string& reason, RecoveryKind kind,
+                                     int64_t lost_incarnation) {
+  // The incarnation that is gone: a worker that registered again is lost
+  // only as it was (IsLostLocked), and its new incarnation is a candidate.
+  const int64_t gone = lost_incarnation > 0 ? lost_incarnation : IncarnationOf(lost);
+  if (record.job.state() == v1::JOB_STATE_RECOVERING) {  // another loss while waiting
+    if (!lost.empty()) record.lost[lost] = gone;
+    return;
+  }
+  if (record.checkpoints == nullptr) return EndLocked(record, v1::JOB_STATE_FAILED, reason);
+  if (record.recoveries_without_progress >= kMaxRecoveriesWithoutProgress) {
+    return EndLocked(record, v1::JOB_STATE_FAILED,
+                     absl::StrCat("gave up after ", record.recoveries_without_progress,
+                                  " recoveries without a new checkpoint; last: ", reason));
+  }
+  ++record.recoveries_without_progress;
+  record.stop_at = 0;
+  record.pending.reset();
+  record.job.set_state(v1::JOB_STATE_RECOVERING);
+  record.job.set_reason(absl::StrCat("recovering: ", reason));
+  record.recovery_started = clock_->Now();
+  record.recovery_reason = reason;
+  record.recovering_since.reset();
+  record.lost.clear();
+  if (!lost.empty()) record.lost[lost] = gone;
+  record.survivors.clear();
+  for (const std::string& w : record.job.worker_ids()) {
+    if (w != lost) record.survivors.push_back(w);
+    StopWorkerLocked(record, w);
+  }
+  registry_->Release(record.job.id());
+  record.checkpoints->ClearPending();
+  // The redone steps end with a fresh upload: the partial file goes now.
+  DropWeightsFile(record);
+  TouchLocked(record);
+  PersistLocked(record).IgnoreError();  // logged
+  if (events_.recovery_started) events_.recovery_started(kind);
+  PT_LOG(WARNING) << "job " << record.job.id() << " RECOVERING: " << reason;
+}
+
+void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reserved) {
+  // Every former worker must be accounted for: alive (a heartbeat since the
+  // loss) or gone. A dead one left READY would be planned again and fail.
+  std::vector<std::string> alive;
+  bool waiting = false;
+  for (const std::string& w : record.survivors) {
+    if (IsLostLocked(record, w) || IsDrainedLocked(w)) continue;
+    absl::StatusOr<v1::Worker> worker = registry_->Get(w);
+    const bool gone = !worker.ok() || worker->state() == v1::WORKER_STATE_LOST ||
+                      worker->state() == v1::WORKER_STATE_LEFT;
+    if (gone && clock_->Now() < record.restart_grace_until) {
+      waiting = true;  // after a restart: it may still register again
+      continue;
+    }
+    if (gone) continue;
+    reserved->insert(w);
+    if (FromProtoTimestamp(worker->last_heartbeat()) <= record.recovery_started) {
+      waiting = true;
+    } else if (worker->state() == v1::WORKER_STATE_READY) {
+      alive.push_back(w);
+    }
+  }
+  const absl::Time now = clock_->Now();
+  if (waiting) {
+    record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason,
+                                       "; waiting to hear from the other workers"));
+    return;
+  }
+  // Survivors first (in stage order), then spare READY workers.
+  std::vector<std::string> chosen = alive;
+  for (const std::string& w : SparesForLocked(record, *reserved)) {
+    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end() && !IsLostLocked(record, w)) {
+      chosen.push_back(w);
+    }
+  }
+  if (static_cast<int>(chosen.size()) > MaxJobWorkers(record)) {
+    chosen.resize(MaxJobWorkers(record));
+  }
+  // Counted before whole replicas are kept: 3 of a 4-rank group's workers
+  // are "3 ready", though none can be used yet.
+  const size_t ready = chosen.size();
+  KeepWholeReplicas(record, &chosen);
+  if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
+    const std::string waiting_for =
+        absl::StrCat("waiting for ", MinJobWorkers(record), " READY workers (",
+                     ReadyCount(ready, DrainedReadyLocked()), ")");
+    if (now - record.recovery_started > record.resolved.queue_timeout) {
+      return EndLocked(record, v1::JOB_STATE_FAILED,
+                       absl::StrCat("could not recover within spec.scheduling.queue_timeout: ",
+                                    waiting_for, "; after ", record.recovery_reason));
+    }
+    record.job.set_reason(absl::StrCat("recovering: ", record.recovery_reason, "; ", waiting_for));
+    return;
+  }
+  const v1::JobProgress& p = record.job.progress();
+  // Where the recorded losses reach: a checkpoint whose last step's loss
+  // never arrived would leave a hole in the history.
+  const v1::ResumeFrom* resume = record.checkpoints->LatestAtOrBefore(p.step());
+  PendingPlacement pending;
+  pending.origin = PlacementOrigin::kRecovery;
+  if (resume != nullptr) pending.resume = *resume;
+  // Without one: where the job started (spec.init.from's checkpoint, or 0).
+  pending.resume_step = resume != nullptr ? resume->step() : record.init_step;
+  pending.redone = std::max<int64_t>(0, p.step() - pending.resume_step);
+  pending.planning_start = now;
+  pending.reason = absl::StrCat(
+      record.recovery_reason, "; resumed from ",
+      resume != nullptr
+          ? absl::StrCat("checkpoint step ", pending.resume_step)
+          : absl::StrCat("step ", pending.resume_step, " (no checkpoint of its own yet)"));
+  pending.failure_prefix = absl::StrCat("re-planning after ", record.recovery_reason, " failed: ");
+  if (chosen.size() > alive.size())
+    pending.joiners.assign(chosen.begin() + alive.size(), chosen.end());
+  absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
+  if (!placed.ok()) {
+    // A chosen worker went since it was counted: none was assigned, and the
+    // next pass counts again.
+    record.job.set_reason(
+        absl::StrCat("recovering: ", record.recovery_reason, "; ", placed.message()));
+    return;
+  }
+  for (const std::string& w : chosen) reserved->insert(w);
+}
+
+}  // namespace pipetrain

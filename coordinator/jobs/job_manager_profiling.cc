@@ -1,0 +1,287 @@
+// JobManager: profiling a job's model before it is planned (which worker
+// profiles, whether it fits, and the reply's checks). Contracts:
+// job_manager.h.
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <system_error>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_manager_internal.h"
+#include "coordinator/jobs/memory_budget.h"
+#include "coordinator/planner/bipartition.h"
+#include "coordinator/planner/solve_plan.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+
+using job_manager_internal::HostGflops;
+
+namespace {
+
+// The model's units' names in order, as a worker's profile names them.
+std::vector<std::string> UnitNamesOf(const GptConfig& model) {
+  std::vector<std::string> names;
+  for (int u = 0; u < NumUnits(model); ++u) names.push_back(UnitName(model, u));
+  return names;
+}
+
+// The sizes `model`'s shape gives each unit for `request` (the analytic
+// profile's), and its FLOPs as seconds at kModelSizesFlopsPerSecond: what
+// a worker's profile must agree with (CheckWorkerProfile).
+ModelProfile ModelSizes(const GptConfig& model, const v1::ProfileRequest& request) {
+  return AnalyticProfile(model, request.seq_len(), request.micro_batch_size(),
+                         kModelSizesFlopsPerSecond);
+}
+
+}  // namespace
+
+void JobManager::AwaitProfiling() {
+  // A fetch's end schedules the queue, which may start another fetch: until
+  // none is left (none starts once stopping_ is set, ScheduleQueued).
+  while (true) {
+    std::vector<Profiler> profilers;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      if (profilers_.empty()) return;
+      profilers.swap(profilers_);
+    }
+    for (Profiler& p : profilers) p.thread.join();
+  }
+}
+
+void JobManager::ReapProfilersLocked() {
+  for (auto it = profilers_.begin(); it != profilers_.end();) {
+    if (!it->done->load()) {
+      ++it;
+      continue;
+    }
+    it->thread.join();  // its last act is done: it ends without the lock
+    it = profilers_.erase(it);
+  }
+}
+
+void JobManager::SetProfileFetcher(ProfileFetcher fetcher, std::function<void()> cancel_all) {
+  fetcher_ = std::move(fetcher);
+  cancel_fetches_ = std::move(cancel_all);
+}
+
+v1::ProfileRequest JobManager::ProfileRequestFor(const JobRecord& record) const {
+  v1::ProfileRequest request;
+  *request.mutable_model() = record.resolved.spec.model();
+  request.set_seq_len(record.resolved.train.seq_len);
+  request.set_micro_batch_size(record.resolved.train.batch_size /
+                               record.resolved.train.micro_batches);
+  request.set_seed(record.resolved.train.seed);
+  // AccTFM's Alg. 1 picks partitions from measured compute per partition
+  // size (acctfm.txt §4.2): time the units on halves and quarters too.
+  // An auto layout profiles for every T it may choose.
+  const v1::ParallelismSpec& p = record.auto_layout_workers > 0
+                                     ? record.auto_layout_parallelism
+                                     : record.resolved.spec.parallelism();
+  if ((p.tensor() > 1 || p.tensor() == kTensorParallelAuto) && p.tensor_partitions() == 0) {
+    for (int k : {2, 4}) {
+      if (request.micro_batch_size() % k == 0) request.add_partitions(k);
+    }
+  }
+  return request;
+}
+
+std::string JobManager::NotProfiledForMemory(const JobRecord& record,
+                                             const v1::ProfileRequest& request,
+                                             const std::vector<v1::Worker>& workers) {
+  // Every plan holds each unit's fp32 weights, their gradients and both
+  // AdamW moments (BiPartitionCosts::Memory: 4x the weights of a stage's
+  // backward units, activations on top), once per replica; tensor ranks
+  // split a unit's share. A bound no plan can beat, from shapes alone.
+  const std::vector<double> budgets = PlanMemoryBudgets(workers);
+  double total = 0, largest = 0;
+  for (double b : budgets) {
+    if (b <= 0) return "";  // unlimited
+    total += b;
+    largest = std::max(largest, b);
+  }
+  const ModelProfile sizes = ModelSizes(record.resolved.train.model, request);
+  double weights = 0, largest_unit = 0;
+  for (const UnitProfile& u : sizes.units) {
+    weights += u.weight_bytes;
+    largest_unit = std::max(largest_unit, u.weight_bytes);
+  }
+  const int replicas = std::max(1, record.resolved.data_parallel);
+  const int tensor = record.resolved.tensor_parallel == kTensorParallelAuto
+                         ? static_cast<int>(workers.size())
+                         : std::max(1, record.resolved.tensor_parallel);
+  if (4 * weights * replicas > total) {
+    return absl::StrCat("its weights, their gradients and AdamW moments alone (",
+                        BytesAndGiB(4 * weights), replicas > 1 ? " per replica" : "",
+                        ") exceed the memory of its ", workers.size(), " workers together (",
+                        BytesAndGiB(total), ")");
+  }
+  if (4 * largest_unit / tensor > largest) {
+    return absl::StrCat("its largest unit's weights, gradients and AdamW moments (",
+                        BytesAndGiB(4 * largest_unit / tensor),
+                        ") exceed the memory of its "
+                        "roomiest worker (",
+                        BytesAndGiB(largest), ")");
+  }
+  // The profiler runs each unit whole on workers[0]: its weights,
+  // gradients and moments, one micro-batch's stash and the pass's
+  // transient allocations at once. A worker killed for memory while
+  // profiling ends the job's profiling and the worker.
+  double pass = 0;
+  std::string unit;
+  for (const UnitProfile& u : sizes.units) {
+    const double need = 4 * u.weight_bytes + u.stash_bytes + u.transient_bytes;
+    if (need > pass) pass = need, unit = u.name;
+  }
+  if (budgets[0] > 0 && pass > budgets[0]) {
+    return absl::StrCat("profiling its largest unit (", unit, ": ", BytesAndGiB(pass),
+                        " for one micro-batch) would exceed the memory of ", workers[0].id(),
+                        ", which would profile it (", BytesAndGiB(budgets[0]), ")");
+  }
+  return "";
+}
+
+bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Worker>& workers,
+                                     ModelProfile* profile, std::string* source,
+                                     double* reference_gflops) {
+  const v1::ProfileRequest request = ProfileRequestFor(record);
+  const std::string kind = DeviceKind(workers[0].device());
+  const std::string key = ProfileKey(request, kind);
+  std::optional<v1::ModelProfile> cached = profiles_.Get(key);
+  const ModelProfile sizes = ModelSizes(record.resolved.train.model, request);
+  if (cached) {
+    // Checked when it was fetched; a store written before that check
+    // existed may still hold one unfit for this model: measure it again.
+    const absl::Status fit =
+        CheckWorkerProfile(*cached, request, UnitNamesOf(record.resolved.train.model), &sizes);
+    if (!fit.ok()) {
+      PT_LOG(WARNING) << "cached profile " << key << " not used: " << fit;
+      cached.reset();
+    }
+  }
+  if (cached) {
+    *profile = FromProto(*cached, &sizes);
+    // Measured for this job a moment ago (its profile then waits in the
+    // cache like any), or for an earlier job of the same model and device.
+    *source = record.profiled_by.empty()
+                  ? absl::StrCat("measured on ", kind, " for an earlier job (cached)")
+                  : absl::StrCat("measured on ", kind, " by ", record.profiled_by);
+    *reference_gflops = HostGflops(workers, workers[0]);
+    return true;
+  }
+  // Every solver: those that cut by cost need it, and every plan's
+  // prediction (what users compare their step time with) is only as good as
+  // its costs; the analytic profile left small models' non-GEMM work out
+  // (the demo was predicted at a third of its measured step). But not a
+  // model that cannot fit these workers whatever its profile: profiling
+  // runs each of its units on one worker, and such units killed workers
+  // (out of memory) before the plan was refused.
+  const std::string unfit = NotProfiledForMemory(record, request, workers);
+  if (fetcher_ && record.profile_error.empty() && unfit.empty()) {
+    record.job.set_state(v1::JOB_STATE_PROFILING);
+    record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
+    TouchLocked(record);
+    PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
+    ReapProfilersLocked();
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    try {
+      std::thread thread([this, id = record.job.id(), key, worker = workers[0].id(),
+                          address = workers[0].data_address(),
+                          session = registry_->SessionToken(workers[0].id()).value_or(""), request,
+                          done] {
+        FinishProfiling(id, key, worker, request, fetcher_(address, session, request));
+        done->store(true);
+      });
+      profilers_.push_back({std::move(thread), std::move(done)});
+      return false;
+    } catch (const std::system_error& e) {
+      // No thread to be had (a pids limit reached): the job plans on the
+      // analytic profile, as when profiling fails, rather than the
+      // uncaught exception ending the coordinator.
+      record.profile_error = absl::StrCat("no thread to profile with: ", e.what());
+      PT_LOG(WARNING) << "job " << record.job.id() << ": " << record.profile_error;
+    }
+  }
+  double fastest = 0;
+  for (const v1::Worker& w : workers) fastest = std::max(fastest, w.device().measured_gflops());
+  const double rate = fastest > 0 ? fastest * 1e9 : 1e11;
+  const TrainConfig& t = record.resolved.train;
+  *profile = AnalyticProfile(t.model, t.seq_len, t.batch_size / t.micro_batches, rate);
+  *source = absl::StrCat("analytic: FLOPs at ", rate / 1e9, " GFLOP/s",
+                         !unfit.empty() ? absl::StrCat(" (not profiled: ", unfit, ")")
+                         : record.profile_error.empty()
+                             ? ""
+                             : absl::StrCat(" (profiling failed: ", record.profile_error, ")"));
+  *reference_gflops = fastest;
+  return true;
+}
+
+void JobManager::FinishProfiling(const std::string& job_id, const std::string& key,
+                                 const std::string& worker, const v1::ProfileRequest& request,
+                                 const absl::StatusOr<v1::ModelProfile>& fetched) {
+  {
+    AnnotatedMutexLock lock(&mu_);
+    JobRecord* record = FindLocked(job_id);
+    // A worker's answer is a peer's input: checked against the model before
+    // the planner (or the store, for later restarts) sees it. With the job
+    // gone there is no model to check it against, and nobody waiting.
+    absl::StatusOr<v1::ModelProfile> profile = fetched;
+    if (profile.ok() && record == nullptr) profile = absl::NotFoundError("job gone");
+    if (profile.ok()) {
+      const ModelProfile sizes = ModelSizes(record->resolved.train.model, request);
+      const absl::Status fit =
+          CheckWorkerProfile(*profile, request, UnitNamesOf(record->resolved.train.model), &sizes);
+      if (!fit.ok()) profile = fit;
+    }
+    if (profile.ok()) {
+      // Kept for every later job of the model (and stored): the checked
+      // fields only.
+      profile->DiscardUnknownFields();
+      record->profiled_by = worker;
+      const std::vector<std::string> evicted = profiles_.Put(key, *profile);
+      if (options_.state != nullptr) {
+        absl::Status saved = options_.state->SaveProfile(key, *profile);
+        if (!saved.ok()) PT_LOG(WARNING) << "profile " << key << " not saved: " << saved;
+        DropStoredProfiles(evicted);
+      }
+    } else if (record != nullptr) {
+      // A worker that left meanwhile (SIGTERM drains it, and its profile is
+      // cut short) says nothing about the model: another may profile it.
+      absl::StatusOr<v1::Worker> profiler = registry_->Get(worker);
+      const bool left = !profiler.ok() || IsDrainedLocked(*profiler) ||
+                        (profiler->state() != v1::WORKER_STATE_READY &&
+                         profiler->state() != v1::WORKER_STATE_ASSIGNED);
+      if (left && ++record->profile_attempts < kMaxProfileAttempts) {
+        PT_LOG(WARNING) << "job " << job_id << ": profiling on " << worker
+                        << " ended as that worker left (" << profile.status()
+                        << "); profiling again on another";
+      } else {
+        record->profile_error = profile.status().ToString();
+        PT_LOG(WARNING) << "job " << job_id << ": profiling failed: " << profile.status();
+      }
+    }
+    if (record != nullptr && record->job.state() == v1::JOB_STATE_PROFILING) {
+      record->job.set_state(v1::JOB_STATE_QUEUED);
+      record->job.set_reason(profile.ok() || !record->profile_error.empty()
+                                 ? "profiled; waiting to be planned"
+                                 : absl::StrCat("waiting to be profiled again: ", worker,
+                                                " left while it profiled the model"));
+      TouchLocked(*record);
+    }
+  }
+  ScheduleQueued();
+}
+
+void JobManager::DropStoredProfiles(const std::vector<std::string>& keys) {
+  if (options_.state == nullptr) return;
+  for (const std::string& key : keys) {
+    const absl::Status dropped = options_.state->DeleteProfile(key);
+    if (!dropped.ok()) PT_LOG(WARNING) << "profile " << key << " not dropped: " << dropped;
+  }
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,408 @@
+// JobManager: the stages' progress reports (ReportProgress): their bounds,
+// the loss history, a stage's end and the job's completion. Contracts:
+// job_manager.h.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/enum_names.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_manager_internal.h"
+#include "coordinator/planner/measured_timeline.h"
+#include "worker/model/gpt_config.h"
+#include "worker/train/divergence.h"
+
+namespace pipetrain {
+
+using job_manager_internal::kMaxReportedStepSeconds;
+
+namespace {
+
+// A worker's error text becomes the job's reason, which every GetJob returns.
+constexpr size_t kMaxReportedErrorBytes = 16384;
+
+v1::Assignment StopAssignment(const std::string& job_id, int64_t version) {
+  v1::Assignment a;
+  a.set_action(v1::Assignment::ACTION_STOP);
+  a.set_job_id(job_id);
+  a.set_plan_version(version);
+  return a;
+}
+
+}  // namespace
+
+absl::StatusOr<JobManager::JobRecord*> JobManager::ForWorkerLocked(const std::string& worker_id,
+                                                                   const std::string& job_id) {
+  JobRecord* record = FindLocked(job_id);
+  if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  if (IsTerminal(record->job.state())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job_id, " already ended (", EnumShortName(record->job.state()), ")"));
+  }
+  if (record->stage_of.count(worker_id) == 0) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("worker ", worker_id, " is not part of job ", job_id));
+  }
+  return record;
+}
+
+absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
+    const v1::ReportProgressRequest& r, ProgressCounted* counted) {
+  ProgressCounted ignored;
+  if (counted == nullptr) counted = &ignored;
+  *counted = ProgressCounted();
+  AnnotatedMutexLock lock(&mu_);
+  v1::ReportProgressResponse response;
+  ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(r.worker_id(), r.job_id()));
+  if (r.plan_version() != record->plan.version()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "plan version ", r.plan_version(), " is stale; current is ", record->plan.version()));
+  }
+  RETURN_IF_ERROR(CheckProgressBounds(r, *record));
+  const int stage_index = record->stage_of.at(r.worker_id());
+  // A recovering job drops traces (below), and one restored from the store
+  // has no assignments to check them against until it is planned again.
+  const bool stopped = record->job.state() == v1::JOB_STATE_RECOVERING ||
+                       record->job.state() == v1::JOB_STATE_PLANNING || record->writing_weights;
+  if (r.has_trace() && !stopped) {
+    if (stage_index >= static_cast<int>(record->assignments.size())) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", r.job_id(), " has no program for stage ", stage_index, " yet"));
+    }
+    RETURN_IF_ERROR(
+        CheckStepTrace(r.trace(), r.iteration(), record->assignments[stage_index].program()));
+  }
+  response.set_stop_after_step(record->stop_at);
+  // Data parallelism: replica 0 speaks for all (the replicas hold the same
+  // weights, and its loss stage reports every replica's losses); tensor
+  // parallelism: rank 0 for its stage's ranks (they compute the same loss).
+  const bool replica_zero = stage_index < StagesPerReplica(*record);
+  const bool speaks = replica_zero && stage_index % TensorRanks(*record) == 0;
+  if (r.has_checkpoint()) {
+    if (!replica_zero) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "ReportProgressRequest.checkpoint: ", r.worker_id(),
+          " runs a data-parallel replica other than 0, whose stages write no checkpoints"));
+    }
+    // A writer of the stopped plan that finished after the job stopped: a
+    // checkpoint it completed now could expire the one the re-plan resumes
+    // from (kept: spec.checkpoint.keep), so it counts for nothing.
+    if (stopped) {
+      PT_LOG(INFO) << "job " << r.job_id() << ": checkpoint of step " << r.checkpoint().step()
+                   << " from " << r.worker_id() << " ignored: the job is "
+                   << EnumShortName(record->job.state());
+      response.set_all_ready(true);
+      return response;
+    }
+    RETURN_IF_ERROR(AddCheckpointLocked(*record, stage_index, r.checkpoint()));
+    response.set_all_ready(true);
+    return response;
+  }
+  // The stopped plan's last words: its steps will be redone, or (being
+  // re-planned at a boundary) it stopped after the boundary's step, or it
+  // finished and its weights are being written.
+  if (stopped) return response;
+  if (!r.error().empty()) {
+    // Errors name peers by stage; say which worker runs each stage.
+    std::vector<std::string> stages;
+    for (int s = 0; s < record->job.worker_ids_size(); ++s) {
+      stages.push_back(absl::StrCat(s, "=", record->job.worker_ids(s)));
+    }
+    const std::string reason = absl::StrCat("worker ", r.worker_id(), ": ", r.error(),
+                                            " [stages: ", absl::StrJoin(stages, ", "), "]");
+    // A stage says its plan's resume point is unusable while it loads it,
+    // before it reports ready (JobRunner). Only then is the claim taken,
+    // and only that checkpoint dropped: said at any other time it is an
+    // error like any other, so that one worker cannot drop a job's
+    // checkpoints one after another.
+    const v1::Assignment* assigned = stage_index < static_cast<int>(record->assignments.size())
+                                         ? &record->assignments[stage_index]
+                                         : nullptr;
+    std::optional<v1::ResumeFrom> dropped;
+    if (r.checkpoint_unusable() && record->checkpoints != nullptr && assigned != nullptr &&
+        assigned->has_resume() && !record->stages[stage_index].ready) {
+      dropped = record->checkpoints->Drop(assigned->resume().step());
+    }
+    if (dropped.has_value()) {
+      record->job.mutable_progress()->set_checkpoint_step(
+          record->checkpoints->Latest() != nullptr ? record->checkpoints->Latest()->step() : 0);
+      StartRecoveryLocked(
+          *record, "",
+          absl::StrCat("checkpoint ", dropped->dir(), " could not be loaded (", reason, ")"),
+          RecoveryKind::kCheckpointUnusable);
+    } else if (r.peer_failure()) {
+      StartRecoveryLocked(*record, "", reason, RecoveryKind::kPeerFailure);
+    } else {
+      EndLocked(*record, v1::JOB_STATE_FAILED, reason);
+    }
+    return response;
+  }
+  // Only a stage that runs the model's last unit forward computes a loss
+  // (and a validation loss). One from any other is a fault or a lie, and
+  // refused before anything of the report is applied: the job's loss is
+  // taken from replica 0's loss stage alone.
+  if ((r.micro_batch_losses_size() > 0 || r.has_val_loss()) &&
+      !(stage_index < record->plan.stages_size() &&
+        record->plan.stages(stage_index).forward().end() ==
+            NumUnits(record->resolved.train.model))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.", r.has_val_loss() ? "val_loss" : "micro_batch_losses",
+                     ": ", r.worker_id(), "'s stage ", stage_index,
+                     " does not run the model's last unit, so it computes no loss"));
+  }
+  // The tokens every stage trains on: the first digest a job hears is its
+  // own (the first plan's stages are compared with each other here, before
+  // any of them passes the start barrier); later plans' stages check theirs
+  // against it themselves (Assignment.data_sha256), and here again.
+  if (!r.data_sha256().empty() && r.data_sha256() != record->job.data_sha256()) {
+    if (!record->job.data_sha256().empty()) {
+      EndLocked(*record, v1::JOB_STATE_FAILED,
+                absl::StrCat("worker ", r.worker_id(), " read other tokens from spec.data",
+                             record->resolved.spec.data().path().empty()
+                                 ? " (generated text)"
+                                 : absl::StrCat(".path ", record->resolved.spec.data().path()),
+                             " (SHA-256 ", r.data_sha256(), ") than the job trains on (",
+                             record->job.data_sha256(),
+                             ", Job.data_sha256): the file differs on that host, or was "
+                             "changed or replaced since the job began"));
+      return response;
+    }
+    record->job.set_data_sha256(r.data_sha256());
+    PersistLocked(*record).IgnoreError();  // logged; saved again with the next change
+  }
+  StageProgress& stage = record->stages[stage_index];
+  // The slowest stage's checkpoint load: sent with the start barrier, or
+  // (a plan without one) with the first iteration's report.
+  const double load = r.resume_load_seconds();
+  if (std::isfinite(load) && load > 0 && load < 1e6 && record->job.plan_history_size() > 0) {
+    v1::PlanVersion* v = record->job.mutable_plan_history(record->job.plan_history_size() - 1);
+    v->set_resume_load_seconds(std::max(v->resume_load_seconds(), load));
+  }
+  if (r.ready()) {
+    stage.ready = true;
+    response.set_all_ready(std::all_of(record->stages.begin(), record->stages.end(),
+                                       [](const StageProgress& s) { return s.ready; }));
+    return response;
+  }
+  // A stage reports its iterations in order, each once: one already counted
+  // is a retry whose answer was lost (JobRunner::ReportWithRetries), answered
+  // as before but not applied again (its loss and times added twice).
+  if (r.iteration() < stage.iterations_done) {
+    PT_LOG(INFO) << "job " << r.job_id() << ": " << r.worker_id() << "'s report of iteration "
+                 << r.iteration() << " came again; counted once";
+    return response;
+  }
+  stage.iterations_done = r.iteration() + 1;
+  counted->stage_time = true;
+  if (r.has_trace()) AddTraceLocked(*record, stage_index, r.trace());
+  if (stage_index < record->job.progress().stage_times_size()) {
+    v1::StageTime* time = record->job.mutable_progress()->mutable_stage_times(stage_index);
+    time->set_steps(time->steps() + 1);
+    time->set_busy_seconds(time->busy_seconds() + r.busy_seconds());
+    time->set_idle_seconds(time->idle_seconds() + r.idle_seconds());
+  }
+  stage.finished = stage.finished || r.finished();
+  if (r.finished()) stage.weights_digest = r.weights_digest();
+  if (r.micro_batch_losses_size() > 0 && speaks) {
+    double sum = 0.0;  // as LocalTrainer: double sum, divided, as float
+    for (float l : r.micro_batch_losses()) sum += l;
+    const float loss = static_cast<float>(sum / r.micro_batch_losses_size());
+    v1::JobProgress* p = record->job.mutable_progress();
+    p->set_step(r.iteration() + 1);
+    p->set_loss(loss);
+    // As train-local: a diverged job stops here rather than train on NaNs.
+    if (absl::Status finite = CheckLossFinite(r.iteration() + 1, loss); !finite.ok()) {
+      EndLocked(*record, v1::JOB_STATE_FAILED, std::string(finite.message()));
+      return response;
+    }
+    p->add_loss_history(loss);
+    counted->step = true;
+    if (p->loss_history_size() > kMaxLossHistory) {
+      const int drop = p->loss_history_size() - kMaxLossHistory;
+      p->mutable_loss_history()->erase(p->mutable_loss_history()->begin(),
+                                       p->mutable_loss_history()->begin() + drop);
+      p->set_loss_history_start(p->loss_history_start() + drop);
+    }
+    const absl::Time now = clock_->Now();
+    // The step's wall time, less the validation pass the loss stage ran
+    // after it (training throughput, not evaluation).
+    const double seconds = absl::ToDoubleSeconds(now - record->last_step_time) - r.eval_seconds();
+    const TrainConfig& t = record->resolved.train;
+    // The first step of a resumed plan includes loading: not throughput.
+    const bool first_after_recovery = record->recovering_since.has_value();
+    if (seconds > 0 && !first_after_recovery) {
+      p->set_tokens_per_second(double(t.batch_size) * t.seq_len / seconds);
+    }
+    record->last_step_time = now;
+    if (now - record->last_persisted >= absl::Seconds(1)) PersistLocked(*record).IgnoreError();
+    if (first_after_recovery) {
+      const double total = absl::ToDoubleSeconds(now - *record->recovering_since);
+      const double restart = absl::ToDoubleSeconds(now - record->replanned_at);
+      if (events_.recovered) {
+        events_.recovered(total, record->recovery_waiting_seconds,
+                          record->recovery_planning_seconds, restart);
+      }
+      PT_LOG(INFO) << "job " << record->job.id() << " recovered in " << total << " s (waiting "
+                   << record->recovery_waiting_seconds << " s, planning "
+                   << record->recovery_planning_seconds << " s, load and first step " << restart
+                   << " s)";
+      record->recovering_since.reset();
+    }
+  }
+  if (r.has_val_loss() && speaks) {
+    // As the training loss: a NaN or infinite validation loss is a
+    // diverged model, not a number to show.
+    if (absl::Status finite = CheckLossFinite(r.iteration() + 1, r.val_loss()); !finite.ok()) {
+      EndLocked(*record, v1::JOB_STATE_FAILED,
+                absl::StrCat("the validation loss: ", finite.message()));
+      return response;
+    }
+    v1::JobProgress* p = record->job.mutable_progress();
+    p->set_val_loss(r.val_loss());
+    p->set_val_step(r.iteration() + 1);
+  }
+  TouchLocked(*record);
+  MaybeCompleteLocked(*record);
+  // Last: a re-plan replaces the stages (and `stage`).
+  MaybeReplanAtBoundaryLocked(*record);
+  response.set_all_ready(true);
+  return response;
+}
+
+absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,
+                                             const JobRecord& record) {
+  const int micro_batches = record.resolved.train.micro_batches;
+  if (r.micro_batch_losses_size() > micro_batches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.micro_batch_losses: ", r.micro_batch_losses_size(),
+                     " losses for a job of ", micro_batches, " micro-batches"));
+  }
+  if (r.iteration() < 0 || r.iteration() >= record.resolved.train.steps) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.iteration: ", r.iteration(),
+                     " is outside the job's [0, ", record.resolved.train.steps, ")"));
+  }
+  for (const auto& [field, seconds] :
+       {std::pair<const char*, double>{"busy_seconds", r.busy_seconds()},
+        std::pair<const char*, double>{"idle_seconds", r.idle_seconds()},
+        std::pair<const char*, double>{"eval_seconds", r.eval_seconds()}}) {
+    if (!(seconds >= 0 && seconds <= kMaxReportedStepSeconds)) {
+      return absl::InvalidArgumentError(absl::StrCat("ReportProgressRequest.", field, ": ", seconds,
+                                                     " is outside [0, ", kMaxReportedStepSeconds,
+                                                     "]"));
+    }
+  }
+  if (r.weights_digest().size() > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.weights_digest: ", r.weights_digest().size(),
+                     " bytes exceeds the limit of 64"));
+  }
+  // Shown to users (Job.data_sha256) and compared byte for byte.
+  if (!r.data_sha256().empty() &&
+      (r.data_sha256().size() != 64 ||
+       !std::all_of(r.data_sha256().begin(), r.data_sha256().end(),
+                    [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); }))) {
+    return absl::InvalidArgumentError(
+        "ReportProgressRequest.data_sha256: not 64 lowercase hex digits");
+  }
+  if (r.error().size() > kMaxReportedErrorBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.error: ", r.error().size(),
+                     " bytes exceeds the limit of ", kMaxReportedErrorBytes));
+  }
+  if (r.checkpoint().error().size() > kMaxReportedErrorBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.checkpoint.error: ", r.checkpoint().error().size(),
+                     " bytes exceeds the limit of ", kMaxReportedErrorBytes));
+  }
+  return absl::OkStatus();
+}
+
+void JobManager::StopWorkerLocked(const JobRecord& record, const std::string& worker) {
+  // The hub keeps one assignment per worker: a STOP of this job must not
+  // replace the RUN of another job that has taken the worker since (a
+  // boundary left it out, or it came back in a new incarnation).
+  const absl::StatusOr<v1::Worker> now = registry_->Get(worker);
+  if (now.ok() && !now->job_id().empty() && now->job_id() != record.job.id()) return;
+  hub_->Set(worker, StopAssignment(record.job.id(), record.plan.version()));
+}
+
+bool JobManager::StageDone(const JobRecord& record, size_t g) {
+  const StageProgress& s = record.stages[g];
+  if (!s.finished) return false;
+  // Only replica 0's stages upload, tensor rank 0 of each (RecordWeightOwners).
+  const bool uploads =
+      static_cast<int>(g) < StagesPerReplica(record) && g % TensorRanks(record) == 0;
+  return !uploads || s.weights_done || record.resolved.spec.output().weights_path().empty();
+}
+
+void JobManager::MaybeCompleteLocked(JobRecord& record) {
+  if (record.writing_weights) return;  // complete already; the file is being written
+  const bool want_weights = !record.resolved.spec.output().weights_path().empty();
+  const int uploading = StagesPerReplica(record);
+  for (size_t g = 0; g < record.stages.size(); ++g) {
+    if (!StageDone(record, g)) return;
+  }
+  // Replicas must end bitwise identical: each stage's copies agree.
+  for (size_t g = uploading; g < record.stages.size(); ++g) {
+    const std::string& mine = record.stages[g].weights_digest;
+    const std::string& zero = record.stages[g % uploading].weights_digest;
+    if (mine.empty() || mine != zero) {
+      return EndLocked(
+          record, v1::JOB_STATE_FAILED,
+          absl::StrCat("data-parallel replicas diverged: stage ", g % uploading, " of replica ",
+                       g / uploading, " (", record.job.worker_ids(g), ") ends with weights ",
+                       mine.empty() ? "unreported" : mine.substr(0, 12), ", replica 0's (",
+                       record.job.worker_ids(g % uploading), ") with ", zero.substr(0, 12)));
+    }
+  }
+  if (want_weights) {
+    int64_t total = 0;
+    if (record.weights_file != nullptr) {
+      for (const SafetensorsTensorSpec& t : record.weights_file->tensors()) {
+        const int64_t numel = NumElements(t.shape);
+        if (record.weights_covered[t.name].covered() < numel) {
+          return EndLocked(
+              record, v1::JOB_STATE_FAILED,
+              absl::StrCat("incomplete upload of ", t.name, ": ",
+                           record.weights_covered[t.name].covered(), " of ", numel, " values"));
+        }
+        total += numel;
+      }
+    }
+    const int64_t expected = CountParameters(record.resolved.train.model);
+    if (total != expected) {
+      return EndLocked(
+          record, v1::JOB_STATE_FAILED,
+          absl::StrCat("uploaded weights hold ", total, " values; the model has ", expected));
+    }
+    const std::string name = record.resolved.spec.output().weights_path();
+    const std::string path = absl::StrCat(options_.output_dir, "/", name);
+    if (stopping_) {  // no background work starts now: committed here
+      absl::Status committed = record.weights_file->Commit();
+      if (!committed.ok()) {
+        return EndLocked(record, v1::JOB_STATE_FAILED, std::string(committed.message()));
+      }
+      record.job.set_weights_path(path);
+      return EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
+    }
+    // Synced off the lock (GPT-2 124M is 0.5 GB to sync): the job stays
+    // RUNNING until the file is in (FinishWritingWeights renames it).
+    record.writing_weights = true;
+    record.job.set_reason(absl::StrCat("every stage finished; writing the weights to ", name));
+    TouchLocked(record);
+    std::shared_ptr<SafetensorsFileWriter> file = record.weights_file;
+    DropWeightsFile(record);
+    return RunInBackgroundLocked([this, id = record.job.id(), path, file] {
+      FinishWritingWeights(id, path, *file, file->Sync());
+    });
+  }
+  EndLocked(record, v1::JOB_STATE_SUCCEEDED, "");
+}
+
+}  // namespace pipetrain

@@ -1,0 +1,428 @@
+// JobManager: choosing what runs where: the queued jobs' turn
+// (ScheduleQueued), spare and drained workers, re-planning at a step
+// boundary, and the job layout's worker counts (replicas, tensor ranks).
+// Contracts: job_manager.h.
+#include <algorithm>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/enum_names.h"
+#include "common/logging.h"
+#include "common/proto_time.h"
+#include "common/status_macros.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/memory_budget.h"
+
+namespace pipetrain {
+
+void JobManager::ScheduleQueued() {
+  AnnotatedMutexLock lock(&mu_);
+  // Shutting down: nothing new is placed, and no profile fetch starts after
+  // the destructor's AwaitProfiling has taken the list (a thread left
+  // joinable in profilers_ would terminate the process).
+  if (stopping_) return;
+  // Ended jobs beyond the limits go in every pass (a Submit ends with one),
+  // so jobs that end while nothing is submitted go too.
+  PruneLocked();
+  RetryUnsavedLocked();
+  SweepStoppedJobsLocked();
+  const absl::Time now = clock_->Now();
+  // Counted once a pass, when a waiting job first needs it (it reads every
+  // READY worker's record).
+  std::optional<size_t> drained_ready_count;
+  const auto drained_ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!drained_ready_count.has_value()) drained_ready_count = DrainedReadyLocked();
+    return *drained_ready_count;
+  };
+  // Recovering jobs first: they ran already, and hold on to their workers.
+  std::set<std::string> reserved;
+  for (const std::string& id : order_) {
+    JobRecord& record = *jobs_.at(id);
+    if (record.job.state() == v1::JOB_STATE_RECOVERING) TryReplanLocked(record, &reserved);
+  }
+  // A job being profiled is being placed: the worker it profiles on stays
+  // READY meanwhile, so later jobs wait rather than take it (and say so).
+  std::string profiling;
+  for (const std::string& id : order_) {
+    JobRecord& record = *jobs_.at(id);
+    if (record.job.state() == v1::JOB_STATE_PROFILING && profiling.empty()) profiling = id;
+    if (record.job.state() != v1::JOB_STATE_QUEUED) continue;
+    std::vector<std::string> ready = SpareWorkersLocked(reserved);
+    if (!profiling.empty()) {
+      record.job.set_reason(
+          absl::StrCat("waiting while job ", profiling, " is profiled (", ready.size(), " ready)"));
+      continue;
+    }
+    const int need = JobWorkers(record.resolved);
+    if (static_cast<int>(ready.size()) < need) {
+      const std::string waiting = absl::StrCat("waiting for ", need, " READY workers (",
+                                               ReadyCount(ready.size(), drained_ready()), ")");
+      const absl::Duration waited = now - FromProtoTimestamp(record.job.create_time());
+      if (waited > record.resolved.queue_timeout && now >= record.restart_grace_until) {
+        EndLocked(record, v1::JOB_STATE_FAILED,
+                  absl::StrCat("not placed within spec.scheduling.queue_timeout (",
+                               absl::FormatDuration(record.resolved.queue_timeout), "): ", waiting,
+                               "; add workers or ask for fewer stages"));
+        continue;
+      }
+      record.job.set_reason(waiting);
+      continue;  // later jobs that fit the READY workers go first (backfill)
+    }
+    if (record.place_by_memory) ready = RoomiestFirstLocked(std::move(ready), need);
+    ready.resize(need);
+    absl::Status started = StartLocked(record, ready);
+    if (!started.ok()) {
+      // A worker counted READY above changed since (lost, or gone): none
+      // was assigned, and the next pass counts again.
+      record.job.set_reason(absl::StrCat("waiting to be placed: ", started.message()));
+      continue;
+    }
+    if (record.job.state() == v1::JOB_STATE_PROFILING) profiling = id;  // later jobs wait for it
+  }
+  if (!profiling.empty()) return;
+  // Spare workers grow running elastic jobs, once no job waits for them.
+  for (const std::string& id : order_) {
+    const v1::JobState state = jobs_.at(id)->job.state();
+    // A job being planned may yet go back to waiting (a worker lost).
+    if (state == v1::JOB_STATE_QUEUED || state == v1::JOB_STATE_PROFILING ||
+        state == v1::JOB_STATE_PLANNING) {
+      return;
+    }
+  }
+  for (const std::string& id : order_) {
+    JobRecord& record = *jobs_.at(id);
+    if (record.job.state() != v1::JOB_STATE_RUNNING || record.checkpoints == nullptr ||
+        record.stop_at > 0 || record.job.worker_ids_size() >= MaxJobWorkers(record)) {
+      continue;
+    }
+    const std::vector<std::string> spare = SparesForLocked(record, reserved);
+    if (spare.empty()) continue;  // another job may take those unfit for this one
+    const int current = record.job.worker_ids_size();
+    int want = std::min<int>(spare.size(), MaxJobWorkers(record) - current);
+    want -= want % WorkerStep(record);  // a stage more for every replica, or none
+    // Only as many as a plan would use: an auto layout may have none for
+    // the larger count (a prime one, say), and a boundary that re-plans on
+    // the same workers would be asked for again, step after step.
+    want = std::max(0, UsableWorkers(record, current + want) - current);
+    if (want == 0) continue;
+    const std::vector<std::string> joining(spare.begin(), spare.begin() + want);
+    if (RequestBoundaryLocked(record, absl::StrCat(absl::StrJoin(joining, ", "), " joined"))) {
+      for (const std::string& w : joining) reserved.insert(w);
+    }
+  }
+}
+
+std::vector<std::string> JobManager::RoomiestFirstLocked(std::vector<std::string> workers,
+                                                         int need) const {
+  std::vector<v1::Worker> infos;
+  for (const std::string& w : workers) {
+    absl::StatusOr<v1::Worker> info = registry_->Get(w);
+    // One gone since it was counted: last (StartLocked then finds it gone),
+    // as a budget of one byte (an empty one would read as unlimited).
+    if (!info.ok()) {
+      info = v1::Worker();
+      info->mutable_device()->set_memory_bytes(1);
+    }
+    infos.push_back(*std::move(info));
+  }
+  std::vector<std::string> ordered;
+  std::vector<bool> taken(workers.size(), false);
+  for (size_t i : RoomiestWorkers(infos, need)) {
+    ordered.push_back(workers[i]);
+    taken[i] = true;
+  }
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (!taken[i]) ordered.push_back(std::move(workers[i]));
+  }
+  return ordered;
+}
+
+size_t JobManager::DrainedReadyLocked() const {
+  size_t drained = 0;
+  for (const std::string& w : registry_->ReadyWorkers()) drained += IsDrainedLocked(w) ? 1 : 0;
+  return drained;
+}
+
+std::string JobManager::ReadyCount(size_t ready, size_t drained) {
+  // Drained workers stay READY (`pipetrain workers` lists them so) but are
+  // never placed: counted apart, a job waiting beside them says why.
+  return drained == 0 ? absl::StrCat(ready, " ready")
+                      : absl::StrCat(ready, " ready; ", drained,
+                                     " more READY but drained, taking no job until restarted");
+}
+
+std::vector<std::string> JobManager::SparesForLocked(const JobRecord& record,
+                                                     const std::set<std::string>& reserved) const {
+  std::vector<std::string> spare = SpareWorkersLocked(reserved);
+  spare.erase(std::remove_if(spare.begin(), spare.end(),
+                             [&](const std::string& w) {
+                               auto it = record.unfit.find(w);
+                               return it != record.unfit.end() && it->second == IncarnationOf(w);
+                             }),
+              spare.end());
+  return spare;
+}
+
+std::vector<std::string> JobManager::SpareWorkersLocked(
+    const std::set<std::string>& reserved) const {
+  std::vector<std::string> spare;
+  for (std::string& w : registry_->ReadyWorkers()) {
+    if (reserved.count(w) == 0 && !IsDrainedLocked(w)) spare.push_back(std::move(w));
+  }
+  return spare;
+}
+
+int64_t JobManager::IncarnationOf(const std::string& worker_id) const {
+  absl::StatusOr<v1::Worker> worker = registry_->Get(worker_id);
+  return worker.ok() ? worker->incarnation() : 0;
+}
+
+bool JobManager::IsLostLocked(const JobRecord& record, const std::string& worker_id) const {
+  // A worker that registered again since (a new incarnation) is back.
+  auto it = record.lost.find(worker_id);
+  return it != record.lost.end() && IncarnationOf(worker_id) == it->second;
+}
+
+bool JobManager::IsDrainedLocked(const std::string& worker_id) const {
+  absl::StatusOr<v1::Worker> worker = registry_->Get(worker_id);
+  return worker.ok() && IsDrainedLocked(*worker);
+}
+
+bool JobManager::IsDrainedLocked(const v1::Worker& worker) const {
+  // Registered as a drained process: the registry's record says so from
+  // the moment it is READY, so no placement can come first.
+  if (worker.drained()) return true;
+  auto it = drained_.find(worker.id());
+  return it != drained_.end() && it->second == worker.incarnation();
+}
+
+bool JobManager::RequestBoundaryLocked(JobRecord& record, const std::string& reason) {
+  // Beyond every stage's progress: `furthest` is the most advanced stage's
+  // last report, and a stage learns the step at its next report (one
+  // iteration later at most), so every stage learns it before passing it.
+  int64_t furthest = record.job.progress().step();
+  for (const StageProgress& s : record.stages) furthest = std::max(furthest, s.iterations_done);
+  const int64_t step = furthest + 3;
+  if (step >= record.resolved.train.steps) return false;  // it ends sooner than that
+  record.stop_at = step;
+  record.boundary_reason = reason;
+  record.checkpoints->AllowStep(step);
+  PT_LOG(INFO) << "job " << record.job.id() << ": re-planning after step " << step << " (" << reason
+               << ")";
+  return true;
+}
+
+void JobManager::MaybeReplanAtBoundaryLocked(JobRecord& record) {
+  // The boundary's checkpoint complete, and its last step's loss in.
+  if (record.stop_at == 0 || record.job.state() != v1::JOB_STATE_RUNNING) return;
+  const v1::ResumeFrom* latest = record.checkpoints->Latest();
+  if (latest == nullptr || latest->step() != record.stop_at ||
+      record.job.progress().step() < record.stop_at) {
+    return;
+  }
+  ReplanAtBoundaryLocked(record);
+}
+
+void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
+  const std::string reason = record.boundary_reason;
+  const int64_t step = record.stop_at;
+  record.stop_at = 0;
+  std::vector<std::string> chosen;
+  for (const std::string& w : record.job.worker_ids()) {
+    if (!IsDrainedLocked(w)) chosen.push_back(w);
+  }
+  const std::vector<std::string> old(record.job.worker_ids().begin(),
+                                     record.job.worker_ids().end());
+  std::set<std::string> reserved(old.begin(), old.end());
+  for (const auto& [id, other] : jobs_) {
+    if (other->job.state() == v1::JOB_STATE_RECOVERING) {
+      reserved.insert(other->survivors.begin(), other->survivors.end());
+    }
+  }
+  const size_t own = chosen.size();
+  for (const std::string& w : SparesForLocked(record, reserved)) {
+    if (static_cast<int>(chosen.size()) >= MaxJobWorkers(record)) break;
+    chosen.push_back(w);
+  }
+  KeepWholeReplicas(record, &chosen);
+  if (static_cast<int>(chosen.size()) < MinJobWorkers(record)) {
+    // A spare went away meanwhile: wait for workers as a recovery does.
+    return StartRecoveryLocked(record, "", reason, RecoveryKind::kWorkerLost);
+  }
+  // Those the new plan leaves out stop now: once released, another job may
+  // take them before this plan is in.
+  for (const std::string& w : old) {
+    if (std::find(chosen.begin(), chosen.end(), w) == chosen.end()) {
+      StopWorkerLocked(record, w);
+    }
+  }
+  registry_->Release(record.job.id());
+  PendingPlacement pending;
+  pending.origin = PlacementOrigin::kBoundary;
+  pending.resume = *record.checkpoints->Latest();
+  pending.reason = absl::StrCat(reason, "; re-planned at step ", step);
+  pending.failure_prefix = absl::StrCat("re-planning at step ", step, " (", reason, ") failed: ");
+  if (chosen.size() > own) pending.joiners.assign(chosen.begin() + own, chosen.end());
+  absl::Status placed = BeginPlacementLocked(record, chosen, std::move(pending));
+  if (!placed.ok()) {
+    // A chosen worker went since it was counted: recover as from its loss
+    // (the boundary's checkpoint is complete, so nothing is redone).
+    return StartRecoveryLocked(
+        record, "", absl::StrCat(reason, "; re-planning at step ", step, ": ", placed.message()),
+        RecoveryKind::kWorkerLost);
+  }
+}
+
+bool JobManager::IsDrained(const v1::Worker& worker) const {
+  AnnotatedMutexLock lock(&mu_);
+  return IsDrainedLocked(worker);
+}
+
+absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
+  absl::StatusOr<v1::Worker> drained;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    drained = DrainLocked(worker_id);
+  }
+  if (!drained.ok()) return drained;
+  // Saved before it is acknowledged, off the lock (a store commit).
+  const absl::Status saved = registry_->MarkDrained(worker_id, drained->incarnation());
+  // FAILED_PRECONDITION: that incarnation is gone since (registered again,
+  // as a new process or with the drain it heard of): nothing to keep.
+  if (!saved.ok() && saved.code() != absl::StatusCode::kFailedPrecondition) {
+    return absl::UnavailableError(absl::StrCat(
+        worker_id, " is draining here, but the state store did not record it (", saved.message(),
+        "); a coordinator that restarts before the worker's next heartbeat would forget it: "
+        "drain again to see it recorded"));
+  }
+  return drained;
+}
+
+absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id) {
+  ASSIGN_OR_RETURN(v1::Worker worker, registry_->Get(worker_id));
+  // A LOST or LEFT incarnation is out of service already, and the drain
+  // would not cover the next one (drained_ holds the incarnation): saying
+  // "draining" would tell the operator something that is not happening.
+  if (worker.state() == v1::WORKER_STATE_LOST || worker.state() == v1::WORKER_STATE_LEFT) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        worker_id, " is ", EnumShortName(worker.state()),
+        ": out of service already; a process that registers again under this id is a new "
+        "incarnation, which this drain would not cover (drain it once it is READY)"));
+  }
+  JobRecord* record = worker.job_id().empty() ? nullptr : FindLocked(worker.job_id());
+  if (record != nullptr && !IsTerminal(record->job.state()) && !IsDrainedLocked(worker_id)) {
+    if (record->checkpoints == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          worker_id, " runs job ", record->job.id(),
+          ", which has no checkpoints (spec.checkpoint) to re-plan from; cancel the job or "
+          "let it finish first"));
+    }
+    std::set<std::string> reserved;
+    // Being planned, the job's workers are the placement's. Those drained
+    // already leave at the same boundary: not counted as staying.
+    const std::vector<std::string> workers =
+        record->pending.has_value() ? record->pending->workers
+                                    : std::vector<std::string>(record->job.worker_ids().begin(),
+                                                               record->job.worker_ids().end());
+    const int staying = static_cast<int>(std::count_if(
+        workers.begin(), workers.end(), [&](const std::string& w) { return !IsDrainedLocked(w); }));
+    const int left = staying - 1 + static_cast<int>(SparesForLocked(*record, reserved).size());
+    // As many as the re-plan could use (whole stages, a count with a layout).
+    if (UsableWorkers(*record, std::max(0, left)) < MinJobWorkers(*record)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "draining ", worker_id, " would leave job ", record->job.id(), " fewer than its ",
+          MinJobWorkers(*record), " workers (",
+          record->auto_layout_workers > 0 ? "the fewest with a layout of spec.parallelism.workers"
+                                          : "spec.elastic.min_workers x spec.parallelism.data",
+          "); add a worker first"));
+    }
+  }
+  // Idempotent: asked again, nothing more happens (the boundary's reason
+  // would otherwise grow with every call, and with it the stored job).
+  if (IsDrainedLocked(worker_id)) {
+    worker.set_drained(true);
+    return worker;
+  }
+  drained_[worker_id] = worker.incarnation();
+  PT_LOG(INFO) << "draining " << worker_id;
+  if (record != nullptr && record->job.state() == v1::JOB_STATE_RUNNING && record->stop_at == 0) {
+    RequestBoundaryLocked(*record, absl::StrCat(worker_id, " drained"));
+  } else if (record != nullptr && record->job.state() == v1::JOB_STATE_RUNNING) {
+    record->boundary_reason += absl::StrCat("; ", worker_id, " drained");
+  }
+  worker.set_drained(true);
+  return worker;
+}
+
+int JobManager::Replicas(const JobRecord& record) {
+  return std::max(1, record.resolved.data_parallel);
+}
+
+int JobManager::TensorRanks(const JobRecord& record) {
+  return std::max(1, record.resolved.tensor_parallel);
+}
+
+int JobManager::WorkersPerStage(const JobRecord& record) {
+  return Replicas(record) * TensorRanks(record);
+}
+
+int JobManager::StagesPerReplica(const JobRecord& record) {
+  return record.plan.stages_size() / std::max(1, record.plan.data_parallel());
+}
+
+bool JobManager::SearchesTensorRanks(const JobRecord& record) {
+  return record.auto_layout_workers > 0 && record.auto_layout_parallelism.has_tensor() &&
+         record.auto_layout_parallelism.tensor() == kTensorParallelAuto;
+}
+
+v1::JobSpec JobManager::AutoLayoutSpec(const JobRecord& record) {
+  v1::JobSpec spec = record.resolved.spec;
+  if (record.auto_layout_parallelism.has_tensor()) {
+    v1::ParallelismSpec* p = spec.mutable_parallelism();
+    const v1::ParallelismSpec& submitted = record.auto_layout_parallelism;
+    p->set_tensor(submitted.tensor());
+    p->set_tensor_mode(submitted.tensor_mode());
+  }
+  return spec;
+}
+
+int JobManager::MinJobWorkers(const JobRecord& record) {
+  if (SearchesTensorRanks(record)) {
+    const v1::JobSpec spec = AutoLayoutSpec(record);
+    for (int n = 1; n < record.auto_layout_workers; ++n) {
+      if (!AutoLayoutDegrees(spec, n).empty()) return n;
+    }
+    return record.auto_layout_workers;
+  }
+  if (record.auto_layout_workers > 0) return TensorRanks(record);  // one stage
+  return record.resolved.spec.elastic().min_workers() * WorkersPerStage(record);
+}
+
+int JobManager::MaxJobWorkers(const JobRecord& record) {
+  if (record.auto_layout_workers > 0) return record.auto_layout_workers;
+  return record.resolved.spec.elastic().max_workers() * WorkersPerStage(record);
+}
+
+int JobManager::WorkerStep(const JobRecord& record) {
+  // An auto layout re-chooses its replicas, but every stage keeps its ranks
+  // unless it chooses them too.
+  if (SearchesTensorRanks(record)) return 1;
+  return record.auto_layout_workers > 0 ? TensorRanks(record) : WorkersPerStage(record);
+}
+
+int JobManager::UsableWorkers(const JobRecord& record, int workers) {
+  if (record.auto_layout_workers == 0) return workers - workers % WorkersPerStage(record);
+  const v1::JobSpec spec = AutoLayoutSpec(record);
+  const int step = WorkerStep(record);
+  int usable = workers - workers % step;
+  while (usable > 0 && AutoLayoutDegrees(spec, usable).empty()) usable -= step;
+  return usable;
+}
+
+void JobManager::KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers) {
+  workers->resize(UsableWorkers(record, static_cast<int>(workers->size())));
+}
+
+}  // namespace pipetrain

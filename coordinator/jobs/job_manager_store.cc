@@ -1,0 +1,328 @@
+// JobManager: the durable state (store::CoordinatorState): saving a job's
+// record as it changes, retrying saves that failed, and Restore after a
+// restart. Contracts: job_manager.h.
+#include <algorithm>
+#include <memory>
+#include <optional>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/proto_time.h"
+#include "common/status_macros.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/jobs/job_manager_internal.h"
+#include "coordinator/jobs/plan_drawings.h"
+#include "coordinator/jobs/stored_job_check.h"
+#include "coordinator/planner/planner.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+
+using job_manager_internal::RemoveCheckpointDirs;
+
+store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
+  store::StoredJob stored;
+  *stored.mutable_job() = record.job;
+  *stored.mutable_plan() = record.plan;
+  // Drawings, not state (plan.proto): a large job's would outgrow the
+  // store's record limit, and every later save of the job would fail.
+  DropPlanDrawings(*stored.mutable_plan());
+  if (record.checkpoints != nullptr) {
+    for (const v1::ResumeFrom& c : record.checkpoints->Complete()) *stored.add_checkpoints() = c;
+  }
+  if (record.profile.has_value()) stored.set_profile_json(ProfileToJson(*record.profile));
+  stored.set_profile_source(record.profile_source);
+  stored.set_reference_gflops(record.reference_gflops);
+  stored.set_recoveries_without_progress(record.recoveries_without_progress);
+  if (record.init_checkpoint.has_value())
+    *stored.mutable_init_checkpoint() = *record.init_checkpoint;
+  stored.set_init_weights(record.init_weights);
+  stored.set_auto_layout_workers(record.auto_layout_workers);
+  *stored.mutable_auto_layout_data_parallel_compression() = record.auto_layout_compression;
+  if (record.auto_layout_workers > 0) {
+    *stored.mutable_auto_layout_parallelism() = record.auto_layout_parallelism;
+  }
+  record.last_persisted = clock_->Now();
+  return stored;
+}
+
+absl::Status JobManager::SaveStoredJob(const store::StoredJob& job) const {
+  absl::Status saved = options_.state->SaveJob(job);
+  if (!saved.ok()) {
+    PT_LOG(ERROR) << "job " << job.job().id() << ": could not save its state: " << saved;
+  }
+  return saved;
+}
+
+absl::Status JobManager::PersistLocked(JobRecord& record,
+                                       std::function<void(const absl::Status&)> then) {
+  if (options_.state == nullptr) {
+    // On io_ all the same: `then` may take the lock, and does file work.
+    if (then) io_.Post([then = std::move(then)] { then(absl::OkStatus()); });
+    return absl::OkStatus();
+  }
+  // Off the lock, in order: a commit waits for the disk, and every stage's
+  // report waits for the lock. A failed save must not stay the last word
+  // (a job ends once: a cancelled one would come back RUNNING after a
+  // restart), so it is noted for RetryUnsavedLocked; a later one that
+  // succeeds clears the note (io_ runs saves in order).
+  // One save of a job waits at a time: a call while one waits joins it,
+  // and the save takes the job as it is when it runs. So saves slower
+  // than the changes (a checkpoint completing every step, each wanting
+  // one) cost one snapshot, not a queue of them (which grew the
+  // coordinator by hundreds of MB).
+  auto [queued, first] = queued_saves_.try_emplace(record.job.id());
+  if (then) queued->second.push_back(std::move(then));
+  if (!first) return absl::OkStatus();
+  io_.Post([this, id = record.job.id()] {
+    std::optional<store::StoredJob> stored;
+    std::vector<std::function<void(const absl::Status&)>> thens;
+    {
+      AnnotatedMutexLock lock(&mu_);
+      auto it = queued_saves_.find(id);
+      thens = std::move(it->second);
+      queued_saves_.erase(it);
+      if (JobRecord* record = FindLocked(id)) stored = StoredJobLocked(*record);
+    }
+    // A job pruned meanwhile: its deletion is queued behind this.
+    const absl::Status saved = stored.has_value()
+                                   ? SaveStoredJob(*stored)
+                                   : absl::NotFoundError(absl::StrCat("job ", id, " was pruned"));
+    // Checkpoints expired while earlier saves failed: the state just saved
+    // no longer names them, so their directories go now (a retry with no
+    // later checkpoint would otherwise leave them for good, past `keep`).
+    std::vector<v1::ResumeFrom> expired;
+    if (stored.has_value()) {
+      AnnotatedMutexLock lock(&mu_);
+      if (saved.ok()) {
+        unsaved_.erase(id);
+        if (JobRecord* record = FindLocked(id)) expired.swap(record->expired_unsaved);
+      } else {
+        unsaved_.insert(id);
+      }
+    }
+    if (!expired.empty()) RemoveCheckpointDirs(options_.output_dir, id, expired);
+    for (const auto& then : thens) then(saved);
+  });
+  return absl::OkStatus();
+}
+
+void JobManager::RetryUnsavedLocked() {
+  const absl::Time now = clock_->Now();
+  if (unsaved_.empty() || now < next_save_retry_) return;
+  next_save_retry_ = now + absl::Seconds(1);
+  const std::set<std::string> ids = std::move(unsaved_);
+  unsaved_.clear();
+  for (const std::string& id : ids) {
+    JobRecord* record = FindLocked(id);
+    if (record == nullptr) continue;  // pruned: its deletion is queued
+    PT_LOG(INFO) << "job " << id << ": saving its state again";
+    PersistLocked(*record).IgnoreError();  // noted again if it fails
+  }
+}
+
+absl::Status JobManager::Restore() {
+  if (options_.state == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(auto profiles, options_.state->LoadProfiles());
+  for (const auto& [key, profile] : profiles) DropStoredProfiles(profiles_.Put(key, profile));
+  ASSIGN_OR_RETURN(std::vector<store::StoredJob> stored, options_.state->LoadJobs());
+  std::sort(stored.begin(), stored.end(), [](const store::StoredJob& a, const store::StoredJob& b) {
+    return FromProtoTimestamp(a.job().create_time()) < FromProtoTimestamp(b.job().create_time());
+  });
+  AnnotatedMutexLock lock(&mu_);
+  const absl::Time now = clock_->Now();
+  int resumed = 0;
+  std::vector<std::string> failed_by_restart, ended_with_checkpoints;
+  for (store::StoredJob& s : stored) {
+    auto record = std::make_unique<JobRecord>();
+    record->job = std::move(*s.mutable_job());
+    const std::string id = record->job.id();
+    if (id.empty() || jobs_.count(id) > 0) continue;
+    const bool ended_before = IsTerminal(record->job.state());
+    absl::StatusOr<ResolvedJobSpec> resolved = ResolveJobSpec(record->job.spec());
+    // As at Submit: a job re-plans (a recovery, elastic growth) with no
+    // later check of what planning it costs.
+    if (resolved.ok()) {
+      if (absl::Status budget = CheckPlanningBudget(*resolved); !budget.ok()) resolved = budget;
+    }
+    const bool spec_resolves = resolved.ok();
+    if (!resolved.ok()) {  // a spec this version no longer accepts
+      if (!IsTerminal(record->job.state())) {
+        record->job.set_state(v1::JOB_STATE_FAILED);
+        record->job.set_reason(
+            absl::StrCat("after a coordinator restart, the spec is no longer "
+                         "valid: ",
+                         resolved.status().message()));
+      }
+      resolved = ResolvedJobSpec{};
+      resolved->spec = record->job.spec();
+    }
+    record->resolved = std::move(*resolved);
+    // What the store holds is checked before anything is indexed, divided
+    // or counted by it (stored_job_check.h): a job whose state does not
+    // fit fails, unless it has ended already.
+    auto fail_unfit = [&record](const std::string& what, const std::string& mismatch) {
+      if (IsTerminal(record->job.state())) return;
+      record->job.set_state(v1::JOB_STATE_FAILED);
+      record->job.set_reason(
+          absl::StrCat("after a coordinator restart, the stored ", what, ": ", mismatch));
+    };
+    record->plan = std::move(*s.mutable_plan());
+    // Which stage owns which weights comes from the plan's unit ranges and
+    // the model's parameter shapes. Without the job's own model (its spec
+    // no longer resolves: the default model stands in) or with ranges past
+    // it, that lookup would CHECK-fail and stop the coordinator from
+    // starting; a plan whose degrees do not hold would divide by zero in
+    // /metrics. Such a plan is dropped, whatever the job's state.
+    const std::string plan_mismatch = StoredPlanMismatch(
+        record->plan,
+        spec_resolves ? std::optional<int>(NumUnits(record->resolved.train.model)) : std::nullopt);
+    if (!plan_mismatch.empty()) {
+      fail_unfit("plan does not fit the model", plan_mismatch);
+      record->plan.Clear();
+    }
+    const std::string counters_mismatch =
+        StoredCountersMismatch(record->job, {s.checkpoints().begin(), s.checkpoints().end()});
+    if (!counters_mismatch.empty()) fail_unfit("progress is out of range", counters_mismatch);
+    const bool owners_known = spec_resolves && plan_mismatch.empty();
+    for (int st = 0; st < record->plan.stages_size(); ++st) {
+      record->stage_of[record->plan.stages(st).worker_id()] = st;
+      if (owners_known) RecordWeightOwners(*record, st);
+    }
+    record->stages.assign(record->plan.stages_size(), StageProgress{});
+    // A re-plan splits the model by the profile's units: one that does not
+    // parse or fit is dropped (a job that needs it fails below).
+    std::string profile_mismatch;
+    if (!s.profile_json().empty()) {
+      absl::StatusOr<ModelProfile> profile = ParseProfileJson(s.profile_json());
+      if (!profile.ok()) {
+        profile_mismatch = std::string(profile.status().message());
+      } else if (spec_resolves) {
+        profile_mismatch = StoredProfileMismatch(*profile, record->resolved.train.model);
+      }
+      if (profile_mismatch.empty()) record->profile = *std::move(profile);
+    }
+    record->profile_source = s.profile_source();
+    record->reference_gflops = s.reference_gflops();
+    record->recoveries_without_progress = s.recoveries_without_progress();
+    if (s.has_init_checkpoint()) {
+      record->init_checkpoint = s.init_checkpoint();
+      record->init_step = s.init_checkpoint().step();
+    }
+    record->init_weights = s.init_weights();
+    record->init_source =
+        record->init_checkpoint.has_value() ? record->init_checkpoint->dir() : record->init_weights;
+    // Bounded as spec.parallelism.workers is: a stored value is not
+    // trusted (MinJobWorkers searches layouts up to it, under the lock).
+    record->auto_layout_workers =
+        record->resolved.data_parallel == kDataParallelAuto
+            ? record->resolved.layout_workers
+            : std::clamp(s.auto_layout_workers(), 0, static_cast<int32_t>(kMaxStages));
+    record->auto_layout_compression = record->resolved.data_parallel == kDataParallelAuto
+                                          ? record->resolved.spec.compression().data_parallel()
+                                          : s.auto_layout_data_parallel_compression();
+    // A job stored before tensor 0 existed has none: its T was fixed.
+    record->auto_layout_parallelism =
+        record->resolved.data_parallel != kDataParallelAuto && s.has_auto_layout_parallelism()
+            ? s.auto_layout_parallelism()
+            : record->resolved.spec.parallelism();
+    const v1::CheckpointSpec& checkpoint = record->resolved.spec.checkpoint();
+    if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
+      record->checkpoints = std::make_unique<CheckpointCatalog>(
+          checkpoint, record->resolved.train.model, record->resolved.train.steps);
+      const std::string checkpoints_mismatch =
+          record->checkpoints->RestoreComplete({s.checkpoints().begin(), s.checkpoints().end()});
+      // None is taken then: expiring them would delete what they name.
+      if (!checkpoints_mismatch.empty()) {
+        fail_unfit("checkpoints do not fit the job", checkpoints_mismatch);
+      }
+      if (record->checkpoints->Latest() != nullptr) {
+        record->furthest_checkpoint_step = record->checkpoints->Latest()->step();
+      }
+    }
+    const v1::JobState state = record->job.state();
+    // Not planned yet: it waits again (a first plan that was being made
+    // was never stored).
+    if (state == v1::JOB_STATE_PROFILING ||
+        (state == v1::JOB_STATE_PLANNING && record->job.plan_version() == 0)) {
+      record->job.set_state(v1::JOB_STATE_QUEUED);
+    }
+    // Restored waiting: its workers get the grace period to register again
+    // before a queue timeout that passed while the coordinator was down
+    // fails it (its wait counts from its creation).
+    if (record->job.state() == v1::JOB_STATE_QUEUED) {
+      record->restart_grace_until = now + options_.restart_grace;
+    } else if (state == v1::JOB_STATE_PLANNING || state == v1::JOB_STATE_RUNNING ||
+               state == v1::JOB_STATE_RECOVERING) {
+      if (!profile_mismatch.empty()) {
+        fail_unfit("profile does not fit the model", profile_mismatch);
+        if (events_.ended) events_.ended(v1::JOB_STATE_FAILED);
+      } else if (record->checkpoints == nullptr || !record->profile.has_value()) {
+        record->job.set_state(v1::JOB_STATE_FAILED);
+        record->job.set_reason(
+            "the coordinator restarted while the job ran, and the job has no checkpoints "
+            "(spec.checkpoint) to resume from");
+        if (events_.ended) events_.ended(v1::JOB_STATE_FAILED);
+      } else {
+        // As a recovery from the loss of every worker, which get the grace
+        // period to come back.
+        record->job.set_state(v1::JOB_STATE_RECOVERING);
+        record->recovery_reason = "the coordinator restarted";
+        record->job.set_reason("recovering: the coordinator restarted");
+        record->recovery_started = now;
+        record->restart_grace_until = now + options_.restart_grace;
+        record->survivors.assign(record->job.worker_ids().begin(), record->job.worker_ids().end());
+        ++resumed;
+        if (events_.recovery_started) events_.recovery_started(RecoveryKind::kCoordinatorRestart);
+      }
+    }
+    // Failed by this restart: what the old coordinator was uploading goes,
+    // as EndLocked removes it for a job that fails while this one runs.
+    if (!ended_before && record->job.state() == v1::JOB_STATE_FAILED) {
+      RemoveAbandonedWeightsOf(*record);
+      // So do its checkpoints' leftovers, once every job is restored (the
+      // sweep skips a directory another live job shares), and the failure
+      // is saved. Not when the spec no longer resolves: its checkpoint
+      // directory was not checked again, and the version that stored it
+      // (rolled back to) could still resume it.
+      if (spec_resolves) failed_by_restart.push_back(id);
+    }
+    // Ended before the restart: its late sweep (SweepStoppedJobsLocked) was
+    // not stored, and stages may have written a step after the end.
+    if (ended_before && spec_resolves && record->checkpoints != nullptr) {
+      ended_with_checkpoints.push_back(id);
+    }
+    if (events_.restored) events_.restored(id, record->job.progress().step());
+    order_.push_back(id);
+    jobs_[id] = std::move(record);
+  }
+  for (const std::string& id : ended_with_checkpoints) {
+    JobRecord& record = *jobs_[id];
+    // No workers (ended before it ran): nothing was written. A live job
+    // sharing the directory: its steps are not ours to judge.
+    if (options_.output_dir.empty() || record.job.worker_ids_size() == 0 ||
+        CheckpointDirUserLocked(record.resolved.spec.checkpoint().dir()) != nullptr) {
+      continue;
+    }
+    // The second sweep again, of what the ended job's stages wrote after
+    // its end, once they have stopped (or kLateSweepWait from now); its
+    // directory stays reserved until then (checkpoint_sweeps_pending).
+    record.checkpoint_sweeps_pending = 1;
+    record.late_sweep_workers.assign(record.job.worker_ids().begin(),
+                                     record.job.worker_ids().end());
+    record.late_sweep_since = now;
+    record.late_sweep_by = now + kLateSweepWait;
+  }
+  for (const std::string& id : failed_by_restart) {
+    SweepCheckpointDirsLocked(*jobs_[id], absl::Now());
+    // Else the store says RUNNING, and every restart fails it again (its
+    // "ended" counted each time).
+    PersistLocked(*jobs_[id]).IgnoreError();  // logged
+  }
+  PT_LOG(INFO) << "restored " << jobs_.size() << " jobs (" << resumed << " to resume) and "
+               << profiles.size() << " profiles from " << options_.state->Describe();
+  return absl::OkStatus();
+}
+
+}  // namespace pipetrain

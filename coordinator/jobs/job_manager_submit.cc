@@ -1,0 +1,436 @@
+// JobManager: admitting a job (Submit): its paths within the operator's
+// roots and not another job's, the source of its initial weights, and the
+// bounds a spec must meet before anything is kept. Contracts: job_manager.h.
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <optional>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/confined_path.h"
+#include "common/enum_names.h"
+#include "common/proto_time.h"
+#include "common/status_macros.h"
+#include "coordinator/jobs/job_manager.h"
+#include "coordinator/planner/planner.h"
+#include "worker/checkpoint/checkpoint_manifest.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+
+namespace {
+
+// Whether `path` is `dir` or lies under it. Both are canonical relative
+// names (CheckPaths' CheckConfinedName: no empty, "." or ".." component,
+// no trailing '/'): one file, one spelling, so a prefix test is exact.
+bool PathWithin(const std::string& path, const std::string& dir) {
+  return path == dir || absl::StartsWith(path, absl::StrCat(dir, "/"));
+}
+
+// An ended job whose checkpoint directory is still reserved for its sweeps.
+constexpr char kLeftoversBeingRemoved[] =
+    ": its leftover files are being removed once its workers have stopped, within a minute; "
+    "retry then";
+
+}  // namespace
+
+absl::Status JobManager::CheckPaths(const ResolvedJobSpec& resolved) const {
+  const std::string& weights = resolved.spec.output().weights_path();
+  if (!weights.empty()) {
+    if (options_.output_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "spec.output.weights_path: this coordinator writes no files (it was started without "
+          "--output-dir); leave the field empty or ask the operator");
+    }
+    RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, kOutputDirFlag,
+                                       "spec.output.weights_path", weights,
+                                       /*create_dirs=*/false)
+                        .status());
+  }
+  const v1::CheckpointSpec& checkpoint = resolved.spec.checkpoint();
+  if (checkpoint.interval_steps() > 0 && options_.output_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "spec.checkpoint: this coordinator keeps no checkpoints (it was started without "
+        "--output-dir); leave spec.checkpoint.interval_steps at 0 or ask the operator");
+  }
+  if (checkpoint.interval_steps() > 0 && !checkpoint.dir().empty()) {
+    RETURN_IF_ERROR(OpenConfinedParent(options_.output_dir, kOutputDirFlag, "spec.checkpoint.dir",
+                                       absl::StrCat(checkpoint.dir(), "/manifest.json"),
+                                       /*create_dirs=*/false)
+                        .status());
+  }
+  const std::string& data = resolved.spec.data().path();
+  if (!data.empty() && !options_.data_roots.empty()) {
+    RETURN_IF_ERROR(ResolveUnderRoots("spec.data.path", data, options_.data_roots).status());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
+    const ResolvedJobSpec& resolved) const {
+  InitSource init;
+  const std::string& from = resolved.spec.init().from();
+  if (from.empty()) return init;
+  if (options_.output_dir.empty()) {
+    return absl::InvalidArgumentError(
+        "spec.init.from: this coordinator has no --output-dir to find it under");
+  }
+  // Resolved (links followed), it must still lie under the output directory.
+  std::unique_ptr<char, void (*)(void*)> root(realpath(options_.output_dir.c_str(), nullptr),
+                                              std::free);
+  std::unique_ptr<char, void (*)(void*)> real(
+      realpath(absl::StrCat(options_.output_dir, "/", from).c_str(), nullptr), std::free);
+  if (root == nullptr || real == nullptr ||
+      !absl::StartsWith(std::string(real.get()), std::string(root.get()) + "/")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.init.from: ", from,
+                     " is not a checkpoint directory or weights file under the "
+                     "coordinator's --output-dir"));
+  }
+  const std::string path = real.get();
+  auto invalid = [](const absl::Status& status) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.init.from: ", status.message()));
+  };
+  const GptConfig& model = resolved.train.model;
+  struct stat st;
+  if (stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
+    if (!absl::EndsWith(path, ".safetensors")) {
+      return absl::InvalidArgumentError(
+          "spec.init.from: names a file that is not .safetensors (Hugging Face GPT-2 weights) "
+          "nor a checkpoint directory");
+    }
+    // Every tensor the model needs, with its shape: checked now, so a job
+    // never starts on weights that do not fit. From the header alone: the
+    // file may be gigabytes, and Submit is a user's request.
+    absl::StatusOr<std::vector<SafetensorsShape>> contents = ReadSafetensorsShapes(path);
+    if (!contents.ok()) return invalid(contents.status());
+    auto find = [&contents](const std::string& name) -> const Shape* {
+      for (const SafetensorsShape& s : *contents) {
+        if (s.name == name) return &s.shape;
+      }
+      return nullptr;
+    };
+    for (int u = 0; u < NumUnits(model); ++u) {
+      for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+        const Shape* t = find(p.name);
+        const Shape* prefixed = find("transformer." + p.name);
+        // The workers refuse a file holding both (FindParameterTensor):
+        // refused here, before the job starts.
+        if (t != nullptr && prefixed != nullptr) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("spec.init.from: ", from, " holds both '", p.name, "' and 'transformer.",
+                           p.name, "': which one to load is ambiguous; keep one"));
+        }
+        if (t == nullptr) t = prefixed;
+        // A padded vocabulary takes the file's rows (gpt_config.h).
+        const Shape shape(p.shape.begin(), p.shape.end());
+        const std::string wanted = ShapeToString(shape);
+        if (t == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat("spec.init.from: ", from,
+                                                         " has no tensor ", p.name,
+                                                         " (this model's is ", wanted, ")"));
+        }
+        if (!CheckFitsParameter(p.name, shape, *t).ok()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("spec.init.from: ", from, " has ", p.name, " of shape ",
+                           ShapeToString(*t), ", which does not fit this model's ", wanted));
+        }
+      }
+    }
+    init.weights = from;
+    return init;
+  }
+  absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(path);
+  if (!at.ok()) return invalid(at.status());
+  absl::StatusOr<CheckpointManifest> manifest =
+      ReadCheckpointManifest(absl::StrCat(at->path(), "/", kCheckpointManifestName));
+  if (!manifest.ok()) return invalid(manifest.status());
+  const GptConfig& m = manifest->model;
+  if (m.vocab_size != model.vocab_size || m.max_seq_len != model.max_seq_len ||
+      m.n_layer != model.n_layer || m.n_head != model.n_head || m.d_model != model.d_model ||
+      manifest->seed != resolved.train.seed) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.init.from: ", from, " is a checkpoint of another model or seed (vocab ", m.vocab_size,
+        ", max_seq_len ", m.max_seq_len, ", ", m.n_layer, " layers, ", m.n_head, " heads, d_model ",
+        m.d_model, ", seed ", manifest->seed, "); this job's must equal it"));
+  }
+  if (manifest->step >= resolved.train.steps) {
+    return absl::InvalidArgumentError(absl::StrCat("spec.init.from: the checkpoint has taken ",
+                                                   manifest->step, " steps; spec.training.steps (",
+                                                   resolved.train.steps, ") must be larger"));
+  }
+  // Its directory relative to the output directory (the workers' root).
+  const std::string step_dir = at->path();
+  if (!absl::StartsWith(step_dir, std::string(root.get()) + "/")) {
+    return absl::InvalidArgumentError("spec.init.from: not under the coordinator's --output-dir");
+  }
+  // Each unit file there, of the size the manifest records: a stat each,
+  // so a truncated or missing file is refused now rather than when the job
+  // starts (its contents' SHA-256 is checked by the worker that loads it).
+  for (const v1::UnitFile& f : manifest->units) {
+    const std::string unit_path = absl::StrCat(step_dir, "/", f.file());
+    struct stat unit;
+    if (lstat(unit_path.c_str(), &unit) != 0 || !S_ISREG(unit.st_mode)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.init.from: ", from, ": its manifest lists ", f.file(),
+          ", which is missing or not a regular file; the checkpoint is damaged (give an "
+          "earlier step-* directory)"));
+    }
+    if (unit.st_size != f.bytes()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("spec.init.from: ", from, ": ", f.file(), " is ", unit.st_size,
+                       " bytes, its manifest records ", f.bytes(),
+                       "; the checkpoint is damaged (give an earlier step-* directory)"));
+    }
+  }
+  v1::ResumeFrom checkpoint;
+  checkpoint.set_step(manifest->step);
+  checkpoint.set_dir(step_dir.substr(std::strlen(root.get()) + 1));
+  for (const v1::UnitFile& f : manifest->units) *checkpoint.add_units() = f;
+  init.checkpoint = std::move(checkpoint);
+  return init;
+}
+
+const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::string& dir) const {
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (record->checkpoints == nullptr) continue;
+      if (IsTerminal(record->job.state()) && record->checkpoint_sweeps_pending == 0) continue;
+      const std::string& theirs = record->job.spec().checkpoint().dir();
+      if (PathWithin(dir, theirs) || PathWithin(theirs, dir)) return record.get();
+    }
+  }
+  return nullptr;
+}
+
+const JobManager::JobRecord* JobManager::CheckpointDirHoldingLocked(const std::string& path) const {
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (record->checkpoints == nullptr) continue;
+      if (IsTerminal(record->job.state()) && record->checkpoint_sweeps_pending == 0) continue;
+      if (PathWithin(path, record->job.spec().checkpoint().dir())) return record.get();
+    }
+  }
+  return nullptr;
+}
+
+const JobManager::JobRecord* JobManager::InitSourceInLocked(const std::string& dir) const {
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (IsTerminal(record->job.state()) || record->init_source.empty()) continue;
+      if (PathWithin(record->init_source, dir)) return record.get();
+    }
+  }
+  return nullptr;
+}
+
+const JobManager::JobRecord* JobManager::WeightsPathInLocked(const std::string& dir) const {
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (IsTerminal(record->job.state())) continue;
+      const std::string& weights = record->job.spec().output().weights_path();
+      if (!weights.empty() && PathWithin(weights, dir)) return record.get();
+    }
+  }
+  return nullptr;
+}
+
+const JobManager::JobRecord* JobManager::WeightsPathUserLocked(const std::string& path) const {
+  // Canonical relative names too (CheckPaths).
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, record] : *jobs) {
+      if (IsTerminal(record->job.state())) continue;
+      if (record->job.spec().output().weights_path() == path) return record.get();
+    }
+  }
+  return nullptr;
+}
+
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
+  ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
+  RETURN_IF_ERROR(CheckPlanningBudget(resolved));
+  RETURN_IF_ERROR(CheckPaths(resolved));
+  ASSIGN_OR_RETURN(InitSource init, ResolveInit(resolved));
+  std::string job_id;
+  std::optional<store::StoredJob> stored;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    int pending = static_cast<int>(submitting_.size());
+    for (const auto& [id, other] : jobs_) pending += IsTerminal(other->job.state()) ? 0 : 1;
+    if (pending >= options_.max_pending_jobs) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(pending,
+                       " jobs are already queued or running (the coordinator's limit); wait for "
+                       "some to end or cancel them"));
+    }
+    auto record = std::make_unique<JobRecord>();
+    // An id no job has: a restored job may hold the next one (a restart
+    // without an epoch, or one whose clock-made epoch repeats an earlier
+    // start's), and a second record under its id would replace it. Taken
+    // (next_id_ moved past it) only once the job is accepted below: a
+    // refused request changes nothing.
+    int64_t n = next_id_;
+    do {
+      record->job.set_id(options_.id_epoch.empty()
+                             ? absl::StrCat("job-", n++)
+                             : absl::StrCat("job-", options_.id_epoch, "-", n++));
+    } while (jobs_.count(record->job.id()) > 0 || submitting_.count(record->job.id()) > 0);
+    // Both would write the file, and the last to finish would replace the
+    // other's weights while both reported the path as theirs.
+    const std::string& weights = resolved.spec.output().weights_path();
+    if (const JobRecord* other = weights.empty() ? nullptr : WeightsPathUserLocked(weights)) {
+      return absl::InvalidArgumentError(absl::StrCat("spec.output.weights_path \"", weights,
+                                                     "\" is the output of job ", other->job.id(),
+                                                     " (", EnumShortName(other->job.state()),
+                                                     "), which has not ended; give this job a file "
+                                                     "of its own"));
+    }
+    // A checkpoint directory's files are replaced by each checkpoint and
+    // its step directories deleted as they expire: weights there are lost.
+    if (const JobRecord* other = weights.empty() ? nullptr : CheckpointDirHoldingLocked(weights)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.output.weights_path \"", weights, "\" lies in the checkpoint directory \"",
+          other->job.spec().checkpoint().dir(), "\" of job ", other->job.id(), " (",
+          EnumShortName(other->job.state()),
+          "), whose checkpoints would replace or delete it; write it elsewhere"));
+    }
+    // Where it starts from, resolved (links followed): a live job expires
+    // its older checkpoints, and this job resumes from that one until it has
+    // a checkpoint of its own.
+    const std::string init_source =
+        init.checkpoint.has_value() ? init.checkpoint->dir() : init.weights;
+    const JobRecord* init_holder =
+        init_source.empty() ? nullptr : CheckpointDirHoldingLocked(init_source);
+    // An ended job's sweeps remove only steps without a manifest: a complete
+    // checkpoint of its directory may be started from at once (a weights
+    // file there may lie in a step they remove).
+    if (init_holder != nullptr && init.checkpoint.has_value() &&
+        IsTerminal(init_holder->job.state())) {
+      init_holder = nullptr;
+    }
+    if (init_holder != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.init.from \"", resolved.spec.init().from(),
+          "\" lies in the checkpoint directory \"", init_holder->job.spec().checkpoint().dir(),
+          "\" of job ", init_holder->job.id(), " (", EnumShortName(init_holder->job.state()),
+          IsTerminal(init_holder->job.state())
+              ? absl::StrCat(kLeftoversBeingRemoved, ")")
+              : "), which deletes its older checkpoints as it goes; start from it once that job "
+                "has ended, or from a copy outside that directory"));
+    }
+    v1::CheckpointSpec* checkpoint = resolved.spec.mutable_checkpoint();
+    if (checkpoint->interval_steps() > 0) {
+      if (checkpoint->dir().empty()) {
+        checkpoint->set_dir(absl::StrCat("checkpoints/", record->job.id()));
+      }
+      // Two live jobs writing step-N directories in one place would
+      // overwrite each other's files, and each would expire (delete) the
+      // other's: refused while the other has not ended.
+      if (const JobRecord* other = CheckpointDirUserLocked(checkpoint->dir())) {
+        const std::string& theirs = other->job.spec().checkpoint().dir();
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.checkpoint.dir \"", checkpoint->dir(), "\" ",
+            theirs == checkpoint->dir() ? "is in use by job"
+                                        : absl::StrCat("overlaps \"", theirs, "\", that of job"),
+            " ", other->job.id(), " (", EnumShortName(other->job.state()),
+            IsTerminal(other->job.state()) ? kLeftoversBeingRemoved : "",
+            "); give this job a directory of its own"));
+      }
+      if (const JobRecord* other = InitSourceInLocked(checkpoint->dir())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.checkpoint.dir \"", checkpoint->dir(), "\" holds \"", other->init_source,
+            "\", where job ", other->job.id(), " (", EnumShortName(other->job.state()),
+            ") started from (spec.init.from), which this job's checkpoints could replace or "
+            "delete; give this job a directory of its own"));
+      }
+      if (const JobRecord* other = WeightsPathInLocked(checkpoint->dir())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.checkpoint.dir \"", checkpoint->dir(), "\" holds \"",
+                         other->job.spec().output().weights_path(), "\", the weights file of job ",
+                         other->job.id(), " (", EnumShortName(other->job.state()),
+                         "); give this job a directory of its own"));
+      }
+      if (!weights.empty() && PathWithin(weights, checkpoint->dir())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.output.weights_path \"", weights,
+                         "\" lies in this job's own checkpoint directory \"", checkpoint->dir(),
+                         "\", whose checkpoints would replace or delete it; write it elsewhere"));
+      }
+      // Every kept checkpoint lists each unit's file in the job's stored
+      // record, which must stay within the store's value limit.
+      const int units = NumUnits(resolved.train.model);
+      if (StoredCheckpointBytes(*checkpoint, units) > kMaxStoredCheckpointBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.checkpoint.keep: ", checkpoint->keep(), " checkpoints of this ", units,
+            "-unit model take up to ", StoredCheckpointBytes(*checkpoint, units),
+            " bytes of the coordinator's stored state for the job (each unit's file and "
+            "checksum), over the ",
+            kMaxStoredCheckpointBytes, " it allows; keep at most ",
+            std::max(1, MaxStoredKeep(*checkpoint, units))));
+      }
+      record->checkpoints = std::make_unique<CheckpointCatalog>(*checkpoint, resolved.train.model,
+                                                                resolved.train.steps);
+    }
+    *record->job.mutable_spec() = resolved.spec;
+    record->init_weights = init.weights;
+    record->init_source = init_source;
+    if (init.checkpoint.has_value()) {
+      record->init_checkpoint = init.checkpoint;
+      record->init_step = init.checkpoint->step();
+      record->job.mutable_progress()->set_step(record->init_step);
+      record->job.mutable_progress()->set_loss_history_start(record->init_step);
+    }
+    record->job.set_state(v1::JOB_STATE_QUEUED);
+    record->job.set_reason(absl::StrCat("waiting for ", JobWorkers(resolved), " READY workers"));
+    record->auto_layout_workers = resolved.layout_workers;
+    if (resolved.data_parallel == kDataParallelAuto) {
+      record->auto_layout_compression = resolved.spec.compression().data_parallel();
+      record->auto_layout_parallelism = resolved.spec.parallelism();
+    }
+    *record->job.mutable_create_time() = ToProtoTimestamp(clock_->Now());
+    TouchLocked(*record);
+    record->resolved = std::move(resolved);
+    if (options_.state != nullptr) stored = StoredJobLocked(*record);
+    job_id = record->job.id();
+    next_id_ = n;
+    // Held here while it is saved: it claims its weights path and
+    // checkpoint directory and counts as pending, but nothing schedules,
+    // lists or cancels it before the store has it.
+    submitting_[job_id] = std::move(record);
+  }
+  // Saved off the lock: a commit waits for the disk (or etcd), and every
+  // stage's report and every API call wait for the lock. No other save of
+  // this job can come first: nothing else sees it yet.
+  const absl::Status saved = stored.has_value() ? SaveStoredJob(*stored) : absl::OkStatus();
+  // A failed commit may still have been applied (etcd: a deadline passed,
+  // the leader changed): the job would come back after a restart or a
+  // failover although the caller was told otherwise. It is deleted again;
+  // only when that commits is "nothing was submitted" sure.
+  const absl::Status forgotten = saved.ok() ? absl::OkStatus() : options_.state->DeleteJob(job_id);
+  {
+    AnnotatedMutexLock lock(&mu_);
+    auto it = submitting_.find(job_id);
+    std::unique_ptr<JobRecord> record = std::move(it->second);
+    submitting_.erase(it);
+    if (!saved.ok() && forgotten.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not record the job durably; nothing was submitted: ", saved.message()));
+    }
+    if (!saved.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not record the job durably (", saved.message(),
+          ") nor make sure the state store dropped it (", forgotten.message(),
+          "): it is not running, but may come back as ", job_id,
+          " after a coordinator restart or failover; look for it before submitting again"));
+    }
+    order_.push_back(job_id);
+    jobs_[job_id] = std::move(record);
+  }
+  ScheduleQueued();
+  return Get(job_id);
+}
+
+}  // namespace pipetrain

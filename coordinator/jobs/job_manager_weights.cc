@@ -1,0 +1,244 @@
+// JobManager: the trained weights: which stage owns each tensor, the
+// uploaded chunks' checks, and writing the weights file. Contracts:
+// job_manager.h.
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/confined_path.h"
+#include "common/enum_names.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "coordinator/jobs/job_manager.h"
+#include "worker/model/gpt_config.h"
+
+namespace pipetrain {
+
+namespace {
+
+// The token embedding, which the head ties to (its stage holds a copy).
+constexpr char kTiedEmbeddingName[] = "wte.weight";
+
+// Removes the temporaries of `name` in `dir_fd` that coordinators left when
+// they died during an upload (safetensors.h: RemoveAbandonedTemporaries),
+// each of them reserving the whole file's space: a coordinator that crashed
+// in a loop would otherwise fill the disk, one temporary a crash.
+void RemoveAbandonedWeightTemporaries(int dir_fd, const std::string& name,
+                                      const std::string& job_id) {
+  for (const std::string& removed : RemoveAbandonedTemporaries(dir_fd, name)) {
+    PT_LOG(INFO) << "job " << job_id << ": removed " << removed
+                 << ", left by a coordinator that stopped during an upload";
+  }
+}
+
+}  // namespace
+
+absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
+  // A worker checks its weights before it uploads them (JobRunner), so a
+  // NaN or infinity here is a fault or a lie: it must not reach the file
+  // of a job that then says SUCCEEDED. Checked off the lock.
+  for (int i = 0; i < c.values_size(); ++i) {
+    if (!std::isfinite(c.values(i))) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "WeightsChunk.values: ",
+          absl::CHexEscape(absl::string_view(c.tensor_name()).substr(0, 128)), " holds ",
+          c.values(i), " at element ", c.offset() + i, "; weights must be finite"));
+    }
+  }
+  std::shared_ptr<SafetensorsFileWriter> file;
+  size_t index = 0;
+  {
+    AnnotatedMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(c.worker_id(), c.job_id()));
+    RETURN_IF_ERROR(CheckUploadingLocked(*record));
+    if (c.tensor_name().empty()) {  // names the stream only (coordinator.proto)
+      if (c.values_size() > 0) {
+        return absl::InvalidArgumentError("a weights chunk with values must name its tensor");
+      }
+      return absl::OkStatus();
+    }
+    RETURN_IF_ERROR(CheckWeightsChunkLocked(*record, c));
+    // The model's shape, checked above: never a size the client chose.
+    const int64_t numel = NumElements(record->weight_owner.at(c.tensor_name()).second);
+    // Compared without a sum: offset + values_size could overflow (a chunk at
+    // 2^63 - k would wrap below the tensor's start).
+    if (c.offset() < 0 || c.offset() > numel || c.values_size() > numel - c.offset()) {
+      return absl::InvalidArgumentError(absl::StrCat("chunk of ", c.tensor_name(), " at ",
+                                                     c.offset(), " + ", c.values_size(),
+                                                     " exceeds its ", numel, " elements"));
+    }
+    // The job asks for no file: checked, and nothing kept.
+    if (record->resolved.spec.output().weights_path().empty()) return absl::OkStatus();
+    // A stage sends each tensor's chunks in order (one run); chunks
+    // scattered with gaps would each keep a run in memory (numel / 2 of
+    // them for a worker sending every other value).
+    if (auto covered = record->weights_covered.find(c.tensor_name());
+        covered != record->weights_covered.end() && covered->second.runs() >= kMaxWeightsRuns &&
+        !covered->second.Touches(c.offset(), c.offset() + c.values_size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("chunks of ", c.tensor_name(), " arrive scattered over more than ",
+                       kMaxWeightsRuns, " separate ranges; send a tensor's chunks in order"));
+    }
+    absl::Status opened =
+        record->weights_file == nullptr ? OpenWeightsFileLocked(*record) : absl::OkStatus();
+    if (!opened.ok()) {
+      EndLocked(*record, v1::JOB_STATE_FAILED,
+                absl::StrCat("cannot write the final weights: ", opened.message()));
+      return opened;
+    }
+    file = record->weights_file;
+    index = record->weights_index.at(c.tensor_name());
+  }
+  // Straight to the file, outside the lock (a slow disk holds up this
+  // upload only): the coordinator keeps none of the weights in memory.
+  const absl::Status written = file->Write(index, c.offset(), c.values().data(), c.values_size());
+  AnnotatedMutexLock lock(&mu_);
+  JobRecord* record = FindLocked(c.job_id());
+  // The job moved on meanwhile (ended, re-planned): nothing to record.
+  if (record == nullptr || record->weights_file != file) return written;
+  if (!written.ok()) {
+    // A disk that fails (or fills) fails the job now, saying why.
+    EndLocked(*record, v1::JOB_STATE_FAILED,
+              absl::StrCat("cannot write the final weights: ", written.message()));
+    return written;
+  }
+  record->weights_covered[c.tensor_name()].Add(c.offset(), c.offset() + c.values_size());
+  return absl::OkStatus();
+}
+
+void JobManager::RecordWeightOwners(JobRecord& record, int stage) {
+  // Replica 0's tensor rank 0 uploads its stage's gathered weights.
+  if (stage >= StagesPerReplica(record) || stage % TensorRanks(record) != 0) return;
+  const v1::UnitRange& units = record.plan.stages(stage).backward();
+  for (int u = units.begin(); u < units.end(); ++u) {
+    for (ParameterShape& p : UnitParameterShapes(record.resolved.train.model, u)) {
+      if (p.name == kTiedEmbeddingName) record.tied_embedding_stages.insert(stage);
+      record.weight_owner.try_emplace(p.name, stage, Shape(p.shape.begin(), p.shape.end()));
+    }
+  }
+}
+
+absl::Status JobManager::CheckWeightsChunkLocked(const JobRecord& record,
+                                                 const v1::WeightsChunk& c) const {
+  auto owner = record.weight_owner.find(c.tensor_name());
+  if (owner == record.weight_owner.end()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("UploadWeights: job ", record.job.id(), " has no tensor \"",
+                     absl::CHexEscape(absl::string_view(c.tensor_name()).substr(0, 128)), "\""));
+  }
+  const int stage = record.stage_of.at(c.worker_id());
+  const auto& [owning_stage, shape] = owner->second;
+  // The tied wte.weight belongs to the embedding's and the head's stages.
+  const bool owned = owning_stage == stage || (c.tensor_name() == kTiedEmbeddingName &&
+                                               record.tied_embedding_stages.count(stage) > 0);
+  if (!owned) {
+    return absl::PermissionDeniedError(absl::StrCat("UploadWeights: ", c.tensor_name(),
+                                                    " belongs to stage ", owning_stage, ", not to ",
+                                                    c.worker_id(), "'s stage ", stage));
+  }
+  if (!std::equal(c.shape().begin(), c.shape().end(), shape.begin(), shape.end())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "UploadWeights: ", c.tensor_name(), " has shape [", absl::StrJoin(shape, ", "),
+        "] in this model; the chunk says [",
+        absl::StrJoin(c.shape().begin(), c.shape().begin() + std::min(c.shape_size(), 8), ", "),
+        c.shape_size() > 8 ? ", ..." : "", "]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::CheckUploadingLocked(const JobRecord& record) const {
+  if (record.job.state() == v1::JOB_STATE_RUNNING) return absl::OkStatus();
+  // A stopped plan's stage still uploading: the job's next plan trains on
+  // and uploads the weights; these would open a file (and complete it) for
+  // a job that is not running.
+  return absl::FailedPreconditionError(
+      absl::StrCat("job ", record.job.id(), " is ", EnumShortName(record.job.state()),
+                   "; its weights are uploaded by the stages of its next plan"));
+}
+
+absl::Status JobManager::FinishWeights(const std::string& worker_id, const std::string& job_id) {
+  AnnotatedMutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(worker_id, job_id));
+  RETURN_IF_ERROR(CheckUploadingLocked(*record));
+  record->stages[record->stage_of.at(worker_id)].weights_done = true;
+  MaybeCompleteLocked(*record);
+  return absl::OkStatus();
+}
+
+absl::Status JobManager::OpenWeightsFileLocked(JobRecord& record) {
+  const std::string& name = record.resolved.spec.output().weights_path();
+  // Walked again now (links may have appeared since submit); missing
+  // directories under the output directory are created.
+  ASSIGN_OR_RETURN(ConfinedParent parent, OpenConfinedParent(options_.output_dir, kOutputDirFlag,
+                                                             "spec.output.weights_path", name,
+                                                             /*create_dirs=*/true));
+  std::vector<SafetensorsTensorSpec> tensors;
+  std::map<std::string, size_t> index;
+  const GptConfig& model = record.resolved.train.model;
+  for (int u = 0; u < NumUnits(model); ++u) {
+    for (const ParameterShape& p : UnitParameterShapes(model, u)) {
+      if (record.weight_owner.count(p.name) == 0 || index.count(p.name) > 0) continue;
+      index[p.name] = tensors.size();
+      tensors.push_back({p.name, p.shape});
+    }
+  }
+  RemoveAbandonedWeightTemporaries(parent.dir.get(), parent.name, record.job.id());
+  absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer =
+      SafetensorsFileWriter::Create(parent.dir.get(), parent.name, std::move(tensors), 0600);
+  if (!writer.ok()) {
+    // The writer names the file alone; say where it is (a full disk is
+    // the output directory's).
+    return absl::Status(writer.status().code(),
+                        absl::StrCat("spec.output.weights_path ", name, " under ", kOutputDirFlag,
+                                     " ", options_.output_dir, ": ", writer.status().message()));
+  }
+  record.weights_file = *std::move(writer);
+  record.weights_index = std::move(index);
+  return absl::OkStatus();
+}
+
+void JobManager::RemoveAbandonedWeightsOf(const JobRecord& record) const {
+  const std::string& weights = record.resolved.spec.output().weights_path();
+  if (weights.empty() || options_.output_dir.empty()) return;
+  absl::StatusOr<ConfinedParent> parent =
+      OpenConfinedParent(options_.output_dir, kOutputDirFlag, "spec.output.weights_path", weights,
+                         /*create_dirs=*/false);
+  if (parent.ok() && parent->dir.get() >= 0) {
+    RemoveAbandonedWeightTemporaries(parent->dir.get(), parent->name, record.job.id());
+  }
+}
+
+void JobManager::DropWeightsFile(JobRecord& record) {
+  record.weights_file.reset();
+  record.weights_index.clear();
+  record.weights_covered.clear();
+}
+
+void JobManager::FinishWritingWeights(const std::string& job_id, const std::string& path,
+                                      SafetensorsFileWriter& file, const absl::Status& synced) {
+  AnnotatedMutexLock lock(&mu_);
+  --background_in_flight_;
+  JobRecord* record = FindLocked(job_id);
+  if (record == nullptr || IsTerminal(record->job.state())) {
+    // Cancelled while it was synced: the file is not renamed in (a file
+    // already under the name stays), and the temporary goes with `file`.
+    PT_LOG(INFO) << "job " << job_id << " ended while its weights were written; " << path
+                 << " is left as it was";
+    return;
+  }
+  record->writing_weights = false;
+  // The rename under the lock, so a cancel comes before it (and the file is
+  // not renamed) or after it (the job has SUCCEEDED).
+  const absl::Status committed = synced.ok() ? file.Commit() : synced;
+  if (!committed.ok()) {
+    return EndLocked(*record, v1::JOB_STATE_FAILED, std::string(committed.message()));
+  }
+  record->job.set_weights_path(path);
+  EndLocked(*record, v1::JOB_STATE_SUCCEEDED, "");
+}
+
+}  // namespace pipetrain

@@ -988,6 +988,21 @@ TEST_F(JobManagerTest, ReportProgress_StaleOrForeign_IsRejected) {
   EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Names in a directory (the coordinator's output), for what the weights
+// upload leaves there.
+std::vector<std::string> FilesIn(const std::string& dir) {
+  std::vector<std::string> names;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return names;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  closedir(d);
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   const std::string w1 = AddWorker(7001);
   v1::JobSpec spec = SmallSpec(1);
@@ -1006,6 +1021,16 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   for (int i = 0; i < 3; ++i) wrapping.add_values(-1.0f);
   wrapping.set_offset(std::numeric_limits<int64_t>::max() - 1);
   EXPECT_EQ(jobs_.AddWeightsChunk(wrapping).code(), absl::StatusCode::kInvalidArgument);
+  // A NaN at such an offset: its message added the index to the offset (an
+  // overflow, before the offset was checked); it names both instead.
+  v1::WeightsChunk not_finite = wrapping;
+  not_finite.set_offset(std::numeric_limits<int64_t>::max());
+  not_finite.set_values(1, std::numeric_limits<float>::quiet_NaN());
+  const absl::Status refused = jobs_.AddWeightsChunk(not_finite);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(
+      absl::StrContains(refused.message(), "at index 1 of the chunk at offset 9223372036854775807"))
+      << refused;
   Report(w1, id, 2, {1.0f, 1.0f}, true);
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);  // weights still missing
   ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());
@@ -1017,6 +1042,12 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   registry_.MarkLost(w1, registry_.Get(w1).value().incarnation(), "pod deleted");
   EXPECT_EQ(jobs_.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   ASSERT_TRUE(jobs_.FinishWeights(w1, id).ok());  // sent again: written once
+  // A chunk sent now is refused: it opened a second file (the whole model's
+  // size reserved beside the one being synced).
+  const absl::Status late =
+      jobs_.AddWeightsChunk(WholeTensor(w1, id, UnitParameterShapes(model, 0)[1]));
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_EQ(FilesIn(OutputDir() + "/out").size(), 1u);  // the one being synced
   EXPECT_EQ(background_.RunAll(), 1);
   job = jobs_.Get(id).value();
   EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.reason();
@@ -1032,21 +1063,6 @@ TEST_F(JobManagerTest, Weights_UploadedByAllStages_AreWrittenAsSafetensors) {
   int64_t total = 0;
   for (const NamedTensor& t : file.tensors) total += t.tensor.numel();
   EXPECT_EQ(total, CountParameters(model));
-}
-
-// Names in a directory (the coordinator's output), for what the weights
-// upload leaves there.
-std::vector<std::string> FilesIn(const std::string& dir) {
-  std::vector<std::string> names;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return names;
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name != "." && name != "..") names.push_back(name);
-  }
-  closedir(d);
-  std::sort(names.begin(), names.end());
-  return names;
 }
 
 // The final weights go to a temporary file as they arrive (the coordinator

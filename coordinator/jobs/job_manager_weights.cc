@@ -40,13 +40,15 @@ void RemoveAbandonedWeightTemporaries(int dir_fd, const std::string& name,
 absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
   // A worker checks its weights before it uploads them (JobRunner), so a
   // NaN or infinity here is a fault or a lie: it must not reach the file
-  // of a job that then says SUCCEEDED. Checked off the lock.
+  // of a job that then says SUCCEEDED. Checked off the lock, before the
+  // offset is (so the message adds nothing to it: the sum could overflow).
   for (int i = 0; i < c.values_size(); ++i) {
     if (!std::isfinite(c.values(i))) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "WeightsChunk.values: ",
-          absl::CHexEscape(absl::string_view(c.tensor_name()).substr(0, 128)), " holds ",
-          c.values(i), " at element ", c.offset() + i, "; weights must be finite"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("WeightsChunk.values: ",
+                       absl::CHexEscape(absl::string_view(c.tensor_name()).substr(0, 128)),
+                       " holds ", c.values(i), " at index ", i, " of the chunk at offset ",
+                       c.offset(), "; weights must be finite"));
     }
   }
   std::shared_ptr<SafetensorsFileWriter> file;
@@ -55,6 +57,15 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
     AnnotatedMutexLock lock(&mu_);
     ASSIGN_OR_RETURN(JobRecord * record, ForWorkerLocked(c.worker_id(), c.job_id()));
     RETURN_IF_ERROR(CheckUploadingLocked(*record));
+    // Complete, and the file being synced off the lock: a late chunk would
+    // open a second file, reserving the whole model's size beside it, and
+    // could fail a job whose weights are whole. (FinishWeights sent again
+    // stays harmless: it writes nothing.)
+    if (record->writing_weights) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job ", record->job.id(),
+                       "'s weights are complete and being written; no chunk is taken now"));
+    }
     if (c.tensor_name().empty()) {  // names the stream only (coordinator.proto)
       if (c.values_size() > 0) {
         return absl::InvalidArgumentError("a weights chunk with values must name its tensor");

@@ -91,6 +91,13 @@ absl::Status CheckAssignmentLayout(const v1::Assignment& a) {
 }
 
 absl::Status CheckStartIteration(const v1::Assignment& a, int64_t steps) {
+  // steps is the assignment's spec, not yet resolved (ResolveJobSpec bounds
+  // it later): unbounded, a start just below INT64_MAX passed, and the
+  // mailbox's run-ahead window was opened there.
+  if (steps < 1 || steps > kMaxSteps) {
+    return absl::InvalidArgumentError(absl::StrCat("assignment: spec.training.steps ", steps,
+                                                   " is out of range [1, ", kMaxSteps, "]"));
+  }
   const int64_t start = a.start_iteration();
   if (start < 0 || start >= steps) {
     return absl::InvalidArgumentError(absl::StrCat("assignment: start_iteration ", start,

@@ -112,10 +112,10 @@ std::string DataPlaneJobId(const v1::Assignment& assignment);
 // job's error). Thread-safe.
 absl::Status CheckAssignmentLayout(const v1::Assignment& assignment);
 
-// OK when the assignment's start_iteration is in [0, steps) (the job's
-// spec.training.steps) and, with a resume, equals resume.step (plan.proto:
-// the checkpoint holds that many steps). Otherwise INVALID_ARGUMENT
-// "assignment: start_iteration ..." naming the fields. Checked, as the
+// OK when `steps` (the job's spec.training.steps) is in [1, kMaxSteps],
+// the assignment's start_iteration is in [0, steps) and, with a resume,
+// equals resume.step (plan.proto: the checkpoint holds that many steps).
+// Otherwise INVALID_ARGUMENT "assignment: ..." naming the fields. Checked, as the
 // layout, before the mailbox is opened at start_iteration (its run-ahead
 // window adds to it) and before a runner runs. Thread-safe.
 absl::Status CheckStartIteration(const v1::Assignment& assignment, int64_t steps);

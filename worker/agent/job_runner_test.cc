@@ -667,6 +667,20 @@ TEST(CheckStartIterationTest, InRangeAndTheResumeStep) {
             "checkpoint's step");
 }
 
+// The steps come from the assignment's spec before ResolveJobSpec bounds
+// them: a start just below INT64_MAX was in range of steps INT64_MAX, and
+// the mailbox's window was opened there.
+TEST(CheckStartIterationTest, StepsOutsideTheSpecsBounds_Refused) {
+  v1::Assignment a = OneStageAssignment(3);
+  a.set_start_iteration(std::numeric_limits<int64_t>::max() - 1);
+  EXPECT_EQ(CheckStartIteration(a, std::numeric_limits<int64_t>::max()).message(),
+            "assignment: spec.training.steps 9223372036854775807 is out of range [1, 100000000]");
+  a.set_start_iteration(0);
+  EXPECT_EQ(CheckStartIteration(a, 0).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(CheckStartIteration(a, kMaxSteps).ok());
+  EXPECT_EQ(CheckStartIteration(a, kMaxSteps + 1).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // A backend that fails mid-job (the CPU cannot, so a stand-in reports
 // INTERNAL after its first GELU): the job's error is reported, then the
 // failure hook gets the backend's error, once.

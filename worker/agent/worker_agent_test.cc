@@ -574,5 +574,28 @@ TEST(WorkerAgentTest, Handle_StartIterationPastTheSteps_ReportedWithoutOpeningTh
   EXPECT_EQ(mailbox.Admit(address, 16).code(), absl::StatusCode::kAborted);
 }
 
+// The start was checked against the spec's steps before they were bounded:
+// steps INT64_MAX let a start of INT64_MAX - 1 open the mailbox there. The
+// steps are held to [1, kMaxSteps] first, as ResolveJobSpec holds them.
+TEST(WorkerAgentTest, Handle_UnboundedSteps_ReportedWithoutOpeningTheMailbox) {
+  v1::Assignment a = RunAssignment();
+  a.add_peer_addresses("127.0.0.1:1");
+  a.add_peer_addresses("127.0.0.1:2");
+  a.mutable_spec()->mutable_training()->set_steps(std::numeric_limits<int64_t>::max());
+  a.set_start_iteration(std::numeric_limits<int64_t>::max() - 1);
+  Mailbox mailbox;
+  const std::optional<v1::ReportProgressRequest> report = FirstReportFromAgent(a, mailbox);
+  ASSERT_TRUE(report.has_value());
+  // The runner resolves the spec and reports that; the agent's own check
+  // kept the mailbox closed (the window was not opened at INT64_MAX - 1).
+  EXPECT_EQ(report->error(),
+            "INVALID_ARGUMENT: spec.training.steps: 9223372036854775807 exceeds the limit of "
+            "100000000");
+  TensorAddress address;
+  address.job_id = "job-1/1";
+  address.iteration = std::numeric_limits<int64_t>::max();
+  EXPECT_EQ(mailbox.Admit(address, 16).code(), absl::StatusCode::kAborted);
+}
+
 }  // namespace
 }  // namespace pipetrain

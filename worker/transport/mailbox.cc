@@ -1,5 +1,7 @@
 #include "worker/transport/mailbox.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <iterator>
 #include <utility>
 
@@ -58,8 +60,12 @@ void Mailbox::OpenJob(const std::string& job_id, int64_t first_iteration) {
 }
 
 bool Mailbox::BeyondWindowLocked(const TensorAddress& address) const {
-  return address.job_id == open_job_ &&
-         address.iteration > current_iteration_ + limits_.run_ahead_iterations;
+  // As a difference, not a sum: current_iteration_ + run_ahead would
+  // overflow for a job opened near INT64_MAX. The difference of two int64
+  // is exact in uint64 when it is positive.
+  return address.job_id == open_job_ && address.iteration > current_iteration_ &&
+         static_cast<uint64_t>(address.iteration) - static_cast<uint64_t>(current_iteration_) >
+             static_cast<uint64_t>(std::max<int64_t>(0, limits_.run_ahead_iterations));
 }
 
 absl::Status Mailbox::AdmitLocked(const TensorAddress& address, int64_t wire_bytes) const {

@@ -1,5 +1,6 @@
 #include "worker/transport/mailbox.h"
 
+#include <limits>
 #include <string>
 #include <thread>
 #include <utility>
@@ -355,6 +356,25 @@ TensorAddress AtIteration(int64_t iteration, const std::string& job_id = "j-1") 
   TensorAddress address = Activation(job_id, 1);
   address.iteration = iteration;
   return address;
+}
+
+// A job opened near INT64_MAX: the window was current + run-ahead, a sum
+// that overflowed (undefined; under UBSan an abort) for any frame of it. As
+// a difference it holds at the top of the range and for the lowest
+// iterations alike.
+TEST(MailboxTest, Admit_JobOpenedNearInt64Max_WindowWithoutOverflow) {
+  constexpr int64_t kTop = std::numeric_limits<int64_t>::max();
+  Mailbox mailbox;  // run-ahead 2
+  mailbox.OpenJob("j-1", kTop - 1);
+  EXPECT_TRUE(mailbox.Admit(AtIteration(kTop), 4).ok());
+  EXPECT_TRUE(mailbox.Admit(AtIteration(kTop - 1), 4).ok());
+  EXPECT_TRUE(mailbox.Admit(AtIteration(0), 4).ok());  // behind the stage: not beyond
+  Mailbox low;
+  low.OpenJob("j-1", 0);
+  EXPECT_TRUE(low.Admit(AtIteration(2), 4).ok());
+  EXPECT_EQ(low.Admit(AtIteration(3), 4).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(low.Admit(AtIteration(kTop), 4).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(low.Admit(AtIteration(std::numeric_limits<int64_t>::min()), 4).ok());
 }
 
 // A wake that records its calls and, to prove it runs without the mailbox's

@@ -457,6 +457,11 @@ std::string WeightsDigest(const std::vector<Parameter>& host) {
 
 absl::Status JobRunner::RunJob() {
   ASSIGN_OR_RETURN(ResolvedJobSpec job, ResolveJobSpec(assignment_.spec()));
+  // Data and tensor parallelism: the transport numbers every worker of
+  // the job (Assignment.replica, .tensor_rank); checked first, before
+  // anything is sized from it or the corpus is loaded.
+  RETURN_IF_ERROR(CheckAssignmentLayout(assignment_));
+  RETURN_IF_ERROR(CheckStartIteration(assignment_, job.train.steps));
   std::string data_path = job.spec.data().path();
   if (!data_path.empty()) {
     ASSIGN_OR_RETURN(data_path,
@@ -516,11 +521,6 @@ absl::Status JobRunner::RunJob() {
         absl::StrCat("spec.data.path ", job.spec.data().path(), ": ", created.status().message()));
   }
   ASSIGN_OR_RETURN(Dataset dataset, std::move(created));
-  // Data and tensor parallelism: the transport numbers every worker of
-  // the job (Assignment.replica, .tensor_rank); checked here, before
-  // anything is sized from it.
-  RETURN_IF_ERROR(CheckAssignmentLayout(assignment_));
-  RETURN_IF_ERROR(CheckStartIteration(assignment_, job.train.steps));
   const int replicas = std::max(1, assignment_.replicas());
   const int tensor = std::max(1, assignment_.tensor_parallel());
   const int workers = replicas * assignment_.num_stages() * tensor;  // checked: <= kMaxStages
@@ -678,18 +678,20 @@ absl::Status JobRunner::RunJob() {
   const Tensor marker = on_device_links ? options_.backend->Zeros({1}) : Tensor();
   std::unique_ptr<PendingDownload> previous_iteration_done;
   // Set where the stage ends without an error: it ran every step, or it
-  // stopped at a step boundary, where slower peers may still need its
-  // queued sends of that step.
+  // stopped at a step boundary (its device transfers flushed), where slower
+  // peers may still need its queued sends of that step.
   bool ended_cleanly = false;
-  // Unless every step ran, peers may never match what the device has
-  // queued: abort before the runtime's teardown waits on the device. And a
-  // failed plan's queued sends are of no use to anyone: abort them too, or
-  // the runtime's and the transport's teardown wait for a stalled peer to
-  // take them (up to the transport's drain timeout per peer), holding this
-  // worker, which a STOP could no longer cut short, from the next plan.
+  // Unless the stage ended cleanly, peers may never match what the device
+  // has queued: abort before the runtime's teardown waits on the device.
+  // And a failed plan's queued sends are of no use to anyone: abort them
+  // too, or the runtime's and the transport's teardown wait for a stalled
+  // peer to take them (up to the transport's drain timeout per peer),
+  // holding this worker, which a STOP could no longer cut short, from the
+  // next plan.
   absl::Cleanup abort_unless_completed = [&] {
-    if (!completed_.load() && device_channel != nullptr) device_channel->Abort();
-    if (!completed_.load() && replica_collective != nullptr) replica_collective->Abort();
+    const bool abort_device = !completed_.load() && !ended_cleanly;
+    if (abort_device && device_channel != nullptr) device_channel->Abort();
+    if (abort_device && replica_collective != nullptr) replica_collective->Abort();
     // (A Stop() aborted it already.)
     if (!completed_.load() && !ended_cleanly && !stop_.load()) transport->Abort();
   };
@@ -705,6 +707,29 @@ absl::Status JobRunner::RunJob() {
   // uploads, checkpoints and reports the losses; its tensor rank 0 for the
   // stage's ranks, after they gathered their shards.
   const bool upload = !job.spec.output().weights_path().empty() && replica_zero;
+  // Every device transfer and sum of the step done before the stage says
+  // it finished (or stops at a boundary): a peer that never takes a send or
+  // joins a sum fails the job here, with an error, instead of a teardown
+  // aborting it unseen; and a transfer a slower peer still takes is not cut
+  // off by this stage's abort.
+  const auto flush_device_links = [&](absl::string_view which_step) {
+    const auto stopped = [this] { return stop_.load(); };
+    const auto said = [&](const absl::Status& s, absl::string_view group, absl::string_view what) {
+      return s.ok() ? s
+                    : absl::Status(s.code(), absl::StrCat(group, ": ", which_step, " ", what,
+                                                          " did not complete: ", s.message()));
+    };
+    absl::Status flushed = absl::OkStatus();
+    if (device_channel != nullptr) {
+      flushed =
+          said(device_channel->Flush(options_.recv_timeout, stopped), "device group", "transfers");
+    }
+    if (flushed.ok() && replica_collective != nullptr) {
+      flushed = said(replica_collective->Flush(options_.recv_timeout, stopped),
+                     "replica device group", "sums");
+    }
+    return flushed;
+  };
   for (int64_t it = assignment_.start_iteration(); it < steps && !stop_.load(); ++it) {
     v1::StepTrace trace;
     const bool traced = IsTracedStep(it, assignment_.start_iteration(), steps);
@@ -729,22 +754,7 @@ absl::Status JobRunner::RunJob() {
     if (observer_) observer_(*result);
     const bool last = it + 1 == steps;
     if (last && on_device_links) {
-      // Every device transfer and sum done before the stage says it
-      // finished: a peer that never takes a send or joins a sum fails the
-      // job here, with an error, instead of the teardown aborting it unseen.
-      const auto stopped = [this] { return stop_.load(); };
-      const auto said = [](const absl::Status& s, const char* what) {
-        return s.ok() ? s : absl::Status(s.code(), absl::StrCat(what, s.message()));
-      };
-      absl::Status flushed = absl::OkStatus();
-      if (device_channel != nullptr) {
-        flushed = said(device_channel->Flush(options_.recv_timeout, stopped),
-                       "device group: the last step's transfers did not complete: ");
-      }
-      if (flushed.ok() && replica_collective != nullptr) {
-        flushed = said(replica_collective->Flush(options_.recv_timeout, stopped),
-                       "replica device group: the last step's sums did not complete: ");
-      }
+      const absl::Status flushed = flush_device_links("the last step's");
       if (!flushed.ok()) {
         if (stop_.load()) break;
         ReportError(flushed);
@@ -848,6 +858,14 @@ absl::Status JobRunner::RunJob() {
       if (replica_zero && assignment_.tensor_rank() == 0) writer->Submit(*std::move(snapshot));
     }
     if (boundary) {
+      if (on_device_links) {
+        const absl::Status flushed = flush_device_links("the boundary step's");
+        if (!flushed.ok()) {
+          if (stop_.load()) break;
+          ReportError(flushed);
+          return flushed;
+        }
+      }
       if (writer != nullptr) writer->Wait();
       PT_LOG(INFO) << "job " << assignment_.job_id() << " stage " << assignment_.stage()
                    << ": stopped after step " << step << " for the next plan";

@@ -77,6 +77,7 @@ class FakeLink : public CoordinatorLink {
       ++failed_;
       return absl::UnavailableError("the coordinator is not there");
     }
+    response.set_stop_after_step(stop_after_step_);
     reports_.push_back(r);
     changed_.notify_all();
     return response;
@@ -120,6 +121,12 @@ class FakeLink : public CoordinatorLink {
     std::lock_guard<std::mutex> lock(mu_);
     ended_ = true;
   }
+  // Iteration reports are answered with a re-plan after `step`
+  // (ReportProgressResponse.stop_after_step) from now on.
+  void StopAfterStep(int64_t step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_after_step_ = step;
+  }
   // The next `n` checkpoint reports fail UNAVAILABLE (not kept).
   void FailCheckpointReports(int n) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -144,6 +151,7 @@ class FakeLink : public CoordinatorLink {
   std::vector<v1::ReportProgressRequest> ready_reports_;  // answered
   std::set<std::string> ready_;
   const int stages_;
+  int64_t stop_after_step_ = 0;
 };
 
 // Polls `runner`'s observable state until its thread is done, for at most
@@ -464,6 +472,18 @@ TEST(JobRunnerTest, NoPeerAddresses_InvalidArgumentBeforeAnyTransport) {
   EXPECT_NE(error.find("with 0 peer addresses (want replicas x stages x tensor ranks)"),
             std::string::npos)
       << error;
+}
+
+// The layout is checked before the corpus is loaded (up to a third of the
+// worker's memory, and hashed): a malformed assignment reported the data
+// file's error, after loading it, instead of its own.
+TEST(JobRunnerTest, BadLayoutAndAMissingDataFile_TheLayoutIsReported) {
+  v1::Assignment a = Assignment(0, 3, false, Schedule::kGPipe);
+  a.clear_peer_addresses();
+  a.mutable_spec()->mutable_data()->set_path("no/such/corpus.txt");
+  const auto [error, made] = RefusedAssignment(a);
+  EXPECT_EQ(made, 0);
+  EXPECT_EQ(error.rfind("INVALID_ARGUMENT: assignment: stage 0 of 2", 0), 0u) << error;
 }
 
 // Layout factors whose product wraps int64 to 0 (2^21 x 2^21 x 2^22 = 2^64)
@@ -1058,8 +1078,8 @@ struct GroupedJob {
   GroupedJob() {
     for (int s = 0; s < 2; ++s) backends.push_back(std::make_unique<GroupedCpu>(&hub));
   }
-  void Run() {
-    RunToTheEnd({GroupAssignment(0, 2), GroupAssignment(1, 2)}, backends, fabric, link);
+  void Run(int steps = 2) {
+    RunToTheEnd({GroupAssignment(0, steps), GroupAssignment(1, steps)}, backends, fabric, link);
   }
 };
 
@@ -1080,6 +1100,26 @@ TEST(JobRunnerTest, DeviceGroup_TrainsThroughTheChannelAndNeverAborts) {
   // The join was bounded (by the receive timeout) and not cancelled.
   EXPECT_LT(backends[0]->join_deadline(), absl::InfiniteFuture());
   EXPECT_FALSE(backends[0]->cancelled_at_join());
+}
+
+// A re-plan's step boundary (the coordinator's stop_after_step) ends each
+// stage as the last step does: its device transfers flushed, none aborted.
+// The abort it had could cut off a transfer a slower peer still took, which
+// then waited with no deadline, and the boundary's checkpoint never came.
+TEST(JobRunnerTest, DeviceGroup_StopsAtABoundary_FlushedNotAborted) {
+  GroupedJob job;
+  job.link.StopAfterStep(1);
+  job.Run(/*steps=*/3);
+  const std::vector<v1::ReportProgressRequest> reports = job.link.reports();
+  ASSERT_EQ(reports.size(), 2u);  // step 1 from each stage, then they stopped
+  for (const auto& r : reports) {
+    EXPECT_TRUE(r.error().empty()) << r.error();
+    EXPECT_EQ(r.iteration(), 0);
+    EXPECT_FALSE(r.finished());
+  }
+  EXPECT_EQ(job.backends[0]->aborts.load() + job.backends[1]->aborts.load(), 0);
+  EXPECT_EQ(job.backends[0]->flushes.load(), 1);
+  EXPECT_EQ(job.backends[1]->flushes.load(), 1);
 }
 
 // Stage 1 alone waits in a device receive for stage 0, which never comes:

@@ -7,7 +7,10 @@ namespace pipetrain {
 absl::Status SendQueue::Enqueue(Task task) {
   {
     AnnotatedMutexLock lock(&mu_);
-    if (!first_error_.ok()) return first_error_;
+    if (!first_error_.ok()) {
+      error_returned_ = true;
+      return first_error_;
+    }
     ++pending_;
   }
   executor_.Post([this, task = std::move(task)] {
@@ -28,7 +31,11 @@ absl::Status SendQueue::Drain() {
   AnnotatedMutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
   mu_.AwaitWithTimeout(idle, absl::InfiniteDuration());
-  return std::exchange(first_error_, absl::OkStatus());
+  absl::Status error = std::exchange(first_error_, absl::OkStatus());
+  // Reported once: a caller that got it from Enqueue, and drains on its
+  // way out, would otherwise add it to itself ("X; also failed: X").
+  if (std::exchange(error_returned_, false)) return absl::OkStatus();
+  return error;
 }
 
 int64_t SendQueue::pending() const {

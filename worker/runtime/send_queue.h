@@ -11,7 +11,8 @@
 // Errors: the first failing task's error sticks: tasks queued after it are
 // dropped unrun (the run has failed; a later send of the same link would
 // carry codec state the failed one left half-updated), Enqueue returns the
-// error instead of queueing, and Drain reports it once, then clears it.
+// error instead of queueing, and Drain clears it, returning it unless an
+// Enqueue did already: each error is reported once.
 //
 //   SendQueue sends;
 //   RETURN_IF_ERROR(sends.Enqueue([=] { return transport->SendWire(...); }));
@@ -46,7 +47,8 @@ class SendQueue {
   absl::Status Enqueue(Task task);
 
   // Waits until every queued task has run. Returns the first error since
-  // the last Drain (and clears it), else OK.
+  // the last Drain (and clears it) unless an Enqueue returned it already,
+  // else OK.
   absl::Status Drain();
 
   // Tasks queued and not yet finished (for tests and diagnostics).
@@ -56,6 +58,7 @@ class SendQueue {
   mutable AnnotatedMutex mu_;
   int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  bool error_returned_ ABSL_GUARDED_BY(mu_) = false;  // by an Enqueue
   SerialExecutor executor_;  // last: destroyed (joined) before the fields above
 };
 

@@ -957,6 +957,11 @@ Parameter* StageRuntime::TiedHolder() {
 
 absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
                                                            v1::StepTrace* trace) {
+  // On every return, failed ones too: a heartbeat showed a failed
+  // instruction through the error's report and the teardown. Not "idle",
+  // which a heartbeat reports for a worker that runs no job
+  // (WorkerRegistry::Release waits for it).
+  absl::Cleanup between_steps = [this] { ShowActivity(kBetweenSteps); };
   iteration_ = iteration;
   for (auto& [index, unit] : units_) unit->ZeroGrads();
   activations_.clear(), grads_in_.clear(), grads_out_.clear(), token_scores_.clear();
@@ -1118,10 +1123,6 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
     const double last_end = timings.empty() ? 0.0 : timings.back().end_seconds;
     trace->set_seconds(std::max(last_end, SecondsSince(start)));
   }
-  // Not "idle", which a heartbeat reports for a worker that runs no job
-  // (WorkerRegistry::Release waits for it).
-  AnnotatedMutexLock lock(&status_mu_);
-  current_ = kBetweenSteps;
   return result;
 }
 
@@ -1273,6 +1274,7 @@ absl::Status StageRuntime::EvalForward(const v1::Instruction::Forward& f) {
 }
 
 absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
+  absl::Cleanup between_steps = [this] { ShowActivity(kBetweenSteps); };  // as RunIteration
   const auto& instructions = setup_.eval_program.instructions();
   if (instructions.empty()) return std::optional<float>();
   if (dataset_ == nullptr || dataset_->num_val_windows() == 0) {
@@ -1313,10 +1315,6 @@ absl::StatusOr<std::optional<float>> StageRuntime::RunEval(int64_t after_step) {
     return absl::Status(sent.code(),
                         absl::StrCat("stage ", setup_.stage, ", validation after step ", after_step,
                                      ": ", sent.message()));
-  }
-  {
-    AnnotatedMutexLock lock(&status_mu_);
-    current_ = kBetweenSteps;
   }
   if (!eval_has_loss_) return std::optional<float>();
   return std::optional<float>(static_cast<float>(eval_weighted_loss_ / eval_windows_));

@@ -80,7 +80,11 @@ TEST(StageRuntimeSendTest, RefusedSend_FailsTheIterationNamingTheSend_LaterSends
                                 "send of ACTIVATION of unit 1, micro-batch 0, iteration 0"))
       << status;
   EXPECT_TRUE(absl::StrContains(status.message(), "to stage 1: stage 1 is gone")) << status;
+  // Once: surfaced at the second send, it was also the drain's ("also failed").
+  EXPECT_FALSE(absl::StrContains(status.message(), "also failed")) << status;
   EXPECT_EQ(transport.sends(), 1);  // micro-batch 1's send never reached it
+  // A failed iteration no longer shows its instruction as running.
+  EXPECT_EQ((*runtime)->current_instruction(), kBetweenSteps);
 
   // The failure was reported once: the next iteration runs its sends again.
   status = (*runtime)->RunIteration(1).status();

@@ -304,6 +304,9 @@ if grep -qF "built without CUDA" "$ERR"; then  # then plain cuda as well
   expect_exit up_cuda_without_cuda 2 "--worker-device cuda: this binary was built without CUDA" -- \
     up --workers 1 --worker-device cuda --out "$TMP/up-cuda"
 fi
+# 3-D tensor parallelism has no CUDA path: refused with GPU workers.
+expect_exit up_3d_on_cuda 2 "--tensor-mode 3d runs on CPU workers only" -- \
+  up --workers 8 --data-parallel 1 --tensor-parallel 8 --tensor-mode 3d --worker-device cuda:each --out "$TMP/up-cuda"
 ok up_cuda_started_nothing test ! -e "$TMP/up-cuda"
 # An --out that cannot be made is named with the reason, as a usage error.
 touch "$TMP/a-file"

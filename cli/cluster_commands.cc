@@ -790,6 +790,16 @@ int RunUp(const std::vector<std::string>& args) {
   if (valid.ok()) valid = CheckWritableParent("--loss-log", o.loss_log);
   const bool each_gpu = o.worker_device == "cuda:each";
   const int gpus = each_gpu ? VisibleCudaDevices() : 0;
+  // 3-D tensor parallelism has no CUDA path (stage_runtime.cc): the
+  // coordinator would wait for CPU workers that never come.
+  if (valid.ok() && o.tensor_mode == "3d" &&
+      (absl::StartsWith(o.worker_device, "cuda") ||
+       (o.worker_device == "auto" && VisibleCudaDevices() > 0))) {
+    valid = absl::InvalidArgumentError(absl::StrCat(
+        "--tensor-mode 3d runs on CPU workers only (its CUDA path is not built), and with "
+        "--worker-device ",
+        o.worker_device, " the workers compute on a GPU: use --worker-device cpu"));
+  }
   if (valid.ok() && each_gpu && gpus == 0) {
     valid = absl::FailedPreconditionError(absl::StrCat(
         "--worker-device cuda:each: no CUDA device visible",

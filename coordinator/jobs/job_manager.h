@@ -623,7 +623,19 @@ class JobManager {
   // false (nothing changed) when the plan took no spares.
   bool RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& pending,
                                  const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // SpareWorkersLocked(reserved) less those unfit for `record`.
+  // Whether `worker` can run a stage of `record`'s job: a worker that
+  // computes on a GPU (DeviceInfo.gpu_model) cannot run a 3-D
+  // tensor-parallel job (spec.parallelism.tensor_mode 3d has no CUDA path:
+  // its stages would refuse it once started), so such a job waits for CPU
+  // workers. Every worker can run any other job.
+  bool CanRunLocked(const JobRecord& record, const std::string& worker) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `workers` less those that cannot run `record` (CanRunLocked), in order.
+  std::vector<std::string> ThatCanRunLocked(const JobRecord& record,
+                                            std::vector<std::string> workers) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SpareWorkersLocked(reserved) less those unfit for `record` or that
+  // cannot run it.
   std::vector<std::string> SparesForLocked(const JobRecord& record,
                                            const std::set<std::string>& reserved) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

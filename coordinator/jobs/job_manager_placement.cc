@@ -342,7 +342,9 @@ bool JobManager::RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlace
   // The candidates: these workers (still the job's in the registry) and
   // every spare READY one.
   std::vector<std::string> candidates = pending.workers;
-  for (std::string& w : SpareWorkersLocked({})) candidates.push_back(std::move(w));
+  for (std::string& w : ThatCanRunLocked(record, SpareWorkersLocked({}))) {
+    candidates.push_back(std::move(w));
+  }
   const int need = static_cast<int>(pending.workers.size());
   std::vector<std::string> roomiest = RoomiestFirstLocked(std::move(candidates), need);
   roomiest.resize(need);

@@ -49,7 +49,7 @@ void JobManager::ScheduleQueued() {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() == v1::JOB_STATE_PROFILING && profiling.empty()) profiling = id;
     if (record.job.state() != v1::JOB_STATE_QUEUED) continue;
-    std::vector<std::string> ready = SpareWorkersLocked(reserved);
+    std::vector<std::string> ready = ThatCanRunLocked(record, SpareWorkersLocked(reserved));
     if (!profiling.empty()) {
       record.job.set_reason(
           absl::StrCat("waiting while job ", profiling, " is profiled (", ready.size(), " ready)"));
@@ -57,8 +57,11 @@ void JobManager::ScheduleQueued() {
     }
     const int need = JobWorkers(record.resolved);
     if (static_cast<int>(ready.size()) < need) {
-      const std::string waiting = absl::StrCat("waiting for ", need, " READY workers (",
-                                               ReadyCount(ready.size(), drained_ready()), ")");
+      const bool cpu_only = record.resolved.tensor_mode == "3d";
+      const std::string waiting = absl::StrCat(
+          "waiting for ", need, cpu_only ? " READY CPU workers (" : " READY workers (",
+          ReadyCount(ready.size(), drained_ready()),
+          cpu_only ? "; spec.parallelism.tensor_mode 3d runs on the CPU backend only)" : ")");
       const absl::Duration waited = now - FromProtoTimestamp(record.job.create_time());
       if (waited > record.resolved.queue_timeout && now >= record.restart_grace_until) {
         EndLocked(record, v1::JOB_STATE_FAILED,
@@ -153,9 +156,23 @@ std::string JobManager::ReadyCount(size_t ready, size_t drained) {
                                      " more READY but drained, taking no job until restarted");
 }
 
+bool JobManager::CanRunLocked(const JobRecord& record, const std::string& worker) const {
+  if (record.resolved.tensor_mode != "3d") return true;
+  absl::StatusOr<v1::Worker> info = registry_->Get(worker);
+  return info.ok() && info->device().gpu_model().empty();
+}
+
+std::vector<std::string> JobManager::ThatCanRunLocked(const JobRecord& record,
+                                                      std::vector<std::string> workers) const {
+  workers.erase(std::remove_if(workers.begin(), workers.end(),
+                               [&](const std::string& w) { return !CanRunLocked(record, w); }),
+                workers.end());
+  return workers;
+}
+
 std::vector<std::string> JobManager::SparesForLocked(const JobRecord& record,
                                                      const std::set<std::string>& reserved) const {
-  std::vector<std::string> spare = SpareWorkersLocked(reserved);
+  std::vector<std::string> spare = ThatCanRunLocked(record, SpareWorkersLocked(reserved));
   spare.erase(std::remove_if(spare.begin(), spare.end(),
                              [&](const std::string& w) {
                                auto it = record.unfit.find(w);

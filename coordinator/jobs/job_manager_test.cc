@@ -92,6 +92,16 @@ class JobManagerTest : public ::testing::Test {
     return registry_.Register(request).value().worker_id();
   }
 
+  // A worker that computes on a GPU (DeviceInfo.gpu_model set).
+  std::string AddGpuModelWorker(int port) {
+    v1::RegisterWorkerRequest request;
+    request.set_data_address("127.0.0.1:" + std::to_string(port));
+    request.mutable_device()->set_hostname("gpu-host");
+    request.mutable_device()->set_gpu_model("NVIDIA H100 80GB HBM3");
+    request.mutable_device()->set_gpu_index(port % 8);
+    return registry_.Register(request).value().worker_id();
+  }
+
   // Answers every profile request with FakeProfile(), counting them in
   // `*calls` (which must outlive the manager's use), for tests of whether
   // a job was profiled.
@@ -986,6 +996,31 @@ TEST_F(JobManagerTest, ReportProgress_StaleOrForeign_IsRejected) {
             "worker " + w2 + " is not part of job " + id);
   r.set_job_id("job-42");
   EXPECT_EQ(jobs_.ReportProgress(r).status().code(), absl::StatusCode::kNotFound);
+}
+
+// 3-D tensor parallelism has no CUDA path (its stages refuse it): the job
+// was placed on GPU workers and failed once they started. It now waits for
+// CPU workers, saying why, and is placed on them alone.
+TEST_F(JobManagerTest, ThreeDTensorJob_WaitsForCpuWorkers_PlacedOnThemAlone) {
+  for (int k = 0; k < 8; ++k) AddGpuModelWorker(7100 + k);
+  v1::JobSpec spec = SmallSpec(1);
+  spec.mutable_parallelism()->set_tensor(8);
+  spec.mutable_parallelism()->set_tensor_mode("3d");
+  spec.mutable_training()->set_batch_size(8);  // p^2 = 4 samples a micro-batch
+  const std::string id = Submit(spec).value().id();
+  v1::Job job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(job.reason(),
+            "waiting for 8 READY CPU workers (0 ready; spec.parallelism.tensor_mode 3d runs on "
+            "the CPU backend only)");
+  std::set<std::string> cpus;
+  for (int k = 0; k < 8; ++k) cpus.insert(AddWorker(7200 + k));
+  jobs_.ScheduleQueued();
+  background_.RunAll();  // the plan
+  job = jobs_.Get(id).value();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.worker_ids_size(), 8);
+  for (const std::string& w : job.worker_ids()) EXPECT_EQ(cpus.count(w), 1u) << w;
 }
 
 // Names in a directory (the coordinator's output), for what the weights

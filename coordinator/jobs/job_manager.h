@@ -743,6 +743,29 @@ class JobManager {
   static void KeepWholeReplicas(const JobRecord& record, std::vector<std::string>* workers);
   static absl::Status CheckProgressBounds(const v1::ReportProgressRequest& request,
                                           const JobRecord& record);
+  // ReportProgress's parts, in the order it takes them.
+  // A stage's error: the job recovers (a peer's failure, or the plan's
+  // resume point unusable while the stage loads it: that checkpoint is
+  // dropped) or FAILS, with the error as its reason.
+  void StageFailedLocked(JobRecord& record, int stage_index,
+                         const v1::ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // INVALID_ARGUMENT when a stage that does not run the model's last unit
+  // forward reports a loss (only that stage computes one).
+  static absl::Status CheckLossStage(const v1::ReportProgressRequest& request,
+                                     const JobRecord& record, int stage_index);
+  // Takes the first digest of the job's tokens the job hears (and saves
+  // it); a different one later FAILS the job: false then.
+  bool TakeDataDigestLocked(JobRecord& record, const v1::ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The step's loss (the mean of its micro-batches'), its place in the
+  // history, the throughput and the end of a recovery. A NaN or infinite
+  // loss FAILS the job: false then.
+  bool RecordStepLossLocked(JobRecord& record, const v1::ReportProgressRequest& request,
+                            ProgressCounted* counted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The validation loss; a NaN or infinite one FAILS the job: false then.
+  bool RecordValLossLocked(JobRecord& record, const v1::ReportProgressRequest& request)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps a worker's trace of a traced step (record.tracing), and the
   // step as record.traced once every worker of the plan sent it.
   static void AddTraceLocked(JobRecord& record, int stage_index, const v1::StepTrace& trace);

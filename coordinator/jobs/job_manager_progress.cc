@@ -108,73 +108,19 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   // finished and its weights are being written.
   if (stopped) return response;
   if (!r.error().empty()) {
-    // Errors name peers by stage; say which worker runs each stage.
-    std::vector<std::string> stages;
-    for (int s = 0; s < record->job.worker_ids_size(); ++s) {
-      stages.push_back(absl::StrCat(s, "=", record->job.worker_ids(s)));
-    }
-    const std::string reason = absl::StrCat("worker ", r.worker_id(), ": ", r.error(),
-                                            " [stages: ", absl::StrJoin(stages, ", "), "]");
-    // A stage says its plan's resume point is unusable while it loads it,
-    // before it reports ready (JobRunner). Only then is the claim taken,
-    // and only that checkpoint dropped: said at any other time it is an
-    // error like any other, so that one worker cannot drop a job's
-    // checkpoints one after another.
-    const v1::Assignment* assigned = stage_index < static_cast<int>(record->assignments.size())
-                                         ? &record->assignments[stage_index]
-                                         : nullptr;
-    std::optional<v1::ResumeFrom> dropped;
-    if (r.checkpoint_unusable() && record->checkpoints != nullptr && assigned != nullptr &&
-        assigned->has_resume() && !record->stages[stage_index].ready) {
-      dropped = record->checkpoints->Drop(assigned->resume().step());
-    }
-    if (dropped.has_value()) {
-      record->job.mutable_progress()->set_checkpoint_step(
-          record->checkpoints->Latest() != nullptr ? record->checkpoints->Latest()->step() : 0);
-      StartRecoveryLocked(
-          *record, "",
-          absl::StrCat("checkpoint ", dropped->dir(), " could not be loaded (", reason, ")"),
-          RecoveryKind::kCheckpointUnusable);
-    } else if (r.peer_failure()) {
-      StartRecoveryLocked(*record, "", reason, RecoveryKind::kPeerFailure);
-    } else {
-      EndLocked(*record, v1::JOB_STATE_FAILED, reason);
-    }
+    StageFailedLocked(*record, stage_index, r);
     return response;
   }
   // Only a stage that runs the model's last unit forward computes a loss
   // (and a validation loss). One from any other is a fault or a lie, and
   // refused before anything of the report is applied: the job's loss is
   // taken from replica 0's loss stage alone.
-  if ((r.micro_batch_losses_size() > 0 || r.has_val_loss()) &&
-      !(stage_index < record->plan.stages_size() &&
-        record->plan.stages(stage_index).forward().end() ==
-            NumUnits(record->resolved.train.model))) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ReportProgressRequest.", r.has_val_loss() ? "val_loss" : "micro_batch_losses",
-                     ": ", r.worker_id(), "'s stage ", stage_index,
-                     " does not run the model's last unit, so it computes no loss"));
-  }
+  RETURN_IF_ERROR(CheckLossStage(r, *record, stage_index));
   // The tokens every stage trains on: the first digest a job hears is its
   // own (the first plan's stages are compared with each other here, before
   // any of them passes the start barrier); later plans' stages check theirs
   // against it themselves (Assignment.data_sha256), and here again.
-  if (!r.data_sha256().empty() && r.data_sha256() != record->job.data_sha256()) {
-    if (!record->job.data_sha256().empty()) {
-      EndLocked(*record, v1::JOB_STATE_FAILED,
-                absl::StrCat("worker ", r.worker_id(), " read other tokens from spec.data",
-                             record->resolved.spec.data().path().empty()
-                                 ? " (generated text)"
-                                 : absl::StrCat(".path ", record->resolved.spec.data().path()),
-                             " (SHA-256 ", r.data_sha256(), ") than the job trains on (",
-                             record->job.data_sha256(),
-                             ", Job.data_sha256): the file differs on that host, or was "
-                             "changed or replaced since the job began"));
-      return response;
-    }
-    record->job.set_data_sha256(r.data_sha256());
-    PersistLocked(*record).IgnoreError();  // logged; saved again with the next change
-  }
+  if (!TakeDataDigestLocked(*record, r)) return response;  // ended: other tokens
   StageProgress& stage = record->stages[stage_index];
   // The slowest stage's checkpoint load: sent with the start barrier, or
   // (a plan without one) with the first iteration's report.
@@ -208,63 +154,11 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   }
   stage.finished = stage.finished || r.finished();
   if (r.finished()) stage.weights_digest = r.weights_digest();
-  if (r.micro_batch_losses_size() > 0 && speaks) {
-    double sum = 0.0;  // as LocalTrainer: double sum, divided, as float
-    for (float l : r.micro_batch_losses()) sum += l;
-    const float loss = static_cast<float>(sum / r.micro_batch_losses_size());
-    v1::JobProgress* p = record->job.mutable_progress();
-    p->set_step(r.iteration() + 1);
-    p->set_loss(loss);
-    // As train-local: a diverged job stops here rather than train on NaNs.
-    if (absl::Status finite = CheckLossFinite(r.iteration() + 1, loss); !finite.ok()) {
-      EndLocked(*record, v1::JOB_STATE_FAILED, std::string(finite.message()));
-      return response;
-    }
-    p->add_loss_history(loss);
-    counted->step = true;
-    if (p->loss_history_size() > kMaxLossHistory) {
-      const int drop = p->loss_history_size() - kMaxLossHistory;
-      p->mutable_loss_history()->erase(p->mutable_loss_history()->begin(),
-                                       p->mutable_loss_history()->begin() + drop);
-      p->set_loss_history_start(p->loss_history_start() + drop);
-    }
-    const absl::Time now = clock_->Now();
-    // The step's wall time, less the validation pass the loss stage ran
-    // after it (training throughput, not evaluation).
-    const double seconds = absl::ToDoubleSeconds(now - record->last_step_time) - r.eval_seconds();
-    const TrainConfig& t = record->resolved.train;
-    // The first step of a resumed plan includes loading: not throughput.
-    const bool first_after_recovery = record->recovering_since.has_value();
-    if (seconds > 0 && !first_after_recovery) {
-      p->set_tokens_per_second(double(t.batch_size) * t.seq_len / seconds);
-    }
-    record->last_step_time = now;
-    if (now - record->last_persisted >= absl::Seconds(1)) PersistLocked(*record).IgnoreError();
-    if (first_after_recovery) {
-      const double total = absl::ToDoubleSeconds(now - *record->recovering_since);
-      const double restart = absl::ToDoubleSeconds(now - record->replanned_at);
-      if (events_.recovered) {
-        events_.recovered(total, record->recovery_waiting_seconds,
-                          record->recovery_planning_seconds, restart);
-      }
-      PT_LOG(INFO) << "job " << record->job.id() << " recovered in " << total << " s (waiting "
-                   << record->recovery_waiting_seconds << " s, planning "
-                   << record->recovery_planning_seconds << " s, load and first step " << restart
-                   << " s)";
-      record->recovering_since.reset();
-    }
+  if (r.micro_batch_losses_size() > 0 && speaks && !RecordStepLossLocked(*record, r, counted)) {
+    return response;  // diverged: the job ended
   }
-  if (r.has_val_loss() && speaks) {
-    // As the training loss: a NaN or infinite validation loss is a
-    // diverged model, not a number to show.
-    if (absl::Status finite = CheckLossFinite(r.iteration() + 1, r.val_loss()); !finite.ok()) {
-      EndLocked(*record, v1::JOB_STATE_FAILED,
-                absl::StrCat("the validation loss: ", finite.message()));
-      return response;
-    }
-    v1::JobProgress* p = record->job.mutable_progress();
-    p->set_val_loss(r.val_loss());
-    p->set_val_step(r.iteration() + 1);
+  if (r.has_val_loss() && speaks && !RecordValLossLocked(*record, r)) {
+    return response;  // diverged: the job ended
   }
   TouchLocked(*record);
   MaybeCompleteLocked(*record);
@@ -272,6 +166,137 @@ absl::StatusOr<v1::ReportProgressResponse> JobManager::ReportProgress(
   MaybeReplanAtBoundaryLocked(*record);
   response.set_all_ready(true);
   return response;
+}
+
+void JobManager::StageFailedLocked(JobRecord& record, int stage_index,
+                                   const v1::ReportProgressRequest& r) {
+  // Errors name peers by stage; say which worker runs each stage.
+  std::vector<std::string> stages;
+  for (int s = 0; s < record.job.worker_ids_size(); ++s) {
+    stages.push_back(absl::StrCat(s, "=", record.job.worker_ids(s)));
+  }
+  const std::string reason = absl::StrCat("worker ", r.worker_id(), ": ", r.error(),
+                                          " [stages: ", absl::StrJoin(stages, ", "), "]");
+  // A stage says its plan's resume point is unusable while it loads it,
+  // before it reports ready (JobRunner). Only then is the claim taken,
+  // and only that checkpoint dropped: said at any other time it is an
+  // error like any other, so that one worker cannot drop a job's
+  // checkpoints one after another.
+  const v1::Assignment* assigned = stage_index < static_cast<int>(record.assignments.size())
+                                       ? &record.assignments[stage_index]
+                                       : nullptr;
+  std::optional<v1::ResumeFrom> dropped;
+  if (r.checkpoint_unusable() && record.checkpoints != nullptr && assigned != nullptr &&
+      assigned->has_resume() && !record.stages[stage_index].ready) {
+    dropped = record.checkpoints->Drop(assigned->resume().step());
+  }
+  if (dropped.has_value()) {
+    record.job.mutable_progress()->set_checkpoint_step(
+        record.checkpoints->Latest() != nullptr ? record.checkpoints->Latest()->step() : 0);
+    StartRecoveryLocked(
+        record, "",
+        absl::StrCat("checkpoint ", dropped->dir(), " could not be loaded (", reason, ")"),
+        RecoveryKind::kCheckpointUnusable);
+  } else if (r.peer_failure()) {
+    StartRecoveryLocked(record, "", reason, RecoveryKind::kPeerFailure);
+  } else {
+    EndLocked(record, v1::JOB_STATE_FAILED, reason);
+  }
+}
+
+absl::Status JobManager::CheckLossStage(const v1::ReportProgressRequest& r, const JobRecord& record,
+                                        int stage_index) {
+  if ((r.micro_batch_losses_size() > 0 || r.has_val_loss()) &&
+      !(stage_index < record.plan.stages_size() &&
+        record.plan.stages(stage_index).forward().end() == NumUnits(record.resolved.train.model))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReportProgressRequest.", r.has_val_loss() ? "val_loss" : "micro_batch_losses",
+                     ": ", r.worker_id(), "'s stage ", stage_index,
+                     " does not run the model's last unit, so it computes no loss"));
+  }
+  return absl::OkStatus();
+}
+
+bool JobManager::TakeDataDigestLocked(JobRecord& record, const v1::ReportProgressRequest& r) {
+  if (r.data_sha256().empty() || r.data_sha256() == record.job.data_sha256()) return true;
+  if (!record.job.data_sha256().empty()) {
+    EndLocked(record, v1::JOB_STATE_FAILED,
+              absl::StrCat("worker ", r.worker_id(), " read other tokens from spec.data",
+                           record.resolved.spec.data().path().empty()
+                               ? " (generated text)"
+                               : absl::StrCat(".path ", record.resolved.spec.data().path()),
+                           " (SHA-256 ", r.data_sha256(), ") than the job trains on (",
+                           record.job.data_sha256(),
+                           ", Job.data_sha256): the file differs on that host, or was "
+                           "changed or replaced since the job began"));
+    return false;
+  }
+  record.job.set_data_sha256(r.data_sha256());
+  PersistLocked(record).IgnoreError();  // logged; saved again with the next change
+  return true;
+}
+
+bool JobManager::RecordStepLossLocked(JobRecord& record, const v1::ReportProgressRequest& r,
+                                      ProgressCounted* counted) {
+  double sum = 0.0;  // as LocalTrainer: double sum, divided, as float
+  for (float l : r.micro_batch_losses()) sum += l;
+  const float loss = static_cast<float>(sum / r.micro_batch_losses_size());
+  v1::JobProgress* p = record.job.mutable_progress();
+  p->set_step(r.iteration() + 1);
+  p->set_loss(loss);
+  // As train-local: a diverged job stops here rather than train on NaNs.
+  if (absl::Status finite = CheckLossFinite(r.iteration() + 1, loss); !finite.ok()) {
+    EndLocked(record, v1::JOB_STATE_FAILED, std::string(finite.message()));
+    return false;
+  }
+  p->add_loss_history(loss);
+  counted->step = true;
+  if (p->loss_history_size() > kMaxLossHistory) {
+    const int drop = p->loss_history_size() - kMaxLossHistory;
+    p->mutable_loss_history()->erase(p->mutable_loss_history()->begin(),
+                                     p->mutable_loss_history()->begin() + drop);
+    p->set_loss_history_start(p->loss_history_start() + drop);
+  }
+  const absl::Time now = clock_->Now();
+  // The step's wall time, less the validation pass the loss stage ran
+  // after it (training throughput, not evaluation).
+  const double seconds = absl::ToDoubleSeconds(now - record.last_step_time) - r.eval_seconds();
+  const TrainConfig& t = record.resolved.train;
+  // The first step of a resumed plan includes loading: not throughput.
+  const bool first_after_recovery = record.recovering_since.has_value();
+  if (seconds > 0 && !first_after_recovery) {
+    p->set_tokens_per_second(double(t.batch_size) * t.seq_len / seconds);
+  }
+  record.last_step_time = now;
+  if (now - record.last_persisted >= absl::Seconds(1)) PersistLocked(record).IgnoreError();
+  if (first_after_recovery) {
+    const double total = absl::ToDoubleSeconds(now - *record.recovering_since);
+    const double restart = absl::ToDoubleSeconds(now - record.replanned_at);
+    if (events_.recovered) {
+      events_.recovered(total, record.recovery_waiting_seconds, record.recovery_planning_seconds,
+                        restart);
+    }
+    PT_LOG(INFO) << "job " << record.job.id() << " recovered in " << total << " s (waiting "
+                 << record.recovery_waiting_seconds << " s, planning "
+                 << record.recovery_planning_seconds << " s, load and first step " << restart
+                 << " s)";
+    record.recovering_since.reset();
+  }
+  return true;
+}
+
+bool JobManager::RecordValLossLocked(JobRecord& record, const v1::ReportProgressRequest& r) {
+  // As the training loss: a NaN or infinite validation loss is a
+  // diverged model, not a number to show.
+  if (absl::Status finite = CheckLossFinite(r.iteration() + 1, r.val_loss()); !finite.ok()) {
+    EndLocked(record, v1::JOB_STATE_FAILED,
+              absl::StrCat("the validation loss: ", finite.message()));
+    return false;
+  }
+  v1::JobProgress* p = record.job.mutable_progress();
+  p->set_val_loss(r.val_loss());
+  p->set_val_step(r.iteration() + 1);
+  return true;
 }
 
 absl::Status JobManager::CheckProgressBounds(const v1::ReportProgressRequest& r,

@@ -43,6 +43,14 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view method,
       if (absl::StrContains(s.error_message(), "larger than max")) {
         return absl::ResourceExhaustedError(what);
       }
+      // Its quota (--quota-backend-bytes, 2 GiB by default) reached: every
+      // write is refused until an operator reclaims space.
+      if (absl::StrContains(s.error_message(), "database space exceeded")) {
+        return absl::UnavailableError(absl::StrCat(
+            what,
+            "; etcd's database is full (--quota-backend-bytes): compact and defragment it, then "
+            "disarm its NOSPACE alarm (etcdctl compact, etcdctl defrag, etcdctl alarm disarm)"));
+      }
       return absl::UnavailableError(absl::StrCat(what, "; etcd is overloaded, retry"));
     case grpc::StatusCode::INVALID_ARGUMENT:
       return absl::InvalidArgumentError(absl::StrCat(
@@ -112,6 +120,10 @@ absl::Status CheckEtcdOptions(const EtcdOptions& options) {
   }
   if (options.scan_page_keys < 1) {
     return absl::InvalidArgumentError("etcd scan_page_keys must be >= 1");
+  }
+  if (options.compaction_interval_commits < 1 || options.kept_revisions < 1) {
+    return absl::InvalidArgumentError(
+        "etcd compaction_interval_commits and kept_revisions must be >= 1");
   }
   return absl::OkStatus();
 }
@@ -196,6 +208,14 @@ absl::Status EtcdClient::Txn(const etcdserverpb::TxnRequest& request,
                              etcdserverpb::TxnResponse* response, absl::Time deadline) const {
   return Call("Txn", deadline, [&](const Endpoint& e, grpc::ClientContext* context) {
     return e.kv->Txn(context, request, response);
+  });
+}
+
+absl::Status EtcdClient::Compact(const etcdserverpb::CompactionRequest& request,
+                                 absl::Time deadline) const {
+  etcdserverpb::CompactionResponse response;
+  return Call("Compact", deadline, [&](const Endpoint& e, grpc::ClientContext* context) {
+    return e.kv->Compact(context, request, &response);
   });
 }
 

@@ -19,7 +19,8 @@
 //
 // Errors (the message names the method, the endpoint and etcd's words):
 //   UNAVAILABLE       gRPC UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED, or
-//                     RESOURCE_EXHAUSTED from etcd (overloaded) at every
+//                     RESOURCE_EXHAUSTED from etcd (overloaded, or its
+//                     database full: the message says how to free it) at every
 //                     endpoint tried; retry.
 //   RESOURCE_EXHAUSTED  a response over kMaxEtcdResponseBytes (the client's
 //                     own limit; callers page).
@@ -66,6 +67,10 @@ struct EtcdOptions {
   // Scan reads this many keys per Range at most (fewer where values are
   // large; see EtcdStore).
   int scan_page_keys = 256;
+  // EtcdStore compacts etcd's history every this many Commits, keeping the
+  // last kept_revisions revisions (see EtcdStore). Both >= 1.
+  int compaction_interval_commits = 1000;
+  int64_t kept_revisions = 1000;
 };
 
 // The largest response the client accepts. A value pipetrain writes is at
@@ -97,6 +102,8 @@ class EtcdClient {
                      absl::Time deadline = absl::InfiniteFuture()) const;
   absl::Status Txn(const etcdserverpb::TxnRequest& request, etcdserverpb::TxnResponse* response,
                    absl::Time deadline = absl::InfiniteFuture()) const;
+  absl::Status Compact(const etcdserverpb::CompactionRequest& request,
+                       absl::Time deadline = absl::InfiniteFuture()) const;
   absl::Status LeaseGrant(const etcdserverpb::LeaseGrantRequest& request,
                           etcdserverpb::LeaseGrantResponse* response,
                           absl::Time deadline = absl::InfiniteFuture()) const;

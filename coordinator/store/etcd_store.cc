@@ -4,6 +4,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace pipetrain {
@@ -176,7 +177,10 @@ absl::Status EtcdStore::Commit(const std::vector<StoreWrite>& writes) {
   }
   etcdserverpb::TxnResponse response;
   RETURN_IF_ERROR(client_->Txn(txn, &response));
-  if (response.succeeded()) return absl::OkStatus();
+  if (response.succeeded()) {
+    MaybeCompact(response.header().revision());
+    return absl::OkStatus();
+  }
   // Only a fenced Txn has a compare that can fail.
   if (!term.has_value()) return absl::InternalError("etcd failed a Txn that has no compare");
   std::string leader;
@@ -186,6 +190,28 @@ absl::Status EtcdStore::Commit(const std::vector<StoreWrite>& writes) {
   return NotLeader(leader,
                    absl::StrCat("the term of ", term->identity, " (leader key ", term->key,
                                 " created at revision ", term->create_revision, ") has ended"));
+}
+
+void EtcdStore::MaybeCompact(int64_t revision) {
+  const EtcdOptions& options = client_->options();
+  if ((commits_.fetch_add(1) + 1) % options.compaction_interval_commits != 0) return;
+  const int64_t target = revision - options.kept_revisions;
+  if (target <= compacted_to_.load()) return;
+  etcdserverpb::CompactionRequest request;
+  request.set_revision(target);
+  // Not physical: etcd reclaims the space in the background, and this
+  // Commit's caller does not wait for it.
+  absl::Status compacted = client_->Compact(request, absl::Now() + options.rpc_timeout);
+  // OUT_OF_RANGE: compacted to there or beyond already (etcd's own
+  // auto-compaction, or another coordinator before this one led).
+  if (compacted.ok() || compacted.code() == absl::StatusCode::kOutOfRange) {
+    int64_t seen = compacted_to_.load();
+    while (seen < target && !compacted_to_.compare_exchange_weak(seen, target)) {
+    }
+    return;
+  }
+  PT_LOG(WARNING) << "etcd compaction up to revision " << target << " failed (tried again after "
+                  << options.compaction_interval_commits << " more commits): " << compacted;
 }
 
 absl::StatusOr<std::optional<std::string>> EtcdStore::Get(const std::string& key) const {

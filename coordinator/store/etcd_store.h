@@ -27,6 +27,18 @@
 // this coordinator leads, so a coordinator that is not, or no longer, the
 // leader cannot write, even before its election notices.
 //
+// History: etcd keeps every revision of every key until it is compacted,
+// and does not compact by default, while a coordinator saves each running
+// job's record (tens of KB with its loss history) up to once a second:
+// etcd's default 2 GiB quota filled within a day, after which etcd refused
+// every write (NOSPACE) and no coordinator could be elected. So every
+// options.compaction_interval_commits successful Commits, the store
+// compacts etcd up to options.kept_revisions revisions before the one it
+// just wrote (a failure is logged and tried again after the next interval;
+// the Commit stands). Only the writer compacts, and Scan reads again when
+// its revision was compacted meanwhile. etcd's own --auto-compaction-*
+// flags may run beside it.
+//
 // Reads are linearizable (etcd's default): they see every Commit that
 // returned, from any coordinator. Scan reads pages of at most
 // scan_page_keys keys, all at the revision of the first page, so it returns
@@ -48,10 +60,12 @@
 //                        backend does not support.
 //   INTERNAL             anything else, with etcd's message.
 //
-// Thread-safe: no state besides the client, which is thread-safe.
+// Thread-safe: the client is, and the compaction counters are atomics.
 #ifndef PIPETRAIN_COORDINATOR_STORE_ETCD_STORE_H_
 #define PIPETRAIN_COORDINATOR_STORE_ETCD_STORE_H_
 
+#include <atomic>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -93,6 +107,9 @@ class EtcdStore final : public Store {
 
   // The etcd key of Store key `key`.
   std::string DataKey(const std::string& key) const { return data_prefix_ + key; }
+  // Counts a successful Commit that wrote `revision`, and compacts etcd's
+  // history when the interval is up (see above).
+  void MaybeCompact(int64_t revision);
   // One pass of Scan over [begin, end); OUT_OF_RANGE when etcd compacted
   // the revision it reads at.
   absl::StatusOr<std::vector<std::pair<std::string, std::string>>> ScanOnce(
@@ -101,6 +118,8 @@ class EtcdStore final : public Store {
   const std::unique_ptr<EtcdClient> client_;
   const LeadershipView* const leadership_;
   const std::string data_prefix_;  // "<prefix>kv/"
+  std::atomic<int64_t> commits_{0};
+  std::atomic<int64_t> compacted_to_{0};  // the latest revision compacted up to
 };
 
 }  // namespace pipetrain

@@ -40,6 +40,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/annotated_mutex.h"
+#include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "coordinator/store/etcd_client.h"
 #include "coordinator/store/etcd_testing.h"
@@ -166,6 +167,8 @@ TEST(EtcdStoreTest, Open_BadOptions_InvalidArgument) {
       {[](EtcdOptions& o) { o.rpc_timeout = absl::ZeroDuration(); }, "rpc_timeout"},
       {[](EtcdOptions& o) { o.max_txn_ops = 0; }, "max_txn_ops"},
       {[](EtcdOptions& o) { o.scan_page_keys = 0; }, "scan_page_keys"},
+      {[](EtcdOptions& o) { o.compaction_interval_commits = 0; }, "compaction_interval_commits"},
+      {[](EtcdOptions& o) { o.kept_revisions = 0; }, "kept_revisions"},
   };
   for (const auto& [change, message] : cases) {
     EtcdOptions options = SharedOptions(NewPrefix());
@@ -274,6 +277,49 @@ TEST(EtcdStoreTest, Scan_PagesOverResponseLimit_ReadAtHalfSize) {
     EXPECT_EQ((*found)[i].first, absl::StrCat("big/", 10 + i));
     EXPECT_EQ((*found)[i].second, std::string(kMaxValueBytes, 'a' + i)) << i;
   }
+}
+
+// etcd keeps every revision of a key until its history is compacted, and
+// does not compact by default: a long job's saves (one a second) filled
+// its 2 GiB quota within a day, and then etcd refused every write. The
+// store compacts every compaction_interval_commits Commits, keeping the
+// last kept_revisions revisions. On an etcd of its own: compaction is
+// etcd-wide.
+TEST(EtcdStoreTest, Commit_EveryInterval_CompactsTheHistory) {
+  absl::StatusOr<std::unique_ptr<EtcdProcess>> etcd = EtcdProcess::Start("compaction");
+  ASSERT_TRUE(etcd.ok()) << etcd.status();
+  EtcdOptions options = (*etcd)->Options("/compact/");
+  options.compaction_interval_commits = 10;
+  options.kept_revisions = 3;
+  std::unique_ptr<EtcdStore> store = MustOpen(options);
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<std::unique_ptr<EtcdClient>> raw = EtcdClient::Create(options);
+  ASSERT_TRUE(raw.ok()) << raw.status();
+  const auto value_at = [&](int64_t revision) -> absl::StatusOr<std::string> {
+    etcdserverpb::RangeRequest request;
+    request.set_key("/compact/kv/k");
+    request.set_revision(revision);
+    etcdserverpb::RangeResponse response;
+    RETURN_IF_ERROR((*raw)->Range(request, &response));
+    if (response.kvs_size() == 0) return absl::NotFoundError("no value");
+    return response.kvs(0).value();
+  };
+  ASSERT_EQ(store->Commit({StoreWrite::Put("k", "0")}), absl::OkStatus());
+  const std::optional<mvccpb::KeyValue> first = RawGet(**raw, "/compact/kv/k");
+  ASSERT_TRUE(first.has_value());
+  for (int i = 1; i <= 8; ++i) {
+    ASSERT_EQ(store->Commit({StoreWrite::Put("k", absl::StrCat(i))}), absl::OkStatus());
+  }
+  // Nine commits: the first value is still in the history.
+  EXPECT_EQ(value_at(first->mod_revision()).value_or("?"), "0");
+  ASSERT_EQ(store->Commit({StoreWrite::Put("k", "9")}), absl::OkStatus());  // the tenth
+  // Compacted up to 3 revisions before the tenth write: the first is gone,
+  // the last three are kept, and the store reads as before.
+  const std::optional<mvccpb::KeyValue> tenth = RawGet(**raw, "/compact/kv/k");
+  ASSERT_TRUE(tenth.has_value());
+  EXPECT_EQ(value_at(first->mod_revision()).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(value_at(tenth->mod_revision() - 3).value_or("?"), "6");
+  EXPECT_EQ(store->Get("k").value(), std::optional<std::string>("9"));
 }
 
 TEST(EtcdStoreTest, Commit_AcknowledgedThenEtcdKilled_FoundAfterRestart) {

@@ -623,6 +623,11 @@ class JobManager {
   // false (nothing changed) when the plan took no spares.
   bool RetryWithoutJoinersLocked(JobRecord& record, PendingPlacement& pending,
                                  const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The recovering job `worker_id` survived (not lost to it), if any.
+  JobRecord* RecoveringJobOfLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The workers recovering jobs wait for (their survivors): not spares to
+  // any other job.
+  std::set<std::string> RecoveringSurvivorsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `worker` can run a stage of `record`'s job: a worker that
   // computes on a GPU (DeviceInfo.gpu_model) cannot run a 3-D
   // tensor-parallel job (spec.parallelism.tensor_mode 3d has no CUDA path:
@@ -644,7 +649,8 @@ class JobManager {
   void AbandonPlacementLocked(JobRecord& record, const std::string& worker,
                               const std::string& reason, int64_t incarnation)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // RUNNING -> RECOVERING (see the file comment); FAILED instead when the
+  // RUNNING (or PLANNING, a boundary's placement abandoned or refused) ->
+  // RECOVERING (see the file comment); FAILED instead when the
   // job has no checkpoints or recovered too often without progress.
   // `lost`: a worker known gone (empty when a peer's error reported it),
   // and the incarnation of it that is gone (0: its current one).
@@ -652,8 +658,9 @@ class JobManager {
                            RecoveryKind kind, int64_t lost_incarnation = 0)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-plans a RECOVERING job once its former workers are accounted for
-  // and enough are READY; false while it must wait. `reserved` collects the
-  // workers it waits for (not to be given to other jobs).
+  // and enough are READY; else it waits (its reason says for what).
+  // `reserved` collects the workers it waits for (not to be given to other
+  // jobs).
   void TryReplanLocked(JobRecord& record, std::set<std::string>* reserved)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the job's stages to stop after a step beyond all their progress

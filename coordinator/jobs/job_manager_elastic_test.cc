@@ -675,6 +675,61 @@ TEST_F(JobManagerElasticTest, CheckpointReport_ForeignUnitOffIntervalOrBadChecks
   EXPECT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RUNNING);
 }
 
+// A recovering job has released its workers, so a drain of its survivors
+// found no job and skipped the min_workers check: both survivors of a
+// 2-worker job were drained, and the job then waited until it FAILED.
+TEST_F(JobManagerElasticTest, Drain_SurvivorsOfARecoveringJob_CountedAsWhileItRuns) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  const int64_t version = jobs_->Get(id).value().plan_version();
+  ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(id, w2, version)).ok());
+  ASSERT_EQ(jobs_->Get(id).value().state(), v1::JOB_STATE_RECOVERING);
+  ASSERT_TRUE(jobs_->Drain(w1).ok());
+  const absl::Status second = jobs_->Drain(w2).status();
+  EXPECT_EQ(second.code(), absl::StatusCode::kFailedPrecondition) << second;
+  EXPECT_TRUE(absl::StrContains(second.message(), "fewer than its 1 workers")) << second;
+  HeartbeatAllAndSchedule({w1, w2});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
+            (std::vector<std::string>{w2}));
+}
+
+// Two jobs recovering at once: the earlier re-planned first and took the
+// later one's survivors as spares (they were reserved only on the later
+// one's turn), which then waited for workers it had held.
+TEST_F(JobManagerElasticTest, TwoJobsRecovering_TheFirstDoesNotTakeTheSecondsSurvivors) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string first = Submit(ElasticSpec(2, 5)).value().id();
+  const std::string w3 = AddWorker(7003), w4 = AddWorker(7004);
+  v1::JobSpec spec = ElasticSpec(2, 5);
+  spec.mutable_elastic()->set_min_workers(2);
+  const std::string second = Submit(spec).value().id();
+  ASSERT_EQ(jobs_->Get(second).value().worker_ids_size(), 2);
+  for (int step = 1; step <= 5; ++step) {
+    Step(first, step);
+    Step(second, step);
+  }
+  CheckpointAll(first, 5);
+  CheckpointAll(second, 5);
+  registry_.MarkLost(w2, incarnations_[w2], "killed");
+  const int64_t version = jobs_->Get(second).value().plan_version();
+  ASSERT_TRUE(jobs_->ReportProgress(PeerFailure(second, w4, version)).ok());
+  ASSERT_EQ(jobs_->Get(first).value().state(), v1::JOB_STATE_RECOVERING);
+  ASSERT_EQ(jobs_->Get(second).value().state(), v1::JOB_STATE_RECOVERING);
+  HeartbeatAllAndSchedule({w1, w3, w4});
+  const v1::Job a = jobs_->Get(first).value();
+  const v1::Job b = jobs_->Get(second).value();
+  ASSERT_EQ(b.state(), v1::JOB_STATE_RUNNING) << b.reason();
+  EXPECT_EQ(std::vector<std::string>(b.worker_ids().begin(), b.worker_ids().end()),
+            (std::vector<std::string>{w3, w4}));
+  ASSERT_EQ(a.state(), v1::JOB_STATE_RUNNING) << a.reason();
+  EXPECT_EQ(std::vector<std::string>(a.worker_ids().begin(), a.worker_ids().end()),
+            (std::vector<std::string>{w1}));
+}
+
 TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLatestCheckpoint) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

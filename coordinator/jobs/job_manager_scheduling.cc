@@ -37,7 +37,9 @@ void JobManager::ScheduleQueued() {
     return *drained_ready_count;
   };
   // Recovering jobs first: they ran already, and hold on to their workers.
-  std::set<std::string> reserved;
+  // Every one's survivors are reserved before any re-plans: reserved only
+  // on its turn, a later job's were an earlier one's spares.
+  std::set<std::string> reserved = RecoveringSurvivorsLocked();
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() == v1::JOB_STATE_RECOVERING) TryReplanLocked(record, &reserved);
@@ -156,6 +158,27 @@ std::string JobManager::ReadyCount(size_t ready, size_t drained) {
                                      " more READY but drained, taking no job until restarted");
 }
 
+JobManager::JobRecord* JobManager::RecoveringJobOfLocked(const std::string& worker_id) {
+  for (const auto& [id, record] : jobs_) {
+    if (record->job.state() == v1::JOB_STATE_RECOVERING &&
+        std::count(record->survivors.begin(), record->survivors.end(), worker_id) > 0 &&
+        !IsLostLocked(*record, worker_id)) {
+      return record.get();
+    }
+  }
+  return nullptr;
+}
+
+std::set<std::string> JobManager::RecoveringSurvivorsLocked() const {
+  std::set<std::string> survivors;
+  for (const auto& [id, record] : jobs_) {
+    if (record->job.state() == v1::JOB_STATE_RECOVERING) {
+      survivors.insert(record->survivors.begin(), record->survivors.end());
+    }
+  }
+  return survivors;
+}
+
 bool JobManager::CanRunLocked(const JobRecord& record, const std::string& worker) const {
   if (record.resolved.tensor_mode != "3d") return true;
   absl::StatusOr<v1::Worker> info = registry_->Get(worker);
@@ -252,12 +275,8 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   }
   const std::vector<std::string> old(record.job.worker_ids().begin(),
                                      record.job.worker_ids().end());
-  std::set<std::string> reserved(old.begin(), old.end());
-  for (const auto& [id, other] : jobs_) {
-    if (other->job.state() == v1::JOB_STATE_RECOVERING) {
-      reserved.insert(other->survivors.begin(), other->survivors.end());
-    }
-  }
+  std::set<std::string> reserved = RecoveringSurvivorsLocked();
+  reserved.insert(old.begin(), old.end());
   const size_t own = chosen.size();
   for (const std::string& w : SparesForLocked(record, reserved)) {
     if (static_cast<int>(chosen.size()) >= MaxJobWorkers(record)) break;
@@ -328,7 +347,10 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
         ": out of service already; a process that registers again under this id is a new "
         "incarnation, which this drain would not cover (drain it once it is READY)"));
   }
-  JobRecord* record = worker.job_id().empty() ? nullptr : FindLocked(worker.job_id());
+  // A recovering job released its workers: its survivors have no job in
+  // the registry, and were drained without the check below.
+  JobRecord* record =
+      worker.job_id().empty() ? RecoveringJobOfLocked(worker_id) : FindLocked(worker.job_id());
   if (record != nullptr && !IsTerminal(record->job.state()) && !IsDrainedLocked(worker_id)) {
     if (record->checkpoints == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -336,13 +358,22 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
           ", which has no checkpoints (spec.checkpoint) to re-plan from; cancel the job or "
           "let it finish first"));
     }
-    std::set<std::string> reserved;
-    // Being planned, the job's workers are the placement's. Those drained
-    // already leave at the same boundary: not counted as staying.
-    const std::vector<std::string> workers =
-        record->pending.has_value() ? record->pending->workers
-                                    : std::vector<std::string>(record->job.worker_ids().begin(),
-                                                               record->job.worker_ids().end());
+    // Survivors of recovering jobs, this one's among them (READY, released),
+    // are not its spares.
+    const std::set<std::string> reserved = RecoveringSurvivorsLocked();
+    // Being planned, the job's workers are the placement's; recovering,
+    // its survivors not lost. Those drained already leave at the same
+    // boundary: not counted as staying.
+    std::vector<std::string> workers;
+    if (record->pending.has_value()) {
+      workers = record->pending->workers;
+    } else if (record->job.state() == v1::JOB_STATE_RECOVERING) {
+      for (const std::string& w : record->survivors) {
+        if (!IsLostLocked(*record, w)) workers.push_back(w);
+      }
+    } else {
+      workers.assign(record->job.worker_ids().begin(), record->job.worker_ids().end());
+    }
     const int staying = static_cast<int>(std::count_if(
         workers.begin(), workers.end(), [&](const std::string& w) { return !IsDrainedLocked(w); }));
     const int left = staying - 1 + static_cast<int>(SparesForLocked(*record, reserved).size());

@@ -221,6 +221,17 @@ expect_exit tensor_search_needs_data_auto 2 "--tensor-parallel needs --data auto
 expect_exit tensor_search_not_with_tensor 2 "give one" -- "${TP[@]}" --tensor 2 --tensor-parallel 2
 expect_exit tensor_search_no_layout 1 "pipetrain plan: INVALID_ARGUMENT: --workers: no layout of 7 workers" "split the model (--tensor-parallel)" "and --micro-batches 4" -- \
   --layers 2 --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 7 --data auto --tensor-parallel auto
+# A failed search leaves a --write-profile file already there as it was
+# (it was replaced, then removed).
+echo keep >"$TMP/kept-profile.json"
+expect_exit tensor_search_keeps_file 1 "no layout of 7 workers" -- \
+  --layers 2 --heads 4 --d-model 128 --vocab 256 --seq-len 64 --workers 7 --data auto --tensor-parallel auto \
+  --write-profile "$TMP/kept-profile.json"
+if [[ "$(cat "$TMP/kept-profile.json" 2>/dev/null)" == keep ]]; then
+  passed=$((passed + 1))
+else
+  fail tensor_search_kept_file "the --write-profile file already there was replaced or removed"
+fi
 
 # Bad input: exit 1 with the file and field named.
 echo '{"micro_batch_size": 1, "units": [{"name": "x", "fwd_seconds": -1, "bwd_seconds": 1, "weight_bytes": 0, "activation_bytes": 0, "stash_bytes": 0}]}' >"$TMP/negative.json"

@@ -725,11 +725,11 @@ int RunPlan(const std::vector<std::string>& args) {
   absl::StatusOr<ClusterSpec> cluster = ClusterFrom(f);
   if (!cluster.ok()) return fail(cluster.status());
   if (f.tensor_parallel != 1) {
-    // The search prints as it goes: the profile first, removed if it fails.
+    // The profile once the search found a layout: written first and
+    // removed on a failure, it took the place of a file the user had there.
+    if (!PrintJobLayoutSearch(f, *profile, *cluster)) return 1;
     if (auto s = WriteFilesOrNone(files); !s.ok()) return fail(s);
-    if (PrintJobLayoutSearch(f, *profile, *cluster)) return 0;
-    if (!files.empty()) RemoveIfRegular(f.write_profile);
-    return 1;
+    return 0;
   }
   // Every plan goes through the layout planner: with D = 1 it is SolvePlan
   // on the cluster as given (data_parallel_layout.h).

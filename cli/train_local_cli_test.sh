@@ -290,7 +290,7 @@ expect_exit logits_past_int 2 "--micro-batches: a micro-batch of 1 sequences of 
 # killed the run outright before, with no checkpoint.
 rm -f "$TMP/term.ckpt"
 "$BIN" train-local "${TINY[@]}" --steps 1000000 --checkpoint "$TMP/term.ckpt" \
-  --checkpoint-interval 1 2>"$TMP/term.err" &
+  --checkpoint-interval 1 >"$TMP/term.out" 2>"$TMP/term.err" &
 term_pid=$!
 for _ in $(seq 1 1200); do [[ -s "$TMP/term.ckpt" ]] && break; sleep 0.05; done
 kill -TERM "$term_pid"
@@ -301,6 +301,14 @@ if [[ $rc -eq 143 ]] && grep -q "interrupted (SIGTERM); checkpoint written" "$TM
 else
   cp "$TMP/term.err" "$ERR"
   fail sigterm_exit_143_checkpoint_written "exit $rc"
+fi
+# And without a last validation pass (tens of seconds for a large model
+# after the signal that asked to stop).
+if grep -q "^final: step" "$TMP/term.out" && ! grep -q "val_loss" "$TMP/term.out"; then
+  passed=$((passed + 1))
+else
+  cp "$TMP/term.out" "$ERR"
+  fail sigterm_no_final_validation "stdout: $(tail -n 2 "$TMP/term.out")"
 fi
 # The checkpoint loads, and holds at least the step it was awaited for.
 expect_exit sigterm_checkpoint_loads 0 "nothing to train: the checkpoint is at step" -- \

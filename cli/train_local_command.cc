@@ -360,7 +360,9 @@ absl::Status Run(Options& o) {
   RETURN_IF_ERROR(saved);
   std::printf("final: step %lld", static_cast<long long>(trainer->step()));
   std::optional<float> val = *trained;
-  if (!val.has_value() && dataset.num_val_windows() > 0) {
+  // Not once interrupted: a validation pass of a large model runs for tens
+  // of seconds after the Ctrl-C that asked to stop.
+  if (!val.has_value() && dataset.num_val_windows() > 0 && g_signal.load() == 0) {
     ASSIGN_OR_RETURN(val, trainer->Evaluate());
   }
   if (val.has_value()) std::printf(" val_loss %.4f", *val);

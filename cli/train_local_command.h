@@ -12,8 +12,9 @@ namespace pipetrain {
 
 // Runs the command with the words after "train-local". Returns the process
 // exit code: 0 success, 2 bad flags or flag combination, 1 any other error
-// (bad data file, unreadable checkpoint, ...), 130 interrupted by SIGINT
-// (after writing --checkpoint if one was requested).
+// (bad data file, unreadable checkpoint, ...), 130 or 143 interrupted by
+// SIGINT or SIGTERM (after the current step, writing --checkpoint if one
+// was requested; no final validation then).
 int RunTrainLocal(const std::vector<std::string>& args);
 
 // The flags RunTrainLocal parses, described (for shell completion).

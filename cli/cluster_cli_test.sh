@@ -294,6 +294,12 @@ expect_exit up_data_directory 2 "--data $TMP is a directory; name a token or tex
 # before the run, not after it.
 expect_exit up_loss_log_no_dir 2 "--loss-log $TMP/no-such-dir/l.txt: the directory $TMP/no-such-dir does not exist" -- \
   up --workers 2 --loss-log "$TMP/no-such-dir/l.txt" --out "$TMP/up-bad"
+# Nor may it be the corpus: it was written over after the run.
+for _ in $(seq 1 300); do echo "some words of text to train on"; done >"$TMP/corpus.txt"
+cp "$TMP/corpus.txt" "$TMP/corpus-copy.txt"
+expect_exit up_loss_log_is_data 2 "--loss-log $TMP/corpus.txt is --data $TMP/corpus.txt; writing it would destroy an input" -- \
+  up --workers 2 --data "$TMP/corpus.txt" --loss-log "$TMP/corpus.txt" --out "$TMP/up-bad"
+ok up_loss_log_data_kept cmp -s "$TMP/corpus.txt" "$TMP/corpus-copy.txt"
 # Nothing at all: not even --out is made before the flags are checked.
 ok up_bad_started_nothing test ! -e "$TMP/up-bad"
 # A CUDA device this machine lacks is refused up front too, not by the
@@ -355,6 +361,12 @@ ok up_measured_timeline grep -q "measured step 3 (workers" "$TMP/up-short/timeli
 ok up_one_worker_links_line grep -qx "links: no tensor sent by all workers" "$OUT"
 ok up_no_dead_metrics_url test "$(grep -c "metrics: http" "$OUT")" -eq 0
 ok up_logs_line grep -qx "logs: $TMP/up-short" "$OUT"
+# A --loss-log that cannot take the losses fails the run, naming why, after
+# its report (the final flush of a full disk went unchecked: exit 0).
+if [[ -w /dev/full ]]; then
+  expect_exit up_loss_log_full 72 "--loss-log: cannot write /dev/full: No space left on device" -- \
+    up --workers 1 --steps 3 --checkpoint-interval 0 --eval-interval 0 --loss-log /dev/full --out "$TMP/up-full"
+fi
 # A closed stdout (`up | head`) ends the run as Ctrl-C does: the cluster is
 # stopped before up exits, so nothing is left once the pipeline returns.
 "$BIN" "${UP[@]}" --out "$TMP/up-pipe" 2>&1 | head -c 1 >/dev/null
@@ -385,6 +397,32 @@ else
   fail up_killed "its processes outlived it: $(pgrep -af -- "$TMP/up-kill/")"
   pkill -KILL -f -- "--ports-file=$TMP/up-kill/"
 fi
+# A coordinator that dies under up ends the run saying how, and where its
+# log is (up printed gRPC's "connection refused" alone).
+"$BIN" "${UP[@]}" --out "$TMP/up-coord" >"$TMP/up-coord.out" 2>&1 &
+up_pid=$!
+pids+=("$up_pid")
+ok up_coord_started await_file "$TMP/up-coord/worker-1.ports"
+pkill -KILL -f -- "--ports-file=$TMP/up-coord/coordinator[.]ports"
+wait "$up_pid"
+rc=$?
+ok up_coordinator_died_exit_78 test "$rc" -eq 78  # 64 + UNAVAILABLE
+ok up_coordinator_died_said_how grep -q "the coordinator ended: killed by signal 9 (SIGKILL); its log: $TMP/up-coord/coordinator.log" "$TMP/up-coord.out"
+ok up_coordinator_died_nothing_left ended "$TMP/up-coord"
+# A worker that dies is news at once, on stderr (a job still waiting for
+# it said nothing for up to its queue timeout).
+"$BIN" "${UP[@]}" --out "$TMP/up-worker" >"$TMP/up-worker.out" 2>"$TMP/up-worker.err" &
+up_pid=$!
+pids+=("$up_pid")
+ok up_worker_started await_file "$TMP/up-worker/worker-1.ports"
+pkill -KILL -f -- "--ports-file=$TMP/up-worker/worker-1[.]ports"
+said_worker_ended() { grep -q "worker-1 ended: killed by signal 9 (SIGKILL)" "$TMP/up-worker.err"; }
+await_said() { for _ in $(seq 1 600); do said_worker_ended && return 0; sleep 0.05; done; return 1; }
+ok up_worker_died_said_at_once await_said
+kill -TERM "$up_pid"
+wait "$up_pid"
+ok up_worker_died_nothing_left ended "$TMP/up-worker"
+
 # SIGTERM (a supervisor stopping it) stops the cluster as Ctrl-C does and
 # exits 143, 128 + SIGTERM, so a script can tell it from Ctrl-C's 130.
 "$BIN" "${UP[@]}" --out "$TMP/up-term" >"$TMP/up-term.out" 2>&1 &

@@ -16,7 +16,9 @@
 #include <fstream>
 #include <functional>
 #include <optional>
+#include <set>
 #include <tuple>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -39,6 +41,7 @@
 #include "common/flag_set.h"
 #include "common/job_state.h"
 #include "common/secrets.h"
+#include "common/subprocess.h"
 #include "common/terminal_safe.h"
 #include "common/tls_credentials.h"
 #include "coordinator/jobs/plan_drawings.h"
@@ -149,7 +152,8 @@ int Fail(const std::string& command, const absl::Status& status) {
   // gRPC's words for a connection that failed, in terms of the flags.
   if (status.code() == absl::StatusCode::kUnavailable) {
     const std::string hint = CoordinatorConnectionHint(status.message(), g_tls);
-    if (!hint.empty())
+    // Not for `up`, which has no --coordinator: it started its own.
+    if (!hint.empty() && !g_coordinator.empty())
       absl::StrAppend(&text, " [--coordinator ", TerminalSafe(g_coordinator), ": ", hint, "]");
   }
   std::fprintf(stderr, "pipetrain %s: %s\n", command.c_str(), text.c_str());
@@ -576,10 +580,15 @@ using Reconnect = std::function<absl::StatusOr<std::unique_ptr<v1::CoordinatorSe
 // a coordinator that stops answering is looked for again for up to
 // kRefindWindow (the job goes on without it; a new leader or a restarted
 // coordinator has it back), and `*reconnected` gets the stub found last.
-absl::StatusOr<v1::Job> Follow(
-    v1::CoordinatorService::Stub& stub, const std::string& id, absl::Duration timeout,
-    StepTiming* timing = nullptr, const Reconnect& reconnect = nullptr,
-    std::unique_ptr<v1::CoordinatorService::Stub>* reconnected = nullptr) {
+// With `watch` (up: the processes it started), each poll asks it for news
+// to show and whether to go on: a non-OK status ends the following with
+// it (`rpc_failed`: asked after a failed call, which it may explain).
+using LocalWatch = std::function<absl::Status(bool rpc_failed, std::vector<std::string>* news)>;
+absl::StatusOr<v1::Job> Follow(v1::CoordinatorService::Stub& stub, const std::string& id,
+                               absl::Duration timeout, StepTiming* timing = nullptr,
+                               const Reconnect& reconnect = nullptr,
+                               std::unique_ptr<v1::CoordinatorService::Stub>* reconnected = nullptr,
+                               const LocalWatch& watch = nullptr) {
   ProgressReporter progress(stderr, isatty(STDERR_FILENO));
   v1::Job job;
   int64_t last_step = -1, last_version = 0, first_step = -1;
@@ -596,6 +605,15 @@ absl::StatusOr<v1::Job> Follow(
     v1::GetJobRequest request;
     request.set_id(id);
     grpc::Status s = current->GetJob(WithDeadline(timeout).get(), request, &job);
+    if (watch) {
+      std::vector<std::string> news;
+      const absl::Status going_on = watch(!s.ok(), &news);
+      for (const std::string& line : news) progress.Message(TerminalSafe(line));
+      if (!going_on.ok()) {
+        progress.Finish();
+        return going_on;
+      }
+    }
     if (!s.ok()) {
       // CANCELLED: a coordinator shutting down (SIGTERM: a restart, a
       // rolling update) ends the calls it is serving so; nothing here
@@ -788,6 +806,8 @@ int RunUp(const std::vector<std::string>& args) {
   if (valid.ok()) valid = NameFlags(ResolveJobSpec(UpSpec(o)).status(), kUpFlagNames);
   // Written once the job ends: a path that cannot be must not cost the run.
   if (valid.ok()) valid = CheckWritableParent("--loss-log", o.loss_log);
+  // Written after the run: it must not be the corpus the run trains on.
+  if (valid.ok()) valid = CheckNotAnInput("--loss-log", o.loss_log, {{"--data", o.data}});
   const bool each_gpu = o.worker_device == "cuda:each";
   const int gpus = each_gpu ? VisibleCudaDevices() : 0;
   // 3-D tensor parallelism has no CUDA path (stage_runtime.cc): the
@@ -915,8 +935,29 @@ int RunUp(const std::vector<std::string>& args) {
   std::fprintf(stderr, "job %s: %s (%s, %s), %lld steps; metrics at http://%s/metrics\n",
                job.id().c_str(), layout.c_str(), o.solver.c_str(), o.schedule.c_str(),
                static_cast<long long>(o.steps), (*cluster)->http_address().c_str());
+  // Its own processes, watched while the job runs: a worker that ended is
+  // news at once (a job still waiting for it would say nothing for up to
+  // its queue timeout), and a coordinator that ended ends the run, saying
+  // how and where its log is (gRPC's "connection refused" alone did not).
+  std::set<std::string> workers_shown;
+  const LocalWatch watch = [&](bool rpc_failed, std::vector<std::string>* news) -> absl::Status {
+    Subprocess& coordinator = (*cluster)->coordinator();
+    // After a failed call, a moment for its exit to be seen.
+    const std::optional<int> ended =
+        rpc_failed ? coordinator.Wait(absl::Seconds(2)) : coordinator.Poll();
+    if (ended.has_value()) {
+      return absl::UnavailableError(absl::StrCat("the coordinator ended: ", DescribeExit(*ended),
+                                                 "; its log: ", (*cluster)->coordinator_log()));
+    }
+    for (absl::string_view line :
+         absl::StrSplit((*cluster)->DescribeEndedWorkers(), '\n', absl::SkipEmpty())) {
+      if (workers_shown.insert(std::string(line)).second) news->emplace_back(line);
+    }
+    return absl::OkStatus();
+  };
   StepTiming timing;
-  absl::StatusOr<v1::Job> done = Follow(*stub, job.id(), kRpcTimeout, &timing);
+  absl::StatusOr<v1::Job> done =
+      Follow(*stub, job.id(), kRpcTimeout, &timing, nullptr, nullptr, watch);
   if (!done.ok()) return Fail("up", done.status());
   if (Interrupted()) {
     v1::CancelJobRequest cancel;
@@ -936,10 +977,13 @@ int RunUp(const std::vector<std::string>& args) {
   // A worker lost during the run: the job's reason says it "is gone", this
   // how it ended (e.g. killed for memory).
   std::printf("%s", (*cluster)->DescribeEndedWorkers().c_str());
+  // Whole or not at all, its errno named (an unchecked final flush lost a
+  // full disk's error); a failure is reported after the run's report.
+  absl::Status loss_log_written = absl::OkStatus();
   if (!o.loss_log.empty()) {
-    std::ofstream losses(o.loss_log);
-    for (float loss : end.progress().loss_history()) losses << absl::StrFormat("%.9g\n", loss);
-    if (!losses) return Fail("up", absl::InternalError("cannot write --loss-log " + o.loss_log));
+    std::string text;
+    for (float loss : end.progress().loss_history()) text += absl::StrFormat("%.9g\n", loss);
+    loss_log_written = WriteFilesOrNone({{o.loss_log, std::move(text)}});
   }
   v1::GetPlanRequest plan_request;
   plan_request.set_job_id(end.id());
@@ -950,6 +994,10 @@ int RunUp(const std::vector<std::string>& args) {
     WriteTimelines(plan, o.out);
   }
   PrintLinkSummary(**cluster);
+  if (!loss_log_written.ok()) {
+    return Fail("up", absl::Status(loss_log_written.code(),
+                                   absl::StrCat("--loss-log: ", loss_log_written.message())));
+  }
   // The metrics page only while the cluster stays up: it goes with `up`.
   if (o.keep_running && !Interrupted()) {
     std::printf("metrics: http://%s/metrics   logs: %s\n", (*cluster)->http_address().c_str(),
@@ -958,6 +1006,7 @@ int RunUp(const std::vector<std::string>& args) {
                 (*cluster)->grpc_address().c_str(), (*cluster)->user_token_file().c_str());
     std::fflush(stdout);  // the summary too, when stdout is a file or a pipe
     while (!Interrupted()) absl::SleepFor(absl::Milliseconds(200));
+    return InterruptedExitCode();  // 128 + the signal, as documented
   } else {
     std::printf("logs: %s\n", o.out.c_str());
   }

@@ -215,7 +215,9 @@ TEST_F(WeightsUploadTest, NonFiniteValue_FinishesInvalidArgument) {
     EXPECT_TRUE(absl::StrContains(status->error_message(), "wpe.weight holds "))
         << status->error_message();
     EXPECT_TRUE(
-        absl::StrContains(status->error_message(), " at element 10; weights must be finite"))
+        absl::StrContains(status->error_message(),
+                          " at index 2 of the chunk at offset 8 (element 10); weights must be "
+                          "finite"))
         << status->error_message();
     reactor->OnDone();
   }

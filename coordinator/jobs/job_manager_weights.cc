@@ -3,6 +3,7 @@
 // job_manager.h.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <map>
 #include <memory>
 
@@ -44,11 +45,14 @@ absl::Status JobManager::AddWeightsChunk(const v1::WeightsChunk& c) {
   // offset is (so the message adds nothing to it: the sum could overflow).
   for (int i = 0; i < c.values_size(); ++i) {
     if (!std::isfinite(c.values(i))) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("WeightsChunk.values: ",
-                       absl::CHexEscape(absl::string_view(c.tensor_name()).substr(0, 128)),
-                       " holds ", c.values(i), " at index ", i, " of the chunk at offset ",
-                       c.offset(), "; weights must be finite"));
+      // The tensor's element only where the sum cannot overflow.
+      const bool in_range = c.offset() >= 0 && c.offset() <= INT64_MAX - i;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "WeightsChunk.values: ",
+          absl::CHexEscape(absl::string_view(c.tensor_name()).substr(0, 128)), " holds ",
+          c.values(i), " at index ", i, " of the chunk at offset ", c.offset(),
+          in_range ? absl::StrCat(" (element ", c.offset() + i, ")") : std::string(),
+          "; weights must be finite"));
     }
   }
   std::shared_ptr<SafetensorsFileWriter> file;

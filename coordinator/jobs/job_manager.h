@@ -427,6 +427,9 @@ class JobManager {
     // The worker that profiled the model for this job; empty when the
     // profile came from the cache (an earlier job's).
     std::string profiled_by;
+    // The worker profiling the model for this job while it is PROFILING
+    // (held from other jobs: HeldWorkersLocked).
+    std::string profiling_on;
     // The profile the first plan used; re-plans reuse it (no profiling in
     // the middle of a recovery).
     std::optional<ModelProfile> profile;
@@ -625,9 +628,11 @@ class JobManager {
                                  const absl::Status& refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The recovering job `worker_id` survived (not lost to it), if any.
   JobRecord* RecoveringJobOfLocked(const std::string& worker_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The workers recovering jobs wait for (their survivors): not spares to
-  // any other job.
-  std::set<std::string> RecoveringSurvivorsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The workers held for jobs that are not running on them: recovering
+  // jobs' survivors (they wait for them) and the workers profiling a
+  // model (a job's plan measured there while it trained another job's would
+  // be skewed for every later job of the model). Not spares to any job.
+  std::set<std::string> HeldWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether `worker` can run a stage of `record`'s job: a worker that
   // computes on a GPU (DeviceInfo.gpu_model) cannot run a 3-D
   // tensor-parallel job (spec.parallelism.tensor_mode 3d has no CUDA path:

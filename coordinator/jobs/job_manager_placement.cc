@@ -342,7 +342,7 @@ bool JobManager::RetryWithMoreMemoryLocked(JobRecord& record, const PendingPlace
   // The candidates: these workers (still the job's in the registry) and
   // every spare READY one.
   std::vector<std::string> candidates = pending.workers;
-  for (std::string& w : ThatCanRunLocked(record, SpareWorkersLocked({}))) {
+  for (std::string& w : ThatCanRunLocked(record, SpareWorkersLocked(HeldWorkersLocked()))) {
     candidates.push_back(std::move(w));
   }
   const int need = static_cast<int>(pending.workers.size());

@@ -184,6 +184,7 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   if (fetcher_ && record.profile_error.empty() && unfit.empty()) {
     record.job.set_state(v1::JOB_STATE_PROFILING);
     record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
+    record.profiling_on = workers[0].id();
     TouchLocked(record);
     PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
     ReapProfilersLocked();

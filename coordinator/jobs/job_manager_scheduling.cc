@@ -37,9 +37,10 @@ void JobManager::ScheduleQueued() {
     return *drained_ready_count;
   };
   // Recovering jobs first: they ran already, and hold on to their workers.
-  // Every one's survivors are reserved before any re-plans: reserved only
-  // on its turn, a later job's were an earlier one's spares.
-  std::set<std::string> reserved = RecoveringSurvivorsLocked();
+  // Every one's survivors are reserved before any re-plans (reserved only
+  // on its turn, a later job's were an earlier one's spares), and so are
+  // the workers profiling a job (an earlier queued job took them).
+  std::set<std::string> reserved = HeldWorkersLocked();
   for (const std::string& id : order_) {
     JobRecord& record = *jobs_.at(id);
     if (record.job.state() == v1::JOB_STATE_RECOVERING) TryReplanLocked(record, &reserved);
@@ -169,14 +170,17 @@ JobManager::JobRecord* JobManager::RecoveringJobOfLocked(const std::string& work
   return nullptr;
 }
 
-std::set<std::string> JobManager::RecoveringSurvivorsLocked() const {
-  std::set<std::string> survivors;
+std::set<std::string> JobManager::HeldWorkersLocked() const {
+  std::set<std::string> held;
   for (const auto& [id, record] : jobs_) {
     if (record->job.state() == v1::JOB_STATE_RECOVERING) {
-      survivors.insert(record->survivors.begin(), record->survivors.end());
+      held.insert(record->survivors.begin(), record->survivors.end());
+    }
+    if (record->job.state() == v1::JOB_STATE_PROFILING && !record->profiling_on.empty()) {
+      held.insert(record->profiling_on);
     }
   }
-  return survivors;
+  return held;
 }
 
 bool JobManager::CanRunLocked(const JobRecord& record, const std::string& worker) const {
@@ -275,7 +279,7 @@ void JobManager::ReplanAtBoundaryLocked(JobRecord& record) {
   }
   const std::vector<std::string> old(record.job.worker_ids().begin(),
                                      record.job.worker_ids().end());
-  std::set<std::string> reserved = RecoveringSurvivorsLocked();
+  std::set<std::string> reserved = HeldWorkersLocked();
   reserved.insert(old.begin(), old.end());
   const size_t own = chosen.size();
   for (const std::string& w : SparesForLocked(record, reserved)) {
@@ -359,8 +363,8 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
           "let it finish first"));
     }
     // Survivors of recovering jobs, this one's among them (READY, released),
-    // are not its spares.
-    const std::set<std::string> reserved = RecoveringSurvivorsLocked();
+    // and profiling workers are not its spares.
+    const std::set<std::string> reserved = HeldWorkersLocked();
     // Being planned, the job's workers are the placement's; recovering,
     // its survivors not lost. Those drained already leave at the same
     // boundary: not counted as staying.

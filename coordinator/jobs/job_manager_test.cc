@@ -1654,6 +1654,44 @@ TEST_F(JobManagerTest, ProfilingWorkerLeaves_AnotherProfilesTheModel) {
       << plan.profile_source();
 }
 
+// The worker profiling a job stays READY, and later jobs wait for it; but
+// an earlier queued job (the profiling one went ahead of it: backfill)
+// took it and trained on it while it measured the profile that every later
+// plan of that model uses. It is held now, as recovering jobs' survivors.
+TEST_F(JobManagerTest, WorkerProfilingAJob_NotTakenByAnEarlierQueuedJob) {
+  absl::Notification release;
+  jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
+                              const v1::ProfileRequest& r) -> absl::StatusOr<v1::ModelProfile> {
+    if (r.seq_len() == 4) release.WaitForNotification();  // the later job's model only
+    return FakeProfile();
+  });
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  // A first job of the older job's model: profiled, and cached for it.
+  const std::string primer = Submit(SmallSpec(1)).value().id();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  ASSERT_TRUE(jobs_.Cancel(primer).ok());
+  const std::string older = Submit(SmallSpec(3)).value().id();  // 3 stages on 2 workers: waits
+  ASSERT_EQ(jobs_.Get(older).value().state(), v1::JOB_STATE_QUEUED);
+  v1::JobSpec other = SmallSpec(2);
+  other.mutable_training()->set_seq_len(4);
+  const std::string later = Submit(other).value().id();
+  ASSERT_EQ(jobs_.Get(later).value().reason(), "profiling the model on " + w1);
+  AddWorker(7003);
+  jobs_.ScheduleQueued();
+  background_.RunAll();
+  EXPECT_EQ(registry_.Get(w1).value().state(), v1::WORKER_STATE_READY);
+  const v1::Job waiting = jobs_.Get(older).value();
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(waiting.reason(), "waiting for 3 READY workers (2 ready)");
+  // Once the profile is in, the older job comes first, on all three.
+  release.Notify();
+  jobs_.AwaitProfiling();
+  background_.RunAll();
+  EXPECT_EQ(jobs_.Get(older).value().state(), v1::JOB_STATE_RUNNING)
+      << jobs_.Get(older).value().reason();
+}
+
 // A worker's profile is cached for every later job of the model on its
 // device kind, and stored: fields the coordinator does not know (up to the
 // 4 MiB reply) are not kept.
@@ -1684,7 +1722,8 @@ TEST_F(JobManagerTest, ProfileReplyUnknownFields_NotCached) {
 }
 
 // A job queued behind one being profiled waits for it, and its reason
-// says so with the READY count.
+// says so with the count of READY workers it could take (not the one
+// profiling).
 TEST_F(JobManagerTest, QueuedBehindAProfilingJob_ReasonNamesItAndCountsReady) {
   absl::Notification release;
   jobs_.SetProfileFetcher([&](const std::string&, const std::string&,
@@ -1701,7 +1740,7 @@ TEST_F(JobManagerTest, QueuedBehindAProfilingJob_ReasonNamesItAndCountsReady) {
   Schedule();
   const v1::Job waiting = jobs_.Get(second).value();
   EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED);
-  EXPECT_EQ(waiting.reason(), absl::StrCat("waiting while job ", first, " is profiled (3 ready)"));
+  EXPECT_EQ(waiting.reason(), absl::StrCat("waiting while job ", first, " is profiled (2 ready)"));
   release.Notify();
   jobs_.AwaitProfiling();
   background_.RunAll();

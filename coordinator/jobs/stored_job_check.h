@@ -42,7 +42,8 @@ std::string StoredProfileMismatch(const ModelProfile& profile, const GptConfig& 
 
 // The job's counters and its checkpoints' steps: plan_version,
 // progress.step, val_step, loss_history_start, checkpoint_step,
-// steps_redone and every checkpoint's step in [0, kMaxStoredCount];
+// steps_redone, checkpoint_failures and every checkpoint's step in
+// [0, kMaxStoredCount];
 // recoveries in [0, kMaxStoredRecoveries].
 std::string StoredCountersMismatch(const v1::Job& job,
                                    const std::vector<v1::ResumeFrom>& checkpoints);

@@ -1,7 +1,8 @@
 // Store: the coordinator's durable state, as an ordered key-value map with
 // atomic batches (DESIGN.md §11). Backends: SqliteStore (embedded, the
-// default: --state-dir), MemoryStore (tests, and --state-dir unset), and an
-// etcd backend for highly available coordinators (planned).
+// default: --state-dir), MemoryStore (tests, and --state-dir unset), and
+// EtcdStore for highly available coordinators (--etcd-endpoints,
+// etcd_store.h).
 //
 // Keys are printable ASCII paths ("jobs/job-abc-1", "workers/w-3"); values
 // are opaque bytes (serialized protos). The typed layout on top lives with

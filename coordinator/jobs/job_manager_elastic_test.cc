@@ -2068,6 +2068,28 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_SavedFailedEndedOnce
   EXPECT_EQ(ended, 1);
 }
 
+// Every job a restart fails is counted as ended, once: those failed for
+// stored state that no longer fits (here a counter out of range) were not.
+TEST_F(JobManagerElasticTest, Restore_JobFailedForItsStoredCounters_EndedOnce) {
+  const std::string id = CheckpointedJobInStore();
+  EditStoredJob(*state_, id, [](store::StoredJob& s) {
+    s.mutable_job()->mutable_progress()->set_steps_redone(-1);
+  });
+  int ended = 0;
+  for (int restart = 0; restart < 2; ++restart) {
+    Reset(/*with_state=*/true);
+    JobEvents events;
+    events.ended = [&](v1::JobState) { ++ended; };
+    jobs_->SetEvents(events);
+    ASSERT_TRUE(jobs_->Restore().ok());
+    const v1::Job job = jobs_->Get(id).value();
+    EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+    EXPECT_TRUE(absl::StrContains(job.reason(), "progress.steps_redone -1")) << job.reason();
+    jobs_->FlushIo();
+  }
+  EXPECT_EQ(ended, 1);
+}
+
 // A stored spec over the planning budget (Submit refuses it; a recovery
 // or growth would plan it with no later check): the job fails.
 TEST_F(JobManagerElasticTest, Restore_SpecOverThePlanningBudget_JobFails) {

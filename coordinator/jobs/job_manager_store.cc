@@ -257,13 +257,11 @@ absl::Status JobManager::Restore() {
                state == v1::JOB_STATE_RECOVERING) {
       if (!profile_mismatch.empty()) {
         fail_unfit("profile does not fit the model", profile_mismatch);
-        if (events_.ended) events_.ended(v1::JOB_STATE_FAILED);
       } else if (record->checkpoints == nullptr || !record->profile.has_value()) {
         record->job.set_state(v1::JOB_STATE_FAILED);
         record->job.set_reason(
             "the coordinator restarted while the job ran, and the job has no checkpoints "
             "(spec.checkpoint) to resume from");
-        if (events_.ended) events_.ended(v1::JOB_STATE_FAILED);
       } else {
         // As a recovery from the loss of every worker, which get the grace
         // period to come back.
@@ -280,6 +278,10 @@ absl::Status JobManager::Restore() {
     // Failed by this restart: what the old coordinator was uploading goes,
     // as EndLocked removes it for a job that fails while this one runs.
     if (!ended_before && record->job.state() == v1::JOB_STATE_FAILED) {
+      // Ended now, whatever failed it (a spec, plan, counters or profile
+      // that no longer fit, or no checkpoints): counted once, as it is
+      // saved FAILED and a later restart finds it ended.
+      if (events_.ended) events_.ended(v1::JOB_STATE_FAILED);
       RemoveAbandonedWeightsOf(*record);
       // So do its checkpoints' leftovers, once every job is restored (the
       // sweep skips a directory another live job shares), and the failure

@@ -92,6 +92,14 @@ absl::StatusOr<Subprocess> Subprocess::Spawn(const std::vector<std::string>& arg
     return absl::NotFoundError(
         absl::StrCat("cannot execute ", argv.empty() ? "(nothing)" : argv[0]));
   }
+  // Ignored (it survives exec: a parent that ignores it passes that on),
+  // SIGCHLD makes the kernel reap children at once, so waitpid never
+  // returns this one's exit: a child that died at start-up went unseen
+  // until a timeout, and Terminate killed a pid that may be reused.
+  struct sigaction sigchld;
+  if (sigaction(SIGCHLD, nullptr, &sigchld) == 0 && sigchld.sa_handler == SIG_IGN) {
+    signal(SIGCHLD, SIG_DFL);
+  }
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log_path.c_str(),

@@ -62,7 +62,10 @@ class Subprocess {
  public:
   // argv[0] is the program path. The log is created mode 0600 (a child's
   // log may hold what only its user should read). NOT_FOUND if the program
-  // does not exist; INTERNAL if spawning fails (with strerror).
+  // does not exist; INTERNAL if spawning fails (with strerror). A SIGCHLD
+  // this process ignores (inherited from its parent) is set back to the
+  // default first: ignored, the kernel reaps children itself, and no exit
+  // would ever be seen (Poll, Wait, Terminate).
   static absl::StatusOr<Subprocess> Spawn(const std::vector<std::string>& argv,
                                           const std::string& log_path,
                                           const SpawnOptions& options = {});

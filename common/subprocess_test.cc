@@ -52,6 +52,18 @@ TEST(DescribeExitTest, ExitCodeOrSignalWithItsName) {
   EXPECT_EQ(DescribeExit(*kill_status), "killed by signal 9 (SIGKILL)");
 }
 
+// A parent that ignores SIGCHLD passes that on across exec, and the kernel
+// then reaps children itself: no exit was ever seen. Spawn sets it back.
+TEST(SubprocessTest, SigchldIgnoredByTheParent_ExitStillSeen) {
+  signal(SIGCHLD, SIG_IGN);
+  auto child = Subprocess::Spawn({"/bin/sh", "-c", "exit 3"}, TempPath("sigchld.log"));
+  ASSERT_TRUE(child.ok()) << child.status();
+  const std::optional<int> status = child->Wait(absl::Seconds(30));
+  signal(SIGCHLD, SIG_DFL);
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(DescribeExit(*status), "exit code 3");
+}
+
 TEST(WaitForFileTest, WriterWritesTheFile_Ok) {
   const std::string path = TempPath("written.ports");
   auto child = Subprocess::Spawn({"/bin/sh", "-c", "echo '{}' > " + path}, TempPath("w.log"));

@@ -300,6 +300,9 @@ cp "$TMP/corpus.txt" "$TMP/corpus-copy.txt"
 expect_exit up_loss_log_is_data 2 "--loss-log $TMP/corpus.txt is --data $TMP/corpus.txt; writing it would destroy an input" -- \
   up --workers 2 --data "$TMP/corpus.txt" --loss-log "$TMP/corpus.txt" --out "$TMP/up-bad"
 ok up_loss_log_data_kept cmp -s "$TMP/corpus.txt" "$TMP/corpus-copy.txt"
+# --synthetic-bytes sizes generated text: with --data it was ignored.
+expect_exit up_synthetic_bytes_with_data 2 "--synthetic-bytes sizes generated text, and has no effect with --data" -- \
+  up --workers 2 --data "$TMP/corpus.txt" --synthetic-bytes 5000 --out "$TMP/up-bad"
 # Nothing at all: not even --out is made before the flags are checked.
 ok up_bad_started_nothing test ! -e "$TMP/up-bad"
 # A CUDA device this machine lacks is refused up front too, not by the

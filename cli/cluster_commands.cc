@@ -269,6 +269,7 @@ struct UpOptions {
   // 0; the spec's own default (0 for other counts) applies unless given.
   int tensor_tune_steps = 2;
   bool tensor_tune_steps_given = false;
+  bool synthetic_bytes_given = false;  // on the command line
   // Per user: a shared /tmp/pipetrain-up would be refused to all but the
   // first user (ClusterDir), and one user's runs would share it.
   std::string out = absl::StrCat("/tmp/pipetrain-up-", geteuid());
@@ -754,6 +755,7 @@ int RunUp(const std::vector<std::string>& args) {
   std::vector<std::string> words;
   if (int code = ParseArgs(flags, args, 0, &words, "up"); code >= 0) return code;
   o.tensor_tune_steps_given = flags.IsSet("tensor-partitions-tune-steps");
+  o.synthetic_bytes_given = flags.IsSet("synthetic-bytes");
   absl::Status valid = absl::OkStatus();
   if (o.workers < 1) {
     valid = absl::InvalidArgumentError(absl::StrCat("--workers must be >= 1, got ", o.workers));
@@ -790,6 +792,11 @@ int RunUp(const std::vector<std::string>& args) {
         break;
       }
     }
+  }
+  // It sizes generated text: given with --data, it was silently ignored.
+  if (valid.ok() && !o.data.empty() && o.synthetic_bytes_given) {
+    valid = absl::InvalidArgumentError(
+        "--synthetic-bytes sizes generated text, and has no effect with --data; leave it out");
   }
   // The workers would refuse a bad --emulate-link, one by one after starting.
   if (valid.ok()) valid = ParseLinkModel("--emulate-link", o.emulate_link).status();

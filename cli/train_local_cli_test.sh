@@ -9,8 +9,9 @@ set -u
 source "$(dirname "$0")/cli_test_lib.sh"
 
 # A model small enough that any case which reaches training ends at once.
-TINY=(--steps 1 --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2
-      --synthetic-bytes 20000)
+TINY_MODEL=(--steps 1 --layers 1 --d-model 32 --heads 2 --seq-len 16 --batch 2)
+# And its generated text (with --data, --synthetic-bytes is refused).
+TINY=("${TINY_MODEL[@]}" --synthetic-bytes 20000)
 
 # --- Flags and flag combinations: exit 2 --------------------------------------
 expect_exit heads_not_dividing 2 "--heads (3) must divide --d-model (128)" -- \
@@ -19,6 +20,12 @@ expect_exit micro_batches_not_dividing 2 "train-local: --micro-batches: 3 must b
   train-local --batch 8 --micro-batches 3
 expect_exit seq_len_zero 2 "--seq-len must be >= 1, got 0" -- train-local --seq-len 0
 expect_exit format_bogus 2 'unknown data format "bogus"' -- train-local --format bogus
+# Flags for the other source of tokens were silently ignored.
+expect_exit format_without_data 2 "--format uint16 reads a --data file; without --data the text is generated" -- \
+  train-local --format uint16
+echo "a little text to train on" >"$TMP/tiny-corpus.txt"
+expect_exit synthetic_bytes_with_data 2 "--synthetic-bytes sizes generated text, and has no effect with --data" -- \
+  train-local --data "$TMP/tiny-corpus.txt" --synthetic-bytes 5000
 expect_exit steps_negative 2 "steps: must be >= 0, got -1" -- train-local --steps -1
 expect_exit lr_zero 2 "lr: must be > 0, got 0" -- train-local --lr 0
 expect_exit lr_nan 2 "--lr: cannot parse 'nan'" -- train-local --lr nan
@@ -34,11 +41,11 @@ expect_exit save_is_a_directory 2 "--save $TMP/a-dir is a directory; name a file
 # A corpus too short for one window: the message starts with its path.
 printf 'tiny' > "$TMP/tiny.txt"
 expect_exit data_too_short 1 "$TMP/tiny.txt: train split has" -- \
-  train-local "${TINY[@]}" --data "$TMP/tiny.txt" --val-fraction 0
+  train-local "${TINY_MODEL[@]}" --data "$TMP/tiny.txt" --val-fraction 0
 # An output that is one of the run's inputs is refused before training.
 printf 'some text to train on, long enough for a window or two.' > "$TMP/book.txt"
 expect_exit save_over_data 2 "--save $TMP/book.txt is --data $TMP/book.txt" -- \
-  train-local "${TINY[@]}" --data "$TMP/book.txt" --save "$TMP/book.txt"
+  train-local "${TINY_MODEL[@]}" --data "$TMP/book.txt" --save "$TMP/book.txt"
 if grep -q 'some text' "$TMP/book.txt"; then
   passed=$((passed + 1))
 else
@@ -104,28 +111,28 @@ write_header() {
 }
 
 expect_exit missing_file 1 "$TMP/missing.txt" "cannot open token file" -- \
-  train-local "${TINY[@]}" --data "$TMP/missing.txt"
+  train-local "${TINY_MODEL[@]}" --data "$TMP/missing.txt"
 
 : >"$TMP/empty.txt"
 expect_exit empty_file 1 "$TMP/empty.txt" "token file is empty" -- \
-  train-local "${TINY[@]}" --data "$TMP/empty.txt"
+  train-local "${TINY_MODEL[@]}" --data "$TMP/empty.txt"
 
 write_header "$TMP/bad_magic.bin" '\071\060\000\000' "$V1" '\144\000\000\000' 100
 expect_exit bad_magic 1 "bad magic: found 12345, expected 20240520" -- \
-  train-local "${TINY[@]}" --data "$TMP/bad_magic.bin" --format uint16-header
+  train-local "${TINY_MODEL[@]}" --data "$TMP/bad_magic.bin" --format uint16-header
 
 write_header "$TMP/version2.bin" "$MAGIC" '\002\000\000\000' '\144\000\000\000' 100
 expect_exit header_version_2 1 "$TMP/version2.bin" "unsupported version 2" -- \
-  train-local "${TINY[@]}" --data "$TMP/version2.bin"
+  train-local "${TINY_MODEL[@]}" --data "$TMP/version2.bin"
 
 # The header announces 1000 tokens (0x03E8); 100 follow.
 write_header "$TMP/truncated.bin" "$MAGIC" "$V1" '\350\003\000\000' 100
 expect_exit header_truncated 1 "truncated: header says 1000 tokens, file holds 100" -- \
-  train-local "${TINY[@]}" --data "$TMP/truncated.bin" --format uint16-header
+  train-local "${TINY_MODEL[@]}" --data "$TMP/truncated.bin" --format uint16-header
 
 { for ((i = 0; i < 100; i++)); do printf '\001\000'; done; printf '\001'; } >"$TMP/odd.bin"
 expect_exit raw_odd_size 1 "odd size of 201 bytes" -- \
-  train-local "${TINY[@]}" --data "$TMP/odd.bin" --format uint16
+  train-local "${TINY_MODEL[@]}" --data "$TMP/odd.bin" --format uint16
 
 # 200 tokens of id 1 except id 300 (0x012C) at position 100.
 {
@@ -134,11 +141,11 @@ expect_exit raw_odd_size 1 "odd size of 201 bytes" -- \
   done
 } >"$TMP/big_id.bin"
 expect_exit token_beyond_vocab 1 "token at position 100 has id 300" "vocab size 256" -- \
-  train-local "${TINY[@]}" --data "$TMP/big_id.bin" --format uint16 --vocab 256
+  train-local "${TINY_MODEL[@]}" --data "$TMP/big_id.bin" --format uint16 --vocab 256
 
 printf '0123456789' >"$TMP/small.txt"
 expect_exit file_too_small 1 "need at least seq_len + 1 = 65" -- \
-  train-local "${TINY[@]}" --data "$TMP/small.txt" --seq-len 64
+  train-local "${TINY_MODEL[@]}" --data "$TMP/small.txt" --seq-len 64
 
 printf 'these are not safetensors bytes at all, just some text\n' >"$TMP/not.safetensors"
 expect_exit init_from_not_safetensors 1 "$TMP/not.safetensors" "not a safetensors file" -- \

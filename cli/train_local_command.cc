@@ -47,6 +47,7 @@ struct Options {
   std::string data, format = "auto", decay = "matrices";
   std::string lr_schedule = "constant";
   int64_t synthetic_bytes = 2'000'000;
+  bool synthetic_bytes_given = false;  // on the command line
   double val_fraction = 0.1;
   int block_size = 0;  // 0: same as seq_len
   std::string init_from, resume, save, checkpoint, log;
@@ -184,6 +185,16 @@ absl::Status Resolve(Options& o) {
   }
   if (o.data.empty() && o.synthetic_bytes < 1) {
     return absl::InvalidArgumentError("--synthetic-bytes must be >= 1");
+  }
+  // Each sizes or reads one source of tokens: given with the other, it was
+  // silently ignored.
+  if (!o.data.empty() && o.synthetic_bytes_given) {
+    return absl::InvalidArgumentError(
+        "--synthetic-bytes sizes generated text, and has no effect with --data; leave it out");
+  }
+  if (o.data.empty() && (o.format == "uint16" || o.format == "uint16-header")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--format ", o.format, " reads a --data file; without --data the text is generated"));
   }
   if (o.checkpoint_interval < 0 || (o.checkpoint_interval > 0 && o.checkpoint.empty())) {
     return absl::InvalidArgumentError("--checkpoint-interval needs --checkpoint PATH and >= 0");
@@ -394,6 +405,7 @@ int RunTrainLocal(const std::vector<std::string>& args) {
     std::printf("%s", flags.Usage().c_str());
     return 0;
   }
+  options.synthetic_bytes_given = flags.IsSet("synthetic-bytes");
   if (parsed.ok()) parsed = Resolve(options);
   if (!parsed.ok()) {
     std::fprintf(stderr, "pipetrain train-local: %s\n", std::string(parsed.message()).c_str());

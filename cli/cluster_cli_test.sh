@@ -406,6 +406,9 @@ fi
 up_pid=$!
 pids+=("$up_pid")
 ok up_coord_started await_file "$TMP/up-coord/worker-1.ports"
+# submitted FILE: up's "job ..." line is in FILE (the job was submitted).
+submitted() { for _ in $(seq 1 600); do grep -q "^job job-" "$1" && return 0; sleep 0.05; done; return 1; }
+ok up_coord_job_submitted submitted "$TMP/up-coord.out"
 pkill -KILL -f -- "--ports-file=$TMP/up-coord/coordinator[.]ports"
 wait "$up_pid"
 rc=$?
@@ -418,6 +421,7 @@ ok up_coordinator_died_nothing_left ended "$TMP/up-coord"
 up_pid=$!
 pids+=("$up_pid")
 ok up_worker_started await_file "$TMP/up-worker/worker-1.ports"
+ok up_worker_job_submitted submitted "$TMP/up-worker.err"
 pkill -KILL -f -- "--ports-file=$TMP/up-worker/worker-1[.]ports"
 said_worker_ended() { grep -q "worker-1 ended: killed by signal 9 (SIGKILL)" "$TMP/up-worker.err"; }
 await_said() { for _ in $(seq 1 600); do said_worker_ended && return 0; sleep 0.05; done; return 1; }

@@ -927,12 +927,24 @@ int RunUp(const std::vector<std::string>& args) {
     std::fprintf(stderr, "interrupted; stopping the cluster\n");
     return InterruptedExitCode();
   }
+  // Why a call failed when the coordinator process ended: how, and where
+  // its log is (gRPC's "connection refused" alone said neither). `wait`:
+  // a moment for an exit that the failed call saw first to be seen too.
+  const auto coordinator_ended = [&](absl::Duration wait) -> absl::Status {
+    const std::optional<int> ended = (*cluster)->coordinator().Wait(wait);
+    if (!ended.has_value()) return absl::OkStatus();
+    return absl::UnavailableError(absl::StrCat("the coordinator ended: ", DescribeExit(*ended),
+                                               "; its log: ", (*cluster)->coordinator_log()));
+  };
   auto stub = ConnectCoordinator((*cluster)->grpc_address(), "", (*cluster)->user_token());
   v1::SubmitJobRequest request;
   *request.mutable_spec() = UpSpec(o);
   v1::Job job;
   grpc::Status submitted = stub->SubmitJob(WithDeadline(kRpcTimeout).get(), request, &job);
-  if (!submitted.ok()) return Fail("up", ToAbsl(submitted));
+  if (!submitted.ok()) {
+    const absl::Status ended = coordinator_ended(absl::Seconds(2));
+    return Fail("up", ended.ok() ? ToAbsl(submitted) : ended);
+  }
   const std::string layout =
       o.data_parallel == kDataParallelAuto
           ? absl::StrCat(o.workers, " workers, the layout chosen by the planner")
@@ -945,17 +957,12 @@ int RunUp(const std::vector<std::string>& args) {
   // Its own processes, watched while the job runs: a worker that ended is
   // news at once (a job still waiting for it would say nothing for up to
   // its queue timeout), and a coordinator that ended ends the run, saying
-  // how and where its log is (gRPC's "connection refused" alone did not).
+  // how.
   std::set<std::string> workers_shown;
   const LocalWatch watch = [&](bool rpc_failed, std::vector<std::string>* news) -> absl::Status {
-    Subprocess& coordinator = (*cluster)->coordinator();
-    // After a failed call, a moment for its exit to be seen.
-    const std::optional<int> ended =
-        rpc_failed ? coordinator.Wait(absl::Seconds(2)) : coordinator.Poll();
-    if (ended.has_value()) {
-      return absl::UnavailableError(absl::StrCat("the coordinator ended: ", DescribeExit(*ended),
-                                                 "; its log: ", (*cluster)->coordinator_log()));
-    }
+    const absl::Status ended =
+        coordinator_ended(rpc_failed ? absl::Seconds(2) : absl::ZeroDuration());
+    if (!ended.ok()) return ended;
     for (absl::string_view line :
          absl::StrSplit((*cluster)->DescribeEndedWorkers(), '\n', absl::SkipEmpty())) {
       if (workers_shown.insert(std::string(line)).second) news->emplace_back(line);

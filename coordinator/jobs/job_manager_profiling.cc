@@ -182,14 +182,10 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
   // (out of memory) before the plan was refused.
   const std::string unfit = NotProfiledForMemory(record, request, workers);
   if (fetcher_ && record.profile_error.empty() && unfit.empty()) {
-    record.job.set_state(v1::JOB_STATE_PROFILING);
-    record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
-    record.profiling_on = workers[0].id();
-    TouchLocked(record);
-    PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
     ReapProfilersLocked();
     auto done = std::make_shared<std::atomic<bool>>(false);
     try {
+      // FinishProfiling takes mu_, held here until the state below is set.
       std::thread thread([this, id = record.job.id(), key, worker = workers[0].id(),
                           address = workers[0].data_address(),
                           session = registry_->SessionToken(workers[0].id()).value_or(""), request,
@@ -198,6 +194,14 @@ bool JobManager::ChooseProfileLocked(JobRecord& record, const std::vector<v1::Wo
         done->store(true);
       });
       profilers_.push_back({std::move(thread), std::move(done)});
+      // PROFILING only once a profiler runs: set before, a job whose thread
+      // could not start stayed PROFILING for good when its placement on
+      // the analytic profile then failed.
+      record.job.set_state(v1::JOB_STATE_PROFILING);
+      record.job.set_reason(absl::StrCat("profiling the model on ", workers[0].id()));
+      record.profiling_on = workers[0].id();
+      TouchLocked(record);
+      PT_LOG(INFO) << "job " << record.job.id() << ": profiling on " << workers[0].id();
       return false;
     } catch (const std::system_error& e) {
       // No thread to be had (a pids limit reached): the job plans on the

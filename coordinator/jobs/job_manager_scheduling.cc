@@ -192,7 +192,9 @@ bool JobManager::CanRunLocked(const JobRecord& record, const std::string& worker
 std::vector<std::string> JobManager::ThatCanRunLocked(const JobRecord& record,
                                                       std::vector<std::string> workers) const {
   workers.erase(std::remove_if(workers.begin(), workers.end(),
-                               [&](const std::string& w) { return !CanRunLocked(record, w); }),
+                               [&](const std::string& w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                                 return !CanRunLocked(record, w);
+                               }),
                 workers.end());
   return workers;
 }
@@ -378,8 +380,10 @@ absl::StatusOr<v1::Worker> JobManager::DrainLocked(const std::string& worker_id)
     } else {
       workers.assign(record->job.worker_ids().begin(), record->job.worker_ids().end());
     }
-    const int staying = static_cast<int>(std::count_if(
-        workers.begin(), workers.end(), [&](const std::string& w) { return !IsDrainedLocked(w); }));
+    const int staying = static_cast<int>(
+        std::count_if(workers.begin(), workers.end(),
+                      [&](const std::string& w)
+                          ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !IsDrainedLocked(w); }));
     const int left = staying - 1 + static_cast<int>(SparesForLocked(*record, reserved).size());
     // As many as the re-plan could use (whole stages, a count with a layout).
     if (UsableWorkers(*record, std::max(0, left)) < MinJobWorkers(*record)) {

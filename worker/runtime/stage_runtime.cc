@@ -972,7 +972,6 @@ absl::StatusOr<IterationResult> StageRuntime::RunIteration(int64_t iteration,
   group_stats_.clear();
   bucket_.clear();
   bucket_numel_ = 0;
-  buckets_queued_ = 0;
   overlap_tags_used_ = 0;
   if (tp_comm_) tp_comm_->BeginIteration(iteration, /*eval=*/false);
   if (cube_comm_) cube_comm_->SetIteration(iteration, kCubeTagBase);
@@ -1647,17 +1646,15 @@ absl::Status StageRuntime::FlushBucket() {
   // so the tags and the residual's slot agree across them.
   const int tag = kOverlapTagBase + overlap_tags_used_;
   overlap_tags_used_ += GroupTags(params);
-  const int bucket = buckets_queued_++;
-  return all_reduces_.Enqueue(
-      [this, params, stats, replicas, iteration, tag, bucket]() -> absl::Status {
-        Collectives collectives(
-            transport_, replicas,
-            CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
-        RETURN_IF_ERROR(collectives.status());
-        // The bucket's residuals are this thread's alone: the interpreter
-        // touches none of them before it drains.
-        return AllReduceGroup(collectives, iteration, tag, params, stats);
-      });
+  return all_reduces_.Enqueue([this, params, stats, replicas, iteration, tag]() -> absl::Status {
+    Collectives collectives(
+        transport_, replicas,
+        CollectiveOptions{int64_t{1} << 20, int64_t{64} << 10, setup_.recv_timeout});
+    RETURN_IF_ERROR(collectives.status());
+    // The bucket's residuals are this thread's alone: the interpreter
+    // touches none of them before it drains.
+    return AllReduceGroup(collectives, iteration, tag, params, stats);
+  });
 }
 
 Tensor StageRuntime::OnHost(const Tensor& t) const {

@@ -569,11 +569,10 @@ class StageRuntime {
   int current_instruction_ = -1;
   std::set<int> overlapped_units_;
   std::vector<std::unique_ptr<IterationResult::CollectiveStats>> group_stats_;
-  // The bucket being filled (final gradients not yet queued), the number
-  // of buckets queued this iteration, and the tags they took.
+  // The bucket being filled (final gradients not yet queued), and the tags
+  // the buckets queued this iteration took.
   std::vector<Parameter*> bucket_;
   int64_t bucket_numel_ = 0;
-  int buckets_queued_ = 0;
   int overlap_tags_used_ = 0;
   // Last: destroyed first, so queued sends finish while what they use
   // exists; all_reduces_ (the overlapped all-reduces, in program order, on

@@ -33,7 +33,7 @@ absl::StatusOr<std::map<std::string, KindTotals>> SumLinkMetrics(
 
 // One line per kind with traffic, the kinds in a column as wide as the
 // longest (at least 20), e.g.
-//   "  ACTIVATION        12.00 MiB raw -> 0.75 MiB wire (16.0x), error 0.071"
+//   "  ACTIVATION        12.00 MiB raw -> 0.75 MiB wire (16.0x), relative error 0.071"
 // ("raw" alone when nothing of that kind was compressed).
 std::string FormatLinkSummary(const std::map<std::string, KindTotals>& totals);
 

@@ -664,8 +664,9 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Re-plans a RECOVERING job once its former workers are accounted for
   // and enough are READY; else it waits (its reason says for what).
-  // `reserved` collects the workers it waits for (not to be given to other
-  // jobs).
+  // `reserved`: the workers no job may take as spares (HeldWorkersLocked:
+  // every recovering job's survivors among them); those it places on are
+  // added.
   void TryReplanLocked(JobRecord& record, std::set<std::string>* reserved)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Asks the job's stages to stop after a step beyond all their progress

@@ -674,7 +674,6 @@ void JobManager::TryReplanLocked(JobRecord& record, std::set<std::string>* reser
       continue;
     }
     if (gone) continue;
-    reserved->insert(w);
     if (FromProtoTimestamp(worker->last_heartbeat()) <= record.recovery_started) {
       waiting = true;
     } else if (worker->state() == v1::WORKER_STATE_READY) {

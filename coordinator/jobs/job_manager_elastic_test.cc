@@ -215,6 +215,25 @@ class JobManagerElasticTest : public ::testing::Test {
 
   // On a fresh coordinator with a store and workers 7001 and 7002: a job
   // of two stages, 5 steps run and checkpointed, everything saved.
+  // Restores the stored jobs twice, each time on a fresh manager counting
+  // the jobs that ended: job `id` FAILED both times with a reason holding
+  // `reason`. Returns the ends counted over both.
+  int EndedOverTwoRestarts(const std::string& id, const std::string& reason) {
+    int ended = 0;
+    for (int restart = 0; restart < 2; ++restart) {
+      Reset(/*with_state=*/true);
+      JobEvents events;
+      events.ended = [&](v1::JobState) { ++ended; };
+      jobs_->SetEvents(events);
+      EXPECT_TRUE(jobs_->Restore().ok());
+      const v1::Job job = jobs_->Get(id).value();
+      EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+      EXPECT_TRUE(absl::StrContains(job.reason(), reason)) << job.reason();
+      jobs_->FlushIo();
+    }
+    return ended;
+  }
+
   std::string CheckpointedJobInStore() {
     Reset(/*with_state=*/true);
     AddWorker(7001);
@@ -2053,19 +2072,7 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedByTheRestart_SavedFailedEndedOnce
   const std::string id = Submit(ElasticSpec(1, 0)).value().id();
   Step(id, 1);
   jobs_->FlushIo();
-  int ended = 0;
-  for (int restart = 0; restart < 2; ++restart) {
-    Reset(/*with_state=*/true);
-    JobEvents events;
-    events.ended = [&](v1::JobState) { ++ended; };
-    jobs_->SetEvents(events);
-    ASSERT_TRUE(jobs_->Restore().ok());
-    const v1::Job job = jobs_->Get(id).value();
-    EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
-    EXPECT_TRUE(absl::StrContains(job.reason(), "no checkpoints")) << job.reason();
-    jobs_->FlushIo();
-  }
-  EXPECT_EQ(ended, 1);
+  EXPECT_EQ(EndedOverTwoRestarts(id, "no checkpoints"), 1);
 }
 
 // Every job a restart fails is counted as ended, once: those failed for
@@ -2075,19 +2082,7 @@ TEST_F(JobManagerElasticTest, Restore_JobFailedForItsStoredCounters_EndedOnce) {
   EditStoredJob(*state_, id, [](store::StoredJob& s) {
     s.mutable_job()->mutable_progress()->set_steps_redone(-1);
   });
-  int ended = 0;
-  for (int restart = 0; restart < 2; ++restart) {
-    Reset(/*with_state=*/true);
-    JobEvents events;
-    events.ended = [&](v1::JobState) { ++ended; };
-    jobs_->SetEvents(events);
-    ASSERT_TRUE(jobs_->Restore().ok());
-    const v1::Job job = jobs_->Get(id).value();
-    EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
-    EXPECT_TRUE(absl::StrContains(job.reason(), "progress.steps_redone -1")) << job.reason();
-    jobs_->FlushIo();
-  }
-  EXPECT_EQ(ended, 1);
+  EXPECT_EQ(EndedOverTwoRestarts(id, "progress.steps_redone -1"), 1);
 }
 
 // A stored spec over the planning budget (Submit refuses it; a recovery

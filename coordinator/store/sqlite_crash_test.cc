@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <map>
 #include <memory>
@@ -23,6 +24,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "coordinator/store/sqlite_store.h"
 #include "coordinator/store/store.h"
 #include "gtest/gtest.h"
@@ -160,6 +163,55 @@ TEST(SqliteCrashTest, Sigkill_AcknowledgedBatchesSurviveAndNoneIsTorn) {
     // The store closes here, before the next child needs the lock.
   }
   EXPECT_GE(next, kRounds * kAcksBeforeKill);
+}
+
+std::string NewTempDir(const char* name) {
+  std::string dir = absl::StrCat(getenv("TEST_TMPDIR"), "/", name, "XXXXXX");
+  EXPECT_NE(mkdtemp(dir.data()), nullptr);
+  return dir;
+}
+
+// A coordinator killed during the first Open of a new state dir, at times
+// spread over how long that Open takes here: every later Open must start
+// with an empty store. (Before the database was built under a temporary
+// name, a kill between creating coordinator.db and committing its tables
+// left a file that every later start refused as DATA_LOSS.) Timing decides
+// which step each kill lands in; no outcome may fail, whichever it is.
+TEST(SqliteCrashTest, Sigkill_DuringTheFirstOpen_TheNextOpenStartsEmpty) {
+  constexpr int kKills = 40;
+  absl::Time start = absl::Now();
+  {
+    absl::StatusOr<std::unique_ptr<SqliteStore>> store =
+        SqliteStore::Open(NewTempDir("timing") + "/state");
+    ASSERT_TRUE(store.ok()) << store.status();
+  }
+  // Over the Open's duration and a little beyond, at least 1 us apart.
+  const int64_t open_us = std::max<int64_t>(absl::ToInt64Microseconds(absl::Now() - start), 40);
+  for (int i = 0; i < kKills; ++i) {
+    const std::string dir = NewTempDir("first") + "/state";
+    const pid_t pid = fork();
+    ASSERT_GE(pid, 0);
+    if (pid == 0) {
+      absl::StatusOr<std::unique_ptr<SqliteStore>> store = SqliteStore::Open(dir);
+      if (!store.ok()) ChildFail(store.status().ToString());
+      pause();  // Killed here if the kill came after the Open.
+      _exit(0);
+    }
+    usleep(static_cast<useconds_t>(open_us * 5 / 4 * i / kKills));
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+    int wstatus = 0;
+    ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(wstatus)) << "the child failed: see its message above";
+    absl::StatusOr<std::unique_ptr<SqliteStore>> store = SqliteStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << "killed after " << open_us * 5 / 4 * i / kKills << " of " << open_us
+                            << " us: " << store.status();
+    absl::StatusOr<std::vector<std::pair<std::string, std::string>>> all = (*store)->Scan("");
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_TRUE(all->empty());
+    ASSERT_EQ((*store)->Commit({StoreWrite::Put("k", "v")}), absl::OkStatus());
+    struct stat st;
+    EXPECT_NE(stat((dir + "/coordinator.db.new").c_str(), &st), 0) << "left behind";
+  }
 }
 
 }  // namespace

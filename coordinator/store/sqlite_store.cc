@@ -218,22 +218,79 @@ absl::StatusOr<std::optional<std::string>> QueryOne(sqlite3* db, const std::stri
   return std::optional<std::string>(ColumnBytes(s.get(), 0));
 }
 
-// Opens the database, creating its file if missing; *created says whether
-// this call created it (an existing file without tables lost its state).
-absl::StatusOr<Connection> OpenDatabase(const std::string& dir, const std::string& path,
-                                        bool* created) {
+// Removes `path` if it exists.
+absl::Status RemoveIfPresent(const std::string& path) {
+  if (unlink(path.c_str()) != 0 && errno != ENOENT) {
+    return ErrnoError(errno, "cannot remove", path);
+  }
+  return absl::OkStatus();
+}
+
+// The tables of a new database, and its schema version.
+absl::Status CreateTables(sqlite3* db, const std::string& path) {
+  return Exec(db, path,
+              absl::StrCat("CREATE TABLE schema_version (id INTEGER PRIMARY KEY CHECK (id = 1), "
+                           "version INTEGER NOT NULL);"
+                           "INSERT INTO schema_version (id, version) VALUES (1, ",
+                           SqliteStore::kSchemaVersion,
+                           ");"
+                           "CREATE TABLE kv (key TEXT PRIMARY KEY NOT NULL, "
+                           "value BLOB NOT NULL) WITHOUT ROWID;"));
+}
+
+// Builds an empty database with its tables under a temporary name,
+// `path` + kNewDatabaseSuffix, and renames it to `path`. So `path` exists
+// only ever with its tables, and an existing file without them has lost its
+// state (CheckSchema). A crash while a new state dir is being set up leaves
+// at most the temporary file (and its rollback journal), which the next Open
+// removes and builds again; creating `path` itself first would leave a
+// table-less database that every later start refused as DATA_LOSS.
+// The caller holds the state dir's lock, so no other Open builds at once.
+absl::Status CreateDatabase(const std::string& dir, const std::string& path) {
+  const std::string building = absl::StrCat(path, SqliteStore::kNewDatabaseSuffix);
+  RETURN_IF_ERROR(RemoveIfPresent(building));
+  RETURN_IF_ERROR(RemoveIfPresent(absl::StrCat(building, "-journal")));
   {
     // Created here for its mode: SQLite would use 0644 (less the umask). It
-    // gives its -wal and -shm files the database's mode. Closed before
-    // SQLite opens the file (see LockStateDir).
-    ScopedFd file(open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    *created = file.get() >= 0;
-    if (!*created && errno == EEXIST) {
+    // gives its -wal and -shm files the database's mode, which the rename
+    // keeps. Closed before SQLite opens the file (see LockStateDir).
+    ScopedFd file(open(building.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
+    if (file.get() < 0) return ErrnoError(errno, "cannot create database", building);
+  }
+  sqlite3* raw = nullptr;
+  int rc = sqlite3_open_v2(building.c_str(), &raw,
+                           SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOFOLLOW | SQLITE_OPEN_EXRESCODE,
+                           nullptr);
+  Connection db(raw);
+  if (rc != SQLITE_OK) return SqliteError(db.get(), rc, building, "open");
+  // SQLite's default rollback journal, which leaves no file behind once
+  // the transaction commits: the database file alone is then whole, and
+  // safe to rename. The real open switches it to WAL.
+  RETURN_IF_ERROR(Exec(db.get(), building, "PRAGMA synchronous=FULL"));
+  RETURN_IF_ERROR(Exec(db.get(), building, "BEGIN IMMEDIATE"));
+  absl::Status status = CreateTables(db.get(), building);
+  if (status.ok()) status = Exec(db.get(), building, "COMMIT");
+  if (!status.ok()) return status;  // Closing the connection rolls back.
+  rc = sqlite3_close(db.release());
+  if (rc != SQLITE_OK) return SqliteError(nullptr, rc, building, "close");
+  if (rename(building.c_str(), path.c_str()) != 0) {
+    return ErrnoError(errno, absl::StrCat("cannot rename ", building, " to"), path);
+  }
+  return SyncDir(dir);
+}
+
+// Opens the database, first building it if its file is missing.
+absl::StatusOr<Connection> OpenDatabase(const std::string& dir, const std::string& path) {
+  {
+    // Checked for itself (and for a symlink): SQLite would create a missing
+    // file. Closed before SQLite opens the file (see LockStateDir).
+    ScopedFd file(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
+    if (file.get() < 0 && errno == ENOENT) {
+      RETURN_IF_ERROR(CreateDatabase(dir, path));
       file = ScopedFd(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
     }
-    if (file.get() < 0) return ErrnoError(errno, "cannot create database", path);
+    if (file.get() < 0) return ErrnoError(errno, "cannot open database", path);
   }
-  RETURN_IF_ERROR(SyncDir(dir));
   sqlite3* raw = nullptr;
   // NOMUTEX: SqliteStore::mu_ serialises every use of the connection.
   const int rc = sqlite3_open_v2(
@@ -265,32 +322,22 @@ absl::StatusOr<Connection> OpenDatabase(const std::string& dir, const std::strin
   return db;
 }
 
-// Creates the tables in a database this Open created, or checks the
-// version of an existing one. Runs inside a transaction.
-absl::Status CreateOrCheckSchema(sqlite3* db, const std::string& path, bool created) {
+// Checks the schema version of the database (CreateDatabase made its
+// tables). Runs inside a transaction.
+absl::Status CheckSchema(sqlite3* db, const std::string& path) {
   ASSIGN_OR_RETURN(std::optional<std::string> exists,
                    QueryOne(db, path,
                             "SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
                             "name = 'schema_version'"));
-  // The schema is the first commit to a new file (and is checkpointed into
-  // it at once), so an existing file without it lost its state, e.g. it was
-  // truncated; it would otherwise come back as an empty state, silently.
-  if (!exists.has_value() && !created) {
+  // The tables are in the file before it gets its name (CreateDatabase), so
+  // a file without them lost its state, e.g. it was truncated; it would
+  // otherwise come back as an empty state, silently.
+  if (!exists.has_value()) {
     return absl::DataLossError(absl::StrCat(
         "state database ", path,
         " exists but holds no tables: its state is lost (was its -wal "
         "file deleted, or the file truncated or copied without it?); restore the state dir from "
         "a backup, or, if this state dir never held state, remove the file to start empty"));
-  }
-  if (!exists.has_value()) {
-    return Exec(db, path,
-                absl::StrCat("CREATE TABLE schema_version (id INTEGER PRIMARY KEY CHECK (id = 1), "
-                             "version INTEGER NOT NULL);"
-                             "INSERT INTO schema_version (id, version) VALUES (1, ",
-                             SqliteStore::kSchemaVersion,
-                             ");"
-                             "CREATE TABLE kv (key TEXT PRIMARY KEY NOT NULL, "
-                             "value BLOB NOT NULL) WITHOUT ROWID;"));
   }
   ASSIGN_OR_RETURN(std::optional<std::string> text,
                    QueryOne(db, path, "SELECT version FROM schema_version WHERE id = 1"));
@@ -312,9 +359,9 @@ absl::Status CreateOrCheckSchema(sqlite3* db, const std::string& path, bool crea
   return absl::OkStatus();
 }
 
-absl::Status EnsureSchema(sqlite3* db, const std::string& path, bool created) {
+absl::Status EnsureSchema(sqlite3* db, const std::string& path) {
   RETURN_IF_ERROR(Exec(db, path, "BEGIN IMMEDIATE"));
-  absl::Status status = CreateOrCheckSchema(db, path, created);
+  absl::Status status = CheckSchema(db, path);
   if (status.ok()) status = Exec(db, path, "COMMIT");
   if (!status.ok() && sqlite3_get_autocommit(db) == 0) {
     sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
@@ -334,9 +381,8 @@ absl::StatusOr<std::unique_ptr<SqliteStore>> SqliteStore::Open(const std::string
   RETURN_IF_ERROR(CreateStateDir(state_dir));
   ASSIGN_OR_RETURN(ScopedFd lock, LockStateDir(state_dir));
   const std::string path = absl::StrCat(state_dir, "/", kDatabaseFileName);
-  bool created = false;
-  ASSIGN_OR_RETURN(Connection db, OpenDatabase(state_dir, path, &created));
-  RETURN_IF_ERROR(EnsureSchema(db.get(), path, created));
+  ASSIGN_OR_RETURN(Connection db, OpenDatabase(state_dir, path));
+  RETURN_IF_ERROR(EnsureSchema(db.get(), path));
   // A coordinator killed with -9 between a commit and its checkpoint left
   // that commit in the WAL alone; move it into the database file now (a
   // clean close does the same).

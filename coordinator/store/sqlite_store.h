@@ -6,6 +6,10 @@
 //   coordinator.db      the database (created with mode 0600; SQLite gives
 //                       its -wal and -shm files the same mode)
 //   coordinator.lock    flock(2)ed for the store's life; holds the owner's pid
+//   coordinator.db.new  only while Open builds a new database: the file gets
+//                       its tables under this name and is then renamed, so
+//                       coordinator.db never exists without them. A crash
+//                       there leaves this file, which the next Open removes.
 //
 // Every commit is checkpointed into the database file as it is made
 // (wal_autocheckpoint=1), and Open checkpoints what a crash left in the WAL,
@@ -75,6 +79,8 @@ class SqliteStore final : public Store {
   static constexpr int kSchemaVersion = 1;
   static constexpr char kDatabaseFileName[] = "coordinator.db";
   static constexpr char kLockFileName[] = "coordinator.lock";
+  // Appended to kDatabaseFileName while a new database is built.
+  static constexpr char kNewDatabaseSuffix[] = ".new";
 
   // Opens (creating if needed) the store in `state_dir`.
   // Errors:

@@ -188,6 +188,25 @@ TEST(SqliteStoreTest, Open_EmptyExistingFile_DataLoss) {
   EXPECT_THAT(status.message(), HasSubstr("holds no tables"));
 }
 
+// A crash while a new database was being built left its temporary file
+// and a rollback journal: the next Open removes both and builds anew.
+TEST(SqliteStoreTest, Open_LeftoverOfACrashedFirstOpen_BuildsTheDatabaseAnew) {
+  const std::string dir = NewStateDir();
+  ASSERT_EQ(mkdir(dir.c_str(), 0700), 0);
+  std::ofstream(dir + "/coordinator.db.new") << std::string(4096, 'x');
+  std::ofstream(dir + "/coordinator.db.new-journal") << std::string(512, 'j');
+  std::unique_ptr<SqliteStore> store = MustOpen(dir);
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<KeyValues> all = store->Scan("");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(all->empty());
+  ASSERT_EQ(store->Commit({StoreWrite::Put("k", "v")}), absl::OkStatus());
+  struct stat st;
+  EXPECT_NE(stat((dir + "/coordinator.db.new").c_str(), &st), 0);
+  EXPECT_NE(stat((dir + "/coordinator.db.new-journal").c_str(), &st), 0);
+  EXPECT_EQ(Permissions(dir + "/coordinator.db"), 0600u);
+}
+
 // After a crash and a reopen, the database file alone holds the commits:
 // a copy of the .db file alone, taken while the store is open, has them.
 TEST(SqliteStoreTest, Open_AfterACrash_TheDatabaseFileAloneHoldsTheCommits) {

@@ -182,8 +182,9 @@ absl::Status JobManager::Restore() {
       fail_unfit("plan does not fit the model", plan_mismatch);
       record->plan.Clear();
     }
-    const std::string counters_mismatch =
-        StoredCountersMismatch(record->job, {s.checkpoints().begin(), s.checkpoints().end()});
+    const std::string counters_mismatch = StoredCountersMismatch(
+        record->job, {s.checkpoints().begin(), s.checkpoints().end()},
+        s.has_init_checkpoint() ? &s.init_checkpoint() : nullptr, s.recoveries_without_progress());
     if (!counters_mismatch.empty()) fail_unfit("progress is out of range", counters_mismatch);
     const bool owners_known = spec_resolves && plan_mismatch.empty();
     for (int st = 0; st < record->plan.stages_size(); ++st) {

@@ -58,7 +58,9 @@ std::string StoredProfileMismatch(const ModelProfile& profile, const GptConfig& 
 }
 
 std::string StoredCountersMismatch(const v1::Job& job,
-                                   const std::vector<v1::ResumeFrom>& checkpoints) {
+                                   const std::vector<v1::ResumeFrom>& checkpoints,
+                                   const v1::ResumeFrom* init_checkpoint,
+                                   int32_t recoveries_without_progress) {
   const v1::JobProgress& p = job.progress();
   const std::pair<const char*, int64_t> counts[] = {
       {"plan_version", job.plan_version()},
@@ -74,9 +76,18 @@ std::string StoredCountersMismatch(const v1::Job& job,
       return absl::StrCat(name, " ", value, " outside [0, ", kMaxStoredCount, "]");
     }
   }
-  if (p.recoveries() < 0 || p.recoveries() > kMaxStoredRecoveries) {
-    return absl::StrCat("progress.recoveries ", p.recoveries(), " outside [0, ",
-                        kMaxStoredRecoveries, "]");
+  const std::pair<const char*, int32_t> recoveries[] = {
+      {"progress.recoveries", p.recoveries()},
+      {"recoveries_without_progress", recoveries_without_progress},
+  };
+  for (const auto& [name, value] : recoveries) {
+    if (value < 0 || value > kMaxStoredRecoveries) {
+      return absl::StrCat(name, " ", value, " outside [0, ", kMaxStoredRecoveries, "]");
+    }
+  }
+  if (init_checkpoint != nullptr && !InCount(init_checkpoint->step())) {
+    return absl::StrCat("init_checkpoint step ", init_checkpoint->step(), " outside [0, ",
+                        kMaxStoredCount, "]");
   }
   for (const v1::ResumeFrom& checkpoint : checkpoints) {
     if (!InCount(checkpoint.step())) {

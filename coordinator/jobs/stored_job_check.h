@@ -43,10 +43,13 @@ std::string StoredProfileMismatch(const ModelProfile& profile, const GptConfig& 
 // The job's counters and its checkpoints' steps: plan_version,
 // progress.step, val_step, loss_history_start, checkpoint_step,
 // steps_redone, checkpoint_failures and every checkpoint's step in
-// [0, kMaxStoredCount];
-// recoveries in [0, kMaxStoredRecoveries].
+// [0, kMaxStoredCount], and so the step of the checkpoint the job started
+// from (`init_checkpoint`, null when it started from none); recoveries and
+// `recoveries_without_progress` in [0, kMaxStoredRecoveries].
 std::string StoredCountersMismatch(const v1::Job& job,
-                                   const std::vector<v1::ResumeFrom>& checkpoints);
+                                   const std::vector<v1::ResumeFrom>& checkpoints,
+                                   const v1::ResumeFrom* init_checkpoint,
+                                   int32_t recoveries_without_progress);
 
 }  // namespace pipetrain
 

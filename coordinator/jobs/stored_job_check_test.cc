@@ -81,25 +81,34 @@ TEST(StoredCountersMismatch, CountsThatCannotOverflowWhenTheyGrow) {
   job.mutable_progress()->set_recoveries(2);
   v1::ResumeFrom checkpoint;
   checkpoint.set_step(100);
-  EXPECT_EQ(StoredCountersMismatch(job, {checkpoint}), "");
+  EXPECT_EQ(StoredCountersMismatch(job, {checkpoint}, nullptr, 0), "");
   v1::Job bad = job;
   bad.mutable_progress()->set_step(INT64_MAX);
-  EXPECT_EQ(StoredCountersMismatch(bad, {}),
+  EXPECT_EQ(StoredCountersMismatch(bad, {}, nullptr, 0),
             "progress.step 9223372036854775807 outside [0, 9007199254740992]");
   bad = job;
   bad.mutable_progress()->set_steps_redone(-1);
-  EXPECT_EQ(StoredCountersMismatch(bad, {}),
+  EXPECT_EQ(StoredCountersMismatch(bad, {}, nullptr, 0),
             "progress.steps_redone -1 outside [0, 9007199254740992]");
   bad = job;
   bad.set_plan_version(INT64_MAX);
-  EXPECT_NE(StoredCountersMismatch(bad, {}), "");
+  EXPECT_NE(StoredCountersMismatch(bad, {}, nullptr, 0), "");
   bad = job;
   bad.mutable_progress()->set_recoveries(INT32_MAX);
-  EXPECT_EQ(StoredCountersMismatch(bad, {}),
+  EXPECT_EQ(StoredCountersMismatch(bad, {}, nullptr, 0),
             "progress.recoveries 2147483647 outside [0, 1073741824]");
   checkpoint.set_step(INT64_MAX - 1);
-  EXPECT_EQ(StoredCountersMismatch(job, {checkpoint}),
+  EXPECT_EQ(StoredCountersMismatch(job, {checkpoint}, nullptr, 0),
             "checkpoint step 9223372036854775806 outside [0, 9007199254740992]");
+  checkpoint.set_step(100);
+  EXPECT_EQ(StoredCountersMismatch(job, {}, &checkpoint, 1), "");
+  EXPECT_EQ(StoredCountersMismatch(job, {}, nullptr, -1),
+            "recoveries_without_progress -1 outside [0, 1073741824]");
+  EXPECT_EQ(StoredCountersMismatch(job, {}, nullptr, INT32_MAX),
+            "recoveries_without_progress 2147483647 outside [0, 1073741824]");
+  checkpoint.set_step(-5);
+  EXPECT_EQ(StoredCountersMismatch(job, {}, &checkpoint, 0),
+            "init_checkpoint step -5 outside [0, 9007199254740992]");
 }
 
 }  // namespace

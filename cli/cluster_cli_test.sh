@@ -209,6 +209,18 @@ expect_exit unavailable 78 "UNAVAILABLE" -- jobs --coordinator=127.0.0.1:1
 PIPETRAIN_COORDINATOR=127.0.0.1:1 expect_exit env_address_used 78 "UNAVAILABLE" -- workers
 expect_exit usage_unknown_flag 2 "unknown flag --no-such-flag" -- jobs --no-such-flag
 expect_exit usage_missing_id 2 "missing argument" -- job
+# --request-id: the same id and spec again is the same job, not a second
+# one; another spec under it is ALREADY_EXISTS (64 + 6), naming the job.
+expect_exit submit_request_id 0 "QUEUED" -- submit "$TMP/job.json" --request-id cli-req-1
+request_job=$(cut -d' ' -f1 "$OUT")
+expect_exit submit_request_id_again 0 "$request_job QUEUED" -- \
+  submit "$TMP/job.json" --request-id cli-req-1
+sed 's/"steps": 5/"steps": 6/' "$TMP/job.json" >"$TMP/job-6-steps.json"
+expect_exit submit_request_id_other_spec 70 "ALREADY_EXISTS" "was submitted as job $request_job" -- \
+  submit "$TMP/job-6-steps.json" --request-id cli-req-1
+expect_exit submit_request_id_bad 67 "request_id: character" -- \
+  submit "$TMP/job.json" --request-id "a b"
+expect_exit submit_request_id_cancelled 0 "$request_job CANCELLED" -- cancel "$request_job"
 
 # Ctrl-C on `submit --follow` stops the following, not the job, and says so
 # (the job waits for workers this coordinator does not have).

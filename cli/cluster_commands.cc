@@ -1032,15 +1032,28 @@ namespace {
 struct SubmitOptions {
   Connection c;
   bool follow = false;
+  std::string request_id;
 };
+
+// A submit whose outcome is unknown is sent again this many times in all,
+// 1 s after the first failure, then 2, 4 and 8 s.
+constexpr int kSubmitAttempts = 5;
+constexpr absl::Duration kFirstSubmitBackoff = absl::Seconds(1);
 
 FlagSet SubmitFlags(SubmitOptions& o) {
   FlagSet flags(
-      "usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow]\n"
-      "Submits a job spec (JSON or YAML; fields as in proto/pipetrain/v1/job.proto).");
+      "usage: pipetrain submit FILE [--coordinator HOST:PORT] [--follow] [--request-id ID]\n"
+      "Submits a job spec (JSON or YAML; fields as in proto/pipetrain/v1/job.proto).\n"
+      "A submit that fails with UNAVAILABLE or DEADLINE_EXCEEDED (the job may or may not\n"
+      "exist) is sent again, up to 5 times in about 15 s, with the same request id: a\n"
+      "repeat returns the job the first one made, never a second job.");
   o.c.Bind(flags);
   flags.Bool("follow", &o.follow,
              "show progress until the job ends, then what `up` reports (both on stderr)");
+  flags.String("request-id", &o.request_id,
+               "the submission's request id (at most 128 of A-Z a-z 0-9 . _ : -); running the "
+               "command again with the same id and spec returns the same job. Default: a "
+               "random one");
   return flags;
 }
 
@@ -1059,9 +1072,45 @@ int RunSubmit(const std::vector<std::string>& args) {
   if (!stub.ok()) return Fail("submit", stub.status());
   v1::SubmitJobRequest request;
   *request.mutable_spec() = *spec;
-  v1::Job job;
-  grpc::Status s = (*stub)->SubmitJob(WithDeadline(o.c.timeout).get(), request, &job);
-  if (!s.ok()) return Fail("submit", ToAbsl(s));
+  request.set_request_id(o.request_id.empty() ? RandomHex(16) : o.request_id);
+  int attempt = 0;
+  absl::StatusOr<v1::Job> submitted = SubmitWithRetries(
+      [&]() -> absl::StatusOr<v1::Job> {
+        // A repeat connects again: the leader may have changed.
+        if (++attempt > 1) {
+          auto fresh = o.c.Connect();
+          if (!fresh.ok()) return fresh.status();
+          *stub = std::move(*fresh);
+        }
+        v1::Job job;
+        grpc::Status s = (*stub)->SubmitJob(WithDeadline(o.c.timeout).get(), request, &job);
+        if (!s.ok()) return ToAbsl(s);
+        return job;
+      },
+      kSubmitAttempts, kFirstSubmitBackoff,
+      [&request](const absl::Status& failed, int n, absl::Duration wait) {
+        std::fprintf(stderr,
+                     "pipetrain submit: attempt %d of %d: %s; again in %s (request id %s)\n", n,
+                     kSubmitAttempts, TerminalSafe(failed.ToString()).c_str(),
+                     absl::FormatDuration(wait).c_str(), request.request_id().c_str());
+      },
+      [](absl::Duration wait) {
+        absl::SleepFor(wait);
+        return true;
+      });
+  if (!submitted.ok()) {
+    const int exit_code = Fail("submit", submitted.status());
+    const absl::StatusCode code = submitted.status().code();
+    if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+      // Whether the job exists is unknown: the id makes asking again safe.
+      std::fprintf(stderr,
+                   "pipetrain submit: the job may or may not have been created; running this "
+                   "command again with --request-id %s never creates a second one\n",
+                   request.request_id().c_str());
+    }
+    return exit_code;
+  }
+  const v1::Job& job = *submitted;
   // Ctrl-C from here on stops the following (Follow), not the job. Set
   // before the id is printed, so that a caller who has seen the id knows
   // the handler is in place.

@@ -131,4 +131,20 @@ absl::Status ToAbsl(const grpc::Status& status) {
                       status.error_message());
 }
 
+absl::StatusOr<v1::Job> SubmitWithRetries(
+    const std::function<absl::StatusOr<v1::Job>()>& submit, int attempts, absl::Duration backoff,
+    const std::function<void(const absl::Status&, int, absl::Duration)>& on_retry,
+    const std::function<bool(absl::Duration)>& wait) {
+  for (int attempt = 1;; ++attempt) {
+    absl::StatusOr<v1::Job> job = submit();
+    const absl::StatusCode code = job.status().code();
+    const bool unknown_outcome =
+        code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
+    if (job.ok() || !unknown_outcome || attempt >= attempts) return job;
+    on_retry(job.status(), attempt, backoff);
+    if (!wait(backoff)) return job;
+    backoff *= 2;
+  }
+}
+
 }  // namespace pipetrain

@@ -2,6 +2,7 @@
 #ifndef PIPETRAIN_CLI_COORDINATOR_CLIENT_H_
 #define PIPETRAIN_CLI_COORDINATOR_CLIENT_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -61,6 +62,21 @@ absl::StatusOr<std::string> UserTokenFrom(const std::string& token_file);
 std::unique_ptr<grpc::ClientContext> WithDeadline(absl::Duration timeout);
 
 absl::Status ToAbsl(const grpc::Status& status);
+
+// Calls `submit` until it succeeds, fails with a code other than
+// UNAVAILABLE or DEADLINE_EXCEEDED (the two after which the job may or may
+// not exist: the call may have been refused before it arrived, or its
+// answer lost), or `attempts` (>= 1) calls have failed; returns the last
+// result. Between calls it tells `on_retry` the failure, the attempt that
+// failed (1-based) and the wait, then waits: `backoff` first, doubling
+// each time, through `wait`, which returns false to give up at once (the
+// last failure is returned; e.g. Ctrl-C). Only for a submit that carries a
+// request_id, which makes a repeat return the job the first one made
+// (SubmitJobRequest.request_id).
+absl::StatusOr<v1::Job> SubmitWithRetries(
+    const std::function<absl::StatusOr<v1::Job>()>& submit, int attempts, absl::Duration backoff,
+    const std::function<void(const absl::Status&, int, absl::Duration)>& on_retry,
+    const std::function<bool(absl::Duration)>& wait);
 
 }  // namespace pipetrain
 

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -174,6 +175,62 @@ TEST(FindCoordinatorTest, OnlyFollowers_UnavailableNamingTheAddresses) {
                                                        second.address(), " led within 300ms")),
             0u)
       << found.status();
+}
+
+// A submit whose outcome is unknown (UNAVAILABLE, DEADLINE_EXCEEDED) is
+// repeated, with a doubling wait; one the coordinator refused is not.
+TEST(SubmitWithRetriesTest, RepeatsOnlyUnknownOutcomesWithDoublingWaits) {
+  std::vector<absl::Status> answers = {absl::UnavailableError("leader changed"),
+                                       absl::DeadlineExceededError("deadline"), absl::OkStatus()};
+  int calls = 0;
+  std::vector<absl::Duration> waits;
+  std::vector<int> retried_attempts;
+  const auto submit = [&]() -> absl::StatusOr<v1::Job> {
+    const absl::Status answer = answers[calls++];
+    if (!answer.ok()) return answer;
+    v1::Job job;
+    job.set_id("job-1");
+    return job;
+  };
+  const auto on_retry = [&](const absl::Status&, int attempt, absl::Duration) {
+    retried_attempts.push_back(attempt);
+  };
+  const auto wait = [&](absl::Duration d) {
+    waits.push_back(d);
+    return true;
+  };
+  absl::StatusOr<v1::Job> job = SubmitWithRetries(submit, 5, absl::Seconds(1), on_retry, wait);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->id(), "job-1");
+  EXPECT_EQ(calls, 3);
+  EXPECT_EQ(waits, (std::vector<absl::Duration>{absl::Seconds(1), absl::Seconds(2)}));
+  EXPECT_EQ(retried_attempts, (std::vector<int>{1, 2}));
+
+  // Refused: answered at once.
+  calls = 0;
+  waits.clear();
+  answers = {absl::InvalidArgumentError("spec.model"), absl::OkStatus()};
+  EXPECT_EQ(SubmitWithRetries(submit, 5, absl::Seconds(1), on_retry, wait).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(calls, 1);
+  EXPECT_TRUE(waits.empty());
+
+  // Out of attempts: the last failure.
+  calls = 0;
+  answers = {absl::UnavailableError("a"), absl::UnavailableError("b"), absl::UnavailableError("c")};
+  const absl::Status last = SubmitWithRetries(submit, 3, absl::Seconds(1), on_retry, wait).status();
+  EXPECT_EQ(last.message(), "c");
+  EXPECT_EQ(calls, 3);
+
+  // A wait that gives up (Ctrl-C): no further call.
+  calls = 0;
+  answers = {absl::UnavailableError("a"), absl::OkStatus()};
+  const absl::Status stopped =
+      SubmitWithRetries(submit, 5, absl::Seconds(1), on_retry, [](absl::Duration) {
+        return false;
+      }).status();
+  EXPECT_EQ(stopped.message(), "a");
+  EXPECT_EQ(calls, 1);
 }
 
 }  // namespace

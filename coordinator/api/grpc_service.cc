@@ -223,11 +223,11 @@ grpc::ServerUnaryReactor* CoordinatorGrpcService::SubmitJob(grpc::CallbackServer
                                                             const v1::SubmitJobRequest* request,
                                                             v1::Job* response) {
   // Waits for the store's commit of the job.
-  return OffReaction(context, "SubmitJob", UserCall(*context),
-                     [this, request, response]() -> absl::Status {
-                       ASSIGN_OR_RETURN(*response, jobs_->Submit(request->spec()));
-                       return absl::OkStatus();
-                     });
+  return OffReaction(
+      context, "SubmitJob", UserCall(*context), [this, request, response]() -> absl::Status {
+        ASSIGN_OR_RETURN(*response, jobs_->Submit(request->spec(), request->request_id()));
+        return absl::OkStatus();
+      });
 }
 
 grpc::ServerUnaryReactor* CoordinatorGrpcService::GetJob(grpc::CallbackServerContext* context,

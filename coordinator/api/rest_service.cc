@@ -44,16 +44,17 @@ HttpResponse Reply(const absl::StatusOr<Message>& result) {
   return result.ok() ? JsonOf(*result) : StatusResponse(result.status());
 }
 
-HttpResponse SubmitJob(JobManager* jobs, const HttpRequest& request) {
-  absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(request.body);
-  if (!spec.ok()) return StatusResponse(spec.status());
-  return Reply(jobs->Submit(*spec));
-}
-
 // The query parameter `name`, or "" when absent.
 std::string Query(const HttpRequest& request, const std::string& name) {
   auto it = request.query.find(name);
   return it == request.query.end() ? "" : it->second;
+}
+
+// ?requestId= is SubmitJobRequest.request_id (checked by Submit).
+HttpResponse SubmitJob(JobManager* jobs, const HttpRequest& request) {
+  absl::StatusOr<v1::JobSpec> spec = JobSpecFromJson(request.body);
+  if (!spec.ok()) return StatusResponse(spec.status());
+  return Reply(jobs->Submit(*spec, Query(request, "requestId")));
 }
 
 // ?pageSize= and ?pageToken= into `request` (a List*Request). The bounds are
@@ -199,7 +200,7 @@ HttpResponse PlanSvg(JobManager& jobs, const std::string& id,
 void RegisterRestRoutes(HttpServer& server, const WorkerRegistry* workers, JobManager* jobs) {
   const std::vector<std::string> none;
   server.Post("/v1/jobs",
-              Taking(none, [jobs](const HttpRequest& r) { return SubmitJob(jobs, r); }));
+              Taking({"requestId"}, [jobs](const HttpRequest& r) { return SubmitJob(jobs, r); }));
   server.Get("/v1/jobs", Taking({"pageSize", "pageToken", "view"},
                                 [jobs](const HttpRequest& r) { return ListJobs(jobs, r); }));
   server.Get(kJob, Taking({"view"}, [jobs](const HttpRequest& r) { return GetJob(jobs, r); }));

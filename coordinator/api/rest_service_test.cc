@@ -77,6 +77,19 @@ TEST_F(RestServiceTest, SubmitJob_ValidSpec_ReturnsQueuedJobInCanonicalJson) {
   EXPECT_TRUE(job["createTime"].is_string());  // RFC 3339
 }
 
+// ?requestId= makes a retried POST return the first job.
+TEST_F(RestServiceTest, SubmitJob_RequestIdRepeated_ReturnsTheSameJob) {
+  auto [status, job] = Call("POST", "/v1/jobs?requestId=r-1", ValidSpecJson());
+  ASSERT_EQ(status, 200) << job;
+  EXPECT_EQ(job["requestId"], "r-1");
+  auto [again_status, again] = Call("POST", "/v1/jobs?requestId=r-1", ValidSpecJson());
+  EXPECT_EQ(again_status, 200) << again;
+  EXPECT_EQ(again["id"], job["id"]);
+  EXPECT_EQ(jobs_.List().size(), 1u);
+  auto [bad_status, bad] = Call("POST", "/v1/jobs?requestId=a%20b", ValidSpecJson());
+  EXPECT_EQ(bad_status, 400) << bad;
+}
+
 TEST_F(RestServiceTest, SubmitJob_MalformedSpecs_Return400NamingTheField) {
   const std::vector<BadSpec> specs = BadSpecs();
   ASSERT_GE(specs.size(), 10u);

@@ -141,6 +141,8 @@ inline constexpr int kMaxLossHistory = 10000;
 // A job that recovers this many times in a row without completing a new
 // checkpoint FAILS (something fails deterministically, or keeps failing).
 inline constexpr int kMaxRecoveriesWithoutProgress = 3;
+// The longest SubmitJobRequest.request_id: a UUID (36) with room to spare.
+inline constexpr size_t kMaxRequestIdBytes = 128;
 // Profiles a job tries on workers that leave during them (JobManager::
 // FinishProfiling) before it plans on the analytic profile.
 inline constexpr int kMaxProfileAttempts = 3;
@@ -260,6 +262,12 @@ class JobManager {
   // must run meanwhile. For tests.
   void AwaitBackgroundWork();
 
+  // `request_id` (SubmitJobRequest.request_id, coordinator.proto; "" for
+  // none): a Submit repeating that of a job in jobs_ returns that job (same
+  // spec) or ALREADY_EXISTS (another), before the spec is checked again;
+  // UNAVAILABLE while that job is still being saved. INVALID_ARGUMENT when
+  // it is longer than kMaxRequestIdBytes or has other characters than
+  // A-Z a-z 0-9 . _ : -.
   // INVALID_ARGUMENT (from ResolveJobSpec, or a path the options do not
   // allow) naming the field; RESOURCE_EXHAUSTED when planning it would
   // exceed the planning budget (planner.h CheckPlanningBudget) or when
@@ -268,7 +276,7 @@ class JobManager {
   // (UNAVAILABLE, nothing submitted, when the save fails); the save runs
   // off the job lock, so other calls go on meanwhile, and the job's
   // weights path and checkpoint directory are claimed from before it.
-  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> Submit(const v1::JobSpec& spec, const std::string& request_id = "");
   // NOT_FOUND for an unknown id. progress.loss_history holds at most the
   // last kMaxLossHistory steps (progress.loss_history_start says where
   // they begin).
@@ -501,6 +509,9 @@ class JobManager {
     // checkpoint's step directory or the weights file ("" for none). No new
     // job may take a checkpoint directory holding it while this one lives.
     std::string init_source;
+    // With job.request_id: RequestSpecSha256 of the spec it was submitted
+    // with (a Submit repeating the id must repeat the spec).
+    std::string request_spec_sha256;
     // A pending step boundary: the step the stages stop after (0: none) and
     // why; the workers to re-plan on are chosen when it is reached.
     int64_t stop_at = 0;
@@ -535,6 +546,13 @@ class JobManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that has not ended whose weights file lies in `dir`, or null.
   const JobRecord* WeightsPathInLocked(const std::string& dir) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job an earlier Submit with `request_id` made, when its spec had
+  // `spec_sha256` (RequestSpecSha256); null when none did or `request_id`
+  // is empty. ALREADY_EXISTS when it had another spec; UNAVAILABLE while
+  // that job is in submitting_.
+  absl::StatusOr<const JobRecord*> EarlierSubmitLocked(const std::string& request_id,
+                                                       const std::string& spec_sha256) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that has not ended and writes its final weights to `path`, or null.
   const JobRecord* WeightsPathUserLocked(const std::string& path) const

@@ -2563,6 +2563,67 @@ TEST(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLeft
   }
 }
 
+// A Submit repeating a request_id creates nothing: while the first one's
+// save waits it is UNAVAILABLE (retry), after it the first job comes back,
+// and after a save that failed the request is free again. A retry whose
+// answer was lost and that came back after a restart is found too.
+TEST(JobManagerStoreTest, SubmitRequestIdRepeated_OneJobWhateverTheTiming) {
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  FlakyStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry, &hub, &clock,
+                  JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+  v1::JobSpec spec = ElasticSpec(1, 0, 5);
+  spec.mutable_output()->set_weights_path("request.safetensors");
+  store.failing = true;
+  EXPECT_EQ(jobs.Submit(spec, "req-1").status().code(), absl::StatusCode::kUnavailable);
+  store.failing = false;
+  store.Hold();
+  absl::StatusOr<v1::Job> submitted;
+  std::thread submitting([&] { submitted = jobs.Submit(spec, "req-1"); });
+  ASSERT_TRUE(store.AwaitWaiting(1));
+  const absl::Status meanwhile = jobs.Submit(spec, "req-1").status();
+  EXPECT_EQ(meanwhile.code(), absl::StatusCode::kUnavailable) << meanwhile;
+  EXPECT_TRUE(absl::StrContains(meanwhile.message(), "is being saved; retry")) << meanwhile;
+  store.Release();
+  submitting.join();
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  EXPECT_EQ(submitted->request_id(), "req-1");
+  // Its weights path is taken, by itself: a retry still answers with it.
+  absl::StatusOr<v1::Job> again = jobs.Submit(spec, "req-1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->id(), submitted->id());
+  EXPECT_EQ(jobs.List().size(), 1u);
+  EXPECT_EQ(jobs.Submit(spec).status().code(), absl::StatusCode::kInvalidArgument);
+  // The unconfirmed commit of another request, after which the coordinator
+  // restarts: the job came back, and its retry finds it.
+  v1::JobSpec other = ElasticSpec(1, 0, 5);
+  store.puts_unconfirmed = true;
+  store.deletes_fail = true;
+  EXPECT_EQ(jobs.Submit(other, "req-2").status().code(), absl::StatusCode::kUnavailable);
+  store.puts_unconfirmed = false;
+  store.deletes_fail = false;
+  JobManager restarted(&registry, &hub, &clock,
+                       JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+  ASSERT_TRUE(restarted.Restore().ok());
+  ASSERT_EQ(restarted.List().size(), 2u);
+  for (const char* id : {"req-1", "req-2"}) {
+    absl::StatusOr<v1::Job> retried =
+        restarted.Submit(id == std::string("req-1") ? spec : other, id);
+    ASSERT_TRUE(retried.ok()) << retried.status();
+    EXPECT_EQ(retried->request_id(), id);
+  }
+  EXPECT_EQ(restarted.List().size(), 2u);
+  // Another spec under a used request_id is refused, after the restart too.
+  const absl::Status reused = restarted.Submit(other, "req-1").status();
+  EXPECT_EQ(reused.code(), absl::StatusCode::kAlreadyExists) << reused;
+  EXPECT_TRUE(absl::StrContains(reused.message(),
+                                "was submitted as job " + submitted->id() + " with another spec"))
+      << reused;
+}
+
 // A cancel whose save failed says so (UNAVAILABLE: a coordinator that
 // stops now restores the job), is saved again once the store is back (a
 // restarted coordinator restores it CANCELLED, not QUEUED to run again),

@@ -35,6 +35,7 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   stored.set_profile_source(record.profile_source);
   stored.set_reference_gflops(record.reference_gflops);
   stored.set_recoveries_without_progress(record.recoveries_without_progress);
+  stored.set_request_spec_sha256(record.request_spec_sha256);
   if (record.init_checkpoint.has_value())
     *stored.mutable_init_checkpoint() = *record.init_checkpoint;
   stored.set_init_weights(record.init_weights);
@@ -207,6 +208,7 @@ absl::Status JobManager::Restore() {
     record->profile_source = s.profile_source();
     record->reference_gflops = s.reference_gflops();
     record->recoveries_without_progress = s.recoveries_without_progress();
+    record->request_spec_sha256 = s.request_spec_sha256();
     if (s.has_init_checkpoint()) {
       record->init_checkpoint = s.init_checkpoint();
       record->init_step = s.init_checkpoint().step();

@@ -8,14 +8,19 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/confined_path.h"
 #include "common/enum_names.h"
 #include "common/proto_time.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/planner/planner.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "worker/checkpoint/checkpoint_manifest.h"
 #include "worker/model/gpt_config.h"
 
@@ -28,6 +33,36 @@ namespace {
 // no trailing '/'): one file, one spelling, so a prefix test is exact.
 bool PathWithin(const std::string& path, const std::string& dir) {
   return path == dir || absl::StartsWith(path, absl::StrCat(dir, "/"));
+}
+
+// INVALID_ARGUMENT unless `id` is a valid SubmitJobRequest.request_id.
+absl::Status CheckRequestId(const std::string& id) {
+  if (id.size() > kMaxRequestIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("request_id: ", id.size(), " bytes; at most ", kMaxRequestIdBytes));
+  }
+  for (const char c : id) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' &&
+        c != '-') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("request_id: character ", absl::CEscape(std::string(1, c)),
+                       " is not allowed; use A-Z a-z 0-9 . _ : - (a UUID, for example)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// SHA-256 (hex) of `spec` as submitted, deterministically serialised: the
+// same spec, sent again, has the same hash.
+std::string RequestSpecSha256(const v1::JobSpec& spec) {
+  std::string bytes;
+  {
+    google::protobuf::io::StringOutputStream stream(&bytes);
+    google::protobuf::io::CodedOutputStream coded(&stream);
+    coded.SetSerializationDeterministic(true);
+    spec.SerializeToCodedStream(&coded);
+  }
+  return Sha256Hex(bytes);
 }
 
 // An ended job whose checkpoint directory is still reserved for its sweeps.
@@ -249,7 +284,40 @@ const JobManager::JobRecord* JobManager::WeightsPathUserLocked(const std::string
   return nullptr;
 }
 
-absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
+absl::StatusOr<const JobManager::JobRecord*> JobManager::EarlierSubmitLocked(
+    const std::string& request_id, const std::string& spec_sha256) const {
+  if (request_id.empty()) return nullptr;
+  for (const auto& [id, record] : submitting_) {
+    if (record->job.request_id() == request_id) {
+      return absl::UnavailableError(absl::StrCat("request_id \"", request_id, "\": job ", id,
+                                                 " of that request is being saved; retry"));
+    }
+  }
+  for (const std::string& id : order_) {
+    const JobRecord& record = *jobs_.at(id);
+    if (record.job.request_id() != request_id) continue;
+    if (record.request_spec_sha256 != spec_sha256) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "request_id \"", request_id, "\" was submitted as job ", id,
+          " with another spec; a retry must send the same spec, a new job a new request_id"));
+    }
+    return &record;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::string& request_id) {
+  RETURN_IF_ERROR(CheckRequestId(request_id));
+  const std::string request_sha256 = request_id.empty() ? "" : RequestSpecSha256(spec);
+  // A retry is answered before the spec is checked again: its answer must
+  // not depend on what changed since (the planning budget, or the output
+  // dir of a restarted coordinator). Checked again below, under the lock
+  // that adds the job, for a repeat arriving meanwhile.
+  if (!request_id.empty()) {
+    AnnotatedMutexLock lock(&mu_);
+    ASSIGN_OR_RETURN(const JobRecord* earlier, EarlierSubmitLocked(request_id, request_sha256));
+    if (earlier != nullptr) return earlier->job;
+  }
   ASSIGN_OR_RETURN(ResolvedJobSpec resolved, ResolveJobSpec(spec));
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));
   RETURN_IF_ERROR(CheckPaths(resolved));
@@ -258,6 +326,9 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
   std::optional<store::StoredJob> stored;
   {
     AnnotatedMutexLock lock(&mu_);
+    // Again: the same request may have come in meanwhile.
+    ASSIGN_OR_RETURN(const JobRecord* earlier, EarlierSubmitLocked(request_id, request_sha256));
+    if (earlier != nullptr) return earlier->job;
     int pending = static_cast<int>(submitting_.size());
     for (const auto& [id, other] : jobs_) pending += IsTerminal(other->job.state()) ? 0 : 1;
     if (pending >= options_.max_pending_jobs) {
@@ -375,6 +446,8 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec) {
                                                                 resolved.train.steps);
     }
     *record->job.mutable_spec() = resolved.spec;
+    record->job.set_request_id(request_id);
+    record->request_spec_sha256 = request_sha256;
     record->init_weights = init.weights;
     record->init_source = init_source;
     if (init.checkpoint.has_value()) {

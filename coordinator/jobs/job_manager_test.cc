@@ -1947,6 +1947,36 @@ TEST_F(JobManagerTest, Submit_PendingLimit_ResourceExhausted) {
   EXPECT_TRUE(small.Submit(SmallSpec(3)).ok());
 }
 
+// request_id: a repeat with the same spec is the same job; another spec is
+// ALREADY_EXISTS; malformed ids are refused.
+TEST_F(JobManagerTest, Submit_RequestId_RepeatIsTheSameJobOtherSpecRefused) {
+  v1::JobSpec spec = SmallSpec(3);
+  const absl::StatusOr<v1::Job> first = jobs_.Submit(spec, "5f0c2a1e-0b7d-4c39-9a51-3e2d9c7b8a10");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->request_id(), "5f0c2a1e-0b7d-4c39-9a51-3e2d9c7b8a10");
+  const absl::StatusOr<v1::Job> again = jobs_.Submit(spec, "5f0c2a1e-0b7d-4c39-9a51-3e2d9c7b8a10");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->id(), first->id());
+  EXPECT_EQ(jobs_.List().size(), 1u);
+  v1::JobSpec other = spec;
+  other.mutable_training()->set_steps(spec.training().steps() + 1);
+  const absl::Status refused = jobs_.Submit(other, "5f0c2a1e-0b7d-4c39-9a51-3e2d9c7b8a10").status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kAlreadyExists) << refused;
+  // Without an id, or with another, each Submit is a job.
+  EXPECT_NE(jobs_.Submit(spec).value().id(), first->id());
+  EXPECT_NE(jobs_.Submit(spec, "b").value().id(), first->id());
+  EXPECT_EQ(jobs_.List().size(), 3u);
+  for (const std::string& bad : {std::string("has space"), std::string("slash/"),
+                                 std::string("\xff"), std::string(kMaxRequestIdBytes + 1, 'a')}) {
+    SCOPED_TRACE(bad);
+    const absl::Status status = jobs_.Submit(spec, bad).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+    EXPECT_TRUE(absl::StartsWith(status.message(), "request_id: ")) << status;
+  }
+  EXPECT_TRUE(jobs_.Submit(spec, std::string(kMaxRequestIdBytes, 'a')).ok());
+  EXPECT_EQ(jobs_.List().size(), 4u);
+}
+
 TEST_F(JobManagerTest, EndedJobs_PrunedByCountAndAge_NewestKept) {
   JobManager jobs(
       &registry_, &hub_, &clock_,

@@ -206,6 +206,19 @@ async function scenario(document, coordinator, workerId) {
   const after = (await call('GET', '/v1/jobs?pageSize=1000', { expect: 200 })).json.jobs.length;
   if (after !== before) fail(`a submit answered 503 left a job behind (${before} jobs, then ${after})`);
 
+  // A repeated requestId: the same job; with another spec, 409; malformed, 400.
+  const retried = { name: 'retried', model: { nLayer: 2, nHead: 2, dModel: 16 },
+    training: { seqLen: 8, batchSize: 4, steps: '10' }, parallelism: { stages: 2 } };
+  const once = await call('POST', '/v1/jobs?requestId=conformance-1', { expect: 200, body: retried });
+  const twice = await call('POST', '/v1/jobs?requestId=conformance-1', { expect: 200, body: retried });
+  if (once.json && twice.json && once.json.id !== twice.json.id) {
+    fail(`a repeated requestId made a second job: ${once.json.id}, then ${twice.json.id}`);
+  }
+  await call('POST', '/v1/jobs?requestId=conformance-1', { expect: 409,
+    body: { ...retried, name: 'another' } });
+  await call('POST', '/v1/jobs?requestId=not%2Fallowed', { expect: 400, body: retried });
+  if (once.json) await call('POST', `/v1/jobs/${once.json.id}:cancel`, { expect: 200 });
+
   // A job that keeps the one worker busy, and one that cannot be placed.
   const busy = await call('POST', '/v1/jobs', { expect: 200, body: {
     name: 'busy', model: { nLayer: 1, nHead: 1, dModel: 8 },

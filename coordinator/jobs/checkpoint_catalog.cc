@@ -162,6 +162,26 @@ absl::StatusOr<std::optional<v1::ResumeFrom>> CheckpointCatalog::Add(
   return std::optional<v1::ResumeFrom>(from);
 }
 
+bool CheckpointCatalog::Repeats(const v1::CheckpointWritten& report) const {
+  if (report.units_size() == 0) return false;
+  std::map<int, const v1::UnitFile*> recorded;
+  if (auto it = pending_.find(report.step()); it != pending_.end()) {
+    for (const auto& [unit, file] : it->second) recorded[unit] = &file;
+  }
+  for (const v1::ResumeFrom& c : complete_) {
+    if (c.step() != report.step()) continue;
+    for (const v1::UnitFile& file : c.units()) recorded[file.unit()] = &file;
+  }
+  for (const v1::UnitFile& f : report.units()) {
+    auto it = recorded.find(f.unit());
+    if (it == recorded.end() || it->second->file() != f.file() ||
+        it->second->bytes() != f.bytes() || it->second->sha256() != f.sha256()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 bool CheckpointCatalog::Holds(int64_t step) const {
   for (const v1::ResumeFrom& c : complete_) {
     if (c.step() == step) return true;

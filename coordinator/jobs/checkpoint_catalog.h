@@ -71,6 +71,13 @@ class CheckpointCatalog {
   // report completed, if it did.
   absl::StatusOr<std::optional<v1::ResumeFrom>> Add(const v1::CheckpointWritten& report,
                                                     const v1::UnitRange& owned);
+  // Whether `report` repeats what the catalog has: it lists at least one
+  // unit, and each of its units is recorded for its step (pending, or in the
+  // complete checkpoint) with the same file, size and SHA-256. A stage that
+  // sends its report again after a lost answer sends such a one; within one
+  // plan nothing else does (a redone step's checkpoint was forgotten,
+  // ForgetAfter, and a re-plan clears pending steps).
+  bool Repeats(const v1::CheckpointWritten& report) const;
   // Whether a complete checkpoint of `step` is in the catalog (not expired
   // or dropped).
   bool Holds(int64_t step) const;

@@ -37,6 +37,12 @@ class CheckpointCatalogTest : public ::testing::Test {
   }
   // Stage `stage`'s report of its units at `step`; true if it completed it.
   bool Report(int stage, int64_t step) {
+    absl::StatusOr<std::optional<v1::ResumeFrom>> added =
+        catalog_.Add(ReportOf(stage, step), Owned(stage));
+    EXPECT_TRUE(added.ok()) << added.status();
+    return added.ok() && added->has_value();
+  }
+  static v1::CheckpointWritten ReportOf(int stage, int64_t step) {
     v1::CheckpointWritten report;
     report.set_step(step);
     for (int u = 2 * stage; u < 2 * stage + 2; ++u) {
@@ -46,9 +52,7 @@ class CheckpointCatalogTest : public ::testing::Test {
       f->set_bytes(100);
       f->set_sha256(std::string(64, 'a'));
     }
-    absl::StatusOr<std::optional<v1::ResumeFrom>> added = catalog_.Add(report, Owned(stage));
-    EXPECT_TRUE(added.ok()) << added.status();
-    return added.ok() && added->has_value();
+    return report;
   }
   std::vector<int64_t> AbandonedSteps() {
     std::vector<int64_t> steps;
@@ -241,6 +245,26 @@ TEST_F(CheckpointCatalogTest, Holds_OnlyCompleteOnesStillKept) {
   ASSERT_TRUE(catalog_.Drop(3).has_value());
   EXPECT_FALSE(catalog_.Holds(3));
   EXPECT_FALSE(catalog_.Drop(3).has_value());
+}
+
+// A report is a repeat when its units are recorded as it says, pending or
+// complete; not once they are forgotten, nor with other bytes.
+TEST_F(CheckpointCatalogTest, Repeats_OnlyWhatIsRecordedAsReported) {
+  EXPECT_FALSE(catalog_.Repeats(ReportOf(0, 1)));
+  EXPECT_FALSE(Report(0, 1));
+  EXPECT_TRUE(catalog_.Repeats(ReportOf(0, 1)));   // pending
+  EXPECT_FALSE(catalog_.Repeats(ReportOf(1, 1)));  // not yet
+  EXPECT_TRUE(Report(1, 1));
+  EXPECT_TRUE(catalog_.Repeats(ReportOf(0, 1)));  // complete
+  EXPECT_TRUE(catalog_.Repeats(ReportOf(1, 1)));
+  v1::CheckpointWritten other = ReportOf(1, 1);
+  other.mutable_units(1)->set_sha256(std::string(64, 'b'));
+  EXPECT_FALSE(catalog_.Repeats(other));
+  other = ReportOf(1, 1);
+  other.clear_units();
+  EXPECT_FALSE(catalog_.Repeats(other));
+  catalog_.ForgetAfter(0);  // a recovery from before step 1: redone
+  EXPECT_FALSE(catalog_.Repeats(ReportOf(1, 1)));
 }
 
 // At the job's end: the steps with units reported that never completed,

@@ -470,6 +470,9 @@ class JobManager {
     // failed: their directories go after the job's next successful save,
     // a retry's included (until then the stored state may still name them).
     std::vector<v1::ResumeFrom> expired_unsaved;
+    // The last failed checkpoint report counted ("plan version/stage/step"):
+    // the same one again is a retry, not another failure.
+    std::string last_checkpoint_error;
     int recoveries_without_progress = 0;
     // The furthest step any complete checkpoint reached (since this
     // coordinator took the job: restored from its latest); only a

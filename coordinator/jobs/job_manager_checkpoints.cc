@@ -57,6 +57,19 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
         absl::StrCat("ReportProgressRequest.checkpoint.write_seconds: ", c.write_seconds(),
                      " is outside [0, ", kMaxReportedStepSeconds, "]"));
   }
+  // A report sent again after its answer was lost (ReportWithRetries)
+  // changes nothing: it must not count twice in the metrics or the job.
+  if (!c.error().empty()) {
+    const std::string key = absl::StrCat(record.job.plan_version(), "/", stage, "/", c.step());
+    if (record.last_checkpoint_error == key) return absl::OkStatus();
+    record.last_checkpoint_error = key;
+  } else {
+    const v1::UnitRange& owned = record.plan.stages(stage).backward();
+    const bool all_owned = std::all_of(c.units().begin(), c.units().end(), [&](const auto& f) {
+      return f.unit() >= owned.begin() && f.unit() < owned.end();
+    });
+    if (all_owned && record.checkpoints->Repeats(c)) return absl::OkStatus();
+  }
   if (!c.error().empty()) {
     PT_LOG(WARNING) << "job " << record.job.id() << ": stage " << stage
                     << " could not write its checkpoint of step " << c.step() << ": "

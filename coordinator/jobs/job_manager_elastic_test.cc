@@ -1236,6 +1236,44 @@ TEST_F(JobManagerElasticTest, CheckpointWriteFailed_NeverCompletesAndTheJobGoesO
   EXPECT_EQ(job.progress().checkpoint_error(), "");
 }
 
+// A stage sends its checkpoint report again when the answer was lost
+// (JobRunner::ReportWithRetries): the repeat counts neither as another
+// checkpoint written nor as another failure.
+TEST_F(JobManagerElasticTest, CheckpointReportRepeated_CountedOnce) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  int written = 0, failed = 0;
+  jobs_->SetEvents({.checkpoint_written = [&written](double) { ++written; },
+                    .checkpoint_failed = [&failed] { ++failed; }});
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());
+  ASSERT_TRUE(Checkpoint(id, 0, 5).ok());  // pending: stage 1 has not written
+  EXPECT_EQ(written, 1);
+  v1::ReportProgressRequest r;
+  r.set_worker_id(w2);
+  r.set_job_id(id);
+  r.set_plan_version(1);
+  r.set_iteration(4);
+  r.mutable_checkpoint()->set_step(5);
+  r.mutable_checkpoint()->set_error("RESOURCE_EXHAUSTED: No space left on device");
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  EXPECT_EQ(failed, 1);
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_failures(), 1);
+  for (int step = 6; step <= 10; ++step) Step(id, step);
+  CheckpointAll(id, 10);
+  EXPECT_EQ(written, 3);
+  ASSERT_TRUE(Checkpoint(id, 1, 10).ok());  // complete already
+  EXPECT_EQ(written, 3);
+  EXPECT_EQ(jobs_->Get(id).value().progress().checkpoint_step(), 10);
+  // The next failure of the same stage, at another step, counts.
+  for (int step = 11; step <= 15; ++step) Step(id, step);
+  r.set_iteration(14);
+  r.mutable_checkpoint()->set_step(15);
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  EXPECT_EQ(failed, 2);
+}
+
 // A drain stops every stage after the boundary step's checkpoint. If a
 // stage cannot write it, that checkpoint never completes and the stages
 // would wait for good: the job recovers from its latest complete

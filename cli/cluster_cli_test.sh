@@ -368,7 +368,8 @@ ok up_out_in_use_started_nothing test ! -e "$TMP/up-locked/coordinator.ports"
 # A run to its end leaves the plan's predicted step and the workers'
 # measured one (a 3-step plan traces its last) as SVG beside its logs.
 expect_exit up_timelines 0 "timelines: predicted $TMP/up-short/timeline-predicted.svg, measured (step 3) $TMP/up-short/timeline-measured.svg" -- \
-  up --workers 1 --steps 3 --checkpoint-interval 0 --eval-interval 0 --out "$TMP/up-short"
+  up --workers 1 --steps 3 --checkpoint-interval 0 --eval-interval 0 --out "$TMP/up-short" \
+  --loss-log "$TMP/up-short/losses.txt"
 ok up_measured_timeline grep -q "measured step 3 (workers" "$TMP/up-short/timeline-measured.svg"
 # One worker sends nothing: one line says so (it printed a heading over an
 # empty table); the metrics address, dead once up has returned, is not
@@ -376,6 +377,8 @@ ok up_measured_timeline grep -q "measured step 3 (workers" "$TMP/up-short/timeli
 ok up_one_worker_links_line grep -qx "links: no tensor sent by all workers" "$OUT"
 ok up_no_dead_metrics_url test "$(grep -c "metrics: http" "$OUT")" -eq 0
 ok up_logs_line grep -qx "logs: $TMP/up-short" "$OUT"
+# --loss-log in the --out directory up creates: allowed, written.
+ok up_loss_log_in_new_out test "$(wc -l <"$TMP/up-short/losses.txt")" -eq 3
 # A --loss-log that cannot take the losses fails the run, naming why, after
 # its report (the final flush of a full disk went unchecked: exit 0).
 if [[ -w /dev/full ]]; then
@@ -454,6 +457,38 @@ rc=$?
 ok up_terminated_exit_143 test "$rc" -eq 143
 ok up_terminated_said_so grep -q "interrupted; stopping the cluster" "$TMP/up-term.out"
 ok up_terminated_nothing_left test "$(processes_of "$TMP/up-term")" -eq 0
+# SIGHUP (its terminal closed) stops it the same way: exit 129.
+"$BIN" "${UP[@]}" --out "$TMP/up-hup" >"$TMP/up-hup.out" 2>&1 &
+up_pid=$!
+pids+=("$up_pid")
+ok up_hup_started await_file "$TMP/up-hup/worker-1.ports"
+kill -HUP "$up_pid"
+wait "$up_pid"
+rc=$?
+ok up_hangup_exit_129 test "$rc" -eq 129
+ok up_hangup_said_so grep -q "interrupted; stopping the cluster" "$TMP/up-hup.out"
+ok up_hangup_nothing_left test "$(processes_of "$TMP/up-hup")" -eq 0
+# Under nohup SIGHUP stays ignored (the kernel's view: SigIgn has it,
+# SigCgt not), so the run outlives its terminal.
+nohup "$BIN" "${UP[@]}" --out "$TMP/up-nohup" >"$TMP/up-nohup.out" 2>&1 &
+up_pid=$!
+pids+=("$up_pid")
+ok up_nohup_started await_file "$TMP/up-nohup/worker-1.ports"
+sighup_ignored() {
+  python3 - "$1" <<'PY'
+import sys
+fields = dict(l.split(':', 1) for l in open(f'/proc/{sys.argv[1]}/status') if ':' in l)
+ignored, caught = int(fields['SigIgn'], 16), int(fields['SigCgt'], 16)
+sys.exit(0 if ignored & 1 and not caught & 1 and caught & (1 << 14) else 1)  # SIGHUP, SIGTERM
+PY
+}
+ok up_nohup_sighup_ignored sighup_ignored "$up_pid"
+kill -HUP "$up_pid"
+kill -TERM "$up_pid"
+wait "$up_pid"
+rc=$?
+ok up_nohup_terminated_exit_143 test "$rc" -eq 143
+ok up_nohup_nothing_left test "$(processes_of "$TMP/up-nohup")" -eq 0
 # Ctrl-C at a terminal sends SIGINT to the whole foreground process group
 # (here: kill -INT to up's own group). up's children are in groups of their
 # own, so only up sees it and stops them in order: cancel the job, then

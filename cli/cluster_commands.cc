@@ -57,12 +57,19 @@ namespace {
 // The deadline of `up`'s calls to the cluster it started.
 constexpr absl::Duration kRpcTimeout = absl::Seconds(10);
 
-// The signal that stopped the run (SIGINT, SIGTERM, SIGPIPE for a closed
-// stdout), 0 while none came: the command exits 128 + it, as a shell
+// The signal that stopped the run (SIGINT, SIGTERM, SIGHUP, SIGPIPE for a
+// closed stdout), 0 while none came: the command exits 128 + it, as a shell
 // reports a process that signal ended, so a script can tell Ctrl-C (130)
 // from a supervisor's SIGTERM (143) and a reader gone (141).
 std::atomic<int> g_signal{0};
 extern "C" void OnInterrupt(int signal) { g_signal.store(signal); }
+// Catches `signal` with OnInterrupt unless it is ignored: `nohup` ignores
+// SIGHUP so that a run outlives its terminal, which a catch would undo.
+void CatchUnlessIgnored(int signal) {
+  struct sigaction current {};
+  if (sigaction(signal, nullptr, &current) == 0 && current.sa_handler == SIG_IGN) return;
+  std::signal(signal, OnInterrupt);
+}
 bool Interrupted() { return g_signal.load() != 0; }
 int InterruptedExitCode() { return kExitSignalBase + g_signal.load(); }
 
@@ -561,7 +568,14 @@ constexpr std::pair<absl::string_view, absl::string_view> kUpFlagNames[] = {
 // Whether stdout is a pipe or socket whose reader has gone (`up | true`).
 // Progress goes to stderr and stdout is written only at the job's end, so
 // SIGPIPE alone would say so only then: Follow asks at every poll.
+// Only a pipe or socket: a terminal also says POLLHUP once it has hung
+// up, and a run the user detached from it (`disown`) must go on (a
+// terminal's hangup that should stop the run sends SIGHUP).
 bool StdoutReaderGone() {
+  struct stat st;
+  if (fstat(STDOUT_FILENO, &st) != 0 || !(S_ISFIFO(st.st_mode) || S_ISSOCK(st.st_mode))) {
+    return false;
+  }
   pollfd out{STDOUT_FILENO, 0, 0};
   return poll(&out, 1, 0) == 1 && (out.revents & (POLLERR | POLLHUP)) != 0;
 }
@@ -812,7 +826,7 @@ int RunUp(const std::vector<std::string>& args) {
   }
   if (valid.ok()) valid = NameFlags(ResolveJobSpec(UpSpec(o)).status(), kUpFlagNames);
   // Written once the job ends: a path that cannot be must not cost the run.
-  if (valid.ok()) valid = CheckWritableParent("--loss-log", o.loss_log);
+  if (valid.ok()) valid = CheckWritableParent("--loss-log", o.loss_log, o.out);
   // Written after the run: it must not be the corpus the run trains on.
   if (valid.ok()) valid = CheckNotAnInput("--loss-log", o.loss_log, {{"--data", o.data}});
   const bool each_gpu = o.worker_device == "cuda:each";
@@ -883,6 +897,9 @@ int RunUp(const std::vector<std::string>& args) {
   if (!worker.ok()) return Fail("up", worker.status());
   std::signal(SIGINT, OnInterrupt);
   std::signal(SIGTERM, OnInterrupt);
+  // Its terminal closed: stopped as on Ctrl-C (exit 129), not killed with
+  // its cluster left to the kernel's SIGTERMs.
+  CatchUnlessIgnored(SIGHUP);
   // A closed stdout (`pipetrain up | head`) ends the run as Ctrl-C does,
   // with the cluster stopped, rather than killing this process outright.
   std::signal(SIGPIPE, OnInterrupt);

@@ -299,8 +299,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     absl::Status ready = WaitForFile(ports, options.start_timeout, &cluster->standbys_.back(),
                                      cluster->standby_log(i));
     if (!ready.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("standby coordinator ", i, " did not start: ", ready.message()));
+      return absl::UnavailableError(absl::StrCat("standby coordinator ", i,
+                                                 " did not start: ", ready.message(), "; see ",
+                                                 cluster->standby_log(i)));
     }
     ASSIGN_OR_RETURN(int port, ReadPort(ports, "grpc_port"));
     cluster->standby_grpc_ports_.push_back(port);

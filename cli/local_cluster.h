@@ -53,8 +53,9 @@ struct LocalClusterOptions {
 class LocalCluster {
  public:
   // Starts the coordinator, waits for its ports, then starts the workers
-  // and waits until each has bound its data plane. Errors name the process
-  // and its log file.
+  // and waits until each has bound its data plane. A process that did not
+  // start is named with its log file; a ports file it wrote that does not
+  // parse, with that file (ReadPort).
   static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
   ~LocalCluster();
 

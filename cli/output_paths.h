@@ -16,7 +16,11 @@ namespace pipetrain {
 // be written and `path` is not itself a directory. INVALID_ARGUMENT
 // "<flag> <path>: the directory D does not exist" (or "is not a directory",
 // "is not writable"), or "<flag> <path> is a directory; name a file".
-absl::Status CheckWritableParent(const char* flag, const std::string& path);
+// `created_dir`: a directory the command creates before it writes `path`
+// (`up --out`); while it does not exist, a `path` directly in it passes
+// (the write at the end says what fails).
+absl::Status CheckWritableParent(const char* flag, const std::string& path,
+                                 const std::string& created_dir = "");
 
 // For an output written whole and renamed into place (safetensors files:
 // --save, --checkpoint, --out): OK when `path` is empty, absent, a regular

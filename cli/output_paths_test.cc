@@ -80,6 +80,23 @@ TEST(WriteFilesOrNoneTest, LaterFileFails_ExistingFileUntouched_NoTemporaryLeft)
   EXPECT_EQ(entries, 1);  // kept.svg alone
 }
 
+// A file in a directory the command creates itself passes while that
+// directory is missing; any other missing directory is refused.
+TEST(CheckWritableParentTest, MissingDirectory_OkOnlyWhenTheCommandCreatesIt) {
+  const std::string out = TempDir() + "/created-later";
+  EXPECT_TRUE(CheckWritableParent("--loss-log", out + "/l.txt", out).ok());
+  EXPECT_TRUE(CheckWritableParent("--loss-log", out + "/l.txt", out + "/").ok());
+  const absl::Status missing = CheckWritableParent("--loss-log", out + "/l.txt");
+  EXPECT_EQ(missing.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(missing.message(),
+            "--loss-log " + out + "/l.txt: the directory " + out + " does not exist");
+  EXPECT_FALSE(CheckWritableParent("--loss-log", out + "/sub/l.txt", out).ok());
+  // Once it exists, it is checked as any other: here, a file in its place.
+  std::ofstream(out) << "not a directory";
+  const absl::Status file = CheckWritableParent("--loss-log", out + "/l.txt", out);
+  EXPECT_EQ(file.message(), "--loss-log " + out + "/l.txt: " + out + " is not a directory");
+}
+
 TEST(CheckNotAnInputTest, SameFileAsAnInput_Refused) {
   const std::string input = TempDir() + "/profile.json";
   ASSERT_TRUE(WriteFilesOrNone({{input, "{}"}}).ok());

@@ -248,10 +248,16 @@ void JobManager::FinishProfiling(const std::string& job_id, const std::string& k
       profile->DiscardUnknownFields();
       record->profiled_by = worker;
       const std::vector<std::string> evicted = profiles_.Put(key, *profile);
+      // Stored on io_, off the lock (a commit waits for the disk or etcd,
+      // and every call waits for the lock); in order, so that a later
+      // eviction's delete comes after this save. Losing it to a crash
+      // costs only a profiling run after the restart.
       if (options_.state != nullptr) {
-        absl::Status saved = options_.state->SaveProfile(key, *profile);
-        if (!saved.ok()) PT_LOG(WARNING) << "profile " << key << " not saved: " << saved;
-        DropStoredProfiles(evicted);
+        io_.Post([this, key, stored = *profile, evicted] {
+          absl::Status saved = options_.state->SaveProfile(key, stored);
+          if (!saved.ok()) PT_LOG(WARNING) << "profile " << key << " not saved: " << saved;
+          DropStoredProfiles(evicted);
+        });
       }
     } else if (record != nullptr) {
       // A worker that left meanwhile (SIGTERM drains it, and its profile is

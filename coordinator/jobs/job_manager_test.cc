@@ -22,6 +22,8 @@
 #include "coordinator/jobs/profile_cache.h"
 #include "coordinator/jobs/small_spec_testing.h"
 #include "coordinator/planner/solve_plan.h"
+#include "coordinator/store/coordinator_state.h"
+#include "coordinator/store/memory_store.h"
 #include "google/protobuf/unknown_field_set.h"
 #include "gtest/gtest.h"
 
@@ -1524,6 +1526,53 @@ v1::ModelProfile FakeProfile(const v1::ProfileRequest& request) {
     }
   }
   return p;
+}
+
+// A measured profile is stored (on io_, off the job lock), and a restarted
+// coordinator plans the model with it without profiling it again.
+TEST_F(JobManagerTest, MeasuredProfile_StoredAndTakenBackAfterARestart) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  int calls = 0;
+  const auto fetch = [&calls](
+                         const std::string&, const std::string&,
+                         const v1::ProfileRequest& request) -> absl::StatusOr<v1::ModelProfile> {
+    ++calls;
+    return FakeProfile(request);
+  };
+  v1::JobSpec spec = SmallSpec(2);
+  spec.mutable_parallelism()->set_solver("bipartition");
+  AddWorker(7001);
+  AddWorker(7002);
+  std::string first_source;
+  {
+    JobManager first(&registry_, &hub_, &clock_,
+                     JobManagerOptions{.state = &state, .background_runner = background_.Runner()});
+    first.SetProfileFetcher(fetch);
+    const std::string id = first.Submit(spec).value().id();
+    first.AwaitProfiling();
+    background_.RunAll();
+    first.FlushIo();
+    EXPECT_EQ(calls, 1);
+    EXPECT_EQ(state.LoadProfiles().value().size(), 1u);
+    first_source = first.GetPlan(id).value().profile_source();
+    ASSERT_TRUE(first.Cancel(id).ok());
+    first.FlushIo();
+  }
+  JobManager restarted(
+      &registry_, &hub_, &clock_,
+      JobManagerOptions{.state = &state, .background_runner = background_.Runner()});
+  restarted.SetProfileFetcher(fetch);
+  ASSERT_TRUE(restarted.Restore().ok());
+  spec.set_name("again");
+  const std::string id = restarted.Submit(spec).value().id();
+  restarted.AwaitProfiling();
+  background_.RunAll();
+  EXPECT_EQ(calls, 1);  // not profiled again
+  EXPECT_EQ(restarted.Get(id).value().state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(absl::StartsWith(first_source, "measured on cpu: by w-1;")) << first_source;
+  const std::string source = restarted.GetPlan(id).value().profile_source();
+  EXPECT_TRUE(absl::StartsWith(source, "measured on cpu: for an earlier job (cached)")) << source;
 }
 
 TEST_F(JobManagerTest, BiPartitionJob_ProfilesOnceThenPlansWithTheCachedProfile) {

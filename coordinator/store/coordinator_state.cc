@@ -1,8 +1,12 @@
 #include "coordinator/store/coordinator_state.h"
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/secrets.h"
 #include "common/status_macros.h"
+#include "google/protobuf/message.h"
 
 namespace pipetrain {
 namespace {
@@ -12,15 +16,48 @@ constexpr char kWorkers[] = "workers/";
 constexpr char kJobs[] = "jobs/";
 constexpr char kProfiles[] = "profiles/";
 
+// A record's value: kSealPrefix, the SHA-256 (hex) of the serialised
+// message, then the message. SQLite checks no page's contents, so bytes
+// changed on the disk inside a record that still parses would otherwise be
+// read as state. The prefix starts with a NUL, which no serialised message
+// of these types does (field number 0 does not exist), so a record written
+// before seals existed is told apart and read as it is.
+constexpr absl::string_view kSealPrefix("\0pt-sha256:", 11);
+constexpr size_t kSealBytes = kSealPrefix.size() + 64;
+
+std::string Sealed(const google::protobuf::Message& message) {
+  const std::string payload = message.SerializeAsString();
+  return absl::StrCat(kSealPrefix, Sha256Hex(payload), payload);
+}
+
+// Parses the value of `key`: DATA_LOSS naming the key when its seal does
+// not match or it does not parse.
+absl::Status Unseal(const Store& store, const std::string& key, absl::string_view value,
+                    google::protobuf::Message* message) {
+  if (absl::StartsWith(value, kSealPrefix)) {
+    if (value.size() < kSealBytes ||
+        Sha256Hex(value.substr(kSealBytes)) !=
+            value.substr(kSealPrefix.size(), kSealBytes - kSealPrefix.size())) {
+      return absl::DataLossError(absl::StrCat(
+          store.Describe(), ": ", key,
+          " does not match its checksum (changed on disk?); restore the state from a backup, or "
+          "delete that record"));
+    }
+    value.remove_prefix(kSealBytes);
+  }
+  if (!message->ParseFromArray(value.data(), static_cast<int>(value.size()))) {
+    return absl::DataLossError(absl::StrCat(store.Describe(), ": ", key, " does not parse"));
+  }
+  return absl::OkStatus();
+}
+
 template <typename Message>
 absl::StatusOr<std::vector<Message>> LoadAll(const Store& store, const std::string& prefix) {
   ASSIGN_OR_RETURN(auto rows, store.Scan(prefix));
   std::vector<Message> out;
   for (const auto& [key, value] : rows) {
     Message m;
-    if (!m.ParseFromString(value)) {
-      return absl::DataLossError(absl::StrCat(store.Describe(), ": ", key, " does not parse"));
-    }
+    RETURN_IF_ERROR(Unseal(store, key, value, &m));
     out.push_back(std::move(m));
   }
   return out;
@@ -53,7 +90,7 @@ absl::Status CoordinatorState::SaveWorker(const v1::Worker& worker) {
   stored.set_left(worker.state() == v1::WORKER_STATE_LEFT);
   stored.set_drained(worker.drained());
   *stored.mutable_last_heartbeat() = worker.last_heartbeat();
-  return store_->Commit({StoreWrite::Put(kWorkers + worker.id(), stored.SerializeAsString())});
+  return store_->Commit({StoreWrite::Put(kWorkers + worker.id(), Sealed(stored))});
 }
 
 absl::StatusOr<std::vector<v1::Worker>> CoordinatorState::LoadWorkers() const {
@@ -79,7 +116,7 @@ absl::StatusOr<std::vector<v1::Worker>> CoordinatorState::LoadWorkers() const {
 }
 
 absl::Status CoordinatorState::SaveJob(const store::StoredJob& job) {
-  return store_->Commit({StoreWrite::Put(kJobs + job.job().id(), job.SerializeAsString())});
+  return store_->Commit({StoreWrite::Put(kJobs + job.job().id(), Sealed(job))});
 }
 
 absl::Status CoordinatorState::DeleteWorker(const std::string& worker_id) {
@@ -96,7 +133,7 @@ absl::StatusOr<std::vector<store::StoredJob>> CoordinatorState::LoadJobs() const
 
 absl::Status CoordinatorState::SaveProfile(const std::string& key,
                                            const v1::ModelProfile& profile) {
-  return store_->Commit({StoreWrite::Put(kProfiles + key, profile.SerializeAsString())});
+  return store_->Commit({StoreWrite::Put(kProfiles + key, Sealed(profile))});
 }
 
 absl::Status CoordinatorState::DeleteProfile(const std::string& key) {
@@ -108,9 +145,7 @@ absl::StatusOr<std::map<std::string, v1::ModelProfile>> CoordinatorState::LoadPr
   std::map<std::string, v1::ModelProfile> out;
   for (const auto& [key, value] : rows) {
     v1::ModelProfile p;
-    if (!p.ParseFromString(value)) {
-      return absl::DataLossError(absl::StrCat(store_->Describe(), ": ", key, " does not parse"));
-    }
+    RETURN_IF_ERROR(Unseal(*store_, key, value, &p));
     out[key.substr(sizeof(kProfiles) - 1)] = std::move(p);
   }
   return out;

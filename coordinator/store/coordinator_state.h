@@ -9,6 +9,12 @@
 // Every Save returns once the store committed it (durable: store.h), so a
 // caller that acknowledges only after Save never acknowledges what a
 // restart could lose. Thread-safe (the store is).
+//
+// Each record's value carries a SHA-256 of the message ahead of it
+// (coordinator_state.cc): a Load finds a record changed since it was
+// saved (DATA_LOSS naming its key), which SQLite, checking no page's
+// contents, would not. A record without one (saved by an earlier version)
+// is read as it is, and sealed at its next save.
 #ifndef PIPETRAIN_COORDINATOR_STORE_COORDINATOR_STATE_H_
 #define PIPETRAIN_COORDINATOR_STORE_COORDINATOR_STATE_H_
 
@@ -46,7 +52,8 @@ class CoordinatorState {
 
   absl::Status SaveJob(const store::StoredJob& job);
   absl::Status DeleteJob(const std::string& job_id);
-  // In key order; DATA_LOSS naming the key when a value does not parse.
+  // In key order; DATA_LOSS naming the key when a value does not parse or
+  // does not match its checksum (so do the other Loads).
   absl::StatusOr<std::vector<store::StoredJob>> LoadJobs() const;
 
   absl::Status SaveProfile(const std::string& key, const v1::ModelProfile& profile);

@@ -112,5 +112,48 @@ TEST(CoordinatorStateTest, UnparsableJob_IsDataLossNamingTheKey) {
   EXPECT_NE(status.message().find("jobs/job-x"), std::string::npos) << status;
 }
 
+// A saved record with one byte changed inside its message, which still
+// parses (a step count): DATA_LOSS naming the key, for each table. A
+// record saved before records were sealed is read as it is.
+TEST(CoordinatorStateTest, RecordChangedAfterItsSave_IsDataLossNamingTheKey) {
+  MemoryStore store;
+  CoordinatorState state(&store);
+  store::StoredJob job;
+  job.mutable_job()->set_id("job-1");
+  job.mutable_job()->mutable_progress()->set_step(100);
+  ASSERT_TRUE(state.SaveJob(job).ok());
+  v1::Worker worker;
+  worker.set_id("w-1");
+  worker.set_incarnation(3);
+  ASSERT_TRUE(state.SaveWorker(worker).ok());
+  v1::ModelProfile profile;
+  profile.set_micro_batch_size(2);
+  ASSERT_TRUE(state.SaveProfile("p", profile).ok());
+  ASSERT_EQ(state.LoadJobs().value().at(0).job().progress().step(), 100);
+
+  for (const std::string key : {"jobs/job-1", "workers/w-1", "profiles/p"}) {
+    SCOPED_TRACE(key);
+    const std::string saved = store.Get(key).value().value();
+    std::string changed = saved;
+    changed.back() ^= 0x01;  // the last field's varint: still parses
+    ASSERT_TRUE(store.Commit({StoreWrite::Put(key, changed)}).ok());
+    absl::Status status = key[0] == 'j'   ? state.LoadJobs().status()
+                          : key[0] == 'w' ? state.LoadWorkers().status()
+                                          : state.LoadProfiles().status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_NE(status.message().find(key + " does not match its checksum"), std::string::npos)
+        << status;
+    ASSERT_TRUE(store.Commit({StoreWrite::Put(key, saved)}).ok());
+  }
+  // Unsealed (an earlier version's record): read as it is.
+  job.mutable_job()->mutable_progress()->set_step(7);
+  ASSERT_TRUE(store.Commit({StoreWrite::Put("jobs/job-1", job.SerializeAsString())}).ok());
+  EXPECT_EQ(state.LoadJobs().value().at(0).job().progress().step(), 7);
+  // A seal cut short.
+  ASSERT_TRUE(
+      store.Commit({StoreWrite::Put("jobs/job-1", std::string("\0pt-sha256:ab", 13))}).ok());
+  EXPECT_EQ(state.LoadJobs().status().code(), absl::StatusCode::kDataLoss);
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -266,15 +266,13 @@ std::string CheckpointCatalog::RestoreComplete(const std::vector<v1::ResumeFrom>
   pending_.clear();
   int64_t previous = 0;
   for (const v1::ResumeFrom& c : complete) {
-    const std::string which = absl::StrCat("checkpoint of step ", c.step());
-    if (c.step() <= previous || c.step() >= steps_) {
-      return absl::StrCat(which, ": steps must ascend within [1, ", steps_, ")");
+    if (c.step() <= previous) {
+      return absl::StrCat("checkpoint of step ", c.step(), ": steps must ascend within [1, ",
+                          steps_, ")");
     }
     previous = c.step();
-    if (c.dir() != StepDir(spec_.dir(), c.step())) {
-      return absl::StrCat(which, " names directory \"", c.dir().substr(0, 256), "\", not \"",
-                          StepDir(spec_.dir(), c.step()), "\"");
-    }
+    if (std::string mismatch = StepDirMismatch(c); !mismatch.empty()) return mismatch;
+    const std::string which = absl::StrCat("checkpoint of step ", c.step());
     if (c.units_size() != num_units_) {
       return absl::StrCat(which, " lists ", c.units_size(), " units; the model has ", num_units_);
     }
@@ -288,6 +286,18 @@ std::string CheckpointCatalog::RestoreComplete(const std::vector<v1::ResumeFrom>
     }
   }
   complete_.assign(complete.begin(), complete.end());
+  return "";
+}
+
+std::string CheckpointCatalog::StepDirMismatch(const v1::ResumeFrom& c) const {
+  const std::string which = absl::StrCat("checkpoint of step ", c.step());
+  if (c.step() < 1 || c.step() >= steps_) {
+    return absl::StrCat(which, ": steps must ascend within [1, ", steps_, ")");
+  }
+  if (c.dir() != StepDir(spec_.dir(), c.step())) {
+    return absl::StrCat(which, " names directory \"", c.dir().substr(0, 256), "\", not \"",
+                        StepDir(spec_.dir(), c.step()), "\"");
+  }
   return "";
 }
 

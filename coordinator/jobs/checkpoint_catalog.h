@@ -122,6 +122,10 @@ class CheckpointCatalog {
   // nothing is taken and the reason is returned ("" when taken).
   std::vector<v1::ResumeFrom> Complete() const;
   std::string RestoreComplete(const std::vector<v1::ResumeFrom>& complete);
+  // Why `c` does not name one of this job's step directories (a step in
+  // [1, steps), its StepDir), or "" when it does: a stored expired
+  // checkpoint (StoredJob.expiring) is removed after a restart only then.
+  std::string StepDirMismatch(const v1::ResumeFrom& c) const;
 
  private:
   const v1::CheckpointSpec spec_;

@@ -141,6 +141,9 @@ inline constexpr int kMaxLossHistory = 10000;
 // A job that recovers this many times in a row without completing a new
 // checkpoint FAILS (something fails deterministically, or keeps failing).
 inline constexpr int kMaxRecoveriesWithoutProgress = 3;
+// The most expired checkpoints a job's stored record lists for removal
+// after a restart (store::StoredJob.expiring; about 40 bytes each).
+inline constexpr size_t kMaxStoredExpiring = 64;
 // The longest SubmitJobRequest.request_id: a UUID (36) with room to spare.
 inline constexpr size_t kMaxRequestIdBytes = 128;
 // Profiles a job tries on workers that leave during them (JobManager::
@@ -466,10 +469,12 @@ class JobManager {
     // Spare workers (id -> incarnation) a re-plan of this job was refused
     // with: not offered to it again unless they register anew.
     std::map<std::string, int64_t> unfit;
-    // Checkpoints expired from the catalog while the save that drops them
-    // failed: their directories go after the job's next successful save,
-    // a retry's included (until then the stored state may still name them).
-    std::vector<v1::ResumeFrom> expired_unsaved;
+    // Checkpoints expired from the catalog whose directories are not known
+    // to be removed (store::StoredJob.expiring): each save lists them, and
+    // after a save that succeeded, those it listed go (until then the
+    // stored state may still name them as complete); a failed save leaves
+    // them to the next, a retry's included.
+    std::vector<v1::ResumeFrom> expiring;
     // The last failed checkpoint report counted ("plan version/stage/step"):
     // the same one again is a retry, not another failure.
     std::string last_checkpoint_error;
@@ -539,6 +544,10 @@ class JobManager {
   // checkpoints into `dir`, a directory inside it, or one it lies in (the
   // paths nest), or null.
   const JobRecord* CheckpointDirUserLocked(const std::string& dir) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Another job than `record`, in any state, whose checkpoint directory
+  // overlaps `record`'s (one may have taken over an ended one's), or null.
+  const JobRecord* OtherCheckpointDirUserLocked(const JobRecord& record) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A job that has not ended (or whose checkpoint_sweep_pending) whose
   // checkpoint directory holds `path`, or null.
@@ -874,6 +883,13 @@ class JobManager {
   absl::Status PersistLocked(JobRecord& record,
                              std::function<void(const absl::Status&)> then = nullptr)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes the directories of `dirs`, expired checkpoints of job `id` that
+  // no stored state names as complete (on io_, off the lock), then drops
+  // them from its `expiring`.
+  // `save_after`: then saves the job (a restart's removal: the stored state
+  // lists them until a save).
+  void RemoveExpiring(const std::string& id, const std::vector<v1::ResumeFrom>& dirs,
+                      bool save_after = false) ABSL_LOCKS_EXCLUDED(mu_);
   // What PersistLocked saves of `record` (it notes the time in
   // last_persisted).
   store::StoredJob StoredJobLocked(JobRecord& record) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

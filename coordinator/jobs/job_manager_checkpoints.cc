@@ -124,11 +124,14 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
   // Files off the lock, in order, after the state that lists the new
   // checkpoint is saved: the manifest (for people and tools; resuming needs
   // only the checksummed unit files), then the expired ones go, but only if
-  // the save succeeded (else the stored state may still name them).
+  // the save succeeded (else the stored state may still name them):
+  // PersistLocked removes what `expiring` held when it saved.
+  for (v1::ResumeFrom& expired : record.checkpoints->TakeExpired()) {
+    record.expiring.push_back(std::move(expired));
+  }
   PersistLocked(record, [this, output_dir = options_.output_dir, id = record.job.id(),
                          model = record.resolved.spec.model(), seed = record.resolved.train.seed,
-                         complete = *complete,
-                         expired = record.checkpoints->TakeExpired()](const absl::Status& saved) {
+                         complete = *complete](const absl::Status& saved) {
     // Not for a checkpoint already gone from the catalog (expired while
     // saves waited: checkpoints completing faster than manifests are
     // written, two fsyncs each, would otherwise queue a manifest each
@@ -139,25 +142,16 @@ absl::Status JobManager::AddCheckpointLocked(JobRecord& record, int stage,
       JobRecord* record = FindLocked(id);
       held = record != nullptr && record->checkpoints != nullptr &&
              record->checkpoints->Holds(complete.step());
-      // Kept for a later successful save (the catalog forgot them), which
-      // removes them (PersistLocked; it took those of earlier failed saves
-      // already when this save succeeded).
-      if (record != nullptr && !saved.ok()) {
-        record->expired_unsaved.insert(record->expired_unsaved.end(), expired.begin(),
-                                       expired.end());
-      }
     }
     if (held) {
       absl::Status manifest = WriteCheckpointManifest(output_dir, id, model, seed, complete);
       if (!manifest.ok()) PT_LOG(WARNING) << "job " << id << ": " << manifest;
     }
     if (!saved.ok()) {
-      PT_LOG(WARNING) << "job " << id << ": kept " << expired.size()
-                      << " expired checkpoint(s) until a later save: the state that drops "
+      PT_LOG(WARNING) << "job " << id
+                      << ": expired checkpoints kept until a later save: the state that drops "
                          "them was not saved";
-      return;
     }
-    RemoveCheckpointDirs(output_dir, id, expired);
   }).IgnoreError();  // logged, and retried (RetryUnsavedLocked)
   if (events_.checkpoint_completed) {
     int64_t bytes = 0;

@@ -2031,6 +2031,53 @@ TEST_F(JobManagerElasticTest, Restore_StoredCheckpointOfAnotherDirectory_JobFail
       << job.reason();
 }
 
+// A coordinator stopped between the save that expired a checkpoint and the
+// removal of its directory left that directory on disk, named by nothing
+// but the stored job's `expiring`: the next coordinator removes it, and
+// its next save stops listing it. Not when another job's checkpoint
+// directory overlaps (it may have taken over and written the same steps).
+TEST_F(JobManagerElasticTest, Restore_ExpiredCheckpointLeftByAStop_RemovedUnlessShared) {
+  for (const bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "shared" : "own");
+    const std::string id = CheckpointedJobInStore();
+    const std::string step_dir =
+        jobs_->Get(id).value().spec().checkpoint().dir() + "/step-00000005";
+    WriteUnitFiles(step_dir);
+    const std::string path = absl::StrCat(OutputDir(), "/", step_dir);
+    ASSERT_TRUE(std::filesystem::exists(path));
+    // The stored state the stop left: step 5 expired, its removal not done.
+    EditStoredJob(*state_, id, [](store::StoredJob& s) {
+      *s.add_expiring() = s.checkpoints(0);
+      s.clear_checkpoints();
+    });
+    std::string other;
+    if (shared) {
+      v1::JobSpec spec = ElasticSpec(2, 5);
+      spec.mutable_checkpoint()->set_dir("other-checkpoints");
+      other = Submit(spec).value().id();
+      jobs_->FlushIo();
+      EditStoredJob(*state_, other, [&step_dir](store::StoredJob& s) {
+        s.mutable_job()->mutable_spec()->mutable_checkpoint()->set_dir(
+            step_dir.substr(0, step_dir.rfind('/')));
+      });
+    }
+    Reset(/*with_state=*/true);
+    ASSERT_TRUE(jobs_->Restore().ok());
+    jobs_->FlushIo();  // the removal, which then asks for a save
+    jobs_->FlushIo();  // that save
+    EXPECT_EQ(std::filesystem::exists(path), shared);
+    const std::vector<store::StoredJob> stored = state_->LoadJobs().value();
+    for (const store::StoredJob& s : stored) {
+      if (s.job().id() == id) EXPECT_EQ(s.expiring_size(), 0);
+    }
+    // Free the directories for the next round.
+    for (const v1::Job& job : jobs_->List()) (void)jobs_->Cancel(job.id());
+    jobs_->FlushIo();
+    std::filesystem::remove_all(
+        absl::StrCat(OutputDir(), "/", step_dir.substr(0, step_dir.rfind('/'))));
+  }
+}
+
 // keep x units x (file, size, checksum) must fit the job's stored record:
 // a spec that would outgrow it is refused at submit, saying how many fit.
 TEST_F(JobManagerElasticTest, CheckpointsThatWouldOutgrowTheStoredRecord_Refused) {

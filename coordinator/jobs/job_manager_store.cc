@@ -31,6 +31,15 @@ store::StoredJob JobManager::StoredJobLocked(JobRecord& record) {
   if (record.checkpoints != nullptr) {
     for (const v1::ResumeFrom& c : record.checkpoints->Complete()) *stored.add_checkpoints() = c;
   }
+  // Step and directory only (the removal needs no more), and at most
+  // kMaxStoredExpiring: the record must stay within the store's limit
+  // however long saves fail while checkpoints expire. The rest are
+  // removed all the same after a save; only a stop first would leave them.
+  for (size_t i = 0; i < record.expiring.size() && i < kMaxStoredExpiring; ++i) {
+    v1::ResumeFrom* e = stored.add_expiring();
+    e->set_step(record.expiring[i].step());
+    e->set_dir(record.expiring[i].dir());
+  }
   if (record.profile.has_value()) stored.set_profile_json(ProfileToJson(*record.profile));
   stored.set_profile_source(record.profile_source);
   stored.set_reference_gflops(record.reference_gflops);
@@ -79,34 +88,58 @@ absl::Status JobManager::PersistLocked(JobRecord& record,
   io_.Post([this, id = record.job.id()] {
     std::optional<store::StoredJob> stored;
     std::vector<std::function<void(const absl::Status&)>> thens;
+    // Expired checkpoints the state saved here no longer names as complete.
+    std::vector<v1::ResumeFrom> expired;
     {
       AnnotatedMutexLock lock(&mu_);
       auto it = queued_saves_.find(id);
       thens = std::move(it->second);
       queued_saves_.erase(it);
-      if (JobRecord* record = FindLocked(id)) stored = StoredJobLocked(*record);
+      if (JobRecord* record = FindLocked(id)) {
+        stored = StoredJobLocked(*record);
+        expired = record->expiring;
+      }
     }
     // A job pruned meanwhile: its deletion is queued behind this.
     const absl::Status saved = stored.has_value()
                                    ? SaveStoredJob(*stored)
                                    : absl::NotFoundError(absl::StrCat("job ", id, " was pruned"));
-    // Checkpoints expired while earlier saves failed: the state just saved
-    // no longer names them, so their directories go now (a retry with no
-    // later checkpoint would otherwise leave them for good, past `keep`).
-    std::vector<v1::ResumeFrom> expired;
     if (stored.has_value()) {
       AnnotatedMutexLock lock(&mu_);
       if (saved.ok()) {
         unsaved_.erase(id);
-        if (JobRecord* record = FindLocked(id)) expired.swap(record->expired_unsaved);
       } else {
         unsaved_.insert(id);
       }
     }
-    if (!expired.empty()) RemoveCheckpointDirs(options_.output_dir, id, expired);
     for (const auto& then : thens) then(saved);
+    // The expired checkpoints: the state just saved no longer names them
+    // as complete, so their directories go now (those of earlier failed
+    // saves too: a retry with no later checkpoint would otherwise leave
+    // them for good, past `keep`). After the `thens`: a new checkpoint's
+    // manifest comes first.
+    if (saved.ok() && !expired.empty()) RemoveExpiring(id, expired);
   });
   return absl::OkStatus();
+}
+
+void JobManager::RemoveExpiring(const std::string& id, const std::vector<v1::ResumeFrom>& dirs,
+                                bool save_after) {
+  RemoveCheckpointDirs(options_.output_dir, id, dirs);
+  AnnotatedMutexLock lock(&mu_);
+  JobRecord* record = FindLocked(id);
+  if (record == nullptr) return;
+  // The job's next save stops listing them.
+  std::vector<v1::ResumeFrom>& expiring = record->expiring;
+  expiring.erase(std::remove_if(expiring.begin(), expiring.end(),
+                                [&dirs](const v1::ResumeFrom& e) {
+                                  return std::any_of(dirs.begin(), dirs.end(),
+                                                     [&e](const v1::ResumeFrom& removed) {
+                                                       return removed.dir() == e.dir();
+                                                     });
+                                }),
+                 expiring.end());
+  if (save_after) PersistLocked(*record).IgnoreError();  // logged, and retried
 }
 
 void JobManager::RetryUnsavedLocked() {
@@ -243,6 +276,18 @@ absl::Status JobManager::Restore() {
       if (record->checkpoints->Latest() != nullptr) {
         record->furthest_checkpoint_step = record->checkpoints->Latest()->step();
       }
+      // Expired ones whose removal a crash may have cut short: removed once
+      // every job is restored (below), if they name this job's own step
+      // directories.
+      for (const v1::ResumeFrom& e : s.expiring()) {
+        const std::string mismatch = record->checkpoints->StepDirMismatch(e);
+        if (spec_resolves && mismatch.empty()) {
+          record->expiring.push_back(e);
+        } else if (!mismatch.empty()) {
+          PT_LOG(WARNING) << "job " << id << ": a stored expired " << mismatch
+                          << "; its files are left in place";
+        }
+      }
     }
     const v1::JobState state = record->job.state();
     // Not planned yet: it waits again (a first plan that was being made
@@ -318,6 +363,29 @@ absl::Status JobManager::Restore() {
                                      record.job.worker_ids().end());
     record.late_sweep_since = now;
     record.late_sweep_by = now + kLateSweepWait;
+  }
+  // Expired checkpoints a restart found listed: the coordinator may have
+  // stopped between the save that expired them and their removal, which
+  // left them on disk with nothing else naming them. Removed now, unless
+  // another job's checkpoint directory overlaps (it may have taken over an
+  // ended job's and written the same steps) or a job starts from one.
+  for (const std::string& id : order_) {
+    JobRecord& record = *jobs_[id];
+    if (record.expiring.empty()) continue;
+    std::vector<v1::ResumeFrom> doomed;
+    if (!options_.output_dir.empty() && OtherCheckpointDirUserLocked(record) == nullptr) {
+      for (const v1::ResumeFrom& e : record.expiring) {
+        if (InitSourceInLocked(e.dir()) == nullptr) doomed.push_back(e);
+      }
+    }
+    record.expiring = doomed;  // the others stay as they are
+    if (doomed.empty()) {
+      PersistLocked(record).IgnoreError();  // stops listing them
+      continue;
+    }
+    PT_LOG(INFO) << "job " << id << ": removing " << doomed.size()
+                 << " expired checkpoint(s) left by the previous coordinator";
+    io_.Post([this, id, doomed] { RemoveExpiring(id, doomed, /*save_after=*/true); });
   }
   for (const std::string& id : failed_by_restart) {
     SweepCheckpointDirsLocked(*jobs_[id], absl::Now());

@@ -241,6 +241,19 @@ const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::stri
   return nullptr;
 }
 
+const JobManager::JobRecord* JobManager::OtherCheckpointDirUserLocked(
+    const JobRecord& record) const {
+  const std::string& mine = record.job.spec().checkpoint().dir();
+  for (const auto* jobs : {&jobs_, &submitting_}) {
+    for (const auto& [id, other] : *jobs) {
+      if (other.get() == &record || other->checkpoints == nullptr) continue;
+      const std::string& theirs = other->job.spec().checkpoint().dir();
+      if (PathWithin(mine, theirs) || PathWithin(theirs, mine)) return other.get();
+    }
+  }
+  return nullptr;
+}
+
 const JobManager::JobRecord* JobManager::CheckpointDirHoldingLocked(const std::string& path) const {
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {

@@ -445,29 +445,25 @@ kill -TERM "$up_pid"
 wait "$up_pid"
 ok up_worker_died_nothing_left ended "$TMP/up-worker"
 
-# SIGTERM (a supervisor stopping it) stops the cluster as Ctrl-C does and
-# exits 143, 128 + SIGTERM, so a script can tell it from Ctrl-C's 130.
-"$BIN" "${UP[@]}" --out "$TMP/up-term" >"$TMP/up-term.out" 2>&1 &
-up_pid=$!
-pids+=("$up_pid")
-ok up_term_started await_file "$TMP/up-term/worker-1.ports"
-kill -TERM "$up_pid"
-wait "$up_pid"
-rc=$?
-ok up_terminated_exit_143 test "$rc" -eq 143
-ok up_terminated_said_so grep -q "interrupted; stopping the cluster" "$TMP/up-term.out"
-ok up_terminated_nothing_left test "$(processes_of "$TMP/up-term")" -eq 0
-# SIGHUP (its terminal closed) stops it the same way: exit 129.
-"$BIN" "${UP[@]}" --out "$TMP/up-hup" >"$TMP/up-hup.out" 2>&1 &
-up_pid=$!
-pids+=("$up_pid")
-ok up_hup_started await_file "$TMP/up-hup/worker-1.ports"
-kill -HUP "$up_pid"
-wait "$up_pid"
-rc=$?
-ok up_hangup_exit_129 test "$rc" -eq 129
-ok up_hangup_said_so grep -q "interrupted; stopping the cluster" "$TMP/up-hup.out"
-ok up_hangup_nothing_left test "$(processes_of "$TMP/up-hup")" -eq 0
+# up_stopped_by NAME SIGNAL CODE: up, once its workers are up, sent SIGNAL,
+# stops its cluster as on Ctrl-C, says so and exits CODE (128 + SIGNAL).
+up_stopped_by() {
+  local name="$1" signal="$2" code="$3"
+  "$BIN" "${UP[@]}" --out "$TMP/up-$name" >"$TMP/up-$name.out" 2>&1 &
+  up_pid=$!
+  pids+=("$up_pid")
+  ok "up_${name}_started" await_file "$TMP/up-$name/worker-1.ports"
+  kill "-$signal" "$up_pid"
+  wait "$up_pid"
+  rc=$?
+  ok "up_${name}_exit_$code" test "$rc" -eq "$code"
+  ok "up_${name}_said_so" grep -q "interrupted; stopping the cluster" "$TMP/up-$name.out"
+  ok "up_${name}_nothing_left" test "$(processes_of "$TMP/up-$name")" -eq 0
+}
+# SIGTERM (a supervisor stopping it): 143, which a script can tell from
+# Ctrl-C's 130. SIGHUP (its terminal closed): 129.
+up_stopped_by term TERM 143
+up_stopped_by hup HUP 129
 # Under nohup SIGHUP stays ignored (the kernel's view: SigIgn has it,
 # SigCgt not), so the run outlives its terminal.
 nohup "$BIN" "${UP[@]}" --out "$TMP/up-nohup" >"$TMP/up-nohup.out" 2>&1 &

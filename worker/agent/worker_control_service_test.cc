@@ -94,8 +94,8 @@ TEST(WorkerControlServiceTest, WithoutTheSessionCredential_Unauthenticated) {
   Served served;
   // The session credential itself is not accepted: a copy of what crosses
   // this (unencrypted) port must not be the credential.
-  for (const std::string token : {std::string(""), std::string("some-other-token"),
-                                  std::string(kToken), WorkerControlCredential("other")}) {
+  for (const std::string& token : {std::string(""), std::string("some-other-token"),
+                                   std::string(kToken), WorkerControlCredential("other")}) {
     v1::ModelProfile profile;
     const grpc::Status status =
         served.stub().Profile(Served::Context(token).get(), SmallRequest(), &profile);

@@ -20,17 +20,16 @@ absl::Status CheckWritableParent(const char* flag, const std::string& path,
   const size_t slash = path.find_last_of('/');
   const std::string dir =
       slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  struct stat info;
   const auto without_trailing_slashes = [](std::string d) {
     while (d.size() > 1 && d.back() == '/') d.pop_back();
     return d;
   };
-  if (!created_dir.empty() &&
-      without_trailing_slashes(dir) == without_trailing_slashes(created_dir) &&
-      stat(dir.c_str(), &info) != 0 && errno == ENOENT) {
-    return absl::OkStatus();
-  }
+  struct stat info;
   if (stat(dir.c_str(), &info) != 0) {
+    if (errno == ENOENT && !created_dir.empty() &&
+        without_trailing_slashes(dir) == without_trailing_slashes(created_dir)) {
+      return absl::OkStatus();  // the command creates it
+    }
     return absl::InvalidArgumentError(
         absl::StrCat(flag, " ", path, ": the directory ", dir, " does not exist"));
   }

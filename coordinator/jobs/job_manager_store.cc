@@ -130,15 +130,13 @@ void JobManager::RemoveExpiring(const std::string& id, const std::vector<v1::Res
   JobRecord* record = FindLocked(id);
   if (record == nullptr) return;
   // The job's next save stops listing them.
+  std::set<std::string> removed;
+  for (const v1::ResumeFrom& d : dirs) removed.insert(d.dir());
   std::vector<v1::ResumeFrom>& expiring = record->expiring;
-  expiring.erase(std::remove_if(expiring.begin(), expiring.end(),
-                                [&dirs](const v1::ResumeFrom& e) {
-                                  return std::any_of(dirs.begin(), dirs.end(),
-                                                     [&e](const v1::ResumeFrom& removed) {
-                                                       return removed.dir() == e.dir();
-                                                     });
-                                }),
-                 expiring.end());
+  expiring.erase(
+      std::remove_if(expiring.begin(), expiring.end(),
+                     [&removed](const v1::ResumeFrom& e) { return removed.count(e.dir()) > 0; }),
+      expiring.end());
   if (save_after) PersistLocked(*record).IgnoreError();  // logged, and retried
 }
 

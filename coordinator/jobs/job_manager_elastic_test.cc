@@ -58,6 +58,11 @@ v1::JobSpec AutoLayoutSpec(int workers, int tensor) {
 
 std::string OutputDir() { return std::getenv("TEST_TMPDIR"); }
 
+// A job's workers, in stage order, as a vector to compare.
+std::vector<std::string> WorkerIdsOf(const v1::Job& job) {
+  return {job.worker_ids().begin(), job.worker_ids().end()};
+}
+
 class JobManagerElasticTest : public ::testing::Test {
  protected:
   JobManagerElasticTest()
@@ -712,8 +717,7 @@ TEST_F(JobManagerElasticTest, Drain_SurvivorsOfARecoveringJob_CountedAsWhileItRu
   HeartbeatAllAndSchedule({w1, w2});
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
-            (std::vector<std::string>{w2}));
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w2}));
 }
 
 // Two jobs recovering at once: the earlier re-planned first and took the
@@ -742,11 +746,9 @@ TEST_F(JobManagerElasticTest, TwoJobsRecovering_TheFirstDoesNotTakeTheSecondsSur
   const v1::Job a = jobs_->Get(first).value();
   const v1::Job b = jobs_->Get(second).value();
   ASSERT_EQ(b.state(), v1::JOB_STATE_RUNNING) << b.reason();
-  EXPECT_EQ(std::vector<std::string>(b.worker_ids().begin(), b.worker_ids().end()),
-            (std::vector<std::string>{w3, w4}));
+  EXPECT_EQ(WorkerIdsOf(b), (std::vector<std::string>{w3, w4}));
   ASSERT_EQ(a.state(), v1::JOB_STATE_RUNNING) << a.reason();
-  EXPECT_EQ(std::vector<std::string>(a.worker_ids().begin(), a.worker_ids().end()),
-            (std::vector<std::string>{w1}));
+  EXPECT_EQ(WorkerIdsOf(a), (std::vector<std::string>{w1}));
 }
 
 TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLatestCheckpoint) {
@@ -765,8 +767,7 @@ TEST_F(JobManagerElasticTest, WorkerLost_RecoversOnSurvivorsAndSpareFromTheLates
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.plan_version(), 2);
-  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
-            (std::vector<std::string>{w1, w3}));
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w3}));
   EXPECT_EQ(job.progress().step(), 5);
   EXPECT_EQ(job.progress().loss_history_size(), 5);
   EXPECT_EQ(job.progress().steps_redone(), 2);
@@ -805,8 +806,7 @@ TEST_F(JobManagerElasticTest, WorkerRestartsAndRegistersAgain_TheJobTakesItsNewI
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.plan_version(), 2);
-  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
-            (std::vector<std::string>{w1, w2}));
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w2}));
   EXPECT_EQ(job.progress().step(), 5);
 }
 
@@ -842,8 +842,7 @@ TEST_F(JobManagerElasticTest, DataParallelWorkerLost_RecoversWithWholeReplicas) 
   HeartbeatAllAndSchedule({w[0], w[1], w[2]});
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
-            (std::vector<std::string>{w[0], w[1]}));
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w[0], w[1]}));
   const v1::Assignment a = AssignmentOf(w[1]);
   EXPECT_EQ(a.replica(), 1);
   EXPECT_EQ(a.replicas(), 2);
@@ -1312,8 +1311,7 @@ TEST_F(JobManagerElasticTest, Drain_BoundaryCheckpointFails_RecoversWithoutTheDr
   HeartbeatAllAndSchedule({w1, w2, w3});
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
-            (std::vector<std::string>{w1, w3}));
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w3}));
   EXPECT_EQ(job.progress().step(), 5);
   EXPECT_EQ(job.progress().steps_redone(), boundary - 5);
 }
@@ -1347,8 +1345,7 @@ TEST_F(JobManagerElasticTest, Drain_StopsAtAStepBoundaryAndReplansWithoutIt_Noth
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
   EXPECT_EQ(job.plan_version(), 2);
-  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
-            (std::vector<std::string>{w1, w3}));
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w3}));
   EXPECT_EQ(job.progress().steps_redone(), 0);
   EXPECT_EQ(job.progress().recoveries(), 0);
   EXPECT_EQ(job.plan_history(1).start_step(), boundary);
@@ -1785,8 +1782,7 @@ TEST_F(JobManagerElasticTest, RecoverySpareTooSmall_ReplannedOnTheSurvivors) {
   HeartbeatAllAndSchedule({w1});
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
-            std::vector<std::string>{w1});
+  EXPECT_EQ(WorkerIdsOf(job), std::vector<std::string>{w1});
   EXPECT_EQ(job.progress().step(), 5);
   EXPECT_EQ(job.progress().recoveries(), 1);
   const std::string last = job.plan_history(job.plan_history_size() - 1).reason();
@@ -2249,8 +2245,7 @@ TEST_F(JobManagerElasticTest, WorkerLostWhileReplanning_RecoveryWaitsAgainAndCou
   Schedule();
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
-            (std::vector<std::string>{w1, w4}));
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w4}));
   EXPECT_EQ(job.plan_version(), 2);
   EXPECT_EQ(job.progress().step(), 5);
   EXPECT_EQ(job.progress().loss_history_size(), 5);
@@ -2289,8 +2284,7 @@ TEST_F(JobManagerElasticTest, WorkerLostWhileReplanningAtABoundary_RecoversFromT
   HeartbeatAllAndSchedule({w1});
   job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
-            (std::vector<std::string>{w1}));  // w2 drained, w3 lost
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1}));  // w2 drained, w3 lost
   EXPECT_EQ(job.plan_version(), 2);
   EXPECT_EQ(job.progress().step(), boundary);
   EXPECT_EQ(job.progress().steps_redone(), 0);
@@ -2309,8 +2303,7 @@ TEST_F(JobManagerElasticTest, DrainWhilePlanning_TheJobStartsThenLeavesItAtABoun
   EXPECT_EQ(background_.RunAll(), 1);
   const v1::Job job = jobs_->Get(id).value();
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
-  EXPECT_EQ(std::vector<std::string>(job.worker_ids().begin(), job.worker_ids().end()),
-            (std::vector<std::string>{w1, w2}));
+  EXPECT_EQ(WorkerIdsOf(job), (std::vector<std::string>{w1, w2}));
   EXPECT_GT(Step(id, 1).stop_after_step(), 1);  // the boundary that takes w2 out
   EXPECT_EQ(registry_.Get(w3).value().state(), v1::WORKER_STATE_READY);
 }

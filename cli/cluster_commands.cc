@@ -1117,8 +1117,7 @@ int RunSubmit(const std::vector<std::string>& args) {
       });
   if (!submitted.ok()) {
     const int exit_code = Fail("submit", submitted.status());
-    const absl::StatusCode code = submitted.status().code();
-    if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+    if (OutcomeUnknown(submitted.status())) {
       // Whether the job exists is unknown: the id makes asking again safe.
       std::fprintf(stderr,
                    "pipetrain submit: the job may or may not have been created; running this "

@@ -131,16 +131,18 @@ absl::Status ToAbsl(const grpc::Status& status) {
                       status.error_message());
 }
 
+bool OutcomeUnknown(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
 absl::StatusOr<v1::Job> SubmitWithRetries(
     const std::function<absl::StatusOr<v1::Job>()>& submit, int attempts, absl::Duration backoff,
     const std::function<void(const absl::Status&, int, absl::Duration)>& on_retry,
     const std::function<bool(absl::Duration)>& wait) {
   for (int attempt = 1;; ++attempt) {
     absl::StatusOr<v1::Job> job = submit();
-    const absl::StatusCode code = job.status().code();
-    const bool unknown_outcome =
-        code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded;
-    if (job.ok() || !unknown_outcome || attempt >= attempts) return job;
+    if (job.ok() || !OutcomeUnknown(job.status()) || attempt >= attempts) return job;
     on_retry(job.status(), attempt, backoff);
     if (!wait(backoff)) return job;
     backoff *= 2;

@@ -520,6 +520,12 @@ class JobManager {
     // With job.request_id: RequestSpecSha256 of the spec it was submitted
     // with (a Submit repeating the id must repeat the spec).
     std::string request_spec_sha256;
+    // In submitting_ after Submit could neither save the job nor make sure
+    // the store dropped it (the store may hold it, and a restart bring it
+    // back): it keeps its id, paths and request_id claimed until a delete
+    // of it commits (SettleSubmitsLocked; `settling` while one runs).
+    bool unsettled = false;
+    bool settling = false;
     // A pending step boundary: the step the stages stop after (0: none) and
     // why; the workers to re-plan on are chosen when it is reached.
     int64_t stop_at = 0;
@@ -562,7 +568,7 @@ class JobManager {
   // The job an earlier Submit with `request_id` made, when its spec had
   // `spec_sha256` (RequestSpecSha256); null when none did or `request_id`
   // is empty. ALREADY_EXISTS when it had another spec; UNAVAILABLE while
-  // that job is in submitting_.
+  // that job is in submitting_ (being saved, or unsettled).
   absl::StatusOr<const JobRecord*> EarlierSubmitLocked(const std::string& request_id,
                                                        const std::string& spec_sha256) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -898,6 +904,10 @@ class JobManager {
   absl::Status SaveStoredJob(const store::StoredJob& job) const;
   // Saves again, at most once a second, the jobs whose last save failed.
   void RetryUnsavedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Deletes again from the store, at most once a second, the jobs Submit
+  // left unsettled (on io_, off the lock), dropping each from submitting_
+  // once its delete commits.
+  void SettleSubmitsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The second sweep of ended jobs' checkpoint directories, for those whose
   // workers have stopped since (or kLateSweepWait after the end).
   void SweepStoppedJobsLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -938,6 +948,7 @@ class JobManager {
   std::map<std::string, std::vector<std::function<void(const absl::Status&)>>> queued_saves_
       ABSL_GUARDED_BY(mu_);
   absl::Time next_save_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  absl::Time next_settle_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Set by the destructor: tasks still queued skip the planning.
   std::atomic<bool> planning_stopped_{false};
   // File and store work that must not hold mu_ (commits, manifests, expired

@@ -2576,7 +2576,8 @@ TEST(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterTheRetriedSave) 
 // A submit whose commit was applied although it answered an error (an etcd
 // deadline, a leader change) is deleted again, so that "nothing was
 // submitted" holds after a restart too; when even that fails, the caller is
-// told the job may come back, and under which id.
+// told the job may come back, and under which id, and the coordinator keeps
+// deleting it (below).
 TEST(JobManagerStoreTest, SubmitCommitUnconfirmed_DeletedAgainOrSaysItMayComeBack) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
@@ -2601,10 +2602,63 @@ TEST(JobManagerStoreTest, SubmitCommitUnconfirmed_DeletedAgainOrSaysItMayComeBac
   EXPECT_TRUE(jobs.List().empty());
 }
 
+// A submit left unsettled (its commit unconfirmed, and the delete that
+// would make sure of it failing) holds its weights path and request_id
+// until a delete commits, which the scheduling pass retries: a retry of
+// the request meanwhile is UNAVAILABLE, not a second job that could meet
+// the first after a restart. Once settled, the retry submits it anew.
+TEST(JobManagerStoreTest, SubmitUnsettled_HoldsPathAndRequestUntilTheDeleteCommits) {
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  FlakyStore store;
+  CoordinatorState state(&store);
+  JobManager jobs(&registry, &hub, &clock,
+                  JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+  v1::JobSpec spec = ElasticSpec(1, 0, 5);
+  spec.mutable_output()->set_weights_path("unsettled.safetensors");
+  store.puts_unconfirmed = true;
+  store.deletes_fail = true;
+  const absl::Status first = jobs.Submit(spec, "req-1").status();
+  ASSERT_EQ(first.code(), absl::StatusCode::kUnavailable) << first;
+  EXPECT_TRUE(absl::StrContains(first.message(), "keeps deleting it")) << first;
+  store.puts_unconfirmed = false;
+  ASSERT_EQ(state.LoadJobs().value().size(), 1u);
+  const std::string ghost = state.LoadJobs().value()[0].job().id();
+  // Still failing: every second's retry leaves it claimed.
+  for (int pass = 0; pass < 2; ++pass) {
+    clock.Advance(absl::Seconds(2));
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+    const absl::Status retry = jobs.Submit(spec, "req-1").status();
+    EXPECT_EQ(retry.code(), absl::StatusCode::kUnavailable) << retry;
+    EXPECT_TRUE(absl::StrContains(retry.message(), "whether the state store holds job " + ghost))
+        << retry;
+    const absl::Status other = jobs.Submit(spec, "req-2").status();
+    EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument) << other;
+    EXPECT_TRUE(absl::StrContains(other.message(), "is the output of job " + ghost)) << other;
+    EXPECT_TRUE(jobs.List().empty());
+    EXPECT_EQ(state.LoadJobs().value().size(), 1u);
+  }
+  store.deletes_fail = false;
+  clock.Advance(absl::Seconds(2));
+  jobs.ScheduleQueued();
+  jobs.FlushIo();
+  EXPECT_TRUE(state.LoadJobs().value().empty());
+  const absl::StatusOr<v1::Job> again = jobs.Submit(spec, "req-1");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->id(), ghost);
+  EXPECT_EQ(again->request_id(), "req-1");
+  const std::vector<v1::Job> listed = jobs.List();
+  ASSERT_EQ(listed.size(), 1u);
+  EXPECT_EQ(listed[0].id(), again->id());
+}
+
 // Submit saves the job off the job lock: while its commit waits (a slow
 // disk, etcd), the other calls go on; the job is not listed yet, but its
 // weights path is taken. A failed save leaves nothing: not listed, the
-// path free again.
+// path free again once the store is back (the delete that makes sure it
+// has no such job failed too, so the path is held until that commits).
 TEST(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLeftIfItFails) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
@@ -2637,14 +2691,18 @@ TEST(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLeft
     EXPECT_EQ(submitted.status().code(), absl::StatusCode::kUnavailable) << submitted.status();
     EXPECT_EQ(jobs.List().size(), 1u);  // only the cancelled first job
     store.failing = false;
+    EXPECT_EQ(jobs.Submit(spec).status().code(), absl::StatusCode::kInvalidArgument);
+    jobs.ScheduleQueued();  // deletes it for sure
+    jobs.FlushIo();
     EXPECT_TRUE(jobs.Submit(spec).ok());  // the path is free again
   }
 }
 
 // A Submit repeating a request_id creates nothing: while the first one's
 // save waits it is UNAVAILABLE (retry), after it the first job comes back,
-// and after a save that failed the request is free again. A retry whose
-// answer was lost and that came back after a restart is found too.
+// and after a save that failed the request is free again (once the store
+// surely dropped it). A retry whose answer was lost and that came back
+// after a restart is found too.
 TEST(JobManagerStoreTest, SubmitRequestIdRepeated_OneJobWhateverTheTiming) {
   FakeClock clock;
   WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
@@ -2658,6 +2716,8 @@ TEST(JobManagerStoreTest, SubmitRequestIdRepeated_OneJobWhateverTheTiming) {
   store.failing = true;
   EXPECT_EQ(jobs.Submit(spec, "req-1").status().code(), absl::StatusCode::kUnavailable);
   store.failing = false;
+  jobs.ScheduleQueued();  // deletes it for sure
+  jobs.FlushIo();
   store.Hold();
   absl::StatusOr<v1::Job> submitted;
   std::thread submitting([&] { submitted = jobs.Submit(spec, "req-1"); });

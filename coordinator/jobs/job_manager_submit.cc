@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/confined_path.h"
 #include "common/enum_names.h"
+#include "common/logging.h"
 #include "common/proto_time.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -301,10 +302,17 @@ absl::StatusOr<const JobManager::JobRecord*> JobManager::EarlierSubmitLocked(
     const std::string& request_id, const std::string& spec_sha256) const {
   if (request_id.empty()) return nullptr;
   for (const auto& [id, record] : submitting_) {
-    if (record->job.request_id() == request_id) {
-      return absl::UnavailableError(absl::StrCat("request_id \"", request_id, "\": job ", id,
-                                                 " of that request is being saved; retry"));
+    if (record->job.request_id() != request_id) continue;
+    if (record->unsettled) {
+      // A new job now could meet the first again after a restart: two
+      // jobs of one request.
+      return absl::UnavailableError(absl::StrCat(
+          "request_id \"", request_id, "\": whether the state store holds job ", id,
+          " of that request is not known yet (the coordinator is making sure it drops it); "
+          "retry"));
     }
+    return absl::UnavailableError(absl::StrCat("request_id \"", request_id, "\": job ", id,
+                                               " of that request is being saved; retry"));
   }
   for (const std::string& id : order_) {
     const JobRecord& record = *jobs_.at(id);
@@ -499,24 +507,58 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   {
     AnnotatedMutexLock lock(&mu_);
     auto it = submitting_.find(job_id);
-    std::unique_ptr<JobRecord> record = std::move(it->second);
-    submitting_.erase(it);
-    if (!saved.ok() && forgotten.ok()) {
-      return absl::UnavailableError(absl::StrCat(
-          "could not record the job durably; nothing was submitted: ", saved.message()));
-    }
-    if (!saved.ok()) {
+    if (!saved.ok() && !forgotten.ok()) {
+      // Kept, claiming what it claimed, until the store surely dropped it:
+      // a job that comes back after a restart must not meet another one
+      // given its paths or its request meanwhile.
+      it->second->unsettled = true;
       return absl::UnavailableError(absl::StrCat(
           "could not record the job durably (", saved.message(),
           ") nor make sure the state store dropped it (", forgotten.message(),
           "): it is not running, but may come back as ", job_id,
-          " after a coordinator restart or failover; look for it before submitting again"));
+          " after a coordinator restart or failover; the coordinator keeps deleting it, and "
+          "holds its paths",
+          request_id.empty() ? "" : " and request_id",
+          " until that succeeds; look for it before submitting again"));
+    }
+    std::unique_ptr<JobRecord> record = std::move(it->second);
+    submitting_.erase(it);
+    if (!saved.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "could not record the job durably; nothing was submitted: ", saved.message()));
     }
     order_.push_back(job_id);
     jobs_[job_id] = std::move(record);
   }
   ScheduleQueued();
   return Get(job_id);
+}
+
+void JobManager::SettleSubmitsLocked() {
+  const absl::Time now = clock_->Now();
+  if (now < next_settle_) return;
+  bool any = false;
+  for (const auto& [id, record] : submitting_) {
+    if (!record->unsettled || record->settling) continue;
+    any = true;
+    record->settling = true;
+    io_.Post([this, id = id] {
+      const absl::Status deleted = options_.state->DeleteJob(id);
+      AnnotatedMutexLock lock(&mu_);
+      auto it = submitting_.find(id);
+      if (it == submitting_.end()) return;
+      if (!deleted.ok()) {
+        it->second->settling = false;  // tried again next second
+        PT_LOG(WARNING) << "job " << id << ": still cannot make sure the state store dropped it "
+                        << "after its submit failed: " << deleted;
+        return;
+      }
+      PT_LOG(INFO) << "job " << id
+                   << ": the state store dropped it after its submit failed; its paths are free";
+      submitting_.erase(it);
+    });
+  }
+  if (any) next_settle_ = now + absl::Seconds(1);
 }
 
 }  // namespace pipetrain

@@ -40,6 +40,7 @@
 #include "common/enum_names.h"
 #include "common/flag_set.h"
 #include "common/job_state.h"
+#include "common/rpc_status.h"
 #include "common/secrets.h"
 #include "common/subprocess.h"
 #include "common/terminal_safe.h"

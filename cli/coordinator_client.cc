@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/coordinator_endpoints.h"
 #include "common/grpc_credentials.h"
+#include "common/rpc_status.h"
 #include "common/secrets.h"
 #include "common/tls_credentials.h"
 
@@ -129,11 +130,6 @@ std::unique_ptr<grpc::ClientContext> WithDeadline(absl::Duration timeout) {
 absl::Status ToAbsl(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
                       status.error_message());
-}
-
-bool OutcomeUnknown(const absl::Status& status) {
-  return status.code() == absl::StatusCode::kUnavailable ||
-         status.code() == absl::StatusCode::kDeadlineExceeded;
 }
 
 absl::StatusOr<v1::Job> SubmitWithRetries(

@@ -63,11 +63,6 @@ std::unique_ptr<grpc::ClientContext> WithDeadline(absl::Duration timeout);
 
 absl::Status ToAbsl(const grpc::Status& status);
 
-// Whether a call that failed with `status` may still have taken effect:
-// UNAVAILABLE (it may have been refused before it arrived, or its answer
-// lost in a failover) or DEADLINE_EXCEEDED.
-bool OutcomeUnknown(const absl::Status& status);
-
 // Calls `submit` until it succeeds, fails with a code other than
 // UNAVAILABLE or DEADLINE_EXCEEDED (the two after which the job may or may
 // not exist: the call may have been refused before it arrived, or its

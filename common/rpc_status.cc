@@ -90,4 +90,9 @@ std::string RpcStatusJson(const absl::Status& status) {
   return body.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+bool OutcomeUnknown(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kUnavailable ||
+         status.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
 }  // namespace pipetrain

@@ -65,6 +65,12 @@ absl::StatusOr<DecodedRpcStatus> DecodeRpcStatus(absl::string_view bytes);
 // (echoed input) is replaced, never thrown on.
 std::string RpcStatusJson(const absl::Status& status);
 
+// Whether a call that failed with `status` may still have taken effect, so
+// that only a retry made safe to repeat may follow it: UNAVAILABLE (it may
+// have been refused before it arrived, or its answer lost in a failover)
+// or DEADLINE_EXCEEDED.
+bool OutcomeUnknown(const absl::Status& status);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COMMON_RPC_STATUS_H_

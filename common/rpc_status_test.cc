@@ -48,5 +48,14 @@ TEST(RpcStatus, Json_IsGoogleRpcStatusInProto3Json) {
             nlohmann::json::parse(R"({"code": 14, "message": "later \ufffd", "details": []})"));
 }
 
+// Only the two codes after which the call may have happened: every other
+// failure was surely refused, and OK is not a failure.
+TEST(RpcStatus, OutcomeUnknown_OnlyUnavailableAndDeadlineExceeded) {
+  for (int code = 0; code <= 16; ++code) {
+    const absl::Status status(static_cast<absl::StatusCode>(code), code == 0 ? "" : "failed");
+    EXPECT_EQ(OutcomeUnknown(status), code == 14 || code == 4) << status;
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

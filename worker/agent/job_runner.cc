@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/confined_path.h"
 #include "common/logging.h"
+#include "common/rpc_status.h"
 #include "common/safetensors.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
@@ -383,9 +384,8 @@ absl::StatusOr<v1::ReportProgressResponse> JobRunner::ReportWithRetries(
   absl::Duration backoff = absl::Milliseconds(500);
   for (int attempt = 1;; ++attempt) {
     absl::StatusOr<v1::ReportProgressResponse> reported = coordinator_->ReportProgress(r);
-    const bool transient = reported.status().code() == absl::StatusCode::kUnavailable ||
-                           reported.status().code() == absl::StatusCode::kDeadlineExceeded;
-    if (reported.ok() || !transient || attempt == kReportAttempts || stop_.load()) {
+    if (reported.ok() || !OutcomeUnknown(reported.status()) || attempt == kReportAttempts ||
+        stop_.load()) {
       return reported;
     }
     PT_LOG(WARNING) << "job " << assignment_.job_id() << ": the report of "

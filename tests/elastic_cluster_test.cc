@@ -12,7 +12,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <random>
+#include <set>
+#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
@@ -26,6 +29,7 @@
 #include "spec/job_spec.h"
 #include "tests/cluster_testing.h"
 #include "worker/data/corpus.h"
+#include "worker/model/gpt_config.h"
 #include "worker/model/weights_io.h"
 #include "worker/runtime/data_parallel_testing.h"
 #include "worker/train/local_trainer.h"
@@ -162,11 +166,12 @@ void ExpectSameWeights(const v1::Job& job, const v1::Job& reference) {
 
 class ElasticClusterTest : public ::testing::Test {
  protected:
-  void Start(const std::string& subdir, int workers,
-             std::vector<std::string> coordinator_args = {}) {
+  void Start(const std::string& subdir, int workers, std::vector<std::string> coordinator_args = {},
+             std::vector<std::string> worker_args = {}) {
     // Default heartbeats and lease (1 s, 5 s): a killed worker is known gone
     // when its assignment stream closes, not when its lease ends.
-    cluster_ = testing::StartTestCluster(subdir, workers, std::move(coordinator_args));
+    cluster_ = testing::StartTestCluster(subdir, workers, std::move(coordinator_args),
+                                         std::move(worker_args));
     ASSERT_NE(cluster_, nullptr);
     stub_ = ConnectCoordinator(cluster_->grpc_address(), "", cluster_->user_token());
   }
@@ -251,58 +256,72 @@ TEST_F(ElasticClusterTest, WorkerKilledAtRandomStep_EndsOnThreeWorkersEqualToTra
   EXPECT_GE(job.progress().steps_redone(), kill_step - job.plan_history(1).start_step());
 }
 
-// True once the process is stopped (state T in /proc/<pid>/stat).
-bool IsStopped(pid_t pid) {
-  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
-  std::string line;
-  std::getline(stat, line);
-  const size_t paren = line.rfind(')');
-  return paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] == 'T';
+// The file at `path`, or "" when it cannot be read.
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
-TEST_F(ElasticClusterTest, KilledWhileACheckpointIsWritten_PartialOneIgnored) {
-  Start("partial", 4);
-  const std::string id =
-      testing::SubmitJob(*stub_, ElasticSpec(4, "uniform", "partial.safetensors"));
-  const v1::Job running = testing::AwaitJob(*stub_, id, absl::Seconds(60), [](const v1::Job& j) {
-    return testing::Ended(j) || j.state() == v1::JOB_STATE_RUNNING;
-  });
-  ASSERT_EQ(running.state(), v1::JOB_STATE_RUNNING) << running.reason();
-  // The victim runs the last stage, whose units include the head (unit 5).
-  // As soon as a checkpoint's directory appears (its first file is being
-  // written), freeze the victim; if its own file of that step is not there,
-  // kill it: it never reported that step, which can then never complete.
-  const std::string victim = running.worker_ids(3);
-  const int process = ProcessOf(*stub_, victim);
-  ASSERT_GE(process, 0);
-  Subprocess& worker = cluster_->worker(process);
-  int partial_step = 0;
-  for (int step = 10; step < kSteps && partial_step == 0; step += 5) {
-    const std::string dir = absl::StrFormat("%s/partial/checkpoints/%s/step-%08d",
-                                            std::getenv("TEST_TMPDIR"), id, step);
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (!Exists(dir) && absl::Now() < deadline) {
-      absl::SleepFor(absl::Microseconds(100));  // polls the file system
-    }
-    ASSERT_TRUE(Exists(dir)) << "the job never began checkpoint " << step;
-    worker.Signal(SIGSTOP);
-    const absl::Time stop_deadline = absl::Now() + absl::Seconds(30);
-    while (!IsStopped(worker.pid()) && absl::Now() < stop_deadline) {
-      absl::SleepFor(absl::Microseconds(100));
-    }
-    ASSERT_TRUE(IsStopped(worker.pid())) << "SIGSTOP did not stop the worker";
-    if (Exists(CheckpointFile("partial", id, step, 5))) {
-      worker.Signal(SIGCONT);  // too late for this one
-      continue;
-    }
-    worker.Signal(SIGKILL);
-    partial_step = step;
+// Polls `done` (the file system, which has nothing to wait on) until it is
+// true or `timeout` has passed; returns its last value.
+bool AwaitTrue(absl::Duration timeout, const std::function<bool()>& done) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!done()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(5));
   }
-  ASSERT_GT(partial_step, 0) << "never caught a checkpoint half written";
-  std::fprintf(stderr, "killed %s while checkpoint %d was written\n", victim.c_str(), partial_step);
+  return true;
+}
+
+// A worker killed while a checkpoint is written: every other stage
+// completed checkpoint kHeldStep, the victim never reported its part, and
+// the job resumes from an earlier checkpoint and ends as train-local. The
+// order is the same in every run: the victim's write of kHeldStep is held
+// (--test-hold-checkpoint, worker/checkpoint/checkpoint_hold.h) while the
+// other stages write theirs, and it is killed once their files are there.
+TEST_F(ElasticClusterTest, KilledWhileACheckpointIsWritten_PartialOneIgnored) {
+  constexpr int kHeldStep = 10;
+  constexpr int kHeldUnit = 5;  // the head, on the last stage
+  const std::string marker = absl::StrCat(std::getenv("TEST_TMPDIR"), "/partial.held");
+  Start("partial", 4, {},
+        {absl::StrCat("--test-hold-checkpoint=", kHeldStep, ":", kHeldUnit, ":", marker)});
+  const v1::JobSpec spec = ElasticSpec(4, "uniform", "partial.safetensors");
+  const int units = NumUnits(ResolveJobSpec(spec).value().train.model);
+  const std::string id = testing::SubmitJob(*stub_, spec);
+  // The holder names itself and its stage's units in the marker.
+  std::string held;
+  ASSERT_TRUE(AwaitTrue(absl::Seconds(120), [&] { return !(held = ReadAll(marker)).empty(); }))
+      << "no worker began checkpoint " << kHeldStep;
+  const std::vector<std::string> lines = absl::StrSplit(held, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << held;
+  std::set<int> victim_units;
+  for (absl::string_view u : absl::StrSplit(lines[1], ' '))
+    victim_units.insert(std::stoi(std::string(u)));
+  ASSERT_EQ(victim_units.count(kHeldUnit), 1u) << held;
+  int process = -1;
+  for (int i = 0; i < cluster_->num_workers(); ++i) {
+    if (std::to_string(cluster_->worker(i).pid()) == lines[0]) process = i;
+  }
+  ASSERT_GE(process, 0) << "no worker has pid " << lines[0];
+  // Every other stage's files of that step, written while the victim holds.
+  for (int unit = 0; unit < units; ++unit) {
+    if (victim_units.count(unit) > 0) continue;
+    const std::string file = CheckpointFile("partial", id, kHeldStep, unit);
+    ASSERT_TRUE(AwaitTrue(absl::Seconds(60), [&] { return Exists(file); }))
+        << "checkpoint " << kHeldStep << " never got " << file;
+  }
+  for (int unit : victim_units) {
+    EXPECT_FALSE(Exists(CheckpointFile("partial", id, kHeldStep, unit))) << "unit " << unit;
+  }
+  cluster_->worker(process).Signal(SIGKILL);
+  std::fprintf(stderr, "killed worker process %d while checkpoint %d was written\n", process,
+               kHeldStep);
   const v1::Job job = Finish(id);
+  EXPECT_EQ(job.progress().recoveries(), 1);
   ASSERT_GE(job.plan_history_size(), 2);
-  EXPECT_LT(job.plan_history(1).start_step(), partial_step)
+  EXPECT_LT(job.plan_history(1).start_step(), kHeldStep)
       << "resumed from a checkpoint the victim never finished";
 }
 

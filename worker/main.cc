@@ -47,6 +47,7 @@
 #include "worker/agent/worker_agent.h"
 #include "worker/agent/worker_control_service.h"
 #include "worker/agent/worker_metrics.h"
+#include "worker/checkpoint/checkpoint_hold.h"
 #include "worker/collectives/data_plane_probe.h"
 #include "worker/model/backend_select.h"
 #include "worker/transport/data_plane_server.h"
@@ -103,6 +104,7 @@ struct Flags {
   double shutdown_delay_seconds = 0;
   double stop_timeout_seconds = 20;
   std::string emulate_link;
+  std::string test_hold_checkpoint;
   std::string device = "auto", gemm = "fp32", attention = "auto";
   bool allow_core_dumps = false;
 };
@@ -161,6 +163,10 @@ int Run(const std::vector<std::string>& args) {
                "on SIGTERM or SIGINT, after the drain: how long to wait for the job's stage to "
                "stop before exiting without it (exit code 5)");
   flags.Bool("allow-core-dumps", &f.allow_core_dumps, kAllowCoreDumpsHelp);
+  flags.String("test-hold-checkpoint", &f.test_hold_checkpoint,
+               "tests only: STEP:UNIT:MARKER holds the write of checkpoint STEP by the stage "
+               "with UNIT forever, in the one worker that creates the file MARKER first "
+               "(worker/checkpoint/checkpoint_hold.h); empty: none");
   flags.AddVersionFlag();
   absl::Status parsed = flags.Parse(args);
   if (flags.help_requested()) return std::printf("%s", flags.Usage().c_str()), 0;
@@ -193,6 +199,9 @@ int Run(const std::vector<std::string>& args) {
     parsed = absl::InvalidArgumentError("--recv-timeout-seconds must be > 0");
   }
   if (parsed.ok()) parsed = ValidateDeviceFlags(f.device, f.gemm, f.attention);
+  absl::StatusOr<CheckpointHold> checkpoint_hold =
+      ParseCheckpointHold("test-hold-checkpoint", f.test_hold_checkpoint);
+  if (parsed.ok()) parsed = checkpoint_hold.status();
   const std::vector<std::string> data_roots = absl::StrSplit(f.data_roots, ',', absl::SkipEmpty());
   if (parsed.ok()) parsed = CheckDataRoots("--data-root", data_roots);
   // Else jobs' checkpoints would fail at every interval, later and quietly.
@@ -316,6 +325,7 @@ int Run(const std::vector<std::string>& args) {
   options.memory_limit_bytes = memory_limit;
   options.data_roots = data_roots;
   options.checkpoint_root = f.checkpoint_root;
+  options.checkpoint_hold = *checkpoint_hold;
   std::atomic<bool> device_failed{false};
   options.on_backend_failure = [&device_failed](const absl::Status& status) {
     PT_LOG(ERROR) << "the device failed: " << status

@@ -664,7 +664,8 @@ absl::Status JobRunner::RunJob() {
         [this](int64_t step, double seconds,
                const absl::StatusOr<std::vector<v1::UnitFile>>& files) {
           ReportCheckpoint(step, seconds, files);
-        });
+        },
+        options_.checkpoint_hold);
   }
   // In a device group a receive returns before its data arrive, so nothing
   // else keeps the host from queuing iterations far ahead of its GPU (each

@@ -41,6 +41,7 @@
 #include "absl/status/status.h"
 #include "common/annotated_mutex.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
+#include "worker/checkpoint/checkpoint_hold.h"
 #include "worker/model/unit.h"
 #include "worker/runtime/stage_runtime.h"
 #include "worker/transport/data_plane_auth.h"
@@ -87,6 +88,9 @@ struct JobRunnerOptions {
   // (the coordinator's --output-dir, shared). Empty: a job with checkpoints
   // fails on this worker, saying so.
   std::string checkpoint_root;
+  // Tests only (--test-hold-checkpoint, checkpoint_hold.h): the checkpoint
+  // write to hold. Default: none.
+  CheckpointHold checkpoint_hold;
   // The worker's memory limit (DeviceInfo.memory_limit_bytes: --memory-limit,
   // else the cgroup's limit or RAM). A data file may be at most a third of
   // it (a text corpus takes about three times its size while it loads); a

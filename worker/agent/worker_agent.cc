@@ -561,6 +561,7 @@ void WorkerAgent::Handle(const v1::Assignment& a) {
   runner_options.on_backend_failure = options_.on_backend_failure;
   runner_options.data_roots = options_.data_roots;
   runner_options.checkpoint_root = options_.checkpoint_root;
+  runner_options.checkpoint_hold = options_.checkpoint_hold;
   runner_options.memory_limit_bytes = device_.memory_limit_bytes();  // bounds the corpus
   auto runner = std::make_unique<JobRunner>(a, mailbox_, make_transport_, link_.get(),
                                             runner_options, observer_);

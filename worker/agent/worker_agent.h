@@ -94,6 +94,8 @@ struct WorkerAgentOptions {
   std::vector<std::string> data_roots;
   // JobRunnerOptions::checkpoint_root (the --checkpoint-root flag).
   std::string checkpoint_root;
+  // JobRunnerOptions::checkpoint_hold (--test-hold-checkpoint).
+  CheckpointHold checkpoint_hold;
   // Where the agent keeps its session credential (not owned; outlives the
   // agent). Null: the agent keeps its own.
   SessionCredential* session = nullptr;

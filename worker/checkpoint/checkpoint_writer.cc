@@ -1,15 +1,19 @@
 #include "worker/checkpoint/checkpoint_writer.h"
 
+#include <unistd.h>
+
 #include "absl/time/clock.h"
+#include "common/logging.h"
 
 namespace pipetrain {
 
 CheckpointWriter::CheckpointWriter(std::string root, std::string dir, CheckpointIdentity identity,
-                                   Done done)
+                                   Done done, CheckpointHold hold)
     : root_(std::move(root)),
       dir_(std::move(dir)),
       identity_(std::move(identity)),
-      done_(std::move(done)) {}
+      done_(std::move(done)),
+      hold_(std::move(hold)) {}
 
 CheckpointWriter::~CheckpointWriter() { Wait(); }
 
@@ -17,6 +21,11 @@ void CheckpointWriter::Submit(StageSnapshot snapshot) {
   AnnotatedMutexLock lock(&mu_);
   if (writing_.joinable()) writing_.join();
   writing_ = std::thread([this, snapshot = std::move(snapshot)] {
+    if (ClaimCheckpointHold(hold_, snapshot)) {
+      PT_LOG(WARNING) << "--test-hold-checkpoint: the write of checkpoint " << snapshot.step
+                      << " waits until this process ends";
+      for (;;) pause();  // returns after each signal handled
+    }
     const absl::Time start = absl::Now();
     absl::StatusOr<std::vector<v1::UnitFile>> files =
         WriteStageCheckpoint(root_, dir_, snapshot, identity_);

@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
+#include "worker/checkpoint/checkpoint_hold.h"
 #include "worker/checkpoint/unit_checkpoint.h"
 
 namespace pipetrain {
@@ -28,7 +29,9 @@ class CheckpointWriter {
   using Done = std::function<void(int64_t step, double write_seconds,
                                   const absl::StatusOr<std::vector<v1::UnitFile>>& files)>;
 
-  CheckpointWriter(std::string root, std::string dir, CheckpointIdentity identity, Done done);
+  // `hold`: a test's (checkpoint_hold.h); a write it claims never ends.
+  CheckpointWriter(std::string root, std::string dir, CheckpointIdentity identity, Done done,
+                   CheckpointHold hold = {});
   ~CheckpointWriter();  // Wait()
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -42,6 +45,7 @@ class CheckpointWriter {
   const std::string dir_;
   const CheckpointIdentity identity_;
   const Done done_;
+  const CheckpointHold hold_;
   AnnotatedMutex mu_;  // serialises Submit and Wait
   std::thread writing_ ABSL_GUARDED_BY(mu_);
 };

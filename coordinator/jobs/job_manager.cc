@@ -319,12 +319,7 @@ void JobManager::PruneLocked() {
       kept.push_back(id);
       continue;
     }
-    if (options_.state != nullptr) {
-      io_.Post([state = options_.state, id] {
-        absl::Status deleted = state->DeleteJob(id);
-        if (!deleted.ok()) PT_LOG(WARNING) << "job " << id << ": " << deleted;
-      });
-    }
+    if (options_.state != nullptr) io_.Post([this, id] { DeleteStoredJob(id); });
     jobs_.erase(id);
   }
   order_ = std::move(kept);

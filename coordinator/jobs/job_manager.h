@@ -904,6 +904,12 @@ class JobManager {
   absl::Status SaveStoredJob(const store::StoredJob& job) const;
   // Saves again, at most once a second, the jobs whose last save failed.
   void RetryUnsavedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // On io_: deletes pruned job `id` from options_.state (which must be
+  // set); a failure notes it in undeleted_, for RetryDeletesLocked.
+  void DeleteStoredJob(const std::string& id) ABSL_LOCKS_EXCLUDED(mu_);
+  // Deletes again, at most once a second, the pruned jobs whose delete
+  // failed: else a restart would bring them back.
+  void RetryDeletesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Deletes again from the store, at most once a second, the jobs Submit
   // left unsettled (on io_, off the lock), dropping each from submitting_
   // once its delete commits.
@@ -949,6 +955,10 @@ class JobManager {
       ABSL_GUARDED_BY(mu_);
   absl::Time next_save_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Time next_settle_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  // Pruned jobs whose store delete failed, deleted again by
+  // RetryDeletesLocked not before next_delete_retry_.
+  std::set<std::string> undeleted_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_delete_retry_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   // Set by the destructor: tasks still queued skip the planning.
   std::atomic<bool> planning_stopped_{false};
   // File and store work that must not hold mu_ (commits, manifests, expired

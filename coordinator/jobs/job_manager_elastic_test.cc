@@ -2654,6 +2654,37 @@ TEST(JobManagerStoreTest, SubmitUnsettled_HoldsPathAndRequestUntilTheDeleteCommi
   EXPECT_EQ(listed[0].id(), again->id());
 }
 
+// A pruned job whose store delete failed is deleted again once a second
+// until that commits: else a restarted coordinator would bring it back.
+TEST(JobManagerStoreTest, PrunedJobDeleteFailed_DeletedAgain_NotBroughtBackByARestart) {
+  FakeClock clock;
+  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  FlakyStore store;
+  CoordinatorState state(&store);
+  const JobManagerOptions options{.output_dir = OutputDir(), .max_ended_jobs = 0, .state = &state};
+  JobManager jobs(&registry, &hub, &clock, options);
+  const std::string id = jobs.Submit(ElasticSpec(1, 0, 5)).value().id();
+  store.deletes_fail = true;
+  ASSERT_TRUE(jobs.Cancel(id).ok());
+  jobs.ScheduleQueued();  // prunes it
+  jobs.FlushIo();
+  EXPECT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(state.LoadJobs().value().size(), 1u);
+  clock.Advance(absl::Seconds(2));
+  jobs.ScheduleQueued();  // tried again; fails again
+  jobs.FlushIo();
+  EXPECT_EQ(state.LoadJobs().value().size(), 1u);
+  store.deletes_fail = false;
+  clock.Advance(absl::Seconds(2));
+  jobs.ScheduleQueued();
+  jobs.FlushIo();
+  EXPECT_TRUE(state.LoadJobs().value().empty());
+  JobManager restarted(&registry, &hub, &clock, options);
+  ASSERT_TRUE(restarted.Restore().ok());
+  EXPECT_TRUE(restarted.List().empty());
+}
+
 // Submit saves the job off the job lock: while its commit waits (a slow
 // disk, etcd), the other calls go on; the job is not listed yet, but its
 // weights path is taken. A failed save leaves nothing: not listed, the

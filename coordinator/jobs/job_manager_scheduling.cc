@@ -27,6 +27,7 @@ void JobManager::ScheduleQueued() {
   // so jobs that end while nothing is submitted go too.
   PruneLocked();
   RetryUnsavedLocked();
+  RetryDeletesLocked();
   SettleSubmitsLocked();
   SweepStoppedJobsLocked();
   const absl::Time now = clock_->Now();

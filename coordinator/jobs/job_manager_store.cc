@@ -154,6 +154,23 @@ void JobManager::RetryUnsavedLocked() {
   }
 }
 
+void JobManager::DeleteStoredJob(const std::string& id) {
+  const absl::Status deleted = options_.state->DeleteJob(id);
+  if (deleted.ok()) return;
+  PT_LOG(WARNING) << "job " << id << ": pruned, but its stored state could not be deleted ("
+                  << deleted << "); trying again";
+  AnnotatedMutexLock lock(&mu_);
+  undeleted_.insert(id);
+}
+
+void JobManager::RetryDeletesLocked() {
+  const absl::Time now = clock_->Now();
+  if (undeleted_.empty() || now < next_delete_retry_) return;
+  next_delete_retry_ = now + absl::Seconds(1);
+  for (const std::string& id : undeleted_) io_.Post([this, id] { DeleteStoredJob(id); });
+  undeleted_.clear();
+}
+
 absl::Status JobManager::Restore() {
   if (options_.state == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(auto profiles, options_.state->LoadProfiles());

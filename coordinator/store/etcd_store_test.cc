@@ -459,6 +459,17 @@ TEST_F(ElectionTest, Start_Twice_FailedPrecondition) {
   EXPECT_EQ((*leader_)->Start().code(), absl::StatusCode::kFailedPrecondition);
 }
 
+// A follower waits a tick; a leader no longer than its lease has left, so
+// it steps down as its term ends rather than acting up to a tick beyond.
+TEST(LeaderElectionTest, ElectionWait_ALeaderWakesWhenItsLeaseEnds) {
+  const absl::Duration tick = absl::Seconds(1);
+  EXPECT_EQ(ElectionWait(tick, std::nullopt), tick);
+  EXPECT_EQ(ElectionWait(tick, absl::Seconds(3)), tick);
+  EXPECT_EQ(ElectionWait(tick, absl::Milliseconds(300)), absl::Milliseconds(300));
+  EXPECT_EQ(ElectionWait(tick, absl::ZeroDuration()), absl::ZeroDuration());
+  EXPECT_EQ(ElectionWait(tick, -absl::Milliseconds(5)), absl::ZeroDuration());
+}
+
 TEST(LeaderElectionTest, Create_BadOptions_InvalidArgument) {
   LeaderElectionOptions no_identity;
   EXPECT_THAT(LeaderElection::Create(SharedOptions("/p/"), no_identity).status().message(),

@@ -97,9 +97,16 @@ absl::Status LeaderElection::Resign() {
   return revoked;
 }
 
+absl::Duration ElectionWait(absl::Duration tick, std::optional<absl::Duration> lease_left) {
+  if (!lease_left.has_value()) return tick;
+  return std::min(tick, std::max(*lease_left, absl::ZeroDuration()));
+}
+
+bool LeaderElection::LeadingLocked() const { return is_leader_ && Steady() < lease_expiry_; }
+
 bool LeaderElection::IsLeader() const {
   AnnotatedMutexLock lock(&mu_);
-  return is_leader_;
+  return LeadingLocked();
 }
 
 std::string LeaderElection::Leader() const {
@@ -109,7 +116,7 @@ std::string LeaderElection::Leader() const {
 
 std::optional<LeaderTerm> LeaderElection::CurrentTerm() const {
   AnnotatedMutexLock lock(&mu_);
-  if (!is_leader_) return std::nullopt;
+  if (!LeadingLocked()) return std::nullopt;
   return LeaderTerm{key_, options_.identity, lease_id_, create_revision_};
 }
 
@@ -117,7 +124,9 @@ void LeaderElection::Run() {
   for (;;) {
     Step();
     AnnotatedMutexLock lock(&mu_);
-    const absl::Duration tick = std::max(granted_ttl_ / 5, kMinTick);
+    const absl::Duration tick = ElectionWait(
+        std::max(granted_ttl_ / 5, kMinTick),
+        is_leader_ ? std::optional<absl::Duration>(lease_expiry_ - Steady()) : std::nullopt);
     auto stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_; };
     if (mu_.AwaitWithTimeout(stopping, tick)) return;
   }

@@ -21,12 +21,14 @@
 //
 // Stepping down: the lease counts as expired ttl after the send time of the
 // last renewal that etcd answered. etcd's clock for the same lease starts
-// later (when the request arrives), so this side steps down first: at the
-// first tick (ttl/5) past that point, or sooner when an RPC fails, IsLeader
-// turns false and on_change(false) runs. Renewals and reads that would end
-// after that point are cut off at it.
+// later (when the request arrives), so this side steps down first: at that
+// point IsLeader and CurrentTerm turn false, and the thread, which a leader
+// wakes for it (ElectionWait), runs on_change(false) (the coordinator then
+// exits), not a tick (ttl/5) later; sooner when an RPC fails. Renewals and
+// reads that would end after that point are cut off at it.
 //
-// IsLeader is advisory: it may be a tick stale. The fence is EtcdStore's:
+// IsLeader is advisory: etcd may have revoked the lease, or another
+// participant deleted the key, since the last read. The fence is EtcdStore's:
 // each of its Commits is a Txn that requires the leader key to still have
 // the create_revision of this term (CurrentTerm), so a deposed leader's
 // writes fail even before it notices.
@@ -51,6 +53,12 @@
 #include "coordinator/store/etcd_client.h"
 
 namespace pipetrain {
+
+// How long the election's thread waits before its next round: `tick`, or
+// less for a leader whose lease has `lease_left` (none for a follower) and
+// runs out before the tick, so that it steps down as the lease ends (at
+// once when it has: a negative `lease_left` is 0).
+absl::Duration ElectionWait(absl::Duration tick, std::optional<absl::Duration> lease_left);
 
 // One leader's tenure: the leader key as this participant created it.
 struct LeaderTerm {
@@ -132,6 +140,9 @@ class LeaderElection final : public LeadershipView {
   void Campaign();
   // Drops the lease if it is past its expiry; true if there is none.
   bool LeaseGoneLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // is_leader_, and the lease not past its expiry (the thread may not have
+  // noticed yet).
+  bool LeadingLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the state and, when leadership changed, logs and calls on_change.
   void BecomeLeader(int64_t create_revision);
   void BecomeFollower(const std::string& leader, const std::string& why);

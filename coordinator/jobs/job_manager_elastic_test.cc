@@ -2562,14 +2562,29 @@ void ExpireWhileSavesFail(bool retry_only) {
   EXPECT_TRUE(manifest(51));
 }
 
+// A job manager's collaborators around a store that fails or waits on
+// demand (FlakyStore), on a fake clock.
+class JobManagerStoreTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  WorkerRegistry registry_{WorkerRegistry::Options{.clock = &clock_}};
+  AssignmentHub hub_;
+  FlakyStore store_;
+  CoordinatorState state_{&store_};
+  // Options saving to state_.
+  JobManagerOptions StoreOptions() {
+    return JobManagerOptions{.output_dir = OutputDir(), .state = &state_};
+  }
+};
+
 // A checkpoint expired while the save that drops it failed keeps its
 // directory then (the stored state may still name it), and loses it once a
 // later save succeeds, a later checkpoint's or the retry of the failed one:
 // it is not left behind for good.
-TEST(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterALaterSave) {
+TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterALaterSave) {
   ExpireWhileSavesFail(/*retry_only=*/false);
 }
-TEST(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterTheRetriedSave) {
+TEST_F(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterTheRetriedSave) {
   ExpireWhileSavesFail(/*retry_only=*/true);
 }
 
@@ -2578,23 +2593,17 @@ TEST(JobManagerStoreTest, ExpiredWhileTheSaveFailed_RemovedAfterTheRetriedSave) 
 // submitted" holds after a restart too; when even that fails, the caller is
 // told the job may come back, and under which id, and the coordinator keeps
 // deleting it (below).
-TEST(JobManagerStoreTest, SubmitCommitUnconfirmed_DeletedAgainOrSaysItMayComeBack) {
-  FakeClock clock;
-  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
-  AssignmentHub hub;
-  FlakyStore store;
-  CoordinatorState state(&store);
-  JobManager jobs(&registry, &hub, &clock,
-                  JobManagerOptions{.output_dir = OutputDir(), .state = &state});
-  store.puts_unconfirmed = true;
+TEST_F(JobManagerStoreTest, SubmitCommitUnconfirmed_DeletedAgainOrSaysItMayComeBack) {
+  JobManager jobs(&registry_, &hub_, &clock_, StoreOptions());
+  store_.puts_unconfirmed = true;
   const absl::Status first = jobs.Submit(ElasticSpec(1, 0, 5)).status();
   EXPECT_EQ(first.code(), absl::StatusCode::kUnavailable) << first;
   EXPECT_TRUE(absl::StrContains(first.message(), "nothing was submitted")) << first;
-  EXPECT_TRUE(state.LoadJobs().value().empty());
-  store.deletes_fail = true;
+  EXPECT_TRUE(state_.LoadJobs().value().empty());
+  store_.deletes_fail = true;
   const absl::Status second = jobs.Submit(ElasticSpec(1, 0, 5)).status();
   EXPECT_EQ(second.code(), absl::StatusCode::kUnavailable) << second;
-  const std::vector<store::StoredJob> ghosts = state.LoadJobs().value();
+  const std::vector<store::StoredJob> ghosts = state_.LoadJobs().value();
   ASSERT_EQ(ghosts.size(), 1u);
   EXPECT_TRUE(absl::StrContains(second.message(), "may come back as " + ghosts[0].job().id() +
                                                       " after a coordinator restart or failover"))
@@ -2607,27 +2616,21 @@ TEST(JobManagerStoreTest, SubmitCommitUnconfirmed_DeletedAgainOrSaysItMayComeBac
 // until a delete commits, which the scheduling pass retries: a retry of
 // the request meanwhile is UNAVAILABLE, not a second job that could meet
 // the first after a restart. Once settled, the retry submits it anew.
-TEST(JobManagerStoreTest, SubmitUnsettled_HoldsPathAndRequestUntilTheDeleteCommits) {
-  FakeClock clock;
-  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
-  AssignmentHub hub;
-  FlakyStore store;
-  CoordinatorState state(&store);
-  JobManager jobs(&registry, &hub, &clock,
-                  JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+TEST_F(JobManagerStoreTest, SubmitUnsettled_HoldsPathAndRequestUntilTheDeleteCommits) {
+  JobManager jobs(&registry_, &hub_, &clock_, StoreOptions());
   v1::JobSpec spec = ElasticSpec(1, 0, 5);
   spec.mutable_output()->set_weights_path("unsettled.safetensors");
-  store.puts_unconfirmed = true;
-  store.deletes_fail = true;
+  store_.puts_unconfirmed = true;
+  store_.deletes_fail = true;
   const absl::Status first = jobs.Submit(spec, "req-1").status();
   ASSERT_EQ(first.code(), absl::StatusCode::kUnavailable) << first;
   EXPECT_TRUE(absl::StrContains(first.message(), "keeps deleting it")) << first;
-  store.puts_unconfirmed = false;
-  ASSERT_EQ(state.LoadJobs().value().size(), 1u);
-  const std::string ghost = state.LoadJobs().value()[0].job().id();
+  store_.puts_unconfirmed = false;
+  ASSERT_EQ(state_.LoadJobs().value().size(), 1u);
+  const std::string ghost = state_.LoadJobs().value()[0].job().id();
   // Still failing: every second's retry leaves it claimed.
   for (int pass = 0; pass < 2; ++pass) {
-    clock.Advance(absl::Seconds(2));
+    clock_.Advance(absl::Seconds(2));
     jobs.ScheduleQueued();
     jobs.FlushIo();
     const absl::Status retry = jobs.Submit(spec, "req-1").status();
@@ -2638,13 +2641,13 @@ TEST(JobManagerStoreTest, SubmitUnsettled_HoldsPathAndRequestUntilTheDeleteCommi
     EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument) << other;
     EXPECT_TRUE(absl::StrContains(other.message(), "is the output of job " + ghost)) << other;
     EXPECT_TRUE(jobs.List().empty());
-    EXPECT_EQ(state.LoadJobs().value().size(), 1u);
+    EXPECT_EQ(state_.LoadJobs().value().size(), 1u);
   }
-  store.deletes_fail = false;
-  clock.Advance(absl::Seconds(2));
+  store_.deletes_fail = false;
+  clock_.Advance(absl::Seconds(2));
   jobs.ScheduleQueued();
   jobs.FlushIo();
-  EXPECT_TRUE(state.LoadJobs().value().empty());
+  EXPECT_TRUE(state_.LoadJobs().value().empty());
   const absl::StatusOr<v1::Job> again = jobs.Submit(spec, "req-1");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_NE(again->id(), ghost);
@@ -2656,31 +2659,27 @@ TEST(JobManagerStoreTest, SubmitUnsettled_HoldsPathAndRequestUntilTheDeleteCommi
 
 // A pruned job whose store delete failed is deleted again once a second
 // until that commits: else a restarted coordinator would bring it back.
-TEST(JobManagerStoreTest, PrunedJobDeleteFailed_DeletedAgain_NotBroughtBackByARestart) {
-  FakeClock clock;
-  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
-  AssignmentHub hub;
-  FlakyStore store;
-  CoordinatorState state(&store);
-  const JobManagerOptions options{.output_dir = OutputDir(), .max_ended_jobs = 0, .state = &state};
-  JobManager jobs(&registry, &hub, &clock, options);
+TEST_F(JobManagerStoreTest, PrunedJobDeleteFailed_DeletedAgain_NotBroughtBackByARestart) {
+  JobManagerOptions options = StoreOptions();
+  options.max_ended_jobs = 0;
+  JobManager jobs(&registry_, &hub_, &clock_, options);
   const std::string id = jobs.Submit(ElasticSpec(1, 0, 5)).value().id();
-  store.deletes_fail = true;
+  store_.deletes_fail = true;
   ASSERT_TRUE(jobs.Cancel(id).ok());
   jobs.ScheduleQueued();  // prunes it
   jobs.FlushIo();
   EXPECT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(state.LoadJobs().value().size(), 1u);
-  clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(state_.LoadJobs().value().size(), 1u);
+  clock_.Advance(absl::Seconds(2));
   jobs.ScheduleQueued();  // tried again; fails again
   jobs.FlushIo();
-  EXPECT_EQ(state.LoadJobs().value().size(), 1u);
-  store.deletes_fail = false;
-  clock.Advance(absl::Seconds(2));
+  EXPECT_EQ(state_.LoadJobs().value().size(), 1u);
+  store_.deletes_fail = false;
+  clock_.Advance(absl::Seconds(2));
   jobs.ScheduleQueued();
   jobs.FlushIo();
-  EXPECT_TRUE(state.LoadJobs().value().empty());
-  JobManager restarted(&registry, &hub, &clock, options);
+  EXPECT_TRUE(state_.LoadJobs().value().empty());
+  JobManager restarted(&registry_, &hub_, &clock_, options);
   ASSERT_TRUE(restarted.Restore().ok());
   EXPECT_TRUE(restarted.List().empty());
 }
@@ -2690,28 +2689,22 @@ TEST(JobManagerStoreTest, PrunedJobDeleteFailed_DeletedAgain_NotBroughtBackByARe
 // weights path is taken. A failed save leaves nothing: not listed, the
 // path free again once the store is back (the delete that makes sure it
 // has no such job failed too, so the path is held until that commits).
-TEST(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLeftIfItFails) {
-  FakeClock clock;
-  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
-  AssignmentHub hub;
-  FlakyStore store;
-  CoordinatorState state(&store);
-  JobManager jobs(&registry, &hub, &clock,
-                  JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+TEST_F(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLeftIfItFails) {
+  JobManager jobs(&registry_, &hub_, &clock_, StoreOptions());
   v1::JobSpec spec = ElasticSpec(1, 0, 5);
   spec.mutable_output()->set_weights_path("held.safetensors");
   for (const bool fails : {false, true}) {
-    store.failing = fails;
-    store.Hold();
+    store_.failing = fails;
+    store_.Hold();
     absl::StatusOr<v1::Job> submitted;
     std::thread submitting([&] { submitted = jobs.Submit(spec); });
-    ASSERT_TRUE(store.AwaitWaiting(1));
+    ASSERT_TRUE(store_.AwaitWaiting(1));
     const size_t listed = jobs.List().size();  // would wait for the commit under the lock
     EXPECT_EQ(listed, fails ? 1u : 0u);        // the first job, once saved; not this one
     const absl::Status second = jobs.Submit(spec).status();
     EXPECT_EQ(second.code(), absl::StatusCode::kInvalidArgument) << second;
     EXPECT_TRUE(absl::StrContains(second.message(), "is the output of job")) << second;
-    store.Release();
+    store_.Release();
     submitting.join();
     if (!fails) {
       ASSERT_TRUE(submitted.ok()) << submitted.status();
@@ -2721,7 +2714,7 @@ TEST(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLeft
     }
     EXPECT_EQ(submitted.status().code(), absl::StatusCode::kUnavailable) << submitted.status();
     EXPECT_EQ(jobs.List().size(), 1u);  // only the cancelled first job
-    store.failing = false;
+    store_.failing = false;
     EXPECT_EQ(jobs.Submit(spec).status().code(), absl::StatusCode::kInvalidArgument);
     jobs.ScheduleQueued();  // deletes it for sure
     jobs.FlushIo();
@@ -2734,29 +2727,23 @@ TEST(JobManagerStoreTest, SubmitSavesOffTheLock_PathClaimedMeanwhile_NothingLeft
 // and after a save that failed the request is free again (once the store
 // surely dropped it). A retry whose answer was lost and that came back
 // after a restart is found too.
-TEST(JobManagerStoreTest, SubmitRequestIdRepeated_OneJobWhateverTheTiming) {
-  FakeClock clock;
-  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
-  AssignmentHub hub;
-  FlakyStore store;
-  CoordinatorState state(&store);
-  JobManager jobs(&registry, &hub, &clock,
-                  JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+TEST_F(JobManagerStoreTest, SubmitRequestIdRepeated_OneJobWhateverTheTiming) {
+  JobManager jobs(&registry_, &hub_, &clock_, StoreOptions());
   v1::JobSpec spec = ElasticSpec(1, 0, 5);
   spec.mutable_output()->set_weights_path("request.safetensors");
-  store.failing = true;
+  store_.failing = true;
   EXPECT_EQ(jobs.Submit(spec, "req-1").status().code(), absl::StatusCode::kUnavailable);
-  store.failing = false;
+  store_.failing = false;
   jobs.ScheduleQueued();  // deletes it for sure
   jobs.FlushIo();
-  store.Hold();
+  store_.Hold();
   absl::StatusOr<v1::Job> submitted;
   std::thread submitting([&] { submitted = jobs.Submit(spec, "req-1"); });
-  ASSERT_TRUE(store.AwaitWaiting(1));
+  ASSERT_TRUE(store_.AwaitWaiting(1));
   const absl::Status meanwhile = jobs.Submit(spec, "req-1").status();
   EXPECT_EQ(meanwhile.code(), absl::StatusCode::kUnavailable) << meanwhile;
   EXPECT_TRUE(absl::StrContains(meanwhile.message(), "is being saved; retry")) << meanwhile;
-  store.Release();
+  store_.Release();
   submitting.join();
   ASSERT_TRUE(submitted.ok()) << submitted.status();
   EXPECT_EQ(submitted->request_id(), "req-1");
@@ -2769,13 +2756,12 @@ TEST(JobManagerStoreTest, SubmitRequestIdRepeated_OneJobWhateverTheTiming) {
   // The unconfirmed commit of another request, after which the coordinator
   // restarts: the job came back, and its retry finds it.
   v1::JobSpec other = ElasticSpec(1, 0, 5);
-  store.puts_unconfirmed = true;
-  store.deletes_fail = true;
+  store_.puts_unconfirmed = true;
+  store_.deletes_fail = true;
   EXPECT_EQ(jobs.Submit(other, "req-2").status().code(), absl::StatusCode::kUnavailable);
-  store.puts_unconfirmed = false;
-  store.deletes_fail = false;
-  JobManager restarted(&registry, &hub, &clock,
-                       JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+  store_.puts_unconfirmed = false;
+  store_.deletes_fail = false;
+  JobManager restarted(&registry_, &hub_, &clock_, StoreOptions());
   ASSERT_TRUE(restarted.Restore().ok());
   ASSERT_EQ(restarted.List().size(), 2u);
   for (const char* id : {"req-1", "req-2"}) {
@@ -2800,23 +2786,17 @@ TEST(JobManagerStoreTest, SubmitRequestIdRepeated_OneJobWhateverTheTiming) {
 // Saves slower than the job's changes do not queue a snapshot each: while
 // one save waits on the store, the next 50 progress saves of the job
 // become one, which stores the job as it is when it runs.
-TEST(JobManagerStoreTest, SavesWhileOneWaits_BecomeOneOfTheNewestState) {
-  FakeClock clock;
-  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
+TEST_F(JobManagerStoreTest, SavesWhileOneWaits_BecomeOneOfTheNewestState) {
   v1::RegisterWorkerRequest worker;
   worker.set_data_address("127.0.0.1:9001");
-  const std::string w1 = registry.Register(worker).value().worker_id();
-  AssignmentHub hub;
-  FlakyStore store;
-  CoordinatorState state(&store);
-  JobManager jobs(&registry, &hub, &clock,
-                  JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+  const std::string w1 = registry_.Register(worker).value().worker_id();
+  JobManager jobs(&registry_, &hub_, &clock_, StoreOptions());
   const std::string id = jobs.Submit(ElasticSpec(1, 0, 100)).value().id();
   jobs.AwaitBackgroundWork();
   ASSERT_EQ(jobs.Get(id).value().state(), v1::JOB_STATE_RUNNING);
   jobs.FlushIo();
   auto report = [&](int64_t iteration) {
-    clock.Advance(absl::Seconds(1));  // progress is saved at most once a second
+    clock_.Advance(absl::Seconds(1));  // progress is saved at most once a second
     v1::ReportProgressRequest r;
     r.set_worker_id(w1);
     r.set_job_id(id);
@@ -2825,38 +2805,30 @@ TEST(JobManagerStoreTest, SavesWhileOneWaits_BecomeOneOfTheNewestState) {
     r.add_micro_batch_losses(1.0f);
     ASSERT_TRUE(jobs.ReportProgress(r).ok());
   };
-  store.Hold();
+  store_.Hold();
   report(0);
-  ASSERT_TRUE(store.AwaitWaiting(1));  // that save waits on the store
-  const int before = store.commits.load();
+  ASSERT_TRUE(store_.AwaitWaiting(1));  // that save waits on the store
+  const int before = store_.commits.load();
   for (int64_t it = 1; it <= 50; ++it) report(it);
-  store.Release();
+  store_.Release();
   jobs.FlushIo();
-  EXPECT_EQ(store.commits.load() - before, 2);  // the held one, and one for the 50
-  JobManager restored(&registry, &hub, &clock,
-                      JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+  EXPECT_EQ(store_.commits.load() - before, 2);  // the held one, and one for the 50
+  JobManager restored(&registry_, &hub_, &clock_, StoreOptions());
   ASSERT_TRUE(restored.Restore().ok());
   EXPECT_EQ(restored.Get(id).value().progress().step(), 51);
 }
 
-TEST(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
-  FakeClock clock;
-  WorkerRegistry registry(WorkerRegistry::Options{.clock = &clock});
-  AssignmentHub hub;
-  FlakyStore store;
-  CoordinatorState state(&store);
+TEST_F(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
   auto restored_state = [&](const std::string& id) {
-    JobManager fresh(&registry, &hub, &clock,
-                     JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+    JobManager fresh(&registry_, &hub_, &clock_, StoreOptions());
     EXPECT_TRUE(fresh.Restore().ok());
     return fresh.Get(id).value().state();
   };
   std::string id, id2;
   {
-    JobManager jobs(&registry, &hub, &clock,
-                    JobManagerOptions{.output_dir = OutputDir(), .state = &state});
+    JobManager jobs(&registry_, &hub_, &clock_, StoreOptions());
     id = jobs.Submit(ElasticSpec(1, 5)).value().id();
-    store.failing = true;
+    store_.failing = true;
     const absl::StatusOr<v1::Job> unsaved = jobs.Cancel(id);
     EXPECT_EQ(unsaved.status().code(), absl::StatusCode::kUnavailable) << unsaved.status();
     EXPECT_TRUE(absl::StrContains(unsaved.status().message(), "did not record it"))
@@ -2866,17 +2838,17 @@ TEST(JobManagerStoreTest, CancelSaveFailed_SavedAgainOnceTheStoreIsBack) {
     // Asked again while the store still fails: the same answer; once it
     // is back, the cancel is saved and answered; then it is an ended job.
     EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kUnavailable);
-    store.failing = false;
+    store_.failing = false;
     ASSERT_EQ(jobs.Cancel(id).value().state(), v1::JOB_STATE_CANCELLED);
     EXPECT_EQ(restored_state(id), v1::JOB_STATE_CANCELLED);
     EXPECT_EQ(jobs.Cancel(id).status().code(), absl::StatusCode::kFailedPrecondition);
 
     // Not asked again: the coordinator saves it again by itself.
     id2 = jobs.Submit(ElasticSpec(1, 5)).value().id();
-    store.failing = true;
+    store_.failing = true;
     EXPECT_EQ(jobs.Cancel(id2).status().code(), absl::StatusCode::kUnavailable);
-    store.failing = false;
-    clock.Advance(absl::Seconds(1));
+    store_.failing = false;
+    clock_.Advance(absl::Seconds(1));
     jobs.ScheduleQueued();  // tries the save again
     jobs.FlushIo();
     EXPECT_EQ(restored_state(id2), v1::JOB_STATE_CANCELLED);

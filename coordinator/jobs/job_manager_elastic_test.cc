@@ -2575,6 +2575,13 @@ class JobManagerStoreTest : public ::testing::Test {
   JobManagerOptions StoreOptions() {
     return JobManagerOptions{.output_dir = OutputDir(), .state = &state_};
   }
+  // The scheduling pass of the next second (when the store retries are
+  // due), and the store work it queued.
+  void RetryPass(JobManager& jobs) {
+    clock_.Advance(absl::Seconds(2));
+    jobs.ScheduleQueued();
+    jobs.FlushIo();
+  }
 };
 
 // A checkpoint expired while the save that drops it failed keeps its
@@ -2630,9 +2637,7 @@ TEST_F(JobManagerStoreTest, SubmitUnsettled_HoldsPathAndRequestUntilTheDeleteCom
   const std::string ghost = state_.LoadJobs().value()[0].job().id();
   // Still failing: every second's retry leaves it claimed.
   for (int pass = 0; pass < 2; ++pass) {
-    clock_.Advance(absl::Seconds(2));
-    jobs.ScheduleQueued();
-    jobs.FlushIo();
+    RetryPass(jobs);
     const absl::Status retry = jobs.Submit(spec, "req-1").status();
     EXPECT_EQ(retry.code(), absl::StatusCode::kUnavailable) << retry;
     EXPECT_TRUE(absl::StrContains(retry.message(), "whether the state store holds job " + ghost))
@@ -2644,9 +2649,7 @@ TEST_F(JobManagerStoreTest, SubmitUnsettled_HoldsPathAndRequestUntilTheDeleteCom
     EXPECT_EQ(state_.LoadJobs().value().size(), 1u);
   }
   store_.deletes_fail = false;
-  clock_.Advance(absl::Seconds(2));
-  jobs.ScheduleQueued();
-  jobs.FlushIo();
+  RetryPass(jobs);
   EXPECT_TRUE(state_.LoadJobs().value().empty());
   const absl::StatusOr<v1::Job> again = jobs.Submit(spec, "req-1");
   ASSERT_TRUE(again.ok()) << again.status();
@@ -2670,14 +2673,10 @@ TEST_F(JobManagerStoreTest, PrunedJobDeleteFailed_DeletedAgain_NotBroughtBackByA
   jobs.FlushIo();
   EXPECT_EQ(jobs.Get(id).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(state_.LoadJobs().value().size(), 1u);
-  clock_.Advance(absl::Seconds(2));
-  jobs.ScheduleQueued();  // tried again; fails again
-  jobs.FlushIo();
+  RetryPass(jobs);  // tried again; fails again
   EXPECT_EQ(state_.LoadJobs().value().size(), 1u);
   store_.deletes_fail = false;
-  clock_.Advance(absl::Seconds(2));
-  jobs.ScheduleQueued();
-  jobs.FlushIo();
+  RetryPass(jobs);
   EXPECT_TRUE(state_.LoadJobs().value().empty());
   JobManager restarted(&registry_, &hub_, &clock_, options);
   ASSERT_TRUE(restarted.Restore().ok());

@@ -565,6 +565,9 @@ class JobManager {
   // A job that has not ended whose weights file lies in `dir`, or null.
   const JobRecord* WeightsPathInLocked(const std::string& dir) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A job holding a path, as refusals name its state: the state, or for a
+  // Submit left unsettled (in no list) what became of it.
+  static std::string HolderState(const JobRecord& record);
   // The job an earlier Submit with `request_id` made, when its spec had
   // `spec_sha256` (RequestSpecSha256); null when none did or `request_id`
   // is empty. ALREADY_EXISTS when it had another spec; UNAVAILABLE while

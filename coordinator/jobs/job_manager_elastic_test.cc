@@ -2644,7 +2644,10 @@ TEST_F(JobManagerStoreTest, SubmitUnsettled_HoldsPathAndRequestUntilTheDeleteCom
         << retry;
     const absl::Status other = jobs.Submit(spec, "req-2").status();
     EXPECT_EQ(other.code(), absl::StatusCode::kInvalidArgument) << other;
-    EXPECT_TRUE(absl::StrContains(other.message(), "is the output of job " + ghost)) << other;
+    EXPECT_TRUE(absl::StrContains(other.message(), "is the output of job " + ghost +
+                                                       " (its submit failed unconfirmed; the "
+                                                       "coordinator is deleting it"))
+        << other;
     EXPECT_TRUE(jobs.List().empty());
     EXPECT_EQ(state_.LoadJobs().value().size(), 1u);
   }

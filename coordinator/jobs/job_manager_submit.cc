@@ -298,6 +298,11 @@ const JobManager::JobRecord* JobManager::WeightsPathUserLocked(const std::string
   return nullptr;
 }
 
+std::string JobManager::HolderState(const JobRecord& record) {
+  if (!record.unsettled) return std::string(EnumShortName(record.job.state()));
+  return "its submit failed unconfirmed; the coordinator is deleting it from the state store";
+}
+
 absl::StatusOr<const JobManager::JobRecord*> JobManager::EarlierSubmitLocked(
     const std::string& request_id, const std::string& spec_sha256) const {
   if (request_id.empty()) return nullptr;
@@ -376,7 +381,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
     if (const JobRecord* other = weights.empty() ? nullptr : WeightsPathUserLocked(weights)) {
       return absl::InvalidArgumentError(absl::StrCat("spec.output.weights_path \"", weights,
                                                      "\" is the output of job ", other->job.id(),
-                                                     " (", EnumShortName(other->job.state()),
+                                                     " (", HolderState(*other),
                                                      "), which has not ended; give this job a file "
                                                      "of its own"));
     }
@@ -386,7 +391,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       return absl::InvalidArgumentError(absl::StrCat(
           "spec.output.weights_path \"", weights, "\" lies in the checkpoint directory \"",
           other->job.spec().checkpoint().dir(), "\" of job ", other->job.id(), " (",
-          EnumShortName(other->job.state()),
+          HolderState(*other),
           "), whose checkpoints would replace or delete it; write it elsewhere"));
     }
     // Where it starts from, resolved (links followed): a live job expires
@@ -407,7 +412,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
       return absl::InvalidArgumentError(absl::StrCat(
           "spec.init.from \"", resolved.spec.init().from(),
           "\" lies in the checkpoint directory \"", init_holder->job.spec().checkpoint().dir(),
-          "\" of job ", init_holder->job.id(), " (", EnumShortName(init_holder->job.state()),
+          "\" of job ", init_holder->job.id(), " (", HolderState(*init_holder),
           IsTerminal(init_holder->job.state())
               ? absl::StrCat(kLeftoversBeingRemoved, ")")
               : "), which deletes its older checkpoints as it goes; start from it once that job "
@@ -427,23 +432,22 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
             "spec.checkpoint.dir \"", checkpoint->dir(), "\" ",
             theirs == checkpoint->dir() ? "is in use by job"
                                         : absl::StrCat("overlaps \"", theirs, "\", that of job"),
-            " ", other->job.id(), " (", EnumShortName(other->job.state()),
+            " ", other->job.id(), " (", HolderState(*other),
             IsTerminal(other->job.state()) ? kLeftoversBeingRemoved : "",
             "); give this job a directory of its own"));
       }
       if (const JobRecord* other = InitSourceInLocked(checkpoint->dir())) {
         return absl::InvalidArgumentError(absl::StrCat(
             "spec.checkpoint.dir \"", checkpoint->dir(), "\" holds \"", other->init_source,
-            "\", where job ", other->job.id(), " (", EnumShortName(other->job.state()),
+            "\", where job ", other->job.id(), " (", HolderState(*other),
             ") started from (spec.init.from), which this job's checkpoints could replace or "
             "delete; give this job a directory of its own"));
       }
       if (const JobRecord* other = WeightsPathInLocked(checkpoint->dir())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("spec.checkpoint.dir \"", checkpoint->dir(), "\" holds \"",
-                         other->job.spec().output().weights_path(), "\", the weights file of job ",
-                         other->job.id(), " (", EnumShortName(other->job.state()),
-                         "); give this job a directory of its own"));
+        return absl::InvalidArgumentError(absl::StrCat(
+            "spec.checkpoint.dir \"", checkpoint->dir(), "\" holds \"",
+            other->job.spec().output().weights_path(), "\", the weights file of job ",
+            other->job.id(), " (", HolderState(*other), "); give this job a directory of its own"));
       }
       if (!weights.empty() && PathWithin(weights, checkpoint->dir())) {
         return absl::InvalidArgumentError(

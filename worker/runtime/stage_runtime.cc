@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/program_text.h"
@@ -191,6 +192,47 @@ absl::Status CheckMicroBatch(const v1::Instruction& in, int stage, int per_repli
                    validation ? "there are 0 .. " : "this replica's are 0 .. ", count - 1));
 }
 
+// What an instruction names beyond its micro-batch, checked before the
+// constructor and Execute index by it: a Forward's, Recompute's or
+// Backward's units lie within the model's `units` (begin <= end; the
+// constructor notes each unit of a Backward, so an unbounded range would
+// allocate without end), a Send's or Recv's peer is one of the replica's
+// `num_stages` stages (GlobalWorker's product would overflow otherwise and
+// reach another worker), and validation Forwards are the eval program's
+// whole compute (`eval`: RunEval skips its micro-batches past the
+// validation windows; the training program's iteration would read them).
+absl::Status CheckInstructionReferences(const v1::Instruction& in, bool eval, int stage,
+                                        int num_stages, int units) {
+  auto refuse = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("stage ", stage, ": \"", DescribeInstruction(in), "\" ", why));
+  };
+  const v1::UnitRange* range = nullptr;
+  if (in.has_forward()) range = &in.forward().units();
+  if (in.has_recompute()) range = &in.recompute().units();
+  if (in.has_backward()) range = &in.backward().units();
+  if (range != nullptr &&
+      (range->begin() < 0 || range->begin() > range->end() || range->end() > units)) {
+    return refuse(absl::StrCat("names units [", range->begin(), ", ", range->end(),
+                               ") outside the ", units, "-unit model"));
+  }
+  int peer = -1;
+  if (in.has_send()) peer = in.send().peer_stage();
+  if (in.has_recv()) peer = in.recv().peer_stage();
+  if ((in.has_send() || in.has_recv()) && (peer < 0 || peer >= num_stages)) {
+    return refuse(
+        absl::StrCat("names peer stage ", peer, "; the stages are 0 .. ", num_stages - 1));
+  }
+  const bool validation = in.has_forward() && in.forward().validation();
+  if (eval && !validation && !in.has_send() && !in.has_recv()) {
+    return refuse(
+        "is in the validation program, which holds validation Forwards, Sends and "
+        "Recvs only");
+  }
+  if (!eval && validation) return refuse("is a validation Forward in the training program");
+  return absl::OkStatus();
+}
+
 int64_t WeightCount(Unit& unit) {
   int64_t n = 0;
   for (const Parameter* p : unit.parameters()) n += p->value.numel();
@@ -250,6 +292,16 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
   if (setup.replicas < 1 || setup.replica < 0 || setup.replica >= setup.replicas) {
     return absl::InvalidArgumentError(
         absl::StrCat("replica ", setup.replica, " of ", setup.replicas, " is not a replica"));
+  }
+  // Gradient clipping's group (GlobalStage numbers them): distinct stages
+  // of this replica, ascending, as the coordinator sends them.
+  for (size_t k = 0; k < setup.optimizer_stages.size(); ++k) {
+    const int s = setup.optimizer_stages[k];
+    if (s < 0 || s >= setup.num_stages || (k > 0 && s <= setup.optimizer_stages[k - 1])) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("optimizer stages [", absl::StrJoin(setup.optimizer_stages, ", "),
+                       "]; want distinct stages of 0 .. ", setup.num_stages - 1, ", ascending"));
+    }
   }
   if (setup.train.micro_batches % setup.replicas != 0) {
     return absl::InvalidArgumentError(
@@ -365,6 +417,8 @@ absl::StatusOr<std::unique_ptr<StageRuntime>> StageRuntime::Create(const StageSe
       (setup.train.eval_windows + rows_per_micro_batch - 1) / rows_per_micro_batch;
   for (const v1::Program* program : {&setup.program, &setup.eval_program}) {
     for (const v1::Instruction& in : program->instructions()) {
+      RETURN_IF_ERROR(CheckInstructionReferences(in, program == &setup.eval_program, setup.stage,
+                                                 setup.num_stages, units));
       RETURN_IF_ERROR(CheckDevicePath(in, setup.device_channel != nullptr));
       RETURN_IF_ERROR(CheckMicroBatch(in, setup.stage, setup.train.micro_batches / setup.replicas,
                                       eval_micro_batches));
@@ -1254,6 +1308,11 @@ absl::Status StageRuntime::EvalForward(const v1::Instruction::Forward& f) {
   }
   const int per = setup_.train.batch_size / setup_.train.micro_batches;
   const int count = EvalCount(mb);
+  // RunEval skips these; the training program has none (Create).
+  if (count <= 0) {
+    return Internal(absl::StrCat("validation micro-batch ", mb, " lies past the ", eval_windows_,
+                                 " validation windows"));
+  }
   const TokenBatch batch = dataset_->ValBatch(int64_t{mb} * per, count);
   for (int u = units.begin(); u < units.end(); ++u) {
     Unit* unit = OwnedUnit(u);

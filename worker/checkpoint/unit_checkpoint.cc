@@ -313,8 +313,12 @@ absl::StatusOr<UnitState> ReadUnitCheckpoint(const std::string& root, const v1::
     }
   }
   int64_t steps = 0;
-  if (!absl::SimpleAtoi(Get(meta, "optimizer_steps"), &steps) || steps < 0) {
-    return absl::DataLossError(absl::StrCat(path, ": bad optimizer_steps"));
+  // At most one optimizer step an iteration: more would be a file not
+  // written by a stage (and INT64_MAX would overflow AdamW's step count).
+  if (!absl::SimpleAtoi(Get(meta, "optimizer_steps"), &steps) || steps < 0 || steps > from.step()) {
+    return absl::DataLossError(absl::StrCat(path, ": bad optimizer_steps \"",
+                                            Get(meta, "optimizer_steps").substr(0, 32),
+                                            "\" (want 0 .. step ", from.step(), ")"));
   }
   if (optimizer_steps != nullptr) *optimizer_steps = steps;
   auto find = [&](const std::string& name, const std::vector<int64_t>& shape,

@@ -381,6 +381,36 @@ TEST_F(UnitCheckpointTest, NonFiniteOrNegativeVInAMatchingFile_IsDataLoss) {
   }
 }
 
+// A stage takes at most one optimizer step an iteration, so a file at
+// step 5 with more (INT64_MAX would overflow AdamW's count at its first
+// step) was not written by one. A file with fewer resumes.
+TEST_F(UnitCheckpointTest, MoreOptimizerStepsThanIterations_IsDataLoss) {
+  for (int64_t steps : {int64_t{4}, int64_t{5}, int64_t{6}, INT64_MAX}) {
+    SCOPED_TRACE(steps);
+    const std::string dir = absl::StrCat("ck/steps-", steps);
+    absl::StatusOr<std::vector<v1::UnitFile>> files =
+        WriteStageCheckpoint(root_, dir, StageSnapshot{5, steps, {MakeUnit(1, 1, true)}}, id_);
+    ASSERT_TRUE(files.ok()) << files.status();
+    v1::ResumeFrom from;
+    from.set_step(5);
+    from.set_dir(absl::StrCat(dir, "/", StepDirName(5)));
+    *from.add_units() = (*files)[0];
+    int64_t read_steps = -1;
+    absl::StatusOr<UnitState> read =
+        ReadUnitCheckpoint(root_, from, from.units(0), id_, true, &read_steps);
+    if (steps <= 5) {
+      ASSERT_TRUE(read.ok()) << read.status();
+      EXPECT_EQ(read_steps, steps);
+      continue;
+    }
+    EXPECT_EQ(read.status().code(), absl::StatusCode::kDataLoss) << read.status();
+    EXPECT_NE(read.status().message().find(
+                  absl::StrCat("bad optimizer_steps \"", steps, "\" (want 0 .. step 5)")),
+              std::string::npos)
+        << read.status();
+  }
+}
+
 TEST_F(UnitCheckpointTest, MissingFile_IsNotFound) {
   const v1::ResumeFrom from = WriteAll();
   ASSERT_EQ(unlink(PathOf(from, 3).c_str()), 0);

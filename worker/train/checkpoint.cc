@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
+#include "spec/job_spec.h"
 #include "worker/model/weights_io.h"
 
 namespace pipetrain {
@@ -134,7 +135,9 @@ absl::Status RestoreCheckpoint(const std::string& path, LocalTrainer* trainer) {
                      kDataSha256, "): the file was damaged or changed after it was saved"));
   }
   int64_t step = 0;
-  if (!absl::SimpleAtoi(meta("step"), &step) || step < 0) {
+  // A run has at most kMaxSteps steps (spec/job_spec.h); a larger count,
+  // which SaveCheckpoint never writes, would overflow AdamW's step count.
+  if (!absl::SimpleAtoi(meta("step"), &step) || step < 0 || step > kMaxSteps) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": bad step '", meta("step"), "'"));
   }
   // The sample order continues at iteration `step` (LocalTrainer::Step

@@ -171,6 +171,25 @@ TEST(LocalTrainerTest, Restore_DataCursorOtherThanStep_IsInvalidArgument) {
   EXPECT_EQ(resumed->step(), 0);
 }
 
+// A step past any run's length (kMaxSteps) was not written by
+// SaveCheckpoint; INT64_MAX would overflow AdamW's step count at the first
+// step after the restore.
+TEST(LocalTrainerTest, Restore_StepBeyondAnyRun_IsInvalidArgument) {
+  Dataset data = MakeDataset(16);
+  auto trainer = LocalTrainer::Create(SmallConfig(), &data).value();
+  RunSteps(*trainer, 2);
+  const std::string path = std::string(std::getenv("TEST_TMPDIR")) + "/far.ckpt";
+  ASSERT_TRUE(SaveCheckpoint(path, *trainer).ok());
+  SafetensorsContents contents = ReadSafetensors(path).value();
+  contents.metadata["step"] = contents.metadata["data_cursor"] = "9223372036854775807";
+  ASSERT_TRUE(WriteSafetensors(path, contents.tensors, contents.metadata).ok());
+  auto resumed = LocalTrainer::Create(SmallConfig(), &data).value();
+  absl::Status status = RestoreCheckpoint(path, resumed.get());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(status.message(), path + ": bad step '9223372036854775807'");
+  EXPECT_EQ(resumed->step(), 0);
+}
+
 // One flipped bit among the values keeps the file's structure (names,
 // shapes, finite numbers) but not its checksum: DATA_LOSS, and the
 // trainer keeps what it had.

@@ -1,6 +1,7 @@
 #include "worker/collectives/tensor_parallel_comm.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -102,6 +103,16 @@ absl::Status CollectivesTensorParallelComm::SparseSum(Pending* p, int64_t iterat
     }
     Tensor scores = Tensor::FromVector({rows}, p->scores);
     RETURN_IF_ERROR(collectives_->AllReduce(iteration, p->score_tag, scores));
+    // The top-k choice orders the scores: NaN has no place in that order
+    // (the token codec refuses such scores too, CheckTokenTopKScores).
+    const float* summed = scores.data();
+    for (int64_t r = 0; r < rows; ++r) {
+      if (!std::isfinite(summed[r])) {
+        return absl::DataLossError(absl::StrCat(
+            "tensor-parallel token scores summed over the group: row ", r, " is ", summed[r],
+            " (a peer's scores, or this rank's activations, are not finite)"));
+      }
+    }
     p->kept = KeepTopTokensPerSample(scores.ToVector(), p->seq_len, compression_.keep);
   } else if (static_cast<int64_t>(p->kept.size()) != rows) {
     return absl::InternalError(absl::StrCat("tensor-parallel token mask of ", p->kept.size(),

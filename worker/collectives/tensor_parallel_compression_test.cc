@@ -291,6 +291,38 @@ TEST(HybridCompressionTest, MaskedSum_EmptyMaskOfZeroRows_Ok) {
   }
 }
 
+// The summed token scores choose the kept tokens by their order, which a
+// NaN (a peer's, or a diverged rank's) does not have: both ranks' sums
+// fail with DATA_LOSS naming the row, and no rank sums over a mask drawn
+// from it.
+TEST(HybridCompressionTest, TokenSparseSum_NonFiniteScore_DataLossOnEveryRank) {
+  InProcessFabric fabric(kRanks);
+  std::vector<absl::Status> status(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<Transport> transport = fabric.Connect(r);
+      Collectives collectives(transport.get(), CollectiveGroup{{0, 1}, "tp"});
+      CollectivesTensorParallelComm comm(
+          &collectives, CpuBackend(), *MakeTensorParallelCompression("token_topk:keep=0.5", "f"));
+      comm.BeginIteration(0);
+      Tensor data = Tensor::Filled({4, 8}, 1.f);  // one sample of 4 tokens
+      std::vector<float> scores = {1, 2, 3, 4};
+      if (r == 1) scores[2] = std::nanf("");
+      std::vector<uint8_t> kept;
+      comm.WaitAllReduce(comm.StartTokenSparseSum(data, scores, /*seq_len=*/4, &kept));
+      status[r] = comm.status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_EQ(status[r].code(), absl::StatusCode::kDataLoss) << "rank " << r << ": " << status[r];
+    EXPECT_NE(status[r].message().find("token scores summed over the group: row 2 is nan"),
+              std::string::npos)
+        << status[r];
+  }
+}
+
 TEST(HybridCompressionTest, KeepTopTokensPerSample_TiesToTheLowerToken) {
   EXPECT_EQ(KeepTopTokensPerSample({1, 3, 3, 0, 5, 5, 5, 5}, 4, 0.5),
             (std::vector<uint8_t>{0, 1, 1, 0, 1, 1, 0, 0}));

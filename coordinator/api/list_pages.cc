@@ -32,17 +32,28 @@ int64_t JobKey(const v1::Job& job) {
 // A worker's: the number of its id ("w-12"), the registry's order.
 int64_t WorkerKey(const v1::Worker& worker) { return WorkerIdNumber(worker.id()).value_or(-1); }
 
-// The items of `items` on the page after `cursor`, and the next token.
-template <typename T, typename IdOf, typename KeyOf>
+// The items of `items` on the page after `cursor`, and the next token: at
+// most `size` of them, and no more than `max_bytes` once each is
+// `prepare`d (the first one whatever its size).
+template <typename T, typename IdOf, typename KeyOf, typename Prepare>
 std::string Slice(std::vector<T>& items, absl::string_view list, const PageCursor& cursor, int size,
-                  IdOf id_of, KeyOf key_of, std::vector<T>& page) {
+                  int64_t max_bytes, IdOf id_of, KeyOf key_of, Prepare prepare,
+                  std::vector<T>& page) {
   std::vector<PageItem> keyed;
   keyed.reserve(items.size());
   for (const T& item : items) keyed.push_back({id_of(item), key_of(item)});
   const size_t begin = PageBegin(keyed, cursor);
   const size_t end = std::min(items.size(), begin + static_cast<size_t>(size));
-  for (size_t i = begin; i < end; ++i) page.push_back(std::move(items[i]));
-  if (end >= items.size() || page.empty()) return "";
+  int64_t bytes = 0;
+  size_t next = begin;
+  for (; next < end; ++next) {
+    prepare(items[next]);
+    const int64_t item_bytes = static_cast<int64_t>(items[next].ByteSizeLong());
+    if (!page.empty() && bytes + item_bytes > max_bytes) break;
+    bytes += item_bytes;
+    page.push_back(std::move(items[next]));
+  }
+  if (next >= items.size() || page.empty()) return "";
   return MakePageToken(
       list, PageCursor{cursor.position + page.size(), id_of(page.back()), key_of(page.back())});
 }
@@ -64,7 +75,8 @@ absl::Status ApplyView(v1::JobView view, v1::Job& job) {
 }  // namespace
 
 absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
-                                                  const v1::ListJobsRequest& request) {
+                                                  const v1::ListJobsRequest& request,
+                                                  int64_t max_page_bytes) {
   ASSIGN_OR_RETURN(int size, PageSize(request.page_size()));
   if (request.view() == v1::JOB_VIEW_FULL) size = std::min(size, kMaxFullViewPageSize);
   ASSIGN_OR_RETURN(const PageCursor start, ParsePageToken("jobs", request.page_token()));
@@ -75,33 +87,32 @@ absl::StatusOr<v1::ListJobsResponse> ListJobsPage(const JobManager& jobs,
   std::vector<v1::Job> page;
   v1::ListJobsResponse response;
   response.set_next_page_token(Slice(
-      all, "jobs", start, size, [](const v1::Job& j) -> const std::string& { return j.id(); },
-      JobKey, page));
-  for (v1::Job& job : page) {
-    if (request.view() == v1::JOB_VIEW_FULL) {
-      absl::StatusOr<v1::Job> full = jobs.Get(job.id());
-      if (full.ok()) job = *std::move(full);  // else it was just dropped: keep the basic view
-    }
-    *response.add_jobs() = std::move(job);
-  }
+      all, "jobs", start, size, max_page_bytes,
+      [](const v1::Job& j) -> const std::string& { return j.id(); }, JobKey,
+      [&](v1::Job& job) {
+        if (request.view() != v1::JOB_VIEW_FULL) return;
+        absl::StatusOr<v1::Job> full = jobs.Get(job.id());
+        if (full.ok()) job = *std::move(full);  // else it was just dropped: keep the basic view
+      },
+      page));
+  for (v1::Job& job : page) *response.add_jobs() = std::move(job);
   return response;
 }
 
 absl::StatusOr<v1::ListWorkersResponse> ListWorkersPage(const WorkerRegistry& workers,
                                                         const JobManager& jobs,
-                                                        const v1::ListWorkersRequest& request) {
+                                                        const v1::ListWorkersRequest& request,
+                                                        int64_t max_page_bytes) {
   ASSIGN_OR_RETURN(const int size, PageSize(request.page_size()));
   ASSIGN_OR_RETURN(const PageCursor start, ParsePageToken("workers", request.page_token()));
   std::vector<v1::Worker> all = workers.List();
   std::vector<v1::Worker> page;
   v1::ListWorkersResponse response;
   response.set_next_page_token(Slice(
-      all, "workers", start, size, [](const v1::Worker& w) -> const std::string& { return w.id(); },
-      WorkerKey, page));
-  for (v1::Worker& worker : page) {
-    worker.set_drained(jobs.IsDrained(worker));
-    *response.add_workers() = std::move(worker);
-  }
+      all, "workers", start, size, max_page_bytes,
+      [](const v1::Worker& w) -> const std::string& { return w.id(); }, WorkerKey,
+      [&](v1::Worker& worker) { worker.set_drained(jobs.IsDrained(worker)); }, page));
+  for (v1::Worker& worker : page) *response.add_workers() = std::move(worker);
   return response;
 }
 

@@ -75,5 +75,43 @@ TEST(ListJobsPageTest, FullView_AtMostTwentyAPage) {
   EXPECT_EQ(ListJobsPage(jobs, request).value().jobs_size(), kMaxFullViewPageSize + 5);
 }
 
+// A page also ends at a byte budget (kMaxPageBytes: a job may carry 512
+// KiB of checkpoint lists), before the job that would pass it but never
+// empty, and the next page goes on from there, whole: every job once, in
+// order.
+TEST(ListJobsPageTest, PageEndsAtTheByteBudget_NextPagesListTheRest) {
+  FakeClock clock;
+  WorkerRegistry workers(WorkerRegistry::Options{.clock = &clock});
+  AssignmentHub hub;
+  JobManager jobs(&workers, &hub, &clock, JobManagerOptions{});
+  for (int i = 0; i < 7; ++i) {
+    ASSERT_TRUE(jobs.Submit(SmallJobSpec(1)).ok());
+    clock.Advance(absl::Seconds(1));
+  }
+  const int64_t each = static_cast<int64_t>(jobs.List().front().ByteSizeLong());
+  for (const v1::JobView view : {v1::JOB_VIEW_BASIC, v1::JOB_VIEW_FULL}) {
+    SCOPED_TRACE(view);
+    v1::ListJobsRequest request;
+    request.set_view(view);
+    std::vector<std::string> listed;
+    std::vector<int> sizes;
+    do {
+      // Room for two and a half jobs: pages of two.
+      const v1::ListJobsResponse page = ListJobsPage(jobs, request, each * 5 / 2).value();
+      sizes.push_back(page.jobs_size());
+      for (const std::string& id : Ids(page)) listed.push_back(id);
+      request.set_page_token(page.next_page_token());
+    } while (!request.page_token().empty() && sizes.size() < 10);
+    EXPECT_EQ(sizes, (std::vector<int>{2, 2, 2, 1}));
+    EXPECT_EQ(listed, (std::vector<std::string>{"job-1", "job-2", "job-3", "job-4", "job-5",
+                                                "job-6", "job-7"}));
+    // A budget smaller than one job still lists one a page.
+    request.clear_page_token();
+    const v1::ListJobsResponse one = ListJobsPage(jobs, request, 1).value();
+    EXPECT_EQ(Ids(one), (std::vector<std::string>{"job-1"}));
+    EXPECT_FALSE(one.next_page_token().empty());
+  }
+}
+
 }  // namespace
 }  // namespace pipetrain

@@ -155,8 +155,20 @@ inline constexpr int kMaxProfileAttempts = 3;
 // stops within its --stop-timeout-seconds (20 s by default) or exits, and
 // is LOST after its lease.
 inline constexpr absl::Duration kLateSweepWait = absl::Seconds(60);
-// Plan versions kept in Job.plan_history (the newest).
+// Plan versions kept in Job.plan_history (the newest), and at most
+// kMaxPlanHistoryBytes of them (older ones go first, the newest always
+// stays): the job's stored record must stay within the state store's value
+// limit (1 MiB) and every ListJobs page carries the history, while a
+// 1024-worker job's entry lists 1024 worker ids. An entry's reason (which
+// quotes a worker's error, up to 16 KiB) keeps its first
+// kMaxPlanReasonBytes; the coordinator's log has it whole.
 inline constexpr int kMaxPlanHistory = 100;
+inline constexpr int64_t kMaxPlanHistoryBytes = int64_t{128} << 10;
+inline constexpr size_t kMaxPlanReasonBytes = 2048;
+// Drops `history`'s oldest entries while it holds more than kMaxPlanHistory
+// or (keeping the newest one whatever its size) more than
+// kMaxPlanHistoryBytes.
+void TrimPlanHistory(google::protobuf::RepeatedPtrField<v1::PlanVersion>& history);
 // Separate covered ranges a tensor's uploaded chunks may form (a stage's
 // come in order: one); a chunk that would add one more is refused.
 inline constexpr int kMaxWeightsRuns = 1024;

@@ -1192,6 +1192,64 @@ TEST_F(JobManagerElasticTest, ThreeRecoveriesWithoutANewCheckpoint_FailTheJob) {
   EXPECT_TRUE(absl::StrContains(failed.reason(), "gave up after 3 recoveries")) << failed.reason();
 }
 
+// A worker's error may be 16 KiB (ReportProgress's bound), and each
+// re-plan's history entry quotes it: the entry keeps its first
+// kMaxPlanReasonBytes, so the history (100 entries, in every ListJobs page
+// and the job's stored record) cannot grow by 16 KiB a recovery.
+TEST_F(JobManagerElasticTest, LongPeerError_PlanHistoryKeepsItsStart) {
+  const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
+  const std::string id = Submit(ElasticSpec(2, 5)).value().id();
+  for (int step = 1; step <= 5; ++step) Step(id, step);
+  CheckpointAll(id, 5);
+  v1::ReportProgressRequest r = PeerFailure(id, w1, jobs_->Get(id).value().plan_version());
+  const std::string error =
+      absl::StrCat("UNAVAILABLE: stage 1 went away ", std::string(16000, 'x'));
+  r.set_error(error);
+  ASSERT_TRUE(jobs_->ReportProgress(r).ok());
+  HeartbeatAllAndSchedule({w1, w2});
+  const v1::Job job = jobs_->Get(id).value();
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.reason();
+  ASSERT_EQ(job.plan_history_size(), 2);
+  const std::string& reason = job.plan_history(1).reason();
+  const std::string cut = " ... (cut; the coordinator's log has it whole)";
+  EXPECT_EQ(reason.size(), kMaxPlanReasonBytes + cut.size());
+  EXPECT_TRUE(
+      absl::StartsWith(reason, absl::StrCat("worker ", w1, ": UNAVAILABLE: stage 1 went away xxx")))
+      << reason.substr(0, 200);
+  EXPECT_TRUE(absl::EndsWith(reason, cut));
+}
+
+// The history keeps the newest kMaxPlanHistory entries, fewer when they
+// pass kMaxPlanHistoryBytes, and always the newest one.
+TEST(TrimPlanHistoryTest, DropsTheOldestByCountAndBytes_KeepsTheNewest) {
+  google::protobuf::RepeatedPtrField<v1::PlanVersion> history;
+  for (int v = 1; v <= kMaxPlanHistory + 5; ++v) history.Add()->set_version(v);
+  TrimPlanHistory(history);
+  ASSERT_EQ(history.size(), kMaxPlanHistory);
+  EXPECT_EQ(history.Get(0).version(), 6);
+  // Entries of 10,000 worker-id bytes each: 13 fit in 128 KiB.
+  history.Clear();
+  for (int v = 1; v <= 20; ++v) {
+    v1::PlanVersion* entry = history.Add();
+    entry->set_version(v);
+    for (int w = 0; w < 1000; ++w) entry->add_worker_ids(absl::StrFormat("w-%06d", w));
+  }
+  const int64_t each = static_cast<int64_t>(history.Get(0).ByteSizeLong());
+  TrimPlanHistory(history);
+  EXPECT_EQ(history.size(), kMaxPlanHistoryBytes / each);
+  EXPECT_EQ(history.Get(history.size() - 1).version(), 20);
+  int64_t bytes = 0;
+  for (const v1::PlanVersion& entry : history) bytes += static_cast<int64_t>(entry.ByteSizeLong());
+  EXPECT_LE(bytes, kMaxPlanHistoryBytes);
+  // One entry larger than the whole budget stays: it is the current plan's.
+  v1::PlanVersion* huge = history.Add();
+  huge->set_version(21);
+  huge->set_reason(std::string(kMaxPlanHistoryBytes + 1, 'r'));
+  TrimPlanHistory(history);
+  ASSERT_EQ(history.size(), 1);
+  EXPECT_EQ(history.Get(0).version(), 21);
+}
+
 TEST_F(JobManagerElasticTest, StageErrorNotFromThePeers_FailsEvenWithCheckpoints) {
   const std::string w1 = AddWorker(7001), w2 = AddWorker(7002);
   const std::string id = Submit(ElasticSpec(2, 5)).value().id();

@@ -12,6 +12,7 @@
 #include "common/proto_time.h"
 #include "common/secrets.h"
 #include "common/status_macros.h"
+#include "common/utf8_prefix.h"
 #include "coordinator/jobs/job_manager.h"
 #include "coordinator/jobs/job_manager_internal.h"
 #include "coordinator/jobs/memory_budget.h"
@@ -128,6 +129,18 @@ void ConsumeReplicaGroupIds(const std::string& job_id, const ReplicaDeviceGroupP
 }
 
 }  // namespace
+
+void TrimPlanHistory(google::protobuf::RepeatedPtrField<v1::PlanVersion>& history) {
+  int64_t bytes = 0;
+  for (const v1::PlanVersion& v : history) bytes += static_cast<int64_t>(v.ByteSizeLong());
+  int drop = 0;
+  while (history.size() - drop > 1 &&
+         (history.size() - drop > kMaxPlanHistory || bytes > kMaxPlanHistoryBytes)) {
+    bytes -= static_cast<int64_t>(history.Get(drop).ByteSizeLong());
+    ++drop;
+  }
+  if (drop > 0) history.DeleteSubrange(0, drop);
+}
 
 absl::Status JobManager::StartLocked(JobRecord& record, const std::vector<std::string>& workers) {
   std::vector<v1::Worker> infos;
@@ -551,13 +564,14 @@ void JobManager::CommitPlacementLocked(JobRecord& record, PendingPlacement pendi
   }
   v1::PlanVersion* history = record.job.add_plan_history();
   history->set_version(version);
-  history->set_reason(placed_reason);
+  history->set_reason(placed_reason.size() <= kMaxPlanReasonBytes
+                          ? placed_reason
+                          : absl::StrCat(Utf8Prefix(placed_reason, kMaxPlanReasonBytes),
+                                         " ... (cut; the coordinator's log has it whole)"));
   history->set_start_step(start_step);
   for (const std::string& w : workers) history->add_worker_ids(w);
   *history->mutable_time() = ToProtoTimestamp(clock_->Now());
-  if (record.job.plan_history_size() > kMaxPlanHistory) {
-    record.job.mutable_plan_history()->DeleteSubrange(0, 1);
-  }
+  TrimPlanHistory(*record.job.mutable_plan_history());
   record.job.set_state(v1::JOB_STATE_RUNNING);
   record.job.set_plan_version(record.plan.version());
   record.job.set_reason("");

@@ -21,6 +21,14 @@ absl::Status CheckRange(absl::string_view field, double value, double limit) {
       absl::StrCat(field, ": ", value, " is outside [0, ", limit, "]"));
 }
 
+// 0 (not measured) or within [min, limit]: a tiny positive rate passes a
+// `> 0` test and then divides into infinite times in the planner.
+absl::Status CheckRate(absl::string_view field, double value, double min, double limit) {
+  if (value == 0 || (value >= min && value <= limit)) return absl::OkStatus();  // false for NaN
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": ", value, " is neither 0 (not measured) nor in [", min, ", ", limit, "]"));
+}
+
 absl::Status CheckDevice(const v1::DeviceInfo& d) {
   constexpr absl::string_view kDevice = "RegisterWorkerRequest.device.";
   RETURN_IF_ERROR(CheckLength(absl::StrCat(kDevice, "hostname"), d.hostname(), kMaxNameBytes));
@@ -47,9 +55,11 @@ absl::Status CheckDevice(const v1::DeviceInfo& d) {
       CheckRange(absl::StrCat(kDevice, "gpu_memory_bytes"), d.gpu_memory_bytes(), kMaxMemoryBytes));
   RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "data_plane_overhead_seconds"),
                              d.data_plane_overhead_seconds(), kMaxDataPlaneOverheadSeconds));
-  RETURN_IF_ERROR(CheckRange(absl::StrCat(kDevice, "data_plane_bytes_per_second"),
-                             d.data_plane_bytes_per_second(), kMaxDataPlaneBytesPerSecond));
-  return CheckRange(absl::StrCat(kDevice, "measured_gflops"), d.measured_gflops(), kMaxGflops);
+  RETURN_IF_ERROR(CheckRate(absl::StrCat(kDevice, "data_plane_bytes_per_second"),
+                            d.data_plane_bytes_per_second(), kMinDataPlaneBytesPerSecond,
+                            kMaxDataPlaneBytesPerSecond));
+  return CheckRate(absl::StrCat(kDevice, "measured_gflops"), d.measured_gflops(), kMinGflops,
+                   kMaxGflops);
 }
 
 }  // namespace

@@ -29,9 +29,13 @@ inline constexpr size_t kMaxNcclIdBytes = 128;
 // Sanity ranges of device facts, far beyond any machine.
 inline constexpr int64_t kMaxCpuCores = 1 << 16;
 inline constexpr int64_t kMaxMemoryBytes = int64_t{1} << 50;  // 1 PiB
+// Measured rates are 0 (not measured) or within [min, max]: the planner
+// divides by them.
+inline constexpr double kMinGflops = 1e-3;
 inline constexpr double kMaxGflops = 1e9;
 // The data plane's measured cost per message (DeviceInfo.data_plane_*).
 inline constexpr double kMaxDataPlaneOverheadSeconds = 1;
+inline constexpr double kMinDataPlaneBytesPerSecond = 1e3;
 inline constexpr double kMaxDataPlaneBytesPerSecond = 1e13;
 
 // INVALID_ARGUMENT naming the field ("RegisterWorkerRequest.device.cpu_model:

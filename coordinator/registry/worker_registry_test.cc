@@ -1235,7 +1235,15 @@ TEST(WorkerRegistryBoundsTest, OversizeField_InvalidArgumentNamingIt) {
   request = Request(1);
   request.mutable_device()->set_measured_gflops(-1);
   EXPECT_THAT(registry.Register(request).status().message(),
-              HasSubstr("measured_gflops: -1 is outside"));
+              HasSubstr("measured_gflops: -1 is neither 0 (not measured) nor in [0.001, 1e+09]"));
+  // A subnormal rate passes `> 0` and divides into infinite unit times.
+  request = Request(1);
+  request.mutable_device()->set_measured_gflops(5e-324);
+  EXPECT_THAT(registry.Register(request).status().message(), HasSubstr("measured_gflops: 4.94"));
+  request = Request(1);
+  request.mutable_device()->set_data_plane_bytes_per_second(1e-300);
+  EXPECT_THAT(registry.Register(request).status().message(),
+              HasSubstr("data_plane_bytes_per_second: 1e-300 is neither 0"));
   request = Request(1);
   request.mutable_device()->set_data_plane_overhead_seconds(2);
   EXPECT_THAT(registry.Register(request).status().message(),
@@ -1243,7 +1251,8 @@ TEST(WorkerRegistryBoundsTest, OversizeField_InvalidArgumentNamingIt) {
   request = Request(1);
   request.mutable_device()->set_data_plane_bytes_per_second(NAN);
   EXPECT_THAT(registry.Register(request).status().message(),
-              HasSubstr("data_plane_bytes_per_second: nan is outside"));
+              HasSubstr("data_plane_bytes_per_second: nan is neither 0 (not measured) nor in "
+                        "[1000, 1e+13]"));
   EXPECT_THAT(registry.List(), IsEmpty());
   ASSERT_TRUE(registry.Register(Request(1)).ok());
   EXPECT_THAT(registry.Heartbeat(Beat("w-1", 1, std::string(257, 'i'))).message(),

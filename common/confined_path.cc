@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <memory>
 
@@ -52,6 +53,18 @@ int ScopedFd::release() {
   const int fd = fd_;
   fd_ = -1;
   return fd;
+}
+
+bool HasTemporarySuffix(absl::string_view name) {
+  const size_t at = name.rfind(".tmp.");
+  if (at == absl::string_view::npos) return false;
+  const absl::string_view rest = name.substr(at + 5);
+  const size_t dot = rest.find('.');
+  if (dot == absl::string_view::npos || dot == 0 || dot + 1 == rest.size()) return false;
+  auto digits = [](absl::string_view v) {
+    return std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return digits(rest.substr(0, dot)) && digits(rest.substr(dot + 1));
 }
 
 absl::Status CheckConfinedName(absl::string_view field, absl::string_view path) {

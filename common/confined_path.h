@@ -43,6 +43,12 @@ inline constexpr size_t kMaxPathComponentBytes = 255;
 // "<field>: ..." saying which rule it breaks.
 absl::Status CheckConfinedName(absl::string_view field, absl::string_view path);
 
+// Whether `name` ends in ".tmp.<digits>.<digits>": the form atomic writers
+// give their temporaries (TempNameFor, common/safetensors.cc), whose
+// leftovers in a directory are removed as abandoned. So no file a job
+// names (spec.output.weights_path) may take that form.
+bool HasTemporarySuffix(absl::string_view name);
+
 // An open file descriptor, closed by the destructor. Move-only.
 class ScopedFd {
  public:

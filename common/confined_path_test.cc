@@ -209,4 +209,16 @@ TEST_F(ConfinedPathTest, OpenRealPathNoLinks_LinkSwappedInAfterTheCheck_Refused)
 }
 
 }  // namespace
+// The temporaries' form (TempNameFor): a suffix ".tmp.<digits>.<digits>".
+TEST(HasTemporarySuffixTest, OnlyTmpThenTwoNumbers) {
+  for (const char* name : {"w.tmp.1.2", "w.safetensors.tmp.1234.18446744073709551615",
+                           "a.tmp.x.tmp.0.0", ".tmp.1.1"}) {
+    EXPECT_TRUE(HasTemporarySuffix(name)) << name;
+  }
+  for (const char* name : {"w", "w.tmp", "w.tmp.1", "w.tmp.1.", "w.tmp..1", "w.tmp.1.2.3",
+                           "w.tmp.1.2x", "w.tmp.-1.2", "w.tmp.1.2.tmp", "wtmp.1.2"}) {
+    EXPECT_FALSE(HasTemporarySuffix(name)) << name;
+  }
+}
+
 }  // namespace pipetrain

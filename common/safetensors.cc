@@ -21,6 +21,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/confined_path.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -227,15 +228,8 @@ absl::Status WriteContents(int fd, const std::string& header,
 // Whether `entry` is "<prefix>.tmp.<digits>.<digits>": a temporary's name
 // (TempNameFor) with `prefix` the final name's first kTempPrefixBytes.
 bool IsTemporaryOf(const std::string& prefix, const std::string& entry) {
-  const std::string lead = absl::StrCat(prefix, ".tmp.");
-  if (!absl::StartsWith(entry, lead)) return false;
-  const absl::string_view rest = absl::string_view(entry).substr(lead.size());
-  const size_t dot = rest.find('.');
-  if (dot == absl::string_view::npos || dot == 0 || dot + 1 == rest.size()) return false;
-  auto digits = [](absl::string_view v) {
-    return std::all_of(v.begin(), v.end(), [](char c) { return c >= '0' && c <= '9'; });
-  };
-  return digits(rest.substr(0, dot)) && digits(rest.substr(dot + 1));
+  return absl::StartsWith(entry, absl::StrCat(prefix, ".tmp.")) &&
+         entry.rfind(".tmp.") == prefix.size() && HasTemporarySuffix(entry);
 }
 
 // Removes `entry` from `dir_fd` if it is a regular file that no writer holds

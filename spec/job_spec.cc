@@ -595,7 +595,16 @@ absl::Status ResolveTensorParallel(v1::JobSpec* spec) {
 absl::Status CheckOutput(const v1::OutputSpec& output) {
   const std::string& path = output.weights_path();
   if (path.empty()) return absl::OkStatus();
-  return CheckConfinedName("spec.output.weights_path", path);
+  RETURN_IF_ERROR(CheckConfinedName("spec.output.weights_path", path));
+  // Such a file would be taken for a writer's leftover temporary and
+  // removed when another job writing a file of that name ends.
+  if (HasTemporarySuffix(path.substr(path.rfind('/') + 1))) {
+    return Invalid("spec.output.weights_path",
+                   absl::StrCat("\"", path,
+                                "\" ends like a temporary file (.tmp.N.M), which the "
+                                "coordinator removes as a writer's leftover; choose another name"));
+  }
+  return absl::OkStatus();
 }
 
 // A pipeline link's codec field: "" and "none" mean raw (normalised to

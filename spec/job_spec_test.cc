@@ -1138,6 +1138,18 @@ TEST(ResolveJobSpec, AbsoluteOrEscapingOutputPath_Rejected) {
   ExpectRejected(spec, "spec.output.weights_path: \".\" and \"..\" components are not allowed");
 }
 
+// The coordinator removes "<name>.tmp.<pid>.<n>" files as abandoned when
+// a job writing <name> ends: no job's weights may be named like one.
+TEST(ResolveJobSpec, OutputPathLikeATemporary_Rejected) {
+  v1::JobSpec spec = MinimalSpec();
+  spec.mutable_output()->set_weights_path("runs/w.tmp.1.1");
+  ExpectRejected(spec,
+                 "spec.output.weights_path: \"runs/w.tmp.1.1\" ends like a temporary file "
+                 "(.tmp.N.M)");
+  spec.mutable_output()->set_weights_path("runs.tmp.1.1/w");  // a directory may
+  EXPECT_TRUE(ResolveJobSpec(spec).ok());
+}
+
 TEST(ResolveJobSpec, OutputPathIsDirectory_Rejected) {
   v1::JobSpec spec = MinimalSpec();
   spec.mutable_output()->set_weights_path(TempPath(""));

@@ -352,8 +352,13 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
   return absl::OkStatus();
 }
 
-std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_dir,
-                                                    const std::string& checkpoint_dir) {
+namespace {
+
+// The step directories directly in <output_dir>/<checkpoint_dir> that hold
+// a manifest (`complete`) or none, by step; links neither followed nor
+// listed.
+std::vector<v1::ResumeFrom> StepDirsByManifest(const std::string& output_dir,
+                                               const std::string& checkpoint_dir, bool complete) {
   std::vector<v1::ResumeFrom> out;
   absl::StatusOr<ConfinedParent> parent =
       OpenConfinedParent(output_dir, kOutputDirFlag, "spec.checkpoint.dir",
@@ -376,16 +381,28 @@ std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_di
     }
     ScopedFd step_dir(
         openat(parent->dir.get(), name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-    if (step_dir.get() < 0 ||
-        fstatat(step_dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0) {
-      continue;  // unreadable, or complete
-    }
+    if (step_dir.get() < 0) continue;  // unreadable
+    const bool has_manifest =
+        fstatat(step_dir.get(), kCheckpointManifestName, &st, AT_SYMLINK_NOFOLLOW) == 0;
+    if (has_manifest != complete) continue;
     v1::ResumeFrom from;
     from.set_step(step);
     from.set_dir(absl::StrCat(checkpoint_dir, "/", name));
     out.push_back(std::move(from));
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_dir,
+                                                    const std::string& checkpoint_dir) {
+  return StepDirsByManifest(output_dir, checkpoint_dir, /*complete=*/false);
+}
+
+std::vector<v1::ResumeFrom> StepDirsWithManifest(const std::string& output_dir,
+                                                 const std::string& checkpoint_dir) {
+  return StepDirsByManifest(output_dir, checkpoint_dir, /*complete=*/true);
 }
 
 absl::Status RemoveCheckpointDir(const std::string& output_dir, const v1::ResumeFrom& from,

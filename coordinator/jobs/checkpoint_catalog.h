@@ -161,6 +161,10 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
 // none when the directory does not exist or cannot be read.
 std::vector<v1::ResumeFrom> StepDirsWithoutManifest(const std::string& output_dir,
                                                     const std::string& checkpoint_dir);
+// The same for the step directories that hold a manifest: complete
+// checkpoints (or ones being removed, manifest first), by step.
+std::vector<v1::ResumeFrom> StepDirsWithManifest(const std::string& output_dir,
+                                                 const std::string& checkpoint_dir);
 
 // Removes the manifest and the unit files in `from`'s directory, then the
 // directory (left in place if anything else is in it). With

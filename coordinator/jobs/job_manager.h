@@ -858,6 +858,13 @@ class JobManager {
     std::string weights;
   };
   absl::StatusOr<InitSource> ResolveInit(const ResolvedJobSpec& resolved) const;
+  // INVALID_ARGUMENT when spec.checkpoint.dir holds a complete checkpoint
+  // (an ended job's: live ones are refused under the lock) of a step after
+  // the one this job starts from: its step-N directory would take this
+  // job's files one by one, leaving neither checkpoint whole, and this
+  // job's sweeps would delete it.
+  absl::Status CheckNoLaterCheckpoints(const ResolvedJobSpec& resolved,
+                                       const InitSource& init) const;
   // Creates record.weights_file: spec.output.weights_path under the output
   // directory (confined, directories created), every tensor the upload
   // carries (weight_owner) in the model's unit order.

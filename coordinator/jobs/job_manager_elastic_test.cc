@@ -314,6 +314,47 @@ TEST_F(JobManagerElasticTest, CheckpointDirOfALiveJob_RefusedUntilItEnds) {
   EXPECT_TRUE(Submit(spec).ok());
 }
 
+// An ended job's directory may be taken again, but not while it holds a
+// complete checkpoint of a step the new job would write: the new job's
+// step-N files would replace the old checkpoint's one by one (its manifest
+// then naming checksums no file has) and its sweeps would delete it. A job
+// that starts from the newest of them writes only later steps: accepted.
+TEST_F(JobManagerElasticTest, EndedJobsDirWithLaterCompleteCheckpoints_Refused) {
+  AddWorker(7001);
+  AddWorker(7002);
+  v1::JobSpec a = ElasticSpec(1, 5);
+  a.mutable_checkpoint()->set_dir("reuse/a");
+  a.mutable_checkpoint()->set_keep(2);
+  const std::string first = Submit(a).value().id();
+  for (int step = 1; step <= 10; ++step) {
+    Step(first, step);
+    if (step % 5 == 0) CheckpointAll(first, step);
+  }
+  ASSERT_EQ(jobs_->Get(first).value().progress().checkpoint_step(), 10);
+  ASSERT_TRUE(jobs_->Cancel(first).ok());
+  AwaitEndSweeps();
+  WriteUnitFiles("reuse/a/step-00000005");
+  WriteUnitFiles("reuse/a/step-00000010");
+  absl::Status refused = jobs_->Submit(a).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_EQ(refused.message(),
+            "spec.checkpoint.dir \"reuse/a\" holds the complete checkpoint "
+            "\"reuse/a/step-00000005\" of step 5, which this job, starting at step 0, would "
+            "overwrite file by file and then delete; start from it (spec.init.from), or give this "
+            "job a directory of its own");
+  v1::JobSpec from_five = a;
+  from_five.mutable_init()->set_from("reuse/a/step-00000005");
+  refused = jobs_->Submit(from_five).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "\"reuse/a/step-00000010\" of step 10"))
+      << refused;
+  v1::JobSpec from_ten = a;
+  from_ten.mutable_init()->set_from("reuse/a/step-00000010");
+  const absl::StatusOr<v1::Job> continued = jobs_->Submit(from_ten);
+  ASSERT_TRUE(continued.ok()) << continued.status();
+  EXPECT_EQ(continued->progress().step(), 10);
+}
+
 // A checkpoint directory's files are replaced by each checkpoint and its
 // step directories deleted as they expire: a weights file there (another
 // live job's, or the job's own) would be lost, and two directories that
@@ -355,6 +396,7 @@ TEST_F(JobManagerElasticTest, InitFromALiveJobsCheckpoint_RefusedUntilItEnds) {
   EXPECT_EQ(second->progress().step(), 7);
   v1::JobSpec c = ElasticSpec(1, 7);
   c.mutable_checkpoint()->set_dir("init-from-live/a");
+  c.mutable_init()->set_from("init-from-live/a/step-00000007");  // it writes later steps only
   refused = jobs_->Submit(c).status();
   EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
   EXPECT_TRUE(absl::StrContains(refused.message(), "where job " + second->id())) << refused;
@@ -435,7 +477,12 @@ TEST_F(JobManagerElasticTest, RestartBeforeTheLateSweep_StepsWrittenAfterTheEndS
   jobs_->FlushIo();
   EXPECT_FALSE(exists(late)) << "left behind";
   EXPECT_TRUE(exists(OutputDir() + "/late/restart/step-00000005/manifest.json"));
-  EXPECT_TRUE(jobs_->Submit(reuse).ok());  // free again
+  // Free again, for a job that goes on from the complete step it holds
+  // (one starting before it would overwrite it).
+  WriteUnitFiles("late/restart/step-00000005");
+  reuse.mutable_init()->set_from("late/restart/step-00000005");
+  const absl::StatusOr<v1::Job> reused = jobs_->Submit(reuse);
+  EXPECT_TRUE(reused.ok()) << reused.status();
 }
 
 // init.from's unit files are checked at submit against the manifest: a

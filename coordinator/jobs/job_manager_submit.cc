@@ -230,6 +230,25 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
   return init;
 }
 
+absl::Status JobManager::CheckNoLaterCheckpoints(const ResolvedJobSpec& resolved,
+                                                 const InitSource& init) const {
+  const v1::CheckpointSpec& checkpoint = resolved.spec.checkpoint();
+  // An empty dir becomes checkpoints/<this job's id>, a name no job had.
+  if (checkpoint.interval_steps() == 0 || checkpoint.dir().empty() || options_.output_dir.empty()) {
+    return absl::OkStatus();
+  }
+  const int64_t start = init.checkpoint.has_value() ? init.checkpoint->step() : 0;
+  for (const v1::ResumeFrom& held : StepDirsWithManifest(options_.output_dir, checkpoint.dir())) {
+    if (held.step() <= start) continue;  // this job writes only later steps
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.checkpoint.dir \"", checkpoint.dir(), "\" holds the complete checkpoint \"",
+        held.dir(), "\" of step ", held.step(), ", which this job, starting at step ", start,
+        ", would overwrite file by file and then delete; start from it (spec.init.from), or give "
+        "this job a directory of its own"));
+  }
+  return absl::OkStatus();
+}
+
 const JobManager::JobRecord* JobManager::CheckpointDirUserLocked(const std::string& dir) const {
   for (const auto* jobs : {&jobs_, &submitting_}) {
     for (const auto& [id, record] : *jobs) {
@@ -348,6 +367,7 @@ absl::StatusOr<v1::Job> JobManager::Submit(const v1::JobSpec& spec, const std::s
   RETURN_IF_ERROR(CheckPlanningBudget(resolved));
   RETURN_IF_ERROR(CheckPaths(resolved));
   ASSIGN_OR_RETURN(InitSource init, ResolveInit(resolved));
+  RETURN_IF_ERROR(CheckNoLaterCheckpoints(resolved, init));
   std::string job_id;
   std::optional<store::StoredJob> stored;
   {

@@ -381,10 +381,11 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
 
 absl::StatusOr<v1::ReportProgressResponse> JobRunner::ReportWithRetries(
     const v1::ReportProgressRequest& r) {
-  absl::Duration backoff = absl::Milliseconds(500);
-  for (int attempt = 1;; ++attempt) {
+  absl::Duration backoff = options_.report_retry_backoff;
+  const absl::Time give_up = absl::Now() + options_.report_retry_for;
+  while (true) {
     absl::StatusOr<v1::ReportProgressResponse> reported = coordinator_->ReportProgress(r);
-    if (reported.ok() || !OutcomeUnknown(reported.status()) || attempt == kReportAttempts ||
+    if (reported.ok() || !OutcomeUnknown(reported.status()) || absl::Now() + backoff > give_up ||
         stop_.load()) {
       return reported;
     }
@@ -395,7 +396,7 @@ absl::StatusOr<v1::ReportProgressResponse> JobRunner::ReportWithRetries(
     // In slices, so that a STOP is not held up by the wait.
     const absl::Time until = absl::Now() + backoff;
     while (!stop_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
-    backoff *= 2;
+    backoff = std::min(backoff * 2, options_.report_retry_backoff * 8);
   }
 }
 

@@ -97,6 +97,11 @@ struct JobRunnerOptions {
   // larger one fails the job with RESOURCE_EXHAUSTED naming the limit,
   // before anything is allocated. 0: no bound.
   int64_t memory_limit_bytes = 0;
+  // How reports the coordinator could not take are sent again
+  // (ReportWithRetries): the first wait, doubled up to 8 times it, for at
+  // most `report_retry_for` in all. Tests shorten them.
+  absl::Duration report_retry_backoff = absl::Milliseconds(500);
+  absl::Duration report_retry_for = absl::Seconds(60);
 };
 
 // The job's name on the data plane for one plan version ("job-1/2"): a
@@ -165,16 +170,20 @@ class JobRunner {
                         const absl::StatusOr<std::vector<v1::UnitFile>>& files);
   // A report (an iteration's, a checkpoint's, the start barrier's or a
   // failure's), sent again after UNAVAILABLE or DEADLINE_EXCEEDED (a
-  // coordinator restarting, a leader change, a lost answer) up to
-  // kReportAttempts times in all, 0.5 s then 1 s then 2 s apart, unless the
-  // runner stops: a brief outage must not end a stage whose data plane is
-  // fine, nor leave a step boundary waiting for a checkpoint report that
-  // never came. Each is idempotent at the coordinator: an iteration's report
-  // is counted once (a retry of one it had applied is answered without
-  // applying it again), a checkpoint's unit files again are the same
-  // entries, and readiness or a failure said twice is said once.
+  // coordinator restarting, a leader change, a lost answer) until
+  // options_.report_retry_for (60 s) has passed since the first attempt,
+  // 0.5 s, 1 s, 2 s and then 4 s apart, unless the runner stops: an outage must not end a
+  // stage whose data plane is fine, nor leave a step boundary waiting for a
+  // checkpoint report that never came (the coordinator re-plans only once
+  // it has it, so a stage that gave up after a few seconds left the job
+  // RUNNING with every stage idle), nor lose a failure no peer would
+  // report. A coordinator gone for longer has let this worker's lease
+  // lapse meanwhile, and answers with an error that is not retried. Each
+  // report is idempotent at the coordinator: an iteration's is counted
+  // once (a retry of one it had applied is answered without applying it
+  // again), a checkpoint's unit files again are the same entries, and
+  // readiness or a failure said twice is said once.
   absl::StatusOr<v1::ReportProgressResponse> ReportWithRetries(const v1::ReportProgressRequest& r);
-  static constexpr int kReportAttempts = 4;
 
   v1::Assignment assignment_;
   Mailbox* mailbox_;

@@ -937,6 +937,50 @@ TEST(JobRunnerTest, UnavailableCheckpointReports_SentAgain) {
   EXPECT_EQ(link.failed(), 2);
 }
 
+// At a step boundary the coordinator re-plans only once every stage's
+// checkpoint report is in: one given up after a few attempts (the old
+// limit was 4) left the job RUNNING with every stage idle. Reports are now
+// sent again for report_retry_for, here through 12 failures; past it the
+// error is returned.
+TEST(JobRunnerTest, CheckpointReport_SentAgainThroughALongOutage) {
+  v1::Assignment a = OneStageAssignment(2);
+  a.mutable_spec()->mutable_checkpoint()->set_interval_steps(1);
+  a.mutable_spec()->mutable_checkpoint()->set_dir("ck");
+  JobRunnerOptions options{"w", 1};
+  options.checkpoint_root = FreshDir("checkpoint-long-outage");
+  options.report_retry_backoff = absl::Milliseconds(1);
+  InProcessFabric fabric(1);
+  FakeLink link(1);
+  link.FailCheckpointReports(12);
+  JobRunner runner(a, &fabric.mailbox(0), FabricTransports(fabric), &link, options);
+  runner.Start();
+  // Step 1 is checkpointed (step 2 is the last), then 2 iterations.
+  ASSERT_TRUE(link.AwaitReports(3));
+  runner.Stop();
+  std::vector<int64_t> checkpoints;
+  for (const v1::ReportProgressRequest& r : link.reports()) {
+    if (r.has_checkpoint()) checkpoints.push_back(r.checkpoint().step());
+  }
+  EXPECT_EQ(checkpoints, (std::vector<int64_t>{1}));
+  EXPECT_EQ(link.failed(), 12);
+
+  // An outage longer than report_retry_for: the report is given up (the
+  // run goes on; the coordinator never completes that checkpoint).
+  InProcessFabric fabric2(1);
+  FakeLink endless(1);
+  endless.FailCheckpointReports(1 << 30);
+  options.checkpoint_root = FreshDir("checkpoint-endless-outage");
+  options.report_retry_for = absl::Milliseconds(30);
+  JobRunner gives_up(a, &fabric2.mailbox(0), FabricTransports(fabric2), &endless, options);
+  gives_up.Start();
+  ASSERT_TRUE(endless.AwaitReports(2));  // the two iterations
+  ASSERT_TRUE(AwaitFinished(gives_up));
+  gives_up.Stop();
+  for (const v1::ReportProgressRequest& r : endless.reports()) EXPECT_FALSE(r.has_checkpoint());
+  EXPECT_GE(endless.failed(), 2);
+  EXPECT_LT(endless.failed(), 100);
+}
+
 // A job that ends well leaves the hook alone.
 TEST(JobRunnerTest, HealthyBackend_NeverCallsTheHook) {
   InProcessFabric fabric(2);

@@ -135,6 +135,10 @@ void JobRunner::Start() {
 
 void JobRunner::Stop() {
   stop_.store(true);
+  // gRPC's flow control holds an upload to a coordinator whose host
+  // vanished for up to its 10-minute deadline, and the thread joined below
+  // makes it.
+  upload_cancel_.Cancel();
   mailbox_->AbortJob(data_plane_job_);
   {
     // A completed job's sends may still be on their way to its peers.
@@ -796,7 +800,8 @@ absl::Status JobRunner::RunJob() {
       absl::StatusOr<std::vector<Parameter>> host = runtime->UnsplitParameterCopies(steps);
       absl::Status uploaded = host.status();
       if (uploaded.ok() && speaks) {
-        uploaded = coordinator_->UploadWeights(assignment_.job_id(), ParameterPointers(*host));
+        uploaded = coordinator_->UploadWeights(assignment_.job_id(), ParameterPointers(*host),
+                                               &upload_cancel_);
       }
       if (!uploaded.ok()) return uploaded;
     }

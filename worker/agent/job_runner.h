@@ -16,7 +16,8 @@
 // aborts receives at once (Mailbox::AbortJob, and the device group's
 // channel and replica collective, unless every step has run), and sends
 // too unless every step has run (Transport::Abort: a send to a stalled
-// peer would wait up to a minute), and joins. A
+// peer would wait up to a minute), cancels a weights upload in flight
+// (CallCancel), and joins. A
 // job that ends early (failed or stopped) aborts them before anything waits
 // on the device, as its peers may never send what a queued receive or sum
 // waits for.
@@ -41,6 +42,7 @@
 #include "absl/status/status.h"
 #include "common/annotated_mutex.h"
 #include "proto/pipetrain/v1/coordinator.pb.h"
+#include "worker/agent/call_cancel.h"
 #include "worker/checkpoint/checkpoint_hold.h"
 #include "worker/model/unit.h"
 #include "worker/runtime/stage_runtime.h"
@@ -56,9 +58,10 @@ class CoordinatorLink {
   virtual ~CoordinatorLink() = default;
   virtual absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request) = 0;
-  // Sends every parameter's value as chunks; ends the upload.
+  // Sends every parameter's value as chunks; ends the upload. `cancel`
+  // (may be null) cuts it short from another thread: CANCELLED.
   virtual absl::Status UploadWeights(const std::string& job_id,
-                                     const std::vector<Parameter*>& params) = 0;
+                                     const std::vector<Parameter*>& params, CallCancel* cancel) = 0;
 };
 
 // Builds the stage's transport: (stage, peer data-plane addresses, the
@@ -194,6 +197,7 @@ class JobRunner {
   std::atomic<bool> stop_{false};
   std::atomic<bool> finished_{false};
   std::atomic<bool> completed_{false};  // every step ran and was reported
+  CallCancel upload_cancel_;            // the weights upload's, cancelled by Stop()
   bool reported_ = false;  // the failure went to the coordinator (runner thread only)
   const std::string data_plane_job_;
   double resume_load_seconds_ = 0;  // runner thread only

@@ -82,11 +82,37 @@ class FakeLink : public CoordinatorLink {
     changed_.notify_all();
     return response;
   }
-  absl::Status UploadWeights(const std::string& job_id,
-                             const std::vector<Parameter*>& params) override {
-    std::lock_guard<std::mutex> lock(mu_);
+  absl::Status UploadWeights(const std::string& job_id, const std::vector<Parameter*>& params,
+                             CallCancel* cancel) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stall_uploads_) {
+      // As a gRPC stream held by flow control: only a cancel ends it.
+      bool cancelled = false;
+      const CallCancel::Scope scope(cancel, [&] {
+        std::lock_guard<std::mutex> inner(cancel_mu_);
+        cancelled = true;
+        cancel_cv_.notify_all();
+      });
+      if (!scope.active()) return absl::CancelledError("cancelled");
+      ++uploads_stalled_;
+      changed_.notify_all();
+      lock.unlock();
+      std::unique_lock<std::mutex> wait(cancel_mu_);
+      cancel_cv_.wait(wait, [&] { return cancelled; });
+      return absl::CancelledError("cancelled");
+    }
     for (const Parameter* p : params) uploaded_.push_back(p->name);
     return absl::OkStatus();
+  }
+  // Uploads block from now on until cancelled (CallCancel).
+  void StallUploads() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stall_uploads_ = true;
+  }
+  // Waits (bounded) until an upload is stalled.
+  bool AwaitStalledUpload() {
+    std::unique_lock<std::mutex> lock(mu_);
+    return changed_.wait_for(lock, std::chrono::seconds(30), [&] { return uploads_stalled_ > 0; });
   }
   // Waits (bounded) until `n` reports arrived.
   bool AwaitReports(size_t n) {
@@ -139,6 +165,10 @@ class FakeLink : public CoordinatorLink {
 
  private:
   bool ended_ = false;
+  bool stall_uploads_ = false;
+  int uploads_stalled_ = 0;
+  std::mutex cancel_mu_;
+  std::condition_variable cancel_cv_;
   int fail_left_ = 0;
   int checkpoint_fail_left_ = 0;
   int ready_fail_left_ = 0;
@@ -910,6 +940,31 @@ TEST(JobRunnerTest, JobEndedBeforeTheStartBarrier_StopsWithoutReportingAnError) 
     EXPECT_TRUE(r.error().empty()) << r.error();
   }
   for (auto& r : runners) r->Stop();
+}
+
+// An upload gRPC's flow control holds (the coordinator's host gone
+// without a reset) is cut short by Stop: before, Stop waited out the
+// upload's 10-minute deadline, and the worker's heartbeat thread, which
+// stops runners, with it.
+TEST(JobRunnerTest, StalledWeightsUpload_CancelledByStop) {
+  InProcessFabric fabric(2);
+  FakeLink link;
+  link.StallUploads();
+  std::vector<std::unique_ptr<JobRunner>> runners;
+  for (int s = 0; s < 2; ++s) {
+    auto factory = [&fabric](int stage, const std::vector<std::string>&, const JobCredential&) {
+      return fabric.Connect(stage);
+    };
+    runners.push_back(std::make_unique<JobRunner>(Assignment(s, 2, true, Schedule::kOneFOneB),
+                                                  &fabric.mailbox(s), factory, &link,
+                                                  JobRunnerOptions{"w" + std::to_string(s), 1}));
+  }
+  for (auto& r : runners) r->Start();
+  ASSERT_TRUE(link.AwaitStalledUpload());
+  for (auto& r : runners) r->Stop();  // returns: the upload was cancelled
+  for (auto& r : runners) EXPECT_TRUE(r->finished());
+  EXPECT_TRUE(link.uploaded().empty());
+  for (const v1::ReportProgressRequest& r : link.reports()) EXPECT_FALSE(r.finished());
 }
 
 // A checkpoint's report the coordinator could not take is sent again, as an

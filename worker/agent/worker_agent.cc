@@ -41,9 +41,11 @@ class WorkerAgent::GrpcLink : public CoordinatorLink {
     return response;
   }
 
-  absl::Status UploadWeights(const std::string& job_id,
-                             const std::vector<Parameter*>& params) override {
+  absl::Status UploadWeights(const std::string& job_id, const std::vector<Parameter*>& params,
+                             CallCancel* cancel) override {
     grpc::ClientContext context;
+    const CallCancel::Scope cancellable(cancel, [&context] { context.TryCancel(); });
+    if (!cancellable.active()) return absl::CancelledError("the weights upload was cancelled");
     SetDeadline(&context, absl::Minutes(10));
     AddBearer(context, agent_->session_->Get());
     v1::UploadWeightsResponse response;

@@ -800,10 +800,10 @@ struct OpenedHeader {
 
 // Reads and checks the header alone (at most 16 MiB, whatever the file's
 // size), against the file's size: ReadSafetensors's checks but the data's.
-absl::StatusOr<OpenedHeader> ReadHeader(const std::string& path) {
+// ReadHeader of the file open at `fd` (taken over).
+absl::StatusOr<OpenedHeader> ReadHeaderFrom(ScopedFd file, const std::string& path) {
   OpenedHeader opened;
-  opened.fd = open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // as ReadWholeFile
-  if (opened.fd < 0) return ErrnoError(errno, "cannot open safetensors file", path);
+  opened.fd = file.release();
   const int fd = opened.fd;
   struct stat st;
   if (fstat(fd, &st) != 0) return ErrnoError(errno, "cannot stat", path);
@@ -830,19 +830,15 @@ absl::StatusOr<OpenedHeader> ReadHeader(const std::string& path) {
   return opened;
 }
 
-}  // namespace
-
-absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::string& path) {
-  ASSIGN_OR_RETURN(OpenedHeader opened, ReadHeader(path));
-  std::vector<SafetensorsShape> shapes;
-  shapes.reserve(opened.entries.size());
-  for (Entry& e : opened.entries) shapes.push_back({std::move(e.name), std::move(e.shape)});
-  return shapes;
+absl::StatusOr<OpenedHeader> ReadHeader(const std::string& path) {
+  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));  // as ReadWholeFile
+  if (fd.get() < 0) return ErrnoError(errno, "cannot open safetensors file", path);
+  return ReadHeaderFrom(std::move(fd), path);
 }
 
-absl::StatusOr<SafetensorsContents> ReadSafetensorsTensors(
-    const std::string& path, const std::function<bool(std::string_view)>& wanted) {
-  ASSIGN_OR_RETURN(OpenedHeader opened, ReadHeader(path));
+absl::StatusOr<SafetensorsContents> ReadWanted(
+    OpenedHeader opened, const std::string& path,
+    const std::function<bool(std::string_view)>& wanted) {
   SafetensorsContents contents;
   contents.metadata = std::move(opened.metadata);
   for (const Entry& e : opened.entries) {
@@ -854,6 +850,35 @@ absl::StatusOr<SafetensorsContents> ReadSafetensorsTensors(
     contents.tensors.push_back({e.name, Decode(e, raw.data.get())});
   }
   return contents;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapesFrom(ScopedFd fd,
+                                                                        const std::string& path) {
+  ASSIGN_OR_RETURN(OpenedHeader opened, ReadHeaderFrom(std::move(fd), path));
+  std::vector<SafetensorsShape> shapes;
+  shapes.reserve(opened.entries.size());
+  for (Entry& e : opened.entries) shapes.push_back({std::move(e.name), std::move(e.shape)});
+  return shapes;
+}
+
+absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::string& path) {
+  ScopedFd fd(open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) return ErrnoError(errno, "cannot open safetensors file", path);
+  return ReadSafetensorsShapesFrom(std::move(fd), path);
+}
+
+absl::StatusOr<SafetensorsContents> ReadSafetensorsTensors(
+    const std::string& path, const std::function<bool(std::string_view)>& wanted) {
+  ASSIGN_OR_RETURN(OpenedHeader opened, ReadHeader(path));
+  return ReadWanted(std::move(opened), path, wanted);
+}
+
+absl::StatusOr<SafetensorsContents> ReadSafetensorsTensorsFrom(
+    ScopedFd fd, const std::string& path, const std::function<bool(std::string_view)>& wanted) {
+  ASSIGN_OR_RETURN(OpenedHeader opened, ReadHeaderFrom(std::move(fd), path));
+  return ReadWanted(std::move(opened), path, wanted);
 }
 
 }  // namespace pipetrain

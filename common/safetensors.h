@@ -30,6 +30,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/annotated_mutex.h"
+#include "common/confined_path.h"
 #include "common/tensor.h"
 
 namespace pipetrain {
@@ -183,6 +184,10 @@ struct SafetensorsShape {
   Shape shape;
 };
 absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::string& path);
+// The same from the file open at `fd` (taken over and closed; e.g. opened
+// by OpenRealPathNoLinks after a root check); `path` names it in errors.
+absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapesFrom(ScopedFd fd,
+                                                                        const std::string& path);
 
 // ReadSafetensors of only the tensors `wanted` accepts (by name), in the
 // file's data order: the header is read and checked whole as ReadSafetensors
@@ -193,6 +198,10 @@ absl::StatusOr<std::vector<SafetensorsShape>> ReadSafetensorsShapes(const std::s
 // while read; other errors as ReadSafetensors.
 absl::StatusOr<SafetensorsContents> ReadSafetensorsTensors(
     const std::string& path, const std::function<bool(std::string_view)>& wanted);
+// The same from the file open at `fd` (taken over and closed), as
+// ReadSafetensorsShapesFrom.
+absl::StatusOr<SafetensorsContents> ReadSafetensorsTensorsFrom(
+    ScopedFd fd, const std::string& path, const std::function<bool(std::string_view)>& wanted);
 
 // ReadSafetensors of a file already in memory (e.g. read once to check its
 // checksum); `path` only names it in errors.

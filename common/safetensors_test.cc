@@ -504,6 +504,43 @@ TEST(SafetensorsTest, ReadTensors_WantedOnly_SameBitsAsTheWholeRead) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// From a descriptor opened beforehand (OpenRealPathNoLinks after a root
+// check): what the by-path reads give, read through that descriptor even
+// once the name points elsewhere; `path` only names the file in errors.
+TEST(SafetensorsTest, ReadFromAnOpenFile_AsByPath_WhateverTheNameBecame) {
+  const std::string path = TestDir() + "/opened.safetensors";
+  ASSERT_TRUE(WriteSafetensors(path, SampleTensors()).ok());
+  const SafetensorsContents whole = ReadSafetensors(path).value();
+  ScopedFd for_shapes(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ScopedFd for_tensors(open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_GE(for_shapes.get(), 0);
+  ASSERT_GE(for_tensors.get(), 0);
+  const std::string other = TestDir() + "/other.safetensors";
+  ASSERT_TRUE(WriteSafetensors(other, {{"only", Tensor::Filled({2}, 1.f)}}).ok());
+  ASSERT_EQ(rename(other.c_str(), path.c_str()), 0);  // the name now names another file
+  const absl::StatusOr<std::vector<SafetensorsShape>> shapes =
+      ReadSafetensorsShapesFrom(std::move(for_shapes), path);
+  ASSERT_TRUE(shapes.ok()) << shapes.status();
+  ASSERT_EQ(shapes->size(), whole.tensors.size());
+  const absl::StatusOr<SafetensorsContents> read = ReadSafetensorsTensorsFrom(
+      std::move(for_tensors), path, [](std::string_view) { return true; });
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->tensors.size(), whole.tensors.size());
+  for (size_t i = 0; i < whole.tensors.size(); ++i) {
+    EXPECT_EQ(read->tensors[i].name, whole.tensors[i].name);
+    ASSERT_EQ(read->tensors[i].tensor.shape(), whole.tensors[i].tensor.shape());
+    EXPECT_EQ(std::memcmp(read->tensors[i].tensor.data(), whole.tensors[i].tensor.data(),
+                          static_cast<size_t>(whole.tensors[i].tensor.size_bytes())),
+              0)
+        << whole.tensors[i].name;  // bitwise: the samples hold a NaN
+  }
+  // A directory's descriptor is not a file: refused naming `path`.
+  ScopedFd dir(open(TestDir().c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const absl::Status not_file = ReadSafetensorsShapesFrom(std::move(dir), path).status();
+  EXPECT_FALSE(not_file.ok());
+  EXPECT_THAT(std::string(not_file.message()), HasSubstr(path));
+}
+
 // The header read, the file then shrinks before a wanted tensor's bytes
 // (another process rewrote it in place): DATA_LOSS saying so, not a tensor
 // of whatever the read left in the buffer.

@@ -141,7 +141,14 @@ absl::StatusOr<JobManager::InitSource> JobManager::ResolveInit(
     // Every tensor the model needs, with its shape: checked now, so a job
     // never starts on weights that do not fit. From the header alone: the
     // file may be gigabytes, and Submit is a user's request.
-    absl::StatusOr<std::vector<SafetensorsShape>> contents = ReadSafetensorsShapes(path);
+    // Opened following no link: a directory on the way swapped for a link
+    // out of the output directory since realpath is refused, not read.
+    absl::StatusOr<ScopedFd> file = OpenRealPathNoLinks("spec.init.from", path);
+    if (!file.ok()) {  // its INVALID_ARGUMENT names the field already
+      return absl::IsInvalidArgument(file.status()) ? file.status() : invalid(file.status());
+    }
+    absl::StatusOr<std::vector<SafetensorsShape>> contents =
+        ReadSafetensorsShapesFrom(*std::move(file), path);
     if (!contents.ok()) return invalid(contents.status());
     auto find = [&contents](const std::string& name) -> const Shape* {
       for (const SafetensorsShape& s : *contents) {

@@ -350,7 +350,12 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
   for (int u : units) {
     for (const ParameterShape& p : UnitParameterShapes(model, u)) names.push_back(p.name);
   }
-  ASSIGN_OR_RETURN(SafetensorsContents contents, ReadParameterTensors(path, names));
+  // Opened following no link: one swapped in after the root check (a
+  // directory on the way replaced by a link out of the root) is refused,
+  // not read, as spec.data.path's is.
+  ASSIGN_OR_RETURN(ScopedFd file, OpenRealPathNoLinks("spec.init.from", path));
+  ASSIGN_OR_RETURN(SafetensorsContents contents,
+                   ReadParameterTensors(path, names, std::move(file)));
   std::vector<UnitState> states;
   for (int u : units) {
     UnitState state;

@@ -74,7 +74,8 @@ absl::Status ImportWeights(const SafetensorsContents& contents,
 }
 
 absl::StatusOr<SafetensorsContents> ReadParameterTensors(const std::string& path,
-                                                         const std::vector<std::string>& names) {
+                                                         const std::vector<std::string>& names,
+                                                         ScopedFd opened) {
   // Only these tensors (either name form) are read and converted: a file's
   // other tensors (an HF lm_head, optimizer state, other stages' units)
   // cost nothing.
@@ -83,8 +84,9 @@ absl::StatusOr<SafetensorsContents> ReadParameterTensors(const std::string& path
     wanted.insert(name);
     wanted.insert("transformer." + name);
   }
-  return ReadSafetensorsTensors(
-      path, [&wanted](std::string_view name) { return wanted.count(name) > 0; });
+  auto want = [&wanted](std::string_view name) { return wanted.count(name) > 0; };
+  if (opened.get() >= 0) return ReadSafetensorsTensorsFrom(std::move(opened), path, want);
+  return ReadSafetensorsTensors(path, want);
 }
 
 absl::Status LoadWeights(const std::string& path, const std::vector<Parameter*>& params) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "common/confined_path.h"
 #include "common/safetensors.h"
 #include "worker/model/unit.h"
 
@@ -71,9 +72,12 @@ absl::StatusOr<const Tensor*> FindParameterTensor(const SafetensorsContents& con
 // The tensors of the parameters `names` from the safetensors file at
 // `path`, each under its name or with the "transformer." prefix, and no
 // others: ReadSafetensorsTensors (a file's other tensors are neither read
-// nor converted). Errors as ReadSafetensors.
+// nor converted). Errors as ReadSafetensors. With `opened` (a descriptor of
+// the file, taken over: e.g. OpenRealPathNoLinks's after a root check), the
+// file is read from it and `path` only names it.
 absl::StatusOr<SafetensorsContents> ReadParameterTensors(const std::string& path,
-                                                         const std::vector<std::string>& names);
+                                                         const std::vector<std::string>& names,
+                                                         ScopedFd opened = ScopedFd());
 
 // ReadParameterTensors + ImportWeights; messages start with the path.
 absl::Status LoadWeights(const std::string& path, const std::vector<Parameter*>& params);

@@ -276,6 +276,20 @@ TEST_F(CheckpointExportTest, LocateCheckpoint_DirOfTwoJobs_RefusedNamingThem) {
   EXPECT_TRUE(LocateCheckpoint(StepPath(10)).ok());  // named: fine
 }
 
+// A step-* entry that is a symbolic link (to a checkpoint elsewhere) is
+// not taken for the job directory's newest step: it could lead out of the
+// directory the coordinator checked under its --output-dir.
+TEST_F(CheckpointExportTest, LocateCheckpoint_LinkedStepDir_NotFollowed) {
+  WriteCheckpoint(MakeSnapshot(5));
+  WriteCheckpoint(MakeSnapshot(10));
+  const std::string elsewhere = absl::StrCat(root_, "/elsewhere");
+  ASSERT_EQ(rename(StepPath(10).c_str(), elsewhere.c_str()), 0);
+  ASSERT_EQ(symlink(elsewhere.c_str(), StepPath(99).c_str()), 0);
+  const absl::StatusOr<CheckpointLocation> at = LocateCheckpoint(absl::StrCat(root_, "/", kJobDir));
+  ASSERT_TRUE(at.ok()) << at.status();
+  EXPECT_EQ(at->dir, StepDirName(5));
+}
+
 TEST_F(CheckpointExportTest, RunCheckpoint_JobDir_ExportsNewestStepWithManifest) {
   WriteCheckpoint(MakeSnapshot(5));
   const StageSnapshot newest = MakeSnapshot(10);

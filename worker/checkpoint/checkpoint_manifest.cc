@@ -279,7 +279,7 @@ bool Exists(const std::string& path) {
 }
 
 // The step-* directory in `dir` (a real path) with the highest step whose
-// manifest.json exists; empty when none.
+// manifest.json exists, links neither followed nor listed; empty when none.
 absl::StatusOr<std::string> NewestStepDir(const std::string& dir, const std::string& shown) {
   std::unique_ptr<DIR, int (*)(DIR*)> stream(opendir(dir.c_str()), closedir);
   if (stream == nullptr) return absl::ErrnoToStatus(errno, absl::StrCat("cannot list ", shown));
@@ -292,6 +292,10 @@ absl::StatusOr<std::string> NewestStepDir(const std::string& dir, const std::str
     const std::string name = entry->d_name;
     int64_t step = 0;
     if (!ParseStepDirName(name, &step)) continue;
+    // A step-* that is a link is not followed: it could lead out of the
+    // directory the caller resolved and checked (an output dir's).
+    struct stat st;
+    if (lstat(absl::StrCat(dir, "/", name).c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) continue;
     const std::string manifest = absl::StrCat(dir, "/", name, "/", kCheckpointManifestName);
     if (!Exists(manifest)) continue;
     absl::StatusOr<CheckpointManifest> read = ReadCheckpointManifest(manifest);

@@ -296,21 +296,6 @@ absl::Status CommitTemporary(int dir_fd, int fd, const std::string& tmp, const s
   return absl::OkStatus();
 }
 
-// A fresh temporary name for `name` (see WriteInDirectory).
-std::string TempNameFor(const std::string& name) {
-  // "<name>.tmp.<pid>" exceeded NAME_MAX for a name near it (CheckConfinedName
-  // allows 255 bytes), failing the write after training. The temporary name
-  // keeps at most kTempPrefixBytes of `name` (so "unit-..." temporaries of a
-  // writer that died stay recognisable: coordinator/jobs/checkpoint_catalog.cc)
-  // and a pid and a per-process number: a random 64-bit start, then one more
-  // per write. Names never repeat, neither within a process nor across
-  // processes whose pids do (containers restarted as pid 1, or sharing a
-  // volume): at most 200 + 5 + 10 + 1 + 20 = 236 bytes.
-  static std::atomic<uint64_t> next_temp{std::random_device()() |
-                                         (uint64_t{std::random_device()()} << 32)};
-  return absl::StrCat(name.substr(0, kTempPrefixBytes), ".tmp.", getpid(), ".",
-                      next_temp.fetch_add(1));
-}
 
 absl::Status WriteAllAt(int fd, const void* data, size_t size, uint64_t offset,
                         const std::string& path) {
@@ -588,6 +573,22 @@ absl::StatusOr<std::vector<Entry>> ParseEntries(const std::string& path, const j
 }
 
 }  // namespace
+
+// See safetensors.h; WriteInDirectory uses it.
+std::string TempNameFor(const std::string& name) {
+  // "<name>.tmp.<pid>" exceeded NAME_MAX for a name near it (CheckConfinedName
+  // allows 255 bytes), failing the write after training. The temporary name
+  // keeps at most kTempPrefixBytes of `name` (so "unit-..." temporaries of a
+  // writer that died stay recognisable: coordinator/jobs/checkpoint_catalog.cc)
+  // and a pid and a per-process number: a random 64-bit start, then one more
+  // per write. Names never repeat, neither within a process nor across
+  // processes whose pids do (containers restarted as pid 1, or sharing a
+  // volume): at most 200 + 5 + 10 + 1 + 20 = 236 bytes.
+  static std::atomic<uint64_t> next_temp{std::random_device()() |
+                                         (uint64_t{std::random_device()()} << 32)};
+  return absl::StrCat(name.substr(0, kTempPrefixBytes), ".tmp.", getpid(), ".",
+                      next_temp.fetch_add(1));
+}
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                               const SafetensorsMetadata& metadata) {

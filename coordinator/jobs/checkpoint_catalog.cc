@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/confined_path.h"
+#include "common/safetensors.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint_manifest.h"
@@ -326,9 +327,12 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
                                       absl::StrCat(from.dir(), "/", kCheckpointManifestName),
                                       /*create_dirs=*/true));
   const std::string path = absl::StrCat(output_dir, "/", from.dir(), "/", kCheckpointManifestName);
-  const std::string temp = absl::StrCat(kCheckpointManifestName, ".tmp.", getpid());
+  // Unique: "manifest.json.tmp.<pid>" was unlinked and created again, so
+  // two coordinators of one pid (containers sharing the volume) could
+  // rename each other's half-written manifest into place. A crashed
+  // attempt's temporary goes with the step directory (RemoveCheckpointDir).
+  const std::string temp = TempNameFor(kCheckpointManifestName);
   const int dir = parent.dir.get();
-  unlinkat(dir, temp.c_str(), 0);  // a crashed earlier attempt's
   ScopedFd fd(
       openat(dir, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
   if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", path));

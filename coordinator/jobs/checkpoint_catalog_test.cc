@@ -1,12 +1,20 @@
 #include "coordinator/jobs/checkpoint_catalog.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "gtest/gtest.h"
+#include "worker/checkpoint/checkpoint_manifest.h"
 
 namespace pipetrain {
 namespace {
@@ -290,6 +298,48 @@ TEST_F(CheckpointCatalogTest, TakeIncomplete_StepsNeverCompletedOrHandedOver) {
   EXPECT_EQ(steps, (std::vector<int64_t>{2, 5}));
   EXPECT_TRUE(catalog_.TakeIncomplete().empty());  // handed over once
   EXPECT_TRUE(catalog_.Holds(4));
+}
+
+// The manifest's temporary is this write's alone: "manifest.json.tmp.<pid>"
+// was unlinked and created again, so two coordinators of one pid (each pid
+// 1 in its container, one volume) could rename each other's half-written
+// manifest into place. Another writer's temporary under that old name is
+// now left alone.
+TEST(WriteCheckpointManifestTest, AnotherWritersTemporary_LeftAlone) {
+  const std::string root = absl::StrCat(std::getenv("TEST_TMPDIR"), "/manifest-temp");
+  const std::string step_dir = root + "/ck/step-00000005";
+  std::filesystem::create_directories(step_dir);
+  const std::string theirs = absl::StrCat(step_dir, "/manifest.json.tmp.", getpid());
+  std::ofstream(theirs) << "another writer's, half written";
+  v1::ResumeFrom from;
+  from.set_step(5);
+  from.set_dir("ck/step-00000005");
+  for (int u = 0; u < 4; ++u) {  // one layer: embed, attention, MLP, head
+    v1::UnitFile* unit = from.add_units();
+    unit->set_unit(u);
+    unit->set_file(absl::StrFormat("unit-%04d.safetensors", u));
+    unit->set_bytes(10);
+    unit->set_sha256(std::string(64, 'a'));
+  }
+  v1::ModelSpec model;
+  model.set_n_layer(1);
+  model.set_n_head(1);
+  model.set_d_model(8);
+  model.set_vocab_size(16);
+  model.set_max_seq_len(8);
+  ASSERT_TRUE(WriteCheckpointManifest(root, "job-1", model, 7, from).ok());
+  std::ifstream in(theirs);
+  const std::string left((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(left, "another writer's, half written");
+  const absl::StatusOr<CheckpointManifest> manifest =
+      ReadCheckpointManifest(step_dir + "/manifest.json");
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->step, 5);
+  EXPECT_EQ(manifest->job_id, "job-1");
+  // Only the manifest and that temporary: this write's own is gone.
+  int entries = 0;
+  for (const auto& e : std::filesystem::directory_iterator(step_dir)) ++entries, (void)e;
+  EXPECT_EQ(entries, 2);
 }
 
 }  // namespace

@@ -4,13 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <climits>
 #include <cstdio>
 #include <fstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/temp_file.h"
 
 namespace pipetrain {
 
@@ -137,7 +137,6 @@ absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
   const auto discard = [&staged] {
     for (const Staged& s : staged) std::remove(s.temp.c_str());
   };
-  static std::atomic<uint64_t> next_temp{0};
   for (const OutputFile& file : files) {
     struct stat info;
     const bool in_place = lstat(file.path.c_str(), &info) == 0 && !S_ISREG(info.st_mode);
@@ -148,12 +147,14 @@ absl::Status WriteFilesOrNone(const std::vector<OutputFile>& files) {
       }
       continue;
     }
-    const std::string temp =
-        absl::StrCat(file.path, ".tmp.", getpid(), ".", next_temp.fetch_add(1));
-    absl::Status wrote = WriteOne(temp, file.text, file.path);
+    // Created exclusively under a name nobody can guess: an existing file
+    // or link there (planted in a shared directory) is not written through.
+    const std::string temp = TempPathFor(file.path);
+    absl::Status wrote = WriteNewFile(temp, file.text, 0666);
     if (!wrote.ok()) {
-      std::remove(temp.c_str());
-      discard();
+      wrote = absl::Status(wrote.code(),
+                           absl::StrCat("cannot write ", file.path, " (", wrote.message(), ")"));
+      discard();  // WriteNewFile left nothing of its own at `temp`
       return wrote;
     }
     staged.push_back({temp, file.path});

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/temp_file.h"
 #include "nlohmann/json.hpp"
 
 namespace pipetrain {
@@ -13,15 +14,14 @@ absl::Status WritePortsFile(const std::string& path,
                             const std::vector<std::pair<std::string, int>>& ports) {
   nlohmann::json json = nlohmann::json::object();
   for (const auto& [name, port] : ports) json[name] = port;
-  const std::string temporary = path + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::trunc);
-    out << json.dump() << "\n";
-    if (!out.flush()) {
-      return absl::PermissionDeniedError(absl::StrCat("cannot write ports file ", temporary));
-    }
+  // A fresh temporary created exclusively: "<path>.tmp" could be a file or
+  // link another user planted in a shared directory, written through.
+  const std::string temporary = TempPathFor(path);
+  if (absl::Status written = WriteNewFile(temporary, json.dump() + "\n", 0666); !written.ok()) {
+    return absl::PermissionDeniedError(absl::StrCat("ports file: ", written.message()));
   }
   if (std::rename(temporary.c_str(), path.c_str()) != 0) {
+    std::remove(temporary.c_str());
     return absl::PermissionDeniedError(
         absl::StrCat("cannot rename ports file ", temporary, " to ", path));
   }

@@ -24,6 +24,7 @@
 #include "common/confined_path.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/temp_file.h"
 #include "nlohmann/json.hpp"
 
 // The format is little-endian and tensor bytes are copied as they are.
@@ -44,8 +45,6 @@ constexpr char kMetadataKey[] = "__metadata__";
 constexpr uint64_t kMaxHeaderBytes = uint64_t{16} << 20;
 constexpr uint64_t kLengthBytes = 8;
 constexpr uint64_t kDataAlignment = 8;
-// The most bytes of the final name a temporary file's name repeats.
-constexpr size_t kTempPrefixBytes = 200;
 
 // ---------------------------------------------------------------------------
 // File I/O.
@@ -574,21 +573,6 @@ absl::StatusOr<std::vector<Entry>> ParseEntries(const std::string& path, const j
 
 }  // namespace
 
-// See safetensors.h; WriteInDirectory uses it.
-std::string TempNameFor(const std::string& name) {
-  // "<name>.tmp.<pid>" exceeded NAME_MAX for a name near it (CheckConfinedName
-  // allows 255 bytes), failing the write after training. The temporary name
-  // keeps at most kTempPrefixBytes of `name` (so "unit-..." temporaries of a
-  // writer that died stay recognisable: coordinator/jobs/checkpoint_catalog.cc)
-  // and a pid and a per-process number: a random 64-bit start, then one more
-  // per write. Names never repeat, neither within a process nor across
-  // processes whose pids do (containers restarted as pid 1, or sharing a
-  // volume): at most 200 + 5 + 10 + 1 + 20 = 236 bytes.
-  static std::atomic<uint64_t> next_temp{std::random_device()() |
-                                         (uint64_t{std::random_device()()} << 32)};
-  return absl::StrCat(name.substr(0, kTempPrefixBytes), ".tmp.", getpid(), ".",
-                      next_temp.fetch_add(1));
-}
 
 absl::Status WriteSafetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
                               const SafetensorsMetadata& metadata) {

@@ -42,13 +42,6 @@ struct NamedTensor {
 
 using SafetensorsMetadata = std::map<std::string, std::string>;
 
-// A fresh name for a temporary of the file `name` in its directory,
-// "<name>.tmp.<pid>.<n>" with at most the first 200 bytes of `name`: it
-// repeats neither within a process nor across processes whose pids do
-// (containers each pid 1 sharing a volume), so no other writer's
-// temporary is ever taken or removed. Thread-safe.
-std::string TempNameFor(const std::string& name);
-
 // Writes `tensors` to `path` in the given order, contiguous, dtype "F32", with
 // shapes from Tensor::shape() and `metadata` as "__metadata__" (omitted when
 // empty). The header is padded with spaces so the data buffer starts at an

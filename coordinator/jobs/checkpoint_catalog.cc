@@ -16,8 +16,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/confined_path.h"
-#include "common/safetensors.h"
 #include "common/status_macros.h"
+#include "common/temp_file.h"
 #include "nlohmann/json.hpp"
 #include "worker/checkpoint/checkpoint_manifest.h"
 

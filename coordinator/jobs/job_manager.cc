@@ -10,9 +10,11 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/proto_time.h"
+#include "common/status_macros.h"
 #include "coordinator/jobs/plan_drawings.h"
 #include "coordinator/planner/measured_timeline.h"
 #include "coordinator/planner/timeline_render.h"
@@ -81,10 +83,20 @@ void JobManager::TouchLocked(JobRecord& record) {
   *record.job.mutable_update_time() = ToProtoTimestamp(clock_->Now());
 }
 
+absl::Status CheckIdArgument(absl::string_view field, absl::string_view id) {
+  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  if (id.size() > kMaxIdBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " ", EchoInput(id), " is ", id.size(),
+                                                   " bytes; the limit is ", kMaxIdBytes));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<v1::Job> JobManager::Get(const std::string& job_id) const {
+  RETURN_IF_ERROR(CheckIdArgument("job id", job_id));
   AnnotatedMutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", EchoInput(job_id)));
   return it->second->job;
 }
 
@@ -112,10 +124,11 @@ std::vector<v1::Job> JobManager::List() const {
 absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
   v1::Job cancelled;
   auto saved = std::make_shared<absl::Status>();  // set on the io thread, read after FlushIo
+  RETURN_IF_ERROR(CheckIdArgument("job id", job_id));
   {
     AnnotatedMutexLock lock(&mu_);
     JobRecord* record = FindLocked(job_id);
-    if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+    if (record == nullptr) return absl::NotFoundError(absl::StrCat("no job ", EchoInput(job_id)));
     const bool unsaved_cancel = record->job.state() == v1::JOB_STATE_CANCELLED &&
                                 (unsaved_.count(job_id) > 0 || record->cancel_unconfirmed);
     if (IsTerminal(record->job.state()) && !unsaved_cancel) {
@@ -152,10 +165,11 @@ absl::StatusOr<v1::Job> JobManager::Cancel(const std::string& job_id) {
 absl::StatusOr<v1::Plan> JobManager::GetPlan(const std::string& job_id, PlanParts parts) const {
   v1::Plan plan;
   MeasuredStepCopy measured;
+  RETURN_IF_ERROR(CheckIdArgument("job id", job_id));
   {
     AnnotatedMutexLock lock(&mu_);
     auto it = jobs_.find(job_id);
-    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", job_id));
+    if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("no job ", EchoInput(job_id)));
     if (it->second->plan.version() == 0) {
       const v1::JobState state = it->second->job.state();
       return absl::FailedPreconditionError(

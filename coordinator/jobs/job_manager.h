@@ -146,6 +146,13 @@ inline constexpr int kMaxRecoveriesWithoutProgress = 3;
 inline constexpr size_t kMaxStoredExpiring = 64;
 // The longest SubmitJobRequest.request_id: a UUID (36) with room to spare.
 inline constexpr size_t kMaxRequestIdBytes = 128;
+// The longest job or worker id a call may name (GetJob, CancelJob, GetPlan,
+// DrainWorker and their REST paths). The ids this coordinator makes
+// ("job-<epoch>-<n>", "w-<n>") are far shorter; a longer one is
+// INVALID_ARGUMENT before any lookup, and errors quote at most 64 bytes of it.
+inline constexpr size_t kMaxIdBytes = 128;
+// INVALID_ARGUMENT naming `field` when `id` is empty or longer than kMaxIdBytes.
+absl::Status CheckIdArgument(absl::string_view field, absl::string_view id);
 // Profiles a job tries on workers that leave during them (JobManager::
 // FinishProfiling) before it plans on the analytic profile.
 inline constexpr int kMaxProfileAttempts = 3;

@@ -325,6 +325,7 @@ bool JobManager::IsDrained(const v1::Worker& worker) const {
 }
 
 absl::StatusOr<v1::Worker> JobManager::Drain(const std::string& worker_id) {
+  RETURN_IF_ERROR(CheckIdArgument("worker id", worker_id));
   absl::StatusOr<v1::Worker> drained;
   {
     AnnotatedMutexLock lock(&mu_);

@@ -955,6 +955,36 @@ TEST_F(JobManagerTest, Cancel_EndsOnceThenIsFailedPrecondition) {
   EXPECT_EQ(jobs_.Cancel("job-99").status().code(), absl::StatusCode::kNotFound);
 }
 
+// The ids a user names are bounded before any lookup, and a NOT_FOUND quotes
+// an unknown id escaped: a request cannot grow the answer or the log line, or
+// put control bytes in either.
+TEST_F(JobManagerTest, IdArguments_BoundedAndQuotedEscaped) {
+  AddWorker(7001);
+  const std::string id = Submit(SmallSpec(1)).value().id();
+  const std::string longest(kMaxIdBytes, 'j');
+  const std::string too_long(kMaxIdBytes + 1, 'j');
+  for (const std::string& bad : {std::string(), too_long}) {
+    for (const absl::Status& refused :
+         {jobs_.Get(bad).status(), jobs_.GetPlan(bad).status(), jobs_.Cancel(bad).status()}) {
+      EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+      EXPECT_TRUE(absl::StrContains(refused.message(), "job id")) << refused;
+      EXPECT_LT(refused.message().size(), 200u) << refused;
+    }
+    const absl::Status drain = jobs_.Drain(bad).status();
+    EXPECT_EQ(drain.code(), absl::StatusCode::kInvalidArgument) << drain;
+    EXPECT_TRUE(absl::StrContains(drain.message(), "worker id")) << drain;
+  }
+  EXPECT_EQ(jobs_.Get(longest).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(jobs_.Drain(longest).status().code(), absl::StatusCode::kNotFound);
+  const absl::Status unknown = jobs_.Get("job-1\n\x1b[2J").status();
+  EXPECT_EQ(unknown.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unknown.message(), "no job job-1\\n\\x1b[2J");
+  const absl::Status unknown_worker = jobs_.Drain("w-9\n").status();
+  EXPECT_EQ(unknown_worker.code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(unknown_worker.message(), "w-9\\n")) << unknown_worker;
+  EXPECT_TRUE(jobs_.Get(id).ok());
+}
+
 // Cancel answers with the basic view: a long job's loss history (up to a
 // few hundred KB) is GetJob's full view's, which keeps it.
 TEST_F(JobManagerTest, Cancel_AnswersTheBasicView_HistoryKept) {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/echo_input.h"
 #include "common/enum_names.h"
 #include "common/logging.h"
 #include "common/proto_time.h"
@@ -220,7 +221,7 @@ absl::StatusOr<std::string> WorkerRegistry::SessionToken(const std::string& work
   AnnotatedMutexLock lock(&mu_);
   const Entry* entry = FindLocked(worker_id);
   if (entry == nullptr) {
-    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
+    return absl::NotFoundError(absl::StrCat("worker ", EchoInput(worker_id), " is not registered"));
   }
   return SessionTokenOf(*entry);
 }
@@ -310,7 +311,8 @@ absl::Status WorkerRegistry::Deregister(const std::string& worker_id, int64_t in
     AnnotatedMutexLock lock(&mu_);
     Entry* entry = FindLocked(worker_id);
     if (entry == nullptr) {
-      return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
+      return absl::NotFoundError(
+          absl::StrCat("worker ", EchoInput(worker_id), " is not registered"));
     }
     RETURN_IF_ERROR(CheckIncarnationLocked(*entry, incarnation));
     const v1::Worker& worker = entry->worker;
@@ -386,7 +388,7 @@ absl::StatusOr<v1::Worker> WorkerRegistry::Get(const std::string& worker_id) con
   AnnotatedMutexLock lock(&mu_);
   const Entry* entry = FindLocked(worker_id);
   if (entry == nullptr) {
-    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
+    return absl::NotFoundError(absl::StrCat("worker ", EchoInput(worker_id), " is not registered"));
   }
   return entry->worker;
 }
@@ -406,7 +408,7 @@ absl::StatusOr<std::string> WorkerRegistry::NcclUniqueId(const std::string& work
   AnnotatedMutexLock lock(&mu_);
   const Entry* entry = FindLocked(worker_id);
   if (entry == nullptr) {
-    return absl::NotFoundError(absl::StrCat("worker ", worker_id, " is not registered"));
+    return absl::NotFoundError(absl::StrCat("worker ", EchoInput(worker_id), " is not registered"));
   }
   return entry->nccl_unique_id;
 }

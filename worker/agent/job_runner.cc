@@ -390,18 +390,35 @@ absl::Status JobRunner::LoadInitWeights(StageRuntime& runtime, const GptConfig& 
 
 absl::StatusOr<v1::ReportProgressResponse> JobRunner::ReportWithRetries(
     const v1::ReportProgressRequest& r) {
+  absl::StatusOr<v1::ReportProgressResponse> reported;
+  const std::string what =
+      r.has_checkpoint()
+          ? absl::StrCat("the report of the checkpoint of step ", r.checkpoint().step())
+          : absl::StrCat("the report of iteration ", r.iteration());
+  RetryWhileOutcomeUnknown(what, [&] {
+    reported = coordinator_->ReportProgress(r);
+    return reported.status();
+  }).IgnoreError();  // the same status as `reported`'s
+  return reported;
+}
+
+absl::Status JobRunner::UploadWeightsWithRetries(const std::vector<Parameter*>& params) {
+  return RetryWhileOutcomeUnknown("the weights upload", [&] {
+    return coordinator_->UploadWeights(assignment_.job_id(), params, &upload_cancel_);
+  });
+}
+
+absl::Status JobRunner::RetryWhileOutcomeUnknown(const std::string& what,
+                                                 const std::function<absl::Status()>& attempt) {
   absl::Duration backoff = options_.report_retry_backoff;
   const absl::Time give_up = absl::Now() + options_.report_retry_for;
   while (true) {
-    absl::StatusOr<v1::ReportProgressResponse> reported = coordinator_->ReportProgress(r);
-    if (reported.ok() || !OutcomeUnknown(reported.status()) || absl::Now() + backoff > give_up ||
-        stop_.load()) {
-      return reported;
+    const absl::Status status = attempt();
+    if (status.ok() || !OutcomeUnknown(status) || absl::Now() + backoff > give_up || stop_.load()) {
+      return status;
     }
-    PT_LOG(WARNING) << "job " << assignment_.job_id() << ": the report of "
-                    << (r.has_checkpoint() ? "the checkpoint of step " : "iteration ")
-                    << (r.has_checkpoint() ? r.checkpoint().step() : r.iteration()) << " failed ("
-                    << reported.status() << "); again in " << absl::FormatDuration(backoff);
+    PT_LOG(WARNING) << "job " << assignment_.job_id() << ": " << what << " failed (" << status
+                    << "); again in " << absl::FormatDuration(backoff);
     // In slices, so that a STOP is not held up by the wait.
     const absl::Time until = absl::Now() + backoff;
     while (!stop_.load() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
@@ -805,8 +822,7 @@ absl::Status JobRunner::RunJob() {
       absl::StatusOr<std::vector<Parameter>> host = runtime->UnsplitParameterCopies(steps);
       absl::Status uploaded = host.status();
       if (uploaded.ok() && speaks) {
-        uploaded = coordinator_->UploadWeights(assignment_.job_id(), ParameterPointers(*host),
-                                               &upload_cancel_);
+        uploaded = UploadWeightsWithRetries(ParameterPointers(*host));
       }
       if (!uploaded.ok()) return uploaded;
     }

@@ -100,8 +100,8 @@ struct JobRunnerOptions {
   // larger one fails the job with RESOURCE_EXHAUSTED naming the limit,
   // before anything is allocated. 0: no bound.
   int64_t memory_limit_bytes = 0;
-  // How reports the coordinator could not take are sent again
-  // (ReportWithRetries): the first wait, doubled up to 8 times it, for at
+  // How reports and the weights upload the coordinator could not take are
+  // sent again (RetryWhileOutcomeUnknown): the first wait, doubled up to 8 times it, for at
   // most `report_retry_for` in all. Tests shorten them.
   absl::Duration report_retry_backoff = absl::Milliseconds(500);
   absl::Duration report_retry_for = absl::Seconds(60);
@@ -187,6 +187,19 @@ class JobRunner {
   // again), a checkpoint's unit files again are the same entries, and
   // readiness or a failure said twice is said once.
   absl::StatusOr<v1::ReportProgressResponse> ReportWithRetries(const v1::ReportProgressRequest& r);
+  // The final weights' upload, sent again whole as reports are (the same
+  // waits, for as long, not after a stop): a coordinator that restarted or
+  // lost its leadership while this stage uploaded has no part of the file,
+  // and one that lost only the answer takes the same chunks twice (each
+  // chunk rewrites its own range; the job completes only after this
+  // stage's final report, which follows the upload).
+  absl::Status UploadWeightsWithRetries(const std::vector<Parameter*>& params);
+  // Calls `attempt` until it returns OK or an error whose outcome is known
+  // (OutcomeUnknown: UNAVAILABLE, DEADLINE_EXCEEDED), the runner stops, or
+  // the next wait would end past options_.report_retry_for since the first
+  // call; `what` names the call in the warnings. Returns the last result.
+  absl::Status RetryWhileOutcomeUnknown(const std::string& what,
+                                        const std::function<absl::Status()>& attempt);
 
   v1::Assignment assignment_;
   Mailbox* mailbox_;

@@ -101,8 +101,26 @@ class FakeLink : public CoordinatorLink {
       cancel_cv_.wait(wait, [&] { return cancelled; });
       return absl::CancelledError("cancelled");
     }
+    ++upload_attempts_;
+    if (upload_fail_left_ > 0) {
+      --upload_fail_left_;
+      ++failed_;
+      // Part of the tensors got through before the stream broke.
+      if (!params.empty()) uploaded_.push_back(params[0]->name);
+      return absl::Status(upload_fail_code_, "the upload stream broke");
+    }
     for (const Parameter* p : params) uploaded_.push_back(p->name);
     return absl::OkStatus();
+  }
+  // The next `n` weights uploads fail with `code` after the first tensor.
+  void FailUploads(int n, absl::StatusCode code) {
+    std::lock_guard<std::mutex> lock(mu_);
+    upload_fail_left_ = n;
+    upload_fail_code_ = code;
+  }
+  int upload_attempts() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return upload_attempts_;
   }
   // Uploads block from now on until cancelled (CallCancel).
   void StallUploads() {
@@ -166,6 +184,9 @@ class FakeLink : public CoordinatorLink {
  private:
   bool ended_ = false;
   bool stall_uploads_ = false;
+  int upload_attempts_ = 0;
+  int upload_fail_left_ = 0;
+  absl::StatusCode upload_fail_code_ = absl::StatusCode::kUnavailable;
   int uploads_stalled_ = 0;
   std::mutex cancel_mu_;
   std::condition_variable cancel_cv_;
@@ -1034,6 +1055,48 @@ TEST(JobRunnerTest, CheckpointReport_SentAgainThroughALongOutage) {
   for (const v1::ReportProgressRequest& r : endless.reports()) EXPECT_FALSE(r.has_checkpoint());
   EXPECT_GE(endless.failed(), 2);
   EXPECT_LT(endless.failed(), 100);
+}
+
+// The final weights' upload is sent again, whole, when the coordinator
+// could not take it (UNAVAILABLE: a restart or a leader change mid-stream),
+// as reports are; before, the stage failed the job at its very end. An
+// error that says the upload is wrong is not retried: the stage reports it.
+TEST(JobRunnerTest, WeightsUpload_SentAgainAfterUnavailable_OtherErrorsNot) {
+  for (const absl::StatusCode code :
+       {absl::StatusCode::kUnavailable, absl::StatusCode::kInvalidArgument}) {
+    SCOPED_TRACE(absl::StatusCodeToString(code));
+    JobRunnerOptions options{"w", 1};
+    options.report_retry_backoff = absl::Milliseconds(1);
+    InProcessFabric fabric(1);
+    FakeLink link(1);
+    link.FailUploads(3, code);
+    JobRunner runner(OneStageAssignment(2, /*weights=*/true), &fabric.mailbox(0),
+                     FabricTransports(fabric), &link, options);
+    runner.Start();
+    ASSERT_TRUE(AwaitFinished(runner));
+    runner.Stop();
+    std::vector<v1::ReportProgressRequest> reports = link.reports();
+    ASSERT_FALSE(reports.empty());
+    const v1::ReportProgressRequest& last = reports.back();
+    if (code == absl::StatusCode::kUnavailable) {
+      EXPECT_EQ(link.upload_attempts(), 4);
+      EXPECT_TRUE(last.finished());
+      EXPECT_TRUE(last.error().empty()) << last.error();
+      // Three broken streams' first tensor each, then the whole upload.
+      const std::vector<std::string> names = link.uploaded();
+      ASSERT_GE(names.size(), 4u);
+      const std::vector<std::string> whole(names.begin() + 3, names.end());
+      ASSERT_GT(whole.size(), 1u);
+      EXPECT_EQ(names[0], whole[0]);
+      EXPECT_EQ(names[1], whole[0]);
+      EXPECT_EQ(names[2], whole[0]);
+      EXPECT_EQ(std::count(whole.begin(), whole.end(), "ln_f.weight"), 1);
+    } else {
+      EXPECT_EQ(link.upload_attempts(), 1);
+      EXPECT_FALSE(last.finished());
+      EXPECT_TRUE(absl::StrContains(last.error(), "the upload stream broke")) << last.error();
+    }
+  }
 }
 
 // A job that ends well leaves the hook alone.

@@ -22,6 +22,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "common/status_macros.h"
+#include "common/temp_file.h"
 
 namespace pipetrain {
 namespace {
@@ -35,12 +36,11 @@ std::string SelfPath() {
 // Writes `token` to `path`, readable by its owner only.
 absl::Status WriteTokenFile(const std::string& path, const std::string& token) {
   std::remove(path.c_str());
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
-  const std::string line = token + "\n";
-  const bool ok =
-      fd >= 0 && write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size());
-  if (fd >= 0) close(fd);
-  if (!ok) return absl::PermissionDeniedError(absl::StrCat("cannot write token file ", path));
+  const absl::Status written = WriteNewFile(path, token + "\n", 0600);
+  if (!written.ok()) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("cannot write token file ", path, ": ", written.message()));
+  }
   return absl::OkStatus();
 }
 

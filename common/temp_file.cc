@@ -31,8 +31,14 @@ std::string TempPathFor(const std::string& path) {
 }
 
 absl::Status WriteNewFile(const std::string& path, std::string_view bytes, mode_t mode) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
-  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", path));
+  return WriteNewFileAt(AT_FDCWD, path, bytes, mode);
+}
+
+absl::Status WriteNewFileAt(int dir_fd, const std::string& name, std::string_view bytes,
+                            mode_t mode, bool sync) {
+  const int fd =
+      openat(dir_fd, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode);
+  if (fd < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", name));
   size_t done = 0;
   int error = 0;
   while (done < bytes.size()) {
@@ -44,10 +50,11 @@ absl::Status WriteNewFile(const std::string& path, std::string_view bytes, mode_
     }
     done += static_cast<size_t>(n);
   }
+  if (error == 0 && sync && fsync(fd) != 0) error = errno;
   if (close(fd) != 0 && error == 0) error = errno;
   if (error == 0) return absl::OkStatus();
-  unlink(path.c_str());
-  return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", path));
+  unlinkat(dir_fd, name.c_str(), 0);
+  return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", name));
 }
 
 }  // namespace pipetrain

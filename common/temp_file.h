@@ -34,6 +34,12 @@ std::string TempPathFor(const std::string& path);
 // `path` (ALREADY_EXISTS when something is there).
 absl::Status WriteNewFile(const std::string& path, std::string_view bytes, mode_t mode);
 
+// As WriteNewFile, for `name` relative to the directory `dir_fd` (AT_FDCWD:
+// the working directory), and with `sync` the bytes reach the disk
+// (fsync) before it returns OK. Errors name `name`.
+absl::Status WriteNewFileAt(int dir_fd, const std::string& name, std::string_view bytes,
+                            mode_t mode, bool sync = false);
+
 }  // namespace pipetrain
 
 #endif  // PIPETRAIN_COMMON_TEMP_FILE_H_

@@ -1,5 +1,6 @@
 #include "common/temp_file.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -63,6 +64,27 @@ TEST(TempFileTest, WriteNewFile_CreatesOnly_NeverThroughWhatIsThere) {
   ASSERT_EQ(symlink(target.c_str(), link.c_str()), 0);
   EXPECT_FALSE(WriteNewFile(link, "mine", 0600).ok());
   EXPECT_EQ(Read(target), "theirs");
+}
+
+// The same relative to an open directory (how the checkpoint manifest is
+// written, in a directory opened without following links), synced or not.
+TEST(TempFileTest, WriteNewFileAt_InTheOpenDirectory_NeverThroughALink) {
+  const std::string dir = Dir();
+  const int fd = open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(WriteNewFileAt(fd, "synced", "one\n", 0600, /*sync=*/true).ok());
+  EXPECT_EQ(Read(dir + "/synced"), "one\n");
+  ASSERT_TRUE(WriteNewFileAt(fd, "empty", "", 0600).ok());
+  EXPECT_EQ(Read(dir + "/empty"), "");
+  const absl::Status again = WriteNewFileAt(fd, "synced", "two", 0600, true);
+  EXPECT_EQ(again.code(), absl::StatusCode::kAlreadyExists) << again;
+  EXPECT_TRUE(absl::StrContains(again.message(), "synced")) << again;
+  EXPECT_EQ(Read(dir + "/synced"), "one\n");
+  std::ofstream(dir + "/target") << "theirs";
+  ASSERT_EQ(symlinkat("target", fd, "link"), 0);
+  EXPECT_FALSE(WriteNewFileAt(fd, "link", "mine", 0600, true).ok());
+  EXPECT_EQ(Read(dir + "/target"), "theirs");
+  close(fd);
 }
 
 }  // namespace

@@ -333,22 +333,10 @@ absl::Status WriteCheckpointManifest(const std::string& output_dir, const std::s
   // attempt's temporary goes with the step directory (RemoveCheckpointDir).
   const std::string temp = TempNameFor(kCheckpointManifestName);
   const int dir = parent.dir.get();
-  ScopedFd fd(
-      openat(dir, temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-  if (fd.get() < 0) return absl::ErrnoToStatus(errno, absl::StrCat("cannot create ", path));
-  size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = write(fd.get(), text.data() + done, text.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int error = errno;
-      unlinkat(dir, temp.c_str(), 0);
-      return absl::ErrnoToStatus(error, absl::StrCat("cannot write ", path));
-    }
-    done += static_cast<size_t>(n);
+  if (absl::Status written = WriteNewFileAt(dir, temp, text, 0600, /*sync=*/true); !written.ok()) {
+    return absl::Status(written.code(), absl::StrCat(path, ": ", written.message()));
   }
-  if (fsync(fd.get()) != 0 || renameat(dir, temp.c_str(), dir, kCheckpointManifestName) != 0 ||
-      fsync(dir) != 0) {
+  if (renameat(dir, temp.c_str(), dir, kCheckpointManifestName) != 0 || fsync(dir) != 0) {
     const int error = errno;
     unlinkat(dir, temp.c_str(), 0);
     return absl::ErrnoToStatus(error, absl::StrCat("cannot commit ", path));

@@ -46,9 +46,10 @@ absl::Status SqliteError(sqlite3* db, int rc, const std::string& path, absl::str
                                                  message, "); retry"));
     case SQLITE_CORRUPT:
     case SQLITE_NOTADB:
-      return absl::DataLossError(
-          absl::StrCat("state database ", path, " is corrupt (", what, ": ", message,
-                       "); restore it from a backup, or move it aside to start with empty state"));
+      return absl::DataLossError(absl::StrCat(
+          "state database ", path, " is corrupt (", what, ": ", message,
+          "); restore it from a backup, or move it aside to start with empty state (its -wal "
+          "and -shm files with it: a -wal belongs to its database alone)"));
     default:
       return absl::InternalError(absl::StrCat("state database ", path, ": ", what, ": ", message,
                                               " (sqlite code ", rc, ")"));
@@ -286,6 +287,13 @@ absl::StatusOr<Connection> OpenDatabase(const std::string& dir, const std::strin
     // file. Closed before SQLite opens the file (see LockStateDir).
     ScopedFd file(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
     if (file.get() < 0 && errno == ENOENT) {
+      // A -wal (and -shm) left by the database that was here, moved aside
+      // after a crash: SQLite opens a -wal it finds beside any database that
+      // has pages and replays its frames (nothing in a WAL names its
+      // database), so the new database would take the old one's records, or
+      // pages of them. Without their database they hold nothing usable.
+      RETURN_IF_ERROR(RemoveIfPresent(absl::StrCat(path, "-wal")));
+      RETURN_IF_ERROR(RemoveIfPresent(absl::StrCat(path, "-shm")));
       RETURN_IF_ERROR(CreateDatabase(dir, path));
       file = ScopedFd(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
     }
@@ -343,10 +351,11 @@ absl::Status CheckSchema(sqlite3* db, const std::string& path) {
                    QueryOne(db, path, "SELECT version FROM schema_version WHERE id = 1"));
   int version = 0;
   if (!text.has_value() || !absl::SimpleAtoi(*text, &version) || version < 1) {
-    return absl::DataLossError(
-        absl::StrCat("state database ", path, " has no valid schema version (",
-                     text.has_value() ? absl::StrCat("\"", *text, "\"") : "no row",
-                     "); restore it from a backup, or move it aside to start with empty state"));
+    return absl::DataLossError(absl::StrCat(
+        "state database ", path, " has no valid schema version (",
+        text.has_value() ? absl::StrCat("\"", *text, "\"") : "no row",
+        "); restore it from a backup, or move it aside to start with empty state (its -wal "
+        "and -shm files with it: a -wal belongs to its database alone)"));
   }
   if (version > SqliteStore::kSchemaVersion) {
     return absl::FailedPreconditionError(absl::StrCat(

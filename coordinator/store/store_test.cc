@@ -177,6 +177,24 @@ TEST(SqliteStoreTest, Open_WalLostAfterACrash_KeepsEveryCommit) {
   EXPECT_THAT(*all, ElementsAre(Pair("jobs/a", "1")));
 }
 
+// A database moved aside after a crash, as the DATA_LOSS messages advise,
+// with its -wal and -shm left behind: the new database starts empty. SQLite
+// replays a -wal it finds beside any database with pages, so without their
+// removal the moved database's records came back in the new one.
+TEST(SqliteStoreTest, Open_DatabaseMovedAsideWithoutItsWal_NewOneStartsEmpty) {
+  const std::string dir = NewStateDir();
+  CommitAndDieWithoutClosing(dir);
+  const std::string db = dir + "/coordinator.db";
+  ASSERT_GT(ReadFile(db + "-wal").size(), 0u) << "the crash should leave a WAL";
+  ASSERT_EQ(rename(db.c_str(), (db + ".aside").c_str()), 0);
+  std::unique_ptr<SqliteStore> store = MustOpen(dir);
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<KeyValues> all = store->Scan("");
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_TRUE(all->empty()) << all->size() << " records came back, the first "
+                            << all->front().first;
+}
+
 // A database file truncated to nothing held state (it exists) but has no
 // tables: the store says so instead of starting empty.
 TEST(SqliteStoreTest, Open_EmptyExistingFile_DataLoss) {
